@@ -1,0 +1,181 @@
+/*
+ * common.c — the status table, error details, growable buffers, file reads, clock and
+ * hashing shared by all subsystems.  No threads or global state: every function is
+ * reentrant and may be called from any thread.
+ */
+#include "mml/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const k_names[] = {
+#define X(name, reason, msg) #name,
+    MML_STATUS_MAP(X)
+#undef X
+};
+static const char *const k_msgs[] = {
+#define X(name, reason, msg) msg,
+    MML_STATUS_MAP(X)
+#undef X
+};
+static const char *const k_reasons[] = {
+#define X(name, reason, msg) reason,
+    MML_STATUS_MAP(X)
+#undef X
+};
+
+const char *mml_status_name(mml_status st) {
+  return (unsigned)st < MML_STATUS_COUNT ? k_names[st] : "EUNKNOWN";
+}
+const char *mml_status_message(mml_status st) {
+  return (unsigned)st < MML_STATUS_COUNT ? k_msgs[st] : "unknown status";
+}
+const char *mml_status_skip_reason(mml_status st) {
+  return (unsigned)st < MML_STATUS_COUNT ? k_reasons[st] : NULL;
+}
+
+mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
+  if (err) {
+    err->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return st;
+}
+
+void mml_err_prefix(mml_err *err, const char *fmt, ...) {
+  if (!err) return;
+  char head[256], old[MML_ERR_MSG];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(head, sizeof head, fmt, ap);
+  va_end(ap);
+  memcpy(old, err->msg, sizeof old);
+  snprintf(err->msg, sizeof err->msg, "%s: %.*s", head, (int)(sizeof err->msg - sizeof head - 2), old);
+}
+
+void mml_err_clear(mml_err *err) {
+  if (err) {
+    err->status = MML_OK;
+    err->msg[0] = 0;
+  }
+}
+
+static mml_status grow(void **data, size_t *cap, size_t want, size_t elem) {
+  if (want <= *cap) return MML_OK;
+  size_t n = *cap ? *cap : 16;
+  while (n < want) {
+    if (n > SIZE_MAX / 2 / elem) return MML_ENOMEM;
+    n *= 2;
+  }
+  void *p = realloc(*data, n * elem);
+  if (!p) return MML_ENOMEM;
+  *data = p;
+  *cap = n;
+  return MML_OK;
+}
+
+mml_status mml_bytes_reserve(mml_bytes *b, size_t cap) {
+  return grow((void **)&b->data, &b->cap, cap, 1);
+}
+mml_status mml_bytes_append(mml_bytes *b, const void *p, size_t n) {
+  if (n > SIZE_MAX - b->len) return MML_ENOMEM;
+  mml_status st = mml_bytes_reserve(b, b->len + n);
+  if (st) return st;
+  if (n) memcpy(b->data + b->len, p, n);
+  b->len += n;
+  return MML_OK;
+}
+void mml_bytes_free(mml_bytes *b) {
+  free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+
+mml_status mml_ids_reserve(mml_ids *v, size_t cap) {
+  return grow((void **)&v->data, &v->cap, cap, sizeof(int32_t));
+}
+mml_status mml_ids_push(mml_ids *v, int32_t x) { return mml_ids_append(v, &x, 1); }
+mml_status mml_ids_append(mml_ids *v, const int32_t *p, size_t n) {
+  if (n > SIZE_MAX / sizeof(int32_t) - v->len) return MML_ENOMEM;
+  mml_status st = mml_ids_reserve(v, v->len + n);
+  if (st) return st;
+  if (n) memcpy(v->data + v->len, p, n * sizeof(int32_t));
+  v->len += n;
+  return MML_OK;
+}
+void mml_ids_free(mml_ids *v) {
+  free(v->data);
+  v->data = NULL;
+  v->len = v->cap = 0;
+}
+
+mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *out, mml_err *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO, "%s: %s", path,
+                       strerror(e));
+  }
+  mml_status st = MML_OK;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    st = mml_err_set(err, MML_EIO, "%s: %s", path, strerror(errno));
+    goto done;
+  }
+  if (off < 0) off = 0;
+  if (off > sb.st_size) off = sb.st_size;
+  int64_t want = (len < 0 || off + len > sb.st_size) ? sb.st_size - off : len;
+  mml_bytes_clear(out);
+  if ((st = mml_bytes_reserve(out, (size_t)want + 1))) {
+    mml_err_set(err, st, "%s: cannot allocate %lld bytes", path, (long long)want);
+    goto done;
+  }
+  size_t got = 0;
+  while ((int64_t)got < want) {
+    ssize_t r = pread(fd, out->data + got, (size_t)want - got, off + (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      st = mml_err_set(err, MML_EIO, "%s: read failed: %s", path, strerror(errno));
+      goto done;
+    }
+    if (r == 0) break; /* file shrank: return what is there */
+    got += (size_t)r;
+  }
+  out->len = got;
+  out->data[got] = 0; /* convenience NUL, not counted in len */
+done:
+  close(fd);
+  return st;
+}
+
+double mml_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+uint64_t mml_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t mml_hash_bytes(uint64_t h, const void *p, size_t n) {
+  const uint8_t *s = p;
+  if (!h) h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) {
+    h ^= s[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}

@@ -1,0 +1,111 @@
+/*
+ * mml/common.h — status codes, error details and small growable buffers shared
+ * by every subsystem of the mmloader core.
+ *
+ * Conventions (the contract every core function follows):
+ *   - A function that can fail returns mml_status; MML_OK is 0.  Results go through
+ *     out-parameters.  On failure no out-parameter ownership is transferred unless the
+ *     function says otherwise, and `err` (when not NULL) holds a human-readable detail
+ *     naming what failed (file, line, URL, reason).
+ *   - The core never includes Python.h, never calls exit()/abort(), and never prints.
+ *   - Memory is plain malloc/free: everything here is touched without the GIL.
+ */
+#ifndef MML_COMMON_H
+#define MML_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdarg.h>
+
+/* One table for errors: X(name, skip_reason, message).  skip_reason is the key under
+ * which a skipped sample is counted in stats() (NULL: not a per-sample failure). */
+#define MML_STATUS_MAP(X)                                                        \
+  X(OK,          NULL,                   "success")                               \
+  X(ENOMEM,      "out_of_memory",        "out of memory")                         \
+  X(EINVAL,      NULL,                   "invalid argument")                      \
+  X(ECONFIG,     NULL,                   "invalid configuration")                 \
+  X(EIO,         "io_error",             "I/O error")                             \
+  X(ENOENT,      "missing_file",         "no such file or object")                \
+  X(EFETCH,      "fetch_failed",         "fetch failed")                          \
+  X(EAUTH,       "fetch_failed",         "access denied")                         \
+  X(ERECORD,     "bad_record",           "malformed record")                      \
+  X(EMISMATCH,   "image_count_mismatch", "image tags do not match listed images") \
+  X(EDECODE,     "corrupt_image",        "image could not be decoded")            \
+  X(EUNSUPPORTED,"unsupported_image",    "unsupported image format")              \
+  X(ETOOBIG,     "image_too_large",      "image exceeds the pixel limit")         \
+  X(EASPECT,     "bad_aspect_ratio",     "image aspect ratio exceeds 200")        \
+  X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \
+  X(ETOKENIZER,  NULL,                   "tokenizer error")                       \
+  X(ESTATE,      NULL,                   "invalid loader state")                  \
+  X(EEND,        NULL,                   "end of epoch")                          \
+  X(ETIMEDOUT,   NULL,                   "timed out")                             \
+  X(ECLOSED,     NULL,                   "loader is closed")                      \
+  X(ECANCELLED,  NULL,                   "cancelled")                             \
+  X(EFORK,       NULL,                   "loader used in a forked child")         \
+  X(ECUDA,       NULL,                   "CUDA error")                            \
+  X(ETOOMANYERR, NULL,                   "error rate above max_error_rate")       \
+  X(EINTERNAL,   NULL,                   "internal error")
+
+typedef enum {
+#define MML_X_ENUM(name, reason, msg) MML_##name,
+  MML_STATUS_MAP(MML_X_ENUM)
+#undef MML_X_ENUM
+  MML_STATUS_COUNT
+} mml_status;
+
+/* Static name ("EDECODE"), message, and skip-reason key (NULL if none) of a status. */
+const char *mml_status_name(mml_status st);
+const char *mml_status_message(mml_status st);
+const char *mml_status_skip_reason(mml_status st);
+
+/* Error detail.  Functions fill it on failure; callers may pass NULL. */
+#define MML_ERR_MSG 768
+typedef struct mml_err {
+  mml_status status;
+  char msg[MML_ERR_MSG];
+} mml_err;
+
+/* Sets err->status and a printf-formatted message; returns st so callers can write
+ * `return mml_err_set(err, MML_EDECODE, "%s: %s", path, why);`.  err may be NULL. */
+mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prefixes context to an existing message: "ctx: old message". err may be NULL. */
+void mml_err_prefix(mml_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mml_err_clear(mml_err *err);
+
+/* Growable byte buffer.  Zero-initialise ({0}) before first use; capacity is kept
+ * across mml_bytes_clear() so a reused buffer stops allocating in steady state. */
+typedef struct mml_bytes {
+  uint8_t *data;
+  size_t len, cap;
+} mml_bytes;
+
+mml_status mml_bytes_reserve(mml_bytes *b, size_t cap);        /* cap >= requested */
+mml_status mml_bytes_append(mml_bytes *b, const void *p, size_t n);
+static inline void mml_bytes_clear(mml_bytes *b) { b->len = 0; }
+void mml_bytes_free(mml_bytes *b);
+
+/* Growable int32 vector (token ids, labels). Same rules as mml_bytes. */
+typedef struct mml_ids {
+  int32_t *data;
+  size_t len, cap;
+} mml_ids;
+
+mml_status mml_ids_reserve(mml_ids *v, size_t cap);
+mml_status mml_ids_push(mml_ids *v, int32_t x);
+mml_status mml_ids_append(mml_ids *v, const int32_t *p, size_t n);
+static inline void mml_ids_clear(mml_ids *v) { v->len = 0; }
+void mml_ids_free(mml_ids *v);
+
+/* Reads a whole local file (or a byte range: off >= 0, len >= 0; len < 0 means to EOF). */
+mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *out, mml_err *err);
+
+/* Monotonic clock in seconds. */
+double mml_now(void);
+
+/* 64-bit mixing hash (splitmix64 finaliser) and FNV-1a over bytes: used for seeds and
+ * config fingerprints.  Stable across platforms and releases. */
+uint64_t mml_mix64(uint64_t x);
+uint64_t mml_hash_bytes(uint64_t h, const void *p, size_t n);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * mml/image.h — header probe and decode of JPEG (libjpeg-turbo) and PNG (libpng) into
+ * RGB8 with Pillow's Image.convert("RGB") semantics: alpha dropped (no compositing),
+ * palette and grayscale expanded, 16-bit reduced the way Pillow does, CMYK/YCCK converted
+ * as Pillow does.  EXIF orientation is not applied (the HF processor does not either).
+ *
+ * Threads: a decoder is per-thread scratch (not shared); probe is stateless.
+ */
+#ifndef MML_IMAGE_H
+#define MML_IMAGE_H
+
+#include "mml/common.h"
+
+typedef enum { MML_FMT_UNKNOWN = 0, MML_FMT_JPEG, MML_FMT_PNG } mml_image_format;
+
+typedef struct mml_image_info {
+  int width, height;
+  mml_image_format format;
+} mml_image_info;
+
+/* Reads width/height from the first bytes (JPEG SOF, PNG IHDR) without decoding.
+ * MML_EUNSUPPORTED for other formats, MML_EDECODE for a broken header. */
+mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info, mml_err *err);
+
+/* An RGB8 image view: `pixels` rows of `stride` bytes, 3 bytes per pixel. */
+typedef struct mml_rgb8 {
+  uint8_t *pixels;
+  int width, height;
+  size_t stride;
+} mml_rgb8;
+
+typedef struct mml_decoder mml_decoder; /* per-thread decode scratch, reused */
+
+mml_status mml_decoder_new(mml_decoder **out);
+void mml_decoder_free(mml_decoder *d); /* NULL is fine */
+
+/* Decodes into memory owned by `d` (valid until the next call on `d`).  No allocation in
+ * steady state once the scratch has grown to the largest image seen.  `scale_denom`
+ * (1, 2, 4, 8) asks libjpeg-turbo for a reduced-size IDCT (JPEG only; 1 = exact).
+ * Corrupt or truncated data: MML_EDECODE with the reason in err. */
+mml_status mml_image_decode(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
+                            mml_rgb8 *out, mml_err *err);
+
+#endif

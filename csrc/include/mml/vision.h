@@ -1,0 +1,70 @@
+/*
+ * mml/vision.h — Qwen-VL image preprocessing: smart_resize, Pillow-exact bicubic resize,
+ * rescale + normalise, and patchify into the row layout of `pixel_values`
+ * (see ../shared/SPEC-QWEN.md).  Planning (sizes, grid, token count) needs only the
+ * image header, so the engine can plan batches before any pixel work.
+ *
+ * Threads: mml_vision_cfg is immutable and shared; mml_vision_scratch is per-thread.
+ */
+#ifndef MML_VISION_H
+#define MML_VISION_H
+
+#include "mml/common.h"
+#include "mml/image.h"
+
+typedef struct mml_vision_cfg {
+  int patch_size;          /* P: 14 (qwen2/2.5-vl) or 16 (qwen3-vl) */
+  int merge_size;          /* M: 2 */
+  int temporal_patch_size; /* T: 2 */
+  int64_t min_pixels, max_pixels;
+  float mean[3], std[3];
+  int legacy_resize;       /* 1: older transformers smart_resize (no max(f,..) clamp) */
+  int fast;                /* 1: allow reduced-DCT JPEG decode when target <= source/2 */
+  int64_t max_image_pixels;/* decompression-bomb guard on W*H before decode; 0 = none */
+} mml_vision_cfg;
+
+/* Fills cfg for "qwen2-vl", "qwen2.5-vl" or "qwen3-vl" (checkpoint limits);
+ * MML_ECONFIG for an unknown name. */
+mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err);
+
+/* smart_resize of the current transformers release (legacy=1: the older one).
+ * MML_EASPECT above 200:1, MML_EINVAL for sizes it rejects. */
+mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
+                            int64_t max_pixels, int legacy, int *out_h, int *out_w,
+                            mml_err *err);
+
+/* What an image becomes, known from its header alone. */
+typedef struct mml_vision_plan {
+  int src_w, src_h;      /* decoded size */
+  int dst_w, dst_h;      /* after smart_resize */
+  int grid_t, grid_h, grid_w;
+  int64_t rows;          /* grid_t*grid_h*grid_w rows of pixel_values */
+  int cols;              /* 3*T*P*P */
+  int64_t tokens;        /* rows / merge^2 <|image_pad|> tokens */
+} mml_vision_plan;
+
+mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
+                                mml_vision_plan *plan, mml_err *err);
+/* Probe + plan from encoded bytes (also enforces max_image_pixels). */
+mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                 mml_vision_plan *plan, mml_err *err);
+
+typedef struct mml_vision_scratch mml_vision_scratch;
+mml_status mml_vision_scratch_new(mml_vision_scratch **out);
+void mml_vision_scratch_free(mml_vision_scratch *s);
+
+/* Decode + resize + normalise + patchify `data` into `out`, which holds
+ * plan->rows * plan->cols floats (plan from mml_vision_plan_bytes on the same bytes). */
+mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                    const uint8_t *data, size_t len,
+                                    const mml_vision_plan *plan, float *out, mml_err *err);
+/* The same from an already decoded RGB8 image (plan from mml_vision_plan_size). */
+mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                  const mml_rgb8 *img, const mml_vision_plan *plan, float *out,
+                                  mml_err *err);
+
+/* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
+mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
+                                   int dst_h, uint8_t *dst, mml_err *err);
+
+#endif

@@ -1,0 +1,37 @@
+/*
+ * binding.h — the contract between the CPython binding files.  module.c creates the
+ * module and calls each file's register function; every type lives in its own file.
+ * Only files under csrc/py include Python.h.
+ */
+#ifndef MML_PY_BINDING_H
+#define MML_PY_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "mml/common.h"
+
+/* Exception classes (created by errors_py.c, owned by the module). */
+extern PyObject *mml_py_Error;       /* base: mmloader.Error(RuntimeError) */
+extern PyObject *mml_py_ConfigError; /* bad configuration: also a ValueError */
+extern PyObject *mml_py_SampleError; /* a sample failed (record, image, fetch, too long) */
+extern PyObject *mml_py_FetchError;  /* remote fetch failed (subclass of SampleError) */
+extern PyObject *mml_py_StateError;  /* state_dict does not fit this loader (ValueError) */
+extern PyObject *mml_py_CudaError;
+
+/* Raises the exception matching err->status (or st when err is NULL/empty) with
+ * err->msg; returns NULL so callers can `return mml_py_raise(st, &err);`. */
+PyObject *mml_py_raise(mml_status st, const mml_err *err);
+/* The exception class for a status. */
+PyObject *mml_py_exc_for(mml_status st);
+
+int mml_py_errors_register(PyObject *m);
+int mml_py_tensor_register(PyObject *m);    /* tensor_py.c: mmloader.Tensor, DLPack */
+int mml_py_loader_register(PyObject *m);    /* loader_py.c: the engine's Loader */
+int mml_py_tokenizer_register(PyObject *m); /* tokenizer_py.c: Tokenizer */
+int mml_py_vision_register(PyObject *m);    /* vision_py.c: ImageProcessor core, smart_resize */
+int mml_py_template_register(PyObject *m);  /* template_py.c: record/template test hooks */
+int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
+int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
+
+#endif
