@@ -1,0 +1,102 @@
+/*
+ * mml/batch.h — reference-counted output buffers, their pool, and the batch of named
+ * tensors handed to the consumer.
+ *
+ * Ownership: a buffer is created by a pool and holds a reference to it; every tensor that
+ * views the buffer (a batch slot, a Python Tensor, a DLPack capsule) holds one reference.
+ * mml_buf_release is pure C, thread-safe (atomics) and callable after the loader and the
+ * interpreter are gone; the last release returns the memory to the pool (or frees it when
+ * the pool is closed or over its cache limit).  A buffer with a pending `fence` (an async
+ * copy still reading it) is not reused until the fence reports done.
+ */
+#ifndef MML_BATCH_H
+#define MML_BATCH_H
+
+#include "mml/common.h"
+
+typedef enum { MML_DT_UINT8 = 0, MML_DT_INT32, MML_DT_INT64, MML_DT_FLOAT32, MML_DT_BOOL } mml_dtype;
+size_t mml_dtype_size(mml_dtype dt);
+const char *mml_dtype_name(mml_dtype dt); /* "uint8", "int32", ... (NumPy names) */
+
+typedef enum { MML_MEM_HOST = 0, MML_MEM_PINNED, MML_MEM_DEVICE } mml_mem_kind;
+
+/* Allocator behind a pool: plain malloc, cudaHostAlloc, cudaMalloc. */
+typedef struct mml_allocator {
+  mml_mem_kind kind;
+  int device;
+  mml_status (*alloc)(void *self, size_t n, void **out, mml_err *err);
+  void (*free)(void *self, void *p);
+  void *self;
+} mml_allocator;
+
+typedef struct mml_pool mml_pool;
+typedef struct mml_buf mml_buf;
+
+struct mml_buf {
+  void *data;
+  size_t size;          /* usable bytes (>= requested) */
+  mml_mem_kind kind;
+  int device;
+  /* Optional fence: while fence_done(fence) returns 0 the memory may still be read by an
+   * async copy; the pool will not hand it out again. */
+  void *fence;
+  int (*fence_done)(void *fence);
+  void (*fence_free)(void *fence);
+  /* private to pool.c below */
+  mml_pool *pool;
+  int refcnt; /* atomic */
+  mml_buf *next;
+};
+
+/* A pool keeps up to max_cached_bytes of released buffers for reuse (0: default 1 GiB).
+ * alloc may be NULL for plain host memory.  The pool is reference counted: the creator
+ * holds one reference, every live buffer another. */
+mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml_pool **out,
+                        mml_err *err);
+/* Drops the creator's reference; cached buffers are freed, live ones stay valid. */
+void mml_pool_close(mml_pool *p);
+/* A buffer of at least n bytes with refcount 1 (reuses a cached one when it fits). */
+mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err);
+void mml_buf_retain(mml_buf *b);
+void mml_buf_release(mml_buf *b); /* NULL is fine */
+/* Bytes currently cached / live, for stats and tests. */
+void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
+
+#define MML_MAX_DIMS 4
+#define MML_MAX_TENSORS 16
+
+typedef struct mml_tensor {
+  char name[32];
+  mml_dtype dtype;
+  int ndim;
+  int64_t shape[MML_MAX_DIMS]; /* row-major contiguous */
+  mml_buf *buf;                /* one reference held by this slot */
+  size_t offset;               /* byte offset of element 0 in buf */
+} mml_tensor;
+
+/* Where the sample stream stands; the state a consumer resumes from. */
+typedef struct mml_cursor {
+  int64_t epoch;          /* data epoch of `pos` */
+  int64_t pos;            /* next stream position within the epoch (may exceed the epoch
+                             length when a padded-mode epoch wraps to fill after skips) */
+  int64_t batch_in_epoch; /* batches delivered in this epoch */
+} mml_cursor;
+
+typedef struct mml_batch {
+  mml_tensor tensors[MML_MAX_TENSORS];
+  int ntensors;
+  mml_cursor after;  /* the cursor once this batch has been consumed */
+  int nsamples;      /* real samples in the batch */
+  int64_t real_tokens, token_slots; /* for packing/padding efficiency */
+} mml_batch;
+
+/* Adds a tensor slot of the given shape backed by a fresh buffer from `pool`; returns its
+ * data pointer through *data. */
+mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
+                         const int64_t *shape, void **data, mml_err *err);
+mml_tensor *mml_batch_find(mml_batch *b, const char *name);
+int64_t mml_tensor_numel(const mml_tensor *t);
+/* Releases every slot's buffer reference and zeroes the batch. */
+void mml_batch_clear(mml_batch *b);
+
+#endif

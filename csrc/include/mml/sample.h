@@ -1,0 +1,36 @@
+/*
+ * mml/sample.h — one finished sample: what a worker produces (token ids, labels, pixel
+ * rows, image grids) and the collator consumes, in stream order.
+ *
+ * Ownership: the engine owns a ring of samples and reuses their buffers (capacity is kept,
+ * so steady state does not allocate).  The collator takes a sample's contents with
+ * mml_sample_swap, leaving it its own spare buffers.
+ */
+#ifndef MML_SAMPLE_H
+#define MML_SAMPLE_H
+
+#include "mml/common.h"
+
+typedef struct mml_sample {
+  int64_t epoch, pos;      /* stream coordinates */
+  int64_t index;           /* global sample index (over all shards) */
+  int shard;               /* shard number and 1-based line, for messages */
+  int64_t line;
+  mml_status status;       /* MML_OK, or why it failed */
+  mml_err err;
+  mml_ids input_ids;       /* L token ids */
+  mml_ids labels;          /* L labels, MML_IGNORE_INDEX where unsupervised */
+  mml_bytes pixels;        /* float32 [pixel_rows, pixel_cols] */
+  int64_t pixel_rows;
+  int pixel_cols;
+  mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
+  int nimages;
+} mml_sample;
+
+/* Clears contents, keeps capacity. */
+void mml_sample_reset(mml_sample *s);
+void mml_sample_free(mml_sample *s);
+/* Exchanges every field of a and b (buffers move, nothing is copied). */
+void mml_sample_swap(mml_sample *a, mml_sample *b);
+
+#endif
