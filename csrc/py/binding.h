@@ -25,6 +25,16 @@ PyObject *mml_py_raise(mml_status st, const mml_err *err);
 /* The exception class for a status. */
 PyObject *mml_py_exc_for(mml_status st);
 
+/* Cross-file helpers (each defined by the file named). */
+struct mml_vision_cfg;
+struct mml_tokenizer;
+/* vision_py.c: fills cfg from the dict mmloader.presets.vision_config() returns.
+ * Returns 0, or -1 with a Python exception set. */
+int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg);
+/* tokenizer_py.c: the core tokenizer inside a mmloader.Tokenizer object (borrowed: keep a
+ * reference to obj while using it), or NULL with TypeError set. */
+const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
+
 int mml_py_errors_register(PyObject *m);
 int mml_py_tensor_register(PyObject *m);    /* tensor_py.c: mmloader.Tensor, DLPack */
 int mml_py_loader_register(PyObject *m);    /* loader_py.c: the engine's Loader */

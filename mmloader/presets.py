@@ -1,0 +1,91 @@
+"""Qwen-VL presets: vision preprocessing numbers and chat-template style per model family.
+
+`vision_config()` resolves, in increasing priority: the preset, a model directory's
+`preprocessor_config.json`, explicit keyword overrides.  The dict it returns is what the C
+core consumes (see csrc/include/mml/vision.h).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    "qwen2-vl": dict(patch_size=14, merge_size=2, temporal_patch_size=2,
+                     min_pixels=3136, max_pixels=12845056,
+                     image_mean=[0.48145466, 0.4578275, 0.40821073],
+                     image_std=[0.26862954, 0.26130258, 0.27577711],
+                     template="qwen2-vl"),
+    "qwen3-vl": dict(patch_size=16, merge_size=2, temporal_patch_size=2,
+                     min_pixels=65536, max_pixels=16777216,
+                     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+                     template="qwen3-vl"),
+}
+PRESETS["qwen2.5-vl"] = dict(PRESETS["qwen2-vl"])
+
+VISION_KEYS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
+               "image_mean", "image_std", "legacy_resize", "fast", "max_image_pixels")
+
+DEFAULT_MAX_IMAGE_PIXELS = 178956970  # Pillow's decompression-bomb error threshold
+
+
+def _from_model_dir(model_dir: str) -> Dict[str, Any]:
+    path = os.path.join(model_dir, "preprocessor_config.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        pc = json.load(f)
+    out: Dict[str, Any] = {}
+    size = pc.get("size") or {}
+    if "shortest_edge" in size:
+        out["min_pixels"] = int(size["shortest_edge"])
+    if "longest_edge" in size:
+        out["max_pixels"] = int(size["longest_edge"])
+    for k in ("min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"):
+        if pc.get(k) is not None:
+            out[k] = int(pc[k])
+    for k in ("image_mean", "image_std"):
+        if pc.get(k) is not None:
+            out[k] = [float(x) for x in pc[k]]
+    return out
+
+
+def vision_config(preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
+                  **overrides: Any) -> Dict[str, Any]:
+    """Vision settings for `preset`, updated from `model_dir` and then `overrides`.
+
+    Raises ValueError for an unknown preset, an unknown key or an inconsistent value.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    cfg = dict(PRESETS[preset])
+    cfg.update(legacy_resize=False, fast=False, max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS)
+    if model_dir is not None:
+        if not os.path.isdir(model_dir):
+            raise ValueError(f"model_dir {model_dir!r} is not a directory")
+        cfg.update(_from_model_dir(model_dir))
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k not in VISION_KEYS:
+            raise ValueError(f"unknown vision option {k!r}")
+        cfg[k] = v
+    for k in ("patch_size", "merge_size", "temporal_patch_size"):
+        if int(cfg[k]) < 1:
+            raise ValueError(f"{k} must be >= 1, got {cfg[k]}")
+    if not 0 < int(cfg["min_pixels"]) <= int(cfg["max_pixels"]):
+        raise ValueError(f"need 0 < min_pixels <= max_pixels, got {cfg['min_pixels']}, "
+                         f"{cfg['max_pixels']}")
+    for k in ("image_mean", "image_std"):
+        if len(cfg[k]) != 3:
+            raise ValueError(f"{k} needs 3 values, got {cfg[k]}")
+    if any(float(s) == 0 for s in cfg["image_std"]):
+        raise ValueError("image_std must not contain 0")
+    return cfg
+
+
+def template_style(preset: str) -> str:
+    """The chat template family of a preset ("qwen2-vl" or "qwen3-vl")."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[preset]["template"]
