@@ -45,6 +45,11 @@ int mml_py_cuda_stream_arg(PyObject *stream, uintptr_t *out);
 struct mml_buf;
 int mml_py_cuda_export(struct mml_buf *b, PyObject *stream);
 
+/* tensor_py.c: a mmloader.Tensor taking over a batch slot's buffer reference (slot->buf
+ * becomes NULL).  NULL with an exception set on failure (the slot keeps its reference). */
+struct mml_tensor;
+PyObject *mml_py_tensor_from_slot(struct mml_tensor *slot);
+
 int mml_py_errors_register(PyObject *m);
 int mml_py_tensor_register(PyObject *m);    /* tensor_py.c: mmloader.Tensor, DLPack */
 int mml_py_loader_register(PyObject *m);    /* loader_py.c: the engine's Loader */
