@@ -43,5 +43,6 @@ int mml_py_vision_register(PyObject *m);    /* vision_py.c: ImageProcessor core,
 int mml_py_template_register(PyObject *m);  /* template_py.c: record/template test hooks */
 int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
+int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
 
 #endif
