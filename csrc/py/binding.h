@@ -35,6 +35,11 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg);
  * reference to obj while using it), or NULL with TypeError set. */
 const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
 
+/* tensor_py.c: a mmloader.Tensor taking over a batch slot's buffer reference (slot->buf
+ * becomes NULL).  NULL with an exception set on failure (the slot keeps its reference). */
+struct mml_tensor;
+PyObject *mml_py_tensor_from_slot(struct mml_tensor *slot);
+
 int mml_py_errors_register(PyObject *m);
 int mml_py_tensor_register(PyObject *m);    /* tensor_py.c: mmloader.Tensor, DLPack */
 int mml_py_loader_register(PyObject *m);    /* loader_py.c: the engine's Loader */
