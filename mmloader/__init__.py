@@ -4,3 +4,4 @@ from ._core import ConfigError, CudaError, Error, FetchError, SampleError, State
 from .template import encode_chat, render_chat  # noqa: F401
 
 __version__ = "0.1.0"
+from .tokenizer import Tokenizer  # noqa: E402,F401
