@@ -130,7 +130,7 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
             last = ps.is_pipeline_last_stage(ignore_virtual=True)
             if ps.get_tensor_model_parallel_rank() != 0 or not (first or last):
                 return None, None, None
-        kw = dict(keys="megatron", shift_labels=True, cycle=True)
+        kw = dict(keys="megatron", shift_labels=True, cycle=True, attention_mask=False)
         if args is not None:
             if getattr(args, "micro_batch_size", None):
                 kw["micro_batch_size"] = args.micro_batch_size
