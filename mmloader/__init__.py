@@ -3,3 +3,4 @@ from . import _core  # noqa: F401
 from ._core import ConfigError, CudaError, Error, FetchError, SampleError, StateError  # noqa: F401
 
 __version__ = "0.1.0"
+from .vision import ImageProcessor, smart_resize  # noqa: F401,E402
