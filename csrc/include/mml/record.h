@@ -5,6 +5,25 @@
  * `<image>` tags in text become image parts matched to the listed images in order; a
  * count mismatch is MML_EMISMATCH, anything else malformed is MML_ERECORD.
  *
+ * Details:
+ *   - "messages"/"conversations", "role"/"from", "content"/"value", "images"/"image" are
+ *     synonyms; other fields are ignored.  Roles human/user -> MML_ROLE_USER ("user"),
+ *     gpt/assistant -> MML_ROLE_ASSISTANT ("assistant"), system; anything else is
+ *     MML_ROLE_OTHER with its own name (e.g. "tool").
+ *   - content is a string, a list of parts, or null/absent (empty message).  Parts:
+ *     {"type": "text", "text": s}; {"type": "image"|"image_url", "image"|"url"|"path"|
+ *     "image_url": s | {"url": s}}; untyped parts are typed by their keys.  Other part
+ *     types (video, audio) are MML_ERECORD.
+ *   - rec->images is in order of appearance.  An `<image>` tag (in any text, string or
+ *     part) or an image part without its own reference takes the next entry of the
+ *     top-level image list (a string, a list of strings, or objects with "path"/"url");
+ *     every listed image must be used exactly once.
+ *   - Text must be valid UTF-8; an empty conversation, a non-object line, trailing data
+ *     after the object, or invalid JSON is MML_ERECORD.  err->msg names the message and
+ *     reason; the caller adds shard and line.
+ *   - Text parts point into the arena (no copies); empty text pieces are omitted, so
+ *     "<image>" alone yields a single image part.
+ *
  * Threads: a record is owned by one thread; parsing is reentrant.
  */
 #ifndef MML_RECORD_H
@@ -37,8 +56,10 @@ typedef struct mml_record {
   void *arena;         /* owns every string and array above */
 } mml_record;
 
-/* Parses one line.  rec must be zero-initialised or previously freed/reused; on success
- * the caller frees it with mml_record_free (reuse keeps capacity). */
+/* Parses one line (len bytes, need not be NUL-terminated).  rec must be zero-initialised
+ * or previously used; parsing again into the same rec reuses its capacity.  On failure rec
+ * holds an empty record (nmessages = 0).  mml_record_free releases everything and is
+ * always safe to call. */
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err);
 void mml_record_free(mml_record *rec);
 

@@ -5,6 +5,36 @@
  * rendered string is tokenized as one string (special tokens split out first), as the
  * HF processor does.  Labels are -100 outside supervised spans.
  *
+ * Templates (the public Jinja templates of the Instruct checkpoints, without tools):
+ *   qwen2-vl / qwen2.5-vl: "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+ *     first when the first message is not a system message; then every message as
+ *     "<|im_start|>{role}\n{content}<|im_end|>\n" (roles human/gpt become user/assistant;
+ *     other roles are written as the record names them).
+ *   qwen3-vl: no default system turn; a system message is rendered only when it is first;
+ *     "tool" messages become one "<|im_start|>user" turn of "\n<tool_response>\n...\n
+ *     </tool_response>" blocks, as the reference does; other roles are dropped (a dropped
+ *     message that holds an image is a bad record).  <think> handling of the Thinking
+ *     checkpoints is not applied: assistant text is rendered verbatim.
+ *   Image parts are rendered where they stand in any turn (as frameworks that substitute
+ *   `<image>` in string content do).  The qwen3-vl Jinja template would omit image parts
+ *   given as content-part lists in system/assistant turns, which leaves the image without
+ *   a placeholder; mmloader keeps it.
+ *   Text that itself contains <|vision_start|>, <|vision_end|>, <|image_pad|> or
+ *   <|video_pad|> is a bad record (MML_ERECORD): it would desynchronise images and pads.
+ *
+ * Labels (mml_label_mode): a label is the token's own id where supervised, else -100
+ * (labels are not shifted).  Supervised bytes are the assistant turns' content and the
+ * closing "<|im_end|>\n" as the mode selects.  Image placeholder tokens
+ * (<|vision_start|>, pads, <|vision_end|>) are never supervised, even inside an assistant
+ * turn.  A token that straddles a span boundary (possible only at the start of assistant
+ * content that begins with whitespace, e.g. "assistant\n" + "\n\nAnswer" tokenizes the
+ * newlines together) is LABELLED: any token holding at least one supervised byte is
+ * supervised.  Span ends always fall on <|im_end|> or the turn's final "\n", which are
+ * token boundaries.
+ *
+ * Length: no truncation here.  max_length is enforced by the engine, which skips longer
+ * samples with reason "too_long".
+ *
  * Threads: a template is immutable after creation and shared; encode is reentrant.
  */
 #ifndef MML_TEMPLATE_H
@@ -30,18 +60,23 @@ typedef enum {
 typedef struct mml_template mml_template;
 
 /* The tokenizer must outlive the template.  Special ids are looked up by name
- * (<|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>, <|image_pad|>). */
+ * (<|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>, <|image_pad|>); each must be
+ * an added token (encodes alone to its own id), else MML_ETOKENIZER.  tok may be NULL for
+ * a render-only template (mml_template_encode then fails with MML_EINVAL). */
 mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
                             const mml_tokenizer *tok, mml_template **out, mml_err *err);
 void mml_template_free(mml_template *t);
 
 /* Appends ids and labels (same length) for `rec`; image_tokens[i] is the number of
- * <|image_pad|> tokens of rec->images[i].  scratch may be NULL. */
+ * <|image_pad|> tokens of rec->images[i] (>= 1; NULL allowed when rec has no images).
+ * scratch may be NULL (one per thread otherwise).  On failure ids and labels are left at
+ * their previous lengths; record problems are MML_ERECORD. */
 mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
                                const mml_record *rec, const int64_t *image_tokens,
                                mml_ids *ids, mml_ids *labels, mml_err *err);
 
-/* The rendered text (with image pads expanded) — for tests and debugging. */
+/* Appends the rendered text (with image pads expanded) to out — for tests and debugging.
+ * On failure out keeps its previous length. */
 mml_status mml_template_render(const mml_template *t, const mml_record *rec,
                                const int64_t *image_tokens, mml_bytes *out, mml_err *err);
 

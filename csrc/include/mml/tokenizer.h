@@ -33,6 +33,16 @@ mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch
 mml_status mml_tokenizer_decode(const mml_tokenizer *t, const int32_t *ids, size_t n,
                                 mml_bytes *out, mml_err *err);
 
+/* mml_tokenizer_decode with flags: MML_TOK_SKIP_SPECIAL drops special added tokens (like
+ * tokenizers' decode(ids, skip_special_tokens=True)).  An id outside the vocabulary fails
+ * with MML_EINVAL and leaves out unchanged. */
+#define MML_TOK_SKIP_SPECIAL 1
+mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, size_t n,
+                                   int flags, mml_bytes *out, mml_err *err);
+
+/* 1 when id is a special added token (special=true in tokenizer.json). */
+int mml_tokenizer_is_special(const mml_tokenizer *t, int32_t id);
+
 /* -1 when the token is absent. */
 int32_t mml_tokenizer_token_to_id(const mml_tokenizer *t, const char *tok, size_t len);
 /* NULL when out of range; *len receives the byte length. */

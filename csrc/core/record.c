@@ -1,0 +1,360 @@
+/*
+ * record.c — one JSONL line parsed into the neutral conversation of mml/record.h.
+ *
+ * Accepted shapes (see ../shared/SPEC-QWEN.md):
+ *   LLaVA      {"image": str|[str], "conversations": [{"from": "human", "value": "<image>\n..."}]}
+ *   messages   {"messages": [{"role": "user", "content": "<image>..."}], "images": [...]}
+ *   HF parts   "content": [{"type": "image", "image"|"url"|"path"|"image_url": ...},
+ *                          {"type": "text", "text": ...}]
+ * The three mix freely: "messages"/"conversations", "role"/"from", "content"/"value" and
+ * "images"/"image" are synonyms.  Images are numbered in the order they appear in the
+ * conversation: an `<image>` tag in any text, or an image part without a reference of its
+ * own, takes the next entry of the record's top-level image list; an image part that names
+ * its own reference uses that.  Every top-level image must be used exactly once
+ * (MML_EMISMATCH otherwise).  Unknown top-level and per-message fields are ignored.
+ *
+ * Memory: the record's arena keeps the cJSON tree (text parts point into its strings, so
+ * text is never copied) and the message/part/image arrays, whose capacity is kept when a
+ * record is parsed again, so a worker that reuses one mml_record allocates only cJSON's
+ * nodes per line.
+ *
+ * Threads: reentrant.  cJSON 1.7 writes a process-wide "last error" variable when a parse
+ * fails; nothing here reads it (the failure position comes from return_parse_end), so the
+ * race is confined to a value nobody uses.
+ */
+#include "mml/record.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IMAGE_TAG "<image>"
+#define IMAGE_TAG_LEN 7
+
+typedef struct rec_arena {
+  cJSON *root;
+  mml_message *msgs;
+  size_t msgs_cap;
+  mml_part *parts;
+  size_t parts_cap, nparts;
+  const char **images;
+  size_t images_cap;
+  int *msg_first_part; /* index into parts of each message's first part */
+  size_t first_cap;
+} rec_arena;
+
+/* State of one parse. */
+typedef struct parse_ctx {
+  rec_arena *a;
+  mml_record *rec;
+  const cJSON *list; /* top-level image list (array or single string), or NULL */
+  int list_len, list_next;
+  mml_err *err;
+} parse_ctx;
+
+static mml_status grow(void **p, size_t *cap, size_t want, size_t elem) {
+  if (want <= *cap) return MML_OK;
+  size_t n = *cap ? *cap * 2 : 8;
+  while (n < want) n *= 2;
+  void *q = realloc(*p, n * elem);
+  if (!q) return MML_ENOMEM;
+  *p = q;
+  *cap = n;
+  return MML_OK;
+}
+
+/* Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF). */
+static int utf8_valid(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s, *e = p + n;
+  while (p < e) {
+    unsigned c = *p;
+    if (c < 0x80) {
+      p++;
+      continue;
+    }
+    int k;
+    unsigned cp, min;
+    if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07, min = 0x10000;
+    else return 0;
+    if (e - p <= k) return 0;
+    for (int i = 1; i <= k; i++) {
+      if ((p[i] & 0xC0) != 0x80) return 0;
+      cp = cp << 6 | (p[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    p += k + 1;
+  }
+  return 1;
+}
+
+static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k1);
+  if ((!v || cJSON_IsNull(v)) && k2) v = cJSON_GetObjectItemCaseSensitive(obj, k2);
+  return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static mml_status add_image(parse_ctx *c, const char *ref, int *index) {
+  rec_arena *a = c->a;
+  if (!utf8_valid(ref, strlen(ref)))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
+  if (!*ref) return mml_err_set(c->err, MML_ERECORD, "bad record: empty image reference");
+  if (grow((void **)&a->images, &a->images_cap, (size_t)c->rec->nimages + 1, sizeof *a->images))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  a->images[c->rec->nimages] = ref;
+  *index = c->rec->nimages++;
+  return MML_OK;
+}
+
+/* The reference of the top-level list's entry i (a string, or an object with a path/url). */
+static const char *list_ref(const cJSON *v) {
+  if (cJSON_IsString(v)) return v->valuestring;
+  if (cJSON_IsObject(v)) {
+    static const char *const keys[] = {"path", "url", "image", "image_url"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+      const cJSON *r = cJSON_GetObjectItemCaseSensitive(v, keys[i]);
+      if (cJSON_IsString(r)) return r->valuestring;
+      if (cJSON_IsObject(r)) {
+        r = cJSON_GetObjectItemCaseSensitive(r, "url");
+        if (cJSON_IsString(r)) return r->valuestring;
+      }
+    }
+  }
+  return NULL;
+}
+
+static mml_status take_listed_image(parse_ctx *c, int msg, int *index) {
+  if (c->list_next >= c->list_len)
+    return mml_err_set(c->err, MML_EMISMATCH,
+                       "image count mismatch: message %d refers to image %d but the record "
+                       "lists %d",
+                       msg, c->list_next + 1, c->list_len);
+  const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+  const char *ref = list_ref(v);
+  if (!ref)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: image %d of the record's image list is not a string",
+                       c->list_next);
+  c->list_next++;
+  return add_image(c, ref, index);
+}
+
+static mml_status push_part(parse_ctx *c, mml_part_kind kind, const char *text, size_t len,
+                            int image) {
+  rec_arena *a = c->a;
+  if (kind == MML_PART_TEXT && len == 0) return MML_OK;
+  if (grow((void **)&a->parts, &a->parts_cap, a->nparts + 1, sizeof *a->parts))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  a->parts[a->nparts++] = (mml_part){.kind = kind, .text = text, .len = len, .image = image};
+  return MML_OK;
+}
+
+/* Text with `<image>` tags: tags become image parts taken from the top-level list. */
+static mml_status add_text(parse_ctx *c, int msg, const char *s) {
+  size_t n = strlen(s);
+  if (!utf8_valid(s, n))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
+                       msg);
+  const char *p = s, *end = s + n;
+  for (;;) {
+    const char *tag = memmem(p, (size_t)(end - p), IMAGE_TAG, IMAGE_TAG_LEN);
+    if (!tag) break;
+    mml_status st = push_part(c, MML_PART_TEXT, p, (size_t)(tag - p), 0);
+    int idx;
+    if (!st) st = take_listed_image(c, msg, &idx);
+    if (!st) st = push_part(c, MML_PART_IMAGE, NULL, 0, idx);
+    if (st) return st;
+    p = tag + IMAGE_TAG_LEN;
+  }
+  return push_part(c, MML_PART_TEXT, p, (size_t)(end - p), 0);
+}
+
+static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *part) {
+  if (!cJSON_IsObject(part))
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: message %d content part %d is not an object", msg, k);
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+  const char *t = cJSON_IsString(type) ? type->valuestring : NULL;
+  if (type && !t && !cJSON_IsNull(type))
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: message %d content part %d has a non-string type", msg, k);
+  if (!t) { /* untyped parts, as the HF templates accept them: by the keys present */
+    if (get(part, "image", "image_url")) t = "image";
+    else if (get(part, "text", NULL)) t = "text";
+    else
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: message %d content part %d has no type, text or image",
+                         msg, k);
+  }
+  if (!strcmp(t, "text")) {
+    const cJSON *text = get(part, "text", NULL);
+    if (!cJSON_IsString(text))
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: message %d text part %d has no string \"text\"", msg, k);
+    return add_text(c, msg, text->valuestring);
+  }
+  if (!strcmp(t, "image") || !strcmp(t, "image_url")) {
+    static const char *const keys[] = {"image", "url", "path", "image_url"};
+    const char *ref = NULL;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys && !ref; i++) {
+      const cJSON *r = get(part, keys[i], NULL);
+      if (!r) continue;
+      if (cJSON_IsObject(r)) r = get(r, "url", NULL); /* OpenAI style {"url": ...} */
+      if (!cJSON_IsString(r))
+        return mml_err_set(c->err, MML_ERECORD,
+                           "bad record: message %d image part %d: \"%s\" is not a string",
+                           msg, k, keys[i]);
+      ref = r->valuestring;
+    }
+    int idx;
+    mml_status st = ref ? add_image(c, ref, &idx) : take_listed_image(c, msg, &idx);
+    return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
+  }
+  return mml_err_set(c->err, MML_ERECORD,
+                     "bad record: message %d content part %d has unsupported type \"%.64s\"",
+                     msg, k, t);
+}
+
+static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
+  rec_arena *a = c->a;
+  if (!cJSON_IsObject(m))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d is not an object", i);
+  const cJSON *role = get(m, "role", "from");
+  if (!cJSON_IsString(role) || !role->valuestring[0])
+    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d has no role (\"role\" or "
+                                             "\"from\")", i);
+  const char *r = role->valuestring;
+  if (!utf8_valid(r, strlen(r)))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
+  mml_message *msg = &a->msgs[i];
+  if (!strcmp(r, "user") || !strcmp(r, "human")) msg->role = MML_ROLE_USER, msg->role_name = "user";
+  else if (!strcmp(r, "assistant") || !strcmp(r, "gpt"))
+    msg->role = MML_ROLE_ASSISTANT, msg->role_name = "assistant";
+  else if (!strcmp(r, "system")) msg->role = MML_ROLE_SYSTEM, msg->role_name = "system";
+  else msg->role = MML_ROLE_OTHER, msg->role_name = r;
+  a->msg_first_part[i] = (int)a->nparts;
+
+  const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+  if (!content) content = cJSON_GetObjectItemCaseSensitive(m, "value");
+  if (!content || cJSON_IsNull(content)) return MML_OK; /* empty message */
+  if (cJSON_IsString(content)) return add_text(c, i, content->valuestring);
+  if (cJSON_IsArray(content)) {
+    int k = 0;
+    for (const cJSON *p = content->child; p; p = p->next, k++) {
+      mml_status st = add_content_part(c, i, k, p);
+      if (st) return st;
+    }
+    return MML_OK;
+  }
+  return mml_err_set(c->err, MML_ERECORD,
+                     "bad record: message %d content is neither a string nor a list", i);
+}
+
+static mml_status parse_root(parse_ctx *c, const cJSON *root) {
+  rec_arena *a = c->a;
+  if (!cJSON_IsObject(root))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
+  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+  const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
+  if (msgs && conv)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: has both \"messages\" and \"conversations\"");
+  if (!msgs) msgs = conv;
+  if (!msgs)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: no \"messages\" or \"conversations\" list");
+  if (!cJSON_IsArray(msgs))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: the conversation is not a list");
+  int n = cJSON_GetArraySize(msgs);
+  if (n == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: empty conversation");
+
+  const cJSON *images = get(root, "images", NULL), *image = get(root, "image", NULL);
+  if (images && image)
+    return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"images\" and \"image\"");
+  c->list = images ? images : image;
+  if (c->list && cJSON_IsArray(c->list)) c->list_len = cJSON_GetArraySize(c->list);
+  else if (c->list && (cJSON_IsString(c->list) || cJSON_IsObject(c->list))) c->list_len = 1;
+  else if (c->list)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: \"%s\" is neither a string nor a list", images ? "images" : "image");
+
+  if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
+      grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  int i = 0;
+  for (const cJSON *m = msgs->child; m; m = m->next, i++) {
+    mml_status st = add_message(c, i, m);
+    if (st) return st;
+  }
+  a->msg_first_part[n] = (int)a->nparts;
+  if (c->list_next != c->list_len)
+    return mml_err_set(c->err, MML_EMISMATCH,
+                       "image count mismatch: the record lists %d image(s) but its messages "
+                       "refer to %d",
+                       c->list_len, c->list_next);
+  for (i = 0; i < n; i++) {
+    a->msgs[i].parts = a->parts + a->msg_first_part[i];
+    a->msgs[i].nparts = a->msg_first_part[i + 1] - a->msg_first_part[i];
+  }
+  c->rec->messages = a->msgs;
+  c->rec->nmessages = n;
+  c->rec->images = a->images;
+  return MML_OK;
+}
+
+mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err) {
+  if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
+  rec_arena *a = rec->arena;
+  int fresh = 0;
+  if (!a) {
+    if (!(a = calloc(1, sizeof *a))) return mml_err_set(err, MML_ENOMEM, "record: out of memory");
+    fresh = 1;
+  }
+  cJSON_Delete(a->root);
+  a->root = NULL;
+  a->nparts = 0;
+  *rec = (mml_record){.arena = a};
+
+  /* Trailing whitespace (the line's newline, "\r\n") is fine; anything else after the
+   * object is not. */
+  const char *end = NULL;
+  mml_status st;
+  a->root = cJSON_ParseWithLengthOpts(line ? line : "", len, &end, 0);
+  if (!a->root) {
+    size_t at = end && end >= line ? (size_t)(end - line) : 0;
+    st = mml_err_set(err, MML_ERECORD, "bad record: invalid JSON at byte %zu of %zu", at, len);
+    goto fail;
+  }
+  for (const char *p = end; p && p < line + len; p++) {
+    if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != 0) {
+      st = mml_err_set(err, MML_ERECORD, "bad record: trailing data at byte %zu",
+                       (size_t)(p - line));
+      goto fail;
+    }
+  }
+  parse_ctx c = {.a = a, .rec = rec, .err = err};
+  if ((st = parse_root(&c, a->root))) goto fail;
+  return MML_OK;
+
+fail:
+  cJSON_Delete(a->root);
+  a->root = NULL;
+  *rec = (mml_record){.arena = a};
+  if (fresh) mml_record_free(rec);
+  return st;
+}
+
+void mml_record_free(mml_record *rec) {
+  if (!rec) return;
+  rec_arena *a = rec->arena;
+  if (a) {
+    cJSON_Delete(a->root);
+    free(a->msgs);
+    free(a->parts);
+    free(a->images);
+    free(a->msg_first_part);
+    free(a);
+  }
+  *rec = (mml_record){0};
+}
