@@ -16,21 +16,32 @@ can replace a DataLoader in an existing loop and its checkpointing::
 
     loader.load_state_dict(torch.load(path, weights_only=True)["data"])
 
-Differences from :class:`mmloader.Loader`: text-only batches omit ``pixel_values`` and
-``image_grid_thw`` by default (``text_only_vision="omit"``), because a Hugging Face model
-would run its vision tower on a placeholder; pass ``text_only_vision="placeholder"`` to get
-the fixed key set instead.
+Defaults that differ from :class:`mmloader.Loader`, so that ``model(**batch)`` is right for a
+Hugging Face Qwen-VL model (``keys="qwen"``):
+
+- ``mrope=True``: ``position_ids`` are the model's own M-RoPE positions (``[3, B, L]``; a
+  2-D ``position_ids`` would make the model drop the image positions).
+- ``text_only_vision="omit"``: a batch without images has no ``pixel_values`` /
+  ``image_grid_thw`` (a placeholder would go through the vision tower).
+- With ``packing=True``: ``attention_mask=False`` and ``position_ids`` ``[4, 1, L]`` whose
+  first row restarts at 0 for each sample; transformers derives the per-sample attention
+  from it when the model runs without a cache (``use_cache=False``, as in training).  The
+  packing tensors ``cu_seqlens`` / ``cu_seqlens_unpadded`` / ``max_seqlen`` are left out
+  (``packing_keys=False``): transformers' Qwen-VL forwards extra keyword arguments to its
+  vision tower, which would take ``cu_seqlens`` for its own.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 
 from . import loader as _loader
 
 __all__ = ["Loader", "to_torch"]
+
+_PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "max_seqlen")
 
 
 def to_torch(batch: Dict[str, Any]) -> Dict[str, torch.Tensor]:
@@ -49,16 +60,26 @@ def _accepts(name: str) -> bool:
 class Loader:
     """An :class:`mmloader.Loader` whose batches are ``dict[str, torch.Tensor]``.
 
-    Arguments are those of :class:`mmloader.Loader` (see its docstring); ``text_only_vision``
-    defaults to ``"omit"`` here.  Iterating yields the batches of one epoch; iterate again for
+    Arguments are those of :class:`mmloader.Loader` (see its docstring); with ``keys="qwen"``
+    the defaults are ``mrope=True``, ``text_only_vision="omit"`` and, when packing,
+    ``attention_mask=False`` (see the module docstring).  ``packing_keys``: keep
+    ``cu_seqlens`` / ``cu_seqlens_unpadded`` / ``max_seqlen`` in packed batches (default:
+    only with ``keys="megatron"``).  Iterating yields the batches of one epoch; iterate again for
     the next.  ``len()`` is the number of batches per epoch when that is known (padded
     batches); with ``packing=True`` it raises TypeError, like a DataLoader over an
     IterableDataset.
     """
 
-    def __init__(self, data: Any, **kwargs: Any) -> None:
+    def __init__(self, data: Any, *, packing_keys: Optional[bool] = None, **kwargs: Any) -> None:
+        qwen = kwargs.get("keys", "qwen") == "qwen"
         if "text_only_vision" not in kwargs and _accepts("text_only_vision"):
             kwargs["text_only_vision"] = "omit"
+        if qwen:
+            kwargs.setdefault("mrope", True)
+            kwargs.setdefault("attention_mask", not kwargs.get("packing", False))
+        if packing_keys is None:
+            packing_keys = not qwen
+        self._drop = () if packing_keys else _PACKING_KEYS
         self._inner = _loader.Loader(data, **kwargs)
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
@@ -67,7 +88,8 @@ class Loader:
 
     def __next__(self) -> Dict[str, torch.Tensor]:
         """The next batch; StopIteration at the end of each epoch (unless cycle=True)."""
-        return to_torch(next(self._inner))
+        batch = next(self._inner)
+        return {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
 
     def __len__(self) -> int:
         return len(self._inner)

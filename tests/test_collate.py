@@ -26,8 +26,8 @@ def _tiny_model(family):
     else:
         from transformers import Qwen2_5_VLConfig as Config
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
-                      spatial_merge_size=2, fullatt_block_indexes=[0])
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                      out_hidden_size=32, spatial_merge_size=2, fullatt_block_indexes=[0])
     try:
         cfg = Config(text_config=text, vision_config=vision)
         return Model(cfg).eval()
@@ -296,3 +296,34 @@ def test_collate_errors():
 def mmloader_errors():
     import mmloader
     return mmloader
+
+
+def test_packed_batch_runs_like_separate_samples_in_transformers():
+    """A packed qwen-keys batch (position_ids [4, 1, L]: a text row that restarts per sample,
+    then M-RoPE; no attention_mask) gives a real Qwen2.5-VL model the same hidden states for every
+    sample as running each sample alone."""
+    model = _tiny_model("qwen2.5-vl")
+    rng = random.Random(4)
+    samples = make_samples(rng, 5, max_images=2, cols=1176)
+    assert any("pixel_values" in s for s in samples)
+    L = sum(len(s["input_ids"]) for s in samples) + 7
+    (batch, _), = _core._collate(samples, dict(pack=1, pack_length=L, mrope=1,
+                                               mm_token_type_ids=1, pixel_cols=1176))
+    b = {k: torch.from_dlpack(v) for k, v in batch.items()}
+    assert b["position_ids"].shape == (4, 1, L)
+    cu = b["cu_seqlens"]
+    with torch.no_grad():
+        packed = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
+                       pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"],
+                       mm_token_type_ids=b["mm_token_type_ids"], use_cache=False).last_hidden_state
+        for i, s in enumerate(samples):
+            ids = torch.tensor([s["input_ids"]])
+            kw = {}
+            if "pixel_values" in s:
+                kw = dict(pixel_values=torch.from_numpy(s["pixel_values"]),
+                          image_grid_thw=torch.tensor(s["grids"]))
+            alone = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE_PAD).int(),
+                          use_cache=False, **kw).last_hidden_state
+            lo = int(cu[i])
+            torch.testing.assert_close(packed[:, lo:lo + ids.shape[1]], alone,
+                                       rtol=1e-5, atol=1e-5)

@@ -44,7 +44,7 @@ def same(a, b):
 
 def test_batches_are_torch_tensors_viewing_the_loader_buffers(ds):
     with make(ds, shuffle=False) as L, make(ds, cls=mmloader.Loader, shuffle=False,
-                                           text_only_vision="omit") as R:
+                                           text_only_vision="omit", mrope=True) as R:
         n = 0
         for b in L:
             raw = next(R)
@@ -133,7 +133,7 @@ def test_state_mismatch_raises(ds):
 
 
 def test_packing_efficiency_in_stats(ds):
-    with make(ds, packing=True, pack_length=512, seq_length=None) as L:
+    with make(ds, packing=True, pack_length=512, seq_length=None, packing_keys=True) as L:
         real = slots = 0
         for b in L:
             ids = b["input_ids"]
@@ -143,3 +143,53 @@ def test_packing_efficiency_in_stats(ds):
         st = L.stats()
     assert 0 < st["packing_efficiency"] <= 1
     assert st["packing_efficiency"] == pytest.approx(real / slots)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# shared/ lies beside the repository (CI) or further up (a worktree checkout)
+QWEN_TOKENIZER = os.environ.get("MML_QWEN_TOKENIZER_DIR") or next(
+    (p for p in (os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer")
+                 for up in (("..",), ("..", "..")))
+     if os.path.exists(os.path.join(p, "tokenizer.json"))),
+    os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer"))
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_training_loop_with_a_real_qwen25_vl_model(ds, packing):
+    """The loader replaces a DataLoader in a plain PyTorch loop: model(**batch) on a (tiny,
+    random) Qwen2.5-VL with the real Qwen tokenizer, loss and gradients."""
+    if not os.path.exists(os.path.join(QWEN_TOKENIZER, "tokenizer.json")):
+        pytest.skip(f"the Qwen tokenizer is not at {QWEN_TOKENIZER}")
+    transformers = pytest.importorskip("transformers")
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=151936,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                 "rope_theta": 10000.0})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+                  spatial_merge_size=2, fullatt_block_indexes=[0])
+    try:
+        model = transformers.Qwen2_5_VLForConditionalGeneration(
+            transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+    except Exception as e:  # pragma: no cover - depends on the installed transformers
+        pytest.skip(f"cannot build a tiny Qwen2.5-VL with transformers "
+                    f"{transformers.__version__}: {e}")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    kw = dict(packing=True, pack_length=1024, seq_length=None) if packing else {}
+    with make(ds, tokenizer=QWEN_TOKENIZER, preset="qwen2.5-vl", micro_batch_size=2,
+              seq_length=None if packing else 1024, **{k: v for k, v in kw.items()
+                                                        if k != "seq_length"}) as L:
+        steps = 0
+        for batch in L:
+            if packing:
+                assert batch["position_ids"].shape[0] == 4 and "attention_mask" not in batch
+                assert "cu_seqlens" not in batch
+            else:
+                assert batch["position_ids"].shape[0] == 3
+            out = model(**batch, use_cache=False)
+            assert torch.isfinite(out.loss)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+            if steps == 3:
+                break

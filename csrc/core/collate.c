@@ -218,6 +218,14 @@ static inline int64_t label_at(const mml_collator *c, const mml_sample *s, int64
   return s->labels.data[j];
 }
 
+/* Packed text positions: each slot counts from 0 through its padding; so does the tail. */
+static void text_positions(int64_t *o, int n, const int64_t *start, const int64_t *slot,
+                           int64_t end, int64_t L) {
+  for (int i = 0; i < n; i++)
+    for (int64_t j = 0; j < slot[i]; j++) o[start[i] + j] = j;
+  for (int64_t j = end; j < L; j++) o[j] = j - end;
+}
+
 #define ADD(name, dt, nd, ...)                                                             \
   do {                                                                                     \
     int64_t shape_[MML_MAX_DIMS] = {__VA_ARGS__};                                          \
@@ -278,9 +286,16 @@ mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
   }
   /* position_ids (and rope_deltas) */
   if (cfg->mrope) {
-    ADD(k->position_ids, MML_DT_INT64, 3, 3, B, L);
+    /* qwen keys, packed: a text row first ([4, 1, L]), from which transformers derives the
+     * per-sample attention; otherwise the three M-RoPE rows. */
+    const int rows = pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3;
+    ADD(k->position_ids, MML_DT_INT64, 3, rows, B, L);
     int64_t *pos = data;
-    memset(pos, 0, (size_t)(3 * BL) * sizeof(int64_t));
+    memset(pos, 0, (size_t)(rows * BL) * sizeof(int64_t));
+    if (rows == 4) {
+      text_positions(pos, n, start, slot, end, L);
+      pos += BL;
+    }
     int64_t *deltas = malloc((size_t)n * sizeof(int64_t));
     if (!deltas) {
       st = mml_err_set(err, MML_ENOMEM, "collator: out of memory");
@@ -313,9 +328,7 @@ mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
       for (int64_t r = 0; r < B; r++)
         for (int64_t j = 0; j < L; j++) o[r * L + j] = j;
     } else {
-      for (int i = 0; i < n; i++)
-        for (int64_t j = 0; j < slot[i]; j++) o[start[i] + j] = j;
-      for (int64_t j = end; j < L; j++) o[j] = j - end;
+      text_positions(o, n, start, slot, end, L);
     }
   }
   /* attention_mask */

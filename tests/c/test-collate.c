@@ -403,11 +403,13 @@ TEST(packed_mrope_per_sample) {
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   mml_batch b = {0};
   CHECK_OK(mml_collator_emit(c, &b, &err), err);
-  CHECK(shape_is(&b, "position_ids", 3, 3, 1, 32, 0));
+  CHECK(shape_is(&b, "position_ids", 3, 4, 1, 32, 0)); /* text row + 3 M-RoPE rows */
   CHECK(shape_is(&b, "rope_deltas", 2, 2, 1, 0, 0));
   CHECK(shape_is(&b, "pixel_values", 2, 20, 6, 0, 0));
   CHECK(shape_is(&b, "image_grid_thw", 2, 2, 3, 0, 0));
-  const int64_t *pos = I64(&b, "position_ids"), *tt = I64(&b, "mm_token_type_ids");
+  const int64_t *text = I64(&b, "position_ids"), *tt = I64(&b, "mm_token_type_ids");
+  const int64_t *pos = text + 32;
+  for (int j = 0; j < 32; j++) CHECK_EQ_INT(text[j], j < 8 ? j : j < 13 ? j - 8 : j - 13);
   /* sample 1: 0 1 | 2 2 2 2 (t) | 4 5  ; second sample restarts: 0 | 1 | 2 3 4 */
   const int64_t et[] = {0, 1, 2, 2, 2, 2, 4, 5, 0, 1, 2, 3, 4};
   const int64_t eh[] = {0, 1, 2, 2, 3, 3, 4, 5, 0, 1, 2, 3, 4};
