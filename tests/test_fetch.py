@@ -78,6 +78,21 @@ def test_http_get_exact_bytes_and_ranges(fault_server):
     assert st["failures"] == 0 and st["bytes"] >= len(objs["/big"])
 
 
+def test_object_changing_between_ranges_is_an_error(fault_server):
+    old, new = blob(1_000_000, 8), blob(1_000_000, 9)
+    objs = {"/v": old}
+
+    def hook(method, path, rng, n):  # after the first range is served, replace the object
+        objs["/v"] = new
+        srv.objects["/v"] = new
+
+    srv = fault_server(objects=objs, hook=hook)
+    with _core.Fetcher(range_chunk=300_000, **FAST) as f:
+        with pytest.raises(FetchError, match="changed"):
+            f.get(srv.url("/v"))
+        assert f.get(srv.url("/v")) == new  # a fetch that starts after the change is whole
+
+
 def test_get_many_keeps_order_and_reuses_connections(fault_server):
     objs = {f"/o{i}": blob(100 + i * 37, i) for i in range(200)}
     srv = fault_server(objects=objs)
@@ -247,6 +262,20 @@ def test_s3_env_configuration(moto_s3, monkeypatch):
     with pytest.raises(FetchError):
         _core.fetch_get(url)
     assert _core.fetch_get(url, secret_key=moto_s3.secret_key) == b"from-env"
+
+
+def test_s3_session_token(moto_s3):
+    url = moto_s3.put("tok.bin", b"temporary")
+    creds = moto_s3.session_credentials()
+    cfg = dict(endpoint=moto_s3.endpoint, region=moto_s3.region)
+    assert _core.fetch_get(url, **cfg, **creds) == b"temporary"
+    f = _core.Fetcher(**cfg, **creds)
+    assert creds["session_token"] not in repr(f) and creds["secret_key"] not in repr(f)
+    f.close()
+    no_token = dict(creds, session_token=None)
+    with pytest.raises(FetchError, match="403") as e:
+        _core.fetch_get(url, **cfg, **no_token)
+    assert creds["secret_key"] not in str(e.value)
 
 
 def test_s3_wrong_credentials_fail_clearly(moto_s3):

@@ -103,6 +103,7 @@ struct job {
   mml_status fst;
   mml_err ferr;
   int retries;          /* over all parts, for messages */
+  char etag[128];       /* from the probe: later range parts send If-Match with it */
 };
 
 struct xfer {
@@ -122,6 +123,7 @@ struct xfer {
   double retry_after;   /* seconds, < 0 when absent */
   int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 when absent */
   int64_t clen;         /* Content-Length, -1 when absent */
+  char etag[128];
   int overflow, nomem, stalled;
   double last_rx;       /* when bytes last arrived (or the attempt started) */
   double stall_s;
@@ -257,40 +259,48 @@ static int bucket_ok(const char *b, size_t n) {
   return 1;
 }
 
-/* Fills j->http_url, host, canon_uri from bucket/key (+ optional encoded query). */
-static mml_status s3_address(mml_fetcher *f, job *j, const char *bucket, size_t blen,
-                             const char *key, const char *query, mml_err *err) {
+/* Splits "s3://bucket/key" into bucket (pointer+length) and key. */
+static mml_status s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
+                           const char *shown, mml_err *err) {
+  if (strncmp(url, "s3://", 5)) return mml_err_set(err, MML_EINVAL, "%s: not an s3:// URL", shown);
+  const char *b = url + 5, *sl = strchr(b, '/');
+  size_t n = sl ? (size_t)(sl - b) : strlen(b);
+  if (!bucket_ok(b, n)) return mml_err_set(err, MML_EINVAL, "%s: bad bucket name", shown);
+  *bucket = b, *blen = n, *key = sl ? sl + 1 : "";
+  return MML_OK;
+}
+
+/* Request line parts for bucket/key (+ encoded query) under this endpoint/region. */
+static mml_status s3_address_parts(const char *region, const char *endpoint, const char *bucket,
+                                   size_t blen, const char *key, const char *query,
+                                   mml_s3_addr *out, mml_err *err) {
   mml_bytes path = {0}, url = {0};
   char host[512];
-  int path_style = f->endpoint != NULL || memchr(bucket, '.', blen) != NULL;
-  if (f->endpoint) {
-    const char *h = strstr(f->endpoint, "://");
-    h = h ? h + 3 : f->endpoint;
+  int path_style = endpoint != NULL || memchr(bucket, '.', blen) != NULL;
+  memset(out, 0, sizeof *out);
+  if (endpoint) {
+    const char *h = strstr(endpoint, "://");
+    h = h ? h + 3 : endpoint;
     size_t hl = strcspn(h, "/");
-    if (hl == 0 || hl >= sizeof host) {
-      return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
-    }
+    if (hl == 0 || hl >= sizeof host) return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
     memcpy(host, h, hl), host[hl] = 0;
-  } else if (path_style) {
-    snprintf(host, sizeof host, "s3.%s.amazonaws.com", f->region);
+  } else if (path_style) { /* dotted bucket names break the TLS wildcard certificate */
+    snprintf(host, sizeof host, "s3.%s.amazonaws.com", region);
   } else {
-    snprintf(host, sizeof host, "%.*s.s3.%s.amazonaws.com", (int)blen, bucket, f->region);
+    snprintf(host, sizeof host, "%.*s.s3.%s.amazonaws.com", (int)blen, bucket, region);
   }
   mml_status st = MML_OK;
+  st |= mml_bytes_append(&path, "/", 1);
   if (path_style) {
-    st |= mml_bytes_append(&path, "/", 1);
     st |= mml_uri_encode(bucket, blen, 0, &path);
     if (*key || !query) st |= mml_bytes_append(&path, "/", 1);
-  } else {
-    st |= mml_bytes_append(&path, "/", 1);
   }
   st |= mml_uri_encode(key, strlen(key), 1, &path);
   if (st) goto oom;
-  if (f->endpoint) {
-    const char *h = strstr(f->endpoint, "://");
-    size_t pre = h ? (size_t)(h - f->endpoint) + 3 : 0;
-    if (!h) st |= mml_bytes_append(&url, "https://", 8);
-    st |= mml_bytes_append(&url, f->endpoint, pre);
+  if (endpoint) {
+    const char *h = strstr(endpoint, "://");
+    if (h) st |= mml_bytes_append(&url, endpoint, (size_t)(h - endpoint) + 3);
+    else st |= mml_bytes_append(&url, "https://", 8);
   } else {
     st |= mml_bytes_append(&url, "https://", 8);
   }
@@ -302,26 +312,34 @@ static mml_status s3_address(mml_fetcher *f, job *j, const char *bucket, size_t 
   }
   st |= mml_bytes_append(&url, "", 1);
   if (st) goto oom;
-  j->http_url = (char *)url.data;
-  j->canon_uri = (char *)path.data;
-  j->host = dupstr(host);
-  j->canon_query = dupstr(query ? query : "");
-  if (!j->host || !j->canon_query) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  out->http_url = (char *)url.data;
+  out->canonical_uri = (char *)path.data;
+  out->host = dupstr(host);
+  if (!out->host) {
+    mml_s3_addr_free(out);
+    return mml_err_set(err, MML_ENOMEM, "out of memory");
+  }
   return MML_OK;
 oom:
   mml_bytes_free(&path), mml_bytes_free(&url);
   return mml_err_set(err, MML_ENOMEM, "out of memory");
 }
 
-/* Splits "s3://bucket/key" into bucket (pointer+length) and key. */
-static mml_status s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
-                           const char *shown, mml_err *err) {
-  if (strncmp(url, "s3://", 5)) return mml_err_set(err, MML_EINVAL, "%s: not an s3:// URL", shown);
-  const char *b = url + 5, *sl = strchr(b, '/');
-  size_t n = sl ? (size_t)(sl - b) : strlen(b);
-  if (!bucket_ok(b, n)) return mml_err_set(err, MML_EINVAL, "%s: bad bucket name", shown);
-  *bucket = b, *blen = n, *key = sl ? sl + 1 : "";
-  return MML_OK;
+void mml_s3_addr_free(mml_s3_addr *a) {
+  if (!a) return;
+  free(a->http_url), free(a->host), free(a->canonical_uri);
+  memset(a, 0, sizeof *a);
+}
+
+mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
+                          const char *endpoint, mml_s3_addr *out, mml_err *err) {
+  const char *b, *k;
+  size_t bl;
+  if (!s3url || !out) return mml_err_set(err, MML_EINVAL, "s3 address: NULL argument");
+  mml_status st = s3_split(s3url, &b, &bl, &k, s3url, err);
+  if (st) return st;
+  return s3_address_parts(region && *region ? region : "us-east-1", endpoint && *endpoint ? endpoint : NULL,
+                          b, bl, k, query, out, err);
 }
 
 /* ---- jobs and xfers ----------------------------------------------------------------- */
@@ -353,8 +371,13 @@ static mml_status job_new(mml_fetcher *f, const char *url, const char *query, in
     const char *b, *k;
     size_t bl;
     j->is_s3 = 1;
+    mml_s3_addr a;
     st = s3_split(url, &b, &bl, &k, j->shown, err);
-    if (!st) st = s3_address(f, j, b, bl, k, query, err);
+    if (!st) st = s3_address_parts(f->region, f->endpoint, b, bl, k, query, &a, err);
+    if (!st) {
+      j->http_url = a.http_url, j->host = a.host, j->canon_uri = a.canonical_uri;
+      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "out of memory");
+    }
   } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
     j->http_url = dupstr(url);
     if (!j->http_url) st = mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -505,6 +528,7 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
     const char *sp = memchr(p, ' ', len);
     x->http = sp ? strtol(sp + 1, NULL, 10) : 0;
     x->retry_after = -1, x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1;
+    x->etag[0] = 0;
     return len;
   }
   char line[256];
@@ -520,6 +544,11 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
     while (*v == ' ') v++;
     if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) x->cr_start = a, x->cr_end = b, x->cr_total = t;
     else if (sscanf(v, "bytes */%lld", &t) == 1) x->cr_total = t;
+  } else if (!strncasecmp(line, "etag:", 5)) {
+    const char *v = line + 5;
+    while (*v == ' ') v++;
+    size_t vl = strcspn(v, "\r\n");
+    if (vl < sizeof x->etag) memcpy(x->etag, v, vl), x->etag[vl] = 0;
   } else if (!strncasecmp(line, "content-length:", 15)) {
     x->clen = strtoll(line + 15, NULL, 10);
   }
@@ -640,7 +669,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
   x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s;
-  x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1, x->errbuf[0] = 0;
+  x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1, x->errbuf[0] = 0, x->etag[0] = 0;
   mml_bytes_clear(&x->errbody);
   if (x->probe) mml_bytes_clear(&j->body);
   curl_slist_free_all(x->hdrs);
@@ -653,6 +682,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
       st = add_header(&x->hdrs, "Range: bytes=%lld-%lld", (long long)x->off,
                       (long long)(x->off + f->range_chunk - 1));
   }
+  if (!st && !x->probe && j->etag[0]) st = add_header(&x->hdrs, "If-Match: %s", j->etag);
   if (st) {
     curl_easy_cleanup(e);
     return mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -842,7 +872,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
       return;
     }
     xfer_release_easy(f, x);
-    if (x->probe && s == 206 && j->total > x->off + x->got) spawn_rest(f, x);
+    if (x->probe && s == 206 && j->total > x->off + x->got) {
+      memcpy(j->etag, x->etag, sizeof j->etag);
+      spawn_rest(f, x);
+    }
     part_done(f, x);
     return;
   }
@@ -865,6 +898,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
   if (s == 429) retry_or_fail(f, x, RETRY_429, MML_EFETCH, why);
   else if (s == 500 || s == 502 || s == 503 || s == 504) retry_or_fail(f, x, RETRY_5XX, MML_EFETCH, why);
   else if (s == 408) retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
+  else if (s == 412 && j->etag[0]) {
+    xfer_release_easy(f, x);
+    part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)", j->etag);
+  }
   else {
     mml_status st = s == 404 ? MML_ENOENT : (s == 401 || s == 403) ? MML_EAUTH : MML_EFETCH;
     xfer_release_easy(f, x);

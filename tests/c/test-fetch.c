@@ -154,6 +154,36 @@ TEST(xml) {
   CHECK(strlen(out) < 8);
 }
 
+TEST(s3_addressing) {
+  mml_s3_addr a;
+  mml_err err = {0};
+  CHECK_OK(mml_s3_address("s3://my-bucket/dir/a b+c.jpg", NULL, "eu-west-1", NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://my-bucket.s3.eu-west-1.amazonaws.com/dir/a%20b%2Bc.jpg");
+  CHECK_EQ_STR(a.host, "my-bucket.s3.eu-west-1.amazonaws.com");
+  CHECK_EQ_STR(a.canonical_uri, "/dir/a%20b%2Bc.jpg");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://my.dotted.bucket/k", NULL, NULL, NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://s3.us-east-1.amazonaws.com/my.dotted.bucket/k");
+  CHECK_EQ_STR(a.host, "s3.us-east-1.amazonaws.com");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b/x/y.jsonl", NULL, "us-east-1", "http://127.0.0.1:9000", &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "http://127.0.0.1:9000/b/x/y.jsonl");
+  CHECK_EQ_STR(a.host, "127.0.0.1:9000");
+  CHECK_EQ_STR(a.canonical_uri, "/b/x/y.jsonl");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b", "list-type=2&prefix=p", "us-east-1", "minio.local:9000/", &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://minio.local:9000/b?list-type=2&prefix=p");
+  CHECK_EQ_STR(a.canonical_uri, "/b");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b", "list-type=2", "us-east-1", NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://b.s3.us-east-1.amazonaws.com/?list-type=2");
+  CHECK_EQ_STR(a.canonical_uri, "/");
+  mml_s3_addr_free(&a);
+  CHECK(mml_s3_address("s3://bad bucket/k", NULL, NULL, NULL, &a, &err) == MML_EINVAL);
+  CHECK(mml_s3_address("http://x/k", NULL, NULL, NULL, &a, &err) == MML_EINVAL);
+  CHECK(mml_s3_address("s3://b/k", NULL, NULL, "http:///nohost", &a, &err) == MML_ECONFIG);
+}
+
 /* ---- a scripted HTTP server: connection i gets reply[i] then is closed ---------------- */
 
 typedef struct script_server {
@@ -353,6 +383,6 @@ TEST(bad_input) {
 }
 
 MML_TEST_MAIN(RUN(sha256_vectors); RUN(hmac_vectors); RUN(sigv4_get_vanilla); RUN(sigv4_s3_examples);
-              RUN(uri_encode); RUN(backoff); RUN(redact); RUN(xml); RUN(retries_short_and_503);
+              RUN(uri_encode); RUN(backoff); RUN(s3_addressing); RUN(redact); RUN(xml); RUN(retries_short_and_503);
               RUN(permanent_error_names_url_status_code); RUN(connection_refused_is_retried_then_fails);
               RUN(free_cancels_in_flight); RUN(bad_input))

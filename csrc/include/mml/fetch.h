@@ -95,4 +95,15 @@ char *mml_url_redact(const char *url);
  * bytes, NUL-terminated); 1 when found, else 0 with out = "". */
 int mml_xml_text(const char *doc, size_t n, const char *tag, char *out, size_t cap);
 
+/* Where an s3:// URL is fetched from.  No endpoint (NULL/""): AWS, virtual-host style
+ * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style for dotted bucket names); an
+ * endpoint ("http://127.0.0.1:9000"): path style ENDPOINT/BUCKET/KEY.  The key is
+ * percent-encoded once (S3's canonical URI); query, when given, is appended as is. */
+typedef struct mml_s3_addr {
+  char *http_url, *host, *canonical_uri; /* malloc'd */
+} mml_s3_addr;
+mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
+                          const char *endpoint, mml_s3_addr *out, mml_err *err);
+void mml_s3_addr_free(mml_s3_addr *a);
+
 #endif
