@@ -1,0 +1,256 @@
+/*
+ * pool.c — reference-counted output buffers, the pool that recycles them, and the batch
+ * of named tensors (implements mml/batch.h).
+ *
+ * Design:
+ *   - Threads: the collation thread allocates; any thread (the consumer, a DLPack deleter
+ *     running during garbage collection or after interpreter shutdown) releases.  Buffer
+ *     reference counts are C11 atomics; the pool's cache list is guarded by one mutex
+ *     (the only lock here, never held while calling out except to the allocator).
+ *   - Ownership: the pool is itself reference counted: its creator holds one reference and
+ *     every live buffer one more, so a buffer released after mml_pool_close still finds
+ *     its pool (and its allocator) and the last one out frees the pool.
+ *   - Reuse: a released buffer goes to the cache (unless the pool is closed or the cache
+ *     is over max_cached_bytes, then it is freed).  Allocation takes the smallest cached
+ *     buffer that fits and is at most twice the request; a buffer whose fence (an async
+ *     copy still reading it) is pending is skipped.  Sizes are rounded up to 4 KiB so
+ *     batches of slightly different shapes reuse each other's buffers.
+ */
+#include "mml/batch.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct mml_pool {
+  pthread_mutex_t mu;
+  mml_allocator alloc;
+  int has_alloc;
+  size_t max_cached;
+  size_t cached, live;   /* bytes, guarded by mu */
+  mml_buf *free_list;    /* cached buffers, guarded by mu */
+  int closed;            /* guarded by mu */
+  atomic_int refs;       /* creator + live buffers */
+};
+
+size_t mml_dtype_size(mml_dtype dt) {
+  switch (dt) {
+    case MML_DT_UINT8:
+    case MML_DT_BOOL: return 1;
+    case MML_DT_INT32:
+    case MML_DT_FLOAT32: return 4;
+    case MML_DT_INT64: return 8;
+  }
+  return 1;
+}
+
+const char *mml_dtype_name(mml_dtype dt) {
+  switch (dt) {
+    case MML_DT_UINT8: return "uint8";
+    case MML_DT_INT32: return "int32";
+    case MML_DT_INT64: return "int64";
+    case MML_DT_FLOAT32: return "float32";
+    case MML_DT_BOOL: return "bool";
+  }
+  return "uint8";
+}
+
+static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
+  (void)self;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, n ? n : 64) != 0)
+    return mml_err_set(err, MML_ENOMEM, "cannot allocate a %zu-byte buffer", n);
+  *out = p;
+  return MML_OK;
+}
+static void host_free(void *self, void *p) {
+  (void)self;
+  free(p);
+}
+
+mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml_pool **out,
+                        mml_err *err) {
+  mml_pool *p = calloc(1, sizeof *p);
+  if (!p) return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer pool");
+  if (pthread_mutex_init(&p->mu, NULL) != 0) {
+    free(p);
+    return mml_err_set(err, MML_ENOMEM, "cannot create the pool mutex");
+  }
+  if (alloc && alloc->alloc) {
+    p->alloc = *alloc;
+    p->has_alloc = 1;
+  } else {
+    p->alloc = (mml_allocator){.kind = MML_MEM_HOST, .device = -1, .alloc = host_alloc,
+                               .free = host_free, .self = NULL};
+  }
+  p->max_cached = max_cached_bytes ? max_cached_bytes : ((size_t)1 << 30);
+  atomic_init(&p->refs, 1);
+  *out = p;
+  return MML_OK;
+}
+
+static void buf_destroy(mml_pool *p, mml_buf *b) {
+  if (b->fence && b->fence_free) b->fence_free(b->fence);
+  p->alloc.free(p->alloc.self, b->data);
+  free(b);
+}
+
+static void pool_unref(mml_pool *p) {
+  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1) return;
+  /* Last reference: nothing can reach the pool any more. */
+  mml_buf *b = p->free_list;
+  while (b) {
+    mml_buf *n = b->next;
+    buf_destroy(p, b);
+    b = n;
+  }
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+void mml_pool_close(mml_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->closed = 1;
+  mml_buf *list = p->free_list;
+  p->free_list = NULL;
+  p->cached = 0;
+  pthread_mutex_unlock(&p->mu);
+  while (list) {
+    mml_buf *n = list->next;
+    buf_destroy(p, list);
+    list = n;
+  }
+  pool_unref(p);
+}
+
+static int fence_pending(mml_buf *b) {
+  if (!b->fence) return 0;
+  if (b->fence_done && !b->fence_done(b->fence)) return 1;
+  if (b->fence_free) b->fence_free(b->fence);
+  b->fence = NULL;
+  b->fence_done = NULL;
+  b->fence_free = NULL;
+  return 0;
+}
+
+mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
+  size_t want = (n + 4095) & ~(size_t)4095;
+  if (want < n) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", n);
+  if (!want) want = 4096;
+  mml_buf *best = NULL, **best_link = NULL;
+  pthread_mutex_lock(&p->mu);
+  for (mml_buf **link = &p->free_list; *link; link = &(*link)->next) {
+    mml_buf *b = *link;
+    if (b->size < want || b->size / 2 > want) continue;
+    if (best && b->size >= best->size) continue;
+    if (fence_pending(b)) continue;
+    best = b;
+    best_link = link;
+  }
+  if (best) {
+    *best_link = best->next;
+    p->cached -= best->size;
+    p->live += best->size;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!best) {
+    best = calloc(1, sizeof *best);
+    if (!best) return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
+    mml_status st = p->alloc.alloc(p->alloc.self, want, &best->data, err);
+    if (st) {
+      free(best);
+      return st;
+    }
+    best->size = want;
+    best->kind = p->alloc.kind;
+    best->device = p->alloc.device;
+    best->pool = p;
+    pthread_mutex_lock(&p->mu);
+    p->live += want;
+    pthread_mutex_unlock(&p->mu);
+  }
+  best->next = NULL;
+  atomic_store_explicit((atomic_int *)&best->refcnt, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+  *out = best;
+  return MML_OK;
+}
+
+void mml_buf_retain(mml_buf *b) {
+  if (b) atomic_fetch_add_explicit((atomic_int *)&b->refcnt, 1, memory_order_relaxed);
+}
+
+void mml_buf_release(mml_buf *b) {
+  if (!b) return;
+  if (atomic_fetch_sub_explicit((atomic_int *)&b->refcnt, 1, memory_order_acq_rel) != 1) return;
+  mml_pool *p = b->pool;
+  int keep = 0;
+  pthread_mutex_lock(&p->mu);
+  p->live -= b->size;
+  if (!p->closed && p->cached + b->size <= p->max_cached) {
+    b->next = p->free_list;
+    p->free_list = b;
+    p->cached += b->size;
+    keep = 1;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!keep) buf_destroy(p, b);
+  pool_unref(p);
+}
+
+void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live) {
+  pthread_mutex_lock(&p->mu);
+  if (cached) *cached = p->cached;
+  if (live) *live = p->live;
+  pthread_mutex_unlock(&p->mu);
+}
+
+mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
+                         const int64_t *shape, void **data, mml_err *err) {
+  if (b->ntensors >= MML_MAX_TENSORS)
+    return mml_err_set(err, MML_EINTERNAL, "too many tensors in a batch (adding %s)", name);
+  if (ndim < 0 || ndim > MML_MAX_DIMS)
+    return mml_err_set(err, MML_EINTERNAL, "tensor %s: %d dimensions", name, ndim);
+  size_t n = mml_dtype_size(dt);
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return mml_err_set(err, MML_EINTERNAL, "tensor %s: negative dim", name);
+    if (shape[i] && n > SIZE_MAX / (size_t)shape[i])
+      return mml_err_set(err, MML_ENOMEM, "tensor %s: size overflows", name);
+    n *= (size_t)shape[i];
+  }
+  mml_tensor *t = &b->tensors[b->ntensors];
+  memset(t, 0, sizeof *t);
+  mml_status st = mml_pool_alloc(pool, n, &t->buf, err);
+  if (st) {
+    mml_err_prefix(err, "tensor %s", name);
+    return st;
+  }
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->dtype = dt;
+  t->ndim = ndim;
+  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  t->offset = 0;
+  b->ntensors++;
+  if (data) *data = t->buf->data;
+  return MML_OK;
+}
+
+mml_tensor *mml_batch_find(mml_batch *b, const char *name) {
+  for (int i = 0; i < b->ntensors; i++)
+    if (!strcmp(b->tensors[i].name, name)) return &b->tensors[i];
+  return NULL;
+}
+
+int64_t mml_tensor_numel(const mml_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+void mml_batch_clear(mml_batch *b) {
+  for (int i = 0; i < b->ntensors; i++) mml_buf_release(b->tensors[i].buf);
+  memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,154 @@
+/*
+ * mml/loader.h — the engine: one loader per DP rank turns JSONL shards into batches.
+ *
+ * Stream: the rank's samples in epoch order (mml/sampler.h); stream position `pos` of
+ * epoch `e` is one sample.  Worker threads run the whole per-sample pipeline (read record,
+ * parse, read images, plan, tokenize, decode + preprocess) on positions inside a bounded
+ * window ahead of the collation point; one collation thread consumes finished samples
+ * strictly in stream order and pushes batches into a bounded queue of `prefetch`
+ * batches.  Output is a pure function of the data, the config and the cursor, whatever
+ * the thread count or timing.
+ *
+ * Epochs: padded mode yields floor(n_rank / micro_batch_size) batches per epoch, filling
+ * with the epoch's own samples from the start (pos >= n_rank wraps) when skips make it
+ * short; packed mode ends the last pack at the end of the epoch.
+ *
+ * Threads: the consumer API (next, seek, stats, close) is for one consumer thread at a
+ * time; the engine's threads never call back into the caller.
+ */
+#ifndef MML_LOADER_H
+#define MML_LOADER_H
+
+#include "mml/batch.h"
+#include "mml/collate.h"
+#include "mml/common.h"
+#include "mml/fetch.h"
+#include "mml/record.h"
+#include "mml/sample.h"
+#include "mml/template.h"
+#include "mml/tokenizer.h"
+#include "mml/vision.h"
+
+typedef struct mml_loader_cfg {
+  const char *const *data;  /* shard paths or URLs (local globs already expanded; s3:// may
+                               hold a glob in its key, listed with the fetcher) */
+  int ndata;
+  const char *image_root;   /* NULL: each shard's own folder */
+  int shuffle;
+  uint64_t seed;
+  int dp_rank, dp_size;
+  int num_threads;          /* worker threads (>= 1) */
+  int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
+  int window;               /* samples in flight ahead of collation; 0: (prefetch+2)*mbs */
+  int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
+  double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
+  int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
+  int64_t max_length;       /* skip samples longer than this (0: no limit) */
+  int cycle;                /* 1: never report the end of an epoch */
+  mml_collate_cfg collate;
+  mml_vision_cfg vision;
+  const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */
+  mml_template_style template_style;
+  mml_label_mode label_mode;
+  mml_fetch_cfg fetch;      /* used only when data or images are remote */
+  const mml_allocator *allocator; /* NULL: host memory */
+} mml_loader_cfg;
+
+typedef struct mml_loader mml_loader;
+
+/* Validates the config and builds the shard index (reads every shard once).  Starts no
+ * threads: they start on the first mml_loader_next. */
+mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err);
+/* Stops and joins every thread (within the time one sample takes), frees everything.
+ * Batches already handed out stay valid.  NULL is fine. */
+void mml_loader_free(mml_loader *L);
+/* Stops the threads and drops queued batches; later calls return MML_ECLOSED. */
+void mml_loader_close(mml_loader *L);
+
+int64_t mml_loader_num_samples(const mml_loader *L);      /* N over all shards */
+int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
+/* Padded mode: batches per epoch; packed mode: -1. */
+int64_t mml_loader_batches_per_epoch(const mml_loader *L);
+/* Hash of the shard list (file names, sizes, sample counts). */
+uint64_t mml_loader_data_hash(const mml_loader *L);
+
+/* Restarts the stream at cursor c (a cursor taken from a delivered batch, or
+ * {epoch, 0, 0}): drops prefetched batches and in-flight work.  A cursor at the end of an
+ * epoch resumes with the next epoch, reporting the epoch end first (as the original
+ * loader would) unless batch_in_epoch is 0.  MML_ESTATE for an impossible cursor. */
+mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
+/* The cursor after the last batch delivered by mml_loader_next (the resume point). */
+mml_cursor mml_loader_cursor(const mml_loader *L);
+
+/* Waits up to timeout_s for the next batch (timeout_s < 0: forever).
+ *   MML_OK        *out holds the batch (the caller owns its buffer references)
+ *   MML_EEND      the epoch ended (once; the next call starts the next epoch)
+ *   MML_ETIMEDOUT nothing yet (call again)
+ *   MML_ECLOSED   closed
+ *   other         on_error="raise": the failed sample's status, err naming shard, line,
+ *                 image and reason (the next call continues after it); MML_ETOOMANYERR
+ *                 and internal failures are sticky. */
+mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err);
+
+/* Messages of skipped samples not yet taken (oldest first, at most `max`); returns the
+ * count copied.  Messages beyond a small backlog are dropped (stats still count them). */
+int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
+
+#define MML_MAX_REASONS 16
+typedef struct mml_loader_stats {
+  double wait_s;            /* consumer time blocked in mml_loader_next */
+  double wall_s;            /* since the first mml_loader_next */
+  double read_s, vision_s, text_s, collate_s; /* busy seconds per stage, all threads */
+  int queue_depth;          /* finished batches waiting */
+  int prefetch;
+  int window, in_flight;    /* sample window and samples being processed now */
+  int num_threads;
+  uint64_t samples;         /* samples consumed by collation (good + skipped) */
+  uint64_t good_samples, skipped;
+  uint64_t batches;         /* batches delivered */
+  uint64_t bytes_read;      /* record + image bytes read or fetched */
+  uint64_t images;
+  int64_t real_tokens, token_slots; /* over delivered batches */
+  int nreasons;
+  const char *reason[MML_MAX_REASONS]; /* static skip-reason names */
+  uint64_t reason_count[MML_MAX_REASONS];
+  int remote;               /* a fetcher is in use; `fetch` is valid */
+  mml_fetch_stats fetch;
+} mml_loader_stats;
+void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+
+/* ---- the per-sample pipeline (sample.c), used by the workers -------------------------- */
+
+typedef struct mml_pipeline {
+  const mml_vision_cfg *vision;
+  const mml_template *tmpl;
+  int64_t max_length;       /* 0: no limit */
+} mml_pipeline;
+
+/* Per-worker scratch, reused across samples. */
+typedef struct mml_sample_scratch {
+  mml_vision_scratch *vision;
+  mml_tok_scratch *tok;
+  mml_vision_plan *plans;
+  int64_t *tokens;
+  int cap;
+  double vision_s, text_s;  /* accumulated busy time, taken by the engine */
+} mml_sample_scratch;
+
+mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err);
+void mml_sample_scratch_free(mml_sample_scratch *s);
+
+/* Builds `out` (reset first) from a parsed record and the encoded bytes of each of its
+ * images: header plans, token counts, template ids + labels, the max_length check, then
+ * decode + preprocess into out->pixels.  On failure err names the image (by its
+ * reference) and reason; the caller prefixes shard and line. */
+mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
+                            const mml_record *rec, const mml_bytes *images, mml_sample *out,
+                            mml_err *err);
+
+/* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):
+ * URLs and absolute paths are kept, anything else is joined to root. */
+mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out,
+                                 mml_err *err);
+
+#endif

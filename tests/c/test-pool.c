@@ -1,0 +1,159 @@
+/* test-pool.c — buffers, pool reuse and lifetime, batches; concurrent release (TSan). */
+#include <pthread.h>
+
+#include "mml/batch.h"
+#include "mml_test.h"
+
+TEST(test_alloc_reuse) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_buf *a;
+  CHECK_OK(mml_pool_alloc(p, 1000, &a, &err), err);
+  CHECK(a->size >= 1000);
+  CHECK_EQ_INT((uintptr_t)a->data % 64, 0);
+  memset(a->data, 7, 1000);
+  void *addr = a->data;
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 0);
+  CHECK(live >= 1000);
+  mml_buf_retain(a);
+  mml_buf_release(a); /* still one reference: not recycled */
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 0);
+  mml_buf_release(a);
+  mml_pool_usage(p, &cached, &live);
+  CHECK(cached >= 1000);
+  CHECK_EQ_INT(live, 0);
+  mml_buf *b;
+  CHECK_OK(mml_pool_alloc(p, 900, &b, &err), err);
+  CHECK(b->data == addr); /* reused */
+  mml_buf *c;
+  CHECK_OK(mml_pool_alloc(p, 100000, &c, &err), err);
+  CHECK(c->data != addr);
+  mml_buf_release(b);
+  mml_buf *d; /* a much smaller request does not take a big cached buffer */
+  mml_buf_release(c);
+  CHECK_OK(mml_pool_alloc(p, 10, &d, &err), err);
+  CHECK(d->size < 100000);
+  mml_buf_release(d);
+  mml_pool_close(p);
+}
+
+TEST(test_buffer_outlives_pool) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_buf *a;
+  CHECK_OK(mml_pool_alloc(p, 64, &a, &err), err);
+  memset(a->data, 1, 64);
+  mml_pool_close(p); /* live buffer stays valid */
+  CHECK_EQ_INT(((uint8_t *)a->data)[63], 1);
+  mml_buf_release(a); /* frees buffer and pool: ASan reports leaks otherwise */
+}
+
+static int fence_state;
+static int fence_done(void *f) { return *(int *)f; }
+TEST(test_fence_blocks_reuse) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_buf *a, *b;
+  CHECK_OK(mml_pool_alloc(p, 4096, &a, &err), err);
+  void *addr = a->data;
+  fence_state = 0;
+  a->fence = &fence_state;
+  a->fence_done = fence_done;
+  mml_buf_release(a);
+  CHECK_OK(mml_pool_alloc(p, 4096, &b, &err), err);
+  CHECK(b->data != addr); /* copy still pending */
+  mml_buf_release(b);
+  fence_state = 1;
+  mml_buf *c;
+  CHECK_OK(mml_pool_alloc(p, 4096, &c, &err), err);
+  CHECK(c->data == addr || c->data == b->data);
+  mml_buf_release(c);
+  mml_pool_close(p);
+}
+
+TEST(test_cache_limit) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 8192, &p, &err), err);
+  mml_buf *a, *b, *c;
+  CHECK_OK(mml_pool_alloc(p, 4096, &a, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 4096, &b, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 4096, &c, &err), err);
+  mml_buf_release(a);
+  mml_buf_release(b);
+  mml_buf_release(c); /* over the limit: freed */
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 8192);
+  CHECK_EQ_INT(live, 0);
+  mml_pool_close(p);
+}
+
+TEST(test_batch) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_batch b;
+  memset(&b, 0, sizeof b);
+  int64_t shape[2] = {3, 5};
+  void *data;
+  CHECK_OK(mml_batch_add(&b, p, "input_ids", MML_DT_INT64, 2, shape, &data, &err), err);
+  ((int64_t *)data)[14] = 42;
+  int64_t s1[1] = {0};
+  CHECK_OK(mml_batch_add(&b, p, "empty", MML_DT_FLOAT32, 1, s1, NULL, &err), err);
+  mml_tensor *t = mml_batch_find(&b, "input_ids");
+  CHECK(t != NULL);
+  CHECK_EQ_INT(mml_tensor_numel(t), 15);
+  CHECK_EQ_STR(mml_dtype_name(t->dtype), "int64");
+  CHECK_EQ_INT(mml_dtype_size(MML_DT_FLOAT32), 4);
+  CHECK(mml_batch_find(&b, "nope") == NULL);
+  mml_buf *keep = t->buf;
+  mml_buf_retain(keep);
+  mml_batch_clear(&b);
+  CHECK_EQ_INT(b.ntensors, 0);
+  CHECK_EQ_INT(((int64_t *)keep->data)[14], 42);
+  mml_buf_release(keep);
+  for (int i = 0; i < MML_MAX_TENSORS; i++)
+    CHECK_OK(mml_batch_add(&b, p, "x", MML_DT_UINT8, 1, s1, NULL, &err), err);
+  CHECK(mml_batch_add(&b, p, "x", MML_DT_UINT8, 1, s1, NULL, &err) != MML_OK);
+  mml_batch_clear(&b);
+  mml_pool_close(p);
+}
+
+/* Buffers released from several threads while another allocates (TSan checks). */
+enum { NT = 4, PER = 200 };
+static mml_buf *bufs[NT][PER];
+static void *releaser(void *arg) {
+  mml_buf **v = arg;
+  for (int i = 0; i < PER; i++) {
+    ((uint8_t *)v[i]->data)[0]++;
+    mml_buf_release(v[i]);
+  }
+  return NULL;
+}
+TEST(test_concurrent_release) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 1 << 20, &p, &err), err);
+  for (int t = 0; t < NT; t++)
+    for (int i = 0; i < PER; i++) CHECK_OK(mml_pool_alloc(p, 100 + i, &bufs[t][i], &err), err);
+  pthread_t th[NT];
+  for (int t = 0; t < NT; t++) pthread_create(&th[t], NULL, releaser, bufs[t]);
+  for (int i = 0; i < 100; i++) {
+    mml_buf *b;
+    CHECK_OK(mml_pool_alloc(p, 150, &b, &err), err);
+    ((uint8_t *)b->data)[0] = 1;
+    mml_buf_release(b);
+  }
+  mml_pool_close(p); /* while releases are still running */
+  for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+}
+
+MML_TEST_MAIN(RUN(test_alloc_reuse); RUN(test_buffer_outlives_pool); RUN(test_fence_blocks_reuse);
+              RUN(test_cache_limit); RUN(test_batch); RUN(test_concurrent_release))
