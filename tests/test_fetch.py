@@ -105,6 +105,16 @@ def test_get_many_keeps_order_and_reuses_connections(fault_server):
     assert srv.max_active <= 8
 
 
+def test_several_io_threads(fault_server):
+    objs = {f"/o{i}": blob(3000 + i, i) for i in range(120)}
+    srv = fault_server(objects=objs, fault_rate=0.1, seed=2)
+    with _core.Fetcher(io_threads=3, max_inflight=12, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+        st = f.stats()
+    assert st["requests"] >= 120 and st["failures"] == 0 and st["inflight"] == 0
+    assert srv.max_active <= 12
+
+
 def test_inflight_is_bounded(fault_server):
     objs = {f"/o{i}": b"%d" % i for i in range(24)}
     srv = fault_server(objects=objs, latency=0.05)
@@ -132,6 +142,18 @@ def test_transient_faults_lose_nothing(fault_server):
     assert retries["429"] == outcomes.count("429")
     assert retries["short"] == outcomes.count("truncate")
     assert st["failures"] == 0
+
+
+@pytest.mark.slow
+def test_many_objects_every_fault_kind(fault_server):
+    objs = {f"/m/{i}": blob(500 + (i * 7919) % 60_000, i) for i in range(3000)}
+    srv = fault_server(objects=objs, fault_rate=0.10, seed=11, stall_s=3,
+                       faults=["503", "500", "429", "reset", "truncate", "stall"])
+    with _core.Fetcher(max_inflight=64, stall_s=1, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+        st = f.stats()
+    assert st["failures"] == 0 and st["retries"]["timeout"] >= 1
+    assert st["latency_p50_s"] <= st["latency_p90_s"] <= st["latency_p99_s"]
 
 
 def test_retry_after_is_honoured_on_a_fresh_connection(fault_server):
@@ -204,6 +226,8 @@ def test_secrets_never_shown(fault_server):
 def test_bad_arguments():
     with pytest.raises(ValueError):
         _core.Fetcher(max_inflight=-1)
+    with pytest.raises(ValueError):
+        _core.Fetcher(io_threads=10_000)
     with _core.Fetcher() as f:
         with pytest.raises(ValueError):
             f.get("/not/remote")

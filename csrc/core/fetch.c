@@ -154,6 +154,12 @@ struct mml_fetcher {
   int npool;
   uint64_t rng;
 
+  /* io_threads > 1: the fetcher handed out is loop 0 and owns the others; jobs are dealt
+   * round-robin (each loop its own thread, multi handle and connection cache). */
+  mml_fetcher **loops;
+  int nloops;
+  unsigned rr; /* atomic */
+
   pthread_mutex_t smu; /* guards: stats, lat, nlat */
   mml_fetch_stats stats;
   double lat[LAT_RING];
@@ -1042,17 +1048,7 @@ static void *io_main(void *arg) {
 
 /* ---- public API ------------------------------------------------------------------------ */
 
-mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err *err) {
-  mml_fetch_cfg zero = {0};
-  if (!cfg) cfg = &zero;
-  *out = NULL;
-  pthread_once(&g_once, global_init);
-  if (!g_init_ok) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
-  if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 || cfg->connect_timeout_s < 0 || cfg->stall_s < 0 ||
-      cfg->backoff_base_s < 0 || cfg->backoff_max_s < 0 || cfg->range_chunk < 0)
-    return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
-  if (cfg->max_inflight > 100000)
-    return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
+static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out, mml_err *err) {
   mml_fetcher *f = calloc(1, sizeof *f);
   if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory");
   const char *ak = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
@@ -1073,7 +1069,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
       while (n && f->endpoint[n - 1] == '/') f->endpoint[--n] = 0;
     }
   }
-  f->max_inflight = cfg->max_inflight ? cfg->max_inflight : 64;
+  f->max_inflight = max_inflight;
   f->max_retries = cfg->max_retries == 0 ? 8 : cfg->max_retries < 0 ? 0 : cfg->max_retries;
   f->timeout_s = cfg->timeout_s ? cfg->timeout_s : 60;
   f->connect_timeout_s = cfg->connect_timeout_s ? cfg->connect_timeout_s : 10;
@@ -1104,6 +1100,48 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   return MML_OK;
 }
 
+mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err *err) {
+  mml_fetch_cfg zero = {0};
+  if (!cfg) cfg = &zero;
+  *out = NULL;
+  pthread_once(&g_once, global_init);
+  if (!g_init_ok) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
+  if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 ||
+      cfg->connect_timeout_s < 0 || cfg->stall_s < 0 || cfg->backoff_base_s < 0 ||
+      cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0)
+    return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
+  if (cfg->max_inflight > 100000)
+    return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
+  if (cfg->io_threads > 64)
+    return mml_err_set(err, MML_ECONFIG, "fetch: io_threads %d is too large (at most 64)", cfg->io_threads);
+  int n = cfg->io_threads ? cfg->io_threads : 1;
+  int total = cfg->max_inflight ? cfg->max_inflight : 64;
+  if (total < n) n = total; /* at least one request in flight per loop */
+  int per = (total + n - 1) / n;
+  mml_fetcher *f;
+  mml_status st = loop_new(cfg, per, &f, err);
+  if (st || n == 1) {
+    *out = st ? NULL : f;
+    return st;
+  }
+  f->loops = calloc((size_t)n, sizeof *f->loops);
+  if (!f->loops) {
+    mml_fetcher_free(f);
+    return mml_err_set(err, MML_ENOMEM, "out of memory");
+  }
+  f->loops[0] = f;
+  f->nloops = 1;
+  for (int i = 1; i < n; i++) {
+    if ((st = loop_new(cfg, per, &f->loops[i], err))) {
+      mml_fetcher_free(f);
+      return st;
+    }
+    f->nloops++;
+  }
+  *out = f;
+  return MML_OK;
+}
+
 static void wipe_free(char *s) {
   if (!s) return;
   volatile char *p = s;
@@ -1113,6 +1151,8 @@ static void wipe_free(char *s) {
 
 void mml_fetcher_free(mml_fetcher *f) {
   if (!f) return;
+  for (int i = 1; i < f->nloops; i++) mml_fetcher_free(f->loops[i]);
+  free(f->loops);
   if (f->io_started) {
     pthread_mutex_lock(&f->mu);
     f->stop = 1;
@@ -1130,6 +1170,7 @@ void mml_fetcher_free(mml_fetcher *f) {
 }
 
 static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
+  if (f->nloops > 1) f = f->loops[__atomic_fetch_add(&f->rr, 1, __ATOMIC_RELAXED) % (unsigned)f->nloops];
   pthread_mutex_lock(&f->mu);
   if (f->stop) {
     pthread_mutex_unlock(&f->mu);
@@ -1183,8 +1224,11 @@ static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *
 
 static mml_status get_ex(mml_fetcher *f, const char *url, const char *query, int64_t off,
                          int64_t len, int head, mml_bytes *out, mml_err *err) {
-  if (f && f->io_started && pthread_equal(pthread_self(), f->io))
-    return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
+  for (int i = 0; f && i < (f->nloops ? f->nloops : 1); i++) {
+    mml_fetcher *l = f->nloops ? f->loops[i] : f;
+    if (l->io_started && pthread_equal(pthread_self(), l->io))
+      return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
+  }
   waiter w = {.st = MML_OK};
   pthread_mutex_init(&w.mu, NULL);
   pthread_cond_init(&w.cv, NULL);
@@ -1239,18 +1283,26 @@ static int cmp_double(const void *a, const void *b) {
 void mml_fetch_get_stats(mml_fetcher *f, mml_fetch_stats *out) {
   memset(out, 0, sizeof *out);
   if (!f) return;
-  double *tmp = malloc(LAT_RING * sizeof *tmp);
-  pthread_mutex_lock(&f->smu);
-  *out = f->stats;
-  size_t n = f->nlat < LAT_RING ? (size_t)f->nlat : LAT_RING;
-  if (tmp) memcpy(tmp, f->lat, n * sizeof *tmp);
-  pthread_mutex_unlock(&f->smu);
-  if (!tmp) return;
-  if (n) {
+  int nl = f->nloops ? f->nloops : 1;
+  double *tmp = malloc((size_t)nl * LAT_RING * sizeof *tmp);
+  size_t n = 0;
+  for (int i = 0; i < nl; i++) {
+    mml_fetcher *l = f->nloops ? f->loops[i] : f;
+    pthread_mutex_lock(&l->smu);
+    mml_fetch_stats s = l->stats;
+    size_t m = l->nlat < LAT_RING ? (size_t)l->nlat : LAT_RING;
+    if (tmp) memcpy(tmp + n, l->lat, m * sizeof *tmp), n += m;
+    pthread_mutex_unlock(&l->smu);
+    out->requests += s.requests, out->bytes += s.bytes, out->failures += s.failures;
+    out->retries_5xx += s.retries_5xx, out->retries_429 += s.retries_429;
+    out->retries_timeout += s.retries_timeout, out->retries_reset += s.retries_reset;
+    out->retries_short += s.retries_short, out->inflight += s.inflight;
+  }
+  if (tmp && n) {
     qsort(tmp, n, sizeof *tmp, cmp_double);
-    out->latency_p50_s = tmp[(size_t)((n - 1) * 0.50)];
-    out->latency_p90_s = tmp[(size_t)((n - 1) * 0.90)];
-    out->latency_p99_s = tmp[(size_t)((n - 1) * 0.99)];
+    out->latency_p50_s = tmp[(size_t)((double)(n - 1) * 0.50)];
+    out->latency_p90_s = tmp[(size_t)((double)(n - 1) * 0.90)];
+    out->latency_p99_s = tmp[(size_t)((double)(n - 1) * 0.99)];
   }
   free(tmp);
 }

@@ -34,6 +34,9 @@ typedef struct mml_fetch_cfg {
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
   int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
   int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
+  int io_threads;         /* I/O threads, each with its own multi handle and connections,
+                           * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
+                           * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;
