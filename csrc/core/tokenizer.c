@@ -32,7 +32,7 @@
 
 #include "mml/pretok.h"
 
-#define MAX_TOKEN_ID (1 << 26)
+#define MAX_TOKEN_ID (1 << 22) /* bounds the per-id tables a bad file can make us allocate */
 #define BPE_SMALL 96          /* words up to this many symbols use the O(n^2) merge loop */
 #define CACHE_SLOTS (1u << 14)
 #define CACHE_MAX_WORD 128    /* longer words are not cached */
@@ -142,7 +142,7 @@ static mml_status arena_add(mml_tokenizer *t, const void *p, size_t n, uint32_t 
 }
 
 static mml_status str_map_init(str_map *m, size_t n) {
-  size_t cap = pow2_at_least(n * 2 + 16);
+  size_t cap = pow2_at_least(n + n / 2 + 16); /* load factor <= 2/3 */
   m->slots = malloc(cap * sizeof *m->slots);
   if (!m->slots) return MML_ENOMEM;
   for (size_t i = 0; i < cap; i++) m->slots[i].id = -1;
@@ -417,8 +417,10 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
   t->unk_id = unk ? str_map_get(&t->vocab, t->arena, unk, strlen(unk)) : -1;
 
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+  if (merges && !cJSON_IsNull(merges) && !cJSON_IsArray(merges))
+    return mml_err_set(err, MML_ECONFIG, "model.merges must be a list");
   size_t nm = cJSON_IsArray(merges) ? (size_t)cJSON_GetArraySize(merges) : 0;
-  size_t cap = pow2_at_least(nm * 2 + 16);
+  size_t cap = pow2_at_least(nm + nm / 2 + 16);
   t->merges = malloc(cap * sizeof *t->merges);
   if (!t->merges) return MML_ENOMEM;
   for (size_t i = 0; i < cap; i++) t->merges[i].key = UINT64_MAX;
