@@ -15,8 +15,9 @@ Faults (names usable in `faults` and in `script`):
             connection closes (FIN)
   stall     headers and a part of the body come, then nothing for `stall_s` seconds
   404, 403  permanent errors with S3-style XML (NoSuchKey, AccessDenied)
-Also: first-byte latency with jitter, per-connection bandwidth limits, and paths that are
-always missing (404) or forbidden (403).
+Also: first-byte latency with jitter, per-connection bandwidth limits, paths that are
+always missing (404) or forbidden (403), ETag / If-Match (412), and a hook called after
+each request (tests use it to change an object between requests).
 
 From tests:
     with FaultServer(objects={"/a.jpg": data}, fault_rate=0.1, seed=1) as srv:
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 XML_ERR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
            '<Message>{msg}</Message><Resource>{res}</Resource><RequestId>0</RequestId></Error>')
@@ -64,7 +65,8 @@ class FaultServer:
                  fault_rate: float = 0.0, faults: Sequence[str] = TRANSIENT,
                  retry_after: Optional[float] = 0, bandwidth: Optional[int] = None,
                  script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
-                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0):
+                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
+                 hook: Optional[Callable[[str, str, str, int], None]] = None):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -75,12 +77,15 @@ class FaultServer:
         self.missing, self.forbidden = set(missing), set(forbidden)
         self.stall_s = stall_s
         self.port = port
+        self.hook = hook  # hook(method, path, range, n) runs after a request is served
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
         self.connections = 0
         self.active = 0  # requests being served now
         self.max_active = 0
+        self._files: Dict[tuple, bytes] = {}
+        self._etags: Dict[int, tuple] = {}
         self._httpd: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -115,15 +120,28 @@ class FaultServer:
             return [e[4] for e in self.log if path is None or e[2] == path]
 
     # -- decisions ---------------------------------------------------------------------------
-    def _lookup(self, path: str) -> Optional[bytes]:
-        if path in self.objects:
-            return self.objects[path]
-        if self.root:
+    def _lookup(self, path: str) -> tuple:
+        """(data, etag) of an object, or (None, None).  Files and ETags are cached."""
+        data = self.objects.get(path)
+        if data is None and self.root:
             full = os.path.realpath(os.path.join(self.root, path.lstrip("/")))
             if full.startswith(os.path.realpath(self.root) + os.sep) and os.path.isfile(full):
-                with open(full, "rb") as fh:
-                    return fh.read()
-        return None
+                key = (full, os.stat(full).st_mtime_ns)
+                with self.lock:
+                    data = self._files.get(key)
+                if data is None:
+                    with open(full, "rb") as fh:
+                        data = fh.read()
+                    with self.lock:
+                        self._files[key] = data
+        if data is None:
+            return None, None
+        with self.lock:
+            etag = self._etags.get(id(data))
+            if etag is None or etag[0] is not data:
+                etag = (data, '"%s"' % hashlib.md5(data).hexdigest())
+                self._etags[id(data)] = etag
+        return data, etag[1]
 
     def _decide(self, method: str, path: str, rng: str) -> tuple:
         key = (method, path, rng)
@@ -174,6 +192,10 @@ class _Handler(BaseHTTPRequestHandler):
             fs.max_active = max(fs.max_active, fs.active)
         try:
             self._serve(head)
+            if fs.hook:
+                path = self.path.split("?", 1)[0]
+                rng = self.headers.get("Range", "")
+                fs.hook(self.command, path, rng, fs.counts.get((self.command, path, rng), 1) - 1)
         finally:
             with fs.lock:
                 fs.active -= 1
@@ -229,9 +251,15 @@ class _Handler(BaseHTTPRequestHandler):
         if kind in ERRORS:
             self._send_error(kind, path, head)
             return
-        data = fs._lookup(path)
+        data, etag = fs._lookup(path)
         if data is None:
             self._send_error("404", path, head)
+            return
+        im = self.headers.get("If-Match")
+        if im is not None and im.strip() not in ("*", etag):
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         status, start, end = 200, 0, len(data)
         if rng.startswith("bytes="):
@@ -254,6 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
