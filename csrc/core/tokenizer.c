@@ -26,6 +26,7 @@
 #include "mml/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -122,7 +123,10 @@ struct mml_tokenizer {
   uint8_t *special;        /* per id */
   added_set raw, norm;     /* normalized=false / normalized=true added tokens */
   size_t vocab_size;       /* distinct strings, added tokens included */
+  uint64_t serial;         /* unique per loaded tokenizer: scratch caches check it */
 };
+
+static _Atomic uint64_t g_serial;
 
 static mml_status arena_add(mml_tokenizer *t, const void *p, size_t n, uint32_t *off) {
   if (t->arena_len + n + 1 > t->arena_cap) {
@@ -582,6 +586,7 @@ mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer *
     return mml_err_set(err, MML_ENOMEM, "tokenizer: out of memory");
   }
   t->unk_id = -1;
+  t->serial = atomic_fetch_add(&g_serial, 1) + 1;
   st = check_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err);
   if (!st) st = check_pre_tokenizer(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err);
   const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
@@ -656,7 +661,9 @@ struct mml_tok_scratch {
   uint32_t *rank;
   heap_item *heap;
   size_t cap;
-  /* word cache */
+  /* word cache: words -> ids of the tokenizer whose serial is cache_owner */
+  int no_cache;
+  uint64_t cache_owner;
   cache_slot *cache;
   size_t cache_count;
   mml_bytes cache_keys;
@@ -830,8 +837,12 @@ static mml_status bpe_word(const mml_tokenizer *t, mml_tok_scratch *s, const uin
   }
   uint64_t h = 0;
   cache_slot *slot = NULL;
-  if (n <= CACHE_MAX_WORD) {
+  if (n <= CACHE_MAX_WORD && !s->no_cache) {
     if (!s->cache && cache_init(s)) return MML_ENOMEM;
+    if (s->cache_owner != t->serial) { /* a scratch moved to another tokenizer */
+      if (s->cache_owner) cache_reset(s);
+      s->cache_owner = t->serial;
+    }
     h = hash_bytes(w, n);
     size_t mask = CACHE_SLOTS - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -1029,6 +1040,7 @@ static mml_status encode_raw_piece(const mml_tokenizer *t, mml_tok_scratch *s,
 mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
                                 const char *text, size_t len, mml_ids *out, mml_err *err) {
   mml_tok_scratch local = {0}, *s = scratch ? scratch : &local;
+  local.no_cache = 1; /* a cache would not outlive this call */
   const uint8_t *p = (const uint8_t *)text;
   if (len && !text) return mml_err_set(err, MML_EINVAL, "tokenizer: NULL text");
   mml_status st = MML_OK;
