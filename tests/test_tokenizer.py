@@ -278,6 +278,15 @@ def test_decode_errors_and_options():
         t.decode(["a"])
 
 
+def test_pickle_reloads():
+    import pickle
+    t = mmloader.Tokenizer.tiny()
+    u = pickle.loads(pickle.dumps(t))
+    assert isinstance(u, mmloader.Tokenizer) and u.encode("hello <|im_end|>") == t.encode("hello <|im_end|>")
+    s = mmloader.Tokenizer.from_str(open(TINY_JSON, encoding="utf-8").read())
+    assert pickle.loads(pickle.dumps(s)).vocab_size == t.vocab_size
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         mmloader.Tokenizer.from_file(tmp_path / "missing.json")
