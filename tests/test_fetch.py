@@ -203,6 +203,26 @@ def test_permanent_errors_name_url_status_and_code(fault_server):
     assert st["failures"] == 3 and sum(st["retries"].values()) == 0
 
 
+def test_s3_protocol_through_faults(fault_server):
+    """s3:// GETs and paginated listings (prefixes with '/', keys needing escapes) against
+    the fault server standing in for S3, with 10% transient faults."""
+    keys = [f"data/part-{i:03d}.jsonl" for i in range(40)] + ["data/a&b <c>.jsonl", "data/x.txt",
+                                                             "data/sub/deep.jsonl", "other/y.jsonl"]
+    objs = {f"/bkt/{k}": blob(100 + i, i) for i, k in enumerate(keys)}
+    srv = fault_server(objects=objs, fault_rate=0.1, seed=5)
+    cfg = dict(endpoint=srv.url("/"), access_key="AK", secret_key="SK", list_page_size=7, **FAST)
+    with _core.Fetcher(**cfg) as f:
+        want = sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/") and k.endswith(".jsonl")
+                      and "/sub/" not in k)
+        assert f.list("s3://bkt/data/*.jsonl") == want
+        assert f.list("s3://bkt/data/", "*.jsonl") == want
+        assert f.list("s3://bkt/data/") == sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/"))
+        assert f.get_many(want) == [objs["/" + u[5:]] for u in want]
+        st = f.stats()
+    assert sum(st["retries"].values()) >= 1 and st["failures"] == 0
+    assert any("list-type=2" in e[3] and "continuation-token" in e[3] for e in srv.log)
+
+
 def test_retries_give_up_with_a_clear_message(fault_server):
     srv = fault_server(objects={"/x": b"1"}, fault_rate=1.0, faults=["503"])
     with pytest.raises(FetchError, match=r"HTTP 503 SlowDown.*after 3 retries"):

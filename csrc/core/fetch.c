@@ -444,6 +444,9 @@ static void xfer_release_easy(mml_fetcher *f, xfer *x) {
   if (x->easy) {
     curl_multi_remove_handle(f->multi, x->easy);
     f->inflight--;
+    pthread_mutex_lock(&f->smu);
+    f->stats.inflight = f->inflight; /* before any completion callback can run */
+    pthread_mutex_unlock(&f->smu);
     if (f->npool < (int)(sizeof f->pool / sizeof *f->pool)) {
       curl_easy_reset(x->easy);
       f->pool[f->npool++] = x->easy;

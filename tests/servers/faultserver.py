@@ -15,6 +15,9 @@ Faults (names usable in `faults` and in `script`):
             connection closes (FIN)
   stall     headers and a part of the body come, then nothing for `stall_s` seconds
   404, 403  permanent errors with S3-style XML (NoSuchKey, AccessDenied)
+It also answers ListObjectsV2 (GET /BUCKET?list-type=2&prefix=..., paginated with
+max-keys and continuation-token) over the objects under /BUCKET/, so s3:// globs can be
+tested with faults (point the S3 endpoint at the server; it does not check signatures).
 Also: first-byte latency with jitter, per-connection bandwidth limits, paths that are
 always missing (404) or forbidden (403), ETag / If-Match (412), and a hook called after
 each request (tests use it to change an object between requests).
@@ -36,6 +39,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -237,8 +241,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         fs = self.fs
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
+        path = urllib.parse.unquote(path)
         rng = self.headers.get("Range", "")
+        listing = "list-type=2" in query and path.count("/") == 1
+        if listing:
+            rng += "?" + query  # pages are distinct requests (faults, log)
         kind, n = fs._decide(self.command, path, rng)
         if fs.latency or fs.jitter:
             # jitter is deterministic too: a function of the request's identity
@@ -250,6 +258,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind in ERRORS:
             self._send_error(kind, path, head)
+            return
+        if listing:
+            self._list(path.strip("/"), urllib.parse.parse_qs(query), head)
             return
         data, etag = fs._lookup(path)
         if data is None:
@@ -300,6 +311,42 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._write(body)
+
+
+    def _list(self, bucket: str, q: dict, head: bool) -> None:
+        """ListObjectsV2 (path style): keys of objects under /bucket/, paginated."""
+        fs = self.fs
+        keys = {p[len(bucket) + 2:]: len(d) for p, d in fs.objects.items()
+                if p.startswith("/" + bucket + "/")}
+        broot = os.path.join(fs.root, bucket) if fs.root else None
+        if broot and os.path.isdir(broot):
+            for dirpath, _, files in os.walk(broot):
+                for name in files:
+                    full = os.path.join(dirpath, name)
+                    keys.setdefault(os.path.relpath(full, broot).replace(os.sep, "/"),
+                                    os.path.getsize(full))
+        prefix = q.get("prefix", [""])[0]
+        max_keys = int(q.get("max-keys", ["1000"])[0])
+        after = bytes.fromhex(q["continuation-token"][0]).decode() if "continuation-token" in q else None
+        todo = sorted(k for k in keys if k.startswith(prefix) and (after is None or k > after))
+        page, more = todo[:max_keys], len(todo) > max_keys
+        esc = lambda t: (t.replace("&", "&amp;").replace("<", "&lt;")  # noqa: E731
+                         .replace(">", "&gt;").replace('"', "&quot;"))
+        parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult>',
+                 f"<Name>{esc(bucket)}</Name><Prefix>{esc(prefix)}</Prefix>",
+                 f"<KeyCount>{len(page)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
+                 f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>"]
+        parts += [f"<Contents><Key>{esc(k)}</Key><Size>{keys[k]}</Size></Contents>" for k in page]
+        if more:
+            parts.append(f"<NextContinuationToken>{page[-1].encode().hex()}</NextContinuationToken>")
+        parts.append("</ListBucketResult>")
+        body = "".join(parts).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
