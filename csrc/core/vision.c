@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "image_rows.h"
+#include "mml/image.h"
 #include "resize.h"
 
 struct mml_vision_scratch {
