@@ -24,9 +24,8 @@ typedef struct mml_resample_axis {
 mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err);
 void mml_resample_axis_free(mml_resample_axis *a);
 
-/* Horizontal pass over one RGB8 row: src has a->in pixels, dst gets a->out pixels. */
-void mml_resample_row_h(const mml_resample_axis *a, const uint8_t *restrict src,
-                        uint8_t *restrict dst);
+/* 1 when the AVX2 code paths may run (CPU support, and MML_DISABLE_AVX2 unset or "0"). */
+int mml_cpu_avx2(void);
 
 /* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
  * the rows are transposed into `tbuf` (a->in * 4 * MML_HROWS bytes of scratch) so each

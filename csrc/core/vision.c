@@ -8,12 +8,14 @@
  *             -> vertical pass one output row at a time -> normalise + patchify that row
  *             straight into pixel_values
  *
- * Normalisation is a per-channel table of 256 floats built with the reference's exact
- * arithmetic: float32(double(v) * (1/255)), then (x - float32(mean)) / float32(std) in
- * float32.  Looking the value up therefore gives bit-identical results and no float image
- * is ever materialised.  The largest intermediate is the horizontally resized uint8 image
- * (rows the vertical pass needs only).  Scratch (decoder, coefficients, row buffers) is
- * per thread and grows to the largest image seen; steady state allocates nothing of ours.
+ * Normalisation uses the reference's exact arithmetic: float32(double(v) * (1/255)), then
+ * (x - float32(mean)) / float32(std) in float32 — as a 256-entry table per channel in the
+ * portable path, as the same IEEE operations in AVX2 — so results are bit-identical and no
+ * float image is materialised.  Output rows are gathered into a block of P*M rows, and
+ * each patch of the block is then written once, in memory order (non-temporal stores when
+ * the output is 32-byte aligned): pixel_values is written sequentially.  Intermediates are
+ * a few rows (ring, pending group, block); scratch (decoder, coefficients, rows) is per
+ * thread and grows to the largest image seen; steady state allocates nothing of ours.
  *
  * Layout (SPEC-QWEN.md): a single image is T identical frames, grid_t = 1;
  *   row = ((bh*(gw/M) + bw)*M + mh)*M + mw,  col = ((c*T + t)*P + py)*P + px.
@@ -43,6 +45,8 @@ struct mml_vision_scratch {
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
   mml_bytes block;    /* P*M output rows for patchify */
+  float *ptmp;        /* one patch, aligned, for non-temporal output stores */
+  size_t ptmp_cap;
 };
 
 /* ---------------------------------------------------------------- config */
@@ -218,6 +222,7 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   free(s->acc);
   free(s->rp);
   mml_bytes_free(&s->block);
+  free(s->ptmp);
   free(s);
 }
 
@@ -405,6 +410,7 @@ typedef struct patch_ctx {
   float *out;
   uint8_t *block;   /* P*M output rows of W+16 bytes, channel-planar (scratch) */
   int avx2;         /* use flush_block_avx2 */
+  float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
   float mean[3], std[3];
   float lut[3][256];
 } patch_ctx;
@@ -450,11 +456,17 @@ __attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int b
     mean[c] = _mm256_set1_ps(g->mean[c]);
     sd[c] = _mm256_set1_ps(g->std[c]);
   }
+  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
+   * stores when the output allows (pixel_values is far larger than the caches, so this
+   * saves reading every output line before writing it). */
+  const int cols = g->cols;
+  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
   for (int bw = 0; bw < bw_n; bw++)
     for (int mh = 0; mh < M; mh++)
       for (int mw = 0; mw < M; mw++) {
         const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *o = g->out + r * g->cols;
+        float *dst = g->out + r * cols;
+        float *o = stream ? g->ptmp : dst;
         const int x0 = (bw * M + mw) * P;
         for (int c = 0; c < 3; c++) {
           const uint8_t *plane = g->block + (size_t)c * P * M * WS;
@@ -477,7 +489,10 @@ __attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int b
             }
           }
         }
+        if (stream)
+          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
       }
+  if (stream) _mm_sfence();
 }
 #define MML_HAVE_AVX2_PATCH 1
 #endif
@@ -555,10 +570,19 @@ static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_
   }
   g->avx2 = 0;
 #ifdef MML_HAVE_AVX2_PATCH
-  static int has_avx2 = -1;
-  if (has_avx2 < 0) has_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0; /* benign race */
-  g->avx2 = has_avx2 && g->P > 8 && g->P <= 16;
+  g->avx2 = mml_cpu_avx2() && g->P > 8 && g->P <= 16;
 #endif
+  g->ptmp = NULL;
+  if (g->avx2) {
+    size_t need = (size_t)plan->cols + 16;
+    if (s->ptmp_cap < need) {
+      free(s->ptmp);
+      s->ptmp_cap = 0;
+      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float))) s->ptmp = NULL;
+      else s->ptmp_cap = need;
+    }
+    g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
+  }
   return MML_OK;
 }
 

@@ -197,7 +197,8 @@ static PyObject *vp_take_buffer(VisionProcessor *self, size_t n) {
   if (self->cache && self->cache_size >= n && self->cache_size / 4 <= n) {
     b->data = self->cache;
     self->cache = NULL;
-  } else if (!(b->data = malloc(n ? n : 1))) {
+  } else if (posix_memalign(&b->data, 64, n ? n : 1)) { /* 64: aligned streaming stores */
+    b->data = NULL;
     Py_DECREF(b);
     return PyErr_NoMemory();
   }
