@@ -15,7 +15,7 @@ a str with lone surrogates raises ``UnicodeEncodeError`` (``tokenizers`` raises
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Union
 
 from . import _core
 
