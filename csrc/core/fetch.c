@@ -5,7 +5,10 @@
  * handle, the easy handles and every job/xfer after it left the submit queue.  Other
  * threads only (a) append jobs to the submit queue under `mu` and wake the thread with
  * curl_multi_wakeup, (b) read stats under `smu`, (c) set `stop`.  Completion callbacks
- * run on the I/O thread.  Lock order: mu and smu are never held together.
+ * run on the I/O thread.  Lock order: mu and smu are never held together.  With
+ * io_threads > 1 the fetcher is several such loops (each its own thread, multi handle and
+ * connection cache, max_inflight split between them); jobs are dealt round-robin.
+ * A blocking call (mml_fetch_get/size/list) from a completion callback is refused.
  *
  * Objects.  A job is one submitted request; it is carried out by one or more xfers (HTTP
  * transfers).  A GET of a whole object starts with one "probe" xfer asking for the first
@@ -18,7 +21,9 @@
  * in `ready` (FIFO).  A transient failure (5xx, 429, timeout/stall, reset, short body)
  * puts the xfer on `delayed` with capped exponential backoff and jitter (at least what
  * Retry-After asks) and restarts it from its first byte on a fresh connection, so a
- * retried body is exactly a clean one.  Connections stay alive in the multi handle's own
+ * retried body is exactly a clean one.  Range parts after the probe carry If-Match with
+ * the probe's ETag, so an object replaced mid-fetch fails instead of mixing versions.
+ * Stalls are detected from the time since the last byte (progress callback).  Connections stay alive in the multi handle's own
  * cache (never shared across threads); DNS and TLS sessions are shared process-wide
  * through one CURLSH with locks.
  *
