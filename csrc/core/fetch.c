@@ -5,7 +5,10 @@
  * handle, the easy handles and every job/xfer after it left the submit queue.  Other
  * threads only (a) append jobs to the submit queue under `mu` and wake the thread with
  * curl_multi_wakeup, (b) read stats under `smu`, (c) set `stop`.  Completion callbacks
- * run on the I/O thread.  Lock order: mu and smu are never held together.
+ * run on the I/O thread.  Lock order: mu and smu are never held together.  With
+ * io_threads > 1 the fetcher is several such loops (each its own thread, multi handle and
+ * connection cache, max_inflight split between them); jobs are dealt round-robin.
+ * A blocking call (mml_fetch_get/size/list) from a completion callback is refused.
  *
  * Objects.  A job is one submitted request; it is carried out by one or more xfers (HTTP
  * transfers).  A GET of a whole object starts with one "probe" xfer asking for the first
@@ -18,7 +21,9 @@
  * in `ready` (FIFO).  A transient failure (5xx, 429, timeout/stall, reset, short body)
  * puts the xfer on `delayed` with capped exponential backoff and jitter (at least what
  * Retry-After asks) and restarts it from its first byte on a fresh connection, so a
- * retried body is exactly a clean one.  Connections stay alive in the multi handle's own
+ * retried body is exactly a clean one.  Range parts after the probe carry If-Match with
+ * the probe's ETag, so an object replaced mid-fetch fails instead of mixing versions.
+ * Stalls are detected from the time since the last byte (progress callback).  Connections stay alive in the multi handle's own
  * cache (never shared across threads); DNS and TLS sessions are shared process-wide
  * through one CURLSH with locks.
  *
@@ -133,6 +138,7 @@ struct xfer {
 
 struct mml_fetcher {
   char *ak, *sk, *tok, *region, *endpoint; /* owned copies; endpoint without trailing '/' */
+  char *ca_bundle;
   int max_inflight, max_retries;
   double timeout_s, connect_timeout_s, stall_s, backoff_base_s, backoff_max_s;
   int64_t range_chunk;
@@ -721,6 +727,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
   curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
   if (g_share) curl_easy_setopt(e, CURLOPT_SHARE, g_share);
+  if (f->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, f->ca_bundle);
   if (!j->is_s3) {
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
@@ -1059,7 +1066,9 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   const char *tok = pick(cfg->session_token, "AWS_SESSION_TOKEN", NULL);
   const char *region = pick(cfg->region, "AWS_REGION", "AWS_DEFAULT_REGION");
   const char *ep = pick(cfg->endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  const char *ca = pick(cfg->ca_bundle, "AWS_CA_BUNDLE", NULL);
   int bad = 0;
+  if (ca) bad |= !(f->ca_bundle = dupstr(ca));
   if (ak && sk) {
     bad |= !(f->ak = dupstr(ak)) || !(f->sk = dupstr(sk));
     if (tok) bad |= !(f->tok = dupstr(tok));
@@ -1166,7 +1175,7 @@ void mml_fetcher_free(mml_fetcher *f) {
   for (int i = 0; i < f->npool; i++) curl_easy_cleanup(f->pool[i]);
   if (f->multi) curl_multi_cleanup(f->multi);
   wipe_free(f->ak), wipe_free(f->sk), wipe_free(f->tok);
-  free(f->region), free(f->endpoint);
+  free(f->region), free(f->endpoint), free(f->ca_bundle);
   pthread_mutex_destroy(&f->mu);
   pthread_mutex_destroy(&f->smu);
   free(f);
@@ -1479,6 +1488,10 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       size_t kp = 0, kl;
       const char *k = xml_next(c, len, &kp, "Key", &kl);
       if (!k) continue;
+      if (kl >= 4000) {
+        st = mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", shown);
+        goto done;
+      }
       size_t klen = xml_decode(k, kl, kbuf, 4096);
       if (strlen(kbuf) != klen || strncmp(kbuf, pfx, strlen(pfx))) continue; /* NUL or foreign */
       if (pat && !strncmp(pat, "s3://", 5)) { /* a whole-URL pattern */
@@ -1515,9 +1528,13 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       st = mml_err_set(err, MML_EFETCH, "LIST %s: truncated reply without a continuation token", shown);
       goto done;
     }
-    mml_bytes_clear(&token);
     char tok[2048];
     size_t tn = xml_decode(t, tl, tok, sizeof tok);
+    if (tl >= sizeof tok - 8 || (token.len == tn && !memcmp(token.data, tok, tn))) {
+      st = mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)", shown);
+      goto done;
+    }
+    mml_bytes_clear(&token);
     if (mml_bytes_append(&token, tok, tn)) {
       st = mml_err_set(err, MML_ENOMEM, "out of memory");
       goto done;
