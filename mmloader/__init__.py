@@ -4,3 +4,5 @@ from ._core import ConfigError, CudaError, Error, FetchError, SampleError, State
 
 __version__ = "0.1.0"
 from .tokenizer import Tokenizer  # noqa: E402,F401
+from ._core import Tensor  # noqa: E402,F401
+from .loader import Loader  # noqa: E402,F401
