@@ -35,6 +35,16 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg);
  * reference to obj while using it), or NULL with TypeError set. */
 const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
 
+/* cuda_py.c: the DLPack stream argument (None -> legacy default stream, -1 -> no sync,
+ * otherwise a cudaStream_t as int) as a raw handle; 0, or -1 with an exception set. */
+int mml_py_cuda_stream_arg(PyObject *stream, uintptr_t *out);
+/* cuda_py.c: before exporting buffer b through __dlpack__(stream=stream): for device
+ * memory, makes that stream wait for the copy that filled b and keeps b from reuse until
+ * the work the consumer queues there before releasing it is done.  Host memory: nothing.
+ * Returns 0, or -1 with an exception set. */
+struct mml_buf;
+int mml_py_cuda_export(struct mml_buf *b, PyObject *stream);
+
 /* tensor_py.c: a mmloader.Tensor taking over a batch slot's buffer reference (slot->buf
  * becomes NULL).  NULL with an exception set on failure (the slot keeps its reference). */
 struct mml_tensor;
@@ -48,5 +58,6 @@ int mml_py_vision_register(PyObject *m);    /* vision_py.c: ImageProcessor core,
 int mml_py_template_register(PyObject *m);  /* template_py.c: record/template test hooks */
 int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
+int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
 
 #endif

@@ -152,7 +152,9 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
                                        "is not supported; copy the result instead)");
     return NULL;
   }
-  (void)stream; /* host memory: nothing to order against a stream */
+  /* DLPack stream protocol: device memory makes `stream` wait for its copy (cuda_py.c);
+   * host memory (pinned included) has nothing to order. */
+  if (mml_py_cuda_export(self->buf, stream) < 0) return NULL;
   int versioned = 0;
   if (max_version != Py_None) {
     if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1) {

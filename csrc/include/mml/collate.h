@@ -16,6 +16,48 @@
 
 typedef enum { MML_KEYS_QWEN = 0, MML_KEYS_MEGATRON } mml_key_style;
 
+/* What a batch without any image carries for pixel_values / image_grid_thw. */
+typedef enum {
+  MML_VISION_PLACEHOLDER = 0, /* pixel_values float32 [1, pixel_cols] of zeros and
+                                 image_grid_thw int64 [[0, 0, 0]]: t == 0 marks it */
+  MML_VISION_OMIT,            /* neither key is present */
+  MML_VISION_EMPTY,           /* pixel_values [0, pixel_cols], image_grid_thw [0, 3] */
+} mml_text_only_vision;
+
+/*
+ * Tensors of a batch (B = micro_batch_size rows of L = seq_length in padded mode; B = 1,
+ * L = pack_length in packed mode; n = samples in the batch; "ignored" = -100):
+ *
+ *   qwen keys        megatron keys     dtype / shape
+ *   input_ids        tokens            int64 [B, L]; padding holds pad_id
+ *   labels           labels            int64 [B, L]; ignored at padding and prompt tokens
+ *   -                loss_mask         float32 [B, L]; 1.0 where labels is not ignored
+ *   position_ids     position_ids      int64 [B, L], or [3, B, L] with mrope (see below)
+ *   attention_mask   attention_mask    (only with cfg.attention_mask)
+ *                                      qwen: int64 [B, L], 1 on real tokens, 0 on padding;
+ *                                      megatron: bool [B, 1, L, L], true = masked (causal;
+ *                                      block-diagonal per sample slot when packed)
+ *   mm_token_type_ids -                int64 [B, L], 1 on <|image_pad|> (cfg.mm_token_type_ids)
+ *   rope_deltas      rope_deltas       int64 [B, 1] padded, [n, 1] packed (mrope only)
+ *   pixel_values     pixel_values      float32 [rows, pixel_cols], all images in order
+ *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
+ *   cu_seqlens       cu_seqlens        packed only: int32 [n+1], offsets of the sample slots
+ *                                      in the row (a slot is a sample plus its padding to
+ *                                      pad_to_multiple); the tail padding after the last
+ *                                      slot is outside
+ *   cu_seqlens_unpadded (same)         packed with pad_to_multiple > 1: int32 [n+1],
+ *                                      cumulative real lengths
+ *   max_seqlen       max_seqlen        packed only: int32 [1], the longest slot
+ *
+ * Labels: shift_labels = 0 keeps labels aligned with the ids (HF shifts inside the loss);
+ * when packed, each sample's first label is forced to ignored so that the loss's shift never
+ * predicts a token of the next sample.  shift_labels = 1 gives labels[i] = label of token
+ * i+1 of the same sample, and ignored on each sample's last token.
+ * Positions: padded rows count 0..L-1 (padding included); packed slots restart at 0 and run
+ * through their padding; the tail padding counts from 0 again.  With mrope, real tokens get
+ * transformers' get_rope_index values (per sample when packed) and padding gets 0.
+ */
+
 typedef struct mml_collate_cfg {
   int micro_batch_size;    /* rows per padded batch (packing: packs are [1, pack_length]) */
   int64_t seq_length;      /* padded: fixed row length; 0 pads to the longest in the batch */
@@ -30,6 +72,8 @@ typedef struct mml_collate_cfg {
   int spatial_merge;       /* merge size, for M-RoPE */
   int32_t image_pad_id, vision_start_id; /* for M-RoPE */
   int pixel_cols;          /* C*T*P*P, for the text-only placeholder */
+  int text_only_vision;    /* mml_text_only_vision */
+  int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
 } mml_collate_cfg;
 
 typedef struct mml_collator mml_collator;
@@ -37,6 +81,15 @@ typedef struct mml_collator mml_collator;
 mml_status mml_collator_new(const mml_collate_cfg *cfg, mml_pool *pool, mml_collator **out,
                             mml_err *err);
 void mml_collator_free(mml_collator *c);
+
+/* Whether `s` can ever be collated: MML_ETOOLONG (message gives the lengths) when it is
+ * longer than seq_length / pack_length (after padding to pad_to_multiple), MML_EINVAL when
+ * its fields disagree (ids vs labels, pixel rows vs grids, image tokens vs grids when mrope
+ * is on).  Const and reentrant: the engine calls it in worker threads, before collation. */
+mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_err *err);
+/* Tokens `s` occupies in a batch row (its length, rounded up to pad_to_multiple when
+ * packing). */
+int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s);
 
 /* 1 when `s` fits in the current batch; 0 when the current batch must be emitted first.
  * An empty batch always accepts (an over-long sample was filtered before collation). */
@@ -46,7 +99,10 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err);
 int mml_collator_count(const mml_collator *c);
 /* 1 when the batch is complete and must be emitted now (padded: micro_batch_size rows). */
 int mml_collator_full(const mml_collator *c);
-/* Builds the batch tensors (buffers from the pool) and starts a new empty batch. */
+/* Builds the batch tensors (buffers from the pool) and starts a new empty batch.  Sets
+ * out->nsamples, real_tokens (sum of sample lengths), token_slots (B * L) and out->after to
+ * (epoch, pos + 1) of the last sample; the engine may overwrite `after`.  An empty batch is
+ * MML_EINVAL.  On failure `out` is cleared and the samples stay in the collator. */
 mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err);
 /* Drops the current partial batch (used on seek/restart). */
 void mml_collator_reset(mml_collator *c);
