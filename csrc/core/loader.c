@@ -612,7 +612,7 @@ static void *collator_main(void *arg) {
     if (s.status != MML_OK) {
       L->skipped++;
       L->skip_by_status[s.status < MML_STATUS_COUNT ? s.status : MML_EINTERNAL]++;
-      push_warning_locked(L, &s.err);
+      if (!L->cfg.on_error_raise) push_warning_locked(L, &s.err); /* raise mode: raised instead */
       since_good++;
       if (L->cfg.on_error_raise) {
         it.kind = ITEM_ERROR;
