@@ -35,6 +35,12 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg);
  * reference to obj while using it), or NULL with TypeError set. */
 const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
 
+/* template_py.c: a chat template name ("qwen2-vl", "qwen2.5-vl", "qwen3-vl") as an
+ * mml_template_style, and a label mode name ("all_assistant", "last_assistant",
+ * "no_nonfinal_end") as an mml_label_mode.  Return 0, or -1 with ConfigError set. */
+int mml_py_template_style_from_str(const char *s, int *style);
+int mml_py_label_mode_from_str(const char *s, int *mode);
+
 /* cuda_py.c: the DLPack stream argument (None -> legacy default stream, -1 -> no sync,
  * otherwise a cudaStream_t as int) as a raw handle; 0, or -1 with an exception set. */
 int mml_py_cuda_stream_arg(PyObject *stream, uintptr_t *out);

@@ -28,6 +28,7 @@ typedef struct mml_fetch_cfg {
   double stall_s;         /* abort a transfer stalled this long (default 10 when 0) */
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
   int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
+  int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;
@@ -68,5 +69,18 @@ typedef struct mml_fetch_stats {
   int inflight;
 } mml_fetch_stats;
 void mml_fetch_get_stats(mml_fetcher *f, mml_fetch_stats *out);
+
+/* ---- pure helpers (exposed for tests and messages) ---------------------------------- */
+
+/* Delay before retry number `attempt` (1-based): min(max_s, base_s * 2^(attempt-1)),
+ * jittered into [d/2, d] by u01 in [0,1), and never below retry_after (a Retry-After in
+ * seconds, < 0 when absent; capped at 60). */
+double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_after, double u01);
+/* malloc'd copy of url fit for messages: user-info dropped, values of credential-like
+ * query parameters (signature, credential, token, key, secret, password) replaced. */
+char *mml_url_redact(const char *url);
+/* Text of the first <tag>...</tag> in an XML document, entity-decoded, into out (cap
+ * bytes, NUL-terminated); 1 when found, else 0 with out = "". */
+int mml_xml_text(const char *doc, size_t n, const char *tag, char *out, size_t cap);
 
 #endif

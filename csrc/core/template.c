@@ -1,0 +1,347 @@
+/*
+ * template.c — Qwen2/2.5-VL and Qwen3-VL chat templates rendered straight to token ids
+ * and labels (contract: mml/template.h).
+ *
+ * One walker (walk()) produces the conversation as a stream of three kinds of pieces:
+ * plain text, the two turn markers <|im_start|>/<|im_end|>, and image placeholders.  The
+ * same walk feeds both outputs, so the text that mml_template_render shows is exactly what
+ * mml_template_encode tokenizes:
+ *   - render appends the pieces as text (image pads expanded);
+ *   - encode buffers consecutive text into one segment and tokenizes each segment when a
+ *     marker or an image ends it, and pushes marker and image ids directly.
+ * This equals tokenizing the whole rendered string at once because the tokenizer splits
+ * added tokens out first and tokenizes the text between them independently; it also
+ * avoids tokenizing thousands of "<|image_pad|>" strings per image.  (Assumption, checked
+ * for the markers at mml_template_new: each marker string encodes alone to its own id; no
+ * added token of the vocabulary can start in text and run into a marker — true of every
+ * Qwen tokenizer.)
+ *
+ * Labels: the walker marks every text piece and marker as supervised or not.  Within a
+ * segment the supervised bytes are always a suffix (the role header "assistant\n" comes
+ * before the content; markers end segments), so a segment has one boundary, sup_from.
+ * The tokens before it are from the ASCII header, whose byte lengths are read from the
+ * vocabulary (a byte-level token's string has one character per byte); a token that
+ * overlaps sup_from is labelled (see template.h).
+ *
+ * Threads: a template is immutable after mml_template_new; encode and render keep all
+ * state on the stack (plus one heap buffer for text segments over 1 KiB) and are reentrant.
+ */
+#include "mml/template.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NO_SUP ((size_t)-1)
+static const char k_default_system[] = "You are a helpful assistant.";
+
+enum { TOK_IM_START, TOK_IM_END, TOK_VISION_START, TOK_VISION_END, TOK_IMAGE_PAD,
+       TOK_VIDEO_PAD, TOK_COUNT };
+static const char *const k_tok_names[TOK_COUNT] = {
+    "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+    "<|video_pad|>"};
+
+struct mml_template {
+  mml_template_style style;
+  mml_label_mode labels;
+  const mml_tokenizer *tok; /* NULL: render-only */
+  int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
+};
+
+mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
+                            const mml_tokenizer *tok, mml_template **out, mml_err *err) {
+  if (!out) return mml_err_set(err, MML_EINVAL, "template: NULL out");
+  *out = NULL;
+  if (style != MML_TEMPLATE_QWEN2_VL && style != MML_TEMPLATE_QWEN3_VL)
+    return mml_err_set(err, MML_ECONFIG, "template: unknown style %d", (int)style);
+  if (labels != MML_LABELS_ALL_ASSISTANT && labels != MML_LABELS_LAST_ASSISTANT &&
+      labels != MML_LABELS_NO_NONFINAL_END)
+    return mml_err_set(err, MML_ECONFIG, "template: unknown label mode %d", (int)labels);
+  mml_template *t = calloc(1, sizeof *t);
+  if (!t) return mml_err_set(err, MML_ENOMEM, "template: out of memory");
+  t->style = style;
+  t->labels = labels;
+  t->tok = tok;
+  for (int i = 0; i < TOK_COUNT; i++) t->id[i] = -1;
+  if (tok) {
+    mml_ids v = {0};
+    for (int i = 0; i < TOK_COUNT; i++) {
+      const char *name = k_tok_names[i];
+      int32_t id = mml_tokenizer_token_to_id(tok, name, strlen(name));
+      if (id < 0) {
+        if (i == TOK_VIDEO_PAD) continue;
+        mml_ids_free(&v);
+        free(t);
+        return mml_err_set(err, MML_ETOKENIZER, "template: the tokenizer has no %s token", name);
+      }
+      /* The marker must come out of whole-string tokenization as itself. */
+      mml_ids_clear(&v);
+      mml_status st = mml_tokenizer_encode(tok, NULL, name, strlen(name), &v, err);
+      if (st || v.len != 1 || v.data[0] != id) {
+        mml_ids_free(&v);
+        free(t);
+        return st ? st
+                  : mml_err_set(err, MML_ETOKENIZER,
+                                "template: %s is not an added token of the tokenizer", name);
+      }
+      t->id[i] = id;
+    }
+    mml_ids_free(&v);
+  }
+  *out = t;
+  return MML_OK;
+}
+
+void mml_template_free(mml_template *t) { free(t); }
+
+/* ---- output side: render (text) or encode (ids + labels) ---- */
+
+typedef struct out_ctx {
+  const mml_template *t;
+  const mml_record *rec;
+  const int64_t *image_tokens;
+  mml_err *err;
+  mml_bytes *text; /* render: the output text; NULL when encoding */
+  /* encode */
+  mml_tok_scratch *scratch;
+  mml_ids *ids, *labels;
+  char *seg;            /* pending text segment */
+  size_t seg_len, seg_cap;
+  size_t sup_from;      /* byte of seg where supervision starts, NO_SUP if none */
+  char seg_stack[1024]; /* seg's storage until it outgrows it */
+} out_ctx;
+
+static size_t utf8_chars(const char *s, size_t n) {
+  size_t c = 0;
+  for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+  return c;
+}
+
+static mml_status flush(out_ctx *o) {
+  if (o->text || o->seg_len == 0) return MML_OK;
+  const mml_template *t = o->t;
+  size_t start = o->ids->len;
+  mml_status st = mml_tokenizer_encode(t->tok, o->scratch, o->seg, o->seg_len, o->ids, o->err);
+  if (st) return st;
+  size_t n = o->ids->len;
+  if ((st = mml_ids_reserve(o->labels, n)))
+    return mml_err_set(o->err, st, "template: out of memory");
+  size_t off = 0; /* byte offset of the token's start in seg, exact up to sup_from */
+  for (size_t i = start; i < n; i++) {
+    int32_t id = o->ids->data[i];
+    for (int k = TOK_VISION_START; k < TOK_COUNT; k++) {
+      if (id == t->id[k])
+        return mml_err_set(o->err, MML_ERECORD,
+                           "bad record: message text contains %s (use <image> or an image "
+                           "part for images)",
+                           k_tok_names[k]);
+    }
+    bool sup;
+    if (o->sup_from == NO_SUP) sup = false;
+    else if (off >= o->sup_from) sup = true;
+    else {
+      size_t len = 0;
+      const char *s = mml_tokenizer_id_to_token(t->tok, id, &len);
+      off += s ? utf8_chars(s, len) : 0;
+      sup = off > o->sup_from; /* overlaps the supervised bytes */
+    }
+    o->labels->data[i] = sup ? id : MML_IGNORE_INDEX;
+  }
+  o->labels->len = n;
+  o->seg_len = 0;
+  o->sup_from = NO_SUP;
+  return MML_OK;
+}
+
+static mml_status emit_text(out_ctx *o, const char *p, size_t n, bool sup) {
+  if (n == 0) return MML_OK;
+  if (o->text) {
+    mml_status st = mml_bytes_append(o->text, p, n);
+    return st ? mml_err_set(o->err, st, "template: out of memory") : MML_OK;
+  }
+  if (sup && o->sup_from == NO_SUP) o->sup_from = o->seg_len;
+  else if (!sup && o->sup_from != NO_SUP)
+    return mml_err_set(o->err, MML_EINTERNAL, "template: unsupervised text after supervised");
+  if (o->seg_len + n > o->seg_cap) {
+    size_t cap = o->seg_cap * 2;
+    while (cap < o->seg_len + n) cap *= 2;
+    char *q = o->seg == o->seg_stack ? malloc(cap) : realloc(o->seg, cap);
+    if (!q) return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
+    if (o->seg == o->seg_stack) memcpy(q, o->seg, o->seg_len);
+    o->seg = q;
+    o->seg_cap = cap;
+  }
+  memcpy(o->seg + o->seg_len, p, n);
+  o->seg_len += n;
+  return MML_OK;
+}
+
+static mml_status emit_cstr(out_ctx *o, const char *s, bool sup) {
+  return emit_text(o, s, strlen(s), sup);
+}
+
+static mml_status push_id(out_ctx *o, int32_t id, bool sup) {
+  if (mml_ids_push(o->ids, id) || mml_ids_push(o->labels, sup ? id : MML_IGNORE_INDEX))
+    return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
+  return MML_OK;
+}
+
+static mml_status emit_marker(out_ctx *o, int which, bool sup) {
+  if (o->text) {
+    mml_status st = mml_bytes_append(o->text, k_tok_names[which], strlen(k_tok_names[which]));
+    return st ? mml_err_set(o->err, st, "template: out of memory") : MML_OK;
+  }
+  mml_status st = flush(o);
+  return st ? st : push_id(o, o->t->id[which], sup);
+}
+
+/* Image placeholders are never supervised. */
+static mml_status emit_image(out_ctx *o, int image) {
+  const mml_record *rec = o->rec;
+  if (image < 0 || image >= rec->nimages)
+    return mml_err_set(o->err, MML_EINVAL, "template: image part %d out of range (%d images)",
+                       image, rec->nimages);
+  if (!o->image_tokens)
+    return mml_err_set(o->err, MML_EINVAL, "template: the record has images but no token counts");
+  int64_t n = o->image_tokens[image];
+  if (n < 1 || n > (int64_t)1 << 30)
+    return mml_err_set(o->err, MML_EINVAL, "template: image %d (%s) has %lld tokens", image,
+                       rec->images[image], (long long)n);
+  mml_status st;
+  if (o->text) {
+    static const char pad[] = "<|image_pad|>";
+    size_t pl = sizeof pad - 1;
+    if ((st = mml_bytes_reserve(o->text, o->text->len + 32 + (size_t)n * pl)))
+      return mml_err_set(o->err, st, "template: out of memory");
+    mml_bytes_append(o->text, "<|vision_start|>", 16);
+    for (int64_t i = 0; i < n; i++) mml_bytes_append(o->text, pad, pl);
+    mml_bytes_append(o->text, "<|vision_end|>", 14);
+    return MML_OK;
+  }
+  if ((st = flush(o))) return st;
+  size_t len = o->ids->len;
+  if (mml_ids_reserve(o->ids, len + (size_t)n + 2) || mml_ids_reserve(o->labels, len + (size_t)n + 2))
+    return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
+  const mml_template *t = o->t;
+  o->ids->data[len] = t->id[TOK_VISION_START];
+  for (int64_t i = 0; i < n; i++) o->ids->data[len + 1 + i] = t->id[TOK_IMAGE_PAD];
+  o->ids->data[len + 1 + n] = t->id[TOK_VISION_END];
+  for (size_t i = len; i < len + (size_t)n + 2; i++) o->labels->data[i] = MML_IGNORE_INDEX;
+  o->ids->len = o->labels->len = len + (size_t)n + 2;
+  return MML_OK;
+}
+
+static mml_status emit_parts(out_ctx *o, const mml_message *m, bool sup) {
+  for (int i = 0; i < m->nparts; i++) {
+    const mml_part *p = &m->parts[i];
+    mml_status st = p->kind == MML_PART_IMAGE ? emit_image(o, p->image)
+                                              : emit_text(o, p->text, p->len, sup);
+    if (st) return st;
+  }
+  return MML_OK;
+}
+
+static bool has_image(const mml_message *m) {
+  for (int i = 0; i < m->nparts; i++)
+    if (m->parts[i].kind == MML_PART_IMAGE) return true;
+  return false;
+}
+
+static bool is_tool(const mml_message *m) {
+  return m->role == MML_ROLE_OTHER && !strcmp(m->role_name, "tool");
+}
+
+#define TRY(x)                      \
+  do {                              \
+    mml_status _st = (x);           \
+    if (_st) return _st;            \
+  } while (0)
+
+/* The chat template.  Qwen2-VL (and 2.5): a default system turn when the first message is
+ * not a system message; every message as <|im_start|>{role}\n{content}<|im_end|>\n.
+ * Qwen3-VL (Instruct): no default system turn; the system message only when first; tool
+ * messages grouped into one user turn of <tool_response> blocks; other roles dropped. */
+static mml_status walk(out_ctx *o) {
+  const mml_template *t = o->t;
+  const mml_record *rec = o->rec;
+  int n = rec->nmessages;
+  if (n <= 0) return mml_err_set(o->err, MML_ERECORD, "bad record: empty conversation");
+  int last = -1;
+  for (int k = 0; k < n; k++)
+    if (rec->messages[k].role == MML_ROLE_ASSISTANT) last = k;
+
+  if (t->style == MML_TEMPLATE_QWEN2_VL && rec->messages[0].role != MML_ROLE_SYSTEM) {
+    TRY(emit_marker(o, TOK_IM_START, false));
+    TRY(emit_cstr(o, "system\n", false));
+    TRY(emit_cstr(o, k_default_system, false));
+    TRY(emit_marker(o, TOK_IM_END, false));
+    TRY(emit_cstr(o, "\n", false));
+  }
+  for (int k = 0; k < n; k++) {
+    const mml_message *m = &rec->messages[k];
+    if (t->style == MML_TEMPLATE_QWEN3_VL) {
+      if (is_tool(m)) {
+        if (k == 0 || !is_tool(m - 1)) {
+          TRY(emit_marker(o, TOK_IM_START, false));
+          TRY(emit_cstr(o, "user", false));
+        }
+        TRY(emit_cstr(o, "\n<tool_response>\n", false));
+        TRY(emit_parts(o, m, false));
+        TRY(emit_cstr(o, "\n</tool_response>", false));
+        if (k == n - 1 || !is_tool(m + 1)) {
+          TRY(emit_marker(o, TOK_IM_END, false));
+          TRY(emit_cstr(o, "\n", false));
+        }
+        continue;
+      }
+      bool dropped = (m->role == MML_ROLE_SYSTEM && k > 0) || m->role == MML_ROLE_OTHER;
+      if (dropped) {
+        if (has_image(m))
+          return mml_err_set(o->err, MML_ERECORD,
+                             "bad record: message %d (role \"%s\") holds an image but the "
+                             "qwen3-vl template drops such messages",
+                             k, m->role_name);
+        continue;
+      }
+    }
+    bool asst = m->role == MML_ROLE_ASSISTANT;
+    bool sup = asst && (t->labels != MML_LABELS_LAST_ASSISTANT || k == last);
+    bool end_sup = sup && (t->labels != MML_LABELS_NO_NONFINAL_END || k == last);
+    TRY(emit_marker(o, TOK_IM_START, false));
+    TRY(emit_cstr(o, m->role_name, false));
+    TRY(emit_cstr(o, "\n", false));
+    TRY(emit_parts(o, m, sup));
+    TRY(emit_marker(o, TOK_IM_END, end_sup));
+    TRY(emit_cstr(o, "\n", end_sup));
+  }
+  return flush(o);
+}
+
+mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
+                               const mml_record *rec, const int64_t *image_tokens,
+                               mml_ids *ids, mml_ids *labels, mml_err *err) {
+  if (!t || !rec || !ids || !labels) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
+  if (!t->tok)
+    return mml_err_set(err, MML_EINVAL, "template: created without a tokenizer (render only)");
+  if (ids->len != labels->len)
+    return mml_err_set(err, MML_EINVAL, "template: ids and labels differ in length");
+  size_t ids0 = ids->len;
+  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .err = err,
+               .scratch = scratch, .ids = ids, .labels = labels, .sup_from = NO_SUP,
+               .seg_cap = sizeof o.seg_stack};
+  o.seg = o.seg_stack;
+  mml_status st = walk(&o);
+  if (o.seg != o.seg_stack) free(o.seg);
+  if (st) ids->len = labels->len = ids0;
+  return st;
+}
+
+mml_status mml_template_render(const mml_template *t, const mml_record *rec,
+                               const int64_t *image_tokens, mml_bytes *out, mml_err *err) {
+  if (!t || !rec || !out) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
+  size_t len0 = out->len;
+  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .err = err, .text = out};
+  mml_status st = walk(&o);
+  if (st) out->len = len0;
+  return st;
+}

@@ -1,0 +1,111 @@
+"""Shared pytest fixtures: the fault-injecting HTTP server and moto's S3 server with SigV4
+authentication enforced.  Both listen on 127.0.0.1 only, on ephemeral ports."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "servers"))
+
+from faultserver import FaultServer  # noqa: E402
+
+
+@pytest.fixture
+def fault_server():
+    """Factory: fault_server(objects=..., fault_rate=..., ...) -> a started FaultServer,
+    stopped at the end of the test."""
+    servers = []
+
+    def make(**kw) -> FaultServer:
+        srv = FaultServer(**kw).start()
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class MotoS3:
+    endpoint: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    region: str
+    bucket: str
+    client: object = field(repr=False)  # boto3 S3 client holding valid credentials
+
+    def cfg(self, **over) -> dict:
+        """Keyword arguments for mmloader's fetch functions."""
+        d = dict(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key,
+                 region=self.region)
+        d.update(over)
+        return d
+
+    def put(self, key: str, data: bytes) -> str:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return f"s3://{self.bucket}/{key}"
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """moto's S3 server in a subprocess.  An IAM user with an s3:* policy and an access key
+    is created while authentication is still off; then authentication is switched on
+    (POST /moto-api/reset-auth with 0 unauthenticated actions left), so every later
+    request must carry a valid SigV4 signature of a known key: a wrong secret is refused."""
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="bootstrap", AWS_SECRET_ACCESS_KEY="bootstrap",
+               AWS_DEFAULT_REGION="us-east-1")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.skip("moto server did not start")
+                time.sleep(0.1)
+        boot = dict(endpoint_url=endpoint, region_name="us-east-1",
+                    aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam = boto3.client("iam", **boot)
+        iam.create_user(UserName="mml")
+        iam.put_user_policy(UserName="mml", PolicyName="s3all", PolicyDocument=(
+            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}'))
+        key = iam.create_access_key(UserName="mml")["AccessKey"]
+        bucket = "mml-test"
+        boto3.client("s3", **boot).create_bucket(Bucket=bucket)
+        req = urllib.request.Request(endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(req, timeout=10).read()
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id=key["AccessKeyId"],
+                              aws_secret_access_key=key["SecretAccessKey"])
+        yield MotoS3(endpoint, key["AccessKeyId"], key["SecretAccessKey"], "us-east-1", bucket, client)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

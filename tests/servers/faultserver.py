@@ -1,0 +1,301 @@
+"""A small fault-injecting HTTP/1.1 object server for the fetch tests and benchmarks.
+
+Serves objects (an in-memory dict of path -> bytes, and/or a directory) on 127.0.0.1 with
+keep-alive, HEAD and byte ranges, and injects faults deterministically: whether request
+number n of a given (method, path, Range) faults, and how, is a pure function of
+(seed, method, path, Range, n).  A retried request is request n+1, so with a fault rate
+below 1 every object is eventually served, and the same seed replays the same faults.
+
+Faults (names usable in `faults` and in `script`):
+  503       503 SlowDown with S3's XML body and Retry-After
+  500       500 InternalError (XML)
+  429       429 Too Many Requests with Retry-After
+  reset     the connection is reset (RST) before any reply
+  truncate  headers promise the full Content-Length; half the body comes, then the
+            connection closes (FIN)
+  stall     headers and a part of the body come, then nothing for `stall_s` seconds
+  404, 403  permanent errors with S3-style XML (NoSuchKey, AccessDenied)
+Also: first-byte latency with jitter, per-connection bandwidth limits, and paths that are
+always missing (404) or forbidden (403).
+
+From tests:
+    with FaultServer(objects={"/a.jpg": data}, fault_rate=0.1, seed=1) as srv:
+        url = srv.url("/a.jpg")
+From the command line:
+    python tests/servers/faultserver.py --root DIR --latency 0.03 --fault-rate 0.1
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Dict, Iterable, List, Optional, Sequence
+
+XML_ERR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+           '<Message>{msg}</Message><Resource>{res}</Resource><RequestId>0</RequestId></Error>')
+ERRORS = {
+    "503": (503, "SlowDown", "Please reduce your request rate."),
+    "500": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "429": (429, "TooManyRequests", "Too many requests."),
+    "404": (404, "NoSuchKey", "The specified key does not exist."),
+    "403": (403, "AccessDenied", "Access Denied"),
+}
+TRANSIENT = ("503", "500", "429", "reset", "truncate")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+class FaultServer:
+    """Fault-injecting object server on 127.0.0.1 (ephemeral port by default)."""
+
+    def __init__(self, objects: Optional[Dict[str, bytes]] = None, root: Optional[str] = None,
+                 seed: int = 0, latency: float = 0.0, jitter: float = 0.0,
+                 fault_rate: float = 0.0, faults: Sequence[str] = TRANSIENT,
+                 retry_after: Optional[float] = 0, bandwidth: Optional[int] = None,
+                 script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
+                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0):
+        self.objects = dict(objects or {})
+        self.root = root
+        self.seed = seed
+        self.latency, self.jitter = latency, jitter
+        self.fault_rate, self.faults = fault_rate, tuple(faults)
+        self.retry_after, self.bandwidth = retry_after, bandwidth
+        self.script = {k: list(v) for k, v in (script or {}).items()}
+        self.missing, self.forbidden = set(missing), set(forbidden)
+        self.stall_s = stall_s
+        self.port = port
+        self.lock = threading.Lock()
+        self.counts: Dict[tuple, int] = {}
+        self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
+        self.connections = 0
+        self.active = 0  # requests being served now
+        self.max_active = 0
+        self._httpd: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "FaultServer":
+        handler = type("Handler", (_Handler,), {"fs": self})
+        self._httpd = _Server(("127.0.0.1", self.port), handler)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join(5)
+            self._httpd = None
+
+    def __enter__(self) -> "FaultServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+
+    def outcomes(self, path: Optional[str] = None) -> List[str]:
+        with self.lock:
+            return [e[4] for e in self.log if path is None or e[2] == path]
+
+    # -- decisions ---------------------------------------------------------------------------
+    def _lookup(self, path: str) -> Optional[bytes]:
+        if path in self.objects:
+            return self.objects[path]
+        if self.root:
+            full = os.path.realpath(os.path.join(self.root, path.lstrip("/")))
+            if full.startswith(os.path.realpath(self.root) + os.sep) and os.path.isfile(full):
+                with open(full, "rb") as fh:
+                    return fh.read()
+        return None
+
+    def _decide(self, method: str, path: str, rng: str) -> tuple:
+        key = (method, path, rng)
+        with self.lock:
+            n = self.counts.get(key, 0)
+            self.counts[key] = n + 1
+        if path in self.missing:
+            return "404", n
+        if path in self.forbidden:
+            return "403", n
+        sc = self.script.get(path)
+        if sc is not None and n < len(sc):
+            return sc[n], n
+        if self.fault_rate > 0 and self.faults:
+            h = hashlib.blake2b(f"{self.seed}|{method}|{path}|{rng}|{n}".encode(), digest_size=16).digest()
+            u, k = struct.unpack("<QQ", h)
+            if u / 2.0 ** 64 < self.fault_rate:
+                return self.faults[k % len(self.faults)], n
+        return "ok", n
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fs: FaultServer
+
+    def setup(self) -> None:
+        super().setup()
+        with self.fs.lock:
+            self.fs.connections += 1
+            self.conn_id = self.fs.connections
+
+    def log_message(self, *a) -> None:  # quiet
+        pass
+
+    def do_HEAD(self) -> None:
+        self._counted(head=True)
+
+    def do_GET(self) -> None:
+        self._counted(head=False)
+
+    def _counted(self, head: bool) -> None:
+        fs = self.fs
+        with fs.lock:
+            fs.active += 1
+            fs.max_active = max(fs.max_active, fs.active)
+        try:
+            self._serve(head)
+        finally:
+            with fs.lock:
+                fs.active -= 1
+
+    def _record(self, path: str, rng: str, outcome: str) -> None:
+        with self.fs.lock:
+            self.fs.log.append((time.monotonic(), self.command, path, rng, outcome, self.conn_id))
+
+    def _reset(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+        except OSError:
+            pass
+
+    def _send_error(self, kind: str, path: str, head: bool) -> None:
+        status, code, msg = ERRORS[kind]
+        body = XML_ERR.format(code=code, msg=msg, res=path).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        if kind in ("503", "429") and self.fs.retry_after is not None:
+            self.send_header("Retry-After", str(self.fs.retry_after))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _write(self, data: bytes) -> None:
+        bw = self.fs.bandwidth
+        if not bw:
+            self.wfile.write(data)
+            return
+        step = max(1, bw // 50)
+        for i in range(0, len(data), step):
+            self.wfile.write(data[i:i + step])
+            self.wfile.flush()
+            time.sleep(len(data[i:i + step]) / bw)
+
+    def _serve(self, head: bool) -> None:
+        fs = self.fs
+        path = self.path.split("?", 1)[0]
+        rng = self.headers.get("Range", "")
+        kind, n = fs._decide(self.command, path, rng)
+        if fs.latency or fs.jitter:
+            # jitter is deterministic too: a function of the request's identity
+            r = random.Random(f"{fs.seed}|{path}|{rng}|{n}").random()
+            time.sleep(fs.latency + fs.jitter * r)
+        self._record(path, rng, kind)
+        if kind == "reset":
+            self._reset()
+            return
+        if kind in ERRORS:
+            self._send_error(kind, path, head)
+            return
+        data = fs._lookup(path)
+        if data is None:
+            self._send_error("404", path, head)
+            return
+        status, start, end = 200, 0, len(data)
+        if rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            try:
+                start = int(a)
+                end = min(int(b) + 1, len(data)) if b else len(data)
+            except ValueError:
+                start, end = 0, len(data)
+            else:
+                if start >= len(data):
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                status = 206
+        body = data[start:end]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        if head:
+            return
+        if kind == "truncate":  # half the body, then an orderly close (FIN)
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if kind == "stall":
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            time.sleep(fs.stall_s)
+            self.close_connection = True
+            return
+        self._write(body)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description="Fault-injecting HTTP object server (127.0.0.1).")
+    ap.add_argument("--root", required=True, help="directory to serve")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--latency", type=float, default=0.0, help="first-byte latency, seconds")
+    ap.add_argument("--jitter", type=float, default=0.0, help="extra latency, uniform 0..jitter")
+    ap.add_argument("--fault-rate", type=float, default=0.0)
+    ap.add_argument("--faults", default=",".join(TRANSIENT))
+    ap.add_argument("--retry-after", type=float, default=0)
+    ap.add_argument("--bandwidth", type=int, default=None, help="bytes/s per connection")
+    args = ap.parse_args(argv)
+    srv = FaultServer(root=args.root, port=args.port, seed=args.seed, latency=args.latency,
+                      jitter=args.jitter, fault_rate=args.fault_rate,
+                      faults=[f for f in args.faults.split(",") if f],
+                      retry_after=args.retry_after, bandwidth=args.bandwidth).start()
+    print(f"listening on http://127.0.0.1:{srv.port}/", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
