@@ -298,6 +298,10 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
     if (L->remote[s->shard]) {
       mml_fetcher *f;
       if ((st = get_fetcher(L, &f, &err))) goto fail;
+      if (task_imgs_fit(t, 1)) {
+        st = mml_err_set(&err, MML_ENOMEM, "out of memory");
+        goto fail;
+      }
       t->refs[0].t = t;
       t->refs[0].which = -1;
       pthread_mutex_lock(&L->mu);
@@ -714,17 +718,13 @@ static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
 static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
   if (!(mml_path_is_remote(path) && !strncmp(path, "s3://", 5) && has_glob(path)))
     return add_shard(L, path, err);
-  /* s3://bucket/prefix*glob: list the prefix, match the pattern */
+  /* s3://bucket/prefix*glob: the fetcher lists up to the first wildcard, matches the key */
   mml_fetcher *f;
   mml_status st = get_fetcher(L, &f, err);
   if (st) return st;
-  size_t pre = strcspn(path, "*?[");
-  char *prefix = strndup(path, pre);
-  if (!prefix) return mml_err_set(err, MML_ENOMEM, "out of memory");
   char **urls = NULL;
   size_t n = 0;
-  st = mml_fetch_list(f, prefix, path, &urls, &n, err);
-  free(prefix);
+  st = mml_fetch_list(f, path, NULL, &urls, &n, err);
   if (st) return st;
   if (n == 0) st = mml_err_set(err, MML_ECONFIG, "no data shard matches %s", path);
   for (size_t i = 0; !st && i < n; i++) st = add_shard(L, urls[i], err);
