@@ -105,6 +105,8 @@ struct mml_loader {
   mml_pipeline pl;
   mml_pool *pool;
   mml_collate_cfg ccfg;
+  mml_collator *collator;   /* used by the collation thread; workers only call the const,
+                               reentrant mml_collator_check */
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -406,6 +408,8 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   }
   st = mml_sample_build(&L->pl, sc, &t->rec, t->imgs, s, &err);
   if (st) goto fail;
+  st = mml_collator_check(L->collator, s, &err); /* e.g. too long for seq/pack length */
+  if (st) goto fail;
   s->status = MML_OK;
   return 1;
 fail:
@@ -541,20 +545,18 @@ static void set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
 
 static void *collator_main(void *arg) {
   mml_loader *L = arg;
-  mml_collator *C = NULL;
+  mml_collator *C = L->collator;
   mml_err err;
   mml_err_clear(&err);
   mml_sample s;
   memset(&s, 0, sizeof s);
   out_item it;
   memset(&it, 0, sizeof it);
-  mml_status cst = mml_collator_new(&L->ccfg, L->pool, &C, &err);
   pthread_mutex_lock(&L->mu);
-  if (cst) set_fatal_locked(L, cst, &err);
   uint64_t my_gen = L->gen - 1; /* forces a sync */
   int64_t epoch = 0, bie = 0, since_good = 0;
   while (!L->stop) {
-    if (cst || L->fatal) {
+    if (L->fatal) {
       pthread_cond_wait(&L->coll_cv, &L->mu);
       continue;
     }
@@ -693,7 +695,6 @@ static void *collator_main(void *arg) {
   pthread_mutex_unlock(&L->mu);
   mml_batch_clear(&it.batch);
   mml_sample_free(&s);
-  mml_collator_free(C);
   return NULL;
 }
 
@@ -817,13 +818,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
     goto fail;
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;
-  int64_t limit = cfg->max_length;
-  int64_t fixed = cfg->collate.pack
-                      ? (cfg->collate.pack_length > 0 ? cfg->collate.pack_length
-                                                      : cfg->collate.seq_length)
-                      : cfg->collate.seq_length;
-  if (fixed > 0 && (limit <= 0 || fixed < limit)) limit = fixed;
-  L->pl.max_length = limit;
+  L->pl.max_length = cfg->max_length;
 
   L->ccfg = cfg->collate;
   const mml_tokenizer *tok = cfg->tokenizer;
@@ -839,6 +834,10 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
 
   if ((st = mml_pool_new(cfg->allocator, 0, &L->pool, err))) goto fail;
+  if ((st = mml_collator_new(&L->ccfg, L->pool, &L->collator, err))) {
+    if (st == MML_EINVAL) st = MML_ECONFIG;
+    goto fail;
+  }
 
   int w = cfg->window;
   if (w <= 0) {
@@ -936,8 +935,9 @@ void mml_loader_free(mml_loader *L) {
     free(L->tasks);
   }
   free(L->threads);
+  if (L->collator) mml_collator_free(L->collator);
   mml_pool_close(L->pool);
-  mml_template_free(L->tmpl);
+  if (L->tmpl) mml_template_free(L->tmpl);
   if (L->roots)
     for (int i = 0; i < L->ix.nshards; i++) free(L->roots[i]);
   free(L->roots);
@@ -1112,8 +1112,9 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
     }
     o->reason_count[k] += L->skip_by_status[s];
   }
-  mml_fetcher *f = L->fetcher;
-  o->remote = f != NULL;
-  if (f) mml_fetch_get_stats(f, &o->fetch);
+  mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */
   pthread_mutex_unlock(&L->mu);
+  o->remote = f != NULL;
+  /* outside mu: the fetcher's I/O thread takes mu in completions (lock order) */
+  if (f) mml_fetch_get_stats(f, &o->fetch);
 }
