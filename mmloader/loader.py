@@ -83,6 +83,26 @@ def _check_int(name: str, v: Any, lo: Optional[int] = None, none_ok: bool = Fals
         raise ConfigError(f"{name} must be >= {lo}, got {v}")
 
 
+def _parse_device(device: Any) -> int:
+    """"cpu" -> -1; "cuda" / "cuda:N" / torch.device -> N (CUDA must be usable)."""
+    d = str(device)
+    if d == "cpu":
+        return -1
+    if d == "cuda" or d.startswith("cuda:"):
+        try:
+            index = int(d[5:]) if d.startswith("cuda:") else 0
+        except ValueError:
+            raise ConfigError(f"bad device {device!r}") from None
+        if not _core.cuda_available():
+            raise ConfigError(f"device={device!r} needs a CUDA runtime and GPU; none is usable "
+                              "here")
+        if not 0 <= index < _core.cuda_device_count():
+            raise ConfigError(f"device={device!r}: there are {_core.cuda_device_count()} "
+                              "CUDA device(s)")
+        return index
+    raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
 def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
     from .tokenizer import TINY_TOKENIZER_PATH, Tokenizer
 
@@ -162,7 +182,10 @@ class Loader:
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         cycle: never stop at an epoch end (Megatron-style iterators).
-        pin_memory, device: where batches live ("cpu" now).
+        pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
+            plain memory when CUDA is unavailable (stats()["pinned"] tells).
+        device: "cpu", or "cuda[:N]": batches are copied to that GPU on the loader's own
+            stream; the tensors' DLPack export makes the consumer's stream wait for it.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
     """
@@ -220,9 +243,7 @@ class Loader:
             raise ConfigError("packing=True needs pack_length (or seq_length)")
         if not packing and pack_length is not None:
             raise ConfigError("pack_length is only meaningful with packing=True")
-        if device != "cpu":
-            raise ConfigError(f"device={device!r} is not supported by this build; use 'cpu' "
-                              "and move batches with torch")
+        device_index = _parse_device(device)
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
         try:
@@ -248,7 +269,8 @@ class Loader:
             mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode, vision=vision,
             s3_endpoint=s3_endpoint, s3_region=s3_region,
             aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
-            aws_session_token=aws_session_token, max_inflight=max_inflight or 0)
+            aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
+            pin_memory=int(bool(pin_memory)), device=device_index)
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._finalizer = weakref.finalize(self, self._c.close)

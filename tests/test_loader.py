@@ -257,9 +257,11 @@ def test_errors_skipped_counted_and_warned(ds, tmp_path):
             st = L.stats()
     # 9 samples; 4 good -> the padded epoch of 9 batches wraps to fill with good ones
     assert len(good) == 9
-    # the first pass skips each bad record once; filling the epoch wraps over them again
-    assert st["skipped_by_reason"] == {"bad_record": 2, "missing_file": 2, "corrupt_image": 4,
-                                       "image_count_mismatch": 2}
+    # the first pass skips each bad record once and filling the epoch wraps over them again;
+    # prefetching of the next epoch may have counted more by now
+    want = {"bad_record": 2, "missing_file": 2, "corrupt_image": 4, "image_count_mismatch": 2}
+    got = st["skipped_by_reason"]
+    assert set(got) == set(want) and all(got[k] >= want[k] for k in want), got
     msgs = [str(w.message) for w in rec]
     assert any("bad.jsonl:2" in m and "bad_record" in m for m in msgs), msgs
     assert any("bad.jsonl:3" in m and "missing.jpg" in m and "missing_file" in m for m in msgs)
@@ -392,3 +394,33 @@ def test_datagen_is_deterministic(tmp_path):
             assert f.read() == g.read()
     kinds = {os.path.splitext(p)[1] for p in a["images"]}
     assert kinds == {".jpg", ".png"}
+
+
+def test_pin_memory_and_device_config(ds):
+    with make(ds["shards"], pin_memory=True, seed=6) as L:
+        a = run_epoch(L)
+        assert L.stats()["pinned"] == mmloader._core.cuda_available()
+    with make(ds["shards"], seed=6) as L:
+        same(a, run_epoch(L))
+    if not mmloader._core.cuda_available():
+        with pytest.raises(mmloader.ConfigError, match="CUDA"):
+            make(ds["shards"], device="cuda")
+
+
+@pytest.mark.gpu
+def test_device_batches_match_host(ds):
+    torch = pytest.importorskip("torch")
+    if not mmloader._core.cuda_available() or not torch.cuda.is_available():
+        pytest.skip("needs CUDA (runtime and a GPU visible to torch)")
+    with make(ds["shards"], seed=6) as L:
+        ref = run_epoch(L)
+    got = []
+    with make(ds["shards"], seed=6, device="cuda:0", pin_memory=True) as L:
+        for b in L:
+            assert all(t.device == "cuda:0" for t in b.values())
+            tt = {k: torch.from_dlpack(v) for k, v in b.items()}
+            assert all(x.device.type == "cuda" for x in tt.values())
+            assert tt["input_ids"].data_ptr() == b["input_ids"].data_ptr
+            got.append({k: x.cpu().numpy() for k, x in tt.items()})
+        assert L.stats()["device"] == "cuda:0"
+    same(ref, got)

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mml/device.h"
 #include "mml/index.h"
 #include "mml/sampler.h"
 
@@ -104,6 +105,9 @@ struct mml_loader {
   mml_template *tmpl;
   mml_pipeline pl;
   mml_pool *pool;
+  mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
+  int pinned;
+  mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
   mml_collate_cfg ccfg;
   mml_collator *collator;   /* used by the collation thread; workers only call the const,
                                reentrant mml_collator_check */
@@ -543,6 +547,19 @@ static void set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   pthread_cond_broadcast(&L->out_cv);
 }
 
+/* Builds the batch, then (device >= 0) queues its copy to the GPU and hands out the
+ * device batch instead; the host batch's buffers carry the copy's fence. */
+static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml_err *err) {
+  mml_status st = mml_collator_emit(C, out, err);
+  if (st || !L->stage) return st;
+  mml_batch dev;
+  memset(&dev, 0, sizeof dev);
+  st = mml_device_stage_copy(L->stage, out, &dev, err);
+  mml_batch_clear(out);
+  if (!st) *out = dev;
+  return st;
+}
+
 static void *collator_main(void *arg) {
   mml_loader *L = arg;
   mml_collator *C = L->collator;
@@ -590,7 +607,7 @@ static void *collator_main(void *arg) {
         double t0 = mml_now();
         it.kind = ITEM_BATCH;
         it.epoch = epoch;
-        mml_status st = mml_collator_emit(C, &it.batch, &err);
+        mml_status st = emit_batch(L, C, &it.batch, &err);
         it.batch.after = (mml_cursor){epoch, L->n_rank, bie + 1};
         double dt = mml_now() - t0;
         pthread_mutex_lock(&L->mu);
@@ -655,7 +672,7 @@ static void *collator_main(void *arg) {
     if (!mml_collator_fits(C, &s)) {
       it.kind = ITEM_BATCH;
       it.epoch = epoch;
-      st = mml_collator_emit(C, &it.batch, &err);
+      st = emit_batch(L, C, &it.batch, &err);
       it.batch.after = (mml_cursor){epoch, s.pos, bie + 1};
       have = 1;
     }
@@ -679,7 +696,7 @@ static void *collator_main(void *arg) {
       t0 = mml_now();
       it.kind = ITEM_BATCH;
       it.epoch = epoch;
-      st = mml_collator_emit(C, &it.batch, &err);
+      st = emit_batch(L, C, &it.batch, &err);
       it.batch.after = (mml_cursor){epoch, pos + 1, bie + 1};
       dt = mml_now() - t0;
       pthread_mutex_lock(&L->mu);
@@ -833,7 +850,16 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
       3 * cfg->vision.temporal_patch_size * cfg->vision.patch_size * cfg->vision.patch_size;
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
 
-  if ((st = mml_pool_new(cfg->allocator, 0, &L->pool, err))) goto fail;
+  if (cfg->allocator) {
+    L->alloc = *cfg->allocator;
+  } else if (cfg->pin_memory) {
+    mml_err e2;
+    L->pinned = mml_pinned_allocator(&L->alloc, &e2) == MML_OK; /* else plain host memory */
+  } else {
+    mml_host_allocator(&L->alloc);
+  }
+  if (cfg->device >= 0 && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
+  if ((st = mml_pool_new(&L->alloc, 0, &L->pool, err))) goto fail;
   if ((st = mml_collator_new(&L->ccfg, L->pool, &L->collator, err))) {
     if (st == MML_EINVAL) st = MML_ECONFIG;
     goto fail;
@@ -936,6 +962,7 @@ void mml_loader_free(mml_loader *L) {
   }
   free(L->threads);
   if (L->collator) mml_collator_free(L->collator);
+  mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
   if (L->tmpl) mml_template_free(L->tmpl);
   if (L->roots)
@@ -1040,6 +1067,10 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       }
       *out = it->batch;
       memset(it, 0, sizeof *it);
+      if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
+        mml_err e2;
+        mml_device_guard_pinned(out, 0, 0, &e2);
+      }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;
       L->batches++;
@@ -1112,9 +1143,12 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
     }
     o->reason_count[k] += L->skip_by_status[s];
   }
+  o->pinned = L->pinned;
+  o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */
   pthread_mutex_unlock(&L->mu);
   o->remote = f != NULL;
+  mml_pool_usage(L->pool, &o->pool_cached, &o->pool_live);
   /* outside mu: the fetcher's I/O thread takes mu in completions (lock order) */
   if (f) mml_fetch_get_stats(f, &o->fetch);
 }

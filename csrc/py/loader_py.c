@@ -143,7 +143,8 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_str(d, "aws_access_key_id", &c->fetch.access_key) ||
       get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
       get_str(d, "aws_session_token", &c->fetch.session_token) ||
-      get_int(d, "max_inflight", 0, &c->fetch.max_inflight))
+      get_int(d, "max_inflight", 0, &c->fetch.max_inflight) ||
+      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device))
     return -1;
   c->seed = (uint64_t)seed;
   c->min_error_samples = minerr;
@@ -368,7 +369,12 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "images", PyLong_FromUnsignedLongLong(s.images)) ||
       set_num(d, "real_tokens", PyLong_FromLongLong(s.real_tokens)) ||
       set_num(d, "token_slots", PyLong_FromLongLong(s.token_slots)) ||
-      set_num(d, "packing_efficiency", PyFloat_FromDouble(eff)))
+      set_num(d, "packing_efficiency", PyFloat_FromDouble(eff)) ||
+      set_num(d, "pinned", PyBool_FromLong(s.pinned)) ||
+      set_num(d, "device", s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
+                                         : PyUnicode_FromString("cpu")) ||
+      set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
+      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
