@@ -858,7 +858,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   } else {
     mml_host_allocator(&L->alloc);
   }
-  if (cfg->device >= 0 && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
+  if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
   if ((st = mml_pool_new(&L->alloc, 0, &L->pool, err))) goto fail;
   if ((st = mml_collator_new(&L->ccfg, L->pool, &L->collator, err))) {
     if (st == MML_EINVAL) st = MML_ECONFIG;

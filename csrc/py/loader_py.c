@@ -147,6 +147,8 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device))
     return -1;
   c->seed = (uint64_t)seed;
+  c->to_device = c->device >= 0;
+  if (c->device < 0) c->device = 0;
   c->min_error_samples = minerr;
   c->max_length = maxlen;
   c->collate.seq_length = seqlen;

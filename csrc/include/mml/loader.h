@@ -54,8 +54,9 @@ typedef struct mml_loader_cfg {
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
   int pin_memory;           /* 1: batches in page-locked host memory (falls back to plain
                                host memory without CUDA; stats report which) */
-  int device;               /* >= 0: batches are copied to this CUDA device (own stream);
-                               -1: batches stay in host memory */
+  int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
+                               0: batches stay in host memory */
+  int device;
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
