@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import os
 import sys
 import time
@@ -99,15 +100,21 @@ class PILDataset:
         return out
 
 
+def _cpu(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def _mmloader_images_per_s(ds, threads):
+    """(images per wall second, images per CPU second of the whole process, stats)."""
     with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=4, shuffle=False,
                          num_threads=threads, prefetch=4, max_pixels=MAX_PIXELS) as L:
-        t0 = time.perf_counter()
+        c0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
         for _ in L:
             pass
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, _cpu(resource.RUSAGE_SELF) - c0
         st = L.stats()
-    return st["images"] / dt, st
+    return st["images"] / dt, st["images"] / cpu, st
 
 
 def _dataloader_images_per_s(ds, workers):
@@ -117,23 +124,29 @@ def _dataloader_images_per_s(ds, workers):
     dl = tud.DataLoader(dset, batch_size=4, num_workers=workers, collate_fn=lambda b: b,
                         prefetch_factor=4 if workers else None, persistent_workers=False)
     n = 0
+    c0 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     for batch in dl:
         n += sum(len(x) for x in batch)
-    return n / (time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    del dl  # workers exit and are reaped: their CPU time lands in RUSAGE_CHILDREN
+    cpu = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN) - c0
+    return n / dt, n / cpu
 
 
 def test_images_per_core_vs_dataloader(benchmark, ds):
     def run():
-        mml, st = _mmloader_images_per_s(ds, WORKERS)
-        tdl = _dataloader_images_per_s(ds, WORKERS)
-        return mml, tdl, st
+        mml, mml_cpu, st = _mmloader_images_per_s(ds, WORKERS)
+        tdl, tdl_cpu = _dataloader_images_per_s(ds, WORKERS)
+        return mml, mml_cpu, tdl, tdl_cpu, st
 
-    mml, tdl, st = benchmark.pedantic(run, rounds=1, iterations=1)
+    mml, mml_cpu, tdl, tdl_cpu, st = benchmark.pedantic(run, rounds=1, iterations=1)
     RESULTS["images_per_core"] = (mml / WORKERS, tdl / WORKERS)
     print(f"\n[bench_loader] decoded images/s per core ({WORKERS} worker(s), "
           f"{SAMPLES} samples): mmloader {mml / WORKERS:.1f}, PyTorch DataLoader+PIL "
-          f"{tdl / WORKERS:.1f} -> ratio {mml / tdl:.2f}x; mmloader wait-time ratio "
+          f"{tdl / WORKERS:.1f} -> ratio {mml / tdl:.2f}x; per CPU-second (all threads and "
+          f"processes): mmloader {mml_cpu:.1f}, DataLoader {tdl_cpu:.1f} -> ratio "
+          f"{mml_cpu / tdl_cpu:.2f}x; mmloader wait-time ratio "
           f"{st['wait_time_ratio']:.2f}, busy s: read {st['read_s']:.2f} vision "
           f"{st['vision_s']:.2f} tokenize {st['tokenize_s']:.2f} collate {st['collate_s']:.2f}")
     assert mml > 0 and tdl > 0
