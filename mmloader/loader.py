@@ -114,10 +114,6 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
                           "tokenizer.json); using the small bundled test tokenizer, whose ids "
                           "do not match any real model", UserWarning, stacklevel=3)
             tokenizer = TINY_TOKENIZER_PATH
-    if isinstance(tokenizer, _core.Tokenizer):
-        ident = f"vocab={tokenizer.vocab_size}"
-        path = getattr(tokenizer, "path", None)
-        return tokenizer, (_file_digest(path) if path else ident)
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
@@ -125,19 +121,24 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
         if not os.path.isfile(path):
             raise ConfigError(f"tokenizer file {path!r} does not exist")
         try:
-            tok = Tokenizer.from_file(path)
+            tokenizer = Tokenizer.from_file(path)
         except Exception as e:  # noqa: BLE001 - re-raised as a configuration error
             raise ConfigError(f"cannot load tokenizer {path!r}: {e}") from e
-        return tok, _file_digest(path)
-    raise ConfigError("tokenizer must be a path or an mmloader.Tokenizer, got "
-                      f"{type(tokenizer).__name__}")
+    if not isinstance(tokenizer, _core.Tokenizer):
+        raise ConfigError("tokenizer must be a path or an mmloader.Tokenizer, got "
+                          f"{type(tokenizer).__name__}")
+    return tokenizer, _tokenizer_identity(tokenizer)
 
 
-def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+_PROBE = ("The quick brown fox jumps over 13 lazy dogs; don't stop! \u00c4pfel, \u6f22\u5b57, "
+          "\U0001F600\n\t<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+          "<|im_end|>\n")
+
+
+def _tokenizer_identity(tok: Any) -> str:
+    """Same for the same tokenizer however it was given (path or object)."""
+    h = hashlib.sha256(str(tok.vocab_size).encode())
+    h.update(json.dumps(tok.encode(_PROBE)).encode())
     return h.hexdigest()[:16]
 
 

@@ -164,6 +164,8 @@ def test_state_mismatch_raises(ds, tmp_path):
         with make(data, seed=kw.pop("seed", 1), **kw) as R:
             with pytest.raises(mmloader.StateError, match=field):
                 R.load_state_dict(state)
+    with make(ds["shards"], seed=1, tokenizer=mmloader.Tokenizer.tiny()) as R:
+        R.load_state_dict(state)  # the same tokenizer given as an object
     with make(ds["shards"], seed=1) as R:
         with pytest.raises(mmloader.StateError):
             R.load_state_dict({"version": 99})
