@@ -24,6 +24,7 @@ DataSpec = Union[PathLike, Sequence[PathLike]]
 
 STATE_VERSION = 1
 _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
+_TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
 
 
@@ -182,6 +183,10 @@ class Loader:
         label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
+        text_only_vision: what a batch without images carries: "placeholder" (one zero
+            pixel row and grid [[0, 0, 0]]: a fixed key set), "omit" (no vision keys) or
+            "empty" (zero-row tensors).
+        mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
         cycle: never stop at an epoch end (Megatron-style iterators).
         pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
             plain memory when CUDA is unavailable (stats()["pinned"] tells).
@@ -207,7 +212,9 @@ class Loader:
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
                  label_mode: str = "all_assistant", mrope: bool = False,
-                 attention_mask: bool = True, cycle: bool = False, pin_memory: bool = False,
+                 attention_mask: bool = True, text_only_vision: str = "placeholder",
+                 mm_token_type_ids: bool = False, cycle: bool = False,
+                 pin_memory: bool = False,
                  device: str = "cpu", s3_endpoint: Optional[str] = None,
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
@@ -238,6 +245,9 @@ class Loader:
             raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
         if keys not in ("qwen", "megatron"):
             raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
+        if text_only_vision not in _TEXT_ONLY:
+            raise ConfigError(f"text_only_vision must be one of {tuple(_TEXT_ONLY)}, got "
+                              f"{text_only_vision!r}")
         if label_mode not in _LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
         if packing and pack_length is None and seq_length is None:
@@ -271,7 +281,9 @@ class Loader:
             s3_endpoint=s3_endpoint, s3_region=s3_region,
             aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
-            pin_memory=int(bool(pin_memory)), device=device_index)
+            pin_memory=int(bool(pin_memory)), device=device_index,
+            text_only_vision=_TEXT_ONLY[text_only_vision],
+            mm_token_type_ids=int(bool(mm_token_type_ids)))
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._finalizer = weakref.finalize(self, self._c.close)
@@ -290,7 +302,8 @@ class Loader:
             "pad_to_multiple": pad_to_multiple or 0, "max_length": max_length or 0,
             "keys": keys, "shift_labels": int(bool(shift_labels)), "label_mode": label_mode,
             "mrope": int(bool(mrope)), "attention_mask": int(bool(attention_mask)),
-            "template": tmpl,
+            "template": tmpl, "text_only_vision": text_only_vision,
+            "mm_token_type_ids": int(bool(mm_token_type_ids)),
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
         }

@@ -426,3 +426,19 @@ def test_device_batches_match_host(ds):
             got.append({k: x.cpu().numpy() for k, x in tt.items()})
         assert L.stats()["device"] == "cuda:0"
     same(ref, got)
+
+
+def test_text_only_vision(tmp_path):
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                      {"role": "assistant", "content": "answer"}]})
+             for i in range(4)]
+    path = tmp_path / "text.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with make(str(path), text_only_vision="omit") as L:
+        b = next(L)
+        assert "pixel_values" not in b and "image_grid_thw" not in b
+    with make(str(path)) as L:
+        b = next(L)
+        assert b["image_grid_thw"].numpy().tolist() == [[0, 0, 0]]
+    with pytest.raises(mmloader.ConfigError):
+        make(str(path), text_only_vision="none")

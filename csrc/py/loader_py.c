@@ -137,7 +137,9 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_int(d, "pad_id", -1, &c->collate.pad_id) || get_str(d, "keys", &keys) ||
       get_int(d, "shift_labels", 0, &c->collate.shift_labels) ||
       get_int(d, "attention_mask", 1, &c->collate.attention_mask) ||
-      get_int(d, "mrope", 0, &c->collate.mrope) || get_str(d, "template", &tmpl) ||
+      get_int(d, "mrope", 0, &c->collate.mrope) ||
+      get_int(d, "text_only_vision", 0, &c->collate.text_only_vision) ||
+      get_int(d, "mm_token_type_ids", 0, &c->collate.mm_token_type_ids) || get_str(d, "template", &tmpl) ||
       get_str(d, "label_mode", &labels) || get_str(d, "s3_endpoint", &c->fetch.endpoint) ||
       get_str(d, "s3_region", &c->fetch.region) ||
       get_str(d, "aws_access_key_id", &c->fetch.access_key) ||
