@@ -25,8 +25,15 @@
  *
  *   Locking: one mutex `mu` guards all shared state; condition variables work_cv
  *   (workers), coll_cv (collator) and out_cv (consumer).  Sample work, reads, fetch
- *   submission and collation run outside it.  The buffer pool has its own lock, taken
- *   without holding mu... or with it (mml_batch_clear on seek): order is mu -> pool.
+ *   submission and collation run outside it.  Lock order: mu -> pool (batches are
+ *   released under mu on seek/close) and mu -> fetcher internals are never nested the
+ *   other way round: fetch completions (the fetcher's I/O thread) take mu, so mu is never
+ *   held while calling into a running fetcher (creating it runs no completions).
+ *
+ *   Ownership: the loader owns the tasks, the collator, the pool's creator reference and
+ *   the fetcher; a delivered batch's buffers belong to the consumer (and outlive the
+ *   loader).  Shutdown: stop flag + broadcast, join workers and collator, then free the
+ *   fetcher (its cancelled completions only touch tasks, which are still allocated).
  *
  *   Determinism: a task's result depends only on (epoch, pos) and the config; the
  *   collator sees results in seq order; so batches never depend on timing.
