@@ -59,8 +59,7 @@ typedef enum {
  */
 
 typedef struct mml_collate_cfg {
-  int micro_batch_size;    /* rows per padded batch (ignored when packing: one pack
-                              [1, pack_length] per batch) */
+  int micro_batch_size;    /* rows per padded batch (packing: packs are [1, pack_length]) */
   int64_t seq_length;      /* padded: fixed row length; 0 pads to the longest in the batch */
   int pack;                /* 1: pack samples into [1, pack_length] */
   int64_t pack_length;     /* token budget of one pack (defaults to seq_length) */
