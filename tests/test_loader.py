@@ -442,3 +442,20 @@ def test_text_only_vision(tmp_path):
         assert b["image_grid_thw"].numpy().tolist() == [[0, 0, 0]]
     with pytest.raises(mmloader.ConfigError):
         make(str(path), text_only_vision="none")
+
+
+def test_image_root(ds, tmp_path):
+    import shutil
+    moved = []
+    for s in ds["shards"]:
+        moved.append(str(tmp_path / os.path.basename(s)))
+        shutil.copy(s, moved[-1])
+    with make(ds["shards"], seed=12) as L:
+        ref = run_epoch(L)
+    with make(moved, seed=12, image_root=ds["root"]) as L:
+        same(ref, run_epoch(L))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with make(moved, seed=12) as L:  # images are not beside the shards
+            with pytest.raises(mmloader.Error, match="max_error_rate"):
+                run_epoch(L)
