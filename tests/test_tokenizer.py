@@ -278,6 +278,15 @@ def test_decode_errors_and_options():
         t.decode(["a"])
 
 
+def test_pickle_reloads():
+    import pickle
+    t = mmloader.Tokenizer.tiny()
+    u = pickle.loads(pickle.dumps(t))
+    assert isinstance(u, mmloader.Tokenizer) and u.encode("hello <|im_end|>") == t.encode("hello <|im_end|>")
+    s = mmloader.Tokenizer.from_str(open(TINY_JSON, encoding="utf-8").read())
+    assert pickle.loads(pickle.dumps(s)).vocab_size == t.vocab_size
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         mmloader.Tokenizer.from_file(tmp_path / "missing.json")
@@ -295,6 +304,24 @@ def test_load_errors(tmp_path):
         mmloader.Tokenizer.from_str(json.dumps(d))
     with pytest.raises(TypeError):
         mmloader.Tokenizer()
+
+
+@pytest.mark.slow
+def test_unicode_delta_is_current():
+    """csrc/core/unicode_delta.h still describes this tokenizers + utf8proc pair."""
+    if not tokenizers.__version__.startswith("0.23."):
+        pytest.skip("unicode_delta.h was generated against tokenizers 0.23")
+    import ctypes
+    import ctypes.util
+    lib = ctypes.CDLL(ctypes.util.find_library("utf8proc") or "libutf8proc.so.2")
+    lib.utf8proc_unicode_version.restype = ctypes.c_char_p
+    version = lib.utf8proc_unicode_version().decode()
+    header = open(os.path.join(REPO_ROOT, "csrc", "core", "unicode_delta.h"), encoding="utf-8").read()
+    if f"(Unicode {version})" not in header:
+        pytest.skip(f"unicode_delta.h was generated against another utf8proc (this one: {version})")
+    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "tools", "gen_unicode_tables.py"),
+                        "--check"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_tiny_tokenizer_is_small_and_reproducible():

@@ -1,7 +1,8 @@
 /* test-tokenizer.c — byte-level BPE core: loading (both merge forms), BPE order, added
  * tokens, NFC, invalid UTF-8, decode, errors, and concurrent encoding on one shared
  * tokenizer.  The tokenizer is built here as JSON: the 256 byte symbols (id = byte) plus a
- * few merges.  MML_QWEN_TOKENIZER (a tokenizer.json path) adds checks on the real file. */
+ * few merges.  The real Qwen3 tokenizer.json (MML_QWEN_TOKENIZER, or shared/ beside the
+ * repository) adds checks on the real file when present. */
 #include <pthread.h>
 
 #include "mml/tokenizer.h"
@@ -306,12 +307,37 @@ TEST(shared_tokenizer_many_threads) {
   mml_tokenizer_free(t);
 }
 
+TEST(scratch_moves_between_tokenizers) {
+  mml_tokenizer *a = load_test(0), *b = NULL;
+  size_t len;
+  char *j = make_json(0, "null", &len);
+  char *m = strstr(j, "\"hell o\"");
+  CHECK(a != NULL && m != NULL);
+  memcpy(m, "\"h e\"   ", 8); /* drop the hell+o merge: "hello" -> hell, o */
+  mml_err e = {0};
+  CHECK_OK(mml_tokenizer_load_json(j, len, &b, &e), e);
+  free(j);
+  mml_tok_scratch *sc = NULL;
+  CHECK_EQ_INT(mml_tok_scratch_new(&sc), MML_OK);
+  for (int round = 0; round < 2; round++) {
+    CHECK(ENC(a, sc, "hello", 259));
+    CHECK(ENC(b, sc, "hello", 258, 'o'));
+  }
+  mml_tok_scratch_free(sc);
+  mml_tokenizer_free(a);
+  mml_tokenizer_free(b);
+}
+
 TEST(real_qwen_tokenizer) {
+  /* default: shared/ beside the repository, seen from tests/c (where make runs us) */
   const char *p = getenv("MML_QWEN_TOKENIZER");
-  if (!p || !*p) {
-    fprintf(stderr, "  (skipped: MML_QWEN_TOKENIZER not set)\n");
+  if (!p || !*p) p = "../../../shared/data/qwen3-tokenizer/tokenizer.json";
+  FILE *f = fopen(p, "rb");
+  if (!f) {
+    fprintf(stderr, "  (skipped: no Qwen tokenizer at %s; set MML_QWEN_TOKENIZER)\n", p);
     return;
   }
+  fclose(f);
   mml_tokenizer *t = NULL;
   mml_err e = {0};
   CHECK_OK(mml_tokenizer_load(p, &t, &e), e);
@@ -325,4 +351,5 @@ TEST(real_qwen_tokenizer) {
 MML_TEST_MAIN(RUN(bpe_merges_both_forms); RUN(long_words_use_the_same_order);
               RUN(added_tokens_and_nfc); RUN(invalid_utf8_becomes_replacement_char);
               RUN(decode); RUN(load_errors); RUN(shared_tokenizer_many_threads);
+              RUN(scratch_moves_between_tokenizers);
               RUN(real_qwen_tokenizer))
