@@ -21,6 +21,7 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
 
 - ``mrope=True``: ``position_ids`` are the model's own M-RoPE positions (``[3, B, L]``; a
   2-D ``position_ids`` would make the model drop the image positions).
+- ``mm_token_type_ids=True``: transformers >= 5 needs it to compute M-RoPE for images.
 - ``text_only_vision="omit"``: a batch without images has no ``pixel_values`` /
   ``image_grid_thw`` (a placeholder would go through the vision tower).
 - With ``packing=True``: ``attention_mask=False`` and ``position_ids`` ``[4, 1, L]`` whose
@@ -61,7 +62,8 @@ class Loader:
     """An :class:`mmloader.Loader` whose batches are ``dict[str, torch.Tensor]``.
 
     Arguments are those of :class:`mmloader.Loader` (see its docstring); with ``keys="qwen"``
-    the defaults are ``mrope=True``, ``text_only_vision="omit"`` and, when packing,
+    the defaults are ``mrope=True``, ``mm_token_type_ids=True``, ``text_only_vision="omit"``
+    and, when packing,
     ``attention_mask=False`` (see the module docstring).  ``packing_keys``: keep
     ``cu_seqlens`` / ``cu_seqlens_unpadded`` / ``max_seqlen`` in packed batches (default:
     only with ``keys="megatron"``).  Iterating yields the batches of one epoch; iterate again for
@@ -76,6 +78,8 @@ class Loader:
             kwargs["text_only_vision"] = "omit"
         if qwen:
             kwargs.setdefault("mrope", True)
+            if _accepts("mm_token_type_ids"):
+                kwargs.setdefault("mm_token_type_ids", True)
             kwargs.setdefault("attention_mask", not kwargs.get("packing", False))
         if packing_keys is None:
             packing_keys = not qwen

@@ -44,7 +44,8 @@ def same(a, b):
 
 def test_batches_are_torch_tensors_viewing_the_loader_buffers(ds):
     with make(ds, shuffle=False) as L, make(ds, cls=mmloader.Loader, shuffle=False,
-                                           text_only_vision="omit", mrope=True) as R:
+                                           text_only_vision="omit", mrope=True,
+                                           mm_token_type_ids=True) as R:
         n = 0
         for b in L:
             raw = next(R)

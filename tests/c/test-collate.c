@@ -26,35 +26,6 @@ static void test_free(void *self, void *p) {
 }
 static const mml_allocator k_alloc = {MML_MEM_HOST, 0, test_alloc, test_free, NULL};
 
-/* ---- Temporary stand-ins for the engine's sample.c ----------------------------------------
- * Weak so that the real ones win as soon as they are in the core library.  Remove once
- * sample.c has landed. */
-#define WEAK __attribute__((weak))
-WEAK void mml_sample_reset(mml_sample *s) {
-  s->epoch = s->pos = s->index = s->line = 0;
-  s->shard = 0;
-  s->status = MML_OK;
-  mml_err_clear(&s->err);
-  mml_ids_clear(&s->input_ids);
-  mml_ids_clear(&s->labels);
-  mml_bytes_clear(&s->pixels);
-  s->pixel_rows = 0;
-  s->pixel_cols = 0;
-  mml_ids_clear(&s->grids);
-  s->nimages = 0;
-}
-WEAK void mml_sample_free(mml_sample *s) {
-  mml_ids_free(&s->input_ids);
-  mml_ids_free(&s->labels);
-  mml_bytes_free(&s->pixels);
-  mml_ids_free(&s->grids);
-  memset(s, 0, sizeof *s);
-}
-WEAK void mml_sample_swap(mml_sample *a, mml_sample *b) {
-  mml_sample t = *a;
-  *a = *b;
-  *b = t;
-}
 /* ---- helpers ---------------------------------------------------------------------------- */
 
 enum { IMG = 151655, VSTART = 151652, VEND = 151653, PAD = 151643 };
