@@ -8,8 +8,9 @@
  *     and result).  After load the tokenizer is immutable: any number of threads may
  *     encode/decode with it concurrently without locks.
  *   - Mutable state lives in mml_tok_scratch (one per thread): normalisation buffers, BPE
- *     work arrays and a cache of recently seen words -> ids.  A NULL scratch makes the call
- *     use a temporary one.
+ *     work arrays and a cache of recently seen words -> ids (dropped when the scratch is
+ *     used with another tokenizer).  A NULL scratch makes the call use a temporary one,
+ *     without the cache.
  *   - encode = the `tokenizers` pipeline:
  *       1. invalid UTF-8 is replaced (maximal subparts -> U+FFFD), as a Python caller's
  *          bytes.decode("utf-8", "replace") would;
