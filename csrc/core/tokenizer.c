@@ -31,6 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "mml/pretok.h"
 
@@ -603,6 +606,11 @@ mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer *
   if (!st) st = build_id_tables(t);
   cJSON_Delete(root);
   mml_bytes_free(&tmp);
+#ifdef __GLIBC__
+  /* the JSON tree of a large tokenizer.json is ~60 MB of small blocks, freed just now:
+   * hand it back to the system rather than keep it in the heap */
+  if (len > (1u << 20)) malloc_trim(0);
+#endif
   if (st) {
     if (st == MML_ENOMEM) mml_err_set(err, st, "tokenizer: out of memory");
     mml_tokenizer_free(t);
