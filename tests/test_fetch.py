@@ -243,6 +243,31 @@ def test_secrets_never_shown(fault_server):
         f.get(srv.url("/m"))
 
 
+def test_https_with_a_private_ca(fault_server, tmp_path):
+    """TLS to 127.0.0.1 with a self-signed certificate: trusted through ca_bundle (or
+    AWS_CA_BUNDLE), refused without it, and the refusal is not retried."""
+    import shutil
+    import subprocess
+    if not shutil.which("openssl"):
+        pytest.skip("openssl command not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], capture_output=True, timeout=60)
+    if r.returncode:
+        pytest.skip("openssl could not make a certificate: " + r.stderr.decode()[-200:])
+    objs = {f"/t{i}": blob(5000 + i, i) for i in range(20)}
+    srv = fault_server(objects=objs, tls=(cert, key), fault_rate=0.1, seed=4)
+    urls = [srv.url(p) for p in objs]
+    assert urls[0].startswith("https://")
+    with _core.Fetcher(ca_bundle=cert, max_inflight=4, **FAST) as f:
+        assert f.get_many(urls) == list(objs.values())
+        assert f.get(urls[3], offset=10, length=20) == objs["/t3"][10:30]
+    with pytest.raises(FetchError, match="certificate") as e:
+        _core.fetch_get(urls[0], **FAST)
+    assert "after" not in str(e.value)  # not retried
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         _core.Fetcher(max_inflight=-1)

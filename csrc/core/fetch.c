@@ -138,6 +138,7 @@ struct xfer {
 
 struct mml_fetcher {
   char *ak, *sk, *tok, *region, *endpoint; /* owned copies; endpoint without trailing '/' */
+  char *ca_bundle;
   int max_inflight, max_retries;
   double timeout_s, connect_timeout_s, stall_s, backoff_base_s, backoff_max_s;
   int64_t range_chunk;
@@ -726,6 +727,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
   curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
   if (g_share) curl_easy_setopt(e, CURLOPT_SHARE, g_share);
+  if (f->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, f->ca_bundle);
   if (!j->is_s3) {
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
@@ -1064,7 +1066,9 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   const char *tok = pick(cfg->session_token, "AWS_SESSION_TOKEN", NULL);
   const char *region = pick(cfg->region, "AWS_REGION", "AWS_DEFAULT_REGION");
   const char *ep = pick(cfg->endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  const char *ca = pick(cfg->ca_bundle, "AWS_CA_BUNDLE", NULL);
   int bad = 0;
+  if (ca) bad |= !(f->ca_bundle = dupstr(ca));
   if (ak && sk) {
     bad |= !(f->ak = dupstr(ak)) || !(f->sk = dupstr(sk));
     if (tok) bad |= !(f->tok = dupstr(tok));
@@ -1171,7 +1175,7 @@ void mml_fetcher_free(mml_fetcher *f) {
   for (int i = 0; i < f->npool; i++) curl_easy_cleanup(f->pool[i]);
   if (f->multi) curl_multi_cleanup(f->multi);
   wipe_free(f->ak), wipe_free(f->sk), wipe_free(f->tok);
-  free(f->region), free(f->endpoint);
+  free(f->region), free(f->endpoint), free(f->ca_bundle);
   pthread_mutex_destroy(&f->mu);
   pthread_mutex_destroy(&f->smu);
   free(f);
@@ -1484,6 +1488,10 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       size_t kp = 0, kl;
       const char *k = xml_next(c, len, &kp, "Key", &kl);
       if (!k) continue;
+      if (kl >= 4000) {
+        st = mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", shown);
+        goto done;
+      }
       size_t klen = xml_decode(k, kl, kbuf, 4096);
       if (strlen(kbuf) != klen || strncmp(kbuf, pfx, strlen(pfx))) continue; /* NUL or foreign */
       if (pat && !strncmp(pat, "s3://", 5)) { /* a whole-URL pattern */
@@ -1520,9 +1528,13 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       st = mml_err_set(err, MML_EFETCH, "LIST %s: truncated reply without a continuation token", shown);
       goto done;
     }
-    mml_bytes_clear(&token);
     char tok[2048];
     size_t tn = xml_decode(t, tl, tok, sizeof tok);
+    if (tl >= sizeof tok - 8 || (token.len == tn && !memcmp(token.data, tok, tn))) {
+      st = mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)", shown);
+      goto done;
+    }
+    mml_bytes_clear(&token);
     if (mml_bytes_append(&token, tok, tn)) {
       st = mml_err_set(err, MML_ENOMEM, "out of memory");
       goto done;

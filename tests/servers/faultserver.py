@@ -75,7 +75,8 @@ class FaultServer:
                  retry_after: Optional[float] = 0, bandwidth: Optional[int] = None,
                  script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
                  forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
-                 hook: Optional[Callable[[str, str, str, int], None]] = None):
+                 hook: Optional[Callable[[str, str, str, int], None]] = None,
+                 tls: Optional[tuple] = None):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -87,6 +88,7 @@ class FaultServer:
         self.stall_s = stall_s
         self.port = port
         self.hook = hook  # hook(method, path, range, n) runs after a request is served
+        self.tls = tls  # (certfile, keyfile): serve https
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
@@ -103,6 +105,11 @@ class FaultServer:
         handler = type("Handler", (_Handler,), {"fs": self})
         self._httpd = _Server(("127.0.0.1", self.port), handler)
         self.port = self._httpd.server_address[1]
+        if self.tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -122,7 +129,8 @@ class FaultServer:
         self.stop()
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/{path.lstrip('/')}"
 
     def outcomes(self, path: Optional[str] = None) -> List[str]:
         with self.lock:

@@ -34,6 +34,8 @@ typedef struct mml_fetch_cfg {
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
   int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
   int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
+  const char *ca_bundle;  /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
+                           * the system store); copied */
   int io_threads;         /* I/O threads, each with its own multi handle and connections,
                            * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                            * more only when TLS or copying makes one thread CPU-bound) */
