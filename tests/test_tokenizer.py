@@ -186,6 +186,15 @@ def test_merges_as_strings_load_the_same(corpus):
     assert ours.encode_batch(sample) == [e.ids for e in ref.encode_batch(sample)]
 
 
+def test_ignore_merges(corpus):
+    d = json.load(open(TINY_JSON, encoding="utf-8"))
+    d["model"]["ignore_merges"] = True
+    text = json.dumps(d, ensure_ascii=False)
+    ours, ref = mmloader.Tokenizer.from_str(text), tokenizers.Tokenizer.from_str(text)
+    sample = corpus[:2000]
+    assert ours.encode_batch(sample) == [e.ids for e in ref.encode_batch(sample)]
+
+
 @pytest.mark.parametrize("opts", [
     dict(normalized=True), dict(lstrip=True), dict(rstrip=True), dict(lstrip=True, rstrip=True),
     dict(single_word=True), dict(normalized=True, special=True)])
