@@ -249,6 +249,24 @@ def test_decode_matches_pillow(name, data):
     assert np.count_nonzero(got != want) == 0, name
 
 
+@needs_tf
+def test_decode_random_jpegs_match_pillow():
+    """Our libjpeg-turbo (the system's) against Pillow's bundled one: random sizes, qualities,
+    4:4:4 / 4:2:2 / 4:2:0 / 4:1:1, progressive, optimised Huffman, gray and CMYK."""
+    rng = np.random.default_rng(11)
+    subs = [0, 1, 2, "4:1:1"]
+    for i in range(40):
+        h, w = (int(v) for v in rng.integers(1, 300, 2))
+        im = Image.fromarray(pattern(h, w, i))
+        if i % 7 == 0:
+            im = im.convert("L")
+        if i % 11 == 0:
+            im = Image.fromarray(pattern(h, w, i, 4), "CMYK")
+        data = encode(im, "JPEG", quality=int(rng.integers(5, 101)), subsampling=subs[i % 4],
+                      progressive=i % 3 == 0, optimize=i % 5 == 0)
+        assert np.count_nonzero(mml_rgb(data) != pil_rgb(data)) == 0, (h, w, i)
+
+
 def test_alpha_composite_and_cmyk_formulas_exhaustive():
     """Every (value, alpha) pair over white and every (c, k) pair of CMYK, against Pillow."""
     v = np.repeat(np.arange(256, dtype=np.uint8), 256).reshape(256, 256)
