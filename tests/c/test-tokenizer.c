@@ -328,6 +328,51 @@ TEST(scratch_moves_between_tokenizers) {
   mml_tokenizer_free(b);
 }
 
+/* Random bytes and random code points (sanitizers watch): encode never fails, and for
+ * valid text decode(encode(s)) == NFC(s); for ASCII that is s itself. */
+TEST(random_input_round_trips) {
+  mml_tokenizer *t = load_test(1);
+  CHECK(t != NULL);
+  mml_tok_scratch *sc = NULL;
+  CHECK_EQ_INT(mml_tok_scratch_new(&sc), MML_OK);
+  uint64_t r = 88172645463325252ull;
+  mml_ids ids = {0};
+  mml_bytes out = {0};
+  mml_err e = {0};
+  char buf[600];
+  for (int it = 0; it < 3000; it++) {
+    size_t n = 0, want = (size_t)(it % 7 == 0 ? 590 : it % 40);
+    int ascii = it % 3 == 0;
+    while (n < want) {
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+      if (ascii) {
+        buf[n++] = (char)(r % 96 + 32 - (r % 11 == 0 ? 22 : 0)); /* some \n and \t */
+      } else if (it % 3 == 1) {
+        buf[n++] = (char)(r & 0xFF);
+      } else { /* a random scalar value, UTF-8 encoded */
+        uint32_t c = (uint32_t)(r >> 8) % 0x30000;
+        if (c >= 0xD800 && c < 0xE000) c = 'x';
+        if (n + 4 > want) break;
+        if (c < 0x80) buf[n++] = (char)c;
+        else if (c < 0x800) buf[n++] = (char)(0xC0 | (c >> 6)), buf[n++] = (char)(0x80 | (c & 0x3F));
+        else if (c < 0x10000) buf[n++] = (char)(0xE0 | (c >> 12)), buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)),
+                              buf[n++] = (char)(0x80 | (c & 0x3F));
+        else buf[n++] = (char)(0xF0 | (c >> 18)), buf[n++] = (char)(0x80 | ((c >> 12) & 0x3F)),
+             buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)), buf[n++] = (char)(0x80 | (c & 0x3F));
+      }
+    }
+    mml_ids_clear(&ids);
+    mml_bytes_clear(&out);
+    CHECK_OK(mml_tokenizer_encode(t, it % 2 ? sc : NULL, buf, n, &ids, &e), e);
+    CHECK_OK(mml_tokenizer_decode(t, ids.data, ids.len, &out, &e), e);
+    if (ascii) CHECK(out.len == n && memcmp(out.data, buf, n) == 0);
+  }
+  mml_ids_free(&ids);
+  mml_bytes_free(&out);
+  mml_tok_scratch_free(sc);
+  mml_tokenizer_free(t);
+}
+
 TEST(real_qwen_tokenizer) {
   /* default: shared/ beside the repository, seen from tests/c (where make runs us) */
   const char *p = getenv("MML_QWEN_TOKENIZER");
@@ -351,5 +396,5 @@ TEST(real_qwen_tokenizer) {
 MML_TEST_MAIN(RUN(bpe_merges_both_forms); RUN(long_words_use_the_same_order);
               RUN(added_tokens_and_nfc); RUN(invalid_utf8_becomes_replacement_char);
               RUN(decode); RUN(load_errors); RUN(shared_tokenizer_many_threads);
-              RUN(scratch_moves_between_tokenizers);
+              RUN(scratch_moves_between_tokenizers); RUN(random_input_round_trips);
               RUN(real_qwen_tokenizer))
