@@ -112,9 +112,11 @@ def setup():
     yield corpus, ours, ref, ntok
     if {"mmloader", "tokenizers"} <= set(_figures):
         m = _figures["mmloader"]
+        c = _figures.get("mmloader_cold_cache")
         for peer in ("tokenizers", "tokenizers_batch1", "tiktoken"):
             if peer in _figures:
-                print(f"[bench_tokenizer] mmloader / {peer}: {m / _figures[peer]:.2f}x "
+                cold = f", cold cache {c / _figures[peer]:.2f}x" if c else ""
+                print(f"[bench_tokenizer] mmloader / {peer}: {m / _figures[peer]:.2f}x{cold} "
                       f"({m / 1e6:.2f} vs {_figures[peer] / 1e6:.2f} M tokens/s, one thread)")
 
 
@@ -130,6 +132,19 @@ def test_mmloader_encode(benchmark, setup):
     out = benchmark.pedantic(lambda: [enc(s) for s in corpus], rounds=ROUNDS, iterations=1)
     assert sum(map(len, out)) == ntok
     record(benchmark, "mmloader", ntok)
+
+
+def test_mmloader_encode_cold_cache(benchmark, setup):
+    """Each round on a freshly loaded tokenizer: its word caches start empty."""
+    corpus, _, _, ntok = setup
+
+    def fresh():
+        return (mmloader.Tokenizer.from_file(TOK_PATH).encode,), {}
+
+    out = benchmark.pedantic(lambda enc: [enc(s) for s in corpus], setup=fresh, rounds=ROUNDS,
+                             iterations=1)
+    assert sum(map(len, out)) == ntok
+    record(benchmark, "mmloader_cold_cache", ntok)
 
 
 def test_tokenizers_encode(benchmark, setup):

@@ -137,7 +137,9 @@ def test_pre_tokenizer_pieces_match(corpus):
 def check_classes(cps):
     split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(QWEN_REGEX), behavior="isolated")
     for i in range(0, len(cps), 8192):
-        s = "".join(f"a{chr(c)}a.{chr(c)}.1{chr(c)}1 {chr(c)}'{chr(c)}\n" for c in cps[i:i + 8192])
+        # ... and the case-insensitive contractions: which characters fold to s/t/m/d/re/ve/ll
+        s = "".join(f"a{c}a.{c}.1{c}1 {c}'{c}\n'{c}a.'{c}ea.'{c}la.'l{c}a.'r{c}a."
+                    for c in map(chr, cps[i:i + 8192]))
         assert _core._tok_pre_split(s) == [p for p, _ in split.pre_tokenize_str(s)], hex(cps[i])
 
 
@@ -180,6 +182,15 @@ def test_contractions_and_long_s():
 def test_merges_as_strings_load_the_same(corpus):
     d = json.load(open(TINY_JSON, encoding="utf-8"))
     d["model"]["merges"] = [" ".join(m) for m in d["model"]["merges"]]
+    text = json.dumps(d, ensure_ascii=False)
+    ours, ref = mmloader.Tokenizer.from_str(text), tokenizers.Tokenizer.from_str(text)
+    sample = corpus[:2000]
+    assert ours.encode_batch(sample) == [e.ids for e in ref.encode_batch(sample)]
+
+
+def test_ignore_merges(corpus):
+    d = json.load(open(TINY_JSON, encoding="utf-8"))
+    d["model"]["ignore_merges"] = True
     text = json.dumps(d, ensure_ascii=False)
     ours, ref = mmloader.Tokenizer.from_str(text), tokenizers.Tokenizer.from_str(text)
     sample = corpus[:2000]

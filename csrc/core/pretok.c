@@ -364,7 +364,7 @@ mml_status mml_nfc_append(const uint8_t *s, size_t len, mml_bytes *out) {
 
 static inline int is_crlf(uint8_t b) { return b == '\r' || b == '\n'; }
 
-/* End of the run of \p{L} starting at i. */
+/* End of the run of class `cls` starting at i. */
 static size_t scan_class(const uint8_t *s, size_t len, size_t i, int cls) {
   while (i < len) {
     size_t n;

@@ -8,8 +8,9 @@
  *     and result).  After load the tokenizer is immutable: any number of threads may
  *     encode/decode with it concurrently without locks.
  *   - Mutable state lives in mml_tok_scratch (one per thread): normalisation buffers, BPE
- *     work arrays and a cache of recently seen words -> ids.  A NULL scratch makes the call
- *     use a temporary one.
+ *     work arrays and a cache of recently seen words -> ids (dropped when the scratch is
+ *     used with another tokenizer).  A NULL scratch makes the call use a temporary one,
+ *     without the cache.
  *   - encode = the `tokenizers` pipeline:
  *       1. invalid UTF-8 is replaced (maximal subparts -> U+FFFD), as a Python caller's
  *          bytes.decode("utf-8", "replace") would;
@@ -30,6 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "mml/pretok.h"
 
@@ -602,6 +606,11 @@ mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer *
   if (!st) st = build_id_tables(t);
   cJSON_Delete(root);
   mml_bytes_free(&tmp);
+#ifdef __GLIBC__
+  /* the JSON tree of a large tokenizer.json is ~60 MB of small blocks, freed just now:
+   * hand it back to the system rather than keep it in the heap */
+  if (len > (1u << 20)) malloc_trim(0);
+#endif
   if (st) {
     if (st == MML_ENOMEM) mml_err_set(err, st, "tokenizer: out of memory");
     mml_tokenizer_free(t);
