@@ -21,7 +21,12 @@ typedef struct mml_fetch_cfg {
    * (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
    * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).  The strings are copied. */
   const char *access_key, *secret_key, *session_token, *region, *endpoint;
-  int max_inflight;       /* requests in flight (default 64 when 0) */
+  int max_inflight;       /* requests in flight (default 64 when 0).  Sizing (Little's law):
+                           * in flight = wanted rate x latency, e.g. 2000 images/s at 30 ms
+                           * first-byte latency needs 60; and enough to fill the pipe:
+                           * bandwidth x latency / object size (1 GB/s x 30 ms / 100 kB =
+                           * 300).  Take the larger, then stay under the server's limits
+                           * (S3: about 5,500 GETs/s per prefix, so SlowDown above that). */
   int max_retries;        /* default 8 when 0; negative: no retries */
   double timeout_s;       /* whole-request timeout (default 60 when 0) */
   double connect_timeout_s;
@@ -29,6 +34,11 @@ typedef struct mml_fetch_cfg {
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
   int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
   int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
+  const char *ca_bundle;  /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
+                           * the system store); copied */
+  int io_threads;         /* I/O threads, each with its own multi handle and connections,
+                           * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
+                           * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;
@@ -56,8 +66,15 @@ mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t l
 mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);
 
 /* Lists objects under an s3:// prefix (ListObjectsV2 with pagination) whose keys match
- * the glob `pattern` (NULL: all); returns malloc'd "s3://bucket/key" strings, sorted.
- * Free with mml_fetch_list_free. */
+ * the glob `pattern`; returns malloc'd "s3://bucket/key" strings, sorted.
+ * Free with mml_fetch_list_free.  Globs follow fnmatch(3) with FNM_PATHNAME (`*` stops at
+ * '/').  pattern may be:
+ *   NULL            all keys under the prefix; when the prefix itself holds a wildcard
+ *                   ("s3://b/dir/train-*.jsonl") it is listed up to the wildcard and the
+ *                   whole key must match it;
+ *   "s3://b/..."    matched against the whole URL;
+ *   anything else   matched against the key after the prefix's directory (the part of
+ *                   the key up to its last '/'): prefix "s3://b/dir/", pattern "*.jsonl". */
 mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
                           char ***urls, size_t *n, mml_err *err);
 void mml_fetch_list_free(char **urls, size_t n);
@@ -82,5 +99,16 @@ char *mml_url_redact(const char *url);
 /* Text of the first <tag>...</tag> in an XML document, entity-decoded, into out (cap
  * bytes, NUL-terminated); 1 when found, else 0 with out = "". */
 int mml_xml_text(const char *doc, size_t n, const char *tag, char *out, size_t cap);
+
+/* Where an s3:// URL is fetched from.  No endpoint (NULL/""): AWS, virtual-host style
+ * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style for dotted bucket names); an
+ * endpoint ("http://127.0.0.1:9000"): path style ENDPOINT/BUCKET/KEY.  The key is
+ * percent-encoded once (S3's canonical URI); query, when given, is appended as is. */
+typedef struct mml_s3_addr {
+  char *http_url, *host, *canonical_uri; /* malloc'd */
+} mml_s3_addr;
+mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
+                          const char *endpoint, mml_s3_addr *out, mml_err *err);
+void mml_s3_addr_free(mml_s3_addr *a);
 
 #endif
