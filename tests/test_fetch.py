@@ -176,6 +176,14 @@ def test_stalled_transfer_is_retried(fault_server):
         assert f.stats()["retries"]["timeout"] == 1
 
 
+def test_slow_but_steady_is_not_a_stall(fault_server):
+    data = blob(300_000, 6)
+    srv = fault_server(objects={"/slow": data}, bandwidth=200_000)  # ~1.5 s, bytes every 20 ms
+    with _core.Fetcher(stall_s=2, **FAST) as f:
+        assert f.get(srv.url("/slow")) == data
+        assert f.stats()["retries"]["timeout"] == 0
+
+
 def test_short_body_and_reset_are_retried(fault_server):
     data = blob(70_000, 5)
     srv = fault_server(objects={"/t": data}, script={"/t": ["truncate", "reset", "500"]})
