@@ -26,8 +26,12 @@ What the provider does:
 - ``dp_rank`` / ``dp_size`` default to Megatron's data-parallel group
   (``parallel_state.get_data_parallel_rank/world_size()``; context-parallel ranks share data).
 - ``micro_batch_size`` and ``seq_length`` default to Megatron's ``--micro-batch-size`` and
-  ``--seq-length``; ``keys="megatron"`` and ``shift_labels=True`` by default, and the train
-  loader cycles over epochs (``cycle=True``) because Megatron counts iterations, not epochs.
+  ``--seq-length``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
+  (causal attention needs no mask tensor) by default, and the loaders cycle over epochs
+  (``cycle=True``) because Megatron counts iterations, not epochs.
+- Context parallelism is left to the model: a vision-language model merges the image
+  embeddings into the sequence before sharding it; ``pad_to_multiple=2 * cp_size`` keeps
+  every packed sample divisible as Megatron's THD sharding requires.
 - Resume: with ``--dataloader-save DIR`` Megatron writes ``train_iterator.iterable.save_state()``
   per data-parallel rank next to each checkpoint
   (``DIR/iter_NNNNNNN/mp_rank_00[_000]/train_dataloader_dprankNNN.pt``).  When Megatron

@@ -275,3 +275,28 @@ def test_tp_broadcast_between_two_processes(ds, tmp_path):
         assert x["position_ids"].shape[0] == 3
         for k, v in x.items():
             assert 0 not in v.shape and v.dim() < 5, k
+
+
+def test_the_qwen25vl_example_provider(ds):
+    """examples/megatron/qwen25vl_provider.py: its arguments and loader settings work."""
+    import argparse
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "megatron", "qwen25vl_provider.py")
+    spec = importlib.util.spec_from_file_location("qwen25vl_provider", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    assert ex.train_valid_test_datasets_provider.is_distributed is True
+    parser = ex.add_mmloader_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--mmloader-data", *ds["shards"], "--mmloader-packing",
+                              "--mmloader-pad-to-multiple", "4"])
+    args.seq_length = 512
+    kw = ex.mmloader_kwargs(args)
+    kw.update(tokenizer=TINY, num_threads=2, prefetch=2, **SMALL)
+    train, valid, test = make_provider(**kw, resume=False)([0, 0, 0])
+    with train:
+        b = get_batch(train, device="cpu")
+    assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
+    assert b["packed_seq_params"].cu_seqlens_q_padded is not None
+    assert valid is None and test is None
