@@ -113,7 +113,7 @@ def _save_like_megatron(loader, save_dir, iteration, dp_rank):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_resume_from_the_state_megatron_saved(ds, tmp_path, packing):
-    kw = kwargs(ds, packing=packing, pack_length=256 if packing else None,
+    kw = kwargs(ds, packing=packing, pack_length=512 if packing else None,
                 seq_length=None if packing else 512, micro_batch_size=2)
     provider = make_provider(**kw, dp_rank=1, dp_size=2, resume=False)
     train, _, _ = provider([0, 0, 0])
@@ -247,7 +247,7 @@ def _tp_worker(rank, world, port, ds, out_dir):
                                                  create_gloo_process_groups=False)
         assert parallel_state.get_data_parallel_world_size() == 1
         # the provider builds a loader on tensor-parallel rank 0 only
-        kw = kwargs(ds, packing=True, pack_length=256, seq_length=None, mrope=True,
+        kw = kwargs(ds, packing=True, pack_length=512, seq_length=None, mrope=True,
                     attention_mask=True)
         train, _, _ = make_provider(**kw, resume=False)([0, 0, 0])
         assert (train is None) == (rank == 1)
