@@ -26,8 +26,12 @@ What the provider does:
 - ``dp_rank`` / ``dp_size`` default to Megatron's data-parallel group
   (``parallel_state.get_data_parallel_rank/world_size()``; context-parallel ranks share data).
 - ``micro_batch_size`` and ``seq_length`` default to Megatron's ``--micro-batch-size`` and
-  ``--seq-length``; ``keys="megatron"`` and ``shift_labels=True`` by default, and the train
-  loader cycles over epochs (``cycle=True``) because Megatron counts iterations, not epochs.
+  ``--seq-length``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
+  (causal attention needs no mask tensor) by default, and the loaders cycle over epochs
+  (``cycle=True``) because Megatron counts iterations, not epochs.
+- Context parallelism is left to the model: a vision-language model merges the image
+  embeddings into the sequence before sharding it; ``pad_to_multiple=2 * cp_size`` keeps
+  every packed sample divisible as Megatron's THD sharding requires.
 - Resume: with ``--dataloader-save DIR`` Megatron writes ``train_iterator.iterable.save_state()``
   per data-parallel rank next to each checkpoint
   (``DIR/iter_NNNNNNN/mp_rank_00[_000]/train_dataloader_dprankNNN.pt``).  When Megatron
@@ -255,6 +259,22 @@ def _broadcast_data_cpu(names: List[str], data: Optional[Dict[str, torch.Tensor]
     return out
 
 
+# Host batches whose asynchronous copies to the GPU may still be reading them (the loader
+# reuses a buffer once its last tensor is gone): each is kept with an event until it is done.
+_PENDING: List[Tuple[Any, Dict[str, torch.Tensor]]] = []
+
+
+def _to_device(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if device.type == "cuda" and any(v.device.type == "cpu" for v in batch.values()):
+        ev = torch.cuda.Event()
+        ev.record()
+        _PENDING.append((ev, batch))
+    while _PENDING and _PENDING[0][0].query():
+        _PENDING.pop(0)
+    return out
+
+
 def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
                device: torch.device) -> Dict[str, torch.Tensor]:
     """Rank 0 of ``group`` sends ``batch`` to the others: its key list, then one
@@ -263,6 +283,8 @@ def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
 
     src = dist.get_process_group_ranks(group)[0]
     is_src = batch is not None
+    if is_src:
+        batch = _to_device(batch, device)
     holder = [[(k, str(v.dtype)) for k, v in batch.items()] if is_src else None]
     dist.broadcast_object_list(holder, src=src, group=group)
     spec = holder[0]
@@ -272,8 +294,7 @@ def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
     out: Dict[str, torch.Tensor] = {}
     for dt, names in by_dtype.items():
         wire = torch.uint8 if dt == "torch.bool" else _DTYPES[dt]  # no bool collectives
-        data = {k: batch[k].to(device, wire, non_blocking=True) for k in names} \
-            if is_src else None
+        data = {k: batch[k].to(wire) for k in names} if is_src else None
         if device.type == "cuda":
             from megatron.core import tensor_parallel  # type: ignore
             got = tensor_parallel.broadcast_data(names, data, wire, tp_group=group)
@@ -319,7 +340,7 @@ def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
             batch = next(data_iterator)
         batch = _broadcast(batch, tp_group, torch.device(device))
     else:
-        batch = {k: v.to(device, non_blocking=True) for k, v in next(data_iterator).items()}
+        batch = _to_device(next(data_iterator), torch.device(device))
     out: Dict[str, Any] = dict(batch)
     if drop_placeholder and "image_grid_thw" in out:
         g = out["image_grid_thw"]

@@ -113,7 +113,7 @@ def _save_like_megatron(loader, save_dir, iteration, dp_rank):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_resume_from_the_state_megatron_saved(ds, tmp_path, packing):
-    kw = kwargs(ds, packing=packing, pack_length=256 if packing else None,
+    kw = kwargs(ds, packing=packing, pack_length=512 if packing else None,
                 seq_length=None if packing else 512, micro_batch_size=2)
     provider = make_provider(**kw, dp_rank=1, dp_size=2, resume=False)
     train, _, _ = provider([0, 0, 0])
@@ -247,7 +247,7 @@ def _tp_worker(rank, world, port, ds, out_dir):
                                                  create_gloo_process_groups=False)
         assert parallel_state.get_data_parallel_world_size() == 1
         # the provider builds a loader on tensor-parallel rank 0 only
-        kw = kwargs(ds, packing=True, pack_length=256, seq_length=None, mrope=True,
+        kw = kwargs(ds, packing=True, pack_length=512, seq_length=None, mrope=True,
                     attention_mask=True)
         train, _, _ = make_provider(**kw, resume=False)([0, 0, 0])
         assert (train is None) == (rank == 1)
@@ -275,3 +275,28 @@ def test_tp_broadcast_between_two_processes(ds, tmp_path):
         assert x["position_ids"].shape[0] == 3
         for k, v in x.items():
             assert 0 not in v.shape and v.dim() < 5, k
+
+
+def test_the_qwen25vl_example_provider(ds):
+    """examples/megatron/qwen25vl_provider.py: its arguments and loader settings work."""
+    import argparse
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "megatron", "qwen25vl_provider.py")
+    spec = importlib.util.spec_from_file_location("qwen25vl_provider", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    assert ex.train_valid_test_datasets_provider.is_distributed is True
+    parser = ex.add_mmloader_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--mmloader-data", *ds["shards"], "--mmloader-packing",
+                              "--mmloader-pad-to-multiple", "4"])
+    args.seq_length = 512
+    kw = ex.mmloader_kwargs(args)
+    kw.update(tokenizer=TINY, num_threads=2, prefetch=2, **SMALL)
+    train, valid, test = make_provider(**kw, resume=False)([0, 0, 0])
+    with train:
+        b = get_batch(train, device="cpu")
+    assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
+    assert b["packed_seq_params"].cu_seqlens_q_padded is not None
+    assert valid is None and test is None
