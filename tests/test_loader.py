@@ -459,3 +459,19 @@ def test_image_root(ds, tmp_path):
         with make(moved, seed=12) as L:  # images are not beside the shards
             with pytest.raises(mmloader.Error, match="max_error_rate"):
                 run_epoch(L)
+
+
+def test_max_length_skips_too_long(ds):
+    with make(ds["shards"], shuffle=False, micro_batch_size=1) as L:
+        lengths = sorted(int(b["attention_mask"].sum()) for b in run_epoch(L))
+    limit = lengths[len(lengths) // 2]
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with make(ds["shards"], shuffle=False, micro_batch_size=1, max_length=limit,
+                  max_error_rate=1.0) as L:
+            got = run_epoch(L)
+            st = L.stats()
+    assert len(got) == 40  # the epoch is filled with the samples that fit
+    assert all(int(b["attention_mask"].sum()) <= limit for b in got)
+    assert st["skipped_by_reason"].get("too_long", 0) >= sum(n > limit for n in lengths)
+    assert any("too_long" in str(w.message) for w in rec)
