@@ -92,7 +92,8 @@ def markdown(data: Dict[str, Any]) -> str:
         "### End-to-end results",
         "",
         f"Run {meta['date']} on {meta['cores']} cores ({meta.get('cpu') or 'unknown CPU'}), "
-        f"Python {meta['python']}; `python3 -m pytest benchmarks/bench_e2e.py "
+        f"Python {meta['python']}, load average {meta.get('loadavg_start', [0])[0]:.1f} at the "
+        f"start and {meta.get('loadavg_end', [0])[0]:.1f} at the end; `python3 -m pytest benchmarks/bench_e2e.py "
         f"--benchmark-only -q -s{' --e2e-full' if meta.get('full') else ''}`.",
         f"Dataset: {ds.get('records', '?')} generated records "
         f"({ds.get('turns_per_record', '?')} turns each on average), {ds.get('images', '?')} "
@@ -105,6 +106,14 @@ def markdown(data: Dict[str, Any]) -> str:
         "first-byte latency, no faults.",
         "",
     ]
+    par = _runs(data, "parity")
+    if par and "batches" in par[-1]["result"]:
+        r = par[-1]["result"]
+        same = ("identical input_ids, labels, attention_mask and image_grid_thw"
+                if not r["mismatch"] else "**differences**: " + "; ".join(r["mismatch"][:3]))
+        lines += [f"Same work: on the first {r['samples']} samples the reference pipeline "
+                  f"and mmloader gave {same}; pixel_values differ by at most "
+                  f"{r['pixel_max_abs_diff']:.1e}.", ""]
     for source in ("local", "remote"):
         runs = _runs(data, "throughput", source)
         if not runs:

@@ -198,6 +198,51 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def _numpy(x: Any):
+    import numpy as np
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Checks that the reference (naive) pipeline and mmloader do the same work: the first
+    `batches` batches of both, compared key by key."""
+    import numpy as np
+    import torch  # noqa: F401
+    ref_mod = importlib.import_module("benchmarks.pipelines.naive")
+    mml_mod = importlib.import_module("benchmarks.pipelines.mmloader_pipe")
+    reason = mml_mod.available()
+    if reason:
+        return {"skipped": reason}
+    ref_mod.preload(cfg)
+    mml_cfg = dict(cfg, limit=0)
+    ref, mml = ref_mod.build(cfg), mml_mod.build(mml_cfg)
+    out: Dict[str, Any] = {"batches": 0, "samples": 0, "mismatch": []}
+    worst = 0.0
+    try:
+        for a, b in zip(ref, mml):
+            for key in ("input_ids", "labels", "attention_mask", "image_grid_thw"):
+                x, y = _numpy(a[key]), _numpy(b[key])
+                if x.shape != y.shape or not np.array_equal(x, y.astype(x.dtype)):
+                    out["mismatch"].append(f"batch {out['batches']} {key}: "
+                                           f"{x.shape} vs {y.shape}")
+            x, y = _numpy(a["pixel_values"]), _numpy(b["pixel_values"])
+            if x.shape != y.shape:
+                out["mismatch"].append(f"batch {out['batches']} pixel_values: "
+                                       f"{x.shape} vs {y.shape}")
+            elif x.size:
+                worst = max(worst, float(np.abs(x - y).max()))
+            out["batches"] += 1
+            out["samples"] += int(_numpy(a["input_ids"]).shape[0])
+            if out["batches"] >= int(cfg.get("batches") or 2):
+                break
+    finally:
+        mml.close()
+    out["pixel_max_abs_diff"] = worst
+    return out
+
+
 def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any]:
     """Runs measure(cfg) in a fresh interpreter; returns its figures (or {"error": ...})."""
     import subprocess
@@ -220,7 +265,7 @@ def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any
 
 def main(argv: List[str]) -> int:
     cfg = json.loads(argv[1])
-    out = measure(cfg)
+    out = parity(cfg) if cfg.get("parity") else measure(cfg)
     sys.stdout.flush()
     print("MMLBENCH " + json.dumps(out), flush=True)
     return 0
