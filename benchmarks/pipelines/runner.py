@@ -7,7 +7,10 @@ The consumer loop is a simulated trainer: it takes a batch, then is busy for `st
 Figures (all over one pass of `limit` samples, or `batches` batches when given):
 
   samples_per_s    samples after the first batch / wall time after the first batch (a
-                   single-batch run: its samples / time from iter() on)
+                   single-batch run: its samples / time from iter() on): the steady rate,
+                   flattered for pipelines that finished many batches before the first
+  e2e_samples_per_s  all samples / time from iter() to the last batch: includes the
+                   pipeline's warm-up inside iteration (worker start, first fetches)
   ttfb_s           iter() to the first batch (pipeline start-up included, imports not)
   wait_ratio       time blocked in next() / wall time, after the first batch
   cpu_s_per_sample CPU time (user+system) of this process and all its descendants from
@@ -188,6 +191,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "samples": total, "batches": batches,
         "samples_per_s": rate,
+        "e2e_samples_per_s": total / (t_end - t_iter) if t_end > t_iter else 0.0,
         "ttfb_s": t_first - t0,
         "wait_ratio": waited / wall if wall > 0 else 0.0,
         "cpu_s_per_sample": (cpu1 - cpu0) / total if total else 0.0,
