@@ -3,6 +3,7 @@
 from . import presets as presets
 from .template import encode_chat as encode_chat, render_chat as render_chat
 from .tokenizer import Tokenizer as Tokenizer
+from .vision import ImageProcessor as ImageProcessor, smart_resize as smart_resize
 
 __version__: str
 

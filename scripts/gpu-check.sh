@@ -49,7 +49,9 @@ else note "fallback-tests: FAILED (see fallback.txt)"; status=1; fi
 
 if timeout 900 $PY -m pytest -q -s -p no:cacheprovider benchmarks/bench_cuda.py --benchmark-only \
      --benchmark-json="$OUT/bench.json" > "$OUT/bench.txt" 2>&1; then
-  note "bench: ok"; grep -E "^\[bench_cuda\]" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+  if grep -qE "[0-9]+ passed" "$OUT/bench.txt"; then note "bench: ok"
+  else note "bench: ALL SKIPPED (see bench.txt)"; status=1; fi
+  grep -E "^\[bench_cuda\]" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 else note "bench: FAILED (see bench.txt)"; status=1; fi
 
 exit $status

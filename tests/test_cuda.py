@@ -101,3 +101,269 @@ def test_library_without_runtime_symbols():
     assert out.startswith("False")
     assert "missing symbol cudaGetDeviceCount" in out
 
+
+
+# --- the device path on a fake runtime (no GPU needed) ----------------------------------
+# tests/c/fake_cudart.c is a CUDA runtime that runs on the CPU ("device" memory is host
+# memory, streams are threads).  Pointing MML_CUDART at it runs the real device stage, the
+# DLPack stream handshake and the buffer lifetime rules from Python.
+
+@pytest.fixture(scope="session")
+def fake_cudart(tmp_path_factory):
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake CUDA runtime")
+    out = str(tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so")
+    src = os.path.join(REPO_ROOT, "tests", "c", "fake_cudart.c")
+    subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-O1", "-shared", "-fPIC",
+                    "-fvisibility=hidden", "-o", out, src, "-lpthread"], check=True, timeout=120)
+    return out
+
+
+FAKE_PRELUDE = """
+import ctypes, gc, os
+import numpy as np
+import mmloader
+from mmloader import _core
+fake = ctypes.CDLL(os.environ["MML_CUDART"])
+for f in ("fake_cudart_live_device", "fake_cudart_live_pinned", "fake_cudart_live_events"):
+    getattr(fake, f).restype = ctypes.c_long
+fake.fake_cudart_stream_new.restype = ctypes.c_void_p
+fake.fake_cudart_gate.argtypes = [ctypes.c_void_p, ctypes.c_int]
+fake.fake_cudart_quiesce.argtypes = [ctypes.c_void_p]
+fake.fake_cudart_memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+fake.fake_cudart_sync.argtypes = [ctypes.c_void_p]
+fake.fake_cudart_last_stream.restype = ctypes.c_void_p
+assert _core.cuda_available(), _core.cuda_unavailable_reason()
+
+def host_view(t):
+    # the fake's device memory is host memory: wait on the default stream, then read it
+    t.__dlpack__(stream=None)
+    return np.frombuffer(ctypes.string_at(t.data_ptr, t.nbytes), dtype=t.dtype).reshape(t.shape)
+"""
+
+
+def run_fake(fake_cudart, code):
+    return run_py(FAKE_PRELUDE + textwrap.dedent(code), MML_CUDART=fake_cudart)
+
+
+def test_fake_device_copy_and_dlpack_protocol(fake_cudart):
+    out = run_fake(fake_cudart, """
+        s = _core.DeviceStage(1)
+        arrays = {"pixel_values": np.random.default_rng(0).random((5, 7), dtype=np.float32),
+                  "input_ids": np.arange(-3, 30, dtype=np.int64),
+                  "lengths": np.array([1, 2, 3], dtype=np.int32),
+                  "mask": np.array([True, False, True]),
+                  "raw": np.arange(256, dtype=np.uint8)}
+        d = s.copy(arrays)
+        assert set(d) == set(arrays)
+        for k, a in arrays.items():
+            t = d[k]
+            assert t.device == "cuda:1" and t.__dlpack_device__() == (2, 1), k
+            assert t.shape == a.shape and t.dtype == a.dtype.name, k
+            assert np.array_equal(host_view(t), a), k
+        t = d["pixel_values"]
+        side = fake.fake_cudart_stream_new()
+        for stream in (None, -1, 0, 1, 2, side):
+            cap = t.__dlpack__(stream=stream)
+            assert type(cap).__name__ == "PyCapsule"
+        t.__dlpack__(stream=side, max_version=(1, 0))
+        for bad, exc in (("x", TypeError), (-7, ValueError), (1.5, TypeError)):
+            try:
+                t.__dlpack__(stream=bad)
+            except exc:
+                pass
+            else:
+                raise AssertionError(f"stream={bad!r} accepted")
+        try:
+            t.__dlpack__(dl_device=(1, 0))
+        except BufferError:
+            pass
+        else:
+            raise AssertionError("exported cuda memory as cpu")
+        try:
+            _core.DeviceStage(2)
+        except mmloader.CudaError as e:
+            assert "cuda:2 does not exist" in str(e) or "device 2" in str(e), e
+        else:
+            raise AssertionError("DeviceStage(2) on a 2-device runtime")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_fake_consumer_waits_for_copy_and_holds_buffer(fake_cudart):
+    out = run_fake(fake_cudart, """
+        s = _core.DeviceStage(0)
+        stage_stream = fake.fake_cudart_last_stream()   # created by DeviceStage
+        side = fake.fake_cudart_stream_new()            # the consumer's stream
+        a = np.arange(4096, dtype=np.int64)
+        fake.fake_cudart_gate(stage_stream, 1)          # the copy cannot run yet
+        t = s.copy({"x": a})["x"]
+        t.__dlpack__(stream=side)                       # torch.from_dlpack on `side`
+        seen = np.full(4096, -1, dtype=np.int64)
+        fake.fake_cudart_memcpy(seen.ctypes.data, t.data_ptr, t.nbytes, side)  # a kernel
+        fake.fake_cudart_quiesce(side)
+        assert (seen == -1).all(), "the consumer read before the copy"
+        fake.fake_cudart_gate(stage_stream, 0)
+        fake.fake_cudart_sync(side)
+        assert np.array_equal(seen, a)
+
+        # the consumer queues a read, drops the tensor; the next copy must not reuse it
+        old = t.data_ptr
+        fake.fake_cudart_gate(side, 1)
+        seen[:] = -1
+        fake.fake_cudart_memcpy(seen.ctypes.data, t.data_ptr, t.nbytes, side)
+        del t
+        gc.collect()
+        u = s.copy({"x": a + 1000})["x"]
+        assert u.data_ptr != old, "device buffer reused while the consumer reads it"
+        fake.fake_cudart_gate(side, 0)
+        fake.fake_cudart_sync(side)
+        assert np.array_equal(seen, a)
+        assert np.array_equal(host_view(u), a + 1000)
+
+        # pin_memory: a trainer's .cuda(non_blocking=True) on its stream, then release
+        p = s.pinned({"x": a}, stream=side)["x"]
+        assert p.device == "cpu" and p.__dlpack_device__() == (1, 0)
+        assert np.array_equal(np.from_dlpack(p), a)
+        old = p.data_ptr
+        fake.fake_cudart_gate(side, 1)
+        seen[:] = -1
+        fake.fake_cudart_memcpy(seen.ctypes.data, p.data_ptr, p.nbytes, side)
+        del p
+        gc.collect()
+        q = s.pinned({"x": a * 0})["x"]
+        assert q.data_ptr != old, "pinned buffer reused while the trainer copies it"
+        fake.fake_cudart_gate(side, 0)
+        fake.fake_cudart_sync(side)
+        assert np.array_equal(seen, a)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_fake_many_batches_no_leak(fake_cudart):
+    out = run_fake(fake_cudart, """
+        base = (fake.fake_cudart_live_device(), fake.fake_cudart_live_pinned())
+        s = _core.DeviceStage(0, max_cached_bytes=8 << 20)
+        side = fake.fake_cudart_stream_new()
+        rng = np.random.default_rng(1)
+        for i in range(300):
+            n = int(rng.integers(1000, 50000))
+            d = s.copy({"a": np.full(n, i, dtype=np.int32), "b": np.ones((3, 9), np.float32)})
+            t = d["a"]
+            t.__dlpack__(stream=side if i % 2 else None)
+            if i % 50 == 0:
+                assert (host_view(t) == i).all()
+            del d, t
+        gc.collect()
+        fake.fake_cudart_sync(side)
+        u = s.usage()
+        assert u["device_live"] == 0 and u["pinned_live"] == 0, u
+        assert u["device_cached"] <= 8 << 20 and u["pinned_cached"] <= 8 << 20, u
+        s.close()
+        assert (fake.fake_cudart_live_device(), fake.fake_cudart_live_pinned()) == base
+        assert fake.fake_cudart_live_events() == 0, fake.fake_cudart_live_events()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+# --- on a GPU (scripts/gpu-check.sh) ------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_pinned_memory_is_pinned_and_cpu():
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    s = _core.DeviceStage(0)
+    a = np.arange(1 << 16, dtype=np.float32)
+    p = s.pinned({"x": a})["x"]
+    assert p.__dlpack_device__() == (1, 0)
+    t = torch.from_dlpack(p)
+    assert t.device.type == "cpu" and t.is_pinned()
+    assert torch.equal(t.cuda(non_blocking=True).cpu(), torch.from_numpy(a))
+
+
+@pytest.mark.gpu
+def test_gpu_device_copy_equals_host():
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    s = _core.DeviceStage(0)
+    rng = np.random.default_rng(0)
+    arrays = {"pixel_values": rng.random((37, 1176), dtype=np.float32),
+              "input_ids": rng.integers(0, 150000, 4099).astype(np.int64),
+              "cu_seqlens": np.array([0, 7, 4099], dtype=np.int32),
+              "mask": rng.random(100) > 0.5, "raw": np.arange(255, dtype=np.uint8)}
+    d = s.copy(arrays)
+    for k, a in arrays.items():
+        t = torch.from_dlpack(d[k])
+        assert t.device == torch.device("cuda", 0), k
+        assert torch.equal(t.cpu(), torch.from_numpy(a)), k
+
+
+@pytest.mark.gpu
+def test_gpu_no_race_with_consumer_on_its_own_stream():
+    # The consumer works on a side stream kept busy (so it runs behind the host); each
+    # batch must be read only after its copy, and its buffer reused only after the
+    # consumer's kernels queued before the release are done.
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    s = _core.DeviceStage(0)
+    side = torch.cuda.Stream()
+    n = 8 << 20  # 32 MiB of int32 per batch: copies take long enough to race
+    sums = []
+    with torch.cuda.stream(side):
+        for i in range(40):
+            torch.cuda._sleep(200_000)  # the consumer is busy: its stream runs behind
+            t = torch.from_dlpack(s.copy({"x": np.full(n, i, dtype=np.int32)})["x"])
+            sums.append(t.sum(dtype=torch.int64))
+            del t  # released while the sum is still queued on `side`
+    side.synchronize()
+    assert [int(x) for x in sums] == [i * n for i in range(40)]
+
+
+@pytest.mark.gpu
+def test_gpu_nonblocking_copy_of_pinned_batch_is_safe():
+    # pin_memory: the trainer copies a pinned batch with non_blocking=True and drops it at
+    # once; the next batches must not overwrite it before the copy has read it.
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    s = _core.DeviceStage(0)
+    n = 4 << 20
+    outs = []
+    for i in range(30):
+        torch.cuda._sleep(200_000)  # the default stream runs behind the host
+        p = torch.from_dlpack(s.pinned({"x": np.full(n, i, dtype=np.int32)})["x"])
+        outs.append(p.cuda(non_blocking=True))
+        del p
+    torch.cuda.synchronize()
+    assert [int(o[0]) for o in outs] == list(range(30))
+    assert [int(o[-1]) for o in outs] == list(range(30))
+
+
+@pytest.mark.gpu
+def test_gpu_many_batches_no_leak():
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    s = _core.DeviceStage(0, max_cached_bytes=256 << 20)
+    a = np.ones(1 << 20, dtype=np.float32)
+    for i in range(50):  # warm the pools
+        torch.from_dlpack(s.copy({"x": a})["x"]).sum()
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    for i in range(1000):
+        t = torch.from_dlpack(s.copy({"x": a, "y": a[: 1000 + i]})["x"])
+        t.sum()
+        del t
+    torch.cuda.synchronize()
+    u = s.usage()
+    assert u["device_live"] == 0 and u["pinned_live"] == 0, u
+    assert u["device_cached"] <= 256 << 20, u
+    assert free0 - torch.cuda.mem_get_info()[0] <= 256 << 20

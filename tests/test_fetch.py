@@ -227,6 +227,7 @@ def test_s3_list_paginates_and_globs(moto_s3):
         assert all_pg == sorted(f"s3://{b}/{k}" for k in keys)
         assert f.list(f"s3://{b}/pg-*.jsonl") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(23)]
         assert f.list(f"s3://{b}/pg-", "pg-01?.jsonl") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10, 20)]
+        assert f.list(f"s3://{b}/pg-", f"s3://{b}/pg-00*") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10)]
         assert f.list(f"s3://{b}/nothing-here") == []
         requests = f.stats()["requests"]
     assert requests >= 6 + 5  # 25 keys in pages of 5, then 23 in pages of 5

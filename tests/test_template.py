@@ -24,7 +24,8 @@ QWEN_TOK = os.environ.get("MML_QWEN_TOKENIZER") or next(
     (p for p in (os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer", "tokenizer.json")
                  for up in ((".."), ("..", ".."))) if os.path.exists(p)),
     os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer", "tokenizer.json"))
-TINY_TOK = os.path.join(REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
+TINY_TOK = os.environ.get("MML_TINY_TOKENIZER") or os.path.join(
+    REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
 
 # Qwen2-VL-*-Instruct / Qwen2.5-VL-*-Instruct chat_template (public; the spec we match).
 QWEN2_VL_TEMPLATE = (
@@ -507,3 +508,64 @@ def test_image_parts_outside_user_turns_keep_their_placeholder():
                 in text)
         assert text.endswith("<|im_start|>assistant\n<|vision_start|><|image_pad|><|image_pad|>"
                              "<|vision_end|>ok<|im_end|>\n")
+
+
+# ---- randomized conversations (seeded) against the same references ----
+
+_PIECES = ["Hello", " world", "\n", "\n\n", "  ", "\t", " x", "é", "e\u0301", "你好", "🙂",
+           "<think>", "</think>", "'s", "123", "\r\n", " ", "<tool_call>", "a.b", "!!", "\u00a0",
+           "<image>", "<image>\n", "Ω\u0308", "  \n", "ﬁ"]
+
+
+def _random_record(rng):
+    def text():
+        return "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 8)))
+
+    roles = []
+    if rng.random() < 0.3:
+        roles.append("system")
+    for _ in range(rng.randint(1, 5)):
+        roles += ["user", "assistant"]
+    if rng.random() < 0.2:
+        roles.pop()                      # may end on a user turn
+    if rng.random() < 0.2 and len(roles) > 2:
+        roles.insert(rng.randint(1, len(roles) - 1), "tool")
+    fmt = rng.choice(["llava", "messages", "parts"])
+    msgs = []
+    for r in roles:
+        if fmt == "parts" and r == "user":
+            content = []
+            for _ in range(rng.randint(1, 3)):
+                content.append({"type": "image"} if rng.random() < 0.4
+                               else {"type": "text", "text": text().replace("<image>", "")})
+            msgs.append({"role": r, "content": content})
+        elif fmt == "llava":
+            msgs.append({"from": {"user": "human", "assistant": "gpt"}.get(r, r), "value": text()})
+        else:
+            msgs.append({"role": r, "content": text().replace("<image>", "") if fmt == "parts" else text()})
+    key = "conversations" if fmt == "llava" else "messages"
+    rec = {key: msgs}
+    n = sum(m.get("value", m.get("content")).count("<image>") if isinstance(m.get("value", m.get("content")), str)
+            else sum(p["type"] == "image" for p in m["content"]) for m in msgs)
+    if n:
+        rec["image" if fmt == "llava" else "images"] = [f"{i}.jpg" for i in range(n)]
+    return rec, [rng.randint(1, 6) for _ in range(n)]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_random_conversations_match_reference(style):
+    import random
+    pytest.importorskip("transformers")
+    tok, hf = _tokenizer_pair("qwen")
+    vision_ids = {hf.token_to_id(t) for t in VISION_TOKENS}
+    rng = random.Random(1234 + len(style))
+    for _ in range(150):
+        rec, counts = _random_record(rng)
+        line = json.dumps(rec, ensure_ascii=rng.random() < 0.5)
+        text = reference_text(rec, style, counts)
+        assert _core.render_record(line, style, counts) == text, rec
+        enc = hf.encode(text, add_special_tokens=False)
+        mode = rng.choice(mt.LABEL_MODES)
+        ids, labels = _core.encode_record(line, tok, style, mode, counts)
+        assert ids == enc.ids, rec
+        assert labels == reference_labels(text, enc, mode, vision_ids), (rec, mode)

@@ -1389,7 +1389,11 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       if (!k) continue;
       size_t klen = xml_decode(k, kl, kbuf, 4096);
       if (strlen(kbuf) != klen || strncmp(kbuf, pfx, strlen(pfx))) continue; /* NUL or foreign */
-      if (pat) {
+      if (pat && !strncmp(pat, "s3://", 5)) { /* a whole-URL pattern */
+        char full[4200];
+        snprintf(full, sizeof full, "s3://%.*s/%s", (int)blen, bucket, kbuf);
+        if (fnmatch(pat, full, FNM_PATHNAME) != 0) continue;
+      } else if (pat) {
         const char *rel = klen >= dirlen ? kbuf + dirlen : kbuf;
         if (fnmatch(pat, rel, FNM_PATHNAME) != 0) continue;
       }

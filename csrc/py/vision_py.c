@@ -1,7 +1,396 @@
-/* vision_py.c — placeholder until the vision binding lands (owned by that subsystem). */
+/*
+ * vision_py.c — binding of the vision core (csrc/core/vision.c, image.c):
+ *
+ *   _core.VisionProcessor(cfg: dict)           per-object config + scratch
+ *       .process(items) -> (bytearray, rows, cols, [(t, h, w), ...])
+ *           items: list of (0, bytes-like encoded image) or (1, buffer, height, width)
+ *           for C-contiguous uint8 HxWx3; the float32 output is written straight into
+ *           the returned bytearray (allocated with the GIL, filled without it)
+ *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
+ *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
+ *   _core.image_decode(data, scale_denom=1) -> (bytes, height, width)   (tests)
+ *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
+ *
+ * Threads: planning and processing run with the GIL released.  A VisionProcessor's
+ * scratch is guarded by a lock taken without blocking; a call that finds it busy (the
+ * same object used from two threads) works with a temporary scratch instead.
+ */
 #include "binding.h"
 
-int mml_py_vision_register(PyObject *m) {
-  (void)m;
+#include <string.h>
+
+#include "mml/image.h"
+#include "mml/vision.h"
+
+/* ---------------------------------------------------------------- config from dict */
+
+static int get_item(PyObject *d, const char *key, PyObject **out) {
+  *out = PyDict_GetItemString(d, key); /* borrowed */
+  if (!*out) {
+    PyErr_Format(mml_py_ConfigError, "vision config: missing key %s", key);
+    return -1;
+  }
   return 0;
+}
+
+static int get_i64(PyObject *d, const char *key, int64_t *out) {
+  PyObject *v;
+  if (get_item(d, key, &v)) return -1;
+  if (v == Py_None) {
+    *out = 0;
+    return 0;
+  }
+  long long x = PyLong_AsLongLong(v);
+  if (x == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(mml_py_ConfigError, "vision config: %s must be an integer", key);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int get_int(PyObject *d, const char *key, int *out) {
+  int64_t x;
+  if (get_i64(d, key, &x)) return -1;
+  if (x < INT32_MIN || x > INT32_MAX) {
+    PyErr_Format(mml_py_ConfigError, "vision config: %s out of range", key);
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+static int get_bool(PyObject *d, const char *key, int *out) {
+  PyObject *v;
+  if (get_item(d, key, &v)) return -1;
+  int b = PyObject_IsTrue(v);
+  if (b < 0) return -1;
+  *out = b;
+  return 0;
+}
+
+static int get_vec3(PyObject *d, const char *key, float out[3]) {
+  PyObject *v;
+  if (get_item(d, key, &v)) return -1;
+  PyObject *seq = PySequence_Fast(v, "vision config: image_mean/image_std must be sequences");
+  if (!seq) return -1;
+  if (PySequence_Fast_GET_SIZE(seq) != 3) {
+    Py_DECREF(seq);
+    PyErr_Format(mml_py_ConfigError, "vision config: %s needs 3 values", key);
+    return -1;
+  }
+  for (int i = 0; i < 3; i++) {
+    double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+    if (x == -1.0 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    out[i] = (float)x; /* same rounding as numpy's float64 -> float32 */
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
+int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
+  if (!PyDict_Check(d)) {
+    PyErr_SetString(PyExc_TypeError, "vision config must be a dict (mmloader.presets.vision_config())");
+    return -1;
+  }
+  memset(cfg, 0, sizeof *cfg);
+  if (get_int(d, "patch_size", &cfg->patch_size) || get_int(d, "merge_size", &cfg->merge_size) ||
+      get_int(d, "temporal_patch_size", &cfg->temporal_patch_size) ||
+      get_i64(d, "min_pixels", &cfg->min_pixels) || get_i64(d, "max_pixels", &cfg->max_pixels) ||
+      get_vec3(d, "image_mean", cfg->mean) || get_vec3(d, "image_std", cfg->std) ||
+      get_bool(d, "legacy_resize", &cfg->legacy_resize) || get_bool(d, "fast", &cfg->fast) ||
+      get_i64(d, "max_image_pixels", &cfg->max_image_pixels))
+    return -1;
+  if (PyDict_GetItemString(d, "pillow_h_first") && get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
+    return -1;
+  mml_err err = {0};
+  mml_status st = mml_vision_cfg_check(cfg, &err);
+  if (st != MML_OK) {
+    mml_py_raise(st, &err);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- VisionProcessor */
+
+typedef struct {
+  PyObject_HEAD
+  mml_vision_cfg cfg;
+  mml_vision_scratch *scratch;
+  PyThread_type_lock lock;
+} VisionProcessor;
+
+static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
+  PyObject *d;
+  static char *kwlist[] = {"cfg", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:VisionProcessor", kwlist, &d)) return -1;
+  if (mml_py_vision_cfg_from_dict(d, &self->cfg)) return -1;
+  if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  if (!self->lock && !(self->lock = PyThread_allocate_lock())) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+static void vp_dealloc(VisionProcessor *self) {
+  mml_vision_scratch_free(self->scratch);
+  if (self->lock) PyThread_free_lock(self->lock);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+typedef struct item {
+  int kind; /* 0 encoded, 1 rgb */
+  Py_buffer buf;
+  int have_buf;
+  int h, w;
+  mml_vision_plan plan;
+} item;
+
+static void items_release(item *it, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (it[i].have_buf) PyBuffer_Release(&it[i].buf);
+  PyMem_Free(it);
+}
+
+static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
+  PyObject *seq = PySequence_Fast(arg, "process() takes a list of items");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  item *it = PyMem_Calloc(n ? (size_t)n : 1, sizeof *it);
+  if (!it) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  PyObject *result = NULL, *out = NULL;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *o = PySequence_Fast_GET_ITEM(seq, i), *b;
+    if (!PyArg_ParseTuple(o, "iO|ii:process item", &it[i].kind, &b, &it[i].h, &it[i].w)) goto fail;
+    if (PyObject_GetBuffer(b, &it[i].buf, PyBUF_SIMPLE)) goto fail;
+    it[i].have_buf = 1;
+    if (it[i].kind == 1 &&
+        (it[i].h < 1 || it[i].w < 1 || it[i].buf.len != (Py_ssize_t)it[i].h * it[i].w * 3)) {
+      PyErr_Format(PyExc_ValueError, "image %zd: buffer of %zd bytes is not %dx%dx3", i,
+                   it[i].buf.len, it[i].h, it[i].w);
+      goto fail;
+    }
+  }
+  mml_err err = {0};
+  mml_status st = MML_OK;
+  Py_ssize_t bad = -1;
+  int64_t rows = 0;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
+    if (it[i].kind == 0)
+      st = mml_vision_plan_bytes(&self->cfg, it[i].buf.buf, (size_t)it[i].buf.len, &it[i].plan, &err);
+    else
+      st = mml_vision_plan_size(&self->cfg, it[i].w, it[i].h, &it[i].plan, &err);
+    if (st != MML_OK) bad = i;
+    else rows += it[i].plan.rows;
+  }
+  Py_END_ALLOW_THREADS
+  if (st != MML_OK) {
+    mml_err_prefix(&err, "image %zd", bad);
+    mml_py_raise(st, &err);
+    goto fail;
+  }
+  int cols = 3 * self->cfg.temporal_patch_size * self->cfg.patch_size * self->cfg.patch_size;
+  if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(rows * cols * 4));
+  if (!out) goto fail;
+  float *dst = (float *)(void *)PyByteArray_AS_STRING(out);
+  Py_BEGIN_ALLOW_THREADS
+  mml_vision_scratch *s = self->scratch, *tmp = NULL;
+  int locked = PyThread_acquire_lock(self->lock, NOWAIT_LOCK);
+  if (!locked) {
+    if (mml_vision_scratch_new(&tmp) != MML_OK) st = mml_err_set(&err, MML_ENOMEM, "out of memory");
+    s = tmp;
+  }
+  float *p = dst;
+  for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
+    if (it[i].kind == 0) {
+      st = mml_vision_process_bytes(&self->cfg, s, it[i].buf.buf, (size_t)it[i].buf.len,
+                                    &it[i].plan, p, &err);
+    } else {
+      mml_rgb8 img = {it[i].buf.buf, it[i].w, it[i].h, (size_t)it[i].w * 3};
+      st = mml_vision_process_rgb(&self->cfg, s, &img, &it[i].plan, p, &err);
+    }
+    if (st != MML_OK) bad = i;
+    p += it[i].plan.rows * it[i].plan.cols;
+  }
+  if (locked) PyThread_release_lock(self->lock);
+  mml_vision_scratch_free(tmp);
+  Py_END_ALLOW_THREADS
+  if (st != MML_OK) {
+    mml_err_prefix(&err, "image %zd", bad);
+    mml_py_raise(st, &err);
+    goto fail;
+  }
+  PyObject *grids = PyList_New(n);
+  if (!grids) goto fail;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *g = Py_BuildValue("(iii)", it[i].plan.grid_t, it[i].plan.grid_h, it[i].plan.grid_w);
+    if (!g) {
+      Py_DECREF(grids);
+      goto fail;
+    }
+    PyList_SET_ITEM(grids, i, g);
+  }
+  result = Py_BuildValue("(OLiN)", out, (long long)rows, cols, grids);
+fail:
+  Py_XDECREF(out);
+  items_release(it, n);
+  Py_DECREF(seq);
+  return result;
+}
+
+static PyMethodDef vp_methods[] = {
+    {"process", (PyCFunction)vp_process, METH_O,
+     "process(items) -> (bytearray, rows, cols, grids).  items: (0, encoded) or "
+     "(1, rgb_buffer, height, width)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject VisionProcessorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionProcessor",
+    .tp_basicsize = sizeof(VisionProcessor),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Native Qwen-VL image preprocessing with a reusable scratch.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)vp_init,
+    .tp_dealloc = (destructor)vp_dealloc,
+    .tp_methods = vp_methods,
+};
+
+/* ---------------------------------------------------------------- functions */
+
+static PyObject *py_smart_resize(PyObject *mod, PyObject *args, PyObject *kw) {
+  int h, w, factor = 28, legacy = 0;
+  long long mn = 56 * 56, mx = 28 * 28 * 1280;
+  static char *kwlist[] = {"height", "width", "factor", "min_pixels", "max_pixels", "legacy", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "ii|iLLp:smart_resize", kwlist, &h, &w, &factor, &mn,
+                                   &mx, &legacy))
+    return NULL;
+  mml_err err = {0};
+  int oh, ow;
+  mml_status st = mml_smart_resize(h, w, factor, mn, mx, legacy, &oh, &ow, &err);
+  if (st != MML_OK) {
+    /* the reference raises ValueError; ConfigError/SampleError are not ValueErrors for all */
+    PyErr_SetString(PyExc_ValueError, err.msg);
+    return NULL;
+  }
+  return Py_BuildValue("(ii)", oh, ow);
+}
+
+static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
+  PyObject *d;
+  Py_buffer b;
+  if (!PyArg_ParseTuple(args, "Oy*:vision_plan", &d, &b)) return NULL;
+  mml_vision_cfg cfg;
+  if (mml_py_vision_cfg_from_dict(d, &cfg)) {
+    PyBuffer_Release(&b);
+    return NULL;
+  }
+  mml_vision_plan plan;
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_vision_plan_bytes(&cfg, b.buf, (size_t)b.len, &plan, &err);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&b);
+  if (st != MML_OK) return mml_py_raise(st, &err);
+  return Py_BuildValue("{s:i,s:i,s:i,s:i,s:(iii),s:L,s:i,s:L,s:s,s:i}", "src_w", plan.src_w,
+                       "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
+                       plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
+                       plan.cols, "tokens", (long long)plan.tokens, "format",
+                       plan.format == MML_FMT_JPEG ? "jpeg" : plan.format == MML_FMT_PNG ? "png" : "",
+                       "decode_scale", plan.decode_scale);
+}
+
+static PyObject *py_image_decode(PyObject *mod, PyObject *args) {
+  Py_buffer b;
+  int scale = 1;
+  if (!PyArg_ParseTuple(args, "y*|i:image_decode", &b, &scale)) return NULL;
+  mml_decoder *d = NULL;
+  if (mml_decoder_new(&d) != MML_OK) {
+    PyBuffer_Release(&b);
+    return PyErr_NoMemory();
+  }
+  mml_rgb8 img;
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_image_decode(d, b.buf, (size_t)b.len, scale, &img, &err);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&b);
+  PyObject *r = NULL;
+  if (st != MML_OK)
+    mml_py_raise(st, &err);
+  else
+    r = Py_BuildValue("(y#ii)", (const char *)img.pixels, (Py_ssize_t)img.stride * img.height,
+                      img.height, img.width);
+  mml_decoder_free(d);
+  return r;
+}
+
+static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
+  Py_buffer b;
+  int h, w, dh, dw, h_first = 0;
+  if (!PyArg_ParseTuple(args, "y*iiii|p:resize_bicubic", &b, &h, &w, &dh, &dw, &h_first)) return NULL;
+  if (h < 1 || w < 1 || b.len != (Py_ssize_t)h * w * 3 || dh < 1 || dw < 1) {
+    PyBuffer_Release(&b);
+    PyErr_SetString(PyExc_ValueError, "resize_bicubic: bad sizes");
+    return NULL;
+  }
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)dh * dw * 3);
+  mml_vision_scratch *s = NULL;
+  if (!out || mml_vision_scratch_new(&s) != MML_OK) {
+    PyBuffer_Release(&b);
+    Py_XDECREF(out);
+    return out ? PyErr_NoMemory() : NULL;
+  }
+  mml_rgb8 img = {b.buf, w, h, (size_t)w * 3};
+  uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_resize_bicubic_rgb8_order(s, &img, dw, dh, h_first, dst, &err);
+  Py_END_ALLOW_THREADS
+  mml_vision_scratch_free(s);
+  PyBuffer_Release(&b);
+  if (st != MML_OK) {
+    Py_DECREF(out);
+    return mml_py_raise(st, &err);
+  }
+  return out;
+}
+
+static PyMethodDef vision_functions[] = {
+    {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,
+     "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=False)"},
+    {"vision_plan", py_vision_plan, METH_VARARGS, "vision_plan(cfg, data) -> dict"},
+    {"image_decode", py_image_decode, METH_VARARGS,
+     "image_decode(data, scale_denom=1) -> (rgb bytes, height, width)"},
+    {"resize_bicubic", py_resize_bicubic, METH_VARARGS,
+     "resize_bicubic(rgb, height, width, dst_h, dst_w) -> bytes (Pillow-exact bicubic)"},
+    {NULL, NULL, 0, NULL}};
+
+int mml_py_vision_register(PyObject *m) {
+  if (PyType_Ready(&VisionProcessorType) < 0) return -1;
+  Py_INCREF(&VisionProcessorType);
+  if (PyModule_AddObject(m, "VisionProcessor", (PyObject *)&VisionProcessorType)) {
+    Py_DECREF(&VisionProcessorType);
+    return -1;
+  }
+  return PyModule_AddFunctions(m, vision_functions);
 }

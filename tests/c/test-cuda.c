@@ -5,11 +5,11 @@
  *    library lacking the runtime's symbols, loading fails cleanly with MML_ECUDA and the
  *    allocators fall back (pinned -> ordinary host memory) or refuse (device).
  * 2. Everything above the runtime (allocators, fences, the device stage, device scoping)
- *    against a fake runtime installed with mml_cuda_install_api: "device" memory is host
- *    memory and every stream is a thread running its queue in order, so a missing wait
- *    or a buffer reused too early shows up as wrong bytes (and, under TSan, as a race).
- *    Streams have gates: a closed gate holds the stream's work, which makes "the copy has
- *    not run yet" a state the test controls rather than a timing.
+ *    against the fake runtime of fake_cudart.h installed with mml_cuda_install_api:
+ *    "device" memory is host memory and every stream is a thread running its queue in
+ *    order, so a missing wait or a buffer reused too early shows up as wrong bytes (and,
+ *    under TSan, as a race).  Gated streams make "the copy has not run yet" a state the
+ *    test controls rather than a timing.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,258 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_cudart.h"
 #include "mml/cuda.h"
 #include "mml/device.h"
 #include "mml_test.h"
-
-/* --- the fake runtime ---------------------------------------------------------------- */
-
-enum { FK_NDEV = 2, FK_NOT_READY = 600, FK_INVALID_DEVICE = 101, FK_OOM = 2 };
-
-typedef struct fk_event {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  long recorded, completed;
-} fk_event;
-
-typedef enum { OP_COPY, OP_RECORD, OP_WAIT } fk_kind;
-typedef struct fk_op {
-  fk_kind kind;
-  void *dst;
-  const void *src;
-  size_t n;
-  fk_event *ev;
-  long gen;
-  struct fk_op *next;
-} fk_op;
-
-typedef struct fk_stream {
-  pthread_t th;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  fk_op *head, *tail;
-  int busy, stop, gate_closed, waiting; /* waiting: blocked on an event or the gate */
-} fk_stream;
-
-static atomic_long fk_pinned_live, fk_device_live, fk_streams_live, fk_events_live;
-static atomic_int fk_fail_malloc;
-static _Thread_local int fk_cur_dev;
-
-static int is_legacy(void *s) { return (uintptr_t)s <= 2; }
-
-static void ev_complete(fk_event *e, long gen) {
-  pthread_mutex_lock(&e->mu);
-  if (gen > e->completed) e->completed = gen;
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-}
-
-static void ev_wait(fk_event *e, long gen) {
-  pthread_mutex_lock(&e->mu);
-  while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
-  pthread_mutex_unlock(&e->mu);
-}
-
-static void *fk_worker(void *arg) {
-  fk_stream *s = arg;
-  pthread_mutex_lock(&s->mu);
-  for (;;) {
-    while (!s->stop && (!s->head || s->gate_closed)) {
-      s->waiting = s->head != NULL;
-      pthread_cond_broadcast(&s->cv);
-      pthread_cond_wait(&s->cv, &s->mu);
-    }
-    if (!s->head) break; /* stop requested and nothing left */
-    fk_op *op = s->head;
-    s->head = op->next;
-    if (!s->head) s->tail = NULL;
-    s->busy = 1;
-    if (op->kind == OP_WAIT) {
-      s->waiting = 1;
-      pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    switch (op->kind) {
-      case OP_COPY: memcpy(op->dst, op->src, op->n); break;
-      case OP_RECORD: ev_complete(op->ev, op->gen); break;
-      case OP_WAIT: ev_wait(op->ev, op->gen); break;
-    }
-    free(op);
-    pthread_mutex_lock(&s->mu);
-    s->busy = 0;
-    s->waiting = 0;
-    pthread_cond_broadcast(&s->cv);
-  }
-  pthread_mutex_unlock(&s->mu);
-  return NULL;
-}
-
-static int fk_push(fk_stream *s, fk_op op) {
-  fk_op *o = malloc(sizeof *o);
-  if (!o) return FK_OOM;
-  *o = op;
-  o->next = NULL;
-  pthread_mutex_lock(&s->mu);
-  if (s->tail)
-    s->tail->next = o;
-  else
-    s->head = o;
-  s->tail = o;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  return 0;
-}
-
-static void fk_gate(void *stream, int closed) {
-  fk_stream *s = stream;
-  pthread_mutex_lock(&s->mu);
-  s->gate_closed = closed;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-}
-
-/* Waits until the stream has nothing it can run: empty, gated, or blocked on an event. */
-static void fk_quiesce(void *stream) {
-  fk_stream *s = stream;
-  pthread_mutex_lock(&s->mu);
-  while (!((!s->head && !s->busy) || s->waiting)) pthread_cond_wait(&s->cv, &s->mu);
-  pthread_mutex_unlock(&s->mu);
-}
-
-static int fk_GetDeviceCount(int *n) {
-  *n = FK_NDEV;
-  return 0;
-}
-static int fk_GetDevice(int *d) {
-  *d = fk_cur_dev;
-  return 0;
-}
-static int fk_SetDevice(int d) {
-  if (d < 0 || d >= FK_NDEV) return FK_INVALID_DEVICE;
-  fk_cur_dev = d;
-  return 0;
-}
-static int fk_HostAlloc(void **p, size_t n, unsigned flags) {
-  (void)flags;
-  *p = malloc(n);
-  if (!*p) return FK_OOM;
-  atomic_fetch_add(&fk_pinned_live, 1);
-  return 0;
-}
-static int fk_FreeHost(void *p) {
-  free(p);
-  atomic_fetch_sub(&fk_pinned_live, 1);
-  return 0;
-}
-static int fk_Malloc(void **p, size_t n) {
-  if (atomic_exchange(&fk_fail_malloc, 0)) return FK_OOM;
-  *p = malloc(n);
-  if (!*p) return FK_OOM;
-  memset(*p, 0xCD, n);
-  atomic_fetch_add(&fk_device_live, 1);
-  return 0;
-}
-static int fk_Free(void *p) {
-  free(p);
-  atomic_fetch_sub(&fk_device_live, 1);
-  return 0;
-}
-static int fk_StreamCreateWithFlags(void **out, unsigned flags) {
-  (void)flags;
-  fk_stream *s = calloc(1, sizeof *s);
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
-  pthread_create(&s->th, NULL, fk_worker, s);
-  atomic_fetch_add(&fk_streams_live, 1);
-  *out = s;
-  return 0;
-}
-static int fk_StreamSynchronize(void *stream) {
-  if (is_legacy(stream)) return 0;
-  fk_stream *s = stream;
-  pthread_mutex_lock(&s->mu);
-  while (s->head || s->busy) pthread_cond_wait(&s->cv, &s->mu);
-  pthread_mutex_unlock(&s->mu);
-  return 0;
-}
-static int fk_StreamDestroy(void *stream) {
-  fk_stream *s = stream;
-  pthread_mutex_lock(&s->mu);
-  s->stop = 1;
-  s->gate_closed = 0;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  pthread_join(s->th, NULL);
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->cv);
-  free(s);
-  atomic_fetch_sub(&fk_streams_live, 1);
-  return 0;
-}
-static int fk_MemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
-  (void)kind;
-  if (is_legacy(stream)) {
-    memcpy(dst, src, n);
-    return 0;
-  }
-  return fk_push(stream, (fk_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
-}
-static int fk_EventCreateWithFlags(void **out, unsigned flags) {
-  (void)flags;
-  fk_event *e = calloc(1, sizeof *e);
-  pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
-  atomic_fetch_add(&fk_events_live, 1);
-  *out = e;
-  return 0;
-}
-static int fk_EventRecord(void *event, void *stream) {
-  fk_event *e = event;
-  pthread_mutex_lock(&e->mu);
-  long gen = ++e->recorded;
-  pthread_mutex_unlock(&e->mu);
-  if (is_legacy(stream)) {
-    ev_complete(e, gen);
-    return 0;
-  }
-  return fk_push(stream, (fk_op){.kind = OP_RECORD, .ev = e, .gen = gen});
-}
-static int fk_EventQuery(void *event) {
-  fk_event *e = event;
-  pthread_mutex_lock(&e->mu);
-  int done = e->completed >= e->recorded;
-  pthread_mutex_unlock(&e->mu);
-  return done ? 0 : FK_NOT_READY;
-}
-static int fk_EventSynchronize(void *event) {
-  fk_event *e = event;
-  pthread_mutex_lock(&e->mu);
-  long gen = e->recorded;
-  pthread_mutex_unlock(&e->mu);
-  ev_wait(e, gen);
-  return 0;
-}
-static int fk_EventDestroy(void *event) {
-  fk_event *e = event;
-  pthread_mutex_destroy(&e->mu);
-  pthread_cond_destroy(&e->cv);
-  free(e);
-  atomic_fetch_sub(&fk_events_live, 1);
-  return 0;
-}
-static int fk_StreamWaitEvent(void *stream, void *event, unsigned flags) {
-  (void)flags;
-  fk_event *e = event;
-  pthread_mutex_lock(&e->mu);
-  long gen = e->recorded;
-  pthread_mutex_unlock(&e->mu);
-  if (is_legacy(stream)) {
-    ev_wait(e, gen);
-    return 0;
-  }
-  return fk_push(stream, (fk_op){.kind = OP_WAIT, .ev = e, .gen = gen});
-}
-static const char *fk_GetErrorString(int e) { return e == FK_OOM ? "out of memory (fake)" : "fake error"; }
 
 static const mml_cuda_api k_fake = {
     fk_GetDeviceCount, fk_GetDevice,        fk_SetDevice,       fk_HostAlloc,
@@ -276,13 +28,6 @@ static const mml_cuda_api k_fake = {
     fk_StreamDestroy,  fk_StreamSynchronize, fk_MemcpyAsync,    fk_EventCreateWithFlags,
     fk_EventRecord,    fk_EventQuery,       fk_EventSynchronize, fk_EventDestroy,
     fk_StreamWaitEvent, fk_GetErrorString};
-
-/* A consumer stream (what a trainer's torch.cuda.Stream would be). */
-static void *consumer_stream(void) {
-  void *s = NULL;
-  fk_StreamCreateWithFlags(&s, 1);
-  return s;
-}
 
 /* The stage's own stream, reached through the fake (the stage keeps it opaque). */
 static fk_stream *g_last_stream_created;

@@ -21,7 +21,12 @@ typedef struct mml_fetch_cfg {
    * (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
    * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).  The strings are copied. */
   const char *access_key, *secret_key, *session_token, *region, *endpoint;
-  int max_inflight;       /* requests in flight (default 64 when 0) */
+  int max_inflight;       /* requests in flight (default 64 when 0).  Sizing (Little's law):
+                           * in flight = wanted rate x latency, e.g. 2000 images/s at 30 ms
+                           * first-byte latency needs 60; and enough to fill the pipe:
+                           * bandwidth x latency / object size (1 GB/s x 30 ms / 100 kB =
+                           * 300).  Take the larger, then stay under the server's limits
+                           * (S3: about 5,500 GETs/s per prefix, so SlowDown above that). */
   int max_retries;        /* default 8 when 0; negative: no retries */
   double timeout_s;       /* whole-request timeout (default 60 when 0) */
   double connect_timeout_s;
@@ -56,8 +61,15 @@ mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t l
 mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);
 
 /* Lists objects under an s3:// prefix (ListObjectsV2 with pagination) whose keys match
- * the glob `pattern` (NULL: all); returns malloc'd "s3://bucket/key" strings, sorted.
- * Free with mml_fetch_list_free. */
+ * the glob `pattern`; returns malloc'd "s3://bucket/key" strings, sorted.
+ * Free with mml_fetch_list_free.  Globs follow fnmatch(3) with FNM_PATHNAME (`*` stops at
+ * '/').  pattern may be:
+ *   NULL            all keys under the prefix; when the prefix itself holds a wildcard
+ *                   ("s3://b/dir/train-*.jsonl") it is listed up to the wildcard and the
+ *                   whole key must match it;
+ *   "s3://b/..."    matched against the whole URL;
+ *   anything else   matched against the key after the prefix's directory (the part of
+ *                   the key up to its last '/'): prefix "s3://b/dir/", pattern "*.jsonl". */
 mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
                           char ***urls, size_t *n, mml_err *err);
 void mml_fetch_list_free(char **urls, size_t n);

@@ -21,7 +21,14 @@ typedef struct mml_vision_cfg {
   int legacy_resize;       /* 1: older transformers smart_resize (no max(f,..) clamp) */
   int fast;                /* 1: allow reduced-DCT JPEG decode when target <= source/2 */
   int64_t max_image_pixels;/* decompression-bomb guard on W*H before decode; 0 = none */
+  int pillow_h_first;      /* 1: always resize horizontally first (Pillow <= 12); 0: Pillow
+                            * 13's order (vertical first when the height shrinks by more than
+                            * twice as many pixels as the width) */
 } mml_vision_cfg;
+
+/* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
+ * MML_ECONFIG naming the bad field. */
+mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err);
 
 /* Fills cfg for "qwen2-vl", "qwen2.5-vl" or "qwen3-vl" (checkpoint limits);
  * MML_ECONFIG for an unknown name. */
@@ -41,6 +48,9 @@ typedef struct mml_vision_plan {
   int64_t rows;          /* grid_t*grid_h*grid_w rows of pixel_values */
   int cols;              /* 3*T*P*P */
   int64_t tokens;        /* rows / merge^2 <|image_pad|> tokens */
+  mml_image_format format; /* from the header (MML_FMT_UNKNOWN for mml_vision_plan_size) */
+  int decode_scale;      /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
+                          * in `fast` mode when the target is at most src/scale */
 } mml_vision_plan;
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
@@ -48,6 +58,9 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
 /* Probe + plan from encoded bytes (also enforces max_image_pixels). */
 mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
                                  mml_vision_plan *plan, mml_err *err);
+/* The failures a plan can report: MML_EUNSUPPORTED / MML_EDECODE (header), MML_ETOOBIG
+ * (width*height > max_image_pixels, checked before any decode), MML_EASPECT,
+ * MML_EINVAL (size smart_resize rejects), MML_ECONFIG (bad cfg). */
 
 typedef struct mml_vision_scratch mml_vision_scratch;
 mml_status mml_vision_scratch_new(mml_vision_scratch **out);
@@ -66,5 +79,9 @@ mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch 
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
                                    int dst_h, uint8_t *dst, mml_err *err);
+/* The same with the pass order chosen: h_first_always=1 is Pillow <= 12. */
+mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
+                                         int dst_h, int h_first_always, uint8_t *dst,
+                                         mml_err *err);
 
 #endif

@@ -1,0 +1,66 @@
+"""GPU benchmarks (skipped without a GPU and a CUDA build of PyTorch).
+
+  python3 -m pytest benchmarks/bench_cuda.py --benchmark-only -q -s
+
+1. Host-to-device throughput of the loader's copy path (pinned pool -> device pool on the
+   loader's stream, one event per batch) against a plain loop of
+   `dst.copy_(pinned_src, non_blocking=True)` in PyTorch on a side stream, same sizes, in
+   the same run.  Ratio = loader GB/s / torch GB/s (1.0: the loader costs nothing extra).
+2. Wait-time ratio of a synthetic trainer (a fixed amount of GPU work per step) fed by
+   Loader(device="cuda:0") and by Loader(pin_memory=True) + .cuda(non_blocking=True).
+Lines starting with "[bench_cuda]" are the figures (scripts/gpu-check.sh collects them).
+"""
+import time
+
+import pytest
+
+from mmloader import _core
+
+BATCH_BYTES = 64 << 20  # a large multimodal micro-batch of pixels
+NTENSORS = 4
+ITERS = 20
+
+
+def _torch_cuda():
+    if not _core.cuda_available():
+        pytest.skip(f"no usable CUDA runtime: {_core.cuda_unavailable_reason()}")
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    return torch
+
+
+def test_h2d_throughput(benchmark):
+    torch = _torch_cuda()
+    stage = _core.DeviceStage(0)
+    each = BATCH_BYTES // NTENSORS
+    src = [torch.empty(each, dtype=torch.uint8, pin_memory=True) for _ in range(NTENSORS)]
+    dst = [torch.empty(each, dtype=torch.uint8, device="cuda:0") for _ in range(NTENSORS)]
+    side = torch.cuda.Stream()
+
+    def torch_loop():
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side):
+            for _ in range(ITERS):
+                for s, d in zip(src, dst):
+                    d.copy_(s, non_blocking=True)
+        side.synchronize()
+        return time.perf_counter() - t0
+
+    stage.bench(BATCH_BYTES, NTENSORS, 3)  # warm both pools
+    torch_loop()
+    times = []
+    benchmark.pedantic(lambda: times.append(stage.bench(BATCH_BYTES, NTENSORS, ITERS)), rounds=3,
+                       iterations=1)
+    loader_s = min(times)
+    torch_s = min(torch_loop() for _ in range(3))
+    gb = BATCH_BYTES * ITERS / 1e9
+    ratio = (gb / loader_s) / (gb / torch_s)
+    print(f"\n[bench_cuda] h2d {BATCH_BYTES >> 20} MiB x {ITERS} batches: loader "
+          f"{gb / loader_s:.1f} GB/s, torch non_blocking copy_ {gb / torch_s:.1f} GB/s, "
+          f"ratio {ratio:.2f}")
+    benchmark.extra_info.update(loader_gbps=gb / loader_s, torch_gbps=gb / torch_s, ratio=ratio)
+    stage.close()

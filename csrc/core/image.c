@@ -1,0 +1,453 @@
+/*
+ * image.c — header probe and decode of JPEG (libjpeg API of libjpeg-turbo) and PNG
+ * (libpng) into RGB8 rows, with the pixel semantics of the transformers PIL backend:
+ * Pillow's Image.open + convert_to_rgb(), which is
+ *
+ *   has_alpha = "A" in bands or "transparency" in info
+ *   has_alpha ? alpha_composite(white, im.convert("RGBA")).convert("RGB") : im.convert("RGB")
+ *
+ * so images with an alpha channel or a tRNS chunk are composited onto white with Pillow's
+ * integer formula (AlphaComposite.c, exact for every (value, alpha) pair — the tests check
+ * all 65536).  Per source type, matching what Pillow does (each checked by tests):
+ *   JPEG gray/YCbCr/RGB  libjpeg defaults (islow IDCT, fancy upsampling) — what Pillow uses
+ *   JPEG CMYK/YCCK       Pillow reads them as inverted ("CMYK;I", Adobe convention) and
+ *                        converts with r = 255-k' - (c'*(255-k'))/255 (MULDIV255 rounding)
+ *   PNG gray 1/2/4 bit   scaled to 0..255 (x255, x85, x17)
+ *   PNG gray 16 bit      mode "I;16": RGB = min(v, 255) (clips, does not scale)
+ *   PNG 16-bit RGB(A)/LA high byte of each sample
+ *   PNG tRNS (non-palette) a pixel is transparent when its *converted* 8-bit value equals
+ *                        the tRNS value as written (so 16-bit or sub-8-bit tRNS values
+ *                        mostly never match — Pillow's behaviour)
+ *   PNG palette + tRNS   per-index alpha, then composited
+ * Colour management (gAMA, iCCP, sRGB) and EXIF orientation are ignored, as Pillow does.
+ *
+ * Decoding streams rows to a sink (image_rows.h) so the caller can resize while rows are
+ * hot.  Truncated data is an error (Pillow raises "image file is truncated"); libjpeg's
+ * "corrupt data" warnings are ignored as Pillow ignores them.
+ *
+ * Threads: an mml_decoder belongs to one thread at a time; probe is pure.
+ * Memory: the decoder's buffers grow to the largest image and are reused; libjpeg and
+ * libpng still make their own internal allocations per image.
+ */
+#include "image_rows.h"
+
+#include <png.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jerror.h>
+#include <jpeglib.h>
+
+/* ---------------------------------------------------------------- probe */
+
+static const uint8_t k_png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+
+static uint32_t be32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
+                             mml_err *err) {
+  size_t i = 2;
+  for (;;) {
+    /* markers are 0xFF, any number of 0xFF fill bytes, then the code */
+    while (i < len && p[i] != 0xFF) i++; /* tolerate garbage between segments */
+    while (i < len && p[i] == 0xFF) i++;
+    if (i >= len) return mml_err_set(err, MML_EDECODE, "JPEG: no SOF marker before end of data");
+    uint8_t m = p[i++];
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) continue; /* standalone markers */
+    if (m == 0xD9 || m == 0xDA)
+      return mml_err_set(err, MML_EDECODE, "JPEG: no SOF marker before image data");
+    if (i + 2 > len) return mml_err_set(err, MML_EDECODE, "JPEG: truncated header");
+    size_t seg = (size_t)p[i] << 8 | p[i + 1];
+    if (seg < 2) return mml_err_set(err, MML_EDECODE, "JPEG: bad segment length");
+    int sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+    if (sof) {
+      if (seg < 8 || i + 8 > len) return mml_err_set(err, MML_EDECODE, "JPEG: truncated SOF");
+      int prec = p[i + 2];
+      int h = p[i + 3] << 8 | p[i + 4], w = p[i + 5] << 8 | p[i + 6], nc = p[i + 7];
+      if (w == 0 || h == 0)
+        return mml_err_set(err, MML_EDECODE, "JPEG: zero width or height (%dx%d)", w, h);
+      if (prec != 8)
+        return mml_err_set(err, MML_EUNSUPPORTED, "JPEG: %d-bit samples not supported", prec);
+      if (nc != 1 && nc != 3 && nc != 4)
+        return mml_err_set(err, MML_EUNSUPPORTED, "JPEG: %d components not supported", nc);
+      info->width = w;
+      info->height = h;
+      info->format = MML_FMT_JPEG;
+      return MML_OK;
+    }
+    i += seg;
+  }
+}
+
+mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info,
+                           mml_err *err) {
+  memset(info, 0, sizeof *info);
+  if (!data) return mml_err_set(err, MML_EINVAL, "image probe: no data");
+  if (len >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
+    return probe_jpeg(data, len, info, err);
+  if (len >= 8 && !memcmp(data, k_png_sig, 8)) {
+    if (len < 24 || memcmp(data + 12, "IHDR", 4))
+      return mml_err_set(err, MML_EDECODE, "PNG: missing or truncated IHDR");
+    uint32_t w = be32(data + 16), h = be32(data + 20);
+    if (w == 0 || h == 0 || w > 0x7fffffffu || h > 0x7fffffffu)
+      return mml_err_set(err, MML_EDECODE, "PNG: bad size %ux%u", w, h);
+    info->width = (int)w;
+    info->height = (int)h;
+    info->format = MML_FMT_PNG;
+    return MML_OK;
+  }
+  return mml_err_set(err, MML_EUNSUPPORTED, "not a JPEG or PNG image (%zu bytes)", len);
+}
+
+/* ---------------------------------------------------------------- decoder state */
+
+struct jerr_mgr {
+  struct jpeg_error_mgr pub;
+  jmp_buf jb;
+  char msg[JMSG_LENGTH_MAX];
+};
+
+struct mml_decoder {
+  struct jpeg_decompress_struct jd;
+  struct jerr_mgr je;
+  mml_bytes raw;   /* one row as the library delivers it */
+  mml_bytes row;   /* one RGB8 row */
+  mml_bytes ilace; /* whole image of an interlaced PNG (all passes land here) */
+  mml_bytes image; /* mml_image_decode's output */
+  int img_w, img_h;
+};
+
+static void jerr_exit(j_common_ptr c) {
+  struct jerr_mgr *e = (struct jerr_mgr *)c->err;
+  c->err->format_message(c, e->msg);
+  longjmp(e->jb, 1);
+}
+
+/* Warnings: only "premature end of data" is fatal (Pillow refuses truncated images). */
+static void jerr_emit(j_common_ptr c, int level) {
+  if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) jerr_exit(c);
+}
+
+static void jerr_output(j_common_ptr c) { (void)c; }
+
+mml_status mml_decoder_new(mml_decoder **out) {
+  mml_decoder *d = calloc(1, sizeof *d);
+  if (!d) return MML_ENOMEM;
+  d->jd.err = jpeg_std_error(&d->je.pub);
+  d->je.pub.error_exit = jerr_exit;
+  d->je.pub.emit_message = jerr_emit;
+  d->je.pub.output_message = jerr_output;
+  if (setjmp(d->je.jb)) { /* jpeg_create_decompress only fails on out-of-memory */
+    free(d);
+    return MML_ENOMEM;
+  }
+  jpeg_create_decompress(&d->jd);
+  *out = d;
+  return MML_OK;
+}
+
+void mml_decoder_free(mml_decoder *d) {
+  if (!d) return;
+  jpeg_destroy_decompress(&d->jd);
+  mml_bytes_free(&d->raw);
+  mml_bytes_free(&d->row);
+  mml_bytes_free(&d->ilace);
+  mml_bytes_free(&d->image);
+  free(d);
+}
+
+/* ---------------------------------------------------------------- pixel conversions */
+
+/* Pillow's alpha_composite of (v, a) over opaque white, then the RGB channel. */
+static inline uint8_t over_white(uint32_t v, uint32_t a) {
+  if (a == 0) return 255;
+  uint32_t t = (v * a + 255u * (255u - a)) * 128u + (0x80u << 7);
+  return (uint8_t)(((((t >> 8) + t) >> 8)) >> 7);
+}
+
+/* Pillow's cmyk2rgb on inverted ("CMYK;I") samples s: c = 255 - s. */
+static inline uint8_t cmyk_inv_channel(uint32_t sc, uint32_t sk) {
+  uint32_t c = 255u - sc, nk = sk; /* nk = 255 - k = 255 - (255 - sk) */
+  uint32_t t = c * nk + 128u;
+  int v = (int)nk - (int)((((t >> 8) + t) >> 8));
+  return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+}
+
+/* ---------------------------------------------------------------- JPEG */
+
+static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, int scale,
+                              const mml_row_sink *sink, mml_err *err) {
+  struct jpeg_decompress_struct *ci = &d->jd;
+  mml_status st = MML_OK;
+  if (setjmp(d->je.jb)) {
+    jpeg_abort_decompress(ci);
+    return mml_err_set(err, MML_EDECODE, "JPEG: %s", d->je.msg);
+  }
+  jpeg_mem_src(ci, (unsigned char *)data, (unsigned long)len);
+  jpeg_read_header(ci, TRUE);
+  int nc = ci->num_components;
+  if (nc == 1) {
+    ci->out_color_space = JCS_GRAYSCALE;
+  } else if (nc == 3) {
+    ci->out_color_space = JCS_RGB;
+  } else if (nc == 4) {
+    ci->out_color_space = JCS_CMYK; /* YCCK is turned into CMYK by libjpeg */
+  } else {
+    jpeg_abort_decompress(ci);
+    return mml_err_set(err, MML_EUNSUPPORTED, "JPEG: %d components not supported", nc);
+  }
+  ci->scale_num = 1;
+  ci->scale_denom = (unsigned)scale;
+  ci->dct_method = JDCT_ISLOW;
+  ci->do_fancy_upsampling = TRUE;
+  jpeg_start_decompress(ci);
+  int w = (int)ci->output_width, h = (int)ci->output_height;
+  if ((st = sink->begin(sink->ctx, w, h, err)) != MML_OK) goto done;
+  if (mml_bytes_reserve(&d->raw, (size_t)w * 4) || mml_bytes_reserve(&d->row, (size_t)w * 3)) {
+    st = mml_err_set(err, MML_ENOMEM, "JPEG: out of memory for a %d-pixel row", w);
+    goto done;
+  }
+  while (ci->output_scanline < ci->output_height) {
+    int y = (int)ci->output_scanline;
+    JSAMPROW r = nc == 3 ? d->row.data : d->raw.data;
+    if (jpeg_read_scanlines(ci, &r, 1) != 1) {
+      st = mml_err_set(err, MML_EDECODE, "JPEG: decoder stalled at row %d", y);
+      goto done;
+    }
+    uint8_t *o = d->row.data;
+    const uint8_t *s = d->raw.data;
+    if (nc == 1) {
+      for (int x = 0; x < w; x++) o[3 * x] = o[3 * x + 1] = o[3 * x + 2] = s[x];
+    } else if (nc == 4) {
+      for (int x = 0; x < w; x++, s += 4, o += 3) {
+        o[0] = cmyk_inv_channel(s[0], s[3]);
+        o[1] = cmyk_inv_channel(s[1], s[3]);
+        o[2] = cmyk_inv_channel(s[2], s[3]);
+      }
+    }
+    if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
+  }
+done:
+  jpeg_abort_decompress(ci); /* lenient about what follows the last scanline, like Pillow */
+  return st;
+}
+
+/* ---------------------------------------------------------------- PNG */
+
+struct png_src {
+  const uint8_t *p;
+  size_t len, off;
+  char msg[256];
+};
+
+static void png_read_mem(png_structp png, png_bytep out, size_t n) {
+  struct png_src *s = png_get_io_ptr(png);
+  if (n > s->len - s->off) png_error(png, "truncated data");
+  memcpy(out, s->p + s->off, n);
+  s->off += n;
+}
+
+static void png_on_error(png_structp png, png_const_charp msg) {
+  struct png_src *s = png_get_error_ptr(png);
+  snprintf(s->msg, sizeof s->msg, "%s", msg);
+  png_longjmp(png, 1);
+}
+
+static void png_on_warning(png_structp png, png_const_charp msg) {
+  (void)png;
+  (void)msg;
+}
+
+enum px_kind { PX_G8, PX_G16, PX_GA8, PX_RGB8, PX_RGBA8 };
+
+struct png_conv {
+  enum px_kind kind;
+  int trns;               /* non-palette tRNS present */
+  unsigned tr, tg, tb;    /* tRNS value as written in the file */
+};
+
+static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *o, int w) {
+  switch (c->kind) {
+    case PX_G8:
+      for (int x = 0; x < w; x++, o += 3) {
+        uint8_t v = s[x];
+        if (c->trns && v == c->tr) v = 255;
+        o[0] = o[1] = o[2] = v;
+      }
+      break;
+    case PX_G16:
+      for (int x = 0; x < w; x++, o += 3) {
+        unsigned v16 = (unsigned)s[2 * x] << 8 | s[2 * x + 1];
+        uint8_t v = v16 > 255 ? 255 : (uint8_t)v16;
+        if (c->trns && v == c->tr) v = 255;
+        o[0] = o[1] = o[2] = v;
+      }
+      break;
+    case PX_GA8:
+      for (int x = 0; x < w; x++, o += 3) o[0] = o[1] = o[2] = over_white(s[2 * x], s[2 * x + 1]);
+      break;
+    case PX_RGB8:
+      if (!c->trns) {
+        memcpy(o, s, (size_t)w * 3);
+        break;
+      }
+      for (int x = 0; x < w; x++, s += 3, o += 3) {
+        int t = s[0] == c->tr && s[1] == c->tg && s[2] == c->tb;
+        o[0] = t ? 255 : s[0];
+        o[1] = t ? 255 : s[1];
+        o[2] = t ? 255 : s[2];
+      }
+      break;
+    case PX_RGBA8:
+      for (int x = 0; x < w; x++, s += 4, o += 3) {
+        o[0] = over_white(s[0], s[3]);
+        o[1] = over_white(s[1], s[3]);
+        o[2] = over_white(s[2], s[3]);
+      }
+      break;
+  }
+}
+
+static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
+                             const mml_row_sink *sink, mml_err *err) {
+  struct png_src src = {data, len, 0, "unknown error"};
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
+                                           png_on_warning);
+  if (!png) return mml_err_set(err, MML_ENOMEM, "PNG: out of memory");
+  png_infop info = png_create_info_struct(png);
+  if (!info) {
+    png_destroy_read_struct(&png, NULL, NULL);
+    return mml_err_set(err, MML_ENOMEM, "PNG: out of memory");
+  }
+  volatile mml_status st = MML_OK;
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, &info, NULL);
+    return mml_err_set(err, MML_EDECODE, "PNG: %s", src.msg);
+  }
+  png_set_read_fn(png, &src, png_read_mem);
+  png_read_info(png, info);
+  png_uint_32 w32, h32;
+  int depth, ctype, interlace;
+  png_get_IHDR(png, info, &w32, &h32, &depth, &ctype, &interlace, NULL, NULL);
+  int w = (int)w32, h = (int)h32;
+  struct png_conv conv = {0};
+  /* copy tRNS before any transformation can rescale libpng's copy of it */
+  png_bytep t_alpha = NULL;
+  int n_trans = 0;
+  png_color_16p t_color = NULL;
+  int has_trns = png_get_valid(png, info, PNG_INFO_tRNS) &&
+                 png_get_tRNS(png, info, &t_alpha, &n_trans, &t_color);
+  switch (ctype) {
+    case PNG_COLOR_TYPE_PALETTE:
+      png_set_palette_to_rgb(png);
+      if (has_trns) png_set_tRNS_to_alpha(png);
+      conv.kind = has_trns ? PX_RGBA8 : PX_RGB8;
+      break;
+    case PNG_COLOR_TYPE_GRAY:
+      if (depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+      conv.kind = depth == 16 ? PX_G16 : PX_G8;
+      if (has_trns && t_color) {
+        conv.trns = 1;
+        conv.tr = conv.tg = conv.tb = t_color->gray;
+      }
+      break;
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      conv.kind = PX_GA8;
+      break;
+    case PNG_COLOR_TYPE_RGB:
+      conv.kind = PX_RGB8;
+      if (has_trns && t_color) {
+        conv.trns = 1;
+        conv.tr = t_color->red;
+        conv.tg = t_color->green;
+        conv.tb = t_color->blue;
+      }
+      break;
+    case PNG_COLOR_TYPE_RGB_ALPHA:
+      conv.kind = PX_RGBA8;
+      break;
+    default:
+      png_error(png, "unknown color type");
+  }
+  if (depth == 16 && conv.kind != PX_G16) png_set_strip_16(png);
+  int passes = png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  size_t rowbytes = png_get_rowbytes(png, info);
+  if ((st = sink->begin(sink->ctx, w, h, err)) != MML_OK) goto done;
+  if (mml_bytes_reserve(&d->row, (size_t)w * 3)) {
+    st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
+    goto done;
+  }
+  if (passes > 1) {
+    if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->ilace, (size_t)h * rowbytes)) {
+      st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w, h);
+      goto done;
+    }
+    for (int p = 0; p < passes; p++)
+      for (int y = 0; y < h; y++) png_read_row(png, d->ilace.data + (size_t)y * rowbytes, NULL);
+    for (int y = 0; y < h; y++) {
+      png_row_to_rgb(&conv, d->ilace.data + (size_t)y * rowbytes, d->row.data, w);
+      if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
+    }
+  } else {
+    if (mml_bytes_reserve(&d->raw, rowbytes)) {
+      st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
+      goto done;
+    }
+    for (int y = 0; y < h; y++) {
+      png_read_row(png, d->raw.data, NULL);
+      png_row_to_rgb(&conv, d->raw.data, d->row.data, w);
+      if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
+    }
+  }
+done:
+  png_destroy_read_struct(&png, &info, NULL);
+  return st;
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
+                                 int scale_denom, const mml_row_sink *sink, mml_err *err) {
+  mml_image_info info;
+  mml_status st = mml_image_probe(data, len, &info, err);
+  if (st != MML_OK) return st;
+  if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
+    return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
+  if (info.format == MML_FMT_JPEG) return decode_jpeg(d, data, len, scale_denom, sink, err);
+  return decode_png(d, data, len, sink, err);
+}
+
+static mml_status full_begin(void *ctx, int w, int h, mml_err *err) {
+  mml_decoder *d = ctx;
+  if ((size_t)h > SIZE_MAX / 3 / (size_t)w ||
+      mml_bytes_reserve(&d->image, (size_t)w * (size_t)h * 3))
+    return mml_err_set(err, MML_ENOMEM, "decode: out of memory for a %dx%d image", w, h);
+  d->img_w = w;
+  d->img_h = h;
+  return MML_OK;
+}
+
+static mml_status full_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
+  mml_decoder *d = ctx;
+  (void)err;
+  memcpy(d->image.data + (size_t)y * (size_t)d->img_w * 3, rgb, (size_t)d->img_w * 3);
+  return MML_OK;
+}
+
+mml_status mml_image_decode(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
+                            mml_rgb8 *out, mml_err *err) {
+  memset(out, 0, sizeof *out);
+  mml_row_sink sink = {full_begin, full_row, d};
+  mml_status st = mml_image_decode_rows(d, data, len, scale_denom, &sink, err);
+  if (st != MML_OK) return st;
+  out->pixels = d->image.data;
+  out->width = d->img_w;
+  out->height = d->img_h;
+  out->stride = (size_t)d->img_w * 3;
+  return MML_OK;
+}

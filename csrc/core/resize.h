@@ -1,0 +1,53 @@
+/*
+ * resize.h — private to csrc/core: the two passes of Pillow's bicubic resample
+ * (Resample.c semantics, 8 bits per channel) as building blocks, so vision.c can run the
+ * horizontal pass on rows as they come out of the decoder and fuse the vertical pass with
+ * normalisation and patchify.  An axis holds the fixed-point coefficients for one
+ * (in, out) pair; it is part of per-thread scratch and recomputed only when the pair
+ * changes.
+ */
+#ifndef MML_RESIZE_H
+#define MML_RESIZE_H
+
+#include "mml/common.h"
+
+typedef struct mml_resample_axis {
+  int in, out;        /* sizes the coefficients below are for (0: none yet) */
+  int ksize;          /* coefficients stored per output pixel */
+  int32_t *k;         /* out * ksize fixed-point weights (22 fractional bits) */
+  int *bounds;        /* out pairs: first input index, number of inputs */
+  double *pre;        /* out * ksize double weights before fixed-point conversion */
+  size_t cap_k, cap_b;
+} mml_resample_axis;
+
+/* Computes (or keeps) the coefficients for resampling `in` samples to `out`. */
+mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err);
+void mml_resample_axis_free(mml_resample_axis *a);
+
+/* Horizontal pass over one RGB8 row: src has a->in pixels, dst gets a->out pixels. */
+void mml_resample_row_h(const mml_resample_axis *a, const uint8_t *restrict src,
+                        uint8_t *restrict dst);
+
+/* Vertical pass for output row y: rows[j] is input row bounds[2y] + j (the caller keeps
+ * only the rows still needed, e.g. in a ring); n bytes per row (width*3).  acc is caller
+ * scratch of n int32. */
+void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, int n,
+                        int32_t *restrict acc, uint8_t *restrict dst);
+
+/* Input rows [first, last) that output row y reads. */
+static inline void mml_resample_axis_rows(const mml_resample_axis *a, int y, int *first,
+                                          int *last) {
+  *first = a->bounds[2 * y];
+  *last = a->bounds[2 * y] + a->bounds[2 * y + 1];
+}
+
+/* Largest number of inputs any output reads. */
+static inline int mml_resample_axis_taps(const mml_resample_axis *a) { return a->ksize; }
+
+/* Pillow >= 13 runs the vertical pass first when the height shrinks by more than twice
+ * as many pixels as the width does (older Pillow: always horizontal first). */
+static inline int mml_resample_vertical_first(int src_w, int src_h, int dst_w, int dst_h) {
+  return (src_h - dst_h) > 0 && (src_h - dst_h) > (src_w - dst_w) * 2;
+}
+
+#endif

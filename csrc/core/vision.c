@@ -1,0 +1,458 @@
+/*
+ * vision.c — Qwen-VL image preprocessing, matching transformers' Qwen2VLImageProcessor
+ * with the PIL backend value for value:
+ *
+ *   plan      header only: size -> smart_resize -> grid (t, h, w), rows, tokens; the
+ *             decompression-bomb limit is enforced here, before any pixel is decoded
+ *   process   decode rows -> horizontal bicubic pass per row as it arrives (uint8)
+ *             -> vertical pass one output row at a time -> normalise + patchify that row
+ *             straight into pixel_values
+ *
+ * Normalisation is a per-channel table of 256 floats built with the reference's exact
+ * arithmetic: float32(double(v) * (1/255)), then (x - float32(mean)) / float32(std) in
+ * float32.  Looking the value up therefore gives bit-identical results and no float image
+ * is ever materialised.  The largest intermediate is the horizontally resized uint8 image
+ * (rows the vertical pass needs only).  Scratch (decoder, coefficients, row buffers) is
+ * per thread and grows to the largest image seen; steady state allocates nothing of ours.
+ *
+ * Layout (SPEC-QWEN.md): a single image is T identical frames, grid_t = 1;
+ *   row = ((bh*(gw/M) + bw)*M + mh)*M + mw,  col = ((c*T + t)*P + py)*P + px.
+ *
+ * Threads: mml_vision_cfg is read-only and may be shared; a scratch is used by one thread
+ * at a time.
+ */
+#include "mml/vision.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image_rows.h"
+#include "resize.h"
+
+struct mml_vision_scratch {
+  mml_decoder *dec;
+  mml_resample_axis ax, ay;
+  mml_bytes ring; /* rows the vertical pass still needs (see resize_job) */
+  mml_bytes vrow; /* vertical pass output */
+  mml_bytes hrow; /* horizontal pass output */
+  int32_t *acc;   /* vertical pass accumulators */
+  size_t acc_cap;
+  const uint8_t **rp; /* row pointers for one vertical output */
+  size_t rp_cap;
+};
+
+/* ---------------------------------------------------------------- config */
+
+mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->merge_size = 2;
+  cfg->temporal_patch_size = 2;
+  cfg->max_image_pixels = 178956970; /* Pillow's decompression-bomb error threshold */
+  if (name && (!strcmp(name, "qwen2-vl") || !strcmp(name, "qwen2.5-vl"))) {
+    static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+    static const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    cfg->patch_size = 14;
+    cfg->min_pixels = 3136;
+    cfg->max_pixels = 12845056;
+    memcpy(cfg->mean, mean, sizeof mean);
+    memcpy(cfg->std, std, sizeof std);
+    return MML_OK;
+  }
+  if (name && !strcmp(name, "qwen3-vl")) {
+    cfg->patch_size = 16;
+    cfg->min_pixels = 65536;
+    cfg->max_pixels = 16777216;
+    for (int c = 0; c < 3; c++) cfg->mean[c] = cfg->std[c] = 0.5f;
+    return MML_OK;
+  }
+  return mml_err_set(err, MML_ECONFIG,
+                     "unknown vision preset \"%s\" (qwen2-vl, qwen2.5-vl or qwen3-vl)",
+                     name ? name : "(null)");
+}
+
+mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
+  if (cfg->patch_size < 1 || cfg->patch_size > 1024)
+    return mml_err_set(err, MML_ECONFIG, "patch_size must be in [1, 1024], got %d", cfg->patch_size);
+  if (cfg->merge_size < 1 || cfg->merge_size > 64)
+    return mml_err_set(err, MML_ECONFIG, "merge_size must be in [1, 64], got %d", cfg->merge_size);
+  if (cfg->temporal_patch_size < 1 || cfg->temporal_patch_size > 64)
+    return mml_err_set(err, MML_ECONFIG, "temporal_patch_size must be in [1, 64], got %d",
+                       cfg->temporal_patch_size);
+  if (cfg->min_pixels < 1 || cfg->max_pixels < cfg->min_pixels)
+    return mml_err_set(err, MML_ECONFIG,
+                       "need 0 < min_pixels <= max_pixels, got %lld and %lld",
+                       (long long)cfg->min_pixels, (long long)cfg->max_pixels);
+  if (cfg->max_pixels > ((int64_t)1 << 50))
+    return mml_err_set(err, MML_ECONFIG, "max_pixels %lld is too large", (long long)cfg->max_pixels);
+  if (cfg->max_image_pixels < 0)
+    return mml_err_set(err, MML_ECONFIG, "max_image_pixels must be >= 0 (0: no limit)");
+  for (int c = 0; c < 3; c++) {
+    if (!(cfg->std[c] != 0.0f) || !isfinite(cfg->std[c]) || !isfinite(cfg->mean[c]))
+      return mml_err_set(err, MML_ECONFIG, "image_std/image_mean must be finite and std != 0");
+  }
+  return MML_OK;
+}
+
+/* ---------------------------------------------------------------- smart_resize */
+
+mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
+                            int64_t max_pixels, int legacy, int *out_h, int *out_w,
+                            mml_err *err) {
+  if (height < 1 || width < 1 || factor < 1)
+    return mml_err_set(err, MML_EINVAL, "smart_resize: bad size %dx%d or factor %d", width,
+                       height, factor);
+  if (legacy && (height < factor || width < factor))
+    return mml_err_set(err, MML_EINVAL,
+                       "height:%d or width:%d must be larger than factor:%d (legacy smart_resize)",
+                       height, width, factor);
+  int mx = height > width ? height : width, mn = height > width ? width : height;
+  if ((double)mx / (double)mn > 200)
+    return mml_err_set(err, MML_EASPECT,
+                       "absolute aspect ratio must be smaller than 200, got %g (%dx%d)",
+                       (double)mx / (double)mn, width, height);
+  const double f = factor, H = height, W = width, HW = (double)((int64_t)height * width);
+  double h_bar = nearbyint(H / f) * f; /* Python round(): half to even */
+  double w_bar = nearbyint(W / f) * f;
+  if (h_bar * w_bar > (double)max_pixels) {
+    double beta = sqrt(HW / (double)max_pixels);
+    h_bar = floor(H / beta / f) * f;
+    w_bar = floor(W / beta / f) * f;
+    if (!legacy) {
+      if (h_bar < f) h_bar = f;
+      if (w_bar < f) w_bar = f;
+    }
+  } else if (h_bar * w_bar < (double)min_pixels) {
+    double beta = sqrt((double)min_pixels / HW);
+    h_bar = ceil(H * beta / f) * f;
+    w_bar = ceil(W * beta / f) * f;
+  }
+  if (!(h_bar >= 1 && w_bar >= 1))
+    return mml_err_set(err, MML_EINVAL, "smart_resize: %dx%d resizes to an empty image", width,
+                       height);
+  if (h_bar > 1 << 30 || w_bar > 1 << 30)
+    return mml_err_set(err, MML_EINVAL, "smart_resize: %dx%d resizes to an oversized image",
+                       width, height);
+  *out_h = (int)h_bar;
+  *out_w = (int)w_bar;
+  return MML_OK;
+}
+
+/* ---------------------------------------------------------------- planning */
+
+mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
+                                mml_vision_plan *plan, mml_err *err) {
+  memset(plan, 0, sizeof *plan);
+  mml_status st = mml_vision_cfg_check(cfg, err);
+  if (st != MML_OK) return st;
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  int h, w;
+  st = mml_smart_resize(height, width, P * M, cfg->min_pixels, cfg->max_pixels,
+                        cfg->legacy_resize, &h, &w, err);
+  if (st != MML_OK) return st;
+  plan->src_w = width;
+  plan->src_h = height;
+  plan->dst_w = w;
+  plan->dst_h = h;
+  plan->grid_t = 1;
+  plan->grid_h = h / P;
+  plan->grid_w = w / P;
+  plan->rows = (int64_t)plan->grid_h * plan->grid_w;
+  plan->cols = 3 * T * P * P;
+  plan->tokens = plan->rows / ((int64_t)M * M);
+  plan->decode_scale = 1;
+  return MML_OK;
+}
+
+mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                 mml_vision_plan *plan, mml_err *err) {
+  mml_image_info info;
+  memset(plan, 0, sizeof *plan);
+  mml_status st = mml_image_probe(data, len, &info, err);
+  if (st != MML_OK) return st;
+  int64_t px = (int64_t)info.width * info.height;
+  if (cfg->max_image_pixels > 0 && px > cfg->max_image_pixels)
+    return mml_err_set(err, MML_ETOOBIG,
+                       "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld", info.width,
+                       info.height, (long long)px, (long long)cfg->max_image_pixels);
+  st = mml_vision_plan_size(cfg, info.width, info.height, plan, err);
+  if (st != MML_OK) return st;
+  plan->format = info.format;
+  if (cfg->fast && info.format == MML_FMT_JPEG) {
+    for (int d = 8; d >= 2; d /= 2) {
+      if ((int64_t)plan->dst_w * d <= info.width && (int64_t)plan->dst_h * d <= info.height) {
+        plan->decode_scale = d;
+        break;
+      }
+    }
+  }
+  return MML_OK;
+}
+
+/* ---------------------------------------------------------------- scratch */
+
+mml_status mml_vision_scratch_new(mml_vision_scratch **out) {
+  mml_vision_scratch *s = calloc(1, sizeof *s);
+  if (!s) return MML_ENOMEM;
+  if (mml_decoder_new(&s->dec) != MML_OK) {
+    free(s);
+    return MML_ENOMEM;
+  }
+  *out = s;
+  return MML_OK;
+}
+
+void mml_vision_scratch_free(mml_vision_scratch *s) {
+  if (!s) return;
+  mml_decoder_free(s->dec);
+  mml_resample_axis_free(&s->ax);
+  mml_resample_axis_free(&s->ay);
+  mml_bytes_free(&s->ring);
+  mml_bytes_free(&s->vrow);
+  mml_bytes_free(&s->hrow);
+  free(s->acc);
+  free(s->rp);
+  free(s);
+}
+
+/* ---------------------------------------------------------------- the resize pipeline */
+
+/* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
+ * as soon as the last input row it reads has arrived, then handed to `emit`.  Rows live in
+ * a ring of (vertical taps) slots: horizontally resized rows when the horizontal pass runs
+ * first, source rows when the vertical pass runs first (Pillow 13's choice, see resize.h).
+ * Without a vertical pass a row goes straight through. */
+typedef void (*row_emit_fn)(void *ctx, int y, const uint8_t *row);
+
+typedef struct resize_job {
+  mml_vision_scratch *s;
+  int dst_w, dst_h;
+  int expect_w, expect_h; /* 0: accept the decoder's size (fast JPEG decode) */
+  int h_first_always;     /* Pillow <= 12 order */
+  int src_w, src_h;
+  int need_h, need_v, vfirst;
+  int ring_n;
+  size_t slot;
+  int next; /* next output row */
+  row_emit_fn emit;
+  void *emit_ctx;
+} resize_job;
+
+static mml_status grow_i32(int32_t **p, size_t *cap, size_t n) {
+  if (n <= *cap) return MML_OK;
+  int32_t *q = realloc(*p, n * sizeof *q);
+  if (!q) return MML_ENOMEM;
+  *p = q;
+  *cap = n;
+  return MML_OK;
+}
+
+static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
+  resize_job *j = ctx;
+  mml_vision_scratch *s = j->s;
+  if ((j->expect_w && w != j->expect_w) || (j->expect_h && h != j->expect_h))
+    return mml_err_set(err, MML_EDECODE, "decoded size %dx%d differs from the header's %dx%d", w,
+                       h, j->expect_w, j->expect_h);
+  j->src_w = w;
+  j->src_h = h;
+  j->need_h = w != j->dst_w;
+  j->need_v = h != j->dst_h;
+  j->vfirst = j->need_h && j->need_v && !j->h_first_always &&
+              mml_resample_vertical_first(w, h, j->dst_w, j->dst_h);
+  j->next = 0;
+  mml_status st;
+  if (j->need_h && (st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
+  size_t wide = (size_t)(w > j->dst_w ? w : j->dst_w) * 3;
+  if (mml_bytes_reserve(&s->hrow, (size_t)j->dst_w * 3) || mml_bytes_reserve(&s->vrow, wide))
+    return mml_err_set(err, MML_ENOMEM, "resize: out of memory for a %zu-byte row", wide);
+  if (j->need_v) {
+    if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, err)) != MML_OK) return st;
+    j->ring_n = mml_resample_axis_taps(&s->ay);
+    j->slot = (size_t)(j->vfirst ? w : j->dst_w) * 3;
+    if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot) ||
+        grow_i32(&s->acc, &s->acc_cap, wide))
+      return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
+                         j->ring_n, j->slot);
+    if ((size_t)j->ring_n > s->rp_cap) {
+      const uint8_t **rp = realloc(s->rp, (size_t)j->ring_n * sizeof *rp);
+      if (!rp) return mml_err_set(err, MML_ENOMEM, "resize: out of memory");
+      s->rp = rp;
+      s->rp_cap = (size_t)j->ring_n;
+    }
+  }
+  return MML_OK;
+}
+
+static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
+  resize_job *j = ctx;
+  mml_vision_scratch *s = j->s;
+  (void)err;
+  if (!j->need_v) {
+    const uint8_t *out = rgb;
+    if (j->need_h) {
+      mml_resample_row_h(&s->ax, rgb, s->hrow.data);
+      out = s->hrow.data;
+    }
+    j->emit(j->emit_ctx, y, out);
+    j->next = y + 1;
+    return MML_OK;
+  }
+  if (j->next >= j->dst_h) return MML_OK;
+  int f, l;
+  mml_resample_axis_rows(&s->ay, j->next, &f, &l);
+  if (y < f) return MML_OK; /* no output still to come reads this row */
+  uint8_t *slot = s->ring.data + (size_t)(y % j->ring_n) * j->slot;
+  if (j->need_h && !j->vfirst)
+    mml_resample_row_h(&s->ax, rgb, slot);
+  else
+    memcpy(slot, rgb, j->slot);
+  while (j->next < j->dst_h) {
+    mml_resample_axis_rows(&s->ay, j->next, &f, &l);
+    if (l - 1 > y) break;
+    for (int r = f; r < l; r++) s->rp[r - f] = s->ring.data + (size_t)(r % j->ring_n) * j->slot;
+    mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, s->vrow.data);
+    const uint8_t *out = s->vrow.data;
+    if (j->vfirst) {
+      mml_resample_row_h(&s->ax, s->vrow.data, s->hrow.data);
+      out = s->hrow.data;
+    }
+    j->emit(j->emit_ctx, j->next, out);
+    j->next++;
+  }
+  return MML_OK;
+}
+
+static mml_status job_done(const resize_job *j, mml_err *err) {
+  if (j->next != j->dst_h)
+    return mml_err_set(err, MML_EINTERNAL, "resize produced %d of %d rows", j->next, j->dst_h);
+  return MML_OK;
+}
+
+static mml_status feed_rgb(resize_job *j, const mml_rgb8 *img, mml_err *err) {
+  if (!img || !img->pixels || img->width < 1 || img->height < 1 ||
+      img->stride < (size_t)img->width * 3)
+    return mml_err_set(err, MML_EINVAL, "bad RGB8 image");
+  mml_status st = job_begin(j, img->width, img->height, err);
+  if (st != MML_OK) return st;
+  for (int y = 0; y < img->height; y++) job_row(j, y, img->pixels + (size_t)y * img->stride, err);
+  return job_done(j, err);
+}
+
+/* ---------------------------------------------------------------- normalise + patchify */
+
+typedef struct patch_ctx {
+  int P, M, T, gw, cols;
+  float *out;
+  float lut[3][256];
+} patch_ctx;
+
+static void build_lut(const mml_vision_cfg *cfg, float lut[3][256]) {
+  for (int c = 0; c < 3; c++) {
+    const float m = cfg->mean[c], sd = cfg->std[c];
+    for (int v = 0; v < 256; v++) {
+      float x = (float)((double)v * (1.0 / 255.0));
+      lut[c][v] = (x - m) / sd;
+    }
+  }
+}
+
+/* Scatters output image row y (dst_w RGB8 pixels) into its patches. */
+static void patchify_row(void *ctx, int y, const uint8_t *row) {
+  const patch_ctx *g = ctx;
+  const int P = g->P, M = g->M, T = g->T, PP = P * P;
+  const int bh = y / (P * M), mh = (y / P) % M, py = y % P;
+  const int bw_n = g->gw / M;
+  for (int pw = 0; pw < g->gw; pw++) {
+    const int bw = pw / M, mw = pw % M;
+    const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
+    float *base = g->out + r * g->cols + py * P;
+    const uint8_t *src = row + (size_t)pw * P * 3;
+    for (int c = 0; c < 3; c++) {
+      const float *l = g->lut[c];
+      float *d0 = base + (size_t)c * T * PP;
+      for (int px = 0; px < P; px++) d0[px] = l[src[px * 3 + c]];
+      for (int t = 1; t < T; t++) memcpy(d0 + (size_t)t * PP, d0, (size_t)P * sizeof(float));
+    }
+  }
+}
+
+static void patch_ctx_init(patch_ctx *g, const mml_vision_cfg *cfg, const mml_vision_plan *plan,
+                           float *out) {
+  g->P = cfg->patch_size;
+  g->M = cfg->merge_size;
+  g->T = cfg->temporal_patch_size;
+  g->gw = plan->grid_w;
+  g->cols = plan->cols;
+  g->out = out;
+  build_lut(cfg, g->lut);
+}
+
+static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
+                             mml_err *err) {
+  mml_status st = mml_vision_cfg_check(cfg, err);
+  if (st != MML_OK) return st;
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  if (!plan || !out) return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
+  if (plan->dst_w < P * M || plan->dst_h < P * M || plan->dst_w % (P * M) ||
+      plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P ||
+      plan->grid_h != plan->dst_h / P || plan->cols != 3 * T * P * P ||
+      plan->rows != (int64_t)plan->grid_h * plan->grid_w)
+    return mml_err_set(err, MML_EINVAL, "vision: plan does not fit this configuration");
+  return MML_OK;
+}
+
+mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                    const uint8_t *data, size_t len,
+                                    const mml_vision_plan *plan, float *out, mml_err *err) {
+  mml_status st = check_plan(cfg, plan, out, err);
+  if (st != MML_OK) return st;
+  int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
+  patch_ctx g;
+  patch_ctx_init(&g, cfg, plan, out);
+  resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
+                  .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
+                  .h_first_always = cfg->pillow_h_first, .emit = patchify_row, .emit_ctx = &g};
+  mml_row_sink sink = {job_begin, job_row, &j};
+  st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
+  if (st != MML_OK) return st;
+  return job_done(&j, err);
+}
+
+mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                  const mml_rgb8 *img, const mml_vision_plan *plan, float *out,
+                                  mml_err *err) {
+  mml_status st = check_plan(cfg, plan, out, err);
+  if (st != MML_OK) return st;
+  patch_ctx g;
+  patch_ctx_init(&g, cfg, plan, out);
+  resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
+                  .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
+                  .emit = patchify_row, .emit_ctx = &g};
+  return feed_rgb(&j, img, err);
+}
+
+typedef struct copy_ctx {
+  uint8_t *dst;
+  size_t rowb;
+} copy_ctx;
+
+static void copy_row(void *ctx, int y, const uint8_t *row) {
+  copy_ctx *c = ctx;
+  memcpy(c->dst + (size_t)y * c->rowb, row, c->rowb);
+}
+
+mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
+                                         int dst_h, int h_first_always, uint8_t *dst,
+                                         mml_err *err) {
+  if (dst_w < 1 || dst_h < 1 || !dst)
+    return mml_err_set(err, MML_EINVAL, "resize: bad target %dx%d", dst_w, dst_h);
+  copy_ctx c = {dst, (size_t)dst_w * 3};
+  resize_job j = {.s = s, .dst_w = dst_w, .dst_h = dst_h, .h_first_always = h_first_always,
+                  .emit = copy_row, .emit_ctx = &c};
+  return feed_rgb(&j, src, err);
+}
+
+mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
+                                   int dst_h, uint8_t *dst, mml_err *err) {
+  return mml_resize_bicubic_rgb8_order(s, src, dst_w, dst_h, 0, dst, err);
+}

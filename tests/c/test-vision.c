@@ -1,0 +1,289 @@
+/*
+ * test-vision.c — core tests of image probe/decode and Qwen-VL preprocessing: smart_resize
+ * worked values (SPEC-QWEN.md), planning from headers, the decompression-bomb guard, bad
+ * input (truncated, corrupt, empty), agreement of the streaming pipeline with a plain
+ * reference (decode whole image, resize, normalise, patchify by the spec's formula), and
+ * two threads with their own scratch sharing one config (run under TSan by the Makefile).
+ * Pixel parity with Pillow/transformers is tested from Python (tests/test_vision.py).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <turbojpeg.h>
+
+#include "mml/image.h"
+#include "mml/vision.h"
+#include "mml_test.h"
+
+/* A smooth test pattern with some texture, w x h RGB8. */
+static uint8_t *make_rgb(int w, int h, unsigned seed) {
+  uint8_t *p = malloc((size_t)w * h * 3);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t *q = p + ((size_t)y * w + x) * 3;
+      q[0] = (uint8_t)(x * 255 / (w > 1 ? w - 1 : 1));
+      q[1] = (uint8_t)(y * 255 / (h > 1 ? h - 1 : 1));
+      q[2] = (uint8_t)((x * 7 + y * 13 + seed) & 0xff);
+    }
+  return p;
+}
+
+static unsigned char *make_jpeg(int w, int h, int progressive, unsigned long *len) {
+  uint8_t *rgb = make_rgb(w, h, 5);
+  tjhandle tj = tjInitCompress();
+  unsigned char *jpg = NULL;
+  *len = 0;
+  int flags = progressive ? TJFLAG_PROGRESSIVE : 0;
+  if (tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, flags)) jpg = NULL;
+  tjDestroy(tj);
+  free(rgb);
+  return jpg;
+}
+
+TEST(smart_resize_worked_values) {
+  static const struct { int h, w, f; int64_t mn, mx; int eh, ew; } cases[] = {
+      {1365, 2048, 28, 3136, 12845056, 1372, 2044}, {480, 640, 28, 3136, 12845056, 476, 644},
+      {70, 70, 28, 3136, 12845056, 56, 56},         {100, 100, 28, 3136, 12845056, 112, 112},
+      {28, 5000, 28, 3136, 12845056, 28, 5012},     {3000, 4000, 28, 3136, 12845056, 2996, 4004},
+      {1365, 2048, 28, 3136, 1003520, 812, 1204},   {1080, 1920, 28, 3136, 1003520, 728, 1316},
+      {1365, 2048, 32, 65536, 16777216, 1376, 2048}, {224, 224, 32, 65536, 16777216, 256, 256},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mml_err err = {0};
+    int h = 0, w = 0;
+    CHECK_OK(mml_smart_resize(cases[i].h, cases[i].w, cases[i].f, cases[i].mn, cases[i].mx, 0,
+                              &h, &w, &err), err);
+    CHECK_EQ_INT(h, cases[i].eh);
+    CHECK_EQ_INT(w, cases[i].ew);
+  }
+}
+
+TEST(smart_resize_errors_and_legacy) {
+  mml_err err = {0};
+  int h, w;
+  CHECK_EQ_INT(mml_smart_resize(10, 2011, 28, 3136, 12845056, 0, &h, &w, &err), MML_EASPECT);
+  CHECK_EQ_INT(mml_smart_resize(10, 2000, 28, 3136, 12845056, 0, &h, &w, &err), MML_OK);
+  /* legacy rejects sizes below the factor; the current one accepts them */
+  CHECK_EQ_INT(mml_smart_resize(10, 2000, 28, 3136, 12845056, 1, &h, &w, &err), MML_EINVAL);
+  CHECK_EQ_INT(mml_smart_resize(0, 10, 28, 3136, 12845056, 0, &h, &w, &err), MML_EINVAL);
+  /* 28x5600 (200:1) squeezed under a tiny max: current clamps to the factor */
+  CHECK_OK(mml_smart_resize(28, 5600, 28, 784, 28 * 28 * 10, 0, &h, &w, &err), err);
+  CHECK_EQ_INT(h, 28);
+  CHECK_EQ_INT(mml_smart_resize(28, 5600, 28, 784, 28 * 28 * 10, 1, &h, &w, &err), MML_EINVAL);
+}
+
+TEST(presets) {
+  mml_vision_cfg cfg;
+  mml_err err = {0};
+  CHECK_OK(mml_vision_preset("qwen2.5-vl", &cfg, &err), err);
+  CHECK_EQ_INT(cfg.patch_size, 14);
+  CHECK_EQ_INT(cfg.max_pixels, 12845056);
+  CHECK_OK(mml_vision_preset("qwen3-vl", &cfg, &err), err);
+  CHECK_EQ_INT(cfg.patch_size, 16);
+  CHECK_EQ_INT(cfg.min_pixels, 65536);
+  CHECK_EQ_INT(mml_vision_preset("qwen9", &cfg, &err), MML_ECONFIG);
+  CHECK_OK(mml_vision_preset("qwen2-vl", &cfg, &err), err);
+  cfg.std[1] = 0;
+  CHECK_EQ_INT(mml_vision_cfg_check(&cfg, &err), MML_ECONFIG);
+}
+
+TEST(probe_and_plan) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(2048, 1365, 0, &len);
+  CHECK(jpg != NULL);
+  mml_err err = {0};
+  mml_image_info info;
+  CHECK_OK(mml_image_probe(jpg, len, &info, &err), err);
+  CHECK_EQ_INT(info.width, 2048);
+  CHECK_EQ_INT(info.height, 1365);
+  CHECK_EQ_INT(info.format, MML_FMT_JPEG);
+  mml_vision_cfg cfg;
+  mml_vision_preset("qwen2.5-vl", &cfg, &err);
+  mml_vision_plan plan;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  CHECK_EQ_INT(plan.dst_h, 1372);
+  CHECK_EQ_INT(plan.dst_w, 2044);
+  CHECK_EQ_INT(plan.grid_h, 98);
+  CHECK_EQ_INT(plan.grid_w, 146);
+  CHECK_EQ_INT(plan.rows, 98 * 146);
+  CHECK_EQ_INT(plan.cols, 1176);
+  CHECK_EQ_INT(plan.tokens, 98 * 146 / 4);
+  CHECK_EQ_INT(plan.decode_scale, 1);
+  /* decompression bomb: rejected from the header */
+  cfg.max_image_pixels = 2048 * 1365 - 1;
+  CHECK_EQ_INT(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), MML_ETOOBIG);
+  cfg.max_image_pixels = 0;
+  cfg.max_pixels = 1003520;
+  cfg.fast = 1;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  CHECK_EQ_INT(plan.decode_scale, 1); /* 2048 -> 1204 is not a halving */
+  cfg.max_pixels = 200000; /* -> 364x532: 2048/532 < 4 */
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  CHECK_EQ_INT(plan.decode_scale, 2);
+  cfg.max_pixels = 100000; /* -> 252x364 */
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  CHECK_EQ_INT(plan.decode_scale, 4);
+  tjFree(jpg);
+  static const uint8_t junk[] = "GIF89a....";
+  CHECK_EQ_INT(mml_image_probe(junk, sizeof junk, &info, &err), MML_EUNSUPPORTED);
+  CHECK_EQ_INT(mml_image_probe(junk, 0, &info, &err), MML_EUNSUPPORTED);
+  static const uint8_t png_short[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0};
+  CHECK_EQ_INT(mml_image_probe(png_short, sizeof png_short, &info, &err), MML_EDECODE);
+}
+
+/* Reference: the spec's formula applied to a fully decoded + resized image. */
+static void reference_pixels(const mml_vision_cfg *cfg, const mml_vision_plan *plan,
+                             const uint8_t *img, float *out) {
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const int gh = plan->grid_h, gw = plan->grid_w;
+  for (int bh = 0; bh < gh / M; bh++)
+    for (int bw = 0; bw < gw / M; bw++)
+      for (int mh = 0; mh < M; mh++)
+        for (int mw = 0; mw < M; mw++) {
+          int64_t row = ((int64_t)(bh * (gw / M) + bw)) * M * M + mh * M + mw;
+          for (int c = 0; c < 3; c++)
+            for (int t = 0; t < T; t++)
+              for (int py = 0; py < P; py++)
+                for (int px = 0; px < P; px++) {
+                  int col = ((c * T + t) * P + py) * P + px;
+                  int y = (bh * M + mh) * P + py, x = (bw * M + mw) * P + px;
+                  uint8_t v = img[((size_t)y * plan->dst_w + x) * 3 + c];
+                  float f = (float)((double)v * (1.0 / 255.0));
+                  out[row * plan->cols + col] = (f - cfg->mean[c]) / cfg->std[c];
+                }
+        }
+}
+
+static void check_pipeline(int w, int h, int progressive, const char *preset, int64_t max_px) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(w, h, progressive, &len);
+  CHECK(jpg != NULL);
+  mml_err err = {0};
+  mml_vision_cfg cfg;
+  mml_vision_preset(preset, &cfg, &err);
+  if (max_px) cfg.max_pixels = max_px;
+  mml_vision_plan plan;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  mml_vision_scratch *s = NULL;
+  CHECK_OK(mml_vision_scratch_new(&s), err);
+  size_t n = (size_t)plan.rows * plan.cols;
+  float *got = malloc(n * sizeof *got), *want = malloc(n * sizeof *want);
+  CHECK_OK(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, got, &err), err);
+  /* reference path: whole-image decode, whole-image resize, formula */
+  mml_decoder *d = NULL;
+  mml_decoder_new(&d);
+  mml_rgb8 img;
+  CHECK_OK(mml_image_decode(d, jpg, len, 1, &img, &err), err);
+  uint8_t *rs = malloc((size_t)plan.dst_w * plan.dst_h * 3);
+  CHECK_OK(mml_resize_bicubic_rgb8(s, &img, plan.dst_w, plan.dst_h, rs, &err), err);
+  reference_pixels(&cfg, &plan, rs, want);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+  CHECK_EQ_INT(bad, 0);
+  /* the RGB entry point gives the same bytes */
+  mml_vision_plan p2;
+  CHECK_OK(mml_vision_plan_size(&cfg, img.width, img.height, &p2, &err), err);
+  CHECK_OK(mml_vision_process_rgb(&cfg, s, &img, &p2, want, &err), err);
+  CHECK(memcmp(got, want, n * sizeof *got) == 0);
+  free(rs);
+  free(got);
+  free(want);
+  mml_decoder_free(d);
+  mml_vision_scratch_free(s);
+  tjFree(jpg);
+}
+
+TEST(pipeline_matches_reference) {
+  check_pipeline(640, 480, 0, "qwen2.5-vl", 0);       /* up in x, down in y */
+  check_pipeline(300, 900, 1, "qwen2.5-vl", 0);       /* progressive; vertical pass first */
+  check_pipeline(2048, 1365, 0, "qwen2.5-vl", 1003520); /* downscale both */
+  check_pipeline(20, 30, 0, "qwen3-vl", 0);           /* below the factor: upscale */
+  check_pipeline(1000, 7, 0, "qwen2-vl", 0);          /* 143:1 */
+}
+
+TEST(bad_input) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(320, 240, 0, &len);
+  mml_err err = {0};
+  mml_vision_cfg cfg;
+  mml_vision_preset("qwen2.5-vl", &cfg, &err);
+  mml_vision_plan plan;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  mml_vision_scratch *s = NULL;
+  mml_vision_scratch_new(&s);
+  float *out = malloc((size_t)plan.rows * plan.cols * sizeof *out);
+  /* truncated: every cut must fail cleanly (or succeed when only trailing bytes are cut) */
+  for (unsigned long cut = 0; cut < len; cut += len / 23 + 1) {
+    mml_status st = mml_vision_process_bytes(&cfg, s, jpg, cut, &plan, out, &err);
+    CHECK(st == MML_EDECODE || st == MML_EUNSUPPORTED || (cut + 2 >= len && st == MML_OK));
+  }
+  /* corrupt entropy data: no crash; either decodes (libjpeg resyncs) or fails */
+  unsigned char *bad = malloc(len);
+  memcpy(bad, jpg, len);
+  for (unsigned long i = len / 2; i < len - 2; i += 7) bad[i] ^= 0x5a;
+  mml_status st = mml_vision_process_bytes(&cfg, s, bad, len, &plan, out, &err);
+  CHECK(st == MML_OK || st == MML_EDECODE);
+  /* still works afterwards */
+  CHECK_OK(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, out, &err), err);
+  /* a plan for another image is refused */
+  plan.cols = 7;
+  CHECK_EQ_INT(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, out, &err), MML_EINVAL);
+  free(bad);
+  free(out);
+  mml_vision_scratch_free(s);
+  tjFree(jpg);
+}
+
+struct worker {
+  const mml_vision_cfg *cfg;
+  const unsigned char *jpg;
+  unsigned long len;
+  const float *want;
+  size_t n;
+  int ok;
+};
+
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  mml_vision_scratch *s = NULL;
+  mml_err err = {0};
+  if (mml_vision_scratch_new(&s) != MML_OK) return NULL;
+  float *out = malloc(w->n * sizeof *out);
+  w->ok = 1;
+  for (int i = 0; i < 4; i++) {
+    mml_vision_plan plan;
+    if (mml_vision_plan_bytes(w->cfg, w->jpg, w->len, &plan, &err) ||
+        mml_vision_process_bytes(w->cfg, s, w->jpg, w->len, &plan, out, &err) ||
+        memcmp(out, w->want, w->n * sizeof *out))
+      w->ok = 0;
+  }
+  free(out);
+  mml_vision_scratch_free(s);
+  return NULL;
+}
+
+TEST(threads_share_config) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(500, 333, 0, &len);
+  mml_err err = {0};
+  mml_vision_cfg cfg;
+  mml_vision_preset("qwen2.5-vl", &cfg, &err);
+  mml_vision_plan plan;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  size_t n = (size_t)plan.rows * plan.cols;
+  float *want = malloc(n * sizeof *want);
+  mml_vision_scratch *s = NULL;
+  mml_vision_scratch_new(&s);
+  CHECK_OK(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, want, &err), err);
+  struct worker w[2] = {{&cfg, jpg, len, want, n, 0}, {&cfg, jpg, len, want, n, 0}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, worker_main, &w[i]);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  CHECK(w[0].ok && w[1].ok);
+  free(want);
+  mml_vision_scratch_free(s);
+  tjFree(jpg);
+}
+
+MML_TEST_MAIN(RUN(smart_resize_worked_values); RUN(smart_resize_errors_and_legacy); RUN(presets);
+              RUN(probe_and_plan); RUN(pipeline_matches_reference); RUN(bad_input);
+              RUN(threads_share_config))
