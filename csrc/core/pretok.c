@@ -8,11 +8,14 @@
  *     (\p{L}, \p{N}, \s = White_Space, other) and two NFC quick-check bits.  After init
  *     every function here is reentrant and lock-free; any number of threads may call them.
  *   - NFC: a quick check (ASCII and all "NFC_QC = Yes" characters with well-ordered
- *     combining classes) answers most text without copying; otherwise utf8proc composes.
+ *     combining classes) answers most text without copying; otherwise NFC is computed by
+ *     the book from utf8proc's decompositions.  Where the Unicode data of `tokenizers`
+ *     differs from utf8proc's (newer letters in its regex engine, older NFC tables), the
+ *     generated unicode_delta.h (tools/gen_unicode_tables.py) says what `tokenizers` does.
  *   - The scanner is the regex's leftmost-first alternation unrolled by hand; each rule
  *     below quotes the alternative it implements and how backtracking resolves it.
  */
-#include "pretok.h"
+#include "mml/pretok.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -22,9 +25,21 @@
 #define UC_CLASS_MASK 3u
 #define UC_NFC_MAYBE 4u /* not NFC_QC=Yes: a composition second, or NFC(c) != c */
 #define UC_CCC 8u       /* canonical combining class != 0 */
+#define UC_DECOMP 16u   /* has a canonical decomposition (that tokenizers applies) */
 #define UC_MAX 0x110000
 
-static uint8_t g_uc[UC_MAX];
+#include "unicode_delta.h"
+
+static uint8_t g_uc[UC_MAX];  /* class | flags */
+static uint8_t g_ccc[UC_MAX]; /* canonical combining class, as tokenizers knows it */
+
+/* Canonical compositions (Hangul aside): (first << 21 | second) -> composite. */
+#define COMP_SLOTS 8192
+static struct {
+  uint64_t key; /* 0: empty (key is stored + 1) */
+  int32_t c;
+} g_comp[COMP_SLOTS];
+
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static mml_status g_init_status = MML_EINTERNAL;
 
@@ -33,6 +48,45 @@ static int is_white_space(int32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
          c == 0x205F || c == 0x3000;
+}
+
+static uint64_t comp_key(int32_t a, int32_t b) { return (((uint64_t)a << 21) | (uint64_t)b) + 1; }
+
+static int comp_put(int32_t a, int32_t b, int32_t c) {
+  uint64_t k = comp_key(a, b);
+  for (size_t i = (k * 0x9E3779B97F4A7C15ull) >> 51, n = 0; n < COMP_SLOTS;
+       i = (i + 1) & (COMP_SLOTS - 1), n++) {
+    if (g_comp[i].key == 0 || g_comp[i].key == k) {
+      g_comp[i].key = k;
+      g_comp[i].c = c;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+static int32_t compose_pair(int32_t a, int32_t b) {
+  if (a >= 0x1100 && a <= 0x1112 && b >= 0x1161 && b <= 0x1175) /* Hangul L + V */
+    return 0xAC00 + ((a - 0x1100) * 21 + (b - 0x1161)) * 28;
+  if (a >= 0xAC00 && a <= 0xD7A3 && (a - 0xAC00) % 28 == 0 && b >= 0x11A8 && b <= 0x11C2)
+    return a + (b - 0x11A7); /* Hangul LV + T */
+  uint64_t k = comp_key(a, b);
+  for (size_t i = (k * 0x9E3779B97F4A7C15ull) >> 51;; i = (i + 1) & (COMP_SLOTS - 1)) {
+    if (g_comp[i].key == k) return g_comp[i].c;
+    if (g_comp[i].key == 0) return -1;
+  }
+}
+
+static int in_no_decomp(int32_t c) {
+  for (size_t i = 0; k_no_decomp[i].lo >= 0; i++)
+    if (c >= k_no_decomp[i].lo && c <= k_no_decomp[i].hi) return 1;
+  return 0;
+}
+
+static int in_no_compose(int32_t a, int32_t b) {
+  for (size_t i = 0; k_no_compose[i].a >= 0; i++)
+    if (k_no_compose[i].a == a && k_no_compose[i].b == b) return 1;
+  return 0;
 }
 
 static void build_tables(void) {
@@ -52,19 +106,42 @@ static void build_tables(void) {
         break;
     }
     if (is_white_space(c)) f = MML_UC_S;
-    if (p->combining_class) f |= UC_CCC;
-    g_uc[c] |= f;
-    if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) continue;
-    if (c >= 0xAC00 && c <= 0xD7A3) continue; /* Hangul syllables: NFC-stable */
+    g_uc[c] = f;
+    g_ccc[c] = (uint8_t)p->combining_class;
+  }
+  for (size_t i = 0; k_class_overrides[i].lo >= 0; i++)
+    for (int32_t c = k_class_overrides[i].lo; c <= k_class_overrides[i].hi; c++)
+      g_uc[c] = (uint8_t)((g_uc[c] & ~UC_CLASS_MASK) | k_class_overrides[i].cls);
+  for (size_t i = 0; k_ccc_zero[i].lo >= 0; i++)
+    for (int32_t c = k_ccc_zero[i].lo; c <= k_ccc_zero[i].hi; c++) g_ccc[c] = 0;
+  for (int32_t c = 0; c < UC_MAX; c++)
+    if (g_ccc[c]) g_uc[c] |= UC_CCC;
+
+  for (int32_t c = 0; c < UC_MAX; c++) {
+    if (c >= 0xD800 && c <= 0xDFFF) continue;
+    if (c >= 0xAC00 && c <= 0xD7A3) { /* Hangul syllables: algorithmic, NFC-stable */
+      g_uc[c] |= UC_DECOMP;
+      continue;
+    }
+    const utf8proc_property_t *p = utf8proc_get_property(c);
+    if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0 || in_no_decomp(c)) continue;
     utf8proc_int32_t dec[32], comp[32];
     int last = 0;
     utf8proc_ssize_t n = utf8proc_decompose_char(c, dec, 32, UTF8PROC_DECOMPOSE, &last);
     if (n <= 0 || n > 32 || (n == 1 && dec[0] == c)) continue;
+    g_uc[c] |= UC_DECOMP;
     memcpy(comp, dec, (size_t)n * sizeof *dec);
     utf8proc_ssize_t m = utf8proc_normalize_utf32(comp, n, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
     if (m == 1 && comp[0] == c) {
-      /* A primary composite: everything after the first code point of its decomposition
-       * may compose with what precedes it (a superset of NFC_QC = Maybe). */
+      /* A primary composite: its last pair composes; everything after the first code point
+       * of its decomposition may compose with what precedes it (a superset of
+       * NFC_QC = Maybe). */
+      memcpy(comp, dec, (size_t)(n - 1) * sizeof *dec);
+      utf8proc_ssize_t h = utf8proc_normalize_utf32(comp, n - 1, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
+      if (h == 1 && !in_no_compose(comp[0], dec[n - 1]) && comp_put(comp[0], dec[n - 1], c)) {
+        g_init_status = MML_EINTERNAL;
+        return;
+      }
       for (utf8proc_ssize_t i = 1; i < n; i++)
         if (dec[i] >= 0 && dec[i] < UC_MAX) g_uc[dec[i]] |= UC_NFC_MAYBE;
     } else {
@@ -188,7 +265,7 @@ int mml_nfc_quick_check(const uint8_t *s, size_t len) {
     uint8_t f = g_uc[c];
     if (f & UC_NFC_MAYBE) return 0;
     if (f & UC_CCC) {
-      int ccc = utf8proc_get_property(c)->combining_class;
+      int ccc = g_ccc[c];
       if (ccc < last_ccc) return 0;
       last_ccc = ccc;
     } else {
@@ -199,14 +276,87 @@ int mml_nfc_quick_check(const uint8_t *s, size_t len) {
   return 1;
 }
 
+static size_t put_utf8(int32_t c, uint8_t *o) {
+  if (c < 0x80) {
+    o[0] = (uint8_t)c;
+    return 1;
+  }
+  if (c < 0x800) {
+    o[0] = (uint8_t)(0xC0 | (c >> 6));
+    o[1] = (uint8_t)(0x80 | (c & 0x3F));
+    return 2;
+  }
+  if (c < 0x10000) {
+    o[0] = (uint8_t)(0xE0 | (c >> 12));
+    o[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+    o[2] = (uint8_t)(0x80 | (c & 0x3F));
+    return 3;
+  }
+  o[0] = (uint8_t)(0xF0 | (c >> 18));
+  o[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
+  o[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+  o[3] = (uint8_t)(0x80 | (c & 0x3F));
+  return 4;
+}
+
+/* NFC by the book (UAX #15): canonical decomposition, canonical ordering, canonical
+ * composition; with the data tokenizers uses (see unicode_delta.h). */
 mml_status mml_nfc_append(const uint8_t *s, size_t len, mml_bytes *out) {
   if (len == 0) return MML_OK;
-  utf8proc_uint8_t *dst = NULL;
-  utf8proc_ssize_t n =
-      utf8proc_map(s, (utf8proc_ssize_t)len, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-  if (n < 0) return n == UTF8PROC_ERROR_NOMEM ? MML_ENOMEM : MML_ETOKENIZER;
-  mml_status st = mml_bytes_append(out, dst, (size_t)n);
-  free(dst);
+  size_t cap = len * 4 + 32; /* a byte is at least a code point; decompositions <= 4x */
+  int32_t *buf = malloc(cap * sizeof *buf);
+  if (!buf) return MML_ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < len;) {
+    size_t k;
+    int32_t c = cp_at(s, i, &k);
+    i += k;
+    if (g_uc[c] & UC_DECOMP) {
+      int last = 0;
+      utf8proc_ssize_t m =
+          utf8proc_decompose_char(c, buf + n, (utf8proc_ssize_t)(cap - n), UTF8PROC_DECOMPOSE, &last);
+      if (m <= 0 || (size_t)m > cap - n) {
+        free(buf);
+        return MML_EINTERNAL;
+      }
+      n += (size_t)m;
+    } else {
+      buf[n++] = c;
+    }
+  }
+  /* canonical ordering: stable insertion sort of each run of non-starters */
+  for (size_t i = 1; i < n; i++) {
+    int cc = g_ccc[buf[i]];
+    if (!cc) continue;
+    for (size_t j = i; j > 0 && g_ccc[buf[j - 1]] > cc; j--) {
+      int32_t t = buf[j - 1];
+      buf[j - 1] = buf[j];
+      buf[j] = t;
+    }
+  }
+  /* canonical composition, in place */
+  size_t o = 0;
+  long starter = -1;
+  int prev_cc = 0;
+  for (size_t i = 0; i < n; i++) {
+    int32_t c = buf[i];
+    int cc = g_ccc[c];
+    if (starter >= 0 && ((long)o - 1 == starter || (prev_cc != 0 && prev_cc < cc))) {
+      int32_t comp = compose_pair(buf[starter], c);
+      if (comp >= 0) {
+        buf[starter] = comp;
+        continue;
+      }
+    }
+    if (cc == 0) starter = (long)o;
+    buf[o++] = c;
+    prev_cc = cc;
+  }
+  mml_status st = mml_bytes_reserve(out, out->len + o * 4);
+  if (st == MML_OK) {
+    for (size_t i = 0; i < o; i++) out->len += put_utf8(buf[i], out->data + out->len);
+  }
+  free(buf);
   return st;
 }
 

@@ -28,8 +28,9 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
-#include "pretok.h"
+#include "mml/pretok.h"
 
 #define MAX_TOKEN_ID (1 << 26)
 #define BPE_SMALL 96          /* words up to this many symbols use the O(n^2) merge loop */
@@ -891,11 +892,22 @@ static mml_status encode_words(const mml_tokenizer *t, mml_tok_scratch *s, const
   return MML_OK;
 }
 
+/* \w of the Rust regex crate (Alphabetic, marks, decimal digits, connector punctuation,
+ * join controls): what single_word added tokens must not touch. */
 static int is_word_char(int32_t c) {
-  if (c == '_' || c == 0x200C || c == 0x200D) return 1;
-  int k = mml_uc_class(c);
-  if (k == MML_UC_L || k == MML_UC_N) return 1;
-  return 0;
+  if (c == 0x200C || c == 0x200D) return 1;
+  if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
+      (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
+    return 1; /* Other_Alphabetic symbols: circled and squared letters */
+  switch (utf8proc_category(c)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+      return 1;
+    default:
+      return 0;
+  }
 }
 
 /* The leftmost, then longest, added token of `set` in p[from..n). */

@@ -18,6 +18,7 @@
 
 #include "binding.h"
 #include "mml/tokenizer.h"
+#include "mml/pretok.h"
 
 #define POOL_MAX 64
 #define BATCH_MAX_THREADS 256
@@ -163,10 +164,16 @@ static PyObject *ids_to_list(const int32_t *ids, size_t n) {
   return l;
 }
 
-/* UTF-8 of a str; lone surrogates raise UnicodeEncodeError (tokenizers raises TypeError). */
+/* UTF-8 of a str (lone surrogates raise UnicodeEncodeError; tokenizers raises TypeError),
+ * or the bytes of a bytes object (taken as UTF-8; the core replaces invalid sequences). */
 static const char *text_utf8(PyObject *text, Py_ssize_t *n) {
+  if (PyBytes_Check(text)) {
+    char *s;
+    return PyBytes_AsStringAndSize(text, &s, n) < 0 ? NULL : s;
+  }
   if (!PyUnicode_Check(text)) {
-    PyErr_Format(PyExc_TypeError, "text must be a str, not %.100s", Py_TYPE(text)->tp_name);
+    PyErr_Format(PyExc_TypeError, "text must be a str or bytes, not %.100s",
+                 Py_TYPE(text)->tp_name);
     return NULL;
   }
   return PyUnicode_AsUTF8AndSize(text, n);
@@ -452,7 +459,7 @@ static PyMethodDef Tok_methods[] = {
     {"encode", (PyCFunction)(void (*)(void))Tok_encode, METH_VARARGS | METH_KEYWORDS,
      "encode(text) -> list[int]\n\nToken ids of `text`, exactly as `tokenizers` would give them "
      "(added and special tokens in the text are recognised).  A str with lone surrogates "
-     "raises UnicodeEncodeError."},
+     "raises UnicodeEncodeError; bytes are read as UTF-8, invalid sequences becoming U+FFFD."},
     {"encode_batch", (PyCFunction)(void (*)(void))Tok_encode_batch, METH_VARARGS | METH_KEYWORDS,
      "encode_batch(texts, num_threads=0) -> list[list[int]]\n\nencode() of every text, in "
      "parallel C threads with the GIL released (num_threads=0: one per CPU)."},
@@ -486,7 +493,51 @@ static PyTypeObject TokType = {
     .tp_getset = Tok_getset,
 };
 
+/* ---- test hooks: the pieces of the pre-tokenizer and NFC on their own ------------------ */
+
+static PyObject *py_tok_pre_split(PyObject *mod, PyObject *text) {
+  Py_ssize_t n;
+  const char *s = text_utf8(text, &n);
+  if (!s || mml_pretok_init() != MML_OK) return s ? PyErr_NoMemory() : NULL;
+  PyObject *l = PyList_New(0);
+  for (size_t pos = 0; l && pos < (size_t)n;) {
+    size_t e = mml_pretok_next((const uint8_t *)s, (size_t)n, pos);
+    PyObject *piece = PyUnicode_DecodeUTF8(s + pos, (Py_ssize_t)(e - pos), "strict");
+    if (!piece || PyList_Append(l, piece) < 0) Py_CLEAR(l);
+    Py_XDECREF(piece);
+    pos = e;
+  }
+  return l;
+}
+
+static PyObject *py_tok_nfc(PyObject *mod, PyObject *text) {
+  Py_ssize_t n;
+  const char *s = text_utf8(text, &n);
+  if (!s || mml_pretok_init() != MML_OK) return s ? PyErr_NoMemory() : NULL;
+  if (mml_nfc_quick_check((const uint8_t *)s, (size_t)n)) return PyUnicode_FromStringAndSize(s, n);
+  mml_bytes out = {0};
+  if (mml_nfc_append((const uint8_t *)s, (size_t)n, &out) != MML_OK) return PyErr_NoMemory();
+  PyObject *r = PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len,
+                                     "strict");
+  mml_bytes_free(&out);
+  return r;
+}
+
+static PyObject *py_tok_nfc_quick(PyObject *mod, PyObject *text) {
+  Py_ssize_t n;
+  const char *s = text_utf8(text, &n);
+  if (!s || mml_pretok_init() != MML_OK) return s ? PyErr_NoMemory() : NULL;
+  return PyBool_FromLong(mml_nfc_quick_check((const uint8_t *)s, (size_t)n));
+}
+
+static PyMethodDef tok_functions[] = {
+    {"_tok_pre_split", py_tok_pre_split, METH_O, "Test hook: the Qwen regex pieces of text."},
+    {"_tok_nfc", py_tok_nfc, METH_O, "Test hook: NFC as the tokenizer computes it."},
+    {"_tok_nfc_quick", py_tok_nfc_quick, METH_O, "Test hook: the NFC quick check."},
+    {NULL, NULL, 0, NULL}};
+
 int mml_py_tokenizer_register(PyObject *m) {
+  if (PyModule_AddFunctions(m, tok_functions) < 0) return -1;
   if (PyType_Ready(&TokType) < 0) return -1;
   Py_INCREF(&TokType);
   if (PyModule_AddObject(m, "Tokenizer", (PyObject *)&TokType) < 0) {

@@ -1,6 +1,7 @@
 /*
- * pretok.h — internal to the tokenizer: Unicode classes, NFC and the Qwen pre-tokenizer
- * scanner (csrc/core/pretok.c).  Not part of the public contract.
+ * mml/pretok.h — the text stages of the tokenizer before BPE (csrc/core/pretok.c):
+ * Unicode classes, UTF-8 repair, NFC and the Qwen pre-tokenizer scanner.  Used by
+ * tokenizer.c and by the binding's test hooks; most callers want mml/tokenizer.h.
  *
  * All functions take valid UTF-8 (the tokenizer sanitises its input first) and are
  * reentrant.  mml_pretok_init() builds the process-wide read-only tables once
