@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-# Worker stages as stats() names them; decode_s is absent from engines that time decode
-# and resize together (then vision_s holds both).
+# Worker stages: stats() reports read_s, vision_s (decode + resize/normalise/patchify),
+# decode_s (the decoder's part of vision_s, when the engine reports it) and tokenize_s.
 WORKER_STAGES = (("read_s", "fetch / read"), ("decode_s", "decode"),
-                 ("vision_s", "resize / patchify"), ("tokenize_s", "tokenize"))
+                 ("resize_s", "resize / patchify"), ("tokenize_s", "tokenize"))
 BOTTLENECKS = ("I/O latency", "network bandwidth", "CPU", "consumer", "pipeline depth")
 
 
@@ -131,6 +131,20 @@ def run(loader: Any, batches: int, step_s: float = 0.0,
                    remote=bool(st.get("fetch")))
 
 
+def stage_seconds(st: Dict[str, Any]) -> Dict[str, float]:
+    """Busy seconds per worker stage (keys of WORKER_STAGES; decode_s only when the
+    engine splits it out of vision_s, else resize_s holds decode as well)."""
+    out = {"read_s": float(st.get("read_s") or 0.0),
+           "tokenize_s": float(st.get("tokenize_s") or 0.0)}
+    vision = float(st.get("vision_s") or 0.0)
+    if st.get("decode_s") is not None:
+        out["decode_s"] = float(st["decode_s"])
+        out["resize_s"] = max(0.0, vision - out["decode_s"])
+    else:
+        out["resize_s"] = vision
+    return out
+
+
 def breakdown(p: Profile) -> List[Tuple[str, float, float]]:
     """(stage, busy seconds, share) rows: worker stages as a share of worker-thread time
     (threads x wall), collate of the collation thread's time, consumer wait of wall."""
@@ -138,13 +152,14 @@ def breakdown(p: Profile) -> List[Tuple[str, float, float]]:
     wall = float(st.get("wall_s") or p.wall_s) or 1e-9
     threads = max(1, int(st.get("num_threads") or 1))
     rows = []
+    stages = stage_seconds(st)
     for key, name in WORKER_STAGES:
-        if key not in st:
+        if key not in stages:
             continue
         label = name
-        if key == "vision_s" and "decode_s" not in st:
+        if key == "resize_s" and "decode_s" not in stages:
             label = "decode + resize / patchify"
-        v = float(st[key])
+        v = stages[key]
         rows.append((label, v, v / (threads * wall)))
     if st.get("fetch_wait_s") is not None:
         v = float(st["fetch_wait_s"])  # sample-seconds spent waiting on the network
@@ -159,7 +174,7 @@ def breakdown(p: Profile) -> List[Tuple[str, float, float]]:
 
 def _compute_s(st: Dict[str, Any]) -> float:
     """Worker CPU work: every worker stage but the read/fetch wait."""
-    return sum(float(st.get(k) or 0.0) for k, _ in WORKER_STAGES if k != "read_s")
+    return sum(v for k, v in stage_seconds(st).items() if k != "read_s")
 
 
 def _avg_fetch_inflight(p: Profile) -> float:
@@ -211,8 +226,12 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         return Diagnosis("consumer", ev, sug)
 
     if cpu_util > 0.85 or worker_util > 0.8:
-        heavy = max(((name, float(st.get(k) or 0.0)) for k, name in WORKER_STAGES
-                     if k != "read_s" and k in st), key=lambda x: x[1], default=("", 0.0))
+        stages = stage_seconds(st)
+        names = dict(WORKER_STAGES)
+        if "decode_s" not in stages:
+            names["resize_s"] = "decode + resize / patchify"
+        heavy = max(((names[k], v) for k, v in stages.items() if k != "read_s"),
+                    key=lambda x: x[1], default=("", 0.0))
         if heavy[0]:
             ev.append(f"heaviest stage: {heavy[0]} ({100 * heavy[1] / max(compute, 1e-9):.0f}% "
                       "of worker compute)")
@@ -327,14 +346,14 @@ def plot_timeline(p: Profile, path: str) -> None:
 
     pts = p.timeline
     threads = max(1, int(p.stats.get("num_threads") or 1))
-    keys = [(k, n) for k, n in WORKER_STAGES if k in p.stats]
+    keys = [(k, n) for k, n in WORKER_STAGES if k in stage_seconds(p.stats)]
     ts, util, coll, wait, cpu, depth, inflight, fetching = [], [], [], [], [], [], [], []
     prev_t, prev = 0.0, {"cpu": 0.0}
     for pt in pts:
         dt = pt.t - prev_t
         if dt <= 0:
             continue
-        s = pt.stats
+        s = dict(pt.stats, **stage_seconds(pt.stats))
 
         def delta(k: str) -> float:
             return float(s.get(k) or 0.0) - float(prev.get(k) or 0.0)

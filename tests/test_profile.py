@@ -22,7 +22,7 @@ def prof(stats, wall=10.0, cpu=None, cores=2, samples=400, remote=False, timelin
 
 
 def test_consumer_bound_when_the_trainer_rarely_waits():
-    p = prof(dict(wait_s=0.1, wait_time_ratio=0.01, read_s=0.2, decode_s=1.0, vision_s=1.5,
+    p = prof(dict(wait_s=0.1, wait_time_ratio=0.01, read_s=0.2, decode_s=1.0, vision_s=2.5,
                   tokenize_s=0.3, collate_s=0.4), cpu=3.0)
     d = P.diagnose(p)
     assert d.bottleneck == "consumer"
@@ -30,7 +30,7 @@ def test_consumer_bound_when_the_trainer_rarely_waits():
 
 
 def test_cpu_bound_names_the_heaviest_stage():
-    p = prof(dict(wait_s=6.0, wait_time_ratio=0.6, read_s=0.2, decode_s=6.0, vision_s=11.0,
+    p = prof(dict(wait_s=6.0, wait_time_ratio=0.6, read_s=0.2, decode_s=6.0, vision_s=17.0,
                   tokenize_s=1.0, collate_s=0.5), cpu=19.0)
     d = P.diagnose(p)
     assert d.bottleneck == "CPU"
@@ -39,7 +39,7 @@ def test_cpu_bound_names_the_heaviest_stage():
 
 
 def test_cpu_bound_with_fewer_threads_than_cores_suggests_more_threads():
-    p = prof(dict(num_threads=1, wait_s=6.0, wait_time_ratio=0.6, decode_s=4.0, vision_s=5.5,
+    p = prof(dict(num_threads=1, wait_s=6.0, wait_time_ratio=0.6, decode_s=4.0, vision_s=9.5,
                   tokenize_s=0.3), cpu=9.9, cores=4)
     d = P.diagnose(p)
     assert d.bottleneck == "CPU"
@@ -79,6 +79,12 @@ def test_idle_workers_and_a_waiting_trainer_mean_too_little_queued():
     d = P.diagnose(p)
     assert d.bottleneck == "pipeline depth"
     assert any("--window from 48 to 96" in s for s in d.suggestions)
+
+
+def test_breakdown_splits_decode_out_of_vision():
+    p = prof(dict(wait_s=2.0, read_s=1.0, decode_s=1.5, vision_s=4.0, tokenize_s=1.0))
+    rows = {name: v for name, v, _ in P.breakdown(p)}
+    assert rows["decode"] == 1.5 and rows["resize / patchify"] == 2.5
 
 
 def test_breakdown_shares_and_combined_vision_stage():
