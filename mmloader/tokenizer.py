@@ -15,7 +15,7 @@ a str with lone surrogates raises ``UnicodeEncodeError`` (``tokenizers`` raises
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Union
 
 from . import _core
 
@@ -29,8 +29,19 @@ class Tokenizer(_core.Tokenizer):
     """Byte-level BPE tokenizer loaded from a Hugging Face ``tokenizer.json``.
 
     Immutable after loading and safe to share between threads; ``encode`` and ``decode``
-    release the GIL.  Build one with :meth:`from_file` or :meth:`from_str`.
+    release the GIL.  Build one with :meth:`from_file` or :meth:`from_str`.  Pickling
+    stores the path (or the JSON text) and loads it again on the other side.
     """
+
+    def __init__(self, path: Optional[Union[str, "os.PathLike[str]"]] = None, *,
+                 json: Optional[str] = None) -> None:
+        super().__init__(path, json=json)
+        # what pickling needs to load it again (the C tokenizer itself is not copied)
+        self._source = (os.fspath(path), None) if path is not None else (None, json)
+
+    def __reduce__(self):
+        path, json = self._source
+        return (_restore, (type(self), path, json))
 
     @classmethod
     def from_file(cls, path: Union[str, "os.PathLike[str]"]) -> "Tokenizer":
@@ -68,6 +79,10 @@ class Tokenizer(_core.Tokenizer):
 
     def __repr__(self) -> str:
         return f"mmloader.Tokenizer(vocab_size={self.vocab_size})"
+
+
+def _restore(cls, path, json):
+    return cls(path) if path is not None else cls(json=json)
 
 
 __all__ = ["Tokenizer", "TINY_TOKENIZER_PATH"]

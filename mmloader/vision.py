@@ -80,7 +80,14 @@ class ImageProcessor:
             image_mean, image_std, legacy_resize (older smart_resize), fast (reduced-scale
             JPEG decode when the target is at most half the source; not bit-exact),
             max_image_pixels (images with more pixels are rejected before decoding;
-            0 disables).
+            0 disables), pillow_h_first (True: resize horizontally first always, as
+            Pillow <= 12 does; the default follows Pillow 13, which runs the vertical pass
+            first when the height shrinks by more than twice as many pixels as the width —
+            the two orders can differ by 1 in a few pixels).
+
+    Pixel semantics are those of the PIL backend of transformers 5.x: alpha and tRNS
+    transparency are composited onto white, CMYK/16-bit/palette PNG converted as Pillow
+    does, EXIF orientation ignored.
 
     Calling it with a list of images (encoded JPEG/PNG bytes, file paths, uint8 HxWx3
     arrays, or PIL images) returns {"pixel_values": float32 [sum t*h*w, 3*T*P*P],

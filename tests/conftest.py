@@ -56,6 +56,16 @@ class MotoS3:
         d.update(over)
         return d
 
+    def session_credentials(self) -> dict:
+        """Temporary credentials (with a session token) from STS AssumeRole."""
+        import boto3
+        sts = boto3.client("sts", endpoint_url=self.endpoint, region_name=self.region,
+                           aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+        c = sts.assume_role(RoleArn="arn:aws:iam::123456789012:role/mml-role",
+                            RoleSessionName="mml")["Credentials"]
+        return dict(access_key=c["AccessKeyId"], secret_key=c["SecretAccessKey"],
+                    session_token=c["SessionToken"])
+
     def put(self, key: str, data: bytes) -> str:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
         return f"s3://{self.bucket}/{key}"
@@ -90,8 +100,14 @@ def moto_s3():
                     aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
         iam = boto3.client("iam", **boot)
         iam.create_user(UserName="mml")
-        iam.put_user_policy(UserName="mml", PolicyName="s3all", PolicyDocument=(
-            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}'))
+        allow = ('{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
+                 '"Action":["s3:*","sts:AssumeRole"],"Resource":"*"}]}')
+        iam.put_user_policy(UserName="mml", PolicyName="s3all", PolicyDocument=allow)
+        # a role the user may assume: its temporary credentials carry a session token
+        iam.create_role(RoleName="mml-role", AssumeRolePolicyDocument=(
+            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"sts:AssumeRole",'
+            '"Principal":{"AWS":"arn:aws:iam::123456789012:user/mml"}}]}'))
+        iam.put_role_policy(RoleName="mml-role", PolicyName="s3all", PolicyDocument=allow)
         key = iam.create_access_key(UserName="mml")["AccessKey"]
         bucket = "mml-test"
         boto3.client("s3", **boot).create_bucket(Bucket=bucket)

@@ -78,6 +78,21 @@ def test_http_get_exact_bytes_and_ranges(fault_server):
     assert st["failures"] == 0 and st["bytes"] >= len(objs["/big"])
 
 
+def test_object_changing_between_ranges_is_an_error(fault_server):
+    old, new = blob(1_000_000, 8), blob(1_000_000, 9)
+    objs = {"/v": old}
+
+    def hook(method, path, rng, n):  # after the first range is served, replace the object
+        objs["/v"] = new
+        srv.objects["/v"] = new
+
+    srv = fault_server(objects=objs, hook=hook)
+    with _core.Fetcher(range_chunk=300_000, **FAST) as f:
+        with pytest.raises(FetchError, match="changed"):
+            f.get(srv.url("/v"))
+        assert f.get(srv.url("/v")) == new  # a fetch that starts after the change is whole
+
+
 def test_get_many_keeps_order_and_reuses_connections(fault_server):
     objs = {f"/o{i}": blob(100 + i * 37, i) for i in range(200)}
     srv = fault_server(objects=objs)
@@ -88,6 +103,16 @@ def test_get_many_keeps_order_and_reuses_connections(fault_server):
             f.get(u)
     assert srv.connections <= 8 + 2, srv.connections
     assert srv.max_active <= 8
+
+
+def test_several_io_threads(fault_server):
+    objs = {f"/o{i}": blob(3000 + i, i) for i in range(120)}
+    srv = fault_server(objects=objs, fault_rate=0.1, seed=2)
+    with _core.Fetcher(io_threads=3, max_inflight=12, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+        st = f.stats()
+    assert st["requests"] >= 120 and st["failures"] == 0 and st["inflight"] == 0
+    assert srv.max_active <= 12
 
 
 def test_inflight_is_bounded(fault_server):
@@ -119,6 +144,18 @@ def test_transient_faults_lose_nothing(fault_server):
     assert st["failures"] == 0
 
 
+@pytest.mark.slow
+def test_many_objects_every_fault_kind(fault_server):
+    objs = {f"/m/{i}": blob(500 + (i * 7919) % 60_000, i) for i in range(3000)}
+    srv = fault_server(objects=objs, fault_rate=0.10, seed=11, stall_s=3,
+                       faults=["503", "500", "429", "reset", "truncate", "stall"])
+    with _core.Fetcher(max_inflight=64, stall_s=1, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+        st = f.stats()
+    assert st["failures"] == 0 and st["retries"]["timeout"] >= 1
+    assert st["latency_p50_s"] <= st["latency_p90_s"] <= st["latency_p99_s"]
+
+
 def test_retry_after_is_honoured_on_a_fresh_connection(fault_server):
     srv = fault_server(objects={"/a": b"payload"}, script={"/a": ["503", "429"]}, retry_after=0.5)
     with _core.Fetcher(**FAST) as f:
@@ -137,6 +174,14 @@ def test_stalled_transfer_is_retried(fault_server):
     with _core.Fetcher(stall_s=1, **FAST) as f:
         assert f.get(srv.url("/s")) == data
         assert f.stats()["retries"]["timeout"] == 1
+
+
+def test_slow_but_steady_is_not_a_stall(fault_server):
+    data = blob(300_000, 6)
+    srv = fault_server(objects={"/slow": data}, bandwidth=200_000)  # ~1.5 s, bytes every 20 ms
+    with _core.Fetcher(stall_s=2, **FAST) as f:
+        assert f.get(srv.url("/slow")) == data
+        assert f.stats()["retries"]["timeout"] == 0
 
 
 def test_short_body_and_reset_are_retried(fault_server):
@@ -166,6 +211,26 @@ def test_permanent_errors_name_url_status_and_code(fault_server):
     assert st["failures"] == 3 and sum(st["retries"].values()) == 0
 
 
+def test_s3_protocol_through_faults(fault_server):
+    """s3:// GETs and paginated listings (prefixes with '/', keys needing escapes) against
+    the fault server standing in for S3, with 10% transient faults."""
+    keys = [f"data/part-{i:03d}.jsonl" for i in range(40)] + ["data/a&b <c>.jsonl", "data/x.txt",
+                                                             "data/sub/deep.jsonl", "other/y.jsonl"]
+    objs = {f"/bkt/{k}": blob(100 + i, i) for i, k in enumerate(keys)}
+    srv = fault_server(objects=objs, fault_rate=0.1, seed=5)
+    cfg = dict(endpoint=srv.url("/"), access_key="AK", secret_key="SK", list_page_size=7, **FAST)
+    with _core.Fetcher(**cfg) as f:
+        want = sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/") and k.endswith(".jsonl")
+                      and "/sub/" not in k)
+        assert f.list("s3://bkt/data/*.jsonl") == want
+        assert f.list("s3://bkt/data/", "*.jsonl") == want
+        assert f.list("s3://bkt/data/") == sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/"))
+        assert f.get_many(want) == [objs["/" + u[5:]] for u in want]
+        st = f.stats()
+    assert sum(st["retries"].values()) >= 1 and st["failures"] == 0
+    assert any("list-type=2" in e[3] and "continuation-token" in e[3] for e in srv.log)
+
+
 def test_retries_give_up_with_a_clear_message(fault_server):
     srv = fault_server(objects={"/x": b"1"}, fault_rate=1.0, faults=["503"])
     with pytest.raises(FetchError, match=r"HTTP 503 SlowDown.*after 3 retries"):
@@ -186,9 +251,36 @@ def test_secrets_never_shown(fault_server):
         f.get(srv.url("/m"))
 
 
+def test_https_with_a_private_ca(fault_server, tmp_path):
+    """TLS to 127.0.0.1 with a self-signed certificate: trusted through ca_bundle (or
+    AWS_CA_BUNDLE), refused without it, and the refusal is not retried."""
+    import shutil
+    import subprocess
+    if not shutil.which("openssl"):
+        pytest.skip("openssl command not installed")
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], capture_output=True, timeout=60)
+    if r.returncode:
+        pytest.skip("openssl could not make a certificate: " + r.stderr.decode()[-200:])
+    objs = {f"/t{i}": blob(5000 + i, i) for i in range(20)}
+    srv = fault_server(objects=objs, tls=(cert, key), fault_rate=0.1, seed=4)
+    urls = [srv.url(p) for p in objs]
+    assert urls[0].startswith("https://")
+    with _core.Fetcher(ca_bundle=cert, max_inflight=4, **FAST) as f:
+        assert f.get_many(urls) == list(objs.values())
+        assert f.get(urls[3], offset=10, length=20) == objs["/t3"][10:30]
+    with pytest.raises(FetchError, match="certificate") as e:
+        _core.fetch_get(urls[0], **FAST)
+    assert "after" not in str(e.value)  # not retried
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         _core.Fetcher(max_inflight=-1)
+    with pytest.raises(ValueError):
+        _core.Fetcher(io_threads=10_000)
     with _core.Fetcher() as f:
         with pytest.raises(ValueError):
             f.get("/not/remote")
@@ -247,6 +339,20 @@ def test_s3_env_configuration(moto_s3, monkeypatch):
     with pytest.raises(FetchError):
         _core.fetch_get(url)
     assert _core.fetch_get(url, secret_key=moto_s3.secret_key) == b"from-env"
+
+
+def test_s3_session_token(moto_s3):
+    url = moto_s3.put("tok.bin", b"temporary")
+    creds = moto_s3.session_credentials()
+    cfg = dict(endpoint=moto_s3.endpoint, region=moto_s3.region)
+    assert _core.fetch_get(url, **cfg, **creds) == b"temporary"
+    f = _core.Fetcher(**cfg, **creds)
+    assert creds["session_token"] not in repr(f) and creds["secret_key"] not in repr(f)
+    f.close()
+    no_token = dict(creds, session_token=None)
+    with pytest.raises(FetchError, match="403") as e:
+        _core.fetch_get(url, **cfg, **no_token)
+    assert creds["secret_key"] not in str(e.value)
 
 
 def test_s3_wrong_credentials_fail_clearly(moto_s3):

@@ -137,7 +137,9 @@ def test_pre_tokenizer_pieces_match(corpus):
 def check_classes(cps):
     split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(QWEN_REGEX), behavior="isolated")
     for i in range(0, len(cps), 8192):
-        s = "".join(f"a{chr(c)}a.{chr(c)}.1{chr(c)}1 {chr(c)}'{chr(c)}\n" for c in cps[i:i + 8192])
+        # ... and the case-insensitive contractions: which characters fold to s/t/m/d/re/ve/ll
+        s = "".join(f"a{c}a.{c}.1{c}1 {c}'{c}\n'{c}a.'{c}ea.'{c}la.'l{c}a.'r{c}a."
+                    for c in map(chr, cps[i:i + 8192]))
         assert _core._tok_pre_split(s) == [p for p, _ in split.pre_tokenize_str(s)], hex(cps[i])
 
 
@@ -180,6 +182,15 @@ def test_contractions_and_long_s():
 def test_merges_as_strings_load_the_same(corpus):
     d = json.load(open(TINY_JSON, encoding="utf-8"))
     d["model"]["merges"] = [" ".join(m) for m in d["model"]["merges"]]
+    text = json.dumps(d, ensure_ascii=False)
+    ours, ref = mmloader.Tokenizer.from_str(text), tokenizers.Tokenizer.from_str(text)
+    sample = corpus[:2000]
+    assert ours.encode_batch(sample) == [e.ids for e in ref.encode_batch(sample)]
+
+
+def test_ignore_merges(corpus):
+    d = json.load(open(TINY_JSON, encoding="utf-8"))
+    d["model"]["ignore_merges"] = True
     text = json.dumps(d, ensure_ascii=False)
     ours, ref = mmloader.Tokenizer.from_str(text), tokenizers.Tokenizer.from_str(text)
     sample = corpus[:2000]
@@ -278,6 +289,15 @@ def test_decode_errors_and_options():
         t.decode(["a"])
 
 
+def test_pickle_reloads():
+    import pickle
+    t = mmloader.Tokenizer.tiny()
+    u = pickle.loads(pickle.dumps(t))
+    assert isinstance(u, mmloader.Tokenizer) and u.encode("hello <|im_end|>") == t.encode("hello <|im_end|>")
+    s = mmloader.Tokenizer.from_str(open(TINY_JSON, encoding="utf-8").read())
+    assert pickle.loads(pickle.dumps(s)).vocab_size == t.vocab_size
+
+
 def test_load_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         mmloader.Tokenizer.from_file(tmp_path / "missing.json")
@@ -295,6 +315,24 @@ def test_load_errors(tmp_path):
         mmloader.Tokenizer.from_str(json.dumps(d))
     with pytest.raises(TypeError):
         mmloader.Tokenizer()
+
+
+@pytest.mark.slow
+def test_unicode_delta_is_current():
+    """csrc/core/unicode_delta.h still describes this tokenizers + utf8proc pair."""
+    if not tokenizers.__version__.startswith("0.23."):
+        pytest.skip("unicode_delta.h was generated against tokenizers 0.23")
+    import ctypes
+    import ctypes.util
+    lib = ctypes.CDLL(ctypes.util.find_library("utf8proc") or "libutf8proc.so.2")
+    lib.utf8proc_unicode_version.restype = ctypes.c_char_p
+    version = lib.utf8proc_unicode_version().decode()
+    header = open(os.path.join(REPO_ROOT, "csrc", "core", "unicode_delta.h"), encoding="utf-8").read()
+    if f"(Unicode {version})" not in header:
+        pytest.skip(f"unicode_delta.h was generated against another utf8proc (this one: {version})")
+    r = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "tools", "gen_unicode_tables.py"),
+                        "--check"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_tiny_tokenizer_is_small_and_reproducible():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import threading
 import zlib
@@ -248,6 +249,24 @@ def test_decode_matches_pillow(name, data):
     assert np.count_nonzero(got != want) == 0, name
 
 
+@needs_tf
+def test_decode_random_jpegs_match_pillow():
+    """Our libjpeg-turbo (the system's) against Pillow's bundled one: random sizes, qualities,
+    4:4:4 / 4:2:2 / 4:2:0 / 4:1:1, progressive, optimised Huffman, gray and CMYK."""
+    rng = np.random.default_rng(11)
+    subs = [0, 1, 2, "4:1:1"]
+    for i in range(40):
+        h, w = (int(v) for v in rng.integers(1, 300, 2))
+        im = Image.fromarray(pattern(h, w, i))
+        if i % 7 == 0:
+            im = im.convert("L")
+        if i % 11 == 0:
+            im = Image.fromarray(pattern(h, w, i, 4), "CMYK")
+        data = encode(im, "JPEG", quality=int(rng.integers(5, 101)), subsampling=subs[i % 4],
+                      progressive=i % 3 == 0, optimize=i % 5 == 0)
+        assert np.count_nonzero(mml_rgb(data) != pil_rgb(data)) == 0, (h, w, i)
+
+
 def test_alpha_composite_and_cmyk_formulas_exhaustive():
     """Every (value, alpha) pair over white and every (c, k) pair of CMYK, against Pillow."""
     v = np.repeat(np.arange(256, dtype=np.uint8), 256).reshape(256, 256)
@@ -406,6 +425,29 @@ def test_fast_mode_is_close_and_documented():
     d = np.abs(a["pixel_values"] - b["pixel_values"])
     # reduced-DCT decode is not bit-exact; it stays within a few uint8 steps on average
     assert d.mean() < 0.05 and d.max() > 0
+
+
+@needs_tf
+def test_portable_paths_match_too():
+    """The non-AVX2 code (taken on other CPUs) gives the same bytes: run a parity check in a
+    child process with the AVX2 paths switched off."""
+    import subprocess
+    import sys
+    code = (
+        "import io, numpy as np, mmloader, test_vision as t\n"
+        "d = [t.jpeg(300, 200, 1), t.jpeg(61, 83, 2), t.png_cases()['rgba'], t.jpeg(333, 500, 3)]\n"
+        "o = mmloader.ImageProcessor()(d)\n"
+        "t.assert_same(o, t.reference(d))\n"
+        "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"
+        "t.assert_same(o, t.reference(d, patch_size=16, min_pixels=65536, max_pixels=16777216,"
+        " image_mean=[.5, .5, .5], image_std=[.5, .5, .5]))\n"
+        "print('ok')\n")
+    env = dict(os.environ, MML_DISABLE_AVX2="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd(),
+                                           os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
 def test_threads_share_one_processor():

@@ -5,7 +5,10 @@
  * handle, the easy handles and every job/xfer after it left the submit queue.  Other
  * threads only (a) append jobs to the submit queue under `mu` and wake the thread with
  * curl_multi_wakeup, (b) read stats under `smu`, (c) set `stop`.  Completion callbacks
- * run on the I/O thread.  Lock order: mu and smu are never held together.
+ * run on the I/O thread.  Lock order: mu and smu are never held together.  With
+ * io_threads > 1 the fetcher is several such loops (each its own thread, multi handle and
+ * connection cache, max_inflight split between them); jobs are dealt round-robin.
+ * A blocking call (mml_fetch_get/size/list) from a completion callback is refused.
  *
  * Objects.  A job is one submitted request; it is carried out by one or more xfers (HTTP
  * transfers).  A GET of a whole object starts with one "probe" xfer asking for the first
@@ -18,7 +21,9 @@
  * in `ready` (FIFO).  A transient failure (5xx, 429, timeout/stall, reset, short body)
  * puts the xfer on `delayed` with capped exponential backoff and jitter (at least what
  * Retry-After asks) and restarts it from its first byte on a fresh connection, so a
- * retried body is exactly a clean one.  Connections stay alive in the multi handle's own
+ * retried body is exactly a clean one.  Range parts after the probe carry If-Match with
+ * the probe's ETag, so an object replaced mid-fetch fails instead of mixing versions.
+ * Stalls are detected from the time since the last byte (progress callback).  Connections stay alive in the multi handle's own
  * cache (never shared across threads); DNS and TLS sessions are shared process-wide
  * through one CURLSH with locks.
  *
@@ -103,6 +108,7 @@ struct job {
   mml_status fst;
   mml_err ferr;
   int retries;          /* over all parts, for messages */
+  char etag[128];       /* from the probe: later range parts send If-Match with it */
 };
 
 struct xfer {
@@ -122,6 +128,7 @@ struct xfer {
   double retry_after;   /* seconds, < 0 when absent */
   int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 when absent */
   int64_t clen;         /* Content-Length, -1 when absent */
+  char etag[128];
   int overflow, nomem, stalled;
   double last_rx;       /* when bytes last arrived (or the attempt started) */
   double stall_s;
@@ -131,6 +138,7 @@ struct xfer {
 
 struct mml_fetcher {
   char *ak, *sk, *tok, *region, *endpoint; /* owned copies; endpoint without trailing '/' */
+  char *ca_bundle;
   int max_inflight, max_retries;
   double timeout_s, connect_timeout_s, stall_s, backoff_base_s, backoff_max_s;
   int64_t range_chunk;
@@ -151,6 +159,12 @@ struct mml_fetcher {
   CURL *pool[64];
   int npool;
   uint64_t rng;
+
+  /* io_threads > 1: the fetcher handed out is loop 0 and owns the others; jobs are dealt
+   * round-robin (each loop its own thread, multi handle and connection cache). */
+  mml_fetcher **loops;
+  int nloops;
+  unsigned rr; /* atomic */
 
   pthread_mutex_t smu; /* guards: stats, lat, nlat */
   mml_fetch_stats stats;
@@ -257,40 +271,48 @@ static int bucket_ok(const char *b, size_t n) {
   return 1;
 }
 
-/* Fills j->http_url, host, canon_uri from bucket/key (+ optional encoded query). */
-static mml_status s3_address(mml_fetcher *f, job *j, const char *bucket, size_t blen,
-                             const char *key, const char *query, mml_err *err) {
+/* Splits "s3://bucket/key" into bucket (pointer+length) and key. */
+static mml_status s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
+                           const char *shown, mml_err *err) {
+  if (strncmp(url, "s3://", 5)) return mml_err_set(err, MML_EINVAL, "%s: not an s3:// URL", shown);
+  const char *b = url + 5, *sl = strchr(b, '/');
+  size_t n = sl ? (size_t)(sl - b) : strlen(b);
+  if (!bucket_ok(b, n)) return mml_err_set(err, MML_EINVAL, "%s: bad bucket name", shown);
+  *bucket = b, *blen = n, *key = sl ? sl + 1 : "";
+  return MML_OK;
+}
+
+/* Request line parts for bucket/key (+ encoded query) under this endpoint/region. */
+static mml_status s3_address_parts(const char *region, const char *endpoint, const char *bucket,
+                                   size_t blen, const char *key, const char *query,
+                                   mml_s3_addr *out, mml_err *err) {
   mml_bytes path = {0}, url = {0};
   char host[512];
-  int path_style = f->endpoint != NULL || memchr(bucket, '.', blen) != NULL;
-  if (f->endpoint) {
-    const char *h = strstr(f->endpoint, "://");
-    h = h ? h + 3 : f->endpoint;
+  int path_style = endpoint != NULL || memchr(bucket, '.', blen) != NULL;
+  memset(out, 0, sizeof *out);
+  if (endpoint) {
+    const char *h = strstr(endpoint, "://");
+    h = h ? h + 3 : endpoint;
     size_t hl = strcspn(h, "/");
-    if (hl == 0 || hl >= sizeof host) {
-      return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
-    }
+    if (hl == 0 || hl >= sizeof host) return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
     memcpy(host, h, hl), host[hl] = 0;
-  } else if (path_style) {
-    snprintf(host, sizeof host, "s3.%s.amazonaws.com", f->region);
+  } else if (path_style) { /* dotted bucket names break the TLS wildcard certificate */
+    snprintf(host, sizeof host, "s3.%s.amazonaws.com", region);
   } else {
-    snprintf(host, sizeof host, "%.*s.s3.%s.amazonaws.com", (int)blen, bucket, f->region);
+    snprintf(host, sizeof host, "%.*s.s3.%s.amazonaws.com", (int)blen, bucket, region);
   }
   mml_status st = MML_OK;
+  st |= mml_bytes_append(&path, "/", 1);
   if (path_style) {
-    st |= mml_bytes_append(&path, "/", 1);
     st |= mml_uri_encode(bucket, blen, 0, &path);
     if (*key || !query) st |= mml_bytes_append(&path, "/", 1);
-  } else {
-    st |= mml_bytes_append(&path, "/", 1);
   }
   st |= mml_uri_encode(key, strlen(key), 1, &path);
   if (st) goto oom;
-  if (f->endpoint) {
-    const char *h = strstr(f->endpoint, "://");
-    size_t pre = h ? (size_t)(h - f->endpoint) + 3 : 0;
-    if (!h) st |= mml_bytes_append(&url, "https://", 8);
-    st |= mml_bytes_append(&url, f->endpoint, pre);
+  if (endpoint) {
+    const char *h = strstr(endpoint, "://");
+    if (h) st |= mml_bytes_append(&url, endpoint, (size_t)(h - endpoint) + 3);
+    else st |= mml_bytes_append(&url, "https://", 8);
   } else {
     st |= mml_bytes_append(&url, "https://", 8);
   }
@@ -302,26 +324,34 @@ static mml_status s3_address(mml_fetcher *f, job *j, const char *bucket, size_t 
   }
   st |= mml_bytes_append(&url, "", 1);
   if (st) goto oom;
-  j->http_url = (char *)url.data;
-  j->canon_uri = (char *)path.data;
-  j->host = dupstr(host);
-  j->canon_query = dupstr(query ? query : "");
-  if (!j->host || !j->canon_query) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  out->http_url = (char *)url.data;
+  out->canonical_uri = (char *)path.data;
+  out->host = dupstr(host);
+  if (!out->host) {
+    mml_s3_addr_free(out);
+    return mml_err_set(err, MML_ENOMEM, "out of memory");
+  }
   return MML_OK;
 oom:
   mml_bytes_free(&path), mml_bytes_free(&url);
   return mml_err_set(err, MML_ENOMEM, "out of memory");
 }
 
-/* Splits "s3://bucket/key" into bucket (pointer+length) and key. */
-static mml_status s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
-                           const char *shown, mml_err *err) {
-  if (strncmp(url, "s3://", 5)) return mml_err_set(err, MML_EINVAL, "%s: not an s3:// URL", shown);
-  const char *b = url + 5, *sl = strchr(b, '/');
-  size_t n = sl ? (size_t)(sl - b) : strlen(b);
-  if (!bucket_ok(b, n)) return mml_err_set(err, MML_EINVAL, "%s: bad bucket name", shown);
-  *bucket = b, *blen = n, *key = sl ? sl + 1 : "";
-  return MML_OK;
+void mml_s3_addr_free(mml_s3_addr *a) {
+  if (!a) return;
+  free(a->http_url), free(a->host), free(a->canonical_uri);
+  memset(a, 0, sizeof *a);
+}
+
+mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
+                          const char *endpoint, mml_s3_addr *out, mml_err *err) {
+  const char *b, *k;
+  size_t bl;
+  if (!s3url || !out) return mml_err_set(err, MML_EINVAL, "s3 address: NULL argument");
+  mml_status st = s3_split(s3url, &b, &bl, &k, s3url, err);
+  if (st) return st;
+  return s3_address_parts(region && *region ? region : "us-east-1", endpoint && *endpoint ? endpoint : NULL,
+                          b, bl, k, query, out, err);
 }
 
 /* ---- jobs and xfers ----------------------------------------------------------------- */
@@ -353,8 +383,13 @@ static mml_status job_new(mml_fetcher *f, const char *url, const char *query, in
     const char *b, *k;
     size_t bl;
     j->is_s3 = 1;
+    mml_s3_addr a;
     st = s3_split(url, &b, &bl, &k, j->shown, err);
-    if (!st) st = s3_address(f, j, b, bl, k, query, err);
+    if (!st) st = s3_address_parts(f->region, f->endpoint, b, bl, k, query, &a, err);
+    if (!st) {
+      j->http_url = a.http_url, j->host = a.host, j->canon_uri = a.canonical_uri;
+      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "out of memory");
+    }
   } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
     j->http_url = dupstr(url);
     if (!j->http_url) st = mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -415,6 +450,9 @@ static void xfer_release_easy(mml_fetcher *f, xfer *x) {
   if (x->easy) {
     curl_multi_remove_handle(f->multi, x->easy);
     f->inflight--;
+    pthread_mutex_lock(&f->smu);
+    f->stats.inflight = f->inflight; /* before any completion callback can run */
+    pthread_mutex_unlock(&f->smu);
     if (f->npool < (int)(sizeof f->pool / sizeof *f->pool)) {
       curl_easy_reset(x->easy);
       f->pool[f->npool++] = x->easy;
@@ -505,6 +543,7 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
     const char *sp = memchr(p, ' ', len);
     x->http = sp ? strtol(sp + 1, NULL, 10) : 0;
     x->retry_after = -1, x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1;
+    x->etag[0] = 0;
     return len;
   }
   char line[256];
@@ -520,6 +559,11 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
     while (*v == ' ') v++;
     if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) x->cr_start = a, x->cr_end = b, x->cr_total = t;
     else if (sscanf(v, "bytes */%lld", &t) == 1) x->cr_total = t;
+  } else if (!strncasecmp(line, "etag:", 5)) {
+    const char *v = line + 5;
+    while (*v == ' ') v++;
+    size_t vl = strcspn(v, "\r\n");
+    if (vl < sizeof x->etag) memcpy(x->etag, v, vl), x->etag[vl] = 0;
   } else if (!strncasecmp(line, "content-length:", 15)) {
     x->clen = strtoll(line + 15, NULL, 10);
   }
@@ -640,7 +684,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
   x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s;
-  x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1, x->errbuf[0] = 0;
+  x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1, x->errbuf[0] = 0, x->etag[0] = 0;
   mml_bytes_clear(&x->errbody);
   if (x->probe) mml_bytes_clear(&j->body);
   curl_slist_free_all(x->hdrs);
@@ -653,6 +697,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
       st = add_header(&x->hdrs, "Range: bytes=%lld-%lld", (long long)x->off,
                       (long long)(x->off + f->range_chunk - 1));
   }
+  if (!st && !x->probe && j->etag[0]) st = add_header(&x->hdrs, "If-Match: %s", j->etag);
   if (st) {
     curl_easy_cleanup(e);
     return mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -682,6 +727,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
   curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
   if (g_share) curl_easy_setopt(e, CURLOPT_SHARE, g_share);
+  if (f->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, f->ca_bundle);
   if (!j->is_s3) {
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
@@ -842,7 +888,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
       return;
     }
     xfer_release_easy(f, x);
-    if (x->probe && s == 206 && j->total > x->off + x->got) spawn_rest(f, x);
+    if (x->probe && s == 206 && j->total > x->off + x->got) {
+      memcpy(j->etag, x->etag, sizeof j->etag);
+      spawn_rest(f, x);
+    }
     part_done(f, x);
     return;
   }
@@ -865,6 +914,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
   if (s == 429) retry_or_fail(f, x, RETRY_429, MML_EFETCH, why);
   else if (s == 500 || s == 502 || s == 503 || s == 504) retry_or_fail(f, x, RETRY_5XX, MML_EFETCH, why);
   else if (s == 408) retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
+  else if (s == 412 && j->etag[0]) {
+    xfer_release_easy(f, x);
+    part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)", j->etag);
+  }
   else {
     mml_status st = s == 404 ? MML_ENOENT : (s == 401 || s == 403) ? MML_EAUTH : MML_EFETCH;
     xfer_release_easy(f, x);
@@ -1005,17 +1058,7 @@ static void *io_main(void *arg) {
 
 /* ---- public API ------------------------------------------------------------------------ */
 
-mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err *err) {
-  mml_fetch_cfg zero = {0};
-  if (!cfg) cfg = &zero;
-  *out = NULL;
-  pthread_once(&g_once, global_init);
-  if (!g_init_ok) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
-  if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 || cfg->connect_timeout_s < 0 || cfg->stall_s < 0 ||
-      cfg->backoff_base_s < 0 || cfg->backoff_max_s < 0 || cfg->range_chunk < 0)
-    return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
-  if (cfg->max_inflight > 100000)
-    return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
+static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out, mml_err *err) {
   mml_fetcher *f = calloc(1, sizeof *f);
   if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory");
   const char *ak = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
@@ -1023,7 +1066,9 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   const char *tok = pick(cfg->session_token, "AWS_SESSION_TOKEN", NULL);
   const char *region = pick(cfg->region, "AWS_REGION", "AWS_DEFAULT_REGION");
   const char *ep = pick(cfg->endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  const char *ca = pick(cfg->ca_bundle, "AWS_CA_BUNDLE", NULL);
   int bad = 0;
+  if (ca) bad |= !(f->ca_bundle = dupstr(ca));
   if (ak && sk) {
     bad |= !(f->ak = dupstr(ak)) || !(f->sk = dupstr(sk));
     if (tok) bad |= !(f->tok = dupstr(tok));
@@ -1036,7 +1081,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
       while (n && f->endpoint[n - 1] == '/') f->endpoint[--n] = 0;
     }
   }
-  f->max_inflight = cfg->max_inflight ? cfg->max_inflight : 64;
+  f->max_inflight = max_inflight;
   f->max_retries = cfg->max_retries == 0 ? 8 : cfg->max_retries < 0 ? 0 : cfg->max_retries;
   f->timeout_s = cfg->timeout_s ? cfg->timeout_s : 60;
   f->connect_timeout_s = cfg->connect_timeout_s ? cfg->connect_timeout_s : 10;
@@ -1067,6 +1112,48 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   return MML_OK;
 }
 
+mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err *err) {
+  mml_fetch_cfg zero = {0};
+  if (!cfg) cfg = &zero;
+  *out = NULL;
+  pthread_once(&g_once, global_init);
+  if (!g_init_ok) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
+  if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 ||
+      cfg->connect_timeout_s < 0 || cfg->stall_s < 0 || cfg->backoff_base_s < 0 ||
+      cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0)
+    return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
+  if (cfg->max_inflight > 100000)
+    return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
+  if (cfg->io_threads > 64)
+    return mml_err_set(err, MML_ECONFIG, "fetch: io_threads %d is too large (at most 64)", cfg->io_threads);
+  int n = cfg->io_threads ? cfg->io_threads : 1;
+  int total = cfg->max_inflight ? cfg->max_inflight : 64;
+  if (total < n) n = total; /* at least one request in flight per loop */
+  int per = (total + n - 1) / n;
+  mml_fetcher *f;
+  mml_status st = loop_new(cfg, per, &f, err);
+  if (st || n == 1) {
+    *out = st ? NULL : f;
+    return st;
+  }
+  f->loops = calloc((size_t)n, sizeof *f->loops);
+  if (!f->loops) {
+    mml_fetcher_free(f);
+    return mml_err_set(err, MML_ENOMEM, "out of memory");
+  }
+  f->loops[0] = f;
+  f->nloops = 1;
+  for (int i = 1; i < n; i++) {
+    if ((st = loop_new(cfg, per, &f->loops[i], err))) {
+      mml_fetcher_free(f);
+      return st;
+    }
+    f->nloops++;
+  }
+  *out = f;
+  return MML_OK;
+}
+
 static void wipe_free(char *s) {
   if (!s) return;
   volatile char *p = s;
@@ -1076,6 +1163,8 @@ static void wipe_free(char *s) {
 
 void mml_fetcher_free(mml_fetcher *f) {
   if (!f) return;
+  for (int i = 1; i < f->nloops; i++) mml_fetcher_free(f->loops[i]);
+  free(f->loops);
   if (f->io_started) {
     pthread_mutex_lock(&f->mu);
     f->stop = 1;
@@ -1086,13 +1175,14 @@ void mml_fetcher_free(mml_fetcher *f) {
   for (int i = 0; i < f->npool; i++) curl_easy_cleanup(f->pool[i]);
   if (f->multi) curl_multi_cleanup(f->multi);
   wipe_free(f->ak), wipe_free(f->sk), wipe_free(f->tok);
-  free(f->region), free(f->endpoint);
+  free(f->region), free(f->endpoint), free(f->ca_bundle);
   pthread_mutex_destroy(&f->mu);
   pthread_mutex_destroy(&f->smu);
   free(f);
 }
 
 static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
+  if (f->nloops > 1) f = f->loops[__atomic_fetch_add(&f->rr, 1, __ATOMIC_RELAXED) % (unsigned)f->nloops];
   pthread_mutex_lock(&f->mu);
   if (f->stop) {
     pthread_mutex_unlock(&f->mu);
@@ -1146,8 +1236,11 @@ static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *
 
 static mml_status get_ex(mml_fetcher *f, const char *url, const char *query, int64_t off,
                          int64_t len, int head, mml_bytes *out, mml_err *err) {
-  if (f && f->io_started && pthread_equal(pthread_self(), f->io))
-    return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
+  for (int i = 0; f && i < (f->nloops ? f->nloops : 1); i++) {
+    mml_fetcher *l = f->nloops ? f->loops[i] : f;
+    if (l->io_started && pthread_equal(pthread_self(), l->io))
+      return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
+  }
   waiter w = {.st = MML_OK};
   pthread_mutex_init(&w.mu, NULL);
   pthread_cond_init(&w.cv, NULL);
@@ -1202,18 +1295,26 @@ static int cmp_double(const void *a, const void *b) {
 void mml_fetch_get_stats(mml_fetcher *f, mml_fetch_stats *out) {
   memset(out, 0, sizeof *out);
   if (!f) return;
-  double *tmp = malloc(LAT_RING * sizeof *tmp);
-  pthread_mutex_lock(&f->smu);
-  *out = f->stats;
-  size_t n = f->nlat < LAT_RING ? (size_t)f->nlat : LAT_RING;
-  if (tmp) memcpy(tmp, f->lat, n * sizeof *tmp);
-  pthread_mutex_unlock(&f->smu);
-  if (!tmp) return;
-  if (n) {
+  int nl = f->nloops ? f->nloops : 1;
+  double *tmp = malloc((size_t)nl * LAT_RING * sizeof *tmp);
+  size_t n = 0;
+  for (int i = 0; i < nl; i++) {
+    mml_fetcher *l = f->nloops ? f->loops[i] : f;
+    pthread_mutex_lock(&l->smu);
+    mml_fetch_stats s = l->stats;
+    size_t m = l->nlat < LAT_RING ? (size_t)l->nlat : LAT_RING;
+    if (tmp) memcpy(tmp + n, l->lat, m * sizeof *tmp), n += m;
+    pthread_mutex_unlock(&l->smu);
+    out->requests += s.requests, out->bytes += s.bytes, out->failures += s.failures;
+    out->retries_5xx += s.retries_5xx, out->retries_429 += s.retries_429;
+    out->retries_timeout += s.retries_timeout, out->retries_reset += s.retries_reset;
+    out->retries_short += s.retries_short, out->inflight += s.inflight;
+  }
+  if (tmp && n) {
     qsort(tmp, n, sizeof *tmp, cmp_double);
-    out->latency_p50_s = tmp[(size_t)((n - 1) * 0.50)];
-    out->latency_p90_s = tmp[(size_t)((n - 1) * 0.90)];
-    out->latency_p99_s = tmp[(size_t)((n - 1) * 0.99)];
+    out->latency_p50_s = tmp[(size_t)((double)(n - 1) * 0.50)];
+    out->latency_p90_s = tmp[(size_t)((double)(n - 1) * 0.90)];
+    out->latency_p99_s = tmp[(size_t)((double)(n - 1) * 0.99)];
   }
   free(tmp);
 }
@@ -1387,6 +1488,10 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       size_t kp = 0, kl;
       const char *k = xml_next(c, len, &kp, "Key", &kl);
       if (!k) continue;
+      if (kl >= 4000) {
+        st = mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", shown);
+        goto done;
+      }
       size_t klen = xml_decode(k, kl, kbuf, 4096);
       if (strlen(kbuf) != klen || strncmp(kbuf, pfx, strlen(pfx))) continue; /* NUL or foreign */
       if (pat && !strncmp(pat, "s3://", 5)) { /* a whole-URL pattern */
@@ -1423,9 +1528,13 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
       st = mml_err_set(err, MML_EFETCH, "LIST %s: truncated reply without a continuation token", shown);
       goto done;
     }
-    mml_bytes_clear(&token);
     char tok[2048];
     size_t tn = xml_decode(t, tl, tok, sizeof tok);
+    if (tl >= sizeof tok - 8 || (token.len == tn && !memcmp(token.data, tok, tn))) {
+      st = mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)", shown);
+      goto done;
+    }
+    mml_bytes_clear(&token);
     if (mml_bytes_append(&token, tok, tn)) {
       st = mml_err_set(err, MML_ENOMEM, "out of memory");
       goto done;

@@ -21,7 +21,7 @@
  *   PNG palette + tRNS   per-index alpha, then composited
  * Colour management (gAMA, iCCP, sRGB) and EXIF orientation are ignored, as Pillow does.
  *
- * Decoding streams rows to a sink (image_rows.h) so the caller can resize while rows are
+ * Decoding streams rows to a sink (mml_image_decode_rows) so the caller can resize while rows are
  * hot.  Truncated data is an error (Pillow raises "image file is truncated"); libjpeg's
  * "corrupt data" warnings are ignored as Pillow ignores them.
  *
@@ -29,7 +29,7 @@
  * Memory: the decoder's buffers grow to the largest image and are reused; libjpeg and
  * libpng still make their own internal allocations per image.
  */
-#include "image_rows.h"
+#include "mml/image.h"
 
 #include <png.h>
 #include <setjmp.h>

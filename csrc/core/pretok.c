@@ -3,10 +3,11 @@
  * the Qwen pre-tokenizer regex reproduced by a hand-written scanner.
  *
  * Design
- *   - One process-wide table (1.1 MB, built once under pthread_once from utf8proc's
- *     Unicode data, read-only afterwards) gives for every code point its regex class
- *     (\p{L}, \p{N}, \s = White_Space, other) and two NFC quick-check bits.  After init
- *     every function here is reentrant and lock-free; any number of threads may call them.
+ *   - Process-wide tables (2.2 MB plus a small composition hash, built once under
+ *     pthread_once from utf8proc's Unicode data, read-only afterwards) give for every code
+ *     point its regex class (\p{L}, \p{N}, \s = White_Space, other), its canonical
+ *     combining class and NFC bits (quick check, has a decomposition).  After init every
+ *     function here is reentrant and lock-free; any number of threads may call them.
  *   - NFC: a quick check (ASCII and all "NFC_QC = Yes" characters with well-ordered
  *     combining classes) answers most text without copying; otherwise NFC is computed by
  *     the book from utf8proc's decompositions.  Where the Unicode data of `tokenizers`
@@ -364,7 +365,7 @@ mml_status mml_nfc_append(const uint8_t *s, size_t len, mml_bytes *out) {
 
 static inline int is_crlf(uint8_t b) { return b == '\r' || b == '\n'; }
 
-/* End of the run of \p{L} starting at i. */
+/* End of the run of class `cls` starting at i. */
 static size_t scan_class(const uint8_t *s, size_t len, size_t i, int cls) {
   while (i < len) {
     size_t n;

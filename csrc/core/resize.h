@@ -24,9 +24,16 @@ typedef struct mml_resample_axis {
 mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err);
 void mml_resample_axis_free(mml_resample_axis *a);
 
-/* Horizontal pass over one RGB8 row: src has a->in pixels, dst gets a->out pixels. */
-void mml_resample_row_h(const mml_resample_axis *a, const uint8_t *restrict src,
-                        uint8_t *restrict dst);
+/* 1 when the AVX2 code paths may run (CPU support, and MML_DISABLE_AVX2 unset or "0"). */
+int mml_cpu_avx2(void);
+
+/* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
+ * the rows are transposed into `tbuf` (a->in * 4 * MML_HROWS bytes of scratch) so each
+ * output pixel of all rows is one short vector loop the compiler turns into SIMD.  Each
+ * src row must be readable one byte past its end (a->in * 3 + 1 bytes). */
+#define MML_HROWS 8
+void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
+                         uint8_t *const *dst, uint8_t *restrict tbuf);
 
 /* Vertical pass for output row y: rows[j] is input row bounds[2y] + j (the caller keeps
  * only the rows still needed, e.g. in a ring); n bytes per row (width*3).  acc is caller

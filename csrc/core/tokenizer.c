@@ -8,8 +8,9 @@
  *     and result).  After load the tokenizer is immutable: any number of threads may
  *     encode/decode with it concurrently without locks.
  *   - Mutable state lives in mml_tok_scratch (one per thread): normalisation buffers, BPE
- *     work arrays and a cache of recently seen words -> ids.  A NULL scratch makes the call
- *     use a temporary one.
+ *     work arrays and a cache of recently seen words -> ids (dropped when the scratch is
+ *     used with another tokenizer).  A NULL scratch makes the call use a temporary one,
+ *     without the cache.
  *   - encode = the `tokenizers` pipeline:
  *       1. invalid UTF-8 is replaced (maximal subparts -> U+FFFD), as a Python caller's
  *          bytes.decode("utf-8", "replace") would;
@@ -26,13 +27,17 @@
 #include "mml/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "mml/pretok.h"
 
-#define MAX_TOKEN_ID (1 << 26)
+#define MAX_TOKEN_ID (1 << 22) /* bounds the per-id tables a bad file can make us allocate */
 #define BPE_SMALL 96          /* words up to this many symbols use the O(n^2) merge loop */
 #define CACHE_SLOTS (1u << 14)
 #define CACHE_MAX_WORD 128    /* longer words are not cached */
@@ -122,7 +127,10 @@ struct mml_tokenizer {
   uint8_t *special;        /* per id */
   added_set raw, norm;     /* normalized=false / normalized=true added tokens */
   size_t vocab_size;       /* distinct strings, added tokens included */
+  uint64_t serial;         /* unique per loaded tokenizer: scratch caches check it */
 };
+
+static _Atomic uint64_t g_serial;
 
 static mml_status arena_add(mml_tokenizer *t, const void *p, size_t n, uint32_t *off) {
   if (t->arena_len + n + 1 > t->arena_cap) {
@@ -142,7 +150,7 @@ static mml_status arena_add(mml_tokenizer *t, const void *p, size_t n, uint32_t 
 }
 
 static mml_status str_map_init(str_map *m, size_t n) {
-  size_t cap = pow2_at_least(n * 2 + 16);
+  size_t cap = pow2_at_least(n + n / 2 + 16); /* load factor <= 2/3 */
   m->slots = malloc(cap * sizeof *m->slots);
   if (!m->slots) return MML_ENOMEM;
   for (size_t i = 0; i < cap; i++) m->slots[i].id = -1;
@@ -417,8 +425,10 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
   t->unk_id = unk ? str_map_get(&t->vocab, t->arena, unk, strlen(unk)) : -1;
 
   const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+  if (merges && !cJSON_IsNull(merges) && !cJSON_IsArray(merges))
+    return mml_err_set(err, MML_ECONFIG, "model.merges must be a list");
   size_t nm = cJSON_IsArray(merges) ? (size_t)cJSON_GetArraySize(merges) : 0;
-  size_t cap = pow2_at_least(nm * 2 + 16);
+  size_t cap = pow2_at_least(nm + nm / 2 + 16);
   t->merges = malloc(cap * sizeof *t->merges);
   if (!t->merges) return MML_ENOMEM;
   for (size_t i = 0; i < cap; i++) t->merges[i].key = UINT64_MAX;
@@ -580,6 +590,7 @@ mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer *
     return mml_err_set(err, MML_ENOMEM, "tokenizer: out of memory");
   }
   t->unk_id = -1;
+  t->serial = atomic_fetch_add(&g_serial, 1) + 1;
   st = check_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err);
   if (!st) st = check_pre_tokenizer(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err);
   const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
@@ -595,6 +606,11 @@ mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer *
   if (!st) st = build_id_tables(t);
   cJSON_Delete(root);
   mml_bytes_free(&tmp);
+#ifdef __GLIBC__
+  /* the JSON tree of a large tokenizer.json is ~60 MB of small blocks, freed just now:
+   * hand it back to the system rather than keep it in the heap */
+  if (len > (1u << 20)) malloc_trim(0);
+#endif
   if (st) {
     if (st == MML_ENOMEM) mml_err_set(err, st, "tokenizer: out of memory");
     mml_tokenizer_free(t);
@@ -654,7 +670,9 @@ struct mml_tok_scratch {
   uint32_t *rank;
   heap_item *heap;
   size_t cap;
-  /* word cache */
+  /* word cache: words -> ids of the tokenizer whose serial is cache_owner */
+  int no_cache;
+  uint64_t cache_owner;
   cache_slot *cache;
   size_t cache_count;
   mml_bytes cache_keys;
@@ -828,8 +846,12 @@ static mml_status bpe_word(const mml_tokenizer *t, mml_tok_scratch *s, const uin
   }
   uint64_t h = 0;
   cache_slot *slot = NULL;
-  if (n <= CACHE_MAX_WORD) {
+  if (n <= CACHE_MAX_WORD && !s->no_cache) {
     if (!s->cache && cache_init(s)) return MML_ENOMEM;
+    if (s->cache_owner != t->serial) { /* a scratch moved to another tokenizer */
+      if (s->cache_owner) cache_reset(s);
+      s->cache_owner = t->serial;
+    }
     h = hash_bytes(w, n);
     size_t mask = CACHE_SLOTS - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -1027,6 +1049,7 @@ static mml_status encode_raw_piece(const mml_tokenizer *t, mml_tok_scratch *s,
 mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
                                 const char *text, size_t len, mml_ids *out, mml_err *err) {
   mml_tok_scratch local = {0}, *s = scratch ? scratch : &local;
+  local.no_cache = 1; /* a cache would not outlive this call */
   const uint8_t *p = (const uint8_t *)text;
   if (len && !text) return mml_err_set(err, MML_EINVAL, "tokenizer: NULL text");
   mml_status st = MML_OK;

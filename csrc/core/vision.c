@@ -8,12 +8,14 @@
  *             -> vertical pass one output row at a time -> normalise + patchify that row
  *             straight into pixel_values
  *
- * Normalisation is a per-channel table of 256 floats built with the reference's exact
- * arithmetic: float32(double(v) * (1/255)), then (x - float32(mean)) / float32(std) in
- * float32.  Looking the value up therefore gives bit-identical results and no float image
- * is ever materialised.  The largest intermediate is the horizontally resized uint8 image
- * (rows the vertical pass needs only).  Scratch (decoder, coefficients, row buffers) is
- * per thread and grows to the largest image seen; steady state allocates nothing of ours.
+ * Normalisation uses the reference's exact arithmetic: float32(double(v) * (1/255)), then
+ * (x - float32(mean)) / float32(std) in float32 — as a 256-entry table per channel in the
+ * portable path, as the same IEEE operations in AVX2 — so results are bit-identical and no
+ * float image is materialised.  Output rows are gathered into a block of P*M rows, and
+ * each patch of the block is then written once, in memory order (non-temporal stores when
+ * the output is 32-byte aligned): pixel_values is written sequentially.  Intermediates are
+ * a few rows (ring, pending group, block); scratch (decoder, coefficients, rows) is per
+ * thread and grows to the largest image seen; steady state allocates nothing of ours.
  *
  * Layout (SPEC-QWEN.md): a single image is T identical frames, grid_t = 1;
  *   row = ((bh*(gw/M) + bw)*M + mh)*M + mw,  col = ((c*T + t)*P + py)*P + px.
@@ -27,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "image_rows.h"
+#include "mml/image.h"
 #include "resize.h"
 
 struct mml_vision_scratch {
@@ -35,11 +37,16 @@ struct mml_vision_scratch {
   mml_resample_axis ax, ay;
   mml_bytes ring; /* rows the vertical pass still needs (see resize_job) */
   mml_bytes vrow; /* vertical pass output */
-  mml_bytes hrow; /* horizontal pass output */
+  mml_bytes pend; /* rows waiting for the horizontal pass */
+  mml_bytes tbuf; /* transposed rows for the horizontal pass */
+  mml_bytes hout; /* horizontal pass output rows */
   int32_t *acc;   /* vertical pass accumulators */
   size_t acc_cap;
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
+  mml_bytes block;    /* P*M output rows for patchify */
+  float *ptmp;        /* one patch, aligned, for non-temporal output stores */
+  size_t ptmp_cap;
   double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
@@ -212,19 +219,25 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   mml_resample_axis_free(&s->ay);
   mml_bytes_free(&s->ring);
   mml_bytes_free(&s->vrow);
-  mml_bytes_free(&s->hrow);
+  mml_bytes_free(&s->pend);
+  mml_bytes_free(&s->tbuf);
+  mml_bytes_free(&s->hout);
   free(s->acc);
   free(s->rp);
+  mml_bytes_free(&s->block);
+  free(s->ptmp);
   free(s);
 }
 
 /* ---------------------------------------------------------------- the resize pipeline */
 
 /* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
- * as soon as the last input row it reads has arrived, then handed to `emit`.  Rows live in
- * a ring of (vertical taps) slots: horizontally resized rows when the horizontal pass runs
- * first, source rows when the vertical pass runs first (Pillow 13's choice, see resize.h).
- * Without a vertical pass a row goes straight through. */
+ * as soon as the input rows it reads are there, and handed to `emit` in order.  The
+ * horizontal pass runs on groups of MML_HROWS rows (resize.c vectorises across them), so
+ * rows wait in `pend` until a group is full or no more rows will come.  Rows the vertical
+ * pass still needs live in a ring: horizontally resized rows when the horizontal pass runs
+ * first, source rows when the vertical pass runs first (Pillow 13's choice, resize.h).
+ * Without a vertical pass rows go straight to the horizontal pass and out. */
 typedef void (*row_emit_fn)(void *ctx, int y, const uint8_t *row);
 
 typedef struct resize_job {
@@ -235,8 +248,10 @@ typedef struct resize_job {
   int src_w, src_h;
   int need_h, need_v, vfirst;
   int ring_n;
-  size_t slot;
-  int next; /* next output row */
+  size_t slot;    /* bytes per ring row */
+  int row_end;    /* source rows from here on are not read */
+  int next;       /* next vertical output row (or next row when there is no vertical pass) */
+  int pend_n, pend_y0; /* rows waiting for the horizontal pass and the first one's index */
   row_emit_fn emit;
   void *emit_ctx;
 } resize_job;
@@ -262,18 +277,25 @@ static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
   j->need_v = h != j->dst_h;
   j->vfirst = j->need_h && j->need_v && !j->h_first_always &&
               mml_resample_vertical_first(w, h, j->dst_w, j->dst_h);
-  j->next = 0;
+  j->next = j->pend_n = j->pend_y0 = 0;
+  j->row_end = h;
   mml_status st;
-  if (j->need_h && (st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
-  size_t wide = (size_t)(w > j->dst_w ? w : j->dst_w) * 3;
-  if (mml_bytes_reserve(&s->hrow, (size_t)j->dst_w * 3) || mml_bytes_reserve(&s->vrow, wide))
-    return mml_err_set(err, MML_ENOMEM, "resize: out of memory for a %zu-byte row", wide);
+  size_t in_row = (size_t)w * 3, out_row = (size_t)j->dst_w * 3;
+  if (j->need_h) {
+    if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
+    if (mml_bytes_reserve(&s->pend, MML_HROWS * in_row + 1) || /* +1: see mml_resample_rows_h */
+        mml_bytes_reserve(&s->tbuf, (size_t)w * 4 * MML_HROWS) ||
+        mml_bytes_reserve(&s->hout, MML_HROWS * out_row))
+      return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", w);
+  }
   if (j->need_v) {
     if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, err)) != MML_OK) return st;
-    j->ring_n = mml_resample_axis_taps(&s->ay);
-    j->slot = (size_t)(j->vfirst ? w : j->dst_w) * 3;
+    int first;
+    mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
+    j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
+    j->slot = j->vfirst || !j->need_h ? in_row : out_row;
     if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot) ||
-        grow_i32(&s->acc, &s->acc_cap, wide))
+        mml_bytes_reserve(&s->vrow, j->slot) || grow_i32(&s->acc, &s->acc_cap, j->slot))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
                          j->ring_n, j->slot);
     if ((size_t)j->ring_n > s->rp_cap) {
@@ -286,47 +308,90 @@ static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
   return MML_OK;
 }
 
+static uint8_t *ring_row(const resize_job *j, int r) {
+  return j->s->ring.data + (size_t)(r % j->ring_n) * j->slot;
+}
+
+static void drain(resize_job *j, int last);
+
+/* Runs the horizontal pass on the pending rows.  Horizontal-first: results go to the ring
+ * and ready vertical outputs are drained; otherwise the results are output rows. */
+static void flush_h(resize_job *j) {
+  mml_vision_scratch *s = j->s;
+  if (!j->pend_n) return;
+  const uint8_t *src[MML_HROWS] = {0};
+  uint8_t *dst[MML_HROWS] = {0};
+  size_t in_row = (size_t)j->src_w * 3, out_row = (size_t)j->dst_w * 3;
+  int ring = j->need_v && !j->vfirst;
+  for (int r = 0; r < j->pend_n; r++) {
+    src[r] = s->pend.data + (size_t)r * in_row;
+    dst[r] = ring ? ring_row(j, j->pend_y0 + r) : s->hout.data + (size_t)r * out_row;
+  }
+  mml_resample_rows_h(&s->ax, src, j->pend_n, dst, s->tbuf.data);
+  int n = j->pend_n, y0 = j->pend_y0;
+  j->pend_n = 0;
+  if (ring) {
+    drain(j, y0 + n - 1);
+  } else {
+    for (int r = 0; r < n; r++) j->emit(j->emit_ctx, y0 + r, dst[r]);
+  }
+}
+
+static uint8_t *pend_slot(resize_job *j, int y) {
+  if (!j->pend_n) j->pend_y0 = y;
+  return j->s->pend.data + (size_t)(j->pend_n++) * j->src_w * 3;
+}
+
+/* Produces every vertical output whose input rows (up to `last`) are all in the ring. */
+static void drain(resize_job *j, int last) {
+  mml_vision_scratch *s = j->s;
+  while (j->next < j->dst_h) {
+    int f, l;
+    mml_resample_axis_rows(&s->ay, j->next, &f, &l);
+    if (l - 1 > last) break;
+    for (int r = f; r < l; r++) s->rp[r - f] = ring_row(j, r);
+    if (j->vfirst) {
+      mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, pend_slot(j, j->next));
+      j->next++;
+      if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
+    } else {
+      mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, s->vrow.data);
+      j->emit(j->emit_ctx, j->next, s->vrow.data);
+      j->next++;
+    }
+  }
+}
+
 static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   resize_job *j = ctx;
-  mml_vision_scratch *s = j->s;
   (void)err;
+  size_t in_row = (size_t)j->src_w * 3;
   if (!j->need_v) {
-    const uint8_t *out = rgb;
-    if (j->need_h) {
-      mml_resample_row_h(&s->ax, rgb, s->hrow.data);
-      out = s->hrow.data;
+    if (!j->need_h) {
+      j->emit(j->emit_ctx, y, rgb);
+    } else {
+      memcpy(pend_slot(j, y), rgb, in_row);
+      if (j->pend_n == MML_HROWS || y == j->src_h - 1) flush_h(j);
     }
-    j->emit(j->emit_ctx, y, out);
     j->next = y + 1;
     return MML_OK;
   }
-  if (j->next >= j->dst_h) return MML_OK;
+  if (j->next >= j->dst_h || y >= j->row_end) return MML_OK;
   int f, l;
-  mml_resample_axis_rows(&s->ay, j->next, &f, &l);
-  if (y < f) return MML_OK; /* no output still to come reads this row */
-  uint8_t *slot = s->ring.data + (size_t)(y % j->ring_n) * j->slot;
-  if (j->need_h && !j->vfirst)
-    mml_resample_row_h(&s->ax, rgb, slot);
-  else
-    memcpy(slot, rgb, j->slot);
-  while (j->next < j->dst_h) {
-    mml_resample_axis_rows(&s->ay, j->next, &f, &l);
-    if (l - 1 > y) break;
-    for (int r = f; r < l; r++) s->rp[r - f] = s->ring.data + (size_t)(r % j->ring_n) * j->slot;
-    mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, s->vrow.data);
-    const uint8_t *out = s->vrow.data;
-    if (j->vfirst) {
-      mml_resample_row_h(&s->ax, s->vrow.data, s->hrow.data);
-      out = s->hrow.data;
-    }
-    j->emit(j->emit_ctx, j->next, out);
-    j->next++;
+  mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
+  if (y < f && !j->pend_n) return MML_OK; /* no output still to come reads this row */
+  if (j->need_h && !j->vfirst) {
+    memcpy(pend_slot(j, y), rgb, in_row);
+    if (j->pend_n == MML_HROWS || y == j->row_end - 1) flush_h(j);
+  } else {
+    memcpy(ring_row(j, y), rgb, in_row);
+    drain(j, y);
   }
   return MML_OK;
 }
 
 static mml_status job_done(const resize_job *j, mml_err *err) {
-  if (j->next != j->dst_h)
+  if (j->next != j->dst_h || j->pend_n)
     return mml_err_set(err, MML_EINTERNAL, "resize produced %d of %d rows", j->next, j->dst_h);
   return MML_OK;
 }
@@ -346,6 +411,10 @@ static mml_status feed_rgb(resize_job *j, const mml_rgb8 *img, mml_err *err) {
 typedef struct patch_ctx {
   int P, M, T, gw, cols;
   float *out;
+  uint8_t *block;   /* P*M output rows of W+16 bytes, channel-planar (scratch) */
+  int avx2;         /* use flush_block_avx2 */
+  float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
+  float mean[3], std[3];
   float lut[3][256];
 } patch_ctx;
 
@@ -359,28 +428,137 @@ static void build_lut(const mml_vision_cfg *cfg, float lut[3][256]) {
   }
 }
 
-/* Scatters output image row y (dst_w RGB8 pixels) into its patches. */
-static void patchify_row(void *ctx, int y, const uint8_t *row) {
-  const patch_ctx *g = ctx;
-  const int P = g->P, M = g->M, T = g->T, PP = P * P;
-  const int bh = y / (P * M), mh = (y / P) % M, py = y % P;
+/* Writes patch row (c, py) of one patch: P normalised values to each of the T temporal
+ * slots.  PCONST is a compile-time constant in the common cases (14, 16) so the loops
+ * unroll into straight-line code. */
+#define PATCH_ROW(PCONST)                                                     \
+  do {                                                                        \
+    float v[PCONST];                                                          \
+    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                   \
+    for (int t = 0; t < T; t++) {                                             \
+      float *restrict d = d0 + (size_t)t * PP;                                \
+      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                    \
+    }                                                                         \
+  } while (0)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* AVX2 version of flush_block for 8 < P <= 16: each patch row is normalised with vector
+ * arithmetic that performs exactly the reference's operations — float32(double(v) * (1/255)),
+ * then (x - mean) / std in float32 — and stored to the T slots.  Block rows carry 16 bytes
+ * of slack so the 16-byte loads stay inside the buffer. */
+__attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int bh) {
+  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
+  const size_t WS = (size_t)W + 16;
   const int bw_n = g->gw / M;
-  for (int pw = 0; pw < g->gw; pw++) {
-    const int bw = pw / M, mw = pw % M;
-    const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-    float *base = g->out + r * g->cols + py * P;
-    const uint8_t *src = row + (size_t)pw * P * 3;
-    for (int c = 0; c < 3; c++) {
-      const float *l = g->lut[c];
-      float *d0 = base + (size_t)c * T * PP;
-      for (int px = 0; px < P; px++) d0[px] = l[src[px * 3 + c]];
-      for (int t = 1; t < T; t++) memcpy(d0 + (size_t)t * PP, d0, (size_t)P * sizeof(float));
-    }
+  const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
+  const __m256i tailmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(P - 8),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 mean[3], sd[3];
+  for (int c = 0; c < 3; c++) {
+    mean[c] = _mm256_set1_ps(g->mean[c]);
+    sd[c] = _mm256_set1_ps(g->std[c]);
   }
+  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
+   * stores when the output allows (pixel_values is far larger than the caches, so this
+   * saves reading every output line before writing it). */
+  const int cols = g->cols;
+  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
+  for (int bw = 0; bw < bw_n; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
+        float *dst = g->out + r * cols;
+        float *o = stream ? g->ptmp : dst;
+        const int x0 = (bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const uint8_t *plane = g->block + (size_t)c * P * M * WS;
+          for (int py = 0; py < P; py++) {
+            const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
+            __m128i b = _mm_loadu_si128((const __m128i *)s);
+            __m256i i0 = _mm256_cvtepu8_epi32(b), i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+            __m256 f0 = _mm256_set_m128(
+                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i0, 1)), inv255)),
+                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i0)), inv255)));
+            __m256 f1 = _mm256_set_m128(
+                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i1, 1)), inv255)),
+                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i1)), inv255)));
+            f0 = _mm256_div_ps(_mm256_sub_ps(f0, mean[c]), sd[c]);
+            f1 = _mm256_div_ps(_mm256_sub_ps(f1, mean[c]), sd[c]);
+            float *d = o + ((size_t)c * T * P + py) * P;
+            for (int t = 0; t < T; t++, d += PP) {
+              _mm256_storeu_ps(d, f0);
+              _mm256_maskstore_ps(d + 8, tailmask, f1);
+            }
+          }
+        }
+        if (stream)
+          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
+      }
+  if (stream) _mm_sfence();
+}
+#define MML_HAVE_AVX2_PATCH 1
+#endif
+
+/* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
+ * g->block) in memory order, so pixel_values is written sequentially. */
+static void flush_block(patch_ctx *g, int bh) {
+  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
+  const int bw_n = g->gw / M;
+  for (int bw = 0; bw < bw_n; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
+        float *o = g->out + r * g->cols;
+        const int x0 = (bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const float *l = g->lut[c];
+          const uint8_t *plane = g->block + (size_t)c * P * M * W;
+          for (int py = 0; py < P; py++) {
+            const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
+            float *d0 = o + ((size_t)c * T * P + py) * P;
+            if (P == 14)
+              PATCH_ROW(14);
+            else if (P == 16)
+              PATCH_ROW(16);
+            else {
+              for (int t = 0; t < T; t++)
+                for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];
+            }
+          }
+        }
+      }
+}
+#undef PATCH_ROW
+
+/* Emitter: collects output rows into the planar block; a full block is written out. */
+static void patchify_row(void *ctx, int y, const uint8_t *row) {
+  patch_ctx *g = ctx;
+  const int PM = g->P * g->M, W = g->gw * g->P;
+  const size_t plane = (size_t)PM * (W + 16);
+  uint8_t *restrict r = g->block + (size_t)(y % PM) * (W + 16);
+  uint8_t *restrict gg = r + plane, *restrict b = r + 2 * plane;
+  for (int x = 0; x < W; x++) {
+    r[x] = row[3 * x];
+    gg[x] = row[3 * x + 1];
+    b[x] = row[3 * x + 2];
+  }
+  if (y % PM != PM - 1) return;
+#ifdef MML_HAVE_AVX2_PATCH
+  if (g->avx2) {
+    flush_block_avx2(g, y / PM);
+    return;
+  }
+#endif
+  flush_block(g, y / PM);
 }
 
-static void patch_ctx_init(patch_ctx *g, const mml_vision_cfg *cfg, const mml_vision_plan *plan,
-                           float *out) {
+static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
+                                 const mml_vision_plan *plan, float *out, mml_err *err) {
+  size_t n = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size;
+  if (mml_bytes_reserve(&s->block, n))
+    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
+  g->block = s->block.data;
   g->P = cfg->patch_size;
   g->M = cfg->merge_size;
   g->T = cfg->temporal_patch_size;
@@ -388,6 +566,27 @@ static void patch_ctx_init(patch_ctx *g, const mml_vision_cfg *cfg, const mml_vi
   g->cols = plan->cols;
   g->out = out;
   build_lut(cfg, g->lut);
+  memset(g->block, 0, n); /* the slack is read (and ignored) by the vector path */
+  for (int c = 0; c < 3; c++) {
+    g->mean[c] = cfg->mean[c];
+    g->std[c] = cfg->std[c];
+  }
+  g->avx2 = 0;
+#ifdef MML_HAVE_AVX2_PATCH
+  g->avx2 = mml_cpu_avx2() && g->P > 8 && g->P <= 16;
+#endif
+  g->ptmp = NULL;
+  if (g->avx2) {
+    size_t need = (size_t)plan->cols + 16;
+    if (s->ptmp_cap < need) {
+      free(s->ptmp);
+      s->ptmp_cap = 0;
+      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float))) s->ptmp = NULL;
+      else s->ptmp_cap = need;
+    }
+    g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
+  }
+  return MML_OK;
 }
 
 static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
@@ -430,7 +629,7 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   if (st != MML_OK) return st;
   int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
   patch_ctx g;
-  patch_ctx_init(&g, cfg, plan, out);
+  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
                   .h_first_always = cfg->pillow_h_first, .emit = patchify_row, .emit_ctx = &g};
@@ -449,7 +648,7 @@ mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch 
   mml_status st = check_plan(cfg, plan, out, err);
   if (st != MML_OK) return st;
   patch_ctx g;
-  patch_ctx_init(&g, cfg, plan, out);
+  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
                   .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
                   .emit = patchify_row, .emit_ctx = &g};

@@ -1,10 +1,14 @@
 /*
- * collate_py.c — test hooks into the collation core (M-RoPE positions), so that pytest can
- * compare them with the reference implementations in transformers.  Not public API: the
+ * collate_py.c — test hooks into the collation core: M-RoPE positions and a collator driven
+ * over a list of given samples (the same fits/add/full/emit loop the engine runs), so that
+ * pytest can check batches against transformers and megatron-core.  Not public API: the
  * collator itself is driven by the Loader.
  */
 #include "binding.h"
 
+#include <string.h>
+
+#include "mml/collate.h"
 #include "mml/mrope.h"
 
 /* _mrope_positions(ids, grids, spatial_merge, image_pad_id) -> (bytes, rope_delta)
@@ -74,7 +78,223 @@ done:
   return ret;
 }
 
+/* ---- _collate ---------------------------------------------------------------------- */
+
+static int dict_int(PyObject *d, const char *key, long long *out) {
+  PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+  if (!v) return 0;
+  long long x = PyLong_AsLongLong(v);
+  if (x == -1 && PyErr_Occurred()) return -1;
+  *out = x;
+  return 0;
+}
+
+static int dict_choice(PyObject *d, const char *key, const char *const *names, int n, int *out) {
+  PyObject *v = PyDict_GetItemString(d, key);
+  if (!v) return 0;
+  const char *s = PyUnicode_AsUTF8(v);
+  if (!s) return -1;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, names[i])) {
+      *out = i;
+      return 0;
+    }
+  PyErr_Format(mml_py_ConfigError, "%s: unknown value %R", key, v);
+  return -1;
+}
+
+/* Fills cfg from a dict with the mml_collate_cfg field names; keys and text_only_vision are
+ * strings ("qwen" | "megatron", "placeholder" | "omit" | "empty"). */
+static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
+  static const char *const keys[] = {"qwen", "megatron"};
+  static const char *const tov[] = {"placeholder", "omit", "empty"};
+  struct {
+    const char *name;
+    long long v;
+  } f[] = {{"micro_batch_size", 1}, {"seq_length", 0},     {"pack", 0},
+           {"pack_length", 0},      {"pad_to_multiple", 0}, {"pad_id", 151643},
+           {"shift_labels", 0},     {"attention_mask", 0}, {"mrope", 0},
+           {"spatial_merge", 2},    {"image_pad_id", 151655}, {"vision_start_id", 151652},
+           {"pixel_cols", 1176},    {"mm_token_type_ids", 0}};
+  const int nf = (int)(sizeof f / sizeof f[0]);
+  for (int i = 0; i < nf; i++)
+    if (dict_int(d, f[i].name, &f[i].v)) return -1;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->micro_batch_size = (int)f[0].v;
+  cfg->seq_length = f[1].v;
+  cfg->pack = (int)f[2].v;
+  cfg->pack_length = f[3].v;
+  cfg->pad_to_multiple = (int)f[4].v;
+  cfg->pad_id = (int32_t)f[5].v;
+  cfg->shift_labels = (int)f[6].v;
+  cfg->attention_mask = (int)f[7].v;
+  cfg->mrope = (int)f[8].v;
+  cfg->spatial_merge = (int)f[9].v;
+  cfg->image_pad_id = (int32_t)f[10].v;
+  cfg->vision_start_id = (int32_t)f[11].v;
+  cfg->pixel_cols = (int)f[12].v;
+  cfg->mm_token_type_ids = (int)f[13].v;
+  int k = 0, t = 0;
+  if (dict_choice(d, "keys", keys, 2, &k) || dict_choice(d, "text_only_vision", tov, 3, &t))
+    return -1;
+  cfg->keys = (mml_key_style)k;
+  cfg->text_only_vision = t;
+  return 0;
+}
+
+static int ids_from_seq(PyObject *obj, mml_ids *out, const char *what) {
+  PyObject *seq = PySequence_Fast(obj, what);
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if ((v == -1 && PyErr_Occurred()) || mml_ids_push(out, (int32_t)v)) {
+      if (!PyErr_Occurred()) PyErr_NoMemory();
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
+/* Fills s from {"input_ids", "labels", optional "grids" [(t, h, w)...], optional
+ * "pixel_values" (C-contiguous float32 buffer [rows, cols])}. */
+static int sample_from_dict(PyObject *d, int64_t index, mml_sample *s) {
+  mml_sample_reset(s);
+  s->index = index;
+  s->pos = index;
+  PyObject *ids = PyDict_GetItemString(d, "input_ids");
+  PyObject *labels = PyDict_GetItemString(d, "labels");
+  if (!ids || !labels) {
+    PyErr_SetString(PyExc_KeyError, "a sample needs input_ids and labels");
+    return -1;
+  }
+  if (ids_from_seq(ids, &s->input_ids, "input_ids must be a sequence of ints") ||
+      ids_from_seq(labels, &s->labels, "labels must be a sequence of ints"))
+    return -1;
+  PyObject *grids = PyDict_GetItemString(d, "grids");
+  if (grids) {
+    PyObject *seq = PySequence_Fast(grids, "grids must be a sequence of (t, h, w)");
+    if (!seq) return -1;
+    s->nimages = (int)PySequence_Fast_GET_SIZE(seq);
+    for (int i = 0; i < s->nimages; i++)
+      if (ids_from_seq(PySequence_Fast_GET_ITEM(seq, i), &s->grids, "grid must be (t, h, w)")) {
+        Py_DECREF(seq);
+        return -1;
+      }
+    Py_DECREF(seq);
+  }
+  PyObject *px = PyDict_GetItemString(d, "pixel_values");
+  if (px) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(px, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) return -1;
+    int ok = view.ndim == 2 && view.itemsize == 4 && view.format && !strcmp(view.format, "f");
+    if (!ok) {
+      PyBuffer_Release(&view);
+      PyErr_SetString(PyExc_TypeError, "pixel_values must be a float32 [rows, cols] array");
+      return -1;
+    }
+    s->pixel_rows = view.shape[0];
+    s->pixel_cols = (int)view.shape[1];
+    mml_status st = mml_bytes_append(&s->pixels, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    if (st) {
+      PyErr_NoMemory();
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Emits c's batch and appends (dict of Tensors, stats dict) to out. */
+static int emit_into(mml_collator *c, PyObject *out) {
+  mml_batch b;
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_collator_emit(c, &b, &err);
+  Py_END_ALLOW_THREADS
+  if (st) {
+    mml_py_raise(st, &err);
+    return -1;
+  }
+  PyObject *d = PyDict_New();
+  int rc = d ? 0 : -1;
+  for (int i = 0; i < b.ntensors && !rc; i++) {
+    PyObject *t = mml_py_tensor_from_slot(&b.tensors[i]);
+    rc = !t || PyDict_SetItemString(d, b.tensors[i].name, t);
+    Py_XDECREF(t);
+  }
+  PyObject *stats = rc ? NULL
+                       : Py_BuildValue("{s:i,s:L,s:L}", "nsamples", b.nsamples, "real_tokens",
+                                       (long long)b.real_tokens, "token_slots",
+                                       (long long)b.token_slots);
+  PyObject *pair = stats ? PyTuple_Pack(2, d, stats) : NULL;
+  rc = !pair || PyList_Append(out, pair);
+  Py_XDECREF(pair);
+  Py_XDECREF(stats);
+  Py_XDECREF(d);
+  mml_batch_clear(&b);
+  return rc ? -1 : 0;
+}
+
+/* _collate(samples, cfg) -> [(dict name -> Tensor, {"nsamples", "real_tokens",
+ * "token_slots"}), ...]: the engine's collation loop over the given samples, the last
+ * partial batch flushed. */
+static PyObject *py_collate(PyObject *self, PyObject *args) {
+  (void)self;
+  PyObject *samples, *cfgd;
+  if (!PyArg_ParseTuple(args, "OO!", &samples, &PyDict_Type, &cfgd)) return NULL;
+  mml_collate_cfg cfg;
+  if (cfg_from_dict(cfgd, &cfg)) return NULL;
+  PyObject *seq = PySequence_Fast(samples, "samples must be a sequence of dicts");
+  if (!seq) return NULL;
+  mml_err err = {0};
+  mml_pool *pool = NULL;
+  mml_collator *c = NULL;
+  mml_sample s = {0};
+  PyObject *out = NULL;
+  mml_status st = mml_pool_new(NULL, 0, &pool, &err);
+  if (!st) st = mml_collator_new(&cfg, pool, &c, &err);
+  if (st) {
+    mml_py_raise(st, &err);
+    goto done;
+  }
+  out = PyList_New(0);
+  if (!out) goto done;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyDict_Check(d)) {
+      PyErr_SetString(PyExc_TypeError, "each sample must be a dict");
+      goto fail;
+    }
+    if (sample_from_dict(d, i, &s)) goto fail;
+    if (!mml_collator_fits(c, &s) && emit_into(c, out)) goto fail;
+    st = mml_collator_add(c, &s, &err);
+    if (st) {
+      mml_py_raise(st, &err);
+      goto fail;
+    }
+    if (mml_collator_full(c) && emit_into(c, out)) goto fail;
+  }
+  if (mml_collator_count(c) > 0 && emit_into(c, out)) goto fail;
+  goto done;
+fail:
+  Py_CLEAR(out);
+done:
+  mml_sample_free(&s);
+  mml_collator_free(c);
+  if (pool) mml_pool_close(pool);
+  Py_DECREF(seq);
+  return out;
+}
+
 static PyMethodDef k_methods[] = {
+    {"_collate", py_collate, METH_VARARGS,
+     "_collate(samples, cfg) -> [(dict of Tensor, stats)]: collate the given samples "
+     "(dicts of input_ids, labels, optional grids and float32 pixel_values) in order with "
+     "the engine's loop; cfg uses mml_collate_cfg field names (test hook)."},
     {"_mrope_positions", py_mrope_positions, METH_VARARGS,
      "_mrope_positions(ids, grids, spatial_merge, image_pad_id) -> (bytes, rope_delta): "
      "Qwen2-VL M-RoPE position ids as int64 [3, len(ids)] (test hook)."},

@@ -2,14 +2,15 @@
  * vision_py.c — binding of the vision core (csrc/core/vision.c, image.c):
  *
  *   _core.VisionProcessor(cfg: dict)           per-object config + scratch
- *       .process(items) -> (bytearray, rows, cols, [(t, h, w), ...])
+ *       .process(items) -> (VisionBuffer, rows, cols, [(t, h, w), ...])
  *           items: list of (0, bytes-like encoded image) or (1, buffer, height, width)
  *           for C-contiguous uint8 HxWx3; the float32 output is written straight into
- *           the returned bytearray (allocated with the GIL, filled without it)
+ *           the returned VisionBuffer (malloc'd; recycled through the processor)
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
  *   _core.image_decode(data, scale_denom=1) -> (bytes, height, width)   (tests)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
+ *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
  *
  * Threads: planning and processing run with the GIL released.  A VisionProcessor's
  * scratch is guarded by a lock taken without blocking; a call that finds it busy (the
@@ -17,6 +18,7 @@
  */
 #include "binding.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "mml/image.h"
@@ -123,7 +125,38 @@ typedef struct {
   mml_vision_cfg cfg;
   mml_vision_scratch *scratch;
   PyThread_type_lock lock;
+  void *cache;        /* one output buffer returned by a released VisionBuffer (GIL held) */
+  size_t cache_size;
 } VisionProcessor;
+
+/* ---------------------------------------------------------------- VisionBuffer */
+
+/* The float32 output of one call: malloc'd memory (written without the GIL) exposed through
+ * the buffer protocol.  When the last view goes away the memory goes back to its processor
+ * (one cached buffer) so steady-state calls neither allocate nor page-fault new memory. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *owner; /* VisionProcessor */
+  void *data;
+  size_t size;
+} VisionBuffer;
+
+static int vb_getbuffer(VisionBuffer *self, Py_buffer *view, int flags) {
+  return PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->size, 0, flags);
+}
+
+static PyBufferProcs vb_as_buffer = {(getbufferproc)vb_getbuffer, NULL};
+
+static void vb_dealloc(VisionBuffer *self);
+
+static PyTypeObject VisionBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionBuffer",
+    .tp_basicsize = sizeof(VisionBuffer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "float32 pixel_values memory of one ImageProcessor call (buffer protocol).",
+    .tp_dealloc = (destructor)vb_dealloc,
+    .tp_as_buffer = &vb_as_buffer,
+};
 
 static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   PyObject *d;
@@ -141,7 +174,41 @@ static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   return 0;
 }
 
+static void vb_dealloc(VisionBuffer *self) {
+  VisionProcessor *o = (VisionProcessor *)self->owner;
+  if (o && !o->cache && self->data) {
+    o->cache = self->data;
+    o->cache_size = self->size;
+  } else {
+    free(self->data);
+  }
+  Py_XDECREF(self->owner);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A buffer of n bytes, reusing the processor's cached one when it fits (and is not more
+ * than 4x too large).  GIL held. */
+static PyObject *vp_take_buffer(VisionProcessor *self, size_t n) {
+  VisionBuffer *b = PyObject_New(VisionBuffer, &VisionBufferType);
+  if (!b) return NULL;
+  b->owner = NULL;
+  b->data = NULL;
+  b->size = n;
+  if (self->cache && self->cache_size >= n && self->cache_size / 4 <= n) {
+    b->data = self->cache;
+    self->cache = NULL;
+  } else if (posix_memalign(&b->data, 64, n ? n : 1)) { /* 64: aligned streaming stores */
+    b->data = NULL;
+    Py_DECREF(b);
+    return PyErr_NoMemory();
+  }
+  Py_INCREF(self);
+  b->owner = (PyObject *)self;
+  return (PyObject *)b;
+}
+
 static void vp_dealloc(VisionProcessor *self) {
+  free(self->cache);
   mml_vision_scratch_free(self->scratch);
   if (self->lock) PyThread_free_lock(self->lock);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -207,9 +274,9 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     PyErr_NoMemory();
     goto fail;
   }
-  out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(rows * cols * 4));
+  out = vp_take_buffer(self, (size_t)rows * (size_t)cols * 4);
   if (!out) goto fail;
-  float *dst = (float *)(void *)PyByteArray_AS_STRING(out);
+  float *dst = ((VisionBuffer *)out)->data;
   Py_BEGIN_ALLOW_THREADS
   mml_vision_scratch *s = self->scratch, *tmp = NULL;
   int locked = PyThread_acquire_lock(self->lock, NOWAIT_LOCK);
@@ -257,7 +324,7 @@ fail:
 
 static PyMethodDef vp_methods[] = {
     {"process", (PyCFunction)vp_process, METH_O,
-     "process(items) -> (bytearray, rows, cols, grids).  items: (0, encoded) or "
+     "process(items) -> (buffer, rows, cols, grids).  items: (0, encoded) or "
      "(1, rgb_buffer, height, width)."},
     {NULL, NULL, 0, NULL}};
 
@@ -375,7 +442,56 @@ static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
   return out;
 }
 
+static mml_status null_begin(void *ctx, int w, int h, mml_err *err) {
+  (void)err;
+  *(int64_t *)ctx += (int64_t)w * h;
+  return MML_OK;
+}
+
+static mml_status null_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
+  (void)ctx, (void)y, (void)rgb, (void)err;
+  return MML_OK;
+}
+
+/* Decode only (rows converted to RGB8 and dropped): the decode ceiling for benchmarks. */
+static PyObject *py_decode_only(PyObject *mod, PyObject *arg) {
+  PyObject *seq = PySequence_Fast(arg, "decode_only() takes a list of bytes");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  Py_buffer *bufs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *bufs);
+  Py_ssize_t got = 0;
+  PyObject *r = NULL;
+  mml_decoder *d = NULL;
+  if (!bufs) goto out;
+  for (; got < n; got++)
+    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &bufs[got], PyBUF_SIMPLE)) goto out;
+  if (mml_decoder_new(&d) != MML_OK) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  int64_t pixels = 0;
+  mml_err err = {0};
+  mml_status st = MML_OK;
+  mml_row_sink sink = {null_begin, null_row, &pixels};
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < n && st == MML_OK; i++)
+    st = mml_image_decode_rows(d, bufs[i].buf, (size_t)bufs[i].len, 1, &sink, &err);
+  Py_END_ALLOW_THREADS
+  if (st != MML_OK)
+    mml_py_raise(st, &err);
+  else
+    r = PyLong_FromLongLong((long long)pixels);
+out:
+  for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+  PyMem_Free(bufs);
+  mml_decoder_free(d);
+  Py_DECREF(seq);
+  return r;
+}
+
 static PyMethodDef vision_functions[] = {
+    {"decode_only", py_decode_only, METH_O,
+     "decode_only(list of encoded images) -> total pixels (decode to RGB8 rows, discarded)"},
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,
      "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=False)"},
     {"vision_plan", py_vision_plan, METH_VARARGS, "vision_plan(cfg, data) -> dict"},
@@ -386,7 +502,7 @@ static PyMethodDef vision_functions[] = {
     {NULL, NULL, 0, NULL}};
 
 int mml_py_vision_register(PyObject *m) {
-  if (PyType_Ready(&VisionProcessorType) < 0) return -1;
+  if (PyType_Ready(&VisionProcessorType) < 0 || PyType_Ready(&VisionBufferType) < 0) return -1;
   Py_INCREF(&VisionProcessorType);
   if (PyModule_AddObject(m, "VisionProcessor", (PyObject *)&VisionProcessorType)) {
     Py_DECREF(&VisionProcessorType);

@@ -154,6 +154,36 @@ TEST(xml) {
   CHECK(strlen(out) < 8);
 }
 
+TEST(s3_addressing) {
+  mml_s3_addr a;
+  mml_err err = {0};
+  CHECK_OK(mml_s3_address("s3://my-bucket/dir/a b+c.jpg", NULL, "eu-west-1", NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://my-bucket.s3.eu-west-1.amazonaws.com/dir/a%20b%2Bc.jpg");
+  CHECK_EQ_STR(a.host, "my-bucket.s3.eu-west-1.amazonaws.com");
+  CHECK_EQ_STR(a.canonical_uri, "/dir/a%20b%2Bc.jpg");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://my.dotted.bucket/k", NULL, NULL, NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://s3.us-east-1.amazonaws.com/my.dotted.bucket/k");
+  CHECK_EQ_STR(a.host, "s3.us-east-1.amazonaws.com");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b/x/y.jsonl", NULL, "us-east-1", "http://127.0.0.1:9000", &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "http://127.0.0.1:9000/b/x/y.jsonl");
+  CHECK_EQ_STR(a.host, "127.0.0.1:9000");
+  CHECK_EQ_STR(a.canonical_uri, "/b/x/y.jsonl");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b", "list-type=2&prefix=p", "us-east-1", "minio.local:9000/", &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://minio.local:9000/b?list-type=2&prefix=p");
+  CHECK_EQ_STR(a.canonical_uri, "/b");
+  mml_s3_addr_free(&a);
+  CHECK_OK(mml_s3_address("s3://b", "list-type=2", "us-east-1", NULL, &a, &err), err);
+  CHECK_EQ_STR(a.http_url, "https://b.s3.us-east-1.amazonaws.com/?list-type=2");
+  CHECK_EQ_STR(a.canonical_uri, "/");
+  mml_s3_addr_free(&a);
+  CHECK(mml_s3_address("s3://bad bucket/k", NULL, NULL, NULL, &a, &err) == MML_EINVAL);
+  CHECK(mml_s3_address("http://x/k", NULL, NULL, NULL, &a, &err) == MML_EINVAL);
+  CHECK(mml_s3_address("s3://b/k", NULL, NULL, "http:///nohost", &a, &err) == MML_ECONFIG);
+}
+
 /* ---- a scripted HTTP server: connection i gets reply[i] then is closed ---------------- */
 
 typedef struct script_server {
@@ -328,11 +358,56 @@ TEST(free_cancels_in_flight) {
   script_stop(&s);
 }
 
+typedef struct {
+  pthread_mutex_t mu;
+  int calls, ok;
+} many_rec;
+static void many_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  many_rec *r = ctx;
+  pthread_mutex_lock(&r->mu);
+  r->calls++;
+  r->ok += st == MML_OK && body && body->len == 10 && !memcmp(body->data, "0123456789", 10);
+  pthread_mutex_unlock(&r->mu);
+  if (body) mml_bytes_free(body);
+}
+
+TEST(several_io_threads) {
+  static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789";
+  const char *const replies[] = {ok, ok, ok, ok, ok, ok};
+  const size_t lens[] = {sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1};
+  script_server s;
+  CHECK(script_start(&s, replies, lens, 6) == 0);
+  mml_fetch_cfg cfg = {.io_threads = 3, .max_inflight = 6};
+  mml_fetcher *f = NULL;
+  mml_err err = {0};
+  CHECK_OK(mml_fetcher_new(&cfg, &f, &err), err);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/x", s.port);
+  many_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+  for (int i = 0; i < 6; i++) CHECK_OK(mml_fetch_submit(f, url, 0, -1, many_cb, &r, &err), err);
+  for (int i = 0; i < 1000; i++) {
+    pthread_mutex_lock(&r.mu);
+    int c = r.calls;
+    pthread_mutex_unlock(&r.mu);
+    if (c == 6) break;
+    usleep(10000);
+  }
+  mml_fetch_stats st;
+  mml_fetch_get_stats(f, &st);
+  mml_fetcher_free(f);
+  CHECK_EQ_INT(r.calls, 6);
+  CHECK_EQ_INT(r.ok, 6);
+  CHECK_EQ_INT(st.requests, 6);
+  script_stop(&s);
+}
+
 TEST(bad_input) {
   mml_fetcher *f = NULL;
   mml_err err = {0};
   mml_fetch_cfg bad = {.max_inflight = -1};
   CHECK(mml_fetcher_new(&bad, &f, &err) == MML_ECONFIG);
+  mml_fetch_cfg bad2 = {.io_threads = 1000};
+  CHECK(mml_fetcher_new(&bad2, &f, &err) == MML_ECONFIG);
   CHECK_OK(mml_fetcher_new(NULL, &f, &err), err);
   cb_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, MML_OK};
   CHECK(mml_fetch_submit(f, NULL, 0, -1, rec_cb, &r, &err) == MML_EINVAL);
@@ -353,6 +428,6 @@ TEST(bad_input) {
 }
 
 MML_TEST_MAIN(RUN(sha256_vectors); RUN(hmac_vectors); RUN(sigv4_get_vanilla); RUN(sigv4_s3_examples);
-              RUN(uri_encode); RUN(backoff); RUN(redact); RUN(xml); RUN(retries_short_and_503);
+              RUN(uri_encode); RUN(backoff); RUN(s3_addressing); RUN(redact); RUN(xml); RUN(retries_short_and_503);
               RUN(permanent_error_names_url_status_code); RUN(connection_refused_is_retried_then_fails);
-              RUN(free_cancels_in_flight); RUN(bad_input))
+              RUN(free_cancels_in_flight); RUN(several_io_threads); RUN(bad_input))

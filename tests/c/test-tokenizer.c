@@ -1,7 +1,8 @@
 /* test-tokenizer.c — byte-level BPE core: loading (both merge forms), BPE order, added
  * tokens, NFC, invalid UTF-8, decode, errors, and concurrent encoding on one shared
  * tokenizer.  The tokenizer is built here as JSON: the 256 byte symbols (id = byte) plus a
- * few merges.  MML_QWEN_TOKENIZER (a tokenizer.json path) adds checks on the real file. */
+ * few merges.  The real Qwen3 tokenizer.json (MML_QWEN_TOKENIZER, or shared/ beside the
+ * repository) adds checks on the real file when present. */
 #include <pthread.h>
 
 #include "mml/tokenizer.h"
@@ -306,12 +307,82 @@ TEST(shared_tokenizer_many_threads) {
   mml_tokenizer_free(t);
 }
 
+TEST(scratch_moves_between_tokenizers) {
+  mml_tokenizer *a = load_test(0), *b = NULL;
+  size_t len;
+  char *j = make_json(0, "null", &len);
+  char *m = strstr(j, "\"hell o\"");
+  CHECK(a != NULL && m != NULL);
+  memcpy(m, "\"h e\"   ", 8); /* drop the hell+o merge: "hello" -> hell, o */
+  mml_err e = {0};
+  CHECK_OK(mml_tokenizer_load_json(j, len, &b, &e), e);
+  free(j);
+  mml_tok_scratch *sc = NULL;
+  CHECK_EQ_INT(mml_tok_scratch_new(&sc), MML_OK);
+  for (int round = 0; round < 2; round++) {
+    CHECK(ENC(a, sc, "hello", 259));
+    CHECK(ENC(b, sc, "hello", 258, 'o'));
+  }
+  mml_tok_scratch_free(sc);
+  mml_tokenizer_free(a);
+  mml_tokenizer_free(b);
+}
+
+/* Random bytes and random code points (sanitizers watch): encode never fails, and for
+ * valid text decode(encode(s)) == NFC(s); for ASCII that is s itself. */
+TEST(random_input_round_trips) {
+  mml_tokenizer *t = load_test(1);
+  CHECK(t != NULL);
+  mml_tok_scratch *sc = NULL;
+  CHECK_EQ_INT(mml_tok_scratch_new(&sc), MML_OK);
+  uint64_t r = 88172645463325252ull;
+  mml_ids ids = {0};
+  mml_bytes out = {0};
+  mml_err e = {0};
+  char buf[600];
+  for (int it = 0; it < 3000; it++) {
+    size_t n = 0, want = (size_t)(it % 7 == 0 ? 590 : it % 40);
+    int ascii = it % 3 == 0;
+    while (n < want) {
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+      if (ascii) {
+        buf[n++] = (char)(r % 96 + 32 - (r % 11 == 0 ? 22 : 0)); /* some \n and \t */
+      } else if (it % 3 == 1) {
+        buf[n++] = (char)(r & 0xFF);
+      } else { /* a random scalar value, UTF-8 encoded */
+        uint32_t c = (uint32_t)(r >> 8) % 0x30000;
+        if (c >= 0xD800 && c < 0xE000) c = 'x';
+        if (n + 4 > want) break;
+        if (c < 0x80) buf[n++] = (char)c;
+        else if (c < 0x800) buf[n++] = (char)(0xC0 | (c >> 6)), buf[n++] = (char)(0x80 | (c & 0x3F));
+        else if (c < 0x10000) buf[n++] = (char)(0xE0 | (c >> 12)), buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)),
+                              buf[n++] = (char)(0x80 | (c & 0x3F));
+        else buf[n++] = (char)(0xF0 | (c >> 18)), buf[n++] = (char)(0x80 | ((c >> 12) & 0x3F)),
+             buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)), buf[n++] = (char)(0x80 | (c & 0x3F));
+      }
+    }
+    mml_ids_clear(&ids);
+    mml_bytes_clear(&out);
+    CHECK_OK(mml_tokenizer_encode(t, it % 2 ? sc : NULL, buf, n, &ids, &e), e);
+    CHECK_OK(mml_tokenizer_decode(t, ids.data, ids.len, &out, &e), e);
+    if (ascii) CHECK(out.len == n && memcmp(out.data, buf, n) == 0);
+  }
+  mml_ids_free(&ids);
+  mml_bytes_free(&out);
+  mml_tok_scratch_free(sc);
+  mml_tokenizer_free(t);
+}
+
 TEST(real_qwen_tokenizer) {
+  /* default: shared/ beside the repository, seen from tests/c (where make runs us) */
   const char *p = getenv("MML_QWEN_TOKENIZER");
-  if (!p || !*p) {
-    fprintf(stderr, "  (skipped: MML_QWEN_TOKENIZER not set)\n");
+  if (!p || !*p) p = "../../../shared/data/qwen3-tokenizer/tokenizer.json";
+  FILE *f = fopen(p, "rb");
+  if (!f) {
+    fprintf(stderr, "  (skipped: no Qwen tokenizer at %s; set MML_QWEN_TOKENIZER)\n", p);
     return;
   }
+  fclose(f);
   mml_tokenizer *t = NULL;
   mml_err e = {0};
   CHECK_OK(mml_tokenizer_load(p, &t, &e), e);
@@ -325,4 +396,5 @@ TEST(real_qwen_tokenizer) {
 MML_TEST_MAIN(RUN(bpe_merges_both_forms); RUN(long_words_use_the_same_order);
               RUN(added_tokens_and_nfc); RUN(invalid_utf8_becomes_replacement_char);
               RUN(decode); RUN(load_errors); RUN(shared_tokenizer_many_threads);
+              RUN(scratch_moves_between_tokenizers); RUN(random_input_round_trips);
               RUN(real_qwen_tokenizer))

@@ -7,6 +7,7 @@
  * Pixel parity with Pillow/transformers is tested from Python (tests/test_vision.py).
  */
 #include <math.h>
+#include <png.h>
 #include <pthread.h>
 #include <turbojpeg.h>
 
@@ -238,6 +239,104 @@ TEST(bad_input) {
   tjFree(jpg);
 }
 
+/* An RGBA (or gray, interlace-free) PNG written with libpng's simplified API. */
+static uint8_t *make_png(int w, int h, int rgba, size_t *len) {
+  uint8_t *rgb = make_rgb(w, h, 9);
+  uint8_t *px = malloc((size_t)w * h * 4);
+  for (size_t i = 0; i < (size_t)w * h; i++) {
+    memcpy(px + 4 * i, rgb + 3 * i, 3);
+    px[4 * i + 3] = (uint8_t)(i * 37);
+  }
+  png_image img;
+  memset(&img, 0, sizeof img);
+  img.version = PNG_IMAGE_VERSION;
+  img.width = (png_uint_32)w;
+  img.height = (png_uint_32)h;
+  img.format = rgba ? PNG_FORMAT_RGBA : PNG_FORMAT_GRAY;
+  png_alloc_size_t n = 0;
+  uint8_t *gray = malloc((size_t)w * h);
+  for (size_t i = 0; i < (size_t)w * h; i++) gray[i] = px[4 * i + 1];
+  const void *src = rgba ? (const void *)px : (const void *)gray;
+  uint8_t *out = NULL;
+  if (png_image_write_to_memory(&img, NULL, &n, 0, src, 0, NULL)) {
+    out = malloc(n);
+    if (!png_image_write_to_memory(&img, out, &n, 0, src, 0, NULL)) {
+      free(out);
+      out = NULL;
+    }
+  }
+  *len = n;
+  free(rgb);
+  free(px);
+  free(gray);
+  return out;
+}
+
+/* Random corruption and truncation of JPEG and PNG data: every call returns a status (never
+ * crashes or reads out of bounds — run under ASan by the Makefile). */
+TEST(fuzz_corrupt_images) {
+  mml_err err = {0};
+  mml_vision_cfg cfg;
+  mml_vision_preset("qwen2.5-vl", &cfg, &err);
+  mml_vision_scratch *s = NULL;
+  mml_vision_scratch_new(&s);
+  unsigned long jlen;
+  unsigned char *jpg = make_jpeg(97, 61, 1, &jlen);
+  size_t plen, glen;
+  uint8_t *png = make_png(83, 45, 1, &plen), *gpng = make_png(40, 30, 0, &glen);
+  CHECK(jpg && png && gpng);
+  const uint8_t *srcs[3] = {jpg, png, gpng};
+  size_t lens[3] = {jlen, plen, glen};
+  uint32_t rng = 12345;
+  int ok = 0, failed = 0;
+  for (int iter = 0; iter < 600; iter++) {
+    int which = iter % 3;
+    size_t len = lens[which];
+    uint8_t *buf = malloc(len);
+    memcpy(buf, srcs[which], len);
+    int flips = 1 + (iter / 3) % 8;
+    for (int f = 0; f < flips; f++) {
+      rng = rng * 1664525u + 1013904223u;
+      size_t at = (rng >> 8) % len;
+      rng = rng * 1664525u + 1013904223u;
+      buf[at] ^= (uint8_t)(1u << ((rng >> 16) & 7));
+    }
+    rng = rng * 1664525u + 1013904223u;
+    size_t cut = iter % 5 == 0 ? (rng >> 8) % len : len;
+    mml_vision_plan plan;
+    if (mml_vision_plan_bytes(&cfg, buf, cut, &plan, &err) == MML_OK && plan.rows < 100000) {
+      float *out = malloc((size_t)plan.rows * plan.cols * sizeof *out);
+      mml_status st = mml_vision_process_bytes(&cfg, s, buf, cut, &plan, out, &err);
+      CHECK(st == MML_OK || st == MML_EDECODE || st == MML_EUNSUPPORTED);
+      if (st == MML_OK) ok++; else failed++;
+      free(out);
+    } else {
+      failed++;
+    }
+    free(buf);
+  }
+  CHECK(ok > 0 && failed > 0);
+  /* the clean files still decode */
+  for (int i = 0; i < 3; i++) {
+    mml_vision_plan plan;
+    CHECK_OK(mml_vision_plan_bytes(&cfg, srcs[i], lens[i], &plan, &err), err);
+    float *out = malloc((size_t)plan.rows * plan.cols * sizeof *out);
+    CHECK_OK(mml_vision_process_bytes(&cfg, s, srcs[i], lens[i], &plan, out, &err), err);
+    free(out);
+  }
+  /* a header that claims 100000 x 100000 pixels is refused before any decoding */
+  uint8_t bomb[64];
+  memcpy(bomb, png, 33);
+  bomb[16] = 0, bomb[17] = 1, bomb[18] = 0x86, bomb[19] = 0xA0; /* width 100000 */
+  bomb[20] = 0, bomb[21] = 1, bomb[22] = 0x86, bomb[23] = 0xA0; /* height 100000 */
+  mml_vision_plan plan;
+  CHECK_EQ_INT(mml_vision_plan_bytes(&cfg, bomb, 33, &plan, &err), MML_ETOOBIG);
+  tjFree(jpg);
+  free(png);
+  free(gpng);
+  mml_vision_scratch_free(s);
+}
+
 struct worker {
   const mml_vision_cfg *cfg;
   const unsigned char *jpg;
@@ -291,4 +390,4 @@ TEST(threads_share_config) {
 
 MML_TEST_MAIN(RUN(smart_resize_worked_values); RUN(smart_resize_errors_and_legacy); RUN(presets);
               RUN(probe_and_plan); RUN(pipeline_matches_reference); RUN(bad_input);
-              RUN(threads_share_config))
+              RUN(fuzz_corrupt_images); RUN(threads_share_config))

@@ -15,8 +15,12 @@ Faults (names usable in `faults` and in `script`):
             connection closes (FIN)
   stall     headers and a part of the body come, then nothing for `stall_s` seconds
   404, 403  permanent errors with S3-style XML (NoSuchKey, AccessDenied)
-Also: first-byte latency with jitter, per-connection bandwidth limits, and paths that are
-always missing (404) or forbidden (403).
+It also answers ListObjectsV2 (GET /BUCKET?list-type=2&prefix=..., paginated with
+max-keys and continuation-token) over the objects under /BUCKET/, so s3:// globs can be
+tested with faults (point the S3 endpoint at the server; it does not check signatures).
+Also: first-byte latency with jitter, per-connection bandwidth limits, paths that are
+always missing (404) or forbidden (403), ETag / If-Match (412), and a hook called after
+each request (tests use it to change an object between requests).
 
 From tests:
     with FaultServer(objects={"/a.jpg": data}, fault_rate=0.1, seed=1) as srv:
@@ -35,8 +39,9 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 XML_ERR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
            '<Message>{msg}</Message><Resource>{res}</Resource><RequestId>0</RequestId></Error>')
@@ -55,6 +60,11 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024
 
+    def handle_error(self, request, client_address) -> None:
+        # clients hanging up mid-reply (a loader closing with requests in flight) are normal
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 class FaultServer:
     """Fault-injecting object server on 127.0.0.1 (ephemeral port by default)."""
@@ -64,7 +74,9 @@ class FaultServer:
                  fault_rate: float = 0.0, faults: Sequence[str] = TRANSIENT,
                  retry_after: Optional[float] = 0, bandwidth: Optional[int] = None,
                  script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
-                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0):
+                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
+                 hook: Optional[Callable[[str, str, str, int], None]] = None,
+                 tls: Optional[tuple] = None):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -75,12 +87,16 @@ class FaultServer:
         self.missing, self.forbidden = set(missing), set(forbidden)
         self.stall_s = stall_s
         self.port = port
+        self.hook = hook  # hook(method, path, range, n) runs after a request is served
+        self.tls = tls  # (certfile, keyfile): serve https
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
         self.connections = 0
         self.active = 0  # requests being served now
         self.max_active = 0
+        self._files: Dict[tuple, bytes] = {}
+        self._etags: Dict[int, tuple] = {}
         self._httpd: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -89,6 +105,11 @@ class FaultServer:
         handler = type("Handler", (_Handler,), {"fs": self})
         self._httpd = _Server(("127.0.0.1", self.port), handler)
         self.port = self._httpd.server_address[1]
+        if self.tls:
+            import ssl
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -108,22 +129,36 @@ class FaultServer:
         self.stop()
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/{path.lstrip('/')}"
 
     def outcomes(self, path: Optional[str] = None) -> List[str]:
         with self.lock:
             return [e[4] for e in self.log if path is None or e[2] == path]
 
     # -- decisions ---------------------------------------------------------------------------
-    def _lookup(self, path: str) -> Optional[bytes]:
-        if path in self.objects:
-            return self.objects[path]
-        if self.root:
+    def _lookup(self, path: str) -> tuple:
+        """(data, etag) of an object, or (None, None).  Files and ETags are cached."""
+        data = self.objects.get(path)
+        if data is None and self.root:
             full = os.path.realpath(os.path.join(self.root, path.lstrip("/")))
             if full.startswith(os.path.realpath(self.root) + os.sep) and os.path.isfile(full):
-                with open(full, "rb") as fh:
-                    return fh.read()
-        return None
+                key = (full, os.stat(full).st_mtime_ns)
+                with self.lock:
+                    data = self._files.get(key)
+                if data is None:
+                    with open(full, "rb") as fh:
+                        data = fh.read()
+                    with self.lock:
+                        self._files[key] = data
+        if data is None:
+            return None, None
+        with self.lock:
+            etag = self._etags.get(id(data))
+            if etag is None or etag[0] is not data:
+                etag = (data, '"%s"' % hashlib.md5(data).hexdigest())
+                self._etags[id(data)] = etag
+        return data, etag[1]
 
     def _decide(self, method: str, path: str, rng: str) -> tuple:
         key = (method, path, rng)
@@ -174,6 +209,10 @@ class _Handler(BaseHTTPRequestHandler):
             fs.max_active = max(fs.max_active, fs.active)
         try:
             self._serve(head)
+            if fs.hook:
+                path = self.path.split("?", 1)[0]
+                rng = self.headers.get("Range", "")
+                fs.hook(self.command, path, rng, fs.counts.get((self.command, path, rng), 1) - 1)
         finally:
             with fs.lock:
                 fs.active -= 1
@@ -215,13 +254,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         fs = self.fs
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
+        path = urllib.parse.unquote(path)
         rng = self.headers.get("Range", "")
+        listing = "list-type=2" in query and path.count("/") == 1
+        if listing:
+            rng += "?" + query  # pages are distinct requests (faults, log)
         kind, n = fs._decide(self.command, path, rng)
         if fs.latency or fs.jitter:
             # jitter is deterministic too: a function of the request's identity
             r = random.Random(f"{fs.seed}|{path}|{rng}|{n}").random()
             time.sleep(fs.latency + fs.jitter * r)
+        data, etag = (None, None) if listing else fs._lookup(path)
+        if kind == "ok" and data is None and not listing:
+            kind = "404"
         self._record(path, rng, kind)
         if kind == "reset":
             self._reset()
@@ -229,9 +275,17 @@ class _Handler(BaseHTTPRequestHandler):
         if kind in ERRORS:
             self._send_error(kind, path, head)
             return
-        data = fs._lookup(path)
+        if listing:
+            self._list(path.strip("/"), urllib.parse.parse_qs(query), head)
+            return
         if data is None:
             self._send_error("404", path, head)
+            return
+        im = self.headers.get("If-Match")
+        if im is not None and im.strip() not in ("*", etag):
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         status, start, end = 200, 0, len(data)
         if rng.startswith("bytes="):
@@ -254,6 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
@@ -271,6 +326,42 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._write(body)
+
+
+    def _list(self, bucket: str, q: dict, head: bool) -> None:
+        """ListObjectsV2 (path style): keys of objects under /bucket/, paginated."""
+        fs = self.fs
+        keys = {p[len(bucket) + 2:]: len(d) for p, d in fs.objects.items()
+                if p.startswith("/" + bucket + "/")}
+        broot = os.path.join(fs.root, bucket) if fs.root else None
+        if broot and os.path.isdir(broot):
+            for dirpath, _, files in os.walk(broot):
+                for name in files:
+                    full = os.path.join(dirpath, name)
+                    keys.setdefault(os.path.relpath(full, broot).replace(os.sep, "/"),
+                                    os.path.getsize(full))
+        prefix = q.get("prefix", [""])[0]
+        max_keys = int(q.get("max-keys", ["1000"])[0])
+        after = bytes.fromhex(q["continuation-token"][0]).decode() if "continuation-token" in q else None
+        todo = sorted(k for k in keys if k.startswith(prefix) and (after is None or k > after))
+        page, more = todo[:max_keys], len(todo) > max_keys
+        esc = lambda t: (t.replace("&", "&amp;").replace("<", "&lt;")  # noqa: E731
+                         .replace(">", "&gt;").replace('"', "&quot;"))
+        parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult>',
+                 f"<Name>{esc(bucket)}</Name><Prefix>{esc(prefix)}</Prefix>",
+                 f"<KeyCount>{len(page)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
+                 f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>"]
+        parts += [f"<Contents><Key>{esc(k)}</Key><Size>{keys[k]}</Size></Contents>" for k in page]
+        if more:
+            parts.append(f"<NextContinuationToken>{page[-1].encode().hex()}</NextContinuationToken>")
+        parts.append("</ListBucketResult>")
+        body = "".join(parts).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -32,7 +32,9 @@ typedef enum {
  *   input_ids        tokens            int64 [B, L]; padding holds pad_id
  *   labels           labels            int64 [B, L]; ignored at padding and prompt tokens
  *   -                loss_mask         float32 [B, L]; 1.0 where labels is not ignored
- *   position_ids     position_ids      int64 [B, L], or [3, B, L] with mrope (see below)
+ *   position_ids     position_ids      int64 [B, L], or [3, B, L] with mrope, [4, 1, L] with
+ *                                      mrope + packing + qwen keys (row 0: text positions,
+ *                                      which transformers uses to find the packed samples)
  *   attention_mask   attention_mask    (only with cfg.attention_mask)
  *                                      qwen: int64 [B, L], 1 on real tokens, 0 on padding;
  *                                      megatron: bool [B, 1, L, L], true = masked (causal;
@@ -59,7 +61,8 @@ typedef enum {
  */
 
 typedef struct mml_collate_cfg {
-  int micro_batch_size;    /* rows per padded batch (packing: packs are [1, pack_length]) */
+  int micro_batch_size;    /* rows per padded batch (ignored when packing: one pack
+                              [1, pack_length] per batch) */
   int64_t seq_length;      /* padded: fixed row length; 0 pads to the longest in the batch */
   int pack;                /* 1: pack samples into [1, pack_length] */
   int64_t pack_length;     /* token budget of one pack (defaults to seq_length) */

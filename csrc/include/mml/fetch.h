@@ -34,6 +34,11 @@ typedef struct mml_fetch_cfg {
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
   int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
   int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
+  const char *ca_bundle;  /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
+                           * the system store); copied */
+  int io_threads;         /* I/O threads, each with its own multi handle and connections,
+                           * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
+                           * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;
@@ -94,5 +99,16 @@ char *mml_url_redact(const char *url);
 /* Text of the first <tag>...</tag> in an XML document, entity-decoded, into out (cap
  * bytes, NUL-terminated); 1 when found, else 0 with out = "". */
 int mml_xml_text(const char *doc, size_t n, const char *tag, char *out, size_t cap);
+
+/* Where an s3:// URL is fetched from.  No endpoint (NULL/""): AWS, virtual-host style
+ * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style for dotted bucket names); an
+ * endpoint ("http://127.0.0.1:9000"): path style ENDPOINT/BUCKET/KEY.  The key is
+ * percent-encoded once (S3's canonical URI); query, when given, is appended as is. */
+typedef struct mml_s3_addr {
+  char *http_url, *host, *canonical_uri; /* malloc'd */
+} mml_s3_addr;
+mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
+                          const char *endpoint, mml_s3_addr *out, mml_err *err);
+void mml_s3_addr_free(mml_s3_addr *a);
 
 #endif

@@ -41,4 +41,19 @@ void mml_decoder_free(mml_decoder *d); /* NULL is fine */
 mml_status mml_image_decode(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
                             mml_rgb8 *out, mml_err *err);
 
+/* Streaming form of the decoder: instead of one RGB8 image, each converted RGB8 row goes
+ * to a sink as soon as it is final (rows in increasing y, each once, after begin()), so a
+ * caller can resize while rows are hot and never hold the full-size image.  Interlaced PNG
+ * is decoded whole first (into `d`), then streamed.  A sink error stops the decode and is
+ * returned as is. */
+typedef struct mml_row_sink {
+  mml_status (*begin)(void *ctx, int width, int height, mml_err *err);
+  /* `rgb` holds width*3 bytes, valid only during the call. */
+  mml_status (*row)(void *ctx, int y, const uint8_t *rgb, mml_err *err);
+  void *ctx;
+} mml_row_sink;
+
+mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
+                                 int scale_denom, const mml_row_sink *sink, mml_err *err);
+
 #endif

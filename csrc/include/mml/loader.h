@@ -51,7 +51,12 @@ typedef struct mml_loader_cfg {
   mml_template_style template_style;
   mml_label_mode label_mode;
   mml_fetch_cfg fetch;      /* used only when data or images are remote */
-  const mml_allocator *allocator; /* NULL: host memory */
+  const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
+  int pin_memory;           /* 1: batches in page-locked host memory (falls back to plain
+                               host memory without CUDA; stats report which) */
+  int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
+                               0: batches stay in host memory */
+  int device;
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
@@ -112,6 +117,9 @@ typedef struct mml_loader_stats {
   int nreasons;
   const char *reason[MML_MAX_REASONS]; /* static skip-reason names */
   uint64_t reason_count[MML_MAX_REASONS];
+  int pinned;               /* batches are in page-locked memory */
+  int device;               /* CUDA device of the batches, -1: host */
+  size_t pool_cached, pool_live; /* bytes in the host buffer pool */
   int remote;               /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;

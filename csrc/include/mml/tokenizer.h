@@ -24,8 +24,10 @@ mml_status mml_tok_scratch_new(mml_tok_scratch **out);
 void mml_tok_scratch_free(mml_tok_scratch *s);
 
 /* Appends the ids of `text` (UTF-8, len bytes) to `out`.  Added/special tokens that
- * occur in the text are recognised.  scratch may be NULL.  Invalid UTF-8 is handled as
- * `tokenizers` handles it after Python's str conversion would (callers pass valid UTF-8). */
+ * occur in the text are recognised.  scratch may be NULL (a temporary one is used); a
+ * scratch must not be used by two threads at once.  Invalid UTF-8 is first repaired the
+ * way Python's bytes.decode("utf-8", "replace") does (each maximal invalid subsequence
+ * becomes U+FFFD), so the ids are those `tokenizers` gives for the repaired str. */
 mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
                                 const char *text, size_t len, mml_ids *out, mml_err *err);
 

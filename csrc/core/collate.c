@@ -1,0 +1,434 @@
+/*
+ * collate.c — finished samples, offered in stream order, become batches of named tensors:
+ * padded rows [micro_batch_size, seq_length] or one packed row [1, pack_length].
+ *
+ * Design:
+ *   - The collator keeps the samples of the batch being built (their buffers are swapped in
+ *     from the engine's ring, never copied) and only writes tensors in emit(), once the
+ *     composition is final.  Every tensor is a fresh pool buffer filled row by row.
+ *   - Packing is greedy in stream order: a sample that does not fit closes the pack and is
+ *     the first of the next one.  Batch composition is therefore a pure function of the
+ *     sample stream, and the engine's stream cursor is all the state a resume needs.
+ *   - Labels never cross a sample boundary: shifted labels end each sample with an ignored
+ *     label; unshifted packed labels start each sample with one (see mml/collate.h).
+ *   - A sample "slot" is the sample plus its padding up to pad_to_multiple (packed mode):
+ *     cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths.
+ *
+ * Threads: a collator is used by one thread at a time; mml_collator_check is const and may
+ * run concurrently with anything else.  Ownership: samples added are owned by the collator
+ * until emit() or reset(); emitted buffers belong to the batch.
+ */
+#include "mml/collate.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mml/mrope.h"
+#include "mml/template.h"
+
+struct mml_collator {
+  mml_collate_cfg cfg;
+  mml_pool *pool;
+  int64_t budget;   /* tokens per row: seq_length (padded, 0 = longest) or pack_length */
+  int multiple;     /* slot rounding (>= 1) */
+  mml_sample *slots; /* samples of the current batch, [0, count) */
+  int count, cap;
+  int64_t used;     /* packed: sum of slot lengths; padded: longest sample */
+};
+
+static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
+
+static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
+  if (c->micro_batch_size < 1 && !c->pack)
+    return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1 (got %d)",
+                       c->micro_batch_size);
+  if (c->seq_length < 0 || c->pack_length < 0)
+    return mml_err_set(err, MML_ECONFIG, "seq_length and pack_length must be >= 0");
+  if (c->pack && c->pack_length <= 0 && c->seq_length <= 0)
+    return mml_err_set(err, MML_ECONFIG, "packing needs pack_length (or seq_length) > 0");
+  if (c->pad_to_multiple < 0)
+    return mml_err_set(err, MML_ECONFIG, "pad_to_multiple must be >= 0 (got %d)",
+                       c->pad_to_multiple);
+  int64_t row = c->pack ? (c->pack_length > 0 ? c->pack_length : c->seq_length) : c->seq_length;
+  if (c->pad_to_multiple > 1 && row > 0 && row % c->pad_to_multiple)
+    return mml_err_set(err, MML_ECONFIG, "%s %lld is not a multiple of pad_to_multiple %d",
+                       c->pack ? "pack_length" : "seq_length", (long long)row,
+                       c->pad_to_multiple);
+  if (c->pack && row > INT32_MAX)
+    return mml_err_set(err, MML_ECONFIG, "pack_length %lld does not fit cu_seqlens (int32)",
+                       (long long)row);
+  if (c->keys != MML_KEYS_QWEN && c->keys != MML_KEYS_MEGATRON)
+    return mml_err_set(err, MML_ECONFIG, "unknown key style %d", (int)c->keys);
+  if (c->text_only_vision < MML_VISION_PLACEHOLDER || c->text_only_vision > MML_VISION_EMPTY)
+    return mml_err_set(err, MML_ECONFIG, "unknown text_only_vision %d", c->text_only_vision);
+  if (c->pixel_cols < 1 && c->text_only_vision != MML_VISION_OMIT)
+    return mml_err_set(err, MML_ECONFIG, "pixel_cols must be >= 1 (got %d)", c->pixel_cols);
+  if (c->mrope && c->spatial_merge < 1)
+    return mml_err_set(err, MML_ECONFIG, "mrope needs spatial_merge >= 1 (got %d)",
+                       c->spatial_merge);
+  return MML_OK;
+}
+
+mml_status mml_collator_new(const mml_collate_cfg *cfg, mml_pool *pool, mml_collator **out,
+                            mml_err *err) {
+  if (!cfg || !pool || !out) return mml_err_set(err, MML_EINVAL, "collator: NULL argument");
+  mml_status st = check_cfg(cfg, err);
+  if (st) return st;
+  mml_collator *c = calloc(1, sizeof *c);
+  if (!c) return mml_err_set(err, MML_ENOMEM, "collator: out of memory");
+  c->cfg = *cfg;
+  if (c->cfg.pack) c->cfg.micro_batch_size = 1; /* one pack per batch */
+  c->pool = pool;
+  c->budget = cfg->pack ? (cfg->pack_length > 0 ? cfg->pack_length : cfg->seq_length)
+                        : cfg->seq_length;
+  c->multiple = cfg->pad_to_multiple > 1 ? cfg->pad_to_multiple : 1;
+  *out = c;
+  return MML_OK;
+}
+
+void mml_collator_free(mml_collator *c) {
+  if (!c) return;
+  for (int i = 0; i < c->cap; i++) mml_sample_free(&c->slots[i]);
+  free(c->slots);
+  free(c);
+}
+
+int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s) {
+  int64_t n = (int64_t)s->input_ids.len;
+  return c->cfg.pack ? round_up(n, c->multiple) : n;
+}
+
+mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_err *err) {
+  int64_t n = (int64_t)s->input_ids.len;
+  if (n < 1) return mml_err_set(err, MML_EINVAL, "sample %lld has no tokens", (long long)s->index);
+  if (s->labels.len != s->input_ids.len)
+    return mml_err_set(err, MML_EINVAL, "sample %lld: %zu ids but %zu labels",
+                       (long long)s->index, s->input_ids.len, s->labels.len);
+  int64_t slot = mml_collator_sample_tokens(c, s);
+  if (c->budget > 0 && slot > c->budget) {
+    if (slot != n)
+      return mml_err_set(err, MML_ETOOLONG,
+                         "sample of %lld tokens (%lld padded to a multiple of %d) exceeds "
+                         "%s %lld",
+                         (long long)n, (long long)slot, c->multiple,
+                         c->cfg.pack ? "pack_length" : "seq_length", (long long)c->budget);
+    return mml_err_set(err, MML_ETOOLONG, "sample of %lld tokens exceeds %s %lld",
+                       (long long)n, c->cfg.pack ? "pack_length" : "seq_length",
+                       (long long)c->budget);
+  }
+  if (s->nimages < 0 || s->grids.len != (size_t)s->nimages * 3)
+    return mml_err_set(err, MML_EINVAL, "sample %lld: %d images but %zu grid values",
+                       (long long)s->index, s->nimages, s->grids.len);
+  int64_t rows = 0;
+  for (int i = 0; i < s->nimages; i++) {
+    const int32_t *g = s->grids.data + 3 * i;
+    if (g[0] < 1 || g[1] < 1 || g[2] < 1)
+      return mml_err_set(err, MML_EINVAL, "sample %lld: image %d has grid (%d, %d, %d)",
+                         (long long)s->index, i, g[0], g[1], g[2]);
+    rows += (int64_t)g[0] * g[1] * g[2];
+  }
+  if (rows != s->pixel_rows)
+    return mml_err_set(err, MML_EINVAL, "sample %lld: grids hold %lld patches but %lld pixel rows",
+                       (long long)s->index, (long long)rows, (long long)s->pixel_rows);
+  if (s->pixel_rows > 0) {
+    if (s->pixel_cols != c->cfg.pixel_cols)
+      return mml_err_set(err, MML_EINVAL, "sample %lld: %d pixel columns, the loader expects %d",
+                         (long long)s->index, s->pixel_cols, c->cfg.pixel_cols);
+    if (s->pixels.len != (size_t)s->pixel_rows * (size_t)s->pixel_cols * sizeof(float))
+      return mml_err_set(err, MML_EINVAL, "sample %lld: %zu pixel bytes for [%lld, %d] float32",
+                         (long long)s->index, s->pixels.len, (long long)s->pixel_rows,
+                         s->pixel_cols);
+  }
+  if (c->cfg.mrope) {
+    mml_status st = mml_mrope_positions(s->input_ids.data, n, s->grids.data, s->nimages,
+                                        c->cfg.spatial_merge, c->cfg.image_pad_id, NULL, 0, NULL,
+                                        err);
+    if (st) {
+      mml_err_prefix(err, "sample %lld", (long long)s->index);
+      return st;
+    }
+  }
+  return MML_OK;
+}
+
+int mml_collator_fits(const mml_collator *c, const mml_sample *s) {
+  if (c->count == 0) return 1;
+  if (!c->cfg.pack) return c->count < c->cfg.micro_batch_size;
+  return c->used + mml_collator_sample_tokens(c, s) <= c->budget;
+}
+
+int mml_collator_count(const mml_collator *c) { return c->count; }
+
+int mml_collator_full(const mml_collator *c) {
+  if (!c->cfg.pack) return c->count >= c->cfg.micro_batch_size;
+  return c->budget - c->used < c->multiple;
+}
+
+mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
+  /* emit() trusts what it was given: a bad sample is refused here, not written past a
+   * buffer later. */
+  mml_status st = mml_collator_check(c, s, err);
+  if (st) return st;
+  if (!mml_collator_fits(c, s))
+    return mml_err_set(err, MML_EINVAL, "collator: sample %lld does not fit; emit first",
+                       (long long)s->index);
+  if (c->count == c->cap) {
+    int ncap = c->cap ? 2 * c->cap : 8;
+    mml_sample *ns = realloc(c->slots, (size_t)ncap * sizeof *ns);
+    if (!ns) return mml_err_set(err, MML_ENOMEM, "collator: out of memory");
+    memset(ns + c->cap, 0, (size_t)(ncap - c->cap) * sizeof *ns);
+    c->slots = ns;
+    c->cap = ncap;
+  }
+  int64_t tokens = mml_collator_sample_tokens(c, s);
+  mml_sample *slot = &c->slots[c->count];
+  mml_sample_reset(slot);
+  mml_sample_swap(slot, s);
+  c->count++;
+  if (c->cfg.pack)
+    c->used += tokens;
+  else if (tokens > c->used)
+    c->used = tokens;
+  return MML_OK;
+}
+
+void mml_collator_reset(mml_collator *c) {
+  for (int i = 0; i < c->count; i++) mml_sample_reset(&c->slots[i]);
+  c->count = 0;
+  c->used = 0;
+}
+
+/* ---- emit ---------------------------------------------------------------------------- */
+
+typedef struct {
+  const char *ids, *labels, *loss_mask, *position_ids, *attention_mask;
+} key_names;
+
+static const key_names k_keys[2] = {
+    [MML_KEYS_QWEN] = {"input_ids", "labels", NULL, "position_ids", "attention_mask"},
+    [MML_KEYS_MEGATRON] = {"tokens", "labels", "loss_mask", "position_ids", "attention_mask"},
+};
+
+/* Label of token j of sample s as the batch carries it (see the labels rule in collate.h). */
+static inline int64_t label_at(const mml_collator *c, const mml_sample *s, int64_t j) {
+  int64_t n = (int64_t)s->labels.len;
+  if (c->cfg.shift_labels) return j + 1 < n ? s->labels.data[j + 1] : MML_IGNORE_INDEX;
+  if (c->cfg.pack && j == 0) return MML_IGNORE_INDEX;
+  return s->labels.data[j];
+}
+
+/* Packed text positions: each slot counts from 0 through its padding; so does the tail. */
+static void text_positions(int64_t *o, int n, const int64_t *start, const int64_t *slot,
+                           int64_t end, int64_t L) {
+  for (int i = 0; i < n; i++)
+    for (int64_t j = 0; j < slot[i]; j++) o[start[i] + j] = j;
+  for (int64_t j = end; j < L; j++) o[j] = j - end;
+}
+
+#define ADD(name, dt, nd, ...)                                                             \
+  do {                                                                                     \
+    int64_t shape_[MML_MAX_DIMS] = {__VA_ARGS__};                                          \
+    st = mml_batch_add(out, c->pool, (name), (dt), (nd), shape_, &data, err);              \
+    if (st) goto fail;                                                                     \
+  } while (0)
+
+mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
+  if (c->count == 0) return mml_err_set(err, MML_EINVAL, "collator: emit of an empty batch");
+  memset(out, 0, sizeof *out);
+  const mml_collate_cfg *cfg = &c->cfg;
+  const key_names *k = &k_keys[cfg->keys];
+  const bool pack = cfg->pack != 0;
+  const int n = c->count;
+  const int64_t B = pack ? 1 : cfg->micro_batch_size;
+  const int64_t L = pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
+  const int64_t BL = B * L;
+  mml_status st = MML_OK;
+  void *data = NULL;
+
+  /* Where each sample starts in the flattened [B, L] row space, and its slot length. */
+  int64_t *start = malloc((size_t)n * 2 * sizeof(int64_t));
+  if (!start) return mml_err_set(err, MML_ENOMEM, "collator: out of memory");
+  int64_t *slot = start + n;
+  int64_t real = 0, tail = 0, maxslot = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t len = (int64_t)c->slots[i].input_ids.len;
+    slot[i] = pack ? round_up(len, c->multiple) : L;
+    start[i] = pack ? tail : (int64_t)i * L;
+    tail = start[i] + (pack ? slot[i] : len);
+    real += len;
+    if (slot[i] > maxslot) maxslot = slot[i];
+  }
+  const int64_t end = pack ? tail : BL; /* packed: first position of the tail padding */
+
+  /* ids */
+  ADD(k->ids, MML_DT_INT64, 2, B, L);
+  {
+    int64_t *o = data;
+    for (int64_t j = 0; j < BL; j++) o[j] = cfg->pad_id;
+    for (int i = 0; i < n; i++) {
+      const mml_sample *s = &c->slots[i];
+      for (size_t j = 0; j < s->input_ids.len; j++) o[start[i] + (int64_t)j] = s->input_ids.data[j];
+    }
+  }
+  /* labels, loss_mask */
+  ADD(k->labels, MML_DT_INT64, 2, B, L);
+  int64_t *labels = data;
+  for (int64_t j = 0; j < BL; j++) labels[j] = MML_IGNORE_INDEX;
+  for (int i = 0; i < n; i++) {
+    const mml_sample *s = &c->slots[i];
+    for (int64_t j = 0; j < (int64_t)s->labels.len; j++) labels[start[i] + j] = label_at(c, s, j);
+  }
+  if (k->loss_mask) {
+    ADD(k->loss_mask, MML_DT_FLOAT32, 2, B, L);
+    float *o = data;
+    for (int64_t j = 0; j < BL; j++) o[j] = labels[j] != MML_IGNORE_INDEX ? 1.0f : 0.0f;
+  }
+  /* position_ids (and rope_deltas) */
+  if (cfg->mrope) {
+    /* qwen keys, packed: a text row first ([4, 1, L]), from which transformers derives the
+     * per-sample attention; otherwise the three M-RoPE rows. */
+    const int rows = pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3;
+    ADD(k->position_ids, MML_DT_INT64, 3, rows, B, L);
+    int64_t *pos = data;
+    memset(pos, 0, (size_t)(rows * BL) * sizeof(int64_t));
+    if (rows == 4) {
+      text_positions(pos, n, start, slot, end, L);
+      pos += BL;
+    }
+    int64_t *deltas = malloc((size_t)n * sizeof(int64_t));
+    if (!deltas) {
+      st = mml_err_set(err, MML_ENOMEM, "collator: out of memory");
+      goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+      const mml_sample *s = &c->slots[i];
+      st = mml_mrope_positions(s->input_ids.data, (int64_t)s->input_ids.len, s->grids.data,
+                               s->nimages, cfg->spatial_merge, cfg->image_pad_id,
+                               pos + start[i], BL, &deltas[i], err);
+      if (st) {
+        mml_err_prefix(err, "sample %lld", (long long)s->index);
+        free(deltas);
+        goto fail;
+      }
+    }
+    int64_t dshape[2] = {pack ? n : B, 1};
+    st = mml_batch_add(out, c->pool, "rope_deltas", MML_DT_INT64, 2, dshape, &data, err);
+    if (st) {
+      free(deltas);
+      goto fail;
+    }
+    int64_t *d = data;
+    for (int64_t r = 0; r < dshape[0]; r++) d[r] = r < n ? deltas[r] : 0;
+    free(deltas);
+  } else {
+    ADD(k->position_ids, MML_DT_INT64, 2, B, L);
+    int64_t *o = data;
+    if (!pack) {
+      for (int64_t r = 0; r < B; r++)
+        for (int64_t j = 0; j < L; j++) o[r * L + j] = j;
+    } else {
+      text_positions(o, n, start, slot, end, L);
+    }
+  }
+  /* attention_mask */
+  if (cfg->attention_mask) {
+    if (cfg->keys == MML_KEYS_QWEN) {
+      ADD(k->attention_mask, MML_DT_INT64, 2, B, L);
+      int64_t *o = data;
+      memset(o, 0, (size_t)BL * sizeof(int64_t));
+      for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < c->slots[i].input_ids.len; j++) o[start[i] + (int64_t)j] = 1;
+    } else {
+      ADD(k->attention_mask, MML_DT_BOOL, 4, B, 1, L, L);
+      uint8_t *o = data;
+      /* causal: key kk is masked for query q when kk > q; packed also masks keys before the
+       * query's slot (the tail padding is a block of its own). */
+      for (int64_t r = 0; r < B; r++) {
+        int i = 0;
+        for (int64_t q = 0; q < L; q++) {
+          int64_t lo = 0;
+          if (pack) {
+            while (i < n && q >= start[i] + slot[i]) i++;
+            lo = i < n ? start[i] : end;
+          }
+          uint8_t *rowp = o + (r * L + q) * L;
+          memset(rowp, 1, (size_t)L);
+          memset(rowp + lo, 0, (size_t)(q + 1 - lo));
+        }
+      }
+    }
+  }
+  if (cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) {
+    ADD("mm_token_type_ids", MML_DT_INT64, 2, B, L);
+    int64_t *o = data;
+    memset(o, 0, (size_t)BL * sizeof(int64_t));
+    for (int i = 0; i < n; i++) {
+      const mml_sample *s = &c->slots[i];
+      for (size_t j = 0; j < s->input_ids.len; j++)
+        o[start[i] + (int64_t)j] = s->input_ids.data[j] == cfg->image_pad_id;
+    }
+  }
+  /* vision */
+  {
+    int64_t rows = 0, nimg = 0;
+    for (int i = 0; i < n; i++) {
+      rows += c->slots[i].pixel_rows;
+      nimg += c->slots[i].nimages;
+    }
+    if (nimg > 0 || cfg->text_only_vision != MML_VISION_OMIT) {
+      const bool holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
+      const int64_t cols = cfg->pixel_cols;
+      ADD("pixel_values", MML_DT_FLOAT32, 2, holder ? 1 : rows, cols);
+      if (holder) {
+        memset(data, 0, (size_t)cols * sizeof(float));
+      } else {
+        uint8_t *o = data;
+        for (int i = 0; i < n; i++) {
+          const mml_sample *s = &c->slots[i];
+          if (s->pixel_rows) memcpy(o, s->pixels.data, s->pixels.len);
+          o += s->pixels.len;
+        }
+      }
+      ADD("image_grid_thw", MML_DT_INT64, 2, holder ? 1 : nimg, 3);
+      int64_t *g = data;
+      if (holder) {
+        g[0] = g[1] = g[2] = 0;
+      } else {
+        for (int i = 0; i < n; i++) {
+          const mml_sample *s = &c->slots[i];
+          for (size_t j = 0; j < s->grids.len; j++) *g++ = s->grids.data[j];
+        }
+      }
+    }
+  }
+  /* packed-sequence boundaries */
+  if (pack) {
+    ADD("cu_seqlens", MML_DT_INT32, 1, n + 1);
+    int32_t *cu = data;
+    cu[0] = 0;
+    for (int i = 0; i < n; i++) cu[i + 1] = (int32_t)(start[i] + slot[i]);
+    if (c->multiple > 1) {
+      ADD("cu_seqlens_unpadded", MML_DT_INT32, 1, n + 1);
+      int32_t *cu2 = data;
+      cu2[0] = 0;
+      for (int i = 0; i < n; i++) cu2[i + 1] = cu2[i] + (int32_t)c->slots[i].input_ids.len;
+    }
+    ADD("max_seqlen", MML_DT_INT32, 1, 1);
+    *(int32_t *)data = (int32_t)maxslot;
+  }
+
+  out->nsamples = n;
+  out->real_tokens = real;
+  out->token_slots = BL;
+  out->after.epoch = c->slots[n - 1].epoch;
+  out->after.pos = c->slots[n - 1].pos + 1;
+  free(start);
+  mml_collator_reset(c);
+  return MML_OK;
+
+fail:
+  free(start);
+  mml_batch_clear(out);
+  return st;
+}

@@ -1,0 +1,155 @@
+/*
+ * sample.c — the sample container (mml/sample.h) and the per-sample pipeline the engine's
+ * workers run (mml_sample_build in mml/loader.h).
+ *
+ * Order of work for one sample, cheapest checks first so a bad sample costs little:
+ *   1. plan every image from its header alone (size, grid, token count);
+ *   2. render the chat template to ids + labels with those token counts;
+ *   3. reject it as too long before any pixel work;
+ *   4. decode + resize + normalise + patchify every image straight into out->pixels.
+ * Threads: one worker owns a sample and its scratch while building; nothing is shared
+ * but the immutable config, template and tokenizer.
+ */
+#include "mml/loader.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void mml_sample_reset(mml_sample *s) {
+  s->epoch = s->pos = s->index = s->line = 0;
+  s->shard = 0;
+  s->status = MML_OK;
+  mml_err_clear(&s->err);
+  mml_ids_clear(&s->input_ids);
+  mml_ids_clear(&s->labels);
+  mml_bytes_clear(&s->pixels);
+  s->pixel_rows = 0;
+  s->pixel_cols = 0;
+  mml_ids_clear(&s->grids);
+  s->nimages = 0;
+}
+
+void mml_sample_free(mml_sample *s) {
+  mml_ids_free(&s->input_ids);
+  mml_ids_free(&s->labels);
+  mml_bytes_free(&s->pixels);
+  mml_ids_free(&s->grids);
+  memset(s, 0, sizeof *s);
+}
+
+void mml_sample_swap(mml_sample *a, mml_sample *b) {
+  mml_sample t = *a;
+  *a = *b;
+  *b = t;
+}
+
+mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
+  memset(s, 0, sizeof *s);
+  if (mml_vision_scratch_new(&s->vision) != MML_OK ||
+      mml_tok_scratch_new(&s->tok) != MML_OK) {
+    mml_sample_scratch_free(s);
+    return mml_err_set(err, MML_ENOMEM, "cannot allocate worker scratch");
+  }
+  return MML_OK;
+}
+
+void mml_sample_scratch_free(mml_sample_scratch *s) {
+  mml_vision_scratch_free(s->vision);
+  mml_tok_scratch_free(s->tok);
+  free(s->plans);
+  free(s->tokens);
+  memset(s, 0, sizeof *s);
+}
+
+static mml_status scratch_fit(mml_sample_scratch *s, int n, mml_err *err) {
+  if (n <= s->cap) return MML_OK;
+  int nc = s->cap ? s->cap : 4;
+  while (nc < n) nc *= 2;
+  mml_vision_plan *p = realloc(s->plans, (size_t)nc * sizeof *p);
+  if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
+  s->plans = p;
+  int64_t *t = realloc(s->tokens, (size_t)nc * sizeof *t);
+  if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
+  s->tokens = t;
+  s->cap = nc;
+  return MML_OK;
+}
+
+mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
+                            const mml_record *rec, const mml_bytes *images, mml_sample *out,
+                            mml_err *err) {
+  mml_status st;
+  int n = rec->nimages;
+  if ((st = scratch_fit(sc, n, err))) return st;
+  double t0 = mml_now();
+  int64_t rows = 0;
+  int cols = 0;
+  for (int i = 0; i < n; i++) {
+    st = mml_vision_plan_bytes(pl->vision, images[i].data, images[i].len, &sc->plans[i], err);
+    if (st) {
+      mml_err_prefix(err, "image %s", rec->images[i]);
+      return st;
+    }
+    sc->tokens[i] = sc->plans[i].tokens;
+    rows += sc->plans[i].rows;
+    cols = sc->plans[i].cols;
+  }
+  double t1 = mml_now();
+  st = mml_template_encode(pl->tmpl, sc->tok, rec, sc->tokens, &out->input_ids, &out->labels,
+                           err);
+  double t2 = mml_now();
+  sc->text_s += t2 - t1;
+  if (st) return st;
+  if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
+    return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
+                       (long long)pl->max_length);
+  if (n) {
+    size_t need = (size_t)rows * (size_t)cols * sizeof(float);
+    if ((st = mml_bytes_reserve(&out->pixels, need)))
+      return mml_err_set(err, st, "cannot allocate %zu bytes of pixels", need);
+    float *dst = (float *)out->pixels.data;
+    for (int i = 0; i < n; i++) {
+      st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
+                                    &sc->plans[i], dst, err);
+      if (st) {
+        mml_err_prefix(err, "image %s", rec->images[i]);
+        sc->vision_s += (t1 - t0) + (mml_now() - t2);
+        return st;
+      }
+      dst += (size_t)sc->plans[i].rows * (size_t)cols;
+      const mml_vision_plan *p = &sc->plans[i];
+      int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
+      if ((st = mml_ids_append(&out->grids, g, 3)))
+        return mml_err_set(err, st, "out of memory");
+    }
+    out->pixels.len = need;
+  }
+  out->pixel_rows = rows;
+  out->pixel_cols = cols;
+  out->nimages = n;
+  sc->vision_s += (t1 - t0) + (mml_now() - t2);
+  return MML_OK;
+}
+
+static int is_url(const char *s) {
+  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5);
+}
+
+mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out,
+                                 mml_err *err) {
+  mml_bytes_clear(out);
+  mml_status st = MML_OK;
+  if (!strncmp(ref, "file://", 7)) ref += 7;
+  if (is_url(ref) || ref[0] == '/' || !root || !root[0]) {
+    st = mml_bytes_append(out, ref, strlen(ref) + 1);
+  } else {
+    size_t rl = strlen(root);
+    while (ref[0] == '.' && ref[1] == '/') ref += 2;
+    st = mml_bytes_append(out, root, rl);
+    if (!st && root[rl - 1] != '/') st = mml_bytes_append(out, "/", 1);
+    if (!st) st = mml_bytes_append(out, ref, strlen(ref) + 1);
+  }
+  if (st) return mml_err_set(err, st, "out of memory");
+  out->len--; /* keep the NUL out of len */
+  return MML_OK;
+}

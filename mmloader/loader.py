@@ -1,0 +1,425 @@
+"""mmloader.Loader: the public data loader (one per data-parallel rank).
+
+The work happens in C (mmloader._core._Loader): worker threads read, decode, preprocess
+and tokenize samples with the GIL released, one collation thread builds batches in sample
+order, and ``next()`` pops finished batches.  This module validates arguments, resolves
+data paths, presets and the tokenizer, and implements state (resume) fingerprints.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import warnings
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import ConfigError, StateError
+from .presets import template_style, vision_config
+
+PathLike = Union[str, "os.PathLike[str]"]
+DataSpec = Union[PathLike, Sequence[PathLike]]
+
+STATE_VERSION = 1
+_LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
+_TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
+_REMOTE = ("http://", "https://", "s3://")
+
+
+def _is_remote(p: str) -> bool:
+    return p.startswith(_REMOTE)
+
+
+def _expand_data(data: DataSpec) -> List[str]:
+    """Paths, globs, folders (every *.jsonl inside) or URLs -> an ordered shard list."""
+    items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    if not items:
+        raise ConfigError("data is empty")
+    out: List[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ConfigError(f"data entries must be paths or URLs, got {type(item).__name__}")
+        p = os.fspath(item)
+        if _is_remote(p):
+            out.append(p)
+        elif any(c in p for c in "*?["):
+            found = sorted(glob.glob(os.path.expanduser(p), recursive=True))
+            found = [f for f in found if os.path.isfile(f)]
+            if not found:
+                raise ConfigError(f"no data file matches {p!r}")
+            out.extend(os.path.abspath(f) for f in found)
+        elif os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(p, "*.jsonl")))
+            if not found:
+                raise ConfigError(f"folder {p!r} holds no *.jsonl file")
+            out.extend(os.path.abspath(f) for f in found)
+        elif os.path.isfile(p):
+            out.append(os.path.abspath(p))
+        else:
+            raise ConfigError(f"data file {p!r} does not exist")
+    return out
+
+
+def default_num_threads() -> int:
+    """CPUs this process may use divided by the ranks sharing the node (LOCAL_WORLD_SIZE)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, cpus // local)
+
+
+def _check_int(name: str, v: Any, lo: Optional[int] = None, none_ok: bool = False) -> None:
+    if v is None and none_ok:
+        return
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{name} must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(f"{name} must be >= {lo}, got {v}")
+
+
+def _parse_device(device: Any) -> int:
+    """"cpu" -> -1; "cuda" / "cuda:N" / torch.device -> N (CUDA must be usable)."""
+    d = str(device)
+    if d == "cpu":
+        return -1
+    if d == "cuda" or d.startswith("cuda:"):
+        try:
+            index = int(d[5:]) if d.startswith("cuda:") else 0
+        except ValueError:
+            raise ConfigError(f"bad device {device!r}") from None
+        if index < 0:
+            raise ConfigError(f"bad device {device!r}: the index must be >= 0")
+        if not _core.cuda_available():
+            raise ConfigError(f"device={d!r} needs a CUDA runtime and GPU; none is usable "
+                              f"here: {_core.cuda_unavailable_reason()}")
+        if not 0 <= index < _core.cuda_device_count():
+            raise ConfigError(f"device={device!r}: there are {_core.cuda_device_count()} "
+                              "CUDA device(s)")
+        return index
+    raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
+    from .tokenizer import TINY_TOKENIZER_PATH, Tokenizer
+
+    if tokenizer is None:
+        if model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
+            tokenizer = os.path.join(model_dir, "tokenizer.json")
+        else:
+            warnings.warn("mmloader.Loader: no tokenizer given (tokenizer= or model_dir= with a "
+                          "tokenizer.json); using the small bundled test tokenizer, whose ids "
+                          "do not match any real model", UserWarning, stacklevel=3)
+            tokenizer = TINY_TOKENIZER_PATH
+    if isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ConfigError(f"tokenizer file {path!r} does not exist")
+        try:
+            tokenizer = Tokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 - re-raised as a configuration error
+            raise ConfigError(f"cannot load tokenizer {path!r}: {e}") from e
+    if not isinstance(tokenizer, _core.Tokenizer):
+        raise ConfigError("tokenizer must be a path or an mmloader.Tokenizer, got "
+                          f"{type(tokenizer).__name__}")
+    return tokenizer, _tokenizer_identity(tokenizer)
+
+
+_PROBE = ("The quick brown fox jumps over 13 lazy dogs; don't stop! \u00c4pfel, \u6f22\u5b57, "
+          "\U0001F600\n\t<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+          "<|im_end|>\n")
+
+
+def _tokenizer_identity(tok: Any) -> str:
+    """Same for the same tokenizer however it was given (path or object)."""
+    h = hashlib.sha256(str(tok.vocab_size).encode())
+    h.update(json.dumps(tok.encode(_PROBE)).encode())
+    return h.hexdigest()[:16]
+
+
+class Loader:
+    """Multimodal SFT batches for one data-parallel rank, produced by native threads.
+
+    Iterate it like a DataLoader: ``for batch in loader`` yields dicts of
+    :class:`mmloader.Tensor` (convert with ``torch.from_dlpack``; zero copy) and stops at
+    the end of each epoch; the next iteration runs the next epoch (reshuffled).
+
+    Args:
+        data: a JSONL shard path, a glob, a folder of ``*.jsonl``, an ``http(s)://`` or
+            ``s3://`` URL (``s3://`` may hold a glob), or a list of those.
+        image_root: folder (or URL prefix) relative image paths are resolved against;
+            default: each shard's own folder.
+        micro_batch_size: rows per padded batch.
+        seq_length: padded row length; None pads each batch to its longest sample.
+        shuffle, seed: the epoch order is a pure function of (seed, epoch).
+        dp_rank, dp_size: this rank of a data-parallel group; ranks get disjoint samples
+            and the same number of batches.
+        num_threads: worker threads; default: CPUs in the affinity mask divided by
+            ``LOCAL_WORLD_SIZE``.
+        prefetch: finished batches kept ready ahead of the consumer.
+        window: samples in flight ahead of collation (default (prefetch + 2) * batch).
+        on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
+            error, in stream order; iteration may continue afterwards).
+        max_error_rate: raise once more than this fraction of samples (over at least 100)
+            failed.
+        preset: "qwen2-vl", "qwen2.5-vl" or "qwen3-vl" (vision numbers, chat template).
+        model_dir: a checkpoint folder: its preprocessor_config.json overrides the preset
+            and its tokenizer.json is the default tokenizer.
+        tokenizer: tokenizer.json path or :class:`mmloader.Tokenizer`.
+        min_pixels, max_pixels, max_image_pixels, image_mean, image_std, legacy_resize,
+        fast_decode: vision overrides (see :func:`mmloader.presets.vision_config`).
+        max_length: skip samples with more tokens (reason "too_long").
+        packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
+        pack_length: token budget of one pack (default seq_length).
+        pad_to_multiple: pad each packed sample to a multiple of this (TP/CP).
+        keys: "qwen" (HF names) or "megatron".
+        shift_labels: labels shifted by one (Megatron convention).
+        label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
+        mrope: emit 3-row M-RoPE position ids and rope_deltas.
+        attention_mask: emit attention_mask.
+        text_only_vision: what a batch without images carries: "placeholder" (one zero
+            pixel row and grid [[0, 0, 0]]: a fixed key set), "omit" (no vision keys) or
+            "empty" (zero-row tensors).
+        mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
+        cycle: never stop at an epoch end (Megatron-style iterators).
+        pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
+            plain memory, with one warning, when CUDA is unavailable (stats()["pinned"]
+            tells).  A released pinned batch is reused only after the work queued on the
+            default CUDA stream (of the device current when the loader was built) before
+            the release has completed, so ``b.cuda(non_blocking=True)`` followed by
+            dropping ``b`` is safe there; for copies on other streams keep the batch alive
+            until they are done, or use ``device=``.
+        device: "cpu", or "cuda[:N]": batches are copied from pinned buffers to that GPU on
+            the loader's own stream; ``__dlpack__(stream=s)`` (what torch.from_dlpack
+            calls on the current stream) makes stream ``s`` wait for the copy, without a
+            device-wide synchronisation.  A device buffer is reused only after the work
+            queued on the streams it was exported to, before its release, has completed.
+            Raises ConfigError (saying why) when CUDA is unusable.
+        s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
+        aws_session_token, max_inflight: remote fetching (environment used when None).
+    """
+
+    def __init__(self, data: DataSpec, *, image_root: Optional[PathLike] = None,
+                 micro_batch_size: int = 8, seq_length: Optional[int] = None,
+                 shuffle: bool = True, seed: int = 0, dp_rank: int = 0, dp_size: int = 1,
+                 num_threads: Optional[int] = None, prefetch: int = 4,
+                 window: Optional[int] = None, on_error: str = "skip",
+                 max_error_rate: float = 0.1, preset: str = "qwen2.5-vl",
+                 model_dir: Optional[PathLike] = None, tokenizer: Any = None,
+                 min_pixels: Optional[int] = None, max_pixels: Optional[int] = None,
+                 max_image_pixels: Optional[int] = None,
+                 image_mean: Optional[Sequence[float]] = None,
+                 image_std: Optional[Sequence[float]] = None,
+                 legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
+                 max_length: Optional[int] = None, packing: bool = False,
+                 pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
+                 keys: str = "qwen", shift_labels: bool = False,
+                 label_mode: str = "all_assistant", mrope: bool = False,
+                 attention_mask: bool = True, text_only_vision: str = "placeholder",
+                 mm_token_type_ids: bool = False, cycle: bool = False,
+                 pin_memory: bool = False,
+                 device: str = "cpu", s3_endpoint: Optional[str] = None,
+                 s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
+                 aws_secret_access_key: Optional[str] = None,
+                 aws_session_token: Optional[str] = None,
+                 max_inflight: Optional[int] = None) -> None:
+        self._c = None
+        shards = _expand_data(data)
+        _check_int("micro_batch_size", micro_batch_size, 1)
+        _check_int("seq_length", seq_length, 1, none_ok=True)
+        _check_int("seed", seed)
+        _check_int("dp_size", dp_size, 1)
+        _check_int("dp_rank", dp_rank, 0)
+        if dp_rank >= dp_size:
+            raise ConfigError(f"dp_rank must be < dp_size ({dp_size}), got {dp_rank}")
+        if num_threads is None:
+            num_threads = default_num_threads()
+        _check_int("num_threads", num_threads, 1)
+        _check_int("prefetch", prefetch, 1)
+        _check_int("window", window, 1, none_ok=True)
+        _check_int("max_length", max_length, 1, none_ok=True)
+        _check_int("pack_length", pack_length, 1, none_ok=True)
+        _check_int("pad_to_multiple", pad_to_multiple, 1, none_ok=True)
+        _check_int("max_inflight", max_inflight, 1, none_ok=True)
+        if on_error not in ("skip", "raise"):
+            raise ConfigError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+        if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
+                or not 0.0 <= max_error_rate <= 1.0:
+            raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
+        if keys not in ("qwen", "megatron"):
+            raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
+        if text_only_vision not in _TEXT_ONLY:
+            raise ConfigError(f"text_only_vision must be one of {tuple(_TEXT_ONLY)}, got "
+                              f"{text_only_vision!r}")
+        if label_mode not in _LABEL_MODES:
+            raise ConfigError(f"label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
+        if packing and pack_length is None and seq_length is None:
+            raise ConfigError("packing=True needs pack_length (or seq_length)")
+        if not packing and pack_length is not None:
+            raise ConfigError("pack_length is only meaningful with packing=True")
+        device_index = _parse_device(device)
+        if pin_memory and device_index < 0 and not _core.cuda_available():
+            warnings.warn("pin_memory=True: CUDA is unavailable "
+                          f"({_core.cuda_unavailable_reason()}); batches use ordinary host "
+                          "memory", RuntimeWarning, stacklevel=2)
+        if model_dir is not None:
+            model_dir = os.fspath(model_dir)
+        try:
+            vision = vision_config(preset, model_dir, min_pixels=min_pixels,
+                                   max_pixels=max_pixels, max_image_pixels=max_image_pixels,
+                                   image_mean=image_mean, image_std=image_std,
+                                   legacy_resize=legacy_resize, fast=fast_decode)
+            tmpl = template_style(preset)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
+
+        cfg: Dict[str, Any] = dict(
+            data=shards, image_root=None if image_root is None else os.fspath(image_root),
+            shuffle=int(bool(shuffle)), seed=seed, dp_rank=dp_rank, dp_size=dp_size,
+            num_threads=num_threads, prefetch=prefetch, window=window or 0,
+            on_error=on_error, max_error_rate=float(max_error_rate),
+            max_length=max_length or 0, cycle=int(bool(cycle)),
+            micro_batch_size=micro_batch_size, seq_length=seq_length or 0,
+            pack=int(bool(packing)), pack_length=pack_length or 0,
+            pad_to_multiple=pad_to_multiple or 0, keys=keys,
+            shift_labels=int(bool(shift_labels)), attention_mask=int(bool(attention_mask)),
+            mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode, vision=vision,
+            s3_endpoint=s3_endpoint, s3_region=s3_region,
+            aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
+            pin_memory=int(bool(pin_memory)), device=device_index,
+            text_only_vision=_TEXT_ONLY[text_only_vision],
+            mm_token_type_ids=int(bool(mm_token_type_ids)))
+        self._c = _core._Loader(cfg, tok)
+        self._next = self._c.next
+        self._finalizer = weakref.finalize(self, self._c.close)
+        info = self._c.info()
+        self._packing = bool(packing)
+        self._cycle = bool(cycle)
+        self._batches_per_epoch = info["batches_per_epoch"]
+        self.num_samples: int = info["num_samples"]
+        self.samples_per_rank: int = info["samples_per_rank"]
+        self.tokenizer = tok
+        self._fingerprint: Dict[str, Any] = {
+            "data": info["data_hash"], "num_samples": info["num_samples"], "seed": seed,
+            "shuffle": int(bool(shuffle)), "dp_rank": dp_rank, "dp_size": dp_size,
+            "micro_batch_size": micro_batch_size, "seq_length": seq_length or 0,
+            "packing": int(bool(packing)), "pack_length": pack_length or 0,
+            "pad_to_multiple": pad_to_multiple or 0, "max_length": max_length or 0,
+            "keys": keys, "shift_labels": int(bool(shift_labels)), "label_mode": label_mode,
+            "mrope": int(bool(mrope)), "attention_mask": int(bool(attention_mask)),
+            "template": tmpl, "text_only_vision": text_only_vision,
+            "mm_token_type_ids": int(bool(mm_token_type_ids)),
+            "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
+            "tokenizer": tok_id,
+        }
+
+    # ---- iteration ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Dict[str, "_core.Tensor"]]:
+        return self
+
+    def __next__(self) -> Dict[str, "_core.Tensor"]:
+        """The next batch; StopIteration once at the end of each epoch (unless cycle)."""
+        return self._next()
+
+    def __len__(self) -> int:
+        """Batches per epoch (padded mode; packed batch counts depend on the data)."""
+        if self._packing:
+            raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
+                            "sample lengths)")
+        return self._batches_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch `epoch` from its beginning (drops prefetched batches if needed)."""
+        _check_int("epoch", epoch, 0)
+        if tuple(self._core().cursor()) != (epoch, 0, 0):
+            self._c.seek(epoch, 0, 0)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._core().cursor()[0]
+
+    # ---- state -------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the consumer stands: resume with :meth:`load_state_dict`.
+
+        Describes the batches delivered by ``next`` (not those prefetched).  A plain dict
+        of ints and strings (``torch.load(weights_only=True)`` accepts it).
+        """
+        epoch, pos, bie = self._core().cursor()
+        return {"version": STATE_VERSION, "epoch": epoch, "pos": pos, "batch_in_epoch": bie,
+                "fingerprint": dict(self._fingerprint)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continues exactly after the batch the state was taken at.
+
+        Raises StateError when the state comes from a different configuration (data, seed,
+        dp_rank/dp_size, batch size, sequence/packing settings, vision or tokenizer).
+        """
+        c = self._core()
+        if not isinstance(state, dict):
+            raise StateError(f"state must be a dict from Loader.state_dict(), got "
+                             f"{type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"unsupported state version {state.get('version')!r} "
+                             f"(this mmloader writes {STATE_VERSION})")
+        fp = state.get("fingerprint")
+        if not isinstance(fp, dict):
+            raise StateError("state has no fingerprint")
+        diffs = [f"{k} (saved {fp.get(k)!r}, loader {v!r})"
+                 for k, v in self._fingerprint.items() if fp.get(k) != v]
+        if diffs:
+            raise StateError("the state was saved under a different configuration: " +
+                             "; ".join(diffs))
+        try:
+            cur = (int(state["epoch"]), int(state["pos"]), int(state["batch_in_epoch"]))
+        except (KeyError, TypeError, ValueError):
+            raise StateError("state lacks epoch/pos/batch_in_epoch integers") from None
+        if tuple(c.cursor()) != cur:
+            c.seek(*cur)
+
+    save_state = state_dict
+    restore_state = load_state_dict
+
+    # ---- observability and lifetime ----------------------------------------------------
+    def stats(self) -> Dict[str, Any]:
+        """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
+        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s),
+        queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
+        ``fetch`` (requests, retries, latency) when data is remote."""
+        return self._core().stats()
+
+    def close(self) -> None:
+        """Stops and joins every thread; batches already delivered stay valid."""
+        if self._c is not None:
+            self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._c is None or self._c.closed
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _core(self):
+        if self._c is None or self._c.closed:
+            raise _core.Error("the loader is closed")
+        return self._c
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"cursor={tuple(self._c.cursor())}"
+        return (f"mmloader.Loader(samples={self.num_samples}, "
+                f"per_rank={self.samples_per_rank}, {state})")

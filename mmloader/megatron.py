@@ -1,0 +1,352 @@
+"""mmloader.megatron: mmloader as Megatron's external data loader.
+
+Megatron-LM (``--dataloader-type external``) calls a ``train_valid_test_datasets_provider``
+and iterates what it returns through its ``RerunDataIterator``.  :func:`make_provider` builds
+that provider around :class:`mmloader.torch.Loader`::
+
+    from mmloader.megatron import make_provider, get_batch
+
+    train_valid_test_datasets_provider = make_provider(
+        data="s3://bucket/sft/*.jsonl", model_dir="/ckpt/Qwen2.5-VL-7B-Instruct",
+        packing=True, pack_length=8192, mrope=True)
+
+    def forward_step(data_iterator, model):
+        batch = get_batch(data_iterator)          # TP broadcast + PackedSeqParams
+        ...
+
+    pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder,
+             forward_step, args_defaults={"dataloader_type": "external"})
+
+What the provider does:
+
+- It is marked ``is_distributed = True`` (every rank calls it).  It builds loaders only where
+  Megatron reads data (tensor-parallel rank 0 of the first and last pipeline stages) and
+  returns ``None`` elsewhere; :func:`get_batch` broadcasts to the other tensor-parallel ranks
+  the way Megatron's own ``get_batch`` does.
+- ``dp_rank`` / ``dp_size`` default to Megatron's data-parallel group
+  (``parallel_state.get_data_parallel_rank/world_size()``; context-parallel ranks share data).
+- ``micro_batch_size`` and ``seq_length`` default to Megatron's ``--micro-batch-size`` and
+  ``--seq-length``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
+  (causal attention needs no mask tensor) by default, and the loaders cycle over epochs
+  (``cycle=True``) because Megatron counts iterations, not epochs.
+- Context parallelism is left to the model: a vision-language model merges the image
+  embeddings into the sequence before sharding it; ``pad_to_multiple=2 * cp_size`` keeps
+  every packed sample divisible as Megatron's THD sharding requires.
+- Resume: with ``--dataloader-save DIR`` Megatron writes ``train_iterator.iterable.save_state()``
+  per data-parallel rank next to each checkpoint
+  (``DIR/iter_NNNNNNN/mp_rank_00[_000]/train_dataloader_dprankNNN.pt``).  When Megatron
+  resumes (``args.iteration > 0``) the provider loads that file and continues exactly after
+  the last batch of the saved iteration.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .torch import Loader
+
+__all__ = ["make_provider", "get_batch", "state_path", "packed_seq_params"]
+
+
+def _megatron_args() -> Any:
+    """Megatron-LM's global args, or None (megatron-core alone, or not initialised)."""
+    try:
+        from megatron.training import get_args  # type: ignore
+    except ImportError:
+        return None
+    try:
+        return get_args()
+    except Exception:  # noqa: BLE001 - args not initialised
+        return None
+
+
+def _parallel_state() -> Any:
+    try:
+        from megatron.core import parallel_state  # type: ignore
+    except ImportError:
+        return None
+    try:
+        return parallel_state if parallel_state.model_parallel_is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def state_path(save_dir: str, iteration: int, dp_rank: int) -> Optional[str]:
+    """The file Megatron wrote the loader state of ``dp_rank`` to at ``iteration`` (saved by
+    tensor-parallel rank 0 of the first pipeline stage), or None when there is none.
+
+    Megatron names it ``save_dir/iter_{iteration:07d}/mp_rank_00[_000][_EEE]/
+    train_dataloader_dprank{dp_rank:03d}.pt``.
+    """
+    base = os.path.join(save_dir, f"iter_{iteration:07d}")
+    name = f"train_dataloader_dprank{dp_rank:03d}.pt"
+    for sub in ("mp_rank_00", "mp_rank_00_000"):
+        p = os.path.join(base, sub, name)
+        if os.path.isfile(p):
+            return p
+    found = sorted(glob.glob(os.path.join(base, "mp_rank_00*", name)))
+    return found[0] if found else None
+
+
+def load_state(path: str) -> Dict[str, Any]:
+    """The loader state in a file Megatron saved (``{"dataloader_state_dict": state}``)."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(saved, dict) and "dataloader_state_dict" in saved:
+        return saved["dataloader_state_dict"]
+    return saved
+
+
+def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
+                  valid: Optional[Dict[str, Any]] = None, test: Optional[Dict[str, Any]] = None,
+                  resume: bool = True, dataloader_save: Optional[str] = None,
+                  iteration: Optional[int] = None, all_ranks: bool = False,
+                  **loader_kwargs: Any) -> Callable[..., Tuple[Any, Any, Any]]:
+    """A ``train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None)`` for
+    ``--dataloader-type external`` returning ``(train, valid, test)`` loaders.
+
+    Args:
+        dp_rank, dp_size: this rank in the data-parallel group; default: Megatron's
+            ``parallel_state`` (0 and 1 when it is not initialised).
+        valid, test: keyword overrides for validation / test loaders (for example
+            ``{"data": "val.jsonl"}``); None: no such loader.  They default to
+            ``shuffle=False`` and cycle as well.
+        resume: restore the train loader from the state Megatron saved when it resumes.
+        dataloader_save, iteration: where and at which iteration that state lies; default:
+            Megatron's ``args.dataloader_save`` and ``args.iteration``.
+        all_ranks: build a loader on every rank instead of only where Megatron reads data
+            (tensor-parallel rank 0 of the first and last pipeline stages).
+        **loader_kwargs: :class:`mmloader.Loader` arguments (``data`` is required).
+    """
+    if "data" not in loader_kwargs:
+        raise TypeError("make_provider() needs data= (and the other mmloader.Loader arguments)")
+
+    def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int] = (),
+                                           vp_stage: Optional[int] = None):
+        """Builds the mmloader loaders for this rank (see mmloader.megatron.make_provider)."""
+        ps = _parallel_state()
+        args = _megatron_args()
+        if ps is not None and not all_ranks:
+            first = ps.is_pipeline_first_stage(ignore_virtual=True)
+            last = ps.is_pipeline_last_stage(ignore_virtual=True)
+            if ps.get_tensor_model_parallel_rank() != 0 or not (first or last):
+                return None, None, None
+        kw = dict(keys="megatron", shift_labels=True, cycle=True, attention_mask=False)
+        if args is not None:
+            if getattr(args, "micro_batch_size", None):
+                kw["micro_batch_size"] = args.micro_batch_size
+            if getattr(args, "seq_length", None):
+                kw["seq_length"] = args.seq_length
+            if getattr(args, "seed", None) is not None:
+                kw["seed"] = args.seed
+        kw.update(loader_kwargs)
+        rank = dp_rank if dp_rank is not None else (ps.get_data_parallel_rank() if ps else 0)
+        size = dp_size if dp_size is not None else (
+            ps.get_data_parallel_world_size() if ps else 1)
+        kw.update(dp_rank=rank, dp_size=size)
+
+        train = Loader(**kw)
+        if resume:
+            _maybe_restore(train, rank, args, dataloader_save, iteration)
+        out: List[Any] = [train]
+        for extra in (valid, test):
+            if extra is None:
+                out.append(None)
+            else:
+                ekw = dict(kw, shuffle=False)
+                ekw.update(extra)
+                out.append(Loader(**ekw))
+        return tuple(out)
+
+    train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
+    return train_valid_test_datasets_provider
+
+
+def _maybe_restore(loader: Loader, dp_rank: int, args: Any, save_dir: Optional[str],
+                   iteration: Optional[int]) -> None:
+    if save_dir is None and args is not None:
+        save_dir = getattr(args, "dataloader_save", None)
+    if iteration is None and args is not None:
+        iteration = getattr(args, "iteration", None)
+    if not iteration:
+        return  # a fresh run
+    if not save_dir:
+        warnings.warn(f"mmloader.megatron: resuming at iteration {iteration} but Megatron's "
+                      "--dataloader-save is not set, so no loader state was saved; the data "
+                      "starts again from the beginning", RuntimeWarning, stacklevel=3)
+        return
+    path = state_path(save_dir, iteration, dp_rank)
+    if path is None:
+        raise FileNotFoundError(
+            f"mmloader.megatron: resuming at iteration {iteration} but there is no saved "
+            f"loader state for data-parallel rank {dp_rank} under {save_dir!r} (expected "
+            f"iter_{iteration:07d}/mp_rank_00*/train_dataloader_dprank{dp_rank:03d}.pt); pass "
+            "resume=False to start the data from the beginning")
+    loader.load_state_dict(load_state(path))
+
+
+# ---- get_batch ------------------------------------------------------------------------
+
+_DTYPES = {"torch.int64": torch.int64, "torch.int32": torch.int32,
+           "torch.float32": torch.float32, "torch.bool": torch.bool}
+
+
+def packed_seq_params(batch: Dict[str, torch.Tensor]) -> Any:
+    """megatron-core ``PackedSeqParams`` (``qkv_format="thd"``) for a packed batch.
+
+    The tail padding after the last sample is added to the last sample's padded segment, so
+    that the segments cover the whole row (causal attention keeps real tokens from seeing
+    it).  With ``pad_to_multiple`` the real lengths go to ``cu_seqlens_q/kv`` and the padded
+    offsets to ``cu_seqlens_q/kv_padded``.
+    """
+    from megatron.core.packed_seq_params import PackedSeqParams  # type: ignore
+
+    cu = batch["cu_seqlens"].reshape(-1)
+    total = batch[_ids_key(batch)].shape[-1]
+    padded = cu.clone()
+    padded[-1] = total
+    max_seqlen = int((padded[1:] - padded[:-1]).max().item())
+    if "cu_seqlens_unpadded" in batch:
+        real = batch["cu_seqlens_unpadded"].reshape(-1)
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=real, cu_seqlens_kv=real,
+                               cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
+                               max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=padded, cu_seqlens_kv=padded,
+                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+
+
+def _ids_key(batch: Dict[str, torch.Tensor]) -> str:
+    return "tokens" if "tokens" in batch else "input_ids"
+
+
+def _broadcast_data_cpu(names: List[str], data: Optional[Dict[str, torch.Tensor]],
+                        dtype: torch.dtype, group: Any, src: int) -> Dict[str, torch.Tensor]:
+    """megatron-core's ``broadcast_data`` algorithm (sizes, then one flat buffer) for
+    tensors that are not on a CUDA device (megatron-core's version moves them to CUDA)."""
+    import torch.distributed as dist
+
+    max_dim = 5
+    sizes = torch.zeros(len(names) * max_dim, dtype=torch.long)
+    if data is not None:
+        for i, k in enumerate(names):
+            assert data[k].dim() < max_dim, f"{k} has {data[k].dim()} dimensions"
+            for j, n in enumerate(data[k].shape):
+                sizes[i * max_dim + j] = n
+    dist.broadcast(sizes, src, group=group)
+    shapes = []
+    for i in range(len(names)):
+        shape = []
+        for j in range(max_dim):
+            n = int(sizes[i * max_dim + j])
+            if n <= 0:
+                break
+            shape.append(n)
+        shapes.append(shape)
+    total = sum(int(torch.Size(s).numel()) for s in shapes)
+    if data is not None:
+        flat = torch.cat([data[k].contiguous().view(-1) for k in names])
+    else:
+        flat = torch.empty(total, dtype=dtype)
+    dist.broadcast(flat, src, group=group)
+    out, off = {}, 0
+    for k, shape in zip(names, shapes):
+        n = int(torch.Size(shape).numel())
+        out[k] = flat.narrow(0, off, n).view(shape)
+        off += n
+    return out
+
+
+# Host batches whose asynchronous copies to the GPU may still be reading them (the loader
+# reuses a buffer once its last tensor is gone): each is kept with an event until it is done.
+_PENDING: List[Tuple[Any, Dict[str, torch.Tensor]]] = []
+
+
+def _to_device(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
+    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if device.type == "cuda" and any(v.device.type == "cpu" for v in batch.values()):
+        ev = torch.cuda.Event()
+        ev.record()
+        _PENDING.append((ev, batch))
+    while _PENDING and _PENDING[0][0].query():
+        _PENDING.pop(0)
+    return out
+
+
+def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
+               device: torch.device) -> Dict[str, torch.Tensor]:
+    """Rank 0 of ``group`` sends ``batch`` to the others: its key list, then one
+    ``broadcast_data`` per dtype (megatron-core's own on CUDA)."""
+    import torch.distributed as dist
+
+    src = dist.get_process_group_ranks(group)[0]
+    is_src = batch is not None
+    if is_src:
+        batch = _to_device(batch, device)
+    holder = [[(k, str(v.dtype)) for k, v in batch.items()] if is_src else None]
+    dist.broadcast_object_list(holder, src=src, group=group)
+    spec = holder[0]
+    by_dtype: Dict[str, List[str]] = {}
+    for k, dt in spec:
+        by_dtype.setdefault(dt, []).append(k)
+    out: Dict[str, torch.Tensor] = {}
+    for dt, names in by_dtype.items():
+        wire = torch.uint8 if dt == "torch.bool" else _DTYPES[dt]  # no bool collectives
+        data = {k: batch[k].to(wire) for k in names} if is_src else None
+        if device.type == "cuda":
+            from megatron.core import tensor_parallel  # type: ignore
+            got = tensor_parallel.broadcast_data(names, data, wire, tp_group=group)
+        else:
+            got = _broadcast_data_cpu(names, data, wire, group, src)
+        if dt == "torch.bool":
+            got = {k: v.to(torch.bool) for k, v in got.items()}
+        out.update(got)
+    return {k: out[k] for k, _ in spec}
+
+
+def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
+              drop_placeholder: bool = True,
+              vp_stage: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The next batch as Megatron's GPT / Qwen-VL forward step wants it.
+
+    On tensor-parallel rank 0 it reads ``data_iterator`` and broadcasts the batch to the
+    other ranks of the tensor-parallel group (megatron-core ``broadcast_data``, one call per
+    dtype); every rank returns the same dict on ``device`` (default: the current CUDA device,
+    else CPU).  Middle pipeline stages get None, like Megatron's own ``get_batch``.
+
+    The dict holds the batch's tensors (``tokens``, ``labels``, ``loss_mask``,
+    ``position_ids``, ``attention_mask`` when enabled, ``pixel_values``,
+    ``image_grid_thw``, ...) plus ``packed_seq_params`` (a megatron-core
+    ``PackedSeqParams`` for packed batches, else None).  With ``drop_placeholder`` the
+    text-only placeholder (``image_grid_thw`` of zeros) becomes ``pixel_values = None`` and
+    ``image_grid_thw = None``.
+    """
+    ps = _parallel_state()
+    if ps is not None:
+        first = ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+        last = ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+        if not (first or last):
+            return None
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+    if tp_group is None and ps is not None:
+        tp_group = ps.get_tensor_model_parallel_group()
+    if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
+        batch = None
+        if torch.distributed.get_rank(tp_group) == 0:
+            batch = next(data_iterator)
+        batch = _broadcast(batch, tp_group, torch.device(device))
+    else:
+        batch = _to_device(next(data_iterator), torch.device(device))
+    out: Dict[str, Any] = dict(batch)
+    if drop_placeholder and "image_grid_thw" in out:
+        g = out["image_grid_thw"]
+        if g.shape[0] == 1 and int(g[0, 0].item()) == 0:
+            out["pixel_values"] = None
+            out["image_grid_thw"] = None
+    out.setdefault("attention_mask", None)
+    out["packed_seq_params"] = packed_seq_params(batch) if "cu_seqlens" in batch else None
+    return out

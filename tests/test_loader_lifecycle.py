@@ -1,0 +1,144 @@
+"""Loader shutdown and process hygiene: close, del, breaking out of a loop, Ctrl-C during
+iteration, interpreter exit, forked children; no threads or file descriptors leak."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import mmloader
+from mmloader.datagen import make_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TINY = os.path.join(ROOT, "mmloader", "data", "tiny-tokenizer.json")
+SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ds"))
+    return make_dataset(root, n_samples=24, seed=2, n_images=8, min_size=32, max_size=128)
+
+
+def make(data, **kw):
+    args = dict(tokenizer=TINY, micro_batch_size=2, num_threads=3, prefetch=2, **SMALL)
+    args.update(kw)
+    return mmloader.Loader(data, **args)
+
+
+def n_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def n_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_close_del_break_leave_nothing(ds):
+    base_t, base_f = n_threads(), n_fds()
+    for how in ("close", "del", "break", "context"):
+        L = make(ds["shards"])
+        if how == "context":
+            with L:
+                next(L)
+            assert L.closed
+        else:
+            for i, _ in enumerate(L):
+                if i == 2:
+                    break
+            assert n_threads() > base_t  # workers are running
+            if how == "close":
+                L.close()
+                L.close()  # idempotent
+                with pytest.raises(mmloader.Error, match="closed"):
+                    next(L)
+            del L
+            gc.collect()
+        assert n_threads() == base_t, how
+        assert n_fds() == base_f, how
+
+
+def test_memory_flat_over_many_batches(ds):
+    L = make(ds["shards"], cycle=True)
+    for _ in range(20):
+        next(L)
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        rss0 = int(f.read().split()[1])
+    for _ in range(200):
+        next(L)
+    with open("/proc/self/statm") as f:
+        rss1 = int(f.read().split()[1])
+    L.close()
+    assert (rss1 - rss0) * os.sysconf("SC_PAGE_SIZE") < 64 << 20
+
+
+def run_py(code, **kw):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_interpreter_exit_without_close(ds):
+    p = run_py(f"""
+        import mmloader
+        L = mmloader.Loader({ds['shards']!r}, tokenizer={TINY!r}, micro_batch_size=2,
+                            num_threads=4, prefetch=8, cycle=True, min_pixels={SMALL['min_pixels']},
+                            max_pixels={SMALL['max_pixels']})
+        next(L)
+        keep = L  # never closed: the finalizer must stop the threads at exit
+        print("ok", flush=True)
+    """)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "ok" in out
+
+
+def test_ctrl_c_during_iteration(ds):
+    p = run_py(f"""
+        import sys, time, mmloader
+        L = mmloader.Loader({ds['shards']!r}, tokenizer={TINY!r}, micro_batch_size=2,
+                            num_threads=1, prefetch=1, cycle=True)
+        next(L)
+        print("ready", flush=True)
+        try:
+            while True:
+                next(L)  # mostly blocked in next(): full-size images, one thread
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            L.close()
+            sys.exit(3)
+    """)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    assert "interrupted" in out
+
+
+def test_forked_child_raises(ds):
+    L = make(ds["shards"])
+    next(L)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            next(L)
+        except mmloader.Error as e:
+            code = 0 if "forked child" in str(e) else 2
+        except BaseException:
+            code = 3
+        os.write(w, b"x")
+        os._exit(code)
+    os.close(w)
+    os.read(r, 1)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    next(L)  # the parent is unaffected
+    L.close()

@@ -1,0 +1,83 @@
+"""Remote data: shards and images over HTTP (with injected latency and transient faults)
+and from S3 (moto, SigV4 enforced) give exactly the batches the local files give."""
+import os
+
+import numpy as np
+import pytest
+
+import mmloader
+from mmloader.datagen import make_dataset
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("rds"))
+    return make_dataset(root, n_samples=24, seed=4, n_shards=2, n_images=8, min_size=32,
+                        max_size=128)
+
+
+def batches(data, epochs=1, **kw):
+    args = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2, seed=1, **SMALL)
+    args.update(kw)
+    out = []
+    with mmloader.Loader(data, **args) as L:
+        for _ in range(epochs):
+            out += [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+        stats = L.stats()
+    return out, stats
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            assert np.array_equal(x[k], y[k]), k
+
+
+def test_http_with_latency_and_faults(ds, fault_server):
+    local, _ = batches(ds["shards"], epochs=2)
+    srv = fault_server(root=ds["root"], latency=0.01, jitter=0.01, fault_rate=0.1, seed=3)
+    urls = [srv.url("/" + os.path.basename(s)) for s in ds["shards"]]
+    remote, st = batches(urls, epochs=2)
+    assert_same(local, remote)
+    assert "fetch" in st and st["fetch"]["requests"] > 0
+    assert st["skipped"] == 0
+
+
+def test_http_missing_image_is_a_skipped_sample(ds, fault_server, tmp_path):
+    import json
+    lines = [json.dumps({"messages": [{"role": "user", "content": "<image>hi"},
+                                      {"role": "assistant", "content": "ok"}],
+                         "images": [name]})
+             for name in ("images/img-00000.jpg", "images/nope.jpg", "images/img-00001.jpg")]
+    objects = {"/d/x.jsonl": ("\n".join(lines) + "\n").encode()}
+    for n in ("img-00000.jpg", "img-00001.jpg"):
+        with open(os.path.join(ds["root"], "images", n), "rb") as f:
+            objects["/d/images/" + n] = f.read()
+    srv = fault_server(objects=objects)
+    with pytest.warns(UserWarning, match=r"x\.jsonl:2.*nope\.jpg"):
+        got, st = batches(srv.url("/d/x.jsonl"), micro_batch_size=1, shuffle=False,
+                          max_error_rate=1.0)
+    assert len(got) == 3
+    assert sum(st["skipped_by_reason"].values()) >= 1
+
+
+def test_s3_glob(ds, moto_s3):
+    local, _ = batches(ds["shards"])
+    # shards at the bucket root: moto mis-verifies signed listings of prefixes with '/'
+    for s in ds["shards"]:
+        with open(s, "rb") as f:
+            moto_s3.put("rset-" + os.path.basename(s), f.read())
+    for p in ds["images"]:
+        with open(p, "rb") as f:
+            moto_s3.put("images/" + os.path.basename(p), f.read())
+    remote, st = batches(f"s3://{moto_s3.bucket}/rset-data-*.jsonl",
+                         s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
+                         aws_access_key_id=moto_s3.access_key,
+                         aws_secret_access_key=moto_s3.secret_key)
+    assert_same(local, remote)
+    assert st["fetch"]["requests"] >= 3

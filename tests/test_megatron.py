@@ -1,0 +1,302 @@
+"""mmloader.megatron with megatron-core installed from PyPI: the dataset provider (ranks,
+sharding, resume from the state Megatron saves), RerunDataIterator, PackedSeqParams, and the
+tensor-parallel broadcast of a batch between two processes (gloo)."""
+import os
+import socket
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
+from megatron.core.rerun_state_machine import (RerunDataIterator, RerunMode,  # noqa: E402
+                                               destroy_rerun_state_machine,
+                                               initialize_rerun_state_machine)
+
+import mmloader  # noqa: E402
+from mmloader import _core  # noqa: E402
+from mmloader.megatron import get_batch, make_provider, packed_seq_params, state_path  # noqa: E402
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    from mmloader.datagen import make_dataset
+    root = str(tmp_path_factory.mktemp("mds"))
+    return make_dataset(root, n_samples=48, seed=3, n_shards=2, n_images=10, min_size=32,
+                        max_size=128)
+
+
+def kwargs(ds, **kw):
+    args = dict(data=ds["shards"], tokenizer=TINY, num_threads=2, prefetch=2,
+                micro_batch_size=2, seq_length=512, **SMALL)
+    args.update(kw)
+    return args
+
+
+def copy(batch):
+    return {k: v.clone() for k, v in batch.items()}
+
+
+def same(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+# ---- the provider ---------------------------------------------------------------------
+
+def test_provider_builds_megatron_style_loaders(ds):
+    provider = make_provider(**kwargs(ds), valid={"shuffle": False}, resume=False)
+    assert provider.is_distributed is True
+    train, valid, test = provider([100, 10, 0], None)
+    try:
+        assert valid is not None and test is None
+        b = next(train)
+        assert isinstance(b["tokens"], torch.Tensor)
+        assert {"tokens", "labels", "loss_mask", "position_ids", "pixel_values",
+                "image_grid_thw"} <= set(b)
+        assert "attention_mask" not in b  # off by default for Megatron
+        assert b["tokens"].shape == (2, 512) and b["tokens"].dtype == torch.int64
+        assert b["loss_mask"].dtype == torch.float32
+        # shifted labels: label i is the target of token i, i.e. token i+1 where trained
+        lab, tok = b["labels"], b["tokens"]
+        trained = lab[:, :-1] != -100
+        assert trained.any()
+        assert torch.equal(lab[:, :-1][trained], tok[:, 1:][trained])
+        # cycle: the train loader never stops at an epoch end
+        for _ in range(2 * train.samples_per_rank // 2 + 3):
+            next(train)
+    finally:
+        train.close()
+        valid.close()
+
+
+def _epoch_rows(ds, rank, size):
+    """Each sample of one epoch of rank `rank` of `size`, as its token ids."""
+    provider = make_provider(**kwargs(ds, cycle=False, micro_batch_size=1, seed=5,
+                                      keys="qwen", shift_labels=False, attention_mask=True),
+                             dp_rank=rank, dp_size=size, resume=False)
+    train, _, _ = provider([0, 0, 0])
+    with train:
+        return [tuple(b["input_ids"][0, :int(b["attention_mask"][0].sum())].tolist())
+                for b in train]
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_dp_sharding(ds, size):
+    """Ranks see disjoint samples whose union is the epoch, and the same number of batches."""
+    per_rank = [_epoch_rows(ds, r, size) for r in range(size)]
+    assert {len(rows) for rows in per_rank} == {48 // size}
+    flat = [r for rows in per_rank for r in rows]
+    assert len(set(flat)) == len(flat) == 48
+    assert sorted(flat) == sorted(_epoch_rows(ds, 0, 1))
+
+
+def _save_like_megatron(loader, save_dir, iteration, dp_rank):
+    """What megatron.training.checkpointing.maybe_save_dataloader_state writes."""
+    path = os.path.join(save_dir, f"iter_{iteration:07d}", "mp_rank_00",
+                        f"train_dataloader_dprank{dp_rank:03d}.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({"dataloader_state_dict": loader.save_state()}, path)
+    return path
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_resume_from_the_state_megatron_saved(ds, tmp_path, packing):
+    kw = kwargs(ds, packing=packing, pack_length=512 if packing else None,
+                seq_length=None if packing else 512, micro_batch_size=2)
+    provider = make_provider(**kw, dp_rank=1, dp_size=2, resume=False)
+    train, _, _ = provider([0, 0, 0])
+    with train:
+        for _ in range(5):  # well past an epoch boundary when packed: cycle=True
+            next(train)
+        path = _save_like_megatron(train, str(tmp_path), 7, 1)
+        expected = [copy(next(train)) for _ in range(30)]
+    assert state_path(str(tmp_path), 7, 1) == path
+    # torch.load(weights_only=True) accepts the file
+    torch.load(path, weights_only=True)
+    resumed, _, _ = make_provider(**kw, dp_rank=1, dp_size=2, dataloader_save=str(tmp_path),
+                                  iteration=7)([0, 0, 0])
+    with resumed:
+        for e in expected:
+            same(next(resumed), e)
+
+
+def test_resume_without_state(ds, tmp_path):
+    provider = make_provider(**kwargs(ds), dataloader_save=str(tmp_path), iteration=3)
+    with pytest.raises(FileNotFoundError, match="train_dataloader_dprank000.pt"):
+        provider([0, 0, 0])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        train, _, _ = make_provider(**kwargs(ds), iteration=3)([0, 0, 0])
+        train.close()
+    assert any("--dataloader-save" in str(x.message) for x in w)
+    train, _, _ = make_provider(**kwargs(ds), dataloader_save=str(tmp_path),
+                                iteration=0)([0, 0, 0])  # a fresh run
+    train.close()
+
+
+def test_rerun_data_iterator_replays_valid_batches(ds):
+    """Megatron's RerunDataIterator keeps the batches of an iteration and replays them; they
+    must stay intact while the loader moves on (buffers are reused only once released)."""
+    destroy_rerun_state_machine()
+    initialize_rerun_state_machine(mode=RerunMode.VALIDATE_RESULTS)
+    try:
+        train, _, _ = make_provider(**kwargs(ds), resume=False)([0, 0, 0])
+        with train:
+            it = RerunDataIterator(train)
+            held = [next(it) for _ in range(3)]
+            snap = [copy(b) for b in held]
+            it.rewind()
+            for b, s in zip(held, snap):
+                replay = next(it)
+                assert replay is b
+            it.advance()
+            for _ in range(12):  # the loader recycles released buffers meanwhile
+                next(it)
+            for b, s in zip(held, snap):
+                same(b, s)
+            assert it.iterable.save_state() == train.state_dict()
+    finally:
+        destroy_rerun_state_machine()
+
+
+# ---- batches for the model --------------------------------------------------------------
+
+def _collated(samples, **cfg):
+    cfg.setdefault("pixel_cols", 12)
+    return [{k: torch.from_dlpack(v) for k, v in b.items()}
+            for b, _ in _core._collate(samples, cfg)]
+
+
+def _samples(n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        L = int(rng.integers(3, 40))
+        ids = rng.integers(0, 1000, L).tolist()
+        out.append(dict(input_ids=ids, labels=ids))
+    out[1]["input_ids"][2:6] = [151652, 151655, 151655, 151653]
+    out[1]["labels"] = list(out[1]["input_ids"])
+    out[1]["grids"] = [(1, 4, 2)]
+    out[1]["pixel_values"] = np.ones((8, 12), np.float32)
+    return out
+
+
+def test_packed_seq_params_from_a_packed_batch():
+    batches = _collated(_samples(12), pack=1, pack_length=96, keys="megatron",
+                        shift_labels=1)
+    for b in batches:
+        p = packed_seq_params(b)
+        assert isinstance(p, PackedSeqParams) and p.qkv_format == "thd"
+        cu = b["cu_seqlens"]
+        assert p.cu_seqlens_q.dtype == torch.int32
+        assert torch.equal(p.cu_seqlens_q[:-1], cu[:-1]) and int(p.cu_seqlens_q[-1]) == 96
+        assert p.max_seqlen_q == int((p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1]).max())
+    b = _collated(_samples(12), pack=1, pack_length=96, pad_to_multiple=4, keys="megatron",
+                  shift_labels=1)[0]
+    p = packed_seq_params(b)
+    assert torch.equal(p.cu_seqlens_q, b["cu_seqlens_unpadded"])
+    assert torch.equal(p.cu_seqlens_q_padded[:-1], b["cu_seqlens"][:-1])
+    assert int(p.cu_seqlens_q_padded[-1]) == 96
+    assert ((p.cu_seqlens_q_padded[1:] - p.cu_seqlens_q_padded[:-1]) % 4 == 0).all()
+    assert ((p.cu_seqlens_q_padded[1:] - p.cu_seqlens_q_padded[:-1]) >=
+            (p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1])).all()
+
+
+def test_get_batch_single_rank():
+    batches = _collated(_samples(6), pack=1, pack_length=64, keys="megatron", shift_labels=1)
+    text_only = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) == 0]
+    with_image = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) > 0]
+    assert text_only and with_image
+    it = iter(batches)
+    for i in range(len(batches)):
+        out = get_batch(it, device="cpu")
+        assert isinstance(out["packed_seq_params"], PackedSeqParams)
+        assert out["attention_mask"] is None
+        if i in text_only:
+            assert out["pixel_values"] is None and out["image_grid_thw"] is None
+        else:
+            assert out["pixel_values"].shape == (8, 12)
+        assert torch.equal(out["tokens"], batches[i]["tokens"])
+
+
+# ---- two processes: tensor-parallel broadcast ---------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tp_worker(rank, world, port, ds, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2,
+                                                 create_gloo_process_groups=False)
+        assert parallel_state.get_data_parallel_world_size() == 1
+        # the provider builds a loader on tensor-parallel rank 0 only
+        kw = kwargs(ds, packing=True, pack_length=512, seq_length=None, mrope=True,
+                    attention_mask=True)
+        train, _, _ = make_provider(**kw, resume=False)([0, 0, 0])
+        assert (train is None) == (rank == 1)
+        # and get_batch broadcasts each batch from rank 0 to rank 1
+        got = []
+        for _ in range(4):
+            b = get_batch(train, device="cpu", drop_placeholder=False)
+            got.append({k: v.clone() for k, v in b.items() if isinstance(v, torch.Tensor)})
+        if train is not None:
+            train.close()
+        torch.save(got, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def test_tp_broadcast_between_two_processes(ds, tmp_path):
+    mp.spawn(_tp_worker, args=(2, _free_port(), ds, str(tmp_path)), nprocs=2, join=True)
+    a = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    b = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        same(x, y)
+        assert x["attention_mask"].dtype == torch.bool
+        assert x["position_ids"].shape[0] == 3
+        for k, v in x.items():
+            assert 0 not in v.shape and v.dim() < 5, k
+
+
+def test_the_qwen25vl_example_provider(ds):
+    """examples/megatron/qwen25vl_provider.py: its arguments and loader settings work."""
+    import argparse
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "megatron", "qwen25vl_provider.py")
+    spec = importlib.util.spec_from_file_location("qwen25vl_provider", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    assert ex.train_valid_test_datasets_provider.is_distributed is True
+    parser = ex.add_mmloader_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--mmloader-data", *ds["shards"], "--mmloader-packing",
+                              "--mmloader-pad-to-multiple", "4"])
+    args.seq_length = 512
+    kw = ex.mmloader_kwargs(args)
+    kw.update(tokenizer=TINY, num_threads=2, prefetch=2, **SMALL)
+    train, valid, test = make_provider(**kw, resume=False)([0, 0, 0])
+    with train:
+        b = get_batch(train, device="cpu")
+    assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
+    assert b["packed_seq_params"].cu_seqlens_q_padded is not None
+    assert valid is None and test is None
