@@ -232,6 +232,9 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
             names["resize_s"] = "decode + resize / patchify"
         heavy = max(((names[k], v) for k, v in stages.items() if k != "read_s"),
                     key=lambda x: x[1], default=("", 0.0))
+        if worker_util > 0.8 and cpu_util < 0.6 * min(threads, cores) / cores:
+            ev.append(f"the threads were busy but the process got only {100 * cpu_util:.0f}% "
+                      "of the cores: other processes compete for the CPU")
         if heavy[0]:
             ev.append(f"heaviest stage: {heavy[0]} ({100 * heavy[1] / max(compute, 1e-9):.0f}% "
                       "of worker compute)")
@@ -346,7 +349,9 @@ def plot_timeline(p: Profile, path: str) -> None:
 
     pts = p.timeline
     threads = max(1, int(p.stats.get("num_threads") or 1))
-    keys = [(k, n) for k, n in WORKER_STAGES if k in stage_seconds(p.stats)]
+    split = "decode_s" in stage_seconds(p.stats)
+    keys = [(k, n if split or k != "resize_s" else "decode + resize / patchify")
+            for k, n in WORKER_STAGES if k in stage_seconds(p.stats)]
     ts, util, coll, wait, cpu, depth, inflight, fetching = [], [], [], [], [], [], [], []
     prev_t, prev = 0.0, {"cpu": 0.0}
     for pt in pts:
