@@ -212,6 +212,12 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
             ax.axhline(d["samples_per_s"], linestyle=style, color="gray",
                        label=f"DataLoader, {data['meta']['cores']} workers ({source})")
     ax.set_xscale("log", base=2)
+    counts = sorted({r["params"]["threads"] for r in thr})
+    if counts:
+        ax.set_xticks(counts)
+        ax.set_xticklabels([str(c) for c in counts])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("threads (DataLoader: worker processes)")
     ax.set_ylabel("samples/s")
     ax.set_title(f"Throughput against threads ({data['meta']['cores']} cores)")
@@ -235,6 +241,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
         prod = wait[0]["params"]["production_ms"]
         ax.axvline(1.2 * prod, color="gray", linestyle="--", label="1.2x mmloader production")
         ax.axhline(100 * GOAL_WAIT, color="red", linestyle=":", label="2% goal")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("trainer step per batch (ms)")
     ax.set_ylabel("wait-time ratio (%)")
     ax.set_title("Time the trainer waits on data")
