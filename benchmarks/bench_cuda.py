@@ -64,3 +64,52 @@ def test_h2d_throughput(benchmark):
           f"ratio {ratio:.2f}")
     benchmark.extra_info.update(loader_gbps=gb / loader_s, torch_gbps=gb / torch_s, ratio=ratio)
     stage.close()
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    from mmloader.datagen import make_dataset
+    return make_dataset(str(tmp_path_factory.mktemp("benchcuda")), n_samples=96, seed=5,
+                        n_shards=2, n_images=16, min_size=64, max_size=320)
+
+
+def test_trainer_wait_time_ratio(benchmark, ds):
+    """A trainer whose step is a fixed GPU kernel (about 1 ms) plus a reduction over every
+    tensor of the batch, synchronising once per step (as loss.item() does)."""
+    torch = _torch_cuda()
+    import os
+    import mmloader
+    tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+    args = dict(tokenizer=tiny, micro_batch_size=4, num_threads=max(1, (os.cpu_count() or 2) - 2),
+                prefetch=4, min_pixels=28 * 28 * 16, max_pixels=448 * 448)
+    cycles = 2_000_000  # GPU clock cycles: about 1 ms
+
+    def train(**kw):
+        with mmloader.Loader(ds["shards"], **kw, **args) as L:
+            t0 = time.perf_counter()
+            steps = 0
+            for b in L:
+                if kw.get("device", "cpu") == "cpu":
+                    t = {k: torch.from_dlpack(v).cuda(non_blocking=True) for k, v in b.items()}
+                else:
+                    t = {k: torch.from_dlpack(v) for k, v in b.items()}
+                torch.cuda._sleep(cycles)
+                for v in t.values():
+                    v.sum()
+                torch.cuda.current_stream().synchronize()
+                steps += 1
+            return L.stats()["wait_time_ratio"], steps / (time.perf_counter() - t0)
+
+    train(device="cuda:0")  # warm up (CUDA context, pools)
+    res = {}
+    benchmark.pedantic(lambda: res.setdefault("device", train(device="cuda:0")), rounds=1,
+                       iterations=1)
+    res["pinned"] = train(pin_memory=True)
+    res["pageable"] = train()
+    for k, (w, sps) in res.items():
+        print(f"[bench_cuda] trainer {k}: wait_time_ratio {w:.3f}, {sps:.1f} steps/s")
+    print(f"[bench_cuda] trainer steps/s ratio device/pinned "
+          f"{res['device'][1] / res['pinned'][1]:.2f}, device/pageable "
+          f"{res['device'][1] / res['pageable'][1]:.2f}")
+    benchmark.extra_info.update({k: {"wait_time_ratio": w, "steps_per_s": s}
+                                 for k, (w, s) in res.items()})

@@ -94,9 +94,11 @@ def _parse_device(device: Any) -> int:
             index = int(d[5:]) if d.startswith("cuda:") else 0
         except ValueError:
             raise ConfigError(f"bad device {device!r}") from None
+        if index < 0:
+            raise ConfigError(f"bad device {device!r}: the index must be >= 0")
         if not _core.cuda_available():
-            raise ConfigError(f"device={device!r} needs a CUDA runtime and GPU; none is usable "
-                              "here")
+            raise ConfigError(f"device={d!r} needs a CUDA runtime and GPU; none is usable "
+                              f"here: {_core.cuda_unavailable_reason()}")
         if not 0 <= index < _core.cuda_device_count():
             raise ConfigError(f"device={device!r}: there are {_core.cuda_device_count()} "
                               "CUDA device(s)")
@@ -189,9 +191,18 @@ class Loader:
         mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
         cycle: never stop at an epoch end (Megatron-style iterators).
         pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
-            plain memory when CUDA is unavailable (stats()["pinned"] tells).
-        device: "cpu", or "cuda[:N]": batches are copied to that GPU on the loader's own
-            stream; the tensors' DLPack export makes the consumer's stream wait for it.
+            plain memory, with one warning, when CUDA is unavailable (stats()["pinned"]
+            tells).  A released pinned batch is reused only after the work queued on the
+            default CUDA stream (of the device current when the loader was built) before
+            the release has completed, so ``b.cuda(non_blocking=True)`` followed by
+            dropping ``b`` is safe there; for copies on other streams keep the batch alive
+            until they are done, or use ``device=``.
+        device: "cpu", or "cuda[:N]": batches are copied from pinned buffers to that GPU on
+            the loader's own stream; ``__dlpack__(stream=s)`` (what torch.from_dlpack
+            calls on the current stream) makes stream ``s`` wait for the copy, without a
+            device-wide synchronisation.  A device buffer is reused only after the work
+            queued on the streams it was exported to, before its release, has completed.
+            Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
     """
@@ -255,6 +266,10 @@ class Loader:
         if not packing and pack_length is not None:
             raise ConfigError("pack_length is only meaningful with packing=True")
         device_index = _parse_device(device)
+        if pin_memory and device_index < 0 and not _core.cuda_available():
+            warnings.warn("pin_memory=True: CUDA is unavailable "
+                          f"({_core.cuda_unavailable_reason()}); batches use ordinary host "
+                          "memory", RuntimeWarning, stacklevel=2)
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
         try:

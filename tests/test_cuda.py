@@ -226,7 +226,7 @@ def test_fake_consumer_waits_for_copy_and_holds_buffer(fake_cudart):
 
         # pin_memory: a trainer's .cuda(non_blocking=True) on its stream, then release
         p = s.pinned({"x": a}, stream=side)["x"]
-        assert p.device == "cpu" and p.__dlpack_device__() == (1, 0)
+        assert p.device == "cpu" and p.__dlpack_device__() == (1, 0) and p.is_pinned
         assert np.array_equal(np.from_dlpack(p), a)
         old = p.data_ptr
         fake.fake_cudart_gate(side, 1)
@@ -268,6 +268,109 @@ def test_fake_many_batches_no_leak(fake_cudart):
         assert fake.fake_cudart_live_events() == 0, fake.fake_cudart_live_events()
         print("ok")
     """)
+    assert out.strip().endswith("ok")
+
+
+# --- the Loader's pin_memory / device options ---------------------------------------------
+
+TINY = os.path.join(REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
+LOADER_ARGS = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2,
+                   min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16, shuffle=False)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    from mmloader.datagen import make_dataset
+    root = str(tmp_path_factory.mktemp("cudads"))
+    return make_dataset(root, n_samples=24, seed=3, n_shards=2, n_images=8, min_size=32,
+                        max_size=128)
+
+
+LOADER_PRELUDE = """
+import json, warnings
+import numpy as np
+import mmloader
+SHARDS = json.loads(%r)
+ARGS = json.loads(%r)
+def load(**kw):
+    a = dict(ARGS); a.update(kw)
+    return mmloader.Loader(SHARDS, **a)
+def cpu_epoch():
+    with load() as L:
+        return [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+"""
+
+
+def loader_code(ds, body):
+    import json
+    return (LOADER_PRELUDE % (json.dumps(ds["shards"]), json.dumps(LOADER_ARGS))
+            + textwrap.dedent(body))
+
+
+def test_loader_device_without_cuda_fails_at_construction(ds):
+    out = run_py(loader_code(ds, """
+        for dev in ("cuda:0", "cuda"):
+            try:
+                load(device=dev)
+            except mmloader.ConfigError as e:  # says why CUDA is unusable
+                assert "MML_CUDA_DISABLE" in str(e) and dev in str(e), e
+                print("NoCuda")
+        for dev in ("gpu", "cuda:x", "cuda:-1", 3):
+            try:
+                load(device=dev)
+            except mmloader.ConfigError as e:
+                print("ConfigError")
+    """), MML_CUDA_DISABLE="1")
+    assert out.split() == ["NoCuda"] * 2 + ["ConfigError"] * 4
+
+
+def test_loader_pin_memory_without_cuda_warns_once_and_works(ds):
+    out = run_py(loader_code(ds, """
+        ref = cpu_epoch()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with load(pin_memory=True) as L:
+                got = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+                got2 = [b for b in L]  # a second epoch: still no more warnings
+                assert got2 and not any(v.is_pinned for b in got2 for v in b.values())
+        msgs = [str(x.message) for x in w]
+        assert len(msgs) == 1, msgs
+        assert "pin_memory" in msgs[0] and "MML_CUDA_DISABLE" in msgs[0], msgs
+        assert len(got) == len(ref) > 0
+        for a, b in zip(ref, got):
+            assert sorted(a) == sorted(b)
+            for k in a:
+                assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+        print("ok")
+    """), MML_CUDA_DISABLE="1")
+    assert out.strip() == "ok"
+
+
+def test_loader_on_fake_device_equals_cpu(ds, fake_cudart):
+    out = run_fake(fake_cudart, loader_code(ds, """
+        base = fake.fake_cudart_live_device()
+        ref = cpu_epoch()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # CUDA is "there": no fallback warning
+            with load(pin_memory=True) as L:
+                pinned = [b for b in L]
+            with load(device="cuda:1") as L:
+                dev = [b for b in L]
+        assert len(pinned) == len(dev) == len(ref) > 0
+        for a, p, d in zip(ref, pinned, dev):
+            assert sorted(a) == sorted(p) == sorted(d)
+            for k in a:
+                assert p[k].device == "cpu" and p[k].__dlpack_device__() == (1, 0), k
+                assert p[k].is_pinned and not d[k].is_pinned, k
+                assert np.array_equal(np.from_dlpack(p[k]), a[k]), k
+                assert d[k].device == "cuda:1" and d[k].__dlpack_device__() == (2, 1), k
+                assert d[k].dtype == a[k].dtype.name and d[k].shape == a[k].shape, k
+                assert np.array_equal(host_view(d[k]), a[k]), k
+        del pinned, dev, p, d
+        gc.collect()
+        assert fake.fake_cudart_live_device() == base, (fake.fake_cudart_live_device(), base)
+        print("ok")
+    """))
     assert out.strip().endswith("ok")
 
 
@@ -367,3 +470,39 @@ def test_gpu_many_batches_no_leak():
     assert u["device_live"] == 0 and u["pinned_live"] == 0, u
     assert u["device_cached"] <= 256 << 20, u
     assert free0 - torch.cuda.mem_get_info()[0] <= 256 << 20
+
+
+@pytest.mark.gpu
+def test_gpu_loader_device_batches_equal_cpu_batches(ds):
+    require_gpu()
+    import numpy as np
+    torch = torch_cuda()
+    args = dict(LOADER_ARGS)
+    with mmloader.Loader(ds["shards"], **args) as L:
+        ref = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+    side = torch.cuda.Stream()
+    got = []
+    with mmloader.Loader(ds["shards"], device="cuda:0", **args) as L, torch.cuda.stream(side):
+        for b in L:
+            torch.cuda._sleep(100_000)  # the consumer's stream runs behind
+            t = {k: torch.from_dlpack(v) for k, v in b.items()}
+            got.append({k: v.clone() for k, v in t.items()})  # queued on `side`
+            del t, b
+    side.synchronize()
+    assert len(got) == len(ref) > 0
+    for a, g in zip(ref, got):
+        assert sorted(a) == sorted(g)
+        for k in a:
+            assert g[k].device == torch.device("cuda", 0)
+            assert torch.equal(g[k].cpu(), torch.from_numpy(a[k])), k
+
+
+@pytest.mark.gpu
+def test_gpu_loader_pin_memory(ds):
+    require_gpu()
+    torch = torch_cuda()
+    with mmloader.Loader(ds["shards"], pin_memory=True, **LOADER_ARGS) as L:
+        for b in L:
+            for k, v in b.items():
+                t = torch.from_dlpack(v)
+                assert t.device.type == "cpu" and t.is_pinned(), k

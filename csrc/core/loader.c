@@ -114,6 +114,7 @@ struct mml_loader {
   mml_pool *pool;
   mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
   int pinned;
+  int guard_device;         /* pinned: device whose default stream guards released batches */
   mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
   mml_collate_cfg ccfg;
   mml_collator *collator;   /* used by the collation thread; workers only call the const,
@@ -859,9 +860,11 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
 
   if (cfg->allocator) {
     L->alloc = *cfg->allocator;
-  } else if (cfg->pin_memory) {
+  } else if (cfg->pin_memory || cfg->to_device) { /* device copies read pinned buffers */
     mml_err e2;
     L->pinned = mml_pinned_allocator(&L->alloc, &e2) == MML_OK; /* else plain host memory */
+    /* the trainer's device (the constructing thread's current one) for the release guard */
+    L->guard_device = L->pinned ? mml_cuda_current_device() : 0;
   } else {
     mml_host_allocator(&L->alloc);
   }
@@ -1076,7 +1079,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       memset(it, 0, sizeof *it);
       if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
         mml_err e2;
-        mml_device_guard_pinned(out, 0, 0, &e2);
+        mml_device_guard_pinned(out, L->guard_device, 0, &e2);
       }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;

@@ -238,6 +238,10 @@ static PyObject *Tensor_get_device(TensorObject *self, void *c) {
   return PyUnicode_FromString("cpu");
 }
 
+static PyObject *Tensor_get_is_pinned(TensorObject *self, void *c) {
+  return PyBool_FromLong(self->buf->kind == MML_MEM_PINNED);
+}
+
 static Py_ssize_t Tensor_len(TensorObject *self) {
   if (self->ndim == 0) {
     PyErr_SetString(PyExc_TypeError, "len() of a 0-d tensor");
@@ -296,6 +300,8 @@ static PyGetSetDef Tensor_getset[] = {
     {"nbytes", (getter)Tensor_get_nbytes, NULL, "Size in bytes.", NULL},
     {"data_ptr", (getter)Tensor_get_data_ptr, NULL, "Address of element 0.", NULL},
     {"device", (getter)Tensor_get_device, NULL, "\"cpu\" or \"cuda:N\".", NULL},
+    {"is_pinned", (getter)Tensor_get_is_pinned, NULL,
+     "True for page-locked host memory (pin_memory=True with CUDA present).", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods Tensor_as_sequence = {.sq_length = (lenfunc)Tensor_len};
