@@ -38,10 +38,11 @@ def torch_cuda():
 
 
 def require_gpu():
+    # torch first: its libcudart is then the one mmloader finds (one runtime per process)
+    if torch_cuda() is None:
+        pytest.skip("no GPU visible to PyTorch (the GPU tests check results through torch)")
     if not _core.cuda_available():
         pytest.skip(f"no usable CUDA runtime: {_core.cuda_unavailable_reason()}")
-    if torch_cuda() is None:
-        pytest.skip("PyTorch without CUDA (the GPU tests check results through torch)")
 
 
 # --- without a GPU ---------------------------------------------------------------------
@@ -82,6 +83,23 @@ def test_disabled_by_environment():
     assert lines[0] == "False 0"
     assert "MML_CUDA_DISABLE=1" in lines[1]
     assert lines[2].startswith("raised CUDA disabled")
+
+
+def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cudart):
+    # pip's PyTorch loads site-packages/nvidia/cuda_runtime/lib/libcudart.so.12; mmloader
+    # must find it even when it loads CUDA before torch is imported.
+    import shutil
+    lib = tmp_path / "nvidia" / "cuda_runtime" / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy(fake_cudart, lib / "libcudart.so.12")
+    out = run_py("""
+        import sys
+        from mmloader import _core, _cudart
+        print(_cudart.candidates())
+        print(_core.cuda_available(), _core.cuda_load())
+    """, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}")
+    want = str(lib / "libcudart.so.12")
+    assert out.splitlines() == [repr([want]), f"True {want}"]
 
 
 def test_missing_library_named_in_error():
