@@ -92,7 +92,8 @@ def markdown(data: Dict[str, Any]) -> str:
         "### End-to-end results",
         "",
         f"Run {meta['date']} on {meta['cores']} cores ({meta.get('cpu') or 'unknown CPU'}), "
-        f"Python {meta['python']}; `python3 -m pytest benchmarks/bench_e2e.py "
+        f"Python {meta['python']}, load average {meta.get('loadavg_start', [0])[0]:.1f} at the "
+        f"start and {meta.get('loadavg_end', [0])[0]:.1f} at the end; `python3 -m pytest benchmarks/bench_e2e.py "
         f"--benchmark-only -q -s{' --e2e-full' if meta.get('full') else ''}`.",
         f"Dataset: {ds.get('records', '?')} generated records "
         f"({ds.get('turns_per_record', '?')} turns each on average), {ds.get('images', '?')} "
@@ -105,6 +106,14 @@ def markdown(data: Dict[str, Any]) -> str:
         "first-byte latency, no faults.",
         "",
     ]
+    par = _runs(data, "parity")
+    if par and "batches" in par[-1]["result"]:
+        r = par[-1]["result"]
+        same = ("identical input_ids, labels, attention_mask and image_grid_thw"
+                if not r["mismatch"] else "**differences**: " + "; ".join(r["mismatch"][:3]))
+        lines += [f"Same work: on the first {r['samples']} samples the reference pipeline "
+                  f"and mmloader gave {same}; pixel_values differ by at most "
+                  f"{r['pixel_max_abs_diff']:.1e}.", ""]
     for source in ("local", "remote"):
         runs = _runs(data, "throughput", source)
         if not runs:
@@ -113,9 +122,9 @@ def markdown(data: Dict[str, Any]) -> str:
         title = "From local disk" if source == "local" else \
             f"From the {1000 * meta['latency_s']:g} ms server"
         lines += [f"**{title}**", "",
-                  "| pipeline | samples/s | vs DataLoader | CPU s/sample | wait-time ratio "
-                  "| first batch (s) | peak memory (MB) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| pipeline | samples/s | vs DataLoader | samples/s incl. warm-up "
+                  "| CPU s/sample | wait-time ratio | first batch (s) | peak memory (MB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         runs = sorted(runs, key=lambda r: ORDER.index(r["pipeline"])
                       if r["pipeline"] in ORDER else 99)
         for r in runs:
@@ -123,11 +132,12 @@ def markdown(data: Dict[str, Any]) -> str:
             name = LABEL.get(r["pipeline"], r["pipeline"])
             if "samples_per_s" not in res:
                 why = res.get("skipped") or ("failed: " + res.get("error", "?").splitlines()[-1])
-                lines.append(f"| {name} | {why[:100]} | | | | | |")
+                lines.append(f"| {name} | {why[:100]} | | | | | | |")
                 continue
             ratio = (f"{res['samples_per_s'] / base['samples_per_s']:.2f}x"
                      if base and base["samples_per_s"] > 0 else "-")
             lines.append(f"| {name} | {res['samples_per_s']:.1f} | {ratio} | "
+                         f"{res.get('e2e_samples_per_s', 0):.1f} | "
                          f"{res['cpu_s_per_sample']:.3f} | {100 * res['wait_ratio']:.1f}% | "
                          f"{res['ttfb_s']:.2f} | {res['peak_mem_mb']:.0f} |")
         lines.append("")
@@ -161,12 +171,15 @@ def markdown(data: Dict[str, Any]) -> str:
     lines += ["**Goals** (ratios measured in this run)", "",
               "| goal | measured | target | |", "|---|---:|---:|---|"]
     lines += [_fmt_goal(*g) for g in goals(data)]
-    lines += ["", "Figures: samples/s after the first batch; CPU s/sample = user+system time of "
-              "the process and all its children from iter() to the last batch over the samples; "
-              "wait-time ratio = time the trainer spent blocked in next() / wall time after the "
-              "first batch; first batch = pipeline construction to first batch (imports "
-              "excluded); peak memory = largest PSS sum over the process tree. Each "
-              "pipeline runs in a fresh process.", ""]
+    lines += ["", "Figures: samples/s = samples after the first batch / time after the "
+              "first batch (the steady rate, which the goals use; it flatters pipelines that "
+              "had many batches ready at the first one, e.g. Ray Data on short runs); incl. "
+              "warm-up = all samples / time from iter() to the last batch; CPU s/sample = "
+              "user+system time of the process and all its children from iter() to the last "
+              "batch over the samples; wait-time ratio = time the trainer spent blocked in "
+              "next() / wall time after the first batch; first batch = pipeline construction "
+              "to first batch (imports excluded); peak memory = largest PSS sum over the "
+              "process tree. Each pipeline runs in a fresh process.", ""]
     imgs = [("throughput_vs_threads.png", "throughput against threads"),
             ("wait_vs_step.png", "wait-time ratio against trainer step")]
     lines += [f"![{alt}](results/{name})" for name, alt in imgs]
