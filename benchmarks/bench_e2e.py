@@ -233,9 +233,9 @@ def _wait_cases():
                          ids=[f"{p}-{f}" for p, f in _wait_cases()])
 def test_wait_ratio(benchmark, suite, name, factor):
     """Wait-time ratio against the trainer step, in multiples of mmloader's batch
-    production time (goal: <= 2% at 1.2x); the DataLoader at the same steps with
-    --e2e-full."""
-    if name == "dataloader" and not suite.full:
+    production time (goal: <= 2% at 1.2x); the DataLoader at 1.2x too (at every step
+    with --e2e-full)."""
+    if name == "dataloader" and not suite.full and factor != 1.2:
         pytest.skip("not in this configuration (--e2e-full runs it)")
     prod = suite.find("production", "mmloader", "local")
     if prod is None:

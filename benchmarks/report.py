@@ -2,6 +2,7 @@
 results table (benchmarks/results.md) and the plots under benchmarks/results/.
 
     python3 benchmarks/report.py [benchmarks/results/e2e.json]
+    python3 benchmarks/report.py --readme [README.md]    # also fills README's results block
 
 bench_e2e.py calls generate() at the end of every run; no figure here is typed by hand.
 Plots need matplotlib (requirements-test.txt); without it only the Markdown is written.
@@ -83,7 +84,7 @@ def _fmt_goal(name: str, v: Optional[float], target: str, met: Optional[bool]) -
     return f"| {name} | {shown} | {target} | {'met' if met else '**not met**'} |"
 
 
-def markdown(data: Dict[str, Any]) -> str:
+def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
     meta = data["meta"]
     ds = meta.get("dataset", {})
     lines = [
@@ -182,7 +183,7 @@ def markdown(data: Dict[str, Any]) -> str:
               "process tree. Each pipeline runs in a fresh process.", ""]
     imgs = [("throughput_vs_threads.png", "throughput against threads"),
             ("wait_vs_step.png", "wait-time ratio against trainer step")]
-    lines += [f"![{alt}](results/{name})" for name, alt in imgs]
+    lines += [f"![{alt}]({img_prefix}{name})" for name, alt in imgs]
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +212,12 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
             ax.axhline(d["samples_per_s"], linestyle=style, color="gray",
                        label=f"DataLoader, {data['meta']['cores']} workers ({source})")
     ax.set_xscale("log", base=2)
+    counts = sorted({r["params"]["threads"] for r in thr})
+    if counts:
+        ax.set_xticks(counts)
+        ax.set_xticklabels([str(c) for c in counts])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("threads (DataLoader: worker processes)")
     ax.set_ylabel("samples/s")
     ax.set_title(f"Throughput against threads ({data['meta']['cores']} cores)")
@@ -234,6 +241,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
         prod = wait[0]["params"]["production_ms"]
         ax.axvline(1.2 * prod, color="gray", linestyle="--", label="1.2x mmloader production")
         ax.axhline(100 * GOAL_WAIT, color="red", linestyle=":", label="2% goal")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("trainer step per batch (ms)")
     ax.set_ylabel("wait-time ratio (%)")
     ax.set_title("Time the trainer waits on data")
@@ -262,9 +270,39 @@ def generate(json_path: str, out_dir: Optional[str] = None,
     return md
 
 
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def fill_readme(json_path: str, readme: str) -> None:
+    """Replaces what lies between README's results markers by the generated table (image
+    links relative to the README)."""
+    with open(json_path) as f:
+        data = json.load(f)
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    a, b = text.find(START), text.find(END)
+    if a < 0 or b < a:
+        raise SystemExit(f"{readme}: no {START} ... {END} block")
+    rel = os.path.relpath(os.path.join(HERE, "results"), os.path.dirname(os.path.abspath(readme)))
+    block = markdown(data, img_prefix=rel.replace(os.sep, "/") + "/")
+    block = block.replace("### End-to-end results\n", "", 1)
+    text = text[:a + len(START)] + "\n" + block + text[b:]
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def main(argv: List[str]) -> int:
-    path = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "e2e.json")
-    sys.stdout.write(generate(path))
+    import argparse
+    ap = argparse.ArgumentParser(description="results table and plots from the e2e JSON")
+    ap.add_argument("json", nargs="?", default=os.path.join(HERE, "results", "e2e.json"))
+    ap.add_argument("--readme", nargs="?", const=os.path.join(os.path.dirname(HERE),
+                                                              "README.md"), default=None,
+                    help="also fill README.md's results block")
+    args = ap.parse_args(argv[1:])
+    sys.stdout.write(generate(args.json))
+    if args.readme:
+        fill_readme(args.json, args.readme)
+        print(f"filled {args.readme}")
     return 0
 
 
