@@ -394,7 +394,8 @@ class Loader:
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> Dict[str, Any]:
         """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
-        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s),
+        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
+        decode_s is the decoder's part of vision_s),
         queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
         ``fetch`` (requests, retries, latency) when data is remote."""
         return self._core().stats()

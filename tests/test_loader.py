@@ -341,6 +341,7 @@ def test_stats(ds):
         assert k in st
     assert st["batches"] == 10 and st["samples"] >= 40 and st["images"] > 0
     assert st["bytes_read"] > 0 and st["vision_s"] > 0
+    assert 0 < st["decode_s"] <= st["vision_s"]  # the decoder's part of the vision stage
     assert 0 < st["packing_efficiency"] <= 1
 
 

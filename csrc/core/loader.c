@@ -182,6 +182,7 @@ struct mml_loader {
   int warn_head, warn_count;
   double first_next, wait_s;
   double read_s, vision_s, text_s, collate_s;
+  double decode_s; /* the decoder's part of vision_s */
   uint64_t samples, good, skipped, batches, bytes_read, images;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t real_tokens, token_slots;
@@ -521,6 +522,7 @@ static void *worker_main(void *arg) {
     int finished;
     run_acc acc = {0, 0};
     sc.vision_s = sc.text_s = 0;
+    double decode0 = have_scratch ? mml_vision_scratch_decode_s(sc.vision) : 0;
     if (have_scratch) {
       finished = task_run(L, &sc, t, &acc);
     } else {
@@ -531,6 +533,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&L->mu);
     L->read_s += acc.read_s;
     L->vision_s += sc.vision_s;
+    if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
     L->text_s += sc.text_s;
     L->bytes_read += acc.bytes;
     if (finished) {
@@ -1240,6 +1243,7 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
   o->wall_s = L->first_next > 0 ? mml_now() - L->first_next : 0;
   o->read_s = L->read_s;
   o->vision_s = L->vision_s;
+  o->decode_s = L->decode_s;
   o->text_s = L->text_s;
   o->collate_s = L->collate_s;
   o->queue_depth = L->out_count;

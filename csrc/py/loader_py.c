@@ -382,6 +382,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "wall_s", PyFloat_FromDouble(s.wall_s)) ||
       set_num(d, "read_s", PyFloat_FromDouble(s.read_s)) ||
       set_num(d, "vision_s", PyFloat_FromDouble(s.vision_s)) ||
+      set_num(d, "decode_s", PyFloat_FromDouble(s.decode_s)) ||
       set_num(d, "tokenize_s", PyFloat_FromDouble(s.text_s)) ||
       set_num(d, "collate_s", PyFloat_FromDouble(s.collate_s)) ||
       set_num(d, "queue_depth", PyLong_FromLong(s.queue_depth)) ||

@@ -104,6 +104,7 @@ typedef struct mml_loader_stats {
   double wait_s;            /* consumer time blocked in mml_loader_next */
   double wall_s;            /* since the first mml_loader_next */
   double read_s, vision_s, text_s, collate_s; /* busy seconds per stage, all threads */
+  double decode_s;          /* the image decoder's part of vision_s */
   int queue_depth;          /* finished batches waiting */
   int prefetch;
   int window, in_flight;    /* sample window and samples being processed now */
