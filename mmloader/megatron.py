@@ -25,8 +25,8 @@ What the provider does:
   the way Megatron's own ``get_batch`` does.
 - ``dp_rank`` / ``dp_size`` default to Megatron's data-parallel group
   (``parallel_state.get_data_parallel_rank/world_size()``; context-parallel ranks share data).
-- ``micro_batch_size`` and ``seq_length`` default to Megatron's ``--micro-batch-size`` and
-  ``--seq-length``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
+- ``micro_batch_size``, ``seq_length`` and ``seed`` default to Megatron's
+  ``--micro-batch-size``, ``--seq-length`` and ``--seed``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
   (causal attention needs no mask tensor) by default, and the loaders cycle over epochs
   (``cycle=True``) because Megatron counts iterations, not epochs.
 - Context parallelism is left to the model: a vision-language model merges the image

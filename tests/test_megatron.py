@@ -308,3 +308,40 @@ def test_the_qwen25vl_example_provider(ds):
     assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
     assert b["packed_seq_params"].cu_seqlens_q_padded is not None
     assert valid is None and test is None
+
+
+def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
+    """megatron-core's vocab_parallel_cross_entropy on our shifted labels, masked with
+    loss_mask, is the next-token loss of each sample on its own (nothing crosses samples)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        from megatron.core import tensor_parallel
+        parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
+        samples = _samples(10, seed=4)
+        for s in samples:  # supervise everything but the first quarter
+            s["labels"] = [-100 if j < len(s["input_ids"]) // 4 else t
+                           for j, t in enumerate(s["input_ids"])]
+        g = torch.Generator().manual_seed(1)
+        k = 0
+        for b in _collated(samples, pack=1, pack_length=128, pad_to_multiple=4,
+                           keys="megatron", shift_labels=1):
+            V = 151936
+            logits = torch.randn(1, 128, V, generator=g)
+            loss = tensor_parallel.vocab_parallel_cross_entropy(
+                logits.transpose(0, 1).clone(), b["labels"].t().contiguous()).t()  # works in place
+            ours = (loss * b["loss_mask"]).sum()
+            want = torch.zeros(())
+            cu = b["cu_seqlens"]
+            for i in range(len(cu) - 1):
+                s = samples[k]
+                n, lo = len(s["input_ids"]), int(cu[i])
+                tgt = torch.tensor(s["labels"][1:])
+                want = want + torch.nn.functional.cross_entropy(
+                    logits[0, lo:lo + n - 1], tgt, ignore_index=-100, reduction="sum")
+                k += 1
+            torch.testing.assert_close(ours, want)
+        assert k == len(samples)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

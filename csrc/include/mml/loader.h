@@ -5,8 +5,8 @@
  * epoch `e` is one sample.  Worker threads run the whole per-sample pipeline (read record,
  * parse, read images, plan, tokenize, decode + preprocess) on positions inside a bounded
  * window ahead of the collation point; one collation thread consumes finished samples
- * strictly in stream order and pushes batches into a bounded queue of `prefetch`
- * batches.  Output is a pure function of the data, the config and the cursor, whatever
+ * strictly in stream order and composes batches, which workers then emit (build the
+ * tensors) in parallel; batches enter a bounded queue of `prefetch` batches in order.  Output is a pure function of the data, the config and the cursor, whatever
  * the thread count or timing.
  *
  * Epochs: padded mode yields floor(n_rank / micro_batch_size) batches per epoch, filling
