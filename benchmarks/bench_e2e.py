@@ -4,8 +4,9 @@
     python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-full   # larger
 
 Every pipeline does the same work on the same generated dataset (benchmarks/pipelines/
-dataset.py: JPEG and PNG photos and screenshots from 320x240 to 1080p, 10% progressive
-JPEG, multi-turn conversations) with the same tokenizer file, from local disk and from the
+dataset.py: mmloader.datagen's multi-turn records in three formats, their images rewritten
+as JPEG and PNG photos and screenshots from 320x240 to 1080p, 10% progressive JPEG) with
+the same tokenizer file (test_same_work checks the batches are identical), from local disk and from the
 fault-injecting server with 30 ms first-byte latency, feeding a simulated trainer step.
 Each measurement runs in a fresh interpreter (benchmarks/pipelines/runner.py) so memory
 peaks are per pipeline.  At the end the suite writes benchmarks/results/e2e.json and from

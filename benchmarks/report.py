@@ -124,8 +124,9 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
             f"From the {1000 * meta['latency_s']:g} ms server"
         lines += [f"**{title}**", "",
                   "| pipeline | samples/s | vs DataLoader | samples/s incl. warm-up "
-                  "| CPU s/sample | wait-time ratio | first batch (s) | peak memory (MB) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| CPU s/sample | wait-time ratio | first batch (s) | peak memory (MB) "
+                  "| ru_maxrss (MB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         runs = sorted(runs, key=lambda r: ORDER.index(r["pipeline"])
                       if r["pipeline"] in ORDER else 99)
         for r in runs:
@@ -133,14 +134,15 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
             name = LABEL.get(r["pipeline"], r["pipeline"])
             if "samples_per_s" not in res:
                 why = res.get("skipped") or ("failed: " + res.get("error", "?").splitlines()[-1])
-                lines.append(f"| {name} | {why[:100]} | | | | | | |")
+                lines.append(f"| {name} | {why[:100]} | | | | | | | |")
                 continue
             ratio = (f"{res['samples_per_s'] / base['samples_per_s']:.2f}x"
                      if base and base["samples_per_s"] > 0 else "-")
             lines.append(f"| {name} | {res['samples_per_s']:.1f} | {ratio} | "
                          f"{res.get('e2e_samples_per_s', 0):.1f} | "
                          f"{res['cpu_s_per_sample']:.3f} | {100 * res['wait_ratio']:.1f}% | "
-                         f"{res['ttfb_s']:.2f} | {res['peak_mem_mb']:.0f} |")
+                         f"{res['ttfb_s']:.2f} | {res['peak_mem_mb']:.0f} | "
+                         f"{res.get('peak_rss_mb', 0):.0f} |")
         lines.append("")
     thr = [r for r in _runs(data, "threads") if _ok(r)]
     if thr:
@@ -172,6 +174,17 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
     lines += ["**Goals** (ratios measured in this run)", "",
               "| goal | measured | target | |", "|---|---:|---:|---|"]
     lines += [_fmt_goal(*g) for g in goals(data)]
+    ref = []
+    for source in ("local", "remote"):
+        m, d = _one(data, "throughput", source, "mmloader"), _one(data, "throughput", source,
+                                                                    "dataloader")
+        if m and d and m["cpu_s_per_sample"] > 0:
+            ref.append(f"{d['cpu_s_per_sample'] / m['cpu_s_per_sample']:.1f}x less CPU per "
+                       f"sample than the DataLoader ({source})")
+    if ref:
+        lines += ["", "For reference (not a goal), mmloader used " + " and ".join(ref) +
+                  "; on a machine shared with other work, samples/s follows the CPU share "
+                  "a pipeline gets, CPU per sample does not."]
     lines += ["", "Figures: samples/s = samples after the first batch / time after the "
               "first batch (the steady rate, which the goals use; it flatters pipelines that "
               "had many batches ready at the first one, e.g. Ray Data on short runs); incl. "
@@ -180,7 +193,9 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
               "batch over the samples; wait-time ratio = time the trainer spent blocked in "
               "next() / wall time after the first batch; first batch = pipeline construction "
               "to first batch (imports excluded); peak memory = largest PSS sum over the "
-              "process tree. Each pipeline runs in a fresh process.", ""]
+              "process tree (a page shared by k processes counts 1/k each; the goal uses it); "
+              "ru_maxrss = the process's own peak RSS plus its largest child's (not the sum "
+              "over children). Each pipeline runs in a fresh process.", ""]
     imgs = [("throughput_vs_threads.png", "throughput against threads"),
             ("wait_vs_step.png", "wait-time ratio against trainer step")]
     lines += [f"![{alt}]({img_prefix}{name})" for name, alt in imgs]

@@ -17,7 +17,8 @@ Figures (all over one pass of `limit` samples, or `batches` batches when given):
                    iter() to the last batch, over the samples delivered
   peak_mem_mb      largest sum of PSS (proportional set size: a page shared by k
                    processes counts 1/k in each) over this process and its live
-                   descendants, sampled every 50 ms: the memory the pipeline holds
+                   descendants, sampled every 200 ms (the process list every second):
+                   the memory the pipeline holds
   peak_rss_mb      ru_maxrss of this process + ru_maxrss of its reaped children (the
                    largest child, not their sum; a forked helper counts its parent's
                    pages), for reference
@@ -105,17 +106,20 @@ def _pss(pid: int) -> int:
 class TreeMemory(threading.Thread):
     """Samples the PSS sum of this process tree until stopped; keeps the peak."""
 
-    def __init__(self, period: float = 0.05):
-        super().__init__(name="rss-sampler", daemon=True)
-        self.period = period
+    def __init__(self, period: float = 0.2, rescan: float = 1.0):
+        super().__init__(name="pss-sampler", daemon=True)
+        self.period, self.rescan = period, rescan  # scanning /proc costs ~5 ms: not often
         self.peak = 0
         self.halt = threading.Event()
 
     def run(self) -> None:
         me = os.getpid()
+        pids, scanned = [me], 0.0
         while not self.halt.is_set():
-            total = sum(_pss(pid) for pid in [me] + _descendants(me))
-            self.peak = max(self.peak, total)
+            now = time.monotonic()
+            if now - scanned >= self.rescan:
+                pids, scanned = [me] + _descendants(me), now
+            self.peak = max(self.peak, sum(_pss(pid) for pid in pids))
             self.halt.wait(self.period)
 
     def stop(self) -> int:

@@ -129,6 +129,8 @@ struct mml_loader {
   mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
   int pinned;
   int guard_device;         /* pinned: device whose default stream guards released batches */
+  int consumer_device;      /* pinned: and this stream of that device, when not 0 */
+  uintptr_t consumer_stream; /* (consumer thread only) */
   mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
   mml_collate_cfg ccfg;
   mml_collator *collator;   /* colls[0]; workers also call its const, reentrant check */
@@ -1116,6 +1118,11 @@ void mml_loader_free(mml_loader *L) {
 /* ------------------------------------------------------------------------------------ */
 /* consumer API                                                                         */
 
+void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream) {
+  L->consumer_device = device;
+  L->consumer_stream = stream;
+}
+
 int64_t mml_loader_num_samples(const mml_loader *L) { return L->ix.n; }
 int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
@@ -1198,6 +1205,8 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
         mml_err e2;
         mml_device_guard_pinned(out, L->guard_device, 0, &e2);
+        if (L->consumer_stream)
+          mml_device_guard_pinned(out, L->consumer_device, L->consumer_stream, &e2);
       }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;

@@ -428,6 +428,14 @@ fail:
   return NULL;
 }
 
+static PyObject *Loader_set_consumer_stream(LoaderObject *self, PyObject *args) {
+  int device;
+  unsigned long long stream;
+  if (!PyArg_ParseTuple(args, "iK:set_consumer_stream", &device, &stream)) return NULL;
+  if (self->L) mml_loader_set_consumer_stream(self->L, device, (uintptr_t)stream);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_FromLong(!self->L); }
 
 static PyMethodDef Loader_methods[] = {
@@ -439,6 +447,9 @@ static PyMethodDef Loader_methods[] = {
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},
     {"close", (PyCFunction)Loader_close, METH_NOARGS, "Stops and joins every thread."},
+    {"set_consumer_stream", (PyCFunction)Loader_set_consumer_stream, METH_VARARGS,
+     "set_consumer_stream(device, stream): pinned batches delivered from now on are not "
+     "reused before work queued on that cudaStream_t before their release is done."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Loader_getset[] = {

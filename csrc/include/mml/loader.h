@@ -84,6 +84,11 @@ uint64_t mml_loader_data_hash(const mml_loader *L);
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
+/* pin_memory: batches delivered from now on are also kept from reuse until the work
+ * queued on this CUDA stream (a raw cudaStream_t of `device`) before their release has
+ * completed, besides the default stream (always).  0 drops the extra stream.  The
+ * consumer's thread calls it (the Python wrapper passes torch's current stream). */
+void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream);
 
 /* Waits up to timeout_s for the next batch (timeout_s < 0: forever).
  *   MML_OK        *out holds the batch (the caller owns its buffer references)
