@@ -22,14 +22,14 @@ ITERS = 20
 
 
 def _torch_cuda():
-    if not _core.cuda_available():
-        pytest.skip(f"no usable CUDA runtime: {_core.cuda_unavailable_reason()}")
-    try:
+    try:  # torch first: mmloader then shares its CUDA runtime
         import torch
     except ImportError:
         pytest.skip("PyTorch is not installed")
     if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+        pytest.skip("no GPU visible to PyTorch")
+    if not _core.cuda_available():
+        pytest.skip(f"no usable CUDA runtime: {_core.cuda_unavailable_reason()}")
     return torch
 
 

@@ -2,6 +2,7 @@
 results table (benchmarks/results.md) and the plots under benchmarks/results/.
 
     python3 benchmarks/report.py [benchmarks/results/e2e.json]
+    python3 benchmarks/report.py --readme [README.md]    # also fills README's results block
 
 bench_e2e.py calls generate() at the end of every run; no figure here is typed by hand.
 Plots need matplotlib (requirements-test.txt); without it only the Markdown is written.
@@ -83,7 +84,7 @@ def _fmt_goal(name: str, v: Optional[float], target: str, met: Optional[bool]) -
     return f"| {name} | {shown} | {target} | {'met' if met else '**not met**'} |"
 
 
-def markdown(data: Dict[str, Any]) -> str:
+def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
     meta = data["meta"]
     ds = meta.get("dataset", {})
     lines = [
@@ -92,7 +93,8 @@ def markdown(data: Dict[str, Any]) -> str:
         "### End-to-end results",
         "",
         f"Run {meta['date']} on {meta['cores']} cores ({meta.get('cpu') or 'unknown CPU'}), "
-        f"Python {meta['python']}; `python3 -m pytest benchmarks/bench_e2e.py "
+        f"Python {meta['python']}, load average {meta.get('loadavg_start', [0])[0]:.1f} at the "
+        f"start and {meta.get('loadavg_end', [0])[0]:.1f} at the end; `python3 -m pytest benchmarks/bench_e2e.py "
         f"--benchmark-only -q -s{' --e2e-full' if meta.get('full') else ''}`.",
         f"Dataset: {ds.get('records', '?')} generated records "
         f"({ds.get('turns_per_record', '?')} turns each on average), {ds.get('images', '?')} "
@@ -105,6 +107,14 @@ def markdown(data: Dict[str, Any]) -> str:
         "first-byte latency, no faults.",
         "",
     ]
+    par = _runs(data, "parity")
+    if par and "batches" in par[-1]["result"]:
+        r = par[-1]["result"]
+        same = ("identical input_ids, labels, attention_mask and image_grid_thw"
+                if not r["mismatch"] else "**differences**: " + "; ".join(r["mismatch"][:3]))
+        lines += [f"Same work: on the first {r['samples']} samples the reference pipeline "
+                  f"and mmloader gave {same}; pixel_values differ by at most "
+                  f"{r['pixel_max_abs_diff']:.1e}.", ""]
     for source in ("local", "remote"):
         runs = _runs(data, "throughput", source)
         if not runs:
@@ -113,9 +123,10 @@ def markdown(data: Dict[str, Any]) -> str:
         title = "From local disk" if source == "local" else \
             f"From the {1000 * meta['latency_s']:g} ms server"
         lines += [f"**{title}**", "",
-                  "| pipeline | samples/s | vs DataLoader | CPU s/sample | wait-time ratio "
-                  "| first batch (s) | peak memory (MB) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| pipeline | samples/s | vs DataLoader | samples/s incl. warm-up "
+                  "| CPU s/sample | wait-time ratio | first batch (s) | peak memory (MB) "
+                  "| ru_maxrss (MB) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         runs = sorted(runs, key=lambda r: ORDER.index(r["pipeline"])
                       if r["pipeline"] in ORDER else 99)
         for r in runs:
@@ -123,13 +134,15 @@ def markdown(data: Dict[str, Any]) -> str:
             name = LABEL.get(r["pipeline"], r["pipeline"])
             if "samples_per_s" not in res:
                 why = res.get("skipped") or ("failed: " + res.get("error", "?").splitlines()[-1])
-                lines.append(f"| {name} | {why[:100]} | | | | | |")
+                lines.append(f"| {name} | {why[:100]} | | | | | | | |")
                 continue
             ratio = (f"{res['samples_per_s'] / base['samples_per_s']:.2f}x"
                      if base and base["samples_per_s"] > 0 else "-")
             lines.append(f"| {name} | {res['samples_per_s']:.1f} | {ratio} | "
+                         f"{res.get('e2e_samples_per_s', 0):.1f} | "
                          f"{res['cpu_s_per_sample']:.3f} | {100 * res['wait_ratio']:.1f}% | "
-                         f"{res['ttfb_s']:.2f} | {res['peak_mem_mb']:.0f} |")
+                         f"{res['ttfb_s']:.2f} | {res['peak_mem_mb']:.0f} | "
+                         f"{res.get('peak_rss_mb', 0):.0f} |")
         lines.append("")
     thr = [r for r in _runs(data, "threads") if _ok(r)]
     if thr:
@@ -161,15 +174,31 @@ def markdown(data: Dict[str, Any]) -> str:
     lines += ["**Goals** (ratios measured in this run)", "",
               "| goal | measured | target | |", "|---|---:|---:|---|"]
     lines += [_fmt_goal(*g) for g in goals(data)]
-    lines += ["", "Figures: samples/s after the first batch; CPU s/sample = user+system time of "
-              "the process and all its children from iter() to the last batch over the samples; "
-              "wait-time ratio = time the trainer spent blocked in next() / wall time after the "
-              "first batch; first batch = pipeline construction to first batch (imports "
-              "excluded); peak memory = largest PSS sum over the process tree. Each "
-              "pipeline runs in a fresh process.", ""]
+    ref = []
+    for source in ("local", "remote"):
+        m, d = _one(data, "throughput", source, "mmloader"), _one(data, "throughput", source,
+                                                                    "dataloader")
+        if m and d and m["cpu_s_per_sample"] > 0:
+            ref.append(f"{d['cpu_s_per_sample'] / m['cpu_s_per_sample']:.1f}x less CPU per "
+                       f"sample than the DataLoader ({source})")
+    if ref:
+        lines += ["", "For reference (not a goal), mmloader used " + " and ".join(ref) +
+                  "; on a machine shared with other work, samples/s follows the CPU share "
+                  "a pipeline gets, CPU per sample does not."]
+    lines += ["", "Figures: samples/s = samples after the first batch / time after the "
+              "first batch (the steady rate, which the goals use; it flatters pipelines that "
+              "had many batches ready at the first one, e.g. Ray Data on short runs); incl. "
+              "warm-up = all samples / time from iter() to the last batch; CPU s/sample = "
+              "user+system time of the process and all its children from iter() to the last "
+              "batch over the samples; wait-time ratio = time the trainer spent blocked in "
+              "next() / wall time after the first batch; first batch = pipeline construction "
+              "to first batch (imports excluded); peak memory = largest PSS sum over the "
+              "process tree (a page shared by k processes counts 1/k each; the goal uses it); "
+              "ru_maxrss = the process's own peak RSS plus its largest child's (not the sum "
+              "over children). Each pipeline runs in a fresh process.", ""]
     imgs = [("throughput_vs_threads.png", "throughput against threads"),
             ("wait_vs_step.png", "wait-time ratio against trainer step")]
-    lines += [f"![{alt}](results/{name})" for name, alt in imgs]
+    lines += [f"![{alt}]({img_prefix}{name})" for name, alt in imgs]
     return "\n".join(lines) + "\n"
 
 
@@ -198,6 +227,12 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
             ax.axhline(d["samples_per_s"], linestyle=style, color="gray",
                        label=f"DataLoader, {data['meta']['cores']} workers ({source})")
     ax.set_xscale("log", base=2)
+    counts = sorted({r["params"]["threads"] for r in thr})
+    if counts:
+        ax.set_xticks(counts)
+        ax.set_xticklabels([str(c) for c in counts])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("threads (DataLoader: worker processes)")
     ax.set_ylabel("samples/s")
     ax.set_title(f"Throughput against threads ({data['meta']['cores']} cores)")
@@ -221,6 +256,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
         prod = wait[0]["params"]["production_ms"]
         ax.axvline(1.2 * prod, color="gray", linestyle="--", label="1.2x mmloader production")
         ax.axhline(100 * GOAL_WAIT, color="red", linestyle=":", label="2% goal")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("trainer step per batch (ms)")
     ax.set_ylabel("wait-time ratio (%)")
     ax.set_title("Time the trainer waits on data")
@@ -249,9 +285,39 @@ def generate(json_path: str, out_dir: Optional[str] = None,
     return md
 
 
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def fill_readme(json_path: str, readme: str) -> None:
+    """Replaces what lies between README's results markers by the generated table (image
+    links relative to the README)."""
+    with open(json_path) as f:
+        data = json.load(f)
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    a, b = text.find(START), text.find(END)
+    if a < 0 or b < a:
+        raise SystemExit(f"{readme}: no {START} ... {END} block")
+    rel = os.path.relpath(os.path.join(HERE, "results"), os.path.dirname(os.path.abspath(readme)))
+    block = markdown(data, img_prefix=rel.replace(os.sep, "/") + "/")
+    block = block.replace("### End-to-end results\n", "", 1)
+    text = text[:a + len(START)] + "\n" + block + text[b:]
+    with open(readme, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def main(argv: List[str]) -> int:
-    path = argv[1] if len(argv) > 1 else os.path.join(HERE, "results", "e2e.json")
-    sys.stdout.write(generate(path))
+    import argparse
+    ap = argparse.ArgumentParser(description="results table and plots from the e2e JSON")
+    ap.add_argument("json", nargs="?", default=os.path.join(HERE, "results", "e2e.json"))
+    ap.add_argument("--readme", nargs="?", const=os.path.join(os.path.dirname(HERE),
+                                                              "README.md"), default=None,
+                    help="also fill README.md's results block")
+    args = ap.parse_args(argv[1:])
+    sys.stdout.write(generate(args.json))
+    if args.readme:
+        fill_readme(args.json, args.readme)
+        print(f"filled {args.readme}")
     return 0
 
 

@@ -66,9 +66,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     d.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
     d.add_argument("--max-pixels", type=int, default=None, help="vision max_pixels override")
     d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bundled tiny)")
+    from .profile import add_arguments as profile_arguments
+    profile_arguments(sub.add_parser(
+        "profile", help="run the loader on DATA: per-stage breakdown, bottleneck, suggestions"))
     args = p.parse_args(argv)
     if args.cmd == "demo":
         return _demo(args)
+    if args.cmd == "profile":
+        from .profile import main_args
+        return main_args(args)
     return 2
 
 

@@ -11,6 +11,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -301,6 +302,9 @@ class Loader:
             mm_token_type_ids=int(bool(mm_token_type_ids)))
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
+        self._stream = (-1, 0)
+        if pin_memory and device_index < 0 and _core.cuda_available():
+            self._next = self._next_pinned
         self._finalizer = weakref.finalize(self, self._c.close)
         info = self._c.info()
         self._packing = bool(packing)
@@ -330,6 +334,18 @@ class Loader:
     def __next__(self) -> Dict[str, "_core.Tensor"]:
         """The next batch; StopIteration once at the end of each epoch (unless cycle)."""
         return self._next()
+
+    def _next_pinned(self) -> Dict[str, "_core.Tensor"]:
+        # pin_memory: guard the batch also on torch's current stream (a trainer copying
+        # with .cuda(non_blocking=True) inside `with torch.cuda.stream(s)`).
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            cur = torch.cuda.current_stream()
+            s = (cur.device.index or 0, cur.cuda_stream)
+            if s != self._stream:
+                self._c.set_consumer_stream(*s)
+                self._stream = s
+        return self._c.next()
 
     def __len__(self) -> int:
         """Batches per epoch (padded mode; packed batch counts depend on the data)."""
@@ -394,7 +410,8 @@ class Loader:
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> Dict[str, Any]:
         """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
-        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s),
+        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
+        decode_s is the decoder's part of vision_s),
         queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
         ``fetch`` (requests, retries, latency) when data is remote."""
         return self._core().stats()

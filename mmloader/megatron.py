@@ -25,8 +25,8 @@ What the provider does:
   the way Megatron's own ``get_batch`` does.
 - ``dp_rank`` / ``dp_size`` default to Megatron's data-parallel group
   (``parallel_state.get_data_parallel_rank/world_size()``; context-parallel ranks share data).
-- ``micro_batch_size`` and ``seq_length`` default to Megatron's ``--micro-batch-size`` and
-  ``--seq-length``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
+- ``micro_batch_size``, ``seq_length`` and ``seed`` default to Megatron's
+  ``--micro-batch-size``, ``--seq-length`` and ``--seed``; ``keys="megatron"``, ``shift_labels=True`` and ``attention_mask=False``
   (causal attention needs no mask tensor) by default, and the loaders cycle over epochs
   (``cycle=True``) because Megatron counts iterations, not epochs.
 - Context parallelism is left to the model: a vision-language model merges the image
@@ -130,8 +130,7 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
         ps = _parallel_state()
         args = _megatron_args()
         if ps is not None and not all_ranks:
-            first = ps.is_pipeline_first_stage(ignore_virtual=True)
-            last = ps.is_pipeline_last_stage(ignore_virtual=True)
+            first, last = _first_last_stage(ps, vp_stage)
             if ps.get_tensor_model_parallel_rank() != 0 or not (first or last):
                 return None, None, None
         kw = dict(keys="megatron", shift_labels=True, cycle=True, attention_mask=False)
@@ -163,6 +162,15 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
 
     train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
     return train_valid_test_datasets_provider
+
+
+def _first_last_stage(ps: Any, vp_stage: Optional[int]) -> Tuple[bool, bool]:
+    """Whether this rank (and, with a virtual pipeline, this model chunk) is the first / last
+    pipeline stage: the ones that read data."""
+    virtual = vp_stage is not None and \
+        ps.get_virtual_pipeline_model_parallel_world_size() is not None
+    return (ps.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=vp_stage),
+            ps.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=vp_stage))
 
 
 def _maybe_restore(loader: Loader, dp_rank: int, args: Any, save_dir: Optional[str],
@@ -325,8 +333,7 @@ def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
     """
     ps = _parallel_state()
     if ps is not None:
-        first = ps.is_pipeline_first_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
-        last = ps.is_pipeline_last_stage(ignore_virtual=vp_stage is None, vp_stage=vp_stage)
+        first, last = _first_last_stage(ps, vp_stage)
         if not (first or last):
             return None
     if device is None:

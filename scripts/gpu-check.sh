@@ -30,7 +30,7 @@ if ! $PY setup.py -q build_ext --inplace -j "$(nproc)" > "$OUT/build.txt" 2>&1; 
   note "build: FAILED (see build.txt)"; tail -20 "$OUT/build.txt"; exit 1
 fi
 note "build: ok"
-$PY -c "import mmloader._core as c; print('mmloader cudart:', c.cuda_load(), 'devices:', c.cuda_device_count())" \
+$PY -c "import torch, mmloader._core as c; print('mmloader cudart:', c.cuda_load(), 'devices:', c.cuda_device_count())" \
   >> "$OUT/env.txt" 2>&1 || { note "cuda_load: FAILED (see env.txt)"; status=1; }
 
 if timeout 900 make -s -C tests/c plain > "$OUT/c-tests.txt" 2>&1; then note "c-tests: ok"

@@ -1,4 +1,6 @@
-"""Collation: M-RoPE position ids against transformers' Qwen2-VL / Qwen2.5-VL get_rope_index."""
+"""Collation: M-RoPE position ids against transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+get_rope_index; padded and packed batches checked against transformers (loss, model outputs)
+and against plain numpy references."""
 import inspect
 import random
 
@@ -14,7 +16,8 @@ IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
 
 
 def _tiny_model(family):
-    """A real (tiny) Qwen2-VL / Qwen2.5-VL model: get_rope_index is the reference."""
+    """A real (tiny) Qwen2-VL / Qwen2.5-VL / Qwen3-VL model: get_rope_index is the
+    reference."""
     text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, vocab_size=151936,
                 rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
@@ -23,6 +26,13 @@ def _tiny_model(family):
         from transformers import Qwen2VLConfig as Config
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as Model
         vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, spatial_merge_size=2)
+    elif family == "qwen3-vl":
+        from transformers import Qwen3VLConfig as Config
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel as Model
+        text = dict(text, head_dim=16)
+        text["rope_parameters"] = dict(text["rope_parameters"], mrope_interleaved=True)
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                      out_hidden_size=32, spatial_merge_size=2, deepstack_visual_indexes=[0])
     else:
         from transformers import Qwen2_5_VLConfig as Config
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
@@ -36,7 +46,7 @@ def _tiny_model(family):
                     f"{transformers.__version__}: {e}")
 
 
-@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl"])
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
 def model(request):
     return _tiny_model(request.param)
 

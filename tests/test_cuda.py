@@ -38,10 +38,11 @@ def torch_cuda():
 
 
 def require_gpu():
+    # torch first: its libcudart is then the one mmloader finds (one runtime per process)
+    if torch_cuda() is None:
+        pytest.skip("no GPU visible to PyTorch (the GPU tests check results through torch)")
     if not _core.cuda_available():
         pytest.skip(f"no usable CUDA runtime: {_core.cuda_unavailable_reason()}")
-    if torch_cuda() is None:
-        pytest.skip("PyTorch without CUDA (the GPU tests check results through torch)")
 
 
 # --- without a GPU ---------------------------------------------------------------------
@@ -82,6 +83,23 @@ def test_disabled_by_environment():
     assert lines[0] == "False 0"
     assert "MML_CUDA_DISABLE=1" in lines[1]
     assert lines[2].startswith("raised CUDA disabled")
+
+
+def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cudart):
+    # pip's PyTorch loads site-packages/nvidia/cuda_runtime/lib/libcudart.so.12; mmloader
+    # must find it even when it loads CUDA before torch is imported.
+    import shutil
+    lib = tmp_path / "nvidia" / "cuda_runtime" / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy(fake_cudart, lib / "libcudart.so.12")
+    out = run_py("""
+        import sys
+        from mmloader import _core, _cudart
+        print(_cudart.candidates())
+        print(_core.cuda_available(), _core.cuda_load())
+    """, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}")
+    want = str(lib / "libcudart.so.12")
+    assert out.splitlines() == [repr([want]), f"True {want}"]
 
 
 def test_missing_library_named_in_error():
@@ -374,6 +392,35 @@ def test_loader_on_fake_device_equals_cpu(ds, fake_cudart):
     assert out.strip().endswith("ok")
 
 
+def test_fake_pinned_batch_held_while_consumer_stream_reads(ds, fake_cudart):
+    # pin_memory: a released batch is not recycled while the copy the trainer queued on
+    # its stream (torch's current stream, passed by Loader.__next__) is pending.
+    out = run_fake(fake_cudart, loader_code(ds, """
+        with load(pin_memory=True, prefetch=1, shuffle=True) as L:
+            side = fake.fake_cudart_stream_new()
+            L._c.set_consumer_stream(0, side)  # what __next__ does with torch's stream
+            b = next(L)
+            snap = {k: np.array(np.from_dlpack(v), copy=True) for k, v in b.items()}
+            seen = {k: np.full_like(a, 0) for k, a in snap.items()}
+            old = set()
+            fake.fake_cudart_gate(side, 1)
+            for k, v in b.items():  # the trainer's .cuda(non_blocking=True) of every tensor
+                fake.fake_cudart_memcpy(seen[k].ctypes.data, v.data_ptr, v.nbytes, side)
+                old.add(v.data_ptr)
+            del b, v
+            gc.collect()
+            later = [next(L) for _ in range(4)]
+            reused = [k for bb in later for k, v in bb.items() if v.data_ptr in old]
+            assert not reused, reused
+            fake.fake_cudart_gate(side, 0)
+            fake.fake_cudart_sync(side)
+            for k in snap:
+                assert np.array_equal(seen[k], snap[k]), k
+        print("ok")
+    """))
+    assert out.strip().endswith("ok")
+
+
 # --- on a GPU (scripts/gpu-check.sh) ------------------------------------------------------
 
 @pytest.mark.gpu
@@ -500,9 +547,24 @@ def test_gpu_loader_device_batches_equal_cpu_batches(ds):
 @pytest.mark.gpu
 def test_gpu_loader_pin_memory(ds):
     require_gpu()
+    import numpy as np
     torch = torch_cuda()
-    with mmloader.Loader(ds["shards"], pin_memory=True, **LOADER_ARGS) as L:
-        for b in L:
-            for k, v in b.items():
-                t = torch.from_dlpack(v)
-                assert t.device.type == "cpu" and t.is_pinned(), k
+    with mmloader.Loader(ds["shards"], **LOADER_ARGS) as L:
+        ref = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+    for on_side in (False, True):  # default stream, then a side stream made current
+        stream = torch.cuda.Stream() if on_side else torch.cuda.current_stream()
+        got = []
+        with torch.cuda.stream(stream), \
+                mmloader.Loader(ds["shards"], pin_memory=True, **LOADER_ARGS) as L:
+            assert L.stats()["pinned"]
+            for b in L:
+                torch.cuda._sleep(200_000)  # the copies run behind the host
+                h = {k: torch.from_dlpack(v) for k, v in b.items()}
+                assert all(t.device.type == "cpu" and t.is_pinned() for t in h.values())
+                got.append({k: t.cuda(non_blocking=True) for k, t in h.items()})
+                del b, h  # released while the copies are queued
+        stream.synchronize()
+        assert len(got) == len(ref)
+        for a, g in zip(ref, got):
+            for k in a:
+                assert torch.equal(g[k].cpu(), torch.from_numpy(a[k])), (on_side, k)

@@ -78,6 +78,17 @@ def test_http_get_exact_bytes_and_ranges(fault_server):
     assert st["failures"] == 0 and st["bytes"] >= len(objs["/big"])
 
 
+def test_server_without_range_support(fault_server):
+    data = blob(1_000_000, 12)
+    srv = fault_server(objects={"/nr": data, "/e": b""}, ranges=False)
+    with _core.Fetcher(range_chunk=100_000, **FAST) as f:
+        assert f.get(srv.url("/nr")) == data
+        assert f.get(srv.url("/e")) == b""
+        for off, length in [(0, 10), (999_990, 100), (500_000, 250_000), (2_000_000, 5), (123, -1)]:
+            want = data[off:] if length < 0 else data[off:off + length]
+            assert f.get(srv.url("/nr"), offset=off, length=length) == want, (off, length)
+
+
 def test_object_changing_between_ranges_is_an_error(fault_server):
     old, new = blob(1_000_000, 8), blob(1_000_000, 9)
     objs = {"/v": old}

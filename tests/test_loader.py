@@ -75,7 +75,7 @@ def test_one_epoch_shapes_and_stop(ds):
 
 def test_same_batches_whatever_threads_and_prefetch(ds):
     ref = None
-    for threads, prefetch, window in ((1, 1, None), (2, 4, None), (3, 2, 5)):
+    for threads, prefetch, window in ((1, 1, None), (2, 4, None), (3, 2, 5), (8, 1, None)):
         with make(ds["shards"], num_threads=threads, prefetch=prefetch, window=window,
                   seed=7) as L:
             got = run_epoch(L) + run_epoch(L)
@@ -341,6 +341,7 @@ def test_stats(ds):
         assert k in st
     assert st["batches"] == 10 and st["samples"] >= 40 and st["images"] > 0
     assert st["bytes_read"] > 0 and st["vision_s"] > 0
+    assert 0 < st["decode_s"] <= st["vision_s"]  # the decoder's part of the vision stage
     assert 0 < st["packing_efficiency"] <= 1
 
 

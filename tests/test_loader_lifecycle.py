@@ -142,3 +142,25 @@ def test_forked_child_raises(ds):
     assert os.WEXITSTATUS(status) == 0
     next(L)  # the parent is unaffected
     L.close()
+
+
+def test_close_from_another_thread_while_next_waits(ds):
+    import threading
+
+    L = make(ds["shards"], num_threads=1, prefetch=1, cycle=True)
+    next(L)
+    errors = []
+
+    def consume():
+        try:
+            while True:
+                next(L)
+        except mmloader.Error as e:
+            errors.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    L.close()  # the consumer is (most likely) inside next() with the GIL released
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert errors and "closed" in str(errors[0])

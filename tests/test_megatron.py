@@ -244,13 +244,15 @@ def _tp_worker(rank, world, port, ds, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=2,
+                                                 pipeline_model_parallel_size=world // 2,
                                                  create_gloo_process_groups=False)
         assert parallel_state.get_data_parallel_world_size() == 1
-        # the provider builds a loader on tensor-parallel rank 0 only
+        # the provider builds a loader on tensor-parallel rank 0 of each pipeline stage
+        # (first and last here) only
         kw = kwargs(ds, packing=True, pack_length=512, seq_length=None, mrope=True,
                     attention_mask=True)
         train, _, _ = make_provider(**kw, resume=False)([0, 0, 0])
-        assert (train is None) == (rank == 1)
+        assert (train is None) == (parallel_state.get_tensor_model_parallel_rank() == 1)
         # and get_batch broadcasts each batch from rank 0 to rank 1
         got = []
         for _ in range(4):
@@ -264,13 +266,19 @@ def _tp_worker(rank, world, port, ds, out_dir):
         dist.destroy_process_group()
 
 
-def test_tp_broadcast_between_two_processes(ds, tmp_path):
-    mp.spawn(_tp_worker, args=(2, _free_port(), ds, str(tmp_path)), nprocs=2, join=True)
-    a = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    b = torch.load(tmp_path / "rank1.pt", weights_only=True)
-    assert len(a) == len(b) == 4
-    for x, y in zip(a, b):
-        same(x, y)
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_tp_broadcast_between_processes(ds, tmp_path, world):
+    """Tensor parallel 2 (x pipeline parallel 2 with 4 processes): every rank of a
+    data-parallel rank ends up with the same batches, read once per pipeline stage."""
+    mp.spawn(_tp_worker, args=(world, _free_port(), ds, str(tmp_path)), nprocs=world,
+             join=True)
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    a = got[0]
+    assert all(len(b) == 4 for b in got)
+    for b in got[1:]:
+        for x, y in zip(a, b):
+            same(x, y)
+    for x in a:
         assert x["attention_mask"].dtype == torch.bool
         assert x["position_ids"].shape[0] == 3
         for k, v in x.items():
@@ -300,3 +308,40 @@ def test_the_qwen25vl_example_provider(ds):
     assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
     assert b["packed_seq_params"].cu_seqlens_q_padded is not None
     assert valid is None and test is None
+
+
+def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
+    """megatron-core's vocab_parallel_cross_entropy on our shifted labels, masked with
+    loss_mask, is the next-token loss of each sample on its own (nothing crosses samples)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        from megatron.core import tensor_parallel
+        parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
+        samples = _samples(10, seed=4)
+        for s in samples:  # supervise everything but the first quarter
+            s["labels"] = [-100 if j < len(s["input_ids"]) // 4 else t
+                           for j, t in enumerate(s["input_ids"])]
+        g = torch.Generator().manual_seed(1)
+        k = 0
+        for b in _collated(samples, pack=1, pack_length=128, pad_to_multiple=4,
+                           keys="megatron", shift_labels=1):
+            V = 151936
+            logits = torch.randn(1, 128, V, generator=g)
+            loss = tensor_parallel.vocab_parallel_cross_entropy(
+                logits.transpose(0, 1).clone(), b["labels"].t().contiguous()).t()  # works in place
+            ours = (loss * b["loss_mask"]).sum()
+            want = torch.zeros(())
+            cu = b["cu_seqlens"]
+            for i in range(len(cu) - 1):
+                s = samples[k]
+                n, lo = len(s["input_ids"]), int(cu[i])
+                tgt = torch.tensor(s["labels"][1:])
+                want = want + torch.nn.functional.cross_entropy(
+                    logits[0, lo:lo + n - 1], tgt, ignore_index=-100, reduction="sum")
+                k += 1
+            torch.testing.assert_close(ours, want)
+        assert k == len(samples)
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

@@ -1,28 +1,27 @@
 """The benchmark's dataset: a realistic multimodal SFT mix, generated once per (n, seed) and
 cached under the temp folder.
 
-Images: photo-like JPEGs (smooth content plus sensor noise, quality 85-95; one in ten of all
-images is a progressive JPEG) and screenshot-like PNGs (flat panels and text-like strokes,
-a quarter of them RGBA), sizes from thumbnails to 1080p in portrait and landscape.
-Records: messages style, one to three user/assistant turns, mostly one image, some two,
-a few text-only; `<image>` tags in the user turns.  One shard, image paths relative to it.
+Records come from mmloader.datagen.make_dataset (LLaVA, messages and HF content-part
+formats, one to three turns, 0-2 images each, one shard, image paths relative to it); the
+images it names are then rewritten at realistic sizes and contents: photo-like JPEGs
+(smooth content plus sensor noise, quality 85-95), one in ten of all images a progressive
+JPEG, and one in five a screenshot-like PNG (flat panels and text-like strokes; RGB, RGBA
+or palette), from thumbnails to 1080p in portrait and landscape.
 """
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
+from .common import parse_record
+
 SIZES = [((320, 240), .10), ((640, 480), .25), ((800, 600), .15), ((1024, 768), .20),
          ((1280, 720), .15), ((1920, 1080), .10), ((768, 1024), .05)]
-WORDS = ("the a of image shows what is there in this picture describe color left right top "
-         "bottom person car tree sky building table chart value number text screen window "
-         "button menu label line bar graph red blue green small large near far behind two "
-         "three many some each people animal road water light dark background foreground "
-         "please explain how why where when does it look like count read").split()
+
 
 
 def _photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
@@ -48,69 +47,59 @@ def _screen(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return img
 
 
-def _text(rng: np.random.Generator, lo: int, hi: int) -> str:
-    words = rng.choice(WORDS, int(rng.integers(lo, hi)))
-    return " ".join(words).capitalize() + "."
+def _kind(i: int) -> str:
+    """Image i's kind: 10% progressive JPEG, 20% PNG, the rest baseline JPEG."""
+    k = i % 10
+    return {3: "jpeg_progressive", 1: "png", 6: "png_rgba" if i % 20 == 6 else "png_palette"
+            }.get(k, "jpeg")
 
 
-def _write_image(rng: np.random.Generator, path_noext: str, k: int) -> str:
+def _rewrite_image(rng: np.random.Generator, root: str, name: str, i: int) -> str:
+    """Replaces datagen's image `name` by a realistic one; returns its new relative name."""
     from PIL import Image
     sizes = [s for s, _ in SIZES]
     (w, h) = sizes[int(rng.choice(len(SIZES), p=[p for _, p in SIZES]))]
-    kind = rng.random()
-    if kind < 0.7:  # photo, baseline or progressive JPEG (10% of all images progressive)
-        progressive = k % 10 == 3
-        path = path_noext + ".jpg"
-        Image.fromarray(_photo(rng, w, h)).save(path, "JPEG", quality=int(rng.integers(85, 96)),
-                                                progressive=progressive)
+    kind = _kind(i)
+    new = os.path.splitext(name)[0] + (".jpg" if kind.startswith("jpeg") else ".png")
+    path = os.path.join(root, new)
+    if kind.startswith("jpeg"):
+        Image.fromarray(_photo(rng, w, h)).save(
+            path, "JPEG", quality=int(rng.integers(85, 96)),
+            progressive=kind == "jpeg_progressive")
     else:
-        if k % 10 == 3:  # keep the progressive share at 10% of all images
-            path = path_noext + ".jpg"
-            Image.fromarray(_photo(rng, w, h)).save(path, "JPEG", quality=90, progressive=True)
-            return path
-        path = path_noext + ".png"
         img = Image.fromarray(_screen(rng, w, h))
-        if rng.random() < 0.25:
+        if kind == "png_rgba":
             img.putalpha(255)
+        elif kind == "png_palette":
+            img = img.convert("P", palette=Image.Palette.ADAPTIVE, colors=128)
         img.save(path, "PNG")
-    return path
+    if new != name:
+        os.remove(os.path.join(root, name))
+    return new
 
 
 def make(root: str, n_samples: int, seed: int = 0) -> str:
     """Writes the dataset under root (if not already complete); returns the shard path."""
-    shard = os.path.join(root, "data.jsonl")
-    if os.path.exists(os.path.join(root, ".complete")):
-        return shard
-    os.makedirs(os.path.join(root, "images"), exist_ok=True)
+    from mmloader.datagen import make_dataset
+    marker = os.path.join(root, ".complete")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            return os.path.join(root, f.read().strip())
+    desc = make_dataset(root, n_samples=n_samples, seed=seed, n_shards=1,
+                        n_images=n_samples, min_size=32, max_size=64)
+    shard = desc["shards"][0]
     rng = np.random.default_rng(seed)
-    k = 0
-    lines: List[str] = []
-    for i in range(n_samples):
-        r = rng.random()
-        n_img = 0 if r < 0.05 else (2 if r < 0.15 else 1)
-        images = []
-        for _ in range(n_img):
-            p = _write_image(rng, os.path.join(root, "images", f"{k:06d}"), k)
-            images.append(os.path.relpath(p, root))
-            k += 1
-        turns = int(rng.integers(1, 4))
-        msgs: List[Dict[str, str]] = []
-        tags = ["<image>"] * n_img
-        for t in range(turns):
-            # the first image opens the first turn; a second one goes into the second turn
-            # (or the first, for single-turn records)
-            here = tags[:1] if t == 0 else tags[:]
-            tags = tags[len(here):]
-            if t == turns - 1 and tags:
-                here += tags
-                tags = []
-            prefix = "".join(x + "\n" for x in here)
-            msgs.append({"role": "user", "content": prefix + _text(rng, 6, 30)})
-            msgs.append({"role": "assistant", "content": _text(rng, 15, 120)})
-        lines.append(json.dumps({"messages": msgs, "images": images}))
+    with open(shard, encoding="utf-8") as f:
+        text = f.read()
+    for i, full in enumerate(sorted(desc["images"])):
+        name = os.path.relpath(full, root)
+        new = _rewrite_image(rng, root, name, i)
+        if new != name:
+            text = text.replace(json.dumps(name), json.dumps(new))
     with open(shard, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    open(os.path.join(root, ".complete"), "w").close()
+        f.write(text)
+    with open(marker, "w") as f:
+        f.write(os.path.basename(shard))
     return shard
 
 
@@ -118,7 +107,7 @@ def cached(n_samples: int, seed: int = 0, base: Optional[str] = None) -> str:
     """The shard of the cached dataset (generated on first use)."""
     base = base or os.environ.get("MML_BENCH_DATA") or os.path.join(
         tempfile.gettempdir(), "mmloader-bench")
-    return make(os.path.join(base, f"mix-{n_samples}-{seed}"), n_samples, seed)
+    return make(os.path.join(base, f"mix2-{n_samples}-{seed}"), n_samples, seed)
 
 
 def subset(shard: str, k: int) -> str:
@@ -147,11 +136,10 @@ def describe(shard: str) -> Dict[str, object]:
         for line in f:
             if not line.strip():
                 continue
-            rec = json.loads(line)
             recs += 1
-            turns += sum(1 for m in rec["messages"] if m["role"] == "assistant")
-            for ref in rec["images"]:
-                path = os.path.join(root, ref)
+            messages, refs = parse_record(shard, line)
+            turns += sum(1 for m in messages if m["role"] == "assistant")
+            for path in refs:
                 nbytes += os.path.getsize(path)
                 with Image.open(path) as im:
                     kind = im.format + ("-progressive" if im.info.get("progressive") else "")

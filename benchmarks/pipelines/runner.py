@@ -7,14 +7,18 @@ The consumer loop is a simulated trainer: it takes a batch, then is busy for `st
 Figures (all over one pass of `limit` samples, or `batches` batches when given):
 
   samples_per_s    samples after the first batch / wall time after the first batch (a
-                   single-batch run: its samples / time from iter() on)
+                   single-batch run: its samples / time from iter() on): the steady rate,
+                   flattered for pipelines that finished many batches before the first
+  e2e_samples_per_s  all samples / time from iter() to the last batch: includes the
+                   pipeline's warm-up inside iteration (worker start, first fetches)
   ttfb_s           iter() to the first batch (pipeline start-up included, imports not)
   wait_ratio       time blocked in next() / wall time, after the first batch
   cpu_s_per_sample CPU time (user+system) of this process and all its descendants from
                    iter() to the last batch, over the samples delivered
   peak_mem_mb      largest sum of PSS (proportional set size: a page shared by k
                    processes counts 1/k in each) over this process and its live
-                   descendants, sampled every 50 ms: the memory the pipeline holds
+                   descendants, sampled every 200 ms (the process list every second):
+                   the memory the pipeline holds
   peak_rss_mb      ru_maxrss of this process + ru_maxrss of its reaped children (the
                    largest child, not their sum; a forked helper counts its parent's
                    pages), for reference
@@ -102,17 +106,20 @@ def _pss(pid: int) -> int:
 class TreeMemory(threading.Thread):
     """Samples the PSS sum of this process tree until stopped; keeps the peak."""
 
-    def __init__(self, period: float = 0.05):
-        super().__init__(name="rss-sampler", daemon=True)
-        self.period = period
+    def __init__(self, period: float = 0.2, rescan: float = 1.0):
+        super().__init__(name="pss-sampler", daemon=True)
+        self.period, self.rescan = period, rescan  # scanning /proc costs ~5 ms: not often
         self.peak = 0
         self.halt = threading.Event()
 
     def run(self) -> None:
         me = os.getpid()
+        pids, scanned = [me], 0.0
         while not self.halt.is_set():
-            total = sum(_pss(pid) for pid in [me] + _descendants(me))
-            self.peak = max(self.peak, total)
+            now = time.monotonic()
+            if now - scanned >= self.rescan:
+                pids, scanned = [me] + _descendants(me), now
+            self.peak = max(self.peak, sum(_pss(pid) for pid in pids))
             self.halt.wait(self.period)
 
     def stop(self) -> int:
@@ -188,6 +195,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "samples": total, "batches": batches,
         "samples_per_s": rate,
+        "e2e_samples_per_s": total / (t_end - t_iter) if t_end > t_iter else 0.0,
         "ttfb_s": t_first - t0,
         "wait_ratio": waited / wall if wall > 0 else 0.0,
         "cpu_s_per_sample": (cpu1 - cpu0) / total if total else 0.0,
@@ -196,6 +204,51 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "peak_self_rss_mb": me.ru_maxrss / 1024.0,
         "wall_s": wall, "step_ms": step * 1000.0, **extra,
     }
+
+
+def _numpy(x: Any):
+    import numpy as np
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Checks that the reference (naive) pipeline and mmloader do the same work: the first
+    `batches` batches of both, compared key by key."""
+    import numpy as np
+    import torch  # noqa: F401
+    ref_mod = importlib.import_module("benchmarks.pipelines.naive")
+    mml_mod = importlib.import_module("benchmarks.pipelines.mmloader_pipe")
+    reason = mml_mod.available()
+    if reason:
+        return {"skipped": reason}
+    ref_mod.preload(cfg)
+    mml_cfg = dict(cfg, limit=0)
+    ref, mml = ref_mod.build(cfg), mml_mod.build(mml_cfg)
+    out: Dict[str, Any] = {"batches": 0, "samples": 0, "mismatch": []}
+    worst = 0.0
+    try:
+        for a, b in zip(ref, mml):
+            for key in ("input_ids", "labels", "attention_mask", "image_grid_thw"):
+                x, y = _numpy(a[key]), _numpy(b[key])
+                if x.shape != y.shape or not np.array_equal(x, y.astype(x.dtype)):
+                    out["mismatch"].append(f"batch {out['batches']} {key}: "
+                                           f"{x.shape} vs {y.shape}")
+            x, y = _numpy(a["pixel_values"]), _numpy(b["pixel_values"])
+            if x.shape != y.shape:
+                out["mismatch"].append(f"batch {out['batches']} pixel_values: "
+                                       f"{x.shape} vs {y.shape}")
+            elif x.size:
+                worst = max(worst, float(np.abs(x - y).max()))
+            out["batches"] += 1
+            out["samples"] += int(_numpy(a["input_ids"]).shape[0])
+            if out["batches"] >= int(cfg.get("batches") or 2):
+                break
+    finally:
+        mml.close()
+    out["pixel_max_abs_diff"] = worst
+    return out
 
 
 def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any]:
@@ -220,7 +273,7 @@ def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any
 
 def main(argv: List[str]) -> int:
     cfg = json.loads(argv[1])
-    out = measure(cfg)
+    out = parity(cfg) if cfg.get("parity") else measure(cfg)
     sys.stdout.flush()
     print("MMLBENCH " + json.dumps(out), flush=True)
     return 0

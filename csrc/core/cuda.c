@@ -41,6 +41,9 @@ static mml_cuda_api g_api;           /* valid when g_state == ST_READY */
 static int g_ndev;                   /* devices seen at load */
 static char g_reason[MML_ERR_MSG];   /* why the load failed (ST_FAILED) */
 static char g_lib[512];              /* where the runtime came from (ST_READY) */
+#define MAX_CANDIDATES 8
+static char g_cand[MAX_CANDIDATES][512]; /* mml_cuda_set_candidates, under g_lock */
+static int g_ncand;
 
 struct mml_cuda_stream {
   int device;
@@ -129,6 +132,12 @@ static int load_locked(void) {
     h = dlopen(k_sonames[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     from = k_sonames[i];
   }
+  for (int i = 0; !h && i < g_ncand; i++) {
+    h = dlopen(g_cand[i], RTLD_NOW | RTLD_LOCAL);
+    from = g_cand[i];
+    size_t used = strlen(tried);
+    snprintf(tried + used, sizeof tried - used, "%s%s", used ? ", " : "", g_cand[i]);
+  }
   for (size_t i = 0; !h && i < ns; i++) {
     h = dlopen(k_sonames[i], RTLD_NOW | RTLD_LOCAL);
     from = k_sonames[i];
@@ -196,6 +205,15 @@ void mml_cuda_install_api(const mml_cuda_api *api) {
     g_reason[0] = 0;
     atomic_store_explicit(&g_state, ST_UNLOADED, memory_order_release);
   }
+  pthread_mutex_unlock(&g_lock);
+}
+
+void mml_cuda_set_candidates(const char *const *paths, int n) {
+  pthread_mutex_lock(&g_lock);
+  g_ncand = 0;
+  for (int i = 0; i < n && g_ncand < MAX_CANDIDATES; i++)
+    if (paths[i] && strlen(paths[i]) < sizeof g_cand[0])
+      snprintf(g_cand[g_ncand++], sizeof g_cand[0], "%s", paths[i]);
   pthread_mutex_unlock(&g_lock);
 }
 

@@ -879,8 +879,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
       j->total = cl;
     } else if (x->cr_total >= 0) {
       j->total = x->cr_total;
-    } else if (s == 200) {
-      j->total = x->skip ? -1 : j->off + x->got; /* whole object came back */
+    } else if (s == 200 && !x->skip) {
+      j->total = j->off + x->got; /* the whole object came back */
+    } else if (s == 200 && !x->probe && x->got < x->len) {
+      j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
     }
     if (!x->probe && x->len > 0 && x->got < x->len && j->total >= 0 && x->off + x->got < j->total) {
       snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)x->len);

@@ -11,14 +11,20 @@
  *   older generation is discarded when it completes.
  *
  *   Threads.
- *     workers (num_threads): take ready tasks (remote bytes arrived) first, else dispatch
- *       the next seq if it lies in the window [head_seq, head_seq + window) and its slot
- *       is free; run the per-sample pipeline; mark the slot DONE.  A task waiting on the
- *       network holds no thread: the fetch completion (I/O thread) puts it on the ready
- *       list.
+ *     workers (num_threads): first emit a finished batch if one is queued (build its
+ *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
+ *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
+ *       and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
+ *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
+ *       it on the ready list.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
- *       boundaries, feeds mml_collator_*, and pushes batches (or, on_error="raise",
- *       sample errors) into the output queue of `prefetch` items, blocking when full.
+ *       boundaries and batch composition (mml_collator_fits/add/full on one of `ncoll`
+ *       collator instances), and hands each complete batch to the workers for emission,
+ *       continuing on the next instance meanwhile.  Finished items (batches, and with
+ *       on_error="raise" sample errors) wait in `pend` in stream order and move into the
+ *       output queue of `prefetch` items as it has room; a full `pend` stops the
+ *       collator (backpressure).  Batch composition is sequential, so the output does
+ *       not depend on which instance or worker emitted a batch.
  *     consumer (the caller of mml_loader_next): pops items; never does sample work.
  *   Task slots: tasks[seq % window].  A slot is owned by exactly one party at a time:
  *   EMPTY (free), BUSY (a worker or an outstanding fetch), DONE (waiting for collation).
@@ -53,7 +59,7 @@
 
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
 enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
-enum { ITEM_BATCH = 0, ITEM_ERROR };
+enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32 };
 
 typedef struct task task;
@@ -99,6 +105,14 @@ typedef struct out_item {
   mml_err err;
 } out_item;
 
+enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
+typedef struct pend_item {
+  int state;
+  int coll;          /* PEND_QUEUED/EMITTING: the collator instance to emit from */
+  mml_cursor after;  /* batch items: the cursor once consumed */
+  out_item it;       /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
+} pend_item;
+
 struct mml_loader {
   mml_loader_cfg cfg;       /* strings below are owned copies */
   char **data;
@@ -115,10 +129,14 @@ struct mml_loader {
   mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
   int pinned;
   int guard_device;         /* pinned: device whose default stream guards released batches */
+  int consumer_device;      /* pinned: and this stream of that device, when not 0 */
+  uintptr_t consumer_stream; /* (consumer thread only) */
   mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
   mml_collate_cfg ccfg;
-  mml_collator *collator;   /* used by the collation thread; workers only call the const,
-                               reentrant mml_collator_check */
+  mml_collator *collator;   /* colls[0]; workers also call its const, reentrant check */
+  mml_collator **colls;     /* ncoll instances: batches are composed one at a time by the
+                               collation thread and emitted (tensors built) by workers */
+  int ncoll;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -142,6 +160,15 @@ struct mml_loader {
   task *ready_head, *ready_tail;
   int in_flight;
 
+  /* emission, guarded by mu: completed items wait in `pend` (in stream order) until
+   * they fit in the output queue; batch items are emitted by a worker first */
+  pend_item *pend;
+  int npend;                /* capacity */
+  int64_t pend_head, pend_tail;
+  int jobs_queued;          /* pend items waiting for a worker to emit them */
+  int emitting;             /* emits running now */
+  int *coll_busy;           /* 1 while a worker emits from colls[i] */
+
   /* output queue, guarded by mu */
   out_item *outq;
   int out_head, out_count;
@@ -157,6 +184,7 @@ struct mml_loader {
   int warn_head, warn_count;
   double first_next, wait_s;
   double read_s, vision_s, text_s, collate_s;
+  double decode_s; /* the decoder's part of vision_s */
   uint64_t samples, good, skipped, batches, bytes_read, images;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t real_tokens, token_slots;
@@ -230,15 +258,6 @@ static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_curso
   }
 }
 
-static void out_clear_locked(mml_loader *L) {
-  while (L->out_count) {
-    out_item *it = &L->outq[L->out_head];
-    mml_batch_clear(&it->batch);
-    L->out_head = (L->out_head + 1) % L->cfg.prefetch;
-    L->out_count--;
-  }
-  L->out_head = 0;
-}
 
 static void push_warning_locked(mml_loader *L, const mml_err *e) {
   if (L->warn_count == WARN_BACKLOG) return; /* counted in stats, message dropped */
@@ -454,6 +473,8 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
 /* ------------------------------------------------------------------------------------ */
 /* worker threads                                                                       */
 
+static void emit_job_locked(mml_loader *L);
+
 static void *worker_main(void *arg) {
   mml_loader *L = arg;
   mml_sample_scratch sc;
@@ -463,6 +484,10 @@ static void *worker_main(void *arg) {
   for (;;) {
     task *t = NULL;
     while (!L->stop) {
+      if (L->jobs_queued) { /* emitting a finished batch unblocks the output first */
+        emit_job_locked(L);
+        continue;
+      }
       if (L->ready_head) {
         t = L->ready_head;
         L->ready_head = t->next_ready;
@@ -499,6 +524,7 @@ static void *worker_main(void *arg) {
     int finished;
     run_acc acc = {0, 0};
     sc.vision_s = sc.text_s = 0;
+    double decode0 = have_scratch ? mml_vision_scratch_decode_s(sc.vision) : 0;
     if (have_scratch) {
       finished = task_run(L, &sc, t, &acc);
     } else {
@@ -509,6 +535,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&L->mu);
     L->read_s += acc.read_s;
     L->vision_s += sc.vision_s;
+    if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
     L->text_s += sc.text_s;
     L->bytes_read += acc.bytes;
     if (finished) {
@@ -531,22 +558,6 @@ static void *worker_main(void *arg) {
 /* ------------------------------------------------------------------------------------ */
 /* the collation thread                                                                 */
 
-/* Pushes an item; waits for room.  Returns 0 when the item was dropped (stop, or a new
- * plan replaced the one it belongs to). */
-static int out_push_locked(mml_loader *L, uint64_t my_gen, out_item *it) {
-  while (!L->stop && L->gen == my_gen && L->out_count == L->cfg.prefetch)
-    pthread_cond_wait(&L->coll_cv, &L->mu);
-  if (L->stop || L->gen != my_gen) {
-    mml_batch_clear(&it->batch);
-    return 0;
-  }
-  L->outq[(L->out_head + L->out_count) % L->cfg.prefetch] = *it;
-  L->out_count++;
-  memset(it, 0, sizeof *it);
-  pthread_cond_broadcast(&L->out_cv);
-  return 1;
-}
-
 static void set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   if (L->fatal) return;
   L->fatal = st;
@@ -568,30 +579,149 @@ static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml
   return st;
 }
 
+/* Moves finished items, in stream order, from `pend` into the output queue while it has
+ * room.  Called by whoever changes either: workers (an emit finished), the collator (an
+ * error item), the consumer (popped one). */
+static void move_ready_locked(mml_loader *L) {
+  int moved = 0;
+  while (L->pend_head < L->pend_tail) {
+    pend_item *p = &L->pend[L->pend_head % L->npend];
+    if (p->state != PEND_READY) break;
+    if (p->it.kind != ITEM_DROP) {
+      if (L->out_count == L->cfg.prefetch) break;
+      L->outq[(L->out_head + L->out_count) % L->cfg.prefetch] = p->it;
+      L->out_count++;
+    }
+    memset(p, 0, sizeof *p);
+    L->pend_head++;
+    moved = 1;
+  }
+  if (moved) {
+    pthread_cond_broadcast(&L->out_cv);
+    pthread_cond_broadcast(&L->coll_cv); /* pend has room */
+  }
+}
+
+/* Drops everything queued or pending (seek, close); waits for running emits first. */
+static void drop_output_locked(mml_loader *L) {
+  while (L->emitting) pthread_cond_wait(&L->out_cv, &L->mu);
+  while (L->out_count) {
+    out_item *it = &L->outq[L->out_head];
+    mml_batch_clear(&it->batch);
+    L->out_head = (L->out_head + 1) % L->cfg.prefetch;
+    L->out_count--;
+  }
+  L->out_head = 0;
+  for (; L->pend_head < L->pend_tail; L->pend_head++) {
+    pend_item *p = &L->pend[L->pend_head % L->npend];
+    mml_batch_clear(&p->it.batch);
+    memset(p, 0, sizeof *p);
+  }
+  L->pend_head = L->pend_tail = 0;
+  L->jobs_queued = 0;
+  for (int i = 0; i < L->ncoll; i++) L->coll_busy[i] = 0;
+  pthread_cond_broadcast(&L->coll_cv);
+}
+
+/* Reserves the next pend slot in stream order; waits for room.  NULL when the item must
+ * be abandoned (stop, or a seek replaced the plan: gen changed). */
+static pend_item *pend_reserve_locked(mml_loader *L, uint64_t my_gen) {
+  while (!L->stop && L->gen == my_gen && L->pend_tail - L->pend_head == L->npend)
+    pthread_cond_wait(&L->coll_cv, &L->mu);
+  if (L->stop || L->gen != my_gen) return NULL;
+  pend_item *p = &L->pend[L->pend_tail % L->npend];
+  memset(p, 0, sizeof *p);
+  L->pend_tail++;
+  return p;
+}
+
+/* The batch in colls[*ci] is complete: queue it for emission by a worker and move on to
+ * the next instance (waiting until no worker is still emitting from it).  Returns 0 when
+ * abandoned (stop or seek). */
+static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoch,
+                           mml_cursor after) {
+  pend_item *p = pend_reserve_locked(L, my_gen);
+  if (!p) return 0;
+  p->state = PEND_QUEUED;
+  p->coll = *ci;
+  p->after = after;
+  p->it.kind = ITEM_BATCH;
+  p->it.epoch = epoch;
+  L->coll_busy[*ci] = 1;
+  L->jobs_queued++;
+  pthread_cond_signal(&L->work_cv);
+  *ci = (*ci + 1) % L->ncoll;
+  while (!L->stop && L->gen == my_gen && L->coll_busy[*ci])
+    pthread_cond_wait(&L->coll_cv, &L->mu);
+  return !L->stop && L->gen == my_gen;
+}
+
+/* A worker emits the oldest queued batch (called with mu held, returns with it held). */
+static void emit_job_locked(mml_loader *L) {
+  pend_item *p = NULL;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) {
+      p = q;
+      break;
+    }
+  }
+  if (!p) return; /* cannot happen while jobs_queued > 0 */
+  p->state = PEND_EMITTING;
+  L->jobs_queued--;
+  L->emitting++;
+  int ci = p->coll;
+  mml_batch b;
+  memset(&b, 0, sizeof b);
+  mml_err err;
+  mml_err_clear(&err);
+  pthread_mutex_unlock(&L->mu);
+  double t0 = mml_now();
+  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
+  double dt = mml_now() - t0;
+  pthread_mutex_lock(&L->mu);
+  L->collate_s += dt;
+  L->emitting--;
+  L->coll_busy[ci] = 0;
+  if (st) {
+    set_fatal_locked(L, st, &err);
+    p->it.kind = ITEM_DROP;
+  } else {
+    b.after = p->after;
+    p->it.batch = b;
+  }
+  p->state = PEND_READY;
+  move_ready_locked(L);
+  pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
+  if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
+}
+
 static void *collator_main(void *arg) {
   mml_loader *L = arg;
-  mml_collator *C = L->collator;
   mml_err err;
   mml_err_clear(&err);
   mml_sample s;
   memset(&s, 0, sizeof s);
-  out_item it;
-  memset(&it, 0, sizeof it);
   pthread_mutex_lock(&L->mu);
   uint64_t my_gen = L->gen - 1; /* forces a sync */
   int64_t epoch = 0, bie = 0, since_good = 0;
+  int ci = 0; /* the instance composing the current batch (never busy) */
   while (!L->stop) {
     if (L->fatal) {
       pthread_cond_wait(&L->coll_cv, &L->mu);
       continue;
     }
-    if (L->gen != my_gen) { /* a seek: start over from L->start */
+    if (L->gen != my_gen) { /* a seek (it dropped pending output): start over */
       my_gen = L->gen;
-      mml_collator_reset(C);
+      while (L->emitting && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
+      for (int i = 0; i < L->ncoll; i++) mml_collator_reset(L->colls[i]);
+      ci = 0;
       epoch = L->start.epoch;
       bie = L->start.batch_in_epoch;
       since_good = 0;
+      continue;
     }
+    mml_collator *C = L->colls[ci];
     int64_t e, p;
     plan_at_locked(L, L->head_seq, &e, &p);
     if (L->per_epoch >= 0) { /* padded */
@@ -609,26 +739,15 @@ static void *collator_main(void *arg) {
         my_gen = L->gen;
         continue;
       }
-    } else if (e != epoch) { /* packed: the epoch ended; flush its last pack */
+    } else if (e != epoch) { /* packed: the epoch ended; its last pack goes out */
       if (mml_collator_count(C) > 0) {
-        pthread_mutex_unlock(&L->mu);
-        double t0 = mml_now();
-        it.kind = ITEM_BATCH;
-        it.epoch = epoch;
-        mml_status st = emit_batch(L, C, &it.batch, &err);
-        it.batch.after = (mml_cursor){epoch, L->n_rank, bie + 1};
-        double dt = mml_now() - t0;
-        pthread_mutex_lock(&L->mu);
-        L->collate_s += dt;
-        if (st) {
-          set_fatal_locked(L, st, &err);
+        if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, L->n_rank, bie + 1}))
           continue;
-        }
-        if (!out_push_locked(L, my_gen, &it)) continue;
       }
       epoch = e;
       bie = 0;
       since_good = 0;
+      continue;
     }
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != my_gen) {
@@ -646,10 +765,13 @@ static void *collator_main(void *arg) {
       if (!L->cfg.on_error_raise) push_warning_locked(L, &s.err); /* raise mode: raised instead */
       since_good++;
       if (L->cfg.on_error_raise) {
-        it.kind = ITEM_ERROR;
-        it.epoch = epoch;
-        it.err = s.err;
-        if (!out_push_locked(L, my_gen, &it)) continue;
+        pend_item *pi = pend_reserve_locked(L, my_gen);
+        if (!pi) continue;
+        pi->it.kind = ITEM_ERROR;
+        pi->it.epoch = epoch;
+        pi->it.err = s.err;
+        pi->state = PEND_READY;
+        move_ready_locked(L);
       }
       int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
       if ((int64_t)L->samples >= min_n &&
@@ -671,54 +793,31 @@ static void *collator_main(void *arg) {
     }
     L->good++;
     since_good = 0;
-    pthread_mutex_unlock(&L->mu);
-
-    /* collation work, outside the lock */
-    double t0 = mml_now();
-    mml_status st = MML_OK;
-    int have = 0;
-    if (!mml_collator_fits(C, &s)) {
-      it.kind = ITEM_BATCH;
-      it.epoch = epoch;
-      st = emit_batch(L, C, &it.batch, &err);
-      it.batch.after = (mml_cursor){epoch, s.pos, bie + 1};
-      have = 1;
+    if (!mml_collator_fits(C, &s)) { /* the current batch is complete without s */
+      if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, s.pos, bie + 1}))
+        continue;
+      bie++;
+      C = L->colls[ci];
     }
     int64_t pos = s.pos;
-    if (!st) st = mml_collator_add(C, &s, &err);
+    pthread_mutex_unlock(&L->mu);
+    double t0 = mml_now();
+    mml_status st = mml_collator_add(C, &s, &err); /* moves buffers: cheap */
+    int full = !st && mml_collator_full(C);
     double dt = mml_now() - t0;
-
     pthread_mutex_lock(&L->mu);
     L->collate_s += dt;
     if (st) {
-      mml_batch_clear(&it.batch);
       set_fatal_locked(L, st, &err);
       continue;
     }
-    if (have) {
-      if (!out_push_locked(L, my_gen, &it)) continue;
-      bie++;
-    }
-    if (mml_collator_full(C)) {
-      pthread_mutex_unlock(&L->mu);
-      t0 = mml_now();
-      it.kind = ITEM_BATCH;
-      it.epoch = epoch;
-      st = emit_batch(L, C, &it.batch, &err);
-      it.batch.after = (mml_cursor){epoch, pos + 1, bie + 1};
-      dt = mml_now() - t0;
-      pthread_mutex_lock(&L->mu);
-      L->collate_s += dt;
-      if (st) {
-        set_fatal_locked(L, st, &err);
+    if (full) {
+      if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, pos + 1, bie + 1}))
         continue;
-      }
-      if (!out_push_locked(L, my_gen, &it)) continue;
       bie++;
     }
   }
   pthread_mutex_unlock(&L->mu);
-  mml_batch_clear(&it.batch);
   mml_sample_free(&s);
   return NULL;
 }
@@ -870,10 +969,22 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   }
   if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
   if ((st = mml_pool_new(&L->alloc, 0, &L->pool, err))) goto fail;
-  if ((st = mml_collator_new(&L->ccfg, L->pool, &L->collator, err))) {
-    if (st == MML_EINVAL) st = MML_ECONFIG;
-    goto fail;
+  /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
+   * batch per collator instance, so one collation thread does not cap throughput. */
+  L->ncoll = 1 + cfg->num_threads / 4;
+  if (L->ncoll > 8) L->ncoll = 8;
+  L->colls = calloc((size_t)L->ncoll, sizeof *L->colls);
+  L->coll_busy = calloc((size_t)L->ncoll, sizeof *L->coll_busy);
+  L->npend = L->ncoll + 1;
+  L->pend = calloc((size_t)L->npend, sizeof *L->pend);
+  if (!L->colls || !L->coll_busy || !L->pend) goto oom;
+  for (int i = 0; i < L->ncoll; i++) {
+    if ((st = mml_collator_new(&L->ccfg, L->pool, &L->colls[i], err))) {
+      if (st == MML_EINVAL) st = MML_ECONFIG;
+      goto fail;
+    }
   }
+  L->collator = L->colls[0];
 
   int w = cfg->window;
   if (w <= 0) {
@@ -944,7 +1055,7 @@ void mml_loader_close(mml_loader *L) {
   if (was) return;
   stop_threads(L);
   pthread_mutex_lock(&L->mu);
-  out_clear_locked(L);
+  drop_output_locked(L);
   pthread_mutex_unlock(&L->mu);
 }
 
@@ -971,7 +1082,15 @@ void mml_loader_free(mml_loader *L) {
     free(L->tasks);
   }
   free(L->threads);
-  if (L->collator) mml_collator_free(L->collator);
+  if (L->pend) {
+    for (int i = 0; i < L->npend; i++) mml_batch_clear(&L->pend[i].it.batch);
+    free(L->pend);
+  }
+  if (L->colls)
+    for (int i = 0; i < L->ncoll; i++)
+      if (L->colls[i]) mml_collator_free(L->colls[i]);
+  free(L->colls);
+  free(L->coll_busy);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
   if (L->tmpl) mml_template_free(L->tmpl);
@@ -999,6 +1118,11 @@ void mml_loader_free(mml_loader *L) {
 /* ------------------------------------------------------------------------------------ */
 /* consumer API                                                                         */
 
+void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream) {
+  L->consumer_device = device;
+  L->consumer_stream = stream;
+}
+
 int64_t mml_loader_num_samples(const mml_loader *L) { return L->ix.n; }
 int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
@@ -1025,7 +1149,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   rebase_locked(L, start.epoch, start.pos, wrap);
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
-  out_clear_locked(L);
+  drop_output_locked(L);
   L->fatal = MML_OK;
   L->consumer_epoch = c->epoch;
   L->delivered = *c;
@@ -1066,20 +1190,23 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
         st = MML_EEND;
         break;
       }
+      out_item item = *it;
+      memset(it, 0, sizeof *it);
       L->out_head = (L->out_head + 1) % L->cfg.prefetch;
       L->out_count--;
-      pthread_cond_broadcast(&L->coll_cv);
+      move_ready_locked(L); /* room for the next finished item */
+      it = &item;
       if (it->kind == ITEM_ERROR) {
         if (err) *err = it->err;
         st = it->err.status ? it->err.status : MML_EINTERNAL;
-        memset(it, 0, sizeof *it);
         break;
       }
       *out = it->batch;
-      memset(it, 0, sizeof *it);
       if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
         mml_err e2;
         mml_device_guard_pinned(out, L->guard_device, 0, &e2);
+        if (L->consumer_stream)
+          mml_device_guard_pinned(out, L->consumer_device, L->consumer_stream, &e2);
       }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;
@@ -1125,6 +1252,7 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
   o->wall_s = L->first_next > 0 ? mml_now() - L->first_next : 0;
   o->read_s = L->read_s;
   o->vision_s = L->vision_s;
+  o->decode_s = L->decode_s;
   o->text_s = L->text_s;
   o->collate_s = L->collate_s;
   o->queue_depth = L->out_count;

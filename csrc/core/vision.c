@@ -53,6 +53,7 @@ struct mml_vision_scratch {
   int norm_valid, norm_fast;
   float norm_mean[3], norm_std[3];
   float lut[3][256];
+  double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
 /* ---------------------------------------------------------------- config */
@@ -214,6 +215,8 @@ mml_status mml_vision_scratch_new(mml_vision_scratch **out) {
   *out = s;
   return MML_OK;
 }
+
+double mml_vision_scratch_decode_s(const mml_vision_scratch *s) { return s ? s->decode_s : 0.0; }
 
 void mml_vision_scratch_free(mml_vision_scratch *s) {
   if (!s) return;
@@ -705,6 +708,25 @@ static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *p
   return MML_OK;
 }
 
+/* The row sink of process_bytes, timed: the decoder's own time is the decode call's time
+ * less the time spent in these callbacks (resize and patchify of the rows it hands out). */
+typedef struct timed_job {
+  resize_job *j;
+  double in_rows;
+} timed_job;
+
+static mml_status timed_begin(void *ctx, int w, int h, mml_err *err) {
+  return job_begin(((timed_job *)ctx)->j, w, h, err);
+}
+
+static mml_status timed_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
+  timed_job *t = ctx;
+  double t0 = mml_now();
+  mml_status st = job_row(t->j, y, rgb, err);
+  t->in_rows += mml_now() - t0;
+  return st;
+}
+
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
                                     const mml_vision_plan *plan, float *out, mml_err *err) {
@@ -716,8 +738,11 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
                   .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
-  mml_row_sink sink = {job_begin, job_row, &j};
+  timed_job tj = {&j, 0.0};
+  mml_row_sink sink = {timed_begin, timed_row, &tj};
+  double t0 = mml_now();
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
+  s->decode_s += mml_now() - t0 - tj.in_rows;
   if (st == MML_OK) st = job_done(&j, err);
   if (st == MML_OK) finish_pending(&g);
   return st;

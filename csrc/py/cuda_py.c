@@ -11,8 +11,33 @@
 #include "mml/cuda.h"
 #include "mml/device.h"
 
+/* Before the first load: the libcudart paths of installed wheels (mmloader._cudart), so
+ * a pip-installed PyTorch's runtime is found even before torch is imported.  Failures
+ * only mean fewer candidates. */
+static void pass_candidates(void) {
+  static int done;
+  if (done) return;
+  done = 1;
+  PyObject *mod = PyImport_ImportModule("mmloader._cudart");
+  PyObject *lst = mod ? PyObject_CallMethod(mod, "candidates", NULL) : NULL;
+  if (lst && PyList_Check(lst)) {
+    const char *paths[8];
+    int n = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lst) && n < 8; i++) {
+      const char *p = PyUnicode_Check(PyList_GET_ITEM(lst, i))
+                          ? PyUnicode_AsUTF8(PyList_GET_ITEM(lst, i)) : NULL;
+      if (p) paths[n++] = p;
+    }
+    mml_cuda_set_candidates(paths, n);
+  }
+  PyErr_Clear();
+  Py_XDECREF(lst);
+  Py_XDECREF(mod);
+}
+
 /* Loads the runtime (once per process) without holding the GIL. */
 static mml_status ensure_loaded(mml_err *err) {
+  pass_candidates();
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
   st = mml_cuda_load(err);

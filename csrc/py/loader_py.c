@@ -20,6 +20,8 @@ typedef struct {
   PyObject *tokenizer; /* keeps the borrowed core tokenizer alive */
   pid_t pid;
   int warned;          /* skip warnings emitted so far */
+  int active;          /* next() calls in progress (they run with the GIL released) */
+  mml_loader *closing; /* closed while next() was active: freed by the last one out */
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
@@ -215,18 +217,33 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   return 0;
 }
 
+/* Closing while another thread is inside next() (GIL released, inside the engine) must
+ * not free the engine under it: stop it (next() then returns promptly with "closed") and
+ * let the last next() call out free it. */
 static void loader_release(LoaderObject *self) {
   mml_loader *L = self->L;
   self->L = NULL;
   if (!L) return;
   if (self->pid != getpid()) return; /* forked child: the threads are not ours to join */
   Py_BEGIN_ALLOW_THREADS
-  mml_loader_free(L);
+  if (self->active) mml_loader_close(L);
+  else mml_loader_free(L);
   Py_END_ALLOW_THREADS
+  if (self->active) self->closing = L;
+}
+
+static void loader_leave_next(LoaderObject *self) {
+  if (--self->active == 0 && self->closing) {
+    mml_loader *L = self->closing;
+    self->closing = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    mml_loader_free(L);
+    Py_END_ALLOW_THREADS
+  }
 }
 
 static void Loader_dealloc(LoaderObject *self) {
-  loader_release(self);
+  loader_release(self); /* no next() can be active: it holds a reference */
   Py_CLEAR(self->tokenizer);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -278,19 +295,18 @@ fail:
   return NULL;
 }
 
-static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
-  if (check_usable(self)) return NULL;
+static PyObject *loader_next_active(LoaderObject *self) {
   mml_batch b;
   memset(&b, 0, sizeof b);
   mml_err err;
   for (;;) {
     mml_status st;
     mml_err_clear(&err);
-    mml_loader *L = self->L;
+    mml_loader *L = self->L ? self->L : self->closing;
     Py_BEGIN_ALLOW_THREADS
     st = mml_loader_next(L, &b, 0.1, &err);
     Py_END_ALLOW_THREADS
-    if (emit_warnings(self)) {
+    if (self->L && emit_warnings(self)) {
       mml_batch_clear(&b);
       return NULL;
     }
@@ -298,12 +314,20 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
       case MML_OK: return batch_to_dict(&b);
       case MML_ETIMEDOUT:
         if (PyErr_CheckSignals()) return NULL;
-        if (!self->L) return mml_py_raise(MML_ECLOSED, NULL);
         continue;
       case MML_EEND: PyErr_SetNone(PyExc_StopIteration); return NULL;
+      case MML_ECLOSED: PyErr_SetString(mml_py_Error, "the loader is closed"); return NULL;
       default: return mml_py_raise(st, &err);
     }
   }
+}
+
+static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
+  if (check_usable(self)) return NULL;
+  self->active++;
+  PyObject *r = loader_next_active(self);
+  loader_leave_next(self);
+  return r;
 }
 
 static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
@@ -358,6 +382,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "wall_s", PyFloat_FromDouble(s.wall_s)) ||
       set_num(d, "read_s", PyFloat_FromDouble(s.read_s)) ||
       set_num(d, "vision_s", PyFloat_FromDouble(s.vision_s)) ||
+      set_num(d, "decode_s", PyFloat_FromDouble(s.decode_s)) ||
       set_num(d, "tokenize_s", PyFloat_FromDouble(s.text_s)) ||
       set_num(d, "collate_s", PyFloat_FromDouble(s.collate_s)) ||
       set_num(d, "queue_depth", PyLong_FromLong(s.queue_depth)) ||
@@ -403,6 +428,14 @@ fail:
   return NULL;
 }
 
+static PyObject *Loader_set_consumer_stream(LoaderObject *self, PyObject *args) {
+  int device;
+  unsigned long long stream;
+  if (!PyArg_ParseTuple(args, "iK:set_consumer_stream", &device, &stream)) return NULL;
+  if (self->L) mml_loader_set_consumer_stream(self->L, device, (uintptr_t)stream);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_FromLong(!self->L); }
 
 static PyMethodDef Loader_methods[] = {
@@ -414,6 +447,9 @@ static PyMethodDef Loader_methods[] = {
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},
     {"close", (PyCFunction)Loader_close, METH_NOARGS, "Stops and joins every thread."},
+    {"set_consumer_stream", (PyCFunction)Loader_set_consumer_stream, METH_VARARGS,
+     "set_consumer_stream(device, stream): pinned batches delivered from now on are not "
+     "reused before work queued on that cudaStream_t before their release is done."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Loader_getset[] = {

@@ -131,7 +131,7 @@ TEST(test_same_output_any_threads) {
   const char *data[1];
   mml_loader_cfg c;
   uint64_t ref[NITEMS], got[NITEMS];
-  int configs[][3] = {{1, 1, 0}, {4, 3, 0}, {3, 1, 4}, {2, 5, 64}};
+  int configs[][3] = {{1, 1, 0}, {4, 3, 0}, {3, 1, 4}, {2, 5, 64}, {8, 1, 0}, {9, 4, 30}};
   for (size_t k = 0; k < sizeof configs / sizeof *configs; k++) {
     base_cfg(&c, data);
     c.num_threads = configs[k][0];

@@ -168,7 +168,12 @@ static void check_pipeline(int w, int h, int progressive, const char *preset, in
   CHECK_OK(mml_vision_scratch_new(&s), err);
   size_t n = (size_t)plan.rows * plan.cols;
   float *got = malloc(n * sizeof *got), *want = malloc(n * sizeof *want);
+  CHECK(mml_vision_scratch_decode_s(s) == 0.0);
+  double t0 = mml_now();
   CHECK_OK(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, got, &err), err);
+  /* decode time is counted, and is a part of the call's time */
+  double dec = mml_vision_scratch_decode_s(s);
+  CHECK(dec > 0.0 && dec <= mml_now() - t0);
   /* reference path: whole-image decode, whole-image resize, formula */
   mml_decoder *d = NULL;
   mml_decoder_new(&d);

@@ -76,7 +76,7 @@ class FaultServer:
                  script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
                  forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
                  hook: Optional[Callable[[str, str, str, int], None]] = None,
-                 tls: Optional[tuple] = None):
+                 tls: Optional[tuple] = None, ranges: bool = True):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -89,6 +89,7 @@ class FaultServer:
         self.port = port
         self.hook = hook  # hook(method, path, range, n) runs after a request is served
         self.tls = tls  # (certfile, keyfile): serve https
+        self.ranges = ranges  # False: ignore Range headers (always 200 with everything)
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
@@ -288,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         status, start, end = 200, 0, len(data)
-        if rng.startswith("bytes="):
+        if rng.startswith("bytes=") and fs.ranges:
             a, _, b = rng[6:].partition("-")
             try:
                 start = int(a)

@@ -10,7 +10,9 @@
  *
  * Which library: $MML_CUDART when set (a path); otherwise a libcudart already loaded in
  * the process (PyTorch's, found with RTLD_NOLOAD, so both share one runtime); otherwise
- * libcudart.so.12, .so.13, .so.11, .so from the loader's search path.  MML_CUDA_DISABLE=1
+ * the candidates given by mml_cuda_set_candidates (the binding passes the libcudart of
+ * the nvidia-cuda-runtime wheel PyTorch uses); otherwise libcudart.so.12, .so.13, .so.11,
+ * .so from the dynamic loader's search path.  MML_CUDA_DISABLE=1
  * makes the load fail as if no runtime were present (tests of the fallbacks on GPU hosts).
  */
 #ifndef MML_CUDA_H
@@ -63,6 +65,10 @@ int mml_cuda_event_device(const mml_cuda_event *e);
 int mml_cuda_current_device(void);
 /* Where the runtime came from ("(fake)" for an installed table), or NULL. */
 const char *mml_cuda_library(void);
+
+/* Paths to try (in order) before the default names, for a load that has not happened yet
+ * (later calls replace the list; after the first load they change nothing).  Copied. */
+void mml_cuda_set_candidates(const char *const *paths, int n);
 
 /* Checks that `path` can be opened and has every function mmloader uses, then closes it:
  * OK or MML_ECUDA with the reason (not found, or the missing symbol).  Changes nothing. */

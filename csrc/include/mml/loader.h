@@ -5,8 +5,8 @@
  * epoch `e` is one sample.  Worker threads run the whole per-sample pipeline (read record,
  * parse, read images, plan, tokenize, decode + preprocess) on positions inside a bounded
  * window ahead of the collation point; one collation thread consumes finished samples
- * strictly in stream order and pushes batches into a bounded queue of `prefetch`
- * batches.  Output is a pure function of the data, the config and the cursor, whatever
+ * strictly in stream order and composes batches, which workers then emit (build the
+ * tensors) in parallel; batches enter a bounded queue of `prefetch` batches in order.  Output is a pure function of the data, the config and the cursor, whatever
  * the thread count or timing.
  *
  * Epochs: padded mode yields floor(n_rank / micro_batch_size) batches per epoch, filling
@@ -84,6 +84,11 @@ uint64_t mml_loader_data_hash(const mml_loader *L);
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
+/* pin_memory: batches delivered from now on are also kept from reuse until the work
+ * queued on this CUDA stream (a raw cudaStream_t of `device`) before their release has
+ * completed, besides the default stream (always).  0 drops the extra stream.  The
+ * consumer's thread calls it (the Python wrapper passes torch's current stream). */
+void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream);
 
 /* Waits up to timeout_s for the next batch (timeout_s < 0: forever).
  *   MML_OK        *out holds the batch (the caller owns its buffer references)
@@ -104,6 +109,7 @@ typedef struct mml_loader_stats {
   double wait_s;            /* consumer time blocked in mml_loader_next */
   double wall_s;            /* since the first mml_loader_next */
   double read_s, vision_s, text_s, collate_s; /* busy seconds per stage, all threads */
+  double decode_s;          /* the image decoder's part of vision_s */
   int queue_depth;          /* finished batches waiting */
   int prefetch;
   int window, in_flight;    /* sample window and samples being processed now */

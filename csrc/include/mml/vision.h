@@ -65,6 +65,9 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
 typedef struct mml_vision_scratch mml_vision_scratch;
 mml_status mml_vision_scratch_new(mml_vision_scratch **out);
 void mml_vision_scratch_free(mml_vision_scratch *s);
+/* Seconds mml_vision_process_bytes has spent inside the image decoder on this scratch,
+ * excluding the resize/normalise/patchify work the decoded rows feed (for stats). */
+double mml_vision_scratch_decode_s(const mml_vision_scratch *s);
 
 /* Decode + resize + normalise + patchify `data` into `out`, which holds
  * plan->rows * plan->cols floats (plan from mml_vision_plan_bytes on the same bytes). */
