@@ -8,6 +8,11 @@
  * a timing.  Included by tests/c/test-cuda.c (table installed with mml_cuda_install_api)
  * and by tests/c/fake_cudart.c (the same functions under their cuda* names, built as a
  * shared library that MML_CUDART can point at).
+ *
+ * Events follow the runtime's lifetime rules: cudaEventDestroy may be called while work
+ * queued on a stream (a record, or a cudaStreamWaitEvent that captured the event) still
+ * refers to it; the runtime then frees it once that work is done.  So an event is
+ * reference counted: one reference for the handle, one for each queued op naming it.
  */
 #ifndef MML_FAKE_CUDART_H
 #define MML_FAKE_CUDART_H
@@ -20,6 +25,7 @@
 enum { FK_NDEV = 2, FK_NOT_READY = 600, FK_INVALID_DEVICE = 101, FK_OOM = 2 };
 
 typedef struct fk_event {
+  atomic_int refs; /* the handle + queued ops naming the event */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   long recorded, completed;
@@ -49,6 +55,16 @@ static atomic_int fk_fail_malloc;
 static _Thread_local int fk_cur_dev;
 
 static int is_legacy(void *s) { return (uintptr_t)s <= 2; }
+
+static void ev_retain(fk_event *e) { atomic_fetch_add(&e->refs, 1); }
+
+static void ev_release(fk_event *e) {
+  if (atomic_fetch_sub(&e->refs, 1) != 1) return;
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+  atomic_fetch_sub(&fk_events_live, 1);
+}
 
 static void ev_complete(fk_event *e, long gen) {
   pthread_mutex_lock(&e->mu);
@@ -87,6 +103,7 @@ static void *fk_worker(void *arg) {
       case OP_RECORD: ev_complete(op->ev, op->gen); break;
       case OP_WAIT: ev_wait(op->ev, op->gen); break;
     }
+    if (op->ev) ev_release(op->ev);
     free(op);
     pthread_mutex_lock(&s->mu);
     s->busy = 0;
@@ -102,6 +119,7 @@ static int fk_push(fk_stream *s, fk_op op) {
   if (!o) return FK_OOM;
   *o = op;
   o->next = NULL;
+  if (o->ev) ev_retain(o->ev); /* dropped by the worker once the op has run */
   pthread_mutex_lock(&s->mu);
   if (s->tail)
     s->tail->next = o;
@@ -210,6 +228,8 @@ static int fk_MemcpyAsync(void *dst, const void *src, size_t n, int kind, void *
 static int fk_EventCreateWithFlags(void **out, unsigned flags) {
   (void)flags;
   fk_event *e = calloc(1, sizeof *e);
+  if (!e) return FK_OOM;
+  atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   atomic_fetch_add(&fk_events_live, 1);
@@ -242,12 +262,9 @@ static int fk_EventSynchronize(void *event) {
   ev_wait(e, gen);
   return 0;
 }
+/* Returns at once; the event is freed when no queued op names it any more. */
 static int fk_EventDestroy(void *event) {
-  fk_event *e = event;
-  pthread_mutex_destroy(&e->mu);
-  pthread_cond_destroy(&e->cv);
-  free(e);
-  atomic_fetch_sub(&fk_events_live, 1);
+  ev_release(event);
   return 0;
 }
 static int fk_StreamWaitEvent(void *stream, void *event, unsigned flags) {

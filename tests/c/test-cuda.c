@@ -455,6 +455,53 @@ TEST(many_batches_no_leak) {
   CHECK_EQ_INT(atomic_load(&fk_streams_live), str0);
 }
 
+/* The copy's event is destroyed (its last reference dropped) while a consumer stream still
+ * has a wait on it queued.  The runtime allows this (a wait captures the event when it is
+ * queued; cudaEventDestroy of an event with pending work returns at once and the runtime
+ * frees it later), and it happens whenever a consumer stream lags: the fake must keep
+ * the event alive for its queued ops, or the consumer's worker touches freed memory
+ * (ASan: heap-use-after-free; without ASan, "unaligned fastbin chunk" aborts). */
+TEST(event_destroyed_while_consumer_waits) {
+  mml_err err = {0};
+  long ev0 = atomic_load(&fk_events_live);
+  mml_allocator pa;
+  CHECK_OK(mml_pinned_allocator(&pa, &err), err);
+  mml_pool *pinned;
+  CHECK_OK(mml_pool_new(&pa, 0, &pinned, &err), err);
+  mml_device_stage *st;
+  CHECK_OK(mml_device_stage_new(0, 0, &st, &err), err);
+  fk_stream *ss = g_last_stream_created;
+  void *cs = consumer_stream();
+  mml_batch h, d;
+  CHECK(make_batch(pinned, &h, 11, &err) == 0);
+  fk_gate(ss, 1); /* the copy is pending, so the export queues a wait on cs */
+  CHECK_OK(mml_device_stage_copy(st, &h, &d, &err), err);
+  mml_batch_clear(&h);
+  fk_gate(cs, 1); /* the consumer lags: its wait stays queued */
+  CHECK_OK(mml_fence_export(d.tensors[0].buf, 0, (uintptr_t)cs, &err), err);
+  fk_gate(ss, 0);
+  fk_StreamSynchronize(ss);
+  mml_batch_clear(&d);
+  mml_pool_close(pinned); /* the host buffers' fences drop the (completed) copy event */
+  /* The next copy looks at the cached device buffers: their fences drop it too (the one
+   * exported to cs stays pending on its release event), and that was its last reference. */
+  mml_batch h2, d2;
+  mml_pool *hp;
+  CHECK_OK(mml_pool_new(NULL, 0, &hp, &err), err);
+  CHECK(make_batch(hp, &h2, 12, &err) == 0);
+  CHECK_OK(mml_device_stage_copy(st, &h2, &d2, &err), err);
+  CHECK_OK(mml_fence_wait(d2.tensors[0].buf, &err), err);
+  CHECK(batch_matches(&d2, 12));
+  fk_gate(cs, 0); /* the wait queued on cs runs now */
+  fk_StreamSynchronize(cs);
+  mml_batch_clear(&h2);
+  mml_batch_clear(&d2);
+  mml_pool_close(hp);
+  mml_device_stage_free(st); /* waits for the release event recorded on cs */
+  fk_StreamDestroy(cs);
+  CHECK_EQ_INT(atomic_load(&fk_events_live), ev0);
+}
+
 /* A pool closed while a copy is still reading a pinned buffer frees it only after. */
 TEST(close_waits_for_pending_copy) {
   mml_err err = {0};
@@ -484,4 +531,5 @@ MML_TEST_MAIN(RUN(load_disabled); RUN(probe_bad_libraries); RUN(load_bad_env_pat
               RUN(stage_copies_and_keeps_device); RUN(pinned_not_reused_before_copy);
               RUN(consumer_stream_waits_and_holds); RUN(pinned_guard_holds_until_consumer_copy);
               RUN(export_no_sync); RUN(stage_copy_failure_leaves_nothing);
-              RUN(many_batches_no_leak); RUN(close_waits_for_pending_copy))
+              RUN(many_batches_no_leak); RUN(event_destroyed_while_consumer_waits);
+              RUN(close_waits_for_pending_copy))
