@@ -63,7 +63,6 @@ static void ev_release(fk_event *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e);
-  atomic_fetch_sub(&fk_events_live, 1);
 }
 
 static void ev_complete(fk_event *e, long gen) {
@@ -262,8 +261,10 @@ static int fk_EventSynchronize(void *event) {
   ev_wait(e, gen);
   return 0;
 }
-/* Returns at once; the event is freed when no queued op names it any more. */
+/* Returns at once; the event is freed when no queued op names it any more.  The live count
+ * is of handles (what a caller can leak), so it does not depend on the streams' progress. */
 static int fk_EventDestroy(void *event) {
+  atomic_fetch_sub(&fk_events_live, 1);
   ev_release(event);
   return 0;
 }
