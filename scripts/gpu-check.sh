@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # GPU check, to run as is on a machine with an NVIDIA GPU and a CUDA build of PyTorch:
 #   scripts/gpu-check.sh [RESULTS_DIR]          (default: gpu-results/)
+# (on a lent device machine: scripts/gpu-check.sh "$OUT", so the results come back).
+# Nothing is installed: the machine needs the build dependencies and a CUDA PyTorch.
 # Builds the extension in place, then writes to RESULTS_DIR:
 #   env.txt          GPU, driver, torch, which libcudart mmloader loaded
 #   c-tests.txt      the C core tests (plain build; the CUDA layer against its fake runtime)
-#   gpu-tests.txt    pytest -m gpu tests/test_cuda.py (device batches == CPU batches, stream
-#                    races under a consumer on its own stream, no leak, pinned memory)
+#   gpu-tests.txt    pytest -m gpu tests/ (mostly tests/test_cuda.py: device batches ==
+#                    CPU batches, no stream races under a consumer on its own stream, no
+#                    leak, pinned memory and non_blocking copies of released batches)
 #   fallback.txt     the CPU-fallback tests with CUDA hidden (MML_CUDA_DISABLE=1)
 #   bench.txt/.json  benchmarks/bench_cuda.py (H2D throughput vs torch, wait-time ratio)
 #   summary.txt      one line per step: ok / FAILED / ALL SKIPPED
@@ -33,10 +36,10 @@ note "build: ok"
 $PY -c "import torch, mmloader._core as c; print('mmloader cudart:', c.cuda_load(), 'devices:', c.cuda_device_count())" \
   >> "$OUT/env.txt" 2>&1 || { note "cuda_load: FAILED (see env.txt)"; status=1; }
 
-if timeout 900 make -s -C tests/c plain > "$OUT/c-tests.txt" 2>&1; then note "c-tests: ok"
+if timeout 600 make -s -C tests/c -j "$(nproc)" plain > "$OUT/c-tests.txt" 2>&1; then note "c-tests: ok"
 else note "c-tests: FAILED (see c-tests.txt)"; status=1; fi
 
-timeout 900 $PY -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_cuda.py \
+timeout 600 $PY -m pytest -q -rs -m gpu -p no:cacheprovider tests/ \
   --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.txt" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then note "gpu-tests: FAILED (rc=$rc, see gpu-tests.txt)"; status=1
@@ -47,7 +50,7 @@ if MML_CUDA_DISABLE=1 timeout 600 $PY -m pytest -q -rs -m "not gpu" -p no:cachep
      tests/test_cuda.py > "$OUT/fallback.txt" 2>&1; then note "fallback-tests: ok"
 else note "fallback-tests: FAILED (see fallback.txt)"; status=1; fi
 
-if timeout 900 $PY -m pytest -q -s -p no:cacheprovider benchmarks/bench_cuda.py --benchmark-only \
+if timeout 600 $PY -m pytest -q -s -p no:cacheprovider benchmarks/bench_cuda.py --benchmark-only \
      --benchmark-json="$OUT/bench.json" > "$OUT/bench.txt" 2>&1; then
   if grep -qE "[0-9]+ passed" "$OUT/bench.txt"; then note "bench: ok"
   else note "bench: ALL SKIPPED (see bench.txt)"; status=1; fi

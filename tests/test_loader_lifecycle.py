@@ -104,8 +104,8 @@ def test_ctrl_c_during_iteration(ds):
         L = mmloader.Loader({ds['shards']!r}, tokenizer={TINY!r}, micro_batch_size=2,
                             num_threads=1, prefetch=1, cycle=True)
         next(L)
-        print("ready", flush=True)
-        try:
+        try:  # the signal may come as soon as "ready" is out
+            print("ready", flush=True)
             while True:
                 next(L)  # mostly blocked in next(): full-size images, one thread
         except KeyboardInterrupt:
@@ -116,7 +116,7 @@ def test_ctrl_c_during_iteration(ds):
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 3, err
+    assert p.returncode == 3, (out, err)
     assert "interrupted" in out
 
 

@@ -17,9 +17,10 @@
  *
  * Speed: integer sums are exact in any order, so the passes are free to vectorise.  The
  * horizontal pass works on 8 rows at once, transposed so one output pixel of all 8 rows is
- * 32 uint8 lanes; the vertical pass runs 32 outputs at a time with all taps in registers.
- * Both have AVX2 versions (intrinsics, picked at run time with __builtin_cpu_supports) and
- * portable C versions; saturating packs give exactly clip8.
+ * 32 uint8 lanes (the transposes in and out are vector shuffles; the output is planar,
+ * which is what patchify wants); the vertical pass runs 32 outputs at a time with all taps
+ * in registers.  Both have AVX2 versions (intrinsics, picked at run time with
+ * __builtin_cpu_supports) and portable C versions; saturating packs give exactly clip8.
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */
@@ -114,6 +115,15 @@ static inline uint8_t clip8(int32_t v) {
 
 #define HL (4 * MML_HROWS) /* lanes: RGBX of MML_HROWS rows; X is ignored */
 
+/* Portable transpose: column x of tbuf holds pixel x of every row as RGBX (X unused). */
+static void transpose_in_c(const uint8_t *const *src, int nrows, int in, uint8_t *restrict tbuf) {
+  for (int r = 0; r < MML_HROWS; r++) {
+    const uint8_t *restrict s = src[r < nrows ? r : 0]; /* missing rows: any data */
+    uint8_t *restrict t = tbuf + 4 * r;
+    for (int x = 0; x < in; x++) memcpy(t + (size_t)x * HL, s + 3 * x, 4); /* 1 byte slack */
+  }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MML_HAVE_AVX2_PATH 1
@@ -127,59 +137,167 @@ int mml_cpu_avx2(void) {
   return has;
 }
 
-/* One output pixel of all MML_HROWS rows per step: 32 lanes in four registers. */
-__attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
-                                                         const uint8_t *restrict tbuf, int nrows,
-                                                         uint8_t *const *dst) {
+int mml_cpu_fma(void) {
+  static int has = -1;
+  if (has < 0) has = mml_cpu_avx2() && __builtin_cpu_supports("fma") ? 1 : 0;
+  return has;
+}
+
+/* Transposes 4 pixels of 8 rows per step: each row's 12 bytes become 4 RGBX dwords (one
+ * shuffle per two rows), then a 4x4 dword transpose per 128-bit lane gives the 4 columns.
+ * The last step is placed to end at the last pixel (overlapping the previous one). */
+__attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *const *src,
+                                                               int nrows, int in,
+                                                               uint8_t *restrict tbuf) {
+  if (in < 4) {
+    transpose_in_c(src, nrows, in, tbuf);
+    return;
+  }
+  const uint8_t *s[MML_HROWS];
+  for (int r = 0; r < MML_HROWS; r++) s[r] = src[r < nrows ? r : 0];
+  const __m256i rgbx = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                                        0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+  for (int x = 0;; x += 4) {
+    if (x > in - 4) x = in - 4;
+    const size_t o = (size_t)x * 3; /* reads o .. o+15: within the row and its slack */
+    __m256i y[4];
+    for (int q = 0; q < 4; q++)
+      y[q] = _mm256_shuffle_epi8(
+          _mm256_inserti128_si256(
+              _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(s[q] + o))),
+              _mm_loadu_si128((const __m128i *)(s[q + 4] + o)), 1),
+          rgbx); /* lane 0: row q, lane 1: row q+4; 4 RGBX pixels each */
+    __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    uint8_t *t = tbuf + (size_t)x * HL;
+    _mm256_storeu_si256((__m256i *)t, _mm256_unpacklo_epi64(t0, t2));
+    _mm256_storeu_si256((__m256i *)(t + HL), _mm256_unpackhi_epi64(t0, t2));
+    _mm256_storeu_si256((__m256i *)(t + 2 * HL), _mm256_unpacklo_epi64(t1, t3));
+    _mm256_storeu_si256((__m256i *)(t + 3 * HL), _mm256_unpackhi_epi64(t1, t3));
+    if (x == in - 4) break;
+  }
+}
+
+/* w * (8 bytes at p, zero-extended) added to s. */
+#define MAC8(s, p, w) \
+  s = _mm256_add_epi32(s, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))), w))
+
+/* Shift, clip and pack four accumulators of 8 int32 into 32 bytes.  Saturating packs clip
+ * exactly like clip8 (values are within int16 after the shift); the result's dwords hold
+ * s0..s3's halves in the order s0.lo s1.lo s2.lo s3.lo | s0.hi s1.hi s2.hi s3.hi. */
+__attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m256i s1,
+                                                                  __m256i s2, __m256i s3) {
+  s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
+  s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
+  s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
+  s3 = _mm256_srai_epi32(s3, PRECISION_BITS);
+  return _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+}
+
+/* One output pixel of all MML_HROWS rows: 32 lanes in four accumulators.  The result's
+ * dwords hold the rows in the order 0 2 4 6 | 1 3 5 7.  Four taps (the common case for
+ * sizes that change by less than half) are unrolled. */
+__attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t *k, int n,
+                                                                   const uint8_t *col) {
   const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const int ksize = a->ksize;
-  for (int xx = 0; xx < a->out; xx++) {
-    const int xmin = a->bounds[xx * 2], n = a->bounds[xx * 2 + 1];
-    const int32_t *k = &a->k[(size_t)xx * ksize];
-    const uint8_t *col = tbuf + (size_t)xmin * HL;
-    __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+  __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+  if (n == 4) {
+    for (int j = 0; j < 4; j++, col += HL) {
+      const __m256i w = _mm256_set1_epi32(k[j]);
+      MAC8(s0, col, w);
+      MAC8(s1, col + 8, w);
+      MAC8(s2, col + 16, w);
+      MAC8(s3, col + 24, w);
+    }
+  } else {
     for (int j = 0; j < n; j++, col += HL) {
       const __m256i w = _mm256_set1_epi32(k[j]);
-      __m128i lo = _mm_loadu_si128((const __m128i *)col);
-      __m128i hi = _mm_loadu_si128((const __m128i *)(col + 16));
-      s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(lo), w));
-      s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), w));
-      s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(hi), w));
-      s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), w));
+      MAC8(s0, col, w);
+      MAC8(s1, col + 8, w);
+      MAC8(s2, col + 16, w);
+      MAC8(s3, col + 24, w);
     }
-    s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
-    s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
-    s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
-    s3 = _mm256_srai_epi32(s3, PRECISION_BITS);
-    __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
-    uint8_t o[HL];
-    _mm256_storeu_si256((__m256i *)o, _mm256_permutevar8x32_epi32(p, order));
-    for (int r = 0; r < nrows; r++) memcpy(dst[r] + 3 * xx, o + 4 * r, 3);
+  }
+  return pack4_avx2(s0, s1, s2, s3);
+}
+
+/* Output pixels in steps of 8 (the last step overlaps the previous one; recomputing a
+ * pixel gives the same bytes).  Each step transposes the 8 results back to rows: a 4x4
+ * dword transpose per half, a shuffle to planar RRRR GGGG BBBB, and one 8-byte store per
+ * row and channel. */
+__attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
+                                                         const uint8_t *restrict tbuf, int nrows,
+                                                         uint8_t *const *dst, size_t plane) {
+  const int ksize = a->ksize, out = a->out;
+  const __m256i planar = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  if (out < 8) {
+    for (int xx = 0; xx < out; xx++) {
+      uint8_t o[HL];
+      _mm256_storeu_si256((__m256i *)o, pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
+                                                     tbuf + (size_t)a->bounds[xx * 2] * HL));
+      for (int r = 0; r < nrows; r++) {
+        const uint8_t *p = o + 4 * ((r & 1) * 4 + (r >> 1)); /* rows are in order 0 2 4 6 1 3 5 7 */
+        for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = p[c];
+      }
+    }
+    return;
+  }
+  for (int x0 = 0;; x0 += 8) {
+    if (x0 > out - 8) x0 = out - 8;
+    __m256i p[8];
+    for (int i = 0; i < 8; i++) {
+      const int xx = x0 + i;
+      p[i] = pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
+                          tbuf + (size_t)a->bounds[xx * 2] * HL);
+    }
+    /* per 4 pixels: lanes of q[h][m] hold 4 RGBX pixels of one row each */
+    __m256i q[2][4];
+    for (int h = 0; h < 2; h++) {
+      __m256i t0 = _mm256_unpacklo_epi32(p[4 * h], p[4 * h + 1]);
+      __m256i t1 = _mm256_unpackhi_epi32(p[4 * h], p[4 * h + 1]);
+      __m256i t2 = _mm256_unpacklo_epi32(p[4 * h + 2], p[4 * h + 3]);
+      __m256i t3 = _mm256_unpackhi_epi32(p[4 * h + 2], p[4 * h + 3]);
+      /* dword order 0 2 4 6 | 1 3 5 7: lane 0 of these is rows 0, 2, 4, 6, lane 1 rows 1, 3, 5, 7 */
+      q[h][0] = _mm256_shuffle_epi8(_mm256_unpacklo_epi64(t0, t2), planar);
+      q[h][1] = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(t0, t2), planar);
+      q[h][2] = _mm256_shuffle_epi8(_mm256_unpacklo_epi64(t1, t3), planar);
+      q[h][3] = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(t1, t3), planar);
+    }
+    for (int m = 0; m < 4; m++) {
+      /* RRRR GGGG BBBB of pixels 0-3 and 4-7: R 8 bytes, G 8 bytes | B 8 bytes */
+      __m256i rg = _mm256_unpacklo_epi32(q[0][m], q[1][m]);
+      __m256i bx = _mm256_unpackhi_epi32(q[0][m], q[1][m]);
+      for (int l = 0; l < 2; l++) {
+        const int r = 2 * m + l;
+        if (r >= nrows) continue;
+        __m128i v = l ? _mm256_extracti128_si256(rg, 1) : _mm256_castsi256_si128(rg);
+        __m128i b = l ? _mm256_extracti128_si256(bx, 1) : _mm256_castsi256_si128(bx);
+        uint8_t *d = dst[r] + x0;
+        _mm_storel_epi64((__m128i *)d, v);
+        _mm_storel_epi64((__m128i *)(d + plane), _mm_unpackhi_epi64(v, v));
+        _mm_storel_epi64((__m128i *)(d + 2 * plane), b);
+      }
+    }
+    if (x0 == out - 8) break;
   }
 }
 #else
 int mml_cpu_avx2(void) { return 0; }
+int mml_cpu_fma(void) { return 0; }
 #endif
 
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
-                         uint8_t *const *dst, uint8_t *restrict tbuf) {
-  const int in = a->in, ksize = a->ksize;
-  for (int r = 0; r < MML_HROWS; r++) {
-    uint8_t *restrict t = tbuf + 4 * r;
-    if (r < nrows) {
-      const uint8_t *restrict s = src[r];
-      for (int x = 0; x < in; x++) memcpy(t + (size_t)x * HL, s + 3 * x, 4); /* 1 byte slack */
-    } else {
-      for (int x = 0; x < in; x++) memset(t + (size_t)x * HL, 0, 4);
-    }
-  }
+                         uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf) {
+  const int ksize = a->ksize;
 #ifdef MML_HAVE_AVX2_PATH
   if (mml_cpu_avx2()) {
-    rows_h_avx2(a, tbuf, nrows, dst);
+    transpose_in_avx2(src, nrows, a->in, tbuf);
+    rows_h_avx2(a, tbuf, nrows, dst, plane);
     return;
   }
 #endif
+  transpose_in_c(src, nrows, a->in, tbuf);
   for (int xx = 0; xx < a->out; xx++) {
     const int xmin = a->bounds[xx * 2], n = a->bounds[xx * 2 + 1];
     const int32_t *k = &a->k[(size_t)xx * ksize];
@@ -190,57 +308,72 @@ void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, 
       const int32_t w = k[j];
       for (int l = 0; l < HL; l++) acc[l] += col[l] * w;
     }
-    uint8_t o[HL];
-    for (int l = 0; l < HL; l++) o[l] = clip8(acc[l]);
-    for (int r = 0; r < nrows; r++) memcpy(dst[r] + 3 * xx, o + 4 * r, 3);
+    for (int r = 0; r < nrows; r++)
+      for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = clip8(acc[4 * r + c]);
   }
 }
 
 /* The vertical pass: 32 outputs at a time with all taps accumulated in registers.  An AVX2
- * version (intrinsics, chosen at run time) and a portable one; same integer arithmetic. */
+ * version (intrinsics, chosen at run time) and a portable one; same integer arithmetic.
+ * The AVX2 version's last step is placed to end at byte n (overlapping the previous one). */
 #ifdef MML_HAVE_AVX2_PATH
 __attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt,
-                                                        const uint8_t *const *rows, int n,
-                                                        uint8_t *restrict dst, int *done) {
+                                                        const uint8_t *const *rows, size_t off,
+                                                        int n, uint8_t *restrict dst) {
   const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
+  if (cnt == 4) { /* the common case, unrolled with the rows and weights in registers */
+    const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off,
+                  *r3 = rows[3] + off;
+    const __m256i w0 = _mm256_set1_epi32(k[0]), w1 = _mm256_set1_epi32(k[1]),
+                  w2 = _mm256_set1_epi32(k[2]), w3 = _mm256_set1_epi32(k[3]);
+    for (int i = 0;; i += 32) {
+      if (i > n - 32) i = n - 32;
+      __m256i s[4];
+      for (int q = 0; q < 4; q++) {
+        s[q] = half;
+        MAC8(s[q], r0 + i + 8 * q, w0);
+        MAC8(s[q], r1 + i + 8 * q, w1);
+        MAC8(s[q], r2 + i + 8 * q, w2);
+        MAC8(s[q], r3 + i + 8 * q, w3);
+      }
+      __m256i p = pack4_avx2(s[0], s[1], s[2], s[3]);
+      _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
+      if (i == n - 32) break;
+    }
+    return;
+  }
+  for (int i = 0;; i += 32) {
+    if (i > n - 32) i = n - 32;
     __m256i s0 = half, s1 = half, s2 = half, s3 = half;
     for (int j = 0; j < cnt; j++) {
-      const uint8_t *row = rows[j] + i;
+      const uint8_t *row = rows[j] + off + i;
       const __m256i w = _mm256_set1_epi32(k[j]);
-      __m128i lo = _mm_loadu_si128((const __m128i *)row);
-      __m128i hi = _mm_loadu_si128((const __m128i *)(row + 16));
-      s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(lo), w));
-      s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), w));
-      s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(hi), w));
-      s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)), w));
+      MAC8(s0, row, w);
+      MAC8(s1, row + 8, w);
+      MAC8(s2, row + 16, w);
+      MAC8(s3, row + 24, w);
     }
-    s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
-    s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
-    s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
-    s3 = _mm256_srai_epi32(s3, PRECISION_BITS);
-    /* saturating packs clip exactly like clip8 (values are within int16 after the shift) */
-    __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+    __m256i p = pack4_avx2(s0, s1, s2, s3);
     _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
+    if (i == n - 32) break;
   }
-  *done = i;
 }
 #endif
 
-void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, int n,
-                        int32_t *restrict acc, uint8_t *restrict dst) {
-  (void)acc;
+void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows,
+                        size_t off, int n, uint8_t *restrict dst) {
   const int cnt = a->bounds[y * 2 + 1];
   const int32_t *k = &a->k[(size_t)y * a->ksize];
-  int i = 0;
 #ifdef MML_HAVE_AVX2_PATH
-  if (mml_cpu_avx2()) row_v_avx2(k, cnt, rows, n, dst, &i);
+  if (n >= 32 && mml_cpu_avx2()) {
+    row_v_avx2(k, cnt, rows, off, n, dst);
+    return;
+  }
 #endif
-  for (; i < n; i++) {
+  for (int i = 0; i < n; i++) {
     int32_t s = 1 << (PRECISION_BITS - 1);
-    for (int j = 0; j < cnt; j++) s += rows[j][i] * k[j];
+    for (int j = 0; j < cnt; j++) s += rows[j][off + i] * k[j];
     dst[i] = clip8(s);
   }
 }

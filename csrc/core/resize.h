@@ -26,20 +26,28 @@ void mml_resample_axis_free(mml_resample_axis *a);
 
 /* 1 when the AVX2 code paths may run (CPU support, and MML_DISABLE_AVX2 unset or "0"). */
 int mml_cpu_avx2(void);
+/* 1 when mml_cpu_avx2() and the CPU has FMA. */
+int mml_cpu_fma(void);
 
 /* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
- * the rows are transposed into `tbuf` (a->in * 4 * MML_HROWS bytes of scratch) so each
- * output pixel of all rows is one short vector loop the compiler turns into SIMD.  Each
- * src row must be readable one byte past its end (a->in * 3 + 1 bytes). */
+ * the rows are transposed into `tbuf` (mml_resample_tbuf_size(a) bytes of scratch) so
+ * each output pixel of all rows is one short vector loop.  Source rows are interleaved
+ * RGB, readable MML_ROW_SLACK bytes past their end (a->in * 3 + MML_ROW_SLACK bytes).
+ * The output is planar: channel c of output pixel x of row r goes to
+ * dst[r][c * plane + x] (nothing outside those a->out bytes per plane is written). */
 #define MML_HROWS 8
+#define MML_ROW_SLACK 16
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
-                         uint8_t *const *dst, uint8_t *restrict tbuf);
+                         uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf);
 
-/* Vertical pass for output row y: rows[j] is input row bounds[2y] + j (the caller keeps
- * only the rows still needed, e.g. in a ring); n bytes per row (width*3).  acc is caller
- * scratch of n int32. */
-void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, int n,
-                        int32_t *restrict acc, uint8_t *restrict dst);
+static inline size_t mml_resample_tbuf_size(int in) { return (size_t)in * 4 * MML_HROWS; }
+
+/* Vertical pass for output row y: rows[j] + off is input row bounds[2y] + j (the caller
+ * keeps only the rows still needed, e.g. in a ring); n bytes per row starting at `off`
+ * (any layout: the pass is per byte) go to dst[0, n).  Nothing outside them is read or
+ * written. */
+void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows,
+                        size_t off, int n, uint8_t *restrict dst);
 
 /* Input rows [first, last) that output row y reads. */
 static inline void mml_resample_axis_rows(const mml_resample_axis *a, int y, int *first,

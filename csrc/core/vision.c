@@ -4,18 +4,22 @@
  *
  *   plan      header only: size -> smart_resize -> grid (t, h, w), rows, tokens; the
  *             decompression-bomb limit is enforced here, before any pixel is decoded
- *   process   decode rows -> horizontal bicubic pass per row as it arrives (uint8)
- *             -> vertical pass one output row at a time -> normalise + patchify that row
- *             straight into pixel_values
+ *   process   decode rows -> horizontal bicubic pass on groups of 8 rows (uint8, planar
+ *             output) -> vertical pass one output row at a time, written straight into a
+ *             planar block of P*M rows -> normalise + patchify the block into pixel_values
  *
  * Normalisation uses the reference's exact arithmetic: float32(double(v) * (1/255)), then
  * (x - float32(mean)) / float32(std) in float32 — as a 256-entry table per channel in the
- * portable path, as the same IEEE operations in AVX2 — so results are bit-identical and no
- * float image is materialised.  Output rows are gathered into a block of P*M rows, and
- * each patch of the block is then written once, in memory order (non-temporal stores when
- * the output is 32-byte aligned): pixel_values is written sequentially.  Intermediates are
- * a few rows (ring, pending group, block); scratch (decoder, coefficients, rows) is per
- * thread and grows to the largest image seen; steady state allocates nothing of ours.
+ * portable path, as the same IEEE operations in AVX2, or (when FMA is there) as a
+ * division-free form that is used only after it matched the table bit for bit for all 256
+ * values of every channel — so results are bit-identical and no float image is
+ * materialised.  Each patch of a block is written once, in memory order (non-temporal
+ * stores when the output is 32-byte aligned): pixel_values is written sequentially, and
+ * a block's patches are written a share per row of the next block (two blocks alternate)
+ * so the output stores overlap decoding instead of stalling on memory bandwidth.
+ * Intermediates are a few rows (ring, pending group, two blocks); scratch (decoder,
+ * coefficients, rows, normalisation table) is per thread and grows to the largest image
+ * seen; steady state allocates nothing of ours.
  *
  * Layout (SPEC-QWEN.md): a single image is T identical frames, grid_t = 1;
  *   row = ((bh*(gw/M) + bw)*M + mh)*M + mw,  col = ((c*T + t)*P + py)*P + px.
@@ -36,17 +40,19 @@ struct mml_vision_scratch {
   mml_decoder *dec;
   mml_resample_axis ax, ay;
   mml_bytes ring; /* rows the vertical pass still needs (see resize_job) */
-  mml_bytes vrow; /* vertical pass output */
   mml_bytes pend; /* rows waiting for the horizontal pass */
   mml_bytes tbuf; /* transposed rows for the horizontal pass */
-  mml_bytes hout; /* horizontal pass output rows */
-  int32_t *acc;   /* vertical pass accumulators */
-  size_t acc_cap;
+  mml_bytes rows; /* planar output rows of the plain resize (mml_resize_bicubic_rgb8) */
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
-  mml_bytes block;    /* P*M output rows for patchify */
+  mml_bytes block;    /* two blocks of P*M planar output rows for patchify */
   float *ptmp;        /* one patch, aligned, for non-temporal output stores */
   size_t ptmp_cap;
+  /* normalisation of the last config seen: the reference values per channel and byte,
+   * and whether the division-free vector formula reproduces all of them */
+  int norm_valid, norm_fast;
+  float norm_mean[3], norm_std[3];
+  float lut[3][256];
   double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
@@ -218,11 +224,9 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   mml_resample_axis_free(&s->ax);
   mml_resample_axis_free(&s->ay);
   mml_bytes_free(&s->ring);
-  mml_bytes_free(&s->vrow);
   mml_bytes_free(&s->pend);
   mml_bytes_free(&s->tbuf);
-  mml_bytes_free(&s->hout);
-  free(s->acc);
+  mml_bytes_free(&s->rows);
   free(s->rp);
   mml_bytes_free(&s->block);
   free(s->ptmp);
@@ -232,38 +236,37 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
 /* ---------------------------------------------------------------- the resize pipeline */
 
 /* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
- * as soon as the input rows it reads are there, and handed to `emit` in order.  The
- * horizontal pass runs on groups of MML_HROWS rows (resize.c vectorises across them), so
- * rows wait in `pend` until a group is full or no more rows will come.  Rows the vertical
- * pass still needs live in a ring: horizontally resized rows when the horizontal pass runs
- * first, source rows when the vertical pass runs first (Pillow 13's choice, resize.h).
- * Without a vertical pass rows go straight to the horizontal pass and out. */
-typedef void (*row_emit_fn)(void *ctx, int y, const uint8_t *row);
+ * as soon as the input rows it reads are there, written planar where the consumer says
+ * (row_out) and announced in order.  The horizontal pass runs on groups of MML_HROWS rows
+ * (resize.c vectorises across them) and writes planar rows, so rows wait in `pend` until a
+ * group is full or no more rows will come.  Rows the vertical pass still needs live in a
+ * ring: horizontally resized rows (planar) when the horizontal pass runs first, source rows
+ * (interleaved) when the vertical pass runs first (Pillow 13's choice, resize.h), source
+ * rows split to planar when there is no horizontal pass. */
+typedef struct row_out {
+  /* Planar destination of output row y: channel c of pixel x goes to dst + c*plane + x.
+   * Up to MML_HROWS rows may be asked for before the first of them is announced. */
+  uint8_t *(*dst)(void *ctx, int y);
+  void (*done)(void *ctx, int y); /* row y is written; rows come in increasing y */
+  void *ctx;
+  size_t plane;
+} row_out;
 
 typedef struct resize_job {
   mml_vision_scratch *s;
   int dst_w, dst_h;
   int expect_w, expect_h; /* 0: accept the decoder's size (fast JPEG decode) */
   int h_first_always;     /* Pillow <= 12 order */
+  row_out out;
   int src_w, src_h;
   int need_h, need_v, vfirst;
   int ring_n;
   size_t slot;    /* bytes per ring row */
+  size_t pstride; /* bytes per pend row (a source-width row and MML_ROW_SLACK) */
   int row_end;    /* source rows from here on are not read */
   int next;       /* next vertical output row (or next row when there is no vertical pass) */
   int pend_n, pend_y0; /* rows waiting for the horizontal pass and the first one's index */
-  row_emit_fn emit;
-  void *emit_ctx;
 } resize_job;
-
-static mml_status grow_i32(int32_t **p, size_t *cap, size_t n) {
-  if (n <= *cap) return MML_OK;
-  int32_t *q = realloc(*p, n * sizeof *q);
-  if (!q) return MML_ENOMEM;
-  *p = q;
-  *cap = n;
-  return MML_OK;
-}
 
 static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
   resize_job *j = ctx;
@@ -281,21 +284,21 @@ static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
   j->row_end = h;
   mml_status st;
   size_t in_row = (size_t)w * 3, out_row = (size_t)j->dst_w * 3;
+  j->pstride = in_row + MML_ROW_SLACK;
   if (j->need_h) {
     if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
-    if (mml_bytes_reserve(&s->pend, MML_HROWS * in_row + 1) || /* +1: see mml_resample_rows_h */
-        mml_bytes_reserve(&s->tbuf, (size_t)w * 4 * MML_HROWS) ||
-        mml_bytes_reserve(&s->hout, MML_HROWS * out_row))
+    if (mml_bytes_reserve(&s->pend, MML_HROWS * j->pstride) ||
+        mml_bytes_reserve(&s->tbuf, mml_resample_tbuf_size(w)))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", w);
+    memset(s->pend.data, 0, MML_HROWS * j->pstride); /* the slack is read, never used */
   }
   if (j->need_v) {
     if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, err)) != MML_OK) return st;
     int first;
     mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
     j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
-    j->slot = j->vfirst || !j->need_h ? in_row : out_row;
-    if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot) ||
-        mml_bytes_reserve(&s->vrow, j->slot) || grow_i32(&s->acc, &s->acc_cap, j->slot))
+    j->slot = (j->vfirst || !j->need_h ? in_row : out_row) + MML_ROW_SLACK; /* see job_row_buf */
+    if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
                          j->ring_n, j->slot);
     if ((size_t)j->ring_n > s->rp_cap) {
@@ -312,6 +315,16 @@ static uint8_t *ring_row(const resize_job *j, int r) {
   return j->s->ring.data + (size_t)(r % j->ring_n) * j->slot;
 }
 
+/* Interleaved RGB -> planar (channel c of pixel x at dst + c*plane + x). */
+static void split_planar(const uint8_t *restrict rgb, int w, uint8_t *restrict dst, size_t plane) {
+  uint8_t *restrict r = dst, *restrict g = dst + plane, *restrict b = dst + 2 * plane;
+  for (int x = 0; x < w; x++) {
+    r[x] = rgb[3 * x];
+    g[x] = rgb[3 * x + 1];
+    b[x] = rgb[3 * x + 2];
+  }
+}
+
 static void drain(resize_job *j, int last);
 
 /* Runs the horizontal pass on the pending rows.  Horizontal-first: results go to the ring
@@ -321,25 +334,23 @@ static void flush_h(resize_job *j) {
   if (!j->pend_n) return;
   const uint8_t *src[MML_HROWS] = {0};
   uint8_t *dst[MML_HROWS] = {0};
-  size_t in_row = (size_t)j->src_w * 3, out_row = (size_t)j->dst_w * 3;
-  int ring = j->need_v && !j->vfirst;
-  for (int r = 0; r < j->pend_n; r++) {
-    src[r] = s->pend.data + (size_t)r * in_row;
-    dst[r] = ring ? ring_row(j, j->pend_y0 + r) : s->hout.data + (size_t)r * out_row;
+  const int ring = j->need_v && !j->vfirst, n = j->pend_n, y0 = j->pend_y0;
+  for (int r = 0; r < n; r++) {
+    src[r] = s->pend.data + (size_t)r * j->pstride;
+    dst[r] = ring ? ring_row(j, y0 + r) : j->out.dst(j->out.ctx, y0 + r);
   }
-  mml_resample_rows_h(&s->ax, src, j->pend_n, dst, s->tbuf.data);
-  int n = j->pend_n, y0 = j->pend_y0;
+  mml_resample_rows_h(&s->ax, src, n, dst, ring ? (size_t)j->dst_w : j->out.plane, s->tbuf.data);
   j->pend_n = 0;
   if (ring) {
     drain(j, y0 + n - 1);
   } else {
-    for (int r = 0; r < n; r++) j->emit(j->emit_ctx, y0 + r, dst[r]);
+    for (int r = 0; r < n; r++) j->out.done(j->out.ctx, y0 + r);
   }
 }
 
 static uint8_t *pend_slot(resize_job *j, int y) {
   if (!j->pend_n) j->pend_y0 = y;
-  return j->s->pend.data + (size_t)(j->pend_n++) * j->src_w * 3;
+  return j->s->pend.data + (size_t)(j->pend_n++) * j->pstride;
 }
 
 /* Produces every vertical output whose input rows (up to `last`) are all in the ring. */
@@ -351,15 +362,33 @@ static void drain(resize_job *j, int last) {
     if (l - 1 > last) break;
     for (int r = f; r < l; r++) s->rp[r - f] = ring_row(j, r);
     if (j->vfirst) {
-      mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, pend_slot(j, j->next));
+      mml_resample_row_v(&s->ay, j->next, s->rp, 0, j->src_w * 3, pend_slot(j, j->next));
       j->next++;
       if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
-    } else {
-      mml_resample_row_v(&s->ay, j->next, s->rp, (int)j->slot, s->acc, s->vrow.data);
-      j->emit(j->emit_ctx, j->next, s->vrow.data);
+    } else { /* planar ring rows of dst_w pixels */
+      uint8_t *d = j->out.dst(j->out.ctx, j->next);
+      for (int c = 0; c < 3; c++)
+        mml_resample_row_v(&s->ay, j->next, s->rp, (size_t)c * j->dst_w, j->dst_w,
+                           d + c * j->out.plane);
+      j->out.done(j->out.ctx, j->next);
       j->next++;
     }
   }
+}
+
+/* mml_row_sink.row_buf: where job_row will keep source row y (a pend or ring slot, both
+ * with MML_ROW_SLACK bytes to spare), so the decoder can write it there; NULL when the row
+ * is dropped or split.  No state changes: job_row makes the same choice. */
+static uint8_t *job_row_buf(void *ctx, int y) {
+  resize_job *j = ctx;
+  if (!j->need_h) return NULL;
+  uint8_t *pend = j->s->pend.data + (size_t)j->pend_n * j->pstride;
+  if (!j->need_v) return pend;
+  if (j->next >= j->dst_h || y >= j->row_end) return NULL;
+  int f, l;
+  mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
+  if (y < f && !j->pend_n) return NULL;
+  return j->vfirst ? ring_row(j, y) : pend;
 }
 
 static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
@@ -368,9 +397,11 @@ static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   size_t in_row = (size_t)j->src_w * 3;
   if (!j->need_v) {
     if (!j->need_h) {
-      j->emit(j->emit_ctx, y, rgb);
+      split_planar(rgb, j->src_w, j->out.dst(j->out.ctx, y), j->out.plane);
+      j->out.done(j->out.ctx, y);
     } else {
-      memcpy(pend_slot(j, y), rgb, in_row);
+      uint8_t *d = pend_slot(j, y);
+      if (d != rgb) memcpy(d, rgb, in_row);
       if (j->pend_n == MML_HROWS || y == j->src_h - 1) flush_h(j);
     }
     j->next = y + 1;
@@ -381,10 +412,16 @@ static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
   if (y < f && !j->pend_n) return MML_OK; /* no output still to come reads this row */
   if (j->need_h && !j->vfirst) {
-    memcpy(pend_slot(j, y), rgb, in_row);
+    uint8_t *d = pend_slot(j, y);
+    if (d != rgb) memcpy(d, rgb, in_row);
     if (j->pend_n == MML_HROWS || y == j->row_end - 1) flush_h(j);
   } else {
-    memcpy(ring_row(j, y), rgb, in_row);
+    uint8_t *d = ring_row(j, y);
+    if (j->vfirst) {
+      if (d != rgb) memcpy(d, rgb, in_row);
+    } else {
+      split_planar(rgb, j->src_w, d, (size_t)j->src_w);
+    }
     drain(j, y);
   }
   return MML_OK;
@@ -411,16 +448,19 @@ static mml_status feed_rgb(resize_job *j, const mml_rgb8 *img, mml_err *err) {
 typedef struct patch_ctx {
   int P, M, T, gw, cols;
   float *out;
-  uint8_t *block;   /* P*M output rows of W+16 bytes, channel-planar (scratch) */
+  uint8_t *block;   /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
+  size_t half;      /* bytes of one block */
   int avx2;         /* use flush_block_avx2 */
   float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
+  int fast;         /* flush_block_avx2 may use norm8_fast (verified for this config) */
+  int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
   float mean[3], std[3];
-  float lut[3][256];
+  const float (*lut)[256]; /* [3][256] reference values (scratch) */
 } patch_ctx;
 
-static void build_lut(const mml_vision_cfg *cfg, float lut[3][256]) {
+static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
   for (int c = 0; c < 3; c++) {
-    const float m = cfg->mean[c], sd = cfg->std[c];
+    const float m = mean[c], sd = std[c];
     for (int v = 0; v < 256; v++) {
       float x = (float)((double)v * (1.0 / 255.0));
       lut[c][v] = (x - m) / sd;
@@ -443,28 +483,73 @@ static void build_lut(const mml_vision_cfg *cfg, float lut[3][256]) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-/* AVX2 version of flush_block for 8 < P <= 16: each patch row is normalised with vector
- * arithmetic that performs exactly the reference's operations — float32(double(v) * (1/255)),
- * then (x - mean) / std in float32 — and stored to the T slots.  Block rows carry 16 bytes
- * of slack so the 16-byte loads stay inside the buffer. */
-__attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int bh) {
+/* Eight normalised values from eight bytes, with exactly the reference's operations:
+ * float32(double(v) * (1/255)), then (x - mean) / std in float32. */
+__attribute__((target("avx2"))) static inline __m256 norm8(const uint8_t *s, __m256d inv255,
+                                                           __m256 mean, __m256 sd) {
+  int32_t lo4, hi4;
+  memcpy(&lo4, s, 4);
+  memcpy(&hi4, s + 4, 4);
+  __m256d lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(lo4))), inv255);
+  __m256d hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(hi4))), inv255);
+  __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+  return _mm256_div_ps(_mm256_sub_ps(f, mean), sd);
+}
+
+/* The same values without double precision or division: each quotient is a product with
+ * the float reciprocal plus one FMA correction step.  That is correctly rounded for almost
+ * all operands but not provably for all, so it is only used when norm_fast_exact() found
+ * it equal, bit for bit, to the reference for all 256 byte values of every channel. */
+__attribute__((target("avx2,fma"))) static inline __m256 norm8_fast(const uint8_t *s,
+                                                                    __m256 mean, __m256 sd,
+                                                                    __m256 rsd) {
+  const __m256 c255 = _mm256_set1_ps(255.0f), r255 = _mm256_set1_ps(1.0f / 255.0f);
+  __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s)));
+  __m256 q = _mm256_mul_ps(v, r255);
+  __m256 x = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, c255, v), r255, q);
+  __m256 a = _mm256_sub_ps(x, mean);
+  __m256 y = _mm256_mul_ps(a, rsd);
+  return _mm256_fmadd_ps(_mm256_fnmadd_ps(y, sd, a), rsd, y);
+}
+
+__attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[3],
+                                                               const float std[3],
+                                                               const float lut[3][256]) {
+  uint8_t bytes[256];
+  for (int v = 0; v < 256; v++) bytes[v] = (uint8_t)v;
+  for (int c = 0; c < 3; c++) {
+    const __m256 m = _mm256_set1_ps(mean[c]), sd = _mm256_set1_ps(std[c]);
+    const __m256 rsd = _mm256_set1_ps(1.0f / std[c]);
+    for (int v = 0; v < 256; v += 8) {
+      float got[8];
+      _mm256_storeu_ps(got, norm8_fast(bytes + v, m, sd, rsd));
+      if (memcmp(got, &lut[c][v], sizeof got)) return 0;
+    }
+  }
+  return 1;
+}
+
+/* AVX2 version of flush_block for 8 <= P <= 16: each patch row is two overlapping groups
+ * of eight values (px 0..7 and P-8..P-1), stored to the T slots. */
+__attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, int bh, int bw0,
+                                                                 int bw1) {
   const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
   const size_t WS = (size_t)W + 16;
   const int bw_n = g->gw / M;
   const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
-  const __m256i tailmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(P - 8),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256 mean[3], sd[3];
+  __m256 mean[3], sd[3], rsd[3];
   for (int c = 0; c < 3; c++) {
     mean[c] = _mm256_set1_ps(g->mean[c]);
     sd[c] = _mm256_set1_ps(g->std[c]);
+    rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
   }
+  const int fast = g->fast;
   /* Each patch is assembled in an aligned scratch row, then written with non-temporal
    * stores when the output allows (pixel_values is far larger than the caches, so this
    * saves reading every output line before writing it). */
   const int cols = g->cols;
   const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
-  for (int bw = 0; bw < bw_n; bw++)
+  for (int bw = bw0; bw < bw1; bw++)
     for (int mh = 0; mh < M; mh++)
       for (int mw = 0; mw < M; mw++) {
         const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
@@ -472,23 +557,21 @@ __attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int b
         float *o = stream ? g->ptmp : dst;
         const int x0 = (bw * M + mw) * P;
         for (int c = 0; c < 3; c++) {
-          const uint8_t *plane = g->block + (size_t)c * P * M * WS;
+          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * WS;
           for (int py = 0; py < P; py++) {
             const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
-            __m128i b = _mm_loadu_si128((const __m128i *)s);
-            __m256i i0 = _mm256_cvtepu8_epi32(b), i1 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
-            __m256 f0 = _mm256_set_m128(
-                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i0, 1)), inv255)),
-                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i0)), inv255)));
-            __m256 f1 = _mm256_set_m128(
-                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i1, 1)), inv255)),
-                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i1)), inv255)));
-            f0 = _mm256_div_ps(_mm256_sub_ps(f0, mean[c]), sd[c]);
-            f1 = _mm256_div_ps(_mm256_sub_ps(f1, mean[c]), sd[c]);
+            __m256 f0, f1;
+            if (fast) {
+              f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
+              f1 = norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]);
+            } else {
+              f0 = norm8(s, inv255, mean[c], sd[c]);
+              f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
+            }
             float *d = o + ((size_t)c * T * P + py) * P;
             for (int t = 0; t < T; t++, d += PP) {
               _mm256_storeu_ps(d, f0);
-              _mm256_maskstore_ps(d + 8, tailmask, f1);
+              _mm256_storeu_ps(d + P - 8, f1);
             }
           }
         }
@@ -502,10 +585,10 @@ __attribute__((target("avx2"))) static void flush_block_avx2(patch_ctx *g, int b
 
 /* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
  * g->block) in memory order, so pixel_values is written sequentially. */
-static void flush_block(patch_ctx *g, int bh) {
+static void flush_block(patch_ctx *g, int bh, int bw0, int bw1) {
   const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
   const int bw_n = g->gw / M;
-  for (int bw = 0; bw < bw_n; bw++)
+  for (int bw = bw0; bw < bw1; bw++)
     for (int mh = 0; mh < M; mh++)
       for (int mw = 0; mw < M; mw++) {
         const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
@@ -513,7 +596,7 @@ static void flush_block(patch_ctx *g, int bh) {
         const int x0 = (bw * M + mw) * P;
         for (int c = 0; c < 3; c++) {
           const float *l = g->lut[c];
-          const uint8_t *plane = g->block + (size_t)c * P * M * W;
+          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * W;
           for (int py = 0; py < P; py++) {
             const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
             float *d0 = o + ((size_t)c * T * P + py) * P;
@@ -531,50 +614,87 @@ static void flush_block(patch_ctx *g, int bh) {
 }
 #undef PATCH_ROW
 
-/* Emitter: collects output rows into the planar block; a full block is written out. */
-static void patchify_row(void *ctx, int y, const uint8_t *row) {
-  patch_ctx *g = ctx;
-  const int PM = g->P * g->M, W = g->gw * g->P;
-  const size_t plane = (size_t)PM * (W + 16);
-  uint8_t *restrict r = g->block + (size_t)(y % PM) * (W + 16);
-  uint8_t *restrict gg = r + plane, *restrict b = r + 2 * plane;
-  for (int x = 0; x < W; x++) {
-    r[x] = row[3 * x];
-    gg[x] = row[3 * x + 1];
-    b[x] = row[3 * x + 2];
-  }
-  if (y % PM != PM - 1) return;
+/* Writes patch columns [bw0, bw1) of block row bh. */
+static void write_patches(patch_ctx *g, int bh, int bw0, int bw1) {
+  if (bw0 >= bw1) return;
 #ifdef MML_HAVE_AVX2_PATCH
   if (g->avx2) {
-    flush_block_avx2(g, y / PM);
+    flush_block_avx2(g, bh, bw0, bw1);
     return;
   }
 #endif
-  flush_block(g, y / PM);
+  flush_block(g, bh, bw0, bw1);
+}
+
+/* Writes what is left of the waiting block. */
+static void finish_pending(patch_ctx *g) {
+  if (g->pend_bh < 0) return;
+  write_patches(g, g->pend_bh, g->pend_bw, g->gw / g->M);
+  g->pend_bh = -1;
+}
+
+/* row_out for patchify: output rows go straight into the planar block.  A full block is
+ * not written out at once: its patches are written a share per output row of the next
+ * block (two blocks alternate), so the stream of output stores is spread over the whole
+ * decode and resize instead of stalling on memory bandwidth in bursts. */
+static uint8_t *patch_dst(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  const int PM = g->P * g->M, b = y / PM;
+  if (g->pend_bh >= 0 && b >= g->pend_bh + 2) finish_pending(g); /* its half is reused */
+  return g->block + (size_t)(b & 1) * g->half + (size_t)(y % PM) * (g->gw * g->P + 16);
+}
+
+static void patch_done(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  const int PM = g->P * g->M, in_block = y % PM + 1, bw_n = g->gw / g->M;
+  if (g->pend_bh >= 0) {
+    int to = (int)(((int64_t)bw_n * in_block + PM - 1) / PM);
+    write_patches(g, g->pend_bh, g->pend_bw, to);
+    if (to > g->pend_bw) g->pend_bw = to;
+  }
+  if (in_block == PM) {
+    finish_pending(g);
+    g->pend_bh = y / PM;
+    g->pend_bw = 0;
+  }
 }
 
 static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
                                  const mml_vision_plan *plan, float *out, mml_err *err) {
-  size_t n = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size;
+  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
   if (mml_bytes_reserve(&s->block, n))
     return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
   g->block = s->block.data;
+  g->half = half;
   g->P = cfg->patch_size;
   g->M = cfg->merge_size;
   g->T = cfg->temporal_patch_size;
   g->gw = plan->grid_w;
   g->cols = plan->cols;
   g->out = out;
-  build_lut(cfg, g->lut);
-  memset(g->block, 0, n); /* the slack is read (and ignored) by the vector path */
   for (int c = 0; c < 3; c++) {
     g->mean[c] = cfg->mean[c];
     g->std[c] = cfg->std[c];
   }
-  g->avx2 = 0;
+  g->avx2 = g->fast = 0;
+  g->pend_bh = -1;
+  g->pend_bw = 0;
 #ifdef MML_HAVE_AVX2_PATCH
-  g->avx2 = mml_cpu_avx2() && g->P > 8 && g->P <= 16;
+  g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
 #endif
+  if (!s->norm_valid || memcmp(s->norm_mean, g->mean, sizeof g->mean) ||
+      memcmp(s->norm_std, g->std, sizeof g->std)) {
+    build_lut(g->mean, g->std, s->lut);
+    s->norm_fast = 0;
+#ifdef MML_HAVE_AVX2_PATCH
+    s->norm_fast = mml_cpu_fma() && norm_fast_exact(g->mean, g->std, s->lut);
+#endif
+    memcpy(s->norm_mean, g->mean, sizeof g->mean);
+    memcpy(s->norm_std, g->std, sizeof g->std);
+    s->norm_valid = 1;
+  }
+  g->lut = (const float(*)[256])s->lut;
+  g->fast = g->avx2 && s->norm_fast;
   g->ptmp = NULL;
   if (g->avx2) {
     size_t need = (size_t)plan->cols + 16;
@@ -587,6 +707,10 @@ static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_
     g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
   }
   return MML_OK;
+}
+
+static row_out patch_out(patch_ctx *g) {
+  return (row_out){patch_dst, patch_done, g, (size_t)g->P * g->M * (g->gw * g->P + 16)};
 }
 
 static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
@@ -622,6 +746,10 @@ static mml_status timed_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) 
   return st;
 }
 
+static uint8_t *timed_row_buf(void *ctx, int y) {
+  return job_row_buf(((timed_job *)ctx)->j, y);
+}
+
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
                                     const mml_vision_plan *plan, float *out, mml_err *err) {
@@ -632,14 +760,15 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
-                  .h_first_always = cfg->pillow_h_first, .emit = patchify_row, .emit_ctx = &g};
+                  .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
   timed_job tj = {&j, 0.0};
-  mml_row_sink sink = {timed_begin, timed_row, &tj};
+  mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;
-  if (st != MML_OK) return st;
-  return job_done(&j, err);
+  if (st == MML_OK) st = job_done(&j, err);
+  if (st == MML_OK) finish_pending(&g);
+  return st;
 }
 
 mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
@@ -651,18 +780,29 @@ mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch 
   if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
                   .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
-                  .emit = patchify_row, .emit_ctx = &g};
-  return feed_rgb(&j, img, err);
+                  .out = patch_out(&g)};
+  st = feed_rgb(&j, img, err);
+  if (st == MML_OK) finish_pending(&g);
+  return st;
 }
 
+/* row_out for the plain resize: planar rows in scratch, interleaved into the output. */
 typedef struct copy_ctx {
-  uint8_t *dst;
-  size_t rowb;
+  uint8_t *dst, *rows;
+  int w;
 } copy_ctx;
 
-static void copy_row(void *ctx, int y, const uint8_t *row) {
+static uint8_t *copy_dst(void *ctx, int y) {
   copy_ctx *c = ctx;
-  memcpy(c->dst + (size_t)y * c->rowb, row, c->rowb);
+  return c->rows + (size_t)(y % MML_HROWS) * 3 * c->w;
+}
+
+static void copy_done(void *ctx, int y) {
+  copy_ctx *c = ctx;
+  const uint8_t *p = copy_dst(ctx, y);
+  uint8_t *d = c->dst + (size_t)y * 3 * c->w;
+  for (int x = 0; x < c->w; x++)
+    for (int ch = 0; ch < 3; ch++) d[3 * x + ch] = p[(size_t)ch * c->w + x];
 }
 
 mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
@@ -670,9 +810,11 @@ mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *
                                          mml_err *err) {
   if (dst_w < 1 || dst_h < 1 || !dst)
     return mml_err_set(err, MML_EINVAL, "resize: bad target %dx%d", dst_w, dst_h);
-  copy_ctx c = {dst, (size_t)dst_w * 3};
+  if (mml_bytes_reserve(&s->rows, (size_t)MML_HROWS * 3 * dst_w))
+    return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", dst_w);
+  copy_ctx c = {dst, s->rows.data, dst_w};
   resize_job j = {.s = s, .dst_w = dst_w, .dst_h = dst_h, .h_first_always = h_first_always,
-                  .emit = copy_row, .emit_ctx = &c};
+                  .out = {copy_dst, copy_done, &c, (size_t)dst_w}};
   return feed_rgb(&j, src, err);
 }
 

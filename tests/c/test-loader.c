@@ -187,10 +187,10 @@ TEST(test_seek_and_free_while_busy) {
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
-  c.num_threads = 4;
   c.prefetch = 1;
   mml_err err;
-  for (int round = 0; round < 6; round++) {
+  for (int round = 0; round < 8; round++) {
+    c.num_threads = round % 2 ? 8 : 4; /* 3 and 2 collator instances */
     mml_loader *L;
     CHECK_OK(mml_loader_new(&c, &L, &err), err);
     uint64_t h[3];
