@@ -2,8 +2,8 @@
 cached under the temp folder.
 
 Records come from mmloader.datagen.make_dataset (LLaVA, messages and HF content-part
-formats, one to three turns, 0-2 images each, one shard, image paths relative to it); the
-images it names are then rewritten at realistic sizes and contents: photo-like JPEGs
+formats, one to three turns, 0-2 images each, one shard, image paths relative to it); each
+image reference then gets its own new file at a realistic size and content: photo-like JPEGs
 (smooth content plus sensor noise, quality 85-95), one in ten of all images a progressive
 JPEG, and one in five a screenshot-like PNG (flat panels and text-like strokes; RGB, RGBA
 or palette), from thumbnails to 1080p in portrait and landscape.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from typing import Dict, Optional
 
@@ -54,14 +55,14 @@ def _kind(i: int) -> str:
             }.get(k, "jpeg")
 
 
-def _rewrite_image(rng: np.random.Generator, root: str, name: str, i: int) -> str:
-    """Replaces datagen's image `name` by a realistic one; returns its new relative name."""
+def _write_image(rng: np.random.Generator, root: str, k: int) -> str:
+    """Writes reference k's realistic image; returns its name relative to root."""
     from PIL import Image
     sizes = [s for s, _ in SIZES]
     (w, h) = sizes[int(rng.choice(len(SIZES), p=[p for _, p in SIZES]))]
-    kind = _kind(i)
-    new = os.path.splitext(name)[0] + (".jpg" if kind.startswith("jpeg") else ".png")
-    path = os.path.join(root, new)
+    kind = _kind(k)
+    name = f"images/ref-{k:06d}" + (".jpg" if kind.startswith("jpeg") else ".png")
+    path = os.path.join(root, name)
     if kind.startswith("jpeg"):
         Image.fromarray(_photo(rng, w, h)).save(
             path, "JPEG", quality=int(rng.integers(85, 96)),
@@ -73,31 +74,38 @@ def _rewrite_image(rng: np.random.Generator, root: str, name: str, i: int) -> st
         elif kind == "png_palette":
             img = img.convert("P", palette=Image.Palette.ADAPTIVE, colors=128)
         img.save(path, "PNG")
-    if new != name:
-        os.remove(os.path.join(root, name))
-    return new
+    return name
 
 
 def make(root: str, n_samples: int, seed: int = 0) -> str:
-    """Writes the dataset under root (if not already complete); returns the shard path."""
+    """Writes the dataset under root (if not already complete); returns the shard path.
+
+    datagen's records share its images; here every image reference, in record order, gets
+    its own new file, so the mix above holds for the references themselves."""
     from mmloader.datagen import make_dataset
     marker = os.path.join(root, ".complete")
     if os.path.exists(marker):
         with open(marker) as f:
             return os.path.join(root, f.read().strip())
     desc = make_dataset(root, n_samples=n_samples, seed=seed, n_shards=1,
-                        n_images=n_samples, min_size=32, max_size=64)
+                        n_images=8, min_size=16, max_size=32)
     shard = desc["shards"][0]
+    old = {json.dumps(os.path.relpath(p, root)) for p in desc["images"]}
+    pattern = re.compile("|".join(re.escape(o) for o in sorted(old)))
     rng = np.random.default_rng(seed)
+    count = [0]
+
+    def fresh(m: "re.Match[str]") -> str:
+        k = count[0]
+        count[0] += 1
+        return json.dumps(_write_image(rng, root, k))
+
     with open(shard, encoding="utf-8") as f:
-        text = f.read()
-    for i, full in enumerate(sorted(desc["images"])):
-        name = os.path.relpath(full, root)
-        new = _rewrite_image(rng, root, name, i)
-        if new != name:
-            text = text.replace(json.dumps(name), json.dumps(new))
+        text = pattern.sub(fresh, f.read())
     with open(shard, "w", encoding="utf-8") as f:
         f.write(text)
+    for p in desc["images"]:
+        os.remove(p)
     with open(marker, "w") as f:
         f.write(os.path.basename(shard))
     return shard
@@ -107,7 +115,7 @@ def cached(n_samples: int, seed: int = 0, base: Optional[str] = None) -> str:
     """The shard of the cached dataset (generated on first use)."""
     base = base or os.environ.get("MML_BENCH_DATA") or os.path.join(
         tempfile.gettempdir(), "mmloader-bench")
-    return make(os.path.join(base, f"mix2-{n_samples}-{seed}"), n_samples, seed)
+    return make(os.path.join(base, f"mix3-{n_samples}-{seed}"), n_samples, seed)
 
 
 def subset(shard: str, k: int) -> str:

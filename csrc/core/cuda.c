@@ -136,7 +136,7 @@ static int load_locked(void) {
     h = dlopen(g_cand[i], RTLD_NOW | RTLD_LOCAL);
     from = g_cand[i];
     size_t used = strlen(tried);
-    snprintf(tried + used, sizeof tried - used, "%s%s", used ? ", " : "", g_cand[i]);
+    snprintf(tried + used, sizeof tried - used, "%s%.200s", used ? ", " : "", g_cand[i]);
   }
   for (size_t i = 0; !h && i < ns; i++) {
     h = dlopen(k_sonames[i], RTLD_NOW | RTLD_LOCAL);
@@ -158,7 +158,7 @@ static int load_locked(void) {
   }
   int n = 0, rc = g_api.GetDeviceCount(&n);
   if (rc != CUDA_SUCCESS || n <= 0) {
-    snprintf(g_reason, sizeof g_reason, "%s loaded but no usable CUDA device: %s", from,
+    snprintf(g_reason, sizeof g_reason, "%.400s loaded but no usable CUDA device: %.300s", from,
              rc != CUDA_SUCCESS ? cuda_errstr(rc) : "device count is 0");
     memset(&g_api, 0, sizeof g_api);
     dlclose(h);
@@ -171,7 +171,7 @@ static int load_locked(void) {
   void *sym;
   memcpy(&sym, &g_api.GetDeviceCount, sizeof sym);
   if (dladdr(sym, &info) && info.dli_fname) from = info.dli_fname;
-  snprintf(g_lib, sizeof g_lib, "%s", from);
+  snprintf(g_lib, sizeof g_lib, "%.*s", (int)sizeof g_lib - 1, from);
   return ST_READY;
 }
 

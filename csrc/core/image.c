@@ -214,6 +214,8 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   while (ci->output_scanline < ci->output_height) {
     int y = (int)ci->output_scanline;
     JSAMPROW r = nc == 3 ? d->row.data : d->raw.data;
+    uint8_t *b = nc == 3 && sink->row_buf ? sink->row_buf(sink->ctx, y) : NULL;
+    if (b) r = b; /* straight into the sink's memory */
     if (jpeg_read_scanlines(ci, &r, 1) != 1) {
       st = mml_err_set(err, MML_EDECODE, "JPEG: decoder stalled at row %d", y);
       goto done;
@@ -229,7 +231,7 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
         o[2] = cmyk_inv_channel(s[2], s[3]);
       }
     }
-    if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
+    if ((st = sink->row(sink->ctx, y, nc == 3 ? r : d->row.data, err)) != MML_OK) goto done;
   }
 done:
   jpeg_abort_decompress(ci); /* lenient about what follows the last scanline, like Pillow */
@@ -398,10 +400,17 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
       st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
       goto done;
     }
+    const int plain = conv.kind == PX_RGB8 && !conv.trns && rowbytes == (size_t)w * 3;
     for (int y = 0; y < h; y++) {
-      png_read_row(png, d->raw.data, NULL);
-      png_row_to_rgb(&conv, d->raw.data, d->row.data, w);
-      if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
+      uint8_t *b = plain && sink->row_buf ? sink->row_buf(sink->ctx, y) : NULL;
+      if (b) { /* RGB8 as is: straight into the sink's memory */
+        png_read_row(png, b, NULL);
+      } else {
+        png_read_row(png, d->raw.data, NULL);
+        png_row_to_rgb(&conv, d->raw.data, d->row.data, w);
+        b = d->row.data;
+      }
+      if ((st = sink->row(sink->ctx, y, b, err)) != MML_OK) goto done;
     }
   }
 done:

@@ -277,7 +277,7 @@ int mml_nfc_quick_check(const uint8_t *s, size_t len) {
   return 1;
 }
 
-static size_t put_utf8(int32_t c, uint8_t *o) {
+size_t mml_utf8_put(int32_t c, uint8_t *o) {
   if (c < 0x80) {
     o[0] = (uint8_t)c;
     return 1;
@@ -355,7 +355,7 @@ mml_status mml_nfc_append(const uint8_t *s, size_t len, mml_bytes *out) {
   }
   mml_status st = mml_bytes_reserve(out, out->len + o * 4);
   if (st == MML_OK) {
-    for (size_t i = 0; i < o; i++) out->len += put_utf8(buf[i], out->data + out->len);
+    for (size_t i = 0; i < o; i++) out->len += mml_utf8_put(buf[i], out->data + out->len);
   }
   free(buf);
   return st;

@@ -178,25 +178,47 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *con
   }
 }
 
-/* One output pixel of all MML_HROWS rows: 32 lanes in four accumulators.  The result's
- * dwords hold the rows in the order 0 2 4 6 | 1 3 5 7 (the packs work per 128-bit lane). */
-__attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t *k, int n,
-                                                                   const uint8_t *col) {
-  const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-  __m256i s0 = half, s1 = half, s2 = half, s3 = half;
-  for (int j = 0; j < n; j++, col += HL) {
-    const __m256i w = _mm256_set1_epi32(k[j]);
-    s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)col)), w));
-    s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(col + 8))), w));
-    s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(col + 16))), w));
-    s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(col + 24))), w));
-  }
+/* w * (8 bytes at p, zero-extended) added to s. */
+#define MAC8(s, p, w) \
+  s = _mm256_add_epi32(s, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))), w))
+
+/* Shift, clip and pack four accumulators of 8 int32 into 32 bytes.  Saturating packs clip
+ * exactly like clip8 (values are within int16 after the shift); the result's dwords hold
+ * s0..s3's halves in the order s0.lo s1.lo s2.lo s3.lo | s0.hi s1.hi s2.hi s3.hi. */
+__attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m256i s1,
+                                                                  __m256i s2, __m256i s3) {
   s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
   s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
   s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
   s3 = _mm256_srai_epi32(s3, PRECISION_BITS);
-  /* saturating packs clip exactly like clip8 (values are within int16 after the shift) */
   return _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+}
+
+/* One output pixel of all MML_HROWS rows: 32 lanes in four accumulators.  The result's
+ * dwords hold the rows in the order 0 2 4 6 | 1 3 5 7.  Four taps (the common case for
+ * sizes that change by less than half) are unrolled. */
+__attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t *k, int n,
+                                                                   const uint8_t *col) {
+  const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+  __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+  if (n == 4) {
+    for (int j = 0; j < 4; j++, col += HL) {
+      const __m256i w = _mm256_set1_epi32(k[j]);
+      MAC8(s0, col, w);
+      MAC8(s1, col + 8, w);
+      MAC8(s2, col + 16, w);
+      MAC8(s3, col + 24, w);
+    }
+  } else {
+    for (int j = 0; j < n; j++, col += HL) {
+      const __m256i w = _mm256_set1_epi32(k[j]);
+      MAC8(s0, col, w);
+      MAC8(s1, col + 8, w);
+      MAC8(s2, col + 16, w);
+      MAC8(s3, col + 24, w);
+    }
+  }
+  return pack4_avx2(s0, s1, s2, s3);
 }
 
 /* Output pixels in steps of 8 (the last step overlaps the previous one; recomputing a
@@ -300,22 +322,39 @@ __attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt
                                                         int n, uint8_t *restrict dst) {
   const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  if (cnt == 4) { /* the common case, unrolled with the rows and weights in registers */
+    const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off,
+                  *r3 = rows[3] + off;
+    const __m256i w0 = _mm256_set1_epi32(k[0]), w1 = _mm256_set1_epi32(k[1]),
+                  w2 = _mm256_set1_epi32(k[2]), w3 = _mm256_set1_epi32(k[3]);
+    for (int i = 0;; i += 32) {
+      if (i > n - 32) i = n - 32;
+      __m256i s[4];
+      for (int q = 0; q < 4; q++) {
+        s[q] = half;
+        MAC8(s[q], r0 + i + 8 * q, w0);
+        MAC8(s[q], r1 + i + 8 * q, w1);
+        MAC8(s[q], r2 + i + 8 * q, w2);
+        MAC8(s[q], r3 + i + 8 * q, w3);
+      }
+      __m256i p = pack4_avx2(s[0], s[1], s[2], s[3]);
+      _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
+      if (i == n - 32) break;
+    }
+    return;
+  }
   for (int i = 0;; i += 32) {
     if (i > n - 32) i = n - 32;
     __m256i s0 = half, s1 = half, s2 = half, s3 = half;
     for (int j = 0; j < cnt; j++) {
       const uint8_t *row = rows[j] + off + i;
       const __m256i w = _mm256_set1_epi32(k[j]);
-      s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row)), w));
-      s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8))), w));
-      s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 16))), w));
-      s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 24))), w));
+      MAC8(s0, row, w);
+      MAC8(s1, row + 8, w);
+      MAC8(s2, row + 16, w);
+      MAC8(s3, row + 24, w);
     }
-    s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
-    s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
-    s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
-    s3 = _mm256_srai_epi32(s3, PRECISION_BITS);
-    __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+    __m256i p = pack4_avx2(s0, s1, s2, s3);
     _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
     if (i == n - 32) break;
   }

@@ -239,29 +239,6 @@ static void byte_alphabet(int32_t b2c[256], int16_t c2b[324]) {
   }
 }
 
-static size_t utf8_put(int32_t c, uint8_t *o) {
-  if (c < 0x80) {
-    o[0] = (uint8_t)c;
-    return 1;
-  }
-  if (c < 0x800) {
-    o[0] = (uint8_t)(0xC0 | (c >> 6));
-    o[1] = (uint8_t)(0x80 | (c & 0x3F));
-    return 2;
-  }
-  if (c < 0x10000) {
-    o[0] = (uint8_t)(0xE0 | (c >> 12));
-    o[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
-    o[2] = (uint8_t)(0x80 | (c & 0x3F));
-    return 3;
-  }
-  o[0] = (uint8_t)(0xF0 | (c >> 18));
-  o[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
-  o[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
-  o[3] = (uint8_t)(0x80 | (c & 0x3F));
-  return 4;
-}
-
 /* ---- loading ------------------------------------------------------------------------- */
 
 static int json_bool(const cJSON *o, const char *k, int dflt) {
@@ -564,7 +541,7 @@ static mml_status build_id_tables(mml_tokenizer *t) {
   }
   for (int b = 0; b < 256; b++) {
     uint8_t u[4];
-    size_t k = utf8_put(b2c[b], u);
+    size_t k = mml_utf8_put(b2c[b], u);
     t->byte_id[b] = str_map_get(&t->vocab, t->arena, (const char *)u, k);
     memcpy(t->byte_sym[b], u, k);
     t->byte_sym_len[b] = (uint8_t)k;

@@ -297,7 +297,7 @@ static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
     int first;
     mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
     j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
-    j->slot = j->vfirst || !j->need_h ? in_row : out_row;
+    j->slot = (j->vfirst || !j->need_h ? in_row : out_row) + MML_ROW_SLACK; /* see job_row_buf */
     if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
                          j->ring_n, j->slot);
@@ -376,6 +376,21 @@ static void drain(resize_job *j, int last) {
   }
 }
 
+/* mml_row_sink.row_buf: where job_row will keep source row y (a pend or ring slot, both
+ * with MML_ROW_SLACK bytes to spare), so the decoder can write it there; NULL when the row
+ * is dropped or split.  No state changes: job_row makes the same choice. */
+static uint8_t *job_row_buf(void *ctx, int y) {
+  resize_job *j = ctx;
+  if (!j->need_h) return NULL;
+  uint8_t *pend = j->s->pend.data + (size_t)j->pend_n * j->pstride;
+  if (!j->need_v) return pend;
+  if (j->next >= j->dst_h || y >= j->row_end) return NULL;
+  int f, l;
+  mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
+  if (y < f && !j->pend_n) return NULL;
+  return j->vfirst ? ring_row(j, y) : pend;
+}
+
 static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   resize_job *j = ctx;
   (void)err;
@@ -385,7 +400,8 @@ static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
       split_planar(rgb, j->src_w, j->out.dst(j->out.ctx, y), j->out.plane);
       j->out.done(j->out.ctx, y);
     } else {
-      memcpy(pend_slot(j, y), rgb, in_row);
+      uint8_t *d = pend_slot(j, y);
+      if (d != rgb) memcpy(d, rgb, in_row);
       if (j->pend_n == MML_HROWS || y == j->src_h - 1) flush_h(j);
     }
     j->next = y + 1;
@@ -396,13 +412,16 @@ static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
   if (y < f && !j->pend_n) return MML_OK; /* no output still to come reads this row */
   if (j->need_h && !j->vfirst) {
-    memcpy(pend_slot(j, y), rgb, in_row);
+    uint8_t *d = pend_slot(j, y);
+    if (d != rgb) memcpy(d, rgb, in_row);
     if (j->pend_n == MML_HROWS || y == j->row_end - 1) flush_h(j);
   } else {
-    if (j->vfirst)
-      memcpy(ring_row(j, y), rgb, in_row);
-    else
-      split_planar(rgb, j->src_w, ring_row(j, y), (size_t)j->src_w);
+    uint8_t *d = ring_row(j, y);
+    if (j->vfirst) {
+      if (d != rgb) memcpy(d, rgb, in_row);
+    } else {
+      split_planar(rgb, j->src_w, d, (size_t)j->src_w);
+    }
     drain(j, y);
   }
   return MML_OK;
@@ -727,6 +746,10 @@ static mml_status timed_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) 
   return st;
 }
 
+static uint8_t *timed_row_buf(void *ctx, int y) {
+  return job_row_buf(((timed_job *)ctx)->j, y);
+}
+
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
                                     const mml_vision_plan *plan, float *out, mml_err *err) {
@@ -739,7 +762,7 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
                   .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
   timed_job tj = {&j, 0.0};
-  mml_row_sink sink = {timed_begin, timed_row, &tj};
+  mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;

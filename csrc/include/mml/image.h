@@ -51,6 +51,10 @@ typedef struct mml_row_sink {
   /* `rgb` holds width*3 bytes, valid only during the call. */
   mml_status (*row)(void *ctx, int y, const uint8_t *rgb, mml_err *err);
   void *ctx;
+  /* Optional (NULL, or returning NULL: the decoder's own buffer): where the decoder may
+   * put row y when it needs no conversion, so the sink saves a copy — it then receives
+   * that pointer in row().  The buffer must hold width*3 + 16 bytes. */
+  uint8_t *(*row_buf)(void *ctx, int y);
 } mml_row_sink;
 
 mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,

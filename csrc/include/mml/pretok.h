@@ -23,6 +23,8 @@ mml_status mml_pretok_init(void);
 /* The class of a code point (MML_UC_*). */
 int mml_uc_class(int32_t cp);
 
+/* Writes code point c (0..0x10FFFF) as UTF-8 into o (room for 4 bytes); returns the length. */
+size_t mml_utf8_put(int32_t c, uint8_t *o);
 /* Byte length of the longest valid UTF-8 prefix of s[0..len). */
 size_t mml_utf8_valid_prefix(const uint8_t *s, size_t len);
 /* Appends s to out with every maximal invalid subsequence replaced by U+FFFD (the
