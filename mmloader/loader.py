@@ -166,7 +166,8 @@ class Loader:
         num_threads: worker threads; default: CPUs in the affinity mask divided by
             ``LOCAL_WORLD_SIZE``.
         prefetch: finished batches kept ready ahead of the consumer.
-        window: samples in flight ahead of collation (default (prefetch + 2) * batch).
+        window: samples in flight ahead of collation (default 2 * micro_batch_size, at
+            least 4 * num_threads and 16); with ``prefetch`` it bounds memory.
         on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
             error, in stream order; iteration may continue afterwards).
         max_error_rate: raise once more than this fraction of samples (over at least 100)

@@ -968,7 +968,9 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
     mml_host_allocator(&L->alloc);
   }
   if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
-  if ((st = mml_pool_new(&L->alloc, 0, &L->pool, err))) goto fail;
+  /* Released batch buffers are kept for reuse up to 512 MiB (a large buffer allocated
+   * afresh costs its page faults); beyond that they go back to the system. */
+  if ((st = mml_pool_new(&L->alloc, (size_t)512 << 20, &L->pool, err))) goto fail;
   /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
    * batch per collator instance, so one collation thread does not cap throughput. */
   L->ncoll = 1 + cfg->num_threads / 4;
@@ -988,7 +990,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
 
   int w = cfg->window;
   if (w <= 0) {
-    w = (cfg->prefetch + 2) * (cfg->collate.pack ? 8 : mbs);
+    w = 2 * (cfg->collate.pack ? 8 : mbs);
     if (w < 4 * cfg->num_threads) w = 4 * cfg->num_threads;
     if (w < 16) w = 16;
   }

@@ -15,6 +15,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A slot keeps its pixel buffer for reuse (no allocation in steady state) unless the
+ * buffer is over KEEP_PIXELS_MAX and more than twice what the current sample needs: one
+ * large image must not pin its size in every window and collator slot it passes through,
+ * so memory stays bounded by about twice what is in flight. */
+#define KEEP_PIXELS_MAX ((size_t)8 << 20)
+
+static void fit_pixels(mml_bytes *b, size_t need) {
+  if (b->cap > KEEP_PIXELS_MAX && b->cap / 2 > need) mml_bytes_free(b);
+}
+
 void mml_sample_reset(mml_sample *s) {
   s->epoch = s->pos = s->index = s->line = 0;
   s->shard = 0;
@@ -103,8 +113,9 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
                        (long long)pl->max_length);
+  size_t need = n ? (size_t)rows * (size_t)cols * sizeof(float) : 0;
+  fit_pixels(&out->pixels, need);
   if (n) {
-    size_t need = (size_t)rows * (size_t)cols * sizeof(float);
     if ((st = mml_bytes_reserve(&out->pixels, need)))
       return mml_err_set(err, st, "cannot allocate %zu bytes of pixels", need);
     float *dst = (float *)out->pixels.data;

@@ -39,7 +39,7 @@ typedef struct mml_loader_cfg {
   int dp_rank, dp_size;
   int num_threads;          /* worker threads (>= 1) */
   int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
-  int window;               /* samples in flight ahead of collation; 0: (prefetch+2)*mbs */
+  int window;               /* samples in flight ahead of collation; 0: 2*mbs, at least 4*threads and 16 */
   int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
