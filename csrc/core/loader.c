@@ -167,6 +167,7 @@ struct mml_loader {
   int64_t pend_head, pend_tail;
   int jobs_queued;          /* pend items waiting for a worker to emit them */
   int emitting;             /* emits running now */
+  int dropping;             /* drop_output_locked is waiting for emits (mu released) */
   int *coll_busy;           /* 1 while a worker emits from colls[i] */
 
   /* output queue, guarded by mu */
@@ -604,7 +605,12 @@ static void move_ready_locked(mml_loader *L) {
 
 /* Drops everything queued or pending (seek, close); waits for running emits first. */
 static void drop_output_locked(mml_loader *L) {
+  /* While this waits (mu released) a seek's new gen is already visible: `dropping` keeps
+   * the collator from starting on it, or the drop below would discard its new batches and
+   * clear coll_busy under an instance that still holds samples. */
+  L->dropping++;
   while (L->emitting) pthread_cond_wait(&L->out_cv, &L->mu);
+  L->dropping--;
   while (L->out_count) {
     out_item *it = &L->outq[L->out_head];
     mml_batch_clear(&it->batch);
@@ -713,7 +719,7 @@ static void *collator_main(void *arg) {
     }
     if (L->gen != my_gen) { /* a seek (it dropped pending output): start over */
       my_gen = L->gen;
-      while (L->emitting && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
+      while ((L->emitting || L->dropping) && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
       for (int i = 0; i < L->ncoll; i++) mml_collator_reset(L->colls[i]);
       ci = 0;
       epoch = L->start.epoch;
