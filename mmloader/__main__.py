@@ -43,13 +43,17 @@ def _demo(args: argparse.Namespace) -> int:
                 samples += batch["input_ids"].shape[0]
                 if "image_grid_thw" in batch:
                     images += batch["image_grid_thw"].shape[0]
+                if args.step_ms:
+                    time.sleep(args.step_ms / 1000.0)  # a simulated trainer step
         dt = time.perf_counter() - t0
         st = loader.stats()
     print(f"{batches} batches, {samples} samples, {st['images']} images in {dt:.2f}s: "
           f"{samples / dt:.1f} samples/s, {st['images'] / dt:.1f} images/s "
           f"with {st['num_threads']} thread(s)")
+    step = (f"a simulated {args.step_ms:g} ms trainer step per batch" if args.step_ms else
+            "no trainer step: the consumer only waits; try --step-ms")
     print(f"wait-time ratio {st['wait_time_ratio']:.2f} (time the consumer waited / wall "
-          f"time); busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
+          f"time, {step}); busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
           f"tokenize {st['tokenize_s']:.2f}, collate {st['collate_s']:.2f}; "
           f"skipped {st['skipped']}")
     return 0
@@ -63,6 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     d.add_argument("--out", default="demo-data", help="dataset folder (./demo-data)")
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--epochs", type=int, default=1)
+    d.add_argument("--step-ms", type=float, default=0.0,
+                   help="simulated trainer step per batch, in ms (default 0: none)")
     d.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
     d.add_argument("--max-pixels", type=int, default=None, help="vision max_pixels override")
     d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bundled tiny)")
