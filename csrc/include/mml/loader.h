@@ -6,8 +6,9 @@
  * parse, read images, plan, tokenize, decode + preprocess) on positions inside a bounded
  * window ahead of the collation point; one collation thread consumes finished samples
  * strictly in stream order and composes batches, which workers then emit (build the
- * tensors) in parallel; batches enter a bounded queue of `prefetch` batches in order.  Output is a pure function of the data, the config and the cursor, whatever
- * the thread count or timing.
+ * tensors) in parallel; batches enter a bounded queue of `prefetch` batches in order.
+ * Output is a pure function of the data, the config and the cursor, whatever the thread
+ * count or timing.
  *
  * Epochs: padded mode yields floor(n_rank / micro_batch_size) batches per epoch, filling
  * with the epoch's own samples from the start (pos >= n_rank wraps) when skips make it
@@ -39,7 +40,8 @@ typedef struct mml_loader_cfg {
   int dp_rank, dp_size;
   int num_threads;          /* worker threads (>= 1) */
   int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
-  int window;               /* samples in flight ahead of collation; 0: 2*mbs, at least 4*threads and 16 */
+  int window;               /* samples in flight ahead of collation;
+                               0: 2*mbs, at least 4*threads and 16 */
   int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
