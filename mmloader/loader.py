@@ -24,6 +24,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 DataSpec = Union[PathLike, Sequence[PathLike]]
 
 STATE_VERSION = 1
+# Per-sample resource limits (defaults declared in the C core, mml/loader.h)
+DEFAULT_LIMITS: Dict[str, int] = dict(_core.DEFAULT_LIMITS)
 _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
 _TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
@@ -207,6 +209,23 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        max_images_per_sample: skip samples naming more images (reason
+            "too_many_images"; default 256).
+        max_sample_pixels: skip samples whose images hold more pixels in all (width *
+            height from each header, checked before any decode; reason "sample_too_large";
+            default 2**27 = 134,217,728, e.g. 16 4K frames).
+        max_record_bytes: skip longer JSONL lines before reading them (reason
+            "record_too_large"; default 64 MiB).
+        max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
+        max_object_bytes: skip samples with a larger encoded image file (reason
+            "object_too_large"; default 256 MiB).
+        allow_paths_outside_root: True (default, as in earlier releases): image paths may
+            be absolute, use ``..`` or follow symlinks anywhere.  False confines relative
+            references to the image root; others are skipped (reason "path_refused")
+            before anything is opened.  Use it for untrusted data.
+        allow_remote_images_in_local_data: True (default): records of local shards may
+            name http(s)/s3 images, which are fetched.  False refuses them
+            ("path_refused").
     """
 
     def __init__(self, data: DataSpec, *, image_root: Optional[PathLike] = None,
@@ -232,7 +251,14 @@ class Loader:
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
                  aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None) -> None:
+                 max_inflight: Optional[int] = None,
+                 max_images_per_sample: int = DEFAULT_LIMITS["max_images_per_sample"],
+                 max_sample_pixels: int = DEFAULT_LIMITS["max_sample_pixels"],
+                 max_record_bytes: int = DEFAULT_LIMITS["max_record_bytes"],
+                 max_json_depth: int = DEFAULT_LIMITS["max_json_depth"],
+                 max_object_bytes: int = DEFAULT_LIMITS["max_object_bytes"],
+                 allow_paths_outside_root: bool = True,
+                 allow_remote_images_in_local_data: bool = True) -> None:
         self._c = None
         shards = _expand_data(data)
         _check_int("micro_batch_size", micro_batch_size, 1)
@@ -251,6 +277,11 @@ class Loader:
         _check_int("pack_length", pack_length, 1, none_ok=True)
         _check_int("pad_to_multiple", pad_to_multiple, 1, none_ok=True)
         _check_int("max_inflight", max_inflight, 1, none_ok=True)
+        limits = dict(max_images_per_sample=max_images_per_sample,
+                      max_sample_pixels=max_sample_pixels, max_record_bytes=max_record_bytes,
+                      max_json_depth=max_json_depth, max_object_bytes=max_object_bytes)
+        for k, v in limits.items():
+            _check_int(k, v, 1)
         if on_error not in ("skip", "raise"):
             raise ConfigError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
         if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
@@ -300,7 +331,9 @@ class Loader:
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
             pin_memory=int(bool(pin_memory)), device=device_index,
             text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)))
+            mm_token_type_ids=int(bool(mm_token_type_ids)),
+            confine_paths=int(not allow_paths_outside_root),
+            refuse_remote_images=int(not allow_remote_images_in_local_data), **limits)
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)
@@ -326,6 +359,9 @@ class Loader:
             "mm_token_type_ids": int(bool(mm_token_type_ids)),
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
+            # limits and the path policy decide which samples are skipped
+            **limits, "allow_paths_outside_root": int(bool(allow_paths_outside_root)),
+            "allow_remote_images_in_local_data": int(bool(allow_remote_images_in_local_data)),
         }
 
     # ---- iteration ---------------------------------------------------------------------
@@ -387,23 +423,31 @@ class Loader:
         if not isinstance(state, dict):
             raise StateError(f"state must be a dict from Loader.state_dict(), got "
                              f"{type(state).__name__}")
+        if "version" not in state:
+            raise StateError("state has no field 'version'")
         if state.get("version") != STATE_VERSION:
             raise StateError(f"unsupported state version {state.get('version')!r} "
                              f"(this mmloader writes {STATE_VERSION})")
         fp = state.get("fingerprint")
         if not isinstance(fp, dict):
-            raise StateError("state has no fingerprint")
+            raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [f"{k} (saved {fp.get(k)!r}, loader {v!r})"
                  for k, v in self._fingerprint.items() if fp.get(k) != v]
         if diffs:
             raise StateError("the state was saved under a different configuration: " +
                              "; ".join(diffs))
-        try:
-            cur = (int(state["epoch"]), int(state["pos"]), int(state["batch_in_epoch"]))
-        except (KeyError, TypeError, ValueError):
-            raise StateError("state lacks epoch/pos/batch_in_epoch integers") from None
-        if tuple(c.cursor()) != cur:
-            c.seek(*cur)
+        cur = []
+        for k in ("epoch", "pos", "batch_in_epoch"):
+            if k not in state:
+                raise StateError(f"state has no field {k!r}")
+            v = state[k]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise StateError(f"state field {k} must be an int, got {type(v).__name__} {v!r:.40}")
+            if not -2 ** 63 <= v < 2 ** 63:
+                raise StateError(f"state field {k}={v} is outside the 64-bit range")
+            cur.append(v)
+        if tuple(c.cursor()) != tuple(cur):
+            c.seek(*cur)  # checks ranges and consistency against this loader (StateError)
 
     save_state = state_dict
     restore_state = load_state_dict

@@ -5,6 +5,8 @@
  */
 #include "mml/common.h"
 
+#include "mml/message.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,26 +42,35 @@ const char *mml_status_skip_reason(mml_status st) {
   return (unsigned)st < MML_STATUS_COUNT ? k_reasons[st] : NULL;
 }
 
+/* Every message goes through mml_text_clean (mml/message.h): URLs redacted, valid UTF-8,
+ * shortened in the middle when too long. */
 mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
   if (err) {
     err->status = st;
+    char raw[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    if (n < 0) n = 0;
+    mml_text_clean(err->msg, sizeof err->msg, raw, (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1);
   }
   return st;
 }
 
 void mml_err_prefix(mml_err *err, const char *fmt, ...) {
   if (!err) return;
-  char head[256], old[MML_ERR_MSG];
+  char raw[4096], head[256];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(head, sizeof head, fmt, ap);
+  int n = vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
-  memcpy(old, err->msg, sizeof old);
-  snprintf(err->msg, sizeof err->msg, "%s: %.*s", head, (int)(sizeof err->msg - sizeof head - 2), old);
+  if (n < 0) n = 0;
+  /* the context is shortened in the middle to a quarter of the message at most */
+  mml_text_clean(head, sizeof head, raw, (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1);
+  size_t ol = strnlen(err->msg, sizeof err->msg - 1);
+  n = snprintf(raw, sizeof raw, "%s: %.*s", head, (int)ol, err->msg);
+  mml_text_clean(err->msg, sizeof err->msg, raw, (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1);
 }
 
 void mml_err_clear(mml_err *err) {
@@ -119,7 +130,19 @@ void mml_ids_free(mml_ids *v) {
 }
 
 mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *out, mml_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  return mml_read_file_max(path, off, len, 0, out, err);
+}
+
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+       : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "not a plain file";
+}
+
+mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t max,
+                             mml_bytes *out, mml_err *err) {
+  /* O_NONBLOCK: opening a FIFO without a writer returns at once instead of blocking the
+   * thread forever; anything but a regular file is then refused before any read. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
     return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO, "%s: %s", path,
@@ -131,9 +154,19 @@ mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *
     st = mml_err_set(err, MML_EIO, "%s: %s", path, strerror(errno));
     goto done;
   }
+  if (!S_ISREG(sb.st_mode)) {
+    st = mml_err_set(err, MML_EIO, "%s: not a regular file (%s): refused", path,
+                     file_kind(sb.st_mode));
+    goto done;
+  }
   if (off < 0) off = 0;
   if (off > sb.st_size) off = sb.st_size;
   int64_t want = (len < 0 || off + len > sb.st_size) ? sb.st_size - off : len;
+  if (max > 0 && want > max) {
+    st = mml_err_set(err, MML_EOBJECTSIZE, "%s: %lld bytes, above max_object_bytes=%lld", path,
+                     (long long)want, (long long)max);
+    goto done;
+  }
   mml_bytes_clear(out);
   if ((st = mml_bytes_reserve(out, (size_t)want + 1))) {
     mml_err_set(err, st, "%s: cannot allocate %lld bytes", path, (long long)want);

@@ -60,7 +60,7 @@
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
 enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
-enum { WARN_BACKLOG = 32 };
+enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 
 typedef struct task task;
 
@@ -183,6 +183,15 @@ struct mml_loader {
   /* warnings and stats, guarded by mu */
   mml_err warn[WARN_BACKLOG];
   int warn_head, warn_count;
+  /* skipped samples composed but not yet passed by the consumer, in stream order: they
+   * are counted and reported when the consumer's cursor passes them, so stats and
+   * warnings describe what the consumer received, not what was prefetched */
+  struct skip_entry {
+    int64_t epoch, pos;
+    mml_err err;
+  } *skips;
+  int skip_head, skip_count;
+  uint64_t coll_skipped;    /* skips composed (the max_error_rate check) */
   double first_next, wait_s;
   double read_s, vision_s, text_s, collate_s;
   double decode_s; /* the decoder's part of vision_s */
@@ -266,6 +275,37 @@ static void push_warning_locked(mml_loader *L, const mml_err *e) {
   L->warn_count++;
 }
 
+static void count_skip_locked(mml_loader *L, const mml_err *e) {
+  L->skipped++;
+  L->skip_by_status[e->status < MML_STATUS_COUNT ? e->status : MML_EINTERNAL]++;
+  if (!L->cfg.on_error_raise) push_warning_locked(L, e); /* raise mode: raised instead */
+}
+
+/* Counts (and reports) the logged skips before stream coordinate (epoch, pos). */
+static void release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos) {
+  while (L->skip_count) {
+    struct skip_entry *k = &L->skips[L->skip_head];
+    if (k->epoch > epoch || (k->epoch == epoch && k->pos >= pos)) break;
+    count_skip_locked(L, &k->err);
+    L->skip_head = (L->skip_head + 1) % SKIP_LOG;
+    L->skip_count--;
+  }
+}
+
+static void log_skip_locked(mml_loader *L, const mml_sample *s) {
+  if (L->skip_count == SKIP_LOG) { /* far ahead of the consumer: count the oldest now */
+    count_skip_locked(L, &L->skips[L->skip_head].err);
+    L->skip_head = (L->skip_head + 1) % SKIP_LOG;
+    L->skip_count--;
+  }
+  struct skip_entry *k = &L->skips[(L->skip_head + L->skip_count) % SKIP_LOG];
+  k->epoch = s->epoch;
+  k->pos = s->pos;
+  k->err = s->err;
+  k->err.status = s->status;
+  L->skip_count++;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* fetch completions (I/O thread)                                                       */
 
@@ -329,6 +369,11 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
     int64_t off, len;
     mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
     t->stage = STAGE_RECORD;
+    if (len > L->cfg.max_record_bytes) {
+      st = mml_err_set(&err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
+                       (long long)len, (long long)L->cfg.max_record_bytes);
+      goto fail;
+    }
     if (L->remote[s->shard]) {
       mml_fetcher *f;
       if ((st = get_fetcher(L, &f, &err))) goto fail;
@@ -366,7 +411,9 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
     memset(&t->rec, 0, sizeof t->rec);
     t->rec_parsed = 1;
     double t0 = mml_now();
-    st = mml_record_parse((const char *)t->rec_bytes.data, n, &t->rec, &err);
+    mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
+                          .max_images = L->cfg.max_images_per_sample};
+    st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, &err);
     acc->read_s += mml_now() - t0;
     if (st) goto fail;
     int ni = t->rec.nimages;
@@ -381,6 +428,18 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
     for (int i = 0; i < ni; i++) {
       if ((st = mml_sample_image_path(root, t->rec.images[i], &t->path, &err))) goto fail;
       const char *p = (const char *)t->path.data;
+      st = mml_sample_image_allowed(&L->cfg, root, t->rec.images[i], p, !L->remote[s->shard],
+                                    &err);
+      if (st) {
+        if (!nremote) goto fail;
+        pthread_mutex_lock(&L->mu);
+        if (!t->fetch_st) {
+          t->fetch_st = st;
+          t->fetch_err = err;
+        }
+        pthread_mutex_unlock(&L->mu);
+        break;
+      }
       mml_bytes_clear(&t->imgs[i]);
       if (mml_path_is_remote(p)) {
         if (!f && (st = get_fetcher(L, &f, &err))) goto fail;
@@ -409,10 +468,10 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
         }
       } else {
         double t0 = mml_now();
-        st = mml_read_file(p, 0, -1, &t->imgs[i], &err);
+        st = mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], &err);
         acc->read_s += mml_now() - t0;
         if (st) {
-          mml_err_prefix(&err, "image %s", t->rec.images[i]);
+          mml_sample_err_image(&err, t->rec.images[i]);
           if (!nremote) goto fail;
           pthread_mutex_lock(&L->mu);
           if (!t->fetch_st) {
@@ -465,7 +524,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     t->fetch_st = st;
     if (err) t->fetch_err = *err;
     else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
-    if (r->which >= 0) mml_err_prefix(&t->fetch_err, "image %s", t->rec.images[r->which]);
+    if (r->which >= 0) mml_sample_err_image(&t->fetch_err, t->rec.images[r->which]);
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -766,11 +825,15 @@ static void *collator_main(void *arg) {
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
     if (s.status != MML_OK) {
-      L->skipped++;
-      L->skip_by_status[s.status < MML_STATUS_COUNT ? s.status : MML_EINTERNAL]++;
-      if (!L->cfg.on_error_raise) push_warning_locked(L, &s.err); /* raise mode: raised instead */
+      /* A wrap (padded mode filling a short epoch) revisits the epoch's samples: a
+       * failure there was already counted and reported on the first pass. */
+      int again = s.pos >= L->n_rank;
+      if (!again) {
+        L->coll_skipped++;
+        log_skip_locked(L, &s);
+      }
       since_good++;
-      if (L->cfg.on_error_raise) {
+      if (L->cfg.on_error_raise && !again) {
         pend_item *pi = pend_reserve_locked(L, my_gen);
         if (!pi) continue;
         pi->it.kind = ITEM_ERROR;
@@ -781,11 +844,11 @@ static void *collator_main(void *arg) {
       }
       int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
       if ((int64_t)L->samples >= min_n &&
-          (double)L->skipped > L->cfg.max_error_rate * (double)L->samples) {
+          (double)L->coll_skipped > L->cfg.max_error_rate * (double)L->samples) {
         mml_err e2;
         mml_err_set(&e2, MML_ETOOMANYERR,
                     "%llu of %llu samples failed, above max_error_rate=%g; last: %s",
-                    (unsigned long long)L->skipped, (unsigned long long)L->samples,
+                    (unsigned long long)L->coll_skipped, (unsigned long long)L->samples,
                     L->cfg.max_error_rate, s.err.msg);
         set_fatal_locked(L, MML_ETOOMANYERR, &e2);
       } else if (L->per_epoch >= 0 && since_good > L->n_rank) {
@@ -875,7 +938,19 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   if (!c->tokenizer) return mml_err_set(err, MML_ECONFIG, "no tokenizer");
   if (c->collate.pack && c->collate.pack_length <= 0 && c->collate.seq_length <= 0)
     return mml_err_set(err, MML_ECONFIG, "packing needs pack_length or seq_length");
+  if (c->max_images_per_sample < 0 || c->max_sample_pixels < 0 || c->max_record_bytes < 0 ||
+      c->max_json_depth < 0 || c->max_object_bytes < 0)
+    return mml_err_set(err, MML_ECONFIG, "per-sample limits must be >= 1 (0: the default)");
   return MML_OK;
+}
+
+/* The defaults of the per-sample limits (mml/loader.h). */
+static void limits_defaults(mml_loader_cfg *c) {
+  if (!c->max_images_per_sample) c->max_images_per_sample = MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
+  if (!c->max_sample_pixels) c->max_sample_pixels = MML_DEFAULT_MAX_SAMPLE_PIXELS;
+  if (!c->max_record_bytes) c->max_record_bytes = MML_DEFAULT_MAX_RECORD_BYTES;
+  if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
+  if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
 }
 
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
@@ -884,6 +959,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
   L->cfg = *cfg;
+  limits_defaults(&L->cfg);
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -949,6 +1025,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;
   L->pl.max_length = cfg->max_length;
+  L->pl.max_sample_pixels = L->cfg.max_sample_pixels;
 
   L->ccfg = cfg->collate;
   const mml_tokenizer *tok = cfg->tokenizer;
@@ -1003,7 +1080,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
-  if (!L->tasks || !L->outq) goto oom;
+  L->skips = calloc(SKIP_LOG, sizeof *L->skips);
+  if (!L->tasks || !L->outq || !L->skips) goto oom;
   for (int i = 0; i < w; i++) L->tasks[i].L = L;
 
   mml_cursor zero = {0, 0, 0};
@@ -1089,6 +1167,7 @@ void mml_loader_free(mml_loader *L) {
     }
     free(L->tasks);
   }
+  free(L->skips);
   free(L->threads);
   if (L->pend) {
     for (int i = 0; i < L->npend; i++) mml_batch_clear(&L->pend[i].it.batch);
@@ -1136,15 +1215,46 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
 
-mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
-  if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||
-      (L->per_epoch >= 0 && c->batch_in_epoch > L->per_epoch) ||
-      (L->per_epoch < 0 && c->pos > L->n_rank))
+/* Every field of a cursor against this loader's stream, each failure naming its field.
+ * A cursor is {epoch, 0, 0} (an epoch's start) or what follows a delivered batch, so:
+ * epoch in [0, MML_MAX_EPOCH]; batch_in_epoch 0 means pos 0.  Padded mode: batch_in_epoch
+ * <= batches per epoch; its b batches hold b * mbs samples, so pos >= b * mbs; a pass over
+ * the rank's n samples yields at least one good sample (else the epoch fails), so
+ * pos < (b * mbs + 1) * n.  Packed mode: pos <= n and b <= pos (a pack holds a sample). */
+static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err *err) {
+  const long long e = c->epoch, p = c->pos, b = c->batch_in_epoch, n = L->n_rank;
+  if (e < 0 || e > MML_MAX_EPOCH)
+    return mml_err_set(err, MML_ESTATE, "state field epoch=%lld is outside [0, %lld]", e,
+                       (long long)MML_MAX_EPOCH);
+  long long bmax = L->per_epoch >= 0 ? L->per_epoch : n;
+  if (b < 0 || b > bmax)
     return mml_err_set(err, MML_ESTATE,
-                       "cursor (epoch %lld, pos %lld, batch %lld) is outside this loader's "
-                       "stream (%lld samples per rank, %lld batches per epoch)",
-                       (long long)c->epoch, (long long)c->pos, (long long)c->batch_in_epoch,
-                       (long long)L->n_rank, (long long)L->per_epoch);
+                       "state field batch_in_epoch=%lld is outside [0, %lld] (%s of this rank)",
+                       b, bmax, L->per_epoch >= 0 ? "batches per epoch" : "samples");
+  long long pmax = n; /* packed */
+  if (L->per_epoch >= 0) {
+    const long long mbs = L->cfg.collate.micro_batch_size;
+    pmax = (b * mbs + 1) * n - 1;
+    if (p >= 0 && p < b * mbs)
+      return mml_err_set(err, MML_ESTATE,
+                         "state fields batch_in_epoch=%lld and pos=%lld disagree: %lld batches "
+                         "of %lld samples take at least %lld positions", b, p, b, mbs, b * mbs);
+  } else if (p >= 0 && b > p) {
+    return mml_err_set(err, MML_ESTATE,
+                       "state fields batch_in_epoch=%lld and pos=%lld disagree: a pack holds at "
+                       "least one sample", b, p);
+  }
+  if (b == 0) pmax = 0;
+  if (p < 0 || p > pmax)
+    return mml_err_set(err, MML_ESTATE,
+                       "state field pos=%lld is outside [0, %lld] for batch_in_epoch=%lld (this "
+                       "rank holds %lld samples)", p, pmax, b, n);
+  return MML_OK;
+}
+
+mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
+  mml_status st = check_cursor(L, c, err);
+  if (st) return st;
   pthread_mutex_lock(&L->mu);
   if (L->closed) {
     pthread_mutex_unlock(&L->mu);
@@ -1158,6 +1268,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   drop_output_locked(L);
+  L->skip_count = 0; /* composed, never delivered */
   L->fatal = MML_OK;
   L->consumer_epoch = c->epoch;
   L->delivered = *c;
@@ -1195,6 +1306,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       if (!L->cfg.cycle && it->epoch > L->consumer_epoch) {
         L->consumer_epoch = it->epoch;
         L->delivered = (mml_cursor){it->epoch, 0, 0};
+        release_skips_locked(L, it->epoch, 0);
         st = MML_EEND;
         break;
       }
@@ -1204,7 +1316,12 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       L->out_count--;
       move_ready_locked(L); /* room for the next finished item */
       it = &item;
-      if (it->kind == ITEM_ERROR) {
+      if (it->kind == ITEM_ERROR) { /* the oldest logged skip is this sample */
+        if (L->skip_count) {
+          count_skip_locked(L, &L->skips[L->skip_head].err);
+          L->skip_head = (L->skip_head + 1) % SKIP_LOG;
+          L->skip_count--;
+        }
         if (err) *err = it->err;
         st = it->err.status ? it->err.status : MML_EINTERNAL;
         break;
@@ -1218,6 +1335,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;
+      release_skips_locked(L, out->after.epoch, out->after.pos);
       L->batches++;
       L->real_tokens += out->real_tokens;
       L->token_slots += out->token_slots;
@@ -1225,6 +1343,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
     if (L->fatal) {
+      release_skips_locked(L, INT64_MAX, 0); /* the stream stops here: report them all */
       if (err) *err = L->fatal_err;
       st = L->fatal;
       break;

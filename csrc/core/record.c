@@ -24,6 +24,8 @@
  */
 #include "mml/record.h"
 
+#include "mml/message.h"
+
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +50,9 @@ typedef struct parse_ctx {
   rec_arena *a;
   mml_record *rec;
   const cJSON *list; /* top-level image list (array or single string), or NULL */
+  const cJSON *list_at; /* its entry list_next (a cursor: parsing stays linear) */
   int list_len, list_next;
+  int max_images;
   mml_err *err;
 } parse_ctx;
 
@@ -63,32 +67,6 @@ static mml_status grow(void **p, size_t *cap, size_t want, size_t elem) {
   return MML_OK;
 }
 
-/* Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF). */
-static int utf8_valid(const char *s, size_t n) {
-  const unsigned char *p = (const unsigned char *)s, *e = p + n;
-  while (p < e) {
-    unsigned c = *p;
-    if (c < 0x80) {
-      p++;
-      continue;
-    }
-    int k;
-    unsigned cp, min;
-    if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07, min = 0x10000;
-    else return 0;
-    if (e - p <= k) return 0;
-    for (int i = 1; i <= k; i++) {
-      if ((p[i] & 0xC0) != 0x80) return 0;
-      cp = cp << 6 | (p[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    p += k + 1;
-  }
-  return 1;
-}
-
 static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k1);
   if ((!v || cJSON_IsNull(v)) && k2) v = cJSON_GetObjectItemCaseSensitive(obj, k2);
@@ -97,9 +75,13 @@ static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
 
 static mml_status add_image(parse_ctx *c, const char *ref, int *index) {
   rec_arena *a = c->a;
-  if (!utf8_valid(ref, strlen(ref)))
+  if (!mml_utf8_valid(ref, strlen(ref)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
   if (!*ref) return mml_err_set(c->err, MML_ERECORD, "bad record: empty image reference");
+  if (c->rec->nimages >= c->max_images)
+    return mml_err_set(c->err, MML_ETOOMANYIMAGES,
+                       "more than %d images in one sample, above max_images_per_sample=%d",
+                       c->max_images, c->max_images);
   if (grow((void **)&a->images, &a->images_cap, (size_t)c->rec->nimages + 1, sizeof *a->images))
     return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
   a->images[c->rec->nimages] = ref;
@@ -130,7 +112,11 @@ static mml_status take_listed_image(parse_ctx *c, int msg, int *index) {
                        "image count mismatch: message %d refers to image %d but the record "
                        "lists %d",
                        msg, c->list_next + 1, c->list_len);
-  const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+  const cJSON *v = c->list;
+  if (cJSON_IsArray(c->list)) {
+    v = c->list_at;
+    c->list_at = v ? v->next : NULL;
+  }
   const char *ref = list_ref(v);
   if (!ref)
     return mml_err_set(c->err, MML_ERECORD,
@@ -153,7 +139,7 @@ static mml_status push_part(parse_ctx *c, mml_part_kind kind, const char *text, 
 /* Text with `<image>` tags: tags become image parts taken from the top-level list. */
 static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
-  if (!utf8_valid(s, n))
+  if (!mml_utf8_valid(s, n))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
                        msg);
   const char *p = s, *end = s + n;
@@ -211,9 +197,10 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     mml_status st = ref ? add_image(c, ref, &idx) : take_listed_image(c, msg, &idx);
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
+  char shown[MML_SHORT_CAP(64)];
   return mml_err_set(c->err, MML_ERECORD,
-                     "bad record: message %d content part %d has unsupported type \"%.64s\"",
-                     msg, k, t);
+                     "bad record: message %d content part %d has unsupported type \"%s\"",
+                     msg, k, mml_text_short(t, strlen(t), 64, shown, sizeof shown));
 }
 
 static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
@@ -225,7 +212,7 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d has no role (\"role\" or "
                                              "\"from\")", i);
   const char *r = role->valuestring;
-  if (!utf8_valid(r, strlen(r)))
+  if (!mml_utf8_valid(r, strlen(r)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
   mml_message *msg = &a->msgs[i];
   if (!strcmp(r, "user") || !strcmp(r, "human")) msg->role = MML_ROLE_USER, msg->role_name = "user";
@@ -273,7 +260,14 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   if (images && image)
     return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"images\" and \"image\"");
   c->list = images ? images : image;
-  if (c->list && cJSON_IsArray(c->list)) c->list_len = cJSON_GetArraySize(c->list);
+  if (c->list && cJSON_IsArray(c->list)) {
+    c->list_len = cJSON_GetArraySize(c->list);
+    c->list_at = c->list->child;
+    if (c->list_len > c->max_images)
+      return mml_err_set(c->err, MML_ETOOMANYIMAGES,
+                         "%d images in one sample, above max_images_per_sample=%d",
+                         c->list_len, c->max_images);
+  }
   else if (c->list && (cJSON_IsString(c->list) || cJSON_IsObject(c->list))) c->list_len = 1;
   else if (c->list)
     return mml_err_set(c->err, MML_ERECORD,
@@ -303,8 +297,47 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   return MML_OK;
 }
 
+/* One linear pass over the raw JSON before cJSON sees it: the nesting depth (cJSON
+ * recurses per level) and "\u0000" escapes (cJSON's strings are NUL-terminated, so text
+ * after one would silently vanish, image tags included). */
+static mml_status prescan(const char *s, size_t n, int max_depth, mml_err *err) {
+  int depth = 0, in_str = 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (in_str) {
+      if (ch == '"') in_str = 0;
+      else if (ch == '\\' && i + 1 < n) {
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4))
+          return mml_err_set(err, MML_ERECORD,
+                             "bad record: a string holds \"\\u0000\" (U+0000) at byte %zu, "
+                             "which mmloader does not accept in text", i);
+        i++;
+      }
+    } else if (ch == '"') {
+      in_str = 1;
+    } else if (ch == '{' || ch == '[') {
+      if (++depth > max_depth)
+        return mml_err_set(err, MML_ERECORD,
+                           "bad record: JSON nested deeper than max_json_depth=%d (at byte %zu)",
+                           max_depth, i);
+    } else if (ch == '}' || ch == ']') {
+      depth--;
+    }
+  }
+  return MML_OK;
+}
+
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err) {
+  return mml_record_parse_opts(line, len, NULL, rec, err);
+}
+
+mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_opts *opts,
+                                 mml_record *rec, mml_err *err) {
   if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
+  int max_depth = opts && opts->max_json_depth > 0 ? opts->max_json_depth
+                                                   : MML_DEFAULT_MAX_JSON_DEPTH;
+  int max_images = opts && opts->max_images > 0 ? opts->max_images
+                                                : MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
   rec_arena *a = rec->arena;
   int fresh = 0;
   if (!a) {
@@ -320,6 +353,7 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
    * object is not. */
   const char *end = NULL;
   mml_status st;
+  if ((st = prescan(line ? line : "", len, max_depth, err))) goto fail;
   a->root = cJSON_ParseWithLengthOpts(line ? line : "", len, &end, 0);
   if (!a->root) {
     size_t at = end && end >= line ? (size_t)(end - line) : 0;
@@ -333,7 +367,7 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
       goto fail;
     }
   }
-  parse_ctx c = {.a = a, .rec = rec, .err = err};
+  parse_ctx c = {.a = a, .rec = rec, .err = err, .max_images = max_images};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;
 

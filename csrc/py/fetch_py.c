@@ -19,7 +19,7 @@
 static PyObject *fetch_raise(mml_status st, const mml_err *err) {
   mml_status s = err && err->status != MML_OK ? err->status : st;
   if (s == MML_ENOENT) {
-    PyErr_SetString(mml_py_FetchError, err && err->msg[0] ? err->msg : mml_status_message(s));
+    mml_py_raise_as(mml_py_FetchError, s, err);
     return NULL;
   }
   return mml_py_raise(st, err);

@@ -123,7 +123,7 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
   }
   c->data = *data;
   c->ndata = (int)n;
-  long long seed, maxlen, seqlen, packlen, minerr;
+  long long seed, maxlen, seqlen, packlen, minerr, maxpx, maxrec, maxobj;
   const char *on_error, *keys, *tmpl, *labels;
   if (get_str(d, "image_root", &c->image_root) || get_int(d, "shuffle", 1, &c->shuffle) ||
       get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
@@ -148,8 +148,17 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
       get_str(d, "aws_session_token", &c->fetch.session_token) ||
       get_int(d, "max_inflight", 0, &c->fetch.max_inflight) ||
-      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device))
+      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device) ||
+      get_int(d, "max_images_per_sample", 0, &c->max_images_per_sample) ||
+      get_ll(d, "max_sample_pixels", 0, &maxpx) || get_ll(d, "max_record_bytes", 0, &maxrec) ||
+      get_int(d, "max_json_depth", 0, &c->max_json_depth) ||
+      get_ll(d, "max_object_bytes", 0, &maxobj) ||
+      get_int(d, "confine_paths", 0, &c->confine_paths) ||
+      get_int(d, "refuse_remote_images", 0, &c->refuse_remote_images))
     return -1;
+  c->max_sample_pixels = maxpx;
+  c->max_record_bytes = maxrec;
+  c->max_object_bytes = maxobj;
   c->seed = (uint64_t)seed;
   c->to_device = c->device >= 0;
   if (c->device < 0) c->device = 0;
@@ -204,7 +213,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   PyMem_Free(data);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
-      PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
+      mml_py_raise_as(mml_py_ConfigError, st, &err);
       return -1;
     }
     mml_py_raise(st, &err);
@@ -473,6 +482,16 @@ int mml_py_loader_register(PyObject *m) {
   Py_INCREF(&Loader_Type);
   if (PyModule_AddObject(m, "_Loader", (PyObject *)&Loader_Type) < 0) {
     Py_DECREF(&Loader_Type);
+    return -1;
+  }
+  /* the per-sample limits' defaults, declared once in mml/loader.h and mml/record.h */
+  PyObject *lim = Py_BuildValue(
+      "{s:i,s:L,s:L,s:i,s:L}", "max_images_per_sample", MML_DEFAULT_MAX_IMAGES_PER_SAMPLE,
+      "max_sample_pixels", (long long)MML_DEFAULT_MAX_SAMPLE_PIXELS, "max_record_bytes",
+      (long long)MML_DEFAULT_MAX_RECORD_BYTES, "max_json_depth", MML_DEFAULT_MAX_JSON_DEPTH,
+      "max_object_bytes", (long long)MML_DEFAULT_MAX_OBJECT_BYTES);
+  if (!lim || PyModule_AddObject(m, "DEFAULT_LIMITS", lim) < 0) {
+    Py_XDECREF(lim);
     return -1;
   }
   return 0;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "mml/fetch.h"
+#include "mml/message.h"
 #include "mml/sigv4.h"
 #include "mml_test.h"
 
