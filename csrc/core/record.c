@@ -288,7 +288,7 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
                        "refer to %d",
                        c->list_len, c->list_next);
   for (i = 0; i < n; i++) {
-    a->msgs[i].parts = a->parts + a->msg_first_part[i];
+    a->msgs[i].parts = a->parts ? a->parts + a->msg_first_part[i] : NULL; /* none at all */
     a->msgs[i].nparts = a->msg_first_part[i + 1] - a->msg_first_part[i];
   }
   c->rec->messages = a->msgs;

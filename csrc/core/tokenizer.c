@@ -1074,7 +1074,7 @@ mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, s
     }
   }
   size_t len = out->len - base;
-  if (mml_utf8_valid_prefix(out->data + base, len) == len) return MML_OK;
+  if (!len || mml_utf8_valid_prefix(out->data + base, len) == len) return MML_OK;
   mml_bytes raw = {0};
   mml_status st = mml_bytes_append(&raw, out->data + base, len);
   out->len = base;

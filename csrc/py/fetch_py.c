@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "mml/fetch.h"
+#include "mml/message.h"
 #include "mml/sigv4.h"
 
 /* Fetch failures raise FetchError, a missing object included (still a SampleError). */
@@ -95,9 +96,13 @@ static mml_fetcher *live(FetcherObject *self) {
 }
 
 static PyObject *Fetcher_repr(FetcherObject *self) {
-  return PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s max_inflight=%d%s>",
-                              self->region, self->endpoint[0] ? self->endpoint : "(aws)",
-                              self->max_inflight, self->f ? "" : " closed");
+  char *shown = self->endpoint[0] ? mml_url_redact(self->endpoint) : NULL; /* user-info */
+  PyObject *r = PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s "
+                                     "max_inflight=%d%s>", self->region,
+                                     shown ? shown : self->endpoint[0] ? "?" : "(aws)",
+                                     self->max_inflight, self->f ? "" : " closed");
+  free(shown);
+  return r;
 }
 
 static PyObject *Fetcher_get(FetcherObject *self, PyObject *args, PyObject *kw) {

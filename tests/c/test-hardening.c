@@ -167,7 +167,24 @@ TEST(tokenizer_empty_merge_is_an_error) {
   mml_bytes_free(&k);
 }
 
-MML_TEST_MAIN(RUN(escape_makes_valid_utf8); RUN(short_keeps_both_ends_on_character_boundaries);
+/* Found by fuzz-record and fuzz-bpe-encode (clang's UBSan: NULL + 0): a record whose
+ * messages hold no part at all, and decoding no ids. */
+TEST(fuzz_findings) {
+  mml_record r = {0};
+  mml_err e = {0};
+  CHECK_OK(parse("{\"messages\":[{\"role\":\"a\\u0001b\"}]}", NULL, &r, &e), e);
+  CHECK_EQ_INT(r.nmessages, 1);
+  CHECK_EQ_INT(r.messages[0].nparts, 0);
+  mml_record_free(&r);
+  mml_tokenizer *t = NULL;
+  CHECK_OK(mml_tokenizer_load("../../mmloader/data/tiny-tokenizer.json", &t, &e), e);
+  mml_bytes out = {0};
+  CHECK_OK(mml_tokenizer_decode(t, NULL, 0, &out, &e), e);
+  CHECK_EQ_INT(out.len, 0);
+  mml_tokenizer_free(t);
+}
+
+MML_TEST_MAIN(RUN(fuzz_findings); RUN(escape_makes_valid_utf8); RUN(short_keeps_both_ends_on_character_boundaries);
               RUN(redaction_of_urls_in_text); RUN(long_messages_are_shortened_in_the_middle);
               RUN(record_depth_nul_and_image_count); RUN(decoder_pixel_limit_before_decoding);
               RUN(fifo_and_devices_are_refused_without_blocking);
