@@ -27,6 +27,9 @@ STATE_VERSION = 1
 _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
 _TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
+_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
+# What a folder given as data contributes (compression is told by content, not name).
+_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
 
 
 def _is_remote(p: str) -> bool:
@@ -34,7 +37,7 @@ def _is_remote(p: str) -> bool:
 
 
 def _expand_data(data: DataSpec) -> List[str]:
-    """Paths, globs, folders (every *.jsonl inside) or URLs -> an ordered shard list."""
+    """Paths, globs, folders (every data file inside) or URLs -> an ordered shard list."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if not items:
         raise ConfigError("data is empty")
@@ -52,9 +55,11 @@ def _expand_data(data: DataSpec) -> List[str]:
                 raise ConfigError(f"no data file matches {p!r}")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "*.jsonl")))
+            found = sorted(f for f in glob.glob(os.path.join(p, "*"))
+                           if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
             if not found:
-                raise ConfigError(f"folder {p!r} holds no *.jsonl file")
+                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, "
+                                  "optionally .gz or .zst)")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
             out.append(os.path.abspath(p))
@@ -154,8 +159,14 @@ class Loader:
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
     Args:
-        data: a JSONL shard path, a glob, a folder of ``*.jsonl``, an ``http(s)://`` or
-            ``s3://`` URL (``s3://`` may hold a glob), or a list of those.
+        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` files, plain or
+            ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
+            glob), or a list of those.  A shard is JSON lines or one JSON array of records
+            (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
+            bytes; a compressed shard is decompressed once into a temporary file in
+            ``$TMPDIR`` while it is indexed).
+        data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
+            array, anything else JSON lines), "jsonl" or "json" (an array).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         micro_batch_size: rows per padded batch.
@@ -209,7 +220,8 @@ class Loader:
         aws_session_token, max_inflight: remote fetching (environment used when None).
     """
 
-    def __init__(self, data: DataSpec, *, image_root: Optional[PathLike] = None,
+    def __init__(self, data: DataSpec, *, data_format: str = "auto",
+                 image_root: Optional[PathLike] = None,
                  micro_batch_size: int = 8, seq_length: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, dp_rank: int = 0, dp_size: int = 1,
                  num_threads: Optional[int] = None, prefetch: int = 4,
@@ -256,6 +268,9 @@ class Loader:
         if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
                 or not 0.0 <= max_error_rate <= 1.0:
             raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
+        if data_format not in _DATA_FORMATS:
+            raise ConfigError(f"data_format must be one of {tuple(_DATA_FORMATS)}, got "
+                              f"{data_format!r}")
         if keys not in ("qwen", "megatron"):
             raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
         if text_only_vision not in _TEXT_ONLY:
@@ -285,7 +300,7 @@ class Loader:
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
 
         cfg: Dict[str, Any] = dict(
-            data=shards, image_root=None if image_root is None else os.fspath(image_root),
+            data=shards, data_format=_DATA_FORMATS[data_format], image_root=None if image_root is None else os.fspath(image_root),
             shuffle=int(bool(shuffle)), seed=seed, dp_rank=dp_rank, dp_size=dp_size,
             num_threads=num_threads, prefetch=prefetch, window=window or 0,
             on_error=on_error, max_error_rate=float(max_error_rate),
