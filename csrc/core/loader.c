@@ -54,7 +54,9 @@
 #include <time.h>
 
 #include "mml/device.h"
+#include "mml/fetch_sync.h"
 #include "mml/index.h"
+#include "mml/s3.h"
 #include "mml/sampler.h"
 
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
