@@ -60,8 +60,6 @@
 /* ------------------------------------------------------------------------------------ */
 /* small helpers and the plan                                                           */
 
-static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
-
 static char *dirname_of(const char *path) {
   const char *slash = strrchr(path, '/');
   if (!slash) return strdup(".");
@@ -183,8 +181,20 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   return MML_OK;
 }
 
-/* The loader's own copies of the configuration's strings. */
+/* The loader's own copies of the configuration's strings (credentials first: until they
+ * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
 static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
+  const char *const src[] = {cfg->fetch.access_key, cfg->fetch.secret_key,
+                             cfg->fetch.session_token, cfg->fetch.region, cfg->fetch.endpoint};
+  const char **dst[] = {&L->cfg.fetch.access_key, &L->cfg.fetch.secret_key,
+                        &L->cfg.fetch.session_token, &L->cfg.fetch.region,
+                        &L->cfg.fetch.endpoint};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof src / sizeof *src; i++) {
+    *dst[i] = src[i] ? strdup(src[i]) : NULL;
+    bad |= src[i] && !*dst[i];
+  }
+  if (bad) return MML_ENOMEM;
   L->data = calloc((size_t)cfg->ndata, sizeof *L->data);
   if (!L->data) return MML_ENOMEM;
   for (int i = 0; i < cfg->ndata; i++)
@@ -196,11 +206,6 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
-  L->cfg.fetch.access_key = dup_or_null(cfg->fetch.access_key);
-  L->cfg.fetch.secret_key = dup_or_null(cfg->fetch.secret_key);
-  L->cfg.fetch.session_token = dup_or_null(cfg->fetch.session_token);
-  L->cfg.fetch.region = dup_or_null(cfg->fetch.region);
-  L->cfg.fetch.endpoint = dup_or_null(cfg->fetch.endpoint);
   return MML_OK;
 }
 
@@ -335,7 +340,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
   L->gen = 1;
-  mml_loader_seek(L, &zero, err);
+  if ((st = mml_loader_seek(L, &zero, err))) goto fail;
   *out = L;
   return MML_OK;
 fail:
