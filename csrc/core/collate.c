@@ -12,7 +12,8 @@
  *   - Labels never cross a sample boundary: shifted labels end each sample with an ignored
  *     label; unshifted packed labels start each sample with one (see mml/collate.h).
  *   - A sample "slot" is the sample plus its padding up to pad_to_multiple (packed mode):
- *     cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths.
+ *     qwen keys: cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths;
+ *     megatron keys: Megatron's names, cu_seqlens real and cu_seqlens_padded slots.
  *
  * Threads: a collator is used by one thread at a time; mml_collator_check is const and may
  * run concurrently with anything else.  Ownership: samples added are owned by the collator
@@ -411,7 +412,8 @@ static mml_status emit_vision(emit_ctx *e) {
   return MML_OK;
 }
 
-/* Packed-sequence boundaries: cu_seqlens (slots), cu_seqlens_unpadded, max_seqlen. */
+/* Packed-sequence boundaries, qwen keys: cu_seqlens (slots), cu_seqlens_unpadded (when
+ * slots are padded), max_seqlen (longest slot). */
 static mml_status emit_seqlens(emit_ctx *e) {
   mml_status st;
   const int n = e->n;
@@ -428,6 +430,30 @@ static mml_status emit_seqlens(emit_ctx *e) {
   int32_t *mx = emit_tensor(e, "max_seqlen", MML_DT_INT32, 1, DIMS(1), &st);
   if (!mx) return st;
   *mx = (int32_t)e->maxslot;
+  return MML_OK;
+}
+
+/* Packed-sequence boundaries, Megatron's names: cu_seqlens = real lengths,
+ * cu_seqlens_padded = slot offsets that cover the row (the tail padding belongs to the
+ * last slot), max_seqlen = longest of those padded slots. */
+static mml_status emit_seqlens_megatron(emit_ctx *e) {
+  mml_status st;
+  const int n = e->n;
+  int32_t *cu = emit_tensor(e, "cu_seqlens", MML_DT_INT32, 1, DIMS(n + 1), &st);
+  if (!cu) return st;
+  cu[0] = 0;
+  for (int i = 0; i < n; i++) cu[i + 1] = cu[i] + (int32_t)e->c->slots[i].input_ids.len;
+  int32_t *cup = emit_tensor(e, "cu_seqlens_padded", MML_DT_INT32, 1, DIMS(n + 1), &st);
+  if (!cup) return st;
+  cup[0] = 0;
+  for (int i = 0; i < n; i++) cup[i + 1] = (int32_t)(e->start[i] + e->slot[i]);
+  cup[n] = (int32_t)e->L;
+  int64_t longest = 0;
+  for (int i = 0; i < n; i++)
+    if (cup[i + 1] - cup[i] > longest) longest = cup[i + 1] - cup[i];
+  int32_t *mx = emit_tensor(e, "max_seqlen", MML_DT_INT32, 1, DIMS(1), &st);
+  if (!mx) return st;
+  *mx = (int32_t)longest;
   return MML_OK;
 }
 
@@ -471,7 +497,8 @@ mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
   if (!st && cfg->attention_mask) st = emit_attention(&e);
   if (!st && cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) st = emit_token_types(&e);
   if (!st) st = emit_vision(&e);
-  if (!st && e.pack) st = emit_seqlens(&e);
+  if (!st && e.pack)
+    st = cfg->keys == MML_KEYS_MEGATRON ? emit_seqlens_megatron(&e) : emit_seqlens(&e);
   free(e.start);
   if (st) {
     mml_batch_clear(out);

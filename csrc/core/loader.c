@@ -136,17 +136,33 @@ mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+/* A remote shard is streamed into the index in ranged GETs of INDEX_CHUNK bytes (a
+ * shorter reply is the end), so indexing holds one chunk, never the object. */
+enum { INDEX_CHUNK = 8 << 20 };
+
 static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
-  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, err);
+  mml_layout layout = (mml_layout)L->cfg.data_format;
+  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
   mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
+  mml_index_builder *b;
+  if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
   mml_bytes body = {0};
-  st = mml_fetch_get(f, path, 0, -1, &body, err);
-  if (!st) st = mml_index_add_bytes(&L->ix, path, body.data, body.len, err);
+  for (int64_t off = 0;; off += INDEX_CHUNK) {
+    if ((st = mml_fetch_get(f, path, off, INDEX_CHUNK, &body, err))) {
+      mml_err_prefix(err, "data shard %s", path);
+      break;
+    }
+    if ((st = mml_index_feed(b, body.data, body.len, err))) break;
+    if (body.len != INDEX_CHUNK) break; /* the end (or a server that sent it all) */
+  }
   mml_bytes_free(&body);
-  if (st) mml_err_prefix(err, "data shard %s", path);
-  return st;
+  if (st) {
+    mml_index_abort(b);
+    return st;
+  }
+  return mml_index_end(b, err);
 }
 
 static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
@@ -235,7 +251,7 @@ static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   L->remote = calloc((size_t)L->ix.nshards, sizeof *L->remote);
   if (!L->roots || !L->remote) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < L->ix.nshards; i++) {
-    L->remote[i] = mml_path_is_remote(L->ix.shards[i].path);
+    L->remote[i] = mml_index_shard_remote(&L->ix.shards[i]);
     L->roots[i] = L->image_root ? strdup(L->image_root) : dirname_of(L->ix.shards[i].path);
     if (!L->roots[i]) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   }
