@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "mml/fetch.h"
+#include "mml/fetch_sync.h"
 #include "mml/message.h"
+#include "mml/s3.h"
 #include "mml/sigv4.h"
 
 /* Fetch failures raise FetchError, a missing object included (still a SampleError). */

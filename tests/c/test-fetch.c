@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "mml/fetch.h"
+#include "mml/fetch_sync.h"
 #include "mml/message.h"
+#include "mml/s3.h"
 #include "mml/sigv4.h"
 #include "mml_test.h"
 
