@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 import mmloader  # noqa: E402
-from mmloader.datagen import make_dataset  # noqa: E402
+from mmloader.datagen import load_manifest, make_dataset  # noqa: E402
 
 RUNS = int(os.environ.get("MML_BENCH_RAY_RUNS", "3"))
 N = int(os.environ.get("MML_BENCH_RAY_BATCHES", "16"))
@@ -46,7 +46,9 @@ OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 
 def _dataset():
     root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mmloader-bench-ray")
-    if not os.path.exists(os.path.join(root, "manifest.json")):
+    try:
+        load_manifest(root)
+    except (OSError, KeyError, ValueError):
         make_dataset(root, n_samples=96, seed=0, n_images=48, min_size=160, max_size=640,
                      text_only_fraction=0.0, two_image_fraction=0.0)
     return root
@@ -84,6 +86,27 @@ def _stop(c, cores):
     os.sched_setaffinity(0, cores)
 
 
+def _settle() -> None:
+    """Waits until closed loaders' actors gave their resources back (placement depends on
+    what is free)."""
+    import ray
+
+    total = ray.cluster_resources()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0) >= total[k] for k in ("CPU", "data")):
+            return
+        time.sleep(0.2)
+
+
+def _loader(data, **kw):
+    import mmloader.ray as mray
+
+    _settle()
+    return mray.Loader(data, **kw)
+
+
 def _wait_ready(L, local: bool) -> None:
     import ray
 
@@ -93,14 +116,12 @@ def _wait_ready(L, local: bool) -> None:
 
 def _transport():
     """Median time in next() per ready batch, and bytes copied per batch."""
-    import mmloader.ray as mray
-
     data = _dataset()
     rows = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         L = mmloader.Loader(data, prefetch=N, **KW)
-        times, nbytes = [], 0
+        times, nbytes = [], []
         for _ in range(RUNS):
             next(L)
             while L.stats()["queue_depth"] < N:
@@ -110,17 +131,17 @@ def _transport():
                 b = next(L)
                 arrs = {k: np.from_dlpack(v) for k, v in b.items()}
                 times.append(time.perf_counter() - t0)
-                nbytes = sum(a.nbytes for a in arrs.values())
+                nbytes.append(sum(a.nbytes for a in arrs.values()))
         L.close()
     rows["in process"] = {"us_per_batch": 1e6 * statistics.median(times),
-                          "bytes_per_batch": nbytes, "copied_per_batch": 0}
+                          "bytes_per_batch": statistics.mean(nbytes), "copied_per_batch": 0}
     for name, placement, res, zc in (
             ("ray zero-copy, object on this node", "node-local", {"CPU": 1}, True),
             ("ray zero-copy, object on another node", "spread", {"CPU": 1, "data": 1}, True),
             ("ray copying get, object on this node", "node-local", {"CPU": 1}, False),
             ("ray copying get, object on another node", "spread", {"CPU": 1, "data": 1}, False)):
         times = []
-        with mray.Loader(data, producers=2, placement=placement, producer_resources=res,
+        with _loader(data, producers=2, placement=placement, producer_resources=res,
                          refs_in_flight=N, zero_copy=zc, **KW) as R:
             for _ in range(RUNS):
                 next(R)
@@ -156,8 +177,6 @@ def _trainer(it, n: int) -> float:
 
 
 def _starved():
-    import mmloader.ray as mray
-
     data = _dataset()
     out = {}
     with warnings.catch_warnings():
@@ -171,7 +190,7 @@ def _starved():
                                  ("ray spread (data node)", "spread", {"CPU": 1, "data": 1})):
         vals = []
         for _ in range(RUNS):
-            with mray.Loader(data, producers=2, placement=placement, producer_resources=res,
+            with _loader(data, producers=2, placement=placement, producer_resources=res,
                              refs_in_flight=4, **KW) as R:
                 vals.append(_trainer(R, N))
         out[name] = statistics.median(vals)
@@ -179,15 +198,13 @@ def _starved():
 
 
 def _ablation():
-    import mmloader.ray as mray
-
     data = _dataset()
     out = {}
     for placement in ("pack", "spread"):
         for zc in (False, True):
             vals, s = [], None
             for _ in range(RUNS):
-                with mray.Loader(data, producers=2, placement=placement,
+                with _loader(data, producers=2, placement=placement,
                                  producer_resources={"CPU": 1, "data": 1}, refs_in_flight=4,
                                  zero_copy=zc, **KW) as R:
                     next(R)

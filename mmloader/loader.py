@@ -218,6 +218,10 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
     """
 
     def __init__(self, data: DataSpec, *, data_format: str = "auto",
@@ -244,7 +248,7 @@ class Loader:
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
                  aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None) -> None:
+                 max_inflight: Optional[int] = None, plan_only: bool = False) -> None:
         self._c = None
         shards = _expand_data(data)
         _check_int("micro_batch_size", micro_batch_size, 1)
@@ -315,7 +319,7 @@ class Loader:
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
             pin_memory=int(bool(pin_memory)), device=device_index,
             text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)))
+            mm_token_type_ids=int(bool(mm_token_type_ids)), plan_only=int(bool(plan_only)))
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)

@@ -83,13 +83,16 @@ class _Producer:
         self._loader.load_state_dict(state)
         return tuple(self._c.cursor())
 
-    def produce(self, start: Cursor) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+    def produce(self, start: Cursor, ahead: int
+                ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
         """Everything next() yields from cursor `start` up to and including one batch:
-        epoch ends, sample errors (on_error="raise"), skip warnings, then the batch."""
+        epoch ends, sample errors (on_error="raise"), skip warnings, then the batch.  The
+        engine starts no work beyond the `ahead` samples the batch is planned to take
+        (plus one per skip), so nothing is made only to be dropped."""
         t0 = time.perf_counter()
         c = self._c
-        if tuple(c.cursor()) != tuple(start):
-            c.seek(*start)
+        c.seek(*start, ahead)
+        skipped0 = c.stats()["skipped"]
         events: List[Tuple[str, str, str]] = []
         arrays = None
         with warnings.catch_warnings(record=True) as caught:
@@ -114,8 +117,28 @@ class _Producer:
         self._bytes += nbytes
         self._busy_s += time.perf_counter() - t0
         meta = {"start": tuple(start), "end": tuple(c.cursor()), "events": events,
-                "warnings": warns, "node_id": self._where["node_id"], "nbytes": nbytes}
+                "warnings": warns, "node_id": self._where["node_id"], "nbytes": nbytes,
+                "skipped": c.stats()["skipped"] - skipped0}
         return meta, arrays  # arrays go to the object store out of band (pickle 5)
+
+    def plan(self, start: Cursor, n: int) -> List[Cursor]:
+        """(plan_only loader) The cursors after each of the next n batches from `start`;
+        fewer when the stream stops (a fatal error: the producers will report it)."""
+        c = self._c
+        if tuple(c.cursor()) != tuple(start):
+            c.seek(*start)
+        out: List[Cursor] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            while len(out) < n:
+                try:
+                    self._loader._next()
+                except (StopIteration, SampleError):
+                    continue
+                except Exception:  # noqa: BLE001
+                    break
+                out.append(tuple(c.cursor()))
+        return out
 
     def stats(self) -> Dict[str, Any]:
         s = self._loader.stats()
@@ -166,8 +189,10 @@ class Loader:
                  producer_resources: Optional[Dict[str, float]] = None,
                  refs_in_flight: Optional[int] = None, zero_copy: bool = True,
                  as_torch: bool = False, max_restarts: int = 3,
-                 placement_timeout_s: float = 120.0, **loader_kwargs: Any) -> None:
+                 placement_timeout_s: float = 120.0, planner: Optional[bool] = None,
+                 **loader_kwargs: Any) -> None:
         self._actors: List[Any] = []
+        self._planner: Any = None
         self._pg = None
         self._inflight: Deque[_Request] = collections.deque()
         self._ready: Deque[Tuple[str, Any]] = collections.deque()
@@ -189,11 +214,15 @@ class Loader:
                 raise ConfigError(f"mmloader.ray.Loader: {k}={loader_kwargs[k]!r} is not "
                                   "supported; batches are host arrays (move them to the GPU "
                                   "in the trainer)")
-        if loader_kwargs.get("packing"):
-            raise ConfigError("mmloader.ray.Loader does not support packing=True yet: pack "
-                              "boundaries depend on every earlier sample's length, so "
-                              "producers cannot start at the right place without a "
-                              "planning pass; use mmloader.Loader")
+        if "plan_only" in loader_kwargs:
+            raise ConfigError("mmloader.ray.Loader: plan_only is not a stream option")
+        self._packing = bool(loader_kwargs.get("packing", False))
+        if planner is None:
+            planner = self._packing
+        if self._packing and not planner:
+            raise ConfigError("mmloader.ray.Loader: packing=True needs planner=True (pack "
+                              "boundaries depend on every earlier sample's length; without "
+                              "a plan the producers could only make one batch at a time)")
         tok = loader_kwargs.get("tokenizer")
         if tok is not None and not isinstance(tok, (str, bytes)) and not hasattr(tok, "__fspath__"):
             raise ConfigError("mmloader.ray.Loader: tokenizer must be a path (each producer "
@@ -232,9 +261,14 @@ class Loader:
         cls = ray.remote(_Producer)
         self._actors = [cls.options(scheduling_strategy=s, **opts).remote(data, kwargs)
                         for s in strategies]
-        self._finalizer = weakref.finalize(self, _shutdown, self._actors, self._pg)
+        if planner:  # one more actor: a plan_only loader walks the stream ahead
+            popts = dict(opts)
+            if placement == "node-local":
+                popts["scheduling_strategy"] = strategies[0]
+            self._planner = cls.options(**popts).remote(data, dict(kwargs, plan_only=True))
+        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
         try:
-            infos = ray.get([a.info.remote() for a in self._actors])
+            infos = ray.get([a.info.remote() for a in self._all_actors()])
         except ray.exceptions.RayTaskError as e:
             self.close()
             cause = e.cause if getattr(e, "cause", None) is not None else e
@@ -247,6 +281,7 @@ class Loader:
             raise ConfigError("producers on different nodes see different data or settings: "
                               + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos))
         info = infos[0]
+        infos = infos[:len(self._actors)]
         self._where = [{k: i[k] for k in ("node_id", "node_ip", "pid")} for i in infos]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
@@ -263,30 +298,97 @@ class Loader:
         self._wait_s = 0.0
         self._n = collections.Counter()  # batches, bytes, copied, transferred, replans, lost
         self._per_producer = [collections.Counter() for _ in self._actors]
+        # the planner's chain: start cursor -> cursor after that batch
+        self._planned: Dict[Cursor, Cursor] = {}
+        self._plan_tail: Optional[Cursor] = (0, 0, 0) if self._planner else None
+        self._plan_ref = None
+        self._plan_chunk = max(16, 4 * refs_in_flight)
+
+    def _all_actors(self) -> List[Any]:
+        return self._actors + ([self._planner] if self._planner is not None else [])
 
     # ---- requests ----------------------------------------------------------------------
     def _normalize(self, c: Cursor) -> Cursor:
+        """Where the engine starts for cursor c: an epoch that is complete starts the next."""
         e, p, b = c
-        if b >= self._per_epoch:
-            return (e + 1, 0, 0)
-        return c
+        done = b >= self._per_epoch if self._per_epoch >= 0 else p >= self.samples_per_rank
+        return (e + 1, 0, 0) if done else c
 
-    def _guess_after(self, start: Cursor) -> Cursor:
-        """The cursor after the batch at `start` if none of its samples is skipped."""
+    def _guess_after(self, start: Cursor) -> Optional[Cursor]:
+        """The cursor after the batch at `start`: the planner's, or (padded, no planner)
+        the one without skips; None when not known yet."""
+        if self._planner is not None:
+            return self._planned.get(start)
         e, p, b = self._normalize(start)
         return (e, p + self._mbs, b + 1)
+
+    def _ahead(self, start: Cursor) -> int:
+        """Samples the batch at `start` is expected to take (the producer starts no more,
+        plus one per skip); 0: unknown, no bound."""
+        end = self._guess_after(start)
+        if end is None:
+            return 0
+        e, p, _ = self._normalize(start)
+        if end[0] != e:
+            return 0
+        n = end[1] - p
+        if self._packing and end[1] < self.samples_per_rank:
+            n += 1  # the sample that did not fit closes the pack
+        return max(1, n)
 
     def _submit(self, start: Cursor, producer: Optional[int] = None) -> _Request:
         if producer is None:
             producer = self._next_producer
             self._next_producer = (producer + 1) % len(self._actors)
-        ref = self._actors[producer].produce.remote(start)
+        ref = self._actors[producer].produce.remote(start, self._ahead(start))
         return _Request(start, producer, ref)
 
+    def _replan(self) -> None:
+        """The stream left the planned chain (a seek, or an image that failed only when
+        decoded): plan again from the head."""
+        if self._planner is None:
+            return
+        self._planned.clear()
+        self._plan_ref = None  # a result still coming is for the old chain: dropped
+        self._plan_tail = self._head
+
+    def _plan(self, block: bool) -> None:
+        """Takes the planner's result when there is one and keeps it planning ahead."""
+        if self._planner is None:
+            return
+        if self._plan_ref is not None:
+            ready, _ = ray.wait([self._plan_ref], timeout=None if block else 0)
+            if ready:
+                try:
+                    chain = ray.get(self._plan_ref)
+                except _LOST:
+                    chain = []
+                start = self._plan_tail
+                for end in chain:
+                    self._planned[start] = tuple(end)
+                    start = tuple(end)
+                self._plan_tail = start if chain else None
+                self._plan_ref = None
+        # forget what lies behind the head; plan more while fewer batches are planned
+        # than requests can use
+        for k in [k for k in self._planned if k < self._head]:
+            del self._planned[k]
+        if self._plan_ref is None and self._plan_tail is not None and \
+                len(self._planned) < 2 * self._inflight_max + self._plan_chunk // 2:
+            self._plan_ref = self._planner.plan.remote(self._plan_tail, self._plan_chunk)
+
     def _fill(self) -> None:
+        self._plan(block=False)
+        if self._planner is not None and not self._inflight and \
+                self._head not in self._planned and self._plan_ref is not None:
+            self._plan(block=True)  # the head batch's size is about to be known
         while len(self._inflight) < self._inflight_max:
-            start = (self._guess_after(self._inflight[-1].start) if self._inflight
-                     else self._head)
+            if self._inflight:
+                start = self._guess_after(self._inflight[-1].start)
+                if start is None:
+                    break
+            else:
+                start = self._head
             self._inflight.append(self._submit(start))
 
     def _cancel(self) -> None:
@@ -331,6 +433,8 @@ class Loader:
         if self._inflight and self._inflight[0].start != self._head:
             self._n["replans"] += 1  # a skip moved the stream: guesses are wrong from here
             self._cancel()
+            if self._head not in self._planned:
+                self._replan()
 
     def _accept(self, meta: Dict[str, Any], arrays: Optional[Dict[str, np.ndarray]],
                 producer: int) -> None:
@@ -348,9 +452,8 @@ class Loader:
             return
         end = tuple(meta["end"])
         # samples the batch consumed, for max_error_rate over the delivered stream
-        used = end[1] - p
-        self._samples += used
-        self._skipped += used - self._mbs
+        self._samples += end[1] - p
+        self._skipped += meta["skipped"]
         nbytes = meta["nbytes"]
         pp = self._per_producer[producer]
         pp["batches"] += 1
@@ -407,6 +510,10 @@ class Loader:
                 return batch
 
     def __len__(self) -> int:
+        """Batches per epoch (padded mode; packed batch counts depend on the data)."""
+        if self._packing:
+            raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
+                            "sample lengths)")
         return self._per_epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -425,6 +532,7 @@ class Loader:
         self._ready.clear()
         self._fatal = None
         self._cursor = self._head = c
+        self._replan()
 
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -501,8 +609,9 @@ class Loader:
         if fin is not None:
             fin()
         else:
-            _shutdown(self._actors, self._pg)
+            _shutdown(self._all_actors(), self._pg)
         self._actors = []
+        self._planner = None
         self._pg = None
 
     @property

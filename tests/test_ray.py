@@ -137,6 +137,9 @@ def test_spread_on_distinct_data_nodes_and_stream_is_bitwise(cluster, dataset):
     assert set(s["nodes"]) == set(nodes) and all(v["batches"] > 0 for v in s["nodes"].values())
     # zero copy: nothing copied here; every batch came from another node's store
     assert s["bytes_copied"] == 0 and s["bytes_transferred"] == s["bytes"] > 0
+    # no work is made only to be dropped: producers read exactly their batches' samples
+    assert sum(p["samples_read"] for p in s["producers"]) == \
+        sum(p["made"] for p in s["producers"]) * KW["micro_batch_size"]
 
 
 def test_skips_shift_batches_and_the_stream_stays_exact(cluster, skipping_dataset):
@@ -151,6 +154,29 @@ def test_skips_shift_batches_and_the_stream_stays_exact(cluster, skipping_datase
     assert got == want
     assert s["skipped"] > 0 and s["replans"] > 0  # guesses were wrong and were redone
     assert any("skipped a sample" in str(x.message) for x in w)
+
+
+def test_planner_knows_plan_time_skips_and_packing_is_exact(cluster, skipping_dataset):
+    # padded with a planner: missing images are found when planning, so no guess is wrong
+    n = _len(skipping_dataset) + 2
+    want = _local(skipping_dataset, n)
+    with mray.Loader(skipping_dataset, producers=2, producer_resources={"CPU": 0.5},
+                     planner=True, **KW) as L:
+        assert _events(L, n) == want
+        assert L.stats()["replans"] == 0
+    # packed: boundaries depend on every sample's length; the planner walks them ahead
+    pk = dict(packing=True, pack_length=640)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(skipping_dataset, plan_only=True, **pk, **KW) as P:
+            n = len(list(P)) + 3  # one epoch's packs, its end, two packs of the next
+    want = _local(skipping_dataset, n, **pk)
+    assert ("end",) in want
+    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5},
+                     **pk, **KW) as L:
+        assert _events(L, n) == want
+        s = L.stats()
+        assert s["replans"] == 0 and s["skipped"] > 0
 
 
 def test_on_error_raise_delivers_the_same_errors_in_order(cluster, skipping_dataset):
@@ -273,8 +299,8 @@ def test_copying_get_copies_and_torch_views(cluster, dataset):
 
 
 def test_refused_configurations(cluster, dataset):
-    with pytest.raises(mmloader.ConfigError, match="packing"):
-        mray.Loader(dataset, packing=True, pack_length=512)
+    with pytest.raises(mmloader.ConfigError, match="packing=True needs planner"):
+        mray.Loader(dataset, packing=True, pack_length=512, planner=False)
     with pytest.raises(mmloader.ConfigError, match="device"):
         mray.Loader(dataset, device="cuda")
     with pytest.raises(mmloader.ConfigError, match="placement"):

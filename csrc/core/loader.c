@@ -155,6 +155,7 @@ struct mml_loader {
   int64_t base_epoch, base_pos, base_seq;
   int base_wrap;
   int64_t head_seq, next_seq;
+  int64_t limit_seq;        /* -1, or: no sample at seq >= limit_seq is started (seek_ahead) */
   mml_cursor start;         /* where the collator starts for the current gen */
   task *tasks;
   task *ready_head, *ready_tail;
@@ -503,6 +504,7 @@ static void *worker_main(void *arg) {
         break;
       }
       if (L->next_seq < L->head_seq + L->window &&
+          (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
           L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
         t = &L->tasks[L->next_seq % L->window];
         t->state = SLOT_BUSY;
@@ -683,7 +685,11 @@ static void emit_job_locked(mml_loader *L) {
   mml_err_clear(&err);
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
-  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
+  mml_status st = MML_OK;
+  if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
+    mml_collator_reset(L->colls[ci]);
+  else
+    st = emit_batch(L, L->colls[ci], &b, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
@@ -766,6 +772,10 @@ static void *collator_main(void *arg) {
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
     if (s.status != MML_OK) {
+      if (L->limit_seq >= 0) { /* a skipped sample needs one more to replace it */
+        L->limit_seq++;
+        pthread_cond_broadcast(&L->work_cv);
+      }
       L->skipped++;
       L->skip_by_status[s.status < MML_STATUS_COUNT ? s.status : MML_EINTERNAL]++;
       if (!L->cfg.on_error_raise) push_warning_locked(L, &s.err); /* raise mode: raised instead */
@@ -965,8 +975,10 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;
   L->pl.max_length = cfg->max_length;
+  L->pl.plan_only = cfg->plan_only;
 
   L->ccfg = cfg->collate;
+  if (cfg->plan_only) L->ccfg.mrope = 0; /* no grids to check ids against */
   const mml_tokenizer *tok = cfg->tokenizer;
   if (L->ccfg.pad_id < 0) {
     L->ccfg.pad_id = mml_tokenizer_token_to_id(tok, "<|endoftext|>", 13);
@@ -1153,6 +1165,11 @@ int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch;
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
+  return mml_loader_seek_ahead(L, c, 0, err);
+}
+
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err) {
   if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||
       (L->per_epoch >= 0 && c->batch_in_epoch > L->per_epoch) ||
       (L->per_epoch < 0 && c->pos > L->n_rank))
@@ -1171,6 +1188,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   normalize_cursor(L, c, &start, &wrap);
   L->start = start;
   rebase_locked(L, start.epoch, start.pos, wrap);
+  L->limit_seq = ahead > 0 ? L->head_seq + ahead : -1;
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   drop_output_locked(L);
