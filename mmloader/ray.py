@@ -15,10 +15,11 @@ Why the stream is exact, whatever skips or packing do to batch composition:
   it and the cursor after it.  The consumer accepts the result for batch j only when its
   start equals the end of the batch it delivered last; by induction each accepted batch
   equals the in-process one.  Start cursors of batches not yet made are guessed
-  (padded mode: micro_batch_size positions per batch, the epoch's batch count, no
-  skips); a skipped sample makes later guesses wrong, which the check catches: the
-  speculative requests are cancelled and re-issued from the true cursor.  Guesses only
-  decide speed, never content.  A producer that dies is restarted by Ray
+  (padded mode: micro_batch_size positions per batch, no skips; or the boundaries a
+  planner actor finds with a plan_only loader, which packing needs); a wrong guess is
+  caught by the check: the speculative requests are cancelled and re-issued from the
+  true cursor.  Guesses only decide speed, never content.  Each request also bounds the
+  producer's work to the samples its batch is expected to take (Loader seek's `ahead`).  A producer that dies is restarted by Ray
   (``max_restarts``) and its lost batches are re-requested from their start cursors.
 
 Ray is an optional dependency: nothing else in mmloader imports it.
@@ -180,9 +181,11 @@ class Loader:
             batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path.
             ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
 
-    Raises ConfigError at construction for a configuration it cannot serve exactly:
-    ``packing=True`` (pack boundaries cannot be predicted without planning every sample
-    first, so K producers would make the stream one batch at a time).
+        planner: run one more actor with ``plan_only=True`` that walks the stream ahead
+            (records, image headers, tokens; no decoding) and gives each batch's exact
+            boundaries; default: on with ``packing=True`` (required there), off in padded
+            mode, where a batch is guessed to take micro_batch_size samples (turn it on
+            for data with many skips).
     """
 
     def __init__(self, data: Any, *, producers: int = 2, placement: str = "spread",
