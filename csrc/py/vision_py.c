@@ -380,7 +380,7 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
                        "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
                        plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
                        plan.cols, "tokens", (long long)plan.tokens, "format",
-                       plan.format == MML_FMT_JPEG ? "jpeg" : plan.format == MML_FMT_PNG ? "png" : "",
+                       mml_image_format_name(plan.format),
                        "decode_scale", plan.decode_scale);
 }
 
