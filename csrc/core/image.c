@@ -26,8 +26,9 @@
  * Colour management (gAMA, iCCP, sRGB) and EXIF orientation are ignored, as Pillow does.
  *
  * Decoding streams rows to a sink (mml_image_decode_rows) so the caller can resize while rows are
- * hot.  Truncated data is an error (Pillow raises "image file is truncated"); libjpeg's
- * "corrupt data" warnings are ignored as Pillow ignores them.
+ * hot.  Truncated data is an error (Pillow raises "image file is truncated"), and so is
+ * a libjpeg error after the last scanline (Pillow finishes the decompression); libjpeg's
+ * "corrupt data" warnings alone are not, as in Pillow, unless strict_jpeg is set.
  *
  * Threads: an mml_decoder belongs to one thread at a time; probe is pure.
  * Memory: the decoder's buffers grow to the largest image and are reused; libjpeg and
@@ -184,6 +185,7 @@ mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info
 struct jerr_mgr {
   struct jpeg_error_mgr pub;
   jmp_buf jb;
+  int strict; /* mml_decode_opts.strict_jpeg */
   char msg[JMSG_LENGTH_MAX];
 };
 
@@ -204,9 +206,20 @@ static void jerr_exit(j_common_ptr c) {
   longjmp(e->jb, 1);
 }
 
-/* Warnings: only "premature end of data" is fatal (Pillow refuses truncated images). */
+/* Warnings: "premature end of data" is fatal (Pillow refuses truncated images); in strict
+ * mode so is every warning about corrupt entropy data or a broken progression (not the
+ * ones about metadata such as a bad ICC marker or an unknown JFIF revision). */
 static void jerr_emit(j_common_ptr c, int level) {
-  if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) jerr_exit(c);
+  if (level >= 0) return;
+  struct jerr_mgr *e = (struct jerr_mgr *)c->err;
+  int code = c->err->msg_code;
+  if (code == JWRN_JPEG_EOF) jerr_exit(c);
+  if (!e->strict || code == JWRN_BOGUS_ICC) return;
+  char m[JMSG_LENGTH_MAX];
+  c->err->format_message(c, m);
+  if (!strncmp(m, "Corrupt JPEG data", 17) || code == JWRN_BOGUS_PROGRESSION ||
+      code == JWRN_NOT_SEQUENTIAL)
+    jerr_exit(c);
 }
 
 static void jerr_output(j_common_ptr c) { (void)c; }
@@ -225,6 +238,10 @@ mml_status mml_decoder_new(mml_decoder **out) {
   jpeg_create_decompress(&d->jd);
   *out = d;
   return MML_OK;
+}
+
+void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
+  d->je.strict = o && o->strict_jpeg;
 }
 
 void mml_decoder_free(mml_decoder *d) {
@@ -303,8 +320,12 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
     }
     if ((st = sink->row(sink->ctx, y, nc == 3 ? r : d->row.data, err)) != MML_OK) goto done;
   }
+  /* read on to EOI: Pillow finishes the decompression and refuses what fails there (e.g.
+   * a bad marker after corrupt data that libjpeg had papered over with gray) */
+  jpeg_finish_decompress(ci);
+  return MML_OK;
 done:
-  jpeg_abort_decompress(ci); /* lenient about what follows the last scanline, like Pillow */
+  jpeg_abort_decompress(ci);
   return st;
 }
 

@@ -109,6 +109,8 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
     return -1;
   if (PyDict_GetItemString(d, "pillow_h_first") && get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
     return -1;
+  if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(d, "strict_jpeg", &cfg->strict_jpeg))
+    return -1;
   mml_err err = {0};
   mml_status st = mml_vision_cfg_check(cfg, &err);
   if (st != MML_OK) {

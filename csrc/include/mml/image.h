@@ -51,6 +51,16 @@ typedef struct mml_decoder mml_decoder; /* per-thread decode scratch, reused */
 mml_status mml_decoder_new(mml_decoder **out);
 void mml_decoder_free(mml_decoder *d); /* NULL is fine */
 
+/* How strict and which reference the decoder follows; kept until changed ({0}: defaults). */
+typedef struct mml_decode_opts {
+  /* 0: as Pillow — a libjpeg error anywhere (also after the last scanline, up to EOI) or
+   * truncation refuses the image, "Corrupt JPEG data" warnings alone do not (libjpeg's
+   * recovery is decoded, bit-exact with Pillow); 1: those warnings refuse it too. */
+  int strict_jpeg;
+} mml_decode_opts;
+
+void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o);
+
 /* Decodes into memory owned by `d` (valid until the next call on `d`).  No allocation in
  * steady state once the scratch has grown to the largest image seen.  `scale_denom`
  * (1, 2, 4, 8) asks libjpeg-turbo for a reduced-size IDCT (JPEG only; other formats
