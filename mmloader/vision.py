@@ -50,6 +50,8 @@ def _pil_to_rgb_array(img: Any) -> np.ndarray:
 def _item(x: Any, i: int) -> tuple:
     if isinstance(x, (bytes, bytearray, memoryview)):
         return (0, x)
+    if isinstance(x, str) and x[:5].lower() == "data:":
+        return (0, _core.data_uri_decode(x))
     if isinstance(x, (str, os.PathLike)):
         with open(x, "rb") as f:
             return (0, f.read())
