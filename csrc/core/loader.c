@@ -296,11 +296,12 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
 static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader *L) {
   mml_sample *s = &t->sample;
   s->status = st;
-  const char *shard = L->ix.shards[s->shard].path;
+  char where[1100];
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
   if (e && e->msg[0]) s->err = *e;
   else mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
-  mml_err_prefix(&s->err, "%s:%lld", shard, (long long)s->line);
+  mml_err_prefix(&s->err, "%s", where);
 }
 
 static mml_status task_imgs_fit(task *t, int n) {
@@ -348,7 +349,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
       return 0;
     }
     double t0 = mml_now();
-    st = mml_read_file(L->ix.shards[s->shard].path, off, len, &t->rec_bytes, &err);
+    st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, &err);
     acc->read_s += mml_now() - t0;
     if (st) goto fail;
     acc->bytes += t->rec_bytes.len;
@@ -359,9 +360,8 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
       err = t->fetch_err;
       goto fail;
     }
-    size_t n = t->rec_bytes.len;
-    const char *nl = memchr(t->rec_bytes.data, '\n', n);
-    if (nl) n = (size_t)(nl - (const char *)t->rec_bytes.data);
+    size_t n = mml_index_record_len(&L->ix.shards[s->shard], t->rec_bytes.data,
+                                    t->rec_bytes.len);
     if (t->rec_parsed) mml_record_free(&t->rec);
     memset(&t->rec, 0, sizeof t->rec);
     t->rec_parsed = 1;
@@ -833,17 +833,33 @@ static void *collator_main(void *arg) {
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+/* A remote shard is streamed into the index in ranged GETs of INDEX_CHUNK bytes (a
+ * shorter reply is the end), so indexing holds one chunk, never the object. */
+enum { INDEX_CHUNK = 8 << 20 };
+
 static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
-  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, err);
+  mml_layout layout = (mml_layout)L->cfg.data_format;
+  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
   mml_status st = get_fetcher(L, &f, err);
   if (st) return st;
+  mml_index_builder *b;
+  if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
   mml_bytes body = {0};
-  st = mml_fetch_get(f, path, 0, -1, &body, err);
-  if (!st) st = mml_index_add_bytes(&L->ix, path, body.data, body.len, err);
+  for (int64_t off = 0;; off += INDEX_CHUNK) {
+    if ((st = mml_fetch_get(f, path, off, INDEX_CHUNK, &body, err))) {
+      mml_err_prefix(err, "data shard %s", path);
+      break;
+    }
+    if ((st = mml_index_feed(b, body.data, body.len, err))) break;
+    if (body.len != INDEX_CHUNK) break; /* the end (or a server that sent it all) */
+  }
   mml_bytes_free(&body);
-  if (st) mml_err_prefix(err, "data shard %s", path);
-  return st;
+  if (st) {
+    mml_index_abort(b);
+    return st;
+  }
+  return mml_index_end(b, err);
 }
 
 static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
@@ -938,7 +954,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->remote = calloc((size_t)L->ix.nshards, sizeof *L->remote);
   if (!L->roots || !L->remote) goto oom;
   for (int i = 0; i < L->ix.nshards; i++) {
-    L->remote[i] = mml_path_is_remote(L->ix.shards[i].path);
+    L->remote[i] = mml_index_shard_remote(&L->ix.shards[i]);
     L->roots[i] = L->image_root ? strdup(L->image_root) : dirname_of(L->ix.shards[i].path);
     if (!L->roots[i]) goto oom;
   }
