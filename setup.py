@@ -27,12 +27,13 @@ def rel(pattern):
 
 
 def system_libs():
-    """csrc/system-libs.txt as dicts: name, pc, header, link, deb."""
+    """The libraries the extension links, from csrc/system-libs.txt, as dicts: name, pc,
+    header, link, deb (rows marked `tests` are for tests/c only)."""
     out = []
     with open(os.path.join(here, "csrc", "system-libs.txt")) as f:
         for line in f:
             cols = line.split("#", 1)[0].split()
-            if cols:
+            if cols and cols[5:] != ["tests"]:
                 out.append(dict(zip(("name", "pc", "header", "link", "deb"), cols)))
     return out
 
@@ -110,7 +111,8 @@ class BuildExt(build_ext):
 
 
 cflags = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-unused-parameter",
-          "-Wno-missing-field-initializers", "-fvisibility=hidden"]
+          "-Wno-missing-field-initializers", "-fvisibility=hidden",
+          "-Werror=implicit-function-declaration"]  # e.g. a newer Python's API on an old one
 ldflags = []
 san = os.environ.get("MML_SANITIZE", "")
 if os.environ.get("MML_DEBUG") or san:

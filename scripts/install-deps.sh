@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# the system libraries' -dev packages come from csrc/system-libs.txt (declared there only)
-APT_PKGS="build-essential pkg-config $(awk '!/^#/ && NF { print $5 }' csrc/system-libs.txt)"
+# the system libraries' -dev packages come from csrc/system-libs.txt (declared there only;
+# rows marked `tests` only with --test)
+APT_PKGS="build-essential pkg-config $(awk -v t="${1:-}" '!/^#/ && NF && ($6 != "tests" ||
+  t == "--test") { print $5 }' csrc/system-libs.txt)"
 missing=""
 for p in $APT_PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
