@@ -191,6 +191,9 @@ class Loader:
         tokenizer: tokenizer.json path or :class:`mmloader.Tokenizer`.
         min_pixels, max_pixels, max_image_pixels, image_mean, image_std, legacy_resize,
         fast_decode: vision overrides (see :func:`mmloader.presets.vision_config`).
+        strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
+            with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
+            like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -220,6 +223,10 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
         max_images_per_sample: skip samples naming more images (reason
             "too_many_images"; default 256).
         max_sample_pixels: skip samples whose images hold more pixels in all (width *
@@ -252,6 +259,7 @@ class Loader:
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
+                 strict_jpeg: bool = False,
                  max_length: Optional[int] = None, packing: bool = False,
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
@@ -263,7 +271,7 @@ class Loader:
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
                  aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None,
+                 max_inflight: Optional[int] = None, plan_only: bool = False,
                  max_images_per_sample: int = DEFAULT_LIMITS["max_images_per_sample"],
                  max_sample_pixels: int = DEFAULT_LIMITS["max_sample_pixels"],
                  max_record_bytes: int = DEFAULT_LIMITS["max_record_bytes"],
@@ -324,7 +332,8 @@ class Loader:
             vision = vision_config(preset, model_dir, min_pixels=min_pixels,
                                    max_pixels=max_pixels, max_image_pixels=max_image_pixels,
                                    image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode)
+                                   legacy_resize=legacy_resize, fast=fast_decode,
+                                   strict_jpeg=bool(strict_jpeg))
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -346,7 +355,7 @@ class Loader:
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
             pin_memory=int(bool(pin_memory)), device=device_index,
             text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)),
+            mm_token_type_ids=int(bool(mm_token_type_ids)), plan_only=int(bool(plan_only)),
             confine_paths=int(not allow_paths_outside_root),
             refuse_remote_images=int(not allow_remote_images_in_local_data), **limits)
         self._c = _core._Loader(cfg, tok)

@@ -16,7 +16,8 @@
  *     workers (num_threads): first emit a finished batch if one is queued (build its
  *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
  *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
- *       and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
+ *       (and below limit_seq after a seek_ahead: the seek's `ahead` samples, one more per
+ *       skip) and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
  *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
  *       it on the ready list.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
@@ -210,6 +211,7 @@ static void limits_defaults(mml_loader_cfg *c) {
 }
 
 
+
 /* The loader's own copies of the configuration's strings (credentials first: until they
  * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
 static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
@@ -280,8 +282,10 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->pl.tmpl = L->tmpl;
   L->pl.max_length = cfg->max_length;
   L->pl.max_sample_pixels = L->cfg.max_sample_pixels;
+  L->pl.plan_only = cfg->plan_only;
 
   L->ccfg = cfg->collate;
+  if (cfg->plan_only) L->ccfg.mrope = 0; /* no grids to check the ids against */
   const mml_tokenizer *tok = cfg->tokenizer;
   if (L->ccfg.pad_id < 0) {
     L->ccfg.pad_id = mml_tokenizer_token_to_id(tok, "<|endoftext|>", 13);
@@ -536,6 +540,11 @@ static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err
 }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
+  return mml_loader_seek_ahead(L, c, 0, err);
+}
+
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err) {
   mml_status st = check_cursor(L, c, err);
   if (st) return st;
   pthread_mutex_lock(&L->mu);
@@ -548,6 +557,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   normalize_cursor(L, c, &start, &wrap);
   L->start = start;
   ld_rebase_locked(L, start.epoch, start.pos, wrap);
+  L->limit_seq = ahead > 0 ? L->head_seq + ahead : -1;
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   ld_drop_output_locked(L);
