@@ -89,6 +89,19 @@ def images():
             "interlaced": enc(im, "PNG", interlace=1), "gray16": enc(im.convert("I;16"), "PNG")}
     for k, v in pngs.items():
         put("image-png", k + ".bin", v[8:])
+    others = {"webp": (4, {"lossy": enc(im, "WEBP", quality=70), "lossless": enc(im, "WEBP", lossless=True),
+                           "alpha": enc(im.convert("RGBA"), "WEBP")}),
+              "gif": (4, {"p": enc(im.convert("P"), "GIF"),
+                          "anim": enc(im.convert("P"), "GIF", save_all=True,
+                                      append_images=[im.rotate(90).convert("P")])}),
+              "bmp": (2, {"rgb": enc(im, "BMP"), "p": enc(im.convert("P"), "BMP")}),
+              "tiff": (3, {"raw": enc(im, "TIFF"), "lzw": enc(im, "TIFF", compression="tiff_lzw"),
+                           "gray": enc(im.convert("L"), "TIFF")})}
+    for fmt, (strip, seeds) in others.items():
+        for k, v in seeds.items():
+            if fmt == "tiff" and not v.startswith(b"II*"):
+                continue  # the target forces little-endian TIFF
+            put("image-" + fmt, k + ".bin", v[strip:])
 
 
 def resize_and_state():
