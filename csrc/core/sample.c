@@ -95,7 +95,8 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   int64_t rows = 0;
   int cols = 0;
   for (int i = 0; i < n; i++) {
-    st = mml_vision_plan_bytes(pl->vision, images[i].data, images[i].len, &sc->plans[i], err);
+    st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
+                                      rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
     if (st) {
       mml_err_prefix(err, "image %s", rec->images[i]);
       return st;
