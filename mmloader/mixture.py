@@ -46,8 +46,8 @@ class Source:
     Args:
         data: what ``Loader(data=...)`` takes for plain data: a path, glob, folder or URL,
             or a list of them.
-        weight: relative share of the epoch (default 1).  The weighted sources share the
-            epoch left after the fixed counts below, in proportion to their weights.
+        weight: relative share of the epoch.  The weighted sources share the epoch left
+            after the fixed counts below, in proportion to their weights.
         repeat: a fixed count of ``round(repeat * len(source))`` samples per epoch
             (up-sampling above 1, down-sampling below).
         choose: a fixed count of exactly this many samples per epoch.
@@ -55,7 +55,8 @@ class Source:
         **overrides: Loader settings for this source's samples: image_root, min_pixels,
             max_pixels, max_image_pixels, system_prompt, label_mode, max_length.
 
-    Give at most one of weight, repeat and choose.  Within a source the order is
+    Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
+    once per epoch).  Within a source the order is
     reshuffled every epoch; a source drawn more often than its size repeats with a fresh
     permutation, one drawn less often continues where the previous epoch stopped.
     """

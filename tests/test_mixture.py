@@ -102,6 +102,7 @@ def keys(srcs):
     (dict(a=dict(weight=0.5), b=dict(weight=0.3), c=dict(weight=0.2)), None,
      dict(a=175, b=105, c=70)),
     (dict(a=dict(), b=dict(), c=dict()), None, dict(a=200, b=100, c=50)),
+    (dict(a=dict(weight=1), b=dict(weight=1), c=dict()), None, dict(a=150, b=150, c=50)),
     (dict(a=dict(weight=1), b=dict(weight=1), c=dict(weight=2)), 1000,
      dict(a=250, b=250, c=500)),
     (dict(a=dict(choose=40), b=dict(repeat=0.5), c=dict(repeat=3.0)), None,
@@ -132,14 +133,16 @@ def test_stats_per_source_and_profiler(srcs, keys):
         st = L.stats()
     src = st["sources"]
     assert list(src) == ["a", "b", "c"]
-    assert sum(s["samples"] for s in src.values()) == st["good_samples"] == 100
+    # collated samples (the delivered batches and those prefetched behind them)
+    assert sum(s["samples"] for s in src.values()) == st["good_samples"] >= 100
     for n, share in (("a", 0.5), ("b", 0.3), ("c", 0.2)):
         assert src[n]["expected_share"] == pytest.approx(share)
         assert abs(src[n]["share"] - share) < 0.03
         assert src[n]["tokens"] > 0 and src[n]["bytes"] > 0 and src[n]["image_tokens"] == 0
-    assert sum(s["tokens"] for s in src.values()) == st["real_tokens"]
+    assert sum(s["tokens"] for s in src.values()) >= st["real_tokens"] > 0
     text = profile.report(prof)
-    assert "source" in text and " a " in text and " c " in text
+    lines = [x for x in text.splitlines() if x.startswith(("  a ", "  b ", "  c "))]
+    assert len(lines) == 3 and "50.0%" in lines[0], text
 
 
 # ---------------------------------------------------------------------------- forms
@@ -221,21 +224,23 @@ def test_same_stream_whatever_threads_and_prefetch(srcs):
 
 
 def test_dp_shards_disjoint_and_complete(srcs, keys):
-    data = [Source(srcs["a"], name="a", weight=0.5), Source(srcs["b"], name="b", weight=0.3),
-            Source(srcs["c"], name="c", weight=0.2)]  # 175/105/70: no sample twice
+    data = [Source(srcs["a"], name="a", weight=0.55), Source(srcs["b"], name="b", weight=0.3),
+            Source(srcs["c"], name="c", weight=0.15)]  # 165/90/45: no sample twice
     per_rank = []
     for r in range(3):
-        with make(data, dp_rank=r, dp_size=3, micro_batch_size=4) as L:
+        with make(data, dp_rank=r, dp_size=3, micro_batch_size=4, samples_per_epoch=300) as L:
             per_rank.append([row for b in L for row in rows(as_np(b))])
     sets = [set(x) for x in per_rank]
     assert all(len(s) == len(x) for s, x in zip(sets, per_rank))
     assert len({len(x) for x in per_rank}) == 1
     assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
     union = sets[0] | sets[1] | sets[2]
-    assert len(union) == 3 * (350 // 3 // 4) * 4
+    assert len(union) == 300
+    names = [keys[x] for x in union]
+    assert (names.count("a"), names.count("b"), names.count("c")) == (165, 90, 45)
     for r in range(3):  # each rank near the mixture's shares
         names = [keys[x] for x in per_rank[r]]
-        assert abs(names.count("a") / len(names) - 0.5) < 0.06
+        assert abs(names.count("a") / len(names) - 0.55) < 0.06
 
 
 def take(loader, n):
@@ -349,7 +354,7 @@ def _qwen_vl_utils():
     body = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in want) or
             (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
                                                for t in n.targets) and
-             not isinstance(n.value, ast.Call))]
+             isinstance(n.value, (ast.Constant, ast.BinOp)))]
     from PIL import Image
     import base64, copy, typing
     ns = dict(math=math, Image=Image, BytesIO=io.BytesIO, base64=base64, copy=copy,
@@ -449,4 +454,6 @@ def test_bad_budget_is_a_bad_record(tmp_path):
         warnings.simplefilter("always")
         n = sum(1 for _ in L)
         st = L.stats()
-    assert n == 1 and st["skipped_by_reason"] == {"bad_record": 3}
+    # the epoch's 4 batches are the good sample (padded mode refills from the start)
+    assert n == 4 and list(st["skipped_by_reason"]) == ["bad_record"]
+    assert st["good_samples"] >= 4 and st["skipped"] >= 3  # collation runs ahead

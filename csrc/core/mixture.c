@@ -63,14 +63,15 @@ mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t sample
         return mml_err_set(err, MML_ECONFIG, "source %s: choose=%lld is too large", name,
                            (long long)p->choose);
       counts[s] = p->choose;
-    } else if (p->repeat >= 0) {
-      double c = nearbyint(p->repeat * (double)p->n);
+    } else if (p->repeat >= 0 || p->weight < 0) { /* neither given: repeat=1 */
+      double r = p->repeat >= 0 ? p->repeat : 1.0;
+      double c = nearbyint(r * (double)p->n);
       if (!isfinite(c) || c >= (double)MAX_TOTAL)
         return mml_err_set(err, MML_ECONFIG, "source %s: repeat=%g is too large", name,
                            p->repeat);
       counts[s] = (int64_t)c;
     } else {
-      double w = p->weight >= 0 ? p->weight : 1.0;
+      double w = p->weight;
       if (!isfinite(w))
         return mml_err_set(err, MML_ECONFIG, "source %s: weight must be finite", name);
       wsum += w;
@@ -111,8 +112,8 @@ mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t sample
   int nw = 0;
   for (int s = 0; s < nsrc; s++) {
     const mml_mix_spec *p = &spec[s];
-    if (p->choose >= 0 || p->repeat >= 0) continue;
-    double w = p->weight >= 0 ? p->weight : 1.0;
+    if (p->weight < 0) continue;
+    double w = p->weight;
     double q = (double)rest * (w / wsum);
     double f = floor(q);
     counts[s] = (int64_t)f;

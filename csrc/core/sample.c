@@ -27,7 +27,8 @@ static void fit_pixels(mml_bytes *b, size_t need) {
 
 void mml_sample_reset(mml_sample *s) {
   s->epoch = s->pos = s->index = s->line = 0;
-  s->shard = 0;
+  s->shard = s->source = 0;
+  s->bytes = 0;
   s->status = MML_OK;
   mml_err_clear(&s->err);
   mml_ids_clear(&s->input_ids);
@@ -66,6 +67,7 @@ mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
 void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_vision_scratch_free(s->vision);
   mml_tok_scratch_free(s->tok);
+  mml_mix_scratch_free(&s->mix);
   free(s->plans);
   free(s->tokens);
   memset(s, 0, sizeof *s);

@@ -21,13 +21,17 @@ TEST(test_counts) {
   CHECK_OK(mml_mixture_counts(a, 3, 1001, c, &err), err); /* 300.3 600.6 100.1 -> +1 to #1 */
   CHECK_EQ_INT(c[0] + c[1] + c[2], 1001);
   CHECK_EQ_INT(c[1], 601);
-  mml_mix_spec b[3] = {{"r", 10, -1, 2.5, -1}, {"c", 50, -1, -1, 7}, W(40, -1)};
+  mml_mix_spec b[3] = {{"r", 10, -1, 2.5, -1}, {"c", 50, -1, -1, 7}, W(40, 1)};
   CHECK_OK(mml_mixture_counts(b, 3, 0, c, &err), err);
   CHECK_EQ_INT(c[0], 25);
   CHECK_EQ_INT(c[1], 7);
   CHECK_EQ_INT(c[2], 40);
   CHECK_OK(mml_mixture_counts(b, 3, 100, c, &err), err);
   CHECK_EQ_INT(c[2], 68);
+  mml_mix_spec d[2] = {W(30, -1), W(10, -1)}; /* nothing given: each sample once */
+  CHECK_OK(mml_mixture_counts(d, 2, 0, c, &err), err);
+  CHECK_EQ_INT(c[0], 30);
+  CHECK_EQ_INT(c[1], 10);
   mml_mix_spec bad[2] = {{"both", 10, 1, 2, -1}, W(10, 1)};
   CHECK(mml_mixture_counts(bad, 2, 0, c, &err) == MML_ECONFIG);
   CHECK(strstr(err.msg, "both") != NULL);

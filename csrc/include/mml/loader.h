@@ -24,6 +24,7 @@
 #include "mml/collate.h"
 #include "mml/common.h"
 #include "mml/fetch.h"
+#include "mml/mixture.h"
 #include "mml/record.h"
 #include "mml/sample.h"
 #include "mml/template.h"
@@ -192,6 +193,7 @@ typedef struct mml_sample_scratch {
   mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
+  mml_mix_scratch mix;      /* the mixture lookup's */
   double vision_s, text_s;  /* accumulated busy time, taken by the engine */
 } mml_sample_scratch;
 

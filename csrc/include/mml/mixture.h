@@ -5,7 +5,7 @@
  *
  * Counts.  Each source s has n_s samples and draws c_s of them per epoch (its count):
  *   choose=N   c_s = N;
- *   repeat=r   c_s = round(r * n_s);
+ *   repeat=r   c_s = round(r * n_s) (none of the three given: repeat=1);
  *   weight=w   the weighted sources share what the epoch has left after the fixed counts
  *              above, in proportion to their weights (largest-remainder rounding, so the
  *              counts sum exactly).  Without samples_per_epoch that is the weighted
@@ -39,8 +39,8 @@
 #include "mml/common.h"
 #include "mml/sampler.h"
 
-/* How a source's count is set: exactly one of weight >= 0, repeat >= 0, choose >= 0
- * (the others negative); all negative means weight 1. */
+/* How a source's count is set: at most one of weight >= 0, repeat >= 0, choose >= 0
+ * (the others negative); none given means repeat=1 (each of its samples once). */
 typedef struct mml_mix_spec {
   const char *name;  /* for messages */
   int64_t n;         /* samples in the source */
