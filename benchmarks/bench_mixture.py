@@ -14,7 +14,7 @@ What is measured (medians of MML_BENCH_MIX_ROUNDS rounds, default 3):
     int64 index within the source: 10 bytes per sample) for the same weights; the
     per-dataset shuffle indices Megatron also builds are not counted.
 Records are tiny text-only lines ("{...}" with one user and one assistant turn), so the
-files stay small (about 0.8 GB would be real records; these are ~60 bytes each).
+files stay as small as valid records allow (80 bytes a line: 0.8 GB for 10^7).
 
 Environment: MML_BENCH_MIX_SAMPLES (default 10_000_000), MML_BENCH_MIX_SOURCES (100).
 """

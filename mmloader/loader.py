@@ -438,7 +438,8 @@ class Loader:
             self._fingerprint["samples_per_epoch"] = self.samples_per_epoch
             self._fingerprint["mixture"] = [
                 [e["name"], e["data_hash"], e["num_samples"], e["per_epoch"],
-                 mixture.settings_hash({k: v for k, v in s.items() if k not in ("data", "name")})]
+                 mixture.settings_hash({k: v for k, v in s.items()
+                                        if k not in ("data", "name", "image_root")})]
                 for e, s in zip(info["sources"], sources)]
 
     # ---- iteration ---------------------------------------------------------------------

@@ -282,6 +282,9 @@ def test_changed_mixture_raises_or_continues(srcs):
         L.load_state_dict(state)
     with make(three(srcs)[:2]) as L, pytest.raises(StateError, match="source 'c' removed"):
         L.load_state_dict(state)
+    with make(three(srcs) + [Source(srcs["b"], name="d", choose=5)]) as L, \
+            pytest.raises(StateError, match="source 'd' added"):
+        L.load_state_dict(state)
     with make(three(srcs, max_pixels=28 * 28 * 8)) as L, \
             pytest.raises(StateError, match="source 'a': its settings changed"):
         L.load_state_dict(state)
