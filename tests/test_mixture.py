@@ -460,3 +460,14 @@ def test_bad_budget_is_a_bad_record(tmp_path):
     # the epoch's 4 batches are the good sample (padded mode refills from the start)
     assert n == 4 and list(st["skipped_by_reason"]) == ["bad_record"]
     assert st["good_samples"] >= 4 and st["skipped"] >= 3  # collation runs ahead
+
+
+def test_example_mixture_file_parses():
+    pytest.importorskip("yaml")
+    from mmloader.mixture import load_mixture_file
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "mixture.yaml")
+    sources, spe = load_mixture_file(path)
+    assert spe == 100000 and [s.name for s in sources] == ["docvqa", "llava", "text"]
+    assert sources[0].overrides == {"max_pixels": 2408448} and sources[0].weight == 0.3
+    assert sources[2].overrides == {"label_mode": "last_assistant", "system_prompt": ""}
+    assert os.path.isabs(sources[1].data[0])
