@@ -35,7 +35,7 @@ core = Extension(
     "mmloader._core",
     sources=rel("csrc/core/*.c") + rel("csrc/py/*.c"),
     include_dirs=["csrc/include", "csrc/py"],
-    libraries=["turbojpeg", "jpeg", "png16", "cjson", "utf8proc", "curl", "m", "dl", "pthread"],
+    libraries=["turbojpeg", "jpeg", "png16", "cjson", "utf8proc", "curl", "z", "zstd", "m", "dl", "pthread"],
     extra_compile_args=cflags,
     extra_link_args=ldflags,
 )

@@ -92,6 +92,9 @@ def _record(rng: random.Random, fmt: str, images: List[str]) -> Dict[str, Any]:
     return {"messages": out}
 
 
+_MANIFEST = ".manifest.json"
+
+
 def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
                  formats: Sequence[str] = FORMATS, n_shards: int = 2,
                  n_images: int = 0, min_size: int = 48, max_size: int = 640,
@@ -136,7 +139,8 @@ def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
             f.close()
     desc = {"root": root, "shards": shards, "images": [os.path.join(root, n) for n in names],
             "n_samples": n_samples, "n_images": n_images}
-    with open(os.path.join(root, "manifest.json"), "w", encoding="utf-8") as f:
+    # hidden, so a folder given as data (every *.json inside) does not take it for a shard
+    with open(os.path.join(root, _MANIFEST), "w", encoding="utf-8") as f:
         json.dump({"n_samples": n_samples, "seed": seed, "n_images": n_images,
                    "shards": [os.path.basename(s) for s in shards]}, f)
     return desc
@@ -144,7 +148,10 @@ def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
 
 def load_manifest(root: str) -> Dict[str, Any]:
     """The description of a dataset written by make_dataset (KeyError/OSError if absent)."""
-    with open(os.path.join(root, "manifest.json"), encoding="utf-8") as f:
+    path = os.path.join(root, _MANIFEST)
+    if not os.path.exists(path) and os.path.exists(os.path.join(root, "manifest.json")):
+        path = os.path.join(root, "manifest.json")  # written by older versions
+    with open(path, encoding="utf-8") as f:
         m = json.load(f)
     return {"root": root, "shards": [os.path.join(root, s) for s in m["shards"]],
             "n_samples": m["n_samples"], "n_images": m["n_images"]}

@@ -31,6 +31,9 @@ _REMOTE = ("http://", "https://", "s3://")
 # Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
+# What a folder given as data contributes (compression is told by content, not name).
+_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
 
 
 def _is_remote(p: str) -> bool:
@@ -38,7 +41,7 @@ def _is_remote(p: str) -> bool:
 
 
 def _expand_data(data: DataSpec) -> List[str]:
-    """Paths, globs, folders (every *.jsonl inside) or URLs -> an ordered shard list."""
+    """Paths, globs, folders (every data file inside) or URLs -> an ordered shard list."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if not items:
         raise ConfigError("data is empty")
@@ -56,9 +59,11 @@ def _expand_data(data: DataSpec) -> List[str]:
                 raise ConfigError(f"no data file matches {p!r}")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "*.jsonl")))
+            found = sorted(f for f in glob.glob(os.path.join(p, "*"))
+                           if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
             if not found:
-                raise ConfigError(f"folder {p!r} holds no *.jsonl file")
+                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, "
+                                  "optionally .gz or .zst)")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
             out.append(os.path.abspath(p))
@@ -206,9 +211,12 @@ class Loader:
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
     Args:
-        data: a JSONL shard path, a glob, a folder of ``*.jsonl``, an ``http(s)://`` or
-            ``s3://`` URL (``s3://`` may hold a glob), or a list of those.  Or a mixture:
-            a list of :class:`mmloader.Source` (or dicts with the same fields), or the
+        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` files, plain or
+            ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
+            glob), or a list of those.  A shard is JSON lines or one JSON array of records
+            (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
+            bytes; a compressed shard is decompressed once into a temporary file in
+            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the same fields), or the
             path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
             may override image_root, min_pixels, max_pixels, max_image_pixels,
             system_prompt, label_mode and max_length for its samples (an image entry's
@@ -224,6 +232,8 @@ class Loader:
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
+        data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
+            array, anything else JSON lines), "jsonl" or "json" (an array).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         micro_batch_size: rows per padded batch.
@@ -277,7 +287,8 @@ class Loader:
         aws_session_token, max_inflight: remote fetching (environment used when None).
     """
 
-    def __init__(self, data: DataSpec, *, image_root: Optional[PathLike] = None,
+    def __init__(self, data: DataSpec, *, data_format: str = "auto",
+                 image_root: Optional[PathLike] = None,
                  micro_batch_size: int = 8, seq_length: Optional[int] = None,
                  shuffle: bool = True, seed: int = 0, dp_rank: int = 0, dp_size: int = 1,
                  num_threads: Optional[int] = None, prefetch: int = 4,
@@ -346,6 +357,9 @@ class Loader:
         if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
                 or not 0.0 <= max_error_rate <= 1.0:
             raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
+        if data_format not in _DATA_FORMATS:
+            raise ConfigError(f"data_format must be one of {tuple(_DATA_FORMATS)}, got "
+                              f"{data_format!r}")
         if keys not in ("qwen", "megatron"):
             raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
         if text_only_vision not in _TEXT_ONLY:
@@ -385,7 +399,7 @@ class Loader:
                        for src in mix[0]]
 
         cfg: Dict[str, Any] = dict(
-            data=shards, image_root=None if image_root is None else os.fspath(image_root),
+            data=shards, data_format=_DATA_FORMATS[data_format], image_root=None if image_root is None else os.fspath(image_root),
             shuffle=int(bool(shuffle)), seed=seed, dp_rank=dp_rank, dp_size=dp_size,
             num_threads=num_threads, prefetch=prefetch, window=window or 0,
             on_error=on_error, max_error_rate=float(max_error_rate),
@@ -551,8 +565,96 @@ class Loader:
         epoch, pos = divmod(done, n)
         return (epoch, pos, 0 if self._packing else min(pos // self._mbs, len(self)))
 
+    # Megatron-LM's names (maybe_save_dataloader_state calls iterable.save_state()).
     save_state = state_dict
     restore_state = load_state_dict
+
+    # ---- Energon's state API (megatron.energon.SavableDataLoader) ------------------------
+    #: The torch.distributed group of the data-parallel ranks that save_state_global /
+    #: restore_state_global gather over and scatter to (Energon's
+    #: WorkerConfig.data_parallel_group); None: the default group.  mmloader.megatron sets
+    #: it to Megatron's data-parallel group.
+    dp_group: Any = None
+
+    def save_state_rank(self) -> Dict[str, Any]:
+        """This rank's state (Energon's name for :meth:`state_dict`)."""
+        return self.state_dict()
+
+    def restore_state_rank(self, state: Optional[Dict[str, Any]]) -> None:
+        """Restores a state from :meth:`save_state_rank`; None means the initial state
+        (Energon's convention: nothing to restore)."""
+        if state is not None:
+            self.load_state_dict(state)
+
+    def save_state_global(self, global_dst_rank: int = 0) -> Optional[List[Dict[str, Any]]]:
+        """Every data-parallel rank's state, gathered to global rank ``global_dst_rank``:
+        the list indexed by ``dp_rank`` there, None on the other ranks (Energon's
+        semantics).  Every rank of :attr:`dp_group` must call it.  Not distributed
+        (``dp_size == 1`` and no process group): ``[state]``."""
+        state = self.state_dict()
+        dist = self._dp_dist()
+        if dist is None:
+            return [state]
+        group = self.dp_group
+        try:
+            dist.get_group_rank(group or dist.group.WORLD, global_dst_rank)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"save_state_global: global rank {global_dst_rank} is not in "
+                             "this loader's data-parallel group") from None
+        out: Optional[List[Any]] = [None] * self._fingerprint["dp_size"] \
+            if dist.get_rank() == global_dst_rank else None
+        dist.gather_object(state, out, dst=global_dst_rank, group=group)
+        return out
+
+    def restore_state_global(self, state: Optional[Sequence[Optional[Dict[str, Any]]]], *,
+                             src_rank: Optional[int] = None) -> None:
+        """Restores the states of :meth:`save_state_global` (Energon's semantics).
+
+        ``src_rank=None``: ``state`` is the whole list on every rank and each rank takes
+        ``state[dp_rank]``.  Otherwise only rank ``src_rank`` of :attr:`dp_group` (a rank
+        within the group) passes the list, the others pass None, and the states are
+        scattered from it; every rank of the group must call it then.
+        """
+        size, rank = self._fingerprint["dp_size"], self._fingerprint["dp_rank"]
+        dist = self._dp_dist() if src_rank is not None else None
+        if dist is None:
+            if not isinstance(state, (list, tuple)) or len(state) != size:
+                raise StateError(f"restore_state_global: expected the list of {size} "
+                                 "data-parallel states from save_state_global, got "
+                                 f"{type(state).__name__}")
+            return self.restore_state_rank(state[rank])
+        group = self.dp_group
+        src = dist.get_global_rank(group, src_rank) if group is not None else src_rank
+        if dist.get_rank() == src:
+            if not isinstance(state, (list, tuple)) or len(state) != size:
+                raise StateError(f"restore_state_global: rank {src_rank} must pass the list "
+                                 f"of {size} data-parallel states")
+            scatter = list(state)
+        else:
+            scatter = [None] * size
+        got: List[Any] = [None]
+        dist.scatter_object_list(got, scatter, src=src, group=group)
+        self.restore_state_rank(got[0])
+
+    def _dp_dist(self) -> Any:
+        """torch.distributed when this loader's data-parallel ranks can talk, else None;
+        raises when the group does not match dp_rank / dp_size."""
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            if self._fingerprint["dp_size"] > 1:
+                raise StateError("save_state_global / restore_state_global with dp_size > 1 "
+                                 "need torch.distributed initialised (or use "
+                                 "save_state_rank / restore_state_rank)")
+            return None
+        size = dist.get_world_size(self.dp_group)
+        rank = dist.get_rank(self.dp_group)
+        if (size, rank) != (self._fingerprint["dp_size"], self._fingerprint["dp_rank"]):
+            raise StateError(f"this loader is data-parallel rank {self._fingerprint['dp_rank']} "
+                             f"of {self._fingerprint['dp_size']} but its process group has "
+                             f"rank {rank} of {size}: set loader.dp_group to the "
+                             "data-parallel group")
+        return dist
 
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> Dict[str, Any]:

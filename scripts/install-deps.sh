@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS="build-essential pkg-config libturbojpeg0-dev libjpeg-dev libpng-dev libcjson-dev
-          libutf8proc-dev libcurl4-openssl-dev"
+          libutf8proc-dev libcurl4-openssl-dev zlib1g-dev libzstd-dev"
 missing=""
 for p in $APT_PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -534,99 +534,99 @@ static void spawn_rest(mml_fetcher *f, xfer *probe) {
   }
 }
 
-static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
-  job *j = x->j;
-  CURL *e = x->easy;
-  long http = 0;
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &http);
-  if (!x->http) x->http = http;
+/* A transfer curl could not complete (rc != CURLE_OK): retried when transient. */
+static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   char why[512];
-  if (x->nomem) {
+  const char *msg = x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc);
+  snprintf(why, sizeof why, "%s (curl %d)", msg, (int)rc);
+  if (x->overflow) {
     xfer_release_easy(f, x);
-    part_fail(f, x, MML_ENOMEM, "out of memory");
+    part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
     return;
   }
-  if (rc != CURLE_OK) {
-    const char *msg = x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc);
-    snprintf(why, sizeof why, "%s (curl %d)", msg, (int)rc);
-    if (x->overflow) {
-      xfer_release_easy(f, x);
-      part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
-      return;
-    }
-    if (x->stalled) {
-      snprintf(why, sizeof why, "transfer stalled for %.1f s", f->stall_s);
+  if (x->stalled) {
+    snprintf(why, sizeof why, "transfer stalled for %.1f s", f->stall_s);
+    retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
+    return;
+  }
+  switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT:
       retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
       return;
-    }
-    switch (rc) {
-      case CURLE_OPERATION_TIMEDOUT:
-        retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
-        return;
-      case CURLE_PARTIAL_FILE:
+    case CURLE_PARTIAL_FILE:
+      retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
+      return;
+    case CURLE_RECV_ERROR:
+      if (x->got > 0 && x->clen > x->got) { /* cut off inside the body: a short body */
         retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
         return;
-      case CURLE_RECV_ERROR:
-        if (x->got > 0 && x->clen > x->got) { /* cut off inside the body: a short body */
-          retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
-          return;
-        }
-        /* fall through */
-      case CURLE_SEND_ERROR:
-      case CURLE_GOT_NOTHING:
-      case CURLE_COULDNT_CONNECT:
-      case CURLE_HTTP2:
-      case CURLE_HTTP2_STREAM:
-      case CURLE_SSL_CONNECT_ERROR:
-      case CURLE_WEIRD_SERVER_REPLY:
-        retry_or_fail(f, x, RETRY_RESET, MML_EFETCH, why);
-        return;
-      default:
-        xfer_release_easy(f, x);
-        part_fail(f, x, MML_EFETCH, "%s", why);
-        return;
-    }
-  }
-  record_latency(f, e, x->http >= 200 && x->http < 300 ? x->got : 0);
-  long s = x->http;
-  if (s >= 200 && s < 300) {
-    int64_t expect = -1;
-    if (s == 206 && x->cr_start >= 0) expect = x->cr_end - x->cr_start + 1;
-    else if (x->clen >= 0 && !x->skip && !j->head) expect = x->clen;
-    if (s == 206 && x->cr_start >= 0 && x->cr_start != x->off) {
+      }
+      /* fall through */
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY:
+      retry_or_fail(f, x, RETRY_RESET, MML_EFETCH, why);
+      return;
+    default:
       xfer_release_easy(f, x);
-      part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)", (long long)x->cr_start);
+      part_fail(f, x, MML_EFETCH, "%s", why);
       return;
-    }
-    if (expect >= 0 && x->got < expect && !j->head) {
-      snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)expect);
-      retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
-      return;
-    }
-    if (j->head) {
-      curl_off_t cl = -1;
-      curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
-      j->total = cl;
-    } else if (x->cr_total >= 0) {
-      j->total = x->cr_total;
-    } else if (s == 200 && !x->skip) {
-      j->total = j->off + x->got; /* the whole object came back */
-    } else if (s == 200 && !x->probe && x->got < x->len) {
-      j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
-    }
-    if (!x->probe && x->len > 0 && x->got < x->len && j->total >= 0 && x->off + x->got < j->total) {
-      snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)x->len);
-      retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
-      return;
-    }
+  }
+}
+
+/* A 2xx reply: the body is checked against what was asked (short bodies are retried),
+ * the object size noted; a probe that found a larger object spawns the range parts. */
+static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
+  job *j = x->j;
+  long s = x->http;
+  char why[512];
+  int64_t expect = -1;
+  if (s == 206 && x->cr_start >= 0) expect = x->cr_end - x->cr_start + 1;
+  else if (x->clen >= 0 && !x->skip && !j->head) expect = x->clen;
+  if (s == 206 && x->cr_start >= 0 && x->cr_start != x->off) {
     xfer_release_easy(f, x);
-    if (x->probe && s == 206 && j->total > x->off + x->got) {
-      memcpy(j->etag, x->etag, sizeof j->etag);
-      spawn_rest(f, x);
-    }
-    part_done(f, x);
+    part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)", (long long)x->cr_start);
     return;
   }
+  if (expect >= 0 && x->got < expect && !j->head) {
+    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)expect);
+    retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
+    return;
+  }
+  if (j->head) {
+    curl_off_t cl = -1;
+    curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
+    j->total = cl;
+  } else if (x->cr_total >= 0) {
+    j->total = x->cr_total;
+  } else if (s == 200 && !x->skip) {
+    j->total = j->off + x->got; /* the whole object came back */
+  } else if (s == 200 && !x->probe && x->got < x->len) {
+    j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
+  }
+  if (!x->probe && x->len > 0 && x->got < x->len && j->total >= 0 && x->off + x->got < j->total) {
+    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)x->len);
+    retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
+    return;
+  }
+  xfer_release_easy(f, x);
+  if (x->probe && s == 206 && j->total > x->off + x->got) {
+    memcpy(j->etag, x->etag, sizeof j->etag);
+    spawn_rest(f, x);
+  }
+  part_done(f, x);
+}
+
+/* A non-2xx reply: 416 on a range past the end is an empty body; 429, 5xx and 408 are
+ * retried; the rest fail with the S3 error code and message when the body has them. */
+static void xfer_http_error(mml_fetcher *f, xfer *x) {
+  job *j = x->j;
+  long s = x->http;
+  char why[512];
   if (s == 416 && !j->head && (x->len != 0 || x->off != 0)) {
     /* Range unsatisfiable: it starts at or past the end of the object (a probe of
      * bytes=0-N gets this for an empty object).  Nothing there, not an error. */
@@ -655,6 +655,25 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
     xfer_release_easy(f, x);
     part_fail(f, x, st, "%s", why);
   }
+}
+
+static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
+  CURL *e = x->easy;
+  long http = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &http);
+  if (!x->http) x->http = http;
+  if (x->nomem) {
+    xfer_release_easy(f, x);
+    part_fail(f, x, MML_ENOMEM, "out of memory");
+    return;
+  }
+  if (rc != CURLE_OK) {
+    xfer_curl_failed(f, x, rc);
+    return;
+  }
+  record_latency(f, e, x->http >= 200 && x->http < 300 ? x->got : 0);
+  if (x->http >= 200 && x->http < 300) xfer_ok(f, x, e);
+  else xfer_http_error(f, x);
 }
 
 /* ---- the I/O thread ------------------------------------------------------------------- */

@@ -1,25 +1,77 @@
 /*
- * index.c — the shard line index (see mml/index.h).
+ * index.c — the sample index of JSONL and JSON-array shards, plain or gzip/zstd
+ * compressed (see mml/index.h).
  *
- * A sample is a line holding anything besides spaces, tabs and '\r'.  The scanner walks
- * the bytes once, keeping two bits of state across chunk boundaries: whether the current
- * line has started a sample, and where it began.  One thread builds; the result is
- * read-only afterwards.
+ * DESIGN
+ *   One builder per shard turns a stream of stored bytes into record offsets, in three
+ *   layers that each see every byte once:
+ *     raw      the first 4 bytes decide the compression (gzip 1f 8b, zstd 28 b5 2f fd);
+ *     inflate  zlib (multi-member gzip) or libzstd (multi-frame) into a 1 MiB buffer,
+ *              each decompressed chunk also appended to the shard's spill file;
+ *     text     a scanner over the (decompressed) text.  Until the first non-blank byte
+ *              the layout is open: blanks go through the JSONL scanner (so blank-line
+ *              numbers are right if it stays JSONL) and '[' switches to the array scanner.
+ *   The JSONL scanner keeps two facts across chunks: whether the current line has started
+ *   a sample, and where it began.  The array scanner is a small state machine (between
+ *   elements / inside one: string, escape, a bit stack of open brackets up to
+ *   MAX_DEPTH); it records each element's first byte and checks only structure.
+ *   A record's byte range runs to the next record's start (or data_end, the closing ']'
+ *   of an array); mml_index_record_len trims the separators after it.
+ *
+ *   Spill files: open(O_TMPFILE) in $TMPDIR (else /tmp), or mkstemp + unlink where the
+ *   file system lacks O_TMPFILE; nothing is left behind whatever way the process ends.
+ *   Readers use pread on the shard's fd, which is safe from any thread.
+ *
+ * Threads: one thread builds; the result is read-only afterwards.
  */
 #include "mml/index.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
-typedef struct scan {
-  int64_t line_start; /* offset of the current line */
-  int64_t line_no;    /* 1-based number of the current line */
-  int content;        /* current line has a non-blank byte */
-} scan;
+#include "mml/fetch.h"
+
+enum { CHUNK = 1 << 20, MAX_DEPTH = 1024 };
+
+/* array scanner states */
+enum { J_OPEN = 0, J_FIRST, J_NEXT, J_ELEM, J_AFTER, J_DONE };
+
+struct mml_index_builder {
+  mml_index *ix;
+  int shard;            /* index into ix->shards (which may move while growing) */
+  mml_layout want;
+  /* raw layer */
+  uint8_t head[4];
+  size_t nhead;
+  int sniffed;
+  int64_t raw_off;      /* stored bytes consumed */
+  z_stream z;
+  int z_init, z_ended;  /* z_ended: the last gzip member ended exactly at the input's end */
+  ZSTD_DStream *zs;
+  size_t zs_last;       /* last ZSTD_decompressStream hint: 0 when a frame just ended */
+  uint8_t *zbuf;        /* decompression output */
+  /* text layer */
+  int64_t pos;          /* text bytes seen */
+  int decided;          /* layout decided (first non-blank byte seen) */
+  /* JSONL */
+  int64_t line_start, line_no;
+  int content;
+  /* JSON array */
+  int js;
+  int in_str, esc, scalar;
+  int depth;
+  uint8_t stack[MAX_DEPTH / 8]; /* bit set: 1 = '{' open at that depth */
+  int64_t elem_start;
+};
+
+static mml_index_shard *shard_of(mml_index_builder *b) { return &b->ix->shards[b->shard]; }
 
 static mml_status push_offset(mml_index *ix, int64_t off) {
   if (ix->n == ix->cap) {
@@ -44,25 +96,31 @@ static mml_status push_blank(mml_index_shard *sh, int64_t line) {
   return MML_OK;
 }
 
+static mml_status oom(mml_index_builder *b, mml_err *err) {
+  return mml_err_set(err, MML_ENOMEM, "data shard %s: out of memory indexing", shard_of(b)->path);
+}
+
+/* ---- JSONL ------------------------------------------------------------------------- */
+
 /* Ends the current line (at a '\n' or end of file). */
-static mml_status end_line(mml_index *ix, mml_index_shard *sh, scan *sc, int64_t next_start) {
-  mml_status st = sc->content ? push_offset(ix, sc->line_start) : push_blank(sh, sc->line_no);
-  if (sc->content) sh->count++;
-  sc->line_start = next_start;
-  sc->line_no++;
-  sc->content = 0;
+static mml_status end_line(mml_index_builder *b, int64_t next_start) {
+  mml_index_shard *sh = shard_of(b);
+  mml_status st = b->content ? push_offset(b->ix, b->line_start) : push_blank(sh, b->line_no);
+  if (b->content) sh->count++;
+  b->line_start = next_start;
+  b->line_no++;
+  b->content = 0;
   return st;
 }
 
-static mml_status scan_chunk(mml_index *ix, mml_index_shard *sh, scan *sc, const uint8_t *p,
-                             size_t len, int64_t base) {
+static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len, int64_t base) {
   for (size_t i = 0; i < len; i++) {
     uint8_t c = p[i];
     if (c == '\n') {
-      mml_status st = end_line(ix, sh, sc, base + (int64_t)i + 1);
+      mml_status st = end_line(b, base + (int64_t)i + 1);
       if (st) return st;
-    } else if (!sc->content && c != ' ' && c != '\t' && c != '\r') {
-      sc->content = 1;
+    } else if (!b->content && c != ' ' && c != '\t' && c != '\r') {
+      b->content = 1;
       /* fast path: skip to the end of the line */
       const uint8_t *nl = memchr(p + i, '\n', len - i);
       if (!nl) return MML_OK;
@@ -72,64 +130,437 @@ static mml_status scan_chunk(mml_index *ix, mml_index_shard *sh, scan *sc, const
   return MML_OK;
 }
 
-static mml_status start_shard(mml_index *ix, const char *path, mml_index_shard **out,
-                              mml_err *err) {
-  mml_index_shard *s = realloc(ix->shards, (size_t)(ix->nshards + 1) * sizeof *s);
-  if (!s) return mml_err_set(err, MML_ENOMEM, "%s: out of memory indexing", path);
-  ix->shards = s;
-  mml_index_shard *sh = &s[ix->nshards];
-  memset(sh, 0, sizeof *sh);
-  sh->path = strdup(path);
-  if (!sh->path) return mml_err_set(err, MML_ENOMEM, "%s: out of memory indexing", path);
-  sh->first = ix->n;
-  ix->nshards++;
-  *out = sh;
+/* ---- JSON array -------------------------------------------------------------------- */
+
+static int is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+static const char *show(uint8_t c, char buf[8]) {
+  if (c >= 0x20 && c < 0x7f) snprintf(buf, 8, "'%c'", c);
+  else snprintf(buf, 8, "0x%02x", c);
+  return buf;
+}
+
+static mml_status start_elem(mml_index_builder *b, uint8_t c, int64_t at, mml_err *err) {
+  if (push_offset(b->ix, at)) return oom(b, err);
+  shard_of(b)->count++;
+  b->elem_start = at;
+  b->js = J_ELEM;
+  b->in_str = b->esc = 0;
+  b->depth = 0;
+  b->scalar = !(c == '{' || c == '[');
   return MML_OK;
 }
 
-static mml_status finish_shard(mml_index *ix, mml_index_shard *sh, scan *sc, int64_t size,
-                               mml_err *err) {
-  sh->size = size;
-  /* A last line without '\n' still counts; an empty tail after the final '\n' does not. */
-  if (sc->content || sc->line_start < size) {
-    if (end_line(ix, sh, sc, size)) return mml_err_set(err, MML_ENOMEM, "%s: out of memory", sh->path);
+static mml_status json_error(mml_index_builder *b, mml_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static mml_status json_error(mml_index_builder *b, mml_err *err, const char *fmt, ...) {
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return mml_err_set(err, MML_ERECORD, "data shard %s: malformed JSON array: %s",
+                     shard_of(b)->path, why);
+}
+
+/* One byte outside an element (states J_OPEN, J_FIRST, J_NEXT, J_AFTER, J_DONE). */
+static mml_status json_between(mml_index_builder *b, uint8_t c, int64_t at, mml_err *err) {
+  char sb[8];
+  if (is_ws(c)) return MML_OK;
+  int64_t k = shard_of(b)->count; /* elements so far */
+  switch (b->js) {
+    case J_OPEN:
+      if (c != '[') return json_error(b, err, "expected '[' at byte %lld, found %s", (long long)at, show(c, sb));
+      b->js = J_FIRST;
+      return MML_OK;
+    case J_FIRST:
+      if (c == ']') {
+        b->js = J_DONE;
+        shard_of(b)->data_end = at;
+        return MML_OK;
+      }
+      return start_elem(b, c, at, err);
+    case J_NEXT:
+      if (c == ']' || c == ',')
+        return json_error(b, err, "expected element %lld at byte %lld, found %s", (long long)k,
+                          (long long)at, show(c, sb));
+      return start_elem(b, c, at, err);
+    case J_AFTER:
+      if (c == ',') {
+        b->js = J_NEXT;
+        return MML_OK;
+      }
+      if (c == ']') {
+        b->js = J_DONE;
+        shard_of(b)->data_end = at;
+        return MML_OK;
+      }
+      return json_error(b, err,
+                        "expected ',' or ']' at byte %lld after element %lld (which starts at "
+                        "byte %lld), found %s",
+                        (long long)at, (long long)k - 1, (long long)b->elem_start, show(c, sb));
+    default: /* J_DONE */
+      return json_error(b, err, "data after the closing ']' at byte %lld (%s)", (long long)at,
+                        show(c, sb));
+  }
+}
+
+static mml_status scan_json(mml_index_builder *b, const uint8_t *p, size_t len, int64_t base,
+                            mml_err *err) {
+  char sb[8];
+  for (size_t i = 0; i < len; i++) {
+    uint8_t c = p[i];
+    int64_t at = base + (int64_t)i;
+    if (b->js != J_ELEM) {
+      mml_status st = json_between(b, c, at, err);
+      if (st) return st;
+      if (b->js != J_ELEM || b->scalar) {
+        if (b->js == J_ELEM && c == '"') b->in_str = 1; /* a string element */
+        continue;
+      }
+      /* an element opened with '{' or '[': fall through to count it */
+    } else if (b->in_str) {
+      /* fast path: jump to the next quote or backslash */
+      if (b->esc) {
+        b->esc = 0;
+        continue;
+      }
+      size_t j = i;
+      while (j < len && p[j] != '"' && p[j] != '\\') j++;
+      if (j == len) return MML_OK;
+      i = j;
+      if (p[j] == '\\') b->esc = 1;
+      else b->in_str = 0;
+      continue;
+    } else if (c == '"') {
+      b->in_str = 1;
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      if (b->depth == MAX_DEPTH)
+        return json_error(b, err, "element %lld (at byte %lld) nests deeper than %d at byte %lld",
+                          (long long)shard_of(b)->count - 1, (long long)b->elem_start, MAX_DEPTH,
+                          (long long)at);
+      if (c == '{') b->stack[b->depth / 8] |= (uint8_t)(1u << (b->depth % 8));
+      else b->stack[b->depth / 8] &= (uint8_t)~(1u << (b->depth % 8));
+      b->depth++;
+    } else if (c == '}' || c == ']') {
+      if (b->depth == 0) { /* ends a scalar element: the closer belongs to the array */
+        b->js = J_AFTER;
+        mml_status st = json_between(b, c, at, err);
+        if (st) return st;
+        continue;
+      }
+      int open_brace = (b->stack[(b->depth - 1) / 8] >> ((b->depth - 1) % 8)) & 1;
+      if (open_brace != (c == '}'))
+        return json_error(b, err, "%s at byte %lld closes a '%c' in element %lld (which starts at "
+                                  "byte %lld)",
+                          show(c, sb), (long long)at, open_brace ? '{' : '[',
+                          (long long)shard_of(b)->count - 1, (long long)b->elem_start);
+      if (--b->depth == 0 && !b->scalar) b->js = J_AFTER;
+    } else if (b->scalar && b->depth == 0 && (c == ',' || is_ws(c))) {
+      b->js = J_AFTER;
+      mml_status st = json_between(b, c, at, err);
+      if (st) return st;
+    }
   }
   return MML_OK;
 }
 
-mml_status mml_index_add_bytes(mml_index *ix, const char *path, const uint8_t *data, size_t len,
-                               mml_err *err) {
-  mml_index_shard *sh = NULL;
-  mml_status st = start_shard(ix, path, &sh, err);
-  if (st) return st;
-  scan sc = {0, 1, 0};
-  if (scan_chunk(ix, sh, &sc, data, len, 0))
-    return mml_err_set(err, MML_ENOMEM, "%s: out of memory indexing", path);
-  return finish_shard(ix, sh, &sc, (int64_t)len, err);
+/* ---- text layer ---------------------------------------------------------------------- */
+
+static mml_status scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_err *err) {
+  if (!len) return MML_OK;
+  int64_t base = b->pos;
+  b->pos += (int64_t)len;
+  if (base == 0 && len >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF) { /* BOM */
+    p += 3, len -= 3, base = 3;
+    b->line_start = 3;
+  }
+  if (!b->decided) {
+    size_t i = 0;
+    while (i < len && is_ws(p[i])) i++;
+    if (b->want != MML_LAYOUT_JSON) { /* blanks so far count as JSONL blank lines */
+      if (scan_lines(b, p, i, base)) return oom(b, err);
+    }
+    if (i == len) return MML_OK;
+    b->decided = 1;
+    mml_index_shard *sh = shard_of(b);
+    if (b->want == MML_LAYOUT_JSON || (b->want == MML_LAYOUT_AUTO && p[i] == '[')) {
+      sh->layout = MML_LAYOUT_JSON;
+      free(sh->blank_lines);
+      sh->blank_lines = NULL;
+      sh->nblank = 0;
+      b->js = J_OPEN;
+    } else {
+      sh->layout = MML_LAYOUT_JSONL;
+    }
+    p += i, len -= i, base += (int64_t)i;
+  }
+  if (shard_of(b)->layout == MML_LAYOUT_JSON) return scan_json(b, p, len, base, err);
+  return scan_lines(b, p, len, base) ? oom(b, err) : MML_OK;
 }
 
-mml_status mml_index_add_file(mml_index *ix, const char *path, mml_err *err) {
+/* ---- decompression and the spill file ------------------------------------------------ */
+
+static int spill_open(char *dir_out, size_t cap) {
+  const char *dir = getenv("TMPDIR");
+  if (!dir || !*dir) dir = "/tmp";
+  snprintf(dir_out, cap, "%s", dir);
+#ifdef O_TMPFILE
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+#endif
+  char path[4096];
+  snprintf(path, sizeof path, "%s/mmloader-spill-XXXXXX", dir);
+  fd = mkostemp(path, O_CLOEXEC);
+  if (fd >= 0) unlink(path);
+  return fd;
+}
+
+static mml_status spill_write(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  mml_index_shard *sh = shard_of(b);
+  while (n) {
+    ssize_t w = write(sh->fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const char *dir = getenv("TMPDIR");
+      return mml_err_set(err, MML_EIO,
+                         "data shard %s: cannot write its decompressed copy to %s: %s (TMPDIR "
+                         "chooses the folder)",
+                         sh->path, dir && *dir ? dir : "/tmp", strerror(errno));
+    }
+    p += w, n -= (size_t)w;
+  }
+  return MML_OK;
+}
+
+/* Decompressed text: to the spill file and the scanner. */
+static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  mml_status st = spill_write(b, p, n, err);
+  return st ? st : scan_text(b, p, n, err);
+}
+
+static mml_status start_raw(mml_index_builder *b, mml_err *err) {
+  mml_index_shard *sh = shard_of(b);
+  const uint8_t *h = b->head;
+  if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b) sh->compression = MML_COMPRESS_GZIP;
+  else if (b->nhead >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd)
+    sh->compression = MML_COMPRESS_ZSTD;
+  b->sniffed = 1;
+  if (sh->compression == MML_COMPRESS_NONE) return MML_OK;
+  if (!(b->zbuf = malloc(CHUNK))) return oom(b, err);
+  char dir[4096];
+  if ((sh->fd = spill_open(dir, sizeof dir)) < 0)
+    return mml_err_set(err, MML_EIO, "data shard %s: cannot create a file for its decompressed "
+                                     "copy in %s: %s (TMPDIR chooses the folder)",
+                       sh->path, dir, strerror(errno));
+  if (sh->compression == MML_COMPRESS_GZIP) {
+    if (inflateInit2(&b->z, 16 + MAX_WBITS) != Z_OK) return oom(b, err);
+    b->z_init = 1;
+  } else {
+    if (!(b->zs = ZSTD_createDStream())) return oom(b, err);
+    b->zs_last = 1;
+  }
+  return MML_OK;
+}
+
+static mml_status feed_gzip(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  b->z.next_in = (Bytef *)p;
+  b->z.avail_in = (uInt)n;
+  while (b->z.avail_in > 0) {
+    if (b->z_ended) { /* another gzip member follows */
+      inflateReset(&b->z);
+      b->z_ended = 0;
+    }
+    b->z.next_out = b->zbuf;
+    b->z.avail_out = CHUNK;
+    int64_t in_before = b->raw_off + (int64_t)(n - b->z.avail_in);
+    uInt avail0 = b->z.avail_in;
+    int r = inflate(&b->z, Z_NO_FLUSH);
+    if (r == Z_BUF_ERROR && b->z.avail_in == avail0 && b->z.avail_out == CHUNK) break;
+    if (r != Z_OK && r != Z_STREAM_END && r != Z_BUF_ERROR)
+      return mml_err_set(err, MML_ERECORD, "data shard %s: gzip data error near compressed byte "
+                                           "%lld: %s",
+                         shard_of(b)->path, (long long)in_before, b->z.msg ? b->z.msg : "corrupt");
+    mml_status st = text_out(b, b->zbuf, CHUNK - b->z.avail_out, err);
+    if (st) return st;
+    if (r == Z_STREAM_END) b->z_ended = 1;
+  }
+  /* drain output that did not fit */
+  for (;;) {
+    if (b->z_ended) break;
+    b->z.next_out = b->zbuf;
+    b->z.avail_out = CHUNK;
+    int r = inflate(&b->z, Z_NO_FLUSH);
+    size_t got = CHUNK - b->z.avail_out;
+    if (r == Z_STREAM_END) b->z_ended = 1;
+    if (got == 0) break;
+    mml_status st = text_out(b, b->zbuf, got, err);
+    if (st) return st;
+  }
+  return MML_OK;
+}
+
+static mml_status feed_zstd(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  ZSTD_inBuffer in = {p, n, 0};
+  for (;;) {
+    ZSTD_outBuffer out = {b->zbuf, CHUNK, 0};
+    size_t r = ZSTD_decompressStream(b->zs, &out, &in);
+    if (ZSTD_isError(r))
+      return mml_err_set(err, MML_ERECORD, "data shard %s: zstd data error near compressed byte "
+                                           "%lld: %s",
+                         shard_of(b)->path, (long long)(b->raw_off + (int64_t)in.pos),
+                         ZSTD_getErrorName(r));
+    b->zs_last = r;
+    mml_status st = text_out(b, b->zbuf, out.pos, err);
+    if (st) return st;
+    if (in.pos == in.size && out.pos < out.size) break; /* input used, output drained */
+  }
+  return MML_OK;
+}
+
+static mml_status feed_raw(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  if (!n) return MML_OK;
+  mml_compression c = shard_of(b)->compression;
+  mml_status st = c == MML_COMPRESS_GZIP ? feed_gzip(b, p, n, err)
+                  : c == MML_COMPRESS_ZSTD ? feed_zstd(b, p, n, err)
+                                           : scan_text(b, p, n, err);
+  b->raw_off += (int64_t)n;
+  return st;
+}
+
+/* ---- builder API ----------------------------------------------------------------------- */
+
+mml_status mml_index_begin(mml_index *ix, const char *path, mml_layout want,
+                           mml_index_builder **out, mml_err *err) {
+  *out = NULL;
+  if (want != MML_LAYOUT_AUTO && want != MML_LAYOUT_JSONL && want != MML_LAYOUT_JSON)
+    return mml_err_set(err, MML_ECONFIG, "data shard %s: unknown layout %d", path, (int)want);
+  mml_index_builder *b = calloc(1, sizeof *b);
+  mml_index_shard *s = realloc(ix->shards, (size_t)(ix->nshards + 1) * sizeof *s);
+  if (!b || !s) {
+    free(b);
+    if (s) ix->shards = s;
+    return mml_err_set(err, MML_ENOMEM, "data shard %s: out of memory indexing", path);
+  }
+  ix->shards = s;
+  mml_index_shard *sh = &s[ix->nshards];
+  memset(sh, 0, sizeof *sh);
+  sh->fd = -1;
+  sh->first = ix->n;
+  sh->layout = want == MML_LAYOUT_JSON ? MML_LAYOUT_JSON : MML_LAYOUT_JSONL;
+  if (!(sh->path = strdup(path))) {
+    free(b);
+    return mml_err_set(err, MML_ENOMEM, "data shard %s: out of memory indexing", path);
+  }
+  b->ix = ix;
+  b->shard = ix->nshards++;
+  b->want = want;
+  b->line_no = 1;
+  *out = b;
+  return MML_OK;
+}
+
+mml_status mml_index_feed(mml_index_builder *b, const uint8_t *data, size_t len, mml_err *err) {
+  if (!b->sniffed) {
+    size_t k = sizeof b->head - b->nhead < len ? sizeof b->head - b->nhead : len;
+    memcpy(b->head + b->nhead, data, k);
+    b->nhead += k;
+    data += k, len -= k;
+    if (b->nhead < sizeof b->head) return MML_OK;
+    mml_status st = start_raw(b, err);
+    if (!st) st = feed_raw(b, b->head, b->nhead, err);
+    if (st) return st;
+  }
+  return feed_raw(b, data, len, err);
+}
+
+static void builder_free(mml_index_builder *b) {
+  if (b->z_init) inflateEnd(&b->z);
+  ZSTD_freeDStream(b->zs);
+  free(b->zbuf);
+  free(b);
+}
+
+mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
+  mml_status st = MML_OK;
+  if (!b->sniffed) { /* fewer than 4 bytes in all */
+    st = start_raw(b, err);
+    if (!st) st = feed_raw(b, b->head, b->nhead, err);
+  }
+  mml_index_shard *sh = shard_of(b);
+  if (!st && sh->compression == MML_COMPRESS_GZIP && !b->z_ended)
+    st = mml_err_set(err, MML_ERECORD, "data shard %s: truncated gzip data (%lld compressed bytes)",
+                     sh->path, (long long)b->raw_off);
+  if (!st && sh->compression == MML_COMPRESS_ZSTD && b->zs_last != 0)
+    st = mml_err_set(err, MML_ERECORD, "data shard %s: truncated zstd data (%lld compressed bytes)",
+                     sh->path, (long long)b->raw_off);
+  if (!st) {
+    sh->size = b->raw_off;
+    if (sh->layout == MML_LAYOUT_JSONL) {
+      sh->data_end = b->pos;
+      /* A last line without '\n' still counts; an empty tail after the final '\n' does not. */
+      if ((b->content || b->line_start < b->pos) && end_line(b, b->pos)) st = oom(b, err);
+    } else if (b->js != J_DONE) {
+      if (b->js == J_ELEM && !(b->scalar && !b->in_str && b->depth == 0))
+        st = json_error(b, err, "element %lld (at byte %lld) is not closed at the end of the "
+                                "data (byte %lld)",
+                        (long long)sh->count - 1, (long long)b->elem_start, (long long)b->pos);
+      else if (b->js == J_OPEN)
+        st = mml_err_set(err, MML_ERECORD, "data shard %s: no JSON array (the data is empty)",
+                         sh->path);
+      else
+        st = mml_err_set(err, MML_ERECORD,
+                         "data shard %s: malformed JSON array: no closing ']' (the data ends at "
+                         "byte %lld after %lld elements)",
+                         sh->path, (long long)b->pos, (long long)sh->count);
+    }
+  }
+  if (st) {
+    mml_index_abort(b);
+    return st;
+  }
+  builder_free(b);
+  return MML_OK;
+}
+
+void mml_index_abort(mml_index_builder *b) {
+  if (!b) return;
+  mml_index *ix = b->ix;
+  mml_index_shard *sh = shard_of(b); /* always the last shard */
+  ix->n = sh->first;
+  free(sh->path);
+  free(sh->blank_lines);
+  if (sh->fd >= 0) close(sh->fd);
+  ix->nshards--;
+  builder_free(b);
+}
+
+mml_status mml_index_add_bytes(mml_index *ix, const char *path, mml_layout want,
+                               const uint8_t *data, size_t len, mml_err *err) {
+  mml_index_builder *b;
+  mml_status st = mml_index_begin(ix, path, want, &b, err);
+  if (st) return st;
+  if ((st = mml_index_feed(b, data, len, err))) {
+    mml_index_abort(b);
+    return st;
+  }
+  return mml_index_end(b, err);
+}
+
+mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
     return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO,
                        "data shard %s: %s", path, strerror(e));
   }
-  mml_index_shard *sh = NULL;
-  mml_status st = start_shard(ix, path, &sh, err);
-  if (st) {
-    close(fd);
-    return st;
-  }
-  enum { CHUNK = 1 << 20 };
   uint8_t *buf = malloc(CHUNK);
-  if (!buf) {
-    close(fd);
-    return mml_err_set(err, MML_ENOMEM, "%s: out of memory indexing", path);
-  }
-  scan sc = {0, 1, 0};
-  int64_t off = 0;
-  for (;;) {
+  mml_index_builder *b = NULL;
+  mml_status st = buf ? mml_index_begin(ix, path, want, &b, err)
+                      : mml_err_set(err, MML_ENOMEM, "data shard %s: out of memory indexing", path);
+  while (!st) {
     ssize_t r = read(fd, buf, CHUNK);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
@@ -137,30 +568,32 @@ mml_status mml_index_add_file(mml_index *ix, const char *path, mml_err *err) {
       break;
     }
     if (r == 0) break;
-    if (scan_chunk(ix, sh, &sc, buf, (size_t)r, off)) {
-      st = mml_err_set(err, MML_ENOMEM, "%s: out of memory indexing", path);
-      break;
-    }
-    off += r;
+    st = mml_index_feed(b, buf, (size_t)r, err);
   }
   free(buf);
   close(fd);
-  if (st) return st;
-  return finish_shard(ix, sh, &sc, off, err);
+  if (st) {
+    mml_index_abort(b);
+    return st;
+  }
+  return mml_index_end(b, err);
 }
 
 void mml_index_free(mml_index *ix) {
   for (int i = 0; i < ix->nshards; i++) {
     free(ix->shards[i].path);
     free(ix->shards[i].blank_lines);
+    if (ix->shards[i].fd >= 0) close(ix->shards[i].fd);
   }
   free(ix->shards);
   free(ix->offsets);
   memset(ix, 0, sizeof *ix);
 }
 
+/* ---- reading ----------------------------------------------------------------------------- */
+
 void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, int64_t *len,
-                      int64_t *line) {
+                      int64_t *where) {
   int lo = 0, hi = ix->nshards - 1;
   while (lo < hi) { /* last shard with first <= i and count > 0 */
     int mid = (lo + hi + 1) / 2;
@@ -170,18 +603,71 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
   while (lo > 0 && ix->shards[lo].count == 0) lo--;
   const mml_index_shard *sh = &ix->shards[lo];
   int64_t k = i - sh->first;
-  int64_t end = (k + 1 < sh->count) ? ix->offsets[i + 1] : sh->size;
+  int64_t end = (k + 1 < sh->count) ? ix->offsets[i + 1] : sh->data_end;
   *shard = lo;
   *off = ix->offsets[i];
   *len = end - ix->offsets[i];
+  if (sh->layout == MML_LAYOUT_JSON) {
+    *where = k;
+    return;
+  }
   int64_t ln = k + 1; /* the (k+1)-th non-blank line */
   for (int64_t b = 0; b < sh->nblank && sh->blank_lines[b] <= ln; b++) ln++;
-  *line = ln;
+  *where = ln;
 }
 
-uint64_t mml_index_hash(const mml_index *ix) {
+size_t mml_index_record_len(const mml_index_shard *sh, const uint8_t *data, size_t len) {
+  if (sh->layout == MML_LAYOUT_JSONL) {
+    const uint8_t *nl = memchr(data, '\n', len);
+    return nl ? (size_t)(nl - data) : len;
+  }
+  /* element, blanks, ',' (before the next element), blanks */
+  while (len && is_ws(data[len - 1])) len--;
+  if (len && data[len - 1] == ',') len--;
+  while (len && is_ws(data[len - 1])) len--;
+  return len;
+}
+
+mml_status mml_index_read(const mml_index_shard *sh, int64_t off, int64_t len, mml_bytes *out,
+                          mml_err *err) {
+  if (sh->fd < 0) return mml_read_file(sh->path, off, len, out, err);
+  mml_bytes_clear(out);
+  if (mml_bytes_reserve(out, (size_t)len + 1))
+    return mml_err_set(err, MML_ENOMEM, "%s: cannot allocate %lld bytes", sh->path, (long long)len);
+  size_t got = 0;
+  while ((int64_t)got < len) {
+    ssize_t r = pread(sh->fd, out->data + got, (size_t)len - got, off + (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      return mml_err_set(err, MML_EIO, "%s: reading its decompressed copy failed: %s", sh->path,
+                         strerror(errno));
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  out->len = got;
+  out->data[got] = 0;
+  return MML_OK;
+}
+
+int mml_index_shard_remote(const mml_index_shard *sh) {
+  return sh->fd < 0 && mml_path_is_remote(sh->path);
+}
+
+void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
+                           size_t cap) {
+  const mml_index_shard *sh = &ix->shards[shard];
+  if (sh->layout == MML_LAYOUT_JSON)
+    snprintf(out, cap, "%s[%lld] (byte %lld)", sh->path, (long long)where,
+             (long long)ix->offsets[i]);
+  else
+    snprintf(out, cap, "%s:%lld", sh->path, (long long)where);
+}
+
+uint64_t mml_index_hash(const mml_index *ix) { return mml_index_hash_shards(ix, 0, ix->nshards); }
+
+uint64_t mml_index_hash_shards(const mml_index *ix, int first, int n) {
   uint64_t h = 0;
-  for (int i = 0; i < ix->nshards; i++) {
+  for (int i = first; i < first + n; i++) {
     const mml_index_shard *sh = &ix->shards[i];
     const char *base = strrchr(sh->path, '/');
     base = base ? base + 1 : sh->path; /* the data may move to another mount */

@@ -60,7 +60,6 @@
 /* ------------------------------------------------------------------------------------ */
 /* small helpers and the plan                                                           */
 
-static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 static void deadline_after(struct timespec *ts, double s) {
   clock_gettime(CLOCK_MONOTONIC, ts);
@@ -126,17 +125,33 @@ mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+/* A remote shard is streamed into the index in ranged GETs of INDEX_CHUNK bytes (a
+ * shorter reply is the end), so indexing holds one chunk, never the object. */
+enum { INDEX_CHUNK = 8 << 20 };
+
 static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
-  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, err);
+  mml_layout layout = (mml_layout)L->cfg.data_format;
+  if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
   mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
+  mml_index_builder *b;
+  if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
   mml_bytes body = {0};
-  st = mml_fetch_get(f, path, 0, -1, &body, err);
-  if (!st) st = mml_index_add_bytes(&L->ix, path, body.data, body.len, err);
+  for (int64_t off = 0;; off += INDEX_CHUNK) {
+    if ((st = mml_fetch_get(f, path, off, INDEX_CHUNK, &body, err))) {
+      mml_err_prefix(err, "data shard %s", path);
+      break;
+    }
+    if ((st = mml_index_feed(b, body.data, body.len, err))) break;
+    if (body.len != INDEX_CHUNK) break; /* the end (or a server that sent it all) */
+  }
   mml_bytes_free(&body);
-  if (st) mml_err_prefix(err, "data shard %s", path);
-  return st;
+  if (st) {
+    mml_index_abort(b);
+    return st;
+  }
+  return mml_index_end(b, err);
 }
 
 mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err) {
@@ -172,8 +187,20 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   return MML_OK;
 }
 
-/* The loader's own copies of the configuration's strings. */
+/* The loader's own copies of the configuration's strings (credentials first: until they
+ * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
 static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
+  const char *const src[] = {cfg->fetch.access_key, cfg->fetch.secret_key,
+                             cfg->fetch.session_token, cfg->fetch.region, cfg->fetch.endpoint};
+  const char **dst[] = {&L->cfg.fetch.access_key, &L->cfg.fetch.secret_key,
+                        &L->cfg.fetch.session_token, &L->cfg.fetch.region,
+                        &L->cfg.fetch.endpoint};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof src / sizeof *src; i++) {
+    *dst[i] = src[i] ? strdup(src[i]) : NULL;
+    bad |= src[i] && !*dst[i];
+  }
+  if (bad) return MML_ENOMEM;
   L->data = calloc((size_t)cfg->ndata, sizeof *L->data);
   if (!L->data) return MML_ENOMEM;
   for (int i = 0; i < cfg->ndata; i++)
@@ -185,11 +212,6 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
-  L->cfg.fetch.access_key = dup_or_null(cfg->fetch.access_key);
-  L->cfg.fetch.secret_key = dup_or_null(cfg->fetch.secret_key);
-  L->cfg.fetch.session_token = dup_or_null(cfg->fetch.session_token);
-  L->cfg.fetch.region = dup_or_null(cfg->fetch.region);
-  L->cfg.fetch.endpoint = dup_or_null(cfg->fetch.endpoint);
   return MML_OK;
 }
 
@@ -305,7 +327,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
   L->gen = 1;
-  mml_loader_seek(L, &zero, err);
+  if ((st = mml_loader_seek(L, &zero, err))) goto fail;
   *out = L;
   return MML_OK;
 fail:

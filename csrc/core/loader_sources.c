@@ -152,7 +152,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     for (int k = src->shard0; k < src->shard0 + src->nshards; k++) {
       const char *path = L->ix.shards[k].path;
       L->shard_src[k] = i;
-      L->remote[k] = mml_path_is_remote(path);
+      L->remote[k] = mml_index_shard_remote(&L->ix.shards[k]);
       L->roots[k] = src->image_root ? strdup(src->image_root) : dirname_of(path);
       if (!L->roots[k]) {
         st = oom(err);
@@ -248,10 +248,7 @@ void mml_loader_source_stats(mml_loader *L, int i, mml_source_stats *o) {
   o->name = src->name;
   o->num_samples = src->n;
   o->per_epoch = src->count;
-  mml_index sub = L->ix; /* the hash of its shards only */
-  sub.shards = L->ix.shards + src->shard0;
-  sub.nshards = src->nshards;
-  o->data_hash = mml_index_hash(&sub);
+  o->data_hash = mml_index_hash_shards(&L->ix, src->shard0, src->nshards);
   pthread_mutex_lock(&L->mu);
   o->samples = src->good;
   o->skipped = src->skipped;

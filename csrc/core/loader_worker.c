@@ -63,11 +63,12 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
 static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader *L) {
   mml_sample *s = &t->sample;
   s->status = st;
-  const char *shard = L->ix.shards[s->shard].path;
+  char where[1100];
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
   if (e && e->msg[0]) s->err = *e;
   else mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
-  mml_err_prefix(&s->err, "%s:%lld", shard, (long long)s->line);
+  mml_err_prefix(&s->err, "%s", where);
 }
 
 /* A failure while fetches are outstanding: the first one is kept; the task fails with it
@@ -121,7 +122,7 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
     return st;
   }
   double t0 = mml_now();
-  st = mml_read_file(path, off, len, &t->rec_bytes, err);
+  st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, err);
   acc->read_s += mml_now() - t0;
   if (!st) {
     acc->bytes += t->rec_bytes.len;
@@ -130,11 +131,10 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   return st;
 }
 
-/* The record's first line parsed into t->rec; room for its images. */
-static mml_status parse_record(task *t, run_acc *acc, mml_err *err) {
-  size_t n = t->rec_bytes.len;
-  const char *nl = memchr(t->rec_bytes.data, '\n', n);
-  if (nl) n = (size_t)(nl - (const char *)t->rec_bytes.data);
+/* The record (trimmed as its shard's layout says) parsed into t->rec; room for its images. */
+static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
+  size_t n = mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data,
+                                  t->rec_bytes.len);
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
@@ -192,7 +192,7 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
     *err = t->fetch_err;
     return t->fetch_st;
   }
-  mml_status st = parse_record(t, acc, err);
+  mml_status st = parse_record(L, t, acc, err);
   if (st) return st;
   t->stage = STAGE_IMAGES;
   int nremote = 0;

@@ -199,146 +199,174 @@ static int cmp_str(const void *a, const void *b) {
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
+/* One listing in progress: what is listed, what matches, what was found. */
+typedef struct lister {
+  const char *shown;        /* the prefix URL, redacted, for messages */
+  const char *bucket;
+  size_t blen;
+  char *pfx, *pat;          /* the key prefix listed; the glob (NULL: all) */
+  size_t dirlen;            /* relative patterns match the key after this many bytes */
+  char **out;
+  size_t cnt, cap;
+  mml_bytes token;          /* the continuation token of the next page ("" first) */
+  char kbuf[4096];
+} lister;
+
+/* The canonical query of the next page: names sorted (continuation-token < list-type <
+ * max-keys < prefix). */
+static mml_status list_query(const lister *ls, int page_size, mml_bytes *q, mml_err *err) {
+  mml_bytes_clear(q);
+  int bad = 0;
+  if (ls->token.len) {
+    bad |= mml_bytes_append(q, "continuation-token=", 19) != MML_OK;
+    bad |= mml_uri_encode((const char *)ls->token.data, ls->token.len, 0, q) != MML_OK;
+    bad |= mml_bytes_append(q, "&", 1) != MML_OK;
+  }
+  bad |= mml_bytes_append(q, "list-type=2&", 12) != MML_OK;
+  if (page_size) {
+    char mk[32];
+    int mkn = snprintf(mk, sizeof mk, "max-keys=%d&", page_size);
+    bad |= mml_bytes_append(q, mk, (size_t)mkn) != MML_OK;
+  }
+  bad |= mml_bytes_append(q, "prefix=", 7) != MML_OK;
+  bad |= mml_uri_encode(ls->pfx, strlen(ls->pfx), 0, q) != MML_OK;
+  return bad ? mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown) : MML_OK;
+}
+
+/* Key k (decoded, klen bytes) is kept when it lies under the prefix and matches. */
+static int list_match(const lister *ls, const char *k, size_t klen) {
+  if (strlen(k) != klen || strncmp(k, ls->pfx, strlen(ls->pfx))) return 0; /* NUL or foreign */
+  if (ls->pat && !strncmp(ls->pat, "s3://", 5)) { /* a whole-URL pattern */
+    char full[4200];
+    snprintf(full, sizeof full, "s3://%.*s/%s", (int)ls->blen, ls->bucket, k);
+    return fnmatch(ls->pat, full, FNM_PATHNAME) == 0;
+  }
+  if (ls->pat) return fnmatch(ls->pat, klen >= ls->dirlen ? k + ls->dirlen : k, FNM_PATHNAME) == 0;
+  return 1;
+}
+
+/* The matching keys of one ListBucketResult page, appended as s3:// URLs. */
+static mml_status list_page(lister *ls, const char *doc, size_t dn, mml_err *err) {
+  size_t pos = 0, len;
+  const char *c;
+  while ((c = xml_next(doc, dn, &pos, "Contents", &len))) {
+    size_t kp = 0, kl;
+    const char *k = xml_next(c, len, &kp, "Key", &kl);
+    if (!k) continue;
+    if (kl >= 4000)
+      return mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", ls->shown);
+    size_t klen = xml_decode(k, kl, ls->kbuf, sizeof ls->kbuf);
+    if (!list_match(ls, ls->kbuf, klen)) continue;
+    if (ls->cnt == ls->cap) {
+      size_t nc = ls->cap ? ls->cap * 2 : 64;
+      char **t = realloc(ls->out, nc * sizeof *t);
+      if (!t) return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+      ls->out = t, ls->cap = nc;
+    }
+    size_t ul = ls->blen + 6 + klen + 1;
+    if (!(ls->out[ls->cnt] = malloc(ul)))
+      return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+    snprintf(ls->out[ls->cnt], ul, "s3://%.*s/%s", (int)ls->blen, ls->bucket, ls->kbuf);
+    ls->cnt++;
+  }
+  return MML_OK;
+}
+
+/* After a page: *more = 1 with the next continuation token stored, or 0 at the end. */
+static mml_status list_next_token(lister *ls, const char *doc, size_t dn, int *more,
+                                  mml_err *err) {
+  char trunc[16];
+  mml_xml_text(doc, dn, "IsTruncated", trunc, sizeof trunc);
+  *more = !strcmp(trunc, "true");
+  if (!*more) return MML_OK;
+  size_t tp = 0, tl;
+  const char *t = xml_next(doc, dn, &tp, "NextContinuationToken", &tl);
+  if (!t || !tl)
+    return mml_err_set(err, MML_EFETCH, "LIST %s: truncated reply without a continuation token",
+                       ls->shown);
+  char tok[2048];
+  size_t tn = xml_decode(t, tl, tok, sizeof tok);
+  if (tl >= sizeof tok - 8 || (ls->token.len == tn && !memcmp(ls->token.data, tok, tn)))
+    return mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)",
+                       ls->shown);
+  mml_bytes_clear(&ls->token);
+  if (mml_bytes_append(&ls->token, tok, tn))
+    return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+  return MML_OK;
+}
+
+/* What is listed: a glob in the prefix itself lists up to its first wildcard and matches
+ * the whole key; otherwise the prefix is listed and `pattern` matched. */
+static mml_status list_plan(lister *ls, const char *key, const char *pattern, mml_err *err) {
+  if (!pattern && has_glob(key)) {
+    ls->pfx = dupn(key, strcspn(key, "*?["));
+    ls->pat = dupstr(key);
+    ls->dirlen = 0;
+  } else {
+    ls->pfx = dupstr(key);
+    const char *slash = strrchr(key, '/');
+    ls->dirlen = slash ? (size_t)(slash - key) + 1 : 0;
+    if (pattern) ls->pat = dupstr(pattern);
+  }
+  if (!ls->pfx || ((pattern || has_glob(key)) && !ls->pat))
+    return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+  return MML_OK;
+}
+
+/* One page fetched and read; *more as in list_next_token. */
+static mml_status list_one(mml_fetcher *f, lister *ls, const char *burl, mml_bytes *q,
+                           mml_bytes *page, int *more, mml_err *err) {
+  mml_status st = list_query(ls, f->list_page_size, q, err);
+  if (st) return st;
+  st = mml_fetch_get_query(f, burl, (const char *)q->data, 0, -1, 0, page, err);
+  if (st) {
+    if (err) { /* the message names the bucket URL; say it was a listing of the prefix */
+      char m[MML_ERR_MSG];
+      snprintf(m, sizeof m, "%s", err->msg);
+      mml_err_set(err, st, "LIST %s: %s", ls->shown, m);
+    }
+    return st;
+  }
+  const char *doc = (const char *)page->data;
+  if (!doc || !memmem(doc, page->len, "<ListBucketResult", 17))
+    return mml_err_set(err, MML_EFETCH, "LIST %s: reply is not a ListBucketResult", ls->shown);
+  if ((st = list_page(ls, doc, page->len, err))) return st;
+  return list_next_token(ls, doc, page->len, more, err);
+}
+
 mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
                           char ***urls, size_t *n, mml_err *err) {
   if (!f || !s3_prefix || !urls || !n) return mml_err_set(err, MML_EINVAL, "fetch_list: NULL argument");
   *urls = NULL, *n = 0;
+  lister *ls = calloc(1, sizeof *ls);
   char *shown = mml_url_redact(s3_prefix);
-  if (!shown) return mml_err_set(err, MML_ENOMEM, "out of memory");
-  const char *bucket, *key;
-  size_t blen;
-  mml_status st = mml_s3_split(s3_prefix, &bucket, &blen, &key, shown, err);
-  if (st) {
-    free(shown);
-    return st;
+  if (!ls || !shown) {
+    free(ls), free(shown);
+    return mml_err_set(err, MML_ENOMEM, "LIST: out of memory");
   }
-  /* A glob in the prefix itself: list up to its first wildcard, match the whole key. */
-  char *pfx = NULL, *pat = NULL;
-  size_t dirlen;
-  if (!pattern && has_glob(key)) {
-    pfx = dupn(key, strcspn(key, "*?["));
-    pat = dupstr(key);
-    dirlen = 0;
-  } else {
-    pfx = dupstr(key);
-    const char *slash = strrchr(key, '/');
-    dirlen = slash ? (size_t)(slash - key) + 1 : 0;
-    if (pattern) pat = dupstr(pattern);
-  }
-  char *burl = malloc(blen + 7);
-  char **out = NULL;
-  size_t cnt = 0, cap = 0;
-  mml_bytes token = {0}, q = {0}, page = {0};
-  char *kbuf = malloc(4096);
-  if (!pfx || (pattern && !pat) || (!pattern && has_glob(key) && !pat) || !burl || !kbuf) {
-    st = mml_err_set(err, MML_ENOMEM, "out of memory");
-    goto done;
-  }
-  snprintf(burl, blen + 7, "s3://%.*s", (int)blen, bucket);
-  for (int pageno = 0;; pageno++) {
-    if (pageno >= LIST_MAX_PAGES) {
+  ls->shown = shown;
+  const char *key;
+  mml_bytes q = {0}, page = {0};
+  char *burl = NULL;
+  mml_status st = mml_s3_split(s3_prefix, &ls->bucket, &ls->blen, &key, shown, err);
+  if (!st) st = list_plan(ls, key, pattern, err);
+  if (!st && !(burl = malloc(ls->blen + 7)))
+    st = mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", shown);
+  if (!st) snprintf(burl, ls->blen + 7, "s3://%.*s", (int)ls->blen, ls->bucket);
+  int more = 1;
+  for (int pageno = 0; !st && more; pageno++) {
+    if (pageno >= LIST_MAX_PAGES)
       st = mml_err_set(err, MML_EFETCH, "LIST %s: more than %d pages", shown, LIST_MAX_PAGES);
-      goto done;
-    }
-    /* canonical query: names sorted (continuation-token < list-type < prefix) */
-    mml_bytes_clear(&q);
-    int bad = 0;
-    if (token.len) {
-      bad |= mml_bytes_append(&q, "continuation-token=", 19) != MML_OK;
-      bad |= mml_uri_encode((const char *)token.data, token.len, 0, &q) != MML_OK;
-      bad |= mml_bytes_append(&q, "&", 1) != MML_OK;
-    }
-    bad |= mml_bytes_append(&q, "list-type=2&", 12) != MML_OK;
-    if (f->list_page_size) {
-      char mk[32];
-      int mkn = snprintf(mk, sizeof mk, "max-keys=%d&", f->list_page_size);
-      bad |= mml_bytes_append(&q, mk, (size_t)mkn) != MML_OK;
-    }
-    bad |= mml_bytes_append(&q, "prefix=", 7) != MML_OK;
-    bad |= mml_uri_encode(pfx, strlen(pfx), 0, &q) != MML_OK;
-    if (bad) {
-      st = mml_err_set(err, MML_ENOMEM, "out of memory");
-      goto done;
-    }
-    st = mml_fetch_get_query(f, burl, (const char *)q.data, 0, -1, 0, &page, err);
-    if (st) {
-      if (err) {
-        /* the message names the bucket URL; say it was a listing of the prefix */
-        char m[MML_ERR_MSG];
-        snprintf(m, sizeof m, "%s", err->msg);
-        mml_err_set(err, st, "LIST %s: %s", shown, m);
-      }
-      goto done;
-    }
-    const char *doc = (const char *)page.data;
-    size_t dn = page.len, pos = 0, len;
-    if (!doc || !memmem(doc, dn, "<ListBucketResult", 17)) {
-      st = mml_err_set(err, MML_EFETCH, "LIST %s: reply is not a ListBucketResult", shown);
-      goto done;
-    }
-    const char *c;
-    while ((c = xml_next(doc, dn, &pos, "Contents", &len))) {
-      size_t kp = 0, kl;
-      const char *k = xml_next(c, len, &kp, "Key", &kl);
-      if (!k) continue;
-      if (kl >= 4000) {
-        st = mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", shown);
-        goto done;
-      }
-      size_t klen = xml_decode(k, kl, kbuf, 4096);
-      if (strlen(kbuf) != klen || strncmp(kbuf, pfx, strlen(pfx))) continue; /* NUL or foreign */
-      if (pat && !strncmp(pat, "s3://", 5)) { /* a whole-URL pattern */
-        char full[4200];
-        snprintf(full, sizeof full, "s3://%.*s/%s", (int)blen, bucket, kbuf);
-        if (fnmatch(pat, full, FNM_PATHNAME) != 0) continue;
-      } else if (pat) {
-        const char *rel = klen >= dirlen ? kbuf + dirlen : kbuf;
-        if (fnmatch(pat, rel, FNM_PATHNAME) != 0) continue;
-      }
-      if (cnt == cap) {
-        size_t nc = cap ? cap * 2 : 64;
-        char **t = realloc(out, nc * sizeof *t);
-        if (!t) {
-          st = mml_err_set(err, MML_ENOMEM, "out of memory");
-          goto done;
-        }
-        out = t, cap = nc;
-      }
-      size_t ul = blen + 6 + klen + 1;
-      if (!(out[cnt] = malloc(ul))) {
-        st = mml_err_set(err, MML_ENOMEM, "out of memory");
-        goto done;
-      }
-      snprintf(out[cnt], ul, "s3://%.*s/%s", (int)blen, bucket, kbuf);
-      cnt++;
-    }
-    char trunc[16];
-    mml_xml_text(doc, dn, "IsTruncated", trunc, sizeof trunc);
-    if (strcmp(trunc, "true")) break;
-    size_t tp = 0, tl;
-    const char *t = xml_next(doc, dn, &tp, "NextContinuationToken", &tl);
-    if (!t || !tl) {
-      st = mml_err_set(err, MML_EFETCH, "LIST %s: truncated reply without a continuation token", shown);
-      goto done;
-    }
-    char tok[2048];
-    size_t tn = xml_decode(t, tl, tok, sizeof tok);
-    if (tl >= sizeof tok - 8 || (token.len == tn && !memcmp(token.data, tok, tn))) {
-      st = mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)", shown);
-      goto done;
-    }
-    mml_bytes_clear(&token);
-    if (mml_bytes_append(&token, tok, tn)) {
-      st = mml_err_set(err, MML_ENOMEM, "out of memory");
-      goto done;
-    }
+    else
+      st = list_one(f, ls, burl, &q, &page, &more, err);
   }
-  if (cnt) qsort(out, cnt, sizeof *out, cmp_str);
-  *urls = out, *n = cnt;
-  out = NULL, cnt = 0;
-done:
-  mml_fetch_list_free(out, cnt);
-  mml_bytes_free(&token), mml_bytes_free(&q), mml_bytes_free(&page);
-  free(pfx), free(pat), free(burl), free(kbuf), free(shown);
+  if (!st) {
+    if (ls->cnt) qsort(ls->out, ls->cnt, sizeof *ls->out, cmp_str);
+    *urls = ls->out, *n = ls->cnt;
+    ls->out = NULL, ls->cnt = 0;
+  }
+  mml_fetch_list_free(ls->out, ls->cnt);
+  mml_bytes_free(&ls->token), mml_bytes_free(&q), mml_bytes_free(&page);
+  free(ls->pfx), free(ls->pat), free(ls), free(burl), free(shown);
   return st;
 }

@@ -200,7 +200,7 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, cfg_mem *m) {
   }
   long long seed, maxlen, seqlen, packlen, minerr, spe;
   const char *on_error, *keys, *tmpl, *labels;
-  if (get_str(d, "image_root", &c->image_root) || get_int(d, "shuffle", 1, &c->shuffle) ||
+  if (get_str(d, "image_root", &c->image_root) || get_int(d, "data_format", 0, &c->data_format) || get_int(d, "shuffle", 1, &c->shuffle) ||
       get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
       get_int(d, "dp_size", 1, &c->dp_size) || get_int(d, "num_threads", 1, &c->num_threads) ||
       get_int(d, "prefetch", 4, &c->prefetch) || get_int(d, "window", 0, &c->window) ||

@@ -1,11 +1,27 @@
 /*
- * mml/index.h — the line index of a list of JSONL shards: where each sample (non-blank
- * line) starts, so any sample can be read with one positioned read (or one ranged GET)
- * without keeping the text in memory.  8 bytes per sample, plus the 1-based line numbers
- * of blank lines (rare) so messages can name the exact line.
+ * mml/index.h — the sample index of a list of data shards: where each sample starts, so
+ * any sample can be read with one positioned read (or one ranged GET) without keeping
+ * the text in memory.  8 bytes per sample, plus the 1-based line numbers of blank lines
+ * (rare) so messages can name the exact line.
  *
- * Building streams each local shard once in 1 MiB chunks; a remote shard is fetched
- * once by the caller and indexed from memory (mml_index_add_bytes).
+ * Shard formats (mml_index_begin; the layout is chosen by content, `want` overrides):
+ *   JSONL       one record per non-blank line ('\n'-separated; "\r\n" is fine).
+ *   JSON array  one record per element of a top-level array ("[{...}, {...}]", any
+ *               whitespace or line breaks inside and between elements).  Elements are
+ *               found by a streaming structural scan (strings, escapes, nesting) that
+ *               never holds the file; a structural error (missing ',' or ']', a closer
+ *               that does not match, data after the array, an unterminated element)
+ *               fails the build naming the byte offset.  What the scan does not check
+ *               (e.g. a bad literal inside an element) is that element's bad record.
+ *   Either may be gzip- or zstd-compressed, told by magic bytes (never by name).  A
+ *   compressed shard is decompressed once, while it is indexed, into an unlinked
+ *   temporary file ($TMPDIR, else /tmp) that records are then read from (shard.fd); the
+ *   offsets are those of the decompressed text.  A UTF-8 byte order mark is skipped.
+ * Auto layout: the first non-blank character '[' means a JSON array, anything else
+ * JSONL (many ".json" exports hold JSON lines).
+ *
+ * Building streams the bytes once through mml_index_feed in chunks of any size (files
+ * are read 1 MiB at a time; remote objects arrive as ranged GETs from the caller).
  *
  * Threads: build from one thread; a built index is immutable and shared.
  */
@@ -14,35 +30,73 @@
 
 #include "mml/common.h"
 
+typedef enum {
+  MML_LAYOUT_AUTO = 0, /* by content (see above) */
+  MML_LAYOUT_JSONL,
+  MML_LAYOUT_JSON,     /* a top-level JSON array of records */
+} mml_layout;
+
+typedef enum { MML_COMPRESS_NONE = 0, MML_COMPRESS_GZIP, MML_COMPRESS_ZSTD } mml_compression;
+
 typedef struct mml_index_shard {
   char *path;          /* as given: local path or URL */
-  int64_t size;        /* bytes */
+  int64_t size;        /* bytes as stored (compressed size for a compressed shard) */
   int64_t first;       /* global index of its first sample */
   int64_t count;       /* samples in it */
-  int64_t *blank_lines;/* sorted 1-based numbers of blank lines */
+  int64_t *blank_lines;/* JSONL: sorted 1-based numbers of blank lines */
   int64_t nblank;
+  mml_layout layout;   /* JSONL or JSON (never AUTO once built) */
+  mml_compression compression;
+  int64_t data_end;    /* end of the last record's byte range (text offsets) */
+  int fd;              /* >= 0: records are read from this local decompressed copy */
 } mml_index_shard;
 
 typedef struct mml_index {
   mml_index_shard *shards;
   int nshards;
   int64_t n;           /* samples in all shards */
-  int64_t *offsets;    /* n byte offsets of the sample lines, shard after shard */
+  int64_t *offsets;    /* n byte offsets of the records, shard after shard */
   int64_t cap;
 } mml_index;
 
-/* Indexes a local file and appends it as the next shard. */
-mml_status mml_index_add_file(mml_index *ix, const char *path, mml_err *err);
-/* Indexes a shard held in memory (a fetched remote object) under the name `path`. */
-mml_status mml_index_add_bytes(mml_index *ix, const char *path, const uint8_t *data, size_t len,
-                               mml_err *err);
+/* Streaming build of one shard, appended as the next shard.  begin, then feed the stored
+ * bytes (compressed or not) in order, then end (which also frees the builder).  On any
+ * failure call mml_index_abort instead (the shard is then dropped).  Messages name
+ * `path` and the byte offset. */
+typedef struct mml_index_builder mml_index_builder;
+mml_status mml_index_begin(mml_index *ix, const char *path, mml_layout want,
+                           mml_index_builder **out, mml_err *err);
+mml_status mml_index_feed(mml_index_builder *b, const uint8_t *data, size_t len, mml_err *err);
+mml_status mml_index_end(mml_index_builder *b, mml_err *err);
+void mml_index_abort(mml_index_builder *b);
+
+/* Indexes a local file (streamed in 1 MiB chunks). */
+mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err);
+/* Indexes a shard held in memory under the name `path`. */
+mml_status mml_index_add_bytes(mml_index *ix, const char *path, mml_layout want,
+                               const uint8_t *data, size_t len, mml_err *err);
 void mml_index_free(mml_index *ix);
 
-/* Locates global sample i: its shard, byte range [*off, *off + *len) (the line may be
- * followed by blank lines inside the range: cut at the first '\n') and 1-based line. */
+/* Locates global sample i: its shard, byte range [*off, *off + *len) and *where: the
+ * 1-based line (JSONL) or the 0-based element number (JSON array).  The range may hold
+ * more than the record (blank lines; ',' between elements): mml_index_record_len cuts it. */
 void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, int64_t *len,
-                      int64_t *line);
+                      int64_t *where);
+/* Length of the record at the start of the bytes read for a located range. */
+size_t mml_index_record_len(const mml_index_shard *sh, const uint8_t *data, size_t len);
+/* Reads the located range [off, off + len) of a shard that is readable locally (a plain
+ * local file or a decompressed copy): out holds the bytes (NUL after them). */
+mml_status mml_index_read(const mml_index_shard *sh, int64_t off, int64_t len, mml_bytes *out,
+                          mml_err *err);
+/* 1 when records of the shard are range-read from its URL (remote and not decompressed). */
+int mml_index_shard_remote(const mml_index_shard *sh);
+/* "path:LINE" (JSONL) or "path[ELEMENT] (byte OFF)" (JSON array): how messages name a
+ * sample; into out (cap bytes). */
+void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
+                           size_t cap);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
+/* The same over shards [first, first + n) (a mixture source's). */
+uint64_t mml_index_hash_shards(const mml_index *ix, int first, int n);
 
 #endif

@@ -53,6 +53,7 @@ typedef struct mml_loader_cfg {
                                when `sources` is given */
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
+  int data_format;          /* mml_layout (mml/index.h): 0 auto (by content), JSONL, JSON */
   int shuffle;
   uint64_t seed;
   int dp_rank, dp_size;
