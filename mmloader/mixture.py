@@ -31,6 +31,7 @@ _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
 _FILE_KEYS = ("sources", "samples_per_epoch")
 _MIXTURE_EXT = (".yaml", ".yml", ".json")
+_MIXTURE_MAX = 4 << 20  # bytes: a larger .json is data
 
 
 def _number(label: str, key: str, v: Any, integer: bool = False) -> None:
@@ -141,9 +142,19 @@ def _is_mixture_file(p: str) -> bool:
         return False
     if ext != ".json":
         return True
-    with open(p, "rb") as f:  # a .json data file is an array of records; a mixture, an object
-        head = f.read(4096).lstrip()
-    return head.startswith(b"{")
+    # A .json data file is an array of records, or JSON lines named .json; a mixture is one
+    # small object with a "sources" list.
+    if os.path.getsize(p) > _MIXTURE_MAX:
+        return False
+    with open(p, "rb") as f:
+        raw = f.read()
+    if not raw.lstrip().startswith(b"{"):
+        return False
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "sources" in doc
 
 
 def _rebase(base: str, p: Any) -> Any:
