@@ -256,6 +256,9 @@ class Loader:
         tokenizer: tokenizer.json path or :class:`mmloader.Tokenizer`.
         min_pixels, max_pixels, max_image_pixels, image_mean, image_std, legacy_resize,
         fast_decode: vision overrides (see :func:`mmloader.presets.vision_config`).
+        strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
+            with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
+            like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -285,6 +288,10 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
     """
 
     def __init__(self, data: DataSpec, *, data_format: str = "auto",
@@ -300,6 +307,7 @@ class Loader:
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
+                 strict_jpeg: bool = False,
                  max_length: Optional[int] = None, packing: bool = False,
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
@@ -311,7 +319,7 @@ class Loader:
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
                  aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None,
+                 max_inflight: Optional[int] = None, plan_only: bool = False,
                  samples_per_epoch: Optional[int] = None, allow_mixture_change: bool = False,
                  mixture_tolerance: Optional[float] = 0.05,
                  system_prompt: Optional[str] = None) -> None:
@@ -382,7 +390,8 @@ class Loader:
             vision = vision_config(preset, model_dir, min_pixels=min_pixels,
                                    max_pixels=max_pixels, max_image_pixels=max_image_pixels,
                                    image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode)
+                                   legacy_resize=legacy_resize, fast=fast_decode,
+                                   strict_jpeg=bool(strict_jpeg))
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -414,8 +423,9 @@ class Loader:
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
             pin_memory=int(bool(pin_memory)), device=device_index,
             text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)), system_prompt=system_prompt,
-            sources=sources, samples_per_epoch=samples_per_epoch or 0,
+            mm_token_type_ids=int(bool(mm_token_type_ids)), plan_only=int(bool(plan_only)),
+            system_prompt=system_prompt, sources=sources,
+            samples_per_epoch=samples_per_epoch or 0,
             mixture_tolerance=-1.0 if mixture_tolerance is None else float(mixture_tolerance))
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next

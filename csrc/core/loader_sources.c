@@ -93,6 +93,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->pl.vision = &src->vision;
   src->pl.tmpl = src->tmpl;
   src->pl.max_length = sc->max_length;
+  src->pl.plan_only = L->cfg.plan_only;
   return MML_OK;
 }
 
