@@ -298,6 +298,14 @@ def test_changed_mixture_raises_or_continues(srcs):
         for _ in range(4):
             next(it)
         same([got], [as_np(next(it))])
+    # a different epoch size: the same count of this rank's positions (400 + 20 = 420)
+    with make(three(srcs)) as L:
+        take(L, 84)  # epoch 1, position 20 of 400
+        state = L.state_dict()
+    with make(changed, samples_per_epoch=150, allow_mixture_change=True) as L:
+        L.load_state_dict(state)
+        st = L.state_dict()
+        assert (st["epoch"], st["pos"], st["batch_in_epoch"]) == (2, 120, 24)
 
 
 # ---------------------------------------------------------------------------- settings
