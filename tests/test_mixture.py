@@ -169,10 +169,18 @@ def test_mixture_file_dicts_and_sources_give_the_same_stream(srcs, tmp_path):
         same(ref, [as_np(b) for b in L])
 
 
-def test_one_source_is_plain_data(srcs):
+def test_one_source_is_plain_data(srcs, tmp_path):
     with make(srcs["a"]) as L:
         ref = [as_np(b) for b in L]
     with make([Source(srcs["a"])]) as L:
+        same(ref, [as_np(b) for b in L])
+    # a source without overrides takes every Loader setting
+    p = write_source(str(tmp_path), "img", 10, images=[(90, 120), (200, 64)])
+    kw = dict(image_mean=[0.1, 0.2, 0.3], strict_jpeg=True, label_mode="last_assistant",
+              system_prompt="Sys.", max_pixels=28 * 28 * 6)
+    with make(p, **kw) as L:
+        ref = [as_np(b) for b in L]
+    with make([Source(p)], **kw) as L:
         same(ref, [as_np(b) for b in L])
 
 
