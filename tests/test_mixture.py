@@ -352,6 +352,8 @@ def test_drift_warning(srcs, tmp_path):
             pass
         st = L.stats()
     drift = [str(x.message) for x in w if "mixture_tolerance" in str(x.message)]
+    skips = [str(x.message) for x in w if "skipped a sample" in str(x.message)]
+    assert skips and all("(missing_file): source bad: " in m for m in skips), skips[:2]
     assert len(drift) == 2 and any("source bad makes up 0.0%" in m for m in drift), drift
     bad = st["sources"]["bad"]
     assert bad["samples"] == 0 and bad["skipped"] == st["skipped"] >= 120
