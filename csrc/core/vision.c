@@ -117,7 +117,7 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
   if (height < 1 || width < 1 || factor < 1)
     return mml_err_set(err, MML_EINVAL, "smart_resize: bad size %dx%d or factor %d", width,
                        height, factor);
-  if (legacy && (height < factor || width < factor))
+  if (legacy == MML_RESIZE_LEGACY && (height < factor || width < factor))
     return mml_err_set(err, MML_EINVAL,
                        "height:%d or width:%d must be larger than factor:%d (legacy smart_resize)",
                        height, width, factor);
@@ -129,11 +129,15 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
   const double f = factor, H = height, W = width, HW = (double)((int64_t)height * width);
   double h_bar = nearbyint(H / f) * f; /* Python round(): half to even */
   double w_bar = nearbyint(W / f) * f;
+  if (legacy == MML_RESIZE_QWEN_VL_UTILS) { /* max(factor, round_by_factor(...)) */
+    if (h_bar < f) h_bar = f;
+    if (w_bar < f) w_bar = f;
+  }
   if (h_bar * w_bar > (double)max_pixels) {
     double beta = sqrt(HW / (double)max_pixels);
     h_bar = floor(H / beta / f) * f;
     w_bar = floor(W / beta / f) * f;
-    if (!legacy) {
+    if (legacy == MML_RESIZE_TRANSFORMERS) {
       if (h_bar < f) h_bar = f;
       if (w_bar < f) w_bar = f;
     }
@@ -155,17 +159,9 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
 
 /* ---------------------------------------------------------------- planning */
 
-mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
-                                mml_vision_plan *plan, mml_err *err) {
-  memset(plan, 0, sizeof *plan);
-  mml_status st = mml_vision_cfg_check(cfg, err);
-  if (st != MML_OK) return st;
+static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, int h,
+                      mml_vision_plan *plan) {
   const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
-  int h, w;
-  /* qwen-vl-utils' smart_resize lacks the clamp, as the legacy one does */
-  st = mml_smart_resize(height, width, P * M, cfg->min_pixels, cfg->max_pixels,
-                        cfg->legacy_resize || cfg->route == MML_ROUTE_QWEN_VL_UTILS, &h, &w, err);
-  if (st != MML_OK) return st;
   plan->src_w = width;
   plan->src_h = height;
   plan->dst_w = w;
@@ -178,11 +174,43 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
   plan->tokens = plan->rows / ((int64_t)M * M);
   plan->decode_scale = 1;
   plan->orientation = 1;
+}
+
+mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
+                                mml_vision_plan *plan, mml_err *err) {
+  memset(plan, 0, sizeof *plan);
+  mml_status st = mml_vision_cfg_check(cfg, err);
+  if (st != MML_OK) return st;
+  int h, w;
+  const int variant = cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_RESIZE_QWEN_VL_UTILS
+                                                            : cfg->legacy_resize;
+  st = mml_smart_resize(height, width, cfg->patch_size * cfg->merge_size, cfg->min_pixels,
+                        cfg->max_pixels, variant, &h, &w, err);
+  if (st != MML_OK) return st;
+  plan_fill(cfg, width, height, w, h, plan);
   return MML_OK;
 }
 
-mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
-                                 mml_vision_plan *plan, mml_err *err) {
+/* The target size qwen-vl-utils' fetch_image gives an image of width x height under a
+ * per-image budget (see mml_vision_plan_bytes_budget). */
+static mml_status budget_size(const mml_vision_cfg *cfg, int width, int height,
+                              const mml_image_budget *b, int *h, int *w, mml_err *err) {
+  const int64_t f = (int64_t)cfg->patch_size * cfg->merge_size;
+  if (b->resized_height > 0 && b->resized_width > 0)
+    return mml_smart_resize((int)b->resized_height, (int)b->resized_width, (int)f, 4 * f * f,
+                            16384 * f * f, MML_RESIZE_QWEN_VL_UTILS, h, w, err);
+  int64_t mn = b->min_pixels > 0 ? b->min_pixels : cfg->min_pixels;
+  int64_t mx = b->max_pixels > 0 ? b->max_pixels : cfg->max_pixels;
+  if (mn > mx)
+    return mml_err_set(err, MML_ERECORD,
+                       "bad record: the image's min_pixels %lld exceeds its max_pixels %lld",
+                       (long long)mn, (long long)mx);
+  return mml_smart_resize(height, width, (int)f, mn, mx, MML_RESIZE_QWEN_VL_UTILS, h, w, err);
+}
+
+mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data,
+                                        size_t len, const mml_image_budget *b,
+                                        mml_vision_plan *plan, mml_err *err) {
   mml_image_info info;
   memset(plan, 0, sizeof *plan);
   mml_status st = mml_image_probe(data, len, &info, err);
@@ -194,9 +222,15 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
                        info.height, (long long)px, (long long)cfg->max_image_pixels);
   const int orient = cfg->route == MML_ROUTE_LOAD_IMAGE ? mml_image_orientation(data, len) : 1;
   const int swap = orient >= 5; /* transpose, rotations by 90 degrees, transverse */
-  st = mml_vision_plan_size(cfg, swap ? info.height : info.width, swap ? info.width : info.height,
-                            plan, err);
-  if (st != MML_OK) return st;
+  const int W = swap ? info.height : info.width, H = swap ? info.width : info.height;
+  if (b && (b->min_pixels || b->max_pixels || (b->resized_height && b->resized_width))) {
+    if ((st = mml_vision_cfg_check(cfg, err))) return st;
+    int h, w;
+    if ((st = budget_size(cfg, W, H, b, &h, &w, err))) return st;
+    plan_fill(cfg, W, H, w, h, plan);
+  } else if ((st = mml_vision_plan_size(cfg, W, H, plan, err))) {
+    return st;
+  }
   plan->format = info.format;
   plan->orientation = orient;
   if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1) {
@@ -208,6 +242,11 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
     }
   }
   return MML_OK;
+}
+
+mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                 mml_vision_plan *plan, mml_err *err) {
+  return mml_vision_plan_bytes_budget(cfg, data, len, NULL, plan, err);
 }
 
 /* ---------------------------------------------------------------- scratch */
