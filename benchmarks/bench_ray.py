@@ -47,11 +47,11 @@ OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 def _dataset():
     root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mmloader-bench-ray")
     try:
-        load_manifest(root)
+        return load_manifest(root)["shards"]
     except (OSError, KeyError, ValueError):
-        make_dataset(root, n_samples=96, seed=0, n_images=48, min_size=160, max_size=640,
-                     text_only_fraction=0.0, two_image_fraction=0.0)
-    return root
+        return make_dataset(root, n_samples=96, seed=0, n_images=48, min_size=160,
+                            max_size=640, text_only_fraction=0.0,
+                            two_image_fraction=0.0)["shards"]
 
 
 def _cluster(pin: bool):
