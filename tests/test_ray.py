@@ -355,6 +355,9 @@ def test_refused_configurations(cluster, dataset):
     with pytest.raises(mmloader.ConfigError, match="tokenizer must be a path"):
         mray.Loader(dataset, tokenizer=mmloader.Tokenizer.from_file(
             mmloader.tokenizer.TINY_TOKENIZER_PATH))
+    with pytest.raises(mmloader.ConfigError, match="does not exist"):  # raised by a producer
+        mray.Loader(os.path.join(dataset, "nope.jsonl"), producers=1,
+                    producer_resources={"CPU": 0.5})
     with pytest.raises(mmloader.ConfigError, match="cannot place"):
         mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "gpu_data": 1},
                     placement_timeout_s=2)
