@@ -55,6 +55,7 @@
 #include <time.h>
 
 #include "mml/fetch_sync.h"
+#include "mml/options.h"
 #include "mml/s3.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -184,17 +185,10 @@ static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
 
 static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   if (!c->data || c->ndata < 1) return mml_err_set(err, MML_ECONFIG, "no data given");
-  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
-  if (c->prefetch < 1) return mml_err_set(err, MML_ECONFIG, "prefetch must be >= 1");
-  if (c->window < 0) return mml_err_set(err, MML_ECONFIG, "window must be >= 0");
-  if (c->collate.micro_batch_size < 1)
-    return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1");
-  if (!(c->max_error_rate >= 0 && c->max_error_rate <= 1))
-    return mml_err_set(err, MML_ECONFIG, "max_error_rate must be in [0, 1]");
   if (!c->tokenizer) return mml_err_set(err, MML_ECONFIG, "no tokenizer");
-  if (c->collate.pack && c->collate.pack_length <= 0 && c->collate.seq_length <= 0)
-    return mml_err_set(err, MML_ECONFIG, "packing needs pack_length or seq_length");
-  return MML_OK;
+  /* None ("automatic") is resolved by the caller (mmloader.Loader: the CPUs it may use) */
+  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
+  return mml_loader_cfg_check(c, err); /* the option table's bounds and cross-checks */
 }
 
 /* The loader's own copies of the configuration's strings (credentials first: until they
@@ -480,6 +474,7 @@ int64_t mml_loader_num_samples(const mml_loader *L) { return L->ix.n; }
 int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
+const mml_loader_cfg *mml_loader_config(const mml_loader *L) { return &L->cfg; }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||

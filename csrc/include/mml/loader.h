@@ -79,6 +79,8 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
 int64_t mml_loader_batches_per_epoch(const mml_loader *L);
 /* Hash of the shard list (file names, sizes, sample counts). */
 uint64_t mml_loader_data_hash(const mml_loader *L);
+/* The loader's configuration as built (its own copies of the strings). */
+const mml_loader_cfg *mml_loader_config(const mml_loader *L);
 
 /* Restarts the stream at cursor c (a cursor taken from a delivered batch, or
  * {epoch, 0, 0}): drops prefetched batches and in-flight work.  A cursor at the end of an
