@@ -224,6 +224,10 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
     """
 
     def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
@@ -256,7 +260,8 @@ class Loader:
                  aws_access_key_id: Optional[str] = _D["aws_access_key_id"],
                  aws_secret_access_key: Optional[str] = _D["aws_secret_access_key"],
                  aws_session_token: Optional[str] = _D["aws_session_token"],
-                 max_inflight: Optional[int] = _D["max_inflight"]) -> None:
+                 max_inflight: Optional[int] = _D["max_inflight"],
+                 plan_only: bool = _D["plan_only"]) -> None:
         # Every keyword that is a row of the engine's option table goes to the engine as
         # is; the table (csrc/core/options.c) checks types, bounds and names.
         given = locals()

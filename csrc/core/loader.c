@@ -16,7 +16,8 @@
  *     workers (num_threads): first emit a finished batch if one is queued (build its
  *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
  *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
- *       and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
+ *       (and below limit_seq after a seek_ahead: the seek's `ahead` samples, one more per
+ *       skip) and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
  *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
  *       it on the ready list.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
@@ -260,8 +261,10 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;
   L->pl.max_length = cfg->max_length;
+  L->pl.plan_only = cfg->plan_only;
 
   L->ccfg = cfg->collate;
+  if (cfg->plan_only) L->ccfg.mrope = 0; /* no grids to check the ids against */
   const mml_tokenizer *tok = cfg->tokenizer;
   if (L->ccfg.pad_id < 0) {
     L->ccfg.pad_id = mml_tokenizer_token_to_id(tok, "<|endoftext|>", 13);
@@ -477,6 +480,11 @@ uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->i
 const mml_loader_cfg *mml_loader_config(const mml_loader *L) { return &L->cfg; }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
+  return mml_loader_seek_ahead(L, c, 0, err);
+}
+
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err) {
   if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||
       (L->per_epoch >= 0 && c->batch_in_epoch > L->per_epoch) ||
       (L->per_epoch < 0 && c->pos > L->n_rank))
@@ -495,6 +503,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   normalize_cursor(L, c, &start, &wrap);
   L->start = start;
   ld_rebase_locked(L, start.epoch, start.pos, wrap);
+  L->limit_seq = ahead > 0 ? L->head_seq + ahead : -1;
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   ld_drop_output_locked(L);

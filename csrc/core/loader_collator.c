@@ -139,7 +139,11 @@ void ld_emit_job_locked(mml_loader *L) {
   mml_err_clear(&err);
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
-  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
+  mml_status st = MML_OK;
+  if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
+    mml_collator_reset(L->colls[ci]);
+  else
+    st = emit_batch(L, L->colls[ci], &b, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
@@ -221,6 +225,10 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
  * the error limits checked. */
 static void coll_failed_locked(mml_loader *L, coll_state *c) {
   const mml_sample *s = &c->s;
+  if (L->limit_seq >= 0) { /* seek_ahead: a skipped sample needs one more to replace it */
+    L->limit_seq++;
+    pthread_cond_broadcast(&L->work_cv);
+  }
   L->skipped++;
   L->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
   if (!L->cfg.on_error_raise) push_warning_locked(L, &s->err); /* raise mode: raised instead */

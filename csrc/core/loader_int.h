@@ -113,6 +113,7 @@ struct mml_loader {
   int64_t base_epoch, base_pos, base_seq;
   int base_wrap;
   int64_t head_seq, next_seq;
+  int64_t limit_seq;        /* -1, or: no sample at seq >= limit_seq is started (seek_ahead) */
   mml_cursor start;         /* where the collator starts for the current gen */
   task *tasks;
   task *ready_head, *ready_tail;

@@ -260,6 +260,7 @@ static task *take_task_locked(mml_loader *L) {
       continue;
     }
     if (L->next_seq < L->head_seq + L->window &&
+        (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
       task *t = &L->tasks[L->next_seq % L->window];
       t->state = SLOT_BUSY;

@@ -103,6 +103,8 @@ static const mml_option k_options[] = {
      "S3 session token (None: AWS_SESSION_TOKEN)"},
     {"max_inflight", MML_OPT_INT, CFG(fetch.max_inflight), 0, 1, 100000, NULL, NONE,
      "remote requests in flight (None: 64)"},
+    {"plan_only", MML_OPT_BOOL, CFG(plan_only), 0, 0, 1, NULL, 0,
+     "a planning pass: batches carry only their cursors (images never decoded)"},
 };
 
 #define NOPT ((int)(sizeof k_options / sizeof *k_options))

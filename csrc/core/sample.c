@@ -113,6 +113,13 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
                        (long long)pl->max_length);
+  if (pl->plan_only) { /* composition needs only the token count */
+    out->pixel_rows = 0;
+    out->pixel_cols = 0;
+    out->nimages = 0;
+    sc->vision_s += t1 - t0;
+    return MML_OK;
+  }
   size_t need = n ? (size_t)rows * (size_t)cols * sizeof(float) : 0;
   fit_pixels(&out->pixels, need);
   if (n) {

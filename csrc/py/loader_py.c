@@ -201,11 +201,13 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
 
 static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   mml_cursor c;
-  if (!PyArg_ParseTuple(args, "LLL:seek", &c.epoch, &c.pos, &c.batch_in_epoch)) return NULL;
+  long long ahead = 0;
+  if (!PyArg_ParseTuple(args, "LLL|L:seek", &c.epoch, &c.pos, &c.batch_in_epoch, &ahead))
+    return NULL;
   if (check_usable(self)) return NULL;
   mml_err err;
   mml_err_clear(&err);
-  mml_status st = mml_loader_seek(self->L, &c, &err);
+  mml_status st = mml_loader_seek_ahead(self->L, &c, ahead, &err);
   if (st) return mml_py_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -315,7 +317,8 @@ static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_
 static PyMethodDef Loader_methods[] = {
     {"next", (PyCFunction)Loader_next, METH_NOARGS,
      "The next batch (dict of Tensor); StopIteration at the end of an epoch."},
-    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch)"},
+    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch, ahead=0): ahead > 0 starts no work beyond that many "
+     "samples (plus one per skipped sample)"},
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},

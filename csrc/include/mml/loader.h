@@ -60,6 +60,10 @@ typedef struct mml_loader_cfg {
   int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
                                0: batches stay in host memory */
   int device;
+  int plan_only;            /* 1: a planning pass: samples are read, planned from image
+                               headers and tokenized, never decoded; batches carry no
+                               tensors, only their cursors (composition is the same unless
+                               an image fails only when decoded) */
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
@@ -87,6 +91,13 @@ const mml_loader_cfg *mml_loader_config(const mml_loader *L);
  * epoch resumes with the next epoch, reporting the epoch end first (as the original
  * loader would) unless batch_in_epoch is 0.  MML_ESTATE for an impossible cursor. */
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
+/* mml_loader_seek, and then no work is started beyond the `ahead` samples from c plus
+ * one more for each sample skipped (ahead <= 0: no bound): the caller knows how many
+ * samples the batches it wants take (mmloader.ray: one batch per seek), so nothing is
+ * made only to be dropped by the next seek.  Output is unchanged: when the bound is
+ * reached the engine waits (for the next seek or close). */
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
 /* pin_memory: batches delivered from now on are also kept from reuse until the work
@@ -142,6 +153,7 @@ typedef struct mml_pipeline {
   const mml_vision_cfg *vision;
   const mml_template *tmpl;
   int64_t max_length;       /* 0: no limit */
+  int plan_only;            /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
 /* Per-worker scratch, reused across samples. */
