@@ -105,6 +105,12 @@ static const mml_option k_options[] = {
      "remote requests in flight (None: 64)"},
     {"plan_only", MML_OPT_BOOL, CFG(plan_only), 0, 0, 1, NULL, 0,
      "a planning pass: batches carry only their cursors (images never decoded)"},
+    {"system_prompt", MML_OPT_STR, CFG(system_prompt), 0, 0, 0, NULL, FP | NONE,
+     "system turn for conversations without one (None: the template's default; \"\": none)"},
+    {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
+     "a mixture's epoch size (None: its sources' fixed counts plus weighted sizes)"},
+    {"mixture_tolerance", MML_OPT_FLOAT, CFG(mixture_tolerance), 0.05, -1, 1, NULL, 0,
+     "warn when a source's share drifts by more than this (Loader: None never; -1 here)"},
 };
 
 #define NOPT ((int)(sizeof k_options / sizeof *k_options))

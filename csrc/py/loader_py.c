@@ -57,9 +57,9 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   const struct mml_tokenizer *ct = mml_py_tokenizer_get(tok);
   if (!ct) return -1;
   mml_loader_cfg cfg;
-  const char **data = NULL;
-  if (mml_py_loader_cfg_from_dict(d, &cfg, &data)) {
-    PyMem_Free(data);
+  mml_py_cfg_mem mem = {0};
+  if (mml_py_loader_cfg_from_dict(d, &cfg, &mem)) {
+    mml_py_cfg_mem_free(&mem);
     return -1;
   }
   cfg.tokenizer = ct;
@@ -70,7 +70,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_new(&cfg, &L, &err);
   Py_END_ALLOW_THREADS
-  PyMem_Free(data);
+  mml_py_cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
       PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
@@ -131,6 +131,10 @@ static int emit_warnings(LoaderObject *self) {
   int n;
   while ((n = mml_loader_take_warnings(self->L, w, 8)) > 0) {
     for (int i = 0; i < n; i++) {
+      if (w[i].status == MML_OK) { /* a notice (mixture drift), not a skipped sample */
+        if (PyErr_WarnFormat(PyExc_UserWarning, 1, "mmloader: %s", w[i].msg)) return -1;
+        continue;
+      }
       if (self->warned >= MAX_WARNINGS) continue;
       self->warned++;
       const char *reason = mml_status_skip_reason(w[i].status);
@@ -224,10 +228,70 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
   mml_loader *L = self->L;
   char hash[17];
   snprintf(hash, sizeof hash, "%016llx", (unsigned long long)mml_loader_data_hash(L));
-  return Py_BuildValue("{s:L,s:L,s:L,s:s}", "num_samples", (long long)mml_loader_num_samples(L),
-                       "samples_per_rank", (long long)mml_loader_samples_per_rank(L),
-                       "batches_per_epoch", (long long)mml_loader_batches_per_epoch(L),
-                       "data_hash", hash);
+  int n = mml_loader_num_sources(L);
+  PyObject *src = PyList_New(n);
+  if (!src) return NULL;
+  for (int i = 0; i < n; i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    char h[17];
+    snprintf(h, sizeof h, "%016llx", (unsigned long long)ss.data_hash);
+    PyObject *e = Py_BuildValue("{s:s,s:L,s:L,s:s}", "name", ss.name, "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "data_hash", h);
+    if (!e) {
+      Py_DECREF(src);
+      return NULL;
+    }
+    PyList_SET_ITEM(src, i, e);
+  }
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N}", "num_samples",
+                       (long long)mml_loader_num_samples(L), "samples_per_rank",
+                       (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
+                       (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
+                       (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
+                       "sources", src);
+}
+
+/* stats()["sources"]: {name: {...}} in the mixture's order. */
+static PyObject *source_stats(mml_loader *L) {
+  PyObject *out = PyDict_New();
+  if (!out) return NULL;
+  for (int i = 0; i < mml_loader_num_sources(L); i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    PyObject *reasons = PyDict_New();
+    if (!reasons) goto fail;
+    for (int st = 0; st < MML_STATUS_COUNT; st++) {
+      if (!ss.skip_by_status[st]) continue;
+      const char *r = mml_status_skip_reason((mml_status)st);
+      if (!r) r = "other";
+      PyObject *old = PyDict_GetItemString(reasons, r);
+      unsigned long long v = ss.skip_by_status[st] + (old ? PyLong_AsUnsignedLongLong(old) : 0);
+      PyObject *x = PyLong_FromUnsignedLongLong(v);
+      if (!x || PyDict_SetItemString(reasons, r, x)) {
+        Py_XDECREF(x);
+        Py_DECREF(reasons);
+        goto fail;
+      }
+      Py_DECREF(x);
+    }
+    PyObject *e = Py_BuildValue("{s:L,s:L,s:K,s:K,s:N,s:L,s:L,s:K}", "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "samples", (unsigned long long)ss.samples, "skipped",
+                                (unsigned long long)ss.skipped, "skipped_by_reason", reasons,
+                                "tokens", (long long)ss.tokens, "image_tokens",
+                                (long long)ss.image_tokens, "bytes", (unsigned long long)ss.bytes);
+    if (!e || PyDict_SetItemString(out, ss.name, e)) {
+      Py_XDECREF(e);
+      goto fail;
+    }
+    Py_DECREF(e);
+  }
+  return out;
+fail:
+  Py_DECREF(out);
+  return NULL;
 }
 
 static PyObject *Loader_options(LoaderObject *self, PyObject *unused) {
@@ -283,6 +347,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
+  if (set_num(d, "sources", source_stats(self->L))) goto fail;
   if (s.remote) {
     PyObject *f = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:i}", "requests",

@@ -4,7 +4,9 @@
  * key must be an option, every value fit its row), the table itself is exported as
  * _core.loader_options(), and a built loader's options read back as a dict (its resume
  * fingerprint comes from those values).  Messages name the option and, except for
- * credentials, the value.
+ * credentials, the value.  Three keys are structured and parsed here beside the table:
+ * data (the shard list), sources (a mixture's resolved sources) and vision (the preset's
+ * vision settings, vision_py.c).
  */
 #include <string.h>
 
@@ -96,36 +98,162 @@ static int set_options(PyObject *d, mml_loader_cfg *c, const char *const *skip) 
   return 0;
 }
 
-int mml_py_loader_cfg_from_dict(PyObject *d, mml_loader_cfg *c, const char ***data) {
-  mml_loader_cfg_defaults(c);
-  PyObject *list = PyDict_GetItemString(d, "data"); /* borrowed */
-  if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_SetString(mml_py_ConfigError, "data must be a non-empty list of paths or URLs");
+/* ---- the structured keys: data, sources (a mixture), vision ---------------------------- */
+
+static int source_label_mode(const char *name, mml_label_mode *out);
+
+static int get_obj(PyObject *d, const char *k, PyObject **out) {
+  *out = PyDict_GetItemString(d, k); /* borrowed; NULL when absent */
+  return 0;
+}
+static int get_ll(PyObject *d, const char *k, long long def, long long *out) {
+  PyObject *v;
+  get_obj(d, k, &v);
+  if (!v || v == Py_None) {
+    *out = def;
+    return 0;
+  }
+  *out = PyLong_AsLongLong(v);
+  if (*out == -1 && PyErr_Occurred()) {
+    PyErr_Format(mml_py_ConfigError, "%s must be an integer", k);
     return -1;
   }
-  Py_ssize_t n = PyList_GET_SIZE(list);
-  *data = PyMem_Calloc((size_t)n, sizeof **data);
-  if (!*data) {
+  return 0;
+}
+static int get_double(PyObject *d, const char *k, double def, double *out) {
+  PyObject *v;
+  get_obj(d, k, &v);
+  if (!v || v == Py_None) {
+    *out = def;
+    return 0;
+  }
+  *out = PyFloat_AsDouble(v);
+  if (*out == -1 && PyErr_Occurred()) {
+    PyErr_Format(mml_py_ConfigError, "%s must be a number", k);
+    return -1;
+  }
+  return 0;
+}
+static int get_str(PyObject *d, const char *k, const char **out) {
+  PyObject *v;
+  get_obj(d, k, &v);
+  *out = NULL;
+  if (!v || v == Py_None) return 0;
+  if (!PyUnicode_Check(v)) {
+    PyErr_Format(mml_py_ConfigError, "%s must be a string", k);
+    return -1;
+  }
+  *out = PyUnicode_AsUTF8(v);
+  return *out ? 0 : -1;
+}
+
+
+/* Borrowed strings of a list (the list outlives the engine's construction). */
+static int str_list(PyObject *list, const char *what, const char ***out, int *n) {
+  if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
+    PyErr_Format(mml_py_ConfigError, "%s must be a non-empty list of paths or URLs", what);
+    return -1;
+  }
+  Py_ssize_t k = PyList_GET_SIZE(list);
+  *out = PyMem_Calloc((size_t)k, sizeof **out);
+  if (!*out) {
     PyErr_NoMemory();
     return -1;
   }
-  for (Py_ssize_t i = 0; i < n; i++) {
+  *n = (int)k;
+  for (Py_ssize_t i = 0; i < k; i++) {
     PyObject *s = PyList_GET_ITEM(list, i);
     if (!PyUnicode_Check(s)) {
-      PyErr_SetString(mml_py_ConfigError, "data entries must be strings");
+      PyErr_Format(mml_py_ConfigError, "%s entries must be strings", what);
       return -1;
     }
-    if (!((*data)[i] = PyUnicode_AsUTF8(s))) return -1;
+    if (!((*out)[i] = PyUnicode_AsUTF8(s))) return -1;
   }
-  c->data = *data;
-  c->ndata = (int)n;
+  return 0;
+}
+
+void mml_py_cfg_mem_free(mml_py_cfg_mem *m) {
+  PyMem_Free(m->data);
+  for (int i = 0; m->sources && i < m->nsources; i++) PyMem_Free((void *)m->sources[i].data);
+  PyMem_Free(m->sources);
+  memset(m, 0, sizeof *m);
+}
+
+/* "sources": a list of dicts (resolved by mmloader/loader.py: every setting filled). */
+static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
+  if (!PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
+    PyErr_SetString(mml_py_ConfigError, "sources must be a non-empty list");
+    return -1;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(list);
+  m->sources = PyMem_Calloc((size_t)n, sizeof *m->sources);
+  if (!m->sources) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  m->nsources = (int)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
+    mml_source_cfg *s = &m->sources[i];
+    const char *labels;
+    long long choose, maxlen;
+    if (!PyDict_Check(d)) {
+      PyErr_SetString(mml_py_ConfigError, "sources entries must be dicts");
+      return -1;
+    }
+    data = PyDict_GetItemString(d, "data");
+    vision = PyDict_GetItemString(d, "vision");
+    if (get_str(d, "name", &s->name) || str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
+        get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
+        get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
+        get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
+        get_ll(d, "max_length", 0, &maxlen))
+      return -1;
+    if (!vision || !PyDict_Check(vision)) {
+      PyErr_SetString(mml_py_ConfigError, "a source's vision must be a dict");
+      return -1;
+    }
+    if (mml_py_vision_cfg_from_dict(vision, &s->vision)) return -1;
+    s->choose = choose;
+    s->max_length = maxlen;
+    if (source_label_mode(labels, &s->label_mode)) return -1;
+  }
+  c->sources = m->sources;
+  c->nsources = m->nsources;
+  return 0;
+}
+
+
+/* A source's label mode, by the table's names for label_mode (NULL: the default). */
+static int source_label_mode(const char *name, mml_label_mode *out) {
+  mml_loader_cfg tmp;
+  mml_loader_cfg_defaults(&tmp);
+  mml_err err;
+  mml_err_clear(&err);
+  if (name && mml_option_set_enum(&tmp, mml_loader_option("label_mode"), name, &err)) {
+    PyErr_Format(mml_py_ConfigError, "a source's %s", err.msg);
+    return -1;
+  }
+  *out = tmp.label_mode;
+  return 0;
+}
+
+int mml_py_loader_cfg_from_dict(PyObject *d, mml_loader_cfg *c, mml_py_cfg_mem *m) {
+  mml_loader_cfg_defaults(c);
+  PyObject *sources = PyDict_GetItemString(d, "sources"); /* borrowed */
+  if (sources && sources != Py_None) {
+    if (parse_sources(sources, c, m)) return -1;
+  } else {
+    if (str_list(PyDict_GetItemString(d, "data"), "data", &m->data, &c->ndata)) return -1;
+    c->data = m->data;
+  }
   PyObject *vision = PyDict_GetItemString(d, "vision");
   if (!vision || !PyDict_Check(vision)) {
     PyErr_SetString(mml_py_ConfigError, "vision must be a dict (mmloader.presets.vision_config)");
     return -1;
   }
   if (mml_py_vision_cfg_from_dict(vision, &c->vision)) return -1;
-  static const char *const skip[] = {"data", "vision", NULL};
+  static const char *const skip[] = {"data", "sources", "vision", NULL};
   if (set_options(d, c, skip)) return -1;
   c->to_device = c->device >= 0;
   if (c->device < 0) c->device = 0;
