@@ -13,7 +13,7 @@ from mmloader.tokenizer import TINY_TOKENIZER_PATH
 # rather than passed to the engine as table options.
 PYTHON_LEVEL = {"data", "preset", "model_dir", "tokenizer", "min_pixels", "max_pixels",
                 "max_image_pixels", "image_mean", "image_std", "legacy_resize", "fast_decode",
-                "strict_jpeg", "allow_mixture_change",
+                "strict_jpeg", "image_route", "allow_mixture_change",
                 "device"}
 
 
