@@ -162,7 +162,7 @@ void ld_emit_job_locked(mml_loader *L) {
   if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
 }
 
-static void push_warning_locked(mml_loader *L, const mml_err *e) {
+void ld_push_warning_locked(mml_loader *L, const mml_err *e) {
   if (L->warn_count == WARN_BACKLOG) return; /* counted in stats, message dropped */
   L->warn[(L->warn_head + L->warn_count) % WARN_BACKLOG] = *e;
   L->warn_count++;
@@ -173,7 +173,7 @@ void ld_release_oldest_skip_locked(mml_loader *L) {
   const mml_err *e = &L->skips[L->skip_head].err;
   L->skipped++;
   L->skip_by_status[e->status < MML_STATUS_COUNT ? e->status : MML_EINTERNAL]++;
-  if (!L->cfg.on_error_raise) push_warning_locked(L, e); /* raise mode: raised instead */
+  if (!L->cfg.on_error_raise) ld_push_warning_locked(L, e); /* raise mode: raised instead */
   L->skip_head = (L->skip_head + 1) % SKIP_LOG;
   L->skip_count--;
 }
@@ -347,6 +347,7 @@ void *ld_collator_main(void *arg) {
     L->head_seq++;
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
+    ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) coll_failed_locked(L, &c);
     else coll_add_locked(L, &c);
   }

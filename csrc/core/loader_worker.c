@@ -46,6 +46,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     *dst = *body; /* take the memory */
     memset(body, 0, sizeof *body);
     L->bytes_read += dst->len;
+    t->fetched_bytes += dst->len;
   } else if (!t->fetch_st) {
     t->fetch_st = st;
     if (err) t->fetch_err = *err;
@@ -69,7 +70,10 @@ static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader
   if (e && e->msg[0]) s->err = *e;
   else mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
-  mml_err_prefix(&s->err, "%s", where);
+  if (L->cfg.nsources > 0) /* a mixture: name the source too */
+    mml_err_prefix(&s->err, "source %s: %s", L->src[s->source].name, where);
+  else
+    mml_err_prefix(&s->err, "%s", where);
 }
 
 /* A failure while fetches are outstanding: the first one is kept; the task fails with it
@@ -99,13 +103,15 @@ static mml_status task_imgs_fit(task *t, int n) {
 }
 
 /* Stage 1: the record's bytes, read here, or fetched (*wait: the task waits for them). */
-static mml_status stage_record(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
+static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
+                               int *wait, mml_err *err) {
   mml_sample *s = &t->sample;
   int64_t off, len;
+  mml_status st = ld_lookup(L, &sc->mix, s, err); /* which source and sample */
+  if (st) return st;
   mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
   t->stage = STAGE_RECORD;
   const char *path = L->ix.shards[s->shard].path;
-  mml_status st;
   if (len > L->cfg.max_record_bytes) /* before reading or fetching it */
     return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
                        (long long)len, (long long)L->cfg.max_record_bytes);
@@ -126,7 +132,10 @@ static mml_status stage_record(mml_loader *L, task *t, run_acc *acc, int *wait, 
   double t0 = mml_now();
   st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, err);
   acc->read_s += mml_now() - t0;
-  if (!st) acc->bytes += t->rec_bytes.len;
+  if (!st) {
+    acc->bytes += t->rec_bytes.len;
+    s->bytes += t->rec_bytes.len;
+  }
   return st;
 }
 
@@ -170,7 +179,10 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     st = mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st) mml_sample_err_image(err, t->rec.images[i]);
-    else acc->bytes += t->imgs[i].len;
+    else {
+      acc->bytes += t->imgs[i].len;
+      t->sample.bytes += t->imgs[i].len;
+    }
     return st;
   }
   if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
@@ -226,7 +238,9 @@ static mml_status stage_build(mml_loader *L, mml_sample_scratch *sc, task *t, mm
     *err = t->fetch_err;
     return t->fetch_st;
   }
-  mml_status st = mml_sample_build(&L->pl, sc, &t->rec, t->imgs, &t->sample, err);
+  t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
+  mml_status st = mml_sample_build(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
+                                   &t->sample, err);
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
 }
@@ -238,7 +252,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   mml_err_clear(&err);
   mml_status st = MML_OK;
   int wait = 0;
-  if (t->stage == STAGE_NEW) st = stage_record(L, t, acc, &wait, &err);
+  if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
   if (!st && !wait) st = stage_build(L, sc, t, &err);
   if (wait) return 0;
@@ -278,9 +292,9 @@ static task *take_task_locked(mml_loader *L) {
       t->stage = STAGE_NEW;
       t->fetch_st = MML_OK;
       t->pending = 0;
+      t->fetched_bytes = 0;
       mml_sample_reset(&t->sample);
       ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
-      t->sample.index = mml_sampler_at(&L->sm, t->sample.epoch, t->sample.pos);
       L->in_flight++;
       return t;
     }

@@ -30,7 +30,8 @@ static void fit_pixels(mml_bytes *b, size_t need) {
 
 void mml_sample_reset(mml_sample *s) {
   s->epoch = s->pos = s->index = s->line = 0;
-  s->shard = 0;
+  s->shard = s->source = 0;
+  s->bytes = 0;
   s->status = MML_OK;
   mml_err_clear(&s->err);
   mml_ids_clear(&s->input_ids);
@@ -69,6 +70,7 @@ mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
 void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_vision_scratch_free(s->vision);
   mml_tok_scratch_free(s->tok);
+  mml_mix_scratch_free(&s->mix);
   free(s->plans);
   free(s->tokens);
   memset(s, 0, sizeof *s);
@@ -98,7 +100,8 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   int64_t rows = 0, src_px = 0;
   int cols = 0;
   for (int i = 0; i < n; i++) {
-    st = mml_vision_plan_bytes(pl->vision, images[i].data, images[i].len, &sc->plans[i], err);
+    st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
+                                      rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
     if (st) {
       mml_sample_err_image(err, rec->images[i]);
       return st;
@@ -216,11 +219,11 @@ mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
                                     mml_err *err) {
   char shown[MML_SHORT_CAP(200)];
 #define SHOWN mml_text_short(ref, strlen(ref), 200, shown, sizeof shown)
-  if (cfg->refuse_remote_images && local_shard && is_url(ref))
+  if (!cfg->allow_remote_images && local_shard && is_url(ref))
     return mml_err_set(err, MML_EPATH,
                        "image %s: a local record names a remote image, refused by "
                        "allow_remote_images_in_local_data=False", SHOWN);
-  if (!cfg->confine_paths || is_url(ref)) return MML_OK;
+  if (cfg->allow_paths_outside_root || is_url(ref)) return MML_OK;
   const char *r = strncmp(ref, "file://", 7) ? ref : ref + 7;
   if (r[0] == '/')
     return mml_err_set(err, MML_EPATH,

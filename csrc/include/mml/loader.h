@@ -25,6 +25,7 @@
 #include "mml/collate.h"
 #include "mml/common.h"
 #include "mml/fetch.h"
+#include "mml/mixture.h"
 #include "mml/record.h"
 #include "mml/sample.h"
 #include "mml/template.h"
@@ -35,9 +36,26 @@
 #define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20)  /* 64 MiB */
 #define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
 
+/* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
+ * epoch, and the settings its samples are processed with (the worker looks them up by
+ * the sample's source). */
+typedef struct mml_source_cfg {
+  const char *name;         /* for stats and messages */
+  const char *const *data;  /* its shards, as mml_loader_cfg.data */
+  int ndata;
+  double weight, repeat;    /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
+  int64_t choose;
+  const char *image_root;   /* NULL: each shard's own folder */
+  mml_vision_cfg vision;    /* patch, merge and temporal sizes must be the loader's */
+  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  mml_label_mode label_mode;
+  int64_t max_length;       /* 0: no limit */
+} mml_source_cfg;
+
 typedef struct mml_loader_cfg {
   const char *const *data;  /* shard paths or URLs (local globs already expanded; s3:// may
-                               hold a glob in its key, listed with the fetcher) */
+                               hold a glob in its key, listed with the fetcher); ignored
+                               when `sources` is given */
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
   int data_format;          /* mml_layout (mml/index.h): 0 auto (by content), JSONL, JSON */
@@ -63,10 +81,11 @@ typedef struct mml_loader_cfg {
   int max_json_depth;          /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
   int64_t max_object_bytes;    /* object_too_large: one image file or object, refused before
                                   it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
-  /* Path policy (path_refused, checked before opening anything); 0 keeps the defaults. */
-  int confine_paths;           /* 1: relative image references must stay inside the image
+  /* Path policy (path_refused, checked before opening anything); the option table's
+   * defaults are 1 (as in earlier releases), a zeroed cfg is the confined policy. */
+  int allow_paths_outside_root;/* 0: relative image references must stay inside the image
                                   root: no absolute paths, no "..", no symlink out of it */
-  int refuse_remote_images;    /* 1: records of local shards may not name http(s)/s3 URLs */
+  int allow_remote_images;     /* 0: records of local shards may not name http(s)/s3 URLs */
   int cycle;                /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
@@ -80,6 +99,16 @@ typedef struct mml_loader_cfg {
   int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
                                0: batches stay in host memory */
   int device;
+  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  /* A mixture: nsources sources blended per mml/mixture.h, each with its own settings.
+   * NULL: one source made of `data` with the settings above. */
+  const mml_source_cfg *sources;
+  int nsources;
+  int64_t samples_per_epoch;/* mixture epoch size (0: the sources' default) */
+  double mixture_tolerance; /* warn once per source when its share of the samples
+                               delivered so far differs from its share of the epoch by
+                               more than this (checked every 64 samples once 500 were
+                               delivered; 0: 0.05, < 0: never) */
   int plan_only;            /* 1: a planning pass: samples are read, planned from image
                                headers and tokenized, never decoded; batches carry no
                                tensors, only their cursors (composition is the same unless
@@ -103,6 +132,24 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
 int64_t mml_loader_batches_per_epoch(const mml_loader *L);
 /* Hash of the shard list (file names, sizes, sample counts). */
 uint64_t mml_loader_data_hash(const mml_loader *L);
+/* The loader's configuration as built (its own copies of the strings). */
+const mml_loader_cfg *mml_loader_config(const mml_loader *L);
+/* Draws per epoch over all ranks (the mixture's M; N without a mixture). */
+int64_t mml_loader_samples_per_epoch(const mml_loader *L);
+
+/* Per source (one without a mixture): sizes and what collation has consumed from it. */
+typedef struct mml_source_stats {
+  const char *name;         /* valid while the loader lives */
+  int64_t num_samples;      /* samples in its shards */
+  int64_t per_epoch;        /* its draws per epoch (all ranks) */
+  uint64_t data_hash;       /* as mml_loader_data_hash, over its shards */
+  uint64_t samples, skipped;/* good samples collated, samples skipped */
+  uint64_t skip_by_status[MML_STATUS_COUNT];
+  int64_t tokens, image_tokens; /* of its good samples */
+  uint64_t bytes;           /* record + image bytes read for it */
+} mml_source_stats;
+int mml_loader_num_sources(const mml_loader *L);
+void mml_loader_source_stats(mml_loader *L, int source, mml_source_stats *out);
 
 /* Restarts the stream at cursor c (a cursor taken from a delivered batch, or
  * {epoch, 0, 0}): drops prefetched batches and in-flight work.  A cursor at the end of an
@@ -137,7 +184,8 @@ void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream)
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err);
 
 /* Messages of skipped samples not yet taken (oldest first, at most `max`); returns the
- * count copied.  Messages beyond a small backlog are dropped (stats still count them). */
+ * count copied.  Messages beyond a small backlog are dropped (stats still count them).
+ * A message whose status is MML_OK is a notice, not a skip (a mixture's share drift). */
 int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
 
 #define MML_MAX_REASONS 32
@@ -188,6 +236,7 @@ typedef struct mml_sample_scratch {
   mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
+  mml_mix_scratch mix;      /* the mixture lookup's */
   double vision_s, text_s;  /* accumulated busy time, taken by the engine */
 } mml_sample_scratch;
 
@@ -208,7 +257,8 @@ mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *o
                                  mml_err *err);
 /* The path policy for one reference `ref` of a record (resolved: its mml_sample_image_path)
  * of a shard (local_shard: the shard is a local file): MML_EPATH naming the option when
- * cfg->refuse_remote_images and a local shard's record names a URL, or cfg->confine_paths
+ * !cfg->allow_remote_images and a local shard's record names a URL, or
+ * !cfg->allow_paths_outside_root
  * and the reference is absolute, climbs out of the root with "..", or resolves (symlinks
  * followed) outside the root.  Checks names only: nothing is opened. */
 /* Prefixes err with "image <ref>" (the reference shortened in the middle). */
