@@ -132,14 +132,15 @@ def test_record_parse_is_linear_in_images():
         line = json.dumps({"messages": [{"role": "user", "content": "<image>" * n + "q"}],
                            "images": ["a.jpg"] * n})
         best = []
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             _core.parse_record(line, max_images_per_sample=n)
             best.append(time.perf_counter() - t0)
         return min(best)
     small, large = cost(10_000), cost(40_000)
-    # 4x the images: linear ~4x, the old quadratic parse ~15x (0.41 s -> 6.2 s)
-    assert large < 9 * small + 0.05, (small, large)
+    # 4x the images: linear ~4x, the old quadratic parse ~15x (0.41 s -> 6.2 s); the
+    # margin absorbs a shared machine's noise
+    assert large < 12 * small + 0.05, (small, large)
 
 
 def test_nul_escape_does_not_truncate_text(img_dir):

@@ -171,6 +171,7 @@ void ld_push_warning_locked(mml_loader *L, const mml_err *e) {
 void ld_release_oldest_skip_locked(mml_loader *L) {
   if (!L->skip_count) return;
   const mml_err *e = &L->skips[L->skip_head].err;
+  ld_source_count_skip_locked(L, L->skips[L->skip_head].source, e->status);
   L->skipped++;
   L->skip_by_status[e->status < MML_STATUS_COUNT ? e->status : MML_EINTERNAL]++;
   if (!L->cfg.on_error_raise) ld_push_warning_locked(L, e); /* raise mode: raised instead */
@@ -191,6 +192,7 @@ static void log_skip_locked(mml_loader *L, const mml_sample *s) {
   struct skip_entry *k = &L->skips[(L->skip_head + L->skip_count) % SKIP_LOG];
   k->epoch = s->epoch;
   k->pos = s->pos;
+  k->source = s->source;
   k->err = s->err;
   k->err.status = s->status;
   L->skip_count++;

@@ -168,6 +168,7 @@ struct mml_loader {
    * warnings describe what the consumer received, not what was prefetched */
   struct skip_entry {
     int64_t epoch, pos;
+    int source;
     mml_err err;
   } *skips;
   int skip_head, skip_count;
@@ -199,6 +200,8 @@ void ld_free_sources(mml_loader *L);
 mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err);
 /* The collator consumed s: its source's stats, and the drift check. */
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
+/* A skipped sample of source `source`, counted when the consumer passes it. */
+void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
