@@ -311,12 +311,13 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
 }
 
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
-  mml_status st = validate(cfg, err);
+  mml_loader_cfg with_limits = *cfg; /* a zeroed C cfg gets the limits' defaults */
+  limits_defaults(&with_limits);
+  mml_status st = validate(&with_limits, err);
   if (st) return st;
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
-  L->cfg = *cfg;
-  limits_defaults(&L->cfg);
+  L->cfg = with_limits;
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
