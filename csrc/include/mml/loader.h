@@ -111,6 +111,8 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
 int64_t mml_loader_batches_per_epoch(const mml_loader *L);
 /* Hash of the shard list (file names, sizes, sample counts). */
 uint64_t mml_loader_data_hash(const mml_loader *L);
+/* The loader's configuration as built (its own copies of the strings). */
+const mml_loader_cfg *mml_loader_config(const mml_loader *L);
 /* Draws per epoch over all ranks (the mixture's M; N without a mixture). */
 int64_t mml_loader_samples_per_epoch(const mml_loader *L);
 
