@@ -28,6 +28,7 @@ _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
 _TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
 _DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
+_IMAGE_WHITESPACE = ("in_place", "qwen-vl-finetune")
 # What a folder given as data contributes (compression is told by content, not name).
 _DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
 
@@ -196,6 +197,10 @@ class Loader:
         keys: "qwen" (HF names) or "megatron".
         shift_labels: labels shifted by one (Megatron convention).
         label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
+        image_whitespace: text around ``<image>`` tags: "in_place" (as written; the HF
+            processor, LLaMA-Factory, ms-swift) or "qwen-vl-finetune" (Qwen's official
+            fine-tuning code: user text between tags stripped, empty pieces dropped, so
+            ``"<image>\nWhat is it?"`` has no newline after the image).
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -236,7 +241,8 @@ class Loader:
                  max_length: Optional[int] = None, packing: bool = False,
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
-                 label_mode: str = "all_assistant", mrope: bool = False,
+                 label_mode: str = "all_assistant", image_whitespace: str = "in_place",
+                 mrope: bool = False,
                  attention_mask: bool = True, text_only_vision: str = "placeholder",
                  mm_token_type_ids: bool = False, cycle: bool = False,
                  pin_memory: bool = False,
@@ -276,6 +282,9 @@ class Loader:
         if text_only_vision not in _TEXT_ONLY:
             raise ConfigError(f"text_only_vision must be one of {tuple(_TEXT_ONLY)}, got "
                               f"{text_only_vision!r}")
+        if image_whitespace not in _IMAGE_WHITESPACE:
+            raise ConfigError(f"image_whitespace must be one of {_IMAGE_WHITESPACE}, got "
+                              f"{image_whitespace!r}")
         if label_mode not in _LABEL_MODES:
             raise ConfigError(f"label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
         if packing and pack_length is None and seq_length is None:
@@ -309,7 +318,8 @@ class Loader:
             pack=int(bool(packing)), pack_length=pack_length or 0,
             pad_to_multiple=pad_to_multiple or 0, keys=keys,
             shift_labels=int(bool(shift_labels)), attention_mask=int(bool(attention_mask)),
-            mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode, vision=vision,
+            mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode,
+            image_whitespace=image_whitespace, vision=vision,
             s3_endpoint=s3_endpoint, s3_region=s3_region,
             aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
@@ -342,6 +352,8 @@ class Loader:
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
         }
+        if image_whitespace != "in_place":  # absent from states saved before the option
+            self._fingerprint["image_whitespace"] = image_whitespace
 
     # ---- iteration ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict[str, "_core.Tensor"]]:

@@ -960,7 +960,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   }
 
   if ((st = mml_template_new(cfg->template_style, cfg->label_mode, cfg->tokenizer, &L->tmpl,
-                             err)))
+                             err)) ||
+      (st = mml_template_set_image_space(L->tmpl, cfg->image_space, err)))
     goto fail;
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;

@@ -124,7 +124,7 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
   c->data = *data;
   c->ndata = (int)n;
   long long seed, maxlen, seqlen, packlen, minerr;
-  const char *on_error, *keys, *tmpl, *labels;
+  const char *on_error, *keys, *tmpl, *labels, *space;
   if (get_str(d, "image_root", &c->image_root) || get_int(d, "data_format", 0, &c->data_format) || get_int(d, "shuffle", 1, &c->shuffle) ||
       get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
       get_int(d, "dp_size", 1, &c->dp_size) || get_int(d, "num_threads", 1, &c->num_threads) ||
@@ -142,7 +142,7 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_int(d, "mrope", 0, &c->collate.mrope) ||
       get_int(d, "text_only_vision", 0, &c->collate.text_only_vision) ||
       get_int(d, "mm_token_type_ids", 0, &c->collate.mm_token_type_ids) || get_str(d, "template", &tmpl) ||
-      get_str(d, "label_mode", &labels) || get_str(d, "s3_endpoint", &c->fetch.endpoint) ||
+      get_str(d, "label_mode", &labels) || get_str(d, "image_whitespace", &space) || get_str(d, "s3_endpoint", &c->fetch.endpoint) ||
       get_str(d, "s3_region", &c->fetch.region) ||
       get_str(d, "aws_access_key_id", &c->fetch.access_key) ||
       get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
@@ -164,6 +164,9 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
   c->label_mode = MML_LABELS_ALL_ASSISTANT;
   if (labels && !strcmp(labels, "last_assistant")) c->label_mode = MML_LABELS_LAST_ASSISTANT;
   if (labels && !strcmp(labels, "no_nonfinal_end")) c->label_mode = MML_LABELS_NO_NONFINAL_END;
+  int sp = MML_IMAGE_SPACE_IN_PLACE;
+  if (space && mml_py_image_space_from_str(space, &sp)) return -1;
+  c->image_space = (mml_image_space)sp;
   PyObject *vision;
   get_obj(d, "vision", &vision);
   if (!vision || !PyDict_Check(vision)) {

@@ -32,6 +32,7 @@
   X(EMISMATCH,   "image_count_mismatch", "image tags do not match listed images") \
   X(EDECODE,     "corrupt_image",        "image could not be decoded")            \
   X(EUNSUPPORTED,"unsupported_image",    "unsupported image format")              \
+  X(EVIDEO,      "unsupported_video",    "video input is not supported yet")      \
   X(ETOOBIG,     "image_too_large",      "image exceeds the pixel limit")         \
   X(EASPECT,     "bad_aspect_ratio",     "image aspect ratio exceeds 200")        \
   X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \
