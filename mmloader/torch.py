@@ -34,7 +34,7 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
@@ -42,7 +42,7 @@ from . import loader as _loader
 
 __all__ = ["Loader", "to_torch"]
 
-_PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "max_seqlen")
+_PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "cu_seqlens_padded", "max_seqlen")
 
 
 def to_torch(batch: Dict[str, Any]) -> Dict[str, torch.Tensor]:
@@ -63,10 +63,11 @@ class Loader:
 
     Arguments are those of :class:`mmloader.Loader` (see its docstring); with ``keys="qwen"``
     the defaults are ``mrope=True``, ``mm_token_type_ids=True``, ``text_only_vision="omit"``
-    and, when packing,
-    ``attention_mask=False`` (see the module docstring).  ``packing_keys``: keep
-    ``cu_seqlens`` / ``cu_seqlens_unpadded`` / ``max_seqlen`` in packed batches (default:
-    only with ``keys="megatron"``).  Iterating yields the batches of one epoch; iterate again for
+    and, when packing, ``attention_mask=False`` (see the module docstring); with
+    ``keys="megatron"``, ``text_only_vision="placeholder"`` (every batch has the same keys).
+    ``packing_keys``: keep the packing tensors (``cu_seqlens``, ``cu_seqlens_unpadded`` or
+    ``cu_seqlens_padded``, ``max_seqlen``) in packed batches (default: only with
+    ``keys="megatron"``).  Iterating yields the batches of one epoch; iterate again for
     the next.  ``len()`` is the number of batches per epoch when that is known (padded
     batches); with ``packing=True`` it raises TypeError, like a DataLoader over an
     IterableDataset.
@@ -75,7 +76,9 @@ class Loader:
     def __init__(self, data: Any, *, packing_keys: Optional[bool] = None, **kwargs: Any) -> None:
         qwen = kwargs.get("keys", "qwen") == "qwen"
         if "text_only_vision" not in kwargs and _accepts("text_only_vision"):
-            kwargs["text_only_vision"] = "omit"
+            # Megatron keys: a fixed key set (the zero-patch placeholder), so a forward step
+            # reads the same keys from every batch
+            kwargs["text_only_vision"] = "omit" if qwen else "placeholder"
         if qwen:
             kwargs.setdefault("mrope", True)
             if _accepts("mm_token_type_ids"):
@@ -121,6 +124,34 @@ class Loader:
     # Megatron's names for the same thing (train_iterator.iterable.save_state()).
     save_state = state_dict
     restore_state = load_state_dict
+
+    # Energon's state API (see mmloader.Loader.save_state_rank and the others).
+    def save_state_rank(self) -> Dict[str, Any]:
+        return self._inner.save_state_rank()
+
+    def restore_state_rank(self, state: Optional[Dict[str, Any]]) -> None:
+        self._inner.restore_state_rank(state)
+
+    def save_state_global(self, global_dst_rank: int = 0) -> Optional[List[Dict[str, Any]]]:
+        return self._inner.save_state_global(global_dst_rank)
+
+    def restore_state_global(self, state: Any, *, src_rank: Optional[int] = None) -> None:
+        self._inner.restore_state_global(state, src_rank=src_rank)
+
+    save_state_rank.__doc__ = _loader.Loader.save_state_rank.__doc__
+    restore_state_rank.__doc__ = _loader.Loader.restore_state_rank.__doc__
+    save_state_global.__doc__ = _loader.Loader.save_state_global.__doc__
+    restore_state_global.__doc__ = _loader.Loader.restore_state_global.__doc__
+
+    @property
+    def dp_group(self) -> Any:
+        """The data-parallel process group of the global state calls (see
+        :attr:`mmloader.Loader.dp_group`)."""
+        return self._inner.dp_group
+
+    @dp_group.setter
+    def dp_group(self, group: Any) -> None:
+        self._inner.dp_group = group
 
     # ---- the rest ---------------------------------------------------------------------
     @property

@@ -216,14 +216,18 @@ def test_packed_megatron_shifted_labels_and_masks():
     for batch, stats in collate(samples, pack=1, pack_length=128, pad_to_multiple=4,
                                 keys="megatron", shift_labels=1, attention_mask=1):
         assert set(batch) >= {"tokens", "labels", "loss_mask", "position_ids", "attention_mask",
-                              "cu_seqlens", "cu_seqlens_unpadded", "max_seqlen",
+                              "cu_seqlens", "cu_seqlens_padded", "max_seqlen",
                               "pixel_values", "image_grid_thw"}
-        assert "input_ids" not in batch
+        assert "input_ids" not in batch and "cu_seqlens_unpadded" not in batch
         tok, lab, lm = batch["tokens"][0], batch["labels"][0], batch["loss_mask"][0]
-        cu, cuu = batch["cu_seqlens"], batch["cu_seqlens_unpadded"]
-        assert cu.dtype == np.int32 and batch["max_seqlen"].dtype == np.int32
-        assert batch["max_seqlen"][0] == np.diff(cu).max()
-        assert (np.diff(cu) % 4 == 0).all()
+        # Megatron's names: cu_seqlens real, cu_seqlens_padded slots covering the row
+        cuu, cup = batch["cu_seqlens"], batch["cu_seqlens_padded"]
+        assert cuu.dtype == cup.dtype == batch["max_seqlen"].dtype == np.int32
+        assert cup[-1] == 128 and batch["max_seqlen"][0] == np.diff(cup).max()
+        assert (np.diff(cup)[:-1] % 4 == 0).all()
+        # the slots without the tail padding after the last one
+        cu = cup.copy()
+        cu[-1] = cup[-2] + -(-(cuu[-1] - cuu[-2]) // 4) * 4
         np.testing.assert_array_equal(lm, (lab != -100).astype(np.float32))
         want_mask = np.ones((128, 128), dtype=bool)
         bounds = list(cu) + ([128] if cu[-1] < 128 else [])

@@ -21,7 +21,8 @@ from megatron.core.rerun_state_machine import (RerunDataIterator, RerunMode,  # 
 
 import mmloader  # noqa: E402
 from mmloader import _core  # noqa: E402
-from mmloader.megatron import get_batch, make_provider, packed_seq_params, state_path  # noqa: E402
+from mmloader.megatron import (add_arguments, get_batch, loader_kwargs_from_args,  # noqa: E402
+                               make_provider, packed_seq_params, state_path)
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -159,8 +160,8 @@ def test_rerun_data_iterator_replays_valid_batches(ds):
             snap = [copy(b) for b in held]
             it.rewind()
             for b, s in zip(held, snap):
-                replay = next(it)
-                assert replay is b
+                replay = next(it)  # the batch itself, or (megatron-core >= 0.19) a copy.copy
+                assert replay.keys() == b.keys() and all(replay[k] is b[k] for k in b)
             it.advance()
             for _ in range(12):  # the loader recycles released buffers meanwhile
                 next(it)
@@ -194,24 +195,24 @@ def _samples(n, seed=0):
 
 
 def test_packed_seq_params_from_a_packed_batch():
-    batches = _collated(_samples(12), pack=1, pack_length=96, keys="megatron",
-                        shift_labels=1)
-    for b in batches:
-        p = packed_seq_params(b)
-        assert isinstance(p, PackedSeqParams) and p.qkv_format == "thd"
-        cu = b["cu_seqlens"]
-        assert p.cu_seqlens_q.dtype == torch.int32
-        assert torch.equal(p.cu_seqlens_q[:-1], cu[:-1]) and int(p.cu_seqlens_q[-1]) == 96
-        assert p.max_seqlen_q == int((p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1]).max())
-    b = _collated(_samples(12), pack=1, pack_length=96, pad_to_multiple=4, keys="megatron",
-                  shift_labels=1)[0]
-    p = packed_seq_params(b)
-    assert torch.equal(p.cu_seqlens_q, b["cu_seqlens_unpadded"])
-    assert torch.equal(p.cu_seqlens_q_padded[:-1], b["cu_seqlens"][:-1])
-    assert int(p.cu_seqlens_q_padded[-1]) == 96
-    assert ((p.cu_seqlens_q_padded[1:] - p.cu_seqlens_q_padded[:-1]) % 4 == 0).all()
-    assert ((p.cu_seqlens_q_padded[1:] - p.cu_seqlens_q_padded[:-1]) >=
-            (p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1])).all()
+    """Megatron's names (cu_seqlens real, cu_seqlens_padded padded, int32) map one to one
+    onto PackedSeqParams; the padded boundaries cover the row."""
+    for multiple in (1, 4):
+        for b in _collated(_samples(12), pack=1, pack_length=96, pad_to_multiple=multiple,
+                           keys="megatron", shift_labels=1):
+            assert "cu_seqlens_unpadded" not in b
+            real, padded = b["cu_seqlens"], b["cu_seqlens_padded"]
+            assert real.dtype == padded.dtype == b["max_seqlen"].dtype == torch.int32
+            p = packed_seq_params(b)
+            assert isinstance(p, PackedSeqParams) and p.qkv_format == "thd"
+            assert torch.equal(p.cu_seqlens_q, real) and torch.equal(p.cu_seqlens_kv, real)
+            assert torch.equal(p.cu_seqlens_q_padded, padded)
+            assert int(padded[-1]) == 96
+            seg = padded[1:] - padded[:-1]
+            assert (seg[:-1] % multiple == 0).all() and (seg >= real[1:] - real[:-1]).all()
+            assert p.max_seqlen_q == p.max_seqlen_kv == int(seg.max()) == int(b["max_seqlen"])
+            # every sample's tokens lie at its padded start, its real length long
+            assert (b["loss_mask"][0, padded[-2] + real[-1] - real[-2]:] == 0).all()
 
 
 def test_get_batch_single_rank():
@@ -219,6 +220,7 @@ def test_get_batch_single_rank():
     text_only = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) == 0]
     with_image = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) > 0]
     assert text_only and with_image
+    assert len({tuple(sorted(b)) for b in batches}) == 1  # the same keys in every batch
     it = iter(batches)
     for i in range(len(batches)):
         out = get_batch(it, device="cpu")
@@ -285,9 +287,73 @@ def test_tp_broadcast_between_processes(ds, tmp_path, world):
             assert 0 not in v.shape and v.dim() < 5, k
 
 
-def test_the_qwen25vl_example_provider(ds):
-    """examples/megatron/qwen25vl_provider.py: its arguments and loader settings work."""
-    import argparse
+# ---- Energon's state API ----------------------------------------------------------------
+
+def test_energon_state_api_single_rank(ds):
+    """save_state_rank / restore_state_rank (None = initial state) and the global pair,
+    which without a process group is the one-element list, as in Energon."""
+    kw = kwargs(ds)
+    with mmloader.torch.Loader(**kw) as a:
+        for _ in range(3):
+            next(a)
+        rank_state, global_state = a.save_state_rank(), a.save_state_global(0)
+        assert global_state == [rank_state] == [a.state_dict()]
+        expected = [copy(next(a)) for _ in range(4)]
+    with mmloader.torch.Loader(**kw) as b:
+        b.restore_state_rank(None)  # nothing to restore: the first batch comes next
+        first = copy(next(b))
+    with mmloader.torch.Loader(**kw) as c:
+        same(first, copy(next(c)))
+    for restore in (lambda L: L.restore_state_rank(rank_state),
+                    lambda L: L.restore_state_global(global_state),
+                    lambda L: L.restore_state_global(global_state, src_rank=0)):
+        with mmloader.torch.Loader(**kw) as d:
+            restore(d)
+            for e in expected:
+                same(next(d), e)
+    with mmloader.torch.Loader(**kw) as d, pytest.raises(mmloader.StateError):
+        d.restore_state_global(rank_state)
+
+
+def _energon_worker(rank, world, port, ds, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        kw = kwargs(ds, dp_rank=rank, dp_size=world)
+        with mmloader.torch.Loader(**kw) as a:
+            for _ in range(2 + rank):
+                next(a)
+            gathered = a.save_state_global(0)
+            expected = [copy(next(a)) for _ in range(3)]
+        assert (gathered is None) == (rank != 0)
+        if rank == 0:
+            assert [s["fingerprint"]["dp_rank"] for s in gathered] == [0, 1]
+            torch.save(gathered, os.path.join(out_dir, "state.pt"))
+        dist.barrier()
+        # rank 0 alone loads the file and scatters it; then every rank loads the whole list
+        for src in (0, None):
+            state = torch.load(os.path.join(out_dir, "state.pt"), weights_only=True) \
+                if src is None or rank == 0 else None
+            with mmloader.torch.Loader(**kw) as b:
+                b.restore_state_global(state, src_rank=src)
+                for e in expected:
+                    same(next(b), e)
+        with mmloader.torch.Loader(**kwargs(ds)) as wrong, pytest.raises(mmloader.StateError):
+            wrong.save_state_global(0)  # dp_size 1 but a group of 2: refused
+        open(os.path.join(out_dir, f"ok{rank}"), "w").close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_energon_state_api_across_data_parallel_ranks(ds, tmp_path):
+    """Two data-parallel processes (gloo): save_state_global gathers both states on rank 0,
+    restore_state_global scatters them back (src_rank=0) or picks this rank's
+    (src_rank=None); each rank continues exactly where it stood."""
+    mp.spawn(_energon_worker, args=(2, _free_port(), ds, str(tmp_path)), nprocs=2, join=True)
+    assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
+
+
+def _example():
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -295,12 +361,24 @@ def test_the_qwen25vl_example_provider(ds):
     spec = importlib.util.spec_from_file_location("qwen25vl_provider", path)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
+    return ex
+
+
+def test_the_qwen25vl_example_provider(ds):
+    """examples/megatron/qwen25vl_provider.py: the flags mmloader.megatron.add_arguments
+    registers become the loader's arguments."""
+    import argparse
+
+    ex = _example()
     assert ex.train_valid_test_datasets_provider.is_distributed is True
-    parser = ex.add_mmloader_args(argparse.ArgumentParser())
+    parser = add_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--mmloader-data", *ds["shards"], "--mmloader-packing",
-                              "--mmloader-pad-to-multiple", "4"])
+                              "--mmloader-mrope", "--mmloader-pad-to-multiple", "4",
+                              "--dataloader-save", "/ckpt/dl"])
+    assert args.dataloader_save == "/ckpt/dl"
     args.seq_length = 512
-    kw = ex.mmloader_kwargs(args)
+    kw = loader_kwargs_from_args(args)
+    assert kw["pack_length"] == 512 and kw["pad_to_multiple"] == 4 and "valid" not in kw
     kw.update(tokenizer=TINY, num_threads=2, prefetch=2, **SMALL)
     train, valid, test = make_provider(**kw, resume=False)([0, 0, 0])
     with train:
@@ -308,6 +386,41 @@ def test_the_qwen25vl_example_provider(ds):
     assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
     assert b["packed_seq_params"].cu_seqlens_q_padded is not None
     assert valid is None and test is None
+    # a parser that already has --dataloader-save keeps its own
+    p = argparse.ArgumentParser()
+    p.add_argument("--dataloader-save", default="mine")
+    assert add_arguments(p).parse_args([]).dataloader_save == "mine"
+
+
+def test_pretrain_calls_the_old_signature():
+    """megatron-core <= 0.17 (Megatron-LM's pretrain(provider, model_provider, model_type,
+    forward_step, extra_args_provider=, args_defaults=)): the extra-args hook adds
+    mmloader's flags before the user's, and --dataloader-type defaults to external."""
+    import argparse
+
+    from mmloader.megatron import _call_pretrain
+
+    seen = {}
+
+    def old_pretrain(train_valid_test_dataset_provider, model_provider, model_type,
+                     forward_step_func, process_non_loss_data_func=None,
+                     extra_args_provider=None, args_defaults={}, **kw):
+        seen.update(provider=train_valid_test_dataset_provider, model=model_provider,
+                    type=model_type, step=forward_step_func, defaults=args_defaults, kw=kw)
+        seen["args"] = extra_args_provider(argparse.ArgumentParser()).parse_args(
+            ["--mmloader-data", "x.jsonl", "--mine", "1"])
+
+    def user_args(parser):
+        parser.add_argument("--mine")
+        return parser
+
+    _call_pretrain(old_pretrain, "P", "M", "T", "F", user_args, {"seed": 3}, None,
+                   {"store": None})
+    assert (seen["provider"], seen["model"], seen["type"], seen["step"]) == ("P", "M", "T", "F")
+    assert seen["defaults"] == {"dataloader_type": "external", "seed": 3}
+    assert seen["kw"] == {"store": None}
+    assert seen["args"].mmloader_data == ["x.jsonl"] and seen["args"].mine == "1"
+    assert seen["args"].dataloader_save is None
 
 
 def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
@@ -332,7 +445,7 @@ def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
                 logits.transpose(0, 1).clone(), b["labels"].t().contiguous()).t()  # works in place
             ours = (loss * b["loss_mask"]).sum()
             want = torch.zeros(())
-            cu = b["cu_seqlens"]
+            cu = b["cu_seqlens_padded"]
             for i in range(len(cu) - 1):
                 s = samples[k]
                 n, lo = len(s["input_ids"]), int(cu[i])

@@ -12,7 +12,8 @@
  *   - Labels never cross a sample boundary: shifted labels end each sample with an ignored
  *     label; unshifted packed labels start each sample with one (see mml/collate.h).
  *   - A sample "slot" is the sample plus its padding up to pad_to_multiple (packed mode):
- *     cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths.
+ *     qwen keys: cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths;
+ *     megatron keys: Megatron's names, cu_seqlens real and cu_seqlens_padded slots.
  *
  * Threads: a collator is used by one thread at a time; mml_collator_check is const and may
  * run concurrently with anything else.  Ownership: samples added are owned by the collator
@@ -403,7 +404,25 @@ mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
     }
   }
   /* packed-sequence boundaries */
-  if (pack) {
+  if (pack && cfg->keys == MML_KEYS_MEGATRON) {
+    /* Megatron's names: cu_seqlens = real lengths, cu_seqlens_padded = slot offsets that
+     * cover the row (the tail padding belongs to the last slot), max_seqlen = longest of
+     * those padded slots. */
+    ADD("cu_seqlens", MML_DT_INT32, 1, n + 1);
+    int32_t *cu = data;
+    cu[0] = 0;
+    for (int i = 0; i < n; i++) cu[i + 1] = cu[i] + (int32_t)c->slots[i].input_ids.len;
+    ADD("cu_seqlens_padded", MML_DT_INT32, 1, n + 1);
+    int32_t *cup = data;
+    cup[0] = 0;
+    for (int i = 0; i < n; i++) cup[i + 1] = (int32_t)(start[i] + slot[i]);
+    cup[n] = (int32_t)L;
+    int64_t longest = 0;
+    for (int i = 0; i < n; i++)
+      if (cup[i + 1] - cup[i] > longest) longest = cup[i + 1] - cup[i];
+    ADD("max_seqlen", MML_DT_INT32, 1, 1);
+    *(int32_t *)data = (int32_t)longest;
+  } else if (pack) {
     ADD("cu_seqlens", MML_DT_INT32, 1, n + 1);
     int32_t *cu = data;
     cu[0] = 0;

@@ -43,13 +43,18 @@ typedef enum {
  *   rope_deltas      rope_deltas       int64 [B, 1] padded, [n, 1] packed (mrope only)
  *   pixel_values     pixel_values      float32 [rows, pixel_cols], all images in order
  *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
- *   cu_seqlens       cu_seqlens        packed only: int32 [n+1], offsets of the sample slots
+ *   cu_seqlens       -                 packed only: int32 [n+1], offsets of the sample slots
  *                                      in the row (a slot is a sample plus its padding to
  *                                      pad_to_multiple); the tail padding after the last
  *                                      slot is outside
- *   cu_seqlens_unpadded (same)         packed with pad_to_multiple > 1: int32 [n+1],
+ *   cu_seqlens_unpadded -              packed with pad_to_multiple > 1: int32 [n+1],
  *                                      cumulative real lengths
- *   max_seqlen       max_seqlen        packed only: int32 [1], the longest slot
+ *   max_seqlen       -                 packed only: int32 [1], the longest slot
+ *   -                cu_seqlens        packed only: int32 [n+1], cumulative real lengths
+ *                                      (Megatron's name: the real boundaries)
+ *   -                cu_seqlens_padded packed only: int32 [n+1], slot offsets; the last
+ *                                      entry is L (the tail padding joins the last slot)
+ *   -                max_seqlen        packed only: int32 [1], the longest padded slot
  *
  * Labels: shift_labels = 0 keeps labels aligned with the ids (HF shifts inside the loss);
  * when packed, each sample's first label is forced to ignored so that the loss's shift never
