@@ -72,6 +72,12 @@ mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prefixes context to an existing message: "ctx: old message". err may be NULL. */
 void mml_err_prefix(mml_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Both never cut a message before its reason: a message longer than MML_ERR_MSG has its
+ * longest values (runs of non-blank bytes: paths, URLs, data: payloads, JSON) shortened
+ * in the middle ("head...tail") until it fits, on UTF-8 character boundaries; only a
+ * message with no long value is cut at the end.  mml_text_fit does it for any buffer:
+ * copies s[0..n) into out (cap bytes, NUL-terminated), returns the length written. */
+size_t mml_text_fit(char *out, size_t cap, const char *s, size_t n);
 void mml_err_clear(mml_err *err);
 
 /* Growable byte buffer.  Zero-initialise ({0}) before first use; capacity is kept
