@@ -227,227 +227,289 @@ static void text_positions(int64_t *o, int n, const int64_t *start, const int64_
   for (int64_t j = end; j < L; j++) o[j] = j - end;
 }
 
-#define ADD(name, dt, nd, ...)                                                             \
-  do {                                                                                     \
-    int64_t shape_[MML_MAX_DIMS] = {__VA_ARGS__};                                          \
-    st = mml_batch_add(out, c->pool, (name), (dt), (nd), shape_, &data, err);              \
-    if (st) goto fail;                                                                     \
-  } while (0)
+/* What every tensor family of one emit shares: the batch's geometry and where each sample
+ * lies in the flattened [B, L] row space. */
+typedef struct emit_ctx {
+  const mml_collator *c;
+  const mml_collate_cfg *cfg;
+  const key_names *k;
+  mml_batch *out;
+  mml_err *err;
+  bool pack;
+  int n;                 /* samples */
+  int64_t B, L, BL;      /* rows, row length, B * L */
+  int64_t *start, *slot; /* per sample: first position and slot length (n each) */
+  int64_t end;           /* packed: first position of the tail padding; padded: BL */
+  int64_t real, maxslot; /* real tokens; longest slot */
+} emit_ctx;
+
+/* A new tensor `name` of nd dims in the batch; NULL with the status set on failure. */
+static void *emit_tensor(emit_ctx *e, const char *name, mml_dtype dt, int nd,
+                         const int64_t *dims, mml_status *st) {
+  void *data = NULL;
+  *st = mml_batch_add(e->out, e->c->pool, name, dt, nd, dims, &data, e->err);
+  return *st ? NULL : data;
+}
+
+#define DIMS(...) ((const int64_t[]){__VA_ARGS__})
+
+/* input_ids/tokens: each sample's ids, pad_id elsewhere. */
+static mml_status emit_ids(emit_ctx *e) {
+  mml_status st;
+  int64_t *o = emit_tensor(e, e->k->ids, MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
+  if (!o) return st;
+  for (int64_t j = 0; j < e->BL; j++) o[j] = e->cfg->pad_id;
+  for (int i = 0; i < e->n; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    for (size_t j = 0; j < s->input_ids.len; j++) o[e->start[i] + (int64_t)j] = s->input_ids.data[j];
+  }
+  return MML_OK;
+}
+
+/* labels (and Megatron's loss_mask): ignored outside the samples. */
+static mml_status emit_labels(emit_ctx *e) {
+  mml_status st;
+  int64_t *labels = emit_tensor(e, e->k->labels, MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
+  if (!labels) return st;
+  for (int64_t j = 0; j < e->BL; j++) labels[j] = MML_IGNORE_INDEX;
+  for (int i = 0; i < e->n; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    for (int64_t j = 0; j < (int64_t)s->labels.len; j++)
+      labels[e->start[i] + j] = label_at(e->c, s, j);
+  }
+  if (!e->k->loss_mask) return MML_OK;
+  float *o = emit_tensor(e, e->k->loss_mask, MML_DT_FLOAT32, 2, DIMS(e->B, e->L), &st);
+  if (!o) return st;
+  for (int64_t j = 0; j < e->BL; j++) o[j] = labels[j] != MML_IGNORE_INDEX ? 1.0f : 0.0f;
+  return MML_OK;
+}
+
+/* M-RoPE position_ids [3 or 4, B, L] and rope_deltas. */
+static mml_status emit_mrope(emit_ctx *e) {
+  const mml_collate_cfg *cfg = e->cfg;
+  /* qwen keys, packed: a text row first ([4, 1, L]), from which transformers derives the
+   * per-sample attention; otherwise the three M-RoPE rows. */
+  const int rows = e->pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3;
+  mml_status st;
+  int64_t *pos = emit_tensor(e, e->k->position_ids, MML_DT_INT64, 3, DIMS(rows, e->B, e->L), &st);
+  if (!pos) return st;
+  memset(pos, 0, (size_t)(rows * e->BL) * sizeof(int64_t));
+  if (rows == 4) {
+    text_positions(pos, e->n, e->start, e->slot, e->end, e->L);
+    pos += e->BL;
+  }
+  int64_t *deltas = malloc((size_t)e->n * sizeof(int64_t));
+  if (!deltas) return mml_err_set(e->err, MML_ENOMEM, "collator: out of memory");
+  for (int i = 0; i < e->n && !st; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    st = mml_mrope_positions(s->input_ids.data, (int64_t)s->input_ids.len, s->grids.data,
+                             s->nimages, cfg->spatial_merge, cfg->image_pad_id,
+                             pos + e->start[i], e->BL, &deltas[i], e->err);
+    if (st) mml_err_prefix(e->err, "sample %lld", (long long)s->index);
+  }
+  int64_t nd = e->pack ? e->n : e->B;
+  int64_t *d = st ? NULL : emit_tensor(e, "rope_deltas", MML_DT_INT64, 2, DIMS(nd, 1), &st);
+  for (int64_t r = 0; d && r < nd; r++) d[r] = r < e->n ? deltas[r] : 0;
+  free(deltas);
+  return st;
+}
+
+/* position_ids: M-RoPE, or 0.. per row (padded) / per slot (packed). */
+static mml_status emit_positions(emit_ctx *e) {
+  if (e->cfg->mrope) return emit_mrope(e);
+  mml_status st;
+  int64_t *o = emit_tensor(e, e->k->position_ids, MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
+  if (!o) return st;
+  if (e->pack) {
+    text_positions(o, e->n, e->start, e->slot, e->end, e->L);
+  } else {
+    for (int64_t r = 0; r < e->B; r++)
+      for (int64_t j = 0; j < e->L; j++) o[r * e->L + j] = j;
+  }
+  return MML_OK;
+}
+
+/* attention_mask: qwen [B, L] ones on tokens; Megatron [B, 1, L, L] bool, true = masked. */
+static mml_status emit_attention(emit_ctx *e) {
+  mml_status st;
+  const int64_t B = e->B, L = e->L;
+  if (e->cfg->keys == MML_KEYS_QWEN) {
+    int64_t *o = emit_tensor(e, e->k->attention_mask, MML_DT_INT64, 2, DIMS(B, L), &st);
+    if (!o) return st;
+    memset(o, 0, (size_t)e->BL * sizeof(int64_t));
+    for (int i = 0; i < e->n; i++)
+      for (size_t j = 0; j < e->c->slots[i].input_ids.len; j++) o[e->start[i] + (int64_t)j] = 1;
+    return MML_OK;
+  }
+  uint8_t *o = emit_tensor(e, e->k->attention_mask, MML_DT_BOOL, 4, DIMS(B, 1, L, L), &st);
+  if (!o) return st;
+  /* causal: key kk is masked for query q when kk > q; packed also masks keys before the
+   * query's slot (the tail padding is a block of its own). */
+  for (int64_t r = 0; r < B; r++) {
+    int i = 0;
+    for (int64_t q = 0; q < L; q++) {
+      int64_t lo = 0;
+      if (e->pack) {
+        while (i < e->n && q >= e->start[i] + e->slot[i]) i++;
+        lo = i < e->n ? e->start[i] : e->end;
+      }
+      uint8_t *rowp = o + (r * L + q) * L;
+      memset(rowp, 1, (size_t)L);
+      memset(rowp + lo, 0, (size_t)(q + 1 - lo));
+    }
+  }
+  return MML_OK;
+}
+
+/* mm_token_type_ids (qwen keys): 1 on image-pad tokens. */
+static mml_status emit_token_types(emit_ctx *e) {
+  mml_status st;
+  int64_t *o = emit_tensor(e, "mm_token_type_ids", MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
+  if (!o) return st;
+  memset(o, 0, (size_t)e->BL * sizeof(int64_t));
+  for (int i = 0; i < e->n; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    for (size_t j = 0; j < s->input_ids.len; j++)
+      o[e->start[i] + (int64_t)j] = s->input_ids.data[j] == e->cfg->image_pad_id;
+  }
+  return MML_OK;
+}
+
+/* pixel_values and image_grid_thw (or what text_only_vision asks for without images). */
+static mml_status emit_vision(emit_ctx *e) {
+  const mml_collate_cfg *cfg = e->cfg;
+  int64_t rows = 0, nimg = 0;
+  for (int i = 0; i < e->n; i++) {
+    rows += e->c->slots[i].pixel_rows;
+    nimg += e->c->slots[i].nimages;
+  }
+  if (nimg == 0 && cfg->text_only_vision == MML_VISION_OMIT) return MML_OK;
+  const bool holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
+  const int64_t cols = cfg->pixel_cols;
+  mml_status st;
+  uint8_t *o = emit_tensor(e, "pixel_values", MML_DT_FLOAT32, 2, DIMS(holder ? 1 : rows, cols),
+                           &st);
+  if (!o) return st;
+  if (holder) {
+    memset(o, 0, (size_t)cols * sizeof(float));
+  } else {
+    for (int i = 0; i < e->n; i++) {
+      const mml_sample *s = &e->c->slots[i];
+      if (s->pixel_rows) memcpy(o, s->pixels.data, s->pixels.len);
+      o += s->pixels.len;
+    }
+  }
+  int64_t *g = emit_tensor(e, "image_grid_thw", MML_DT_INT64, 2, DIMS(holder ? 1 : nimg, 3), &st);
+  if (!g) return st;
+  if (holder) {
+    g[0] = g[1] = g[2] = 0;
+  } else {
+    for (int i = 0; i < e->n; i++) {
+      const mml_sample *s = &e->c->slots[i];
+      for (size_t j = 0; j < s->grids.len; j++) *g++ = s->grids.data[j];
+    }
+  }
+  return MML_OK;
+}
+
+/* Packed-sequence boundaries, qwen keys: cu_seqlens (slots), cu_seqlens_unpadded (when
+ * slots are padded), max_seqlen (longest slot). */
+static mml_status emit_seqlens(emit_ctx *e) {
+  mml_status st;
+  const int n = e->n;
+  int32_t *cu = emit_tensor(e, "cu_seqlens", MML_DT_INT32, 1, DIMS(n + 1), &st);
+  if (!cu) return st;
+  cu[0] = 0;
+  for (int i = 0; i < n; i++) cu[i + 1] = (int32_t)(e->start[i] + e->slot[i]);
+  if (e->c->multiple > 1) {
+    int32_t *cu2 = emit_tensor(e, "cu_seqlens_unpadded", MML_DT_INT32, 1, DIMS(n + 1), &st);
+    if (!cu2) return st;
+    cu2[0] = 0;
+    for (int i = 0; i < n; i++) cu2[i + 1] = cu2[i] + (int32_t)e->c->slots[i].input_ids.len;
+  }
+  int32_t *mx = emit_tensor(e, "max_seqlen", MML_DT_INT32, 1, DIMS(1), &st);
+  if (!mx) return st;
+  *mx = (int32_t)e->maxslot;
+  return MML_OK;
+}
+
+/* Packed-sequence boundaries, Megatron's names: cu_seqlens = real lengths,
+ * cu_seqlens_padded = slot offsets that cover the row (the tail padding belongs to the
+ * last slot), max_seqlen = longest of those padded slots. */
+static mml_status emit_seqlens_megatron(emit_ctx *e) {
+  mml_status st;
+  const int n = e->n;
+  int32_t *cu = emit_tensor(e, "cu_seqlens", MML_DT_INT32, 1, DIMS(n + 1), &st);
+  if (!cu) return st;
+  cu[0] = 0;
+  for (int i = 0; i < n; i++) cu[i + 1] = cu[i] + (int32_t)e->c->slots[i].input_ids.len;
+  int32_t *cup = emit_tensor(e, "cu_seqlens_padded", MML_DT_INT32, 1, DIMS(n + 1), &st);
+  if (!cup) return st;
+  cup[0] = 0;
+  for (int i = 0; i < n; i++) cup[i + 1] = (int32_t)(e->start[i] + e->slot[i]);
+  cup[n] = (int32_t)e->L;
+  int64_t longest = 0;
+  for (int i = 0; i < n; i++)
+    if (cup[i + 1] - cup[i] > longest) longest = cup[i + 1] - cup[i];
+  int32_t *mx = emit_tensor(e, "max_seqlen", MML_DT_INT32, 1, DIMS(1), &st);
+  if (!mx) return st;
+  *mx = (int32_t)longest;
+  return MML_OK;
+}
+
+/* The batch geometry and each sample's place in it (e->start/slot: caller frees start). */
+static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
+  const mml_collate_cfg *cfg = &c->cfg;
+  e->cfg = cfg;
+  e->k = &k_keys[cfg->keys];
+  e->pack = cfg->pack != 0;
+  e->n = c->count;
+  e->B = e->pack ? 1 : cfg->micro_batch_size;
+  e->L = e->pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
+  e->BL = e->B * e->L;
+  e->start = malloc((size_t)e->n * 2 * sizeof(int64_t));
+  if (!e->start) return mml_err_set(e->err, MML_ENOMEM, "collator: out of memory");
+  e->slot = e->start + e->n;
+  int64_t tail = 0;
+  for (int i = 0; i < e->n; i++) {
+    int64_t len = (int64_t)c->slots[i].input_ids.len;
+    e->slot[i] = e->pack ? round_up(len, c->multiple) : e->L;
+    e->start[i] = e->pack ? tail : (int64_t)i * e->L;
+    tail = e->start[i] + (e->pack ? e->slot[i] : len);
+    e->real += len;
+    if (e->slot[i] > e->maxslot) e->maxslot = e->slot[i];
+  }
+  e->end = e->pack ? tail : e->BL;
+  return MML_OK;
+}
 
 mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
   if (c->count == 0) return mml_err_set(err, MML_EINVAL, "collator: emit of an empty batch");
   memset(out, 0, sizeof *out);
+  emit_ctx e = {.c = c, .out = out, .err = err};
+  mml_status st = emit_layout(c, &e);
+  if (st) return st;
   const mml_collate_cfg *cfg = &c->cfg;
-  const key_names *k = &k_keys[cfg->keys];
-  const bool pack = cfg->pack != 0;
-  const int n = c->count;
-  const int64_t B = pack ? 1 : cfg->micro_batch_size;
-  const int64_t L = pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
-  const int64_t BL = B * L;
-  mml_status st = MML_OK;
-  void *data = NULL;
-
-  /* Where each sample starts in the flattened [B, L] row space, and its slot length. */
-  int64_t *start = malloc((size_t)n * 2 * sizeof(int64_t));
-  if (!start) return mml_err_set(err, MML_ENOMEM, "collator: out of memory");
-  int64_t *slot = start + n;
-  int64_t real = 0, tail = 0, maxslot = 0;
-  for (int i = 0; i < n; i++) {
-    int64_t len = (int64_t)c->slots[i].input_ids.len;
-    slot[i] = pack ? round_up(len, c->multiple) : L;
-    start[i] = pack ? tail : (int64_t)i * L;
-    tail = start[i] + (pack ? slot[i] : len);
-    real += len;
-    if (slot[i] > maxslot) maxslot = slot[i];
+  /* the tensors, in this order */
+  if (!st) st = emit_ids(&e);
+  if (!st) st = emit_labels(&e);
+  if (!st) st = emit_positions(&e);
+  if (!st && cfg->attention_mask) st = emit_attention(&e);
+  if (!st && cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) st = emit_token_types(&e);
+  if (!st) st = emit_vision(&e);
+  if (!st && e.pack)
+    st = cfg->keys == MML_KEYS_MEGATRON ? emit_seqlens_megatron(&e) : emit_seqlens(&e);
+  free(e.start);
+  if (st) {
+    mml_batch_clear(out);
+    return st;
   }
-  const int64_t end = pack ? tail : BL; /* packed: first position of the tail padding */
-
-  /* ids */
-  ADD(k->ids, MML_DT_INT64, 2, B, L);
-  {
-    int64_t *o = data;
-    for (int64_t j = 0; j < BL; j++) o[j] = cfg->pad_id;
-    for (int i = 0; i < n; i++) {
-      const mml_sample *s = &c->slots[i];
-      for (size_t j = 0; j < s->input_ids.len; j++) o[start[i] + (int64_t)j] = s->input_ids.data[j];
-    }
-  }
-  /* labels, loss_mask */
-  ADD(k->labels, MML_DT_INT64, 2, B, L);
-  int64_t *labels = data;
-  for (int64_t j = 0; j < BL; j++) labels[j] = MML_IGNORE_INDEX;
-  for (int i = 0; i < n; i++) {
-    const mml_sample *s = &c->slots[i];
-    for (int64_t j = 0; j < (int64_t)s->labels.len; j++) labels[start[i] + j] = label_at(c, s, j);
-  }
-  if (k->loss_mask) {
-    ADD(k->loss_mask, MML_DT_FLOAT32, 2, B, L);
-    float *o = data;
-    for (int64_t j = 0; j < BL; j++) o[j] = labels[j] != MML_IGNORE_INDEX ? 1.0f : 0.0f;
-  }
-  /* position_ids (and rope_deltas) */
-  if (cfg->mrope) {
-    /* qwen keys, packed: a text row first ([4, 1, L]), from which transformers derives the
-     * per-sample attention; otherwise the three M-RoPE rows. */
-    const int rows = pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3;
-    ADD(k->position_ids, MML_DT_INT64, 3, rows, B, L);
-    int64_t *pos = data;
-    memset(pos, 0, (size_t)(rows * BL) * sizeof(int64_t));
-    if (rows == 4) {
-      text_positions(pos, n, start, slot, end, L);
-      pos += BL;
-    }
-    int64_t *deltas = malloc((size_t)n * sizeof(int64_t));
-    if (!deltas) {
-      st = mml_err_set(err, MML_ENOMEM, "collator: out of memory");
-      goto fail;
-    }
-    for (int i = 0; i < n; i++) {
-      const mml_sample *s = &c->slots[i];
-      st = mml_mrope_positions(s->input_ids.data, (int64_t)s->input_ids.len, s->grids.data,
-                               s->nimages, cfg->spatial_merge, cfg->image_pad_id,
-                               pos + start[i], BL, &deltas[i], err);
-      if (st) {
-        mml_err_prefix(err, "sample %lld", (long long)s->index);
-        free(deltas);
-        goto fail;
-      }
-    }
-    int64_t dshape[2] = {pack ? n : B, 1};
-    st = mml_batch_add(out, c->pool, "rope_deltas", MML_DT_INT64, 2, dshape, &data, err);
-    if (st) {
-      free(deltas);
-      goto fail;
-    }
-    int64_t *d = data;
-    for (int64_t r = 0; r < dshape[0]; r++) d[r] = r < n ? deltas[r] : 0;
-    free(deltas);
-  } else {
-    ADD(k->position_ids, MML_DT_INT64, 2, B, L);
-    int64_t *o = data;
-    if (!pack) {
-      for (int64_t r = 0; r < B; r++)
-        for (int64_t j = 0; j < L; j++) o[r * L + j] = j;
-    } else {
-      text_positions(o, n, start, slot, end, L);
-    }
-  }
-  /* attention_mask */
-  if (cfg->attention_mask) {
-    if (cfg->keys == MML_KEYS_QWEN) {
-      ADD(k->attention_mask, MML_DT_INT64, 2, B, L);
-      int64_t *o = data;
-      memset(o, 0, (size_t)BL * sizeof(int64_t));
-      for (int i = 0; i < n; i++)
-        for (size_t j = 0; j < c->slots[i].input_ids.len; j++) o[start[i] + (int64_t)j] = 1;
-    } else {
-      ADD(k->attention_mask, MML_DT_BOOL, 4, B, 1, L, L);
-      uint8_t *o = data;
-      /* causal: key kk is masked for query q when kk > q; packed also masks keys before the
-       * query's slot (the tail padding is a block of its own). */
-      for (int64_t r = 0; r < B; r++) {
-        int i = 0;
-        for (int64_t q = 0; q < L; q++) {
-          int64_t lo = 0;
-          if (pack) {
-            while (i < n && q >= start[i] + slot[i]) i++;
-            lo = i < n ? start[i] : end;
-          }
-          uint8_t *rowp = o + (r * L + q) * L;
-          memset(rowp, 1, (size_t)L);
-          memset(rowp + lo, 0, (size_t)(q + 1 - lo));
-        }
-      }
-    }
-  }
-  if (cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) {
-    ADD("mm_token_type_ids", MML_DT_INT64, 2, B, L);
-    int64_t *o = data;
-    memset(o, 0, (size_t)BL * sizeof(int64_t));
-    for (int i = 0; i < n; i++) {
-      const mml_sample *s = &c->slots[i];
-      for (size_t j = 0; j < s->input_ids.len; j++)
-        o[start[i] + (int64_t)j] = s->input_ids.data[j] == cfg->image_pad_id;
-    }
-  }
-  /* vision */
-  {
-    int64_t rows = 0, nimg = 0;
-    for (int i = 0; i < n; i++) {
-      rows += c->slots[i].pixel_rows;
-      nimg += c->slots[i].nimages;
-    }
-    if (nimg > 0 || cfg->text_only_vision != MML_VISION_OMIT) {
-      const bool holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
-      const int64_t cols = cfg->pixel_cols;
-      ADD("pixel_values", MML_DT_FLOAT32, 2, holder ? 1 : rows, cols);
-      if (holder) {
-        memset(data, 0, (size_t)cols * sizeof(float));
-      } else {
-        uint8_t *o = data;
-        for (int i = 0; i < n; i++) {
-          const mml_sample *s = &c->slots[i];
-          if (s->pixel_rows) memcpy(o, s->pixels.data, s->pixels.len);
-          o += s->pixels.len;
-        }
-      }
-      ADD("image_grid_thw", MML_DT_INT64, 2, holder ? 1 : nimg, 3);
-      int64_t *g = data;
-      if (holder) {
-        g[0] = g[1] = g[2] = 0;
-      } else {
-        for (int i = 0; i < n; i++) {
-          const mml_sample *s = &c->slots[i];
-          for (size_t j = 0; j < s->grids.len; j++) *g++ = s->grids.data[j];
-        }
-      }
-    }
-  }
-  /* packed-sequence boundaries */
-  if (pack && cfg->keys == MML_KEYS_MEGATRON) {
-    /* Megatron's names: cu_seqlens = real lengths, cu_seqlens_padded = slot offsets that
-     * cover the row (the tail padding belongs to the last slot), max_seqlen = longest of
-     * those padded slots. */
-    ADD("cu_seqlens", MML_DT_INT32, 1, n + 1);
-    int32_t *cu = data;
-    cu[0] = 0;
-    for (int i = 0; i < n; i++) cu[i + 1] = cu[i] + (int32_t)c->slots[i].input_ids.len;
-    ADD("cu_seqlens_padded", MML_DT_INT32, 1, n + 1);
-    int32_t *cup = data;
-    cup[0] = 0;
-    for (int i = 0; i < n; i++) cup[i + 1] = (int32_t)(start[i] + slot[i]);
-    cup[n] = (int32_t)L;
-    int64_t longest = 0;
-    for (int i = 0; i < n; i++)
-      if (cup[i + 1] - cup[i] > longest) longest = cup[i + 1] - cup[i];
-    ADD("max_seqlen", MML_DT_INT32, 1, 1);
-    *(int32_t *)data = (int32_t)longest;
-  } else if (pack) {
-    ADD("cu_seqlens", MML_DT_INT32, 1, n + 1);
-    int32_t *cu = data;
-    cu[0] = 0;
-    for (int i = 0; i < n; i++) cu[i + 1] = (int32_t)(start[i] + slot[i]);
-    if (c->multiple > 1) {
-      ADD("cu_seqlens_unpadded", MML_DT_INT32, 1, n + 1);
-      int32_t *cu2 = data;
-      cu2[0] = 0;
-      for (int i = 0; i < n; i++) cu2[i + 1] = cu2[i] + (int32_t)c->slots[i].input_ids.len;
-    }
-    ADD("max_seqlen", MML_DT_INT32, 1, 1);
-    *(int32_t *)data = (int32_t)maxslot;
-  }
-
+  const int n = e.n;
   out->nsamples = n;
-  out->real_tokens = real;
-  out->token_slots = BL;
+  out->real_tokens = e.real;
+  out->token_slots = e.BL;
   out->after.epoch = c->slots[n - 1].epoch;
   out->after.pos = c->slots[n - 1].pos + 1;
-  free(start);
   mml_collator_reset(c);
   return MML_OK;
-
-fail:
-  free(start);
-  mml_batch_clear(out);
-  return st;
 }

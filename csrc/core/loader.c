@@ -1,6 +1,8 @@
 /*
- * loader.c — the engine: worker threads, the sample window, in-order collation, the
- * bounded batch queue, epochs, seeking and stats (see mml/loader.h).
+ * loader.c — the engine's public side: construction, threads' start and stop, the
+ * consumer API (next, seek, cursor, stats) and the plan (see mml/loader.h).  The workers
+ * and the per-sample task are in loader_worker.c, the collation thread and the output
+ * queue in loader_collator.c; the shared structures in loader_int.h.
  *
  * DESIGN
  *   Sequence numbers.  Work is numbered by `seq` = 0, 1, 2, ...; a "plan" maps seq to a
@@ -44,157 +46,19 @@
  *   Determinism: a task's result depends only on (epoch, pos) and the config; the
  *   collator sees results in seq order; so batches never depend on timing.
  */
-#include "mml/loader.h"
+#include "loader_int.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "mml/device.h"
-#include "mml/index.h"
-#include "mml/sampler.h"
-
-enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
-enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
-enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
-enum { WARN_BACKLOG = 32 };
-
-typedef struct task task;
-
-typedef struct fetch_ref {
-  task *t;
-  int which; /* -1: the record, else image index */
-} fetch_ref;
-
-struct task {
-  mml_loader *L;
-  /* guarded by mu */
-  int state;
-  uint64_t gen;
-  int64_t seq;
-  int pending;             /* outstanding fetches + 1 while submitting */
-  mml_status fetch_st;     /* first fetch failure */
-  mml_err fetch_err;
-  task *next_ready;
-  /* owned by whoever holds the slot (BUSY) */
-  int stage;
-  mml_sample sample;
-  mml_bytes rec_bytes;
-  mml_record rec;
-  int rec_parsed;
-  mml_bytes *imgs;
-  fetch_ref *refs;
-  int imgs_cap;
-  mml_bytes path;
-};
-
-/* What one task_run call did, added to the stats by the worker (the task itself may
- * already belong to another worker when task_run returns). */
-typedef struct run_acc {
-  uint64_t bytes;
-  double read_s;
-} run_acc;
-
-typedef struct out_item {
-  int kind;
-  int64_t epoch;
-  mml_batch batch;
-  mml_err err;
-} out_item;
-
-enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
-typedef struct pend_item {
-  int state;
-  int coll;          /* PEND_QUEUED/EMITTING: the collator instance to emit from */
-  mml_cursor after;  /* batch items: the cursor once consumed */
-  out_item it;       /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
-} pend_item;
-
-struct mml_loader {
-  mml_loader_cfg cfg;       /* strings below are owned copies */
-  char **data;
-  char *image_root;
-  char **roots;             /* per shard image root */
-  int *remote;              /* per shard: 1 when remote */
-  mml_index ix;
-  mml_sampler sm;
-  int64_t n_rank, per_epoch; /* per_epoch: batches (padded) or -1 (packed) */
-  int window;
-  mml_template *tmpl;
-  mml_pipeline pl;
-  mml_pool *pool;
-  mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
-  int pinned;
-  int guard_device;         /* pinned: device whose default stream guards released batches */
-  int consumer_device;      /* pinned: and this stream of that device, when not 0 */
-  uintptr_t consumer_stream; /* (consumer thread only) */
-  mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
-  mml_collate_cfg ccfg;
-  mml_collator *collator;   /* colls[0]; workers also call its const, reentrant check */
-  mml_collator **colls;     /* ncoll instances: batches are composed one at a time by the
-                               collation thread and emitted (tensors built) by workers */
-  int ncoll;
-
-  pthread_mutex_t mu;
-  pthread_cond_t work_cv, coll_cv, out_cv;
-  int started, stop, closed;
-  pthread_t *threads;
-  int nthreads_started;
-  pthread_t coll_thread;
-  int coll_started;
-
-  mml_fetcher *fetcher;     /* created on first remote use (under mu) */
-  mml_status fetcher_st;
-  mml_err fetcher_err;
-
-  /* plan and window, guarded by mu */
-  uint64_t gen;
-  int64_t base_epoch, base_pos, base_seq;
-  int base_wrap;
-  int64_t head_seq, next_seq;
-  mml_cursor start;         /* where the collator starts for the current gen */
-  task *tasks;
-  task *ready_head, *ready_tail;
-  int in_flight;
-
-  /* emission, guarded by mu: completed items wait in `pend` (in stream order) until
-   * they fit in the output queue; batch items are emitted by a worker first */
-  pend_item *pend;
-  int npend;                /* capacity */
-  int64_t pend_head, pend_tail;
-  int jobs_queued;          /* pend items waiting for a worker to emit them */
-  int emitting;             /* emits running now */
-  int dropping;             /* drop_output_locked is waiting for emits (mu released) */
-  int *coll_busy;           /* 1 while a worker emits from colls[i] */
-
-  /* output queue, guarded by mu */
-  out_item *outq;
-  int out_head, out_count;
-  mml_status fatal;
-  mml_err fatal_err;
-
-  /* consumer side, guarded by mu */
-  int64_t consumer_epoch;
-  mml_cursor delivered;
-
-  /* warnings and stats, guarded by mu */
-  mml_err warn[WARN_BACKLOG];
-  int warn_head, warn_count;
-  double first_next, wait_s;
-  double read_s, vision_s, text_s, collate_s;
-  double decode_s; /* the decoder's part of vision_s */
-  uint64_t samples, good, skipped, batches, bytes_read, images;
-  uint64_t skip_by_status[MML_STATUS_COUNT];
-  int64_t real_tokens, token_slots;
-};
+#include "mml/fetch_sync.h"
+#include "mml/s3.h"
 
 /* ------------------------------------------------------------------------------------ */
-/* small helpers                                                                        */
-
-static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+/* small helpers and the plan                                                           */
 
 static char *dirname_of(const char *path) {
   const char *slash = strrchr(path, '/');
@@ -220,7 +84,7 @@ static void deadline_after(struct timespec *ts, double s) {
   }
 }
 
-static void plan_at_locked(const mml_loader *L, int64_t seq, int64_t *epoch, int64_t *pos) {
+void ld_plan_at_locked(const mml_loader *L, int64_t seq, int64_t *epoch, int64_t *pos) {
   int64_t k = L->base_pos + (seq - L->base_seq);
   if (L->base_wrap) {
     *epoch = L->base_epoch;
@@ -231,8 +95,7 @@ static void plan_at_locked(const mml_loader *L, int64_t seq, int64_t *epoch, int
   }
 }
 
-/* Starts a new plan at (epoch, pos) from head_seq; discards finished work of the old one. */
-static void rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
+void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
   L->gen++;
   L->base_epoch = epoch;
   L->base_pos = pos;
@@ -259,17 +122,7 @@ static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_curso
   }
 }
 
-
-static void push_warning_locked(mml_loader *L, const mml_err *e) {
-  if (L->warn_count == WARN_BACKLOG) return; /* counted in stats, message dropped */
-  L->warn[(L->warn_head + L->warn_count) % WARN_BACKLOG] = *e;
-  L->warn_count++;
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* fetch completions (I/O thread)                                                       */
-
-static mml_status get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
+mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
   pthread_mutex_lock(&L->mu);
   if (!L->fetcher && L->fetcher_st == MML_OK)
     L->fetcher_st = mml_fetcher_new(&L->cfg.fetch, &L->fetcher, &L->fetcher_err);
@@ -280,556 +133,6 @@ static mml_status get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
   return st;
 }
 
-static void ready_push_locked(mml_loader *L, task *t) {
-  t->next_ready = NULL;
-  if (L->ready_tail) L->ready_tail->next_ready = t;
-  else L->ready_head = t;
-  L->ready_tail = t;
-  pthread_cond_signal(&L->work_cv);
-}
-
-static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *err);
-
-/* ------------------------------------------------------------------------------------ */
-/* the per-sample task (workers)                                                        */
-
-static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader *L) {
-  mml_sample *s = &t->sample;
-  s->status = st;
-  char where[1100];
-  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
-  if (e && e->msg[0]) s->err = *e;
-  else mml_err_set(&s->err, st, "%s", mml_status_message(st));
-  s->err.status = st;
-  mml_err_prefix(&s->err, "%s", where);
-}
-
-static mml_status task_imgs_fit(task *t, int n) {
-  if (n <= t->imgs_cap) return MML_OK;
-  int nc = t->imgs_cap ? t->imgs_cap : 4;
-  while (nc < n) nc *= 2;
-  mml_bytes *p = realloc(t->imgs, (size_t)nc * sizeof *p);
-  if (!p) return MML_ENOMEM;
-  memset(p + t->imgs_cap, 0, (size_t)(nc - t->imgs_cap) * sizeof *p);
-  t->imgs = p;
-  fetch_ref *r = realloc(t->refs, (size_t)nc * sizeof *r);
-  if (!r) return MML_ENOMEM;
-  t->refs = r;
-  t->imgs_cap = nc;
-  return MML_OK;
-}
-
-/* Runs the task as far as it can without waiting.  Returns 1 when the sample is finished
- * (good or failed), 0 when it waits for fetches. */
-static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc) {
-  mml_sample *s = &t->sample;
-  mml_err err;
-  mml_err_clear(&err);
-  mml_status st;
-  if (t->stage == STAGE_NEW) {
-    int64_t off, len;
-    mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
-    t->stage = STAGE_RECORD;
-    if (L->remote[s->shard]) {
-      mml_fetcher *f;
-      if ((st = get_fetcher(L, &f, &err))) goto fail;
-      if (task_imgs_fit(t, 1)) {
-        st = mml_err_set(&err, MML_ENOMEM, "out of memory");
-        goto fail;
-      }
-      t->refs[0].t = t;
-      t->refs[0].which = -1;
-      pthread_mutex_lock(&L->mu);
-      t->pending = 1;
-      t->fetch_st = MML_OK;
-      pthread_mutex_unlock(&L->mu);
-      st = mml_fetch_submit(f, L->ix.shards[s->shard].path, off, len, on_fetch, &t->refs[0],
-                            &err);
-      if (st) goto fail;
-      return 0;
-    }
-    double t0 = mml_now();
-    st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, &err);
-    acc->read_s += mml_now() - t0;
-    if (st) goto fail;
-    acc->bytes += t->rec_bytes.len;
-  }
-  if (t->stage == STAGE_RECORD) {
-    if (t->fetch_st) {
-      st = t->fetch_st;
-      err = t->fetch_err;
-      goto fail;
-    }
-    size_t n = mml_index_record_len(&L->ix.shards[s->shard], t->rec_bytes.data,
-                                    t->rec_bytes.len);
-    if (t->rec_parsed) mml_record_free(&t->rec);
-    memset(&t->rec, 0, sizeof t->rec);
-    t->rec_parsed = 1;
-    double t0 = mml_now();
-    st = mml_record_parse((const char *)t->rec_bytes.data, n, &t->rec, &err);
-    acc->read_s += mml_now() - t0;
-    if (st) goto fail;
-    int ni = t->rec.nimages;
-    if (task_imgs_fit(t, ni + 1)) {
-      st = mml_err_set(&err, MML_ENOMEM, "out of memory");
-      goto fail;
-    }
-    t->stage = STAGE_IMAGES;
-    const char *root = L->roots[s->shard];
-    int nremote = 0;
-    mml_fetcher *f = NULL;
-    for (int i = 0; i < ni; i++) {
-      if ((st = mml_sample_image_path(root, t->rec.images[i], &t->path, &err))) goto fail;
-      const char *p = (const char *)t->path.data;
-      mml_bytes_clear(&t->imgs[i]);
-      if (mml_path_is_remote(p)) {
-        if (!f && (st = get_fetcher(L, &f, &err))) goto fail;
-        if (!nremote) {
-          pthread_mutex_lock(&L->mu);
-          t->pending = 1; /* guard: completions cannot finish the task while submitting */
-          t->fetch_st = MML_OK;
-          pthread_mutex_unlock(&L->mu);
-        }
-        nremote++;
-        t->refs[i + 1].t = t;
-        t->refs[i + 1].which = i;
-        pthread_mutex_lock(&L->mu);
-        t->pending++;
-        pthread_mutex_unlock(&L->mu);
-        st = mml_fetch_submit(f, p, 0, -1, on_fetch, &t->refs[i + 1], &err);
-        if (st) {
-          pthread_mutex_lock(&L->mu);
-          t->pending--;
-          if (!t->fetch_st) {
-            t->fetch_st = st;
-            t->fetch_err = err;
-          }
-          pthread_mutex_unlock(&L->mu);
-          break;
-        }
-      } else {
-        double t0 = mml_now();
-        st = mml_read_file(p, 0, -1, &t->imgs[i], &err);
-        acc->read_s += mml_now() - t0;
-        if (st) {
-          mml_err_prefix(&err, "image %s", t->rec.images[i]);
-          if (!nremote) goto fail;
-          pthread_mutex_lock(&L->mu);
-          if (!t->fetch_st) {
-            t->fetch_st = st;
-            t->fetch_err = err;
-          }
-          pthread_mutex_unlock(&L->mu);
-          break;
-        }
-        acc->bytes += t->imgs[i].len;
-      }
-    }
-    if (nremote) {
-      pthread_mutex_lock(&L->mu);
-      int last = --t->pending == 0;
-      pthread_mutex_unlock(&L->mu);
-      if (!last) return 0; /* a completion will re-queue the task */
-    }
-  }
-  /* STAGE_IMAGES: every image's bytes are here */
-  if (t->fetch_st) {
-    st = t->fetch_st;
-    err = t->fetch_err;
-    goto fail;
-  }
-  st = mml_sample_build(&L->pl, sc, &t->rec, t->imgs, s, &err);
-  if (st) goto fail;
-  st = mml_collator_check(L->collator, s, &err); /* e.g. too long for seq/pack length */
-  if (st) goto fail;
-  s->status = MML_OK;
-  return 1;
-fail:
-  task_fail(t, st, &err, L);
-  return 1;
-}
-
-
-static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
-  fetch_ref *r = ctx;
-  task *t = r->t;
-  mml_loader *L = t->L;
-  pthread_mutex_lock(&L->mu);
-  if (st == MML_OK) {
-    mml_bytes *dst = r->which < 0 ? &t->rec_bytes : &t->imgs[r->which];
-    mml_bytes_free(dst);
-    *dst = *body; /* take the memory */
-    memset(body, 0, sizeof *body);
-    L->bytes_read += dst->len;
-  } else if (!t->fetch_st) {
-    t->fetch_st = st;
-    if (err) t->fetch_err = *err;
-    else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
-    if (r->which >= 0) mml_err_prefix(&t->fetch_err, "image %s", t->rec.images[r->which]);
-  }
-  if (--t->pending == 0) ready_push_locked(L, t);
-  pthread_mutex_unlock(&L->mu);
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* worker threads                                                                       */
-
-static void emit_job_locked(mml_loader *L);
-
-static void *worker_main(void *arg) {
-  mml_loader *L = arg;
-  mml_sample_scratch sc;
-  mml_err err;
-  int have_scratch = mml_sample_scratch_init(&sc, &err) == MML_OK;
-  pthread_mutex_lock(&L->mu);
-  for (;;) {
-    task *t = NULL;
-    while (!L->stop) {
-      if (L->jobs_queued) { /* emitting a finished batch unblocks the output first */
-        emit_job_locked(L);
-        continue;
-      }
-      if (L->ready_head) {
-        t = L->ready_head;
-        L->ready_head = t->next_ready;
-        if (!L->ready_head) L->ready_tail = NULL;
-        if (t->gen != L->gen) { /* work of an abandoned plan */
-          t->state = SLOT_EMPTY;
-          L->in_flight--;
-          pthread_cond_broadcast(&L->work_cv);
-          t = NULL;
-          continue;
-        }
-        break;
-      }
-      if (L->next_seq < L->head_seq + L->window &&
-          L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
-        t = &L->tasks[L->next_seq % L->window];
-        t->state = SLOT_BUSY;
-        t->gen = L->gen;
-        t->seq = L->next_seq++;
-        t->stage = STAGE_NEW;
-        t->fetch_st = MML_OK;
-        t->pending = 0;
-        mml_sample_reset(&t->sample);
-        plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
-        t->sample.index = mml_sampler_at(&L->sm, t->sample.epoch, t->sample.pos);
-        L->in_flight++;
-        break;
-      }
-      pthread_cond_wait(&L->work_cv, &L->mu);
-    }
-    if (L->stop) break;
-    pthread_mutex_unlock(&L->mu);
-
-    int finished;
-    run_acc acc = {0, 0};
-    sc.vision_s = sc.text_s = 0;
-    double decode0 = have_scratch ? mml_vision_scratch_decode_s(sc.vision) : 0;
-    if (have_scratch) {
-      finished = task_run(L, &sc, t, &acc);
-    } else {
-      task_fail(t, MML_ENOMEM, &err, L);
-      finished = 1;
-    }
-
-    pthread_mutex_lock(&L->mu);
-    L->read_s += acc.read_s;
-    L->vision_s += sc.vision_s;
-    if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
-    L->text_s += sc.text_s;
-    L->bytes_read += acc.bytes;
-    if (finished) {
-      if (t->sample.status == MML_OK) L->images += (uint64_t)t->sample.nimages;
-      L->in_flight--;
-      if (t->gen == L->gen) {
-        t->state = SLOT_DONE;
-        if (t->seq == L->head_seq) pthread_cond_signal(&L->coll_cv);
-      } else {
-        t->state = SLOT_EMPTY;
-        pthread_cond_broadcast(&L->work_cv);
-      }
-    }
-  }
-  pthread_mutex_unlock(&L->mu);
-  if (have_scratch) mml_sample_scratch_free(&sc);
-  return NULL;
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* the collation thread                                                                 */
-
-static void set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
-  if (L->fatal) return;
-  L->fatal = st;
-  L->fatal_err = *e;
-  L->fatal_err.status = st;
-  pthread_cond_broadcast(&L->out_cv);
-}
-
-/* Builds the batch, then (device >= 0) queues its copy to the GPU and hands out the
- * device batch instead; the host batch's buffers carry the copy's fence. */
-static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml_err *err) {
-  mml_status st = mml_collator_emit(C, out, err);
-  if (st || !L->stage) return st;
-  mml_batch dev;
-  memset(&dev, 0, sizeof dev);
-  st = mml_device_stage_copy(L->stage, out, &dev, err);
-  mml_batch_clear(out);
-  if (!st) *out = dev;
-  return st;
-}
-
-/* Moves finished items, in stream order, from `pend` into the output queue while it has
- * room.  Called by whoever changes either: workers (an emit finished), the collator (an
- * error item), the consumer (popped one). */
-static void move_ready_locked(mml_loader *L) {
-  int moved = 0;
-  while (L->pend_head < L->pend_tail) {
-    pend_item *p = &L->pend[L->pend_head % L->npend];
-    if (p->state != PEND_READY) break;
-    if (p->it.kind != ITEM_DROP) {
-      if (L->out_count == L->cfg.prefetch) break;
-      L->outq[(L->out_head + L->out_count) % L->cfg.prefetch] = p->it;
-      L->out_count++;
-    }
-    memset(p, 0, sizeof *p);
-    L->pend_head++;
-    moved = 1;
-  }
-  if (moved) {
-    pthread_cond_broadcast(&L->out_cv);
-    pthread_cond_broadcast(&L->coll_cv); /* pend has room */
-  }
-}
-
-/* Drops everything queued or pending (seek, close); waits for running emits first. */
-static void drop_output_locked(mml_loader *L) {
-  /* While this waits (mu released) a seek's new gen is already visible: `dropping` keeps
-   * the collator from starting on it, or the drop below would discard its new batches and
-   * clear coll_busy under an instance that still holds samples. */
-  L->dropping++;
-  while (L->emitting) pthread_cond_wait(&L->out_cv, &L->mu);
-  L->dropping--;
-  while (L->out_count) {
-    out_item *it = &L->outq[L->out_head];
-    mml_batch_clear(&it->batch);
-    L->out_head = (L->out_head + 1) % L->cfg.prefetch;
-    L->out_count--;
-  }
-  L->out_head = 0;
-  for (; L->pend_head < L->pend_tail; L->pend_head++) {
-    pend_item *p = &L->pend[L->pend_head % L->npend];
-    mml_batch_clear(&p->it.batch);
-    memset(p, 0, sizeof *p);
-  }
-  L->pend_head = L->pend_tail = 0;
-  L->jobs_queued = 0;
-  for (int i = 0; i < L->ncoll; i++) L->coll_busy[i] = 0;
-  pthread_cond_broadcast(&L->coll_cv);
-}
-
-/* Reserves the next pend slot in stream order; waits for room.  NULL when the item must
- * be abandoned (stop, or a seek replaced the plan: gen changed). */
-static pend_item *pend_reserve_locked(mml_loader *L, uint64_t my_gen) {
-  while (!L->stop && L->gen == my_gen && L->pend_tail - L->pend_head == L->npend)
-    pthread_cond_wait(&L->coll_cv, &L->mu);
-  if (L->stop || L->gen != my_gen) return NULL;
-  pend_item *p = &L->pend[L->pend_tail % L->npend];
-  memset(p, 0, sizeof *p);
-  L->pend_tail++;
-  return p;
-}
-
-/* The batch in colls[*ci] is complete: queue it for emission by a worker and move on to
- * the next instance (waiting until no worker is still emitting from it).  Returns 0 when
- * abandoned (stop or seek). */
-static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoch,
-                           mml_cursor after) {
-  pend_item *p = pend_reserve_locked(L, my_gen);
-  if (!p) return 0;
-  p->state = PEND_QUEUED;
-  p->coll = *ci;
-  p->after = after;
-  p->it.kind = ITEM_BATCH;
-  p->it.epoch = epoch;
-  L->coll_busy[*ci] = 1;
-  L->jobs_queued++;
-  pthread_cond_signal(&L->work_cv);
-  *ci = (*ci + 1) % L->ncoll;
-  while (!L->stop && L->gen == my_gen && L->coll_busy[*ci])
-    pthread_cond_wait(&L->coll_cv, &L->mu);
-  return !L->stop && L->gen == my_gen;
-}
-
-/* A worker emits the oldest queued batch (called with mu held, returns with it held). */
-static void emit_job_locked(mml_loader *L) {
-  pend_item *p = NULL;
-  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
-    pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) {
-      p = q;
-      break;
-    }
-  }
-  if (!p) return; /* cannot happen while jobs_queued > 0 */
-  p->state = PEND_EMITTING;
-  L->jobs_queued--;
-  L->emitting++;
-  int ci = p->coll;
-  mml_batch b;
-  memset(&b, 0, sizeof b);
-  mml_err err;
-  mml_err_clear(&err);
-  pthread_mutex_unlock(&L->mu);
-  double t0 = mml_now();
-  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
-  double dt = mml_now() - t0;
-  pthread_mutex_lock(&L->mu);
-  L->collate_s += dt;
-  L->emitting--;
-  L->coll_busy[ci] = 0;
-  if (st) {
-    set_fatal_locked(L, st, &err);
-    p->it.kind = ITEM_DROP;
-  } else {
-    b.after = p->after;
-    p->it.batch = b;
-  }
-  p->state = PEND_READY;
-  move_ready_locked(L);
-  pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
-  if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
-}
-
-static void *collator_main(void *arg) {
-  mml_loader *L = arg;
-  mml_err err;
-  mml_err_clear(&err);
-  mml_sample s;
-  memset(&s, 0, sizeof s);
-  pthread_mutex_lock(&L->mu);
-  uint64_t my_gen = L->gen - 1; /* forces a sync */
-  int64_t epoch = 0, bie = 0, since_good = 0;
-  int ci = 0; /* the instance composing the current batch (never busy) */
-  while (!L->stop) {
-    if (L->fatal) {
-      pthread_cond_wait(&L->coll_cv, &L->mu);
-      continue;
-    }
-    if (L->gen != my_gen) { /* a seek (it dropped pending output): start over */
-      my_gen = L->gen;
-      while ((L->emitting || L->dropping) && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
-      for (int i = 0; i < L->ncoll; i++) mml_collator_reset(L->colls[i]);
-      ci = 0;
-      epoch = L->start.epoch;
-      bie = L->start.batch_in_epoch;
-      since_good = 0;
-      continue;
-    }
-    mml_collator *C = L->colls[ci];
-    int64_t e, p;
-    plan_at_locked(L, L->head_seq, &e, &p);
-    if (L->per_epoch >= 0) { /* padded */
-      if (bie >= L->per_epoch) { /* the epoch is complete: the next starts at pos 0 */
-        epoch++;
-        bie = 0;
-        since_good = 0;
-        if (e != epoch || p != 0) {
-          rebase_locked(L, epoch, 0, 0);
-          my_gen = L->gen;
-          continue;
-        }
-      } else if (e != epoch) { /* ran out of positions: fill from the epoch's start */
-        rebase_locked(L, epoch, L->n_rank, 1);
-        my_gen = L->gen;
-        continue;
-      }
-    } else if (e != epoch) { /* packed: the epoch ended; its last pack goes out */
-      if (mml_collator_count(C) > 0) {
-        if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, L->n_rank, bie + 1}))
-          continue;
-      }
-      epoch = e;
-      bie = 0;
-      since_good = 0;
-      continue;
-    }
-    task *t = &L->tasks[L->head_seq % L->window];
-    if (t->state != SLOT_DONE || t->gen != my_gen) {
-      pthread_cond_wait(&L->coll_cv, &L->mu);
-      continue;
-    }
-    mml_sample_swap(&s, &t->sample);
-    t->state = SLOT_EMPTY;
-    L->head_seq++;
-    pthread_cond_broadcast(&L->work_cv);
-    L->samples++;
-    if (s.status != MML_OK) {
-      L->skipped++;
-      L->skip_by_status[s.status < MML_STATUS_COUNT ? s.status : MML_EINTERNAL]++;
-      if (!L->cfg.on_error_raise) push_warning_locked(L, &s.err); /* raise mode: raised instead */
-      since_good++;
-      if (L->cfg.on_error_raise) {
-        pend_item *pi = pend_reserve_locked(L, my_gen);
-        if (!pi) continue;
-        pi->it.kind = ITEM_ERROR;
-        pi->it.epoch = epoch;
-        pi->it.err = s.err;
-        pi->state = PEND_READY;
-        move_ready_locked(L);
-      }
-      int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
-      if ((int64_t)L->samples >= min_n &&
-          (double)L->skipped > L->cfg.max_error_rate * (double)L->samples) {
-        mml_err e2;
-        mml_err_set(&e2, MML_ETOOMANYERR,
-                    "%llu of %llu samples failed, above max_error_rate=%g; last: %s",
-                    (unsigned long long)L->skipped, (unsigned long long)L->samples,
-                    L->cfg.max_error_rate, s.err.msg);
-        set_fatal_locked(L, MML_ETOOMANYERR, &e2);
-      } else if (L->per_epoch >= 0 && since_good > L->n_rank) {
-        mml_err e2;
-        mml_err_set(&e2, MML_ETOOMANYERR,
-                    "epoch %lld: no usable sample in %lld positions; last: %s",
-                    (long long)epoch, (long long)since_good, s.err.msg);
-        set_fatal_locked(L, MML_ETOOMANYERR, &e2);
-      }
-      continue;
-    }
-    L->good++;
-    since_good = 0;
-    if (!mml_collator_fits(C, &s)) { /* the current batch is complete without s */
-      if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, s.pos, bie + 1}))
-        continue;
-      bie++;
-      C = L->colls[ci];
-    }
-    int64_t pos = s.pos;
-    pthread_mutex_unlock(&L->mu);
-    double t0 = mml_now();
-    mml_status st = mml_collator_add(C, &s, &err); /* moves buffers: cheap */
-    int full = !st && mml_collator_full(C);
-    double dt = mml_now() - t0;
-    pthread_mutex_lock(&L->mu);
-    L->collate_s += dt;
-    if (st) {
-      set_fatal_locked(L, st, &err);
-      continue;
-    }
-    if (full) {
-      if (!hand_off_locked(L, my_gen, &ci, epoch, (mml_cursor){epoch, pos + 1, bie + 1}))
-        continue;
-      bie++;
-    }
-  }
-  pthread_mutex_unlock(&L->mu);
-  mml_sample_free(&s);
-  return NULL;
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* construction                                                                         */
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
@@ -841,7 +144,7 @@ static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
   if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
-  mml_status st = get_fetcher(L, &f, err);
+  mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
   mml_index_builder *b;
   if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
@@ -867,7 +170,7 @@ static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
     return add_shard(L, path, err);
   /* s3://bucket/prefix*glob: the fetcher lists up to the first wildcard, matches the key */
   mml_fetcher *f;
-  mml_status st = get_fetcher(L, &f, err);
+  mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
   char **urls = NULL;
   size_t n = 0;
@@ -894,75 +197,73 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   return MML_OK;
 }
 
-mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
-  mml_status st = validate(cfg, err);
-  if (st) return st;
-  mml_loader *L = calloc(1, sizeof *L);
-  if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
-  L->cfg = *cfg;
-  pthread_mutex_init(&L->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&L->work_cv, &ca);
-  pthread_cond_init(&L->coll_cv, &ca);
-  pthread_cond_init(&L->out_cv, &ca);
-  pthread_condattr_destroy(&ca);
-  L->closed = 1; /* until fully built: free() must not join anything */
-
+/* The loader's own copies of the configuration's strings (credentials first: until they
+ * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
+static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
+  const char *const src[] = {cfg->fetch.access_key, cfg->fetch.secret_key,
+                             cfg->fetch.session_token, cfg->fetch.region, cfg->fetch.endpoint};
+  const char **dst[] = {&L->cfg.fetch.access_key, &L->cfg.fetch.secret_key,
+                        &L->cfg.fetch.session_token, &L->cfg.fetch.region,
+                        &L->cfg.fetch.endpoint};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof src / sizeof *src; i++) {
+    *dst[i] = src[i] ? strdup(src[i]) : NULL;
+    bad |= src[i] && !*dst[i];
+  }
+  if (bad) return MML_ENOMEM;
   L->data = calloc((size_t)cfg->ndata, sizeof *L->data);
-  if (!L->data) goto oom;
+  if (!L->data) return MML_ENOMEM;
   for (int i = 0; i < cfg->ndata; i++)
-    if (!(L->data[i] = strdup(cfg->data[i]))) goto oom;
+    if (!(L->data[i] = strdup(cfg->data[i]))) return MML_ENOMEM;
   L->cfg.data = (const char *const *)L->data;
   if (cfg->image_root && cfg->image_root[0]) {
-    if (!(L->image_root = strdup(cfg->image_root))) goto oom;
+    if (!(L->image_root = strdup(cfg->image_root))) return MML_ENOMEM;
     size_t n = strlen(L->image_root);
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
-  L->cfg.fetch.access_key = dup_or_null(cfg->fetch.access_key);
-  L->cfg.fetch.secret_key = dup_or_null(cfg->fetch.secret_key);
-  L->cfg.fetch.session_token = dup_or_null(cfg->fetch.session_token);
-  L->cfg.fetch.region = dup_or_null(cfg->fetch.region);
-  L->cfg.fetch.endpoint = dup_or_null(cfg->fetch.endpoint);
+  return MML_OK;
+}
 
+/* The index of every shard, the rank's sampler, batches per epoch and image roots. */
+static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
+  mml_status st;
   for (int i = 0; i < cfg->ndata; i++)
-    if ((st = add_data(L, L->data[i], err))) goto fail;
-  if (L->ix.n == 0) {
-    st = mml_err_set(err, MML_ECONFIG, "the data holds no samples (%d shard(s), all empty)",
-                     L->ix.nshards);
-    goto fail;
-  }
+    if ((st = add_data(L, L->data[i], err))) return st;
+  if (L->ix.n == 0)
+    return mml_err_set(err, MML_ECONFIG, "the data holds no samples (%d shard(s), all empty)",
+                       L->ix.nshards);
   if ((st = mml_sampler_init(&L->sm, L->ix.n, cfg->seed, cfg->shuffle, cfg->dp_rank,
                              cfg->dp_size, err)))
-    goto fail;
+    return st;
   L->n_rank = L->sm.n_rank;
   int mbs = cfg->collate.micro_batch_size;
   if (cfg->collate.pack) {
     L->per_epoch = -1;
   } else {
     L->per_epoch = L->n_rank / mbs;
-    if (L->per_epoch == 0) {
-      st = mml_err_set(err, MML_ECONFIG,
-                       "each rank holds %lld samples, fewer than micro_batch_size=%d",
-                       (long long)L->n_rank, mbs);
-      goto fail;
-    }
+    if (L->per_epoch == 0)
+      return mml_err_set(err, MML_ECONFIG,
+                         "each rank holds %lld samples, fewer than micro_batch_size=%d",
+                         (long long)L->n_rank, mbs);
   }
   L->roots = calloc((size_t)L->ix.nshards, sizeof *L->roots);
   L->remote = calloc((size_t)L->ix.nshards, sizeof *L->remote);
-  if (!L->roots || !L->remote) goto oom;
+  if (!L->roots || !L->remote) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < L->ix.nshards; i++) {
     L->remote[i] = mml_index_shard_remote(&L->ix.shards[i]);
     L->roots[i] = L->image_root ? strdup(L->image_root) : dirname_of(L->ix.shards[i].path);
-    if (!L->roots[i]) goto oom;
+    if (!L->roots[i]) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   }
+  return MML_OK;
+}
 
-  if ((st = mml_template_new(cfg->template_style, cfg->label_mode, cfg->tokenizer, &L->tmpl,
-                             err)) ||
-      (st = mml_template_set_image_space(L->tmpl, cfg->image_space, err)))
-    goto fail;
+/* The per-sample pipeline (template, vision) and the collator's settings. */
+static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
+  mml_status st = mml_template_new(cfg->template_style, cfg->label_mode, cfg->tokenizer,
+                                   &L->tmpl, err);
+  if (!st) st = mml_template_set_image_space(L->tmpl, cfg->image_space, err);
+  if (st) return st;
   L->pl.vision = &L->cfg.vision;
   L->pl.tmpl = L->tmpl;
   L->pl.max_length = cfg->max_length;
@@ -979,7 +280,13 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->ccfg.pixel_cols =
       3 * cfg->vision.temporal_patch_size * cfg->vision.patch_size * cfg->vision.patch_size;
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
+  return MML_OK;
+}
 
+/* Batch memory (allocator, pool, device stage), the collator instances, the pending and
+ * output queues and the task window. */
+static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
+  mml_status st;
   if (cfg->allocator) {
     L->alloc = *cfg->allocator;
   } else if (cfg->pin_memory || cfg->to_device) { /* device copies read pinned buffers */
@@ -990,10 +297,10 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   } else {
     mml_host_allocator(&L->alloc);
   }
-  if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) goto fail;
+  if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) return st;
   /* Released batch buffers are kept for reuse up to 512 MiB (a large buffer allocated
    * afresh costs its page faults); beyond that they go back to the system. */
-  if ((st = mml_pool_new(&L->alloc, (size_t)512 << 20, &L->pool, err))) goto fail;
+  if ((st = mml_pool_new(&L->alloc, (size_t)512 << 20, &L->pool, err))) return st;
   /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
    * batch per collator instance, so one collation thread does not cap throughput. */
   L->ncoll = 1 + cfg->num_threads / 4;
@@ -1002,35 +309,57 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->coll_busy = calloc((size_t)L->ncoll, sizeof *L->coll_busy);
   L->npend = L->ncoll + 1;
   L->pend = calloc((size_t)L->npend, sizeof *L->pend);
-  if (!L->colls || !L->coll_busy || !L->pend) goto oom;
+  if (!L->colls || !L->coll_busy || !L->pend)
+    return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < L->ncoll; i++) {
-    if ((st = mml_collator_new(&L->ccfg, L->pool, &L->colls[i], err))) {
-      if (st == MML_EINVAL) st = MML_ECONFIG;
-      goto fail;
-    }
+    if ((st = mml_collator_new(&L->ccfg, L->pool, &L->colls[i], err)))
+      return st == MML_EINVAL ? MML_ECONFIG : st;
   }
   L->collator = L->colls[0];
 
   int w = cfg->window;
   if (w <= 0) {
-    w = 2 * (cfg->collate.pack ? 8 : mbs);
+    w = 2 * (cfg->collate.pack ? 8 : cfg->collate.micro_batch_size);
     if (w < 4 * cfg->num_threads) w = 4 * cfg->num_threads;
     if (w < 16) w = 16;
   }
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
-  if (!L->tasks || !L->outq) goto oom;
+  if (!L->tasks || !L->outq) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < w; i++) L->tasks[i].L = L;
+  return MML_OK;
+}
 
+mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
+  mml_status st = validate(cfg, err);
+  if (st) return st;
+  mml_loader *L = calloc(1, sizeof *L);
+  if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  L->cfg = *cfg;
+  pthread_mutex_init(&L->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&L->work_cv, &ca);
+  pthread_cond_init(&L->coll_cv, &ca);
+  pthread_cond_init(&L->out_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  L->closed = 1; /* until fully built: free() must not join anything */
+
+  if (copy_cfg_strings(L, cfg)) {
+    st = mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
+    goto fail;
+  }
+  if ((st = build_stream(L, cfg, err)) || (st = build_pipeline(L, cfg, err)) ||
+      (st = build_output(L, cfg, err)))
+    goto fail;
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
   L->gen = 1;
-  mml_loader_seek(L, &zero, err);
+  if ((st = mml_loader_seek(L, &zero, err))) goto fail;
   *out = L;
   return MML_OK;
-oom:
-  st = mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
 fail:
   mml_loader_free(L);
   return st;
@@ -1045,11 +374,11 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
   if (!L->threads) return mml_err_set(err, MML_ENOMEM, "out of memory");
   for (int i = 0; i < L->cfg.num_threads; i++) {
-    if (pthread_create(&L->threads[i], NULL, worker_main, L) != 0)
+    if (pthread_create(&L->threads[i], NULL, ld_worker_main, L) != 0)
       return mml_err_set(err, MML_ENOMEM, "cannot start worker thread %d", i);
     L->nthreads_started++;
   }
-  if (pthread_create(&L->coll_thread, NULL, collator_main, L) != 0)
+  if (pthread_create(&L->coll_thread, NULL, ld_collator_main, L) != 0)
     return mml_err_set(err, MML_ENOMEM, "cannot start the collation thread");
   L->coll_started = 1;
   return MML_OK;
@@ -1080,7 +409,7 @@ void mml_loader_close(mml_loader *L) {
   if (was) return;
   stop_threads(L);
   pthread_mutex_lock(&L->mu);
-  drop_output_locked(L);
+  ld_drop_output_locked(L);
   pthread_mutex_unlock(&L->mu);
 }
 
@@ -1171,10 +500,10 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   int wrap;
   normalize_cursor(L, c, &start, &wrap);
   L->start = start;
-  rebase_locked(L, start.epoch, start.pos, wrap);
+  ld_rebase_locked(L, start.epoch, start.pos, wrap);
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
-  drop_output_locked(L);
+  ld_drop_output_locked(L);
   L->fatal = MML_OK;
   L->consumer_epoch = c->epoch;
   L->delivered = *c;
@@ -1199,7 +528,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
   if (L->first_next == 0) L->first_next = t0;
   if (!L->closed && !L->started) {
     if ((st = start_locked(L, err))) {
-      set_fatal_locked(L, st, err);
+      ld_set_fatal_locked(L, st, err);
     }
   }
   for (;;) {
@@ -1219,7 +548,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       memset(it, 0, sizeof *it);
       L->out_head = (L->out_head + 1) % L->cfg.prefetch;
       L->out_count--;
-      move_ready_locked(L); /* room for the next finished item */
+      ld_move_ready_locked(L); /* room for the next finished item */
       it = &item;
       if (it->kind == ITEM_ERROR) {
         if (err) *err = it->err;

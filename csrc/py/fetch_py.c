@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "mml/fetch.h"
+#include "mml/fetch_sync.h"
+#include "mml/s3.h"
 #include "mml/sigv4.h"
 
 /* Fetch failures raise FetchError, a missing object included (still a SampleError). */

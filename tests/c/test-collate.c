@@ -288,17 +288,21 @@ TEST(packed_boundaries) {
   CHECK(!mml_batch_find(&b, "pixel_values"));
   CHECK(!mml_batch_find(&b, "image_grid_thw"));
   CHECK(shape_is(&b, "tokens", 2, 1, 16, 0, 0));
+  /* Megatron's names: cu_seqlens real lengths, cu_seqlens_padded slots covering the row
+   * (the tail padding belongs to the last slot), max_seqlen the longest padded slot */
   CHECK(shape_is(&b, "cu_seqlens", 1, 3, 0, 0, 0));
-  CHECK(shape_is(&b, "cu_seqlens_unpadded", 1, 3, 0, 0, 0));
+  CHECK(shape_is(&b, "cu_seqlens_padded", 1, 3, 0, 0, 0));
+  CHECK(!mml_batch_find(&b, "cu_seqlens_unpadded"));
   CHECK(shape_is(&b, "max_seqlen", 1, 1, 0, 0, 0));
   CHECK_EQ_INT(b.real_tokens, 8);
   CHECK_EQ_INT(b.token_slots, 16);
-  const int32_t *cu = I32(&b, "cu_seqlens"), *cuu = I32(&b, "cu_seqlens_unpadded");
+  const int32_t *cu = I32(&b, "cu_seqlens"), *cup = I32(&b, "cu_seqlens_padded");
   CHECK_EQ_INT(cu[0], 0);
-  CHECK_EQ_INT(cu[1], 8);
-  CHECK_EQ_INT(cu[2], 12);
-  CHECK_EQ_INT(cuu[1], 5);
-  CHECK_EQ_INT(cuu[2], 8);
+  CHECK_EQ_INT(cu[1], 5);
+  CHECK_EQ_INT(cu[2], 8);
+  CHECK_EQ_INT(cup[0], 0);
+  CHECK_EQ_INT(cup[1], 8);
+  CHECK_EQ_INT(cup[2], 16);
   CHECK_EQ_INT(I32(&b, "max_seqlen")[0], 8);
   const int64_t *tok = I64(&b, "tokens"), *lab = I64(&b, "labels"), *pos = I64(&b, "position_ids");
   const int64_t et[] = {100, 101, 102, 103, 104, PAD, PAD, PAD, 200, 201, 202, PAD,

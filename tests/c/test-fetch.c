@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "mml/fetch.h"
+#include "mml/fetch_sync.h"
+#include "mml/s3.h"
 #include "mml/sigv4.h"
 #include "mml_test.h"
 

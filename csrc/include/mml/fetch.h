@@ -58,27 +58,6 @@ typedef void (*mml_fetch_cb)(void *ctx, mml_status st, mml_bytes *body, const mm
 mml_status mml_fetch_submit(mml_fetcher *f, const char *url, int64_t off, int64_t len,
                             mml_fetch_cb cb, void *ctx, mml_err *err);
 
-/* Blocking convenience built on submit (for index building, listing, tests). */
-mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len,
-                         mml_bytes *out, mml_err *err);
-
-/* Object size (HEAD). */
-mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);
-
-/* Lists objects under an s3:// prefix (ListObjectsV2 with pagination) whose keys match
- * the glob `pattern`; returns malloc'd "s3://bucket/key" strings, sorted.
- * Free with mml_fetch_list_free.  Globs follow fnmatch(3) with FNM_PATHNAME (`*` stops at
- * '/').  pattern may be:
- *   NULL            all keys under the prefix; when the prefix itself holds a wildcard
- *                   ("s3://b/dir/train-*.jsonl") it is listed up to the wildcard and the
- *                   whole key must match it;
- *   "s3://b/..."    matched against the whole URL;
- *   anything else   matched against the key after the prefix's directory (the part of
- *                   the key up to its last '/'): prefix "s3://b/dir/", pattern "*.jsonl". */
-mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
-                          char ***urls, size_t *n, mml_err *err);
-void mml_fetch_list_free(char **urls, size_t n);
-
 typedef struct mml_fetch_stats {
   uint64_t requests, bytes, failures;
   uint64_t retries_5xx, retries_429, retries_timeout, retries_reset, retries_short;
@@ -96,19 +75,5 @@ double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_
 /* malloc'd copy of url fit for messages: user-info dropped, values of credential-like
  * query parameters (signature, credential, token, key, secret, password) replaced. */
 char *mml_url_redact(const char *url);
-/* Text of the first <tag>...</tag> in an XML document, entity-decoded, into out (cap
- * bytes, NUL-terminated); 1 when found, else 0 with out = "". */
-int mml_xml_text(const char *doc, size_t n, const char *tag, char *out, size_t cap);
-
-/* Where an s3:// URL is fetched from.  No endpoint (NULL/""): AWS, virtual-host style
- * https://BUCKET.s3.REGION.amazonaws.com/KEY (path style for dotted bucket names); an
- * endpoint ("http://127.0.0.1:9000"): path style ENDPOINT/BUCKET/KEY.  The key is
- * percent-encoded once (S3's canonical URI); query, when given, is appended as is. */
-typedef struct mml_s3_addr {
-  char *http_url, *host, *canonical_uri; /* malloc'd */
-} mml_s3_addr;
-mml_status mml_s3_address(const char *s3url, const char *query, const char *region,
-                          const char *endpoint, mml_s3_addr *out, mml_err *err);
-void mml_s3_addr_free(mml_s3_addr *a);
 
 #endif

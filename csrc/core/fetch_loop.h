@@ -1,0 +1,134 @@
+/*
+ * fetch_loop.h — private to the fetcher (fetch.c, fetch_loop.c, fetch_sync.c, s3.c): the
+ * job/xfer/fetcher structures and the entry points of the I/O loop.  Threads and
+ * ownership are described at the top of fetch_loop.c.
+ */
+#ifndef MML_FETCH_LOOP_H
+#define MML_FETCH_LOOP_H
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mml/fetch.h"
+
+#define LAT_RING 8192
+#define ERRBODY_MAX 8192
+
+/* ---- types ------------------------------------------------------------------------ */
+
+typedef struct job job;
+typedef struct xfer xfer;
+
+enum { RETRY_5XX, RETRY_429, RETRY_TIMEOUT, RETRY_RESET, RETRY_SHORT };
+
+struct job {
+  job *next;            /* submit queue */
+  job *prev_all, *next_all;
+  char *url;            /* as submitted */
+  char *shown;          /* redacted, for messages */
+  char *http_url;       /* what curl fetches (S3: endpoint + encoded path + query) */
+  char *host;           /* S3: Host header value (signed) */
+  char *canon_uri;      /* S3: canonical URI */
+  char *canon_query;    /* S3: canonical query ("" if none); listings only */
+  int is_s3, head;
+  int64_t off, len;     /* requested range (len < 0: to the end) */
+  mml_fetch_cb cb;
+  void *ctx;
+  mml_bytes body;
+  int64_t total;        /* object size once known, else -1 */
+  int parts_left;
+  int failed;
+  mml_status fst;
+  mml_err ferr;
+  int retries;          /* over all parts, for messages */
+  char etag[128];       /* from the probe: later range parts send If-Match with it */
+};
+
+struct xfer {
+  xfer *next;           /* ready / delayed list */
+  xfer *prev_all, *next_all;
+  job *j;
+  CURL *easy;
+  struct curl_slist *hdrs;
+  int64_t off, len;     /* absolute range asked for; len < 0: open (probe), 0: none (whole) */
+  int probe;            /* appends into j->body; may spawn more parts */
+  int64_t dst;          /* fixed mode: offset into j->body */
+  int64_t got;          /* body bytes accepted this attempt */
+  int64_t skip;         /* server ignored Range: bytes still to drop */
+  int attempt;
+  double due;
+  long http;
+  double retry_after;   /* seconds, < 0 when absent */
+  int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 when absent */
+  int64_t clen;         /* Content-Length, -1 when absent */
+  char etag[128];
+  int overflow, nomem, stalled;
+  double last_rx;       /* when bytes last arrived (or the attempt started) */
+  double stall_s;
+  mml_bytes errbody;
+  char errbuf[CURL_ERROR_SIZE];
+};
+
+struct mml_fetcher {
+  char *ak, *sk, *tok, *region, *endpoint; /* owned copies; endpoint without trailing '/' */
+  char *ca_bundle;
+  int max_inflight, max_retries;
+  double timeout_s, connect_timeout_s, stall_s, backoff_base_s, backoff_max_s;
+  int64_t range_chunk;
+  int list_page_size;
+
+  pthread_t io;
+  int io_started;
+  pthread_mutex_t mu; /* guards: q_head, q_tail, stop */
+  job *q_head, *q_tail;
+  int stop;
+  CURLM *multi;
+
+  /* I/O thread only */
+  xfer *ready_head, *ready_tail, *delayed;
+  xfer *all_x;
+  job *all_j;
+  int inflight;
+  CURL *pool[64];
+  int npool;
+  uint64_t rng;
+
+  /* io_threads > 1: the fetcher handed out is loop 0 and owns the others; jobs are dealt
+   * round-robin (each loop its own thread, multi handle and connection cache). */
+  mml_fetcher **loops;
+  int nloops;
+  unsigned rr; /* atomic */
+
+  pthread_mutex_t smu; /* guards: stats, lat, nlat */
+  mml_fetch_stats stats;
+  double lat[LAT_RING];
+  uint64_t nlat;
+};
+
+static inline char *dupstr(const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s);
+  char *d = malloc(n + 1);
+  if (d) memcpy(d, s, n + 1);
+  return d;
+}
+
+static inline char *dupn(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d) memcpy(d, s, n), d[n] = 0;
+  return d;
+}
+
+/* curl_global_init and the process-wide DNS/TLS share, once; 0 when they failed. */
+int mml_fetch_global_init(void);
+/* The I/O thread of one loop (arg: the mml_fetcher). */
+void *mml_fetch_io_main(void *arg);
+/* Queues a request on one of f's loops.  query: S3 only, an encoded canonical query
+ * (listings); head: a HEAD whose body is the object size as one int64. */
+mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query,
+                                  int64_t off, int64_t len, int head, mml_fetch_cb cb,
+                                  void *ctx, mml_err *err);
+
+#endif

@@ -1,0 +1,316 @@
+/*
+ * loader_collator.c — the loader's collation thread and its output side.
+ *
+ * The collator (one thread) consumes the slot of head_seq strictly in order, decides
+ * epoch boundaries (coll_epoch_locked) and batch composition (mml_collator_fits/add/full
+ * on one of `ncoll` collator instances), and hands each complete batch to the workers for
+ * emission (ld_emit_job_locked builds its tensors), continuing on the next instance
+ * meanwhile.  Finished items (batches, and with on_error="raise" sample errors) wait in
+ * `pend` in stream order and move into the output queue of `prefetch` items as it has
+ * room (ld_move_ready_locked); a full `pend` stops the collator (backpressure).  Batch
+ * composition is sequential, so the output does not depend on which instance or worker
+ * emitted a batch.  A failed sample is counted and warned about, or delivered in order as
+ * an error, and the error-rate limits are checked (coll_failed_locked).
+ *
+ * Locking: everything here runs with the loader's mu held, except mml_collator_add and
+ * the emission itself (the instance being emitted is marked busy in coll_busy).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+
+void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
+  if (L->fatal) return;
+  L->fatal = st;
+  L->fatal_err = *e;
+  L->fatal_err.status = st;
+  pthread_cond_broadcast(&L->out_cv);
+}
+
+/* Builds the batch, then (device >= 0) queues its copy to the GPU and hands out the
+ * device batch instead; the host batch's buffers carry the copy's fence. */
+static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml_err *err) {
+  mml_status st = mml_collator_emit(C, out, err);
+  if (st || !L->stage) return st;
+  mml_batch dev;
+  memset(&dev, 0, sizeof dev);
+  st = mml_device_stage_copy(L->stage, out, &dev, err);
+  mml_batch_clear(out);
+  if (!st) *out = dev;
+  return st;
+}
+
+void ld_move_ready_locked(mml_loader *L) {
+  int moved = 0;
+  while (L->pend_head < L->pend_tail) {
+    pend_item *p = &L->pend[L->pend_head % L->npend];
+    if (p->state != PEND_READY) break;
+    if (p->it.kind != ITEM_DROP) {
+      if (L->out_count == L->cfg.prefetch) break;
+      L->outq[(L->out_head + L->out_count) % L->cfg.prefetch] = p->it;
+      L->out_count++;
+    }
+    memset(p, 0, sizeof *p);
+    L->pend_head++;
+    moved = 1;
+  }
+  if (moved) {
+    pthread_cond_broadcast(&L->out_cv);
+    pthread_cond_broadcast(&L->coll_cv); /* pend has room */
+  }
+}
+
+void ld_drop_output_locked(mml_loader *L) {
+  /* While this waits (mu released) a seek's new gen is already visible: `dropping` keeps
+   * the collator from starting on it, or the drop below would discard its new batches and
+   * clear coll_busy under an instance that still holds samples. */
+  L->dropping++;
+  while (L->emitting) pthread_cond_wait(&L->out_cv, &L->mu);
+  L->dropping--;
+  while (L->out_count) {
+    out_item *it = &L->outq[L->out_head];
+    mml_batch_clear(&it->batch);
+    L->out_head = (L->out_head + 1) % L->cfg.prefetch;
+    L->out_count--;
+  }
+  L->out_head = 0;
+  for (; L->pend_head < L->pend_tail; L->pend_head++) {
+    pend_item *p = &L->pend[L->pend_head % L->npend];
+    mml_batch_clear(&p->it.batch);
+    memset(p, 0, sizeof *p);
+  }
+  L->pend_head = L->pend_tail = 0;
+  L->jobs_queued = 0;
+  for (int i = 0; i < L->ncoll; i++) L->coll_busy[i] = 0;
+  pthread_cond_broadcast(&L->coll_cv);
+}
+
+/* Reserves the next pend slot in stream order; waits for room.  NULL when the item must
+ * be abandoned (stop, or a seek replaced the plan: gen changed). */
+static pend_item *pend_reserve_locked(mml_loader *L, uint64_t my_gen) {
+  while (!L->stop && L->gen == my_gen && L->pend_tail - L->pend_head == L->npend)
+    pthread_cond_wait(&L->coll_cv, &L->mu);
+  if (L->stop || L->gen != my_gen) return NULL;
+  pend_item *p = &L->pend[L->pend_tail % L->npend];
+  memset(p, 0, sizeof *p);
+  L->pend_tail++;
+  return p;
+}
+
+/* The batch in colls[*ci] is complete: queue it for emission by a worker and move on to
+ * the next instance (waiting until no worker is still emitting from it).  Returns 0 when
+ * abandoned (stop or seek). */
+static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoch,
+                           mml_cursor after) {
+  pend_item *p = pend_reserve_locked(L, my_gen);
+  if (!p) return 0;
+  p->state = PEND_QUEUED;
+  p->coll = *ci;
+  p->after = after;
+  p->it.kind = ITEM_BATCH;
+  p->it.epoch = epoch;
+  L->coll_busy[*ci] = 1;
+  L->jobs_queued++;
+  pthread_cond_signal(&L->work_cv);
+  *ci = (*ci + 1) % L->ncoll;
+  while (!L->stop && L->gen == my_gen && L->coll_busy[*ci])
+    pthread_cond_wait(&L->coll_cv, &L->mu);
+  return !L->stop && L->gen == my_gen;
+}
+
+void ld_emit_job_locked(mml_loader *L) {
+  pend_item *p = NULL;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) {
+      p = q;
+      break;
+    }
+  }
+  if (!p) return; /* cannot happen while jobs_queued > 0 */
+  p->state = PEND_EMITTING;
+  L->jobs_queued--;
+  L->emitting++;
+  int ci = p->coll;
+  mml_batch b;
+  memset(&b, 0, sizeof b);
+  mml_err err;
+  mml_err_clear(&err);
+  pthread_mutex_unlock(&L->mu);
+  double t0 = mml_now();
+  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
+  double dt = mml_now() - t0;
+  pthread_mutex_lock(&L->mu);
+  L->collate_s += dt;
+  L->emitting--;
+  L->coll_busy[ci] = 0;
+  if (st) {
+    ld_set_fatal_locked(L, st, &err);
+    p->it.kind = ITEM_DROP;
+  } else {
+    b.after = p->after;
+    p->it.batch = b;
+  }
+  p->state = PEND_READY;
+  ld_move_ready_locked(L);
+  pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
+  if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
+}
+
+static void push_warning_locked(mml_loader *L, const mml_err *e) {
+  if (L->warn_count == WARN_BACKLOG) return; /* counted in stats, message dropped */
+  L->warn[(L->warn_head + L->warn_count) % WARN_BACKLOG] = *e;
+  L->warn_count++;
+}
+
+/* What the collation thread carries from one sample to the next. */
+typedef struct coll_state {
+  uint64_t gen;             /* the plan it follows */
+  int64_t epoch, bie;       /* the epoch being composed and its batches so far */
+  int64_t since_good;       /* failed samples since the last good one */
+  int ci;                   /* the instance composing the current batch (never busy) */
+  mml_sample s;
+  mml_err err;
+} coll_state;
+
+/* A seek replaced the plan (it dropped pending output): start over at its cursor. */
+static void coll_restart_locked(mml_loader *L, coll_state *c) {
+  c->gen = L->gen;
+  while ((L->emitting || L->dropping) && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
+  for (int i = 0; i < L->ncoll; i++) mml_collator_reset(L->colls[i]);
+  c->ci = 0;
+  c->epoch = L->start.epoch;
+  c->bie = L->start.batch_in_epoch;
+  c->since_good = 0;
+}
+
+/* Epoch boundaries at head_seq.  Returns 1 when the plan or the epoch changed (look
+ * again), 0 when head_seq belongs to the epoch being composed. */
+static int coll_epoch_locked(mml_loader *L, coll_state *c) {
+  int64_t e, p;
+  ld_plan_at_locked(L, L->head_seq, &e, &p);
+  if (L->per_epoch >= 0) { /* padded */
+    if (c->bie >= L->per_epoch) { /* the epoch is complete: the next starts at pos 0 */
+      c->epoch++;
+      c->bie = 0;
+      c->since_good = 0;
+      if (e == c->epoch && p == 0) return 0;
+      ld_rebase_locked(L, c->epoch, 0, 0);
+      c->gen = L->gen;
+      return 1;
+    }
+    if (e == c->epoch) return 0;
+    ld_rebase_locked(L, c->epoch, L->n_rank, 1); /* ran out of positions: fill from the start */
+    c->gen = L->gen;
+    return 1;
+  }
+  if (e == c->epoch) return 0;
+  /* packed: the epoch ended; its last pack goes out */
+  if (mml_collator_count(L->colls[c->ci]) > 0 &&
+      !hand_off_locked(L, c->gen, &c->ci, c->epoch,
+                       (mml_cursor){c->epoch, L->n_rank, c->bie + 1}))
+    return 1;
+  c->epoch = e;
+  c->bie = 0;
+  c->since_good = 0;
+  return 1;
+}
+
+/* A failed sample: counted, warned about or delivered as an error (on_error="raise"), and
+ * the error limits checked. */
+static void coll_failed_locked(mml_loader *L, coll_state *c) {
+  const mml_sample *s = &c->s;
+  L->skipped++;
+  L->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
+  if (!L->cfg.on_error_raise) push_warning_locked(L, &s->err); /* raise mode: raised instead */
+  c->since_good++;
+  if (L->cfg.on_error_raise) {
+    pend_item *pi = pend_reserve_locked(L, c->gen);
+    if (!pi) return;
+    pi->it.kind = ITEM_ERROR;
+    pi->it.epoch = c->epoch;
+    pi->it.err = s->err;
+    pi->state = PEND_READY;
+    ld_move_ready_locked(L);
+  }
+  int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
+  if ((int64_t)L->samples >= min_n &&
+      (double)L->skipped > L->cfg.max_error_rate * (double)L->samples) {
+    mml_err e2;
+    mml_err_set(&e2, MML_ETOOMANYERR,
+                "%llu of %llu samples failed, above max_error_rate=%g; last: %s",
+                (unsigned long long)L->skipped, (unsigned long long)L->samples,
+                L->cfg.max_error_rate, s->err.msg);
+    ld_set_fatal_locked(L, MML_ETOOMANYERR, &e2);
+  } else if (L->per_epoch >= 0 && c->since_good > L->n_rank) {
+    mml_err e2;
+    mml_err_set(&e2, MML_ETOOMANYERR, "epoch %lld: no usable sample in %lld positions; last: %s",
+                (long long)c->epoch, (long long)c->since_good, s->err.msg);
+    ld_set_fatal_locked(L, MML_ETOOMANYERR, &e2);
+  }
+}
+
+/* A good sample joins the batch being composed; complete batches are handed off. */
+static void coll_add_locked(mml_loader *L, coll_state *c) {
+  L->good++;
+  c->since_good = 0;
+  mml_collator *C = L->colls[c->ci];
+  if (!mml_collator_fits(C, &c->s)) { /* the current batch is complete without s */
+    if (!hand_off_locked(L, c->gen, &c->ci, c->epoch,
+                         (mml_cursor){c->epoch, c->s.pos, c->bie + 1}))
+      return;
+    c->bie++;
+    C = L->colls[c->ci];
+  }
+  int64_t pos = c->s.pos;
+  pthread_mutex_unlock(&L->mu);
+  double t0 = mml_now();
+  mml_status st = mml_collator_add(C, &c->s, &c->err); /* moves buffers: cheap */
+  int full = !st && mml_collator_full(C);
+  double dt = mml_now() - t0;
+  pthread_mutex_lock(&L->mu);
+  L->collate_s += dt;
+  if (st) {
+    ld_set_fatal_locked(L, st, &c->err);
+    return;
+  }
+  if (full && hand_off_locked(L, c->gen, &c->ci, c->epoch,
+                              (mml_cursor){c->epoch, pos + 1, c->bie + 1}))
+    c->bie++;
+}
+
+void *ld_collator_main(void *arg) {
+  mml_loader *L = arg;
+  coll_state c;
+  memset(&c, 0, sizeof c);
+  mml_err_clear(&c.err);
+  pthread_mutex_lock(&L->mu);
+  c.gen = L->gen - 1; /* forces a restart */
+  while (!L->stop) {
+    if (L->fatal) {
+      pthread_cond_wait(&L->coll_cv, &L->mu);
+      continue;
+    }
+    if (L->gen != c.gen) {
+      coll_restart_locked(L, &c);
+      continue;
+    }
+    if (coll_epoch_locked(L, &c)) continue;
+    task *t = &L->tasks[L->head_seq % L->window];
+    if (t->state != SLOT_DONE || t->gen != c.gen) {
+      pthread_cond_wait(&L->coll_cv, &L->mu);
+      continue;
+    }
+    mml_sample_swap(&c.s, &t->sample);
+    t->state = SLOT_EMPTY;
+    L->head_seq++;
+    pthread_cond_broadcast(&L->work_cv);
+    L->samples++;
+    if (c.s.status != MML_OK) coll_failed_locked(L, &c);
+    else coll_add_locked(L, &c);
+  }
+  pthread_mutex_unlock(&L->mu);
+  mml_sample_free(&c.s);
+  return NULL;
+}

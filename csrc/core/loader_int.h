@@ -1,0 +1,175 @@
+/*
+ * loader_int.h — private to the loader (loader.c: public API, construction, lifecycle,
+ * the consumer; loader_worker.c: the worker threads and the per-sample task;
+ * loader_collator.c: the collation thread and the emission/output queue).  The design
+ * (threads, slots, plans, locking, ownership) is described at the top of loader.c; every
+ * function named *_locked is called with `mu` held.
+ */
+#ifndef MML_LOADER_INT_H
+#define MML_LOADER_INT_H
+
+#include <pthread.h>
+
+#include "mml/device.h"
+#include "mml/index.h"
+#include "mml/loader.h"
+#include "mml/sampler.h"
+
+enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
+enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
+enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
+enum { WARN_BACKLOG = 32 };
+
+typedef struct task task;
+
+typedef struct fetch_ref {
+  task *t;
+  int which; /* -1: the record, else image index */
+} fetch_ref;
+
+struct task {
+  mml_loader *L;
+  /* guarded by mu */
+  int state;
+  uint64_t gen;
+  int64_t seq;
+  int pending;             /* outstanding fetches + 1 while submitting */
+  mml_status fetch_st;     /* first fetch failure */
+  mml_err fetch_err;
+  task *next_ready;
+  /* owned by whoever holds the slot (BUSY) */
+  int stage;
+  mml_sample sample;
+  mml_bytes rec_bytes;
+  mml_record rec;
+  int rec_parsed;
+  mml_bytes *imgs;
+  fetch_ref *refs;
+  int imgs_cap;
+  mml_bytes path;
+};
+
+/* What one task_run call did, added to the stats by the worker (the task itself may
+ * already belong to another worker when task_run returns). */
+typedef struct run_acc {
+  uint64_t bytes;
+  double read_s;
+} run_acc;
+
+typedef struct out_item {
+  int kind;
+  int64_t epoch;
+  mml_batch batch;
+  mml_err err;
+} out_item;
+
+enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
+typedef struct pend_item {
+  int state;
+  int coll;          /* PEND_QUEUED/EMITTING: the collator instance to emit from */
+  mml_cursor after;  /* batch items: the cursor once consumed */
+  out_item it;       /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
+} pend_item;
+
+struct mml_loader {
+  mml_loader_cfg cfg;       /* strings below are owned copies */
+  char **data;
+  char *image_root;
+  char **roots;             /* per shard image root */
+  int *remote;              /* per shard: 1 when remote */
+  mml_index ix;
+  mml_sampler sm;
+  int64_t n_rank, per_epoch; /* per_epoch: batches (padded) or -1 (packed) */
+  int window;
+  mml_template *tmpl;
+  mml_pipeline pl;
+  mml_pool *pool;
+  mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
+  int pinned;
+  int guard_device;         /* pinned: device whose default stream guards released batches */
+  int consumer_device;      /* pinned: and this stream of that device, when not 0 */
+  uintptr_t consumer_stream; /* (consumer thread only) */
+  mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
+  mml_collate_cfg ccfg;
+  mml_collator *collator;   /* colls[0]; workers also call its const, reentrant check */
+  mml_collator **colls;     /* ncoll instances: batches are composed one at a time by the
+                               collation thread and emitted (tensors built) by workers */
+  int ncoll;
+
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv, coll_cv, out_cv;
+  int started, stop, closed;
+  pthread_t *threads;
+  int nthreads_started;
+  pthread_t coll_thread;
+  int coll_started;
+
+  mml_fetcher *fetcher;     /* created on first remote use (under mu) */
+  mml_status fetcher_st;
+  mml_err fetcher_err;
+
+  /* plan and window, guarded by mu */
+  uint64_t gen;
+  int64_t base_epoch, base_pos, base_seq;
+  int base_wrap;
+  int64_t head_seq, next_seq;
+  mml_cursor start;         /* where the collator starts for the current gen */
+  task *tasks;
+  task *ready_head, *ready_tail;
+  int in_flight;
+
+  /* emission, guarded by mu: completed items wait in `pend` (in stream order) until
+   * they fit in the output queue; batch items are emitted by a worker first */
+  pend_item *pend;
+  int npend;                /* capacity */
+  int64_t pend_head, pend_tail;
+  int jobs_queued;          /* pend items waiting for a worker to emit them */
+  int emitting;             /* emits running now */
+  int dropping;             /* drop_output_locked is waiting for emits (mu released) */
+  int *coll_busy;           /* 1 while a worker emits from colls[i] */
+
+  /* output queue, guarded by mu */
+  out_item *outq;
+  int out_head, out_count;
+  mml_status fatal;
+  mml_err fatal_err;
+
+  /* consumer side, guarded by mu */
+  int64_t consumer_epoch;
+  mml_cursor delivered;
+
+  /* warnings and stats, guarded by mu */
+  mml_err warn[WARN_BACKLOG];
+  int warn_head, warn_count;
+  double first_next, wait_s;
+  double read_s, vision_s, text_s, collate_s;
+  double decode_s; /* the decoder's part of vision_s */
+  uint64_t samples, good, skipped, batches, bytes_read, images;
+  uint64_t skip_by_status[MML_STATUS_COUNT];
+  int64_t real_tokens, token_slots;
+};
+
+/* loader.c */
+/* The stream coordinate (epoch, pos) of seq under the current plan. */
+void ld_plan_at_locked(const mml_loader *L, int64_t seq, int64_t *epoch, int64_t *pos);
+/* Starts a new plan at (epoch, pos) from head_seq; discards finished work of the old one. */
+void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap);
+/* The loader's fetcher, created on first use (takes mu). */
+mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err);
+
+/* loader_worker.c */
+void *ld_worker_main(void *loader);
+
+/* loader_collator.c */
+void *ld_collator_main(void *loader);
+void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e);
+/* Moves finished items, in stream order, from `pend` into the output queue while it has
+ * room.  Called by whoever changes either: workers (an emit finished), the collator (an
+ * error item), the consumer (popped one). */
+void ld_move_ready_locked(mml_loader *L);
+/* Drops everything queued or pending (seek, close); waits for running emits first. */
+void ld_drop_output_locked(mml_loader *L);
+/* A worker emits the oldest queued batch (called with mu held, returns with it held). */
+void ld_emit_job_locked(mml_loader *L);
+
+#endif

@@ -1,0 +1,319 @@
+/*
+ * loader_worker.c — the loader's worker threads and the per-sample task.
+ *
+ * A worker (num_threads of them) first emits a finished batch if one is queued, else
+ * takes a ready task (remote bytes arrived), else dispatches the next seq if it lies in
+ * the window and its slot is free; it runs the task as far as it can without waiting and
+ * marks the slot DONE when the sample is finished (good or failed).
+ *
+ * The task is three stages, each a function: the record's bytes (read, or fetched),
+ * the parsed record and its images' bytes (read, or fetched), the sample built from them.
+ * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
+ * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
+ * the last one arrives.  While fetches are outstanding a failure is only recorded
+ * (task_defer_error) and the task fails once the last completion re-queues it; otherwise
+ * the failure ends the task at once (task_fail names shard and line).
+ *
+ * Locking: `pending`, `fetch_st`/`fetch_err` and the ready list are guarded by the
+ * loader's mu; everything else in the task belongs to whoever holds the BUSY slot.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+
+static void ready_push_locked(mml_loader *L, task *t) {
+  t->next_ready = NULL;
+  if (L->ready_tail) L->ready_tail->next_ready = t;
+  else L->ready_head = t;
+  L->ready_tail = t;
+  pthread_cond_signal(&L->work_cv);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* fetch completions (I/O thread)                                                       */
+
+static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  fetch_ref *r = ctx;
+  task *t = r->t;
+  mml_loader *L = t->L;
+  pthread_mutex_lock(&L->mu);
+  if (st == MML_OK) {
+    mml_bytes *dst = r->which < 0 ? &t->rec_bytes : &t->imgs[r->which];
+    mml_bytes_free(dst);
+    *dst = *body; /* take the memory */
+    memset(body, 0, sizeof *body);
+    L->bytes_read += dst->len;
+  } else if (!t->fetch_st) {
+    t->fetch_st = st;
+    if (err) t->fetch_err = *err;
+    else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
+    if (r->which >= 0) mml_err_prefix(&t->fetch_err, "image %s", t->rec.images[r->which]);
+  }
+  if (--t->pending == 0) ready_push_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* the per-sample task                                                                  */
+
+/* The one way a task fails: the sample carries the status and a message naming
+ * shard:line. */
+static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader *L) {
+  mml_sample *s = &t->sample;
+  s->status = st;
+  char where[1100];
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
+  if (e && e->msg[0]) s->err = *e;
+  else mml_err_set(&s->err, st, "%s", mml_status_message(st));
+  s->err.status = st;
+  mml_err_prefix(&s->err, "%s", where);
+}
+
+/* A failure while fetches are outstanding: the first one is kept; the task fails with it
+ * in its next stage, once the last completion has re-queued it. */
+static void task_defer_error(mml_loader *L, task *t, mml_status st, const mml_err *e) {
+  pthread_mutex_lock(&L->mu);
+  if (!t->fetch_st) {
+    t->fetch_st = st;
+    t->fetch_err = *e;
+  }
+  pthread_mutex_unlock(&L->mu);
+}
+
+static mml_status task_imgs_fit(task *t, int n) {
+  if (n <= t->imgs_cap) return MML_OK;
+  int nc = t->imgs_cap ? t->imgs_cap : 4;
+  while (nc < n) nc *= 2;
+  mml_bytes *p = realloc(t->imgs, (size_t)nc * sizeof *p);
+  if (!p) return MML_ENOMEM;
+  memset(p + t->imgs_cap, 0, (size_t)(nc - t->imgs_cap) * sizeof *p);
+  t->imgs = p;
+  fetch_ref *r = realloc(t->refs, (size_t)nc * sizeof *r);
+  if (!r) return MML_ENOMEM;
+  t->refs = r;
+  t->imgs_cap = nc;
+  return MML_OK;
+}
+
+/* Stage 1: the record's bytes, read here, or fetched (*wait: the task waits for them). */
+static mml_status stage_record(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
+  mml_sample *s = &t->sample;
+  int64_t off, len;
+  mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
+  t->stage = STAGE_RECORD;
+  const char *path = L->ix.shards[s->shard].path;
+  mml_status st;
+  if (L->remote[s->shard]) {
+    mml_fetcher *f;
+    if ((st = ld_get_fetcher(L, &f, err))) return st;
+    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+    t->refs[0].t = t;
+    t->refs[0].which = -1;
+    pthread_mutex_lock(&L->mu);
+    t->pending = 1;
+    t->fetch_st = MML_OK;
+    pthread_mutex_unlock(&L->mu);
+    st = mml_fetch_submit(f, path, off, len, on_fetch, &t->refs[0], err);
+    if (!st) *wait = 1;
+    return st;
+  }
+  double t0 = mml_now();
+  st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, err);
+  acc->read_s += mml_now() - t0;
+  if (!st) acc->bytes += t->rec_bytes.len;
+  return st;
+}
+
+/* The record (trimmed as its shard's layout says) parsed into t->rec; room for its images. */
+static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
+  size_t n = mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data,
+                                  t->rec_bytes.len);
+  if (t->rec_parsed) mml_record_free(&t->rec);
+  memset(&t->rec, 0, sizeof t->rec);
+  t->rec_parsed = 1;
+  double t0 = mml_now();
+  mml_status st = mml_record_parse((const char *)t->rec_bytes.data, n, &t->rec, err);
+  acc->read_s += mml_now() - t0;
+  if (st) return st;
+  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  return MML_OK;
+}
+
+/* Image i: read now, or its fetch submitted (counted in *nremote; *f is obtained on the
+ * first remote image). */
+static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int *nremote,
+                             run_acc *acc, mml_err *err) {
+  mml_status st = mml_sample_image_path(L->roots[t->sample.shard], t->rec.images[i], &t->path,
+                                        err);
+  if (st) return st;
+  const char *p = (const char *)t->path.data;
+  mml_bytes_clear(&t->imgs[i]);
+  if (!mml_path_is_remote(p)) {
+    double t0 = mml_now();
+    st = mml_read_file(p, 0, -1, &t->imgs[i], err);
+    acc->read_s += mml_now() - t0;
+    if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
+    else acc->bytes += t->imgs[i].len;
+    return st;
+  }
+  if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
+  pthread_mutex_lock(&L->mu);
+  if (!*nremote) { /* guard: completions cannot finish the task while submitting */
+    t->pending = 1;
+    t->fetch_st = MML_OK;
+  }
+  t->pending++;
+  pthread_mutex_unlock(&L->mu);
+  (*nremote)++;
+  t->refs[i + 1].t = t;
+  t->refs[i + 1].which = i;
+  st = mml_fetch_submit(*f, p, 0, -1, on_fetch, &t->refs[i + 1], err);
+  if (st) {
+    pthread_mutex_lock(&L->mu);
+    t->pending--;
+    pthread_mutex_unlock(&L->mu);
+  }
+  return st;
+}
+
+/* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
+static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
+  if (t->fetch_st) {
+    *err = t->fetch_err;
+    return t->fetch_st;
+  }
+  mml_status st = parse_record(L, t, acc, err);
+  if (st) return st;
+  t->stage = STAGE_IMAGES;
+  int nremote = 0;
+  mml_fetcher *f = NULL;
+  for (int i = 0; i < t->rec.nimages; i++) {
+    if ((st = load_image(L, t, i, &f, &nremote, acc, err))) {
+      if (!nremote) return st;
+      task_defer_error(L, t, st, err);
+      break;
+    }
+  }
+  if (nremote) {
+    pthread_mutex_lock(&L->mu);
+    int last = --t->pending == 0;
+    pthread_mutex_unlock(&L->mu);
+    if (!last) *wait = 1; /* a completion will re-queue the task */
+  }
+  return MML_OK;
+}
+
+/* Stage 3: every image's bytes are here; the sample is built and checked. */
+static mml_status stage_build(mml_loader *L, mml_sample_scratch *sc, task *t, mml_err *err) {
+  if (t->fetch_st) {
+    *err = t->fetch_err;
+    return t->fetch_st;
+  }
+  mml_status st = mml_sample_build(&L->pl, sc, &t->rec, t->imgs, &t->sample, err);
+  if (st) return st;
+  return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
+}
+
+/* Runs the task as far as it can without waiting.  Returns 1 when the sample is finished
+ * (good or failed), 0 when it waits for fetches. */
+static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc) {
+  mml_err err;
+  mml_err_clear(&err);
+  mml_status st = MML_OK;
+  int wait = 0;
+  if (t->stage == STAGE_NEW) st = stage_record(L, t, acc, &wait, &err);
+  if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
+  if (!st && !wait) st = stage_build(L, sc, t, &err);
+  if (wait) return 0;
+  if (st) task_fail(t, st, &err, L);
+  else t->sample.status = MML_OK;
+  return 1;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* worker threads                                                                       */
+
+/* The next task to run: a ready one, or the next seq in the window.  Emits queued batches
+ * first.  NULL once stopping. */
+static task *take_task_locked(mml_loader *L) {
+  while (!L->stop) {
+    if (L->jobs_queued) { /* emitting a finished batch unblocks the output first */
+      ld_emit_job_locked(L);
+      continue;
+    }
+    if (L->ready_head) {
+      task *t = L->ready_head;
+      L->ready_head = t->next_ready;
+      if (!L->ready_head) L->ready_tail = NULL;
+      if (t->gen == L->gen) return t;
+      t->state = SLOT_EMPTY; /* work of an abandoned plan */
+      L->in_flight--;
+      pthread_cond_broadcast(&L->work_cv);
+      continue;
+    }
+    if (L->next_seq < L->head_seq + L->window &&
+        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
+      task *t = &L->tasks[L->next_seq % L->window];
+      t->state = SLOT_BUSY;
+      t->gen = L->gen;
+      t->seq = L->next_seq++;
+      t->stage = STAGE_NEW;
+      t->fetch_st = MML_OK;
+      t->pending = 0;
+      mml_sample_reset(&t->sample);
+      ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
+      t->sample.index = mml_sampler_at(&L->sm, t->sample.epoch, t->sample.pos);
+      L->in_flight++;
+      return t;
+    }
+    pthread_cond_wait(&L->work_cv, &L->mu);
+  }
+  return NULL;
+}
+
+/* The finished task's slot goes to the collator (or back to the window if its plan was
+ * abandoned meanwhile). */
+static void finish_task_locked(mml_loader *L, task *t) {
+  if (t->sample.status == MML_OK) L->images += (uint64_t)t->sample.nimages;
+  L->in_flight--;
+  if (t->gen == L->gen) {
+    t->state = SLOT_DONE;
+    if (t->seq == L->head_seq) pthread_cond_signal(&L->coll_cv);
+  } else {
+    t->state = SLOT_EMPTY;
+    pthread_cond_broadcast(&L->work_cv);
+  }
+}
+
+void *ld_worker_main(void *arg) {
+  mml_loader *L = arg;
+  mml_sample_scratch sc;
+  mml_err err;
+  int have_scratch = mml_sample_scratch_init(&sc, &err) == MML_OK;
+  pthread_mutex_lock(&L->mu);
+  task *t;
+  while ((t = take_task_locked(L))) {
+    pthread_mutex_unlock(&L->mu);
+    int finished;
+    run_acc acc = {0, 0};
+    sc.vision_s = sc.text_s = 0;
+    double decode0 = have_scratch ? mml_vision_scratch_decode_s(sc.vision) : 0;
+    if (have_scratch) {
+      finished = task_run(L, &sc, t, &acc);
+    } else {
+      task_fail(t, MML_ENOMEM, &err, L);
+      finished = 1;
+    }
+    pthread_mutex_lock(&L->mu);
+    L->read_s += acc.read_s;
+    L->vision_s += sc.vision_s;
+    if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
+    L->text_s += sc.text_s;
+    L->bytes_read += acc.bytes;
+    if (finished) finish_task_locked(L, t);
+  }
+  pthread_mutex_unlock(&L->mu);
+  if (have_scratch) mml_sample_scratch_free(&sc);
+  return NULL;
+}
