@@ -430,3 +430,18 @@ def test_video_records_are_skipped_with_their_reason(tmp_path):
         # 4 batches: the short epoch is filled from its start, meeting the video again
         assert L.stats()["skipped_by_reason"] == {"unsupported_video": 2}
     assert n == 4
+
+
+def test_long_values_are_shortened_in_the_middle_never_cut_before_the_reason(tmp_path):
+    ref = "photos/" + "x" * 5000 + "-end.jpg"
+    p = tmp_path / "long.jsonl"
+    p.write_text(json.dumps({"image": ref, "conversations": [
+        {"from": "human", "value": "<image>"}, {"from": "gpt", "value": "y"}]}) + "\n")
+    with mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1, on_error="raise",
+                         num_threads=1) as L:
+        with pytest.raises(mmloader.SampleError) as e:
+            next(iter(L))
+    msg = str(e.value)
+    assert len(msg.encode()) < 768
+    assert msg.startswith(f"{p}:1: image photos/xxx")
+    assert "..." in msg and msg.endswith("-end.jpg: File name too long")
