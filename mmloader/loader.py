@@ -27,10 +27,11 @@ STATE_VERSION = 1
 _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
 _TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
-_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
+_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2, "webdataset": 3}  # mml_layout
 _IMAGE_WHITESPACE = ("in_place", "qwen-vl-finetune")
 # What a folder given as data contributes (compression is told by content, not name).
-_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
+_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
+                       for z in ("", ".gz", ".zst")) + (".tgz",)
 
 
 def _is_remote(p: str) -> bool:
@@ -59,7 +60,7 @@ def _expand_data(data: DataSpec) -> List[str]:
             found = sorted(f for f in glob.glob(os.path.join(p, "*"))
                            if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
             if not found:
-                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, "
+                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
                                   "optionally .gz or .zst)")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
@@ -160,14 +161,17 @@ class Loader:
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
     Args:
-        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` files, plain or
-            ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
+        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar``
+            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
             glob), or a list of those.  A shard is JSON lines or one JSON array of records
             (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
             bytes; a compressed shard is decompressed once into a temporary file in
             ``$TMPDIR`` while it is indexed).
-        data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
-            array, anything else JSON lines), "jsonl" or "json" (an array).
+        data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
+            shard whose first non-blank character is ``[`` a JSON array; anything else
+            JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
+            by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its
+            images, range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         micro_batch_size: rows per padded batch.

@@ -51,6 +51,8 @@ typedef struct parse_ctx {
   rec_arena *a;
   mml_record *rec;
   const cJSON *list; /* top-level image list (array or single string), or NULL */
+  const char *const *implicit; /* stands for the list when the record has none */
+  int nimplicit;
   int list_len, list_next;
   mml_err *err;
 } parse_ctx;
@@ -156,8 +158,13 @@ static mml_status take_listed_image(parse_ctx *c, int msg, int *index) {
                        "image count mismatch: message %d refers to image %d but the record "
                        "lists %d",
                        msg, c->list_next + 1, c->list_len);
-  const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
-  const char *ref = list_ref(v);
+  const char *ref;
+  if (!c->list) {
+    ref = c->implicit[c->list_next];
+  } else {
+    const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+    ref = list_ref(v);
+  }
   if (!ref)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: image %d of the record's image list is not a string",
@@ -420,6 +427,8 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   else if (c->list)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: \"%s\" is neither a string nor a list", images ? "images" : "image");
+  else
+    c->list_len = c->nimplicit;
   mml_status st = take_system_and_tools(c, root);
   if (st) return st;
 
@@ -450,6 +459,11 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
 }
 
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err) {
+  return mml_record_parse_ex(line, len, NULL, 0, rec, err);
+}
+
+mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
+                               mml_record *rec, mml_err *err) {
   if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
   rec_arena *a = rec->arena;
   int fresh = 0;
@@ -480,7 +494,7 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
       goto fail;
     }
   }
-  parse_ctx c = {.a = a, .rec = rec, .err = err};
+  parse_ctx c = {.a = a, .rec = rec, .err = err, .implicit = implicit, .nimplicit = implicit ? n : 0};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;
 

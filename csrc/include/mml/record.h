@@ -79,6 +79,10 @@ typedef struct mml_record {
  * holds an empty record (nmessages = 0).  mml_record_free releases everything and is
  * always safe to call. */
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err);
+/* As mml_record_parse; when the record lists no images, `implicit` (n references, which
+ * must outlive rec) stands for its image list (a WebDataset sample's image members). */
+mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
+                               mml_record *rec, mml_err *err);
 void mml_record_free(mml_record *rec);
 
 #endif
