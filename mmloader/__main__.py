@@ -24,6 +24,12 @@ def _demo(args: argparse.Namespace) -> int:
             raise KeyError("size changed")
         print(f"using the dataset in {out} ({ds['n_samples']} samples)")
     except (OSError, KeyError, ValueError):
+        try:
+            import PIL  # noqa: F401  (the dataset generator writes its images with Pillow)
+        except ImportError:
+            print("demo: writing the demo dataset needs Pillow: pip install 'mmloader[demo]' "
+                  "(or pip install pillow)", file=sys.stderr)
+            return 2
         t0 = time.perf_counter()
         ds = make_dataset(out, n_samples=args.samples, seed=0)
         print(f"wrote {ds['n_samples']} samples and {ds['n_images']} images to {out} "

@@ -194,6 +194,9 @@ class Loader:
         tokenizer: tokenizer.json path or :class:`mmloader.Tokenizer`.
         min_pixels, max_pixels, max_image_pixels, image_mean, image_std, legacy_resize,
         fast_decode: vision overrides (see :func:`mmloader.presets.vision_config`).
+        strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
+            with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
+            like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -242,6 +245,7 @@ class Loader:
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
+                 strict_jpeg: bool = False,
                  max_length: Optional[int] = None, packing: bool = False,
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
@@ -306,7 +310,8 @@ class Loader:
             vision = vision_config(preset, model_dir, min_pixels=min_pixels,
                                    max_pixels=max_pixels, max_image_pixels=max_image_pixels,
                                    image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode)
+                                   legacy_resize=legacy_resize, fast=fast_decode,
+                                   strict_jpeg=bool(strict_jpeg))
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None

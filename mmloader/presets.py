@@ -25,7 +25,7 @@ PRESETS["qwen2.5-vl"] = dict(PRESETS["qwen2-vl"])
 
 VISION_KEYS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
                "image_mean", "image_std", "legacy_resize", "fast", "max_image_pixels",
-               "pillow_h_first")
+               "pillow_h_first", "strict_jpeg")
 
 DEFAULT_MAX_IMAGE_PIXELS = 178956970  # Pillow's decompression-bomb error threshold
 
@@ -61,7 +61,7 @@ def vision_config(preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     cfg = dict(PRESETS[preset])
     cfg.update(legacy_resize=False, fast=False, max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS,
-               pillow_h_first=False)
+               pillow_h_first=False, strict_jpeg=False)
     if model_dir is not None:
         if not os.path.isdir(model_dir):
             raise ValueError(f"model_dir {model_dir!r} is not a directory")

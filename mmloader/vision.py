@@ -50,6 +50,8 @@ def _pil_to_rgb_array(img: Any) -> np.ndarray:
 def _item(x: Any, i: int) -> tuple:
     if isinstance(x, (bytes, bytearray, memoryview)):
         return (0, x)
+    if isinstance(x, str) and x[:5].lower() == "data:":
+        return (0, _core.data_uri_decode(x))
     if isinstance(x, (str, os.PathLike)):
         with open(x, "rb") as f:
             return (0, f.read())
@@ -83,13 +85,18 @@ class ImageProcessor:
             0 disables), pillow_h_first (True: resize horizontally first always, as
             Pillow <= 12 does; the default follows Pillow 13, which runs the vertical pass
             first when the height shrinks by more than twice as many pixels as the width —
-            the two orders can differ by 1 in a few pixels).
+            the two orders can differ by 1 in a few pixels), strict_jpeg (True: a JPEG
+            that libjpeg decodes only with "Corrupt JPEG data" warnings is refused; by
+            default it is decoded as Pillow decodes it — Pillow refuses only JPEGs with
+            a libjpeg error, also one after the last row, and so does mmloader).
 
     Pixel semantics are those of the PIL backend of transformers 5.x: alpha and tRNS
     transparency are composited onto white, CMYK/16-bit/palette PNG converted as Pillow
-    does, EXIF orientation ignored.
+    does, EXIF orientation ignored.  Formats (told by magic bytes): JPEG, PNG, WebP, GIF
+    (first frame), BMP, TIFF (first page); others raise SampleError naming what they look
+    like.
 
-    Calling it with a list of images (encoded JPEG/PNG bytes, file paths, uint8 HxWx3
+    Calling it with a list of images (encoded image bytes, file paths, uint8 HxWx3
     arrays, or PIL images) returns {"pixel_values": float32 [sum t*h*w, 3*T*P*P],
     "image_grid_thw": int64 [n, 3]}, like the transformers processor.  A bad image raises
     mmloader.SampleError (ConfigError for an invalid configuration) naming its index.

@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="build-essential pkg-config libturbojpeg0-dev libjpeg-dev libpng-dev libcjson-dev
-          libutf8proc-dev libcurl4-openssl-dev zlib1g-dev libzstd-dev"
+# the system libraries' -dev packages come from csrc/system-libs.txt (declared there only;
+# rows marked `tests` only with --test)
+APT_PKGS="build-essential pkg-config $(awk -v t="${1:-}" '!/^#/ && NF && ($6 != "tests" ||
+  t == "--test") { print $5 }' csrc/system-libs.txt)"
 missing=""
 for p in $APT_PKGS; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -20,6 +22,7 @@ if [ -n "$missing" ]; then
 fi
 
 PY=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore  # as root in a container or CI machine: fine
 req=requirements.txt
 [ "${1:-}" = "--test" ] && req=requirements-test.txt
 if ! $PY -m pip install -q --disable-pip-version-check -r "$req"; then

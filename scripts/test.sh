@@ -2,10 +2,26 @@
 # The test command: installs what it needs, builds, runs the pytest suite (which includes
 # the C core's own tests built plain, under ASan+UBSan and under TSan), then runs the
 # engine-facing Python suites again against an ASan+UBSan build of the extension.
-# Arguments are passed to the first pytest run.
+# Arguments are passed to the first pytest run.  A failing test run does not stop the
+# next one: every step runs, a summary names each step's result, and the exit status is
+# non-zero when any failed (installing or building failing stops at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
 bash scripts/install-deps.sh --test
 bash scripts/build.sh
-${PYTHON:-python3} -m pytest -q -m "not slow and not gpu" "$@"
-bash scripts/test-asan.sh
+
+summary=() status=0
+step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  echo "[mmloader] == $name"
+  "$@" || rc=$?
+  if [ $rc -eq 0 ]; then summary+=("ok      $name ($((SECONDS - t0))s)")
+  else summary+=("FAILED  $name (exit $rc, $((SECONDS - t0))s)"); status=1; fi
+}
+step "pytest (${PY})" "$PY" -m pytest -q -m "not slow and not gpu" "$@"
+step "pytest under ASan+UBSan" bash scripts/test-asan.sh
+echo "[mmloader] == summary"
+printf '[mmloader]   %s\n' "${summary[@]}"
+exit $status

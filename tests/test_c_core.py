@@ -8,6 +8,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.timeout(1200)  # builds the core and every test program; slow on a busy machine
 @pytest.mark.parametrize("variant", ["plain", "asan", "tsan"])
 def test_c_core(variant):
     if shutil.which("make") is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import time
 
 import pytest
 
@@ -117,13 +118,38 @@ def test_get_many_keeps_order_and_reuses_connections(fault_server):
 
 
 def test_several_io_threads(fault_server):
+    # Latency keeps requests in flight long enough for the bound to be reached; faults
+    # (resets, truncations, 5xx, 429) make retries start on fresh connections meanwhile.
     objs = {f"/o{i}": blob(3000 + i, i) for i in range(120)}
-    srv = fault_server(objects=objs, fault_rate=0.1, seed=2)
+    srv = fault_server(objects=objs, fault_rate=0.1, seed=2, latency=0.02)
     with _core.Fetcher(io_threads=3, max_inflight=12, **FAST) as f:
         assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
         st = f.stats()
     assert st["requests"] >= 120 and st["failures"] == 0 and st["inflight"] == 0
-    assert srv.max_active <= 12
+    assert sum(st["retries"].values()) > 0
+    assert 4 < srv.max_active <= 12  # more than one loop's share: the loops run in parallel
+
+
+@pytest.mark.parametrize("io_threads,max_inflight", [(3, 4), (4, 6), (2, 3)])
+def test_inflight_bound_is_split_exactly_over_io_threads(fault_server, io_threads, max_inflight):
+    objs = {f"/o{i}": b"%d" % i for i in range(40)}
+    srv = fault_server(objects=objs, latency=0.03, fault_rate=0.1, seed=4)
+    with _core.Fetcher(io_threads=io_threads, max_inflight=max_inflight, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+    assert 1 <= srv.max_active <= max_inflight
+
+
+def test_server_counts_only_requests_in_flight(fault_server):
+    # The server's count of active requests must not include a handler still busy after
+    # its reply went out (here: a slow hook after a reset or a truncated body, which the
+    # client retries at once on a fresh connection), or it would blame the client for it.
+    objs = {f"/o{i}": b"%d" % i for i in range(30)}
+    srv = fault_server(objects=objs, fault_rate=0.3, faults=("reset", "truncate"), seed=1,
+                       hook=lambda *a: time.sleep(0.05))
+    with _core.Fetcher(max_inflight=2, **FAST) as f:
+        assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
+        assert sum(f.stats()["retries"].values()) > 0
+    assert 1 <= srv.max_active <= 2
 
 
 def test_inflight_is_bounded(fault_server):

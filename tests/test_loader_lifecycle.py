@@ -100,7 +100,10 @@ def test_interpreter_exit_without_close(ds):
 
 def test_ctrl_c_during_iteration(ds):
     p = run_py(f"""
-        import sys, time, mmloader
+        import signal, sys, time, mmloader
+        # what a user at a terminal has; started from a shell without job control (CI,
+        # `cmd &`, nohup) the child would inherit SIGINT ignored and never be interrupted
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         L = mmloader.Loader({ds['shards']!r}, tokenizer={TINY!r}, micro_batch_size=2,
                             num_threads=1, prefetch=1, cycle=True)
         next(L)

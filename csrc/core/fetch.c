@@ -156,9 +156,10 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   int n = cfg->io_threads ? cfg->io_threads : 1;
   int total = cfg->max_inflight ? cfg->max_inflight : 64;
   if (total < n) n = total; /* at least one request in flight per loop */
-  int per = (total + n - 1) / n;
+  /* max_inflight split exactly: the first total % n loops take one more */
+  int per = total / n, extra = total % n;
   mml_fetcher *f;
-  mml_status st = loop_new(cfg, per, &f, err);
+  mml_status st = loop_new(cfg, per + (extra > 0), &f, err);
   if (st || n == 1) {
     *out = st ? NULL : f;
     return st;
@@ -171,7 +172,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   f->loops[0] = f;
   f->nloops = 1;
   for (int i = 1; i < n; i++) {
-    if ((st = loop_new(cfg, per, &f->loops[i], err))) {
+    if ((st = loop_new(cfg, per + (i < extra), &f->loops[i], err))) {
       mml_fetcher_free(f);
       return st;
     }

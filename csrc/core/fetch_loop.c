@@ -9,7 +9,7 @@
  * curl_multi_wakeup, (b) read stats under `smu`, (c) set `stop`.  Completion callbacks
  * run on the I/O thread.  Lock order: mu and smu are never held together.  With
  * io_threads > 1 the fetcher is several such loops (each its own thread, multi handle and
- * connection cache, max_inflight split between them); jobs are dealt round-robin.
+ * connection cache, max_inflight split exactly between them); jobs are dealt round-robin.
  * A blocking call (mml_fetch_get/size/list) from a completion callback is refused.
  *
  * Objects.  A job is one submitted request; it is carried out by one or more xfers (HTTP

@@ -1,6 +1,10 @@
 /*
- * image.c — header probe and decode of JPEG (libjpeg API of libjpeg-turbo) and PNG
- * (libpng) into RGB8 rows, with the pixel semantics of the transformers PIL backend:
+ * image.c — the image decoder's front: format detection by magic bytes (never by file
+ * name), the refusal of unknown formats (naming what the bytes look like and showing the
+ * first bytes in hex), dispatch to the per-format decoders (image_webp.c, image_gif.c,
+ * image_bmp.c, image_tiff.c, see image_fmt.h), and the JPEG (libjpeg API of libjpeg-turbo)
+ * and PNG (libpng) decoders themselves, into RGB8 rows, with the pixel semantics of the
+ * transformers PIL backend:
  * Pillow's Image.open + convert_to_rgb(), which is
  *
  *   has_alpha = "A" in bands or "transparency" in info
@@ -22,14 +26,17 @@
  * Colour management (gAMA, iCCP, sRGB) and EXIF orientation are ignored, as Pillow does.
  *
  * Decoding streams rows to a sink (mml_image_decode_rows) so the caller can resize while rows are
- * hot.  Truncated data is an error (Pillow raises "image file is truncated"); libjpeg's
- * "corrupt data" warnings are ignored as Pillow ignores them.
+ * hot.  Truncated data is an error (Pillow raises "image file is truncated"), and so is
+ * a libjpeg error after the last scanline (Pillow finishes the decompression); libjpeg's
+ * "corrupt data" warnings alone are not, as in Pillow, unless strict_jpeg is set.
  *
  * Threads: an mml_decoder belongs to one thread at a time; probe is pure.
  * Memory: the decoder's buffers grow to the largest image and are reused; libjpeg and
  * libpng still make their own internal allocations per image.
  */
 #include "mml/image.h"
+
+#include "image_fmt.h"
 
 #include <png.h>
 #include <setjmp.h>
@@ -83,6 +90,68 @@ static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
   }
 }
 
+/* What bytes that are no supported image look like: other image formats, and what scraped
+ * "images" often really are (an HTML error page, a video, a JSON reply). */
+static const char *looks_like(const uint8_t *p, size_t n) {
+  static const struct { size_t off; const char *magic; size_t len; const char *name; } k[] = {
+      {4, "ftypavif", 8, "AVIF"},          {4, "ftypavis", 8, "AVIF"},
+      {4, "ftypheic", 8, "HEIF/HEIC"},     {4, "ftypheix", 8, "HEIF/HEIC"},
+      {4, "ftypheim", 8, "HEIF/HEIC"},     {4, "ftypheis", 8, "HEIF/HEIC"},
+      {4, "ftyphevc", 8, "HEIF/HEIC"},     {4, "ftypmif1", 8, "HEIF"},
+      {4, "ftypmsf1", 8, "HEIF"},          {4, "ftypjp2 ", 8, "JPEG 2000"},
+      {4, "ftypqt  ", 8, "QuickTime video"}, {4, "ftyp", 4, "MP4 video"},
+      {0, "\0\0\0\x0cjP  \r\n\x87\n", 12, "JPEG 2000"},
+      {0, "\xff\x4f\xff\x51", 4, "JPEG 2000 codestream"},
+      {0, "\xff\x0a", 2, "JPEG XL"},     {0, "\0\0\0\x0cJXL \r\n\x87\n", 12, "JPEG XL"},
+      {0, "\xff\xd8", 2, "JPEG (damaged start of image)"},
+      {0, "\x89PNG", 4, "PNG (damaged signature)"},
+      {0, "8BPS", 4, "Photoshop PSD"},     {0, "\0\0\1\0", 4, "ICO"},
+      {0, "\0\0\2\0", 4, "CUR"},       {0, "qoif", 4, "QOI"},
+      {0, "DDS ", 4, "DDS"},               {0, "#?RADIANCE", 10, "Radiance HDR"},
+      {0, "\x76\x2f\x31\x01", 4, "OpenEXR"}, {0, "%PDF", 4, "PDF"},
+      {0, "\x1a\x45\xdf\xa3", 4, "Matroska/WebM video"},
+      {8, "AVI ", 4, "AVI video"},         {8, "WAVE", 4, "WAV audio"},
+      {0, "OggS", 4, "Ogg"},               {0, "ID3", 3, "MP3 audio"},
+      {0, "PK\3\4", 4, "ZIP archive"},   {0, "\x1f\x8b", 2, "gzip data"},
+      {0, "\x28\xb5\x2f\xfd", 4, "zstd data"}, {257, "ustar", 5, "tar archive"},
+  };
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (n >= k[i].off + k[i].len && !memcmp(p + k[i].off, k[i].magic, k[i].len)) return k[i].name;
+  if (n >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '7') return "PNM (PBM/PGM/PPM/PAM)";
+  size_t i = 0; /* text: skip a UTF-8 byte-order mark and white space */
+  if (n >= 3 && p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf) i = 3;
+  while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n')) i++;
+  const char *t = (const char *)p + i;
+  size_t m = n - i;
+#define HAS(lit) (m >= sizeof lit - 1 && !strncasecmp(t, lit, sizeof lit - 1))
+  if (HAS("<svg") || (HAS("<?xml") && memmem(t, m < 512 ? m : 512, "<svg", 4))) return "SVG";
+  if (HAS("<!doctype html") || HAS("<html") || HAS("<head") || HAS("<body"))
+    return "HTML (an error page?)";
+  if (HAS("<?xml")) return "XML";
+  if (m && (t[0] == '{' || t[0] == '[')) return "JSON";
+  if (HAS("data:")) return "a data: URI stored as file content";
+#undef HAS
+  return NULL;
+}
+
+static mml_status unknown_format(const uint8_t *p, size_t n, mml_err *err) {
+  if (n == 0) return mml_err_set(err, MML_EUNSUPPORTED, "not an image: no data (0 bytes)");
+  char hex[3 * 16 + 1] = "";
+  size_t k = n < 16 ? n : 16;
+  for (size_t i = 0; i < k; i++) snprintf(hex + (i ? 3 * i - 1 : 0), 4, i ? " %02x" : "%02x", p[i]);
+  const char *what = looks_like(p, n);
+  return mml_err_set(err, MML_EUNSUPPORTED,
+                     "unsupported image format: %s%s (%zu bytes, starting %s%s); supported: "
+                     "JPEG, PNG, WebP, GIF, BMP, TIFF",
+                     what ? "looks like " : "unknown", what ? what : "", n, hex,
+                     n > k ? " ..." : "");
+}
+
+const char *mml_image_format_name(mml_image_format f) {
+  static const char *const k[] = {"", "jpeg", "png", "webp", "gif", "bmp", "tiff"};
+  return (unsigned)f < sizeof k / sizeof k[0] ? k[f] : "";
+}
+
 mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info,
                            mml_err *err) {
   memset(info, 0, sizeof *info);
@@ -100,7 +169,15 @@ mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info
     info->format = MML_FMT_PNG;
     return MML_OK;
   }
-  return mml_err_set(err, MML_EUNSUPPORTED, "not a JPEG or PNG image (%zu bytes)", len);
+  if (len >= 12 && !memcmp(data, "RIFF", 4) && !memcmp(data + 8, "WEBP", 4))
+    return mml_webp_probe(data, len, info, err);
+  if (len >= 6 && (!memcmp(data, "GIF87a", 6) || !memcmp(data, "GIF89a", 6)))
+    return mml_gif_probe(data, len, info, err);
+  if (len >= 2 && data[0] == 'B' && data[1] == 'M') return mml_bmp_probe(data, len, info, err);
+  if (len >= 4 && (!memcmp(data, "II*\0", 4) || !memcmp(data, "MM\0*", 4) ||
+                   !memcmp(data, "II+\0", 4) || !memcmp(data, "MM\0+", 4)))
+    return mml_tiff_probe(data, len, info, err);
+  return unknown_format(data, len, err);
 }
 
 /* ---------------------------------------------------------------- decoder state */
@@ -108,6 +185,7 @@ mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info
 struct jerr_mgr {
   struct jpeg_error_mgr pub;
   jmp_buf jb;
+  int strict; /* mml_decode_opts.strict_jpeg */
   char msg[JMSG_LENGTH_MAX];
 };
 
@@ -116,7 +194,8 @@ struct mml_decoder {
   struct jerr_mgr je;
   mml_bytes raw;   /* one row as the library delivers it */
   mml_bytes row;   /* one RGB8 row */
-  mml_bytes ilace; /* whole image of an interlaced PNG (all passes land here) */
+  mml_bytes whole; /* a whole image: interlaced PNG (all passes land here), formats
+                    * decoded whole (image_fmt.h) */
   mml_bytes image; /* mml_image_decode's output */
   int img_w, img_h;
 };
@@ -127,9 +206,20 @@ static void jerr_exit(j_common_ptr c) {
   longjmp(e->jb, 1);
 }
 
-/* Warnings: only "premature end of data" is fatal (Pillow refuses truncated images). */
+/* Warnings: "premature end of data" is fatal (Pillow refuses truncated images); in strict
+ * mode so is every warning about corrupt entropy data or a broken progression (not the
+ * ones about metadata such as a bad ICC marker or an unknown JFIF revision). */
 static void jerr_emit(j_common_ptr c, int level) {
-  if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) jerr_exit(c);
+  if (level >= 0) return;
+  struct jerr_mgr *e = (struct jerr_mgr *)c->err;
+  int code = c->err->msg_code;
+  if (code == JWRN_JPEG_EOF) jerr_exit(c);
+  if (!e->strict || code == JWRN_BOGUS_ICC) return;
+  char m[JMSG_LENGTH_MAX];
+  c->err->format_message(c, m);
+  if (!strncmp(m, "Corrupt JPEG data", 17) || code == JWRN_BOGUS_PROGRESSION ||
+      code == JWRN_NOT_SEQUENTIAL)
+    jerr_exit(c);
 }
 
 static void jerr_output(j_common_ptr c) { (void)c; }
@@ -150,24 +240,21 @@ mml_status mml_decoder_new(mml_decoder **out) {
   return MML_OK;
 }
 
+void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
+  d->je.strict = o && o->strict_jpeg;
+}
+
 void mml_decoder_free(mml_decoder *d) {
   if (!d) return;
   jpeg_destroy_decompress(&d->jd);
   mml_bytes_free(&d->raw);
   mml_bytes_free(&d->row);
-  mml_bytes_free(&d->ilace);
+  mml_bytes_free(&d->whole);
   mml_bytes_free(&d->image);
   free(d);
 }
 
 /* ---------------------------------------------------------------- pixel conversions */
-
-/* Pillow's alpha_composite of (v, a) over opaque white, then the RGB channel. */
-static inline uint8_t over_white(uint32_t v, uint32_t a) {
-  if (a == 0) return 255;
-  uint32_t t = (v * a + 255u * (255u - a)) * 128u + (0x80u << 7);
-  return (uint8_t)(((((t >> 8) + t) >> 8)) >> 7);
-}
 
 /* Pillow's cmyk2rgb on inverted ("CMYK;I") samples s: c = 255 - s. */
 static inline uint8_t cmyk_inv_channel(uint32_t sc, uint32_t sk) {
@@ -233,8 +320,12 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
     }
     if ((st = sink->row(sink->ctx, y, nc == 3 ? r : d->row.data, err)) != MML_OK) goto done;
   }
+  /* read on to EOI: Pillow finishes the decompression and refuses what fails there (e.g.
+   * a bad marker after corrupt data that libjpeg had papered over with gray) */
+  jpeg_finish_decompress(ci);
+  return MML_OK;
 done:
-  jpeg_abort_decompress(ci); /* lenient about what follows the last scanline, like Pillow */
+  jpeg_abort_decompress(ci);
   return st;
 }
 
@@ -290,7 +381,8 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
       }
       break;
     case PX_GA8:
-      for (int x = 0; x < w; x++, o += 3) o[0] = o[1] = o[2] = over_white(s[2 * x], s[2 * x + 1]);
+      for (int x = 0; x < w; x++, o += 3)
+        o[0] = o[1] = o[2] = mml_over_white(s[2 * x], s[2 * x + 1]);
       break;
     case PX_RGB8:
       if (!c->trns) {
@@ -305,11 +397,7 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
       }
       break;
     case PX_RGBA8:
-      for (int x = 0; x < w; x++, s += 4, o += 3) {
-        o[0] = over_white(s[0], s[3]);
-        o[1] = over_white(s[1], s[3]);
-        o[2] = over_white(s[2], s[3]);
-      }
+      mml_rgba_row_over_white(s, o, w);
       break;
   }
 }
@@ -385,14 +473,14 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
     goto done;
   }
   if (passes > 1) {
-    if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->ilace, (size_t)h * rowbytes)) {
+    if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->whole, (size_t)h * rowbytes)) {
       st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w, h);
       goto done;
     }
     for (int p = 0; p < passes; p++)
-      for (int y = 0; y < h; y++) png_read_row(png, d->ilace.data + (size_t)y * rowbytes, NULL);
+      for (int y = 0; y < h; y++) png_read_row(png, d->whole.data + (size_t)y * rowbytes, NULL);
     for (int y = 0; y < h; y++) {
-      png_row_to_rgb(&conv, d->ilace.data + (size_t)y * rowbytes, d->row.data, w);
+      png_row_to_rgb(&conv, d->whole.data + (size_t)y * rowbytes, d->row.data, w);
       if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
     }
   } else {
@@ -427,8 +515,16 @@ mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len
   if (st != MML_OK) return st;
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
     return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
-  if (info.format == MML_FMT_JPEG) return decode_jpeg(d, data, len, scale_denom, sink, err);
-  return decode_png(d, data, len, sink, err);
+  const mml_img_bufs b = {&d->whole, &d->row};
+  switch (info.format) {
+    case MML_FMT_JPEG: return decode_jpeg(d, data, len, scale_denom, sink, err);
+    case MML_FMT_PNG: return decode_png(d, data, len, sink, err);
+    case MML_FMT_WEBP: return mml_webp_decode(data, len, &b, sink, err);
+    case MML_FMT_GIF: return mml_gif_decode(data, len, &b, sink, err);
+    case MML_FMT_BMP: return mml_bmp_decode(data, len, &b, sink, err);
+    case MML_FMT_TIFF: return mml_tiff_decode(data, len, &b, sink, err);
+    default: return mml_err_set(err, MML_EINTERNAL, "decode: no decoder for format %d", info.format);
+  }
 }
 
 static mml_status full_begin(void *ctx, int w, int h, mml_err *err) {

@@ -7,7 +7,8 @@
  * marks the slot DONE when the sample is finished (good or failed).
  *
  * The task is three stages, each a function: the record's bytes (read, or fetched),
- * the parsed record and its images' bytes (read, or fetched), the sample built from them.
+ * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
+ * right here), the sample built from them.
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -21,6 +22,7 @@
 #include <string.h>
 
 #include "loader_int.h"
+#include "mml/datauri.h"
 
 static void ready_push_locked(mml_loader *L, task *t) {
   t->next_ready = NULL;
@@ -150,6 +152,11 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
  * first remote image). */
 static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int *nremote,
                              run_acc *acc, mml_err *err) {
+  if (mml_is_data_uri(t->rec.images[i])) { /* inline image: decoded here, no I/O */
+    mml_status st = mml_data_uri_decode(t->rec.images[i], &t->imgs[i], err);
+    if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
+    return st;
+  }
   const mml_index_shard *sh = &L->ix.shards[t->sample.shard];
   int64_t off = 0, len = -1;
   mml_status st;

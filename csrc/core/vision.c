@@ -763,6 +763,8 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
                   .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
+  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg};
+  mml_decoder_set_opts(s->dec, &opts);
   double t0 = mml_now();
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;

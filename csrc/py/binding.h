@@ -9,6 +9,24 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* Python 3.9: the two 3.10 API calls the binding uses, with their 3.10 semantics. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *mml_py_newref(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+#define Py_NewRef(o) mml_py_newref((PyObject *)(o))
+static inline int mml_py_add_object_ref(PyObject *m, const char *name, PyObject *v) {
+  Py_XINCREF(v); /* PyModule_AddObject steals the reference only on success */
+  if (PyModule_AddObject(m, name, v) < 0) {
+    Py_XDECREF(v);
+    return -1;
+  }
+  return 0;
+}
+#define PyModule_AddObjectRef mml_py_add_object_ref
+#endif
+
 #include "mml/common.h"
 
 /* Exception classes (created by errors_py.c, owned by the module). */

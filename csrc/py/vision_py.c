@@ -9,6 +9,7 @@
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
  *   _core.image_decode(data, scale_denom=1) -> (bytes, height, width)   (tests)
+ *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
  *
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mml/datauri.h"
 #include "mml/image.h"
 #include "mml/vision.h"
 
@@ -108,6 +110,8 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
       get_i64(d, "max_image_pixels", &cfg->max_image_pixels))
     return -1;
   if (PyDict_GetItemString(d, "pillow_h_first") && get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
+    return -1;
+  if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(d, "strict_jpeg", &cfg->strict_jpeg))
     return -1;
   mml_err err = {0};
   mml_status st = mml_vision_cfg_check(cfg, &err);
@@ -380,8 +384,23 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
                        "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
                        plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
                        plan.cols, "tokens", (long long)plan.tokens, "format",
-                       plan.format == MML_FMT_JPEG ? "jpeg" : plan.format == MML_FMT_PNG ? "png" : "",
+                       mml_image_format_name(plan.format),
                        "decode_scale", plan.decode_scale);
+}
+
+static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
+  const char *ref;
+  if (!PyArg_ParseTuple(args, "s:data_uri_decode", &ref)) return NULL;
+  mml_bytes out = {0};
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_data_uri_decode(ref, &out, &err);
+  Py_END_ALLOW_THREADS
+  PyObject *r = st == MML_OK ? PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len)
+                             : mml_py_raise(st, &err);
+  mml_bytes_free(&out);
+  return r;
 }
 
 static PyObject *py_image_decode(PyObject *mod, PyObject *args) {
@@ -495,6 +514,8 @@ static PyMethodDef vision_functions[] = {
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,
      "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=False)"},
     {"vision_plan", py_vision_plan, METH_VARARGS, "vision_plan(cfg, data) -> dict"},
+    {"data_uri_decode", py_data_uri_decode, METH_VARARGS,
+     "data_uri_decode(ref) -> bytes: the payload of a base64 data: URI"},
     {"image_decode", py_image_decode, METH_VARARGS,
      "image_decode(data, scale_denom=1) -> (rgb bytes, height, width)"},
     {"resize_bicubic", py_resize_bicubic, METH_VARARGS,

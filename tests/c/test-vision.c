@@ -124,9 +124,12 @@ TEST(probe_and_plan) {
   CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
   CHECK_EQ_INT(plan.decode_scale, 4);
   tjFree(jpg);
-  static const uint8_t junk[] = "GIF89a....";
+  static const uint8_t junk[] = "\0\0\0\x1c" "ftypavif";
   CHECK_EQ_INT(mml_image_probe(junk, sizeof junk, &info, &err), MML_EUNSUPPORTED);
+  CHECK(strstr(err.msg, "looks like AVIF") && strstr(err.msg, "00 00 00 1c 66 74 79 70"));
   CHECK_EQ_INT(mml_image_probe(junk, 0, &info, &err), MML_EUNSUPPORTED);
+  static const uint8_t gif_short[] = "GIF89a....";
+  CHECK_EQ_INT(mml_image_probe(gif_short, sizeof gif_short, &info, &err), MML_EDECODE);
   static const uint8_t png_short[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0};
   CHECK_EQ_INT(mml_image_probe(png_short, sizeof png_short, &info, &err), MML_EDECODE);
 }

@@ -94,7 +94,11 @@ class FaultServer:
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
         self.connections = 0
-        self.active = 0  # requests being served now
+        # requests being served now: counted from the parsed request until just before
+        # the first byte of the reply (or the reset) goes out.  That span lies inside the
+        # client's in-flight time of the request, so max_active never exceeds the client's
+        # peak concurrency; a handler still finishing after its reply does not count.
+        self.active = 0
         self.max_active = 0
         self._files: Dict[tuple, bytes] = {}
         self._etags: Dict[int, tuple] = {}
@@ -208,6 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         with fs.lock:
             fs.active += 1
             fs.max_active = max(fs.max_active, fs.active)
+        self._active = True
         try:
             self._serve(head)
             if fs.hook:
@@ -215,14 +220,25 @@ class _Handler(BaseHTTPRequestHandler):
                 rng = self.headers.get("Range", "")
                 fs.hook(self.command, path, rng, fs.counts.get((self.command, path, rng), 1) - 1)
         finally:
-            with fs.lock:
-                fs.active -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        """Ends the request's active span (see FaultServer.active); idempotent."""
+        if getattr(self, "_active", False):
+            self._active = False
+            with self.fs.lock:
+                self.fs.active -= 1
+
+    def flush_headers(self) -> None:  # the reply's first bytes
+        self._leave()
+        super().flush_headers()
 
     def _record(self, path: str, rng: str, outcome: str) -> None:
         with self.fs.lock:
             self.fs.log.append((time.monotonic(), self.command, path, rng, outcome, self.conn_id))
 
     def _reset(self) -> None:
+        self._leave()
         self.close_connection = True
         try:
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

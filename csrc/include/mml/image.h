@@ -1,8 +1,11 @@
 /*
- * mml/image.h — header probe and decode of JPEG (libjpeg-turbo) and PNG (libpng) into
- * RGB8 with Pillow's Image.convert("RGB") semantics: alpha dropped (no compositing),
- * palette and grayscale expanded, 16-bit reduced the way Pillow does, CMYK/YCCK converted
- * as Pillow does.  EXIF orientation is not applied (the HF processor does not either).
+ * mml/image.h — header probe and decode of JPEG (libjpeg-turbo), PNG (libpng), WebP
+ * (libwebp), GIF (giflib, first frame), BMP and TIFF (libtiff, first page) into RGB8 with
+ * the semantics of the transformers PIL backend (Pillow's Image.open + convert_to_rgb):
+ * alpha and palette transparency composited onto white, palette and grayscale expanded,
+ * 16-bit reduced the way Pillow does, CMYK/YCCK converted as Pillow does.  The format is
+ * chosen by magic bytes, never by file name.  EXIF orientation is not applied (the HF
+ * processor does not either).
  *
  * Threads: a decoder is per-thread scratch (not shared); probe is stateless.
  */
@@ -11,15 +14,29 @@
 
 #include "mml/common.h"
 
-typedef enum { MML_FMT_UNKNOWN = 0, MML_FMT_JPEG, MML_FMT_PNG } mml_image_format;
+typedef enum {
+  MML_FMT_UNKNOWN = 0,
+  MML_FMT_JPEG,
+  MML_FMT_PNG,
+  MML_FMT_WEBP,
+  MML_FMT_GIF,
+  MML_FMT_BMP,
+  MML_FMT_TIFF
+} mml_image_format;
+
+/* "jpeg", "png", "webp", "gif", "bmp", "tiff" ("" for MML_FMT_UNKNOWN). */
+const char *mml_image_format_name(mml_image_format f);
 
 typedef struct mml_image_info {
   int width, height;
   mml_image_format format;
 } mml_image_info;
 
-/* Reads width/height from the first bytes (JPEG SOF, PNG IHDR) without decoding.
- * MML_EUNSUPPORTED for other formats, MML_EDECODE for a broken header. */
+/* Reads width/height from the header without decoding (JPEG SOF, PNG IHDR, WebP VP8/VP8L/
+ * VP8X, GIF screen and first image descriptor, BMP info header, TIFF first IFD).
+ * MML_EUNSUPPORTED for other formats (the message names the format the bytes look like
+ * and shows the first bytes in hex) and for unsupported variants of known ones,
+ * MML_EDECODE for a broken or truncated header. */
 mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info, mml_err *err);
 
 /* An RGB8 image view: `pixels` rows of `stride` bytes, 3 bytes per pixel. */
@@ -34,17 +51,29 @@ typedef struct mml_decoder mml_decoder; /* per-thread decode scratch, reused */
 mml_status mml_decoder_new(mml_decoder **out);
 void mml_decoder_free(mml_decoder *d); /* NULL is fine */
 
+/* How strict and which reference the decoder follows; kept until changed ({0}: defaults). */
+typedef struct mml_decode_opts {
+  /* 0: as Pillow — a libjpeg error anywhere (also after the last scanline, up to EOI) or
+   * truncation refuses the image, "Corrupt JPEG data" warnings alone do not (libjpeg's
+   * recovery is decoded, bit-exact with Pillow); 1: those warnings refuse it too. */
+  int strict_jpeg;
+} mml_decode_opts;
+
+void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o);
+
 /* Decodes into memory owned by `d` (valid until the next call on `d`).  No allocation in
  * steady state once the scratch has grown to the largest image seen.  `scale_denom`
- * (1, 2, 4, 8) asks libjpeg-turbo for a reduced-size IDCT (JPEG only; 1 = exact).
+ * (1, 2, 4, 8) asks libjpeg-turbo for a reduced-size IDCT (JPEG only; other formats
+ * decode at full size whatever it is; 1 = exact).
  * Corrupt or truncated data: MML_EDECODE with the reason in err. */
 mml_status mml_image_decode(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
                             mml_rgb8 *out, mml_err *err);
 
 /* Streaming form of the decoder: instead of one RGB8 image, each converted RGB8 row goes
  * to a sink as soon as it is final (rows in increasing y, each once, after begin()), so a
- * caller can resize while rows are hot and never hold the full-size image.  Interlaced PNG
- * is decoded whole first (into `d`), then streamed.  A sink error stops the decode and is
+ * caller can resize while rows are hot and never hold the full-size image.  Interlaced PNG,
+ * WebP, GIF, bottom-up or RLE BMP and TIFF are decoded whole first (into `d`), then
+ * streamed.  A sink error stops the decode and is
  * returned as is. */
 typedef struct mml_row_sink {
   mml_status (*begin)(void *ctx, int width, int height, mml_err *err);

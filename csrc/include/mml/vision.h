@@ -24,6 +24,7 @@ typedef struct mml_vision_cfg {
   int pillow_h_first;      /* 1: always resize horizontally first (Pillow <= 12); 0: Pillow
                             * 13's order (vertical first when the height shrinks by more than
                             * twice as many pixels as the width) */
+  int strict_jpeg;         /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
 } mml_vision_cfg;
 
 /* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
