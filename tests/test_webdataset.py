@@ -26,14 +26,14 @@ PHOTOS = ["grace_hopper.jpg", "logo2.png", "Minduka_Present_Blue_Pack.png"]
 
 @pytest.fixture(scope="module")
 def photos():
-    """Real photos re-encoded: small JPEGs and PNGs of different sizes."""
+    """Real photos re-encoded: small JPEGs, PNGs and WebPs of different sizes."""
     out = []
     for i, name in enumerate(PHOTOS * 2):
         im = PIL.open(os.path.join(SAMPLE_DATA, name)).convert("RGB")
         im = im.resize((64 + 24 * i, 48 + 16 * (i % 3)))
         buf = io.BytesIO()
-        fmt, ext = ("JPEG", "jpg") if i % 2 == 0 else ("PNG", "png")
-        im.save(buf, fmt, quality=90) if fmt == "JPEG" else im.save(buf, fmt)
+        fmt, ext = [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")][i % 3]
+        im.save(buf, fmt, quality=90) if fmt != "PNG" else im.save(buf, fmt)
         out.append((ext, buf.getvalue()))
     return out
 
