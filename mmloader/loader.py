@@ -14,19 +14,23 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _core
+from . import _core, mixture
 from ._core import ConfigError, StateError
+from .mixture import Source
 from .presets import template_style, vision_config
 
 PathLike = Union[str, "os.PathLike[str]"]
-DataSpec = Union[PathLike, Sequence[PathLike]]
+DataSpec = Union[PathLike, Sequence[PathLike], Source, Sequence[Union[Source, Dict[str, Any]]]]
 
 STATE_VERSION = 1
 _LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
 _TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
 _REMOTE = ("http://", "https://", "s3://")
+# Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
+_MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2, "webdataset": 3}  # mml_layout
 _IMAGE_WHITESPACE = ("in_place", "qwen-vl-finetune")
 # What a folder given as data contributes (compression is told by content, not name).
@@ -68,6 +72,54 @@ def _expand_data(data: DataSpec) -> List[str]:
         else:
             raise ConfigError(f"data file {p!r} does not exist")
     return out
+
+
+def _check_system_prompt(name: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, str):
+        raise ConfigError(f"{name} must be a string or None, got {type(v).__name__}")
+    bad = [t for t in _VISION_TOKENS if t in v]
+    if bad:
+        raise ConfigError(f"{name} must not contain {bad[0]}")
+
+
+def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
+                    vision_kw: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
+    """A source with every setting filled: its overrides, else the Loader's."""
+    ov = src.overrides
+    where = f"source {src.name!r}"
+    try:
+        shards = _expand_data(src.data)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    kw = dict(vision_kw)
+    for k in ("min_pixels", "max_pixels", "max_image_pixels"):
+        if k in ov:
+            _check_int(f"{where}: {k}", ov[k], 1)
+            kw[k] = ov[k]
+    try:
+        vision = vision_config(preset, model_dir, **kw)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    label_mode = ov.get("label_mode", base["label_mode"])
+    if label_mode not in _LABEL_MODES:
+        raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
+                          f"{label_mode!r}")
+    max_length = ov.get("max_length", base["max_length"])
+    _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
+    system_prompt = ov.get("system_prompt", base["system_prompt"])
+    _check_system_prompt(f"{where}: system_prompt", system_prompt)
+    image_root = ov.get("image_root", base["image_root"])
+    if image_root is not None and not isinstance(image_root, (str, os.PathLike)):
+        raise ConfigError(f"{where}: image_root must be a path or URL prefix")
+    return dict(name=src.name, data=shards,
+                weight=-1.0 if src.weight is None else float(src.weight),
+                repeat=-1.0 if src.repeat is None else float(src.repeat),
+                choose=-1 if src.choose is None else src.choose,
+                image_root=None if image_root is None else os.fspath(image_root),
+                vision=vision, system_prompt=system_prompt, label_mode=label_mode,
+                max_length=max_length or 0)
 
 
 def default_num_threads() -> int:
@@ -162,11 +214,27 @@ class Loader:
 
     Args:
         data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar``
-            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
-            glob), or a list of those.  A shard is JSON lines or one JSON array of records
+            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL
+            (``s3://`` may hold a glob), or a list of those.  A shard is JSON lines or one JSON array of records
             (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
             bytes; a compressed shard is decompressed once into a temporary file in
-            ``$TMPDIR`` while it is indexed).
+            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of
+            :class:`mmloader.Source` (or dicts with the same fields), or the path of a
+            YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
+            may override image_root, min_pixels, max_pixels, max_image_pixels,
+            system_prompt, label_mode and max_length for its samples (an image entry's
+            own min_pixels/max_pixels/resized_height/resized_width win over both).
+        samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
+            plus the weighted sources' sizes).
+        allow_mixture_change: restoring a state saved under a different mixture (a source
+            added, removed, reweighted, its data or settings changed) continues from the
+            same sample count under the new mixture instead of raising StateError.
+        mixture_tolerance: warn (once per source) when a source's share of the samples
+            delivered so far differs from its share of the epoch by more than this, e.g.
+            because many of its samples are skipped; None: never.
+        system_prompt: the system turn added to conversations without one (None: the
+            template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
+            for qwen3-vl; "": none).
         data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
             shard whose first non-blank character is ``[`` a JSON array; anything else
             JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
@@ -230,6 +298,10 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
     """
 
     def __init__(self, data: DataSpec, *, data_format: str = "auto",
@@ -258,9 +330,31 @@ class Loader:
                  s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None,
                  aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None) -> None:
+                 max_inflight: Optional[int] = None, plan_only: bool = False,
+                 samples_per_epoch: Optional[int] = None, allow_mixture_change: bool = False,
+                 mixture_tolerance: Optional[float] = 0.05,
+                 system_prompt: Optional[str] = None) -> None:
         self._c = None
-        shards = _expand_data(data)
+        mix = mixture.resolve(data)
+        shards = _expand_data(data) if mix is None else []
+        _check_int("samples_per_epoch", samples_per_epoch, 1, none_ok=True)
+        if mix is not None:
+            mixture.check_names(mix[0])
+            if samples_per_epoch is None:
+                samples_per_epoch = mix[1]
+            elif mix[1] is not None and mix[1] != samples_per_epoch:
+                raise ConfigError(f"samples_per_epoch={samples_per_epoch} differs from the "
+                                  f"mixture file's {mix[1]}")
+        elif samples_per_epoch is not None:
+            raise ConfigError("samples_per_epoch needs a mixture (mmloader.Source list or "
+                              "mixture file)")
+        if mixture_tolerance is not None and (
+                isinstance(mixture_tolerance, bool) or
+                not isinstance(mixture_tolerance, (int, float)) or
+                not 0 < mixture_tolerance <= 1):
+            raise ConfigError(f"mixture_tolerance must be a number in (0, 1] or None, got "
+                              f"{mixture_tolerance!r}")
+        _check_system_prompt("system_prompt", system_prompt)
         _check_int("micro_batch_size", micro_batch_size, 1)
         _check_int("seq_length", seq_length, 1, none_ok=True)
         _check_int("seed", seed)
@@ -316,6 +410,16 @@ class Loader:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
+        sources = None
+        if mix is not None:
+            loader_vision = dict(min_pixels=min_pixels, max_pixels=max_pixels,
+                                 max_image_pixels=max_image_pixels, image_mean=image_mean,
+                                 image_std=image_std, legacy_resize=legacy_resize,
+                                 fast=fast_decode)
+            base = dict(image_root=image_root, system_prompt=system_prompt,
+                        label_mode=label_mode, max_length=max_length)
+            sources = [_resolve_source(src, preset, model_dir, loader_vision, base)
+                       for src in mix[0]]
 
         cfg: Dict[str, Any] = dict(
             data=shards, data_format=_DATA_FORMATS[data_format], image_root=None if image_root is None else os.fspath(image_root),
@@ -334,7 +438,10 @@ class Loader:
             aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
             pin_memory=int(bool(pin_memory)), device=device_index,
             text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)))
+            mm_token_type_ids=int(bool(mm_token_type_ids)), plan_only=int(bool(plan_only)),
+            system_prompt=system_prompt, sources=sources,
+            samples_per_epoch=samples_per_epoch or 0,
+            mixture_tolerance=-1.0 if mixture_tolerance is None else float(mixture_tolerance))
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)
@@ -347,7 +454,12 @@ class Loader:
         self._batches_per_epoch = info["batches_per_epoch"]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
+        #: draws per epoch over all ranks (num_samples without a mixture)
+        self.samples_per_epoch: int = info["samples_per_epoch"]
         self.tokenizer = tok
+        self._mbs = micro_batch_size
+        self._dp_size = dp_size
+        self._allow_mixture_change = bool(allow_mixture_change)
         self._fingerprint: Dict[str, Any] = {
             "data": info["data_hash"], "num_samples": info["num_samples"], "seed": seed,
             "shuffle": int(bool(shuffle)), "dp_rank": dp_rank, "dp_size": dp_size,
@@ -359,8 +471,15 @@ class Loader:
             "template": tmpl, "text_only_vision": text_only_vision,
             "mm_token_type_ids": int(bool(mm_token_type_ids)),
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
-            "tokenizer": tok_id,
+            "tokenizer": tok_id, "system_prompt": system_prompt,
         }
+        if sources is not None:
+            self._fingerprint["samples_per_epoch"] = self.samples_per_epoch
+            self._fingerprint["mixture"] = [
+                [e["name"], e["data_hash"], e["num_samples"], e["per_epoch"],
+                 mixture.settings_hash({k: v for k, v in s.items()
+                                        if k not in ("data", "name", "image_root")})]
+                for e, s in zip(info["sources"], sources)]
         if image_whitespace != "in_place":  # absent from states saved before the option
             self._fingerprint["image_whitespace"] = image_whitespace
 
@@ -429,17 +548,49 @@ class Loader:
         fp = state.get("fingerprint")
         if not isinstance(fp, dict):
             raise StateError("state has no fingerprint")
-        diffs = [f"{k} (saved {fp.get(k)!r}, loader {v!r})"
-                 for k, v in self._fingerprint.items() if fp.get(k) != v]
-        if diffs:
+        diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
+        diffs += [k for k in _MIXTURE_KEYS if k in fp and k not in self._fingerprint]
+        other = [k for k in diffs if k not in _MIXTURE_KEYS]
+        mixed = [k for k in diffs if k in _MIXTURE_KEYS]
+        if other:
             raise StateError("the state was saved under a different configuration: " +
-                             "; ".join(diffs))
+                             "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
+                                       f"{self._fingerprint.get(k)!r})" for k in diffs))
         try:
             cur = (int(state["epoch"]), int(state["pos"]), int(state["batch_in_epoch"]))
         except (KeyError, TypeError, ValueError):
             raise StateError("state lacks epoch/pos/batch_in_epoch integers") from None
+        if mixed:
+            if "mixture" in self._fingerprint or "mixture" in fp:
+                what = mixture.describe_change(fp.get("mixture"),
+                                               self._fingerprint.get("mixture") or [])
+                what = what or [f"{k} (saved {fp.get(k)!r}, loader "
+                                f"{self._fingerprint.get(k)!r})" for k in mixed]
+                msg = "the state was saved under a different mixture: " + "; ".join(what)
+            else:
+                msg = ("the state was saved under a different configuration: " +
+                       "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
+                                 f"{self._fingerprint.get(k)!r})" for k in mixed))
+            if not self._allow_mixture_change:
+                raise StateError(msg + " (Loader(allow_mixture_change=True) continues under "
+                                 "the new data from the same sample count)")
+            cur = self._remap_cursor(cur, fp)
         if tuple(c.cursor()) != cur:
             c.seek(*cur)
+
+    def _remap_cursor(self, cur: Tuple[int, int, int], fp: Dict[str, Any]) -> Tuple[int, int, int]:
+        """The same count of this rank's stream positions under the current epoch size
+        (batch_in_epoch as if no sample had been skipped)."""
+        try:
+            old_total = int(fp.get("samples_per_epoch") or fp["num_samples"])
+        except (KeyError, TypeError, ValueError):
+            raise StateError("state lacks num_samples") from None
+        old_rank = max(1, old_total // self._dp_size)
+        epoch, pos, _ = cur
+        done = epoch * old_rank + min(pos, old_rank)
+        n = self.samples_per_rank
+        epoch, pos = divmod(done, n)
+        return (epoch, pos, 0 if self._packing else min(pos // self._mbs, len(self)))
 
     # Megatron-LM's names (maybe_save_dataloader_state calls iterable.save_state()).
     save_state = state_dict
@@ -538,8 +689,17 @@ class Loader:
         first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
         decode_s is the decoder's part of vision_s),
         queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
-        ``fetch`` (requests, retries, latency) when data is remote."""
-        return self._core().stats()
+        ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
+        per source (one, "data", without a mixture), its samples delivered, skipped (and
+        by reason), tokens, image tokens and bytes, with ``share`` (of the samples
+        delivered) beside ``expected_share`` (its draws / the epoch's)."""
+        st = self._core().stats()
+        srcs = st["sources"]
+        good = sum(s["samples"] for s in srcs.values())
+        for s in srcs.values():
+            s["share"] = s["samples"] / good if good else 0.0
+            s["expected_share"] = s["per_epoch"] / self.samples_per_epoch
+        return st
 
     def close(self) -> None:
         """Stops and joins every thread; batches already delivered stay valid."""

@@ -50,7 +50,19 @@ struct mml_template {
   mml_image_space space;
   const mml_tokenizer *tok; /* NULL: render-only */
   int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
+  char *system;             /* mml_template_set_system: the default system turn's text */
+  int system_set;
 };
+
+mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err) {
+  char *copy = NULL;
+  if (text && !(copy = strdup(text)))
+    return mml_err_set(err, MML_ENOMEM, "template: out of memory");
+  free(t->system);
+  t->system = copy;
+  t->system_set = text != NULL;
+  return MML_OK;
+}
 
 mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
                             const mml_tokenizer *tok, mml_template **out, mml_err *err) {
@@ -96,7 +108,10 @@ mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
   return MML_OK;
 }
 
-void mml_template_free(mml_template *t) { free(t); }
+void mml_template_free(mml_template *t) {
+  if (t) free(t->system);
+  free(t);
+}
 
 mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, mml_err *err) {
   if (space != MML_IMAGE_SPACE_IN_PLACE && space != MML_IMAGE_SPACE_STRIP)
@@ -464,9 +479,12 @@ static mml_status walk(out_ctx *o) {
   bool tools = rec->tools != NULL;
   if (tools) TRY(format_tools(o, rec->tools));
   bool first_sys = rec->messages[0].role == MML_ROLE_SYSTEM;
-  if (!first_sys) {
-    const char *sys = rec->system ? rec->system
-                      : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system : NULL;
+  if (!first_sys) { /* the record's own system, else the source's, else the style's */
+    const char *sys = rec->system       ? rec->system
+                      : t->system_set   ? t->system
+                      : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system
+                                                          : NULL;
+    if (sys && !sys[0]) sys = NULL;
     if (sys || tools) TRY(emit_system_turn(o, NULL, sys, tools));
   }
   for (int k = 0; k < n; k++) {

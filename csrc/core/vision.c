@@ -116,7 +116,7 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
   if (height < 1 || width < 1 || factor < 1)
     return mml_err_set(err, MML_EINVAL, "smart_resize: bad size %dx%d or factor %d", width,
                        height, factor);
-  if (legacy && (height < factor || width < factor))
+  if (legacy == MML_RESIZE_LEGACY && (height < factor || width < factor))
     return mml_err_set(err, MML_EINVAL,
                        "height:%d or width:%d must be larger than factor:%d (legacy smart_resize)",
                        height, width, factor);
@@ -128,11 +128,15 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
   const double f = factor, H = height, W = width, HW = (double)((int64_t)height * width);
   double h_bar = nearbyint(H / f) * f; /* Python round(): half to even */
   double w_bar = nearbyint(W / f) * f;
+  if (legacy == MML_RESIZE_QWEN_VL_UTILS) { /* max(factor, round_by_factor(...)) */
+    if (h_bar < f) h_bar = f;
+    if (w_bar < f) w_bar = f;
+  }
   if (h_bar * w_bar > (double)max_pixels) {
     double beta = sqrt(HW / (double)max_pixels);
     h_bar = floor(H / beta / f) * f;
     w_bar = floor(W / beta / f) * f;
-    if (!legacy) {
+    if (legacy == MML_RESIZE_TRANSFORMERS) {
       if (h_bar < f) h_bar = f;
       if (w_bar < f) w_bar = f;
     }
@@ -154,16 +158,9 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
 
 /* ---------------------------------------------------------------- planning */
 
-mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
-                                mml_vision_plan *plan, mml_err *err) {
-  memset(plan, 0, sizeof *plan);
-  mml_status st = mml_vision_cfg_check(cfg, err);
-  if (st != MML_OK) return st;
+static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, int h,
+                      mml_vision_plan *plan) {
   const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
-  int h, w;
-  st = mml_smart_resize(height, width, P * M, cfg->min_pixels, cfg->max_pixels,
-                        cfg->legacy_resize, &h, &w, err);
-  if (st != MML_OK) return st;
   plan->src_w = width;
   plan->src_h = height;
   plan->dst_w = w;
@@ -175,11 +172,41 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
   plan->cols = 3 * T * P * P;
   plan->tokens = plan->rows / ((int64_t)M * M);
   plan->decode_scale = 1;
+}
+
+mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
+                                mml_vision_plan *plan, mml_err *err) {
+  memset(plan, 0, sizeof *plan);
+  mml_status st = mml_vision_cfg_check(cfg, err);
+  if (st != MML_OK) return st;
+  int h, w;
+  st = mml_smart_resize(height, width, cfg->patch_size * cfg->merge_size, cfg->min_pixels,
+                        cfg->max_pixels, cfg->legacy_resize, &h, &w, err);
+  if (st != MML_OK) return st;
+  plan_fill(cfg, width, height, w, h, plan);
   return MML_OK;
 }
 
-mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
-                                 mml_vision_plan *plan, mml_err *err) {
+/* The target size qwen-vl-utils' fetch_image gives an image of width x height under a
+ * per-image budget (see mml_vision_plan_bytes_budget). */
+static mml_status budget_size(const mml_vision_cfg *cfg, int width, int height,
+                              const mml_image_budget *b, int *h, int *w, mml_err *err) {
+  const int64_t f = (int64_t)cfg->patch_size * cfg->merge_size;
+  if (b->resized_height > 0 && b->resized_width > 0)
+    return mml_smart_resize((int)b->resized_height, (int)b->resized_width, (int)f, 4 * f * f,
+                            16384 * f * f, MML_RESIZE_QWEN_VL_UTILS, h, w, err);
+  int64_t mn = b->min_pixels > 0 ? b->min_pixels : cfg->min_pixels;
+  int64_t mx = b->max_pixels > 0 ? b->max_pixels : cfg->max_pixels;
+  if (mn > mx)
+    return mml_err_set(err, MML_ERECORD,
+                       "bad record: the image's min_pixels %lld exceeds its max_pixels %lld",
+                       (long long)mn, (long long)mx);
+  return mml_smart_resize(height, width, (int)f, mn, mx, MML_RESIZE_QWEN_VL_UTILS, h, w, err);
+}
+
+mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data,
+                                        size_t len, const mml_image_budget *b,
+                                        mml_vision_plan *plan, mml_err *err) {
   mml_image_info info;
   memset(plan, 0, sizeof *plan);
   mml_status st = mml_image_probe(data, len, &info, err);
@@ -189,8 +216,14 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
     return mml_err_set(err, MML_ETOOBIG,
                        "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld", info.width,
                        info.height, (long long)px, (long long)cfg->max_image_pixels);
-  st = mml_vision_plan_size(cfg, info.width, info.height, plan, err);
-  if (st != MML_OK) return st;
+  if (b && (b->min_pixels || b->max_pixels || (b->resized_height && b->resized_width))) {
+    if ((st = mml_vision_cfg_check(cfg, err))) return st;
+    int h, w;
+    if ((st = budget_size(cfg, info.width, info.height, b, &h, &w, err))) return st;
+    plan_fill(cfg, info.width, info.height, w, h, plan);
+  } else if ((st = mml_vision_plan_size(cfg, info.width, info.height, plan, err))) {
+    return st;
+  }
   plan->format = info.format;
   if (cfg->fast && info.format == MML_FMT_JPEG) {
     for (int d = 8; d >= 2; d /= 2) {
@@ -201,6 +234,11 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
     }
   }
   return MML_OK;
+}
+
+mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                 mml_vision_plan *plan, mml_err *err) {
+  return mml_vision_plan_bytes_budget(cfg, data, len, NULL, plan, err);
 }
 
 /* ---------------------------------------------------------------- scratch */

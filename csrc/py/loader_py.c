@@ -99,31 +99,106 @@ static int get_str(PyObject *d, const char *k, const char **out) {
   return *out ? 0 : -1;
 }
 
-static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
-  memset(c, 0, sizeof *c);
-  PyObject *list;
-  get_obj(d, "data", &list);
+static mml_label_mode label_mode_of(const char *labels) {
+  if (labels && !strcmp(labels, "last_assistant")) return MML_LABELS_LAST_ASSISTANT;
+  if (labels && !strcmp(labels, "no_nonfinal_end")) return MML_LABELS_NO_NONFINAL_END;
+  return MML_LABELS_ALL_ASSISTANT;
+}
+
+/* Borrowed strings of a list (the list outlives the engine's construction). */
+static int str_list(PyObject *list, const char *what, const char ***out, int *n) {
   if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_SetString(mml_py_ConfigError, "data must be a non-empty list of paths or URLs");
+    PyErr_Format(mml_py_ConfigError, "%s must be a non-empty list of paths or URLs", what);
     return -1;
   }
-  Py_ssize_t n = PyList_GET_SIZE(list);
-  *data = PyMem_Calloc((size_t)n, sizeof **data);
-  if (!*data) {
+  Py_ssize_t k = PyList_GET_SIZE(list);
+  *out = PyMem_Calloc((size_t)k, sizeof **out);
+  if (!*out) {
     PyErr_NoMemory();
     return -1;
   }
-  for (Py_ssize_t i = 0; i < n; i++) {
+  *n = (int)k;
+  for (Py_ssize_t i = 0; i < k; i++) {
     PyObject *s = PyList_GET_ITEM(list, i);
     if (!PyUnicode_Check(s)) {
-      PyErr_SetString(mml_py_ConfigError, "data entries must be strings");
+      PyErr_Format(mml_py_ConfigError, "%s entries must be strings", what);
       return -1;
     }
-    if (!((*data)[i] = PyUnicode_AsUTF8(s))) return -1;
+    if (!((*out)[i] = PyUnicode_AsUTF8(s))) return -1;
   }
-  c->data = *data;
-  c->ndata = (int)n;
-  long long seed, maxlen, seqlen, packlen, minerr;
+  return 0;
+}
+
+/* What parse_cfg allocates (freed once the engine has copied it). */
+typedef struct cfg_mem {
+  const char **data;
+  mml_source_cfg *sources;
+  int nsources;
+} cfg_mem;
+
+static void cfg_mem_free(cfg_mem *m) {
+  PyMem_Free(m->data);
+  for (int i = 0; m->sources && i < m->nsources; i++) PyMem_Free((void *)m->sources[i].data);
+  PyMem_Free(m->sources);
+  memset(m, 0, sizeof *m);
+}
+
+/* "sources": a list of dicts (resolved by mmloader/loader.py: every setting filled). */
+static int parse_sources(PyObject *list, mml_loader_cfg *c, cfg_mem *m) {
+  if (!PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
+    PyErr_SetString(mml_py_ConfigError, "sources must be a non-empty list");
+    return -1;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(list);
+  m->sources = PyMem_Calloc((size_t)n, sizeof *m->sources);
+  if (!m->sources) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  m->nsources = (int)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
+    mml_source_cfg *s = &m->sources[i];
+    const char *labels;
+    long long choose, maxlen;
+    if (!PyDict_Check(d)) {
+      PyErr_SetString(mml_py_ConfigError, "sources entries must be dicts");
+      return -1;
+    }
+    data = PyDict_GetItemString(d, "data");
+    vision = PyDict_GetItemString(d, "vision");
+    if (get_str(d, "name", &s->name) || str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
+        get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
+        get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
+        get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
+        get_ll(d, "max_length", 0, &maxlen))
+      return -1;
+    if (!vision || !PyDict_Check(vision)) {
+      PyErr_SetString(mml_py_ConfigError, "a source's vision must be a dict");
+      return -1;
+    }
+    if (mml_py_vision_cfg_from_dict(vision, &s->vision)) return -1;
+    s->choose = choose;
+    s->max_length = maxlen;
+    s->label_mode = label_mode_of(labels);
+  }
+  c->sources = m->sources;
+  c->nsources = m->nsources;
+  return 0;
+}
+
+static int parse_cfg(PyObject *d, mml_loader_cfg *c, cfg_mem *m) {
+  memset(c, 0, sizeof *c);
+  PyObject *list, *sources;
+  get_obj(d, "sources", &sources);
+  if (sources && sources != Py_None) {
+    if (parse_sources(sources, c, m)) return -1;
+  } else {
+    get_obj(d, "data", &list);
+    if (str_list(list, "data", &m->data, &c->ndata)) return -1;
+    c->data = m->data;
+  }
+  long long seed, maxlen, seqlen, packlen, minerr, spe;
   const char *on_error, *keys, *tmpl, *labels, *space;
   if (get_str(d, "image_root", &c->image_root) || get_int(d, "data_format", 0, &c->data_format) || get_int(d, "shuffle", 1, &c->shuffle) ||
       get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
@@ -148,8 +223,13 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
       get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
       get_str(d, "aws_session_token", &c->fetch.session_token) ||
       get_int(d, "max_inflight", 0, &c->fetch.max_inflight) ||
-      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device))
+      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device) ||
+      get_str(d, "system_prompt", &c->system_prompt) ||
+      get_ll(d, "samples_per_epoch", 0, &spe) ||
+      get_double(d, "mixture_tolerance", 0, &c->mixture_tolerance) ||
+      get_int(d, "plan_only", 0, &c->plan_only))
     return -1;
+  c->samples_per_epoch = spe;
   c->seed = (uint64_t)seed;
   c->to_device = c->device >= 0;
   if (c->device < 0) c->device = 0;
@@ -161,9 +241,7 @@ static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
   c->collate.keys = keys && !strcmp(keys, "megatron") ? MML_KEYS_MEGATRON : MML_KEYS_QWEN;
   c->template_style = tmpl && !strcmp(tmpl, "qwen3-vl") ? MML_TEMPLATE_QWEN3_VL
                                                          : MML_TEMPLATE_QWEN2_VL;
-  c->label_mode = MML_LABELS_ALL_ASSISTANT;
-  if (labels && !strcmp(labels, "last_assistant")) c->label_mode = MML_LABELS_LAST_ASSISTANT;
-  if (labels && !strcmp(labels, "no_nonfinal_end")) c->label_mode = MML_LABELS_NO_NONFINAL_END;
+  c->label_mode = label_mode_of(labels);
   int sp = MML_IMAGE_SPACE_IN_PLACE;
   if (space && mml_py_image_space_from_str(space, &sp)) return -1;
   c->image_space = (mml_image_space)sp;
@@ -191,9 +269,9 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   const struct mml_tokenizer *ct = mml_py_tokenizer_get(tok);
   if (!ct) return -1;
   mml_loader_cfg cfg;
-  const char **data = NULL;
-  if (parse_cfg(d, &cfg, &data)) {
-    PyMem_Free(data);
+  cfg_mem mem = {0};
+  if (parse_cfg(d, &cfg, &mem)) {
+    cfg_mem_free(&mem);
     return -1;
   }
   cfg.tokenizer = ct;
@@ -204,7 +282,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_new(&cfg, &L, &err);
   Py_END_ALLOW_THREADS
-  PyMem_Free(data);
+  cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
       PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
@@ -265,6 +343,10 @@ static int emit_warnings(LoaderObject *self) {
   int n;
   while ((n = mml_loader_take_warnings(self->L, w, 8)) > 0) {
     for (int i = 0; i < n; i++) {
+      if (w[i].status == MML_OK) { /* a notice (mixture drift), not a skipped sample */
+        if (PyErr_WarnFormat(PyExc_UserWarning, 1, "mmloader: %s", w[i].msg)) return -1;
+        continue;
+      }
       if (self->warned >= MAX_WARNINGS) continue;
       self->warned++;
       const char *reason = mml_status_skip_reason(w[i].status);
@@ -335,11 +417,13 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
 
 static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   mml_cursor c;
-  if (!PyArg_ParseTuple(args, "LLL:seek", &c.epoch, &c.pos, &c.batch_in_epoch)) return NULL;
+  long long ahead = 0;
+  if (!PyArg_ParseTuple(args, "LLL|L:seek", &c.epoch, &c.pos, &c.batch_in_epoch, &ahead))
+    return NULL;
   if (check_usable(self)) return NULL;
   mml_err err;
   mml_err_clear(&err);
-  mml_status st = mml_loader_seek(self->L, &c, &err);
+  mml_status st = mml_loader_seek_ahead(self->L, &c, ahead, &err);
   if (st) return mml_py_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -356,10 +440,70 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
   mml_loader *L = self->L;
   char hash[17];
   snprintf(hash, sizeof hash, "%016llx", (unsigned long long)mml_loader_data_hash(L));
-  return Py_BuildValue("{s:L,s:L,s:L,s:s}", "num_samples", (long long)mml_loader_num_samples(L),
-                       "samples_per_rank", (long long)mml_loader_samples_per_rank(L),
-                       "batches_per_epoch", (long long)mml_loader_batches_per_epoch(L),
-                       "data_hash", hash);
+  int n = mml_loader_num_sources(L);
+  PyObject *src = PyList_New(n);
+  if (!src) return NULL;
+  for (int i = 0; i < n; i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    char h[17];
+    snprintf(h, sizeof h, "%016llx", (unsigned long long)ss.data_hash);
+    PyObject *e = Py_BuildValue("{s:s,s:L,s:L,s:s}", "name", ss.name, "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "data_hash", h);
+    if (!e) {
+      Py_DECREF(src);
+      return NULL;
+    }
+    PyList_SET_ITEM(src, i, e);
+  }
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N}", "num_samples",
+                       (long long)mml_loader_num_samples(L), "samples_per_rank",
+                       (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
+                       (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
+                       (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
+                       "sources", src);
+}
+
+/* stats()["sources"]: {name: {...}} in the mixture's order. */
+static PyObject *source_stats(mml_loader *L) {
+  PyObject *out = PyDict_New();
+  if (!out) return NULL;
+  for (int i = 0; i < mml_loader_num_sources(L); i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    PyObject *reasons = PyDict_New();
+    if (!reasons) goto fail;
+    for (int st = 0; st < MML_STATUS_COUNT; st++) {
+      if (!ss.skip_by_status[st]) continue;
+      const char *r = mml_status_skip_reason((mml_status)st);
+      if (!r) r = "other";
+      PyObject *old = PyDict_GetItemString(reasons, r);
+      unsigned long long v = ss.skip_by_status[st] + (old ? PyLong_AsUnsignedLongLong(old) : 0);
+      PyObject *x = PyLong_FromUnsignedLongLong(v);
+      if (!x || PyDict_SetItemString(reasons, r, x)) {
+        Py_XDECREF(x);
+        Py_DECREF(reasons);
+        goto fail;
+      }
+      Py_DECREF(x);
+    }
+    PyObject *e = Py_BuildValue("{s:L,s:L,s:K,s:K,s:N,s:L,s:L,s:K}", "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "samples", (unsigned long long)ss.samples, "skipped",
+                                (unsigned long long)ss.skipped, "skipped_by_reason", reasons,
+                                "tokens", (long long)ss.tokens, "image_tokens",
+                                (long long)ss.image_tokens, "bytes", (unsigned long long)ss.bytes);
+    if (!e || PyDict_SetItemString(out, ss.name, e)) {
+      Py_XDECREF(e);
+      goto fail;
+    }
+    Py_DECREF(e);
+  }
+  return out;
+fail:
+  Py_DECREF(out);
+  return NULL;
 }
 
 static int set_num(PyObject *d, const char *k, PyObject *v) {
@@ -410,6 +554,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
+  if (set_num(d, "sources", source_stats(self->L))) goto fail;
   if (s.remote) {
     PyObject *f = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:i}", "requests",
@@ -444,7 +589,8 @@ static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_
 static PyMethodDef Loader_methods[] = {
     {"next", (PyCFunction)Loader_next, METH_NOARGS,
      "The next batch (dict of Tensor); StopIteration at the end of an epoch."},
-    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch)"},
+    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch, ahead=0): ahead > 0 starts no work beyond that many "
+     "samples (plus one per skipped sample)"},
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},

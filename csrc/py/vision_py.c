@@ -349,7 +349,7 @@ static PyObject *py_smart_resize(PyObject *mod, PyObject *args, PyObject *kw) {
   int h, w, factor = 28, legacy = 0;
   long long mn = 56 * 56, mx = 28 * 28 * 1280;
   static char *kwlist[] = {"height", "width", "factor", "min_pixels", "max_pixels", "legacy", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "ii|iLLp:smart_resize", kwlist, &h, &w, &factor, &mn,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "ii|iLLi:smart_resize", kwlist, &h, &w, &factor, &mn,
                                    &mx, &legacy))
     return NULL;
   mml_err err = {0};
@@ -512,7 +512,8 @@ static PyMethodDef vision_functions[] = {
     {"decode_only", py_decode_only, METH_O,
      "decode_only(list of encoded images) -> total pixels (decode to RGB8 rows, discarded)"},
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,
-     "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=False)"},
+     "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=0): "
+     "legacy 0 transformers, 1 older transformers, 2 qwen-vl-utils"},
     {"vision_plan", py_vision_plan, METH_VARARGS, "vision_plan(cfg, data) -> dict"},
     {"data_uri_decode", py_data_uri_decode, METH_VARARGS,
      "data_uri_decode(ref) -> bytes: the payload of a base64 data: URI"},

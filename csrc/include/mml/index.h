@@ -127,5 +127,7 @@ int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref,
 int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
+/* The same over shards [first, first + n) (a mixture source's). */
+uint64_t mml_index_hash_shards(const mml_index *ix, int first, int n);
 
 #endif
