@@ -197,10 +197,11 @@ static mml_status take_listed_image(parse_ctx *c, int msg, const cJSON *part, in
                        "lists %d",
                        msg, c->list_next + 1, c->list_len);
   const char *ref;
+  const cJSON *v = NULL;
   if (!c->list) {
     ref = c->implicit[c->list_next];
   } else {
-    const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+    v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
     ref = list_ref(v);
   }
   if (!ref)
