@@ -400,25 +400,22 @@ class Loader:
                           "memory", RuntimeWarning, stacklevel=2)
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
+        # the vision settings, also the base of each source's (its overrides on top)
+        vision_kw = dict(min_pixels=min_pixels, max_pixels=max_pixels,
+                         max_image_pixels=max_image_pixels, image_mean=image_mean,
+                         image_std=image_std, legacy_resize=legacy_resize, fast=fast_decode,
+                         strict_jpeg=bool(strict_jpeg))
         try:
-            vision = vision_config(preset, model_dir, min_pixels=min_pixels,
-                                   max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                                   image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode,
-                                   strict_jpeg=bool(strict_jpeg))
+            vision = vision_config(preset, model_dir, **vision_kw)
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
         sources = None
         if mix is not None:
-            loader_vision = dict(min_pixels=min_pixels, max_pixels=max_pixels,
-                                 max_image_pixels=max_image_pixels, image_mean=image_mean,
-                                 image_std=image_std, legacy_resize=legacy_resize,
-                                 fast=fast_decode)
             base = dict(image_root=image_root, system_prompt=system_prompt,
                         label_mode=label_mode, max_length=max_length)
-            sources = [_resolve_source(src, preset, model_dir, loader_vision, base)
+            sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
                        for src in mix[0]]
 
         cfg: Dict[str, Any] = dict(
