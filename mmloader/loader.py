@@ -265,6 +265,13 @@ class Loader:
         strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
             with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
             like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
+        image_route: the reference pipeline pixels match, bit for bit — "processor"
+            (Image.open, then the HF processor: transparency composited onto white, EXIF
+            orientation ignored), "load_image" (transformers' load_image first: EXIF
+            orientation applied, alpha dropped by convert("RGB")) or "qwen-vl-utils"
+            (its fetch_image first: RGBA pasted onto white, other modes convert("RGB"),
+            its own smart_resize, then one bicubic resize; a palette/tRNS transparency
+            colour is whitened after that resize, as the processor then does).
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -317,7 +324,7 @@ class Loader:
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
-                 strict_jpeg: bool = False,
+                 strict_jpeg: bool = False, image_route: str = "processor",
                  max_length: Optional[int] = None, packing: bool = False,
                  pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
                  keys: str = "qwen", shift_labels: bool = False,
@@ -404,7 +411,7 @@ class Loader:
         vision_kw = dict(min_pixels=min_pixels, max_pixels=max_pixels,
                          max_image_pixels=max_image_pixels, image_mean=image_mean,
                          image_std=image_std, legacy_resize=legacy_resize, fast=fast_decode,
-                         strict_jpeg=bool(strict_jpeg))
+                         strict_jpeg=bool(strict_jpeg), image_route=image_route)
         try:
             vision = vision_config(preset, model_dir, **vision_kw)
             tmpl = template_style(preset)
