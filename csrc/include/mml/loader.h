@@ -53,7 +53,7 @@ typedef struct mml_loader_cfg {
                                when `sources` is given */
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
-  int data_format;          /* mml_layout (mml/index.h): 0 auto (by content), JSONL, JSON */
+  int data_format;          /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
   int shuffle;
   uint64_t seed;
   int dp_rank, dp_size;
@@ -112,6 +112,8 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
 int64_t mml_loader_batches_per_epoch(const mml_loader *L);
 /* Hash of the shard list (file names, sizes, sample counts). */
 uint64_t mml_loader_data_hash(const mml_loader *L);
+/* The loader's configuration as built (its own copies of the strings). */
+const mml_loader_cfg *mml_loader_config(const mml_loader *L);
 /* Draws per epoch over all ranks (the mixture's M; N without a mixture). */
 int64_t mml_loader_samples_per_epoch(const mml_loader *L);
 
