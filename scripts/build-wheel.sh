@@ -109,12 +109,14 @@ fi
 $vpy -m zipfile -e "$raw" "$work/raw/x"  # the unrepaired wheel: what the system supplied
 originals=$(deps "$(ls "$work"/raw/x/mmloader/_core*.so)" | awk '{ print $2 }' |
   xargs -r realpath | sort -u)
-# the interpreter's own modules (zlib, ctypes, ...) and the other wheels may use some of the
-# same system libraries: those stay visible (mmloader loads its own copies: ldd above)
-dynload=$($vpy -c 'import sysconfig; print(sysconfig.get_config_var("DESTSHARED"))')
-used=$(find "$dynload" "$site" -name '*.so*' ! -path "$site/mmloader*" |
-  while read -r f; do LD_LIBRARY_PATH= ldd "$f" 2>/dev/null || true; done |
-  awk '/=> \// { print $3 }' | xargs -r realpath | sort -u)
+# the interpreter and numpy load some of the same system libraries themselves (libz for
+# the zlib module, libstdc++ for numpy, ...): those stay visible.  They are what a run of
+# the demo maps from outside the venv (mmloader's own copies are in mmloader.libs: ldd above).
+used=$($vpy -c "
+import sys, mmloader.__main__ as m
+m.main(['demo', '--samples', '64', '--out', '$work/run/demo-data'])
+print('\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so' in l})))
+" 2>/dev/null | grep '^/' | grep -v "^$site/" | xargs -r realpath | sort -u)
 hide=$(comm -23 <(echo "$originals") <(echo "$used") | tr '\n' ' ')
 kept=$(comm -12 <(echo "$originals") <(echo "$used") | xargs -r -n1 basename | tr '\n' ' ')
 hidden_run() {  # hidden_run CMD: CMD with the system copies bind-mounted empty
@@ -123,7 +125,7 @@ hidden_run() {  # hidden_run CMD: CMD with the system copies bind-mounted empty
     LD_LIBRARY_PATH= exec $1"
 }
 say "hiding $(echo $hide | wc -w) system libraries: $(echo $hide | xargs -n1 basename | tr '\n' ' ')"
-[ -z "$kept" ] || say "left visible (the interpreter or numpy/Pillow use them too): $kept"
+[ -z "$kept" ] || say "left visible (the interpreter or numpy load them too): $kept"
 if hidden_run "env PYTHONPATH=$work/raw/x $vpy -c 'import mmloader'" > "$work/control.log" 2>&1; then
   say "FAILED: the unrepaired wheel imports with the system copies hidden: the hiding failed"
   exit 1
