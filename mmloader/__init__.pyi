@@ -5,6 +5,7 @@ from .template import encode_chat as encode_chat, render_chat as render_chat
 from .tokenizer import Tokenizer as Tokenizer
 from .vision import ImageProcessor as ImageProcessor, smart_resize as smart_resize
 from .loader import Loader as Loader
+from .mixture import Source as Source
 
 from typing import Any, Optional, Tuple
 

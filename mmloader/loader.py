@@ -14,20 +14,28 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _core
+from . import _core, mixture
 from ._core import ConfigError, StateError
+from .mixture import Source
 from .presets import template_style, vision_config
 
 PathLike = Union[str, "os.PathLike[str]"]
-DataSpec = Union[PathLike, Sequence[PathLike]]
+DataSpec = Union[PathLike, Sequence[PathLike], Source, Sequence[Union[Source, Dict[str, Any]]]]
 
 STATE_VERSION = 1
-_LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
-_TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
+#: The engine's option table (csrc/core/options.c; see mml/options.h), by name: type,
+#: default, bounds, choices, whether it enters the resume fingerprint, one line of doc.
+OPTIONS: Dict[str, Dict[str, Any]] = {o["name"]: o for o in _core.loader_options()}
+#: The Loader keywords that are table options, and their defaults.
+_KEYWORDS = tuple(k for k, o in OPTIONS.items() if not o["internal"])
+_D: Dict[str, Any] = {k: OPTIONS[k]["default"] for k in _KEYWORDS}
+_LABEL_MODES = OPTIONS["label_mode"]["choices"]
 _REMOTE = ("http://", "https://", "s3://")
-_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
+# Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
+_MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # What a folder given as data contributes (compression is told by content, not name).
 _DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
 
@@ -66,6 +74,54 @@ def _expand_data(data: DataSpec) -> List[str]:
         else:
             raise ConfigError(f"data file {p!r} does not exist")
     return out
+
+
+def _check_system_prompt(name: str, v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, str):
+        raise ConfigError(f"{name} must be a string or None, got {type(v).__name__}")
+    bad = [t for t in _VISION_TOKENS if t in v]
+    if bad:
+        raise ConfigError(f"{name} must not contain {bad[0]}")
+
+
+def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
+                    vision_kw: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
+    """A source with every setting filled: its overrides, else the Loader's."""
+    ov = src.overrides
+    where = f"source {src.name!r}"
+    try:
+        shards = _expand_data(src.data)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    kw = dict(vision_kw)
+    for k in ("min_pixels", "max_pixels", "max_image_pixels"):
+        if k in ov:
+            _check_int(f"{where}: {k}", ov[k], 1)
+            kw[k] = ov[k]
+    try:
+        vision = vision_config(preset, model_dir, **kw)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    label_mode = ov.get("label_mode", base["label_mode"])
+    if label_mode not in _LABEL_MODES:
+        raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
+                          f"{label_mode!r}")
+    max_length = ov.get("max_length", base["max_length"])
+    _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
+    system_prompt = ov.get("system_prompt", base["system_prompt"])
+    _check_system_prompt(f"{where}: system_prompt", system_prompt)
+    image_root = ov.get("image_root", base["image_root"])
+    if image_root is not None and not isinstance(image_root, (str, os.PathLike)):
+        raise ConfigError(f"{where}: image_root must be a path or URL prefix")
+    return dict(name=src.name, data=shards,
+                weight=-1.0 if src.weight is None else float(src.weight),
+                repeat=-1.0 if src.repeat is None else float(src.repeat),
+                choose=-1 if src.choose is None else src.choose,
+                image_root=None if image_root is None else os.fspath(image_root),
+                vision=vision, system_prompt=system_prompt, label_mode=label_mode,
+                max_length=max_length or 0)
 
 
 def default_num_threads() -> int:
@@ -164,7 +220,22 @@ class Loader:
             glob), or a list of those.  A shard is JSON lines or one JSON array of records
             (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
             bytes; a compressed shard is decompressed once into a temporary file in
-            ``$TMPDIR`` while it is indexed).
+            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the same fields), or the
+            path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
+            may override image_root, min_pixels, max_pixels, max_image_pixels,
+            system_prompt, label_mode and max_length for its samples (an image entry's
+            own min_pixels/max_pixels/resized_height/resized_width win over both).
+        samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
+            plus the weighted sources' sizes).
+        allow_mixture_change: restoring a state saved under a different mixture (a source
+            added, removed, reweighted, its data or settings changed) continues from the
+            same sample count under the new mixture instead of raising StateError.
+        mixture_tolerance: warn (once per source) when a source's share of the samples
+            delivered so far differs from its share of the epoch by more than this, e.g.
+            because many of its samples are skipped; None: never.
+        system_prompt: the system turn added to conversations without one (None: the
+            template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
+            for qwen3-vl; "": none).
         data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
             array, anything else JSON lines), "jsonl" or "json" (an array).
         image_root: folder (or URL prefix) relative image paths are resolved against;
@@ -192,6 +263,13 @@ class Loader:
         strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
             with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
             like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
+        image_route: the reference pipeline pixels match, bit for bit — "processor"
+            (Image.open, then the HF processor: transparency composited onto white, EXIF
+            orientation ignored), "load_image" (transformers' load_image first: EXIF
+            orientation applied, alpha dropped by convert("RGB")) or "qwen-vl-utils"
+            (its fetch_image first: RGBA pasted onto white, other modes convert("RGB"),
+            its own smart_resize, then one bicubic resize; a palette/tRNS transparency
+            colour is whitened after that resize, as the processor then does).
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -221,71 +299,76 @@ class Loader:
             Raises ConfigError (saying why) when CUDA is unusable.
         s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
         aws_session_token, max_inflight: remote fetching (environment used when None).
+        plan_only: a planning pass: samples are read, planned from their image headers and
+            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
+            after it tells where it ends (the same composition, unless an image fails only
+            when decoded).  mmloader.ray plans packed streams with it.
     """
 
-    def __init__(self, data: DataSpec, *, data_format: str = "auto",
-                 image_root: Optional[PathLike] = None,
-                 micro_batch_size: int = 8, seq_length: Optional[int] = None,
-                 shuffle: bool = True, seed: int = 0, dp_rank: int = 0, dp_size: int = 1,
-                 num_threads: Optional[int] = None, prefetch: int = 4,
-                 window: Optional[int] = None, on_error: str = "skip",
-                 max_error_rate: float = 0.1, preset: str = "qwen2.5-vl",
-                 model_dir: Optional[PathLike] = None, tokenizer: Any = None,
+    def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
+                 image_root: Optional[PathLike] = _D["image_root"],
+                 micro_batch_size: int = _D["micro_batch_size"],
+                 seq_length: Optional[int] = _D["seq_length"], shuffle: bool = _D["shuffle"],
+                 seed: int = _D["seed"], dp_rank: int = _D["dp_rank"],
+                 dp_size: int = _D["dp_size"], num_threads: Optional[int] = _D["num_threads"],
+                 prefetch: int = _D["prefetch"], window: Optional[int] = _D["window"],
+                 on_error: str = _D["on_error"], max_error_rate: float = _D["max_error_rate"],
+                 preset: str = "qwen2.5-vl", model_dir: Optional[PathLike] = None,
+                 tokenizer: Any = None,
                  min_pixels: Optional[int] = None, max_pixels: Optional[int] = None,
                  max_image_pixels: Optional[int] = None,
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
-                 strict_jpeg: bool = False,
-                 max_length: Optional[int] = None, packing: bool = False,
-                 pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
-                 keys: str = "qwen", shift_labels: bool = False,
-                 label_mode: str = "all_assistant", mrope: bool = False,
-                 attention_mask: bool = True, text_only_vision: str = "placeholder",
-                 mm_token_type_ids: bool = False, cycle: bool = False,
-                 pin_memory: bool = False,
-                 device: str = "cpu", s3_endpoint: Optional[str] = None,
-                 s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
-                 aws_secret_access_key: Optional[str] = None,
-                 aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None) -> None:
+                 strict_jpeg: bool = False, image_route: str = "processor",
+                 max_length: Optional[int] = _D["max_length"], packing: bool = _D["packing"],
+                 pack_length: Optional[int] = _D["pack_length"],
+                 pad_to_multiple: Optional[int] = _D["pad_to_multiple"],
+                 keys: str = _D["keys"], shift_labels: bool = _D["shift_labels"],
+                 label_mode: str = _D["label_mode"], mrope: bool = _D["mrope"],
+                 attention_mask: bool = _D["attention_mask"],
+                 text_only_vision: str = _D["text_only_vision"],
+                 mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
+                 pin_memory: bool = _D["pin_memory"], device: str = "cpu",
+                 s3_endpoint: Optional[str] = _D["s3_endpoint"],
+                 s3_region: Optional[str] = _D["s3_region"],
+                 aws_access_key_id: Optional[str] = _D["aws_access_key_id"],
+                 aws_secret_access_key: Optional[str] = _D["aws_secret_access_key"],
+                 aws_session_token: Optional[str] = _D["aws_session_token"],
+                 max_inflight: Optional[int] = _D["max_inflight"],
+                 plan_only: bool = _D["plan_only"],
+                 samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
+                 allow_mixture_change: bool = False,
+                 mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
+                 system_prompt: Optional[str] = _D["system_prompt"]) -> None:
+        # Every keyword that is a row of the engine's option table goes to the engine as
+        # is; the table (csrc/core/options.c) checks types, bounds and names.
+        given = locals()
+        opts: Dict[str, Any] = {k: given[k] for k in _KEYWORDS}
         self._c = None
-        shards = _expand_data(data)
-        _check_int("micro_batch_size", micro_batch_size, 1)
-        _check_int("seq_length", seq_length, 1, none_ok=True)
-        _check_int("seed", seed)
-        _check_int("dp_size", dp_size, 1)
-        _check_int("dp_rank", dp_rank, 0)
-        if dp_rank >= dp_size:
-            raise ConfigError(f"dp_rank must be < dp_size ({dp_size}), got {dp_rank}")
-        if num_threads is None:
-            num_threads = default_num_threads()
-        _check_int("num_threads", num_threads, 1)
-        _check_int("prefetch", prefetch, 1)
-        _check_int("window", window, 1, none_ok=True)
-        _check_int("max_length", max_length, 1, none_ok=True)
-        _check_int("pack_length", pack_length, 1, none_ok=True)
-        _check_int("pad_to_multiple", pad_to_multiple, 1, none_ok=True)
-        _check_int("max_inflight", max_inflight, 1, none_ok=True)
-        if on_error not in ("skip", "raise"):
-            raise ConfigError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-        if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
-                or not 0.0 <= max_error_rate <= 1.0:
-            raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
-        if data_format not in _DATA_FORMATS:
-            raise ConfigError(f"data_format must be one of {tuple(_DATA_FORMATS)}, got "
-                              f"{data_format!r}")
-        if keys not in ("qwen", "megatron"):
-            raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
-        if text_only_vision not in _TEXT_ONLY:
-            raise ConfigError(f"text_only_vision must be one of {tuple(_TEXT_ONLY)}, got "
-                              f"{text_only_vision!r}")
-        if label_mode not in _LABEL_MODES:
-            raise ConfigError(f"label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
-        if packing and pack_length is None and seq_length is None:
-            raise ConfigError("packing=True needs pack_length (or seq_length)")
-        if not packing and pack_length is not None:
-            raise ConfigError("pack_length is only meaningful with packing=True")
+        mix = mixture.resolve(data)
+        shards = _expand_data(data) if mix is None else []
+        if mix is not None:
+            mixture.check_names(mix[0])
+            if samples_per_epoch is None:
+                samples_per_epoch = opts["samples_per_epoch"] = mix[1]
+            elif mix[1] is not None and mix[1] != samples_per_epoch:
+                raise ConfigError(f"samples_per_epoch={samples_per_epoch} differs from the "
+                                  f"mixture file's {mix[1]}")
+        elif samples_per_epoch is not None:
+            raise ConfigError("samples_per_epoch needs a mixture (mmloader.Source list or "
+                              "mixture file)")
+        if mixture_tolerance is None:  # never warn
+            opts["mixture_tolerance"] = -1.0
+        elif isinstance(mixture_tolerance, (int, float)) and mixture_tolerance <= 0:
+            raise ConfigError(f"mixture_tolerance must be a number in (0, 1] or None, got "
+                              f"{mixture_tolerance!r}")
+        _check_system_prompt("system_prompt", system_prompt)
+        if opts["num_threads"] is None:
+            opts["num_threads"] = default_num_threads()
+        if image_root is not None:
+            opts["image_root"] = os.fspath(image_root)
+        _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
             warnings.warn("pin_memory=True: CUDA is unavailable "
@@ -293,34 +376,26 @@ class Loader:
                           "memory", RuntimeWarning, stacklevel=2)
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
+        # the vision settings, also the base of each source's (its overrides on top)
+        vision_kw = dict(min_pixels=min_pixels, max_pixels=max_pixels,
+                         max_image_pixels=max_image_pixels, image_mean=image_mean,
+                         image_std=image_std, legacy_resize=legacy_resize, fast=fast_decode,
+                         strict_jpeg=bool(strict_jpeg), image_route=image_route)
         try:
-            vision = vision_config(preset, model_dir, min_pixels=min_pixels,
-                                   max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                                   image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode,
-                                   strict_jpeg=bool(strict_jpeg))
+            vision = vision_config(preset, model_dir, **vision_kw)
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
+        sources = None
+        if mix is not None:
+            base = dict(image_root=image_root, system_prompt=system_prompt,
+                        label_mode=label_mode, max_length=max_length)
+            sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
+                       for src in mix[0]]
 
-        cfg: Dict[str, Any] = dict(
-            data=shards, data_format=_DATA_FORMATS[data_format], image_root=None if image_root is None else os.fspath(image_root),
-            shuffle=int(bool(shuffle)), seed=seed, dp_rank=dp_rank, dp_size=dp_size,
-            num_threads=num_threads, prefetch=prefetch, window=window or 0,
-            on_error=on_error, max_error_rate=float(max_error_rate),
-            max_length=max_length or 0, cycle=int(bool(cycle)),
-            micro_batch_size=micro_batch_size, seq_length=seq_length or 0,
-            pack=int(bool(packing)), pack_length=pack_length or 0,
-            pad_to_multiple=pad_to_multiple or 0, keys=keys,
-            shift_labels=int(bool(shift_labels)), attention_mask=int(bool(attention_mask)),
-            mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode, vision=vision,
-            s3_endpoint=s3_endpoint, s3_region=s3_region,
-            aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
-            aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
-            pin_memory=int(bool(pin_memory)), device=device_index,
-            text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)))
+        cfg = dict(opts, data=shards, vision=vision, template=tmpl, device=device_index,
+                   sources=sources)
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)
@@ -333,20 +408,27 @@ class Loader:
         self._batches_per_epoch = info["batches_per_epoch"]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
+        #: draws per epoch over all ranks (num_samples without a mixture)
+        self.samples_per_epoch: int = info["samples_per_epoch"]
         self.tokenizer = tok
+        self._mbs = micro_batch_size
+        self._dp_size = dp_size
+        self._allow_mixture_change = bool(allow_mixture_change)
+        # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
-            "data": info["data_hash"], "num_samples": info["num_samples"], "seed": seed,
-            "shuffle": int(bool(shuffle)), "dp_rank": dp_rank, "dp_size": dp_size,
-            "micro_batch_size": micro_batch_size, "seq_length": seq_length or 0,
-            "packing": int(bool(packing)), "pack_length": pack_length or 0,
-            "pad_to_multiple": pad_to_multiple or 0, "max_length": max_length or 0,
-            "keys": keys, "shift_labels": int(bool(shift_labels)), "label_mode": label_mode,
-            "mrope": int(bool(mrope)), "attention_mask": int(bool(attention_mask)),
-            "template": tmpl, "text_only_vision": text_only_vision,
-            "mm_token_type_ids": int(bool(mm_token_type_ids)),
+            "data": info["data_hash"], "num_samples": info["num_samples"],
+            **{k: int(v) if isinstance(v, bool) else v
+               for k, v in self._c.options().items() if OPTIONS[k]["fingerprint"]},
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
         }
+        if sources is not None:
+            self._fingerprint["samples_per_epoch"] = self.samples_per_epoch
+            self._fingerprint["mixture"] = [
+                [e["name"], e["data_hash"], e["num_samples"], e["per_epoch"],
+                 mixture.settings_hash({k: v for k, v in s.items()
+                                        if k not in ("data", "name", "image_root")})]
+                for e, s in zip(info["sources"], sources)]
 
     # ---- iteration ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict[str, "_core.Tensor"]]:
@@ -413,17 +495,49 @@ class Loader:
         fp = state.get("fingerprint")
         if not isinstance(fp, dict):
             raise StateError("state has no fingerprint")
-        diffs = [f"{k} (saved {fp.get(k)!r}, loader {v!r})"
-                 for k, v in self._fingerprint.items() if fp.get(k) != v]
-        if diffs:
+        diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
+        diffs += [k for k in _MIXTURE_KEYS if k in fp and k not in self._fingerprint]
+        other = [k for k in diffs if k not in _MIXTURE_KEYS]
+        mixed = [k for k in diffs if k in _MIXTURE_KEYS]
+        if other:
             raise StateError("the state was saved under a different configuration: " +
-                             "; ".join(diffs))
+                             "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
+                                       f"{self._fingerprint.get(k)!r})" for k in diffs))
         try:
             cur = (int(state["epoch"]), int(state["pos"]), int(state["batch_in_epoch"]))
         except (KeyError, TypeError, ValueError):
             raise StateError("state lacks epoch/pos/batch_in_epoch integers") from None
+        if mixed:
+            if "mixture" in self._fingerprint or "mixture" in fp:
+                what = mixture.describe_change(fp.get("mixture"),
+                                               self._fingerprint.get("mixture") or [])
+                what = what or [f"{k} (saved {fp.get(k)!r}, loader "
+                                f"{self._fingerprint.get(k)!r})" for k in mixed]
+                msg = "the state was saved under a different mixture: " + "; ".join(what)
+            else:
+                msg = ("the state was saved under a different configuration: " +
+                       "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
+                                 f"{self._fingerprint.get(k)!r})" for k in mixed))
+            if not self._allow_mixture_change:
+                raise StateError(msg + " (Loader(allow_mixture_change=True) continues under "
+                                 "the new data from the same sample count)")
+            cur = self._remap_cursor(cur, fp)
         if tuple(c.cursor()) != cur:
             c.seek(*cur)
+
+    def _remap_cursor(self, cur: Tuple[int, int, int], fp: Dict[str, Any]) -> Tuple[int, int, int]:
+        """The same count of this rank's stream positions under the current epoch size
+        (batch_in_epoch as if no sample had been skipped)."""
+        try:
+            old_total = int(fp.get("samples_per_epoch") or fp["num_samples"])
+        except (KeyError, TypeError, ValueError):
+            raise StateError("state lacks num_samples") from None
+        old_rank = max(1, old_total // self._dp_size)
+        epoch, pos, _ = cur
+        done = epoch * old_rank + min(pos, old_rank)
+        n = self.samples_per_rank
+        epoch, pos = divmod(done, n)
+        return (epoch, pos, 0 if self._packing else min(pos // self._mbs, len(self)))
 
     # Megatron-LM's names (maybe_save_dataloader_state calls iterable.save_state()).
     save_state = state_dict
@@ -522,8 +636,17 @@ class Loader:
         first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
         decode_s is the decoder's part of vision_s),
         queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
-        ``fetch`` (requests, retries, latency) when data is remote."""
-        return self._core().stats()
+        ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
+        per source (one, "data", without a mixture), its samples delivered, skipped (and
+        by reason), tokens, image tokens and bytes, with ``share`` (of the samples
+        delivered) beside ``expected_share`` (its draws / the epoch's)."""
+        st = self._core().stats()
+        srcs = st["sources"]
+        good = sum(s["samples"] for s in srcs.values())
+        for s in srcs.values():
+            s["share"] = s["samples"] / good if good else 0.0
+            s["expected_share"] = s["per_epoch"] / self.samples_per_epoch
+        return st
 
     def close(self) -> None:
         """Stops and joins every thread; batches already delivered stay valid."""

@@ -324,6 +324,15 @@ def report(p: Profile, d: Optional[Diagnosis] = None) -> str:
         out.append(f"{name:30s} {v:9.3f} {100 * share:6.1f}%  {of}")
     if st.get("skipped"):
         out.append(f"skipped samples: {st['skipped']} {st.get('skipped_by_reason') or ''}")
+    sources = st.get("sources") or {}
+    if len(sources) > 1:
+        width = max(6, max(len(n) for n in sources))
+        out += ["", f"  {'source':{width}s} {'samples':>9s} {'share':>7s} {'expected':>8s} "
+                    f"{'skipped':>8s} {'tokens':>10s} {'img tok':>10s} {'MiB':>8s}"]
+        for name, s in sources.items():
+            out.append(f"  {name:{width}s} {s['samples']:9d} {100 * s.get('share', 0):6.1f}% "
+                       f"{100 * s.get('expected_share', 0):7.1f}% {s['skipped']:8d} "
+                       f"{s['tokens']:10d} {s['image_tokens']:10d} {s['bytes'] / 2**20:8.1f}")
     fetch = st.get("fetch") or {}
     if fetch:
         out.append(f"fetch: {fetch.get('requests', 0)} requests, "

@@ -24,16 +24,21 @@ __all__ = ["ImageProcessor", "smart_resize"]
 
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280, legacy: bool = False) -> Tuple[int, int]:
+                 max_pixels: int = 28 * 28 * 1280, legacy: bool = False,
+                 qwen_vl_utils: bool = False) -> Tuple[int, int]:
     """(height, width) an image is resized to: both multiples of `factor`, the area within
     [min_pixels, max_pixels], the aspect ratio kept as closely as possible.
 
     The defaults are those of transformers' `smart_resize`.  `legacy=True` reproduces older
     transformers releases (no `max(factor, ...)` clamp; sizes below `factor` rejected).
+    `qwen_vl_utils=True` is qwen-vl-utils' variant (what per-image budgets in records use:
+    `max(factor, round(...))` first, floors unclamped).
     Raises ValueError for an aspect ratio above 200 or a size the algorithm rejects.
     """
+    if legacy and qwen_vl_utils:
+        raise ValueError("choose one of legacy and qwen_vl_utils")
     return _core.smart_resize(int(height), int(width), int(factor), int(min_pixels),
-                              int(max_pixels), bool(legacy))
+                              int(max_pixels), 2 if qwen_vl_utils else int(bool(legacy)))
 
 
 def _pil_to_rgb_array(img: Any) -> np.ndarray:
@@ -88,7 +93,9 @@ class ImageProcessor:
             the two orders can differ by 1 in a few pixels), strict_jpeg (True: a JPEG
             that libjpeg decodes only with "Corrupt JPEG data" warnings is refused; by
             default it is decoded as Pillow decodes it — Pillow refuses only JPEGs with
-            a libjpeg error, also one after the last row, and so does mmloader).
+            a libjpeg error, also one after the last row, and so does mmloader),
+            image_route ("processor", "load_image" or "qwen-vl-utils": see
+            :class:`mmloader.Loader`).
 
     Pixel semantics are those of the PIL backend of transformers 5.x: alpha and tRNS
     transparency are composited onto white, CMYK/16-bit/palette PNG converted as Pillow

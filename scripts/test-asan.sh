@@ -19,7 +19,8 @@ if [ $# -gt 0 ]; then suites=("$@"); else
   suites=(tests/test_loader.py tests/test_loader_lifecycle.py tests/test_tokenizer.py
           tests/test_vision.py tests/test_template.py tests/test_collate.py tests/test_fetch.py
           tests/test_image_bmp.py tests/test_image_gif.py tests/test_image_jpeg.py
-          tests/test_image_refused.py)
+          tests/test_image_refused.py tests/test_image_datauri.py tests/test_image_routes.py
+          tests/test_mixture.py)
 fi
 log=$(mktemp)
 set +e

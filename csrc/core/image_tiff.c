@@ -41,29 +41,43 @@ static uint64_t rd(const uint8_t *p, int n, int be) {
   return v;
 }
 
-mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
-  if (len < 8) return mml_err_set(err, MML_EDECODE, "TIFF: truncated header");
+int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned want, uint64_t *val,
+                      const char **why) {
+  *why = "truncated header";
+  if (len < 8 || !((p[0] == 'I' && p[1] == 'I') || (p[0] == 'M' && p[1] == 'M'))) return -2;
   const int be = p[0] == 'M', big = rd(p + 2, 2, be) == 43;
-  if (big && (len < 16 || rd(p + 4, 2, be) != 8))
-    return mml_err_set(err, MML_EDECODE, "BigTIFF: bad header");
+  if (big && (len < 16 || rd(p + 4, 2, be) != 8)) return *why = "bad BigTIFF header", -2;
   const uint64_t ifd = big ? rd(p + 8, 8, be) : rd(p + 4, 4, be);
   const int cnt_size = big ? 8 : 2, ent = big ? 20 : 12, vsz = big ? 8 : 4;
-  if (ifd < 8 || ifd > len || len - ifd < (uint64_t)cnt_size)
-    return mml_err_set(err, MML_EDECODE,
-                       "TIFF: first IFD at byte %llu, past the %zu bytes given",
-                       (unsigned long long)ifd, len);
+  *why = "first IFD past the bytes given";
+  if (ifd < 8 || ifd > len || len - ifd < (uint64_t)cnt_size) return -2;
   uint64_t n = rd(p + ifd, cnt_size, be);
-  if (n > (len - ifd - cnt_size) / ent)
-    return mml_err_set(err, MML_EDECODE, "TIFF: truncated first IFD");
-  uint64_t w = 0, h = 0;
+  *why = "truncated first IFD";
+  if (n > (len - ifd - cnt_size) / ent) return -2;
   for (uint64_t i = 0; i < n; i++) {
     const uint8_t *e = p + ifd + cnt_size + i * ent;
-    unsigned tag = (unsigned)rd(e, 2, be), type = (unsigned)rd(e + 2, 2, be);
-    if (tag != 256 && tag != 257) continue;
+    if (rd(e, 2, be) != want) continue;
+    unsigned type = (unsigned)rd(e + 2, 2, be);
     const uint8_t *v = e + 4 + vsz;
-    uint64_t val = type == 3 ? rd(v, 2, be) : type == 4 ? rd(v, 4, be) : type == 16 ? rd(v, 8, be) : 0;
-    if (tag == 256) w = val;
-    else h = val;
+    if (type != 3 && type != 4 && type != 16) continue;
+    *val = type == 3 ? rd(v, 2, be) : type == 4 ? rd(v, 4, be) : rd(v, 8, be);
+    return 0;
+  }
+  return -1;
+}
+
+mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
+  uint64_t w = 0, h = 0;
+  const char *why;
+  int a = mml_tiff_ifd0_tag(p, len, 256, &w, &why), b = a == -2 ? a : mml_tiff_ifd0_tag(p, len, 257, &h, &why);
+  if (a == -2 || b == -2) {
+    if (len >= 8 && !strcmp(why, "first IFD past the bytes given")) {
+      const int be = p[0] == 'M', big = rd(p + 2, 2, be) == 43;
+      uint64_t ifd = big && len >= 16 ? rd(p + 8, 8, be) : rd(p + 4, 4, be);
+      return mml_err_set(err, MML_EDECODE, "TIFF: first IFD at byte %llu, past the %zu bytes given",
+                         (unsigned long long)ifd, len);
+    }
+    return mml_err_set(err, MML_EDECODE, "TIFF: %s", why);
   }
   if (w == 0 || h == 0 || w > 0x7fffffff || h > 0x7fffffff)
     return mml_err_set(err, MML_EDECODE, "TIFF: bad or missing size %llux%llu in the first IFD",
@@ -282,7 +296,7 @@ static inline unsigned sample(const page *pg, const uint8_t *const *ln, int x, i
   return ln[0][x / per] >> (8 - pg->bps * (x % per + 1)) & ((1u << pg->bps) - 1);
 }
 
-mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
+mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                            const mml_row_sink *sink, mml_err *err) {
   mml_image_info info;
   mml_status st = mml_tiff_probe(p, len, &info, err);
@@ -337,7 +351,8 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
           break;
         }
         case K_GA:
-          o3[0] = o3[1] = o3[2] = mml_over_white(sample(&pg, ln, x, 0), sample(&pg, ln, x, 1));
+          o3[0] = o3[1] = o3[2] =
+              mml_alpha_px(b->alpha, 0, sample(&pg, ln, x, 0), sample(&pg, ln, x, 1)); /* LA */
           break;
         case K_PAL:
           memcpy(o3, pg.pal[sample(&pg, ln, x, 0)], 3);
@@ -351,7 +366,7 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
             for (int s = 0; s < 3; s++) {
               unsigned v = c[s];
               if (pg.alpha == 1) v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
-              o3[s] = mml_over_white(v, a);
+              o3[s] = mml_alpha_px(b->alpha, 1, v, a); /* Pillow's mode RGBA */
             }
           } else {
             o3[0] = (uint8_t)c[0], o3[1] = (uint8_t)c[1], o3[2] = (uint8_t)c[2];

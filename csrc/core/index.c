@@ -663,9 +663,11 @@ void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t wh
     snprintf(out, cap, "%s:%lld", sh->path, (long long)where);
 }
 
-uint64_t mml_index_hash(const mml_index *ix) {
+uint64_t mml_index_hash(const mml_index *ix) { return mml_index_hash_shards(ix, 0, ix->nshards); }
+
+uint64_t mml_index_hash_shards(const mml_index *ix, int first, int n) {
   uint64_t h = 0;
-  for (int i = 0; i < ix->nshards; i++) {
+  for (int i = first; i < first + n; i++) {
     const mml_index_shard *sh = &ix->shards[i];
     const char *base = strrchr(sh->path, '/');
     base = base ? base + 1 : sh->path; /* the data may move to another mount */

@@ -16,7 +16,8 @@
  *     workers (num_threads): first emit a finished batch if one is queued (build its
  *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
  *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
- *       and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
+ *       (and below limit_seq after a seek_ahead: the seek's `ahead` samples, one more per
+ *       skip) and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
  *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
  *       it on the ready list.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
@@ -55,22 +56,12 @@
 #include <time.h>
 
 #include "mml/fetch_sync.h"
+#include "mml/options.h"
 #include "mml/s3.h"
 
 /* ------------------------------------------------------------------------------------ */
 /* small helpers and the plan                                                           */
 
-static char *dirname_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  if (!slash) return strdup(".");
-  size_t n = (size_t)(slash - path);
-  if (n == 0) n = 1; /* "/x.jsonl" -> "/" */
-  char *d = malloc(n + 1);
-  if (!d) return NULL;
-  memcpy(d, path, n);
-  d[n] = 0;
-  return d;
-}
 
 static void deadline_after(struct timespec *ts, double s) {
   clock_gettime(CLOCK_MONOTONIC, ts);
@@ -165,7 +156,7 @@ static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
   return mml_index_end(b, err);
 }
 
-static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
+mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err) {
   if (!(mml_path_is_remote(path) && !strncmp(path, "s3://", 5) && has_glob(path)))
     return add_shard(L, path, err);
   /* s3://bucket/prefix*glob: the fetcher lists up to the first wildcard, matches the key */
@@ -183,18 +174,12 @@ static mml_status add_data(mml_loader *L, const char *path, mml_err *err) {
 }
 
 static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
-  if (!c->data || c->ndata < 1) return mml_err_set(err, MML_ECONFIG, "no data given");
-  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
-  if (c->prefetch < 1) return mml_err_set(err, MML_ECONFIG, "prefetch must be >= 1");
-  if (c->window < 0) return mml_err_set(err, MML_ECONFIG, "window must be >= 0");
-  if (c->collate.micro_batch_size < 1)
-    return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1");
-  if (!(c->max_error_rate >= 0 && c->max_error_rate <= 1))
-    return mml_err_set(err, MML_ECONFIG, "max_error_rate must be in [0, 1]");
+  if ((!c->data || c->ndata < 1) && (!c->sources || c->nsources < 1))
+    return mml_err_set(err, MML_ECONFIG, "no data given");
   if (!c->tokenizer) return mml_err_set(err, MML_ECONFIG, "no tokenizer");
-  if (c->collate.pack && c->collate.pack_length <= 0 && c->collate.seq_length <= 0)
-    return mml_err_set(err, MML_ECONFIG, "packing needs pack_length or seq_length");
-  return MML_OK;
+  /* None ("automatic") is resolved by the caller (mmloader.Loader: the CPUs it may use) */
+  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
+  return mml_loader_cfg_check(c, err); /* the option table's bounds and cross-checks */
 }
 
 /* The loader's own copies of the configuration's strings (credentials first: until they
@@ -222,20 +207,17 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
+  if (cfg->system_prompt && !(L->system_prompt = strdup(cfg->system_prompt))) return MML_ENOMEM;
+  L->cfg.system_prompt = L->system_prompt; /* kept: mml_loader_config reports it */
   return MML_OK;
 }
 
-/* The index of every shard, the rank's sampler, batches per epoch and image roots. */
+/* The sources (their shards' index, the mixture, the rank's sampler, image roots and
+ * per-source pipelines) and batches per epoch. */
 static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
-  mml_status st;
-  for (int i = 0; i < cfg->ndata; i++)
-    if ((st = add_data(L, L->data[i], err))) return st;
-  if (L->ix.n == 0)
-    return mml_err_set(err, MML_ECONFIG, "the data holds no samples (%d shard(s), all empty)",
-                       L->ix.nshards);
-  if ((st = mml_sampler_init(&L->sm, L->ix.n, cfg->seed, cfg->shuffle, cfg->dp_rank,
-                             cfg->dp_size, err)))
-    return st;
+  mml_status st = ld_build_sources(L, cfg, err);
+  L->cfg.sources = NULL; /* the caller's memory: everything needed is copied */
+  if (st) return st;
   L->n_rank = L->sm.n_rank;
   int mbs = cfg->collate.micro_batch_size;
   if (cfg->collate.pack) {
@@ -247,27 +229,13 @@ static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err
                          "each rank holds %lld samples, fewer than micro_batch_size=%d",
                          (long long)L->n_rank, mbs);
   }
-  L->roots = calloc((size_t)L->ix.nshards, sizeof *L->roots);
-  L->remote = calloc((size_t)L->ix.nshards, sizeof *L->remote);
-  if (!L->roots || !L->remote) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
-  for (int i = 0; i < L->ix.nshards; i++) {
-    L->remote[i] = mml_index_shard_remote(&L->ix.shards[i]);
-    L->roots[i] = L->image_root ? strdup(L->image_root) : dirname_of(L->ix.shards[i].path);
-    if (!L->roots[i]) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
-  }
   return MML_OK;
 }
 
-/* The per-sample pipeline (template, vision) and the collator's settings. */
+/* The collator's settings. */
 static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
-  mml_status st = mml_template_new(cfg->template_style, cfg->label_mode, cfg->tokenizer,
-                                   &L->tmpl, err);
-  if (st) return st;
-  L->pl.vision = &L->cfg.vision;
-  L->pl.tmpl = L->tmpl;
-  L->pl.max_length = cfg->max_length;
-
   L->ccfg = cfg->collate;
+  if (cfg->plan_only) L->ccfg.mrope = 0; /* no grids to check the ids against */
   const mml_tokenizer *tok = cfg->tokenizer;
   if (L->ccfg.pad_id < 0) {
     L->ccfg.pad_id = mml_tokenizer_token_to_id(tok, "<|endoftext|>", 13);
@@ -446,16 +414,13 @@ void mml_loader_free(mml_loader *L) {
   free(L->coll_busy);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
-  if (L->tmpl) mml_template_free(L->tmpl);
-  if (L->roots)
-    for (int i = 0; i < L->ix.nshards; i++) free(L->roots[i]);
-  free(L->roots);
-  free(L->remote);
+  ld_free_sources(L); /* before the index: roots are per shard */
   mml_index_free(&L->ix);
   if (L->data)
     for (int i = 0; i < L->cfg.ndata; i++) free(L->data[i]);
   free(L->data);
   free(L->image_root);
+  free(L->system_prompt);
   free((char *)L->cfg.fetch.access_key);
   free((char *)L->cfg.fetch.secret_key);
   free((char *)L->cfg.fetch.session_token);
@@ -480,8 +445,14 @@ int64_t mml_loader_num_samples(const mml_loader *L) { return L->ix.n; }
 int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
+const mml_loader_cfg *mml_loader_config(const mml_loader *L) { return &L->cfg; }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
+  return mml_loader_seek_ahead(L, c, 0, err);
+}
+
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err) {
   if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||
       (L->per_epoch >= 0 && c->batch_in_epoch > L->per_epoch) ||
       (L->per_epoch < 0 && c->pos > L->n_rank))
@@ -500,6 +471,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   normalize_cursor(L, c, &start, &wrap);
   L->start = start;
   ld_rebase_locked(L, start.epoch, start.pos, wrap);
+  L->limit_seq = ahead > 0 ? L->head_seq + ahead : -1;
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   ld_drop_output_locked(L);

@@ -139,7 +139,11 @@ void ld_emit_job_locked(mml_loader *L) {
   mml_err_clear(&err);
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
-  mml_status st = emit_batch(L, L->colls[ci], &b, &err);
+  mml_status st = MML_OK;
+  if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
+    mml_collator_reset(L->colls[ci]);
+  else
+    st = emit_batch(L, L->colls[ci], &b, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
@@ -158,7 +162,7 @@ void ld_emit_job_locked(mml_loader *L) {
   if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
 }
 
-static void push_warning_locked(mml_loader *L, const mml_err *e) {
+void ld_push_warning_locked(mml_loader *L, const mml_err *e) {
   if (L->warn_count == WARN_BACKLOG) return; /* counted in stats, message dropped */
   L->warn[(L->warn_head + L->warn_count) % WARN_BACKLOG] = *e;
   L->warn_count++;
@@ -221,9 +225,13 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
  * the error limits checked. */
 static void coll_failed_locked(mml_loader *L, coll_state *c) {
   const mml_sample *s = &c->s;
+  if (L->limit_seq >= 0) { /* seek_ahead: a skipped sample needs one more to replace it */
+    L->limit_seq++;
+    pthread_cond_broadcast(&L->work_cv);
+  }
   L->skipped++;
   L->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
-  if (!L->cfg.on_error_raise) push_warning_locked(L, &s->err); /* raise mode: raised instead */
+  if (!L->cfg.on_error_raise) ld_push_warning_locked(L, &s->err); /* raise mode: raised instead */
   c->since_good++;
   if (L->cfg.on_error_raise) {
     pend_item *pi = pend_reserve_locked(L, c->gen);
@@ -307,6 +315,7 @@ void *ld_collator_main(void *arg) {
     L->head_seq++;
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
+    ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) coll_failed_locked(L, &c);
     else coll_add_locked(L, &c);
   }

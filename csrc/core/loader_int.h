@@ -13,6 +13,7 @@
 #include "mml/device.h"
 #include "mml/index.h"
 #include "mml/loader.h"
+#include "mml/mixture.h"
 #include "mml/sampler.h"
 
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
@@ -34,6 +35,7 @@ struct task {
   uint64_t gen;
   int64_t seq;
   int pending;             /* outstanding fetches + 1 while submitting */
+  uint64_t fetched_bytes;  /* bytes its completed fetches brought */
   mml_status fetch_st;     /* first fetch failure */
   mml_err fetch_err;
   task *next_ready;
@@ -71,18 +73,37 @@ typedef struct pend_item {
   out_item it;       /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
+/* One source at run time (loader_sources.c): the settings its samples are processed with,
+ * and its stats (guarded by mu). */
+typedef struct ld_source {
+  char *name;
+  char *image_root;         /* NULL: each shard's own folder */
+  int shard0, nshards;      /* its shards in ix */
+  int64_t first, n, count;  /* its samples in ix; its draws per epoch */
+  mml_vision_cfg vision;
+  mml_template *tmpl;
+  mml_pipeline pl;          /* vision, tmpl, max_length: what the worker uses */
+  uint64_t good, skipped, bytes;
+  uint64_t skip_by_status[MML_STATUS_COUNT];
+  int64_t tokens, image_tokens;
+  int drift_warned;
+} ld_source;
+
 struct mml_loader {
   mml_loader_cfg cfg;       /* strings below are owned copies */
   char **data;
   char *image_root;
+  char *system_prompt;      /* NULL: the template's default system turn */
   char **roots;             /* per shard image root */
   int *remote;              /* per shard: 1 when remote */
+  int *shard_src;           /* per shard: its source */
   mml_index ix;
-  mml_sampler sm;
+  ld_source *src;           /* nsrc >= 1 sources (one without a mixture) */
+  int nsrc;
+  mml_mixture mix;          /* the epoch order over the sources */
+  mml_sampler sm;           /* the rank's slots of the mixture's epoch order */
   int64_t n_rank, per_epoch; /* per_epoch: batches (padded) or -1 (packed) */
   int window;
-  mml_template *tmpl;
-  mml_pipeline pl;
   mml_pool *pool;
   mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
   int pinned;
@@ -113,6 +134,7 @@ struct mml_loader {
   int64_t base_epoch, base_pos, base_seq;
   int base_wrap;
   int64_t head_seq, next_seq;
+  int64_t limit_seq;        /* -1, or: no sample at seq >= limit_seq is started (seek_ahead) */
   mml_cursor start;         /* where the collator starts for the current gen */
   task *tasks;
   task *ready_head, *ready_tail;
@@ -157,12 +179,26 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap);
 /* The loader's fetcher, created on first use (takes mu). */
 mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err);
 
+/* Indexes a data path (a shard, or an s3:// glob's shards) as the next shard(s). */
+mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err);
+
+/* loader_sources.c */
+/* Sources, index, counts, mixture, sampler, per-shard roots, per-source pipelines. */
+mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err);
+void ld_free_sources(mml_loader *L);
+/* s->epoch, s->pos -> s->source, s->index (the mixture lookup; outside mu). */
+mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err);
+/* The collator consumed s: its source's stats, and the drift check. */
+void ld_source_count_locked(mml_loader *L, const mml_sample *s);
+
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
 
 /* loader_collator.c */
 void *ld_collator_main(void *loader);
 void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e);
+/* Queues a message for mml_loader_take_warnings (dropped beyond the backlog). */
+void ld_push_warning_locked(mml_loader *L, const mml_err *e);
 /* Moves finished items, in stream order, from `pend` into the output queue while it has
  * room.  Called by whoever changes either: workers (an emit finished), the collator (an
  * error item), the consumer (popped one). */

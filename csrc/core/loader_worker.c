@@ -46,6 +46,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     *dst = *body; /* take the memory */
     memset(body, 0, sizeof *body);
     L->bytes_read += dst->len;
+    t->fetched_bytes += dst->len;
   } else if (!t->fetch_st) {
     t->fetch_st = st;
     if (err) t->fetch_err = *err;
@@ -99,13 +100,15 @@ static mml_status task_imgs_fit(task *t, int n) {
 }
 
 /* Stage 1: the record's bytes, read here, or fetched (*wait: the task waits for them). */
-static mml_status stage_record(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
+static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
+                               int *wait, mml_err *err) {
   mml_sample *s = &t->sample;
   int64_t off, len;
+  mml_status st = ld_lookup(L, &sc->mix, s, err); /* which source and sample */
+  if (st) return st;
   mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
   t->stage = STAGE_RECORD;
   const char *path = L->ix.shards[s->shard].path;
-  mml_status st;
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;
@@ -123,7 +126,10 @@ static mml_status stage_record(mml_loader *L, task *t, run_acc *acc, int *wait, 
   double t0 = mml_now();
   st = mml_index_read(&L->ix.shards[s->shard], off, len, &t->rec_bytes, err);
   acc->read_s += mml_now() - t0;
-  if (!st) acc->bytes += t->rec_bytes.len;
+  if (!st) {
+    acc->bytes += t->rec_bytes.len;
+    s->bytes += t->rec_bytes.len;
+  }
   return st;
 }
 
@@ -161,7 +167,10 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     st = mml_read_file(p, 0, -1, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
-    else acc->bytes += t->imgs[i].len;
+    else {
+      acc->bytes += t->imgs[i].len;
+      t->sample.bytes += t->imgs[i].len;
+    }
     return st;
   }
   if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
@@ -217,7 +226,9 @@ static mml_status stage_build(mml_loader *L, mml_sample_scratch *sc, task *t, mm
     *err = t->fetch_err;
     return t->fetch_st;
   }
-  mml_status st = mml_sample_build(&L->pl, sc, &t->rec, t->imgs, &t->sample, err);
+  t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
+  mml_status st = mml_sample_build(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
+                                   &t->sample, err);
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
 }
@@ -229,7 +240,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   mml_err_clear(&err);
   mml_status st = MML_OK;
   int wait = 0;
-  if (t->stage == STAGE_NEW) st = stage_record(L, t, acc, &wait, &err);
+  if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
   if (!st && !wait) st = stage_build(L, sc, t, &err);
   if (wait) return 0;
@@ -260,6 +271,7 @@ static task *take_task_locked(mml_loader *L) {
       continue;
     }
     if (L->next_seq < L->head_seq + L->window &&
+        (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
       task *t = &L->tasks[L->next_seq % L->window];
       t->state = SLOT_BUSY;
@@ -268,9 +280,9 @@ static task *take_task_locked(mml_loader *L) {
       t->stage = STAGE_NEW;
       t->fetch_st = MML_OK;
       t->pending = 0;
+      t->fetched_bytes = 0;
       mml_sample_reset(&t->sample);
       ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
-      t->sample.index = mml_sampler_at(&L->sm, t->sample.epoch, t->sample.pos);
       L->in_flight++;
       return t;
     }

@@ -39,6 +39,8 @@ typedef struct rec_arena {
   size_t parts_cap, nparts;
   const char **images;
   size_t images_cap;
+  mml_image_budget *budgets;
+  size_t budgets_cap;
   int *msg_first_part; /* index into parts of each message's first part */
   size_t first_cap;
 } rec_arena;
@@ -95,13 +97,49 @@ static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
   return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-static mml_status add_image(parse_ctx *c, const char *ref, int *index) {
+/* Reads the qwen-vl-utils budget keys of an image entry (an object, or NULL) into *b;
+ * keys it does not hold leave *b as it is. */
+static mml_status read_budget(parse_ctx *c, const cJSON *entry, mml_image_budget *b) {
+  static const char *const keys[] = {"min_pixels", "max_pixels", "resized_height",
+                                     "resized_width"};
+  if (!cJSON_IsObject(entry)) return MML_OK;
+  for (int i = 0; i < 4; i++) {
+    const cJSON *v = get(entry, keys[i], NULL);
+    if (!v) continue;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(d >= 1 && d <= 1e15 && d == (double)(int64_t)d))
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: image %d: \"%s\" must be a positive integer",
+                         c->rec->nimages, keys[i]);
+    int64_t x = (int64_t)d;
+    if (i == 0) b->min_pixels = x;
+    else if (i == 1) b->max_pixels = x;
+    else if (x > (1 << 30))
+      return mml_err_set(c->err, MML_ERECORD, "bad record: image %d: \"%s\" is too large",
+                         c->rec->nimages, keys[i]);
+    else if (i == 2) b->resized_height = x;
+    else b->resized_width = x;
+  }
+  return MML_OK;
+}
+
+/* Appends an image reference; `entry` and then `part` (objects or NULL) may carry its
+ * budget (the part's keys win). */
+static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry,
+                            const cJSON *part, int *index) {
   rec_arena *a = c->a;
   if (!utf8_valid(ref, strlen(ref)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
   if (!*ref) return mml_err_set(c->err, MML_ERECORD, "bad record: empty image reference");
-  if (grow((void **)&a->images, &a->images_cap, (size_t)c->rec->nimages + 1, sizeof *a->images))
+  size_t want = (size_t)c->rec->nimages + 1;
+  if (grow((void **)&a->images, &a->images_cap, want, sizeof *a->images) ||
+      grow((void **)&a->budgets, &a->budgets_cap, want, sizeof *a->budgets))
     return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  mml_image_budget *b = &a->budgets[c->rec->nimages];
+  memset(b, 0, sizeof *b);
+  mml_status st = read_budget(c, entry, b);
+  if (!st) st = read_budget(c, part, b);
+  if (st) return st;
   a->images[c->rec->nimages] = ref;
   *index = c->rec->nimages++;
   return MML_OK;
@@ -124,7 +162,7 @@ static const char *list_ref(const cJSON *v) {
   return NULL;
 }
 
-static mml_status take_listed_image(parse_ctx *c, int msg, int *index) {
+static mml_status take_listed_image(parse_ctx *c, int msg, const cJSON *part, int *index) {
   if (c->list_next >= c->list_len)
     return mml_err_set(c->err, MML_EMISMATCH,
                        "image count mismatch: message %d refers to image %d but the record "
@@ -137,7 +175,7 @@ static mml_status take_listed_image(parse_ctx *c, int msg, int *index) {
                        "bad record: image %d of the record's image list is not a string",
                        c->list_next);
   c->list_next++;
-  return add_image(c, ref, index);
+  return add_image(c, ref, v, part, index);
 }
 
 static mml_status push_part(parse_ctx *c, mml_part_kind kind, const char *text, size_t len,
@@ -162,7 +200,7 @@ static mml_status add_text(parse_ctx *c, int msg, const char *s) {
     if (!tag) break;
     mml_status st = push_part(c, MML_PART_TEXT, p, (size_t)(tag - p), 0);
     int idx;
-    if (!st) st = take_listed_image(c, msg, &idx);
+    if (!st) st = take_listed_image(c, msg, NULL, &idx);
     if (!st) st = push_part(c, MML_PART_IMAGE, NULL, 0, idx);
     if (st) return st;
     p = tag + IMAGE_TAG_LEN;
@@ -208,7 +246,7 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
       ref = r->valuestring;
     }
     int idx;
-    mml_status st = ref ? add_image(c, ref, &idx) : take_listed_image(c, msg, &idx);
+    mml_status st = ref ? add_image(c, ref, NULL, part, &idx) : take_listed_image(c, msg, part, &idx);
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
   return mml_err_set(c->err, MML_ERECORD,
@@ -300,6 +338,7 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   c->rec->messages = a->msgs;
   c->rec->nmessages = n;
   c->rec->images = a->images;
+  c->rec->budgets = a->budgets;
   return MML_OK;
 }
 
@@ -353,6 +392,7 @@ void mml_record_free(mml_record *rec) {
     free(a->msgs);
     free(a->parts);
     free(a->images);
+    free(a->budgets);
     free(a->msg_first_part);
     free(a);
   }

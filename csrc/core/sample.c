@@ -27,7 +27,8 @@ static void fit_pixels(mml_bytes *b, size_t need) {
 
 void mml_sample_reset(mml_sample *s) {
   s->epoch = s->pos = s->index = s->line = 0;
-  s->shard = 0;
+  s->shard = s->source = 0;
+  s->bytes = 0;
   s->status = MML_OK;
   mml_err_clear(&s->err);
   mml_ids_clear(&s->input_ids);
@@ -66,6 +67,7 @@ mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
 void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_vision_scratch_free(s->vision);
   mml_tok_scratch_free(s->tok);
+  mml_mix_scratch_free(&s->mix);
   free(s->plans);
   free(s->tokens);
   memset(s, 0, sizeof *s);
@@ -95,7 +97,8 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   int64_t rows = 0;
   int cols = 0;
   for (int i = 0; i < n; i++) {
-    st = mml_vision_plan_bytes(pl->vision, images[i].data, images[i].len, &sc->plans[i], err);
+    st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
+                                      rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
     if (st) {
       mml_err_prefix(err, "image %s", rec->images[i]);
       return st;
@@ -113,6 +116,13 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
                        (long long)pl->max_length);
+  if (pl->plan_only) { /* composition needs only the token count */
+    out->pixel_rows = 0;
+    out->pixel_cols = 0;
+    out->nimages = 0;
+    sc->vision_s += t1 - t0;
+    return MML_OK;
+  }
   size_t need = n ? (size_t)rows * (size_t)cols * sizeof(float) : 0;
   fit_pixels(&out->pixels, need);
   if (n) {

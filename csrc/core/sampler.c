@@ -52,7 +52,11 @@ int64_t mml_sampler_permute(const mml_sampler *s, int64_t epoch, int64_t i) {
   return (int64_t)x;
 }
 
-int64_t mml_sampler_at(const mml_sampler *s, int64_t epoch, int64_t pos) {
+int64_t mml_sampler_slot(const mml_sampler *s, int64_t pos) {
   if (pos >= s->n_rank) pos %= s->n_rank;
-  return mml_sampler_permute(s, epoch, pos * s->dp_size + s->dp_rank);
+  return pos * s->dp_size + s->dp_rank;
+}
+
+int64_t mml_sampler_at(const mml_sampler *s, int64_t epoch, int64_t pos) {
+  return mml_sampler_permute(s, epoch, mml_sampler_slot(s, pos));
 }

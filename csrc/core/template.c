@@ -46,7 +46,19 @@ struct mml_template {
   mml_label_mode labels;
   const mml_tokenizer *tok; /* NULL: render-only */
   int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
+  char *system;             /* mml_template_set_system: the default system turn's text */
+  int system_set;
 };
+
+mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err) {
+  char *copy = NULL;
+  if (text && !(copy = strdup(text)))
+    return mml_err_set(err, MML_ENOMEM, "template: out of memory");
+  free(t->system);
+  t->system = copy;
+  t->system_set = text != NULL;
+  return MML_OK;
+}
 
 mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
                             const mml_tokenizer *tok, mml_template **out, mml_err *err) {
@@ -92,7 +104,10 @@ mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
   return MML_OK;
 }
 
-void mml_template_free(mml_template *t) { free(t); }
+void mml_template_free(mml_template *t) {
+  if (t) free(t->system);
+  free(t);
+}
 
 /* ---- output side: render (text) or encode (ids + labels) ---- */
 
@@ -270,10 +285,12 @@ static mml_status walk(out_ctx *o) {
   for (int k = 0; k < n; k++)
     if (rec->messages[k].role == MML_ROLE_ASSISTANT) last = k;
 
-  if (t->style == MML_TEMPLATE_QWEN2_VL && rec->messages[0].role != MML_ROLE_SYSTEM) {
+  const char *sys = t->system_set ? t->system
+                                  : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system : NULL;
+  if (sys && sys[0] && rec->messages[0].role != MML_ROLE_SYSTEM) {
     TRY(emit_marker(o, TOK_IM_START, false));
     TRY(emit_cstr(o, "system\n", false));
-    TRY(emit_cstr(o, k_default_system, false));
+    TRY(emit_cstr(o, sys, false));
     TRY(emit_marker(o, TOK_IM_END, false));
     TRY(emit_cstr(o, "\n", false));
   }

@@ -1,7 +1,8 @@
 /*
  * loader_py.c — mmloader._core._Loader: the thin binding of the engine (mml/loader.h).
- * The public, documented class is mmloader.Loader (mmloader/loader.py), which validates
- * keyword arguments and passes one plain dict here.
+ * The public, documented class is mmloader.Loader (mmloader/loader.py), which resolves
+ * its keyword arguments and passes one plain dict here, parsed by the option table
+ * (options_py.c, mml/options.h).
  *
  * The GIL is released around every engine call that can wait: construction (index
  * build), next (in 100 ms slices, checking for signals between them so Ctrl-C works),
@@ -42,138 +43,6 @@ static int check_usable(LoaderObject *self) {
   return 0;
 }
 
-/* ---- config dict -> mml_loader_cfg ---------------------------------------------------- */
-
-static int get_obj(PyObject *d, const char *k, PyObject **out) {
-  *out = PyDict_GetItemString(d, k); /* borrowed; NULL when absent */
-  return 0;
-}
-static int get_ll(PyObject *d, const char *k, long long def, long long *out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  if (!v || v == Py_None) {
-    *out = def;
-    return 0;
-  }
-  *out = PyLong_AsLongLong(v);
-  if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be an integer", k);
-    return -1;
-  }
-  return 0;
-}
-static int get_int(PyObject *d, const char *k, int def, int *out) {
-  long long v;
-  if (get_ll(d, k, def, &v)) return -1;
-  if (v < -2147483647LL || v > 2147483647LL) {
-    PyErr_Format(mml_py_ConfigError, "%s is out of range", k);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
-}
-static int get_double(PyObject *d, const char *k, double def, double *out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  if (!v || v == Py_None) {
-    *out = def;
-    return 0;
-  }
-  *out = PyFloat_AsDouble(v);
-  if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a number", k);
-    return -1;
-  }
-  return 0;
-}
-static int get_str(PyObject *d, const char *k, const char **out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  *out = NULL;
-  if (!v || v == Py_None) return 0;
-  if (!PyUnicode_Check(v)) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a string", k);
-    return -1;
-  }
-  *out = PyUnicode_AsUTF8(v);
-  return *out ? 0 : -1;
-}
-
-static int parse_cfg(PyObject *d, mml_loader_cfg *c, const char ***data) {
-  memset(c, 0, sizeof *c);
-  PyObject *list;
-  get_obj(d, "data", &list);
-  if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_SetString(mml_py_ConfigError, "data must be a non-empty list of paths or URLs");
-    return -1;
-  }
-  Py_ssize_t n = PyList_GET_SIZE(list);
-  *data = PyMem_Calloc((size_t)n, sizeof **data);
-  if (!*data) {
-    PyErr_NoMemory();
-    return -1;
-  }
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *s = PyList_GET_ITEM(list, i);
-    if (!PyUnicode_Check(s)) {
-      PyErr_SetString(mml_py_ConfigError, "data entries must be strings");
-      return -1;
-    }
-    if (!((*data)[i] = PyUnicode_AsUTF8(s))) return -1;
-  }
-  c->data = *data;
-  c->ndata = (int)n;
-  long long seed, maxlen, seqlen, packlen, minerr;
-  const char *on_error, *keys, *tmpl, *labels;
-  if (get_str(d, "image_root", &c->image_root) || get_int(d, "data_format", 0, &c->data_format) || get_int(d, "shuffle", 1, &c->shuffle) ||
-      get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
-      get_int(d, "dp_size", 1, &c->dp_size) || get_int(d, "num_threads", 1, &c->num_threads) ||
-      get_int(d, "prefetch", 4, &c->prefetch) || get_int(d, "window", 0, &c->window) ||
-      get_str(d, "on_error", &on_error) || get_double(d, "max_error_rate", 0.1, &c->max_error_rate) ||
-      get_ll(d, "min_error_samples", 100, &minerr) ||
-      get_ll(d, "max_length", 0, &maxlen) || get_int(d, "cycle", 0, &c->cycle) ||
-      get_int(d, "micro_batch_size", 8, &c->collate.micro_batch_size) ||
-      get_ll(d, "seq_length", 0, &seqlen) || get_int(d, "pack", 0, &c->collate.pack) ||
-      get_ll(d, "pack_length", 0, &packlen) ||
-      get_int(d, "pad_to_multiple", 0, &c->collate.pad_to_multiple) ||
-      get_int(d, "pad_id", -1, &c->collate.pad_id) || get_str(d, "keys", &keys) ||
-      get_int(d, "shift_labels", 0, &c->collate.shift_labels) ||
-      get_int(d, "attention_mask", 1, &c->collate.attention_mask) ||
-      get_int(d, "mrope", 0, &c->collate.mrope) ||
-      get_int(d, "text_only_vision", 0, &c->collate.text_only_vision) ||
-      get_int(d, "mm_token_type_ids", 0, &c->collate.mm_token_type_ids) || get_str(d, "template", &tmpl) ||
-      get_str(d, "label_mode", &labels) || get_str(d, "s3_endpoint", &c->fetch.endpoint) ||
-      get_str(d, "s3_region", &c->fetch.region) ||
-      get_str(d, "aws_access_key_id", &c->fetch.access_key) ||
-      get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
-      get_str(d, "aws_session_token", &c->fetch.session_token) ||
-      get_int(d, "max_inflight", 0, &c->fetch.max_inflight) ||
-      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device))
-    return -1;
-  c->seed = (uint64_t)seed;
-  c->to_device = c->device >= 0;
-  if (c->device < 0) c->device = 0;
-  c->min_error_samples = minerr;
-  c->max_length = maxlen;
-  c->collate.seq_length = seqlen;
-  c->collate.pack_length = packlen;
-  c->on_error_raise = on_error && !strcmp(on_error, "raise");
-  c->collate.keys = keys && !strcmp(keys, "megatron") ? MML_KEYS_MEGATRON : MML_KEYS_QWEN;
-  c->template_style = tmpl && !strcmp(tmpl, "qwen3-vl") ? MML_TEMPLATE_QWEN3_VL
-                                                         : MML_TEMPLATE_QWEN2_VL;
-  c->label_mode = MML_LABELS_ALL_ASSISTANT;
-  if (labels && !strcmp(labels, "last_assistant")) c->label_mode = MML_LABELS_LAST_ASSISTANT;
-  if (labels && !strcmp(labels, "no_nonfinal_end")) c->label_mode = MML_LABELS_NO_NONFINAL_END;
-  PyObject *vision;
-  get_obj(d, "vision", &vision);
-  if (!vision || !PyDict_Check(vision)) {
-    PyErr_SetString(mml_py_ConfigError, "vision must be a dict (mmloader.presets.vision_config)");
-    return -1;
-  }
-  if (mml_py_vision_cfg_from_dict(vision, &c->vision)) return -1;
-  return 0;
-}
-
 /* ---- type --------------------------------------------------------------------------- */
 
 static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
@@ -188,9 +57,9 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   const struct mml_tokenizer *ct = mml_py_tokenizer_get(tok);
   if (!ct) return -1;
   mml_loader_cfg cfg;
-  const char **data = NULL;
-  if (parse_cfg(d, &cfg, &data)) {
-    PyMem_Free(data);
+  mml_py_cfg_mem mem = {0};
+  if (mml_py_loader_cfg_from_dict(d, &cfg, &mem)) {
+    mml_py_cfg_mem_free(&mem);
     return -1;
   }
   cfg.tokenizer = ct;
@@ -201,7 +70,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_new(&cfg, &L, &err);
   Py_END_ALLOW_THREADS
-  PyMem_Free(data);
+  mml_py_cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
       PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
@@ -262,6 +131,10 @@ static int emit_warnings(LoaderObject *self) {
   int n;
   while ((n = mml_loader_take_warnings(self->L, w, 8)) > 0) {
     for (int i = 0; i < n; i++) {
+      if (w[i].status == MML_OK) { /* a notice (mixture drift), not a skipped sample */
+        if (PyErr_WarnFormat(PyExc_UserWarning, 1, "mmloader: %s", w[i].msg)) return -1;
+        continue;
+      }
       if (self->warned >= MAX_WARNINGS) continue;
       self->warned++;
       const char *reason = mml_status_skip_reason(w[i].status);
@@ -332,11 +205,13 @@ static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
 
 static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   mml_cursor c;
-  if (!PyArg_ParseTuple(args, "LLL:seek", &c.epoch, &c.pos, &c.batch_in_epoch)) return NULL;
+  long long ahead = 0;
+  if (!PyArg_ParseTuple(args, "LLL|L:seek", &c.epoch, &c.pos, &c.batch_in_epoch, &ahead))
+    return NULL;
   if (check_usable(self)) return NULL;
   mml_err err;
   mml_err_clear(&err);
-  mml_status st = mml_loader_seek(self->L, &c, &err);
+  mml_status st = mml_loader_seek_ahead(self->L, &c, ahead, &err);
   if (st) return mml_py_raise(st, &err);
   Py_RETURN_NONE;
 }
@@ -353,10 +228,75 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
   mml_loader *L = self->L;
   char hash[17];
   snprintf(hash, sizeof hash, "%016llx", (unsigned long long)mml_loader_data_hash(L));
-  return Py_BuildValue("{s:L,s:L,s:L,s:s}", "num_samples", (long long)mml_loader_num_samples(L),
-                       "samples_per_rank", (long long)mml_loader_samples_per_rank(L),
-                       "batches_per_epoch", (long long)mml_loader_batches_per_epoch(L),
-                       "data_hash", hash);
+  int n = mml_loader_num_sources(L);
+  PyObject *src = PyList_New(n);
+  if (!src) return NULL;
+  for (int i = 0; i < n; i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    char h[17];
+    snprintf(h, sizeof h, "%016llx", (unsigned long long)ss.data_hash);
+    PyObject *e = Py_BuildValue("{s:s,s:L,s:L,s:s}", "name", ss.name, "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "data_hash", h);
+    if (!e) {
+      Py_DECREF(src);
+      return NULL;
+    }
+    PyList_SET_ITEM(src, i, e);
+  }
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N}", "num_samples",
+                       (long long)mml_loader_num_samples(L), "samples_per_rank",
+                       (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
+                       (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
+                       (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
+                       "sources", src);
+}
+
+/* stats()["sources"]: {name: {...}} in the mixture's order. */
+static PyObject *source_stats(mml_loader *L) {
+  PyObject *out = PyDict_New();
+  if (!out) return NULL;
+  for (int i = 0; i < mml_loader_num_sources(L); i++) {
+    mml_source_stats ss;
+    mml_loader_source_stats(L, i, &ss);
+    PyObject *reasons = PyDict_New();
+    if (!reasons) goto fail;
+    for (int st = 0; st < MML_STATUS_COUNT; st++) {
+      if (!ss.skip_by_status[st]) continue;
+      const char *r = mml_status_skip_reason((mml_status)st);
+      if (!r) r = "other";
+      PyObject *old = PyDict_GetItemString(reasons, r);
+      unsigned long long v = ss.skip_by_status[st] + (old ? PyLong_AsUnsignedLongLong(old) : 0);
+      PyObject *x = PyLong_FromUnsignedLongLong(v);
+      if (!x || PyDict_SetItemString(reasons, r, x)) {
+        Py_XDECREF(x);
+        Py_DECREF(reasons);
+        goto fail;
+      }
+      Py_DECREF(x);
+    }
+    PyObject *e = Py_BuildValue("{s:L,s:L,s:K,s:K,s:N,s:L,s:L,s:K}", "num_samples",
+                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
+                                "samples", (unsigned long long)ss.samples, "skipped",
+                                (unsigned long long)ss.skipped, "skipped_by_reason", reasons,
+                                "tokens", (long long)ss.tokens, "image_tokens",
+                                (long long)ss.image_tokens, "bytes", (unsigned long long)ss.bytes);
+    if (!e || PyDict_SetItemString(out, ss.name, e)) {
+      Py_XDECREF(e);
+      goto fail;
+    }
+    Py_DECREF(e);
+  }
+  return out;
+fail:
+  Py_DECREF(out);
+  return NULL;
+}
+
+static PyObject *Loader_options(LoaderObject *self, PyObject *unused) {
+  if (check_usable(self)) return NULL;
+  return mml_py_loader_cfg_to_dict(mml_loader_config(self->L));
 }
 
 static int set_num(PyObject *d, const char *k, PyObject *v) {
@@ -407,6 +347,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
+  if (set_num(d, "sources", source_stats(self->L))) goto fail;
   if (s.remote) {
     PyObject *f = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:i}", "requests",
@@ -441,10 +382,13 @@ static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_
 static PyMethodDef Loader_methods[] = {
     {"next", (PyCFunction)Loader_next, METH_NOARGS,
      "The next batch (dict of Tensor); StopIteration at the end of an epoch."},
-    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch)"},
+    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch, ahead=0): ahead > 0 starts no work beyond that many "
+     "samples (plus one per skipped sample)"},
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
+    {"options", (PyCFunction)Loader_options, METH_NOARGS,
+     "The options the engine runs with, by the option table (credentials left out)."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},
     {"close", (PyCFunction)Loader_close, METH_NOARGS, "Stops and joins every thread."},
     {"set_consumer_stream", (PyCFunction)Loader_set_consumer_stream, METH_VARARGS,

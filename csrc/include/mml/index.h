@@ -96,5 +96,7 @@ void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t wh
                            size_t cap);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
+/* The same over shards [first, first + n) (a mixture source's). */
+uint64_t mml_index_hash_shards(const mml_index *ix, int first, int n);
 
 #endif

@@ -24,15 +24,33 @@
 #include "mml/collate.h"
 #include "mml/common.h"
 #include "mml/fetch.h"
+#include "mml/mixture.h"
 #include "mml/record.h"
 #include "mml/sample.h"
 #include "mml/template.h"
 #include "mml/tokenizer.h"
 #include "mml/vision.h"
 
+/* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
+ * epoch, and the settings its samples are processed with (the worker looks them up by
+ * the sample's source). */
+typedef struct mml_source_cfg {
+  const char *name;         /* for stats and messages */
+  const char *const *data;  /* its shards, as mml_loader_cfg.data */
+  int ndata;
+  double weight, repeat;    /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
+  int64_t choose;
+  const char *image_root;   /* NULL: each shard's own folder */
+  mml_vision_cfg vision;    /* patch, merge and temporal sizes must be the loader's */
+  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  mml_label_mode label_mode;
+  int64_t max_length;       /* 0: no limit */
+} mml_source_cfg;
+
 typedef struct mml_loader_cfg {
   const char *const *data;  /* shard paths or URLs (local globs already expanded; s3:// may
-                               hold a glob in its key, listed with the fetcher) */
+                               hold a glob in its key, listed with the fetcher); ignored
+                               when `sources` is given */
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
   int data_format;          /* mml_layout (mml/index.h): 0 auto (by content), JSONL, JSON */
@@ -60,6 +78,20 @@ typedef struct mml_loader_cfg {
   int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
                                0: batches stay in host memory */
   int device;
+  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  /* A mixture: nsources sources blended per mml/mixture.h, each with its own settings.
+   * NULL: one source made of `data` with the settings above. */
+  const mml_source_cfg *sources;
+  int nsources;
+  int64_t samples_per_epoch;/* mixture epoch size (0: the sources' default) */
+  double mixture_tolerance; /* warn once per source when its share of the samples
+                               delivered so far differs from its share of the epoch by
+                               more than this (checked every 64 samples once 500 were
+                               delivered; 0: 0.05, < 0: never) */
+  int plan_only;            /* 1: a planning pass: samples are read, planned from image
+                               headers and tokenized, never decoded; batches carry no
+                               tensors, only their cursors (composition is the same unless
+                               an image fails only when decoded) */
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
@@ -79,12 +111,37 @@ int64_t mml_loader_samples_per_rank(const mml_loader *L); /* n_rank */
 int64_t mml_loader_batches_per_epoch(const mml_loader *L);
 /* Hash of the shard list (file names, sizes, sample counts). */
 uint64_t mml_loader_data_hash(const mml_loader *L);
+/* The loader's configuration as built (its own copies of the strings). */
+const mml_loader_cfg *mml_loader_config(const mml_loader *L);
+/* Draws per epoch over all ranks (the mixture's M; N without a mixture). */
+int64_t mml_loader_samples_per_epoch(const mml_loader *L);
+
+/* Per source (one without a mixture): sizes and what collation has consumed from it. */
+typedef struct mml_source_stats {
+  const char *name;         /* valid while the loader lives */
+  int64_t num_samples;      /* samples in its shards */
+  int64_t per_epoch;        /* its draws per epoch (all ranks) */
+  uint64_t data_hash;       /* as mml_loader_data_hash, over its shards */
+  uint64_t samples, skipped;/* good samples collated, samples skipped */
+  uint64_t skip_by_status[MML_STATUS_COUNT];
+  int64_t tokens, image_tokens; /* of its good samples */
+  uint64_t bytes;           /* record + image bytes read for it */
+} mml_source_stats;
+int mml_loader_num_sources(const mml_loader *L);
+void mml_loader_source_stats(mml_loader *L, int source, mml_source_stats *out);
 
 /* Restarts the stream at cursor c (a cursor taken from a delivered batch, or
  * {epoch, 0, 0}): drops prefetched batches and in-flight work.  A cursor at the end of an
  * epoch resumes with the next epoch, reporting the epoch end first (as the original
  * loader would) unless batch_in_epoch is 0.  MML_ESTATE for an impossible cursor. */
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
+/* mml_loader_seek, and then no work is started beyond the `ahead` samples from c plus
+ * one more for each sample skipped (ahead <= 0: no bound): the caller knows how many
+ * samples the batches it wants take (mmloader.ray: one batch per seek), so nothing is
+ * made only to be dropped by the next seek.  Output is unchanged: when the bound is
+ * reached the engine waits (for the next seek or close). */
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
+                                 mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
 /* pin_memory: batches delivered from now on are also kept from reuse until the work
@@ -104,7 +161,8 @@ void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream)
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err);
 
 /* Messages of skipped samples not yet taken (oldest first, at most `max`); returns the
- * count copied.  Messages beyond a small backlog are dropped (stats still count them). */
+ * count copied.  Messages beyond a small backlog are dropped (stats still count them).
+ * A message whose status is MML_OK is a notice, not a skip (a mixture's share drift). */
 int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
 
 #define MML_MAX_REASONS 16
@@ -140,6 +198,7 @@ typedef struct mml_pipeline {
   const mml_vision_cfg *vision;
   const mml_template *tmpl;
   int64_t max_length;       /* 0: no limit */
+  int plan_only;            /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
 /* Per-worker scratch, reused across samples. */
@@ -149,6 +208,7 @@ typedef struct mml_sample_scratch {
   mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
+  mml_mix_scratch mix;      /* the mixture lookup's */
   double vision_s, text_s;  /* accumulated busy time, taken by the engine */
 } mml_sample_scratch;
 

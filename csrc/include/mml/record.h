@@ -48,10 +48,20 @@ typedef struct mml_message {
   int nparts;
 } mml_message;
 
+/* A per-image pixel budget, as qwen-vl-utils reads it from an image entry (an image
+ * content part, or an object in the top-level image list): 0 where the key is absent. */
+typedef struct mml_image_budget {
+  int64_t min_pixels, max_pixels;
+  int64_t resized_height, resized_width;
+} mml_image_budget;
+
 typedef struct mml_record {
   mml_message *messages;
   int nmessages;
   const char **images; /* references as written in the record (path, URL, s3://) */
+  mml_image_budget *budgets; /* nimages entries: "min_pixels", "max_pixels",
+                                "resized_height", "resized_width" (positive integers; an
+                                image part's keys win over its list entry's) */
   int nimages;
   void *arena;         /* owns every string and array above */
 } mml_record;

@@ -14,6 +14,8 @@
 typedef struct mml_sample {
   int64_t epoch, pos;      /* stream coordinates */
   int64_t index;           /* global sample index (over all shards) */
+  int source;              /* its source (mixture) */
+  uint64_t bytes;          /* record + image bytes read for it */
   int shard;               /* shard number and 1-based line, for messages */
   int64_t line;
   mml_status status;       /* MML_OK, or why it failed */

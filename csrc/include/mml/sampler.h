@@ -31,6 +31,9 @@ mml_status mml_sampler_init(mml_sampler *s, int64_t n, uint64_t seed, int shuffl
                             int dp_size, mml_err *err);
 /* The epoch-order permutation: position i (0 <= i < n) of epoch `epoch` -> sample index. */
 int64_t mml_sampler_permute(const mml_sampler *s, int64_t epoch, int64_t i);
+/* The epoch-order position this rank reads at stream position pos (any pos >= 0):
+ * (pos mod n_rank) * dp_size + dp_rank.  A mixture (mml/mixture.h) maps it to a sample. */
+int64_t mml_sampler_slot(const mml_sampler *s, int64_t pos);
 /* The global sample index this rank reads at stream position pos (any pos >= 0). */
 int64_t mml_sampler_at(const mml_sampler *s, int64_t epoch, int64_t pos);
 

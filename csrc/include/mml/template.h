@@ -66,6 +66,11 @@ typedef struct mml_template mml_template;
 mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
                             const mml_tokenizer *tok, mml_template **out, mml_err *err);
 void mml_template_free(mml_template *t);
+/* The default system turn, rendered as "<|im_start|>system\n{text}<|im_end|>\n" before a
+ * conversation whose first message is not a system message: NULL restores the style's
+ * default (qwen2-vl's "You are a helpful assistant.", none for qwen3-vl), "" means none.
+ * Call before sharing the template. */
+mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err);
 
 /* Appends ids and labels (same length) for `rec`; image_tokens[i] is the number of
  * <|image_pad|> tokens of rec->images[i] (>= 1; NULL allowed when rec has no images).

@@ -11,6 +11,7 @@
 
 #include "mml/common.h"
 #include "mml/image.h"
+#include "mml/record.h"
 
 typedef struct mml_vision_cfg {
   int patch_size;          /* P: 14 (qwen2/2.5-vl) or 16 (qwen3-vl) */
@@ -25,7 +26,21 @@ typedef struct mml_vision_cfg {
                             * 13's order (vertical first when the height shrinks by more than
                             * twice as many pixels as the width) */
   int strict_jpeg;         /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
+  int route;               /* MML_ROUTE_*: which reference pipeline the pixels follow */
 } mml_vision_cfg;
+
+/* The image reference route: what a user's pipeline does before the processor.
+ *   MML_ROUTE_PROCESSOR      the processor given Image.open (transformers' convert_to_rgb:
+ *                            transparency composited onto white; EXIF ignored)
+ *   MML_ROUTE_LOAD_IMAGE     transformers.image_utils.load_image: ImageOps.exif_transpose,
+ *                            then convert("RGB") (alpha dropped), then the processor
+ *   MML_ROUTE_QWEN_VL_UTILS  qwen-vl-utils' fetch_image: to_rgb (RGBA pasted onto white,
+ *                            other modes convert("RGB")), its smart_resize
+ *                            (MML_RESIZE_QWEN_VL_UTILS) and a bicubic resize, then the
+ *                            processor, whose own resize is then the identity (same
+ *                            limits) but whose convert_to_rgb whitens a transparency
+ *                            colour Pillow kept (mml_decoder_color_key) */
+enum { MML_ROUTE_PROCESSOR = 0, MML_ROUTE_LOAD_IMAGE = 1, MML_ROUTE_QWEN_VL_UTILS = 2 };
 
 /* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
  * MML_ECONFIG naming the bad field. */
@@ -35,7 +50,13 @@ mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err);
  * MML_ECONFIG for an unknown name. */
 mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err);
 
-/* smart_resize of the current transformers release (legacy=1: the older one).
+/* smart_resize variants (the `legacy` argument of mml_smart_resize). */
+enum {
+  MML_RESIZE_TRANSFORMERS = 0,  /* the current transformers release */
+  MML_RESIZE_LEGACY = 1,        /* older transformers: no max(factor, ...) clamp */
+  MML_RESIZE_QWEN_VL_UTILS = 2, /* qwen-vl-utils: max(factor, round) first, floors unclamped */
+};
+/* smart_resize (legacy: one of the variants above).
  * MML_EASPECT above 200:1, MML_EINVAL for sizes it rejects. */
 mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
                             int64_t max_pixels, int legacy, int *out_h, int *out_w,
@@ -52,6 +73,8 @@ typedef struct mml_vision_plan {
   mml_image_format format; /* from the header (MML_FMT_UNKNOWN for mml_vision_plan_size) */
   int decode_scale;      /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
                           * in `fast` mode when the target is at most src/scale */
+  int orientation;       /* EXIF orientation the route applies (1: none); src_w/src_h are
+                          * the size after it */
 } mml_vision_plan;
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
@@ -59,6 +82,16 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
 /* Probe + plan from encoded bytes (also enforces max_image_pixels). */
 mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
                                  mml_vision_plan *plan, mml_err *err);
+/* The same for an image whose record entry carries its own budget (NULL or all zero: as
+ * above), sized as qwen-vl-utils' fetch_image sizes it (factor f = patch * merge):
+ *   resized_height and resized_width both given: qwen-vl-utils' smart_resize of that size
+ *     with its defaults min 4*f*f, max 16384*f*f (the image's own size is ignored);
+ *   else: qwen-vl-utils' smart_resize of the image's size, with min_pixels / max_pixels
+ *     from the entry, each absent one from cfg (the source's or loader's value).
+ * The image is then resized once, to that size.  min > max is MML_ERECORD. */
+mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data,
+                                        size_t len, const mml_image_budget *budget,
+                                        mml_vision_plan *plan, mml_err *err);
 /* The failures a plan can report: MML_EUNSUPPORTED / MML_EDECODE (header), MML_ETOOBIG
  * (width*height > max_image_pixels, checked before any decode), MML_EASPECT,
  * MML_EINVAL (size smart_resize rejects), MML_ECONFIG (bad cfg). */

@@ -1,0 +1,261 @@
+/*
+ * loader_sources.c — the loader's sources: construction (each source's shards into the
+ * one index, per-epoch counts, the mixture and the rank's sampler, and the settings a
+ * source's samples are processed with: image root, vision config, template, max_length),
+ * the stream-position lookup the workers run, and per-source stats.
+ *
+ * A loader always has at least one source: without a mixture, the one made of cfg->data
+ * with the loader's own settings, whose order is then exactly the plain sampler's.  A
+ * worker finds a sample's settings as L->src[sample.source].pl (shards are grouped by
+ * source, so L->shard_src maps a shard to its source).
+ *
+ * Threads: everything is immutable after construction except the stats, which only the
+ * collation thread writes and the consumer reads, both under mu.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+
+static char *dirname_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return strdup(".");
+  size_t n = (size_t)(slash - path);
+  if (n == 0) n = 1; /* "/x.jsonl" -> "/" */
+  char *d = malloc(n + 1);
+  if (!d) return NULL;
+  memcpy(d, path, n);
+  d[n] = 0;
+  return d;
+}
+
+static char *root_copy(const char *root) {
+  if (!root || !root[0]) return NULL;
+  char *r = strdup(root);
+  if (!r) return NULL;
+  size_t n = strlen(r);
+  while (n > 1 && r[n - 1] == '/') r[--n] = 0;
+  return r;
+}
+
+static mml_status oom(mml_err *err) {
+  return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
+}
+
+/* Indexes one source's shards; its samples follow the previous source's in the index. */
+static mml_status index_source(mml_loader *L, ld_source *src, const mml_source_cfg *sc,
+                               int mixture, mml_err *err) {
+  if (!sc->data || sc->ndata < 1)
+    return mml_err_set(err, MML_ECONFIG, mixture ? "source %s: no data given" : "no data given",
+                       src->name);
+  src->shard0 = L->ix.nshards;
+  src->first = L->ix.n;
+  for (int i = 0; i < sc->ndata; i++) {
+    mml_status st = ld_add_data(L, sc->data[i], err);
+    if (st) {
+      if (mixture) mml_err_prefix(err, "source %s", src->name);
+      return st;
+    }
+  }
+  src->nshards = L->ix.nshards - src->shard0;
+  src->n = L->ix.n - src->first;
+  if (src->n == 0) {
+    if (!mixture)
+      return mml_err_set(err, MML_ECONFIG, "the data holds no samples (%d shard(s), all empty)",
+                         src->nshards);
+    return mml_err_set(err, MML_ECONFIG, "source %s holds no samples (%d shard(s), all empty)",
+                       src->name, src->nshards);
+  }
+  return MML_OK;
+}
+
+/* A source's processing settings: vision config, template (label mode, system turn),
+ * max_length. */
+static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_source_cfg *sc,
+                                  mml_err *err) {
+  const mml_vision_cfg *lv = &L->cfg.vision;
+  if (sc->vision.patch_size != lv->patch_size || sc->vision.merge_size != lv->merge_size ||
+      sc->vision.temporal_patch_size != lv->temporal_patch_size)
+    return mml_err_set(err, MML_ECONFIG,
+                       "source %s: its patch, merge and temporal sizes must be the loader's",
+                       src->name);
+  src->vision = sc->vision;
+  mml_status st = mml_vision_cfg_check(&src->vision, err);
+  if (!st) st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer,
+                                 &src->tmpl, err);
+  if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
+  if (st) {
+    if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
+    return st;
+  }
+  src->pl.vision = &src->vision;
+  src->pl.tmpl = src->tmpl;
+  src->pl.max_length = sc->max_length;
+  src->pl.plan_only = L->cfg.plan_only;
+  return MML_OK;
+}
+
+mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
+  mml_source_cfg one;
+  const mml_source_cfg *scs = cfg->sources;
+  int n = cfg->nsources, mixture = scs && n > 0;
+  if (!mixture) { /* plain data: one source with the loader's settings */
+    one = (mml_source_cfg){.name = "data", .data = cfg->data, .ndata = cfg->ndata,
+                           .weight = -1, .repeat = -1, .choose = -1,
+                           .image_root = cfg->image_root, .vision = cfg->vision,
+                           .system_prompt = cfg->system_prompt,
+                           .label_mode = cfg->label_mode, .max_length = cfg->max_length};
+    scs = &one;
+    n = 1;
+  }
+  L->src = calloc((size_t)n, sizeof *L->src);
+  mml_mix_spec *spec = calloc((size_t)n, sizeof *spec);
+  int64_t *sizes = calloc((size_t)n, sizeof *sizes), *counts = calloc((size_t)n, sizeof *counts);
+  mml_status st = MML_OK;
+  if (!L->src || !spec || !sizes || !counts) {
+    st = oom(err);
+    goto done;
+  }
+  L->nsrc = n;
+  for (int i = 0; i < n && !st; i++) {
+    ld_source *src = &L->src[i];
+    const mml_source_cfg *sc = &scs[i];
+    src->name = strdup(sc->name ? sc->name : "?");
+    src->image_root = root_copy(sc->image_root);
+    if (!src->name || (sc->image_root && sc->image_root[0] && !src->image_root)) {
+      st = oom(err);
+      break;
+    }
+    st = index_source(L, src, sc, mixture, err);
+    spec[i] = (mml_mix_spec){src->name, src->n, sc->weight, sc->repeat, sc->choose};
+    sizes[i] = src->n;
+  }
+  if (st) goto done;
+  if ((st = mml_mixture_counts(spec, n, cfg->samples_per_epoch, counts, err)) ||
+      (st = mml_mixture_init(&L->mix, sizes, counts, n, cfg->seed, cfg->shuffle, err)) ||
+      (st = mml_sampler_init(&L->sm, L->mix.total, cfg->seed, cfg->shuffle, cfg->dp_rank,
+                             cfg->dp_size, err)))
+    goto done;
+  for (int i = 0; i < n; i++) L->src[i].count = counts[i];
+
+  int ns = L->ix.nshards;
+  L->shard_src = calloc((size_t)ns, sizeof *L->shard_src);
+  L->roots = calloc((size_t)ns, sizeof *L->roots);
+  L->remote = calloc((size_t)ns, sizeof *L->remote);
+  if (!L->shard_src || !L->roots || !L->remote) {
+    st = oom(err);
+    goto done;
+  }
+  for (int i = 0; i < n && !st; i++) {
+    ld_source *src = &L->src[i];
+    for (int k = src->shard0; k < src->shard0 + src->nshards; k++) {
+      const char *path = L->ix.shards[k].path;
+      L->shard_src[k] = i;
+      L->remote[k] = mml_index_shard_remote(&L->ix.shards[k]);
+      L->roots[k] = src->image_root ? strdup(src->image_root) : dirname_of(path);
+      if (!L->roots[k]) {
+        st = oom(err);
+        break;
+      }
+    }
+    if (!st) st = source_pipeline(L, src, &scs[i], err);
+  }
+done:
+  free(spec);
+  free(sizes);
+  free(counts);
+  return st;
+}
+
+void ld_free_sources(mml_loader *L) {
+  for (int i = 0; L->src && i < L->nsrc; i++) {
+    free(L->src[i].name);
+    free(L->src[i].image_root);
+    if (L->src[i].tmpl) mml_template_free(L->src[i].tmpl);
+  }
+  free(L->src);
+  L->src = NULL;
+  if (L->roots)
+    for (int i = 0; i < L->ix.nshards; i++) free(L->roots[i]);
+  free(L->roots);
+  free(L->remote);
+  free(L->shard_src);
+  L->roots = NULL;
+  L->remote = NULL;
+  L->shard_src = NULL;
+  mml_mixture_free(&L->mix);
+}
+
+mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err) {
+  int64_t j = mml_sampler_slot(&L->sm, s->pos);
+  if (mml_mixture_at(&L->mix, sc, s->epoch, j, &s->source, &s->index))
+    return mml_err_set(err, MML_ENOMEM, "out of memory looking up epoch %lld position %lld",
+                       (long long)s->epoch, (long long)j);
+  return MML_OK;
+}
+
+/* ---- stats ---------------------------------------------------------------------------- */
+
+static void check_drift_locked(mml_loader *L) {
+  double tol = L->cfg.mixture_tolerance == 0 ? 0.05 : L->cfg.mixture_tolerance;
+  if (tol < 0 || L->nsrc < 2 || L->good < 500 || (L->samples & 63) != 0) return;
+  for (int i = 0; i < L->nsrc; i++) {
+    ld_source *src = &L->src[i];
+    if (src->drift_warned) continue;
+    double share = (double)src->good / (double)L->good;
+    double want = (double)src->count / (double)L->mix.total;
+    if (fabs(share - want) <= tol) continue;
+    src->drift_warned = 1;
+    mml_err e;
+    mml_err_set(&e, MML_OK,
+                "source %s makes up %.1f%% of the %llu samples delivered so far, but %.1f%% "
+                "of the epoch (%lld of %lld draws; it skipped %llu of its samples); "
+                "mixture_tolerance=%g",
+                src->name, 100 * share, (unsigned long long)L->good, 100 * want,
+                (long long)src->count, (long long)L->mix.total,
+                (unsigned long long)src->skipped, tol);
+    e.status = MML_OK;
+    ld_push_warning_locked(L, &e);
+  }
+}
+
+void ld_source_count_locked(mml_loader *L, const mml_sample *s) {
+  ld_source *src = &L->src[s->source];
+  src->bytes += s->bytes;
+  if (s->status != MML_OK) {
+    src->skipped++;
+    src->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
+  } else {
+    src->good++;
+    src->tokens += (int64_t)s->input_ids.len;
+    int64_t merge2 = (int64_t)src->vision.merge_size * src->vision.merge_size;
+    for (int k = 0; k < s->nimages; k++) {
+      const int32_t *g = &s->grids.data[3 * k];
+      src->image_tokens += (int64_t)g[0] * g[1] * g[2] / merge2;
+    }
+  }
+  check_drift_locked(L);
+}
+
+int mml_loader_num_sources(const mml_loader *L) { return L->nsrc; }
+int64_t mml_loader_samples_per_epoch(const mml_loader *L) { return L->mix.total; }
+
+void mml_loader_source_stats(mml_loader *L, int i, mml_source_stats *o) {
+  memset(o, 0, sizeof *o);
+  if (i < 0 || i >= L->nsrc) return;
+  const ld_source *src = &L->src[i];
+  o->name = src->name;
+  o->num_samples = src->n;
+  o->per_epoch = src->count;
+  o->data_hash = mml_index_hash_shards(&L->ix, src->shard0, src->nshards);
+  pthread_mutex_lock(&L->mu);
+  o->samples = src->good;
+  o->skipped = src->skipped;
+  memcpy(o->skip_by_status, src->skip_by_status, sizeof o->skip_by_status);
+  o->tokens = src->tokens;
+  o->image_tokens = src->image_tokens;
+  o->bytes = src->bytes;
+  pthread_mutex_unlock(&L->mu);
+}

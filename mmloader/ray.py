@@ -1,0 +1,678 @@
+"""mmloader.ray: producers on a Ray cluster, the in-process stream bitwise.
+
+``mmloader.ray.Loader(data, producers=K, **loader_kwargs)`` starts K producer actors, each
+holding an :class:`mmloader.Loader` of this rank's stream, and yields the same batches,
+epoch ends and errors, in the same order, as ``mmloader.Loader(data, **loader_kwargs)``
+in this process would, with the same ``state_dict()`` / ``load_state_dict()``.  Batch j
+is made by producer j mod K; batches travel through Ray's object store as contiguous
+NumPy arrays and reach the trainer as read-only views of that memory (no copy when the
+object is on the trainer's node, one transfer by Ray's object manager when it is not).
+
+Why the stream is exact, whatever skips or packing do to batch composition:
+  A batch is a pure function of the cursor it starts from (the engine's determinism and
+  exact-resume guarantees: ``seek(c); next()`` gives the batch an uninterrupted loader at
+  cursor c would give).  Every request names its start cursor and every result carries
+  it and the cursor after it.  The consumer accepts the result for batch j only when its
+  start equals the end of the batch it delivered last; by induction each accepted batch
+  equals the in-process one.  Start cursors of batches not yet made are guessed
+  (padded mode: micro_batch_size positions per batch, no skips; or the boundaries a
+  planner actor finds with a plan_only loader, which packing needs); a wrong guess is
+  caught by the check: the speculative requests are cancelled and re-issued from the
+  true cursor.  Guesses only decide speed, never content.  Each request also bounds the
+  producer's work to the samples its batch is expected to take (the core's seek_ahead),
+  so nothing is made only to be dropped.  A producer that dies is restarted by Ray
+  (``max_restarts``) and its lost batches are re-requested from their start cursors.
+  Batch j is first requested from producer j mod K; a retry may go to another.
+
+Ray is an optional dependency: nothing else in mmloader imports it.
+"""
+from __future__ import annotations
+
+import builtins
+import collections
+import time
+import warnings
+import weakref
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+from ._core import ConfigError, Error, SampleError
+
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                                PlacementGroupSchedulingStrategy)
+except ImportError as e:  # pragma: no cover - exercised only without ray
+    raise ImportError("mmloader.ray needs Ray: pip install ray") from e
+
+Cursor = Tuple[int, int, int]
+PLACEMENTS = ("spread", "pack", "node-local")
+# Loader options that belong to the trainer's process, not to a producer.
+_REFUSED = {"device": "cpu", "pin_memory": False}
+# Failures of the transport (not of the data): the batch is requested again.
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+         ray.exceptions.ActorUnavailableError, ray.exceptions.WorkerCrashedError,
+         ray.exceptions.NodeDiedError)
+
+
+class _Producer:
+    """A Ray actor: one mmloader.Loader of the rank's stream; makes the batch at a cursor."""
+
+    def __init__(self, data: Any, kwargs: Dict[str, Any]) -> None:
+        import os
+
+        from .loader import Loader
+
+        ctx = ray.get_runtime_context()
+        self._where = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                       "pid": os.getpid()}
+        self._error: Optional[BaseException] = None
+        try:  # a bad configuration is raised by info(), so the trainer sees the Error itself
+            self._loader = Loader(data, **kwargs)
+            self._c = self._loader._c
+        except Exception as e:  # noqa: BLE001
+            self._error = e
+        self._batches = 0
+        self._busy_s = 0.0
+        self._bytes = 0
+
+    def info(self) -> Dict[str, Any]:
+        if self._error is not None:
+            raise self._error
+        L = self._loader
+        return dict(self._where, fingerprint=L._fingerprint, num_samples=L.num_samples,
+                    samples_per_rank=L.samples_per_rank,
+                    batches_per_epoch=L._batches_per_epoch)
+
+    def check_state(self, state: Dict[str, Any]) -> Cursor:
+        """Validates a state_dict exactly as Loader.load_state_dict does; its cursor."""
+        self._loader.load_state_dict(state)
+        return tuple(self._c.cursor())
+
+    def produce(self, start: Cursor, ahead: int
+                ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+        """Everything next() yields from cursor `start` up to and including one batch:
+        epoch ends, sample errors (on_error="raise"), skip warnings, then the batch.  The
+        engine starts no work beyond the `ahead` samples the batch is planned to take
+        (plus one per skip), so nothing is made only to be dropped."""
+        t0 = time.perf_counter()
+        c = self._c
+        c.seek(*start, ahead)
+        skipped0 = c.stats()["skipped"]
+        events: List[Tuple[str, str, str]] = []
+        arrays = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            while True:
+                try:
+                    batch = self._loader._next()
+                except StopIteration:
+                    events.append(("end", "", ""))
+                    continue
+                except SampleError as e:  # on_error="raise": one sample; iteration goes on
+                    events.append(("error", type(e).__name__, str(e)))
+                    continue
+                except Exception as e:  # noqa: BLE001 - sticky: the stream stops here
+                    events.append(("fatal", type(e).__name__, str(e)))
+                    break
+                arrays = {k: np.from_dlpack(v) for k, v in batch.items()}
+                break
+        warns = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        nbytes = sum(a.nbytes for a in arrays.values()) if arrays else 0
+        self._batches += arrays is not None
+        self._bytes += nbytes
+        self._busy_s += time.perf_counter() - t0
+        meta = {"start": tuple(start), "end": tuple(c.cursor()), "events": events,
+                "warnings": warns, "node_id": self._where["node_id"], "nbytes": nbytes,
+                "skipped": c.stats()["skipped"] - skipped0}
+        return meta, arrays  # arrays go to the object store out of band (pickle 5)
+
+    def plan(self, start: Cursor, n: int) -> List[Cursor]:
+        """(plan_only loader) The cursors after each of the next n batches from `start`;
+        fewer when the stream stops (a fatal error: the producers will report it)."""
+        c = self._c
+        if tuple(c.cursor()) != tuple(start):
+            c.seek(*start)
+        out: List[Cursor] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            while len(out) < n:
+                try:
+                    self._loader._next()
+                except (StopIteration, SampleError):
+                    continue
+                except Exception:  # noqa: BLE001
+                    break
+                out.append(tuple(c.cursor()))
+        return out
+
+    def stats(self) -> Dict[str, Any]:
+        s = self._loader.stats()
+        return dict(self._where, batches=self._batches, busy_s=self._busy_s,
+                    bytes=self._bytes, samples=s["samples"], skipped=s["skipped"])
+
+    def pid(self) -> int:
+        return self._where["pid"]
+
+
+class _Request:
+    __slots__ = ("start", "producer", "ref", "attempts")
+
+    def __init__(self, start: Cursor, producer: int, ref: Any) -> None:
+        self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
+
+
+class Loader:
+    """The stream of :class:`mmloader.Loader` for one data-parallel rank, made by Ray actors.
+
+    Args:
+        data: as for :class:`mmloader.Loader`; every producer's node must reach it (a
+            shared file system, ``http(s)://`` or ``s3://``).
+        producers: producer actors (K); batch j is made by producer j mod K.
+        placement: "spread" (default: a SPREAD placement group, producers on different
+            nodes as far as the cluster allows), "pack" (a PACK placement group: as few
+            nodes as possible) or "node-local" (the node of this process).
+        producer_resources: Ray resources of each producer, default ``{"CPU": 1}``; add a
+            custom resource (e.g. ``{"CPU": 4, "data_node": 1}``) to use only nodes that
+            advertise it.  ``num_threads`` defaults to the producer's CPUs.
+        refs_in_flight: batches requested ahead of the trainer (default 2 * producers).
+        zero_copy: True: batches are read-only NumPy views of object-store memory (a
+            view keeps its object alive; memory is released when the batch is dropped);
+            False: each array is copied out and the object released at once.
+        as_torch: yield torch tensors (views of the same memory) instead of NumPy arrays.
+        max_restarts: how often Ray restarts a producer that died.
+        placement_timeout_s: how long to wait for the cluster to place the producers.
+        planner: run one more actor with ``plan_only=True`` that walks the stream ahead
+            (records, image headers, tokens; no decoding) and gives each batch's exact
+            boundaries; default: on with ``packing=True`` (required there), off in padded
+            mode, where a batch is guessed to take micro_batch_size samples (turn it on
+            for data with many skips).
+        **loader_kwargs: :class:`mmloader.Loader` arguments (the stream's definition:
+            batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path.
+            ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
+    """
+
+    def __init__(self, data: Any, *, producers: int = 2, placement: str = "spread",
+                 producer_resources: Optional[Dict[str, float]] = None,
+                 refs_in_flight: Optional[int] = None, zero_copy: bool = True,
+                 as_torch: bool = False, max_restarts: int = 3,
+                 placement_timeout_s: float = 120.0, planner: Optional[bool] = None,
+                 **loader_kwargs: Any) -> None:
+        self._actors: List[Any] = []
+        self._planner: Any = None
+        self._pg = None
+        self._inflight: Deque[_Request] = collections.deque()
+        self._ready: Deque[Tuple[str, Any]] = collections.deque()
+        if isinstance(producers, bool) or not isinstance(producers, int) or producers < 1:
+            raise ConfigError(f"producers must be an integer >= 1, got {producers!r}")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        if refs_in_flight is None:
+            refs_in_flight = 2 * producers
+        if isinstance(refs_in_flight, bool) or not isinstance(refs_in_flight, int) \
+                or refs_in_flight < 1:
+            raise ConfigError(f"refs_in_flight must be an integer >= 1, got {refs_in_flight!r}")
+        res = dict(producer_resources or {"CPU": 1})
+        cpus = res.pop("CPU", 1)
+        if not isinstance(cpus, (int, float)) or cpus < 0:
+            raise ConfigError(f"producer_resources['CPU'] must be a number >= 0, got {cpus!r}")
+        for k, v in _REFUSED.items():
+            if loader_kwargs.get(k, v) != v:
+                raise ConfigError(f"mmloader.ray.Loader: {k}={loader_kwargs[k]!r} is not "
+                                  "supported; batches are host arrays (move them to the GPU "
+                                  "in the trainer)")
+        if "plan_only" in loader_kwargs:
+            raise ConfigError("mmloader.ray.Loader: plan_only is not a stream option")
+        self._packing = bool(loader_kwargs.get("packing", False))
+        if planner is None:
+            planner = self._packing
+        if self._packing and not planner:
+            raise ConfigError("mmloader.ray.Loader: packing=True needs planner=True (pack "
+                              "boundaries depend on every earlier sample's length; without "
+                              "a plan the producers could only make one batch at a time)")
+        tok = loader_kwargs.get("tokenizer")
+        if tok is not None and not isinstance(tok, (str, bytes)) and not hasattr(tok, "__fspath__"):
+            raise ConfigError("mmloader.ray.Loader: tokenizer must be a path (each producer "
+                              "loads it on its own node)")
+        kwargs = dict(loader_kwargs)
+        kwargs.setdefault("num_threads", max(1, int(cpus)))
+        kwargs["prefetch"] = 1  # a producer makes one batch per request
+        self._max_error_rate = float(kwargs.get("max_error_rate", 0.1))
+        kwargs["max_error_rate"] = 1.0  # judged here, over the stream the trainer sees
+        self._mbs = int(kwargs.get("micro_batch_size", 8))
+        self._cycle = bool(kwargs.get("cycle", False))
+        self._zero_copy = bool(zero_copy)
+        self._as_torch = bool(as_torch)
+        self._inflight_max = refs_in_flight
+        if not ray.is_initialized():
+            ray.init()
+        self._node = ray.get_runtime_context().get_node_id()
+
+        opts: Dict[str, Any] = dict(num_cpus=cpus, resources=res or None,
+                                    max_restarts=max_restarts, max_task_retries=0)
+        if placement == "node-local":
+            strategies = [NodeAffinitySchedulingStrategy(self._node, soft=False)] * producers
+        else:
+            bundle = dict(res, CPU=cpus) if cpus else dict(res)
+            self._pg = placement_group([dict(bundle) for _ in range(producers)],
+                                       strategy="SPREAD" if placement == "spread" else "PACK")
+            try:
+                ray.get(self._pg.ready(), timeout=placement_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                self.close()
+                raise ConfigError(f"cannot place {producers} producers with {bundle} each "
+                                  f"within {placement_timeout_s:g} s (cluster resources: "
+                                  f"{ray.cluster_resources()})") from None
+            strategies = [PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
+                          for i in range(producers)]
+        cls = ray.remote(_Producer)
+        self._actors = [cls.options(scheduling_strategy=s, **opts).remote(data, kwargs)
+                        for s in strategies]
+        if planner:  # one more actor: a plan_only loader walks the stream ahead
+            popts = dict(opts)
+            if placement == "node-local":
+                popts["scheduling_strategy"] = strategies[0]
+            self._planner = cls.options(**popts).remote(data, dict(kwargs, plan_only=True))
+        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
+        try:
+            infos = ray.get([a.info.remote() for a in self._all_actors()])
+        except ray.exceptions.RayTaskError as e:
+            self.close()
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            if isinstance(cause, Error):
+                raise type(cause)(str(cause)) from None
+            raise Error(f"a producer failed to start: {cause}") from None
+        fps = {repr(sorted(i["fingerprint"].items())) for i in infos}
+        if len(fps) != 1:
+            self.close()
+            raise ConfigError("producers on different nodes see different data or settings: "
+                              + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos))
+        info = infos[0]
+        self.num_samples: int = info["num_samples"]
+        self.samples_per_rank: int = info["samples_per_rank"]
+        self._per_epoch: int = info["batches_per_epoch"]
+        self._fingerprint: Dict[str, Any] = info["fingerprint"]
+
+        # consumer state: the verified end of the stream delivered so far
+        self._cursor: Cursor = (0, 0, 0)  # after what next() delivered (the state)
+        self._head: Cursor = (0, 0, 0)    # after what is verified and queued in _ready
+        self._next_producer = 0
+        self._fatal: Optional[BaseException] = None
+        self._samples = self._skipped = 0
+        self._t_first: Optional[float] = None
+        self._wait_s = 0.0
+        self._n = collections.Counter()  # batches, bytes, copied, transferred, replans, lost
+        self._per_producer = [collections.Counter() for _ in self._actors]
+        # the planner's chain: start cursor -> cursor after that batch
+        self._planned: Dict[Cursor, Cursor] = {}
+        self._plan_tail: Optional[Cursor] = (0, 0, 0) if self._planner else None
+        self._plan_ref = None
+        self._plan_chunk = max(16, 4 * refs_in_flight)
+
+    def _all_actors(self) -> List[Any]:
+        return self._actors + ([self._planner] if self._planner is not None else [])
+
+    # ---- requests ----------------------------------------------------------------------
+    def _normalize(self, c: Cursor) -> Cursor:
+        """Where the engine starts for cursor c: an epoch that is complete starts the next."""
+        e, p, b = c
+        done = b >= self._per_epoch if self._per_epoch >= 0 else p >= self.samples_per_rank
+        return (e + 1, 0, 0) if done else c
+
+    def _guess_after(self, start: Cursor) -> Optional[Cursor]:
+        """The cursor after the batch at `start`: the planner's, or (padded, no planner)
+        the one without skips; None when not known yet."""
+        if self._planner is not None:
+            return self._planned.get(start)
+        e, p, b = self._normalize(start)
+        return (e, p + self._mbs, b + 1)
+
+    def _ahead(self, start: Cursor) -> int:
+        """Samples the batch at `start` is expected to take (the producer starts no more,
+        plus one per skip); 0: unknown, no bound."""
+        end = self._guess_after(start)
+        if end is None:
+            return 0
+        e, p, _ = self._normalize(start)
+        if end[0] != e:
+            return 0
+        n = end[1] - p
+        if self._packing and end[1] < self.samples_per_rank:
+            n += 1  # the sample that did not fit closes the pack
+        return max(1, n)
+
+    def _submit(self, start: Cursor, producer: Optional[int] = None) -> _Request:
+        if producer is None:
+            producer = self._next_producer
+            self._next_producer = (producer + 1) % len(self._actors)
+        ref = self._actors[producer].produce.remote(start, self._ahead(start))
+        return _Request(start, producer, ref)
+
+    def _replan(self) -> None:
+        """The stream left the planned chain (a seek, or an image that failed only when
+        decoded): plan again from the head."""
+        if self._planner is None:
+            return
+        self._planned.clear()
+        self._plan_ref = None  # a result still coming is for the old chain: dropped
+        self._plan_tail = self._head
+
+    def _plan(self, block: bool) -> None:
+        """Takes the planner's result when there is one and keeps it planning ahead."""
+        if self._planner is None:
+            return
+        if self._plan_ref is not None:
+            ready, _ = ray.wait([self._plan_ref], timeout=None if block else 0)
+            if ready:
+                try:
+                    chain = ray.get(self._plan_ref)
+                except _LOST:
+                    chain = []
+                start = self._plan_tail
+                for end in chain:
+                    self._planned[start] = tuple(end)
+                    start = tuple(end)
+                self._plan_tail = start if chain else None
+                self._plan_ref = None
+        # forget what lies behind the head; plan more while fewer batches are planned
+        # than requests can use
+        for k in [k for k in self._planned if k < self._head]:
+            del self._planned[k]
+        if self._plan_ref is None and self._plan_tail is not None and \
+                len(self._planned) < 2 * self._inflight_max + self._plan_chunk // 2:
+            self._plan_ref = self._planner.plan.remote(self._plan_tail, self._plan_chunk)
+
+    def _fill(self) -> None:
+        self._plan(block=False)
+        if self._planner is not None and not self._inflight and \
+                self._head not in self._planned and self._plan_ref is not None:
+            self._plan(block=True)  # the head batch's size is about to be known
+        while len(self._inflight) < self._inflight_max:
+            if self._inflight:
+                start = self._guess_after(self._inflight[-1].start)
+                if start is None:
+                    break
+            else:
+                start = self._head
+            self._inflight.append(self._submit(start))
+
+    def _cancel(self) -> None:
+        """Drops every request in flight (queued ones are cancelled, running ones finish
+        and their results are dropped)."""
+        for r in self._inflight:
+            try:
+                ray.cancel(r.ref)
+            except Exception:  # noqa: BLE001 - already running or done
+                pass
+        self._inflight.clear()
+
+    def _take(self) -> None:
+        """Gets the oldest request's result, checks it continues the stream, and queues
+        its events and batch in `_ready` (or re-issues it)."""
+        self._fill()
+        r = self._inflight[0]
+        t0 = time.perf_counter()
+        try:
+            meta, arrays = ray.get(r.ref)
+        except _LOST as e:
+            self._n["lost"] += 1
+            self._per_producer[r.producer]["lost"] += 1
+            r.attempts += 1
+            if r.attempts > 2 * len(self._actors) + 8:
+                raise Error(f"mmloader.ray: batch at cursor {r.start} could not be made: "
+                            f"{type(e).__name__}: {e}") from None
+            # the same producer after Ray restarted it, or the next one if it is gone
+            alive = r.producer if r.attempts <= 2 else (r.producer + r.attempts) % len(self._actors)
+            nr = self._submit(r.start, alive)
+            nr.attempts = r.attempts
+            self._inflight[0] = nr
+            return
+        finally:
+            self._wait_s += time.perf_counter() - t0
+        self._inflight.popleft()
+        if tuple(meta["start"]) != self._head:  # the head request always starts at _head
+            raise Error(f"mmloader.ray: internal error, batch from {meta['start']} "
+                        f"after cursor {self._head}")
+        self._accept(meta, arrays, r.producer)
+        self._head = tuple(meta["end"])
+        if self._inflight and self._inflight[0].start != self._head:
+            self._n["replans"] += 1  # a skip moved the stream: guesses are wrong from here
+            self._cancel()
+            if self._head not in self._planned:
+                self._replan()
+
+    def _accept(self, meta: Dict[str, Any], arrays: Optional[Dict[str, np.ndarray]],
+                producer: int) -> None:
+        for w in meta["warnings"]:
+            self._ready.append(("warn", w))
+        e, p, b = self._normalize(meta["start"])
+        for kind, name, msg in meta["events"]:
+            if kind == "end":
+                self._ready.append(("end", (e, 0, 0)))
+            elif kind == "error":
+                self._ready.append(("error", _exception(name, msg)))
+            else:
+                self._ready.append(("fatal", _exception(name, msg)))
+        if arrays is None:
+            return
+        end = tuple(meta["end"])
+        # samples the batch consumed, for max_error_rate over the delivered stream
+        self._samples += end[1] - p
+        self._skipped += meta["skipped"]
+        nbytes = meta["nbytes"]
+        pp = self._per_producer[producer]
+        pp["batches"] += 1
+        pp["bytes"] += nbytes
+        self._n["received"] += 1
+        self._n["bytes"] += nbytes
+        if meta["node_id"] != self._node:
+            self._n["transferred"] += nbytes
+        if self._zero_copy:
+            out = arrays
+        else:
+            out = {k: np.array(v, copy=True) for k, v in arrays.items()}
+            self._n["copied"] += nbytes
+        if self._as_torch:
+            out = _to_torch(out)
+        if self._samples >= 100 and self._skipped > self._max_error_rate * self._samples:
+            self._ready.append(("fatal", Error(
+                f"{self._skipped} of {self._samples} samples failed, above "
+                f"max_error_rate={self._max_error_rate:g} (judged per batch)")))
+        else:
+            self._ready.append(("batch", (out, end)))
+
+    # ---- iteration ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        """The next batch; StopIteration once at the end of each epoch (unless cycle)."""
+        self._check_open()
+        if self._t_first is None:
+            self._t_first = time.perf_counter()
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            while not self._ready:
+                self._take()
+            kind, val = self._ready.popleft()
+            if kind == "warn":
+                warnings.warn(val, UserWarning, stacklevel=2)
+            elif kind == "end":
+                self._cursor = val
+                if not self._cycle:
+                    raise StopIteration
+            elif kind == "error":
+                raise val
+            elif kind == "fatal":
+                self._fatal = val
+                self._cancel()
+                self._ready.clear()
+            else:
+                batch, self._cursor = val
+                self._n["batches"] += 1
+                self._fill()
+                return batch
+
+    def __len__(self) -> int:
+        """Batches per epoch (padded mode; packed batch counts depend on the data)."""
+        if self._packing:
+            raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
+                            "sample lengths)")
+        return self._per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch `epoch` from its beginning."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if self._cursor != (epoch, 0, 0):
+            self._seek((epoch, 0, 0))
+
+    @property
+    def epoch(self) -> int:
+        return self._cursor[0]
+
+    def _seek(self, c: Cursor) -> None:
+        self._cancel()
+        self._ready.clear()
+        self._fatal = None
+        self._cursor = self._head = c
+        self._replan()
+
+    # ---- state -------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the trainer stands (what it received): the same dict mmloader.Loader gives."""
+        self._check_open()
+        e, p, b = self._cursor
+        return {"version": 1, "epoch": e, "pos": p, "batch_in_epoch": b,
+                "fingerprint": dict(self._fingerprint)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continues exactly after the batch the state was taken at (mmloader.Loader's or
+        this class's state; validated by a producer with mmloader.Loader's own checks)."""
+        self._check_open()
+        try:
+            c = ray.get(self._actors[0].check_state.remote(state))
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, Error):
+                raise type(cause)(str(cause)) from None
+            raise
+        self._seek(tuple(c))
+
+    save_state = state_dict
+    restore_state = load_state_dict
+
+    # ---- observability and lifetime ----------------------------------------------------
+    def stats(self) -> Dict[str, Any]:
+        """Transport and per-producer statistics.
+
+        wait_time_ratio (time blocked in next / wall time since the first next), batches,
+        bytes (batch bytes received), bytes_copied (copied on this node: 0 with zero_copy),
+        bytes_transferred (batches made on other nodes: moved once by Ray's object
+        manager), replans (speculative requests re-issued after a skip moved the stream),
+        lost (requests re-issued after a producer or its object was lost), and
+        ``producers`` / ``nodes``: node, batches, bytes and busy time of each producer and
+        each node, with batches_per_s over the wall time.
+        """
+        self._check_open()
+        wall = time.perf_counter() - self._t_first if self._t_first else 0.0
+        n = max(1, self._n["batches"])
+        remote = ray.get([a.stats.remote() for a in self._actors])
+        prods, nodes = [], {}
+        for i, (pp, rs) in enumerate(zip(self._per_producer, remote)):
+            prods.append({"index": i, "node_id": rs["node_id"], "node_ip": rs["node_ip"],
+                          "pid": rs["pid"], "delivered": pp["batches"], "lost": pp["lost"],
+                          "made": rs["batches"], "busy_s": rs["busy_s"],
+                          "samples_read": rs["samples"]})
+            nd = nodes.setdefault(rs["node_id"], {"node_ip": rs["node_ip"], "producers": 0,
+                                                  "batches": 0, "bytes": 0})
+            nd["producers"] += 1
+            nd["batches"] += pp["batches"]
+            nd["bytes"] += pp["bytes"]
+        for nd in nodes.values():
+            nd["batches_per_s"] = nd["batches"] / wall if wall > 0 else 0.0
+        return {"wait_time_ratio": self._wait_s / wall if wall > 0 else 0.0,
+                "wall_s": wall, "wait_s": self._wait_s, "batches": self._n["batches"],
+                "bytes": self._n["bytes"], "bytes_copied": self._n["copied"],
+                "bytes_copied_per_batch": self._n["copied"] / n,
+                "bytes_transferred": self._n["transferred"], "replans": self._n["replans"],
+                "lost": self._n["lost"], "samples": self._samples, "skipped": self._skipped,
+                "refs_in_flight": len(self._inflight), "consumer_node_id": self._node,
+                "producers": prods, "nodes": nodes}
+
+    def producer_pids(self) -> List[int]:
+        """The process id of each producer (for fault tests)."""
+        return ray.get([a.pid.remote() for a in self._actors])
+
+    def close(self) -> None:
+        """Kills the producers and frees their placement; delivered batches stay valid
+        (each holds its object-store memory until dropped)."""
+        self._inflight.clear()
+        self._ready.clear()
+        fin = getattr(self, "_finalizer", None)
+        if fin is not None:
+            fin()
+        else:
+            _shutdown(self._all_actors(), self._pg)
+        self._actors = []
+        self._planner = None
+        self._pg = None
+
+    @property
+    def closed(self) -> bool:
+        return not self._actors
+
+    def _check_open(self) -> None:
+        if not self._actors:
+            raise Error("the loader is closed")
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"cursor={self._cursor}"
+        return f"mmloader.ray.Loader(producers={len(self._actors)}, {state})"
+
+
+def _shutdown(actors: List[Any], pg: Any) -> None:
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray shut down
+            pass
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _exception(name: str, msg: str) -> BaseException:
+    cls = getattr(_core, name, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return cls(msg)
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        return builtin(msg)
+    return Error(f"{name}: {msg}")
+
+
+def _to_torch(arrays: Dict[str, np.ndarray]) -> Dict[str, Any]:
+    import torch
+
+    with warnings.catch_warnings():  # read-only views: torch warns it cannot protect them
+        warnings.simplefilter("ignore", UserWarning)
+        return {k: torch.from_numpy(v) for k, v in arrays.items()}
+
+
+def loaders(data: Any, *, dp_size: int, **kwargs: Any) -> List[Loader]:
+    """One :class:`Loader` per data-parallel rank 0..dp_size-1, all from this driver; each
+    rank's consumer requests and holds only its own batches."""
+    return [Loader(data, dp_rank=r, dp_size=dp_size, **kwargs) for r in range(dp_size)]

@@ -1,0 +1,363 @@
+"""mmloader.ray on a real multi-node Ray cluster simulated on this machine
+(ray.cluster_utils.Cluster: a head node for the trainer and two data nodes).
+
+Every stream is compared bitwise with mmloader.Loader in this process: batches (keys,
+dtypes, shapes, bytes), epoch ends and raised sample errors, in order.
+"""
+import gc
+import os
+import re
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import mmloader  # noqa: E402
+import mmloader.ray as mray  # noqa: E402
+from mmloader.datagen import make_dataset  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KW = dict(micro_batch_size=4, seed=7, num_threads=1, max_pixels=64 * 28 * 28)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # the raylets (and so the producer processes) inherit this environment
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = ROOT + (os.pathsep + old if old else "")
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 96 << 20, "resources": {"trainer": 1}})
+    data_nodes = [c.add_node(num_cpus=2, object_store_memory=96 << 20, resources={"data": 2})
+                  for _ in range(2)]
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    try:
+        yield c, data_nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("rayds"))
+    make_dataset(root, n_samples=48, seed=3, n_images=10, min_size=32, max_size=160)
+    return root
+
+
+@pytest.fixture(scope="module")
+def skipping_dataset(tmp_path_factory):
+    """Some records name a missing image: skips shift every later batch's composition."""
+    root = str(tmp_path_factory.mktemp("rayskip"))
+    d = make_dataset(root, n_samples=48, seed=4, n_images=10, min_size=32, max_size=160)
+    for shard in d["shards"]:
+        lines = open(shard, encoding="utf-8").read().splitlines()
+        hit = 0
+        for i, line in enumerate(lines):
+            if "images/img-" in line and i % 5 == 1:
+                lines[i] = line.replace("images/img-", "images/missing-", 1)
+                hit += 1
+        assert hit
+        open(shard, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    return root
+
+
+def _events(it, n):
+    """n results of next(): ("batch", {key: (dtype, shape, bytes)}) | ("end",) |
+    ("error", type name, message)."""
+    out = []
+    while len(out) < n:
+        try:
+            b = next(it)
+        except StopIteration:
+            out.append(("end",))
+            continue
+        except mmloader.SampleError as e:
+            out.append(("error", type(e).__name__, str(e)))
+            continue
+        arrs = {k: (v if isinstance(v, np.ndarray) else np.from_dlpack(v)) for k, v in b.items()}
+        out.append(("batch", {k: (str(a.dtype), a.shape, a.tobytes()) for k, a in arrs.items()}))
+    return out
+
+
+def _local(data, n, state=None, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(data, **dict(KW, **kw)) as L:
+            if state is not None:
+                L.load_state_dict(state)
+            return _events(L, n)
+
+
+def _len(data, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return len(mmloader.Loader(data, **dict(KW, **kw)))
+
+
+@pytest.fixture(autouse=True)
+def _settled(cluster):
+    """Waits until actors of earlier tests have given their resources back (placement
+    decisions below depend on what is free)."""
+    total = ray.cluster_resources()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0) >= total[k] for k in ("CPU", "data")):
+            break
+        time.sleep(0.2)
+
+
+def _nodes(L):
+    return [p["node_id"] for p in L.stats()["producers"]]
+
+
+def test_spread_on_distinct_data_nodes_and_stream_is_bitwise(cluster, dataset):
+    c, data_nodes = cluster
+    n = 2 * _len(dataset) + 3  # two epochs and their ends
+    want = _local(dataset, n)
+    with mray.Loader(dataset, producers=2, placement="spread",
+                     producer_resources={"CPU": 1, "data": 1}, **KW) as L:
+        got = _events(L, n)
+        s = L.stats()
+        nodes = _nodes(L)
+    assert got == want
+    assert len(set(nodes)) == 2
+    assert set(nodes) == {nd.node_id for nd in data_nodes}
+    assert s["consumer_node_id"] not in nodes
+    assert set(s["nodes"]) == set(nodes) and all(v["batches"] > 0 for v in s["nodes"].values())
+    # zero copy: nothing copied here; every batch came from another node's store
+    assert s["bytes_copied"] == 0 and s["bytes_transferred"] == s["bytes"] > 0
+    # no work is made only to be dropped: producers read exactly their batches' samples
+    assert sum(p["samples_read"] for p in s["producers"]) == \
+        sum(p["made"] for p in s["producers"]) * KW["micro_batch_size"]
+
+
+def test_skips_shift_batches_and_the_stream_stays_exact(cluster, skipping_dataset):
+    n = _len(skipping_dataset) + 2
+    want = _local(skipping_dataset, n)
+    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5},
+                     **KW) as L:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = _events(L, n)
+        s = L.stats()
+    assert got == want
+    assert s["skipped"] > 0 and s["replans"] > 0  # guesses were wrong and were redone
+    assert any("skipped a sample" in str(x.message) for x in w)
+
+
+def test_planner_knows_plan_time_skips_and_packing_is_exact(cluster, skipping_dataset):
+    # padded with a planner: missing images are found when planning, so no guess is wrong
+    n = _len(skipping_dataset) + 2
+    want = _local(skipping_dataset, n)
+    with mray.Loader(skipping_dataset, producers=2, producer_resources={"CPU": 0.5},
+                     planner=True, **KW) as L:
+        assert _events(L, n) == want
+        assert L.stats()["replans"] == 0
+    # packed: boundaries depend on every sample's length; the planner walks them ahead
+    pk = dict(packing=True, pack_length=640)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(skipping_dataset, plan_only=True, **pk, **KW) as P:
+            n = len(list(P)) + 3  # one epoch's packs, its end, two packs of the next
+    want = _local(skipping_dataset, n, **pk)
+    assert ("end",) in want
+    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5},
+                     **pk, **KW) as L:
+        assert _events(L, n) == want
+        s = L.stats()
+        assert s["replans"] == 0 and s["skipped"] > 0
+
+
+def test_on_error_raise_delivers_the_same_errors_in_order(cluster, skipping_dataset):
+    n = _len(skipping_dataset) + 6
+    want = _local(skipping_dataset, n, on_error="raise")
+    assert any(e[0] == "error" for e in want)
+    with mray.Loader(skipping_dataset, producers=2, producer_resources={"CPU": 0.5},
+                     on_error="raise", **KW) as L:
+        assert _events(L, n) == want
+
+
+def test_pack_and_node_local_placement(cluster, dataset):
+    c, data_nodes = cluster
+    with mray.Loader(dataset, producers=2, placement="pack",
+                     producer_resources={"CPU": 1, "data": 1}, **KW) as L:
+        assert len(set(_nodes(L))) == 1
+        assert _events(L, 3) == _local(dataset, 3)
+    with mray.Loader(dataset, producers=2, placement="node-local",
+                     producer_resources={"CPU": 0.25}, **KW) as L:
+        me = ray.get_runtime_context().get_node_id()
+        assert set(_nodes(L)) == {me}
+        assert _events(L, 3) == _local(dataset, 3)
+        assert L.stats()["bytes_transferred"] == 0
+
+
+def test_killed_producer_is_restarted_nothing_lost_or_duplicated(cluster, dataset):
+    n = _len(dataset) + 3
+    want = _local(dataset, n)
+    with mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "data": 1},
+                     **KW) as L:
+        got = _events(L, 3)
+        victim = L.producer_pids()[1]
+        os.kill(victim, signal.SIGKILL)
+        got += _events(L, n - 3)
+        s = L.stats()
+        assert victim not in L.producer_pids()  # Ray restarted it
+    assert got == want
+    assert s["lost"] >= 1
+
+
+def test_resume_is_exact_both_ways(cluster, dataset):
+    n = _len(dataset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        local = mmloader.Loader(dataset, **KW)
+        _events(local, 5)
+        state = local.state_dict()
+        local.close()
+    want = _local(dataset, n, state=state)
+    with mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, **KW) as L:
+        L.load_state_dict(state)
+        assert _events(L, n) == want
+        # the Ray loader's own state resumes an in-process loader (and the reverse holds)
+        s2 = L.state_dict()
+        assert _events(L, 2) == _local(dataset, 2, state=s2)
+        with pytest.raises(mmloader.StateError, match="different configuration"):
+            L.load_state_dict(dict(state, fingerprint=dict(state["fingerprint"], seed=99)))
+
+
+def test_all_dp_ranks_from_one_driver(cluster, dataset):
+    ranks = mray.loaders(dataset, dp_size=2, producers=1, producer_resources={"CPU": 0.5},
+                         **KW)
+    try:
+        for r, L in enumerate(ranks):
+            assert _events(L, 4) == _local(dataset, 4, dp_rank=r, dp_size=2)
+    finally:
+        for L in ranks:
+            L.close()
+
+
+def test_producers_stop_when_the_trainer_process_dies(cluster, dataset, tmp_path):
+    import subprocess
+    import sys
+
+    c, _ = cluster
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys, time, ray, mmloader.ray as mray\n"
+        f"ray.init(address={c.address!r}, log_to_driver=False)\n"
+        f"L = mray.Loader({dataset!r}, producers=2, producer_resources={{'CPU': 0.5}}, "
+        "micro_batch_size=4, num_threads=1)\n"
+        "next(L)\n"
+        "print(*L.producer_pids(), flush=True)\n"
+        "time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in p.stdout.readline().split()]
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # alive while the trainer lives
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.time() + 60
+    alive = pids
+    while alive and time.time() < deadline:
+        time.sleep(0.5)
+        alive = [pid for pid in alive if _alive(pid)]
+    assert not alive, "producers outlived their trainer"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped by its raylet is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _plasma_mib():
+    from ray._private.internal_api import memory_summary
+
+    s = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
+    return sum(int(m) for m in re.findall(r"Plasma memory usage (\d+) MiB", s))
+
+
+def test_zero_copy_views_keep_objects_alive_and_close_frees_everything(cluster, dataset):
+    gc.collect()
+    base, deadline = _plasma_mib(), time.time() + 20
+    while base > 0 and time.time() < deadline:  # objects of earlier tests being freed
+        time.sleep(0.5)
+        base = _plasma_mib()
+    L = mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, refs_in_flight=4,
+                    max_pixels=256 * 28 * 28, **{k: v for k, v in KW.items() if k != "max_pixels"})
+    kept = [next(L) for _ in range(3)]
+    pix = kept[0]["pixel_values"]
+    assert not pix.flags.writeable and pix.flags.c_contiguous  # a view, not a private copy
+    digest = [{k: v.tobytes() for k, v in b.items()} for b in kept]
+    actors = list(L._actors)
+    L.close()
+    with pytest.raises(mmloader.Error, match="closed"):
+        next(L)
+    for a in actors:  # the producers are gone
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(a.pid.remote(), timeout=30)
+    gc.collect()
+    assert [{k: v.tobytes() for k, v in b.items()} for b in kept] == digest  # still valid
+    held = _plasma_mib()
+    assert held > base
+    del kept, pix
+    gc.collect()
+    deadline = time.time() + 30
+    while _plasma_mib() > base and time.time() < deadline:
+        time.sleep(0.5)
+    assert _plasma_mib() <= base
+
+
+def test_copying_get_copies_and_torch_views(cluster, dataset):
+    torch = pytest.importorskip("torch")
+    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, zero_copy=False,
+                     **KW) as L:
+        b = next(L)
+        assert b["pixel_values"].flags.writeable
+        s = L.stats()
+        assert s["bytes_copied"] == s["bytes"] > 0
+    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, as_torch=True,
+                     **KW) as L:
+        b = next(L)
+        assert isinstance(b["input_ids"], torch.Tensor)
+        want = _local(dataset, 1)[0][1]
+        assert {k: (str(v.numpy().dtype), tuple(v.shape), v.numpy().tobytes())
+                for k, v in b.items()} == want
+
+
+def test_refused_configurations(cluster, dataset):
+    with pytest.raises(mmloader.ConfigError, match="packing=True needs planner"):
+        mray.Loader(dataset, packing=True, pack_length=512, planner=False)
+    with pytest.raises(mmloader.ConfigError, match="device"):
+        mray.Loader(dataset, device="cuda")
+    with pytest.raises(mmloader.ConfigError, match="placement"):
+        mray.Loader(dataset, placement="everywhere")
+    with pytest.raises(mmloader.ConfigError, match="tokenizer must be a path"):
+        mray.Loader(dataset, tokenizer=mmloader.Tokenizer.from_file(
+            mmloader.tokenizer.TINY_TOKENIZER_PATH))
+    with pytest.raises(mmloader.ConfigError, match="does not exist"):  # raised by a producer
+        mray.Loader(os.path.join(dataset, "nope.jsonl"), producers=1,
+                    producer_resources={"CPU": 0.5})
+    with pytest.raises(mmloader.ConfigError, match="cannot place"):
+        mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "gpu_data": 1},
+                    placement_timeout_s=2)
