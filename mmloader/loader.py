@@ -101,6 +101,8 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
         if k in ov:
             _check_int(f"{where}: {k}", ov[k], 1)
             kw[k] = ov[k]
+    if "image_route" in ov:
+        kw["image_route"] = ov["image_route"]
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -225,7 +227,7 @@ class Loader:
             :class:`mmloader.Source` (or dicts with the same fields), or the path of a
             YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
             may override image_root, min_pixels, max_pixels, max_image_pixels,
-            system_prompt, label_mode and max_length for its samples (an image entry's
+            image_route, system_prompt, label_mode and max_length for its samples (an image entry's
             own min_pixels/max_pixels/resized_height/resized_width win over both).
         samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
             plus the weighted sources' sizes).

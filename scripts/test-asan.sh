@@ -5,7 +5,8 @@
 # because CPython keeps memory until exit).  Any sanitizer report fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. scripts/python.sh
+PY=$PYTHON
 out=build/asan
 rm -rf "$out/mmloader"
 mkdir -p "$out"

@@ -70,7 +70,10 @@ static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader
   if (e && e->msg[0]) s->err = *e;
   else mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
-  mml_err_prefix(&s->err, "%s", where);
+  if (L->cfg.nsources > 0) /* a mixture: name the source too */
+    mml_err_prefix(&s->err, "source %s: %s", L->src[s->source].name, where);
+  else
+    mml_err_prefix(&s->err, "%s", where);
 }
 
 /* A failure while fetches are outstanding: the first one is kept; the task fails with it
