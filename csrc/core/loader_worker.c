@@ -146,9 +146,15 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
+  /* a WebDataset sample's image members stand for an absent image list */
+  enum { MAX_MEMBERS = 64 };
+  const char *members[MAX_MEMBERS];
+  int nm = mml_index_images(&L->ix, t->sample.shard, t->sample.index, members, MAX_MEMBERS);
+  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
   mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample};
+                        .max_images = L->cfg.max_images_per_sample, .implicit = members,
+                        .nimplicit = nm};
   mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
@@ -165,18 +171,29 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     if (st) mml_sample_err_image(err, t->rec.images[i]);
     return st;
   }
+  const mml_index_shard *sh = &L->ix.shards[t->sample.shard];
   const char *root = L->roots[t->sample.shard];
-  mml_status st = mml_sample_image_path(root, t->rec.images[i], &t->path, err);
-  if (st) return st;
+  int64_t off = 0, len = -1;
+  mml_status st;
+  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, t->rec.images[i],
+                                &off, &len);
+  if (member) { /* a WebDataset member: a range of the shard itself */
+    mml_bytes_clear(&t->path);
+    if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))
+      return mml_err_set(err, MML_ENOMEM, "out of memory");
+  } else if ((st = mml_sample_image_path(root, t->rec.images[i], &t->path, err))) {
+    return st;
+  }
   const char *p = (const char *)t->path.data;
-  /* the path policy, before anything is opened or fetched */
-  st = mml_sample_image_allowed(&L->cfg, root, t->rec.images[i], p, !L->remote[t->sample.shard],
-                                err);
-  if (st) return st;
+  /* the path policy, before anything is opened or fetched (a member is the shard's own) */
+  if (!member && (st = mml_sample_image_allowed(&L->cfg, root, t->rec.images[i], p,
+                                                !L->remote[t->sample.shard], err)))
+    return st;
   mml_bytes_clear(&t->imgs[i]);
-  if (!mml_path_is_remote(p)) {
+  if (member ? !mml_index_shard_remote(sh) : !mml_path_is_remote(p)) {
     double t0 = mml_now();
-    st = mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
+    st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
+                : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st) mml_sample_err_image(err, t->rec.images[i]);
     else {
@@ -196,7 +213,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   (*nremote)++;
   t->refs[i + 1].t = t;
   t->refs[i + 1].which = i;
-  st = mml_fetch_submit(*f, p, 0, -1, on_fetch, &t->refs[i + 1], err);
+  st = mml_fetch_submit(*f, p, off, len, on_fetch, &t->refs[i + 1], err);
   if (st) {
     pthread_mutex_lock(&L->mu);
     t->pending--;

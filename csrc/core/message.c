@@ -227,18 +227,15 @@ void mml_text_clean(char *dst, size_t cap, const char *src, size_t n) {
       if (q) n = (size_t)(q - src);
     }
   }
-  static const size_t kmax = 4 * 4096;
-  char tmp[4 * 4096];
-  size_t len = mml_text_escape(tmp, sizeof tmp, src, n < kmax / 4 ? n : kmax / 4, 0);
-  if (len < cap) {
-    memcpy(dst, tmp, len + 1);
-  } else if (cap < 9) {
-    len = char_start(tmp, cap - 1);
-    memcpy(dst, tmp, len);
-    dst[len] = 0;
-  } else {
-    join_ends(dst, cap - 1, tmp, len, tmp, len);
+  size_t tcap = 4 * n + 1; /* each byte escapes to at most 4 */
+  char stack[4096], *tmp = tcap <= sizeof stack ? stack : malloc(tcap);
+  if (!tmp) { /* out of memory: what fits of the escaped start */
+    tmp = stack;
+    tcap = sizeof stack;
   }
+  size_t len = mml_text_escape(tmp, tcap, src, n, 0);
+  mml_text_fit(dst, cap, tmp, len); /* long values shortened in the middle */
+  if (tmp != stack) free(tmp);
   mml_bytes_free(&red);
 }
 

@@ -46,9 +46,9 @@ char *mml_url_redact(const char *url);
  * mml_url_redact; the rest is copied as is. */
 mml_status mml_text_redact(const char *text, size_t n, mml_bytes *out);
 
-/* Writes src (n bytes, at most 4096 are read) into dst (cap bytes) as a message: URLs
+/* Writes src (n bytes) into dst (cap bytes) as a message: URLs
  * redacted, then made valid UTF-8 (invalid bytes and control characters other than \n
- * and \t escaped), shortened in the middle when it does not fit. */
+ * and \t escaped), fitted by mml_text_fit (common.h: long values shortened in the middle). */
 void mml_text_clean(char *dst, size_t cap, const char *src, size_t n);
 /* The same in place on the NUL-terminated message in buf (cap bytes). */
 void mml_text_sanitize(char *buf, size_t cap);
