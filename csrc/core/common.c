@@ -104,7 +104,6 @@ static char *vformat(size_t *n, const char *fmt, va_list ap) {
 mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
   if (err) {
     err->status = st;
-    char raw[4096];
     va_list ap;
     va_start(ap, fmt);
     size_t n;

@@ -350,7 +350,7 @@ static mml_status take_system_and_tools(parse_ctx *c, const cJSON *root) {
   if (sys && !cJSON_IsString(sys))
     return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not a string");
   if (sys && sys->valuestring[0]) {
-    if (!utf8_valid(sys->valuestring, strlen(sys->valuestring)))
+    if (!mml_utf8_valid(sys->valuestring, strlen(sys->valuestring)))
       return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not valid UTF-8");
     rec->system = sys->valuestring;
   }
