@@ -86,6 +86,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   if (!st) st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer,
                                  &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
+  if (!st) st = mml_template_set_image_space(src->tmpl, L->cfg.image_space, err);
   if (st) {
     if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
     return st;
