@@ -111,6 +111,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
     if label_mode not in _LABEL_MODES:
         raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
                           f"{label_mode!r}")
+    image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
     system_prompt = ov.get("system_prompt", base["system_prompt"])
@@ -124,6 +125,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
                 choose=-1 if src.choose is None else src.choose,
                 image_root=None if image_root is None else os.fspath(image_root),
                 vision=vision, system_prompt=system_prompt, label_mode=label_mode,
+                image_whitespace=image_whitespace,
                 max_length=max_length or 0)
 
 
@@ -227,7 +229,8 @@ class Loader:
             :class:`mmloader.Source` (or dicts with the same fields), or the path of a
             YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
             may override image_root, min_pixels, max_pixels, max_image_pixels,
-            image_route, system_prompt, label_mode and max_length for its samples (an image entry's
+            image_route, image_whitespace, system_prompt, label_mode and max_length for
+            its samples (an image entry's
             own min_pixels/max_pixels/resized_height/resized_width win over both).
         samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
             plus the weighted sources' sizes).
@@ -427,6 +430,7 @@ class Loader:
         sources = None
         if mix is not None:
             base = dict(image_root=image_root, system_prompt=system_prompt,
+                        image_whitespace=image_whitespace,
                         label_mode=label_mode, max_length=max_length)
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
                        for src in mix[0]]

@@ -544,3 +544,17 @@ def test_per_source_image_route(tmp_path):
     with make(data, micro_batch_size=2, shuffle=False, max_pixels=28 * 28 * 64) as L:
         grids = sorted(tuple(g) for g in as_np(next(iter(L)))["image_grid_thw"].tolist())
     assert grids == [(1, 8, 16), (1, 16, 8)]
+
+
+def test_per_source_image_whitespace(tmp_path):
+    p = write_source(str(tmp_path), "ws", 6, images=[(64, 64)], text="\nsource {name} sample {i}")
+    data = [Source(p, name="kept", choose=6),
+            Source(p, name="stripped", choose=6, image_whitespace="qwen-vl-finetune")]
+    keys = key_map({"kept": p})
+    keys.update(key_map({"stripped": p}, image_whitespace="qwen-vl-finetune"))
+    assert len(keys) == 12  # the two conventions tokenize differently
+    with make(data, micro_batch_size=4) as L:
+        names = [keys[r] for b in L for r in rows(as_np(b))]
+    assert sorted(names) == ["kept"] * 6 + ["stripped"] * 6
+    with pytest.raises(ConfigError, match="image_whitespace"):
+        make([Source(p, image_whitespace="none")])

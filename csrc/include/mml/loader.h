@@ -49,6 +49,7 @@ typedef struct mml_source_cfg {
   mml_vision_cfg vision;    /* patch, merge and temporal sizes must be the loader's */
   const char *system_prompt;/* NULL: the template's default system turn; "": none */
   mml_label_mode label_mode;
+  mml_image_space image_space; /* `<image>` whitespace convention */
   int64_t max_length;       /* 0: no limit */
 } mml_source_cfg;
 
