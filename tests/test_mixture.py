@@ -265,7 +265,7 @@ def take(loader, n):
 
 @pytest.mark.parametrize("cut", [3, 80, 85])  # inside epoch 0, at its end, inside epoch 1
 def test_bitwise_resume(srcs, cut, tmp_path):
-    import torch
+    torch = pytest.importorskip("torch")
     with make(three(srcs)) as L:
         assert len(L) == 80
         ref = take(L, 160)
