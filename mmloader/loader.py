@@ -260,6 +260,16 @@ class Loader:
         allow_remote_images_in_local_data: True (default): records of local shards may
             name http(s)/s3 images, which are fetched.  False refuses them
             ("path_refused").
+        fetch_timeout_s: one remote request attempt's deadline (default 60).
+        fetch_stall_s: abandon an attempt that received nothing this long (default 10).
+        fetch_min_rate: abandon an attempt slower than this many bytes/s over
+            ``fetch_stall_s`` (default 1024: a server dripping bytes).
+        fetch_max_retries: retries of a transient failure (default 8) ...
+        fetch_retry_budget_s: ... within this many seconds of the request's first attempt
+            (default 60); so a sample's fetches are over within about twice that.  Identical
+            requests in flight are fetched once.
+        next_timeout_s: ``next`` raises :class:`mmloader.Error` naming the sample, stage and
+            URL it waits on after this long without a batch (default 600).
         data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
             shard whose first non-blank character is ``[`` a JSON array; anything else
             JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
@@ -379,8 +389,13 @@ class Loader:
                  max_json_depth: int = _D["max_json_depth"],
                  max_object_bytes: int = _D["max_object_bytes"],
                  allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
-                 allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"]
-                 ) -> None:
+                 allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
+                 fetch_timeout_s: float = _D["fetch_timeout_s"],
+                 fetch_stall_s: float = _D["fetch_stall_s"],
+                 fetch_min_rate: float = _D["fetch_min_rate"],
+                 fetch_max_retries: int = _D["fetch_max_retries"],
+                 fetch_retry_budget_s: float = _D["fetch_retry_budget_s"],
+                 next_timeout_s: float = _D["next_timeout_s"]) -> None:
         # Every keyword that is a row of the engine's option table goes to the engine as
         # is; the table (csrc/core/options.c) checks types, bounds and names.
         given = locals()

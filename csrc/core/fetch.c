@@ -72,9 +72,13 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   f->backoff_max_s = cfg->backoff_max_s ? cfg->backoff_max_s : 5;
   f->range_chunk = cfg->range_chunk ? cfg->range_chunk : 8 << 20;
   f->list_page_size = cfg->list_page_size > 0 ? cfg->list_page_size : 0;
+  f->max_object_bytes = cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
+  f->min_rate = cfg->min_rate ? cfg->min_rate : 1024;
+  f->retry_budget_s = cfg->retry_budget_s ? cfg->retry_budget_s : 60;
   f->rng = mml_mix64((uint64_t)(uintptr_t)f ^ (uint64_t)(mml_now() * 1e9)) | 1;
   pthread_mutex_init(&f->mu, NULL);
   pthread_mutex_init(&f->smu, NULL);
+  pthread_mutex_init(&f->cmu, NULL);
   if (bad) {
     mml_fetcher_free(f);
     return mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -101,7 +105,8 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   if (!mml_fetch_global_init()) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
   if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 ||
       cfg->connect_timeout_s < 0 || cfg->stall_s < 0 || cfg->backoff_base_s < 0 ||
-      cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0)
+      cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0 ||
+      cfg->retry_budget_s < 0 || !(cfg->min_rate == cfg->min_rate))
     return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
   if (cfg->max_inflight > 100000)
     return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
@@ -160,6 +165,7 @@ void mml_fetcher_free(mml_fetcher *f) {
   free(f->region), free(f->endpoint), free(f->ca_bundle);
   pthread_mutex_destroy(&f->mu);
   pthread_mutex_destroy(&f->smu);
+  pthread_mutex_destroy(&f->cmu);
   free(f);
 }
 

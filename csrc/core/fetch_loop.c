@@ -89,6 +89,7 @@ static double rand01(mml_fetcher *f) {
 
 static void job_free(job *j) {
   if (!j) return;
+  for (fetch_waiter *w = j->waiters, *n; w; w = n) n = w->next, free(w);
   free(j->url), free(j->shown), free(j->http_url), free(j->host), free(j->canon_uri);
   free(j->canon_query);
   mml_bytes_free(&j->body);
@@ -109,6 +110,7 @@ static mml_status job_new(mml_fetcher *f, const char *url, const char *query, in
     return mml_err_set(err, MML_ENOMEM, "out of memory");
   }
   j->off = off, j->len = len, j->head = head, j->cb = cb, j->ctx = ctx, j->total = -1;
+  j->top = f;
   mml_status st = MML_OK;
   if (!strncmp(url, "s3://", 5)) {
     const char *b, *k;
@@ -203,12 +205,84 @@ static void xfer_free(mml_fetcher *f, xfer *x) {
   free(x);
 }
 
+/* ---- coalescing identical requests (any thread; the table is under top->cmu) ---------- */
+
+static uint64_t twin_key(const job *j) {
+  uint64_t h = mml_hash_bytes(0, j->url, strlen(j->url));
+  h = mml_hash_bytes(h, &j->off, sizeof j->off);
+  return mml_mix64(mml_hash_bytes(h, &j->len, sizeof j->len));
+}
+
+static int twin_of(const job *a, const job *b) {
+  return a->key == b->key && a->off == b->off && a->len == b->len && !strcmp(a->url, b->url);
+}
+
+/* 1 when an identical GET is in flight: j's callback then waits on it (j is freed). */
+static int twin_attach(mml_fetcher *top, job *j) {
+  j->key = twin_key(j) | 1; /* 0: not in the table */
+  job **b = &top->twins[j->key % (sizeof top->twins / sizeof *top->twins)];
+  pthread_mutex_lock(&top->cmu);
+  for (job *t = *b; t; t = t->twin_next) {
+    if (!twin_of(t, j)) continue;
+    fetch_waiter *w = malloc(sizeof *w);
+    if (!w) break; /* fetch it on its own */
+    *w = (fetch_waiter){t->waiters, j->cb, j->ctx};
+    t->waiters = w;
+    pthread_mutex_unlock(&top->cmu);
+    job_free(j);
+    return 1;
+  }
+  j->twin_next = *b;
+  *b = j;
+  pthread_mutex_unlock(&top->cmu);
+  return 0;
+}
+
+/* Takes j out of the table (no waiter joins after this) and returns its waiters. */
+static fetch_waiter *twin_detach(job *j) {
+  if (!j->key) return NULL;
+  mml_fetcher *top = j->top;
+  pthread_mutex_lock(&top->cmu);
+  for (job **b = &top->twins[j->key % (sizeof top->twins / sizeof *top->twins)]; *b;
+       b = &(*b)->twin_next)
+    if (*b == j) {
+      *b = j->twin_next;
+      break;
+    }
+  fetch_waiter *w = j->waiters;
+  j->waiters = NULL;
+  j->key = 0;
+  pthread_mutex_unlock(&top->cmu);
+  return w;
+}
+
+/* Waiters of a coalesced request get the same outcome (a copy of the body). */
+static void notify_waiters(fetch_waiter *w, const job *j, mml_status st, const mml_bytes *body) {
+  for (fetch_waiter *n; w; w = n) {
+    n = w->next;
+    mml_bytes copy = {0};
+    if (st == MML_OK && mml_bytes_append(&copy, body->data, body->len)) {
+      mml_err e;
+      mml_err_set(&e, MML_ENOMEM, "GET %s: out of memory", j->shown);
+      w->cb(w->ctx, MML_ENOMEM, NULL, &e);
+    } else if (st == MML_OK) {
+      w->cb(w->ctx, MML_OK, &copy, NULL);
+    } else {
+      w->cb(w->ctx, st, NULL, &j->ferr);
+    }
+    mml_bytes_free(&copy);
+    free(w);
+  }
+}
+
 static void job_finish(mml_fetcher *f, job *j) {
   unlink_j(f, j);
+  fetch_waiter *waiters = twin_detach(j);
   if (j->failed) {
     pthread_mutex_lock(&f->smu);
     f->stats.failures++;
     pthread_mutex_unlock(&f->smu);
+    notify_waiters(waiters, j, j->fst, NULL);
     j->cb(j->ctx, j->fst, NULL, &j->ferr);
   } else {
     if (j->len >= 0 && !j->head) {
@@ -221,11 +295,13 @@ static void job_finish(mml_fetcher *f, job *j) {
       if (mml_bytes_append(&j->body, &j->total, sizeof j->total)) {
         j->failed = 1, j->fst = MML_ENOMEM;
         mml_err_set(&j->ferr, MML_ENOMEM, "HEAD %s: out of memory", j->shown);
+        notify_waiters(waiters, j, j->fst, NULL);
         j->cb(j->ctx, j->fst, NULL, &j->ferr);
         job_free(j);
         return;
       }
     }
+    notify_waiters(waiters, j, MML_OK, &j->body);
     mml_bytes body = j->body;
     memset(&j->body, 0, sizeof j->body);
     j->cb(j->ctx, MML_OK, &body, NULL);
@@ -298,6 +374,13 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
   } else if (!strncasecmp(line, "content-length:", 15)) {
     x->clen = strtoll(line + 15, NULL, 10);
   }
+  /* a 2xx body declared larger than max_object_bytes is refused before it comes */
+  int64_t max = x->j->top->max_object_bytes;
+  if (max > 0 && !x->j->head && x->http >= 200 && x->http < 300 &&
+      (x->cr_total > max || (x->http == 200 && x->clen > max))) {
+    x->toobig = 2;
+    return 0; /* aborts the transfer */
+  }
   return len;
 }
 
@@ -337,6 +420,11 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
   }
   if (!left) return len;
   if (x->probe) {
+    int64_t max = j->top->max_object_bytes;
+    if (max > 0 && (int64_t)(j->body.len + left) > max) { /* undeclared size: cut here */
+      x->toobig = 1;
+      return 0;
+    }
     if (mml_bytes_append(&j->body, q, left)) {
       x->nomem = 1;
       return 0;
@@ -414,7 +502,12 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   CURL *e = f->npool ? f->pool[--f->npool] : curl_easy_init();
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
-  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s;
+  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0;
+  if (x->attempt == 0) x->first_start = x->last_rx;
+  /* no attempt outlives the request's retry budget */
+  double left_s = x->first_start + f->retry_budget_s - x->last_rx;
+  double timeout_s = f->timeout_s < left_s ? f->timeout_s : left_s;
+  if (timeout_s < 0.05) timeout_s = 0.05;
   x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1, x->errbuf[0] = 0, x->etag[0] = 0;
   mml_bytes_clear(&x->errbody);
   if (x->probe) mml_bytes_clear(&j->body);
@@ -450,9 +543,10 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, x->hdrs);
   curl_easy_setopt(e, CURLOPT_USERAGENT, "mmloader/0.1");
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(f->timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(f->connect_timeout_s * 1000));
-  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L); /* backstop; on_progress is sharper */
+  /* min_rate over stall_s (a drip-fed body); on_progress catches a full stop sooner */
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, f->min_rate >= 1 ? (long)f->min_rate : 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)ceil(f->stall_s < 1 ? 1 : f->stall_s));
   curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
@@ -486,7 +580,10 @@ static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, con
   job *j = x->j;
   double ra = x->retry_after;
   xfer_release_easy(f, x);
-  if (x->attempt < f->max_retries && !j->failed) {
+  double now = mml_now();
+  double due = now + mml_fetch_backoff(f->backoff_base_s, f->backoff_max_s, x->attempt + 1, ra,
+                                       rand01(f));
+  if (x->attempt < f->max_retries && !j->failed && due < x->first_start + f->retry_budget_s) {
     x->attempt++;
     j->retries++;
     pthread_mutex_lock(&f->smu);
@@ -495,12 +592,16 @@ static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, con
     (*c[cause])++;
     f->stats.inflight = f->inflight;
     pthread_mutex_unlock(&f->smu);
-    x->due = mml_now() + mml_fetch_backoff(f->backoff_base_s, f->backoff_max_s, x->attempt, ra, rand01(f));
+    x->due = due;
     x->next = f->delayed;
     f->delayed = x;
     return;
   }
-  part_fail(f, x, st, "%s", why);
+  if (x->attempt < f->max_retries && !j->failed) /* retries left, but no time */
+    part_fail(f, x, st, "%s (retry_budget_s=%g spent: %.1f s since the first attempt)", why,
+              f->retry_budget_s, now - x->first_start);
+  else
+    part_fail(f, x, st, "%s", why);
 }
 
 static void record_latency(mml_fetcher *f, CURL *e, int64_t got) {
@@ -545,6 +646,19 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
     part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
     return;
   }
+  if (x->toobig == 2) { /* declared: the object is too large, asking again will not help */
+    xfer_release_easy(f, x);
+    part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
+              (long long)(x->cr_total > 0 ? x->cr_total : x->clen),
+              (long long)f->max_object_bytes);
+    return;
+  }
+  if (x->toobig == 1) {
+    snprintf(why, sizeof why, "the body passed max_object_bytes=%lld without a declared size",
+             (long long)f->max_object_bytes);
+    retry_or_fail(f, x, RETRY_SHORT, MML_EOBJECTSIZE, why);
+    return;
+  }
   if (x->stalled) {
     snprintf(why, sizeof why, "transfer stalled for %.1f s", f->stall_s);
     retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
@@ -552,6 +666,9 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   }
   switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
+      if (strstr(msg, "too slow"))
+        snprintf(why, sizeof why, "transfer slower than min_rate=%g bytes/s for %.1f s",
+                 f->min_rate, f->stall_s);
       retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
       return;
     case CURLE_PARTIAL_FILE:
@@ -815,8 +932,11 @@ static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
   pthread_mutex_lock(&f->mu);
   if (f->stop) {
     pthread_mutex_unlock(&f->mu);
+    mml_err_set(err, MML_ECLOSED, "fetcher is closed");
+    j->failed = 1, j->fst = MML_ECLOSED, j->ferr = *err;
+    notify_waiters(twin_detach(j), j, MML_ECLOSED, NULL); /* joined it meanwhile */
     job_free(j);
-    return mml_err_set(err, MML_ECLOSED, "fetcher is closed");
+    return MML_ECLOSED;
   }
   j->next = NULL;
   if (f->q_tail) f->q_tail->next = j;
@@ -834,5 +954,6 @@ mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *q
   job *j = NULL;
   mml_status st = job_new(f, url, query, off, len, head, cb, ctx, &j, err);
   if (st) return st;
+  if (!head && !query && twin_attach(f, j)) return MML_OK;
   return submit_job(f, j, err);
 }

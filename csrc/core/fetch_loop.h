@@ -44,7 +44,19 @@ struct job {
   mml_err ferr;
   int retries;          /* over all parts, for messages */
   char etag[128];       /* from the probe: later range parts send If-Match with it */
+  /* coalescing: identical requests (url, off, len) submitted while this one is in flight
+   * wait on it; the table of in-flight jobs lives in the fetcher handed out (loop 0) */
+  struct fetch_waiter *waiters;
+  job *twin_next;       /* chain of the table's bucket */
+  uint64_t key;
+  mml_fetcher *top;
 };
+
+typedef struct fetch_waiter {
+  struct fetch_waiter *next;
+  mml_fetch_cb cb;
+  void *ctx;
+} fetch_waiter;
 
 struct xfer {
   xfer *next;           /* ready / delayed list */
@@ -65,6 +77,8 @@ struct xfer {
   int64_t clen;         /* Content-Length, -1 when absent */
   char etag[128];
   int overflow, nomem, stalled;
+  int toobig;           /* the body passed max_object_bytes: 1 undeclared, 2 declared */
+  double first_start;   /* the first attempt's start (the retry budget counts from it) */
   double last_rx;       /* when bytes last arrived (or the attempt started) */
   double stall_s;
   mml_bytes errbody;
@@ -76,6 +90,8 @@ struct mml_fetcher {
   char *ca_bundle;
   int max_inflight, max_retries;
   double timeout_s, connect_timeout_s, stall_s, backoff_base_s, backoff_max_s;
+  int64_t max_object_bytes; /* <= 0: none */
+  double min_rate, retry_budget_s;
   int64_t range_chunk;
   int list_page_size;
 
@@ -100,6 +116,10 @@ struct mml_fetcher {
   mml_fetcher **loops;
   int nloops;
   unsigned rr; /* atomic */
+
+  /* loop 0 only: in-flight GETs by (url, off, len), guarded by cmu */
+  pthread_mutex_t cmu;
+  job *twins[1024];
 
   pthread_mutex_t smu; /* guards: stats, lat, nlat */
   mml_fetch_stats stats;

@@ -57,6 +57,7 @@
 
 #include "mml/fetch_sync.h"
 #include "mml/options.h"
+#include "mml/message.h"
 #include "mml/s3.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -189,6 +190,14 @@ static void limits_defaults(mml_loader_cfg *c) {
   if (!c->max_record_bytes) c->max_record_bytes = MML_DEFAULT_MAX_RECORD_BYTES;
   if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
   if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
+  c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
+  /* and the deadlines (the option table's defaults, for a zeroed C configuration) */
+  if (!c->fetch.timeout_s) c->fetch.timeout_s = 60;
+  if (!c->fetch.stall_s) c->fetch.stall_s = 10;
+  if (!c->fetch.min_rate) c->fetch.min_rate = 1024;
+  if (!c->fetch.retry_budget_s) c->fetch.retry_budget_s = 60;
+  if (!c->fetch.max_retries) c->fetch.max_retries = 8;
+  if (!c->next_timeout_s) c->next_timeout_s = MML_DEFAULT_NEXT_TIMEOUT_S;
 }
 
 
@@ -528,6 +537,39 @@ mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahe
   pthread_cond_broadcast(&L->coll_cv);
   pthread_mutex_unlock(&L->mu);
   return MML_OK;
+}
+
+void mml_loader_describe_wait(mml_loader *L, mml_err *err) {
+  pthread_mutex_lock(&L->mu);
+  const task *t = L->tasks ? &L->tasks[L->head_seq % L->window] : NULL;
+  if (!L->started || !t) {
+    mml_err_set(err, MML_ETIMEDOUT, "waiting for the loader's threads to start");
+  } else if (L->fatal || L->out_count) {
+    mml_err_set(err, MML_ETIMEDOUT, "waiting on the output queue");
+  } else if (t->state != SLOT_BUSY || t->stage == STAGE_NEW || t->gen != L->gen) {
+    mml_err_set(err, MML_ETIMEDOUT, "waiting on sample %lld of the stream (%s)",
+                (long long)t->seq, t->state == SLOT_DONE ? "done, being composed" : "starting");
+  } else {
+    /* shard, line and images were written before the fetches were submitted (under mu) */
+    char where[1100], what[400] = "being decoded";
+    const mml_sample *s = &t->sample;
+    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
+    if (t->pending > 0 && t->stage == STAGE_RECORD) {
+      snprintf(what, sizeof what, "fetching its record");
+    } else if (t->pending > 0 && t->rec_parsed) {
+      int first = -1, n = 0;
+      for (int i = 0; i < t->rec.nimages; i++)
+        if (t->imgs[i].len == 0) n++, first = first < 0 ? i : first;
+      char ref[MML_SHORT_CAP(200)];
+      if (first >= 0)
+        snprintf(what, sizeof what, "fetching %d image(s), first image %s", n,
+                 mml_text_short(t->rec.images[first], strlen(t->rec.images[first]), 200, ref,
+                                sizeof ref));
+    }
+    mml_err_set(err, MML_ETIMEDOUT, "waiting on sample %s: %s, for %.1f s", where, what,
+                mml_now() - t->started);
+  }
+  pthread_mutex_unlock(&L->mu);
 }
 
 mml_cursor mml_loader_cursor(const mml_loader *L) {

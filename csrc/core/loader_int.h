@@ -39,6 +39,7 @@ struct task {
   mml_status fetch_st;     /* first fetch failure */
   mml_err fetch_err;
   task *next_ready;
+  double started;          /* when it was dispatched (what next() waits on) */
   /* owned by whoever holds the slot (BUSY) */
   int stage;
   mml_sample sample;

@@ -310,6 +310,7 @@ static task *take_task_locked(mml_loader *L) {
       t->fetch_st = MML_OK;
       t->pending = 0;
       t->fetched_bytes = 0;
+      t->started = mml_now();
       mml_sample_reset(&t->sample);
       ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
       L->in_flight++;

@@ -21,6 +21,7 @@ typedef struct {
   PyObject *tokenizer; /* keeps the borrowed core tokenizer alive */
   pid_t pid;
   int warned;          /* skip warnings emitted so far */
+  double next_timeout_s; /* next() raises after this long without an item (> 0) */
   int active;          /* next() calls in progress (they run with the GIL released) */
   mml_loader *closing; /* closed while next() was active: freed by the last one out */
 } LoaderObject;
@@ -79,6 +80,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
     mml_py_raise(st, &err);
     return -1;
   }
+  self->next_timeout_s = cfg.next_timeout_s > 0 ? cfg.next_timeout_s : MML_DEFAULT_NEXT_TIMEOUT_S;
   self->L = L;
   Py_INCREF(tok);
   self->tokenizer = tok;
@@ -172,6 +174,7 @@ static PyObject *loader_next_active(LoaderObject *self) {
   mml_batch b;
   memset(&b, 0, sizeof b);
   mml_err err;
+  double t0 = mml_now();
   for (;;) {
     mml_status st;
     mml_err_clear(&err);
@@ -187,6 +190,13 @@ static PyObject *loader_next_active(LoaderObject *self) {
       case MML_OK: return batch_to_dict(&b);
       case MML_ETIMEDOUT:
         if (PyErr_CheckSignals()) return NULL;
+        if (self->L && mml_now() - t0 >= self->next_timeout_s) {
+          mml_err w;
+          mml_loader_describe_wait(self->L, &w);
+          mml_err_prefix(&w, "no batch for %.1f s (next_timeout_s=%g)", mml_now() - t0,
+                         self->next_timeout_s);
+          return mml_py_raise_as(mml_py_Error, MML_ETIMEDOUT, &w);
+        }
         continue;
       case MML_EEND: PyErr_SetNone(PyExc_StopIteration); return NULL;
       case MML_ECLOSED: PyErr_SetString(mml_py_Error, "the loader is closed"); return NULL;

@@ -16,6 +16,8 @@
 /* 1 for http://, https://, s3:// */
 int mml_path_is_remote(const char *path);
 
+#define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
+
 typedef struct mml_fetch_cfg {
   /* S3 credentials and addressing; NULL/empty fields fall back to the environment
    * (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
@@ -36,6 +38,15 @@ typedef struct mml_fetch_cfg {
   int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
   const char *ca_bundle;  /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
                            * the system store); copied */
+  /* Bounds on what one server can cost (0: the default; see each). */
+  int64_t max_object_bytes; /* a body passing this is cut: refused from the headers when the
+                             * size is declared (Content-Length / Content-Range: not retried),
+                             * retried when not (a broken stream looks the same), then
+                             * MML_EOBJECTSIZE (default MML_DEFAULT_MAX_OBJECT_BYTES) */
+  double min_rate;        /* bytes/s: a transfer slower than this over stall_s is abandoned
+                           * and retried (default 1024; a server dripping bytes) */
+  double retry_budget_s;  /* total time of one request with all its retries, counted from
+                           * its first attempt: no attempt outlives it (default 60) */
   int io_threads;         /* I/O threads, each with its own multi handle and connections,
                            * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                            * more only when TLS or copying makes one thread CPU-bound) */

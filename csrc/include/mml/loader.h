@@ -34,7 +34,6 @@
 
 #define MML_DEFAULT_MAX_SAMPLE_PIXELS ((int64_t)1 << 27) /* 134,217,728 */
 #define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20)  /* 64 MiB */
-#define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
 
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
@@ -87,6 +86,7 @@ typedef struct mml_loader_cfg {
   int allow_paths_outside_root;/* 0: relative image references must stay inside the image
                                   root: no absolute paths, no "..", no symlink out of it */
   int allow_remote_images;     /* 0: records of local shards may not name http(s)/s3 URLs */
+  double next_timeout_s;       /* the binding's bound on one next() (0: the default) */
   int cycle;                /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
@@ -184,6 +184,13 @@ void mml_loader_set_consumer_stream(mml_loader *L, int device, uintptr_t stream)
  *                 image and reason (the next call continues after it); MML_ETOOMANYERR
  *                 and internal failures are sticky. */
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err);
+
+/* What mml_loader_next waits on now, for a message: the oldest sample in flight (shard and
+ * line), its stage, how long it has been running and, when it waits on the network, the
+ * (redacted) reference it fetches; into err->msg (status MML_ETIMEDOUT). */
+void mml_loader_describe_wait(mml_loader *L, mml_err *err);
+/* The binding's default bound on one next() call without any item (seconds). */
+#define MML_DEFAULT_NEXT_TIMEOUT_S 600.0
 
 /* Messages of skipped samples not yet taken (oldest first, at most `max`); returns the
  * count copied.  Messages beyond a small backlog are dropped (stats still count them).
