@@ -12,7 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${MMLOADER_MEGATRON_VENV:-$HOME/.cache/mmloader/venv312-megatron}
-py=${PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12*/bin/python 2>/dev/null | sort -V | tail -1 || true)}
+py=${PYTHON312:-}
+if [ -z "$py" ]; then  # the first that runs (a pyenv shim on PATH may not)
+  for c in python3.12 $(ls -d "$HOME"/.pyenv/versions/3.12*/bin/python 2>/dev/null | sort -rV); do
+    if "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      py=$c
+      break
+    fi
+  done
+fi
 reqs=requirements-megatron-current.txt
 stamp="$venv/.mmloader-requirements"
 t0=$SECONDS
