@@ -25,15 +25,20 @@ PathLike = Union[str, "os.PathLike[str]"]
 DataSpec = Union[PathLike, Sequence[PathLike], Source, Sequence[Union[Source, Dict[str, Any]]]]
 
 STATE_VERSION = 1
-_LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
-_TEXT_ONLY = {"placeholder": 0, "omit": 1, "empty": 2}  # mml_text_only_vision
+#: The engine's option table (csrc/core/options.c; see mml/options.h), by name: type,
+#: default, bounds, choices, whether it enters the resume fingerprint, one line of doc.
+OPTIONS: Dict[str, Dict[str, Any]] = {o["name"]: o for o in _core.loader_options()}
+#: The Loader keywords that are table options, and their defaults.
+_KEYWORDS = tuple(k for k, o in OPTIONS.items() if not o["internal"])
+_D: Dict[str, Any] = {k: OPTIONS[k]["default"] for k in _KEYWORDS}
+_LABEL_MODES = OPTIONS["label_mode"]["choices"]
 _REMOTE = ("http://", "https://", "s3://")
 # Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-_DATA_FORMATS = {"auto": 0, "jsonl": 1, "json": 2}  # mml_layout
 # What a folder given as data contributes (compression is told by content, not name).
-_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
+_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
+                       for z in ("", ".gz", ".zst")) + (".tgz",)
 
 
 def _is_remote(p: str) -> bool:
@@ -62,7 +67,7 @@ def _expand_data(data: DataSpec) -> List[str]:
             found = sorted(f for f in glob.glob(os.path.join(p, "*"))
                            if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
             if not found:
-                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, "
+                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
                                   "optionally .gz or .zst)")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
@@ -96,6 +101,8 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
         if k in ov:
             _check_int(f"{where}: {k}", ov[k], 1)
             kw[k] = ov[k]
+    if "image_route" in ov:
+        kw["image_route"] = ov["image_route"]
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -104,6 +111,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
     if label_mode not in _LABEL_MODES:
         raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
                           f"{label_mode!r}")
+    image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
     system_prompt = ov.get("system_prompt", base["system_prompt"])
@@ -117,6 +125,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
                 choose=-1 if src.choose is None else src.choose,
                 image_root=None if image_root is None else os.fspath(image_root),
                 vision=vision, system_prompt=system_prompt, label_mode=label_mode,
+                image_whitespace=image_whitespace,
                 max_length=max_length or 0)
 
 
@@ -211,15 +220,17 @@ class Loader:
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
     Args:
-        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` files, plain or
-            ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
-            glob), or a list of those.  A shard is JSON lines or one JSON array of records
+        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar``
+            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL
+            (``s3://`` may hold a glob), or a list of those.  A shard is JSON lines or one JSON array of records
             (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
             bytes; a compressed shard is decompressed once into a temporary file in
-            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the same fields), or the
-            path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
+            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of
+            :class:`mmloader.Source` (or dicts with the same fields), or the path of a
+            YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
             may override image_root, min_pixels, max_pixels, max_image_pixels,
-            system_prompt, label_mode and max_length for its samples (an image entry's
+            image_route, image_whitespace, system_prompt, label_mode and max_length for
+            its samples (an image entry's
             own min_pixels/max_pixels/resized_height/resized_width win over both).
         samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
             plus the weighted sources' sizes).
@@ -232,8 +243,11 @@ class Loader:
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
-        data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
-            array, anything else JSON lines), "jsonl" or "json" (an array).
+        data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
+            shard whose first non-blank character is ``[`` a JSON array; anything else
+            JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
+            by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its
+            images, range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         micro_batch_size: rows per padded batch.
@@ -259,6 +273,13 @@ class Loader:
         strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
             with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
             like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
+        image_route: the reference pipeline pixels match, bit for bit — "processor"
+            (Image.open, then the HF processor: transparency composited onto white, EXIF
+            orientation ignored), "load_image" (transformers' load_image first: EXIF
+            orientation applied, alpha dropped by convert("RGB")) or "qwen-vl-utils"
+            (its fetch_image first: RGBA pasted onto white, other modes convert("RGB"),
+            its own smart_resize, then one bicubic resize; a palette/tRNS transparency
+            colour is whitened after that resize, as the processor then does).
         max_length: skip samples with more tokens (reason "too_long").
         packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
         pack_length: token budget of one pack (default seq_length).
@@ -266,6 +287,10 @@ class Loader:
         keys: "qwen" (HF names) or "megatron".
         shift_labels: labels shifted by one (Megatron convention).
         label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
+        image_whitespace: text around ``<image>`` tags: "in_place" (as written; the HF
+            processor, LLaMA-Factory, ms-swift) or "qwen-vl-finetune" (Qwen's official
+            fine-tuning code: user text between tags stripped, empty pieces dropped, so
+            ``"<image>\nWhat is it?"`` has no newline after the image).
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -294,91 +319,71 @@ class Loader:
             when decoded).  mmloader.ray plans packed streams with it.
     """
 
-    def __init__(self, data: DataSpec, *, data_format: str = "auto",
-                 image_root: Optional[PathLike] = None,
-                 micro_batch_size: int = 8, seq_length: Optional[int] = None,
-                 shuffle: bool = True, seed: int = 0, dp_rank: int = 0, dp_size: int = 1,
-                 num_threads: Optional[int] = None, prefetch: int = 4,
-                 window: Optional[int] = None, on_error: str = "skip",
-                 max_error_rate: float = 0.1, preset: str = "qwen2.5-vl",
-                 model_dir: Optional[PathLike] = None, tokenizer: Any = None,
+    def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
+                 image_root: Optional[PathLike] = _D["image_root"],
+                 micro_batch_size: int = _D["micro_batch_size"],
+                 seq_length: Optional[int] = _D["seq_length"], shuffle: bool = _D["shuffle"],
+                 seed: int = _D["seed"], dp_rank: int = _D["dp_rank"],
+                 dp_size: int = _D["dp_size"], num_threads: Optional[int] = _D["num_threads"],
+                 prefetch: int = _D["prefetch"], window: Optional[int] = _D["window"],
+                 on_error: str = _D["on_error"], max_error_rate: float = _D["max_error_rate"],
+                 preset: str = "qwen2.5-vl", model_dir: Optional[PathLike] = None,
+                 tokenizer: Any = None,
                  min_pixels: Optional[int] = None, max_pixels: Optional[int] = None,
                  max_image_pixels: Optional[int] = None,
                  image_mean: Optional[Sequence[float]] = None,
                  image_std: Optional[Sequence[float]] = None,
                  legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
-                 strict_jpeg: bool = False,
-                 max_length: Optional[int] = None, packing: bool = False,
-                 pack_length: Optional[int] = None, pad_to_multiple: Optional[int] = None,
-                 keys: str = "qwen", shift_labels: bool = False,
-                 label_mode: str = "all_assistant", mrope: bool = False,
-                 attention_mask: bool = True, text_only_vision: str = "placeholder",
-                 mm_token_type_ids: bool = False, cycle: bool = False,
-                 pin_memory: bool = False,
-                 device: str = "cpu", s3_endpoint: Optional[str] = None,
-                 s3_region: Optional[str] = None, aws_access_key_id: Optional[str] = None,
-                 aws_secret_access_key: Optional[str] = None,
-                 aws_session_token: Optional[str] = None,
-                 max_inflight: Optional[int] = None, plan_only: bool = False,
-                 samples_per_epoch: Optional[int] = None, allow_mixture_change: bool = False,
-                 mixture_tolerance: Optional[float] = 0.05,
-                 system_prompt: Optional[str] = None) -> None:
+                 strict_jpeg: bool = False, image_route: str = "processor",
+                 max_length: Optional[int] = _D["max_length"], packing: bool = _D["packing"],
+                 pack_length: Optional[int] = _D["pack_length"],
+                 pad_to_multiple: Optional[int] = _D["pad_to_multiple"],
+                 keys: str = _D["keys"], shift_labels: bool = _D["shift_labels"],
+                 label_mode: str = _D["label_mode"],
+                 image_whitespace: str = _D["image_whitespace"], mrope: bool = _D["mrope"],
+                 attention_mask: bool = _D["attention_mask"],
+                 text_only_vision: str = _D["text_only_vision"],
+                 mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
+                 pin_memory: bool = _D["pin_memory"], device: str = "cpu",
+                 s3_endpoint: Optional[str] = _D["s3_endpoint"],
+                 s3_region: Optional[str] = _D["s3_region"],
+                 aws_access_key_id: Optional[str] = _D["aws_access_key_id"],
+                 aws_secret_access_key: Optional[str] = _D["aws_secret_access_key"],
+                 aws_session_token: Optional[str] = _D["aws_session_token"],
+                 max_inflight: Optional[int] = _D["max_inflight"],
+                 plan_only: bool = _D["plan_only"],
+                 samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
+                 allow_mixture_change: bool = False,
+                 mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
+                 system_prompt: Optional[str] = _D["system_prompt"]) -> None:
+        # Every keyword that is a row of the engine's option table goes to the engine as
+        # is; the table (csrc/core/options.c) checks types, bounds and names.
+        given = locals()
+        opts: Dict[str, Any] = {k: given[k] for k in _KEYWORDS}
         self._c = None
         mix = mixture.resolve(data)
         shards = _expand_data(data) if mix is None else []
-        _check_int("samples_per_epoch", samples_per_epoch, 1, none_ok=True)
         if mix is not None:
             mixture.check_names(mix[0])
             if samples_per_epoch is None:
-                samples_per_epoch = mix[1]
+                samples_per_epoch = opts["samples_per_epoch"] = mix[1]
             elif mix[1] is not None and mix[1] != samples_per_epoch:
                 raise ConfigError(f"samples_per_epoch={samples_per_epoch} differs from the "
                                   f"mixture file's {mix[1]}")
         elif samples_per_epoch is not None:
             raise ConfigError("samples_per_epoch needs a mixture (mmloader.Source list or "
                               "mixture file)")
-        if mixture_tolerance is not None and (
-                isinstance(mixture_tolerance, bool) or
-                not isinstance(mixture_tolerance, (int, float)) or
-                not 0 < mixture_tolerance <= 1):
+        if mixture_tolerance is None:  # never warn
+            opts["mixture_tolerance"] = -1.0
+        elif isinstance(mixture_tolerance, (int, float)) and mixture_tolerance <= 0:
             raise ConfigError(f"mixture_tolerance must be a number in (0, 1] or None, got "
                               f"{mixture_tolerance!r}")
         _check_system_prompt("system_prompt", system_prompt)
-        _check_int("micro_batch_size", micro_batch_size, 1)
-        _check_int("seq_length", seq_length, 1, none_ok=True)
-        _check_int("seed", seed)
-        _check_int("dp_size", dp_size, 1)
-        _check_int("dp_rank", dp_rank, 0)
-        if dp_rank >= dp_size:
-            raise ConfigError(f"dp_rank must be < dp_size ({dp_size}), got {dp_rank}")
-        if num_threads is None:
-            num_threads = default_num_threads()
-        _check_int("num_threads", num_threads, 1)
-        _check_int("prefetch", prefetch, 1)
-        _check_int("window", window, 1, none_ok=True)
-        _check_int("max_length", max_length, 1, none_ok=True)
-        _check_int("pack_length", pack_length, 1, none_ok=True)
-        _check_int("pad_to_multiple", pad_to_multiple, 1, none_ok=True)
-        _check_int("max_inflight", max_inflight, 1, none_ok=True)
-        if on_error not in ("skip", "raise"):
-            raise ConfigError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-        if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) \
-                or not 0.0 <= max_error_rate <= 1.0:
-            raise ConfigError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
-        if data_format not in _DATA_FORMATS:
-            raise ConfigError(f"data_format must be one of {tuple(_DATA_FORMATS)}, got "
-                              f"{data_format!r}")
-        if keys not in ("qwen", "megatron"):
-            raise ConfigError(f"keys must be 'qwen' or 'megatron', got {keys!r}")
-        if text_only_vision not in _TEXT_ONLY:
-            raise ConfigError(f"text_only_vision must be one of {tuple(_TEXT_ONLY)}, got "
-                              f"{text_only_vision!r}")
-        if label_mode not in _LABEL_MODES:
-            raise ConfigError(f"label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
-        if packing and pack_length is None and seq_length is None:
-            raise ConfigError("packing=True needs pack_length (or seq_length)")
-        if not packing and pack_length is not None:
-            raise ConfigError("pack_length is only meaningful with packing=True")
+        if opts["num_threads"] is None:
+            opts["num_threads"] = default_num_threads()
+        if image_root is not None:
+            opts["image_root"] = os.fspath(image_root)
+        _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
             warnings.warn("pin_memory=True: CUDA is unavailable "
@@ -386,47 +391,27 @@ class Loader:
                           "memory", RuntimeWarning, stacklevel=2)
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
+        # the vision settings, also the base of each source's (its overrides on top)
+        vision_kw = dict(min_pixels=min_pixels, max_pixels=max_pixels,
+                         max_image_pixels=max_image_pixels, image_mean=image_mean,
+                         image_std=image_std, legacy_resize=legacy_resize, fast=fast_decode,
+                         strict_jpeg=bool(strict_jpeg), image_route=image_route)
         try:
-            vision = vision_config(preset, model_dir, min_pixels=min_pixels,
-                                   max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                                   image_mean=image_mean, image_std=image_std,
-                                   legacy_resize=legacy_resize, fast=fast_decode,
-                                   strict_jpeg=bool(strict_jpeg))
+            vision = vision_config(preset, model_dir, **vision_kw)
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
         sources = None
         if mix is not None:
-            loader_vision = dict(min_pixels=min_pixels, max_pixels=max_pixels,
-                                 max_image_pixels=max_image_pixels, image_mean=image_mean,
-                                 image_std=image_std, legacy_resize=legacy_resize,
-                                 fast=fast_decode)
             base = dict(image_root=image_root, system_prompt=system_prompt,
+                        image_whitespace=image_whitespace,
                         label_mode=label_mode, max_length=max_length)
-            sources = [_resolve_source(src, preset, model_dir, loader_vision, base)
+            sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
                        for src in mix[0]]
 
-        cfg: Dict[str, Any] = dict(
-            data=shards, data_format=_DATA_FORMATS[data_format], image_root=None if image_root is None else os.fspath(image_root),
-            shuffle=int(bool(shuffle)), seed=seed, dp_rank=dp_rank, dp_size=dp_size,
-            num_threads=num_threads, prefetch=prefetch, window=window or 0,
-            on_error=on_error, max_error_rate=float(max_error_rate),
-            max_length=max_length or 0, cycle=int(bool(cycle)),
-            micro_batch_size=micro_batch_size, seq_length=seq_length or 0,
-            pack=int(bool(packing)), pack_length=pack_length or 0,
-            pad_to_multiple=pad_to_multiple or 0, keys=keys,
-            shift_labels=int(bool(shift_labels)), attention_mask=int(bool(attention_mask)),
-            mrope=int(bool(mrope)), template=tmpl, label_mode=label_mode, vision=vision,
-            s3_endpoint=s3_endpoint, s3_region=s3_region,
-            aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
-            aws_session_token=aws_session_token, max_inflight=max_inflight or 0,
-            pin_memory=int(bool(pin_memory)), device=device_index,
-            text_only_vision=_TEXT_ONLY[text_only_vision],
-            mm_token_type_ids=int(bool(mm_token_type_ids)), plan_only=int(bool(plan_only)),
-            system_prompt=system_prompt, sources=sources,
-            samples_per_epoch=samples_per_epoch or 0,
-            mixture_tolerance=-1.0 if mixture_tolerance is None else float(mixture_tolerance))
+        cfg = dict(opts, data=shards, vision=vision, template=tmpl, device=device_index,
+                   sources=sources)
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)
@@ -445,18 +430,13 @@ class Loader:
         self._mbs = micro_batch_size
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
+        # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
-            "data": info["data_hash"], "num_samples": info["num_samples"], "seed": seed,
-            "shuffle": int(bool(shuffle)), "dp_rank": dp_rank, "dp_size": dp_size,
-            "micro_batch_size": micro_batch_size, "seq_length": seq_length or 0,
-            "packing": int(bool(packing)), "pack_length": pack_length or 0,
-            "pad_to_multiple": pad_to_multiple or 0, "max_length": max_length or 0,
-            "keys": keys, "shift_labels": int(bool(shift_labels)), "label_mode": label_mode,
-            "mrope": int(bool(mrope)), "attention_mask": int(bool(attention_mask)),
-            "template": tmpl, "text_only_vision": text_only_vision,
-            "mm_token_type_ids": int(bool(mm_token_type_ids)),
+            "data": info["data_hash"], "num_samples": info["num_samples"],
+            **{k: int(v) if isinstance(v, bool) else v
+               for k, v in self._c.options().items() if OPTIONS[k]["fingerprint"]},
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
-            "tokenizer": tok_id, "system_prompt": system_prompt,
+            "tokenizer": tok_id,
         }
         if sources is not None:
             self._fingerprint["samples_per_epoch"] = self.samples_per_epoch

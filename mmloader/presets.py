@@ -25,7 +25,10 @@ PRESETS["qwen2.5-vl"] = dict(PRESETS["qwen2-vl"])
 
 VISION_KEYS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
                "image_mean", "image_std", "legacy_resize", "fast", "max_image_pixels",
-               "pillow_h_first", "strict_jpeg")
+               "pillow_h_first", "strict_jpeg", "image_route")
+
+# What a user's pipeline does with an image reference before the processor (docs: Loader)
+IMAGE_ROUTES = ("processor", "load_image", "qwen-vl-utils")
 
 DEFAULT_MAX_IMAGE_PIXELS = 178956970  # Pillow's decompression-bomb error threshold
 
@@ -61,7 +64,7 @@ def vision_config(preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     cfg = dict(PRESETS[preset])
     cfg.update(legacy_resize=False, fast=False, max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS,
-               pillow_h_first=False, strict_jpeg=False)
+               pillow_h_first=False, strict_jpeg=False, image_route="processor")
     if model_dir is not None:
         if not os.path.isdir(model_dir):
             raise ValueError(f"model_dir {model_dir!r} is not a directory")
@@ -83,6 +86,8 @@ def vision_config(preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
             raise ValueError(f"{k} needs 3 values, got {cfg[k]}")
     if any(float(s) == 0 for s in cfg["image_std"]):
         raise ValueError("image_std must not contain 0")
+    if cfg["image_route"] not in IMAGE_ROUTES:
+        raise ValueError(f"image_route must be one of {IMAGE_ROUTES}, got {cfg['image_route']!r}")
     return cfg
 
 

@@ -19,8 +19,10 @@ Why the stream is exact, whatever skips or packing do to batch composition:
   planner actor finds with a plan_only loader, which packing needs); a wrong guess is
   caught by the check: the speculative requests are cancelled and re-issued from the
   true cursor.  Guesses only decide speed, never content.  Each request also bounds the
-  producer's work to the samples its batch is expected to take (Loader seek's `ahead`).  A producer that dies is restarted by Ray
+  producer's work to the samples its batch is expected to take (the core's seek_ahead),
+  so nothing is made only to be dropped.  A producer that dies is restarted by Ray
   (``max_restarts``) and its lost batches are re-requested from their start cursors.
+  Batch j is first requested from producer j mod K; a retry may go to another.
 
 Ray is an optional dependency: nothing else in mmloader imports it.
 """
@@ -64,16 +66,22 @@ class _Producer:
 
         from .loader import Loader
 
-        self._loader = Loader(data, **kwargs)
-        self._c = self._loader._c
         ctx = ray.get_runtime_context()
         self._where = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                       "pid": os.getpid(), "restarted": bool(ctx.was_current_actor_reconstructed)}
+                       "pid": os.getpid()}
+        self._error: Optional[BaseException] = None
+        try:  # a bad configuration is raised by info(), so the trainer sees the Error itself
+            self._loader = Loader(data, **kwargs)
+            self._c = self._loader._c
+        except Exception as e:  # noqa: BLE001
+            self._error = e
         self._batches = 0
         self._busy_s = 0.0
         self._bytes = 0
 
     def info(self) -> Dict[str, Any]:
+        if self._error is not None:
+            raise self._error
         L = self._loader
         return dict(self._where, fingerprint=L._fingerprint, num_samples=L.num_samples,
                     samples_per_rank=L.samples_per_rank,
@@ -177,15 +185,14 @@ class Loader:
         as_torch: yield torch tensors (views of the same memory) instead of NumPy arrays.
         max_restarts: how often Ray restarts a producer that died.
         placement_timeout_s: how long to wait for the cluster to place the producers.
-        **loader_kwargs: :class:`mmloader.Loader` arguments (the stream's definition:
-            batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path.
-            ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
-
         planner: run one more actor with ``plan_only=True`` that walks the stream ahead
             (records, image headers, tokens; no decoding) and gives each batch's exact
             boundaries; default: on with ``packing=True`` (required there), off in padded
             mode, where a batch is guessed to take micro_batch_size samples (turn it on
             for data with many skips).
+        **loader_kwargs: :class:`mmloader.Loader` arguments (the stream's definition:
+            batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path.
+            ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
     """
 
     def __init__(self, data: Any, *, producers: int = 2, placement: str = "spread",
@@ -284,8 +291,6 @@ class Loader:
             raise ConfigError("producers on different nodes see different data or settings: "
                               + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos))
         info = infos[0]
-        infos = infos[:len(self._actors)]
-        self._where = [{k: i[k] for k in ("node_id", "node_ip", "pid")} for i in infos]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
         self._per_epoch: int = info["batches_per_epoch"]

@@ -93,7 +93,9 @@ class ImageProcessor:
             the two orders can differ by 1 in a few pixels), strict_jpeg (True: a JPEG
             that libjpeg decodes only with "Corrupt JPEG data" warnings is refused; by
             default it is decoded as Pillow decodes it — Pillow refuses only JPEGs with
-            a libjpeg error, also one after the last row, and so does mmloader).
+            a libjpeg error, also one after the last row, and so does mmloader),
+            image_route ("processor", "load_image" or "qwen-vl-utils": see
+            :class:`mmloader.Loader`).
 
     Pixel semantics are those of the PIL backend of transformers 5.x: alpha and tRNS
     transparency are composited onto white, CMYK/16-bit/palette PNG converted as Pillow

@@ -169,10 +169,18 @@ def test_mixture_file_dicts_and_sources_give_the_same_stream(srcs, tmp_path):
         same(ref, [as_np(b) for b in L])
 
 
-def test_one_source_is_plain_data(srcs):
+def test_one_source_is_plain_data(srcs, tmp_path):
     with make(srcs["a"]) as L:
         ref = [as_np(b) for b in L]
     with make([Source(srcs["a"])]) as L:
+        same(ref, [as_np(b) for b in L])
+    # a source without overrides takes every Loader setting
+    p = write_source(str(tmp_path), "img", 10, images=[(90, 120), (200, 64)])
+    kw = dict(image_mean=[0.1, 0.2, 0.3], strict_jpeg=True, label_mode="last_assistant",
+              system_prompt="Sys.", max_pixels=28 * 28 * 6)
+    with make(p, **kw) as L:
+        ref = [as_np(b) for b in L]
+    with make([Source(p)], **kw) as L:
         same(ref, [as_np(b) for b in L])
 
 
@@ -186,6 +194,7 @@ def test_one_source_is_plain_data(srcs):
     (lambda s: [Source(s["a"], name="a", label_mode="bad")], "source 'a': label_mode"),
     (lambda s: [Source(s["a"], name="a", min_pixels=10**9)], "source 'a': need 0 < min_pixels"),
     (lambda s: [Source(s["a"], name="a", max_length=0)], "source 'a': max_length"),
+    (lambda s: [Source(s["a"], name="a", image_route="pil")], "source 'a': image_route must be"),
     (lambda s: [Source(s["a"] + ".missing", name="a")], "source 'a': data file"),
     (lambda s: [Source(s["a"], name="a", choose=10), Source(s["b"], name="b", choose=5)],
      None),
@@ -256,7 +265,7 @@ def take(loader, n):
 
 @pytest.mark.parametrize("cut", [3, 80, 85])  # inside epoch 0, at its end, inside epoch 1
 def test_bitwise_resume(srcs, cut, tmp_path):
-    import torch
+    torch = pytest.importorskip("torch")
     with make(three(srcs)) as L:
         assert len(L) == 80
         ref = take(L, 160)
@@ -298,6 +307,14 @@ def test_changed_mixture_raises_or_continues(srcs):
         for _ in range(4):
             next(it)
         same([got], [as_np(next(it))])
+    # a different epoch size: the same count of this rank's positions (400 + 20 = 420)
+    with make(three(srcs)) as L:
+        take(L, 84)  # epoch 1, position 20 of 400
+        state = L.state_dict()
+    with make(changed, samples_per_epoch=150, allow_mixture_change=True) as L:
+        L.load_state_dict(state)
+        st = L.state_dict()
+        assert (st["epoch"], st["pos"], st["batch_in_epoch"]) == (2, 120, 24)
 
 
 # ---------------------------------------------------------------------------- settings
@@ -336,6 +353,8 @@ def test_drift_warning(srcs, tmp_path):
             pass
         st = L.stats()
     drift = [str(x.message) for x in w if "mixture_tolerance" in str(x.message)]
+    skips = [str(x.message) for x in w if "skipped a sample" in str(x.message)]
+    assert skips and all("(missing_file): source bad: " in m for m in skips), skips[:2]
     assert len(drift) == 2 and any("source bad makes up 0.0%" in m for m in drift), drift
     bad = st["sources"]["bad"]
     assert bad["samples"] == 0 and bad["skipped"] == st["skipped"] >= 120
@@ -471,3 +490,71 @@ def test_example_mixture_file_parses():
     assert sources[0].overrides == {"max_pixels": 2408448} and sources[0].weight == 0.3
     assert sources[2].overrides == {"label_mode": "last_assistant", "system_prompt": ""}
     assert os.path.isabs(sources[1].data[0])
+
+
+def test_three_source_mixture_file_end_to_end(tmp_path, capsys):
+    """The issue's bar: three sources with different weights and pixel budgets train from a
+    mixture file, resume bitwise, and report per source in stats() and the profiler."""
+    root = str(tmp_path)
+    write_source(root, "docs", 30, images=[(400, 560), (600, 800)])
+    write_source(root, "photos", 40, images=[(320, 240), (200, 300)])
+    write_source(root, "text", 20)
+    doc = {"samples_per_epoch": 60, "sources": [
+        {"data": "docs/data.jsonl", "name": "docs", "weight": 0.3, "max_pixels": 28 * 28 * 40},
+        {"data": "photos/data.jsonl", "name": "photos", "weight": 0.6, "max_pixels": 28 * 28 * 8},
+        {"data": "text/data.jsonl", "name": "text", "weight": 0.1}]}
+    path = os.path.join(root, "mix.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with make(path, micro_batch_size=3) as L:
+        ref = take(L, 30)  # 20 batches per epoch: across the first epoch's end
+        st = L.stats()["sources"]
+    assert [st[n]["per_epoch"] for n in ("docs", "photos", "text")] == [18, 36, 6]
+    assert st["docs"]["image_tokens"] / st["docs"]["samples"] > \
+        3 * st["photos"]["image_tokens"] / st["photos"]["samples"]
+    assert st["text"]["image_tokens"] == 0 and st["text"]["samples"] > 0
+    with make(path, micro_batch_size=3) as L:
+        take(L, 13)
+        state = L.state_dict()
+    with make(path, micro_batch_size=3) as L:
+        L.load_state_dict(state)
+        same(ref[13:], take(L, 17))
+    from mmloader import profile
+    assert profile.main([path, "--batches", "5", "--batch-size", "3", "--tokenizer", TINY,
+                         "--max-pixels", str(28 * 28 * 16), "--min-pixels", str(28 * 28 * 4),
+                         "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {n} " in out for n in ("docs", "photos", "text")), out
+
+
+def test_per_source_image_route(tmp_path):
+    """image_route per source: load_image applies EXIF orientation, the processor does not."""
+    from PIL import Image
+    d = tmp_path / "exif"
+    d.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when shown
+    arr = np.random.default_rng(1).integers(0, 256, size=(112, 224, 3), dtype=np.uint8)
+    Image.fromarray(arr).save(d / "img0.jpg", quality=90, exif=exif)
+    rec = {"messages": [{"role": "user", "content": "<image>q"},
+                        {"role": "assistant", "content": "a"}], "images": ["img0.jpg"]}
+    (d / "data.jsonl").write_text(json.dumps(rec) + "\n")
+    data = [Source(str(d / "data.jsonl"), name="plain", choose=1),
+            Source(str(d / "data.jsonl"), name="turned", choose=1, image_route="load_image")]
+    with make(data, micro_batch_size=2, shuffle=False, max_pixels=28 * 28 * 64) as L:
+        grids = sorted(tuple(g) for g in as_np(next(iter(L)))["image_grid_thw"].tolist())
+    assert grids == [(1, 8, 16), (1, 16, 8)]
+
+
+def test_per_source_image_whitespace(tmp_path):
+    p = write_source(str(tmp_path), "ws", 6, images=[(64, 64)], text="\nsource {name} sample {i}")
+    data = [Source(p, name="kept", choose=6),
+            Source(p, name="stripped", choose=6, image_whitespace="qwen-vl-finetune")]
+    keys = key_map({"kept": p})
+    keys.update(key_map({"stripped": p}, image_whitespace="qwen-vl-finetune"))
+    assert len(keys) == 12  # the two conventions tokenize differently
+    with make(data, micro_batch_size=4) as L:
+        names = [keys[r] for b in L for r in rows(as_np(b))]
+    assert sorted(names) == ["kept"] * 6 + ["stripped"] * 6
+    with pytest.raises(ConfigError, match="image_whitespace"):
+        make([Source(p, image_whitespace="none")])

@@ -247,6 +247,49 @@ def test_all_dp_ranks_from_one_driver(cluster, dataset):
             L.close()
 
 
+def test_producers_stop_when_the_trainer_process_dies(cluster, dataset, tmp_path):
+    import subprocess
+    import sys
+
+    c, _ = cluster
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys, time, ray, mmloader.ray as mray\n"
+        f"ray.init(address={c.address!r}, log_to_driver=False)\n"
+        f"L = mray.Loader({dataset!r}, producers=2, producer_resources={{'CPU': 0.5}}, "
+        "micro_batch_size=4, num_threads=1)\n"
+        "next(L)\n"
+        "print(*L.producer_pids(), flush=True)\n"
+        "time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in p.stdout.readline().split()]
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, 0)  # alive while the trainer lives
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.time() + 60
+    alive = pids
+    while alive and time.time() < deadline:
+        time.sleep(0.5)
+        alive = [pid for pid in alive if _alive(pid)]
+    assert not alive, "producers outlived their trainer"
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped by its raylet is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _plasma_mib():
     from ray._private.internal_api import memory_summary
 
@@ -312,6 +355,9 @@ def test_refused_configurations(cluster, dataset):
     with pytest.raises(mmloader.ConfigError, match="tokenizer must be a path"):
         mray.Loader(dataset, tokenizer=mmloader.Tokenizer.from_file(
             mmloader.tokenizer.TINY_TOKENIZER_PATH))
+    with pytest.raises(mmloader.ConfigError, match="does not exist"):  # raised by a producer
+        mray.Loader(os.path.join(dataset, "nope.jsonl"), producers=1,
+                    producer_resources={"CPU": 0.5})
     with pytest.raises(mmloader.ConfigError, match="cannot place"):
         mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "gpu_data": 1},
                     placement_timeout_s=2)

@@ -198,6 +198,9 @@ struct mml_decoder {
                     * decoded whole (image_fmt.h) */
   mml_bytes image; /* mml_image_decode's output */
   int img_w, img_h;
+  int alpha;       /* mml_decode_opts.alpha */
+  int key;         /* the last image has a colour key (mml_decoder_color_key) */
+  uint8_t kc[3];
 };
 
 static void jerr_exit(j_common_ptr c) {
@@ -242,6 +245,7 @@ mml_status mml_decoder_new(mml_decoder **out) {
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
   d->je.strict = o && o->strict_jpeg;
+  d->alpha = o ? o->alpha : MML_ALPHA_COMPOSITE;
 }
 
 void mml_decoder_free(mml_decoder *d) {
@@ -359,6 +363,7 @@ enum px_kind { PX_G8, PX_G16, PX_GA8, PX_RGB8, PX_RGBA8 };
 
 struct png_conv {
   enum px_kind kind;
+  int alpha;              /* MML_ALPHA_* policy */
   int trns;               /* non-palette tRNS present */
   unsigned tr, tg, tb;    /* tRNS value as written in the file */
 };
@@ -380,9 +385,9 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
         o[0] = o[1] = o[2] = v;
       }
       break;
-    case PX_GA8:
+    case PX_GA8: /* Pillow's mode LA */
       for (int x = 0; x < w; x++, o += 3)
-        o[0] = o[1] = o[2] = mml_over_white(s[2 * x], s[2 * x + 1]);
+        o[0] = o[1] = o[2] = mml_alpha_px(c->alpha, 0, s[2 * x], s[2 * x + 1]);
       break;
     case PX_RGB8:
       if (!c->trns) {
@@ -396,8 +401,8 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
         o[2] = t ? 255 : s[2];
       }
       break;
-    case PX_RGBA8:
-      mml_rgba_row_over_white(s, o, w);
+    case PX_RGBA8: /* mode RGBA, or (composite policy only) palette + tRNS */
+      mml_rgba_row_to_rgb(c->alpha, s, o, w);
       break;
   }
 }
@@ -424,44 +429,67 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
   int depth, ctype, interlace;
   png_get_IHDR(png, info, &w32, &h32, &depth, &ctype, &interlace, NULL, NULL);
   int w = (int)w32, h = (int)h32;
-  struct png_conv conv = {0};
+  struct png_conv conv = {.alpha = d->alpha};
+  const int composite = d->alpha == MML_ALPHA_COMPOSITE;
   /* copy tRNS before any transformation can rescale libpng's copy of it */
   png_bytep t_alpha = NULL;
   int n_trans = 0;
   png_color_16p t_color = NULL;
   int has_trns = png_get_valid(png, info, PNG_INFO_tRNS) &&
                  png_get_tRNS(png, info, &t_alpha, &n_trans, &t_color);
+  /* Where Pillow keeps a transparent colour in info["transparency"] after convert("RGB")
+   * (the other routes), the processor's convert_to_rgb still turns that colour white */
+  int key = 0;
+  unsigned kr = 0, kg = 0, kb = 0;
   switch (ctype) {
     case PNG_COLOR_TYPE_PALETTE:
-      png_set_palette_to_rgb(png);
-      if (has_trns) png_set_tRNS_to_alpha(png);
-      conv.kind = has_trns ? PX_RGBA8 : PX_RGB8;
+      png_set_palette_to_rgb(png); /* = png_set_expand: also turns a tRNS into alpha */
+      if (has_trns && composite) {
+        png_set_tRNS_to_alpha(png);
+        conv.kind = PX_RGBA8;
+        break;
+      }
+      if (has_trns) png_set_strip_alpha(png);
+      conv.kind = PX_RGB8;
+      /* Pillow keeps an index only for one fully transparent entry among opaque ones */
+      int idx = -1, simple = has_trns;
+      for (int k = 0; k < n_trans && simple; k++) {
+        if (t_alpha[k] == 0 && idx < 0) idx = k;
+        else if (t_alpha[k] != 255) simple = 0;
+      }
+      png_colorp pal = NULL;
+      int npal = 0;
+      if (simple && idx >= 0 && png_get_PLTE(png, info, &pal, &npal)) {
+        key = 1;
+        if (idx < npal) kr = pal[idx].red, kg = pal[idx].green, kb = pal[idx].blue;
+      }
       break;
     case PNG_COLOR_TYPE_GRAY:
       if (depth < 8) png_set_expand_gray_1_2_4_to_8(png);
       conv.kind = depth == 16 ? PX_G16 : PX_G8;
-      if (has_trns && t_color) {
-        conv.trns = 1;
-        conv.tr = conv.tg = conv.tb = t_color->gray;
-      }
+      if (has_trns && t_color) key = 1, kr = kg = kb = t_color->gray;
       break;
     case PNG_COLOR_TYPE_GRAY_ALPHA:
       conv.kind = PX_GA8;
       break;
     case PNG_COLOR_TYPE_RGB:
       conv.kind = PX_RGB8;
-      if (has_trns && t_color) {
-        conv.trns = 1;
-        conv.tr = t_color->red;
-        conv.tg = t_color->green;
-        conv.tb = t_color->blue;
-      }
+      if (has_trns && t_color) key = 1, kr = t_color->red, kg = t_color->green, kb = t_color->blue;
       break;
     case PNG_COLOR_TYPE_RGB_ALPHA:
       conv.kind = PX_RGBA8;
       break;
     default:
       png_error(png, "unknown color type");
+  }
+  if (key && d->alpha == MML_ALPHA_PASTE) { /* qwen-vl-utils: white after its resize */
+    if (kr < 256 && kg < 256 && kb < 256) {
+      d->key = 1;
+      d->kc[0] = (uint8_t)kr, d->kc[1] = (uint8_t)kg, d->kc[2] = (uint8_t)kb;
+    }
+  } else if (key) { /* before any resize: the processor and load_image routes */
+    conv.trns = 1;
+    conv.tr = kr, conv.tg = kg, conv.tb = kb;
   }
   if (depth == 16 && conv.kind != PX_G16) png_set_strip_16(png);
   int passes = png_set_interlace_handling(png);
@@ -508,14 +536,20 @@ done:
 
 /* ---------------------------------------------------------------- entry points */
 
+int mml_decoder_color_key(const mml_decoder *d, uint8_t rgb[3]) {
+  if (d->key) memcpy(rgb, d->kc, 3);
+  return d->key;
+}
+
 mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
                                  int scale_denom, const mml_row_sink *sink, mml_err *err) {
+  d->key = 0;
   mml_image_info info;
   mml_status st = mml_image_probe(data, len, &info, err);
   if (st != MML_OK) return st;
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
     return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
-  const mml_img_bufs b = {&d->whole, &d->row};
+  mml_img_bufs b = {&d->whole, &d->row, d->alpha, &d->key, d->kc};
   switch (info.format) {
     case MML_FMT_JPEG: return decode_jpeg(d, data, len, scale_denom, sink, err);
     case MML_FMT_PNG: return decode_png(d, data, len, sink, err);

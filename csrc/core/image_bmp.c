@@ -204,7 +204,7 @@ static mml_status rle_decode(const uint8_t *p, size_t len, const bmp *b, uint8_t
   return MML_OK;
 }
 
-mml_status mml_bmp_decode(const uint8_t *p, size_t len, const mml_img_bufs *bufs,
+mml_status mml_bmp_decode(const uint8_t *p, size_t len, mml_img_bufs *bufs,
                           const mml_row_sink *sink, mml_err *err) {
   bmp b;
   mml_status st = parse(p, len, &b, err);
@@ -271,9 +271,9 @@ mml_status mml_bmp_decode(const uint8_t *p, size_t len, const mml_img_bufs *bufs
         if (a < 0) {
           o[0] = s[r], o[1] = s[g], o[2] = s[bl];
         } else {
-          o[0] = mml_over_white(s[r], s[a]);
-          o[1] = mml_over_white(s[g], s[a]);
-          o[2] = mml_over_white(s[bl], s[a]);
+          o[0] = mml_alpha_px(bufs->alpha, 1, s[r], s[a]); /* Pillow's mode RGBA */
+          o[1] = mml_alpha_px(bufs->alpha, 1, s[g], s[a]);
+          o[2] = mml_alpha_px(bufs->alpha, 1, s[bl], s[a]);
         }
       }
     }

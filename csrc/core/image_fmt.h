@@ -22,12 +22,15 @@
 typedef struct mml_img_bufs {
   mml_bytes *whole;
   mml_bytes *row;
+  int alpha; /* MML_ALPHA_*: mml_decode_opts.alpha */
+  int *key;  /* out, before sink->begin: a colour key for after the resize */
+  uint8_t *kc; /* its 3 bytes (mml_decoder_color_key) */
 } mml_img_bufs;
 
 #define MML_DECLARE_FORMAT(name)                                                           \
   mml_status mml_##name##_probe(const uint8_t *p, size_t len, mml_image_info *info,        \
                                 mml_err *err);                                             \
-  mml_status mml_##name##_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,      \
+  mml_status mml_##name##_decode(const uint8_t *p, size_t len, mml_img_bufs *b,            \
                                  const mml_row_sink *sink, mml_err *err);
 MML_DECLARE_FORMAT(webp)
 MML_DECLARE_FORMAT(gif)
@@ -43,14 +46,30 @@ static inline uint8_t mml_over_white(uint32_t v, uint32_t a) {
   return (uint8_t)(((((t >> 8) + t) >> 8)) >> 7);
 }
 
-/* One RGBA8 row composited onto white into RGB8. */
-static inline void mml_rgba_row_over_white(const uint8_t *s, uint8_t *o, int w) {
+/* Value v with alpha a under an alpha policy (MML_ALPHA_*); rgba: Pillow opens the image
+ * as mode RGBA (not LA, P or a tRNS colour), which is all qwen-vl-utils pastes.  Pillow's
+ * paste onto white with the alpha as mask (Paste.c: DIV255(255*(255-a) + v*a)) rounds
+ * exactly as alpha_composite does for every (v, a) pair, so one formula serves both. */
+static inline uint8_t mml_alpha_px(int policy, int rgba, uint32_t v, uint32_t a) {
+  if (policy == MML_ALPHA_COMPOSITE || (policy == MML_ALPHA_PASTE && rgba))
+    return mml_over_white(v, a);
+  return (uint8_t)v;
+}
+
+/* One RGBA8 row (of an image Pillow opens as RGBA) to RGB8 under an alpha policy. */
+static inline void mml_rgba_row_to_rgb(int policy, const uint8_t *s, uint8_t *o, int w) {
   for (int x = 0; x < w; x++, s += 4, o += 3) {
-    o[0] = mml_over_white(s[0], s[3]);
-    o[1] = mml_over_white(s[1], s[3]);
-    o[2] = mml_over_white(s[2], s[3]);
+    o[0] = mml_alpha_px(policy, 1, s[0], s[3]);
+    o[1] = mml_alpha_px(policy, 1, s[1], s[3]);
+    o[2] = mml_alpha_px(policy, 1, s[2], s[3]);
   }
 }
+
+/* Unsigned value (SHORT/LONG/LONG8) of `tag` in the first IFD of the TIFF structure in
+ * p[0..len) (a TIFF file or an EXIF block); 0 when found, -1 when not, -2 on a bad or
+ * truncated structure (*why says which). */
+int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned tag, uint64_t *val,
+                      const char **why);
 
 static inline uint16_t mml_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t mml_le32(const uint8_t *p) {

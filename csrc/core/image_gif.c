@@ -10,7 +10,10 @@
  *     gray levels; an index past the table's end reads as black (Pillow's palette is
  *     zero beyond its entries) — checked by the tests;
  *   - pixels equal to the transparency index are composited onto white (convert_to_rgb),
- *     i.e. become white.
+ *     i.e. become white; with the other alpha policies convert("RGB") keeps the index's
+ *     colour as the image's transparency, which the processor then whitens wherever it
+ *     occurs: before any resize (load_image), or after qwen-vl-utils' resize (reported
+ *     as a colour key).
  * Later frames are never decoded (no work or memory for long animations).
  *
  * Threads: reentrant (giflib keeps its state in the GifFileType).  Memory: the index
@@ -78,7 +81,7 @@ static mml_status gif_fail(GifFileType *g, mml_err *err, const char *what) {
   return mml_err_set(err, MML_EDECODE, "GIF: %s (%s)", what, why ? why : "unknown error");
 }
 
-mml_status mml_gif_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
+mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                           const mml_row_sink *sink, mml_err *err) {
   mml_image_info info;
   mml_status st = mml_gif_probe(p, len, &info, err);
@@ -158,7 +161,19 @@ mml_status mml_gif_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
       lut[i][2] = cm->Colors[i].Blue;
     }
   }
-  if (trans >= 0) memset(lut[trans], 255, 3);
+  if (trans >= 0 && b->alpha == MML_ALPHA_COMPOSITE) {
+    memset(lut[trans], 255, 3);
+  } else if (trans >= 0) { /* convert("RGB") keeps the index's colour as info["transparency"] */
+    uint8_t k[3];
+    memcpy(k, lut[trans], 3);
+    if (b->alpha == MML_ALPHA_DROP) { /* load_image: the processor whitens it before resizing */
+      for (int i = 0; i < 256; i++)
+        if (!memcmp(lut[i], k, 3)) memset(lut[i], 255, 3);
+    } else { /* qwen-vl-utils: after its resize (the caller does it) */
+      *b->key = 1;
+      memcpy(b->kc, k, 3);
+    }
+  }
   if ((st = sink->begin(sink->ctx, W, H, err)) != MML_OK) goto done;
   for (int y = 0; y < H; y++) {
     const uint8_t *s = canvas + (size_t)y * W;

@@ -17,8 +17,10 @@
  * Everything else (float or signed samples, other bit depths, YCbCr without JPEG, CIE Lab,
  * old-style JPEG, ...) is refused as unsupported, naming the layout.
  *
- * The probe parses the first IFD by hand (ImageWidth/ImageLength), so it needs the bytes
- * up to that IFD, which some writers put at the end of the file.
+ * An Orientation tag is applied on decode, as Pillow's TiffImagePlugin does on load (its
+ * size is the turned one); the probe reports the turned size too.  The probe parses the
+ * first IFD by hand (ImageWidth/ImageLength/Orientation), so it needs the bytes up to that
+ * IFD, which some writers put at the end of the file.
  *
  * Threads: reentrant; libtiff messages go to per-handle handlers (TIFFOpenOptions), never
  * to the process-wide ones or stderr.  Memory: the raw samples of the page are read into
@@ -41,35 +43,51 @@ static uint64_t rd(const uint8_t *p, int n, int be) {
   return v;
 }
 
-mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
-  if (len < 8) return mml_err_set(err, MML_EDECODE, "TIFF: truncated header");
+int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned want, uint64_t *val,
+                      const char **why) {
+  *why = "truncated header";
+  if (len < 8 || !((p[0] == 'I' && p[1] == 'I') || (p[0] == 'M' && p[1] == 'M'))) return -2;
   const int be = p[0] == 'M', big = rd(p + 2, 2, be) == 43;
-  if (big && (len < 16 || rd(p + 4, 2, be) != 8))
-    return mml_err_set(err, MML_EDECODE, "BigTIFF: bad header");
+  if (big && (len < 16 || rd(p + 4, 2, be) != 8)) return *why = "bad BigTIFF header", -2;
   const uint64_t ifd = big ? rd(p + 8, 8, be) : rd(p + 4, 4, be);
   const int cnt_size = big ? 8 : 2, ent = big ? 20 : 12, vsz = big ? 8 : 4;
-  if (ifd < 8 || ifd > len || len - ifd < (uint64_t)cnt_size)
-    return mml_err_set(err, MML_EDECODE,
-                       "TIFF: first IFD at byte %llu, past the %zu bytes given",
-                       (unsigned long long)ifd, len);
+  *why = "first IFD past the bytes given";
+  if (ifd < 8 || ifd > len || len - ifd < (uint64_t)cnt_size) return -2;
   uint64_t n = rd(p + ifd, cnt_size, be);
-  if (n > (len - ifd - cnt_size) / ent)
-    return mml_err_set(err, MML_EDECODE, "TIFF: truncated first IFD");
-  uint64_t w = 0, h = 0;
+  *why = "truncated first IFD";
+  if (n > (len - ifd - cnt_size) / ent) return -2;
   for (uint64_t i = 0; i < n; i++) {
     const uint8_t *e = p + ifd + cnt_size + i * ent;
-    unsigned tag = (unsigned)rd(e, 2, be), type = (unsigned)rd(e + 2, 2, be);
-    if (tag != 256 && tag != 257) continue;
+    if (rd(e, 2, be) != want) continue;
+    unsigned type = (unsigned)rd(e + 2, 2, be);
     const uint8_t *v = e + 4 + vsz;
-    uint64_t val = type == 3 ? rd(v, 2, be) : type == 4 ? rd(v, 4, be) : type == 16 ? rd(v, 8, be) : 0;
-    if (tag == 256) w = val;
-    else h = val;
+    if (type != 3 && type != 4 && type != 16) continue;
+    *val = type == 3 ? rd(v, 2, be) : type == 4 ? rd(v, 4, be) : rd(v, 8, be);
+    return 0;
+  }
+  return -1;
+}
+
+mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
+  uint64_t w = 0, h = 0;
+  const char *why;
+  int a = mml_tiff_ifd0_tag(p, len, 256, &w, &why), b = a == -2 ? a : mml_tiff_ifd0_tag(p, len, 257, &h, &why);
+  if (a == -2 || b == -2) {
+    if (len >= 8 && !strcmp(why, "first IFD past the bytes given")) {
+      const int be = p[0] == 'M', big = rd(p + 2, 2, be) == 43;
+      uint64_t ifd = big && len >= 16 ? rd(p + 8, 8, be) : rd(p + 4, 4, be);
+      return mml_err_set(err, MML_EDECODE, "TIFF: first IFD at byte %llu, past the %zu bytes given",
+                         (unsigned long long)ifd, len);
+    }
+    return mml_err_set(err, MML_EDECODE, "TIFF: %s", why);
   }
   if (w == 0 || h == 0 || w > 0x7fffffff || h > 0x7fffffff)
     return mml_err_set(err, MML_EDECODE, "TIFF: bad or missing size %llux%llu in the first IFD",
                        (unsigned long long)w, (unsigned long long)h);
-  info->width = (int)w;
-  info->height = (int)h;
+  uint64_t o = 1;
+  mml_tiff_ifd0_tag(p, len, 274, &o, &why); /* Pillow's size is after the Orientation */
+  info->width = (int)(o >= 5 && o <= 8 ? h : w);
+  info->height = (int)(o >= 5 && o <= 8 ? w : h);
   info->format = MML_FMT_TIFF;
   return MML_OK;
 }
@@ -282,7 +300,7 @@ static inline unsigned sample(const page *pg, const uint8_t *const *ln, int x, i
   return ln[0][x / per] >> (8 - pg->bps * (x % per + 1)) & ((1u << pg->bps) - 1);
 }
 
-mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
+mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                            const mml_row_sink *sink, mml_err *err) {
   mml_image_info info;
   mml_status st = mml_tiff_probe(p, len, &info, err);
@@ -298,8 +316,13 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
   TIFFOpenOptionsFree(o);
   if (!t) return mml_err_set(err, MML_EDECODE, "TIFF: %s", m.msg[0] ? m.msg : "cannot open");
   page pg;
+  uint16_t orient = 1;
+  mml_bytes turned = {0}, flat = {0};
   if ((st = layout(t, &pg, err)) != MML_OK) goto done;
-  if (pg.w != info.width || pg.h != info.height) {
+  TIFFGetFieldDefaulted(t, TIFFTAG_ORIENTATION, &orient);
+  if (orient < 1 || orient > 8) orient = 1;
+  if (orient >= 5 ? (pg.w != info.height || pg.h != info.width)
+                  : (pg.w != info.width || pg.h != info.height)) {
     st = mml_err_set(err, MML_EDECODE, "TIFF: size differs from the first IFD's");
     goto done;
   }
@@ -317,7 +340,13 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
     st = mml_err_set(err, MML_ENOMEM, "TIFF: out of memory for a %d-pixel row", pg.w);
     goto done;
   }
-  if ((st = sink->begin(sink->ctx, pg.w, pg.h, err)) != MML_OK) goto done;
+  /* an Orientation tag: all rows converted first, then turned (Pillow transposes on load) */
+  if (orient > 1 && (mml_bytes_reserve(&flat, (size_t)pg.w * pg.h * 3) ||
+                     mml_bytes_reserve(&turned, (size_t)pg.w * pg.h * 3))) {
+    st = mml_err_set(err, MML_ENOMEM, "TIFF: out of memory for a %dx%d image", pg.w, pg.h);
+    goto done;
+  }
+  if (orient == 1 && (st = sink->begin(sink->ctx, pg.w, pg.h, err)) != MML_OK) goto done;
   const size_t plane = row * (size_t)pg.h;
   static const uint8_t gray_scale[9] = {0, 255, 85, 0, 17, 0, 0, 0, 1};
   for (int y = 0; y < pg.h; y++) {
@@ -337,7 +366,8 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
           break;
         }
         case K_GA:
-          o3[0] = o3[1] = o3[2] = mml_over_white(sample(&pg, ln, x, 0), sample(&pg, ln, x, 1));
+          o3[0] = o3[1] = o3[2] =
+              mml_alpha_px(b->alpha, 0, sample(&pg, ln, x, 0), sample(&pg, ln, x, 1)); /* LA */
           break;
         case K_PAL:
           memcpy(o3, pg.pal[sample(&pg, ln, x, 0)], 3);
@@ -351,7 +381,7 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
             for (int s = 0; s < 3; s++) {
               unsigned v = c[s];
               if (pg.alpha == 1) v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
-              o3[s] = mml_over_white(v, a);
+              o3[s] = mml_alpha_px(b->alpha, 1, v, a); /* Pillow's mode RGBA */
             }
           } else {
             o3[0] = (uint8_t)c[0], o3[1] = (uint8_t)c[1], o3[2] = (uint8_t)c[2];
@@ -365,9 +395,20 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
         }
       }
     }
-    if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
+    if (orient > 1) memcpy(flat.data + (size_t)y * pg.w * 3, b->row->data, (size_t)pg.w * 3);
+    else if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
+  }
+  if (orient > 1) {
+    const mml_rgb8 src = {flat.data, pg.w, pg.h, (size_t)pg.w * 3};
+    mml_rgb8_transpose(&src, orient, turned.data);
+    const int ow = orient >= 5 ? pg.h : pg.w, oh = orient >= 5 ? pg.w : pg.h;
+    if ((st = sink->begin(sink->ctx, ow, oh, err)) != MML_OK) goto done;
+    for (int y = 0; y < oh; y++)
+      if ((st = sink->row(sink->ctx, y, turned.data + (size_t)y * ow * 3, err)) != MML_OK) goto done;
   }
 done:
+  mml_bytes_free(&flat);
+  mml_bytes_free(&turned);
   TIFFClose(t);
   return st;
 }

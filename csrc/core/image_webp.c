@@ -54,7 +54,7 @@ mml_status mml_webp_probe(const uint8_t *p, size_t len, mml_image_info *info, mm
 
 /* Streams `h` rows of RGBA (alpha: composite onto white; else alpha ignored) or RGB. */
 static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, int alpha,
-                       const mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
+                       mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
   mml_status st = sink->begin(sink->ctx, w, h, err);
   if (st != MML_OK) return st;
   if (bpp == 4 && mml_bytes_reserve(b->row, (size_t)w * 3))
@@ -64,7 +64,7 @@ static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, 
     if (bpp == 4) {
       uint8_t *o = b->row->data;
       if (alpha) {
-        mml_rgba_row_over_white(s, o, w);
+        mml_rgba_row_to_rgb(b->alpha, s, o, w); /* Pillow's mode RGBA */
       } else {
         for (int x = 0; x < w; x++, s += 4, o += 3) memcpy(o, s, 3);
       }
@@ -76,7 +76,7 @@ static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, 
 }
 
 static mml_status decode_animated(const uint8_t *p, size_t len, const WebPBitstreamFeatures *f,
-                                  const mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
+                                  mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
   WebPAnimDecoderOptions o;
   if (!WebPAnimDecoderOptionsInit(&o)) return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
   o.color_mode = MODE_RGBA;
@@ -99,7 +99,7 @@ static mml_status decode_animated(const uint8_t *p, size_t len, const WebPBitstr
   return st;
 }
 
-mml_status mml_webp_decode(const uint8_t *p, size_t len, const mml_img_bufs *b,
+mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                            const mml_row_sink *sink, mml_err *err) {
   WebPBitstreamFeatures f;
   mml_status st = features(p, len, &f, err);

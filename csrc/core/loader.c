@@ -56,6 +56,7 @@
 #include <time.h>
 
 #include "mml/fetch_sync.h"
+#include "mml/options.h"
 #include "mml/s3.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -175,17 +176,10 @@ mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err) {
 static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   if ((!c->data || c->ndata < 1) && (!c->sources || c->nsources < 1))
     return mml_err_set(err, MML_ECONFIG, "no data given");
-  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
-  if (c->prefetch < 1) return mml_err_set(err, MML_ECONFIG, "prefetch must be >= 1");
-  if (c->window < 0) return mml_err_set(err, MML_ECONFIG, "window must be >= 0");
-  if (c->collate.micro_batch_size < 1)
-    return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1");
-  if (!(c->max_error_rate >= 0 && c->max_error_rate <= 1))
-    return mml_err_set(err, MML_ECONFIG, "max_error_rate must be in [0, 1]");
   if (!c->tokenizer) return mml_err_set(err, MML_ECONFIG, "no tokenizer");
-  if (c->collate.pack && c->collate.pack_length <= 0 && c->collate.seq_length <= 0)
-    return mml_err_set(err, MML_ECONFIG, "packing needs pack_length or seq_length");
-  return MML_OK;
+  /* None ("automatic") is resolved by the caller (mmloader.Loader: the CPUs it may use) */
+  if (c->num_threads < 1) return mml_err_set(err, MML_ECONFIG, "num_threads must be >= 1");
+  return mml_loader_cfg_check(c, err); /* the option table's bounds and cross-checks */
 }
 
 /* The loader's own copies of the configuration's strings (credentials first: until they
@@ -213,6 +207,8 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
+  if (cfg->system_prompt && !(L->system_prompt = strdup(cfg->system_prompt))) return MML_ENOMEM;
+  L->cfg.system_prompt = L->system_prompt; /* kept: mml_loader_config reports it */
   return MML_OK;
 }
 
@@ -221,7 +217,6 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
 static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   mml_status st = ld_build_sources(L, cfg, err);
   L->cfg.sources = NULL; /* the caller's memory: everything needed is copied */
-  L->cfg.system_prompt = NULL;
   if (st) return st;
   L->n_rank = L->sm.n_rank;
   int mbs = cfg->collate.micro_batch_size;
@@ -425,6 +420,7 @@ void mml_loader_free(mml_loader *L) {
     for (int i = 0; i < L->cfg.ndata; i++) free(L->data[i]);
   free(L->data);
   free(L->image_root);
+  free(L->system_prompt);
   free((char *)L->cfg.fetch.access_key);
   free((char *)L->cfg.fetch.secret_key);
   free((char *)L->cfg.fetch.session_token);
@@ -449,6 +445,7 @@ int64_t mml_loader_num_samples(const mml_loader *L) { return L->ix.n; }
 int64_t mml_loader_samples_per_rank(const mml_loader *L) { return L->n_rank; }
 int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch; }
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
+const mml_loader_cfg *mml_loader_config(const mml_loader *L) { return &L->cfg; }
 
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   return mml_loader_seek_ahead(L, c, 0, err);

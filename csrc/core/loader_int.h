@@ -93,6 +93,7 @@ struct mml_loader {
   mml_loader_cfg cfg;       /* strings below are owned copies */
   char **data;
   char *image_root;
+  char *system_prompt;      /* NULL: the template's default system turn */
   char **roots;             /* per shard image root */
   int *remote;              /* per shard: 1 when remote */
   int *shard_src;           /* per shard: its source */

@@ -46,6 +46,7 @@ struct mml_vision_scratch {
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
   mml_bytes block;    /* two blocks of P*M planar output rows for patchify */
+  mml_bytes turned;   /* an EXIF-transposed image (the load_image route) */
   float *ptmp;        /* one patch, aligned, for non-temporal output stores */
   size_t ptmp_cap;
   /* normalisation of the last config seen: the reference values per channel and byte,
@@ -172,6 +173,7 @@ static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, i
   plan->cols = 3 * T * P * P;
   plan->tokens = plan->rows / ((int64_t)M * M);
   plan->decode_scale = 1;
+  plan->orientation = 1;
 }
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
@@ -180,8 +182,10 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
   int h, w;
+  const int variant = cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_RESIZE_QWEN_VL_UTILS
+                                                            : cfg->legacy_resize;
   st = mml_smart_resize(height, width, cfg->patch_size * cfg->merge_size, cfg->min_pixels,
-                        cfg->max_pixels, cfg->legacy_resize, &h, &w, err);
+                        cfg->max_pixels, variant, &h, &w, err);
   if (st != MML_OK) return st;
   plan_fill(cfg, width, height, w, h, plan);
   return MML_OK;
@@ -216,16 +220,20 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
     return mml_err_set(err, MML_ETOOBIG,
                        "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld", info.width,
                        info.height, (long long)px, (long long)cfg->max_image_pixels);
+  const int orient = cfg->route == MML_ROUTE_LOAD_IMAGE ? mml_image_orientation(data, len) : 1;
+  const int swap = orient >= 5; /* transpose, rotations by 90 degrees, transverse */
+  const int W = swap ? info.height : info.width, H = swap ? info.width : info.height;
   if (b && (b->min_pixels || b->max_pixels || (b->resized_height && b->resized_width))) {
     if ((st = mml_vision_cfg_check(cfg, err))) return st;
     int h, w;
-    if ((st = budget_size(cfg, info.width, info.height, b, &h, &w, err))) return st;
-    plan_fill(cfg, info.width, info.height, w, h, plan);
-  } else if ((st = mml_vision_plan_size(cfg, info.width, info.height, plan, err))) {
+    if ((st = budget_size(cfg, W, H, b, &h, &w, err))) return st;
+    plan_fill(cfg, W, H, w, h, plan);
+  } else if ((st = mml_vision_plan_size(cfg, W, H, plan, err))) {
     return st;
   }
   plan->format = info.format;
-  if (cfg->fast && info.format == MML_FMT_JPEG) {
+  plan->orientation = orient;
+  if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1) {
     for (int d = 8; d >= 2; d /= 2) {
       if ((int64_t)plan->dst_w * d <= info.width && (int64_t)plan->dst_h * d <= info.height) {
         plan->decode_scale = d;
@@ -267,6 +275,7 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   mml_bytes_free(&s->rows);
   free(s->rp);
   mml_bytes_free(&s->block);
+  mml_bytes_free(&s->turned);
   free(s->ptmp);
   free(s);
 }
@@ -494,6 +503,11 @@ typedef struct patch_ctx {
   int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
   float mean[3], std[3];
   const float (*lut)[256]; /* [3][256] reference values (scratch) */
+  /* qwen-vl-utils route: a colour the processor turns white after that route's resize
+   * (mml_decoder_color_key), asked of `dec` at the first output row */
+  const mml_decoder *dec;
+  int key;                 /* -1: not asked yet, 0: none, 1: kc */
+  uint8_t kc[3];
 } patch_ctx;
 
 static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
@@ -685,6 +699,14 @@ static uint8_t *patch_dst(void *ctx, int y) {
 static void patch_done(void *ctx, int y) {
   patch_ctx *g = ctx;
   const int PM = g->P * g->M, in_block = y % PM + 1, bw_n = g->gw / g->M;
+  if (g->key < 0) g->key = mml_decoder_color_key(g->dec, g->kc);
+  if (g->key) { /* the keyed colour of the resized row becomes white */
+    const size_t stride = (size_t)g->gw * g->P + 16, plane = (size_t)PM * stride;
+    uint8_t *r = g->block + (size_t)((y / PM) & 1) * g->half + (size_t)(y % PM) * stride;
+    for (int x = 0; x < g->gw * g->P; x++)
+      if (r[x] == g->kc[0] && r[plane + x] == g->kc[1] && r[2 * plane + x] == g->kc[2])
+        r[x] = r[plane + x] = r[2 * plane + x] = 255;
+  }
   if (g->pend_bh >= 0) {
     int to = (int)(((int64_t)bw_n * in_block + PM - 1) / PM);
     write_patches(g, g->pend_bh, g->pend_bw, to);
@@ -717,6 +739,8 @@ static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_
   g->avx2 = g->fast = 0;
   g->pend_bh = -1;
   g->pend_bw = 0;
+  g->dec = NULL;
+  g->key = 0;
 #ifdef MML_HAVE_AVX2_PATCH
   g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
 #endif
@@ -793,16 +817,36 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
                                     const mml_vision_plan *plan, float *out, mml_err *err) {
   mml_status st = check_plan(cfg, plan, out, err);
   if (st != MML_OK) return st;
+  const mml_decode_opts opts = {
+      .strict_jpeg = cfg->strict_jpeg,
+      .alpha = cfg->route == MML_ROUTE_LOAD_IMAGE     ? MML_ALPHA_DROP
+               : cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_ALPHA_PASTE
+                                                       : MML_ALPHA_COMPOSITE};
+  mml_decoder_set_opts(s->dec, &opts);
+  if (plan->orientation > 1) { /* whole image, turned, then the RGB path */
+    mml_rgb8 img, t;
+    double t0 = mml_now();
+    if ((st = mml_image_decode(s->dec, data, len, 1, &img, err)) != MML_OK) return st;
+    s->decode_s += mml_now() - t0;
+    if (mml_bytes_reserve(&s->turned, (size_t)img.width * img.height * 3))
+      return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %dx%d image", img.width,
+                         img.height);
+    mml_rgb8_transpose(&img, plan->orientation, s->turned.data);
+    t.pixels = s->turned.data;
+    t.width = plan->orientation >= 5 ? img.height : img.width;
+    t.height = plan->orientation >= 5 ? img.width : img.height;
+    t.stride = (size_t)t.width * 3;
+    return mml_vision_process_rgb(cfg, s, &t, plan, out, err);
+  }
   int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
   patch_ctx g;
   if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if (cfg->route == MML_ROUTE_QWEN_VL_UTILS) g.dec = s->dec, g.key = -1;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
                   .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
-  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg};
-  mml_decoder_set_opts(s->dec, &opts);
   double t0 = mml_now();
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;

@@ -57,6 +57,7 @@ const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
  * mml_template_style, and a label mode name ("all_assistant", "last_assistant",
  * "no_nonfinal_end") as an mml_label_mode.  Return 0, or -1 with ConfigError set. */
 int mml_py_template_style_from_str(const char *s, int *style);
+int mml_py_image_space_from_str(const char *s, int *space);
 int mml_py_label_mode_from_str(const char *s, int *mode);
 
 /* cuda_py.c: the DLPack stream argument (None -> legacy default stream, -1 -> no sync,
@@ -74,9 +75,25 @@ int mml_py_cuda_export(struct mml_buf *b, PyObject *stream);
 struct mml_tensor;
 PyObject *mml_py_tensor_from_slot(struct mml_tensor *slot);
 
+/* options_py.c: the configuration dict of mmloader.Loader as an mml_loader_cfg, checked
+ * against the option table (strings borrowed from d; what is allocated is in *m, for
+ * mml_py_cfg_mem_free); 0, or -1 with ConfigError set.  And back: a loader's options as a dict
+ * (credentials left out). */
+struct mml_loader_cfg;
+struct mml_source_cfg;
+typedef struct mml_py_cfg_mem { /* what parsing allocates, freed once the engine copied it */
+  const char **data;
+  struct mml_source_cfg *sources;
+  int nsources;
+} mml_py_cfg_mem;
+int mml_py_loader_cfg_from_dict(PyObject *d, struct mml_loader_cfg *c, mml_py_cfg_mem *m);
+void mml_py_cfg_mem_free(mml_py_cfg_mem *m);
+PyObject *mml_py_loader_cfg_to_dict(const struct mml_loader_cfg *c);
+
 int mml_py_errors_register(PyObject *m);
 int mml_py_tensor_register(PyObject *m);    /* tensor_py.c: mmloader.Tensor, DLPack */
 int mml_py_loader_register(PyObject *m);    /* loader_py.c: the engine's Loader */
+int mml_py_options_register(PyObject *m);   /* options_py.c: loader_options() etc. */
 int mml_py_tokenizer_register(PyObject *m); /* tokenizer_py.c: Tokenizer */
 int mml_py_vision_register(PyObject *m);    /* vision_py.c: ImageProcessor core, smart_resize */
 int mml_py_template_register(PyObject *m);  /* template_py.c: record/template test hooks */

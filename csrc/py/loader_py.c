@@ -1,7 +1,8 @@
 /*
  * loader_py.c — mmloader._core._Loader: the thin binding of the engine (mml/loader.h).
- * The public, documented class is mmloader.Loader (mmloader/loader.py), which validates
- * keyword arguments and passes one plain dict here.
+ * The public, documented class is mmloader.Loader (mmloader/loader.py), which resolves
+ * its keyword arguments and passes one plain dict here, parsed by the option table
+ * (options_py.c, mml/options.h).
  *
  * The GIL is released around every engine call that can wait: construction (index
  * build), next (in 100 ms slices, checking for signals between them so Ctrl-C works),
@@ -42,216 +43,6 @@ static int check_usable(LoaderObject *self) {
   return 0;
 }
 
-/* ---- config dict -> mml_loader_cfg ---------------------------------------------------- */
-
-static int get_obj(PyObject *d, const char *k, PyObject **out) {
-  *out = PyDict_GetItemString(d, k); /* borrowed; NULL when absent */
-  return 0;
-}
-static int get_ll(PyObject *d, const char *k, long long def, long long *out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  if (!v || v == Py_None) {
-    *out = def;
-    return 0;
-  }
-  *out = PyLong_AsLongLong(v);
-  if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be an integer", k);
-    return -1;
-  }
-  return 0;
-}
-static int get_int(PyObject *d, const char *k, int def, int *out) {
-  long long v;
-  if (get_ll(d, k, def, &v)) return -1;
-  if (v < -2147483647LL || v > 2147483647LL) {
-    PyErr_Format(mml_py_ConfigError, "%s is out of range", k);
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
-}
-static int get_double(PyObject *d, const char *k, double def, double *out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  if (!v || v == Py_None) {
-    *out = def;
-    return 0;
-  }
-  *out = PyFloat_AsDouble(v);
-  if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a number", k);
-    return -1;
-  }
-  return 0;
-}
-static int get_str(PyObject *d, const char *k, const char **out) {
-  PyObject *v;
-  get_obj(d, k, &v);
-  *out = NULL;
-  if (!v || v == Py_None) return 0;
-  if (!PyUnicode_Check(v)) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a string", k);
-    return -1;
-  }
-  *out = PyUnicode_AsUTF8(v);
-  return *out ? 0 : -1;
-}
-
-static mml_label_mode label_mode_of(const char *labels) {
-  if (labels && !strcmp(labels, "last_assistant")) return MML_LABELS_LAST_ASSISTANT;
-  if (labels && !strcmp(labels, "no_nonfinal_end")) return MML_LABELS_NO_NONFINAL_END;
-  return MML_LABELS_ALL_ASSISTANT;
-}
-
-/* Borrowed strings of a list (the list outlives the engine's construction). */
-static int str_list(PyObject *list, const char *what, const char ***out, int *n) {
-  if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a non-empty list of paths or URLs", what);
-    return -1;
-  }
-  Py_ssize_t k = PyList_GET_SIZE(list);
-  *out = PyMem_Calloc((size_t)k, sizeof **out);
-  if (!*out) {
-    PyErr_NoMemory();
-    return -1;
-  }
-  *n = (int)k;
-  for (Py_ssize_t i = 0; i < k; i++) {
-    PyObject *s = PyList_GET_ITEM(list, i);
-    if (!PyUnicode_Check(s)) {
-      PyErr_Format(mml_py_ConfigError, "%s entries must be strings", what);
-      return -1;
-    }
-    if (!((*out)[i] = PyUnicode_AsUTF8(s))) return -1;
-  }
-  return 0;
-}
-
-/* What parse_cfg allocates (freed once the engine has copied it). */
-typedef struct cfg_mem {
-  const char **data;
-  mml_source_cfg *sources;
-  int nsources;
-} cfg_mem;
-
-static void cfg_mem_free(cfg_mem *m) {
-  PyMem_Free(m->data);
-  for (int i = 0; m->sources && i < m->nsources; i++) PyMem_Free((void *)m->sources[i].data);
-  PyMem_Free(m->sources);
-  memset(m, 0, sizeof *m);
-}
-
-/* "sources": a list of dicts (resolved by mmloader/loader.py: every setting filled). */
-static int parse_sources(PyObject *list, mml_loader_cfg *c, cfg_mem *m) {
-  if (!PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_SetString(mml_py_ConfigError, "sources must be a non-empty list");
-    return -1;
-  }
-  Py_ssize_t n = PyList_GET_SIZE(list);
-  m->sources = PyMem_Calloc((size_t)n, sizeof *m->sources);
-  if (!m->sources) {
-    PyErr_NoMemory();
-    return -1;
-  }
-  m->nsources = (int)n;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
-    mml_source_cfg *s = &m->sources[i];
-    const char *labels;
-    long long choose, maxlen;
-    if (!PyDict_Check(d)) {
-      PyErr_SetString(mml_py_ConfigError, "sources entries must be dicts");
-      return -1;
-    }
-    data = PyDict_GetItemString(d, "data");
-    vision = PyDict_GetItemString(d, "vision");
-    if (get_str(d, "name", &s->name) || str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
-        get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
-        get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
-        get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
-        get_ll(d, "max_length", 0, &maxlen))
-      return -1;
-    if (!vision || !PyDict_Check(vision)) {
-      PyErr_SetString(mml_py_ConfigError, "a source's vision must be a dict");
-      return -1;
-    }
-    if (mml_py_vision_cfg_from_dict(vision, &s->vision)) return -1;
-    s->choose = choose;
-    s->max_length = maxlen;
-    s->label_mode = label_mode_of(labels);
-  }
-  c->sources = m->sources;
-  c->nsources = m->nsources;
-  return 0;
-}
-
-static int parse_cfg(PyObject *d, mml_loader_cfg *c, cfg_mem *m) {
-  memset(c, 0, sizeof *c);
-  PyObject *list, *sources;
-  get_obj(d, "sources", &sources);
-  if (sources && sources != Py_None) {
-    if (parse_sources(sources, c, m)) return -1;
-  } else {
-    get_obj(d, "data", &list);
-    if (str_list(list, "data", &m->data, &c->ndata)) return -1;
-    c->data = m->data;
-  }
-  long long seed, maxlen, seqlen, packlen, minerr, spe;
-  const char *on_error, *keys, *tmpl, *labels;
-  if (get_str(d, "image_root", &c->image_root) || get_int(d, "data_format", 0, &c->data_format) || get_int(d, "shuffle", 1, &c->shuffle) ||
-      get_ll(d, "seed", 0, &seed) || get_int(d, "dp_rank", 0, &c->dp_rank) ||
-      get_int(d, "dp_size", 1, &c->dp_size) || get_int(d, "num_threads", 1, &c->num_threads) ||
-      get_int(d, "prefetch", 4, &c->prefetch) || get_int(d, "window", 0, &c->window) ||
-      get_str(d, "on_error", &on_error) || get_double(d, "max_error_rate", 0.1, &c->max_error_rate) ||
-      get_ll(d, "min_error_samples", 100, &minerr) ||
-      get_ll(d, "max_length", 0, &maxlen) || get_int(d, "cycle", 0, &c->cycle) ||
-      get_int(d, "micro_batch_size", 8, &c->collate.micro_batch_size) ||
-      get_ll(d, "seq_length", 0, &seqlen) || get_int(d, "pack", 0, &c->collate.pack) ||
-      get_ll(d, "pack_length", 0, &packlen) ||
-      get_int(d, "pad_to_multiple", 0, &c->collate.pad_to_multiple) ||
-      get_int(d, "pad_id", -1, &c->collate.pad_id) || get_str(d, "keys", &keys) ||
-      get_int(d, "shift_labels", 0, &c->collate.shift_labels) ||
-      get_int(d, "attention_mask", 1, &c->collate.attention_mask) ||
-      get_int(d, "mrope", 0, &c->collate.mrope) ||
-      get_int(d, "text_only_vision", 0, &c->collate.text_only_vision) ||
-      get_int(d, "mm_token_type_ids", 0, &c->collate.mm_token_type_ids) || get_str(d, "template", &tmpl) ||
-      get_str(d, "label_mode", &labels) || get_str(d, "s3_endpoint", &c->fetch.endpoint) ||
-      get_str(d, "s3_region", &c->fetch.region) ||
-      get_str(d, "aws_access_key_id", &c->fetch.access_key) ||
-      get_str(d, "aws_secret_access_key", &c->fetch.secret_key) ||
-      get_str(d, "aws_session_token", &c->fetch.session_token) ||
-      get_int(d, "max_inflight", 0, &c->fetch.max_inflight) ||
-      get_int(d, "pin_memory", 0, &c->pin_memory) || get_int(d, "device", -1, &c->device) ||
-      get_str(d, "system_prompt", &c->system_prompt) ||
-      get_ll(d, "samples_per_epoch", 0, &spe) ||
-      get_double(d, "mixture_tolerance", 0, &c->mixture_tolerance) ||
-      get_int(d, "plan_only", 0, &c->plan_only))
-    return -1;
-  c->samples_per_epoch = spe;
-  c->seed = (uint64_t)seed;
-  c->to_device = c->device >= 0;
-  if (c->device < 0) c->device = 0;
-  c->min_error_samples = minerr;
-  c->max_length = maxlen;
-  c->collate.seq_length = seqlen;
-  c->collate.pack_length = packlen;
-  c->on_error_raise = on_error && !strcmp(on_error, "raise");
-  c->collate.keys = keys && !strcmp(keys, "megatron") ? MML_KEYS_MEGATRON : MML_KEYS_QWEN;
-  c->template_style = tmpl && !strcmp(tmpl, "qwen3-vl") ? MML_TEMPLATE_QWEN3_VL
-                                                         : MML_TEMPLATE_QWEN2_VL;
-  c->label_mode = label_mode_of(labels);
-  PyObject *vision;
-  get_obj(d, "vision", &vision);
-  if (!vision || !PyDict_Check(vision)) {
-    PyErr_SetString(mml_py_ConfigError, "vision must be a dict (mmloader.presets.vision_config)");
-    return -1;
-  }
-  if (mml_py_vision_cfg_from_dict(vision, &c->vision)) return -1;
-  return 0;
-}
-
 /* ---- type --------------------------------------------------------------------------- */
 
 static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
@@ -266,9 +57,9 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   const struct mml_tokenizer *ct = mml_py_tokenizer_get(tok);
   if (!ct) return -1;
   mml_loader_cfg cfg;
-  cfg_mem mem = {0};
-  if (parse_cfg(d, &cfg, &mem)) {
-    cfg_mem_free(&mem);
+  mml_py_cfg_mem mem = {0};
+  if (mml_py_loader_cfg_from_dict(d, &cfg, &mem)) {
+    mml_py_cfg_mem_free(&mem);
     return -1;
   }
   cfg.tokenizer = ct;
@@ -279,7 +70,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_new(&cfg, &L, &err);
   Py_END_ALLOW_THREADS
-  cfg_mem_free(&mem);
+  mml_py_cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
       PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
@@ -503,6 +294,11 @@ fail:
   return NULL;
 }
 
+static PyObject *Loader_options(LoaderObject *self, PyObject *unused) {
+  if (check_usable(self)) return NULL;
+  return mml_py_loader_cfg_to_dict(mml_loader_config(self->L));
+}
+
 static int set_num(PyObject *d, const char *k, PyObject *v) {
   if (!v) return -1;
   int rc = PyDict_SetItemString(d, k, v);
@@ -591,6 +387,8 @@ static PyMethodDef Loader_methods[] = {
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
+    {"options", (PyCFunction)Loader_options, METH_NOARGS,
+     "The options the engine runs with, by the option table (credentials left out)."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},
     {"close", (PyCFunction)Loader_close, METH_NOARGS, "Stops and joins every thread."},
     {"set_consumer_stream", (PyCFunction)Loader_set_consumer_stream, METH_VARARGS,

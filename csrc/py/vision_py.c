@@ -8,7 +8,8 @@
  *           the returned VisionBuffer (malloc'd; recycled through the processor)
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
- *   _core.image_decode(data, scale_denom=1) -> (bytes, height, width)   (tests)
+ *   _core.image_decode(data, scale_denom=1, alpha=0) -> (bytes, height, width)   (tests;
+ *       alpha: MML_ALPHA_* policy, 0 composite, 1 drop, 2 paste)
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
@@ -113,6 +114,19 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
     return -1;
   if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(d, "strict_jpeg", &cfg->strict_jpeg))
     return -1;
+  PyObject *route = PyDict_GetItemString(d, "image_route");
+  if (route) {
+    static const char *const names[] = {"processor", "load_image", "qwen-vl-utils"};
+    const char *r = PyUnicode_Check(route) ? PyUnicode_AsUTF8(route) : NULL;
+    int k = 0;
+    while (r && k < 3 && strcmp(r, names[k])) k++;
+    if (!r || k == 3) {
+      PyErr_SetString(PyExc_ValueError, "vision config: image_route must be \"processor\", "
+                      "\"load_image\" or \"qwen-vl-utils\"");
+      return -1;
+    }
+    cfg->route = k; /* MML_ROUTE_* in the same order */
+  }
   mml_err err = {0};
   mml_status st = mml_vision_cfg_check(cfg, &err);
   if (st != MML_OK) {
@@ -405,8 +419,8 @@ static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
 
 static PyObject *py_image_decode(PyObject *mod, PyObject *args) {
   Py_buffer b;
-  int scale = 1;
-  if (!PyArg_ParseTuple(args, "y*|i:image_decode", &b, &scale)) return NULL;
+  int scale = 1, alpha = MML_ALPHA_COMPOSITE;
+  if (!PyArg_ParseTuple(args, "y*|ii:image_decode", &b, &scale, &alpha)) return NULL;
   mml_decoder *d = NULL;
   if (mml_decoder_new(&d) != MML_OK) {
     PyBuffer_Release(&b);
@@ -415,6 +429,8 @@ static PyObject *py_image_decode(PyObject *mod, PyObject *args) {
   mml_rgb8 img;
   mml_err err = {0};
   mml_status st;
+  const mml_decode_opts opts = {.alpha = alpha};
+  mml_decoder_set_opts(d, &opts);
   Py_BEGIN_ALLOW_THREADS
   st = mml_image_decode(d, b.buf, (size_t)b.len, scale, &img, &err);
   Py_END_ALLOW_THREADS

@@ -256,6 +256,61 @@ TEST(test_bad_config) {
   CHECK(L == NULL);
 }
 
+/* One batch per seek_ahead (what a mmloader.ray producer does): the same batches, and
+ * no more samples read than they take; plan_only gives the same cursors without tensors. */
+TEST(test_seek_ahead_and_plan_only) {
+  const char *data[1];
+  mml_loader_cfg c;
+  base_cfg(&c, data);
+  c.num_threads = 4;
+  uint64_t ref[NITEMS];
+  mml_cursor cur[NITEMS];
+  mml_loader *L;
+  mml_err err;
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_EQ_INT(take(L, ref, NITEMS, cur), 0);
+  mml_loader_free(L);
+
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  mml_cursor at = {0, 0, 0};
+  for (int i = 0; i < NITEMS; i++) {
+    if (ref[i] == 1) continue; /* the epoch end comes before the next batch */
+    CHECK_OK(mml_loader_seek_ahead(L, &at, c.collate.micro_batch_size, &err), err);
+    uint64_t h;
+    CHECK_EQ_INT(take(L, &h, 1, NULL), 0);
+    if (i > 0 && ref[i - 1] == 1) {
+      CHECK_EQ_INT(h, 1);
+      CHECK_EQ_INT(take(L, &h, 1, NULL), 0);
+    }
+    if (h != ref[i]) FAIL_AT("seek_ahead: item %d differs", i);
+    at = mml_loader_cursor(L);
+    CHECK_EQ_INT(at.pos, cur[i].pos);
+  }
+  mml_loader_stats st;
+  mml_loader_get_stats(L, &st);
+  mml_loader_free(L);
+  CHECK_EQ_INT((int64_t)st.good_samples, (int64_t)st.batches * c.collate.micro_batch_size);
+
+  c.plan_only = 1;
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  for (int i = 0; i < NITEMS; i++) {
+    mml_batch b;
+    memset(&b, 0, sizeof b);
+    mml_status s2 = mml_loader_next(L, &b, -1, &err);
+    if (s2 == MML_EEND) {
+      CHECK_EQ_INT(ref[i], 1);
+      continue;
+    }
+    CHECK_OK(s2, err);
+    CHECK_EQ_INT(b.ntensors, 0);
+    mml_cursor p = mml_loader_cursor(L);
+    if (p.epoch != cur[i].epoch || p.pos != cur[i].pos || p.batch_in_epoch != cur[i].batch_in_epoch)
+      FAIL_AT("plan_only: cursor after item %d differs", i);
+    mml_batch_clear(&b);
+  }
+  mml_loader_free(L);
+}
+
 int main(void) {
   const char *tp = getenv("MML_TEST_TOKENIZER");
   if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
@@ -273,6 +328,7 @@ int main(void) {
   RUN(test_seek_and_free_while_busy);
   RUN(test_ranks_equal_batches_despite_skips);
   RUN(test_bad_config);
+  RUN(test_seek_ahead_and_plan_only);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);

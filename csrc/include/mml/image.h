@@ -57,9 +57,39 @@ typedef struct mml_decode_opts {
    * truncation refuses the image, "Corrupt JPEG data" warnings alone do not (libjpeg's
    * recovery is decoded, bit-exact with Pillow); 1: those warnings refuse it too. */
   int strict_jpeg;
+  /* How alpha and palette transparency become RGB (the reference routes differ):
+   *   MML_ALPHA_COMPOSITE  transformers' convert_to_rgb: anything with alpha or
+   *                        transparency is alpha_composite'd onto white (the default)
+   *   MML_ALPHA_DROP       Image.convert("RGB") (transformers' load_image): alpha ignored,
+   *                        transparent palette entries keep their colour
+   *   MML_ALPHA_PASTE      qwen-vl-utils' to_rgb: images Pillow opens as RGBA are pasted
+   *                        onto white with the alpha as mask (Pillow's paste rounding),
+   *                        others (LA, P, tRNS) convert("RGB") */
+  int alpha;
 } mml_decode_opts;
 
+enum { MML_ALPHA_COMPOSITE = 0, MML_ALPHA_DROP = 1, MML_ALPHA_PASTE = 2 };
+
+/* The EXIF orientation (1..8; 1 when absent or invalid) as Pillow's getexif() finds it
+ * after Image.open: the first APP1 Exif segment of a JPEG, a PNG eXIf chunk, a WebP EXIF
+ * chunk.  A TIFF gives 1: Pillow applies a TIFF's own Orientation tag when it loads the
+ * image (and drops the tag), and so does the TIFF decoder here, for every route.
+ * (Pillow's fallback to an XMP tiff:Orientation is not read.) */
+int mml_image_orientation(const uint8_t *data, size_t len);
+
+/* Pillow's Image.transpose for orientation o (ImageOps.exif_transpose's table):
+ * 2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270,
+ * 7 TRANSVERSE, 8 ROTATE_90 (counter-clockwise).  dst holds width*height*3 bytes and
+ * receives the turned image, rows of 3*W' bytes (W' = height for o >= 5). */
+void mml_rgb8_transpose(const mml_rgb8 *src, int o, uint8_t *dst);
+
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o);
+
+/* With MML_ALPHA_PASTE: whether the image being (or last) decoded carries a transparent
+ * colour that Pillow keeps through convert("RGB") and a resize (palette PNG/GIF with one
+ * transparent index, gray/RGB PNG tRNS), which the processor then turns white — after
+ * qwen-vl-utils' resize, so the caller applies it to resized pixels.  Known from begin(). */
+int mml_decoder_color_key(const mml_decoder *d, uint8_t rgb[3]);
 
 /* Decodes into memory owned by `d` (valid until the next call on `d`).  No allocation in
  * steady state once the scratch has grown to the largest image seen.  `scale_denom`

@@ -26,7 +26,21 @@ typedef struct mml_vision_cfg {
                             * 13's order (vertical first when the height shrinks by more than
                             * twice as many pixels as the width) */
   int strict_jpeg;         /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
+  int route;               /* MML_ROUTE_*: which reference pipeline the pixels follow */
 } mml_vision_cfg;
+
+/* The image reference route: what a user's pipeline does before the processor.
+ *   MML_ROUTE_PROCESSOR      the processor given Image.open (transformers' convert_to_rgb:
+ *                            transparency composited onto white; EXIF ignored)
+ *   MML_ROUTE_LOAD_IMAGE     transformers.image_utils.load_image: ImageOps.exif_transpose,
+ *                            then convert("RGB") (alpha dropped), then the processor
+ *   MML_ROUTE_QWEN_VL_UTILS  qwen-vl-utils' fetch_image: to_rgb (RGBA pasted onto white,
+ *                            other modes convert("RGB")), its smart_resize
+ *                            (MML_RESIZE_QWEN_VL_UTILS) and a bicubic resize, then the
+ *                            processor, whose own resize is then the identity (same
+ *                            limits) but whose convert_to_rgb whitens a transparency
+ *                            colour Pillow kept (mml_decoder_color_key) */
+enum { MML_ROUTE_PROCESSOR = 0, MML_ROUTE_LOAD_IMAGE = 1, MML_ROUTE_QWEN_VL_UTILS = 2 };
 
 /* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
  * MML_ECONFIG naming the bad field. */
@@ -59,6 +73,8 @@ typedef struct mml_vision_plan {
   mml_image_format format; /* from the header (MML_FMT_UNKNOWN for mml_vision_plan_size) */
   int decode_scale;      /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
                           * in `fast` mode when the target is at most src/scale */
+  int orientation;       /* EXIF orientation the route applies (1: none); src_w/src_h are
+                          * the size after it */
 } mml_vision_plan;
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
