@@ -301,7 +301,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_status st = validate(cfg, err);
   if (st) return st;
   mml_loader *L = calloc(1, sizeof *L);
-  if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = *cfg;
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
@@ -338,7 +338,7 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
   if (L->started) return MML_OK;
   L->started = 1;
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
-  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
   for (int i = 0; i < L->cfg.num_threads; i++) {
     if (pthread_create(&L->threads[i], NULL, ld_worker_main, L) != 0)
       return mml_err_set(err, MML_ENOMEM, "cannot start worker thread %d", i);
