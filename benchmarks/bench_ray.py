@@ -16,7 +16,9 @@ Three measurements, each against a peer in the same run, medians of MML_BENCH_RA
      nodes.
 What one machine cannot show: nodes share its cores, memory bus and page cache, and an
 object "transfer" between simulated nodes is a local memory copy, not a NIC; figures are
-labelled simulated.  Writes benchmarks/results/ray.json and benchmarks/results-ray.md.
+labelled simulated.  Writes benchmarks/results/ray.json, benchmarks/results-ray.md and
+README's ray-results block.  Knobs: MML_BENCH_RAY_RUNS, MML_BENCH_RAY_BATCHES (16),
+MML_BENCH_RAY_STEP_MS (40), MML_BENCH_RAY_MAX_PIXELS (448 * 448), MML_BENCH_OUT.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from mmloader.datagen import load_manifest, make_dataset  # noqa: E402
 RUNS = int(os.environ.get("MML_BENCH_RAY_RUNS", "3"))
 N = int(os.environ.get("MML_BENCH_RAY_BATCHES", "16"))
 STEP_MS = float(os.environ.get("MML_BENCH_RAY_STEP_MS", "40"))
-KW = dict(micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=448 * 448)
+MAX_PIXELS = int(os.environ.get("MML_BENCH_RAY_MAX_PIXELS", str(448 * 448)))
+KW = dict(micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS)
 OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 
 

@@ -37,7 +37,8 @@ _REMOTE = ("http://", "https://", "s3://")
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # What a folder given as data contributes (compression is told by content, not name).
-_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json") for z in ("", ".gz", ".zst"))
+_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
+                       for z in ("", ".gz", ".zst")) + (".tgz",)
 
 
 def _is_remote(p: str) -> bool:
@@ -66,7 +67,7 @@ def _expand_data(data: DataSpec) -> List[str]:
             found = sorted(f for f in glob.glob(os.path.join(p, "*"))
                            if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
             if not found:
-                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, "
+                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
                                   "optionally .gz or .zst)")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
@@ -100,6 +101,8 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
         if k in ov:
             _check_int(f"{where}: {k}", ov[k], 1)
             kw[k] = ov[k]
+    if "image_route" in ov:
+        kw["image_route"] = ov["image_route"]
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -108,6 +111,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
     if label_mode not in _LABEL_MODES:
         raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
                           f"{label_mode!r}")
+    image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
     system_prompt = ov.get("system_prompt", base["system_prompt"])
@@ -121,6 +125,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
                 choose=-1 if src.choose is None else src.choose,
                 image_root=None if image_root is None else os.fspath(image_root),
                 vision=vision, system_prompt=system_prompt, label_mode=label_mode,
+                image_whitespace=image_whitespace,
                 max_length=max_length or 0)
 
 
@@ -215,15 +220,17 @@ class Loader:
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
     Args:
-        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` files, plain or
-            ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a
-            glob), or a list of those.  A shard is JSON lines or one JSON array of records
+        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar``
+            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL
+            (``s3://`` may hold a glob), or a list of those.  A shard is JSON lines or one JSON array of records
             (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
             bytes; a compressed shard is decompressed once into a temporary file in
-            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the same fields), or the
-            path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
+            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of
+            :class:`mmloader.Source` (or dicts with the same fields), or the path of a
+            YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
             may override image_root, min_pixels, max_pixels, max_image_pixels,
-            system_prompt, label_mode and max_length for its samples (an image entry's
+            image_route, image_whitespace, system_prompt, label_mode and max_length for
+            its samples (an image entry's
             own min_pixels/max_pixels/resized_height/resized_width win over both).
         samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
             plus the weighted sources' sizes).
@@ -236,8 +243,11 @@ class Loader:
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
-        data_format: "auto" (a shard whose first non-blank character is ``[`` is a JSON
-            array, anything else JSON lines), "jsonl" or "json" (an array).
+        data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
+            shard whose first non-blank character is ``[`` a JSON array; anything else
+            JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
+            by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its
+            images, range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         micro_batch_size: rows per padded batch.
@@ -277,6 +287,10 @@ class Loader:
         keys: "qwen" (HF names) or "megatron".
         shift_labels: labels shifted by one (Megatron convention).
         label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
+        image_whitespace: text around ``<image>`` tags: "in_place" (as written; the HF
+            processor, LLaMA-Factory, ms-swift) or "qwen-vl-finetune" (Qwen's official
+            fine-tuning code: user text between tags stripped, empty pieces dropped, so
+            ``"<image>\nWhat is it?"`` has no newline after the image).
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -325,7 +339,8 @@ class Loader:
                  pack_length: Optional[int] = _D["pack_length"],
                  pad_to_multiple: Optional[int] = _D["pad_to_multiple"],
                  keys: str = _D["keys"], shift_labels: bool = _D["shift_labels"],
-                 label_mode: str = _D["label_mode"], mrope: bool = _D["mrope"],
+                 label_mode: str = _D["label_mode"],
+                 image_whitespace: str = _D["image_whitespace"], mrope: bool = _D["mrope"],
                  attention_mask: bool = _D["attention_mask"],
                  text_only_vision: str = _D["text_only_vision"],
                  mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
@@ -390,6 +405,7 @@ class Loader:
         sources = None
         if mix is not None:
             base = dict(image_root=image_root, system_prompt=system_prompt,
+                        image_whitespace=image_whitespace,
                         label_mode=label_mode, max_length=max_length)
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
                        for src in mix[0]]

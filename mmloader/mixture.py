@@ -26,7 +26,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 #: Loader settings a source may override (its samples use the source's value).
 SOURCE_OVERRIDES = ("image_root", "min_pixels", "max_pixels", "max_image_pixels",
-                    "system_prompt", "label_mode", "max_length")
+                    "image_route", "image_whitespace", "system_prompt", "label_mode",
+                    "max_length")
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
 _FILE_KEYS = ("sources", "samples_per_epoch")
@@ -54,7 +55,8 @@ class Source:
         choose: a fixed count of exactly this many samples per epoch.
         name: how stats, messages and the state name the source (default: ``data``).
         **overrides: Loader settings for this source's samples: image_root, min_pixels,
-            max_pixels, max_image_pixels, system_prompt, label_mode, max_length.
+            max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
+            label_mode, max_length.
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
     once per epoch).  Within a source the order is

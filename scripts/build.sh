@@ -5,7 +5,8 @@
 # (csrc/system-libs.txt) and names whatever is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. scripts/python.sh
+PY=$PYTHON
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 if ! $PY setup.py -q build_ext --inplace -j "$(nproc)" > "$log" 2>&1; then

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-exec ${PYTHON:-python3} -m mmloader demo "$@"
+. scripts/python.sh  # the interpreter install-deps.sh installed into
+exec "$PYTHON" -m mmloader demo "$@"

@@ -5,7 +5,8 @@
 # because CPython keeps memory until exit).  Any sanitizer report fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. scripts/python.sh
+PY=$PYTHON
 out=build/asan
 rm -rf "$out/mmloader"
 mkdir -p "$out"
@@ -19,7 +20,8 @@ if [ $# -gt 0 ]; then suites=("$@"); else
           tests/test_vision.py tests/test_template.py tests/test_collate.py tests/test_fetch.py
           tests/test_image_bmp.py tests/test_image_gif.py tests/test_image_jpeg.py
           tests/test_image_refused.py tests/test_image_datauri.py tests/test_image_routes.py
-          tests/test_mixture.py)
+          tests/test_mixture.py tests/test_files.py tests/test_records.py
+          tests/test_webdataset.py tests/test_plan_only.py)
 fi
 log=$(mktemp)
 set +e

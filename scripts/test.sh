@@ -7,9 +7,10 @@
 # non-zero when any failed (installing or building failing stops at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 bash scripts/install-deps.sh --test
 bash scripts/build.sh
+. scripts/python.sh  # the interpreter install-deps.sh installed into
+PY=$PYTHON
 
 summary=() status=0
 step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"

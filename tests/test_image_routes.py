@@ -29,6 +29,7 @@ import mmloader
 
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("transformers")
+from PIL import TiffImagePlugin  # noqa: E402
 from transformers.image_utils import load_image  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402
     Qwen2VLImageProcessorPil,
@@ -72,7 +73,7 @@ def exif_bytes(orientation: int) -> bytes:
 
 def route_cases(tmp_path) -> dict:
     """name -> file: the transparency kinds each route treats differently, and all eight
-    orientations in the three containers that carry EXIF."""
+    orientations in the four containers that carry one."""
     out = {}
     ims = photos(256)
     names = list(ims)
@@ -92,6 +93,9 @@ def route_cases(tmp_path) -> dict:
         out[f"o{o}.jpg"] = encode(c, "JPEG", quality=90, exif=exif_bytes(o))
         out[f"o{o}.png"] = encode(c, "PNG", exif=exif_bytes(o))
         out[f"o{o}.webp"] = encode(c, "WEBP", quality=90, exif=exif_bytes(o))
+        ifd = TiffImagePlugin.ImageFileDirectory_v2()
+        ifd[0x0112] = o  # a TIFF's orientation is a tag of its own first IFD
+        out[f"o{o}.tif"] = encode(c, "TIFF", tiffinfo=ifd)
     paths = {}
     for k, d in out.items():
         p = tmp_path / k

@@ -194,6 +194,7 @@ def test_one_source_is_plain_data(srcs, tmp_path):
     (lambda s: [Source(s["a"], name="a", label_mode="bad")], "source 'a': label_mode"),
     (lambda s: [Source(s["a"], name="a", min_pixels=10**9)], "source 'a': need 0 < min_pixels"),
     (lambda s: [Source(s["a"], name="a", max_length=0)], "source 'a': max_length"),
+    (lambda s: [Source(s["a"], name="a", image_route="pil")], "source 'a': image_route must be"),
     (lambda s: [Source(s["a"] + ".missing", name="a")], "source 'a': data file"),
     (lambda s: [Source(s["a"], name="a", choose=10), Source(s["b"], name="b", choose=5)],
      None),
@@ -264,7 +265,7 @@ def take(loader, n):
 
 @pytest.mark.parametrize("cut", [3, 80, 85])  # inside epoch 0, at its end, inside epoch 1
 def test_bitwise_resume(srcs, cut, tmp_path):
-    import torch
+    torch = pytest.importorskip("torch")
     with make(three(srcs)) as L:
         assert len(L) == 80
         ref = take(L, 160)
@@ -352,6 +353,8 @@ def test_drift_warning(srcs, tmp_path):
             pass
         st = L.stats()
     drift = [str(x.message) for x in w if "mixture_tolerance" in str(x.message)]
+    skips = [str(x.message) for x in w if "skipped a sample" in str(x.message)]
+    assert skips and all("(missing_file): source bad: " in m for m in skips), skips[:2]
     assert len(drift) == 2 and any("source bad makes up 0.0%" in m for m in drift), drift
     bad = st["sources"]["bad"]
     assert bad["samples"] == 0 and bad["skipped"] == st["skipped"] >= 120
@@ -522,3 +525,36 @@ def test_three_source_mixture_file_end_to_end(tmp_path, capsys):
                          "--quiet"]) == 0
     out = capsys.readouterr().out
     assert all(f"  {n} " in out for n in ("docs", "photos", "text")), out
+
+
+def test_per_source_image_route(tmp_path):
+    """image_route per source: load_image applies EXIF orientation, the processor does not."""
+    from PIL import Image
+    d = tmp_path / "exif"
+    d.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when shown
+    arr = np.random.default_rng(1).integers(0, 256, size=(112, 224, 3), dtype=np.uint8)
+    Image.fromarray(arr).save(d / "img0.jpg", quality=90, exif=exif)
+    rec = {"messages": [{"role": "user", "content": "<image>q"},
+                        {"role": "assistant", "content": "a"}], "images": ["img0.jpg"]}
+    (d / "data.jsonl").write_text(json.dumps(rec) + "\n")
+    data = [Source(str(d / "data.jsonl"), name="plain", choose=1),
+            Source(str(d / "data.jsonl"), name="turned", choose=1, image_route="load_image")]
+    with make(data, micro_batch_size=2, shuffle=False, max_pixels=28 * 28 * 64) as L:
+        grids = sorted(tuple(g) for g in as_np(next(iter(L)))["image_grid_thw"].tolist())
+    assert grids == [(1, 8, 16), (1, 16, 8)]
+
+
+def test_per_source_image_whitespace(tmp_path):
+    p = write_source(str(tmp_path), "ws", 6, images=[(64, 64)], text="\nsource {name} sample {i}")
+    data = [Source(p, name="kept", choose=6),
+            Source(p, name="stripped", choose=6, image_whitespace="qwen-vl-finetune")]
+    keys = key_map({"kept": p})
+    keys.update(key_map({"stripped": p}, image_whitespace="qwen-vl-finetune"))
+    assert len(keys) == 12  # the two conventions tokenize differently
+    with make(data, micro_batch_size=4) as L:
+        names = [keys[r] for b in L for r in rows(as_np(b))]
+    assert sorted(names) == ["kept"] * 6 + ["stripped"] * 6
+    with pytest.raises(ConfigError, match="image_whitespace"):
+        make([Source(p, image_whitespace="none")])

@@ -44,3 +44,14 @@ def test_requirements_test_covers_the_test_extra():
     listed = _names(ln for ln in lines if not ln.startswith("-")) | _names(
         _req_file("requirements.txt"))
     assert test_extra <= listed
+
+
+def test_system_libs_table_is_well_formed():
+    rows = [ln.split("#", 1)[0].split() for ln in open(os.path.join(ROOT, "csrc",
+                                                                     "system-libs.txt"))]
+    rows = [r for r in rows if r]
+    assert rows
+    for r in rows:
+        assert len(r) in (5, 6) and r[5:] in ([], ["tests"]), r
+        assert r[2].endswith(".h") and r[4].endswith("-dev") or r[4] == "build-essential", r
+    assert len({r[0] for r in rows}) == len(rows)

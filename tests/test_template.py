@@ -329,11 +329,12 @@ def test_render_defaults_and_roles():
                     "<|im_start|>assistant\nA cat on a mat.<|im_end|>\n")
     q3 = _core.render_record(line, "qwen3-vl", [2])
     assert q3 == text[len("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"):]
-    # An unknown role is kept by qwen2-vl, dropped by qwen3-vl.
+    # An unknown role is kept by qwen2-vl, dropped by qwen3-vl.  (LLaMA-Factory's
+    # observation / function_call roles are rendered its way: tests/test_records.py.)
     other = json.dumps({"messages": [{"role": "user", "content": "a"},
-                                     {"role": "observation", "content": "b"}]})
-    assert "<|im_start|>observation\nb<|im_end|>\n" in _core.render_record(other, "qwen2-vl")
-    assert "observation" not in _core.render_record(other, "qwen3-vl")
+                                     {"role": "critic", "content": "b"}]})
+    assert "<|im_start|>critic\nb<|im_end|>\n" in _core.render_record(other, "qwen2-vl")
+    assert "critic" not in _core.render_record(other, "qwen3-vl")
 
 
 def test_parse_record_shape():

@@ -40,26 +40,95 @@ const char *mml_status_skip_reason(mml_status st) {
   return (unsigned)st < MML_STATUS_COUNT ? k_reasons[st] : NULL;
 }
 
+/* Start of the UTF-8 character holding byte i (never splits a sequence). */
+static size_t char_start(const char *s, size_t i) {
+  while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+  return i;
+}
+
+size_t mml_text_fit(char *out, size_t cap, const char *s, size_t n) {
+  if (!cap) return 0;
+  static const char dots[] = "...";
+  char *buf = NULL;
+  while (n > cap - 1) {
+    /* the longest run of non-blank bytes: a path, URL, base64 payload, JSON value */
+    size_t best = 0, best_len = 0;
+    for (size_t i = 0; i < n;) {
+      size_t j = i;
+      while (j < n && s[j] != ' ' && s[j] != '\n') j++;
+      if (j - i > best_len) best = i, best_len = j - i;
+      i = j + 1;
+    }
+    enum { MIN_KEEP = 48 }; /* what a shortened value keeps at least (head + tail) */
+    size_t excess = n - (cap - 1);
+    if (best_len <= MIN_KEEP + 3 + 4) break; /* nothing long left: cut the end */
+    size_t keep = best_len > excess + 3 + MIN_KEEP ? best_len - excess - 3 : MIN_KEEP;
+    size_t head = char_start(s, best + keep / 2) - best;
+    size_t tail_from = best + best_len - (keep - keep / 2);
+    while (tail_from < n && ((unsigned char)s[tail_from] & 0xC0) == 0x80) tail_from++;
+    size_t nn = best + head + 3 + (n - tail_from);
+    char *t = nn < n ? malloc(nn + 1) : NULL;
+    if (!t) break;
+    memcpy(t, s, best + head);
+    memcpy(t + best + head, dots, 3);
+    memcpy(t + best + head + 3, s + tail_from, n - tail_from);
+    free(buf);
+    buf = t;
+    s = t;
+    n = nn;
+  }
+  size_t k = n <= cap - 1 ? n : char_start(s, cap - 1);
+  memcpy(out, s, k);
+  out[k] = 0;
+  free(buf);
+  return k;
+}
+
+/* vsnprintf into a fresh heap string (NULL when out of memory). */
+static char *vformat(size_t *n, const char *fmt, va_list ap) {
+  va_list ap2;
+  va_copy(ap2, ap);
+  int len = vsnprintf(NULL, 0, fmt, ap2);
+  va_end(ap2);
+  if (len < 0) return NULL;
+  char *s = malloc((size_t)len + 1);
+  if (s) vsnprintf(s, (size_t)len + 1, fmt, ap);
+  *n = (size_t)len;
+  return s;
+}
+
 mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
   if (err) {
     err->status = st;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    size_t n;
+    char *s = vformat(&n, fmt, ap);
     va_end(ap);
+    if (s) mml_text_fit(err->msg, sizeof err->msg, s, n);
+    else snprintf(err->msg, sizeof err->msg, "%s", fmt);
+    free(s);
   }
   return st;
 }
 
 void mml_err_prefix(mml_err *err, const char *fmt, ...) {
   if (!err) return;
-  char head[256], old[MML_ERR_MSG];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(head, sizeof head, fmt, ap);
+  size_t hn;
+  char *head = vformat(&hn, fmt, ap);
   va_end(ap);
-  memcpy(old, err->msg, sizeof old);
-  snprintf(err->msg, sizeof err->msg, "%s: %.*s", head, (int)(sizeof err->msg - sizeof head - 2), old);
+  size_t on = strlen(err->msg);
+  char *s = head ? malloc(hn + 2 + on + 1) : NULL;
+  if (s) {
+    memcpy(s, head, hn);
+    memcpy(s + hn, ": ", 2);
+    memcpy(s + hn + 2, err->msg, on + 1);
+    mml_text_fit(err->msg, sizeof err->msg, s, hn + 2 + on);
+  }
+  free(s);
+  free(head);
 }
 
 void mml_err_clear(mml_err *err) {

@@ -2,8 +2,10 @@
  * image_exif.c — the EXIF orientation of an encoded image, found where Pillow's getexif()
  * finds it (for transformers' load_image, which applies ImageOps.exif_transpose): the first
  * APP1 "Exif" segment before a JPEG's scan, a PNG eXIf chunk (anywhere: Pillow loads the
- * image to see chunks after IDAT), a WebP EXIF chunk, a TIFF's first IFD.  Only chunk and
- * segment headers are walked; the value is tag 0x0112 of the EXIF block's first IFD.
+ * image to see chunks after IDAT), a WebP EXIF chunk.  Only chunk and segment headers are
+ * walked; the value is tag 0x0112 of the EXIF block's first IFD.  Also the transposition
+ * itself (used by the vision path and by the TIFF decoder, which applies a TIFF's own
+ * orientation on every route as Pillow does on load).
  *
  * Threads: pure.
  */
@@ -59,7 +61,26 @@ int mml_image_orientation(const uint8_t *p, size_t len) {
     }
     return 1;
   }
-  if (len >= 8 && ((p[0] == 'I' && p[1] == 'I') || (p[0] == 'M' && p[1] == 'M')))
-    return orientation_of(p, len); /* TIFF: the image's own first IFD */
-  return 1;
+  return 1; /* TIFF: applied by its decoder, as Pillow's TiffImagePlugin does */
+}
+
+void mml_rgb8_transpose(const mml_rgb8 *src, int o, uint8_t *dst) {
+  const int W = src->width, H = src->height, ow = o >= 5 ? H : W, oh = o >= 5 ? W : H;
+  for (int y = 0; y < oh; y++) {
+    uint8_t *d = dst + (size_t)y * ow * 3;
+    for (int x = 0; x < ow; x++, d += 3) {
+      int sx, sy;
+      switch (o) {
+        case 2: sx = W - 1 - x, sy = y; break;
+        case 3: sx = W - 1 - x, sy = H - 1 - y; break;
+        case 4: sx = x, sy = H - 1 - y; break;
+        case 5: sx = y, sy = x; break;
+        case 6: sx = y, sy = H - 1 - x; break;
+        case 7: sx = W - 1 - y, sy = H - 1 - x; break;
+        case 8: sx = W - 1 - y, sy = x; break;
+        default: sx = x, sy = y; break;
+      }
+      memcpy(d, src->pixels + (size_t)sy * src->stride + (size_t)sx * 3, 3);
+    }
+  }
 }

@@ -17,8 +17,10 @@
  * Everything else (float or signed samples, other bit depths, YCbCr without JPEG, CIE Lab,
  * old-style JPEG, ...) is refused as unsupported, naming the layout.
  *
- * The probe parses the first IFD by hand (ImageWidth/ImageLength), so it needs the bytes
- * up to that IFD, which some writers put at the end of the file.
+ * An Orientation tag is applied on decode, as Pillow's TiffImagePlugin does on load (its
+ * size is the turned one); the probe reports the turned size too.  The probe parses the
+ * first IFD by hand (ImageWidth/ImageLength/Orientation), so it needs the bytes up to that
+ * IFD, which some writers put at the end of the file.
  *
  * Threads: reentrant; libtiff messages go to per-handle handlers (TIFFOpenOptions), never
  * to the process-wide ones or stderr.  Memory: the raw samples of the page are read into
@@ -82,8 +84,10 @@ mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mm
   if (w == 0 || h == 0 || w > 0x7fffffff || h > 0x7fffffff)
     return mml_err_set(err, MML_EDECODE, "TIFF: bad or missing size %llux%llu in the first IFD",
                        (unsigned long long)w, (unsigned long long)h);
-  info->width = (int)w;
-  info->height = (int)h;
+  uint64_t o = 1;
+  mml_tiff_ifd0_tag(p, len, 274, &o, &why); /* Pillow's size is after the Orientation */
+  info->width = (int)(o >= 5 && o <= 8 ? h : w);
+  info->height = (int)(o >= 5 && o <= 8 ? w : h);
   info->format = MML_FMT_TIFF;
   return MML_OK;
 }
@@ -312,8 +316,13 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
   TIFFOpenOptionsFree(o);
   if (!t) return mml_err_set(err, MML_EDECODE, "TIFF: %s", m.msg[0] ? m.msg : "cannot open");
   page pg;
+  uint16_t orient = 1;
+  mml_bytes turned = {0}, flat = {0};
   if ((st = layout(t, &pg, err)) != MML_OK) goto done;
-  if (pg.w != info.width || pg.h != info.height) {
+  TIFFGetFieldDefaulted(t, TIFFTAG_ORIENTATION, &orient);
+  if (orient < 1 || orient > 8) orient = 1;
+  if (orient >= 5 ? (pg.w != info.height || pg.h != info.width)
+                  : (pg.w != info.width || pg.h != info.height)) {
     st = mml_err_set(err, MML_EDECODE, "TIFF: size differs from the first IFD's");
     goto done;
   }
@@ -331,7 +340,13 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
     st = mml_err_set(err, MML_ENOMEM, "TIFF: out of memory for a %d-pixel row", pg.w);
     goto done;
   }
-  if ((st = sink->begin(sink->ctx, pg.w, pg.h, err)) != MML_OK) goto done;
+  /* an Orientation tag: all rows converted first, then turned (Pillow transposes on load) */
+  if (orient > 1 && (mml_bytes_reserve(&flat, (size_t)pg.w * pg.h * 3) ||
+                     mml_bytes_reserve(&turned, (size_t)pg.w * pg.h * 3))) {
+    st = mml_err_set(err, MML_ENOMEM, "TIFF: out of memory for a %dx%d image", pg.w, pg.h);
+    goto done;
+  }
+  if (orient == 1 && (st = sink->begin(sink->ctx, pg.w, pg.h, err)) != MML_OK) goto done;
   const size_t plane = row * (size_t)pg.h;
   static const uint8_t gray_scale[9] = {0, 255, 85, 0, 17, 0, 0, 0, 1};
   for (int y = 0; y < pg.h; y++) {
@@ -380,9 +395,20 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
         }
       }
     }
-    if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
+    if (orient > 1) memcpy(flat.data + (size_t)y * pg.w * 3, b->row->data, (size_t)pg.w * 3);
+    else if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
+  }
+  if (orient > 1) {
+    const mml_rgb8 src = {flat.data, pg.w, pg.h, (size_t)pg.w * 3};
+    mml_rgb8_transpose(&src, orient, turned.data);
+    const int ow = orient >= 5 ? pg.h : pg.w, oh = orient >= 5 ? pg.w : pg.h;
+    if ((st = sink->begin(sink->ctx, ow, oh, err)) != MML_OK) goto done;
+    for (int y = 0; y < oh; y++)
+      if ((st = sink->row(sink->ctx, y, turned.data + (size_t)y * ow * 3, err)) != MML_OK) goto done;
   }
 done:
+  mml_bytes_free(&flat);
+  mml_bytes_free(&turned);
   TIFFClose(t);
   return st;
 }

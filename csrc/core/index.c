@@ -1,16 +1,21 @@
 /*
- * index.c — the sample index of JSONL and JSON-array shards, plain or gzip/zstd
- * compressed (see mml/index.h).
+ * index.c — the sample index of JSONL, JSON-array and WebDataset tar shards, plain or
+ * gzip/zstd compressed (see mml/index.h).
  *
  * DESIGN
  *   One builder per shard turns a stream of stored bytes into record offsets, in three
  *   layers that each see every byte once:
- *     raw      the first 4 bytes decide the compression (gzip 1f 8b, zstd 28 b5 2f fd);
+ *     raw      the first bytes decide the compression (gzip 1f 8b, zstd 28 b5 2f fd);
+ *              512 are held back so that the text layer sees a whole tar header first;
  *     inflate  zlib (multi-member gzip) or libzstd (multi-frame) into a 1 MiB buffer,
  *              each decompressed chunk also appended to the shard's spill file;
  *     text     a scanner over the (decompressed) text.  Until the first non-blank byte
  *              the layout is open: blanks go through the JSONL scanner (so blank-line
  *              numbers are right if it stays JSONL) and '[' switches to the array scanner.
+ *              A tar (by name or ustar magic in the first chunk) goes to the tar scanner:
+ *              512-byte headers (GNU 'L' long names and pax 'x' path/size honoured),
+ *              member data skipped, members grouped by key as they arrive; a group is
+ *              kept (one index offset: its first member) only if it has a .json member.
  *   The JSONL scanner keeps two facts across chunks: whether the current line has started
  *   a sample, and where it began.  The array scanner is a small state machine (between
  *   elements / inside one: string, escape, a bit stack of open brackets up to
@@ -31,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -48,7 +54,7 @@ struct mml_index_builder {
   int shard;            /* index into ix->shards (which may move while growing) */
   mml_layout want;
   /* raw layer */
-  uint8_t head[4];
+  uint8_t head[512];    /* the first bytes, held until there are enough to tell the format */
   size_t nhead;
   int sniffed;
   int64_t raw_off;      /* stored bytes consumed */
@@ -69,6 +75,18 @@ struct mml_index_builder {
   int depth;
   uint8_t stack[MAX_DEPTH / 8]; /* bit set: 1 = '{' open at that depth */
   int64_t elem_start;
+  /* WebDataset tar */
+  uint8_t hdr[512];
+  size_t nhdr;
+  int64_t skip;         /* member data + padding still to pass */
+  int64_t ext_left;     /* of that, bytes still to collect for a long name / pax header */
+  int ext_kind;         /* 'L' or 'x' while collecting, else 0 */
+  mml_bytes ext;
+  char *next_name;      /* the next member's name, from a GNU 'L' or pax 'x' header */
+  int64_t next_size;    /* its size from a pax header, -1 when none */
+  int tar_end;
+  int64_t group;        /* first member of the open group, -1 when none */
+  int group_json;       /* the open group has a .json member */
 };
 
 static mml_index_shard *shard_of(mml_index_builder *b) { return &b->ix->shards[b->shard]; }
@@ -267,12 +285,235 @@ static mml_status scan_json(mml_index_builder *b, const uint8_t *p, size_t len, 
   return MML_OK;
 }
 
+/* ---- WebDataset tar ----------------------------------------------------------------- */
+
+static mml_status tar_error(mml_index_builder *b, mml_err *err, const char *why, int64_t at) {
+  return mml_err_set(err, MML_ERECORD, "data shard %s: %s at byte %lld", shard_of(b)->path, why,
+                     (long long)at);
+}
+
+/* An octal or base-256 numeric header field; -1 when malformed. */
+static int64_t tar_num(const uint8_t *f, size_t n) {
+  if (f[0] & 0x80) { /* GNU base-256 */
+    int64_t v = f[0] & 0x3F;
+    for (size_t i = 1; i < n; i++) {
+      if (v > (INT64_MAX >> 8)) return -1;
+      v = v << 8 | f[i];
+    }
+    return v;
+  }
+  size_t i = 0;
+  while (i < n && (f[i] == ' ' || f[i] == 0)) i++;
+  int64_t v = 0;
+  int digits = 0;
+  for (; i < n && f[i] >= '0' && f[i] <= '7'; i++, digits++) {
+    if (v > (INT64_MAX >> 3)) return -1;
+    v = v * 8 + (f[i] - '0');
+  }
+  for (; i < n; i++)
+    if (f[i] != ' ' && f[i] != 0) return -1;
+  return digits ? v : 0;
+}
+
+static int tar_checksum_ok(const uint8_t *h) {
+  int64_t want = tar_num(h + 148, 8);
+  uint64_t u = 0;
+  int64_t sg = 0;
+  for (int i = 0; i < 512; i++) {
+    uint8_t c = i >= 148 && i < 156 ? ' ' : h[i];
+    u += c;
+    sg += (int8_t)c;
+  }
+  return want >= 0 && ((int64_t)u == want || sg == want);
+}
+
+static int is_image_ext(const char *name) {
+  const char *dot = strrchr(name, '.');
+  if (!dot) return 0;
+  static const char *const exts[] = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"};
+  for (size_t i = 0; i < sizeof exts / sizeof *exts; i++)
+    if (!strcasecmp(dot + 1, exts[i])) return 1;
+  return 0;
+}
+
+/* Ends the open group: a sample when it has a .json member, else forgotten. */
+static mml_status tar_close_group(mml_index_builder *b) {
+  mml_index_shard *sh = shard_of(b);
+  if (b->group < 0) return MML_OK;
+  if (b->group_json) {
+    if (push_offset(b->ix, b->group)) return MML_ENOMEM;
+    sh->count++;
+  } else {
+    sh->names_len = sh->members[b->group].name;
+    sh->nmembers = b->group;
+  }
+  b->group = -1;
+  b->group_json = 0;
+  return MML_OK;
+}
+
+static mml_status tar_member(mml_index_builder *b, const char *name, int64_t off, int64_t size) {
+  mml_index_shard *sh = shard_of(b);
+  const char *base = strrchr(name, '/');
+  base = base ? base + 1 : name;
+  const char *dot = strchr(base, '.');
+  if (!dot || dot == base) return MML_OK; /* no key.ext: not part of a sample */
+  size_t key_len = (size_t)(dot - name), nlen = strlen(name);
+  if (b->group >= 0) {
+    const mml_member *g = &sh->members[b->group];
+    if (g->key_len != key_len || memcmp(sh->names + g->name, name, key_len)) {
+      mml_status st = tar_close_group(b);
+      if (st) return st;
+    }
+  }
+  if (sh->nmembers == sh->members_cap) {
+    int64_t nc = sh->members_cap ? sh->members_cap * 2 : 256;
+    mml_member *m = realloc(sh->members, (size_t)nc * sizeof *m);
+    if (!m) return MML_ENOMEM;
+    sh->members = m;
+    sh->members_cap = nc;
+  }
+  if (sh->names_len + nlen + 1 > sh->names_cap || sh->names_len + nlen + 1 > UINT32_MAX) {
+    if (sh->names_len + nlen + 1 > UINT32_MAX) return MML_ENOMEM;
+    size_t nc = sh->names_cap ? sh->names_cap * 2 : 4096;
+    while (nc < sh->names_len + nlen + 1) nc *= 2;
+    char *p = realloc(sh->names, nc);
+    if (!p) return MML_ENOMEM;
+    sh->names = p;
+    sh->names_cap = nc;
+  }
+  memcpy(sh->names + sh->names_len, name, nlen + 1);
+  sh->members[sh->nmembers] = (mml_member){off, size, (uint32_t)sh->names_len, (uint32_t)key_len};
+  sh->names_len += nlen + 1;
+  if (b->group < 0) b->group = sh->nmembers;
+  if (!strcmp(dot + 1, "json")) b->group_json = 1;
+  sh->nmembers++;
+  return MML_OK;
+}
+
+/* A pax extended header: "LEN key=value\n" records; path and size matter here. */
+static void tar_pax(mml_index_builder *b) {
+  const char *p = (const char *)b->ext.data, *e = p + b->ext.len;
+  while (p < e) {
+    char *sp;
+    long n = strtol(p, &sp, 10);
+    if (n <= 0 || n > e - p || *sp != ' ') return;
+    const char *kv = sp + 1, *end = p + n - 1; /* drops the '\n' */
+    if (end - kv > 5 && !memcmp(kv, "path=", 5)) {
+      free(b->next_name);
+      b->next_name = strndup(kv + 5, (size_t)(end - kv - 5));
+    } else if (end - kv > 5 && !memcmp(kv, "size=", 5)) {
+      b->next_size = strtoll(kv + 5, NULL, 10);
+    }
+    p += n;
+  }
+}
+
+static mml_status tar_header(mml_index_builder *b, const uint8_t *h, int64_t at, mml_err *err) {
+  if (b->tar_end) return MML_OK; /* padding after the end-of-archive blocks */
+  int zero = 1;
+  for (int i = 0; i < 512 && zero; i++) zero = h[i] == 0;
+  if (zero) {
+    b->tar_end = 1;
+    return MML_OK;
+  }
+  if (!tar_checksum_ok(h)) return tar_error(b, err, "not a tar archive (bad header checksum)", at);
+  int64_t size = tar_num(h + 124, 12);
+  if (size < 0) return tar_error(b, err, "bad member size in the tar header", at);
+  if (b->next_size >= 0) size = b->next_size;
+  char type = (char)h[156];
+  b->skip = (size + 511) / 512 * 512;
+  if (type == 'L' || type == 'x') {
+    if (size > (1 << 20)) return tar_error(b, err, "tar name/pax header over 1 MiB", at);
+    b->ext_kind = type;
+    b->ext_left = size;
+    mml_bytes_clear(&b->ext);
+    b->next_size = -1;
+    return MML_OK;
+  }
+  mml_status st = MML_OK;
+  if (type == '0' || type == 0 || type == '7') {
+    char buf[260];
+    const char *name = buf;
+    if (b->next_name) {
+      name = b->next_name;
+    } else {
+      char nm[101], pre[156];
+      memcpy(nm, h, 100);
+      nm[100] = 0;
+      memcpy(pre, h + 345, 155);
+      pre[155] = 0;
+      if (!memcmp(h + 257, "ustar\0", 6) && pre[0]) snprintf(buf, sizeof buf, "%s/%s", pre, nm);
+      else snprintf(buf, sizeof buf, "%s", nm);
+    }
+    if (tar_member(b, name, at + 512, size)) st = oom(b, err);
+  }
+  free(b->next_name);
+  b->next_name = NULL;
+  b->next_size = -1;
+  return st;
+}
+
+static mml_status scan_tar(mml_index_builder *b, const uint8_t *p, size_t n, int64_t base,
+                           mml_err *err) {
+  while (n) {
+    if (b->skip > 0) {
+      size_t k = (int64_t)n < b->skip ? n : (size_t)b->skip;
+      if (b->ext_kind && b->ext_left > 0) {
+        size_t c = (int64_t)k < b->ext_left ? k : (size_t)b->ext_left;
+        if (mml_bytes_append(&b->ext, p, c)) return oom(b, err);
+        b->ext_left -= (int64_t)c;
+      }
+      b->skip -= (int64_t)k;
+      p += k, n -= k, base += (int64_t)k;
+      if (b->skip == 0 && b->ext_kind) {
+        if (b->ext_kind == 'L') {
+          free(b->next_name);
+          b->next_name = strndup((const char *)b->ext.data, b->ext.len);
+        } else {
+          tar_pax(b);
+        }
+        b->ext_kind = 0;
+      }
+      continue;
+    }
+    size_t k = 512 - b->nhdr < n ? 512 - b->nhdr : n;
+    memcpy(b->hdr + b->nhdr, p, k);
+    b->nhdr += k;
+    p += k, n -= k, base += (int64_t)k;
+    if (b->nhdr == 512) {
+      b->nhdr = 0;
+      mml_status st = tar_header(b, b->hdr, base - 512, err);
+      if (st) return st;
+    }
+  }
+  return MML_OK;
+}
+
+static int has_tar_name(const char *path) {
+  static const char *const ends[] = {".tar", ".tar.gz", ".tgz", ".tar.zst"};
+  size_t n = strlen(path);
+  for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+    size_t k = strlen(ends[i]);
+    if (n >= k && !strcasecmp(path + n - k, ends[i])) return 1;
+  }
+  return 0;
+}
+
 /* ---- text layer ---------------------------------------------------------------------- */
 
 static mml_status scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_err *err) {
   if (!len) return MML_OK;
   int64_t base = b->pos;
   b->pos += (int64_t)len;
+  mml_index_shard *shd = shard_of(b);
+  if (base == 0 && (b->want == MML_LAYOUT_WDS ||
+                    (b->want == MML_LAYOUT_AUTO &&
+                     (has_tar_name(shd->path) || (len >= 263 && !memcmp(p + 257, "ustar", 5)))))) {
+    shd->layout = MML_LAYOUT_WDS;
+    b->decided = 1;
+  }
+  if (shd->layout == MML_LAYOUT_WDS) return scan_tar(b, p, len, base, err);
   if (base == 0 && len >= 3 && p[0] == 0xEF && p[1] == 0xBB && p[2] == 0xBF) { /* BOM */
     p += 3, len -= 3, base = 3;
     b->line_start = 3;
@@ -435,7 +676,8 @@ static mml_status feed_raw(mml_index_builder *b, const uint8_t *p, size_t n, mml
 mml_status mml_index_begin(mml_index *ix, const char *path, mml_layout want,
                            mml_index_builder **out, mml_err *err) {
   *out = NULL;
-  if (want != MML_LAYOUT_AUTO && want != MML_LAYOUT_JSONL && want != MML_LAYOUT_JSON)
+  if (want != MML_LAYOUT_AUTO && want != MML_LAYOUT_JSONL && want != MML_LAYOUT_JSON &&
+      want != MML_LAYOUT_WDS)
     return mml_err_set(err, MML_ECONFIG, "data shard %s: unknown layout %d", path, (int)want);
   mml_index_builder *b = calloc(1, sizeof *b);
   mml_index_shard *s = realloc(ix->shards, (size_t)(ix->nshards + 1) * sizeof *s);
@@ -458,6 +700,8 @@ mml_status mml_index_begin(mml_index *ix, const char *path, mml_layout want,
   b->shard = ix->nshards++;
   b->want = want;
   b->line_no = 1;
+  b->group = -1;
+  b->next_size = -1;
   *out = b;
   return MML_OK;
 }
@@ -477,6 +721,8 @@ mml_status mml_index_feed(mml_index_builder *b, const uint8_t *data, size_t len,
 }
 
 static void builder_free(mml_index_builder *b) {
+  mml_bytes_free(&b->ext);
+  free(b->next_name);
   if (b->z_init) inflateEnd(&b->z);
   ZSTD_freeDStream(b->zs);
   free(b->zbuf);
@@ -485,7 +731,7 @@ static void builder_free(mml_index_builder *b) {
 
 mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
   mml_status st = MML_OK;
-  if (!b->sniffed) { /* fewer than 4 bytes in all */
+  if (!b->sniffed) { /* fewer than 512 bytes in all */
     st = start_raw(b, err);
     if (!st) st = feed_raw(b, b->head, b->nhead, err);
   }
@@ -498,7 +744,14 @@ mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
                      sh->path, (long long)b->raw_off);
   if (!st) {
     sh->size = b->raw_off;
-    if (sh->layout == MML_LAYOUT_JSONL) {
+    if (sh->layout == MML_LAYOUT_WDS) {
+      if (!b->tar_end && (b->nhdr || b->skip))
+        st = mml_err_set(err, MML_ERECORD, "data shard %s: truncated tar (ends at byte %lld "
+                                           "inside a %s)",
+                         sh->path, (long long)b->pos, b->nhdr ? "header" : "member");
+      else if (tar_close_group(b))
+        st = oom(b, err);
+    } else if (sh->layout == MML_LAYOUT_JSONL) {
       sh->data_end = b->pos;
       /* A last line without '\n' still counts; an empty tail after the final '\n' does not. */
       if ((b->content || b->line_start < b->pos) && end_line(b, b->pos)) st = oom(b, err);
@@ -532,6 +785,8 @@ void mml_index_abort(mml_index_builder *b) {
   ix->n = sh->first;
   free(sh->path);
   free(sh->blank_lines);
+  free(sh->members);
+  free(sh->names);
   if (sh->fd >= 0) close(sh->fd);
   ix->nshards--;
   builder_free(b);
@@ -583,6 +838,8 @@ void mml_index_free(mml_index *ix) {
   for (int i = 0; i < ix->nshards; i++) {
     free(ix->shards[i].path);
     free(ix->shards[i].blank_lines);
+    free(ix->shards[i].members);
+    free(ix->shards[i].names);
     if (ix->shards[i].fd >= 0) close(ix->shards[i].fd);
   }
   free(ix->shards);
@@ -603,8 +860,19 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
   while (lo > 0 && ix->shards[lo].count == 0) lo--;
   const mml_index_shard *sh = &ix->shards[lo];
   int64_t k = i - sh->first;
-  int64_t end = (k + 1 < sh->count) ? ix->offsets[i + 1] : sh->data_end;
   *shard = lo;
+  if (sh->layout == MML_LAYOUT_WDS) { /* the group's .json member */
+    int64_t m = ix->offsets[i], m1 = k + 1 < sh->count ? ix->offsets[i + 1] : sh->nmembers;
+    for (; m < m1; m++) {
+      const mml_member *mb = &sh->members[m];
+      if (!strcmp(sh->names + mb->name + mb->key_len, ".json")) break;
+    }
+    *off = sh->members[m].off;
+    *len = sh->members[m].size;
+    *where = ix->offsets[i];
+    return;
+  }
+  int64_t end = (k + 1 < sh->count) ? ix->offsets[i + 1] : sh->data_end;
   *off = ix->offsets[i];
   *len = end - ix->offsets[i];
   if (sh->layout == MML_LAYOUT_JSON) {
@@ -617,6 +885,7 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
 }
 
 size_t mml_index_record_len(const mml_index_shard *sh, const uint8_t *data, size_t len) {
+  if (sh->layout == MML_LAYOUT_WDS) return len;
   if (sh->layout == MML_LAYOUT_JSONL) {
     const uint8_t *nl = memchr(data, '\n', len);
     return nl ? (size_t)(nl - data) : len;
@@ -653,10 +922,54 @@ int mml_index_shard_remote(const mml_index_shard *sh) {
   return sh->fd < 0 && mml_path_is_remote(sh->path);
 }
 
+/* Sample i's members [*m0, *m1) in its shard. */
+static void group_of(const mml_index *ix, const mml_index_shard *sh, int64_t i, int64_t *m0,
+                     int64_t *m1) {
+  *m0 = ix->offsets[i];
+  *m1 = i + 1 < sh->first + sh->count ? ix->offsets[i + 1] : sh->nmembers;
+}
+
+int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref, int64_t *off,
+                     int64_t *len) {
+  const mml_index_shard *sh = &ix->shards[shard];
+  if (sh->layout != MML_LAYOUT_WDS) return 0;
+  int64_t m0, m1;
+  group_of(ix, sh, i, &m0, &m1);
+  for (int64_t m = m0; m < m1; m++) {
+    const mml_member *mb = &sh->members[m];
+    const char *name = sh->names + mb->name, *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (!strcmp(name, ref) || !strcmp(name + mb->key_len + 1, ref) || !strcmp(base, ref)) {
+      *off = mb->off;
+      *len = mb->size;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max) {
+  const mml_index_shard *sh = &ix->shards[shard];
+  if (sh->layout != MML_LAYOUT_WDS) return 0;
+  int64_t m0, m1;
+  group_of(ix, sh, i, &m0, &m1);
+  int n = 0;
+  for (int64_t m = m0; m < m1; m++) {
+    const char *name = sh->names + sh->members[m].name;
+    if (!is_image_ext(name)) continue;
+    if (n < max) names[n] = name;
+    n++;
+  }
+  return n;
+}
+
 void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
                            size_t cap) {
   const mml_index_shard *sh = &ix->shards[shard];
-  if (sh->layout == MML_LAYOUT_JSON)
+  if (sh->layout == MML_LAYOUT_WDS) {
+    const mml_member *mb = &sh->members[ix->offsets[i]];
+    snprintf(out, cap, "%s[%.*s]", sh->path, (int)mb->key_len, sh->names + mb->name);
+  } else if (sh->layout == MML_LAYOUT_JSON)
     snprintf(out, cap, "%s[%lld] (byte %lld)", sh->path, (long long)where,
              (long long)ix->offsets[i]);
   else

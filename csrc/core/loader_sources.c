@@ -86,6 +86,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   if (!st) st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer,
                                  &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
+  if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
   if (st) {
     if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
     return st;
@@ -106,7 +107,8 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
                            .weight = -1, .repeat = -1, .choose = -1,
                            .image_root = cfg->image_root, .vision = cfg->vision,
                            .system_prompt = cfg->system_prompt,
-                           .label_mode = cfg->label_mode, .max_length = cfg->max_length};
+                           .label_mode = cfg->label_mode, .image_space = cfg->image_space,
+                           .max_length = cfg->max_length};
     scs = &one;
     n = 1;
   }

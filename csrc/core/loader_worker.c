@@ -70,7 +70,10 @@ static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader
   if (e && e->msg[0]) s->err = *e;
   else mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
-  mml_err_prefix(&s->err, "%s", where);
+  if (L->cfg.nsources > 0) /* a mixture: name the source too */
+    mml_err_prefix(&s->err, "source %s: %s", L->src[s->source].name, where);
+  else
+    mml_err_prefix(&s->err, "%s", where);
 }
 
 /* A failure while fetches are outstanding: the first one is kept; the task fails with it
@@ -140,8 +143,14 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
+  /* a WebDataset sample's image members stand for an absent image list */
+  enum { MAX_MEMBERS = 64 };
+  const char *members[MAX_MEMBERS];
+  int nm = mml_index_images(&L->ix, t->sample.shard, t->sample.index, members, MAX_MEMBERS);
+  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
-  mml_status st = mml_record_parse((const char *)t->rec_bytes.data, n, &t->rec, err);
+  mml_status st = mml_record_parse_ex((const char *)t->rec_bytes.data, n, members, nm, &t->rec,
+                                      err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
   if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
@@ -157,14 +166,25 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
     return st;
   }
-  mml_status st = mml_sample_image_path(L->roots[t->sample.shard], t->rec.images[i], &t->path,
-                                        err);
-  if (st) return st;
+  const mml_index_shard *sh = &L->ix.shards[t->sample.shard];
+  int64_t off = 0, len = -1;
+  mml_status st;
+  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, t->rec.images[i],
+                                &off, &len);
+  if (member) { /* a WebDataset member: a range of the shard itself */
+    mml_bytes_clear(&t->path);
+    if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))
+      return mml_err_set(err, MML_ENOMEM, "out of memory");
+  } else if ((st = mml_sample_image_path(L->roots[t->sample.shard], t->rec.images[i], &t->path,
+                                         err))) {
+    return st;
+  }
   const char *p = (const char *)t->path.data;
   mml_bytes_clear(&t->imgs[i]);
-  if (!mml_path_is_remote(p)) {
+  if (member ? !mml_index_shard_remote(sh) : !mml_path_is_remote(p)) {
     double t0 = mml_now();
-    st = mml_read_file(p, 0, -1, &t->imgs[i], err);
+    st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
+                : mml_read_file(p, 0, -1, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
     else {
@@ -184,7 +204,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   (*nremote)++;
   t->refs[i + 1].t = t;
   t->refs[i + 1].which = i;
-  st = mml_fetch_submit(*f, p, 0, -1, on_fetch, &t->refs[i + 1], err);
+  st = mml_fetch_submit(*f, p, off, len, on_fetch, &t->refs[i + 1], err);
   if (st) {
     pthread_mutex_lock(&L->mu);
     t->pending--;

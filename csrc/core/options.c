@@ -24,7 +24,10 @@
 #define I32 2147483647.0
 #define I64 9223372036854775807.0
 
-static const char *const k_data_format[] = {"auto", "jsonl", "json", NULL}; /* mml_layout */
+static const char *const k_data_format[] = {"auto", "jsonl", "json", "webdataset",
+                                            NULL}; /* mml_layout */
+static const char *const k_image_space[] = {"in_place", "qwen-vl-finetune",
+                                            NULL}; /* mml_image_space */
 static const char *const k_on_error[] = {"skip", "raise", NULL};
 static const char *const k_keys[] = {"qwen", "megatron", NULL};            /* mml_key_style */
 static const char *const k_label_mode[] = {"all_assistant", "last_assistant",
@@ -36,7 +39,8 @@ static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL};  /* mml_
 static const mml_option k_options[] = {
     /* name, type, CFG(field), default, lo, hi, enum names, flags, doc */
     {"data_format", MML_OPT_ENUM, CFG(data_format), 0, 0, 0, k_data_format, 0,
-     "shard layout: auto (by content), jsonl, or json (one array of records)"},
+     "shard layout: auto (by name and content), jsonl, json (one array of records), or "
+     "webdataset (tar)"},
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
      "folder or URL prefix relative image paths are resolved against (None: the shard's)"},
     {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 8, 1, I32, NULL, FP,
@@ -76,6 +80,8 @@ static const mml_option k_options[] = {
      "labels shifted by one (Megatron convention)"},
     {"label_mode", MML_OPT_ENUM, CFG(label_mode), 0, 0, 0, k_label_mode, FP,
      "which assistant tokens are supervised"},
+    {"image_whitespace", MML_OPT_ENUM, CFG(image_space), 0, 0, 0, k_image_space, FP,
+     "text around <image> tags: in_place (as written) or qwen-vl-finetune (user text stripped)"},
     {"mrope", MML_OPT_BOOL, CFG(collate.mrope), 0, 0, 1, NULL, FP,
      "3-row M-RoPE position ids and rope_deltas"},
     {"attention_mask", MML_OPT_BOOL, CFG(collate.attention_mask), 1, 0, 1, NULL, FP,

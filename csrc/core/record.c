@@ -30,6 +30,7 @@
 
 #define IMAGE_TAG "<image>"
 #define IMAGE_TAG_LEN 7
+#define VIDEO_TAG "<video>"
 
 typedef struct rec_arena {
   cJSON *root;
@@ -43,6 +44,8 @@ typedef struct rec_arena {
   size_t budgets_cap;
   int *msg_first_part; /* index into parts of each message's first part */
   size_t first_cap;
+  char **owned;        /* strings made while parsing (joined alpaca text, printed JSON) */
+  size_t nowned, owned_cap;
 } rec_arena;
 
 /* State of one parse. */
@@ -50,9 +53,34 @@ typedef struct parse_ctx {
   rec_arena *a;
   mml_record *rec;
   const cJSON *list; /* top-level image list (array or single string), or NULL */
+  const char *const *implicit; /* stands for the list when the record has none */
+  int nimplicit;
   int list_len, list_next;
   mml_err *err;
 } parse_ctx;
+
+static mml_status grow(void **p, size_t *cap, size_t want, size_t elem);
+
+/* A string the arena owns from now on (freed when the record is parsed again). */
+static char *own(rec_arena *a, char *s) {
+  if (!s) return NULL;
+  if (a->nowned == a->owned_cap) {
+    size_t nc = a->owned_cap ? a->owned_cap * 2 : 4;
+    char **p = realloc(a->owned, nc * sizeof *p);
+    if (!p) {
+      free(s);
+      return NULL;
+    }
+    a->owned = p;
+    a->owned_cap = nc;
+  }
+  return a->owned[a->nowned++] = s;
+}
+
+static void free_owned(rec_arena *a) {
+  for (size_t i = 0; i < a->nowned; i++) free(a->owned[i]);
+  a->nowned = 0;
+}
 
 static mml_status grow(void **p, size_t *cap, size_t want, size_t elem) {
   if (want <= *cap) return MML_OK;
@@ -168,8 +196,14 @@ static mml_status take_listed_image(parse_ctx *c, int msg, const cJSON *part, in
                        "image count mismatch: message %d refers to image %d but the record "
                        "lists %d",
                        msg, c->list_next + 1, c->list_len);
-  const cJSON *v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
-  const char *ref = list_ref(v);
+  const char *ref;
+  const cJSON *v = NULL;
+  if (!c->list) {
+    ref = c->implicit[c->list_next];
+  } else {
+    v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+    ref = list_ref(v);
+  }
   if (!ref)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: image %d of the record's image list is not a string",
@@ -193,6 +227,11 @@ static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
   if (!utf8_valid(s, n))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
+                       msg);
+  if (memmem(s, n, VIDEO_TAG, sizeof VIDEO_TAG - 1))
+    return mml_err_set(c->err, MML_EVIDEO,
+                       "unsupported video: message %d has a <video> tag (video input is not "
+                       "supported yet)",
                        msg);
   const char *p = s, *end = s + n;
   for (;;) {
@@ -218,7 +257,8 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: message %d content part %d has a non-string type", msg, k);
   if (!t) { /* untyped parts, as the HF templates accept them: by the keys present */
-    if (get(part, "image", "image_url")) t = "image";
+    if (get(part, "video", "video_url")) t = "video";
+    else if (get(part, "image", "image_url")) t = "image";
     else if (get(part, "text", NULL)) t = "text";
     else
       return mml_err_set(c->err, MML_ERECORD,
@@ -249,9 +289,26 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     mml_status st = ref ? add_image(c, ref, NULL, part, &idx) : take_listed_image(c, msg, part, &idx);
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
+  if (!strcmp(t, "video") || !strcmp(t, "video_url"))
+    return mml_err_set(c->err, MML_EVIDEO,
+                       "unsupported video: message %d content part %d is a video (video input "
+                       "is not supported yet)",
+                       msg, k);
   return mml_err_set(c->err, MML_ERECORD,
                      "bad record: message %d content part %d has unsupported type \"%.64s\"",
                      msg, k, t);
+}
+
+static void set_role(mml_message *msg, const char *r) {
+  if (!strcmp(r, "user") || !strcmp(r, "human")) msg->role = MML_ROLE_USER, msg->role_name = "user";
+  else if (!strcmp(r, "assistant") || !strcmp(r, "gpt"))
+    msg->role = MML_ROLE_ASSISTANT, msg->role_name = "assistant";
+  else if (!strcmp(r, "system")) msg->role = MML_ROLE_SYSTEM, msg->role_name = "system";
+  else if (!strcmp(r, "function_call"))
+    msg->role = MML_ROLE_FUNCTION_CALL, msg->role_name = "function_call";
+  else if (!strcmp(r, "observation"))
+    msg->role = MML_ROLE_OBSERVATION, msg->role_name = "observation";
+  else msg->role = MML_ROLE_OTHER, msg->role_name = r;
 }
 
 static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
@@ -265,18 +322,22 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
   const char *r = role->valuestring;
   if (!utf8_valid(r, strlen(r)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
-  mml_message *msg = &a->msgs[i];
-  if (!strcmp(r, "user") || !strcmp(r, "human")) msg->role = MML_ROLE_USER, msg->role_name = "user";
-  else if (!strcmp(r, "assistant") || !strcmp(r, "gpt"))
-    msg->role = MML_ROLE_ASSISTANT, msg->role_name = "assistant";
-  else if (!strcmp(r, "system")) msg->role = MML_ROLE_SYSTEM, msg->role_name = "system";
-  else msg->role = MML_ROLE_OTHER, msg->role_name = r;
+  set_role(&a->msgs[i], r);
   a->msg_first_part[i] = (int)a->nparts;
 
   const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
   if (!content) content = cJSON_GetObjectItemCaseSensitive(m, "value");
   if (!content || cJSON_IsNull(content)) return MML_OK; /* empty message */
-  if (cJSON_IsString(content)) return add_text(c, i, content->valuestring);
+  if (cJSON_IsString(content)) {
+    mml_status st = add_text(c, i, content->valuestring);
+    if (!st && a->msgs[i].role == MML_ROLE_FUNCTION_CALL && (int)a->nparts > a->msg_first_part[i] + 1)
+      st = mml_err_set(c->err, MML_ERECORD, "bad record: function_call message %d holds an image",
+                       i);
+    return st;
+  }
+  if (a->msgs[i].role == MML_ROLE_FUNCTION_CALL)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: function_call message %d content is not a string", i);
   if (cJSON_IsArray(content)) {
     int k = 0;
     for (const cJSON *p = content->child; p; p = p->next, k++) {
@@ -289,25 +350,114 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
                      "bad record: message %d content is neither a string nor a list", i);
 }
 
+/* A top-level value that names no media: absent, null, "" or []. */
+static int no_media(const cJSON *v) {
+  return !v || cJSON_IsNull(v) || (cJSON_IsString(v) && !v->valuestring[0]) ||
+         (cJSON_IsArray(v) && !v->child);
+}
+
+/* The top-level "system" and "tools" of LLaMA-Factory's formats. */
+static mml_status take_system_and_tools(parse_ctx *c, const cJSON *root) {
+  mml_record *rec = c->rec;
+  const cJSON *sys = get(root, "system", NULL);
+  if (sys && !cJSON_IsString(sys))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not a string");
+  if (sys && sys->valuestring[0]) {
+    if (!utf8_valid(sys->valuestring, strlen(sys->valuestring)))
+      return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not valid UTF-8");
+    rec->system = sys->valuestring;
+  }
+  const cJSON *tools = get(root, "tools", NULL);
+  if (!tools || (cJSON_IsString(tools) && !tools->valuestring[0]) ||
+      (cJSON_IsArray(tools) && !tools->child))
+    return MML_OK;
+  const char *text;
+  if (cJSON_IsString(tools)) text = tools->valuestring; /* LLaMA-Factory: a JSON string */
+  else if (cJSON_IsArray(tools)) text = own(c->a, cJSON_PrintUnformatted(tools));
+  else return mml_err_set(c->err, MML_ERECORD, "bad record: \"tools\" is neither a JSON string nor a list");
+  if (!text) return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  rec->tools = text;
+  return MML_OK;
+}
+
+static mml_status add_text_message(parse_ctx *c, int i, const char *role, const char *text) {
+  set_role(&c->a->msgs[i], role);
+  c->a->msg_first_part[i] = (int)c->a->nparts;
+  return add_text(c, i, text);
+}
+
+/* LLaMA-Factory's alpaca layout: "history" pairs, then "instruction" + "\n" + "input" as
+ * the user turn and "output" as the answer. */
+static mml_status parse_alpaca(parse_ctx *c, const cJSON *root, int *n) {
+  rec_arena *a = c->a;
+  const cJSON *ins = get(root, "instruction", NULL), *in = get(root, "input", NULL),
+              *out = get(root, "output", NULL), *hist = get(root, "history", NULL);
+  if (!cJSON_IsString(ins) || (in && !cJSON_IsString(in)))
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: alpaca \"instruction\" / \"input\" are not strings");
+  if (!cJSON_IsString(out))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: alpaca record has no \"output\" string");
+  if (hist && !cJSON_IsArray(hist))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: alpaca \"history\" is not a list");
+  int nh = hist ? cJSON_GetArraySize(hist) : 0;
+  *n = 2 * nh + 2;
+  if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)*n, sizeof *a->msgs) ||
+      grow((void **)&a->msg_first_part, &a->first_cap, (size_t)*n + 1, sizeof(int)))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  int i = 0;
+  for (const cJSON *h = hist ? hist->child : NULL; h; h = h->next) {
+    const cJSON *q = cJSON_GetArrayItem(h, 0), *r = cJSON_GetArrayItem(h, 1);
+    if (!cJSON_IsArray(h) || cJSON_GetArraySize(h) != 2 || !cJSON_IsString(q) || !cJSON_IsString(r))
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: alpaca history entry %d is not a [query, answer] pair", i / 2);
+    mml_status st = add_text_message(c, i, "user", q->valuestring);
+    if (!st) st = add_text_message(c, i + 1, "assistant", r->valuestring);
+    if (st) return st;
+    i += 2;
+  }
+  const char *query = ins->valuestring;
+  if (in && in->valuestring[0]) { /* "\n".join of the non-empty parts */
+    size_t a1 = strlen(query), a2 = strlen(in->valuestring);
+    char *j = own(a, malloc(a1 + a2 + 2));
+    if (!j) return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+    memcpy(j, query, a1);
+    j[a1] = a1 ? '\n' : 0;
+    memcpy(j + a1 + (a1 ? 1 : 0), in->valuestring, a2 + 1);
+    query = j;
+  }
+  mml_status st = add_text_message(c, i, "user", query);
+  return st ? st : add_text_message(c, i + 1, "assistant", out->valuestring);
+}
+
 static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   rec_arena *a = c->a;
   if (!cJSON_IsObject(root))
     return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
+  static const char *const video_keys[] = {"video", "videos"};
+  for (int k = 0; k < 2; k++)
+    if (!no_media(cJSON_GetObjectItemCaseSensitive(root, video_keys[k])))
+      return mml_err_set(c->err, MML_EVIDEO,
+                         "unsupported video: the record lists \"%s\" (video input is not "
+                         "supported yet)",
+                         video_keys[k]);
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
   const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
   if (msgs && conv)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: has both \"messages\" and \"conversations\"");
   if (!msgs) msgs = conv;
-  if (!msgs)
+  int alpaca = !msgs && get(root, "instruction", NULL);
+  if (!msgs && !alpaca)
     return mml_err_set(c->err, MML_ERECORD,
-                       "bad record: no \"messages\" or \"conversations\" list");
-  if (!cJSON_IsArray(msgs))
+                       "bad record: no \"messages\", \"conversations\" or \"instruction\"");
+  if (msgs && !cJSON_IsArray(msgs))
     return mml_err_set(c->err, MML_ERECORD, "bad record: the conversation is not a list");
-  int n = cJSON_GetArraySize(msgs);
-  if (n == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: empty conversation");
+  int n = msgs ? cJSON_GetArraySize(msgs) : 0;
+  if (msgs && n == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: empty conversation");
 
   const cJSON *images = get(root, "images", NULL), *image = get(root, "image", NULL);
+  if (no_media(images)) images = NULL;
+  if (no_media(image)) image = NULL;
   if (images && image)
     return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"images\" and \"image\"");
   c->list = images ? images : image;
@@ -316,14 +466,20 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   else if (c->list)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: \"%s\" is neither a string nor a list", images ? "images" : "image");
+  else
+    c->list_len = c->nimplicit;
+  mml_status st = take_system_and_tools(c, root);
+  if (st) return st;
 
-  if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
-      grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
-    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
-  int i = 0;
-  for (const cJSON *m = msgs->child; m; m = m->next, i++) {
-    mml_status st = add_message(c, i, m);
-    if (st) return st;
+  if (alpaca) {
+    if ((st = parse_alpaca(c, root, &n))) return st;
+  } else {
+    if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
+        grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
+      return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++)
+      if ((st = add_message(c, i, m))) return st;
   }
   a->msg_first_part[n] = (int)a->nparts;
   if (c->list_next != c->list_len)
@@ -331,7 +487,7 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
                        "image count mismatch: the record lists %d image(s) but its messages "
                        "refer to %d",
                        c->list_len, c->list_next);
-  for (i = 0; i < n; i++) {
+  for (int i = 0; i < n; i++) {
     a->msgs[i].parts = a->parts + a->msg_first_part[i];
     a->msgs[i].nparts = a->msg_first_part[i + 1] - a->msg_first_part[i];
   }
@@ -343,6 +499,11 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
 }
 
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err) {
+  return mml_record_parse_ex(line, len, NULL, 0, rec, err);
+}
+
+mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
+                               mml_record *rec, mml_err *err) {
   if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
   rec_arena *a = rec->arena;
   int fresh = 0;
@@ -353,6 +514,7 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
   cJSON_Delete(a->root);
   a->root = NULL;
   a->nparts = 0;
+  free_owned(a);
   *rec = (mml_record){.arena = a};
 
   /* Trailing whitespace (the line's newline, "\r\n") is fine; anything else after the
@@ -372,7 +534,7 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
       goto fail;
     }
   }
-  parse_ctx c = {.a = a, .rec = rec, .err = err};
+  parse_ctx c = {.a = a, .rec = rec, .err = err, .implicit = implicit, .nimplicit = implicit ? n : 0};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;
 
@@ -394,6 +556,8 @@ void mml_record_free(mml_record *rec) {
     free(a->images);
     free(a->budgets);
     free(a->msg_first_part);
+    free_owned(a);
+    free(a->owned);
     free(a);
   }
   *rec = (mml_record){0};

@@ -29,8 +29,11 @@
 #include "mml/template.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mml/pyjson.h"
 
 #define NO_SUP ((size_t)-1)
 static const char k_default_system[] = "You are a helpful assistant.";
@@ -44,6 +47,7 @@ static const char *const k_tok_names[TOK_COUNT] = {
 struct mml_template {
   mml_template_style style;
   mml_label_mode labels;
+  mml_image_space space;
   const mml_tokenizer *tok; /* NULL: render-only */
   int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
   char *system;             /* mml_template_set_system: the default system turn's text */
@@ -109,7 +113,22 @@ void mml_template_free(mml_template *t) {
   free(t);
 }
 
+mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, mml_err *err) {
+  if (space != MML_IMAGE_SPACE_IN_PLACE && space != MML_IMAGE_SPACE_STRIP)
+    return mml_err_set(err, MML_ECONFIG, "template: unknown image whitespace convention %d",
+                       (int)space);
+  t->space = space;
+  return MML_OK;
+}
+
 /* ---- output side: render (text) or encode (ids + labels) ---- */
+
+#define TRY(x)                      \
+  do {                              \
+    mml_status _st = (x);           \
+    if (_st) return _st;            \
+  } while (0)
+
 
 typedef struct out_ctx {
   const mml_template *t;
@@ -124,6 +143,8 @@ typedef struct out_ctx {
   size_t seg_len, seg_cap;
   size_t sup_from;      /* byte of seg where supervision starts, NO_SUP if none */
   char seg_stack[1024]; /* seg's storage until it outgrows it */
+  mml_bytes fmt;        /* formatted tool prompt / function call text */
+  mml_bytes scratch_text;
 } out_ctx;
 
 static size_t utf8_chars(const char *s, size_t n) {
@@ -246,14 +267,171 @@ static mml_status emit_image(out_ctx *o, int image) {
   return MML_OK;
 }
 
+/* Length of the Python-whitespace character (str.isspace) at p, 0 if none. */
+static size_t py_space_at(const unsigned char *p, size_t n) {
+  if (!n) return 0;
+  unsigned c = p[0];
+  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+  if (c < 0x80) return 0;
+  unsigned cp = 0;
+  size_t k = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+  if (k > n) return 0;
+  cp = k == 2 ? c & 0x1F : k == 3 ? c & 0x0F : c & 0x07;
+  for (size_t i = 1; i < k; i++) cp = cp << 6 | (p[i] & 0x3F);
+  bool sp = cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
+            cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return sp ? k : 0;
+}
+
+/* Python's str.strip() of [*p, *p + *n). */
+static void py_strip(const char **p, size_t *n) {
+  const unsigned char *s = (const unsigned char *)*p;
+  size_t b = 0, e = *n, k;
+  while (b < e && (k = py_space_at(s + b, e - b))) b += k;
+  while (e > b) { /* back up to the start of the last character */
+    size_t j = e - 1;
+    while (j > b && (s[j] & 0xC0) == 0x80) j--;
+    if (py_space_at(s + j, e - j) != e - j) break;
+    e = j;
+  }
+  *p += b;
+  *n = e - b;
+}
+
 static mml_status emit_parts(out_ctx *o, const mml_message *m, bool sup) {
+  /* qwen-vl-finetune: user text between image tags is stripped, empty pieces dropped */
+  bool strip = o->t->space == MML_IMAGE_SPACE_STRIP && m->role == MML_ROLE_USER;
   for (int i = 0; i < m->nparts; i++) {
     const mml_part *p = &m->parts[i];
+    const char *text = p->text;
+    size_t len = p->len;
+    if (p->kind == MML_PART_TEXT && strip) py_strip(&text, &len);
     mml_status st = p->kind == MML_PART_IMAGE ? emit_image(o, p->image)
-                                              : emit_text(o, p->text, p->len, sup);
+                                              : emit_text(o, text, len, sup);
     if (st) return st;
   }
   return MML_OK;
+}
+
+/* ---- LLaMA-Factory's qwen tool formats (tool_utils.QwenToolUtils, formatter.py) ---- */
+
+static const char k_tool_prompt_head[] =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char k_tool_prompt_tail[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+
+static mml_status put(out_ctx *o, mml_bytes *b, const char *s, size_t n) {
+  return mml_bytes_append(b, s, n) ? mml_err_set(o->err, MML_ENOMEM, "template: out of memory")
+                                   : MML_OK;
+}
+
+/* The system prompt's tool section for rec->tools, into o->fmt. */
+static mml_status format_tools(out_ctx *o, const char *json) {
+  mml_bytes *b = &o->fmt;
+  mml_bytes_clear(b);
+  mml_span all = {json, strlen(json)};
+  mml_status st = mml_pyjson_check(all, o->err);
+  if (st) {
+    mml_err_prefix(o->err, "bad record: \"tools\"");
+    return MML_ERECORD;
+  }
+  if (mml_pyjson_kind(all) != '[')
+    return mml_err_set(o->err, MML_ERECORD, "bad record: \"tools\" is not a JSON list");
+  int n = mml_pyjson_len(all);
+  if (n == 0) return MML_OK; /* an empty list: no tool text (the system turn still renders) */
+  TRY(put(o, b, k_tool_prompt_head, sizeof k_tool_prompt_head - 1));
+  for (int i = 0; i < n; i++) {
+    mml_span tool, type;
+    mml_pyjson_item(all, i, &tool);
+    if (mml_pyjson_kind(tool) != '{')
+      return mml_err_set(o->err, MML_ERECORD, "bad record: tool %d is not a JSON object", i);
+    bool wrapped = mml_pyjson_member(tool, "type", &type) && mml_pyjson_string_is(type, "function");
+    TRY(put(o, b, "\n", 1));
+    if (!wrapped) TRY(put(o, b, "{\"type\": \"function\", \"function\": ", 33));
+    TRY(mml_pyjson_dumps(tool, b, o->err));
+    if (!wrapped) TRY(put(o, b, "}", 1));
+  }
+  return put(o, b, k_tool_prompt_tail, sizeof k_tool_prompt_tail - 1);
+}
+
+/* The calls in JSON text s (one object or a list), as "<tool_call>\n{...}\n</tool_call>"
+ * blocks joined by "\n". */
+static mml_status format_calls(out_ctx *o, int k, mml_span s, mml_bytes *b) {
+  if (mml_pyjson_check(s, o->err)) {
+    mml_err_prefix(o->err, "bad record: message %d (function_call)", k);
+    return MML_ERECORD;
+  }
+  bool list = mml_pyjson_kind(s) == '[';
+  int n = list ? mml_pyjson_len(s) : 1;
+  for (int i = 0; i < n; i++) {
+    mml_span call = s, name, args;
+    if (list) mml_pyjson_item(s, i, &call);
+    if (mml_pyjson_kind(call) != '{' || !mml_pyjson_member(call, "name", &name) ||
+        !mml_pyjson_member(call, "arguments", &args))
+      return mml_err_set(o->err, MML_ERECORD,
+                         "bad record: message %d (function_call): call %d is not an object with "
+                         "\"name\" and \"arguments\"",
+                         k, i);
+    if (i) TRY(put(o, b, "\n", 1));
+    TRY(put(o, b, "<tool_call>\n{\"name\": ", 21));
+    TRY(mml_pyjson_dumps(name, b, o->err));
+    TRY(put(o, b, ", \"arguments\": ", 15));
+    TRY(mml_pyjson_dumps(args, b, o->err));
+    TRY(put(o, b, "}\n</tool_call>", 14));
+  }
+  return MML_OK;
+}
+
+/* s with every occurrence of [m, m + mn) removed (Python's str.replace(m, "")). */
+static mml_status remove_all(out_ctx *o, const char *s, size_t n, const char *m, size_t mn,
+                             mml_bytes *b) {
+  const char *p = s, *e = s + n, *q;
+  while ((q = memmem(p, (size_t)(e - p), m, mn))) {
+    TRY(put(o, b, p, (size_t)(q - p)));
+    p = q + mn;
+  }
+  return put(o, b, p, (size_t)(e - p));
+}
+
+/* First match of open(.*?)close in s (DOTALL): the match and the inner text. */
+static bool find_pair(const char *s, size_t n, const char *open, const char *close,
+                      mml_span *match, mml_span *inner) {
+  size_t on = strlen(open), cn = strlen(close);
+  const char *a = memmem(s, n, open, on);
+  if (!a) return false;
+  const char *c = memmem(a + on, (size_t)(s + n - (a + on)), close, cn);
+  if (!c) return false;
+  *match = (mml_span){a, (size_t)(c + cn - a)};
+  *inner = (mml_span){a + on, (size_t)(c - (a + on))};
+  return true;
+}
+
+/* FunctionFormatter.apply: a function_call message's content as the assistant writes it. */
+static mml_status format_function_call(out_ctx *o, int k, const mml_message *m) {
+  mml_bytes *text = &o->scratch_text, *b = &o->fmt;
+  mml_bytes_clear(text);
+  mml_bytes_clear(b);
+  for (int i = 0; i < m->nparts; i++) TRY(put(o, text, m->parts[i].text, m->parts[i].len));
+  const char *s = (const char *)text->data;
+  size_t n = text->len;
+  if (!s) s = "";
+  mml_span match, inner;
+  if (find_pair(s, n, "<tool_call>", "</tool_call>", &match, &inner)) {
+    TRY(remove_all(o, s, n, match.p, match.n, b)); /* the text around the call */
+    return format_calls(o, k, inner, b);
+  }
+  if (find_pair(s, n, "<think>\n", "\n</think>\n\n", &match, &inner)) {
+    mml_bytes json = {0};
+    mml_status st = remove_all(o, s, n, match.p, match.n, &json);
+    if (!st) st = put(o, b, match.p, match.n);
+    if (!st) st = format_calls(o, k, (mml_span){(const char *)json.data, json.len}, b);
+    mml_bytes_free(&json);
+    return st;
+  }
+  return format_calls(o, k, (mml_span){s, n}, b);
 }
 
 static bool has_image(const mml_message *m) {
@@ -266,16 +444,27 @@ static bool is_tool(const mml_message *m) {
   return m->role == MML_ROLE_OTHER && !strcmp(m->role_name, "tool");
 }
 
-#define TRY(x)                      \
-  do {                              \
-    mml_status _st = (x);           \
-    if (_st) return _st;            \
-  } while (0)
+
+static mml_status emit_system_turn(out_ctx *o, const mml_message *m, const char *text,
+                                   bool tools) {
+  TRY(emit_marker(o, TOK_IM_START, false));
+  TRY(emit_cstr(o, "system\n", false));
+  if (m) TRY(emit_parts(o, m, false));
+  if (text) TRY(emit_cstr(o, text, false));
+  if (tools) TRY(emit_text(o, (const char *)o->fmt.data, o->fmt.len, false));
+  TRY(emit_marker(o, TOK_IM_END, false));
+  return emit_cstr(o, "\n", false);
+}
 
 /* The chat template.  Qwen2-VL (and 2.5): a default system turn when the first message is
  * not a system message; every message as <|im_start|>{role}\n{content}<|im_end|>\n.
  * Qwen3-VL (Instruct): no default system turn; the system message only when first; tool
- * messages grouped into one user turn of <tool_response> blocks; other roles dropped. */
+ * messages grouped into one user turn of <tool_response> blocks; other roles dropped.
+ * LLaMA-Factory's fields (qwen2_vl / qwen3_vl_nothink templates, tool_format "qwen"): the
+ * record's "system" when no system message leads; "tools" appended to the system turn
+ * (which then renders in qwen3-vl too); function_call turns written as assistant turns
+ * (trained); observation turns as <|im_start|>user\n<tool_response>\n...\n
+ * </tool_response><|im_end|>\n (not trained), in both styles. */
 static mml_status walk(out_ctx *o) {
   const mml_template *t = o->t;
   const mml_record *rec = o->rec;
@@ -283,19 +472,36 @@ static mml_status walk(out_ctx *o) {
   if (n <= 0) return mml_err_set(o->err, MML_ERECORD, "bad record: empty conversation");
   int last = -1;
   for (int k = 0; k < n; k++)
-    if (rec->messages[k].role == MML_ROLE_ASSISTANT) last = k;
+    if (rec->messages[k].role == MML_ROLE_ASSISTANT ||
+        rec->messages[k].role == MML_ROLE_FUNCTION_CALL)
+      last = k;
 
-  const char *sys = t->system_set ? t->system
-                                  : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system : NULL;
-  if (sys && sys[0] && rec->messages[0].role != MML_ROLE_SYSTEM) {
-    TRY(emit_marker(o, TOK_IM_START, false));
-    TRY(emit_cstr(o, "system\n", false));
-    TRY(emit_cstr(o, sys, false));
-    TRY(emit_marker(o, TOK_IM_END, false));
-    TRY(emit_cstr(o, "\n", false));
+  bool tools = rec->tools != NULL;
+  if (tools) TRY(format_tools(o, rec->tools));
+  bool first_sys = rec->messages[0].role == MML_ROLE_SYSTEM;
+  if (!first_sys) { /* the record's own system, else the source's, else the style's */
+    const char *sys = rec->system       ? rec->system
+                      : t->system_set   ? t->system
+                      : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system
+                                                          : NULL;
+    if (sys && !sys[0]) sys = NULL;
+    if (sys || tools) TRY(emit_system_turn(o, NULL, sys, tools));
   }
   for (int k = 0; k < n; k++) {
     const mml_message *m = &rec->messages[k];
+    if (k == 0 && first_sys) {
+      TRY(emit_system_turn(o, m, NULL, tools));
+      continue;
+    }
+    if (m->role == MML_ROLE_OBSERVATION) {
+      TRY(emit_marker(o, TOK_IM_START, false));
+      TRY(emit_cstr(o, "user\n<tool_response>\n", false));
+      TRY(emit_parts(o, m, false));
+      TRY(emit_cstr(o, "\n</tool_response>", false));
+      TRY(emit_marker(o, TOK_IM_END, false));
+      TRY(emit_cstr(o, "\n", false));
+      continue;
+    }
     if (t->style == MML_TEMPLATE_QWEN3_VL) {
       if (is_tool(m)) {
         if (k == 0 || !is_tool(m - 1)) {
@@ -321,13 +527,19 @@ static mml_status walk(out_ctx *o) {
         continue;
       }
     }
-    bool asst = m->role == MML_ROLE_ASSISTANT;
+    bool call = m->role == MML_ROLE_FUNCTION_CALL;
+    bool asst = m->role == MML_ROLE_ASSISTANT || call;
     bool sup = asst && (t->labels != MML_LABELS_LAST_ASSISTANT || k == last);
     bool end_sup = sup && (t->labels != MML_LABELS_NO_NONFINAL_END || k == last);
     TRY(emit_marker(o, TOK_IM_START, false));
-    TRY(emit_cstr(o, m->role_name, false));
+    TRY(emit_cstr(o, call ? "assistant" : m->role_name, false));
     TRY(emit_cstr(o, "\n", false));
-    TRY(emit_parts(o, m, sup));
+    if (call) {
+      TRY(format_function_call(o, k, m));
+      TRY(emit_text(o, (const char *)o->fmt.data, o->fmt.len, sup));
+    } else {
+      TRY(emit_parts(o, m, sup));
+    }
     TRY(emit_marker(o, TOK_IM_END, end_sup));
     TRY(emit_cstr(o, "\n", end_sup));
   }
@@ -349,6 +561,8 @@ mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
   o.seg = o.seg_stack;
   mml_status st = walk(&o);
   if (o.seg != o.seg_stack) free(o.seg);
+  mml_bytes_free(&o.fmt);
+  mml_bytes_free(&o.scratch_text);
   if (st) ids->len = labels->len = ids0;
   return st;
 }
@@ -359,6 +573,8 @@ mml_status mml_template_render(const mml_template *t, const mml_record *rec,
   size_t len0 = out->len;
   out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .err = err, .text = out};
   mml_status st = walk(&o);
+  mml_bytes_free(&o.fmt);
+  mml_bytes_free(&o.scratch_text);
   if (st) out->len = len0;
   return st;
 }

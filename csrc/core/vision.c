@@ -816,29 +816,6 @@ static uint8_t *timed_row_buf(void *ctx, int y) {
   return job_row_buf(((timed_job *)ctx)->j, y);
 }
 
-/* Pillow's Image.transpose for EXIF orientation o (ImageOps.exif_transpose's table):
- * 2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270,
- * 7 TRANSVERSE, 8 ROTATE_90 (counter-clockwise).  dst is W' x H' (swapped for o >= 5). */
-static void exif_transpose(const mml_rgb8 *src, int o, uint8_t *dst) {
-  const int W = src->width, H = src->height, ow = o >= 5 ? H : W, oh = o >= 5 ? W : H;
-  for (int y = 0; y < oh; y++) {
-    uint8_t *d = dst + (size_t)y * ow * 3;
-    for (int x = 0; x < ow; x++, d += 3) {
-      int sx, sy;
-      switch (o) {
-        case 2: sx = W - 1 - x, sy = y; break;
-        case 3: sx = W - 1 - x, sy = H - 1 - y; break;
-        case 4: sx = x, sy = H - 1 - y; break;
-        case 5: sx = y, sy = x; break;
-        case 6: sx = y, sy = H - 1 - x; break;
-        case 7: sx = W - 1 - y, sy = H - 1 - x; break;
-        default: sx = W - 1 - y, sy = x; break; /* 8 */
-      }
-      memcpy(d, src->pixels + (size_t)sy * src->stride + (size_t)sx * 3, 3);
-    }
-  }
-}
-
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
                                     const mml_vision_plan *plan, float *out, mml_err *err) {
@@ -858,7 +835,7 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
     if (mml_bytes_reserve(&s->turned, (size_t)img.width * img.height * 3))
       return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %dx%d image", img.width,
                          img.height);
-    exif_transpose(&img, plan->orientation, s->turned.data);
+    mml_rgb8_transpose(&img, plan->orientation, s->turned.data);
     t.pixels = s->turned.data;
     t.width = plan->orientation >= 5 ? img.height : img.width;
     t.height = plan->orientation >= 5 ? img.width : img.height;

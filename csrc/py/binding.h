@@ -57,6 +57,7 @@ const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
  * mml_template_style, and a label mode name ("all_assistant", "last_assistant",
  * "no_nonfinal_end") as an mml_label_mode.  Return 0, or -1 with ConfigError set. */
 int mml_py_template_style_from_str(const char *s, int *style);
+int mml_py_image_space_from_str(const char *s, int *space);
 int mml_py_label_mode_from_str(const char *s, int *mode);
 
 /* cuda_py.c: the DLPack stream argument (None -> legacy default stream, -1 -> no sync,

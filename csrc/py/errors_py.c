@@ -21,6 +21,7 @@ PyObject *mml_py_exc_for(mml_status st) {
     case MML_EMISMATCH:
     case MML_EDECODE:
     case MML_EUNSUPPORTED:
+    case MML_EVIDEO:
     case MML_ETOOBIG:
     case MML_EASPECT:
     case MML_ETOOLONG: return mml_py_SampleError;

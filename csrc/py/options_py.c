@@ -100,7 +100,7 @@ static int set_options(PyObject *d, mml_loader_cfg *c, const char *const *skip) 
 
 /* ---- the structured keys: data, sources (a mixture), vision ---------------------------- */
 
-static int source_label_mode(const char *name, mml_label_mode *out);
+static int source_enum(const char *option, const char *name, int *out);
 
 static int get_obj(PyObject *d, const char *k, PyObject **out) {
   *out = PyDict_GetItemString(d, k); /* borrowed; NULL when absent */
@@ -195,8 +195,9 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
     mml_source_cfg *s = &m->sources[i];
-    const char *labels;
+    const char *labels, *space;
     long long choose, maxlen;
+    int e;
     if (!PyDict_Check(d)) {
       PyErr_SetString(mml_py_ConfigError, "sources entries must be dicts");
       return -1;
@@ -207,7 +208,7 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
         get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
         get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
         get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
-        get_ll(d, "max_length", 0, &maxlen))
+        get_str(d, "image_whitespace", &space) || get_ll(d, "max_length", 0, &maxlen))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
       PyErr_SetString(mml_py_ConfigError, "a source's vision must be a dict");
@@ -216,7 +217,10 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
     if (mml_py_vision_cfg_from_dict(vision, &s->vision)) return -1;
     s->choose = choose;
     s->max_length = maxlen;
-    if (source_label_mode(labels, &s->label_mode)) return -1;
+    if (source_enum("label_mode", labels, &e)) return -1;
+    s->label_mode = (mml_label_mode)e;
+    if (source_enum("image_whitespace", space, &e)) return -1;
+    s->image_space = (mml_image_space)e;
   }
   c->sources = m->sources;
   c->nsources = m->nsources;
@@ -224,17 +228,18 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
 }
 
 
-/* A source's label mode, by the table's names for label_mode (NULL: the default). */
-static int source_label_mode(const char *name, mml_label_mode *out) {
+/* A source's value of an enum option, by the table's names (NULL: the default). */
+static int source_enum(const char *option, const char *name, int *out) {
+  const mml_option *o = mml_loader_option(option);
   mml_loader_cfg tmp;
   mml_loader_cfg_defaults(&tmp);
   mml_err err;
   mml_err_clear(&err);
-  if (name && mml_option_set_enum(&tmp, mml_loader_option("label_mode"), name, &err)) {
+  if (name && mml_option_set_enum(&tmp, o, name, &err)) {
     PyErr_Format(mml_py_ConfigError, "a source's %s", err.msg);
     return -1;
   }
-  *out = tmp.label_mode;
+  *out = (int)mml_option_get_int(&tmp, o);
   return 0;
 }
 

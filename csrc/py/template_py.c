@@ -3,6 +3,7 @@
  *   _core.parse_record(line) -> {"messages": [{"role", "parts": [...]}], "images": [...]}
  *   _core.render_record(line, style, image_tokens) -> str
  *   _core.encode_record(line, tokenizer, style, label_mode, image_tokens) -> (ids, labels)
+ *   _core.json_dumps(text) -> str (Python's json.dumps(json.loads(text)), from C)
  * and the name -> enum helpers the Loader binding shares (binding.h).  The GIL is released
  * around parsing and encoding; the line's buffer belongs to an immutable str/bytes object
  * we hold a reference to.
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mml/pyjson.h"
 #include "mml/record.h"
 #include "mml/template.h"
 
@@ -21,6 +23,17 @@ int mml_py_template_style_from_str(const char *s, int *style) {
   else {
     PyErr_Format(mml_py_ConfigError,
                  "unknown chat template '%s'; choose 'qwen2-vl', 'qwen2.5-vl' or 'qwen3-vl'", s);
+    return -1;
+  }
+  return 0;
+}
+
+int mml_py_image_space_from_str(const char *s, int *space) {
+  if (!strcmp(s, "in_place")) *space = MML_IMAGE_SPACE_IN_PLACE;
+  else if (!strcmp(s, "qwen-vl-finetune")) *space = MML_IMAGE_SPACE_STRIP;
+  else {
+    PyErr_Format(mml_py_ConfigError,
+                 "unknown image_whitespace '%s'; choose 'in_place' or 'qwen-vl-finetune'", s);
     return -1;
   }
   return 0;
@@ -161,14 +174,16 @@ done:
 }
 
 static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", "style", "image_tokens", NULL};
+  static char *kwlist[] = {"line", "style", "image_tokens", "image_whitespace", NULL};
   PyObject *line, *counts = Py_None;
-  const char *style_s = "qwen2-vl";
-  int style;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sO:render_record", kwlist, &line, &style_s,
-                                   &counts))
+  const char *style_s = "qwen2-vl", *space_s = "in_place";
+  int style, space;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sOs:render_record", kwlist, &line, &style_s,
+                                   &counts, &space_s))
     return NULL;
-  if (mml_py_template_style_from_str(style_s, &style)) return NULL;
+  if (mml_py_template_style_from_str(style_s, &style) ||
+      mml_py_image_space_from_str(space_s, &space))
+    return NULL;
   mml_record rec = {0};
   mml_template *t = NULL;
   int64_t *n = NULL;
@@ -177,6 +192,7 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   PyObject *res = NULL;
   if (parse_line(line, &rec) || image_counts(counts, &rec, &n)) goto done;
   mml_status st = mml_template_new((mml_template_style)style, MML_LABELS_ALL_ASSISTANT, NULL, &t, &err);
+  if (!st) st = mml_template_set_image_space(t, (mml_image_space)space, &err);
   if (!st) {
     Py_BEGIN_ALLOW_THREADS
     st = mml_template_render(t, &rec, n, &out, &err);
@@ -210,14 +226,16 @@ static PyObject *ids_list(const mml_ids *v) {
 }
 
 static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", "tokenizer", "style", "label_mode", "image_tokens", NULL};
+  static char *kwlist[] = {"line", "tokenizer", "style", "label_mode", "image_tokens",
+                           "image_whitespace", NULL};
   PyObject *line, *tok_obj, *counts = Py_None;
-  const char *style_s = "qwen2-vl", *mode_s = "all_assistant";
-  int style, mode;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssO:encode_record", kwlist, &line, &tok_obj,
-                                   &style_s, &mode_s, &counts))
+  const char *style_s = "qwen2-vl", *mode_s = "all_assistant", *space_s = "in_place";
+  int style, mode, space;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssOs:encode_record", kwlist, &line, &tok_obj,
+                                   &style_s, &mode_s, &counts, &space_s))
     return NULL;
-  if (mml_py_template_style_from_str(style_s, &style) || mml_py_label_mode_from_str(mode_s, &mode))
+  if (mml_py_template_style_from_str(style_s, &style) ||
+      mml_py_label_mode_from_str(mode_s, &mode) || mml_py_image_space_from_str(space_s, &space))
     return NULL;
   const struct mml_tokenizer *tok = mml_py_tokenizer_get(tok_obj);
   if (!tok) return NULL;
@@ -231,6 +249,7 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
   st = mml_template_new((mml_template_style)style, (mml_label_mode)mode, tok, &t, &err);
+  if (!st) st = mml_template_set_image_space(t, (mml_image_space)space, &err);
   if (!st) st = mml_template_encode(t, NULL, &rec, n, &ids, &labels, &err);
   Py_END_ALLOW_THREADS
   if (st) {
@@ -250,15 +269,32 @@ done:
   return res;
 }
 
+static PyObject *py_json_dumps(PyObject *self, PyObject *args) {
+  const char *p;
+  Py_ssize_t n;
+  PyObject *text;
+  if (!PyArg_ParseTuple(args, "O:json_dumps", &text) || line_bytes(text, &p, &n)) return NULL;
+  mml_bytes out = {0};
+  mml_err err = {0};
+  mml_status st = mml_pyjson_dumps((mml_span){p, (size_t)n}, &out, &err);
+  PyObject *res = st ? (mml_py_raise(st, &err), NULL)
+                     : PyUnicode_DecodeUTF8((const char *)out.data, (Py_ssize_t)out.len, "strict");
+  mml_bytes_free(&out);
+  return res;
+}
+
 static PyMethodDef methods[] = {
+    {"json_dumps", (PyCFunction)py_json_dumps, METH_VARARGS,
+     "json_dumps(text) -> str: json.dumps(json.loads(text), ensure_ascii=False) as the C core "
+     "writes it for prompts (tools, function calls); for tests."},
     {"parse_record", (PyCFunction)(void (*)(void))py_parse_record, METH_VARARGS | METH_KEYWORDS,
      "parse_record(line) -> dict: the neutral conversation of one JSONL record."},
     {"render_record", (PyCFunction)(void (*)(void))py_render_record, METH_VARARGS | METH_KEYWORDS,
-     "render_record(line, style='qwen2-vl', image_tokens=None) -> str: the chat template's "
-     "text with image pads expanded."},
+     "render_record(line, style='qwen2-vl', image_tokens=None, image_whitespace='in_place') -> "
+     "str: the chat template's text with image pads expanded."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_VARARGS | METH_KEYWORDS,
      "encode_record(line, tokenizer, style='qwen2-vl', label_mode='all_assistant', "
-     "image_tokens=None) -> (ids, labels)."},
+     "image_tokens=None, image_whitespace='in_place') -> (ids, labels)."},
     {NULL, NULL, 0, NULL}};
 
 int mml_py_template_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }

@@ -162,7 +162,12 @@ TEST(bad_records) {
   expect_fail("{\"messages\": [\"hi\"]}", MML_ERECORD, "not an object");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", MML_ERECORD, "neither");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": \"v.mp4\"}]}]}",
-              MML_ERECORD, "unsupported type \"video\"");
+              MML_EVIDEO, "content part 0 is a video");
+  expect_fail("{\"videos\": [\"v.mp4\"], \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+              MML_EVIDEO, "lists \"videos\"");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>x\"}]}", MML_EVIDEO,
+              "<video> tag");
+  expect_fail("{\"instruction\": \"x\"}", MML_ERECORD, "no \"output\"");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
               MML_ERECORD, "no string \"text\"");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": 4}]}]}",

@@ -32,6 +32,7 @@
   X(EMISMATCH,   "image_count_mismatch", "image tags do not match listed images") \
   X(EDECODE,     "corrupt_image",        "image could not be decoded")            \
   X(EUNSUPPORTED,"unsupported_image",    "unsupported image format")              \
+  X(EVIDEO,      "unsupported_video",    "video input is not supported yet")      \
   X(ETOOBIG,     "image_too_large",      "image exceeds the pixel limit")         \
   X(EASPECT,     "bad_aspect_ratio",     "image aspect ratio exceeds 200")        \
   X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \
@@ -71,6 +72,12 @@ mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prefixes context to an existing message: "ctx: old message". err may be NULL. */
 void mml_err_prefix(mml_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Both never cut a message before its reason: a message longer than MML_ERR_MSG has its
+ * longest values (runs of non-blank bytes: paths, URLs, data: payloads, JSON) shortened
+ * in the middle ("head...tail") until it fits, on UTF-8 character boundaries; only a
+ * message with no long value is cut at the end.  mml_text_fit does it for any buffer:
+ * copies s[0..n) into out (cap bytes, NUL-terminated), returns the length written. */
+size_t mml_text_fit(char *out, size_t cap, const char *s, size_t n);
 void mml_err_clear(mml_err *err);
 
 /* Growable byte buffer.  Zero-initialise ({0}) before first use; capacity is kept

@@ -70,10 +70,18 @@ typedef struct mml_decode_opts {
 
 enum { MML_ALPHA_COMPOSITE = 0, MML_ALPHA_DROP = 1, MML_ALPHA_PASTE = 2 };
 
-/* The EXIF orientation (1..8; 1 when absent or invalid) as Pillow's getexif() finds it:
- * the first APP1 Exif segment of a JPEG, a PNG eXIf chunk, a WebP EXIF chunk, a TIFF's
- * first IFD.  (Pillow's fallback to an XMP tiff:Orientation is not read.) */
+/* The EXIF orientation (1..8; 1 when absent or invalid) as Pillow's getexif() finds it
+ * after Image.open: the first APP1 Exif segment of a JPEG, a PNG eXIf chunk, a WebP EXIF
+ * chunk.  A TIFF gives 1: Pillow applies a TIFF's own Orientation tag when it loads the
+ * image (and drops the tag), and so does the TIFF decoder here, for every route.
+ * (Pillow's fallback to an XMP tiff:Orientation is not read.) */
 int mml_image_orientation(const uint8_t *data, size_t len);
+
+/* Pillow's Image.transpose for orientation o (ImageOps.exif_transpose's table):
+ * 2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270,
+ * 7 TRANSVERSE, 8 ROTATE_90 (counter-clockwise).  dst holds width*height*3 bytes and
+ * receives the turned image, rows of 3*W' bytes (W' = height for o >= 5). */
+void mml_rgb8_transpose(const mml_rgb8 *src, int o, uint8_t *dst);
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o);
 

@@ -17,8 +17,19 @@
  *   compressed shard is decompressed once, while it is indexed, into an unlinked
  *   temporary file ($TMPDIR, else /tmp) that records are then read from (shard.fd); the
  *   offsets are those of the decompressed text.  A UTF-8 byte order mark is skipped.
- * Auto layout: the first non-blank character '[' means a JSON array, anything else
- * JSONL (many ".json" exports hold JSON lines).
+ *   WebDataset  a tar shard (ustar, GNU or pax names) whose members are grouped into
+ *               samples by key as webdataset and Energon do: the key is the member path up
+ *               to the first '.' of its file name ("a/000123.json", "a/000123.0.png" ->
+ *               key "a/000123"), consecutive members with one key form a sample.  A
+ *               sample is its ".json" member (the record); groups without one are not
+ *               samples.  Image members (jpg, jpeg, png, webp, gif, bmp, tif, tiff after
+ *               the last '.') are the sample's images in tar order when the record lists
+ *               none; a record's image reference names a member by full name, by what
+ *               follows the key ("jpg", "0.png") or by file name.  Member data is
+ *               range-read from the shard: nothing is unpacked.
+ * Auto layout: a ".tar" name (also .tar.gz, .tgz, .tar.zst) or the ustar magic at byte
+ * 257 means WebDataset; else the first non-blank character '[' means a JSON array,
+ * anything else JSONL (many ".json" exports hold JSON lines).
  *
  * Building streams the bytes once through mml_index_feed in chunks of any size (files
  * are read 1 MiB at a time; remote objects arrive as ranged GETs from the caller).
@@ -34,7 +45,14 @@ typedef enum {
   MML_LAYOUT_AUTO = 0, /* by content (see above) */
   MML_LAYOUT_JSONL,
   MML_LAYOUT_JSON,     /* a top-level JSON array of records */
+  MML_LAYOUT_WDS,      /* a WebDataset tar shard */
 } mml_layout;
+
+/* A member of a WebDataset shard: its data's byte range and name (in shard.names). */
+typedef struct mml_member {
+  int64_t off, size;
+  uint32_t name, key_len; /* name offset in the pool; the key is its first key_len bytes */
+} mml_member;
 
 typedef enum { MML_COMPRESS_NONE = 0, MML_COMPRESS_GZIP, MML_COMPRESS_ZSTD } mml_compression;
 
@@ -49,6 +67,12 @@ typedef struct mml_index_shard {
   mml_compression compression;
   int64_t data_end;    /* end of the last record's byte range (text offsets) */
   int fd;              /* >= 0: records are read from this local decompressed copy */
+  /* WebDataset: the members of its samples, in tar order; ix.offsets hold, per sample,
+   * the index of its first member here (a sample's members run to the next one's) */
+  mml_member *members;
+  int64_t nmembers, members_cap;
+  char *names;         /* NUL-terminated member names, back to back */
+  size_t names_len, names_cap;
 } mml_index_shard;
 
 typedef struct mml_index {
@@ -94,6 +118,13 @@ int mml_index_shard_remote(const mml_index_shard *sh);
  * sample; into out (cap bytes). */
 void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
                            size_t cap);
+/* WebDataset: the member of sample i (of shard `shard`) that `ref` names (see above);
+ * 0 when none does. */
+int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref, int64_t *off,
+                     int64_t *len);
+/* WebDataset: the names of sample i's image members, in tar order, into names (at most
+ * max; pointers into the index); returns how many there are. */
+int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
 /* The same over shards [first, first + n) (a mixture source's). */

@@ -44,6 +44,7 @@ typedef struct mml_source_cfg {
   mml_vision_cfg vision;    /* patch, merge and temporal sizes must be the loader's */
   const char *system_prompt;/* NULL: the template's default system turn; "": none */
   mml_label_mode label_mode;
+  mml_image_space image_space; /* `<image>` whitespace convention */
   int64_t max_length;       /* 0: no limit */
 } mml_source_cfg;
 
@@ -53,7 +54,7 @@ typedef struct mml_loader_cfg {
                                when `sources` is given */
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
-  int data_format;          /* mml_layout (mml/index.h): 0 auto (by content), JSONL, JSON */
+  int data_format;          /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
   int shuffle;
   uint64_t seed;
   int dp_rank, dp_size;
@@ -71,6 +72,7 @@ typedef struct mml_loader_cfg {
   const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */
   mml_template_style template_style;
   mml_label_mode label_mode;
+  mml_image_space image_space; /* `<image>` whitespace convention (mml/template.h) */
   mml_fetch_cfg fetch;      /* used only when data or images are remote */
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
   int pin_memory;           /* 1: batches in page-locked host memory (falls back to plain

@@ -1,6 +1,6 @@
 /*
- * mml/record.h — one JSONL line (LLaVA conversations, messages + images, or HF content
- * parts; see ../shared/SPEC-QWEN.md) parsed into a neutral conversation: messages made of
+ * mml/record.h — one JSONL line (LLaVA conversations, messages + images, HF content
+ * parts, LLaMA-Factory sharegpt / alpaca; see ../shared/SPEC-QWEN.md) parsed into a neutral conversation: messages made of
  * text and image parts, and the list of image references in the order they appear.
  * `<image>` tags in text become image parts matched to the listed images in order; a
  * count mismatch is MML_EMISMATCH, anything else malformed is MML_ERECORD.
@@ -8,8 +8,17 @@
  * Details:
  *   - "messages"/"conversations", "role"/"from", "content"/"value", "images"/"image" are
  *     synonyms; other fields are ignored.  Roles human/user -> MML_ROLE_USER ("user"),
- *     gpt/assistant -> MML_ROLE_ASSISTANT ("assistant"), system; anything else is
- *     MML_ROLE_OTHER with its own name (e.g. "tool").
+ *     gpt/assistant -> MML_ROLE_ASSISTANT ("assistant"), system, LLaMA-Factory's
+ *     function_call (content: the call's JSON text, no images) and observation; anything
+ *     else is MML_ROLE_OTHER with its own name (e.g. "tool").
+ *   - LLaMA-Factory sharegpt fields: a top-level "system" string and "tools" (a JSON
+ *     string, or a list) are kept as rec->system / rec->tools for the template.  Alpaca
+ *     layout (no conversation, an "instruction"): "history" [[query, answer], ...] pairs,
+ *     then "instruction" + "\n" + "input" (the non-empty ones) as the user turn and
+ *     "output" as the assistant turn.
+ *   - "image"/"images" that are absent, null, "" or [] mean no image.
+ *   - Video is refused with MML_EVIDEO (reason unsupported_video): a non-empty top-level
+ *     "video"/"videos", a `<video>` tag, or a video / video_url content part.
  *   - content is a string, a list of parts, or null/absent (empty message).  Parts:
  *     {"type": "text", "text": s}; {"type": "image"|"image_url", "image"|"url"|"path"|
  *     "image_url": s | {"url": s}}; untyped parts are typed by their keys.  Other part
@@ -31,7 +40,14 @@
 
 #include "mml/common.h"
 
-typedef enum { MML_ROLE_SYSTEM = 0, MML_ROLE_USER, MML_ROLE_ASSISTANT, MML_ROLE_OTHER } mml_role;
+typedef enum {
+  MML_ROLE_SYSTEM = 0,
+  MML_ROLE_USER,
+  MML_ROLE_ASSISTANT,
+  MML_ROLE_OTHER,
+  MML_ROLE_FUNCTION_CALL, /* LLaMA-Factory "function_call": the assistant's tool call (JSON) */
+  MML_ROLE_OBSERVATION,   /* LLaMA-Factory "observation": a tool's result */
+} mml_role;
 typedef enum { MML_PART_TEXT = 0, MML_PART_IMAGE } mml_part_kind;
 
 typedef struct mml_part {
@@ -63,6 +79,8 @@ typedef struct mml_record {
                                 "resized_height", "resized_width" (positive integers; an
                                 image part's keys win over its list entry's) */
   int nimages;
+  const char *system;  /* top-level "system" (LLaMA-Factory), NULL when absent or empty */
+  const char *tools;   /* top-level "tools" as JSON text, NULL when absent or empty */
   void *arena;         /* owns every string and array above */
 } mml_record;
 
@@ -71,6 +89,10 @@ typedef struct mml_record {
  * holds an empty record (nmessages = 0).  mml_record_free releases everything and is
  * always safe to call. */
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err);
+/* As mml_record_parse; when the record lists no images, `implicit` (n references, which
+ * must outlive rec) stands for its image list (a WebDataset sample's image members). */
+mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
+                               mml_record *rec, mml_err *err);
 void mml_record_free(mml_record *rec);
 
 #endif

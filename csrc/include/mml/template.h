@@ -15,6 +15,20 @@
  *     </tool_response>" blocks, as the reference does; other roles are dropped (a dropped
  *     message that holds an image is a bad record).  <think> handling of the Thinking
  *     checkpoints is not applied: assistant text is rendered verbatim.
+ *   LLaMA-Factory's fields, rendered as its qwen2_vl / qwen3_vl_nothink templates do
+ *   (tool_format "qwen"), in both styles: the record's top-level "system" stands in for
+ *   a leading system message (which wins when both are there; qwen2-vl falls back to the
+ *   default prompt); "tools" adds the "# Tools" section (each tool re-serialised as
+ *   Python's json.dumps writes it, wrapped as {"type": "function", "function": ...} unless
+ *   it already says so) to the system turn, which then renders in qwen3-vl too;
+ *   function_call turns are assistant turns whose content is the call JSON rewritten as
+ *   "<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>" blocks (text around a
+ *   <tool_call>...</tool_call> and a leading <think> block kept, as FunctionFormatter
+ *   does), supervised like assistant turns; observation turns are
+ *   "<|im_start|>user\n<tool_response>\n...\n</tool_response><|im_end|>\n", never
+ *   supervised.  Known difference: LLaMA-Factory tokenizes each message on its own, so
+ *   assistant content that starts with whitespace ("\n\nx") can tokenize differently
+ *   at that one boundary; everything else is token-exact.
  *   Image parts are rendered where they stand in any turn (as frameworks that substitute
  *   `<image>` in string content do).  The qwen3-vl Jinja template would omit image parts
  *   given as content-part lists in system/assistant turns, which leaves the image without
@@ -57,6 +71,14 @@ typedef enum {
   MML_LABELS_NO_NONFINAL_END,     /* all assistant content; <|im_end|>\n only on the last */
 } mml_label_mode;
 
+/* Whitespace around `<image>` tags (and in user text generally):
+ *   IN_PLACE  the text as written, tags replaced where they stand (HF processor,
+ *             LLaMA-Factory, ms-swift);
+ *   STRIP     Qwen's qwen-vl-finetune (data_processor._build_messages): in user turns the
+ *             text between tags is stripped (Python str.strip()) and dropped when empty,
+ *             so "<image>\nWhat is it?" renders the image then "What is it?". */
+typedef enum { MML_IMAGE_SPACE_IN_PLACE = 0, MML_IMAGE_SPACE_STRIP } mml_image_space;
+
 typedef struct mml_template mml_template;
 
 /* The tokenizer must outlive the template.  Special ids are looked up by name
@@ -66,6 +88,8 @@ typedef struct mml_template mml_template;
 mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
                             const mml_tokenizer *tok, mml_template **out, mml_err *err);
 void mml_template_free(mml_template *t);
+/* Chooses the `<image>` whitespace convention (default IN_PLACE); call before sharing. */
+mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, mml_err *err);
 /* The default system turn, rendered as "<|im_start|>system\n{text}<|im_end|>\n" before a
  * conversation whose first message is not a system message: NULL restores the style's
  * default (qwen2-vl's "You are a helpful assistant.", none for qwen3-vl), "" means none.
