@@ -6,7 +6,8 @@
  * helpers in fetch_sync.c.
  *
  * Secrets.  Credentials are copied into the fetcher and used only to sign; messages name
- * URLs with user-info and credential-like query values redacted.
+ * URLs with user-info and credential-like query values redacted (mml_url_redact, the one
+ * redaction of mml/message.h, which every mml_err_set applies again).
  */
 #include "mml/fetch.h"
 
@@ -27,53 +28,6 @@ static const char *pick(const char *cfg, const char *env1, const char *env2) {
   if (e && *e) return e;
   e = env2 ? getenv(env2) : NULL;
   return e && *e ? e : NULL;
-}
-
-static int name_is_secret(const char *p, size_t n) {
-  static const char *const words[] = {"signature", "credential", "token", "key", "secret",
-                                      "password", "auth"};
-  for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
-    size_t wl = strlen(words[w]);
-    for (size_t i = 0; i + wl <= n; i++)
-      if (!strncasecmp(p + i, words[w], wl)) return 1;
-  }
-  return 0;
-}
-
-/* URL safe to show: user-info dropped, credential-like query values replaced. */
-char *mml_url_redact(const char *url) {
-  mml_bytes b = {0};
-  const char *s = strstr(url, "://");
-  const char *rest = url;
-  if (s) {
-    s += 3;
-    const char *slash = s + strcspn(s, "/?#");
-    const char *at = memchr(s, '@', (size_t)(slash - s));
-    mml_bytes_append(&b, url, (size_t)(s - url));
-    rest = at ? at + 1 : s;
-  }
-  const char *q = strchr(rest, '?');
-  if (!q) {
-    mml_bytes_append(&b, rest, strlen(rest));
-  } else {
-    mml_bytes_append(&b, rest, (size_t)(q - rest) + 1);
-    const char *p = q + 1;
-    while (*p) {
-      size_t n = strcspn(p, "&#");
-      const char *eq = memchr(p, '=', n);
-      if (eq && name_is_secret(p, (size_t)(eq - p))) {
-        mml_bytes_append(&b, p, (size_t)(eq - p) + 1);
-        mml_bytes_append(&b, "REDACTED", 8);
-      } else {
-        mml_bytes_append(&b, p, n);
-      }
-      p += n;
-      if (*p == '&') mml_bytes_append(&b, "&", 1), p++;
-      else if (*p == '#') break;
-    }
-  }
-  mml_bytes_append(&b, "", 1);
-  return (char *)b.data; /* NULL on allocation failure */
 }
 
 double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_after, double u01) {

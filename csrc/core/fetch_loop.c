@@ -40,6 +40,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "mml/message.h"
 #include "mml/s3.h"
 #include "mml/sigv4.h"
 

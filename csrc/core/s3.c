@@ -7,6 +7,8 @@
  */
 #include "mml/s3.h"
 
+#include "mml/message.h"
+
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>

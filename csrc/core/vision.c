@@ -63,7 +63,7 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
   memset(cfg, 0, sizeof *cfg);
   cfg->merge_size = 2;
   cfg->temporal_patch_size = 2;
-  cfg->max_image_pixels = 178956970; /* Pillow's decompression-bomb error threshold */
+  cfg->max_image_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS; /* Pillow's bomb error threshold */
   if (name && (!strcmp(name, "qwen2-vl") || !strcmp(name, "qwen2.5-vl"))) {
     static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
@@ -852,6 +852,7 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
+  mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;
   if (st == MML_OK) st = job_done(&j, err);
