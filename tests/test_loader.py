@@ -11,6 +11,7 @@ import pytest
 
 import mmloader
 from mmloader.datagen import make_dataset
+from conftest import same  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -35,15 +36,6 @@ def as_np(batch):
 
 def run_epoch(loader):
     return [as_np(b) for b in loader]
-
-
-def same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape, k
-            assert np.array_equal(x[k], y[k]), k
 
 
 def row_keys(batches):

@@ -42,7 +42,7 @@ double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_
 
 static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out, mml_err *err) {
   mml_fetcher *f = calloc(1, sizeof *f);
-  if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!f) return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory");
   const char *ak = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
   const char *sk = pick(cfg->secret_key, "AWS_SECRET_ACCESS_KEY", NULL);
   const char *tok = pick(cfg->session_token, "AWS_SESSION_TOKEN", NULL);
@@ -81,7 +81,7 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   pthread_mutex_init(&f->cmu, NULL);
   if (bad) {
     mml_fetcher_free(f);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory copying its settings");
   }
   f->multi = curl_multi_init();
   if (!f->multi) {
@@ -126,7 +126,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   f->loops = calloc((size_t)n, sizeof *f->loops);
   if (!f->loops) {
     mml_fetcher_free(f);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory for its I/O loops");
   }
   f->loops[0] = f;
   f->nloops = 1;

@@ -264,8 +264,7 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->ccfg.image_pad_id = mml_tokenizer_token_to_id(tok, "<|image_pad|>", 13);
   L->ccfg.vision_start_id = mml_tokenizer_token_to_id(tok, "<|vision_start|>", 16);
   L->ccfg.spatial_merge = cfg->vision.merge_size;
-  L->ccfg.pixel_cols =
-      3 * cfg->vision.temporal_patch_size * cfg->vision.patch_size * cfg->vision.patch_size;
+  L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
   return MML_OK;
 }
@@ -325,7 +324,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_status st = validate(&with_limits, err);
   if (st) return st;
   mml_loader *L = calloc(1, sizeof *L);
-  if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
@@ -362,7 +361,7 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
   if (L->started) return MML_OK;
   L->started = 1;
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
-  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
   for (int i = 0; i < L->cfg.num_threads; i++) {
     if (pthread_create(&L->threads[i], NULL, ld_worker_main, L) != 0)
       return mml_err_set(err, MML_ENOMEM, "cannot start worker thread %d", i);

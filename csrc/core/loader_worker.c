@@ -118,7 +118,7 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;
-    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record fetch");
     t->refs[0].t = t;
     t->refs[0].which = -1;
     pthread_mutex_lock(&L->mu);
@@ -158,7 +158,7 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
-  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
   return MML_OK;
 }
 

@@ -149,7 +149,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
       const mml_vision_plan *p = &sc->plans[i];
       int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
       if ((st = mml_ids_append(&out->grids, g, 3)))
-        return mml_err_set(err, st, "out of memory");
+        return mml_err_set(err, st, "out of memory for the image grids");
     }
     out->pixels.len = need;
   }
@@ -178,7 +178,7 @@ mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *o
     if (!st && root[rl - 1] != '/') st = mml_bytes_append(out, "/", 1);
     if (!st) st = mml_bytes_append(out, ref, strlen(ref) + 1);
   }
-  if (st) return mml_err_set(err, st, "out of memory");
+  if (st) return mml_err_set(err, st, "out of memory building an image path");
   out->len--; /* keep the NUL out of len */
   return MML_OK;
 }

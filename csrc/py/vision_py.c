@@ -288,7 +288,7 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     mml_py_raise(st, &err);
     goto fail;
   }
-  int cols = 3 * self->cfg.temporal_patch_size * self->cfg.patch_size * self->cfg.patch_size;
+  int cols = mml_vision_pixel_cols(&self->cfg);
   if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
     PyErr_NoMemory();
     goto fail;
