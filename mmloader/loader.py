@@ -243,6 +243,23 @@ class Loader:
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
+        max_images_per_sample: skip samples naming more images (reason
+            "too_many_images"; default 256).
+        max_sample_pixels: skip samples whose images hold more pixels in all (width *
+            height from each header, checked before any decode; reason "sample_too_large";
+            default 2**27 = 134,217,728, e.g. 16 4K frames).
+        max_record_bytes: skip longer records before reading them (reason
+            "record_too_large"; default 64 MiB).
+        max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
+        max_object_bytes: skip samples with a larger encoded image, local or remote (reason
+            "object_too_large"; default 256 MiB).
+        allow_paths_outside_root: True (default, as in earlier releases): image paths may
+            be absolute, use ``..`` or follow symlinks anywhere.  False confines relative
+            references to the image root; others are skipped (reason "path_refused")
+            before anything is opened.  Use it for untrusted data.
+        allow_remote_images_in_local_data: True (default): records of local shards may
+            name http(s)/s3 images, which are fetched.  False refuses them
+            ("path_refused").
         data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
             shard whose first non-blank character is ``[`` a JSON array; anything else
             JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
@@ -355,7 +372,15 @@ class Loader:
                  samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
                  allow_mixture_change: bool = False,
                  mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
-                 system_prompt: Optional[str] = _D["system_prompt"]) -> None:
+                 system_prompt: Optional[str] = _D["system_prompt"],
+                 max_images_per_sample: int = _D["max_images_per_sample"],
+                 max_sample_pixels: int = _D["max_sample_pixels"],
+                 max_record_bytes: int = _D["max_record_bytes"],
+                 max_json_depth: int = _D["max_json_depth"],
+                 max_object_bytes: int = _D["max_object_bytes"],
+                 allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
+                 allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"]
+                 ) -> None:
         # Every keyword that is a row of the engine's option table goes to the engine as
         # is; the table (csrc/core/options.c) checks types, bounds and names.
         given = locals()
@@ -505,12 +530,14 @@ class Loader:
         if not isinstance(state, dict):
             raise StateError(f"state must be a dict from Loader.state_dict(), got "
                              f"{type(state).__name__}")
+        if "version" not in state:
+            raise StateError("state has no field 'version'")
         if state.get("version") != STATE_VERSION:
             raise StateError(f"unsupported state version {state.get('version')!r} "
                              f"(this mmloader writes {STATE_VERSION})")
         fp = state.get("fingerprint")
         if not isinstance(fp, dict):
-            raise StateError("state has no fingerprint")
+            raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
         diffs += [k for k in _MIXTURE_KEYS if k in fp and k not in self._fingerprint]
         other = [k for k in diffs if k not in _MIXTURE_KEYS]
@@ -519,10 +546,17 @@ class Loader:
             raise StateError("the state was saved under a different configuration: " +
                              "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
                                        f"{self._fingerprint.get(k)!r})" for k in diffs))
-        try:
-            cur = (int(state["epoch"]), int(state["pos"]), int(state["batch_in_epoch"]))
-        except (KeyError, TypeError, ValueError):
-            raise StateError("state lacks epoch/pos/batch_in_epoch integers") from None
+        cur = []
+        for k in ("epoch", "pos", "batch_in_epoch"):
+            if k not in state:
+                raise StateError(f"state has no field {k!r}")
+            v = state[k]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise StateError(f"state field {k} must be an int, got {type(v).__name__} {v!r:.40}")
+            if not -2 ** 63 <= v < 2 ** 63:
+                raise StateError(f"state field {k}={v} is outside the 64-bit range")
+            cur.append(v)
+        cur = tuple(cur)  # ranges and consistency are checked by the engine's seek
         if mixed:
             if "mixture" in self._fingerprint or "mixture" in fp:
                 what = mixture.describe_change(fp.get("mixture"),

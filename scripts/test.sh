@@ -23,6 +23,7 @@ step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"
 }
 step "pytest (${PY})" "$PY" -m pytest -q -m "not slow and not gpu" "$@"
 step "pytest under ASan+UBSan" bash scripts/test-asan.sh
+step "fuzz smoke (libFuzzer, ASan+UBSan)" bash scripts/fuzz.sh --smoke
 echo "[mmloader] == summary"
 printf '[mmloader]   %s\n' "${summary[@]}"
 exit $status

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,3 +126,25 @@ def moto_s3():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# ---- shared assertions -------------------------------------------------------------------
+
+def _as_np(t):
+    return t.numpy() if hasattr(t, "numpy") and not isinstance(t, np.ndarray) else np.asarray(t)
+
+
+def same(a, b):
+    """Bitwise-equal batches: one batch (a dict of arrays or tensors) or a NON-EMPTY list of
+    them (an empty epoch on both sides is a failure, not a match): same keys, dtypes,
+    shapes and bytes."""
+    if isinstance(a, dict):
+        a, b = [a], [b]
+    assert len(a) == len(b), (len(a), len(b))
+    assert len(a) > 0, "no batches to compare"
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            u, v = _as_np(x[k]), _as_np(y[k])
+            assert u.dtype == v.dtype and u.shape == v.shape, k
+            assert np.array_equal(u, v), k

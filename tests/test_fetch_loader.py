@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mmloader
+from conftest import same  # noqa: E402
 
 datagen = pytest.importorskip("mmloader.datagen")
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -43,14 +44,6 @@ def run(data, n=None, epochs=1, state=None, **kw):
             if n is not None and len(out) == n:
                 break
         return out, L.stats(), L.state_dict()
-
-
-def same(a, b):
-    assert len(a) == len(b) and len(a) > 0
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
 
 
 def upload_tree(ds, put, shard_prefix, image_prefix):

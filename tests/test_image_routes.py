@@ -14,7 +14,6 @@ torchvision does not work beside the CPU torch these tests use, so when it is mi
 a bare stand-in module is registered before the import (fetch_image never touches it)."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ import types
 import numpy as np
 import pytest
 
-from photos import QWEN25, alpha_for, encode, photos, rgb, with_alpha
+from photos import alpha_for, encode, photos, rgb, with_alpha
 
 import mmloader
 

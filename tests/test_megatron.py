@@ -23,6 +23,7 @@ import mmloader  # noqa: E402
 from mmloader import _core  # noqa: E402
 from mmloader.megatron import (add_arguments, get_batch, loader_kwargs_from_args,  # noqa: E402
                                make_provider, packed_seq_params, state_path)
+from conftest import same  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -45,13 +46,6 @@ def kwargs(ds, **kw):
 
 def copy(batch):
     return {k: v.clone() for k, v in batch.items()}
-
-
-def same(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-        assert torch.equal(a[k], b[k]), k
 
 
 # ---- the provider ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import mmloader  # noqa: E402
 import mmloader.torch as mt  # noqa: E402
+from conftest import same  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -33,13 +34,6 @@ def make(ds, cls=mt.Loader, **kw):
 
 def copy(batch):
     return {k: v.clone() for k, v in batch.items()}
-
-
-def same(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_batches_are_torch_tensors_viewing_the_loader_buffers(ds):

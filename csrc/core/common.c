@@ -5,6 +5,8 @@
  */
 #include "mml/common.h"
 
+#include "mml/message.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -40,6 +42,8 @@ const char *mml_status_skip_reason(mml_status st) {
   return (unsigned)st < MML_STATUS_COUNT ? k_reasons[st] : NULL;
 }
 
+/* Every message goes through mml_text_clean (mml/message.h): URLs redacted, valid UTF-8,
+ * then fitted by mml_text_fit (long values shortened in the middle). */
 /* Start of the UTF-8 character holding byte i (never splits a sequence). */
 static size_t char_start(const char *s, size_t i) {
   while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
@@ -105,7 +109,7 @@ mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
     size_t n;
     char *s = vformat(&n, fmt, ap);
     va_end(ap);
-    if (s) mml_text_fit(err->msg, sizeof err->msg, s, n);
+    if (s) mml_text_clean(err->msg, sizeof err->msg, s, n);
     else snprintf(err->msg, sizeof err->msg, "%s", fmt);
     free(s);
   }
@@ -125,7 +129,7 @@ void mml_err_prefix(mml_err *err, const char *fmt, ...) {
     memcpy(s, head, hn);
     memcpy(s + hn, ": ", 2);
     memcpy(s + hn + 2, err->msg, on + 1);
-    mml_text_fit(err->msg, sizeof err->msg, s, hn + 2 + on);
+    mml_text_clean(err->msg, sizeof err->msg, s, hn + 2 + on);
   }
   free(s);
   free(head);
@@ -188,7 +192,19 @@ void mml_ids_free(mml_ids *v) {
 }
 
 mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *out, mml_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  return mml_read_file_max(path, off, len, 0, out, err);
+}
+
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+       : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "not a plain file";
+}
+
+mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t max,
+                             mml_bytes *out, mml_err *err) {
+  /* O_NONBLOCK: opening a FIFO without a writer returns at once instead of blocking the
+   * thread forever; anything but a regular file is then refused before any read. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int e = errno;
     return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO, "%s: %s", path,
@@ -200,9 +216,19 @@ mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *
     st = mml_err_set(err, MML_EIO, "%s: %s", path, strerror(errno));
     goto done;
   }
+  if (!S_ISREG(sb.st_mode)) {
+    st = mml_err_set(err, MML_EIO, "%s: not a regular file (%s): refused", path,
+                     file_kind(sb.st_mode));
+    goto done;
+  }
   if (off < 0) off = 0;
   if (off > sb.st_size) off = sb.st_size;
   int64_t want = (len < 0 || off + len > sb.st_size) ? sb.st_size - off : len;
+  if (max > 0 && want > max) {
+    st = mml_err_set(err, MML_EOBJECTSIZE, "%s: %lld bytes, above max_object_bytes=%lld", path,
+                     (long long)want, (long long)max);
+    goto done;
+  }
   mml_bytes_clear(out);
   if ((st = mml_bytes_reserve(out, (size_t)want + 1))) {
     mml_err_set(err, st, "%s: cannot allocate %lld bytes", path, (long long)want);

@@ -6,7 +6,8 @@
  * helpers in fetch_sync.c.
  *
  * Secrets.  Credentials are copied into the fetcher and used only to sign; messages name
- * URLs with user-info and credential-like query values redacted.
+ * URLs with user-info and credential-like query values redacted (mml_url_redact, the one
+ * redaction of mml/message.h, which every mml_err_set applies again).
  */
 #include "mml/fetch.h"
 
@@ -29,53 +30,6 @@ static const char *pick(const char *cfg, const char *env1, const char *env2) {
   return e && *e ? e : NULL;
 }
 
-static int name_is_secret(const char *p, size_t n) {
-  static const char *const words[] = {"signature", "credential", "token", "key", "secret",
-                                      "password", "auth"};
-  for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
-    size_t wl = strlen(words[w]);
-    for (size_t i = 0; i + wl <= n; i++)
-      if (!strncasecmp(p + i, words[w], wl)) return 1;
-  }
-  return 0;
-}
-
-/* URL safe to show: user-info dropped, credential-like query values replaced. */
-char *mml_url_redact(const char *url) {
-  mml_bytes b = {0};
-  const char *s = strstr(url, "://");
-  const char *rest = url;
-  if (s) {
-    s += 3;
-    const char *slash = s + strcspn(s, "/?#");
-    const char *at = memchr(s, '@', (size_t)(slash - s));
-    mml_bytes_append(&b, url, (size_t)(s - url));
-    rest = at ? at + 1 : s;
-  }
-  const char *q = strchr(rest, '?');
-  if (!q) {
-    mml_bytes_append(&b, rest, strlen(rest));
-  } else {
-    mml_bytes_append(&b, rest, (size_t)(q - rest) + 1);
-    const char *p = q + 1;
-    while (*p) {
-      size_t n = strcspn(p, "&#");
-      const char *eq = memchr(p, '=', n);
-      if (eq && name_is_secret(p, (size_t)(eq - p))) {
-        mml_bytes_append(&b, p, (size_t)(eq - p) + 1);
-        mml_bytes_append(&b, "REDACTED", 8);
-      } else {
-        mml_bytes_append(&b, p, n);
-      }
-      p += n;
-      if (*p == '&') mml_bytes_append(&b, "&", 1), p++;
-      else if (*p == '#') break;
-    }
-  }
-  mml_bytes_append(&b, "", 1);
-  return (char *)b.data; /* NULL on allocation failure */
-}
-
 double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_after, double u01) {
   double d = base_s * pow(2.0, attempt < 1 ? 0 : attempt > 30 ? 29 : attempt - 1);
   if (d > max_s) d = max_s;
@@ -88,7 +42,7 @@ double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_
 
 static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out, mml_err *err) {
   mml_fetcher *f = calloc(1, sizeof *f);
-  if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!f) return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory");
   const char *ak = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
   const char *sk = pick(cfg->secret_key, "AWS_SECRET_ACCESS_KEY", NULL);
   const char *tok = pick(cfg->session_token, "AWS_SESSION_TOKEN", NULL);
@@ -123,7 +77,7 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   pthread_mutex_init(&f->smu, NULL);
   if (bad) {
     mml_fetcher_free(f);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory copying its settings");
   }
   f->multi = curl_multi_init();
   if (!f->multi) {
@@ -167,7 +121,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   f->loops = calloc((size_t)n, sizeof *f->loops);
   if (!f->loops) {
     mml_fetcher_free(f);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory for its I/O loops");
   }
   f->loops[0] = f;
   f->nloops = 1;

@@ -40,6 +40,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "mml/message.h"
 #include "mml/s3.h"
 #include "mml/sigv4.h"
 
@@ -100,12 +101,12 @@ static mml_status job_new(mml_fetcher *f, const char *url, const char *query, in
   if (!url || !cb) return mml_err_set(err, MML_EINVAL, "fetch: NULL url or callback");
   if (off < 0) return mml_err_set(err, MML_EINVAL, "fetch: negative offset");
   job *j = calloc(1, sizeof *j);
-  if (!j) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!j) return mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
   j->url = dupstr(url);
   j->shown = mml_url_redact(url);
   if (!j->url || !j->shown) {
     job_free(j);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
   }
   j->off = off, j->len = len, j->head = head, j->cb = cb, j->ctx = ctx, j->total = -1;
   mml_status st = MML_OK;
@@ -118,11 +119,11 @@ static mml_status job_new(mml_fetcher *f, const char *url, const char *query, in
     if (!st) st = mml_s3_address_parts(f->region, f->endpoint, b, bl, k, query, &a, err);
     if (!st) {
       j->http_url = a.http_url, j->host = a.host, j->canon_uri = a.canonical_uri;
-      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "out of memory");
+      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
     }
   } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
     j->http_url = dupstr(url);
-    if (!j->http_url) st = mml_err_set(err, MML_ENOMEM, "out of memory");
+    if (!j->http_url) st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
   } else {
     st = mml_err_set(err, MML_EINVAL, "%s: not a remote URL (http://, https://, s3://)", j->shown);
   }
@@ -382,7 +383,7 @@ static mml_status sign_s3(mml_fetcher *f, xfer *x, mml_err *err) {
   mml_status st = MML_OK;
   st |= add_header(&x->hdrs, "Host: %s", j->host);
   st |= add_header(&x->hdrs, "x-amz-content-sha256: %s", MML_SHA256_EMPTY);
-  if (!f->ak) return st ? mml_err_set(err, MML_ENOMEM, "out of memory") : MML_OK; /* anonymous */
+  if (!f->ak) return st ? mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory") : MML_OK; /* anonymous */
   char date[20];
   time_t now = time(NULL);
   struct tm tm;
@@ -398,13 +399,13 @@ static mml_status sign_s3(mml_fetcher *f, xfer *x, mml_err *err) {
     nh = 4;
     st |= add_header(&x->hdrs, "x-amz-security-token: %s", f->tok);
   }
-  if (st) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (st) return mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory");
   mml_sigv4_req r = {j->head ? "HEAD" : "GET", j->canon_uri, j->canon_query, hs, nh,
                      MML_SHA256_EMPTY, date, f->region, "s3", f->ak, f->sk};
   char auth[1024];
   st = mml_sigv4_authorization(&r, auth, sizeof auth, err);
   if (st) return st;
-  if (add_header(&x->hdrs, "Authorization: %s", auth)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (add_header(&x->hdrs, "Authorization: %s", auth)) return mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory");
   return MML_OK;
 }
 
@@ -430,7 +431,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   if (!st && !x->probe && j->etag[0]) st = add_header(&x->hdrs, "If-Match: %s", j->etag);
   if (st) {
     curl_easy_cleanup(e);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "fetch: out of memory for request headers");
   }
   if (j->is_s3 && (st = sign_s3(f, x, err))) {
     curl_easy_cleanup(e);
@@ -664,7 +665,7 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
   if (!x->http) x->http = http;
   if (x->nomem) {
     xfer_release_easy(f, x);
-    part_fail(f, x, MML_ENOMEM, "out of memory");
+    part_fail(f, x, MML_ENOMEM, "out of memory receiving the body");
     return;
   }
   if (rc != CURLE_OK) {

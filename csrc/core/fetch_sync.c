@@ -5,6 +5,8 @@
  */
 #include "mml/fetch_sync.h"
 
+#include "mml/message.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>

@@ -198,6 +198,7 @@ struct mml_decoder {
                     * decoded whole (image_fmt.h) */
   mml_bytes image; /* mml_image_decode's output */
   int img_w, img_h;
+  int64_t max_pixels; /* width*height limit of every decode (0: none) */
   int alpha;       /* mml_decode_opts.alpha */
   int key;         /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
@@ -239,8 +240,13 @@ mml_status mml_decoder_new(mml_decoder **out) {
     return MML_ENOMEM;
   }
   jpeg_create_decompress(&d->jd);
+  d->max_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS;
   *out = d;
   return MML_OK;
+}
+
+void mml_decoder_set_max_pixels(mml_decoder *d, int64_t max_pixels) {
+  d->max_pixels = max_pixels > 0 ? max_pixels : 0;
 }
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
@@ -541,12 +547,46 @@ int mml_decoder_color_key(const mml_decoder *d, uint8_t rgb[3]) {
   return d->key;
 }
 
+/* The pixel limit on the size a decoder actually reports (which a crafted file may make
+ * differ from what the probe read), before the caller's sink sees any row. */
+typedef struct limit_sink {
+  const mml_row_sink *inner;
+  int64_t max_pixels;
+} limit_sink;
+
+static mml_status check_pixels(int64_t max, int w, int h, mml_err *err) {
+  int64_t px = (int64_t)w * h;
+  if (max > 0 && px > max)
+    return mml_err_set(err, MML_ETOOBIG, "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld",
+                       w, h, (long long)px, (long long)max);
+  return MML_OK;
+}
+
+static mml_status limit_begin(void *ctx, int w, int h, mml_err *err) {
+  limit_sink *l = ctx;
+  mml_status st = check_pixels(l->max_pixels, w, h, err);
+  return st ? st : l->inner->begin(l->inner->ctx, w, h, err);
+}
+static mml_status limit_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
+  limit_sink *l = ctx;
+  return l->inner->row(l->inner->ctx, y, rgb, err);
+}
+static uint8_t *limit_row_buf(void *ctx, int y) {
+  limit_sink *l = ctx;
+  return l->inner->row_buf ? l->inner->row_buf(l->inner->ctx, y) : NULL;
+}
+
 mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
-                                 int scale_denom, const mml_row_sink *sink, mml_err *err) {
+                                 int scale_denom, const mml_row_sink *user_sink, mml_err *err) {
   d->key = 0;
   mml_image_info info;
   mml_status st = mml_image_probe(data, len, &info, err);
   if (st != MML_OK) return st;
+  /* every decoder (the formats added beside JPEG and PNG too) runs behind this check */
+  if ((st = check_pixels(d->max_pixels, info.width, info.height, err))) return st;
+  limit_sink lim = {user_sink, d->max_pixels};
+  const mml_row_sink limited = {limit_begin, limit_row, &lim, limit_row_buf};
+  const mml_row_sink *sink = &limited;
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
     return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
   mml_img_bufs b = {&d->whole, &d->row, d->alpha, &d->key, d->kc};

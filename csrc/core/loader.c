@@ -182,6 +182,17 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   return mml_loader_cfg_check(c, err); /* the option table's bounds and cross-checks */
 }
 
+/* The defaults of the per-sample limits (mml/loader.h). */
+static void limits_defaults(mml_loader_cfg *c) {
+  if (!c->max_images_per_sample) c->max_images_per_sample = MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
+  if (!c->max_sample_pixels) c->max_sample_pixels = MML_DEFAULT_MAX_SAMPLE_PIXELS;
+  if (!c->max_record_bytes) c->max_record_bytes = MML_DEFAULT_MAX_RECORD_BYTES;
+  if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
+  if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
+}
+
+
+
 /* The loader's own copies of the configuration's strings (credentials first: until they
  * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
 static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
@@ -244,8 +255,7 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->ccfg.image_pad_id = mml_tokenizer_token_to_id(tok, "<|image_pad|>", 13);
   L->ccfg.vision_start_id = mml_tokenizer_token_to_id(tok, "<|vision_start|>", 16);
   L->ccfg.spatial_merge = cfg->vision.merge_size;
-  L->ccfg.pixel_cols =
-      3 * cfg->vision.temporal_patch_size * cfg->vision.patch_size * cfg->vision.patch_size;
+  L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
   return MML_OK;
 }
@@ -293,17 +303,20 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
-  if (!L->tasks || !L->outq) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
+  L->skips = calloc(SKIP_LOG, sizeof *L->skips);
+  if (!L->tasks || !L->outq || !L->skips) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < w; i++) L->tasks[i].L = L;
   return MML_OK;
 }
 
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
-  mml_status st = validate(cfg, err);
+  mml_loader_cfg with_limits = *cfg; /* a zeroed C cfg gets the limits' defaults */
+  limits_defaults(&with_limits);
+  mml_status st = validate(&with_limits, err);
   if (st) return st;
   mml_loader *L = calloc(1, sizeof *L);
-  if (!L) return mml_err_set(err, MML_ENOMEM, "out of memory");
-  L->cfg = *cfg;
+  if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
+  L->cfg = with_limits;
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -339,7 +352,7 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
   if (L->started) return MML_OK;
   L->started = 1;
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
-  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
   for (int i = 0; i < L->cfg.num_threads; i++) {
     if (pthread_create(&L->threads[i], NULL, ld_worker_main, L) != 0)
       return mml_err_set(err, MML_ENOMEM, "cannot start worker thread %d", i);
@@ -402,6 +415,7 @@ void mml_loader_free(mml_loader *L) {
     }
     free(L->tasks);
   }
+  free(L->skips);
   free(L->threads);
   if (L->pend) {
     for (int i = 0; i < L->npend; i++) mml_batch_clear(&L->pend[i].it.batch);
@@ -447,20 +461,51 @@ int64_t mml_loader_batches_per_epoch(const mml_loader *L) { return L->per_epoch;
 uint64_t mml_loader_data_hash(const mml_loader *L) { return mml_index_hash(&L->ix); }
 const mml_loader_cfg *mml_loader_config(const mml_loader *L) { return &L->cfg; }
 
+/* Every field of a cursor against this loader's stream, each failure naming its field.
+ * A cursor is {epoch, 0, 0} (an epoch's start) or what follows a delivered batch, so:
+ * epoch in [0, MML_MAX_EPOCH]; batch_in_epoch 0 means pos 0.  Padded mode: batch_in_epoch
+ * <= batches per epoch; its b batches hold b * mbs samples, so pos >= b * mbs; a pass over
+ * the rank's n samples yields at least one good sample (else the epoch fails), so
+ * pos < (b * mbs + 1) * n.  Packed mode: pos <= n and b <= pos (a pack holds a sample). */
+static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err *err) {
+  const long long e = c->epoch, p = c->pos, b = c->batch_in_epoch, n = L->n_rank;
+  if (e < 0 || e > MML_MAX_EPOCH)
+    return mml_err_set(err, MML_ESTATE, "state field epoch=%lld is outside [0, %lld]", e,
+                       (long long)MML_MAX_EPOCH);
+  long long bmax = L->per_epoch >= 0 ? L->per_epoch : n;
+  if (b < 0 || b > bmax)
+    return mml_err_set(err, MML_ESTATE,
+                       "state field batch_in_epoch=%lld is outside [0, %lld] (%s of this rank)",
+                       b, bmax, L->per_epoch >= 0 ? "batches per epoch" : "samples");
+  long long pmax = n; /* packed */
+  if (L->per_epoch >= 0) {
+    const long long mbs = L->cfg.collate.micro_batch_size;
+    pmax = (b * mbs + 1) * n - 1;
+    if (p >= 0 && p < b * mbs)
+      return mml_err_set(err, MML_ESTATE,
+                         "state fields batch_in_epoch=%lld and pos=%lld disagree: %lld batches "
+                         "of %lld samples take at least %lld positions", b, p, b, mbs, b * mbs);
+  } else if (p >= 0 && b > p) {
+    return mml_err_set(err, MML_ESTATE,
+                       "state fields batch_in_epoch=%lld and pos=%lld disagree: a pack holds at "
+                       "least one sample", b, p);
+  }
+  if (b == 0) pmax = 0;
+  if (p < 0 || p > pmax)
+    return mml_err_set(err, MML_ESTATE,
+                       "state field pos=%lld is outside [0, %lld] for batch_in_epoch=%lld (this "
+                       "rank holds %lld samples)", p, pmax, b, n);
+  return MML_OK;
+}
+
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   return mml_loader_seek_ahead(L, c, 0, err);
 }
 
 mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
                                  mml_err *err) {
-  if (c->epoch < 0 || c->pos < 0 || c->batch_in_epoch < 0 ||
-      (L->per_epoch >= 0 && c->batch_in_epoch > L->per_epoch) ||
-      (L->per_epoch < 0 && c->pos > L->n_rank))
-    return mml_err_set(err, MML_ESTATE,
-                       "cursor (epoch %lld, pos %lld, batch %lld) is outside this loader's "
-                       "stream (%lld samples per rank, %lld batches per epoch)",
-                       (long long)c->epoch, (long long)c->pos, (long long)c->batch_in_epoch,
-                       (long long)L->n_rank, (long long)L->per_epoch);
+  mml_status st = check_cursor(L, c, err);
+  if (st) return st;
   pthread_mutex_lock(&L->mu);
   if (L->closed) {
     pthread_mutex_unlock(&L->mu);
@@ -475,6 +520,7 @@ mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahe
   /* pending work of the old plan is abandoned; the ready list keeps its tasks until a
    * worker drops them (their gen is old) */
   ld_drop_output_locked(L);
+  L->skip_count = 0; /* composed, never delivered */
   L->fatal = MML_OK;
   L->consumer_epoch = c->epoch;
   L->delivered = *c;
@@ -512,6 +558,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       if (!L->cfg.cycle && it->epoch > L->consumer_epoch) {
         L->consumer_epoch = it->epoch;
         L->delivered = (mml_cursor){it->epoch, 0, 0};
+        ld_release_skips_locked(L, it->epoch, 0);
         st = MML_EEND;
         break;
       }
@@ -522,6 +569,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       ld_move_ready_locked(L); /* room for the next finished item */
       it = &item;
       if (it->kind == ITEM_ERROR) {
+        ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */
         if (err) *err = it->err;
         st = it->err.status ? it->err.status : MML_EINTERNAL;
         break;
@@ -535,6 +583,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       }
       L->consumer_epoch = out->after.epoch;
       L->delivered = out->after;
+      ld_release_skips_locked(L, out->after.epoch, out->after.pos);
       L->batches++;
       L->real_tokens += out->real_tokens;
       L->token_slots += out->token_slots;
@@ -542,6 +591,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
     if (L->fatal) {
+      ld_release_skips_locked(L, INT64_MAX, 0); /* the stream stops here: report them all */
       if (err) *err = L->fatal_err;
       st = L->fatal;
       break;

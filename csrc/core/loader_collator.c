@@ -168,6 +168,36 @@ void ld_push_warning_locked(mml_loader *L, const mml_err *e) {
   L->warn_count++;
 }
 
+void ld_release_oldest_skip_locked(mml_loader *L) {
+  if (!L->skip_count) return;
+  const mml_err *e = &L->skips[L->skip_head].err;
+  ld_source_count_skip_locked(L, L->skips[L->skip_head].source, e->status);
+  L->skipped++;
+  L->skip_by_status[e->status < MML_STATUS_COUNT ? e->status : MML_EINTERNAL]++;
+  if (!L->cfg.on_error_raise) ld_push_warning_locked(L, e); /* raise mode: raised instead */
+  L->skip_head = (L->skip_head + 1) % SKIP_LOG;
+  L->skip_count--;
+}
+
+void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos) {
+  while (L->skip_count) {
+    const struct skip_entry *k = &L->skips[L->skip_head];
+    if (k->epoch > epoch || (k->epoch == epoch && k->pos >= pos)) break;
+    ld_release_oldest_skip_locked(L);
+  }
+}
+
+static void log_skip_locked(mml_loader *L, const mml_sample *s) {
+  if (L->skip_count == SKIP_LOG) ld_release_oldest_skip_locked(L); /* far ahead: count now */
+  struct skip_entry *k = &L->skips[(L->skip_head + L->skip_count) % SKIP_LOG];
+  k->epoch = s->epoch;
+  k->pos = s->pos;
+  k->source = s->source;
+  k->err = s->err;
+  k->err.status = s->status;
+  L->skip_count++;
+}
+
 /* What the collation thread carries from one sample to the next. */
 typedef struct coll_state {
   uint64_t gen;             /* the plan it follows */
@@ -221,19 +251,23 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
   return 1;
 }
 
-/* A failed sample: counted, warned about or delivered as an error (on_error="raise"), and
- * the error limits checked. */
+/* A failed sample: logged (counted and warned about when the consumer passes it) or
+ * delivered as an error (on_error="raise"), and the error limits checked.  A padded
+ * epoch's fill pass (pos >= n_rank) revisits the epoch's samples: a failure there was
+ * counted and reported on the first pass already. */
 static void coll_failed_locked(mml_loader *L, coll_state *c) {
   const mml_sample *s = &c->s;
   if (L->limit_seq >= 0) { /* seek_ahead: a skipped sample needs one more to replace it */
     L->limit_seq++;
     pthread_cond_broadcast(&L->work_cv);
   }
-  L->skipped++;
-  L->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
-  if (!L->cfg.on_error_raise) ld_push_warning_locked(L, &s->err); /* raise mode: raised instead */
+  int again = s->pos >= L->n_rank;
+  if (!again) {
+    L->coll_skipped++;
+    log_skip_locked(L, s);
+  }
   c->since_good++;
-  if (L->cfg.on_error_raise) {
+  if (L->cfg.on_error_raise && !again) {
     pend_item *pi = pend_reserve_locked(L, c->gen);
     if (!pi) return;
     pi->it.kind = ITEM_ERROR;
@@ -244,11 +278,11 @@ static void coll_failed_locked(mml_loader *L, coll_state *c) {
   }
   int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
   if ((int64_t)L->samples >= min_n &&
-      (double)L->skipped > L->cfg.max_error_rate * (double)L->samples) {
+      (double)L->coll_skipped > L->cfg.max_error_rate * (double)L->samples) {
     mml_err e2;
     mml_err_set(&e2, MML_ETOOMANYERR,
                 "%llu of %llu samples failed, above max_error_rate=%g; last: %s",
-                (unsigned long long)L->skipped, (unsigned long long)L->samples,
+                (unsigned long long)L->coll_skipped, (unsigned long long)L->samples,
                 L->cfg.max_error_rate, s->err.msg);
     ld_set_fatal_locked(L, MML_ETOOMANYERR, &e2);
   } else if (L->per_epoch >= 0 && c->since_good > L->n_rank) {

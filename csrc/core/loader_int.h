@@ -19,7 +19,7 @@
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
 enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
-enum { WARN_BACKLOG = 32 };
+enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 
 typedef struct task task;
 
@@ -163,6 +163,16 @@ struct mml_loader {
   /* warnings and stats, guarded by mu */
   mml_err warn[WARN_BACKLOG];
   int warn_head, warn_count;
+  /* skipped samples composed but not yet passed by the consumer, in stream order: they
+   * are counted and reported when the consumer's cursor passes them, so stats and
+   * warnings describe what the consumer received, not what was prefetched */
+  struct skip_entry {
+    int64_t epoch, pos;
+    int source;
+    mml_err err;
+  } *skips;
+  int skip_head, skip_count;
+  uint64_t coll_skipped;    /* skips composed (the max_error_rate check) */
   double first_next, wait_s;
   double read_s, vision_s, text_s, collate_s;
   double decode_s; /* the decoder's part of vision_s */
@@ -190,6 +200,8 @@ void ld_free_sources(mml_loader *L);
 mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err);
 /* The collator consumed s: its source's stats, and the drift check. */
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
+/* A skipped sample of source `source`, counted when the consumer passes it. */
+void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
@@ -203,6 +215,10 @@ void ld_push_warning_locked(mml_loader *L, const mml_err *e);
  * room.  Called by whoever changes either: workers (an emit finished), the collator (an
  * error item), the consumer (popped one). */
 void ld_move_ready_locked(mml_loader *L);
+/* Counts (and queues the warnings of) the logged skips before stream coordinate
+ * (epoch, pos); ld_release_oldest_skip_locked the oldest one (a raised error). */
+void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos);
+void ld_release_oldest_skip_locked(mml_loader *L);
 /* Drops everything queued or pending (seek, close); waits for running emits first. */
 void ld_drop_output_locked(mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held). */

@@ -95,6 +95,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->pl.tmpl = src->tmpl;
   src->pl.max_length = sc->max_length;
   src->pl.plan_only = L->cfg.plan_only;
+  src->pl.max_sample_pixels = L->cfg.max_sample_pixels;
   return MML_OK;
 }
 
@@ -223,13 +224,16 @@ static void check_drift_locked(mml_loader *L) {
   }
 }
 
+void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st) {
+  ld_source *src = &L->src[source];
+  src->skipped++;
+  src->skip_by_status[st < MML_STATUS_COUNT ? st : MML_EINTERNAL]++;
+}
+
 void ld_source_count_locked(mml_loader *L, const mml_sample *s) {
   ld_source *src = &L->src[s->source];
   src->bytes += s->bytes;
-  if (s->status != MML_OK) {
-    src->skipped++;
-    src->skip_by_status[s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL]++;
-  } else {
+  if (s->status == MML_OK) { /* failures: ld_source_count_skip_locked, when delivered */
     src->good++;
     src->tokens += (int64_t)s->input_ids.len;
     int64_t merge2 = (int64_t)src->vision.merge_size * src->vision.merge_size;

@@ -51,7 +51,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     t->fetch_st = st;
     if (err) t->fetch_err = *err;
     else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
-    if (r->which >= 0) mml_err_prefix(&t->fetch_err, "image %s", t->rec.images[r->which]);
+    if (r->which >= 0) mml_sample_err_image(&t->fetch_err, t->rec.images[r->which]);
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -112,10 +112,13 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   mml_index_locate(&L->ix, s->index, &s->shard, &off, &len, &s->line);
   t->stage = STAGE_RECORD;
   const char *path = L->ix.shards[s->shard].path;
+  if (len > L->cfg.max_record_bytes) /* before reading or fetching it */
+    return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
+                       (long long)len, (long long)L->cfg.max_record_bytes);
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;
-    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record fetch");
     t->refs[0].t = t;
     t->refs[0].which = -1;
     pthread_mutex_lock(&L->mu);
@@ -149,11 +152,13 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   int nm = mml_index_images(&L->ix, t->sample.shard, t->sample.index, members, MAX_MEMBERS);
   if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
-  mml_status st = mml_record_parse_ex((const char *)t->rec_bytes.data, n, members, nm, &t->rec,
-                                      err);
+  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
+                        .max_images = L->cfg.max_images_per_sample, .implicit = members,
+                        .nimplicit = nm};
+  mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
-  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
   return MML_OK;
 }
 
@@ -163,10 +168,11 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
                              run_acc *acc, mml_err *err) {
   if (mml_is_data_uri(t->rec.images[i])) { /* inline image: decoded here, no I/O */
     mml_status st = mml_data_uri_decode(t->rec.images[i], &t->imgs[i], err);
-    if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
+    if (st) mml_sample_err_image(err, t->rec.images[i]);
     return st;
   }
   const mml_index_shard *sh = &L->ix.shards[t->sample.shard];
+  const char *root = L->roots[t->sample.shard];
   int64_t off = 0, len = -1;
   mml_status st;
   int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, t->rec.images[i],
@@ -175,18 +181,21 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     mml_bytes_clear(&t->path);
     if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))
       return mml_err_set(err, MML_ENOMEM, "out of memory");
-  } else if ((st = mml_sample_image_path(L->roots[t->sample.shard], t->rec.images[i], &t->path,
-                                         err))) {
+  } else if ((st = mml_sample_image_path(root, t->rec.images[i], &t->path, err))) {
     return st;
   }
   const char *p = (const char *)t->path.data;
+  /* the path policy, before anything is opened or fetched (a member is the shard's own) */
+  if (!member && (st = mml_sample_image_allowed(&L->cfg, root, t->rec.images[i], p,
+                                                !L->remote[t->sample.shard], err)))
+    return st;
   mml_bytes_clear(&t->imgs[i]);
   if (member ? !mml_index_shard_remote(sh) : !mml_path_is_remote(p)) {
     double t0 = mml_now();
     st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
-                : mml_read_file(p, 0, -1, &t->imgs[i], err);
+                : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
-    if (st) mml_err_prefix(err, "image %s", t->rec.images[i]);
+    if (st) mml_sample_err_image(err, t->rec.images[i]);
     else {
       acc->bytes += t->imgs[i].len;
       t->sample.bytes += t->imgs[i].len;

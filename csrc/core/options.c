@@ -115,6 +115,23 @@ static const mml_option k_options[] = {
      "system turn for conversations without one (None: the template's default; \"\": none)"},
     {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
      "a mixture's epoch size (None: its sources' fixed counts plus weighted sizes)"},
+    /* per-sample resource limits (a sample over one is skipped with its own reason) and
+     * the path policy: they decide which samples are skipped, so they are fingerprinted */
+    {"max_images_per_sample", MML_OPT_INT, CFG(max_images_per_sample),
+     MML_DEFAULT_MAX_IMAGES_PER_SAMPLE, 1, I32, NULL, FP,
+     "skip samples naming more images (too_many_images)"},
+    {"max_sample_pixels", MML_OPT_INT, CFG(max_sample_pixels), MML_DEFAULT_MAX_SAMPLE_PIXELS, 1,
+     I64, NULL, FP, "skip samples whose images hold more pixels in all, from their headers"},
+    {"max_record_bytes", MML_OPT_INT, CFG(max_record_bytes), MML_DEFAULT_MAX_RECORD_BYTES, 1, I64,
+     NULL, FP, "skip longer records before reading them (record_too_large)"},
+    {"max_json_depth", MML_OPT_INT, CFG(max_json_depth), MML_DEFAULT_MAX_JSON_DEPTH, 1, 100000,
+     NULL, FP, "skip records nested deeper (bad_record)"},
+    {"max_object_bytes", MML_OPT_INT, CFG(max_object_bytes), MML_DEFAULT_MAX_OBJECT_BYTES, 1, I64,
+     NULL, FP, "skip samples with a larger encoded image, local or remote (object_too_large)"},
+    {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
+     "False: image paths must stay inside the image root (path_refused)"},
+    {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL,
+     FP, "False: records of local shards may not name URLs (path_refused)"},
     {"mixture_tolerance", MML_OPT_FLOAT, CFG(mixture_tolerance), 0.05, -1, 1, NULL, 0,
      "warn when a source's share drifts by more than this (Loader: None never; -1 here)"},
 };

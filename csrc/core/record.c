@@ -24,6 +24,8 @@
  */
 #include "mml/record.h"
 
+#include "mml/message.h"
+
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,9 +55,11 @@ typedef struct parse_ctx {
   rec_arena *a;
   mml_record *rec;
   const cJSON *list; /* top-level image list (array or single string), or NULL */
+  const cJSON *list_at; /* its entry list_next (a cursor: parsing stays linear) */
   const char *const *implicit; /* stands for the list when the record has none */
   int nimplicit;
   int list_len, list_next;
+  int max_images;
   mml_err *err;
 } parse_ctx;
 
@@ -91,32 +95,6 @@ static mml_status grow(void **p, size_t *cap, size_t want, size_t elem) {
   *p = q;
   *cap = n;
   return MML_OK;
-}
-
-/* Strict UTF-8 check (no overlongs, surrogates or code points past U+10FFFF). */
-static int utf8_valid(const char *s, size_t n) {
-  const unsigned char *p = (const unsigned char *)s, *e = p + n;
-  while (p < e) {
-    unsigned c = *p;
-    if (c < 0x80) {
-      p++;
-      continue;
-    }
-    int k;
-    unsigned cp, min;
-    if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07, min = 0x10000;
-    else return 0;
-    if (e - p <= k) return 0;
-    for (int i = 1; i <= k; i++) {
-      if ((p[i] & 0xC0) != 0x80) return 0;
-      cp = cp << 6 | (p[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    p += k + 1;
-  }
-  return 1;
 }
 
 static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
@@ -156,9 +134,13 @@ static mml_status read_budget(parse_ctx *c, const cJSON *entry, mml_image_budget
 static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry,
                             const cJSON *part, int *index) {
   rec_arena *a = c->a;
-  if (!utf8_valid(ref, strlen(ref)))
+  if (!mml_utf8_valid(ref, strlen(ref)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
   if (!*ref) return mml_err_set(c->err, MML_ERECORD, "bad record: empty image reference");
+  if (c->rec->nimages >= c->max_images)
+    return mml_err_set(c->err, MML_ETOOMANYIMAGES,
+                       "more than %d images in one sample, above max_images_per_sample=%d",
+                       c->max_images, c->max_images);
   size_t want = (size_t)c->rec->nimages + 1;
   if (grow((void **)&a->images, &a->images_cap, want, sizeof *a->images) ||
       grow((void **)&a->budgets, &a->budgets_cap, want, sizeof *a->budgets))
@@ -201,7 +183,11 @@ static mml_status take_listed_image(parse_ctx *c, int msg, const cJSON *part, in
   if (!c->list) {
     ref = c->implicit[c->list_next];
   } else {
-    v = cJSON_IsArray(c->list) ? cJSON_GetArrayItem(c->list, c->list_next) : c->list;
+    v = c->list;
+    if (cJSON_IsArray(c->list)) {
+      v = c->list_at;
+      c->list_at = v ? v->next : NULL;
+    }
     ref = list_ref(v);
   }
   if (!ref)
@@ -225,7 +211,7 @@ static mml_status push_part(parse_ctx *c, mml_part_kind kind, const char *text, 
 /* Text with `<image>` tags: tags become image parts taken from the top-level list. */
 static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
-  if (!utf8_valid(s, n))
+  if (!mml_utf8_valid(s, n))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
                        msg);
   if (memmem(s, n, VIDEO_TAG, sizeof VIDEO_TAG - 1))
@@ -294,9 +280,10 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
                        "unsupported video: message %d content part %d is a video (video input "
                        "is not supported yet)",
                        msg, k);
+  char shown[MML_SHORT_CAP(64)];
   return mml_err_set(c->err, MML_ERECORD,
-                     "bad record: message %d content part %d has unsupported type \"%.64s\"",
-                     msg, k, t);
+                     "bad record: message %d content part %d has unsupported type \"%s\"",
+                     msg, k, mml_text_short(t, strlen(t), 64, shown, sizeof shown));
 }
 
 static void set_role(mml_message *msg, const char *r) {
@@ -320,7 +307,7 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d has no role (\"role\" or "
                                              "\"from\")", i);
   const char *r = role->valuestring;
-  if (!utf8_valid(r, strlen(r)))
+  if (!mml_utf8_valid(r, strlen(r)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
   set_role(&a->msgs[i], r);
   a->msg_first_part[i] = (int)a->nparts;
@@ -363,7 +350,7 @@ static mml_status take_system_and_tools(parse_ctx *c, const cJSON *root) {
   if (sys && !cJSON_IsString(sys))
     return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not a string");
   if (sys && sys->valuestring[0]) {
-    if (!utf8_valid(sys->valuestring, strlen(sys->valuestring)))
+    if (!mml_utf8_valid(sys->valuestring, strlen(sys->valuestring)))
       return mml_err_set(c->err, MML_ERECORD, "bad record: \"system\" is not valid UTF-8");
     rec->system = sys->valuestring;
   }
@@ -461,7 +448,14 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   if (images && image)
     return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"images\" and \"image\"");
   c->list = images ? images : image;
-  if (c->list && cJSON_IsArray(c->list)) c->list_len = cJSON_GetArraySize(c->list);
+  if (c->list && cJSON_IsArray(c->list)) {
+    c->list_len = cJSON_GetArraySize(c->list);
+    c->list_at = c->list->child;
+    if (c->list_len > c->max_images)
+      return mml_err_set(c->err, MML_ETOOMANYIMAGES,
+                         "%d images in one sample, above max_images_per_sample=%d",
+                         c->list_len, c->max_images);
+  }
   else if (c->list && (cJSON_IsString(c->list) || cJSON_IsObject(c->list))) c->list_len = 1;
   else if (c->list)
     return mml_err_set(c->err, MML_ERECORD,
@@ -488,7 +482,7 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
                        "refer to %d",
                        c->list_len, c->list_next);
   for (int i = 0; i < n; i++) {
-    a->msgs[i].parts = a->parts + a->msg_first_part[i];
+    a->msgs[i].parts = a->parts ? a->parts + a->msg_first_part[i] : NULL; /* none at all */
     a->msgs[i].nparts = a->msg_first_part[i + 1] - a->msg_first_part[i];
   }
   c->rec->messages = a->msgs;
@@ -498,13 +492,55 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   return MML_OK;
 }
 
+/* One linear pass over the raw JSON before cJSON sees it: the nesting depth (cJSON
+ * recurses per level) and "\u0000" escapes (cJSON's strings are NUL-terminated, so text
+ * after one would silently vanish, image tags included). */
+static mml_status prescan(const char *s, size_t n, int max_depth, mml_err *err) {
+  int depth = 0, in_str = 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (in_str) {
+      if (ch == '"') in_str = 0;
+      else if (ch == '\\' && i + 1 < n) {
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4))
+          return mml_err_set(err, MML_ERECORD,
+                             "bad record: a string holds \"\\u0000\" (U+0000) at byte %zu, "
+                             "which mmloader does not accept in text", i);
+        i++;
+      }
+    } else if (ch == '"') {
+      in_str = 1;
+    } else if (ch == '{' || ch == '[') {
+      if (++depth > max_depth)
+        return mml_err_set(err, MML_ERECORD,
+                           "bad record: JSON nested deeper than max_json_depth=%d (at byte %zu)",
+                           max_depth, i);
+    } else if (ch == '}' || ch == ']') {
+      depth--;
+    }
+  }
+  return MML_OK;
+}
+
 mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_err *err) {
-  return mml_record_parse_ex(line, len, NULL, 0, rec, err);
+  return mml_record_parse_opts(line, len, NULL, rec, err);
 }
 
 mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
                                mml_record *rec, mml_err *err) {
+  mml_record_opts o = {.implicit = implicit, .nimplicit = n};
+  return mml_record_parse_opts(line, len, &o, rec, err);
+}
+
+mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_opts *opts,
+                                 mml_record *rec, mml_err *err) {
+  const char *const *implicit = opts ? opts->implicit : NULL;
+  int n = opts ? opts->nimplicit : 0;
   if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
+  int max_depth = opts && opts->max_json_depth > 0 ? opts->max_json_depth
+                                                   : MML_DEFAULT_MAX_JSON_DEPTH;
+  int max_images = opts && opts->max_images > 0 ? opts->max_images
+                                                : MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
   rec_arena *a = rec->arena;
   int fresh = 0;
   if (!a) {
@@ -521,6 +557,7 @@ mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *
    * object is not. */
   const char *end = NULL;
   mml_status st;
+  if ((st = prescan(line ? line : "", len, max_depth, err))) goto fail;
   a->root = cJSON_ParseWithLengthOpts(line ? line : "", len, &end, 0);
   if (!a->root) {
     size_t at = end && end >= line ? (size_t)(end - line) : 0;
@@ -534,7 +571,8 @@ mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *
       goto fail;
     }
   }
-  parse_ctx c = {.a = a, .rec = rec, .err = err, .implicit = implicit, .nimplicit = implicit ? n : 0};
+  parse_ctx c = {.a = a, .rec = rec, .err = err, .implicit = implicit,
+                 .nimplicit = implicit ? n : 0, .max_images = max_images};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;
 

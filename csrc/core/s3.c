@@ -7,6 +7,8 @@
  */
 #include "mml/s3.h"
 
+#include "mml/message.h"
+
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,12 +89,12 @@ mml_status mml_s3_address_parts(const char *region, const char *endpoint, const 
   out->host = dupstr(host);
   if (!out->host) {
     mml_s3_addr_free(out);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return mml_err_set(err, MML_ENOMEM, "S3 address: out of memory");
   }
   return MML_OK;
 oom:
   mml_bytes_free(&path), mml_bytes_free(&url);
-  return mml_err_set(err, MML_ENOMEM, "out of memory");
+  return mml_err_set(err, MML_ENOMEM, "S3 address: out of memory");
 }
 
 void mml_s3_addr_free(mml_s3_addr *a) {

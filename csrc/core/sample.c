@@ -12,8 +12,11 @@
  */
 #include "mml/loader.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mml/message.h"
 
 /* A slot keeps its pixel buffer for reuse (no allocation in steady state) unless the
  * buffer is over KEEP_PIXELS_MAX and more than twice what the current sample needs: one
@@ -94,19 +97,24 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   int n = rec->nimages;
   if ((st = scratch_fit(sc, n, err))) return st;
   double t0 = mml_now();
-  int64_t rows = 0;
+  int64_t rows = 0, src_px = 0;
   int cols = 0;
   for (int i = 0; i < n; i++) {
     st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
                                       rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
     if (st) {
-      mml_err_prefix(err, "image %s", rec->images[i]);
+      mml_sample_err_image(err, rec->images[i]);
       return st;
     }
     sc->tokens[i] = sc->plans[i].tokens;
     rows += sc->plans[i].rows;
     cols = sc->plans[i].cols;
+    src_px += (int64_t)sc->plans[i].src_w * sc->plans[i].src_h;
   }
+  if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
+    return mml_err_set(err, MML_ESAMPLEPIXELS,
+                       "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
+                       (long long)src_px, (long long)pl->max_sample_pixels);
   double t1 = mml_now();
   st = mml_template_encode(pl->tmpl, sc->tok, rec, sc->tokens, &out->input_ids, &out->labels,
                            err);
@@ -133,7 +141,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
       st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
                                     &sc->plans[i], dst, err);
       if (st) {
-        mml_err_prefix(err, "image %s", rec->images[i]);
+        mml_sample_err_image(err, rec->images[i]);
         sc->vision_s += (t1 - t0) + (mml_now() - t2);
         return st;
       }
@@ -141,7 +149,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
       const mml_vision_plan *p = &sc->plans[i];
       int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
       if ((st = mml_ids_append(&out->grids, g, 3)))
-        return mml_err_set(err, st, "out of memory");
+        return mml_err_set(err, st, "out of memory for the image grids");
     }
     out->pixels.len = need;
   }
@@ -170,7 +178,65 @@ mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *o
     if (!st && root[rl - 1] != '/') st = mml_bytes_append(out, "/", 1);
     if (!st) st = mml_bytes_append(out, ref, strlen(ref) + 1);
   }
-  if (st) return mml_err_set(err, st, "out of memory");
+  if (st) return mml_err_set(err, st, "out of memory building an image path");
   out->len--; /* keep the NUL out of len */
+  return MML_OK;
+}
+
+void mml_sample_err_image(mml_err *err, const char *ref) {
+  char shown[MML_SHORT_CAP(200)];
+  mml_err_prefix(err, "image %s", mml_text_short(ref, strlen(ref), 200, shown, sizeof shown));
+}
+
+/* 1 when the relative path p climbs above its start ("..", "a/../.."). */
+static int climbs_out(const char *p) {
+  int depth = 0;
+  while (*p) {
+    size_t n = strcspn(p, "/");
+    if (n == 2 && p[0] == '.' && p[1] == '.') {
+      if (--depth < 0) return 1;
+    } else if (n && !(n == 1 && p[0] == '.')) {
+      depth++;
+    }
+    p += n;
+    while (*p == '/') p++;
+  }
+  return 0;
+}
+
+/* 1 when the file `path` (symlinks followed) lies inside the folder `root`. */
+static int resolves_inside(const char *root, const char *path) {
+  char rr[PATH_MAX], rp[PATH_MAX];
+  if (!realpath(root, rr)) return 0;
+  if (!realpath(path, rp)) return 1; /* missing: nothing to follow; the read reports it */
+  size_t n = strlen(rr);
+  if (n == 1) return 1; /* root is "/" */
+  return !strncmp(rr, rp, n) && rp[n] == '/';
+}
+
+mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
+                                    const char *ref, const char *resolved, int local_shard,
+                                    mml_err *err) {
+  char shown[MML_SHORT_CAP(200)];
+#define SHOWN mml_text_short(ref, strlen(ref), 200, shown, sizeof shown)
+  if (!cfg->allow_remote_images && local_shard && is_url(ref))
+    return mml_err_set(err, MML_EPATH,
+                       "image %s: a local record names a remote image, refused by "
+                       "allow_remote_images_in_local_data=False", SHOWN);
+  if (cfg->allow_paths_outside_root || is_url(ref)) return MML_OK;
+  const char *r = strncmp(ref, "file://", 7) ? ref : ref + 7;
+  if (r[0] == '/')
+    return mml_err_set(err, MML_EPATH,
+                       "image %s: an absolute path, refused by allow_paths_outside_root=False",
+                       SHOWN);
+  if (climbs_out(r))
+    return mml_err_set(err, MML_EPATH,
+                       "image %s: climbs out of the image root with \"..\", refused by "
+                       "allow_paths_outside_root=False", SHOWN);
+  if (root && root[0] && !mml_path_is_remote(resolved) && !resolves_inside(root, resolved))
+    return mml_err_set(err, MML_EPATH,
+                       "image %s: resolves (through a symlink) outside the image root, refused "
+                       "by allow_paths_outside_root=False", SHOWN);
+#undef SHOWN
   return MML_OK;
 }

@@ -26,6 +26,8 @@
  */
 #include "mml/tokenizer.h"
 
+#include "mml/message.h"
+
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -391,8 +393,11 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
   const cJSON *it;
   cJSON_ArrayForEach(it, vocab) {
     int32_t id;
-    if (!json_id(it, &id))
-      return mml_err_set(err, MML_ECONFIG, "model.vocab[\"%.80s\"]: bad id", it->string);
+    if (!json_id(it, &id)) {
+      char shown[MML_SHORT_CAP(80)];
+      return mml_err_set(err, MML_ECONFIG, "model.vocab[\"%s\"]: bad id",
+                         mml_text_short(it->string, strlen(it->string), 80, shown, sizeof shown));
+    }
     uint32_t off;
     size_t len = strlen(it->string);
     if (arena_add(t, it->string, len, &off)) return MML_ENOMEM;
@@ -421,7 +426,9 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
       a = it->valuestring;
       const char *sp = strchr(a, ' ');
       if (!sp || strchr(sp + 1, ' ')) {
-        st = mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%.80s\" is not \"a b\"", rank, a);
+        char shown[MML_SHORT_CAP(80)];
+        st = mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%s\" is not \"a b\"", rank,
+                         mml_text_short(a, strlen(a), 80, shown, sizeof shown));
         break;
       }
       la = (size_t)(sp - a);
@@ -436,6 +443,10 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
       lb = strlen(b);
     } else {
       st = mml_err_set(err, MML_ECONFIG, "merges[%u]: expected \"a b\" or [\"a\", \"b\"]", rank);
+      break;
+    }
+    if (!la || !lb) { /* no vocabulary token is empty; "" would merge nothing */
+      st = mml_err_set(err, MML_ECONFIG, "merges[%u]: an empty token", rank);
       break;
     }
     if (la + lb > bufcap) {
@@ -453,8 +464,10 @@ static mml_status load_model(mml_tokenizer *t, const cJSON *model, mml_err *err)
     int32_t ib = str_map_get(&t->vocab, t->arena, b, lb);
     int32_t iab = str_map_get(&t->vocab, t->arena, buf, la + lb);
     if (ia < 0 || ib < 0 || iab < 0) {
-      st = mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%.*s\" + \"%.*s\" not in the vocabulary",
-                       rank, (int)(la > 60 ? 60 : la), a, (int)(lb > 60 ? 60 : lb), b);
+      char sa[MML_SHORT_CAP(60)], sb[MML_SHORT_CAP(60)];
+      st = mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%s\" + \"%s\" not in the vocabulary",
+                       rank, mml_text_short(a, la, 60, sa, sizeof sa),
+                       mml_text_short(b, lb, 60, sb, sizeof sb));
       break;
     }
     merge_put(t, ia, ib, rank, iab);
@@ -1061,7 +1074,7 @@ mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, s
     }
   }
   size_t len = out->len - base;
-  if (mml_utf8_valid_prefix(out->data + base, len) == len) return MML_OK;
+  if (!len || mml_utf8_valid_prefix(out->data + base, len) == len) return MML_OK;
   mml_bytes raw = {0};
   mml_status st = mml_bytes_append(&raw, out->data + base, len);
   out->len = base;

@@ -63,7 +63,7 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
   memset(cfg, 0, sizeof *cfg);
   cfg->merge_size = 2;
   cfg->temporal_patch_size = 2;
-  cfg->max_image_pixels = 178956970; /* Pillow's decompression-bomb error threshold */
+  cfg->max_image_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS; /* Pillow's bomb error threshold */
   if (name && (!strcmp(name, "qwen2-vl") || !strcmp(name, "qwen2.5-vl"))) {
     static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
@@ -84,6 +84,10 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
   return mml_err_set(err, MML_ECONFIG,
                      "unknown vision preset \"%s\" (qwen2-vl, qwen2.5-vl or qwen3-vl)",
                      name ? name : "(null)");
+}
+
+int mml_vision_pixel_cols(const mml_vision_cfg *cfg) {
+  return 3 * cfg->temporal_patch_size * cfg->patch_size * cfg->patch_size;
 }
 
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
@@ -161,7 +165,7 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
 
 static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, int h,
                       mml_vision_plan *plan) {
-  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const int P = cfg->patch_size, M = cfg->merge_size;
   plan->src_w = width;
   plan->src_h = height;
   plan->dst_w = w;
@@ -170,7 +174,7 @@ static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, i
   plan->grid_h = h / P;
   plan->grid_w = w / P;
   plan->rows = (int64_t)plan->grid_h * plan->grid_w;
-  plan->cols = 3 * T * P * P;
+  plan->cols = mml_vision_pixel_cols(cfg);
   plan->tokens = plan->rows / ((int64_t)M * M);
   plan->decode_scale = 1;
   plan->orientation = 1;
@@ -779,11 +783,11 @@ static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *p
                              mml_err *err) {
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
-  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const int P = cfg->patch_size, M = cfg->merge_size;
   if (!plan || !out) return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
   if (plan->dst_w < P * M || plan->dst_h < P * M || plan->dst_w % (P * M) ||
       plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P ||
-      plan->grid_h != plan->dst_h / P || plan->cols != 3 * T * P * P ||
+      plan->grid_h != plan->dst_h / P || plan->cols != mml_vision_pixel_cols(cfg) ||
       plan->rows != (int64_t)plan->grid_h * plan->grid_w)
     return mml_err_set(err, MML_EINVAL, "vision: plan does not fit this configuration");
   return MML_OK;
@@ -848,6 +852,7 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
+  mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;
   if (st == MML_OK) st = job_done(&j, err);

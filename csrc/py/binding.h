@@ -36,10 +36,13 @@ extern PyObject *mml_py_SampleError; /* a sample failed (record, image, fetch, t
 extern PyObject *mml_py_FetchError;  /* remote fetch failed (subclass of SampleError) */
 extern PyObject *mml_py_StateError;  /* state_dict does not fit this loader (ValueError) */
 extern PyObject *mml_py_CudaError;
+extern PyObject *mml_py_OutOfMemoryError; /* the engine ran out of memory: also MemoryError */
 
 /* Raises the exception matching err->status (or st when err is NULL/empty) with
  * err->msg; returns NULL so callers can `return mml_py_raise(st, &err);`. */
 PyObject *mml_py_raise(mml_status st, const mml_err *err);
+/* The same with the class chosen by the caller. */
+PyObject *mml_py_raise_as(PyObject *exc, mml_status st, const mml_err *err);
 /* The exception class for a status. */
 PyObject *mml_py_exc_for(mml_status st);
 

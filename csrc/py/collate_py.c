@@ -112,9 +112,10 @@ static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
     const char *name;
     long long v;
   } f[] = {{"micro_batch_size", 1}, {"seq_length", 0},     {"pack", 0},
-           {"pack_length", 0},      {"pad_to_multiple", 0}, {"pad_id", 151643},
+           {"pack_length", 0},      {"pad_to_multiple", 0}, {"pad_id", MML_QWEN_ENDOFTEXT_ID},
            {"shift_labels", 0},     {"attention_mask", 0}, {"mrope", 0},
-           {"spatial_merge", 2},    {"image_pad_id", 151655}, {"vision_start_id", 151652},
+           {"spatial_merge", 2},    {"image_pad_id", MML_QWEN_IMAGE_PAD_ID},
+           {"vision_start_id", MML_QWEN_VISION_START_ID},
            {"pixel_cols", 1176},    {"mm_token_type_ids", 0}};
   const int nf = (int)(sizeof f / sizeof f[0]);
   for (int i = 0; i < nf; i++)

@@ -4,12 +4,14 @@
  */
 #include "binding.h"
 
+#include "mml/message.h"
+
 PyObject *mml_py_Error, *mml_py_ConfigError, *mml_py_SampleError, *mml_py_FetchError,
-    *mml_py_StateError, *mml_py_CudaError;
+    *mml_py_StateError, *mml_py_CudaError, *mml_py_OutOfMemoryError;
 
 PyObject *mml_py_exc_for(mml_status st) {
   switch (st) {
-    case MML_ENOMEM: return PyExc_MemoryError;
+    case MML_ENOMEM: return mml_py_OutOfMemoryError;
     case MML_EINVAL:
     case MML_ECONFIG: return mml_py_ConfigError;
     case MML_ESTATE: return mml_py_StateError;
@@ -24,7 +26,12 @@ PyObject *mml_py_exc_for(mml_status st) {
     case MML_EVIDEO:
     case MML_ETOOBIG:
     case MML_EASPECT:
-    case MML_ETOOLONG: return mml_py_SampleError;
+    case MML_ETOOLONG:
+    case MML_ETOOMANYIMAGES:
+    case MML_ESAMPLEPIXELS:
+    case MML_ERECORDSIZE:
+    case MML_EOBJECTSIZE:
+    case MML_EPATH: return mml_py_SampleError;
     case MML_ECUDA: return mml_py_CudaError;
     default: return mml_py_Error;
   }
@@ -32,10 +39,43 @@ PyObject *mml_py_exc_for(mml_status st) {
 
 PyObject *mml_py_raise(mml_status st, const mml_err *err) {
   if (err && err->status != MML_OK) st = err->status;
+  return mml_py_raise_as(mml_py_exc_for(st), st, err);
+}
+
+PyObject *mml_py_raise_as(PyObject *exc, mml_status st, const mml_err *err) {
   const char *msg = (err && err->msg[0]) ? err->msg : mml_status_message(st);
-  PyErr_SetString(mml_py_exc_for(st), msg);
+  /* core messages are valid UTF-8 (mml_text_clean); decode leniently all the same, so a
+   * message can never turn into a UnicodeDecodeError */
+  PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strnlen(msg, MML_ERR_MSG),
+                                        "backslashreplace");
+  if (text) {
+    PyErr_SetObject(exc, text);
+    Py_DECREF(text);
+  }
   return NULL;
 }
+
+/* _core.redact(text) -> text with every URL redacted (the core's one redaction). */
+static PyObject *py_redact(PyObject *mod, PyObject *arg) {
+  Py_ssize_t n;
+  const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
+  if (!s) return NULL;
+  mml_bytes b = {0};
+  if (mml_text_redact(s, (size_t)n, &b)) {
+    mml_bytes_free(&b);
+    return PyErr_NoMemory();
+  }
+  PyObject *r = PyUnicode_DecodeUTF8(b.len ? (const char *)b.data : "", (Py_ssize_t)b.len,
+                                     "backslashreplace");
+  mml_bytes_free(&b);
+  return r;
+}
+
+static PyMethodDef k_methods[] = {
+    {"redact", py_redact, METH_O,
+     "redact(text) -> str: text with user-info and credential-like query values of every URL "
+     "replaced (what every mmloader message, warning and repr shows)."},
+    {NULL, NULL, 0, NULL}};
 
 static int add(PyObject *m, const char *name, PyObject **slot, PyObject *bases, const char *doc) {
   char full[128];
@@ -61,5 +101,11 @@ int mml_py_errors_register(PyObject *m) {
           "A remote object could not be fetched.") ||
       add(m, "CudaError", &mml_py_CudaError, mml_py_Error, "CUDA is unavailable or failed."))
     return -1;
-  return 0;
+  b = PyTuple_Pack(2, mml_py_Error, PyExc_MemoryError);
+  if (!b) return -1;
+  rc = add(m, "OutOfMemoryError", &mml_py_OutOfMemoryError, b,
+           "The engine could not allocate memory (also a MemoryError).");
+  Py_DECREF(b);
+  if (rc) return rc;
+  return PyModule_AddFunctions(m, k_methods);
 }

@@ -14,6 +14,7 @@
 
 #include "mml/fetch.h"
 #include "mml/fetch_sync.h"
+#include "mml/message.h"
 #include "mml/s3.h"
 #include "mml/sigv4.h"
 
@@ -21,7 +22,7 @@
 static PyObject *fetch_raise(mml_status st, const mml_err *err) {
   mml_status s = err && err->status != MML_OK ? err->status : st;
   if (s == MML_ENOENT) {
-    PyErr_SetString(mml_py_FetchError, err && err->msg[0] ? err->msg : mml_status_message(s));
+    mml_py_raise_as(mml_py_FetchError, s, err);
     return NULL;
   }
   return mml_py_raise(st, err);
@@ -97,9 +98,13 @@ static mml_fetcher *live(FetcherObject *self) {
 }
 
 static PyObject *Fetcher_repr(FetcherObject *self) {
-  return PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s max_inflight=%d%s>",
-                              self->region, self->endpoint[0] ? self->endpoint : "(aws)",
-                              self->max_inflight, self->f ? "" : " closed");
+  char *shown = self->endpoint[0] ? mml_url_redact(self->endpoint) : NULL; /* user-info */
+  PyObject *r = PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s "
+                                     "max_inflight=%d%s>", self->region,
+                                     shown ? shown : self->endpoint[0] ? "?" : "(aws)",
+                                     self->max_inflight, self->f ? "" : " closed");
+  free(shown);
+  return r;
 }
 
 static PyObject *Fetcher_get(FetcherObject *self, PyObject *args, PyObject *kw) {

@@ -73,7 +73,7 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   mml_py_cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
-      PyErr_SetString(mml_py_ConfigError, err.msg[0] ? err.msg : mml_status_message(st));
+      mml_py_raise_as(mml_py_ConfigError, st, &err);
       return -1;
     }
     mml_py_raise(st, &err);

@@ -69,14 +69,14 @@ static int line_bytes(PyObject *obj, const char **p, Py_ssize_t *n) {
   return -1;
 }
 
-static int parse_line(PyObject *line, mml_record *rec) {
+static int parse_line_opts(PyObject *line, const mml_record_opts *opts, mml_record *rec) {
   const char *p;
   Py_ssize_t n;
   if (line_bytes(line, &p, &n)) return -1;
   mml_err err = {0};
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
-  st = mml_record_parse(p, (size_t)n, rec, &err);
+  st = mml_record_parse_opts(p, (size_t)n, opts, rec, &err);
   Py_END_ALLOW_THREADS
   if (st) {
     mml_py_raise(st, &err);
@@ -84,6 +84,8 @@ static int parse_line(PyObject *line, mml_record *rec) {
   }
   return 0;
 }
+
+static int parse_line(PyObject *line, mml_record *rec) { return parse_line_opts(line, NULL, rec); }
 
 /* image_tokens: None (record must have no images), an int for every image, or a sequence
  * of one int per image.  Returns a malloc'd array (NULL with no images) or -1. */
@@ -130,11 +132,14 @@ fail:
 }
 
 static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", NULL};
+  static char *kwlist[] = {"line", "max_images_per_sample", "max_json_depth", NULL};
   PyObject *line;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:parse_record", kwlist, &line)) return NULL;
+  mml_record_opts opts = {0};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ii:parse_record", kwlist, &line,
+                                   &opts.max_images, &opts.max_json_depth))
+    return NULL;
   mml_record rec = {0};
-  if (parse_line(line, &rec)) {
+  if (parse_line_opts(line, &opts, &rec)) {
     mml_record_free(&rec);
     return NULL;
   }
@@ -288,7 +293,8 @@ static PyMethodDef methods[] = {
      "json_dumps(text) -> str: json.dumps(json.loads(text), ensure_ascii=False) as the C core "
      "writes it for prompts (tools, function calls); for tests."},
     {"parse_record", (PyCFunction)(void (*)(void))py_parse_record, METH_VARARGS | METH_KEYWORDS,
-     "parse_record(line) -> dict: the neutral conversation of one JSONL record."},
+     "parse_record(line, max_images_per_sample=256, max_json_depth=64) -> dict: the neutral "
+     "conversation of one JSONL record."},
     {"render_record", (PyCFunction)(void (*)(void))py_render_record, METH_VARARGS | METH_KEYWORDS,
      "render_record(line, style='qwen2-vl', image_tokens=None, image_whitespace='in_place') -> "
      "str: the chat template's text with image pads expanded."},

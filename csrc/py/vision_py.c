@@ -8,8 +8,9 @@
  *           the returned VisionBuffer (malloc'd; recycled through the processor)
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
- *   _core.image_decode(data, scale_denom=1, alpha=0) -> (bytes, height, width)   (tests;
- *       alpha: MML_ALPHA_* policy, 0 composite, 1 drop, 2 paste)
+ *   _core.image_decode(data, scale_denom=1, alpha=0, max_image_pixels=178956970)
+ *       -> (bytes, height, width)   (tests; alpha: MML_ALPHA_* policy, 0 composite, 1 drop,
+ *       2 paste; images over max_image_pixels are refused before decoding, 0: no limit)
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
@@ -287,7 +288,7 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     mml_py_raise(st, &err);
     goto fail;
   }
-  int cols = 3 * self->cfg.temporal_patch_size * self->cfg.patch_size * self->cfg.patch_size;
+  int cols = mml_vision_pixel_cols(&self->cfg);
   if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
     PyErr_NoMemory();
     goto fail;
@@ -417,15 +418,20 @@ static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
   return r;
 }
 
-static PyObject *py_image_decode(PyObject *mod, PyObject *args) {
+static PyObject *py_image_decode(PyObject *mod, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"data", "scale_denom", "alpha", "max_image_pixels", NULL};
   Py_buffer b;
   int scale = 1, alpha = MML_ALPHA_COMPOSITE;
-  if (!PyArg_ParseTuple(args, "y*|ii:image_decode", &b, &scale, &alpha)) return NULL;
+  long long max_px = MML_DEFAULT_MAX_IMAGE_PIXELS;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|iiL:image_decode", kwlist, &b, &scale, &alpha,
+                                   &max_px))
+    return NULL;
   mml_decoder *d = NULL;
   if (mml_decoder_new(&d) != MML_OK) {
     PyBuffer_Release(&b);
     return PyErr_NoMemory();
   }
+  mml_decoder_set_max_pixels(d, max_px);
   mml_rgb8 img;
   mml_err err = {0};
   mml_status st;
@@ -533,8 +539,9 @@ static PyMethodDef vision_functions[] = {
     {"vision_plan", py_vision_plan, METH_VARARGS, "vision_plan(cfg, data) -> dict"},
     {"data_uri_decode", py_data_uri_decode, METH_VARARGS,
      "data_uri_decode(ref) -> bytes: the payload of a base64 data: URI"},
-    {"image_decode", py_image_decode, METH_VARARGS,
-     "image_decode(data, scale_denom=1) -> (rgb bytes, height, width)"},
+    {"image_decode", (PyCFunction)(void (*)(void))py_image_decode, METH_VARARGS | METH_KEYWORDS,
+     "image_decode(data, scale_denom=1, max_image_pixels=178956970) -> (rgb bytes, height, "
+     "width); images of more pixels raise SampleError before decoding (0: no limit)"},
     {"resize_bicubic", py_resize_bicubic, METH_VARARGS,
      "resize_bicubic(rgb, height, width, dst_h, dst_w) -> bytes (Pillow-exact bicubic)"},
     {NULL, NULL, 0, NULL}};

@@ -13,6 +13,7 @@
 
 #include "mml/fetch.h"
 #include "mml/fetch_sync.h"
+#include "mml/message.h"
 #include "mml/s3.h"
 #include "mml/sigv4.h"
 #include "mml_test.h"

@@ -15,6 +15,12 @@ Faults (names usable in `faults` and in `script`):
             connection closes (FIN)
   stall     headers and a part of the body come, then nothing for `stall_s` seconds
   404, 403  permanent errors with S3-style XML (NoSuchKey, AccessDenied)
+  endless   200 with no Content-Length (Connection: close), the object, then bytes
+            without end (until the client hangs up)
+  drip      the headers, then the body one byte every `drip_s` seconds
+  silent    the request is read and never answered (the connection idles `stall_s`)
+`fault_rates` ({"503": 0.01, "reset": 0.005, ...}) gives each kind its own rate instead of
+`fault_rate` spread over `faults`.
 It also answers ListObjectsV2 (GET /BUCKET?list-type=2&prefix=..., paginated with
 max-keys and continuation-token) over the objects under /BUCKET/, so s3:// globs can be
 tested with faults (point the S3 endpoint at the server; it does not check signatures).
@@ -76,7 +82,8 @@ class FaultServer:
                  script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
                  forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
                  hook: Optional[Callable[[str, str, str, int], None]] = None,
-                 tls: Optional[tuple] = None, ranges: bool = True):
+                 tls: Optional[tuple] = None, ranges: bool = True,
+                 fault_rates: Optional[Dict[str, float]] = None, drip_s: float = 0.5):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -90,6 +97,8 @@ class FaultServer:
         self.hook = hook  # hook(method, path, range, n) runs after a request is served
         self.tls = tls  # (certfile, keyfile): serve https
         self.ranges = ranges  # False: ignore Range headers (always 200 with everything)
+        self.fault_rates = dict(fault_rates or {})
+        self.drip_s = drip_s
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
@@ -177,10 +186,16 @@ class FaultServer:
         sc = self.script.get(path)
         if sc is not None and n < len(sc):
             return sc[n], n
-        if self.fault_rate > 0 and self.faults:
+        if (self.fault_rate > 0 and self.faults) or self.fault_rates:
             h = hashlib.blake2b(f"{self.seed}|{method}|{path}|{rng}|{n}".encode(), digest_size=16).digest()
             u, k = struct.unpack("<QQ", h)
-            if u / 2.0 ** 64 < self.fault_rate:
+            u /= 2.0 ** 64
+            if self.fault_rates:
+                for kind, rate in sorted(self.fault_rates.items()):
+                    if u < rate:
+                        return kind, n
+                    u -= rate
+            elif u < self.fault_rate:
                 return self.faults[k % len(self.faults)], n
         return "ok", n
 
@@ -269,6 +284,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(len(data[i:i + step]) / bw)
 
+    def _endless(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk = bytes(range(256)) * 256
+        try:
+            self.wfile.write(data)
+            for _ in range(1 << 16):  # 4 GiB at most
+                self.wfile.write(chunk)
+        except OSError:
+            pass
+
     def _serve(self, head: bool) -> None:
         fs = self.fs
         path, _, query = self.path.partition("?")
@@ -288,6 +317,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(path, rng, kind)
         if kind == "reset":
             self._reset()
+            return
+        if kind == "silent":
+            time.sleep(fs.stall_s)
+            self.close_connection = True
+            return
+        if kind == "endless" and data is not None and not head:
+            self._endless(data)
             return
         if kind in ERRORS:
             self._send_error(kind, path, head)
@@ -334,6 +370,16 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "truncate":  # half the body, then an orderly close (FIN)
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()
+            self.close_connection = True
+            return
+        if kind == "drip":
+            try:
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(fs.drip_s)
+            except OSError:
+                pass
             self.close_connection = True
             return
         if kind == "stall":

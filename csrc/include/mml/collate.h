@@ -16,6 +16,15 @@
 
 typedef enum { MML_KEYS_QWEN = 0, MML_KEYS_MEGATRON } mml_key_style;
 
+/* Special token ids shared by the Qwen2, Qwen2.5 and Qwen3 vocabularies: defaults for
+ * callers without a tokenizer (tests, the collate hook).  The loader asks its tokenizer
+ * instead (mml_tokenizer_token_to_id). */
+enum {
+  MML_QWEN_ENDOFTEXT_ID = 151643,    /* <|endoftext|>, the padding id */
+  MML_QWEN_VISION_START_ID = 151652, /* <|vision_start|> */
+  MML_QWEN_IMAGE_PAD_ID = 151655,    /* <|image_pad|> */
+};
+
 /* What a batch without any image carries for pixel_values / image_grid_thw. */
 typedef enum {
   MML_VISION_PLACEHOLDER = 0, /* pixel_values float32 [1, pixel_cols] of zeros and

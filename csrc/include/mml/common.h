@@ -36,6 +36,11 @@
   X(ETOOBIG,     "image_too_large",      "image exceeds the pixel limit")         \
   X(EASPECT,     "bad_aspect_ratio",     "image aspect ratio exceeds 200")        \
   X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \
+  X(ETOOMANYIMAGES, "too_many_images",   "sample exceeds max_images_per_sample")  \
+  X(ESAMPLEPIXELS, "sample_too_large",   "sample exceeds max_sample_pixels")      \
+  X(ERECORDSIZE, "record_too_large",     "record exceeds max_record_bytes")       \
+  X(EOBJECTSIZE, "object_too_large",     "object exceeds max_object_bytes")       \
+  X(EPATH,       "path_refused",         "path refused by the path policy")       \
   X(ETOKENIZER,  NULL,                   "tokenizer error")                       \
   X(ESTATE,      NULL,                   "invalid loader state")                  \
   X(EEND,        NULL,                   "end of epoch")                          \
@@ -104,8 +109,13 @@ mml_status mml_ids_append(mml_ids *v, const int32_t *p, size_t n);
 static inline void mml_ids_clear(mml_ids *v) { v->len = 0; }
 void mml_ids_free(mml_ids *v);
 
-/* Reads a whole local file (or a byte range: off >= 0, len >= 0; len < 0 means to EOF). */
+/* Reads a whole local file (or a byte range: off >= 0, len >= 0; len < 0 means to EOF).
+ * Only regular files are read: a FIFO, device, socket or directory is MML_EIO, found
+ * without blocking (the open never waits for a FIFO's writer). */
 mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *out, mml_err *err);
+/* The same refusing (MML_EOBJECTSIZE, before reading) more than max bytes (max > 0). */
+mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t max,
+                             mml_bytes *out, mml_err *err);
 
 /* Monotonic clock in seconds. */
 double mml_now(void);

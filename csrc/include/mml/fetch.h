@@ -72,8 +72,6 @@ void mml_fetch_get_stats(mml_fetcher *f, mml_fetch_stats *out);
  * jittered into [d/2, d] by u01 in [0,1), and never below retry_after (a Retry-After in
  * seconds, < 0 when absent; capped at 60). */
 double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_after, double u01);
-/* malloc'd copy of url fit for messages: user-info dropped, values of credential-like
- * query parameters (signature, credential, token, key, secret, password) replaced. */
-char *mml_url_redact(const char *url);
+/* URLs in messages: mml_url_redact (mml/message.h). */
 
 #endif

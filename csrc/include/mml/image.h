@@ -50,6 +50,11 @@ typedef struct mml_decoder mml_decoder; /* per-thread decode scratch, reused */
 
 mml_status mml_decoder_new(mml_decoder **out);
 void mml_decoder_free(mml_decoder *d); /* NULL is fine */
+/* Every decode on d refuses images of more than max_pixels (width*height, from the header
+ * and again from the size the library reports, before any row): MML_ETOOBIG.  New
+ * decoders start at MML_DEFAULT_MAX_IMAGE_PIXELS; 0 lifts the limit. */
+#define MML_DEFAULT_MAX_IMAGE_PIXELS ((int64_t)178956970) /* Pillow's bomb error threshold */
+void mml_decoder_set_max_pixels(mml_decoder *d, int64_t max_pixels);
 
 /* How strict and which reference the decoder follows; kept until changed ({0}: defaults). */
 typedef struct mml_decode_opts {

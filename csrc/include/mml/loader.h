@@ -12,7 +12,8 @@
  *
  * Epochs: padded mode yields floor(n_rank / micro_batch_size) batches per epoch, filling
  * with the epoch's own samples from the start (pos >= n_rank wraps) when skips make it
- * short; packed mode ends the last pack at the end of the epoch.
+ * short (a failure met again there is not counted or reported twice); packed mode ends
+ * the last pack at the end of the epoch.
  *
  * Threads: the consumer API (next, seek, stats, close) is for one consumer thread at a
  * time; the engine's threads never call back into the caller.
@@ -30,6 +31,10 @@
 #include "mml/template.h"
 #include "mml/tokenizer.h"
 #include "mml/vision.h"
+
+#define MML_DEFAULT_MAX_SAMPLE_PIXELS ((int64_t)1 << 27) /* 134,217,728 */
+#define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20)  /* 64 MiB */
+#define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
 
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
@@ -66,6 +71,22 @@ typedef struct mml_loader_cfg {
   double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
   int64_t max_length;       /* skip samples longer than this (0: no limit) */
+  /* Per-sample resource limits; 0 means the default.  A sample over one is skipped (or
+   * raised) with its own reason, naming shard, line and the limit. */
+  int max_images_per_sample;   /* too_many_images; default MML_DEFAULT_MAX_IMAGES_PER_SAMPLE */
+  int64_t max_sample_pixels;   /* sample_too_large: sum of the images' width*height, from
+                                  their headers before any decode; default
+                                  MML_DEFAULT_MAX_SAMPLE_PIXELS */
+  int64_t max_record_bytes;    /* record_too_large: one JSONL line, checked before reading
+                                  it; default MML_DEFAULT_MAX_RECORD_BYTES */
+  int max_json_depth;          /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
+  int64_t max_object_bytes;    /* object_too_large: one image file or object, refused before
+                                  it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
+  /* Path policy (path_refused, checked before opening anything); the option table's
+   * defaults are 1 (as in earlier releases), a zeroed cfg is the confined policy. */
+  int allow_paths_outside_root;/* 0: relative image references must stay inside the image
+                                  root: no absolute paths, no "..", no symlink out of it */
+  int allow_remote_images;     /* 0: records of local shards may not name http(s)/s3 URLs */
   int cycle;                /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
@@ -135,7 +156,9 @@ void mml_loader_source_stats(mml_loader *L, int source, mml_source_stats *out);
 /* Restarts the stream at cursor c (a cursor taken from a delivered batch, or
  * {epoch, 0, 0}): drops prefetched batches and in-flight work.  A cursor at the end of an
  * epoch resumes with the next epoch, reporting the epoch end first (as the original
- * loader would) unless batch_in_epoch is 0.  MML_ESTATE for an impossible cursor. */
+ * loader would) unless batch_in_epoch is 0.  MML_ESTATE, naming the field, for a cursor
+ * this loader cannot have produced (ranges and consistency, see check_cursor). */
+#define MML_MAX_EPOCH ((int64_t)1 << 40)
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
 /* mml_loader_seek, and then no work is started beyond the `ahead` samples from c plus
  * one more for each sample skipped (ahead <= 0: no bound): the caller knows how many
@@ -167,7 +190,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
  * A message whose status is MML_OK is a notice, not a skip (a mixture's share drift). */
 int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
 
-#define MML_MAX_REASONS 16
+#define MML_MAX_REASONS 32
 typedef struct mml_loader_stats {
   double wait_s;            /* consumer time blocked in mml_loader_next */
   double wall_s;            /* since the first mml_loader_next */
@@ -178,7 +201,11 @@ typedef struct mml_loader_stats {
   int window, in_flight;    /* sample window and samples being processed now */
   int num_threads;
   uint64_t samples;         /* samples consumed by collation (good + skipped) */
-  uint64_t good_samples, skipped;
+  uint64_t good_samples;
+  uint64_t skipped;         /* skipped samples the consumer has passed (with reason[]
+                               below): a skip is counted, and its warning queued, when the
+                               consumer's cursor passes it, never for prefetched work; a
+                               padded epoch's fill pass does not count a failure again */
   uint64_t batches;         /* batches delivered */
   uint64_t bytes_read;      /* record + image bytes read or fetched */
   uint64_t images;
@@ -200,6 +227,7 @@ typedef struct mml_pipeline {
   const mml_vision_cfg *vision;
   const mml_template *tmpl;
   int64_t max_length;       /* 0: no limit */
+  int64_t max_sample_pixels;/* > 0 */
   int plan_only;            /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
@@ -229,5 +257,16 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
  * URLs and absolute paths are kept, anything else is joined to root. */
 mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out,
                                  mml_err *err);
+/* The path policy for one reference `ref` of a record (resolved: its mml_sample_image_path)
+ * of a shard (local_shard: the shard is a local file): MML_EPATH naming the option when
+ * !cfg->allow_remote_images and a local shard's record names a URL, or
+ * !cfg->allow_paths_outside_root
+ * and the reference is absolute, climbs out of the root with "..", or resolves (symlinks
+ * followed) outside the root.  Checks names only: nothing is opened. */
+/* Prefixes err with "image <ref>" (the reference shortened in the middle). */
+void mml_sample_err_image(mml_err *err, const char *ref);
+mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
+                                    const char *ref, const char *resolved, int local_shard,
+                                    mml_err *err);
 
 #endif

@@ -93,6 +93,22 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
  * must outlive rec) stands for its image list (a WebDataset sample's image members). */
 mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
                                mml_record *rec, mml_err *err);
+
+/* Limits of one parse (0: the default).  A line nested deeper than max_json_depth, or
+ * holding a "\u0000" escape (text is NUL-terminated), is MML_ERECORD, checked in one pass
+ * before any JSON tree is built; more than max_images images is MML_ETOOMANYIMAGES, found
+ * as soon as the image list or the count of image parts passes it.  Parsing is linear in
+ * the line's length. */
+#define MML_DEFAULT_MAX_JSON_DEPTH 64
+#define MML_DEFAULT_MAX_IMAGES_PER_SAMPLE 256
+typedef struct mml_record_opts {
+  int max_json_depth;
+  int max_images;
+  const char *const *implicit; /* as in mml_record_parse_ex (NULL: none) */
+  int nimplicit;
+} mml_record_opts;
+mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_opts *opts,
+                                 mml_record *rec, mml_err *err);
 void mml_record_free(mml_record *rec);
 
 #endif

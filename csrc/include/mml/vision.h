@@ -42,6 +42,9 @@ typedef struct mml_vision_cfg {
  *                            colour Pillow kept (mml_decoder_color_key) */
 enum { MML_ROUTE_PROCESSOR = 0, MML_ROUTE_LOAD_IMAGE = 1, MML_ROUTE_QWEN_VL_UTILS = 2 };
 
+/* Floats per patch row of pixel_values: channels * temporal_patch_size * patch_size^2. */
+int mml_vision_pixel_cols(const mml_vision_cfg *cfg);
+
 /* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
  * MML_ECONFIG naming the bad field. */
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err);

@@ -1,0 +1,120 @@
+"""Writes the seed corpus of the fuzz targets into fuzz/corpus/<target>/ (committed; rerun
+after changing it: python3 fuzz/make_seeds.py).  Images are re-encoded at run time from a
+photo inside scikit-image's or matplotlib's wheel when one is installed, else drawn."""
+import io
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def records():
+    recs = [
+        {"image": "a.jpg", "conversations": [{"from": "human", "value": "<image>\nWhat?"},
+                                             {"from": "gpt", "value": "A cat."}]},
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "<image><image>Compare."},
+                      {"role": "assistant", "content": "Same."}], "images": ["a", "b"]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"},
+                                                   {"type": "text", "text": "caf\u00e9?"}]},
+                      {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]},
+        {"messages": [{"role": "user", "content": [{"image_url": {"url": "https://h/a.jpg"}}]},
+                      {"role": "tool", "content": None}], "images": []},
+    ]
+    for i, r in enumerate(recs):
+        put("record", f"rec{i}.json", json.dumps(r, ensure_ascii=i % 2 == 0))
+    put("record", "deep.json", '{"x":' + "[" * 40 + "]" * 40 + ',"messages":[]}')
+    put("record", "nul.json", '{"messages":[{"role":"user","content":"a\\u0000b"}]}')
+
+
+def tokenizer():
+    with open(os.path.join(ROOT, "mmloader", "data", "tiny-tokenizer.json"), encoding="utf-8") as f:
+        tok = json.load(f)
+    keep = {k: v for k, v in tok["model"]["vocab"].items() if v < 300}
+    merges = [m for m in tok["model"]["merges"]
+              if (m if isinstance(m, list) else m.split(" "))[0] in keep
+              and (m if isinstance(m, list) else m.split(" "))[1] in keep
+              and "".join(m if isinstance(m, list) else m.split(" ")) in keep][:200]
+    tok["model"]["vocab"] = keep
+    tok["model"]["merges"] = merges
+    tok["added_tokens"] = tok.get("added_tokens", [])[:4]
+    put("tokenizer-load", "small.json", json.dumps(tok, ensure_ascii=False))
+    tok["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in merges]
+    tok["normalizer"] = {"type": "NFC"}
+    put("tokenizer-load", "small-string-merges.json", json.dumps(tok))
+
+
+def texts():
+    for i, t in enumerate(["Hello world", "<|im_start|>user\ncaf\u00e9 123<|im_end|>",
+                           "  \t\n\u00e9\u0301 \U0001F600 don't", "x" * 300]):
+        put("bpe-encode", f"t{i}.txt", t)
+    put("bpe-encode", "bad-utf8.bin", b"a\xff\xfe\xc3(\xed\xa0\x80b")
+
+
+def photo():
+    from PIL import Image
+    for mod, rel in (("skimage", "data/astronaut.png"), ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg")):
+        try:
+            m = __import__(mod)
+            return Image.open(os.path.join(os.path.dirname(m.__file__), rel)).convert("RGB")
+        except Exception:
+            continue
+    return Image.radial_gradient("L").convert("RGB")
+
+
+def images():
+    from PIL import Image
+    im = photo().resize((24, 16))
+
+    def enc(img, fmt, **kw):
+        b = io.BytesIO()
+        img.save(b, fmt, **kw)
+        return b.getvalue()
+    jpegs = {"baseline": enc(im, "JPEG", quality=80), "progressive": enc(im, "JPEG", progressive=True),
+             "gray": enc(im.convert("L"), "JPEG"), "cmyk": enc(im.convert("CMYK"), "JPEG"),
+             "sub444": enc(im, "JPEG", subsampling=0)}
+    for k, v in jpegs.items():
+        put("image-jpeg", k + ".bin", v[3:])  # the target puts the magic back
+    pngs = {"rgb": enc(im, "PNG"), "rgba": enc(im.convert("RGBA"), "PNG"),
+            "palette": enc(im.convert("P"), "PNG"), "gray": enc(im.convert("L"), "PNG"),
+            "interlaced": enc(im, "PNG", interlace=1), "gray16": enc(im.convert("I;16"), "PNG")}
+    for k, v in pngs.items():
+        put("image-png", k + ".bin", v[8:])
+    others = {"webp": (4, {"lossy": enc(im, "WEBP", quality=70), "lossless": enc(im, "WEBP", lossless=True),
+                           "alpha": enc(im.convert("RGBA"), "WEBP")}),
+              "gif": (4, {"p": enc(im.convert("P"), "GIF"),
+                          "anim": enc(im.convert("P"), "GIF", save_all=True,
+                                      append_images=[im.rotate(90).convert("P")])}),
+              "bmp": (2, {"rgb": enc(im, "BMP"), "p": enc(im.convert("P"), "BMP")}),
+              "tiff": (3, {"raw": enc(im, "TIFF"), "lzw": enc(im, "TIFF", compression="tiff_lzw"),
+                           "gray": enc(im.convert("L"), "TIFF")})}
+    for fmt, (strip, seeds) in others.items():
+        for k, v in seeds.items():
+            if fmt == "tiff" and not v.startswith(b"II*"):
+                continue  # the target forces little-endian TIFF
+            put("image-" + fmt, k + ".bin", v[strip:])
+
+
+def resize_and_state():
+    for i, (h, w, f) in enumerate([(480, 640, 28), (1, 1, 28), (10000, 20, 32), (28, 5600, 14)]):
+        put("resize", f"r{i}.bin", struct.pack("<iih", h, w, f) + struct.pack("<qq", 3136, 12845056)
+            + bytes([i, 17, 23, 40, 9, i]) + bytes(range(48)))
+    for i, (pack, e, p, b) in enumerate([(0, 0, 0, 0), (0, 1, 9, 2), (1, 0, 5, 2), (0, 0, 40, 7)]):
+        put("state", f"s{i}.bin", bytes([pack]) + struct.pack("<QQQ", e + 2, p + 2, b + 2))
+
+
+if __name__ == "__main__":
+    records()
+    tokenizer()
+    texts()
+    images()
+    resize_and_state()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, clang with ASan + UBSan) and runs each on its seed
+# corpus for a set time.  Any crash, sanitizer report, leak or timeout fails the run; the
+# input is kept in fuzz/build/findings/<target>/ (turn it into a regression case in
+# tests/c/test-hardening.c and a seed in fuzz/corpus/<target>/).
+#   scripts/fuzz.sh                 every target for $FUZZ_SECONDS (default 60) seconds
+#   scripts/fuzz.sh --smoke         every target for 5 seconds (what CI runs)
+#   scripts/fuzz.sh record state    the named targets only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${FUZZ_SECONDS:-60}
+if [ "${1:-}" = "--smoke" ]; then secs=${FUZZ_SMOKE_SECONDS:-5}; shift; fi
+# clang and its libFuzzer runtime (Debian: clang + libclang-rt-<version>-dev)
+fuzzer_links() {
+  echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
+    clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1
+}
+if ! command -v clang >/dev/null || ! fuzzer_links; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  command -v clang >/dev/null || $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=600 clang >/dev/null
+  ver=$(clang -dumpversion | cut -d. -f1)
+  $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=600 "libclang-rt-$ver-dev" >/dev/null
+  fuzzer_links || { echo "[fuzz] clang cannot link -fsanitize=fuzzer" >&2; exit 1; }
+fi
+make -s -C fuzz -j "$(nproc)" all
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  read -r -a targets <<<"$(make -s -C fuzz list)"
+fi
+failed=()
+for t in "${targets[@]}"; do
+  log=fuzz/build/$t.log
+  printf '[fuzz] %-16s %ss ... ' "$t" "$secs"
+  if make -s -C fuzz run T="$t" SECONDS="$secs" >"$log" 2>&1; then
+    echo "ok ($(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?') runs)"
+  else
+    echo "FAILED (see $log)"
+    tail -40 "$log" >&2
+    failed+=("$t")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "[fuzz] findings in: ${failed[*]}" >&2
+  exit 1
+fi
