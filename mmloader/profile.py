@@ -89,9 +89,12 @@ def _progress(out: Optional[TextIO], done: int, total: int, t: float, samples: i
 
 
 def run(loader: Any, batches: int, step_s: float = 0.0,
-        progress: Optional[TextIO] = sys.stderr) -> Profile:
+        progress: Optional[TextIO] = ...) -> Profile:  # type: ignore[assignment]
     """Takes `batches` batches from `loader` (across epochs), sleeping `step_s` after each
-    (a trainer step), and records stats() after every batch."""
+    (a trainer step), and records stats() after every batch.  Progress goes to
+    `progress` (default: sys.stderr at the time of the call; None: none)."""
+    if progress is ...:
+        progress = sys.stderr
     if batches < 1:
         raise ValueError("batches must be >= 1")
     it = iter(loader)
