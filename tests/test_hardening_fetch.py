@@ -2,29 +2,19 @@
 Content-Length), every request has a deadline and a minimum rate, retries are bounded in
 count and in time, identical requests in flight are fetched once, next() names what it
 waits on, and close() is prompt whatever the server does.  Each test failed before."""
-import io
 import json
 import os
-import resource
 import threading
 import time
-import warnings
 
 import pytest
 
 import mmloader
 from mmloader import _core
 
-TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+from test_hardening import jpeg, make, run  # the same loader settings as the record-side suite
 FAST = dict(fetch_stall_s=1.0, fetch_retry_budget_s=4.0)
 
-
-def jpeg(w=28, h=20, color=(200, 30, 60)) -> bytes:
-    from PIL import Image
-    b = io.BytesIO()
-    Image.new("RGB", (w, h), color).save(b, "JPEG", quality=90)
-    return b.getvalue()
 
 
 def rec(url: str) -> dict:
@@ -39,18 +29,6 @@ def write(tmp_path, records) -> str:
     return str(p)
 
 
-def make(data, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=1, num_threads=2, prefetch=2, shuffle=False,
-                max_error_rate=1.0, **SMALL)
-    args.update(kw)
-    return mmloader.Loader(data, **args)
-
-
-def run(loader):
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        batches = [b for b in loader]
-    return batches, loader.stats()["skipped_by_reason"], [str(x.message) for x in w]
 
 
 def rss_mb() -> float:
