@@ -33,6 +33,7 @@
 #define IMAGE_TAG "<image>"
 #define IMAGE_TAG_LEN 7
 #define VIDEO_TAG "<video>"
+#define VIDEO_TAG_LEN 7
 
 typedef struct rec_arena {
   cJSON *root;
@@ -44,6 +45,10 @@ typedef struct rec_arena {
   size_t images_cap;
   mml_image_budget *budgets;
   size_t budgets_cap;
+  mml_video_ref *videos;
+  size_t videos_cap;
+  const char **frames; /* every frame list's references, one array (see fix_frames) */
+  size_t nframes, frames_cap;
   int *msg_first_part; /* index into parts of each message's first part */
   size_t first_cap;
   char **owned;        /* strings made while parsing (joined alpaca text, printed JSON) */
@@ -54,6 +59,10 @@ typedef struct rec_arena {
 typedef struct parse_ctx {
   rec_arena *a;
   mml_record *rec;
+  const cJSON *vlist; /* top-level video list (array, or a single entry), or NULL */
+  const cJSON *vlist_at;
+  int vlist_len, vlist_next;
+  int media;          /* images + frames so far (max_images bounds both) */
   const cJSON *list; /* top-level image list (array or single string), or NULL */
   const cJSON *list_at; /* its entry list_next (a cursor: parsing stays linear) */
   const char *const *implicit; /* stands for the list when the record has none */
@@ -137,7 +146,7 @@ static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry,
   if (!mml_utf8_valid(ref, strlen(ref)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
   if (!*ref) return mml_err_set(c->err, MML_ERECORD, "bad record: empty image reference");
-  if (c->rec->nimages >= c->max_images)
+  if (c->media >= c->max_images)
     return mml_err_set(c->err, MML_ETOOMANYIMAGES,
                        "more than %d images in one sample, above max_images_per_sample=%d",
                        c->max_images, c->max_images);
@@ -151,6 +160,7 @@ static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry,
   if (!st) st = read_budget(c, part, b);
   if (st) return st;
   a->images[c->rec->nimages] = ref;
+  c->media++;
   *index = c->rec->nimages++;
   return MML_OK;
 }
@@ -208,29 +218,181 @@ static mml_status push_part(parse_ctx *c, mml_part_kind kind, const char *text, 
   return MML_OK;
 }
 
-/* Text with `<image>` tags: tags become image parts taken from the top-level list. */
+static mml_status take_listed_video(parse_ctx *c, int msg, const cJSON *part, int *index);
+
+/* Text with `<image>` / `<video>` tags: tags become image / video parts taken from the
+ * top-level lists, in order. */
 static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
   if (!mml_utf8_valid(s, n))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
                        msg);
-  if (memmem(s, n, VIDEO_TAG, sizeof VIDEO_TAG - 1))
-    return mml_err_set(c->err, MML_EVIDEO,
-                       "unsupported video: message %d has a <video> tag (video input is not "
-                       "supported yet)",
-                       msg);
   const char *p = s, *end = s + n;
-  for (;;) {
-    const char *tag = memmem(p, (size_t)(end - p), IMAGE_TAG, IMAGE_TAG_LEN);
-    if (!tag) break;
+  const char *img = memmem(p, n, IMAGE_TAG, IMAGE_TAG_LEN);
+  const char *vid = memmem(p, n, VIDEO_TAG, VIDEO_TAG_LEN);
+  while (img || vid) {
+    int is_video = !img || (vid && vid < img);
+    const char *tag = is_video ? vid : img;
     mml_status st = push_part(c, MML_PART_TEXT, p, (size_t)(tag - p), 0);
-    int idx;
-    if (!st) st = take_listed_image(c, msg, NULL, &idx);
-    if (!st) st = push_part(c, MML_PART_IMAGE, NULL, 0, idx);
+    int idx = 0;
+    if (!st) st = is_video ? take_listed_video(c, msg, NULL, &idx) : take_listed_image(c, msg, NULL, &idx);
+    if (!st) st = push_part(c, is_video ? MML_PART_VIDEO : MML_PART_IMAGE, NULL, 0, idx);
     if (st) return st;
-    p = tag + IMAGE_TAG_LEN;
+    p = tag + IMAGE_TAG_LEN; /* both tags are 7 bytes */
+    if (is_video) vid = memmem(p, (size_t)(end - p), VIDEO_TAG, VIDEO_TAG_LEN);
+    else img = memmem(p, (size_t)(end - p), IMAGE_TAG, IMAGE_TAG_LEN);
   }
   return push_part(c, MML_PART_TEXT, p, (size_t)(end - p), 0);
+}
+
+/* ---------------------------------------------------------------- videos */
+
+/* Reads the qwen-vl-utils keys of a video element (an object, or NULL) into *k; keys it
+ * does not hold leave *k as it is. */
+static mml_status read_video_keys(parse_ctx *c, const cJSON *obj, mml_video_keys *k) {
+  static const char *const ints[] = {"nframes", "min_frames", "max_frames", "min_pixels",
+                                     "max_pixels", "resized_height", "resized_width"};
+  static const char *const reals[] = {"fps", "total_pixels", "sample_fps", "raw_fps"};
+  if (!cJSON_IsObject(obj)) return MML_OK;
+  int64_t *iv[] = {&k->nframes, &k->min_frames, &k->max_frames, &k->min_pixels,
+                   &k->max_pixels, &k->resized_height, &k->resized_width};
+  double *rv[] = {&k->fps, &k->total_pixels, &k->sample_fps, &k->raw_fps};
+  for (int i = 0; i < 7; i++) {
+    const cJSON *v = get(obj, ints[i], NULL);
+    if (!v) continue;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    int64_t cap = i >= 5 ? (1 << 30) : (int64_t)1e15;
+    if (!(d >= 1 && d <= (double)cap && d == (double)(int64_t)d))
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: video %d: \"%s\" must be a positive integer (at most %lld)",
+                         c->rec->nvideos, ints[i], (long long)cap);
+    *iv[i] = (int64_t)d;
+  }
+  for (int i = 0; i < 4; i++) {
+    const cJSON *v = get(obj, reals[i], NULL);
+    if (!v) continue;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!(d > 0 && d <= 1e15))
+      return mml_err_set(c->err, MML_ERECORD, "bad record: video %d: \"%s\" must be a positive number",
+                         c->rec->nvideos, reals[i]);
+    *rv[i] = d;
+  }
+  static const char *const times[] = {"video_start", "video_end"};
+  for (int i = 0; i < 2; i++) {
+    const cJSON *v = get(obj, times[i], NULL);
+    if (!v) continue;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > -1e15 && v->valuedouble < 1e15))
+      return mml_err_set(c->err, MML_ERECORD, "bad record: video %d: \"%s\" must be a number (seconds)",
+                         c->rec->nvideos, times[i]);
+    if (i == 0) k->video_start = v->valuedouble, k->has_start = 1;
+    else k->video_end = v->valuedouble, k->has_end = 1;
+  }
+  return MML_OK;
+}
+
+/* The reference of a video element's value: a string (a file), or a list of strings (a
+ * frame list, *list set); NULL with *list unset when it is neither. */
+static const char *video_value(const cJSON *v, const cJSON **list) {
+  *list = NULL;
+  if (cJSON_IsObject(v)) v = get(v, "url", NULL); /* OpenAI style {"url": ...} */
+  if (cJSON_IsString(v)) return v->valuestring;
+  if (cJSON_IsArray(v)) *list = v;
+  return NULL;
+}
+
+/* The video value of a top-level list entry: the entry itself, or an object's
+ * "video"/"path"/"url"/"video_url" (then the object also carries keys). */
+static const cJSON *entry_value(const cJSON *e) {
+  if (!cJSON_IsObject(e)) return e;
+  static const char *const keys[] = {"video", "path", "url", "video_url"};
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    const cJSON *r = get(e, keys[i], NULL);
+    if (r) return r;
+  }
+  return NULL;
+}
+
+/* Appends a video: a file `ref`, or the frame list `list`; `entry` then `part` (objects or
+ * NULL) carry its keys (the part's win). */
+static mml_status add_video(parse_ctx *c, const char *ref, const cJSON *list, const cJSON *entry,
+                            const cJSON *part, int *index) {
+  rec_arena *a = c->a;
+  int v = c->rec->nvideos;
+  if (grow((void **)&a->videos, &a->videos_cap, (size_t)v + 1, sizeof *a->videos))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  mml_video_ref *vr = &a->videos[v];
+  memset(vr, 0, sizeof *vr);
+  if (ref) {
+    if (!*ref || !mml_utf8_valid(ref, strlen(ref)))
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: video %d reference is empty or not valid UTF-8", v);
+    vr->ref = ref;
+  } else {
+    int n = cJSON_GetArraySize(list);
+    if (n < 1)
+      return mml_err_set(c->err, MML_ERECORD, "bad record: video %d is an empty frame list", v);
+    if (n > c->max_images - c->media)
+      return mml_err_set(c->err, MML_ETOOMANYIMAGES,
+                         "more than %d images and frames in one sample, above "
+                         "max_images_per_sample=%d", c->max_images, c->max_images);
+    if (grow((void **)&a->frames, &a->frames_cap, a->nframes + (size_t)n, sizeof *a->frames))
+      return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+    /* frames point into a->frames by offset until the parse ends (it may move) */
+    vr->frames = (const char **)(uintptr_t)a->nframes;
+    int j = 0;
+    for (const cJSON *f = list->child; f; f = f->next, j++) {
+      const char *fr = cJSON_IsString(f) ? f->valuestring : NULL;
+      if (!fr || !*fr || !mml_utf8_valid(fr, strlen(fr)))
+        return mml_err_set(c->err, MML_ERECORD,
+                           "bad record: video %d frame %d is not a non-empty string", v, j);
+      a->frames[a->nframes++] = fr;
+    }
+    vr->nframes = n;
+    c->media += n;
+  }
+  mml_status st = read_video_keys(c, entry, &vr->keys);
+  if (!st) st = read_video_keys(c, part, &vr->keys);
+  if (st) return st;
+  if (vr->keys.fps > 0 && vr->keys.nframes > 0)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: video %d gives both \"fps\" and \"nframes\" (qwen-vl-utils "
+                       "accepts only one)", v);
+  *index = c->rec->nvideos++;
+  return MML_OK;
+}
+
+static mml_status take_listed_video(parse_ctx *c, int msg, const cJSON *part, int *index) {
+  if (c->vlist_next >= c->vlist_len)
+    return mml_err_set(c->err, MML_EMISMATCH,
+                       "video count mismatch: message %d refers to video %d but the record "
+                       "lists %d",
+                       msg, c->vlist_next + 1, c->vlist_len);
+  const cJSON *e = c->vlist;
+  if (cJSON_IsArray(c->vlist)) {
+    e = c->vlist_at;
+    c->vlist_at = e ? e->next : NULL;
+  }
+  const cJSON *list;
+  const char *ref = video_value(entry_value(e), &list);
+  if (!ref && !list)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: video %d of the record's video list is neither a path nor "
+                       "a list of frames", c->vlist_next);
+  c->vlist_next++;
+  return add_video(c, ref, list, cJSON_IsObject(e) ? e : NULL, part, index);
+}
+
+static mml_status add_video_part(parse_ctx *c, int msg, int k, const cJSON *part) {
+  const cJSON *v = get(part, "video", "video_url");
+  const cJSON *list = NULL;
+  const char *ref = v ? video_value(v, &list) : NULL;
+  if (v && !ref && !list)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: message %d video part %d: \"video\" is neither a path nor a "
+                       "list of frames", msg, k);
+  int idx;
+  mml_status st = v ? add_video(c, ref, list, NULL, part, &idx) : take_listed_video(c, msg, part, &idx);
+  return st ? st : push_part(c, MML_PART_VIDEO, NULL, 0, idx);
 }
 
 static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *part) {
@@ -275,11 +437,7 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     mml_status st = ref ? add_image(c, ref, NULL, part, &idx) : take_listed_image(c, msg, part, &idx);
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
-  if (!strcmp(t, "video") || !strcmp(t, "video_url"))
-    return mml_err_set(c->err, MML_EVIDEO,
-                       "unsupported video: message %d content part %d is a video (video input "
-                       "is not supported yet)",
-                       msg, k);
+  if (!strcmp(t, "video") || !strcmp(t, "video_url")) return add_video_part(c, msg, k, part);
   char shown[MML_SHORT_CAP(64)];
   return mml_err_set(c->err, MML_ERECORD,
                      "bad record: message %d content part %d has unsupported type \"%s\"",
@@ -420,13 +578,19 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   rec_arena *a = c->a;
   if (!cJSON_IsObject(root))
     return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
-  static const char *const video_keys[] = {"video", "videos"};
-  for (int k = 0; k < 2; k++)
-    if (!no_media(cJSON_GetObjectItemCaseSensitive(root, video_keys[k])))
-      return mml_err_set(c->err, MML_EVIDEO,
-                         "unsupported video: the record lists \"%s\" (video input is not "
-                         "supported yet)",
-                         video_keys[k]);
+  const cJSON *videos = get(root, "videos", NULL), *video = get(root, "video", NULL);
+  if (no_media(videos)) videos = NULL;
+  if (no_media(video)) video = NULL;
+  if (videos && video)
+    return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"videos\" and \"video\"");
+  c->vlist = videos ? videos : video;
+  /* "videos": a list of entries; "video": one entry, a frame list being one entry too */
+  if (videos && cJSON_IsArray(videos)) {
+    c->vlist_len = cJSON_GetArraySize(videos);
+    c->vlist_at = videos->child;
+  } else if (c->vlist) {
+    c->vlist_len = 1;
+  }
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
   const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
   if (msgs && conv)
@@ -476,6 +640,11 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
       if ((st = add_message(c, i, m))) return st;
   }
   a->msg_first_part[n] = (int)a->nparts;
+  if (c->vlist_next != c->vlist_len)
+    return mml_err_set(c->err, MML_EMISMATCH,
+                       "video count mismatch: the record lists %d video(s) but its messages "
+                       "refer to %d",
+                       c->vlist_len, c->vlist_next);
   if (c->list_next != c->list_len)
     return mml_err_set(c->err, MML_EMISMATCH,
                        "image count mismatch: the record lists %d image(s) but its messages "
@@ -489,6 +658,9 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   c->rec->nmessages = n;
   c->rec->images = a->images;
   c->rec->budgets = a->budgets;
+  for (int v = 0; v < c->rec->nvideos; v++) /* frame offsets become pointers */
+    if (!a->videos[v].ref) a->videos[v].frames = a->frames + (uintptr_t)a->videos[v].frames;
+  c->rec->videos = a->videos;
   return MML_OK;
 }
 
@@ -550,6 +722,7 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
   cJSON_Delete(a->root);
   a->root = NULL;
   a->nparts = 0;
+  a->nframes = 0;
   free_owned(a);
   *rec = (mml_record){.arena = a};
 
@@ -593,6 +766,8 @@ void mml_record_free(mml_record *rec) {
     free(a->parts);
     free(a->images);
     free(a->budgets);
+    free(a->videos);
+    free(a->frames);
     free(a->msg_first_part);
     free_owned(a);
     free(a->owned);

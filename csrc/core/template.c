@@ -134,6 +134,7 @@ typedef struct out_ctx {
   const mml_template *t;
   const mml_record *rec;
   const int64_t *image_tokens;
+  const mml_video_tokens *videos;
   mml_err *err;
   mml_bytes *text; /* render: the output text; NULL when encoding */
   /* encode */
@@ -267,6 +268,69 @@ static mml_status emit_image(out_ctx *o, int image) {
   return MML_OK;
 }
 
+/* Appends n copies of `pad` (rendered) or of its id (encoded, unsupervised). */
+static mml_status emit_pads(out_ctx *o, int which, int64_t n) {
+  mml_status st;
+  if (o->text) {
+    const char *pad = k_tok_names[which];
+    size_t pl = strlen(pad);
+    if ((st = mml_bytes_reserve(o->text, o->text->len + (size_t)n * pl)))
+      return mml_err_set(o->err, st, "template: out of memory");
+    for (int64_t i = 0; i < n; i++) mml_bytes_append(o->text, pad, pl);
+    return MML_OK;
+  }
+  if ((st = flush(o))) return st;
+  size_t len = o->ids->len;
+  if (mml_ids_reserve(o->ids, len + (size_t)n) || mml_ids_reserve(o->labels, len + (size_t)n))
+    return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
+  int32_t id = o->t->id[which];
+  for (int64_t i = 0; i < n; i++) {
+    o->ids->data[len + i] = id;
+    o->labels->data[len + i] = MML_IGNORE_INDEX;
+  }
+  o->ids->len = o->labels->len = len + (size_t)n;
+  return MML_OK;
+}
+
+/* A video placeholder, never supervised.  Qwen2/2.5-VL: <|vision_start|>, groups *
+ * group_tokens <|video_pad|>, <|vision_end|>.  Qwen3-VL: transformers 5.24's processor
+ * replaces the template's <|video_pad|> (inside <|vision_start|>...<|vision_end|>) with one
+ * "<{t:.1f} seconds><|vision_start|>pads<|vision_end|>" block per temporal patch. */
+static mml_status emit_video(out_ctx *o, int video) {
+  const mml_record *rec = o->rec;
+  if (video < 0 || video >= rec->nvideos)
+    return mml_err_set(o->err, MML_EINVAL, "template: video part %d out of range (%d videos)",
+                       video, rec->nvideos);
+  if (!o->videos)
+    return mml_err_set(o->err, MML_EINVAL, "template: the record has videos but no token counts");
+  if (!o->text && o->t->id[TOK_VIDEO_PAD] < 0)
+    return mml_err_set(o->err, MML_ETOKENIZER, "template: the tokenizer has no <|video_pad|> token");
+  const mml_video_tokens *v = &o->videos[video];
+  if (v->groups < 1 || v->group_tokens < 1 || v->groups * v->group_tokens > (int64_t)1 << 30)
+    return mml_err_set(o->err, MML_EINVAL, "template: video %d has %lld x %lld tokens", video,
+                       (long long)v->groups, (long long)v->group_tokens);
+  bool stamps = o->t->style == MML_TEMPLATE_QWEN3_VL;
+  if (stamps && !v->timestamps)
+    return mml_err_set(o->err, MML_EINVAL, "template: qwen3-vl video %d has no timestamps", video);
+  TRY(emit_marker(o, TOK_VISION_START, false));
+  if (!stamps) {
+    TRY(emit_pads(o, TOK_VIDEO_PAD, v->groups * v->group_tokens));
+  } else {
+    for (int64_t g = 0; g < v->groups; g++) {
+      char ts[64];
+      int n = snprintf(ts, sizeof ts, "<%.1f seconds>", v->timestamps[g]);
+      if (n < 0 || n >= (int)sizeof ts)
+        return mml_err_set(o->err, MML_EINVAL, "template: video %d timestamp %g", video,
+                           v->timestamps[g]);
+      TRY(emit_text(o, ts, (size_t)n, false));
+      TRY(emit_marker(o, TOK_VISION_START, false));
+      TRY(emit_pads(o, TOK_VIDEO_PAD, v->group_tokens));
+      TRY(emit_marker(o, TOK_VISION_END, false));
+    }
+  }
+  return emit_marker(o, TOK_VISION_END, false);
+}
+
 /* Length of the Python-whitespace character (str.isspace) at p, 0 if none. */
 static size_t py_space_at(const unsigned char *p, size_t n) {
   if (!n) return 0;
@@ -306,8 +370,9 @@ static mml_status emit_parts(out_ctx *o, const mml_message *m, bool sup) {
     const char *text = p->text;
     size_t len = p->len;
     if (p->kind == MML_PART_TEXT && strip) py_strip(&text, &len);
-    mml_status st = p->kind == MML_PART_IMAGE ? emit_image(o, p->image)
-                                              : emit_text(o, text, len, sup);
+    mml_status st = p->kind == MML_PART_IMAGE   ? emit_image(o, p->image)
+                    : p->kind == MML_PART_VIDEO ? emit_video(o, p->image)
+                                                : emit_text(o, text, len, sup);
     if (st) return st;
   }
   return MML_OK;
@@ -436,7 +501,7 @@ static mml_status format_function_call(out_ctx *o, int k, const mml_message *m) 
 
 static bool has_image(const mml_message *m) {
   for (int i = 0; i < m->nparts; i++)
-    if (m->parts[i].kind == MML_PART_IMAGE) return true;
+    if (m->parts[i].kind != MML_PART_TEXT) return true;
   return false;
 }
 
@@ -521,7 +586,7 @@ static mml_status walk(out_ctx *o) {
       if (dropped) {
         if (has_image(m))
           return mml_err_set(o->err, MML_ERECORD,
-                             "bad record: message %d (role \"%s\") holds an image but the "
+                             "bad record: message %d (role \"%s\") holds an image or video but the "
                              "qwen3-vl template drops such messages",
                              k, m->role_name);
         continue;
@@ -546,16 +611,17 @@ static mml_status walk(out_ctx *o) {
   return flush(o);
 }
 
-mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
-                               const mml_record *rec, const int64_t *image_tokens,
-                               mml_ids *ids, mml_ids *labels, mml_err *err) {
+mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
+                                     const mml_record *rec, const int64_t *image_tokens,
+                                     const mml_video_tokens *videos, mml_ids *ids,
+                                     mml_ids *labels, mml_err *err) {
   if (!t || !rec || !ids || !labels) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
   if (!t->tok)
     return mml_err_set(err, MML_EINVAL, "template: created without a tokenizer (render only)");
   if (ids->len != labels->len)
     return mml_err_set(err, MML_EINVAL, "template: ids and labels differ in length");
   size_t ids0 = ids->len;
-  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .err = err,
+  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .videos = videos, .err = err,
                .scratch = scratch, .ids = ids, .labels = labels, .sup_from = NO_SUP,
                .seg_cap = sizeof o.seg_stack};
   o.seg = o.seg_stack;
@@ -567,14 +633,27 @@ mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
   return st;
 }
 
-mml_status mml_template_render(const mml_template *t, const mml_record *rec,
-                               const int64_t *image_tokens, mml_bytes *out, mml_err *err) {
+mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
+                               const mml_record *rec, const int64_t *image_tokens,
+                               mml_ids *ids, mml_ids *labels, mml_err *err) {
+  return mml_template_encode_media(t, scratch, rec, image_tokens, NULL, ids, labels, err);
+}
+
+mml_status mml_template_render_media(const mml_template *t, const mml_record *rec,
+                                     const int64_t *image_tokens, const mml_video_tokens *videos,
+                                     mml_bytes *out, mml_err *err) {
   if (!t || !rec || !out) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
   size_t len0 = out->len;
-  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .err = err, .text = out};
+  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .videos = videos, .err = err,
+               .text = out};
   mml_status st = walk(&o);
   mml_bytes_free(&o.fmt);
   mml_bytes_free(&o.scratch_text);
   if (st) out->len = len0;
   return st;
+}
+
+mml_status mml_template_render(const mml_template *t, const mml_record *rec,
+                               const int64_t *image_tokens, mml_bytes *out, mml_err *err) {
+  return mml_template_render_media(t, rec, image_tokens, NULL, out, err);
 }

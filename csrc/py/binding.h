@@ -103,5 +103,18 @@ int mml_py_template_register(PyObject *m);  /* template_py.c: record/template te
 int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
 int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
+int mml_py_video_register(PyObject *m);     /* video_py.c: frame sampling test hooks */
+
+/* video_py.c helpers for template_py.c: a record's video as a dict, and the video_tokens
+ * argument (None, or one (grid_t, tokens_per_temporal_patch[, timestamps]) per video). */
+struct mml_video_ref;
+struct mml_video_tokens;
+PyObject *mml_py_video_dict(const struct mml_video_ref *v);
+typedef struct mml_py_video_tokens {
+  struct mml_video_tokens *v; /* NULL when the record has no videos */
+  double *ts;
+} mml_py_video_tokens;
+int mml_py_video_tokens_get(PyObject *obj, int nvideos, mml_py_video_tokens *out);
+void mml_py_video_tokens_free(mml_py_video_tokens *t);
 
 #endif

@@ -144,7 +144,13 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   }
   PyObject *msgs = PyList_New(rec.nmessages), *imgs = PyList_New(rec.nimages), *res = NULL;
-  if (!msgs || !imgs) goto done;
+  PyObject *vids = PyList_New(rec.nvideos);
+  if (!msgs || !imgs || !vids) goto done;
+  for (int i = 0; i < rec.nvideos; i++) {
+    PyObject *d = mml_py_video_dict(&rec.videos[i]);
+    if (!d) goto done;
+    PyList_SET_ITEM(vids, i, d);
+  }
   for (int i = 0; i < rec.nimages; i++) {
     PyObject *s = PyUnicode_FromString(rec.images[i]);
     if (!s) goto done;
@@ -159,7 +165,9 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
       PyObject *d = p->kind == MML_PART_TEXT
                         ? Py_BuildValue("{s:s,s:s#}", "type", "text", "text", p->text,
                                         (Py_ssize_t)p->len)
-                        : Py_BuildValue("{s:s,s:i}", "type", "image", "image", p->image);
+                        : Py_BuildValue("{s:s,s:i}", "type",
+                                        p->kind == MML_PART_VIDEO ? "video" : "image",
+                                        p->kind == MML_PART_VIDEO ? "video" : "image", p->image);
       if (!d) {
         Py_DECREF(parts);
         goto done;
@@ -170,21 +178,23 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
     if (!md) goto done;
     PyList_SET_ITEM(msgs, i, md);
   }
-  res = Py_BuildValue("{s:O,s:O}", "messages", msgs, "images", imgs);
+  res = Py_BuildValue("{s:O,s:O,s:O}", "messages", msgs, "images", imgs, "videos", vids);
 done:
   Py_XDECREF(msgs);
   Py_XDECREF(imgs);
+  Py_XDECREF(vids);
   mml_record_free(&rec);
   return res;
 }
 
 static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", "style", "image_tokens", "image_whitespace", NULL};
-  PyObject *line, *counts = Py_None;
+  static char *kwlist[] = {"line", "style", "image_tokens", "image_whitespace", "video_tokens",
+                           NULL};
+  PyObject *line, *counts = Py_None, *vcounts = Py_None;
   const char *style_s = "qwen2-vl", *space_s = "in_place";
   int style, space;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sOs:render_record", kwlist, &line, &style_s,
-                                   &counts, &space_s))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sOsO:render_record", kwlist, &line, &style_s,
+                                   &counts, &space_s, &vcounts))
     return NULL;
   if (mml_py_template_style_from_str(style_s, &style) ||
       mml_py_image_space_from_str(space_s, &space))
@@ -195,12 +205,15 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   mml_bytes out = {0};
   mml_err err = {0};
   PyObject *res = NULL;
-  if (parse_line(line, &rec) || image_counts(counts, &rec, &n)) goto done;
+  mml_py_video_tokens vt = {0};
+  if (parse_line(line, &rec) || image_counts(counts, &rec, &n) ||
+      mml_py_video_tokens_get(vcounts, rec.nvideos, &vt))
+    goto done;
   mml_status st = mml_template_new((mml_template_style)style, MML_LABELS_ALL_ASSISTANT, NULL, &t, &err);
   if (!st) st = mml_template_set_image_space(t, (mml_image_space)space, &err);
   if (!st) {
     Py_BEGIN_ALLOW_THREADS
-    st = mml_template_render(t, &rec, n, &out, &err);
+    st = mml_template_render_media(t, &rec, n, vt.v, &out, &err);
     Py_END_ALLOW_THREADS
   }
   if (st) {
@@ -209,6 +222,7 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   }
   res = PyUnicode_DecodeUTF8((const char *)out.data, (Py_ssize_t)out.len, "strict");
 done:
+  mml_py_video_tokens_free(&vt);
   mml_bytes_free(&out);
   mml_template_free(t);
   free(n);
@@ -232,12 +246,12 @@ static PyObject *ids_list(const mml_ids *v) {
 
 static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"line", "tokenizer", "style", "label_mode", "image_tokens",
-                           "image_whitespace", NULL};
-  PyObject *line, *tok_obj, *counts = Py_None;
+                           "image_whitespace", "video_tokens", NULL};
+  PyObject *line, *tok_obj, *counts = Py_None, *vcounts = Py_None;
   const char *style_s = "qwen2-vl", *mode_s = "all_assistant", *space_s = "in_place";
   int style, mode, space;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssOs:encode_record", kwlist, &line, &tok_obj,
-                                   &style_s, &mode_s, &counts, &space_s))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssOsO:encode_record", kwlist, &line, &tok_obj,
+                                   &style_s, &mode_s, &counts, &space_s, &vcounts))
     return NULL;
   if (mml_py_template_style_from_str(style_s, &style) ||
       mml_py_label_mode_from_str(mode_s, &mode) || mml_py_image_space_from_str(space_s, &space))
@@ -250,12 +264,15 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   mml_ids ids = {0}, labels = {0};
   mml_err err = {0};
   PyObject *res = NULL;
-  if (parse_line(line, &rec) || image_counts(counts, &rec, &n)) goto done;
+  mml_py_video_tokens vt = {0};
+  if (parse_line(line, &rec) || image_counts(counts, &rec, &n) ||
+      mml_py_video_tokens_get(vcounts, rec.nvideos, &vt))
+    goto done;
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
   st = mml_template_new((mml_template_style)style, (mml_label_mode)mode, tok, &t, &err);
   if (!st) st = mml_template_set_image_space(t, (mml_image_space)space, &err);
-  if (!st) st = mml_template_encode(t, NULL, &rec, n, &ids, &labels, &err);
+  if (!st) st = mml_template_encode_media(t, NULL, &rec, n, vt.v, &ids, &labels, &err);
   Py_END_ALLOW_THREADS
   if (st) {
     mml_py_raise(st, &err);
@@ -266,6 +283,7 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   Py_XDECREF(a);
   Py_XDECREF(b);
 done:
+  mml_py_video_tokens_free(&vt);
   mml_ids_free(&ids);
   mml_ids_free(&labels);
   mml_template_free(t);
@@ -296,11 +314,12 @@ static PyMethodDef methods[] = {
      "parse_record(line, max_images_per_sample=256, max_json_depth=64) -> dict: the neutral "
      "conversation of one JSONL record."},
     {"render_record", (PyCFunction)(void (*)(void))py_render_record, METH_VARARGS | METH_KEYWORDS,
-     "render_record(line, style='qwen2-vl', image_tokens=None, image_whitespace='in_place') -> "
-     "str: the chat template's text with image pads expanded."},
+     "render_record(line, style='qwen2-vl', image_tokens=None, image_whitespace='in_place', "
+     "video_tokens=None) -> str: the chat template's text with image and video pads expanded "
+     "(video_tokens: one (grid_t, tokens_per_temporal_patch[, timestamps]) per video)."},
     {"encode_record", (PyCFunction)(void (*)(void))py_encode_record, METH_VARARGS | METH_KEYWORDS,
      "encode_record(line, tokenizer, style='qwen2-vl', label_mode='all_assistant', "
-     "image_tokens=None, image_whitespace='in_place') -> (ids, labels)."},
+     "image_tokens=None, image_whitespace='in_place', video_tokens=None) -> (ids, labels)."},
     {NULL, NULL, 0, NULL}};
 
 int mml_py_template_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }

@@ -17,12 +17,18 @@
  *     then "instruction" + "\n" + "input" (the non-empty ones) as the user turn and
  *     "output" as the assistant turn.
  *   - "image"/"images" that are absent, null, "" or [] mean no image.
- *   - Video is refused with MML_EVIDEO (reason unsupported_video): a non-empty top-level
- *     "video"/"videos", a `<video>` tag, or a video / video_url content part.
+ *   - Videos (rec->videos, MML_PART_VIDEO parts) come the same way: a top-level
+ *     "videos" list (or one "video" entry), taken in order by `<video>` tags or by video
+ *     parts without their own reference; a video part {"type": "video", "video": ...}
+ *     (untyped: by its "video" key; "video_url" too).  A video value is a file reference
+ *     (string, or {"url": s}) or a frame list (a list of image references).  A list entry
+ *     may be an object with "video"/"path"/"url"/"video_url" and the element keys of
+ *     mml_video_keys; a part's own keys win over its entry's.  Every listed video must
+ *     be used exactly once (MML_EMISMATCH).  Frames count towards max_images.
  *   - content is a string, a list of parts, or null/absent (empty message).  Parts:
  *     {"type": "text", "text": s}; {"type": "image"|"image_url", "image"|"url"|"path"|
  *     "image_url": s | {"url": s}}; untyped parts are typed by their keys.  Other part
- *     types (video, audio) are MML_ERECORD.
+ *     types (audio, ...) are MML_ERECORD.
  *   - rec->images is in order of appearance.  An `<image>` tag (in any text, string or
  *     part) or an image part without its own reference takes the next entry of the
  *     top-level image list (a string, a list of strings, or objects with "path"/"url");
@@ -48,13 +54,14 @@ typedef enum {
   MML_ROLE_FUNCTION_CALL, /* LLaMA-Factory "function_call": the assistant's tool call (JSON) */
   MML_ROLE_OBSERVATION,   /* LLaMA-Factory "observation": a tool's result */
 } mml_role;
-typedef enum { MML_PART_TEXT = 0, MML_PART_IMAGE } mml_part_kind;
+typedef enum { MML_PART_TEXT = 0, MML_PART_IMAGE, MML_PART_VIDEO } mml_part_kind;
 
 typedef struct mml_part {
   mml_part_kind kind;
   const char *text; /* MML_PART_TEXT: UTF-8, not NUL-terminated */
   size_t len;
-  int image;        /* MML_PART_IMAGE: index into mml_record.images */
+  int image;        /* MML_PART_IMAGE: index into mml_record.images;
+                       MML_PART_VIDEO: index into mml_record.videos */
 } mml_part;
 
 typedef struct mml_message {
@@ -71,6 +78,33 @@ typedef struct mml_image_budget {
   int64_t resized_height, resized_width;
 } mml_image_budget;
 
+/* The keys qwen-vl-utils 0.0.14 reads from a video element (a video content part, or an
+ * object in the top-level video list), 0 where absent (has_start / has_end tell whether
+ * video_start / video_end were given, since 0.0 is a valid time).  fps and nframes are
+ * mutually exclusive (qwen-vl-utils asserts; here a bad record).  Integers must be
+ * positive; fps, sample_fps, raw_fps and total_pixels positive numbers; video_start /
+ * video_end numbers (seconds; qwen-vl-utils clamps them to the video). */
+typedef struct mml_video_keys {
+  double fps;                      /* frames per second to sample (default 2.0) */
+  int64_t nframes;                 /* frames to sample (rounded to an even count) */
+  int64_t min_frames, max_frames;  /* bounds of the fps rule (defaults 4 and 768) */
+  double video_start, video_end;   /* seconds */
+  int has_start, has_end;
+  int64_t min_pixels, max_pixels;  /* per-frame pixel budget */
+  double total_pixels;             /* the whole video's pixel budget */
+  int64_t resized_height, resized_width;
+  double sample_fps, raw_fps;      /* frame lists: the frames' rate, the source's rate */
+} mml_video_keys;
+
+/* One video of a record: a file (ref) or a frame list (frames, nframes image references in
+ * order, as qwen-vl-utils accepts a list of images for "video"). */
+typedef struct mml_video_ref {
+  const char *ref;        /* the video file (path, URL, s3://); NULL for a frame list */
+  const char **frames;    /* frame list: nframes references */
+  int nframes;
+  mml_video_keys keys;
+} mml_video_ref;
+
 typedef struct mml_record {
   mml_message *messages;
   int nmessages;
@@ -79,6 +113,8 @@ typedef struct mml_record {
                                 "resized_height", "resized_width" (positive integers; an
                                 image part's keys win over its list entry's) */
   int nimages;
+  mml_video_ref *videos; /* nvideos, in order of appearance */
+  int nvideos;
   const char *system;  /* top-level "system" (LLaMA-Factory), NULL when absent or empty */
   const char *tools;   /* top-level "tools" as JSON text, NULL when absent or empty */
   void *arena;         /* owns every string and array above */

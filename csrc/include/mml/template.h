@@ -104,6 +104,27 @@ mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
                                const mml_record *rec, const int64_t *image_tokens,
                                mml_ids *ids, mml_ids *labels, mml_err *err);
 
+/* What a video placeholder holds (see emit_video in template.c): `groups` temporal
+ * patches (grid_t) of `group_tokens` <|video_pad|> each (grid_h * grid_w / merge^2).
+ * Qwen2/2.5-VL: <|vision_start|> + groups * group_tokens pads + <|vision_end|>.
+ * Qwen3-VL (as transformers 5.24's Qwen3VLProcessor renders it): <|vision_start|>, then per
+ * temporal patch "<{timestamps[g]:.1f} seconds>" (text) + <|vision_start|> + group_tokens
+ * pads + <|vision_end|>, then <|vision_end|>. */
+typedef struct mml_video_tokens {
+  int64_t groups, group_tokens;
+  const double *timestamps; /* qwen3-vl: groups values in seconds (NULL otherwise) */
+} mml_video_tokens;
+
+/* As mml_template_encode, for records with videos too: videos[i] for rec->videos[i] (NULL
+ * allowed when rec has none). */
+mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
+                                     const mml_record *rec, const int64_t *image_tokens,
+                                     const mml_video_tokens *videos, mml_ids *ids,
+                                     mml_ids *labels, mml_err *err);
+mml_status mml_template_render_media(const mml_template *t, const mml_record *rec,
+                                     const int64_t *image_tokens, const mml_video_tokens *videos,
+                                     mml_bytes *out, mml_err *err);
+
 /* Appends the rendered text (with image pads expanded) to out — for tests and debugging.
  * On failure out keeps its previous length. */
 mml_status mml_template_render(const mml_template *t, const mml_record *rec,

@@ -1,0 +1,18 @@
+"""A test-only stand-in for torchvision, reproducing with torch the few functions the
+references here call (qwen-vl-utils' fetch_video and transformers' video processors).
+
+PyPI's torchvision does not work beside the CPU torch the tests use, so these tests put
+this folder on PYTHONPATH of a reference subprocess (never in the pytest process).  What
+is reproduced, from torchvision 0.2x's sources:
+  transforms.functional.resize (v1, what qwen-vl-utils calls): tensors of other dtypes are
+    cast to float32, torch.nn.functional.interpolate(mode, antialias, align_corners=False),
+    bicubic results clamped to [0, 255] for uint8, rounded, cast back; an unchanged size
+    returns the input.
+  transforms.v2.functional.resize (what transformers calls): the same, except that uint8
+    bicubic on CPU is interpolated natively in uint8 (torchvision's
+    _do_native_uint8_resize_on_cpu), as is nearest.
+  transforms.v2.functional.normalize: (x - mean) / std in the tensor's dtype.
+Everything else raises NotImplementedError."""
+__version__ = "0.26.0+mmloader.shim"  # >= 0.26: no video decoding, as transformers expects
+
+from . import io, transforms  # noqa: E402,F401
