@@ -6,6 +6,8 @@
  *   _core.video_frame_size(line, factor, nframes, height, width) -> (h, w)
  *   _core.video_list_frame_size(line, factor, height, width) -> (h, w)
  *   _core.video_timestamps(indices, fps, temporal_patch_size) -> [seconds per patch]
+ *   _core.resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes,
+ *       torch's antialiased bicubic (mml/video_resize.h)
  * and the helpers template_py.c uses (binding.h).
  */
 #include "binding.h"
@@ -14,6 +16,7 @@
 
 #include "mml/record.h"
 #include "mml/template.h"
+#include "mml/video_resize.h"
 #include "mml/video_sample.h"
 
 PyObject *mml_py_video_dict(const mml_video_ref *v) {
@@ -226,7 +229,35 @@ static PyObject *py_video_timestamps(PyObject *self, PyObject *args) {
   return res;
 }
 
+static PyObject *py_resize_aa(PyObject *self, PyObject *args) {
+  Py_buffer b;
+  int planes, w, h, ow, oh;
+  if (!PyArg_ParseTuple(args, "y*iiiii:resize_aa_bicubic", &b, &planes, &w, &h, &ow, &oh))
+    return NULL;
+  PyObject *res = NULL;
+  if (planes < 1 || w < 1 || h < 1 || ow < 1 || oh < 1 ||
+      (size_t)b.len != (size_t)planes * w * h * sizeof(float)) {
+    PyErr_SetString(PyExc_ValueError, "buffer size does not match planes * w * h float32");
+  } else if ((res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)planes * ow * oh * 4))) {
+    mml_err err = {0};
+    mml_status st;
+    float *dst = (float *)PyBytes_AS_STRING(res);
+    Py_BEGIN_ALLOW_THREADS
+    st = mml_resize_aa_bicubic_f32(b.buf, planes, w, h, dst, ow, oh, &err);
+    Py_END_ALLOW_THREADS
+    if (st) {
+      Py_CLEAR(res);
+      mml_py_raise(st, &err);
+    }
+  }
+  PyBuffer_Release(&b);
+  return res;
+}
+
 static PyMethodDef methods[] = {
+    {"resize_aa_bicubic", py_resize_aa, METH_VARARGS,
+     "resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes resized as "
+     "torch.nn.functional.interpolate(mode='bicubic', antialias=True) does."},
     {"video_sample", py_video_sample, METH_VARARGS,
      "video_sample(line, total_frames, fps) -> dict: qwen-vl-utils' frame range, frame count, "
      "sample fps and frame indices for the record's first video."},

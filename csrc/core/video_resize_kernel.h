@@ -1,0 +1,101 @@
+/*
+ * video_resize_kernel.h — private to video_resize.c: the kernel body, included once per
+ * compiled copy (K(name) gives each copy its own names, KFN its target attributes).
+ */
+KFN static float K(cubic_aa)(float x) {
+  const float a = -0.5f;
+  x = fabsf(x);
+  if (x < 1.0f) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2.0f) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  return 0.0f;
+}
+
+KFN static mml_status K(axis_make)(axis *ax, int in, int out, mml_err *err) {
+  const float scale = (float)in / (float)out;
+  const float support = scale >= 1.0f ? (float)(2.0 * (double)scale) : 2.0f;
+  const float invscale = scale >= 1.0f ? (float)(1.0 / (double)scale) : 1.0f;
+  ax->taps = (int)ceil(support) * 2 + 1;
+  ax->xmin = malloc((size_t)out * sizeof(int));
+  ax->xsize = malloc((size_t)out * sizeof(int));
+  ax->w = malloc((size_t)out * (size_t)ax->taps * sizeof(float));
+  if (!ax->xmin || !ax->xsize || !ax->w)
+    return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d -> %d weights", in, out);
+  for (int i = 0; i < out; i++) {
+    float center = (float)((double)scale * (i + 0.5));
+    int64_t lo = (int64_t)((double)(center - support) + 0.5);
+    int64_t hi = (int64_t)((double)(center + support) + 0.5);
+    if (lo < 0) lo = 0;
+    if (hi > in) hi = in;
+    int64_t n = hi - lo;
+    if (n < 0) n = 0;
+    if (n > ax->taps) n = ax->taps;
+    float *w = ax->w + (size_t)i * ax->taps, total = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+      float d = (float)(j + lo) - center;
+      w[j] = K(cubic_aa)((float)(((double)d + 0.5) * (double)invscale));
+      total += w[j];
+    }
+    if (total != 0.0f)
+      for (int64_t j = 0; j < n; j++) w[j] /= total;
+    ax->xmin[i] = (int)lo;
+    ax->xsize[i] = (int)n;
+  }
+  return MML_OK;
+}
+
+KFN static inline float K(dot)(const float *src, size_t stride, const float *w, int n) {
+  float out = src[0] * w[0];
+  for (int j = 1; j < n; j++) out += src[(size_t)j * stride] * w[j];
+  return out;
+}
+
+KFN static mml_status K(resize)(const float *src, int planes, int sw, int sh, float *dst,
+                                 int dw, int dh, mml_err *err) {
+  if (planes < 1 || sw < 1 || sh < 1 || dw < 1 || dh < 1 || !src || !dst)
+    return mml_err_set(err, MML_EINVAL, "resize: bad sizes %dx%d -> %dx%d", sw, sh, dw, dh);
+  const int need_h = sw != dw, need_v = sh != dh;
+  if (!need_h && !need_v) {
+    for (size_t i = 0; i < (size_t)planes * sw * sh; i++) dst[i] = src[i];
+    return MML_OK;
+  }
+  axis ax = {0}, ay = {0};
+  float *mid = NULL;
+  mml_status st = MML_OK;
+  if (need_h && (st = K(axis_make)(&ax, sw, dw, err))) goto done;
+  if (need_v && (st = K(axis_make)(&ay, sh, dh, err))) goto done;
+  const float *hsrc = src;
+  if (need_h) { /* width first, into dst or (when height follows) a middle buffer */
+    float *o = dst;
+    if (need_v) {
+      mid = malloc((size_t)planes * dw * sh * sizeof(float));
+      if (!mid) {
+        st = mml_err_set(err, MML_ENOMEM, "resize: out of memory for a %dx%d plane", dw, sh);
+        goto done;
+      }
+      o = mid;
+    }
+    for (size_t r = 0; r < (size_t)planes * sh; r++) {
+      const float *row = src + r * sw;
+      float *orow = o + r * dw;
+      for (int x = 0; x < dw; x++)
+        orow[x] = K(dot)(row + ax.xmin[x], 1, ax.w + (size_t)x * ax.taps, ax.xsize[x]);
+    }
+    hsrc = o;
+  }
+  if (need_v) {
+    for (int p = 0; p < planes; p++) {
+      const float *plane = hsrc + (size_t)p * dw * sh;
+      float *op = dst + (size_t)p * dw * dh;
+      for (int y = 0; y < dh; y++) {
+        const float *w = ay.w + (size_t)y * ay.taps;
+        const float *col0 = plane + (size_t)ay.xmin[y] * dw;
+        for (int x = 0; x < dw; x++) op[(size_t)y * dw + x] = K(dot)(col0 + x, (size_t)dw, w, ay.xsize[y]);
+      }
+    }
+  }
+done:
+  free(mid);
+  axis_free(&ax);
+  axis_free(&ay);
+  return st;
+}
