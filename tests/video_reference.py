@@ -10,9 +10,11 @@ request names (and small results as JSON on stdout).  Requests:
       sample_fps, indices} | {"error": str}]
   {"op": "shape", "cases": [[ele_without_video, nframes, height, width, patch], ...]}
       fetch_video on a frame list of nframes synthetic frames of that size -> [[t, h, w]]
-  {"op": "process", "preset": ..., "messages": [...], "tokenizer": dir, "out": path.npz}
-      qwen-vl-utils process_vision_info + the transformers processor on the chat text the
-      caller renders (text given) -> npz of the processor's tensors + the text
+  {"op": "process", "preset": ..., "messages": [...], "text": ..., "tokenizer": path,
+   "out": path.npz}
+      qwen-vl-utils process_vision_info(return_video_metadata=True) + the transformers
+      processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz
+  {"op": "process_many", "items": [process requests]} (one interpreter start for all)
 """
 import json
 import sys
@@ -54,6 +56,69 @@ def shape(cases):
     return out
 
 
+def _tokenizer(path):
+    import os
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    if os.path.isdir(path):
+        return AutoTokenizer.from_pretrained(path)
+    return PreTrainedTokenizerFast(tokenizer_file=path, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>")
+
+
+def _processor(preset, tok):
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    if preset == "qwen3-vl":  # the checkpoint's processor configs
+        ip = Qwen2VLImageProcessorPil(patch_size=16, min_pixels=65536, max_pixels=16777216,
+                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        vp = Qwen3VLVideoProcessor(size={"shortest_edge": 4096, "longest_edge": 25165824},
+                                   cap_pixels_per_frame=False)
+        return Qwen3VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp), 16
+    ip = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
+    vp = Qwen2VLVideoProcessor(min_pixels=3136, max_pixels=12845056, cap_pixels_per_frame=False)
+    return Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp), 14
+
+
+def _rope(preset, out):
+    """transformers' get_rope_index on the processor's output (a stand-in self holding the
+    config values it reads)."""
+    import types
+    from functools import partial
+    if preset == "qwen3-vl":
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel as M
+    else:
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as M
+    me = types.SimpleNamespace(config=types.SimpleNamespace(
+        vision_config=types.SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)))
+    me.get_vision_position_ids = partial(M.get_vision_position_ids, me)
+    kw = {k: torch.as_tensor(out[k]) for k in ("image_grid_thw", "video_grid_thw",
+                                               "second_per_grid_ts") if k in out}
+    if preset == "qwen3-vl":
+        kw.pop("second_per_grid_ts", None)
+    pos, delta = M.get_rope_index(me, torch.as_tensor(out["input_ids"]),
+                                  torch.as_tensor(out["mm_token_type_ids"]), **kw)
+    return pos.numpy(), delta.numpy()
+
+
+def process(req):
+    from qwen_vl_utils import process_vision_info
+    preset = req["preset"]
+    proc, patch = _processor(preset, _tokenizer(req["tokenizer"]))
+    images, videos, kw = process_vision_info(req["messages"], return_video_kwargs=True,
+                                             return_video_metadata=True,
+                                             image_patch_size=patch)
+    vids, metas = (list(x) for x in zip(*videos))
+    out = dict(proc(text=[req["text"]], images=images, videos=vids, video_metadata=metas,
+                    return_tensors="np", **kw))
+    out["position_ids"], out["rope_deltas"] = _rope(preset, out)
+    out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
+    np.savez(req["out"], **{k: np.asarray(v) for k, v in out.items()})
+    return sorted(out)
+
+
 def main():
     req = json.load(sys.stdin)
     op = req["op"]
@@ -61,6 +126,10 @@ def main():
         res = sample(req["cases"])
     elif op == "shape":
         res = shape(req["cases"])
+    elif op == "process":
+        res = process(req)
+    elif op == "process_many":
+        res = [process(r) for r in req["items"]]
     else:
         raise SystemExit(f"unknown op {op}")
     json.dump(res, sys.stdout)

@@ -40,6 +40,17 @@ struct mml_collator {
 
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
 
+/* What M-RoPE needs of a sample's images and videos. */
+static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s) {
+  return (mml_mrope_media){
+      .grids = s->grids.data, .nimages = s->nimages, .vgrids = s->vgrids.data,
+      .nvideos = s->nvideos,
+      .second_per_grid = cfg->second_per_grid ? (const float *)s->vsecs.data : NULL,
+      .tokens_per_second = MML_QWEN25_TOKENS_PER_SECOND,
+      .split_frames = cfg->split_video_frames, .image_pad_id = cfg->image_pad_id,
+      .video_pad_id = s->nvideos ? cfg->video_pad_id : -1}; /* (0 in a zeroed cfg is a token) */
+}
+
 static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
   if (c->micro_batch_size < 1 && !c->pack)
     return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1 (got %d)",
@@ -141,10 +152,28 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
                          (long long)s->index, s->pixels.len, (long long)s->pixel_rows,
                          s->pixel_cols);
   }
+  if (s->nvideos < 0 || s->vgrids.len != (size_t)s->nvideos * 3 ||
+      s->vsecs.len != (size_t)s->nvideos * sizeof(float))
+    return mml_err_set(err, MML_EINVAL, "sample %lld: %d videos but %zu grid values",
+                       (long long)s->index, s->nvideos, s->vgrids.len);
+  int64_t vrows = 0;
+  for (int i = 0; i < s->nvideos; i++) {
+    const int32_t *g = s->vgrids.data + 3 * i;
+    if (g[0] < 1 || g[1] < 1 || g[2] < 1)
+      return mml_err_set(err, MML_EINVAL, "sample %lld: video %d has grid (%d, %d, %d)",
+                         (long long)s->index, i, g[0], g[1], g[2]);
+    vrows += (int64_t)g[0] * g[1] * g[2];
+  }
+  if (vrows != s->vpixel_rows ||
+      s->vpixels.len != (size_t)s->vpixel_rows * (size_t)c->cfg.pixel_cols * sizeof(float))
+    return mml_err_set(err, MML_EINVAL,
+                       "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
+                       (long long)s->index, (long long)vrows, (long long)s->vpixel_rows,
+                       s->vpixels.len);
   if (c->cfg.mrope) {
-    mml_status st = mml_mrope_positions(s->input_ids.data, n, s->grids.data, s->nimages,
-                                        c->cfg.spatial_merge, c->cfg.image_pad_id, NULL, 0, NULL,
-                                        err);
+    mml_mrope_media md = media_of(&c->cfg, s);
+    mml_status st = mml_mrope_positions_media(s->input_ids.data, n, &md, c->cfg.spatial_merge,
+                                              NULL, 0, NULL, err);
     if (st) {
       mml_err_prefix(err, "sample %lld", (long long)s->index);
       return st;
@@ -302,9 +331,10 @@ static mml_status emit_mrope(emit_ctx *e) {
   if (!deltas) return mml_err_set(e->err, MML_ENOMEM, "collator: out of memory");
   for (int i = 0; i < e->n && !st; i++) {
     const mml_sample *s = &e->c->slots[i];
-    st = mml_mrope_positions(s->input_ids.data, (int64_t)s->input_ids.len, s->grids.data,
-                             s->nimages, cfg->spatial_merge, cfg->image_pad_id,
-                             pos + e->start[i], e->BL, &deltas[i], e->err);
+    mml_mrope_media md = media_of(cfg, s);
+    st = mml_mrope_positions_media(s->input_ids.data, (int64_t)s->input_ids.len, &md,
+                                   cfg->spatial_merge, pos + e->start[i], e->BL, &deltas[i],
+                                   e->err);
     if (st) mml_err_prefix(e->err, "sample %lld", (long long)s->index);
   }
   int64_t nd = e->pack ? e->n : e->B;
@@ -361,7 +391,7 @@ static mml_status emit_attention(emit_ctx *e) {
   return MML_OK;
 }
 
-/* mm_token_type_ids (qwen keys): 1 on image-pad tokens. */
+/* mm_token_type_ids (qwen keys): 1 on image-pad tokens, 2 on video-pad tokens. */
 static mml_status emit_token_types(emit_ctx *e) {
   mml_status st;
   int64_t *o = emit_tensor(e, "mm_token_type_ids", MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
@@ -369,8 +399,13 @@ static mml_status emit_token_types(emit_ctx *e) {
   memset(o, 0, (size_t)e->BL * sizeof(int64_t));
   for (int i = 0; i < e->n; i++) {
     const mml_sample *s = &e->c->slots[i];
-    for (size_t j = 0; j < s->input_ids.len; j++)
-      o[e->start[i] + (int64_t)j] = s->input_ids.data[j] == e->cfg->image_pad_id;
+    const int32_t vpad = s->nvideos ? e->cfg->video_pad_id : -1;
+    for (size_t j = 0; j < s->input_ids.len; j++) {
+      int32_t id = s->input_ids.data[j];
+      o[e->start[i] + (int64_t)j] = id == e->cfg->image_pad_id   ? 1
+                                    : id == vpad                 ? 2
+                                                                 : 0;
+    }
   }
   return MML_OK;
 }
@@ -408,6 +443,39 @@ static mml_status emit_vision(emit_ctx *e) {
       const mml_sample *s = &e->c->slots[i];
       for (size_t j = 0; j < s->grids.len; j++) *g++ = s->grids.data[j];
     }
+  }
+  return MML_OK;
+}
+
+/* pixel_values_videos, video_grid_thw and (Qwen2.5-VL) second_per_grid_ts, in batches
+ * that hold a video. */
+static mml_status emit_videos(emit_ctx *e) {
+  int64_t rows = 0, nv = 0;
+  for (int i = 0; i < e->n; i++) {
+    rows += e->c->slots[i].vpixel_rows;
+    nv += e->c->slots[i].nvideos;
+  }
+  if (nv == 0) return MML_OK;
+  mml_status st;
+  uint8_t *o = emit_tensor(e, "pixel_values_videos", MML_DT_FLOAT32, 2,
+                           DIMS(rows, e->cfg->pixel_cols), &st);
+  if (!o) return st;
+  for (int i = 0; i < e->n; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    if (s->vpixels.len) memcpy(o, s->vpixels.data, s->vpixels.len);
+    o += s->vpixels.len;
+  }
+  int64_t *g = emit_tensor(e, "video_grid_thw", MML_DT_INT64, 2, DIMS(nv, 3), &st);
+  if (!g) return st;
+  for (int i = 0; i < e->n; i++)
+    for (size_t j = 0; j < e->c->slots[i].vgrids.len; j++) *g++ = e->c->slots[i].vgrids.data[j];
+  if (!e->cfg->second_per_grid) return MML_OK;
+  float *t = emit_tensor(e, "second_per_grid_ts", MML_DT_FLOAT32, 1, DIMS(nv), &st);
+  if (!t) return st;
+  for (int i = 0; i < e->n; i++) {
+    const mml_sample *s = &e->c->slots[i];
+    if (s->vsecs.len) memcpy(t, s->vsecs.data, s->vsecs.len);
+    t += s->nvideos;
   }
   return MML_OK;
 }
@@ -497,6 +565,7 @@ mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
   if (!st && cfg->attention_mask) st = emit_attention(&e);
   if (!st && cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) st = emit_token_types(&e);
   if (!st) st = emit_vision(&e);
+  if (!st) st = emit_videos(&e);
   if (!st && e.pack)
     st = cfg->keys == MML_KEYS_MEGATRON ? emit_seqlens_megatron(&e) : emit_seqlens(&e);
   free(e.start);

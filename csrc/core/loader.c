@@ -263,6 +263,9 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   }
   L->ccfg.image_pad_id = mml_tokenizer_token_to_id(tok, "<|image_pad|>", 13);
   L->ccfg.vision_start_id = mml_tokenizer_token_to_id(tok, "<|vision_start|>", 16);
+  L->ccfg.video_pad_id = mml_tokenizer_token_to_id(tok, "<|video_pad|>", 13);
+  L->ccfg.second_per_grid = cfg->vision.video_family == MML_VIDEO_QWEN25;
+  L->ccfg.split_video_frames = cfg->vision.video_family == MML_VIDEO_QWEN3;
   L->ccfg.spatial_merge = cfg->vision.merge_size;
   L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;

@@ -51,7 +51,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     t->fetch_st = st;
     if (err) t->fetch_err = *err;
     else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
-    if (r->which >= 0) mml_sample_err_image(&t->fetch_err, t->rec.images[r->which]);
+    if (r->which >= 0) mml_sample_err_image(&t->fetch_err, mml_record_media_ref(&t->rec, r->which));
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -158,35 +158,37 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
-  if (task_imgs_fit(t, t->rec.nimages + 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
+  if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + 1))
+    return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
   return MML_OK;
 }
 
-/* Image i: read now, or its fetch submitted (counted in *nremote; *f is obtained on the
+/* Media item i (an image, then video frames: mml_record_media_ref): read now, or its fetch submitted (counted in *nremote; *f is obtained on the
  * first remote image). */
 static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int *nremote,
                              run_acc *acc, mml_err *err) {
-  if (mml_is_data_uri(t->rec.images[i])) { /* inline image: decoded here, no I/O */
-    mml_status st = mml_data_uri_decode(t->rec.images[i], &t->imgs[i], err);
-    if (st) mml_sample_err_image(err, t->rec.images[i]);
+  const char *ref = mml_record_media_ref(&t->rec, i);
+  if (mml_is_data_uri(ref)) { /* inline image: decoded here, no I/O */
+    mml_status st = mml_data_uri_decode(ref, &t->imgs[i], err);
+    if (st) mml_sample_err_image(err, ref);
     return st;
   }
   const mml_index_shard *sh = &L->ix.shards[t->sample.shard];
   const char *root = L->roots[t->sample.shard];
   int64_t off = 0, len = -1;
   mml_status st;
-  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, t->rec.images[i],
+  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref,
                                 &off, &len);
   if (member) { /* a WebDataset member: a range of the shard itself */
     mml_bytes_clear(&t->path);
     if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))
       return mml_err_set(err, MML_ENOMEM, "out of memory");
-  } else if ((st = mml_sample_image_path(root, t->rec.images[i], &t->path, err))) {
+  } else if ((st = mml_sample_image_path(root, ref, &t->path, err))) {
     return st;
   }
   const char *p = (const char *)t->path.data;
   /* the path policy, before anything is opened or fetched (a member is the shard's own) */
-  if (!member && (st = mml_sample_image_allowed(&L->cfg, root, t->rec.images[i], p,
+  if (!member && (st = mml_sample_image_allowed(&L->cfg, root, ref, p,
                                                 !L->remote[t->sample.shard], err)))
     return st;
   mml_bytes_clear(&t->imgs[i]);
@@ -195,7 +197,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
                 : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
-    if (st) mml_sample_err_image(err, t->rec.images[i]);
+    if (st) mml_sample_err_image(err, ref);
     else {
       acc->bytes += t->imgs[i].len;
       t->sample.bytes += t->imgs[i].len;
@@ -233,7 +235,8 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   t->stage = STAGE_IMAGES;
   int nremote = 0;
   mml_fetcher *f = NULL;
-  for (int i = 0; i < t->rec.nimages; i++) {
+  const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
+  for (int i = 0; i < nmedia; i++) {
     if ((st = load_image(L, t, i, &f, &nremote, acc, err))) {
       if (!nremote) return st;
       task_defer_error(L, t, st, err);

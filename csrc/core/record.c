@@ -775,3 +775,21 @@ void mml_record_free(mml_record *rec) {
   }
   *rec = (mml_record){0};
 }
+
+int mml_record_frames(const mml_record *rec) {
+  int n = 0;
+  for (int v = 0; v < rec->nvideos; v++) n += rec->videos[v].ref ? 0 : rec->videos[v].nframes;
+  return n;
+}
+
+const char *mml_record_media_ref(const mml_record *rec, int i) {
+  if (i < rec->nimages) return rec->images[i];
+  i -= rec->nimages;
+  for (int v = 0; v < rec->nvideos; v++) {
+    const mml_video_ref *vr = &rec->videos[v];
+    if (vr->ref) continue;
+    if (i < vr->nframes) return vr->frames[i];
+    i -= vr->nframes;
+  }
+  return NULL;
+}

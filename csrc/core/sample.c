@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "mml/message.h"
+#include "mml/template.h"
+#include "mml/video_frames.h"
 
 /* A slot keeps its pixel buffer for reuse (no allocation in steady state) unless the
  * buffer is over KEEP_PIXELS_MAX and more than twice what the current sample needs: one
@@ -41,6 +43,11 @@ void mml_sample_reset(mml_sample *s) {
   s->pixel_cols = 0;
   mml_ids_clear(&s->grids);
   s->nimages = 0;
+  mml_bytes_clear(&s->vpixels);
+  s->vpixel_rows = 0;
+  mml_ids_clear(&s->vgrids);
+  mml_bytes_clear(&s->vsecs);
+  s->nvideos = 0;
 }
 
 void mml_sample_free(mml_sample *s) {
@@ -48,6 +55,9 @@ void mml_sample_free(mml_sample *s) {
   mml_ids_free(&s->labels);
   mml_bytes_free(&s->pixels);
   mml_ids_free(&s->grids);
+  mml_bytes_free(&s->vpixels);
+  mml_ids_free(&s->vgrids);
+  mml_bytes_free(&s->vsecs);
   memset(s, 0, sizeof *s);
 }
 
@@ -73,6 +83,10 @@ void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_mix_scratch_free(&s->mix);
   free(s->plans);
   free(s->tokens);
+  mml_video_scratch_free(s->video);
+  free(s->vplans);
+  free(s->vtokens);
+  free(s->vts);
   memset(s, 0, sizeof *s);
 }
 
@@ -87,6 +101,90 @@ static mml_status scratch_fit(mml_sample_scratch *s, int n, mml_err *err) {
   if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
   s->tokens = t;
   s->cap = nc;
+  return MML_OK;
+}
+
+static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec, mml_err *err) {
+  if (!s->video && mml_video_scratch_new(&s->video))
+    return mml_err_set(err, MML_ENOMEM, "cannot allocate video scratch");
+  int n = rec->nvideos;
+  if (n > s->vcap) {
+    void *p = realloc(s->vplans, (size_t)n * sizeof *s->vplans);
+    if (p) s->vplans = p;
+    void *q = p ? realloc(s->vtokens, (size_t)n * sizeof *s->vtokens) : NULL;
+    if (q) s->vtokens = q;
+    if (!p || !q) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", n);
+    s->vcap = n;
+  }
+  size_t need = (size_t)mml_record_frames(rec) + (size_t)n; /* >= every grid_t */
+  if (need > s->vts_cap) {
+    double *t = realloc(s->vts, need * sizeof *t);
+    if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", n);
+    s->vts = t;
+    s->vts_cap = need;
+  }
+  return MML_OK;
+}
+
+/* Plans every video (frames: the frame bytes after the images); *src_px adds their
+ * frames' pixels. */
+static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
+                              const mml_record *rec, const mml_bytes *frames, int64_t *rows,
+                              int64_t *src_px, mml_err *err) {
+  mml_status st = video_scratch_fit(sc, rec, err);
+  if (st) return st;
+  double *ts = sc->vts;
+  for (int v = 0; v < rec->nvideos; v++) {
+    const mml_video_ref *vr = &rec->videos[v];
+    if (vr->ref) {
+      char shown[MML_SHORT_CAP(200)];
+      return mml_err_set(err, MML_EVIDEO,
+                         "video %s: video files are not decoded yet (frame lists are)",
+                         mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
+    }
+    mml_video_plan *p = &sc->vplans[v];
+    if ((st = mml_video_plan_list(pl->vision, vr, frames, p, ts, err))) {
+      mml_err_prefix(err, "video %d", v);
+      return st;
+    }
+    frames += vr->nframes;
+    sc->vtokens[v] = (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens,
+                                        .timestamps = ts};
+    ts += p->grid_t;
+    *rows += p->rows;
+    *src_px += p->src_pixels;
+  }
+  return MML_OK;
+}
+
+/* Decodes + preprocesses every planned video into out->vpixels (vrows rows). */
+static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
+                                 const mml_record *rec, const mml_bytes *frames, int64_t vrows,
+                                 mml_sample *out, mml_err *err) {
+  const int cols = mml_vision_pixel_cols(pl->vision);
+  size_t need = (size_t)vrows * (size_t)cols * sizeof(float);
+  fit_pixels(&out->vpixels, need);
+  mml_status st;
+  if ((st = mml_bytes_reserve(&out->vpixels, need)))
+    return mml_err_set(err, st, "cannot allocate %zu bytes of video pixels", need);
+  float *dst = (float *)out->vpixels.data;
+  for (int v = 0; v < rec->nvideos; v++) {
+    const mml_video_plan *p = &sc->vplans[v];
+    if ((st = mml_video_process_list(pl->vision, sc->video, sc->vision, &rec->videos[v], frames,
+                                     p, dst, err))) {
+      mml_err_prefix(err, "video %d", v);
+      return st;
+    }
+    frames += rec->videos[v].nframes;
+    dst += (size_t)p->rows * (size_t)cols;
+    int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
+    if ((st = mml_ids_append(&out->vgrids, g, 3)) ||
+        (st = mml_bytes_append(&out->vsecs, &p->second_per_grid, sizeof(float))))
+      return mml_err_set(err, st, "out of memory for the video grids");
+  }
+  out->vpixels.len = need;
+  out->vpixel_rows = vrows;
+  out->nvideos = rec->nvideos;
   return MML_OK;
 }
 
@@ -111,13 +209,18 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
     cols = sc->plans[i].cols;
     src_px += (int64_t)sc->plans[i].src_w * sc->plans[i].src_h;
   }
+  int64_t vrows = 0;
+  if (rec->nvideos && (st = plan_videos(pl, sc, rec, images + n, &vrows, &src_px, err)))
+    return st;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
-                       (long long)src_px, (long long)pl->max_sample_pixels);
+                       "%d image(s) and %d video(s) of %lld pixels in all, above "
+                       "max_sample_pixels=%lld",
+                       n, rec->nvideos, (long long)src_px, (long long)pl->max_sample_pixels);
   double t1 = mml_now();
-  st = mml_template_encode(pl->tmpl, sc->tok, rec, sc->tokens, &out->input_ids, &out->labels,
-                           err);
+  st = mml_template_encode_media(pl->tmpl, sc->tok, rec, sc->tokens,
+                                 rec->nvideos ? sc->vtokens : NULL, &out->input_ids,
+                                 &out->labels, err);
   double t2 = mml_now();
   sc->text_s += t2 - t1;
   if (st) return st;
@@ -128,6 +231,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
     out->pixel_rows = 0;
     out->pixel_cols = 0;
     out->nimages = 0;
+    out->nvideos = 0;
     sc->vision_s += t1 - t0;
     return MML_OK;
   }
@@ -152,6 +256,10 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
         return mml_err_set(err, st, "out of memory for the image grids");
     }
     out->pixels.len = need;
+  }
+  if (rec->nvideos && (st = process_videos(pl, sc, rec, images + n, vrows, out, err))) {
+    sc->vision_s += (t1 - t0) + (mml_now() - t2);
+    return st;
   }
   out->pixel_rows = rows;
   out->pixel_cols = cols;

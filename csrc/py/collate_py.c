@@ -116,7 +116,9 @@ static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
            {"shift_labels", 0},     {"attention_mask", 0}, {"mrope", 0},
            {"spatial_merge", 2},    {"image_pad_id", MML_QWEN_IMAGE_PAD_ID},
            {"vision_start_id", MML_QWEN_VISION_START_ID},
-           {"pixel_cols", 1176},    {"mm_token_type_ids", 0}};
+           {"pixel_cols", 1176},    {"mm_token_type_ids", 0},
+           {"video_pad_id", MML_QWEN_VIDEO_PAD_ID}, {"second_per_grid", 0},
+           {"split_video_frames", 0}};
   const int nf = (int)(sizeof f / sizeof f[0]);
   for (int i = 0; i < nf; i++)
     if (dict_int(d, f[i].name, &f[i].v)) return -1;
@@ -135,6 +137,9 @@ static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
   cfg->vision_start_id = (int32_t)f[11].v;
   cfg->pixel_cols = (int)f[12].v;
   cfg->mm_token_type_ids = (int)f[13].v;
+  cfg->video_pad_id = (int32_t)f[14].v;
+  cfg->second_per_grid = (int)f[15].v;
+  cfg->split_video_frames = (int)f[16].v;
   int k = 0, t = 0;
   if (dict_choice(d, "keys", keys, 2, &k) || dict_choice(d, "text_only_vision", tov, 3, &t))
     return -1;

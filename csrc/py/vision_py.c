@@ -113,6 +113,26 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
     return -1;
   if (PyDict_GetItemString(d, "pillow_h_first") && get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
     return -1;
+  cfg->video_min_pixels = cfg->min_pixels; /* no separate video limits: the image ones */
+  cfg->video_max_pixels = cfg->max_pixels;
+  if (PyDict_GetItemString(d, "video_min_pixels") &&
+      get_i64(d, "video_min_pixels", &cfg->video_min_pixels))
+    return -1;
+  if (PyDict_GetItemString(d, "video_max_pixels") &&
+      get_i64(d, "video_max_pixels", &cfg->video_max_pixels))
+    return -1;
+  PyObject *fam = PyDict_GetItemString(d, "video_family");
+  if (fam) {
+    const char *f = PyUnicode_Check(fam) ? PyUnicode_AsUTF8(fam) : NULL;
+    if (f && !strcmp(f, "qwen2-vl")) cfg->video_family = MML_VIDEO_QWEN2;
+    else if (f && !strcmp(f, "qwen2.5-vl")) cfg->video_family = MML_VIDEO_QWEN25;
+    else if (f && !strcmp(f, "qwen3-vl")) cfg->video_family = MML_VIDEO_QWEN3;
+    else {
+      PyErr_SetString(PyExc_ValueError, "vision config: video_family must be \"qwen2-vl\", "
+                                        "\"qwen2.5-vl\" or \"qwen3-vl\"");
+      return -1;
+    }
+  }
   if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(d, "strict_jpeg", &cfg->strict_jpeg))
     return -1;
   PyObject *route = PyDict_GetItemString(d, "image_route");

@@ -23,7 +23,10 @@ enum {
   MML_QWEN_ENDOFTEXT_ID = 151643,    /* <|endoftext|>, the padding id */
   MML_QWEN_VISION_START_ID = 151652, /* <|vision_start|> */
   MML_QWEN_IMAGE_PAD_ID = 151655,    /* <|image_pad|> */
+  MML_QWEN_VIDEO_PAD_ID = 151656,    /* <|video_pad|> */
 };
+/* Qwen2.5-VL's vision_config.tokens_per_second (temporal positions per second). */
+#define MML_QWEN25_TOKENS_PER_SECOND 2
 
 /* What a batch without any image carries for pixel_values / image_grid_thw. */
 typedef enum {
@@ -48,10 +51,15 @@ typedef enum {
  *                                      qwen: int64 [B, L], 1 on real tokens, 0 on padding;
  *                                      megatron: bool [B, 1, L, L], true = masked (causal;
  *                                      block-diagonal per sample slot when packed)
- *   mm_token_type_ids -                int64 [B, L], 1 on <|image_pad|> (cfg.mm_token_type_ids)
+ *   mm_token_type_ids -                int64 [B, L], 1 on <|image_pad|>, 2 on <|video_pad|>
+ *                                      (cfg.mm_token_type_ids)
  *   rope_deltas      rope_deltas       int64 [B, 1] padded, [n, 1] packed (mrope only)
  *   pixel_values     pixel_values      float32 [rows, pixel_cols], all images in order
  *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
+ *   pixel_values_videos (same)         float32 [video rows, pixel_cols], every video in order;
+ *                                      only in batches with videos (as the HF processors)
+ *   video_grid_thw   (same)            int64 [n_videos, 3]
+ *   second_per_grid_ts (same)          float32 [n_videos] (cfg.second_per_grid: Qwen2.5-VL)
  *   cu_seqlens       -                 packed only: int32 [n+1], offsets of the sample slots
  *                                      in the row (a slot is a sample plus its padding to
  *                                      pad_to_multiple); the tail padding after the last
@@ -88,6 +96,10 @@ typedef struct mml_collate_cfg {
   int mrope;               /* 1: emit 3-row M-RoPE position ids and rope_deltas */
   int spatial_merge;       /* merge size, for M-RoPE */
   int32_t image_pad_id, vision_start_id; /* for M-RoPE */
+  int32_t video_pad_id;    /* <|video_pad|> (-1: none) */
+  int second_per_grid;     /* 1: emit second_per_grid_ts and scale video time positions by
+                              MML_QWEN25_TOKENS_PER_SECOND (Qwen2.5-VL) */
+  int split_video_frames;  /* 1: Qwen3-VL positions (one block per temporal patch) */
   int pixel_cols;          /* C*T*P*P, for the text-only placeholder */
   int text_only_vision;    /* mml_text_only_vision */
   int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */

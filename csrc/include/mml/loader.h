@@ -247,6 +247,13 @@ typedef struct mml_sample_scratch {
   int cap;
   mml_mix_scratch mix;      /* the mixture lookup's */
   double vision_s, text_s;  /* accumulated busy time, taken by the engine */
+  /* videos */
+  struct mml_video_scratch *video;
+  struct mml_video_plan *vplans;
+  struct mml_video_tokens *vtokens;
+  int vcap;
+  double *vts;              /* every video's Qwen3-VL timestamps, one array */
+  size_t vts_cap;
 } mml_sample_scratch;
 
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err);
@@ -254,7 +261,9 @@ void mml_sample_scratch_free(mml_sample_scratch *s);
 
 /* Builds `out` (reset first) from a parsed record and the encoded bytes of each of its
  * images: header plans, token counts, template ids + labels, the max_length check, then
- * decode + preprocess into out->pixels.  On failure err names the image (by its
+ * decode + preprocess into out->pixels.  images[0, rec->nimages) are the images, then come
+ * the frames of every frame-list video in order (mml_record_frames(rec) in all); videos
+ * go to out->vpixels / vgrids / vsecs (mml/video_frames.h).  On failure err names the image (by its
  * reference) and reason; the caller prefixes shard and line. */
 mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
                             const mml_record *rec, const mml_bytes *images, mml_sample *out,

@@ -11,7 +11,15 @@
  * A run of consecutive <|image_pad|> tokens consumes the next image grids in order until
  * the run is used up; a run that does not end exactly at an image boundary, or grids that
  * are left over (or missing) at the end, are an error (transformers would fail later with
- * a shape mismatch).  Videos are not handled.
+ * a shape mismatch).
+ *
+ * Videos (mml_mrope_positions_media): a run of <|video_pad|> tokens takes the next video
+ * grid, as get_rope_index of transformers 5.24 does per modality group:
+ *   Qwen2-VL:   like an image;
+ *   Qwen2.5-VL: temporal position p + (int64)(float(a) * float(tokens_per_second *
+ *               second_per_grid_ts[v])) (torch float32 arithmetic, truncated);
+ *   Qwen3-VL:   each temporal patch is its own run (the processor separates them with
+ *               timestamp text) and its own grid (1, h, w).
  *
  * Threads: pure functions, reentrant.
  */
@@ -32,5 +40,21 @@
 mml_status mml_mrope_positions(const int32_t *ids, int64_t n, const int32_t *grids, int nimages,
                                int spatial_merge, int32_t image_pad_id, int64_t *pos,
                                int64_t stride, int64_t *rope_delta, mml_err *err);
+
+typedef struct mml_mrope_media {
+  const int32_t *grids;          /* images: int32 [nimages * 3] */
+  int nimages;
+  const int32_t *vgrids;         /* videos: int32 [nvideos * 3] */
+  int nvideos;
+  const float *second_per_grid;  /* Qwen2.5-VL: per video (NULL: no time scaling) */
+  int tokens_per_second;         /* Qwen2.5-VL: 2 */
+  int split_frames;              /* Qwen3-VL: one run per temporal patch */
+  int32_t image_pad_id, video_pad_id;
+} mml_mrope_media;
+
+/* The same with videos. */
+mml_status mml_mrope_positions_media(const int32_t *ids, int64_t n, const mml_mrope_media *m,
+                                     int spatial_merge, int64_t *pos, int64_t stride,
+                                     int64_t *rope_delta, mml_err *err);
 
 #endif

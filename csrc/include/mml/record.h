@@ -147,4 +147,10 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
                                  mml_record *rec, mml_err *err);
 void mml_record_free(mml_record *rec);
 
+/* Frames of all frame-list videos of rec (the loader reads them after the images). */
+int mml_record_frames(const mml_record *rec);
+/* The reference of media item i: images[i] for i < nimages, then the frames of the
+ * frame-list videos in order (i < nimages + mml_record_frames(rec)). */
+const char *mml_record_media_ref(const mml_record *rec, int i);
+
 #endif

@@ -27,6 +27,12 @@ typedef struct mml_sample {
   int pixel_cols;
   mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
   int nimages;
+  /* videos (mml/video_frames.h), in order of appearance */
+  mml_bytes vpixels;       /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
+  int64_t vpixel_rows;
+  mml_ids vgrids;          /* int32 [nvideos * 3]: (t, h, w) per video */
+  mml_bytes vsecs;         /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
+  int nvideos;
 } mml_sample;
 
 /* Clears contents, keeps capacity. */

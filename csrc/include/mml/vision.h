@@ -27,7 +27,18 @@ typedef struct mml_vision_cfg {
                             * twice as many pixels as the width) */
   int strict_jpeg;         /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
   int route;               /* MML_ROUTE_*: which reference pipeline the pixels follow */
+  /* Videos (mml/video_sample.h, sample_video.c): the video processor's own size limits
+   * (size.shortest_edge / longest_edge of the checkpoint's video processor) and which
+   * family's processor and position rules apply (MML_VIDEO_*). */
+  int64_t video_min_pixels, video_max_pixels;
+  int video_family;
 } mml_vision_cfg;
+
+/* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
+ * processor; second_per_grid_ts = temporal_patch_size / fps and temporal positions scaled
+ * by tokens_per_second = 2), Qwen3-VL (Qwen3VLVideoProcessor's temporal smart_resize,
+ * per-temporal-patch timestamps in the text, one position block per temporal patch). */
+enum { MML_VIDEO_QWEN2 = 0, MML_VIDEO_QWEN25 = 1, MML_VIDEO_QWEN3 = 2 };
 
 /* The image reference route: what a user's pipeline does before the processor.
  *   MML_ROUTE_PROCESSOR      the processor given Image.open (transformers' convert_to_rgb:

@@ -1,0 +1,250 @@
+/*
+ * video_frames.c — a video's frames planned and turned into pixel_values_videos rows
+ * (contract and reference pipeline: mml/video_frames.h).
+ *
+ * Per frame, in order (the last listed frame again for the padding frame): decode (the
+ * qwen-vl-utils route's to_rgb: RGBA pasted onto white), Pillow-exact bicubic to the
+ * fetch_image size (uint8), then float32 planes for torch's antialiased bicubic when the
+ * video budget or the processor changes the size (video_resize.c; the budget step is
+ * rounded back to integers as torchvision's resize of a uint8 video does), then
+ * (x - m) / s with m = float(mean * 255), s = float(std * 255) as the torchvision backend
+ * fuses rescale and normalise, scattered straight into the rows of the frame's temporal
+ * patch.  Only one frame is alive at a time, whatever the frame count.
+ *
+ * Threads: the scratch belongs to one worker; the cfg is shared and immutable.
+ */
+#include "mml/video_frames.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mml/image.h"
+#include "mml/video_resize.h"
+#include "mml/video_sample.h"
+
+struct mml_video_scratch {
+  mml_decoder *dec;
+  mml_bytes rgb;          /* the frame after fetch_image's resize, interleaved RGB8 */
+  float *a, *b;           /* float planes */
+  size_t a_cap, b_cap;    /* in floats */
+};
+
+mml_status mml_video_scratch_new(mml_video_scratch **out) {
+  mml_video_scratch *s = calloc(1, sizeof *s);
+  if (!s || mml_decoder_new(&s->dec) != MML_OK) {
+    free(s);
+    return MML_ENOMEM;
+  }
+  *out = s;
+  return MML_OK;
+}
+
+void mml_video_scratch_free(mml_video_scratch *s) {
+  if (!s) return;
+  mml_decoder_free(s->dec);
+  mml_bytes_free(&s->rgb);
+  free(s->a);
+  free(s->b);
+  free(s);
+}
+
+static mml_status fit(float **p, size_t *cap, size_t n, mml_err *err) {
+  if (n <= *cap) return MML_OK;
+  float *q = realloc(*p, n * sizeof *q);
+  if (!q) return mml_err_set(err, MML_ENOMEM, "video: out of memory for %zu floats", n);
+  *p = q;
+  *cap = n;
+  return MML_OK;
+}
+
+/* Qwen3VLVideoProcessor's smart_resize (frames enter the budget). */
+static mml_status qwen3_resize(int64_t t, int height, int width, int tf, int factor,
+                               int64_t min_pixels, int64_t max_pixels, int *oh, int *ow,
+                               mml_err *err) {
+  if (t < tf) return mml_err_set(err, MML_ERECORD, "video: %lld frames, fewer than %d", (long long)t, tf);
+  double H = height, W = width, f = factor;
+  if (height < factor || width < factor) {
+    double sc = fmax(f / H, f / W);
+    H = (double)(int64_t)(H * sc);
+    W = (double)(int64_t)(W * sc);
+  }
+  if (fmax(H, W) / fmin(H, W) > 200)
+    return mml_err_set(err, MML_EASPECT, "absolute aspect ratio must be smaller than 200, got %g",
+                       fmax(H, W) / fmin(H, W));
+  double h = nearbyint(H / f) * f, w = nearbyint(W / f) * f;
+  double tb = nearbyint((double)t / tf) * tf;
+  if (tb * h * w > (double)max_pixels) {
+    double beta = sqrt((double)t * H * W / (double)max_pixels);
+    h = fmax(f, floor(H / beta / f) * f);
+    w = fmax(f, floor(W / beta / f) * f);
+  } else if (tb * h * w < (double)min_pixels) {
+    double beta = sqrt((double)min_pixels / ((double)t * H * W));
+    h = ceil(H * beta / f) * f;
+    w = ceil(W * beta / f) * f;
+  }
+  if (!(h >= f && w >= f) || h > (1 << 30) || w > (1 << 30))
+    return mml_err_set(err, MML_EINVAL, "video: %dx%d resizes to %.0fx%.0f", width, height, w, h);
+  *oh = (int)h;
+  *ow = (int)w;
+  return MML_OK;
+}
+
+/* The processor's resize of the qwen-vl-utils-sized video, then the grid. */
+static mml_status plan_finish(const mml_vision_cfg *cfg, mml_video_plan *p, mml_err *err) {
+  const int f = cfg->patch_size * cfg->merge_size, T = cfg->temporal_patch_size;
+  const int M = cfg->merge_size;
+  mml_status st =
+      cfg->video_family == MML_VIDEO_QWEN3
+          ? qwen3_resize(p->nframes, p->qvu_h, p->qvu_w, T, f, cfg->video_min_pixels,
+                         cfg->video_max_pixels, &p->dst_h, &p->dst_w, err)
+          : mml_smart_resize(p->qvu_h, p->qvu_w, f, cfg->video_min_pixels, cfg->video_max_pixels,
+                             MML_RESIZE_TRANSFORMERS, &p->dst_h, &p->dst_w, err);
+  if (st) return st;
+  p->grid_t = (int)((p->nframes + T - 1) / T);
+  p->grid_h = p->dst_h / cfg->patch_size;
+  p->grid_w = p->dst_w / cfg->patch_size;
+  p->rows = (int64_t)p->grid_t * p->grid_h * p->grid_w;
+  p->group_tokens = (int64_t)p->grid_h * p->grid_w / (M * M);
+  p->tokens = p->group_tokens * p->grid_t;
+  p->second_per_grid = (float)((double)T / p->sample_fps);
+  return MML_OK;
+}
+
+mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
+                               const mml_bytes *frames, mml_video_plan *p, double *ts,
+                               mml_err *err) {
+  memset(p, 0, sizeof *p);
+  const int f = cfg->patch_size * cfg->merge_size;
+  p->listed = v->nframes;
+  for (int j = 0; j < v->nframes; j++) {
+    mml_image_info info;
+    mml_status st = mml_image_probe(frames[j].data, frames[j].len, &info, err);
+    if (st) return mml_err_prefix(err, "frame %d", j), st;
+    if (cfg->max_image_pixels > 0 && (int64_t)info.width * info.height > cfg->max_image_pixels)
+      return mml_err_set(err, MML_ETOOBIG, "frame %d: %dx%d is above max_image_pixels=%lld", j,
+                         info.width, info.height, (long long)cfg->max_image_pixels);
+    int lh, lw;
+    if ((st = mml_video_list_frame_size(&v->keys, f, info.height, info.width, &lh, &lw, err)))
+      return mml_err_prefix(err, "frame %d", j), st;
+    if (j == 0) {
+      p->src_w = info.width, p->src_h = info.height, p->list_w = lw, p->list_h = lh;
+    } else if (info.width != p->src_w || info.height != p->src_h) {
+      /* sizes after fetch_image must agree for torch.stack; equal sources are required
+       * here because each frame's pixels are resized from its own size */
+      if (lw != p->list_w || lh != p->list_h)
+        return mml_err_set(err, MML_ERECORD,
+                           "bad record: frame %d resizes to %dx%d but frame 0 to %dx%d "
+                           "(qwen-vl-utils cannot stack them)",
+                           j, lw, lh, p->list_w, p->list_h);
+    }
+    p->src_pixels += (int64_t)info.width * info.height;
+  }
+  p->nframes = (v->nframes + 1) / 2 * 2; /* ceil_by_factor(len, FRAME_FACTOR) */
+  mml_status st = mml_video_frame_size(&v->keys, f, p->nframes, p->list_h, p->list_w, &p->qvu_h,
+                                       &p->qvu_w, err);
+  if (st) return st;
+  /* qwen-vl-utils' fake metadata: fps = raw_fps, frames_indices = range(nframes),
+   * total_num_frames = nframes / sample_fps * raw_fps; the processor's sampled_fps is
+   * len(frames_indices) / total_num_frames * fps */
+  double sfps = v->keys.sample_fps > 0 ? v->keys.sample_fps : MML_VIDEO_FPS;
+  p->fps = v->keys.raw_fps > 0 ? v->keys.raw_fps : sfps;
+  double total = (double)p->nframes / sfps * p->fps;
+  p->sample_fps = (double)p->nframes / total * p->fps;
+  if ((st = plan_finish(cfg, p, err))) return st;
+  if (ts) {
+    const int T = cfg->temporal_patch_size;
+    for (int g = 0; g < p->grid_t; g++) { /* frames_indices = range(nframes) */
+      int64_t a = (int64_t)g * T, b = a + T - 1 < p->nframes ? a + T - 1 : p->nframes - 1;
+      ts[g] = ((double)a / p->fps + (double)b / p->fps) / 2;
+    }
+  }
+  return MML_OK;
+}
+
+/* Normalises one frame (float planes, dst size) into its temporal slot of `out`. */
+static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const float *planes,
+                    int64_t k, float *out) {
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const int cols = mml_vision_pixel_cols(cfg);
+  const int64_t g = k / T, t = k % T;
+  const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
+  const size_t plane = (size_t)p->dst_w * p->dst_h;
+  float m[3], s[3];
+  for (int c = 0; c < 3; c++) { /* torch: float32 tensors of mean / std times 255.0 */
+    m[c] = cfg->mean[c] * 255.0f;
+    s[c] = cfg->std[c] * 255.0f;
+  }
+  float *base = out + (size_t)g * p->grid_h * p->grid_w * cols;
+  for (int bh = 0; bh < bh_n; bh++)
+    for (int bw = 0; bw < bw_n; bw++)
+      for (int mh = 0; mh < M; mh++)
+        for (int mw = 0; mw < M; mw++) {
+          size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;
+          float *r = base + row * cols;
+          int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
+          for (int c = 0; c < 3; c++) {
+            float *o = r + ((size_t)c * T + t) * P * P;
+            const float *src = planes + c * plane;
+            for (int py = 0; py < P; py++) {
+              const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;
+              for (int px = 0; px < P; px++) o[py * P + px] = (sr[px] - m[c]) / s[c];
+            }
+          }
+        }
+}
+
+mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                  mml_vision_scratch *vs, const mml_video_ref *v,
+                                  const mml_bytes *frames, const mml_video_plan *p, float *out,
+                                  mml_err *err) {
+  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
+  mml_decoder_set_opts(s->dec, &opts);
+  mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
+  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h,
+               dpx = (size_t)p->dst_w * p->dst_h;
+  mml_status st;
+  if (mml_bytes_reserve(&s->rgb, lpx * 3))
+    return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->list_w,
+                       p->list_h);
+  size_t big = lpx > qpx ? lpx : qpx;
+  if ((st = fit(&s->a, &s->a_cap, 3 * (big > dpx ? big : dpx), err)) ||
+      (st = fit(&s->b, &s->b_cap, 3 * (big > dpx ? big : dpx), err)))
+    return st;
+  for (int64_t k = 0; k < p->nframes; k++) {
+    int j = (int)(k < p->listed ? k : p->listed - 1);
+    mml_rgb8 img;
+    if ((st = mml_image_decode(s->dec, frames[j].data, frames[j].len, 1, &img, err)))
+      return mml_err_prefix(err, "frame %d", j), st;
+    if (img.width != p->src_w || img.height != p->src_h) { /* frames of other sizes */
+      int lh, lw;
+      if ((st = mml_video_list_frame_size(&v->keys, cfg->patch_size * cfg->merge_size,
+                                          img.height, img.width, &lh, &lw, err)))
+        return st;
+      if (lh != p->list_h || lw != p->list_w)
+        return mml_err_set(err, MML_EDECODE, "frame %d decoded to %dx%d, not as planned", j,
+                           img.width, img.height);
+    }
+    if ((st = mml_resize_bicubic_rgb8_order(vs, &img, p->list_w, p->list_h, cfg->pillow_h_first,
+                                            s->rgb.data, err)))
+      return mml_err_prefix(err, "frame %d", j), st;
+    float *a = s->a, *b = s->b;
+    for (size_t i = 0; i < lpx; i++)
+      for (int c = 0; c < 3; c++) a[c * lpx + i] = (float)s->rgb.data[3 * i + c];
+    if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
+      if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
+        return st;
+      for (size_t i = 0; i < 3 * qpx; i++) b[i] = nearbyintf(fminf(fmaxf(b[i], 0.0f), 255.0f));
+      float *x = a;
+      a = b;
+      b = x;
+    }
+    if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
+      if ((st = mml_resize_aa_bicubic_f32(a, 3, p->qvu_w, p->qvu_h, b, p->dst_w, p->dst_h, err)))
+        return st;
+      a = b;
+    }
+    scatter(cfg, p, a, k, out);
+  }
+  return MML_OK;
+}

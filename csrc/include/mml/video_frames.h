@@ -1,0 +1,67 @@
+/*
+ * mml/video_frames.h — a video's frames as model input: the plan (sizes, grid, token
+ * counts, second_per_grid_ts, Qwen3-VL timestamps) from headers alone, then the frames
+ * resized, normalised and patchified into pixel_values_videos rows, matching
+ *   qwen-vl-utils 0.0.14 fetch_video (frame lists: each frame through fetch_image with
+ *   the element's keys, Pillow bicubic; then the per-frame budget and torchvision's
+ *   antialiased bicubic on the float video, rounded back to integers)
+ * followed by transformers 5.24's Qwen2.5-VL / Qwen3-VL processors given qwen-vl-utils'
+ * video metadata (process_vision_info(..., return_video_metadata=True); 5.24's Qwen2.5-VL
+ * processor takes second_per_grid_ts from that metadata's sampled_fps and ignores an fps
+ * argument, so without metadata it assumes 24 fps) and do_sample_frames=False (its own smart_resize under the video limits of the vision cfg —
+ * torchvision's resize of the float video when that changes the size — then
+ * (x - 255 mean) / (255 std) in float32 and the temporal patchify: T consecutive frames per
+ * row, the last frame repeated to a multiple of T).
+ *
+ * Rows: row = ((g*(gh/M) + bh)*(gw/M) + bw)*M*M + mh*M + mw, column
+ * ((c*T + t)*P + py)*P + px holds frame g*T + t, channel c, pixel ((bh*M+mh)*P+py,
+ * (bw*M+mw)*P+px) — the HF layout of pixel_values_videos.
+ *
+ * Threads: a plan is per sample; mml_video_scratch is per worker thread.
+ */
+#ifndef MML_VIDEO_FRAMES_H
+#define MML_VIDEO_FRAMES_H
+
+#include "mml/common.h"
+#include "mml/record.h"
+#include "mml/vision.h"
+
+typedef struct mml_video_plan {
+  int src_w, src_h;      /* the frames' decoded size (every listed frame, from its header) */
+  int list_w, list_h;    /* frame lists: after fetch_image's resize */
+  int qvu_w, qvu_h;      /* after fetch_video's budget resize */
+  int dst_w, dst_h;      /* after the processor's resize */
+  int64_t nframes;       /* frames fed to the processor (even: the last one repeated) */
+  int64_t listed;        /* frames the record lists */
+  int grid_t, grid_h, grid_w;
+  int64_t rows;          /* grid_t * grid_h * grid_w */
+  int64_t group_tokens;  /* <|video_pad|> per temporal patch: grid_h * grid_w / M^2 */
+  int64_t tokens;        /* grid_t * group_tokens */
+  double fps;            /* the source rate the timestamps use (raw_fps for frame lists) */
+  double sample_fps;     /* the processor's VideoMetadata.sampled_fps for qwen-vl-utils'
+                            metadata: len(frames_indices) / total_num_frames * fps */
+  float second_per_grid; /* temporal_patch_size / sample_fps (Qwen2.5-VL's processor) */
+  int64_t src_pixels;    /* listed frames * src_w * src_h (for max_sample_pixels) */
+} mml_video_plan;
+
+typedef struct mml_video_scratch mml_video_scratch;
+mml_status mml_video_scratch_new(mml_video_scratch **out);
+void mml_video_scratch_free(mml_video_scratch *s);
+
+/* Plans a frame list (v->frames; frames[j] the encoded bytes of frame j).  ts receives
+ * grid_t Qwen3-VL timestamps (frame indices 0..nframes-1 at fps, as qwen-vl-utils' fake
+ * metadata says) when not NULL.  Failures: the image header's (MML_EDECODE,
+ * MML_EUNSUPPORTED, MML_ETOOBIG), MML_ERECORD (frames of different sizes after
+ * fetch_image — torch.stack refuses them — or a budget qwen-vl-utils rejects),
+ * MML_EASPECT. */
+mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
+                               const mml_bytes *frames, mml_video_plan *p, double *ts,
+                               mml_err *err);
+/* Decodes, resizes, normalises and patchifies a planned frame list into `out`
+ * (p->rows * mml_vision_pixel_cols(cfg) floats). */
+mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                  mml_vision_scratch *vs, const mml_video_ref *v,
+                                  const mml_bytes *frames, const mml_video_plan *p, float *out,
+                                  mml_err *err);
+
+#endif
