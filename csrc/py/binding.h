@@ -102,6 +102,10 @@ int mml_py_vision_register(PyObject *m);    /* vision_py.c: ImageProcessor core,
 int mml_py_template_register(PyObject *m);  /* template_py.c: record/template test hooks */
 int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
-int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
+int mml_py_collate_register(PyObject *m);
+int mml_py_dsindex_register(PyObject *m);   /* dsindex_py.c: build_index, read_index */
+/* loader_py.c: the engine inside a _Loader (borrowed), or NULL with an exception set. */
+struct mml_loader;
+struct mml_loader *mml_py_loader_get(PyObject *obj);   /* collate_py.c: collation/M-RoPE test hooks */
 
 #endif
