@@ -182,6 +182,8 @@ mml_status ld_index_open(mml_loader *L, const char *path, mml_dsx **pending, int
   if (!st && found) {
     if (!(x = calloc(1, sizeof *x))) st = mml_err_set(err, MML_ENOMEM, "out of memory");
     else st = mml_dsx_parse(body.data, body.len, w, x, err);
+    if (st == MML_ERECORD && err) /* a bad index refuses the loader: not a sample's error */
+      st = err->status = MML_ECONFIG;
     if (st) free(x), x = NULL;
   }
   mml_bytes_free(&body);
