@@ -259,6 +259,10 @@ void ld_index_check_sources(mml_loader *L) {
 
 int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *tokens,
                     int64_t *vision_tokens) {
+  if (shard < 0) {
+    int64_t off, len, where;
+    mml_index_locate(&L->ix, index, &shard, &off, &len, &where);
+  }
   const mml_dsx *x = shard < L->dsx_cap ? L->dsx[shard] : NULL;
   if (!x || !x->samples) return 0;
   int64_t k = index - L->ix.shards[shard].first;

@@ -229,8 +229,8 @@ mml_status ld_index_attach(mml_loader *L, mml_dsx *pending, mml_err *err);
 /* After the sources' keys are known: counts of indexes built under other settings are
  * dropped (one warning each). */
 void ld_index_check_sources(mml_loader *L);
-/* 1 when the index knows sample `index` (of `shard`) planned: its total tokens (text +
- * image pads) and image tokens. */
+/* 1 when the index knows sample `index` (global, of `shard`; -1: looked up) planned under
+ * its source's settings: its total tokens (text + image pads) and image tokens. */
 int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *tokens,
                     int64_t *vision_tokens);
 /* A worker's check before reading a sample: too long for max_length or the collator, from
