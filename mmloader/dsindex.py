@@ -106,6 +106,8 @@ def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None
                 def cb(done: int, n: int, i: int = i) -> None:
                     progress(i, len(shards), done, n)
             s = _core.build_index(loader._c, i, dest, threads, cb)
+            if progress is not None:
+                progress(i, len(shards), s["samples"], s["samples"])
             s["index"] = dest
             total["per_shard"][shard] = s
             _merge(total, s)
@@ -175,8 +177,15 @@ def main_args(a: Any) -> int:
                               s3_endpoint=a.s3_endpoint)
     data = a.data if len(a.data) > 1 else a.data[0]
     t0 = time.perf_counter()
-    bar = None if a.quiet or not sys.stderr.isatty() else (
-        lambda i, k, d, n: _bar(i, k, d, n, t0))
+    tty = sys.stderr.isatty()
+
+    def bar(i: int, k: int, d: int, n: int) -> None:
+        if tty:
+            _bar(i, k, d, n, t0)
+        elif d == n:  # not a terminal: one line per finished shard
+            print(f"[index] shard {i + 1}/{k}: {n} samples", file=sys.stderr)
+    if a.quiet:
+        bar = None  # type: ignore[assignment]
     try:
         s = build(data, out=a.out, threads=a.threads, progress=bar, **kw)
     except KeyboardInterrupt:
@@ -185,7 +194,7 @@ def main_args(a: Any) -> int:
     except _core.Error as e:
         print(f"\nindex: {e}", file=sys.stderr)
         return 1
-    if bar:
+    if bar and tty:
         sys.stderr.write("\n")
     print_summary(s)
     return 0

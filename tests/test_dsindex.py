@@ -101,6 +101,7 @@ def test_cli_build_summary_and_up_to_date(ds, tmp_path):
     assert "bad_record: 1" in r.stdout and "missing_file: 1" in r.stdout
     assert "data-00000.jsonl:21: bad record" in r.stdout  # the example names shard and line
     assert "samples/s" in r.stdout and "bytes read per sample" in r.stdout
+    assert "[index] shard 2/2: 21 samples" in r.stderr  # progress (one line a shard off a tty)
     assert sorted(os.listdir(out)) == ["data-00000.jsonl.mmlidx", "data-00001.jsonl.mmlidx"]
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r2.returncode == 0 and "2 shard(s) already up to date" in r2.stdout

@@ -332,7 +332,8 @@ mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *na
       if (!p) goto oom;
       x->images = p;
     }
-    memcpy(x->images + x->nimages, data + at + sizeof s, (size_t)s.nimages * sizeof(mml_dsx_image));
+    if (s.nimages)
+      memcpy(x->images + x->nimages, data + at + sizeof s, (size_t)s.nimages * sizeof *x->images);
     x->nimages += s.nimages;
     at += need;
   }
@@ -383,7 +384,7 @@ mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *pat
   sh->data_end = x->data_end;
   sh->nmembers = sh->members_cap = x->nmembers;
   sh->names_len = sh->names_cap = (size_t)x->names_len;
-  memcpy(ix->offsets + ix->n, x->offsets, (size_t)x->n * sizeof *x->offsets);
+  if (x->n) memcpy(ix->offsets + ix->n, x->offsets, (size_t)x->n * sizeof *x->offsets);
   ix->n += x->n;
   ix->nshards++;
   return MML_OK;

@@ -289,7 +289,7 @@ static mml_status result_add(result *r, const mml_dsx_sample *s, int64_t n,
     r->img = p;
     r->icap = nc;
   }
-  memcpy(r->s + r->n, s, (size_t)n * sizeof *s);
+  if (n) memcpy(r->s + r->n, s, (size_t)n * sizeof *s);
   if (nimg) memcpy(r->img + r->nimg, img, (size_t)nimg * sizeof *img);
   r->n += n;
   r->nimg += nimg;
