@@ -1,7 +1,15 @@
-/* The dataset index file (mml/dsindex.h): round trip into a loader's index, and every
- * truncation / byte flip of a file refused without reading outside it (run under ASan). */
+/* The dataset index (mml/dsindex.h): the file's round trip into a loader's index, every
+ * truncation / byte flip refused without reading outside it (ASan), and the threaded
+ * build (TSan) giving a loader the batches it gives without the index.
+ * Needs the bundled tokenizer (as test-loader.c). */
 #include "mml/dsindex.h"
 
+#include <stdio.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include "mml/loader.h"
 #include "mml_test.h"
 
 static const char k_jsonl[] = "{\"a\": 1}\n\n{\"b\": 22}\n{\"c\": 333}\n";
@@ -146,5 +154,150 @@ TEST(test_partial_entries) {
   mml_index_free(&ix);
 }
 
-MML_TEST_MAIN(RUN(test_round_trip_into_an_index); RUN(test_every_damage_is_refused);
-              RUN(test_partial_entries))
+/* ---- the build, with a loader ---------------------------------------------------------- */
+
+static char g_dir[64], g_shard[128], g_idx[160];
+static mml_tokenizer *g_tok;
+
+static void write_jpeg(const char *path, int w, int h) {
+  unsigned char *rgb = calloc((size_t)w * h, 3);
+  tjhandle tj = tjInitCompress();
+  unsigned char *out = NULL;
+  unsigned long len = 0;
+  tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 85, 0);
+  FILE *f = fopen(path, "wb");
+  fwrite(out, 1, len, f);
+  fclose(f);
+  tjFree(out);
+  tjDestroy(tj);
+  free(rgb);
+}
+
+/* 600 samples (more than two build chunks): 0-2 images, some long, one malformed. */
+static int make_dataset(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/mml-test-dsindex-XXXXXX");
+  if (!mkdtemp(g_dir)) return -1;
+  char p[160];
+  for (int i = 0; i < 4; i++) {
+    snprintf(p, sizeof p, "%s/img%d.jpg", g_dir, i);
+    write_jpeg(p, 40 + 50 * i, 60 + 30 * i);
+  }
+  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", g_dir);
+  snprintf(g_idx, sizeof g_idx, "%s.mmlidx", g_shard);
+  FILE *f = fopen(g_shard, "w");
+  for (int i = 0; i < 600; i++) {
+    if (i == 400) { /* after the first chunk: in the resumed build (examples are its own) */
+      fprintf(f, "{\"messages\": [oops\n");
+      continue;
+    }
+    int k = i % 3;
+    fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion %d%s?\"},"
+               "{\"role\":\"assistant\",\"content\":\"Answer %d.\"}]",
+            k > 0 ? "<image>" : "", k > 1 ? "<image>" : "", i,
+            i % 7 ? "" : " and a much longer question with many more words in it", i);
+    if (k) fprintf(f, ",\"images\":[\"img%d.jpg\"%s]", i % 4, k > 1 ? ",\"img3.jpg\"" : "");
+    fprintf(f, "}\n");
+  }
+  fclose(f);
+  return 0;
+}
+
+static void cfg_of(mml_loader_cfg *c, const char **data, const char *index) {
+  memset(c, 0, sizeof *c);
+  data[0] = g_shard;
+  c->data = data;
+  c->ndata = 1;
+  c->index = index;
+  c->shuffle = 1;
+  c->seed = 7;
+  c->dp_size = 1;
+  c->num_threads = 2;
+  c->prefetch = 2;
+  c->max_error_rate = 1.0;
+  c->max_length = 60;
+  c->collate.micro_batch_size = 4;
+  c->collate.pad_id = -1;
+  mml_err err;
+  mml_vision_preset("qwen2.5-vl", &c->vision, &err);
+  c->vision.min_pixels = 28 * 28 * 4;
+  c->vision.max_pixels = 28 * 28 * 16;
+  c->tokenizer = g_tok;
+}
+
+static uint64_t epoch_hash(mml_loader *L, int *batches) {
+  uint64_t h = 0;
+  mml_err err;
+  mml_batch b;
+  *batches = 0;
+  for (;;) {
+    memset(&b, 0, sizeof b);
+    if (mml_loader_next(L, &b, -1, &err) != MML_OK) break;
+    for (int i = 0; i < b.ntensors; i++) {
+      const mml_tensor *t = &b.tensors[i];
+      h = mml_hash_bytes(h, t->name, strlen(t->name));
+      h = mml_hash_bytes(h, (const char *)t->buf->data + t->offset,
+                         (size_t)mml_tensor_numel(t) * mml_dtype_size(t->dtype));
+    }
+    (*batches)++;
+    mml_batch_clear(&b);
+  }
+  return h;
+}
+
+static int stop_early(void *ctx, int64_t done, int64_t total) {
+  (void)total;
+  return done >= *(int64_t *)ctx;
+}
+
+TEST(test_build_and_use) {
+  const char *data[1];
+  mml_loader_cfg c;
+  mml_loader *L;
+  mml_err err;
+  mml_index_summary *sum = calloc(1, sizeof *sum);
+  cfg_of(&c, data, "");
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  int64_t after = 1; /* stopped after its first chunk, then resumed */
+  CHECK(mml_loader_build_index(L, 0, g_idx, 4, stop_early, &after, sum, &err) == MML_ECANCELLED);
+  CHECK_OK(mml_loader_build_index(L, 0, g_idx, 4, NULL, NULL, sum, &err), err);
+  CHECK_EQ_INT(sum->samples, 600);
+  CHECK(sum->resumed > 0 && sum->resumed < 600);
+  CHECK_EQ_INT(sum->good, 599);
+  CHECK_EQ_INT(sum->by_status[MML_ERECORD], 1);
+  CHECK(strstr(sum->example[MML_ERECORD], "data.jsonl:401") != NULL);
+  int nb0, nb1;
+  uint64_t h0 = epoch_hash(L, &nb0);
+  mml_loader_free(L);
+  cfg_of(&c, data, NULL);
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_EQ_INT(mml_loader_index_used(L), 1);
+  uint64_t h1 = epoch_hash(L, &nb1);
+  mml_loader_stats st;
+  mml_loader_get_stats(L, &st);
+  mml_loader_free(L);
+  CHECK(nb0 > 10);
+  CHECK_EQ_INT(nb0, nb1);
+  CHECK(h0 == h1);
+  CHECK(st.skipped > 0);
+  free(sum);
+}
+
+int main(void) {
+  const char *tp = getenv("MML_TEST_TOKENIZER");
+  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
+  mml_err err;
+  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK || make_dataset()) {
+    fprintf(stderr, "FAIL cannot load tokenizer %s or write the dataset\n", tp);
+    return 1;
+  }
+  RUN(test_round_trip_into_an_index);
+  RUN(test_every_damage_is_refused);
+  RUN(test_partial_entries);
+  RUN(test_build_and_use);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+  mml_tokenizer_free(g_tok);
+  if (mml_test_failures) fprintf(stderr, "%d failure(s)\n", mml_test_failures);
+  return mml_test_failures ? 1 : 0;
+}
