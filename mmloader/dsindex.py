@@ -179,10 +179,13 @@ def main_args(a: Any) -> int:
     t0 = time.perf_counter()
     tty = sys.stderr.isatty()
 
+    printed = set()
+
     def bar(i: int, k: int, d: int, n: int) -> None:
         if tty:
             _bar(i, k, d, n, t0)
-        elif d == n:  # not a terminal: one line per finished shard
+        elif d == n and i not in printed:  # not a terminal: one line per finished shard
+            printed.add(i)
             print(f"[index] shard {i + 1}/{k}: {n} samples", file=sys.stderr)
     if a.quiet:
         bar = None  # type: ignore[assignment]

@@ -5,8 +5,8 @@
  * workers use to skip over-long samples before reading anything.
  *
  * DESIGN
- *   At construction, for each shard: the sidecar ("<shard>.mmlidx" next to it, or
- *   under cfg.index) is read when it exists; the shard's identity now (local: size and
+ *   At construction, for each shard: the sidecar ("<shard>.mmlidx" next to a local
+ *   shard, or under cfg.index for any shard) is read when it exists; the shard's identity now (local: size and
  *   mtime; remote: size and ETag from one HEAD) must be the one recorded, else the
  *   loader refuses to start (MML_ECONFIG naming shard and index, and what changed) —
  *   an index is never trusted blindly.  An uncompressed shard is then added from the
@@ -172,6 +172,9 @@ mml_status ld_index_open(mml_loader *L, const char *path, mml_dsx **pending, int
   *pending = NULL;
   *added = 0;
   if (L->cfg.index && !L->cfg.index[0]) return MML_OK; /* index="" : never */
+  /* by default only next to local shards: looking next to each remote one would cost a
+   * request per shard (a 404 for data never indexed) before the first batch */
+  if (!L->cfg.index && mml_path_is_remote(path)) return MML_OK;
   mml_bytes where = {0}, body = {0};
   if (mml_dsx_sidecar_path(path, L->cfg.index, &where))
     return mml_err_set(err, MML_ENOMEM, "out of memory");

@@ -282,7 +282,12 @@ TEST(test_build_and_use) {
   free(sum);
 }
 
+int mml_cpu_avx2(void), mml_cpu_fma(void); /* csrc/core/resize.h */
+
 int main(void) {
+  /* their lazy CPU probes, once before threads (as test-loader's 1-thread run does) */
+  mml_cpu_avx2();
+  mml_cpu_fma();
   const char *tp = getenv("MML_TEST_TOKENIZER");
   if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
   mml_err err;
