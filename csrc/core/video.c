@@ -70,6 +70,9 @@ struct mml_video {
   int64_t last_pts;   /* pts of the last frame out */
   int64_t decoded;    /* frames out of the decoder so far (tests, benchmarks) */
   int64_t max_pixels;
+  int skip_nonref;    /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
+  const int64_t *want; /* this decode's indices, from want_k on still to come */
+  int want_n, want_k;
   mml_video_info info;
 };
 
@@ -213,6 +216,13 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
   v->dec->pkt_timebase = v->st->time_base;
   v->dec->thread_count = src->threads > 1 ? src->threads : 1;
   v->dec->max_pixels = v->max_pixels; /* a frame growing past it mid-stream fails to decode */
+  /* decoders whose non-reference frames are never referenced by definition (h264
+   * nal_ref_idc 0, vp9 frames refreshing no slot, MPEG-1/2/4 B-frames): those frames can
+   * be left undecoded on the way to a wanted one; hevc's sub-layer non-reference pictures
+   * may still be referenced from higher temporal layers, so hevc (and the rest) decode all */
+  v->skip_nonref = par->codec_id == AV_CODEC_ID_H264 || par->codec_id == AV_CODEC_ID_VP9 ||
+                   par->codec_id == AV_CODEC_ID_MPEG4 || par->codec_id == AV_CODEC_ID_MPEG2VIDEO ||
+                   par->codec_id == AV_CODEC_ID_MPEG1VIDEO;
   if ((r = avcodec_open2(v->dec, codec, NULL)) < 0)
     return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot open the %s decoder", v->name, cname);
   return MML_OK;
@@ -344,6 +354,19 @@ static int64_t key_at_or_before(const mml_video *v, int64_t t) {
   return lo - 1;
 }
 
+/* 1 when a packet's frame is one this decode still has to deliver (or cannot be told). */
+static int wanted(const mml_video *v, int64_t pts) {
+  if (pts == AV_NOPTS_VALUE || !v->want) return 1;
+  int lo = v->want_k, hi = v->want_n; /* first wanted frame with pts >= pts */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    int64_t i = v->want[mid];
+    if (i >= v->n || v->tab[i] >= pts) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo < v->want_n && (v->want[lo] >= v->n || v->tab[v->want[lo]] == pts);
+}
+
 /* The next decoded frame into v->frm: 0, AVERROR_EOF at the end, or an error. */
 static int next_frame(mml_video *v) {
   for (;;) {
@@ -359,6 +382,8 @@ static int next_frame(mml_video *v) {
       continue;
     }
     if (v->pkt->stream_index == v->si) {
+      if (v->skip_nonref) /* a frame nobody references and nobody wants: not decoded */
+        v->dec->skip_frame = wanted(v, v->pkt->pts) ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
       r = avcodec_send_packet(v->dec, v->pkt);
       if (r < 0 && r != AVERROR(EAGAIN)) {
         av_packet_unref(v->pkt);
@@ -475,12 +500,12 @@ static mml_status deliver(mml_video *v, int k, int64_t index, mml_video_frame_fn
   return fn(ctx, &fr, err);
 }
 
-mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
-                            void *ctx, mml_err *err) {
-  if (!v || (n > 0 && (!idx || !fn))) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
-  int64_t nframes = v->n; /* what the caller's indices were computed from */
+/* The frames of idx[0..n), in order (the body of mml_video_decode). */
+static mml_status decode_all(mml_video *v, const int64_t *idx, int n, int64_t nframes,
+                             mml_video_frame_fn fn, void *ctx, mml_err *err) {
   for (int k = 0; k < n; k++) {
     int64_t i = idx[k];
+    v->want_k = k;
     if (i < 0 || (k > 0 && i < idx[k - 1]))
       return mml_err_set(err, MML_EINVAL, "%s: frame indices must be ascending and >= 0", v->name);
     if (i >= nframes)
@@ -503,4 +528,16 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
     if ((st = deliver(v, k, i, fn, ctx, err))) return st;
   }
   return MML_OK;
+}
+
+mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
+                            void *ctx, mml_err *err) {
+  if (!v || (n > 0 && (!idx || !fn))) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
+  int64_t nframes = v->n; /* what the caller's indices were computed from */
+  v->want = idx;
+  v->want_n = n;
+  mml_status st = decode_all(v, idx, n, nframes, fn, ctx, err);
+  v->want = NULL;
+  v->dec->skip_frame = AVDISCARD_DEFAULT;
+  return st;
 }
