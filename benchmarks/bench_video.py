@@ -17,6 +17,10 @@ torchcodec cannot run here (PyPI's 0.17 wheel needs CUDA's libnvrtc beside CPU t
 the HF video processor cannot be imported without torchvision (which breaks beside CPU
 torch), so neither is a peer; both are reported as skipped.
 
+The videos: x264 veryfast (B-frames, keyint 250 as x264's default) of a moving pattern
+with grain, 640x360 at 30 fps; the longer videos repeat the first one's packets back to
+back (stream copy: the same GOP structure, minutes of encoding saved).
+
 Each pipeline's frames are checked equal to mmloader's before timing (PyAV: bit-exact;
 decord bundles its own FFmpeg and is compared the same way).  Timing: wall seconds and
 process CPU seconds (all threads) per video, median of --runs rounds, the pipelines
@@ -71,17 +75,31 @@ def make_video(path, seconds, w, h, fps, container_options=None):
     return path
 
 
-def remux(src, dst):
-    """The same packets in another container (stream copy)."""
+def remux(src, dst, repeat=1):
+    """src's packets `repeat` times over, back to back (stream copy: a long video with the
+    same GOP structure for the cost of demuxing, not encoding): mp4 (moov first) or mkv."""
     if os.path.exists(dst):
         return dst
-    with av.open(src) as i, av.open(dst + ".part", "w", format="matroska") as o:
-        s = o.add_stream_from_template(i.streams.video[0])
-        for pkt in i.demux(i.streams.video[0]):
-            if pkt.dts is None:
-                continue
-            pkt.stream = s
-            o.mux(pkt)
+    mp4 = dst.endswith(".mp4")
+    with av.open(src) as i, av.open(dst + ".part", "w", format="mp4" if mp4 else "matroska",
+                                    options={"movflags": "faststart"} if mp4 else {}) as o:
+        ist = i.streams.video[0]
+        s = o.add_stream_from_template(ist)
+        span = None
+        for r in range(repeat):
+            i.seek(0, stream=ist)
+            last = 0
+            for pkt in i.demux(ist):
+                if pkt.dts is None:
+                    continue
+                if span is not None:
+                    pkt.pts += r * span
+                    pkt.dts += r * span
+                last = max(last, pkt.pts + pkt.duration) if span is None else last
+                pkt.stream = s
+                o.mux(pkt)
+            if span is None:
+                span = last - (ist.start_time or 0)
     os.replace(dst + ".part", dst)
     return dst
 
@@ -166,14 +184,20 @@ def main():
     ap.add_argument("--slow-runs", type=int, default=1,
                     help="rounds of pyav-all on videos over 2 minutes (it decodes every frame)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="also write the report (markdown) here")
     a = ap.parse_args()
     w, h = map(int, a.size.split("x"))
     os.makedirs(CACHE, exist_ok=True)
     videos = []
     for m in a.minutes:
         base = os.path.join(CACHE, f"h264-{w}x{h}-{a.fps}fps-{m:g}min")
+        unit = os.path.join(CACHE, f"h264-{w}x{h}-{a.fps}fps-{a.minutes[0]:g}min")
         t0 = time.perf_counter()
-        make_video(base + ".mp4", m * 60, w, h, a.fps, {"movflags": "faststart"})
+        make_video(unit + ".mp4", a.minutes[0] * 60, w, h, a.fps, {"movflags": "faststart"})
+        if m != a.minutes[0]:  # longer ones: the first one's packets repeated
+            if m % a.minutes[0]:
+                sys.exit("--minutes: each length must be a multiple of the first")
+            remux(unit + ".mp4", base + ".mp4", int(m // a.minutes[0]))
         remux(base + ".mp4", base + ".mkv")
         if time.perf_counter() - t0 > 1:
             print(f"# made {base}.mp4/.mkv in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
@@ -207,12 +231,18 @@ def main():
                 _, wall, cpu = timed(PIPELINES[n], p, a.nframes)
                 res.setdefault((label, n), []).append((wall, cpu))
 
-    rows = []
-    print(f"\n{a.nframes} frames per video (qwen-vl-utils nframes + linspace), {w}x{h} H.264 "
+    rows, lines = [], []
+
+    def out(line=""):
+        print(line)
+        lines.append(line)
+
+    out(f"{a.nframes} frames per video (qwen-vl-utils nframes + linspace), {w}x{h} H.264 "
           f"{a.fps} fps, x264 veryfast keyint 250; median of {a.runs} rounds "
-          f"(pyav-all on long videos: {a.slow_runs}); mmloader DECODE ONLY (no resize)\n")
-    print("| video | pipeline | wall s/video | CPU s/video | videos/s | CPU vs mmloader | wall vs mmloader |")
-    print("|---|---|---|---|---|---|---|")
+          f"(pyav-all on long videos: {a.slow_runs}); mmloader DECODE ONLY (no resize)")
+    out()
+    out("| video | pipeline | wall s/video | CPU s/video | videos/s | CPU vs mmloader | wall vs mmloader |")
+    out("|---|---|---|---|---|---|---|")
     for label, _ in videos:
         base = res[(label, "mmloader")]
         bw, bc = statistics.median(x[0] for x in base), statistics.median(x[1] for x in base)
@@ -224,17 +254,21 @@ def main():
             rows.append(dict(video=label, pipeline=n, wall_s=mw, cpu_s=mc, runs=len(v),
                              wall_min=min(x[0] for x in v), wall_max=max(x[0] for x in v),
                              cpu_ratio=mc / bc, wall_ratio=mw / bw))
-            print(f"| {label} | {n} | {mw:.4f} | {mc:.4f} | {1 / mw:.1f} | {mc / bc:.1f}x | {mw / bw:.1f}x |")
-    print("\nframes decoded by mmloader (kept + the GOP lead-in before each):",
+            out(f"| {label} | {n} | {mw:.4f} | {mc:.4f} | {1 / mw:.1f} | {mc / bc:.1f}x | {mw / bw:.1f}x |")
+    out()
+    out("frames decoded by mmloader (kept + the GOP lead-in before each):",
           ", ".join(f"{k}: {v}" for k, v in decoded.items()))
     mm = {r["video"]: r["cpu_s"] for r in rows if r["pipeline"] == "mmloader"}
     if len(a.minutes) >= 2:
         for ext in ("mp4", "mkv"):
             s, l = mm.get(f"{a.minutes[0]:g} min .{ext}"), mm.get(f"{a.minutes[-1]:g} min .{ext}")
             if s and l:
-                print(f"mmloader .{ext}: {a.minutes[-1]:g}-min video costs {l / s:.2f}x the "
+                out(f"mmloader .{ext}: {a.minutes[-1]:g}-min video costs {l / s:.2f}x the "
                       f"{a.minutes[0]:g}-min one at the same nframes (CPU)")
-    print("skipped:", "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    out("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write("# Video decode (benchmarks/bench_video.py)\n\n" + "\n".join(lines) + "\n")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(rows=rows, frames_decoded=decoded, skipped=skipped,

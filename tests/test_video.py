@@ -379,3 +379,34 @@ def test_max_pixels(vdir):
     with pytest.raises(mmloader.SampleError, match=r"px.mkv: video frames of 64x48 exceed the pixel limit"):
         _core.video_probe(path, max_pixels=64 * 48 - 1)
     assert _core.video_probe(path, max_pixels=64 * 48)["width"] == 64
+
+
+@pytest.mark.parametrize("codec,fname,kw", [("libx264", "d.mp4", {}), ("libx264", "dvfr.mp4", dict(vfr=True)),
+                                           ("libvpx-vp9", "d.webm", {}), ("libx265", "d.mkv", {})])
+def test_counts_and_fps_as_decord_reports_them(vdir, codec, fname, kw):
+    """qwen-vl-utils takes total frames and video_fps from decord (len(vr), get_avg_fps())
+    when it is installed, from torchcodec (num_frames, average_fps) next, else from
+    torchvision/PyAV (frames decoded, stream.average_rate): the probe agrees with them."""
+    decord = pytest.importorskip("decord", reason="decord not installed (benchmarks/requirements.txt)")
+    path = make_video(vdir / fname, codec, **kw)
+    vr = decord.VideoReader(path)
+    info = _core.video_probe(path)
+    assert info["nframes"] == len(vr)
+    assert info["fps"] == pytest.approx(vr.get_avg_fps(), rel=1e-9)
+
+
+def test_http_without_head(fault_server, big_videos, monkeypatch):
+    """A URL presigned for GET answers HEAD with 403: the size is found by the reads."""
+    import faultserver
+
+    def refuse_head(self):
+        self._send_error("403", self.path, True)
+
+    monkeypatch.setattr(faultserver._Handler, "do_HEAD", refuse_head)
+    data = open(big_videos[1], "rb").read()  # moov last: the demuxer needs the end
+    srv = fault_server(objects={"/v.mp4": data})
+    ref, _ = pyav_frames(big_videos[1])
+    with _core.Fetcher(**FAST) as f:
+        got, r = decode(srv.url("/v.mp4"), [3, 33], fetcher=f, block=64 << 10)
+    assert np.array_equal(got[0], ref[3]) and np.array_equal(got[1], ref[33])
+    assert r["info"]["nframes"] == 36

@@ -15,7 +15,9 @@
  * Decode of sorted indices: for frame i with timestamp T, seek (av_seek_frame BACKWARD,
  * decoder flushed) when the decoder is not already before T with no keyframe in between;
  * decode forward, dropping earlier frames unconverted; deliver the frame whose pts is T
- * converted to RGB24.  Landing past T right after a seek (a keyframe whose decode time
+ * converted to RGB24.  On the way, a packet whose frame no other frame references (h264,
+ * vp9, MPEG-1/2/4: AVDISCARD_NONREF) and that is not wanted is not decoded at all.
+ * Landing past T right after a seek (a keyframe whose decode time
  * precedes T while its presentation follows it, open-GOP leading frames) steps back one
  * keyframe and tries again.
  *
@@ -356,7 +358,7 @@ static int64_t key_at_or_before(const mml_video *v, int64_t t) {
 
 /* 1 when a packet's frame is one this decode still has to deliver (or cannot be told). */
 static int wanted(const mml_video *v, int64_t pts) {
-  if (pts == AV_NOPTS_VALUE || !v->want) return 1;
+  if (pts == AV_NOPTS_VALUE || !v->want || v->ordinal) return 1;
   int lo = v->want_k, hi = v->want_n; /* first wanted frame with pts >= pts */
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2;

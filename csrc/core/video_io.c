@@ -53,9 +53,15 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
   if (!mml_path_is_remote(name)) return open_file(io, err);
   if (!f) return mml_err_set(err, MML_EINVAL, "%s: a remote video needs a fetcher", name);
   io->fetcher = f;
-  mml_status st = mml_fetch_size(f, name, &io->size, err);
-  if (st) mml_err_prefix(err, "video");
-  return st;
+  mml_err e = {0};
+  mml_status st = mml_fetch_size(f, name, &io->size, &e);
+  if (st == MML_ENOENT || st == MML_ENOMEM || st == MML_EINVAL) {
+    if (err) *err = e;
+    mml_err_prefix(err, "video");
+    return st;
+  }
+  if (st) io->size = -1; /* no HEAD (a URL presigned for GET): the reads find the end */
+  return MML_OK;
 }
 
 void mml_vio_close(mml_vio *io) {
@@ -97,11 +103,13 @@ static const mml_bytes *block_at(mml_vio *io, int64_t off, int64_t *boff) {
     }
     if (io->blk[i].used < io->blk[slot].used) slot = i;
   }
-  int64_t len = io->size - start < io->block ? io->size - start : io->block;
+  int64_t len = io->size >= 0 && io->size - start < io->block ? io->size - start : io->block;
   mml_err e = {0};
   io->blk[slot].off = -1;
   mml_bytes_clear(&io->blk[slot].b);
   mml_status st = mml_fetch_get(io->fetcher, io->name, start, len, &io->blk[slot].b, &e);
+  if (!st && io->size < 0 && (int64_t)io->blk[slot].b.len < len) /* the end, found */
+    io->size = start + (int64_t)(len = (int64_t)io->blk[slot].b.len);
   if (!st && (int64_t)io->blk[slot].b.len != len)
     st = mml_err_set(&e, MML_EFETCH, "%s: range %lld+%lld returned %zu bytes", io->name,
                      (long long)start, (long long)len, io->blk[slot].b.len);
@@ -148,6 +156,7 @@ int mml_vio_read(void *opaque, uint8_t *buf, int size) {
     const mml_bytes *b = block_at(io, io->pos, &boff);
     if (!b) return AVERROR(EIO);
     int64_t in = (int64_t)b->len - (io->pos - boff);
+    if (in <= 0) return AVERROR_EOF;
     if (in < n) n = (int)in;
     memcpy(buf, b->data + (io->pos - boff), (size_t)n);
     r = n;

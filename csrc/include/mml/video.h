@@ -16,7 +16,8 @@
  *     timestamps: from the demuxer's sample index when it lists every frame (mp4/mov: no
  *     packet is read), else from one demux-only pass over the packets (no decoding).
  *     decode seeks to the keyframe before each needed run of frames, decodes forward to
- *     the wanted timestamp and converts only kept frames to RGB; every delivered frame is
+ *     the wanted timestamp (skipping frames nothing references where the codec says so)
+ *     and converts only kept frames to RGB; every delivered frame is
  *     checked against the table (a table derived from the mp4 index that the decoder
  *     contradicts is rebuilt by the packet pass and the call retried once).
  *   - RGB24 exactly as PyAV's frame.to_ndarray(format="rgb24"): swscale, SWS_BILINEAR,
