@@ -36,9 +36,10 @@ _REMOTE = ("http://", "https://", "s3://")
 # Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 # The global plan's options: left out of the fingerprint when off.
-_PLAN_KEYS = ("max_tokens_per_batch", "balance", "group_by_length")
+_PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
 # Fingerprint keys a global plan may resume across (elastic resume at the global count).
-_ELASTIC_KEYS = ("dp_rank", "dp_size", "micro_batch_size", "max_tokens_per_batch", "balance")
+_ELASTIC_KEYS = ("dp_rank", "dp_size", "micro_batch_size", "max_tokens_per_batch", "balance",
+                 "global_plan")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # What a folder given as data contributes (compression is told by content, not name).
 _DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
@@ -299,7 +300,10 @@ class Loader:
             with a token budget; still a pure function of (seed, epoch).  Turns on the
             global plan.
 
-            The global plan (any of the three above): every sample's token count is
+        global_plan: compose by the global plan even without the three options above
+            (fixed micro_batch_size rows, or packs): for elastic resume.
+
+            The global plan (any of the four above): every sample's token count is
             measured before training by a planning pass (records, template, tokenizer,
             image headers; no decode), then each epoch is cut into global steps that give
             every DP rank exactly one batch, decided from counts alone.  Samples that fail
@@ -412,6 +416,7 @@ class Loader:
                  max_tokens_per_batch: Optional[int] = _D["max_tokens_per_batch"],
                  balance: Optional[str] = _D["balance"],
                  group_by_length: Optional[int] = _D["group_by_length"],
+                 global_plan: bool = _D["global_plan"],
                  samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
                  allow_mixture_change: bool = False,
                  mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
@@ -597,7 +602,12 @@ class Loader:
             raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
         diffs += [k for k in _MIXTURE_KEYS + _PLAN_KEYS if k in fp and k not in self._fingerprint]
-        elastic = self._plan and "plan_pos" in state
+        if self._plan != ("plan_pos" in state):
+            raise StateError("the state was saved " + ("without" if self._plan else "with") +
+                             " a global plan (global_plan, max_tokens_per_batch, balance, "
+                             "group_by_length) and this loader has " +
+                             ("one" if self._plan else "none"))
+        elastic = self._plan
         if elastic:  # any rank's state of a global plan is the global count
             diffs = [k for k in diffs if k not in _ELASTIC_KEYS]
         other = [k for k in diffs if k not in _MIXTURE_KEYS]
@@ -617,7 +627,7 @@ class Loader:
                 raise StateError(f"state field {k}={v} is outside the 64-bit range")
             cur.append(v)
         cur = tuple(cur)  # ranges and consistency are checked by the engine's seek
-        if self._plan or "plan_pos" in state:
+        if self._plan:
             return self._load_plan_state(state, fp, cur, mixed)
         if mixed:
             if "mixture" in self._fingerprint or "mixture" in fp:
@@ -641,10 +651,6 @@ class Loader:
                          cur: Tuple[int, int, int], mixed: List[str]) -> None:
         """A state of the global plan: the exact cursor under the same plan settings, else
         the saved global count (another dp_size, micro_batch_size, budget or balance)."""
-        if not self._plan or "plan_pos" not in state:
-            raise StateError("the state was saved " + ("without" if self._plan else "with") +
-                             " a global plan (max_tokens_per_batch, balance, group_by_length) "
-                             "and this loader has " + ("one" if self._plan else "none"))
         if mixed:
             raise StateError("a global plan resumes only under the same data and mixture: " +
                              "; ".join(mixed))

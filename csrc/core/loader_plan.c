@@ -1,6 +1,6 @@
 /*
- * loader_plan.c — the loader's global plan (cfg.max_tokens_per_batch, balance,
- * group_by_length): the token counts of every sample, measured once before any decode,
+ * loader_plan.c — the loader's global plan (cfg.global_plan, max_tokens_per_batch,
+ * balance, group_by_length): the token counts of every sample, measured once before any decode,
  * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
  * and where its batches end.
  *
@@ -53,7 +53,6 @@ struct ld_gplan {
   int64_t *tokens, *vision; /* per sample; tokens < 0: not planned */
   uint8_t *why;             /* per sample: the status that kept it out of the plan */
   int64_t unusable;
-  int merge2;               /* merge_size^2: patches per vision token */
   int64_t resume_epoch, resume_q0;
   mml_mix_scratch sc;
   gp_epoch cache[PLAN_CACHE];
@@ -61,7 +60,8 @@ struct ld_gplan {
 };
 
 int ld_plan_wanted(const mml_loader_cfg *c) {
-  return c->max_tokens_per_batch > 0 || c->balance != MML_BALANCE_NONE || c->group_by_length > 0;
+  return c->global_plan || c->max_tokens_per_batch > 0 || c->balance != MML_BALANCE_NONE ||
+         c->group_by_length > 0;
 }
 
 static gp_epoch *epoch_plan(mml_loader *L, int64_t epoch, int64_t q0, mml_err *err);
@@ -76,11 +76,8 @@ void ld_plan_record_locked(mml_loader *L, const mml_sample *s) {
     g->why[s->index] = (uint8_t)(s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL);
     return;
   }
-  int64_t patches = 0;
-  for (int i = 0; i < s->nimages; i++)
-    patches += (int64_t)s->grids.data[3 * i] * s->grids.data[3 * i + 1] * s->grids.data[3 * i + 2];
   g->tokens[s->index] = (int64_t)s->input_ids.len;
-  g->vision[s->index] = patches / g->merge2;
+  g->vision[s->index] = s->vision_tokens;
   g->why[s->index] = MML_OK;
 }
 
@@ -97,6 +94,7 @@ static mml_status inner_cfg(const mml_loader_cfg *cfg, mml_loader_cfg *c, mml_so
   c->max_tokens_per_batch = 0;
   c->balance = MML_BALANCE_NONE;
   c->group_by_length = 0;
+  c->global_plan = 0;
   c->collate.pack = 1; /* packed epochs visit every position once */
   c->collate.pack_length = INNER_PACK;
   c->collate.pad_to_multiple = 0;
@@ -198,7 +196,6 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   if (!g) return mml_err_set(err, MML_ENOMEM, "global plan: out of memory");
   L->gp = g;
   g->n = L->ix.n;
-  g->merge2 = cfg->vision.merge_size > 0 ? cfg->vision.merge_size * cfg->vision.merge_size : 1;
   g->pc.dp_size = cfg->dp_size;
   g->pc.group = cfg->group_by_length;
   g->pc.balance = cfg->balance;
@@ -417,7 +414,10 @@ mml_status mml_loader_seek_plan(mml_loader *L, const mml_cursor *c, int64_t q0, 
   L->gp->resume_q0 = q0;
   gp_epoch *e = epoch_plan(L, c->epoch, q0, err);
   mml_status st = e ? MML_OK : err->status;
-  if (st == MML_ECONFIG) st = err->status = MML_ESTATE; /* q0 past the epoch */
+  if (st == MML_ECONFIG) { /* q0 past the epoch */
+    mml_err_prefix(err, "state field plan_start / plan_pos=%lld", (long long)q0);
+    st = err->status = MML_ESTATE;
+  }
   if (!st && c->batch_in_epoch > e->steps)
     st = mml_err_set(err, MML_ESTATE, "state field batch_in_epoch=%lld is past the %lld steps "
                      "of epoch %lld", (long long)c->batch_in_epoch, (long long)e->steps,

@@ -50,6 +50,8 @@ static const mml_option k_options[] = {
      "token budget of a padded batch: rows x its longest sample (None: micro_batch_size rows)"},
     {"balance", MML_OPT_ENUM, CFG(balance), 0, 0, 0, k_balance, FP,
      "spread each global step's tokens or vision_tokens evenly over the DP ranks (none: off)"},
+    {"global_plan", MML_OPT_BOOL, CFG(global_plan), 0, 0, 1, NULL, FP,
+     "compose by the global plan (implied by max_tokens_per_batch, balance, group_by_length)"},
     {"group_by_length", MML_OPT_INT, CFG(group_by_length), 0, 1, 1 << 30, NULL, FP | NONE,
      "sort windows of this many samples by length, longest first, before batching"},
     {"seq_length", MML_OPT_INT, CFG(collate.seq_length), 0, 1, I64, NULL, FP | NONE,

@@ -131,11 +131,12 @@ static int64_t metric_of(const mml_plan_cfg *cfg, const int64_t *tokens, const i
   return cfg->balance == MML_BALANCE_VISION ? vision[j] : tokens[j];
 }
 
-/* Redistributes the step [q, qe) by decreasing cost (longest processing time first); keeps
- * the assignment in count/assign when some sample fits nowhere.  0 or MML_ENOMEM. */
-static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
-                               const int64_t *vision, int64_t q, int64_t qe, int64_t *count,
-                               int64_t *assign) {
+/* Redistributes the step [q, qe) by decreasing cost (longest processing time first) into
+ * count/assign (*fitted = 1); leaves them as they are when some sample fits nowhere or a
+ * rank would get nothing.  0 or MML_ENOMEM. */
+static mml_status lpt_step(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
+                           const int64_t *vision, int64_t q, int64_t qe, int64_t *count,
+                           int64_t *assign, int *fitted) {
   const int D = cfg->dp_size;
   int64_t m = qe - q;
   item *it = malloc((size_t)m * sizeof *it);
@@ -157,9 +158,11 @@ static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const
       binof[it[placed].q - q] = r;
     }
   }
+  *fitted = 0;
   if (!st && placed == m && write_bins(D, binof, q, m, cnt, asg)) {
     memcpy(count, cnt, (size_t)D * sizeof *cnt);
     memcpy(assign, asg, (size_t)m * sizeof *asg);
+    *fitted = 1;
   }
   free(it);
   free(binof);
@@ -167,6 +170,26 @@ static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const
   free(cnt);
   free(asg);
   return st;
+}
+
+/* Balances the step [q, *qe): LPT on it, else (budgets and packs: the online cut filled
+ * the ranks to the brim) on the longest shorter prefix that LPT fits, giving back at most
+ * an eighth of the step's samples to the next step; else the assignment as it is. */
+static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
+                               const int64_t *vision, int64_t q, int64_t *qe, int64_t *count,
+                               int64_t *assign) {
+  int64_t lo = cfg->rows > 0 ? *qe : *qe - (*qe - q) / 8;
+  if (lo < q + cfg->dp_size) lo = q + cfg->dp_size;
+  for (int64_t e = *qe; e >= lo; e--) {
+    int fitted;
+    mml_status st = lpt_step(cfg, p, tokens, vision, q, e, count, assign, &fitted);
+    if (st) return st;
+    if (fitted) {
+      *qe = e;
+      return MML_OK;
+    }
+  }
+  return MML_OK;
 }
 
 /* A balanced step of a token budget: samples in plan order, each to the least loaded rank
@@ -278,7 +301,7 @@ mml_status mml_plan_build(const mml_plan_cfg *cfg, const int64_t *tokens, const 
     }
     if (e == q) break;
     if (cfg->balance != MML_BALANCE_NONE &&
-        balance_step(cfg, p, tokens, vision, q, e, count, assign))
+        balance_step(cfg, p, tokens, vision, q, &e, count, assign))
       goto oom;
     p->step_q[k++] = q;
     q = e;

@@ -111,12 +111,13 @@ typedef struct mml_loader_cfg {
                                delivered so far differs from its share of the epoch by
                                more than this (checked every 64 samples once 500 were
                                delivered; 0: 0.05, < 0: never) */
-  /* The global plan (mml/plan.h; on when any of the three is set): batches are composed
+  /* The global plan (mml/plan.h; on when any of these is set): batches are composed
    * over all DP ranks from token counts measured before any decode. */
   int64_t max_tokens_per_batch; /* padded batches: rows * longest <= this, rows dynamic
                                    (0: micro_batch_size rows) */
   int balance;              /* mml_balance: the cost spread evenly over the ranks */
   int64_t group_by_length;  /* windows of this many samples sorted by length (0: off) */
+  int global_plan;          /* 1: the global plan without any of the three (elastic resume) */
   int plan_only;            /* 1: a planning pass: samples are read, planned from image
                                headers and tokenized, never decoded; batches carry no
                                tensors, only their cursors (composition is the same unless
