@@ -131,65 +131,75 @@ static int64_t metric_of(const mml_plan_cfg *cfg, const int64_t *tokens, const i
   return cfg->balance == MML_BALANCE_VISION ? vision[j] : tokens[j];
 }
 
-/* Redistributes the step [q, qe) by decreasing cost (longest processing time first) into
- * count/assign (*fitted = 1); leaves them as they are when some sample fits nowhere or a
- * rank would get nothing.  0 or MML_ENOMEM. */
-static mml_status lpt_step(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
-                           const int64_t *vision, int64_t q, int64_t qe, int64_t *count,
-                           int64_t *assign, int *fitted) {
-  const int D = cfg->dp_size;
-  int64_t m = qe - q;
-  item *it = malloc((size_t)m * sizeof *it);
-  int *binof = malloc((size_t)m * sizeof *binof);
-  bin *bins = calloc((size_t)D, sizeof *bins);
-  int64_t *cnt = malloc((size_t)D * sizeof *cnt), *asg = malloc((size_t)m * sizeof *asg);
-  mml_status st = it && binof && bins && cnt && asg ? MML_OK : MML_ENOMEM;
-  int64_t placed = 0;
-  if (!st) {
-    for (int64_t i = 0; i < m; i++) {
-      int64_t j = p->order[q + i];
-      it[i] = (item){metric_of(cfg, tokens, vision, j), tokens[j], q + i};
-    }
-    qsort(it, (size_t)m, sizeof *it, by_cost_desc);
-    for (; placed < m; placed++) {
-      int r = best_bin(cfg, bins, it[placed].metric, it[placed].tokens);
-      if (r < 0) break;
-      bin_add(cfg, &bins[r], it[placed].tokens, it[placed].metric);
-      binof[it[placed].q - q] = r;
-    }
+/* A step's samples by decreasing cost, and the scratch of one redistribution. */
+typedef struct lpt {
+  item *it;          /* [m], sorted by by_cost_desc */
+  int *binof;        /* [m]: rank of position q + i */
+  bin *bins;         /* [dp_size] */
+  int64_t *cnt, *asg;
+} lpt;
+
+/* Longest processing time first over the samples of [q, e) (the sorted items with a
+ * position below e): into l->cnt / l->asg; 0 when some sample fits nowhere or a rank
+ * would get nothing. */
+static int lpt_fit(const mml_plan_cfg *cfg, lpt *l, int64_t m, int64_t q, int64_t e) {
+  memset(l->bins, 0, (size_t)cfg->dp_size * sizeof *l->bins);
+  for (int64_t i = 0; i < m; i++) {
+    const item *x = &l->it[i];
+    if (x->q >= e) continue;
+    int r = best_bin(cfg, l->bins, x->metric, x->tokens);
+    if (r < 0) return 0;
+    bin_add(cfg, &l->bins[r], x->tokens, x->metric);
+    l->binof[x->q - q] = r;
   }
-  *fitted = 0;
-  if (!st && placed == m && write_bins(D, binof, q, m, cnt, asg)) {
-    memcpy(count, cnt, (size_t)D * sizeof *cnt);
-    memcpy(assign, asg, (size_t)m * sizeof *asg);
-    *fitted = 1;
-  }
-  free(it);
-  free(binof);
-  free(bins);
-  free(cnt);
-  free(asg);
-  return st;
+  return write_bins(cfg->dp_size, l->binof, q, e - q, l->cnt, l->asg);
 }
 
-/* Balances the step [q, *qe): LPT on it, else (budgets and packs: the online cut filled
- * the ranks to the brim) on the longest shorter prefix that LPT fits, giving back at most
- * an eighth of the step's samples to the next step; else the assignment as it is. */
+/* Balances the step [q, *qe) into count/assign: LPT on it, else (budgets and packs: the
+ * online cut filled the ranks to the brim) on the longest shorter prefix that LPT fits
+ * (a binary search), giving back at most an eighth of the step's samples to the next
+ * step; else the assignment stays as it is.  0 or MML_ENOMEM. */
 static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
                                const int64_t *vision, int64_t q, int64_t *qe, int64_t *count,
                                int64_t *assign) {
-  int64_t lo = cfg->rows > 0 ? *qe : *qe - (*qe - q) / 8;
-  if (lo < q + cfg->dp_size) lo = q + cfg->dp_size;
-  for (int64_t e = *qe; e >= lo; e--) {
-    int fitted;
-    mml_status st = lpt_step(cfg, p, tokens, vision, q, e, count, assign, &fitted);
-    if (st) return st;
-    if (fitted) {
-      *qe = e;
-      return MML_OK;
+  const int D = cfg->dp_size;
+  int64_t m = *qe - q;
+  lpt l = {malloc((size_t)m * sizeof *l.it), malloc((size_t)m * sizeof *l.binof),
+           malloc((size_t)D * sizeof *l.bins), malloc((size_t)D * sizeof *l.cnt),
+           malloc((size_t)m * sizeof *l.asg)};
+  mml_status st = l.it && l.binof && l.bins && l.cnt && l.asg ? MML_OK : MML_ENOMEM;
+  int64_t e = *qe;
+  int fitted = 0;
+  if (!st) {
+    for (int64_t i = 0; i < m; i++) {
+      int64_t j = p->order[q + i];
+      l.it[i] = (item){metric_of(cfg, tokens, vision, j), tokens[j], q + i};
+    }
+    qsort(l.it, (size_t)m, sizeof *l.it, by_cost_desc);
+    fitted = lpt_fit(cfg, &l, m, q, e);
+    int64_t lo = *qe - m / 8, hi = *qe - 1;
+    if (lo < q + D) lo = q + D;
+    if (!fitted && cfg->rows == 0 && lo <= hi && lpt_fit(cfg, &l, m, q, lo)) {
+      while (lo < hi) { /* lo fits */
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (lpt_fit(cfg, &l, m, q, mid)) lo = mid;
+        else hi = mid - 1;
+      }
+      e = lo;
+      fitted = lpt_fit(cfg, &l, m, q, e);
     }
   }
-  return MML_OK;
+  if (fitted) {
+    memcpy(count, l.cnt, (size_t)D * sizeof *count);
+    memcpy(assign, l.asg, (size_t)(e - q) * sizeof *assign);
+    *qe = e;
+  }
+  free(l.it);
+  free(l.binof);
+  free(l.bins);
+  free(l.cnt);
+  free(l.asg);
+  return st;
 }
 
 /* A balanced step of a token budget: samples in plan order, each to the least loaded rank
@@ -197,13 +207,12 @@ static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const
  * Its end (q when fewer than dp_size samples are left, or out of memory: *st). */
 static int64_t cut_balanced(const mml_plan_cfg *cfg, const mml_plan *p, const int64_t *tokens,
                             const int64_t *vision, int64_t q, int64_t *count, int64_t *assign,
-                            mml_status *st) {
+                            int *binof, mml_status *st) {
   const int D = cfg->dp_size;
   if (p->nq - q < D) return q;
   bin *bins = calloc((size_t)D, sizeof *bins);
-  int *binof = malloc((size_t)(p->nq - q) * sizeof *binof);
   int64_t e = q;
-  if (bins && binof) {
+  if (bins) {
     for (; e < p->nq; e++) {
       int64_t j = p->order[e], w = metric_of(cfg, tokens, vision, j);
       int r = best_bin(cfg, bins, w, tokens[j]);
@@ -216,7 +225,6 @@ static int64_t cut_balanced(const mml_plan_cfg *cfg, const mml_plan *p, const in
     *st = MML_ENOMEM;
   }
   free(bins);
-  free(binof);
   return e;
 }
 
@@ -286,26 +294,31 @@ mml_status mml_plan_build(const mml_plan_cfg *cfg, const int64_t *tokens, const 
   p->step_q = malloc((size_t)(maxsteps + 1) * sizeof *p->step_q);
   p->count = malloc((size_t)maxsteps * (size_t)D * sizeof *p->count);
   p->assign = malloc((size_t)(p->nq - q0 + 1) * sizeof *p->assign);
-  if (!p->step_q || !p->count || !p->assign) goto oom;
+  int *binof = malloc((size_t)(p->nq - q0 + 1) * sizeof *binof); /* cut_balanced's */
+  if (!p->step_q || !p->count || !p->assign || !binof) {
+    free(binof);
+    goto oom;
+  }
   int64_t q = q0, k = 0;
   for (;;) {
     int64_t *count = p->count + k * D;
     int64_t *assign = p->assign + (q - q0), e;
     int online = cfg->balance != MML_BALANCE_NONE && cfg->rows == 0;
     if (online) {
-      e = cut_balanced(cfg, p, tokens, vision, q, count, assign, &st);
-      if (st) goto oom;
+      e = cut_balanced(cfg, p, tokens, vision, q, count, assign, binof, &st);
     } else {
       e = cut_step(cfg, p, tokens, q, count);
       for (int64_t i = q; i < e; i++) assign[i - q] = i;
     }
-    if (e == q) break;
+    if (st || e == q) break;
     if (cfg->balance != MML_BALANCE_NONE &&
-        balance_step(cfg, p, tokens, vision, q, &e, count, assign))
-      goto oom;
+        (st = balance_step(cfg, p, tokens, vision, q, &e, count, assign)))
+      break;
     p->step_q[k++] = q;
     q = e;
   }
+  free(binof);
+  if (st) goto oom;
   p->step_q[k] = q;
   p->nsteps = k;
   return MML_OK;
