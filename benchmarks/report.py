@@ -193,7 +193,14 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
     return lines + [""]
 
 
+def _check(data: Dict[str, Any]) -> None:
+    if "repeats" not in data["meta"]:
+        raise ValueError("this e2e.json was written by the suite before repeats and medians: "
+                         "rerun benchmarks/bench_e2e.py")
+
+
 def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
+    _check(data)
     meta = data["meta"]
     ds = meta.get("dataset", {})
     cmd = "python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s" + \
@@ -394,6 +401,7 @@ def generate(json_path: str, out_dir: Optional[str] = None,
         data = json.load(f)
     out_dir = out_dir or os.path.dirname(os.path.abspath(json_path))
     md_path = md_path or os.path.join(os.path.dirname(out_dir), "results.md")
+    _check(data)
     plots(data, out_dir)
     md = markdown(data)
     with open(md_path, "w") as f:
