@@ -188,6 +188,10 @@ struct mml_loader {
   uint64_t samples, good, skipped, batches, bytes_read, images;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t real_tokens, token_slots;
+
+  /* the global plan (loader_plan.c): NULL unless max_tokens_per_batch, balance or
+   * group_by_length is set; plan_sink: a planning pass records its counts there */
+  struct ld_gplan *gp, *plan_sink;
 };
 
 /* loader.c */
@@ -237,6 +241,21 @@ int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *toke
  * the index (MML_OK when unknown). */
 mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *err);
 void ld_index_free(mml_loader *L);
+
+/* loader_plan.c (see its top comment); every call site is guarded by L->gp / plan_sink */
+typedef struct ld_gplan ld_gplan;
+int ld_plan_wanted(const mml_loader_cfg *cfg);
+/* Measures every sample (a planning pass) and switches the loader to planned epochs. */
+mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err);
+void ld_plan_free(mml_loader *L);
+/* A planning pass's collator records the sample's counts (plan_sink != NULL). */
+void ld_plan_record_locked(mml_loader *L, const mml_sample *s);
+/* Stream position -> epoch position; MML_EEND past this rank's plan (takes mu). */
+mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t *j,
+                        mml_err *err);
+/* This rank's samples in `epoch`; whether position pos ends one of its batches. */
+int64_t ld_plan_rank_len_locked(mml_loader *L, int64_t epoch);
+int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
