@@ -10,7 +10,7 @@
 - Qwen's qwen-vl-finetune ``<image>`` whitespace rule (qwenvl/data/data_processor.py
   ``_build_messages`` + the processor's chat template + its label scan), selected with
   ``image_whitespace="qwen-vl-finetune"``.
-- Empty image fields, and video refused with reason ``unsupported_video``.
+- Empty image fields (videos: tests/test_video_records.py).
 
 Text comparisons always run; token comparisons need the real Qwen tokenizer
 (../shared/data/qwen3-tokenizer) and skip with the reason when it is absent.
@@ -400,37 +400,6 @@ def test_empty_image_field_is_no_image(key, empty):
     rec = {"conversations": CONV, key: empty}
     assert _core.parse_record(json.dumps(rec))["images"] == []
     assert mmloader.render_chat(rec) == mmloader.render_chat({"conversations": CONV})
-
-
-@pytest.mark.parametrize("rec, needle", [
-    ({"conversations": CONV, "video": "clip.mp4"}, r"the record lists \"video\""),
-    ({"conversations": CONV, "videos": ["a.mp4"]}, r"the record lists \"videos\""),
-    ({"conversations": [{"from": "human", "value": "<video>What happens?"},
-                        {"from": "gpt", "value": "x"}]}, "message 0 has a <video> tag"),
-    ({"messages": [{"role": "user", "content": [{"type": "video", "video": "a.mp4"}]},
-                   {"role": "assistant", "content": "x"}]}, "message 0 content part 0 is a video"),
-    ({"messages": [{"role": "user", "content": [{"video": "a.mp4"}]}]}, "message 0 content part 0 is a video"),
-    ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "u"}}]}]},
-     "message 0 content part 0 is a video"),
-])
-def test_video_is_refused_never_read_as_text(rec, needle):
-    with pytest.raises(mmloader.SampleError, match="unsupported video: " + needle):
-        _core.parse_record(json.dumps(rec))
-
-
-def test_video_records_are_skipped_with_their_reason(tmp_path):
-    lines = [{"conversations": CONV}, {"conversations": CONV, "videos": ["a.mp4"]},
-             {"conversations": CONV, "video": []}, {"conversations": CONV}]
-    p = tmp_path / "v.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    with mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1, shuffle=False,
-                         num_threads=1) as L:
-        with pytest.warns(UserWarning, match=r"v\.jsonl:2: unsupported video"):
-            n = sum(1 for _ in L)
-        # 4 batches: the short epoch is filled from its start (which may meet it again)
-        skipped = L.stats()["skipped_by_reason"]
-        assert list(skipped) == ["unsupported_video"] and skipped["unsupported_video"] >= 1
-    assert n == 4
 
 
 def test_long_values_are_shortened_in_the_middle_never_cut_before_the_reason(tmp_path):

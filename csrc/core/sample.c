@@ -48,6 +48,7 @@ void mml_sample_reset(mml_sample *s) {
   mml_ids_clear(&s->vgrids);
   mml_bytes_clear(&s->vsecs);
   s->nvideos = 0;
+  s->vision_tokens = 0;
 }
 
 void mml_sample_free(mml_sample *s) {
@@ -197,6 +198,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   double t0 = mml_now();
   int64_t rows = 0, src_px = 0;
   int cols = 0;
+  out->vision_tokens = 0;
   for (int i = 0; i < n; i++) {
     st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
                                       rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
@@ -205,6 +207,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
       return st;
     }
     sc->tokens[i] = sc->plans[i].tokens;
+    out->vision_tokens += sc->plans[i].tokens;
     rows += sc->plans[i].rows;
     cols = sc->plans[i].cols;
     src_px += (int64_t)sc->plans[i].src_w * sc->plans[i].src_h;
@@ -212,6 +215,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   int64_t vrows = 0;
   if (rec->nvideos && (st = plan_videos(pl, sc, rec, images + n, &vrows, &src_px, err)))
     return st;
+  for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += sc->vplans[v].tokens;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
                        "%d image(s) and %d video(s) of %lld pixels in all, above "

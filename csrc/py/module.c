@@ -15,8 +15,9 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (mml_py_errors_register(m) || mml_py_tensor_register(m) || mml_py_loader_register(m) ||
       mml_py_options_register(m) ||
       mml_py_tokenizer_register(m) || mml_py_vision_register(m) ||
-      mml_py_template_register(m) || mml_py_video_register(m) || mml_py_fetch_register(m) || mml_py_cuda_register(m) ||
-      mml_py_collate_register(m)) {
+      mml_py_template_register(m) || mml_py_fetch_register(m) || mml_py_cuda_register(m) ||
+      mml_py_collate_register(m) || mml_py_video_register(m) ||
+      mml_py_dsindex_register(m) || mml_py_video_sample_register(m)) {
     Py_DECREF(m);
     return NULL;
   }

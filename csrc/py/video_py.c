@@ -1,275 +1,207 @@
 /*
- * video_py.c — test hooks of the video planning (mml/video_sample.h), fed from a record
- * line so the record parser's reading of the qwen-vl-utils keys is exercised too:
- *   _core.video_sample(line, total_frames, fps) -> dict(first, last, count, n, sample_fps,
- *       indices) for the record's first video
- *   _core.video_frame_size(line, factor, nframes, height, width) -> (h, w)
- *   _core.video_list_frame_size(line, factor, height, width) -> (h, w)
- *   _core.video_timestamps(indices, fps, temporal_patch_size) -> [seconds per patch]
- *   _core.resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes,
- *       torch's antialiased bicubic (mml/video_resize.h)
- * and the helpers template_py.c uses (binding.h).
+ * video_py.c — thin test/benchmark hooks over the video core (mml/video.h):
+ *   _core.video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict
+ *   _core.video_decode(name, indices, *, data=None, fetcher=None, max_bytes=0, threads=1,
+ *                      block=0, max_pixels=0) -> dict(frames=[bytes h*w*3], shapes=[(h, w)], pts=[s],
+ *                                       info=dict, bytes_read=int, frames_decoded=int)
+ * The decode runs with the GIL released; frames are gathered in C memory and turned into
+ * bytes objects afterwards.  The Loader does not go through here.
  */
 #include "binding.h"
 
-#include <stdlib.h>
+#include <string.h>
 
-#include "mml/record.h"
-#include "mml/template.h"
-#include "mml/video_resize.h"
-#include "mml/video_sample.h"
+#include "mml/video.h"
 
-PyObject *mml_py_video_dict(const mml_video_ref *v) {
-  PyObject *src;
-  if (v->ref) {
-    src = PyUnicode_FromString(v->ref);
-  } else {
-    src = PyList_New(v->nframes);
-    for (int j = 0; src && j < v->nframes; j++) {
-      PyObject *s = PyUnicode_FromString(v->frames[j]);
-      if (!s) Py_CLEAR(src);
-      else PyList_SET_ITEM(src, j, s);
-    }
+typedef struct src_args {
+  mml_video_src src;
+  Py_buffer data;
+  PyObject *fetcher_obj;
+} src_args;
+
+static int src_from(src_args *a, const char *name, PyObject *data, PyObject *fetcher,
+                    long long max_bytes, int threads, long long block, long long max_pixels) {
+  memset(a, 0, sizeof *a);
+  a->src.max_pixels = max_pixels;
+  a->src.name = name;
+  a->src.max_bytes = max_bytes;
+  a->src.threads = threads;
+  a->src.block = block;
+  if (data && data != Py_None) {
+    if (PyObject_GetBuffer(data, &a->data, PyBUF_SIMPLE)) return -1;
+    a->src.data = a->data.buf;
+    a->src.len = (size_t)a->data.len;
   }
-  if (!src) return NULL;
-  const mml_video_keys *k = &v->keys;
-  PyObject *d = Py_BuildValue(
-      "{s:N,s:d,s:L,s:L,s:L,s:O,s:O,s:L,s:L,s:d,s:L,s:L,s:d,s:d}", "video", src, "fps", k->fps,
-      "nframes", (long long)k->nframes, "min_frames", (long long)k->min_frames, "max_frames",
-      (long long)k->max_frames, "video_start",
-      k->has_start ? PyFloat_FromDouble(k->video_start) : Py_NewRef(Py_None), "video_end",
-      k->has_end ? PyFloat_FromDouble(k->video_end) : Py_NewRef(Py_None), "min_pixels",
-      (long long)k->min_pixels, "max_pixels", (long long)k->max_pixels, "total_pixels",
-      k->total_pixels, "resized_height", (long long)k->resized_height, "resized_width",
-      (long long)k->resized_width, "sample_fps", k->sample_fps, "raw_fps", k->raw_fps);
-  return d;
-}
-
-void mml_py_video_tokens_free(mml_py_video_tokens *t) {
-  free(t->v);
-  free(t->ts);
-  t->v = NULL;
-  t->ts = NULL;
-}
-
-int mml_py_video_tokens_get(PyObject *obj, int nvideos, mml_py_video_tokens *out) {
-  out->v = NULL;
-  out->ts = NULL;
-  if (nvideos == 0) return 0;
-  if (obj == Py_None) {
-    PyErr_Format(PyExc_ValueError, "the record has %d video(s): pass video_tokens", nvideos);
+  if (fetcher && fetcher != Py_None && !(a->src.fetcher = mml_py_fetcher_get(fetcher))) {
+    if (a->data.obj) PyBuffer_Release(&a->data);
     return -1;
   }
-  PyObject *seq = PySequence_Fast(obj, "video_tokens must be a sequence");
-  if (!seq) return -1;
-  if (PySequence_Fast_GET_SIZE(seq) != nvideos) {
-    PyErr_Format(PyExc_ValueError, "video_tokens has %zd entries but the record has %d videos",
-                 PySequence_Fast_GET_SIZE(seq), nvideos);
-    Py_DECREF(seq);
-    return -1;
-  }
-  out->v = calloc((size_t)nvideos, sizeof *out->v);
-  size_t nts = 0;
-  for (int i = 0; i < nvideos; i++) {
-    PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
-    long long g, n;
-    PyObject *ts = Py_None;
-    if (!out->v || !PyArg_ParseTuple(e, "LL|O:video_tokens", &g, &n, &ts)) goto fail;
-    out->v[i].groups = g;
-    out->v[i].group_tokens = n;
-    if (ts != Py_None) nts += (size_t)(g > 0 ? g : 0);
-  }
-  out->ts = malloc((nts ? nts : 1) * sizeof *out->ts);
-  if (!out->ts) goto fail;
-  double *p = out->ts;
-  for (int i = 0; i < nvideos; i++) {
-    PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
-    if (PyTuple_GET_SIZE(e) < 3 || PyTuple_GET_ITEM(e, 2) == Py_None) continue;
-    PyObject *ts = PySequence_Fast(PyTuple_GET_ITEM(e, 2), "timestamps must be a sequence");
-    if (!ts) goto fail;
-    if (PySequence_Fast_GET_SIZE(ts) != out->v[i].groups) {
-      PyErr_Format(PyExc_ValueError, "video %d: %zd timestamps for %lld temporal patches", i,
-                   PySequence_Fast_GET_SIZE(ts), (long long)out->v[i].groups);
-      Py_DECREF(ts);
-      goto fail;
-    }
-    out->v[i].timestamps = p;
-    for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(ts); j++) {
-      *p++ = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(ts, j));
-    }
-    Py_DECREF(ts);
-    if (PyErr_Occurred()) goto fail;
-  }
-  Py_DECREF(seq);
   return 0;
-fail:
-  if (!PyErr_Occurred()) PyErr_NoMemory();
-  Py_DECREF(seq);
-  mml_py_video_tokens_free(out);
-  return -1;
 }
 
-/* The first video of a record line (rec is parsed into; the caller frees it). */
-static const mml_video_ref *first_video(const char *line, Py_ssize_t n, mml_record *rec) {
+static void src_release(src_args *a) {
+  if (a->data.obj) PyBuffer_Release(&a->data);
+}
+
+static PyObject *info_dict(const mml_video_info *in) {
+  return Py_BuildValue("{s:i,s:i,s:i,s:d,s:L,s:d,s:d,s:s,s:s,s:O,s:L}", "width", in->width,
+                       "height", in->height, "rotation", in->rotation, "fps", in->fps, "nframes",
+                       (long long)in->nframes, "duration_s", in->duration_s, "start_s",
+                       in->start_s, "codec", in->codec, "container", in->container,
+                       "exact_index", in->exact_index ? Py_True : Py_False, "size",
+                       (long long)in->size);
+}
+
+static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"name", "data", "fetcher", "max_bytes", "max_pixels", NULL};
+  const char *name;
+  PyObject *data = NULL, *fetcher = NULL;
+  long long max_bytes = 0, max_pixels = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$OOLL:video_probe", kwlist, &name, &data,
+                                   &fetcher, &max_bytes, &max_pixels))
+    return NULL;
+  src_args a;
+  if (src_from(&a, name, data, fetcher, max_bytes, 1, 0, max_pixels)) return NULL;
   mml_err err = {0};
-  mml_status st = mml_record_parse(line, (size_t)n, rec, &err);
-  if (st) {
-    mml_py_raise(st, &err);
-    return NULL;
-  }
-  if (rec->nvideos < 1) {
-    PyErr_SetString(PyExc_ValueError, "the record has no video");
-    return NULL;
-  }
-  return &rec->videos[0];
+  mml_video *v = NULL;
+  mml_video_info info;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS st = mml_video_open(&a.src, &v, &err);
+  if (!st) st = mml_video_probe(v, &info, &err);
+  mml_video_close(v);
+  Py_END_ALLOW_THREADS
+  src_release(&a);
+  if (st) return mml_py_raise(st, &err);
+  return info_dict(&info);
 }
 
-static PyObject *py_video_sample(PyObject *self, PyObject *args) {
-  const char *line;
-  Py_ssize_t n;
-  long long total;
-  double fps;
-  if (!PyArg_ParseTuple(args, "s#Ld:video_sample", &line, &n, &total, &fps)) return NULL;
-  mml_record rec = {0};
-  PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
-  if (v) {
-    mml_video_sampling s;
-    mml_err err = {0};
-    mml_status st = mml_video_sample(&v->keys, total, fps, &s, &err);
-    if (st) {
-      mml_py_raise(st, &err);
-    } else {
-      int64_t *idx = malloc((size_t)s.n * sizeof *idx);
-      PyObject *l = idx ? PyList_New((Py_ssize_t)s.n) : NULL;
-      if (l) {
-        mml_video_indices(&s, idx);
-        for (int64_t i = 0; i < s.n; i++) PyList_SET_ITEM(l, i, PyLong_FromLongLong(idx[i]));
-        res = Py_BuildValue("{s:L,s:L,s:L,s:L,s:d,s:N}", "first", (long long)s.first, "last",
-                            (long long)s.last, "count", (long long)s.count, "n", (long long)s.n,
-                            "sample_fps", s.sample_fps, "indices", l);
-      } else if (!PyErr_Occurred()) {
-        PyErr_NoMemory();
-      }
-      free(idx);
-    }
-  }
-  mml_record_free(&rec);
-  return res;
+typedef struct gather {
+  mml_bytes pix;               /* frames packed, rows of width*3 */
+  mml_bytes meta;              /* per frame: int h, int w, double pts */
+} gather;
+
+typedef struct frame_meta {
+  int h, w;
+  double pts;
+} frame_meta;
+
+static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
+  gather *g = ctx;
+  frame_meta m = {f->height, f->width, f->pts_s};
+  size_t row = (size_t)f->width * 3;
+  if (mml_bytes_reserve(&g->pix, g->pix.len + row * (size_t)f->height) ||
+      mml_bytes_append(&g->meta, &m, sizeof m))
+    return mml_err_set(err, MML_ENOMEM, "video_decode: out of memory");
+  for (int y = 0; y < f->height; y++) mml_bytes_append(&g->pix, f->rgb + (size_t)y * f->stride, row);
+  return MML_OK;
 }
 
-static PyObject *py_video_frame_size(PyObject *self, PyObject *args) {
-  const char *line;
-  Py_ssize_t n;
-  int factor, h, w;
-  long long nframes;
-  if (!PyArg_ParseTuple(args, "s#iLii:video_frame_size", &line, &n, &factor, &nframes, &h, &w))
-    return NULL;
-  mml_record rec = {0};
-  PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
-  if (v) {
-    mml_err err = {0};
-    int oh, ow;
-    mml_status st = mml_video_frame_size(&v->keys, factor, nframes, h, w, &oh, &ow, &err);
-    res = st ? (mml_py_raise(st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
-  }
-  mml_record_free(&rec);
-  return res;
-}
-
-static PyObject *py_video_list_frame_size(PyObject *self, PyObject *args) {
-  const char *line;
-  Py_ssize_t n;
-  int factor, h, w;
-  if (!PyArg_ParseTuple(args, "s#iii:video_list_frame_size", &line, &n, &factor, &h, &w))
-    return NULL;
-  mml_record rec = {0};
-  PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
-  if (v) {
-    mml_err err = {0};
-    int oh, ow;
-    mml_status st = mml_video_list_frame_size(&v->keys, factor, h, w, &oh, &ow, &err);
-    res = st ? (mml_py_raise(st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
-  }
-  mml_record_free(&rec);
-  return res;
-}
-
-static PyObject *py_video_timestamps(PyObject *self, PyObject *args) {
-  PyObject *obj;
-  double fps;
-  int t;
-  if (!PyArg_ParseTuple(args, "Odi:video_timestamps", &obj, &fps, &t)) return NULL;
-  if (t < 1) {
-    PyErr_SetString(PyExc_ValueError, "temporal_patch_size must be >= 1");
-    return NULL;
-  }
-  PyObject *seq = PySequence_Fast(obj, "indices must be a sequence");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  int64_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
-  double *ts = malloc((size_t)(n ? n : 1) * sizeof *ts);
-  PyObject *res = NULL;
-  if (idx && ts) {
-    for (Py_ssize_t i = 0; i < n; i++) idx[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-    if (!PyErr_Occurred()) {
-      mml_video_timestamps(idx, n, fps, t, ts);
-      Py_ssize_t g = (n + t - 1) / t;
-      res = PyList_New(g);
-      for (Py_ssize_t i = 0; res && i < g; i++) PyList_SET_ITEM(res, i, PyFloat_FromDouble(ts[i]));
-    }
-  } else {
+static int indices_from(PyObject *seq, int64_t **out, Py_ssize_t *n) {
+  PyObject *fast = PySequence_Fast(seq, "indices must be a sequence of ints");
+  if (!fast) return -1;
+  *n = PySequence_Fast_GET_SIZE(fast);
+  *out = PyMem_Malloc((size_t)(*n ? *n : 1) * sizeof **out);
+  if (!*out) {
+    Py_DECREF(fast);
     PyErr_NoMemory();
+    return -1;
   }
-  free(idx);
-  free(ts);
-  Py_DECREF(seq);
-  return res;
-}
-
-static PyObject *py_resize_aa(PyObject *self, PyObject *args) {
-  Py_buffer b;
-  int planes, w, h, ow, oh;
-  if (!PyArg_ParseTuple(args, "y*iiiii:resize_aa_bicubic", &b, &planes, &w, &h, &ow, &oh))
-    return NULL;
-  PyObject *res = NULL;
-  if (planes < 1 || w < 1 || h < 1 || ow < 1 || oh < 1 ||
-      (size_t)b.len != (size_t)planes * w * h * sizeof(float)) {
-    PyErr_SetString(PyExc_ValueError, "buffer size does not match planes * w * h float32");
-  } else if ((res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)planes * ow * oh * 4))) {
-    mml_err err = {0};
-    mml_status st;
-    float *dst = (float *)PyBytes_AS_STRING(res);
-    Py_BEGIN_ALLOW_THREADS
-    st = mml_resize_aa_bicubic_f32(b.buf, planes, w, h, dst, ow, oh, &err);
-    Py_END_ALLOW_THREADS
-    if (st) {
-      Py_CLEAR(res);
-      mml_py_raise(st, &err);
+  for (Py_ssize_t i = 0; i < *n; i++) {
+    (*out)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if ((*out)[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      PyMem_Free(*out);
+      return -1;
     }
   }
-  PyBuffer_Release(&b);
-  return res;
+  Py_DECREF(fast);
+  return 0;
 }
 
-static PyMethodDef methods[] = {
-    {"resize_aa_bicubic", py_resize_aa, METH_VARARGS,
-     "resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes resized as "
-     "torch.nn.functional.interpolate(mode='bicubic', antialias=True) does."},
-    {"video_sample", py_video_sample, METH_VARARGS,
-     "video_sample(line, total_frames, fps) -> dict: qwen-vl-utils' frame range, frame count, "
-     "sample fps and frame indices for the record's first video."},
-    {"video_frame_size", py_video_frame_size, METH_VARARGS,
-     "video_frame_size(line, factor, nframes, height, width) -> (h, w): qwen-vl-utils' "
-     "fetch_video size for the record's first video."},
-    {"video_list_frame_size", py_video_list_frame_size, METH_VARARGS,
-     "video_list_frame_size(line, factor, height, width) -> (h, w): the size fetch_image gives "
-     "one frame of a frame list (factor 2 * patch * merge)."},
-    {"video_timestamps", py_video_timestamps, METH_VARARGS,
-     "video_timestamps(indices, fps, temporal_patch_size) -> list: Qwen3-VL's seconds per "
-     "temporal patch."},
+static PyObject *result(const gather *g, const mml_video_info *info, int64_t bytes_read,
+                        int64_t decoded) {
+  size_t nf = g->meta.len / sizeof(frame_meta), off = 0;
+  PyObject *frames = PyList_New((Py_ssize_t)nf), *shapes = PyList_New((Py_ssize_t)nf),
+           *pts = PyList_New((Py_ssize_t)nf), *in = info_dict(info);
+  PyObject *r = NULL;
+  if (!frames || !shapes || !pts || !in) goto done;
+  for (size_t i = 0; i < nf; i++) {
+    frame_meta m;
+    memcpy(&m, g->meta.data + i * sizeof m, sizeof m);
+    size_t sz = (size_t)m.h * m.w * 3;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)g->pix.data + off, (Py_ssize_t)sz);
+    PyObject *s = Py_BuildValue("(ii)", m.h, m.w), *p = PyFloat_FromDouble(m.pts);
+    off += sz;
+    if (!b || !s || !p) {
+      Py_XDECREF(b), Py_XDECREF(s), Py_XDECREF(p);
+      goto done;
+    }
+    PyList_SET_ITEM(frames, (Py_ssize_t)i, b);
+    PyList_SET_ITEM(shapes, (Py_ssize_t)i, s);
+    PyList_SET_ITEM(pts, (Py_ssize_t)i, p);
+  }
+  r = Py_BuildValue("{s:O,s:O,s:O,s:O,s:L,s:L}", "frames", frames, "shapes", shapes, "pts", pts,
+                    "info", in, "bytes_read", (long long)bytes_read, "frames_decoded",
+                    (long long)decoded);
+done:
+  Py_XDECREF(frames), Py_XDECREF(shapes), Py_XDECREF(pts), Py_XDECREF(in);
+  return r;
+}
+
+static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"name", "indices", "data", "fetcher", "max_bytes", "threads", "block",
+                           "max_pixels", NULL};
+  const char *name;
+  PyObject *seq, *data = NULL, *fetcher = NULL;
+  long long max_bytes = 0, block = 0, max_pixels = 0;
+  int threads = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$OOLiLL:video_decode", kwlist, &name, &seq,
+                                   &data, &fetcher, &max_bytes, &threads, &block, &max_pixels))
+    return NULL;
+  int64_t *idx;
+  Py_ssize_t n;
+  if (indices_from(seq, &idx, &n)) return NULL;
+  if (n > (1 << 20)) {
+    PyMem_Free(idx);
+    PyErr_SetString(PyExc_ValueError, "video_decode: too many indices");
+    return NULL;
+  }
+  src_args a;
+  if (src_from(&a, name, data, fetcher, max_bytes, threads, block, max_pixels)) {
+    PyMem_Free(idx);
+    return NULL;
+  }
+  mml_err err = {0};
+  mml_video *v = NULL;
+  mml_video_info info = {0};
+  gather g = {{0}, {0}};
+  int64_t bytes_read = 0, decoded = 0;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS st = mml_video_open(&a.src, &v, &err);
+  if (!st) st = mml_video_probe(v, &info, &err);
+  if (!st) st = mml_video_decode(v, idx, (int)n, on_frame, &g, &err);
+  bytes_read = mml_video_bytes_read(v);
+  decoded = mml_video_frames_decoded(v);
+  mml_video_close(v);
+  Py_END_ALLOW_THREADS
+  src_release(&a);
+  PyMem_Free(idx);
+  PyObject *r = st ? mml_py_raise(st, &err) : result(&g, &info, bytes_read, decoded);
+  mml_bytes_free(&g.pix);
+  mml_bytes_free(&g.meta);
+  return r;
+}
+
+static PyMethodDef k_methods[] = {
+    {"video_probe", (PyCFunction)(void (*)(void))py_video_probe, METH_VARARGS | METH_KEYWORDS,
+     "video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict: what the core's "
+     "video probe reports (width, height, rotation, fps, nframes, duration_s, start_s, codec, "
+     "container, exact_index, size)."},
+    {"video_decode", (PyCFunction)(void (*)(void))py_video_decode, METH_VARARGS | METH_KEYWORDS,
+     "video_decode(name, indices, *, data=None, fetcher=None, max_bytes=0, threads=1, block=0, "
+     "max_pixels=0) "
+     "-> dict(frames, shapes, pts, info, bytes_read, frames_decoded): the RGB24 frames at the ascending frame "
+     "indices (presentation order), decoded with keyframe seeks."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_video_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }
+int mml_py_video_register(PyObject *m) { return PyModule_AddFunctions(m, k_methods); }

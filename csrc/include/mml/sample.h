@@ -27,6 +27,8 @@ typedef struct mml_sample {
   int pixel_cols;
   mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
   int nimages;
+  int64_t vision_tokens;   /* its <|image_pad|> tokens (also in a planning pass, which
+                              has no grids) */
   /* videos (mml/video_frames.h), in order of appearance */
   mml_bytes vpixels;       /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
   int64_t vpixel_rows;
