@@ -161,12 +161,12 @@ TEST(bad_records) {
   expect_fail("{\"messages\": [{\"role\": 3, \"content\": \"x\"}]}", MML_ERECORD, "no role");
   expect_fail("{\"messages\": [\"hi\"]}", MML_ERECORD, "not an object");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", MML_ERECORD, "neither");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": \"v.mp4\"}]}]}",
-              MML_EVIDEO, "content part 0 is a video");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": []}]}]}",
+              MML_ERECORD, "empty frame list");
   expect_fail("{\"videos\": [\"v.mp4\"], \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
-              MML_EVIDEO, "lists \"videos\"");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>x\"}]}", MML_EVIDEO,
-              "<video> tag");
+              MML_EMISMATCH, "video count mismatch");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>x\"}]}", MML_EMISMATCH,
+              "refers to video 1");
   expect_fail("{\"instruction\": \"x\"}", MML_ERECORD, "no \"output\"");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
               MML_ERECORD, "no string \"text\"");
