@@ -447,7 +447,8 @@ def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
 
 _PACKED_KEYS = ("cu_seqlens", "cu_seqlens_padded", "max_seqlen")
 _MODEL_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask",
-               "pixel_values", "image_grid_thw")
+               "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+               "second_per_grid_ts")
 
 
 def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
@@ -462,7 +463,8 @@ def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
 
     The dict holds the batch's tensors (``tokens``, ``labels``, ``loss_mask``,
     ``position_ids``, ``attention_mask`` (None unless enabled), ``pixel_values``,
-    ``image_grid_thw``, ``cu_seqlens``, ...) plus ``packed_seq_params`` (a megatron-core
+    ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``
+    (None in a batch without videos), ``cu_seqlens``, ...) plus ``packed_seq_params`` (a megatron-core
     ``PackedSeqParams`` for packed batches, else None).  With ``drop_placeholder`` the
     text-only placeholder (``image_grid_thw`` of zeros) becomes ``pixel_values = None`` and
     ``image_grid_thw = None``.
