@@ -1,0 +1,28 @@
+"""torch's antialiased bicubic on float32 planes, reproduced in C (csrc/core/video_resize.c),
+bitwise equal to torch.nn.functional.interpolate(mode="bicubic", antialias=True) — what
+torchvision's resize of a video tensor calls (torchvision itself cannot be installed beside
+the CPU torch here)."""
+import random
+
+import numpy as np
+import pytest
+
+from mmloader import _core
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_resize_aa_bicubic_equals_torch(seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        w, h = rng.randint(1, 300), rng.randint(1, 300)
+        ow, oh = rng.randint(1, 400), rng.randint(1, 400)
+        x = np.random.RandomState(rng.randrange(1 << 30)).randint(0, 256, (3, h, w))
+        x = x.astype(np.float32)
+        ref = torch.nn.functional.interpolate(torch.from_numpy(x)[None], size=[oh, ow],
+                                              mode="bicubic", antialias=True,
+                                              align_corners=False)[0].numpy()
+        got = np.frombuffer(_core.resize_aa_bicubic(x.tobytes(), 3, w, h, ow, oh),
+                            np.float32).reshape(3, oh, ow)
+        assert np.array_equal(ref, got), (w, h, ow, oh, float(np.abs(ref - got).max()))
