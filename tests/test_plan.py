@@ -281,3 +281,23 @@ def test_late_decode_failure_keeps_ranks_in_step(srcs, tmp_path):
     keys = [k for g in got for b in g for k in rows(b)]
     assert len(set(keys)) == len(keys) == info["end"] - skipped
     assert skipped == users
+
+
+def test_counts_from_the_index_skip_the_planning_pass(srcs, tmp_path):
+    import shutil
+    from mmloader import dsindex
+    text, img = str(tmp_path / "text.jsonl"), str(tmp_path / "img.jsonl")  # distinct names
+    shutil.copy(srcs["text"][0], text)
+    shutil.copy(srcs["img"][0], img)
+    data = [Source(text, name="text"),
+            Source(img, name="img", image_root=os.path.dirname(srcs["img"][0]))]
+    out = str(tmp_path / "idx")
+    dsindex.build(data, out=out, tokenizer=TINY, threads=2, **SMALL)
+    kw = dict(max_tokens_per_batch=1024, balance="vision_tokens", dp_rank=1, dp_size=2)
+    with make(data, index=out, **kw) as L:
+        info = L._core().plan_info(0)
+        got = epoch(L)
+    assert info["measured"] == 0 and info["indexed"] == 144  # no planning pass
+    with make(data, index=False, **kw) as L:
+        assert L._core().plan_info(0)["measured"] == 144
+        same(epoch(L), got)

@@ -4,7 +4,8 @@
  * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
  * and where its batches end.
  *
- * Counts.  At construction a planning pass runs a second, internal loader over the same
+ * Counts.  From the sidecar index when it knows every sample (ld_index_counts: no pass at
+ * all); otherwise at construction a planning pass runs a second, internal loader over the same
  * data and settings with plan_only (records read, templated and tokenized, image headers
  * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
  * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
@@ -53,6 +54,7 @@ struct ld_gplan {
   int64_t *tokens, *vision; /* per sample; tokens < 0: not planned */
   uint8_t *why;             /* per sample: the status that kept it out of the plan */
   int64_t unusable;
+  int64_t indexed, measured; /* counts read from an index / measured by a planning pass */
   int64_t resume_epoch, resume_q0;
   mml_mix_scratch sc;
   gp_epoch cache[PLAN_CACHE];
@@ -144,15 +146,31 @@ static mml_status measure(ld_gplan *g, const mml_loader_cfg *cfg, mml_err *err) 
   return st;
 }
 
-/* Samples that alone exceed a batch leave the plan as too_long. */
-static void drop_too_long(ld_gplan *g, const mml_loader_cfg *cfg) {
-  for (int64_t i = 0; i < g->n; i++) {
-    int64_t t = g->tokens[i];
-    if (t < 0) continue;
-    if (!mml_plan_fits_alone(&g->pc, t) ||
-        (!cfg->collate.pack && cfg->collate.seq_length > 0 && t > cfg->collate.seq_length)) {
-      g->tokens[i] = -1;
-      g->why[i] = MML_ETOOLONG;
+/* The counts a sidecar index holds (loader_dsindex.c); 1 when it knew every sample, so no
+ * planning pass is needed. */
+static int counts_from_index(mml_loader *L, ld_gplan *g) {
+  int64_t known = 0;
+  for (int64_t i = 0; i < g->n; i++)
+    if (ld_index_counts(L, -1, i, &g->tokens[i], &g->vision[i])) known++;
+    else g->tokens[i] = -1;
+  g->indexed = known;
+  return known == g->n;
+}
+
+/* Samples that alone exceed a batch (or, counted from an index, their source's
+ * max_length, which a planning pass applies itself) leave the plan as too_long. */
+static void drop_too_long(mml_loader *L, ld_gplan *g, const mml_loader_cfg *cfg) {
+  for (int s = 0; s < L->nsrc; s++) {
+    const ld_source *src = &L->src[s];
+    for (int64_t i = src->first; i < src->first + src->n; i++) {
+      int64_t t = g->tokens[i];
+      if (t < 0) continue;
+      if (!mml_plan_fits_alone(&g->pc, t) ||
+          (src->pl.max_length > 0 && t > src->pl.max_length) ||
+          (!cfg->collate.pack && cfg->collate.seq_length > 0 && t > cfg->collate.seq_length)) {
+        g->tokens[i] = -1;
+        g->why[i] = MML_ETOOLONG;
+      }
     }
   }
 }
@@ -214,10 +232,13 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   if (!g->tokens || !g->vision || !g->why)
     return mml_err_set(err, MML_ENOMEM, "global plan: out of memory for %lld samples",
                        (long long)g->n);
-  for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
-  mml_status st = measure(g, cfg, err);
-  if (st) return st;
-  drop_too_long(g, cfg);
+  if (!counts_from_index(L, g)) { /* a planning pass counts them all */
+    for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
+    mml_status st = measure(g, cfg, err);
+    if (st) return st;
+    g->measured = g->n;
+  }
+  drop_too_long(L, g, cfg);
   count_unplanned(L, g);
   L->per_epoch = -1;          /* batches per epoch: the plan's steps */
   L->n_rank = L->mix.total;   /* an upper bound on a rank's positions */
@@ -384,7 +405,8 @@ mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *o, 
   pthread_mutex_lock(&L->mu);
   gp_epoch *e = epoch_plan(L, epoch, q0_of(L->gp, epoch), err);
   if (e) {
-    *o = (mml_plan_info){e->q0, e->usable, e->end, e->steps, e->rank_samples, L->gp->unusable};
+    *o = (mml_plan_info){e->q0,    e->usable,         e->end,           e->steps,
+                         e->rank_samples, L->gp->unusable, L->gp->indexed, L->gp->measured};
   }
   pthread_mutex_unlock(&L->mu);
   return e ? MML_OK : err->status;
