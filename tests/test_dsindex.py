@@ -301,3 +301,28 @@ def test_s3_etag(ds, moto_s3, tmp_path):
     moto_s3.put(f"{pre}/data-00000.jsonl", bytes(body))
     with pytest.raises(mmloader.ConfigError, match=r"data-00000\.jsonl no longer matches .*ETag"):
         epoch(urls, index=str(out), **cred)
+
+
+def test_global_plan_takes_counts_from_the_index(ds):
+    build(ds["shards"])
+    kw = dict(max_tokens_per_batch=700, balance="tokens", dp_size=2, micro_batch_size=None,
+              max_length=300)
+    for rank in (0, 1):
+        a, n, st = epoch(ds["shards"], dp_rank=rank, **kw)
+        b, n0, st0 = epoch(ds["shards"], dp_rank=rank, index=False, **kw)
+        assert n == 2 and n0 == 0
+        same(a, b)
+        assert st["skipped_by_reason"] == st0["skipped_by_reason"]
+
+    def plan_len(**over):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with mmloader.Loader(ds["shards"], tokenizer=TINY, **VISION,
+                                 **dict(kw, **over)) as L:
+                return len(L)
+
+    want = plan_len()
+    for p in ds["images"]:  # the plan is made from the index alone: no image is read
+        os.rename(p, p + ".away")
+    assert plan_len() == want
+    assert plan_len(index=False) < want  # the planning pass finds the images missing

@@ -278,6 +278,31 @@ int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *toke
   return 1;
 }
 
+int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, uint8_t *why) {
+  for (int k = 0; k < L->ix.nshards; k++)
+    if (k >= L->dsx_cap || !L->dsx[k] || !L->dsx[k]->samples) return 0;
+  for (int k = 0; k < L->ix.nshards; k++) {
+    const mml_index_shard *sh = &L->ix.shards[k];
+    const mml_dsx *x = L->dsx[k];
+    int64_t max = L->src[L->shard_src[k]].pl.max_length;
+    for (int64_t j = 0; j < sh->count; j++) {
+      int64_t i = sh->first + j, off, len, where, v = 0;
+      int shard;
+      const mml_dsx_sample *s = &x->samples[j];
+      mml_index_locate(&L->ix, i, &shard, &off, &len, &where);
+      for (int64_t m = x->first_image[j]; m < x->first_image[j + 1]; m++) v += x->images[m].tokens;
+      mml_status st = len > L->cfg.max_record_bytes ? MML_ERECORDSIZE /* as stage_record */
+                      : s->status                   ? (mml_status)s->status
+                      : max > 0 && (int64_t)s->text_tokens + v > max ? MML_ETOOLONG
+                                                                      : MML_OK;
+      tokens[i] = st ? -1 : (int64_t)s->text_tokens + v;
+      vision[i] = st ? 0 : v;
+      why[i] = (uint8_t)st;
+    }
+  }
+  return 1;
+}
+
 mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *err) {
   int64_t n, v;
   if (!ld_index_counts(L, s->shard, s->index, &n, &v)) return MML_OK;

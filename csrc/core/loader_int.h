@@ -237,6 +237,11 @@ void ld_index_check_sources(mml_loader *L);
  * its source's settings: its total tokens (text + image pads) and image tokens. */
 int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *tokens,
                     int64_t *vision_tokens);
+/* Every sample's counts from the dataset index, as a planning pass would find them
+ * (tokens -1 and why = the status for a sample that fails; max_record_bytes and
+ * max_length applied): 1 when every shard has an index whose counts apply, else 0 (and
+ * nothing written). */
+int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, uint8_t *why);
 /* A worker's check before reading a sample: too long for max_length or the collator, from
  * the index (MML_OK when unknown). */
 mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *err);

@@ -1,12 +1,12 @@
 /*
  * loader_plan.c — the loader's global plan (cfg.global_plan, max_tokens_per_batch,
- * balance, group_by_length): the token counts of every sample, measured once before any decode,
- * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
+ * balance, group_by_length): the token counts of every sample, known before any decode, and
+ * per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
  * and where its batches end.
  *
- * Counts.  From the sidecar index when it knows every sample (ld_index_counts: no pass at
- * all); otherwise at construction a planning pass runs a second, internal loader over the same
- * data and settings with plan_only (records read, templated and tokenized, image headers
+ * Counts.  From the dataset index when every shard has one that applies (loader_dsindex.c:
+ * no sample is read at construction); else a planning pass runs a second, internal loader
+ * over the same data and settings with plan_only (records read, templated and tokenized, image headers
  * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
  * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
  * A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
@@ -146,31 +146,15 @@ static mml_status measure(ld_gplan *g, const mml_loader_cfg *cfg, mml_err *err) 
   return st;
 }
 
-/* The counts a sidecar index holds (loader_dsindex.c); 1 when it knew every sample, so no
- * planning pass is needed. */
-static int counts_from_index(mml_loader *L, ld_gplan *g) {
-  int64_t known = 0;
-  for (int64_t i = 0; i < g->n; i++)
-    if (ld_index_counts(L, -1, i, &g->tokens[i], &g->vision[i])) known++;
-    else g->tokens[i] = -1;
-  g->indexed = known;
-  return known == g->n;
-}
-
-/* Samples that alone exceed a batch (or, counted from an index, their source's
- * max_length, which a planning pass applies itself) leave the plan as too_long. */
-static void drop_too_long(mml_loader *L, ld_gplan *g, const mml_loader_cfg *cfg) {
-  for (int s = 0; s < L->nsrc; s++) {
-    const ld_source *src = &L->src[s];
-    for (int64_t i = src->first; i < src->first + src->n; i++) {
-      int64_t t = g->tokens[i];
-      if (t < 0) continue;
-      if (!mml_plan_fits_alone(&g->pc, t) ||
-          (src->pl.max_length > 0 && t > src->pl.max_length) ||
-          (!cfg->collate.pack && cfg->collate.seq_length > 0 && t > cfg->collate.seq_length)) {
-        g->tokens[i] = -1;
-        g->why[i] = MML_ETOOLONG;
-      }
+/* Samples that alone exceed a batch leave the plan as too_long. */
+static void drop_too_long(ld_gplan *g, const mml_loader_cfg *cfg) {
+  for (int64_t i = 0; i < g->n; i++) {
+    int64_t t = g->tokens[i];
+    if (t < 0) continue;
+    if (!mml_plan_fits_alone(&g->pc, t) ||
+        (!cfg->collate.pack && cfg->collate.seq_length > 0 && t > cfg->collate.seq_length)) {
+      g->tokens[i] = -1;
+      g->why[i] = MML_ETOOLONG;
     }
   }
 }
@@ -232,13 +216,13 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   if (!g->tokens || !g->vision || !g->why)
     return mml_err_set(err, MML_ENOMEM, "global plan: out of memory for %lld samples",
                        (long long)g->n);
-  if (!counts_from_index(L, g)) { /* a planning pass counts them all */
-    for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
-    mml_status st = measure(g, cfg, err);
-    if (st) return st;
-    g->measured = g->n;
-  }
-  drop_too_long(L, g, cfg);
+  for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
+  /* the counts from the dataset index when it knows every sample, else the planning pass */
+  mml_status st = MML_OK;
+  if (ld_index_all_counts(L, g->tokens, g->vision, g->why)) g->indexed = g->n;
+  else if (!(st = measure(g, cfg, err))) g->measured = g->n;
+  if (st) return st;
+  drop_too_long(g, cfg);
   count_unplanned(L, g);
   L->per_epoch = -1;          /* batches per epoch: the plan's steps */
   L->n_rank = L->mix.total;   /* an upper bound on a rank's positions */
