@@ -7,8 +7,7 @@
  * Counts.  From the dataset index when every shard has one that applies (loader_dsindex.c:
  * no sample is read at construction); else a planning pass runs a second, internal loader
  * over the same data and settings with plan_only (records read, templated and tokenized,
- * image headers
- * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
+ * image headers probed, nothing decoded), dp_size 1 and every source drawn once, and records each
  * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
  * A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
  * max_tokens_per_batch), is never planned: it is counted as skipped, with a warning, once
