@@ -94,8 +94,11 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
   L->base_wrap = wrap;
   L->base_seq = L->head_seq;
   L->next_seq = L->head_seq;
-  for (int i = 0; i < L->window; i++)
-    if (L->tasks[i].state == SLOT_DONE) L->tasks[i].state = SLOT_EMPTY;
+  for (int i = 0; i < L->window; i++) {
+    task *t = &L->tasks[i]; /* a queued or running decode empties its slot itself */
+    if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE))
+      t->state = SLOT_EMPTY;
+  }
   pthread_cond_broadcast(&L->work_cv);
 }
 
@@ -314,8 +317,11 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
   L->skips = calloc(SKIP_LOG, sizeof *L->skips);
   if (!L->tasks || !L->outq || !L->skips) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
-  for (int i = 0; i < w; i++) L->tasks[i].L = L;
-  return MML_OK;
+  for (int i = 0; i < w; i++) {
+    L->tasks[i].L = L;
+    L->tasks[i].tk = -1;
+  }
+  return ld_place_new(L, err);
 }
 
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
@@ -420,6 +426,8 @@ void mml_loader_free(mml_loader *L) {
       for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
       free(t->imgs);
       free(t->refs);
+      free(t->plans);
+      ld_place_clear(t);
       mml_bytes_free(&t->path);
     }
     free(L->tasks);
@@ -435,6 +443,7 @@ void mml_loader_free(mml_loader *L) {
       if (L->colls[i]) mml_collator_free(L->colls[i]);
   free(L->colls);
   free(L->coll_busy);
+  ld_place_free(L);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
   ld_free_sources(L); /* before the index: roots are per shard */
@@ -547,7 +556,11 @@ void mml_loader_describe_wait(mml_loader *L, mml_err *err) {
     mml_err_set(err, MML_ETIMEDOUT, "waiting on the output queue");
   } else if (t->state != SLOT_BUSY || t->stage == STAGE_NEW || t->gen != L->gen) {
     mml_err_set(err, MML_ETIMEDOUT, "waiting on sample %lld of the stream (%s)",
-                (long long)t->seq, t->state == SLOT_DONE ? "done, being composed" : "starting");
+                (long long)t->seq,
+                t->state == SLOT_DONE      ? "done, being composed"
+                : t->state == SLOT_PLANNED ? (t->dec == DEC_RUNNING ? "planned, being decoded"
+                                                                    : "planned, waiting to be decoded")
+                                           : "starting");
   } else {
     /* shard, line and images were written before the fetches were submitted (under mu) */
     char where[1100], what[400] = "being decoded";

@@ -208,8 +208,9 @@ void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live) {
   pthread_mutex_unlock(&p->mu);
 }
 
-mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
-                         const int64_t *shape, void **data, mml_err *err) {
+/* The byte size of a tensor of that shape, checked (a new slot must also be free). */
+static mml_status tensor_bytes(const mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                               const int64_t *shape, size_t *out, mml_err *err) {
   if (b->ntensors >= MML_MAX_TENSORS)
     return mml_err_set(err, MML_EINTERNAL, "too many tensors in a batch (adding %s)", name);
   if (ndim < 0 || ndim > MML_MAX_DIMS)
@@ -221,20 +222,44 @@ mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dty
       return mml_err_set(err, MML_ENOMEM, "tensor %s: size overflows", name);
     n *= (size_t)shape[i];
   }
-  mml_tensor *t = &b->tensors[b->ntensors];
+  *out = n;
+  return MML_OK;
+}
+
+static void tensor_fill(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                        const int64_t *shape, mml_buf *buf, size_t offset) {
+  mml_tensor *t = &b->tensors[b->ntensors++];
   memset(t, 0, sizeof *t);
-  mml_status st = mml_pool_alloc(pool, n, &t->buf, err);
-  if (st) {
-    mml_err_prefix(err, "tensor %s", name);
-    return st;
-  }
   snprintf(t->name, sizeof t->name, "%s", name);
   t->dtype = dt;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  t->offset = 0;
-  b->ntensors++;
-  if (data) *data = t->buf->data;
+  t->buf = buf;
+  t->offset = offset;
+}
+
+mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
+                         const int64_t *shape, void **data, mml_err *err) {
+  size_t n;
+  mml_buf *buf;
+  mml_status st = tensor_bytes(b, name, dt, ndim, shape, &n, err);
+  if (!st && (st = mml_pool_alloc(pool, n, &buf, err))) mml_err_prefix(err, "tensor %s", name);
+  if (st) return st;
+  tensor_fill(b, name, dt, ndim, shape, buf, 0);
+  if (data) *data = buf->data;
+  return MML_OK;
+}
+
+mml_status mml_batch_add_view(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                              const int64_t *shape, mml_buf *buf, size_t offset, mml_err *err) {
+  size_t n;
+  mml_status st = tensor_bytes(b, name, dt, ndim, shape, &n, err);
+  if (st) return st;
+  if (!buf || offset > buf->size || n > buf->size - offset)
+    return mml_err_set(err, MML_EINTERNAL, "tensor %s: %zu bytes at %zu exceed its buffer", name,
+                       n, offset);
+  mml_buf_retain(buf);
+  tensor_fill(b, name, dt, ndim, shape, buf, offset);
   return MML_OK;
 }
 

@@ -94,6 +94,10 @@ typedef struct mml_batch {
  * data pointer through *data. */
 mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
                          const int64_t *shape, void **data, mml_err *err);
+/* Adds a tensor slot viewing `buf` from byte `offset` (one reference taken); MML_EINTERNAL
+ * when the shape does not fit in the buffer. */
+mml_status mml_batch_add_view(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                              const int64_t *shape, mml_buf *buf, size_t offset, mml_err *err);
 mml_tensor *mml_batch_find(mml_batch *b, const char *name);
 int64_t mml_tensor_numel(const mml_tensor *t);
 /* Releases every slot's buffer reference and zeroes the batch. */

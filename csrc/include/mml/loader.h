@@ -242,7 +242,6 @@ typedef struct mml_pipeline {
 typedef struct mml_sample_scratch {
   mml_vision_scratch *vision;
   mml_tok_scratch *tok;
-  mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
   mml_mix_scratch mix;      /* the mixture lookup's */
@@ -252,13 +251,22 @@ typedef struct mml_sample_scratch {
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err);
 void mml_sample_scratch_free(mml_sample_scratch *s);
 
-/* Builds `out` (reset first) from a parsed record and the encoded bytes of each of its
- * images: header plans, token counts, template ids + labels, the max_length check, then
- * decode + preprocess into out->pixels.  On failure err names the image (by its
- * reference) and reason; the caller prefixes shard and line. */
-mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
-                            const mml_record *rec, const mml_bytes *images, mml_sample *out,
-                            mml_err *err);
+/* Plans `out` from a parsed record and the encoded bytes of each of its images, before
+ * any pixel work: each image's plan from its header alone (plans[i], nimages of them:
+ * size after EXIF orientation, smart_resize grid, token count), the template's ids +
+ * labels with those token counts, the grids, pixel_rows/cols, and the max_length and
+ * max_sample_pixels checks.  out->pixels_elsewhere is set: the pixels are written later,
+ * by mml_sample_decode, wherever the caller wants them.  On failure err names the image
+ * (by its reference) and reason; the caller prefixes shard and line. */
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
+                           const mml_record *rec, const mml_bytes *images,
+                           mml_vision_plan *plans, mml_sample *out, mml_err *err);
+/* Decodes + resizes + normalises + patchifies every image of a planned sample straight
+ * into dst (out->pixel_rows rows of pixel_cols float32, the images in order). */
+mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
+                             const mml_record *rec, const mml_bytes *images,
+                             const mml_vision_plan *plans, int nimages, void *dst,
+                             mml_err *err);
 
 /* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):
  * URLs and absolute paths are kept, anything else is joined to root. */
