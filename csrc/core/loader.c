@@ -50,6 +50,7 @@
 #include "loader_int.h"
 
 #include <errno.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,14 @@ static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_curso
   } else if (c->pos >= L->n_rank) {
     *wrap = 1;
   }
+}
+
+void ld_count_faults_locked(mml_loader *L, uint64_t *last) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru)) return;
+  uint64_t now = (uint64_t)ru.ru_minflt;
+  if (*last && now >= *last) L->faults += now - *last;
+  *last = now;
 }
 
 mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
@@ -640,6 +649,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       L->delivered = out->after;
       ld_release_skips_locked(L, out->after.epoch, out->after.pos);
       L->batches++;
+      if (L->batches == (uint64_t)MML_FAULT_WARMUP(L->cfg.prefetch)) L->faults_warm = L->faults;
       L->real_tokens += out->real_tokens;
       L->token_slots += out->token_slots;
       st = MML_OK;
@@ -711,6 +721,11 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
     }
     o->reason_count[k] += L->skip_by_status[s];
   }
+  o->page_faults = L->faults;
+  uint64_t warm = MML_FAULT_WARMUP(L->cfg.prefetch);
+  o->page_faults_per_batch =
+      L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
+  o->moved_rows = L->moved_rows;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

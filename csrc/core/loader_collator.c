@@ -348,9 +348,11 @@ void *ld_collator_main(void *arg) {
   coll_state c;
   memset(&c, 0, sizeof c);
   mml_err_clear(&c.err);
+  uint64_t faults = 0;
   pthread_mutex_lock(&L->mu);
   c.gen = L->gen - 1; /* forces a restart */
   while (!L->stop) {
+    ld_count_faults_locked(L, &faults);
     if (L->fatal) {
       pthread_cond_wait(&L->coll_cv, &L->mu);
       continue;

@@ -159,6 +159,8 @@ struct mml_loader {
   size_t row_bytes;         /* bytes of one pixel_values row */
   task *dec_head, *dec_tail; /* decode jobs, in placement order */
   uint64_t moved_rows;      /* rows copied after a late failure changed the plan */
+  uint64_t faults;          /* minor faults of the engine's threads (ld_count_faults) */
+  uint64_t faults_warm;     /* `faults` when batch MML_FAULT_WARMUP was delivered */
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -245,6 +247,9 @@ mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mm
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
 /* A skipped sample of source `source`, counted when the consumer passes it. */
 void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
+
+/* Adds the calling thread's minor page faults since *last to L->faults (mu held). */
+void ld_count_faults_locked(mml_loader *L, uint64_t *last);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);

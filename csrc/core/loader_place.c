@@ -165,10 +165,12 @@ static void close_ticket(mml_loader *L, int64_t id, mml_collator *c) {
   if (!k->buf && k->rows > 0) rebuffer(L, id, k->rows, c);
 }
 
-/* Where placing stopped: a padded ticket the collator must take before it can complete
- * gets a buffer of its rows so far (it is re-buffered if it grows). */
-static void stall(mml_loader *L, mml_collator *c) {
-  if (L->tk_tail < L->tk_head) return;
+/* Where placing stopped for good (final: the epoch ends, or has its batches) or until
+ * the collator takes samples: a padded ticket still open gets a buffer of its rows so
+ * far (re-buffered if it grows) when it is final, or the collator waits for it (it is
+ * the head ticket: only its decodes let the window move). */
+static void stall(mml_loader *L, mml_collator *c, int final) {
+  if (L->tk_tail < L->tk_head || (!final && L->tk_tail != L->tk_head)) return;
   ticket *k = tk_at(L, L->tk_tail);
   if (!k->buf && k->rows > 0) rebuffer(L, L->tk_tail, k->rows, c);
 }
@@ -210,7 +212,7 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
   while (!L->fatal) {
     int64_t p = L->place_seq;
     if (p >= L->head_seq + L->window || (L->limit_seq >= 0 && p >= L->limit_seq)) {
-      stall(L, c); /* only the collator taking samples lets more in */
+      stall(L, c, 0); /* only the collator taking samples lets more in */
       return;
     }
     if (p >= L->next_seq) return; /* a worker will start it */
@@ -219,7 +221,7 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
     int64_t e, pos;
     ld_plan_at_locked(L, p, &e, &pos);
     if (e != epoch) { /* the collator ends the epoch first */
-      stall(L, c);
+      stall(L, c, 1);
       return;
     }
     if (t->sample.status != MML_OK) { /* failed before any pixel work: not in any batch */
@@ -227,7 +229,7 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
       continue;
     }
     if (!place_one(L, t, epoch, bie, c)) {
-      stall(L, c);
+      stall(L, c, 1);
       return;
     }
   }

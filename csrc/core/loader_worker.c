@@ -396,9 +396,12 @@ void *ld_worker_main(void *arg) {
   mml_sample_scratch sc;
   mml_err err;
   int have_scratch = mml_sample_scratch_init(&sc, &err) == MML_OK;
+  uint64_t faults = 0;
   pthread_mutex_lock(&L->mu);
+  ld_count_faults_locked(L, &faults);
   task *t;
   while ((t = take_task_locked(L))) {
+    ld_count_faults_locked(L, &faults); /* take_task_locked may have emitted a batch */
     int finished;
     run_acc acc = {0, 0};
     sc.vision_s = sc.text_s = 0;
@@ -415,6 +418,7 @@ void *ld_worker_main(void *arg) {
       }
       L->vision_s += sc.vision_s;
       if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
+      ld_count_faults_locked(L, &faults);
       continue;
     }
     pthread_mutex_unlock(&L->mu);
@@ -430,8 +434,10 @@ void *ld_worker_main(void *arg) {
     if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
     L->text_s += sc.text_s;
     L->bytes_read += acc.bytes;
+    ld_count_faults_locked(L, &faults);
     if (finished) finish_task_locked(L, t);
   }
+  ld_count_faults_locked(L, &faults);
   pthread_mutex_unlock(&L->mu);
   if (have_scratch) mml_sample_scratch_free(&sc);
   return NULL;

@@ -223,10 +223,19 @@ typedef struct mml_loader_stats {
   int pinned;               /* batches are in page-locked memory */
   int device;               /* CUDA device of the batches, -1: host */
   size_t pool_cached, pool_live; /* bytes in the host buffer pool */
+  uint64_t page_faults;     /* minor page faults of the engine's own threads (workers and
+                               collator: decode, resize, the writes into batch buffers) */
+  double page_faults_per_batch; /* the same per delivered batch after the first
+                               MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
+  uint64_t moved_rows;      /* pixel rows copied because a sample failed only at decode
+                               (the batches after it were planned again); 0 otherwise */
   int remote;               /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+/* Batches delivered before page faults are counted per batch (every buffer the pipeline
+ * circulates has been mapped once by then). */
+#define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)
 
 /* ---- the per-sample pipeline (sample.c), used by the workers -------------------------- */
 
