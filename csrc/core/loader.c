@@ -14,12 +14,18 @@
  *
  *   Threads.
  *     workers (num_threads): first emit a finished batch if one is queued (build its
- *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
- *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
- *       (and below limit_seq after a seek_ahead: the seek's `ahead` samples, one more per
- *       skip) and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
- *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
- *       it on the ready list.
+ *       small tensors: its pixels are already in place), else decode a queued sample
+ *       straight into its slice of its batch's pixel_values, else take ready tasks
+ *       (remote bytes arrived), else dispatch the next seq if it lies in the window
+ *       [head_seq, head_seq + window) (and below limit_seq after a seek_ahead: the seek's
+ *       `ahead` samples, one more per skip) and its slot is free; read, fetch and plan
+ *       the sample from its image headers (no pixel work); mark the slot PLANNED (or
+ *       DONE: failed, text-only).  A task waiting on the network holds no thread: the
+ *       fetch completion (I/O thread) puts it on the ready list.
+ *     planner (in the collator thread, loader_place.c): places PLANNED samples into the
+ *       batches the collator will compose (the same composition step on the same
+ *       counts), gets each batch's pixel_values buffer from the pool and queues each
+ *       sample's decode with its destination; the decode marks the slot DONE.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
  *       boundaries and batch composition (mml_collator_fits/add/full on one of `ncoll`
  *       collator instances), and hands each complete batch to the workers for emission,
@@ -30,7 +36,9 @@
  *       not depend on which instance or worker emitted a batch.
  *     consumer (the caller of mml_loader_next): pops items; never does sample work.
  *   Task slots: tasks[seq % window].  A slot is owned by exactly one party at a time:
- *   EMPTY (free), BUSY (a worker or an outstanding fetch), DONE (waiting for collation).
+ *   EMPTY (free), BUSY (a worker or an outstanding fetch), PLANNED (counts known, waiting
+ *   for its decode: its placement fields belong to the planner, under mu), DONE
+ *   (waiting for collation).
  *
  *   Locking: one mutex `mu` guards all shared state; condition variables work_cv
  *   (workers), coll_cv (collator) and out_cv (consumer).  Sample work, reads, fetch
