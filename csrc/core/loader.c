@@ -304,9 +304,17 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
     mml_host_allocator(&L->alloc);
   }
   if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) return st;
-  /* Released batch buffers are kept for reuse up to 512 MiB (a large buffer allocated
-   * afresh costs its page faults); beyond that they go back to the system. */
-  if ((st = mml_pool_new(&L->alloc, (size_t)512 << 20, &L->pool, err))) return st;
+  /* Released batch buffers stay mapped for reuse (a buffer mapped afresh costs its page
+   * faults and zeroing) up to max_memory, or 2 GiB without one. */
+  size_t keep = cfg->max_memory > 0 ? (size_t)cfg->max_memory : (size_t)2 << 30;
+  if (cfg->max_memory > 0 &&
+      cfg->max_memory < (int64_t)cfg->num_threads * MML_SCRATCH_RESERVE + ((int64_t)8 << 20))
+    return mml_err_set(err, MML_ECONFIG,
+                       "max_memory=%lld is below the %lld bytes %d workers' scratch and one "
+                       "small batch take", (long long)cfg->max_memory,
+                       (long long)cfg->num_threads * MML_SCRATCH_RESERVE + (8 << 20),
+                       cfg->num_threads);
+  if ((st = mml_pool_new(&L->alloc, keep, &L->pool, err))) return st;
   /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
    * batch per collator instance, so one collation thread does not cap throughput. */
   L->ncoll = 1 + cfg->num_threads / 4;
@@ -669,9 +677,11 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       st = L->fatal;
       break;
     }
-    if (timeout_s < 0) {
-      pthread_cond_wait(&L->out_cv, &L->mu);
-    } else if (pthread_cond_timedwait(&L->out_cv, &L->mu, &dl) == ETIMEDOUT) {
+    L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
+                           : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
+    L->consumer_waiting = 0;
+    if (rc == ETIMEDOUT) {
       st = MML_ETIMEDOUT;
       break;
     }

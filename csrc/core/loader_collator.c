@@ -24,6 +24,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader_int.h"
 
@@ -365,7 +366,15 @@ void *ld_collator_main(void *arg) {
     ld_place_locked(L, c.epoch, c.bie, L->colls[c.ci]); /* plan ahead: queue decodes */
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
-      pthread_cond_wait(&L->coll_cv, &L->mu);
+      if (L->mem_blocked) { /* max_memory: try again as the consumer releases batches */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 5000000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&L->coll_cv, &L->mu, &ts);
+      } else {
+        pthread_cond_wait(&L->coll_cv, &L->mu);
+      }
       continue;
     }
     mml_sample_swap(&c.s, &t->sample);
@@ -381,7 +390,10 @@ void *ld_collator_main(void *arg) {
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) {
-      coll_failed_locked(L, &c);
+      if (c.s.status == MML_ENOMEM && L->cfg.max_memory) /* it can never fit: stop here */
+        ld_set_fatal_locked(L, MML_ENOMEM, &c.s.err);
+      else
+        coll_failed_locked(L, &c);
       /* it was in a planned batch: the batches from here on are planned again without it */
       if (c.tk >= 0 && !L->fatal && c.gen == L->gen) ld_place_rewind_locked(L, L->colls[c.ci], L->head_seq);
     } else {

@@ -66,6 +66,7 @@ struct task {
   mml_buf *dest, *home;
   size_t dest_off, home_off;
   task *next_dec;
+  int64_t held;            /* capacity of its byte buffers, counted in win_bytes (mu) */
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
@@ -79,6 +80,7 @@ typedef struct ticket {
   int closed;              /* complete by plan */
   mml_buf *buf;            /* pixel_values, cap_rows rows; NULL until materialized */
   int64_t cap_rows;
+  int64_t pending_rows;    /* > 0: a buffer of this many rows waits for max_memory room */
 } ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
@@ -159,6 +161,12 @@ struct mml_loader {
   size_t row_bytes;         /* bytes of one pixel_values row */
   task *dec_head, *dec_tail; /* decode jobs, in placement order */
   uint64_t moved_rows;      /* rows copied after a late failure changed the plan */
+  /* max_memory (loader_place.c, under mu) */
+  int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
+  int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
+  int mem_blocked;          /* a ticket waits for room */
+  int mem_head_fails;       /* consecutive failed tries of the head ticket */
+  int consumer_waiting;     /* the consumer is blocked in next() */
   uint64_t faults;          /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm;     /* `faults` when batch MML_FAULT_WARMUP was delivered */
 
@@ -276,6 +284,14 @@ void ld_place_pop_locked(mml_loader *L);
 int ld_place_ready(const mml_loader *L, const task *t);
 /* Releases t's placement (a slot reused or freed). */
 void ld_place_clear(task *t);
+/* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room). */
+int ld_mem_room_locked(mml_loader *L, int64_t need);
+/* max_memory: 1 when a worker may start reading one more sample. */
+int ld_mem_may_read_locked(mml_loader *L);
+/* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes). */
+mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err);
+/* max_memory: t's byte buffers (re)counted once its reading is done. */
+void ld_mem_count_task_locked(mml_loader *L, task *t);
 /* A worker finished decoding t into (buf, off): its home; copied to dest if it moved. */
 void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off);
 

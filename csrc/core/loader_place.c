@@ -37,8 +37,17 @@
  * running decode, the collator, the batch's tensor) holds its own reference; the buffer
  * returns to the pool with the last one.
  *
+ * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
+ * built, queued, or held by the consumer; cached: kept mapped for reuse), the window's
+ * byte buffers and a fixed scratch reserve per worker.  A ticket's buffer is taken only
+ * when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
+ * and so do the tickets after it, and the planner retries as the consumer releases
+ * batches.  Workers start reading a sample only with room for the largest sample seen
+ * per read in flight.  A sample that alone cannot fit is an error naming it; so is a
+ * next() whose batch cannot get room while the consumer holds everything else.
+ *
  * Locking: everything here runs with the loader's mu held, on the collation thread
- * (ld_place_decoded_locked on a worker, also under mu).
+ * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +69,12 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
     if (L->src[i].vision.merge_size > merge) merge = L->src[i].vision.merge_size;
   L->rows_bound = mml_collator_rows_bound(L->collator, merge);
   L->row_bytes = (size_t)L->ccfg.pixel_cols * sizeof(float);
+  /* a pack's buffer is its bound (written at once, never moved) unless that bound is a
+   * large part of max_memory: then it is sized when the pack is complete, like a padded
+   * batch's */
+  if (L->cfg.max_memory > 0 && L->rows_bound > 0 &&
+      (int64_t)((size_t)L->rows_bound * L->row_bytes) > L->cfg.max_memory / 4)
+    L->rows_bound = -1;
   return MML_OK;
 }
 
@@ -138,6 +153,14 @@ static void assign_members(mml_loader *L, int64_t id) {
  * are copied (and the collator `c` composing it switches to it), the rest placed anew. */
 static int rebuffer(mml_loader *L, int64_t id, int64_t cap_rows, mml_collator *c) {
   ticket *k = tk_at(L, id);
+  int earlier = 0; /* tickets get room in order: the head first */
+  for (int64_t j = L->tk_head; j < id; j++) earlier |= tk_at(L, j)->pending_rows > 0;
+  if (earlier || !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes))) {
+    k->pending_rows = cap_rows;
+    L->mem_blocked = 1;
+    return 0;
+  }
+  k->pending_rows = 0;
   mml_buf *nb = NULL;
   mml_err err;
   mml_status st = mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes, &nb, &err);
@@ -206,8 +229,37 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t bie, mml_col
   return 1;
 }
 
+/* Tickets waiting for room try again, in order. */
+static void retry_pending(mml_loader *L, mml_collator *c) {
+  L->mem_blocked = 0;
+  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) {
+    ticket *k = tk_at(L, id);
+    if (!k->pending_rows || rebuffer(L, id, k->pending_rows, c)) continue;
+    if (id == L->tk_head) L->mem_head_fails++;
+    break;
+  }
+  if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !tk_at(L, L->tk_head)->pending_rows))
+    L->mem_head_fails = 0;
+  if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
+      L->pend_head != L->pend_tail || L->emitting)
+    return;
+  /* the consumer waits for this batch and holds everything else: it cannot fit */
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  mml_err_set(&e, MML_ENOMEM,
+              "max_memory=%lld cannot hold the next batch's %lld bytes of pixel_values beside "
+              "%zu bytes of batch buffers still alive (batches the consumer holds) and %lld "
+              "bytes of samples in flight: release earlier batches, or raise max_memory",
+              (long long)L->cfg.max_memory,
+              (long long)((size_t)tk_at(L, L->tk_head)->pending_rows * L->row_bytes), live,
+              (long long)L->win_bytes);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+}
+
 void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (!L->placing || L->fatal) return;
+  if (L->mem_blocked) retry_pending(L, c);
   if (L->place_seq < L->head_seq) L->place_seq = L->head_seq;
   while (!L->fatal) {
     int64_t p = L->place_seq;
@@ -259,6 +311,7 @@ void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
   k->comp = cs;
   k->rows = k->done_rows;
   k->closed = 0;
+  k->pending_rows = 0;
   /* The buffer keeps the rows taken; decodes may still write at old offsets past them,
    * so it takes nothing more: the next image re-buffers the ticket. */
   k->cap_rows = k->done_rows;
@@ -297,6 +350,53 @@ void ld_place_pop_locked(mml_loader *L) {
   if (!L->placing || L->tk_tail < L->tk_head) return;
   ticket_drop(tk_at(L, L->tk_head));
   L->tk_head++;
+}
+
+/* ---- memory cap ---------------------------------------------------------------------- */
+
+static int64_t scratch_bytes(const mml_loader *L) {
+  return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
+}
+
+int ld_mem_room_locked(mml_loader *L, int64_t need) {
+  if (!L->cfg.max_memory) return 1;
+  if (need >= (1 << 20)) need = (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); /* pool */
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L);
+  if (fixed + need > L->cfg.max_memory) return 0;
+  int64_t keep = L->cfg.max_memory - fixed - need;
+  if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
+  return (int64_t)cached <= keep;
+}
+
+int ld_mem_may_read_locked(mml_loader *L) {
+  if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
+  int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
+  return ld_mem_room_locked(L, est * (L->in_flight + 1));
+}
+
+mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err) {
+  if (!L->cfg.max_memory) return MML_OK;
+  int64_t enc = (int64_t)t->rec_bytes.len, px = t->sample.pixel_rows * (int64_t)L->row_bytes;
+  for (int i = 0; i < t->rec.nimages; i++) enc += (int64_t)t->imgs[i].len;
+  int64_t room = L->cfg.max_memory - scratch_bytes(L);
+  if (px + enc <= room) return MML_OK;
+  return mml_err_set(err, MML_ENOMEM,
+                     "the sample needs %lld bytes of pixel_values and %lld encoded bytes, more "
+                     "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
+                     (long long)px, (long long)enc, (long long)room,
+                     (long long)L->cfg.max_memory, L->cfg.num_threads);
+}
+
+void ld_mem_count_task_locked(mml_loader *L, task *t) {
+  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap), used = (int64_t)t->rec_bytes.len;
+  for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
+  if (t->rec_parsed)
+    for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
+  L->win_bytes += held - t->held;
+  t->held = held;
+  if (used > L->max_sample_bytes) L->max_sample_bytes = used;
 }
 
 void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off) {

@@ -24,6 +24,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader_int.h"
 #include "mml/datauri.h"
@@ -266,6 +267,7 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, mml
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
   mml_status st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
                                   t->plans, &t->sample, err);
+  if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
 }
@@ -321,9 +323,11 @@ static task *take_task_locked(mml_loader *L) {
       pthread_cond_broadcast(&L->work_cv);
       continue;
     }
+    int gated = 0; /* max_memory: no room to read one more sample now */
     if (L->next_seq < L->head_seq + L->window &&
         (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
-        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
+        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
+        !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
       ld_place_clear(t);
       t->dec = DEC_NONE;
@@ -340,6 +344,14 @@ static task *take_task_locked(mml_loader *L) {
       L->in_flight++;
       return t;
     }
+    if (gated) { /* room comes back when the consumer releases batches: look again soon */
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 5000000;
+      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&L->work_cv, &L->mu, &ts);
+      continue;
+    }
     pthread_cond_wait(&L->work_cv, &L->mu);
   }
   return NULL;
@@ -350,6 +362,7 @@ static task *take_task_locked(mml_loader *L) {
  * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
   L->in_flight--;
+  ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
     int later = t->sample.status == MML_OK && L->placing && t->sample.pixel_rows > 0;
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;

@@ -61,6 +61,9 @@ void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
 /* Bytes currently cached / live, for stats and tests. */
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
+/* Frees cached buffers, smallest first, until at most `keep` bytes stay cached (buffers
+ * whose fence is pending stay); returns the bytes still cached. */
+size_t mml_pool_trim(mml_pool *p, size_t keep);
 
 #define MML_MAX_DIMS 4
 #define MML_MAX_TENSORS 16

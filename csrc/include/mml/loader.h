@@ -66,6 +66,10 @@ typedef struct mml_loader_cfg {
   int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
   int window;               /* samples in flight ahead of collation;
                                0: 2*mbs, at least 4*threads and 16 */
+  int64_t max_memory;       /* 0: no cap; else a cap in bytes on the engine's memory: every
+                               batch buffer of its pool (live, those the consumer holds
+                               included, and cached for reuse), the window's encoded bytes
+                               and MML_SCRATCH_RESERVE per worker; work waits for room */
   int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
@@ -233,6 +237,8 @@ typedef struct mml_loader_stats {
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+/* What max_memory sets aside for each worker's decode/resize scratch. */
+#define MML_SCRATCH_RESERVE ((int64_t)16 << 20)
 /* Batches delivered before page faults are counted per batch (every buffer the pipeline
  * circulates has been mapped once by then). */
 #define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)
