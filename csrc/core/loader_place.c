@@ -69,11 +69,13 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
     if (L->src[i].vision.merge_size > merge) merge = L->src[i].vision.merge_size;
   L->rows_bound = mml_collator_rows_bound(L->collator, merge);
   L->row_bytes = (size_t)L->ccfg.pixel_cols * sizeof(float);
-  /* a pack's buffer is its bound (written at once, never moved) unless that bound is a
-   * large part of max_memory: then it is sized when the pack is complete, like a padded
-   * batch's */
-  if (L->cfg.max_memory > 0 && L->rows_bound > 0 &&
-      (int64_t)((size_t)L->rows_bound * L->row_bytes) > L->cfg.max_memory / 4)
+  /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
+   * are only resident once written.  Pinned or caller-allocated memory is all resident,
+   * and a bound that is a large part of max_memory would starve the rest: then a pack's
+   * buffer is sized when the pack is complete, like a padded batch's. */
+  if (L->pinned || L->cfg.allocator ||
+      (L->cfg.max_memory > 0 && L->rows_bound > 0 &&
+       (int64_t)((size_t)L->rows_bound * L->row_bytes) > L->cfg.max_memory / 4))
     L->rows_bound = -1;
   return MML_OK;
 }
