@@ -202,7 +202,8 @@ static void stall(mml_loader *L, mml_collator *c, int final) {
 
 /* One planned sample t (seq place_seq) joins the tail ticket, or a new one.  Returns 0
  * when it cannot be placed yet (the epoch has its batches: the collator ends it). */
-static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t bie, mml_collator *c) {
+static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t bie,
+                     mml_collator *c) {
   int64_t tokens = mml_collator_sample_tokens(L->collator, &t->sample);
   ticket *k = L->tk_tail >= L->tk_head ? tk_at(L, L->tk_tail) : NULL;
   if (!k || k->closed || k->epoch != epoch || !mml_compose_fits(L->collator, &k->comp, tokens)) {
@@ -227,7 +228,9 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t bie, mml_col
       rebuffer(L, id, L->rows_bound > 0 ? L->rows_bound : k->rows, c);
     else if (k->buf) set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
   }
-  if (mml_compose_full(L->collator, &k->comp)) close_ticket(L, id, c);
+  /* the global plan ends batches at planned positions (as coll_add_locked) */
+  if (L->gp ? ld_plan_batch_end_locked(L, epoch, pos) : mml_compose_full(L->collator, &k->comp))
+    close_ticket(L, id, c);
   return 1;
 }
 
@@ -274,15 +277,19 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
     if (t->gen != L->gen || t->seq != p || t->state == SLOT_BUSY) return; /* being planned */
     int64_t e, pos;
     ld_plan_at_locked(L, p, &e, &pos);
-    if (e != epoch) { /* the collator ends the epoch first */
-      stall(L, c, 1);
+    if (e != epoch || (L->gp && pos >= ld_plan_rank_len_locked(L, e))) {
+      stall(L, c, 1); /* the collator ends the epoch first */
       return;
     }
     if (t->sample.status != MML_OK) { /* failed before any pixel work: not in any batch */
       L->place_seq++;
+      /* ... but a planned batch ending here ends (coll_plan_boundary_locked) */
+      if (L->gp && L->tk_tail >= L->tk_head && !tk_at(L, L->tk_tail)->closed &&
+          ld_plan_batch_end_locked(L, epoch, pos))
+        close_ticket(L, L->tk_tail, c);
       continue;
     }
-    if (!place_one(L, t, epoch, bie, c)) {
+    if (!place_one(L, t, epoch, pos, bie, c)) {
       stall(L, c, 1);
       return;
     }

@@ -1,6 +1,6 @@
 /*
  * sample.c — the sample container (mml/sample.h) and the per-sample pipeline the engine's
- * workers run (mml_sample_build in mml/loader.h).
+ * workers run (mml_sample_plan, then mml_sample_decode, in mml/loader.h).
  *
  * Order of work for one sample, cheapest checks first so a bad sample costs little:
  *   mml_sample_plan:   1. plan every image from its header alone (size, grid, tokens);
@@ -35,6 +35,7 @@ void mml_sample_reset(mml_sample *s) {
   s->pixels_elsewhere = 0;
   mml_ids_clear(&s->grids);
   s->nimages = 0;
+  s->vision_tokens = 0;
 }
 
 void mml_sample_free(mml_sample *s) {
@@ -89,6 +90,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
   double t0 = mml_now();
   int64_t rows = 0, src_px = 0;
   int cols = 0;
+  out->vision_tokens = 0;
   for (int i = 0; i < n; i++) {
     st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
                                       rec->budgets ? &rec->budgets[i] : NULL, &plans[i], err);
@@ -97,6 +99,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
       return st;
     }
     sc->tokens[i] = plans[i].tokens;
+    out->vision_tokens += plans[i].tokens;
     rows += plans[i].rows;
     cols = plans[i].cols;
     src_px += (int64_t)plans[i].src_w * plans[i].src_h;
