@@ -154,6 +154,3 @@ TEST(test_concurrent_release) {
   mml_pool_close(p); /* while releases are still running */
   for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
 }
-
-MML_TEST_MAIN(RUN(test_alloc_reuse); RUN(test_buffer_outlives_pool); RUN(test_fence_blocks_reuse);
-              RUN(test_cache_limit); RUN(test_batch); RUN(test_concurrent_release))

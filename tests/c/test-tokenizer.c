@@ -490,10 +490,3 @@ TEST(real_qwen_tokenizer) {
   CHECK_EQ_INT(mml_tokenizer_token_to_id(t, "<|image_pad|>", 13), 151655);
   mml_tokenizer_free(t);
 }
-
-MML_TEST_MAIN(RUN(bpe_merges_both_forms); RUN(long_words_use_the_same_order);
-              RUN(added_tokens_and_nfc); RUN(invalid_utf8_becomes_replacement_char);
-              RUN(decode); RUN(load_errors); RUN(shared_tokenizer_many_threads);
-              RUN(encode_batch_in_order_any_threads);
-              RUN(scratch_moves_between_tokenizers); RUN(random_input_round_trips);
-              RUN(real_qwen_tokenizer))
