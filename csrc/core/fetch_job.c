@@ -221,7 +221,8 @@ void fl_job_finish(mml_fetcher *f, job *j) {
     }
     if (j->head) { /* HEAD reports the size as one int64 */
       mml_bytes_clear(&j->body);
-      if (mml_bytes_append(&j->body, &j->total, sizeof j->total)) {
+      if (mml_bytes_append(&j->body, &j->total, sizeof j->total) ||
+          mml_bytes_append(&j->body, j->etag, strlen(j->etag))) {
         j->failed = 1, j->fst = MML_ENOMEM;
         mml_err_set(&j->ferr, MML_ENOMEM, "HEAD %s: out of memory", j->shown);
         fl_notify_waiters(waiters, j, j->fst, NULL);

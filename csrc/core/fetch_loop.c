@@ -356,6 +356,7 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     curl_off_t cl = -1;
     curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
     j->total = cl;
+    memcpy(j->etag, x->etag, sizeof j->etag); /* reported after the size (mml_fetch_stat) */
   } else if (x->cr_total >= 0) {
     j->total = x->cr_total;
   } else if (s == 200 && !x->skip) {
