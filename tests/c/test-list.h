@@ -40,6 +40,11 @@ TEST_DECLARE(stage_copy_failure_leaves_nothing)
 TEST_DECLARE(many_batches_no_leak)
 TEST_DECLARE(event_destroyed_while_consumer_waits)
 TEST_DECLARE(close_waits_for_pending_copy)
+/* test-dsindex.c */
+TEST_DECLARE(test_round_trip_into_an_index)
+TEST_DECLARE(test_every_damage_is_refused)
+TEST_DECLARE(test_partial_entries)
+TEST_DECLARE(test_build_and_use)
 /* test-fetch.c */
 TEST_DECLARE(sha256_vectors)
 TEST_DECLARE(hmac_vectors)
@@ -93,6 +98,13 @@ TEST_DECLARE(mrope_errors)
 TEST_DECLARE(rows_and_defaults)
 TEST_DECLARE(setters_check_rows)
 TEST_DECLARE(cross_checks)
+/* test-plan.c */
+TEST_DECLARE(test_invariants)
+TEST_DECLARE(test_too_long_left_out)
+TEST_DECLARE(test_balance_lowers_max_over_mean)
+TEST_DECLARE(test_suffix_and_determinism)
+TEST_DECLARE(test_group_sorts_windows)
+TEST_DECLARE(test_bad_cfg)
 /* test-pool.c */
 TEST_DECLARE(test_alloc_reuse)
 TEST_DECLARE(test_buffer_outlives_pool)
@@ -181,6 +193,11 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(many_batches_no_leak)
     TEST_ENTRY(event_destroyed_while_consumer_waits)
     TEST_ENTRY(close_waits_for_pending_copy)
+    /* test-dsindex.c */
+    TEST_ENTRY(test_round_trip_into_an_index)
+    TEST_ENTRY(test_every_damage_is_refused)
+    TEST_ENTRY(test_partial_entries)
+    TEST_ENTRY(test_build_and_use)
     /* test-fetch.c */
     TEST_ENTRY(sha256_vectors)
     TEST_ENTRY(hmac_vectors)
@@ -234,6 +251,13 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(rows_and_defaults)
     TEST_ENTRY(setters_check_rows)
     TEST_ENTRY(cross_checks)
+    /* test-plan.c */
+    TEST_ENTRY(test_invariants)
+    TEST_ENTRY(test_too_long_left_out)
+    TEST_ENTRY(test_balance_lowers_max_over_mean)
+    TEST_ENTRY(test_suffix_and_determinism)
+    TEST_ENTRY(test_group_sorts_windows)
+    TEST_ENTRY(test_bad_cfg)
     /* test-pool.c */
     TEST_ENTRY(test_alloc_reuse)
     TEST_ENTRY(test_buffer_outlives_pool)
