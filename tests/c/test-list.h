@@ -162,6 +162,10 @@ TEST_DECLARE(pipeline_matches_reference)
 TEST_DECLARE(vision_bad_input)
 TEST_DECLARE(fuzz_corrupt_images)
 TEST_DECLARE(threads_share_config)
+/* test-video.c */
+TEST_DECLARE(test_file_and_memory_agree)
+TEST_DECLARE(test_threads)
+TEST_DECLARE(test_failures)
 
 static const mml_test_entry k_tests[] = {
     /* test-collate.c */
@@ -315,6 +319,10 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(vision_bad_input)
     TEST_ENTRY(fuzz_corrupt_images)
     TEST_ENTRY(threads_share_config)
+    /* test-video.c */
+    TEST_ENTRY(test_file_and_memory_agree)
+    TEST_ENTRY(test_threads)
+    TEST_ENTRY(test_failures)
     {NULL, NULL}};
 
 #endif
