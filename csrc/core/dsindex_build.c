@@ -20,7 +20,7 @@
  *   in flight.
  *
  * A sample's status and counts are exactly what the loader's worker would find before
- * decoding (mml_sample_build steps 1-3): same parser options, image references,
+ * decoding (mml_sample_plan): same parser options, image references,
  * path policy, per-image budgets, limits and template.
  */
 #include <errno.h>
@@ -187,7 +187,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     vis += w->plans[i].tokens;
     px += (int64_t)w->plans[i].src_w * w->plans[i].src_h;
   }
-  if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_build */
+  if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_plan */
     return mml_err_set(err, MML_ESAMPLEPIXELS,
                        "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
                        (long long)px, (long long)src->pl.max_sample_pixels);

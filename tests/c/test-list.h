@@ -84,6 +84,7 @@ TEST_DECLARE(test_seek_and_free_while_busy)
 TEST_DECLARE(test_ranks_equal_batches_despite_skips)
 TEST_DECLARE(loader_bad_config)
 TEST_DECLARE(test_seek_ahead_and_plan_only)
+TEST_DECLARE(test_late_decode_failures_same_as_early)
 /* test-mixture.c */
 TEST_DECLARE(test_counts)
 TEST_DECLARE(test_exact_and_smooth)
@@ -107,6 +108,7 @@ TEST_DECLARE(test_group_sorts_windows)
 TEST_DECLARE(test_bad_cfg)
 /* test-pool.c */
 TEST_DECLARE(test_alloc_reuse)
+TEST_DECLARE(test_large_buffers_stay_mapped)
 TEST_DECLARE(test_buffer_outlives_pool)
 TEST_DECLARE(test_fence_blocks_reuse)
 TEST_DECLARE(test_cache_limit)
@@ -241,6 +243,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_ranks_equal_batches_despite_skips)
     TEST_ENTRY(loader_bad_config)
     TEST_ENTRY(test_seek_ahead_and_plan_only)
+    TEST_ENTRY(test_late_decode_failures_same_as_early)
     /* test-mixture.c */
     TEST_ENTRY(test_counts)
     TEST_ENTRY(test_exact_and_smooth)
@@ -264,6 +267,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_bad_cfg)
     /* test-pool.c */
     TEST_ENTRY(test_alloc_reuse)
+    TEST_ENTRY(test_large_buffers_stay_mapped)
     TEST_ENTRY(test_buffer_outlives_pool)
     TEST_ENTRY(test_fence_blocks_reuse)
     TEST_ENTRY(test_cache_limit)
