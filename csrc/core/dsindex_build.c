@@ -354,7 +354,7 @@ static mml_status open_partial(const char *ppath, const mml_dsx *id, int64_t cou
 }
 
 /* Chunk c's entries appended to the partial file and to r. */
-static mml_status flush_chunk(build *b, chunk *c, int64_t nsamples, int fd, const char *ppath,
+static mml_status flush_chunk(const chunk *c, int64_t nsamples, int fd, const char *ppath,
                               result *r, mml_bytes *buf, mml_err *err) {
   mml_bytes_clear(buf);
   int64_t im = 0;
@@ -365,7 +365,6 @@ static mml_status flush_chunk(build *b, chunk *c, int64_t nsamples, int fd, cons
     if (st) return mml_err_set(err, MML_ENOMEM, "out of memory");
     im += c->s[i].nimages;
   }
-  (void)b;
   mml_status st = write_all(fd, buf->data, buf->len, ppath, err);
   if (!st && result_add(r, c->s, nsamples, c->imgs, c->nimgs))
     st = mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -476,7 +475,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     pthread_mutex_unlock(&b->mu);
     if (st) break;
     int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
-    st = flush_chunk(b, c, k1 - k0, fd, ppath, r, &buf, err);
+    st = flush_chunk(c, k1 - k0, fd, ppath, r, &buf, err);
     sum->bytes_read += c->bytes;
     for (int i = 0; i < c->nfirst; i++) {
       mml_status s = c->first_st[i];
