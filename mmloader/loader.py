@@ -323,6 +323,13 @@ class Loader:
         text_only_vision: what a batch without images carries: "placeholder" (one zero
             pixel row and grid [[0, 0, 0]]: a fixed key set), "omit" (no vision keys) or
             "empty" (zero-row tensors).
+        pixel_format: what ``pixel_values`` holds — "float32" (the HF processor's values,
+            ``[patches, 3*T*P*P]``), "bfloat16" (the same, each rounded to nearest even:
+            exactly ``float32_values.to(torch.bfloat16)``) or "uint8" (the resized RGB
+            patches before rescale/normalise, ``[patches, 3*P*P]``: one frame per row, a
+            still image's T copies left out, 8x fewer bytes than float32), turned into
+            exactly the float32 / bfloat16 values by :func:`mmloader.torch.expand_pixels`
+            (on the GPU after the copy: what ``mmloader.torch.Loader(device="cuda")`` does).
         mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
         cycle: never stop at an epoch end (Megatron-style iterators).
         pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
@@ -370,6 +377,7 @@ class Loader:
                  image_whitespace: str = _D["image_whitespace"], mrope: bool = _D["mrope"],
                  attention_mask: bool = _D["attention_mask"],
                  text_only_vision: str = _D["text_only_vision"],
+                 pixel_format: str = _D["pixel_format"],
                  mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
                  pin_memory: bool = _D["pin_memory"], device: str = "cpu",
                  s3_endpoint: Optional[str] = _D["s3_endpoint"],
@@ -467,6 +475,8 @@ class Loader:
         #: draws per epoch over all ranks (num_samples without a mixture)
         self.samples_per_epoch: int = info["samples_per_epoch"]
         self.tokenizer = tok
+        #: the vision settings the loader runs with (mmloader.presets.vision_config)
+        self.vision_config: Dict[str, Any] = dict(vision)
         self._mbs = micro_batch_size
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)

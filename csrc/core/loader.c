@@ -264,7 +264,9 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->ccfg.image_pad_id = mml_tokenizer_token_to_id(tok, "<|image_pad|>", 13);
   L->ccfg.vision_start_id = mml_tokenizer_token_to_id(tok, "<|vision_start|>", 16);
   L->ccfg.spatial_merge = cfg->vision.merge_size;
-  L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
+  mml_vision_cfg v = cfg->vision;
+  v.pixel_format = cfg->collate.pixel_format;
+  L->ccfg.pixel_cols = mml_vision_pixel_cols(&v);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
   return MML_OK;
 }

@@ -131,12 +131,13 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
     sc->vision_s += t1 - t0;
     return MML_OK;
   }
-  size_t need = n ? (size_t)rows * (size_t)cols * sizeof(float) : 0;
+  const size_t row_bytes = mml_vision_row_bytes(pl->vision);
+  size_t need = n ? (size_t)rows * row_bytes : 0;
   fit_pixels(&out->pixels, need);
   if (n) {
     if ((st = mml_bytes_reserve(&out->pixels, need)))
       return mml_err_set(err, st, "cannot allocate %zu bytes of pixels", need);
-    float *dst = (float *)out->pixels.data;
+    uint8_t *dst = out->pixels.data;
     for (int i = 0; i < n; i++) {
       st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
                                     &sc->plans[i], dst, err);
@@ -145,7 +146,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
         sc->vision_s += (t1 - t0) + (mml_now() - t2);
         return st;
       }
-      dst += (size_t)sc->plans[i].rows * (size_t)cols;
+      dst += (size_t)sc->plans[i].rows * row_bytes;
       const mml_vision_plan *p = &sc->plans[i];
       int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
       if ((st = mml_ids_append(&out->grids, g, 3)))

@@ -54,6 +54,7 @@ struct mml_vision_scratch {
   int norm_valid, norm_fast;
   float norm_mean[3], norm_std[3];
   float lut[3][256];
+  uint16_t lut16[3][256]; /* lut rounded to bfloat16 */
   double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
@@ -87,7 +88,22 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
 }
 
 int mml_vision_pixel_cols(const mml_vision_cfg *cfg) {
-  return 3 * cfg->temporal_patch_size * cfg->patch_size * cfg->patch_size;
+  const int frames = cfg->pixel_format == MML_PIXEL_UINT8 ? 1 : cfg->temporal_patch_size;
+  return 3 * frames * cfg->patch_size * cfg->patch_size;
+}
+
+mml_dtype mml_pixel_format_dtype(int format) {
+  return format == MML_PIXEL_UINT8      ? MML_DT_UINT8
+         : format == MML_PIXEL_BFLOAT16 ? MML_DT_BFLOAT16
+                                        : MML_DT_FLOAT32;
+}
+
+mml_dtype mml_vision_pixel_dtype(const mml_vision_cfg *cfg) {
+  return mml_pixel_format_dtype(cfg->pixel_format);
+}
+
+size_t mml_vision_row_bytes(const mml_vision_cfg *cfg) {
+  return (size_t)mml_vision_pixel_cols(cfg) * mml_dtype_size(mml_vision_pixel_dtype(cfg));
 }
 
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
@@ -110,6 +126,9 @@ mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
     if (!(cfg->std[c] != 0.0f) || !isfinite(cfg->std[c]) || !isfinite(cfg->mean[c]))
       return mml_err_set(err, MML_ECONFIG, "image_std/image_mean must be finite and std != 0");
   }
+  if (cfg->pixel_format < MML_PIXEL_FLOAT32 || cfg->pixel_format > MML_PIXEL_UINT8)
+    return mml_err_set(err, MML_ECONFIG, "pixel_format %d is not float32, bfloat16 or uint8",
+                       cfg->pixel_format);
   return MML_OK;
 }
 
@@ -496,46 +515,122 @@ static mml_status feed_rgb(resize_job *j, const mml_rgb8 *img, mml_err *err) {
 
 /* ---------------------------------------------------------------- normalise + patchify */
 
-typedef struct patch_ctx {
-  int P, M, T, gw, cols;
-  float *out;
+typedef struct patch_ctx patch_ctx;
+/* A writer: every patch of block row bh, patch columns [bw0, bw1), in one pixel format. */
+typedef void (*patch_writer)(patch_ctx *g, int bh, int bw0, int bw1);
+
+struct patch_ctx {
+  int P, M, gw;
+  int S, slot0, nslots; /* frame slots per output row; the ones this image fills */
+  uint8_t *out;         /* first output row */
+  size_t row_bytes;     /* bytes per output row: 3*S*P*P values */
+  patch_writer write;   /* the writer of the format (patch_ctx_init) */
   uint8_t *block;   /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
   size_t half;      /* bytes of one block */
-  int avx2;         /* use flush_block_avx2 */
-  float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
-  int fast;         /* flush_block_avx2 may use norm8_fast (verified for this config) */
+  float *ptmp;      /* one patch row (row_bytes), 64-byte aligned, or NULL */
+  int fast;         /* the AVX2 float32 writer may use norm8_fast (verified for this config) */
   int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
   float mean[3], std[3];
-  const float (*lut)[256]; /* [3][256] reference values (scratch) */
+  const float (*lut)[256];     /* [3][256] reference values (scratch) */
+  const uint16_t (*lut16)[256]; /* [3][256] the same, rounded to bfloat16 (scratch) */
   /* qwen-vl-utils route: a colour the processor turns white after that route's resize
    * (mml_decoder_color_key), asked of `dec` at the first output row */
   const mml_decoder *dec;
   int key;                 /* -1: not asked yet, 0: none, 1: kc */
   uint8_t kc[3];
-} patch_ctx;
+};
 
-static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
+/* float32 -> bfloat16, round to nearest even (the values are finite). */
+static uint16_t bf16_rne(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void build_lut(const float mean[3], const float std[3], float lut[3][256],
+                      uint16_t lut16[3][256]) {
   for (int c = 0; c < 3; c++) {
     const float m = mean[c], sd = std[c];
     for (int v = 0; v < 256; v++) {
       float x = (float)((double)v * (1.0 / 255.0));
       lut[c][v] = (x - m) / sd;
+      lut16[c][v] = bf16_rne(lut[c][v]);
     }
   }
 }
 
-/* Writes patch row (c, py) of one patch: P normalised values to each of the T temporal
- * slots.  PCONST is a compile-time constant in the common cases (14, 16) so the loops
- * unroll into straight-line code. */
-#define PATCH_ROW(PCONST)                                                     \
-  do {                                                                        \
-    float v[PCONST];                                                          \
-    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                   \
-    for (int t = 0; t < T; t++) {                                             \
-      float *restrict d = d0 + (size_t)t * PP;                                \
-      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                    \
-    }                                                                         \
+/* The source bytes of patch row (c, py) of the patch at block column x0 (planar block). */
+static const uint8_t *patch_src(const patch_ctx *g, int bh, int c, int mh, int py, int x0) {
+  const size_t W = (size_t)g->gw * g->P + 16;
+  return g->block + (size_t)(bh & 1) * g->half + (size_t)c * g->P * g->M * W +
+         (size_t)(mh * g->P + py) * W + x0;
+}
+
+/* Output row r of block row bh, patch column bw, merge position (mh, mw). */
+static uint8_t *patch_row(const patch_ctx *g, int bh, int bw, int mh, int mw) {
+  const int64_t r = ((int64_t)(bh * (g->gw / g->M) + bw) * g->M + mh) * g->M + mw;
+  return g->out + r * (int64_t)g->row_bytes;
+}
+
+/* Runs BODY for every patch row (c, py) of every patch of block row bh in [bw0, bw1), in
+ * output memory order, with `row` the output row, `s` the P source bytes and `k` the
+ * value index of (c, slot0, py, 0) in the row. */
+#define FOR_PATCH_ROWS(g, bh, bw0, bw1, BODY)                                      \
+  for (int bw = (bw0); bw < (bw1); bw++)                                          \
+    for (int mh = 0; mh < (g)->M; mh++)                                           \
+      for (int mw = 0; mw < (g)->M; mw++) {                                       \
+        uint8_t *row = patch_row((g), (bh), bw, mh, mw);                          \
+        const int x0 = (bw * (g)->M + mw) * (g)->P;                               \
+        for (int c = 0; c < 3; c++)                                               \
+          for (int py = 0; py < (g)->P; py++) {                                   \
+            const uint8_t *restrict s = patch_src((g), (bh), c, mh, py, x0);      \
+            const size_t k = ((size_t)(c * (g)->S + (g)->slot0) * (g)->P + py) * (g)->P; \
+            BODY                                                                  \
+          }                                                                       \
+      }
+
+/* Writes P table values to each of the image's frame slots of one patch row.  PCONST is
+ * a compile-time constant in the common cases (14, 16) so the loops unroll. */
+#define SLOT_ROW(TYPE, PCONST)                                                    \
+  do {                                                                            \
+    TYPE v[PCONST];                                                               \
+    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                       \
+    for (int t = 0; t < g->nslots; t++) {                                         \
+      TYPE *restrict d = d0 + (size_t)t * PP;                                     \
+      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                        \
+    }                                                                             \
   } while (0)
+
+#define TABLE_WRITER(NAME, TYPE, LUT)                                             \
+  static void NAME(patch_ctx *g, int bh, int bw0, int bw1) {                      \
+    const int P = g->P, PP = P * P;                                               \
+    FOR_PATCH_ROWS(g, bh, bw0, bw1, {                                             \
+      const TYPE *l = g->LUT[c];                                                  \
+      TYPE *d0 = (TYPE *)row + k;                                                 \
+      if (P == 14)                                                                \
+        SLOT_ROW(TYPE, 14);                                                       \
+      else if (P == 16)                                                           \
+        SLOT_ROW(TYPE, 16);                                                       \
+      else                                                                        \
+        for (int t = 0; t < g->nslots; t++)                                       \
+          for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];      \
+    })                                                                            \
+  }
+
+/* float32: the reference values through the table (portable). */
+TABLE_WRITER(write_f32, float, lut)
+/* bfloat16: the same values rounded to nearest even. */
+TABLE_WRITER(write_bf16, uint16_t, lut16)
+
+/* uint8: the resized bytes themselves, in the same (c, slot, py, px) order. */
+static void write_u8(patch_ctx *g, int bh, int bw0, int bw1) {
+  const int P = g->P, PP = P * P;
+  FOR_PATCH_ROWS(g, bh, bw0, bw1, {
+    for (int t = 0; t < g->nslots; t++) memcpy(row + k + (size_t)t * PP, s, (size_t)P);
+  })
+}
+#undef TABLE_WRITER
+#undef SLOT_ROW
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -585,13 +680,14 @@ __attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[
   return 1;
 }
 
-/* AVX2 version of flush_block for 8 <= P <= 16: each patch row is two overlapping groups
- * of eight values (px 0..7 and P-8..P-1), stored to the T slots. */
-__attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, int bh, int bw0,
-                                                                 int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
-  const size_t WS = (size_t)W + 16;
-  const int bw_n = g->gw / M;
+/* The AVX2 float32 writer for 8 <= P <= 16: each patch row is two overlapping groups of
+ * eight values (px 0..7 and P-8..P-1), stored to the image's slots.  A patch is assembled
+ * in an aligned scratch row and written with non-temporal stores when the image fills
+ * whole, aligned rows (pixel_values is far larger than the caches, so this saves reading
+ * every output line before writing it). */
+__attribute__((target("avx2,fma"))) static void write_f32_avx2(patch_ctx *g, int bh, int bw0,
+                                                               int bw1) {
+  const int P = g->P, PP = P * P;
   const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
   __m256 mean[3], sd[3], rsd[3];
   for (int c = 0; c < 3; c++) {
@@ -600,22 +696,18 @@ __attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, i
     rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
   }
   const int fast = g->fast;
-  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
-   * stores when the output allows (pixel_values is far larger than the caches, so this
-   * saves reading every output line before writing it). */
-  const int cols = g->cols;
-  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
+  const size_t nf = g->row_bytes / sizeof(float);
+  const int stream = g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 32) == 0 &&
+                     g->row_bytes % 32 == 0;
   for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *dst = g->out + r * cols;
+    for (int mh = 0; mh < g->M; mh++)
+      for (int mw = 0; mw < g->M; mw++) {
+        float *dst = (float *)patch_row(g, bh, bw, mh, mw);
         float *o = stream ? g->ptmp : dst;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * WS;
+        const int x0 = (bw * g->M + mw) * P;
+        for (int c = 0; c < 3; c++)
           for (int py = 0; py < P; py++) {
-            const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
+            const uint8_t *s = patch_src(g, bh, c, mh, py, x0);
             __m256 f0, f1;
             if (fast) {
               f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
@@ -624,62 +716,24 @@ __attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, i
               f0 = norm8(s, inv255, mean[c], sd[c]);
               f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
             }
-            float *d = o + ((size_t)c * T * P + py) * P;
-            for (int t = 0; t < T; t++, d += PP) {
+            float *d = o + ((size_t)(c * g->S + g->slot0) * P + py) * P;
+            for (int t = 0; t < g->nslots; t++, d += PP) {
               _mm256_storeu_ps(d, f0);
               _mm256_storeu_ps(d + P - 8, f1);
             }
           }
-        }
         if (stream)
-          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
+          for (size_t i = 0; i < nf; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
       }
   if (stream) _mm_sfence();
 }
 #define MML_HAVE_AVX2_PATCH 1
 #endif
-
-/* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
- * g->block) in memory order, so pixel_values is written sequentially. */
-static void flush_block(patch_ctx *g, int bh, int bw0, int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
-  const int bw_n = g->gw / M;
-  for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *o = g->out + r * g->cols;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const float *l = g->lut[c];
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * W;
-          for (int py = 0; py < P; py++) {
-            const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
-            float *d0 = o + ((size_t)c * T * P + py) * P;
-            if (P == 14)
-              PATCH_ROW(14);
-            else if (P == 16)
-              PATCH_ROW(16);
-            else {
-              for (int t = 0; t < T; t++)
-                for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];
-            }
-          }
-        }
-      }
-}
-#undef PATCH_ROW
+#undef FOR_PATCH_ROWS
 
 /* Writes patch columns [bw0, bw1) of block row bh. */
 static void write_patches(patch_ctx *g, int bh, int bw0, int bw1) {
-  if (bw0 >= bw1) return;
-#ifdef MML_HAVE_AVX2_PATCH
-  if (g->avx2) {
-    flush_block_avx2(g, bh, bw0, bw1);
-    return;
-  }
-#endif
-  flush_block(g, bh, bw0, bw1);
+  if (bw0 < bw1) g->write(g, bh, bw0, bw1);
 }
 
 /* Writes what is left of the waiting block. */
@@ -723,47 +777,32 @@ static void patch_done(void *ctx, int y) {
   }
 }
 
-static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
-                                 const mml_vision_plan *plan, float *out, mml_err *err) {
-  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
-  if (mml_bytes_reserve(&s->block, n))
-    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
-  g->block = s->block.data;
-  g->half = half;
-  g->P = cfg->patch_size;
-  g->M = cfg->merge_size;
-  g->T = cfg->temporal_patch_size;
-  g->gw = plan->grid_w;
-  g->cols = plan->cols;
-  g->out = out;
-  for (int c = 0; c < 3; c++) {
-    g->mean[c] = cfg->mean[c];
-    g->std[c] = cfg->std[c];
-  }
-  g->avx2 = g->fast = 0;
-  g->pend_bh = -1;
-  g->pend_bw = 0;
-  g->dec = NULL;
-  g->key = 0;
+/* The normalisation tables of cfg's mean and std (rebuilt only when they change). */
+static void scratch_tables(mml_vision_scratch *s, const float mean[3], const float std[3]) {
+  if (s->norm_valid && !memcmp(s->norm_mean, mean, sizeof s->norm_mean) &&
+      !memcmp(s->norm_std, std, sizeof s->norm_std))
+    return;
+  build_lut(mean, std, s->lut, s->lut16);
+  s->norm_fast = 0;
 #ifdef MML_HAVE_AVX2_PATCH
-  g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
+  s->norm_fast = mml_cpu_fma() && norm_fast_exact(mean, std, s->lut);
 #endif
-  if (!s->norm_valid || memcmp(s->norm_mean, g->mean, sizeof g->mean) ||
-      memcmp(s->norm_std, g->std, sizeof g->std)) {
-    build_lut(g->mean, g->std, s->lut);
-    s->norm_fast = 0;
-#ifdef MML_HAVE_AVX2_PATCH
-    s->norm_fast = mml_cpu_fma() && norm_fast_exact(g->mean, g->std, s->lut);
-#endif
-    memcpy(s->norm_mean, g->mean, sizeof g->mean);
-    memcpy(s->norm_std, g->std, sizeof g->std);
-    s->norm_valid = 1;
-  }
-  g->lut = (const float(*)[256])s->lut;
-  g->fast = g->avx2 && s->norm_fast;
+  memcpy(s->norm_mean, mean, sizeof s->norm_mean);
+  memcpy(s->norm_std, std, sizeof s->norm_std);
+  s->norm_valid = 1;
+}
+
+/* Picks the writer of cfg->pixel_format (the AVX2 one for float32 where it runs). */
+static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
+  g->write = format == MML_PIXEL_UINT8 ? write_u8 : format == MML_PIXEL_BFLOAT16 ? write_bf16
+                                                                                 : write_f32;
+  g->fast = 0;
   g->ptmp = NULL;
-  if (g->avx2) {
-    size_t need = (size_t)plan->cols + 16;
+#ifdef MML_HAVE_AVX2_PATCH
+  if (format == MML_PIXEL_FLOAT32 && mml_cpu_avx2() && g->P >= 8 && g->P <= 16) {
+    g->write = write_f32_avx2;
+    g->fast = s->norm_fast;
+    size_t need = g->row_bytes / sizeof(float) + 16;
     if (s->ptmp_cap < need) {
       free(s->ptmp);
       s->ptmp_cap = 0;
@@ -772,6 +811,35 @@ static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_
     }
     g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
   }
+#endif
+}
+
+static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
+                                 const mml_vision_plan *plan, const mml_pixel_dst *dst,
+                                 mml_err *err) {
+  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
+  if (mml_bytes_reserve(&s->block, n))
+    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
+  memset(g, 0, sizeof *g);
+  g->block = s->block.data;
+  g->half = half;
+  g->P = cfg->patch_size;
+  g->M = cfg->merge_size;
+  g->gw = plan->grid_w;
+  g->out = dst->out;
+  g->S = dst->slots;
+  g->slot0 = dst->slot0;
+  g->nslots = dst->nslots;
+  g->row_bytes = (size_t)3 * g->S * g->P * g->P * mml_dtype_size(mml_vision_pixel_dtype(cfg));
+  for (int c = 0; c < 3; c++) {
+    g->mean[c] = cfg->mean[c];
+    g->std[c] = cfg->std[c];
+  }
+  g->pend_bh = -1;
+  scratch_tables(s, g->mean, g->std);
+  g->lut = (const float(*)[256])s->lut;
+  g->lut16 = (const uint16_t(*)[256])s->lut16;
+  pick_writer(g, s, cfg->pixel_format);
   return MML_OK;
 }
 
@@ -779,18 +847,36 @@ static row_out patch_out(patch_ctx *g) {
   return (row_out){patch_dst, patch_done, g, (size_t)g->P * g->M * (g->gw * g->P + 16)};
 }
 
-static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
-                             mml_err *err) {
+/* Checks cfg, the plan's geometry and the destination. */
+static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan,
+                             const mml_pixel_dst *dst, mml_err *err) {
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
   const int P = cfg->patch_size, M = cfg->merge_size;
-  if (!plan || !out) return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
+  if (!plan || !dst || !dst->out)
+    return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
   if (plan->dst_w < P * M || plan->dst_h < P * M || plan->dst_w % (P * M) ||
       plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P ||
-      plan->grid_h != plan->dst_h / P || plan->cols != mml_vision_pixel_cols(cfg) ||
-      plan->rows != (int64_t)plan->grid_h * plan->grid_w)
+      plan->grid_h != plan->dst_h / P || plan->rows != (int64_t)plan->grid_h * plan->grid_w)
     return mml_err_set(err, MML_EINVAL, "vision: plan does not fit this configuration");
+  if (dst->slots < 1 || dst->slots > cfg->temporal_patch_size || dst->slot0 < 0 ||
+      dst->nslots < 1 || dst->slot0 + dst->nslots > dst->slots)
+    return mml_err_set(err, MML_EINVAL, "vision: frame slots [%d, %d) of %d do not fit T=%d",
+                       dst->slot0, dst->slot0 + dst->nslots, dst->slots,
+                       cfg->temporal_patch_size);
   return MML_OK;
+}
+
+/* A still image's destination: all frame slots of its rows (one for uint8). */
+static mml_status image_dst(const mml_vision_cfg *cfg, const mml_vision_plan *plan, void *out,
+                            mml_pixel_dst *dst, mml_err *err) {
+  const int slots = cfg->pixel_format == MML_PIXEL_UINT8 ? 1 : cfg->temporal_patch_size;
+  *dst = (mml_pixel_dst){out, slots, 0, slots};
+  if (plan && plan->cols != mml_vision_pixel_cols(cfg))
+    return mml_err_set(err, MML_EINVAL, "vision: plan has %d columns, the %s format %d",
+                       plan->cols, mml_dtype_name(mml_vision_pixel_dtype(cfg)),
+                       mml_vision_pixel_cols(cfg));
+  return check_plan(cfg, plan, dst, err);
 }
 
 /* The row sink of process_bytes, timed: the decoder's own time is the decode call's time
@@ -818,8 +904,9 @@ static uint8_t *timed_row_buf(void *ctx, int y) {
 
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
-                                    const mml_vision_plan *plan, float *out, mml_err *err) {
-  mml_status st = check_plan(cfg, plan, out, err);
+                                    const mml_vision_plan *plan, void *out, mml_err *err) {
+  mml_pixel_dst dst;
+  mml_status st = image_dst(cfg, plan, out, &dst, err);
   if (st != MML_OK) return st;
   const mml_decode_opts opts = {
       .strict_jpeg = cfg->strict_jpeg,
@@ -840,11 +927,11 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
     t.width = plan->orientation >= 5 ? img.height : img.width;
     t.height = plan->orientation >= 5 ? img.width : img.height;
     t.stride = (size_t)t.width * 3;
-    return mml_vision_process_rgb(cfg, s, &t, plan, out, err);
+    return mml_vision_process_rgb_dst(cfg, s, &t, plan, &dst, err);
   }
   int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
   patch_ctx g;
-  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = patch_ctx_init(&g, s, cfg, plan, &dst, err)) != MML_OK) return st;
   if (cfg->route == MML_ROUTE_QWEN_VL_UTILS) g.dec = s->dec, g.key = -1;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
@@ -860,19 +947,27 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   return st;
 }
 
-mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
-                                  const mml_rgb8 *img, const mml_vision_plan *plan, float *out,
-                                  mml_err *err) {
-  mml_status st = check_plan(cfg, plan, out, err);
+mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                      const mml_rgb8 *img, const mml_vision_plan *plan,
+                                      const mml_pixel_dst *dst, mml_err *err) {
+  mml_status st = check_plan(cfg, plan, dst, err);
   if (st != MML_OK) return st;
   patch_ctx g;
-  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = patch_ctx_init(&g, s, cfg, plan, dst, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
                   .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
                   .out = patch_out(&g)};
   st = feed_rgb(&j, img, err);
   if (st == MML_OK) finish_pending(&g);
   return st;
+}
+
+mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                  const mml_rgb8 *img, const mml_vision_plan *plan, void *out,
+                                  mml_err *err) {
+  mml_pixel_dst dst;
+  mml_status st = image_dst(cfg, plan, out, &dst, err);
+  return st != MML_OK ? st : mml_vision_process_rgb_dst(cfg, s, img, plan, &dst, err);
 }
 
 /* row_out for the plain resize: planar rows in scratch, interleaved into the output. */

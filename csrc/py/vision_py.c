@@ -1,11 +1,12 @@
 /*
  * vision_py.c — binding of the vision core (csrc/core/vision.c, image.c):
  *
- *   _core.VisionProcessor(cfg: dict)           per-object config + scratch
+ *   _core.VisionProcessor(cfg: dict, pixel_format="float32")  per-object config + scratch
  *       .process(items) -> (VisionBuffer, rows, cols, [(t, h, w), ...])
  *           items: list of (0, bytes-like encoded image) or (1, buffer, height, width)
- *           for C-contiguous uint8 HxWx3; the float32 output is written straight into
- *           the returned VisionBuffer (malloc'd; recycled through the processor)
+ *           for C-contiguous uint8 HxWx3; the output (float32, bfloat16 bits or uint8, as
+ *           pixel_format says) is written straight into the returned VisionBuffer
+ *           (malloc'd; recycled through the processor)
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
  *   _core.image_decode(data, scale_denom=1, alpha=0, max_image_pixels=178956970)
@@ -150,7 +151,7 @@ typedef struct {
 
 /* ---------------------------------------------------------------- VisionBuffer */
 
-/* The float32 output of one call: malloc'd memory (written without the GIL) exposed through
+/* The pixel_values output of one call: malloc'd memory (written without the GIL) exposed through
  * the buffer protocol.  When the last view goes away the memory goes back to its processor
  * (one cached buffer) so steady-state calls neither allocate nor page-fault new memory. */
 typedef struct {
@@ -172,16 +173,26 @@ static PyTypeObject VisionBufferType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionBuffer",
     .tp_basicsize = sizeof(VisionBuffer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "float32 pixel_values memory of one ImageProcessor call (buffer protocol).",
+    .tp_doc = "pixel_values memory of one ImageProcessor call (buffer protocol).",
     .tp_dealloc = (destructor)vb_dealloc,
     .tp_as_buffer = &vb_as_buffer,
 };
 
 static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   PyObject *d;
-  static char *kwlist[] = {"cfg", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:VisionProcessor", kwlist, &d)) return -1;
+  const char *fmt = "float32";
+  static char *kwlist[] = {"cfg", "pixel_format", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s:VisionProcessor", kwlist, &d, &fmt)) return -1;
   if (mml_py_vision_cfg_from_dict(d, &self->cfg)) return -1;
+  static const char *const formats[] = {"float32", "bfloat16", "uint8"}; /* MML_PIXEL_* */
+  int k = 0;
+  while (k < 3 && strcmp(fmt, formats[k])) k++;
+  if (k == 3) {
+    PyErr_Format(mml_py_ConfigError, "pixel_format must be \"float32\", \"bfloat16\" or "
+                 "\"uint8\", got \"%s\"", fmt);
+    return -1;
+  }
+  self->cfg.pixel_format = k;
   if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
     PyErr_NoMemory();
     return -1;
@@ -289,13 +300,14 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     goto fail;
   }
   int cols = mml_vision_pixel_cols(&self->cfg);
-  if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
+  const size_t row_bytes = mml_vision_row_bytes(&self->cfg);
+  if (rows > (int64_t)(PY_SSIZE_T_MAX / row_bytes)) {
     PyErr_NoMemory();
     goto fail;
   }
-  out = vp_take_buffer(self, (size_t)rows * (size_t)cols * 4);
+  out = vp_take_buffer(self, (size_t)rows * row_bytes);
   if (!out) goto fail;
-  float *dst = ((VisionBuffer *)out)->data;
+  uint8_t *dst = ((VisionBuffer *)out)->data;
   Py_BEGIN_ALLOW_THREADS
   mml_vision_scratch *s = self->scratch, *tmp = NULL;
   int locked = PyThread_acquire_lock(self->lock, NOWAIT_LOCK);
@@ -303,7 +315,7 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     if (mml_vision_scratch_new(&tmp) != MML_OK) st = mml_err_set(&err, MML_ENOMEM, "out of memory");
     s = tmp;
   }
-  float *p = dst;
+  uint8_t *p = dst;
   for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
     if (it[i].kind == 0) {
       st = mml_vision_process_bytes(&self->cfg, s, it[i].buf.buf, (size_t)it[i].buf.len,
@@ -313,7 +325,7 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
       st = mml_vision_process_rgb(&self->cfg, s, &img, &it[i].plan, p, &err);
     }
     if (st != MML_OK) bad = i;
-    p += it[i].plan.rows * it[i].plan.cols;
+    p += (size_t)it[i].plan.rows * row_bytes;
   }
   if (locked) PyThread_release_lock(self->lock);
   mml_vision_scratch_free(tmp);

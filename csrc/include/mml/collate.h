@@ -50,7 +50,8 @@ typedef enum {
  *                                      block-diagonal per sample slot when packed)
  *   mm_token_type_ids -                int64 [B, L], 1 on <|image_pad|> (cfg.mm_token_type_ids)
  *   rope_deltas      rope_deltas       int64 [B, 1] padded, [n, 1] packed (mrope only)
- *   pixel_values     pixel_values      float32 [rows, pixel_cols], all images in order
+ *   pixel_values     pixel_values      [rows, pixel_cols] float32 / bfloat16 / uint8 (as
+ *                                      cfg.pixel_format), all images in order
  *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
  *   cu_seqlens       -                 packed only: int32 [n+1], offsets of the sample slots
  *                                      in the row (a slot is a sample plus its padding to
@@ -88,7 +89,8 @@ typedef struct mml_collate_cfg {
   int mrope;               /* 1: emit 3-row M-RoPE position ids and rope_deltas */
   int spatial_merge;       /* merge size, for M-RoPE */
   int32_t image_pad_id, vision_start_id; /* for M-RoPE */
-  int pixel_cols;          /* C*T*P*P, for the text-only placeholder */
+  int pixel_cols;          /* values per pixel_values row (mml_vision_pixel_cols) */
+  int pixel_format;        /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values */
   int text_only_vision;    /* mml_text_only_vision */
   int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
 } mml_collate_cfg;

@@ -22,7 +22,7 @@ typedef struct mml_sample {
   mml_err err;
   mml_ids input_ids;       /* L token ids */
   mml_ids labels;          /* L labels, MML_IGNORE_INDEX where unsupervised */
-  mml_bytes pixels;        /* float32 [pixel_rows, pixel_cols] */
+  mml_bytes pixels;        /* [pixel_rows, pixel_cols] in the loader's pixel_format */
   int64_t pixel_rows;
   int pixel_cols;
   mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
