@@ -247,6 +247,29 @@ def test_torch_loader_wire_defaults_and_checks(ds):
         mt.Loader(ds["shards"], wire_format="bfloat16", **args)
 
 
+def test_megatron_provider_and_get_batch_with_the_uint8_wire(ds):
+    """The Megatron adapter with uint8 on the wire (what it does on a GPU by default; on
+    this CPU through wire_format): get_batch returns the same tensors, placeholder
+    batches included."""
+    mm = pytest.importorskip("mmloader.megatron")
+    if not torch.cuda.is_available():
+        assert mm.default_device() == "cpu"
+    args = dict(data=ds["shards"], tokenizer=TINY, num_threads=2, prefetch=2, micro_batch_size=1,
+                seq_length=384, resume=False, **SMALL)
+    want, _, _ = mm.make_provider(**args)([0, 0, 0])
+    got, _, _ = mm.make_provider(wire_format="uint8", **args)([0, 0, 0])
+    with want, got:
+        assert got.wire_format == "uint8" and got.loader._c.options()["pixel_format"] == "uint8"
+        placeholders = 0
+        for _ in range(len(want)):
+            a = mm.get_batch(want, device="cpu", drop_placeholder=False)
+            b = mm.get_batch(got, device="cpu", drop_placeholder=False)
+            tensors = {k: v for k, v in a.items() if isinstance(v, torch.Tensor)}
+            same({k: b[k] for k in tensors}, tensors)
+            placeholders += int(a["image_grid_thw"][0, 0]) == 0
+        assert placeholders > 0
+
+
 # ---------------------------------------------------------------- on a GPU
 
 @pytest.mark.gpu
