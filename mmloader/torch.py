@@ -141,12 +141,31 @@ def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Ten
     if tuple(table.shape) != (3, 256):
         raise ValueError(f"expand_pixels: table must be [3, 256], got {tuple(table.shape)}")
     flat = _table_on(table.to(torch.float32).cpu(), pixel_values.device, dtype)
-    pp = frames * P * P
-    offset = torch.arange(0, 768, 256, dtype=torch.int32, device=pixel_values.device)
-    idx = pixel_values.reshape(n, 3, 1, pp).to(torch.int32) + offset.view(1, 3, 1, 1)
-    if frames == 1:
-        idx = idx.expand(n, 3, T, pp)  # the T copies: one gather writes them all
-    return flat[idx].reshape(n, 3 * T * P * P)
+    one_pass = pixel_values.device.type != "cpu"
+    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, one_pass)
+
+
+def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int,
+            one_pass: bool) -> torch.Tensor:
+    """flat[c*256 + byte] for every byte of u8 [n, cols] (channel c = its third of the row),
+    each row's values repeated `repeat` times per channel: [n, 3 * repeat * cols/3].
+
+    one_pass (GPU): one gather through an index broadcast over the repeats, so the output is
+    written once.  Otherwise (CPU, where torch's broadcast gather is slow): index_select of
+    each value once, then the repeats as copies."""
+    n, pp = u8.shape[0], cols // 3
+    offset = torch.arange(0, 768, 256, dtype=torch.int32, device=u8.device).view(1, 3, 1)
+    if one_pass:
+        idx = (u8.reshape(n, 3, pp).to(torch.int32) + offset).unsqueeze(2)
+        return flat[idx.expand(n, 3, repeat, pp)].reshape(n, 3 * repeat * pp)
+    idx = (u8.reshape(n, 3, pp).to(torch.int64) + offset).reshape(-1)
+    vals = torch.index_select(flat, 0, idx).view(n, 3, pp)
+    if repeat == 1:
+        return vals.view(n, 3 * pp)
+    out = torch.empty((n, 3, repeat, pp), dtype=flat.dtype, device=u8.device)
+    for t in range(repeat):
+        out[:, :, t] = vals
+    return out.view(n, 3 * repeat * pp)
 
 
 def _accepts(name: str) -> bool:

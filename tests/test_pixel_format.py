@@ -148,6 +148,17 @@ def test_expand_pixels_checks_its_input():
     assert torch.equal(bits(out), bits(table[c, two.long()]))
 
 
+@pytest.mark.parametrize("repeat", [1, 2, 3])
+def test_the_gpu_gather_and_the_cpu_gather_agree(repeat):
+    """expand_pixels gathers in one pass through a broadcast index on a GPU and with
+    index_select + copies on the CPU: both run here (torch ops on any device)."""
+    u8 = torch.randint(0, 256, (37, 3 * 196), dtype=torch.uint8)
+    flat = mt.pixel_table("qwen2.5-vl").reshape(-1)
+    a = mt._gather(flat, u8, 3 * 196, repeat, one_pass=True)
+    b = mt._gather(flat, u8, 3 * 196, repeat, one_pass=False)
+    assert a.shape == b.shape == (37, 3 * repeat * 196) and torch.equal(bits(a), bits(b))
+
+
 def test_vision_processor_rejects_an_unknown_format():
     with pytest.raises(mmloader.ConfigError, match="pixel_format"):
         mmloader.ImageProcessor("qwen2.5-vl", pixel_format="float16")
