@@ -223,6 +223,16 @@ def test_uint8_batches_are_an_eighth_of_float32(ds):
     assert b["pixel_values"].dtype == "uint8"
 
 
+def test_bfloat16_tensors_say_numpy_cannot_hold_them(ds):
+    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3, seq_length=384,
+                         pixel_format="bfloat16", **SMALL) as L:
+        b = next(L)
+        assert b["pixel_values"].dtype == "bfloat16"
+        with pytest.raises(TypeError, match="NumPy has no bfloat16"):
+            b["pixel_values"].numpy()
+        assert torch.from_dlpack(b["pixel_values"]).dtype == torch.bfloat16
+
+
 def test_pixel_format_is_a_checked_loader_option(ds):
     with pytest.raises(mmloader.ConfigError, match="pixel_format"):
         mmloader.Loader(ds["shards"], tokenizer=TINY, pixel_format="float16")

@@ -199,6 +199,11 @@ static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused) {
 }
 
 static PyObject *Tensor_numpy(TensorObject *self, PyObject *unused) {
+  if (self->dtype == MML_DT_BFLOAT16) {
+    PyErr_SetString(PyExc_TypeError, "NumPy has no bfloat16: view the tensor with "
+                    "torch.from_dlpack(t) (zero copy), or use pixel_format=\"float32\"");
+    return NULL;
+  }
   PyObject *np = PyImport_ImportModule("numpy");
   if (!np) return NULL;
   PyObject *arr = PyObject_CallMethod(np, "from_dlpack", "O", (PyObject *)self);
