@@ -39,6 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from . import _core
 from . import loader as _loader
 from .presets import vision_config
 
@@ -140,9 +141,15 @@ def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Ten
                             image_std=image_std, rescale_factor=rescale_factor)
     if tuple(table.shape) != (3, 256):
         raise ValueError(f"expand_pixels: table must be [3, 256], got {tuple(table.shape)}")
+    if pixel_values.device.type == "cpu":  # the core's loop: one lookup per value, no index
+        out = torch.empty((n, 3 * T * P * P), dtype=dtype)
+        dst = out.view(torch.int16) if dtype == torch.bfloat16 else out
+        _core.expand_pixels(pixel_values.contiguous().numpy(), dst.numpy(),
+                            table.to(torch.float32).contiguous().numpy(), P, frames, T,
+                            dtype == torch.bfloat16)
+        return out
     flat = _table_on(table.to(torch.float32).cpu(), pixel_values.device, dtype)
-    one_pass = pixel_values.device.type != "cpu"
-    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, one_pass)
+    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, True)
 
 
 def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int,
@@ -150,9 +157,10 @@ def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int,
     """flat[c*256 + byte] for every byte of u8 [n, cols] (channel c = its third of the row),
     each row's values repeated `repeat` times per channel: [n, 3 * repeat * cols/3].
 
-    one_pass (GPU): one gather through an index broadcast over the repeats, so the output is
-    written once.  Otherwise (CPU, where torch's broadcast gather is slow): index_select of
-    each value once, then the repeats as copies."""
+    one_pass (what a GPU runs): one gather through an index broadcast over the repeats, so
+    the output is written once.  Otherwise index_select of each value once, then the repeats
+    as copies.  Both run in the CPU tests (the CPU expand_pixels itself runs the core's
+    loop, mml_pixels_expand)."""
     n, pp = u8.shape[0], cols // 3
     offset = torch.arange(0, 768, 256, dtype=torch.int32, device=u8.device).view(1, 3, 1)
     if one_pass:

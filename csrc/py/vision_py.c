@@ -15,6 +15,7 @@
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
+ *   _core.expand_pixels(src, dst, table, P, frames, T, bf16)   uint8 patches -> float rows
  *
  * Threads: planning and processing run with the GIL released.  A VisionProcessor's
  * scratch is guarded by a lock taken without blocking; a call that finds it busy (the
@@ -542,7 +543,43 @@ out:
   return r;
 }
 
+/* expand_pixels(src, dst, table, patch_size, frames, temporal_patch_size, bfloat16): src a
+ * uint8 buffer of rows of 3*frames*P*P bytes, dst a writable buffer of as many rows of
+ * 3*T*P*P float32 (or bfloat16) values, table 768 float32 ([3][256]). */
+static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
+  Py_buffer src, dst, tab;
+  int P, F, T, bf16;
+  if (!PyArg_ParseTuple(args, "y*w*y*iiip:expand_pixels", &src, &dst, &tab, &P, &F, &T, &bf16))
+    return NULL;
+  PyObject *r = NULL;
+  const size_t in_row = (size_t)3 * P * P * F, out_row = (size_t)3 * P * P * T * (bf16 ? 2 : 4);
+  const int64_t rows = P > 0 && F > 0 ? (int64_t)((size_t)src.len / in_row) : 0;
+  if (P < 1 || F < 1 || T < 1 || tab.len != 768 * 4 || (size_t)src.len != (size_t)rows * in_row ||
+      (size_t)dst.len != (size_t)rows * out_row) {
+    PyErr_SetString(PyExc_ValueError, "expand_pixels: buffer sizes do not match [rows, "
+                    "3*frames*P*P] uint8 in, [rows, 3*T*P*P] out and a 768-float table");
+    goto out;
+  }
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_pixels_expand(src.buf, rows, P, F, T, (const float(*)[256])tab.buf,
+                         bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32, dst.buf, &err);
+  Py_END_ALLOW_THREADS
+  if (st != MML_OK) mml_py_raise(st, &err);
+  else r = Py_NewRef(Py_None);
+out:
+  PyBuffer_Release(&src);
+  PyBuffer_Release(&dst);
+  PyBuffer_Release(&tab);
+  return r;
+}
+
 static PyMethodDef vision_functions[] = {
+    {"expand_pixels", py_expand_pixels, METH_VARARGS,
+     "expand_pixels(src_u8, dst, table_f32_768, patch_size, frames, temporal_patch_size, "
+     "bfloat16) "
+     "-> None: uint8 patch rows into float32/bfloat16 rows (mml_pixels_expand)"},
     {"decode_only", py_decode_only, METH_O,
      "decode_only(list of encoded images) -> total pixels (decode to RGB8 rows, discarded)"},
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,

@@ -148,6 +148,15 @@ mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scra
                                       const mml_rgb8 *img, const mml_vision_plan *plan,
                                       const mml_pixel_dst *dst, mml_err *err);
 
+/* uint8 patch rows -> float32 / bfloat16 rows (pixels.c, the CPU side of
+ * mmloader.torch.expand_pixels): `rows` rows of 3*frames*P*P bytes at src (frames 1: a
+ * still image's one frame, repeated into the T slots; frames == T: rows that keep their
+ * T frames) into rows of 3*T*P*P values at dst, value = table[c][byte] (as float32, or
+ * rounded to nearest even for MML_PIXEL_BFLOAT16).  MML_EINVAL for bad arguments. */
+mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames,
+                             int T, const float table[3][256], int format, void *dst,
+                             mml_err *err);
+
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
                                    int dst_h, uint8_t *dst, mml_err *err);
