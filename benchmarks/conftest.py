@@ -7,9 +7,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def pytest_addoption(parser):
     g = parser.getgroup("mmloader e2e benchmark")
+    g.addoption("--e2e-smoke", action="store_true", default=False,
+                help="bench_e2e: a tiny dataset, one short run each: checks the suite works")
     g.addoption("--e2e-full", action="store_true", default=False,
-                help="bench_e2e: larger dataset, more thread counts, the DataLoader sweeps")
-    g.addoption("--e2e-samples", type=int, default=None,
-                help="bench_e2e: samples per throughput run (default 64, 256 with --e2e-full)")
+                help="bench_e2e: also the naive/case-study/Ray peers, thread and wait sweeps")
     g.addoption("--e2e-out", default=None,
                 help="bench_e2e: folder for e2e.json and the plots (default benchmarks/results)")

@@ -7,6 +7,12 @@ image reference then gets its own new file at a realistic size and content: phot
 (smooth content plus sensor noise, quality 85-95), one in ten of all images a progressive
 JPEG, and one in five a screenshot-like PNG (flat panels and text-like strokes; RGB, RGBA
 or palette), from thumbnails to 1080p in portrait and landscape.
+
+With photos=True (the end-to-end suite's set) three in ten references are instead real
+photographs (tests/photos.py: the scikit-image and matplotlib sample photos, colour and
+grey) re-encoded at 0.3 to 12 megapixels (PHOTO_MP), mostly JPEG (some progressive), some
+PNG up to 2 MP.  photos=False keeps the original generator byte for byte
+(tests/test_batch_digest.py depends on it).
 """
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ from .common import parse_record
 
 SIZES = [((320, 240), .10), ((640, 480), .25), ((800, 600), .15), ((1024, 768), .20),
          ((1280, 720), .15), ((1920, 1080), .10), ((768, 1024), .05)]
-
+PHOTO_MP = [(0.3, .30), (0.5, .20), (1.0, .20), (2.0, .13), (4.0, .10), (8.0, .05), (12.0, .02)]
+PHOTO_EVERY = (0, 4, 7)  # reference k is a real photo when k % 10 is one of these
 
 
 def _photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
@@ -77,7 +84,49 @@ def _write_image(rng: np.random.Generator, root: str, k: int) -> str:
     return name
 
 
-def make(root: str, n_samples: int, seed: int = 0) -> str:
+_PHOTO_CACHE: Dict[str, object] = {}
+
+
+def _sources() -> Dict[str, object]:
+    """name -> PIL image of each sample photo tests/photos.py names (loaded once)."""
+    if not _PHOTO_CACHE:
+        import importlib.util
+        from PIL import Image
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))), "tests", "photos.py")
+        spec = importlib.util.spec_from_file_location("mml_test_photos", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        for name, (pkg, fname) in sorted(mod._PHOTOS.items()):
+            im = Image.open(mod.data_file(pkg, fname))
+            im.load()
+            _PHOTO_CACHE[name] = im.convert("L" if im.mode in ("L", "I;16", "1") else "RGB")
+    return _PHOTO_CACHE
+
+
+def _write_photo(rng: np.random.Generator, root: str, k: int, max_mp: float) -> str:
+    """Reference k as a real photo re-encoded at a drawn size (0.3-12 MP, capped at
+    max_mp); returns its name relative to root."""
+    from PIL import Image
+    srcs = _sources()
+    src = srcs[sorted(srcs)[int(rng.integers(len(srcs)))]]
+    mp = min(max_mp, PHOTO_MP[int(rng.choice(len(PHOTO_MP), p=[p for _, p in PHOTO_MP]))][0])
+    w0, h0 = src.size  # type: ignore[attr-defined]
+    f = (mp * 1e6 / (w0 * h0)) ** 0.5
+    w, h = max(16, int(round(w0 * f))), max(16, int(round(h0 * f)))
+    im = src.resize((w, h), Image.BICUBIC)  # type: ignore[attr-defined]
+    png = mp <= 2.0 and rng.random() < 0.15
+    name = f"images/photo-{k:06d}" + (".png" if png else ".jpg")
+    if png:
+        im.save(os.path.join(root, name), "PNG")
+    else:
+        im.save(os.path.join(root, name), "JPEG", quality=int(rng.integers(85, 96)),
+                progressive=bool(rng.random() < 0.15))
+    return name
+
+
+def make(root: str, n_samples: int, seed: int = 0, photos: bool = False,
+         max_mp: float = 12.0) -> str:
     """Writes the dataset under root (if not already complete); returns the shard path.
 
     datagen's records share its images; here every image reference, in record order, gets
@@ -93,11 +142,14 @@ def make(root: str, n_samples: int, seed: int = 0) -> str:
     old = {json.dumps(os.path.relpath(p, root)) for p in desc["images"]}
     pattern = re.compile("|".join(re.escape(o) for o in sorted(old)))
     rng = np.random.default_rng(seed)
+    photo_rng = np.random.default_rng([seed, 1])  # its own stream: rng stays as before
     count = [0]
 
     def fresh(m: "re.Match[str]") -> str:
         k = count[0]
         count[0] += 1
+        if photos and k % 10 in PHOTO_EVERY:
+            return json.dumps(_write_photo(photo_rng, root, k, max_mp))
         return json.dumps(_write_image(rng, root, k))
 
     with open(shard, encoding="utf-8") as f:
@@ -111,11 +163,28 @@ def make(root: str, n_samples: int, seed: int = 0) -> str:
     return shard
 
 
-def cached(n_samples: int, seed: int = 0, base: Optional[str] = None) -> str:
+def cached(n_samples: int, seed: int = 0, base: Optional[str] = None, photos: bool = False,
+           max_mp: float = 12.0) -> str:
     """The shard of the cached dataset (generated on first use)."""
     base = base or os.environ.get("MML_BENCH_DATA") or os.path.join(
         tempfile.gettempdir(), "mmloader-bench")
-    return make(os.path.join(base, f"mix3-{n_samples}-{seed}"), n_samples, seed)
+    name = f"mix3-{n_samples}-{seed}" if not photos else \
+        f"mix4-photos-{n_samples}-{seed}-{max_mp:g}mp"
+    return make(os.path.join(base, name), n_samples, seed, photos=photos, max_mp=max_mp)
+
+
+def repeated(shard: str, times: int) -> str:
+    """A shard holding `shard`'s records `times` times over (the same image files), written
+    beside it: long runs without a second copy of the images."""
+    path = shard[:-len(".jsonl")] + f".x{times}.jsonl"
+    if not os.path.exists(path):
+        with open(shard, encoding="utf-8") as f:
+            lines = [ln if ln.endswith("\n") else ln + "\n" for ln in f if ln.strip()]
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            for _ in range(times):
+                f.writelines(lines)
+        os.replace(path + ".tmp", path)
+    return path
 
 
 def subset(shard: str, k: int) -> str:
@@ -133,13 +202,13 @@ def subset(shard: str, k: int) -> str:
 
 
 def describe(shard: str) -> Dict[str, object]:
-    """What the dataset holds: records, turns, images by kind and size, bytes."""
+    """What the dataset holds: records, turns, images by kind, source and size, bytes."""
     from PIL import Image
-    root = os.path.dirname(shard)
-    recs = turns = 0
+    recs = turns = photos = 0
     kinds: Dict[str, int] = {}
-    sizes: Dict[str, int] = {}
+    mp_buckets: Dict[str, int] = {}
     nbytes = 0
+    pixels = []
     with open(shard, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
@@ -149,13 +218,21 @@ def describe(shard: str) -> Dict[str, object]:
             turns += sum(1 for m in messages if m["role"] == "assistant")
             for path in refs:
                 nbytes += os.path.getsize(path)
+                photos += os.path.basename(path).startswith("photo-")
                 with Image.open(path) as im:
                     kind = im.format + ("-progressive" if im.info.get("progressive") else "")
-                    kind += "-" + im.mode if im.format == "PNG" else ""
-                    size = f"{im.width}x{im.height}"
+                    kind += "-" + im.mode if im.format == "PNG" or im.mode == "L" else ""
+                    pixels.append(im.width * im.height)
                 kinds[kind] = kinds.get(kind, 0) + 1
-                sizes[size] = sizes.get(size, 0) + 1
+                mp = pixels[-1] / 1e6
+                b = next(lab for lim, lab in ((0.5, "<0.5"), (1.0, "0.5-1"), (2.1, "1-2"),
+                                              (4.1, "2-4"), (8.1, "4-8"), (1e9, ">8"))
+                         if mp < lim)
+                mp_buckets[b] = mp_buckets.get(b, 0) + 1
     n_img = sum(kinds.values())
     return {"records": recs, "turns_per_record": round(turns / max(recs, 1), 2),
-            "images": n_img, "image_kinds": kinds, "image_sizes": sizes,
+            "images": n_img, "photos": photos, "image_kinds": kinds,
+            "megapixels": mp_buckets,
+            "mean_mp": round(sum(pixels) / max(len(pixels), 1) / 1e6, 2),
+            "max_mp": round(max(pixels, default=0) / 1e6, 1),
             "image_mb": round(nbytes / 2**20, 1)}

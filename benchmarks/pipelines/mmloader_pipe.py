@@ -7,13 +7,18 @@ from typing import Any, Dict, Iterator, Optional
 from .common import Config
 
 
-def available() -> Optional[str]:
+def available(cfg: Optional[Config] = None) -> Optional[str]:
     try:
         import mmloader
     except ImportError as e:
         return f"mmloader does not import ({e})"
     if not hasattr(mmloader, "Loader"):
         return "mmloader.Loader is not built in this checkout"
+    import inspect
+    known = inspect.signature(mmloader.Loader.__init__).parameters
+    missing = [k for k in (cfg or {}).get("mmloader_kwargs") or {} if k not in known]
+    if missing:
+        return f"this mmloader has no Loader option {', '.join(missing)}"
     return None
 
 

@@ -4,7 +4,9 @@
 
 The consumer loop is a simulated trainer: it takes a batch, then is busy for `step_ms`
 (a sleep: the host thread of a GPU trainer waits on the device, it does not burn CPU).
-Figures (all over one pass of `limit` samples, or `batches` batches when given):
+It stops after `batches` batches when given, else at the first batch at which it holds at
+least `min_samples` samples AND `min_seconds` have passed since the first batch (the
+dataset is long enough that no pipeline runs out; `exhausted` says if one did).  Figures:
 
   samples_per_s    samples after the first batch / wall time after the first batch (a
                    single-batch run: its samples / time from iter() on): the steady rate,
@@ -22,6 +24,18 @@ Figures (all over one pass of `limit` samples, or `batches` batches when given):
   peak_rss_mb      ru_maxrss of this process + ru_maxrss of its reaped children (the
                    largest child, not their sum; a forked helper counts its parent's
                    pages), for reference
+  faults_per_batch page faults (minor + major) of the process tree from the first batch
+                   after a warm-up (a quarter of min_seconds, at least 3 batches) to the
+                   end, over the batches in that span: the steady state
+
+  idle_pss_mb      PSS of this process after the imports, before the pipeline is built
+                   (the same process, the same imports, no pipeline)
+  own_mem_mb       peak_mem_mb - idle_pss_mb: the pipeline's own memory
+  steady_cpu_s_per_sample  cpu_s_per_sample over the same span as faults_per_batch
+
+Other modes: {"decode": true} decodes the images of the run's records, one thread, with mmloader's
+decoder and with Pillow (decode_only.py); {"parity": ["<module>", ...]} compares pipelines'
+first batches with the reference (naive) pipeline's.
 
 Imports happen before the clock starts; every pipeline imports torch (the trainer's) and
 what its own work needs (transformers for the Python peers).
@@ -35,7 +49,7 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -66,8 +80,9 @@ def _descendants(root: int) -> List[int]:
     return out
 
 
-def _proc_cpu_rss(pid: int):
-    """(utime+stime+cutime+cstime seconds, RSS bytes) of a live process, or None."""
+def _proc_stat(pid: int):
+    """(utime+stime+cutime+cstime seconds, RSS bytes, minflt+majflt+their children's) of
+    a live process, or None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -75,7 +90,7 @@ def _proc_cpu_rss(pid: int):
         return None
     fields = stat[stat.rindex(b")") + 2:].split()
     cpu = sum(int(x) for x in fields[11:15]) / _TICK
-    return cpu, int(fields[21]) * _PAGE
+    return cpu, int(fields[21]) * _PAGE, sum(int(x) for x in fields[7:11])
 
 
 def tree_cpu() -> float:
@@ -84,9 +99,22 @@ def tree_cpu() -> float:
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
     for pid in _descendants(os.getpid()):
-        r = _proc_cpu_rss(pid)
+        r = _proc_stat(pid)
         if r is not None:
             total += r[0]
+    return total
+
+
+def tree_faults() -> int:
+    """Page faults (minor + major) of this process, its reaped children and its live
+    descendants."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = me.ru_minflt + me.ru_majflt + ch.ru_minflt + ch.ru_majflt
+    for pid in _descendants(os.getpid()):
+        r = _proc_stat(pid)
+        if r is not None:
+            total += r[2]
     return total
 
 
@@ -99,7 +127,7 @@ def _pss(pid: int) -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    r = _proc_cpu_rss(pid)
+    r = _proc_stat(pid)
     return r[1] if r is not None else 0
 
 
@@ -140,16 +168,42 @@ def _batch_rows(batch: Any) -> int:
     return int(shape[0])
 
 
-def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
+def _available(mod: Any, cfg: Dict[str, Any]) -> Optional[str]:
+    import inspect
+    takes_cfg = bool(inspect.signature(mod.available).parameters)
+    return mod.available(cfg) if takes_cfg else mod.available()
+
+
+def _import(cfg: Dict[str, Any]):
     import torch  # noqa: F401  (the trainer's import, for every pipeline alike)
     mod = importlib.import_module(f"benchmarks.pipelines.{cfg['module']}")
-    reason = mod.available()
+    reason = _available(mod, cfg)
+    if not reason and hasattr(mod, "preload"):
+        mod.preload(cfg)
+    return mod, reason
+
+
+def idle_pss(seconds: float = 1.0) -> float:
+    """The baseline of the pipeline's own memory: this process, with the pipeline's imports
+    done (and preload) and no pipeline built yet, its peak PSS over `seconds` (MB)."""
+    import gc
+    gc.collect()
+    mem = TreeMemory(period=0.1)
+    mem.start()
+    time.sleep(seconds)
+    return mem.stop() / 2**20
+
+
+def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    mod, reason = _import(cfg)
     if reason:
         return {"skipped": reason}
-    if hasattr(mod, "preload"):
-        mod.preload(cfg)
+    idle_mb = idle_pss()
     step = float(cfg.get("step_ms", 0)) / 1000.0
     max_batches = int(cfg.get("batches") or 0)
+    min_samples = int(cfg.get("min_samples") or 0)
+    min_seconds = float(cfg.get("min_seconds") or 0.0)
+    warm_s = min_seconds / 4
     mem = TreeMemory()
     mem.start()
 
@@ -165,13 +219,24 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     waited = 0.0
     samples = 0
     batches = 1
-    while not max_batches or batches < max_batches:
+    exhausted = False
+    steady = None  # (batches, faults) at the end of the warm-up
+    while True:
+        now = time.perf_counter()
+        if max_batches:
+            if batches >= max_batches:
+                break
+        elif samples + n_first >= min_samples and now - t_first >= min_seconds:
+            break
+        if steady is None and batches >= 3 and now - t_first >= warm_s:
+            steady = (batches, tree_faults(), tree_cpu(), samples)
         if step:
             time.sleep(step)
         t = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
+            exhausted = not max_batches
             break
         waited += time.perf_counter() - t
         samples += _batch_rows(batch)
@@ -179,6 +244,10 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         del batch
     t_end = time.perf_counter()
     cpu1 = tree_cpu()
+    faults = steady_cpu = None
+    if steady and batches > steady[0]:
+        faults = (tree_faults() - steady[1]) / (batches - steady[0])
+        steady_cpu = (cpu1 - steady[2]) / (samples - steady[3])
     extra = mod.extra_stats(pipe) if hasattr(mod, "extra_stats") else {}
     pipe.close()
     del it, pipe
@@ -193,13 +262,16 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         wall = t_end - t_iter
         rate = total / wall if wall > 0 else 0.0
     return {
-        "samples": total, "batches": batches,
+        "samples": total, "batches": batches, "exhausted": exhausted,
         "samples_per_s": rate,
         "e2e_samples_per_s": total / (t_end - t_iter) if t_end > t_iter else 0.0,
         "ttfb_s": t_first - t0,
         "wait_ratio": waited / wall if wall > 0 else 0.0,
         "cpu_s_per_sample": (cpu1 - cpu0) / total if total else 0.0,
-        "peak_mem_mb": peak_mem / 2**20,
+        "steady_cpu_s_per_sample": steady_cpu,
+        "faults_per_batch": faults,
+        "peak_mem_mb": peak_mem / 2**20, "idle_pss_mb": idle_mb,
+        "own_mem_mb": peak_mem / 2**20 - idle_mb,
         "peak_rss_mb": (me.ru_maxrss + ch.ru_maxrss) / 1024.0,
         "peak_self_rss_mb": me.ru_maxrss / 1024.0,
         "wall_s": wall, "step_ms": step * 1000.0, **extra,
@@ -213,41 +285,64 @@ def _numpy(x: Any):
     return np.asarray(x)
 
 
-def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
-    """Checks that the reference (naive) pipeline and mmloader do the same work: the first
-    `batches` batches of both, compared key by key."""
+def _compare(ref_batches: List[Dict[str, Any]], pipe: Any, n: int) -> Dict[str, Any]:
     import numpy as np
-    import torch  # noqa: F401
-    ref_mod = importlib.import_module("benchmarks.pipelines.naive")
-    mml_mod = importlib.import_module("benchmarks.pipelines.mmloader_pipe")
-    reason = mml_mod.available()
-    if reason:
-        return {"skipped": reason}
-    ref_mod.preload(cfg)
-    mml_cfg = dict(cfg, limit=0)
-    ref, mml = ref_mod.build(cfg), mml_mod.build(mml_cfg)
     out: Dict[str, Any] = {"batches": 0, "samples": 0, "mismatch": []}
-    worst = 0.0
-    try:
-        for a, b in zip(ref, mml):
-            for key in ("input_ids", "labels", "attention_mask", "image_grid_thw"):
-                x, y = _numpy(a[key]), _numpy(b[key])
-                if x.shape != y.shape or not np.array_equal(x, y.astype(x.dtype)):
-                    out["mismatch"].append(f"batch {out['batches']} {key}: "
-                                           f"{x.shape} vs {y.shape}")
-            x, y = _numpy(a["pixel_values"]), _numpy(b["pixel_values"])
-            if x.shape != y.shape:
-                out["mismatch"].append(f"batch {out['batches']} pixel_values: "
-                                       f"{x.shape} vs {y.shape}")
-            elif x.size:
-                worst = max(worst, float(np.abs(x - y).max()))
-            out["batches"] += 1
-            out["samples"] += int(_numpy(a["input_ids"]).shape[0])
-            if out["batches"] >= int(cfg.get("batches") or 2):
-                break
-    finally:
-        mml.close()
+    worst = total = 0.0
+    count = 0
+    for a, b in zip(ref_batches, pipe):
+        for key in ("input_ids", "labels", "attention_mask", "image_grid_thw"):
+            x, y = _numpy(a[key]), _numpy(b[key])
+            if x.shape != y.shape or not np.array_equal(x, y.astype(x.dtype)):
+                out["mismatch"].append(f"batch {out['batches']} {key}: {x.shape} vs {y.shape}")
+        x, y = _numpy(a["pixel_values"]), _numpy(b["pixel_values"]).astype(np.float32)
+        if x.shape != y.shape:
+            out["mismatch"].append(f"batch {out['batches']} pixel_values: "
+                                   f"{x.shape} vs {y.shape}")
+        elif x.size:
+            d = np.abs(x - y)
+            worst = max(worst, float(d.max()))
+            total += float(d.sum(dtype=np.float64))
+            count += d.size
+        out["batches"] += 1
+        out["samples"] += int(_numpy(a["input_ids"]).shape[0])
+        if out["batches"] >= n:
+            break
     out["pixel_max_abs_diff"] = worst
+    out["pixel_mean_abs_diff"] = total / count if count else 0.0
+    return out
+
+
+def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Checks that the reference (naive) pipeline and each of cfg["parity"]'s pipelines do
+    the same work: the first `batches` batches, compared key by key (pixels: the largest
+    and the mean absolute difference).  Returns {module: result}."""
+    import torch  # noqa: F401
+    n = int(cfg.get("batches") or 2)
+    ref_mod = importlib.import_module("benchmarks.pipelines.naive")
+    ref_mod.preload(cfg)
+    ref_batches = []
+    for b in ref_mod.build(cfg):
+        ref_batches.append(b)
+        if len(ref_batches) >= n:
+            break
+    out: Dict[str, Any] = {}
+    for other in cfg["parity"]:
+        mod = importlib.import_module(f"benchmarks.pipelines.{other}")
+        reason = _available(mod, cfg)
+        if reason:
+            out[other] = {"skipped": reason}
+            continue
+        try:
+            if hasattr(mod, "preload"):
+                mod.preload(cfg)
+            pipe = mod.parity_build(cfg) if hasattr(mod, "parity_build") else mod.build(cfg)
+            try:
+                out[other] = _compare(ref_batches, pipe, n)
+            finally:
+                pipe.close()
+        except Exception as e:  # noqa: BLE001 - reported per pipeline
+            out[other] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
@@ -273,7 +368,13 @@ def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any
 
 def main(argv: List[str]) -> int:
     cfg = json.loads(argv[1])
-    out = parity(cfg) if cfg.get("parity") else measure(cfg)
+    if cfg.get("parity"):
+        out = parity(cfg)
+    elif cfg.get("decode"):
+        from benchmarks.pipelines import decode_only
+        out = decode_only.measure(cfg)
+    else:
+        out = measure(cfg)
     sys.stdout.flush()
     print("MMLBENCH " + json.dumps(out), flush=True)
     return 0

@@ -1,0 +1,139 @@
+"""Where mmloader's CPU goes in the end-to-end run: samples the whole process (all threads,
+kernel included) with `perf record` while mmloader runs the suite's local measurement,
+groups the samples by what they do, and writes benchmarks/results/profile.json, which
+benchmarks/report.py turns into the README's profile table.
+
+    python3 benchmarks/profile_e2e.py [--seconds 30] [--records 512] [--mmloader-kwargs JSON]
+
+Needs `perf` (Debian: linux-perf) allowed to sample the kernel (root, or
+kernel.perf_event_paranoid <= 1); without kernel access it samples user space only and says
+so.  Groups (first match wins, on the symbol, then the shared object): page faults and
+page zeroing in the kernel; other kernel work; memmove/memcpy/memset; image decoders
+(libjpeg-turbo, libpng, zlib, libwebp, giflib, libtiff); mmloader's resize; mmloader's
+normalise/patchify/collate; mmloader's tokenizer; the rest of mmloader; the Python
+interpreter; torch; everything else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+# (group, symbol regex, shared-object regex); first match wins
+GROUPS: List[Tuple[str, str, str]] = [
+    ("kernel: page faults, page zeroing", r"clear_page|page_fault|handle_mm_fault|"
+     r"do_anonymous_page|folio|alloc_pages|get_page_from_freelist|zap_|unmap|lru|"
+     r"rmqueue|__mod_memcg|memcg|mmap|munmap|madvise|tlb", r"kernel"),
+    ("kernel: other (syscalls, scheduling, I/O)", r".", r"kernel"),
+    ("memmove / memcpy / memset", r"mem(move|cpy|set)|__memmove|__memcpy|__memset", r"."),
+    ("image decoders (libjpeg-turbo, libpng, zlib, ...)", r".",
+     r"libjpeg|libturbojpeg|libpng|libz\.|libdeflate|libwebp|libgif|libtiff"),
+    ("mmloader: resize", r"resize|bicubic|filter", r"_core"),
+    ("mmloader: normalise, patchify, collate", r"vision|patch|normal|collate|emit|pixel",
+     r"_core"),
+    ("mmloader: tokenizer, template", r"token|bpe|pretok|template|utf8|unicode",
+     r"_core|libutf8proc"),
+    ("mmloader: other (records, loader, pool)", r".", r"_core"),
+    ("Python interpreter", r".", r"libpython|python3"),
+    ("torch", r".", r"libtorch|libc10"),
+    ("libc: malloc / free", r"malloc|free|_int_|calloc|realloc|arena", r"libc"),
+]
+LINE = re.compile(r"^\s+([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.+?)\s*$")
+
+
+def _group(dso: str, sym: str) -> str:
+    for name, sym_re, dso_re in GROUPS:
+        if re.search(dso_re, dso) and re.search(sym_re, sym):
+            return name
+    return "other"
+
+
+def parse(report: str) -> Tuple[List[Dict[str, object]], float]:
+    """perf report --sort dso,sym text -> groups (share, top symbols), kernel share."""
+    shares: Dict[str, float] = {}
+    top: Dict[str, List[Tuple[float, str]]] = {}
+    kernel = 0.0
+    for line in report.splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        pct, dso, _, sym = float(m.group(1)) / 100, m.group(2), m.group(3), m.group(4)
+        if "kernel" in dso:
+            kernel += pct
+        g = _group(dso, sym)
+        shares[g] = shares.get(g, 0.0) + pct
+        top.setdefault(g, []).append((pct, sym))
+    groups = [{"group": g, "share": s,
+               "top": [f"{sym} {100 * p:.1f}%" for p, sym in sorted(top[g], reverse=True)[:4]]}
+              for g, s in sorted(shares.items(), key=lambda kv: -kv[1])]
+    return groups, kernel
+
+
+def main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--records", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=0, help="default: the cores")
+    ap.add_argument("--mmloader-kwargs", default="{}", help="JSON: extra Loader options")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "profile.json"))
+    args = ap.parse_args(argv[1:])
+    if not shutil.which("perf"):
+        print("perf is not installed (Debian: apt-get install linux-perf)", file=sys.stderr)
+        return 2
+    from benchmarks.pipelines import dataset
+    from benchmarks.pipelines.common import make_config
+    shard = dataset.repeated(dataset.cached(args.records, photos=True), 16)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    cfg = make_config([shard], module="mmloader_pipe", threads=threads, prefetch=4,
+                      inflight=64, min_samples=512, min_seconds=args.seconds,
+                      mmloader_kwargs=json.loads(args.mmloader_kwargs))
+    tmp = tempfile.mkdtemp(prefix="mml-profile-")
+    data = os.path.join(tmp, "perf.data")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = ["perf", "record", "-F", "499", "-e", "cpu-clock", "-o", data, "--",
+           sys.executable, "-m", "benchmarks.pipelines.runner", json.dumps(cfg)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    scope = "user space and kernel"
+    if proc.returncode:
+        cmd[cmd.index("cpu-clock")] = "cpu-clock:u"  # no kernel access: user space only
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        scope = "user space only (no kernel access for perf)"
+    if proc.returncode:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return 1
+    res = next(json.loads(ln[len("MMLBENCH "):]) for ln in proc.stdout.splitlines()[::-1]
+               if ln.startswith("MMLBENCH "))
+    rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
+                          "--sort", "dso,sym", "--percent-limit", "0.05"],
+                         capture_output=True, text=True, check=True).stdout
+    n = re.search(r"# Samples: (\S+)", rep)
+    groups, kernel = parse(rep)
+    out = {"tool": f"perf record -F 499 -e cpu-clock, {scope}",
+           "what": f"mmloader, {threads} threads, local disk, {res['samples']} samples over "
+                   f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}",
+           "samples": n.group(1) if n else "?", "kernel_share": kernel,
+           "cpu_ms_per_sample": 1000 * (res.get("steady_cpu_s_per_sample")
+                                        or res["cpu_s_per_sample"]),
+           "faults_per_batch": res.get("faults_per_batch"), "groups": groups}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for g in groups:
+        print(f"{100 * g['share']:5.1f}%  {g['group']:50s} {', '.join(g['top'][:3])}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
