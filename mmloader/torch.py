@@ -92,7 +92,8 @@ def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Ten
                   patch_size: Optional[int] = None, dtype: torch.dtype = torch.float32,
                   table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` the HF processor gives,
-    on the device the patches are on (torch ops only: CPU or GPU).
+    on the device the patches are on: torch ops on a GPU (any non-CPU device), the core's
+    loop on the CPU (GIL released).
 
     ``pixel_values`` is uint8 ``[patches, 3*P*P]`` (one frame per row, images) or
     ``[patches, 3*T*P*P]`` (rows that keep their T frames); the result is ``[patches,
@@ -200,8 +201,9 @@ class Loader:
     host-to-device bytes than float32), ``pixel_format`` otherwise.  When the two differ,
     each batch's uint8 patches are expanded by :func:`expand_pixels` where they are (on
     the GPU after the copy), bit for bit the values ``wire_format=pixel_format`` gives;
-    ``wire_format="float32"`` (or the ``pixel_format``) turns that off.  Iterating yields the batches of one epoch; iterate again for
-    the next.  ``len()`` is the number of batches per epoch when that is known (padded
+    ``wire_format`` equal to ``pixel_format`` (``"float32"`` by default) turns that off.
+
+    Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is the number of batches per epoch when that is known (padded
     batches); with ``packing=True`` it raises TypeError, like a DataLoader over an
     IterableDataset.
     """
