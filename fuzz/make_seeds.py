@@ -112,9 +112,75 @@ def resize_and_state():
         put("state", f"s{i}.bin", bytes([pack]) + struct.pack("<QQQ", e + 2, p + 2, b + 2))
 
 
+def videos():
+    """Tiny videos (16x16, 6 frames, keyframe every 3) in each container the core reads."""
+    try:
+        import av
+        import numpy as np
+    except ImportError:
+        return
+    for name, codec, fmt in [("h264.mp4", "libx264", "mp4"), ("h264.mkv", "libx264", "matroska"),
+                             ("vp9.webm", "libvpx-vp9", "webm"), ("mpeg4.avi", "mpeg4", "avi"),
+                             ("hevc.mov", "libx265", "mov")]:
+        buf = io.BytesIO()
+        c = av.open(buf, "w", format=fmt)
+        s = c.add_stream(codec, rate=12)
+        s.width = s.height = 16
+        s.pix_fmt = "yuv420p"
+        s.codec_context.gop_size = 3
+        if codec == "libx265":
+            s.options = {"x265-params": "log-level=none"}
+        for i in range(6):
+            img = np.full((16, 16, 3), i * 40, np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+        c.close()
+        put("video", name, buf.getvalue())
+
+
+def dsindex():
+    """Index files of tiny text-only shards: JSONL (a blank line, a bad record), a JSON
+    array and a WebDataset tar (needs the built extension)."""
+    import io
+    import sys
+    import tarfile
+    import tempfile
+    import warnings
+    sys.path.insert(0, os.path.dirname(HERE))
+    try:
+        from mmloader import dsindex as dx
+    except ImportError:
+        return
+    rec = '{"messages":[{"role":"user","content":"q%d"},{"role":"assistant","content":"a"}]}'
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "a.jsonl"), "w") as f:
+            f.write("\n".join([rec % 0, "", rec % 1, "{bad", rec % 2]) + "\n")
+        with open(os.path.join(d, "b.json"), "w") as f:
+            f.write("[" + ", ".join(rec % i for i in range(3)) + "]")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for i in range(3):
+                for name, body in [(f"{i:03d}.json", (rec % i).encode()), (f"{i:03d}.txt", b"x")]:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(body)
+                    t.addfile(info, io.BytesIO(body))
+        with open(os.path.join(d, "c.tar"), "wb") as f:
+            f.write(buf.getvalue())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dx.build(d, threads=1)
+        for n in ("a.jsonl", "b.json", "c.tar"):
+            with open(os.path.join(d, n + dx.SUFFIX), "rb") as f:
+                put("dsindex", n + ".mmlidx", f.read())
+
+
 if __name__ == "__main__":
     records()
     tokenizer()
     texts()
     images()
     resize_and_state()
+    videos()
+    dsindex()

@@ -292,7 +292,8 @@ static void job_finish(mml_fetcher *f, job *j) {
     }
     if (j->head) { /* HEAD reports the size as one int64 */
       mml_bytes_clear(&j->body);
-      if (mml_bytes_append(&j->body, &j->total, sizeof j->total)) {
+      if (mml_bytes_append(&j->body, &j->total, sizeof j->total) ||
+          mml_bytes_append(&j->body, j->etag, strlen(j->etag))) {
         j->failed = 1, j->fst = MML_ENOMEM;
         mml_err_set(&j->ferr, MML_ENOMEM, "HEAD %s: out of memory", j->shown);
         notify_waiters(waiters, j, j->fst, NULL);
@@ -719,6 +720,7 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     curl_off_t cl = -1;
     curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
     j->total = cl;
+    memcpy(j->etag, x->etag, sizeof j->etag); /* reported after the size (mml_fetch_stat) */
   } else if (x->cr_total >= 0) {
     j->total = x->cr_total;
   } else if (s == 200 && !x->skip) {

@@ -132,7 +132,7 @@ static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
  * shorter reply is the end), so indexing holds one chunk, never the object. */
 enum { INDEX_CHUNK = 8 << 20 };
 
-static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
+static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
   if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
@@ -155,6 +155,21 @@ static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
     return st;
   }
   return mml_index_end(b, err);
+}
+
+/* A shard from its dataset index when it has one (no scan), else scanned. */
+static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
+  mml_dsx *pending;
+  int added;
+  mml_status st = ld_index_open(L, path, &pending, &added, err);
+  if (st || added) return st;
+  st = scan_shard(L, path, err);
+  if (pending) {
+    if (!st) return ld_index_attach(L, pending, err);
+    mml_dsx_free(pending);
+    free(pending);
+  }
+  return st;
 }
 
 mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err) {
@@ -227,6 +242,8 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
+  if (cfg->index && !(L->index_dir = strdup(cfg->index))) return MML_ENOMEM;
+  L->cfg.index = L->index_dir;
   if (cfg->system_prompt && !(L->system_prompt = strdup(cfg->system_prompt))) return MML_ENOMEM;
   L->cfg.system_prompt = L->system_prompt; /* kept: mml_loader_config reports it */
   return MML_OK;
@@ -240,7 +257,7 @@ static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   if (st) return st;
   L->n_rank = L->sm.n_rank;
   int mbs = cfg->collate.micro_batch_size;
-  if (cfg->collate.pack) {
+  if (cfg->collate.pack || ld_plan_wanted(cfg)) { /* the plan's epochs: ld_plan_new */
     L->per_epoch = -1;
   } else {
     L->per_epoch = L->n_rank / mbs;
@@ -268,6 +285,7 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   v.pixel_format = cfg->collate.pixel_format;
   L->ccfg.pixel_cols = mml_vision_pixel_cols(&v);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
+  if (cfg->max_tokens_per_batch > 0) L->ccfg.rows_dynamic = 1; /* the plan ends batches */
   return MML_OK;
 }
 
@@ -325,6 +343,9 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   limits_defaults(&with_limits);
   mml_status st = validate(&with_limits, err);
   if (st) return st;
+  if (!with_limits.collate.micro_batch_size && !with_limits.max_tokens_per_batch)
+    with_limits.collate.micro_batch_size = MML_DEFAULT_MICRO_BATCH_SIZE;
+  cfg = &with_limits; /* the caller's strings, the defaults above */
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
@@ -343,7 +364,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
     goto fail;
   }
   if ((st = build_stream(L, cfg, err)) || (st = build_pipeline(L, cfg, err)) ||
-      (st = build_output(L, cfg, err)))
+      (st = build_output(L, cfg, err)) ||
+      (ld_plan_wanted(cfg) && (st = ld_plan_new(L, cfg, err))))
     goto fail;
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
@@ -439,8 +461,11 @@ void mml_loader_free(mml_loader *L) {
   free(L->coll_busy);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
+  ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
+  ld_index_free(L);
   mml_index_free(&L->ix);
+  free(L->index_dir);
   if (L->data)
     for (int i = 0; i < L->cfg.ndata; i++) free(L->data[i]);
   free(L->data);

@@ -97,7 +97,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->pl.max_length = sc->max_length;
   src->pl.plan_only = L->cfg.plan_only;
   src->pl.max_sample_pixels = L->cfg.max_sample_pixels;
-  return MML_OK;
+  return ld_index_source_key(L, src, sc, err);
 }
 
 mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
@@ -123,6 +123,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     goto done;
   }
   L->nsrc = n;
+  L->tok_id = ld_tokenizer_identity(cfg->tokenizer);
   for (int i = 0; i < n && !st; i++) {
     ld_source *src = &L->src[i];
     const mml_source_cfg *sc = &scs[i];
@@ -166,6 +167,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     }
     if (!st) st = source_pipeline(L, src, &scs[i], err);
   }
+  if (!st) ld_index_check_sources(L);
 done:
   free(spec);
   free(sizes);
@@ -177,6 +179,7 @@ void ld_free_sources(mml_loader *L) {
   for (int i = 0; L->src && i < L->nsrc; i++) {
     free(L->src[i].name);
     free(L->src[i].image_root);
+    free(L->src[i].index_settings);
     if (L->src[i].tmpl) mml_template_free(L->src[i].tmpl);
   }
   free(L->src);
@@ -193,7 +196,9 @@ void ld_free_sources(mml_loader *L) {
 }
 
 mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err) {
-  int64_t j = mml_sampler_slot(&L->sm, s->pos);
+  int64_t j;
+  if (!L->gp) j = mml_sampler_slot(&L->sm, s->pos);
+  else if (ld_plan_slot(L, s->epoch, s->pos, &j, err)) return err->status; /* past the plan */
   if (mml_mixture_at(&L->mix, sc, s->epoch, j, &s->source, &s->index))
     return mml_err_set(err, MML_ENOMEM, "out of memory looking up epoch %lld position %lld",
                        (long long)s->epoch, (long long)j);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "binding.h"
+#include "mml/dsindex.h"
 #include "mml/loader.h"
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
+static PyTypeObject Loader_Type;
 
 static int check_usable(LoaderObject *self) {
   if (self->pid != getpid()) {
@@ -42,6 +44,15 @@ static int check_usable(LoaderObject *self) {
     return -1;
   }
   return 0;
+}
+
+mml_loader *mml_py_loader_get(PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, &Loader_Type)) {
+    PyErr_SetString(PyExc_TypeError, "expected a mmloader._core._Loader");
+    return NULL;
+  }
+  LoaderObject *self = (LoaderObject *)obj;
+  return check_usable(self) ? NULL : self->L;
 }
 
 /* ---- type --------------------------------------------------------------------------- */
@@ -226,6 +237,53 @@ static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The global plan (None without one): plan_info(epoch), plan_position(), seek_plan(). */
+static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
+  long long epoch;
+  if (!PyArg_ParseTuple(args, "L:plan_info", &epoch)) return NULL;
+  if (check_usable(self)) return NULL;
+  if (!mml_loader_has_plan(self->L)) Py_RETURN_NONE;
+  mml_err err;
+  mml_err_clear(&err);
+  mml_plan_info o;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_plan_info(self->L, epoch, &o, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  return Py_BuildValue("{sLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
+                       "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
+                       (long long)o.rank_samples, "unusable", (long long)o.unusable);
+}
+static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
+  if (check_usable(self)) return NULL;
+  if (!mml_loader_has_plan(self->L)) Py_RETURN_NONE;
+  mml_cursor c = mml_loader_cursor(self->L);
+  mml_err err;
+  mml_err_clear(&err);
+  int64_t q0 = 0, q = 0;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_plan_position(self->L, &c, &q0, &q, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  return Py_BuildValue("(LL)", (long long)q0, (long long)q);
+}
+static PyObject *Loader_seek_plan(LoaderObject *self, PyObject *args) {
+  mml_cursor c;
+  long long q0;
+  if (!PyArg_ParseTuple(args, "LLLL:seek_plan", &c.epoch, &c.pos, &c.batch_in_epoch, &q0))
+    return NULL;
+  if (check_usable(self)) return NULL;
+  mml_err err;
+  mml_err_clear(&err);
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_seek_plan(self->L, &c, q0, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  Py_RETURN_NONE;
+}
 static PyObject *Loader_cursor(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   mml_cursor c = mml_loader_cursor(self->L);
@@ -255,12 +313,13 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
     }
     PyList_SET_ITEM(src, i, e);
   }
-  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N}", "num_samples",
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N,s:i,s:i}", "num_samples",
                        (long long)mml_loader_num_samples(L), "samples_per_rank",
                        (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
                        (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
                        (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
-                       "sources", src);
+                       "sources", src, "num_shards", mml_loader_num_shards(L),
+                       "index_shards", mml_loader_index_used(L));
 }
 
 /* stats()["sources"]: {name: {...}} in the mixture's order. */
@@ -397,6 +456,13 @@ static PyMethodDef Loader_methods[] = {
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
+    {"plan_info", (PyCFunction)Loader_plan_info, METH_VARARGS,
+     "plan_info(epoch): the global plan of that epoch (q0, usable, end, steps, rank_samples, "
+     "unusable), None without a plan."},
+    {"plan_position", (PyCFunction)Loader_plan_position, METH_NOARGS,
+     "(q0, global count) of the cursor under the global plan, None without one."},
+    {"seek_plan", (PyCFunction)Loader_seek_plan, METH_VARARGS,
+     "seek_plan(epoch, pos, batch_in_epoch, q0): seek within the epoch's plan starting at q0."},
     {"options", (PyCFunction)Loader_options, METH_NOARGS,
      "The options the engine runs with, by the option table (credentials left out)."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},
