@@ -311,6 +311,89 @@ TEST(test_seek_ahead_and_plan_only) {
   mml_loader_free(L);
 }
 
+/* Two copies of the dataset where lines in LATE name an image that fails only at decode
+ * (a JPEG cut in its scan data: the header plans it), or one that fails before any pixel
+ * work (missing).  Plan before decode must give the same batches for both. */
+static char g_late[128], g_early[128];
+static int write_late_shards(void) {
+  static const int LATE[] = {0, 4, 5, 13, 14, 15, 29, 36};
+  char p[160];
+  snprintf(p, sizeof p, "%s/cut.jpg", g_dir);
+  write_jpeg(p, 200, 150, 9);
+  FILE *f = fopen(p, "rb");
+  unsigned char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  f = fopen(p, "wb");
+  fwrite(buf, 1, n * 3 / 5, f);
+  fclose(f);
+  snprintf(g_late, sizeof g_late, "%s/late.jsonl", g_dir);
+  snprintf(g_early, sizeof g_early, "%s/early.jsonl", g_dir);
+  for (int v = 0; v < 2; v++) {
+    f = fopen(v ? g_early : g_late, "w");
+    if (!f) return -1;
+    for (int i = 0; i < 37; i++) {
+      int bad = 0;
+      for (size_t j = 0; j < sizeof LATE / sizeof *LATE; j++) bad |= LATE[j] == i;
+      int k = bad ? 1 + i % 2 : i % 3, nimg = k + bad;
+      fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%s%sQ%d %s\"},"
+                 "{\"role\":\"assistant\",\"content\":\"A%d\"}]",
+              nimg > 0 ? "<image>" : "", nimg > 1 ? "<image>" : "", nimg > 2 ? "<image>" : "",
+              i, i % 4 ? "more words" : "", i);
+      if (k) {
+        fprintf(f, ",\"images\":[\"img%d.jpg\"", i % 5);
+        if (k > 1) fprintf(f, ",\"img%d.jpg\"", (i + 2) % 5);
+        if (bad) fprintf(f, ",\"%s\"", v ? "absent.jpg" : "cut.jpg");
+        fprintf(f, "]");
+      }
+      fprintf(f, "}\n");
+    }
+    fclose(f);
+  }
+  return 0;
+}
+
+TEST(test_late_decode_failures_same_as_early) {
+  if (write_late_shards()) FAIL_AT("cannot write the late/early shards");
+  uint64_t ref[NITEMS], got[NITEMS];
+  int configs[][4] = {/* threads, prefetch, window, packed */
+                      {1, 1, 0, 0}, {3, 2, 0, 0}, {4, 1, 5, 0}, {1, 2, 0, 1}, {3, 3, 0, 1},
+                      {2, 1, 6, 1}};
+  uint64_t moved_late = 0;
+  for (size_t k = 0; k < sizeof configs / sizeof *configs; k++) {
+    for (int v = 0; v < 2; v++) {
+      const char *data[1];
+      mml_loader_cfg c;
+      base_cfg(&c, data);
+      data[0] = v ? g_early : g_late;
+      c.num_threads = configs[k][0];
+      c.prefetch = configs[k][1];
+      c.window = configs[k][2];
+      if (configs[k][3]) {
+        c.collate.pack = 1;
+        c.collate.pack_length = 400;
+        c.collate.pad_to_multiple = 8;
+      }
+      mml_loader *L;
+      mml_err err;
+      CHECK_OK(mml_loader_new(&c, &L, &err), err);
+      int rc = take(L, v ? got : ref, NITEMS, NULL);
+      mml_loader_stats st;
+      mml_loader_get_stats(L, &st);
+      mml_loader_free(L);
+      CHECK_EQ_INT(rc, 0);
+      CHECK(st.skipped >= 8);
+      /* nothing failed late: nothing moves (a small window may make a batch that cannot
+       * complete inside it take an early buffer and move as it grows) */
+      if (v && !c.window) CHECK_EQ_INT(st.moved_rows, 0);
+      if (!v && configs[k][3]) moved_late += st.moved_rows;
+    }
+    for (int i = 0; i < NITEMS; i++)
+      if (got[i] != ref[i]) FAIL_AT("config %zu: item %d differs (late vs early failure)", k, i);
+  }
+  CHECK(moved_late > 0); /* packs holding a late failure were planned again */
+}
+
 int main(void) {
   const char *tp = getenv("MML_TEST_TOKENIZER");
   if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
@@ -329,6 +412,7 @@ int main(void) {
   RUN(test_ranks_equal_batches_despite_skips);
   RUN(test_bad_config);
   RUN(test_seek_ahead_and_plan_only);
+  RUN(test_late_decode_failures_same_as_early);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
