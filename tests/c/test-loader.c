@@ -70,6 +70,35 @@ static int make_dataset(void) {
   return 0;
 }
 
+static void remove_dataset(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+  mml_tokenizer_free(g_tok);
+  g_tok = NULL;
+}
+
+/* The tokenizer and the dataset every loader test reads, made once per process (each test
+ * runs in its own) and removed at exit.  0: ready. */
+static int fixture(void) {
+  if (g_tok) return 0;
+  const char *tp = getenv("MML_TEST_TOKENIZER");
+  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
+  mml_err err;
+  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
+    fprintf(stderr, "cannot load tokenizer %s: %s\n", tp, err.msg);
+    return -1;
+  }
+  if (make_dataset()) {
+    fprintf(stderr, "cannot write the dataset\n");
+    mml_tokenizer_free(g_tok);
+    g_tok = NULL;
+    return -1;
+  }
+  atexit(remove_dataset);
+  return 0;
+}
+
 static void base_cfg(mml_loader_cfg *c, const char **data) {
   memset(c, 0, sizeof *c);
   data[0] = g_shard;
@@ -128,6 +157,7 @@ static int take(mml_loader *L, uint64_t *out, int n, mml_cursor *cursors) {
 enum { NITEMS = 40 }; /* 12 batches per epoch + end markers: over three epochs */
 
 TEST(test_same_output_any_threads) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   uint64_t ref[NITEMS], got[NITEMS];
@@ -159,6 +189,7 @@ TEST(test_same_output_any_threads) {
 }
 
 TEST(test_resume_anywhere) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -184,6 +215,7 @@ TEST(test_resume_anywhere) {
 }
 
 TEST(test_seek_and_free_while_busy) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -211,6 +243,7 @@ TEST(test_seek_and_free_while_busy) {
 }
 
 TEST(test_ranks_equal_batches_despite_skips) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -238,7 +271,8 @@ TEST(test_ranks_equal_batches_despite_skips) {
   }
 }
 
-TEST(test_bad_config) {
+TEST(loader_bad_config) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   mml_loader *L = NULL;
@@ -259,6 +293,7 @@ TEST(test_bad_config) {
 /* One batch per seek_ahead (what a mmloader.ray producer does): the same batches, and
  * no more samples read than they take; plan_only gives the same cursors without tensors. */
 TEST(test_seek_ahead_and_plan_only) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -354,6 +389,7 @@ static int write_late_shards(void) {
 }
 
 TEST(test_late_decode_failures_same_as_early) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   if (write_late_shards()) FAIL_AT("cannot write the late/early shards");
   uint64_t ref[NITEMS], got[NITEMS];
   int configs[][4] = {/* threads, prefetch, window, packed */
@@ -392,31 +428,4 @@ TEST(test_late_decode_failures_same_as_early) {
       if (got[i] != ref[i]) FAIL_AT("config %zu: item %d differs (late vs early failure)", k, i);
   }
   CHECK(moved_late > 0); /* packs holding a late failure were planned again */
-}
-
-int main(void) {
-  const char *tp = getenv("MML_TEST_TOKENIZER");
-  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
-  mml_err err;
-  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
-    fprintf(stderr, "FAIL cannot load tokenizer %s: %s\n", tp, err.msg);
-    return 1;
-  }
-  if (make_dataset()) {
-    fprintf(stderr, "FAIL cannot write the dataset\n");
-    return 1;
-  }
-  RUN(test_same_output_any_threads);
-  RUN(test_resume_anywhere);
-  RUN(test_seek_and_free_while_busy);
-  RUN(test_ranks_equal_batches_despite_skips);
-  RUN(test_bad_config);
-  RUN(test_seek_ahead_and_plan_only);
-  RUN(test_late_decode_failures_same_as_early);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-  mml_tokenizer_free(g_tok);
-  if (mml_test_failures) fprintf(stderr, "%d failure(s)\n", mml_test_failures);
-  return mml_test_failures ? 1 : 0;
 }

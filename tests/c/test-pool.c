@@ -187,6 +187,3 @@ TEST(test_large_buffers_stay_mapped) {
   CHECK_EQ_INT(mml_pool_trim(p, 0), 0);
   mml_pool_close(p);
 }
-
-MML_TEST_MAIN(RUN(test_alloc_reuse); RUN(test_large_buffers_stay_mapped); RUN(test_buffer_outlives_pool); RUN(test_fence_blocks_reuse);
-              RUN(test_cache_limit); RUN(test_batch); RUN(test_concurrent_release))
