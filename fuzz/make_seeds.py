@@ -112,9 +112,38 @@ def resize_and_state():
         put("state", f"s{i}.bin", bytes([pack]) + struct.pack("<QQQ", e + 2, p + 2, b + 2))
 
 
+def videos():
+    """Tiny videos (16x16, 6 frames, keyframe every 3) in each container the core reads."""
+    try:
+        import av
+        import numpy as np
+    except ImportError:
+        return
+    for name, codec, fmt in [("h264.mp4", "libx264", "mp4"), ("h264.mkv", "libx264", "matroska"),
+                             ("vp9.webm", "libvpx-vp9", "webm"), ("mpeg4.avi", "mpeg4", "avi"),
+                             ("hevc.mov", "libx265", "mov")]:
+        buf = io.BytesIO()
+        c = av.open(buf, "w", format=fmt)
+        s = c.add_stream(codec, rate=12)
+        s.width = s.height = 16
+        s.pix_fmt = "yuv420p"
+        s.codec_context.gop_size = 3
+        if codec == "libx265":
+            s.options = {"x265-params": "log-level=none"}
+        for i in range(6):
+            img = np.full((16, 16, 3), i * 40, np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+        c.close()
+        put("video", name, buf.getvalue())
+
+
 if __name__ == "__main__":
     records()
     tokenizer()
     texts()
     images()
     resize_and_state()
+    videos()

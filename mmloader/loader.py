@@ -35,6 +35,11 @@ _LABEL_MODES = OPTIONS["label_mode"]["choices"]
 _REMOTE = ("http://", "https://", "s3://")
 # Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
+# The global plan's options: left out of the fingerprint when off.
+_PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
+# Fingerprint keys a global plan may resume across (elastic resume at the global count).
+_ELASTIC_KEYS = ("dp_rank", "dp_size", "micro_batch_size", "max_tokens_per_batch", "balance",
+                 "global_plan")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # What a folder given as data contributes (compression is told by content, not name).
 _DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
@@ -277,8 +282,37 @@ class Loader:
             images, range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
-        micro_batch_size: rows per padded batch.
+        micro_batch_size: rows per padded batch (None: 8; not with max_tokens_per_batch).
         seq_length: padded row length; None pads each batch to its longest sample.
+        max_tokens_per_batch: batches by token budget instead of a fixed row count: a
+            padded batch of r samples whose longest has m tokens (text + vision tokens)
+            holds r * m <= max_tokens_per_batch (its input_ids tensor, padding included);
+            needs seq_length=None and packing=False (with packing, a batch is one pack of
+            pack_length tokens).  A sample longer than the budget is skipped (reason
+            "too_long", warned about when the loader is built).  Turns on the global plan.
+        balance: "tokens" or "vision_tokens": each global step's samples are spread over
+            the DP ranks so that the most loaded rank's cost is close to the mean (longest
+            first to the least loaded rank where the sample fits the batch); None: each
+            or "none": each rank takes consecutive samples of the step.  Turns on the global
+            plan.
+        group_by_length: sort each window of this many samples (of the epoch order) by
+            length, longest first, before batches are cut: less padding, better balance
+            with a token budget; still a pure function of (seed, epoch).  Turns on the
+            global plan.
+
+        global_plan: compose by the global plan even without the three options above
+            (fixed micro_batch_size rows, or packs): for elastic resume.
+
+            The global plan (any of the four above): every sample's token count is
+            measured before training by a planning pass (records, template, tokenizer,
+            image headers; no decode), then each epoch is cut into global steps that give
+            every DP rank exactly one batch, decided from counts alone.  Samples that fail
+            while planning are skipped (counted and warned about when the loader is
+            built); an epoch's tail too short for one more step is dropped.  ``len()`` is
+            the epoch's step count.  The state holds the global sample count
+            (``plan_pos``), so a checkpoint resumes on another dp_size, micro_batch_size,
+            max_tokens_per_batch or balance with no sample repeated or lost over the
+            epoch (same configuration: the exact next batch).
         shuffle, seed: the epoch order is a pure function of (seed, epoch).
         dp_rank, dp_size: this rank of a data-parallel group; ranks get disjoint samples
             and the same number of batches.
@@ -348,7 +382,7 @@ class Loader:
 
     def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
                  image_root: Optional[PathLike] = _D["image_root"],
-                 micro_batch_size: int = _D["micro_batch_size"],
+                 micro_batch_size: Optional[int] = _D["micro_batch_size"],
                  seq_length: Optional[int] = _D["seq_length"], shuffle: bool = _D["shuffle"],
                  seed: int = _D["seed"], dp_rank: int = _D["dp_rank"],
                  dp_size: int = _D["dp_size"], num_threads: Optional[int] = _D["num_threads"],
@@ -379,6 +413,10 @@ class Loader:
                  aws_session_token: Optional[str] = _D["aws_session_token"],
                  max_inflight: Optional[int] = _D["max_inflight"],
                  plan_only: bool = _D["plan_only"],
+                 max_tokens_per_batch: Optional[int] = _D["max_tokens_per_batch"],
+                 balance: Optional[str] = _D["balance"],
+                 group_by_length: Optional[int] = _D["group_by_length"],
+                 global_plan: bool = _D["global_plan"],
                  samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
                  allow_mixture_change: bool = False,
                  mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
@@ -413,6 +451,8 @@ class Loader:
         elif samples_per_epoch is not None:
             raise ConfigError("samples_per_epoch needs a mixture (mmloader.Source list or "
                               "mixture file)")
+        if balance is None:  # the table's "none"
+            opts["balance"] = "none"
         if mixture_tolerance is None:  # never warn
             opts["mixture_tolerance"] = -1.0
         elif isinstance(mixture_tolerance, (int, float)) and mixture_tolerance <= 0:
@@ -467,14 +507,16 @@ class Loader:
         #: draws per epoch over all ranks (num_samples without a mixture)
         self.samples_per_epoch: int = info["samples_per_epoch"]
         self.tokenizer = tok
-        self._mbs = micro_batch_size
+        self._mbs = self._c.options()["micro_batch_size"]  # None with a token budget
+        self._plan = self._c.plan_info(0) is not None
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
         # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
             "data": info["data_hash"], "num_samples": info["num_samples"],
             **{k: int(v) if isinstance(v, bool) else v
-               for k, v in self._c.options().items() if OPTIONS[k]["fingerprint"]},
+               for k, v in self._c.options().items() if OPTIONS[k]["fingerprint"]
+               and not (k in _PLAN_KEYS and v in (0, "none"))},  # as states before them
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
         }
@@ -508,6 +550,8 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch (padded mode; packed batch counts depend on the data)."""
+        if self._plan:  # the global plan knows every epoch's steps
+            return self._c.plan_info(self.epoch)["steps"]
         if self._packing:
             raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
                             "sample lengths)")
@@ -532,8 +576,11 @@ class Loader:
         of ints and strings (``torch.load(weights_only=True)`` accepts it).
         """
         epoch, pos, bie = self._core().cursor()
-        return {"version": STATE_VERSION, "epoch": epoch, "pos": pos, "batch_in_epoch": bie,
-                "fingerprint": dict(self._fingerprint)}
+        state = {"version": STATE_VERSION, "epoch": epoch, "pos": pos, "batch_in_epoch": bie,
+                 "fingerprint": dict(self._fingerprint)}
+        if self._plan:  # the global sample count, the same on every rank
+            state["plan_start"], state["plan_pos"] = self._c.plan_position()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues exactly after the batch the state was taken at.
@@ -554,7 +601,15 @@ class Loader:
         if not isinstance(fp, dict):
             raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
-        diffs += [k for k in _MIXTURE_KEYS if k in fp and k not in self._fingerprint]
+        diffs += [k for k in _MIXTURE_KEYS + _PLAN_KEYS if k in fp and k not in self._fingerprint]
+        if self._plan != ("plan_pos" in state):
+            raise StateError("the state was saved " + ("without" if self._plan else "with") +
+                             " a global plan (global_plan, max_tokens_per_batch, balance, "
+                             "group_by_length) and this loader has " +
+                             ("one" if self._plan else "none"))
+        elastic = self._plan
+        if elastic:  # any rank's state of a global plan is the global count
+            diffs = [k for k in diffs if k not in _ELASTIC_KEYS]
         other = [k for k in diffs if k not in _MIXTURE_KEYS]
         mixed = [k for k in diffs if k in _MIXTURE_KEYS]
         if other:
@@ -572,6 +627,8 @@ class Loader:
                 raise StateError(f"state field {k}={v} is outside the 64-bit range")
             cur.append(v)
         cur = tuple(cur)  # ranges and consistency are checked by the engine's seek
+        if self._plan:
+            return self._load_plan_state(state, fp, cur, mixed)
         if mixed:
             if "mixture" in self._fingerprint or "mixture" in fp:
                 what = mixture.describe_change(fp.get("mixture"),
@@ -589,6 +646,25 @@ class Loader:
             cur = self._remap_cursor(cur, fp)
         if tuple(c.cursor()) != cur:
             c.seek(*cur)
+
+    def _load_plan_state(self, state: Dict[str, Any], fp: Dict[str, Any],
+                         cur: Tuple[int, int, int], mixed: List[str]) -> None:
+        """A state of the global plan: the exact cursor under the same plan settings, else
+        the saved global count (another dp_size, micro_batch_size, budget or balance)."""
+        if mixed:
+            raise StateError("a global plan resumes only under the same data and mixture: " +
+                             "; ".join(mixed))
+        q = []
+        for k in ("plan_start", "plan_pos"):
+            v = state.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
+                raise StateError(f"state field {k} must be a non-negative int, got {v!r:.40}")
+            q.append(v)
+        same = all(fp.get(k) == self._fingerprint.get(k) for k in _ELASTIC_KEYS)
+        if same:
+            self._c.seek_plan(*cur, q[0])
+        else:  # elastic: this epoch's plan starts at the saved global count
+            self._c.seek_plan(cur[0], 0, 0, q[1])
 
     def _remap_cursor(self, cur: Tuple[int, int, int], fp: Dict[str, Any]) -> Tuple[int, int, int]:
         """The same count of this rank's stream positions under the current epoch size
@@ -655,6 +731,13 @@ class Loader:
         scattered from it; every rank of the group must call it then.
         """
         size, rank = self._fingerprint["dp_size"], self._fingerprint["dp_rank"]
+        if self._plan and isinstance(state, (list, tuple)) and state and len(state) != size:
+            # a global plan's states are one global count: resume on another dp_size
+            if any(not isinstance(s, dict) or s.get("plan_pos") != state[0].get("plan_pos")
+                   for s in state):
+                raise StateError("restore_state_global: the ranks' states disagree on "
+                                 "plan_pos (they were not saved at the same step)")
+            return self.restore_state_rank(state[0])
         dist = self._dp_dist() if src_rank is not None else None
         if dist is None:
             if not isinstance(state, (list, tuple)) or len(state) != size:

@@ -237,12 +237,17 @@ class Loader:
         if tok is not None and not isinstance(tok, (str, bytes)) and not hasattr(tok, "__fspath__"):
             raise ConfigError("mmloader.ray.Loader: tokenizer must be a path (each producer "
                               "loads it on its own node)")
+        plan = [k for k in ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
+                if loader_kwargs.get(k) not in (None, False, 0, "none")]
+        if plan:
+            raise ConfigError(f"mmloader.ray.Loader: {plan[0]} (the global plan) is not "
+                              "supported by Ray producers yet; use mmloader.Loader per rank")
         kwargs = dict(loader_kwargs)
         kwargs.setdefault("num_threads", max(1, int(cpus)))
         kwargs["prefetch"] = 1  # a producer makes one batch per request
         self._max_error_rate = float(kwargs.get("max_error_rate", 0.1))
         kwargs["max_error_rate"] = 1.0  # judged here, over the stream the trainer sees
-        self._mbs = int(kwargs.get("micro_batch_size", 8))
+        self._mbs = int(kwargs.get("micro_batch_size") or 8)
         self._cycle = bool(kwargs.get("cycle", False))
         self._zero_copy = bool(zero_copy)
         self._as_torch = bool(as_torch)

@@ -21,7 +21,8 @@ if [ $# -gt 0 ]; then suites=("$@"); else
           tests/test_image_bmp.py tests/test_image_gif.py tests/test_image_jpeg.py
           tests/test_image_refused.py tests/test_image_datauri.py tests/test_image_routes.py
           tests/test_mixture.py tests/test_files.py tests/test_records.py
-          tests/test_webdataset.py tests/test_plan_only.py tests/test_hardening.py)
+          tests/test_webdataset.py tests/test_plan_only.py tests/test_hardening.py
+          tests/test_video.py)
 fi
 log=$(mktemp)
 set +e

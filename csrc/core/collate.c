@@ -41,7 +41,7 @@ struct mml_collator {
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
 
 static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
-  if (c->micro_batch_size < 1 && !c->pack)
+  if (c->micro_batch_size < 1 && !c->pack && !c->rows_dynamic)
     return mml_err_set(err, MML_ECONFIG, "micro_batch_size must be >= 1 (got %d)",
                        c->micro_batch_size);
   if (c->seq_length < 0 || c->pack_length < 0)
@@ -155,14 +155,14 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
 
 int mml_collator_fits(const mml_collator *c, const mml_sample *s) {
   if (c->count == 0) return 1;
-  if (!c->cfg.pack) return c->count < c->cfg.micro_batch_size;
+  if (!c->cfg.pack) return c->cfg.rows_dynamic || c->count < c->cfg.micro_batch_size;
   return c->used + mml_collator_sample_tokens(c, s) <= c->budget;
 }
 
 int mml_collator_count(const mml_collator *c) { return c->count; }
 
 int mml_collator_full(const mml_collator *c) {
-  if (!c->cfg.pack) return c->count >= c->cfg.micro_batch_size;
+  if (!c->cfg.pack) return !c->cfg.rows_dynamic && c->count >= c->cfg.micro_batch_size;
   return c->budget - c->used < c->multiple;
 }
 
@@ -464,7 +464,7 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
   e->k = &k_keys[cfg->keys];
   e->pack = cfg->pack != 0;
   e->n = c->count;
-  e->B = e->pack ? 1 : cfg->micro_batch_size;
+  e->B = e->pack ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
   e->L = e->pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
   e->BL = e->B * e->L;
   e->start = malloc((size_t)e->n * 2 * sizeof(int64_t));

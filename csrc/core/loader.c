@@ -240,7 +240,7 @@ static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   if (st) return st;
   L->n_rank = L->sm.n_rank;
   int mbs = cfg->collate.micro_batch_size;
-  if (cfg->collate.pack) {
+  if (cfg->collate.pack || ld_plan_wanted(cfg)) { /* the plan's epochs: ld_plan_new */
     L->per_epoch = -1;
   } else {
     L->per_epoch = L->n_rank / mbs;
@@ -266,6 +266,7 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->ccfg.spatial_merge = cfg->vision.merge_size;
   L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
+  if (cfg->max_tokens_per_batch > 0) L->ccfg.rows_dynamic = 1; /* the plan ends batches */
   return MML_OK;
 }
 
@@ -323,6 +324,9 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   limits_defaults(&with_limits);
   mml_status st = validate(&with_limits, err);
   if (st) return st;
+  if (!with_limits.collate.micro_batch_size && !with_limits.max_tokens_per_batch)
+    with_limits.collate.micro_batch_size = MML_DEFAULT_MICRO_BATCH_SIZE;
+  cfg = &with_limits; /* the caller's strings, the defaults above */
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
@@ -341,7 +345,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
     goto fail;
   }
   if ((st = build_stream(L, cfg, err)) || (st = build_pipeline(L, cfg, err)) ||
-      (st = build_output(L, cfg, err)))
+      (st = build_output(L, cfg, err)) ||
+      (ld_plan_wanted(cfg) && (st = ld_plan_new(L, cfg, err))))
     goto fail;
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
@@ -437,6 +442,7 @@ void mml_loader_free(mml_loader *L) {
   free(L->coll_busy);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
+  ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
   mml_index_free(&L->ix);
   if (L->data)

@@ -239,6 +239,22 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
     c->gen = L->gen;
     return 1;
   }
+  if (L->gp && e == c->epoch && p >= ld_plan_rank_len_locked(L, e)) {
+    /* past this rank's plan (its last batch went out at the plan's boundary) */
+    if (p == 0 && !L->fatal) {
+      mml_err e2;
+      mml_err_set(&e2, MML_ECONFIG, "epoch %lld of the global plan has no batch",
+                  (long long)e);
+      ld_set_fatal_locked(L, MML_ECONFIG, &e2);
+    }
+    if (L->fatal) return 1;
+    c->epoch++;
+    c->bie = 0;
+    c->since_good = 0;
+    ld_rebase_locked(L, c->epoch, 0, 0);
+    c->gen = L->gen;
+    return 1;
+  }
   if (e == c->epoch) return 0;
   /* packed: the epoch ended; its last pack goes out */
   if (mml_collator_count(L->colls[c->ci]) > 0 &&
@@ -249,6 +265,25 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
   c->bie = 0;
   c->since_good = 0;
   return 1;
+}
+
+/* Global plan: a failed sample that ends its planned batch closes it (every rank yields
+ * one batch per step); a batch whose every sample failed cannot be replaced: fatal. */
+static void coll_plan_boundary_locked(mml_loader *L, coll_state *c) {
+  const mml_sample *s = &c->s;
+  if (!ld_plan_batch_end_locked(L, c->epoch, s->pos)) return;
+  if (mml_collator_count(L->colls[c->ci]) == 0) {
+    mml_err e2;
+    mml_err_set(&e2, MML_ETOOMANYERR,
+                "epoch %lld: every sample of this rank's planned batch %lld failed, so the "
+                "ranks cannot stay in step; last: %s",
+                (long long)c->epoch, (long long)c->bie, s->err.msg);
+    ld_set_fatal_locked(L, MML_ETOOMANYERR, &e2);
+    return;
+  }
+  if (hand_off_locked(L, c->gen, &c->ci, c->epoch,
+                      (mml_cursor){c->epoch, s->pos + 1, c->bie + 1}))
+    c->bie++;
 }
 
 /* A failed sample: logged (counted and warned about when the consumer passes it) or
@@ -276,6 +311,7 @@ static void coll_failed_locked(mml_loader *L, coll_state *c) {
     pi->state = PEND_READY;
     ld_move_ready_locked(L);
   }
+  if (L->gp && !L->fatal) coll_plan_boundary_locked(L, c);
   int64_t min_n = L->cfg.min_error_samples > 0 ? L->cfg.min_error_samples : 100;
   if ((int64_t)L->samples >= min_n &&
       (double)L->coll_skipped > L->cfg.max_error_rate * (double)L->samples) {
@@ -317,6 +353,7 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
     ld_set_fatal_locked(L, st, &c->err);
     return;
   }
+  if (L->gp) full = ld_plan_batch_end_locked(L, c->epoch, pos);
   if (full && hand_off_locked(L, c->gen, &c->ci, c->epoch,
                               (mml_cursor){c->epoch, pos + 1, c->bie + 1}))
     c->bie++;
@@ -350,6 +387,7 @@ void *ld_collator_main(void *arg) {
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
     ld_source_count_locked(L, &c.s);
+    if (L->plan_sink) ld_plan_record_locked(L, &c.s);
     if (c.s.status != MML_OK) coll_failed_locked(L, &c);
     else coll_add_locked(L, &c);
   }

@@ -180,6 +180,10 @@ struct mml_loader {
   uint64_t samples, good, skipped, batches, bytes_read, images;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t real_tokens, token_slots;
+
+  /* the global plan (loader_plan.c): NULL unless max_tokens_per_batch, balance or
+   * group_by_length is set; plan_sink: a planning pass records its counts there */
+  struct ld_gplan *gp, *plan_sink;
 };
 
 /* loader.c */
@@ -203,6 +207,21 @@ mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mm
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
 /* A skipped sample of source `source`, counted when the consumer passes it. */
 void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
+
+/* loader_plan.c (see its top comment); every call site is guarded by L->gp / plan_sink */
+typedef struct ld_gplan ld_gplan;
+int ld_plan_wanted(const mml_loader_cfg *cfg);
+/* Measures every sample (a planning pass) and switches the loader to planned epochs. */
+mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err);
+void ld_plan_free(mml_loader *L);
+/* A planning pass's collator records the sample's counts (plan_sink != NULL). */
+void ld_plan_record_locked(mml_loader *L, const mml_sample *s);
+/* Stream position -> epoch position; MML_EEND past this rank's plan (takes mu). */
+mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t *j,
+                        mml_err *err);
+/* This rank's samples in `epoch`; whether position pos ends one of its batches. */
+int64_t ld_plan_rank_len_locked(mml_loader *L, int64_t epoch);
+int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);

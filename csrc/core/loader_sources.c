@@ -192,7 +192,9 @@ void ld_free_sources(mml_loader *L) {
 }
 
 mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err) {
-  int64_t j = mml_sampler_slot(&L->sm, s->pos);
+  int64_t j;
+  if (!L->gp) j = mml_sampler_slot(&L->sm, s->pos);
+  else if (ld_plan_slot(L, s->epoch, s->pos, &j, err)) return err->status; /* past the plan */
   if (mml_mixture_at(&L->mix, sc, s->epoch, j, &s->source, &s->index))
     return mml_err_set(err, MML_ENOMEM, "out of memory looking up epoch %lld position %lld",
                        (long long)s->epoch, (long long)j);

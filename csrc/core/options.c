@@ -34,6 +34,7 @@ static const char *const k_label_mode[] = {"all_assistant", "last_assistant",
                                            "no_nonfinal_end", NULL};       /* mml_label_mode */
 static const char *const k_text_only[] = {"placeholder", "omit", "empty",
                                           NULL};                           /* mml_text_only_vision */
+static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL};  /* mml_template_style */
 
 static const mml_option k_options[] = {
@@ -43,8 +44,16 @@ static const mml_option k_options[] = {
      "webdataset (tar)"},
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
      "folder or URL prefix relative image paths are resolved against (None: the shard's)"},
-    {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 8, 1, I32, NULL, FP,
-     "rows per padded batch"},
+    {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 0, 1, I32, NULL, FP | NONE,
+     "rows per padded batch (None: 8, or as many as max_tokens_per_batch allows)"},
+    {"max_tokens_per_batch", MML_OPT_INT, CFG(max_tokens_per_batch), 0, 1, I64, NULL, FP | NONE,
+     "token budget of a padded batch: rows x its longest sample (None: micro_batch_size rows)"},
+    {"balance", MML_OPT_ENUM, CFG(balance), 0, 0, 0, k_balance, FP,
+     "spread each global step's tokens or vision_tokens evenly over the DP ranks (none: off)"},
+    {"global_plan", MML_OPT_BOOL, CFG(global_plan), 0, 0, 1, NULL, FP,
+     "compose by the global plan (implied by max_tokens_per_batch, balance, group_by_length)"},
+    {"group_by_length", MML_OPT_INT, CFG(group_by_length), 0, 1, 1 << 30, NULL, FP | NONE,
+     "sort windows of this many samples by length, longest first, before batching"},
     {"seq_length", MML_OPT_INT, CFG(collate.seq_length), 0, 1, I64, NULL, FP | NONE,
      "padded row length (None: each batch's longest sample)"},
     {"shuffle", MML_OPT_BOOL, CFG(shuffle), 1, 0, 1, NULL, FP,
@@ -214,6 +223,22 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
     return mml_err_set(err, MML_ECONFIG, "packing=True needs pack_length (or seq_length)");
   if (!c->collate.pack && c->collate.pack_length > 0)
     return mml_err_set(err, MML_ECONFIG, "pack_length is only meaningful with packing=True");
+  if (c->max_tokens_per_batch > 0) {
+    if (c->collate.micro_batch_size > 0)
+      return mml_err_set(err, MML_ECONFIG,
+                         "give micro_batch_size (fixed rows) or max_tokens_per_batch (rows by "
+                         "token budget), not both");
+    if (c->collate.pack)
+      return mml_err_set(err, MML_ECONFIG,
+                         "max_tokens_per_batch budgets padded batches; with packing=True a "
+                         "batch is one pack of pack_length tokens: set pack_length instead");
+    if (c->collate.seq_length > 0)
+      return mml_err_set(err, MML_ECONFIG,
+                         "max_tokens_per_batch pads each batch to its longest sample; with "
+                         "seq_length=%lld every row costs seq_length tokens: use "
+                         "micro_batch_size=%lld instead", (long long)c->collate.seq_length,
+                         (long long)(c->max_tokens_per_batch / c->collate.seq_length));
+  }
   return MML_OK;
 }
 

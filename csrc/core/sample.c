@@ -41,6 +41,7 @@ void mml_sample_reset(mml_sample *s) {
   s->pixel_cols = 0;
   mml_ids_clear(&s->grids);
   s->nimages = 0;
+  s->vision_tokens = 0;
 }
 
 void mml_sample_free(mml_sample *s) {
@@ -99,6 +100,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   double t0 = mml_now();
   int64_t rows = 0, src_px = 0;
   int cols = 0;
+  out->vision_tokens = 0;
   for (int i = 0; i < n; i++) {
     st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
                                       rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
@@ -107,6 +109,7 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
       return st;
     }
     sc->tokens[i] = sc->plans[i].tokens;
+    out->vision_tokens += sc->plans[i].tokens;
     rows += sc->plans[i].rows;
     cols = sc->plans[i].cols;
     src_px += (int64_t)sc->plans[i].src_w * sc->plans[i].src_h;

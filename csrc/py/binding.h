@@ -55,6 +55,8 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg);
 /* tokenizer_py.c: the core tokenizer inside a mmloader.Tokenizer object (borrowed: keep a
  * reference to obj while using it), or NULL with TypeError set. */
 const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj);
+/* The fetcher of a _core.Fetcher (NULL with TypeError / Error set when not one or closed). */
+struct mml_fetcher *mml_py_fetcher_get(PyObject *obj);
 
 /* template_py.c: a chat template name ("qwen2-vl", "qwen2.5-vl", "qwen3-vl") as an
  * mml_template_style, and a label mode name ("all_assistant", "last_assistant",
@@ -103,5 +105,6 @@ int mml_py_template_register(PyObject *m);  /* template_py.c: record/template te
 int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tests/tools */
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
 int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
+int mml_py_video_register(PyObject *m);     /* video_py.c: video probe/decode test hooks */
 
 #endif

@@ -24,6 +24,9 @@ PyObject *mml_py_exc_for(mml_status st) {
     case MML_EDECODE:
     case MML_EUNSUPPORTED:
     case MML_EVIDEO:
+    case MML_EVIDEOCORRUPT:
+    case MML_EVIDEOCODEC:
+    case MML_EVIDEOSHORT:
     case MML_ETOOBIG:
     case MML_EASPECT:
     case MML_ETOOLONG:

@@ -100,6 +100,14 @@ static mml_fetcher *live(FetcherObject *self) {
   return self->f;
 }
 
+mml_fetcher *mml_py_fetcher_get(PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, &Fetcher_Type)) {
+    PyErr_SetString(PyExc_TypeError, "expected a mmloader._core.Fetcher");
+    return NULL;
+  }
+  return live((FetcherObject *)obj);
+}
+
 static PyObject *Fetcher_repr(FetcherObject *self) {
   char *shown = self->endpoint[0] ? mml_url_redact(self->endpoint) : NULL; /* user-info */
   PyObject *r = PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s "

@@ -226,6 +226,53 @@ static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The global plan (None without one): plan_info(epoch), plan_position(), seek_plan(). */
+static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
+  long long epoch;
+  if (!PyArg_ParseTuple(args, "L:plan_info", &epoch)) return NULL;
+  if (check_usable(self)) return NULL;
+  if (!mml_loader_has_plan(self->L)) Py_RETURN_NONE;
+  mml_err err;
+  mml_err_clear(&err);
+  mml_plan_info o;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_plan_info(self->L, epoch, &o, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  return Py_BuildValue("{sLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
+                       "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
+                       (long long)o.rank_samples, "unusable", (long long)o.unusable);
+}
+static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
+  if (check_usable(self)) return NULL;
+  if (!mml_loader_has_plan(self->L)) Py_RETURN_NONE;
+  mml_cursor c = mml_loader_cursor(self->L);
+  mml_err err;
+  mml_err_clear(&err);
+  int64_t q0 = 0, q = 0;
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_plan_position(self->L, &c, &q0, &q, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  return Py_BuildValue("(LL)", (long long)q0, (long long)q);
+}
+static PyObject *Loader_seek_plan(LoaderObject *self, PyObject *args) {
+  mml_cursor c;
+  long long q0;
+  if (!PyArg_ParseTuple(args, "LLLL:seek_plan", &c.epoch, &c.pos, &c.batch_in_epoch, &q0))
+    return NULL;
+  if (check_usable(self)) return NULL;
+  mml_err err;
+  mml_err_clear(&err);
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_seek_plan(self->L, &c, q0, &err);
+  Py_END_ALLOW_THREADS
+  if (st) return mml_py_raise(st, &err);
+  Py_RETURN_NONE;
+}
 static PyObject *Loader_cursor(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   mml_cursor c = mml_loader_cursor(self->L);
@@ -397,6 +444,13 @@ static PyMethodDef Loader_methods[] = {
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},
     {"info", (PyCFunction)Loader_info, METH_NOARGS, "Sizes and the data hash."},
+    {"plan_info", (PyCFunction)Loader_plan_info, METH_VARARGS,
+     "plan_info(epoch): the global plan of that epoch (q0, usable, end, steps, rank_samples, "
+     "unusable), None without a plan."},
+    {"plan_position", (PyCFunction)Loader_plan_position, METH_NOARGS,
+     "(q0, global count) of the cursor under the global plan, None without one."},
+    {"seek_plan", (PyCFunction)Loader_seek_plan, METH_VARARGS,
+     "seek_plan(epoch, pos, batch_in_epoch, q0): seek within the epoch's plan starting at q0."},
     {"options", (PyCFunction)Loader_options, METH_NOARGS,
      "The options the engine runs with, by the option table (credentials left out)."},
     {"stats", (PyCFunction)Loader_stats, METH_NOARGS, "Engine statistics."},

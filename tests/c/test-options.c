@@ -16,7 +16,7 @@ TEST(rows_and_defaults) {
   CHECK(mml_loader_option("no_such_option") == NULL);
   mml_loader_cfg c;
   mml_loader_cfg_defaults(&c);
-  CHECK_EQ_INT(c.collate.micro_batch_size, 8);
+  CHECK_EQ_INT(c.collate.micro_batch_size, 0); /* None: 8 unless max_tokens_per_batch */
   CHECK_EQ_INT(c.shuffle, 1);
   CHECK_EQ_INT(c.prefetch, 4);
   CHECK_EQ_INT(c.collate.attention_mask, 1);
@@ -81,6 +81,17 @@ TEST(cross_checks) {
   c.collate.pack = 0;
   CHECK(mml_loader_cfg_check(&c, &err) == MML_ECONFIG);
   c.collate.pack_length = 0;
+  c.max_tokens_per_batch = 4096; /* a token budget contradicts fixed rows, packs, seq_length */
+  CHECK_OK(mml_loader_cfg_check(&c, &err), err);
+  c.collate.micro_batch_size = 4;
+  CHECK(mml_loader_cfg_check(&c, &err) == MML_ECONFIG);
+  CHECK(strstr(err.msg, "not both"));
+  c.collate.micro_batch_size = 0;
+  c.collate.seq_length = 1024;
+  CHECK(mml_loader_cfg_check(&c, &err) == MML_ECONFIG);
+  CHECK(strstr(err.msg, "use micro_batch_size=4 instead"));
+  c.collate.seq_length = 0;
+  c.max_tokens_per_batch = 0;
   c.prefetch = 0; /* a cfg filled in C is held to the rows' bounds too */
   CHECK(mml_loader_cfg_check(&c, &err) == MML_ECONFIG);
   CHECK(strstr(err.msg, "prefetch"));

@@ -91,6 +91,9 @@ typedef struct mml_collate_cfg {
   int pixel_cols;          /* C*T*P*P, for the text-only placeholder */
   int text_only_vision;    /* mml_text_only_vision */
   int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
+  int rows_dynamic;        /* padded: a batch has as many rows as samples and the engine
+                              decides where it ends (token-budget batches, mml/plan.h);
+                              micro_batch_size is then ignored */
 } mml_collate_cfg;
 
 typedef struct mml_collator mml_collator;
@@ -114,7 +117,8 @@ int mml_collator_fits(const mml_collator *c, const mml_sample *s);
 /* Takes s's contents (swap); s is left reset with spare capacity. */
 mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err);
 int mml_collator_count(const mml_collator *c);
-/* 1 when the batch is complete and must be emitted now (padded: micro_batch_size rows). */
+/* 1 when the batch is complete and must be emitted now (padded: micro_batch_size rows;
+ * never with rows_dynamic). */
 int mml_collator_full(const mml_collator *c);
 /* Builds the batch tensors (buffers from the pool) and starts a new empty batch.  Sets
  * out->nsamples, real_tokens (sum of sample lengths), token_slots (B * L) and out->after to

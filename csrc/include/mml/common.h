@@ -33,6 +33,9 @@
   X(EDECODE,     "corrupt_image",        "image could not be decoded")            \
   X(EUNSUPPORTED,"unsupported_image",    "unsupported image format")              \
   X(EVIDEO,      "unsupported_video",    "video input is not supported yet")      \
+  X(EVIDEOCORRUPT, "corrupt_video",     "video could not be decoded")            \
+  X(EVIDEOCODEC, "unsupported_video_codec", "no decoder for the video's codec")  \
+  X(EVIDEOSHORT, "video_too_short",      "video has fewer frames than needed")    \
   X(ETOOBIG,     "image_too_large",      "image exceeds the pixel limit")         \
   X(EASPECT,     "bad_aspect_ratio",     "image aspect ratio exceeds 200")        \
   X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \

@@ -111,6 +111,13 @@ typedef struct mml_loader_cfg {
                                delivered so far differs from its share of the epoch by
                                more than this (checked every 64 samples once 500 were
                                delivered; 0: 0.05, < 0: never) */
+  /* The global plan (mml/plan.h; on when any of these is set): batches are composed
+   * over all DP ranks from token counts measured before any decode. */
+  int64_t max_tokens_per_batch; /* padded batches: rows * longest <= this, rows dynamic
+                                   (0: micro_batch_size rows) */
+  int balance;              /* mml_balance: the cost spread evenly over the ranks */
+  int64_t group_by_length;  /* windows of this many samples sorted by length (0: off) */
+  int global_plan;          /* 1: the global plan without any of the three (elastic resume) */
   int plan_only;            /* 1: a planning pass: samples are read, planned from image
                                headers and tokenized, never decoded; batches carry no
                                tensors, only their cursors (composition is the same unless
@@ -118,6 +125,9 @@ typedef struct mml_loader_cfg {
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
+
+/* Rows per padded batch when neither micro_batch_size nor max_tokens_per_batch is set. */
+#define MML_DEFAULT_MICRO_BATCH_SIZE 8
 
 /* Validates the config and builds the shard index (reads every shard once).  Starts no
  * threads: they start on the first mml_loader_next. */
@@ -169,6 +179,31 @@ mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahe
                                  mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
+/* The global plan (cfg.max_tokens_per_batch / balance / group_by_length; mml/plan.h).
+ * Every global step gives each rank one batch; the state of every rank is the same global
+ * count, so a stream may resume on another dp_size, micro_batch_size or token budget.
+ * An epoch's plan may start at a global count q0 (0 unless resumed elastically). */
+typedef struct mml_plan_info {
+  int64_t q0;               /* where this epoch's plan starts (plan order) */
+  int64_t usable;           /* samples of the epoch in the plan order */
+  int64_t end;              /* where its last step ends (usable - end: the dropped tail) */
+  int64_t steps;            /* batches of every rank in the epoch */
+  int64_t rank_samples;     /* samples of this rank in the epoch */
+  int64_t unusable;         /* samples of the dataset left out at planning (failed, or too
+                               long for one batch), counted in the stats once */
+} mml_plan_info;
+/* 1 when the loader composes by a global plan. */
+int mml_loader_has_plan(const mml_loader *L);
+/* MML_EINVAL without a plan; MML_ENOMEM. */
+mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *out, mml_err *err);
+/* The global count after cursor c of this loader (its epoch's q0 and the plan position
+ * where the step after batch c->batch_in_epoch starts), for the state. */
+mml_status mml_loader_plan_position(mml_loader *L, const mml_cursor *c, int64_t *q0,
+                                    int64_t *q, mml_err *err);
+/* Seeks to cursor c of the plan of c->epoch that starts at global count q0 (a cursor of a
+ * state saved with the same q0; or {epoch, 0, 0} with the saved global count as q0 to
+ * resume elastically).  MML_ESTATE when q0 is past the epoch's usable samples. */
+mml_status mml_loader_seek_plan(mml_loader *L, const mml_cursor *c, int64_t q0, mml_err *err);
 /* pin_memory: batches delivered from now on are also kept from reuse until the work
  * queued on this CUDA stream (a raw cudaStream_t of `device`) before their release has
  * completed, besides the default stream (always).  0 drops the extra stream.  The

@@ -27,6 +27,8 @@ typedef struct mml_sample {
   int pixel_cols;
   mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
   int nimages;
+  int64_t vision_tokens;   /* its <|image_pad|> tokens (also in a planning pass, which
+                              has no grids) */
 } mml_sample;
 
 /* Clears contents, keeps capacity. */

@@ -1,0 +1,437 @@
+/*
+ * loader_plan.c — the loader's global plan (cfg.global_plan, max_tokens_per_batch,
+ * balance, group_by_length): the token counts of every sample, measured once before any decode,
+ * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
+ * and where its batches end.
+ *
+ * Counts.  At construction a planning pass runs a second, internal loader over the same
+ * data and settings with plan_only (records read, templated and tokenized, image headers
+ * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
+ * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
+ * A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
+ * max_tokens_per_batch), is never planned: it is counted as skipped, with a warning, once
+ * when the loader is built.
+ *
+ * Epochs.  The loader runs in packed-style epochs (per_epoch = -1, n_rank = the mixture's
+ * M as an upper bound on a rank's positions): stream position pos of epoch e is this
+ * rank's pos-th planned sample; positions past the rank's plan are "void" (ld_plan_slot
+ * says so, the worker drops them) and the collator ends the epoch at the first one.
+ * Batches end where the plan says (ld_plan_batch_end_locked), so every rank yields one
+ * batch per global step.  Epoch plans are built on first use, under mu, and kept in a
+ * small cache (the current epoch and the next, keyed by epoch and start q0).
+ *
+ * State.  The cursor stays per rank; the global count of a cursor is the plan position
+ * where the step after its batch_in_epoch starts.  Resuming elsewhere (another dp_size,
+ * micro_batch_size, budget or balance) starts that epoch's plan at the count (q0):
+ * plan positions are the same for every such configuration (they depend on seed, epoch,
+ * counts and group_by_length only), so no sample is repeated or lost.
+ *
+ * Threads: everything here runs under the loader's mu, except ld_plan_new (construction,
+ * no threads yet) and ld_plan_slot, which takes mu itself.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+#include "mml/plan.h"
+
+enum { PLAN_CACHE = 3, INNER_PACK = 1 << 20 };
+
+typedef struct gp_epoch {
+  int valid;
+  int64_t epoch, q0;
+  int64_t usable, end, steps, rank_samples;
+  int64_t *slot;      /* [rank_samples]: rank position -> epoch position */
+  int64_t *rank_end;  /* [steps]: rank positions after step k */
+  int64_t *step_q;    /* [steps + 1] */
+  uint64_t used;      /* LRU stamp */
+} gp_epoch;
+
+struct ld_gplan {
+  mml_plan_cfg pc;
+  int64_t n;                /* samples (the index) */
+  int64_t *tokens, *vision; /* per sample; tokens < 0: not planned */
+  uint8_t *why;             /* per sample: the status that kept it out of the plan */
+  int64_t unusable;
+  int64_t resume_epoch, resume_q0;
+  mml_mix_scratch sc;
+  gp_epoch cache[PLAN_CACHE];
+  uint64_t stamp;
+};
+
+int ld_plan_wanted(const mml_loader_cfg *c) {
+  return c->global_plan || c->max_tokens_per_batch > 0 || c->balance != MML_BALANCE_NONE ||
+         c->group_by_length > 0;
+}
+
+static gp_epoch *epoch_plan(mml_loader *L, int64_t epoch, int64_t q0, mml_err *err);
+
+/* ---- counts: the planning pass ------------------------------------------------------- */
+
+void ld_plan_record_locked(mml_loader *L, const mml_sample *s) {
+  ld_gplan *g = L->plan_sink;
+  if (!g || s->index < 0 || s->index >= g->n) return;
+  if (s->status != MML_OK) {
+    g->tokens[s->index] = -1;
+    g->why[s->index] = (uint8_t)(s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL);
+    return;
+  }
+  g->tokens[s->index] = (int64_t)s->input_ids.len;
+  g->vision[s->index] = s->vision_tokens;
+  g->why[s->index] = MML_OK;
+}
+
+/* The internal loader's configuration: the same samples and settings, planned only. */
+static mml_status inner_cfg(const mml_loader_cfg *cfg, mml_loader_cfg *c, mml_source_cfg **srcs) {
+  *c = *cfg;
+  c->plan_only = 1;
+  c->dp_rank = 0;
+  c->dp_size = 1;
+  c->shuffle = 0;
+  c->cycle = 0;
+  c->on_error_raise = 0;
+  c->max_error_rate = 1.0;
+  c->max_tokens_per_batch = 0;
+  c->balance = MML_BALANCE_NONE;
+  c->group_by_length = 0;
+  c->global_plan = 0;
+  c->collate.pack = 1; /* packed epochs visit every position once */
+  c->collate.pack_length = INNER_PACK;
+  c->collate.pad_to_multiple = 0;
+  c->collate.seq_length = 0;
+  c->collate.micro_batch_size = 1;
+  c->collate.rows_dynamic = 0;
+  c->pin_memory = 0;
+  c->to_device = 0;
+  c->allocator = NULL;
+  c->window = 0;
+  c->mixture_tolerance = -1;
+  c->samples_per_epoch = 0;
+  *srcs = NULL;
+  if (cfg->sources && cfg->nsources > 0) { /* every sample of every source once */
+    *srcs = malloc((size_t)cfg->nsources * sizeof **srcs);
+    if (!*srcs) return MML_ENOMEM;
+    for (int i = 0; i < cfg->nsources; i++) {
+      (*srcs)[i] = cfg->sources[i];
+      (*srcs)[i].weight = (*srcs)[i].repeat = -1;
+      (*srcs)[i].choose = -1;
+    }
+    c->sources = *srcs;
+  }
+  return MML_OK;
+}
+
+static mml_status measure(ld_gplan *g, const mml_loader_cfg *cfg, mml_err *err) {
+  mml_loader_cfg c;
+  mml_source_cfg *srcs;
+  if (inner_cfg(cfg, &c, &srcs)) return mml_err_set(err, MML_ENOMEM, "planning pass: out of memory");
+  mml_loader *in = NULL;
+  mml_status st = mml_loader_new(&c, &in, err);
+  if (!st) {
+    in->plan_sink = g;
+    for (;;) {
+      mml_batch b;
+      memset(&b, 0, sizeof b);
+      st = mml_loader_next(in, &b, -1, err);
+      mml_batch_clear(&b);
+      if (st) break;
+    }
+    if (st == MML_EEND) st = MML_OK;
+  }
+  if (st) mml_err_prefix(err, "planning pass (token counts for the global plan)");
+  mml_loader_free(in);
+  free(srcs);
+  return st;
+}
+
+/* Samples that alone exceed a batch leave the plan as too_long. */
+static void drop_too_long(ld_gplan *g, const mml_loader_cfg *cfg) {
+  for (int64_t i = 0; i < g->n; i++) {
+    int64_t t = g->tokens[i];
+    if (t < 0) continue;
+    if (!mml_plan_fits_alone(&g->pc, t) ||
+        (!cfg->collate.pack && cfg->collate.seq_length > 0 && t > cfg->collate.seq_length)) {
+      g->tokens[i] = -1;
+      g->why[i] = MML_ETOOLONG;
+    }
+  }
+}
+
+/* The unplanned samples, counted as skipped (per reason and source) and warned about. */
+static void count_unplanned(mml_loader *L, ld_gplan *g) {
+  const char *what = L->cfg.max_tokens_per_batch > 0 ? "max_tokens_per_batch"
+                     : L->cfg.collate.pack           ? "pack_length"
+                                                     : "seq_length";
+  int64_t limit = L->cfg.max_tokens_per_batch > 0 ? L->cfg.max_tokens_per_batch
+                  : L->cfg.collate.pack           ? g->pc.pack_length
+                                                  : L->cfg.collate.seq_length;
+  for (int64_t i = 0; i < g->n; i++) {
+    if (g->tokens[i] >= 0) continue;
+    mml_status why = g->why[i] ? (mml_status)g->why[i] : MML_EINTERNAL;
+    g->unusable++;
+    int source = 0;
+    while (source + 1 < L->nsrc && i >= L->src[source + 1].first) source++;
+    ld_source_count_skip_locked(L, source, why);
+    L->skipped++;
+    L->skip_by_status[why]++;
+    if (L->warn_count == WARN_BACKLOG) continue;
+    int shard;
+    int64_t off, len, line;
+    mml_index_locate(&L->ix, i, &shard, &off, &len, &line);
+    char where[1100];
+    mml_index_name_sample(&L->ix, shard, i, line, where, sizeof where);
+    mml_err e;
+    if (why == MML_ETOOLONG)
+      mml_err_set(&e, why, "sample %s: left out of the plan, too long (%s=%lld)", where, what,
+                  (long long)limit);
+    else
+      mml_err_set(&e, why, "sample %s: left out of the plan, it failed while planning (%s)",
+                  where, mml_status_skip_reason(why) ? mml_status_skip_reason(why) : "error");
+    ld_push_warning_locked(L, &e);
+  }
+}
+
+mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
+  ld_gplan *g = calloc(1, sizeof *g);
+  if (!g) return mml_err_set(err, MML_ENOMEM, "global plan: out of memory");
+  L->gp = g;
+  g->n = L->ix.n;
+  g->pc.dp_size = cfg->dp_size;
+  g->pc.group = cfg->group_by_length;
+  g->pc.balance = cfg->balance;
+  if (cfg->collate.pack) {
+    g->pc.pack_length = L->ccfg.pack_length;
+    g->pc.multiple = cfg->collate.pad_to_multiple;
+  } else if (cfg->max_tokens_per_batch > 0) {
+    g->pc.max_tokens = cfg->max_tokens_per_batch;
+  } else {
+    g->pc.rows = cfg->collate.micro_batch_size;
+  }
+  g->resume_epoch = -1;
+  g->tokens = malloc((size_t)(g->n + 1) * sizeof *g->tokens);
+  g->vision = calloc((size_t)(g->n + 1), sizeof *g->vision);
+  g->why = calloc((size_t)(g->n + 1), 1);
+  if (!g->tokens || !g->vision || !g->why)
+    return mml_err_set(err, MML_ENOMEM, "global plan: out of memory for %lld samples",
+                       (long long)g->n);
+  for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
+  mml_status st = measure(g, cfg, err);
+  if (st) return st;
+  drop_too_long(g, cfg);
+  count_unplanned(L, g);
+  L->per_epoch = -1;          /* batches per epoch: the plan's steps */
+  L->n_rank = L->mix.total;   /* an upper bound on a rank's positions */
+  gp_epoch *e = epoch_plan(L, 0, 0, err);
+  if (!e) return err->status;
+  if (e->steps == 0)
+    return mml_err_set(err, MML_ECONFIG,
+                       "the global plan has no batch: %lld usable samples (%lld left out) "
+                       "cannot give each of dp_size=%d ranks a batch", (long long)e->usable,
+                       (long long)g->unusable, cfg->dp_size);
+  return MML_OK;
+}
+
+static void epoch_free(gp_epoch *e) {
+  free(e->slot);
+  free(e->rank_end);
+  free(e->step_q);
+  memset(e, 0, sizeof *e);
+}
+
+void ld_plan_free(mml_loader *L) {
+  ld_gplan *g = L->gp;
+  if (!g) return;
+  for (int i = 0; i < PLAN_CACHE; i++) epoch_free(&g->cache[i]);
+  mml_mix_scratch_free(&g->sc);
+  free(g->tokens);
+  free(g->vision);
+  free(g->why);
+  free(g);
+  L->gp = NULL;
+}
+
+/* ---- epoch plans ---------------------------------------------------------------------- */
+
+static int64_t q0_of(const ld_gplan *g, int64_t epoch) {
+  return epoch == g->resume_epoch ? g->resume_q0 : 0;
+}
+
+/* This rank's part of plan p into e. */
+static mml_status keep_rank(const mml_loader *L, const mml_plan *p, gp_epoch *e) {
+  const int D = p->dp_size, r = L->cfg.dp_rank;
+  e->usable = p->nq;
+  e->steps = p->nsteps;
+  e->end = p->step_q[p->nsteps];
+  int64_t n = 0;
+  for (int64_t k = 0; k < p->nsteps; k++) n += p->count[k * D + r];
+  e->rank_samples = n;
+  e->slot = malloc((size_t)(n + 1) * sizeof *e->slot);
+  e->rank_end = malloc((size_t)(p->nsteps + 1) * sizeof *e->rank_end);
+  e->step_q = malloc((size_t)(p->nsteps + 1) * sizeof *e->step_q);
+  if (!e->slot || !e->rank_end || !e->step_q) return MML_ENOMEM;
+  memcpy(e->step_q, p->step_q, (size_t)(p->nsteps + 1) * sizeof *e->step_q);
+  const int64_t *a = p->assign;
+  int64_t got = 0;
+  for (int64_t k = 0; k < p->nsteps; k++)
+    for (int rr = 0; rr < D; rr++) {
+      int64_t c = p->count[k * D + rr];
+      if (rr == r)
+        for (int64_t i = 0; i < c; i++) e->slot[got++] = p->order[a[i]];
+      a += c;
+      if (rr == r) e->rank_end[k] = got;
+    }
+  return MML_OK;
+}
+
+/* Builds the plan of (epoch, q0) into e. */
+static mml_status build_epoch(mml_loader *L, int64_t epoch, int64_t q0, gp_epoch *e,
+                              mml_err *err) {
+  ld_gplan *g = L->gp;
+  int64_t M = L->mix.total;
+  int64_t *tok = malloc((size_t)(M + 1) * sizeof *tok), *vis = malloc((size_t)(M + 1) * sizeof *vis);
+  mml_status st = tok && vis ? MML_OK : MML_ENOMEM;
+  for (int64_t j = 0; !st && j < M; j++) {
+    int source;
+    int64_t index;
+    if (mml_mixture_at(&L->mix, &g->sc, epoch, j, &source, &index)) st = MML_ENOMEM;
+    else tok[j] = g->tokens[index], vis[j] = g->vision[index];
+  }
+  mml_plan p;
+  memset(&p, 0, sizeof p);
+  if (st) {
+    st = mml_err_set(err, st, "global plan: out of memory for epoch %lld", (long long)epoch);
+  } else if (!(st = mml_plan_build(&g->pc, tok, vis, M, q0, &p, err))) {
+    e->epoch = epoch;
+    e->q0 = q0;
+    if (keep_rank(L, &p, e))
+      st = mml_err_set(err, MML_ENOMEM, "global plan: out of memory for epoch %lld",
+                       (long long)epoch);
+    else
+      e->valid = 1;
+  }
+  mml_plan_free(&p);
+  free(tok);
+  free(vis);
+  if (st) epoch_free(e);
+  return st;
+}
+
+/* The plan of `epoch` (built on first use).  NULL on failure (err set). */
+static gp_epoch *epoch_plan(mml_loader *L, int64_t epoch, int64_t q0, mml_err *err) {
+  ld_gplan *g = L->gp;
+  gp_epoch *victim = &g->cache[0];
+  for (int i = 0; i < PLAN_CACHE; i++) {
+    gp_epoch *e = &g->cache[i];
+    if (e->valid && e->epoch == epoch && e->q0 == q0) {
+      e->used = ++g->stamp;
+      return e;
+    }
+    if (!e->valid || e->used < victim->used) victim = e;
+  }
+  epoch_free(victim);
+  if (build_epoch(L, epoch, q0, victim, err)) return NULL;
+  victim->used = ++g->stamp;
+  return victim;
+}
+
+static gp_epoch *epoch_plan_locked(mml_loader *L, int64_t epoch) {
+  mml_err err;
+  gp_epoch *e = epoch_plan(L, epoch, q0_of(L->gp, epoch), &err);
+  if (!e) ld_set_fatal_locked(L, err.status ? err.status : MML_ENOMEM, &err);
+  return e;
+}
+
+mml_status ld_plan_slot(const mml_loader *Lc, int64_t epoch, int64_t pos, int64_t *j,
+                        mml_err *err) {
+  mml_loader *L = (mml_loader *)Lc; /* the cache changes under mu */
+  pthread_mutex_lock(&L->mu);
+  gp_epoch *e = epoch_plan_locked(L, epoch);
+  mml_status st = MML_OK;
+  if (!e)
+    st = mml_err_set(err, MML_ENOMEM, "global plan of epoch %lld unavailable", (long long)epoch);
+  else if (pos >= e->rank_samples)
+    st = mml_err_set(err, MML_EEND, "position %lld is past this rank's plan of epoch %lld",
+                     (long long)pos, (long long)epoch);
+  else
+    *j = e->slot[pos];
+  pthread_mutex_unlock(&L->mu);
+  return st;
+}
+
+int64_t ld_plan_rank_len_locked(mml_loader *L, int64_t epoch) {
+  gp_epoch *e = epoch_plan_locked(L, epoch);
+  return e ? e->rank_samples : 0;
+}
+
+int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos) {
+  gp_epoch *e = epoch_plan_locked(L, epoch);
+  if (!e) return 1;
+  int64_t lo = 0, hi = e->steps; /* the first step whose rank_end > pos */
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (e->rank_end[mid] > pos) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo < e->steps && e->rank_end[lo] == pos + 1;
+}
+
+/* ---- public ------------------------------------------------------------------------- */
+
+int mml_loader_has_plan(const mml_loader *L) { return L->gp != NULL; }
+
+mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *o, mml_err *err) {
+  if (!L->gp) return mml_err_set(err, MML_EINVAL, "the loader has no global plan");
+  pthread_mutex_lock(&L->mu);
+  gp_epoch *e = epoch_plan(L, epoch, q0_of(L->gp, epoch), err);
+  if (e) {
+    *o = (mml_plan_info){e->q0, e->usable, e->end, e->steps, e->rank_samples, L->gp->unusable};
+  }
+  pthread_mutex_unlock(&L->mu);
+  return e ? MML_OK : err->status;
+}
+
+mml_status mml_loader_plan_position(mml_loader *L, const mml_cursor *c, int64_t *q0, int64_t *q,
+                                    mml_err *err) {
+  if (!L->gp) return mml_err_set(err, MML_EINVAL, "the loader has no global plan");
+  pthread_mutex_lock(&L->mu);
+  gp_epoch *e = epoch_plan(L, c->epoch, q0_of(L->gp, c->epoch), err);
+  if (e) {
+    int64_t k = c->batch_in_epoch < e->steps ? c->batch_in_epoch : e->steps;
+    *q0 = e->q0;
+    *q = e->step_q[k];
+  }
+  pthread_mutex_unlock(&L->mu);
+  return e ? MML_OK : err->status;
+}
+
+mml_status mml_loader_seek_plan(mml_loader *L, const mml_cursor *c, int64_t q0, mml_err *err) {
+  if (!L->gp) return mml_err_set(err, MML_EINVAL, "the loader has no global plan");
+  if (q0 < 0) return mml_err_set(err, MML_ESTATE, "state field plan_start=%lld is negative",
+                                 (long long)q0);
+  pthread_mutex_lock(&L->mu);
+  int64_t old_epoch = L->gp->resume_epoch, old_q0 = L->gp->resume_q0;
+  L->gp->resume_epoch = c->epoch;
+  L->gp->resume_q0 = q0;
+  gp_epoch *e = epoch_plan(L, c->epoch, q0, err);
+  mml_status st = e ? MML_OK : err->status;
+  if (st == MML_ECONFIG) { /* q0 past the epoch */
+    mml_err_prefix(err, "state field plan_start / plan_pos=%lld", (long long)q0);
+    st = err->status = MML_ESTATE;
+  }
+  if (!st && c->batch_in_epoch > e->steps)
+    st = mml_err_set(err, MML_ESTATE, "state field batch_in_epoch=%lld is past the %lld steps "
+                     "of epoch %lld", (long long)c->batch_in_epoch, (long long)e->steps,
+                     (long long)c->epoch);
+  if (!st && c->batch_in_epoch > 0 &&
+      c->pos != e->rank_end[c->batch_in_epoch - 1])
+    st = mml_err_set(err, MML_ESTATE, "state fields pos=%lld and batch_in_epoch=%lld disagree "
+                     "with the plan (its batch %lld ends at position %lld)", (long long)c->pos,
+                     (long long)c->batch_in_epoch, (long long)c->batch_in_epoch,
+                     (long long)e->rank_end[c->batch_in_epoch - 1]);
+  if (st) {
+    L->gp->resume_epoch = old_epoch;
+    L->gp->resume_q0 = old_q0;
+  }
+  pthread_mutex_unlock(&L->mu);
+  return st ? st : mml_loader_seek(L, c, err);
+}

@@ -1,0 +1,545 @@
+/*
+ * video.c — probe and sparse decode of one video with libavformat/libavcodec/libswscale
+ * (contract and design: mml/video.h).
+ *
+ * Open: a custom AVIOContext over the byte source (video_io.c), avformat_open_input +
+ * avformat_find_stream_info (as PyAV opens a file, so fps and sizes agree), the first
+ * video stream that is not cover art, its decoder (threads bounded by src->threads).
+ * Then the frame table: tab[i] = presentation timestamp of frame i (sorted), keys[] =
+ * timestamps of keyframes (sorted).  mp4/mov: from the demuxer's sample index (no packet
+ * read); the index holds decode timestamps, so tab[i] = dts_i + (start_time - dts_0),
+ * which is exact for constant frame durations and for streams without reordering; a
+ * frame the decoder contradicts rebuilds the table from packets (exact) and decode goes
+ * on from there.  Other containers: one demux-only pass over the packets.
+ *
+ * Decode of sorted indices: for frame i with timestamp T, seek (av_seek_frame BACKWARD,
+ * decoder flushed) when the decoder is not already before T with no keyframe in between;
+ * decode forward, dropping earlier frames unconverted; deliver the frame whose pts is T
+ * converted to RGB24.  On the way, a packet whose frame no other frame references (h264,
+ * vp9, MPEG-1/2/4: AVDISCARD_NONREF) and that is not wanted is not decoded at all.
+ * Landing past T right after a seek (a keyframe whose decode time
+ * precedes T while its presentation follows it, open-GOP leading frames) steps back one
+ * keyframe and tries again.
+ *
+ * Ownership: everything hangs off the mml_video and is freed by mml_video_close.  Threads:
+ * none created (decoder threads only when src->threads > 1); one mml_video is used by one
+ * thread at a time.  FFmpeg's log is set to quiet once (pthread_once).
+ */
+#include "mml/video.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/display.h>
+#include <libavutil/imgutils.h>
+#include <libavutil/pixdesc.h>
+#include <libswscale/swscale.h>
+
+#include "video_io.h"
+
+#define IO_BUF (64 << 10)
+#define MAX_STEPBACK 6
+/* "before the first frame": INT64_MIN overflows inside the mov demuxer's seek */
+#define START_TS (-((int64_t)1 << 40))
+
+struct mml_video {
+  char *name;
+  mml_vio io;
+  AVIOContext *avio;
+  AVFormatContext *fmt;
+  AVCodecContext *dec;
+  AVStream *st;
+  int si;
+  AVPacket *pkt;
+  AVFrame *frm;
+  struct SwsContext *sws;
+  int sws_w, sws_h, sws_fmt, sws_cs, sws_range;
+  uint8_t *rgb;
+  size_t rgb_cap, rgb_stride;
+  int rgb_w, rgb_h;
+  int64_t *tab, *keys;
+  int64_t n, nkeys;
+  int exact;          /* tab from packets */
+  int ordinal;        /* packets without pts: frame i is the i-th out of a decode from the start */
+  int64_t ord;        /* frames out since the start (ordinal mode) */
+  int positioned;     /* the decoder runs forward from a seek or the start */
+  int after_seek;     /* no frame out since the last seek */
+  int draining;       /* demuxer at its end, decoder flushed */
+  int64_t last_pts;   /* pts of the last frame out */
+  int64_t decoded;    /* frames out of the decoder so far (tests, benchmarks) */
+  int64_t max_pixels;
+  int skip_nonref;    /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
+  const int64_t *want; /* this decode's indices, from want_k on still to come */
+  int want_n, want_k;
+  mml_video_info info;
+};
+
+static void quiet_log(void) { av_log_set_level(AV_LOG_QUIET); }
+
+static mml_status av_fail(mml_video *v, mml_status st, int r, const char *what, mml_err *err) {
+  if (v->io.st) { /* the byte source failed: that is the cause */
+    if (err) *err = v->io.err;
+    return v->io.st;
+  }
+  if (r == AVERROR(ENOMEM)) return mml_err_set(err, MML_ENOMEM, "%s: %s: out of memory", v->name, what);
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+  av_strerror(r, buf, sizeof buf);
+  return mml_err_set(err, st, "%s: %s: %s", v->name, what, buf);
+}
+
+static int cmp64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static mml_status grow(int64_t **p, int64_t *cap, int64_t need) {
+  if (need <= *cap) return MML_OK;
+  int64_t c = *cap ? *cap * 2 : 1024;
+  while (c < need) c *= 2;
+  int64_t *q = realloc(*p, (size_t)c * sizeof **p);
+  if (!q) return MML_ENOMEM;
+  *p = q;
+  *cap = c;
+  return MML_OK;
+}
+
+/* ---- the frame table ---------------------------------------------------------------- */
+
+/* mp4/mov: every sample is in the index (decode timestamps). 1 when used. */
+static int table_from_index(mml_video *v) {
+  if (!strstr(v->fmt->iformat->name, "mov")) return 0;
+  int cnt = avformat_index_get_entries_count(v->st);
+  if (cnt <= 0) return 0;
+  v->tab = malloc((size_t)cnt * sizeof *v->tab);
+  v->keys = malloc((size_t)cnt * sizeof *v->keys);
+  if (!v->tab || !v->keys) return 0;
+  v->n = v->nkeys = 0;
+  for (int i = 0; i < cnt; i++) {
+    const AVIndexEntry *e = avformat_index_get_entry(v->st, i);
+    if (!e || (e->flags & AVINDEX_DISCARD_FRAME)) continue;
+    v->tab[v->n++] = e->timestamp;
+    if (e->flags & AVINDEX_KEYFRAME) v->keys[v->nkeys++] = e->timestamp;
+  }
+  if (!v->n) return 0;
+  qsort(v->tab, (size_t)v->n, sizeof *v->tab, cmp64);
+  int64_t shift = v->st->start_time != AV_NOPTS_VALUE ? v->st->start_time - v->tab[0] : 0;
+  for (int64_t i = 0; i < v->n; i++) v->tab[i] += shift;
+  for (int64_t i = 0; i < v->nkeys; i++) v->keys[i] += shift;
+  v->exact = 0;
+  return 1;
+}
+
+static mml_status seek_to(mml_video *v, int64_t ts, mml_err *err);
+
+/* Every other container (and a contradicted mp4 index): one pass over the packets. */
+static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
+  if (rewind) {
+    mml_status st = seek_to(v, START_TS, err);
+    if (st) return st;
+  }
+  int64_t cap = 0, kcap = 0;
+  free(v->tab);
+  free(v->keys);
+  v->tab = v->keys = NULL;
+  v->n = v->nkeys = 0;
+  int r;
+  while ((r = av_read_frame(v->fmt, v->pkt)) >= 0) {
+    AVPacket *p = v->pkt;
+    if (p->stream_index == v->si && !(p->flags & AV_PKT_FLAG_DISCARD)) {
+      if (p->pts == AV_NOPTS_VALUE) v->ordinal = 1;
+      int64_t ts = p->pts;
+      if (grow(&v->tab, &cap, v->n + 1) || grow(&v->keys, &kcap, v->nkeys + 1)) {
+        av_packet_unref(p);
+        return mml_err_set(err, MML_ENOMEM, "%s: out of memory for the frame table", v->name);
+      }
+      v->tab[v->n++] = ts;
+      if (p->flags & AV_PKT_FLAG_KEY) v->keys[v->nkeys++] = ts;
+    }
+    av_packet_unref(p);
+  }
+  if (v->io.st) return av_fail(v, MML_EVIDEOCORRUPT, r, "reading packets", err);
+  /* a read error after some packets: a cut-off file; its readable frames are the table */
+  if (!v->n) return av_fail(v, MML_EVIDEOCORRUPT, r, "no video packets", err);
+  if (v->ordinal) { /* no presentation times to go by (AVI with B-frames): count frames */
+    if (grow(&v->keys, &kcap, 1)) return mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
+    for (int64_t i = 0; i < v->n; i++) v->tab[i] = i;
+    v->keys[0] = 0;
+    v->nkeys = 1;
+  }
+  qsort(v->tab, (size_t)v->n, sizeof *v->tab, cmp64);
+  qsort(v->keys, (size_t)v->nkeys, sizeof *v->keys, cmp64);
+  v->exact = 1;
+  v->positioned = 0;
+  return MML_OK;
+}
+
+/* ---- open --------------------------------------------------------------------------- */
+
+static int rotation_of(AVStream *st) {
+  const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, NULL);
+  if (!m) return 0;
+  double t = -round(av_display_rotation_get((const int32_t *)m));
+  if (isnan(t)) return 0;
+  t -= 360 * floor(t / 360);
+  return ((int)t + 45) / 90 * 90 % 360;
+}
+
+static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *err) {
+  int r;
+  v->si = -1;
+  for (unsigned i = 0; i < v->fmt->nb_streams; i++) {
+    AVStream *s = v->fmt->streams[i];
+    if (s->codecpar->codec_type == AVMEDIA_TYPE_VIDEO && !(s->disposition & AV_DISPOSITION_ATTACHED_PIC)) {
+      v->si = (int)i;
+      break;
+    }
+  }
+  if (v->si < 0) return mml_err_set(err, MML_EVIDEOCODEC, "%s: no video stream (%s)", v->name, v->fmt->iformat->name);
+  v->st = v->fmt->streams[v->si];
+  for (unsigned i = 0; i < v->fmt->nb_streams; i++)
+    if ((int)i != v->si) v->fmt->streams[i]->discard = AVDISCARD_ALL;
+  const AVCodecParameters *par = v->st->codecpar;
+  if (par->width <= 0 || par->height <= 0)
+    return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: video stream without a frame size", v->name);
+  if ((int64_t)par->width * par->height > v->max_pixels)
+    return mml_err_set(err, MML_ETOOBIG, "%s: video frames of %dx%d exceed the pixel limit (%lld)",
+                       v->name, par->width, par->height, (long long)v->max_pixels);
+  const AVCodec *codec = avcodec_find_decoder(par->codec_id);
+  const char *cname = avcodec_get_name(par->codec_id);
+  if (!codec) return mml_err_set(err, MML_EVIDEOCODEC, "%s: no decoder for codec %s", v->name, cname);
+  if (!(v->dec = avcodec_alloc_context3(codec)))
+    return mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
+  if ((r = avcodec_parameters_to_context(v->dec, par)) < 0)
+    return av_fail(v, MML_EVIDEOCODEC, r, "decoder parameters", err);
+  v->dec->pkt_timebase = v->st->time_base;
+  v->dec->thread_count = src->threads > 1 ? src->threads : 1;
+  v->dec->max_pixels = v->max_pixels; /* a frame growing past it mid-stream fails to decode */
+  /* decoders whose non-reference frames are never referenced by definition (h264
+   * nal_ref_idc 0, vp9 frames refreshing no slot, MPEG-1/2/4 B-frames): those frames can
+   * be left undecoded on the way to a wanted one; hevc's sub-layer non-reference pictures
+   * may still be referenced from higher temporal layers, so hevc (and the rest) decode all */
+  v->skip_nonref = par->codec_id == AV_CODEC_ID_H264 || par->codec_id == AV_CODEC_ID_VP9 ||
+                   par->codec_id == AV_CODEC_ID_MPEG4 || par->codec_id == AV_CODEC_ID_MPEG2VIDEO ||
+                   par->codec_id == AV_CODEC_ID_MPEG1VIDEO;
+  if ((r = avcodec_open2(v->dec, codec, NULL)) < 0)
+    return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot open the %s decoder", v->name, cname);
+  return MML_OK;
+}
+
+static void fill_info(mml_video *v) {
+  mml_video_info *in = &v->info;
+  AVStream *s = v->st;
+  in->width = s->codecpar->width;
+  in->height = s->codecpar->height;
+  in->rotation = rotation_of(s);
+  AVRational fr = s->avg_frame_rate.num && s->avg_frame_rate.den ? s->avg_frame_rate : s->r_frame_rate;
+  in->fps = fr.num && fr.den ? av_q2d(fr) : 0;
+  in->nframes = v->n;
+  double tb = av_q2d(s->time_base);
+  in->duration_s = s->duration != AV_NOPTS_VALUE ? s->duration * tb
+                 : v->fmt->duration != AV_NOPTS_VALUE ? v->fmt->duration / (double)AV_TIME_BASE : 0;
+  in->start_s = v->n ? v->tab[0] * tb : 0;
+  snprintf(in->codec, sizeof in->codec, "%s", avcodec_get_name(s->codecpar->codec_id));
+  snprintf(in->container, sizeof in->container, "%s", v->fmt->iformat->name);
+  in->exact_index = v->exact;
+  in->size = v->io.size;
+}
+
+mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *err) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, quiet_log);
+  *out = NULL;
+  if (!src || !src->name) return mml_err_set(err, MML_EINVAL, "video: no source");
+  mml_video *v = calloc(1, sizeof *v);
+  if (!v || !(v->name = strdup(src->name))) {
+    free(v);
+    return mml_err_set(err, MML_ENOMEM, "video: out of memory");
+  }
+  v->io.fd = -1;
+  v->last_pts = INT64_MIN;
+  v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
+  mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
+                               src->block, err);
+  int r = 0;
+  if (st) goto fail;
+  uint8_t *buf = av_malloc(IO_BUF);
+  v->avio = buf ? avio_alloc_context(buf, IO_BUF, 0, &v->io, mml_vio_read, NULL, mml_vio_seek) : NULL;
+  v->fmt = avformat_alloc_context();
+  v->pkt = av_packet_alloc();
+  v->frm = av_frame_alloc();
+  if (!v->avio || !v->fmt || !v->pkt || !v->frm) {
+    if (!v->avio) av_free(buf);
+    st = mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
+    goto fail;
+  }
+  v->fmt->pb = v->avio;
+  v->fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+  if ((r = avformat_open_input(&v->fmt, v->name, NULL, NULL)) < 0) {
+    v->fmt = NULL; /* freed by avformat_open_input on failure */
+    st = av_fail(v, MML_EVIDEOCORRUPT, r, "not a readable video", err);
+    goto fail;
+  }
+  if ((r = avformat_find_stream_info(v->fmt, NULL)) < 0) {
+    st = av_fail(v, MML_EVIDEOCORRUPT, r, "reading stream info", err);
+    goto fail;
+  }
+  if ((st = open_stream(v, src, err))) goto fail;
+  if (!table_from_index(v) && (st = table_from_packets(v, 0, err))) goto fail;
+  fill_info(v);
+  *out = v;
+  return MML_OK;
+fail:
+  mml_video_close(v);
+  return st;
+}
+
+mml_status mml_video_probe(const mml_video *v, mml_video_info *info, mml_err *err) {
+  if (!v || !info) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
+  *info = v->info;
+  return MML_OK;
+}
+
+int64_t mml_video_bytes_read(const mml_video *v) { return v ? v->io.bytes_read : 0; }
+
+int64_t mml_video_frames_decoded(const mml_video *v) { return v ? v->decoded : 0; }
+
+void mml_video_close(mml_video *v) {
+  if (!v) return;
+  sws_freeContext(v->sws);
+  av_free(v->rgb);
+  av_frame_free(&v->frm);
+  av_packet_free(&v->pkt);
+  avcodec_free_context(&v->dec);
+  avformat_close_input(&v->fmt);
+  if (v->avio) av_freep(&v->avio->buffer);
+  avio_context_free(&v->avio);
+  mml_vio_close(&v->io);
+  free(v->tab);
+  free(v->keys);
+  free(v->name);
+  free(v);
+}
+
+/* ---- decode ------------------------------------------------------------------------- */
+
+static mml_status seek_to(mml_video *v, int64_t ts, mml_err *err) {
+  avcodec_flush_buffers(v->dec);
+  int r = av_seek_frame(v->fmt, v->si, ts, AVSEEK_FLAG_BACKWARD);
+  if (r < 0) r = avformat_seek_file(v->fmt, v->si, INT64_MIN, ts, ts, 0);
+  if (r < 0 && ts == START_TS) r = av_seek_frame(v->fmt, v->si, 0, AVSEEK_FLAG_BYTE | AVSEEK_FLAG_BACKWARD);
+  if (r < 0) return av_fail(v, MML_EVIDEOCORRUPT, r, "seek", err);
+  v->positioned = 1;
+  v->after_seek = 1;
+  v->draining = 0;
+  v->last_pts = INT64_MIN;
+  v->ord = 0;
+  return MML_OK;
+}
+
+/* Where to seek for keyframe number key (-1 or ordinal mode: the start). */
+static int64_t key_ts(const mml_video *v, int64_t key) {
+  return key >= 0 && !v->ordinal ? v->keys[key] : START_TS;
+}
+
+/* Index in keys of the largest keyframe timestamp <= t (-1: none). */
+static int64_t key_at_or_before(const mml_video *v, int64_t t) {
+  int64_t lo = 0, hi = v->nkeys; /* first key > t */
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (v->keys[mid] <= t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - 1;
+}
+
+/* 1 when a packet's frame is one this decode still has to deliver (or cannot be told). */
+static int wanted(const mml_video *v, int64_t pts) {
+  if (pts == AV_NOPTS_VALUE || !v->want || v->ordinal) return 1;
+  int lo = v->want_k, hi = v->want_n; /* first wanted frame with pts >= pts */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    int64_t i = v->want[mid];
+    if (i >= v->n || v->tab[i] >= pts) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo < v->want_n && (v->want[lo] >= v->n || v->tab[v->want[lo]] == pts);
+}
+
+/* The next decoded frame into v->frm: 0, AVERROR_EOF at the end, or an error. */
+static int next_frame(mml_video *v) {
+  for (;;) {
+    int r = avcodec_receive_frame(v->dec, v->frm);
+    if (r == 0) v->decoded++;
+    if (r != AVERROR(EAGAIN)) return r;
+    if (v->draining) return AVERROR_EOF;
+    r = av_read_frame(v->fmt, v->pkt);
+    if (r < 0) {
+      if (v->io.st) return r;
+      v->draining = 1; /* end of file (or a cut-off one): drain the decoder */
+      avcodec_send_packet(v->dec, NULL);
+      continue;
+    }
+    if (v->pkt->stream_index == v->si) {
+      if (v->skip_nonref) /* a frame nobody references and nobody wants: not decoded */
+        v->dec->skip_frame = wanted(v, v->pkt->pts) ? AVDISCARD_DEFAULT : AVDISCARD_NONREF;
+      r = avcodec_send_packet(v->dec, v->pkt);
+      if (r < 0 && r != AVERROR(EAGAIN)) {
+        av_packet_unref(v->pkt);
+        return r;
+      }
+    }
+    av_packet_unref(v->pkt);
+  }
+}
+
+static int sws_cs_of(enum AVColorSpace cs) {
+  switch (cs) {
+    case AVCOL_SPC_BT709: return SWS_CS_ITU709;
+    case AVCOL_SPC_FCC: return SWS_CS_FCC;
+    case AVCOL_SPC_BT470BG:
+    case AVCOL_SPC_SMPTE170M: return SWS_CS_ITU601;
+    case AVCOL_SPC_SMPTE240M: return SWS_CS_SMPTE240M;
+    case AVCOL_SPC_BT2020_NCL:
+    case AVCOL_SPC_BT2020_CL: return SWS_CS_BT2020;
+    default: return SWS_CS_DEFAULT;
+  }
+}
+
+/* v->frm to RGB24 in v->rgb (PyAV's reformat: bilinear, the frame's colorspace/range). */
+static mml_status to_rgb(mml_video *v, mml_err *err) {
+  const AVFrame *f = v->frm;
+  int cs = sws_cs_of(f->colorspace), fmt = f->format;
+  int range = f->color_range == AVCOL_RANGE_JPEG || fmt == AV_PIX_FMT_YUVJ420P ||
+              fmt == AV_PIX_FMT_YUVJ422P || fmt == AV_PIX_FMT_YUVJ444P || fmt == AV_PIX_FMT_YUVJ440P;
+  if (f->width <= 0 || f->height <= 0 || (int64_t)f->width * f->height > v->max_pixels)
+    return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: frame of %dx%d", v->name, f->width, f->height);
+  if (!v->sws || v->sws_w != f->width || v->sws_h != f->height || v->sws_fmt != fmt ||
+      v->sws_cs != cs || v->sws_range != range) {
+    sws_freeContext(v->sws);
+    v->sws = sws_getContext(f->width, f->height, fmt, f->width, f->height, AV_PIX_FMT_RGB24,
+                            SWS_BILINEAR, NULL, NULL, NULL);
+    if (!v->sws)
+      return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot convert pixel format %s to RGB",
+                         v->name, av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?");
+    sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), range,
+                             sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+    v->sws_w = f->width, v->sws_h = f->height, v->sws_fmt = fmt, v->sws_cs = cs, v->sws_range = range;
+  }
+  size_t stride = ((size_t)f->width * 3 + 63) & ~(size_t)63, need = stride * (size_t)f->height;
+  if (need > v->rgb_cap) {
+    av_free(v->rgb);
+    v->rgb_cap = 0;
+    if (!(v->rgb = av_malloc(need)))
+      return mml_err_set(err, MML_ENOMEM, "%s: out of memory for a %dx%d frame", v->name, f->width, f->height);
+    v->rgb_cap = need;
+  }
+  uint8_t *dst[4] = {v->rgb, NULL, NULL, NULL};
+  int dst_stride[4] = {(int)stride, 0, 0, 0};
+  if (sws_scale(v->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, dst_stride) != f->height)
+    return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: RGB conversion failed", v->name);
+  v->rgb_stride = stride;
+  v->rgb_w = f->width;
+  v->rgb_h = f->height;
+  return MML_OK;
+}
+
+static int64_t frame_pts(const AVFrame *f) {
+  return f->pts != AV_NOPTS_VALUE ? f->pts : f->best_effort_timestamp;
+}
+
+/* Seeks when the decoder cannot reach t going forward, or a keyframe lies between. */
+static mml_status position_for(mml_video *v, int64_t t, int64_t *key, mml_err *err) {
+  *key = key_at_or_before(v, t);
+  if (v->positioned && v->last_pts < t &&
+      (*key < 0 || v->keys[*key] <= v->last_pts || v->last_pts == INT64_MIN))
+    return MML_OK;
+  return seek_to(v, key_ts(v, *key), err);
+}
+
+/* Decodes up to the frame with pts t (1: found and converted; 0: the table is wrong). */
+static mml_status find_frame(mml_video *v, int64_t index, int64_t t, int *found, mml_err *err) {
+  int64_t key;
+  mml_status st = position_for(v, t, &key, err);
+  for (int back = 0; !st;) {
+    int r = next_frame(v);
+    if (r == AVERROR_EOF) break;
+    if (r < 0) return av_fail(v, MML_EVIDEOCORRUPT, r, "decoding", err);
+    int64_t p = v->ordinal ? v->ord++ : frame_pts(v->frm);
+    int first = v->after_seek;
+    v->after_seek = 0;
+    v->last_pts = p;
+    if (p < t) {
+      av_frame_unref(v->frm);
+      continue;
+    }
+    if (p == t) {
+      *found = 1;
+      st = to_rgb(v, err);
+      av_frame_unref(v->frm);
+      return st;
+    }
+    av_frame_unref(v->frm);
+    if (!first || back >= MAX_STEPBACK || key < 0) break; /* t was skipped: not in the stream */
+    back++; /* landed past t right after a seek: one keyframe earlier */
+    key = key > 0 ? key - 1 : -1;
+    st = seek_to(v, key_ts(v, key), err);
+  }
+  if (st) return st;
+  *found = 0;
+  v->positioned = 0;
+  (void)index;
+  return MML_OK;
+}
+
+static mml_status deliver(mml_video *v, int k, int64_t index, mml_video_frame_fn fn, void *ctx,
+                          mml_err *err) {
+  mml_video_frame fr = {.k = k, .index = index, .pts_s = v->tab[index] * av_q2d(v->st->time_base),
+                        .rgb = v->rgb, .width = v->rgb_w, .height = v->rgb_h, .stride = v->rgb_stride};
+  return fn(ctx, &fr, err);
+}
+
+/* The frames of idx[0..n), in order (the body of mml_video_decode). */
+static mml_status decode_all(mml_video *v, const int64_t *idx, int n, int64_t nframes,
+                             mml_video_frame_fn fn, void *ctx, mml_err *err) {
+  for (int k = 0; k < n; k++) {
+    int64_t i = idx[k];
+    v->want_k = k;
+    if (i < 0 || (k > 0 && i < idx[k - 1]))
+      return mml_err_set(err, MML_EINVAL, "%s: frame indices must be ascending and >= 0", v->name);
+    if (i >= nframes)
+      return mml_err_set(err, MML_EVIDEOSHORT, "%s: frame %lld wanted, the video has %lld frames",
+                         v->name, (long long)i, (long long)nframes);
+    mml_status st;
+    if (k == 0 || i != idx[k - 1]) {
+      int found = 0;
+      if (i < v->n && (st = find_frame(v, i, v->tab[i], &found, err))) return st;
+      if (!found && !v->exact) { /* the mp4 index misled: the exact table, then again */
+        if ((st = table_from_packets(v, 1, err))) return st;
+        if (i < v->n && (st = find_frame(v, i, v->tab[i], &found, err))) return st;
+      }
+      if (!found)
+        return mml_err_set(err, MML_EVIDEOCORRUPT,
+                           "%s: frame %lld of %lld could not be decoded (cut-off or corrupt file: "
+                           "%lld frames readable)", v->name, (long long)i, (long long)nframes,
+                           (long long)v->n);
+    }
+    if ((st = deliver(v, k, i, fn, ctx, err))) return st;
+  }
+  return MML_OK;
+}
+
+mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
+                            void *ctx, mml_err *err) {
+  if (!v || (n > 0 && (!idx || !fn))) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
+  int64_t nframes = v->n; /* what the caller's indices were computed from */
+  v->want = idx;
+  v->want_n = n;
+  mml_status st = decode_all(v, idx, n, nframes, fn, ctx, err);
+  v->want = NULL;
+  v->dec->skip_frame = AVDISCARD_DEFAULT;
+  return st;
+}

@@ -1,0 +1,100 @@
+/*
+ * mml/video.h — video files decoded with FFmpeg (libavformat/libavcodec/libswscale):
+ * probe once, then decode only the frames a sample keeps.
+ *
+ * Design
+ *   - One mml_video per call site and thread: it owns its AVFormatContext, AVCodecContext
+ *     (threads=1 unless asked) and SwsContext, so any number of worker threads decode
+ *     different videos at once with the GIL released; nothing is shared but FFmpeg's own
+ *     read-only tables.  No global state, no logging (FFmpeg's log is silenced once).
+ *   - Bytes come through one custom AVIOContext from a local file (pread), a buffer in
+ *     memory (a WebDataset member) or an http(s):// / s3:// object read in ranged blocks
+ *     through the existing fetcher (mml_fetch_get with offset/length, a few cached blocks):
+ *     an mp4 whose moov comes first is never downloaded whole when a few frames are kept.
+ *   - Frame index i means what qwen-vl-utils, decord, torchcodec and a full PyAV decode
+ *     mean: the i-th frame in presentation order.  open builds the table of presentation
+ *     timestamps: from the demuxer's sample index when it lists every frame (mp4/mov: no
+ *     packet is read), else from one demux-only pass over the packets (no decoding).
+ *     decode seeks to the keyframe before each needed run of frames, decodes forward to
+ *     the wanted timestamp (skipping frames nothing references where the codec says so)
+ *     and converts only kept frames to RGB; every delivered frame is
+ *     checked against the table (a table derived from the mp4 index that the decoder
+ *     contradicts is rebuilt by the packet pass and the call retried once).
+ *   - RGB24 exactly as PyAV's frame.to_ndarray(format="rgb24"): swscale, SWS_BILINEAR,
+ *     source colorspace/range from the frame (unspecified: BT.601, limited), full-range
+ *     output.  Frames are not rotated (PyAV and decord do not rotate); info.rotation says
+ *     what the container asks for.
+ *   - Memory: one RGB frame + the decoder's reference frames + at most 4 I/O blocks,
+ *     whatever the length of the video or the number of frames kept.
+ */
+#ifndef MML_VIDEO_H
+#define MML_VIDEO_H
+
+#include "mml/common.h"
+#include "mml/fetch.h"
+
+typedef struct mml_video_src {
+  const char *name;       /* local path or URL; named in every message */
+  const uint8_t *data;    /* or the file's bytes in memory (then name only names them) */
+  size_t len;
+  mml_fetcher *fetcher;   /* required for http(s):// and s3:// names */
+  int64_t max_bytes;      /* bytes read from the source, in total (0: no bound) ->
+                           * MML_EOBJECTSIZE */
+  int threads;            /* decoder threads (0 or 1: one) */
+  int64_t block;          /* remote read block size (0: 1 MiB) */
+  int64_t max_pixels;     /* frame width*height bound, checked at open and by the decoder
+                           * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
+} mml_video_src;
+
+#define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
+
+typedef struct mml_video_info {
+  int width, height;      /* decoded frame size (what the RGB frames have) */
+  int rotation;           /* display rotation in degrees, 0/90/180/270 (not applied) */
+  double fps;             /* the stream's average frame rate (avg_frame_rate, else
+                           * r_frame_rate), as PyAV average_rate and decord get_avg_fps */
+  int64_t nframes;        /* frames in the stream, as decord len(vr), torchcodec's exact
+                           * num_frames and a full PyAV decode count them */
+  double duration_s;      /* stream duration (else the container's), seconds */
+  double start_s;         /* presentation time of frame 0, seconds */
+  char codec[32];         /* "h264", "hevc", "vp9", "av1", ... */
+  char container[48];     /* libavformat's demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2" */
+  int exact_index;        /* 1: timestamps from a packet pass; 0: from the container index */
+  int64_t size;           /* bytes of the source (-1 unknown) */
+} mml_video_info;
+
+typedef struct mml_video_frame {
+  int k;                  /* position in the idx[] array passed to decode */
+  int64_t index;          /* frame index (idx[k]) */
+  double pts_s;           /* its presentation time, seconds */
+  const uint8_t *rgb;     /* height rows of width*3 bytes, stride apart; valid during the call */
+  int width, height;
+  size_t stride;
+} mml_video_frame;
+
+/* Called once per k, in order; a non-OK status stops decode and is returned. */
+typedef mml_status (*mml_video_frame_fn)(void *ctx, const mml_video_frame *f, mml_err *err);
+
+typedef struct mml_video mml_video;
+
+/* Opens and probes.  Failures name the file: MML_ENOENT / MML_EIO / MML_EFETCH (reading),
+ * MML_EVIDEOCORRUPT (not a video / corrupt / truncated headers), MML_EVIDEOCODEC (no
+ * video stream or no decoder for its codec), MML_EOBJECTSIZE (max_bytes), MML_ETOOBIG
+ * (max_pixels). */
+mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *err);
+mml_status mml_video_probe(const mml_video *v, mml_video_info *info, mml_err *err);
+
+/* Decodes frames idx[0..n) (non-decreasing; duplicates delivered again) and calls fn for
+ * each.  An index >= nframes is MML_EVIDEOSHORT; a frame the file cannot deliver (cut
+ * off, corrupt packets) is MML_EVIDEOCORRUPT; both name the file and the frame. */
+mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
+                            void *ctx, mml_err *err);
+
+/* Bytes read from the source so far (I/O accounting, tests of range reads). */
+int64_t mml_video_bytes_read(const mml_video *v);
+/* Frames the decoder produced so far (kept or dropped): the decode work done. */
+int64_t mml_video_frames_decoded(const mml_video *v);
+
+void mml_video_close(mml_video *v);
+
+#endif
