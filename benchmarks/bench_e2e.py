@@ -373,3 +373,18 @@ def test_threads(benchmark, suite, name, threads):
     benchmark.group = "e2e-threads"
     suite.measure(benchmark, "threads", name, "local",
                   suite.config(name, "local", threads=threads), threads=threads)
+
+
+MAX_MEMORY = 1 << 30
+
+
+def test_max_memory(benchmark, suite):
+    """mmloader under max_memory=1 GiB (window + prefetch + pool + scratch): its own memory
+    (peak PSS minus the process before the Loader) stays under the cap.  One run: a check,
+    not a comparison."""
+    why = suite.selected("mmloader")
+    if why:
+        pytest.skip(why)
+    benchmark.group = "e2e-cap"
+    cfg = suite.config("mmloader", "local", mmloader_kwargs={"max_memory": MAX_MEMORY})
+    suite.measure(benchmark, "cap", "mmloader", "local", cfg, max_memory=MAX_MEMORY)

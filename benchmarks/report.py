@@ -120,7 +120,9 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optio
         out.append((f"own memory with max_memory={lim:.0f} MiB", own, f"<= {lim:.0f} MB",
                     own <= lim, "mb"))
     else:
-        out.append(("own memory never above max_memory", None, "<= max_memory", None, "mb"))
+        why = cap[-1]["result"].get("skipped") if cap else None
+        out.append(("own memory never above max_memory" + (f" ({why})" if why else ""), None,
+                    "<= max_memory", None, "mb"))
     w12 = [r["result"]["wait_ratio"] for r in _runs(data, "wait", "local", "mmloader")
            if abs(r["params"].get("factor", 0) - 1.2) < 1e-9 and "wait_ratio" in r["result"]]
     v = _med(w12) if w12 else None
@@ -230,9 +232,10 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         + f". Batches of {meta['batch_size']} samples, Qwen2.5-VL preset and default pixel "
         f"limits, {meta.get('tokenizer')} tokenizer, float32 `pixel_values` unless said. "
         f"Each measurement: a fresh process, at least {meta['min_samples']} samples and "
-        f"{meta['min_seconds']:g} s (the records repeat, each pass shuffled), or "
-        f"{meta.get('max_seconds', 0):g} s at most (a run that stopped there is counted "
-        f"'capped' in the last column), trainer step 0 (the loader's own rate); "
+        f"{meta['min_seconds']:g} s (the records repeat, each pass shuffled)"
+        + (f", or {meta['max_seconds']:g} s at most (a run that stopped there is counted "
+           "'capped' in the last column)" if meta.get("max_seconds") else "")
+        + ", trainer step 0 (the loader's own rate); "
         f"{meta['repeats']} repeats, interleaved; the run took "
         f"{meta.get('elapsed_s', 0) / 60:.0f} min. Remote: the fault-injecting server on the same "
         f"machine, {1000 * meta['latency_s']:g} ms first-byte latency, no faults.",
