@@ -140,6 +140,42 @@ def videos():
         put("video", name, buf.getvalue())
 
 
+def dsindex():
+    """Index files of tiny text-only shards: JSONL (a blank line, a bad record), a JSON
+    array and a WebDataset tar (needs the built extension)."""
+    import io
+    import sys
+    import tarfile
+    import tempfile
+    import warnings
+    sys.path.insert(0, os.path.dirname(HERE))
+    try:
+        from mmloader import dsindex as dx
+    except ImportError:
+        return
+    rec = '{"messages":[{"role":"user","content":"q%d"},{"role":"assistant","content":"a"}]}'
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "a.jsonl"), "w") as f:
+            f.write("\n".join([rec % 0, "", rec % 1, "{bad", rec % 2]) + "\n")
+        with open(os.path.join(d, "b.json"), "w") as f:
+            f.write("[" + ", ".join(rec % i for i in range(3)) + "]")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for i in range(3):
+                for name, body in [(f"{i:03d}.json", (rec % i).encode()), (f"{i:03d}.txt", b"x")]:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(body)
+                    t.addfile(info, io.BytesIO(body))
+        with open(os.path.join(d, "c.tar"), "wb") as f:
+            f.write(buf.getvalue())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dx.build(d, threads=1)
+        for n in ("a.jsonl", "b.json", "c.tar"):
+            with open(os.path.join(d, n + dx.SUFFIX), "rb") as f:
+                put("dsindex", n + ".mmlidx", f.read())
+
+
 if __name__ == "__main__":
     records()
     tokenizer()
@@ -147,3 +183,4 @@ if __name__ == "__main__":
     images()
     resize_and_state()
     videos()
+    dsindex()

@@ -1,4 +1,5 @@
-"""Command line: ``python -m mmloader demo [--samples N] [--out DIR]``.
+"""Command line: ``python -m mmloader demo [--samples N] [--out DIR]``, ``python -m mmloader
+index DATA... [--preset P] [--tokenizer T] [--out DIR]`` and ``python -m mmloader profile``.
 
 The demo writes a small synthetic multimodal dataset (once; reused when present), reads
 it with mmloader.Loader and prints throughput and the consumer's wait-time ratio.
@@ -81,7 +82,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .profile import add_arguments as profile_arguments
     profile_arguments(sub.add_parser(
         "profile", help="run the loader on DATA: per-stage breakdown, bottleneck, suggestions"))
+    from .dsindex import add_arguments as index_arguments
+    index_arguments(sub.add_parser(
+        "index", help="write the dataset index of DATA (offsets, token counts, image sizes): "
+                      "instant loader start, length filtering before any read"))
     args = p.parse_args(argv)
+    if args.cmd == "index":
+        from .dsindex import main_args as index_main
+        return index_main(args)
     if args.cmd == "demo":
         return _demo(args)
     if args.cmd == "profile":

@@ -282,6 +282,16 @@ class Loader:
             images, range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
+        index: the dataset index (``python -m mmloader index``): None (default) uses
+            ``<shard>.mmlidx`` next to each local shard when it exists; a folder or URL
+            prefix holding those files uses them from there (remote shards need this: no
+            request per shard is made to look for one); False never reads one.  An indexed
+            shard is not scanned at start, and samples longer than ``max_length`` /
+            ``seq_length`` / ``pack_length`` are skipped from their indexed token counts
+            before anything is read; batches are bitwise those without the index.  An
+            index whose shard changed (size, mtime; ETag for remote shards) is refused
+            with :class:`mmloader.ConfigError`; one built with other settings (tokenizer,
+            preset, pixel limits, ...) gives its offsets but not its counts (a warning).
         micro_batch_size: rows per padded batch (None: 8; not with max_tokens_per_batch).
         seq_length: padded row length; None pads each batch to its longest sample.
         max_tokens_per_batch: batches by token budget instead of a fixed row count: a
@@ -381,6 +391,7 @@ class Loader:
     """
 
     def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
+                 index: Union[None, bool, PathLike] = _D["index"],
                  image_root: Optional[PathLike] = _D["image_root"],
                  micro_batch_size: Optional[int] = _D["micro_batch_size"],
                  seq_length: Optional[int] = _D["seq_length"], shuffle: bool = _D["shuffle"],
@@ -463,6 +474,12 @@ class Loader:
             opts["num_threads"] = default_num_threads()
         if image_root is not None:
             opts["image_root"] = os.fspath(image_root)
+        if index is False:
+            opts["index"] = ""  # never read one
+        elif index is True:
+            opts["index"] = None
+        elif index is not None:
+            opts["index"] = os.fspath(index)
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
@@ -506,6 +523,9 @@ class Loader:
         self.samples_per_rank: int = info["samples_per_rank"]
         #: draws per epoch over all ranks (num_samples without a mixture)
         self.samples_per_epoch: int = info["samples_per_epoch"]
+        #: shards added from a dataset index whose token counts are used (of num_shards)
+        self.index_shards: int = info["index_shards"]
+        self.num_shards: int = info["num_shards"]
         self.tokenizer = tok
         self._mbs = self._c.options()["micro_batch_size"]  # None with a token budget
         self._plan = self._c.plan_info(0) is not None

@@ -100,13 +100,8 @@ int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s) {
   return c->cfg.pack ? round_up(n, c->multiple) : n;
 }
 
-mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_err *err) {
-  int64_t n = (int64_t)s->input_ids.len;
-  if (n < 1) return mml_err_set(err, MML_EINVAL, "sample %lld has no tokens", (long long)s->index);
-  if (s->labels.len != s->input_ids.len)
-    return mml_err_set(err, MML_EINVAL, "sample %lld: %zu ids but %zu labels",
-                       (long long)s->index, s->input_ids.len, s->labels.len);
-  int64_t slot = mml_collator_sample_tokens(c, s);
+mml_status mml_collator_check_length(const mml_collator *c, int64_t n, mml_err *err) {
+  int64_t slot = c->cfg.pack ? round_up(n, c->multiple) : n;
   if (c->budget > 0 && slot > c->budget) {
     if (slot != n)
       return mml_err_set(err, MML_ETOOLONG,
@@ -118,6 +113,17 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
                        (long long)n, c->cfg.pack ? "pack_length" : "seq_length",
                        (long long)c->budget);
   }
+  return MML_OK;
+}
+
+mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_err *err) {
+  int64_t n = (int64_t)s->input_ids.len;
+  if (n < 1) return mml_err_set(err, MML_EINVAL, "sample %lld has no tokens", (long long)s->index);
+  if (s->labels.len != s->input_ids.len)
+    return mml_err_set(err, MML_EINVAL, "sample %lld: %zu ids but %zu labels",
+                       (long long)s->index, s->input_ids.len, s->labels.len);
+  mml_status st = mml_collator_check_length(c, n, err);
+  if (st) return st;
   if (s->nimages < 0 || s->grids.len != (size_t)s->nimages * 3)
     return mml_err_set(err, MML_EINVAL, "sample %lld: %d images but %zu grid values",
                        (long long)s->index, s->nimages, s->grids.len);

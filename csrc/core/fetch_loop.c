@@ -31,6 +31,9 @@
  *
  * Secrets.  Credentials are copied into the fetcher and used only to sign; messages name
  * URLs with user-info and credential-like query values redacted.
+ *
+ * Files: fetch_loop.c (this: libcurl global state, starting transfers, retries, the
+ * loop), fetch_job.c (jobs, xfers, twins, completion, curl callbacks), fetch_loop.h.
  */
 #include "fetch_loop.h"
 
@@ -84,372 +87,6 @@ static double rand01(mml_fetcher *f) {
   f->rng = x;
   return (double)(x >> 11) / 9007199254740992.0;
 }
-
-/* ---- jobs and xfers ----------------------------------------------------------------- */
-
-static void job_free(job *j) {
-  if (!j) return;
-  for (fetch_waiter *w = j->waiters, *n; w; w = n) n = w->next, free(w);
-  free(j->url), free(j->shown), free(j->http_url), free(j->host), free(j->canon_uri);
-  free(j->canon_query);
-  mml_bytes_free(&j->body);
-  free(j);
-}
-
-static mml_status job_new(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                          int64_t len, int head, mml_fetch_cb cb, void *ctx, job **out,
-                          mml_err *err) {
-  if (!url || !cb) return mml_err_set(err, MML_EINVAL, "fetch: NULL url or callback");
-  if (off < 0) return mml_err_set(err, MML_EINVAL, "fetch: negative offset");
-  job *j = calloc(1, sizeof *j);
-  if (!j) return mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
-  j->url = dupstr(url);
-  j->shown = mml_url_redact(url);
-  if (!j->url || !j->shown) {
-    job_free(j);
-    return mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
-  }
-  j->off = off, j->len = len, j->head = head, j->cb = cb, j->ctx = ctx, j->total = -1;
-  j->top = f;
-  mml_status st = MML_OK;
-  if (!strncmp(url, "s3://", 5)) {
-    const char *b, *k;
-    size_t bl;
-    j->is_s3 = 1;
-    mml_s3_addr a;
-    st = mml_s3_split(url, &b, &bl, &k, j->shown, err);
-    if (!st) st = mml_s3_address_parts(f->region, f->endpoint, b, bl, k, query, &a, err);
-    if (!st) {
-      j->http_url = a.http_url, j->host = a.host, j->canon_uri = a.canonical_uri;
-      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
-    }
-  } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
-    j->http_url = dupstr(url);
-    if (!j->http_url) st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
-  } else {
-    st = mml_err_set(err, MML_EINVAL, "%s: not a remote URL (http://, https://, s3://)", j->shown);
-  }
-  if (st) {
-    job_free(j);
-    return st;
-  }
-  *out = j;
-  return MML_OK;
-}
-
-static void link_x(mml_fetcher *f, xfer *x) {
-  x->next_all = f->all_x, x->prev_all = NULL;
-  if (f->all_x) f->all_x->prev_all = x;
-  f->all_x = x;
-}
-static void unlink_x(mml_fetcher *f, xfer *x) {
-  if (x->prev_all) x->prev_all->next_all = x->next_all;
-  else f->all_x = x->next_all;
-  if (x->next_all) x->next_all->prev_all = x->prev_all;
-}
-static void link_j(mml_fetcher *f, job *j) {
-  j->next_all = f->all_j, j->prev_all = NULL;
-  if (f->all_j) f->all_j->prev_all = j;
-  f->all_j = j;
-}
-static void unlink_j(mml_fetcher *f, job *j) {
-  if (j->prev_all) j->prev_all->next_all = j->next_all;
-  else f->all_j = j->next_all;
-  if (j->next_all) j->next_all->prev_all = j->prev_all;
-}
-
-static void ready_push_back(mml_fetcher *f, xfer *x) {
-  x->next = NULL;
-  if (f->ready_tail) f->ready_tail->next = x;
-  else f->ready_head = x;
-  f->ready_tail = x;
-}
-static void ready_push_front(mml_fetcher *f, xfer *x) {
-  x->next = f->ready_head;
-  f->ready_head = x;
-  if (!f->ready_tail) f->ready_tail = x;
-}
-
-static xfer *xfer_new(mml_fetcher *f, job *j, int64_t off, int64_t len, int probe, int64_t dst) {
-  xfer *x = calloc(1, sizeof *x);
-  if (!x) return NULL;
-  x->j = j, x->off = off, x->len = len, x->probe = probe, x->dst = dst;
-  j->parts_left++;
-  link_x(f, x);
-  return x;
-}
-
-static void xfer_release_easy(mml_fetcher *f, xfer *x) {
-  if (x->easy) {
-    curl_multi_remove_handle(f->multi, x->easy);
-    f->inflight--;
-    pthread_mutex_lock(&f->smu);
-    f->stats.inflight = f->inflight; /* before any completion callback can run */
-    pthread_mutex_unlock(&f->smu);
-    if (f->npool < (int)(sizeof f->pool / sizeof *f->pool)) {
-      curl_easy_reset(x->easy);
-      f->pool[f->npool++] = x->easy;
-    } else {
-      curl_easy_cleanup(x->easy);
-    }
-    x->easy = NULL;
-  }
-  curl_slist_free_all(x->hdrs);
-  x->hdrs = NULL;
-}
-
-static void xfer_free(mml_fetcher *f, xfer *x) {
-  xfer_release_easy(f, x);
-  unlink_x(f, x);
-  mml_bytes_free(&x->errbody);
-  free(x);
-}
-
-/* ---- coalescing identical requests (any thread; the table is under top->cmu) ---------- */
-
-static uint64_t twin_key(const job *j) {
-  uint64_t h = mml_hash_bytes(0, j->url, strlen(j->url));
-  h = mml_hash_bytes(h, &j->off, sizeof j->off);
-  return mml_mix64(mml_hash_bytes(h, &j->len, sizeof j->len));
-}
-
-static int twin_of(const job *a, const job *b) {
-  return a->key == b->key && a->off == b->off && a->len == b->len && !strcmp(a->url, b->url);
-}
-
-/* 1 when an identical GET is in flight: j's callback then waits on it (j is freed). */
-static int twin_attach(mml_fetcher *top, job *j) {
-  j->key = twin_key(j) | 1; /* 0: not in the table */
-  job **b = &top->twins[j->key % (sizeof top->twins / sizeof *top->twins)];
-  pthread_mutex_lock(&top->cmu);
-  for (job *t = *b; t; t = t->twin_next) {
-    if (!twin_of(t, j)) continue;
-    fetch_waiter *w = malloc(sizeof *w);
-    if (!w) break; /* fetch it on its own */
-    *w = (fetch_waiter){t->waiters, j->cb, j->ctx};
-    t->waiters = w;
-    pthread_mutex_unlock(&top->cmu);
-    job_free(j);
-    return 1;
-  }
-  j->twin_next = *b;
-  *b = j;
-  pthread_mutex_unlock(&top->cmu);
-  return 0;
-}
-
-/* Takes j out of the table (no waiter joins after this) and returns its waiters. */
-static fetch_waiter *twin_detach(job *j) {
-  if (!j->key) return NULL;
-  mml_fetcher *top = j->top;
-  pthread_mutex_lock(&top->cmu);
-  for (job **b = &top->twins[j->key % (sizeof top->twins / sizeof *top->twins)]; *b;
-       b = &(*b)->twin_next)
-    if (*b == j) {
-      *b = j->twin_next;
-      break;
-    }
-  fetch_waiter *w = j->waiters;
-  j->waiters = NULL;
-  j->key = 0;
-  pthread_mutex_unlock(&top->cmu);
-  return w;
-}
-
-/* Waiters of a coalesced request get the same outcome (a copy of the body). */
-static void notify_waiters(fetch_waiter *w, const job *j, mml_status st, const mml_bytes *body) {
-  for (fetch_waiter *n; w; w = n) {
-    n = w->next;
-    mml_bytes copy = {0};
-    if (st == MML_OK && mml_bytes_append(&copy, body->data, body->len)) {
-      mml_err e;
-      mml_err_set(&e, MML_ENOMEM, "GET %s: out of memory", j->shown);
-      w->cb(w->ctx, MML_ENOMEM, NULL, &e);
-    } else if (st == MML_OK) {
-      w->cb(w->ctx, MML_OK, &copy, NULL);
-    } else {
-      w->cb(w->ctx, st, NULL, &j->ferr);
-    }
-    mml_bytes_free(&copy);
-    free(w);
-  }
-}
-
-static void job_finish(mml_fetcher *f, job *j) {
-  unlink_j(f, j);
-  fetch_waiter *waiters = twin_detach(j);
-  if (j->failed) {
-    pthread_mutex_lock(&f->smu);
-    f->stats.failures++;
-    pthread_mutex_unlock(&f->smu);
-    notify_waiters(waiters, j, j->fst, NULL);
-    j->cb(j->ctx, j->fst, NULL, &j->ferr);
-  } else {
-    if (j->len >= 0 && !j->head) {
-      int64_t want = j->len;
-      if (j->total >= 0 && j->total - j->off < want) want = j->total - j->off > 0 ? j->total - j->off : 0;
-      if ((int64_t)j->body.len > want) j->body.len = (size_t)want;
-    }
-    if (j->head) { /* HEAD reports the size as one int64 */
-      mml_bytes_clear(&j->body);
-      if (mml_bytes_append(&j->body, &j->total, sizeof j->total)) {
-        j->failed = 1, j->fst = MML_ENOMEM;
-        mml_err_set(&j->ferr, MML_ENOMEM, "HEAD %s: out of memory", j->shown);
-        notify_waiters(waiters, j, j->fst, NULL);
-        j->cb(j->ctx, j->fst, NULL, &j->ferr);
-        job_free(j);
-        return;
-      }
-    }
-    notify_waiters(waiters, j, MML_OK, &j->body);
-    mml_bytes body = j->body;
-    memset(&j->body, 0, sizeof j->body);
-    j->cb(j->ctx, MML_OK, &body, NULL);
-  }
-  job_free(j);
-}
-
-/* The part is over (success or permanent failure). */
-static void part_done(mml_fetcher *f, xfer *x) {
-  job *j = x->j;
-  xfer_free(f, x);
-  if (--j->parts_left == 0) job_finish(f, j);
-}
-
-static void part_fail(mml_fetcher *f, xfer *x, mml_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void part_fail(mml_fetcher *f, xfer *x, mml_status st, const char *fmt, ...) {
-  job *j = x->j;
-  if (!j->failed) {
-    char why[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    j->failed = 1, j->fst = st;
-    char range[64] = "";
-    if (x->len > 0 || x->off > 0)
-      snprintf(range, sizeof range, " (bytes %lld-%s)", (long long)x->off,
-               x->len > 0 ? "" : "end");
-    if (x->len > 0)
-      snprintf(range, sizeof range, " (bytes %lld-%lld)", (long long)x->off,
-               (long long)(x->off + x->len - 1));
-    char tail[48] = "";
-    if (j->retries) snprintf(tail, sizeof tail, " [after %d retries]", j->retries);
-    mml_err_set(&j->ferr, st, "%s %s%s: %s%s", j->head ? "HEAD" : "GET", j->shown, range, why, tail);
-  }
-  part_done(f, x);
-}
-
-/* ---- curl callbacks (I/O thread) ------------------------------------------------------ */
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud) {
-  xfer *x = ud;
-  size_t len = sz * n;
-  if (len >= 5 && !strncmp(p, "HTTP/", 5)) { /* a new response (redirect, 100): start over */
-    const char *sp = memchr(p, ' ', len);
-    x->http = sp ? strtol(sp + 1, NULL, 10) : 0;
-    x->retry_after = -1, x->cr_start = x->cr_end = x->cr_total = -1, x->clen = -1;
-    x->etag[0] = 0;
-    return len;
-  }
-  char line[256];
-  size_t m = len < sizeof line - 1 ? len : sizeof line - 1;
-  memcpy(line, p, m), line[m] = 0;
-  if (!strncasecmp(line, "retry-after:", 12)) {
-    char *e;
-    double v = strtod(line + 12, &e);
-    if (e != line + 12 && v >= 0) x->retry_after = v;
-  } else if (!strncasecmp(line, "content-range:", 14)) {
-    long long a, b, t;
-    const char *v = line + 14;
-    while (*v == ' ') v++;
-    if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) x->cr_start = a, x->cr_end = b, x->cr_total = t;
-    else if (sscanf(v, "bytes */%lld", &t) == 1) x->cr_total = t;
-  } else if (!strncasecmp(line, "etag:", 5)) {
-    const char *v = line + 5;
-    while (*v == ' ') v++;
-    size_t vl = strcspn(v, "\r\n");
-    if (vl < sizeof x->etag) memcpy(x->etag, v, vl), x->etag[vl] = 0;
-  } else if (!strncasecmp(line, "content-length:", 15)) {
-    x->clen = strtoll(line + 15, NULL, 10);
-  }
-  /* a 2xx body declared larger than max_object_bytes is refused before it comes */
-  int64_t max = x->j->top->max_object_bytes;
-  if (max > 0 && !x->j->head && x->http >= 200 && x->http < 300 &&
-      (x->cr_total > max || (x->http == 200 && x->clen > max))) {
-    x->toobig = 2;
-    return 0; /* aborts the transfer */
-  }
-  return len;
-}
-
-/* Stall detection: libcurl's LOW_SPEED_* averages over a window of seconds, so a
- * transfer that stops after a burst of bytes is noticed late; this checks the time since
- * the last byte instead (libcurl calls it at least once a second). */
-static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
-  (void)dt, (void)dn, (void)ut, (void)un;
-  xfer *x = ud;
-  if (mml_now() - x->last_rx > x->stall_s) {
-    x->stalled = 1;
-    return 1;
-  }
-  return 0;
-}
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
-  xfer *x = ud;
-  job *j = x->j;
-  size_t len = sz * n;
-  x->last_rx = mml_now();
-  if (x->http < 200 || x->http >= 300) { /* error document: keep the start for the code */
-    size_t room = x->errbody.len < ERRBODY_MAX ? ERRBODY_MAX - x->errbody.len : 0;
-    if (room && mml_bytes_append(&x->errbody, p, len < room ? len : room)) x->nomem = 1;
-    return x->nomem ? 0 : len;
-  }
-  if (x->http == 200 && (x->off > 0 || x->len > 0) && x->got == 0 && x->skip == 0 &&
-      x->cr_start < 0) {
-    /* The server ignored Range: drop the bytes before our slice. */
-    x->skip = x->off + 1; /* +1 marks "initialised"; removed below */
-  }
-  const char *q = p;
-  size_t left = len;
-  if (x->skip > 1) {
-    size_t drop = (uint64_t)(x->skip - 1) < left ? (size_t)(x->skip - 1) : left;
-    q += drop, left -= drop, x->skip -= (int64_t)drop;
-  }
-  if (!left) return len;
-  if (x->probe) {
-    int64_t max = j->top->max_object_bytes;
-    if (max > 0 && (int64_t)(j->body.len + left) > max) { /* undeclared size: cut here */
-      x->toobig = 1;
-      return 0;
-    }
-    if (mml_bytes_append(&j->body, q, left)) {
-      x->nomem = 1;
-      return 0;
-    }
-    x->got += (int64_t)left;
-    return len;
-  }
-  /* fixed slice [dst, dst + len) of the job body */
-  int64_t room = x->len - x->got;
-  if (room <= 0) {
-    if (x->skip) return len; /* whole object came back: ignore the rest */
-    x->overflow = 1;
-    return 0;
-  }
-  size_t take = (int64_t)left < room ? left : (size_t)room;
-  if (take < left && !x->skip) {
-    x->overflow = 1;
-    return 0;
-  }
-  memcpy(j->body.data + x->dst + x->got, q, take);
-  x->got += (int64_t)take;
-  return len;
-}
-
-/* ---- starting a transfer ---------------------------------------------------------------- */
 
 static mml_status add_header(struct curl_slist **l, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -536,19 +173,19 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_PRIVATE, x);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, fl_on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, x);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, fl_on_body);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, x->hdrs);
   curl_easy_setopt(e, CURLOPT_USERAGENT, "mmloader/0.1");
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(f->connect_timeout_s * 1000));
-  /* min_rate over stall_s (a drip-fed body); on_progress catches a full stop sooner */
+  /* min_rate over stall_s (a drip-fed body); fl_on_progress catches a full stop sooner */
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, f->min_rate >= 1 ? (long)f->min_rate : 1L);
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)ceil(f->stall_s < 1 ? 1 : f->stall_s));
-  curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, fl_on_progress);
   curl_easy_setopt(e, CURLOPT_XFERINFODATA, x);
   curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
   if (g_share) curl_easy_setopt(e, CURLOPT_SHARE, g_share);
@@ -579,7 +216,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
 static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, const char *why) {
   job *j = x->j;
   double ra = x->retry_after;
-  xfer_release_easy(f, x);
+  fl_xfer_release_easy(f, x);
   double now = mml_now();
   double due = now + mml_fetch_backoff(f->backoff_base_s, f->backoff_max_s, x->attempt + 1, ra,
                                        rand01(f));
@@ -598,10 +235,10 @@ static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, con
     return;
   }
   if (x->attempt < f->max_retries && !j->failed) /* retries left, but no time */
-    part_fail(f, x, st, "%s (retry_budget_s=%g spent: %.1f s since the first attempt)", why,
+    fl_part_fail(f, x, st, "%s (retry_budget_s=%g spent: %.1f s since the first attempt)", why,
               f->retry_budget_s, now - x->first_start);
   else
-    part_fail(f, x, st, "%s", why);
+    fl_part_fail(f, x, st, "%s", why);
 }
 
 static void record_latency(mml_fetcher *f, CURL *e, int64_t got) {
@@ -626,13 +263,13 @@ static void spawn_rest(mml_fetcher *f, xfer *probe) {
   j->body.len = (size_t)(end - j->off);
   for (int64_t o = start; o < end; o += f->range_chunk) {
     int64_t n = end - o < f->range_chunk ? end - o : f->range_chunk;
-    xfer *x = xfer_new(f, j, o, n, 0, o - j->off);
+    xfer *x = fl_xfer_new(f, j, o, n, 0, o - j->off);
     if (!x) { /* fail the job through a bookkeeping-only path */
       j->failed = 1, j->fst = MML_ENOMEM;
       mml_err_set(&j->ferr, MML_ENOMEM, "GET %s: out of memory", j->shown);
       return;
     }
-    ready_push_back(f, x);
+    fl_ready_push_back(f, x);
   }
 }
 
@@ -642,13 +279,13 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   const char *msg = x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc);
   snprintf(why, sizeof why, "%s (curl %d)", msg, (int)rc);
   if (x->overflow) {
-    xfer_release_easy(f, x);
-    part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
     return;
   }
   if (x->toobig == 2) { /* declared: the object is too large, asking again will not help */
-    xfer_release_easy(f, x);
-    part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
               (long long)(x->cr_total > 0 ? x->cr_total : x->clen),
               (long long)f->max_object_bytes);
     return;
@@ -690,8 +327,8 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
       retry_or_fail(f, x, RETRY_RESET, MML_EFETCH, why);
       return;
     default:
-      xfer_release_easy(f, x);
-      part_fail(f, x, MML_EFETCH, "%s", why);
+      fl_xfer_release_easy(f, x);
+      fl_part_fail(f, x, MML_EFETCH, "%s", why);
       return;
   }
 }
@@ -706,8 +343,8 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
   if (s == 206 && x->cr_start >= 0) expect = x->cr_end - x->cr_start + 1;
   else if (x->clen >= 0 && !x->skip && !j->head) expect = x->clen;
   if (s == 206 && x->cr_start >= 0 && x->cr_start != x->off) {
-    xfer_release_easy(f, x);
-    part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)", (long long)x->cr_start);
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)", (long long)x->cr_start);
     return;
   }
   if (expect >= 0 && x->got < expect && !j->head) {
@@ -719,6 +356,7 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     curl_off_t cl = -1;
     curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
     j->total = cl;
+    memcpy(j->etag, x->etag, sizeof j->etag); /* reported after the size (mml_fetch_stat) */
   } else if (x->cr_total >= 0) {
     j->total = x->cr_total;
   } else if (s == 200 && !x->skip) {
@@ -731,12 +369,12 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
     return;
   }
-  xfer_release_easy(f, x);
+  fl_xfer_release_easy(f, x);
   if (x->probe && s == 206 && j->total > x->off + x->got) {
     memcpy(j->etag, x->etag, sizeof j->etag);
     spawn_rest(f, x);
   }
-  part_done(f, x);
+  fl_part_done(f, x);
 }
 
 /* A non-2xx reply: 416 on a range past the end is an empty body; 429, 5xx and 408 are
@@ -750,9 +388,9 @@ static void xfer_http_error(mml_fetcher *f, xfer *x) {
      * bytes=0-N gets this for an empty object).  Nothing there, not an error. */
     if (x->cr_total >= 0) j->total = x->cr_total;
     else if (j->total < 0 || j->total > x->off) j->total = x->off;
-    xfer_release_easy(f, x);
+    fl_xfer_release_easy(f, x);
     if (x->probe) mml_bytes_clear(&j->body);
-    part_done(f, x);
+    fl_part_done(f, x);
     return;
   }
   char code[128] = "", msg[256] = "";
@@ -765,13 +403,13 @@ static void xfer_http_error(mml_fetcher *f, xfer *x) {
   else if (s == 500 || s == 502 || s == 503 || s == 504) retry_or_fail(f, x, RETRY_5XX, MML_EFETCH, why);
   else if (s == 408) retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
   else if (s == 412 && j->etag[0]) {
-    xfer_release_easy(f, x);
-    part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)", j->etag);
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)", j->etag);
   }
   else {
     mml_status st = s == 404 ? MML_ENOENT : (s == 401 || s == 403) ? MML_EAUTH : MML_EFETCH;
-    xfer_release_easy(f, x);
-    part_fail(f, x, st, "%s", why);
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, st, "%s", why);
   }
 }
 
@@ -781,8 +419,8 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
   curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &http);
   if (!x->http) x->http = http;
   if (x->nomem) {
-    xfer_release_easy(f, x);
-    part_fail(f, x, MML_ENOMEM, "out of memory receiving the body");
+    fl_xfer_release_easy(f, x);
+    fl_part_fail(f, x, MML_ENOMEM, "out of memory receiving the body");
     return;
   }
   if (rc != CURLE_OK) {
@@ -798,41 +436,41 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
 
 /* Turns a job fresh from the queue into its first xfer(s). */
 static void job_plan(mml_fetcher *f, job *j) {
-  link_j(f, j);
+  fl_link_j(f, j);
   if (j->head || (j->canon_query && *j->canon_query)) { /* HEAD, listing: one plain request */
-    xfer *x = xfer_new(f, j, 0, 0, 1, 0);
+    xfer *x = fl_xfer_new(f, j, 0, 0, 1, 0);
     if (!x) goto oom;
-    ready_push_back(f, x);
+    fl_ready_push_back(f, x);
     return;
   }
   if (j->len < 0) { /* to the end, size unknown: probe the first chunk */
-    xfer *x = xfer_new(f, j, j->off, -1, 1, 0);
+    xfer *x = fl_xfer_new(f, j, j->off, -1, 1, 0);
     if (!x) goto oom;
-    ready_push_back(f, x);
+    fl_ready_push_back(f, x);
     return;
   }
   if (j->len == 0) {
-    job_finish(f, j);
+    fl_job_finish(f, j);
     return;
   }
   if (mml_bytes_reserve(&j->body, (size_t)j->len)) goto oom;
   j->body.len = (size_t)j->len;
   for (int64_t o = 0; o < j->len; o += f->range_chunk) {
     int64_t n = j->len - o < f->range_chunk ? j->len - o : f->range_chunk;
-    xfer *x = xfer_new(f, j, j->off + o, n, 0, o);
+    xfer *x = fl_xfer_new(f, j, j->off + o, n, 0, o);
     if (!x) {
       j->failed = 1, j->fst = MML_ENOMEM;
       mml_err_set(&j->ferr, MML_ENOMEM, "GET %s: out of memory", j->shown);
-      if (j->parts_left == 0) job_finish(f, j);
+      if (j->parts_left == 0) fl_job_finish(f, j);
       return;
     }
-    ready_push_back(f, x);
+    fl_ready_push_back(f, x);
   }
   return;
 oom:
   j->failed = 1, j->fst = MML_ENOMEM;
   mml_err_set(&j->ferr, MML_ENOMEM, "GET %s: out of memory", j->shown);
-  if (j->parts_left == 0) job_finish(f, j);
+  if (j->parts_left == 0) fl_job_finish(f, j);
 }
 
 static void cancel_all(mml_fetcher *f) {
@@ -843,13 +481,13 @@ static void cancel_all(mml_fetcher *f) {
       j->failed = 1, j->fst = MML_ECANCELLED;
       mml_err_set(&j->ferr, MML_ECANCELLED, "GET %s: cancelled (fetcher closed)", j->shown);
     }
-    part_done(f, x);
+    fl_part_done(f, x);
   }
   while (f->all_j) { /* jobs without parts (none expected) */
     job *j = f->all_j;
     j->failed = 1, j->fst = MML_ECANCELLED;
     mml_err_set(&j->ferr, MML_ECANCELLED, "GET %s: cancelled (fetcher closed)", j->shown);
-    job_finish(f, j);
+    fl_job_finish(f, j);
   }
   f->ready_head = f->ready_tail = f->delayed = NULL;
 }
@@ -866,7 +504,7 @@ void *mml_fetch_io_main(void *arg) {
       /* queued jobs were never planned: cancel them too */
       while (q) {
         job *n = q->next;
-        link_j(f, q);
+        fl_link_j(f, q);
         q = n;
       }
       break;
@@ -881,7 +519,7 @@ void *mml_fetch_io_main(void *arg) {
       xfer *x = *pp;
       if (x->due <= now) {
         *pp = x->next;
-        ready_push_front(f, x);
+        fl_ready_push_front(f, x);
       } else {
         if (!next_due || x->due < next_due) next_due = x->due;
         pp = &x->next;
@@ -892,7 +530,7 @@ void *mml_fetch_io_main(void *arg) {
       f->ready_head = x->next;
       if (!f->ready_head) f->ready_tail = NULL;
       mml_err err = {0};
-      if (xfer_start(f, x, &err) != MML_OK) part_fail(f, x, err.status, "%s", err.msg);
+      if (xfer_start(f, x, &err) != MML_OK) fl_part_fail(f, x, err.status, "%s", err.msg);
     }
     int running = 0;
     curl_multi_perform(f->multi, &running);
@@ -934,8 +572,8 @@ static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
     pthread_mutex_unlock(&f->mu);
     mml_err_set(err, MML_ECLOSED, "fetcher is closed");
     j->failed = 1, j->fst = MML_ECLOSED, j->ferr = *err;
-    notify_waiters(twin_detach(j), j, MML_ECLOSED, NULL); /* joined it meanwhile */
-    job_free(j);
+    fl_notify_waiters(fl_twin_detach(j), j, MML_ECLOSED, NULL); /* joined it meanwhile */
+    fl_job_free(j);
     return MML_ECLOSED;
   }
   j->next = NULL;
@@ -952,8 +590,8 @@ mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *q
                                   void *ctx, mml_err *err) {
   if (!f) return mml_err_set(err, MML_EINVAL, "fetch: NULL fetcher");
   job *j = NULL;
-  mml_status st = job_new(f, url, query, off, len, head, cb, ctx, &j, err);
+  mml_status st = fl_job_new(f, url, query, off, len, head, cb, ctx, &j, err);
   if (st) return st;
-  if (!head && !query && twin_attach(f, j)) return MML_OK;
+  if (!head && !query && fl_twin_attach(f, j)) return MML_OK;
   return submit_job(f, j, err);
 }

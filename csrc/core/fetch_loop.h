@@ -1,5 +1,6 @@
 /*
- * fetch_loop.h — private to the fetcher (fetch.c, fetch_loop.c, fetch_sync.c, s3.c): the
+ * fetch_loop.h — private to the fetcher (fetch.c, fetch_loop.c, fetch_job.c, fetch_sync.c,
+ * s3.c): the
  * job/xfer/fetcher structures and the entry points of the I/O loop.  Threads and
  * ownership are described at the top of fetch_loop.c.
  */
@@ -150,5 +151,26 @@ void *mml_fetch_io_main(void *arg);
 mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query,
                                   int64_t off, int64_t len, int head, mml_fetch_cb cb,
                                   void *ctx, mml_err *err);
+
+/* ---- fetch_job.c: jobs, xfers, coalescing, completion, curl callbacks (I/O thread) ---- */
+void fl_job_free(job *j);
+mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_t off,
+                      int64_t len, int head, mml_fetch_cb cb, void *ctx, job **out,
+                      mml_err *err);
+void fl_link_j(mml_fetcher *f, job *j);
+void fl_ready_push_back(mml_fetcher *f, xfer *x);
+void fl_ready_push_front(mml_fetcher *f, xfer *x);
+xfer *fl_xfer_new(mml_fetcher *f, job *j, int64_t off, int64_t len, int probe, int64_t dst);
+void fl_xfer_release_easy(mml_fetcher *f, xfer *x);
+int fl_twin_attach(mml_fetcher *top, job *j);
+fetch_waiter *fl_twin_detach(job *j);
+void fl_notify_waiters(fetch_waiter *w, const job *j, mml_status st, const mml_bytes *body);
+void fl_job_finish(mml_fetcher *f, job *j);
+void fl_part_done(mml_fetcher *f, xfer *x);
+void fl_part_fail(mml_fetcher *f, xfer *x, mml_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+size_t fl_on_header(char *p, size_t sz, size_t n, void *ud);
+int fl_on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un);
+size_t fl_on_body(char *p, size_t sz, size_t n, void *ud);
 
 #endif

@@ -68,20 +68,31 @@ mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t l
   return mml_fetch_get_query(f, url, NULL, off, len, 0, out, err);
 }
 
-mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err) {
+mml_status mml_fetch_stat(mml_fetcher *f, const char *url, int64_t *size, char *etag,
+                          size_t etag_cap, mml_err *err) {
   if (!size) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
   mml_bytes h = {0};
   mml_status st = mml_fetch_get_query(f, url, NULL, 0, -1, 1, &h, err);
   if (st == MML_OK) {
     int64_t v = -1;
-    if (h.len == sizeof v) memcpy(&v, h.data, sizeof v);
+    if (h.len >= sizeof v) memcpy(&v, h.data, sizeof v);
     if (v < 0) {
       char *shown = mml_url_redact(url);
       st = mml_err_set(err, MML_EFETCH, "HEAD %s: no Content-Length", shown ? shown : "(url)");
       free(shown);
+    } else {
+      *size = v;
+      if (etag && etag_cap) { /* the bytes after the size: the ETag, as the server sent it */
+        size_t n = h.len - sizeof v < etag_cap - 1 ? h.len - sizeof v : etag_cap - 1;
+        memcpy(etag, h.data + sizeof v, n);
+        etag[n] = 0;
+      }
     }
-    else *size = v;
   }
   mml_bytes_free(&h);
   return st;
+}
+
+mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err) {
+  return mml_fetch_stat(f, url, size, NULL, 0, err);
 }

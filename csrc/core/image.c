@@ -413,6 +413,108 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
   }
 }
 
+/* The transformations for the colour type, the pixel conversion, and a transparent colour
+ * key.  Runs inside decode_png's setjmp (libpng errors longjmp there). */
+static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int ctype,
+                          int depth, struct png_conv *conv) {
+  const int composite = d->alpha == MML_ALPHA_COMPOSITE;
+  /* copy tRNS before any transformation can rescale libpng's copy of it */
+  png_bytep t_alpha = NULL;
+  int n_trans = 0;
+  png_color_16p t_color = NULL;
+  int has_trns = png_get_valid(png, info, PNG_INFO_tRNS) &&
+                 png_get_tRNS(png, info, &t_alpha, &n_trans, &t_color);
+  /* Where Pillow keeps a transparent colour in info["transparency"] after convert("RGB")
+   * (the other routes), the processor's convert_to_rgb still turns that colour white */
+  int key = 0;
+  unsigned kr = 0, kg = 0, kb = 0;
+  switch (ctype) {
+    case PNG_COLOR_TYPE_PALETTE:
+      png_set_palette_to_rgb(png); /* = png_set_expand: also turns a tRNS into alpha */
+      if (has_trns && composite) {
+        png_set_tRNS_to_alpha(png);
+        conv->kind = PX_RGBA8;
+        break;
+      }
+      if (has_trns) png_set_strip_alpha(png);
+      conv->kind = PX_RGB8;
+      /* Pillow keeps an index only for one fully transparent entry among opaque ones */
+      int idx = -1, simple = has_trns;
+      for (int k = 0; k < n_trans && simple; k++) {
+        if (t_alpha[k] == 0 && idx < 0) idx = k;
+        else if (t_alpha[k] != 255) simple = 0;
+      }
+      png_colorp pal = NULL;
+      int npal = 0;
+      if (simple && idx >= 0 && png_get_PLTE(png, info, &pal, &npal)) {
+        key = 1;
+        if (idx < npal) kr = pal[idx].red, kg = pal[idx].green, kb = pal[idx].blue;
+      }
+      break;
+    case PNG_COLOR_TYPE_GRAY:
+      if (depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+      conv->kind = depth == 16 ? PX_G16 : PX_G8;
+      if (has_trns && t_color) key = 1, kr = kg = kb = t_color->gray;
+      break;
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      conv->kind = PX_GA8;
+      break;
+    case PNG_COLOR_TYPE_RGB:
+      conv->kind = PX_RGB8;
+      if (has_trns && t_color) key = 1, kr = t_color->red, kg = t_color->green, kb = t_color->blue;
+      break;
+    case PNG_COLOR_TYPE_RGB_ALPHA:
+      conv->kind = PX_RGBA8;
+      break;
+    default:
+      png_error(png, "unknown color type");
+  }
+  if (key && d->alpha == MML_ALPHA_PASTE) { /* qwen-vl-utils: white after its resize */
+    if (kr < 256 && kg < 256 && kb < 256) {
+      d->key = 1;
+      d->kc[0] = (uint8_t)kr, d->kc[1] = (uint8_t)kg, d->kc[2] = (uint8_t)kb;
+    }
+  } else if (key) { /* before any resize: the processor and load_image routes */
+    conv->trns = 1;
+    conv->tr = kr, conv->tg = kg, conv->tb = kb;
+  }
+}
+
+/* Reads the rows (all passes of an interlaced image first) and hands them to the sink.
+ * Runs inside decode_png's setjmp. */
+static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct png_conv *conv,
+                                int w, int h, int passes, size_t rowbytes,
+                                const mml_row_sink *sink, mml_err *err) {
+  mml_status st;
+  if (passes > 1) {
+    if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->whole, (size_t)h * rowbytes))
+      return mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w,
+                         h);
+    for (int p = 0; p < passes; p++)
+      for (int y = 0; y < h; y++) png_read_row(png, d->whole.data + (size_t)y * rowbytes, NULL);
+    for (int y = 0; y < h; y++) {
+      png_row_to_rgb(conv, d->whole.data + (size_t)y * rowbytes, d->row.data, w);
+      if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) return st;
+    }
+    return MML_OK;
+  }
+  if (mml_bytes_reserve(&d->raw, rowbytes))
+    return mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
+  const int plain = conv->kind == PX_RGB8 && !conv->trns && rowbytes == (size_t)w * 3;
+  for (int y = 0; y < h; y++) {
+    uint8_t *b = plain && sink->row_buf ? sink->row_buf(sink->ctx, y) : NULL;
+    if (b) { /* RGB8 as is: straight into the sink's memory */
+      png_read_row(png, b, NULL);
+    } else {
+      png_read_row(png, d->raw.data, NULL);
+      png_row_to_rgb(conv, d->raw.data, d->row.data, w);
+      b = d->row.data;
+    }
+    if ((st = sink->row(sink->ctx, y, b, err)) != MML_OK) return st;
+  }
+  return MML_OK;
+}
+
 static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
                              const mml_row_sink *sink, mml_err *err) {
   struct png_src src = {data, len, 0, "unknown error"};
@@ -436,67 +538,7 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
   png_get_IHDR(png, info, &w32, &h32, &depth, &ctype, &interlace, NULL, NULL);
   int w = (int)w32, h = (int)h32;
   struct png_conv conv = {.alpha = d->alpha};
-  const int composite = d->alpha == MML_ALPHA_COMPOSITE;
-  /* copy tRNS before any transformation can rescale libpng's copy of it */
-  png_bytep t_alpha = NULL;
-  int n_trans = 0;
-  png_color_16p t_color = NULL;
-  int has_trns = png_get_valid(png, info, PNG_INFO_tRNS) &&
-                 png_get_tRNS(png, info, &t_alpha, &n_trans, &t_color);
-  /* Where Pillow keeps a transparent colour in info["transparency"] after convert("RGB")
-   * (the other routes), the processor's convert_to_rgb still turns that colour white */
-  int key = 0;
-  unsigned kr = 0, kg = 0, kb = 0;
-  switch (ctype) {
-    case PNG_COLOR_TYPE_PALETTE:
-      png_set_palette_to_rgb(png); /* = png_set_expand: also turns a tRNS into alpha */
-      if (has_trns && composite) {
-        png_set_tRNS_to_alpha(png);
-        conv.kind = PX_RGBA8;
-        break;
-      }
-      if (has_trns) png_set_strip_alpha(png);
-      conv.kind = PX_RGB8;
-      /* Pillow keeps an index only for one fully transparent entry among opaque ones */
-      int idx = -1, simple = has_trns;
-      for (int k = 0; k < n_trans && simple; k++) {
-        if (t_alpha[k] == 0 && idx < 0) idx = k;
-        else if (t_alpha[k] != 255) simple = 0;
-      }
-      png_colorp pal = NULL;
-      int npal = 0;
-      if (simple && idx >= 0 && png_get_PLTE(png, info, &pal, &npal)) {
-        key = 1;
-        if (idx < npal) kr = pal[idx].red, kg = pal[idx].green, kb = pal[idx].blue;
-      }
-      break;
-    case PNG_COLOR_TYPE_GRAY:
-      if (depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-      conv.kind = depth == 16 ? PX_G16 : PX_G8;
-      if (has_trns && t_color) key = 1, kr = kg = kb = t_color->gray;
-      break;
-    case PNG_COLOR_TYPE_GRAY_ALPHA:
-      conv.kind = PX_GA8;
-      break;
-    case PNG_COLOR_TYPE_RGB:
-      conv.kind = PX_RGB8;
-      if (has_trns && t_color) key = 1, kr = t_color->red, kg = t_color->green, kb = t_color->blue;
-      break;
-    case PNG_COLOR_TYPE_RGB_ALPHA:
-      conv.kind = PX_RGBA8;
-      break;
-    default:
-      png_error(png, "unknown color type");
-  }
-  if (key && d->alpha == MML_ALPHA_PASTE) { /* qwen-vl-utils: white after its resize */
-    if (kr < 256 && kg < 256 && kb < 256) {
-      d->key = 1;
-      d->kc[0] = (uint8_t)kr, d->kc[1] = (uint8_t)kg, d->kc[2] = (uint8_t)kb;
-    }
-  } else if (key) { /* before any resize: the processor and load_image routes */
-    conv.trns = 1;
-    conv.tr = kr, conv.tg = kg, conv.tb = kb;
-  }
+  png_plan_conv(d, png, info, ctype, depth, &conv);
   if (depth == 16 && conv.kind != PX_G16) png_set_strip_16(png);
   int passes = png_set_interlace_handling(png);
   png_read_update_info(png, info);
@@ -506,35 +548,7 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
     st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
     goto done;
   }
-  if (passes > 1) {
-    if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->whole, (size_t)h * rowbytes)) {
-      st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w, h);
-      goto done;
-    }
-    for (int p = 0; p < passes; p++)
-      for (int y = 0; y < h; y++) png_read_row(png, d->whole.data + (size_t)y * rowbytes, NULL);
-    for (int y = 0; y < h; y++) {
-      png_row_to_rgb(&conv, d->whole.data + (size_t)y * rowbytes, d->row.data, w);
-      if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) goto done;
-    }
-  } else {
-    if (mml_bytes_reserve(&d->raw, rowbytes)) {
-      st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
-      goto done;
-    }
-    const int plain = conv.kind == PX_RGB8 && !conv.trns && rowbytes == (size_t)w * 3;
-    for (int y = 0; y < h; y++) {
-      uint8_t *b = plain && sink->row_buf ? sink->row_buf(sink->ctx, y) : NULL;
-      if (b) { /* RGB8 as is: straight into the sink's memory */
-        png_read_row(png, b, NULL);
-      } else {
-        png_read_row(png, d->raw.data, NULL);
-        png_row_to_rgb(&conv, d->raw.data, d->row.data, w);
-        b = d->row.data;
-      }
-      if ((st = sink->row(sink->ctx, y, b, err)) != MML_OK) goto done;
-    }
-  }
+  st = png_feed_rows(d, png, &conv, w, h, passes, rowbytes, sink, err);
 done:
   png_destroy_read_struct(&png, &info, NULL);
   return st;

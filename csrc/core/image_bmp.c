@@ -37,8 +37,10 @@ typedef struct bmp {
   const uint8_t *palette;
 } bmp;
 
-static mml_status parse(const uint8_t *p, size_t len, bmp *b, mml_err *err) {
-  memset(b, 0, sizeof *b);
+/* The file and info headers: size, depth, compression, palette entry size and the bit
+ * field masks; *pos: where Pillow's file pointer is after them. */
+static mml_status parse_header(const uint8_t *p, size_t len, bmp *b, uint32_t masks[4],
+                               size_t *pos, mml_err *err) {
   if (len < 18) return mml_err_set(err, MML_EDECODE, "BMP: truncated header");
   b->hs = mml_le32(p + 14);
   const uint32_t hs = b->hs;
@@ -46,8 +48,7 @@ static mml_status parse(const uint8_t *p, size_t len, bmp *b, mml_err *err) {
     return mml_err_set(err, MML_EUNSUPPORTED, "BMP: unsupported header type (%u)", hs);
   if (len < 14 + (size_t)hs) return mml_err_set(err, MML_EDECODE, "BMP: truncated header");
   const uint8_t *hd = p + 18;
-  size_t pos = 14 + hs; /* where Pillow's file pointer is after the header */
-  uint32_t masks[4] = {0, 0, 0, 0};
+  *pos = 14 + hs;
   if (hs == 12) {
     b->w = mml_le16(hd);
     b->h = mml_le16(hd + 2);
@@ -66,15 +67,86 @@ static mml_status parse(const uint8_t *p, size_t len, bmp *b, mml_err *err) {
       if (hs - 4 >= 48) {
         for (int i = 0; i < (hs - 4 >= 52 ? 4 : 3); i++) masks[i] = mml_le32(hd + 36 + 4 * i);
       } else { /* a 40-byte header: the three masks follow it */
-        if (len < pos + 12) return mml_err_set(err, MML_EDECODE, "BMP: truncated bit fields");
-        for (int i = 0; i < 3; i++) masks[i] = mml_le32(p + pos + 4 * i);
-        pos += 12;
+        if (len < *pos + 12) return mml_err_set(err, MML_EDECODE, "BMP: truncated bit fields");
+        for (int i = 0; i < 3; i++) masks[i] = mml_le32(p + *pos + 4 * i);
+        *pos += 12;
       }
     }
   }
   if (b->w <= 0 || b->h <= 0 || b->w > 0x7fffffff || b->h > 0x7fffffff)
     return mml_err_set(err, MML_EDECODE, "BMP: bad size %lldx%lld", (long long)b->w,
                        (long long)b->h);
+  return MML_OK;
+}
+
+/* Bit fields: the mask layouts Pillow reads (kind '6' for 5-6-5, channel bytes for 32-bit). */
+static mml_status parse_bitfields(bmp *b, const uint32_t masks[4], mml_err *err) {
+  static const uint32_t k32[8][4] = {
+      {0xFF0000, 0xFF00, 0xFF, 0x0},          {0xFF000000, 0xFF0000, 0xFF00, 0x0},
+      {0xFF000000, 0xFF00, 0xFF, 0x0},        {0xFF000000, 0xFF0000, 0xFF00, 0xFF},
+      {0xFF, 0xFF00, 0xFF0000, 0xFF000000},   {0xFF0000, 0xFF00, 0xFF, 0xFF000000},
+      {0xFF000000, 0xFF00, 0xFF, 0xFF0000},   {0x0, 0x0, 0x0, 0x0}};
+  const int bits = b->bits;
+  int ok = 0;
+  if (bits == 32) {
+    for (int i = 0; i < 8 && !ok; i++) ok = !memcmp(masks, k32[i], 4 * sizeof *masks);
+    if (ok && masks[0] == 0) { /* all zero: Pillow reads BGRA */
+      b->ch[3] = 3;
+    } else if (ok) {
+      for (int c = 0; c < 4; c++) {
+        b->ch[c] = -1;
+        for (int byte = 0; byte < 4 && masks[c]; byte++)
+          if (masks[c] == 0xFFu << (8 * byte)) b->ch[c] = byte;
+      }
+    }
+  } else if (bits == 24) {
+    ok = masks[0] == 0xFF0000 && masks[1] == 0xFF00 && masks[2] == 0xFF;
+  } else if (bits == 16) {
+    if (masks[0] == 0xF800 && masks[1] == 0x7E0 && masks[2] == 0x1F) ok = 1, b->kind = '6';
+    else ok = masks[0] == 0x7C00 && masks[1] == 0x3E0 && masks[2] == 0x1F;
+  }
+  if (!ok)
+    return mml_err_set(err, MML_EUNSUPPORTED,
+                       "BMP: unsupported bit fields layout (%d-bit, masks %x %x %x %x)", bits,
+                       masks[0], masks[1], masks[2], masks[3]);
+  return MML_OK;
+}
+
+/* The palette at *pos (moved past it), and Pillow's gray test (kind 'L'). */
+static mml_status parse_palette(const uint8_t *p, size_t len, bmp *b, size_t *pos,
+                                mml_err *err) {
+  const int bits = b->bits;
+  if (b->colors == 0 || b->colors > 65536)
+    return mml_err_set(err, MML_EUNSUPPORTED, "BMP: unsupported palette size (%u)", b->colors);
+  if (len < *pos + (size_t)b->pad * b->colors)
+    return mml_err_set(err, MML_EDECODE, "BMP: truncated palette");
+  b->palette = p + *pos;
+  *pos += (size_t)b->pad * b->colors;
+  /* Pillow's gray test: entry i is (i, i, i), or (0,0,0), (255,255,255) for 2 colours */
+  int gray = 1;
+  for (uint32_t i = 0; i < b->colors && gray; i++) {
+    uint32_t v = b->colors == 2 ? (i ? 255 : 0) : i;
+    const uint8_t *e = b->palette + (size_t)i * b->pad;
+    gray = v <= 255 && e[0] == v && e[1] == v && e[2] == v;
+  }
+  int rle = b->compression != BMP_RAW;
+  if (gray) {
+    if (b->colors <= 2 ? (bits != 1 || rle) : (bits != 8 && !rle))
+      return mml_err_set(err, MML_EUNSUPPORTED,
+                         "BMP: %d-bit%s pixels with a %u-entry gray palette (read as another "
+                         "depth by Pillow)", bits, rle ? " RLE" : "", b->colors);
+    b->kind = 'L';
+  }
+  return MML_OK;
+}
+
+static mml_status parse(const uint8_t *p, size_t len, bmp *b, mml_err *err) {
+  memset(b, 0, sizeof *b);
+  size_t pos = 0; /* where Pillow's file pointer is after the header */
+  uint32_t masks[4] = {0, 0, 0, 0};
+  mml_status st = parse_header(p, len, b, masks, &pos, err);
+  if (st != MML_OK) return st;
+  const uint32_t hs = b->hs;
   int bits = b->bits;
   if (!b->colors) b->colors = bits < 32 ? 1u << bits : 0;
   b->offset = mml_le32(p + 10);
@@ -84,62 +156,14 @@ static mml_status parse(const uint8_t *p, size_t len, bmp *b, mml_err *err) {
   b->kind = bits <= 8 ? 'P' : bits == 16 ? '5' : bits == 24 ? '3' : '4';
   b->ch[0] = 2, b->ch[1] = 1, b->ch[2] = 0, b->ch[3] = -1; /* BGRX */
   if (b->compression == BMP_BITFIELDS) {
-    static const uint32_t k32[8][4] = {
-        {0xFF0000, 0xFF00, 0xFF, 0x0},          {0xFF000000, 0xFF0000, 0xFF00, 0x0},
-        {0xFF000000, 0xFF00, 0xFF, 0x0},        {0xFF000000, 0xFF0000, 0xFF00, 0xFF},
-        {0xFF, 0xFF00, 0xFF0000, 0xFF000000},   {0xFF0000, 0xFF00, 0xFF, 0xFF000000},
-        {0xFF000000, 0xFF00, 0xFF, 0xFF0000},   {0x0, 0x0, 0x0, 0x0}};
-    int ok = 0;
-    if (bits == 32) {
-      for (int i = 0; i < 8 && !ok; i++) ok = !memcmp(masks, k32[i], sizeof masks);
-      if (ok && masks[0] == 0) { /* all zero: Pillow reads BGRA */
-        b->ch[3] = 3;
-      } else if (ok) {
-        for (int c = 0; c < 4; c++) {
-          b->ch[c] = -1;
-          for (int byte = 0; byte < 4 && masks[c]; byte++)
-            if (masks[c] == 0xFFu << (8 * byte)) b->ch[c] = byte;
-        }
-      }
-    } else if (bits == 24) {
-      ok = masks[0] == 0xFF0000 && masks[1] == 0xFF00 && masks[2] == 0xFF;
-    } else if (bits == 16) {
-      if (masks[0] == 0xF800 && masks[1] == 0x7E0 && masks[2] == 0x1F) ok = 1, b->kind = '6';
-      else ok = masks[0] == 0x7C00 && masks[1] == 0x3E0 && masks[2] == 0x1F;
-    }
-    if (!ok)
-      return mml_err_set(err, MML_EUNSUPPORTED,
-                         "BMP: unsupported bit fields layout (%d-bit, masks %x %x %x %x)", bits,
-                         masks[0], masks[1], masks[2], masks[3]);
+    if ((st = parse_bitfields(b, masks, err)) != MML_OK) return st;
   } else if (b->compression == BMP_RLE8 || b->compression == BMP_RLE4) {
     if (bits > 8)
       return mml_err_set(err, MML_EUNSUPPORTED, "BMP: RLE compression of %d-bit pixels", bits);
   } else if (b->compression != BMP_RAW) {
     return mml_err_set(err, MML_EUNSUPPORTED, "BMP: unsupported compression (%d)", b->compression);
   }
-  if (b->kind == 'P') {
-    if (b->colors == 0 || b->colors > 65536)
-      return mml_err_set(err, MML_EUNSUPPORTED, "BMP: unsupported palette size (%u)", b->colors);
-    if (len < pos + (size_t)b->pad * b->colors)
-      return mml_err_set(err, MML_EDECODE, "BMP: truncated palette");
-    b->palette = p + pos;
-    pos += (size_t)b->pad * b->colors;
-    /* Pillow's gray test: entry i is (i, i, i), or (0,0,0), (255,255,255) for 2 colours */
-    int gray = 1;
-    for (uint32_t i = 0; i < b->colors && gray; i++) {
-      uint32_t v = b->colors == 2 ? (i ? 255 : 0) : i;
-      const uint8_t *e = b->palette + (size_t)i * b->pad;
-      gray = v <= 255 && e[0] == v && e[1] == v && e[2] == v;
-    }
-    int rle = b->compression != BMP_RAW;
-    if (gray) {
-      if (b->colors <= 2 ? (bits != 1 || rle) : (bits != 8 && !rle))
-        return mml_err_set(err, MML_EUNSUPPORTED,
-                           "BMP: %d-bit%s pixels with a %u-entry gray palette (read as another "
-                           "depth by Pillow)", bits, rle ? " RLE" : "", b->colors);
-      b->kind = 'L';
-    }
-  }
+  if (b->kind == 'P' && (st = parse_palette(p, len, b, &pos, err)) != MML_OK) return st;
   if (!b->offset) b->offset = pos;
   return MML_OK;
 }

@@ -81,6 +81,62 @@ static mml_status gif_fail(GifFileType *g, mml_err *err, const char *what) {
   return mml_err_set(err, MML_EDECODE, "GIF: %s (%s)", what, why ? why : "unknown error");
 }
 
+/* Reads the blocks up to the first image descriptor; *trans: the transparent index of a
+ * graphics control extension before it, -1 when none. */
+static mml_status gif_first_image(GifFileType *g, int *trans, mml_err *err) {
+  *trans = -1;
+  for (;;) {
+    GifRecordType rt;
+    if (DGifGetRecordType(g, &rt) == GIF_ERROR)
+      return gif_fail(g, err, "bad block before the first image");
+    if (rt == IMAGE_DESC_RECORD_TYPE) break;
+    if (rt == TERMINATE_RECORD_TYPE)
+      return mml_err_set(err, MML_EDECODE, "GIF: no image before the trailer");
+    if (rt != EXTENSION_RECORD_TYPE) continue;
+    int code;
+    GifByteType *ext;
+    if (DGifGetExtension(g, &code, &ext) == GIF_ERROR)
+      return gif_fail(g, err, "bad extension block");
+    /* ext[0] is the sub-block's length; Pillow reads flags and index from the first one */
+    if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4 && (ext[1] & 1)) *trans = ext[4];
+    while (ext)
+      if (DGifGetExtensionNext(g, &ext) == GIF_ERROR)
+        return gif_fail(g, err, "bad extension block");
+  }
+  if (DGifGetImageDesc(g) == GIF_ERROR) return gif_fail(g, err, "bad image descriptor");
+  return MML_OK;
+}
+
+/* The palette as RGB per index, with the transparency policy applied (or, for
+ * qwen-vl-utils, the colour key left to the caller). */
+static void gif_palette(const GifFileType *g, int trans, mml_img_bufs *b, uint8_t lut[256][3]) {
+  const GifImageDesc *id = &g->Image;
+  const ColorMapObject *cm = id->ColorMap ? id->ColorMap : g->SColorMap;
+  memset(lut, 0, 256 * 3);
+  for (int i = 0; i < 256; i++) {
+    if (!cm) {
+      lut[i][0] = lut[i][1] = lut[i][2] = (uint8_t)i;
+    } else if (i < cm->ColorCount) {
+      lut[i][0] = cm->Colors[i].Red;
+      lut[i][1] = cm->Colors[i].Green;
+      lut[i][2] = cm->Colors[i].Blue;
+    }
+  }
+  if (trans >= 0 && b->alpha == MML_ALPHA_COMPOSITE) {
+    memset(lut[trans], 255, 3);
+  } else if (trans >= 0) { /* convert("RGB") keeps the index's colour as info["transparency"] */
+    uint8_t k[3];
+    memcpy(k, lut[trans], 3);
+    if (b->alpha == MML_ALPHA_DROP) { /* load_image: the processor whitens it before resizing */
+      for (int i = 0; i < 256; i++)
+        if (!memcmp(lut[i], k, 3)) memset(lut[i], 255, 3);
+    } else { /* qwen-vl-utils: after its resize (the caller does it) */
+      *b->key = 1;
+      memcpy(b->kc, k, 3);
+    }
+  }
+}
+
 mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                           const mml_row_sink *sink, mml_err *err) {
   mml_image_info info;
@@ -94,37 +150,7 @@ mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
     return mml_err_set(err, MML_EDECODE, "GIF: cannot open (%s)", why ? why : "unknown error");
   }
   int trans = -1;
-  for (;;) {
-    GifRecordType rt;
-    if (DGifGetRecordType(g, &rt) == GIF_ERROR) {
-      st = gif_fail(g, err, "bad block before the first image");
-      goto done;
-    }
-    if (rt == IMAGE_DESC_RECORD_TYPE) break;
-    if (rt == TERMINATE_RECORD_TYPE) {
-      st = mml_err_set(err, MML_EDECODE, "GIF: no image before the trailer");
-      goto done;
-    }
-    if (rt != EXTENSION_RECORD_TYPE) continue;
-    int code;
-    GifByteType *ext;
-    if (DGifGetExtension(g, &code, &ext) == GIF_ERROR) {
-      st = gif_fail(g, err, "bad extension block");
-      goto done;
-    }
-    /* ext[0] is the sub-block's length; Pillow reads flags and index from the first one */
-    if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4 && (ext[1] & 1)) trans = ext[4];
-    while (ext) {
-      if (DGifGetExtensionNext(g, &ext) == GIF_ERROR) {
-        st = gif_fail(g, err, "bad extension block");
-        goto done;
-      }
-    }
-  }
-  if (DGifGetImageDesc(g) == GIF_ERROR) {
-    st = gif_fail(g, err, "bad image descriptor");
-    goto done;
-  }
+  if ((st = gif_first_image(g, &trans, err)) != MML_OK) goto done;
   const GifImageDesc *id = &g->Image;
   const int W = info.width, H = info.height;
   const int fx = id->Left, fy = id->Top, fw = id->Width, fh = id->Height;
@@ -149,31 +175,8 @@ mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
       }
     }
   }
-  const ColorMapObject *cm = id->ColorMap ? id->ColorMap : g->SColorMap;
   uint8_t lut[256][3];
-  memset(lut, 0, sizeof lut);
-  for (int i = 0; i < 256; i++) {
-    if (!cm) {
-      lut[i][0] = lut[i][1] = lut[i][2] = (uint8_t)i;
-    } else if (i < cm->ColorCount) {
-      lut[i][0] = cm->Colors[i].Red;
-      lut[i][1] = cm->Colors[i].Green;
-      lut[i][2] = cm->Colors[i].Blue;
-    }
-  }
-  if (trans >= 0 && b->alpha == MML_ALPHA_COMPOSITE) {
-    memset(lut[trans], 255, 3);
-  } else if (trans >= 0) { /* convert("RGB") keeps the index's colour as info["transparency"] */
-    uint8_t k[3];
-    memcpy(k, lut[trans], 3);
-    if (b->alpha == MML_ALPHA_DROP) { /* load_image: the processor whitens it before resizing */
-      for (int i = 0; i < 256; i++)
-        if (!memcmp(lut[i], k, 3)) memset(lut[i], 255, 3);
-    } else { /* qwen-vl-utils: after its resize (the caller does it) */
-      *b->key = 1;
-      memcpy(b->kc, k, 3);
-    }
-  }
+  gif_palette(g, trans, b, lut);
   if ((st = sink->begin(sink->ctx, W, H, err)) != MML_OK) goto done;
   for (int y = 0; y < H; y++) {
     const uint8_t *s = canvas + (size_t)y * W;

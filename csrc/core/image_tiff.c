@@ -300,6 +300,54 @@ static inline unsigned sample(const page *pg, const uint8_t *const *ln, int x, i
   return ln[0][x / per] >> (8 - pg->bps * (x % per + 1)) & ((1u << pg->bps) - 1);
 }
 
+/* Line y of the page (pointers per plane for separate, else one) -> RGB8 at o3. */
+static void tiff_line_to_rgb(const page *pg, const uint8_t *const *ln, int alpha,
+                             uint8_t *o3) {
+  static const uint8_t gray_scale[9] = {0, 255, 85, 0, 17, 0, 0, 0, 1};
+  for (int x = 0; x < pg->w; x++, o3 += 3) {
+    switch (pg->kind) {
+      case K_GRAY: {
+        unsigned v = sample(pg, ln, x, 0) * gray_scale[pg->bps];
+        o3[0] = o3[1] = o3[2] = (uint8_t)(pg->invert ? 255 - v : v);
+        break;
+      }
+      case K_GRAY16: {
+        unsigned v = sample(pg, ln, x, 0);
+        o3[0] = o3[1] = o3[2] = (uint8_t)(v > 255 ? 255 : v);
+        break;
+      }
+      case K_GA:
+        o3[0] = o3[1] = o3[2] =
+            mml_alpha_px(alpha, 0, sample(pg, ln, x, 0), sample(pg, ln, x, 1)); /* LA */
+        break;
+      case K_PAL:
+        memcpy(o3, pg->pal[sample(pg, ln, x, 0)], 3);
+        break;
+      case K_RGB: {
+        const int sh = pg->bps == 16 ? 8 : 0;
+        unsigned c[3];
+        for (int s = 0; s < 3; s++) c[s] = sample(pg, ln, x, s) >> sh;
+        if (pg->alpha) {
+          unsigned a = sample(pg, ln, x, 3) >> sh;
+          for (int s = 0; s < 3; s++) {
+            unsigned v = c[s];
+            if (pg->alpha == 1) v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
+            o3[s] = mml_alpha_px(alpha, 1, v, a); /* Pillow's mode RGBA */
+          }
+        } else {
+          o3[0] = (uint8_t)c[0], o3[1] = (uint8_t)c[1], o3[2] = (uint8_t)c[2];
+        }
+        break;
+      }
+      case K_CMYK: {
+        unsigned k = sample(pg, ln, x, 3);
+        for (int s = 0; s < 3; s++) o3[s] = cmyk_channel(sample(pg, ln, x, s), k);
+        break;
+      }
+    }
+  }
+}
+
 mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
                            const mml_row_sink *sink, mml_err *err) {
   mml_image_info info;
@@ -348,53 +396,10 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
   }
   if (orient == 1 && (st = sink->begin(sink->ctx, pg.w, pg.h, err)) != MML_OK) goto done;
   const size_t plane = row * (size_t)pg.h;
-  static const uint8_t gray_scale[9] = {0, 255, 85, 0, 17, 0, 0, 0, 1};
   for (int y = 0; y < pg.h; y++) {
     const uint8_t *ln[4];
     for (int s = 0; s < 4; s++) ln[s] = b->whole->data + (pg.separate ? s * plane : 0) + y * row;
-    uint8_t *o3 = b->row->data;
-    for (int x = 0; x < pg.w; x++, o3 += 3) {
-      switch (pg.kind) {
-        case K_GRAY: {
-          unsigned v = sample(&pg, ln, x, 0) * gray_scale[pg.bps];
-          o3[0] = o3[1] = o3[2] = (uint8_t)(pg.invert ? 255 - v : v);
-          break;
-        }
-        case K_GRAY16: {
-          unsigned v = sample(&pg, ln, x, 0);
-          o3[0] = o3[1] = o3[2] = (uint8_t)(v > 255 ? 255 : v);
-          break;
-        }
-        case K_GA:
-          o3[0] = o3[1] = o3[2] =
-              mml_alpha_px(b->alpha, 0, sample(&pg, ln, x, 0), sample(&pg, ln, x, 1)); /* LA */
-          break;
-        case K_PAL:
-          memcpy(o3, pg.pal[sample(&pg, ln, x, 0)], 3);
-          break;
-        case K_RGB: {
-          const int sh = pg.bps == 16 ? 8 : 0;
-          unsigned c[3];
-          for (int s = 0; s < 3; s++) c[s] = sample(&pg, ln, x, s) >> sh;
-          if (pg.alpha) {
-            unsigned a = sample(&pg, ln, x, 3) >> sh;
-            for (int s = 0; s < 3; s++) {
-              unsigned v = c[s];
-              if (pg.alpha == 1) v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
-              o3[s] = mml_alpha_px(b->alpha, 1, v, a); /* Pillow's mode RGBA */
-            }
-          } else {
-            o3[0] = (uint8_t)c[0], o3[1] = (uint8_t)c[1], o3[2] = (uint8_t)c[2];
-          }
-          break;
-        }
-        case K_CMYK: {
-          unsigned k = sample(&pg, ln, x, 3);
-          for (int s = 0; s < 3; s++) o3[s] = cmyk_channel(sample(&pg, ln, x, s), k);
-          break;
-        }
-      }
-    }
+    tiff_line_to_rgb(&pg, ln, b->alpha, b->row->data);
     if (orient > 1) memcpy(flat.data + (size_t)y * pg.w * 3, b->row->data, (size_t)pg.w * 3);
     else if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
   }

@@ -132,7 +132,7 @@ static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
  * shorter reply is the end), so indexing holds one chunk, never the object. */
 enum { INDEX_CHUNK = 8 << 20 };
 
-static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
+static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
   if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
@@ -155,6 +155,21 @@ static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
     return st;
   }
   return mml_index_end(b, err);
+}
+
+/* A shard from its dataset index when it has one (no scan), else scanned. */
+static mml_status add_shard(mml_loader *L, const char *path, mml_err *err) {
+  mml_dsx *pending;
+  int added;
+  mml_status st = ld_index_open(L, path, &pending, &added, err);
+  if (st || added) return st;
+  st = scan_shard(L, path, err);
+  if (pending) {
+    if (!st) return ld_index_attach(L, pending, err);
+    mml_dsx_free(pending);
+    free(pending);
+  }
+  return st;
 }
 
 mml_status ld_add_data(mml_loader *L, const char *path, mml_err *err) {
@@ -227,6 +242,8 @@ static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
     while (n > 1 && L->image_root[n - 1] == '/') L->image_root[--n] = 0;
   }
   L->cfg.image_root = L->image_root;
+  if (cfg->index && !(L->index_dir = strdup(cfg->index))) return MML_ENOMEM;
+  L->cfg.index = L->index_dir;
   if (cfg->system_prompt && !(L->system_prompt = strdup(cfg->system_prompt))) return MML_ENOMEM;
   L->cfg.system_prompt = L->system_prompt; /* kept: mml_loader_config reports it */
   return MML_OK;
@@ -444,7 +461,9 @@ void mml_loader_free(mml_loader *L) {
   mml_pool_close(L->pool);
   ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
+  ld_index_free(L);
   mml_index_free(&L->ix);
+  free(L->index_dir);
   if (L->data)
     for (int i = 0; i < L->cfg.ndata; i++) free(L->data[i]);
   free(L->data);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "mml/device.h"
+#include "mml/dsindex.h"
 #include "mml/index.h"
 #include "mml/loader.h"
 #include "mml/mixture.h"
@@ -88,6 +89,8 @@ typedef struct ld_source {
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t tokens, image_tokens;
   int drift_warned;
+  uint64_t index_key;       /* the dataset-index settings key of its samples' counts */
+  char *index_settings;     /* what the key covers (for messages) */
 } ld_source;
 
 struct mml_loader {
@@ -99,6 +102,11 @@ struct mml_loader {
   int *remote;              /* per shard: 1 when remote */
   int *shard_src;           /* per shard: its source */
   mml_index ix;
+  mml_dsx **dsx;            /* per shard (dsx_cap): its dataset index's counts, or NULL */
+  int dsx_cap;
+  int index_used;           /* shards whose index counts are used */
+  char *index_dir;          /* owned copy of cfg.index */
+  uint64_t tok_id;          /* the tokenizer's identity (settings keys) */
   ld_source *src;           /* nsrc >= 1 sources (one without a mixture) */
   int nsrc;
   mml_mixture mix;          /* the epoch order over the sources */
@@ -207,6 +215,37 @@ mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mm
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
 /* A skipped sample of source `source`, counted when the consumer passes it. */
 void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
+
+/* loader_dsindex.c (see there) */
+uint64_t ld_tokenizer_identity(const mml_tokenizer *tok);
+/* src->index_key and index_settings from its settings. */
+mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_cfg *sc,
+                               mml_err *err);
+/* Local: size and mtime; remote: size and ETag (HEAD). */
+mml_status ld_shard_identity(mml_loader *L, const char *path, int64_t *size, int64_t *mtime_ns,
+                             char *etag, size_t cap, mml_err *err);
+/* Before a shard is scanned: its index when there is one (stale: an error).  *added: the
+ * shard was added from it (no scan); else *pending (compressed shards) goes to
+ * ld_index_attach once the scan added the shard. */
+mml_status ld_index_open(mml_loader *L, const char *path, mml_dsx **pending, int *added,
+                         mml_err *err);
+mml_status ld_index_attach(mml_loader *L, mml_dsx *pending, mml_err *err);
+/* After the sources' keys are known: counts of indexes built under other settings are
+ * dropped (one warning each). */
+void ld_index_check_sources(mml_loader *L);
+/* 1 when the index knows sample `index` (global, of `shard`; -1: looked up) planned under
+ * its source's settings: its total tokens (text + image pads) and image tokens. */
+int ld_index_counts(const mml_loader *L, int shard, int64_t index, int64_t *tokens,
+                    int64_t *vision_tokens);
+/* Every sample's counts from the dataset index, as a planning pass would find them
+ * (tokens -1 and why = the status for a sample that fails; max_record_bytes and
+ * max_length applied): 1 when every shard has an index whose counts apply, else 0 (and
+ * nothing written). */
+int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, uint8_t *why);
+/* A worker's check before reading a sample: too long for max_length or the collator, from
+ * the index (MML_OK when unknown). */
+mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *err);
+void ld_index_free(mml_loader *L);
 
 /* loader_plan.c (see its top comment); every call site is guarded by L->gp / plan_sink */
 typedef struct ld_gplan ld_gplan;

@@ -4,7 +4,8 @@
  * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
  * and where its batches end.
  *
- * Counts.  At construction a planning pass runs a second, internal loader over the same
+ * Counts.  From the dataset index when every shard has one that applies (loader_dsindex.c:
+ * no sample is read at construction); else at construction a planning pass runs a second, internal loader over the same
  * data and settings with plan_only (records read, templated and tokenized, image headers
  * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
  * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
@@ -215,7 +216,9 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
     return mml_err_set(err, MML_ENOMEM, "global plan: out of memory for %lld samples",
                        (long long)g->n);
   for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
-  mml_status st = measure(g, cfg, err);
+  /* the counts from the dataset index when it knows every sample, else the planning pass */
+  mml_status st = ld_index_all_counts(L, g->tokens, g->vision, g->why) ? MML_OK
+                                                                        : measure(g, cfg, err);
   if (st) return st;
   drop_too_long(g, cfg);
   count_unplanned(L, g);

@@ -96,7 +96,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->pl.max_length = sc->max_length;
   src->pl.plan_only = L->cfg.plan_only;
   src->pl.max_sample_pixels = L->cfg.max_sample_pixels;
-  return MML_OK;
+  return ld_index_source_key(L, src, sc, err);
 }
 
 mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
@@ -122,6 +122,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     goto done;
   }
   L->nsrc = n;
+  L->tok_id = ld_tokenizer_identity(cfg->tokenizer);
   for (int i = 0; i < n && !st; i++) {
     ld_source *src = &L->src[i];
     const mml_source_cfg *sc = &scs[i];
@@ -165,6 +166,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     }
     if (!st) st = source_pipeline(L, src, &scs[i], err);
   }
+  if (!st) ld_index_check_sources(L);
 done:
   free(spec);
   free(sizes);
@@ -176,6 +178,7 @@ void ld_free_sources(mml_loader *L) {
   for (int i = 0; L->src && i < L->nsrc; i++) {
     free(L->src[i].name);
     free(L->src[i].image_root);
+    free(L->src[i].index_settings);
     if (L->src[i].tmpl) mml_template_free(L->src[i].tmpl);
   }
   free(L->src);

@@ -115,6 +115,7 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   if (len > L->cfg.max_record_bytes) /* before reading or fetching it */
     return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
                        (long long)len, (long long)L->cfg.max_record_bytes);
+  if ((st = ld_index_precheck(L, s, err))) return st; /* too long, known from the index */
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;

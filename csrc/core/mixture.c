@@ -44,12 +44,11 @@ static int by_frac_desc(const void *a, const void *b) {
   return x->idx - y->idx;
 }
 
-mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t samples_per_epoch,
-                              int64_t *counts, mml_err *err) {
-  if (nsrc < 1) return mml_err_set(err, MML_ECONFIG, "the mixture has no source");
-  int64_t fixed = 0, natural = 0;
-  double wsum = 0;
-  int nweighted = 0;
+/* The sources with a fixed count (choose, repeat, or neither: repeat=1) get it in counts;
+ * the weighted ones are summed: *fixed, *natural (their samples), *wsum, *nweighted. */
+static mml_status fixed_counts(const mml_mix_spec *spec, int nsrc, int64_t *counts,
+                               int64_t *fixed, int64_t *natural, double *wsum, int *nweighted,
+                               mml_err *err) {
   for (int s = 0; s < nsrc; s++) {
     const mml_mix_spec *p = &spec[s];
     const char *name = p->name ? p->name : "?";
@@ -74,38 +73,22 @@ mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t sample
       double w = p->weight;
       if (!isfinite(w))
         return mml_err_set(err, MML_ECONFIG, "source %s: weight must be finite", name);
-      wsum += w;
-      natural += p->n;
-      nweighted++;
+      *wsum += w;
+      *natural += p->n;
+      (*nweighted)++;
       continue;
     }
-    fixed += counts[s];
-    if (fixed >= MAX_TOTAL)
+    *fixed += counts[s];
+    if (*fixed >= MAX_TOTAL)
       return mml_err_set(err, MML_ECONFIG, "the mixture's epoch is too large");
   }
-  int64_t rest;
-  if (samples_per_epoch > 0) {
-    rest = samples_per_epoch - fixed;
-    if (rest < 0)
-      return mml_err_set(err, MML_ECONFIG,
-                         "the sources' repeat/choose counts (%lld samples) exceed "
-                         "samples_per_epoch=%lld",
-                         (long long)fixed, (long long)samples_per_epoch);
-    if (nweighted == 0 && rest != 0)
-      return mml_err_set(err, MML_ECONFIG,
-                         "samples_per_epoch=%lld, but every source has a fixed count "
-                         "(repeat/choose) and they total %lld",
-                         (long long)samples_per_epoch, (long long)fixed);
-  } else {
-    rest = natural;
-  }
-  if (rest > 0 && !(wsum > 0))
-    return mml_err_set(err, MML_ECONFIG, "the weighted sources' weights sum to 0");
-  if (fixed + rest <= 0) return mml_err_set(err, MML_ECONFIG, "the mixture's epoch is empty");
-  if (fixed + rest >= MAX_TOTAL)
-    return mml_err_set(err, MML_ECONFIG, "the mixture's epoch is too large");
-  if (nweighted == 0 || rest == 0) return MML_OK;
-  /* largest remainder: floors first, then one more to the largest fractions */
+  return MML_OK;
+}
+
+/* Shares `rest` samples between the weighted sources by largest remainder: floors first,
+ * then one more to the largest fractions. */
+static mml_status share_weighted(const mml_mix_spec *spec, int nsrc, int nweighted,
+                                 double wsum, int64_t rest, int64_t *counts, mml_err *err) {
   frac_idx *fr = malloc((size_t)nweighted * sizeof *fr);
   if (!fr) return mml_err_set(err, MML_ENOMEM, "out of memory");
   int64_t given_out = 0;
@@ -129,6 +112,39 @@ mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t sample
     if (counts[fr[i].idx] > 0) counts[fr[i].idx]--, left++;
   free(fr);
   return MML_OK;
+}
+
+mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t samples_per_epoch,
+                              int64_t *counts, mml_err *err) {
+  if (nsrc < 1) return mml_err_set(err, MML_ECONFIG, "the mixture has no source");
+  int64_t fixed = 0, natural = 0;
+  double wsum = 0;
+  int nweighted = 0;
+  mml_status st = fixed_counts(spec, nsrc, counts, &fixed, &natural, &wsum, &nweighted, err);
+  if (st != MML_OK) return st;
+  int64_t rest;
+  if (samples_per_epoch > 0) {
+    rest = samples_per_epoch - fixed;
+    if (rest < 0)
+      return mml_err_set(err, MML_ECONFIG,
+                         "the sources' repeat/choose counts (%lld samples) exceed "
+                         "samples_per_epoch=%lld",
+                         (long long)fixed, (long long)samples_per_epoch);
+    if (nweighted == 0 && rest != 0)
+      return mml_err_set(err, MML_ECONFIG,
+                         "samples_per_epoch=%lld, but every source has a fixed count "
+                         "(repeat/choose) and they total %lld",
+                         (long long)samples_per_epoch, (long long)fixed);
+  } else {
+    rest = natural;
+  }
+  if (rest > 0 && !(wsum > 0))
+    return mml_err_set(err, MML_ECONFIG, "the weighted sources' weights sum to 0");
+  if (fixed + rest <= 0) return mml_err_set(err, MML_ECONFIG, "the mixture's epoch is empty");
+  if (fixed + rest >= MAX_TOTAL)
+    return mml_err_set(err, MML_ECONFIG, "the mixture's epoch is too large");
+  if (nweighted == 0 || rest == 0) return MML_OK;
+  return share_weighted(spec, nsrc, nweighted, wsum, rest, counts, err);
 }
 
 /* ---------------------------------------------------------------- init */

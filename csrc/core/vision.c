@@ -26,36 +26,16 @@
  *
  * Threads: mml_vision_cfg is read-only and may be shared; a scratch is used by one thread
  * at a time.
+ *
+ * Files: vision.c (this: configuration, smart_resize, planning, scratch, the process
+ * entry points), vision_resize.c (the streaming resize), vision_patch.c (normalise +
+ * patchify), vision_int.h (their private types).
  */
-#include "mml/vision.h"
+#include "vision_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "mml/image.h"
-#include "resize.h"
-
-struct mml_vision_scratch {
-  mml_decoder *dec;
-  mml_resample_axis ax, ay;
-  mml_bytes ring; /* rows the vertical pass still needs (see resize_job) */
-  mml_bytes pend; /* rows waiting for the horizontal pass */
-  mml_bytes tbuf; /* transposed rows for the horizontal pass */
-  mml_bytes rows; /* planar output rows of the plain resize (mml_resize_bicubic_rgb8) */
-  const uint8_t **rp; /* row pointers for one vertical output */
-  size_t rp_cap;
-  mml_bytes block;    /* two blocks of P*M planar output rows for patchify */
-  mml_bytes turned;   /* an EXIF-transposed image (the load_image route) */
-  float *ptmp;        /* one patch, aligned, for non-temporal output stores */
-  size_t ptmp_cap;
-  /* normalisation of the last config seen: the reference values per channel and byte,
-   * and whether the division-free vector formula reproduces all of them */
-  int norm_valid, norm_fast;
-  float norm_mean[3], norm_std[3];
-  float lut[3][256];
-  double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
-};
 
 /* ---------------------------------------------------------------- config */
 
@@ -283,502 +263,6 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   free(s->ptmp);
   free(s);
 }
-
-/* ---------------------------------------------------------------- the resize pipeline */
-
-/* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
- * as soon as the input rows it reads are there, written planar where the consumer says
- * (row_out) and announced in order.  The horizontal pass runs on groups of MML_HROWS rows
- * (resize.c vectorises across them) and writes planar rows, so rows wait in `pend` until a
- * group is full or no more rows will come.  Rows the vertical pass still needs live in a
- * ring: horizontally resized rows (planar) when the horizontal pass runs first, source rows
- * (interleaved) when the vertical pass runs first (Pillow 13's choice, resize.h), source
- * rows split to planar when there is no horizontal pass. */
-typedef struct row_out {
-  /* Planar destination of output row y: channel c of pixel x goes to dst + c*plane + x.
-   * Up to MML_HROWS rows may be asked for before the first of them is announced. */
-  uint8_t *(*dst)(void *ctx, int y);
-  void (*done)(void *ctx, int y); /* row y is written; rows come in increasing y */
-  void *ctx;
-  size_t plane;
-} row_out;
-
-typedef struct resize_job {
-  mml_vision_scratch *s;
-  int dst_w, dst_h;
-  int expect_w, expect_h; /* 0: accept the decoder's size (fast JPEG decode) */
-  int h_first_always;     /* Pillow <= 12 order */
-  row_out out;
-  int src_w, src_h;
-  int need_h, need_v, vfirst;
-  int ring_n;
-  size_t slot;    /* bytes per ring row */
-  size_t pstride; /* bytes per pend row (a source-width row and MML_ROW_SLACK) */
-  int row_end;    /* source rows from here on are not read */
-  int next;       /* next vertical output row (or next row when there is no vertical pass) */
-  int pend_n, pend_y0; /* rows waiting for the horizontal pass and the first one's index */
-} resize_job;
-
-static mml_status job_begin(void *ctx, int w, int h, mml_err *err) {
-  resize_job *j = ctx;
-  mml_vision_scratch *s = j->s;
-  if ((j->expect_w && w != j->expect_w) || (j->expect_h && h != j->expect_h))
-    return mml_err_set(err, MML_EDECODE, "decoded size %dx%d differs from the header's %dx%d", w,
-                       h, j->expect_w, j->expect_h);
-  j->src_w = w;
-  j->src_h = h;
-  j->need_h = w != j->dst_w;
-  j->need_v = h != j->dst_h;
-  j->vfirst = j->need_h && j->need_v && !j->h_first_always &&
-              mml_resample_vertical_first(w, h, j->dst_w, j->dst_h);
-  j->next = j->pend_n = j->pend_y0 = 0;
-  j->row_end = h;
-  mml_status st;
-  size_t in_row = (size_t)w * 3, out_row = (size_t)j->dst_w * 3;
-  j->pstride = in_row + MML_ROW_SLACK;
-  if (j->need_h) {
-    if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
-    if (mml_bytes_reserve(&s->pend, MML_HROWS * j->pstride) ||
-        mml_bytes_reserve(&s->tbuf, mml_resample_tbuf_size(w)))
-      return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", w);
-    memset(s->pend.data, 0, MML_HROWS * j->pstride); /* the slack is read, never used */
-  }
-  if (j->need_v) {
-    if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, err)) != MML_OK) return st;
-    int first;
-    mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
-    j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
-    j->slot = (j->vfirst || !j->need_h ? in_row : out_row) + MML_ROW_SLACK; /* see job_row_buf */
-    if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot))
-      return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
-                         j->ring_n, j->slot);
-    if ((size_t)j->ring_n > s->rp_cap) {
-      const uint8_t **rp = realloc(s->rp, (size_t)j->ring_n * sizeof *rp);
-      if (!rp) return mml_err_set(err, MML_ENOMEM, "resize: out of memory");
-      s->rp = rp;
-      s->rp_cap = (size_t)j->ring_n;
-    }
-  }
-  return MML_OK;
-}
-
-static uint8_t *ring_row(const resize_job *j, int r) {
-  return j->s->ring.data + (size_t)(r % j->ring_n) * j->slot;
-}
-
-/* Interleaved RGB -> planar (channel c of pixel x at dst + c*plane + x). */
-static void split_planar(const uint8_t *restrict rgb, int w, uint8_t *restrict dst, size_t plane) {
-  uint8_t *restrict r = dst, *restrict g = dst + plane, *restrict b = dst + 2 * plane;
-  for (int x = 0; x < w; x++) {
-    r[x] = rgb[3 * x];
-    g[x] = rgb[3 * x + 1];
-    b[x] = rgb[3 * x + 2];
-  }
-}
-
-static void drain(resize_job *j, int last);
-
-/* Runs the horizontal pass on the pending rows.  Horizontal-first: results go to the ring
- * and ready vertical outputs are drained; otherwise the results are output rows. */
-static void flush_h(resize_job *j) {
-  mml_vision_scratch *s = j->s;
-  if (!j->pend_n) return;
-  const uint8_t *src[MML_HROWS] = {0};
-  uint8_t *dst[MML_HROWS] = {0};
-  const int ring = j->need_v && !j->vfirst, n = j->pend_n, y0 = j->pend_y0;
-  for (int r = 0; r < n; r++) {
-    src[r] = s->pend.data + (size_t)r * j->pstride;
-    dst[r] = ring ? ring_row(j, y0 + r) : j->out.dst(j->out.ctx, y0 + r);
-  }
-  mml_resample_rows_h(&s->ax, src, n, dst, ring ? (size_t)j->dst_w : j->out.plane, s->tbuf.data);
-  j->pend_n = 0;
-  if (ring) {
-    drain(j, y0 + n - 1);
-  } else {
-    for (int r = 0; r < n; r++) j->out.done(j->out.ctx, y0 + r);
-  }
-}
-
-static uint8_t *pend_slot(resize_job *j, int y) {
-  if (!j->pend_n) j->pend_y0 = y;
-  return j->s->pend.data + (size_t)(j->pend_n++) * j->pstride;
-}
-
-/* Produces every vertical output whose input rows (up to `last`) are all in the ring. */
-static void drain(resize_job *j, int last) {
-  mml_vision_scratch *s = j->s;
-  while (j->next < j->dst_h) {
-    int f, l;
-    mml_resample_axis_rows(&s->ay, j->next, &f, &l);
-    if (l - 1 > last) break;
-    for (int r = f; r < l; r++) s->rp[r - f] = ring_row(j, r);
-    if (j->vfirst) {
-      mml_resample_row_v(&s->ay, j->next, s->rp, 0, j->src_w * 3, pend_slot(j, j->next));
-      j->next++;
-      if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
-    } else { /* planar ring rows of dst_w pixels */
-      uint8_t *d = j->out.dst(j->out.ctx, j->next);
-      for (int c = 0; c < 3; c++)
-        mml_resample_row_v(&s->ay, j->next, s->rp, (size_t)c * j->dst_w, j->dst_w,
-                           d + c * j->out.plane);
-      j->out.done(j->out.ctx, j->next);
-      j->next++;
-    }
-  }
-}
-
-/* mml_row_sink.row_buf: where job_row will keep source row y (a pend or ring slot, both
- * with MML_ROW_SLACK bytes to spare), so the decoder can write it there; NULL when the row
- * is dropped or split.  No state changes: job_row makes the same choice. */
-static uint8_t *job_row_buf(void *ctx, int y) {
-  resize_job *j = ctx;
-  if (!j->need_h) return NULL;
-  uint8_t *pend = j->s->pend.data + (size_t)j->pend_n * j->pstride;
-  if (!j->need_v) return pend;
-  if (j->next >= j->dst_h || y >= j->row_end) return NULL;
-  int f, l;
-  mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
-  if (y < f && !j->pend_n) return NULL;
-  return j->vfirst ? ring_row(j, y) : pend;
-}
-
-static mml_status job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
-  resize_job *j = ctx;
-  (void)err;
-  size_t in_row = (size_t)j->src_w * 3;
-  if (!j->need_v) {
-    if (!j->need_h) {
-      split_planar(rgb, j->src_w, j->out.dst(j->out.ctx, y), j->out.plane);
-      j->out.done(j->out.ctx, y);
-    } else {
-      uint8_t *d = pend_slot(j, y);
-      if (d != rgb) memcpy(d, rgb, in_row);
-      if (j->pend_n == MML_HROWS || y == j->src_h - 1) flush_h(j);
-    }
-    j->next = y + 1;
-    return MML_OK;
-  }
-  if (j->next >= j->dst_h || y >= j->row_end) return MML_OK;
-  int f, l;
-  mml_resample_axis_rows(&j->s->ay, j->next, &f, &l);
-  if (y < f && !j->pend_n) return MML_OK; /* no output still to come reads this row */
-  if (j->need_h && !j->vfirst) {
-    uint8_t *d = pend_slot(j, y);
-    if (d != rgb) memcpy(d, rgb, in_row);
-    if (j->pend_n == MML_HROWS || y == j->row_end - 1) flush_h(j);
-  } else {
-    uint8_t *d = ring_row(j, y);
-    if (j->vfirst) {
-      if (d != rgb) memcpy(d, rgb, in_row);
-    } else {
-      split_planar(rgb, j->src_w, d, (size_t)j->src_w);
-    }
-    drain(j, y);
-  }
-  return MML_OK;
-}
-
-static mml_status job_done(const resize_job *j, mml_err *err) {
-  if (j->next != j->dst_h || j->pend_n)
-    return mml_err_set(err, MML_EINTERNAL, "resize produced %d of %d rows", j->next, j->dst_h);
-  return MML_OK;
-}
-
-static mml_status feed_rgb(resize_job *j, const mml_rgb8 *img, mml_err *err) {
-  if (!img || !img->pixels || img->width < 1 || img->height < 1 ||
-      img->stride < (size_t)img->width * 3)
-    return mml_err_set(err, MML_EINVAL, "bad RGB8 image");
-  mml_status st = job_begin(j, img->width, img->height, err);
-  if (st != MML_OK) return st;
-  for (int y = 0; y < img->height; y++) job_row(j, y, img->pixels + (size_t)y * img->stride, err);
-  return job_done(j, err);
-}
-
-/* ---------------------------------------------------------------- normalise + patchify */
-
-typedef struct patch_ctx {
-  int P, M, T, gw, cols;
-  float *out;
-  uint8_t *block;   /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
-  size_t half;      /* bytes of one block */
-  int avx2;         /* use flush_block_avx2 */
-  float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
-  int fast;         /* flush_block_avx2 may use norm8_fast (verified for this config) */
-  int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
-  float mean[3], std[3];
-  const float (*lut)[256]; /* [3][256] reference values (scratch) */
-  /* qwen-vl-utils route: a colour the processor turns white after that route's resize
-   * (mml_decoder_color_key), asked of `dec` at the first output row */
-  const mml_decoder *dec;
-  int key;                 /* -1: not asked yet, 0: none, 1: kc */
-  uint8_t kc[3];
-} patch_ctx;
-
-static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
-  for (int c = 0; c < 3; c++) {
-    const float m = mean[c], sd = std[c];
-    for (int v = 0; v < 256; v++) {
-      float x = (float)((double)v * (1.0 / 255.0));
-      lut[c][v] = (x - m) / sd;
-    }
-  }
-}
-
-/* Writes patch row (c, py) of one patch: P normalised values to each of the T temporal
- * slots.  PCONST is a compile-time constant in the common cases (14, 16) so the loops
- * unroll into straight-line code. */
-#define PATCH_ROW(PCONST)                                                     \
-  do {                                                                        \
-    float v[PCONST];                                                          \
-    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                   \
-    for (int t = 0; t < T; t++) {                                             \
-      float *restrict d = d0 + (size_t)t * PP;                                \
-      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                    \
-    }                                                                         \
-  } while (0)
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* Eight normalised values from eight bytes, with exactly the reference's operations:
- * float32(double(v) * (1/255)), then (x - mean) / std in float32. */
-__attribute__((target("avx2"))) static inline __m256 norm8(const uint8_t *s, __m256d inv255,
-                                                           __m256 mean, __m256 sd) {
-  int32_t lo4, hi4;
-  memcpy(&lo4, s, 4);
-  memcpy(&hi4, s + 4, 4);
-  __m256d lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(lo4))), inv255);
-  __m256d hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(hi4))), inv255);
-  __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
-  return _mm256_div_ps(_mm256_sub_ps(f, mean), sd);
-}
-
-/* The same values without double precision or division: each quotient is a product with
- * the float reciprocal plus one FMA correction step.  That is correctly rounded for almost
- * all operands but not provably for all, so it is only used when norm_fast_exact() found
- * it equal, bit for bit, to the reference for all 256 byte values of every channel. */
-__attribute__((target("avx2,fma"))) static inline __m256 norm8_fast(const uint8_t *s,
-                                                                    __m256 mean, __m256 sd,
-                                                                    __m256 rsd) {
-  const __m256 c255 = _mm256_set1_ps(255.0f), r255 = _mm256_set1_ps(1.0f / 255.0f);
-  __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s)));
-  __m256 q = _mm256_mul_ps(v, r255);
-  __m256 x = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, c255, v), r255, q);
-  __m256 a = _mm256_sub_ps(x, mean);
-  __m256 y = _mm256_mul_ps(a, rsd);
-  return _mm256_fmadd_ps(_mm256_fnmadd_ps(y, sd, a), rsd, y);
-}
-
-__attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[3],
-                                                               const float std[3],
-                                                               const float lut[3][256]) {
-  uint8_t bytes[256];
-  for (int v = 0; v < 256; v++) bytes[v] = (uint8_t)v;
-  for (int c = 0; c < 3; c++) {
-    const __m256 m = _mm256_set1_ps(mean[c]), sd = _mm256_set1_ps(std[c]);
-    const __m256 rsd = _mm256_set1_ps(1.0f / std[c]);
-    for (int v = 0; v < 256; v += 8) {
-      float got[8];
-      _mm256_storeu_ps(got, norm8_fast(bytes + v, m, sd, rsd));
-      if (memcmp(got, &lut[c][v], sizeof got)) return 0;
-    }
-  }
-  return 1;
-}
-
-/* AVX2 version of flush_block for 8 <= P <= 16: each patch row is two overlapping groups
- * of eight values (px 0..7 and P-8..P-1), stored to the T slots. */
-__attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, int bh, int bw0,
-                                                                 int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
-  const size_t WS = (size_t)W + 16;
-  const int bw_n = g->gw / M;
-  const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
-  __m256 mean[3], sd[3], rsd[3];
-  for (int c = 0; c < 3; c++) {
-    mean[c] = _mm256_set1_ps(g->mean[c]);
-    sd[c] = _mm256_set1_ps(g->std[c]);
-    rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
-  }
-  const int fast = g->fast;
-  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
-   * stores when the output allows (pixel_values is far larger than the caches, so this
-   * saves reading every output line before writing it). */
-  const int cols = g->cols;
-  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
-  for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *dst = g->out + r * cols;
-        float *o = stream ? g->ptmp : dst;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * WS;
-          for (int py = 0; py < P; py++) {
-            const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
-            __m256 f0, f1;
-            if (fast) {
-              f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
-              f1 = norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]);
-            } else {
-              f0 = norm8(s, inv255, mean[c], sd[c]);
-              f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
-            }
-            float *d = o + ((size_t)c * T * P + py) * P;
-            for (int t = 0; t < T; t++, d += PP) {
-              _mm256_storeu_ps(d, f0);
-              _mm256_storeu_ps(d + P - 8, f1);
-            }
-          }
-        }
-        if (stream)
-          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
-      }
-  if (stream) _mm_sfence();
-}
-#define MML_HAVE_AVX2_PATCH 1
-#endif
-
-/* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
- * g->block) in memory order, so pixel_values is written sequentially. */
-static void flush_block(patch_ctx *g, int bh, int bw0, int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
-  const int bw_n = g->gw / M;
-  for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *o = g->out + r * g->cols;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const float *l = g->lut[c];
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * W;
-          for (int py = 0; py < P; py++) {
-            const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
-            float *d0 = o + ((size_t)c * T * P + py) * P;
-            if (P == 14)
-              PATCH_ROW(14);
-            else if (P == 16)
-              PATCH_ROW(16);
-            else {
-              for (int t = 0; t < T; t++)
-                for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];
-            }
-          }
-        }
-      }
-}
-#undef PATCH_ROW
-
-/* Writes patch columns [bw0, bw1) of block row bh. */
-static void write_patches(patch_ctx *g, int bh, int bw0, int bw1) {
-  if (bw0 >= bw1) return;
-#ifdef MML_HAVE_AVX2_PATCH
-  if (g->avx2) {
-    flush_block_avx2(g, bh, bw0, bw1);
-    return;
-  }
-#endif
-  flush_block(g, bh, bw0, bw1);
-}
-
-/* Writes what is left of the waiting block. */
-static void finish_pending(patch_ctx *g) {
-  if (g->pend_bh < 0) return;
-  write_patches(g, g->pend_bh, g->pend_bw, g->gw / g->M);
-  g->pend_bh = -1;
-}
-
-/* row_out for patchify: output rows go straight into the planar block.  A full block is
- * not written out at once: its patches are written a share per output row of the next
- * block (two blocks alternate), so the stream of output stores is spread over the whole
- * decode and resize instead of stalling on memory bandwidth in bursts. */
-static uint8_t *patch_dst(void *ctx, int y) {
-  patch_ctx *g = ctx;
-  const int PM = g->P * g->M, b = y / PM;
-  if (g->pend_bh >= 0 && b >= g->pend_bh + 2) finish_pending(g); /* its half is reused */
-  return g->block + (size_t)(b & 1) * g->half + (size_t)(y % PM) * (g->gw * g->P + 16);
-}
-
-static void patch_done(void *ctx, int y) {
-  patch_ctx *g = ctx;
-  const int PM = g->P * g->M, in_block = y % PM + 1, bw_n = g->gw / g->M;
-  if (g->key < 0) g->key = mml_decoder_color_key(g->dec, g->kc);
-  if (g->key) { /* the keyed colour of the resized row becomes white */
-    const size_t stride = (size_t)g->gw * g->P + 16, plane = (size_t)PM * stride;
-    uint8_t *r = g->block + (size_t)((y / PM) & 1) * g->half + (size_t)(y % PM) * stride;
-    for (int x = 0; x < g->gw * g->P; x++)
-      if (r[x] == g->kc[0] && r[plane + x] == g->kc[1] && r[2 * plane + x] == g->kc[2])
-        r[x] = r[plane + x] = r[2 * plane + x] = 255;
-  }
-  if (g->pend_bh >= 0) {
-    int to = (int)(((int64_t)bw_n * in_block + PM - 1) / PM);
-    write_patches(g, g->pend_bh, g->pend_bw, to);
-    if (to > g->pend_bw) g->pend_bw = to;
-  }
-  if (in_block == PM) {
-    finish_pending(g);
-    g->pend_bh = y / PM;
-    g->pend_bw = 0;
-  }
-}
-
-static mml_status patch_ctx_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
-                                 const mml_vision_plan *plan, float *out, mml_err *err) {
-  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
-  if (mml_bytes_reserve(&s->block, n))
-    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
-  g->block = s->block.data;
-  g->half = half;
-  g->P = cfg->patch_size;
-  g->M = cfg->merge_size;
-  g->T = cfg->temporal_patch_size;
-  g->gw = plan->grid_w;
-  g->cols = plan->cols;
-  g->out = out;
-  for (int c = 0; c < 3; c++) {
-    g->mean[c] = cfg->mean[c];
-    g->std[c] = cfg->std[c];
-  }
-  g->avx2 = g->fast = 0;
-  g->pend_bh = -1;
-  g->pend_bw = 0;
-  g->dec = NULL;
-  g->key = 0;
-#ifdef MML_HAVE_AVX2_PATCH
-  g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
-#endif
-  if (!s->norm_valid || memcmp(s->norm_mean, g->mean, sizeof g->mean) ||
-      memcmp(s->norm_std, g->std, sizeof g->std)) {
-    build_lut(g->mean, g->std, s->lut);
-    s->norm_fast = 0;
-#ifdef MML_HAVE_AVX2_PATCH
-    s->norm_fast = mml_cpu_fma() && norm_fast_exact(g->mean, g->std, s->lut);
-#endif
-    memcpy(s->norm_mean, g->mean, sizeof g->mean);
-    memcpy(s->norm_std, g->std, sizeof g->std);
-    s->norm_valid = 1;
-  }
-  g->lut = (const float(*)[256])s->lut;
-  g->fast = g->avx2 && s->norm_fast;
-  g->ptmp = NULL;
-  if (g->avx2) {
-    size_t need = (size_t)plan->cols + 16;
-    if (s->ptmp_cap < need) {
-      free(s->ptmp);
-      s->ptmp_cap = 0;
-      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float))) s->ptmp = NULL;
-      else s->ptmp_cap = need;
-    }
-    g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
-  }
-  return MML_OK;
-}
-
-static row_out patch_out(patch_ctx *g) {
-  return (row_out){patch_dst, patch_done, g, (size_t)g->P * g->M * (g->gw * g->P + 16)};
-}
-
 static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
                              mml_err *err) {
   mml_status st = mml_vision_cfg_check(cfg, err);
@@ -801,19 +285,19 @@ typedef struct timed_job {
 } timed_job;
 
 static mml_status timed_begin(void *ctx, int w, int h, mml_err *err) {
-  return job_begin(((timed_job *)ctx)->j, w, h, err);
+  return mml_resize_job_begin(((timed_job *)ctx)->j, w, h, err);
 }
 
 static mml_status timed_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
   timed_job *t = ctx;
   double t0 = mml_now();
-  mml_status st = job_row(t->j, y, rgb, err);
+  mml_status st = mml_resize_job_row(t->j, y, rgb, err);
   t->in_rows += mml_now() - t0;
   return st;
 }
 
 static uint8_t *timed_row_buf(void *ctx, int y) {
-  return job_row_buf(((timed_job *)ctx)->j, y);
+  return mml_resize_job_row_buf(((timed_job *)ctx)->j, y);
 }
 
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
@@ -844,19 +328,19 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   }
   int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
   patch_ctx g;
-  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = mml_patch_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   if (cfg->route == MML_ROUTE_QWEN_VL_UTILS) g.dec = s->dec, g.key = -1;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
-                  .h_first_always = cfg->pillow_h_first, .out = patch_out(&g)};
+                  .h_first_always = cfg->pillow_h_first, .out = mml_patch_out(&g)};
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   s->decode_s += mml_now() - t0 - tj.in_rows;
-  if (st == MML_OK) st = job_done(&j, err);
-  if (st == MML_OK) finish_pending(&g);
+  if (st == MML_OK) st = mml_resize_job_done(&j, err);
+  if (st == MML_OK) mml_patch_finish(&g);
   return st;
 }
 
@@ -866,12 +350,12 @@ mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch 
   mml_status st = check_plan(cfg, plan, out, err);
   if (st != MML_OK) return st;
   patch_ctx g;
-  if ((st = patch_ctx_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = mml_patch_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
                   .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
-                  .out = patch_out(&g)};
-  st = feed_rgb(&j, img, err);
-  if (st == MML_OK) finish_pending(&g);
+                  .out = mml_patch_out(&g)};
+  st = mml_resize_job_feed(&j, img, err);
+  if (st == MML_OK) mml_patch_finish(&g);
   return st;
 }
 
@@ -904,7 +388,7 @@ mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *
   copy_ctx c = {dst, s->rows.data, dst_w};
   resize_job j = {.s = s, .dst_w = dst_w, .dst_h = dst_h, .h_first_always = h_first_always,
                   .out = {copy_dst, copy_done, &c, (size_t)dst_w}};
-  return feed_rgb(&j, src, err);
+  return mml_resize_job_feed(&j, src, err);
 }
 
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,

@@ -106,5 +106,9 @@ int mml_py_fetch_register(PyObject *m);     /* fetch_py.c: fetch helpers for tes
 int mml_py_cuda_register(PyObject *m);      /* cuda_py.c: cuda_available() etc. */
 int mml_py_collate_register(PyObject *m);   /* collate_py.c: collation/M-RoPE test hooks */
 int mml_py_video_register(PyObject *m);     /* video_py.c: video probe/decode test hooks */
+int mml_py_dsindex_register(PyObject *m);   /* dsindex_py.c: build_index, read_index */
+/* loader_py.c: the engine inside a _Loader (borrowed), or NULL with an exception set. */
+struct mml_loader;
+struct mml_loader *mml_py_loader_get(PyObject *obj);
 
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "binding.h"
+#include "mml/dsindex.h"
 #include "mml/loader.h"
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
+static PyTypeObject Loader_Type;
 
 static int check_usable(LoaderObject *self) {
   if (self->pid != getpid()) {
@@ -42,6 +44,15 @@ static int check_usable(LoaderObject *self) {
     return -1;
   }
   return 0;
+}
+
+mml_loader *mml_py_loader_get(PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, &Loader_Type)) {
+    PyErr_SetString(PyExc_TypeError, "expected a mmloader._core._Loader");
+    return NULL;
+  }
+  LoaderObject *self = (LoaderObject *)obj;
+  return check_usable(self) ? NULL : self->L;
 }
 
 /* ---- type --------------------------------------------------------------------------- */
@@ -302,12 +313,13 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
     }
     PyList_SET_ITEM(src, i, e);
   }
-  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N}", "num_samples",
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N,s:i,s:i}", "num_samples",
                        (long long)mml_loader_num_samples(L), "samples_per_rank",
                        (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
                        (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
                        (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
-                       "sources", src);
+                       "sources", src, "num_shards", mml_loader_num_shards(L),
+                       "index_shards", mml_loader_index_used(L));
 }
 
 /* stats()["sources"]: {name: {...}} in the mixture's order. */

@@ -16,7 +16,8 @@ PyMODINIT_FUNC PyInit__core(void) {
       mml_py_options_register(m) ||
       mml_py_tokenizer_register(m) || mml_py_vision_register(m) ||
       mml_py_template_register(m) || mml_py_fetch_register(m) || mml_py_cuda_register(m) ||
-      mml_py_collate_register(m) || mml_py_video_register(m)) {
+      mml_py_collate_register(m) || mml_py_video_register(m) ||
+      mml_py_dsindex_register(m)) {
     Py_DECREF(m);
     return NULL;
   }

@@ -247,32 +247,29 @@ static void items_release(item *it, Py_ssize_t n) {
   PyMem_Free(it);
 }
 
-static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
-  PyObject *seq = PySequence_Fast(arg, "process() takes a list of items");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  item *it = PyMem_Calloc(n ? (size_t)n : 1, sizeof *it);
-  if (!it) {
-    Py_DECREF(seq);
-    return PyErr_NoMemory();
-  }
-  PyObject *result = NULL, *out = NULL;
+/* The items of process(): (kind, buffer[, h, w]); kind 1 is raw RGB of h x w. */
+static int vp_parse_items(PyObject *seq, item *it, Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *o = PySequence_Fast_GET_ITEM(seq, i), *b;
-    if (!PyArg_ParseTuple(o, "iO|ii:process item", &it[i].kind, &b, &it[i].h, &it[i].w)) goto fail;
-    if (PyObject_GetBuffer(b, &it[i].buf, PyBUF_SIMPLE)) goto fail;
+    if (!PyArg_ParseTuple(o, "iO|ii:process item", &it[i].kind, &b, &it[i].h, &it[i].w)) return -1;
+    if (PyObject_GetBuffer(b, &it[i].buf, PyBUF_SIMPLE)) return -1;
     it[i].have_buf = 1;
     if (it[i].kind == 1 &&
         (it[i].h < 1 || it[i].w < 1 || it[i].buf.len != (Py_ssize_t)it[i].h * it[i].w * 3)) {
       PyErr_Format(PyExc_ValueError, "image %zd: buffer of %zd bytes is not %dx%dx3", i,
                    it[i].buf.len, it[i].h, it[i].w);
-      goto fail;
+      return -1;
     }
   }
+  return 0;
+}
+
+/* Plans every item (GIL released); *rows: their pixel_values rows.  -1 with an exception. */
+static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t *rows) {
   mml_err err = {0};
   mml_status st = MML_OK;
   Py_ssize_t bad = -1;
-  int64_t rows = 0;
+  *rows = 0;
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
     if (it[i].kind == 0)
@@ -280,22 +277,23 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
     else
       st = mml_vision_plan_size(&self->cfg, it[i].w, it[i].h, &it[i].plan, &err);
     if (st != MML_OK) bad = i;
-    else rows += it[i].plan.rows;
+    else *rows += it[i].plan.rows;
   }
   Py_END_ALLOW_THREADS
   if (st != MML_OK) {
     mml_err_prefix(&err, "image %zd", bad);
     mml_py_raise(st, &err);
-    goto fail;
+    return -1;
   }
-  int cols = mml_vision_pixel_cols(&self->cfg);
-  if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
-    PyErr_NoMemory();
-    goto fail;
-  }
-  out = vp_take_buffer(self, (size_t)rows * (size_t)cols * 4);
-  if (!out) goto fail;
-  float *dst = ((VisionBuffer *)out)->data;
+  return 0;
+}
+
+/* Decodes, resizes and patchifies every item into dst (GIL released), with the
+ * processor's scratch when it is free, else a temporary one.  -1 with an exception. */
+static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, float *dst) {
+  mml_err err = {0};
+  mml_status st = MML_OK;
+  Py_ssize_t bad = -1;
   Py_BEGIN_ALLOW_THREADS
   mml_vision_scratch *s = self->scratch, *tmp = NULL;
   int locked = PyThread_acquire_lock(self->lock, NOWAIT_LOCK);
@@ -321,18 +319,47 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
   if (st != MML_OK) {
     mml_err_prefix(&err, "image %zd", bad);
     mml_py_raise(st, &err);
-    goto fail;
+    return -1;
   }
+  return 0;
+}
+
+/* [(grid_t, grid_h, grid_w), ...] */
+static PyObject *vp_grids(const item *it, Py_ssize_t n) {
   PyObject *grids = PyList_New(n);
-  if (!grids) goto fail;
+  if (!grids) return NULL;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *g = Py_BuildValue("(iii)", it[i].plan.grid_t, it[i].plan.grid_h, it[i].plan.grid_w);
     if (!g) {
       Py_DECREF(grids);
-      goto fail;
+      return NULL;
     }
     PyList_SET_ITEM(grids, i, g);
   }
+  return grids;
+}
+
+static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
+  PyObject *seq = PySequence_Fast(arg, "process() takes a list of items");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  item *it = PyMem_Calloc(n ? (size_t)n : 1, sizeof *it);
+  if (!it) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  PyObject *result = NULL, *out = NULL, *grids;
+  int64_t rows;
+  if (vp_parse_items(seq, it, n) || vp_plan_items(self, it, n, &rows)) goto fail;
+  int cols = mml_vision_pixel_cols(&self->cfg);
+  if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  out = vp_take_buffer(self, (size_t)rows * (size_t)cols * 4);
+  if (!out) goto fail;
+  if (vp_process_items(self, it, n, ((VisionBuffer *)out)->data)) goto fail;
+  if (!(grids = vp_grids(it, n))) goto fail;
   result = Py_BuildValue("(OLiN)", out, (long long)rows, cols, grids);
 fail:
   Py_XDECREF(out);

@@ -107,6 +107,9 @@ void mml_collator_free(mml_collator *c);
  * its fields disagree (ids vs labels, pixel rows vs grids, image tokens vs grids when mrope
  * is on).  Const and reentrant: the engine calls it in worker threads, before collation. */
 mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_err *err);
+/* Its length part alone, for a sample of n tokens (known from a dataset index before the
+ * sample is built): the same MML_ETOOLONG and message. */
+mml_status mml_collator_check_length(const mml_collator *c, int64_t n, mml_err *err);
 /* Tokens `s` occupies in a batch row (its length, rounded up to pad_to_multiple when
  * packing). */
 int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s);

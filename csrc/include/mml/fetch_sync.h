@@ -13,6 +13,9 @@ mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t l
 
 /* Object size (HEAD). */
 mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);
+/* Object size and ETag (HEAD; etag "" when the server sent none), etag_cap bytes. */
+mml_status mml_fetch_stat(mml_fetcher *f, const char *url, int64_t *size, char *etag,
+                          size_t etag_cap, mml_err *err);
 
 /* The general form: query is an encoded canonical query for S3 (listings; NULL for a
  * plain GET); head asks for the size (HEAD) and returns it as one int64 in *out. */

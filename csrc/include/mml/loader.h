@@ -59,6 +59,9 @@ typedef struct mml_loader_cfg {
   int ndata;
   const char *image_root;   /* NULL: each shard's own folder */
   int data_format;          /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
+  const char *index;        /* dataset index (mml/dsindex.h): NULL: "<shard>.mmlidx" next to
+                               each local shard when present; a folder or URL prefix
+                               holding them (any shard); "": never read one */
   int shuffle;
   uint64_t seed;
   int dp_rank, dp_size;

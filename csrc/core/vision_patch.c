@@ -1,0 +1,283 @@
+/*
+ * vision_patch.c — normalise + patchify (design: vision.c).  Resized output rows arrive
+ * planar in a block of P*M rows (mml_patch_out's row_out); a full block's patches are
+ * written in pixel_values' memory order, a share per output row of the next block (two
+ * blocks alternate), so the output stores overlap decoding.  Values are the reference's
+ * exact arithmetic: a 256-entry table per channel (portable), the same IEEE operations in
+ * AVX2, or a division-free AVX2+FMA form used only when it matched the table bit for bit.
+ *
+ * Layout (SPEC-QWEN.md): row = ((bh*(gw/M) + bw)*M + mh)*M + mw,
+ *                        col = ((c*T + t)*P + py)*P + px.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vision_int.h"
+/* ---------------------------------------------------------------- normalise + patchify */
+
+
+static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
+  for (int c = 0; c < 3; c++) {
+    const float m = mean[c], sd = std[c];
+    for (int v = 0; v < 256; v++) {
+      float x = (float)((double)v * (1.0 / 255.0));
+      lut[c][v] = (x - m) / sd;
+    }
+  }
+}
+
+/* Writes patch row (c, py) of one patch: P normalised values to each of the T temporal
+ * slots.  PCONST is a compile-time constant in the common cases (14, 16) so the loops
+ * unroll into straight-line code. */
+#define PATCH_ROW(PCONST)                                                     \
+  do {                                                                        \
+    float v[PCONST];                                                          \
+    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                   \
+    for (int t = 0; t < T; t++) {                                             \
+      float *restrict d = d0 + (size_t)t * PP;                                \
+      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                    \
+    }                                                                         \
+  } while (0)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* Eight normalised values from eight bytes, with exactly the reference's operations:
+ * float32(double(v) * (1/255)), then (x - mean) / std in float32. */
+__attribute__((target("avx2"))) static inline __m256 norm8(const uint8_t *s, __m256d inv255,
+                                                           __m256 mean, __m256 sd) {
+  int32_t lo4, hi4;
+  memcpy(&lo4, s, 4);
+  memcpy(&hi4, s + 4, 4);
+  __m256d lo = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(lo4))), inv255);
+  __m256d hi = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(hi4))), inv255);
+  __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+  return _mm256_div_ps(_mm256_sub_ps(f, mean), sd);
+}
+
+/* The same values without double precision or division: each quotient is a product with
+ * the float reciprocal plus one FMA correction step.  That is correctly rounded for almost
+ * all operands but not provably for all, so it is only used when norm_fast_exact() found
+ * it equal, bit for bit, to the reference for all 256 byte values of every channel. */
+__attribute__((target("avx2,fma"))) static inline __m256 norm8_fast(const uint8_t *s,
+                                                                    __m256 mean, __m256 sd,
+                                                                    __m256 rsd) {
+  const __m256 c255 = _mm256_set1_ps(255.0f), r255 = _mm256_set1_ps(1.0f / 255.0f);
+  __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s)));
+  __m256 q = _mm256_mul_ps(v, r255);
+  __m256 x = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, c255, v), r255, q);
+  __m256 a = _mm256_sub_ps(x, mean);
+  __m256 y = _mm256_mul_ps(a, rsd);
+  return _mm256_fmadd_ps(_mm256_fnmadd_ps(y, sd, a), rsd, y);
+}
+
+__attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[3],
+                                                               const float std[3],
+                                                               const float lut[3][256]) {
+  uint8_t bytes[256];
+  for (int v = 0; v < 256; v++) bytes[v] = (uint8_t)v;
+  for (int c = 0; c < 3; c++) {
+    const __m256 m = _mm256_set1_ps(mean[c]), sd = _mm256_set1_ps(std[c]);
+    const __m256 rsd = _mm256_set1_ps(1.0f / std[c]);
+    for (int v = 0; v < 256; v += 8) {
+      float got[8];
+      _mm256_storeu_ps(got, norm8_fast(bytes + v, m, sd, rsd));
+      if (memcmp(got, &lut[c][v], sizeof got)) return 0;
+    }
+  }
+  return 1;
+}
+
+/* AVX2 version of flush_block for 8 <= P <= 16: each patch row is two overlapping groups
+ * of eight values (px 0..7 and P-8..P-1), stored to the T slots. */
+__attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, int bh, int bw0,
+                                                                 int bw1) {
+  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
+  const size_t WS = (size_t)W + 16;
+  const int bw_n = g->gw / M;
+  const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
+  __m256 mean[3], sd[3], rsd[3];
+  for (int c = 0; c < 3; c++) {
+    mean[c] = _mm256_set1_ps(g->mean[c]);
+    sd[c] = _mm256_set1_ps(g->std[c]);
+    rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
+  }
+  const int fast = g->fast;
+  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
+   * stores when the output allows (pixel_values is far larger than the caches, so this
+   * saves reading every output line before writing it). */
+  const int cols = g->cols;
+  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
+        float *dst = g->out + r * cols;
+        float *o = stream ? g->ptmp : dst;
+        const int x0 = (bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * WS;
+          for (int py = 0; py < P; py++) {
+            const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
+            __m256 f0, f1;
+            if (fast) {
+              f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
+              f1 = norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]);
+            } else {
+              f0 = norm8(s, inv255, mean[c], sd[c]);
+              f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
+            }
+            float *d = o + ((size_t)c * T * P + py) * P;
+            for (int t = 0; t < T; t++, d += PP) {
+              _mm256_storeu_ps(d, f0);
+              _mm256_storeu_ps(d + P - 8, f1);
+            }
+          }
+        }
+        if (stream)
+          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
+      }
+  if (stream) _mm_sfence();
+}
+#define MML_HAVE_AVX2_PATCH 1
+#endif
+
+/* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
+ * g->block) in memory order, so pixel_values is written sequentially. */
+static void flush_block(patch_ctx *g, int bh, int bw0, int bw1) {
+  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
+  const int bw_n = g->gw / M;
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
+        float *o = g->out + r * g->cols;
+        const int x0 = (bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const float *l = g->lut[c];
+          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * W;
+          for (int py = 0; py < P; py++) {
+            const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
+            float *d0 = o + ((size_t)c * T * P + py) * P;
+            if (P == 14)
+              PATCH_ROW(14);
+            else if (P == 16)
+              PATCH_ROW(16);
+            else {
+              for (int t = 0; t < T; t++)
+                for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];
+            }
+          }
+        }
+      }
+}
+#undef PATCH_ROW
+
+/* Writes patch columns [bw0, bw1) of block row bh. */
+static void write_patches(patch_ctx *g, int bh, int bw0, int bw1) {
+  if (bw0 >= bw1) return;
+#ifdef MML_HAVE_AVX2_PATCH
+  if (g->avx2) {
+    flush_block_avx2(g, bh, bw0, bw1);
+    return;
+  }
+#endif
+  flush_block(g, bh, bw0, bw1);
+}
+
+/* Writes what is left of the waiting block. */
+void mml_patch_finish(patch_ctx *g) {
+  if (g->pend_bh < 0) return;
+  write_patches(g, g->pend_bh, g->pend_bw, g->gw / g->M);
+  g->pend_bh = -1;
+}
+
+/* row_out for patchify: output rows go straight into the planar block.  A full block is
+ * not written out at once: its patches are written a share per output row of the next
+ * block (two blocks alternate), so the stream of output stores is spread over the whole
+ * decode and resize instead of stalling on memory bandwidth in bursts. */
+static uint8_t *patch_dst(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  const int PM = g->P * g->M, b = y / PM;
+  if (g->pend_bh >= 0 && b >= g->pend_bh + 2) mml_patch_finish(g); /* its half is reused */
+  return g->block + (size_t)(b & 1) * g->half + (size_t)(y % PM) * (g->gw * g->P + 16);
+}
+
+static void patch_done(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  const int PM = g->P * g->M, in_block = y % PM + 1, bw_n = g->gw / g->M;
+  if (g->key < 0) g->key = mml_decoder_color_key(g->dec, g->kc);
+  if (g->key) { /* the keyed colour of the resized row becomes white */
+    const size_t stride = (size_t)g->gw * g->P + 16, plane = (size_t)PM * stride;
+    uint8_t *r = g->block + (size_t)((y / PM) & 1) * g->half + (size_t)(y % PM) * stride;
+    for (int x = 0; x < g->gw * g->P; x++)
+      if (r[x] == g->kc[0] && r[plane + x] == g->kc[1] && r[2 * plane + x] == g->kc[2])
+        r[x] = r[plane + x] = r[2 * plane + x] = 255;
+  }
+  if (g->pend_bh >= 0) {
+    int to = (int)(((int64_t)bw_n * in_block + PM - 1) / PM);
+    write_patches(g, g->pend_bh, g->pend_bw, to);
+    if (to > g->pend_bw) g->pend_bw = to;
+  }
+  if (in_block == PM) {
+    mml_patch_finish(g);
+    g->pend_bh = y / PM;
+    g->pend_bw = 0;
+  }
+}
+
+mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
+                                 const mml_vision_plan *plan, float *out, mml_err *err) {
+  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
+  if (mml_bytes_reserve(&s->block, n))
+    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
+  g->block = s->block.data;
+  g->half = half;
+  g->P = cfg->patch_size;
+  g->M = cfg->merge_size;
+  g->T = cfg->temporal_patch_size;
+  g->gw = plan->grid_w;
+  g->cols = plan->cols;
+  g->out = out;
+  for (int c = 0; c < 3; c++) {
+    g->mean[c] = cfg->mean[c];
+    g->std[c] = cfg->std[c];
+  }
+  g->avx2 = g->fast = 0;
+  g->pend_bh = -1;
+  g->pend_bw = 0;
+  g->dec = NULL;
+  g->key = 0;
+#ifdef MML_HAVE_AVX2_PATCH
+  g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
+#endif
+  if (!s->norm_valid || memcmp(s->norm_mean, g->mean, sizeof g->mean) ||
+      memcmp(s->norm_std, g->std, sizeof g->std)) {
+    build_lut(g->mean, g->std, s->lut);
+    s->norm_fast = 0;
+#ifdef MML_HAVE_AVX2_PATCH
+    s->norm_fast = mml_cpu_fma() && norm_fast_exact(g->mean, g->std, s->lut);
+#endif
+    memcpy(s->norm_mean, g->mean, sizeof g->mean);
+    memcpy(s->norm_std, g->std, sizeof g->std);
+    s->norm_valid = 1;
+  }
+  g->lut = (const float(*)[256])s->lut;
+  g->fast = g->avx2 && s->norm_fast;
+  g->ptmp = NULL;
+  if (g->avx2) {
+    size_t need = (size_t)plan->cols + 16;
+    if (s->ptmp_cap < need) {
+      free(s->ptmp);
+      s->ptmp_cap = 0;
+      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float))) s->ptmp = NULL;
+      else s->ptmp_cap = need;
+    }
+    g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
+  }
+  return MML_OK;
+}
+
+row_out mml_patch_out(patch_ctx *g) {
+  return (row_out){patch_dst, patch_done, g, (size_t)g->P * g->M * (g->gw * g->P + 16)};
+}

@@ -1,0 +1,308 @@
+/* The dataset index (mml/dsindex.h): the file's round trip into a loader's index, every
+ * truncation / byte flip refused without reading outside it (ASan), and the threaded
+ * build (TSan) giving a loader the batches it gives without the index.
+ * Needs the bundled tokenizer (as test-loader.c). */
+#include "mml/dsindex.h"
+
+#include <stdio.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include "mml/loader.h"
+#include "mml_test.h"
+
+static const char k_jsonl[] = "{\"a\": 1}\n\n{\"b\": 22}\n{\"c\": 333}\n";
+
+/* An index of k_jsonl with made-up counts: sample i has i images. */
+static void make(mml_index *ix, mml_dsx *x, mml_dsx_sample *s, mml_dsx_image *im) {
+  mml_err err = {0};
+  memset(ix, 0, sizeof *ix);
+  mml_index_add_bytes(ix, "s.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)k_jsonl,
+                      sizeof k_jsonl - 1, &err);
+  const mml_index_shard *sh = &ix->shards[0];
+  memset(x, 0, sizeof *x);
+  x->shard_size = sh->size;
+  x->shard_mtime_ns = 1234567890123LL;
+  x->key = 0xfeedULL;
+  strcpy(x->etag, "\"abc\"");
+  x->settings = "tokenizer=1 max_pixels=2";
+  x->layout = sh->layout;
+  x->data_end = sh->data_end;
+  x->n = sh->count;
+  x->offsets = ix->offsets;
+  x->blank_lines = sh->blank_lines;
+  x->nblank = sh->nblank;
+  int64_t k = 0;
+  for (int64_t i = 0; i < x->n; i++) {
+    s[i] = (mml_dsx_sample){(uint32_t)(10 + i), (uint16_t)i, 0, 0};
+    for (int j = 0; j < i; j++) im[k++] = (mml_dsx_image){(uint32_t)(100 + j), 50, 64};
+  }
+  x->samples = s;
+  x->images = im;
+  x->nimages = k;
+}
+
+TEST(test_round_trip_into_an_index) {
+  mml_index ix;
+  mml_dsx x;
+  mml_dsx_sample s[8];
+  mml_dsx_image im[16];
+  make(&ix, &x, s, im);
+  CHECK_EQ_INT(x.n, 3);
+  CHECK_EQ_INT(x.nblank, 1);
+  mml_bytes b = {0};
+  mml_err err = {0};
+  CHECK_OK(mml_dsx_serialize(&x, &b, &err), err);
+  CHECK_EQ_INT(b.len % 8, 0);
+  mml_dsx y;
+  CHECK_OK(mml_dsx_parse(b.data, b.len, "t", &y, &err), err);
+  CHECK_EQ_INT(y.n, 3);
+  CHECK_EQ_INT(y.nimages, 3);
+  CHECK_EQ_INT(y.first_image[2], 1);
+  CHECK_EQ_INT(y.images[2].width, 101);
+  CHECK_EQ_INT(y.samples[2].text_tokens, 12);
+  CHECK_EQ_STR(y.etag, "\"abc\"");
+  CHECK_EQ_STR(y.settings, "tokenizer=1 max_pixels=2");
+  CHECK_EQ_INT(y.shard_mtime_ns, 1234567890123LL);
+  /* the shard from the file locates samples exactly as the scan did */
+  mml_index ix2 = {0};
+  CHECK_OK(mml_dsx_add_to_index(&y, &ix2, "s.jsonl", &err), err);
+  CHECK_OK(mml_dsx_add_to_index(&y, &ix2, "t.jsonl", &err), err);
+  CHECK_EQ_INT(ix2.n, 6);
+  CHECK_EQ_INT(ix2.shards[1].first, 3);
+  for (int64_t i = 0; i < 3; i++) {
+    int sa, sb;
+    int64_t oa, la, wa, ob, lb, wb;
+    mml_index_locate(&ix, i, &sa, &oa, &la, &wa);
+    mml_index_locate(&ix2, i + 3, &sb, &ob, &lb, &wb);
+    CHECK_EQ_INT(sb, 1);
+    CHECK_EQ_INT(oa, ob);
+    CHECK_EQ_INT(la, lb);
+    CHECK_EQ_INT(wa, wb); /* line numbers, blank line included */
+  }
+  CHECK_EQ_INT(mml_index_hash_shards(&ix, 0, 1), mml_index_hash_shards(&ix2, 0, 1));
+  mml_index_free(&ix2);
+  mml_dsx_free(&y);
+  mml_bytes_free(&b);
+  mml_index_free(&ix);
+}
+
+TEST(test_every_damage_is_refused) {
+  mml_index ix;
+  mml_dsx x;
+  mml_dsx_sample s[8];
+  mml_dsx_image im[16];
+  make(&ix, &x, s, im);
+  mml_bytes b = {0};
+  mml_err err = {0};
+  CHECK_OK(mml_dsx_serialize(&x, &b, &err), err);
+  uint8_t *copy = malloc(b.len);
+  for (size_t n = 0; n < b.len; n++) { /* truncated: exact-size copies, so ASan sees reads */
+    uint8_t *t = malloc(n ? n : 1);
+    memcpy(t, b.data, n);
+    mml_dsx y;
+    if (mml_dsx_parse(t, n, "t", &y, &err) == MML_OK) FAIL_AT("truncated to %zu parsed", n);
+    free(t);
+  }
+  for (size_t i = 0; i < b.len; i++) {
+    for (int bit = 0; bit < 8; bit += 3) {
+      memcpy(copy, b.data, b.len);
+      copy[i] ^= (uint8_t)(1u << bit);
+      mml_dsx y;
+      if (mml_dsx_parse(copy, b.len, "t", &y, &err) == MML_OK) FAIL_AT("flip at %zu parsed", i);
+    }
+  }
+  free(copy);
+  mml_bytes_free(&b);
+  mml_index_free(&ix);
+}
+
+TEST(test_partial_entries) {
+  mml_index ix;
+  mml_dsx x;
+  mml_dsx_sample s[8];
+  mml_dsx_image im[16];
+  make(&ix, &x, s, im);
+  mml_bytes b = {0};
+  uint8_t h[MML_DSX_HEADER];
+  mml_dsx_partial_header(&x, h);
+  mml_bytes_append(&b, h, sizeof h);
+  mml_bytes_append(&b, "\"abc\"\0\0\0", 8);
+  mml_bytes_append(&b, "tokenizer=1 max_pixels=2", 24);
+  size_t head = b.len, ends[3];
+  int64_t k = 0;
+  for (int i = 0; i < 3; i++) {
+    mml_bytes_append(&b, &s[i], sizeof s[i]);
+    mml_bytes_append(&b, &im[k], (size_t)i * sizeof im[0]);
+    k += i;
+    ends[i] = b.len;
+  }
+  mml_err err = {0};
+  for (size_t n = head; n <= b.len; n++) {
+    mml_dsx p;
+    size_t used;
+    CHECK_OK(mml_dsx_partial_parse(b.data, n, "p", &p, &used, &err), err);
+    int64_t want = n >= ends[2] ? 3 : n >= ends[1] ? 2 : n >= ends[0] ? 1 : 0;
+    CHECK_EQ_INT(p.n, want);
+    CHECK_EQ_INT(used, want ? ends[want - 1] : head);
+    CHECK_EQ_INT(p.key, 0xfeed);
+    CHECK_EQ_STR(p.etag, "\"abc\"");
+    mml_dsx_free(&p);
+  }
+  mml_bytes_free(&b);
+  mml_index_free(&ix);
+}
+
+/* ---- the build, with a loader ---------------------------------------------------------- */
+
+static char g_dir[64], g_shard[128], g_idx[160];
+static mml_tokenizer *g_tok;
+
+static void write_jpeg(const char *path, int w, int h) {
+  unsigned char *rgb = calloc((size_t)w * h, 3);
+  tjhandle tj = tjInitCompress();
+  unsigned char *out = NULL;
+  unsigned long len = 0;
+  tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 85, 0);
+  FILE *f = fopen(path, "wb");
+  fwrite(out, 1, len, f);
+  fclose(f);
+  tjFree(out);
+  tjDestroy(tj);
+  free(rgb);
+}
+
+/* 600 samples (more than two build chunks): 0-2 images, some long, one malformed. */
+static int make_dataset(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/mml-test-dsindex-XXXXXX");
+  if (!mkdtemp(g_dir)) return -1;
+  char p[160];
+  for (int i = 0; i < 4; i++) {
+    snprintf(p, sizeof p, "%s/img%d.jpg", g_dir, i);
+    write_jpeg(p, 40 + 50 * i, 60 + 30 * i);
+  }
+  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", g_dir);
+  snprintf(g_idx, sizeof g_idx, "%s.mmlidx", g_shard);
+  FILE *f = fopen(g_shard, "w");
+  for (int i = 0; i < 600; i++) {
+    if (i == 400) { /* after the first chunk: in the resumed build (examples are its own) */
+      fprintf(f, "{\"messages\": [oops\n");
+      continue;
+    }
+    int k = i % 3;
+    fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion %d%s?\"},"
+               "{\"role\":\"assistant\",\"content\":\"Answer %d.\"}]",
+            k > 0 ? "<image>" : "", k > 1 ? "<image>" : "", i,
+            i % 7 ? "" : " and a much longer question with many more words in it", i);
+    if (k) fprintf(f, ",\"images\":[\"img%d.jpg\"%s]", i % 4, k > 1 ? ",\"img3.jpg\"" : "");
+    fprintf(f, "}\n");
+  }
+  fclose(f);
+  return 0;
+}
+
+static void cfg_of(mml_loader_cfg *c, const char **data, const char *index) {
+  memset(c, 0, sizeof *c);
+  data[0] = g_shard;
+  c->data = data;
+  c->ndata = 1;
+  c->index = index;
+  c->shuffle = 1;
+  c->seed = 7;
+  c->dp_size = 1;
+  c->num_threads = 2;
+  c->prefetch = 2;
+  c->max_error_rate = 1.0;
+  c->max_length = 60;
+  c->collate.micro_batch_size = 4;
+  c->collate.pad_id = -1;
+  mml_err err;
+  mml_vision_preset("qwen2.5-vl", &c->vision, &err);
+  c->vision.min_pixels = 28 * 28 * 4;
+  c->vision.max_pixels = 28 * 28 * 16;
+  c->tokenizer = g_tok;
+}
+
+static uint64_t epoch_hash(mml_loader *L, int *batches) {
+  uint64_t h = 0;
+  mml_err err;
+  mml_batch b;
+  *batches = 0;
+  for (;;) {
+    memset(&b, 0, sizeof b);
+    if (mml_loader_next(L, &b, -1, &err) != MML_OK) break;
+    for (int i = 0; i < b.ntensors; i++) {
+      const mml_tensor *t = &b.tensors[i];
+      h = mml_hash_bytes(h, t->name, strlen(t->name));
+      h = mml_hash_bytes(h, (const char *)t->buf->data + t->offset,
+                         (size_t)mml_tensor_numel(t) * mml_dtype_size(t->dtype));
+    }
+    (*batches)++;
+    mml_batch_clear(&b);
+  }
+  return h;
+}
+
+static int stop_early(void *ctx, int64_t done, int64_t total) {
+  (void)total;
+  return done >= *(int64_t *)ctx;
+}
+
+TEST(test_build_and_use) {
+  const char *data[1];
+  mml_loader_cfg c;
+  mml_loader *L;
+  mml_err err;
+  mml_index_summary *sum = calloc(1, sizeof *sum);
+  cfg_of(&c, data, "");
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  int64_t after = 1; /* stopped after its first chunk, then resumed */
+  CHECK(mml_loader_build_index(L, 0, g_idx, 4, stop_early, &after, sum, &err) == MML_ECANCELLED);
+  CHECK_OK(mml_loader_build_index(L, 0, g_idx, 4, NULL, NULL, sum, &err), err);
+  CHECK_EQ_INT(sum->samples, 600);
+  CHECK(sum->resumed > 0 && sum->resumed < 600);
+  CHECK_EQ_INT(sum->good, 599);
+  CHECK_EQ_INT(sum->by_status[MML_ERECORD], 1);
+  CHECK(strstr(sum->example[MML_ERECORD], "data.jsonl:401") != NULL);
+  int nb0, nb1;
+  uint64_t h0 = epoch_hash(L, &nb0);
+  mml_loader_free(L);
+  cfg_of(&c, data, NULL);
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_EQ_INT(mml_loader_index_used(L), 1);
+  uint64_t h1 = epoch_hash(L, &nb1);
+  mml_loader_stats st;
+  mml_loader_get_stats(L, &st);
+  mml_loader_free(L);
+  CHECK(nb0 > 10);
+  CHECK_EQ_INT(nb0, nb1);
+  CHECK(h0 == h1);
+  CHECK(st.skipped > 0);
+  free(sum);
+}
+
+int mml_cpu_avx2(void), mml_cpu_fma(void); /* csrc/core/resize.h */
+
+int main(void) {
+  /* their lazy CPU probes, once before threads (as test-loader's 1-thread run does) */
+  mml_cpu_avx2();
+  mml_cpu_fma();
+  const char *tp = getenv("MML_TEST_TOKENIZER");
+  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
+  mml_err err;
+  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK || make_dataset()) {
+    fprintf(stderr, "FAIL cannot load tokenizer %s or write the dataset\n", tp);
+    return 1;
+  }
+  RUN(test_round_trip_into_an_index);
+  RUN(test_every_damage_is_refused);
+  RUN(test_partial_entries);
+  RUN(test_build_and_use);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+  mml_tokenizer_free(g_tok);
+  if (mml_test_failures) fprintf(stderr, "%d failure(s)\n", mml_test_failures);
+  return mml_test_failures ? 1 : 0;
+}
