@@ -167,7 +167,12 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
         f"From the {1000 * meta['latency_s']:g} ms server"
     base = _rate(data, source, "dataloader")
     dec = decode_cpu(data)
-    lines = [f"**{title}** (median of {meta['repeats']} runs, min-max in brackets)", "",
+    done = max((stat(data, "throughput", source, p, "samples_per_s") or (0, 0, 0, 0))[3]
+               for p in names)
+    plan = "" if done == meta["repeats"] else \
+        f" of the {meta['repeats']} planned: the run's time budget was spent"
+    lines = [f"**{title}** ({done} run(s) per pipeline{plan}; median, min-max in brackets)",
+             "",
              "| pipeline | samples/s | vs DataLoader | CPU ms/sample | CPU / decode-only "
              "| faults/batch | own memory (MB) | peak PSS (MB) | first batch (s) "
              "| samples x s per run |",
