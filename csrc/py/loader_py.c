@@ -412,7 +412,12 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "device", s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
                                          : PyUnicode_FromString("cpu")) ||
       set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
-      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)))
+      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)) ||
+      set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
+      set_num(d, "page_faults_per_batch", s.page_faults_per_batch >= 0
+                                              ? PyFloat_FromDouble(s.page_faults_per_batch)
+                                              : Py_NewRef(Py_None)) ||
+      set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
