@@ -16,6 +16,9 @@ What is measured:
     length: the planning pass ``Loader(plan_only=True)`` (record read + parse, the whole
     image file read, header probe, template + tokenizer; no decode), over the first
     MML_BENCH_IDX_PEER samples (default 50,000), as samples/s and bytes per sample.
+  - global plan start: ``Loader(max_tokens_per_batch=16384)`` construction, which needs
+    every sample's tokens: from the index vs a planning pass (index=False), over 1 shard
+    and the first MML_BENCH_IDX_PEER samples.
   - first batch: ``Loader(...)`` construction, and construction + ``next()`` (8 samples
     decoded), medians of MML_BENCH_IDX_ROUNDS (default 3), for 1 shard
     (10^4 samples) and all shards (10^6), index used vs ``index=False`` (the scan of
@@ -138,8 +141,8 @@ def _first_batch(shards, **kw):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()
-            L = mmloader.Loader(shards, tokenizer=TOKENIZER, micro_batch_size=8,
-                                **VISION, **kw)
+            L = mmloader.Loader(shards, tokenizer=TOKENIZER, **dict(dict(micro_batch_size=8),
+                                **VISION, **kw))
             t1 = time.perf_counter()
             next(iter(L))
             start.append(t1 - t0)
@@ -169,3 +172,23 @@ def test_time_to_first_batch(benchmark, data):
     print(f"{len(shards)}x the data: with the index {big[1] / small[1]:.2f}x the time to first "
           f"batch (Loader() {big[0] / small[0]:.1f}x); scanning {big0[1] / small0[1]:.2f}x "
           f"(Loader() {big0[0] / small0[0]:.1f}x)")
+
+
+def test_global_plan_start(benchmark, data):
+    """The global plan (max_tokens_per_batch=...) needs every sample's tokens before the
+    first batch: from the index, or from a planning pass over the data (index=False)."""
+    root, shards = data
+    dsindex.build(shards, tokenizer=TOKENIZER, **VISION)
+    sizes = sorted({1, max(1, PEER // PER_SHARD)})
+
+    def run():
+        return {(n, ix): _first_batch(shards[:n], max_tokens_per_batch=16384,
+                                      micro_batch_size=None, **({} if ix else {"index": False}))
+                for n in sizes for ix in (True, False)}
+
+    r = benchmark.pedantic(run, rounds=1, iterations=1)
+    for n in sizes:
+        (s, t, _), (s0, t0, _) = r[(n, True)], r[(n, False)]
+        print(f"\nglobal plan, {n * PER_SHARD:>9,} samples: Loader() {1000 * s:7.0f} ms with the "
+              f"index, {1000 * s0:7.0f} ms with the planning pass (index=False): "
+              f"{s0 / s:.1f}x; first batch {1000 * t:.0f} vs {1000 * t0:.0f} ms")

@@ -96,6 +96,15 @@ def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None
             raise ConfigError(f"data shard {remote[0]} is remote: give out= (--out), a local "
                               "folder for its index files (copy them next to the shards, or "
                               "pass Loader(index=...) that folder or URL prefix)")
+        if out is not None:  # one folder: file names must not collide
+            seen: Dict[str, str] = {}
+            for sh in shards:
+                d = sidecar_path(sh, out)
+                if d in seen:
+                    raise ConfigError(f"data shards {seen[d]} and {sh} have the same file name: "
+                                      f"their index files would both be {d}; index them into "
+                                      "different --out folders (or next to the shards)")
+                seen[d] = sh
         if threads is None:
             threads = 16 if remote else default_num_threads()
         total: Dict[str, Any] = {"per_shard": {}}

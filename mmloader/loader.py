@@ -244,7 +244,8 @@ class Loader:
             same sample count under the new mixture instead of raising StateError.
         mixture_tolerance: warn (once per source) when a source's share of the samples
             delivered so far differs from its share of the epoch by more than this, e.g.
-            because many of its samples are skipped; None: never.
+            because many of its samples are skipped; None: never (and not with
+            group_by_length, whose windows reorder the sources on purpose).
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
@@ -331,6 +332,12 @@ class Loader:
         prefetch: finished batches kept ready ahead of the consumer.
         window: samples in flight ahead of collation (default 2 * micro_batch_size, at
             least 4 * num_threads and 16); with ``prefetch`` it bounds memory.
+        max_memory: a cap in bytes on the engine's memory (None: no cap): every batch
+            buffer of its pool (the batches it prepares, those the consumer still holds,
+            and those kept mapped for reuse), the encoded bytes of the samples in flight,
+            and 16 MiB of scratch per worker.  Work waits for room (backpressure); a
+            sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
+            next() whose batch cannot fit beside the batches the consumer still holds.
         on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
             error, in stream order; iteration may continue afterwards).
         max_error_rate: raise once more than this fraction of samples (over at least 100)
@@ -398,6 +405,7 @@ class Loader:
                  seed: int = _D["seed"], dp_rank: int = _D["dp_rank"],
                  dp_size: int = _D["dp_size"], num_threads: Optional[int] = _D["num_threads"],
                  prefetch: int = _D["prefetch"], window: Optional[int] = _D["window"],
+                 max_memory: Optional[int] = _D["max_memory"],
                  on_error: str = _D["on_error"], max_error_rate: float = _D["max_error_rate"],
                  preset: str = "qwen2.5-vl", model_dir: Optional[PathLike] = None,
                  tokenizer: Any = None,
@@ -528,7 +536,10 @@ class Loader:
         self.num_shards: int = info["num_shards"]
         self.tokenizer = tok
         self._mbs = self._c.options()["micro_batch_size"]  # None with a token budget
-        self._plan = self._c.plan_info(0) is not None
+        plan = self._c.plan_info(0)
+        self._plan = plan is not None
+        if plan is not None:  # epoch 0's (each epoch's plan has its own)
+            self.samples_per_rank = plan["rank_samples"]
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
         # The resume fingerprint: the options the table marks, as the engine runs them.
@@ -803,7 +814,11 @@ class Loader:
         """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
         first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
         decode_s is the decoder's part of vision_s),
-        queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency, and
+        queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency,
+        page_faults (minor page faults of the engine's own threads) and
+        page_faults_per_batch (the same per batch delivered after the first
+        2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
+        (rows copied because a sample failed only at decode; 0 otherwise), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its samples delivered, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the samples

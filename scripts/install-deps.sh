@@ -20,7 +20,7 @@ done
 APT_PKGS="build-essential pkg-config $(awk -v t="$test" '!/^#/ && NF && ($6 != "tests" ||
   t == "--test") { print $5 }' csrc/system-libs.txt)"
 # the ffmpeg CLI: tests compare the video decoder with Debian's own FFmpeg conversion
-[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg"
+[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg clang-format"  # clang-format: scripts/format.sh
 . scripts/python.sh
 venv=""
 case $PYTHON in "$PWD/.venv/"*) venv=1 ;; esac

@@ -204,6 +204,15 @@ def test_batches_with_index_are_bitwise_those_without(ds, tmp_path, fmt):
         assert st["bytes_read"] < st0["bytes_read"]
 
 
+def test_out_folder_refuses_colliding_names(ds, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    dup = other / "data-00000.jsonl"
+    dup.write_text(open(ds["shards"][0]).read())
+    with pytest.raises(mmloader.ConfigError, match="have the same file name"):
+        build([ds["shards"][0], str(dup)], out=str(tmp_path / "idx"))
+
+
 def test_stale_index_is_refused(ds):
     build(ds["shards"])
     shard = ds["shards"][1]

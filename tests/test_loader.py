@@ -71,6 +71,7 @@ def test_same_batches_whatever_threads_and_prefetch(ds):
         with make(ds["shards"], num_threads=threads, prefetch=prefetch, window=window,
                   seed=7) as L:
             got = run_epoch(L) + run_epoch(L)
+            assert len(L) > 0 and len(got) == 2 * len(L), (len(got), len(L))  # two full epochs
         if ref is None:
             ref = got
         else:

@@ -36,6 +36,8 @@ struct mml_collator {
   mml_sample *slots; /* samples of the current batch, [0, count) */
   int count, cap;
   int64_t used;     /* packed: sum of slot lengths; padded: longest sample */
+  int64_t rows;     /* pixel rows of the current batch */
+  mml_buf *pixbuf;  /* attached pixel_values buffer (pixels written elsewhere), or NULL */
 };
 
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
@@ -90,6 +92,7 @@ mml_status mml_collator_new(const mml_collate_cfg *cfg, mml_pool *pool, mml_coll
 
 void mml_collator_free(mml_collator *c) {
   if (!c) return;
+  mml_buf_release(c->pixbuf);
   for (int i = 0; i < c->cap; i++) mml_sample_free(&c->slots[i]);
   free(c->slots);
   free(c);
@@ -142,7 +145,8 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
     if (s->pixel_cols != c->cfg.pixel_cols)
       return mml_err_set(err, MML_EINVAL, "sample %lld: %d pixel columns, the loader expects %d",
                          (long long)s->index, s->pixel_cols, c->cfg.pixel_cols);
-    if (s->pixels.len != (size_t)s->pixel_rows * (size_t)s->pixel_cols * sizeof(float))
+    if (!s->pixels_elsewhere &&
+        s->pixels.len != (size_t)s->pixel_rows * (size_t)s->pixel_cols * sizeof(float))
       return mml_err_set(err, MML_EINVAL, "sample %lld: %zu pixel bytes for [%lld, %d] float32",
                          (long long)s->index, s->pixels.len, (long long)s->pixel_rows,
                          s->pixel_cols);
@@ -159,17 +163,53 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
   return MML_OK;
 }
 
+int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens) {
+  if (k->count == 0) return 1;
+  if (!c->cfg.pack) return c->cfg.rows_dynamic || k->count < c->cfg.micro_batch_size;
+  return k->used + tokens <= c->budget;
+}
+
+void mml_compose_add(const mml_collator *c, mml_compose *k, int64_t tokens) {
+  k->count++;
+  if (c->cfg.pack)
+    k->used += tokens;
+  else if (tokens > k->used)
+    k->used = tokens;
+}
+
+int mml_compose_full(const mml_collator *c, const mml_compose *k) {
+  if (!c->cfg.pack) return !c->cfg.rows_dynamic && k->count >= c->cfg.micro_batch_size;
+  return c->budget - k->used < c->multiple;
+}
+
+mml_compose mml_collator_compose_state(const mml_collator *c) {
+  return (mml_compose){c->count, c->used};
+}
+
+int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge) {
+  if (!c->cfg.pack || c->budget <= 0) return -1;
+  return c->budget * (int64_t)max_merge * max_merge;
+}
+
+void mml_collator_attach_pixels(mml_collator *c, mml_buf *buf) {
+  mml_buf_retain(buf);
+  mml_buf_release(c->pixbuf);
+  c->pixbuf = buf;
+}
+
+mml_buf *mml_collator_attached_pixels(const mml_collator *c) { return c->pixbuf; }
+int64_t mml_collator_rows(const mml_collator *c) { return c->rows; }
+
 int mml_collator_fits(const mml_collator *c, const mml_sample *s) {
-  if (c->count == 0) return 1;
-  if (!c->cfg.pack) return c->cfg.rows_dynamic || c->count < c->cfg.micro_batch_size;
-  return c->used + mml_collator_sample_tokens(c, s) <= c->budget;
+  mml_compose k = mml_collator_compose_state(c);
+  return mml_compose_fits(c, &k, mml_collator_sample_tokens(c, s));
 }
 
 int mml_collator_count(const mml_collator *c) { return c->count; }
 
 int mml_collator_full(const mml_collator *c) {
-  if (!c->cfg.pack) return !c->cfg.rows_dynamic && c->count >= c->cfg.micro_batch_size;
-  return c->budget - c->used < c->multiple;
+  mml_compose k = mml_collator_compose_state(c);
+  return mml_compose_full(c, &k);
 }
 
 mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
@@ -192,11 +232,11 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
   mml_sample *slot = &c->slots[c->count];
   mml_sample_reset(slot);
   mml_sample_swap(slot, s);
-  c->count++;
-  if (c->cfg.pack)
-    c->used += tokens;
-  else if (tokens > c->used)
-    c->used = tokens;
+  mml_compose k = mml_collator_compose_state(c);
+  mml_compose_add(c, &k, tokens);
+  c->count = k.count;
+  c->used = k.used;
+  c->rows += slot->pixel_rows;
   return MML_OK;
 }
 
@@ -204,6 +244,9 @@ void mml_collator_reset(mml_collator *c) {
   for (int i = 0; i < c->count; i++) mml_sample_reset(&c->slots[i]);
   c->count = 0;
   c->used = 0;
+  c->rows = 0;
+  mml_buf_release(c->pixbuf);
+  c->pixbuf = NULL;
 }
 
 /* ---- emit ---------------------------------------------------------------------------- */
@@ -393,14 +436,28 @@ static mml_status emit_vision(emit_ctx *e) {
   const bool holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
   const int64_t cols = cfg->pixel_cols;
   mml_status st;
-  uint8_t *o = emit_tensor(e, "pixel_values", MML_DT_FLOAT32, 2, DIMS(holder ? 1 : rows, cols),
-                           &st);
-  if (!o) return st;
-  if (holder) {
+  uint8_t *o = NULL;
+  if (!holder && e->c->pixbuf) { /* written in place: the tensor views the buffer */
+    if (e->c->pixbuf->size < (size_t)rows * (size_t)cols * sizeof(float))
+      return mml_err_set(e->err, MML_EINTERNAL, "collator: %lld pixel rows in a %zu-byte buffer",
+                         (long long)rows, e->c->pixbuf->size);
+    st = mml_batch_add_view(e->out, "pixel_values", MML_DT_FLOAT32, 2, DIMS(rows, cols),
+                            e->c->pixbuf, 0, e->err);
+    if (st) return st;
+  } else if (!(o = emit_tensor(e, "pixel_values", MML_DT_FLOAT32, 2,
+                               DIMS(holder ? 1 : rows, cols), &st))) {
+    return st;
+  }
+  if (!o) {
+    /* in place already */
+  } else if (holder) {
     memset(o, 0, (size_t)cols * sizeof(float));
   } else {
     for (int i = 0; i < e->n; i++) {
       const mml_sample *s = &e->c->slots[i];
+      if (s->pixel_rows && s->pixels_elsewhere)
+        return mml_err_set(e->err, MML_EINTERNAL, "collator: sample %lld has no pixels",
+                           (long long)s->index);
       if (s->pixel_rows) memcpy(o, s->pixels.data, s->pixels.len);
       o += s->pixels.len;
     }

@@ -15,6 +15,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 static const char *const k_names[] = {
 #define X(name, reason, msg) #name,
@@ -273,4 +276,16 @@ uint64_t mml_hash_bytes(uint64_t h, const void *p, size_t n) {
     h *= 0x100000001b3ULL;
   }
   return h;
+}
+
+size_t mml_cpu_threads(void) {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int c = CPU_COUNT(&set);
+    if (c > 0) return (size_t)c;
+  }
+#endif
+  long c = sysconf(_SC_NPROCESSORS_ONLN);
+  return c > 0 ? (size_t)c : 1;
 }

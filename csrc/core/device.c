@@ -29,27 +29,6 @@
 
 /* --- allocators -------------------------------------------------------------------- */
 
-static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
-  (void)self;
-  void *p = NULL;
-  size_t sz = (n + 63) & ~(size_t)63;
-  if (posix_memalign(&p, 64, sz ? sz : 64) != 0 || !p)
-    return mml_err_set(err, MML_ENOMEM, "cannot allocate %zu bytes of host memory", n);
-  *out = p;
-  return MML_OK;
-}
-static void host_free(void *self, void *p) {
-  (void)self;
-  free(p);
-}
-
-void mml_host_allocator(mml_allocator *out) {
-  memset(out, 0, sizeof *out);
-  out->kind = MML_MEM_HOST;
-  out->alloc = host_alloc;
-  out->free = host_free;
-}
-
 static mml_status pinned_alloc(void *self, size_t n, void **out, mml_err *err) {
   (void)self;
   return mml_cuda_host_alloc(n, out, err);

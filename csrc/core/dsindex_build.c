@@ -20,7 +20,7 @@
  *   in flight.
  *
  * A sample's status and counts are exactly what the loader's worker would find before
- * decoding (mml_sample_build steps 1-3): same parser options, image references,
+ * decoding (mml_sample_plan): same parser options, image references,
  * path policy, per-image budgets, limits and template.
  */
 #include <errno.h>
@@ -187,7 +187,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     vis += w->plans[i].tokens;
     px += (int64_t)w->plans[i].src_w * w->plans[i].src_h;
   }
-  if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_build */
+  if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_plan */
     return mml_err_set(err, MML_ESAMPLEPIXELS,
                        "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
                        (long long)px, (long long)src->pl.max_sample_pixels);
@@ -354,7 +354,7 @@ static mml_status open_partial(const char *ppath, const mml_dsx *id, int64_t cou
 }
 
 /* Chunk c's entries appended to the partial file and to r. */
-static mml_status flush_chunk(build *b, chunk *c, int64_t nsamples, int fd, const char *ppath,
+static mml_status flush_chunk(const chunk *c, int64_t nsamples, int fd, const char *ppath,
                               result *r, mml_bytes *buf, mml_err *err) {
   mml_bytes_clear(buf);
   int64_t im = 0;
@@ -365,7 +365,6 @@ static mml_status flush_chunk(build *b, chunk *c, int64_t nsamples, int fd, cons
     if (st) return mml_err_set(err, MML_ENOMEM, "out of memory");
     im += c->s[i].nimages;
   }
-  (void)b;
   mml_status st = write_all(fd, buf->data, buf->len, ppath, err);
   if (!st && result_add(r, c->s, nsamples, c->imgs, c->nimgs))
     st = mml_err_set(err, MML_ENOMEM, "out of memory");
@@ -476,7 +475,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     pthread_mutex_unlock(&b->mu);
     if (st) break;
     int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
-    st = flush_chunk(b, c, k1 - k0, fd, ppath, r, &buf, err);
+    st = flush_chunk(c, k1 - k0, fd, ppath, r, &buf, err);
     sum->bytes_read += c->bytes;
     for (int i = 0; i < c->nfirst; i++) {
       mml_status s = c->first_st[i];

@@ -14,12 +14,18 @@
  *
  *   Threads.
  *     workers (num_threads): first emit a finished batch if one is queued (build its
- *       tensors: mostly copying pixels), else take ready tasks (remote bytes arrived),
- *       else dispatch the next seq if it lies in the window [head_seq, head_seq + window)
- *       (and below limit_seq after a seek_ahead: the seek's `ahead` samples, one more per
- *       skip) and its slot is free; run the per-sample pipeline; mark the slot DONE.  A task
- *       waiting on the network holds no thread: the fetch completion (I/O thread) puts
- *       it on the ready list.
+ *       small tensors: its pixels are already in place), else decode a queued sample
+ *       straight into its slice of its batch's pixel_values, else take ready tasks
+ *       (remote bytes arrived), else dispatch the next seq if it lies in the window
+ *       [head_seq, head_seq + window) (and below limit_seq after a seek_ahead: the seek's
+ *       `ahead` samples, one more per skip) and its slot is free; read, fetch and plan
+ *       the sample from its image headers (no pixel work); mark the slot PLANNED (or
+ *       DONE: failed, text-only).  A task waiting on the network holds no thread: the
+ *       fetch completion (I/O thread) puts it on the ready list.
+ *     planner (in the collator thread, loader_place.c): places PLANNED samples into the
+ *       batches the collator will compose (the same composition step on the same
+ *       counts), gets each batch's pixel_values buffer from the pool and queues each
+ *       sample's decode with its destination; the decode marks the slot DONE.
  *     collator (1): consumes the slot of head_seq strictly in order, decides epoch
  *       boundaries and batch composition (mml_collator_fits/add/full on one of `ncoll`
  *       collator instances), and hands each complete batch to the workers for emission,
@@ -30,7 +36,9 @@
  *       not depend on which instance or worker emitted a batch.
  *     consumer (the caller of mml_loader_next): pops items; never does sample work.
  *   Task slots: tasks[seq % window].  A slot is owned by exactly one party at a time:
- *   EMPTY (free), BUSY (a worker or an outstanding fetch), DONE (waiting for collation).
+ *   EMPTY (free), BUSY (a worker or an outstanding fetch), PLANNED (counts known, waiting
+ *   for its decode: its placement fields belong to the planner, under mu), DONE
+ *   (waiting for collation).
  *
  *   Locking: one mutex `mu` guards all shared state; condition variables work_cv
  *   (workers), coll_cv (collator) and out_cv (consumer).  Sample work, reads, fetch
@@ -50,6 +58,7 @@
 #include "loader_int.h"
 
 #include <errno.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +103,11 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
   L->base_wrap = wrap;
   L->base_seq = L->head_seq;
   L->next_seq = L->head_seq;
-  for (int i = 0; i < L->window; i++)
-    if (L->tasks[i].state == SLOT_DONE) L->tasks[i].state = SLOT_EMPTY;
+  for (int i = 0; i < L->window; i++) {
+    task *t = &L->tasks[i]; /* a queued or running decode empties its slot itself */
+    if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE))
+      t->state = SLOT_EMPTY;
+  }
   pthread_cond_broadcast(&L->work_cv);
 }
 
@@ -112,6 +124,14 @@ static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_curso
   } else if (c->pos >= L->n_rank) {
     *wrap = 1;
   }
+}
+
+void ld_count_faults_locked(mml_loader *L, uint64_t *last) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru)) return;
+  uint64_t now = (uint64_t)ru.ru_minflt;
+  if (*last && now >= *last) L->faults += now - *last;
+  *last = now;
 }
 
 mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
@@ -302,9 +322,17 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
     mml_host_allocator(&L->alloc);
   }
   if (cfg->to_device && (st = mml_device_stage_new(cfg->device, 0, &L->stage, err))) return st;
-  /* Released batch buffers are kept for reuse up to 512 MiB (a large buffer allocated
-   * afresh costs its page faults); beyond that they go back to the system. */
-  if ((st = mml_pool_new(&L->alloc, (size_t)512 << 20, &L->pool, err))) return st;
+  /* Released batch buffers stay mapped for reuse (a buffer mapped afresh costs its page
+   * faults and zeroing) up to max_memory, or 2 GiB without one. */
+  size_t keep = cfg->max_memory > 0 ? (size_t)cfg->max_memory : (size_t)2 << 30;
+  if (cfg->max_memory > 0 &&
+      cfg->max_memory < (int64_t)cfg->num_threads * MML_SCRATCH_RESERVE + ((int64_t)8 << 20))
+    return mml_err_set(err, MML_ECONFIG,
+                       "max_memory=%lld is below the %lld bytes %d workers' scratch and one "
+                       "small batch take", (long long)cfg->max_memory,
+                       (long long)cfg->num_threads * MML_SCRATCH_RESERVE + (8 << 20),
+                       cfg->num_threads);
+  if ((st = mml_pool_new(&L->alloc, keep, &L->pool, err))) return st;
   /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
    * batch per collator instance, so one collation thread does not cap throughput. */
   L->ncoll = 1 + cfg->num_threads / 4;
@@ -332,8 +360,11 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
   L->skips = calloc(SKIP_LOG, sizeof *L->skips);
   if (!L->tasks || !L->outq || !L->skips) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
-  for (int i = 0; i < w; i++) L->tasks[i].L = L;
-  return MML_OK;
+  for (int i = 0; i < w; i++) {
+    L->tasks[i].L = L;
+    L->tasks[i].tk = -1;
+  }
+  return ld_place_new(L, err);
 }
 
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
@@ -442,6 +473,8 @@ void mml_loader_free(mml_loader *L) {
       for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
       free(t->imgs);
       free(t->refs);
+      free(t->plans);
+      ld_place_clear(t);
       mml_bytes_free(&t->path);
     }
     free(L->tasks);
@@ -457,6 +490,7 @@ void mml_loader_free(mml_loader *L) {
       if (L->colls[i]) mml_collator_free(L->colls[i]);
   free(L->colls);
   free(L->coll_busy);
+  ld_place_free(L);
   mml_device_stage_free(L->stage); /* waits for queued copies */
   mml_pool_close(L->pool);
   ld_plan_free(L);
@@ -572,7 +606,11 @@ void mml_loader_describe_wait(mml_loader *L, mml_err *err) {
     mml_err_set(err, MML_ETIMEDOUT, "waiting on the output queue");
   } else if (t->state != SLOT_BUSY || t->stage == STAGE_NEW || t->gen != L->gen) {
     mml_err_set(err, MML_ETIMEDOUT, "waiting on sample %lld of the stream (%s)",
-                (long long)t->seq, t->state == SLOT_DONE ? "done, being composed" : "starting");
+                (long long)t->seq,
+                t->state == SLOT_DONE      ? "done, being composed"
+                : t->state == SLOT_PLANNED ? (t->dec == DEC_RUNNING ? "planned, being decoded"
+                                                                    : "planned, waiting to be decoded")
+                                           : "starting");
   } else {
     /* shard, line and images were written before the fetches were submitted (under mu) */
     char where[1100], what[400] = "being decoded";
@@ -652,6 +690,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       L->delivered = out->after;
       ld_release_skips_locked(L, out->after.epoch, out->after.pos);
       L->batches++;
+      if (L->batches == (uint64_t)MML_FAULT_WARMUP(L->cfg.prefetch)) L->faults_warm = L->faults;
       L->real_tokens += out->real_tokens;
       L->token_slots += out->token_slots;
       st = MML_OK;
@@ -663,9 +702,11 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       st = L->fatal;
       break;
     }
-    if (timeout_s < 0) {
-      pthread_cond_wait(&L->out_cv, &L->mu);
-    } else if (pthread_cond_timedwait(&L->out_cv, &L->mu, &dl) == ETIMEDOUT) {
+    L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
+                           : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
+    L->consumer_waiting = 0;
+    if (rc == ETIMEDOUT) {
       st = MML_ETIMEDOUT;
       break;
     }
@@ -723,6 +764,11 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
     }
     o->reason_count[k] += L->skip_by_status[s];
   }
+  o->page_faults = L->faults;
+  uint64_t warm = MML_FAULT_WARMUP(L->cfg.prefetch);
+  o->page_faults_per_batch =
+      L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
+  o->moved_rows = L->moved_rows;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

@@ -12,11 +12,19 @@
  * emitted a batch.  A failed sample is counted and warned about, or delivered in order as
  * an error, and the error-rate limits are checked (coll_failed_locked).
  *
+ * Plan before decode: the planner (loader_place.c) runs here too, ahead of this
+ * in-order pass, composing the same batches from planned counts so that workers decode
+ * every image straight into its batch's pixel_values; a sample is taken here once its
+ * pixels are in place (ld_place_ready), and the head ticket's buffer becomes the batch's
+ * pixel_values (ld_place_take_locked).  A placed sample that failed at decode rewinds
+ * the planner (ld_place_rewind_locked) after it is skipped exactly as before.
+ *
  * Locking: everything here runs with the loader's mu held, except mml_collator_add and
  * the emission itself (the instance being emitted is marked busy in coll_busy).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader_int.h"
 
@@ -113,6 +121,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   pthread_cond_signal(&L->work_cv);
+  ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
   while (!L->stop && L->gen == my_gen && L->coll_busy[*ci])
     pthread_cond_wait(&L->coll_cv, &L->mu);
@@ -206,6 +215,10 @@ typedef struct coll_state {
   int ci;                   /* the instance composing the current batch (never busy) */
   mml_sample s;
   mml_err err;
+  /* the sample's placement, taken from its slot: its ticket, where its rows are */
+  int64_t tk;
+  mml_buf *dest;
+  size_t dest_off;
 } coll_state;
 
 /* A seek replaced the plan (it dropped pending output): start over at its cursor. */
@@ -213,6 +226,7 @@ static void coll_restart_locked(mml_loader *L, coll_state *c) {
   c->gen = L->gen;
   while ((L->emitting || L->dropping) && !L->stop) pthread_cond_wait(&L->coll_cv, &L->mu);
   for (int i = 0; i < L->ncoll; i++) mml_collator_reset(L->colls[i]);
+  ld_place_reset_locked(L);
   c->ci = 0;
   c->epoch = L->start.epoch;
   c->bie = L->start.batch_in_epoch;
@@ -231,11 +245,13 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
       c->since_good = 0;
       if (e == c->epoch && p == 0) return 0;
       ld_rebase_locked(L, c->epoch, 0, 0);
+      ld_place_rewind_locked(L, L->colls[c->ci], L->head_seq);
       c->gen = L->gen;
       return 1;
     }
     if (e == c->epoch) return 0;
     ld_rebase_locked(L, c->epoch, L->n_rank, 1); /* ran out of positions: fill from the start */
+    ld_place_rewind_locked(L, L->colls[c->ci], L->head_seq); /* the seqs mean other samples */
     c->gen = L->gen;
     return 1;
   }
@@ -342,6 +358,12 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
     C = L->colls[c->ci];
   }
   int64_t pos = c->s.pos;
+  mml_status pst = ld_place_take_locked(L, C, c->tk, c->dest, c->dest_off, c->s.pixel_rows,
+                                        &c->err);
+  if (pst) {
+    ld_set_fatal_locked(L, pst, &c->err);
+    return;
+  }
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
   mml_status st = mml_collator_add(C, &c->s, &c->err); /* moves buffers: cheap */
@@ -364,9 +386,11 @@ void *ld_collator_main(void *arg) {
   coll_state c;
   memset(&c, 0, sizeof c);
   mml_err_clear(&c.err);
+  uint64_t faults = 0;
   pthread_mutex_lock(&L->mu);
   c.gen = L->gen - 1; /* forces a restart */
   while (!L->stop) {
+    ld_count_faults_locked(L, &faults);
     if (L->fatal) {
       pthread_cond_wait(&L->coll_cv, &L->mu);
       continue;
@@ -376,20 +400,45 @@ void *ld_collator_main(void *arg) {
       continue;
     }
     if (coll_epoch_locked(L, &c)) continue;
+    ld_place_locked(L, c.epoch, c.bie, L->colls[c.ci]); /* plan ahead: queue decodes */
     task *t = &L->tasks[L->head_seq % L->window];
-    if (t->state != SLOT_DONE || t->gen != c.gen) {
-      pthread_cond_wait(&L->coll_cv, &L->mu);
+    if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
+      if (L->mem_blocked) { /* max_memory: try again as the consumer releases batches */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 5000000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&L->coll_cv, &L->mu, &ts);
+      } else {
+        pthread_cond_wait(&L->coll_cv, &L->mu);
+      }
       continue;
     }
     mml_sample_swap(&c.s, &t->sample);
+    c.tk = t->tk;
+    mml_buf_release(c.dest);
+    c.dest = t->dest; /* its reference moves here */
+    c.dest_off = t->dest_off;
+    t->dest = NULL;
+    ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (L->plan_sink) ld_plan_record_locked(L, &c.s);
-    if (c.s.status != MML_OK) coll_failed_locked(L, &c);
-    else coll_add_locked(L, &c);
+    if (c.s.status != MML_OK) {
+      if (c.s.status == MML_ENOMEM && L->cfg.max_memory) /* it can never fit: stop here */
+        ld_set_fatal_locked(L, MML_ENOMEM, &c.s.err);
+      else
+        coll_failed_locked(L, &c);
+      /* it was in a planned batch: the batches from here on are planned again without it */
+      if (c.tk >= 0 && !L->fatal && c.gen == L->gen) ld_place_rewind_locked(L, L->colls[c.ci], L->head_seq);
+    } else {
+      coll_add_locked(L, &c);
+    }
+    mml_buf_release(c.dest);
+    c.dest = NULL;
   }
   pthread_mutex_unlock(&L->mu);
   mml_sample_free(&c.s);

@@ -307,7 +307,7 @@ mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *
   int64_t n, v;
   if (!ld_index_counts(L, s->shard, s->index, &n, &v)) return MML_OK;
   int64_t max = L->src[s->source].pl.max_length;
-  if (max > 0 && n > max) /* the message mml_sample_build gives */
+  if (max > 0 && n > max) /* the message mml_sample_plan gives */
     return mml_err_set(err, MML_ETOOLONG, "%lld tokens > max_length %lld", (long long)n,
                        (long long)max);
   return mml_collator_check_length(L->collator, n, err);

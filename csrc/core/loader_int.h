@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "mml/collate.h"
 #include "mml/device.h"
 #include "mml/dsindex.h"
 #include "mml/index.h"
@@ -17,7 +18,12 @@
 #include "mml/mixture.h"
 #include "mml/sampler.h"
 
-enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_DONE };
+/* A slot: EMPTY (free), BUSY (a worker or fetch is reading/planning it), PLANNED (its
+ * counts are known; its pixels are not written yet), DONE (final: good with its pixels
+ * written, or failed). */
+enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_PLANNED, SLOT_DONE };
+/* The decode of a PLANNED slot: not queued, queued (waiting for a worker), running. */
+enum { DEC_NONE = 0, DEC_QUEUED, DEC_RUNNING };
 enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
@@ -51,7 +57,32 @@ struct task {
   fetch_ref *refs;
   int imgs_cap;
   mml_bytes path;
+  mml_vision_plan *plans;  /* per image, from its header (imgs_cap of them) */
+  /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
+   * -1: not placed) and its first row there; where its pixels must go (dest, a reference
+   * held; NULL: not known yet) and where they are (home, once decoded) */
+  int64_t tk;
+  int64_t row;
+  int dec;
+  mml_buf *dest, *home;
+  size_t dest_off, home_off;
+  task *next_dec;
+  int64_t held;            /* capacity of its byte buffers, counted in win_bytes (mu) */
 };
+
+/* One batch as the planner composed it from planned counts, ahead of the collator; its
+ * pixel_values buffer once known. */
+typedef struct ticket {
+  mml_compose comp;        /* its composition so far */
+  int64_t epoch;
+  int64_t rows;            /* pixel rows placed */
+  int64_t done_rows;       /* rows of its samples the collator has taken */
+  int64_t first_seq;       /* its first sample */
+  int closed;              /* complete by plan */
+  mml_buf *buf;            /* pixel_values, cap_rows rows; NULL until materialized */
+  int64_t cap_rows;
+  int64_t pending_rows;    /* > 0: a buffer of this many rows waits for max_memory room */
+} ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
  * already belong to another worker when task_run returns). */
@@ -125,6 +156,27 @@ struct mml_loader {
   mml_collator **colls;     /* ncoll instances: batches are composed one at a time by the
                                collation thread and emitted (tensors built) by workers */
   int ncoll;
+
+  /* plan before decode (loader_place.c; collation thread, under mu): batches composed
+   * from planned counts ahead of the collator, tickets tk_head..tk_tail in a ring of
+   * ntk; place_seq: the next sample to place */
+  int placing;              /* 0: plan_only (no pixels) */
+  ticket *tks;
+  int ntk;
+  int64_t tk_head, tk_tail;
+  int64_t place_seq;
+  int64_t rows_bound;       /* packed: most rows a pack can hold; -1: padded */
+  size_t row_bytes;         /* bytes of one pixel_values row */
+  task *dec_head, *dec_tail; /* decode jobs, in placement order */
+  uint64_t moved_rows;      /* rows copied after a late failure changed the plan */
+  /* max_memory (loader_place.c, under mu) */
+  int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
+  int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
+  int mem_blocked;          /* a ticket waits for room */
+  int mem_head_fails;       /* consecutive failed tries of the head ticket */
+  int consumer_waiting;     /* the consumer is blocked in next() */
+  uint64_t faults;          /* minor faults of the engine's threads (ld_count_faults) */
+  uint64_t faults_warm;     /* `faults` when batch MML_FAULT_WARMUP was delivered */
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -216,6 +268,9 @@ void ld_source_count_locked(mml_loader *L, const mml_sample *s);
 /* A skipped sample of source `source`, counted when the consumer passes it. */
 void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
 
+/* Adds the calling thread's minor page faults since *last to L->faults (mu held). */
+void ld_count_faults_locked(mml_loader *L, uint64_t *last);
+
 /* loader_dsindex.c (see there) */
 uint64_t ld_tokenizer_identity(const mml_tokenizer *tok);
 /* src->index_key and index_settings from its settings. */
@@ -264,6 +319,39 @@ int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
+
+/* loader_place.c (collation thread, mu held) */
+mml_status ld_place_new(mml_loader *L, mml_err *err);
+void ld_place_free(mml_loader *L);
+/* Places planned samples from place_seq on into tickets, as far as they are known, in the
+ * collator's epoch `epoch` with `bie` batches handed off (c composes the head ticket);
+ * queues decodes into buffers. */
+void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c);
+/* Forget every placement (a seek: the collators were reset). */
+void ld_place_reset_locked(mml_loader *L);
+/* Keep the head ticket's part the collator holds (`c` composes it) and re-place every
+ * sample from seq on (a placed sample failed at decode, or the plan wrapped). */
+void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq);
+/* The collator `c` takes a good sample of ticket tk whose rows lie at (dest, dest_off):
+ * attaches the head ticket's buffer to c and checks they are where c expects them. */
+mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk, mml_buf *dest,
+                                size_t dest_off, int64_t rows, mml_err *err);
+/* The collator handed off the batch of the head ticket. */
+void ld_place_pop_locked(mml_loader *L);
+/* 1 when t's pixels are in their final place (the collator may take it). */
+int ld_place_ready(const mml_loader *L, const task *t);
+/* Releases t's placement (a slot reused or freed). */
+void ld_place_clear(task *t);
+/* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room). */
+int ld_mem_room_locked(mml_loader *L, int64_t need);
+/* max_memory: 1 when a worker may start reading one more sample. */
+int ld_mem_may_read_locked(mml_loader *L);
+/* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes). */
+mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err);
+/* max_memory: t's byte buffers (re)counted once its reading is done. */
+void ld_mem_count_task_locked(mml_loader *L, task *t);
+/* A worker finished decoding t into (buf, off): its home; copied to dest if it moved. */
+void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off);
 
 /* loader_collator.c */
 void *ld_collator_main(void *loader);

@@ -8,7 +8,11 @@
  *
  * The task is three stages, each a function: the record's bytes (read, or fetched),
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
- * right here), the sample built from them.
+ * right here), the sample planned from them (image headers, grids, token counts, ids,
+ * labels: mml_sample_plan) -> slot PLANNED.  No pixel work happens there: the planner
+ * (loader_place.c) puts the sample into its batch and queues its decode with the
+ * destination, its slice of the batch's pixel_values buffer; a worker then decodes it
+ * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -20,6 +24,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader_int.h"
 #include "mml/datauri.h"
@@ -98,6 +103,9 @@ static mml_status task_imgs_fit(task *t, int n) {
   fetch_ref *r = realloc(t->refs, (size_t)nc * sizeof *r);
   if (!r) return MML_ENOMEM;
   t->refs = r;
+  mml_vision_plan *v = realloc(t->plans, (size_t)nc * sizeof *v);
+  if (!v) return MML_ENOMEM;
+  t->plans = v;
   t->imgs_cap = nc;
   return MML_OK;
 }
@@ -250,15 +258,17 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   return MML_OK;
 }
 
-/* Stage 3: every image's bytes are here; the sample is built and checked. */
-static mml_status stage_build(mml_loader *L, mml_sample_scratch *sc, task *t, mml_err *err) {
+/* Stage 3: every image's bytes are here; the sample is planned from its headers and
+ * checked (its pixels come later, straight into its batch: decode_task). */
+static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, mml_err *err) {
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
-  mml_status st = mml_sample_build(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
-                                   &t->sample, err);
+  mml_status st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
+                                  t->plans, &t->sample, err);
+  if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
 }
@@ -272,7 +282,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   int wait = 0;
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
-  if (!st && !wait) st = stage_build(L, sc, t, &err);
+  if (!st && !wait) st = stage_plan(L, sc, t, &err);
   if (wait) return 0;
   if (st) task_fail(t, st, &err, L);
   else t->sample.status = MML_OK;
@@ -290,6 +300,20 @@ static task *take_task_locked(mml_loader *L) {
       ld_emit_job_locked(L);
       continue;
     }
+    if (L->dec_head) { /* then pixels of batches already composed */
+      task *t = L->dec_head;
+      L->dec_head = t->next_dec;
+      if (!L->dec_head) L->dec_tail = NULL;
+      t->dec = DEC_NONE;
+      if (t->gen != L->gen) { /* work of an abandoned plan */
+        t->state = SLOT_EMPTY;
+        pthread_cond_broadcast(&L->work_cv);
+        continue;
+      }
+      if (!t->dest) continue; /* unplaced meanwhile: it is queued again when placed */
+      t->dec = DEC_RUNNING;
+      return t;
+    }
     if (L->ready_head) {
       task *t = L->ready_head;
       L->ready_head = t->next_ready;
@@ -300,10 +324,14 @@ static task *take_task_locked(mml_loader *L) {
       pthread_cond_broadcast(&L->work_cv);
       continue;
     }
+    int gated = 0; /* max_memory: no room to read one more sample now */
     if (L->next_seq < L->head_seq + L->window &&
         (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
-        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY) {
+        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
+        !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
+      ld_place_clear(t);
+      t->dec = DEC_NONE;
       t->state = SLOT_BUSY;
       t->gen = L->gen;
       t->seq = L->next_seq++;
@@ -317,23 +345,64 @@ static task *take_task_locked(mml_loader *L) {
       L->in_flight++;
       return t;
     }
+    if (gated) { /* room comes back when the consumer releases batches: look again soon */
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += 5000000;
+      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&L->work_cv, &L->mu, &ts);
+      continue;
+    }
     pthread_cond_wait(&L->work_cv, &L->mu);
   }
   return NULL;
 }
 
-/* The finished task's slot goes to the collator (or back to the window if its plan was
- * abandoned meanwhile). */
+/* The planned (or failed) task's slot goes to the planner and collator (or back to the
+ * window if its plan was abandoned meanwhile).  A good sample with pixels waits PLANNED
+ * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
-  if (t->sample.status == MML_OK) L->images += (uint64_t)t->sample.nimages;
   L->in_flight--;
+  ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
-    t->state = SLOT_DONE;
-    if (t->seq == L->head_seq) pthread_cond_signal(&L->coll_cv);
+    int later = t->sample.status == MML_OK && L->placing && t->sample.pixel_rows > 0;
+    if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
+    t->state = later ? SLOT_PLANNED : SLOT_DONE;
+    pthread_cond_signal(&L->coll_cv);
   } else {
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
   }
+}
+
+/* Decodes a placed sample into the destination the planner gave it (captured under mu
+ * with a reference: the planner may move it meanwhile, then the rows are copied). */
+static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
+  mml_buf *buf = t->dest;
+  size_t off = t->dest_off;
+  mml_buf_retain(buf);
+  pthread_mutex_unlock(&L->mu);
+  mml_err err;
+  mml_err_clear(&err);
+  mml_status st = mml_sample_decode(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
+                                    t->plans, t->rec.nimages, (uint8_t *)buf->data + off, &err);
+  pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
+  if (st) task_fail(t, st, &err, L);
+  t->dec = DEC_NONE;
+  if (t->gen != L->gen) {
+    mml_buf_release(buf);
+    t->state = SLOT_EMPTY;
+    pthread_cond_broadcast(&L->work_cv);
+    return;
+  }
+  if (st) {
+    mml_buf_release(buf);
+  } else {
+    ld_place_decoded_locked(L, t, buf, off); /* takes the reference */
+    L->images += (uint64_t)t->sample.nimages;
+  }
+  t->state = SLOT_DONE;
+  pthread_cond_signal(&L->coll_cv);
 }
 
 void *ld_worker_main(void *arg) {
@@ -341,14 +410,32 @@ void *ld_worker_main(void *arg) {
   mml_sample_scratch sc;
   mml_err err;
   int have_scratch = mml_sample_scratch_init(&sc, &err) == MML_OK;
+  uint64_t faults = 0;
   pthread_mutex_lock(&L->mu);
+  ld_count_faults_locked(L, &faults);
   task *t;
   while ((t = take_task_locked(L))) {
-    pthread_mutex_unlock(&L->mu);
+    ld_count_faults_locked(L, &faults); /* take_task_locked may have emitted a batch */
     int finished;
     run_acc acc = {0, 0};
     sc.vision_s = sc.text_s = 0;
     double decode0 = have_scratch ? mml_vision_scratch_decode_s(sc.vision) : 0;
+    if (t->dec == DEC_RUNNING) { /* a decode job (mu is held again after it) */
+      if (have_scratch) {
+        decode_task(L, &sc, t);
+      } else {
+        task_fail(t, MML_ENOMEM, &err, L);
+        t->dec = DEC_NONE;
+        t->state = t->gen == L->gen ? SLOT_DONE : SLOT_EMPTY;
+        pthread_cond_broadcast(&L->work_cv);
+        pthread_cond_signal(&L->coll_cv);
+      }
+      L->vision_s += sc.vision_s;
+      if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
+      ld_count_faults_locked(L, &faults);
+      continue;
+    }
+    pthread_mutex_unlock(&L->mu);
     if (have_scratch) {
       finished = task_run(L, &sc, t, &acc);
     } else {
@@ -361,8 +448,10 @@ void *ld_worker_main(void *arg) {
     if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
     L->text_s += sc.text_s;
     L->bytes_read += acc.bytes;
+    ld_count_faults_locked(L, &faults);
     if (finished) finish_task_locked(L, t);
   }
+  ld_count_faults_locked(L, &faults);
   pthread_mutex_unlock(&L->mu);
   if (have_scratch) mml_sample_scratch_free(&sc);
   return NULL;

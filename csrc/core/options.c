@@ -70,6 +70,9 @@ static const mml_option k_options[] = {
      "finished batches kept ready ahead of the consumer"},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
      "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16)"},
+    {"max_memory", MML_OPT_INT, CFG(max_memory), 0, 1, I64, NULL, NONE,
+     "cap in bytes on the engine's memory: batch buffers (those the consumer holds too), "
+     "the window's encoded bytes, worker scratch; work waits for room (None: no cap)"},
     {"on_error", MML_OPT_ENUM, CFG(on_error_raise), 0, 0, 0, k_on_error, 0,
      "a failed sample: skip (count, warn) or raise (in stream order)"},
     {"max_error_rate", MML_OPT_FLOAT, CFG(max_error_rate), 0.1, 0, 1, NULL, 0,

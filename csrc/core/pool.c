@@ -12,14 +12,23 @@
  *     its pool (and its allocator) and the last one out frees the pool.
  *   - Reuse: a released buffer goes to the cache (unless the pool is closed or the cache
  *     is over max_cached_bytes, then it is freed).  Allocation takes the smallest cached
- *     buffer that fits and is at most twice the request; a buffer whose fence (an async
- *     copy still reading it) is pending is skipped.  Sizes are rounded up to 4 KiB so
- *     batches of slightly different shapes reuse each other's buffers.
+ *     buffer that fits (small buffers: at most twice the request); a buffer whose fence
+ *     (an async copy still reading it) is pending is skipped.  Sizes are rounded up to
+ *     4 KiB (2 MiB for large buffers) so batches of different shapes share buffers.
+ *   - Memory that stays mapped: the host allocator (mml_host_allocator) gives each
+ *     buffer of MAP_MIN bytes or more its own 2 MiB-aligned anonymous mapping with
+ *     MADV_HUGEPAGE.  Its pages are faulted in (and zeroed by the kernel) once, on first
+ *     write; while the pool keeps the buffer they stay mapped, so a batch written into a
+ *     reused buffer costs no page fault and no zeroing.  When no cached buffer is large
+ *     enough, the largest cached one grows in place (mremap keeps its resident pages,
+ *     only the new tail faults) instead of mapping a new one: in steady state the
+ *     buffers reach the largest batch's size and the pool maps nothing new.
  */
 #include "mml/batch.h"
 
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +37,7 @@ struct mml_pool {
   pthread_mutex_t mu;
   mml_allocator alloc;
   int has_alloc;
+  int growable;          /* the host allocator: large buffers are mappings (mremap) */
   size_t max_cached;
   size_t cached, live;   /* bytes, guarded by mu */
   mml_buf *free_list;    /* cached buffers, guarded by mu */
@@ -57,17 +67,71 @@ const char *mml_dtype_name(mml_dtype dt) {
   return "uint8";
 }
 
+/* Host buffers: a 64-byte header before the data says how to free it. */
+enum { MAP_MIN = 1 << 20, HUGE = 2 << 20, HDR = 64 };
+typedef struct host_hdr {
+  void *base;  /* what malloc or mmap returned */
+  size_t len;  /* mapping length; 0: malloc'd */
+} host_hdr;
+
+static size_t huge_round(size_t n) { return (n + HUGE - 1) & ~(size_t)(HUGE - 1); }
+
 static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
   (void)self;
-  void *p = NULL;
-  if (posix_memalign(&p, 64, n ? n : 64) != 0)
-    return mml_err_set(err, MML_ENOMEM, "cannot allocate a %zu-byte buffer", n);
-  *out = p;
+  if (n < MAP_MIN) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n + HDR) != 0 || !p)
+      return mml_err_set(err, MML_ENOMEM, "cannot allocate a %zu-byte buffer", n);
+    *(host_hdr *)p = (host_hdr){p, 0};
+    *out = (uint8_t *)p + HDR;
+    return MML_OK;
+  }
+  size_t len = huge_round(n) + HUGE; /* room to align the data to 2 MiB */
+  void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED)
+    return mml_err_set(err, MML_ENOMEM, "cannot map a %zu-byte buffer", n);
+  uint8_t *data = (uint8_t *)(((uintptr_t)base + HDR + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+#ifdef MADV_HUGEPAGE
+  /* advice: fewer, larger faults; the whole mapping, so it stays one VMA (mremap needs) */
+  madvise(base, len, MADV_HUGEPAGE);
+#endif
+  *(host_hdr *)(data - HDR) = (host_hdr){base, len};
+  *out = data;
   return MML_OK;
 }
+
 static void host_free(void *self, void *p) {
   (void)self;
-  free(p);
+  if (!p) return;
+  host_hdr h = *(host_hdr *)((uint8_t *)p - HDR);
+  if (h.len) munmap(h.base, h.len);
+  else free(h.base);
+}
+
+/* Grows a mapped host buffer to n bytes in place or moved (its pages keep their
+ * contents and stay resident); 0 when it cannot. */
+static int host_grow(void **p, size_t n) {
+  host_hdr h = *(host_hdr *)((uint8_t *)*p - HDR);
+  if (!h.len) return 0;
+  size_t off = (size_t)((uint8_t *)*p - (uint8_t *)h.base);
+  size_t len = huge_round(n) + HUGE;
+  void *nb = mremap(h.base, h.len, len, MREMAP_MAYMOVE);
+  if (nb == MAP_FAILED) return 0;
+  uint8_t *data = (uint8_t *)nb + off;
+#ifdef MADV_HUGEPAGE
+  madvise(nb, len, MADV_HUGEPAGE);
+#endif
+  *(host_hdr *)(data - HDR) = (host_hdr){nb, len};
+  *p = data;
+  return 1;
+}
+
+void mml_host_allocator(mml_allocator *out) {
+  memset(out, 0, sizeof *out);
+  out->kind = MML_MEM_HOST;
+  out->device = -1;
+  out->alloc = host_alloc;
+  out->free = host_free;
 }
 
 mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml_pool **out,
@@ -82,9 +146,9 @@ mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml
     p->alloc = *alloc;
     p->has_alloc = 1;
   } else {
-    p->alloc = (mml_allocator){.kind = MML_MEM_HOST, .device = -1, .alloc = host_alloc,
-                               .free = host_free, .self = NULL};
+    mml_host_allocator(&p->alloc);
   }
+  p->growable = p->alloc.alloc == host_alloc;
   p->max_cached = max_cached_bytes ? max_cached_bytes : ((size_t)1 << 30);
   atomic_init(&p->refs, 1);
   *out = p;
@@ -136,26 +200,53 @@ static int fence_pending(mml_buf *b) {
   return 0;
 }
 
-mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
-  size_t want = (n + 4095) & ~(size_t)4095;
-  if (want < n) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", n);
-  if (!want) want = 4096;
-  mml_buf *best = NULL, **best_link = NULL;
-  pthread_mutex_lock(&p->mu);
+/* The cached buffer a request of `want` bytes takes: the smallest that fits (a small one
+ * at most twice the request), else (growable pools, large requests) the largest large
+ * one, to grow (*grow = 1).  Unlinked from the cache; mu held. */
+static mml_buf *take_cached_locked(mml_pool *p, size_t want, int *grow) {
+  mml_buf *best = NULL, **best_link = NULL, *big = NULL, **big_link = NULL;
   for (mml_buf **link = &p->free_list; *link; link = &(*link)->next) {
     mml_buf *b = *link;
-    if (b->size < want || b->size / 2 > want) continue;
-    if (best && b->size >= best->size) continue;
     if (fence_pending(b)) continue;
-    best = b;
-    best_link = link;
+    if (b->size >= want && (want >= MAP_MIN || b->size / 2 <= want)) {
+      if (!best || b->size < best->size) best = b, best_link = link;
+    } else if (b->size < want && b->size >= MAP_MIN && (!big || b->size > big->size)) {
+      big = b, big_link = link;
+    }
+  }
+  *grow = 0;
+  if (!best && big && p->growable && want >= MAP_MIN) {
+    best = big, best_link = big_link;
+    *grow = 1;
   }
   if (best) {
     *best_link = best->next;
     p->cached -= best->size;
-    p->live += best->size;
   }
+  return best;
+}
+
+mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
+  size_t want = n >= MAP_MIN ? huge_round(n) : (n + 4095) & ~(size_t)4095;
+  if (want < n) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", n);
+  if (!want) want = 4096;
+  int grow;
+  pthread_mutex_lock(&p->mu);
+  mml_buf *best = take_cached_locked(p, want, &grow);
   pthread_mutex_unlock(&p->mu);
+  if (best && grow) { /* outside mu: mremap may take a while */
+    if (host_grow(&best->data, want)) {
+      best->size = want;
+    } else {
+      buf_destroy(p, best);
+      best = NULL;
+    }
+  }
+  if (best) {
+    pthread_mutex_lock(&p->mu);
+    p->live += best->size;
+    pthread_mutex_unlock(&p->mu);
+  }
   if (!best) {
     best = calloc(1, sizeof *best);
     if (!best) return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
@@ -201,6 +292,25 @@ void mml_buf_release(mml_buf *b) {
   pool_unref(p);
 }
 
+size_t mml_pool_trim(mml_pool *p, size_t keep) {
+  pthread_mutex_lock(&p->mu);
+  while (p->cached > keep) {
+    mml_buf *best = NULL, **best_link = NULL;
+    for (mml_buf **link = &p->free_list; *link; link = &(*link)->next)
+      if ((!best || (*link)->size < best->size) && !fence_pending(*link))
+        best = *link, best_link = link;
+    if (!best) break;
+    *best_link = best->next;
+    p->cached -= best->size;
+    pthread_mutex_unlock(&p->mu);
+    buf_destroy(p, best);
+    pthread_mutex_lock(&p->mu);
+  }
+  size_t left = p->cached;
+  pthread_mutex_unlock(&p->mu);
+  return left;
+}
+
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live) {
   pthread_mutex_lock(&p->mu);
   if (cached) *cached = p->cached;
@@ -208,8 +318,9 @@ void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live) {
   pthread_mutex_unlock(&p->mu);
 }
 
-mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
-                         const int64_t *shape, void **data, mml_err *err) {
+/* The byte size of a tensor of that shape, checked (a new slot must also be free). */
+static mml_status tensor_bytes(const mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                               const int64_t *shape, size_t *out, mml_err *err) {
   if (b->ntensors >= MML_MAX_TENSORS)
     return mml_err_set(err, MML_EINTERNAL, "too many tensors in a batch (adding %s)", name);
   if (ndim < 0 || ndim > MML_MAX_DIMS)
@@ -221,20 +332,44 @@ mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dty
       return mml_err_set(err, MML_ENOMEM, "tensor %s: size overflows", name);
     n *= (size_t)shape[i];
   }
-  mml_tensor *t = &b->tensors[b->ntensors];
+  *out = n;
+  return MML_OK;
+}
+
+static void tensor_fill(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                        const int64_t *shape, mml_buf *buf, size_t offset) {
+  mml_tensor *t = &b->tensors[b->ntensors++];
   memset(t, 0, sizeof *t);
-  mml_status st = mml_pool_alloc(pool, n, &t->buf, err);
-  if (st) {
-    mml_err_prefix(err, "tensor %s", name);
-    return st;
-  }
   snprintf(t->name, sizeof t->name, "%s", name);
   t->dtype = dt;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-  t->offset = 0;
-  b->ntensors++;
-  if (data) *data = t->buf->data;
+  t->buf = buf;
+  t->offset = offset;
+}
+
+mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
+                         const int64_t *shape, void **data, mml_err *err) {
+  size_t n;
+  mml_buf *buf;
+  mml_status st = tensor_bytes(b, name, dt, ndim, shape, &n, err);
+  if (!st && (st = mml_pool_alloc(pool, n, &buf, err))) mml_err_prefix(err, "tensor %s", name);
+  if (st) return st;
+  tensor_fill(b, name, dt, ndim, shape, buf, 0);
+  if (data) *data = buf->data;
+  return MML_OK;
+}
+
+mml_status mml_batch_add_view(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                              const int64_t *shape, mml_buf *buf, size_t offset, mml_err *err) {
+  size_t n;
+  mml_status st = tensor_bytes(b, name, dt, ndim, shape, &n, err);
+  if (st) return st;
+  if (!buf || offset > buf->size || n > buf->size - offset)
+    return mml_err_set(err, MML_EINTERNAL, "tensor %s: %zu bytes at %zu exceed its buffer", name,
+                       n, offset);
+  mml_buf_retain(buf);
+  tensor_fill(b, name, dt, ndim, shape, buf, offset);
   return MML_OK;
 }
 

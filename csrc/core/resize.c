@@ -27,6 +27,7 @@
 #include "resize.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,19 +129,27 @@ static void transpose_in_c(const uint8_t *const *src, int nrows, int in, uint8_t
 #include <immintrin.h>
 #define MML_HAVE_AVX2_PATH 1
 
+/* Computed once per process; threads may race to compute it, but every one finds the same
+ * value, and the relaxed atomics make that race well defined (and quiet under TSan). */
 int mml_cpu_avx2(void) {
-  static int has = -1; /* benign race: every thread computes the same value */
-  if (has < 0) {
+  static _Atomic int has = -1;
+  int v = atomic_load_explicit(&has, memory_order_relaxed);
+  if (v < 0) {
     const char *off = getenv("MML_DISABLE_AVX2"); /* tests of the portable paths */
-    has = (!off || !*off || *off == '0') && __builtin_cpu_supports("avx2") ? 1 : 0;
+    v = (!off || !*off || *off == '0') && __builtin_cpu_supports("avx2") ? 1 : 0;
+    atomic_store_explicit(&has, v, memory_order_relaxed);
   }
-  return has;
+  return v;
 }
 
 int mml_cpu_fma(void) {
-  static int has = -1;
-  if (has < 0) has = mml_cpu_avx2() && __builtin_cpu_supports("fma") ? 1 : 0;
-  return has;
+  static _Atomic int has = -1;
+  int v = atomic_load_explicit(&has, memory_order_relaxed);
+  if (v < 0) {
+    v = mml_cpu_avx2() && __builtin_cpu_supports("fma") ? 1 : 0;
+    atomic_store_explicit(&has, v, memory_order_relaxed);
+  }
+  return v;
 }
 
 /* Transposes 4 pixels of 8 rows per step: each row's 12 bytes become 4 RGBX dwords (one

@@ -1,14 +1,17 @@
 /*
  * sample.c — the sample container (mml/sample.h) and the per-sample pipeline the engine's
- * workers run (mml_sample_build in mml/loader.h).
+ * workers run (mml_sample_plan, then mml_sample_decode, in mml/loader.h).
  *
  * Order of work for one sample, cheapest checks first so a bad sample costs little:
- *   1. plan every image from its header alone (size, grid, token count);
- *   2. render the chat template to ids + labels with those token counts;
- *   3. reject it as too long before any pixel work;
- *   4. decode + resize + normalise + patchify every image straight into out->pixels.
- * Threads: one worker owns a sample and its scratch while building; nothing is shared
- * but the immutable config, template and tokenizer.
+ *   mml_sample_plan:   1. plan every image from its header alone (size, grid, tokens);
+ *                      2. render the chat template to ids + labels with those counts;
+ *                      3. reject it as too long before any pixel work;
+ *   mml_sample_decode: 4. decode + resize + normalise + patchify every image straight
+ *                      into the destination the caller gives (the loader: the sample's
+ *                      slice of its batch's pixel_values buffer, once the batch
+ *                      composition has been planned from the counts of step 1).
+ * Threads: one worker owns a sample and its scratch while planning or decoding; nothing
+ * is shared but the immutable config, template and tokenizer.
  */
 #include "mml/loader.h"
 
@@ -17,16 +20,6 @@
 #include <string.h>
 
 #include "mml/message.h"
-
-/* A slot keeps its pixel buffer for reuse (no allocation in steady state) unless the
- * buffer is over KEEP_PIXELS_MAX and more than twice what the current sample needs: one
- * large image must not pin its size in every window and collator slot it passes through,
- * so memory stays bounded by about twice what is in flight. */
-#define KEEP_PIXELS_MAX ((size_t)8 << 20)
-
-static void fit_pixels(mml_bytes *b, size_t need) {
-  if (b->cap > KEEP_PIXELS_MAX && b->cap / 2 > need) mml_bytes_free(b);
-}
 
 void mml_sample_reset(mml_sample *s) {
   s->epoch = s->pos = s->index = s->line = 0;
@@ -39,6 +32,7 @@ void mml_sample_reset(mml_sample *s) {
   mml_bytes_clear(&s->pixels);
   s->pixel_rows = 0;
   s->pixel_cols = 0;
+  s->pixels_elsewhere = 0;
   mml_ids_clear(&s->grids);
   s->nimages = 0;
   s->vision_tokens = 0;
@@ -72,7 +66,6 @@ void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_vision_scratch_free(s->vision);
   mml_tok_scratch_free(s->tok);
   mml_mix_scratch_free(&s->mix);
-  free(s->plans);
   free(s->tokens);
   memset(s, 0, sizeof *s);
 }
@@ -81,9 +74,6 @@ static mml_status scratch_fit(mml_sample_scratch *s, int n, mml_err *err) {
   if (n <= s->cap) return MML_OK;
   int nc = s->cap ? s->cap : 4;
   while (nc < n) nc *= 2;
-  mml_vision_plan *p = realloc(s->plans, (size_t)nc * sizeof *p);
-  if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
-  s->plans = p;
   int64_t *t = realloc(s->tokens, (size_t)nc * sizeof *t);
   if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
   s->tokens = t;
@@ -91,9 +81,9 @@ static mml_status scratch_fit(mml_sample_scratch *s, int n, mml_err *err) {
   return MML_OK;
 }
 
-mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
-                            const mml_record *rec, const mml_bytes *images, mml_sample *out,
-                            mml_err *err) {
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
+                           const mml_record *rec, const mml_bytes *images,
+                           mml_vision_plan *plans, mml_sample *out, mml_err *err) {
   mml_status st;
   int n = rec->nimages;
   if ((st = scratch_fit(sc, n, err))) return st;
@@ -103,64 +93,63 @@ mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
   out->vision_tokens = 0;
   for (int i = 0; i < n; i++) {
     st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
-                                      rec->budgets ? &rec->budgets[i] : NULL, &sc->plans[i], err);
+                                      rec->budgets ? &rec->budgets[i] : NULL, &plans[i], err);
     if (st) {
       mml_sample_err_image(err, rec->images[i]);
       return st;
     }
-    sc->tokens[i] = sc->plans[i].tokens;
-    out->vision_tokens += sc->plans[i].tokens;
-    rows += sc->plans[i].rows;
-    cols = sc->plans[i].cols;
-    src_px += (int64_t)sc->plans[i].src_w * sc->plans[i].src_h;
+    sc->tokens[i] = plans[i].tokens;
+    out->vision_tokens += plans[i].tokens;
+    rows += plans[i].rows;
+    cols = plans[i].cols;
+    src_px += (int64_t)plans[i].src_w * plans[i].src_h;
   }
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
                        "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
                        (long long)src_px, (long long)pl->max_sample_pixels);
   double t1 = mml_now();
+  sc->vision_s += t1 - t0;
   st = mml_template_encode(pl->tmpl, sc->tok, rec, sc->tokens, &out->input_ids, &out->labels,
                            err);
-  double t2 = mml_now();
-  sc->text_s += t2 - t1;
+  sc->text_s += mml_now() - t1;
   if (st) return st;
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
                        (long long)pl->max_length);
+  out->pixels_elsewhere = 1;
   if (pl->plan_only) { /* composition needs only the token count */
     out->pixel_rows = 0;
     out->pixel_cols = 0;
     out->nimages = 0;
-    sc->vision_s += t1 - t0;
     return MML_OK;
   }
-  size_t need = n ? (size_t)rows * (size_t)cols * sizeof(float) : 0;
-  fit_pixels(&out->pixels, need);
-  if (n) {
-    if ((st = mml_bytes_reserve(&out->pixels, need)))
-      return mml_err_set(err, st, "cannot allocate %zu bytes of pixels", need);
-    float *dst = (float *)out->pixels.data;
-    for (int i = 0; i < n; i++) {
-      st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
-                                    &sc->plans[i], dst, err);
-      if (st) {
-        mml_sample_err_image(err, rec->images[i]);
-        sc->vision_s += (t1 - t0) + (mml_now() - t2);
-        return st;
-      }
-      dst += (size_t)sc->plans[i].rows * (size_t)cols;
-      const mml_vision_plan *p = &sc->plans[i];
-      int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
-      if ((st = mml_ids_append(&out->grids, g, 3)))
-        return mml_err_set(err, st, "out of memory for the image grids");
-    }
-    out->pixels.len = need;
+  for (int i = 0; i < n; i++) {
+    int32_t g[3] = {plans[i].grid_t, plans[i].grid_h, plans[i].grid_w};
+    if ((st = mml_ids_append(&out->grids, g, 3)))
+      return mml_err_set(err, st, "out of memory for the image grids");
   }
   out->pixel_rows = rows;
   out->pixel_cols = cols;
   out->nimages = n;
-  sc->vision_s += (t1 - t0) + (mml_now() - t2);
   return MML_OK;
+}
+
+mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
+                             const mml_record *rec, const mml_bytes *images,
+                             const mml_vision_plan *plans, int nimages, void *dst,
+                             mml_err *err) {
+  double t0 = mml_now();
+  mml_status st = MML_OK;
+  float *o = dst;
+  for (int i = 0; i < nimages && !st; i++) {
+    st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
+                                  &plans[i], o, err);
+    if (st) mml_sample_err_image(err, rec->images[i]);
+    o += (size_t)plans[i].rows * (size_t)plans[i].cols;
+  }
+  sc->vision_s += mml_now() - t0;
+  return st;
 }
 
 static int is_url(const char *s) {

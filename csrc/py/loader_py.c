@@ -251,9 +251,11 @@ static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
   st = mml_loader_plan_info(self->L, epoch, &o, &err);
   Py_END_ALLOW_THREADS
   if (st) return mml_py_raise(st, &err);
-  return Py_BuildValue("{sLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
-                       "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
-                       (long long)o.rank_samples, "unusable", (long long)o.unusable);
+  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "q0", (long long)o.q0, "usable",
+                       (long long)o.usable, "end", (long long)o.end, "steps",
+                       (long long)o.steps, "rank_samples", (long long)o.rank_samples,
+                       "unusable", (long long)o.unusable, "indexed", (long long)o.indexed,
+                       "measured", (long long)o.measured);
 }
 static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
@@ -412,7 +414,12 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "device", s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
                                          : PyUnicode_FromString("cpu")) ||
       set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
-      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)))
+      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)) ||
+      set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
+      set_num(d, "page_faults_per_batch", s.page_faults_per_batch >= 0
+                                              ? PyFloat_FromDouble(s.page_faults_per_batch)
+                                              : Py_NewRef(Py_None)) ||
+      set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);

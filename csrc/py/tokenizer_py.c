@@ -2,89 +2,42 @@
  * tokenizer_py.c — mmloader._core.Tokenizer: the CPython face of csrc/core/tokenizer.c.
  *
  * Threads: the core tokenizer is immutable, so the GIL is released around every encode
- * and decode.  Each call borrows a scratch (caches, buffers) from a small pool guarded by a
- * mutex held only to pop/push, so concurrent Python threads never share one.
- * encode_batch runs its own C threads (no Python calls in them), each with its own
- * scratch, and builds the result lists after taking the GIL back.
+ * and decode.  Each call borrows a slot (scratch + id buffer) from the object's
+ * mml_tok_pool, so concurrent Python threads never share one.  encode_batch is the core's
+ * mml_tokenizer_encode_batch (its threads make no Python calls); the result lists are
+ * built after taking the GIL back.
  * The mmloader.Tokenizer Python class subclasses this type; the engine takes the core
  * tokenizer from such an object with mml_py_tokenizer_get().
  */
-#include <pthread.h>
-#include <stdatomic.h>
-#include <unistd.h>
-#ifdef __linux__
-#include <sched.h>
-#endif
-
 #include "binding.h"
 #include "mml/tokenizer.h"
 #include "mml/pretok.h"
 
 #define POOL_MAX 64
-#define BATCH_MAX_THREADS 256
-
-typedef struct {
-  mml_tok_scratch *scratch;
-  mml_ids ids;
-} tok_slot;
 
 typedef struct {
   PyObject_HEAD
   mml_tokenizer *tok;
-  pthread_mutex_t lock; /* guards pool/npool */
-  tok_slot *pool[POOL_MAX];
-  int npool;
+  mml_tok_pool *pool; /* idle slots, at most POOL_MAX */
 } TokObject;
 
 static PyTypeObject TokType;
 
-static void slot_free(tok_slot *s) {
-  if (!s) return;
-  mml_tok_scratch_free(s->scratch);
-  mml_ids_free(&s->ids);
-  free(s);
-}
-
-/* Pops a slot from the pool or makes one; NULL when out of memory.  No GIL needed. */
-static tok_slot *slot_get(TokObject *self) {
-  tok_slot *s = NULL;
-  pthread_mutex_lock(&self->lock);
-  if (self->npool) s = self->pool[--self->npool];
-  pthread_mutex_unlock(&self->lock);
-  if (s) return s;
-  s = calloc(1, sizeof *s);
-  if (s && mml_tok_scratch_new(&s->scratch) != MML_OK) {
-    free(s);
-    s = NULL;
-  }
-  return s;
-}
-
-static void slot_put(TokObject *self, tok_slot *s) {
-  if (!s) return;
-  mml_ids_clear(&s->ids);
-  pthread_mutex_lock(&self->lock);
-  if (self->npool < POOL_MAX) {
-    self->pool[self->npool++] = s;
-    s = NULL;
-  }
-  pthread_mutex_unlock(&self->lock);
-  slot_free(s);
-}
-
 static PyObject *Tok_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   TokObject *self = (TokObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
-  pthread_mutex_init(&self->lock, NULL);
+  if (mml_tok_pool_new(POOL_MAX, &self->pool) != MML_OK) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
   return (PyObject *)self;
 }
 
 static void Tok_dealloc(TokObject *self) {
-  for (int i = 0; i < self->npool; i++) slot_free(self->pool[i]);
-  self->npool = 0;
+  mml_tok_pool_free(self->pool);
+  self->pool = NULL;
   mml_tokenizer_free(self->tok);
   self->tok = NULL;
-  pthread_mutex_destroy(&self->lock);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -189,101 +142,50 @@ static PyObject *Tok_encode(TokObject *self, PyObject *args, PyObject *kw) {
   if (!s) return NULL;
   mml_err err = {0};
   mml_status st;
-  tok_slot *slot;
+  mml_tok_slot *slot;
   if (n < 256) { /* short text: cheaper to keep the GIL than to hand it back and forth */
-    slot = slot_get(self);
+    slot = mml_tok_pool_get(self->pool);
     st = slot ? mml_tokenizer_encode(self->tok, slot->scratch, s, (size_t)n, &slot->ids, &err)
               : MML_ENOMEM;
   } else {
     Py_BEGIN_ALLOW_THREADS
-    slot = slot_get(self);
+    slot = mml_tok_pool_get(self->pool);
     st = slot ? mml_tokenizer_encode(self->tok, slot->scratch, s, (size_t)n, &slot->ids, &err)
               : MML_ENOMEM;
     Py_END_ALLOW_THREADS
   }
   PyObject *res = st ? mml_py_raise(st, &err) : ids_to_list(slot->ids.data, slot->ids.len);
-  slot_put(self, slot);
+  mml_tok_pool_put(self->pool, slot);
   return res;
 }
 
 /* ---- encode_batch ------------------------------------------------------------------ */
 
-typedef struct {
-  TokObject *self;
-  const char **texts;
-  size_t *lens;
-  size_t n;
-  atomic_size_t next;
-  atomic_int failed;
-  /* per text: which worker holds its ids, where */
-  uint32_t *owner;
-  size_t *off, *len;
-  tok_slot **slots; /* per worker */
-  mml_status st;
-  mml_err err;
-  size_t err_index;
-  pthread_mutex_t err_lock;
-} batch_job;
-
-static void batch_fail(batch_job *job, size_t i, mml_status st, const mml_err *err) {
-  pthread_mutex_lock(&job->err_lock);
-  if (!job->st || i < job->err_index) {
-    job->st = st;
-    job->err_index = i;
-    if (err) job->err = *err;
-    else mml_err_set(&job->err, st, "%s", mml_status_message(st));
-  }
-  pthread_mutex_unlock(&job->err_lock);
-  atomic_store(&job->failed, 1);
-}
-
-typedef struct {
-  batch_job *job;
-  uint32_t w;
-} batch_arg;
-
-static void *batch_worker(void *p) {
-  batch_arg *a = p;
-  batch_job *job = a->job;
-  tok_slot *slot = job->slots[a->w];
-  for (;;) {
-    size_t i = atomic_fetch_add(&job->next, 1);
-    if (i >= job->n || atomic_load(&job->failed)) break;
-    mml_err err = {0};
-    size_t before = slot->ids.len;
-    mml_status st = mml_tokenizer_encode(job->self->tok, slot->scratch, job->texts[i],
-                                         job->lens[i], &slot->ids, &err);
-    if (st) {
-      batch_fail(job, i, st, &err);
-      break;
+static PyObject *batch_lists(const mml_tok_batch *b) {
+  size_t n = mml_tok_batch_size(b);
+  PyObject *result = PyList_New((Py_ssize_t)n);
+  if (!result) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    size_t len;
+    const int32_t *ids = mml_tok_batch_ids(b, i, &len);
+    PyObject *l = ids_to_list(ids, len);
+    if (!l) {
+      Py_DECREF(result);
+      return NULL;
     }
-    job->owner[i] = a->w;
-    job->off[i] = before;
-    job->len[i] = slot->ids.len - before;
+    PyList_SET_ITEM(result, (Py_ssize_t)i, l);
   }
-  return NULL;
-}
-
-static size_t default_threads(void) {
-#ifdef __linux__
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int c = CPU_COUNT(&set);
-    if (c > 0) return (size_t)c;
-  }
-#endif
-  long c = sysconf(_SC_NPROCESSORS_ONLN);
-  return c > 0 ? (size_t)c : 1;
+  return result;
 }
 
 static PyObject *Tok_encode_batch(TokObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"texts", "num_threads", NULL};
   PyObject *texts;
-  Py_ssize_t nthreads_arg = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n:encode_batch", kwlist, &texts, &nthreads_arg))
+  Py_ssize_t nthreads = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n:encode_batch", kwlist, &texts, &nthreads))
     return NULL;
   if (!ready(self)) return NULL;
-  if (nthreads_arg < 0) {
+  if (nthreads < 0) {
     PyErr_SetString(PyExc_ValueError, "num_threads must be >= 0 (0: one per CPU)");
     return NULL;
   }
@@ -291,83 +193,33 @@ static PyObject *Tok_encode_batch(TokObject *self, PyObject *args, PyObject *kw)
   if (!seq) return NULL;
   size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
   PyObject *result = NULL;
-  batch_job job = {0};
-  job.self = self;
-  job.n = n;
-  pthread_mutex_init(&job.err_lock, NULL);
-  size_t nw = nthreads_arg ? (size_t)nthreads_arg : default_threads();
-  if (nw > n) nw = n;
-  if (nw > BATCH_MAX_THREADS) nw = BATCH_MAX_THREADS;
-  if (nw == 0) nw = 1;
-  job.texts = malloc((n + 1) * sizeof *job.texts);
-  job.lens = malloc((n + 1) * sizeof *job.lens);
-  job.owner = malloc((n + 1) * sizeof *job.owner);
-  job.off = malloc((n + 1) * sizeof *job.off);
-  job.len = malloc((n + 1) * sizeof *job.len);
-  job.slots = calloc(nw, sizeof *job.slots);
-  pthread_t *tids = calloc(nw, sizeof *tids);
-  batch_arg *bargs = calloc(nw, sizeof *bargs);
-  if (!job.texts || !job.lens || !job.owner || !job.off || !job.len || !job.slots || !tids ||
-      !bargs) {
+  const char **ptrs = malloc((n + 1) * sizeof *ptrs);
+  size_t *lens = malloc((n + 1) * sizeof *lens);
+  if (!ptrs || !lens) {
     PyErr_NoMemory();
     goto done;
   }
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) { /* borrowed from the items, which seq keeps alive */
     Py_ssize_t len;
-    const char *s = text_utf8(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i), &len);
-    if (!s) goto done;
-    job.texts[i] = s;
-    job.lens[i] = (size_t)len;
+    if (!(ptrs[i] = text_utf8(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i), &len))) goto done;
+    lens[i] = (size_t)len;
   }
-  int nomem = 0;
+  mml_tok_batch *b = NULL;
+  mml_err err = {0};
+  mml_status st;
   Py_BEGIN_ALLOW_THREADS
-  for (size_t w = 0; w < nw; w++) {
-    job.slots[w] = slot_get(self);
-    if (!job.slots[w]) nomem = 1;
-    bargs[w] = (batch_arg){&job, (uint32_t)w};
-  }
-  if (!nomem) {
-    size_t started = 1;
-    for (size_t w = 1; w < nw; w++) {
-      if (pthread_create(&tids[w], NULL, batch_worker, &bargs[w]) != 0) break;
-      started++;
-    }
-    batch_worker(&bargs[0]); /* the calling thread works too */
-    for (size_t w = 1; w < started; w++) pthread_join(tids[w], NULL);
-  }
+  st = mml_tokenizer_encode_batch(self->tok, self->pool, ptrs, lens, n, (size_t)nthreads, &b,
+                                  &err);
   Py_END_ALLOW_THREADS
-  if (nomem) {
-    PyErr_NoMemory();
+  if (st) {
+    mml_py_raise(st, &err);
     goto done;
   }
-  if (job.st) {
-    mml_err_prefix(&job.err, "texts[%zu]", job.err_index);
-    mml_py_raise(job.st, &job.err);
-    goto done;
-  }
-  result = PyList_New((Py_ssize_t)n);
-  if (!result) goto done;
-  for (size_t i = 0; i < n; i++) {
-    tok_slot *slot = job.slots[job.owner[i]];
-    PyObject *l = ids_to_list(slot->ids.data + job.off[i], job.len[i]);
-    if (!l) {
-      Py_CLEAR(result);
-      goto done;
-    }
-    PyList_SET_ITEM(result, (Py_ssize_t)i, l);
-  }
+  result = batch_lists(b);
+  mml_tok_batch_free(b); /* its slots back to the pool */
 done:
-  if (job.slots)
-    for (size_t w = 0; w < nw; w++) slot_put(self, job.slots[w]);
-  free(job.texts);
-  free(job.lens);
-  free(job.owner);
-  free(job.off);
-  free(job.len);
-  free(job.slots);
-  free(tids);
-  free(bargs);
-  pthread_mutex_destroy(&job.err_lock);
+  free(ptrs);
+  free(lens);
   Py_DECREF(seq);
   return result;
 }

@@ -1,7 +1,9 @@
 /*
- * mml_test.h — a tiny test harness for the C core (libuv style): one test-<area>.c per
- * subsystem, each a program of TEST() functions run by MML_TEST_MAIN.  Assertions print
- * both values on failure.  Built plain, under ASan+UBSan and under TSan by the Makefile.
+ * mml_test.h — a tiny test harness for the C core (libuv style): TEST() functions in one
+ * test-<area>.c per subsystem, listed in test-list.h, all linked into one program,
+ * run-tests (run-tests.c), which runs each in its own child process.  Assertions print
+ * both values on failure and return from the test.  Built plain, under ASan+UBSan and
+ * under TSan by the Makefile.
  */
 #ifndef MML_TEST_H
 #define MML_TEST_H
@@ -11,8 +13,13 @@
 #include <string.h>
 
 typedef void (*mml_test_fn)(void);
-static int mml_test_failures;
-static const char *mml_test_current;
+typedef struct mml_test_entry {
+  const char *name;
+  mml_test_fn fn;
+} mml_test_entry;
+/* the running test's name and its failed checks (run-tests.c) */
+extern int mml_test_failures;
+extern const char *mml_test_current;
 
 #define FAIL_AT(...)                                                         \
   do {                                                                       \
@@ -42,18 +49,7 @@ static const char *mml_test_current;
     if (_st != MML_OK) FAIL_AT("%s -> %s: %s", #call, mml_status_name(_st), (err).msg); \
   } while (0)
 
-#define TEST(name) static void name(void)
-#define RUN(name)                                             \
-  do {                                                        \
-    mml_test_current = #name;                                 \
-    int _before = mml_test_failures;                          \
-    name();                                                   \
-    fprintf(stderr, "%s %s\n", mml_test_failures == _before ? "ok  " : "FAIL", #name); \
-  } while (0)
-#define MML_TEST_MAIN(...)                                    \
-  int main(void) {                                            \
-    __VA_ARGS__;                                              \
-    if (mml_test_failures) fprintf(stderr, "%d failure(s)\n", mml_test_failures); \
-    return mml_test_failures ? 1 : 0;                         \
-  }
+#define TEST(name) void mml_test_##name(void)
+#define TEST_DECLARE(name) void mml_test_##name(void);
+#define TEST_ENTRY(name) {#name, mml_test_##name},
 #endif

@@ -597,8 +597,3 @@ TEST(emit_allocation_failures) {
   mml_collator_free(c);
   mml_pool_close(pool);
 }
-
-MML_TEST_MAIN(RUN(padded_qwen_text_only);
-              RUN(padded_megatron_shifted_with_images); RUN(packed_boundaries);
-              RUN(packed_mrope_per_sample); RUN(config_errors);
-              RUN(packed_random_vs_reference_and_resume); RUN(emit_allocation_failures))

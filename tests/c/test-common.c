@@ -86,6 +86,3 @@ TEST(long_values_are_shortened_in_the_middle) {
   CHECK(utf8_ok(out));
   free(uri);
 }
-
-MML_TEST_MAIN(RUN(status_table); RUN(err_set_prefix); RUN(buffers_grow_and_keep_capacity);
-              RUN(read_file_missing); RUN(long_values_are_shortened_in_the_middle))

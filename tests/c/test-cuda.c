@@ -43,6 +43,12 @@ static void install_fake(void) {
   mml_cuda_install_api(&api);
 }
 
+/* The fake runtime, installed and loaded (each test runs in its own process).  0: ready. */
+static int use_fake(void) {
+  install_fake();
+  return mml_cuda_load(NULL) == MML_OK ? 0 : -1;
+}
+
 /* A host batch of two tensors from `pool`, filled with bytes derived from `seed`. */
 static int make_batch(mml_pool *pool, mml_batch *b, int seed, mml_err *err) {
   memset(b, 0, sizeof *b);
@@ -196,6 +202,7 @@ TEST(fake_load_and_allocators) {
 }
 
 TEST(stage_copies_and_keeps_device) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -226,6 +233,7 @@ TEST(stage_copies_and_keeps_device) {
 
 /* A pinned buffer is not handed out again while the copy that reads it is pending. */
 TEST(pinned_not_reused_before_copy) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -259,6 +267,7 @@ TEST(pinned_not_reused_before_copy) {
 /* The consumer's stream waits for the copy (no host wait), and a device buffer is not
  * reused while work the consumer queued before releasing it is pending. */
 TEST(consumer_stream_waits_and_holds) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -317,6 +326,7 @@ TEST(consumer_stream_waits_and_holds) {
 
 /* pin_memory without a device stage: a trainer's non_blocking copy on its stream. */
 TEST(pinned_guard_holds_until_consumer_copy) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -350,6 +360,7 @@ TEST(pinned_guard_holds_until_consumer_copy) {
 }
 
 TEST(export_no_sync) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator da;
   CHECK_OK(mml_device_allocator(0, &da, &err), err);
@@ -369,6 +380,7 @@ TEST(export_no_sync) {
 }
 
 TEST(stage_copy_failure_leaves_nothing) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -424,6 +436,7 @@ static void *worker(void *p) {
 }
 
 TEST(many_batches_no_leak) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   long pinned0 = atomic_load(&fk_pinned_live), dev0 = atomic_load(&fk_device_live);
   long ev0 = atomic_load(&fk_events_live), str0 = atomic_load(&fk_streams_live);
@@ -462,6 +475,7 @@ TEST(many_batches_no_leak) {
  * the event alive for its queued ops, or the consumer's worker touches freed memory
  * (ASan: heap-use-after-free; without ASan, "unaligned fastbin chunk" aborts). */
 TEST(event_destroyed_while_consumer_waits) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   long ev0 = atomic_load(&fk_events_live);
   mml_allocator pa;
@@ -504,6 +518,7 @@ TEST(event_destroyed_while_consumer_waits) {
 
 /* A pool closed while a copy is still reading a pinned buffer frees it only after. */
 TEST(close_waits_for_pending_copy) {
+  if (use_fake()) FAIL_AT("the fake CUDA runtime did not load");
   mml_err err = {0};
   mml_allocator pa;
   CHECK_OK(mml_pinned_allocator(&pa, &err), err);
@@ -525,11 +540,3 @@ TEST(close_waits_for_pending_copy) {
   mml_device_stage_free(st);
   mml_cuda_install_api(NULL);
 }
-
-MML_TEST_MAIN(RUN(load_disabled); RUN(probe_bad_libraries); RUN(load_bad_env_path);
-              RUN(pool_honours_fence); RUN(fake_load_and_allocators);
-              RUN(stage_copies_and_keeps_device); RUN(pinned_not_reused_before_copy);
-              RUN(consumer_stream_waits_and_holds); RUN(pinned_guard_holds_until_consumer_copy);
-              RUN(export_no_sync); RUN(stage_copy_failure_leaves_nothing);
-              RUN(many_batches_no_leak); RUN(event_destroyed_while_consumer_waits);
-              RUN(close_waits_for_pending_copy))

@@ -202,6 +202,35 @@ static int make_dataset(void) {
   return 0;
 }
 
+static void remove_dataset(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
+  mml_tokenizer_free(g_tok);
+  g_tok = NULL;
+}
+
+/* The tokenizer and the dataset of the build test, made once per process (each test runs
+ * in its own) and removed at exit.  0: ready. */
+static int fixture(void) {
+  if (g_tok) return 0;
+  const char *tp = getenv("MML_TEST_TOKENIZER");
+  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
+  mml_err err;
+  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
+    fprintf(stderr, "cannot load tokenizer %s: %s\n", tp, err.msg);
+    return -1;
+  }
+  if (make_dataset()) {
+    fprintf(stderr, "cannot write the dataset\n");
+    mml_tokenizer_free(g_tok);
+    g_tok = NULL;
+    return -1;
+  }
+  atexit(remove_dataset);
+  return 0;
+}
+
 static void cfg_of(mml_loader_cfg *c, const char **data, const char *index) {
   memset(c, 0, sizeof *c);
   data[0] = g_shard;
@@ -250,6 +279,7 @@ static int stop_early(void *ctx, int64_t done, int64_t total) {
 }
 
 TEST(test_build_and_use) {
+  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   mml_loader *L;
@@ -283,26 +313,3 @@ TEST(test_build_and_use) {
 }
 
 int mml_cpu_avx2(void), mml_cpu_fma(void); /* csrc/core/resize.h */
-
-int main(void) {
-  /* their lazy CPU probes, once before threads (as test-loader's 1-thread run does) */
-  mml_cpu_avx2();
-  mml_cpu_fma();
-  const char *tp = getenv("MML_TEST_TOKENIZER");
-  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
-  mml_err err;
-  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK || make_dataset()) {
-    fprintf(stderr, "FAIL cannot load tokenizer %s or write the dataset\n", tp);
-    return 1;
-  }
-  RUN(test_round_trip_into_an_index);
-  RUN(test_every_damage_is_refused);
-  RUN(test_partial_entries);
-  RUN(test_build_and_use);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-  mml_tokenizer_free(g_tok);
-  if (mml_test_failures) fprintf(stderr, "%d failure(s)\n", mml_test_failures);
-  return mml_test_failures ? 1 : 0;
-}

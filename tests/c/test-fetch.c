@@ -406,7 +406,7 @@ TEST(several_io_threads) {
   script_stop(&s);
 }
 
-TEST(bad_input) {
+TEST(fetch_bad_input) {
   mml_fetcher *f = NULL;
   mml_err err = {0};
   mml_fetch_cfg bad = {.max_inflight = -1};
@@ -431,8 +431,3 @@ TEST(bad_input) {
   mml_fetcher_free(f);
   mml_fetcher_free(NULL);
 }
-
-MML_TEST_MAIN(RUN(sha256_vectors); RUN(hmac_vectors); RUN(sigv4_get_vanilla); RUN(sigv4_s3_examples);
-              RUN(uri_encode); RUN(backoff); RUN(s3_addressing); RUN(redact); RUN(xml); RUN(retries_short_and_503);
-              RUN(permanent_error_names_url_status_code); RUN(connection_refused_is_retried_then_fails);
-              RUN(free_cancels_in_flight); RUN(several_io_threads); RUN(bad_input))

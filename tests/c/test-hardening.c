@@ -183,9 +183,3 @@ TEST(fuzz_findings) {
   CHECK_EQ_INT(out.len, 0);
   mml_tokenizer_free(t);
 }
-
-MML_TEST_MAIN(RUN(fuzz_findings); RUN(escape_makes_valid_utf8); RUN(short_keeps_both_ends_on_character_boundaries);
-              RUN(redaction_of_urls_in_text); RUN(long_messages_are_shortened_in_the_middle);
-              RUN(record_depth_nul_and_image_count); RUN(decoder_pixel_limit_before_decoding);
-              RUN(fifo_and_devices_are_refused_without_blocking);
-              RUN(tokenizer_empty_merge_is_an_error))

@@ -194,7 +194,3 @@ TEST(test_gzip_fed_bytewise) {
   CHECK_EQ_INT(ix.n, 0);
   mml_index_free(&ix);
 }
-
-MML_TEST_MAIN(RUN(test_lines_and_blanks); RUN(test_file_matches_memory_and_shards);
-              RUN(test_empty_and_missing); RUN(test_json_array_elements);
-              RUN(test_gzip_fed_bytewise))

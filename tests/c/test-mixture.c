@@ -191,7 +191,3 @@ TEST(test_many_sources_speed) {
   mml_mix_scratch_free(&sc);
   mml_mixture_free(&m);
 }
-
-MML_TEST_MAIN(RUN(test_counts); RUN(test_exact_and_smooth);
-              RUN(test_single_source_is_plain_sampler); RUN(test_up_and_down_sampling);
-              RUN(test_dp_shards_and_purity); RUN(test_many_sources_speed))

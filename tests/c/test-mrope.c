@@ -55,5 +55,3 @@ TEST(mrope_errors) {
   CHECK_EQ_INT(pos[2], 2);
   CHECK_EQ_INT(d, 0);
 }
-
-MML_TEST_MAIN(RUN(mrope_worked_example); RUN(mrope_errors))

@@ -96,5 +96,3 @@ TEST(cross_checks) {
   CHECK(mml_loader_cfg_check(&c, &err) == MML_ECONFIG);
   CHECK(strstr(err.msg, "prefetch"));
 }
-
-MML_TEST_MAIN(RUN(rows_and_defaults); RUN(setters_check_rows); RUN(cross_checks))

@@ -171,7 +171,3 @@ TEST(test_bad_cfg) {
   mml_plan_cfg ok = {.dp_size = 1, .rows = 1};
   CHECK(mml_plan_build(&ok, tok, vis, 1, 2, &p, &err) == MML_ECONFIG);
 }
-
-MML_TEST_MAIN(RUN(test_invariants); RUN(test_too_long_left_out);
-              RUN(test_balance_lowers_max_over_mean); RUN(test_suffix_and_determinism);
-              RUN(test_group_sorts_windows); RUN(test_bad_cfg))

@@ -155,5 +155,35 @@ TEST(test_concurrent_release) {
   for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
 }
 
-MML_TEST_MAIN(RUN(test_alloc_reuse); RUN(test_buffer_outlives_pool); RUN(test_fence_blocks_reuse);
-              RUN(test_cache_limit); RUN(test_batch); RUN(test_concurrent_release))
+/* Large buffers are mappings that stay mapped: reused whatever their size, grown in place
+ * (contents kept) when nothing cached is large enough, freed only by trim or close. */
+TEST(test_large_buffers_stay_mapped) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  const size_t MB = 1 << 20;
+  mml_buf *a, *b, *c;
+  CHECK_OK(mml_pool_alloc(p, 3 * MB, &a, &err), err);
+  CHECK(a->size >= 3 * MB);
+  CHECK_EQ_INT((uintptr_t)a->data % (2 * MB), 0); /* 2 MiB aligned: huge pages */
+  memset(a->data, 0x5a, a->size);
+  void *addr = a->data;
+  mml_buf_release(a);
+  CHECK_OK(mml_pool_alloc(p, MB + 1, &b, &err), err); /* smaller: takes the cached one */
+  CHECK(b->data == addr);
+  mml_buf_release(b);
+  CHECK_OK(mml_pool_alloc(p, 9 * MB, &c, &err), err); /* larger: the cached one grows */
+  CHECK(c->size >= 9 * MB);
+  CHECK_EQ_INT(((uint8_t *)c->data)[3 * MB - 1], 0x5a); /* its pages kept their contents */
+  memset(c->data, 1, c->size);
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 0);
+  CHECK_EQ_INT(live, c->size);
+  mml_buf_release(c);
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, 0);
+  CHECK(cached >= 9 * MB);
+  CHECK_EQ_INT(mml_pool_trim(p, 0), 0);
+  mml_pool_close(p);
+}

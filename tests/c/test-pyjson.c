@@ -58,5 +58,3 @@ TEST(test_accessors) {
   CHECK(mml_pyjson_item(all, 2, &v) && mml_pyjson_string_is(v, "s"));
   CHECK(!mml_pyjson_item(all, 3, &v));
 }
-
-MML_TEST_MAIN(RUN(test_dumps); RUN(test_refused); RUN(test_accessors))

@@ -257,9 +257,3 @@ TEST(concurrent_parsing) {
   for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
   for (int i = 0; i < 4; i++) CHECK_EQ_INT(bad[i], 0);
 }
-
-MML_TEST_MAIN(RUN(llava_single_image_string); RUN(messages_many_images_in_order);
-              RUN(hf_content_parts); RUN(image_parts_take_listed_images);
-              RUN(text_only_roles_unicode_escapes); RUN(image_list_forms); RUN(bad_records);
-              RUN(count_mismatch); RUN(reuse_and_length_bound);
-              RUN(truncated_prefixes_never_crash); RUN(concurrent_parsing))

@@ -77,14 +77,10 @@ TEST(test_epochs_and_seeds_differ) {
   for (int64_t i = 0; i < 500; i++) CHECK_EQ_INT(mml_sampler_at(&a, 3, i), mml_sampler_at(&c, 3, i));
 }
 
-TEST(test_bad_config) {
+TEST(sampler_bad_config) {
   mml_sampler s;
   mml_err err;
   CHECK(mml_sampler_init(&s, 10, 0, 1, 2, 2, &err) == MML_ECONFIG);
   CHECK(mml_sampler_init(&s, 10, 0, 1, 0, 0, &err) == MML_ECONFIG);
   CHECK(mml_sampler_init(&s, 3, 0, 1, 0, 4, &err) == MML_ECONFIG);
 }
-
-MML_TEST_MAIN(RUN(test_permutation); RUN(test_identity_without_shuffle);
-              RUN(test_ranks_disjoint_and_cover); RUN(test_epochs_and_seeds_differ);
-              RUN(test_bad_config))

@@ -291,7 +291,3 @@ TEST(concurrent_encode) {
   mml_template_free(t);
   mml_tokenizer_free(tok);
 }
-
-MML_TEST_MAIN(RUN(render_qwen2_and_qwen3); RUN(render_errors_leave_output);
-              RUN(encode_and_labels_qwen); RUN(encode_and_labels_tiny);
-              RUN(encode_rejects_vision_tokens_in_text_and_rolls_back); RUN(concurrent_encode))

@@ -307,6 +307,104 @@ TEST(shared_tokenizer_many_threads) {
   mml_tokenizer_free(t);
 }
 
+/* mml_tokenizer_encode_batch: the ids of every text, in input order, whatever the number
+ * of threads; slots go back to the pool; the pool is shared with concurrent batches. */
+#define BATCH_N 300
+static int batch_matches(const mml_tokenizer *t, mml_tok_pool *pool, size_t nthreads,
+                         const char **texts, const size_t *lens, mml_ids *want) {
+  mml_tok_batch *b = NULL;
+  mml_err e = {0};
+  if (mml_tokenizer_encode_batch(t, pool, texts, lens, BATCH_N, nthreads, &b, &e) != MML_OK)
+    return 0;
+  int ok = mml_tok_batch_size(b) == BATCH_N;
+  for (size_t i = 0; ok && i < BATCH_N; i++) {
+    size_t len;
+    const int32_t *ids = mml_tok_batch_ids(b, i, &len);
+    ok = len == want[i].len && (!len || memcmp(ids, want[i].data, len * 4) == 0);
+  }
+  mml_tok_batch_free(b);
+  return ok;
+}
+
+typedef struct {
+  const mml_tokenizer *t;
+  mml_tok_pool *pool;
+  const char **texts;
+  const size_t *lens;
+  mml_ids *want;
+  int bad;
+} batch_thread_arg;
+
+static void *batch_many(void *p) {
+  batch_thread_arg *a = p;
+  for (int round = 0; round < 5; round++)
+    if (!batch_matches(a->t, a->pool, 3, a->texts, a->lens, a->want)) a->bad++;
+  return NULL;
+}
+
+TEST(encode_batch_in_order_any_threads) {
+  mml_tokenizer *t = load_test(1);
+  mml_tok_pool *pool = NULL;
+  CHECK(t != NULL);
+  CHECK_EQ_INT(mml_tok_pool_new(4, &pool), MML_OK);
+  const char *texts[BATCH_N];
+  size_t lens[BATCH_N];
+  mml_ids want[BATCH_N] = {{0}};
+  for (size_t i = 0; i < BATCH_N; i++) { /* texts of different lengths, some empty */
+    texts[i] = k_texts[i % N_TEXTS] + (i / N_TEXTS) % 7;
+    lens[i] = i % 11 == 0 ? 0 : strlen(texts[i]);
+    CHECK_EQ_INT(mml_tokenizer_encode(t, NULL, texts[i], lens[i], &want[i], NULL), MML_OK);
+  }
+  size_t threads[] = {1, 2, 3, 8, 0, 1000};
+  for (size_t k = 0; k < sizeof threads / sizeof *threads; k++)
+    CHECK(batch_matches(t, pool, threads[k], texts, lens, want));
+  /* the error is the lowest failing index's, whatever the threads (NULL text: EINVAL) */
+  for (size_t k = 0; k < sizeof threads / sizeof *threads; k++) {
+    const char *saved[2] = {texts[7], texts[200]};
+    texts[7] = texts[200] = NULL;
+    lens[7] = lens[200] = 3;
+    mml_tok_batch *bad_b = NULL;
+    mml_err e = {0};
+    CHECK_EQ_INT(mml_tokenizer_encode_batch(t, pool, texts, lens, BATCH_N, threads[k], &bad_b, &e),
+                 MML_EINVAL);
+    CHECK(bad_b == NULL);
+    CHECK(strncmp(e.msg, "texts[7]: ", 10) == 0);
+    texts[7] = saved[0], texts[200] = saved[1];
+    lens[7] = strlen(texts[7]), lens[200] = strlen(texts[200]);
+  }
+  /* an empty batch */
+  mml_tok_batch *b = NULL;
+  CHECK_EQ_INT(mml_tokenizer_encode_batch(t, pool, texts, lens, 0, 4, &b, NULL), MML_OK);
+  CHECK_EQ_INT(mml_tok_batch_size(b), 0);
+  mml_tok_batch_free(b);
+  /* batches on several threads at once, sharing the pool */
+  pthread_t th[3];
+  batch_thread_arg args[3];
+  for (int i = 0; i < 3; i++) {
+    args[i] = (batch_thread_arg){t, pool, texts, lens, want, 0};
+    CHECK_EQ_INT(pthread_create(&th[i], NULL, batch_many, &args[i]), 0);
+  }
+  int bad = 0;
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    bad += args[i].bad;
+  }
+  CHECK_EQ_INT(bad, 0);
+  /* a slot put back is clean and reused */
+  mml_tok_slot *s = mml_tok_pool_get(pool);
+  CHECK(s != NULL);
+  CHECK_EQ_INT(s->ids.len, 0);
+  CHECK_EQ_INT(mml_tokenizer_encode(t, s->scratch, "hello", 5, &s->ids, NULL), MML_OK);
+  mml_tok_pool_put(pool, s);
+  mml_tok_slot *s2 = mml_tok_pool_get(pool);
+  CHECK(s2 == s);
+  CHECK_EQ_INT(s2->ids.len, 0);
+  mml_tok_pool_put(pool, s2);
+  for (size_t i = 0; i < BATCH_N; i++) mml_ids_free(&want[i]);
+  mml_tok_pool_free(pool);
+  mml_tokenizer_free(t);
+}
+
 TEST(scratch_moves_between_tokenizers) {
   mml_tokenizer *a = load_test(0), *b = NULL;
   size_t len;
@@ -392,9 +490,3 @@ TEST(real_qwen_tokenizer) {
   CHECK_EQ_INT(mml_tokenizer_token_to_id(t, "<|image_pad|>", 13), 151655);
   mml_tokenizer_free(t);
 }
-
-MML_TEST_MAIN(RUN(bpe_merges_both_forms); RUN(long_words_use_the_same_order);
-              RUN(added_tokens_and_nfc); RUN(invalid_utf8_becomes_replacement_char);
-              RUN(decode); RUN(load_errors); RUN(shared_tokenizer_many_threads);
-              RUN(scratch_moves_between_tokenizers); RUN(random_input_round_trips);
-              RUN(real_qwen_tokenizer))

@@ -209,7 +209,7 @@ TEST(pipeline_matches_reference) {
   check_pipeline(1000, 7, 0, "qwen2-vl", 0);          /* 143:1 */
 }
 
-TEST(bad_input) {
+TEST(vision_bad_input) {
   unsigned long len;
   unsigned char *jpg = make_jpeg(320, 240, 0, &len);
   mml_err err = {0};
@@ -390,7 +390,3 @@ TEST(threads_share_config) {
   mml_vision_scratch_free(s);
   tjFree(jpg);
 }
-
-MML_TEST_MAIN(RUN(smart_resize_worked_values); RUN(smart_resize_errors_and_legacy); RUN(presets);
-              RUN(probe_and_plan); RUN(pipeline_matches_reference); RUN(bad_input);
-              RUN(fuzz_corrupt_images); RUN(threads_share_config))

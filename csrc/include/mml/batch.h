@@ -61,6 +61,9 @@ void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
 /* Bytes currently cached / live, for stats and tests. */
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
+/* Frees cached buffers, smallest first, until at most `keep` bytes stay cached (buffers
+ * whose fence is pending stay); returns the bytes still cached. */
+size_t mml_pool_trim(mml_pool *p, size_t keep);
 
 #define MML_MAX_DIMS 4
 #define MML_MAX_TENSORS 16
@@ -94,6 +97,10 @@ typedef struct mml_batch {
  * data pointer through *data. */
 mml_status mml_batch_add(mml_batch *b, mml_pool *pool, const char *name, mml_dtype dt, int ndim,
                          const int64_t *shape, void **data, mml_err *err);
+/* Adds a tensor slot viewing `buf` from byte `offset` (one reference taken); MML_EINTERNAL
+ * when the shape does not fit in the buffer. */
+mml_status mml_batch_add_view(mml_batch *b, const char *name, mml_dtype dt, int ndim,
+                              const int64_t *shape, mml_buf *buf, size_t offset, mml_err *err);
 mml_tensor *mml_batch_find(mml_batch *b, const char *name);
 int64_t mml_tensor_numel(const mml_tensor *t);
 /* Releases every slot's buffer reference and zeroes the batch. */

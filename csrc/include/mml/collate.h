@@ -114,6 +114,35 @@ mml_status mml_collator_check_length(const mml_collator *c, int64_t n, mml_err *
  * packing). */
 int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s);
 
+/* The composition step, a pure function of token counts: what a batch holds so far, and
+ * whether a sample of `tokens` (mml_collator_sample_tokens) joins it (fits), and whether
+ * it is then complete (full).  The collator runs it on finished samples; the loader's
+ * planner runs the same step ahead of any pixel work, on the counts planned from image
+ * headers, so both agree on every batch's composition.  A new batching policy changes
+ * these three functions only. */
+typedef struct mml_compose {
+  int count;     /* samples */
+  int64_t used;  /* packed: sum of slot lengths; padded: longest sample */
+} mml_compose;
+int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens);
+void mml_compose_add(const mml_collator *c, mml_compose *k, int64_t tokens);
+int mml_compose_full(const mml_collator *c, const mml_compose *k);
+/* The current batch's composition state. */
+mml_compose mml_collator_compose_state(const mml_collator *c);
+/* The most pixel_values rows any one batch can hold, or -1 when unbounded: packed, every
+ * image row group stands for one token of the pack (rows = tokens * merge^2), so a pack
+ * holds at most pack_length * max_merge^2 rows. */
+int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge);
+
+/* Pixels written elsewhere (the loader writes each image straight into its slice of the
+ * batch's pixel_values buffer): the current batch's pixel_values will be a view of `buf`
+ * from byte 0 (one reference taken; NULL drops it).  Samples added then carry
+ * pixels_elsewhere = 1 and no pixel bytes. */
+void mml_collator_attach_pixels(mml_collator *c, mml_buf *buf);
+mml_buf *mml_collator_attached_pixels(const mml_collator *c);
+/* pixel_values rows of the current batch so far. */
+int64_t mml_collator_rows(const mml_collator *c);
+
 /* 1 when `s` fits in the current batch; 0 when the current batch must be emitted first.
  * An empty batch always accepts (an over-long sample was filtered before collation). */
 int mml_collator_fits(const mml_collator *c, const mml_sample *s);

@@ -122,6 +122,8 @@ mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t
 
 /* Monotonic clock in seconds. */
 double mml_now(void);
+/* The CPUs this process may run on (its affinity mask), at least 1. */
+size_t mml_cpu_threads(void);
 
 /* 64-bit mixing hash (splitmix64 finaliser) and FNV-1a over bytes: used for seeds and
  * config fingerprints.  Stable across platforms and releases. */

@@ -69,6 +69,10 @@ typedef struct mml_loader_cfg {
   int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
   int window;               /* samples in flight ahead of collation;
                                0: 2*mbs, at least 4*threads and 16 */
+  int64_t max_memory;       /* 0: no cap; else a cap in bytes on the engine's memory: every
+                               batch buffer of its pool (live, those the consumer holds
+                               included, and cached for reuse), the window's encoded bytes
+                               and MML_SCRATCH_RESERVE per worker; work waits for room */
   int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
@@ -194,6 +198,8 @@ typedef struct mml_plan_info {
   int64_t rank_samples;     /* samples of this rank in the epoch */
   int64_t unusable;         /* samples of the dataset left out at planning (failed, or too
                                long for one batch), counted in the stats once */
+  int64_t indexed;          /* samples whose counts a sidecar index gave */
+  int64_t measured;         /* samples counted by a planning pass (0: the index knew all) */
 } mml_plan_info;
 /* 1 when the loader composes by a global plan. */
 int mml_loader_has_plan(const mml_loader *L);
@@ -261,10 +267,21 @@ typedef struct mml_loader_stats {
   int pinned;               /* batches are in page-locked memory */
   int device;               /* CUDA device of the batches, -1: host */
   size_t pool_cached, pool_live; /* bytes in the host buffer pool */
+  uint64_t page_faults;     /* minor page faults of the engine's own threads (workers and
+                               collator: decode, resize, the writes into batch buffers) */
+  double page_faults_per_batch; /* the same per delivered batch after the first
+                               MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
+  uint64_t moved_rows;      /* pixel rows copied because a sample failed only at decode
+                               (the batches after it were planned again); 0 otherwise */
   int remote;               /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+/* What max_memory sets aside for each worker's decode/resize scratch. */
+#define MML_SCRATCH_RESERVE ((int64_t)16 << 20)
+/* Batches delivered before page faults are counted per batch (every buffer the pipeline
+ * circulates has been mapped once by then). */
+#define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)
 
 /* ---- the per-sample pipeline (sample.c), used by the workers -------------------------- */
 
@@ -280,7 +297,6 @@ typedef struct mml_pipeline {
 typedef struct mml_sample_scratch {
   mml_vision_scratch *vision;
   mml_tok_scratch *tok;
-  mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
   mml_mix_scratch mix;      /* the mixture lookup's */
@@ -290,13 +306,22 @@ typedef struct mml_sample_scratch {
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err);
 void mml_sample_scratch_free(mml_sample_scratch *s);
 
-/* Builds `out` (reset first) from a parsed record and the encoded bytes of each of its
- * images: header plans, token counts, template ids + labels, the max_length check, then
- * decode + preprocess into out->pixels.  On failure err names the image (by its
- * reference) and reason; the caller prefixes shard and line. */
-mml_status mml_sample_build(const mml_pipeline *pl, mml_sample_scratch *sc,
-                            const mml_record *rec, const mml_bytes *images, mml_sample *out,
-                            mml_err *err);
+/* Plans `out` from a parsed record and the encoded bytes of each of its images, before
+ * any pixel work: each image's plan from its header alone (plans[i], nimages of them:
+ * size after EXIF orientation, smart_resize grid, token count), the template's ids +
+ * labels with those token counts, the grids, pixel_rows/cols, and the max_length and
+ * max_sample_pixels checks.  out->pixels_elsewhere is set: the pixels are written later,
+ * by mml_sample_decode, wherever the caller wants them.  On failure err names the image
+ * (by its reference) and reason; the caller prefixes shard and line. */
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
+                           const mml_record *rec, const mml_bytes *images,
+                           mml_vision_plan *plans, mml_sample *out, mml_err *err);
+/* Decodes + resizes + normalises + patchifies every image of a planned sample straight
+ * into dst (out->pixel_rows rows of pixel_cols float32, the images in order). */
+mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
+                             const mml_record *rec, const mml_bytes *images,
+                             const mml_vision_plan *plans, int nimages, void *dst,
+                             mml_err *err);
 
 /* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):
  * URLs and absolute paths are kept, anything else is joined to root. */

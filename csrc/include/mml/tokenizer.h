@@ -31,6 +31,34 @@ void mml_tok_scratch_free(mml_tok_scratch *s);
 mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
                                 const char *text, size_t len, mml_ids *out, mml_err *err);
 
+/* ---- many texts on many threads (tokenizer_batch.c) ------------------------------------
+ * A pool keeps up to `max` idle slots (a scratch + an id buffer, each used by one thread
+ * at a time); get makes a new slot when the pool is empty (NULL: out of memory), put
+ * clears the ids and keeps the slot (or frees it when the pool is full).  Thread-safe. */
+typedef struct mml_tok_pool mml_tok_pool;
+typedef struct mml_tok_slot {
+  mml_tok_scratch *scratch;
+  mml_ids ids;
+} mml_tok_slot;
+mml_status mml_tok_pool_new(int max, mml_tok_pool **out);
+void mml_tok_pool_free(mml_tok_pool *p); /* no slot may be out */
+mml_tok_slot *mml_tok_pool_get(mml_tok_pool *p);
+void mml_tok_pool_put(mml_tok_pool *p, mml_tok_slot *s);
+
+/* Encodes texts[0..n) (lens[i] bytes each) on nthreads threads (0: one per CPU; never more
+ * than n or 256; the calling thread is one of them), each with a slot from `pool`.  The
+ * ids of text i, in input order, are mml_tok_batch_ids(*out, i); *out holds its slots
+ * until mml_tok_batch_free returns them to the pool.  On failure nothing is returned and
+ * err names the lowest failing index ("texts[i]: ...").  Threads, ordering and ownership:
+ * tokenizer_batch.c. */
+typedef struct mml_tok_batch mml_tok_batch;
+mml_status mml_tokenizer_encode_batch(const mml_tokenizer *t, mml_tok_pool *pool,
+                                      const char *const *texts, const size_t *lens, size_t n,
+                                      size_t nthreads, mml_tok_batch **out, mml_err *err);
+size_t mml_tok_batch_size(const mml_tok_batch *b);
+const int32_t *mml_tok_batch_ids(const mml_tok_batch *b, size_t i, size_t *len);
+void mml_tok_batch_free(mml_tok_batch *b);
+
 /* Appends the UTF-8 text of `ids` to out (invalid sequences become U+FFFD as HF does). */
 mml_status mml_tokenizer_decode(const mml_tokenizer *t, const int32_t *ids, size_t n,
                                 mml_bytes *out, mml_err *err);

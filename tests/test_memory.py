@@ -1,0 +1,112 @@
+"""max_memory: a cap on the engine's memory (batch buffers, those the consumer holds
+included, the window's encoded bytes, worker scratch) with backpressure.  Checked by
+sampling the process's resident memory while an epoch runs: its growth over the loader's
+start never exceeds the cap, while the same run without a cap goes well above it."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+
+import mmloader
+from conftest import same
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+MB = 1 << 20
+N = 24
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    """N samples of one 1024x768 photo-like JPEG each: ~19 MB of float32 pixel_values per
+    sample at the Qwen2.5-VL default limits."""
+    from PIL import Image
+    root = tmp_path_factory.mktemp("memory")
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        small = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((1024, 768), Image.BICUBIC).save(
+            root / f"p{k}.jpg", "JPEG", quality=90)
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"<image>\nq{i}"},
+                                      {"role": "assistant", "content": "a"}],
+                         "images": [f"p{i % 4}.jpg"]}) for i in range(N)]
+    path = root / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _run(shard, keep=False, **kw):
+    """One epoch, sampling RSS; returns (peak RSS growth, batches as numpy, stats)."""
+    args = dict(tokenizer=TINY, preset="qwen2.5-vl", micro_batch_size=1, num_threads=2,
+                prefetch=8, shuffle=False)
+    args.update(kw)
+    L = mmloader.Loader(shard, **args)
+    base = _rss()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.002)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, digests = [], []
+    try:
+        for b in L:
+            pv = b["pixel_values"].numpy()
+            digests.append((pv.shape, zlib.crc32(pv.data)))  # no copy of the pixels
+            if keep:
+                out.append(b)
+            del b, pv
+        st = L.stats()
+    finally:
+        stop.set()
+        th.join()
+        L.close()
+    return peak[0] - base, digests, st, out
+
+
+def test_rss_stays_under_max_memory(shard):
+    free, d_free, _, _ = _run(shard)
+    cap = 128 * MB
+    capped, d_capped, st, _ = _run(shard, max_memory=cap)
+    assert free > cap * 1.3, f"the uncapped run ({free / MB:.0f} MB) must exceed the cap"
+    print(f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}")
+    assert capped <= cap, f"RSS grew {capped / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
+    assert d_capped == d_free  # the same batches, only slower
+    assert st["pool_live_bytes"] + st["pool_cached_bytes"] <= cap
+
+
+def test_same_batches_with_a_cap(shard):
+    _, a, _, _ = _run(shard, micro_batch_size=2, num_threads=3)
+    _, b, _, _ = _run(shard, micro_batch_size=2, num_threads=3, max_memory=160 * MB)
+    assert a == b
+
+
+def test_one_sample_that_cannot_fit_is_named(shard):
+    with pytest.raises(mmloader.OutOfMemoryError, match=r"d\.jsonl:1.*max_memory"):
+        _run(shard, max_memory=40 * MB)  # 2 workers' scratch leave 8 MB: no sample fits
+
+
+def test_consumer_holding_every_batch_gets_a_clear_error(shard):
+    with pytest.raises(mmloader.OutOfMemoryError, match="consumer holds"):
+        _run(shard, keep=True, max_memory=120 * MB)
+
+
+def test_max_memory_below_scratch_is_a_config_error(shard):
+    with pytest.raises(mmloader.ConfigError, match="max_memory"):
+        mmloader.Loader(shard, tokenizer=TINY, num_threads=4, max_memory=32 * MB)
