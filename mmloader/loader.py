@@ -244,7 +244,8 @@ class Loader:
             same sample count under the new mixture instead of raising StateError.
         mixture_tolerance: warn (once per source) when a source's share of the samples
             delivered so far differs from its share of the epoch by more than this, e.g.
-            because many of its samples are skipped; None: never.
+            because many of its samples are skipped; None: never (and not with
+            group_by_length, whose windows reorder the sources on purpose).
         system_prompt: the system turn added to conversations without one (None: the
             template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
             for qwen3-vl; "": none).
@@ -545,7 +546,10 @@ class Loader:
         #: the vision settings the loader runs with (mmloader.presets.vision_config)
         self.vision_config: Dict[str, Any] = dict(vision)
         self._mbs = self._c.options()["micro_batch_size"]  # None with a token budget
-        self._plan = self._c.plan_info(0) is not None
+        plan = self._c.plan_info(0)
+        self._plan = plan is not None
+        if plan is not None:  # epoch 0's (each epoch's plan has its own)
+            self.samples_per_rank = plan["rank_samples"]
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
         # The resume fingerprint: the options the table marks, as the engine runs them.

@@ -253,3 +253,51 @@ def test_plan_state_checks(srcs):
     with make(mix(srcs), max_tokens_per_batch=1024, group_by_length=32) as L:
         with pytest.raises(StateError, match="plan_start"):
             L.load_state_dict(dict(state, plan_start=10 ** 6))
+
+
+def test_late_decode_failure_keeps_ranks_in_step(srcs, tmp_path):
+    """A sample whose image header is fine but whose data is corrupt passes planning and
+    fails at decode: its planned batch goes out one sample short, the ranks stay in step."""
+    import shutil
+    img = tmp_path / "img"
+    shutil.copytree(os.path.dirname(srcs["img"][0]), img)
+    jpgs = sorted(p for p in (img / "images").iterdir() if p.suffix == ".jpg")
+    bad = jpgs[0]
+    data = bad.read_bytes()
+    bad.write_bytes(data[:len(data) // 2])  # SOF intact, scan data cut
+    shard = str(img / os.path.basename(srcs["img"][0]))
+    users = sum(f"images/{bad.name}" in line for line in open(shard))
+    assert users >= 1
+    data = [Source(srcs["text"], name="text"), Source(shard, name="img")]
+    got, skipped = [], 0
+    for r in range(2):
+        with make(data, dp_rank=r, dp_size=2, max_tokens_per_batch=1024) as L:
+            info = L._core().plan_info(0)
+            with pytest.warns(UserWarning, match="corrupt_image"):
+                got.append(epoch(L))
+            skipped += L.stats()["skipped_by_reason"].get("corrupt_image", 0)
+    assert info["unusable"] == 0  # the headers planned fine
+    assert len(got[0]) == len(got[1]) == info["steps"]
+    keys = [k for g in got for b in g for k in rows(b)]
+    assert len(set(keys)) == len(keys) == info["end"] - skipped
+    assert skipped == users
+
+
+def test_counts_from_the_index_skip_the_planning_pass(srcs, tmp_path):
+    import shutil
+    from mmloader import dsindex
+    text, img = str(tmp_path / "text.jsonl"), str(tmp_path / "img.jsonl")  # distinct names
+    shutil.copy(srcs["text"][0], text)
+    shutil.copy(srcs["img"][0], img)
+    data = [Source(text, name="text"),
+            Source(img, name="img", image_root=os.path.dirname(srcs["img"][0]))]
+    out = str(tmp_path / "idx")
+    dsindex.build(data, out=out, tokenizer=TINY, threads=2, **SMALL)
+    kw = dict(max_tokens_per_batch=1024, balance="vision_tokens", dp_rank=1, dp_size=2)
+    with make(data, index=out, **kw) as L:
+        info = L._core().plan_info(0)
+        got = epoch(L)
+    assert info["measured"] == 0 and info["indexed"] == 144  # no planning pass
+    with make(data, index=False, **kw) as L:
+        assert L._core().plan_info(0)["measured"] == 144
+        same(epoch(L), got)

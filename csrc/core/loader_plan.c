@@ -1,13 +1,13 @@
 /*
  * loader_plan.c — the loader's global plan (cfg.global_plan, max_tokens_per_batch,
- * balance, group_by_length): the token counts of every sample, measured once before any decode,
- * and per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
+ * balance, group_by_length): the token counts of every sample, known before any decode, and
+ * per epoch the plan of mml/plan.h cut down to this rank: its samples in stream order
  * and where its batches end.
  *
  * Counts.  From the dataset index when every shard has one that applies (loader_dsindex.c:
- * no sample is read at construction); else at construction a planning pass runs a second, internal loader over the same
- * data and settings with plan_only (records read, templated and tokenized, image headers
- * probed, nothing decoded), dp_size 1 and every source drawn once, and records each
+ * no sample is read at construction); else a planning pass runs a second, internal loader
+ * over the same data and settings with plan_only (records read, templated and tokenized,
+ * image headers probed, nothing decoded), dp_size 1 and every source drawn once, and records each
  * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
  * A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
  * max_tokens_per_batch), is never planned: it is counted as skipped, with a warning, once
@@ -54,6 +54,7 @@ struct ld_gplan {
   int64_t *tokens, *vision; /* per sample; tokens < 0: not planned */
   uint8_t *why;             /* per sample: the status that kept it out of the plan */
   int64_t unusable;
+  int64_t indexed, measured; /* counts read from an index / measured by a planning pass */
   int64_t resume_epoch, resume_q0;
   mml_mix_scratch sc;
   gp_epoch cache[PLAN_CACHE];
@@ -217,8 +218,9 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
                        (long long)g->n);
   for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
   /* the counts from the dataset index when it knows every sample, else the planning pass */
-  mml_status st = ld_index_all_counts(L, g->tokens, g->vision, g->why) ? MML_OK
-                                                                        : measure(g, cfg, err);
+  mml_status st = MML_OK;
+  if (ld_index_all_counts(L, g->tokens, g->vision, g->why)) g->indexed = g->n;
+  else if (!(st = measure(g, cfg, err))) g->measured = g->n;
   if (st) return st;
   drop_too_long(g, cfg);
   count_unplanned(L, g);
@@ -387,7 +389,8 @@ mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *o, 
   pthread_mutex_lock(&L->mu);
   gp_epoch *e = epoch_plan(L, epoch, q0_of(L->gp, epoch), err);
   if (e) {
-    *o = (mml_plan_info){e->q0, e->usable, e->end, e->steps, e->rank_samples, L->gp->unusable};
+    *o = (mml_plan_info){e->q0,    e->usable,         e->end,           e->steps,
+                         e->rank_samples, L->gp->unusable, L->gp->indexed, L->gp->measured};
   }
   pthread_mutex_unlock(&L->mu);
   return e ? MML_OK : err->status;

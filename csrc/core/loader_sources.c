@@ -210,6 +210,7 @@ mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mm
 static void check_drift_locked(mml_loader *L) {
   double tol = L->cfg.mixture_tolerance == 0 ? 0.05 : L->cfg.mixture_tolerance;
   if (tol < 0 || L->nsrc < 2 || L->good < 500 || (L->samples & 63) != 0) return;
+  if (L->cfg.group_by_length > 0) return; /* its windows reorder the sources on purpose */
   for (int i = 0; i < L->nsrc; i++) {
     ld_source *src = &L->src[i];
     if (src->drift_warned) continue;

@@ -251,9 +251,11 @@ static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
   st = mml_loader_plan_info(self->L, epoch, &o, &err);
   Py_END_ALLOW_THREADS
   if (st) return mml_py_raise(st, &err);
-  return Py_BuildValue("{sLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
-                       "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
-                       (long long)o.rank_samples, "unusable", (long long)o.unusable);
+  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "q0", (long long)o.q0, "usable",
+                       (long long)o.usable, "end", (long long)o.end, "steps",
+                       (long long)o.steps, "rank_samples", (long long)o.rank_samples,
+                       "unusable", (long long)o.unusable, "indexed", (long long)o.indexed,
+                       "measured", (long long)o.measured);
 }
 static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;

@@ -198,6 +198,8 @@ typedef struct mml_plan_info {
   int64_t rank_samples;     /* samples of this rank in the epoch */
   int64_t unusable;         /* samples of the dataset left out at planning (failed, or too
                                long for one batch), counted in the stats once */
+  int64_t indexed;          /* samples whose counts a sidecar index gave */
+  int64_t measured;         /* samples counted by a planning pass (0: the index knew all) */
 } mml_plan_info;
 /* 1 when the loader composes by a global plan. */
 int mml_loader_has_plan(const mml_loader *L);
