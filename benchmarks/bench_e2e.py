@@ -10,7 +10,8 @@ re-encoded at 0.3-12 MP and generated JPEG/PNG photos and screenshots) with the 
 tokenizer file; test_same_work checks the batches are the same, for mmloader, Energon and
 DALI against the reference Python code.  Each measurement runs in a fresh interpreter
 (benchmarks/pipelines/runner.py) until it has delivered at least MIN_SAMPLES samples AND
-run MIN_SECONDS (the record list repeats so no pipeline runs out), and each is repeated
+run MIN_SECONDS (the record list repeats, each pass shuffled, so no pipeline runs out),
+or until MAX_SECONDS (a slow pipeline on a loaded machine: the run says so), and each is repeated
 REPEATS times, the repeats interleaved (all pipelines once, then again) so that load from
 other work on the machine falls on every pipeline alike; the report gives the median and
 the min-max.  Also measured in the same run: the decode-only CPU cost of the same images
@@ -27,7 +28,8 @@ Options (or environment): --e2e-smoke (MML_BENCH_SMOKE=1), --e2e-full (MML_BENCH
 filled); MML_BENCH_TOKENIZER picks the tokenizer.json (default:
 ../shared/data/qwen3-tokenizer, else mmloader's tiny one); MML_BENCH_PIPELINES=a,b runs
 only those; MML_BENCH_REPEATS, MML_BENCH_MIN_SECONDS, MML_BENCH_MIN_SAMPLES,
-MML_BENCH_RECORDS override the sizes; MML_BENCH_DATA is where datasets are cached.
+MML_BENCH_MAX_SECONDS (a run's cap, default 60 s), MML_BENCH_RECORDS override the sizes;
+MML_BENCH_BUDGET_S skips (saying so) what would start after that many seconds; MML_BENCH_DATA is where datasets are cached.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import json
 import os
 import platform
 import sys
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -51,16 +54,17 @@ from benchmarks.pipelines.runner import run_subprocess  # noqa: E402
 # name in the results -> (module in benchmarks/pipelines, extra settings, in which runs:
 # "default" = every run, "full" = --e2e-full only, sources it runs from)
 PIPELINES: Dict[str, Tuple[str, Dict[str, Any], str, Tuple[str, ...]]] = {
-    "naive": ("naive", {}, "full", ("local", "remote")),
+    # in the order each repeat runs them: the targets' pipelines first
     "dataloader": ("dataloader", {}, "default", ("local", "remote")),
-    "improved": ("improved", {}, "full", ("local", "remote")),
-    "spdl": ("spdl_pipe", {}, "default", ("local", "remote")),
-    "ray": ("ray_pipe", {}, "full", ("local", "remote")),
-    "energon": ("energon_pipe", {}, "default", ("local",)),
-    "dali": ("dali_pipe", {}, "default", ("local",)),
     "mmloader": ("mmloader_pipe", {}, "default", ("local", "remote")),
     "mmloader-uint8": ("mmloader_pipe", {"mmloader_kwargs": {"pixel_format": "uint8"}},
                        "default", ("local",)),
+    "spdl": ("spdl_pipe", {}, "default", ("local", "remote")),
+    "energon": ("energon_pipe", {}, "default", ("local",)),
+    "dali": ("dali_pipe", {}, "default", ("local",)),
+    "naive": ("naive", {}, "full", ("local", "remote")),
+    "improved": ("improved", {}, "full", ("local", "remote")),
+    "ray": ("ray_pipe", {}, "full", ("local", "remote")),
 }
 SOURCES = ("local", "remote")
 LATENCY_S = 0.03
@@ -92,6 +96,9 @@ class Suite:
         self.repeats = _env_int("MML_BENCH_REPEATS", 1 if smoke else 3)
         self.min_samples = _env_int("MML_BENCH_MIN_SAMPLES", 32 if smoke else 512)
         self.min_seconds = float(_env_int("MML_BENCH_MIN_SECONDS", 0 if smoke else 30))
+        self.max_seconds = float(_env_int("MML_BENCH_MAX_SECONDS", 0 if smoke else 60))
+        self.budget_s = float(_env_int("MML_BENCH_BUDGET_S", 0))  # 0: none
+        self.t_start = time.monotonic()
         only = os.environ.get("MML_BENCH_PIPELINES")
         self.only = set(only.split(",")) if only else None
         self.batch_size = 8
@@ -133,7 +140,7 @@ class Suite:
         settings: Dict[str, Any] = dict(
             module=module, batch_size=self.batch_size, threads=self.cores, inflight=64,
             prefetch=4, tokenizer=self.tokenizer, step_ms=0.0, min_samples=self.min_samples,
-            min_seconds=self.min_seconds)
+            min_seconds=self.min_seconds, max_seconds=self.max_seconds)
         settings.update(extra)
         settings.update(kw)
         return make_config(self.shards(source, shard), **settings)
@@ -145,6 +152,11 @@ class Suite:
 
     def measure(self, benchmark, group: str, pipeline: str, source: str, cfg: Dict[str, Any],
                 repeat: int = 0, **params: Any) -> Dict[str, Any]:
+        spent = time.monotonic() - self.t_start
+        if self.budget_s and spent > self.budget_s:
+            why = f"time budget of the run ({self.budget_s:.0f} s, MML_BENCH_BUDGET_S) spent"
+            self.record(group, pipeline, source, {"skipped": why}, repeat, **params)
+            pytest.skip(why)
         res = benchmark.pedantic(run_subprocess, args=(cfg,), kwargs={"timeout": 900},
                                  rounds=1, iterations=1)
         self.record(group, pipeline, source, res, repeat, **params)
@@ -188,7 +200,8 @@ class Suite:
                 "cores": self.cores, "cpu": cpu, "python": platform.python_version(),
                 "versions": versions, "mode": self.mode, "records": self.records,
                 "repeats": self.repeats, "min_samples": self.min_samples,
-                "min_seconds": self.min_seconds, "batch_size": self.batch_size,
+                "min_seconds": self.min_seconds, "max_seconds": self.max_seconds,
+                "budget_s": self.budget_s, "elapsed_s": time.monotonic() - self.t_start, "batch_size": self.batch_size,
                 "latency_s": LATENCY_S, "tokenizer": self.tokenizer_kind,
                 "loadavg_start": self.load_start, "loadavg_end": os.getloadavg(),
                 "dataset": dataset.describe(self.shard)}
@@ -360,3 +373,18 @@ def test_threads(benchmark, suite, name, threads):
     benchmark.group = "e2e-threads"
     suite.measure(benchmark, "threads", name, "local",
                   suite.config(name, "local", threads=threads), threads=threads)
+
+
+MAX_MEMORY = 1 << 30
+
+
+def test_max_memory(benchmark, suite):
+    """mmloader under max_memory=1 GiB (window + prefetch + pool + scratch): its own memory
+    (peak PSS minus the process before the Loader) stays under the cap.  One run: a check,
+    not a comparison."""
+    why = suite.selected("mmloader")
+    if why:
+        pytest.skip(why)
+    benchmark.group = "e2e-cap"
+    cfg = suite.config("mmloader", "local", mmloader_kwargs={"max_memory": MAX_MEMORY})
+    suite.measure(benchmark, "cap", "mmloader", "local", cfg, max_memory=MAX_MEMORY)

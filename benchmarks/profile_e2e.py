@@ -33,14 +33,16 @@ sys.path.insert(0, ROOT)
 GROUPS: List[Tuple[str, str, str]] = [
     ("kernel: page faults, page zeroing", r"clear_page|page_fault|handle_mm_fault|"
      r"do_anonymous_page|folio|alloc_pages|get_page_from_freelist|zap_|unmap|lru|"
-     r"rmqueue|__mod_memcg|memcg|mmap|munmap|madvise|tlb", r"kernel"),
+     r"rmqueue|__mod_memcg|memcg|mmap|munmap|madvise|tlb|alloc_frozen|free_unref|"
+     r"free_pages|pcp|buddy|list_del|pte|pmd|vma", r"kernel"),
     ("kernel: other (syscalls, scheduling, I/O)", r".", r"kernel"),
     ("memmove / memcpy / memset", r"mem(move|cpy|set)|__memmove|__memcpy|__memset", r"."),
     ("image decoders (libjpeg-turbo, libpng, zlib, ...)", r".",
      r"libjpeg|libturbojpeg|libpng|libz\.|libdeflate|libwebp|libgif|libtiff"),
-    ("mmloader: resize", r"resize|bicubic|filter", r"_core"),
-    ("mmloader: normalise, patchify, collate", r"vision|patch|normal|collate|emit|pixel",
+    ("mmloader: resize", r"resize|resample|bicubic|rows_h|row_v|transpose_in|clip8|pack4",
      r"_core"),
+    ("mmloader: normalise, patchify, collate", r"vision|patch|norm|flush_block|lut|collate|"
+     r"emit|pixel", r"_core"),
     ("mmloader: tokenizer, template", r"token|bpe|pretok|template|utf8|unicode",
      r"_core|libutf8proc"),
     ("mmloader: other (records, loader, pool)", r".", r"_core"),
@@ -76,6 +78,9 @@ def parse(report: str) -> Tuple[List[Dict[str, object]], float]:
     groups = [{"group": g, "share": s,
                "top": [f"{sym} {100 * p:.1f}%" for p, sym in sorted(top[g], reverse=True)[:4]]}
               for g, s in sorted(shares.items(), key=lambda kv: -kv[1])]
+    rest = 1.0 - sum(shares.values())
+    if rest > 0.001:
+        groups.append({"group": "symbols under 0.05% each", "share": rest, "top": []})
     return groups, kernel
 
 
@@ -95,7 +100,7 @@ def main(argv: List[str]) -> int:
     shard = dataset.repeated(dataset.cached(args.records, photos=True), 16)
     threads = args.threads or len(os.sched_getaffinity(0))
     cfg = make_config([shard], module="mmloader_pipe", threads=threads, prefetch=4,
-                      inflight=64, min_samples=512, min_seconds=args.seconds,
+                      inflight=64, min_samples=512, min_seconds=args.seconds, pss=False,
                       mmloader_kwargs=json.loads(args.mmloader_kwargs))
     tmp = tempfile.mkdtemp(prefix="mml-profile-")
     data = os.path.join(tmp, "perf.data")

@@ -374,6 +374,13 @@ class Loader:
         text_only_vision: what a batch without images carries: "placeholder" (one zero
             pixel row and grid [[0, 0, 0]]: a fixed key set), "omit" (no vision keys) or
             "empty" (zero-row tensors).
+        pixel_format: what ``pixel_values`` holds — "float32" (the HF processor's values,
+            ``[patches, 3*T*P*P]``), "bfloat16" (the same, each rounded to nearest even:
+            exactly ``float32_values.to(torch.bfloat16)``) or "uint8" (the resized RGB
+            patches before rescale/normalise, ``[patches, 3*P*P]``: one frame per row, a
+            still image's T copies left out, 8x fewer bytes than float32), turned into
+            exactly the float32 / bfloat16 values by :func:`mmloader.torch.expand_pixels`
+            (on the GPU after the copy: what ``mmloader.torch.Loader(device="cuda")`` does).
         mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
         cycle: never stop at an epoch end (Megatron-style iterators).
         pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
@@ -423,6 +430,7 @@ class Loader:
                  image_whitespace: str = _D["image_whitespace"], mrope: bool = _D["mrope"],
                  attention_mask: bool = _D["attention_mask"],
                  text_only_vision: str = _D["text_only_vision"],
+                 pixel_format: str = _D["pixel_format"],
                  mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
                  pin_memory: bool = _D["pin_memory"], device: str = "cpu",
                  s3_endpoint: Optional[str] = _D["s3_endpoint"],
@@ -535,6 +543,8 @@ class Loader:
         self.index_shards: int = info["index_shards"]
         self.num_shards: int = info["num_shards"]
         self.tokenizer = tok
+        #: the vision settings the loader runs with (mmloader.presets.vision_config)
+        self.vision_config: Dict[str, Any] = dict(vision)
         self._mbs = self._c.options()["micro_batch_size"]  # None with a token budget
         plan = self._c.plan_info(0)
         self._plan = plan is not None

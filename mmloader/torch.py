@@ -34,13 +34,16 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
+from . import _core
 from . import loader as _loader
+from .presets import vision_config
 
-__all__ = ["Loader", "to_torch"]
+__all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]
 
 _PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "cu_seqlens_padded", "max_seqlen")
 
@@ -49,6 +52,129 @@ def to_torch(batch: Dict[str, Any]) -> Dict[str, torch.Tensor]:
     """Views every tensor of an :class:`mmloader.Loader` batch as a ``torch.Tensor``
     (``torch.from_dlpack``: no copy)."""
     return {k: torch.from_dlpack(v) for k, v in batch.items()}
+
+
+# ---- uint8 pixels -> the processor's float values ------------------------------------------
+
+_TABLES: Dict[Tuple[Any, ...], torch.Tensor] = {}
+
+
+def pixel_table(preset: str = "qwen2.5-vl", *, model_dir: Optional[str] = None,
+                image_mean: Optional[Sequence[float]] = None,
+                image_std: Optional[Sequence[float]] = None,
+                rescale_factor: float = 1 / 255) -> torch.Tensor:
+    """The float32 ``[3, 256]`` table of what the HF processor makes of each byte value of
+    each channel: its PIL backend's arithmetic, ``float32(float64(v) * rescale_factor)``
+    then ``(x - float32(mean[c])) / float32(std[c])`` in float32 — the value mmloader's
+    ``pixel_format="float32"`` writes.  Mean and std come from the preset, then
+    ``model_dir``'s preprocessor_config.json, then the arguments."""
+    cfg = vision_config(preset, model_dir, image_mean=image_mean, image_std=image_std)
+    x = (np.arange(256, dtype=np.float64) * float(rescale_factor)).astype(np.float32)
+    mean = np.asarray(cfg["image_mean"], dtype=np.float64).astype(np.float32)
+    std = np.asarray(cfg["image_std"], dtype=np.float64).astype(np.float32)
+    return torch.from_numpy((x[None, :] - mean[:, None]) / std[:, None])
+
+
+def _table_on(table: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The flat [768] table in `dtype` on `device`, made once per (values, device, dtype)."""
+    key = (table.numpy().tobytes(), str(device), dtype)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = table.reshape(-1).to(dtype).to(device)
+    return t
+
+
+def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Tensor] = None, *,
+                  preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
+                  image_mean: Optional[Sequence[float]] = None,
+                  image_std: Optional[Sequence[float]] = None,
+                  rescale_factor: float = 1 / 255, temporal_patch_size: Optional[int] = None,
+                  patch_size: Optional[int] = None, dtype: torch.dtype = torch.float32,
+                  table: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` the HF processor gives,
+    on the device the patches are on: torch ops on a GPU (any non-CPU device), the core's
+    loop on the CPU (GIL released).
+
+    ``pixel_values`` is uint8 ``[patches, 3*P*P]`` (one frame per row, images) or
+    ``[patches, 3*T*P*P]`` (rows that keep their T frames); the result is ``[patches,
+    3*T*P*P]`` in ``dtype``: one gather through the per-channel 256-entry :func:`pixel_table`
+    (or ``table``), written once, with each image row's frame repeated T times.
+
+    Exactness: with ``dtype=torch.float32`` the result is bit for bit the float32 the HF
+    processor's PIL backend computes (and mmloader's ``pixel_format="float32"``); with
+    ``torch.bfloat16`` it is exactly those values ``.to(torch.bfloat16)`` (round to nearest
+    even, = ``pixel_format="bfloat16"``).  Every entry of the table is the reference's
+    value, and a gather copies values without arithmetic.
+
+    ``image_grid_thw`` (optional) is checked against the row count when it is on the CPU
+    (a GPU grid is not read back, which would synchronise).  P and T default to the
+    preset's (``model_dir`` overrides them, like mean and std).
+    """
+    if pixel_values.dtype != torch.uint8 or pixel_values.dim() != 2:
+        raise TypeError("expand_pixels: pixel_values must be a 2-D uint8 tensor (the "
+                        f"pixel_format='uint8' batches), got {pixel_values.dtype} "
+                        f"{tuple(pixel_values.shape)}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"expand_pixels: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    if patch_size is None or temporal_patch_size is None:
+        cfg = vision_config(preset, model_dir)
+        patch_size = patch_size or int(cfg["patch_size"])
+        temporal_patch_size = temporal_patch_size or int(cfg["temporal_patch_size"])
+    P, T = int(patch_size), int(temporal_patch_size)
+    n, cols = pixel_values.shape
+    if cols == 3 * P * P:
+        frames = 1
+    elif cols == 3 * T * P * P:
+        frames = T
+    else:
+        raise ValueError(f"expand_pixels: rows of {cols} bytes are neither 3*P*P = {3 * P * P} "
+                         f"nor 3*T*P*P = {3 * T * P * P} (patch_size {P}, temporal_patch_size "
+                         f"{T})")
+    if image_grid_thw is not None and image_grid_thw.device.type == "cpu":
+        g = image_grid_thw.reshape(-1, 3).to(torch.int64)
+        want = int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) if g.shape[0] else 0
+        placeholder = n == 1 and g.shape[0] == 1 and int(g[0, 0]) == 0
+        if want != n and not placeholder:
+            raise ValueError(f"expand_pixels: image_grid_thw holds {want} patches but "
+                             f"pixel_values has {n} rows")
+    if table is None:
+        table = pixel_table(preset, model_dir=model_dir, image_mean=image_mean,
+                            image_std=image_std, rescale_factor=rescale_factor)
+    if tuple(table.shape) != (3, 256):
+        raise ValueError(f"expand_pixels: table must be [3, 256], got {tuple(table.shape)}")
+    if pixel_values.device.type == "cpu":  # the core's loop: one lookup per value, no index
+        out = torch.empty((n, 3 * T * P * P), dtype=dtype)
+        dst = out.view(torch.int16) if dtype == torch.bfloat16 else out
+        _core.expand_pixels(pixel_values.contiguous().numpy(), dst.numpy(),
+                            table.to(torch.float32).contiguous().numpy(), P, frames, T,
+                            dtype == torch.bfloat16)
+        return out
+    flat = _table_on(table.to(torch.float32).cpu(), pixel_values.device, dtype)
+    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, True)
+
+
+def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int,
+            one_pass: bool) -> torch.Tensor:
+    """flat[c*256 + byte] for every byte of u8 [n, cols] (channel c = its third of the row),
+    each row's values repeated `repeat` times per channel: [n, 3 * repeat * cols/3].
+
+    one_pass (what a GPU runs): one gather through an index broadcast over the repeats, so
+    the output is written once.  Otherwise index_select of each value once, then the repeats
+    as copies.  Both run in the CPU tests (the CPU expand_pixels itself runs the core's
+    loop, mml_pixels_expand)."""
+    n, pp = u8.shape[0], cols // 3
+    offset = torch.arange(0, 768, 256, dtype=torch.int32, device=u8.device).view(1, 3, 1)
+    if one_pass:
+        idx = (u8.reshape(n, 3, pp).to(torch.int32) + offset).unsqueeze(2)
+        return flat[idx.expand(n, 3, repeat, pp)].reshape(n, 3 * repeat * pp)
+    idx = (u8.reshape(n, 3, pp).to(torch.int64) + offset).reshape(-1)
+    vals = torch.index_select(flat, 0, idx).view(n, 3, pp)
+    if repeat == 1:
+        return vals.view(n, 3 * pp)
+    out = torch.empty((n, 3, repeat, pp), dtype=flat.dtype, device=u8.device)
+    for t in range(repeat):
+        out[:, :, t] = vals
+    return out.view(n, 3 * repeat * pp)
 
 
 def _accepts(name: str) -> bool:
@@ -67,13 +193,23 @@ class Loader:
     ``keys="megatron"``, ``text_only_vision="placeholder"`` (every batch has the same keys).
     ``packing_keys``: keep the packing tensors (``cu_seqlens``, ``cu_seqlens_unpadded`` or
     ``cu_seqlens_padded``, ``max_seqlen``) in packed batches (default: only with
-    ``keys="megatron"``).  Iterating yields the batches of one epoch; iterate again for
-    the next.  ``len()`` is the number of batches per epoch when that is known (padded
+    ``keys="megatron"``).
+
+    ``pixel_format`` is the dtype the batches' ``pixel_values`` have ("float32" default,
+    "bfloat16", or "uint8" for the compact patches themselves); ``wire_format`` is what the
+    engine produces and copies: by default "uint8" with a CUDA ``device`` (8x fewer
+    host-to-device bytes than float32), ``pixel_format`` otherwise.  When the two differ,
+    each batch's uint8 patches are expanded by :func:`expand_pixels` where they are (on
+    the GPU after the copy), bit for bit the values ``wire_format=pixel_format`` gives;
+    ``wire_format`` equal to ``pixel_format`` (``"float32"`` by default) turns that off.
+
+    Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is the number of batches per epoch when that is known (padded
     batches); with ``packing=True`` it raises TypeError, like a DataLoader over an
     IterableDataset.
     """
 
-    def __init__(self, data: Any, *, packing_keys: Optional[bool] = None, **kwargs: Any) -> None:
+    def __init__(self, data: Any, *, packing_keys: Optional[bool] = None,
+                 wire_format: Optional[str] = None, **kwargs: Any) -> None:
         qwen = kwargs.get("keys", "qwen") == "qwen"
         if "text_only_vision" not in kwargs and _accepts("text_only_vision"):
             # Megatron keys: a fixed key set (the zero-patch placeholder), so a forward step
@@ -87,7 +223,27 @@ class Loader:
         if packing_keys is None:
             packing_keys = not qwen
         self._drop = () if packing_keys else _PACKING_KEYS
+        fmt = kwargs.get("pixel_format", "float32")
+        if wire_format is None:
+            on_gpu = torch.device(kwargs.get("device", "cpu")).type == "cuda"
+            wire_format = "uint8" if on_gpu else fmt
+        self._expand: Optional[Dict[str, Any]] = None
+        if wire_format != fmt:
+            if wire_format != "uint8" or fmt not in ("float32", "bfloat16"):
+                raise _loader.ConfigError(
+                    f"wire_format={wire_format!r} with pixel_format={fmt!r}: the wire format "
+                    "is the pixel_format itself or \"uint8\" (expanded to a float32 or "
+                    "bfloat16 pixel_format)")
+            kwargs["pixel_format"] = "uint8"
         self._inner = _loader.Loader(data, **kwargs)
+        if wire_format != fmt:
+            v = self._inner.vision_config
+            self._expand = dict(table=pixel_table(image_mean=v["image_mean"],
+                                                  image_std=v["image_std"]),
+                                patch_size=int(v["patch_size"]),
+                                temporal_patch_size=int(v["temporal_patch_size"]),
+                                dtype=torch.float32 if fmt == "float32" else torch.bfloat16)
+        self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
@@ -96,7 +252,20 @@ class Loader:
     def __next__(self) -> Dict[str, torch.Tensor]:
         """The next batch; StopIteration at the end of each epoch (unless cycle=True)."""
         batch = next(self._inner)
-        return {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
+        out = {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
+        if self._expand is not None and "pixel_values" in out:
+            out["pixel_values"] = self._expanded(out["pixel_values"], out["image_grid_thw"])
+        return out
+
+    def _expanded(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        assert self._expand is not None
+        out = expand_pixels(pixels, grid, **self._expand)
+        if pixels.shape[0] == 1:
+            # perhaps the text-only placeholder (grid t == 0): zeros in the float formats;
+            # decided on the device, without reading the grid back
+            out = torch.where(grid[:1, :1] != 0, out, torch.zeros((), dtype=out.dtype,
+                                                                  device=out.device))
+        return out
 
     def __len__(self) -> int:
         return len(self._inner)

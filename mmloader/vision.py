@@ -77,6 +77,10 @@ def _item(x: Any, i: int) -> tuple:
                     f"PIL image, got {type(x).__name__}")
 
 
+# pixel_format -> the NumPy dtype of ImageProcessor's pixel_values (bfloat16 as its bits)
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "uint8": np.uint8}
+
+
 class ImageProcessor:
     """Qwen-VL image processor running in C.
 
@@ -96,6 +100,9 @@ class ImageProcessor:
             a libjpeg error, also one after the last row, and so does mmloader),
             image_route ("processor", "load_image" or "qwen-vl-utils": see
             :class:`mmloader.Loader`).
+        pixel_format: "float32" (default), "bfloat16" or "uint8", as the Loader's
+            ``pixel_format``; NumPy has no bfloat16, so "bfloat16" returns uint16 holding
+            the bfloat16 bits (``torch.from_numpy(a).view(torch.bfloat16)``).
 
     Pixel semantics are those of the PIL backend of transformers 5.x: alpha and tRNS
     transparency are composited onto white, CMYK/16-bit/palette PNG converted as Pillow
@@ -104,24 +111,27 @@ class ImageProcessor:
     like.
 
     Calling it with a list of images (encoded image bytes, file paths, uint8 HxWx3
-    arrays, or PIL images) returns {"pixel_values": float32 [sum t*h*w, 3*T*P*P],
+    arrays, or PIL images) returns {"pixel_values": float32 [sum t*h*w, 3*T*P*P] (or as
+    ``pixel_format`` says),
     "image_grid_thw": int64 [n, 3]}, like the transformers processor.  A bad image raises
     mmloader.SampleError (ConfigError for an invalid configuration) naming its index.
     The object may be shared between threads.
     """
 
-    def __init__(self, preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
-                 **overrides: Any) -> None:
+    def __init__(self, preset: str = "qwen2.5-vl", model_dir: Optional[str] = None, *,
+                 pixel_format: str = "float32", **overrides: Any) -> None:
         self.config: Dict[str, Any] = vision_config(preset, model_dir, **overrides)
         self.preset = preset
-        self._proc = _core.VisionProcessor(self.config)
+        self.pixel_format = pixel_format
+        self._proc = _core.VisionProcessor(self.config, pixel_format=pixel_format)
+        self._dtype = _NUMPY_DTYPES[pixel_format]
 
     def __call__(self, images: Union[ImageLike, Sequence[ImageLike]]) -> Dict[str, np.ndarray]:
         if not isinstance(images, (list, tuple)):
             images = [images]
         items: List[tuple] = [_item(x, i) for i, x in enumerate(images)]
         buf, rows, cols, grids = self._proc.process(items)
-        pixel_values = np.frombuffer(buf, dtype=np.float32).reshape(rows, cols)
+        pixel_values = np.frombuffer(buf, dtype=self._dtype).reshape(rows, cols)
         grid = np.array(grids, dtype=np.int64).reshape(len(grids), 3)
         return {"pixel_values": pixel_values, "image_grid_thw": grid}
 

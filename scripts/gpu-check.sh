@@ -11,6 +11,8 @@
 #                    leak, pinned memory and non_blocking copies of released batches)
 #   fallback.txt     the CPU-fallback tests with CUDA hidden (MML_CUDA_DISABLE=1)
 #   bench.txt/.json  benchmarks/bench_cuda.py (H2D throughput vs torch, wait-time ratio)
+#   pixels.txt/.json benchmarks/bench_pixels_gpu.py (expand_pixels output bandwidth, uint8
+#                    H2D through the loader vs a raw pinned copy: target >= 0.80)
 #   summary.txt      one line per step: ok / FAILED / ALL SKIPPED
 # Exit status: 0 when every step passed and the GPU tests really ran.
 set -uo pipefail
@@ -56,5 +58,12 @@ if timeout 600 $PY -m pytest -q -s -p no:cacheprovider benchmarks/bench_cuda.py 
   else note "bench: ALL SKIPPED (see bench.txt)"; status=1; fi
   grep -E "^\[bench_cuda\]" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 else note "bench: FAILED (see bench.txt)"; status=1; fi
+
+if timeout 600 $PY -m pytest -q -s -p no:cacheprovider benchmarks/bench_pixels_gpu.py \
+     --benchmark-only --benchmark-json="$OUT/pixels.json" > "$OUT/pixels.txt" 2>&1; then
+  if grep -qE "[0-9]+ passed" "$OUT/pixels.txt"; then note "pixels-bench: ok"
+  else note "pixels-bench: ALL SKIPPED (see pixels.txt)"; status=1; fi
+  grep -E "^\[bench_pixels\]" "$OUT/pixels.txt" | tee -a "$OUT/summary.txt"
+else note "pixels-bench: FAILED (see pixels.txt)"; status=1; fi
 
 exit $status

@@ -131,7 +131,15 @@ def moto_s3():
 # ---- shared assertions -------------------------------------------------------------------
 
 def _as_np(t):
+    if not isinstance(t, np.ndarray) and "bfloat16" in str(getattr(t, "dtype", "")):
+        import torch  # NumPy has no bfloat16: compare its bits
+        t = t if isinstance(t, torch.Tensor) else torch.from_dlpack(t)
+        return t.cpu().view(torch.int16).numpy()
     return t.numpy() if hasattr(t, "numpy") and not isinstance(t, np.ndarray) else np.asarray(t)
+
+
+def _dtype_name(t):
+    return str(t.dtype).replace("torch.", "")
 
 
 def same(a, b):
@@ -145,6 +153,7 @@ def same(a, b):
     for x, y in zip(a, b):
         assert sorted(x) == sorted(y)
         for k in x:
+            assert _dtype_name(x[k]) == _dtype_name(y[k]), k
             u, v = _as_np(x[k]), _as_np(y[k])
             assert u.dtype == v.dtype and u.shape == v.shape, k
             assert np.array_equal(u, v), k

@@ -173,16 +173,18 @@ def cached(n_samples: int, seed: int = 0, base: Optional[str] = None, photos: bo
     return make(os.path.join(base, name), n_samples, seed, photos=photos, max_mp=max_mp)
 
 
-def repeated(shard: str, times: int) -> str:
-    """A shard holding `shard`'s records `times` times over (the same image files), written
-    beside it: long runs without a second copy of the images."""
-    path = shard[:-len(".jsonl")] + f".x{times}.jsonl"
+def repeated(shard: str, times: int, seed: int = 0) -> str:
+    """A shard holding `shard`'s records `times` times over (the same image files), each
+    pass in its own seeded order, written beside it: long runs without a second copy of
+    the images, and any prefix of the records is a fair sample of the whole mix."""
+    path = shard[:-len(".jsonl")] + f".x{times}s{seed}.jsonl"
     if not os.path.exists(path):
         with open(shard, encoding="utf-8") as f:
             lines = [ln if ln.endswith("\n") else ln + "\n" for ln in f if ln.strip()]
+        rng = np.random.default_rng([seed, 2])
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             for _ in range(times):
-                f.writelines(lines)
+                f.writelines(lines[i] for i in rng.permutation(len(lines)))
         os.replace(path + ".tmp", path)
     return path
 

@@ -6,7 +6,9 @@ The consumer loop is a simulated trainer: it takes a batch, then is busy for `st
 (a sleep: the host thread of a GPU trainer waits on the device, it does not burn CPU).
 It stops after `batches` batches when given, else at the first batch at which it holds at
 least `min_samples` samples AND `min_seconds` have passed since the first batch (the
-dataset is long enough that no pipeline runs out; `exhausted` says if one did).  Figures:
+dataset is long enough that no pipeline runs out; `exhausted` says if one did), or when
+`max_seconds` have passed (`capped`: a slow pipeline on a loaded machine; the records are
+shuffled per pass, so any prefix is a fair sample of the mix).  Figures:
 
   samples_per_s    samples after the first batch / wall time after the first batch (a
                    single-batch run: its samples / time from iter() on): the steady rate,
@@ -19,8 +21,9 @@ dataset is long enough that no pipeline runs out; `exhausted` says if one did). 
                    iter() to the last batch, over the samples delivered
   peak_mem_mb      largest sum of PSS (proportional set size: a page shared by k
                    processes counts 1/k in each) over this process and its live
-                   descendants, sampled every 200 ms (the process list every second):
-                   the memory the pipeline holds
+                   descendants, sampled every 500 ms (the process list every second):
+                   the memory the pipeline holds (the sampler's own CPU is not counted
+                   in the CPU figures)
   peak_rss_mb      ru_maxrss of this process + ru_maxrss of its reaped children (the
                    largest child, not their sum; a forked helper counts its parent's
                    pages), for reference
@@ -132,22 +135,28 @@ def _pss(pid: int) -> int:
 
 
 class TreeMemory(threading.Thread):
-    """Samples the PSS sum of this process tree until stopped; keeps the peak."""
+    """Samples the PSS sum of this process tree until stopped; keeps the peak.  Reading
+    smaps_rollup walks the page tables (kernel time that grows with the memory mapped), so
+    it samples twice a second and keeps its own CPU time (`cpu`, seconds), which measure()
+    takes out of the pipeline's CPU.  enabled=False: no sampling (profiling)."""
 
-    def __init__(self, period: float = 0.2, rescan: float = 1.0):
+    def __init__(self, period: float = 0.5, rescan: float = 1.0, enabled: bool = True):
         super().__init__(name="pss-sampler", daemon=True)
-        self.period, self.rescan = period, rescan  # scanning /proc costs ~5 ms: not often
+        self.period, self.rescan, self.enabled = period, rescan, enabled
         self.peak = 0
+        self.cpu = 0.0
         self.halt = threading.Event()
 
     def run(self) -> None:
         me = os.getpid()
+        t0 = time.thread_time()
         pids, scanned = [me], 0.0
-        while not self.halt.is_set():
+        while self.enabled and not self.halt.is_set():
             now = time.monotonic()
             if now - scanned >= self.rescan:
                 pids, scanned = [me] + _descendants(me), now
             self.peak = max(self.peak, sum(_pss(pid) for pid in pids))
+            self.cpu = time.thread_time() - t0
             self.halt.wait(self.period)
 
     def stop(self) -> int:
@@ -183,12 +192,12 @@ def _import(cfg: Dict[str, Any]):
     return mod, reason
 
 
-def idle_pss(seconds: float = 1.0) -> float:
+def idle_pss(seconds: float = 1.5) -> float:
     """The baseline of the pipeline's own memory: this process, with the pipeline's imports
     done (and preload) and no pipeline built yet, its peak PSS over `seconds` (MB)."""
     import gc
     gc.collect()
-    mem = TreeMemory(period=0.1)
+    mem = TreeMemory(period=0.25)
     mem.start()
     time.sleep(seconds)
     return mem.stop() / 2**20
@@ -203,13 +212,14 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     max_batches = int(cfg.get("batches") or 0)
     min_samples = int(cfg.get("min_samples") or 0)
     min_seconds = float(cfg.get("min_seconds") or 0.0)
+    max_seconds = float(cfg.get("max_seconds") or 0.0)  # 0: no cap
     warm_s = min_seconds / 4
-    mem = TreeMemory()
+    mem = TreeMemory(enabled=cfg.get("pss", True))
     mem.start()
 
     t0 = time.perf_counter()
     pipe = mod.build(cfg)
-    cpu0 = tree_cpu()
+    cpu0 = tree_cpu() - mem.cpu
     t_iter = time.perf_counter()
     it = iter(pipe)
     first = next(it)
@@ -219,7 +229,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     waited = 0.0
     samples = 0
     batches = 1
-    exhausted = False
+    exhausted = capped = False
     steady = None  # (batches, faults) at the end of the warm-up
     while True:
         now = time.perf_counter()
@@ -228,8 +238,11 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
                 break
         elif samples + n_first >= min_samples and now - t_first >= min_seconds:
             break
+        elif max_seconds and now - t_first >= max_seconds:
+            capped = True
+            break
         if steady is None and batches >= 3 and now - t_first >= warm_s:
-            steady = (batches, tree_faults(), tree_cpu(), samples)
+            steady = (batches, tree_faults(), tree_cpu() - mem.cpu, samples)
         if step:
             time.sleep(step)
         t = time.perf_counter()
@@ -243,7 +256,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         batches += 1
         del batch
     t_end = time.perf_counter()
-    cpu1 = tree_cpu()
+    cpu1 = tree_cpu() - mem.cpu
     faults = steady_cpu = None
     if steady and batches > steady[0]:
         faults = (tree_faults() - steady[1]) / (batches - steady[0])
@@ -262,7 +275,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         wall = t_end - t_iter
         rate = total / wall if wall > 0 else 0.0
     return {
-        "samples": total, "batches": batches, "exhausted": exhausted,
+        "samples": total, "batches": batches, "exhausted": exhausted, "capped": capped,
         "samples_per_s": rate,
         "e2e_samples_per_s": total / (t_end - t_iter) if t_end > t_iter else 0.0,
         "ttfb_s": t_first - t0,

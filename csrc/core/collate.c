@@ -27,6 +27,7 @@
 
 #include "mml/mrope.h"
 #include "mml/template.h"
+#include "mml/vision.h"
 
 struct mml_collator {
   mml_collate_cfg cfg;
@@ -156,11 +157,12 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
     if (s->pixel_cols != c->cfg.pixel_cols)
       return mml_err_set(err, MML_EINVAL, "sample %lld: %d pixel columns, the loader expects %d",
                          (long long)s->index, s->pixel_cols, c->cfg.pixel_cols);
+    const mml_dtype dt = mml_pixel_format_dtype(c->cfg.pixel_format);
     if (!s->pixels_elsewhere &&
-        s->pixels.len != (size_t)s->pixel_rows * (size_t)s->pixel_cols * sizeof(float))
-      return mml_err_set(err, MML_EINVAL, "sample %lld: %zu pixel bytes for [%lld, %d] float32",
+        s->pixels.len != (size_t)s->pixel_rows * (size_t)s->pixel_cols * mml_dtype_size(dt))
+      return mml_err_set(err, MML_EINVAL, "sample %lld: %zu pixel bytes for [%lld, %d] %s",
                          (long long)s->index, s->pixels.len, (long long)s->pixel_rows,
-                         s->pixel_cols);
+                         s->pixel_cols, mml_dtype_name(dt));
   }
   if (s->nvideos < 0 || s->vgrids.len != (size_t)s->nvideos * 3 ||
       s->vsecs.len != (size_t)s->nvideos * sizeof(float))
@@ -471,22 +473,23 @@ static mml_status emit_vision(emit_ctx *e) {
   const bool holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
   const int64_t cols = cfg->pixel_cols;
   mml_status st;
+  const mml_dtype dt = mml_pixel_format_dtype(cfg->pixel_format);
   uint8_t *o = NULL;
   if (!holder && e->c->pixbuf) { /* written in place: the tensor views the buffer */
-    if (e->c->pixbuf->size < (size_t)rows * (size_t)cols * sizeof(float))
+    if (e->c->pixbuf->size < (size_t)rows * (size_t)cols * mml_dtype_size(dt))
       return mml_err_set(e->err, MML_EINTERNAL, "collator: %lld pixel rows in a %zu-byte buffer",
                          (long long)rows, e->c->pixbuf->size);
-    st = mml_batch_add_view(e->out, "pixel_values", MML_DT_FLOAT32, 2, DIMS(rows, cols),
+    st = mml_batch_add_view(e->out, "pixel_values", dt, 2, DIMS(rows, cols),
                             e->c->pixbuf, 0, e->err);
     if (st) return st;
-  } else if (!(o = emit_tensor(e, "pixel_values", MML_DT_FLOAT32, 2,
+  } else if (!(o = emit_tensor(e, "pixel_values", dt, 2,
                                DIMS(holder ? 1 : rows, cols), &st))) {
     return st;
   }
   if (!o) {
     /* in place already */
   } else if (holder) {
-    memset(o, 0, (size_t)cols * sizeof(float));
+    memset(o, 0, (size_t)cols * mml_dtype_size(dt));
   } else {
     for (int i = 0; i < e->n; i++) {
       const mml_sample *s = &e->c->slots[i];

@@ -304,7 +304,9 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   L->ccfg.second_per_grid = cfg->vision.video_family == MML_VIDEO_QWEN25;
   L->ccfg.split_video_frames = cfg->vision.video_family == MML_VIDEO_QWEN3;
   L->ccfg.spatial_merge = cfg->vision.merge_size;
-  L->ccfg.pixel_cols = mml_vision_pixel_cols(&cfg->vision);
+  mml_vision_cfg v = cfg->vision;
+  v.pixel_format = cfg->collate.pixel_format;
+  L->ccfg.pixel_cols = mml_vision_pixel_cols(&v);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
   if (cfg->max_tokens_per_batch > 0) L->ccfg.rows_dynamic = 1; /* the plan ends batches */
   return MML_OK;

@@ -68,7 +68,8 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   for (int i = 0; i < L->nsrc; i++)
     if (L->src[i].vision.merge_size > merge) merge = L->src[i].vision.merge_size;
   L->rows_bound = mml_collator_rows_bound(L->collator, merge);
-  L->row_bytes = (size_t)L->ccfg.pixel_cols * sizeof(float);
+  L->row_bytes = (size_t)L->ccfg.pixel_cols *
+                 mml_dtype_size(mml_pixel_format_dtype(L->ccfg.pixel_format));
   /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
    * are only resident once written.  Pinned or caller-allocated memory is all resident,
    * and a bound that is a large part of max_memory would starve the rest: then a pack's

@@ -82,6 +82,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
                        "source %s: its patch, merge and temporal sizes must be the loader's",
                        src->name);
   src->vision = sc->vision;
+  src->vision.pixel_format = L->cfg.collate.pixel_format; /* one format for the loader */
   mml_status st = mml_vision_cfg_check(&src->vision, err);
   if (!st) st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer,
                                  &src->tmpl, err);

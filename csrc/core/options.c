@@ -34,6 +34,8 @@ static const char *const k_label_mode[] = {"all_assistant", "last_assistant",
                                            "no_nonfinal_end", NULL};       /* mml_label_mode */
 static const char *const k_text_only[] = {"placeholder", "omit", "empty",
                                           NULL};                           /* mml_text_only_vision */
+static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
+                                             NULL}; /* MML_PIXEL_* (mml/vision.h) */
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL};  /* mml_template_style */
 
@@ -103,6 +105,9 @@ static const mml_option k_options[] = {
      "emit attention_mask"},
     {"text_only_vision", MML_OPT_ENUM, CFG(collate.text_only_vision), 0, 0, 0, k_text_only, FP,
      "vision keys of a batch without images: placeholder, omit or empty"},
+    {"pixel_format", MML_OPT_ENUM, CFG(collate.pixel_format), 0, 0, 0, k_pixel_format, 0,
+     "pixel_values as float32 (the HF values), bfloat16 (those rounded to nearest even) or "
+     "uint8 (resized RGB patches, one frame per row: mmloader.torch.expand_pixels)"},
     {"mm_token_type_ids", MML_OPT_BOOL, CFG(collate.mm_token_type_ids), 0, 0, 1, NULL, FP,
      "also emit mm_token_type_ids (transformers >= 5, qwen keys)"},
     {"template", MML_OPT_ENUM, CFG(template_style), 0, 0, 0, k_template, FP | INTERNAL,

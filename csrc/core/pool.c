@@ -49,6 +49,7 @@ size_t mml_dtype_size(mml_dtype dt) {
   switch (dt) {
     case MML_DT_UINT8:
     case MML_DT_BOOL: return 1;
+    case MML_DT_BFLOAT16: return 2;
     case MML_DT_INT32:
     case MML_DT_FLOAT32: return 4;
     case MML_DT_INT64: return 8;
@@ -63,6 +64,7 @@ const char *mml_dtype_name(mml_dtype dt) {
     case MML_DT_INT64: return "int64";
     case MML_DT_FLOAT32: return "float32";
     case MML_DT_BOOL: return "bool";
+    case MML_DT_BFLOAT16: return "bfloat16";
   }
   return "uint8";
 }

@@ -133,6 +133,10 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
   mml_status st = video_scratch_fit(sc, rec, err);
   if (st) return st;
   double *ts = sc->vts;
+  if (pl->vision->pixel_format != MML_PIXEL_FLOAT32)
+    return mml_err_set(err, MML_EVIDEO,
+                       "video pixels are float32 only: this record's videos cannot be "
+                       "loaded with pixel_format other than float32");
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_ref *vr = &rec->videos[v];
     if (vr->ref) {
@@ -260,12 +264,13 @@ mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
                              mml_err *err) {
   double t0 = mml_now();
   mml_status st = MML_OK;
-  float *o = dst;
+  uint8_t *o = dst;
+  const size_t row_bytes = mml_vision_row_bytes(pl->vision);
   for (int i = 0; i < nimages && !st; i++) {
     st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
                                   &plans[i], o, err);
     if (st) mml_sample_err_image(err, rec->images[i]);
-    o += (size_t)plans[i].rows * (size_t)plans[i].cols;
+    o += (size_t)plans[i].rows * row_bytes;
   }
   sc->vision_s += mml_now() - t0;
   return st;

@@ -23,6 +23,9 @@
  *
  * Layout (SPEC-QWEN.md): a single image is T identical frames, grid_t = 1;
  *   row = ((bh*(gw/M) + bw)*M + mh)*M + mw,  col = ((c*T + t)*P + py)*P + px.
+ * Formats (cfg->pixel_format): float32 as above, bfloat16 (the same values rounded to
+ * nearest even), uint8 (the resized bytes, one frame per row: col = (c*P + py)*P + px);
+ * one writer each in vision_patch.c, writing where the caller says (mml_pixel_dst).
  *
  * Threads: mml_vision_cfg is read-only and may be shared; a scratch is used by one thread
  * at a time.
@@ -67,7 +70,22 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
 }
 
 int mml_vision_pixel_cols(const mml_vision_cfg *cfg) {
-  return 3 * cfg->temporal_patch_size * cfg->patch_size * cfg->patch_size;
+  const int frames = cfg->pixel_format == MML_PIXEL_UINT8 ? 1 : cfg->temporal_patch_size;
+  return 3 * frames * cfg->patch_size * cfg->patch_size;
+}
+
+mml_dtype mml_pixel_format_dtype(int format) {
+  return format == MML_PIXEL_UINT8      ? MML_DT_UINT8
+         : format == MML_PIXEL_BFLOAT16 ? MML_DT_BFLOAT16
+                                        : MML_DT_FLOAT32;
+}
+
+mml_dtype mml_vision_pixel_dtype(const mml_vision_cfg *cfg) {
+  return mml_pixel_format_dtype(cfg->pixel_format);
+}
+
+size_t mml_vision_row_bytes(const mml_vision_cfg *cfg) {
+  return (size_t)mml_vision_pixel_cols(cfg) * mml_dtype_size(mml_vision_pixel_dtype(cfg));
 }
 
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
@@ -90,6 +108,9 @@ mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
     if (!(cfg->std[c] != 0.0f) || !isfinite(cfg->std[c]) || !isfinite(cfg->mean[c]))
       return mml_err_set(err, MML_ECONFIG, "image_std/image_mean must be finite and std != 0");
   }
+  if (cfg->pixel_format < MML_PIXEL_FLOAT32 || cfg->pixel_format > MML_PIXEL_UINT8)
+    return mml_err_set(err, MML_ECONFIG, "pixel_format %d is not float32, bfloat16 or uint8",
+                       cfg->pixel_format);
   return MML_OK;
 }
 
@@ -263,18 +284,36 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   free(s->ptmp);
   free(s);
 }
-static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan, float *out,
-                             mml_err *err) {
+/* Checks cfg, the plan's geometry and the destination. */
+static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *plan,
+                             const mml_pixel_dst *dst, mml_err *err) {
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
   const int P = cfg->patch_size, M = cfg->merge_size;
-  if (!plan || !out) return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
+  if (!plan || !dst || !dst->out)
+    return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
   if (plan->dst_w < P * M || plan->dst_h < P * M || plan->dst_w % (P * M) ||
       plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P ||
-      plan->grid_h != plan->dst_h / P || plan->cols != mml_vision_pixel_cols(cfg) ||
-      plan->rows != (int64_t)plan->grid_h * plan->grid_w)
+      plan->grid_h != plan->dst_h / P || plan->rows != (int64_t)plan->grid_h * plan->grid_w)
     return mml_err_set(err, MML_EINVAL, "vision: plan does not fit this configuration");
+  if (dst->slots < 1 || dst->slots > cfg->temporal_patch_size || dst->slot0 < 0 ||
+      dst->nslots < 1 || dst->slot0 + dst->nslots > dst->slots)
+    return mml_err_set(err, MML_EINVAL, "vision: frame slots [%d, %d) of %d do not fit T=%d",
+                       dst->slot0, dst->slot0 + dst->nslots, dst->slots,
+                       cfg->temporal_patch_size);
   return MML_OK;
+}
+
+/* A still image's destination: all frame slots of its rows (one for uint8). */
+static mml_status image_dst(const mml_vision_cfg *cfg, const mml_vision_plan *plan, void *out,
+                            mml_pixel_dst *dst, mml_err *err) {
+  const int slots = cfg->pixel_format == MML_PIXEL_UINT8 ? 1 : cfg->temporal_patch_size;
+  *dst = (mml_pixel_dst){out, slots, 0, slots};
+  if (plan && plan->cols != mml_vision_pixel_cols(cfg))
+    return mml_err_set(err, MML_EINVAL, "vision: plan has %d columns, the %s format %d",
+                       plan->cols, mml_dtype_name(mml_vision_pixel_dtype(cfg)),
+                       mml_vision_pixel_cols(cfg));
+  return check_plan(cfg, plan, dst, err);
 }
 
 /* The row sink of process_bytes, timed: the decoder's own time is the decode call's time
@@ -302,8 +341,9 @@ static uint8_t *timed_row_buf(void *ctx, int y) {
 
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
-                                    const mml_vision_plan *plan, float *out, mml_err *err) {
-  mml_status st = check_plan(cfg, plan, out, err);
+                                    const mml_vision_plan *plan, void *out, mml_err *err) {
+  mml_pixel_dst dst;
+  mml_status st = image_dst(cfg, plan, out, &dst, err);
   if (st != MML_OK) return st;
   const mml_decode_opts opts = {
       .strict_jpeg = cfg->strict_jpeg,
@@ -324,11 +364,11 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
     t.width = plan->orientation >= 5 ? img.height : img.width;
     t.height = plan->orientation >= 5 ? img.width : img.height;
     t.stride = (size_t)t.width * 3;
-    return mml_vision_process_rgb(cfg, s, &t, plan, out, err);
+    return mml_vision_process_rgb_dst(cfg, s, &t, plan, &dst, err);
   }
   int scale = plan->decode_scale > 1 ? plan->decode_scale : 1;
   patch_ctx g;
-  if ((st = mml_patch_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = mml_patch_init(&g, s, cfg, plan, &dst, err)) != MML_OK) return st;
   if (cfg->route == MML_ROUTE_QWEN_VL_UTILS) g.dec = s->dec, g.key = -1;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
                   .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
@@ -344,19 +384,27 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   return st;
 }
 
-mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
-                                  const mml_rgb8 *img, const mml_vision_plan *plan, float *out,
-                                  mml_err *err) {
-  mml_status st = check_plan(cfg, plan, out, err);
+mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                      const mml_rgb8 *img, const mml_vision_plan *plan,
+                                      const mml_pixel_dst *dst, mml_err *err) {
+  mml_status st = check_plan(cfg, plan, dst, err);
   if (st != MML_OK) return st;
   patch_ctx g;
-  if ((st = mml_patch_init(&g, s, cfg, plan, out, err)) != MML_OK) return st;
+  if ((st = mml_patch_init(&g, s, cfg, plan, dst, err)) != MML_OK) return st;
   resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
                   .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
                   .out = mml_patch_out(&g)};
   st = mml_resize_job_feed(&j, img, err);
   if (st == MML_OK) mml_patch_finish(&g);
   return st;
+}
+
+mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                  const mml_rgb8 *img, const mml_vision_plan *plan, void *out,
+                                  mml_err *err) {
+  mml_pixel_dst dst;
+  mml_status st = image_dst(cfg, plan, out, &dst, err);
+  return st != MML_OK ? st : mml_vision_process_rgb_dst(cfg, s, img, plan, &dst, err);
 }
 
 /* row_out for the plain resize: planar rows in scratch, interleaved into the output. */

@@ -30,6 +30,7 @@ struct mml_vision_scratch {
   int norm_valid, norm_fast;
   float norm_mean[3], norm_std[3];
   float lut[3][256];
+  uint16_t lut16[3][256]; /* lut rounded to bfloat16 */
   double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
@@ -74,28 +75,35 @@ uint8_t *mml_resize_job_row_buf(void *ctx, int y);
 mml_status mml_resize_job_done(const resize_job *j, mml_err *err);
 mml_status mml_resize_job_feed(resize_job *j, const mml_rgb8 *img, mml_err *err);
 
-typedef struct patch_ctx {
-  int P, M, T, gw, cols;
-  float *out;
+typedef struct patch_ctx patch_ctx;
+/* A writer: every patch of block row bh, patch columns [bw0, bw1), in one pixel format. */
+typedef void (*patch_writer)(patch_ctx *g, int bh, int bw0, int bw1);
+
+struct patch_ctx {
+  int P, M, gw;
+  int S, slot0, nslots; /* frame slots per output row; the ones this image fills */
+  uint8_t *out;         /* first output row */
+  size_t row_bytes;     /* bytes per output row: 3*S*P*P values */
+  patch_writer write;   /* the writer of the format (mml_patch_init) */
   uint8_t *block;   /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
   size_t half;      /* bytes of one block */
-  int avx2;         /* use flush_block_avx2 */
-  float *ptmp;      /* one patch row (cols floats), 64-byte aligned, or NULL */
-  int fast;         /* flush_block_avx2 may use norm8_fast (verified for this config) */
+  float *ptmp;      /* one patch row (row_bytes), 64-byte aligned, or NULL */
+  int fast;         /* the AVX2 float32 writer may use norm8_fast (verified for this config) */
   int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
   float mean[3], std[3];
-  const float (*lut)[256]; /* [3][256] reference values (scratch) */
+  const float (*lut)[256];     /* [3][256] reference values (scratch) */
+  const uint16_t (*lut16)[256]; /* [3][256] the same, rounded to bfloat16 (scratch) */
   /* qwen-vl-utils route: a colour the processor turns white after that route's resize
    * (mml_decoder_color_key), asked of `dec` at the first output row */
   const mml_decoder *dec;
   int key;                 /* -1: not asked yet, 0: none, 1: kc */
   uint8_t kc[3];
-} patch_ctx;
+};
 
 /* Patchify (vision_patch.c): init for one image and plan, the row_out that writes output
  * rows into the planar block, and finish, which writes the last waiting block. */
 mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
-                          const mml_vision_plan *plan, float *out, mml_err *err);
+                          const mml_vision_plan *plan, const mml_pixel_dst *dst, mml_err *err);
 row_out mml_patch_out(patch_ctx *g);
 void mml_patch_finish(patch_ctx *g);
 

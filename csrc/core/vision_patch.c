@@ -2,43 +2,118 @@
  * vision_patch.c — normalise + patchify (design: vision.c).  Resized output rows arrive
  * planar in a block of P*M rows (mml_patch_out's row_out); a full block's patches are
  * written in pixel_values' memory order, a share per output row of the next block (two
- * blocks alternate), so the output stores overlap decoding.  Values are the reference's
- * exact arithmetic: a 256-entry table per channel (portable), the same IEEE operations in
- * AVX2, or a division-free AVX2+FMA form used only when it matched the table bit for bit.
+ * blocks alternate), so the output stores overlap decoding.
+ *
+ * One writer per pixel format (mml/vision.h MML_PIXEL_*), each writing the patches to the
+ * destination and frame slots the caller gives (mml_pixel_dst: a batch's slice, or one
+ * frame of a video's temporal patch):
+ *   float32   the reference's exact arithmetic: a 256-entry table per channel (portable),
+ *             the same IEEE operations in AVX2, or a division-free AVX2+FMA form used
+ *             only when it matched the table bit for bit;
+ *   bfloat16  that table rounded to nearest even;
+ *   uint8     the resized bytes themselves.
  *
  * Layout (SPEC-QWEN.md): row = ((bh*(gw/M) + bw)*M + mh)*M + mw,
- *                        col = ((c*T + t)*P + py)*P + px.
+ *                        col = ((c*S + s)*P + py)*P + px  (S frame slots per row: T for
+ *                        the float formats, 1 for a uint8 still image).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "vision_int.h"
-/* ---------------------------------------------------------------- normalise + patchify */
 
+/* float32 -> bfloat16, round to nearest even (the values are finite). */
+static uint16_t bf16_rne(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
-static void build_lut(const float mean[3], const float std[3], float lut[3][256]) {
+static void build_lut(const float mean[3], const float std[3], float lut[3][256],
+                      uint16_t lut16[3][256]) {
   for (int c = 0; c < 3; c++) {
     const float m = mean[c], sd = std[c];
     for (int v = 0; v < 256; v++) {
       float x = (float)((double)v * (1.0 / 255.0));
       lut[c][v] = (x - m) / sd;
+      lut16[c][v] = bf16_rne(lut[c][v]);
     }
   }
 }
 
-/* Writes patch row (c, py) of one patch: P normalised values to each of the T temporal
- * slots.  PCONST is a compile-time constant in the common cases (14, 16) so the loops
- * unroll into straight-line code. */
-#define PATCH_ROW(PCONST)                                                     \
-  do {                                                                        \
-    float v[PCONST];                                                          \
-    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                   \
-    for (int t = 0; t < T; t++) {                                             \
-      float *restrict d = d0 + (size_t)t * PP;                                \
-      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                    \
-    }                                                                         \
+/* The source bytes of patch row (c, py) of the patch at block column x0 (planar block). */
+static const uint8_t *patch_src(const patch_ctx *g, int bh, int c, int mh, int py, int x0) {
+  const size_t W = (size_t)g->gw * g->P + 16;
+  return g->block + (size_t)(bh & 1) * g->half + (size_t)c * g->P * g->M * W +
+         (size_t)(mh * g->P + py) * W + x0;
+}
+
+/* Output row r of block row bh, patch column bw, merge position (mh, mw). */
+static uint8_t *patch_row(const patch_ctx *g, int bh, int bw, int mh, int mw) {
+  const int64_t r = ((int64_t)(bh * (g->gw / g->M) + bw) * g->M + mh) * g->M + mw;
+  return g->out + r * (int64_t)g->row_bytes;
+}
+
+/* Runs BODY for every patch row (c, py) of every patch of block row bh in [bw0, bw1), in
+ * output memory order, with `row` the output row, `s` the P source bytes and `k` the
+ * value index of (c, slot0, py, 0) in the row. */
+#define FOR_PATCH_ROWS(g, bh, bw0, bw1, BODY)                                      \
+  for (int bw = (bw0); bw < (bw1); bw++)                                          \
+    for (int mh = 0; mh < (g)->M; mh++)                                           \
+      for (int mw = 0; mw < (g)->M; mw++) {                                       \
+        uint8_t *row = patch_row((g), (bh), bw, mh, mw);                          \
+        const int x0 = (bw * (g)->M + mw) * (g)->P;                               \
+        for (int c = 0; c < 3; c++)                                               \
+          for (int py = 0; py < (g)->P; py++) {                                   \
+            const uint8_t *restrict s = patch_src((g), (bh), c, mh, py, x0);      \
+            const size_t k = ((size_t)(c * (g)->S + (g)->slot0) * (g)->P + py) * (g)->P; \
+            BODY                                                                  \
+          }                                                                       \
+      }
+
+/* Writes P table values to each of the image's frame slots of one patch row.  PCONST is
+ * a compile-time constant in the common cases (14, 16) so the loops unroll. */
+#define SLOT_ROW(TYPE, PCONST)                                                    \
+  do {                                                                            \
+    TYPE v[PCONST];                                                               \
+    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                       \
+    for (int t = 0; t < g->nslots; t++) {                                         \
+      TYPE *restrict d = d0 + (size_t)t * PP;                                     \
+      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                        \
+    }                                                                             \
   } while (0)
+
+#define TABLE_WRITER(NAME, TYPE, LUT)                                             \
+  static void NAME(patch_ctx *g, int bh, int bw0, int bw1) {                      \
+    const int P = g->P, PP = P * P;                                               \
+    FOR_PATCH_ROWS(g, bh, bw0, bw1, {                                             \
+      const TYPE *l = g->LUT[c];                                                  \
+      TYPE *d0 = (TYPE *)row + k;                                                 \
+      if (P == 14)                                                                \
+        SLOT_ROW(TYPE, 14);                                                       \
+      else if (P == 16)                                                           \
+        SLOT_ROW(TYPE, 16);                                                       \
+      else                                                                        \
+        for (int t = 0; t < g->nslots; t++)                                       \
+          for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];      \
+    })                                                                            \
+  }
+
+/* float32: the reference values through the table (portable). */
+TABLE_WRITER(write_f32, float, lut)
+/* bfloat16: the same values rounded to nearest even. */
+TABLE_WRITER(write_bf16, uint16_t, lut16)
+
+/* uint8: the resized bytes themselves, in the same (c, slot, py, px) order. */
+static void write_u8(patch_ctx *g, int bh, int bw0, int bw1) {
+  const int P = g->P, PP = P * P;
+  FOR_PATCH_ROWS(g, bh, bw0, bw1, {
+    for (int t = 0; t < g->nslots; t++) memcpy(row + k + (size_t)t * PP, s, (size_t)P);
+  })
+}
+#undef TABLE_WRITER
+#undef SLOT_ROW
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -88,13 +163,14 @@ __attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[
   return 1;
 }
 
-/* AVX2 version of flush_block for 8 <= P <= 16: each patch row is two overlapping groups
- * of eight values (px 0..7 and P-8..P-1), stored to the T slots. */
-__attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, int bh, int bw0,
-                                                                 int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P;
-  const size_t WS = (size_t)W + 16;
-  const int bw_n = g->gw / M;
+/* The AVX2 float32 writer for 8 <= P <= 16: each patch row is two overlapping groups of
+ * eight values (px 0..7 and P-8..P-1), stored to the image's slots.  A patch is assembled
+ * in an aligned scratch row and written with non-temporal stores when the image fills
+ * whole, aligned rows (pixel_values is far larger than the caches, so this saves reading
+ * every output line before writing it). */
+__attribute__((target("avx2,fma"))) static void write_f32_avx2(patch_ctx *g, int bh, int bw0,
+                                                               int bw1) {
+  const int P = g->P, PP = P * P;
   const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
   __m256 mean[3], sd[3], rsd[3];
   for (int c = 0; c < 3; c++) {
@@ -103,22 +179,18 @@ __attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, i
     rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
   }
   const int fast = g->fast;
-  /* Each patch is assembled in an aligned scratch row, then written with non-temporal
-   * stores when the output allows (pixel_values is far larger than the caches, so this
-   * saves reading every output line before writing it). */
-  const int cols = g->cols;
-  const int stream = g->ptmp && (((uintptr_t)g->out % 32) == 0) && cols % 8 == 0;
+  const size_t nf = g->row_bytes / sizeof(float);
+  const int stream = g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 32) == 0 &&
+                     g->row_bytes % 32 == 0;
   for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *dst = g->out + r * cols;
+    for (int mh = 0; mh < g->M; mh++)
+      for (int mw = 0; mw < g->M; mw++) {
+        float *dst = (float *)patch_row(g, bh, bw, mh, mw);
         float *o = stream ? g->ptmp : dst;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * WS;
+        const int x0 = (bw * g->M + mw) * P;
+        for (int c = 0; c < 3; c++)
           for (int py = 0; py < P; py++) {
-            const uint8_t *s = plane + (size_t)(mh * P + py) * WS + x0;
+            const uint8_t *s = patch_src(g, bh, c, mh, py, x0);
             __m256 f0, f1;
             if (fast) {
               f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
@@ -127,62 +199,24 @@ __attribute__((target("avx2,fma"))) static void flush_block_avx2(patch_ctx *g, i
               f0 = norm8(s, inv255, mean[c], sd[c]);
               f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
             }
-            float *d = o + ((size_t)c * T * P + py) * P;
-            for (int t = 0; t < T; t++, d += PP) {
+            float *d = o + ((size_t)(c * g->S + g->slot0) * P + py) * P;
+            for (int t = 0; t < g->nslots; t++, d += PP) {
               _mm256_storeu_ps(d, f0);
               _mm256_storeu_ps(d + P - 8, f1);
             }
           }
-        }
         if (stream)
-          for (int i = 0; i < cols; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
+          for (size_t i = 0; i < nf; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
       }
   if (stream) _mm_sfence();
 }
 #define MML_HAVE_AVX2_PATCH 1
 #endif
-
-/* Writes every patch of block row bh (output image rows bh*P*M .. +P*M, held planar in
- * g->block) in memory order, so pixel_values is written sequentially. */
-static void flush_block(patch_ctx *g, int bh, int bw0, int bw1) {
-  const int P = g->P, M = g->M, T = g->T, PP = P * P, W = g->gw * P + 16;
-  const int bw_n = g->gw / M;
-  for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < M; mh++)
-      for (int mw = 0; mw < M; mw++) {
-        const int64_t r = ((int64_t)(bh * bw_n + bw) * M + mh) * M + mw;
-        float *o = g->out + r * g->cols;
-        const int x0 = (bw * M + mw) * P;
-        for (int c = 0; c < 3; c++) {
-          const float *l = g->lut[c];
-          const uint8_t *plane = g->block + (size_t)(bh & 1) * g->half + (size_t)c * P * M * W;
-          for (int py = 0; py < P; py++) {
-            const uint8_t *restrict s = plane + (size_t)(mh * P + py) * W + x0;
-            float *d0 = o + ((size_t)c * T * P + py) * P;
-            if (P == 14)
-              PATCH_ROW(14);
-            else if (P == 16)
-              PATCH_ROW(16);
-            else {
-              for (int t = 0; t < T; t++)
-                for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];
-            }
-          }
-        }
-      }
-}
-#undef PATCH_ROW
+#undef FOR_PATCH_ROWS
 
 /* Writes patch columns [bw0, bw1) of block row bh. */
 static void write_patches(patch_ctx *g, int bh, int bw0, int bw1) {
-  if (bw0 >= bw1) return;
-#ifdef MML_HAVE_AVX2_PATCH
-  if (g->avx2) {
-    flush_block_avx2(g, bh, bw0, bw1);
-    return;
-  }
-#endif
-  flush_block(g, bh, bw0, bw1);
+  if (bw0 < bw1) g->write(g, bh, bw0, bw1);
 }
 
 /* Writes what is left of the waiting block. */
@@ -226,47 +260,32 @@ static void patch_done(void *ctx, int y) {
   }
 }
 
-mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
-                                 const mml_vision_plan *plan, float *out, mml_err *err) {
-  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
-  if (mml_bytes_reserve(&s->block, n))
-    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
-  g->block = s->block.data;
-  g->half = half;
-  g->P = cfg->patch_size;
-  g->M = cfg->merge_size;
-  g->T = cfg->temporal_patch_size;
-  g->gw = plan->grid_w;
-  g->cols = plan->cols;
-  g->out = out;
-  for (int c = 0; c < 3; c++) {
-    g->mean[c] = cfg->mean[c];
-    g->std[c] = cfg->std[c];
-  }
-  g->avx2 = g->fast = 0;
-  g->pend_bh = -1;
-  g->pend_bw = 0;
-  g->dec = NULL;
-  g->key = 0;
+/* The normalisation tables of cfg's mean and std (rebuilt only when they change). */
+static void scratch_tables(mml_vision_scratch *s, const float mean[3], const float std[3]) {
+  if (s->norm_valid && !memcmp(s->norm_mean, mean, sizeof s->norm_mean) &&
+      !memcmp(s->norm_std, std, sizeof s->norm_std))
+    return;
+  build_lut(mean, std, s->lut, s->lut16);
+  s->norm_fast = 0;
 #ifdef MML_HAVE_AVX2_PATCH
-  g->avx2 = mml_cpu_avx2() && g->P >= 8 && g->P <= 16;
+  s->norm_fast = mml_cpu_fma() && norm_fast_exact(mean, std, s->lut);
 #endif
-  if (!s->norm_valid || memcmp(s->norm_mean, g->mean, sizeof g->mean) ||
-      memcmp(s->norm_std, g->std, sizeof g->std)) {
-    build_lut(g->mean, g->std, s->lut);
-    s->norm_fast = 0;
-#ifdef MML_HAVE_AVX2_PATCH
-    s->norm_fast = mml_cpu_fma() && norm_fast_exact(g->mean, g->std, s->lut);
-#endif
-    memcpy(s->norm_mean, g->mean, sizeof g->mean);
-    memcpy(s->norm_std, g->std, sizeof g->std);
-    s->norm_valid = 1;
-  }
-  g->lut = (const float(*)[256])s->lut;
-  g->fast = g->avx2 && s->norm_fast;
+  memcpy(s->norm_mean, mean, sizeof s->norm_mean);
+  memcpy(s->norm_std, std, sizeof s->norm_std);
+  s->norm_valid = 1;
+}
+
+/* Picks the writer of cfg->pixel_format (the AVX2 one for float32 where it runs). */
+static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
+  g->write = format == MML_PIXEL_UINT8 ? write_u8 : format == MML_PIXEL_BFLOAT16 ? write_bf16
+                                                                                 : write_f32;
+  g->fast = 0;
   g->ptmp = NULL;
-  if (g->avx2) {
-    size_t need = (size_t)plan->cols + 16;
+#ifdef MML_HAVE_AVX2_PATCH
+  if (format == MML_PIXEL_FLOAT32 && mml_cpu_avx2() && g->P >= 8 && g->P <= 16) {
+    g->write = write_f32_avx2;
+    g->fast = s->norm_fast;
+    size_t need = g->row_bytes / sizeof(float) + 16;
     if (s->ptmp_cap < need) {
       free(s->ptmp);
       s->ptmp_cap = 0;
@@ -275,6 +294,34 @@ mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_
     }
     g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
   }
+#endif
+}
+
+mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_cfg *cfg,
+                          const mml_vision_plan *plan, const mml_pixel_dst *dst, mml_err *err) {
+  size_t half = ((size_t)plan->dst_w + 16) * 3 * cfg->patch_size * cfg->merge_size, n = 2 * half;
+  if (mml_bytes_reserve(&s->block, n))
+    return mml_err_set(err, MML_ENOMEM, "vision: out of memory for a %zu-byte block", n);
+  memset(g, 0, sizeof *g);
+  g->block = s->block.data;
+  g->half = half;
+  g->P = cfg->patch_size;
+  g->M = cfg->merge_size;
+  g->gw = plan->grid_w;
+  g->out = dst->out;
+  g->S = dst->slots;
+  g->slot0 = dst->slot0;
+  g->nslots = dst->nslots;
+  g->row_bytes = (size_t)3 * g->S * g->P * g->P * mml_dtype_size(mml_vision_pixel_dtype(cfg));
+  for (int c = 0; c < 3; c++) {
+    g->mean[c] = cfg->mean[c];
+    g->std[c] = cfg->std[c];
+  }
+  g->pend_bh = -1;
+  scratch_tables(s, g->mean, g->std);
+  g->lut = (const float(*)[256])s->lut;
+  g->lut16 = (const uint16_t(*)[256])s->lut16;
+  pick_writer(g, s, cfg->pixel_format);
   return MML_OK;
 }
 

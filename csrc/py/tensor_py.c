@@ -21,7 +21,7 @@
 
 /* ---- DLPack ABI (v1.x), written from the specification ------------------------------ */
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBool = 6 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
 typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
 typedef struct {
@@ -77,6 +77,7 @@ static DLDataType dl_dtype_of(mml_dtype dt) {
     case MML_DT_INT64: t = (DLDataType){kDLInt, 64, 1}; break;
     case MML_DT_FLOAT32: t = (DLDataType){kDLFloat, 32, 1}; break;
     case MML_DT_BOOL: t = (DLDataType){kDLBool, 8, 1}; break;
+    case MML_DT_BFLOAT16: t = (DLDataType){kDLBfloat, 16, 1}; break;
   }
   return t;
 }
@@ -198,6 +199,11 @@ static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused) {
 }
 
 static PyObject *Tensor_numpy(TensorObject *self, PyObject *unused) {
+  if (self->dtype == MML_DT_BFLOAT16) {
+    PyErr_SetString(PyExc_TypeError, "NumPy has no bfloat16: view the tensor with "
+                    "torch.from_dlpack(t) (zero copy), or use pixel_format=\"float32\"");
+    return NULL;
+  }
   PyObject *np = PyImport_ImportModule("numpy");
   if (!np) return NULL;
   PyObject *arr = PyObject_CallMethod(np, "from_dlpack", "O", (PyObject *)self);

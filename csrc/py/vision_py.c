@@ -1,11 +1,12 @@
 /*
  * vision_py.c — binding of the vision core (csrc/core/vision.c, image.c):
  *
- *   _core.VisionProcessor(cfg: dict)           per-object config + scratch
+ *   _core.VisionProcessor(cfg: dict, pixel_format="float32")  per-object config + scratch
  *       .process(items) -> (VisionBuffer, rows, cols, [(t, h, w), ...])
  *           items: list of (0, bytes-like encoded image) or (1, buffer, height, width)
- *           for C-contiguous uint8 HxWx3; the float32 output is written straight into
- *           the returned VisionBuffer (malloc'd; recycled through the processor)
+ *           for C-contiguous uint8 HxWx3; the output (float32, bfloat16 bits or uint8, as
+ *           pixel_format says) is written straight into the returned VisionBuffer
+ *           (malloc'd; recycled through the processor)
  *   _core.smart_resize(height, width, factor, min_pixels, max_pixels, legacy)
  *   _core.vision_plan(cfg, data) -> dict        header-only plan (the engine's first step)
  *   _core.image_decode(data, scale_denom=1, alpha=0, max_image_pixels=178956970)
@@ -14,6 +15,7 @@
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
+ *   _core.expand_pixels(src, dst, table, P, frames, T, bf16)   uint8 patches -> float rows
  *
  * Threads: planning and processing run with the GIL released.  A VisionProcessor's
  * scratch is guarded by a lock taken without blocking; a call that finds it busy (the
@@ -170,7 +172,7 @@ typedef struct {
 
 /* ---------------------------------------------------------------- VisionBuffer */
 
-/* The float32 output of one call: malloc'd memory (written without the GIL) exposed through
+/* The pixel_values output of one call: malloc'd memory (written without the GIL) exposed through
  * the buffer protocol.  When the last view goes away the memory goes back to its processor
  * (one cached buffer) so steady-state calls neither allocate nor page-fault new memory. */
 typedef struct {
@@ -192,16 +194,26 @@ static PyTypeObject VisionBufferType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionBuffer",
     .tp_basicsize = sizeof(VisionBuffer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "float32 pixel_values memory of one ImageProcessor call (buffer protocol).",
+    .tp_doc = "pixel_values memory of one ImageProcessor call (buffer protocol).",
     .tp_dealloc = (destructor)vb_dealloc,
     .tp_as_buffer = &vb_as_buffer,
 };
 
 static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   PyObject *d;
-  static char *kwlist[] = {"cfg", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:VisionProcessor", kwlist, &d)) return -1;
+  const char *fmt = "float32";
+  static char *kwlist[] = {"cfg", "pixel_format", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s:VisionProcessor", kwlist, &d, &fmt)) return -1;
   if (mml_py_vision_cfg_from_dict(d, &self->cfg)) return -1;
+  static const char *const formats[] = {"float32", "bfloat16", "uint8"}; /* MML_PIXEL_* */
+  int k = 0;
+  while (k < 3 && strcmp(fmt, formats[k])) k++;
+  if (k == 3) {
+    PyErr_Format(mml_py_ConfigError, "pixel_format must be \"float32\", \"bfloat16\" or "
+                 "\"uint8\", got \"%s\"", fmt);
+    return -1;
+  }
+  self->cfg.pixel_format = k;
   if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
     PyErr_NoMemory();
     return -1;
@@ -308,12 +320,14 @@ static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t 
   return 0;
 }
 
-/* Decodes, resizes and patchifies every item into dst (GIL released), with the
- * processor's scratch when it is free, else a temporary one.  -1 with an exception. */
-static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, float *dst) {
+/* Decodes, resizes and patchifies every item into dst (GIL released), rows of row_bytes,
+ * with the processor's scratch when it is free, else a temporary one.  -1 with an
+ * exception. */
+static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, uint8_t *dst) {
   mml_err err = {0};
   mml_status st = MML_OK;
   Py_ssize_t bad = -1;
+  const size_t row_bytes = mml_vision_row_bytes(&self->cfg);
   Py_BEGIN_ALLOW_THREADS
   mml_vision_scratch *s = self->scratch, *tmp = NULL;
   int locked = PyThread_acquire_lock(self->lock, NOWAIT_LOCK);
@@ -321,7 +335,7 @@ static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, float
     if (mml_vision_scratch_new(&tmp) != MML_OK) st = mml_err_set(&err, MML_ENOMEM, "out of memory");
     s = tmp;
   }
-  float *p = dst;
+  uint8_t *p = dst;
   for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
     if (it[i].kind == 0) {
       st = mml_vision_process_bytes(&self->cfg, s, it[i].buf.buf, (size_t)it[i].buf.len,
@@ -331,7 +345,7 @@ static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, float
       st = mml_vision_process_rgb(&self->cfg, s, &img, &it[i].plan, p, &err);
     }
     if (st != MML_OK) bad = i;
-    p += it[i].plan.rows * it[i].plan.cols;
+    p += (size_t)it[i].plan.rows * row_bytes;
   }
   if (locked) PyThread_release_lock(self->lock);
   mml_vision_scratch_free(tmp);
@@ -372,11 +386,12 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
   int64_t rows;
   if (vp_parse_items(seq, it, n) || vp_plan_items(self, it, n, &rows)) goto fail;
   int cols = mml_vision_pixel_cols(&self->cfg);
-  if (rows > (int64_t)(PY_SSIZE_T_MAX / 4 / cols)) {
+  const size_t row_bytes = mml_vision_row_bytes(&self->cfg);
+  if (rows > (int64_t)(PY_SSIZE_T_MAX / row_bytes)) {
     PyErr_NoMemory();
     goto fail;
   }
-  out = vp_take_buffer(self, (size_t)rows * (size_t)cols * 4);
+  out = vp_take_buffer(self, (size_t)rows * row_bytes);
   if (!out) goto fail;
   if (vp_process_items(self, it, n, ((VisionBuffer *)out)->data)) goto fail;
   if (!(grids = vp_grids(it, n))) goto fail;
@@ -577,7 +592,43 @@ out:
   return r;
 }
 
+/* expand_pixels(src, dst, table, patch_size, frames, temporal_patch_size, bfloat16): src a
+ * uint8 buffer of rows of 3*frames*P*P bytes, dst a writable buffer of as many rows of
+ * 3*T*P*P float32 (or bfloat16) values, table 768 float32 ([3][256]). */
+static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
+  Py_buffer src, dst, tab;
+  int P, F, T, bf16;
+  if (!PyArg_ParseTuple(args, "y*w*y*iiip:expand_pixels", &src, &dst, &tab, &P, &F, &T, &bf16))
+    return NULL;
+  PyObject *r = NULL;
+  const size_t in_row = (size_t)3 * P * P * F, out_row = (size_t)3 * P * P * T * (bf16 ? 2 : 4);
+  const int64_t rows = P > 0 && F > 0 ? (int64_t)((size_t)src.len / in_row) : 0;
+  if (P < 1 || F < 1 || T < 1 || tab.len != 768 * 4 || (size_t)src.len != (size_t)rows * in_row ||
+      (size_t)dst.len != (size_t)rows * out_row) {
+    PyErr_SetString(PyExc_ValueError, "expand_pixels: buffer sizes do not match [rows, "
+                    "3*frames*P*P] uint8 in, [rows, 3*T*P*P] out and a 768-float table");
+    goto out;
+  }
+  mml_err err = {0};
+  mml_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_pixels_expand(src.buf, rows, P, F, T, (const float(*)[256])tab.buf,
+                         bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32, dst.buf, &err);
+  Py_END_ALLOW_THREADS
+  if (st != MML_OK) mml_py_raise(st, &err);
+  else r = Py_NewRef(Py_None);
+out:
+  PyBuffer_Release(&src);
+  PyBuffer_Release(&dst);
+  PyBuffer_Release(&tab);
+  return r;
+}
+
 static PyMethodDef vision_functions[] = {
+    {"expand_pixels", py_expand_pixels, METH_VARARGS,
+     "expand_pixels(src_u8, dst, table_f32_768, patch_size, frames, temporal_patch_size, "
+     "bfloat16) "
+     "-> None: uint8 patch rows into float32/bfloat16 rows (mml_pixels_expand)"},
     {"decode_only", py_decode_only, METH_O,
      "decode_only(list of encoded images) -> total pixels (decode to RGB8 rows, discarded)"},
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,

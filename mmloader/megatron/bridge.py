@@ -25,6 +25,11 @@ Bridge's packed layout: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (real boundaries),
 ``cu_seqlens_q_padded`` / ``cu_seqlens_kv_padded`` (slot boundaries covering the row), all
 int32, and ``max_seqlen_q`` / ``max_seqlen_kv`` (int32 scalars).
 
+Where the batches are: on the current CUDA device when there is one (``device`` in
+``loader_kwargs`` overrides it), copied there with ``pixel_values`` as uint8 patches and
+expanded on the device into exactly the float32 values (``mmloader.torch.Loader``'s
+``wire_format``; ``loader_kwargs={"wire_format": "float32"}`` copies float32).
+
 Where the settings come from: data-parallel rank and size from ``context.pg_collection.dp``
 (context-parallel and tensor-parallel ranks of a data-parallel rank read the same batches),
 micro-batch size from Bridge's ``cfg.train.micro_batch_size`` (megatron-core's microbatch
@@ -49,6 +54,7 @@ from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider  # ty
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs  # type: ignore
 
 from ..torch import Loader
+from . import default_device
 
 __all__ = ["MMLoaderDataset", "BridgeBatches"]
 
@@ -174,7 +180,7 @@ class MMLoaderDataset(DatasetProvider):
             model_dir=self.model_dir, preset=self.preset, micro_batch_size=mbs,
             seed=self.seed, dp_rank=dp_rank, dp_size=dp_size, keys="megatron",
             shift_labels=True, attention_mask=False, mrope=False, cycle=True,
-            text_only_vision="placeholder", packing=self.packing)
+            text_only_vision="placeholder", packing=self.packing, device=default_device())
         if self.packing:
             kw.update(pack_length=self.seq_length, seq_length=None,
                       pad_to_multiple=self.pad_to_multiple or (2 * cp if cp > 1 else None))

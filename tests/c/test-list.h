@@ -164,6 +164,7 @@ TEST_DECLARE(pipeline_matches_reference)
 TEST_DECLARE(vision_bad_input)
 TEST_DECLARE(fuzz_corrupt_images)
 TEST_DECLARE(threads_share_config)
+TEST_DECLARE(pixel_formats_and_frame_slots)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -323,6 +324,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(vision_bad_input)
     TEST_ENTRY(fuzz_corrupt_images)
     TEST_ENTRY(threads_share_config)
+    TEST_ENTRY(pixel_formats_and_frame_slots)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)

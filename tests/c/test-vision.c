@@ -390,3 +390,95 @@ TEST(threads_share_config) {
   mml_vision_scratch_free(s);
   tjFree(jpg);
 }
+
+/* The bfloat16 and uint8 writers against the float32 output, and the frame slots a video's
+ * temporal patch is written through (mml_vision_process_rgb_dst). */
+static uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+TEST(pixel_formats_and_frame_slots) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(203, 150, 0, &len);
+  CHECK(jpg != NULL);
+  mml_err err = {0};
+  mml_vision_cfg cfg;
+  mml_vision_preset("qwen2.5-vl", &cfg, &err);
+  const int P = cfg.patch_size, T = cfg.temporal_patch_size, PP = P * P;
+  mml_vision_plan plan;
+  CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
+  mml_vision_scratch *s = NULL;
+  CHECK_OK(mml_vision_scratch_new(&s), err);
+  const size_t rows = (size_t)plan.rows, cols = (size_t)3 * T * PP;
+  float *f = malloc(rows * cols * 4);
+  CHECK_OK(mml_vision_process_bytes(&cfg, s, jpg, len, &plan, f, &err), err);
+  mml_vision_cfg cb = cfg, cu = cfg;
+  cb.pixel_format = MML_PIXEL_BFLOAT16;
+  cu.pixel_format = MML_PIXEL_UINT8;
+  CHECK_EQ_INT(mml_vision_row_bytes(&cb), cols * 2);
+  CHECK_EQ_INT(mml_vision_row_bytes(&cu), 3 * PP);
+  CHECK_EQ_INT(mml_vision_pixel_dtype(&cu), MML_DT_UINT8);
+  mml_vision_plan pb, pu;
+  CHECK_OK(mml_vision_plan_bytes(&cb, jpg, len, &pb, &err), err);
+  CHECK_OK(mml_vision_plan_bytes(&cu, jpg, len, &pu, &err), err);
+  CHECK_EQ_INT(pu.cols, 3 * PP);
+  CHECK_EQ_INT(pu.rows, plan.rows);
+  uint16_t *b = malloc(rows * cols * 2);
+  uint8_t *u = malloc(rows * 3 * PP);
+  CHECK_OK(mml_vision_process_bytes(&cb, s, jpg, len, &pb, b, &err), err);
+  CHECK_OK(mml_vision_process_bytes(&cu, s, jpg, len, &pu, u, &err), err);
+  size_t bad_b = 0, bad_u = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (int c = 0; c < 3; c++)
+      for (int t = 0; t < T; t++)
+        for (int k = 0; k < PP; k++) {
+          size_t i = r * cols + (size_t)(c * T + t) * PP + k;
+          bad_b += b[i] != bf16_of(f[i]);
+          float x = (float)((double)u[r * 3 * PP + (size_t)c * PP + k] * (1.0 / 255.0));
+          float want = (x - cfg.mean[c]) / cfg.std[c];
+          bad_u += memcmp(&want, &f[i], 4) != 0;
+        }
+  CHECK_EQ_INT(bad_b, 0);
+  CHECK_EQ_INT(bad_u, 0);
+  /* a plan made for another format is refused (its column count differs) */
+  CHECK_EQ_INT(mml_vision_process_bytes(&cu, s, jpg, len, &plan, u, &err), MML_EINVAL);
+
+  /* frame slots: frame 1 of T written alone leaves slot 0 of every row as it was */
+  mml_decoder *d = NULL;
+  mml_decoder_new(&d);
+  mml_rgb8 img;
+  CHECK_OK(mml_image_decode(d, jpg, len, 1, &img, &err), err);
+  mml_vision_plan pr;
+  CHECK_OK(mml_vision_plan_size(&cfg, img.width, img.height, &pr, &err), err);
+  float *v = malloc(rows * cols * 4);
+  memset(v, 0xA5, rows * cols * 4);
+  mml_pixel_dst dst = {v, T, 1, 1};
+  CHECK_OK(mml_vision_process_rgb_dst(&cfg, s, &img, &pr, &dst, &err), err);
+  uint8_t *vu = malloc(rows * 3 * T * PP);
+  memset(vu, 0xA5, rows * 3 * T * PP);
+  mml_pixel_dst du = {vu, T, 0, 1};
+  CHECK_OK(mml_vision_process_rgb_dst(&cu, s, &img, &pr, &du, &err), err);
+  size_t bad_slot = 0, kept = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (int c = 0; c < 3; c++)
+      for (int k = 0; k < PP; k++) {
+        size_t i0 = r * cols + (size_t)(c * T) * PP + k, i1 = i0 + PP;
+        bad_slot += memcmp(&v[i1], &f[i1], 4) != 0;
+        bad_slot += vu[i0] != u[r * 3 * PP + (size_t)c * PP + k];
+        kept += ((const uint8_t *)&v[i0])[0] == 0xA5 && vu[i1] == 0xA5;
+      }
+  CHECK_EQ_INT(bad_slot, 0);
+  CHECK_EQ_INT(kept, rows * 3 * PP);
+  mml_pixel_dst wrong = {v, T, 1, 2};
+  CHECK_EQ_INT(mml_vision_process_rgb_dst(&cfg, s, &img, &pr, &wrong, &err), MML_EINVAL);
+  mml_decoder_free(d);
+  free(v);
+  free(vu);
+  free(f);
+  free(b);
+  free(u);
+  tjFree(jpg);
+  mml_vision_scratch_free(s);
+}

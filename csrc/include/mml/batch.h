@@ -14,9 +14,16 @@
 
 #include "mml/common.h"
 
-typedef enum { MML_DT_UINT8 = 0, MML_DT_INT32, MML_DT_INT64, MML_DT_FLOAT32, MML_DT_BOOL } mml_dtype;
+typedef enum {
+  MML_DT_UINT8 = 0,
+  MML_DT_INT32,
+  MML_DT_INT64,
+  MML_DT_FLOAT32,
+  MML_DT_BOOL,
+  MML_DT_BFLOAT16, /* the upper 16 bits of a float32 (DLPack kDLBfloat) */
+} mml_dtype;
 size_t mml_dtype_size(mml_dtype dt);
-const char *mml_dtype_name(mml_dtype dt); /* "uint8", "int32", ... (NumPy names) */
+const char *mml_dtype_name(mml_dtype dt); /* "uint8", "int32", ... (NumPy names; "bfloat16") */
 
 typedef enum { MML_MEM_HOST = 0, MML_MEM_PINNED, MML_MEM_DEVICE } mml_mem_kind;
 

@@ -54,7 +54,8 @@ typedef enum {
  *   mm_token_type_ids -                int64 [B, L], 1 on <|image_pad|>, 2 on <|video_pad|>
  *                                      (cfg.mm_token_type_ids)
  *   rope_deltas      rope_deltas       int64 [B, 1] padded, [n, 1] packed (mrope only)
- *   pixel_values     pixel_values      float32 [rows, pixel_cols], all images in order
+ *   pixel_values     pixel_values      [rows, pixel_cols] float32 / bfloat16 / uint8 (as
+ *                                      cfg.pixel_format), all images in order
  *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
  *   pixel_values_videos (same)         float32 [video rows, pixel_cols], every video in order;
  *                                      only in batches with videos (as the HF processors)
@@ -100,7 +101,8 @@ typedef struct mml_collate_cfg {
   int second_per_grid;     /* 1: emit second_per_grid_ts and scale video time positions by
                               MML_QWEN25_TOKENS_PER_SECOND (Qwen2.5-VL) */
   int split_video_frames;  /* 1: Qwen3-VL positions (one block per temporal patch) */
-  int pixel_cols;          /* C*T*P*P, for the text-only placeholder */
+  int pixel_cols;          /* values per pixel_values row (mml_vision_pixel_cols) */
+  int pixel_format;        /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values */
   int text_only_vision;    /* mml_text_only_vision */
   int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
   int rows_dynamic;        /* padded: a batch has as many rows as samples and the engine

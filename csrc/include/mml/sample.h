@@ -22,7 +22,8 @@ typedef struct mml_sample {
   mml_err err;
   mml_ids input_ids;       /* L token ids */
   mml_ids labels;          /* L labels, MML_IGNORE_INDEX where unsupervised */
-  mml_bytes pixels;        /* float32 [pixel_rows, pixel_cols]; empty when pixels_elsewhere */
+  mml_bytes pixels;        /* [pixel_rows, pixel_cols] in the loader's pixel_format;
+                              empty when pixels_elsewhere */
   int pixels_elsewhere;    /* 1: the rows are written straight into the batch's buffer
                               (the loader: planned from headers, decoded in place) */
   int64_t pixel_rows;

@@ -9,6 +9,7 @@
 #ifndef MML_VISION_H
 #define MML_VISION_H
 
+#include "mml/batch.h"
 #include "mml/common.h"
 #include "mml/image.h"
 #include "mml/record.h"
@@ -32,6 +33,7 @@ typedef struct mml_vision_cfg {
    * family's processor and position rules apply (MML_VIDEO_*). */
   int64_t video_min_pixels, video_max_pixels;
   int video_family;
+  int pixel_format;        /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
@@ -39,6 +41,16 @@ typedef struct mml_vision_cfg {
  * by tokens_per_second = 2), Qwen3-VL (Qwen3VLVideoProcessor's temporal smart_resize,
  * per-temporal-patch timestamps in the text, one position block per temporal patch). */
 enum { MML_VIDEO_QWEN2 = 0, MML_VIDEO_QWEN25 = 1, MML_VIDEO_QWEN3 = 2 };
+
+/* The formats of pixel_values (Loader pixel_format=).  The row order is the same in all.
+ *   MML_PIXEL_FLOAT32   the reference's float32 values, 3*T*P*P per row (col =
+ *                       ((c*T + t)*P + py)*P + px; a still image's T frames are equal)
+ *   MML_PIXEL_BFLOAT16  the same layout, each float32 value rounded to nearest even
+ *   MML_PIXEL_UINT8     the resized RGB bytes before rescale/normalise, ONE frame per
+ *                       row for images: 3*P*P bytes, col = (c*P + py)*P + px (a video's
+ *                       rows keep its T distinct frames: 3*T*P*P) — expanded to the
+ *                       float values by mmloader.torch.expand_pixels */
+enum { MML_PIXEL_FLOAT32 = 0, MML_PIXEL_BFLOAT16 = 1, MML_PIXEL_UINT8 = 2 };
 
 /* The image reference route: what a user's pipeline does before the processor.
  *   MML_ROUTE_PROCESSOR      the processor given Image.open (transformers' convert_to_rgb:
@@ -53,8 +65,14 @@ enum { MML_VIDEO_QWEN2 = 0, MML_VIDEO_QWEN25 = 1, MML_VIDEO_QWEN3 = 2 };
  *                            colour Pillow kept (mml_decoder_color_key) */
 enum { MML_ROUTE_PROCESSOR = 0, MML_ROUTE_LOAD_IMAGE = 1, MML_ROUTE_QWEN_VL_UTILS = 2 };
 
-/* Floats per patch row of pixel_values: channels * temporal_patch_size * patch_size^2. */
+/* Values per patch row of an image's pixel_values in cfg->pixel_format: 3*T*P*P (float
+ * formats), 3*P*P (uint8). */
 int mml_vision_pixel_cols(const mml_vision_cfg *cfg);
+/* Bytes of one such row, and the element type of cfg->pixel_format. */
+size_t mml_vision_row_bytes(const mml_vision_cfg *cfg);
+mml_dtype mml_vision_pixel_dtype(const mml_vision_cfg *cfg);
+/* The element type of an MML_PIXEL_* format (MML_DT_FLOAT32 for an unknown one). */
+mml_dtype mml_pixel_format_dtype(int format);
 
 /* Checks a configuration (sizes >= 1, 0 < min_pixels <= max_pixels, std != 0):
  * MML_ECONFIG naming the bad field. */
@@ -82,7 +100,7 @@ typedef struct mml_vision_plan {
   int dst_w, dst_h;      /* after smart_resize */
   int grid_t, grid_h, grid_w;
   int64_t rows;          /* grid_t*grid_h*grid_w rows of pixel_values */
-  int cols;              /* 3*T*P*P */
+  int cols;              /* mml_vision_pixel_cols: 3*T*P*P, or 3*P*P for uint8 */
   int64_t tokens;        /* rows / merge^2 <|image_pad|> tokens */
   mml_image_format format; /* from the header (MML_FMT_UNKNOWN for mml_vision_plan_size) */
   int decode_scale;      /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
@@ -117,15 +135,38 @@ void mml_vision_scratch_free(mml_vision_scratch *s);
  * excluding the resize/normalise/patchify work the decoded rows feed (for stats). */
 double mml_vision_scratch_decode_s(const mml_vision_scratch *s);
 
-/* Decode + resize + normalise + patchify `data` into `out`, which holds
- * plan->rows * plan->cols floats (plan from mml_vision_plan_bytes on the same bytes). */
+/* Decode + resize + normalise + patchify `data` into `out`, which holds plan->rows rows of
+ * mml_vision_row_bytes(cfg) bytes in cfg->pixel_format (plan from mml_vision_plan_bytes on
+ * the same bytes).  Every byte of those rows is written; nothing else is. */
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                     const uint8_t *data, size_t len,
-                                    const mml_vision_plan *plan, float *out, mml_err *err);
+                                    const mml_vision_plan *plan, void *out, mml_err *err);
 /* The same from an already decoded RGB8 image (plan from mml_vision_plan_size). */
 mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
-                                  const mml_rgb8 *img, const mml_vision_plan *plan, float *out,
+                                  const mml_rgb8 *img, const mml_vision_plan *plan, void *out,
                                   mml_err *err);
+
+/* Where an image's patches go when rows hold several frames (a video's temporal patch):
+ * rows of 3*slots*P*P values in cfg->pixel_format at `out` (plan->rows of them), of which
+ * this image fills frame slots [slot0, slot0 + nslots) of every row and leaves the others
+ * as they are.  A still image is {out, slots = T (1 for uint8), 0, slots}; frame k of a
+ * video's temporal patch is {out, T, k, 1} in every format. */
+typedef struct mml_pixel_dst {
+  void *out;
+  int slots, slot0, nslots;
+} mml_pixel_dst;
+mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scratch *s,
+                                      const mml_rgb8 *img, const mml_vision_plan *plan,
+                                      const mml_pixel_dst *dst, mml_err *err);
+
+/* uint8 patch rows -> float32 / bfloat16 rows (pixels.c, the CPU side of
+ * mmloader.torch.expand_pixels): `rows` rows of 3*frames*P*P bytes at src (frames 1: a
+ * still image's one frame, repeated into the T slots; frames == T: rows that keep their
+ * T frames) into rows of 3*T*P*P values at dst, value = table[c][byte] (as float32, or
+ * rounded to nearest even for MML_PIXEL_BFLOAT16).  MML_EINVAL for bad arguments. */
+mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames,
+                             int T, const float table[3][256], int format, void *dst,
+                             mml_err *err);
 
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
