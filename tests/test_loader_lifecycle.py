@@ -59,8 +59,9 @@ def test_close_del_break_leave_nothing(ds):
                     next(L)
             del L
             gc.collect()
-        assert n_threads() == base_t, how
-        assert n_fds() == base_f, how
+        # at most the baseline: a thread or descriptor of an earlier test may end meanwhile
+        assert n_threads() <= base_t, how
+        assert n_fds() <= base_f, how
 
 
 def test_memory_flat_over_many_batches(ds):
