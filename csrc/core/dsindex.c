@@ -239,8 +239,8 @@ static mml_status check_refs(mml_dsx *x, const char *name, mml_err *err) {
     if (m->off < 0 || m->size < 0 || m->off > x->shard_size - m->size ||
         (int64_t)m->name >= x->names_len || m->key_len > x->names_len - (int64_t)m->name ||
         !memchr(x->names + m->name, 0, (size_t)(x->names_len - (int64_t)m->name)) ||
-        strlen(x->names + m->name) < m->key_len)
-      return corrupt(err, name, "member table");
+        strlen(x->names + m->name) <= m->key_len || x->names[m->name + m->key_len] != '.')
+      return corrupt(err, name, "member table"); /* a name is "key.ext": ext after key_len */
   }
   if (wds) { /* every sample's group must hold its ".json" member (mml_index_locate) */
     for (int64_t i = 0; i < x->n; i++) {
