@@ -11,6 +11,7 @@ converts them, as the peer's torch.tensor calls do), so the figures include that
 
     python3 -m pytest benchmarks/bench_collate.py --benchmark-only -q -s
 """
+
 from __future__ import annotations
 
 import os
@@ -62,13 +63,25 @@ SAMPLES = _samples()
 def _rope_model():
     from transformers import Qwen2VLConfig
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
     cfg = Qwen2VLConfig(
-        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, vocab_size=151936,
-                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
-                                          "rope_theta": 10000.0}),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2,
-                           spatial_merge_size=2))
+        text_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=151936,
+            rope_parameters={
+                "rope_type": "default",
+                "mrope_section": [2, 3, 3],
+                "rope_theta": 10000.0,
+            },
+        ),
+        vision_config=dict(
+            depth=1, embed_dim=32, hidden_size=32, num_heads=2, spatial_merge_size=2
+        ),
+    )
     return Qwen2VLModel(cfg).eval()
 
 
@@ -82,15 +95,25 @@ def rope_model():
 
 # ---- padded ---------------------------------------------------------------------------
 
+
 def mml_padded():
-    return _core._collate(SAMPLES, dict(micro_batch_size=MBS, seq_length=SEQ, mrope=1,
-                                        attention_mask=1, mm_token_type_ids=1, pixel_cols=COLS))
+    return _core._collate(
+        SAMPLES,
+        dict(
+            micro_batch_size=MBS,
+            seq_length=SEQ,
+            mrope=1,
+            attention_mask=1,
+            mm_token_type_ids=1,
+            pixel_cols=COLS,
+        ),
+    )
 
 
 def torch_padded(model):
     out = []
     for k in range(0, len(SAMPLES), MBS):
-        group = SAMPLES[k:k + MBS]
+        group = SAMPLES[k : k + MBS]
         ids = torch.full((MBS, SEQ), PAD, dtype=torch.long)
         labels = torch.full((MBS, SEQ), -100, dtype=torch.long)
         mask = torch.zeros((MBS, SEQ), dtype=torch.long)
@@ -104,11 +127,23 @@ def torch_padded(model):
         grids = torch.tensor([g for s in group for g in s["grids"]], dtype=torch.long)
         tt = (ids == IMAGE_PAD).int()
         with torch.no_grad():
-            pos, deltas = model.get_rope_index(ids, mm_token_type_ids=tt,
-                                               image_grid_thw=grids if len(grids) else None,
-                                               attention_mask=mask)
-        out.append(dict(input_ids=ids, labels=labels, attention_mask=mask, position_ids=pos,
-                        rope_deltas=deltas, pixel_values=pixel_values, image_grid_thw=grids))
+            pos, deltas = model.get_rope_index(
+                ids,
+                mm_token_type_ids=tt,
+                image_grid_thw=grids if len(grids) else None,
+                attention_mask=mask,
+            )
+        out.append(
+            dict(
+                input_ids=ids,
+                labels=labels,
+                attention_mask=mask,
+                position_ids=pos,
+                rope_deltas=deltas,
+                pixel_values=pixel_values,
+                image_grid_thw=grids,
+            )
+        )
     return out
 
 
@@ -118,12 +153,12 @@ def test_padded_mmloader(benchmark):
 
 
 def test_padded_torch_transformers(benchmark, rope_model):
-    benchmark.pedantic(torch_padded, args=(rope_model,), rounds=3, iterations=1,
-                       warmup_rounds=1)
+    benchmark.pedantic(torch_padded, args=(rope_model,), rounds=3, iterations=1, warmup_rounds=1)
     RESULTS["padded_peer"] = benchmark.stats.stats.median
 
 
 # ---- packed ---------------------------------------------------------------------------
+
 
 def mml_packed():
     return _core._collate(SAMPLES, dict(pack=1, pack_length=PACK, pixel_cols=COLS))
@@ -131,6 +166,7 @@ def mml_packed():
 
 def hf_packed():
     from transformers import DataCollatorWithFlattening
+
     coll = DataCollatorWithFlattening(return_tensors="pt")
     out, cur, used = [], [], 0
     for s in SAMPLES + [None]:
@@ -162,10 +198,11 @@ def report():
     yield
     tokens = sum(len(s["input_ids"]) for s in SAMPLES)
     rows = sum(s.get("pixel_values", np.zeros((0, COLS))).shape[0] for s in SAMPLES)
-    print(f"\ncollate: {len(SAMPLES)} samples, {tokens} tokens, {rows} pixel rows "
-          f"({rows * COLS * 4 / 2**20:.0f} MiB)")
+    print(
+        f"\ncollate: {len(SAMPLES)} samples, {tokens} tokens, {rows} pixel rows "
+        f"({rows * COLS * 4 / 2**20:.0f} MiB)"
+    )
     for mode in ("padded", "packed"):
         a, b = RESULTS.get(f"{mode}_mmloader"), RESULTS.get(f"{mode}_peer")
         if a and b:
-            print(f"  {mode}: mmloader {a * 1e3:.1f} ms, peer {b * 1e3:.1f} ms, "
-                  f"ratio {b / a:.1f}x")
+            print(f"  {mode}: mmloader {a * 1e3:.1f} ms, peer {b * 1e3:.1f} ms, ratio {b / a:.1f}x")

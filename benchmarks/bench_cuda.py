@@ -10,6 +10,7 @@
    Loader(device="cuda:0") and by Loader(pin_memory=True) + .cuda(non_blocking=True).
 Lines starting with "[bench_cuda]" are the figures (scripts/gpu-check.sh collects them).
 """
+
 import time
 
 import pytest
@@ -53,15 +54,18 @@ def test_h2d_throughput(benchmark):
     stage.bench(BATCH_BYTES, NTENSORS, 3)  # warm both pools
     torch_loop()
     times = []
-    benchmark.pedantic(lambda: times.append(stage.bench(BATCH_BYTES, NTENSORS, ITERS)), rounds=3,
-                       iterations=1)
+    benchmark.pedantic(
+        lambda: times.append(stage.bench(BATCH_BYTES, NTENSORS, ITERS)), rounds=3, iterations=1
+    )
     loader_s = min(times)
     torch_s = min(torch_loop() for _ in range(3))
     gb = BATCH_BYTES * ITERS / 1e9
     ratio = (gb / loader_s) / (gb / torch_s)
-    print(f"\n[bench_cuda] h2d {BATCH_BYTES >> 20} MiB x {ITERS} batches: loader "
-          f"{gb / loader_s:.1f} GB/s, torch non_blocking copy_ {gb / torch_s:.1f} GB/s, "
-          f"ratio {ratio:.2f}")
+    print(
+        f"\n[bench_cuda] h2d {BATCH_BYTES >> 20} MiB x {ITERS} batches: loader "
+        f"{gb / loader_s:.1f} GB/s, torch non_blocking copy_ {gb / torch_s:.1f} GB/s, "
+        f"ratio {ratio:.2f}"
+    )
     benchmark.extra_info.update(loader_gbps=gb / loader_s, torch_gbps=gb / torch_s, ratio=ratio)
     stage.close()
 
@@ -69,8 +73,16 @@ def test_h2d_throughput(benchmark):
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
-    return make_dataset(str(tmp_path_factory.mktemp("benchcuda")), n_samples=96, seed=5,
-                        n_shards=2, n_images=16, min_size=64, max_size=320)
+
+    return make_dataset(
+        str(tmp_path_factory.mktemp("benchcuda")),
+        n_samples=96,
+        seed=5,
+        n_shards=2,
+        n_images=16,
+        min_size=64,
+        max_size=320,
+    )
 
 
 def test_trainer_wait_time_ratio(benchmark, ds):
@@ -79,9 +91,16 @@ def test_trainer_wait_time_ratio(benchmark, ds):
     torch = _torch_cuda()
     import os
     import mmloader
+
     tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-    args = dict(tokenizer=tiny, micro_batch_size=4, num_threads=max(1, (os.cpu_count() or 2) - 2),
-                prefetch=4, min_pixels=28 * 28 * 16, max_pixels=448 * 448)
+    args = dict(
+        tokenizer=tiny,
+        micro_batch_size=4,
+        num_threads=max(1, (os.cpu_count() or 2) - 2),
+        prefetch=4,
+        min_pixels=28 * 28 * 16,
+        max_pixels=448 * 448,
+    )
     cycles = 2_000_000  # GPU clock cycles: about 1 ms
 
     def train(**kw):
@@ -102,14 +121,18 @@ def test_trainer_wait_time_ratio(benchmark, ds):
 
     train(device="cuda:0")  # warm up (CUDA context, pools)
     res = {}
-    benchmark.pedantic(lambda: res.setdefault("device", train(device="cuda:0")), rounds=1,
-                       iterations=1)
+    benchmark.pedantic(
+        lambda: res.setdefault("device", train(device="cuda:0")), rounds=1, iterations=1
+    )
     res["pinned"] = train(pin_memory=True)
     res["pageable"] = train()
     for k, (w, sps) in res.items():
         print(f"[bench_cuda] trainer {k}: wait_time_ratio {w:.3f}, {sps:.1f} steps/s")
-    print(f"[bench_cuda] trainer steps/s ratio device/pinned "
-          f"{res['device'][1] / res['pinned'][1]:.2f}, device/pageable "
-          f"{res['device'][1] / res['pageable'][1]:.2f}")
-    benchmark.extra_info.update({k: {"wait_time_ratio": w, "steps_per_s": s}
-                                 for k, (w, s) in res.items()})
+    print(
+        f"[bench_cuda] trainer steps/s ratio device/pinned "
+        f"{res['device'][1] / res['pinned'][1]:.2f}, device/pageable "
+        f"{res['device'][1] / res['pageable'][1]:.2f}"
+    )
+    benchmark.extra_info.update(
+        {k: {"wait_time_ratio": w, "steps_per_s": s} for k, (w, s) in res.items()}
+    )

@@ -24,9 +24,9 @@ What is measured:
     (10^4 samples) and all shards (10^6), index used vs ``index=False`` (the scan of
     every shard at start).  Everything runs with max_pixels=200704.
 """
+
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -51,12 +51,18 @@ PEER = int(os.environ.get("MML_BENCH_IDX_PEER", "50000"))
 ROUNDS = int(os.environ.get("MML_BENCH_IDX_ROUNDS", "3"))
 PER_SHARD = 10_000
 VISION = dict(max_pixels=200704)  # the settings the index is built for and the Loader uses
-QWEN = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "data", "qwen3-tokenizer",
-                    "tokenizer.json")
-TOKENIZER = QWEN if os.path.exists(QWEN) else os.path.join(
-    os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-WORDS = ("the a photo of cat dog street city river mountain shows what is in this image "
-         "describe colour left right small large two three near far").split()
+QWEN = os.path.join(
+    os.path.dirname(os.path.dirname(HERE)), "shared", "data", "qwen3-tokenizer", "tokenizer.json"
+)
+TOKENIZER = (
+    QWEN
+    if os.path.exists(QWEN)
+    else os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+)
+WORDS = (
+    "the a photo of cat dog street city river mountain shows what is in this image "
+    "describe colour left right small large two three near far"
+).split()
 
 
 def _images(root: str) -> list:
@@ -98,27 +104,43 @@ def data(tmp_path_factory):
                 k = 2 if i % 5 == 0 else 1
                 q = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))
                 a = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 120)))
-                f.write(json.dumps({"messages": [
-                    {"role": "user", "content": "<image>" * k + q},
-                    {"role": "assistant", "content": a}],
-                    "images": [rng.choice(names) for _ in range(k)]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "messages": [
+                                {"role": "user", "content": "<image>" * k + q},
+                                {"role": "assistant", "content": a},
+                            ],
+                            "images": [rng.choice(names) for _ in range(k)],
+                        }
+                    )
+                    + "\n"
+                )
         shards.append(p)
     return root, shards
 
 
 def test_build_throughput(benchmark, data):
     root, shards = data
-    s = benchmark.pedantic(lambda: dsindex.build(shards, tokenizer=TOKENIZER, **VISION),
-                           rounds=1, iterations=1)
+    s = benchmark.pedantic(
+        lambda: dsindex.build(shards, tokenizer=TOKENIZER, **VISION), rounds=1, iterations=1
+    )
     built = s["samples"] - s["resumed"]
     assert built == SAMPLES and s["good"] == SAMPLES, s["bad"]
     rate, per = built / s["seconds"], s["bytes_read"] / built
     # the peer: the planning pass a loader runs without an index, on the first shards
-    peer = shards[:max(1, PEER // PER_SHARD)]
+    peer = shards[: max(1, PEER // PER_SHARD)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        L = mmloader.Loader(peer, tokenizer=TOKENIZER, plan_only=True, index=False, **VISION,
-                            micro_batch_size=64, shuffle=False)
+        L = mmloader.Loader(
+            peer,
+            tokenizer=TOKENIZER,
+            plan_only=True,
+            index=False,
+            **VISION,
+            micro_batch_size=64,
+            shuffle=False,
+        )
     t0 = time.perf_counter()
     for _ in L:
         pass
@@ -126,13 +148,17 @@ def test_build_throughput(benchmark, data):
     st = L.stats()
     L.close()
     prate, pper = st["samples"] / dt, st["bytes_read"] / st["samples"]
-    print(f"\nindex build: {built:,} samples, {s['images']:,} images in {s['seconds']:.1f} s "
-          f"with {os.cpu_count()} CPUs: {rate:,.0f} samples/s, {per:,.0f} bytes read per sample "
-          f"(index files {sum(os.path.getsize(p + '.mmlidx') for p in shards) / built:.1f} "
-          f"bytes per sample)")
-    print(f"peer (Loader plan_only pass, {st['samples']:,} samples): {prate:,.0f} samples/s, "
-          f"{pper:,.0f} bytes read per sample; index build / planning pass: "
-          f"{rate / prate:.2f}x the rate, {per / pper:.3f}x the bytes")
+    print(
+        f"\nindex build: {built:,} samples, {s['images']:,} images in {s['seconds']:.1f} s "
+        f"with {os.cpu_count()} CPUs: {rate:,.0f} samples/s, {per:,.0f} bytes read per sample "
+        f"(index files {sum(os.path.getsize(p + '.mmlidx') for p in shards) / built:.1f} "
+        f"bytes per sample)"
+    )
+    print(
+        f"peer (Loader plan_only pass, {st['samples']:,} samples): {prate:,.0f} samples/s, "
+        f"{pper:,.0f} bytes read per sample; index build / planning pass: "
+        f"{rate / prate:.2f}x the rate, {per / pper:.3f}x the bytes"
+    )
 
 
 def _first_batch(shards, **kw):
@@ -141,8 +167,9 @@ def _first_batch(shards, **kw):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()
-            L = mmloader.Loader(shards, tokenizer=TOKENIZER, **dict(dict(micro_batch_size=8),
-                                **VISION, **kw))
+            L = mmloader.Loader(
+                shards, tokenizer=TOKENIZER, **dict(dict(micro_batch_size=8), **VISION, **kw)
+            )
             t1 = time.perf_counter()
             next(iter(L))
             start.append(t1 - t0)
@@ -157,21 +184,28 @@ def test_time_to_first_batch(benchmark, data):
     dsindex.build(shards, tokenizer=TOKENIZER, **VISION)  # up to date after test_build_throughput
 
     def run():
-        return {(n, ix): _first_batch(shards[:n], **({} if ix else {"index": False}))
-                for n in (1, len(shards)) for ix in (True, False)}
+        return {
+            (n, ix): _first_batch(shards[:n], **({} if ix else {"index": False}))
+            for n in (1, len(shards))
+            for ix in (True, False)
+        }
 
     r = benchmark.pedantic(run, rounds=1, iterations=1)
     for n in (1, len(shards)):
         (s, t, used), (s0, t0, _) = r[(n, True)], r[(n, False)]
         assert used == n
-        print(f"\n{n * PER_SHARD:>9,} samples: with the index: Loader() {1000 * s:6.0f} ms, first "
-              f"batch {1000 * t:6.0f} ms; index=False (scan): Loader() {1000 * s0:6.0f} ms, "
-              f"first batch {1000 * t0:6.0f} ms (medians of {ROUNDS})")
+        print(
+            f"\n{n * PER_SHARD:>9,} samples: with the index: Loader() {1000 * s:6.0f} ms, first "
+            f"batch {1000 * t:6.0f} ms; index=False (scan): Loader() {1000 * s0:6.0f} ms, "
+            f"first batch {1000 * t0:6.0f} ms (medians of {ROUNDS})"
+        )
     big, small = r[(len(shards), True)], r[(1, True)]
     big0, small0 = r[(len(shards), False)], r[(1, False)]
-    print(f"{len(shards)}x the data: with the index {big[1] / small[1]:.2f}x the time to first "
-          f"batch (Loader() {big[0] / small[0]:.1f}x); scanning {big0[1] / small0[1]:.2f}x "
-          f"(Loader() {big0[0] / small0[0]:.1f}x)")
+    print(
+        f"{len(shards)}x the data: with the index {big[1] / small[1]:.2f}x the time to first "
+        f"batch (Loader() {big[0] / small[0]:.1f}x); scanning {big0[1] / small0[1]:.2f}x "
+        f"(Loader() {big0[0] / small0[0]:.1f}x)"
+    )
 
 
 def test_global_plan_start(benchmark, data):
@@ -182,13 +216,22 @@ def test_global_plan_start(benchmark, data):
     sizes = sorted({1, max(1, PEER // PER_SHARD)})
 
     def run():
-        return {(n, ix): _first_batch(shards[:n], max_tokens_per_batch=16384,
-                                      micro_batch_size=None, **({} if ix else {"index": False}))
-                for n in sizes for ix in (True, False)}
+        return {
+            (n, ix): _first_batch(
+                shards[:n],
+                max_tokens_per_batch=16384,
+                micro_batch_size=None,
+                **({} if ix else {"index": False}),
+            )
+            for n in sizes
+            for ix in (True, False)
+        }
 
     r = benchmark.pedantic(run, rounds=1, iterations=1)
     for n in sizes:
         (s, t, _), (s0, t0, _) = r[(n, True)], r[(n, False)]
-        print(f"\nglobal plan, {n * PER_SHARD:>9,} samples: Loader() {1000 * s:7.0f} ms with the "
-              f"index, {1000 * s0:7.0f} ms with the planning pass (index=False): "
-              f"{s0 / s:.1f}x; first batch {1000 * t:.0f} vs {1000 * t0:.0f} ms")
+        print(
+            f"\nglobal plan, {n * PER_SHARD:>9,} samples: Loader() {1000 * s:7.0f} ms with the "
+            f"index, {1000 * s0:7.0f} ms with the planning pass (index=False): "
+            f"{s0 / s:.1f}x; first batch {1000 * t:.0f} vs {1000 * t0:.0f} ms"
+        )

@@ -31,6 +31,7 @@ only those; MML_BENCH_REPEATS, MML_BENCH_MIN_SECONDS, MML_BENCH_MIN_SAMPLES,
 MML_BENCH_MAX_SECONDS (a run's cap, default 60 s), MML_BENCH_RECORDS override the sizes;
 MML_BENCH_BUDGET_S skips (saying so) what would start after that many seconds; MML_BENCH_DATA is where datasets are cached.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -57,8 +58,12 @@ PIPELINES: Dict[str, Tuple[str, Dict[str, Any], str, Tuple[str, ...]]] = {
     # in the order each repeat runs them: the targets' pipelines first
     "dataloader": ("dataloader", {}, "default", ("local", "remote")),
     "mmloader": ("mmloader_pipe", {}, "default", ("local", "remote")),
-    "mmloader-uint8": ("mmloader_pipe", {"mmloader_kwargs": {"pixel_format": "uint8"}},
-                       "default", ("local",)),
+    "mmloader-uint8": (
+        "mmloader_pipe",
+        {"mmloader_kwargs": {"pixel_format": "uint8"}},
+        "default",
+        ("local",),
+    ),
     "spdl": ("spdl_pipe", {}, "default", ("local", "remote")),
     "energon": ("energon_pipe", {}, "default", ("local",)),
     "dali": ("dali_pipe", {}, "default", ("local",)),
@@ -138,27 +143,59 @@ class Suite:
         # Energon repeats its prepared tars itself (an infinite train dataset)
         shard = self.shard if module == "energon_pipe" else self.long_shard
         settings: Dict[str, Any] = dict(
-            module=module, batch_size=self.batch_size, threads=self.cores, inflight=64,
-            prefetch=4, tokenizer=self.tokenizer, step_ms=0.0, min_samples=self.min_samples,
-            min_seconds=self.min_seconds, max_seconds=self.max_seconds)
+            module=module,
+            batch_size=self.batch_size,
+            threads=self.cores,
+            inflight=64,
+            prefetch=4,
+            tokenizer=self.tokenizer,
+            step_ms=0.0,
+            min_samples=self.min_samples,
+            min_seconds=self.min_seconds,
+            max_seconds=self.max_seconds,
+        )
         settings.update(extra)
         settings.update(kw)
         return make_config(self.shards(source, shard), **settings)
 
-    def record(self, group: str, pipeline: str, source: str, res: Dict[str, Any],
-               repeat: int = 0, **params: Any) -> None:
-        self.runs.append({"group": group, "pipeline": pipeline, "source": source,
-                          "repeat": repeat, "params": params, "result": res})
+    def record(
+        self,
+        group: str,
+        pipeline: str,
+        source: str,
+        res: Dict[str, Any],
+        repeat: int = 0,
+        **params: Any,
+    ) -> None:
+        self.runs.append(
+            {
+                "group": group,
+                "pipeline": pipeline,
+                "source": source,
+                "repeat": repeat,
+                "params": params,
+                "result": res,
+            }
+        )
 
-    def measure(self, benchmark, group: str, pipeline: str, source: str, cfg: Dict[str, Any],
-                repeat: int = 0, **params: Any) -> Dict[str, Any]:
+    def measure(
+        self,
+        benchmark,
+        group: str,
+        pipeline: str,
+        source: str,
+        cfg: Dict[str, Any],
+        repeat: int = 0,
+        **params: Any,
+    ) -> Dict[str, Any]:
         spent = time.monotonic() - self.t_start
         if self.budget_s and spent > self.budget_s:
             why = f"time budget of the run ({self.budget_s:.0f} s, MML_BENCH_BUDGET_S) spent"
             self.record(group, pipeline, source, {"skipped": why}, repeat, **params)
             pytest.skip(why)
-        res = benchmark.pedantic(run_subprocess, args=(cfg,), kwargs={"timeout": 900},
-                                 rounds=1, iterations=1)
+        res = benchmark.pedantic(
+            run_subprocess, args=(cfg,), kwargs={"timeout": 900}, rounds=1, iterations=1
+        )
         self.record(group, pipeline, source, res, repeat, **params)
         benchmark.extra_info.update({k: v for k, v in res.items() if not isinstance(v, dict)})
         if "skipped" in res:
@@ -168,22 +205,37 @@ class Suite:
             pytest.fail(f"{pipeline} ({source}) failed: {res['error']}")
         if "samples_per_s" in res:
             faults = res.get("faults_per_batch")
-            print(f"\n[e2e] {group:10s} {pipeline:14s} {source:6s} r{repeat} {params} "
-                  f"{res['samples_per_s']:7.1f} samples/s  {res['samples']} samples "
-                  f"{res['wall_s']:.0f} s  cpu {1000 * res['cpu_s_per_sample']:.1f} ms/sample"
-                  f"  wait {100 * res['wait_ratio']:5.1f}%  mem {res['peak_mem_mb']:.0f} MB"
-                  f"  faults/batch {faults if faults is None else round(faults)}")
+            print(
+                f"\n[e2e] {group:10s} {pipeline:14s} {source:6s} r{repeat} {params} "
+                f"{res['samples_per_s']:7.1f} samples/s  {res['samples']} samples "
+                f"{res['wall_s']:.0f} s  cpu {1000 * res['cpu_s_per_sample']:.1f} ms/sample"
+                f"  wait {100 * res['wait_ratio']:5.1f}%  mem {res['peak_mem_mb']:.0f} MB"
+                f"  faults/batch {faults if faults is None else round(faults)}"
+            )
         return res
 
     def results(self, group: str, pipeline: str, source: str) -> List[Dict[str, Any]]:
-        return [r["result"] for r in self.runs
-                if (r["group"], r["pipeline"], r["source"]) == (group, pipeline, source)
-                and "samples_per_s" in r["result"]]
+        return [
+            r["result"]
+            for r in self.runs
+            if (r["group"], r["pipeline"], r["source"]) == (group, pipeline, source)
+            and "samples_per_s" in r["result"]
+        ]
 
     def meta(self) -> Dict[str, Any]:
         versions = {}
-        for mod in ("torch", "transformers", "tokenizers", "PIL", "numpy", "spdl", "ray",
-                    "aiohttp", "megatron.energon", "nvidia.dali"):
+        for mod in (
+            "torch",
+            "transformers",
+            "tokenizers",
+            "PIL",
+            "numpy",
+            "spdl",
+            "ray",
+            "aiohttp",
+            "megatron.energon",
+            "nvidia.dali",
+        ):
             try:
                 m = __import__(mod, fromlist=["__version__"])
                 versions[mod] = getattr(m, "__version__", "?")
@@ -192,19 +244,32 @@ class Suite:
         cpu = ""
         try:
             with open("/proc/cpuinfo") as f:
-                cpu = next((ln.split(":", 1)[1].strip() for ln in f
-                            if ln.startswith("model name")), "")
+                cpu = next(
+                    (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
+                )
         except OSError:
             pass
-        return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "cores": self.cores, "cpu": cpu, "python": platform.python_version(),
-                "versions": versions, "mode": self.mode, "records": self.records,
-                "repeats": self.repeats, "min_samples": self.min_samples,
-                "min_seconds": self.min_seconds, "max_seconds": self.max_seconds,
-                "budget_s": self.budget_s, "elapsed_s": time.monotonic() - self.t_start, "batch_size": self.batch_size,
-                "latency_s": LATENCY_S, "tokenizer": self.tokenizer_kind,
-                "loadavg_start": self.load_start, "loadavg_end": os.getloadavg(),
-                "dataset": dataset.describe(self.shard)}
+        return {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cores": self.cores,
+            "cpu": cpu,
+            "python": platform.python_version(),
+            "versions": versions,
+            "mode": self.mode,
+            "records": self.records,
+            "repeats": self.repeats,
+            "min_samples": self.min_samples,
+            "min_seconds": self.min_seconds,
+            "max_seconds": self.max_seconds,
+            "budget_s": self.budget_s,
+            "elapsed_s": time.monotonic() - self.t_start,
+            "batch_size": self.batch_size,
+            "latency_s": LATENCY_S,
+            "tokenizer": self.tokenizer_kind,
+            "loadavg_start": self.load_start,
+            "loadavg_end": os.getloadavg(),
+            "dataset": dataset.describe(self.shard),
+        }
 
     def finish(self) -> None:
         if self.server is not None:
@@ -213,8 +278,9 @@ class Suite:
         path = os.path.join(self.out, "e2e.json")
         with open(path, "w") as f:
             json.dump({"meta": self.meta(), "runs": self.runs}, f, indent=1)
-        md = report.generate(path, out_dir=self.out,
-                             md_path=os.path.join(os.path.dirname(self.out), "results.md"))
+        md = report.generate(
+            path, out_dir=self.out, md_path=os.path.join(os.path.dirname(self.out), "results.md")
+        )
         if os.path.abspath(self.out) == os.path.join(HERE, "results"):
             report.fill_readme(path, os.path.join(os.path.dirname(HERE), "README.md"))
         print("\n" + md)
@@ -241,8 +307,11 @@ def _mode_from_argv() -> str:
 
 @pytest.fixture(scope="module")
 def suite(request):
-    out = (request.config.getoption("--e2e-out", default=None) or os.environ.get("MML_BENCH_OUT")
-           or os.path.join(HERE, "results"))
+    out = (
+        request.config.getoption("--e2e-out", default=None)
+        or os.environ.get("MML_BENCH_OUT")
+        or os.path.join(HERE, "results")
+    )
     s = Suite(_mode(request.config), out)
     yield s
     s.finish()
@@ -258,11 +327,20 @@ def test_same_work(benchmark, suite):
     if not modules:
         pytest.skip("none of mmloader, energon, dali selected")
     benchmark.group = "e2e-parity"
-    cfg = make_config([suite.shard], module="naive", batch_size=suite.batch_size,
-                      threads=suite.cores, inflight=16, prefetch=2, tokenizer=suite.tokenizer,
-                      batches=2, parity=modules)
-    out = benchmark.pedantic(run_subprocess, args=(cfg,), kwargs={"timeout": 900},
-                             rounds=1, iterations=1)
+    cfg = make_config(
+        [suite.shard],
+        module="naive",
+        batch_size=suite.batch_size,
+        threads=suite.cores,
+        inflight=16,
+        prefetch=2,
+        tokenizer=suite.tokenizer,
+        batches=2,
+        parity=modules,
+    )
+    out = benchmark.pedantic(
+        run_subprocess, args=(cfg,), kwargs={"timeout": 900}, rounds=1, iterations=1
+    )
     assert "error" not in out, out.get("error")
     bad = []
     for module in modules:
@@ -274,14 +352,21 @@ def test_same_work(benchmark, suite):
         if "error" in res:
             bad.append(f"{name}: {res['error']}")
             continue
-        print(f"\n[e2e] parity {name}: {res['batches']} batches, {res['samples']} samples, "
-              f"pixel max abs diff {res['pixel_max_abs_diff']:.2e} "
-              f"(mean {res['pixel_mean_abs_diff']:.1e}), mismatches {res['mismatch'] or 'none'}")
+        print(
+            f"\n[e2e] parity {name}: {res['batches']} batches, {res['samples']} samples, "
+            f"pixel max abs diff {res['pixel_max_abs_diff']:.2e} "
+            f"(mean {res['pixel_mean_abs_diff']:.1e}), mismatches {res['mismatch'] or 'none'}"
+        )
         limit, mean = (0.5, 0.01) if name == "dali" else (1e-3, 1e-3)  # 0.5 ~ 35/255 levels
-        if res["mismatch"] or res["pixel_max_abs_diff"] >= limit or \
-                res["pixel_mean_abs_diff"] >= mean:
-            bad.append(f"{name}: {res['mismatch']} max {res['pixel_max_abs_diff']:.2e} "
-                       f"mean {res['pixel_mean_abs_diff']:.1e}")
+        if (
+            res["mismatch"]
+            or res["pixel_max_abs_diff"] >= limit
+            or res["pixel_mean_abs_diff"] >= mean
+        ):
+            bad.append(
+                f"{name}: {res['mismatch']} max {res['pixel_max_abs_diff']:.2e} "
+                f"mean {res['pixel_mean_abs_diff']:.1e}"
+            )
     assert not bad, bad
 
 
@@ -291,26 +376,42 @@ def test_decode_only(benchmark, suite):
     repeat (at least MIN_SAMPLES samples)."""
     benchmark.group = "e2e-decode"
     for r in range(suite.repeats):
-        cfg = make_config([suite.shard], module="decode_only", decode=True,
-                          min_samples=suite.min_samples)
-        res = benchmark.pedantic(run_subprocess, args=(cfg,), kwargs={"timeout": 900},
-                                 rounds=1, iterations=1) if r == 0 else run_subprocess(cfg)
+        cfg = make_config(
+            [suite.shard], module="decode_only", decode=True, min_samples=suite.min_samples
+        )
+        res = (
+            benchmark.pedantic(
+                run_subprocess, args=(cfg,), kwargs={"timeout": 900}, rounds=1, iterations=1
+            )
+            if r == 0
+            else run_subprocess(cfg)
+        )
         suite.record("decode", "decode-only", "local", res, r)
         assert "error" not in res, res.get("error")
-        print(f"\n[e2e] decode-only r{r}: {1000 * res['cpu_s_per_sample']:.2f} ms/sample "
-              f"(Pillow {1000 * res['pil_cpu_s_per_sample']:.2f}) over {res['samples']} samples")
+        print(
+            f"\n[e2e] decode-only r{r}: {1000 * res['cpu_s_per_sample']:.2f} ms/sample "
+            f"(Pillow {1000 * res['pil_cpu_s_per_sample']:.2f}) over {res['samples']} samples"
+        )
 
 
 def _throughput_cases():
     mode = _mode_from_argv()
     reps = _env_int("MML_BENCH_REPEATS", 1 if mode == "smoke" else 3)
     sources = ("local",) if mode == "smoke" else SOURCES
-    return [(r, src, n) for r in range(reps) for src in sources for n in PIPELINES
-            if src in PIPELINES[n][3]]
+    return [
+        (r, src, n)
+        for r in range(reps)
+        for src in sources
+        for n in PIPELINES
+        if src in PIPELINES[n][3]
+    ]
 
 
-@pytest.mark.parametrize("repeat,source,name", _throughput_cases(),
-                         ids=[f"r{r}-{s}-{n}" for r, s, n in _throughput_cases()])
+@pytest.mark.parametrize(
+    "repeat,source,name",
+    _throughput_cases(),
+    ids=[f"r{r}-{s}-{n}" for r, s, n in _throughput_cases()],
+)
 def test_throughput(benchmark, suite, repeat, source, name):
     """Every pipeline, trainer step 0 (the loader's own rate; mmloader's local median is
     also its batch production time): samples/s, CPU, memory, faults."""
@@ -333,12 +434,12 @@ def _wait_cases():
     mode = _mode_from_argv()
     reps = _env_int("MML_BENCH_REPEATS", 1 if mode == "smoke" else 3)
     factors = WAIT_FACTORS_FULL if mode == "full" else (1.2,)
-    return [(r, p, f) for r in range(reps) for p in ("mmloader", "dataloader")
-            for f in factors]
+    return [(r, p, f) for r in range(reps) for p in ("mmloader", "dataloader") for f in factors]
 
 
-@pytest.mark.parametrize("repeat,name,factor", _wait_cases(),
-                         ids=[f"r{r}-{p}-{f}" for r, p, f in _wait_cases()])
+@pytest.mark.parametrize(
+    "repeat,name,factor", _wait_cases(), ids=[f"r{r}-{p}-{f}" for r, p, f in _wait_cases()]
+)
 def test_wait_ratio(benchmark, suite, repeat, name, factor):
     """Wait-time ratio with the trainer step at `factor` x mmloader's batch production time
     (the median of its local throughput runs; target <= 2% at 1.2x); the DataLoader at the
@@ -353,16 +454,26 @@ def test_wait_ratio(benchmark, suite, repeat, name, factor):
         pytest.skip("no mmloader production time (its local throughput runs did not run)")
     benchmark.group = "e2e-wait"
     step = factor * prod_ms
-    suite.measure(benchmark, "wait", name, "local", suite.config(name, "local", step_ms=step),
-                  repeat, factor=factor, step_ms=step, production_ms=prod_ms)
+    suite.measure(
+        benchmark,
+        "wait",
+        name,
+        "local",
+        suite.config(name, "local", step_ms=step),
+        repeat,
+        factor=factor,
+        step_ms=step,
+        production_ms=prod_ms,
+    )
 
 
 def _thread_cases():
     return [(p, n) for p in ("mmloader", "dataloader") for n in (1, 2, 4, 8)]
 
 
-@pytest.mark.parametrize("name,threads", _thread_cases(),
-                         ids=[f"{p}-{n}" for p, n in _thread_cases()])
+@pytest.mark.parametrize(
+    "name,threads", _thread_cases(), ids=[f"{p}-{n}" for p, n in _thread_cases()]
+)
 def test_threads(benchmark, suite, name, threads):
     """--e2e-full: throughput against the thread (DataLoader: worker) count, local."""
     if threads not in suite.threads_sweep:
@@ -371,8 +482,14 @@ def test_threads(benchmark, suite, name, threads):
     if why:
         pytest.skip(why)
     benchmark.group = "e2e-threads"
-    suite.measure(benchmark, "threads", name, "local",
-                  suite.config(name, "local", threads=threads), threads=threads)
+    suite.measure(
+        benchmark,
+        "threads",
+        name,
+        "local",
+        suite.config(name, "local", threads=threads),
+        threads=threads,
+    )
 
 
 MAX_MEMORY = 1 << 30

@@ -9,6 +9,7 @@ something is CPU-bound (here: most likely the Python test server on a shared mac
 
     python3 -m pytest benchmarks/bench_fetch.py --benchmark-only -q -s
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,11 @@ def server(tmp_path_factory):
     rng = random.Random(0)
     for i in range(NIMAGES):
         (root / BUCKET / f"{i:05d}.jpg").write_bytes(rng.randbytes(IMAGE_BYTES))
-    proc = subprocess.Popen([sys.executable, SERVER, "--root", str(root), "--latency", str(LATENCY)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--root", str(root), "--latency", str(LATENCY)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
         proc.kill()
@@ -61,6 +65,7 @@ def _urls(base: str, n: int):
 
 
 # ---- the three clients -------------------------------------------------------------------
+
 
 def run_mmloader(base, k, n):
     with _core.Fetcher(max_inflight=k) as f:
@@ -83,10 +88,12 @@ def run_asyncio(base, k, n):
                 async with sem:
                     async with s.get(u) as r:
                         return await r.read()
+
             return await asyncio.gather(*(one(u) for u in _urls(base, n)))
 
     async def main_threads():
         import urllib.request
+
         sem = asyncio.Semaphore(k)
 
         def get(u):
@@ -96,6 +103,7 @@ def run_asyncio(base, k, n):
         async def one(u):
             async with sem:
                 return await asyncio.to_thread(get, u)
+
         return await asyncio.gather(*(one(u) for u in _urls(base, n)))
 
     out = asyncio.run(main_aiohttp() if aiohttp else main_threads())
@@ -106,10 +114,17 @@ def run_asyncio(base, k, n):
 def run_boto3(base, k, n):
     boto3 = pytest.importorskip("boto3")
     from botocore.config import Config
-    s3 = boto3.client("s3", endpoint_url=base, region_name="us-east-1",
-                      aws_access_key_id="bench", aws_secret_access_key="bench",
-                      config=Config(max_pool_connections=k, s3={"addressing_style": "path"},
-                                    retries={"max_attempts": 1}))
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=base,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(
+            max_pool_connections=k, s3={"addressing_style": "path"}, retries={"max_attempts": 1}
+        ),
+    )
 
     def get(i):
         return s3.get_object(Bucket=BUCKET, Key=f"{i:05d}.jpg")["Body"].read()
@@ -139,19 +154,31 @@ def test_fetch_throughput_vs_inflight(benchmark, server):
         peer_name = "asyncio+urllib"
     rows = []
     for k in INFLIGHT:
-        rows.append((k, _rate(run_mmloader, base, k), _rate(run_asyncio, base, k),
-                     _rate(run_boto3, base, k)))
+        rows.append(
+            (
+                k,
+                _rate(run_mmloader, base, k),
+                _rate(run_asyncio, base, k),
+                _rate(run_boto3, base, k),
+            )
+        )
     # pytest-benchmark timing of the headline setting (64 in flight, 600 images)
     benchmark.pedantic(run_mmloader, args=(base, 64, NIMAGES), rounds=3, iterations=1)
-    print(f"\n{IMAGE_BYTES // 1000} kB objects, {LATENCY * 1000:.0f} ms first-byte latency "
-          f"(ideal = in-flight / latency)")
+    print(
+        f"\n{IMAGE_BYTES // 1000} kB objects, {LATENCY * 1000:.0f} ms first-byte latency "
+        f"(ideal = in-flight / latency)"
+    )
     print("images/s (client CPU ms per image)")
-    print(f"{'in-flight':>9} {'ideal':>6} {'mmloader':>14} {peer_name:>14} {'boto3 pool':>14}"
-          f" {'vs ' + peer_name:>11} {'vs boto3':>9}")
+    print(
+        f"{'in-flight':>9} {'ideal':>6} {'mmloader':>14} {peer_name:>14} {'boto3 pool':>14}"
+        f" {'vs ' + peer_name:>11} {'vs boto3':>9}"
+    )
     for k, mm, aio, bt in rows:
         cell = lambda r: f"{r[0]:.0f} ({r[1]:.2f})"  # noqa: E731
-        print(f"{k:>9} {k / LATENCY:>6.0f} {cell(mm):>14} {cell(aio):>14} {cell(bt):>14} "
-              f"{mm[0] / aio[0]:>10.2f}x {mm[0] / bt[0]:>8.2f}x")
+        print(
+            f"{k:>9} {k / LATENCY:>6.0f} {cell(mm):>14} {cell(aio):>14} {cell(bt):>14} "
+            f"{mm[0] / aio[0]:>10.2f}x {mm[0] / bt[0]:>8.2f}x"
+        )
     # sanity, not timing: with one request in flight nobody beats 1 / latency
     assert rows[0][1][0] < 1.5 / LATENCY
 
@@ -165,8 +192,11 @@ def slow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("big")
     os.makedirs(root / BUCKET)
     (root / BUCKET / "big.bin").write_bytes(random.Random(1).randbytes(BIG_BYTES))
-    proc = subprocess.Popen([sys.executable, SERVER, "--root", str(root), "--bandwidth", str(BANDWIDTH)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--root", str(root), "--bandwidth", str(BANDWIDTH)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
         proc.kill()
@@ -188,8 +218,13 @@ def test_parallel_ranges_vs_one_stream(benchmark, slow_server):
     def one_stream():
         assert len(_core.fetch_get(url, range_chunk=1 << 40)) == BIG_BYTES
 
-    s3 = boto3.client("s3", endpoint_url=slow_server, region_name="us-east-1",
-                      aws_access_key_id="bench", aws_secret_access_key="bench")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=slow_server,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    )
 
     def boto():
         assert len(s3.get_object(Bucket=BUCKET, Key="big.bin")["Body"].read()) == BIG_BYTES
@@ -203,10 +238,12 @@ def test_parallel_ranges_vs_one_stream(benchmark, slow_server):
     benchmark.pedantic(ranged, rounds=3, iterations=1)
     t_ranged = benchmark.stats.stats.median
     mb = BIG_BYTES / 1e6
-    print(f"\n{mb:.0f} MB object, {BANDWIDTH / 1e6:.0f} MB/s per connection: "
-          f"8 x 1 MiB ranges {mb / t_ranged:.0f} MB/s, one stream {mb / t_one:.0f} MB/s "
-          f"({t_one / t_ranged:.1f}x), boto3 get_object {mb / t_boto:.0f} MB/s "
-          f"({t_boto / t_ranged:.1f}x)")
+    print(
+        f"\n{mb:.0f} MB object, {BANDWIDTH / 1e6:.0f} MB/s per connection: "
+        f"8 x 1 MiB ranges {mb / t_ranged:.0f} MB/s, one stream {mb / t_one:.0f} MB/s "
+        f"({t_one / t_ranged:.1f}x), boto3 get_object {mb / t_boto:.0f} MB/s "
+        f"({t_boto / t_ranged:.1f}x)"
+    )
 
 
 def test_loader_remote_vs_local(benchmark, tmp_path_factory):
@@ -215,22 +252,40 @@ def test_loader_remote_vs_local(benchmark, tmp_path_factory):
     the fetcher should hide the latency until the workers are CPU-bound."""
     datagen = pytest.importorskip("mmloader.datagen")
     import mmloader
+
     tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
     if not os.path.exists(tiny):
         pytest.skip("tiny tokenizer missing")
     root = str(tmp_path_factory.mktemp("loader-remote"))
-    ds = datagen.make_dataset(root, n_samples=96, seed=0, n_images=48, min_size=160, max_size=480,
-                              text_only_fraction=0.0, two_image_fraction=0.0)
-    proc = subprocess.Popen([sys.executable, SERVER, "--root", root, "--latency", str(LATENCY)],
-                            stdout=subprocess.PIPE, text=True)
+    ds = datagen.make_dataset(
+        root,
+        n_samples=96,
+        seed=0,
+        n_images=48,
+        min_size=160,
+        max_size=480,
+        text_only_fraction=0.0,
+        two_image_fraction=0.0,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, SERVER, "--root", root, "--latency", str(LATENCY)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         if not line.startswith("listening on "):
             pytest.skip("fault server did not start")
         base = line.split()[-1].rstrip("/")
         urls = [f"{base}/{os.path.basename(s)}" for s in ds["shards"]]
-        kw = dict(tokenizer=tiny, micro_batch_size=4, shuffle=False, num_threads=2, prefetch=4,
-                  max_pixels=640 * 640)
+        kw = dict(
+            tokenizer=tiny,
+            micro_batch_size=4,
+            shuffle=False,
+            num_threads=2,
+            prefetch=4,
+            max_pixels=640 * 640,
+        )
 
         def epoch(data, **more):
             with mmloader.Loader(data, **kw, **more) as L:
@@ -240,11 +295,15 @@ def test_loader_remote_vs_local(benchmark, tmp_path_factory):
 
         local = epoch(ds["shards"])
         remote = epoch(urls, max_inflight=64)
-        benchmark.pedantic(epoch, args=(urls,), kwargs=dict(max_inflight=64), rounds=1, iterations=1)
+        benchmark.pedantic(
+            epoch, args=(urls,), kwargs=dict(max_inflight=64), rounds=1, iterations=1
+        )
     finally:
         proc.terminate()
         proc.wait(10)
-    print(f"\nLoader, 96 samples, 30 ms latency: local {local[0]:.0f} samples/s "
-          f"({local[1]:.2f} CPU s), http {remote[0]:.0f} samples/s ({remote[1]:.2f} CPU s): "
-          f"remote/local {remote[0] / local[0]:.2f}x; with one request at a time the latency "
-          f"alone would cap it near {1 / (2 * LATENCY):.0f} samples/s")
+    print(
+        f"\nLoader, 96 samples, 30 ms latency: local {local[0]:.0f} samples/s "
+        f"({local[1]:.2f} CPU s), http {remote[0]:.0f} samples/s ({remote[1]:.2f} CPU s): "
+        f"remote/local {remote[0] / local[0]:.2f}x; with one request at a time the latency "
+        f"alone would cap it near {1 / (2 * LATENCY):.0f} samples/s"
+    )

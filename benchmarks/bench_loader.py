@@ -8,6 +8,7 @@ the Python-side cost of Loader.__next__ per batch when batches are ready.
 Environment: MML_BENCH_LOADER_SAMPLES (default 96), MML_BENCH_LOADER_WORKERS (default:
 min(2, CPUs)).  Kept short: a few seconds per peer on a 2-core machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,16 @@ RESULTS = {}
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("bench-loader"))
-    return make_dataset(root, n_samples=SAMPLES, seed=0, n_images=max(8, SAMPLES // 2),
-                        min_size=160, max_size=800, text_only_fraction=0.0,
-                        two_image_fraction=0.0)
+    return make_dataset(
+        root,
+        n_samples=SAMPLES,
+        seed=0,
+        n_images=max(8, SAMPLES // 2),
+        min_size=160,
+        max_size=800,
+        text_only_fraction=0.0,
+        two_image_fraction=0.0,
+    )
 
 
 def _smart_resize(h: int, w: int, factor: int, min_pixels: int, max_pixels: int):
@@ -81,8 +89,13 @@ class PILDataset:
             return rec["image"] if isinstance(rec["image"], list) else [rec["image"]]
         if "images" in rec:
             return rec["images"]
-        return [p.get("image") for m in rec["messages"] if isinstance(m["content"], list)
-                for p in m["content"] if p.get("type") == "image"]
+        return [
+            p.get("image")
+            for m in rec["messages"]
+            if isinstance(m["content"], list)
+            for p in m["content"]
+            if p.get("type") == "image"
+        ]
 
     def __getitem__(self, i):
         from PIL import Image
@@ -93,8 +106,9 @@ class PILDataset:
         for name in self._images(rec):
             with Image.open(os.path.join(root, name)) as im:
                 im = im.convert("RGB")
-                h, w = _smart_resize(im.height, im.width, self.factor, self.min_pixels,
-                                     self.max_pixels)
+                h, w = _smart_resize(
+                    im.height, im.width, self.factor, self.min_pixels, self.max_pixels
+                )
                 im = im.resize((w, h), Image.BICUBIC)
                 out.append((np.asarray(im, np.float32) - self.mean) / self.std)
         return out
@@ -107,8 +121,15 @@ def _cpu(who):
 
 def _mmloader_images_per_s(ds, threads):
     """(images per wall second, images per CPU second of the whole process, stats)."""
-    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=4, shuffle=False,
-                         num_threads=threads, prefetch=4, max_pixels=MAX_PIXELS) as L:
+    with mmloader.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=4,
+        shuffle=False,
+        num_threads=threads,
+        prefetch=4,
+        max_pixels=MAX_PIXELS,
+    ) as L:
         c0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
         for _ in L:
             pass
@@ -121,8 +142,14 @@ def _dataloader_images_per_s(ds, workers):
     import torch.utils.data as tud
 
     dset = PILDataset(ds["shards"])
-    dl = tud.DataLoader(dset, batch_size=4, num_workers=workers, collate_fn=lambda b: b,
-                        prefetch_factor=4 if workers else None, persistent_workers=False)
+    dl = tud.DataLoader(
+        dset,
+        batch_size=4,
+        num_workers=workers,
+        collate_fn=lambda b: b,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=False,
+    )
     n = 0
     c0 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -142,22 +169,31 @@ def test_images_per_core_vs_dataloader(benchmark, ds):
 
     mml, mml_cpu, tdl, tdl_cpu, st = benchmark.pedantic(run, rounds=1, iterations=1)
     RESULTS["images_per_core"] = (mml / WORKERS, tdl / WORKERS)
-    print(f"\n[bench_loader] decoded images/s per core ({WORKERS} worker(s), "
-          f"{SAMPLES} samples): mmloader {mml / WORKERS:.1f}, PyTorch DataLoader+PIL "
-          f"{tdl / WORKERS:.1f} -> ratio {mml / tdl:.2f}x; per CPU-second (all threads and "
-          f"processes): mmloader {mml_cpu:.1f}, DataLoader {tdl_cpu:.1f} -> ratio "
-          f"{mml_cpu / tdl_cpu:.2f}x; mmloader wait-time ratio "
-          f"{st['wait_time_ratio']:.2f}, busy s: read {st['read_s']:.2f} vision "
-          f"{st['vision_s']:.2f} tokenize {st['tokenize_s']:.2f} collate {st['collate_s']:.2f}")
+    print(
+        f"\n[bench_loader] decoded images/s per core ({WORKERS} worker(s), "
+        f"{SAMPLES} samples): mmloader {mml / WORKERS:.1f}, PyTorch DataLoader+PIL "
+        f"{tdl / WORKERS:.1f} -> ratio {mml / tdl:.2f}x; per CPU-second (all threads and "
+        f"processes): mmloader {mml_cpu:.1f}, DataLoader {tdl_cpu:.1f} -> ratio "
+        f"{mml_cpu / tdl_cpu:.2f}x; mmloader wait-time ratio "
+        f"{st['wait_time_ratio']:.2f}, busy s: read {st['read_s']:.2f} vision "
+        f"{st['vision_s']:.2f} tokenize {st['tokenize_s']:.2f} collate {st['collate_s']:.2f}"
+    )
     assert mml > 0 and tdl > 0
 
 
 def test_next_cost_per_batch(benchmark, ds):
     """Python-side cost of __next__ with batches already queued (no waiting)."""
     n = 32
-    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=1, shuffle=False,
-                         num_threads=WORKERS, prefetch=n, cycle=True,
-                         max_pixels=28 * 28 * 16) as L:
+    with mmloader.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=1,
+        shuffle=False,
+        num_threads=WORKERS,
+        prefetch=n,
+        cycle=True,
+        max_pixels=28 * 28 * 16,
+    ) as L:
         next(L)
         costs = []
 
@@ -173,6 +209,8 @@ def test_next_cost_per_batch(benchmark, ds):
         benchmark.pedantic(fill_then_time, rounds=3, iterations=1)
     best = min(costs)
     RESULTS["next_us"] = best * 1e6
-    print(f"\n[bench_loader] Loader.__next__ Python-side cost: {best * 1e6:.1f} us per batch "
-          f"(batch dict of ~6 tensors, queue full)")
+    print(
+        f"\n[bench_loader] Loader.__next__ Python-side cost: {best * 1e6:.1f} us per batch "
+        f"(batch dict of ~6 tensors, queue full)"
+    )
     assert best > 0

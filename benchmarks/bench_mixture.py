@@ -18,6 +18,7 @@ files stay as small as valid records allow (80 bytes a line: 0.8 GB for 10^7).
 
 Environment: MML_BENCH_MIX_SAMPLES (default 10_000_000), MML_BENCH_MIX_SOURCES (100).
 """
+
 from __future__ import annotations
 
 import gc
@@ -66,10 +67,11 @@ def mixture(tmp_path_factory):
 
 
 def _build(paths, weights):
-    data = [mmloader.Source(p, name=f"s{i}", weight=float(w))
-            for i, (p, w) in enumerate(zip(paths, weights))]
-    return mmloader.Loader(data, tokenizer=TINY, micro_batch_size=8, num_threads=1,
-                           prefetch=1)
+    data = [
+        mmloader.Source(p, name=f"s{i}", weight=float(w))
+        for i, (p, w) in enumerate(zip(paths, weights))
+    ]
+    return mmloader.Loader(data, tokenizer=TINY, micro_batch_size=8, num_threads=1, prefetch=1)
 
 
 def test_construction_100_sources_1e7_samples(benchmark, mixture):
@@ -97,10 +99,12 @@ def test_construction_100_sources_1e7_samples(benchmark, mixture):
 
     first = benchmark.pedantic(run, rounds=1, iterations=1)
     t_med, rss_med = statistics.median(times), statistics.median(grew)
-    print(f"\nmmloader: Loader over {SOURCES} sources, {int(sizes.sum()):,} samples: "
-          f"{t_med:.2f} s (median of {ROUNDS}; {', '.join(f'{t:.2f}' for t in times)}), "
-          f"resident memory +{rss_med / 2**20:.0f} MiB "
-          f"({rss_med / sizes.sum():.1f} bytes/sample); first batch {1000 * first:.0f} ms")
+    print(
+        f"\nmmloader: Loader over {SOURCES} sources, {int(sizes.sum()):,} samples: "
+        f"{t_med:.2f} s (median of {ROUNDS}; {', '.join(f'{t:.2f}' for t in times)}), "
+        f"resident memory +{rss_med / 2**20:.0f} MiB "
+        f"({rss_med / sizes.sum():.1f} bytes/sample); first batch {1000 * first:.0f} ms"
+    )
 
     try:
         from megatron.core.datasets import helpers
@@ -119,6 +123,8 @@ def test_construction_100_sources_1e7_samples(benchmark, mixture):
         nbytes = di.nbytes + dsi.nbytes
         del di, dsi
     m_med = statistics.median(mt)
-    print(f"megatron build_blending_indices, same weights and size: {m_med:.2f} s "
-          f"(median of {ROUNDS}), {nbytes / 2**20:.0f} MiB of index arrays; "
-          f"mmloader / megatron time: {t_med / m_med:.2f}")
+    print(
+        f"megatron build_blending_indices, same weights and size: {m_med:.2f} s "
+        f"(median of {ROUNDS}), {nbytes / 2**20:.0f} MiB of index arrays; "
+        f"mmloader / megatron time: {t_med / m_med:.2f}"
+    )

@@ -16,6 +16,7 @@ run interleaved, ROUNDS rounds; each figure is the median (min-max).  Lines star
 Environment: MML_BENCH_PF_SAMPLES (default 192), MML_BENCH_PF_ROUNDS (default 3),
 MML_BENCH_PF_THREADS (default min(2, CPUs)).
 """
+
 from __future__ import annotations
 
 import os
@@ -53,12 +54,21 @@ def _cpu() -> float:
 def ds(tmp_path_factory):
     """make_dataset's images, a third of them replaced by the real photos re-encoded."""
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("bench-pixfmt"))
-    d = make_dataset(root, n_samples=SAMPLES, seed=0, n_images=max(8, SAMPLES // 2),
-                     min_size=160, max_size=800, text_only_fraction=0.0,
-                     two_image_fraction=0.0)
+    d = make_dataset(
+        root,
+        n_samples=SAMPLES,
+        seed=0,
+        n_images=max(8, SAMPLES // 2),
+        min_size=160,
+        max_size=800,
+        text_only_fraction=0.0,
+        two_image_fraction=0.0,
+    )
     try:
         from photos import encode, photos, rgb
+
         real = list(photos(1600).values())
     except BaseException:  # noqa: BLE001 - the photo wheels are optional here
         real = []
@@ -74,8 +84,15 @@ def ds(tmp_path_factory):
 
 def _epoch(ds, fmt: str, expand: bool = False):
     """(CPU s, wall s, pixel bytes, samples) of one epoch with pixel_format=fmt."""
-    kw = dict(tokenizer=TINY, micro_batch_size=4, num_threads=THREADS, prefetch=4,
-              max_pixels=MAX_PIXELS, shuffle=False, pixel_format=fmt)
+    kw = dict(
+        tokenizer=TINY,
+        micro_batch_size=4,
+        num_threads=THREADS,
+        prefetch=4,
+        max_pixels=MAX_PIXELS,
+        shuffle=False,
+        pixel_format=fmt,
+    )
     with mmloader.Loader(ds["shards"], **kw) as L:
         n = nbytes = 0
         c0, t0 = _cpu(), time.perf_counter()
@@ -85,7 +102,10 @@ def _epoch(ds, fmt: str, expand: bool = False):
             if expand:
                 import torch
                 import mmloader.torch as mt
-                out = mt.expand_pixels(torch.from_dlpack(pv), torch.from_dlpack(b["image_grid_thw"]))
+
+                out = mt.expand_pixels(
+                    torch.from_dlpack(pv), torch.from_dlpack(b["image_grid_thw"])
+                )
                 del out
             n += int(b["input_ids"].shape[0])
         return _cpu() - c0, time.perf_counter() - t0, nbytes, n
@@ -125,8 +145,10 @@ def test_pixel_format_cpu_and_bytes_per_sample(benchmark, ds):
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
     # decode-only is per image file; a sample here has exactly one image
     dec_ms = statistics.median(decode) * 1e3
-    print(f"\n[bench_pixel_format] {SAMPLES} samples (1 image each; real photos mixed in: "
-          f"{ds['real_photos']}), {THREADS} threads, {ROUNDS} rounds, median (min-max)")
+    print(
+        f"\n[bench_pixel_format] {SAMPLES} samples (1 image each; real photos mixed in: "
+        f"{ds['real_photos']}), {THREADS} threads, {ROUNDS} rounds, median (min-max)"
+    )
     print(f"[bench_pixel_format] decode-only CPU per image {_fmt(decode, 1e3)} ms")
     info = {"decode_only_ms": dec_ms}
     for name, rs in runs.items():
@@ -134,9 +156,15 @@ def test_pixel_format_cpu_and_bytes_per_sample(benchmark, ds):
         wall = [r[1] / r[3] for r in rs]
         nb = [r[2] / r[3] for r in rs]
         ratio = statistics.median(cpu) * 1e3 / dec_ms
-        print(f"[bench_pixel_format] {name:26s} CPU/sample {_fmt(cpu, 1e3)} ms "
-              f"(x{ratio:.2f} decode-only), wall/sample {_fmt(wall, 1e3)} ms, "
-              f"pixel bytes/sample {statistics.median(nb) / 1e6:.3f} MB")
-        info[name] = {"cpu_ms": statistics.median(cpu) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
-                      "bytes": statistics.median(nb), "cpu_over_decode": ratio}
+        print(
+            f"[bench_pixel_format] {name:26s} CPU/sample {_fmt(cpu, 1e3)} ms "
+            f"(x{ratio:.2f} decode-only), wall/sample {_fmt(wall, 1e3)} ms, "
+            f"pixel bytes/sample {statistics.median(nb) / 1e6:.3f} MB"
+        )
+        info[name] = {
+            "cpu_ms": statistics.median(cpu) * 1e3,
+            "wall_ms": statistics.median(wall) * 1e3,
+            "bytes": statistics.median(nb),
+            "cpu_over_decode": ratio,
+        }
     benchmark.extra_info.update(info)

@@ -16,6 +16,7 @@ PyTorch); scripts/gpu-check.sh runs them and collects the "[bench_pixels]" lines
 The measuring functions take the device as an argument, so their logic also runs on the
 CPU (`python3 benchmarks/bench_pixels_gpu.py` does that as a smoke check, timings aside).
 """
+
 import os
 import sys
 import time
@@ -26,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mmloader import _core  # noqa: E402
 
-ROWS = 1 << 18           # patches per expanded batch: 154 MiB uint8 -> 1.2 GiB float32 out
-BATCH_ROWS = 16384       # a large micro-batch of images: 9.2 MiB uint8, 73.5 MiB float32
+ROWS = 1 << 18  # patches per expanded batch: 154 MiB uint8 -> 1.2 GiB float32 out
+BATCH_ROWS = 16384  # a large micro-batch of images: 9.2 MiB uint8, 73.5 MiB float32
 P, T = 14, 2
 ITERS = 10
 
@@ -53,7 +54,10 @@ def _timer(torch, device):
         best = float("inf")
         for _ in range(3):
             if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 for _ in range(iters):
                     fn()
@@ -74,24 +78,33 @@ def expand_bandwidth(torch, device, rows=ROWS, iters=ITERS):
     """{dtype: GB/s of expand_pixels output} and the clone GB/s of a float32 output-sized
     tensor (read + write, counted as the bytes written, like expand's)."""
     import mmloader.torch as mt
+
     seconds = _timer(torch, device)
     patches = torch.randint(0, 256, (rows, 3 * P * P), dtype=torch.uint8, device=device)
     table = mt.pixel_table("qwen2.5-vl")
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
+
         def run():
-            mt.expand_pixels(patches, None, table=table, patch_size=P, temporal_patch_size=T,
-                             dtype=dtype)
+            mt.expand_pixels(
+                patches, None, table=table, patch_size=P, temporal_patch_size=T, dtype=dtype
+            )
+
         run()  # the table goes to the device once
         nbytes = rows * 3 * T * P * P * torch.empty((), dtype=dtype).element_size()
         out[str(dtype).replace("torch.", "")] = nbytes / seconds(run, iters) / 1e9
     big = torch.empty(rows * 3 * T * P * P, dtype=torch.float32, device=device)
     out["clone_float32"] = big.numel() * 4 / seconds(lambda: big.clone(), iters) / 1e9
     # the result is exact too (the bench measures the real thing)
-    want = table[torch.arange(3, device="cpu").repeat_interleave(P * P).repeat(4, 1),
-                 patches[:4].cpu().long()]
-    got = mt.expand_pixels(patches[:4], None, table=table, patch_size=P,
-                           temporal_patch_size=T).cpu().view(4, 3, T, P * P)[:, :, 0]
+    want = table[
+        torch.arange(3, device="cpu").repeat_interleave(P * P).repeat(4, 1),
+        patches[:4].cpu().long(),
+    ]
+    got = (
+        mt.expand_pixels(patches[:4], None, table=table, patch_size=P, temporal_patch_size=T)
+        .cpu()
+        .view(4, 3, T, P * P)[:, :, 0]
+    )
     assert torch.equal(got.reshape(4, -1), want)
     return out
 
@@ -126,6 +139,7 @@ def batch_times(torch, device, rows=BATCH_ROWS, iters=ITERS):
     """Seconds per batch on `device`: float32 copy from pinned memory, and uint8 copy +
     expand_pixels to float32 (the same values), both on the current stream."""
     import mmloader.torch as mt
+
     seconds = _timer(torch, device)
     pin = torch.device(device).type == "cuda"
     f32 = torch.empty((rows, 3 * T * P * P), dtype=torch.float32, pin_memory=pin)
@@ -137,8 +151,9 @@ def batch_times(torch, device, rows=BATCH_ROWS, iters=ITERS):
         f32.to(device, non_blocking=True)
 
     def copy_u8_expand():
-        mt.expand_pixels(u8.to(device, non_blocking=True), None, table=table, patch_size=P,
-                         temporal_patch_size=T)
+        mt.expand_pixels(
+            u8.to(device, non_blocking=True), None, table=table, patch_size=P, temporal_patch_size=T
+        )
 
     copy_u8_expand()
     return seconds(copy_f32, iters), seconds(copy_u8_expand, iters)
@@ -147,12 +162,15 @@ def batch_times(torch, device, rows=BATCH_ROWS, iters=ITERS):
 def test_expand_pixels_bandwidth(benchmark):
     torch = _torch_cuda()
     res = {}
-    benchmark.pedantic(lambda: res.update(expand_bandwidth(torch, "cuda:0")), rounds=1,
-                       iterations=1)
-    print(f"\n[bench_pixels] expand_pixels {ROWS} patches: float32 out {res['float32']:.0f} GB/s, "
-          f"bfloat16 out {res['bfloat16']:.0f} GB/s; device clone of the float32 size "
-          f"{res['clone_float32']:.0f} GB/s; ratio float32/clone "
-          f"{res['float32'] / res['clone_float32']:.2f}")
+    benchmark.pedantic(
+        lambda: res.update(expand_bandwidth(torch, "cuda:0")), rounds=1, iterations=1
+    )
+    print(
+        f"\n[bench_pixels] expand_pixels {ROWS} patches: float32 out {res['float32']:.0f} GB/s, "
+        f"bfloat16 out {res['bfloat16']:.0f} GB/s; device clone of the float32 size "
+        f"{res['clone_float32']:.0f} GB/s; ratio float32/clone "
+        f"{res['float32'] / res['clone_float32']:.2f}"
+    )
     benchmark.extra_info.update(res)
 
 
@@ -160,22 +178,33 @@ def test_uint8_h2d_vs_raw_pinned_copy(benchmark):
     torch = _torch_cuda()
     nbytes = BATCH_ROWS * 3 * P * P
     res = {}
-    benchmark.pedantic(lambda: res.setdefault("u8", h2d_ratio(torch, "cuda:0", nbytes)),
-                       rounds=1, iterations=1)
+    benchmark.pedantic(
+        lambda: res.setdefault("u8", h2d_ratio(torch, "cuda:0", nbytes)), rounds=1, iterations=1
+    )
     loader, raw = res["u8"]
     ratio = loader / raw
-    print(f"[bench_pixels] uint8 h2d {nbytes / 2**20:.1f} MiB/batch: loader {loader:.1f} GB/s, "
-          f"raw pinned copy {raw:.1f} GB/s, ratio {ratio:.2f} (target >= 0.80: "
-          f"{'met' if ratio >= 0.8 else 'NOT met'})")
+    print(
+        f"[bench_pixels] uint8 h2d {nbytes / 2**20:.1f} MiB/batch: loader {loader:.1f} GB/s, "
+        f"raw pinned copy {raw:.1f} GB/s, ratio {ratio:.2f} (target >= 0.80: "
+        f"{'met' if ratio >= 0.8 else 'NOT met'})"
+    )
     f32_s, u8_s = batch_times(torch, "cuda:0")
-    print(f"[bench_pixels] per batch of {BATCH_ROWS} patches on the device: float32 copy "
-          f"{f32_s * 1e3:.2f} ms, uint8 copy + expand_pixels {u8_s * 1e3:.2f} ms "
-          f"({f32_s / u8_s:.1f}x)")
-    benchmark.extra_info.update(loader_gbps=loader, raw_gbps=raw, ratio=ratio,
-                                f32_copy_ms=f32_s * 1e3, u8_copy_expand_ms=u8_s * 1e3)
+    print(
+        f"[bench_pixels] per batch of {BATCH_ROWS} patches on the device: float32 copy "
+        f"{f32_s * 1e3:.2f} ms, uint8 copy + expand_pixels {u8_s * 1e3:.2f} ms "
+        f"({f32_s / u8_s:.1f}x)"
+    )
+    benchmark.extra_info.update(
+        loader_gbps=loader,
+        raw_gbps=raw,
+        ratio=ratio,
+        f32_copy_ms=f32_s * 1e3,
+        u8_copy_expand_ms=u8_s * 1e3,
+    )
 
 
 if __name__ == "__main__":  # the measuring logic on the CPU (timings mean nothing here)
     import torch
+
     print("expand (cpu):", expand_bandwidth(torch, "cpu", rows=4096, iters=2))
     print("batch (cpu):", batch_times(torch, "cpu", rows=1024, iters=2))

@@ -20,6 +20,7 @@ labelled simulated.  Writes benchmarks/results/ray.json, benchmarks/results-ray.
 README's ray-results block.  Knobs: MML_BENCH_RAY_RUNS, MML_BENCH_RAY_BATCHES (16),
 MML_BENCH_RAY_STEP_MS (40), MML_BENCH_RAY_MAX_PIXELS (448 * 448), MML_BENCH_OUT.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,16 @@ def _dataset():
     try:
         return load_manifest(root)["shards"]
     except (OSError, KeyError, ValueError):
-        return make_dataset(root, n_samples=96, seed=0, n_images=48, min_size=160,
-                            max_size=640, text_only_fraction=0.0,
-                            two_image_fraction=0.0)["shards"]
+        return make_dataset(
+            root,
+            n_samples=96,
+            seed=0,
+            n_images=48,
+            min_size=160,
+            max_size=640,
+            text_only_fraction=0.0,
+            two_image_fraction=0.0,
+        )["shards"]
 
 
 def _cluster(pin: bool):
@@ -69,8 +77,9 @@ def _cluster(pin: bool):
     data_cores = set(cores[1:]) or head_cores
     if pin:
         os.sched_setaffinity(0, head_cores)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2,
-                                                      "object_store_memory": 256 << 20})
+    c = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 256 << 20}
+    )
     if pin:
         os.sched_setaffinity(0, data_cores)
     for _ in range(2):
@@ -136,16 +145,27 @@ def _transport():
                 times.append(time.perf_counter() - t0)
                 nbytes.append(sum(a.nbytes for a in arrs.values()))
         L.close()
-    rows["in process"] = {"us_per_batch": 1e6 * statistics.median(times),
-                          "bytes_per_batch": statistics.mean(nbytes), "copied_per_batch": 0}
+    rows["in process"] = {
+        "us_per_batch": 1e6 * statistics.median(times),
+        "bytes_per_batch": statistics.mean(nbytes),
+        "copied_per_batch": 0,
+    }
     for name, placement, res, zc in (
-            ("ray zero-copy, object on this node", "node-local", {"CPU": 1}, True),
-            ("ray zero-copy, object on another node", "spread", {"CPU": 1, "data": 1}, True),
-            ("ray copying get, object on this node", "node-local", {"CPU": 1}, False),
-            ("ray copying get, object on another node", "spread", {"CPU": 1, "data": 1}, False)):
+        ("ray zero-copy, object on this node", "node-local", {"CPU": 1}, True),
+        ("ray zero-copy, object on another node", "spread", {"CPU": 1, "data": 1}, True),
+        ("ray copying get, object on this node", "node-local", {"CPU": 1}, False),
+        ("ray copying get, object on another node", "spread", {"CPU": 1, "data": 1}, False),
+    ):
         times = []
-        with _loader(data, producers=2, placement=placement, producer_resources=res,
-                         refs_in_flight=N, zero_copy=zc, **KW) as R:
+        with _loader(
+            data,
+            producers=2,
+            placement=placement,
+            producer_resources=res,
+            refs_in_flight=N,
+            zero_copy=zc,
+            **KW,
+        ) as R:
             for _ in range(RUNS):
                 next(R)
                 _wait_ready(R, local=placement == "node-local")
@@ -155,9 +175,11 @@ def _transport():
                     times.append(time.perf_counter() - t0)
                     del b
             s = R.stats()
-        rows[name] = {"us_per_batch": 1e6 * statistics.median(times),
-                      "bytes_per_batch": s["bytes"] / max(1, s["batches"]),
-                      "copied_per_batch": s["bytes_copied_per_batch"]}
+        rows[name] = {
+            "us_per_batch": 1e6 * statistics.median(times),
+            "bytes_per_batch": s["bytes"] / max(1, s["batches"]),
+            "copied_per_batch": s["bytes_copied_per_batch"],
+        }
     return rows
 
 
@@ -189,12 +211,20 @@ def _starved():
             with mmloader.Loader(data, prefetch=4, **KW) as L:
                 vals.append(_trainer(L, N))
         out["in process (trainer's core)"] = statistics.median(vals)
-    for name, placement, res in (("ray node-local (trainer's node)", "node-local", {"CPU": 1}),
-                                 ("ray spread (data node)", "spread", {"CPU": 1, "data": 1})):
+    for name, placement, res in (
+        ("ray node-local (trainer's node)", "node-local", {"CPU": 1}),
+        ("ray spread (data node)", "spread", {"CPU": 1, "data": 1}),
+    ):
         vals = []
         for _ in range(RUNS):
-            with _loader(data, producers=2, placement=placement, producer_resources=res,
-                             refs_in_flight=4, **KW) as R:
+            with _loader(
+                data,
+                producers=2,
+                placement=placement,
+                producer_resources=res,
+                refs_in_flight=4,
+                **KW,
+            ) as R:
                 vals.append(_trainer(R, N))
         out[name] = statistics.median(vals)
     return out
@@ -207,9 +237,15 @@ def _ablation():
         for zc in (False, True):
             vals, s = [], None
             for _ in range(RUNS):
-                with _loader(data, producers=2, placement=placement,
-                                 producer_resources={"CPU": 1, "data": 1}, refs_in_flight=4,
-                                 zero_copy=zc, **KW) as R:
+                with _loader(
+                    data,
+                    producers=2,
+                    placement=placement,
+                    producer_resources={"CPU": 1, "data": 1},
+                    refs_in_flight=4,
+                    zero_copy=zc,
+                    **KW,
+                ) as R:
                     next(R)
                     t0 = time.perf_counter()
                     for _ in range(N):
@@ -221,14 +257,22 @@ def _ablation():
                 "batches_per_s": statistics.median(vals),
                 "nodes": len(s["nodes"]),
                 "copied_per_batch": s["bytes_copied_per_batch"],
-                "wait_time_ratio": s["wait_time_ratio"]}
+                "wait_time_ratio": s["wait_time_ratio"],
+            }
     return out
 
 
 def run_all() -> dict:
-    res = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cores": len(os.sched_getaffinity(0)),
-           "python": platform.python_version(), "load_start": os.getloadavg()[0],
-           "runs": RUNS, "batches": N, "step_ms": STEP_MS, "config": KW}
+    res = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "load_start": os.getloadavg()[0],
+        "runs": RUNS,
+        "batches": N,
+        "step_ms": STEP_MS,
+        "config": KW,
+    }
     c, cores = _cluster(pin=False)
     try:
         res["transport"] = _transport()
@@ -268,27 +312,45 @@ def _readme(md: str) -> None:
 
 def report(r: dict) -> str:
     kib = 1024.0
-    lines = [f"**Simulated** cluster (ray.cluster_utils.Cluster: 3 nodes on one machine, "
-             f"{r['cores']} cores), {r['when']}, Python {r['python']}, load "
-             f"{r['load_start']:.1f} -> {r['load_end']:.1f}; medians of {r['runs']} runs; "
-             "micro_batch_size 4, images 160-640 px, 1 thread per producer.", "",
-             "Transport (batch already made; time in next(), bytes copied on the trainer's "
-             "node):", "",
-             "| path | us per batch | KiB per batch | KiB copied per batch |", "|---|---|---|---|"]
+    lines = [
+        f"**Simulated** cluster (ray.cluster_utils.Cluster: 3 nodes on one machine, "
+        f"{r['cores']} cores), {r['when']}, Python {r['python']}, load "
+        f"{r['load_start']:.1f} -> {r['load_end']:.1f}; medians of {r['runs']} runs; "
+        "micro_batch_size 4, images 160-640 px, 1 thread per producer.",
+        "",
+        "Transport (batch already made; time in next(), bytes copied on the trainer's node):",
+        "",
+        "| path | us per batch | KiB per batch | KiB copied per batch |",
+        "|---|---|---|---|",
+    ]
     for k, v in r["transport"].items():
-        lines.append(f"| {k} | {v['us_per_batch']:.0f} | {v['bytes_per_batch'] / kib:.0f} | "
-                     f"{v['copied_per_batch'] / kib:.0f} |")
-    lines += ["", f"CPU-starved trainer (trainer node pinned to 1 core, burning {r['step_ms']:g}"
-              " ms per batch; data node on the other core(s)); batches/s:", "",
-              "| producers | batches/s |", "|---|---|"]
+        lines.append(
+            f"| {k} | {v['us_per_batch']:.0f} | {v['bytes_per_batch'] / kib:.0f} | "
+            f"{v['copied_per_batch'] / kib:.0f} |"
+        )
+    lines += [
+        "",
+        f"CPU-starved trainer (trainer node pinned to 1 core, burning {r['step_ms']:g}"
+        " ms per batch; data node on the other core(s)); batches/s:",
+        "",
+        "| producers | batches/s |",
+        "|---|---|",
+    ]
     for k, v in r["starved"].items():
         lines.append(f"| {k} | {v:.1f} |")
-    lines += ["", "Ablation (2 producers, 2 data nodes, no trainer step):", "",
-              "| placement, transport | batches/s | nodes used | KiB copied per batch | "
-              "wait-time ratio |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Ablation (2 producers, 2 data nodes, no trainer step):",
+        "",
+        "| placement, transport | batches/s | nodes used | KiB copied per batch | "
+        "wait-time ratio |",
+        "|---|---|---|---|---|",
+    ]
     for k, v in r["ablation"].items():
-        lines.append(f"| {k} | {v['batches_per_s']:.1f} | {v['nodes']} | "
-                     f"{v['copied_per_batch'] / kib:.0f} | {v['wait_time_ratio']:.2f} |")
+        lines.append(
+            f"| {k} | {v['batches_per_s']:.1f} | {v['nodes']} | "
+            f"{v['copied_per_batch'] / kib:.0f} | {v['wait_time_ratio']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ processor does, then `tokenizers`), one thread, same records, same run.
 
     python3 -m pytest benchmarks/bench_template.py --benchmark-only -q -s
 """
+
 import json
 import os
 import sys
@@ -18,14 +19,22 @@ from mmloader import _core  # noqa: E402
 from test_template import QWEN_TOK, reference_text  # noqa: E402
 
 RECORDS = [
-    {"image": "a.jpg", "conversations": [
-        {"from": "human", "value": "<image>\nDescribe the scene in detail, including colours."},
-        {"from": "gpt", "value": "A red-brick street at dusk; " * 12},
-        {"from": "human", "value": "What time of day is it, and how can you tell?"},
-        {"from": "gpt", "value": "Late evening: the lamps are lit and shadows are long. " * 6}]},
-    {"messages": [{"role": "user", "content": "<image><image>\n比较这两张图片。"},
-                  {"role": "assistant", "content": "第一张更亮，第二张有更多细节。" * 8}],
-     "images": ["b.jpg", "c.jpg"]},
+    {
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "human", "value": "<image>\nDescribe the scene in detail, including colours."},
+            {"from": "gpt", "value": "A red-brick street at dusk; " * 12},
+            {"from": "human", "value": "What time of day is it, and how can you tell?"},
+            {"from": "gpt", "value": "Late evening: the lamps are lit and shadows are long. " * 6},
+        ],
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "<image><image>\n比较这两张图片。"},
+            {"role": "assistant", "content": "第一张更亮，第二张有更多细节。" * 8},
+        ],
+        "images": ["b.jpg", "c.jpg"],
+    },
 ]
 COUNTS = [[256], [180, 324]]
 LINES = [json.dumps(r, ensure_ascii=False) for r in RECORDS]
@@ -61,6 +70,8 @@ def test_bench_hf(benchmark, toks):
     _results["hf"] = benchmark.stats.stats.median
     if "mmloader" in _results:
         ratio = _results["hf"] / _results["mmloader"]
-        print(f"\ntemplate+tokenize per {len(RECORDS)} records: mmloader "
-              f"{_results['mmloader'] * 1e6:.1f} us, HF {_results['hf'] * 1e6:.1f} us "
-              f"-> mmloader {ratio:.1f}x faster (HF labels not included)")
+        print(
+            f"\ntemplate+tokenize per {len(RECORDS)} records: mmloader "
+            f"{_results['mmloader'] * 1e6:.1f} us, HF {_results['hf'] * 1e6:.1f} us "
+            f"-> mmloader {ratio:.1f}x faster (HF labels not included)"
+        )

@@ -30,6 +30,7 @@ interleaved in each round.  Ratios are per CPU second ("per core") and per wall 
     python3 benchmarks/bench_video.py                # 1-min and 10-min 640x360 H.264, 16 frames
     python3 benchmarks/bench_video.py --runs 5 --nframes 32 --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,12 @@ def make_video(path, seconds, w, h, fps, container_options=None):
     if os.path.exists(path):
         return path
     tmp = path + ".part"
-    c = av.open(tmp, "w", format="mp4" if path.endswith(".mp4") else "matroska",
-                options=container_options or {})
+    c = av.open(
+        tmp,
+        "w",
+        format="mp4" if path.endswith(".mp4") else "matroska",
+        options=container_options or {},
+    )
     s = c.add_stream("libx264", rate=fps)
     s.width, s.height, s.pix_fmt = w, h, "yuv420p"
     s.options = {"preset": "veryfast", "crf": "23"}
@@ -66,7 +71,7 @@ def make_video(path, seconds, w, h, fps, container_options=None):
     grain = rng.integers(0, 24, (h, w, 3), np.uint8)
     for i in range(int(seconds * fps)):
         img = np.stack([(x + 3 * i) % 256, (y + 2 * i) % 256, ((x + y) // 2 + i) % 256], -1)
-        img = (img.astype(np.uint8) + np.roll(grain, i % 97, axis=1))
+        img = img.astype(np.uint8) + np.roll(grain, i % 97, axis=1)
         for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
             c.mux(p)
     for p in s.encode():
@@ -82,8 +87,15 @@ def remux(src, dst, repeat=1):
     if os.path.exists(dst):
         return dst
     mp4 = dst.endswith(".mp4")
-    with av.open(src) as i, av.open(dst + ".part", "w", format="mp4" if mp4 else "matroska",
-                                    options={"movflags": "faststart"} if mp4 else {}) as o:
+    with (
+        av.open(src) as i,
+        av.open(
+            dst + ".part",
+            "w",
+            format="mp4" if mp4 else "matroska",
+            options={"movflags": "faststart"} if mp4 else {},
+        ) as o,
+    ):
         ist = i.streams.video[0]
         s = o.add_stream_from_template(ist)
         span = None
@@ -114,15 +126,19 @@ def qwen_indices(total, nframes):
 
 # ---- pipelines: each returns the kept frames as a list of HxWx3 uint8 arrays --------------
 
+
 def run_mmloader(path, nframes):
     info = _core.video_probe(path)
     idx = qwen_indices(info["nframes"], nframes)
     r = _core.video_decode(path, idx)
-    return [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b, (h, w) in zip(r["frames"], r["shapes"])], r
+    return [
+        np.frombuffer(b, np.uint8).reshape(h, w, 3) for b, (h, w) in zip(r["frames"], r["shapes"])
+    ], r
 
 
 def run_decord(path, nframes):
     import decord
+
     vr = decord.VideoReader(path)
     idx = qwen_indices(len(vr), nframes)
     return list(vr.get_batch(idx).asnumpy()), None
@@ -165,8 +181,12 @@ def run_pyav_seek(path, nframes):
         return out, None
 
 
-PIPELINES = {"mmloader": run_mmloader, "decord": run_decord, "pyav-all": run_pyav_all,
-             "pyav-seek": run_pyav_seek}
+PIPELINES = {
+    "mmloader": run_mmloader,
+    "decord": run_decord,
+    "pyav-all": run_pyav_all,
+    "pyav-seek": run_pyav_seek,
+}
 
 
 def available(name):
@@ -191,9 +211,12 @@ def main():
     ap.add_argument("--minutes", type=float, nargs="+", default=[1, 10])
     ap.add_argument("--size", default="640x360")
     ap.add_argument("--fps", type=int, default=30)
-    ap.add_argument("--slow-runs", type=int, default=1,
-                    help="rounds of pyav-all on the .mp4 of videos over 2 minutes (it decodes "
-                         "every frame)")
+    ap.add_argument(
+        "--slow-runs",
+        type=int,
+        default=1,
+        help="rounds of pyav-all on the .mp4 of videos over 2 minutes (it decodes every frame)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="also write the report (markdown) here")
     a = ap.parse_args()
@@ -229,16 +252,24 @@ def main():
             got, _ = PIPELINES[n](p, a.nframes)
             same = len(got) == len(ref) and all(np.array_equal(x, y) for x, y in zip(got, ref))
             if not same:
-                diff = max((int(np.abs(x.astype(int) - y).max()) for x, y in zip(got, ref)), default=-1)
-                print(f"# {n} on {label}: {len(got)} frames, differing from mmloader's {len(ref)} "
-                      f"(max |diff| {diff})", file=sys.stderr)
+                diff = max(
+                    (int(np.abs(x.astype(int) - y).max()) for x, y in zip(got, ref)), default=-1
+                )
+                print(
+                    f"# {n} on {label}: {len(got)} frames, differing from mmloader's {len(ref)} "
+                    f"(max |diff| {diff})",
+                    file=sys.stderr,
+                )
 
     res = {}
     for rnd in range(a.runs):
         for label, p in videos:
             for n in names:
-                if n == "pyav-all" and float(label.split()[0]) > 2 and (
-                        rnd >= a.slow_runs or not label.endswith(".mp4")):
+                if (
+                    n == "pyav-all"
+                    and float(label.split()[0]) > 2
+                    and (rnd >= a.slow_runs or not label.endswith(".mp4"))
+                ):
                     continue  # every frame of a long video: --slow-runs rounds, mp4 only
                 _, wall, cpu = timed(PIPELINES[n], p, a.nframes)
                 res.setdefault((label, n), []).append((wall, cpu))
@@ -249,11 +280,15 @@ def main():
         print(line)
         lines.append(line)
 
-    out(f"{a.nframes} frames per video (qwen-vl-utils nframes + linspace), {w}x{h} H.264 "
-          f"{a.fps} fps, x264 veryfast keyint 250; median of {a.runs} rounds "
-          f"(pyav-all on long videos: {a.slow_runs}); mmloader DECODE ONLY (no resize)")
+    out(
+        f"{a.nframes} frames per video (qwen-vl-utils nframes + linspace), {w}x{h} H.264 "
+        f"{a.fps} fps, x264 veryfast keyint 250; median of {a.runs} rounds "
+        f"(pyav-all on long videos: {a.slow_runs}); mmloader DECODE ONLY (no resize)"
+    )
     out()
-    out("| video | pipeline | wall s/video | CPU s/video | videos/s | CPU vs mmloader | wall vs mmloader |")
+    out(
+        "| video | pipeline | wall s/video | CPU s/video | videos/s | CPU vs mmloader | wall vs mmloader |"
+    )
     out("|---|---|---|---|---|---|---|")
     for label, _ in videos:
         base = res[(label, "mmloader")]
@@ -263,28 +298,45 @@ def main():
                 continue
             v = res[(label, n)]
             mw, mc = statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
-            rows.append(dict(video=label, pipeline=n, wall_s=mw, cpu_s=mc, runs=len(v),
-                             wall_min=min(x[0] for x in v), wall_max=max(x[0] for x in v),
-                             cpu_ratio=mc / bc, wall_ratio=mw / bw))
-            out(f"| {label} | {n} | {mw:.4f} | {mc:.4f} | {1 / mw:.1f} | {mc / bc:.1f}x | {mw / bw:.1f}x |")
+            rows.append(
+                dict(
+                    video=label,
+                    pipeline=n,
+                    wall_s=mw,
+                    cpu_s=mc,
+                    runs=len(v),
+                    wall_min=min(x[0] for x in v),
+                    wall_max=max(x[0] for x in v),
+                    cpu_ratio=mc / bc,
+                    wall_ratio=mw / bw,
+                )
+            )
+            out(
+                f"| {label} | {n} | {mw:.4f} | {mc:.4f} | {1 / mw:.1f} | {mc / bc:.1f}x | {mw / bw:.1f}x |"
+            )
     out()
-    out("frames decoded by mmloader (kept + the GOP lead-in before each): "
-        + ", ".join(f"{k}: {v}" for k, v in decoded.items()))
+    out(
+        "frames decoded by mmloader (kept + the GOP lead-in before each): "
+        + ", ".join(f"{k}: {v}" for k, v in decoded.items())
+    )
     mm = {r["video"]: r["cpu_s"] for r in rows if r["pipeline"] == "mmloader"}
     if len(a.minutes) >= 2:
         for ext in ("mp4", "mkv"):
             s, l = mm.get(f"{a.minutes[0]:g} min .{ext}"), mm.get(f"{a.minutes[-1]:g} min .{ext}")
             if s and l:
-                out(f"mmloader .{ext}: {a.minutes[-1]:g}-min video costs {l / s:.2f}x the "
-                      f"{a.minutes[0]:g}-min one at the same nframes (CPU)")
+                out(
+                    f"mmloader .{ext}: {a.minutes[-1]:g}-min video costs {l / s:.2f}x the "
+                    f"{a.minutes[0]:g}-min one at the same nframes (CPU)"
+                )
     out("skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     if a.md:
         with open(a.md, "w") as f:
             f.write("# Video decode (benchmarks/bench_video.py)\n\n" + "\n".join(lines) + "\n")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(rows=rows, frames_decoded=decoded, skipped=skipped,
-                           args=vars(a)), f, indent=1)
+            json.dump(
+                dict(rows=rows, frames_decoded=decoded, skipped=skipped, args=vars(a)), f, indent=1
+            )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ uint8 CHW tensor, torch.nn.functional.interpolate(mode="bicubic", antialias=True
 (the native CPU kernel torchvision's resize calls for bicubic), (x - 255*mean) / (255*std)
 in float32, and the backend's patchify reshape.  Its output is also compared with ours.
 """
+
 import io
 import os
 import sys
@@ -77,8 +78,9 @@ def test_mmloader(benchmark, files):
 
 def test_decode_only_libjpeg_turbo(benchmark, files):
     """JPEG -> RGB8 rows with the same library and settings as mmloader, nothing else."""
-    benchmark.pedantic(_core.decode_only, args=(files,), rounds=ROUNDS, iterations=1,
-                       warmup_rounds=1)
+    benchmark.pedantic(
+        _core.decode_only, args=(files,), rounds=ROUNDS, iterations=1, warmup_rounds=1
+    )
     _record(benchmark, "decode_only", len(files))
 
 
@@ -146,13 +148,18 @@ def torch_backend(datas):
         x = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()[None]
         h, w = mmloader.smart_resize(x.shape[2], x.shape[3], 28, **LIMITS)
         if (h, w) != tuple(x.shape[2:]):
-            x = torch.nn.functional.interpolate(x, size=(h, w), mode="bicubic", antialias=True,
-                                                align_corners=False)
+            x = torch.nn.functional.interpolate(
+                x, size=(h, w), mode="bicubic", antialias=True, align_corners=False
+            )
         resized = x[0]
         x = x.to(torch.float32).sub_(mean[:, None, None]).div_(std[:, None, None])
         gh, gw = h // 14, w // 14
         p = x.reshape(1, 3, gh // 2, 2, 14, gw // 2, 2, 14).permute(0, 2, 5, 3, 6, 1, 4, 7)
-        p = p.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, 2, -1, -1).reshape(gh * gw, 3 * 2 * 14 * 14)
+        p = (
+            p.unsqueeze(6)
+            .expand(-1, -1, -1, -1, -1, -1, 2, -1, -1)
+            .reshape(gh * gw, 3 * 2 * 14 * 14)
+        )
         patches.append(p)
         grids.append((resized, (1, gh, gw)))
     return torch.cat(patches), grids
@@ -161,28 +168,37 @@ def torch_backend(datas):
 def test_torchvision_backend_ops(benchmark, files):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    benchmark.pedantic(torch_backend, args=(files,), rounds=ROUNDS, iterations=1,
-                       warmup_rounds=1)
+    benchmark.pedantic(torch_backend, args=(files,), rounds=ROUNDS, iterations=1, warmup_rounds=1)
     _record(benchmark, "torch_backend", len(files))
 
 
 def _print_report(files):
     r = _results
-    print("\nvision preprocessing, one thread, %d JPEGs (%s), qwen2.5-vl limits" % (
-        len(files), ", ".join(f"{w}x{h}" for h, w in SIZES)))
+    print(
+        "\nvision preprocessing, one thread, %d JPEGs (%s), qwen2.5-vl limits"
+        % (len(files), ", ".join(f"{w}x{h}" for h, w in SIZES))
+    )
     for k in ("mmloader", "decode_only", "pillow_decode", "pil_backend", "torch_backend"):
         if k in r:
             print(f"  {k:15s} {r[k]:8.1f} images/s")
     if "pil_backend" in r:
-        print(f"  mmloader / transformers PIL backend       = {r['mmloader'] / r['pil_backend']:.1f}x (goal >= 8x)")
+        print(
+            f"  mmloader / transformers PIL backend       = {r['mmloader'] / r['pil_backend']:.1f}x (goal >= 8x)"
+        )
     if "torch_backend" in r:
-        print(f"  mmloader / torchvision backend (torch ops) = {r['mmloader'] / r['torch_backend']:.1f}x (goal >= 2x)")
-    print(f"  mmloader / libjpeg-turbo decode only       = {r['mmloader'] / r['decode_only']:.2f} (goal >= 0.5)")
+        print(
+            f"  mmloader / torchvision backend (torch ops) = {r['mmloader'] / r['torch_backend']:.1f}x (goal >= 2x)"
+        )
+    print(
+        f"  mmloader / libjpeg-turbo decode only       = {r['mmloader'] / r['decode_only']:.2f} (goal >= 0.5)"
+    )
     if "fast_dev" in r:
         m, p99, mx = r["fast_dev"]
-        print(f"  fast mode (4000x3000 -> 1148x868, JPEG decoded at 1/2): "
-              f"{r['fast_downscale'] / r['exact_downscale']:.2f}x the exact path; deviation "
-              f"mean {m:.2f}, p99 {p99:.2f}, max {mx:.1f} uint8 steps")
+        print(
+            f"  fast mode (4000x3000 -> 1148x868, JPEG decoded at 1/2): "
+            f"{r['fast_downscale'] / r['exact_downscale']:.2f}x the exact path; deviation "
+            f"mean {m:.2f}, p99 {p99:.2f}, max {mx:.1f} uint8 steps"
+        )
     # How far the torchvision backend is from the PIL backend (which mmloader matches).
     try:
         import torch  # noqa: F401
@@ -195,12 +211,15 @@ def _print_report(files):
     for d, (resized, (_, gh, gw)) in zip(files, grids):
         buf, h, w = _core.image_decode(d)
         a = np.frombuffer(buf, np.uint8).reshape(h, w, 3)
-        mine = np.frombuffer(_core.resize_bicubic(a.tobytes(), h, w, gh * 14, gw * 14),
-                             np.uint8).reshape(gh * 14, gw * 14, 3)
+        mine = np.frombuffer(
+            _core.resize_bicubic(a.tobytes(), h, w, gh * 14, gw * 14), np.uint8
+        ).reshape(gh * 14, gw * 14, 3)
         tv = resized.permute(1, 2, 0).numpy()
         u8_diff += int(np.count_nonzero(mine != tv))
         u8_total += mine.size
         maxu8 = max(maxu8, int(np.abs(mine.astype(int) - tv.astype(int)).max()))
-    print(f"  torchvision-backend ops vs mmloader (= PIL backend): resized uint8 differ in "
-          f"{100.0 * u8_diff / u8_total:.2f}% of values (max {maxu8}); "
-          f"pixel_values max |diff| {diff.max():.4f}, mean {diff.mean():.2e}")
+    print(
+        f"  torchvision-backend ops vs mmloader (= PIL backend): resized uint8 differ in "
+        f"{100.0 * u8_diff / u8_total:.2f}% of values (max {maxu8}); "
+        f"pixel_values max |diff| {diff.max():.4f}, mean {diff.mean():.2e}"
+    )

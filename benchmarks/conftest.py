@@ -1,4 +1,5 @@
 """Shared pytest settings for the benchmark suites (benchmarks/bench_*.py)."""
+
 import os
 import sys
 
@@ -7,18 +8,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def pytest_addoption(parser):
     g = parser.getgroup("mmloader e2e benchmark")
-    g.addoption("--e2e-smoke", action="store_true", default=False,
-                help="bench_e2e: a tiny dataset, one short run each: checks the suite works")
-    g.addoption("--e2e-full", action="store_true", default=False,
-                help="bench_e2e: also the naive/case-study/Ray peers, thread and wait sweeps")
-    g.addoption("--e2e-out", default=None,
-                help="bench_e2e: folder for e2e.json and the plots (default benchmarks/results)")
+    g.addoption(
+        "--e2e-smoke",
+        action="store_true",
+        default=False,
+        help="bench_e2e: a tiny dataset, one short run each: checks the suite works",
+    )
+    g.addoption(
+        "--e2e-full",
+        action="store_true",
+        default=False,
+        help="bench_e2e: also the naive/case-study/Ray peers, thread and wait sweeps",
+    )
+    g.addoption(
+        "--e2e-out",
+        default=None,
+        help="bench_e2e: folder for e2e.json and the plots (default benchmarks/results)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
     """One end-to-end measurement can take minutes on a loaded machine: the repository's
     300 s per-test timeout is for the test suite, not for these."""
     import pytest
+
     for item in items:
         if "bench_e2e" in item.nodeid:
             item.add_marker(pytest.mark.timeout(3600))

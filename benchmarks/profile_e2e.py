@@ -13,6 +13,7 @@ page zeroing in the kernel; other kernel work; memmove/memcpy/memset; image deco
 normalise/patchify/collate; mmloader's tokenizer; the rest of mmloader; the Python
 interpreter; torch; everything else.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,20 +32,37 @@ sys.path.insert(0, ROOT)
 
 # (group, symbol regex, shared-object regex); first match wins
 GROUPS: List[Tuple[str, str, str]] = [
-    ("kernel: page faults, page zeroing", r"clear_page|page_fault|handle_mm_fault|"
-     r"do_anonymous_page|folio|alloc_pages|get_page_from_freelist|zap_|unmap|lru|"
-     r"rmqueue|__mod_memcg|memcg|mmap|munmap|madvise|tlb|alloc_frozen|free_unref|"
-     r"free_pages|pcp|buddy|list_del|pte|pmd|vma", r"kernel"),
+    (
+        "kernel: page faults, page zeroing",
+        r"clear_page|page_fault|handle_mm_fault|"
+        r"do_anonymous_page|folio|alloc_pages|get_page_from_freelist|zap_|unmap|lru|"
+        r"rmqueue|__mod_memcg|memcg|mmap|munmap|madvise|tlb|alloc_frozen|free_unref|"
+        r"free_pages|pcp|buddy|list_del|pte|pmd|vma",
+        r"kernel",
+    ),
     ("kernel: other (syscalls, scheduling, I/O)", r".", r"kernel"),
     ("memmove / memcpy / memset", r"mem(move|cpy|set)|__memmove|__memcpy|__memset", r"."),
-    ("image decoders (libjpeg-turbo, libpng, zlib, ...)", r".",
-     r"libjpeg|libturbojpeg|libpng|libz\.|libdeflate|libwebp|libgif|libtiff"),
-    ("mmloader: resize", r"resize|resample|bicubic|rows_h|row_v|transpose_in|clip8|pack4",
-     r"_core"),
-    ("mmloader: normalise, patchify, collate", r"vision|patch|norm|flush_block|lut|collate|"
-     r"emit|pixel", r"_core"),
-    ("mmloader: tokenizer, template", r"token|bpe|pretok|template|utf8|unicode",
-     r"_core|libutf8proc"),
+    (
+        "image decoders (libjpeg-turbo, libpng, zlib, ...)",
+        r".",
+        r"libjpeg|libturbojpeg|libpng|libz\.|libdeflate|libwebp|libgif|libtiff",
+    ),
+    (
+        "mmloader: resize",
+        r"resize|resample|bicubic|rows_h|row_v|transpose_in|clip8|pack4",
+        r"_core",
+    ),
+    (
+        "mmloader: normalise, patchify, collate",
+        r"vision|patch|norm|flush_block|lut|collate|"
+        r"emit|pixel",
+        r"_core",
+    ),
+    (
+        "mmloader: tokenizer, template",
+        r"token|bpe|pretok|template|utf8|unicode",
+        r"_core|libutf8proc",
+    ),
     ("mmloader: other (records, loader, pool)", r".", r"_core"),
     ("Python interpreter", r".", r"libpython|python3"),
     ("torch", r".", r"libtorch|libc10"),
@@ -75,9 +93,14 @@ def parse(report: str) -> Tuple[List[Dict[str, object]], float]:
         g = _group(dso, sym)
         shares[g] = shares.get(g, 0.0) + pct
         top.setdefault(g, []).append((pct, sym))
-    groups = [{"group": g, "share": s,
-               "top": [f"{sym} {100 * p:.1f}%" for p, sym in sorted(top[g], reverse=True)[:4]]}
-              for g, s in sorted(shares.items(), key=lambda kv: -kv[1])]
+    groups = [
+        {
+            "group": g,
+            "share": s,
+            "top": [f"{sym} {100 * p:.1f}%" for p, sym in sorted(top[g], reverse=True)[:4]],
+        }
+        for g, s in sorted(shares.items(), key=lambda kv: -kv[1])
+    ]
     rest = 1.0 - sum(shares.values())
     if rest > 0.001:
         groups.append({"group": "symbols under 0.05% each", "share": rest, "top": []})
@@ -97,16 +120,38 @@ def main(argv: List[str]) -> int:
         return 2
     from benchmarks.pipelines import dataset
     from benchmarks.pipelines.common import make_config
+
     shard = dataset.repeated(dataset.cached(args.records, photos=True), 16)
     threads = args.threads or len(os.sched_getaffinity(0))
-    cfg = make_config([shard], module="mmloader_pipe", threads=threads, prefetch=4,
-                      inflight=64, min_samples=512, min_seconds=args.seconds, pss=False,
-                      mmloader_kwargs=json.loads(args.mmloader_kwargs))
+    cfg = make_config(
+        [shard],
+        module="mmloader_pipe",
+        threads=threads,
+        prefetch=4,
+        inflight=64,
+        min_samples=512,
+        min_seconds=args.seconds,
+        pss=False,
+        mmloader_kwargs=json.loads(args.mmloader_kwargs),
+    )
     tmp = tempfile.mkdtemp(prefix="mml-profile-")
     data = os.path.join(tmp, "perf.data")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = ["perf", "record", "-F", "499", "-e", "cpu-clock", "-o", data, "--",
-           sys.executable, "-m", "benchmarks.pipelines.runner", json.dumps(cfg)]
+    cmd = [
+        "perf",
+        "record",
+        "-F",
+        "499",
+        "-e",
+        "cpu-clock",
+        "-o",
+        data,
+        "--",
+        sys.executable,
+        "-m",
+        "benchmarks.pipelines.runner",
+        json.dumps(cfg),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     scope = "user space and kernel"
     if proc.returncode:
@@ -116,20 +161,40 @@ def main(argv: List[str]) -> int:
     if proc.returncode:
         print(proc.stderr[-3000:], file=sys.stderr)
         return 1
-    res = next(json.loads(ln[len("MMLBENCH "):]) for ln in proc.stdout.splitlines()[::-1]
-               if ln.startswith("MMLBENCH "))
-    rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                          "--sort", "dso,sym", "--percent-limit", "0.05"],
-                         capture_output=True, text=True, check=True).stdout
+    res = next(
+        json.loads(ln[len("MMLBENCH ") :])
+        for ln in proc.stdout.splitlines()[::-1]
+        if ln.startswith("MMLBENCH ")
+    )
+    rep = subprocess.run(
+        [
+            "perf",
+            "report",
+            "-i",
+            data,
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "dso,sym",
+            "--percent-limit",
+            "0.05",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     n = re.search(r"# Samples: (\S+)", rep)
     groups, kernel = parse(rep)
-    out = {"tool": f"perf record -F 499 -e cpu-clock, {scope}",
-           "what": f"mmloader, {threads} threads, local disk, {res['samples']} samples over "
-                   f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}",
-           "samples": n.group(1) if n else "?", "kernel_share": kernel,
-           "cpu_ms_per_sample": 1000 * (res.get("steady_cpu_s_per_sample")
-                                        or res["cpu_s_per_sample"]),
-           "faults_per_batch": res.get("faults_per_batch"), "groups": groups}
+    out = {
+        "tool": f"perf record -F 499 -e cpu-clock, {scope}",
+        "what": f"mmloader, {threads} threads, local disk, {res['samples']} samples over "
+        f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}",
+        "samples": n.group(1) if n else "?",
+        "kernel_share": kernel,
+        "cpu_ms_per_sample": 1000 * (res.get("steady_cpu_s_per_sample") or res["cpu_s_per_sample"]),
+        "faults_per_batch": res.get("faults_per_batch"),
+        "groups": groups,
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

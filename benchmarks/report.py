@@ -10,6 +10,7 @@ typed by hand.  Every figure is the median over the repeats of a measurement, wi
 min-max beside it.  The profile section comes from benchmarks/results/profile.json when
 scripts/profile-e2e.sh wrote one.  Plots need matplotlib; without it only the Markdown.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,24 +19,42 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ORDER = ["naive", "dataloader", "improved", "spdl", "ray", "energon", "dali", "mmloader",
-         "mmloader-uint8"]
-LABEL = {"naive": "naive serial (PIL + transformers)",
-         "dataloader": "PyTorch DataLoader (workers = cores) + PIL + HF processor",
-         "improved": "case-study pipeline (asyncio + processes + prefetch)",
-         "spdl": "SPDL (threads)", "ray": "Ray Data",
-         "energon": "Megatron-Energon (prepared WebDataset, TaskEncoder, workers = cores)",
-         "dali": "NVIDIA DALI CPU (decode + resize + normalise) + HF layout + tokenizer",
-         "mmloader": "**mmloader**", "mmloader-uint8": "**mmloader**, pixel_format=uint8"}
+ORDER = [
+    "naive",
+    "dataloader",
+    "improved",
+    "spdl",
+    "ray",
+    "energon",
+    "dali",
+    "mmloader",
+    "mmloader-uint8",
+]
+LABEL = {
+    "naive": "naive serial (PIL + transformers)",
+    "dataloader": "PyTorch DataLoader (workers = cores) + PIL + HF processor",
+    "improved": "case-study pipeline (asyncio + processes + prefetch)",
+    "spdl": "SPDL (threads)",
+    "ray": "Ray Data",
+    "energon": "Megatron-Energon (prepared WebDataset, TaskEncoder, workers = cores)",
+    "dali": "NVIDIA DALI CPU (decode + resize + normalise) + HF layout + tokenizer",
+    "mmloader": "**mmloader**",
+    "mmloader-uint8": "**mmloader**, pixel_format=uint8",
+}
 FAULTS_MAX = 100  # "about zero" page faults per batch (a fresh float32 batch: ~50k)
 Result = Dict[str, Any]
 
 
-def _runs(data: Dict[str, Any], group: str, source: Optional[str] = None,
-          pipeline: Optional[str] = None) -> List[Dict[str, Any]]:
-    return [r for r in data["runs"] if r["group"] == group
-            and (source is None or r["source"] == source)
-            and (pipeline is None or r["pipeline"] == pipeline)]
+def _runs(
+    data: Dict[str, Any], group: str, source: Optional[str] = None, pipeline: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    return [
+        r
+        for r in data["runs"]
+        if r["group"] == group
+        and (source is None or r["source"] == source)
+        and (pipeline is None or r["pipeline"] == pipeline)
+    ]
 
 
 def _ok(results: List[Result], key: str = "samples_per_s") -> List[Result]:
@@ -50,12 +69,17 @@ def _med(xs: List[float]) -> Optional[float]:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def stat(data: Dict[str, Any], group: str, source: str, pipeline: str, key: str
-         ) -> Optional[Tuple[float, float, float, int]]:
+def stat(
+    data: Dict[str, Any], group: str, source: str, pipeline: str, key: str
+) -> Optional[Tuple[float, float, float, int]]:
     """(median, min, max, n) of `key` over the successful runs, or None."""
-    vals = [r["result"][key] for r in _runs(data, group, source, pipeline)
-            if r["result"].get(key) is not None and "error" not in r["result"]
-            and "skipped" not in r["result"]]
+    vals = [
+        r["result"][key]
+        for r in _runs(data, group, source, pipeline)
+        if r["result"].get(key) is not None
+        and "error" not in r["result"]
+        and "skipped" not in r["result"]
+    ]
     if not vals:
         return None
     return _med(vals), min(vals), max(vals), len(vals)
@@ -87,55 +111,106 @@ def _cpu(data, source, pipeline) -> Optional[float]:
     return s[0] if s else None
 
 
-def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optional[bool],
-                                                 str]]:
+def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optional[bool], str]]:
     """(target, measured, wanted, met, how shown) — measured None where a run is missing."""
     out = []
     lat = f"{1000 * data['meta']['latency_s']:.0f} ms server"
-    for peer, source, want, where in (("dataloader", "local", 6.0, "local disk"),
-                                      ("dataloader", "remote", 10.0, lat),
-                                      ("spdl", "local", 3.0, "local disk"),
-                                      ("energon", "local", 4.0, "local disk")):
+    for peer, source, want, where in (
+        ("dataloader", "local", 6.0, "local disk"),
+        ("dataloader", "remote", 10.0, lat),
+        ("spdl", "local", 3.0, "local disk"),
+        ("energon", "local", 4.0, "local disk"),
+    ):
         v = _ratio(_rate(data, source, "mmloader"), _rate(data, source, peer))
-        out.append((f"samples/s vs {LABEL[peer].split(' (')[0].split(' +')[0]}, {where}", v,
-                    f">= {want:g}x", None if v is None else v >= want, "x"))
+        out.append(
+            (
+                f"samples/s vs {LABEL[peer].split(' (')[0].split(' +')[0]}, {where}",
+                v,
+                f">= {want:g}x",
+                None if v is None else v >= want,
+                "x",
+            )
+        )
     dec = decode_cpu(data)
     for name, want in (("mmloader", 1.5), ("mmloader-uint8", 1.2)):
         v = _ratio(_cpu(data, "local", name), dec)
         fmt = "float32" if name == "mmloader" else "uint8"
-        out.append((f"CPU per sample / decode-only CPU per sample, {fmt} output", v,
-                    f"<= {want:g}x", None if v is None else v <= want, "x"))
+        out.append(
+            (
+                f"CPU per sample / decode-only CPU per sample, {fmt} output",
+                v,
+                f"<= {want:g}x",
+                None if v is None else v <= want,
+                "x",
+            )
+        )
     f = stat(data, "throughput", "local", "mmloader", "faults_per_batch")
-    out.append(("page faults per batch in steady state (mmloader, local)",
-                f[0] if f else None, f"~0 (<= {FAULTS_MAX})",
-                None if not f else f[0] <= FAULTS_MAX, "n"))
+    out.append(
+        (
+            "page faults per batch in steady state (mmloader, local)",
+            f[0] if f else None,
+            f"~0 (<= {FAULTS_MAX})",
+            None if not f else f[0] <= FAULTS_MAX,
+            "n",
+        )
+    )
     v = _ratio(own_mb(data, "local", "mmloader"), own_mb(data, "local", "dataloader"))
-    out.append(("own memory vs the DataLoader's own memory (same prefetch depth, local)", v,
-                "<= 1/3", None if v is None else v <= 1 / 3, "r"))
+    out.append(
+        (
+            "own memory vs the DataLoader's own memory (same prefetch depth, local)",
+            v,
+            "<= 1/3",
+            None if v is None else v <= 1 / 3,
+            "r",
+        )
+    )
     cap = _runs(data, "cap")
     if cap and "peak_mem_mb" in cap[-1]["result"]:
         r = cap[-1]["result"]
         own = r["own_mem_mb"]
         lim = cap[-1]["params"]["max_memory"] / 2**20
-        out.append((f"own memory with max_memory={lim:.0f} MiB", own, f"<= {lim:.0f} MB",
-                    own <= lim, "mb"))
+        out.append(
+            (f"own memory with max_memory={lim:.0f} MiB", own, f"<= {lim:.0f} MB", own <= lim, "mb")
+        )
     else:
         why = cap[-1]["result"].get("skipped") if cap else None
-        out.append(("own memory never above max_memory" + (f" ({why})" if why else ""), None,
-                    "<= max_memory", None, "mb"))
-    w12 = [r["result"]["wait_ratio"] for r in _runs(data, "wait", "local", "mmloader")
-           if abs(r["params"].get("factor", 0) - 1.2) < 1e-9 and "wait_ratio" in r["result"]]
+        out.append(
+            (
+                "own memory never above max_memory" + (f" ({why})" if why else ""),
+                None,
+                "<= max_memory",
+                None,
+                "mb",
+            )
+        )
+    w12 = [
+        r["result"]["wait_ratio"]
+        for r in _runs(data, "wait", "local", "mmloader")
+        if abs(r["params"].get("factor", 0) - 1.2) < 1e-9 and "wait_ratio" in r["result"]
+    ]
     v = _med(w12) if w12 else None
-    out.append(("wait-time ratio, trainer step = 1.2x batch production", v, "<= 2%",
-                None if v is None else v <= 0.02, "%"))
+    out.append(
+        (
+            "wait-time ratio, trainer step = 1.2x batch production",
+            v,
+            "<= 2%",
+            None if v is None else v <= 0.02,
+            "%",
+        )
+    )
     return out
 
 
 def _show(v: Optional[float], how: str) -> str:
     if v is None:
         return "not measured"
-    return {"x": f"{v:.2f}x", "%": f"{100 * v:.2f}%", "r": f"{v:.2f}",
-            "n": f"{v:.0f}", "mb": f"{v:.0f} MB"}[how]
+    return {
+        "x": f"{v:.2f}x",
+        "%": f"{100 * v:.2f}%",
+        "r": f"{v:.2f}",
+        "n": f"{v:.0f}",
+        "mb": f"{v:.0f} MB",
+    }[how]
 
 
 def _mmm(s: Optional[Tuple[float, float, float, int]], fmt: str, scale: float = 1.0) -> str:
@@ -159,24 +234,35 @@ def _why_missing(data, source, pipeline) -> Optional[str]:
 
 def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
     meta = data["meta"]
-    names = sorted({r["pipeline"] for r in _runs(data, "throughput", source)},
-                   key=lambda p: ORDER.index(p) if p in ORDER else 99)
+    names = sorted(
+        {r["pipeline"] for r in _runs(data, "throughput", source)},
+        key=lambda p: ORDER.index(p) if p in ORDER else 99,
+    )
     if not names:
         return []
-    title = "From local disk" if source == "local" else \
-        f"From the {1000 * meta['latency_s']:g} ms server"
+    title = (
+        "From local disk"
+        if source == "local"
+        else f"From the {1000 * meta['latency_s']:g} ms server"
+    )
     base = _rate(data, source, "dataloader")
     dec = decode_cpu(data)
-    done = max((stat(data, "throughput", source, p, "samples_per_s") or (0, 0, 0, 0))[3]
-               for p in names)
-    plan = "" if done == meta["repeats"] else \
-        f" of the {meta['repeats']} planned: the run's time budget was spent"
-    lines = [f"**{title}** ({done} run(s) per pipeline{plan}; median, min-max in brackets)",
-             "",
-             "| pipeline | samples/s | vs DataLoader | CPU ms/sample | CPU / decode-only "
-             "| faults/batch | own memory (MB) | peak PSS (MB) | first batch (s) "
-             "| samples x s per run |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    done = max(
+        (stat(data, "throughput", source, p, "samples_per_s") or (0, 0, 0, 0))[3] for p in names
+    )
+    plan = (
+        ""
+        if done == meta["repeats"]
+        else f" of the {meta['repeats']} planned: the run's time budget was spent"
+    )
+    lines = [
+        f"**{title}** ({done} run(s) per pipeline{plan}; median, min-max in brackets)",
+        "",
+        "| pipeline | samples/s | vs DataLoader | CPU ms/sample | CPU / decode-only "
+        "| faults/batch | own memory (MB) | peak PSS (MB) | first batch (s) "
+        "| samples x s per run |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in names:
         rate = stat(data, "throughput", source, p, "samples_per_s")
         if rate is None:
@@ -187,8 +273,7 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
         own = stat(data, "throughput", source, p, "own_mem_mb")
         n = stat(data, "throughput", source, p, "samples")
         wall = stat(data, "throughput", source, p, "wall_s")
-        capped = sum(1 for r in _runs(data, "throughput", source, p)
-                     if r["result"].get("capped"))
+        capped = sum(1 for r in _runs(data, "throughput", source, p) if r["result"].get("capped"))
         lines.append(
             f"| {LABEL.get(p, p)} | {_mmm(rate, '.1f')} | "
             f"{_show(_ratio(rate[0], base), 'x') if base else '-'} | "
@@ -198,22 +283,27 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
             f"{_mmm(own, '.0f')} | "
             f"{_mmm(stat(data, 'throughput', source, p, 'peak_mem_mb'), '.0f')} | "
             f"{_mmm(stat(data, 'throughput', source, p, 'ttfb_s'), '.1f')} | "
-            f"{n[0]:.0f} x {wall[0]:.0f}{f' ({capped} capped)' if capped else ''} |")
+            f"{n[0]:.0f} x {wall[0]:.0f}{f' ({capped} capped)' if capped else ''} |"
+        )
     return lines + [""]
 
 
 def _check(data: Dict[str, Any]) -> None:
     if "repeats" not in data["meta"]:
-        raise ValueError("this e2e.json was written by the suite before repeats and medians: "
-                         "rerun benchmarks/bench_e2e.py")
+        raise ValueError(
+            "this e2e.json was written by the suite before repeats and medians: "
+            "rerun benchmarks/bench_e2e.py"
+        )
 
 
 def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
     _check(data)
     meta = data["meta"]
     ds = meta.get("dataset", {})
-    cmd = "python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s" + \
-        {"smoke": " --e2e-smoke", "full": " --e2e-full"}.get(meta.get("mode", ""), "")
+    cmd = "python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s" + {
+        "smoke": " --e2e-smoke",
+        "full": " --e2e-full",
+    }.get(meta.get("mode", ""), "")
     lines = [
         "<!-- Generated by benchmarks/report.py from benchmarks/results/e2e.json; "
         "do not edit by hand. -->",
@@ -233,13 +323,18 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         f"re-encoded at 0.3-12 MP) and generated photos and screenshots; mean "
         f"{ds.get('mean_mp', '?')} MP, largest {ds.get('max_mp', '?')} MP; by size "
         + ", ".join(f"{k} MP: {v}" for k, v in sorted(ds.get("megapixels", {}).items()))
-        + "; by kind " + ", ".join(f"{k} {v}" for k, v in sorted(ds.get("image_kinds", {}).items()))
+        + "; by kind "
+        + ", ".join(f"{k} {v}" for k, v in sorted(ds.get("image_kinds", {}).items()))
         + f". Batches of {meta['batch_size']} samples, Qwen2.5-VL preset and default pixel "
         f"limits, {meta.get('tokenizer')} tokenizer, float32 `pixel_values` unless said. "
         f"Each measurement: a fresh process, at least {meta['min_samples']} samples and "
         f"{meta['min_seconds']:g} s (the records repeat, each pass shuffled)"
-        + (f", or {meta['max_seconds']:g} s at most (a run that stopped there is counted "
-           "'capped' in the last column)" if meta.get("max_seconds") else "")
+        + (
+            f", or {meta['max_seconds']:g} s at most (a run that stopped there is counted "
+            "'capped' in the last column)"
+            if meta.get("max_seconds")
+            else ""
+        )
         + ", trainer step 0 (the loader's own rate); "
         f"{meta['repeats']} repeats, interleaved; the run took "
         f"{meta.get('elapsed_s', 0) / 60:.0f} min. Remote: the fault-injecting server on the same "
@@ -253,79 +348,115 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
             why = res.get("skipped") or res.get("error", "?").strip().splitlines()[-1]
             lines.append(f"- Same work, {who}: not checked ({why[:160]}).")
             continue
-        same = ("identical input_ids, labels, attention_mask and image_grid_thw"
-                if not res["mismatch"] else "**differences**: " + "; ".join(res["mismatch"][:3]))
-        lines.append(f"- Same work, {who}: on the first {res['samples']} samples, against the "
-                     f"reference Python code, {same}; pixel_values differ by at most "
-                     f"{res['pixel_max_abs_diff']:.1e} (mean {res.get('pixel_mean_abs_diff', 0):.1e}).")
+        same = (
+            "identical input_ids, labels, attention_mask and image_grid_thw"
+            if not res["mismatch"]
+            else "**differences**: " + "; ".join(res["mismatch"][:3])
+        )
+        lines.append(
+            f"- Same work, {who}: on the first {res['samples']} samples, against the "
+            f"reference Python code, {same}; pixel_values differ by at most "
+            f"{res['pixel_max_abs_diff']:.1e} (mean {res.get('pixel_mean_abs_diff', 0):.1e})."
+        )
     lines.append("")
     dec = stat(data, "decode", "local", "decode-only", "cpu_s_per_sample")
     pil = stat(data, "decode", "local", "decode-only", "pil_cpu_s_per_sample")
     if dec:
-        lines += [f"Decode-only CPU per sample of the same images (one thread, read + decode "
-                  f"to RGB8, nothing else): {_mmm(dec, '.2f', 1000)} ms with mmloader's "
-                  f"decoders (libjpeg-turbo, libpng, ...), {_mmm(pil, '.2f', 1000)} ms with "
-                  "Pillow. \"CPU / decode-only\" below divides by the former.", ""]
+        lines += [
+            f"Decode-only CPU per sample of the same images (one thread, read + decode "
+            f"to RGB8, nothing else): {_mmm(dec, '.2f', 1000)} ms with mmloader's "
+            f"decoders (libjpeg-turbo, libpng, ...), {_mmm(pil, '.2f', 1000)} ms with "
+            "Pillow. \"CPU / decode-only\" below divides by the former.",
+            "",
+        ]
     for source in ("local", "remote"):
         lines += _throughput_table(data, source)
     wait = [r for r in _runs(data, "wait") if "wait_ratio" in r["result"]]
     if wait:
         prod = wait[0]["params"]["production_ms"]
-        lines += [f"**Wait-time ratio against the trainer step** (mmloader's batch production "
-                  f"time: {prod:.1f} ms per batch of {meta['batch_size']}, the median of its "
-                  "local runs; the trainer sleeps for the step after each batch)", "",
-                  "| pipeline | step / production | step (ms) | wait-time ratio |",
-                  "|---|---:|---:|---:|"]
-        keys = sorted({(r["pipeline"], r["params"]["factor"]) for r in wait},
-                      key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99, k[1]))
+        lines += [
+            f"**Wait-time ratio against the trainer step** (mmloader's batch production "
+            f"time: {prod:.1f} ms per batch of {meta['batch_size']}, the median of its "
+            "local runs; the trainer sleeps for the step after each batch)",
+            "",
+            "| pipeline | step / production | step (ms) | wait-time ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        keys = sorted(
+            {(r["pipeline"], r["params"]["factor"]) for r in wait},
+            key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99, k[1]),
+        )
         for p, f in keys:
-            vals = [r["result"]["wait_ratio"] for r in wait
-                    if r["pipeline"] == p and r["params"]["factor"] == f]
+            vals = [
+                r["result"]["wait_ratio"]
+                for r in wait
+                if r["pipeline"] == p and r["params"]["factor"] == f
+            ]
             s = (_med(vals), min(vals), max(vals), len(vals))
             lines.append(f"| {p} | {f:.1f}x | {f * prod:.1f} | {_mmm(s, '.2f', 100)}% |")
         lines.append("")
     thr = [r for r in _runs(data, "threads") if "samples_per_s" in r["result"]]
     if thr:
         counts = sorted({r["params"]["threads"] for r in thr})
-        lines += ["**Throughput against threads** (samples/s, local; the DataLoader: worker "
-                  "processes)", "", "| pipeline | " + " | ".join(map(str, counts)) + " |",
-                  "|---|" + "---:|" * len(counts)]
+        lines += [
+            "**Throughput against threads** (samples/s, local; the DataLoader: worker processes)",
+            "",
+            "| pipeline | " + " | ".join(map(str, counts)) + " |",
+            "|---|" + "---:|" * len(counts),
+        ]
         for p in ORDER:
-            rs = {r["params"]["threads"]: r["result"]["samples_per_s"] for r in thr
-                  if r["pipeline"] == p}
+            rs = {
+                r["params"]["threads"]: r["result"]["samples_per_s"]
+                for r in thr
+                if r["pipeline"] == p
+            }
             if rs:
-                lines.append(f"| {p} | " + " | ".join(
-                    f"{rs[t]:.1f}" if t in rs else "-" for t in counts) + " |")
+                lines.append(
+                    f"| {p} | "
+                    + " | ".join(f"{rs[t]:.1f}" if t in rs else "-" for t in counts)
+                    + " |"
+                )
         lines.append("")
-    lines += ["**Targets** (issue 15; ratios of medians measured in this run)", "",
-              "| target | measured | wanted | |", "|---|---:|---:|---|"]
+    lines += [
+        "**Targets** (issue 15; ratios of medians measured in this run)",
+        "",
+        "| target | measured | wanted | |",
+        "|---|---:|---:|---|",
+    ]
     for name, v, want, met, how in targets(data):
         mark = "-" if met is None else ("met" if met else "**not met**")
         lines.append(f"| {name} | {_show(v, how)} | {want} | {mark} |")
-    lines.append("| expand_pixels bandwidth, uint8 H2D >= 80% of a raw pinned copy | "
-                 "not measured here (no GPU on this machine; scripts/gpu-check.sh) | | - |")
+    lines.append(
+        "| expand_pixels bandwidth, uint8 H2D >= 80% of a raw pinned copy | "
+        "not measured here (no GPU on this machine; scripts/gpu-check.sh) | | - |"
+    )
     lines.append("")
     prof = profile_lines(os.path.join(HERE, "results", "profile.json"))
     if prof:
         lines += prof
-    lines += ["Figures: samples/s = samples after the first batch / time after the first "
-              "batch; CPU ms/sample (user+system, the process and all its children) and "
-              "faults/batch (minor+major) are steady-state figures of the process tree: from "
-              "the end of a warm-up (a quarter of the run) to the end, over the samples and "
-              "the batches in that span; peak PSS = largest PSS sum over the process tree (a page "
-              "shared by k processes counts 1/k each); own memory = peak PSS minus the PSS of "
-              "the same process with the same imports and no pipeline (measured in each run "
-              "after the imports, before the pipeline is built); first batch = construction to first batch (imports "
-              "excluded). mmloader keeps prefetch=4 batches, the DataLoader and Energon "
-              "prefetch_factor=2 x 2 workers = 4 batches: the same depth. Peers that only run "
-              "with `--e2e-full` (naive serial, case-study pipeline, Ray Data) are left out of "
-              "the default run for its time budget; Energon and DALI read local files only.",
-              ""]
+    lines += [
+        "Figures: samples/s = samples after the first batch / time after the first "
+        "batch; CPU ms/sample (user+system, the process and all its children) and "
+        "faults/batch (minor+major) are steady-state figures of the process tree: from "
+        "the end of a warm-up (a quarter of the run) to the end, over the samples and "
+        "the batches in that span; peak PSS = largest PSS sum over the process tree (a page "
+        "shared by k processes counts 1/k each); own memory = peak PSS minus the PSS of "
+        "the same process with the same imports and no pipeline (measured in each run "
+        "after the imports, before the pipeline is built); first batch = construction to first batch (imports "
+        "excluded). mmloader keeps prefetch=4 batches, the DataLoader and Energon "
+        "prefetch_factor=2 x 2 workers = 4 batches: the same depth. Peers that only run "
+        "with `--e2e-full` (naive serial, case-study pipeline, Ray Data) are left out of "
+        "the default run for its time budget; Energon and DALI read local files only.",
+        "",
+    ]
     imgs = [("throughput.png", "samples/s by pipeline (median, min-max)")]
     if thr:
         imgs.append(("throughput_vs_threads.png", "throughput against threads"))
-    lines += [f"![{alt}]({img_prefix}{name})" for name, alt in imgs
-              if os.path.exists(os.path.join(HERE, "results", name))]
+    lines += [
+        f"![{alt}]({img_prefix}{name})"
+        for name, alt in imgs
+        if os.path.exists(os.path.join(HERE, "results", name))
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -335,29 +466,38 @@ def profile_lines(path: str) -> List[str]:
         return []
     with open(path) as f:
         prof = json.load(f)
-    lines = [f"**Where mmloader's CPU goes** (`python3 benchmarks/profile_e2e.py`: "
-             f"{prof['tool']}; {prof['what']}; {prof['samples']} samples; "
-             f"{prof['cpu_ms_per_sample']:.1f} ms CPU per sample in that run)", "",
-             "| share | where | top functions |", "|---:|---|---|"]
+    lines = [
+        f"**Where mmloader's CPU goes** (`python3 benchmarks/profile_e2e.py`: "
+        f"{prof['tool']}; {prof['what']}; {prof['samples']} samples; "
+        f"{prof['cpu_ms_per_sample']:.1f} ms CPU per sample in that run)",
+        "",
+        "| share | where | top functions |",
+        "|---:|---|---|",
+    ]
     share = {}
     for row in prof["groups"]:
         share[row["group"].split(" (")[0]] = row["share"]
-        lines.append(f"| {100 * row['share']:.1f}% | {row['group']} | "
-                     f"{', '.join(row['top'][:4])} |")
+        lines.append(
+            f"| {100 * row['share']:.1f}% | {row['group']} | {', '.join(row['top'][:4])} |"
+        )
 
     def pct(prefix: str) -> float:
         return 100 * sum(v for k, v in share.items() if k.startswith(prefix))
 
     floor = pct("image decoders")
     engine = pct("kernel: page") + pct("memmove") + pct("mmloader: normalise")
-    lines += ["", f"What remains: the decoders, the floor any loader pays, are {floor:.0f}% "
-              f"of mmloader's CPU here; {engine:.0f}% is memory traffic the engine creates "
-              f"itself: page faults and zeroing of freshly mapped memory "
-              f"({pct('kernel: page'):.0f}%), memmove ({pct('memmove'):.0f}%) and writing "
-              f"the pixel layout ({pct('mmloader: normalise'):.0f}%); resize is "
-              f"{pct('mmloader: resize'):.0f}%, the Python side (the trainer loop and the "
-              f"batch hand-off) {pct('Python'):.0f}%. CPU per sample can approach the "
-              "decode-only floor only as the engine's own share goes to zero.", ""]
+    lines += [
+        "",
+        f"What remains: the decoders, the floor any loader pays, are {floor:.0f}% "
+        f"of mmloader's CPU here; {engine:.0f}% is memory traffic the engine creates "
+        f"itself: page faults and zeroing of freshly mapped memory "
+        f"({pct('kernel: page'):.0f}%), memmove ({pct('memmove'):.0f}%) and writing "
+        f"the pixel layout ({pct('mmloader: normalise'):.0f}%); resize is "
+        f"{pct('mmloader: resize'):.0f}%, the Python side (the trainer loop and the "
+        f"batch hand-off) {pct('Python'):.0f}%. CPU per sample can approach the "
+        "decode-only floor only as the engine's own share goes to zero.",
+        "",
+    ]
     return lines
 
 
@@ -365,6 +505,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     """Writes the PNGs; returns their paths (none without matplotlib)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -372,8 +513,12 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     os.makedirs(out_dir, exist_ok=True)
     written = []
     fig, ax = plt.subplots(figsize=(7, 4))
-    names = [p for p in ORDER if stat(data, "throughput", "local", p, "samples_per_s")
-             or stat(data, "throughput", "remote", p, "samples_per_s")]
+    names = [
+        p
+        for p in ORDER
+        if stat(data, "throughput", "local", p, "samples_per_s")
+        or stat(data, "throughput", "remote", p, "samples_per_s")
+    ]
     for k, source in enumerate(("local", "remote")):
         xs, ys, lo, hi = [], [], [], []
         for i, p in enumerate(names):
@@ -384,14 +529,21 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
                 lo.append(s[0] - s[1])
                 hi.append(s[2] - s[0])
         if xs:
-            ax.bar(xs, ys, width=0.38, yerr=[lo, hi], capsize=3,
-                   label="local disk" if source == "local" else
-                   f"{1000 * data['meta']['latency_s']:g} ms server")
+            ax.bar(
+                xs,
+                ys,
+                width=0.38,
+                yerr=[lo, hi],
+                capsize=3,
+                label="local disk"
+                if source == "local"
+                else f"{1000 * data['meta']['latency_s']:g} ms server",
+            )
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("samples/s (median, min-max)")
     ax.set_title(f"End to end, {data['meta']['cores']} shared cores")
-    ax.grid(True, axis="y", alpha=.3)
+    ax.grid(True, axis="y", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -403,15 +555,18 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     if thr:
         fig, ax = plt.subplots(figsize=(6, 4))
         for p in ORDER:
-            pts = sorted((r["params"]["threads"], r["result"]["samples_per_s"]) for r in thr
-                         if r["pipeline"] == p)
+            pts = sorted(
+                (r["params"]["threads"], r["result"]["samples_per_s"])
+                for r in thr
+                if r["pipeline"] == p
+            )
             if pts:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("threads (DataLoader: worker processes)")
         ax.set_ylabel("samples/s")
-        ax.grid(True, alpha=.3)
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = os.path.join(out_dir, "throughput_vs_threads.png")
@@ -421,8 +576,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     return written
 
 
-def generate(json_path: str, out_dir: Optional[str] = None,
-             md_path: Optional[str] = None) -> str:
+def generate(json_path: str, out_dir: Optional[str] = None, md_path: Optional[str] = None) -> str:
     """Writes results.md and the plots from the suite's JSON; returns the Markdown."""
     with open(json_path) as f:
         data = json.load(f)
@@ -452,18 +606,23 @@ def fill_readme(json_path: str, readme: str) -> None:
     rel = os.path.relpath(os.path.join(HERE, "results"), os.path.dirname(os.path.abspath(readme)))
     block = markdown(data, img_prefix=rel.replace(os.sep, "/") + "/")
     block = block.replace("### End-to-end results\n", "", 1)
-    text = text[:a + len(START)] + "\n" + block + text[b:]
+    text = text[: a + len(START)] + "\n" + block + text[b:]
     with open(readme, "w", encoding="utf-8") as f:
         f.write(text)
 
 
 def main(argv: List[str]) -> int:
     import argparse
+
     ap = argparse.ArgumentParser(description="results table and plots from the e2e JSON")
     ap.add_argument("json", nargs="?", default=os.path.join(HERE, "results", "e2e.json"))
-    ap.add_argument("--readme", nargs="?", const=os.path.join(os.path.dirname(HERE),
-                                                              "README.md"), default=None,
-                    help="also fill README.md's results block")
+    ap.add_argument(
+        "--readme",
+        nargs="?",
+        const=os.path.join(os.path.dirname(HERE), "README.md"),
+        default=None,
+        help="also fill README.md's results block",
+    )
     args = ap.parse_args(argv[1:])
     sys.stdout.write(generate(args.json))
     if args.readme:

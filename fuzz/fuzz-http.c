@@ -74,10 +74,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     start_server();
     snprintf(base, sizeof base, "http://127.0.0.1:%d/obj.jpg", g_port);
     snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%d", g_port);
-    mml_fetch_cfg c = {.access_key = "AKIDEXAMPLE", .secret_key = "secret", .region = "us-east-1",
-                       .endpoint = endpoint, .max_retries = -1, .timeout_s = 2,
-                       .connect_timeout_s = 2, .stall_s = 1, .range_chunk = 4096,
-                       .max_object_bytes = MAX_OBJECT, .retry_budget_s = 3};
+    mml_fetch_cfg c = {.access_key = "AKIDEXAMPLE",
+                       .secret_key = "secret",
+                       .region = "us-east-1",
+                       .endpoint = endpoint,
+                       .max_retries = -1,
+                       .timeout_s = 2,
+                       .connect_timeout_s = 2,
+                       .stall_s = 1,
+                       .range_chunk = 4096,
+                       .max_object_bytes = MAX_OBJECT,
+                       .retry_budget_s = 3};
     mml_err e = {0};
     if (mml_fetcher_new(&c, &f, &e)) abort();
   }

@@ -14,11 +14,9 @@ typedef struct fmt {
   size_t len;
 } fmt;
 static const fmt k_formats[] = {
-    {"jpeg", "\xff\xd8\xff", 3},
-    {"png", "\x89PNG\r\n\x1a\n", 8},
+    {"jpeg", "\xff\xd8\xff", 3}, {"png", "\x89PNG\r\n\x1a\n", 8},
     {"webp", "RIFF", 4}, /* then a size and "WEBP": from the seeds */
-    {"gif", "GIF8", 4},
-    {"bmp", "BM", 2},
+    {"gif", "GIF8", 4},          {"bmp", "BM", 2},
     {"tiff", "II*", 3},
     /* a new decoder: a row here, FORMATS in the Makefile, seeds in make_seeds.py */
 };

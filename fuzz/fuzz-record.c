@@ -10,8 +10,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static mml_tok_scratch *sc;
   if (!tmpl) {
     mml_err e = {0};
-    if (mml_template_new(MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, fuzz_tokenizer(),
-                         &tmpl, &e) || mml_tok_scratch_new(&sc))
+    if (mml_template_new(MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, fuzz_tokenizer(), &tmpl,
+                         &e) ||
+        mml_tok_scratch_new(&sc))
       abort();
   }
   mml_record rec = {0};
@@ -24,8 +25,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t tokens[64];
     for (int i = 0; i < rec.nimages; i++) tokens[i] = 1 + i % 4;
     mml_ids ids = {0}, labels = {0};
-    if (mml_template_encode(tmpl, sc, &rec, tokens, &ids, &labels, &e)) fuzz_check_msg(&e);
-    else if (ids.len != labels.len) abort();
+    if (mml_template_encode(tmpl, sc, &rec, tokens, &ids, &labels, &e))
+      fuzz_check_msg(&e);
+    else if (ids.len != labels.len)
+      abort();
     mml_ids_free(&ids);
     mml_ids_free(&labels);
   }

@@ -16,9 +16,11 @@ static void write_shard(void) {
   FILE *f = fopen(g_shard, "w");
   if (!f) abort();
   for (int i = 0; i < N_LINES; i++)
-    fprintf(f, i % 7 == 3 ? "{broken %d\n"
-                          : "{\"messages\":[{\"role\":\"user\",\"content\":\"q%d\"},"
-                            "{\"role\":\"assistant\",\"content\":\"a\"}]}\n", i);
+    fprintf(f,
+            i % 7 == 3 ? "{broken %d\n"
+                       : "{\"messages\":[{\"role\":\"user\",\"content\":\"q%d\"},"
+                         "{\"role\":\"assistant\",\"content\":\"a\"}]}\n",
+            i);
   fclose(f);
 }
 
@@ -67,9 +69,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int i = 0; i < 3; i++) {
     uint64_t v = fuzz_u64(&in, 8);
     int64_t x = (v >> 63) ? (int64_t)v : (int64_t)(v % 97) - 2;
-    if (i == 0) c.epoch = x;
-    else if (i == 1) c.pos = x;
-    else c.batch_in_epoch = x;
+    if (i == 0)
+      c.epoch = x;
+    else if (i == 1)
+      c.pos = x;
+    else
+      c.batch_in_epoch = x;
   }
   mml_err e = {0};
   mml_status st = mml_loader_seek(L, &c, &e);
@@ -87,8 +92,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
               (long long)c.epoch, (long long)c.pos, (long long)c.batch_in_epoch);
       abort();
     }
-    if (st == MML_OK) mml_batch_clear(&b);
-    else if (st != MML_EEND) fuzz_check_msg(&e);
+    if (st == MML_OK)
+      mml_batch_clear(&b);
+    else if (st != MML_EEND)
+      fuzz_check_msg(&e);
   }
   return 0;
 }

@@ -1,7 +1,15 @@
 """mmloader: a native multimodal data loader for Qwen-VL style supervised fine-tuning."""
+
 from . import _core  # noqa: F401
-from ._core import (ConfigError, CudaError, Error, FetchError, OutOfMemoryError,  # noqa: F401
-                    SampleError, StateError)
+from ._core import (  # noqa: F401
+    ConfigError,
+    CudaError,
+    Error,
+    FetchError,
+    OutOfMemoryError,
+    SampleError,
+    StateError,
+)
 from .template import encode_chat, render_chat  # noqa: F401
 
 __version__ = "0.1.0"

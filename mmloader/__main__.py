@@ -4,6 +4,7 @@ index DATA... [--preset P] [--tokenizer T] [--out DIR]`` and ``python -m mmloade
 The demo writes a small synthetic multimodal dataset (once; reused when present), reads
 it with mmloader.Loader and prints throughput and the consumer's wait-time ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +29,30 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             import PIL  # noqa: F401  (the dataset generator writes its images with Pillow)
         except ImportError:
-            print("demo: writing the demo dataset needs Pillow: pip install 'mmloader[demo]' "
-                  "(or pip install pillow)", file=sys.stderr)
+            print(
+                "demo: writing the demo dataset needs Pillow: pip install 'mmloader[demo]' "
+                "(or pip install pillow)",
+                file=sys.stderr,
+            )
             return 2
         t0 = time.perf_counter()
         ds = make_dataset(out, n_samples=args.samples, seed=0)
-        print(f"wrote {ds['n_samples']} samples and {ds['n_images']} images to {out} "
-              f"in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"wrote {ds['n_samples']} samples and {ds['n_images']} images to {out} "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
     tokenizer = args.tokenizer
     with warnings.catch_warnings():
         if tokenizer is None:
             warnings.simplefilter("ignore")  # the bundled tokenizer is fine for a demo
-        loader = Loader(ds["shards"], micro_batch_size=args.batch_size, tokenizer=tokenizer,
-                        num_threads=args.threads, max_pixels=args.max_pixels, seed=0)
+        loader = Loader(
+            ds["shards"],
+            micro_batch_size=args.batch_size,
+            tokenizer=tokenizer,
+            num_threads=args.threads,
+            max_pixels=args.max_pixels,
+            seed=0,
+        )
     with loader:
         t0 = time.perf_counter()
         batches = samples = images = 0
@@ -54,15 +66,22 @@ def _demo(args: argparse.Namespace) -> int:
                     time.sleep(args.step_ms / 1000.0)  # a simulated trainer step
         dt = time.perf_counter() - t0
         st = loader.stats()
-    print(f"{batches} batches, {samples} samples, {st['images']} images in {dt:.2f}s: "
-          f"{samples / dt:.1f} samples/s, {st['images'] / dt:.1f} images/s "
-          f"with {st['num_threads']} thread(s)")
-    step = (f"a simulated {args.step_ms:g} ms trainer step per batch" if args.step_ms else
-            "no trainer step: the consumer only waits; try --step-ms")
-    print(f"wait-time ratio {st['wait_time_ratio']:.2f} (time the consumer waited / wall "
-          f"time, {step}); busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
-          f"tokenize {st['tokenize_s']:.2f}, collate {st['collate_s']:.2f}; "
-          f"skipped {st['skipped']}")
+    print(
+        f"{batches} batches, {samples} samples, {st['images']} images in {dt:.2f}s: "
+        f"{samples / dt:.1f} samples/s, {st['images'] / dt:.1f} images/s "
+        f"with {st['num_threads']} thread(s)"
+    )
+    step = (
+        f"a simulated {args.step_ms:g} ms trainer step per batch"
+        if args.step_ms
+        else "no trainer step: the consumer only waits; try --step-ms"
+    )
+    print(
+        f"wait-time ratio {st['wait_time_ratio']:.2f} (time the consumer waited / wall "
+        f"time, {step}); busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
+        f"tokenize {st['tokenize_s']:.2f}, collate {st['collate_s']:.2f}; "
+        f"skipped {st['skipped']}"
+    )
     return 0
 
 
@@ -74,26 +93,41 @@ def main(argv: Optional[List[str]] = None) -> int:
     d.add_argument("--out", default="demo-data", help="dataset folder (./demo-data)")
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--epochs", type=int, default=1)
-    d.add_argument("--step-ms", type=float, default=0.0,
-                   help="simulated trainer step per batch, in ms (default 0: none)")
+    d.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulated trainer step per batch, in ms (default 0: none)",
+    )
     d.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
     d.add_argument("--max-pixels", type=int, default=None, help="vision max_pixels override")
     d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bundled tiny)")
     from .profile import add_arguments as profile_arguments
-    profile_arguments(sub.add_parser(
-        "profile", help="run the loader on DATA: per-stage breakdown, bottleneck, suggestions"))
+
+    profile_arguments(
+        sub.add_parser(
+            "profile", help="run the loader on DATA: per-stage breakdown, bottleneck, suggestions"
+        )
+    )
     from .dsindex import add_arguments as index_arguments
-    index_arguments(sub.add_parser(
-        "index", help="write the dataset index of DATA (offsets, token counts, image sizes): "
-                      "instant loader start, length filtering before any read"))
+
+    index_arguments(
+        sub.add_parser(
+            "index",
+            help="write the dataset index of DATA (offsets, token counts, image sizes): "
+            "instant loader start, length filtering before any read",
+        )
+    )
     args = p.parse_args(argv)
     if args.cmd == "index":
         from .dsindex import main_args as index_main
+
         return index_main(args)
     if args.cmd == "demo":
         return _demo(args)
     if args.cmd == "profile":
         from .profile import main_args
+
         return main_args(args)
     return 2
 

@@ -6,6 +6,7 @@ nvidia-cuda-runtime wheel (``site-packages/nvidia/cuda_runtime/lib/libcudart.so.
 paths (after a runtime already loaded in the process, before the system's), so the loader
 and the trainer share one runtime even when mmloader loads it first.
 """
+
 from __future__ import annotations
 
 import glob

@@ -6,6 +6,7 @@
 and PNG (RGB, RGBA, palette, grayscale) of mixed sizes and aspect ratios.  The same
 arguments always give byte-identical files.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,12 @@ from typing import Any, Dict, List, Sequence
 
 FORMATS = ("llava", "messages", "parts")
 
-_WORDS = ("the a red blue green small large cat dog tree house car road sky cloud river "
-          "person two three left right top bottom near far picture photo shows what where "
-          "how many color is are of in on with and this that there image describe count "
-          "answer yes no bright dark old new round square").split()
+_WORDS = (
+    "the a red blue green small large cat dog tree house car road sky cloud river "
+    "person two three left right top bottom near far picture photo shows what where "
+    "how many color is are of in on with and this that there image describe count "
+    "answer yes no bright dark old new round square"
+).split()
 
 
 def _sentence(rng: random.Random, lo: int = 4, hi: int = 18) -> str:
@@ -33,8 +36,14 @@ def _make_image(rng: random.Random, path: str, kind: str, w: int, h: int) -> Non
 
     nrng = np.random.default_rng(rng.getrandbits(32))
     yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx * 255 // max(1, w - 1)), (yy * 255 // max(1, h - 1)),
-                     ((xx + yy) * 127 // max(1, w + h - 2))], axis=-1)
+    base = np.stack(
+        [
+            (xx * 255 // max(1, w - 1)),
+            (yy * 255 // max(1, h - 1)),
+            ((xx + yy) * 127 // max(1, w + h - 2)),
+        ],
+        axis=-1,
+    )
     noise = nrng.integers(0, 48, size=(h, w, 3))
     rgb = np.clip(base + noise, 0, 255).astype(np.uint8)
     img = Image.fromarray(rgb, "RGB")
@@ -95,11 +104,18 @@ def _record(rng: random.Random, fmt: str, images: List[str]) -> Dict[str, Any]:
 _MANIFEST = ".manifest.json"
 
 
-def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
-                 formats: Sequence[str] = FORMATS, n_shards: int = 2,
-                 n_images: int = 0, min_size: int = 48, max_size: int = 640,
-                 text_only_fraction: float = 0.15, two_image_fraction: float = 0.2
-                 ) -> Dict[str, Any]:
+def make_dataset(
+    root: str,
+    n_samples: int = 256,
+    seed: int = 0,
+    formats: Sequence[str] = FORMATS,
+    n_shards: int = 2,
+    n_images: int = 0,
+    min_size: int = 48,
+    max_size: int = 640,
+    text_only_fraction: float = 0.15,
+    two_image_fraction: float = 0.2,
+) -> Dict[str, Any]:
     """Writes the dataset under `root` and returns its description.
 
     Layout: ``root/data-00000.jsonl`` ... and ``root/images/img-00000.{jpg,png}``; image
@@ -129,7 +145,11 @@ def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
     try:
         for i in range(n_samples):
             r = rng.random()
-            k = 0 if r < text_only_fraction else (2 if r < text_only_fraction + two_image_fraction else 1)
+            k = (
+                0
+                if r < text_only_fraction
+                else (2 if r < text_only_fraction + two_image_fraction else 1)
+            )
             imgs = [rng.choice(names) for _ in range(k)]
             fmt = formats[i % len(formats)]
             rec = _record(rng, fmt, imgs)
@@ -137,12 +157,24 @@ def make_dataset(root: str, n_samples: int = 256, seed: int = 0,
     finally:
         for f in files:
             f.close()
-    desc = {"root": root, "shards": shards, "images": [os.path.join(root, n) for n in names],
-            "n_samples": n_samples, "n_images": n_images}
+    desc = {
+        "root": root,
+        "shards": shards,
+        "images": [os.path.join(root, n) for n in names],
+        "n_samples": n_samples,
+        "n_images": n_images,
+    }
     # hidden, so a folder given as data (every *.json inside) does not take it for a shard
     with open(os.path.join(root, _MANIFEST), "w", encoding="utf-8") as f:
-        json.dump({"n_samples": n_samples, "seed": seed, "n_images": n_images,
-                   "shards": [os.path.basename(s) for s in shards]}, f)
+        json.dump(
+            {
+                "n_samples": n_samples,
+                "seed": seed,
+                "n_images": n_images,
+                "shards": [os.path.basename(s) for s in shards],
+            },
+            f,
+        )
     return desc
 
 
@@ -153,8 +185,12 @@ def load_manifest(root: str) -> Dict[str, Any]:
         path = os.path.join(root, "manifest.json")  # written by older versions
     with open(path, encoding="utf-8") as f:
         m = json.load(f)
-    return {"root": root, "shards": [os.path.join(root, s) for s in m["shards"]],
-            "n_samples": m["n_samples"], "n_images": m["n_images"]}
+    return {
+        "root": root,
+        "shards": [os.path.join(root, s) for s in m["shards"]],
+        "n_samples": m["n_samples"],
+        "n_images": m["n_images"],
+    }
 
 
 __all__ = ["make_dataset", "load_manifest", "FORMATS"]

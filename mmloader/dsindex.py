@@ -11,6 +11,7 @@ template, tokenizer and fetcher; it reads only image headers (the first 16 KiB; 
 GET for remote images), never decodes, and is resumable: an interrupted shard goes on
 from its partial file, finished shards are kept.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,16 @@ def read(path: str) -> Dict[str, Any]:
 
 
 def _merge(total: Dict[str, Any], s: Dict[str, Any]) -> None:
-    for k in ("samples", "good", "resumed", "images", "text_tokens", "image_tokens",
-              "bytes_read", "seconds"):
+    for k in (
+        "samples",
+        "good",
+        "resumed",
+        "images",
+        "text_tokens",
+        "image_tokens",
+        "bytes_read",
+        "seconds",
+    ):
         total[k] = total.get(k, 0) + s[k]
     for k in ("image_token_hist", "bad"):
         d = total.setdefault(k, {})
@@ -56,9 +65,14 @@ def _merge(total: Dict[str, Any], s: Dict[str, Any]) -> None:
     total["up_to_date"] = total.get("up_to_date", 0) + int(s["up_to_date"])
 
 
-def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None,
-          progress: Optional[Callable[[int, int, int, int], None]] = None,
-          **loader_kw: Any) -> Dict[str, Any]:
+def build(
+    data: Any,
+    *,
+    out: Optional[str] = None,
+    threads: Optional[int] = None,
+    progress: Optional[Callable[[int, int, int, int], None]] = None,
+    **loader_kw: Any,
+) -> Dict[str, Any]:
     """Builds (or brings up to date) the index of every shard of `data`.
 
     Args:
@@ -87,23 +101,28 @@ def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None
         os.makedirs(out, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the bundled-tokenizer warning
-        loader = Loader(data, index=False, micro_batch_size=1, shuffle=False,
-                        num_threads=1, **loader_kw)
+        loader = Loader(
+            data, index=False, micro_batch_size=1, shuffle=False, num_threads=1, **loader_kw
+        )
     try:
         shards: List[str] = _core.loader_shards(loader._c)
         remote = [s for s in shards if s.startswith(("http://", "https://", "s3://"))]
         if remote and out is None:
-            raise ConfigError(f"data shard {remote[0]} is remote: give out= (--out), a local "
-                              "folder for its index files (copy them next to the shards, or "
-                              "pass Loader(index=...) that folder or URL prefix)")
+            raise ConfigError(
+                f"data shard {remote[0]} is remote: give out= (--out), a local "
+                "folder for its index files (copy them next to the shards, or "
+                "pass Loader(index=...) that folder or URL prefix)"
+            )
         if out is not None:  # one folder: file names must not collide
             seen: Dict[str, str] = {}
             for sh in shards:
                 d = sidecar_path(sh, out)
                 if d in seen:
-                    raise ConfigError(f"data shards {seen[d]} and {sh} have the same file name: "
-                                      f"their index files would both be {d}; index them into "
-                                      "different --out folders (or next to the shards)")
+                    raise ConfigError(
+                        f"data shards {seen[d]} and {sh} have the same file name: "
+                        f"their index files would both be {d}; index them into "
+                        "different --out folders (or next to the shards)"
+                    )
                 seen[d] = sh
         if threads is None:
             threads = 16 if remote else default_num_threads()
@@ -112,8 +131,10 @@ def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None
             dest = sidecar_path(shard, out)
             cb = None
             if progress is not None:
+
                 def cb(done: int, n: int, i: int = i) -> None:
                     progress(i, len(shards), done, n)
+
             s = _core.build_index(loader._c, i, dest, threads, cb)
             if progress is not None:
                 progress(i, len(shards), s["samples"], s["samples"])
@@ -127,18 +148,27 @@ def build(data: Any, *, out: Optional[str] = None, threads: Optional[int] = None
 
 # ---- command line -------------------------------------------------------------------
 
+
 def add_arguments(p: Any) -> None:
     p.add_argument("data", nargs="+", help="shards, globs, folders, URLs, or a mixture file")
-    p.add_argument("--out", default=None,
-                   help="folder for the index files (default: next to each shard)")
-    p.add_argument("--preset", default="qwen2.5-vl", help="qwen2-vl, qwen2.5-vl (default), qwen3-vl")
-    p.add_argument("--model-dir", default=None, help="checkpoint folder (preprocessor config, tokenizer)")
+    p.add_argument(
+        "--out", default=None, help="folder for the index files (default: next to each shard)"
+    )
+    p.add_argument(
+        "--preset", default="qwen2.5-vl", help="qwen2-vl, qwen2.5-vl (default), qwen3-vl"
+    )
+    p.add_argument(
+        "--model-dir", default=None, help="checkpoint folder (preprocessor config, tokenizer)"
+    )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the model dir's)")
     p.add_argument("--min-pixels", type=int, default=None)
     p.add_argument("--max-pixels", type=int, default=None)
     p.add_argument("--image-root", default=None, help="folder relative image paths are under")
-    p.add_argument("--image-route", default="processor",
-                   help="processor (default), load_image or qwen-vl-utils")
+    p.add_argument(
+        "--image-route",
+        default="processor",
+        help="processor (default), load_image or qwen-vl-utils",
+    )
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--data-format", default="auto", help="auto, jsonl, json, webdataset")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
@@ -150,8 +180,10 @@ def _bar(shard: int, shards: int, done: int, total: int, t0: float) -> None:
     w = 30
     f = done / total if total else 1.0
     rate = done / max(1e-9, time.perf_counter() - t0)
-    sys.stderr.write(f"\r[index] shard {shard + 1}/{shards} [{'#' * int(f * w):<{w}}] "
-                     f"{done}/{total} samples, {rate:,.0f}/s ")
+    sys.stderr.write(
+        f"\r[index] shard {shard + 1}/{shards} [{'#' * int(f * w):<{w}}] "
+        f"{done}/{total} samples, {rate:,.0f}/s "
+    )
     sys.stderr.flush()
 
 
@@ -159,15 +191,24 @@ def print_summary(s: Dict[str, Any], file: Any = sys.stdout) -> None:
     n = s["samples"]
     built = n - s["resumed"]
     per = s["bytes_read"] / built if built else 0.0
-    print(f"{s['shards']} shard(s), {n} samples ({s['good']} planned), {s['images']} images; "
-          f"{s['up_to_date']} shard(s) already up to date, {s['resumed']} samples taken "
-          "from earlier runs", file=file)
+    print(
+        f"{s['shards']} shard(s), {n} samples ({s['good']} planned), {s['images']} images; "
+        f"{s['up_to_date']} shard(s) already up to date, {s['resumed']} samples taken "
+        "from earlier runs",
+        file=file,
+    )
     tok = s["text_tokens"] + s["image_tokens"]
-    print(f"tokens: {tok:,} ({s['text_tokens']:,} text + {s['image_tokens']:,} image)"
-          + (f", {tok / s['good']:.1f} per sample" if s["good"] else ""), file=file)
+    print(
+        f"tokens: {tok:,} ({s['text_tokens']:,} text + {s['image_tokens']:,} image)"
+        + (f", {tok / s['good']:.1f} per sample" if s["good"] else ""),
+        file=file,
+    )
     if built:
-        print(f"indexed {built} samples in {s['seconds']:.2f} s: {built / max(s['seconds'], 1e-9):,.0f} "
-              f"samples/s, {per:,.0f} bytes read per sample", file=file)
+        print(
+            f"indexed {built} samples in {s['seconds']:.2f} s: {built / max(s['seconds'], 1e-9):,.0f} "
+            f"samples/s, {per:,.0f} bytes read per sample",
+            file=file,
+        )
     if s["image_token_hist"]:
         print("image tokens per image:", file=file)
         for b in sorted(s["image_token_hist"]):
@@ -179,11 +220,18 @@ def print_summary(s: Dict[str, Any], file: Any = sys.stdout) -> None:
 
 
 def main_args(a: Any) -> int:
-    kw: Dict[str, Any] = dict(preset=a.preset, model_dir=a.model_dir, tokenizer=a.tokenizer,
-                              min_pixels=a.min_pixels, max_pixels=a.max_pixels,
-                              image_root=a.image_root, image_route=a.image_route,
-                              system_prompt=a.system_prompt, data_format=a.data_format,
-                              s3_endpoint=a.s3_endpoint)
+    kw: Dict[str, Any] = dict(
+        preset=a.preset,
+        model_dir=a.model_dir,
+        tokenizer=a.tokenizer,
+        min_pixels=a.min_pixels,
+        max_pixels=a.max_pixels,
+        image_root=a.image_root,
+        image_route=a.image_route,
+        system_prompt=a.system_prompt,
+        data_format=a.data_format,
+        s3_endpoint=a.s3_endpoint,
+    )
     data = a.data if len(a.data) > 1 else a.data[0]
     t0 = time.perf_counter()
     tty = sys.stderr.isatty()
@@ -196,6 +244,7 @@ def main_args(a: Any) -> int:
         elif d == n and i not in printed:  # not a terminal: one line per finished shard
             printed.add(i)
             print(f"[index] shard {i + 1}/{k}: {n} samples", file=sys.stderr)
+
     if a.quiet:
         bar = None  # type: ignore[assignment]
     try:

@@ -5,6 +5,7 @@ and tokenize samples with the GIL released, one collation thread builds batches 
 order, and ``next()`` pops finished batches.  This module validates arguments, resolves
 data paths, presets and the tokenizer, and implements state (resume) fingerprints.
 """
+
 from __future__ import annotations
 
 import glob
@@ -38,12 +39,19 @@ _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 # The global plan's options: left out of the fingerprint when off.
 _PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
 # Fingerprint keys a global plan may resume across (elastic resume at the global count).
-_ELASTIC_KEYS = ("dp_rank", "dp_size", "micro_batch_size", "max_tokens_per_batch", "balance",
-                 "global_plan")
+_ELASTIC_KEYS = (
+    "dp_rank",
+    "dp_size",
+    "micro_batch_size",
+    "max_tokens_per_batch",
+    "balance",
+    "global_plan",
+)
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # What a folder given as data contributes (compression is told by content, not name).
-_DATA_SUFFIXES = tuple(f"{base}{z}" for base in (".jsonl", ".json", ".tar")
-                       for z in ("", ".gz", ".zst")) + (".tgz",)
+_DATA_SUFFIXES = tuple(
+    f"{base}{z}" for base in (".jsonl", ".json", ".tar") for z in ("", ".gz", ".zst")
+) + (".tgz",)
 
 
 def _is_remote(p: str) -> bool:
@@ -69,11 +77,16 @@ def _expand_data(data: DataSpec) -> List[str]:
                 raise ConfigError(f"no data file matches {p!r}")
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isdir(p):
-            found = sorted(f for f in glob.glob(os.path.join(p, "*"))
-                           if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f))
+            found = sorted(
+                f
+                for f in glob.glob(os.path.join(p, "*"))
+                if f.endswith(_DATA_SUFFIXES) and os.path.isfile(f)
+            )
             if not found:
-                raise ConfigError(f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
-                                  "optionally .gz or .zst)")
+                raise ConfigError(
+                    f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
+                    "optionally .gz or .zst)"
+                )
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
             out.append(os.path.abspath(p))
@@ -92,8 +105,13 @@ def _check_system_prompt(name: str, v: Any) -> None:
         raise ConfigError(f"{name} must not contain {bad[0]}")
 
 
-def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
-                    vision_kw: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
+def _resolve_source(
+    src: Source,
+    preset: str,
+    model_dir: Optional[str],
+    vision_kw: Dict[str, Any],
+    base: Dict[str, Any],
+) -> Dict[str, Any]:
     """A source with every setting filled: its overrides, else the Loader's."""
     ov = src.overrides
     where = f"source {src.name!r}"
@@ -114,8 +132,7 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
         raise ConfigError(f"{where}: {e}") from None
     label_mode = ov.get("label_mode", base["label_mode"])
     if label_mode not in _LABEL_MODES:
-        raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got "
-                          f"{label_mode!r}")
+        raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
@@ -124,14 +141,19 @@ def _resolve_source(src: Source, preset: str, model_dir: Optional[str],
     image_root = ov.get("image_root", base["image_root"])
     if image_root is not None and not isinstance(image_root, (str, os.PathLike)):
         raise ConfigError(f"{where}: image_root must be a path or URL prefix")
-    return dict(name=src.name, data=shards,
-                weight=-1.0 if src.weight is None else float(src.weight),
-                repeat=-1.0 if src.repeat is None else float(src.repeat),
-                choose=-1 if src.choose is None else src.choose,
-                image_root=None if image_root is None else os.fspath(image_root),
-                vision=vision, system_prompt=system_prompt, label_mode=label_mode,
-                image_whitespace=image_whitespace,
-                max_length=max_length or 0)
+    return dict(
+        name=src.name,
+        data=shards,
+        weight=-1.0 if src.weight is None else float(src.weight),
+        repeat=-1.0 if src.repeat is None else float(src.repeat),
+        choose=-1 if src.choose is None else src.choose,
+        image_root=None if image_root is None else os.fspath(image_root),
+        vision=vision,
+        system_prompt=system_prompt,
+        label_mode=label_mode,
+        image_whitespace=image_whitespace,
+        max_length=max_length or 0,
+    )
 
 
 def default_num_threads() -> int:
@@ -157,7 +179,7 @@ def _check_int(name: str, v: Any, lo: Optional[int] = None, none_ok: bool = Fals
 
 
 def _parse_device(device: Any) -> int:
-    """"cpu" -> -1; "cuda" / "cuda:N" / torch.device -> N (CUDA must be usable)."""
+    """ "cpu" -> -1; "cuda" / "cuda:N" / torch.device -> N (CUDA must be usable)."""
     d = str(device)
     if d == "cpu":
         return -1
@@ -169,11 +191,14 @@ def _parse_device(device: Any) -> int:
         if index < 0:
             raise ConfigError(f"bad device {device!r}: the index must be >= 0")
         if not _core.cuda_available():
-            raise ConfigError(f"device={d!r} needs a CUDA runtime and GPU; none is usable "
-                              f"here: {_core.cuda_unavailable_reason()}")
+            raise ConfigError(
+                f"device={d!r} needs a CUDA runtime and GPU; none is usable "
+                f"here: {_core.cuda_unavailable_reason()}"
+            )
         if not 0 <= index < _core.cuda_device_count():
-            raise ConfigError(f"device={device!r}: there are {_core.cuda_device_count()} "
-                              "CUDA device(s)")
+            raise ConfigError(
+                f"device={device!r}: there are {_core.cuda_device_count()} CUDA device(s)"
+            )
         return index
     raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
@@ -185,9 +210,13 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
         if model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
             tokenizer = os.path.join(model_dir, "tokenizer.json")
         else:
-            warnings.warn("mmloader.Loader: no tokenizer given (tokenizer= or model_dir= with a "
-                          "tokenizer.json); using the small bundled test tokenizer, whose ids "
-                          "do not match any real model", UserWarning, stacklevel=3)
+            warnings.warn(
+                "mmloader.Loader: no tokenizer given (tokenizer= or model_dir= with a "
+                "tokenizer.json); using the small bundled test tokenizer, whose ids "
+                "do not match any real model",
+                UserWarning,
+                stacklevel=3,
+            )
             tokenizer = TINY_TOKENIZER_PATH
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
@@ -200,14 +229,17 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
         except Exception as e:  # noqa: BLE001 - re-raised as a configuration error
             raise ConfigError(f"cannot load tokenizer {path!r}: {e}") from e
     if not isinstance(tokenizer, _core.Tokenizer):
-        raise ConfigError("tokenizer must be a path or an mmloader.Tokenizer, got "
-                          f"{type(tokenizer).__name__}")
+        raise ConfigError(
+            f"tokenizer must be a path or an mmloader.Tokenizer, got {type(tokenizer).__name__}"
+        )
     return tokenizer, _tokenizer_identity(tokenizer)
 
 
-_PROBE = ("The quick brown fox jumps over 13 lazy dogs; don't stop! \u00c4pfel, \u6f22\u5b57, "
-          "\U0001F600\n\t<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
-          "<|im_end|>\n")
+_PROBE = (
+    "The quick brown fox jumps over 13 lazy dogs; don't stop! \u00c4pfel, \u6f22\u5b57, "
+    "\U0001f600\n\t<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+    "<|im_end|>\n"
+)
 
 
 def _tokenizer_identity(tok: Any) -> str:
@@ -404,63 +436,82 @@ class Loader:
             when decoded).  mmloader.ray plans packed streams with it.
     """
 
-    def __init__(self, data: DataSpec, *, data_format: str = _D["data_format"],
-                 index: Union[None, bool, PathLike] = _D["index"],
-                 image_root: Optional[PathLike] = _D["image_root"],
-                 micro_batch_size: Optional[int] = _D["micro_batch_size"],
-                 seq_length: Optional[int] = _D["seq_length"], shuffle: bool = _D["shuffle"],
-                 seed: int = _D["seed"], dp_rank: int = _D["dp_rank"],
-                 dp_size: int = _D["dp_size"], num_threads: Optional[int] = _D["num_threads"],
-                 prefetch: int = _D["prefetch"], window: Optional[int] = _D["window"],
-                 max_memory: Optional[int] = _D["max_memory"],
-                 on_error: str = _D["on_error"], max_error_rate: float = _D["max_error_rate"],
-                 preset: str = "qwen2.5-vl", model_dir: Optional[PathLike] = None,
-                 tokenizer: Any = None,
-                 min_pixels: Optional[int] = None, max_pixels: Optional[int] = None,
-                 max_image_pixels: Optional[int] = None,
-                 image_mean: Optional[Sequence[float]] = None,
-                 image_std: Optional[Sequence[float]] = None,
-                 legacy_resize: Optional[bool] = None, fast_decode: Optional[bool] = None,
-                 strict_jpeg: bool = False, image_route: str = "processor",
-                 max_length: Optional[int] = _D["max_length"], packing: bool = _D["packing"],
-                 pack_length: Optional[int] = _D["pack_length"],
-                 pad_to_multiple: Optional[int] = _D["pad_to_multiple"],
-                 keys: str = _D["keys"], shift_labels: bool = _D["shift_labels"],
-                 label_mode: str = _D["label_mode"],
-                 image_whitespace: str = _D["image_whitespace"], mrope: bool = _D["mrope"],
-                 attention_mask: bool = _D["attention_mask"],
-                 text_only_vision: str = _D["text_only_vision"],
-                 pixel_format: str = _D["pixel_format"],
-                 mm_token_type_ids: bool = _D["mm_token_type_ids"], cycle: bool = _D["cycle"],
-                 pin_memory: bool = _D["pin_memory"], device: str = "cpu",
-                 s3_endpoint: Optional[str] = _D["s3_endpoint"],
-                 s3_region: Optional[str] = _D["s3_region"],
-                 aws_access_key_id: Optional[str] = _D["aws_access_key_id"],
-                 aws_secret_access_key: Optional[str] = _D["aws_secret_access_key"],
-                 aws_session_token: Optional[str] = _D["aws_session_token"],
-                 max_inflight: Optional[int] = _D["max_inflight"],
-                 plan_only: bool = _D["plan_only"],
-                 max_tokens_per_batch: Optional[int] = _D["max_tokens_per_batch"],
-                 balance: Optional[str] = _D["balance"],
-                 group_by_length: Optional[int] = _D["group_by_length"],
-                 global_plan: bool = _D["global_plan"],
-                 samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
-                 allow_mixture_change: bool = False,
-                 mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
-                 system_prompt: Optional[str] = _D["system_prompt"],
-                 max_images_per_sample: int = _D["max_images_per_sample"],
-                 max_sample_pixels: int = _D["max_sample_pixels"],
-                 max_record_bytes: int = _D["max_record_bytes"],
-                 max_json_depth: int = _D["max_json_depth"],
-                 max_object_bytes: int = _D["max_object_bytes"],
-                 allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
-                 allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
-                 fetch_timeout_s: float = _D["fetch_timeout_s"],
-                 fetch_stall_s: float = _D["fetch_stall_s"],
-                 fetch_min_rate: float = _D["fetch_min_rate"],
-                 fetch_max_retries: int = _D["fetch_max_retries"],
-                 fetch_retry_budget_s: float = _D["fetch_retry_budget_s"],
-                 next_timeout_s: float = _D["next_timeout_s"]) -> None:
+    def __init__(
+        self,
+        data: DataSpec,
+        *,
+        data_format: str = _D["data_format"],
+        index: Union[None, bool, PathLike] = _D["index"],
+        image_root: Optional[PathLike] = _D["image_root"],
+        micro_batch_size: Optional[int] = _D["micro_batch_size"],
+        seq_length: Optional[int] = _D["seq_length"],
+        shuffle: bool = _D["shuffle"],
+        seed: int = _D["seed"],
+        dp_rank: int = _D["dp_rank"],
+        dp_size: int = _D["dp_size"],
+        num_threads: Optional[int] = _D["num_threads"],
+        prefetch: int = _D["prefetch"],
+        window: Optional[int] = _D["window"],
+        max_memory: Optional[int] = _D["max_memory"],
+        on_error: str = _D["on_error"],
+        max_error_rate: float = _D["max_error_rate"],
+        preset: str = "qwen2.5-vl",
+        model_dir: Optional[PathLike] = None,
+        tokenizer: Any = None,
+        min_pixels: Optional[int] = None,
+        max_pixels: Optional[int] = None,
+        max_image_pixels: Optional[int] = None,
+        image_mean: Optional[Sequence[float]] = None,
+        image_std: Optional[Sequence[float]] = None,
+        legacy_resize: Optional[bool] = None,
+        fast_decode: Optional[bool] = None,
+        strict_jpeg: bool = False,
+        image_route: str = "processor",
+        max_length: Optional[int] = _D["max_length"],
+        packing: bool = _D["packing"],
+        pack_length: Optional[int] = _D["pack_length"],
+        pad_to_multiple: Optional[int] = _D["pad_to_multiple"],
+        keys: str = _D["keys"],
+        shift_labels: bool = _D["shift_labels"],
+        label_mode: str = _D["label_mode"],
+        image_whitespace: str = _D["image_whitespace"],
+        mrope: bool = _D["mrope"],
+        attention_mask: bool = _D["attention_mask"],
+        text_only_vision: str = _D["text_only_vision"],
+        pixel_format: str = _D["pixel_format"],
+        mm_token_type_ids: bool = _D["mm_token_type_ids"],
+        cycle: bool = _D["cycle"],
+        pin_memory: bool = _D["pin_memory"],
+        device: str = "cpu",
+        s3_endpoint: Optional[str] = _D["s3_endpoint"],
+        s3_region: Optional[str] = _D["s3_region"],
+        aws_access_key_id: Optional[str] = _D["aws_access_key_id"],
+        aws_secret_access_key: Optional[str] = _D["aws_secret_access_key"],
+        aws_session_token: Optional[str] = _D["aws_session_token"],
+        max_inflight: Optional[int] = _D["max_inflight"],
+        plan_only: bool = _D["plan_only"],
+        max_tokens_per_batch: Optional[int] = _D["max_tokens_per_batch"],
+        balance: Optional[str] = _D["balance"],
+        group_by_length: Optional[int] = _D["group_by_length"],
+        global_plan: bool = _D["global_plan"],
+        samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
+        allow_mixture_change: bool = False,
+        mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
+        system_prompt: Optional[str] = _D["system_prompt"],
+        max_images_per_sample: int = _D["max_images_per_sample"],
+        max_sample_pixels: int = _D["max_sample_pixels"],
+        max_record_bytes: int = _D["max_record_bytes"],
+        max_json_depth: int = _D["max_json_depth"],
+        max_object_bytes: int = _D["max_object_bytes"],
+        allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
+        allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
+        fetch_timeout_s: float = _D["fetch_timeout_s"],
+        fetch_stall_s: float = _D["fetch_stall_s"],
+        fetch_min_rate: float = _D["fetch_min_rate"],
+        fetch_max_retries: int = _D["fetch_max_retries"],
+        fetch_retry_budget_s: float = _D["fetch_retry_budget_s"],
+        next_timeout_s: float = _D["next_timeout_s"],
+    ) -> None:
         # Every keyword that is a row of the engine's option table goes to the engine as
         # is; the table (csrc/core/options.c) checks types, bounds and names.
         given = locals()
@@ -473,18 +524,22 @@ class Loader:
             if samples_per_epoch is None:
                 samples_per_epoch = opts["samples_per_epoch"] = mix[1]
             elif mix[1] is not None and mix[1] != samples_per_epoch:
-                raise ConfigError(f"samples_per_epoch={samples_per_epoch} differs from the "
-                                  f"mixture file's {mix[1]}")
+                raise ConfigError(
+                    f"samples_per_epoch={samples_per_epoch} differs from the "
+                    f"mixture file's {mix[1]}"
+                )
         elif samples_per_epoch is not None:
-            raise ConfigError("samples_per_epoch needs a mixture (mmloader.Source list or "
-                              "mixture file)")
+            raise ConfigError(
+                "samples_per_epoch needs a mixture (mmloader.Source list or mixture file)"
+            )
         if balance is None:  # the table's "none"
             opts["balance"] = "none"
         if mixture_tolerance is None:  # never warn
             opts["mixture_tolerance"] = -1.0
         elif isinstance(mixture_tolerance, (int, float)) and mixture_tolerance <= 0:
-            raise ConfigError(f"mixture_tolerance must be a number in (0, 1] or None, got "
-                              f"{mixture_tolerance!r}")
+            raise ConfigError(
+                f"mixture_tolerance must be a number in (0, 1] or None, got {mixture_tolerance!r}"
+            )
         _check_system_prompt("system_prompt", system_prompt)
         if opts["num_threads"] is None:
             opts["num_threads"] = default_num_threads()
@@ -499,16 +554,27 @@ class Loader:
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
-            warnings.warn("pin_memory=True: CUDA is unavailable "
-                          f"({_core.cuda_unavailable_reason()}); batches use ordinary host "
-                          "memory", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "pin_memory=True: CUDA is unavailable "
+                f"({_core.cuda_unavailable_reason()}); batches use ordinary host "
+                "memory",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
         # the vision settings, also the base of each source's (its overrides on top)
-        vision_kw = dict(min_pixels=min_pixels, max_pixels=max_pixels,
-                         max_image_pixels=max_image_pixels, image_mean=image_mean,
-                         image_std=image_std, legacy_resize=legacy_resize, fast=fast_decode,
-                         strict_jpeg=bool(strict_jpeg), image_route=image_route)
+        vision_kw = dict(
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            max_image_pixels=max_image_pixels,
+            image_mean=image_mean,
+            image_std=image_std,
+            legacy_resize=legacy_resize,
+            fast=fast_decode,
+            strict_jpeg=bool(strict_jpeg),
+            image_route=image_route,
+        )
         try:
             vision = vision_config(preset, model_dir, **vision_kw)
             tmpl = template_style(preset)
@@ -517,14 +583,18 @@ class Loader:
         tok, tok_id = _resolve_tokenizer(tokenizer, model_dir)
         sources = None
         if mix is not None:
-            base = dict(image_root=image_root, system_prompt=system_prompt,
-                        image_whitespace=image_whitespace,
-                        label_mode=label_mode, max_length=max_length)
-            sources = [_resolve_source(src, preset, model_dir, vision_kw, base)
-                       for src in mix[0]]
+            base = dict(
+                image_root=image_root,
+                system_prompt=system_prompt,
+                image_whitespace=image_whitespace,
+                label_mode=label_mode,
+                max_length=max_length,
+            )
+            sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
 
-        cfg = dict(opts, data=shards, vision=vision, template=tmpl, device=device_index,
-                   sources=sources)
+        cfg = dict(
+            opts, data=shards, vision=vision, template=tmpl, device=device_index, sources=sources
+        )
         self._c = _core._Loader(cfg, tok)
         self._next = self._c.next
         self._stream = (-1, 0)
@@ -554,20 +624,30 @@ class Loader:
         self._allow_mixture_change = bool(allow_mixture_change)
         # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
-            "data": info["data_hash"], "num_samples": info["num_samples"],
-            **{k: int(v) if isinstance(v, bool) else v
-               for k, v in self._c.options().items() if OPTIONS[k]["fingerprint"]
-               and not (k in _PLAN_KEYS and v in (0, "none"))},  # as states before them
+            "data": info["data_hash"],
+            "num_samples": info["num_samples"],
+            **{
+                k: int(v) if isinstance(v, bool) else v
+                for k, v in self._c.options().items()
+                if OPTIONS[k]["fingerprint"] and not (k in _PLAN_KEYS and v in (0, "none"))
+            },  # as states before them
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
         }
         if sources is not None:
             self._fingerprint["samples_per_epoch"] = self.samples_per_epoch
             self._fingerprint["mixture"] = [
-                [e["name"], e["data_hash"], e["num_samples"], e["per_epoch"],
-                 mixture.settings_hash({k: v for k, v in s.items()
-                                        if k not in ("data", "name", "image_root")})]
-                for e, s in zip(info["sources"], sources)]
+                [
+                    e["name"],
+                    e["data_hash"],
+                    e["num_samples"],
+                    e["per_epoch"],
+                    mixture.settings_hash(
+                        {k: v for k, v in s.items() if k not in ("data", "name", "image_root")}
+                    ),
+                ]
+                for e, s in zip(info["sources"], sources)
+            ]
 
     # ---- iteration ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict[str, "_core.Tensor"]]:
@@ -594,8 +674,9 @@ class Loader:
         if self._plan:  # the global plan knows every epoch's steps
             return self._c.plan_info(self.epoch)["steps"]
         if self._packing:
-            raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
-                            "sample lengths)")
+            raise TypeError(
+                "len() is undefined with packing=True (packs per epoch depend on sample lengths)"
+            )
         return self._batches_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -617,8 +698,13 @@ class Loader:
         of ints and strings (``torch.load(weights_only=True)`` accepts it).
         """
         epoch, pos, bie = self._core().cursor()
-        state = {"version": STATE_VERSION, "epoch": epoch, "pos": pos, "batch_in_epoch": bie,
-                 "fingerprint": dict(self._fingerprint)}
+        state = {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "pos": pos,
+            "batch_in_epoch": bie,
+            "fingerprint": dict(self._fingerprint),
+        }
         if self._plan:  # the global sample count, the same on every rank
             state["plan_start"], state["plan_pos"] = self._c.plan_position()
         return state
@@ -631,40 +717,50 @@ class Loader:
         """
         c = self._core()
         if not isinstance(state, dict):
-            raise StateError(f"state must be a dict from Loader.state_dict(), got "
-                             f"{type(state).__name__}")
+            raise StateError(
+                f"state must be a dict from Loader.state_dict(), got {type(state).__name__}"
+            )
         if "version" not in state:
             raise StateError("state has no field 'version'")
         if state.get("version") != STATE_VERSION:
-            raise StateError(f"unsupported state version {state.get('version')!r} "
-                             f"(this mmloader writes {STATE_VERSION})")
+            raise StateError(
+                f"unsupported state version {state.get('version')!r} "
+                f"(this mmloader writes {STATE_VERSION})"
+            )
         fp = state.get("fingerprint")
         if not isinstance(fp, dict):
             raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
         diffs += [k for k in _MIXTURE_KEYS + _PLAN_KEYS if k in fp and k not in self._fingerprint]
         if self._plan != ("plan_pos" in state):
-            raise StateError("the state was saved " + ("without" if self._plan else "with") +
-                             " a global plan (global_plan, max_tokens_per_batch, balance, "
-                             "group_by_length) and this loader has " +
-                             ("one" if self._plan else "none"))
+            raise StateError(
+                "the state was saved "
+                + ("without" if self._plan else "with")
+                + " a global plan (global_plan, max_tokens_per_batch, balance, "
+                "group_by_length) and this loader has " + ("one" if self._plan else "none")
+            )
         elastic = self._plan
         if elastic:  # any rank's state of a global plan is the global count
             diffs = [k for k in diffs if k not in _ELASTIC_KEYS]
         other = [k for k in diffs if k not in _MIXTURE_KEYS]
         mixed = [k for k in diffs if k in _MIXTURE_KEYS]
         if other:
-            raise StateError("the state was saved under a different configuration: " +
-                             "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
-                                       f"{self._fingerprint.get(k)!r})" for k in diffs))
+            raise StateError(
+                "the state was saved under a different configuration: "
+                + "; ".join(
+                    f"{k} (saved {fp.get(k)!r}, loader {self._fingerprint.get(k)!r})" for k in diffs
+                )
+            )
         cur = []
         for k in ("epoch", "pos", "batch_in_epoch"):
             if k not in state:
                 raise StateError(f"state has no field {k!r}")
             v = state[k]
             if isinstance(v, bool) or not isinstance(v, int):
-                raise StateError(f"state field {k} must be an int, got {type(v).__name__} {v!r:.40}")
-            if not -2 ** 63 <= v < 2 ** 63:
+                raise StateError(
+                    f"state field {k} must be an int, got {type(v).__name__} {v!r:.40}"
+                )
+            if not -(2**63) <= v < 2**63:
                 raise StateError(f"state field {k}={v} is outside the 64-bit range")
             cur.append(v)
         cur = tuple(cur)  # ranges and consistency are checked by the engine's seek
@@ -672,33 +768,39 @@ class Loader:
             return self._load_plan_state(state, fp, cur, mixed)
         if mixed:
             if "mixture" in self._fingerprint or "mixture" in fp:
-                what = mixture.describe_change(fp.get("mixture"),
-                                               self._fingerprint.get("mixture") or [])
-                what = what or [f"{k} (saved {fp.get(k)!r}, loader "
-                                f"{self._fingerprint.get(k)!r})" for k in mixed]
+                what = mixture.describe_change(
+                    fp.get("mixture"), self._fingerprint.get("mixture") or []
+                )
+                what = what or [
+                    f"{k} (saved {fp.get(k)!r}, loader {self._fingerprint.get(k)!r})" for k in mixed
+                ]
                 msg = "the state was saved under a different mixture: " + "; ".join(what)
             else:
-                msg = ("the state was saved under a different configuration: " +
-                       "; ".join(f"{k} (saved {fp.get(k)!r}, loader "
-                                 f"{self._fingerprint.get(k)!r})" for k in mixed))
+                msg = "the state was saved under a different configuration: " + "; ".join(
+                    f"{k} (saved {fp.get(k)!r}, loader {self._fingerprint.get(k)!r})" for k in mixed
+                )
             if not self._allow_mixture_change:
-                raise StateError(msg + " (Loader(allow_mixture_change=True) continues under "
-                                 "the new data from the same sample count)")
+                raise StateError(
+                    msg + " (Loader(allow_mixture_change=True) continues under "
+                    "the new data from the same sample count)"
+                )
             cur = self._remap_cursor(cur, fp)
         if tuple(c.cursor()) != cur:
             c.seek(*cur)
 
-    def _load_plan_state(self, state: Dict[str, Any], fp: Dict[str, Any],
-                         cur: Tuple[int, int, int], mixed: List[str]) -> None:
+    def _load_plan_state(
+        self, state: Dict[str, Any], fp: Dict[str, Any], cur: Tuple[int, int, int], mixed: List[str]
+    ) -> None:
         """A state of the global plan: the exact cursor under the same plan settings, else
         the saved global count (another dp_size, micro_batch_size, budget or balance)."""
         if mixed:
-            raise StateError("a global plan resumes only under the same data and mixture: " +
-                             "; ".join(mixed))
+            raise StateError(
+                "a global plan resumes only under the same data and mixture: " + "; ".join(mixed)
+            )
         q = []
         for k in ("plan_start", "plan_pos"):
             v = state.get(k)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
                 raise StateError(f"state field {k} must be a non-negative int, got {v!r:.40}")
             q.append(v)
         same = all(fp.get(k) == self._fingerprint.get(k) for k in _ELASTIC_KEYS)
@@ -755,15 +857,19 @@ class Loader:
         try:
             dist.get_group_rank(group or dist.group.WORLD, global_dst_rank)
         except (RuntimeError, ValueError):
-            raise ValueError(f"save_state_global: global rank {global_dst_rank} is not in "
-                             "this loader's data-parallel group") from None
-        out: Optional[List[Any]] = [None] * self._fingerprint["dp_size"] \
-            if dist.get_rank() == global_dst_rank else None
+            raise ValueError(
+                f"save_state_global: global rank {global_dst_rank} is not in "
+                "this loader's data-parallel group"
+            ) from None
+        out: Optional[List[Any]] = (
+            [None] * self._fingerprint["dp_size"] if dist.get_rank() == global_dst_rank else None
+        )
         dist.gather_object(state, out, dst=global_dst_rank, group=group)
         return out
 
-    def restore_state_global(self, state: Optional[Sequence[Optional[Dict[str, Any]]]], *,
-                             src_rank: Optional[int] = None) -> None:
+    def restore_state_global(
+        self, state: Optional[Sequence[Optional[Dict[str, Any]]]], *, src_rank: Optional[int] = None
+    ) -> None:
         """Restores the states of :meth:`save_state_global` (Energon's semantics).
 
         ``src_rank=None``: ``state`` is the whole list on every rank and each rank takes
@@ -774,24 +880,32 @@ class Loader:
         size, rank = self._fingerprint["dp_size"], self._fingerprint["dp_rank"]
         if self._plan and isinstance(state, (list, tuple)) and state and len(state) != size:
             # a global plan's states are one global count: resume on another dp_size
-            if any(not isinstance(s, dict) or s.get("plan_pos") != state[0].get("plan_pos")
-                   for s in state):
-                raise StateError("restore_state_global: the ranks' states disagree on "
-                                 "plan_pos (they were not saved at the same step)")
+            if any(
+                not isinstance(s, dict) or s.get("plan_pos") != state[0].get("plan_pos")
+                for s in state
+            ):
+                raise StateError(
+                    "restore_state_global: the ranks' states disagree on "
+                    "plan_pos (they were not saved at the same step)"
+                )
             return self.restore_state_rank(state[0])
         dist = self._dp_dist() if src_rank is not None else None
         if dist is None:
             if not isinstance(state, (list, tuple)) or len(state) != size:
-                raise StateError(f"restore_state_global: expected the list of {size} "
-                                 "data-parallel states from save_state_global, got "
-                                 f"{type(state).__name__}")
+                raise StateError(
+                    f"restore_state_global: expected the list of {size} "
+                    "data-parallel states from save_state_global, got "
+                    f"{type(state).__name__}"
+                )
             return self.restore_state_rank(state[rank])
         group = self.dp_group
         src = dist.get_global_rank(group, src_rank) if group is not None else src_rank
         if dist.get_rank() == src:
             if not isinstance(state, (list, tuple)) or len(state) != size:
-                raise StateError(f"restore_state_global: rank {src_rank} must pass the list "
-                                 f"of {size} data-parallel states")
+                raise StateError(
+                    f"restore_state_global: rank {src_rank} must pass the list "
+                    f"of {size} data-parallel states"
+                )
             scatter = list(state)
         else:
             scatter = [None] * size
@@ -806,17 +920,21 @@ class Loader:
         dist = getattr(torch, "distributed", None) if torch is not None else None
         if dist is None or not dist.is_available() or not dist.is_initialized():
             if self._fingerprint["dp_size"] > 1:
-                raise StateError("save_state_global / restore_state_global with dp_size > 1 "
-                                 "need torch.distributed initialised (or use "
-                                 "save_state_rank / restore_state_rank)")
+                raise StateError(
+                    "save_state_global / restore_state_global with dp_size > 1 "
+                    "need torch.distributed initialised (or use "
+                    "save_state_rank / restore_state_rank)"
+                )
             return None
         size = dist.get_world_size(self.dp_group)
         rank = dist.get_rank(self.dp_group)
         if (size, rank) != (self._fingerprint["dp_size"], self._fingerprint["dp_rank"]):
-            raise StateError(f"this loader is data-parallel rank {self._fingerprint['dp_rank']} "
-                             f"of {self._fingerprint['dp_size']} but its process group has "
-                             f"rank {rank} of {size}: set loader.dp_group to the "
-                             "data-parallel group")
+            raise StateError(
+                f"this loader is data-parallel rank {self._fingerprint['dp_rank']} "
+                f"of {self._fingerprint['dp_size']} but its process group has "
+                f"rank {rank} of {size}: set loader.dp_group to the "
+                "data-parallel group"
+            )
         return dist
 
     # ---- observability and lifetime ----------------------------------------------------
@@ -863,5 +981,7 @@ class Loader:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"cursor={tuple(self._c.cursor())}"
-        return (f"mmloader.Loader(samples={self.num_samples}, "
-                f"per_rank={self.samples_per_rank}, {state})")
+        return (
+            f"mmloader.Loader(samples={self.num_samples}, "
+            f"per_rank={self.samples_per_rank}, {state})"
+        )

@@ -13,6 +13,7 @@ give the same stream:
 Blending happens in the engine (mml/mixture.h) as a pure function of (seed, epoch,
 position): nothing here is per sample.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,9 +26,17 @@ from ._core import ConfigError
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: Loader settings a source may override (its samples use the source's value).
-SOURCE_OVERRIDES = ("image_root", "min_pixels", "max_pixels", "max_image_pixels",
-                    "image_route", "image_whitespace", "system_prompt", "label_mode",
-                    "max_length")
+SOURCE_OVERRIDES = (
+    "image_root",
+    "min_pixels",
+    "max_pixels",
+    "max_image_pixels",
+    "image_route",
+    "image_whitespace",
+    "system_prompt",
+    "label_mode",
+    "max_length",
+)
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
 _FILE_KEYS = ("sources", "samples_per_epoch")
@@ -66,31 +75,47 @@ class Source:
 
     __slots__ = ("data", "name", "weight", "repeat", "choose", "overrides")
 
-    def __init__(self, data: Union[PathLike, Sequence[PathLike]], *,
-                 weight: Optional[float] = None, repeat: Optional[float] = None,
-                 choose: Optional[int] = None, name: Optional[str] = None,
-                 **overrides: Any) -> None:
+    def __init__(
+        self,
+        data: Union[PathLike, Sequence[PathLike]],
+        *,
+        weight: Optional[float] = None,
+        repeat: Optional[float] = None,
+        choose: Optional[int] = None,
+        name: Optional[str] = None,
+        **overrides: Any,
+    ) -> None:
         if isinstance(data, (str, os.PathLike)):
             data = os.fspath(data)
-        elif isinstance(data, (list, tuple)) and data and \
-                all(isinstance(x, (str, os.PathLike)) for x in data):
+        elif (
+            isinstance(data, (list, tuple))
+            and data
+            and all(isinstance(x, (str, os.PathLike)) for x in data)
+        ):
             data = [os.fspath(x) for x in data]
         else:
-            raise ConfigError(f"source {name!r}: data must be a path, glob, folder or URL, or "
-                              f"a non-empty list of them, got {data!r}")
-        label = name if name is not None else (data if isinstance(data, str) else
-                                                ",".join(data))
+            raise ConfigError(
+                f"source {name!r}: data must be a path, glob, folder or URL, or "
+                f"a non-empty list of them, got {data!r}"
+            )
+        label = name if name is not None else (data if isinstance(data, str) else ",".join(data))
         if not isinstance(label, str) or not label:
             raise ConfigError(f"source name must be a non-empty string, got {name!r}")
         for k in overrides:
             if k not in SOURCE_OVERRIDES:
-                raise ConfigError(f"source {label!r}: unknown field {k!r} (a source takes "
-                                  f"{', '.join(_FIELDS)})")
-        given = [k for k, v in (("weight", weight), ("repeat", repeat), ("choose", choose))
-                 if v is not None]
+                raise ConfigError(
+                    f"source {label!r}: unknown field {k!r} (a source takes {', '.join(_FIELDS)})"
+                )
+        given = [
+            k
+            for k, v in (("weight", weight), ("repeat", repeat), ("choose", choose))
+            if v is not None
+        ]
         if len(given) > 1:
-            raise ConfigError(f"source {label!r}: give only one of weight, repeat and choose "
-                              f"(got {' and '.join(given)})")
+            raise ConfigError(
+                f"source {label!r}: give only one of weight, repeat and choose "
+                f"(got {' and '.join(given)})"
+            )
         if weight is not None:
             _number(label, "weight", weight)
         if repeat is not None:
@@ -110,13 +135,16 @@ class Source:
         if isinstance(d, Source):
             return d
         if not isinstance(d, dict):
-            raise ConfigError(f"{where}a source must be a dict or mmloader.Source, got "
-                              f"{type(d).__name__}")
+            raise ConfigError(
+                f"{where}a source must be a dict or mmloader.Source, got {type(d).__name__}"
+            )
         label = d.get("name") or d.get("data")
         for k in d:
             if k not in _FIELDS:
-                raise ConfigError(f"{where}source {label!r}: unknown field {k!r} (a source "
-                                  f"takes {', '.join(_FIELDS)})")
+                raise ConfigError(
+                    f"{where}source {label!r}: unknown field {k!r} (a source "
+                    f"takes {', '.join(_FIELDS)})"
+                )
         if "data" not in d:
             raise ConfigError(f"{where}source {label!r}: no data")
         kw = dict(d)
@@ -182,21 +210,25 @@ def load_mixture_file(path: PathLike) -> Tuple[List[Source], Optional[int]]:
             try:
                 import yaml
             except ImportError:
-                raise ConfigError(f"mixture file {path}: reading YAML needs PyYAML "
-                                  "(pip install pyyaml), or write the file as JSON") from None
+                raise ConfigError(
+                    f"mixture file {path}: reading YAML needs PyYAML "
+                    "(pip install pyyaml), or write the file as JSON"
+                ) from None
             doc = yaml.safe_load(text)
     except (OSError, ValueError) as e:
         raise ConfigError(f"mixture file {path}: {e}") from None
     except Exception as e:  # yaml.YAMLError
         raise ConfigError(f"mixture file {path}: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("sources"), list) \
-            or not doc["sources"]:
-        raise ConfigError(f"mixture file {path}: expected a mapping with a non-empty "
-                          "'sources' list")
+    if not isinstance(doc, dict) or not isinstance(doc.get("sources"), list) or not doc["sources"]:
+        raise ConfigError(
+            f"mixture file {path}: expected a mapping with a non-empty 'sources' list"
+        )
     for k in doc:
         if k not in _FILE_KEYS:
-            raise ConfigError(f"mixture file {path}: unknown field {k!r} (a mixture file "
-                              f"takes {', '.join(_FILE_KEYS)})")
+            raise ConfigError(
+                f"mixture file {path}: unknown field {k!r} (a mixture file "
+                f"takes {', '.join(_FILE_KEYS)})"
+            )
     base = os.path.dirname(os.path.abspath(path))
     sources = []
     for i, d in enumerate(doc["sources"]):
@@ -209,8 +241,9 @@ def load_mixture_file(path: PathLike) -> Tuple[List[Source], Optional[int]]:
         sources.append(Source.from_dict(d, where))
     spe = doc.get("samples_per_epoch")
     if spe is not None and (isinstance(spe, bool) or not isinstance(spe, int) or spe < 1):
-        raise ConfigError(f"mixture file {path}: samples_per_epoch must be an integer >= 1, "
-                          f"got {spe!r}")
+        raise ConfigError(
+            f"mixture file {path}: samples_per_epoch must be an integer >= 1, got {spe!r}"
+        )
     return sources, spe
 
 
@@ -222,14 +255,17 @@ def resolve(data: Any) -> Optional[Tuple[List[Source], Optional[int]]]:
         p = os.fspath(data)
         return load_mixture_file(p) if _is_mixture_file(p) else None
     if isinstance(data, dict):
-        raise ConfigError("data: a single source is given as a list of one dict, or as "
-                          "mmloader.Source")
+        raise ConfigError(
+            "data: a single source is given as a list of one dict, or as mmloader.Source"
+        )
     items = list(data) if isinstance(data, (list, tuple)) else None
     if not items or not any(isinstance(x, (Source, dict)) for x in items):
         return None
     if not all(isinstance(x, (Source, dict)) for x in items):
-        raise ConfigError("data mixes plain paths with sources: wrap every path in "
-                          "mmloader.Source(...) (or a dict)")
+        raise ConfigError(
+            "data mixes plain paths with sources: wrap every path in "
+            "mmloader.Source(...) (or a dict)"
+        )
     sources = [Source.from_dict(x, f"data[{i}]: ") for i, x in enumerate(items)]
     return sources, None
 

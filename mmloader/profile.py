@@ -14,6 +14,7 @@ step per batch), takes ``Loader.stats()`` after every batch, then prints
 The logic lives in plain functions (``run``, ``breakdown``, ``diagnose``, ``report``,
 ``plot_timeline``) so it can be used on any Loader from Python as well.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,12 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 # Worker stages: stats() reports read_s, vision_s (decode + resize/normalise/patchify),
 # decode_s (the decoder's part of vision_s, when the engine reports it) and tokenize_s.
-WORKER_STAGES = (("read_s", "fetch / read"), ("decode_s", "decode"),
-                 ("resize_s", "resize / patchify"), ("tokenize_s", "tokenize"))
+WORKER_STAGES = (
+    ("read_s", "fetch / read"),
+    ("decode_s", "decode"),
+    ("resize_s", "resize / patchify"),
+    ("tokenize_s", "tokenize"),
+)
 BOTTLENECKS = ("I/O latency", "network bandwidth", "CPU", "consumer", "pipeline depth")
 
 
@@ -41,23 +46,25 @@ def _cores() -> int:
 @dataclass
 class Point:
     """One observation, taken right after a batch was received."""
-    t: float                 # seconds since the run started
-    cpu_s: float             # process CPU seconds (all threads) since the run started
+
+    t: float  # seconds since the run started
+    cpu_s: float  # process CPU seconds (all threads) since the run started
     stats: Dict[str, Any]
 
 
 @dataclass
 class Profile:
     """What `run` observed."""
+
     batches: int
     samples: int
-    wall_s: float            # first next() to the last batch
-    cpu_s: float             # process CPU over the same span
-    step_s: float            # simulated trainer step per batch
+    wall_s: float  # first next() to the last batch
+    cpu_s: float  # process CPU over the same span
+    step_s: float  # simulated trainer step per batch
     cores: int
-    consumer_wait_s: float   # measured here, around next()
+    consumer_wait_s: float  # measured here, around next()
     first_batch_s: float
-    stats: Dict[str, Any]    # the loader's final stats()
+    stats: Dict[str, Any]  # the loader's final stats()
     timeline: List[Point] = field(default_factory=list)
     remote: bool = False
 
@@ -81,15 +88,17 @@ def _progress(out: Optional[TextIO], done: int, total: int, t: float, samples: i
     width = 30
     fill = int(width * done / max(total, 1))
     rate = samples / t if t > 0 else 0.0
-    out.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} batches "
-              f"{rate:7.1f} samples/s")
+    out.write(
+        f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} batches {rate:7.1f} samples/s"
+    )
     if done == total:
         out.write("\n")
     out.flush()
 
 
-def run(loader: Any, batches: int, step_s: float = 0.0,
-        progress: Optional[TextIO] = ...) -> Profile:  # type: ignore[assignment]
+def run(
+    loader: Any, batches: int, step_s: float = 0.0, progress: Optional[TextIO] = ...
+) -> Profile:  # type: ignore[assignment]
     """Takes `batches` batches from `loader` (across epochs), sleeping `step_s` after each
     (a trainer step), and records stats() after every batch.  Progress goes to
     `progress` (default: sys.stderr at the time of the call; None: none)."""
@@ -128,17 +137,28 @@ def run(loader: Any, batches: int, step_s: float = 0.0,
             time.sleep(step_s)
     wall = time.perf_counter() - t0
     st = dict(loader.stats())
-    return Profile(batches=done, samples=samples, wall_s=wall,
-                   cpu_s=time.process_time() - c0, step_s=step_s, cores=_cores(),
-                   consumer_wait_s=waited, first_batch_s=first, stats=st, timeline=points,
-                   remote=bool(st.get("fetch")))
+    return Profile(
+        batches=done,
+        samples=samples,
+        wall_s=wall,
+        cpu_s=time.process_time() - c0,
+        step_s=step_s,
+        cores=_cores(),
+        consumer_wait_s=waited,
+        first_batch_s=first,
+        stats=st,
+        timeline=points,
+        remote=bool(st.get("fetch")),
+    )
 
 
 def stage_seconds(st: Dict[str, Any]) -> Dict[str, float]:
     """Busy seconds per worker stage (keys of WORKER_STAGES; decode_s only when the
     engine splits it out of vision_s, else resize_s holds decode as well)."""
-    out = {"read_s": float(st.get("read_s") or 0.0),
-           "tokenize_s": float(st.get("tokenize_s") or 0.0)}
+    out = {
+        "read_s": float(st.get("read_s") or 0.0),
+        "tokenize_s": float(st.get("tokenize_s") or 0.0),
+    }
     vision = float(st.get("vision_s") or 0.0)
     if st.get("decode_s") is not None:
         out["decode_s"] = float(st["decode_s"])
@@ -211,11 +231,13 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
     usable = min(threads, cores)
     capacity = samples / (compute / usable) if compute > 0 else float("inf")
     achieved = p.samples / p.wall_s if p.wall_s > 0 else 0.0
-    ev = [f"wait-time ratio {100 * ratio:.1f}% (consumer blocked in next())",
-          f"process CPU {100 * cpu_util:.0f}% of {cores} core(s); worker threads busy "
-          f"computing {100 * worker_util:.0f}% of the time ({threads} thread(s))",
-          f"throughput {achieved:.1f} samples/s; the workers' CPU work alone would allow "
-          f"about {capacity:.1f} samples/s on {usable} core(s)"]
+    ev = [
+        f"wait-time ratio {100 * ratio:.1f}% (consumer blocked in next())",
+        f"process CPU {100 * cpu_util:.0f}% of {cores} core(s); worker threads busy "
+        f"computing {100 * worker_util:.0f}% of the time ({threads} thread(s))",
+        f"throughput {achieved:.1f} samples/s; the workers' CPU work alone would allow "
+        f"about {capacity:.1f} samples/s on {usable} core(s)",
+    ]
     sug: List[str] = []
     fetch = st.get("fetch") or {}
 
@@ -223,8 +245,10 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         need = max(1, math.ceil(threads * worker_util * 1.3))
         ev.append("the loader keeps batches ready: the trainer is the slower side")
         if need < threads:
-            sug.append(f"the loader has headroom: --threads {need} would still keep up and "
-                       f"leave {threads - need} core(s) to the trainer")
+            sug.append(
+                f"the loader has headroom: --threads {need} would still keep up and "
+                f"leave {threads - need} core(s) to the trainer"
+            )
         sug.append("nothing to tune on the data side; profile the training step")
         return Diagnosis("consumer", ev, sug)
 
@@ -233,27 +257,41 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         names = dict(WORKER_STAGES)
         if "decode_s" not in stages:
             names["resize_s"] = "decode + resize / patchify"
-        heavy = max(((names[k], v) for k, v in stages.items() if k != "read_s"),
-                    key=lambda x: x[1], default=("", 0.0))
+        heavy = max(
+            ((names[k], v) for k, v in stages.items() if k != "read_s"),
+            key=lambda x: x[1],
+            default=("", 0.0),
+        )
         if worker_util > 0.8 and cpu_util < 0.6 * min(threads, cores) / cores:
-            ev.append(f"the threads were busy but the process got only {100 * cpu_util:.0f}% "
-                      "of the cores: other processes compete for the CPU")
+            ev.append(
+                f"the threads were busy but the process got only {100 * cpu_util:.0f}% "
+                "of the cores: other processes compete for the CPU"
+            )
         if heavy[0]:
-            ev.append(f"heaviest stage: {heavy[0]} ({100 * heavy[1] / max(compute, 1e-9):.0f}% "
-                      "of worker compute)")
+            ev.append(
+                f"heaviest stage: {heavy[0]} ({100 * heavy[1] / max(compute, 1e-9):.0f}% "
+                "of worker compute)"
+            )
         if threads < cores:
-            sug.append(f"raise --threads from {threads} to {cores} (the cores this process "
-                       "may use)")
+            sug.append(
+                f"raise --threads from {threads} to {cores} (the cores this process may use)"
+            )
         else:
-            sug.append(f"all {cores} core(s) are busy: more throughput needs more cores "
-                       "(or fewer ranks per node), not more threads")
+            sug.append(
+                f"all {cores} core(s) are busy: more throughput needs more cores "
+                "(or fewer ranks per node), not more threads"
+            )
         if "decode" in heavy[0] or "resize" in heavy[0]:
-            sug.append("lower max_pixels if the model allows it (resize and patchify cost "
-                       "grows with output pixels); fast_decode=True trades exact Pillow "
-                       "parity for faster JPEG decode")
+            sug.append(
+                "lower max_pixels if the model allows it (resize and patchify cost "
+                "grows with output pixels); fast_decode=True trades exact Pillow "
+                "parity for faster JPEG decode"
+            )
         if collate / wall > 0.5:
-            sug.append("collation takes over half of its thread: use larger micro-batches "
-                       "less often, or packing")
+            sug.append(
+                "collation takes over half of its thread: use larger micro-batches "
+                "less often, or packing"
+            )
         return Diagnosis("CPU", ev, sug)
 
     if p.remote and fetch:
@@ -266,9 +304,11 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         rate = reqs / p.wall_s if p.wall_s > 0 else 0.0
         # Little's law: mean request duration = mean requests in flight / request rate
         duration = inflight / rate if rate > 0 else 0.0
-        ev.append(f"{reqs} requests, {nbytes / 2**20:.1f} MiB at {bw / 2**20:.1f} MiB/s; "
-                  f"first-byte latency p50 {1000 * p50:.0f} ms, p90 {1000 * p90:.0f} ms; "
-                  f"about {inflight:.1f} requests in flight on average")
+        ev.append(
+            f"{reqs} requests, {nbytes / 2**20:.1f} MiB at {bw / 2**20:.1f} MiB/s; "
+            f"first-byte latency p50 {1000 * p50:.0f} ms, p90 {1000 * p90:.0f} ms; "
+            f"about {inflight:.1f} requests in flight on average"
+        )
         if duration > 0:
             ev.append(f"a request takes about {1000 * duration:.0f} ms in total")
         per_sample = reqs / max(1, p.samples)
@@ -277,28 +317,40 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         if duration <= 0 or duration < 2.5 * max(p50, 1e-4):
             ev.append("requests spend most of their time waiting for the first byte")
             limit = max_inflight or fetch.get("max_inflight")
-            sug.append(f"more requests in flight: --max-inflight {needed}"
-                       + (f" (now {limit})" if limit else ""))
+            sug.append(
+                f"more requests in flight: --max-inflight {needed}"
+                + (f" (now {limit})" if limit else "")
+            )
             need_window = max(window, math.ceil(needed / max(per_sample, 1e-9)))
             if window and need_window > window:
-                sug.append(f"a larger window of samples in flight: --window {need_window} "
-                           f"(now {window}); each sample needs ~{per_sample:.1f} requests")
+                sug.append(
+                    f"a larger window of samples in flight: --window {need_window} "
+                    f"(now {window}); each sample needs ~{per_sample:.1f} requests"
+                )
             if prefetch and ratio > 0.02:
-                sug.append(f"keep --prefetch at {max(prefetch, 4)} or more to ride out "
-                           "latency spikes")
+                sug.append(
+                    f"keep --prefetch at {max(prefetch, 4)} or more to ride out latency spikes"
+                )
             return Diagnosis("I/O latency", ev, sug)
         ev.append("transfers take much longer than the first byte: the link is the limit")
-        sug.append(f"the data path delivers {bw / 2**20:.1f} MiB/s: store images closer to "
-                   "the trainer, smaller (pre-resized to max_pixels) or better compressed")
-        sug.append(f"if the store limits each connection, more connections help: "
-                   f"--max-inflight {needed}")
+        sug.append(
+            f"the data path delivers {bw / 2**20:.1f} MiB/s: store images closer to "
+            "the trainer, smaller (pre-resized to max_pixels) or better compressed"
+        )
+        sug.append(
+            f"if the store limits each connection, more connections help: --max-inflight {needed}"
+        )
         return Diagnosis("network bandwidth", ev, sug)
 
     if read > compute:
-        ev.append(f"workers spend {100 * read / max(read + compute, 1e-9):.0f}% of their time "
-                  "reading files")
-        sug.append(f"reads are slow (cold cache or network filesystem): raise --threads to "
-                   f"{max(threads * 2, cores)} so reads overlap")
+        ev.append(
+            f"workers spend {100 * read / max(read + compute, 1e-9):.0f}% of their time "
+            "reading files"
+        )
+        sug.append(
+            f"reads are slow (cold cache or network filesystem): raise --threads to "
+            f"{max(threads * 2, cores)} so reads overlap"
+        )
         return Diagnosis("I/O latency", ev, sug)
 
     ev.append("workers are idle while the trainer waits: too little work is queued ahead")
@@ -315,37 +367,51 @@ def report(p: Profile, d: Optional[Diagnosis] = None) -> str:
     """The text the command prints."""
     d = d or diagnose(p)
     st = p.stats
-    out = [f"{p.batches} batches, {p.samples} samples in {p.wall_s:.2f} s: "
-           f"{p.samples / max(p.wall_s, 1e-9):.1f} samples/s "
-           f"({int(st.get('num_threads') or 0)} threads, prefetch {st.get('prefetch')}, "
-           f"window {st.get('window')}; trainer step {1000 * p.step_s:.0f} ms; first batch "
-           f"after {p.first_batch_s:.2f} s)", "",
-           f"{'stage':30s} {'busy s':>9s} {'share':>7s}  of"]
+    out = [
+        f"{p.batches} batches, {p.samples} samples in {p.wall_s:.2f} s: "
+        f"{p.samples / max(p.wall_s, 1e-9):.1f} samples/s "
+        f"({int(st.get('num_threads') or 0)} threads, prefetch {st.get('prefetch')}, "
+        f"window {st.get('window')}; trainer step {1000 * p.step_s:.0f} ms; first batch "
+        f"after {p.first_batch_s:.2f} s)",
+        "",
+        f"{'stage':30s} {'busy s':>9s} {'share':>7s}  of",
+    ]
     for name, v, share in breakdown(p):
-        of = ("wall time" if name == "consumer wait" else
-              "collation thread" if name == "collate" else "worker threads")
+        of = (
+            "wall time"
+            if name == "consumer wait"
+            else "collation thread"
+            if name == "collate"
+            else "worker threads"
+        )
         out.append(f"{name:30s} {v:9.3f} {100 * share:6.1f}%  {of}")
     if st.get("skipped"):
         out.append(f"skipped samples: {st['skipped']} {st.get('skipped_by_reason') or ''}")
     sources = st.get("sources") or {}
     if len(sources) > 1:
         width = max(6, max(len(n) for n in sources))
-        out += ["", f"  {'source':{width}s} {'samples':>9s} {'share':>7s} {'expected':>8s} "
-                    f"{'skipped':>8s} {'tokens':>10s} {'img tok':>10s} {'MiB':>8s}"]
+        out += [
+            "",
+            f"  {'source':{width}s} {'samples':>9s} {'share':>7s} {'expected':>8s} "
+            f"{'skipped':>8s} {'tokens':>10s} {'img tok':>10s} {'MiB':>8s}",
+        ]
         for name, s in sources.items():
-            out.append(f"  {name:{width}s} {s['samples']:9d} {100 * s.get('share', 0):6.1f}% "
-                       f"{100 * s.get('expected_share', 0):7.1f}% {s['skipped']:8d} "
-                       f"{s['tokens']:10d} {s['image_tokens']:10d} {s['bytes'] / 2**20:8.1f}")
+            out.append(
+                f"  {name:{width}s} {s['samples']:9d} {100 * s.get('share', 0):6.1f}% "
+                f"{100 * s.get('expected_share', 0):7.1f}% {s['skipped']:8d} "
+                f"{s['tokens']:10d} {s['image_tokens']:10d} {s['bytes'] / 2**20:8.1f}"
+            )
     fetch = st.get("fetch") or {}
     if fetch:
-        out.append(f"fetch: {fetch.get('requests', 0)} requests, "
-                   f"{int(fetch.get('bytes', 0)) / 2**20:.1f} MiB, retries "
-                   f"{sum(int(v) for k, v in fetch.items() if k.startswith('retries'))}, "
-                   f"failures {fetch.get('failures', 0)}, first byte p50 "
-                   f"{1000 * float(fetch.get('latency_p50_s', 0)):.0f} ms / p99 "
-                   f"{1000 * float(fetch.get('latency_p99_s', 0)):.0f} ms")
-    out += ["", f"wait-time ratio: {100 * p.wait_ratio:.1f}%",
-            f"bottleneck: {d.bottleneck}"]
+        out.append(
+            f"fetch: {fetch.get('requests', 0)} requests, "
+            f"{int(fetch.get('bytes', 0)) / 2**20:.1f} MiB, retries "
+            f"{sum(int(v) for k, v in fetch.items() if k.startswith('retries'))}, "
+            f"failures {fetch.get('failures', 0)}, first byte p50 "
+            f"{1000 * float(fetch.get('latency_p50_s', 0)):.0f} ms / p99 "
+            f"{1000 * float(fetch.get('latency_p99_s', 0)):.0f} ms"
+        )
+    out += ["", f"wait-time ratio: {100 * p.wait_ratio:.1f}%", f"bottleneck: {d.bottleneck}"]
     out += [f"  - {e}" for e in d.evidence]
     out.append("suggestions:")
     out += [f"  - {s}" for s in d.suggestions]
@@ -356,14 +422,18 @@ def plot_timeline(p: Profile, path: str) -> None:
     """Writes a PNG: per-stage utilisation of the worker threads over time, the
     collation thread and the consumer's wait, and the queue / in-flight depths."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     pts = p.timeline
     threads = max(1, int(p.stats.get("num_threads") or 1))
     split = "decode_s" in stage_seconds(p.stats)
-    keys = [(k, n if split or k != "resize_s" else "decode + resize / patchify")
-            for k, n in WORKER_STAGES if k in stage_seconds(p.stats)]
+    keys = [
+        (k, n if split or k != "resize_s" else "decode + resize / patchify")
+        for k, n in WORKER_STAGES
+        if k in stage_seconds(p.stats)
+    ]
     ts, util, coll, wait, cpu, depth, inflight, fetching = [], [], [], [], [], [], [], []
     prev_t, prev = 0.0, {"cpu": 0.0}
     for pt in pts:
@@ -384,29 +454,39 @@ def plot_timeline(p: Profile, path: str) -> None:
         inflight.append(int(s.get("in_flight") or 0))
         fetching.append(int((s.get("fetch") or {}).get("inflight", 0)))
         prev_t, prev = pt.t, dict(s, cpu=pt.cpu_s)
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True,
-                                  gridspec_kw={"height_ratios": [2, 1]})
+    fig, (ax, ax2) = plt.subplots(
+        2, 1, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     if ts:
         cols = list(zip(*util)) if util and util[0] else []
-        ax.stackplot(ts, *cols, labels=[n for _, n in keys], step="pre", alpha=.8)
+        ax.stackplot(ts, *cols, labels=[n for _, n in keys], step="pre", alpha=0.8)
         ax.plot(ts, coll, drawstyle="steps-pre", color="k", lw=1, label="collate (1 thread)")
         ax.plot(ts, wait, drawstyle="steps-pre", color="red", lw=1.5, label="consumer wait")
-        ax.plot(ts, cpu, drawstyle="steps-pre", color="gray", ls="--", lw=1,
-                label=f"process CPU / {p.cores} cores")
+        ax.plot(
+            ts,
+            cpu,
+            drawstyle="steps-pre",
+            color="gray",
+            ls="--",
+            lw=1,
+            label=f"process CPU / {p.cores} cores",
+        )
         ax2.plot(ts, depth, drawstyle="steps-pre", label="batches queued")
         ax2.plot(ts, inflight, drawstyle="steps-pre", label="samples in flight")
         if any(fetching):
             ax2.plot(ts, fetching, drawstyle="steps-pre", label="requests in flight")
     ax.set_ylabel("utilisation")
     ax.set_ylim(0, max([1.05] + [max(w, c) for w, c in zip(wait, cpu)]))
-    ax.set_title(f"mmloader stage utilisation ({threads} worker threads; wait-time ratio "
-                 f"{100 * p.wait_ratio:.1f}%)")
+    ax.set_title(
+        f"mmloader stage utilisation ({threads} worker threads; wait-time ratio "
+        f"{100 * p.wait_ratio:.1f}%)"
+    )
     ax.legend(fontsize=7, loc="upper right")
-    ax.grid(True, alpha=.3)
+    ax.grid(True, alpha=0.3)
     ax2.set_xlabel("seconds since the first next()")
     ax2.set_ylabel("count")
     ax2.legend(fontsize=7, loc="upper right")
-    ax2.grid(True, alpha=.3)
+    ax2.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -414,17 +494,26 @@ def plot_timeline(p: Profile, path: str) -> None:
 
 # ----------------------------------------------------------------------------- command line
 
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("data", nargs="+", help="JSONL shard(s), glob, folder, http(s):// or s3://")
     ap.add_argument("--batches", type=int, default=50, help="batches to take (default 50)")
     ap.add_argument("--batch-size", type=int, default=8, help="micro_batch_size (default 8)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="worker threads (default: the loader's, cores / LOCAL_WORLD_SIZE)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="worker threads (default: the loader's, cores / LOCAL_WORLD_SIZE)",
+    )
     ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--window", type=int, default=None, help="samples in flight ahead")
     ap.add_argument("--max-inflight", type=int, default=None, help="requests in flight")
-    ap.add_argument("--step-ms", type=float, default=0.0,
-                    help="simulated trainer step per batch, ms (default 0: as fast as it goes)")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="simulated trainer step per batch, ms (default 0: as fast as it goes)",
+    )
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (or a folder with one)")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--preset", default="qwen2.5-vl")
@@ -435,17 +524,36 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-shuffle", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--s3-endpoint", default=None)
-    ap.add_argument("--plot", default=None, metavar="FILE.png",
-                    help="write a timeline of stage utilisation (needs matplotlib)")
+    ap.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="write a timeline of stage utilisation (needs matplotlib)",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def loader_from_args(args: argparse.Namespace):
     from . import Loader
-    kw: Dict[str, Any] = dict(micro_batch_size=args.batch_size, prefetch=args.prefetch,
-                              preset=args.preset, shuffle=not args.no_shuffle, seed=args.seed)
-    for name in ("num_threads", "window", "max_inflight", "tokenizer", "model_dir",
-                 "max_pixels", "min_pixels", "seq_length", "s3_endpoint"):
+
+    kw: Dict[str, Any] = dict(
+        micro_batch_size=args.batch_size,
+        prefetch=args.prefetch,
+        preset=args.preset,
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
+    )
+    for name in (
+        "num_threads",
+        "window",
+        "max_inflight",
+        "tokenizer",
+        "model_dir",
+        "max_pixels",
+        "min_pixels",
+        "seq_length",
+        "s3_endpoint",
+    ):
         v = getattr(args, "threads" if name == "num_threads" else name)
         if v is not None:
             kw[name] = v
@@ -467,8 +575,12 @@ def main_args(args: argparse.Namespace) -> int:
             return 2
     loader = loader_from_args(args)
     try:
-        prof = run(loader, args.batches, step_s=args.step_ms / 1000.0,
-                   progress=None if args.quiet else sys.stderr)
+        prof = run(
+            loader,
+            args.batches,
+            step_s=args.step_ms / 1000.0,
+            progress=None if args.quiet else sys.stderr,
+        )
     finally:
         loader.close()
     sys.stdout.write(report(prof, diagnose(prof, args.max_inflight)))
@@ -479,11 +591,20 @@ def main_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mmloader profile",
-                                 description="Profile mmloader on a dataset.")
+    ap = argparse.ArgumentParser(
+        prog="python -m mmloader profile", description="Profile mmloader on a dataset."
+    )
     add_arguments(ap)
     return main_args(ap.parse_args(argv))
 
 
-__all__ = ["run", "breakdown", "diagnose", "report", "plot_timeline", "Profile", "Diagnosis",
-           "main"]
+__all__ = [
+    "run",
+    "breakdown",
+    "diagnose",
+    "report",
+    "plot_timeline",
+    "Profile",
+    "Diagnosis",
+    "main",
+]

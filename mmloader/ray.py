@@ -26,6 +26,7 @@ Why the stream is exact, whatever skips or packing do to batch composition:
 
 Ray is an optional dependency: nothing else in mmloader imports it.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -43,8 +44,10 @@ from ._core import ConfigError, Error, SampleError
 try:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
-                                                PlacementGroupSchedulingStrategy)
+    from ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+        PlacementGroupSchedulingStrategy,
+    )
 except ImportError as e:  # pragma: no cover - exercised only without ray
     raise ImportError("mmloader.ray needs Ray: pip install ray") from e
 
@@ -53,9 +56,13 @@ PLACEMENTS = ("spread", "pack", "node-local")
 # Loader options that belong to the trainer's process, not to a producer.
 _REFUSED = {"device": "cpu", "pin_memory": False}
 # Failures of the transport (not of the data): the batch is requested again.
-_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
-         ray.exceptions.ActorUnavailableError, ray.exceptions.WorkerCrashedError,
-         ray.exceptions.NodeDiedError)
+_LOST = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+)
 
 
 class _Producer:
@@ -67,8 +74,11 @@ class _Producer:
         from .loader import Loader
 
         ctx = ray.get_runtime_context()
-        self._where = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                       "pid": os.getpid()}
+        self._where = {
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+        }
         self._error: Optional[BaseException] = None
         try:  # a bad configuration is raised by info(), so the trainer sees the Error itself
             self._loader = Loader(data, **kwargs)
@@ -83,17 +93,22 @@ class _Producer:
         if self._error is not None:
             raise self._error
         L = self._loader
-        return dict(self._where, fingerprint=L._fingerprint, num_samples=L.num_samples,
-                    samples_per_rank=L.samples_per_rank,
-                    batches_per_epoch=L._batches_per_epoch)
+        return dict(
+            self._where,
+            fingerprint=L._fingerprint,
+            num_samples=L.num_samples,
+            samples_per_rank=L.samples_per_rank,
+            batches_per_epoch=L._batches_per_epoch,
+        )
 
     def check_state(self, state: Dict[str, Any]) -> Cursor:
         """Validates a state_dict exactly as Loader.load_state_dict does; its cursor."""
         self._loader.load_state_dict(state)
         return tuple(self._c.cursor())
 
-    def produce(self, start: Cursor, ahead: int
-                ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+    def produce(
+        self, start: Cursor, ahead: int
+    ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
         """Everything next() yields from cursor `start` up to and including one batch:
         epoch ends, sample errors (on_error="raise"), skip warnings, then the batch.  The
         engine starts no work beyond the `ahead` samples the batch is planned to take
@@ -125,9 +140,15 @@ class _Producer:
         self._batches += arrays is not None
         self._bytes += nbytes
         self._busy_s += time.perf_counter() - t0
-        meta = {"start": tuple(start), "end": tuple(c.cursor()), "events": events,
-                "warnings": warns, "node_id": self._where["node_id"], "nbytes": nbytes,
-                "skipped": c.stats()["skipped"] - skipped0}
+        meta = {
+            "start": tuple(start),
+            "end": tuple(c.cursor()),
+            "events": events,
+            "warnings": warns,
+            "node_id": self._where["node_id"],
+            "nbytes": nbytes,
+            "skipped": c.stats()["skipped"] - skipped0,
+        }
         return meta, arrays  # arrays go to the object store out of band (pickle 5)
 
     def plan(self, start: Cursor, n: int) -> List[Cursor]:
@@ -151,8 +172,14 @@ class _Producer:
 
     def stats(self) -> Dict[str, Any]:
         s = self._loader.stats()
-        return dict(self._where, batches=self._batches, busy_s=self._busy_s,
-                    bytes=self._bytes, samples=s["samples"], skipped=s["skipped"])
+        return dict(
+            self._where,
+            batches=self._batches,
+            busy_s=self._busy_s,
+            bytes=self._bytes,
+            samples=s["samples"],
+            skipped=s["skipped"],
+        )
 
     def pid(self) -> int:
         return self._where["pid"]
@@ -195,12 +222,21 @@ class Loader:
             ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
     """
 
-    def __init__(self, data: Any, *, producers: int = 2, placement: str = "spread",
-                 producer_resources: Optional[Dict[str, float]] = None,
-                 refs_in_flight: Optional[int] = None, zero_copy: bool = True,
-                 as_torch: bool = False, max_restarts: int = 3,
-                 placement_timeout_s: float = 120.0, planner: Optional[bool] = None,
-                 **loader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        producers: int = 2,
+        placement: str = "spread",
+        producer_resources: Optional[Dict[str, float]] = None,
+        refs_in_flight: Optional[int] = None,
+        zero_copy: bool = True,
+        as_torch: bool = False,
+        max_restarts: int = 3,
+        placement_timeout_s: float = 120.0,
+        planner: Optional[bool] = None,
+        **loader_kwargs: Any,
+    ) -> None:
         self._actors: List[Any] = []
         self._planner: Any = None
         self._pg = None
@@ -212,8 +248,11 @@ class Loader:
             raise ConfigError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         if refs_in_flight is None:
             refs_in_flight = 2 * producers
-        if isinstance(refs_in_flight, bool) or not isinstance(refs_in_flight, int) \
-                or refs_in_flight < 1:
+        if (
+            isinstance(refs_in_flight, bool)
+            or not isinstance(refs_in_flight, int)
+            or refs_in_flight < 1
+        ):
             raise ConfigError(f"refs_in_flight must be an integer >= 1, got {refs_in_flight!r}")
         res = dict(producer_resources or {"CPU": 1})
         cpus = res.pop("CPU", 1)
@@ -221,27 +260,38 @@ class Loader:
             raise ConfigError(f"producer_resources['CPU'] must be a number >= 0, got {cpus!r}")
         for k, v in _REFUSED.items():
             if loader_kwargs.get(k, v) != v:
-                raise ConfigError(f"mmloader.ray.Loader: {k}={loader_kwargs[k]!r} is not "
-                                  "supported; batches are host arrays (move them to the GPU "
-                                  "in the trainer)")
+                raise ConfigError(
+                    f"mmloader.ray.Loader: {k}={loader_kwargs[k]!r} is not "
+                    "supported; batches are host arrays (move them to the GPU "
+                    "in the trainer)"
+                )
         if "plan_only" in loader_kwargs:
             raise ConfigError("mmloader.ray.Loader: plan_only is not a stream option")
         self._packing = bool(loader_kwargs.get("packing", False))
         if planner is None:
             planner = self._packing
         if self._packing and not planner:
-            raise ConfigError("mmloader.ray.Loader: packing=True needs planner=True (pack "
-                              "boundaries depend on every earlier sample's length; without "
-                              "a plan the producers could only make one batch at a time)")
+            raise ConfigError(
+                "mmloader.ray.Loader: packing=True needs planner=True (pack "
+                "boundaries depend on every earlier sample's length; without "
+                "a plan the producers could only make one batch at a time)"
+            )
         tok = loader_kwargs.get("tokenizer")
         if tok is not None and not isinstance(tok, (str, bytes)) and not hasattr(tok, "__fspath__"):
-            raise ConfigError("mmloader.ray.Loader: tokenizer must be a path (each producer "
-                              "loads it on its own node)")
-        plan = [k for k in ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
-                if loader_kwargs.get(k) not in (None, False, 0, "none")]
+            raise ConfigError(
+                "mmloader.ray.Loader: tokenizer must be a path (each producer "
+                "loads it on its own node)"
+            )
+        plan = [
+            k
+            for k in ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
+            if loader_kwargs.get(k) not in (None, False, 0, "none")
+        ]
         if plan:
-            raise ConfigError(f"mmloader.ray.Loader: {plan[0]} (the global plan) is not "
-                              "supported by Ray producers yet; use mmloader.Loader per rank")
+            raise ConfigError(
+                f"mmloader.ray.Loader: {plan[0]} (the global plan) is not "
+                "supported by Ray producers yet; use mmloader.Loader per rank"
+            )
         kwargs = dict(loader_kwargs)
         kwargs.setdefault("num_threads", max(1, int(cpus)))
         kwargs["prefetch"] = 1  # a producer makes one batch per request
@@ -256,26 +306,34 @@ class Loader:
             ray.init()
         self._node = ray.get_runtime_context().get_node_id()
 
-        opts: Dict[str, Any] = dict(num_cpus=cpus, resources=res or None,
-                                    max_restarts=max_restarts, max_task_retries=0)
+        opts: Dict[str, Any] = dict(
+            num_cpus=cpus, resources=res or None, max_restarts=max_restarts, max_task_retries=0
+        )
         if placement == "node-local":
             strategies = [NodeAffinitySchedulingStrategy(self._node, soft=False)] * producers
         else:
             bundle = dict(res, CPU=cpus) if cpus else dict(res)
-            self._pg = placement_group([dict(bundle) for _ in range(producers)],
-                                       strategy="SPREAD" if placement == "spread" else "PACK")
+            self._pg = placement_group(
+                [dict(bundle) for _ in range(producers)],
+                strategy="SPREAD" if placement == "spread" else "PACK",
+            )
             try:
                 ray.get(self._pg.ready(), timeout=placement_timeout_s)
             except ray.exceptions.GetTimeoutError:
                 self.close()
-                raise ConfigError(f"cannot place {producers} producers with {bundle} each "
-                                  f"within {placement_timeout_s:g} s (cluster resources: "
-                                  f"{ray.cluster_resources()})") from None
-            strategies = [PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
-                          for i in range(producers)]
+                raise ConfigError(
+                    f"cannot place {producers} producers with {bundle} each "
+                    f"within {placement_timeout_s:g} s (cluster resources: "
+                    f"{ray.cluster_resources()})"
+                ) from None
+            strategies = [
+                PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
+                for i in range(producers)
+            ]
         cls = ray.remote(_Producer)
-        self._actors = [cls.options(scheduling_strategy=s, **opts).remote(data, kwargs)
-                        for s in strategies]
+        self._actors = [
+            cls.options(scheduling_strategy=s, **opts).remote(data, kwargs) for s in strategies
+        ]
         if planner:  # one more actor: a plan_only loader walks the stream ahead
             popts = dict(opts)
             if placement == "node-local":
@@ -293,8 +351,10 @@ class Loader:
         fps = {repr(sorted(i["fingerprint"].items())) for i in infos}
         if len(fps) != 1:
             self.close()
-            raise ConfigError("producers on different nodes see different data or settings: "
-                              + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos))
+            raise ConfigError(
+                "producers on different nodes see different data or settings: "
+                + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos)
+            )
         info = infos[0]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
@@ -303,7 +363,7 @@ class Loader:
 
         # consumer state: the verified end of the stream delivered so far
         self._cursor: Cursor = (0, 0, 0)  # after what next() delivered (the state)
-        self._head: Cursor = (0, 0, 0)    # after what is verified and queued in _ready
+        self._head: Cursor = (0, 0, 0)  # after what is verified and queued in _ready
         self._next_producer = 0
         self._fatal: Optional[BaseException] = None
         self._samples = self._skipped = 0
@@ -386,14 +446,21 @@ class Loader:
         # than requests can use
         for k in [k for k in self._planned if k < self._head]:
             del self._planned[k]
-        if self._plan_ref is None and self._plan_tail is not None and \
-                len(self._planned) < 2 * self._inflight_max + self._plan_chunk // 2:
+        if (
+            self._plan_ref is None
+            and self._plan_tail is not None
+            and len(self._planned) < 2 * self._inflight_max + self._plan_chunk // 2
+        ):
             self._plan_ref = self._planner.plan.remote(self._plan_tail, self._plan_chunk)
 
     def _fill(self) -> None:
         self._plan(block=False)
-        if self._planner is not None and not self._inflight and \
-                self._head not in self._planned and self._plan_ref is not None:
+        if (
+            self._planner is not None
+            and not self._inflight
+            and self._head not in self._planned
+            and self._plan_ref is not None
+        ):
             self._plan(block=True)  # the head batch's size is about to be known
         while len(self._inflight) < self._inflight_max:
             if self._inflight:
@@ -427,8 +494,10 @@ class Loader:
             self._per_producer[r.producer]["lost"] += 1
             r.attempts += 1
             if r.attempts > 2 * len(self._actors) + 8:
-                raise Error(f"mmloader.ray: batch at cursor {r.start} could not be made: "
-                            f"{type(e).__name__}: {e}") from None
+                raise Error(
+                    f"mmloader.ray: batch at cursor {r.start} could not be made: "
+                    f"{type(e).__name__}: {e}"
+                ) from None
             # the same producer after Ray restarted it, or the next one if it is gone
             alive = r.producer if r.attempts <= 2 else (r.producer + r.attempts) % len(self._actors)
             nr = self._submit(r.start, alive)
@@ -439,8 +508,10 @@ class Loader:
             self._wait_s += time.perf_counter() - t0
         self._inflight.popleft()
         if tuple(meta["start"]) != self._head:  # the head request always starts at _head
-            raise Error(f"mmloader.ray: internal error, batch from {meta['start']} "
-                        f"after cursor {self._head}")
+            raise Error(
+                f"mmloader.ray: internal error, batch from {meta['start']} "
+                f"after cursor {self._head}"
+            )
         self._accept(meta, arrays, r.producer)
         self._head = tuple(meta["end"])
         if self._inflight and self._inflight[0].start != self._head:
@@ -449,8 +520,9 @@ class Loader:
             if self._head not in self._planned:
                 self._replan()
 
-    def _accept(self, meta: Dict[str, Any], arrays: Optional[Dict[str, np.ndarray]],
-                producer: int) -> None:
+    def _accept(
+        self, meta: Dict[str, Any], arrays: Optional[Dict[str, np.ndarray]], producer: int
+    ) -> None:
         for w in meta["warnings"]:
             self._ready.append(("warn", w))
         e, p, b = self._normalize(meta["start"])
@@ -483,9 +555,15 @@ class Loader:
         if self._as_torch:
             out = _to_torch(out)
         if self._samples >= 100 and self._skipped > self._max_error_rate * self._samples:
-            self._ready.append(("fatal", Error(
-                f"{self._skipped} of {self._samples} samples failed, above "
-                f"max_error_rate={self._max_error_rate:g} (judged per batch)")))
+            self._ready.append(
+                (
+                    "fatal",
+                    Error(
+                        f"{self._skipped} of {self._samples} samples failed, above "
+                        f"max_error_rate={self._max_error_rate:g} (judged per batch)"
+                    ),
+                )
+            )
         else:
             self._ready.append(("batch", (out, end)))
 
@@ -525,8 +603,9 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch (padded mode; packed batch counts depend on the data)."""
         if self._packing:
-            raise TypeError("len() is undefined with packing=True (packs per epoch depend on "
-                            "sample lengths)")
+            raise TypeError(
+                "len() is undefined with packing=True (packs per epoch depend on sample lengths)"
+            )
         return self._per_epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -552,8 +631,13 @@ class Loader:
         """Where the trainer stands (what it received): the same dict mmloader.Loader gives."""
         self._check_open()
         e, p, b = self._cursor
-        return {"version": 1, "epoch": e, "pos": p, "batch_in_epoch": b,
-                "fingerprint": dict(self._fingerprint)}
+        return {
+            "version": 1,
+            "epoch": e,
+            "pos": p,
+            "batch_in_epoch": b,
+            "fingerprint": dict(self._fingerprint),
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues exactly after the batch the state was taken at (mmloader.Loader's or
@@ -589,25 +673,45 @@ class Loader:
         remote = ray.get([a.stats.remote() for a in self._actors])
         prods, nodes = [], {}
         for i, (pp, rs) in enumerate(zip(self._per_producer, remote)):
-            prods.append({"index": i, "node_id": rs["node_id"], "node_ip": rs["node_ip"],
-                          "pid": rs["pid"], "delivered": pp["batches"], "lost": pp["lost"],
-                          "made": rs["batches"], "busy_s": rs["busy_s"],
-                          "samples_read": rs["samples"]})
-            nd = nodes.setdefault(rs["node_id"], {"node_ip": rs["node_ip"], "producers": 0,
-                                                  "batches": 0, "bytes": 0})
+            prods.append(
+                {
+                    "index": i,
+                    "node_id": rs["node_id"],
+                    "node_ip": rs["node_ip"],
+                    "pid": rs["pid"],
+                    "delivered": pp["batches"],
+                    "lost": pp["lost"],
+                    "made": rs["batches"],
+                    "busy_s": rs["busy_s"],
+                    "samples_read": rs["samples"],
+                }
+            )
+            nd = nodes.setdefault(
+                rs["node_id"], {"node_ip": rs["node_ip"], "producers": 0, "batches": 0, "bytes": 0}
+            )
             nd["producers"] += 1
             nd["batches"] += pp["batches"]
             nd["bytes"] += pp["bytes"]
         for nd in nodes.values():
             nd["batches_per_s"] = nd["batches"] / wall if wall > 0 else 0.0
-        return {"wait_time_ratio": self._wait_s / wall if wall > 0 else 0.0,
-                "wall_s": wall, "wait_s": self._wait_s, "batches": self._n["batches"],
-                "bytes": self._n["bytes"], "bytes_copied": self._n["copied"],
-                "bytes_copied_per_batch": self._n["copied"] / n,
-                "bytes_transferred": self._n["transferred"], "replans": self._n["replans"],
-                "lost": self._n["lost"], "samples": self._samples, "skipped": self._skipped,
-                "refs_in_flight": len(self._inflight), "consumer_node_id": self._node,
-                "producers": prods, "nodes": nodes}
+        return {
+            "wait_time_ratio": self._wait_s / wall if wall > 0 else 0.0,
+            "wall_s": wall,
+            "wait_s": self._wait_s,
+            "batches": self._n["batches"],
+            "bytes": self._n["bytes"],
+            "bytes_copied": self._n["copied"],
+            "bytes_copied_per_batch": self._n["copied"] / n,
+            "bytes_transferred": self._n["transferred"],
+            "replans": self._n["replans"],
+            "lost": self._n["lost"],
+            "samples": self._samples,
+            "skipped": self._skipped,
+            "refs_in_flight": len(self._inflight),
+            "consumer_node_id": self._node,
+            "producers": prods,
+            "nodes": nodes,
+        }
 
     def producer_pids(self) -> List[int]:
         """The process id of each producer (for fault tests)."""

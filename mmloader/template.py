@@ -15,6 +15,7 @@ Label modes (which tokens are trained; every other label is -100):
 Image placeholder tokens are never trained.  A token that straddles the start of an
 assistant turn's content (e.g. "\\n\\n" when the content starts with a newline) is trained.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,27 +46,38 @@ def parse_record(record: Record) -> Dict[str, Any]:
     return _core.parse_record(_line(record))
 
 
-def render_chat(record: Record, preset: str = "qwen2.5-vl",
-                image_tokens: ImageTokens = None, image_whitespace: str = "in_place") -> str:
+def render_chat(
+    record: Record,
+    preset: str = "qwen2.5-vl",
+    image_tokens: ImageTokens = None,
+    image_whitespace: str = "in_place",
+) -> str:
     """The text the chat template of `preset` renders for `record`, image pads expanded.
 
     image_tokens: the number of <|image_pad|> tokens of each image (one int for all, or
     one per image); required when the record has images.  image_whitespace: "in_place" or
     "qwen-vl-finetune" (see mmloader.Loader).
     """
-    return _core.render_record(_line(record), template_style(preset), image_tokens,
-                               image_whitespace)
+    return _core.render_record(
+        _line(record), template_style(preset), image_tokens, image_whitespace
+    )
 
 
-def encode_chat(record: Record, tokenizer: Any, preset: str = "qwen2.5-vl",
-                label_mode: str = "all_assistant", image_tokens: ImageTokens = None,
-                image_whitespace: str = "in_place") -> Tuple[List[int], List[int]]:
+def encode_chat(
+    record: Record,
+    tokenizer: Any,
+    preset: str = "qwen2.5-vl",
+    label_mode: str = "all_assistant",
+    image_tokens: ImageTokens = None,
+    image_whitespace: str = "in_place",
+) -> Tuple[List[int], List[int]]:
     """(input_ids, labels) of `record` as the loader produces them, with `tokenizer` an
     mmloader.Tokenizer.  See the module docstring for label modes."""
     if label_mode not in LABEL_MODES:
         raise ValueError(f"unknown label_mode {label_mode!r}; choose one of {LABEL_MODES}")
-    return _core.encode_record(_line(record), tokenizer, template_style(preset), label_mode,
-                               image_tokens, image_whitespace)
+    return _core.encode_record(
+        _line(record), tokenizer, template_style(preset), label_mode, image_tokens, image_whitespace
+    )
 
 
 __all__ = ["LABEL_MODES", "parse_record", "render_chat", "encode_chat"]

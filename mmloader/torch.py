@@ -31,6 +31,7 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
   (``packing_keys=False``): transformers' Qwen-VL forwards extra keyword arguments to its
   vision tower, which would take ``cu_seqlens`` for its own.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -59,10 +60,14 @@ def to_torch(batch: Dict[str, Any]) -> Dict[str, torch.Tensor]:
 _TABLES: Dict[Tuple[Any, ...], torch.Tensor] = {}
 
 
-def pixel_table(preset: str = "qwen2.5-vl", *, model_dir: Optional[str] = None,
-                image_mean: Optional[Sequence[float]] = None,
-                image_std: Optional[Sequence[float]] = None,
-                rescale_factor: float = 1 / 255) -> torch.Tensor:
+def pixel_table(
+    preset: str = "qwen2.5-vl",
+    *,
+    model_dir: Optional[str] = None,
+    image_mean: Optional[Sequence[float]] = None,
+    image_std: Optional[Sequence[float]] = None,
+    rescale_factor: float = 1 / 255,
+) -> torch.Tensor:
     """The float32 ``[3, 256]`` table of what the HF processor makes of each byte value of
     each channel: its PIL backend's arithmetic, ``float32(float64(v) * rescale_factor)``
     then ``(x - float32(mean[c])) / float32(std[c])`` in float32 — the value mmloader's
@@ -84,13 +89,20 @@ def _table_on(table: torch.Tensor, device: torch.device, dtype: torch.dtype) -> 
     return t
 
 
-def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Tensor] = None, *,
-                  preset: str = "qwen2.5-vl", model_dir: Optional[str] = None,
-                  image_mean: Optional[Sequence[float]] = None,
-                  image_std: Optional[Sequence[float]] = None,
-                  rescale_factor: float = 1 / 255, temporal_patch_size: Optional[int] = None,
-                  patch_size: Optional[int] = None, dtype: torch.dtype = torch.float32,
-                  table: Optional[torch.Tensor] = None) -> torch.Tensor:
+def expand_pixels(
+    pixel_values: torch.Tensor,
+    image_grid_thw: Optional[torch.Tensor] = None,
+    *,
+    preset: str = "qwen2.5-vl",
+    model_dir: Optional[str] = None,
+    image_mean: Optional[Sequence[float]] = None,
+    image_std: Optional[Sequence[float]] = None,
+    rescale_factor: float = 1 / 255,
+    temporal_patch_size: Optional[int] = None,
+    patch_size: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
+    table: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` the HF processor gives,
     on the device the patches are on: torch ops on a GPU (any non-CPU device), the core's
     loop on the CPU (GIL released).
@@ -111,11 +123,15 @@ def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Ten
     preset's (``model_dir`` overrides them, like mean and std).
     """
     if pixel_values.dtype != torch.uint8 or pixel_values.dim() != 2:
-        raise TypeError("expand_pixels: pixel_values must be a 2-D uint8 tensor (the "
-                        f"pixel_format='uint8' batches), got {pixel_values.dtype} "
-                        f"{tuple(pixel_values.shape)}")
+        raise TypeError(
+            "expand_pixels: pixel_values must be a 2-D uint8 tensor (the "
+            f"pixel_format='uint8' batches), got {pixel_values.dtype} "
+            f"{tuple(pixel_values.shape)}"
+        )
     if dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"expand_pixels: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        raise TypeError(
+            f"expand_pixels: dtype must be torch.float32 or torch.bfloat16, got {dtype}"
+        )
     if patch_size is None or temporal_patch_size is None:
         cfg = vision_config(preset, model_dir)
         patch_size = patch_size or int(cfg["patch_size"])
@@ -127,34 +143,49 @@ def expand_pixels(pixel_values: torch.Tensor, image_grid_thw: Optional[torch.Ten
     elif cols == 3 * T * P * P:
         frames = T
     else:
-        raise ValueError(f"expand_pixels: rows of {cols} bytes are neither 3*P*P = {3 * P * P} "
-                         f"nor 3*T*P*P = {3 * T * P * P} (patch_size {P}, temporal_patch_size "
-                         f"{T})")
+        raise ValueError(
+            f"expand_pixels: rows of {cols} bytes are neither 3*P*P = {3 * P * P} "
+            f"nor 3*T*P*P = {3 * T * P * P} (patch_size {P}, temporal_patch_size "
+            f"{T})"
+        )
     if image_grid_thw is not None and image_grid_thw.device.type == "cpu":
         g = image_grid_thw.reshape(-1, 3).to(torch.int64)
         want = int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) if g.shape[0] else 0
         placeholder = n == 1 and g.shape[0] == 1 and int(g[0, 0]) == 0
         if want != n and not placeholder:
-            raise ValueError(f"expand_pixels: image_grid_thw holds {want} patches but "
-                             f"pixel_values has {n} rows")
+            raise ValueError(
+                f"expand_pixels: image_grid_thw holds {want} patches but pixel_values has {n} rows"
+            )
     if table is None:
-        table = pixel_table(preset, model_dir=model_dir, image_mean=image_mean,
-                            image_std=image_std, rescale_factor=rescale_factor)
+        table = pixel_table(
+            preset,
+            model_dir=model_dir,
+            image_mean=image_mean,
+            image_std=image_std,
+            rescale_factor=rescale_factor,
+        )
     if tuple(table.shape) != (3, 256):
         raise ValueError(f"expand_pixels: table must be [3, 256], got {tuple(table.shape)}")
     if pixel_values.device.type == "cpu":  # the core's loop: one lookup per value, no index
         out = torch.empty((n, 3 * T * P * P), dtype=dtype)
         dst = out.view(torch.int16) if dtype == torch.bfloat16 else out
-        _core.expand_pixels(pixel_values.contiguous().numpy(), dst.numpy(),
-                            table.to(torch.float32).contiguous().numpy(), P, frames, T,
-                            dtype == torch.bfloat16)
+        _core.expand_pixels(
+            pixel_values.contiguous().numpy(),
+            dst.numpy(),
+            table.to(torch.float32).contiguous().numpy(),
+            P,
+            frames,
+            T,
+            dtype == torch.bfloat16,
+        )
         return out
     flat = _table_on(table.to(torch.float32).cpu(), pixel_values.device, dtype)
     return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, True)
 
 
-def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int,
-            one_pass: bool) -> torch.Tensor:
+def _gather(
+    flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int, one_pass: bool
+) -> torch.Tensor:
     """flat[c*256 + byte] for every byte of u8 [n, cols] (channel c = its third of the row),
     each row's values repeated `repeat` times per channel: [n, 3 * repeat * cols/3].
 
@@ -208,8 +239,14 @@ class Loader:
     IterableDataset.
     """
 
-    def __init__(self, data: Any, *, packing_keys: Optional[bool] = None,
-                 wire_format: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        packing_keys: Optional[bool] = None,
+        wire_format: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
         qwen = kwargs.get("keys", "qwen") == "qwen"
         if "text_only_vision" not in kwargs and _accepts("text_only_vision"):
             # Megatron keys: a fixed key set (the zero-patch placeholder), so a forward step
@@ -233,16 +270,18 @@ class Loader:
                 raise _loader.ConfigError(
                     f"wire_format={wire_format!r} with pixel_format={fmt!r}: the wire format "
                     "is the pixel_format itself or \"uint8\" (expanded to a float32 or "
-                    "bfloat16 pixel_format)")
+                    "bfloat16 pixel_format)"
+                )
             kwargs["pixel_format"] = "uint8"
         self._inner = _loader.Loader(data, **kwargs)
         if wire_format != fmt:
             v = self._inner.vision_config
-            self._expand = dict(table=pixel_table(image_mean=v["image_mean"],
-                                                  image_std=v["image_std"]),
-                                patch_size=int(v["patch_size"]),
-                                temporal_patch_size=int(v["temporal_patch_size"]),
-                                dtype=torch.float32 if fmt == "float32" else torch.bfloat16)
+            self._expand = dict(
+                table=pixel_table(image_mean=v["image_mean"], image_std=v["image_std"]),
+                patch_size=int(v["patch_size"]),
+                temporal_patch_size=int(v["temporal_patch_size"]),
+                dtype=torch.float32 if fmt == "float32" else torch.bfloat16,
+            )
         self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
@@ -263,8 +302,9 @@ class Loader:
         if pixels.shape[0] == 1:
             # perhaps the text-only placeholder (grid t == 0): zeros in the float formats;
             # decided on the device, without reading the grid back
-            out = torch.where(grid[:1, :1] != 0, out, torch.zeros((), dtype=out.dtype,
-                                                                  device=out.device))
+            out = torch.where(
+                grid[:1, :1] != 0, out, torch.zeros((), dtype=out.dtype, device=out.device)
+            )
         return out
 
     def __len__(self) -> int:

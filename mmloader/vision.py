@@ -8,6 +8,7 @@ with the PIL backend (smart_resize, Pillow-exact bicubic, rescale + normalise, p
 
 Decoding, resizing and patchifying run in C with the GIL released.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,15 @@ ImageLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", np.ndar
 __all__ = ["ImageProcessor", "smart_resize"]
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280, legacy: bool = False,
-                 qwen_vl_utils: bool = False) -> Tuple[int, int]:
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = 28,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
+    legacy: bool = False,
+    qwen_vl_utils: bool = False,
+) -> Tuple[int, int]:
     """(height, width) an image is resized to: both multiples of `factor`, the area within
     [min_pixels, max_pixels], the aspect ratio kept as closely as possible.
 
@@ -37,8 +44,14 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     """
     if legacy and qwen_vl_utils:
         raise ValueError("choose one of legacy and qwen_vl_utils")
-    return _core.smart_resize(int(height), int(width), int(factor), int(min_pixels),
-                              int(max_pixels), 2 if qwen_vl_utils else int(bool(legacy)))
+    return _core.smart_resize(
+        int(height),
+        int(width),
+        int(factor),
+        int(min_pixels),
+        int(max_pixels),
+        2 if qwen_vl_utils else int(bool(legacy)),
+    )
 
 
 def _pil_to_rgb_array(img: Any) -> np.ndarray:
@@ -73,8 +86,10 @@ def _item(x: Any, i: int) -> tuple:
             raise ValueError(f"image {i}: arrays must be HxWx3 (or HxW) uint8, got shape {x.shape}")
         x = np.ascontiguousarray(x)
         return (1, x.reshape(-1), int(x.shape[0]), int(x.shape[1]))
-    raise TypeError(f"image {i}: expected encoded bytes, a file path, a uint8 HxWx3 array or a "
-                    f"PIL image, got {type(x).__name__}")
+    raise TypeError(
+        f"image {i}: expected encoded bytes, a file path, a uint8 HxWx3 array or a "
+        f"PIL image, got {type(x).__name__}"
+    )
 
 
 # pixel_format -> the NumPy dtype of ImageProcessor's pixel_values (bfloat16 as its bits)
@@ -118,8 +133,14 @@ class ImageProcessor:
     The object may be shared between threads.
     """
 
-    def __init__(self, preset: str = "qwen2.5-vl", model_dir: Optional[str] = None, *,
-                 pixel_format: str = "float32", **overrides: Any) -> None:
+    def __init__(
+        self,
+        preset: str = "qwen2.5-vl",
+        model_dir: Optional[str] = None,
+        *,
+        pixel_format: str = "float32",
+        **overrides: Any,
+    ) -> None:
         self.config: Dict[str, Any] = vision_config(preset, model_dir, **overrides)
         self.preset = preset
         self.pixel_format = pixel_format
@@ -142,6 +163,8 @@ class ImageProcessor:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"ImageProcessor(preset={self.preset!r}, patch_size={c['patch_size']}, "
-                f"merge_size={c['merge_size']}, min_pixels={c['min_pixels']}, "
-                f"max_pixels={c['max_pixels']})")
+        return (
+            f"ImageProcessor(preset={self.preset!r}, patch_size={c['patch_size']}, "
+            f"merge_size={c['merge_size']}, min_pixels={c['min_pixels']}, "
+            f"max_pixels={c['max_pixels']})"
+        )

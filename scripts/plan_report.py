@@ -15,6 +15,7 @@ image_grid_thw, tokens from the attention mask / cu_seqlens), and the report giv
 
     python3 scripts/plan_report.py [--ranks 4] [--samples 600] [--out report.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.
 COMPOSITIONS = [
     ("fixed rows, micro_batch_size=16", dict(micro_batch_size=16, global_plan=True), None),
     ("token budget 8192 (padded)", dict(max_tokens_per_batch=8192), 8192),
-    ("token budget 8192 + group_by_length=512", dict(max_tokens_per_batch=8192,
-                                                     group_by_length=512), 8192),
+    (
+        "token budget 8192 + group_by_length=512",
+        dict(max_tokens_per_batch=8192, group_by_length=512),
+        8192,
+    ),
     ("packing, pack_length=8192", dict(packing=True, pack_length=8192, global_plan=True), 8192),
 ]
 
@@ -58,46 +62,81 @@ def ratio(steps: List[List[int]]) -> tuple:
 def run(data, ranks: int, kw: Dict[str, Any]) -> Dict[str, Any]:
     per_rank = []
     for r in range(ranks):
-        with mmloader.Loader(data, tokenizer=TINY, dp_rank=r, dp_size=ranks, seed=1,
-                             num_threads=2, min_pixels=28 * 28 * 4,
-                             max_pixels=28 * 28 * 1024, **kw) as L:
-            per_rank.append([costs({k: np.asarray(v.numpy()) for k, v in b.items()})
-                             for b in L])
+        with mmloader.Loader(
+            data,
+            tokenizer=TINY,
+            dp_rank=r,
+            dp_size=ranks,
+            seed=1,
+            num_threads=2,
+            min_pixels=28 * 28 * 4,
+            max_pixels=28 * 28 * 1024,
+            **kw,
+        ) as L:
+            per_rank.append([costs({k: np.asarray(v.numpy()) for k, v in b.items()}) for b in L])
     steps = list(zip(*per_rank))
     vis = [[c[0] for c in s] for s in steps]
     tok = [[c[1] for c in s] for s in steps]
-    return dict(steps=len(steps), vis=ratio(vis[:-1]), vis_all=ratio(vis)[0],
-                tok=ratio(tok[:-1]), tokens=sum(map(sum, tok)))
+    return dict(
+        steps=len(steps),
+        vis=ratio(vis[:-1]),
+        vis_all=ratio(vis)[0],
+        tok=ratio(tok[:-1]),
+        tokens=sum(map(sum, tok)),
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--samples", type=int, default=600, help="text-only samples (and half "
-                    "as many with images)")
+    ap.add_argument(
+        "--samples", type=int, default=600, help="text-only samples (and half as many with images)"
+    )
     ap.add_argument("--out", help="also write the table to this file")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="mml-plan-report-")
-    text = make_dataset(os.path.join(root, "text"), n_samples=a.samples, seed=1, n_shards=1,
-                        text_only_fraction=1.0, two_image_fraction=0.0)
-    img = make_dataset(os.path.join(root, "img"), n_samples=a.samples // 2, seed=2,
-                       n_shards=1, n_images=24, min_size=56, max_size=900,
-                       text_only_fraction=0.0, two_image_fraction=0.3)
-    data = [mmloader.Source(text["shards"], name="text"),
-            mmloader.Source(img["shards"], name="images")]
-    lines = [f"Skewed mixture: {a.samples} text-only samples + {a.samples // 2} samples with "
-             f"1-2 images (56-900 px, up to 1024 vision tokens each); {a.ranks} DP ranks; "
-             "costs read from the delivered batches.", "",
-             "| composition | balance | steps | vision max/mean | (all steps) | worst step "
-             "| tokens max/mean | fill |", "|---|---|---|---|---|---|---|---|"]
+    text = make_dataset(
+        os.path.join(root, "text"),
+        n_samples=a.samples,
+        seed=1,
+        n_shards=1,
+        text_only_fraction=1.0,
+        two_image_fraction=0.0,
+    )
+    img = make_dataset(
+        os.path.join(root, "img"),
+        n_samples=a.samples // 2,
+        seed=2,
+        n_shards=1,
+        n_images=24,
+        min_size=56,
+        max_size=900,
+        text_only_fraction=0.0,
+        two_image_fraction=0.3,
+    )
+    data = [
+        mmloader.Source(text["shards"], name="text"),
+        mmloader.Source(img["shards"], name="images"),
+    ]
+    lines = [
+        f"Skewed mixture: {a.samples} text-only samples + {a.samples // 2} samples with "
+        f"1-2 images (56-900 px, up to 1024 vision tokens each); {a.ranks} DP ranks; "
+        "costs read from the delivered batches.",
+        "",
+        "| composition | balance | steps | vision max/mean | (all steps) | worst step "
+        "| tokens max/mean | fill |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     t0 = time.time()
     for name, kw, budget in COMPOSITIONS:
         for bal in (None, "tokens", "vision_tokens"):
             r = run(data, a.ranks, dict(kw, balance=bal))
             fill = f"{r['tokens'] / (r['steps'] * a.ranks * budget):.2f}" if budget else "-"
-            lines.append(f"| {name} | {bal or 'none'} | {r['steps']} | {r['vis'][0]:.3f} | "
-                         f"{r['vis_all']:.3f} | {r['vis'][1]:.2f} | {r['tok'][0]:.3f} | "
-                         f"{fill} |")
+            lines.append(
+                f"| {name} | {bal or 'none'} | {r['steps']} | {r['vis'][0]:.3f} | "
+                f"{r['vis_all']:.3f} | {r['vis'][1]:.2f} | {r['tok'][0]:.3f} | "
+                f"{fill} |"
+            )
             print(lines[-1], flush=True)
     lines += ["", f"({time.time() - t0:.0f} s)"]
     text_out = "\n".join(lines)

@@ -11,6 +11,7 @@ descriptors flat (sampled over the run and reported).
     python3 scripts/soak.py --batches 20000 --out soak.json     (the full soak)
     python3 scripts/soak.py --batches 300                        (what CI runs, via pytest)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "servers"))
 
-FAULT_RATES = {"503": 0.01, "truncate": 0.005, "reset": 0.005, "stall": 0.0004,
-               "endless": 0.0004}
+FAULT_RATES = {"503": 0.01, "truncate": 0.005, "reset": 0.005, "stall": 0.0004, "endless": 0.0004}
 CORRUPT_FRACTION = 0.005
 
 
@@ -50,6 +50,7 @@ def make_data(root: str, n_samples: int, n_images: int, seed: int) -> Dict[str, 
     """n_samples records over n_images small JPEG/PNG files; CORRUPT_FRACTION of the files
     (at least one) cut short with garbage after their headers."""
     from PIL import Image
+
     rng = random.Random(seed)
     os.makedirs(os.path.join(root, "img"), exist_ok=True)
     names, corrupt = [], set()
@@ -59,7 +60,9 @@ def make_data(root: str, n_samples: int, n_images: int, seed: int) -> Dict[str, 
         im = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
         for _ in range(6):  # a little structure, so resizing has work to do
             x, y = rng.randrange(w), rng.randrange(h)
-            im.paste(tuple(rng.randrange(256) for _ in range(3)), (x, y, min(w, x + 9), min(h, y + 7)))
+            im.paste(
+                tuple(rng.randrange(256) for _ in range(3)), (x, y, min(w, x + 9), min(h, y + 7))
+            )
         ext = "png" if i % 5 == 0 else "jpg"
         b = io.BytesIO()
         im.save(b, "PNG" if ext == "png" else "JPEG", quality=85)
@@ -76,9 +79,13 @@ def make_data(root: str, n_samples: int, n_images: int, seed: int) -> Dict[str, 
         for i in range(n_samples):
             k = rng.choice([0, 1, 1, 1, 2])
             imgs = [rng.randrange(n_images) for _ in range(k)]
-            rec = {"messages": [{"role": "user", "content": "<image>" * k + f"Question {i}?"},
-                                {"role": "assistant", "content": f"Answer {i * 7}."}],
-                   "images": [names[j] for j in imgs]}
+            rec = {
+                "messages": [
+                    {"role": "user", "content": "<image>" * k + f"Question {i}?"},
+                    {"role": "assistant", "content": f"Answer {i * 7}."},
+                ],
+                "images": [names[j] for j in imgs],
+            }
             f.write(json.dumps(rec) + "\n")
     return {"shard": shard, "root": root, "corrupt": sorted(corrupt), "n_images": n_images}
 
@@ -102,35 +109,64 @@ def run(loader, batches: int, samples: int = 20) -> Dict[str, Any]:
     for i in range(batches):
         out.append(digest(next(it)))
         if i % every == 0 or i == batches - 1:
-            trace.append({"batch": i + 1, "s": round(time.monotonic() - t0, 1),
-                          "rss_mb": round(rss_mb(), 1), "fds": open_fds()})
-    return {"digests": out, "trace": trace, "seconds": time.monotonic() - t0,
-            "stats": loader.stats()}
+            trace.append(
+                {
+                    "batch": i + 1,
+                    "s": round(time.monotonic() - t0, 1),
+                    "rss_mb": round(rss_mb(), 1),
+                    "fds": open_fds(),
+                }
+            )
+    return {
+        "digests": out,
+        "trace": trace,
+        "seconds": time.monotonic() - t0,
+        "stats": loader.stats(),
+    }
 
 
-def soak(batches: int = 20000, seed: int = 0, workdir: str = None,
-         micro_batch_size: int = 2, log=print) -> Dict[str, Any]:
+def soak(
+    batches: int = 20000, seed: int = 0, workdir: str = None, micro_batch_size: int = 2, log=print
+) -> Dict[str, Any]:
     import mmloader
     from faultserver import FaultServer
+
     tok = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
     tmp = tempfile.TemporaryDirectory(prefix="mml-soak-") if workdir is None else None
     root = workdir or tmp.name
     n_samples = min(4000, max(200, batches * micro_batch_size // 4))
     data = make_data(root, n_samples=n_samples, n_images=400, seed=seed)
-    common = dict(tokenizer=tok, micro_batch_size=micro_batch_size, num_threads=2, prefetch=2,
-                  cycle=True, seed=seed, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16,
-                  max_error_rate=0.5)
-    log(f"[soak] {n_samples} samples, {data['n_images']} images ({len(data['corrupt'])} corrupt)"
-        f", {batches} batches of {micro_batch_size}")
+    common = dict(
+        tokenizer=tok,
+        micro_batch_size=micro_batch_size,
+        num_threads=2,
+        prefetch=2,
+        cycle=True,
+        seed=seed,
+        min_pixels=28 * 28 * 4,
+        max_pixels=28 * 28 * 16,
+        max_error_rate=0.5,
+    )
+    log(
+        f"[soak] {n_samples} samples, {data['n_images']} images ({len(data['corrupt'])} corrupt)"
+        f", {batches} batches of {micro_batch_size}"
+    )
     with mmloader.Loader(data["shard"], image_root=root, **common) as L:
         ref = run(L, batches)
     log(f"[soak] fault-free reference (local files): {ref['seconds']:.0f} s")
-    srv = FaultServer(root=root, seed=seed, fault_rates=FAULT_RATES, retry_after=0,
-                      stall_s=2.0).start()
+    srv = FaultServer(
+        root=root, seed=seed, fault_rates=FAULT_RATES, retry_after=0, stall_s=2.0
+    ).start()
     try:
-        with mmloader.Loader(data["shard"], image_root=srv.url("/"), fetch_stall_s=0.5,
-                             fetch_retry_budget_s=60, fetch_min_rate=1024,
-                             max_object_bytes=1 << 20, **common) as L:
+        with mmloader.Loader(
+            data["shard"],
+            image_root=srv.url("/"),
+            fetch_stall_s=0.5,
+            fetch_retry_budget_s=60,
+            fetch_min_rate=1024,
+            max_object_bytes=1 << 20,
+            **common,
+        ) as L:
             got = run(L, batches)
         faults = collections.Counter(srv.outcomes())
     finally:
@@ -138,22 +174,36 @@ def soak(batches: int = 20000, seed: int = 0, workdir: str = None,
     mismatch = [i for i, (a, b) in enumerate(zip(ref["digests"], got["digests"])) if a != b]
     trace = got["trace"]
     report = {
-        "batches": batches, "micro_batch_size": micro_batch_size, "samples": n_samples,
-        "images": data["n_images"], "corrupt_images": len(data["corrupt"]),
-        "requests": sum(faults.values()), "faults_injected": {k: v for k, v in faults.items() if k != "ok"},
-        "mismatched_batches": len(mismatch), "first_mismatch": mismatch[:5],
-        "seconds_faulty": round(got["seconds"], 1), "seconds_reference": round(ref["seconds"], 1),
+        "batches": batches,
+        "micro_batch_size": micro_batch_size,
+        "samples": n_samples,
+        "images": data["n_images"],
+        "corrupt_images": len(data["corrupt"]),
+        "requests": sum(faults.values()),
+        "faults_injected": {k: v for k, v in faults.items() if k != "ok"},
+        "mismatched_batches": len(mismatch),
+        "first_mismatch": mismatch[:5],
+        "seconds_faulty": round(got["seconds"], 1),
+        "seconds_reference": round(ref["seconds"], 1),
         "skipped_by_reason": got["stats"]["skipped_by_reason"],
         "skipped_by_reason_reference": ref["stats"]["skipped_by_reason"],
         "fetch": got["stats"].get("fetch", {}),
         "trace": trace,
-        "rss_mb_first_last_max": [trace[0]["rss_mb"], trace[-1]["rss_mb"], max(t["rss_mb"] for t in trace)],
+        "rss_mb_first_last_max": [
+            trace[0]["rss_mb"],
+            trace[-1]["rss_mb"],
+            max(t["rss_mb"] for t in trace),
+        ],
         "fds_first_last_max": [trace[0]["fds"], trace[-1]["fds"], max(t["fds"] for t in trace)],
     }
-    log(f"[soak] faulty run: {got['seconds']:.0f} s, {report['requests']} requests, faults "
-        f"{report['faults_injected']}, skipped {report['skipped_by_reason']}")
-    log(f"[soak] mismatched batches: {len(mismatch)}; RSS MB first/last/max "
-        f"{report['rss_mb_first_last_max']}; fds {report['fds_first_last_max']}")
+    log(
+        f"[soak] faulty run: {got['seconds']:.0f} s, {report['requests']} requests, faults "
+        f"{report['faults_injected']}, skipped {report['skipped_by_reason']}"
+    )
+    log(
+        f"[soak] mismatched batches: {len(mismatch)}; RSS MB first/last/max "
+        f"{report['rss_mb_first_last_max']}; fds {report['fds_first_last_max']}"
+    )
     if tmp:
         tmp.cleanup()
     return report

@@ -1,5 +1,6 @@
 """Shared pytest fixtures: the fault-injecting HTTP server and moto's S3 server with SigV4
 authentication enforced.  Both listen on 127.0.0.1 only, on ephemeral ports."""
+
 from __future__ import annotations
 
 import os
@@ -52,20 +53,34 @@ class MotoS3:
 
     def cfg(self, **over) -> dict:
         """Keyword arguments for mmloader's fetch functions."""
-        d = dict(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key,
-                 region=self.region)
+        d = dict(
+            endpoint=self.endpoint,
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region=self.region,
+        )
         d.update(over)
         return d
 
     def session_credentials(self) -> dict:
         """Temporary credentials (with a session token) from STS AssumeRole."""
         import boto3
-        sts = boto3.client("sts", endpoint_url=self.endpoint, region_name=self.region,
-                           aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
-        c = sts.assume_role(RoleArn="arn:aws:iam::123456789012:role/mml-role",
-                            RoleSessionName="mml")["Credentials"]
-        return dict(access_key=c["AccessKeyId"], secret_key=c["SecretAccessKey"],
-                    session_token=c["SessionToken"])
+
+        sts = boto3.client(
+            "sts",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
+        c = sts.assume_role(
+            RoleArn="arn:aws:iam::123456789012:role/mml-role", RoleSessionName="mml"
+        )["Credentials"]
+        return dict(
+            access_key=c["AccessKeyId"],
+            secret_key=c["SecretAccessKey"],
+            session_token=c["SessionToken"],
+        )
 
     def put(self, key: str, data: bytes) -> str:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
@@ -82,10 +97,17 @@ def moto_s3():
     pytest.importorskip("moto.server")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="bootstrap", AWS_SECRET_ACCESS_KEY="bootstrap",
-               AWS_DEFAULT_REGION="us-east-1")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.update(
+        AWS_ACCESS_KEY_ID="bootstrap",
+        AWS_SECRET_ACCESS_KEY="bootstrap",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -97,28 +119,48 @@ def moto_s3():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.skip("moto server did not start")
                 time.sleep(0.1)
-        boot = dict(endpoint_url=endpoint, region_name="us-east-1",
-                    aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        boot = dict(
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
         iam = boto3.client("iam", **boot)
         iam.create_user(UserName="mml")
-        allow = ('{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
-                 '"Action":["s3:*","sts:AssumeRole"],"Resource":"*"}]}')
+        allow = (
+            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
+            '"Action":["s3:*","sts:AssumeRole"],"Resource":"*"}]}'
+        )
         iam.put_user_policy(UserName="mml", PolicyName="s3all", PolicyDocument=allow)
         # a role the user may assume: its temporary credentials carry a session token
-        iam.create_role(RoleName="mml-role", AssumeRolePolicyDocument=(
-            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"sts:AssumeRole",'
-            '"Principal":{"AWS":"arn:aws:iam::123456789012:user/mml"}}]}'))
+        iam.create_role(
+            RoleName="mml-role",
+            AssumeRolePolicyDocument=(
+                '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"sts:AssumeRole",'
+                '"Principal":{"AWS":"arn:aws:iam::123456789012:user/mml"}}]}'
+            ),
+        )
         iam.put_role_policy(RoleName="mml-role", PolicyName="s3all", PolicyDocument=allow)
         key = iam.create_access_key(UserName="mml")["AccessKey"]
         bucket = "mml-test"
         boto3.client("s3", **boot).create_bucket(Bucket=bucket)
-        req = urllib.request.Request(endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
-                                     headers={"Content-Type": "text/plain"})
+        req = urllib.request.Request(
+            endpoint + "/moto-api/reset-auth",
+            data=b"0",
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
         urllib.request.urlopen(req, timeout=10).read()
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                              aws_access_key_id=key["AccessKeyId"],
-                              aws_secret_access_key=key["SecretAccessKey"])
-        yield MotoS3(endpoint, key["AccessKeyId"], key["SecretAccessKey"], "us-east-1", bucket, client)
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=key["AccessKeyId"],
+            aws_secret_access_key=key["SecretAccessKey"],
+        )
+        yield MotoS3(
+            endpoint, key["AccessKeyId"], key["SecretAccessKey"], "us-east-1", bucket, client
+        )
     finally:
         proc.terminate()
         try:
@@ -130,9 +172,11 @@ def moto_s3():
 
 # ---- shared assertions -------------------------------------------------------------------
 
+
 def _as_np(t):
     if not isinstance(t, np.ndarray) and "bfloat16" in str(getattr(t, "dtype", "")):
         import torch  # NumPy has no bfloat16: compare its bits
+
         t = t if isinstance(t, torch.Tensor) else torch.from_dlpack(t)
         return t.cpu().view(torch.int16).numpy()
     return t.numpy() if hasattr(t, "numpy") and not isinstance(t, np.ndarray) else np.asarray(t)

@@ -6,6 +6,7 @@ it needs.  The reference is what transformers' PIL backend does: Pillow's Image.
 convert_to_rgb (alpha composited onto white) for the decode, then Qwen2VLImageProcessorPil
 for the processor output.
 """
+
 from __future__ import annotations
 
 import io
@@ -37,7 +38,9 @@ _PHOTOS = {
 
 def _data_dir(pkg: str) -> str:
     if pkg == "skimage":
-        mod = pytest.importorskip("skimage", reason="scikit-image (requirements-test.txt) ships the photos")
+        mod = pytest.importorskip(
+            "skimage", reason="scikit-image (requirements-test.txt) ships the photos"
+        )
         return os.path.join(os.path.dirname(mod.__file__), "data")
     mod = pytest.importorskip("matplotlib", reason="matplotlib ships the sample photos")
     return os.path.join(os.path.dirname(mod.__file__), "mpl-data", "sample_data")
@@ -77,8 +80,8 @@ def alpha_for(im: "Image.Image", seed: int = 0) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]
     a = ((x * 255) // max(w - 1, 1)).astype(np.uint8)
     a[: h // 6] = 0
-    a[h // 6: h // 3] = 255
-    a[-(h // 6):] = rng.integers(0, 256, a[-(h // 6):].shape, dtype=np.uint8)
+    a[h // 6 : h // 3] = 255
+    a[-(h // 6) :] = rng.integers(0, 256, a[-(h // 6) :].shape, dtype=np.uint8)
     return a
 
 
@@ -95,6 +98,7 @@ def encode(im: "Image.Image", fmt: str, **kw) -> bytes:
 def pil_rgb(data: bytes) -> np.ndarray:
     """What the PIL backend starts from: Image.open + transformers' convert_to_rgb."""
     from transformers.image_transforms import convert_to_rgb
+
     return np.asarray(convert_to_rgb(Image.open(io.BytesIO(data)), return_numpy=True))
 
 
@@ -107,6 +111,7 @@ def assert_decodes_like_pillow(cases: dict) -> int:
     """Every case decodes to the reference's pixels exactly, and the header-only plan gives
     the decoded size.  Returns the number of values compared."""
     import mmloader
+
     proc = mmloader.ImageProcessor("qwen2.5-vl")
     n = 0
     for name, data in cases.items():
@@ -124,9 +129,11 @@ def assert_decodes_like_pillow(cases: dict) -> int:
 def assert_processes_like_transformers(datas: list) -> None:
     """pixel_values and grids of mmloader.ImageProcessor equal Qwen2VLImageProcessorPil's."""
     import mmloader
+
     proc_mod = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
     ref = proc_mod.Qwen2VLImageProcessorPil(**QWEN25)(
-        [Image.open(io.BytesIO(d)) for d in datas], return_tensors="np")
+        [Image.open(io.BytesIO(d)) for d in datas], return_tensors="np"
+    )
     ours = mmloader.ImageProcessor("qwen2.5-vl")(datas)
     np.testing.assert_array_equal(ours["image_grid_thw"], ref["image_grid_thw"])
     assert ours["pixel_values"].shape == ref["pixel_values"].shape

@@ -1,6 +1,7 @@
 """The end-to-end benchmark's machinery in seconds (the suite itself runs for ~20 minutes:
 benchmarks/bench_e2e.py): the photo dataset, one in-process measurement with the steady-
 state figures, the same-work comparison, and the generated report with every target."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ def test_photo_dataset_mixes_real_photos(shard):
     assert d["records"] == 12 and d["photos"] >= 1
     assert d["photos"] < d["images"]  # generated images too
     from PIL import Image
+
     img = os.path.join(os.path.dirname(shard), "images")
     for name in os.listdir(img):
         if name.startswith("photo-"):
@@ -43,9 +45,17 @@ def test_measure_reports_steady_state_and_own_memory(shard):
     long = dataset.repeated(shard, 4)
     with open(long) as f:
         assert sum(1 for _ in f) == 48
-    cfg = make_config([long], module="mmloader_pipe", batch_size=4, threads=2, prefetch=2,
-                      inflight=8, tokenizer=TINY_TOKENIZER_PATH, min_samples=24,
-                      min_seconds=0.2)
+    cfg = make_config(
+        [long],
+        module="mmloader_pipe",
+        batch_size=4,
+        threads=2,
+        prefetch=2,
+        inflight=8,
+        tokenizer=TINY_TOKENIZER_PATH,
+        min_samples=24,
+        min_seconds=0.2,
+    )
     res = runner.measure(cfg)
     assert res["samples"] >= 24 and not res["exhausted"]
     assert res["faults_per_batch"] is not None and res["faults_per_batch"] >= 0
@@ -57,6 +67,7 @@ def test_measure_reports_steady_state_and_own_memory(shard):
 def test_same_work_comparison_sees_a_difference(shard):
     cfg = make_config([shard], module="naive", batch_size=4, tokenizer=TINY_TOKENIZER_PATH)
     from benchmarks.pipelines import naive
+
     ref = list(naive.build(cfg))
     assert runner._compare(ref, ref, 2)["mismatch"] == []
     other = [dict(b) for b in ref]
@@ -64,37 +75,72 @@ def test_same_work_comparison_sees_a_difference(shard):
     other[1]["labels"][0, -1] += 1
     other[0]["pixel_values"] = other[0]["pixel_values"] + 0.25
     got = runner._compare(ref, other, 2)
-    assert got["mismatch"] == ["batch 1 labels: " + f"{tuple(ref[1]['labels'].shape)} vs "
-                               f"{tuple(ref[1]['labels'].shape)}"]
+    assert got["mismatch"] == [
+        "batch 1 labels: " + f"{tuple(ref[1]['labels'].shape)} vs {tuple(ref[1]['labels'].shape)}"
+    ]
     assert got["pixel_max_abs_diff"] == pytest.approx(0.25, abs=1e-6)
 
 
 def _run(group, pipeline, source, repeat, **res):
-    return {"group": group, "pipeline": pipeline, "source": source, "repeat": repeat,
-            "params": {}, "result": res}
+    return {
+        "group": group,
+        "pipeline": pipeline,
+        "source": source,
+        "repeat": repeat,
+        "params": {},
+        "result": res,
+    }
 
 
 def test_report_lists_every_target_from_medians(tmp_path, shard):
     runs = []
     for r, (m, d) in enumerate([(60.0, 10.0), (70.0, 10.0), (10.0, 20.0)]):
         for name, rate in (("mmloader", m), ("dataloader", d), ("spdl", d), ("energon", d)):
-            runs.append(_run("throughput", name, "local", r, samples_per_s=rate, samples=600,
-                             wall_s=31.0, steady_cpu_s_per_sample=0.012, faults_per_batch=5.0,
-                             own_mem_mb=100.0 if name == "mmloader" else 400.0,
-                             peak_mem_mb=900.0, ttfb_s=1.0))
-    runs.append(_run("decode", "decode-only", "local", 0, cpu_s_per_sample=0.01,
-                     pil_cpu_s_per_sample=0.02))
-    data = {"meta": {"date": "d", "cores": 2, "python": "3", "repeats": 3, "min_samples": 512,
-                     "min_seconds": 30, "batch_size": 8, "latency_s": 0.03, "mode": "default",
-                     "dataset": dataset.describe(shard)}, "runs": runs}
+            runs.append(
+                _run(
+                    "throughput",
+                    name,
+                    "local",
+                    r,
+                    samples_per_s=rate,
+                    samples=600,
+                    wall_s=31.0,
+                    steady_cpu_s_per_sample=0.012,
+                    faults_per_batch=5.0,
+                    own_mem_mb=100.0 if name == "mmloader" else 400.0,
+                    peak_mem_mb=900.0,
+                    ttfb_s=1.0,
+                )
+            )
+    runs.append(
+        _run("decode", "decode-only", "local", 0, cpu_s_per_sample=0.01, pil_cpu_s_per_sample=0.02)
+    )
+    data = {
+        "meta": {
+            "date": "d",
+            "cores": 2,
+            "python": "3",
+            "repeats": 3,
+            "min_samples": 512,
+            "min_seconds": 30,
+            "batch_size": 8,
+            "latency_s": 0.03,
+            "mode": "default",
+            "dataset": dataset.describe(shard),
+        },
+        "runs": runs,
+    }
     got = {name: (v, met) for name, v, _, met, _ in report.targets(data)}
     # medians: mmloader 60, DataLoader 10 -> 6.0x (the 10 / 20 repeat is an outlier)
     assert got["samples/s vs PyTorch DataLoader, local disk"] == (6.0, True)
     assert got["samples/s vs PyTorch DataLoader, 30 ms server"] == (None, None)
-    assert got["CPU per sample / decode-only CPU per sample, float32 output"][0] == \
-        pytest.approx(1.2)
-    assert got["own memory vs the DataLoader's own memory (same prefetch depth, local)"] == \
-        (0.25, True)
+    assert got["CPU per sample / decode-only CPU per sample, float32 output"][0] == pytest.approx(
+        1.2
+    )
+    assert got["own memory vs the DataLoader's own memory (same prefetch depth, local)"] == (
+        0.25,
+        True,
+    )
     md = report.markdown(data)
     assert "| **mmloader** | 60.0 (10.0-70.0) | 6.00x |" in md
     assert "not measured" in md  # remote, uint8, wait: no runs, said so

@@ -1,5 +1,6 @@
 """Runs the C core's own tests (tests/c: one runner, run-tests, each test in its own child
 process) built plain, under ASan+UBSan and under TSan."""
+
 import glob
 import os
 import re
@@ -16,8 +17,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def test_c_core(variant):
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    r = subprocess.run(["make", "-s", "-C", os.path.join(HERE, "c"), "-j2", variant],
-                       capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        ["make", "-s", "-C", os.path.join(HERE, "c"), "-j2", variant],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-8000:]
     assert "FAIL" not in out, out[-8000:]

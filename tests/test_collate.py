@@ -1,6 +1,7 @@
 """Collation: M-RoPE position ids against transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL
 get_rope_index; padded and packed batches checked against transformers (loss, model outputs)
 and against plain numpy references."""
+
 import inspect
 import random
 
@@ -18,32 +19,55 @@ IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
 def _tiny_model(family):
     """A real (tiny) Qwen2-VL / Qwen2.5-VL / Qwen3-VL model: get_rope_index is the
     reference."""
-    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, vocab_size=151936,
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
-                                 "rope_theta": 10000.0})
+    text = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=151936,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+    )
     if family == "qwen2-vl":
         from transformers import Qwen2VLConfig as Config
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as Model
+
         vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, spatial_merge_size=2)
     elif family == "qwen3-vl":
         from transformers import Qwen3VLConfig as Config
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel as Model
+
         text = dict(text, head_dim=16)
         text["rope_parameters"] = dict(text["rope_parameters"], mrope_interleaved=True)
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                      out_hidden_size=32, spatial_merge_size=2, deepstack_visual_indexes=[0])
+        vision = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=32,
+            spatial_merge_size=2,
+            deepstack_visual_indexes=[0],
+        )
     else:
         from transformers import Qwen2_5_VLConfig as Config
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                      out_hidden_size=32, spatial_merge_size=2, fullatt_block_indexes=[0])
+
+        vision = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=32,
+            spatial_merge_size=2,
+            fullatt_block_indexes=[0],
+        )
     try:
         cfg = Config(text_config=text, vision_config=vision)
         return Model(cfg).eval()
     except Exception as e:  # pragma: no cover - depends on the installed transformers
-        pytest.skip(f"cannot build a tiny {family} model with transformers "
-                    f"{transformers.__version__}: {e}")
+        pytest.skip(
+            f"cannot build a tiny {family} model with transformers {transformers.__version__}: {e}"
+        )
 
 
 @pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
@@ -54,8 +78,10 @@ def model(request):
 def reference_rope(model, ids, grids, attention_mask=None):
     """transformers' positions [3, B, L] and deltas [B, 1] (handles the 4.x and 5.x signatures)."""
     params = inspect.signature(model.get_rope_index).parameters
-    kw = dict(image_grid_thw=torch.tensor(grids, dtype=torch.long) if grids else None,
-              attention_mask=attention_mask)
+    kw = dict(
+        image_grid_thw=torch.tensor(grids, dtype=torch.long) if grids else None,
+        attention_mask=attention_mask,
+    )
     if "mm_token_type_ids" in params:
         kw["mm_token_type_ids"] = (ids == IMAGE_PAD).to(torch.int)
     with torch.no_grad():
@@ -98,13 +124,13 @@ def test_mrope_padded_batch_matches_transformers(model):
     ids = torch.full((4, L), 151643, dtype=torch.long)
     mask = torch.zeros((4, L), dtype=torch.long)
     for r, (s, _) in enumerate(seqs):
-        ids[r, :len(s)] = torch.tensor(s)
-        mask[r, :len(s)] = 1
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
     grids = [g for _, gs in seqs for g in gs]
     ref, ref_delta = reference_rope(model, ids, grids, attention_mask=mask)
     for r, (s, g) in enumerate(seqs):
         pos, delta = ours(s, g)
-        np.testing.assert_array_equal(pos, ref[:, r, :len(s)].numpy())
+        np.testing.assert_array_equal(pos, ref[:, r, : len(s)].numpy())
         assert delta == int(ref_delta[r, 0])
 
 
@@ -138,8 +164,9 @@ def make_samples(rng, n, max_images=2, cols=12, supervised=0.5):
         s = dict(input_ids=ids, labels=labels, grids=grids)
         rows = sum(t * h * w for t, h, w in grids)
         if rows:
-            s["pixel_values"] = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols) \
-                + 1000.0 * len(samples)
+            s["pixel_values"] = np.arange(rows * cols, dtype=np.float32).reshape(
+                rows, cols
+            ) + 1000.0 * len(samples)
         samples.append(s)
     return samples
 
@@ -148,8 +175,9 @@ def test_padded_mrope_batch_matches_transformers(model):
     rng = random.Random(11)
     samples = make_samples(rng, 6)
     L = max(len(s["input_ids"]) for s in samples) + 5
-    for batch, stats in collate(samples, micro_batch_size=3, seq_length=L, mrope=1,
-                                attention_mask=1, mm_token_type_ids=1):
+    for batch, stats in collate(
+        samples, micro_batch_size=3, seq_length=L, mrope=1, attention_mask=1, mm_token_type_ids=1
+    ):
         ids = torch.from_numpy(batch["input_ids"])
         mask = torch.from_numpy(batch["attention_mask"])
         grids = batch["image_grid_thw"]
@@ -160,16 +188,20 @@ def test_padded_mrope_batch_matches_transformers(model):
         m = batch["attention_mask"].astype(bool)
         np.testing.assert_array_equal(pos[:, m], ref.numpy()[:, m])
         np.testing.assert_array_equal(batch["rope_deltas"], ref_delta.numpy())
-        np.testing.assert_array_equal(batch["mm_token_type_ids"],
-                                      (batch["input_ids"] == IMAGE_PAD).astype(np.int64))
+        np.testing.assert_array_equal(
+            batch["mm_token_type_ids"], (batch["input_ids"] == IMAGE_PAD).astype(np.int64)
+        )
         assert (pos[:, ~m] == 0).all()
         assert stats["real_tokens"] == int(m.sum()) and stats["token_slots"] == 3 * L
 
 
 def _per_token_ce(logits, labels):
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                             labels.reshape(-1), ignore_index=-100,
-                                             reduction="none").reshape(labels.shape)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=-100,
+        reduction="none",
+    ).reshape(labels.shape)
 
 
 def test_packed_hf_loss_equals_separate_samples():
@@ -199,10 +231,11 @@ def test_packed_hf_loss_equals_separate_samples():
             s = samples[k]
             n = len(s["input_ids"])
             lo = int(cu[i])
-            np.testing.assert_array_equal(ids[0, lo:lo + n], s["input_ids"])
+            np.testing.assert_array_equal(ids[0, lo : lo + n], s["input_ids"])
             sl = torch.tensor(s["labels"])[None]
-            separate = separate + ForCausalLMLoss(logits_full[:, lo:lo + n], sl, V,
-                                                  num_items_in_batch=1)
+            separate = separate + ForCausalLMLoss(
+                logits_full[:, lo : lo + n], sl, V, num_items_in_batch=1
+            )
             k += 1
         torch.testing.assert_close(packed, separate)
     assert k == len(samples)
@@ -213,11 +246,27 @@ def test_packed_megatron_shifted_labels_and_masks():
     samples = make_samples(rng, 10, max_images=1, supervised=0.7)
     total_real = 0
     k = 0
-    for batch, stats in collate(samples, pack=1, pack_length=128, pad_to_multiple=4,
-                                keys="megatron", shift_labels=1, attention_mask=1):
-        assert set(batch) >= {"tokens", "labels", "loss_mask", "position_ids", "attention_mask",
-                              "cu_seqlens", "cu_seqlens_padded", "max_seqlen",
-                              "pixel_values", "image_grid_thw"}
+    for batch, stats in collate(
+        samples,
+        pack=1,
+        pack_length=128,
+        pad_to_multiple=4,
+        keys="megatron",
+        shift_labels=1,
+        attention_mask=1,
+    ):
+        assert set(batch) >= {
+            "tokens",
+            "labels",
+            "loss_mask",
+            "position_ids",
+            "attention_mask",
+            "cu_seqlens",
+            "cu_seqlens_padded",
+            "max_seqlen",
+            "pixel_values",
+            "image_grid_thw",
+        }
         assert "input_ids" not in batch and "cu_seqlens_unpadded" not in batch
         tok, lab, lm = batch["tokens"][0], batch["labels"][0], batch["loss_mask"][0]
         # Megatron's names: cu_seqlens real, cu_seqlens_padded slots covering the row
@@ -240,10 +289,10 @@ def test_packed_megatron_shifted_labels_and_masks():
                 continue
             n = len(s["input_ids"])
             assert cuu[i + 1] - cuu[i] == n
-            np.testing.assert_array_equal(tok[lo:lo + n], s["input_ids"])
-            np.testing.assert_array_equal(lab[lo:lo + n - 1], s["labels"][1:])
-            assert (lab[lo + n - 1:hi] == -100).all()
-            assert (tok[lo + n:hi] == PAD_ID).all()
+            np.testing.assert_array_equal(tok[lo : lo + n], s["input_ids"])
+            np.testing.assert_array_equal(lab[lo : lo + n - 1], s["labels"][1:])
+            assert (lab[lo + n - 1 : hi] == -100).all()
+            assert (tok[lo + n : hi] == PAD_ID).all()
             k += 1
         np.testing.assert_array_equal(batch["attention_mask"][0, 0], want_mask)
         total_real += stats["real_tokens"]
@@ -257,12 +306,13 @@ def test_vision_tensors_concatenate_in_order():
     samples = make_samples(rng, 8, max_images=3)
     k = 0
     for batch, _ in collate(samples, micro_batch_size=4, text_only_vision="empty"):
-        group = samples[k:k + 4]
+        group = samples[k : k + 4]
         k += 4
         grids = [g for s in group for g in s["grids"]]
         assert batch["image_grid_thw"].dtype == np.int64
-        np.testing.assert_array_equal(batch["image_grid_thw"].reshape(-1, 3),
-                                      np.array(grids, dtype=np.int64).reshape(-1, 3))
+        np.testing.assert_array_equal(
+            batch["image_grid_thw"].reshape(-1, 3), np.array(grids, dtype=np.int64).reshape(-1, 3)
+        )
         px = [s["pixel_values"] for s in group if "pixel_values" in s]
         want = np.concatenate(px) if px else np.zeros((0, 12), np.float32)
         np.testing.assert_array_equal(batch["pixel_values"], want)
@@ -273,8 +323,16 @@ def test_vision_tensors_concatenate_in_order():
 def test_text_only_batches_have_no_zero_length_dimension(keys, pack):
     samples = [dict(input_ids=[1, 2, 3], labels=[1, 2, 3]), dict(input_ids=[4], labels=[4])]
     for mode in ("placeholder", "omit", "empty"):
-        (batch, _), = collate(samples, micro_batch_size=2, seq_length=8, pack=pack, keys=keys,
-                              text_only_vision=mode, mrope=1, attention_mask=1)
+        ((batch, _),) = collate(
+            samples,
+            micro_batch_size=2,
+            seq_length=8,
+            pack=pack,
+            keys=keys,
+            text_only_vision=mode,
+            mrope=1,
+            attention_mask=1,
+        )
         if mode == "placeholder":
             assert batch["pixel_values"].shape == (1, 12)
             assert not batch["pixel_values"].any()
@@ -294,21 +352,31 @@ def test_collate_errors():
     too_long = [dict(input_ids=list(range(9)), labels=list(range(9)))]
     with pytest.raises(mmloader_errors().SampleError, match="9 tokens exceeds seq_length 8"):
         collate(too_long, micro_batch_size=1, seq_length=8)
-    with pytest.raises(mmloader_errors().SampleError,
-                       match=r"9 tokens \(16 padded to a multiple of 8\) exceeds pack_length 8"):
-        collate([dict(input_ids=[1] * 9, labels=[1] * 9)], pack=1, pack_length=8,
-                pad_to_multiple=8)
+    with pytest.raises(
+        mmloader_errors().SampleError,
+        match=r"9 tokens \(16 padded to a multiple of 8\) exceeds pack_length 8",
+    ):
+        collate([dict(input_ids=[1] * 9, labels=[1] * 9)], pack=1, pack_length=8, pad_to_multiple=8)
     with pytest.raises(ValueError, match="ids but"):
         collate([dict(input_ids=[1, 2], labels=[1])])
     with pytest.raises(ValueError, match="pixel columns"):
-        collate([dict(input_ids=[VISION_START, IMAGE_PAD, VISION_END], labels=[-100] * 3,
-                      grids=[(1, 2, 2)], pixel_values=np.zeros((4, 5), np.float32))])
+        collate(
+            [
+                dict(
+                    input_ids=[VISION_START, IMAGE_PAD, VISION_END],
+                    labels=[-100] * 3,
+                    grids=[(1, 2, 2)],
+                    pixel_values=np.zeros((4, 5), np.float32),
+                )
+            ]
+        )
     with pytest.raises(ValueError, match="not a multiple of pad_to_multiple"):
         collate([dict(input_ids=[1], labels=[1])], pack=1, pack_length=10, pad_to_multiple=4)
 
 
 def mmloader_errors():
     import mmloader
+
     return mmloader
 
 
@@ -321,23 +389,33 @@ def test_packed_batch_runs_like_separate_samples_in_transformers():
     samples = make_samples(rng, 5, max_images=2, cols=1176)
     assert any("pixel_values" in s for s in samples)
     L = sum(len(s["input_ids"]) for s in samples) + 7
-    (batch, _), = _core._collate(samples, dict(pack=1, pack_length=L, mrope=1,
-                                               mm_token_type_ids=1, pixel_cols=1176))
+    ((batch, _),) = _core._collate(
+        samples, dict(pack=1, pack_length=L, mrope=1, mm_token_type_ids=1, pixel_cols=1176)
+    )
     b = {k: torch.from_dlpack(v) for k, v in batch.items()}
     assert b["position_ids"].shape == (4, 1, L)
     cu = b["cu_seqlens"]
     with torch.no_grad():
-        packed = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
-                       pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"],
-                       mm_token_type_ids=b["mm_token_type_ids"], use_cache=False).last_hidden_state
+        packed = model(
+            input_ids=b["input_ids"],
+            position_ids=b["position_ids"],
+            pixel_values=b["pixel_values"],
+            image_grid_thw=b["image_grid_thw"],
+            mm_token_type_ids=b["mm_token_type_ids"],
+            use_cache=False,
+        ).last_hidden_state
         for i, s in enumerate(samples):
             ids = torch.tensor([s["input_ids"]])
             kw = {}
             if "pixel_values" in s:
-                kw = dict(pixel_values=torch.from_numpy(s["pixel_values"]),
-                          image_grid_thw=torch.tensor(s["grids"]))
-            alone = model(input_ids=ids, mm_token_type_ids=(ids == IMAGE_PAD).int(),
-                          use_cache=False, **kw).last_hidden_state
+                kw = dict(
+                    pixel_values=torch.from_numpy(s["pixel_values"]),
+                    image_grid_thw=torch.tensor(s["grids"]),
+                )
+            alone = model(
+                input_ids=ids, mm_token_type_ids=(ids == IMAGE_PAD).int(), use_cache=False, **kw
+            ).last_hidden_state
             lo = int(cu[i])
-            torch.testing.assert_close(packed[:, lo:lo + ids.shape[1]], alone,
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                packed[:, lo : lo + ids.shape[1]], alone, rtol=1e-5, atol=1e-5
+            )

@@ -4,6 +4,7 @@ GPU and a CUDA build of PyTorch; scripts/gpu-check.sh runs them on a GPU machine
 
 The device stage itself (fences, streams, reuse rules) is tested without a GPU in
 tests/c/test-cuda.c against a fake runtime; these tests cover the Python surface."""
+
 import os
 import subprocess
 import sys
@@ -23,8 +24,14 @@ def run_py(code, **env):
     e.pop("MML_CUDA_DISABLE", None)
     e.pop("MML_CUDART", None)
     e.update(env)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO_ROOT, env=e,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -46,6 +53,7 @@ def require_gpu():
 
 
 # --- without a GPU ---------------------------------------------------------------------
+
 
 def test_availability_is_consistent():
     avail = _core.cuda_available()
@@ -69,7 +77,8 @@ def test_import_does_not_load_the_runtime():
 
 
 def test_disabled_by_environment():
-    out = run_py("""
+    out = run_py(
+        """
         import mmloader
         from mmloader import _core
         print(_core.cuda_available(), _core.cuda_device_count())
@@ -78,7 +87,9 @@ def test_disabled_by_environment():
             _core.cuda_load()
         except mmloader.CudaError as e:
             print('raised', e)
-    """, MML_CUDA_DISABLE="1")
+    """,
+        MML_CUDA_DISABLE="1",
+    )
     lines = out.splitlines()
     assert lines[0] == "False 0"
     assert "MML_CUDA_DISABLE=1" in lines[1]
@@ -89,36 +100,45 @@ def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cud
     # pip's PyTorch loads site-packages/nvidia/cuda_runtime/lib/libcudart.so.12; mmloader
     # must find it even when it loads CUDA before torch is imported.
     import shutil
+
     lib = tmp_path / "nvidia" / "cuda_runtime" / "lib"
     lib.mkdir(parents=True)
     shutil.copy(fake_cudart, lib / "libcudart.so.12")
-    out = run_py("""
+    out = run_py(
+        """
         import sys
         from mmloader import _core, _cudart
         print(_cudart.candidates())
         print(_core.cuda_available(), _core.cuda_load())
-    """, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}")
+    """,
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}",
+    )
     want = str(lib / "libcudart.so.12")
     assert out.splitlines() == [repr([want]), f"True {want}"]
 
 
 def test_missing_library_named_in_error():
-    out = run_py("""
+    out = run_py(
+        """
         from mmloader import _core
         print(_core.cuda_available(), _core.cuda_unavailable_reason())
-    """, MML_CUDART="/nonexistent/libcudart.so.12")
+    """,
+        MML_CUDART="/nonexistent/libcudart.so.12",
+    )
     assert out.startswith("False cannot load MML_CUDART=/nonexistent/libcudart.so.12")
 
 
 def test_library_without_runtime_symbols():
     libm = "libm.so.6"
-    out = run_py("""
+    out = run_py(
+        """
         from mmloader import _core
         print(_core.cuda_available(), _core.cuda_unavailable_reason())
-    """, MML_CUDART=libm)
+    """,
+        MML_CUDART=libm,
+    )
     assert out.startswith("False")
     assert "missing symbol cudaGetDeviceCount" in out
-
 
 
 # --- the device path on a fake runtime (no GPU needed) ----------------------------------
@@ -126,16 +146,33 @@ def test_library_without_runtime_symbols():
 # memory, streams are threads).  Pointing MML_CUDART at it runs the real device stage, the
 # DLPack stream handshake and the buffer lifetime rules from Python.
 
+
 @pytest.fixture(scope="session")
 def fake_cudart(tmp_path_factory):
     import shutil
+
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the fake CUDA runtime")
     out = str(tmp_path_factory.mktemp("fakecuda") / "libfakecudart.so")
     src = os.path.join(REPO_ROOT, "tests", "c", "fake_cudart.c")
-    subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-O1", "-shared", "-fPIC",
-                    "-fvisibility=hidden", "-o", out, src, "-lpthread"], check=True, timeout=120)
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-o",
+            out,
+            src,
+            "-lpthread",
+        ],
+        check=True,
+        timeout=120,
+    )
     return out
 
 
@@ -167,7 +204,9 @@ def run_fake(fake_cudart, code):
 
 
 def test_fake_device_copy_and_dlpack_protocol(fake_cudart):
-    out = run_fake(fake_cudart, """
+    out = run_fake(
+        fake_cudart,
+        """
         s = _core.DeviceStage(1)
         arrays = {"pixel_values": np.random.default_rng(0).random((5, 7), dtype=np.float32),
                   "input_ids": np.arange(-3, 30, dtype=np.int64),
@@ -207,12 +246,15 @@ def test_fake_device_copy_and_dlpack_protocol(fake_cudart):
         else:
             raise AssertionError("DeviceStage(2) on a 2-device runtime")
         print("ok")
-    """)
+    """,
+    )
     assert out.strip().endswith("ok")
 
 
 def test_fake_consumer_waits_for_copy_and_holds_buffer(fake_cudart):
-    out = run_fake(fake_cudart, """
+    out = run_fake(
+        fake_cudart,
+        """
         s = _core.DeviceStage(0)
         stage_stream = fake.fake_cudart_last_stream()   # created by DeviceStage
         side = fake.fake_cudart_stream_new()            # the consumer's stream
@@ -258,12 +300,15 @@ def test_fake_consumer_waits_for_copy_and_holds_buffer(fake_cudart):
         fake.fake_cudart_sync(side)
         assert np.array_equal(seen, a)
         print("ok")
-    """)
+    """,
+    )
     assert out.strip().endswith("ok")
 
 
 def test_fake_many_batches_no_leak(fake_cudart):
-    out = run_fake(fake_cudart, """
+    out = run_fake(
+        fake_cudart,
+        """
         base = (fake.fake_cudart_live_device(), fake.fake_cudart_live_pinned())
         s = _core.DeviceStage(0, max_cached_bytes=8 << 20)
         side = fake.fake_cudart_stream_new()
@@ -285,23 +330,33 @@ def test_fake_many_batches_no_leak(fake_cudart):
         assert (fake.fake_cudart_live_device(), fake.fake_cudart_live_pinned()) == base
         assert fake.fake_cudart_live_events() == 0, fake.fake_cudart_live_events()
         print("ok")
-    """)
+    """,
+    )
     assert out.strip().endswith("ok")
 
 
 # --- the Loader's pin_memory / device options ---------------------------------------------
 
 TINY = os.path.join(REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
-LOADER_ARGS = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2,
-                   min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16, shuffle=False)
+LOADER_ARGS = dict(
+    tokenizer=TINY,
+    micro_batch_size=4,
+    num_threads=2,
+    prefetch=2,
+    min_pixels=28 * 28 * 4,
+    max_pixels=28 * 28 * 16,
+    shuffle=False,
+)
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("cudads"))
-    return make_dataset(root, n_samples=24, seed=3, n_shards=2, n_images=8, min_size=32,
-                        max_size=128)
+    return make_dataset(
+        root, n_samples=24, seed=3, n_shards=2, n_images=8, min_size=32, max_size=128
+    )
 
 
 LOADER_PRELUDE = """
@@ -321,12 +376,17 @@ def cpu_epoch():
 
 def loader_code(ds, body):
     import json
-    return (LOADER_PRELUDE % (json.dumps(ds["shards"]), json.dumps(LOADER_ARGS))
-            + textwrap.dedent(body))
+
+    return LOADER_PRELUDE % (json.dumps(ds["shards"]), json.dumps(LOADER_ARGS)) + textwrap.dedent(
+        body
+    )
 
 
 def test_loader_device_without_cuda_fails_at_construction(ds):
-    out = run_py(loader_code(ds, """
+    out = run_py(
+        loader_code(
+            ds,
+            """
         for dev in ("cuda:0", "cuda"):
             try:
                 load(device=dev)
@@ -338,12 +398,18 @@ def test_loader_device_without_cuda_fails_at_construction(ds):
                 load(device=dev)
             except mmloader.ConfigError as e:
                 print("ConfigError")
-    """), MML_CUDA_DISABLE="1")
+    """,
+        ),
+        MML_CUDA_DISABLE="1",
+    )
     assert out.split() == ["NoCuda"] * 2 + ["ConfigError"] * 4
 
 
 def test_loader_pin_memory_without_cuda_warns_once_and_works(ds):
-    out = run_py(loader_code(ds, """
+    out = run_py(
+        loader_code(
+            ds,
+            """
         ref = cpu_epoch()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -360,12 +426,19 @@ def test_loader_pin_memory_without_cuda_warns_once_and_works(ds):
             for k in a:
                 assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
         print("ok")
-    """), MML_CUDA_DISABLE="1")
+    """,
+        ),
+        MML_CUDA_DISABLE="1",
+    )
     assert out.strip() == "ok"
 
 
 def test_loader_on_fake_device_equals_cpu(ds, fake_cudart):
-    out = run_fake(fake_cudart, loader_code(ds, """
+    out = run_fake(
+        fake_cudart,
+        loader_code(
+            ds,
+            """
         base = fake.fake_cudart_live_device()
         ref = cpu_epoch()
         with warnings.catch_warnings():
@@ -388,14 +461,20 @@ def test_loader_on_fake_device_equals_cpu(ds, fake_cudart):
         gc.collect()
         assert fake.fake_cudart_live_device() == base, (fake.fake_cudart_live_device(), base)
         print("ok")
-    """))
+    """,
+        ),
+    )
     assert out.strip().endswith("ok")
 
 
 def test_fake_pinned_batch_held_while_consumer_stream_reads(ds, fake_cudart):
     # pin_memory: a released batch is not recycled while the copy the trainer queued on
     # its stream (torch's current stream, passed by Loader.__next__) is pending.
-    out = run_fake(fake_cudart, loader_code(ds, """
+    out = run_fake(
+        fake_cudart,
+        loader_code(
+            ds,
+            """
         with load(pin_memory=True, prefetch=1, shuffle=True) as L:
             side = fake.fake_cudart_stream_new()
             L._c.set_consumer_stream(0, side)  # what __next__ does with torch's stream
@@ -417,16 +496,20 @@ def test_fake_pinned_batch_held_while_consumer_stream_reads(ds, fake_cudart):
             for k in snap:
                 assert np.array_equal(seen[k], snap[k]), k
         print("ok")
-    """))
+    """,
+        ),
+    )
     assert out.strip().endswith("ok")
 
 
 # --- on a GPU (scripts/gpu-check.sh) ------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_gpu_pinned_memory_is_pinned_and_cpu():
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     s = _core.DeviceStage(0)
     a = np.arange(1 << 16, dtype=np.float32)
@@ -441,13 +524,17 @@ def test_gpu_pinned_memory_is_pinned_and_cpu():
 def test_gpu_device_copy_equals_host():
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     s = _core.DeviceStage(0)
     rng = np.random.default_rng(0)
-    arrays = {"pixel_values": rng.random((37, 1176), dtype=np.float32),
-              "input_ids": rng.integers(0, 150000, 4099).astype(np.int64),
-              "cu_seqlens": np.array([0, 7, 4099], dtype=np.int32),
-              "mask": rng.random(100) > 0.5, "raw": np.arange(255, dtype=np.uint8)}
+    arrays = {
+        "pixel_values": rng.random((37, 1176), dtype=np.float32),
+        "input_ids": rng.integers(0, 150000, 4099).astype(np.int64),
+        "cu_seqlens": np.array([0, 7, 4099], dtype=np.int32),
+        "mask": rng.random(100) > 0.5,
+        "raw": np.arange(255, dtype=np.uint8),
+    }
     d = s.copy(arrays)
     for k, a in arrays.items():
         t = torch.from_dlpack(d[k])
@@ -462,6 +549,7 @@ def test_gpu_no_race_with_consumer_on_its_own_stream():
     # consumer's kernels queued before the release are done.
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     s = _core.DeviceStage(0)
     side = torch.cuda.Stream()
@@ -483,6 +571,7 @@ def test_gpu_nonblocking_copy_of_pinned_batch_is_safe():
     # once; the next batches must not overwrite it before the copy has read it.
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     s = _core.DeviceStage(0)
     n = 4 << 20
@@ -501,6 +590,7 @@ def test_gpu_nonblocking_copy_of_pinned_batch_is_safe():
 def test_gpu_many_batches_no_leak():
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     s = _core.DeviceStage(0, max_cached_bytes=256 << 20)
     a = np.ones(1 << 20, dtype=np.float32)
@@ -523,6 +613,7 @@ def test_gpu_many_batches_no_leak():
 def test_gpu_loader_device_batches_equal_cpu_batches(ds):
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     args = dict(LOADER_ARGS)
     with mmloader.Loader(ds["shards"], **args) as L:
@@ -548,14 +639,17 @@ def test_gpu_loader_device_batches_equal_cpu_batches(ds):
 def test_gpu_loader_pin_memory(ds):
     require_gpu()
     import numpy as np
+
     torch = torch_cuda()
     with mmloader.Loader(ds["shards"], **LOADER_ARGS) as L:
         ref = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
     for on_side in (False, True):  # default stream, then a side stream made current
         stream = torch.cuda.Stream() if on_side else torch.cuda.current_stream()
         got = []
-        with torch.cuda.stream(stream), \
-                mmloader.Loader(ds["shards"], pin_memory=True, **LOADER_ARGS) as L:
+        with (
+            torch.cuda.stream(stream),
+            mmloader.Loader(ds["shards"], pin_memory=True, **LOADER_ARGS) as L,
+        ):
             assert L.stats()["pinned"]
             for b in L:
                 torch.cuda._sleep(200_000)  # the copies run behind the host

@@ -1,6 +1,7 @@
 """The dataset index (python -m mmloader index, Loader(index=)): what it records is what the
 loader computes, batches with an index are bitwise those without, builds resume after an
 interruption, and an index that no longer matches its shard is refused."""
+
 import gzip
 import io
 import json
@@ -25,8 +26,15 @@ VISION = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
 
 
 def epoch(data, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2, seed=3,
-                max_error_rate=1.0, **VISION)
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        seed=3,
+        max_error_rate=1.0,
+        **VISION,
+    )
     args.update(kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -41,8 +49,9 @@ def build(data, **kw):
 
 @pytest.fixture
 def ds(tmp_path):
-    return make_dataset(str(tmp_path), n_samples=40, seed=5, n_shards=2, n_images=10,
-                        min_size=24, max_size=200)
+    return make_dataset(
+        str(tmp_path), n_samples=40, seed=5, n_shards=2, n_images=10, min_size=24, max_size=200
+    )
 
 
 def lengths(data, **kw):
@@ -55,8 +64,11 @@ def indexed_lengths(paths):
     out = []
     for p in paths:
         x = dsindex.read(p)
-        out += [t + sum(i[2] for i in im) for t, s, im in
-                zip(x["text_tokens"], x["status"], x["images"]) if s == 0]
+        out += [
+            t + sum(i[2] for i in im)
+            for t, s, im in zip(x["text_tokens"], x["status"], x["images"])
+            if s == 0
+        ]
     return out
 
 
@@ -75,8 +87,16 @@ def test_counts_are_the_loaders(ds):
 
 
 def test_reads_headers_only(tmp_path):
-    d = make_dataset(str(tmp_path), n_samples=8, seed=2, n_shards=1, n_images=8,
-                     min_size=700, max_size=1200, text_only_fraction=0.0)
+    d = make_dataset(
+        str(tmp_path),
+        n_samples=8,
+        seed=2,
+        n_shards=1,
+        n_images=8,
+        min_size=700,
+        max_size=1200,
+        text_only_fraction=0.0,
+    )
     s = build(d["shards"])
     _, _, st = epoch(d["shards"], index=False)
     assert s["good"] == 8 and s["images"] >= 8
@@ -87,13 +107,36 @@ def test_reads_headers_only(tmp_path):
 def test_cli_build_summary_and_up_to_date(ds, tmp_path):
     with open(ds["shards"][0], "a") as f:
         f.write("not json\n")
-        f.write(json.dumps({"messages": [{"role": "user", "content": "<image>hi"},
-                                         {"role": "assistant", "content": "x"}],
-                            "images": ["images/missing.jpg"]}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "<image>hi"},
+                        {"role": "assistant", "content": "x"},
+                    ],
+                    "images": ["images/missing.jpg"],
+                }
+            )
+            + "\n"
+        )
     out = tmp_path / "idx"
-    cmd = [sys.executable, "-m", "mmloader", "index", ds["root"], "--tokenizer", TINY,
-           "--out", str(out), "--max-pixels", str(VISION["max_pixels"]),
-           "--min-pixels", str(VISION["min_pixels"]), "--threads", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmloader",
+        "index",
+        ds["root"],
+        "--tokenizer",
+        TINY,
+        "--out",
+        str(out),
+        "--max-pixels",
+        str(VISION["max_pixels"]),
+        "--min-pixels",
+        str(VISION["min_pixels"]),
+        "--threads",
+        "2",
+    ]
     env = dict(os.environ, PYTHONPATH=ROOT)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -101,7 +144,9 @@ def test_cli_build_summary_and_up_to_date(ds, tmp_path):
     assert "bad_record: 1" in r.stdout and "missing_file: 1" in r.stdout
     assert "data-00000.jsonl:21: bad record" in r.stdout  # the example names shard and line
     assert "samples/s" in r.stdout and "bytes read per sample" in r.stdout
-    assert r.stderr.count("[index] shard 2/2: 20 samples") == 1  # progress (one line a shard off a tty)
+    assert (
+        r.stderr.count("[index] shard 2/2: 20 samples") == 1
+    )  # progress (one line a shard off a tty)
     assert sorted(os.listdir(out)) == ["data-00000.jsonl.mmlidx", "data-00001.jsonl.mmlidx"]
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r2.returncode == 0 and "2 shard(s) already up to date" in r2.stdout
@@ -117,8 +162,16 @@ class Stop(Exception):
 
 def test_resume_after_interruption(tmp_path):
     # text-only samples: more than one chunk (256) per shard
-    d = make_dataset(str(tmp_path / "d"), n_samples=700, seed=1, n_shards=1, n_images=8,
-                     min_size=24, max_size=64, text_only_fraction=0.9)
+    d = make_dataset(
+        str(tmp_path / "d"),
+        n_samples=700,
+        seed=1,
+        n_shards=1,
+        n_images=8,
+        min_size=24,
+        max_size=64,
+        text_only_fraction=0.9,
+    )
     shard = d["shards"][0]
 
     def stop(shard_no, shards, done, total):
@@ -135,8 +188,9 @@ def test_resume_after_interruption(tmp_path):
     assert 0 < s["resumed"] < 700 and s["samples"] == 700 and not partial.exists()
     fresh = build(shard, out=str(tmp_path / "b"))
     assert fresh["resumed"] == 0
-    assert ((tmp_path / "a" / "data-00000.jsonl.mmlidx").read_bytes()
-            == (tmp_path / "b" / "data-00000.jsonl.mmlidx").read_bytes())
+    assert (tmp_path / "a" / "data-00000.jsonl.mmlidx").read_bytes() == (
+        tmp_path / "b" / "data-00000.jsonl.mmlidx"
+    ).read_bytes()
     # a partial file of other settings is not resumed from
     with pytest.raises(Stop):
         build(shard, out=str(tmp_path / "c"), progress=stop, max_pixels=28 * 28 * 32)
@@ -192,8 +246,11 @@ def test_batches_with_index_are_bitwise_those_without(ds, tmp_path, fmt):
     assert s["good"] == 40, s
     for p in shards:
         assert dsindex.read(p + ".mmlidx")["layout"] == fmt.split(".")[0]
-    for kw in (dict(max_length=120), dict(packing=True, pack_length=160),
-               dict(seq_length=150, micro_batch_size=2)):
+    for kw in (
+        dict(max_length=120),
+        dict(packing=True, pack_length=160),
+        dict(seq_length=150, micro_batch_size=2),
+    ):
         a, n, st = epoch(shards, **kw)
         b, n0, st0 = epoch(shards, index=False, **kw)
         assert n == 2 and n0 == 0
@@ -218,8 +275,11 @@ def test_stale_index_is_refused(ds):
     shard = ds["shards"][1]
     st = os.stat(shard)
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched: same size
-    with pytest.raises(mmloader.ConfigError, match=r"data-00001\.jsonl no longer matches its "
-                                                   r"index .*modified since it was indexed"):
+    with pytest.raises(
+        mmloader.ConfigError,
+        match=r"data-00001\.jsonl no longer matches its "
+        r"index .*modified since it was indexed",
+    ):
         epoch(ds["shards"])
     with open(shard, "a") as f:
         f.write(open(ds["shards"][0]).readline())
@@ -241,8 +301,9 @@ def test_corrupt_index_is_refused(ds):
     open(p, "wb").write(bytes(data))
     with pytest.raises(mmloader.ConfigError, match=r"data-00000\.jsonl\.mmlidx: corrupt"):
         epoch(ds["shards"])
-    open(p, "wb").write(b"MMLINDEX" + (2).to_bytes(4, "little") + (128).to_bytes(4, "little")
-                        + b"\0" * 112)
+    open(p, "wb").write(
+        b"MMLINDEX" + (2).to_bytes(4, "little") + (128).to_bytes(4, "little") + b"\0" * 112
+    )
     with pytest.raises(mmloader.ConfigError, match="format version"):
         epoch(ds["shards"])
 
@@ -251,9 +312,15 @@ def test_other_settings_use_offsets_not_counts(ds):
     build(ds["shards"])
     kw = dict(max_length=120, max_pixels=28 * 28 * 32)
     with pytest.warns(UserWarning, match="its index was built with other settings"):
-        with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3,
-                             min_pixels=VISION["min_pixels"], max_length=120,
-                             max_pixels=28 * 28 * 32, max_error_rate=1.0) as L:
+        with mmloader.Loader(
+            ds["shards"],
+            tokenizer=TINY,
+            micro_batch_size=3,
+            min_pixels=VISION["min_pixels"],
+            max_length=120,
+            max_pixels=28 * 28 * 32,
+            max_error_rate=1.0,
+        ) as L:
             assert L.index_shards == 0
             next(iter(L))
     a, n, _ = epoch(ds["shards"], **kw)
@@ -263,8 +330,10 @@ def test_other_settings_use_offsets_not_counts(ds):
 
 
 def test_mixture_sources_keyed_by_their_settings(ds):
-    mix = [mmloader.Source(ds["shards"][0], weight=1, name="a"),
-           mmloader.Source(ds["shards"][1], weight=1, name="b", max_pixels=28 * 28 * 16)]
+    mix = [
+        mmloader.Source(ds["shards"][0], weight=1, name="a"),
+        mmloader.Source(ds["shards"][1], weight=1, name="b", max_pixels=28 * 28 * 16),
+    ]
     s = build(mix)
     assert s["shards"] == 2
     x0, x1 = (dsindex.read(p + ".mmlidx") for p in ds["shards"])
@@ -285,10 +354,15 @@ def test_s3_etag(ds, moto_s3, tmp_path):
     pre = f"dsx{int(time.time() * 1e6)}"
     for p in ds["images"]:
         moto_s3.put(f"{pre}/images/" + os.path.basename(p), open(p, "rb").read())
-    urls = [moto_s3.put(f"{pre}/" + os.path.basename(s), open(s, "rb").read())
-            for s in ds["shards"]]
-    cred = dict(s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-                aws_access_key_id=moto_s3.access_key, aws_secret_access_key=moto_s3.secret_key)
+    urls = [
+        moto_s3.put(f"{pre}/" + os.path.basename(s), open(s, "rb").read()) for s in ds["shards"]
+    ]
+    cred = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
     with pytest.raises(mmloader.ConfigError, match="is remote: give out="):
         build(urls, **cred)
     out = tmp_path / "idx"
@@ -314,8 +388,9 @@ def test_s3_etag(ds, moto_s3, tmp_path):
 
 def test_global_plan_takes_counts_from_the_index(ds):
     build(ds["shards"])
-    kw = dict(max_tokens_per_batch=700, balance="tokens", dp_size=2, micro_batch_size=None,
-              max_length=300)
+    kw = dict(
+        max_tokens_per_batch=700, balance="tokens", dp_size=2, micro_batch_size=None, max_length=300
+    )
     for rank in (0, 1):
         a, n, st = epoch(ds["shards"], dp_rank=rank, **kw)
         b, n0, st0 = epoch(ds["shards"], dp_rank=rank, index=False, **kw)
@@ -326,8 +401,7 @@ def test_global_plan_takes_counts_from_the_index(ds):
     def plan_len(**over):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with mmloader.Loader(ds["shards"], tokenizer=TINY, **VISION,
-                                 **dict(kw, **over)) as L:
+            with mmloader.Loader(ds["shards"], tokenizer=TINY, **VISION, **dict(kw, **over)) as L:
                 return len(L)
 
     want = plan_len()

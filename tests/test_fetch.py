@@ -1,10 +1,10 @@
 """Remote fetching (libcurl multi, S3 SigV4, retries) against real servers on 127.0.0.1:
 our fault-injecting HTTP server (tests/servers/faultserver.py) and moto's S3 server with
 SigV4 authentication enforced (tests/conftest.py)."""
+
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import time
 
@@ -20,6 +20,7 @@ def blob(n: int, seed: int) -> bytes:
 
 
 # ---- signer --------------------------------------------------------------------------
+
 
 def test_sha256_matches_hashlib():
     rng = random.Random(5)
@@ -42,14 +43,21 @@ def test_sigv4_matches_botocore():
         uri = "/" + "/".join(rng.choice(["a", "b%20c", "d~e", "f_g.h", "%C3%A9"]) for _ in range(3))
         query = "" if i % 2 else f"list-type=2&max-keys={i + 1}&prefix=p{i}%2Fx"
         date = f"2024{1 + i % 12:02d}{1 + i:02d}T{i:02d}0000Z"
-        headers = [("host", host), ("x-amz-content-sha256", hashlib.sha256(b"").hexdigest()),
-                   ("x-amz-date", date)]
+        headers = [
+            ("host", host),
+            ("x-amz-content-sha256", hashlib.sha256(b"").hexdigest()),
+            ("x-amz-date", date),
+        ]
         if i % 3 == 0:
             headers.append(("range", f"bytes={i}-{i * 100 + 7}"))
-        ours = _core._sigv4_authorization("GET", uri, query, headers, headers[1][1], date, region,
-                                          "s3", ak, sk)
-        req = AWSRequest(method="GET", url=f"http://{host}{uri}" + (f"?{query}" if query else ""),
-                         headers={k: v for k, v in headers})
+        ours = _core._sigv4_authorization(
+            "GET", uri, query, headers, headers[1][1], date, region, "s3", ak, sk
+        )
+        req = AWSRequest(
+            method="GET",
+            url=f"http://{host}{uri}" + (f"?{query}" if query else ""),
+            headers={k: v for k, v in headers},
+        )
         req.context["timestamp"] = date
         auth = botocore_auth.S3SigV4Auth(Credentials(ak, sk), "s3", region)
         creq = auth.canonical_request(req)
@@ -60,6 +68,7 @@ def test_sigv4_matches_botocore():
 
 # ---- HTTP against the fault server --------------------------------------------------------
 
+
 def test_http_get_exact_bytes_and_ranges(fault_server):
     objs = {"/empty": b"", "/one": b"x", "/small": blob(1000, 1), "/big": blob(3_000_001, 2)}
     srv = fault_server(objects=objs)
@@ -68,9 +77,18 @@ def test_http_get_exact_bytes_and_ranges(fault_server):
             assert f.get(srv.url(path)) == data, path
             assert f.size(srv.url(path)) == len(data)
         big = objs["/big"]
-        for off, length in [(0, 10), (5, 1), (1000, 300_000), (2_999_990, 100), (3_000_001, 5),
-                            (4_000_000, 5), (7, 0), (123_456, -1), (2_000_000, 1_000_001)]:
-            want = big[off:] if length < 0 else big[off:off + length]
+        for off, length in [
+            (0, 10),
+            (5, 1),
+            (1000, 300_000),
+            (2_999_990, 100),
+            (3_000_001, 5),
+            (4_000_000, 5),
+            (7, 0),
+            (123_456, -1),
+            (2_000_000, 1_000_001),
+        ]:
+            want = big[off:] if length < 0 else big[off : off + length]
             assert f.get(srv.url("/big"), offset=off, length=length) == want, (off, length)
         st = f.stats()
     # the 3 MB object came in parallel ranges of 256 KiB
@@ -86,7 +104,7 @@ def test_server_without_range_support(fault_server):
         assert f.get(srv.url("/nr")) == data
         assert f.get(srv.url("/e")) == b""
         for off, length in [(0, 10), (999_990, 100), (500_000, 250_000), (2_000_000, 5), (123, -1)]:
-            want = data[off:] if length < 0 else data[off:off + length]
+            want = data[off:] if length < 0 else data[off : off + length]
             assert f.get(srv.url("/nr"), offset=off, length=length) == want, (off, length)
 
 
@@ -144,8 +162,13 @@ def test_server_counts_only_requests_in_flight(fault_server):
     # its reply went out (here: a slow hook after a reset or a truncated body, which the
     # client retries at once on a fresh connection), or it would blame the client for it.
     objs = {f"/o{i}": b"%d" % i for i in range(30)}
-    srv = fault_server(objects=objs, fault_rate=0.3, faults=("reset", "truncate"), seed=1,
-                       hook=lambda *a: time.sleep(0.05))
+    srv = fault_server(
+        objects=objs,
+        fault_rate=0.3,
+        faults=("reset", "truncate"),
+        seed=1,
+        hook=lambda *a: time.sleep(0.05),
+    )
     with _core.Fetcher(max_inflight=2, **FAST) as f:
         assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
         assert sum(f.stats()["retries"].values()) > 0
@@ -184,8 +207,13 @@ def test_transient_faults_lose_nothing(fault_server):
 @pytest.mark.slow
 def test_many_objects_every_fault_kind(fault_server):
     objs = {f"/m/{i}": blob(500 + (i * 7919) % 60_000, i) for i in range(3000)}
-    srv = fault_server(objects=objs, fault_rate=0.10, seed=11, stall_s=3,
-                       faults=["503", "500", "429", "reset", "truncate", "stall"])
+    srv = fault_server(
+        objects=objs,
+        fault_rate=0.10,
+        seed=11,
+        stall_s=3,
+        faults=["503", "500", "429", "reset", "truncate", "stall"],
+    )
     with _core.Fetcher(max_inflight=64, stall_s=1, **FAST) as f:
         assert f.get_many([srv.url(p) for p in objs]) == list(objs.values())
         st = f.stats()
@@ -251,17 +279,26 @@ def test_permanent_errors_name_url_status_and_code(fault_server):
 def test_s3_protocol_through_faults(fault_server):
     """s3:// GETs and paginated listings (prefixes with '/', keys needing escapes) against
     the fault server standing in for S3, with 10% transient faults."""
-    keys = [f"data/part-{i:03d}.jsonl" for i in range(40)] + ["data/a&b <c>.jsonl", "data/x.txt",
-                                                             "data/sub/deep.jsonl", "other/y.jsonl"]
+    keys = [f"data/part-{i:03d}.jsonl" for i in range(40)] + [
+        "data/a&b <c>.jsonl",
+        "data/x.txt",
+        "data/sub/deep.jsonl",
+        "other/y.jsonl",
+    ]
     objs = {f"/bkt/{k}": blob(100 + i, i) for i, k in enumerate(keys)}
     srv = fault_server(objects=objs, fault_rate=0.1, seed=5)
     cfg = dict(endpoint=srv.url("/"), access_key="AK", secret_key="SK", list_page_size=7, **FAST)
     with _core.Fetcher(**cfg) as f:
-        want = sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/") and k.endswith(".jsonl")
-                      and "/sub/" not in k)
+        want = sorted(
+            f"s3://bkt/{k}"
+            for k in keys
+            if k.startswith("data/") and k.endswith(".jsonl") and "/sub/" not in k
+        )
         assert f.list("s3://bkt/data/*.jsonl") == want
         assert f.list("s3://bkt/data/", "*.jsonl") == want
-        assert f.list("s3://bkt/data/") == sorted(f"s3://bkt/{k}" for k in keys if k.startswith("data/"))
+        assert f.list("s3://bkt/data/") == sorted(
+            f"s3://bkt/{k}" for k in keys if k.startswith("data/")
+        )
         assert f.get_many(want) == [objs["/" + u[5:]] for u in want]
         st = f.stats()
     assert sum(st["retries"].values()) >= 1 and st["failures"] == 0
@@ -293,12 +330,32 @@ def test_https_with_a_private_ca(fault_server, tmp_path):
     AWS_CA_BUNDLE), refused without it, and the refusal is not retried."""
     import shutil
     import subprocess
+
     if not shutil.which("openssl"):
         pytest.skip("openssl command not installed")
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", key, "-out", cert], capture_output=True, timeout=60)
+    r = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     if r.returncode:
         pytest.skip("openssl could not make a certificate: " + r.stderr.decode()[-200:])
     objs = {f"/t{i}": blob(5000 + i, i) for i in range(20)}
@@ -333,13 +390,14 @@ def test_bad_arguments():
 # moto (5.x) fails SigV4 checks of listings whose prefix holds a '/': it verifies against the
 # decoded query (boto3 fails the same way), so listing tests use prefixes without '/'.
 
+
 def test_s3_get_range_size(moto_s3):
     data = blob(600_000, 11)
     url = moto_s3.put("obj/data.bin", data)
     cfg = moto_s3.cfg(range_chunk=100_000, **FAST)
     with _core.Fetcher(**cfg) as f:
         assert f.get(url) == data
-        assert f.get(url, offset=1234, length=99_999) == data[1234:1234 + 99_999]
+        assert f.get(url, offset=1234, length=99_999) == data[1234 : 1234 + 99_999]
         assert f.size(url) == len(data)
     empty = moto_s3.put("obj/empty", b"")
     assert _core.fetch_get(empty, **cfg) == b""
@@ -355,8 +413,12 @@ def test_s3_list_paginates_and_globs(moto_s3):
         all_pg = f.list(f"s3://{b}/pg")
         assert all_pg == sorted(f"s3://{b}/{k}" for k in keys)
         assert f.list(f"s3://{b}/pg-*.jsonl") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(23)]
-        assert f.list(f"s3://{b}/pg-", "pg-01?.jsonl") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10, 20)]
-        assert f.list(f"s3://{b}/pg-", f"s3://{b}/pg-00*") == [f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10)]
+        assert f.list(f"s3://{b}/pg-", "pg-01?.jsonl") == [
+            f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10, 20)
+        ]
+        assert f.list(f"s3://{b}/pg-", f"s3://{b}/pg-00*") == [
+            f"s3://{b}/pg-{i:03d}.jsonl" for i in range(10)
+        ]
         assert f.list(f"s3://{b}/nothing-here") == []
         requests = f.stats()["requests"]
     assert requests >= 6 + 5  # 25 keys in pages of 5, then 23 in pages of 5

@@ -2,6 +2,7 @@
 standing in for S3 (with ListObjectsV2, 10% transient faults).  Remote epochs must equal
 local epochs bitwise, resume exactly, be independent of thread count, skip and count
 permanent failures, and fail clearly on wrong credentials without showing secrets."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ FAST = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2, seed=
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("fe2e"))
-    return datagen.make_dataset(root, n_samples=40, seed=9, n_shards=3, n_images=10, min_size=32,
-                                max_size=120)
+    return datagen.make_dataset(
+        root, n_samples=40, seed=9, n_shards=3, n_images=10, min_size=32, max_size=120
+    )
 
 
 def run(data, n=None, epochs=1, state=None, **kw):
@@ -70,8 +72,12 @@ def test_s3_epoch_resume_and_remote_image_root(ds, moto_s3):
     # moto mis-verifies signed listings of prefixes holding '/', so shards sit at the
     # bucket root here (the fault-server tests below list under folders)
     upload_tree(ds, moto_s3.put, "e2e-", "e2e-img/")
-    creds = dict(s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-                 aws_access_key_id=moto_s3.access_key, aws_secret_access_key=moto_s3.secret_key)
+    creds = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
     data = f"s3://{moto_s3.bucket}/e2e-data-*.jsonl"
     root = f"s3://{moto_s3.bucket}/e2e-img/"
     remote, st, _ = run(data, epochs=2, image_root=root, **creds)
@@ -94,10 +100,19 @@ def test_faults_lose_nothing_and_threads_do_not_matter(ds, fault_server):
     of every kind on shards, images and listings: bitwise the local batches, whatever the
     number of threads; the retries show in stats."""
     local, _, _ = run(ds["shards"])
-    srv = fault_server(objects=fault_objects(ds, "bkt", "train/shards/", "train/"),
-                       fault_rate=0.10, seed=21, latency=0.002, jitter=0.004)
-    kw = dict(s3_endpoint=srv.url("/"), aws_access_key_id="AK", aws_secret_access_key="SK",
-              image_root="s3://bkt/train/")
+    srv = fault_server(
+        objects=fault_objects(ds, "bkt", "train/shards/", "train/"),
+        fault_rate=0.10,
+        seed=21,
+        latency=0.002,
+        jitter=0.004,
+    )
+    kw = dict(
+        s3_endpoint=srv.url("/"),
+        aws_access_key_id="AK",
+        aws_secret_access_key="SK",
+        image_root="s3://bkt/train/",
+    )
     r1, st1, _ = run("s3://bkt/train/shards/data-*.jsonl", num_threads=1, **kw)
     r3, st3, _ = run("s3://bkt/train/shards/data-*.jsonl", num_threads=3, max_inflight=5, **kw)
     same(local, r1)
@@ -115,14 +130,24 @@ def test_permanent_404_is_skipped_and_counted(ds, fault_server):
     with open(ds["shards"][0]) as f:
         lines = f.read().splitlines()
     # a record naming a missing image, in the middle of an otherwise good shard
-    bad = {"messages": [{"role": "user", "content": "<image>what is this?"},
-                        {"role": "assistant", "content": "nothing"}],
-           "images": ["images/not-there.jpg"]}
+    bad = {
+        "messages": [
+            {"role": "user", "content": "<image>what is this?"},
+            {"role": "assistant", "content": "nothing"},
+        ],
+        "images": ["images/not-there.jpg"],
+    }
     lines.insert(2, json.dumps(bad))
     objs["/bkt/mixed.jsonl"] = ("\n".join(lines) + "\n").encode()
     srv = fault_server(objects=objs)
-    kw = dict(s3_endpoint=srv.url("/"), aws_access_key_id="AK", aws_secret_access_key="SK",
-              shuffle=False, micro_batch_size=1, max_error_rate=1.0)
+    kw = dict(
+        s3_endpoint=srv.url("/"),
+        aws_access_key_id="AK",
+        aws_secret_access_key="SK",
+        shuffle=False,
+        micro_batch_size=1,
+        max_error_rate=1.0,
+    )
     with pytest.warns(UserWarning, match=r"mixed\.jsonl:3.*not-there\.jpg.*404"):
         got, st, _ = run("s3://bkt/mixed.jsonl", **kw)
     assert len(got) >= len(lines) - 1  # (the engine may refill a skipped slot)
@@ -138,8 +163,12 @@ def test_permanent_404_is_skipped_and_counted(ds, fault_server):
 def test_wrong_credentials_fail_clearly(ds, moto_s3):
     url = moto_s3.put("cred-data.jsonl", open(ds["shards"][0], "rb").read())
     wrong = "wrong-SECRET-abcdefghijklmnopqrstuvwxyz0123"
-    creds = dict(s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-                 aws_access_key_id=moto_s3.access_key, aws_secret_access_key=wrong)
+    creds = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=wrong,
+    )
     for data in (url, f"s3://{moto_s3.bucket}/cred-*.jsonl"):
         with pytest.raises(mmloader.Error) as e:
             run(data, **creds)

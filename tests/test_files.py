@@ -4,6 +4,7 @@ The reference is the same records as plain JSONL: every other file format must g
 bitwise-identical batches (the JSONL path is itself checked against the reference
 processor and chat template elsewhere).  Errors must name the file and the byte offset.
 """
+
 import gzip
 import json
 import os
@@ -23,16 +24,22 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("files"))
-    d = make_dataset(root, n_samples=24, seed=5, n_shards=1, n_images=8, min_size=32,
-                     max_size=120)
+    d = make_dataset(root, n_samples=24, seed=5, n_shards=1, n_images=8, min_size=32, max_size=120)
     with open(d["shards"][0], encoding="utf-8") as f:
         d["records"] = [json.loads(line) for line in f]
     return d
 
 
 def make(data, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2, shuffle=False,
-                image_root=kw.pop("image_root", None), **SMALL)
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=4,
+        num_threads=2,
+        prefetch=2,
+        shuffle=False,
+        image_root=kw.pop("image_root", None),
+        **SMALL,
+    )
     args.update(kw)
     return mmloader.Loader(data, **args)
 
@@ -63,7 +70,7 @@ def json_array(records, indent):
 def zst(data: bytes, frames=1) -> bytes:
     c = zstandard.ZstdCompressor(level=3)
     step = max(1, len(data) // frames)
-    return b"".join(c.compress(data[i:i + step]) for i in range(0, len(data), step))
+    return b"".join(c.compress(data[i : i + step]) for i in range(0, len(data), step))
 
 
 def variants(records):
@@ -107,8 +114,10 @@ def test_folder_takes_every_data_file(ds, tmp_path):
     folder.mkdir()
     recs = ds["records"]
     write(folder / "a.json", json_array(recs[:8], 2))
-    write(folder / "b.jsonl.gz", gzip.compress(
-        "".join(json.dumps(r) + "\n" for r in recs[8:16]).encode()))
+    write(
+        folder / "b.jsonl.gz",
+        gzip.compress("".join(json.dumps(r) + "\n" for r in recs[8:16]).encode()),
+    )
     write(folder / "c.jsonl.zst", zst("".join(json.dumps(r) + "\n" for r in recs[16:]).encode()))
     write(folder / "notes.txt", b"not data")
     ref = epoch(ds["shards"], image_root=ds["root"])
@@ -123,25 +132,48 @@ def test_data_format_override(ds, tmp_path):
             next(iter(L))
     # JSON lines forced to be an array: refused at construction with the byte offset
     q = write(tmp_path / "l.jsonl", b'{"a": 1}\n{"b": 2}\n')
-    with pytest.raises(mmloader.Error, match=r"l\.jsonl: malformed JSON array: expected '\[' "
-                                             r"at byte 0, found '\{'"):
+    with pytest.raises(
+        mmloader.Error,
+        match=r"l\.jsonl: malformed JSON array: expected '\[' "
+        r"at byte 0, found '\{'",
+    ):
         make(q, data_format="json")
     with pytest.raises(mmloader.ConfigError, match="data_format must be one of"):
         make(q, data_format="parquet")
 
 
-@pytest.mark.parametrize("text, needle", [
-    (b'[{"a": 1} {"b": 2}]', r"expected ',' or '\]' at byte 10 after element 0 \(which starts "
-                             r"at byte 1\), found '\{'"),
-    (b'[{"a": 1},]', r"expected element 1 at byte 10, found '\]'"),
-    (b'[{"a": [1}]', r"'\}' at byte 9 closes a '\[' in element 0 \(which starts at byte 1\)"),
-    (b'[{"a": 1}] x', r"data after the closing '\]' at byte 11"),
-    (b'[{"a": 1}, {"b": "unterminated}]', r"element 1 \(at byte 11\) is not closed at the end "
-                                          r"of the data \(byte 32\)"),
-    (b'[{"a": 1}', r"no closing '\]' \(the data ends at byte 9 after 1 elements\)"),
-    (b'[' + b'[' * 1100 + b']' * 1100 + b']', r"element 0 \(at byte 1\) nests deeper than 1024"),
-], ids=["missing-comma", "trailing-comma", "mismatched", "after-end", "unterminated",
-        "no-close", "too-deep"])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (
+            b'[{"a": 1} {"b": 2}]',
+            r"expected ',' or '\]' at byte 10 after element 0 \(which starts "
+            r"at byte 1\), found '\{'",
+        ),
+        (b'[{"a": 1},]', r"expected element 1 at byte 10, found '\]'"),
+        (b'[{"a": [1}]', r"'\}' at byte 9 closes a '\[' in element 0 \(which starts at byte 1\)"),
+        (b'[{"a": 1}] x', r"data after the closing '\]' at byte 11"),
+        (
+            b'[{"a": 1}, {"b": "unterminated}]',
+            r"element 1 \(at byte 11\) is not closed at the end "
+            r"of the data \(byte 32\)",
+        ),
+        (b'[{"a": 1}', r"no closing '\]' \(the data ends at byte 9 after 1 elements\)"),
+        (
+            b'[' + b'[' * 1100 + b']' * 1100 + b']',
+            r"element 0 \(at byte 1\) nests deeper than 1024",
+        ),
+    ],
+    ids=[
+        "missing-comma",
+        "trailing-comma",
+        "mismatched",
+        "after-end",
+        "unterminated",
+        "no-close",
+        "too-deep",
+    ],
+)
 def test_malformed_array_names_the_byte(tmp_path, text, needle):
     p = write(tmp_path / "bad.json", text)
     with pytest.raises(mmloader.Error, match="bad.json: malformed JSON array: " + needle):
@@ -161,8 +193,9 @@ def test_bad_element_is_a_bad_record_naming_element_and_byte(ds, tmp_path):
         st = L.stats()
     assert n == 8  # 2 batches: the short epoch is filled from its start
     assert st["skipped_by_reason"] == {"bad_record": 1}  # not counted again while filling
-    with pytest.raises(mmloader.Error,
-                       match=rf"one-bad\.json\[3\] \(byte {at}\): bad record: invalid JSON"):
+    with pytest.raises(
+        mmloader.Error, match=rf"one-bad\.json\[3\] \(byte {at}\): bad record: invalid JSON"
+    ):
         with make(p, image_root=ds["root"], on_error="raise") as L:
             for _ in L:
                 pass
@@ -180,12 +213,19 @@ def test_jsonl_line_numbers_inside_compressed_files(ds, tmp_path):
                     pass
 
 
-@pytest.mark.parametrize("name, data, needle", [
-    ("cut.jsonl.gz", gzip.compress(b'{"a": 1}\n' * 1000)[:-9], "truncated gzip data"),
-    ("cut.jsonl.zst", zst(b'{"a": 1}\n' * 1000)[:-5], "truncated zstd data"),
-    ("junk.jsonl.gz", b"\x1f\x8b" + b"\x00" * 40, "gzip data error near compressed byte"),
-    ("junk.jsonl.zst", b"\x28\xb5\x2f\xfd" + b"\xff" * 40, "zstd data error near compressed byte"),
-])
+@pytest.mark.parametrize(
+    "name, data, needle",
+    [
+        ("cut.jsonl.gz", gzip.compress(b'{"a": 1}\n' * 1000)[:-9], "truncated gzip data"),
+        ("cut.jsonl.zst", zst(b'{"a": 1}\n' * 1000)[:-5], "truncated zstd data"),
+        ("junk.jsonl.gz", b"\x1f\x8b" + b"\x00" * 40, "gzip data error near compressed byte"),
+        (
+            "junk.jsonl.zst",
+            b"\x28\xb5\x2f\xfd" + b"\xff" * 40,
+            "zstd data error near compressed byte",
+        ),
+    ],
+)
 def test_corrupt_compressed_files_are_refused(tmp_path, name, data, needle):
     p = write(tmp_path / name, data)
     with pytest.raises(mmloader.Error, match=rf"{name}: {needle}"):
@@ -196,8 +236,10 @@ def test_spill_folder_follows_tmpdir(ds, tmp_path, monkeypatch):
     spill = tmp_path / "spill"
     spill.mkdir()
     monkeypatch.setenv("TMPDIR", str(spill))
-    p = write(tmp_path / "d.jsonl.gz", gzip.compress(
-        "".join(json.dumps(r) + "\n" for r in ds["records"]).encode()))
+    p = write(
+        tmp_path / "d.jsonl.gz",
+        gzip.compress("".join(json.dumps(r) + "\n" for r in ds["records"]).encode()),
+    )
     with make(p, image_root=ds["root"]) as L:
         assert sum(1 for _ in L) == 6
     assert os.listdir(spill) == []  # the decompressed copy is never visible as a file
@@ -212,12 +254,20 @@ def test_large_array_streams_across_chunks(tmp_path):
     recs = []
     for i in range(300):
         text = ("x" * (i * 9973 % 18000)) + ' \\"[{ }]\\" ' + "é" * (i % 7)
-        recs.append({"conversations": [{"from": "human", "value": text},
-                                       {"from": "gpt", "value": str(i)}],
-                     "meta": [[i, {"k": [1, 2, {"z": None}]}]]})
+        recs.append(
+            {
+                "conversations": [
+                    {"from": "human", "value": text},
+                    {"from": "gpt", "value": str(i)},
+                ],
+                "meta": [[i, {"k": [1, 2, {"z": None}]}]],
+            }
+        )
     p = write(tmp_path / "big.json", json_array(recs, 1))
-    q = write(tmp_path / "big.jsonl",
-              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode())
+    q = write(
+        tmp_path / "big.jsonl",
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode(),
+    )
     assert os.path.getsize(p) > 2 << 20
     assert_same(epoch(q, micro_batch_size=5), epoch(p, micro_batch_size=5))
 
@@ -229,8 +279,12 @@ def test_remote_formats(ds, tmp_path, fault_server, moto_s3):
     srv = fault_server(objects={"/" + n: files[n] for n in names})
     for n in names:
         assert_same(ref, epoch(srv.url(n), image_root=ds["root"]))
-    s3 = dict(s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-              aws_access_key_id=moto_s3.access_key, aws_secret_access_key=moto_s3.secret_key)
+    s3 = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
     for n in names:
         url = moto_s3.put(f"files/{n}", files[n])
         assert_same(ref, epoch(url, image_root=ds["root"], **s3))

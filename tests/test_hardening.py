@@ -2,6 +2,7 @@
 reasons, linear-time record parsing, state validation, FIFOs, UTF-8-safe mmloader errors,
 URL redaction in every message, the path policy, and the small defects the fuzzing found.
 Each test here failed before its fix."""
+
 import io
 import json
 import os
@@ -23,6 +24,7 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 
 def jpeg(w=28, h=20, color=(200, 30, 60)) -> bytes:
     from PIL import Image
+
     b = io.BytesIO()
     Image.new("RGB", (w, h), color).save(b, "JPEG", quality=90)
     return b.getvalue()
@@ -30,9 +32,13 @@ def jpeg(w=28, h=20, color=(200, 30, 60)) -> bytes:
 
 def rec(n_images: int, text: str = "Describe.") -> dict:
     tags = "<image>" * n_images
-    return {"messages": [{"role": "user", "content": tags + text},
-                         {"role": "assistant", "content": "A picture."}],
-            "images": ["a.jpg"] * n_images}
+    return {
+        "messages": [
+            {"role": "user", "content": tags + text},
+            {"role": "assistant", "content": "A picture."},
+        ],
+        "images": ["a.jpg"] * n_images,
+    }
 
 
 def write(tmp_path, records, name="data.jsonl", raw=None) -> str:
@@ -45,8 +51,15 @@ def write(tmp_path, records, name="data.jsonl", raw=None) -> str:
 
 
 def make(data, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=1, num_threads=2, prefetch=2, shuffle=False,
-                max_error_rate=1.0, **SMALL)
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=1,
+        num_threads=2,
+        prefetch=2,
+        shuffle=False,
+        max_error_rate=1.0,
+        **SMALL,
+    )
     args.update(kw)
     return mmloader.Loader(data, **args)
 
@@ -72,6 +85,7 @@ def assert_utf8_mmloader_error(exc):
 
 # ---- per-sample limits -----------------------------------------------------------------
 
+
 def test_images_per_sample_limit(img_dir):
     data = write(img_dir, [rec(1), rec(5000), rec(1)])
     with make(data, max_images_per_sample=64) as L:
@@ -95,9 +109,14 @@ def test_pixels_per_sample_checked_from_headers_before_decode(img_dir):
     # valid 64x64 JPEG headers, garbage after them: decoding any of them would fail with
     # corrupt_image, so the skip reason proves the limit was checked before decoding
     good = jpeg(64, 64)
-    (img_dir / "b.jpg").write_bytes(good[:len(good) // 3] + b"\0" * 64)
-    r = {"messages": [{"role": "user", "content": "<image><image><image>x"},
-                      {"role": "assistant", "content": "y"}], "images": ["b.jpg"] * 3}
+    (img_dir / "b.jpg").write_bytes(good[: len(good) // 3] + b"\0" * 64)
+    r = {
+        "messages": [
+            {"role": "user", "content": "<image><image><image>x"},
+            {"role": "assistant", "content": "y"},
+        ],
+        "images": ["b.jpg"] * 3,
+    }
     data = write(img_dir, [r, rec(1)])
     with make(data, max_sample_pixels=3 * 64 * 64 - 1) as L:
         batches, reasons, msgs = run(L)
@@ -129,14 +148,19 @@ def test_json_nesting_depth_limit(img_dir):
 
 def test_record_parse_is_linear_in_images():
     def cost(n):
-        line = json.dumps({"messages": [{"role": "user", "content": "<image>" * n + "q"}],
-                           "images": ["a.jpg"] * n})
+        line = json.dumps(
+            {
+                "messages": [{"role": "user", "content": "<image>" * n + "q"}],
+                "images": ["a.jpg"] * n,
+            }
+        )
         best = []
         for _ in range(5):
             t0 = time.perf_counter()
             _core.parse_record(line, max_images_per_sample=n)
             best.append(time.perf_counter() - t0)
         return min(best)
+
     small, large = cost(10_000), cost(40_000)
     # 4x the images: linear ~4x, the old quadratic parse ~15x (0.41 s -> 6.2 s); the
     # margin absorbs a shared machine's noise
@@ -144,8 +168,13 @@ def test_record_parse_is_linear_in_images():
 
 
 def test_nul_escape_does_not_truncate_text(img_dir):
-    r = {"messages": [{"role": "user", "content": "a\u0000b<image>c"},
-                      {"role": "assistant", "content": "d"}], "images": ["a.jpg"]}
+    r = {
+        "messages": [
+            {"role": "user", "content": "a\u0000b<image>c"},
+            {"role": "assistant", "content": "d"},
+        ],
+        "images": ["a.jpg"],
+    }
     line = json.dumps(r)
     assert "\\u0000" in line
     with pytest.raises(mmloader.SampleError, match=r"U\+0000"):
@@ -174,10 +203,10 @@ def huge_header_jpeg(w=20799, h=50952) -> bytes:
     i = 2
     while True:  # patch the SOF0 frame size
         assert data[i] == 0xFF
-        m, n = data[i + 1], int.from_bytes(data[i + 2:i + 4], "big")
+        m, n = data[i + 1], int.from_bytes(data[i + 2 : i + 4], "big")
         if m in (0xC0, 0xC2):
-            data[i + 5:i + 7] = h.to_bytes(2, "big")
-            data[i + 7:i + 9] = w.to_bytes(2, "big")
+            data[i + 5 : i + 7] = h.to_bytes(2, "big")
+            data[i + 7 : i + 9] = w.to_bytes(2, "big")
             return bytes(data)
         i += 2 + n
 
@@ -197,8 +226,7 @@ def test_image_decode_helper_has_the_pixel_limit():
 
 def test_limit_options_checked_at_construction(img_dir):
     data = write(img_dir, [rec(1)])
-    for k in ("max_images_per_sample", "max_sample_pixels", "max_record_bytes",
-              "max_json_depth"):
+    for k in ("max_images_per_sample", "max_sample_pixels", "max_record_bytes", "max_json_depth"):
         with pytest.raises(mmloader.ConfigError, match=k):
             make(data, **{k: 0})
         with pytest.raises(mmloader.ConfigError, match=k):
@@ -206,6 +234,7 @@ def test_limit_options_checked_at_construction(img_dir):
 
 
 # ---- state validation ------------------------------------------------------------------
+
 
 @pytest.fixture
 def state_loader(img_dir):
@@ -215,11 +244,24 @@ def state_loader(img_dir):
     L.close()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("pos", 2 ** 63 - 1), ("pos", 1000), ("pos", -1), ("pos", 2 ** 64), ("pos", "3"),
-    ("pos", 3.0), ("pos", True), ("epoch", -1), ("epoch", 2 ** 63), ("epoch", None),
-    ("batch_in_epoch", 17), ("batch_in_epoch", -1), ("batch_in_epoch", "0"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("pos", 2**63 - 1),
+        ("pos", 1000),
+        ("pos", -1),
+        ("pos", 2**64),
+        ("pos", "3"),
+        ("pos", 3.0),
+        ("pos", True),
+        ("epoch", -1),
+        ("epoch", 2**63),
+        ("epoch", None),
+        ("batch_in_epoch", 17),
+        ("batch_in_epoch", -1),
+        ("batch_in_epoch", "0"),
+    ],
+)
 def test_state_fields_are_validated(state_loader, field, value):
     s = state_loader.state_dict()
     s[field] = value
@@ -276,9 +318,13 @@ FIFO_SCRIPT = textwrap.dedent("""
 
 
 def test_fifo_and_device_images_are_refused_not_opened(img_dir):
-    r = subprocess.run([sys.executable, "-c", FIFO_SCRIPT, str(img_dir), TINY],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    r = subprocess.run(
+        [sys.executable, "-c", FIFO_SCRIPT, str(img_dir), TINY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["n"] == 5 and out["reasons"] == {"io_error": 2}
@@ -287,11 +333,17 @@ def test_fifo_and_device_images_are_refused_not_opened(img_dir):
 
 # ---- errors: always valid UTF-8, always mmloader.Error ---------------------------------
 
+
 def test_invalid_utf8_in_a_record_raises_sample_error(img_dir):
-    raw = (b'{"messages": [{"role": "user", "content": [{"type": "\xff\xfe\xc3"}]},'
-           b' {"role": "assistant", "content": "y"}]}\n')
-    cut = ('{"messages": [{"role": "user", "content": [{"type": "a' + "\u00e9" * 80 +
-           '"}]}, {"role": "assistant", "content": "y"}]}\n').encode()
+    raw = (
+        b'{"messages": [{"role": "user", "content": [{"type": "\xff\xfe\xc3"}]},'
+        b' {"role": "assistant", "content": "y"}]}\n'
+    )
+    cut = (
+        '{"messages": [{"role": "user", "content": [{"type": "a'
+        + "\u00e9" * 80
+        + '"}]}, {"role": "assistant", "content": "y"}]}\n'
+    ).encode()
     good = json.dumps(rec(1)).encode() + b"\n"
     for line in (raw, cut):
         data = write(img_dir, None, raw=line + good)
@@ -307,8 +359,13 @@ def test_invalid_utf8_in_a_record_raises_sample_error(img_dir):
 
 def test_long_values_are_shortened_in_the_middle(img_dir):
     ref = "d" * 3000 + "/tail-name.jpg"
-    r = {"messages": [{"role": "user", "content": "<image>x"},
-                      {"role": "assistant", "content": "y"}], "images": [ref]}
+    r = {
+        "messages": [
+            {"role": "user", "content": "<image>x"},
+            {"role": "assistant", "content": "y"},
+        ],
+        "images": [ref],
+    }
     data = write(img_dir, [r])
     with make(data, on_error="raise") as L:
         with pytest.raises(mmloader.SampleError) as ei:
@@ -318,8 +375,14 @@ def test_long_values_are_shortened_in_the_middle(img_dir):
 
 
 def test_every_status_maps_to_an_mmloader_error():
-    for exc in (mmloader.SampleError, mmloader.FetchError, mmloader.StateError,
-                mmloader.ConfigError, mmloader.CudaError, mmloader.OutOfMemoryError):
+    for exc in (
+        mmloader.SampleError,
+        mmloader.FetchError,
+        mmloader.StateError,
+        mmloader.ConfigError,
+        mmloader.CudaError,
+        mmloader.OutOfMemoryError,
+    ):
         assert issubclass(exc, mmloader.Error)
     assert issubclass(mmloader.OutOfMemoryError, MemoryError)
 
@@ -331,11 +394,18 @@ SECRET = "c2VjcmV0LXNpZ25hdHVyZQ"
 
 def test_presigned_url_never_appears_in_messages(img_dir, fault_server):
     srv = fault_server(objects={})
-    url = srv.url("/missing.jpg") + (f"?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
-                                     f"AKIAEXAMPLE%2F20260101&X-Amz-Signature={SECRET}"
-                                     f"&X-Amz-Security-Token=TOKEN{SECRET}")
-    r = {"messages": [{"role": "user", "content": "<image>x"},
-                      {"role": "assistant", "content": "y"}], "images": [url]}
+    url = srv.url("/missing.jpg") + (
+        f"?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
+        f"AKIAEXAMPLE%2F20260101&X-Amz-Signature={SECRET}"
+        f"&X-Amz-Security-Token=TOKEN{SECRET}"
+    )
+    r = {
+        "messages": [
+            {"role": "user", "content": "<image>x"},
+            {"role": "assistant", "content": "y"},
+        ],
+        "images": [url],
+    }
     data = write(img_dir, [r, rec(1)])
     with make(data) as L:
         _, reasons, msgs = run(L)
@@ -349,13 +419,16 @@ def test_presigned_url_never_appears_in_messages(img_dir, fault_server):
 
 
 def test_redact_text():
-    t = _core.redact(f"image https://u:pw@h.example/a.jpg?sig={SECRET}&x=1: 404; "
-                     f"s3://b/k?X-Amz-Signature={SECRET} and http://h/?token={SECRET}")
+    t = _core.redact(
+        f"image https://u:pw@h.example/a.jpg?sig={SECRET}&x=1: 404; "
+        f"s3://b/k?X-Amz-Signature={SECRET} and http://h/?token={SECRET}"
+    )
     assert SECRET not in t and "pw" not in t
     assert "h.example/a.jpg" in t and "x=1" in t and "s3://b/k" in t
 
 
 # ---- path policy -----------------------------------------------------------------------
+
 
 def test_paths_outside_root_refused_when_confined(tmp_path):
     root = tmp_path / "root"
@@ -365,10 +438,27 @@ def test_paths_outside_root_refused_when_confined(tmp_path):
     os.symlink(tmp_path / "outside.jpg", root / "link.jpg")
     (root / "sub").mkdir()
     os.symlink(root / "a.jpg", root / "sub" / "inside-link.jpg")
-    refs = ["../outside.jpg", str(tmp_path / "outside.jpg"), "link.jpg", "sub/../../outside.jpg",
-            "a.jpg", "sub/inside-link.jpg", "sub/../a.jpg", "a.jpg", "./a.jpg"]
-    recs = [{"messages": [{"role": "user", "content": "<image>x"},
-                          {"role": "assistant", "content": "y"}], "images": [r]} for r in refs]
+    refs = [
+        "../outside.jpg",
+        str(tmp_path / "outside.jpg"),
+        "link.jpg",
+        "sub/../../outside.jpg",
+        "a.jpg",
+        "sub/inside-link.jpg",
+        "sub/../a.jpg",
+        "a.jpg",
+        "./a.jpg",
+    ]
+    recs = [
+        {
+            "messages": [
+                {"role": "user", "content": "<image>x"},
+                {"role": "assistant", "content": "y"},
+            ],
+            "images": [r],
+        }
+        for r in refs
+    ]
     data = write(root, recs)
     with make(data) as L:  # default: as before, every path is read
         batches, reasons, _ = run(L)
@@ -381,8 +471,13 @@ def test_paths_outside_root_refused_when_confined(tmp_path):
 
 def test_remote_images_in_local_data_refused_when_disallowed(img_dir, fault_server):
     srv = fault_server(objects={"/a.jpg": jpeg()})
-    r = {"messages": [{"role": "user", "content": "<image>x"},
-                      {"role": "assistant", "content": "y"}], "images": [srv.url("/a.jpg")]}
+    r = {
+        "messages": [
+            {"role": "user", "content": "<image>x"},
+            {"role": "assistant", "content": "y"},
+        ],
+        "images": [srv.url("/a.jpg")],
+    }
     data = write(img_dir, [r, rec(1)])
     with make(data) as L:
         batches, reasons, _ = run(L)

@@ -2,6 +2,7 @@
 Content-Length), every request has a deadline and a minimum rate, retries are bounded in
 count and in time, identical requests in flight are fetched once, next() names what it
 waits on, and close() is prompt whatever the server does.  Each test failed before."""
+
 import json
 import os
 import threading
@@ -13,13 +14,18 @@ import mmloader
 from mmloader import _core
 
 from test_hardening import jpeg, make, run  # the same loader settings as the record-side suite
+
 FAST = dict(fetch_stall_s=1.0, fetch_retry_budget_s=4.0)
 
 
-
 def rec(url: str) -> dict:
-    return {"messages": [{"role": "user", "content": "<image>What?"},
-                         {"role": "assistant", "content": "A picture."}], "images": [url]}
+    return {
+        "messages": [
+            {"role": "user", "content": "<image>What?"},
+            {"role": "assistant", "content": "A picture."},
+        ],
+        "images": [url],
+    }
 
 
 def write(tmp_path, records) -> str:
@@ -27,8 +33,6 @@ def write(tmp_path, records) -> str:
     p = tmp_path / "data.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in records))
     return str(p)
-
-
 
 
 def rss_mb() -> float:
@@ -40,6 +44,7 @@ def rss_mb() -> float:
 
 
 # ---- the size of a remote object -------------------------------------------------------
+
 
 def test_endless_body_without_content_length_is_cut(fault_server):
     srv = fault_server(objects={"/e.jpg": jpeg()}, script={"/e.jpg": ["endless"] * 100})
@@ -64,8 +69,9 @@ def test_declared_size_over_the_limit_fails_at_once(fault_server):
 
 
 def test_loader_skips_an_oversized_remote_image(tmp_path, fault_server):
-    srv = fault_server(objects={"/a.jpg": jpeg(), "/e.jpg": jpeg()},
-                       script={"/e.jpg": ["endless"] * 100})
+    srv = fault_server(
+        objects={"/a.jpg": jpeg(), "/e.jpg": jpeg()}, script={"/e.jpg": ["endless"] * 100}
+    )
     data = write(tmp_path, [rec(srv.url("/e.jpg")), rec(srv.url("/a.jpg"))])
     with make(data, max_object_bytes=1 << 20, **FAST) as L:
         batches, reasons, msgs = run(L)
@@ -74,6 +80,7 @@ def test_loader_skips_an_oversized_remote_image(tmp_path, fault_server):
 
 
 # ---- deadlines ---------------------------------------------------------------------------
+
 
 def test_drip_fed_body_fails_on_the_minimum_rate(fault_server):
     srv = fault_server(objects={"/d.jpg": jpeg()}, script={"/d.jpg": ["drip"] * 100}, drip_s=0.2)
@@ -85,8 +92,7 @@ def test_drip_fed_body_fails_on_the_minimum_rate(fault_server):
 
 
 def test_retries_are_bounded_in_time(fault_server):
-    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100},
-                       stall_s=30)
+    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100}, stall_s=30)
     f = _core.Fetcher(stall_s=1, max_retries=50, retry_budget_s=3)
     t0 = time.monotonic()
     with pytest.raises(mmloader.FetchError, match="retry_budget_s=3"):
@@ -105,8 +111,7 @@ def test_identical_requests_in_flight_are_fetched_once(tmp_path, fault_server):
 
 
 def test_next_names_what_it_waits_on(tmp_path, fault_server):
-    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100},
-                       stall_s=30)
+    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100}, stall_s=30)
     url = srv.url("/s.jpg") + "?X-Amz-Signature=SECRETSIG"
     data = write(tmp_path, [rec(url), rec(url)])
     with make(data, fetch_stall_s=20, fetch_retry_budget_s=60, next_timeout_s=1.5) as L:
@@ -119,8 +124,7 @@ def test_next_names_what_it_waits_on(tmp_path, fault_server):
 
 
 def test_close_is_prompt_while_fetches_hang(tmp_path, fault_server):
-    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100},
-                       stall_s=60)
+    srv = fault_server(objects={"/s.jpg": jpeg()}, script={"/s.jpg": ["silent"] * 100}, stall_s=60)
     data = write(tmp_path, [rec(srv.url("/s.jpg")) for _ in range(8)])
     L = make(data, fetch_stall_s=50, fetch_retry_budget_s=120)
     errors = []
@@ -143,7 +147,12 @@ def test_close_is_prompt_while_fetches_hang(tmp_path, fault_server):
 
 def test_fetch_options_checked_at_construction(tmp_path):
     data = write(tmp_path, [rec("a.jpg")])
-    for k, v in (("fetch_stall_s", 0), ("fetch_retry_budget_s", -1), ("fetch_min_rate", -5),
-                 ("next_timeout_s", 0), ("fetch_timeout_s", "x")):
+    for k, v in (
+        ("fetch_stall_s", 0),
+        ("fetch_retry_budget_s", -1),
+        ("fetch_min_rate", -5),
+        ("next_timeout_s", 0),
+        ("fetch_timeout_s", "x"),
+    ):
         with pytest.raises(mmloader.ConfigError, match=k):
             make(data, **{k: v})

@@ -3,6 +3,7 @@
 Pillow's bit-field layouts (alpha composited), RLE8/RLE4, top-down rows — on real photos,
 bit-exact against Pillow -> convert_to_rgb -> Qwen2VLImageProcessorPil; and what Pillow
 refuses, refused."""
+
 from __future__ import annotations
 
 import struct
@@ -10,8 +11,14 @@ import struct
 import numpy as np
 import pytest
 
-from photos import (alpha_for, assert_decodes_like_pillow, assert_processes_like_transformers,
-                    encode, photos, rgb)
+from photos import (
+    alpha_for,
+    assert_decodes_like_pillow,
+    assert_processes_like_transformers,
+    encode,
+    photos,
+    rgb,
+)
 
 import mmloader
 
@@ -33,9 +40,20 @@ def _pack(idx: np.ndarray, bits: int) -> list:
     return rows
 
 
-def bmp(rows: list, w: int, h: int, bits: int, *, palette: bytes = b"", header: int = 40,
-        compression: int = 0, masks=None, top_down: bool = False, colors: int = 0,
-        raw: bytes | None = None) -> bytes:
+def bmp(
+    rows: list,
+    w: int,
+    h: int,
+    bits: int,
+    *,
+    palette: bytes = b"",
+    header: int = 40,
+    compression: int = 0,
+    masks=None,
+    top_down: bool = False,
+    colors: int = 0,
+    raw: bytes | None = None,
+) -> bytes:
     """A BMP file; `rows` top row first (written bottom-up unless top_down), unpadded."""
     if raw is None:
         stride = ((w * bits + 31) // 32) * 4
@@ -44,8 +62,20 @@ def bmp(rows: list, w: int, h: int, bits: int, *, palette: bytes = b"", header: 
     if header == 12:
         info = struct.pack("<IHHHH", 12, w, h, 1, bits)
     else:
-        info = struct.pack("<IiiHHIIiiII", header, w, -h if top_down else h, 1, bits,
-                           compression, len(raw), 2835, 2835, colors, 0)
+        info = struct.pack(
+            "<IiiHHIIiiII",
+            header,
+            w,
+            -h if top_down else h,
+            1,
+            bits,
+            compression,
+            len(raw),
+            2835,
+            2835,
+            colors,
+            0,
+        )
         extra = b""
         if masks is not None and header == 40:
             extra = struct.pack("<III", *masks[:3])
@@ -78,7 +108,7 @@ def rle8(idx: np.ndarray, delta_at: int | None = None) -> bytes:
                 x += n
             else:
                 k = min(len(r) - x, 40)
-                out += bytes((0, k)) + r[x:x + k].astype(np.uint8).tobytes() + bytes(k % 2)
+                out += bytes((0, k)) + r[x : x + k].astype(np.uint8).tobytes() + bytes(k % 2)
                 x += k
         out += b"\0\0"
     return bytes(out + b"\0\1")
@@ -90,15 +120,18 @@ def rle4(idx: np.ndarray) -> bytes:
         x = 0
         while x < len(r):
             k = min(len(r) - x, 30)
-            seg = r[x:x + k]
+            seg = r[x : x + k]
             if k >= 4 and np.all(seg[::2] == seg[0]) and np.all(seg[1::2] == seg[1]):
                 out += bytes((k, int(seg[0]) << 4 | int(seg[1])))
             else:
                 nb = (k + 1) // 2
                 v = np.concatenate([seg, [0]])[: 2 * nb].reshape(-1, 2)
                 data = bytes(int(a) << 4 | int(b) for a, b in v)
-                out += (bytes((0, k)) + data + bytes(nb % 2)) if k >= 3 else bytes(
-                    (k, int(seg[0]) << 4 | int(seg[-1])))
+                out += (
+                    (bytes((0, k)) + data + bytes(nb % 2))
+                    if k >= 3
+                    else bytes((k, int(seg[0]) << 4 | int(seg[-1])))
+                )
             x += k
         out += b"\0\0"
     return bytes(out + b"\0\1")
@@ -123,21 +156,45 @@ def bmp_cases(ims: dict) -> dict:
         out[f"{name}/24 OS2"] = bmp([r[:, ::-1].tobytes() for r in a], w, h, 24, header=12)
         out[f"{name}/4 palette"] = bmp(_pack(idx16, 4), w, h, 4, palette=pal(p16))
         out[f"{name}/8 palette v5"] = bmp(_pack(idx, 8), w, h, 8, palette=pal(colors), header=124)
-        v555 = ((a[..., 0] >> 3).astype(np.uint16) << 10 | (a[..., 1] >> 3).astype(np.uint16) << 5
-                | (a[..., 2] >> 3))
+        v555 = (
+            (a[..., 0] >> 3).astype(np.uint16) << 10
+            | (a[..., 1] >> 3).astype(np.uint16) << 5
+            | (a[..., 2] >> 3)
+        )
         out[f"{name}/16 555"] = bmp([r.astype("<u2").tobytes() for r in v555], w, h, 16)
-        v565 = ((a[..., 0] >> 3).astype(np.uint16) << 11 | (a[..., 1] >> 2).astype(np.uint16) << 5
-                | (a[..., 2] >> 3))
-        out[f"{name}/16 565"] = bmp([r.astype("<u2").tobytes() for r in v565], w, h, 16,
-                                    compression=3, masks=(0xF800, 0x7E0, 0x1F))
+        v565 = (
+            (a[..., 0] >> 3).astype(np.uint16) << 11
+            | (a[..., 1] >> 2).astype(np.uint16) << 5
+            | (a[..., 2] >> 3)
+        )
+        out[f"{name}/16 565"] = bmp(
+            [r.astype("<u2").tobytes() for r in v565],
+            w,
+            h,
+            16,
+            compression=3,
+            masks=(0xF800, 0x7E0, 0x1F),
+        )
         al = alpha_for(im, i)
         bgra = np.dstack([a[..., 2], a[..., 1], a[..., 0], al])
-        out[f"{name}/32 BGRA v4"] = bmp([r.tobytes() for r in bgra], w, h, 32, header=108,
-                                        compression=3, masks=(0xFF0000, 0xFF00, 0xFF, 0xFF000000))
+        out[f"{name}/32 BGRA v4"] = bmp(
+            [r.tobytes() for r in bgra],
+            w,
+            h,
+            32,
+            header=108,
+            compression=3,
+            masks=(0xFF0000, 0xFF00, 0xFF, 0xFF000000),
+        )
         out[f"{name}/32 BI_RGB alpha ignored"] = bmp([r.tobytes() for r in bgra], w, h, 32)
         out[f"{name}/32 XBGR bitfields"] = bmp(
             [np.dstack([al, a[..., 2], a[..., 1], a[..., 0]])[y].tobytes() for y in range(h)],
-            w, h, 32, compression=3, masks=(0xFF000000, 0xFF0000, 0xFF00, 0))
+            w,
+            h,
+            32,
+            compression=3,
+            masks=(0xFF000000, 0xFF0000, 0xFF00, 0),
+        )
         out[f"{name}/rle8"] = bmp([], w, h, 8, palette=pal(colors), compression=1, raw=rle8(idx))
         out[f"{name}/rle4"] = bmp([], w, h, 4, palette=pal(p16), compression=2, raw=rle4(idx16))
     return out
@@ -149,13 +206,28 @@ def test_bmp_decodes_like_pillow_on_real_photos():
 
 def test_bmp_16_bit_every_value():
     v = np.arange(65536, dtype=np.uint16).reshape(256, 256)
-    assert_decodes_like_pillow({
-        "555": bmp([r.astype("<u2").tobytes() for r in v], 256, 256, 16),
-        "565": bmp([r.astype("<u2").tobytes() for r in v], 256, 256, 16, compression=3,
-                   masks=(0xF800, 0x7E0, 0x1F)),
-        "555 bitfields": bmp([r.astype("<u2").tobytes() for r in v], 256, 256, 16, compression=3,
-                             masks=(0x7C00, 0x3E0, 0x1F), header=56),
-    })
+    assert_decodes_like_pillow(
+        {
+            "555": bmp([r.astype("<u2").tobytes() for r in v], 256, 256, 16),
+            "565": bmp(
+                [r.astype("<u2").tobytes() for r in v],
+                256,
+                256,
+                16,
+                compression=3,
+                masks=(0xF800, 0x7E0, 0x1F),
+            ),
+            "555 bitfields": bmp(
+                [r.astype("<u2").tobytes() for r in v],
+                256,
+                256,
+                16,
+                compression=3,
+                masks=(0x7C00, 0x3E0, 0x1F),
+                header=56,
+            ),
+        }
+    )
 
 
 def test_bmp_palette_and_rle_edges():
@@ -163,17 +235,32 @@ def test_bmp_palette_and_rle_edges():
     idx = rng.integers(0, 4, (37, 53)).astype(np.uint8)
     four = [(250, 10, 10), (10, 250, 10), (10, 10, 250), (128, 128, 0)]
     gray = np.asarray(photos(128)["camera"])
-    assert_decodes_like_pillow({
-        "short palette, indices past it": bmp(_pack(idx * 3, 8), 53, 37, 8, palette=pal(four),
-                                              colors=4),
-        "gray ramp palette": bmp(_pack(gray, 8), gray.shape[1], gray.shape[0], 8,
-                                 palette=pal([(i, i, i) for i in range(256)])),
-        "rle8 with delta": bmp([], 53, 37, 8, palette=pal(four), compression=1,
-                               raw=rle8(idx, delta_at=5)),
-        "32 all-zero masks (BGRA)": bmp(
-            [rng.integers(0, 256, 53 * 4, dtype=np.uint8).tobytes() for _ in range(37)], 53, 37,
-            32, compression=3, masks=(0, 0, 0, 0), header=124),
-    })
+    assert_decodes_like_pillow(
+        {
+            "short palette, indices past it": bmp(
+                _pack(idx * 3, 8), 53, 37, 8, palette=pal(four), colors=4
+            ),
+            "gray ramp palette": bmp(
+                _pack(gray, 8),
+                gray.shape[1],
+                gray.shape[0],
+                8,
+                palette=pal([(i, i, i) for i in range(256)]),
+            ),
+            "rle8 with delta": bmp(
+                [], 53, 37, 8, palette=pal(four), compression=1, raw=rle8(idx, delta_at=5)
+            ),
+            "32 all-zero masks (BGRA)": bmp(
+                [rng.integers(0, 256, 53 * 4, dtype=np.uint8).tobytes() for _ in range(37)],
+                53,
+                37,
+                32,
+                compression=3,
+                masks=(0, 0, 0, 0),
+                header=124,
+            ),
+        }
+    )
 
 
 def test_bmp_processor_matches_transformers():
@@ -187,16 +274,22 @@ def test_bmp_refusals_name_the_reason():
     h, w = a.shape[:2]
     good = bmp([r[:, ::-1].tobytes() for r in a], w, h, 24)
     for data, why in [
-        (good[:14 + 20], "truncated header"),
-        (good[:len(good) - 5], "truncated pixel data"),
+        (good[: 14 + 20], "truncated header"),
+        (good[: len(good) - 5], "truncated pixel data"),
         (bmp([r[:, ::-1].tobytes() for r in a], w, h, 24, compression=4), "compression"),
-        (bmp([r.tobytes() for r in a], w, h, 24, compression=3, masks=(0xFF, 0xFF00, 0xFF0000)),
-         "bit fields"),
+        (
+            bmp([r.tobytes() for r in a], w, h, 24, compression=3, masks=(0xFF, 0xFF00, 0xFF0000)),
+            "bit fields",
+        ),
         (good[:14] + struct.pack("<I", 20) + good[18:], "header type"),
-        (bmp(_pack(np.zeros((4, 4), np.uint8), 2), 4, 4, 2, palette=pal([(0, 0, 0)] * 4)),
-         "pixel depth"),
-        (bmp([], w, h, 8, palette=pal([(1, 2, 3)] * 256), compression=1, raw=b"\0\1"),
-         "RLE data ends"),
+        (
+            bmp(_pack(np.zeros((4, 4), np.uint8), 2), 4, 4, 2, palette=pal([(0, 0, 0)] * 4)),
+            "pixel depth",
+        ),
+        (
+            bmp([], w, h, 8, palette=pal([(1, 2, 3)] * 256), compression=1, raw=b"\0\1"),
+            "RLE data ends",
+        ),
     ]:
         with pytest.raises(mmloader.SampleError, match=why):
             proc([data])

@@ -2,6 +2,7 @@
 palette transparency, interlacing, frames offset inside or reaching past the logical
 screen, real animations; on real photos, bit-exact against Pillow -> convert_to_rgb ->
 Qwen2VLImageProcessorPil."""
+
 from __future__ import annotations
 
 import struct
@@ -9,8 +10,14 @@ import struct
 import numpy as np
 import pytest
 
-from photos import (assert_decodes_like_pillow, assert_processes_like_transformers, data_file,
-                    encode, photos, rgb)
+from photos import (
+    assert_decodes_like_pillow,
+    assert_processes_like_transformers,
+    data_file,
+    encode,
+    photos,
+    rgb,
+)
 
 import mmloader
 
@@ -35,7 +42,7 @@ def regrid(g: bytes, screen, left: int, top: int) -> bytes:
     i = _first_descriptor(g)
     out = bytearray(g)
     out[6:10] = struct.pack("<HH", *screen)
-    out[i + 1:i + 5] = struct.pack("<HH", left, top)
+    out[i + 1 : i + 5] = struct.pack("<HH", left, top)
     return bytes(out)
 
 
@@ -43,15 +50,15 @@ def local_palette(g: bytes) -> bytes:
     """The same GIF with its global colour table moved onto the first frame."""
     assert g[10] & 0x80
     n = 3 << ((g[10] & 7) + 1)
-    table = g[13:13 + n]
+    table = g[13 : 13 + n]
     head = bytearray(g[:13])
     bits = head[10] & 7
     head[10] &= 0x7F
-    rest = g[13 + n:]
+    rest = g[13 + n :]
     i = _first_descriptor(bytes(head) + rest) - 13
-    desc = bytearray(rest[i:i + 10])
+    desc = bytearray(rest[i : i + 10])
     desc[9] = (desc[9] & 0x40) | 0x80 | bits
-    return bytes(head) + rest[:i] + bytes(desc) + table + rest[i + 10:]
+    return bytes(head) + rest[:i] + bytes(desc) + table + rest[i + 10 :]
 
 
 def gif_cases(ims: dict) -> dict:
@@ -78,14 +85,18 @@ def test_gif_frame_placement_and_palette_edges():
     a = (np.arange(64 * 48).reshape(48, 64) % 8).astype(np.uint8)
     short = Image.fromarray(a, "P")
     short.putpalette([10, 20, 30, 200, 100, 50, 5, 250, 5, 90, 90, 90])  # 4 entries, 8 indices
-    assert_decodes_like_pillow({
-        "offset inside screen": regrid(g, (w + 30, h + 20), 17, 9),
-        "offset, transparent": regrid(encode(im, "GIF", transparency=5), (w + 30, h + 20), 17, 9),
-        "reaching past screen": regrid(g, (w - 40, h - 10), 25, 3),
-        "zero screen": regrid(g, (0, 0), 0, 0),
-        "indices past the table": encode(short, "GIF"),
-        "local + interlaced": local_palette(encode(im, "GIF", interlace=True)),
-    })
+    assert_decodes_like_pillow(
+        {
+            "offset inside screen": regrid(g, (w + 30, h + 20), 17, 9),
+            "offset, transparent": regrid(
+                encode(im, "GIF", transparency=5), (w + 30, h + 20), 17, 9
+            ),
+            "reaching past screen": regrid(g, (w - 40, h - 10), 25, 3),
+            "zero screen": regrid(g, (0, 0), 0, 0),
+            "indices past the table": encode(short, "GIF"),
+            "local + interlaced": local_palette(encode(im, "GIF", interlace=True)),
+        }
+    )
 
 
 def test_gif_real_animation_first_frame():
@@ -110,4 +121,4 @@ def test_gif_broken_files_are_refused():
         with pytest.raises(mmloader.SampleError, match="GIF"):
             proc([data[:cut]])
     with pytest.raises(mmloader.SampleError, match="GIF.*no image"):
-        proc([data[:13 + 768] + b";"])
+        proc([data[: 13 + 768] + b";"])

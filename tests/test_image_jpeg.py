@@ -5,6 +5,7 @@ scanline (it finishes the decompression, reading up to EOI): such files decode i
 partly gray image with "Corrupt JPEG data" warnings first.  mmloader refuses them too
 (`corrupt_image`).  JPEGs that decode with warnings only are accepted by Pillow, and by
 mmloader bit-exactly; `strict_jpeg=True` refuses them as well."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -74,20 +75,37 @@ def test_warning_only_files_decode_like_pillow_and_strict_refuses_them():
 def test_loader_skips_as_corrupt_image(tmp_path):
     import json
     import os
+
     d = _cases()["astronaut"]
     (tmp_path / "good.jpg").write_bytes(d)
     (tmp_path / "broken.jpg").write_bytes(late_bad_marker(d))
     (tmp_path / "warned.jpg").write_bytes(stray_restart(d))
-    recs = [{"image": n, "conversations": [{"from": "human", "value": "<image>\nWhat?"},
-                                           {"from": "gpt", "value": "A photo."}]}
-            for n in ("good.jpg", "broken.jpg", "warned.jpg")]
+    recs = [
+        {
+            "image": n,
+            "conversations": [
+                {"from": "human", "value": "<image>\nWhat?"},
+                {"from": "gpt", "value": "A photo."},
+            ],
+        }
+        for n in ("good.jpg", "broken.jpg", "warned.jpg")
+    ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 
     def skipped(**kw):
-        with mmloader.Loader(str(tmp_path / "d.jsonl"), tokenizer=tiny, micro_batch_size=1,
-                             num_threads=1, shuffle=False, on_error="skip", max_error_rate=0.99,
-                             min_pixels=3136, max_pixels=50176, **kw) as L:
+        with mmloader.Loader(
+            str(tmp_path / "d.jsonl"),
+            tokenizer=tiny,
+            micro_batch_size=1,
+            num_threads=1,
+            shuffle=False,
+            on_error="skip",
+            max_error_rate=0.99,
+            min_pixels=3136,
+            max_pixels=50176,
+            **kw,
+        ) as L:
             for _ in L:
                 pass
             return L.stats()["skipped_by_reason"]

@@ -1,5 +1,6 @@
 """Bytes that are no supported image are refused by magic bytes (never by file name), with
 the format they look like and their first bytes in hex, counted as `unsupported_image`."""
+
 from __future__ import annotations
 
 import io
@@ -52,19 +53,35 @@ def test_unknown_and_empty():
 def test_loader_counts_unsupported_images(tmp_path):
     """In skip mode an unknown format is a skip under `unsupported_image`, whatever its name."""
     from PIL import Image
+
     good = io.BytesIO()
     Image.new("RGB", (64, 48), (200, 30, 40)).save(good, "JPEG")
     (tmp_path / "a.jpg").write_bytes(good.getvalue())
     (tmp_path / "b.jpg").write_bytes(b"\0\0\0\x1cftypavif\0\0\0\0avifmif1miaf")
-    recs = [{"image": n, "conversations": [{"from": "human", "value": "<image>\nWhat?"},
-                                           {"from": "gpt", "value": "A red box."}]}
-            for n in ("a.jpg", "b.jpg")] * 4
+    recs = [
+        {
+            "image": n,
+            "conversations": [
+                {"from": "human", "value": "<image>\nWhat?"},
+                {"from": "gpt", "value": "A red box."},
+            ],
+        }
+        for n in ("a.jpg", "b.jpg")
+    ] * 4
     shard = tmp_path / "d.jsonl"
     shard.write_text("".join(json.dumps(r) + "\n" for r in recs))
     tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-    with mmloader.Loader(str(shard), tokenizer=tiny, micro_batch_size=2, num_threads=2,
-                         shuffle=False, on_error="skip", max_error_rate=0.9,
-                         min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16) as loader:
+    with mmloader.Loader(
+        str(shard),
+        tokenizer=tiny,
+        micro_batch_size=2,
+        num_threads=2,
+        shuffle=False,
+        on_error="skip",
+        max_error_rate=0.9,
+        min_pixels=28 * 28 * 4,
+        max_pixels=28 * 28 * 16,
+    ) as loader:
         n = sum(1 for _ in loader)
         st = loader.stats()
     assert n >= 1

@@ -12,6 +12,7 @@ orientations:
 qwen-vl-utils imports torchvision at module level for its video readers only; PyPI's
 torchvision does not work beside the CPU torch these tests use, so when it is missing
 a bare stand-in module is registered before the import (fetch_image never touches it)."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,11 @@ def _qwen_vl_utils():
         tv.transforms = types.ModuleType("torchvision.transforms")
         tv.transforms.InterpolationMode = type("InterpolationMode", (), {"BICUBIC": 3})
         tv.__version__ = "0.0"
-        for name, mod in (("torchvision", tv), ("torchvision.io", tv.io),
-                          ("torchvision.transforms", tv.transforms)):
+        for name, mod in (
+            ("torchvision", tv),
+            ("torchvision.io", tv.io),
+            ("torchvision.transforms", tv.transforms),
+        ):
             sys.modules.setdefault(name, mod)
     return pytest.importorskip("qwen_vl_utils", reason="pip install qwen-vl-utils")
 
@@ -83,7 +87,9 @@ def route_cases(tmp_path) -> dict:
         out[f"{name}.rgba.png"] = encode(with_alpha(im, i), "PNG")
         out[f"{name}.la.png"] = encode(la, "PNG")
         out[f"{name}.ptrns.png"] = encode(q, "PNG", transparency=3)
-        out[f"{name}.rgbtrns.png"] = encode(c, "PNG", transparency=tuple(np.asarray(c)[0, 0].tolist()))
+        out[f"{name}.rgbtrns.png"] = encode(
+            c, "PNG", transparency=tuple(np.asarray(c)[0, 0].tolist())
+        )
         out[f"{name}.alpha.webp"] = encode(with_alpha(im, i), "WEBP", lossless=True)
         out[f"{name}.trans.gif"] = encode(q, "GIF", transparency=5)
         out[f"{name}.rgba.tif"] = encode(with_alpha(im, i), "TIFF", compression="tiff_lzw")
@@ -119,8 +125,10 @@ def test_route_matches_its_reference(route, tmp_path):
 
 def test_routes_differ_where_the_references_do(tmp_path):
     paths = route_cases(tmp_path)
-    out = {r: mmloader.ImageProcessor(image_route=r, **LIMITS)
-           for r in ("processor", "load_image", "qwen-vl-utils")}
+    out = {
+        r: mmloader.ImageProcessor(image_route=r, **LIMITS)
+        for r in ("processor", "load_image", "qwen-vl-utils")
+    }
     pv = {r: p([paths["astronaut.rgba.png"]])["pixel_values"] for r, p in out.items()}
     assert not np.array_equal(pv["processor"], pv["load_image"])  # RGBA: composite vs drop
     assert np.array_equal(pv["processor"], pv["qwen-vl-utils"])  # paste rounds as composite
@@ -149,15 +157,29 @@ def test_paste_and_composite_formulas_exhaustive(tmp_path):
 def test_loader_uses_the_route(tmp_path):
     paths = route_cases(tmp_path)
     names = ["o6.jpg", "astronaut.rgba.png", "o8.webp", "chelsea.trans.gif"]
-    recs = [{"image": os.path.basename(paths[n]), "conversations": [
-        {"from": "human", "value": "<image>\nDescribe."}, {"from": "gpt", "value": "Ok."}]}
-        for n in names]
+    recs = [
+        {
+            "image": os.path.basename(paths[n]),
+            "conversations": [
+                {"from": "human", "value": "<image>\nDescribe."},
+                {"from": "gpt", "value": "Ok."},
+            ],
+        }
+        for n in names
+    ]
     shard = tmp_path / "d.jsonl"
     shard.write_text("".join(json.dumps(r) + "\n" for r in recs))
     tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
     for route in ("load_image", "qwen-vl-utils"):
-        with mmloader.Loader(str(shard), tokenizer=tiny, micro_batch_size=4, num_threads=2,
-                             shuffle=False, image_route=route, **LIMITS) as L:
+        with mmloader.Loader(
+            str(shard),
+            tokenizer=tiny,
+            micro_batch_size=4,
+            num_threads=2,
+            shuffle=False,
+            image_route=route,
+            **LIMITS,
+        ) as L:
             b = next(iter(L))
         want = mmloader.ImageProcessor(image_route=route, **LIMITS)([paths[n] for n in names])
         np.testing.assert_array_equal(b["pixel_values"].numpy(), want["pixel_values"])

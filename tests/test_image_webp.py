@@ -1,12 +1,19 @@
 """WebP (libwebp): lossy, lossless, with alpha, animated (first frame), on real photos,
 bit-exact against Pillow -> convert_to_rgb -> Qwen2VLImageProcessorPil; chosen by magic
 bytes whatever the file name; broken files refused with a reason."""
+
 from __future__ import annotations
 
 import pytest
 
-from photos import (assert_decodes_like_pillow, assert_processes_like_transformers, encode,
-                    photos, rgb, with_alpha)
+from photos import (
+    assert_decodes_like_pillow,
+    assert_processes_like_transformers,
+    encode,
+    photos,
+    rgb,
+    with_alpha,
+)
 
 import mmloader
 
@@ -31,11 +38,14 @@ def test_webp_decodes_like_pillow_on_real_photos():
 def test_webp_animated_gives_the_first_frame():
     ims = list(photos(256).values())
     a, b = rgb(ims[0]), rgb(ims[1]).resize(ims[0].size)
-    assert_decodes_like_pillow({
-        "anim lossy": encode(a, "WEBP", save_all=True, append_images=[b], quality=80),
-        "anim alpha": encode(with_alpha(a), "WEBP", save_all=True, append_images=[b],
-                             lossless=True),
-    })
+    assert_decodes_like_pillow(
+        {
+            "anim lossy": encode(a, "WEBP", save_all=True, append_images=[b], quality=80),
+            "anim alpha": encode(
+                with_alpha(a), "WEBP", save_all=True, append_images=[b], lossless=True
+            ),
+        }
+    )
 
 
 def test_webp_processor_matches_transformers():

@@ -1,6 +1,7 @@
 """mmloader.Loader end to end: ordering and determinism, epochs and sharding, exact resume,
 zero copy and buffer lifetime, per-sample errors, bad configuration, stats.
 (Shutdown, signals and fork are in test_loader_lifecycle.py.)"""
+
 import gc
 import json
 import os
@@ -20,8 +21,9 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ds"))
-    return make_dataset(root, n_samples=40, seed=1, n_shards=2, n_images=12, min_size=32,
-                        max_size=160)
+    return make_dataset(
+        root, n_samples=40, seed=1, n_shards=2, n_images=12, min_size=32, max_size=160
+    )
 
 
 def make(data, **kw):
@@ -68,8 +70,7 @@ def test_one_epoch_shapes_and_stop(ds):
 def test_same_batches_whatever_threads_and_prefetch(ds):
     ref = None
     for threads, prefetch, window in ((1, 1, None), (2, 4, None), (3, 2, 5), (8, 1, None)):
-        with make(ds["shards"], num_threads=threads, prefetch=prefetch, window=window,
-                  seed=7) as L:
+        with make(ds["shards"], num_threads=threads, prefetch=prefetch, window=window, seed=7) as L:
             got = run_epoch(L) + run_epoch(L)
             assert len(L) > 0 and len(got) == 2 * len(L), (len(got), len(L))  # two full epochs
         if ref is None:
@@ -151,8 +152,12 @@ def test_state_mismatch_raises(ds, tmp_path):
         next(L)
         state = L.state_dict()
     assert json.loads(json.dumps(state)) == state  # plain ints and strings
-    for kw, field in ((dict(seed=2), "seed"), (dict(micro_batch_size=2), "micro_batch_size"),
-                      (dict(dp_size=2), "dp_size"), (dict(data=ds["shards"][:1]), "data")):
+    for kw, field in (
+        (dict(seed=2), "seed"),
+        (dict(micro_batch_size=2), "micro_batch_size"),
+        (dict(dp_size=2), "dp_size"),
+        (dict(data=ds["shards"][:1]), "data"),
+    ):
         data = kw.pop("data", ds["shards"])
         with make(data, seed=kw.pop("seed", 1), **kw) as R:
             with pytest.raises(mmloader.StateError, match=field):
@@ -162,10 +167,10 @@ def test_state_mismatch_raises(ds, tmp_path):
     with make(ds["shards"], seed=1) as R:
         with pytest.raises(mmloader.StateError):
             R.load_state_dict({"version": 99})
-        bad = dict(state, pos=10 ** 9)
+        bad = dict(state, pos=10**9)
         R.load_state_dict(dict(state))  # fine
         with pytest.raises(mmloader.StateError):
-            R.load_state_dict(dict(bad, batch_in_epoch=10 ** 6))
+            R.load_state_dict(dict(bad, batch_in_epoch=10**6))
 
 
 def test_zero_copy_and_lifetime(ds):
@@ -225,15 +230,28 @@ def write_bad_dataset(root, good_image):
         f.write(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
 
     def rec(img, text="<image>\nWhat is this?"):
-        r = {"messages": [{"role": "user", "content": text},
-                          {"role": "assistant", "content": "A test image."}]}
+        r = {
+            "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "A test image."},
+            ]
+        }
         if img is not None:
             r["images"] = img if isinstance(img, list) else [img]
         return json.dumps(r)
 
-    lines = [rec("good.jpg"), "{not json", rec("missing.jpg"), rec("truncated.jpg"),
-             rec(["good.jpg", "good.jpg"]), rec("garbage.png"), rec("good.jpg"), "",
-             rec(None, "no image here"), rec("good.jpg")]
+    lines = [
+        rec("good.jpg"),
+        "{not json",
+        rec("missing.jpg"),
+        rec("truncated.jpg"),
+        rec(["good.jpg", "good.jpg"]),
+        rec("garbage.png"),
+        rec("good.jpg"),
+        "",
+        rec(None, "no image here"),
+        rec("good.jpg"),
+    ]
     path = os.path.join(root, "bad.jsonl")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -279,8 +297,16 @@ def test_max_error_rate(tmp_path):
         if i % 3 == 0:
             lines.append("{broken")
         else:
-            lines.append(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
-                                                  {"role": "assistant", "content": "a"}]}))
+            lines.append(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"q{i}"},
+                            {"role": "assistant", "content": "a"},
+                        ]
+                    }
+                )
+            )
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with warnings.catch_warnings():
@@ -293,13 +319,26 @@ def test_max_error_rate(tmp_path):
             assert len(run_epoch(L)) == len(L)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(micro_batch_size=0), dict(on_error="ignore"), dict(dp_rank=2, dp_size=2),
-    dict(preset="qwen9"), dict(packing=True), dict(max_error_rate=2.0), dict(keys="hf"),
-    dict(num_threads=0), dict(prefetch=0), dict(min_pixels=10 ** 9), dict(label_mode="x"),
-    dict(micro_batch_size=1000), dict(tokenizer="/nonexistent/tokenizer.json"),
-    dict(seq_length=0), dict(device="tpu"),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(micro_batch_size=0),
+        dict(on_error="ignore"),
+        dict(dp_rank=2, dp_size=2),
+        dict(preset="qwen9"),
+        dict(packing=True),
+        dict(max_error_rate=2.0),
+        dict(keys="hf"),
+        dict(num_threads=0),
+        dict(prefetch=0),
+        dict(min_pixels=10**9),
+        dict(label_mode="x"),
+        dict(micro_batch_size=1000),
+        dict(tokenizer="/nonexistent/tokenizer.json"),
+        dict(seq_length=0),
+        dict(device="tpu"),
+    ],
+)
 def test_bad_config(ds, kw):
     with pytest.raises(mmloader.ConfigError):
         make(ds["shards"], **kw)
@@ -317,8 +356,11 @@ def test_bad_data_paths(tmp_path):
 
 def test_data_forms(ds):
     root = ds["root"]
-    with make(os.path.join(root, "*.jsonl"), shuffle=False) as a, \
-            make(root, shuffle=False) as b, make(ds["shards"], shuffle=False) as c:
+    with (
+        make(os.path.join(root, "*.jsonl"), shuffle=False) as a,
+        make(root, shuffle=False) as b,
+        make(ds["shards"], shuffle=False) as c,
+    ):
         same(run_epoch(a), run_epoch(b))
         assert a.state_dict()["fingerprint"] == c.state_dict()["fingerprint"]
 
@@ -328,8 +370,18 @@ def test_stats(ds):
         run_epoch(L)
         st = L.stats()
     assert 0.0 <= st["wait_time_ratio"] <= 1.0
-    for k in ("read_s", "vision_s", "tokenize_s", "collate_s", "bytes_read", "images",
-              "queue_depth", "samples", "skipped_by_reason", "packing_efficiency"):
+    for k in (
+        "read_s",
+        "vision_s",
+        "tokenize_s",
+        "collate_s",
+        "bytes_read",
+        "images",
+        "queue_depth",
+        "samples",
+        "skipped_by_reason",
+        "packing_efficiency",
+    ):
         assert k in st
     assert st["batches"] == 10 and st["samples"] >= 40 and st["images"] > 0
     assert st["bytes_read"] > 0 and st["vision_s"] > 0
@@ -372,12 +424,40 @@ def test_demo_cli(tmp_path, capsys):
     from mmloader.__main__ import main
 
     out = str(tmp_path / "demo")
-    assert main(["demo", "--samples", "16", "--out", out, "--threads", "2",
-                 "--max-pixels", str(28 * 28 * 16)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--samples",
+                "16",
+                "--out",
+                out,
+                "--threads",
+                "2",
+                "--max-pixels",
+                str(28 * 28 * 16),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "wrote 16 samples" in text and "samples/s" in text and "wait-time ratio" in text
-    assert main(["demo", "--samples", "16", "--out", out, "--threads", "1",
-                 "--max-pixels", str(28 * 28 * 16)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--samples",
+                "16",
+                "--out",
+                out,
+                "--threads",
+                "1",
+                "--max-pixels",
+                str(28 * 28 * 16),
+            ]
+        )
+        == 0
+    )
     assert "using the dataset" in capsys.readouterr().out
 
 
@@ -422,9 +502,17 @@ def test_device_batches_match_host(ds):
 
 
 def test_text_only_vision(tmp_path):
-    lines = [json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
-                                      {"role": "assistant", "content": "answer"}]})
-             for i in range(4)]
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"question {i}"},
+                    {"role": "assistant", "content": "answer"},
+                ]
+            }
+        )
+        for i in range(4)
+    ]
     path = tmp_path / "text.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with make(str(path), text_only_vision="omit") as L:
@@ -439,6 +527,7 @@ def test_text_only_vision(tmp_path):
 
 def test_image_root(ds, tmp_path):
     import shutil
+
     moved = []
     for s in ds["shards"]:
         moved.append(str(tmp_path / os.path.basename(s)))
@@ -460,8 +549,9 @@ def test_max_length_skips_too_long(ds):
     limit = lengths[len(lengths) // 2]
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        with make(ds["shards"], shuffle=False, micro_batch_size=1, max_length=limit,
-                  max_error_rate=1.0) as L:
+        with make(
+            ds["shards"], shuffle=False, micro_batch_size=1, max_length=limit, max_error_rate=1.0
+        ) as L:
             got = run_epoch(L)
             st = L.stats()
     assert len(got) == 40  # the epoch is filled with the samples that fit

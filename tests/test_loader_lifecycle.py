@@ -1,5 +1,6 @@
 """Loader shutdown and process hygiene: close, del, breaking out of a loop, Ctrl-C during
 iteration, interpreter exit, forked children; no threads or file descriptors leak."""
+
 import gc
 import os
 import signal
@@ -81,8 +82,14 @@ def test_memory_flat_over_many_batches(ds):
 
 def run_py(code, **kw):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_interpreter_exit_without_close(ds):

@@ -1,5 +1,6 @@
 """Remote data: shards and images over HTTP (with injected latency and transient faults)
 and from S3 (moto, SigV4 enforced) give exactly the batches the local files give."""
+
 import os
 
 import numpy as np
@@ -15,8 +16,9 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("rds"))
-    return make_dataset(root, n_samples=24, seed=4, n_shards=2, n_images=8, min_size=32,
-                        max_size=128)
+    return make_dataset(
+        root, n_samples=24, seed=4, n_shards=2, n_images=8, min_size=32, max_size=128
+    )
 
 
 def batches(data, epochs=1, **kw):
@@ -50,18 +52,28 @@ def test_http_with_latency_and_faults(ds, fault_server):
 
 def test_http_missing_image_is_a_skipped_sample(ds, fault_server, tmp_path):
     import json
-    lines = [json.dumps({"messages": [{"role": "user", "content": "<image>hi"},
-                                      {"role": "assistant", "content": "ok"}],
-                         "images": [name]})
-             for name in ("images/img-00000.jpg", "images/nope.jpg", "images/img-00001.jpg")]
+
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>hi"},
+                    {"role": "assistant", "content": "ok"},
+                ],
+                "images": [name],
+            }
+        )
+        for name in ("images/img-00000.jpg", "images/nope.jpg", "images/img-00001.jpg")
+    ]
     objects = {"/d/x.jsonl": ("\n".join(lines) + "\n").encode()}
     for n in ("img-00000.jpg", "img-00001.jpg"):
         with open(os.path.join(ds["root"], "images", n), "rb") as f:
             objects["/d/images/" + n] = f.read()
     srv = fault_server(objects=objects)
     with pytest.warns(UserWarning, match=r"x\.jsonl:2.*nope\.jpg"):
-        got, st = batches(srv.url("/d/x.jsonl"), micro_batch_size=1, shuffle=False,
-                          max_error_rate=1.0)
+        got, st = batches(
+            srv.url("/d/x.jsonl"), micro_batch_size=1, shuffle=False, max_error_rate=1.0
+        )
     assert len(got) == 3
     assert sum(st["skipped_by_reason"].values()) >= 1
 
@@ -75,9 +87,12 @@ def test_s3_glob(ds, moto_s3):
     for p in ds["images"]:
         with open(p, "rb") as f:
             moto_s3.put("images/" + os.path.basename(p), f.read())
-    remote, st = batches(f"s3://{moto_s3.bucket}/rset-data-*.jsonl",
-                         s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-                         aws_access_key_id=moto_s3.access_key,
-                         aws_secret_access_key=moto_s3.secret_key)
+    remote, st = batches(
+        f"s3://{moto_s3.bucket}/rset-data-*.jsonl",
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
     assert_same(local, remote)
     assert st["fetch"]["requests"] >= 3

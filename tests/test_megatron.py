@@ -1,6 +1,7 @@
 """mmloader.megatron with megatron-core installed from PyPI: the dataset provider (ranks,
 sharding, resume from the state Megatron saves), RerunDataIterator, PackedSeqParams, and the
 tensor-parallel broadcast of a batch between two processes (gloo)."""
+
 import os
 import socket
 import warnings
@@ -15,14 +16,23 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
-from megatron.core.rerun_state_machine import (RerunDataIterator, RerunMode,  # noqa: E402
-                                               destroy_rerun_state_machine,
-                                               initialize_rerun_state_machine)
+from megatron.core.rerun_state_machine import (  # noqa: E402
+    RerunDataIterator,
+    RerunMode,
+    destroy_rerun_state_machine,
+    initialize_rerun_state_machine,
+)
 
 import mmloader  # noqa: E402
 from mmloader import _core  # noqa: E402
-from mmloader.megatron import (add_arguments, get_batch, loader_kwargs_from_args,  # noqa: E402
-                               make_provider, packed_seq_params, state_path)
+from mmloader.megatron import (  # noqa: E402
+    add_arguments,
+    get_batch,
+    loader_kwargs_from_args,
+    make_provider,
+    packed_seq_params,
+    state_path,
+)
 from conftest import same  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -32,14 +42,23 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("mds"))
-    return make_dataset(root, n_samples=48, seed=3, n_shards=2, n_images=10, min_size=32,
-                        max_size=128)
+    return make_dataset(
+        root, n_samples=48, seed=3, n_shards=2, n_images=10, min_size=32, max_size=128
+    )
 
 
 def kwargs(ds, **kw):
-    args = dict(data=ds["shards"], tokenizer=TINY, num_threads=2, prefetch=2,
-                micro_batch_size=2, seq_length=512, **SMALL)
+    args = dict(
+        data=ds["shards"],
+        tokenizer=TINY,
+        num_threads=2,
+        prefetch=2,
+        micro_batch_size=2,
+        seq_length=512,
+        **SMALL,
+    )
     args.update(kw)
     return args
 
@@ -50,6 +69,7 @@ def copy(batch):
 
 # ---- the provider ---------------------------------------------------------------------
 
+
 def test_provider_builds_megatron_style_loaders(ds):
     provider = make_provider(**kwargs(ds), valid={"shuffle": False}, resume=False)
     assert provider.is_distributed is True
@@ -58,8 +78,14 @@ def test_provider_builds_megatron_style_loaders(ds):
         assert valid is not None and test is None
         b = next(train)
         assert isinstance(b["tokens"], torch.Tensor)
-        assert {"tokens", "labels", "loss_mask", "position_ids", "pixel_values",
-                "image_grid_thw"} <= set(b)
+        assert {
+            "tokens",
+            "labels",
+            "loss_mask",
+            "position_ids",
+            "pixel_values",
+            "image_grid_thw",
+        } <= set(b)
         assert "attention_mask" not in b  # off by default for Megatron
         assert b["tokens"].shape == (2, 512) and b["tokens"].dtype == torch.int64
         assert b["loss_mask"].dtype == torch.float32
@@ -78,13 +104,25 @@ def test_provider_builds_megatron_style_loaders(ds):
 
 def _epoch_rows(ds, rank, size):
     """Each sample of one epoch of rank `rank` of `size`, as its token ids."""
-    provider = make_provider(**kwargs(ds, cycle=False, micro_batch_size=1, seed=5,
-                                      keys="qwen", shift_labels=False, attention_mask=True),
-                             dp_rank=rank, dp_size=size, resume=False)
+    provider = make_provider(
+        **kwargs(
+            ds,
+            cycle=False,
+            micro_batch_size=1,
+            seed=5,
+            keys="qwen",
+            shift_labels=False,
+            attention_mask=True,
+        ),
+        dp_rank=rank,
+        dp_size=size,
+        resume=False,
+    )
     train, _, _ = provider([0, 0, 0])
     with train:
-        return [tuple(b["input_ids"][0, :int(b["attention_mask"][0].sum())].tolist())
-                for b in train]
+        return [
+            tuple(b["input_ids"][0, : int(b["attention_mask"][0].sum())].tolist()) for b in train
+        ]
 
 
 @pytest.mark.parametrize("size", [2, 4])
@@ -99,8 +137,9 @@ def test_dp_sharding(ds, size):
 
 def _save_like_megatron(loader, save_dir, iteration, dp_rank):
     """What megatron.training.checkpointing.maybe_save_dataloader_state writes."""
-    path = os.path.join(save_dir, f"iter_{iteration:07d}", "mp_rank_00",
-                        f"train_dataloader_dprank{dp_rank:03d}.pt")
+    path = os.path.join(
+        save_dir, f"iter_{iteration:07d}", "mp_rank_00", f"train_dataloader_dprank{dp_rank:03d}.pt"
+    )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save({"dataloader_state_dict": loader.save_state()}, path)
     return path
@@ -108,8 +147,13 @@ def _save_like_megatron(loader, save_dir, iteration, dp_rank):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_resume_from_the_state_megatron_saved(ds, tmp_path, packing):
-    kw = kwargs(ds, packing=packing, pack_length=512 if packing else None,
-                seq_length=None if packing else 512, micro_batch_size=2)
+    kw = kwargs(
+        ds,
+        packing=packing,
+        pack_length=512 if packing else None,
+        seq_length=None if packing else 512,
+        micro_batch_size=2,
+    )
     provider = make_provider(**kw, dp_rank=1, dp_size=2, resume=False)
     train, _, _ = provider([0, 0, 0])
     with train:
@@ -120,8 +164,9 @@ def test_resume_from_the_state_megatron_saved(ds, tmp_path, packing):
     assert state_path(str(tmp_path), 7, 1) == path
     # torch.load(weights_only=True) accepts the file
     torch.load(path, weights_only=True)
-    resumed, _, _ = make_provider(**kw, dp_rank=1, dp_size=2, dataloader_save=str(tmp_path),
-                                  iteration=7)([0, 0, 0])
+    resumed, _, _ = make_provider(
+        **kw, dp_rank=1, dp_size=2, dataloader_save=str(tmp_path), iteration=7
+    )([0, 0, 0])
     with resumed:
         for e in expected:
             same(next(resumed), e)
@@ -136,8 +181,9 @@ def test_resume_without_state(ds, tmp_path):
         train, _, _ = make_provider(**kwargs(ds), iteration=3)([0, 0, 0])
         train.close()
     assert any("--dataloader-save" in str(x.message) for x in w)
-    train, _, _ = make_provider(**kwargs(ds), dataloader_save=str(tmp_path),
-                                iteration=0)([0, 0, 0])  # a fresh run
+    train, _, _ = make_provider(**kwargs(ds), dataloader_save=str(tmp_path), iteration=0)(
+        [0, 0, 0]
+    )  # a fresh run
     train.close()
 
 
@@ -168,10 +214,12 @@ def test_rerun_data_iterator_replays_valid_batches(ds):
 
 # ---- batches for the model --------------------------------------------------------------
 
+
 def _collated(samples, **cfg):
     cfg.setdefault("pixel_cols", 12)
-    return [{k: torch.from_dlpack(v) for k, v in b.items()}
-            for b, _ in _core._collate(samples, cfg)]
+    return [
+        {k: torch.from_dlpack(v) for k, v in b.items()} for b, _ in _core._collate(samples, cfg)
+    ]
 
 
 def _samples(n, seed=0):
@@ -192,8 +240,14 @@ def test_packed_seq_params_from_a_packed_batch():
     """Megatron's names (cu_seqlens real, cu_seqlens_padded padded, int32) map one to one
     onto PackedSeqParams; the padded boundaries cover the row."""
     for multiple in (1, 4):
-        for b in _collated(_samples(12), pack=1, pack_length=96, pad_to_multiple=multiple,
-                           keys="megatron", shift_labels=1):
+        for b in _collated(
+            _samples(12),
+            pack=1,
+            pack_length=96,
+            pad_to_multiple=multiple,
+            keys="megatron",
+            shift_labels=1,
+        ):
             assert "cu_seqlens_unpadded" not in b
             real, padded = b["cu_seqlens"], b["cu_seqlens_padded"]
             assert real.dtype == padded.dtype == b["max_seqlen"].dtype == torch.int32
@@ -206,7 +260,7 @@ def test_packed_seq_params_from_a_packed_batch():
             assert (seg[:-1] % multiple == 0).all() and (seg >= real[1:] - real[:-1]).all()
             assert p.max_seqlen_q == p.max_seqlen_kv == int(seg.max()) == int(b["max_seqlen"])
             # every sample's tokens lie at its padded start, its real length long
-            assert (b["loss_mask"][0, padded[-2] + real[-1] - real[-2]:] == 0).all()
+            assert (b["loss_mask"][0, padded[-2] + real[-1] - real[-2] :] == 0).all()
 
 
 def test_get_batch_single_rank():
@@ -229,6 +283,7 @@ def test_get_batch_single_rank():
 
 # ---- two processes: tensor-parallel broadcast ---------------------------------------------
 
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,14 +294,17 @@ def _tp_worker(rank, world, port, ds, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2,
-                                                 pipeline_model_parallel_size=world // 2,
-                                                 create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=world // 2,
+            create_gloo_process_groups=False,
+        )
         assert parallel_state.get_data_parallel_world_size() == 1
         # the provider builds a loader on tensor-parallel rank 0 of each pipeline stage
         # (first and last here) only
-        kw = kwargs(ds, packing=True, pack_length=512, seq_length=None, mrope=True,
-                    attention_mask=True)
+        kw = kwargs(
+            ds, packing=True, pack_length=512, seq_length=None, mrope=True, attention_mask=True
+        )
         train, _, _ = make_provider(**kw, resume=False)([0, 0, 0])
         assert (train is None) == (parallel_state.get_tensor_model_parallel_rank() == 1)
         # and get_batch broadcasts each batch from rank 0 to rank 1
@@ -266,8 +324,7 @@ def _tp_worker(rank, world, port, ds, out_dir):
 def test_tp_broadcast_between_processes(ds, tmp_path, world):
     """Tensor parallel 2 (x pipeline parallel 2 with 4 processes): every rank of a
     data-parallel rank ends up with the same batches, read once per pipeline stage."""
-    mp.spawn(_tp_worker, args=(world, _free_port(), ds, str(tmp_path)), nprocs=world,
-             join=True)
+    mp.spawn(_tp_worker, args=(world, _free_port(), ds, str(tmp_path)), nprocs=world, join=True)
     got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     a = got[0]
     assert all(len(b) == 4 for b in got)
@@ -282,6 +339,7 @@ def test_tp_broadcast_between_processes(ds, tmp_path, world):
 
 
 # ---- Energon's state API ----------------------------------------------------------------
+
 
 def test_energon_state_api_single_rank(ds):
     """save_state_rank / restore_state_rank (None = initial state) and the global pair,
@@ -298,9 +356,11 @@ def test_energon_state_api_single_rank(ds):
         first = copy(next(b))
     with mmloader.torch.Loader(**kw) as c:
         same(first, copy(next(c)))
-    for restore in (lambda L: L.restore_state_rank(rank_state),
-                    lambda L: L.restore_state_global(global_state),
-                    lambda L: L.restore_state_global(global_state, src_rank=0)):
+    for restore in (
+        lambda L: L.restore_state_rank(rank_state),
+        lambda L: L.restore_state_global(global_state),
+        lambda L: L.restore_state_global(global_state, src_rank=0),
+    ):
         with mmloader.torch.Loader(**kw) as d:
             restore(d)
             for e in expected:
@@ -326,8 +386,11 @@ def _energon_worker(rank, world, port, ds, out_dir):
         dist.barrier()
         # rank 0 alone loads the file and scatters it; then every rank loads the whole list
         for src in (0, None):
-            state = torch.load(os.path.join(out_dir, "state.pt"), weights_only=True) \
-                if src is None or rank == 0 else None
+            state = (
+                torch.load(os.path.join(out_dir, "state.pt"), weights_only=True)
+                if src is None or rank == 0
+                else None
+            )
             with mmloader.torch.Loader(**kw) as b:
                 b.restore_state_global(state, src_rank=src)
                 for e in expected:
@@ -350,8 +413,12 @@ def test_energon_state_api_across_data_parallel_ranks(ds, tmp_path):
 def _example():
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "examples", "megatron", "qwen25vl_provider.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "examples",
+        "megatron",
+        "qwen25vl_provider.py",
+    )
     spec = importlib.util.spec_from_file_location("qwen25vl_provider", path)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
@@ -366,9 +433,18 @@ def test_the_qwen25vl_example_provider(ds):
     ex = _example()
     assert ex.train_valid_test_datasets_provider.is_distributed is True
     parser = add_arguments(argparse.ArgumentParser())
-    args = parser.parse_args(["--mmloader-data", *ds["shards"], "--mmloader-packing",
-                              "--mmloader-mrope", "--mmloader-pad-to-multiple", "4",
-                              "--dataloader-save", "/ckpt/dl"])
+    args = parser.parse_args(
+        [
+            "--mmloader-data",
+            *ds["shards"],
+            "--mmloader-packing",
+            "--mmloader-mrope",
+            "--mmloader-pad-to-multiple",
+            "4",
+            "--dataloader-save",
+            "/ckpt/dl",
+        ]
+    )
     assert args.dataloader_save == "/ckpt/dl"
     args.seq_length = 512
     kw = loader_kwargs_from_args(args)
@@ -396,20 +472,33 @@ def test_pretrain_calls_the_old_signature():
 
     seen = {}
 
-    def old_pretrain(train_valid_test_dataset_provider, model_provider, model_type,
-                     forward_step_func, process_non_loss_data_func=None,
-                     extra_args_provider=None, args_defaults={}, **kw):
-        seen.update(provider=train_valid_test_dataset_provider, model=model_provider,
-                    type=model_type, step=forward_step_func, defaults=args_defaults, kw=kw)
+    def old_pretrain(
+        train_valid_test_dataset_provider,
+        model_provider,
+        model_type,
+        forward_step_func,
+        process_non_loss_data_func=None,
+        extra_args_provider=None,
+        args_defaults={},
+        **kw,
+    ):
+        seen.update(
+            provider=train_valid_test_dataset_provider,
+            model=model_provider,
+            type=model_type,
+            step=forward_step_func,
+            defaults=args_defaults,
+            kw=kw,
+        )
         seen["args"] = extra_args_provider(argparse.ArgumentParser()).parse_args(
-            ["--mmloader-data", "x.jsonl", "--mine", "1"])
+            ["--mmloader-data", "x.jsonl", "--mine", "1"]
+        )
 
     def user_args(parser):
         parser.add_argument("--mine")
         return parser
 
-    _call_pretrain(old_pretrain, "P", "M", "T", "F", user_args, {"seed": 3}, None,
-                   {"store": None})
+    _call_pretrain(old_pretrain, "P", "M", "T", "F", user_args, {"seed": 3}, None, {"store": None})
     assert (seen["provider"], seen["model"], seen["type"], seen["step"]) == ("P", "M", "T", "F")
     assert seen["defaults"] == {"dataloader_type": "external", "seed": 3}
     assert seen["kw"] == {"store": None}
@@ -424,19 +513,23 @@ def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         from megatron.core import tensor_parallel
+
         parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
         samples = _samples(10, seed=4)
         for s in samples:  # supervise everything but the first quarter
-            s["labels"] = [-100 if j < len(s["input_ids"]) // 4 else t
-                           for j, t in enumerate(s["input_ids"])]
+            s["labels"] = [
+                -100 if j < len(s["input_ids"]) // 4 else t for j, t in enumerate(s["input_ids"])
+            ]
         g = torch.Generator().manual_seed(1)
         k = 0
-        for b in _collated(samples, pack=1, pack_length=128, pad_to_multiple=4,
-                           keys="megatron", shift_labels=1):
+        for b in _collated(
+            samples, pack=1, pack_length=128, pad_to_multiple=4, keys="megatron", shift_labels=1
+        ):
             V = 151936
             logits = torch.randn(1, 128, V, generator=g)
             loss = tensor_parallel.vocab_parallel_cross_entropy(
-                logits.transpose(0, 1).clone(), b["labels"].t().contiguous()).t()  # works in place
+                logits.transpose(0, 1).clone(), b["labels"].t().contiguous()
+            ).t()  # works in place
             ours = (loss * b["loss_mask"]).sum()
             want = torch.zeros(())
             cu = b["cu_seqlens_padded"]
@@ -445,7 +538,8 @@ def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
                 n, lo = len(s["input_ids"]), int(cu[i])
                 tgt = torch.tensor(s["labels"][1:])
                 want = want + torch.nn.functional.cross_entropy(
-                    logits[0, lo:lo + n - 1], tgt, ignore_index=-100, reduction="sum")
+                    logits[0, lo : lo + n - 1], tgt, ignore_index=-100, reduction="sum"
+                )
                 k += 1
             torch.testing.assert_close(ours, want)
         assert k == len(samples)

@@ -25,6 +25,7 @@ Stand-ins, all for the lack of a GPU and Transformer Engine (which has no CPU bu
 - megatron.training.pretrain itself asserts CUDA: mmloader.megatron.pretrain runs up to it
   and calls a function with its signature.
 """
+
 import contextlib
 import inspect
 import os
@@ -36,8 +37,11 @@ from unittest import mock
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.training", reason="megatron-core >= 0.18 (megatron.training) "
-                    "not installed: run scripts/test-megatron-current.sh")
+pytest.importorskip(
+    "megatron.training",
+    reason="megatron-core >= 0.18 (megatron.training) "
+    "not installed: run scripts/test-megatron-current.sh",
+)
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -56,17 +60,33 @@ LOADER = dict(tokenizer=TINY, num_threads=1, prefetch=2, **SMALL)
 @pytest.fixture(scope="module")
 def text_ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
-    return make_dataset(str(tmp_path_factory.mktemp("text")), n_samples=8, seed=4,
-                        n_shards=1, n_images=8, text_only_fraction=1.0)
+
+    return make_dataset(
+        str(tmp_path_factory.mktemp("text")),
+        n_samples=8,
+        seed=4,
+        n_shards=1,
+        n_images=8,
+        text_only_fraction=1.0,
+    )
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("mds"))
     # text-only samples too: micro-batches of 2 with no image must carry the same keys
-    return make_dataset(root, n_samples=40, seed=3, n_shards=2, n_images=10, min_size=32,
-                        max_size=128, text_only_fraction=0.4)
+    return make_dataset(
+        root,
+        n_samples=40,
+        seed=3,
+        n_shards=2,
+        n_images=10,
+        min_size=32,
+        max_size=128,
+        text_only_fraction=0.4,
+    )
 
 
 def _free_port():
@@ -76,8 +96,13 @@ def _free_port():
 
 
 def _init(rank, world, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
@@ -94,8 +119,11 @@ def _cuda_flags_on_cpu():
 
 
 def _clone(b):
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in b.items()
-            if isinstance(v, torch.Tensor) or v is None}
+    return {
+        k: (v.clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in b.items()
+        if isinstance(v, torch.Tensor) or v is None
+    }
 
 
 def _same(a, b):
@@ -109,14 +137,45 @@ def _same(a, b):
 
 # ---- Megatron-LM (megatron.training of megatron-core 0.19) --------------------------------
 
+
 def _argv(ds, save, extra=()):
-    return ["train.py", "--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4",
-            "--seq-length", "512", "--max-position-embeddings", "512",
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "10",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--seed", "7",
-            "--eval-iters", "0", "--eval-interval", "1000",
-            "--transformer-impl", "local", "--no-gradient-accumulation-fusion",
-            "--dataloader-save", save, "--mmloader-data", *ds["shards"], *extra]
+    return [
+        "train.py",
+        "--num-layers",
+        "3",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "512",
+        "--max-position-embeddings",
+        "512",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "8",
+        "--train-iters",
+        "10",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "1000",
+        "--seed",
+        "7",
+        "--eval-iters",
+        "0",
+        "--eval-interval",
+        "1000",
+        "--transformer-impl",
+        "local",
+        "--no-gradient-accumulation-fusion",
+        "--dataloader-save",
+        save,
+        "--mmloader-data",
+        *ds["shards"],
+        *extra,
+    ]
 
 
 def _megatron_lm_setup(argv, provider):
@@ -133,13 +192,15 @@ def _megatron_lm_setup(argv, provider):
 
     pretrain.__signature__ = inspect.signature(real_pretrain)
     sys.argv = argv
-    mml._call_pretrain(pretrain, provider, None, ModelType.encoder_or_decoder, lambda: None,
-                       None, None, None, {})
+    mml._call_pretrain(
+        pretrain, provider, None, ModelType.encoder_or_decoder, lambda: None, None, None, None, {}
+    )
     bound = seen["bound"]
     assert isinstance(bound["cfg_container"], PretrainConfigContainer)
     assert bound["train_valid_test_dataset_provider"] is provider
     assert bound["model_type"] == ModelType.encoder_or_decoder
     from megatron.training import get_args
+
     return get_args()
 
 
@@ -209,20 +270,25 @@ def test_megatron_lm_data_path_save_and_exact_resume(ds, tmp_path):
     iteration 3; new processes resuming at iteration 3 get exactly the batches that came
     next."""
     for phase in ("fresh", "resume"):
-        mp.spawn(_lm_worker, args=(2, _free_port(), ds, str(tmp_path), phase), nprocs=2,
-                 join=True)
+        mp.spawn(_lm_worker, args=(2, _free_port(), ds, str(tmp_path), phase), nprocs=2, join=True)
     assert (tmp_path / "resumed0").exists() and (tmp_path / "resumed1").exists()
 
 
 def _pp_worker(rank, world, port, ds, out_dir):
     _init(rank, world, port)
     try:
-        parallel_state.initialize_model_parallel(pipeline_model_parallel_size=3,
-                                                 create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            pipeline_model_parallel_size=3, create_gloo_process_groups=False
+        )
         provider = mml.make_provider(**LOADER, resume=False)
-        args = _megatron_lm_setup(_argv(ds, os.path.join(out_dir, "dl"),
-                                        ["--mmloader-packing", "--mmloader-mrope",
-                                         "--pipeline-model-parallel-size", "3"]), provider)
+        args = _megatron_lm_setup(
+            _argv(
+                ds,
+                os.path.join(out_dir, "dl"),
+                ["--mmloader-packing", "--mmloader-mrope", "--pipeline-model-parallel-size", "3"],
+            ),
+            provider,
+        )
         train, _, _ = _iterators(args, provider, 0)
         assert train is not None  # every stage reads when packed
         got = []
@@ -236,8 +302,9 @@ def _pp_worker(rank, world, port, ds, out_dir):
                 assert b["tokens"] is None and b["pixel_values"] is None
             else:
                 assert b["tokens"].shape == (1, 512) and b["position_ids"].shape == (3, 1, 512)
-            got.append({k: getattr(p, k) for k in ("cu_seqlens_q", "cu_seqlens_q_padded",
-                                                    "max_seqlen_q")})
+            got.append(
+                {k: getattr(p, k) for k in ("cu_seqlens_q", "cu_seqlens_q_padded", "max_seqlen_q")}
+            )
         torch.save(got, os.path.join(out_dir, f"pp{rank}.pt"))
     finally:
         parallel_state.destroy_model_parallel()
@@ -258,11 +325,13 @@ def test_megatron_lm_packed_params_reach_every_pipeline_stage(ds, tmp_path):
 
 # ---- Megatron-Bridge 0.6 ------------------------------------------------------------------
 
+
 def _stub_te_lora():
     """megatron.bridge.peft.lora_layers imports transformer_engine (no CPU build): its
     four classes raise if constructed."""
     try:
         import transformer_engine  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -271,6 +340,7 @@ def _stub_te_lora():
     def make(name):
         def init(self, *a, **k):
             raise RuntimeError(f"{name} needs Transformer Engine (stubbed in this test)")
+
         return type(name, (), {"__init__": init})
 
     for n in ("LinearAdapter", "LoRALinear", "LoRATopKRouter", "TEFusedLoRALinear"):
@@ -284,8 +354,9 @@ class _Recorder(torch.nn.Module):
 
     def __init__(self, forward_of, seq_length):
         super().__init__()
-        self.config = types.SimpleNamespace(mtp_num_layers=None, seq_length=seq_length,
-                                            overlap_moe_expert_parallel_comm=False)
+        self.config = types.SimpleNamespace(
+            mtp_num_layers=None, seq_length=seq_length, overlap_moe_expert_parallel_comm=False
+        )
         self.calls = []
 
         def forward(*a, **k):
@@ -293,20 +364,32 @@ class _Recorder(torch.nn.Module):
             return torch.zeros(k["labels"].shape if k.get("labels") is not None else (1,))
 
         forward.__signature__ = inspect.signature(forward_of).replace(
-            parameters=list(inspect.signature(forward_of).parameters.values())[1:])
+            parameters=list(inspect.signature(forward_of).parameters.values())[1:]
+        )
         self.forward = forward
 
 
 def _bridge_cfg(dataset, save):
-    from megatron.bridge.training.config import (CheckpointConfig, ConfigContainer,
-                                                 LoggerConfig, OptimizerConfig,
-                                                 SchedulerConfig, TokenizerConfig,
-                                                 TrainingConfig)
-    return ConfigContainer(train=TrainingConfig(micro_batch_size=2, global_batch_size=2,
-                                                train_iters=10),
-                           model=None, optimizer=OptimizerConfig(), scheduler=SchedulerConfig(),
-                           dataset=dataset, logger=LoggerConfig(), tokenizer=TokenizerConfig(),
-                           checkpoint=CheckpointConfig(save=save))
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        ConfigContainer,
+        LoggerConfig,
+        OptimizerConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
+    )
+
+    return ConfigContainer(
+        train=TrainingConfig(micro_batch_size=2, global_batch_size=2, train_iters=10),
+        model=None,
+        optimizer=OptimizerConfig(),
+        scheduler=SchedulerConfig(),
+        dataset=dataset,
+        logger=LoggerConfig(),
+        tokenizer=TokenizerConfig(),
+        checkpoint=CheckpointConfig(save=save),
+    )
 
 
 def _bridge_iterators(cfg, pgs):
@@ -317,12 +400,16 @@ def _bridge_iterators(cfg, pgs):
     from megatron.bridge.training.setup import _bind_dataset_provider_context
     from megatron.bridge.training.state import TrainState
 
-    provider = _bind_dataset_provider_context(get_dataset_provider(cfg.dataset), tokenizer=None,
-                                              pg_collection=pgs)
+    provider = _bind_dataset_provider_context(
+        get_dataset_provider(cfg.dataset), tokenizer=None, pg_collection=pgs
+    )
     with _cuda_flags_on_cpu():
         return build_train_valid_test_data_iterators(
-            cfg=cfg, train_state=TrainState(), build_train_valid_test_datasets_provider=provider,
-            dp_group=pgs.dp)
+            cfg=cfg,
+            train_state=TrainState(),
+            build_train_valid_test_datasets_provider=provider,
+            dp_group=pgs.dp,
+        )
 
 
 def _bridge_steps(step, cfg, it, model, n):
@@ -344,12 +431,17 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
     from megatron.bridge.models.qwen_vl import qwen3_vl_step
     from megatron.bridge.training import vlm_step
-    from megatron.bridge.training.checkpointing import (maybe_load_dataloader_state,
-                                                        maybe_save_dataloader_state)
+    from megatron.bridge.training.checkpointing import (
+        maybe_load_dataloader_state,
+        maybe_save_dataloader_state,
+    )
     from megatron.bridge.training.utils.packed_seq_utils import (
-        unpack_mcore_thd_tensor_for_position_ids)
-    from megatron.core.num_microbatches_calculator import (destroy_num_microbatches_calculator,
-                                                           init_num_microbatches_calculator)
+        unpack_mcore_thd_tensor_for_position_ids,
+    )
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.rerun_state_machine import RerunDataIterator
 
@@ -357,8 +449,9 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
 
     _init(rank, world, port)
     try:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2,
-                                                 create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=2, create_gloo_process_groups=False
+        )
         pgs = ProcessGroupCollection.use_mpu_process_groups()
         # what Bridge's initialize does with cfg.train (micro-batch size 2, DP 1)
         init_num_microbatches_calculator(rank, None, 2, 2, 1)
@@ -366,24 +459,32 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
         results = {}
         seen = {"images": 0, "text-only": 0}
         for name, step, forward_of, packing, data in (
-                ("vlm_step", vlm_step, Qwen25VLModel.forward, False, ds),
-                ("vlm_step-packed", vlm_step, Qwen25VLModel.forward, True, ds),
-                ("vlm_step-text-only", vlm_step, Qwen25VLModel.forward, False, text_ds),
-                ("qwen3_vl_step", qwen3_vl_step, Qwen3VLModel.forward, False, ds)):
-            dataset = MMLoaderDataset(data=data["shards"], seq_length=512, packing=packing,
-                                      seed=5, loader_kwargs=dict(LOADER))
+            ("vlm_step", vlm_step, Qwen25VLModel.forward, False, ds),
+            ("vlm_step-packed", vlm_step, Qwen25VLModel.forward, True, ds),
+            ("vlm_step-text-only", vlm_step, Qwen25VLModel.forward, False, text_ds),
+            ("qwen3_vl_step", qwen3_vl_step, Qwen3VLModel.forward, False, ds),
+        ):
+            dataset = MMLoaderDataset(
+                data=data["shards"],
+                seq_length=512,
+                packing=packing,
+                seed=5,
+                loader_kwargs=dict(LOADER),
+            )
             cfg = _bridge_cfg(dataset, save)
             cfg.dataset.finalize()
             train, valid, test = _bridge_iterators(cfg, pgs)
-            assert isinstance(train, RerunDataIterator) and isinstance(train.iterable,
-                                                                        BridgeBatches)
+            assert isinstance(train, RerunDataIterator) and isinstance(
+                train.iterable, BridgeBatches
+            )
             assert valid is None and test is None
             model = _Recorder(forward_of, 512)
             calls = _bridge_steps(step, cfg, train, model, 4)
             # the raw batches behind the model calls, read again from a fresh loader
             raws = []
-            with mmloader.torch.Loader(data["shards"], **dataset._loader_kwargs(
-                    types.SimpleNamespace(pg_collection=pgs))) as ref:
+            with mmloader.torch.Loader(
+                data["shards"], **dataset._loader_kwargs(types.SimpleNamespace(pg_collection=pgs))
+            ) as ref:
                 for _ in range(4):
                     raws.append(_clone(next(ref)))
             for call, raw in zip(calls, raws):
@@ -406,31 +507,36 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
                     assert p.max_seqlen_q == int(raw["max_seqlen"])
                     # Bridge's own THD unpacking finds each sample where it lies
                     rows, mask, starts, lengths = unpack_mcore_thd_tensor_for_position_ids(
-                        call["input_ids"], p)
+                        call["input_ids"], p
+                    )
                     real = raw["cu_seqlens"]
                     assert lengths == (real[1:] - real[:-1]).tolist()
                     assert starts == raw["cu_seqlens_padded"][:-1].tolist()
                 elif name == "vlm_step":
                     assert p is None and call["input_ids"].shape == (2, 512)
-            results[name] = [_clone({k: v for k, v in c.items()
-                                     if k in ("input_ids", "labels", "pixel_values")})
-                             for c in calls]
+            results[name] = [
+                _clone({k: v for k, v in c.items() if k in ("input_ids", "labels", "pixel_values")})
+                for c in calls
+            ]
             if name == "vlm_step":
                 # Bridge's dataloader checkpointing: save at step 4, resume in new iterators
-                maybe_save_dataloader_state(model, train, 4, os.path.join(save, "energon"),
-                                            pg_collection=pgs)
+                maybe_save_dataloader_state(
+                    model, train, 4, os.path.join(save, "energon"), pg_collection=pgs
+                )
                 want = [next(train)["tokens"].clone() for _ in range(3)]
                 again, _, _ = _bridge_iterators(cfg, pgs)
-                maybe_load_dataloader_state(again, 4, os.path.join(save, "energon"),
-                                            pg_collection=pgs)
+                maybe_load_dataloader_state(
+                    again, 4, os.path.join(save, "energon"), pg_collection=pgs
+                )
                 for w in want:
                     assert torch.equal(next(again)["tokens"], w)
                 again.iterable.close()
             train.iterable.close()
         assert seen["images"] >= 8 and seen["text-only"] >= 4, seen
         # qwen3_vl_step packs in the step: it refuses collate-time packing, as documented
-        dataset = MMLoaderDataset(data=ds["shards"], seq_length=512, packing=True,
-                                  loader_kwargs=dict(LOADER))
+        dataset = MMLoaderDataset(
+            data=ds["shards"], seq_length=512, packing=True, loader_kwargs=dict(LOADER)
+        )
         cfg = _bridge_cfg(dataset, save)
         train, _, _ = _bridge_iterators(cfg, pgs)
         with pytest.raises(ValueError, match="collate-time in-batch packing"):
@@ -449,11 +555,15 @@ def test_megatron_bridge_dataset_provider_steps_and_checkpointing(ds, text_ds, t
     model the same batches; vlm_step (padded and packed) and qwen3_vl_step hand the model
     every image, the tokens and labels, and the packed params in Bridge's layout; Bridge's
     dataloader checkpoint save/load resumes exactly."""
-    mp.spawn(_bridge_worker, args=(2, _free_port(), ds, text_ds, str(tmp_path)), nprocs=2,
-             join=True)
+    mp.spawn(
+        _bridge_worker, args=(2, _free_port(), ds, text_ds, str(tmp_path)), nprocs=2, join=True
+    )
     a, b = (torch.load(tmp_path / f"bridge{r}.pt", weights_only=True) for r in range(2))
-    assert sorted(a) == sorted(b) == ["qwen3_vl_step", "vlm_step", "vlm_step-packed",
-                                      "vlm_step-text-only"]
+    assert (
+        sorted(a)
+        == sorted(b)
+        == ["qwen3_vl_step", "vlm_step", "vlm_step-packed", "vlm_step-text-only"]
+    )
     for name in a:
         for x, y in zip(a[name], b[name]):
             _same(x, y)

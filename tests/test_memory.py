@@ -2,20 +2,19 @@
 included, the window's encoded bytes, worker scratch) with backpressure.  Checked by
 sampling the process's resident memory while an epoch runs: its growth over the loader's
 start never exceeds the cap, while the same run without a cap goes well above it."""
+
 from __future__ import annotations
 
 import json
 import os
 import threading
 import time
-import warnings
 import zlib
 
 import numpy as np
 import pytest
 
 import mmloader
-from conftest import same
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 MB = 1 << 20
@@ -33,15 +32,26 @@ def shard(tmp_path_factory):
     """N samples of one 1024x768 photo-like JPEG each: ~19 MB of float32 pixel_values per
     sample at the Qwen2.5-VL default limits."""
     from PIL import Image
+
     root = tmp_path_factory.mktemp("memory")
     rng = np.random.default_rng(3)
     for k in range(4):
         small = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
         Image.fromarray(small).resize((1024, 768), Image.BICUBIC).save(
-            root / f"p{k}.jpg", "JPEG", quality=90)
-    lines = [json.dumps({"messages": [{"role": "user", "content": f"<image>\nq{i}"},
-                                      {"role": "assistant", "content": "a"}],
-                         "images": [f"p{i % 4}.jpg"]}) for i in range(N)]
+            root / f"p{k}.jpg", "JPEG", quality=90
+        )
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"<image>\nq{i}"},
+                    {"role": "assistant", "content": "a"},
+                ],
+                "images": [f"p{i % 4}.jpg"],
+            }
+        )
+        for i in range(N)
+    ]
     path = root / "d.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -49,8 +59,14 @@ def shard(tmp_path_factory):
 
 def _run(shard, keep=False, **kw):
     """One epoch, sampling RSS; returns (peak RSS growth, batches as numpy, stats)."""
-    args = dict(tokenizer=TINY, preset="qwen2.5-vl", micro_batch_size=1, num_threads=2,
-                prefetch=8, shuffle=False)
+    args = dict(
+        tokenizer=TINY,
+        preset="qwen2.5-vl",
+        micro_batch_size=1,
+        num_threads=2,
+        prefetch=8,
+        shuffle=False,
+    )
     args.update(kw)
     L = mmloader.Loader(shard, **args)
     base = _rss()
@@ -85,7 +101,9 @@ def test_rss_stays_under_max_memory(shard):
     cap = 128 * MB
     capped, d_capped, st, _ = _run(shard, max_memory=cap)
     assert free > cap * 1.3, f"the uncapped run ({free / MB:.0f} MB) must exceed the cap"
-    print(f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}")
+    print(
+        f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}"
+    )
     assert capped <= cap, f"RSS grew {capped / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
     assert d_capped == d_free  # the same batches, only slower
     assert st["pool_live_bytes"] + st["pool_cached_bytes"] <= cap

@@ -1,5 +1,6 @@
 """Packaging facts that must not drift: declared dependencies vs. the requirements files
 the set-up scripts install."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,11 @@ def _req_file(name: str) -> list:
 def test_requirements_txt_is_dependencies_demo_extra_and_build_requires():
     pp = _pyproject()
     proj = pp["project"]
-    declared = (proj["dependencies"] + proj["optional-dependencies"]["demo"]
-                + pp["build-system"]["requires"])
+    declared = (
+        proj["dependencies"]
+        + proj["optional-dependencies"]["demo"]
+        + pp["build-system"]["requires"]
+    )
     assert _names(_req_file("requirements.txt")) == _names(declared)
 
 
@@ -42,13 +46,15 @@ def test_requirements_test_covers_the_test_extra():
     assert "-r requirements.txt" in lines
     test_extra = _names(_pyproject()["project"]["optional-dependencies"]["test"])
     listed = _names(ln for ln in lines if not ln.startswith("-")) | _names(
-        _req_file("requirements.txt"))
+        _req_file("requirements.txt")
+    )
     assert test_extra <= listed
 
 
 def test_system_libs_table_is_well_formed():
-    rows = [ln.split("#", 1)[0].split() for ln in open(os.path.join(ROOT, "csrc",
-                                                                     "system-libs.txt"))]
+    rows = [
+        ln.split("#", 1)[0].split() for ln in open(os.path.join(ROOT, "csrc", "system-libs.txt"))
+    ]
     rows = [r for r in rows if r]
     assert rows
     for r in rows:

@@ -6,6 +6,7 @@ real photos); bfloat16 is exactly those values rounded to nearest even; uint8 ho
 resized RGB patches, one frame per row, and expand_pixels turns them back into exactly the
 float32 / bfloat16 values, on the CPU here and on a GPU in the tests marked gpu.
 """
+
 import io
 import os
 
@@ -30,10 +31,13 @@ try:
 except Exception:  # pragma: no cover - depends on the environment
     Qwen2VLImageProcessorPil = None
 
-needs_tf = pytest.mark.skipif(Qwen2VLImageProcessorPil is None,
-                              reason="transformers with the Qwen2-VL PIL processor not installed")
-cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                          reason="needs a CUDA device and a CUDA build of torch")
+needs_tf = pytest.mark.skipif(
+    Qwen2VLImageProcessorPil is None,
+    reason="transformers with the Qwen2-VL PIL processor not installed",
+)
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device and a CUDA build of torch"
+)
 
 
 def bits(t):
@@ -54,15 +58,22 @@ def photo_bytes():
 
 def hf_reference(preset, datas):
     from PIL import Image
+
     c = mmloader.ImageProcessor(preset).config
-    proc = Qwen2VLImageProcessorPil(min_pixels=c["min_pixels"], max_pixels=c["max_pixels"],
-                                    patch_size=c["patch_size"], merge_size=c["merge_size"],
-                                    temporal_patch_size=c["temporal_patch_size"],
-                                    image_mean=c["image_mean"], image_std=c["image_std"])
+    proc = Qwen2VLImageProcessorPil(
+        min_pixels=c["min_pixels"],
+        max_pixels=c["max_pixels"],
+        patch_size=c["patch_size"],
+        merge_size=c["merge_size"],
+        temporal_patch_size=c["temporal_patch_size"],
+        image_mean=c["image_mean"],
+        image_std=c["image_std"],
+    )
     return proc([Image.open(io.BytesIO(d)) for d in datas], return_tensors="np")
 
 
 # ---------------------------------------------------------------- the processor formats
+
 
 @needs_tf
 @pytest.mark.parametrize("preset", PRESETS)
@@ -81,8 +92,7 @@ def test_formats_and_expansion_match_the_hf_processor_bit_for_bit(preset, photo_
     assert u8["pixel_values"].shape == (rows, 3 * P * P) and u8["pixel_values"].dtype == np.uint8
     assert bf16["pixel_values"].dtype == np.uint16  # the bfloat16 bits (NumPy has no bf16)
     assert torch.equal(bits(f32["pixel_values"]), bits(want))
-    assert torch.equal(bits(bf16["pixel_values"].view(np.int16)),
-                       bits(want.to(torch.bfloat16)))
+    assert torch.equal(bits(bf16["pixel_values"].view(np.int16)), bits(want.to(torch.bfloat16)))
     grid = torch.from_numpy(u8["image_grid_thw"])
     patches = torch.from_numpy(u8["pixel_values"].copy())
     out = mt.expand_pixels(patches, grid, preset=preset)
@@ -95,10 +105,12 @@ def test_uint8_rows_are_the_resized_pixels_in_the_hf_layout():
     """The uint8 format is the resized image itself, patchified with the HF row/column
     order (T left out): checked against mmloader's Pillow-exact resize of the decode."""
     from mmloader import _core
+
     im = rgb(photos(256)["astronaut"])
     data = encode(im, "PNG")
-    proc = mmloader.ImageProcessor("qwen2.5-vl", pixel_format="uint8", min_pixels=100 * 28 * 28,
-                                   max_pixels=100 * 28 * 28)
+    proc = mmloader.ImageProcessor(
+        "qwen2.5-vl", pixel_format="uint8", min_pixels=100 * 28 * 28, max_pixels=100 * 28 * 28
+    )
     got = proc(data)
     plan = proc.plan(data)
     h, w = plan["dst_h"], plan["dst_w"]
@@ -122,8 +134,9 @@ def test_pixel_table_is_the_pil_backend_arithmetic():
     x = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
     want = (x[None] - mean[:, None]) / std[:, None]
     assert torch.equal(bits(t), bits(want))
-    fused = ((np.arange(256, dtype=np.float32)[None] - (mean * 255)[:, None])
-             / (std * 255)[:, None]).astype(np.float32)
+    fused = (
+        (np.arange(256, dtype=np.float32)[None] - (mean * 255)[:, None]) / (std * 255)[:, None]
+    ).astype(np.float32)
     assert not np.array_equal(want, fused)  # the difference is real: the formula matters
     q3 = mt.pixel_table("qwen3-vl")
     assert float(q3[0, 0]) == -1.0 and float(q3[2, 255]) == 1.0
@@ -173,21 +186,37 @@ def test_vision_processor_rejects_an_unknown_format():
 
 # ---------------------------------------------------------------- the loader formats
 
+
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("pixfmt"))
-    return make_dataset(root, n_samples=30, seed=5, n_shards=2, n_images=10, min_size=32,
-                        max_size=160)
+    return make_dataset(
+        root, n_samples=30, seed=5, n_shards=2, n_images=10, min_size=32, max_size=160
+    )
 
 
 def epoch(ds, cls=mmloader.Loader, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2, seq_length=384,
-                shuffle=True, seed=3, **SMALL)
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        seq_length=384,
+        shuffle=True,
+        seed=3,
+        **SMALL,
+    )
     args.update(kw)
     with cls(ds["shards"], **args) as L:
-        return [{k: torch.from_dlpack(v).clone() if not isinstance(v, torch.Tensor) else v.clone()
-                 for k, v in b.items()} for b in L]
+        return [
+            {
+                k: torch.from_dlpack(v).clone() if not isinstance(v, torch.Tensor) else v.clone()
+                for k, v in b.items()
+            }
+            for b in L
+        ]
 
 
 @pytest.mark.parametrize("keys", ["qwen", "megatron"])
@@ -219,20 +248,33 @@ def test_loader_formats_carry_the_same_values(ds, keys):
 
 
 def test_uint8_batches_are_an_eighth_of_float32(ds):
-    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3, seq_length=384,
-                         pixel_format="uint8", **SMALL) as L:
+    with mmloader.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=3,
+        seq_length=384,
+        pixel_format="uint8",
+        **SMALL,
+    ) as L:
         b = next(L)
         assert L._c.options()["pixel_format"] == "uint8"  # what the engine runs with
-    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3, seq_length=384,
-                         **SMALL) as L:
+    with mmloader.Loader(
+        ds["shards"], tokenizer=TINY, micro_batch_size=3, seq_length=384, **SMALL
+    ) as L:
         a = next(L)
     assert a["pixel_values"].nbytes == 8 * b["pixel_values"].nbytes
     assert b["pixel_values"].dtype == "uint8"
 
 
 def test_bfloat16_tensors_say_numpy_cannot_hold_them(ds):
-    with mmloader.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3, seq_length=384,
-                         pixel_format="bfloat16", **SMALL) as L:
+    with mmloader.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=3,
+        seq_length=384,
+        pixel_format="bfloat16",
+        **SMALL,
+    ) as L:
         b = next(L)
         assert b["pixel_values"].dtype == "bfloat16"
         with pytest.raises(TypeError, match="NumPy has no bfloat16"):
@@ -246,6 +288,7 @@ def test_pixel_format_is_a_checked_loader_option(ds):
 
 
 # ---------------------------------------------------------------- the torch adapter
+
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
 @pytest.mark.parametrize("packing", [False, True])
@@ -282,8 +325,16 @@ def test_megatron_provider_and_get_batch_with_the_uint8_wire(ds):
     mm = pytest.importorskip("mmloader.megatron")
     if not torch.cuda.is_available():
         assert mm.default_device() == "cpu"
-    args = dict(data=ds["shards"], tokenizer=TINY, num_threads=2, prefetch=2, micro_batch_size=1,
-                seq_length=384, resume=False, **SMALL)
+    args = dict(
+        data=ds["shards"],
+        tokenizer=TINY,
+        num_threads=2,
+        prefetch=2,
+        micro_batch_size=1,
+        seq_length=384,
+        resume=False,
+        **SMALL,
+    )
     want, _, _ = mm.make_provider(**args)([0, 0, 0])
     got, _, _ = mm.make_provider(wire_format="uint8", **args)([0, 0, 0])
     with want, got:
@@ -299,6 +350,7 @@ def test_megatron_provider_and_get_batch_with_the_uint8_wire(ds):
 
 
 # ---------------------------------------------------------------- on a GPU
+
 
 @pytest.mark.gpu
 @cuda
@@ -319,8 +371,18 @@ def test_expand_pixels_on_the_gpu_is_bit_identical(preset, photo_bytes):
 @cuda
 def test_torch_loader_on_cuda_moves_uint8_and_expands_on_the_device(ds):
     want = epoch(ds, cls=mt.Loader)
-    with mt.Loader(ds["shards"], tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2,
-                   seq_length=384, shuffle=True, seed=3, device="cuda", **SMALL) as L:
+    with mt.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        seq_length=384,
+        shuffle=True,
+        seed=3,
+        device="cuda",
+        **SMALL,
+    ) as L:
         assert L.wire_format == "uint8"
         got = []
         for b in L:

@@ -2,6 +2,7 @@
 exceeded, batches are deterministic, DP ranks are disjoint, complete and in step, balance
 brings the most loaded rank near the mean on a skewed mixture, and a checkpoint resumes
 on another dp_size / micro_batch_size / token budget with no sample repeated or lost."""
+
 import os
 
 import numpy as np
@@ -20,11 +21,25 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
 def srcs(tmp_path_factory):
     """A skewed mixture: many short text-only samples, fewer with images of varied size."""
     root = tmp_path_factory.mktemp("plan")
-    text = make_dataset(str(root / "text"), n_samples=96, seed=21, n_shards=1,
-                        text_only_fraction=1.0, two_image_fraction=0.0)
-    img = make_dataset(str(root / "img"), n_samples=48, seed=22, n_shards=1, n_images=10,
-                       min_size=32, max_size=220, text_only_fraction=0.0,
-                       two_image_fraction=0.3)
+    text = make_dataset(
+        str(root / "text"),
+        n_samples=96,
+        seed=21,
+        n_shards=1,
+        text_only_fraction=1.0,
+        two_image_fraction=0.0,
+    )
+    img = make_dataset(
+        str(root / "img"),
+        n_samples=48,
+        seed=22,
+        n_shards=1,
+        n_images=10,
+        min_size=32,
+        max_size=220,
+        text_only_fraction=0.0,
+        two_image_fraction=0.3,
+    )
     return {"text": text["shards"], "img": img["shards"]}
 
 
@@ -47,9 +62,9 @@ def rows(b):
     ids = b["input_ids"]
     if "cu_seqlens" in b:
         cu = b["cu_seqlens"]
-        return [tuple(ids[0, cu[i]:cu[i + 1]].tolist()) for i in range(len(cu) - 1)]
+        return [tuple(ids[0, cu[i] : cu[i + 1]].tolist()) for i in range(len(cu) - 1)]
     lens = b["attention_mask"].sum(axis=1)
-    return [tuple(ids[r, :int(lens[r])].tolist()) for r in range(ids.shape[0])]
+    return [tuple(ids[r, : int(lens[r])].tolist()) for r in range(ids.shape[0])]
 
 
 def vision_tokens(b):
@@ -73,6 +88,7 @@ def epoch(loader, limit=None):
 
 
 # ------------------------------------------------------------------------ token budgets
+
 
 def test_budget_never_exceeded_dynamic_rows_deterministic(srcs):
     budget = 1024
@@ -133,8 +149,7 @@ def test_group_by_length_sorts_windows(srcs):
 
 CASES = {
     "budget": dict(max_tokens_per_batch=1024),
-    "budget-balanced": dict(max_tokens_per_batch=1024, balance="vision_tokens",
-                            group_by_length=64),
+    "budget-balanced": dict(max_tokens_per_batch=1024, balance="vision_tokens", group_by_length=64),
     "rows-balanced": dict(micro_batch_size=3, balance="tokens"),
     "packed-balanced": dict(packing=True, pack_length=1024, balance="vision_tokens"),
 }
@@ -176,6 +191,7 @@ def test_balance_brings_the_max_rank_near_the_mean(srcs):
 
 # ------------------------------------------------------------------------------ resume
 
+
 def take(loader, n):
     """n batches, across epoch ends."""
     out, it = [], iter(loader)
@@ -206,18 +222,37 @@ def delivered(per_rank):
     return [k for g in per_rank for b in g for k in rows(b)]
 
 
-@pytest.mark.parametrize("n, m, before, after", [
-    (4, 2, dict(max_tokens_per_batch=1024), dict(max_tokens_per_batch=1024)),
-    (2, 3, dict(max_tokens_per_batch=1024), dict(micro_batch_size=2, balance="tokens")),
-    (8, 1, dict(max_tokens_per_batch=768), dict(max_tokens_per_batch=2048,
-                                                balance="vision_tokens")),
-    (4, 2, dict(packing=True, pack_length=1024, balance="tokens"),
-     dict(packing=True, pack_length=1024, global_plan=True)),
-    (2, 3, dict(packing=True, pack_length=1024, global_plan=True),
-     dict(packing=True, pack_length=1024, balance="vision_tokens")),
-    (3, 2, dict(micro_batch_size=4, global_plan=True), dict(micro_batch_size=3,
-                                                          global_plan=True)),
-])
+@pytest.mark.parametrize(
+    "n, m, before, after",
+    [
+        (4, 2, dict(max_tokens_per_batch=1024), dict(max_tokens_per_batch=1024)),
+        (2, 3, dict(max_tokens_per_batch=1024), dict(micro_batch_size=2, balance="tokens")),
+        (
+            8,
+            1,
+            dict(max_tokens_per_batch=768),
+            dict(max_tokens_per_batch=2048, balance="vision_tokens"),
+        ),
+        (
+            4,
+            2,
+            dict(packing=True, pack_length=1024, balance="tokens"),
+            dict(packing=True, pack_length=1024, global_plan=True),
+        ),
+        (
+            2,
+            3,
+            dict(packing=True, pack_length=1024, global_plan=True),
+            dict(packing=True, pack_length=1024, balance="vision_tokens"),
+        ),
+        (
+            3,
+            2,
+            dict(micro_batch_size=4, global_plan=True),
+            dict(micro_batch_size=3, global_plan=True),
+        ),
+    ],
+)
 def test_elastic_resume_no_sample_repeated_or_lost(srcs, n, m, before, after):
     loaders, first = ranks(srcs, n, limit=2, **before)
     states = [L.state_dict() for L in loaders]
@@ -252,19 +287,20 @@ def test_plan_state_checks(srcs):
             L.load_state_dict(state)
     with make(mix(srcs), max_tokens_per_batch=1024, group_by_length=32) as L:
         with pytest.raises(StateError, match="plan_start"):
-            L.load_state_dict(dict(state, plan_start=10 ** 6))
+            L.load_state_dict(dict(state, plan_start=10**6))
 
 
 def test_late_decode_failure_keeps_ranks_in_step(srcs, tmp_path):
     """A sample whose image header is fine but whose data is corrupt passes planning and
     fails at decode: its planned batch goes out one sample short, the ranks stay in step."""
     import shutil
+
     img = tmp_path / "img"
     shutil.copytree(os.path.dirname(srcs["img"][0]), img)
     jpgs = sorted(p for p in (img / "images").iterdir() if p.suffix == ".jpg")
     bad = jpgs[0]
     data = bad.read_bytes()
-    bad.write_bytes(data[:len(data) // 2])  # SOF intact, scan data cut
+    bad.write_bytes(data[: len(data) // 2])  # SOF intact, scan data cut
     shard = str(img / os.path.basename(srcs["img"][0]))
     users = sum(f"images/{bad.name}" in line for line in open(shard))
     assert users >= 1
@@ -286,11 +322,14 @@ def test_late_decode_failure_keeps_ranks_in_step(srcs, tmp_path):
 def test_counts_from_the_index_skip_the_planning_pass(srcs, tmp_path):
     import shutil
     from mmloader import dsindex
+
     text, img = str(tmp_path / "text.jsonl"), str(tmp_path / "img.jsonl")  # distinct names
     shutil.copy(srcs["text"][0], text)
     shutil.copy(srcs["img"][0], img)
-    data = [Source(text, name="text"),
-            Source(img, name="img", image_root=os.path.dirname(srcs["img"][0]))]
+    data = [
+        Source(text, name="text"),
+        Source(img, name="img", image_root=os.path.dirname(srcs["img"][0])),
+    ]
     out = str(tmp_path / "idx")
     dsindex.build(data, out=out, tokenizer=TINY, threads=2, **SMALL)
     kw = dict(max_tokens_per_batch=1024, balance="vision_tokens", dp_rank=1, dp_size=2)

@@ -4,6 +4,7 @@ pixel_values.  A sample whose image fails only at decode (a valid header, corrup
 after it) is discovered after its batch was planned; it must still give exactly the
 batches of the same data where that sample fails before any pixel work (a missing file):
 same composition, order and pixels, whatever the thread count."""
+
 from __future__ import annotations
 
 import io
@@ -26,6 +27,7 @@ BAD = {0, 5, 6, 11, 17, 18, 19, 26, 33, 39}
 
 def _jpeg(rng: np.random.Generator, w: int, h: int) -> bytes:
     from PIL import Image
+
     small = rng.integers(0, 256, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
     img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
     out = io.BytesIO()
@@ -60,8 +62,12 @@ def shards(tmp_path_factory):
                     (root / bad).write_bytes(data[: len(data) * 2 // 5])
                 refs[-1] = bad
             text = "".join("<image>" for _ in refs) + f"\nsample {i}: " + "word " * (i % 7)
-            rec = {"messages": [{"role": "user", "content": text},
-                                {"role": "assistant", "content": "answer " * (1 + i % 5)}]}
+            rec = {
+                "messages": [
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": "answer " * (1 + i % 5)},
+                ]
+            }
             if refs:
                 rec["images"] = refs
             lines.append(json.dumps(rec))
@@ -74,18 +80,33 @@ def shards(tmp_path_factory):
 CONFIGS = {
     "padded": dict(micro_batch_size=3, shuffle=True, seed=1),
     "padded-1": dict(micro_batch_size=1, shuffle=False),
-    "packed": dict(micro_batch_size=1, packing=True, pack_length=1024, pad_to_multiple=8,
-                   shuffle=True, seed=2),
-    "packed-mrope": dict(micro_batch_size=1, packing=True, pack_length=512, mrope=True,
-                         keys="megatron", shift_labels=True, shuffle=False),
+    "packed": dict(
+        micro_batch_size=1, packing=True, pack_length=1024, pad_to_multiple=8, shuffle=True, seed=2
+    ),
+    "packed-mrope": dict(
+        micro_batch_size=1,
+        packing=True,
+        pack_length=512,
+        mrope=True,
+        keys="megatron",
+        shift_labels=True,
+        shuffle=False,
+    ),
 }
 
 
 def _epoch(path, threads, **cfg):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with mmloader.Loader(path, tokenizer=TINY, num_threads=threads, prefetch=2,
-                             max_error_rate=1.0, **SMALL, **cfg) as L:
+        with mmloader.Loader(
+            path,
+            tokenizer=TINY,
+            num_threads=threads,
+            prefetch=2,
+            max_error_rate=1.0,
+            **SMALL,
+            **cfg,
+        ) as L:
             batches = [{k: np.array(v.numpy()) for k, v in b.items()} for b in L]
             return batches, L.stats()
 

@@ -1,5 +1,6 @@
 """Loader(plan_only=True): the batch composition of the real stream without pixel work,
 and seek(..., ahead): no work past a bound, output unchanged."""
+
 import warnings
 
 import numpy as np
@@ -55,8 +56,7 @@ def test_seek_ahead_bounds_work_and_keeps_output(data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         free = mmloader.Loader(data, **KW)
-        want = [{k: np.from_dlpack(v).tobytes() for k, v in next(free).items()}
-                for _ in range(4)]
+        want = [{k: np.from_dlpack(v).tobytes() for k, v in next(free).items()} for _ in range(4)]
         L = mmloader.Loader(data, **KW)
         got, ends = [], []
         start = (0, 0, 0)

@@ -1,5 +1,6 @@
 """mmloader.profile and `python -m mmloader profile`: the per-stage breakdown, the bottleneck
 rules (on given figures), and the command on real data, local and from the fault server."""
+
 import os
 import subprocess
 import sys
@@ -15,23 +16,52 @@ def prof(stats, wall=10.0, cpu=None, cores=2, samples=400, remote=False, timelin
     """A Profile from given figures (what `run` would have recorded)."""
     st = dict(num_threads=2, prefetch=4, window=48, wall_s=wall, good_samples=samples)
     st.update(stats)
-    return P.Profile(batches=samples // 8, samples=samples, wall_s=wall,
-                     cpu_s=cpu if cpu is not None else 0.2 * wall, step_s=0.0, cores=cores,
-                     consumer_wait_s=st.get("wait_s", 0.0), first_batch_s=0.1, stats=st,
-                     timeline=timeline or [], remote=remote)
+    return P.Profile(
+        batches=samples // 8,
+        samples=samples,
+        wall_s=wall,
+        cpu_s=cpu if cpu is not None else 0.2 * wall,
+        step_s=0.0,
+        cores=cores,
+        consumer_wait_s=st.get("wait_s", 0.0),
+        first_batch_s=0.1,
+        stats=st,
+        timeline=timeline or [],
+        remote=remote,
+    )
 
 
 def test_consumer_bound_when_the_trainer_rarely_waits():
-    p = prof(dict(wait_s=0.1, wait_time_ratio=0.01, read_s=0.2, decode_s=1.0, vision_s=2.5,
-                  tokenize_s=0.3, collate_s=0.4), cpu=3.0)
+    p = prof(
+        dict(
+            wait_s=0.1,
+            wait_time_ratio=0.01,
+            read_s=0.2,
+            decode_s=1.0,
+            vision_s=2.5,
+            tokenize_s=0.3,
+            collate_s=0.4,
+        ),
+        cpu=3.0,
+    )
     d = P.diagnose(p)
     assert d.bottleneck == "consumer"
     assert any("--threads 1" in s for s in d.suggestions)  # 2.8 s of 20 s thread time
 
 
 def test_cpu_bound_names_the_heaviest_stage():
-    p = prof(dict(wait_s=6.0, wait_time_ratio=0.6, read_s=0.2, decode_s=6.0, vision_s=17.0,
-                  tokenize_s=1.0, collate_s=0.5), cpu=19.0)
+    p = prof(
+        dict(
+            wait_s=6.0,
+            wait_time_ratio=0.6,
+            read_s=0.2,
+            decode_s=6.0,
+            vision_s=17.0,
+            tokenize_s=1.0,
+            collate_s=0.5,
+        ),
+        cpu=19.0,
+    )
     d = P.diagnose(p)
     assert d.bottleneck == "CPU"
     assert any("resize / patchify" in e for e in d.evidence)
@@ -39,24 +69,54 @@ def test_cpu_bound_names_the_heaviest_stage():
 
 
 def test_cpu_bound_with_fewer_threads_than_cores_suggests_more_threads():
-    p = prof(dict(num_threads=1, wait_s=6.0, wait_time_ratio=0.6, decode_s=4.0, vision_s=9.5,
-                  tokenize_s=0.3), cpu=9.9, cores=4)
+    p = prof(
+        dict(
+            num_threads=1,
+            wait_s=6.0,
+            wait_time_ratio=0.6,
+            decode_s=4.0,
+            vision_s=9.5,
+            tokenize_s=0.3,
+        ),
+        cpu=9.9,
+        cores=4,
+    )
     d = P.diagnose(p)
     assert d.bottleneck == "CPU"
     assert any("--threads from 1 to 4" in s for s in d.suggestions)
 
 
 def _fetching(inflight, n=5):
-    return [P.Point(t=i + 1.0, cpu_s=0.1 * i, stats={"fetch": {"inflight": inflight}})
-            for i in range(n)]
+    return [
+        P.Point(t=i + 1.0, cpu_s=0.1 * i, stats={"fetch": {"inflight": inflight}}) for i in range(n)
+    ]
 
 
 def test_remote_latency_bound_suggests_requests_in_flight():
     # 400 requests in 10 s with ~1.2 in flight: 30 ms each, all of it first-byte latency
-    fetch = dict(requests=400, bytes=400 * 100_000, latency_p50_s=0.03, latency_p90_s=0.032,
-                 latency_p99_s=0.04, inflight=1, failures=0, retries_5xx=0)
-    p = prof(dict(wait_s=8.0, wait_time_ratio=0.8, read_s=0.1, decode_s=1.0, vision_s=1.5,
-                  tokenize_s=0.2, fetch=fetch), remote=True, timeline=_fetching(1.2))
+    fetch = dict(
+        requests=400,
+        bytes=400 * 100_000,
+        latency_p50_s=0.03,
+        latency_p90_s=0.032,
+        latency_p99_s=0.04,
+        inflight=1,
+        failures=0,
+        retries_5xx=0,
+    )
+    p = prof(
+        dict(
+            wait_s=8.0,
+            wait_time_ratio=0.8,
+            read_s=0.1,
+            decode_s=1.0,
+            vision_s=1.5,
+            tokenize_s=0.2,
+            fetch=fetch,
+        ),
+        remote=True,
+        timeline=_fetching(1.2),
+    )
     d = P.diagnose(p)
     assert d.bottleneck == "I/O latency"
     assert any("--max-inflight" in s for s in d.suggestions)
@@ -66,16 +126,43 @@ def test_remote_latency_bound_suggests_requests_in_flight():
 
 def test_remote_bandwidth_bound_when_transfers_dominate():
     # 100 requests of 4 MB in 10 s with 8 in flight: 800 ms each against 30 ms to first byte
-    fetch = dict(requests=100, bytes=100 * 4_000_000, latency_p50_s=0.03, latency_p90_s=0.04,
-                 latency_p99_s=0.05, inflight=8)
-    p = prof(dict(wait_s=8.0, wait_time_ratio=0.8, read_s=0.1, decode_s=1.0, vision_s=1.5,
-                  tokenize_s=0.2, fetch=fetch), remote=True, timeline=_fetching(8.0))
+    fetch = dict(
+        requests=100,
+        bytes=100 * 4_000_000,
+        latency_p50_s=0.03,
+        latency_p90_s=0.04,
+        latency_p99_s=0.05,
+        inflight=8,
+    )
+    p = prof(
+        dict(
+            wait_s=8.0,
+            wait_time_ratio=0.8,
+            read_s=0.1,
+            decode_s=1.0,
+            vision_s=1.5,
+            tokenize_s=0.2,
+            fetch=fetch,
+        ),
+        remote=True,
+        timeline=_fetching(8.0),
+    )
     assert P.diagnose(p).bottleneck == "network bandwidth"
 
 
 def test_idle_workers_and_a_waiting_trainer_mean_too_little_queued():
-    p = prof(dict(wait_s=5.0, wait_time_ratio=0.5, read_s=0.1, decode_s=1.0, vision_s=1.0,
-                  tokenize_s=0.1, collate_s=0.1), cpu=2.5)
+    p = prof(
+        dict(
+            wait_s=5.0,
+            wait_time_ratio=0.5,
+            read_s=0.1,
+            decode_s=1.0,
+            vision_s=1.0,
+            tokenize_s=0.1,
+            collate_s=0.1,
+        ),
+        cpu=2.5,
+    )
     d = P.diagnose(p)
     assert d.bottleneck == "pipeline depth"
     assert any("--window from 48 to 96" in s for s in d.suggestions)
@@ -92,15 +179,17 @@ def test_breakdown_shares_and_combined_vision_stage():
     rows = {name: (v, share) for name, v, share in P.breakdown(p)}
     # without decode_s the vision figure covers decode and resize together
     assert rows["decode + resize / patchify"] == (4.0, pytest.approx(0.2))
-    assert rows["collate"][1] == pytest.approx(0.1)       # of the one collation thread
+    assert rows["collate"][1] == pytest.approx(0.1)  # of the one collation thread
     assert rows["consumer wait"][1] == pytest.approx(0.2)  # of wall time
     assert rows["fetch / read"][1] == pytest.approx(0.05)  # of 2 threads x 10 s
 
 
 # ----------------------------------------------------------------------------- on real data
 
+
 def _need_loader():
     import mmloader
+
     if not hasattr(mmloader, "Loader"):
         pytest.skip("mmloader.Loader is not built in this checkout")
     try:
@@ -114,14 +203,21 @@ def _need_loader():
 def dataset(tmp_path_factory):
     make_dataset = _need_loader()
     root = str(tmp_path_factory.mktemp("profile-data"))
-    return make_dataset(root, n_samples=24, seed=3, n_shards=1, n_images=8, min_size=40,
-                        max_size=200)
+    return make_dataset(
+        root, n_samples=24, seed=3, n_shards=1, n_images=8, min_size=40, max_size=200
+    )
 
 
 def _cli(*args, timeout=240):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "mmloader", "profile", *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmloader", "profile", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _check_output(r, batches):
@@ -132,7 +228,7 @@ def _check_output(r, batches):
         assert stage in out
     assert "wait-time ratio:" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("bottleneck: "))
-    assert line[len("bottleneck: "):] in P.BOTTLENECKS
+    assert line[len("bottleneck: ") :] in P.BOTTLENECKS
     assert "suggestions:" in out
     return out
 
@@ -141,8 +237,21 @@ def test_profile_command_local_with_plot(dataset, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "timeline.png"
     # 10 batches of 4 from 24 samples: crosses an epoch end
-    r = _cli(dataset["shards"][0], "--batches", "10", "--batch-size", "4", "--threads", "2",
-             "--prefetch", "2", "--max-pixels", str(28 * 28 * 64), "--plot", str(png))
+    r = _cli(
+        dataset["shards"][0],
+        "--batches",
+        "10",
+        "--batch-size",
+        "4",
+        "--threads",
+        "2",
+        "--prefetch",
+        "2",
+        "--max-pixels",
+        str(28 * 28 * 64),
+        "--plot",
+        str(png),
+    )
     _check_output(r, 10)
     assert "10/10 batches" in r.stderr  # the progress bar
     with open(png, "rb") as f:
@@ -152,10 +261,23 @@ def test_profile_command_local_with_plot(dataset, tmp_path):
 def test_profile_command_remote_30ms(dataset):
     sys.path.insert(0, os.path.join(REPO, "tests", "servers"))
     from faultserver import FaultServer
+
     with FaultServer(root=dataset["root"], latency=0.03) as srv:
         url = srv.url(os.path.basename(dataset["shards"][0]))
-        r = _cli(url, "--batches", "4", "--batch-size", "4", "--threads", "2", "--quiet",
-                 "--max-pixels", str(28 * 28 * 64), "--max-inflight", "16")
+        r = _cli(
+            url,
+            "--batches",
+            "4",
+            "--batch-size",
+            "4",
+            "--threads",
+            "2",
+            "--quiet",
+            "--max-pixels",
+            str(28 * 28 * 64),
+            "--max-inflight",
+            "16",
+        )
     out = _check_output(r, 4)
     assert "fetch: " in out and "requests" in out
     assert "first byte p50" in out

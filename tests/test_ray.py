@@ -4,6 +4,7 @@
 Every stream is compared bitwise with mmloader.Loader in this process: batches (keys,
 dtypes, shapes, bytes), epoch ends and raised sample errors, in order.
 """
+
 import gc
 import os
 import re
@@ -30,10 +31,18 @@ def cluster():
     # the raylets (and so the producer processes) inherit this environment
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = ROOT + (os.pathsep + old if old else "")
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 96 << 20, "resources": {"trainer": 1}})
-    data_nodes = [c.add_node(num_cpus=2, object_store_memory=96 << 20, resources={"data": 2})
-                  for _ in range(2)]
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "object_store_memory": 96 << 20,
+            "resources": {"trainer": 1},
+        },
+    )
+    data_nodes = [
+        c.add_node(num_cpus=2, object_store_memory=96 << 20, resources={"data": 2})
+        for _ in range(2)
+    ]
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
     try:
@@ -125,8 +134,9 @@ def test_spread_on_distinct_data_nodes_and_stream_is_bitwise(cluster, dataset):
     c, data_nodes = cluster
     n = 2 * _len(dataset) + 3  # two epochs and their ends
     want = _local(dataset, n)
-    with mray.Loader(dataset, producers=2, placement="spread",
-                     producer_resources={"CPU": 1, "data": 1}, **KW) as L:
+    with mray.Loader(
+        dataset, producers=2, placement="spread", producer_resources={"CPU": 1, "data": 1}, **KW
+    ) as L:
         got = _events(L, n)
         s = L.stats()
         nodes = _nodes(L)
@@ -138,15 +148,16 @@ def test_spread_on_distinct_data_nodes_and_stream_is_bitwise(cluster, dataset):
     # zero copy: nothing copied here; every batch came from another node's store
     assert s["bytes_copied"] == 0 and s["bytes_transferred"] == s["bytes"] > 0
     # no work is made only to be dropped: producers read exactly their batches' samples
-    assert sum(p["samples_read"] for p in s["producers"]) == \
-        sum(p["made"] for p in s["producers"]) * KW["micro_batch_size"]
+    assert (
+        sum(p["samples_read"] for p in s["producers"])
+        == sum(p["made"] for p in s["producers"]) * KW["micro_batch_size"]
+    )
 
 
 def test_skips_shift_batches_and_the_stream_stays_exact(cluster, skipping_dataset):
     n = _len(skipping_dataset) + 2
     want = _local(skipping_dataset, n)
-    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5},
-                     **KW) as L:
+    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5}, **KW) as L:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             got = _events(L, n)
@@ -160,8 +171,9 @@ def test_planner_knows_plan_time_skips_and_packing_is_exact(cluster, skipping_da
     # padded with a planner: missing images are found when planning, so no guess is wrong
     n = _len(skipping_dataset) + 2
     want = _local(skipping_dataset, n)
-    with mray.Loader(skipping_dataset, producers=2, producer_resources={"CPU": 0.5},
-                     planner=True, **KW) as L:
+    with mray.Loader(
+        skipping_dataset, producers=2, producer_resources={"CPU": 0.5}, planner=True, **KW
+    ) as L:
         assert _events(L, n) == want
         assert L.stats()["replans"] == 0
     # packed: boundaries depend on every sample's length; the planner walks them ahead
@@ -172,8 +184,9 @@ def test_planner_knows_plan_time_skips_and_packing_is_exact(cluster, skipping_da
             n = len(list(P)) + 3  # one epoch's packs, its end, two packs of the next
     want = _local(skipping_dataset, n, **pk)
     assert ("end",) in want
-    with mray.Loader(skipping_dataset, producers=3, producer_resources={"CPU": 0.5},
-                     **pk, **KW) as L:
+    with mray.Loader(
+        skipping_dataset, producers=3, producer_resources={"CPU": 0.5}, **pk, **KW
+    ) as L:
         assert _events(L, n) == want
         s = L.stats()
         assert s["replans"] == 0 and s["skipped"] > 0
@@ -183,19 +196,22 @@ def test_on_error_raise_delivers_the_same_errors_in_order(cluster, skipping_data
     n = _len(skipping_dataset) + 6
     want = _local(skipping_dataset, n, on_error="raise")
     assert any(e[0] == "error" for e in want)
-    with mray.Loader(skipping_dataset, producers=2, producer_resources={"CPU": 0.5},
-                     on_error="raise", **KW) as L:
+    with mray.Loader(
+        skipping_dataset, producers=2, producer_resources={"CPU": 0.5}, on_error="raise", **KW
+    ) as L:
         assert _events(L, n) == want
 
 
 def test_pack_and_node_local_placement(cluster, dataset):
     c, data_nodes = cluster
-    with mray.Loader(dataset, producers=2, placement="pack",
-                     producer_resources={"CPU": 1, "data": 1}, **KW) as L:
+    with mray.Loader(
+        dataset, producers=2, placement="pack", producer_resources={"CPU": 1, "data": 1}, **KW
+    ) as L:
         assert len(set(_nodes(L))) == 1
         assert _events(L, 3) == _local(dataset, 3)
-    with mray.Loader(dataset, producers=2, placement="node-local",
-                     producer_resources={"CPU": 0.25}, **KW) as L:
+    with mray.Loader(
+        dataset, producers=2, placement="node-local", producer_resources={"CPU": 0.25}, **KW
+    ) as L:
         me = ray.get_runtime_context().get_node_id()
         assert set(_nodes(L)) == {me}
         assert _events(L, 3) == _local(dataset, 3)
@@ -205,8 +221,7 @@ def test_pack_and_node_local_placement(cluster, dataset):
 def test_killed_producer_is_restarted_nothing_lost_or_duplicated(cluster, dataset):
     n = _len(dataset) + 3
     want = _local(dataset, n)
-    with mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "data": 1},
-                     **KW) as L:
+    with mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "data": 1}, **KW) as L:
         got = _events(L, 3)
         victim = L.producer_pids()[1]
         os.kill(victim, signal.SIGKILL)
@@ -237,8 +252,7 @@ def test_resume_is_exact_both_ways(cluster, dataset):
 
 
 def test_all_dp_ranks_from_one_driver(cluster, dataset):
-    ranks = mray.loaders(dataset, dp_size=2, producers=1, producer_resources={"CPU": 0.5},
-                         **KW)
+    ranks = mray.loaders(dataset, dp_size=2, producers=1, producer_resources={"CPU": 0.5}, **KW)
     try:
         for r, L in enumerate(ranks):
             assert _events(L, 4) == _local(dataset, 4, dp_rank=r, dp_size=2)
@@ -260,7 +274,8 @@ def test_producers_stop_when_the_trainer_process_dies(cluster, dataset, tmp_path
         "micro_batch_size=4, num_threads=1)\n"
         "next(L)\n"
         "print(*L.producer_pids(), flush=True)\n"
-        "time.sleep(600)\n")
+        "time.sleep(600)\n"
+    )
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(x) for x in p.stdout.readline().split()]
@@ -303,8 +318,14 @@ def test_zero_copy_views_keep_objects_alive_and_close_frees_everything(cluster, 
     while base > 0 and time.time() < deadline:  # objects of earlier tests being freed
         time.sleep(0.5)
         base = _plasma_mib()
-    L = mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, refs_in_flight=4,
-                    max_pixels=256 * 28 * 28, **{k: v for k, v in KW.items() if k != "max_pixels"})
+    L = mray.Loader(
+        dataset,
+        producers=2,
+        producer_resources={"CPU": 0.5},
+        refs_in_flight=4,
+        max_pixels=256 * 28 * 28,
+        **{k: v for k, v in KW.items() if k != "max_pixels"},
+    )
     kept = [next(L) for _ in range(3)]
     pix = kept[0]["pixel_values"]
     assert not pix.flags.writeable and pix.flags.c_contiguous  # a view, not a private copy
@@ -330,19 +351,22 @@ def test_zero_copy_views_keep_objects_alive_and_close_frees_everything(cluster, 
 
 def test_copying_get_copies_and_torch_views(cluster, dataset):
     torch = pytest.importorskip("torch")
-    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, zero_copy=False,
-                     **KW) as L:
+    with mray.Loader(
+        dataset, producers=1, producer_resources={"CPU": 0.5}, zero_copy=False, **KW
+    ) as L:
         b = next(L)
         assert b["pixel_values"].flags.writeable
         s = L.stats()
         assert s["bytes_copied"] == s["bytes"] > 0
-    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, as_torch=True,
-                     **KW) as L:
+    with mray.Loader(
+        dataset, producers=1, producer_resources={"CPU": 0.5}, as_torch=True, **KW
+    ) as L:
         b = next(L)
         assert isinstance(b["input_ids"], torch.Tensor)
         want = _local(dataset, 1)[0][1]
-        assert {k: (str(v.numpy().dtype), tuple(v.shape), v.numpy().tobytes())
-                for k, v in b.items()} == want
+        assert {
+            k: (str(v.numpy().dtype), tuple(v.shape), v.numpy().tobytes()) for k, v in b.items()
+        } == want
 
 
 def test_refused_configurations(cluster, dataset):
@@ -353,11 +377,17 @@ def test_refused_configurations(cluster, dataset):
     with pytest.raises(mmloader.ConfigError, match="placement"):
         mray.Loader(dataset, placement="everywhere")
     with pytest.raises(mmloader.ConfigError, match="tokenizer must be a path"):
-        mray.Loader(dataset, tokenizer=mmloader.Tokenizer.from_file(
-            mmloader.tokenizer.TINY_TOKENIZER_PATH))
+        mray.Loader(
+            dataset, tokenizer=mmloader.Tokenizer.from_file(mmloader.tokenizer.TINY_TOKENIZER_PATH)
+        )
     with pytest.raises(mmloader.ConfigError, match="does not exist"):  # raised by a producer
-        mray.Loader(os.path.join(dataset, "nope.jsonl"), producers=1,
-                    producer_resources={"CPU": 0.5})
+        mray.Loader(
+            os.path.join(dataset, "nope.jsonl"), producers=1, producer_resources={"CPU": 0.5}
+        )
     with pytest.raises(mmloader.ConfigError, match="cannot place"):
-        mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "gpu_data": 1},
-                    placement_timeout_s=2)
+        mray.Loader(
+            dataset,
+            producers=2,
+            producer_resources={"CPU": 1, "gpu_data": 1},
+            placement_timeout_s=2,
+        )

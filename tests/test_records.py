@@ -15,6 +15,7 @@
 Text comparisons always run; token comparisons need the real Qwen tokenizer
 (../shared/data/qwen3-tokenizer) and skip with the reason when it is absent.
 """
+
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pytest
 
 import mmloader
 from mmloader import _core
-from test_template import PLACEHOLDER, TEMPLATES, _tokenizer_pair, expand_pads
+from test_template import TEMPLATES, _tokenizer_pair, expand_pads
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 VISION = "<|vision_start|>{}<|vision_end|>"
@@ -35,32 +36,48 @@ QWEN_TOOL_PROMPT = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{}"
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": "
-    "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+    "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+)
 LF_DEFAULT_SYSTEM = {"qwen2-vl": "You are a helpful assistant.", "qwen3-vl": ""}
-LF_ROLES = {"human": "user", "gpt": "assistant", "observation": "observation",
-            "function_call": "function", "system": "system"}
+LF_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "observation": "observation",
+    "function_call": "function",
+    "system": "system",
+}
 
 
 def lf_tools(text):
     tools = json.loads(text)
     if len(tools) == 0:
         return ""
-    body = "".join("\n" + json.dumps(t if t.get("type") == "function"
-                                      else {"type": "function", "function": t},
-                                      ensure_ascii=False) for t in tools)
+    body = "".join(
+        "\n"
+        + json.dumps(
+            t if t.get("type") == "function" else {"type": "function", "function": t},
+            ensure_ascii=False,
+        )
+        for t in tools
+    )
     return QWEN_TOOL_PROMPT.format(body)
 
 
 def lf_function(content):
     def calls(text):
         c = json.loads(text)
-        return [(x["name"], json.dumps(x["arguments"], ensure_ascii=False))
-                for x in (c if isinstance(c, list) else [c])]
+        return [
+            (x["name"], json.dumps(x["arguments"], ensure_ascii=False))
+            for x in (c if isinstance(c, list) else [c])
+        ]
 
     def fmt(fs):
-        return "\n".join("<tool_call>\n" + json.dumps({"name": n, "arguments": json.loads(a)},
-                                                      ensure_ascii=False) + "\n</tool_call>"
-                         for n, a in fs)
+        return "\n".join(
+            "<tool_call>\n"
+            + json.dumps({"name": n, "arguments": json.loads(a)}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for n, a in fs
+        )
 
     m = re.search(r"<tool_call>(.*?)</tool_call>", content, re.DOTALL)
     if m:
@@ -102,22 +119,28 @@ def lf_elements(ex, style, counts):
     k = 0
     for m in msgs:  # mm_plugin.process_messages
         while "<image>" in m["content"]:
-            m["content"] = m["content"].replace("<image>", VISION.format("<|image_pad|>" * counts[k]), 1)
+            m["content"] = m["content"].replace(
+                "<image>", VISION.format("<|image_pad|>" * counts[k]), 1
+            )
             k += 1
     system = system or LF_DEFAULT_SYSTEM[style]
     out = []
     for i, m in enumerate(msgs):
         els = []
         if i == 0 and (system or tools):
-            els.append(f"<|im_start|>system\n{system + (lf_tools(tools) if tools else '')}<|im_end|>\n")
+            els.append(
+                f"<|im_start|>system\n{system + (lf_tools(tools) if tools else '')}<|im_end|>\n"
+            )
         c, role = m["content"], m["role"]
         if role == "user":
             els.append(f"<|im_start|>user\n{c}<|im_end|>\n<|im_start|>assistant\n")
         elif role == "assistant":
             els.append(f"{c}<|im_end|>\n")
         elif role == "observation":
-            els.append(f"<|im_start|>user\n<tool_response>\n{c}\n</tool_response><|im_end|>\n"
-                       "<|im_start|>assistant\n")
+            els.append(
+                f"<|im_start|>user\n<tool_response>\n{c}\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n"
+            )
         else:
             els.append(f"{lf_function(c)}<|im_end|>\n")
         out.append((els, i % 2 == 1))
@@ -137,63 +160,113 @@ def lf_encode(ex, style, counts, hf):
     return ids, labels
 
 
-WEATHER = [{"name": "get_weather", "description": "Weather of a city; units \u00b0C/\u00b0F.",
-            "parameters": {"type": "object", "properties": {
+WEATHER = [
+    {
+        "name": "get_weather",
+        "description": "Weather of a city; units \u00b0C/\u00b0F.",
+        "parameters": {
+            "type": "object",
+            "properties": {
                 "city": {"type": "string", "description": "名前"},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7.0, "default": 1e-5}},
-                "required": ["city"]}},
-           {"type": "function", "function": {"name": "noop", "parameters": {}}}]
+                "days": {"type": "integer", "minimum": 1, "maximum": 7.0, "default": 1e-5},
+            },
+            "required": ["city"],
+        },
+    },
+    {"type": "function", "function": {"name": "noop", "parameters": {}}},
+]
 
 LF_CASES = {
     "sharegpt_system_field": {
-        "conversations": [{"from": "human", "value": "<image>Describe the photo."},
-                          {"from": "gpt", "value": "A harbour at dusk."}],
-        "system": "You are a terse photo critic.", "images": ["a.jpg"]},
+        "conversations": [
+            {"from": "human", "value": "<image>Describe the photo."},
+            {"from": "gpt", "value": "A harbour at dusk."},
+        ],
+        "system": "You are a terse photo critic.",
+        "images": ["a.jpg"],
+    },
     "sharegpt_system_message_wins": {
-        "conversations": [{"from": "system", "value": "From the message."},
-                          {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}],
-        "system": "From the field."},
+        "conversations": [
+            {"from": "system", "value": "From the message."},
+            {"from": "human", "value": "Hi"},
+            {"from": "gpt", "value": "Hello."},
+        ],
+        "system": "From the field.",
+    },
     "sharegpt_empty_system_field": {
         "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo."}],
-        "system": ""},
+        "system": "",
+    },
     "sharegpt_tools_function_observation": {
         "conversations": [
             {"from": "human", "value": "<image>What is the weather where this was taken?"},
-            {"from": "function_call",
-             "value": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}})},
+            {
+                "from": "function_call",
+                "value": json.dumps(
+                    {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}
+                ),
+            },
             {"from": "observation", "value": json.dumps({"temp": 3.50, "sky": "clear\u2014cold"})},
-            {"from": "gpt", "value": "Clear and 3.5 \u00b0C in Oslo."}],
-        "tools": json.dumps(WEATHER), "images": ["oslo.jpg"]},
+            {"from": "gpt", "value": "Clear and 3.5 \u00b0C in Oslo."},
+        ],
+        "tools": json.dumps(WEATHER),
+        "images": ["oslo.jpg"],
+    },
     "sharegpt_parallel_calls_and_system": {
         "conversations": [
             {"from": "human", "value": "Oslo and Bergen?"},
-            {"from": "function_call", "value": json.dumps([
-                {"name": "get_weather", "arguments": {"city": "Oslo"}},
-                {"name": "get_weather", "arguments": {"city": "Bergen", "days": 1.0}}],
-                ensure_ascii=False)},
+            {
+                "from": "function_call",
+                "value": json.dumps(
+                    [
+                        {"name": "get_weather", "arguments": {"city": "Oslo"}},
+                        {"name": "get_weather", "arguments": {"city": "Bergen", "days": 1.0}},
+                    ],
+                    ensure_ascii=False,
+                ),
+            },
             {"from": "observation", "value": "[\"3C\", \"7C\"]"},
-            {"from": "gpt", "value": "3C and 7C."}],
-        "system": "Use tools.", "tools": json.dumps(WEATHER, ensure_ascii=False, indent=2)},
+            {"from": "gpt", "value": "3C and 7C."},
+        ],
+        "system": "Use tools.",
+        "tools": json.dumps(WEATHER, ensure_ascii=False, indent=2),
+    },
     "sharegpt_call_with_text_and_think": {
         "conversations": [
             {"from": "human", "value": "Call it."},
-            {"from": "function_call",
-             "value": "Let me check. <tool_call>{\"name\": \"noop\", \"arguments\": {}}</tool_call>"},
+            {
+                "from": "function_call",
+                "value": "Let me check. <tool_call>{\"name\": \"noop\", \"arguments\": {}}</tool_call>",
+            },
             {"from": "observation", "value": "<image>"},
-            {"from": "function_call",
-             "value": "<think>\nmore\n</think>\n\n{\"arguments\": {\"z\": [1e400, -0]}, \"name\": \"noop\"}"},
+            {
+                "from": "function_call",
+                "value": "<think>\nmore\n</think>\n\n{\"arguments\": {\"z\": [1e400, -0]}, \"name\": \"noop\"}",
+            },
             {"from": "observation", "value": "done"},
-            {"from": "gpt", "value": "Done."}],
-        "tools": json.dumps(WEATHER), "images": ["screen.png"]},
+            {"from": "gpt", "value": "Done."},
+        ],
+        "tools": json.dumps(WEATHER),
+        "images": ["screen.png"],
+    },
     "sharegpt_empty_tool_list": {
         "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hi."}],
-        "tools": "[]"},
-    "alpaca": {"instruction": "Translate to French.", "input": "<image>Good morning",
-               "output": "Bonjour", "images": ["card.jpg"]},
+        "tools": "[]",
+    },
+    "alpaca": {
+        "instruction": "Translate to French.",
+        "input": "<image>Good morning",
+        "output": "Bonjour",
+        "images": ["card.jpg"],
+    },
     "alpaca_history_system": {
-        "instruction": "And now?", "input": "", "output": "Still sunny.",
+        "instruction": "And now?",
+        "input": "",
+        "output": "Still sunny.",
         "history": [["Weather?", "Sunny."], ["<image>Here?", "Cloudy."]],
-        "system": "Answer briefly.", "images": ["sky.jpg"]},
+        "system": "Answer briefly.",
+        "images": ["sky.jpg"],
+    },
 }
 
 
@@ -233,8 +306,9 @@ def test_llamafactory_last_assistant_is_mask_history(qwen):
     tok, hf = qwen
     ex = LF_CASES["sharegpt_call_with_text_and_think"]
     counts = counts_of(ex)
-    ids, labels = mmloader.encode_chat(ex, tok, preset="qwen2-vl", image_tokens=counts,
-                                       label_mode="last_assistant")
+    ids, labels = mmloader.encode_chat(
+        ex, tok, preset="qwen2-vl", image_tokens=counts, label_mode="last_assistant"
+    )
     els = lf_elements(ex, "qwen2-vl", counts)
     want = []
     for k, (e, target) in enumerate(els):
@@ -242,28 +316,46 @@ def test_llamafactory_last_assistant_is_mask_history(qwen):
         want += part if k == len(els) - 1 else [-100] * len(part)
     assert labels == want
     ex2 = dict(ex, conversations=ex["conversations"][:4])  # ends on a function_call
-    _, l2 = mmloader.encode_chat(ex2, tok, preset="qwen2-vl", image_tokens=counts,
-                                 label_mode="last_assistant")
+    _, l2 = mmloader.encode_chat(
+        ex2, tok, preset="qwen2-vl", image_tokens=counts, label_mode="last_assistant"
+    )
     sup = hf.decode([t for t in l2 if t != -100], skip_special_tokens=False)
     assert sup == lf_function(ex["conversations"][3]["value"]) + "<|im_end|>\n"
 
 
 def test_json_dumps_matches_python():
-    texts = [json.dumps(WEATHER), '{"a": 1, "a": 2, "b": {"a": 3}}', '[1.0, 1e16, 1e-5, -0, -0.0]',
-             '"\\u00e9\\ud83d\\ude00 \\u0007 \\" \\\\ \\/"', 'NaN', '[Infinity, -Infinity, 1e999]',
-             '  {"x" : [ ] , "y" : { } }  ', '123456789012345678901234567890', '0.1e1']
+    texts = [
+        json.dumps(WEATHER),
+        '{"a": 1, "a": 2, "b": {"a": 3}}',
+        '[1.0, 1e16, 1e-5, -0, -0.0]',
+        '"\\u00e9\\ud83d\\ude00 \\u0007 \\" \\\\ \\/"',
+        'NaN',
+        '[Infinity, -Infinity, 1e999]',
+        '  {"x" : [ ] , "y" : { } }  ',
+        '123456789012345678901234567890',
+        '0.1e1',
+    ]
     for t in texts:
         assert _core.json_dumps(t) == json.dumps(json.loads(t), ensure_ascii=False), t
 
 
-@pytest.mark.parametrize("conv, needle", [
-    ([{"from": "human", "value": "x"}, {"from": "function_call", "value": "{not json"}],
-     r"message 1 \(function_call\): invalid JSON at byte 1"),
-    ([{"from": "human", "value": "x"}, {"from": "function_call", "value": '{"name": "f"}'}],
-     r"call 0 is not an object with \"name\" and \"arguments\""),
-    ([{"from": "human", "value": "x"}, {"from": "function_call", "value": "<image>{}"}],
-     r"function_call message 1 holds an image"),
-])
+@pytest.mark.parametrize(
+    "conv, needle",
+    [
+        (
+            [{"from": "human", "value": "x"}, {"from": "function_call", "value": "{not json"}],
+            r"message 1 \(function_call\): invalid JSON at byte 1",
+        ),
+        (
+            [{"from": "human", "value": "x"}, {"from": "function_call", "value": '{"name": "f"}'}],
+            r"call 0 is not an object with \"name\" and \"arguments\"",
+        ),
+        (
+            [{"from": "human", "value": "x"}, {"from": "function_call", "value": "<image>{}"}],
+            r"function_call message 1 holds an image",
+        ),
+    ],
+)
 def test_bad_function_calls(conv, needle):
     ex = {"conversations": conv, "images": ["a.jpg"] if "<image>" in json.dumps(conv) else []}
     with pytest.raises(mmloader.SampleError, match=needle):
@@ -272,10 +364,12 @@ def test_bad_function_calls(conv, needle):
 
 def test_bad_tools():
     conv = [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]
-    for tools, needle in (("{", r"\"tools\": invalid JSON at byte 1"),
-                          ('{"a": 1}', r"\"tools\" is not a JSON list"),
-                          ('["f"]', "tool 0 is not a JSON object"),
-                          (7, r"\"tools\" is neither a JSON string nor a list")):
+    for tools, needle in (
+        ("{", r"\"tools\": invalid JSON at byte 1"),
+        ('{"a": 1}', r"\"tools\" is not a JSON list"),
+        ('["f"]', "tool 0 is not a JSON object"),
+        (7, r"\"tools\" is neither a JSON string nor a list"),
+    ):
         with pytest.raises(mmloader.SampleError, match=needle):
             mmloader.render_chat({"conversations": conv, "tools": tools})
     # a list instead of a JSON string is taken as its JSON text
@@ -290,10 +384,12 @@ def test_alpaca_needs_output():
 
 # ---- the qwen-vl-finetune <image> whitespace rule -------------------------------------
 
+
 def qvf_text(rec, style, counts):
     """qwen-vl-finetune: _build_messages (user text split at tags, pieces .strip()ped,
     empty ones dropped; others verbatim) -> the processor's chat template -> pads."""
     from transformers.utils.chat_template_utils import render_jinja_template
+
     msgs = []
     for turn in rec["conversations"]:
         if turn["from"] == "human":
@@ -311,16 +407,29 @@ def qvf_text(rec, style, counts):
 
 
 QVF_CASES = {
-    "newline_after_tag": {"image": "a.jpg", "conversations": [
-        {"from": "human", "value": "<image>\nWhat is in the image?"},
-        {"from": "gpt", "value": "A boat."}]},
-    "tags_and_spaces": {"image": ["a.jpg", "b.jpg"], "conversations": [
-        {"from": "human", "value": " Compare \n<image>\n\n and <image> \u3000please\u00a0"},
-        {"from": "gpt", "value": " Left is red. "},
-        {"from": "human", "value": "\tWhy?\n"},
-        {"from": "gpt", "value": "Light."}]},
-    "tag_last": {"image": "a.jpg", "conversations": [
-        {"from": "human", "value": "Look:\n<image>"}, {"from": "gpt", "value": "Seen."}]},
+    "newline_after_tag": {
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat is in the image?"},
+            {"from": "gpt", "value": "A boat."},
+        ],
+    },
+    "tags_and_spaces": {
+        "image": ["a.jpg", "b.jpg"],
+        "conversations": [
+            {"from": "human", "value": " Compare \n<image>\n\n and <image> \u3000please\u00a0"},
+            {"from": "gpt", "value": " Left is red. "},
+            {"from": "human", "value": "\tWhy?\n"},
+            {"from": "gpt", "value": "Light."},
+        ],
+    },
+    "tag_last": {
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "human", "value": "Look:\n<image>"},
+            {"from": "gpt", "value": "Seen."},
+        ],
+    },
 }
 
 
@@ -331,8 +440,9 @@ def test_qwen_vl_finetune_whitespace(name, style):
     rec = QVF_CASES[name]
     counts = counts_of(rec)
     want = qvf_text(rec, style, counts)
-    got = mmloader.render_chat(rec, preset=style, image_tokens=counts,
-                               image_whitespace="qwen-vl-finetune")
+    got = mmloader.render_chat(
+        rec, preset=style, image_tokens=counts, image_whitespace="qwen-vl-finetune"
+    )
     assert got == want
     in_place = mmloader.render_chat(rec, preset=style, image_tokens=counts)
     assert in_place != want  # the two conventions really differ on these records
@@ -358,32 +468,54 @@ def test_qwen_vl_finetune_tokens_and_labels(qwen, name):
             while e < len(want) and want[e] != end:
                 e += 1
             if e < len(want):
-                labels[a:e + 2] = want[a:e + 2]
+                labels[a : e + 2] = want[a : e + 2]
                 pos = e
         pos += 1
-    ids, got_labels = mmloader.encode_chat(rec, tok, preset="qwen2-vl", image_tokens=counts,
-                                           image_whitespace="qwen-vl-finetune")
+    ids, got_labels = mmloader.encode_chat(
+        rec, tok, preset="qwen2-vl", image_tokens=counts, image_whitespace="qwen-vl-finetune"
+    )
     assert ids == want
     assert got_labels == labels
 
 
 def test_whitespace_option_reaches_the_loader(tmp_path):
     from mmloader.datagen import make_dataset
-    d = make_dataset(str(tmp_path), n_samples=4, seed=2, n_shards=1, n_images=2, min_size=32,
-                     max_size=64, text_only_fraction=0, two_image_fraction=0)
+
+    d = make_dataset(
+        str(tmp_path),
+        n_samples=4,
+        seed=2,
+        n_shards=1,
+        n_images=2,
+        min_size=32,
+        max_size=64,
+        text_only_fraction=0,
+        two_image_fraction=0,
+    )
     recs = [json.loads(x) for x in open(d["shards"][0], encoding="utf-8")]
     rows = {}
     for mode in ("in_place", "qwen-vl-finetune"):
-        with mmloader.Loader(d["shards"], tokenizer=TINY, micro_batch_size=1, shuffle=False,
-                             num_threads=1, image_whitespace=mode, min_pixels=28 * 28 * 4,
-                             max_pixels=28 * 28 * 4) as L:
+        with mmloader.Loader(
+            d["shards"],
+            tokenizer=TINY,
+            micro_batch_size=1,
+            shuffle=False,
+            num_threads=1,
+            image_whitespace=mode,
+            min_pixels=28 * 28 * 4,
+            max_pixels=28 * 28 * 4,
+        ) as L:
             rows[mode] = [b["input_ids"].numpy()[0].tolist() for b in L]
     tiny = mmloader.Tokenizer.from_file(TINY)
     for mode, got in rows.items():
         for rec, ids in zip(recs, got):
-            want, _ = mmloader.encode_chat(rec, tiny, preset="qwen2.5-vl",
-                                           image_tokens=ids.count(tiny.token_to_id("<|image_pad|>")),
-                                           image_whitespace=mode)
+            want, _ = mmloader.encode_chat(
+                rec,
+                tiny,
+                preset="qwen2.5-vl",
+                image_tokens=ids.count(tiny.token_to_id("<|image_pad|>")),
+                image_whitespace=mode,
+            )
             assert ids == want
     with pytest.raises(mmloader.ConfigError, match="image_whitespace must be one of"):
         mmloader.Loader(d["shards"], tokenizer=TINY, image_whitespace="strip")
@@ -405,10 +537,21 @@ def test_empty_image_field_is_no_image(key, empty):
 def test_long_values_are_shortened_in_the_middle_never_cut_before_the_reason(tmp_path):
     ref = "photos/" + "x" * 5000 + "-end.jpg"
     p = tmp_path / "long.jsonl"
-    p.write_text(json.dumps({"image": ref, "conversations": [
-        {"from": "human", "value": "<image>"}, {"from": "gpt", "value": "y"}]}) + "\n")
-    with mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1, on_error="raise",
-                         num_threads=1) as L:
+    p.write_text(
+        json.dumps(
+            {
+                "image": ref,
+                "conversations": [
+                    {"from": "human", "value": "<image>"},
+                    {"from": "gpt", "value": "y"},
+                ],
+            }
+        )
+        + "\n"
+    )
+    with mmloader.Loader(
+        str(p), tokenizer=TINY, micro_batch_size=1, on_error="raise", num_threads=1
+    ) as L:
         with pytest.raises(mmloader.SampleError) as e:
             next(iter(L))
     msg = str(e.value)

@@ -1,13 +1,15 @@
 """Soak against the fault-injecting server (scripts/soak.py): batches equal to a fault-free
 run's, corrupt samples skipped in both, resident memory and descriptors flat.  The default
 suite runs a short soak; the full 20,000-batch one is marked slow."""
+
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "scripts"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+)
 from soak import soak  # noqa: E402
 
 

@@ -6,6 +6,7 @@ the way the transformers processor expands them, then tokenized by the `tokenize
 library.  Records are converted to HF messages by an independent Python implementation of
 the record formats (`hf_messages`).
 """
+
 import json
 import os
 import re
@@ -21,11 +22,19 @@ REPO_ROOT = os.path.dirname(HERE)
 # The real Qwen tokenizer: in shared/ beside the repository (CI), or beside the folder of
 # worktrees; MML_QWEN_TOKENIZER overrides.
 QWEN_TOK = os.environ.get("MML_QWEN_TOKENIZER") or next(
-    (p for p in (os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer", "tokenizer.json")
-                 for up in ((".."), ("..", ".."))) if os.path.exists(p)),
-    os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer", "tokenizer.json"))
+    (
+        p
+        for p in (
+            os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer", "tokenizer.json")
+            for up in ((".."), ("..", ".."))
+        )
+        if os.path.exists(p)
+    ),
+    os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer", "tokenizer.json"),
+)
 TINY_TOK = os.environ.get("MML_TINY_TOKENIZER") or os.path.join(
-    REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
+    REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json"
+)
 
 # Qwen2-VL-*-Instruct / Qwen2.5-VL-*-Instruct chat_template (public; the spec we match).
 QWEN2_VL_TEMPLATE = (
@@ -167,13 +176,17 @@ QWEN3_VL_TEMPLATE = r"""{%- if tools %}
 {%- endif %}
 """
 
-TEMPLATES = {"qwen2-vl": QWEN2_VL_TEMPLATE, "qwen2.5-vl": QWEN2_VL_TEMPLATE,
-             "qwen3-vl": QWEN3_VL_TEMPLATE}
+TEMPLATES = {
+    "qwen2-vl": QWEN2_VL_TEMPLATE,
+    "qwen2.5-vl": QWEN2_VL_TEMPLATE,
+    "qwen3-vl": QWEN3_VL_TEMPLATE,
+}
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 ROLES = {"human": "user", "gpt": "assistant"}
 
 
 # ---- independent reference: record -> HF messages -> reference template -> text ----
+
 
 def hf_messages(rec):
     """HF chat messages of a record; `<image>` tags become the Qwen placeholder."""
@@ -188,9 +201,12 @@ def hf_messages(rec):
         if isinstance(content, str):
             content = content.replace("<image>", PLACEHOLDER)
         else:
-            content = [{"type": "image"} if p.get("type") in ("image", "image_url")
-                       else {"type": "text", "text": p["text"].replace("<image>", PLACEHOLDER)}
-                       for p in content]
+            content = [
+                {"type": "image"}
+                if p.get("type") in ("image", "image_url")
+                else {"type": "text", "text": p["text"].replace("<image>", PLACEHOLDER)}
+                for p in content
+            ]
         out.append({"role": role, "content": content})
     return out
 
@@ -207,8 +223,10 @@ def expand_pads(text, counts):
 
 def reference_text(rec, style, counts):
     from transformers.utils.chat_template_utils import render_jinja_template
-    rendered, _ = render_jinja_template(conversations=[hf_messages(rec)],
-                                        chat_template=TEMPLATES[style])
+
+    rendered, _ = render_jinja_template(
+        conversations=[hf_messages(rec)], chat_template=TEMPLATES[style]
+    )
     return expand_pads(rendered[0], counts)
 
 
@@ -220,77 +238,131 @@ def n_images(rec):
 
 CASES = {
     "llava_single_string": {
-        "id": 1, "image": "a.jpg",
-        "conversations": [{"from": "human", "value": "<image>\nWhat is in the image?"},
-                          {"from": "gpt", "value": "A cat on a mat."}]},
+        "id": 1,
+        "image": "a.jpg",
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat is in the image?"},
+            {"from": "gpt", "value": "A cat on a mat."},
+        ],
+    },
     "llava_list_multiturn": {
         "image": ["a.jpg", "b.jpg"],
-        "conversations": [{"from": "human", "value": "<image>\nCompare with <image>"},
-                          {"from": "gpt", "value": "The first is brighter."},
-                          {"from": "human", "value": "Why?"},
-                          {"from": "gpt", "value": "Exposure.\n\nAlso the sky."}]},
+        "conversations": [
+            {"from": "human", "value": "<image>\nCompare with <image>"},
+            {"from": "gpt", "value": "The first is brighter."},
+            {"from": "human", "value": "Why?"},
+            {"from": "gpt", "value": "Exposure.\n\nAlso the sky."},
+        ],
+    },
     "messages_system_images_everywhere": {
-        "messages": [{"role": "system", "content": "Style guide: <image>"},
-                     {"role": "user", "content": "x<image>y<image><image>"},
-                     {"role": "assistant", "content": "I drew this: <image> done."}],
-        "images": ["s.png", "0.png", "1.png", "2.png", "3.png"]},
+        "messages": [
+            {"role": "system", "content": "Style guide: <image>"},
+            {"role": "user", "content": "x<image>y<image><image>"},
+            {"role": "assistant", "content": "I drew this: <image> done."},
+        ],
+        "images": ["s.png", "0.png", "1.png", "2.png", "3.png"],
+    },
     "hf_parts_user": {
-        "messages": [{"role": "user", "content": [
-            {"type": "image", "image": "s3://bucket/k.jpg"},
-            {"type": "text", "text": "Describe."},
-            {"type": "image", "url": "https://example.com/x.png"},
-            {"type": "text", "text": " And this one?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": "Two photos."}]}]},
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "s3://bucket/k.jpg"},
+                    {"type": "text", "text": "Describe."},
+                    {"type": "image", "url": "https://example.com/x.png"},
+                    {"type": "text", "text": " And this one?"},
+                ],
+            },
+            {"role": "assistant", "content": [{"type": "text", "text": "Two photos."}]},
+        ]
+    },
     "hf_parts_listed_images": {
         "images": ["a.jpg"],
-        "messages": [{"role": "user", "content": [{"type": "image", "image": None, "text": None},
-                                                  {"type": "text", "text": "Caption?", "image": None}]},
-                     {"role": "assistant", "content": "A dog."}]},
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": None, "text": None},
+                    {"type": "text", "text": "Caption?", "image": None},
+                ],
+            },
+            {"role": "assistant", "content": "A dog."},
+        ],
+    },
     "text_only_unicode": {
-        "messages": [{"role": "user", "content": "你好，世界! caf\u00e9 cafe\u0301 \U0001F600 \u00a0x\tq"},
-                     {"role": "assistant", "content": "Привет 🙂 — «ok» 日本語"}]},
+        "messages": [
+            {"role": "user", "content": "你好，世界! caf\u00e9 cafe\u0301 \U0001f600 \u00a0x\tq"},
+            {"role": "assistant", "content": "Привет 🙂 — «ok» 日本語"},
+        ]
+    },
     "tag_without_newline_extra_fields": {
-        "source": "synthetic", "meta": {"w": 3, "tags": ["a", "b"]},
+        "source": "synthetic",
+        "meta": {"w": 3, "tags": ["a", "b"]},
         "image": "z.jpg",
-        "conversations": [{"from": "human", "value": "Look<image>here", "lang": "en"},
-                          {"from": "gpt", "value": "Seen.", "score": 0.5}]},
+        "conversations": [
+            {"from": "human", "value": "Look<image>here", "lang": "en"},
+            {"from": "gpt", "value": "Seen.", "score": 0.5},
+        ],
+    },
     "escapes_and_quotes": {
-        "messages": [{"role": "user", "content": "line1\nline2 \"quoted\" back\\slash </s> {json}"},
-                     {"role": "assistant", "content": "\\n is not a newline\r\nbut this is"}]},
+        "messages": [
+            {"role": "user", "content": "line1\nline2 \"quoted\" back\\slash </s> {json}"},
+            {"role": "assistant", "content": "\\n is not a newline\r\nbut this is"},
+        ]
+    },
     "leading_whitespace_assistant": {
-        "messages": [{"role": "user", "content": "q1"},
-                     {"role": "assistant", "content": "\n\nAnswer one"},
-                     {"role": "user", "content": "q2"},
-                     {"role": "assistant", "content": "  two"},
-                     {"role": "user", "content": "q3"},
-                     {"role": "assistant", "content": " three\n"}]},
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "\n\nAnswer one"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "  two"},
+            {"role": "user", "content": "q3"},
+            {"role": "assistant", "content": " three\n"},
+        ]
+    },
     "empty_assistant_and_null": {
-        "messages": [{"role": "user", "content": "say nothing"},
-                     {"role": "assistant", "content": ""},
-                     {"role": "user", "content": None},
-                     {"role": "assistant", "content": "ok"}]},
+        "messages": [
+            {"role": "user", "content": "say nothing"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": None},
+            {"role": "assistant", "content": "ok"},
+        ]
+    },
     "system_first_multi_image_turns": {
-        "messages": [{"role": "system", "content": "Be brief."},
-                     {"role": "user", "content": "<image>"},
-                     {"role": "assistant", "content": "A."},
-                     {"role": "user", "content": "<image><image>\nand?"},
-                     {"role": "assistant", "content": "B and C."}],
-        "images": ["1.jpg", "2.jpg", "3.jpg"]},
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "<image>"},
+            {"role": "assistant", "content": "A."},
+            {"role": "user", "content": "<image><image>\nand?"},
+            {"role": "assistant", "content": "B and C."},
+        ],
+        "images": ["1.jpg", "2.jpg", "3.jpg"],
+    },
     "tool_turns": {
-        "messages": [{"role": "user", "content": "weather?"},
-                     {"role": "assistant", "content": "<tool_call>\n{\"name\": \"w\"}\n</tool_call>"},
-                     {"role": "tool", "content": "sunny"},
-                     {"role": "tool", "content": "22C"},
-                     {"role": "assistant", "content": "Sunny, 22C."}]},
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "<tool_call>\n{\"name\": \"w\"}\n</tool_call>"},
+            {"role": "tool", "content": "sunny"},
+            {"role": "tool", "content": "22C"},
+            {"role": "assistant", "content": "Sunny, 22C."},
+        ]
+    },
     "think_tags": {
-        "messages": [{"role": "user", "content": "2+2?"},
-                     {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}]},
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"},
+        ]
+    },
 }
 # Where the templates differ on purpose: qwen3-vl drops a non-first system message.
 QWEN2_ONLY = {
-    "late_system": {"messages": [{"role": "user", "content": "hi"},
-                                 {"role": "system", "content": "be terse"},
-                                 {"role": "assistant", "content": "ok"}]},
+    "late_system": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "be terse"},
+            {"role": "assistant", "content": "ok"},
+        ]
+    },
 }
 STYLES = ["qwen2-vl", "qwen3-vl"]
 
@@ -309,8 +381,9 @@ def all_cases():
         yield name, rec, "qwen3-vl"
 
 
-@pytest.mark.parametrize("name,rec,style", list(all_cases()),
-                         ids=[f"{n}-{s}" for n, _, s in all_cases()])
+@pytest.mark.parametrize(
+    "name,rec,style", list(all_cases()), ids=[f"{n}-{s}" for n, _, s in all_cases()]
+)
 def test_render_matches_reference_template(name, rec, style):
     pytest.importorskip("transformers")
     counts = counts_for(rec)
@@ -323,16 +396,19 @@ def test_render_matches_reference_template(name, rec, style):
 def test_render_defaults_and_roles():
     line = json.dumps(CASES["llava_single_string"])
     text = _core.render_record(line, "qwen2.5-vl", 2)
-    assert text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                    "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\n"
-                    "What is in the image?<|im_end|>\n"
-                    "<|im_start|>assistant\nA cat on a mat.<|im_end|>\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\n"
+        "What is in the image?<|im_end|>\n"
+        "<|im_start|>assistant\nA cat on a mat.<|im_end|>\n"
+    )
     q3 = _core.render_record(line, "qwen3-vl", [2])
-    assert q3 == text[len("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"):]
+    assert q3 == text[len("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n") :]
     # An unknown role is kept by qwen2-vl, dropped by qwen3-vl.  (LLaMA-Factory's
     # observation / function_call roles are rendered its way: tests/test_records.py.)
-    other = json.dumps({"messages": [{"role": "user", "content": "a"},
-                                     {"role": "critic", "content": "b"}]})
+    other = json.dumps(
+        {"messages": [{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}]}
+    )
     assert "<|im_start|>critic\nb<|im_end|>\n" in _core.render_record(other, "qwen2-vl")
     assert "critic" not in _core.render_record(other, "qwen3-vl")
 
@@ -342,23 +418,38 @@ def test_parse_record_shape():
     assert d["images"] == ["s3://bucket/k.jpg", "https://example.com/x.png"]
     assert d["messages"][0]["role"] == "user"
     assert d["messages"][0]["parts"] == [
-        {"type": "image", "image": 0}, {"type": "text", "text": "Describe."},
-        {"type": "image", "image": 1}, {"type": "text", "text": " And this one?"}]
+        {"type": "image", "image": 0},
+        {"type": "text", "text": "Describe."},
+        {"type": "image", "image": 1},
+        {"type": "text", "text": " And this one?"},
+    ]
     assert mt.parse_record(CASES["hf_parts_user"]) == d
 
 
-@pytest.mark.parametrize("line,exc,needle", [
-    ('{"messages": []}', mmloader.SampleError, "empty conversation"),
-    ('{"conversations": [{"from": "human", "value": "<image>"}]}', mmloader.SampleError,
-     "image count mismatch"),
-    ('{"image": ["a", "b"], "conversations": [{"from": "human", "value": "<image>"}]}',
-     mmloader.SampleError, "lists 2 image(s) but its messages refer to 1"),
-    ('{"messages": [{"role": "user", "content": [{"type": "video", "video": []}]}]}',
-     mmloader.SampleError, "empty frame list"),
-    ('not json', mmloader.SampleError, "invalid JSON"),
-    ('{"messages": [{"role": "user"', mmloader.SampleError, "invalid JSON"),
-    ('{"messages": [{"role": "user", "content": "x"}]} {}', mmloader.SampleError, "trailing"),
-])
+@pytest.mark.parametrize(
+    "line,exc,needle",
+    [
+        ('{"messages": []}', mmloader.SampleError, "empty conversation"),
+        (
+            '{"conversations": [{"from": "human", "value": "<image>"}]}',
+            mmloader.SampleError,
+            "image count mismatch",
+        ),
+        (
+            '{"image": ["a", "b"], "conversations": [{"from": "human", "value": "<image>"}]}',
+            mmloader.SampleError,
+            "lists 2 image(s) but its messages refer to 1",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": [{"type": "video", "video": []}]}]}',
+            mmloader.SampleError,
+            "empty frame list",
+        ),
+        ('not json', mmloader.SampleError, "invalid JSON"),
+        ('{"messages": [{"role": "user"', mmloader.SampleError, "invalid JSON"),
+        ('{"messages": [{"role": "user", "content": "x"}]} {}', mmloader.SampleError, "trailing"),
+    ],
+)
 def test_bad_records_raise_with_reason(line, exc, needle):
     with pytest.raises(exc, match=re.escape(needle)):
         _core.parse_record(line)
@@ -367,8 +458,15 @@ def test_bad_records_raise_with_reason(line, exc, needle):
 
 
 def test_qwen3_drops_image_message_is_error():
-    line = json.dumps({"images": ["a.jpg"], "messages": [
-        {"role": "user", "content": "hi"}, {"role": "system", "content": "<image>"}]})
+    line = json.dumps(
+        {
+            "images": ["a.jpg"],
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "<image>"},
+            ],
+        }
+    )
     assert "<|image_pad|>" in _core.render_record(line, "qwen2-vl", 4)
     with pytest.raises(mmloader.SampleError, match="drops"):
         _core.render_record(line, "qwen3-vl", 4)
@@ -391,9 +489,11 @@ def test_render_argument_errors():
 def test_render_chat_helper():
     rec = CASES["llava_single_string"]
     assert mt.render_chat(rec, preset="qwen3-vl", image_tokens=[1]) == _core.render_record(
-        json.dumps(rec), "qwen3-vl", [1])
+        json.dumps(rec), "qwen3-vl", [1]
+    )
     assert mmloader.render_chat(json.dumps(rec), image_tokens=1).startswith(
-        "<|im_start|>system\nYou are a helpful assistant.")
+        "<|im_start|>system\nYou are a helpful assistant."
+    )
     with pytest.raises(ValueError, match="label_mode"):
         mt.encode_chat(rec, None, label_mode="everything", image_tokens=1)
 
@@ -407,7 +507,9 @@ def _tokenizer_pair(which):
     tokenizers = pytest.importorskip("tokenizers")
     path = QWEN_TOK if which == "qwen" else TINY_TOK
     if not os.path.exists(path):
-        pytest.skip(f"{path} not found (the Qwen tokenizer lives in ../shared/data beside the repo)")
+        pytest.skip(
+            f"{path} not found (the Qwen tokenizer lives in ../shared/data beside the repo)"
+        )
     return mmloader.Tokenizer.from_file(path), tokenizers.Tokenizer.from_file(path)
 
 
@@ -424,7 +526,7 @@ def reference_labels(text, enc, mode, vision_ids):
     for m in re.finditer(re.escape(head), text):
         s = m.end()
         e = text.index(end, s)
-        e_full = e + len(end) + (text[e + len(end):e + len(end) + 1] == "\n")
+        e_full = e + len(end) + (text[e + len(end) : e + len(end) + 1] == "\n")
         turns.append((s, e, e_full))
     spans = []
     for k, (s, e, e_full) in enumerate(turns):
@@ -439,8 +541,9 @@ def reference_labels(text, enc, mode, vision_ids):
     return labels
 
 
-@pytest.mark.parametrize("name,rec,style", list(all_cases()),
-                         ids=[f"{n}-{s}" for n, _, s in all_cases()])
+@pytest.mark.parametrize(
+    "name,rec,style", list(all_cases()), ids=[f"{n}-{s}" for n, _, s in all_cases()]
+)
 def test_encode_matches_tokenizers(tok_pair, name, rec, style):
     pytest.importorskip("transformers")
     tok, hf = tok_pair
@@ -460,8 +563,9 @@ def test_label_modes_by_decoding():
     rec = CASES["llava_list_multiturn"]
 
     def supervised(mode):
-        ids, labels = mt.encode_chat(rec, tok, preset="qwen2.5-vl", label_mode=mode,
-                                     image_tokens=[4, 9])
+        ids, labels = mt.encode_chat(
+            rec, tok, preset="qwen2.5-vl", label_mode=mode, image_tokens=[4, 9]
+        )
         assert len(ids) == len(labels)
         runs, cur = [], []
         for i, l in zip(ids, labels):
@@ -480,15 +584,28 @@ def test_label_modes_by_decoding():
     assert runs == ["The first is brighter.<|im_end|>\n", "Exposure.\n\nAlso the sky.<|im_end|>\n"]
     assert ids.count(hf.token_to_id("<|image_pad|>")) == 13
     assert supervised("last_assistant")[0] == ["Exposure.\n\nAlso the sky.<|im_end|>\n"]
-    assert supervised("no_nonfinal_end")[0] == ["The first is brighter.",
-                                                "Exposure.\n\nAlso the sky.<|im_end|>\n"]
+    assert supervised("no_nonfinal_end")[0] == [
+        "The first is brighter.",
+        "Exposure.\n\nAlso the sky.<|im_end|>\n",
+    ]
 
 
 def test_encode_errors():
     tok, _ = _tokenizer_pair("qwen")
     with pytest.raises(mmloader.SampleError, match=re.escape("text contains <|vision_start|>")):
-        _core.encode_record(json.dumps({"messages": [
-            {"role": "user", "content": "sneaky <|vision_start|><|image_pad|><|vision_end|>"}]}), tok)
+        _core.encode_record(
+            json.dumps(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": "sneaky <|vision_start|><|image_pad|><|vision_end|>",
+                        }
+                    ]
+                }
+            ),
+            tok,
+        )
     with pytest.raises(mmloader.ConfigError, match="label mode"):
         _core.encode_record(json.dumps(CASES["text_only_unicode"]), tok, "qwen2-vl", "most")
     with pytest.raises(TypeError):
@@ -498,24 +615,61 @@ def test_encode_errors():
 def test_image_parts_outside_user_turns_keep_their_placeholder():
     # The qwen3-vl Jinja template renders only the text of system/assistant content-part
     # lists; mmloader keeps the image where it stands so images and pads stay in step.
-    rec = {"messages": [
-        {"role": "system", "content": [{"type": "text", "text": "S"}, {"type": "image", "image": "s.jpg"}]},
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "image", "image": "a.jpg"}, {"type": "text", "text": "ok"}]}]}
+    rec = {
+        "messages": [
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "S"}, {"type": "image", "image": "s.jpg"}],
+            },
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [{"type": "image", "image": "a.jpg"}, {"type": "text", "text": "ok"}],
+            },
+        ]
+    }
     for style in STYLES:
         text = _core.render_record(json.dumps(rec), style, [1, 2])
         assert text.count("<|image_pad|>") == 3
-        assert ("<|im_start|>system\nS<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n"
-                in text)
-        assert text.endswith("<|im_start|>assistant\n<|vision_start|><|image_pad|><|image_pad|>"
-                             "<|vision_end|>ok<|im_end|>\n")
+        assert (
+            "<|im_start|>system\nS<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n" in text
+        )
+        assert text.endswith(
+            "<|im_start|>assistant\n<|vision_start|><|image_pad|><|image_pad|>"
+            "<|vision_end|>ok<|im_end|>\n"
+        )
 
 
 # ---- randomized conversations (seeded) against the same references ----
 
-_PIECES = ["Hello", " world", "\n", "\n\n", "  ", "\t", " x", "é", "e\u0301", "你好", "🙂",
-           "<think>", "</think>", "'s", "123", "\r\n", " ", "<tool_call>", "a.b", "!!", "\u00a0",
-           "<image>", "<image>\n", "Ω\u0308", "  \n", "ﬁ"]
+_PIECES = [
+    "Hello",
+    " world",
+    "\n",
+    "\n\n",
+    "  ",
+    "\t",
+    " x",
+    "é",
+    "e\u0301",
+    "你好",
+    "🙂",
+    "<think>",
+    "</think>",
+    "'s",
+    "123",
+    "\r\n",
+    " ",
+    "<tool_call>",
+    "a.b",
+    "!!",
+    "\u00a0",
+    "<image>",
+    "<image>\n",
+    "Ω\u0308",
+    "  \n",
+    "ﬁ",
+]
 
 
 def _random_record(rng):
@@ -528,7 +682,7 @@ def _random_record(rng):
     for _ in range(rng.randint(1, 5)):
         roles += ["user", "assistant"]
     if rng.random() < 0.2:
-        roles.pop()                      # may end on a user turn
+        roles.pop()  # may end on a user turn
     if rng.random() < 0.2 and len(roles) > 2:
         roles.insert(rng.randint(1, len(roles) - 1), "tool")
     fmt = rng.choice(["llava", "messages", "parts"])
@@ -537,17 +691,26 @@ def _random_record(rng):
         if fmt == "parts" and r == "user":
             content = []
             for _ in range(rng.randint(1, 3)):
-                content.append({"type": "image"} if rng.random() < 0.4
-                               else {"type": "text", "text": text().replace("<image>", "")})
+                content.append(
+                    {"type": "image"}
+                    if rng.random() < 0.4
+                    else {"type": "text", "text": text().replace("<image>", "")}
+                )
             msgs.append({"role": r, "content": content})
         elif fmt == "llava":
             msgs.append({"from": {"user": "human", "assistant": "gpt"}.get(r, r), "value": text()})
         else:
-            msgs.append({"role": r, "content": text().replace("<image>", "") if fmt == "parts" else text()})
+            msgs.append(
+                {"role": r, "content": text().replace("<image>", "") if fmt == "parts" else text()}
+            )
     key = "conversations" if fmt == "llava" else "messages"
     rec = {key: msgs}
-    n = sum(m.get("value", m.get("content")).count("<image>") if isinstance(m.get("value", m.get("content")), str)
-            else sum(p["type"] == "image" for p in m["content"]) for m in msgs)
+    n = sum(
+        m.get("value", m.get("content")).count("<image>")
+        if isinstance(m.get("value", m.get("content")), str)
+        else sum(p["type"] == "image" for p in m["content"])
+        for m in msgs
+    )
     if n:
         rec["image" if fmt == "llava" else "images"] = [f"{i}.jpg" for i in range(n)]
     return rec, [rng.randint(1, 6) for _ in range(n)]
@@ -556,6 +719,7 @@ def _random_record(rng):
 @pytest.mark.parametrize("style", STYLES)
 def test_random_conversations_match_reference(style):
     import random
+
     pytest.importorskip("transformers")
     tok, hf = _tokenizer_pair("qwen")
     vision_ids = {hf.token_to_id(t) for t in VISION_TOKENS}

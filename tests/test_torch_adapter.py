@@ -2,6 +2,7 @@
 DLPack (zero copy), len(), and StatefulDataLoader-style state saved with torch.save and read
 back with torch.load(weights_only=True): bitwise resume mid-epoch, mid-pack and across an
 epoch boundary."""
+
 import os
 
 import numpy as np
@@ -20,14 +21,17 @@ SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("tds"))
-    return make_dataset(root, n_samples=36, seed=2, n_shards=2, n_images=10, min_size=32,
-                        max_size=128)
+    return make_dataset(
+        root, n_samples=36, seed=2, n_shards=2, n_images=10, min_size=32, max_size=128
+    )
 
 
 def make(ds, cls=mt.Loader, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2, seq_length=384,
-                **SMALL)
+    args = dict(
+        tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2, seq_length=384, **SMALL
+    )
     args.update(kw)
     return cls(ds["shards"], **args)
 
@@ -37,9 +41,17 @@ def copy(batch):
 
 
 def test_batches_are_torch_tensors_viewing_the_loader_buffers(ds):
-    with make(ds, shuffle=False) as L, make(ds, cls=mmloader.Loader, shuffle=False,
-                                           text_only_vision="omit", mrope=True,
-                                           mm_token_type_ids=True) as R:
+    with (
+        make(ds, shuffle=False) as L,
+        make(
+            ds,
+            cls=mmloader.Loader,
+            shuffle=False,
+            text_only_vision="omit",
+            mrope=True,
+            mm_token_type_ids=True,
+        ) as R,
+    ):
         n = 0
         for b in L:
             raw = next(R)
@@ -93,8 +105,11 @@ def _roundtrip(state, tmp_path):
 def test_bitwise_resume(ds, tmp_path, packing, cut):
     """State taken after `cut` batches (for packing: mid-pack boundaries, where the sample
     that did not fit is carried into the next pack; cut 13 crosses the epoch end)."""
-    kw = dict(packing=True, pack_length=448, seq_length=None, cycle=True) if packing \
+    kw = (
+        dict(packing=True, pack_length=448, seq_length=None, cycle=True)
+        if packing
         else dict(cycle=True)
+    )
     with make(ds, **kw) as L:
         for _ in range(cut):
             next(L)
@@ -143,10 +158,16 @@ def test_packing_efficiency_in_stats(ds):
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # shared/ lies beside the repository (CI) or further up (a worktree checkout)
 QWEN_TOKENIZER = os.environ.get("MML_QWEN_TOKENIZER_DIR") or next(
-    (p for p in (os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer")
-                 for up in (("..",), ("..", "..")))
-     if os.path.exists(os.path.join(p, "tokenizer.json"))),
-    os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer"))
+    (
+        p
+        for p in (
+            os.path.join(REPO_ROOT, *up, "shared", "data", "qwen3-tokenizer")
+            for up in (("..",), ("..", ".."))
+        )
+        if os.path.exists(os.path.join(p, "tokenizer.json"))
+    ),
+    os.path.join(REPO_ROOT, "..", "shared", "data", "qwen3-tokenizer"),
+)
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -156,22 +177,37 @@ def test_training_loop_with_a_real_qwen25_vl_model(ds, packing):
     if not os.path.exists(os.path.join(QWEN_TOKENIZER, "tokenizer.json")):
         pytest.skip(f"the Qwen tokenizer is not at {QWEN_TOKENIZER}")
     transformers = pytest.importorskip("transformers")
-    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, vocab_size=151936,
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
-                                 "rope_theta": 10000.0})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
-                  spatial_merge_size=2, fullatt_block_indexes=[0])
+    text = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=151936,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=32,
+        spatial_merge_size=2,
+        fullatt_block_indexes=[0],
+    )
     try:
         model = transformers.Qwen2_5_VLForConditionalGeneration(
-            transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+            transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision)
+        )
     except Exception as e:  # pragma: no cover - depends on the installed transformers
-        pytest.skip(f"cannot build a tiny Qwen2.5-VL with transformers "
-                    f"{transformers.__version__}: {e}")
+        pytest.skip(
+            f"cannot build a tiny Qwen2.5-VL with transformers {transformers.__version__}: {e}"
+        )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     kw = dict(packing=True, pack_length=384) if packing else {}
-    with make(ds, tokenizer=QWEN_TOKENIZER, preset="qwen2.5-vl", micro_batch_size=2,
-              seq_length=None, **kw) as L:
+    with make(
+        ds, tokenizer=QWEN_TOKENIZER, preset="qwen2.5-vl", micro_batch_size=2, seq_length=None, **kw
+    ) as L:
         steps = 0
         for batch in L:
             if packing:

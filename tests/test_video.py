@@ -12,6 +12,7 @@ FFmpeg 5.1 (libswscale 6) steps them by 1/2.  The decoded planes are identical (
 compares them with PyAV's), and the core's RGB equals Debian's own ffmpeg CLI conversion
 (-sws_flags bilinear) bit for bit; odd widths and even heights are bit-exact with PyAV.
 """
+
 from __future__ import annotations
 
 import fractions
@@ -34,12 +35,25 @@ W, H = 64, 48
 
 def _pattern(i: int, w: int, h: int) -> np.ndarray:
     y, x = np.mgrid[0:h, 0:w]
-    return np.stack([(x * 4 + i * 5) % 256, (y * 4 + i * 3) % 256, ((x + y) * 2 + i * 7) % 256],
-                    -1).astype(np.uint8)
+    return np.stack(
+        [(x * 4 + i * 5) % 256, (y * 4 + i * 3) % 256, ((x + y) * 2 + i * 7) % 256], -1
+    ).astype(np.uint8)
 
 
-def make_video(path, codec, n=48, w=W, h=H, fps=24, gop=12, pix="yuv420p", vfr=False,
-               options=None, container_options=None, noise=False):
+def make_video(
+    path,
+    codec,
+    n=48,
+    w=W,
+    h=H,
+    fps=24,
+    gop=12,
+    pix="yuv420p",
+    vfr=False,
+    options=None,
+    container_options=None,
+    noise=False,
+):
     """Encodes n frames of a moving pattern; returns path (skips when PyAV lacks the codec)."""
     try:
         c = av.open(str(path), "w", options=container_options or {})
@@ -78,7 +92,9 @@ def pyav_frames(path):
 
 def decode(path, idx, **kw):
     r = _core.video_decode(path, idx, **kw)
-    out = [np.frombuffer(b, np.uint8).reshape(h, w, 3) for b, (h, w) in zip(r["frames"], r["shapes"])]
+    out = [
+        np.frombuffer(b, np.uint8).reshape(h, w, 3) for b, (h, w) in zip(r["frames"], r["shapes"])
+    ]
     return out, r
 
 
@@ -97,7 +113,12 @@ CASES = [
     ("h264-vfr-mp4", "libx264", "vfr.mp4", dict(vfr=True)),
     ("h264-vfr-mkv", "libx264", "vfr.mkv", dict(vfr=True)),
     ("hevc-mp4", "libx265", "a.mp4", dict(options={"x265-params": "log-level=none"})),
-    ("hevc-mkv-open-gop", "libx265", "a.mkv", dict(n=60, gop=30, options={"x265-params": "log-level=none"})),
+    (
+        "hevc-mkv-open-gop",
+        "libx265",
+        "a.mkv",
+        dict(n=60, gop=30, options={"x265-params": "log-level=none"}),
+    ),
     ("vp9-webm", "libvpx-vp9", "a.webm", {}),
     ("vp9-mkv-odd-width", "libvpx-vp9", "oddw.mkv", dict(w=63, h=48)),
     ("av1-mkv", "libsvtav1", "a.mkv", dict(w=64, h=64)),
@@ -124,7 +145,11 @@ def test_frames_equal_pyav(vdir, name, codec, fname, kw):
     got, r = decode(path, idx)
     assert [g.shape for g in got] == [ref[i].shape for i in idx]
     for k, i in enumerate(idx):
-        assert np.array_equal(got[k], ref[i]), (name, i, int(np.abs(got[k].astype(int) - ref[i]).max()))
+        assert np.array_equal(got[k], ref[i]), (
+            name,
+            i,
+            int(np.abs(got[k].astype(int) - ref[i]).max()),
+        )
     # every frame, in one call, also equal (a dense decode goes forward without seeking)
     got, r = decode(path, list(range(len(ref))))
     assert all(np.array_equal(g, f) for g, f in zip(got, ref))
@@ -184,18 +209,39 @@ def test_odd_height_420_is_debians_swscale_and_planes_equal_pyav(vdir):
     ffmpeg = shutil.which("ffmpeg")
     if not ffmpeg:
         pytest.skip("Debian's ffmpeg CLI is not installed (apt-get install ffmpeg)")
-    raw = subprocess.run([ffmpeg, "-v", "error", "-i", path, "-f", "rawvideo", "-pix_fmt", "yuv420p",
-                          "-"], capture_output=True, check=True).stdout
-    rgb = subprocess.run([ffmpeg, "-v", "error", "-i", path, "-f", "rawvideo", "-pix_fmt", "rgb24",
-                          "-sws_flags", "bilinear", "-"], capture_output=True, check=True).stdout
+    raw = subprocess.run(
+        [ffmpeg, "-v", "error", "-i", path, "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    rgb = subprocess.run(
+        [
+            ffmpeg,
+            "-v",
+            "error",
+            "-i",
+            path,
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-sws_flags",
+            "bilinear",
+            "-",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
     n = len(frames)
     ysz, csz = 64 * 47, 32 * 24
     for i, f in enumerate(frames):  # Debian's decoder and PyAV's: the same planes
         off = i * (ysz + 2 * csz)
         Y = np.frombuffer(f.planes[0], np.uint8).reshape(-1, f.planes[0].line_size)[:47, :64]
         U = np.frombuffer(f.planes[1], np.uint8).reshape(-1, f.planes[1].line_size)[:24, :32]
-        assert np.array_equal(Y, np.frombuffer(raw[off:off + ysz], np.uint8).reshape(47, 64))
-        assert np.array_equal(U, np.frombuffer(raw[off + ysz:off + ysz + csz], np.uint8).reshape(24, 32))
+        assert np.array_equal(Y, np.frombuffer(raw[off : off + ysz], np.uint8).reshape(47, 64))
+        assert np.array_equal(
+            U, np.frombuffer(raw[off + ysz : off + ysz + csz], np.uint8).reshape(24, 32)
+        )
     cli = np.frombuffer(rgb, np.uint8).reshape(n, 47, 64, 3)
     assert all(np.array_equal(g, c) for g, c in zip(got, cli))
 
@@ -205,10 +251,15 @@ def _set_tkhd_rotation(path, degrees):
     data = bytearray(open(path, "rb").read())
     i = data.find(b"tkhd")
     assert i > 0 and data[i + 4] == 0  # version 0
-    m = i + 4 + 4 + 4 * 5 + 8 + 8  # after version/flags, times, id, reserved, duration, reserved, layer..
+    m = (
+        i + 4 + 4 + 4 * 5 + 8 + 8
+    )  # after version/flags, times, id, reserved, duration, reserved, layer..
     one, zero = 1 << 16, 0
-    a, b, c, d = {90: (zero, one, -one, zero), 180: (-one, zero, zero, -one),
-                  270: (zero, -one, one, zero)}[degrees]
+    a, b, c, d = {
+        90: (zero, one, -one, zero),
+        180: (-one, zero, zero, -one),
+        270: (zero, -one, one, zero),
+    }[degrees]
     struct.pack_into(">9i", data, m, a, b, 0, c, d, 0, 0, 0, 1 << 30)
     open(path, "wb").write(bytes(data))
 
@@ -221,7 +272,9 @@ def test_rotation_is_reported_not_applied(vdir, deg):
     info = _core.video_probe(path)
     assert info["rotation"] == deg
     got, _ = decode(path, [0, 30])
-    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[30])  # as PyAV: not rotated
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(
+        got[1], ref[30]
+    )  # as PyAV: not rotated
 
 
 def test_threads_decode_concurrently(vdir):
@@ -248,6 +301,7 @@ def test_threads_decode_concurrently(vdir):
 
 # ---- failures: their own statuses, naming the file ------------------------------------------
 
+
 def test_missing_and_garbage(vdir, tmp_path):
     with pytest.raises(mmloader.SampleError, match="nope.mp4"):
         _core.video_probe(str(tmp_path / "nope.mp4"))
@@ -273,13 +327,16 @@ def test_audio_only_is_unsupported_codec(tmp_path):
 
 def test_video_too_short(vdir):
     path = make_video(vdir / "short.mkv", "libx264", n=10)
-    with pytest.raises(mmloader.SampleError, match=r"short.mkv: frame 10 wanted, the video has 10 frames"):
+    with pytest.raises(
+        mmloader.SampleError, match=r"short.mkv: frame 10 wanted, the video has 10 frames"
+    ):
         _core.video_decode(path, [0, 5, 10])
 
 
 def test_cut_off_mp4_with_moov_first(vdir, tmp_path):
-    path = make_video(vdir / "cut-src.mp4", "libx264", n=96, gop=12,
-                      container_options={"movflags": "faststart"})
+    path = make_video(
+        vdir / "cut-src.mp4", "libx264", n=96, gop=12, container_options={"movflags": "faststart"}
+    )
     ref, _ = pyav_frames(path)
     cut = tmp_path / "cut.mp4"
     data = open(path, "rb").read()
@@ -325,7 +382,9 @@ FAST = dict(backoff_base_s=0.001, backoff_max_s=0.02)
 def big_videos(vdir):
     """~1.5 MB videos of noise (so the bytes are spread over the file): moov first / last."""
     kw = dict(n=36, w=192, h=144, gop=6, noise=True, options={"preset": "ultrafast", "crf": "0"})
-    first = make_video(vdir / "big-first.mp4", "libx264", container_options={"movflags": "faststart"}, **kw)
+    first = make_video(
+        vdir / "big-first.mp4", "libx264", container_options={"movflags": "faststart"}, **kw
+    )
     last = make_video(vdir / "big-last.mp4", "libx264", **kw)
     return first, last
 
@@ -376,18 +435,29 @@ def test_remote_needs_a_fetcher():
 
 def test_max_pixels(vdir):
     path = make_video(vdir / "px.mkv", "libx264")
-    with pytest.raises(mmloader.SampleError, match=r"px.mkv: video frames of 64x48 exceed the pixel limit"):
+    with pytest.raises(
+        mmloader.SampleError, match=r"px.mkv: video frames of 64x48 exceed the pixel limit"
+    ):
         _core.video_probe(path, max_pixels=64 * 48 - 1)
     assert _core.video_probe(path, max_pixels=64 * 48)["width"] == 64
 
 
-@pytest.mark.parametrize("codec,fname,kw", [("libx264", "d.mp4", {}), ("libx264", "dvfr.mp4", dict(vfr=True)),
-                                           ("libvpx-vp9", "d.webm", {}), ("libx265", "d.mkv", {})])
+@pytest.mark.parametrize(
+    "codec,fname,kw",
+    [
+        ("libx264", "d.mp4", {}),
+        ("libx264", "dvfr.mp4", dict(vfr=True)),
+        ("libvpx-vp9", "d.webm", {}),
+        ("libx265", "d.mkv", {}),
+    ],
+)
 def test_counts_and_fps_as_decord_reports_them(vdir, codec, fname, kw):
     """qwen-vl-utils takes total frames and video_fps from decord (len(vr), get_avg_fps())
     when it is installed, from torchcodec (num_frames, average_fps) next, else from
     torchvision/PyAV (frames decoded, stream.average_rate): the probe agrees with them."""
-    decord = pytest.importorskip("decord", reason="decord not installed (benchmarks/requirements.txt)")
+    decord = pytest.importorskip(
+        "decord", reason="decord not installed (benchmarks/requirements.txt)"
+    )
     path = make_video(vdir / fname, codec, **kw)
     vr = decord.VideoReader(path)
     info = _core.video_probe(path)

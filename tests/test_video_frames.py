@@ -9,6 +9,7 @@ The reference runs in a subprocess with the torchvision stand-in (tests/tvshim):
 torchvision does not work beside the CPU torch here, so torchvision's resize is reproduced
 with torch.nn.functional.interpolate(mode="bicubic", antialias=True) exactly as
 torchvision calls it.  Frames are real photos (tests/photos.py), re-encoded as JPEG/PNG."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,11 +38,18 @@ SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 
 
 def reference_many(items: list) -> list:
-    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "tvshim") + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.join(HERE, "video_reference.py")],
-                       input=json.dumps({"op": "process_many", "items": items}),
-                       capture_output=True, text=True, env=env, timeout=1200)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.join(HERE, "tvshim") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "video_reference.py")],
+        input=json.dumps({"op": "process_many", "items": items}),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = []
     for r in items:
@@ -81,22 +89,41 @@ def make_case(tmp, preset, tok, name, extra_text="What happens?"):
     tag = f"{name}-{preset}-{os.path.basename(tok)}"
     frames = frame_files(tmp, tag, n, size, fmt="PNG" if name == "keys" else "JPEG")
     part = dict(keys, type="video", video=frames)
-    msgs = [{"role": "user", "content": [part, {"type": "text", "text": extra_text}]},
-            {"role": "assistant", "content": "Nothing much."}]
+    msgs = [
+        {"role": "user", "content": [part, {"type": "text", "text": extra_text}]},
+        {"role": "assistant", "content": "Nothing much."},
+    ]
     shard = os.path.join(tmp, tag + ".jsonl")
     with open(shard, "w") as f:
         f.write(json.dumps({"messages": msgs}) + "\n")
-    text = ((SYSTEM if preset != "qwen3-vl" else "") +
-            "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>" + extra_text +
-            "<|im_end|>\n<|im_start|>assistant\nNothing much.<|im_end|>\n")
-    return shard, {"op": "process", "preset": preset, "tokenizer": tok, "text": text,
-                   "messages": msgs, "out": os.path.join(tmp, tag + ".npz")}
+    text = (
+        (SYSTEM if preset != "qwen3-vl" else "")
+        + "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>"
+        + extra_text
+        + "<|im_end|>\n<|im_start|>assistant\nNothing much.<|im_end|>\n"
+    )
+    return shard, {
+        "op": "process",
+        "preset": preset,
+        "tokenizer": tok,
+        "text": text,
+        "messages": msgs,
+        "out": os.path.join(tmp, tag + ".npz"),
+    }
 
 
 def first_batch(shard, preset, tok, **kw):
-    with mmloader.Loader(shard, preset=preset, tokenizer=tok, micro_batch_size=1,
-                         shuffle=False, mrope=True, mm_token_type_ids=True, num_threads=1,
-                         **kw) as L:
+    with mmloader.Loader(
+        shard,
+        preset=preset,
+        tokenizer=tok,
+        micro_batch_size=1,
+        shuffle=False,
+        mrope=True,
+        mm_token_type_ids=True,
+        num_threads=1,
+        **kw,
+    ) as L:
         return {k: np.array(v.numpy(), copy=True) for k, v in next(iter(L)).items()}
 
 
@@ -111,8 +138,9 @@ def cases(tmp_path_factory):
     made = {(p, n, "tiny"): make_case(tmp, p, TINY, n) for p, n in KEYS}
     if os.path.isdir(REAL):
         for p in PRESETS:
-            made[(p, "keys", "real")] = make_case(tmp, p, os.path.abspath(REAL), "keys",
-                                                  extra_text="Describe the clip.")
+            made[(p, "keys", "real")] = make_case(
+                tmp, p, os.path.abspath(REAL), "keys", extra_text="Describe the clip."
+            )
     refs = reference_many([r for _, r in made.values()])
     return {k: (v[0], v[1]["tokenizer"], ref) for (k, v), ref in zip(made.items(), refs)}
 
@@ -142,8 +170,9 @@ def test_frame_list_matches_processor_tiny_tokenizer(cases, preset, name):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_frame_list_matches_processor_real_tokenizer(cases, preset):
     if (preset, "keys", "real") not in cases:
-        pytest.skip(f"{REAL} not found (the Qwen tokenizer lives in ../shared/data beside the "
-                    "repo)")
+        pytest.skip(
+            f"{REAL} not found (the Qwen tokenizer lives in ../shared/data beside the repo)"
+        )
     shard, tok, ref = cases[(preset, "keys", "real")]
     compare(first_batch(shard, preset, tok), ref, preset)
 
@@ -156,5 +185,7 @@ def test_frame_lists_after_qwen_vl_utils_are_what_mmloader_resizes(cases):
         fr = ref["frames_after_qwen_vl_utils"]
         assert np.array_equal(fr, np.round(fr)), key
         t, h, w = ref["video_grid_thw"][0]
-        assert fr.shape[-2:] == (h * (16 if key[0] == "qwen3-vl" else 14),
-                                 w * (16 if key[0] == "qwen3-vl" else 14)), key
+        assert fr.shape[-2:] == (
+            h * (16 if key[0] == "qwen3-vl" else 14),
+            w * (16 if key[0] == "qwen3-vl" else 14),
+        ), key

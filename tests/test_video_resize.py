@@ -2,6 +2,7 @@
 bitwise equal to torch.nn.functional.interpolate(mode="bicubic", antialias=True) — what
 torchvision's resize of a video tensor calls (torchvision itself cannot be installed beside
 the CPU torch here)."""
+
 import random
 
 import numpy as np
@@ -20,9 +21,14 @@ def test_resize_aa_bicubic_equals_torch(seed):
         ow, oh = rng.randint(1, 400), rng.randint(1, 400)
         x = np.random.RandomState(rng.randrange(1 << 30)).randint(0, 256, (3, h, w))
         x = x.astype(np.float32)
-        ref = torch.nn.functional.interpolate(torch.from_numpy(x)[None], size=[oh, ow],
-                                              mode="bicubic", antialias=True,
-                                              align_corners=False)[0].numpy()
-        got = np.frombuffer(_core.resize_aa_bicubic(x.tobytes(), 3, w, h, ow, oh),
-                            np.float32).reshape(3, oh, ow)
+        ref = torch.nn.functional.interpolate(
+            torch.from_numpy(x)[None],
+            size=[oh, ow],
+            mode="bicubic",
+            antialias=True,
+            align_corners=False,
+        )[0].numpy()
+        got = np.frombuffer(
+            _core.resize_aa_bicubic(x.tobytes(), 3, w, h, ow, oh), np.float32
+        ).reshape(3, oh, ow)
         assert np.array_equal(ref, got), (w, h, ow, oh, float(np.abs(ref - got).max()))

@@ -4,6 +4,7 @@ decord/torchcodec readers), fetch_video's per-frame pixel budget (VIDEO_MIN/MAX 
 numbers, total_pixels, max_pixels, resized_height/width) and the frame-list path's first
 fetch_image resize.  The reference runs in a subprocess with the torchvision stand-in
 (tests/tvshim), calling qwen-vl-utils' own functions."""
+
 from __future__ import annotations
 
 import json
@@ -26,25 +27,45 @@ pytest.importorskip("transformers")
 
 
 def reference(req: dict):
-    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "tvshim") + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, os.path.join(HERE, "video_reference.py")],
-                       input=json.dumps(req), capture_output=True, text=True, env=env, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.join(HERE, "tvshim") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "video_reference.py")],
+        input=json.dumps(req),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
 
 def line(ele: dict) -> str:
     part = dict(ele, type="video", video=ele.get("video", "clip.mp4"))
-    return json.dumps({"messages": [{"role": "user", "content": [part]},
-                                    {"role": "assistant", "content": "ok"}]})
+    return json.dumps(
+        {"messages": [{"role": "user", "content": [part]}, {"role": "assistant", "content": "ok"}]}
+    )
 
 
 def sampling_cases(n: int, seed: int = 7):
     rng = random.Random(seed)
     cases = []
-    fps_choices = [23.976023976023978, 24.0, 25.0, 29.97002997002997, 30.0, 59.94, 60.0, 12.5,
-                   1.0, 7.3, 120.0]
+    fps_choices = [
+        23.976023976023978,
+        24.0,
+        25.0,
+        29.97002997002997,
+        30.0,
+        59.94,
+        60.0,
+        12.5,
+        1.0,
+        7.3,
+        120.0,
+    ]
     for i in range(n):
         fps = rng.choice(fps_choices)
         dur = rng.choice([0.1, 0.5, 1, 2.2, 3, 10, 33.3, 60, 61.7, 300, 601, 1800, 3600])
@@ -64,11 +85,21 @@ def sampling_cases(n: int, seed: int = 7):
             ele["video_end"] = round(rng.uniform(dur * 0.2, dur * 1.3), rng.choice([0, 1, 3]))
         cases.append([ele, total, fps])
     # edges: exactly at the boundaries, long videos, tiny ones
-    cases += [[{}, 4, 2.0], [{}, 3, 30.0], [{}, 2, 30.0], [{}, 1, 30.0], [{"nframes": 3}, 4, 25.0],
-              [{"nframes": 5}, 4, 25.0], [{}, 23040, 30.0], [{}, 107892, 29.97002997002997],
-              [{"video_start": 1.0, "video_end": 1.0}, 300, 30.0],
-              [{"video_start": 5.0}, 100, 25.0], [{"video_end": 0.0}, 100, 25.0],
-              [{"fps": 2.0, "max_frames": 3}, 100, 25.0], [{"min_frames": 50}, 20, 10.0]]
+    cases += [
+        [{}, 4, 2.0],
+        [{}, 3, 30.0],
+        [{}, 2, 30.0],
+        [{}, 1, 30.0],
+        [{"nframes": 3}, 4, 25.0],
+        [{"nframes": 5}, 4, 25.0],
+        [{}, 23040, 30.0],
+        [{}, 107892, 29.97002997002997],
+        [{"video_start": 1.0, "video_end": 1.0}, 300, 30.0],
+        [{"video_start": 5.0}, 100, 25.0],
+        [{"video_end": 0.0}, 100, 25.0],
+        [{"fps": 2.0, "max_frames": 3}, 100, 25.0],
+        [{"min_frames": 50}, 20, 10.0],
+    ]
     return cases
 
 
@@ -84,8 +115,12 @@ def test_sampling_matches_qwen_vl_utils():
             errors += 1
             continue
         got = _core.video_sample(line(ele), total, fps)
-        assert (got["first"], got["last"], got["count"], got["n"]) == \
-            (want["first"], want["last"], want["count"], want["n"]), where
+        assert (got["first"], got["last"], got["count"], got["n"]) == (
+            want["first"],
+            want["last"],
+            want["count"],
+            want["n"],
+        ), where
         assert got["indices"] == want["indices"], where
         assert got["sample_fps"] == want["sample_fps"], where
         ok += 1
@@ -99,6 +134,7 @@ def test_fps_and_nframes_together_is_a_bad_record():
 
 def test_timestamps_as_qwen3_vl_processor():
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
     rng = random.Random(3)
     for _ in range(300):
         n = rng.randint(1, 40)
@@ -106,8 +142,9 @@ def test_timestamps_as_qwen3_vl_processor():
         fps = rng.choice([23.976023976023978, 25.0, 30.0, 2.0, 7.5])
         want = Qwen3VLProcessor._calculate_timestamps(None, list(idx), fps, 2)
         assert _core.video_timestamps(idx, fps, 2) == want
-        assert [f"<{t:.1f} seconds>" for t in _core.video_timestamps(idx, fps, 2)] == \
-            [f"<{t:.1f} seconds>" for t in want]
+        assert [f"<{t:.1f} seconds>" for t in _core.video_timestamps(idx, fps, 2)] == [
+            f"<{t:.1f} seconds>" for t in want
+        ]
 
 
 def budget_cases(count: int, seed: int = 11):
@@ -115,8 +152,18 @@ def budget_cases(count: int, seed: int = 11):
     cases = []
     for i in range(count):
         patch = rng.choice([14, 16])
-        h, w = rng.choice([(480, 640), (720, 1280), (1080, 1920), (64, 64), (333, 517),
-                           (2160, 3840), (100, 900), (57, 1000)])
+        h, w = rng.choice(
+            [
+                (480, 640),
+                (720, 1280),
+                (1080, 1920),
+                (64, 64),
+                (333, 517),
+                (2160, 3840),
+                (100, 900),
+                (57, 1000),
+            ]
+        )
         n = rng.choice([2, 3, 4, 6, 16, 64, 300, 768])
         while n * h * w > 4_000_000:  # the reference resizes every frame with Pillow
             h, w = h // 2, w // 2
@@ -129,8 +176,9 @@ def budget_cases(count: int, seed: int = 11):
         elif r == 3:
             ele["total_pixels"] = rng.choice([20480 * 28 * 28, 1e6, 5e7])
         elif r == 4:
-            ele["resized_height"], ele["resized_width"] = rng.choice([(224, 224), (300, 500),
-                                                                      (57, 93)])
+            ele["resized_height"], ele["resized_width"] = rng.choice(
+                [(224, 224), (300, 500), (57, 93)]
+            )
         cases.append([ele, n, h, w, patch])
     return cases
 
@@ -146,8 +194,10 @@ def test_frame_budget_matches_fetch_video(count):
         where = f"ele={ele} n={n} {h}x{w} patch={patch}"
         try:
             fh, fw = _core.video_list_frame_size(line(dict(ele, video=["a.jpg"])), f, h, w)
-            got = [n + n % 2, *_core.video_frame_size(line(dict(ele, video=["a.jpg"])), f,
-                                                     n + n % 2, fh, fw)]
+            got = [
+                n + n % 2,
+                *_core.video_frame_size(line(dict(ele, video=["a.jpg"])), f, n + n % 2, fh, fw),
+            ]
         except Exception as e:  # noqa: BLE001
             assert isinstance(want, dict), f"{where}: {e}"
             continue

@@ -7,6 +7,7 @@ limits.  The reference decodes with Pillow and runs the processor; the required 
 0 differing uint8 values after decode and after resize, and pixel_values within 1e-6 (in
 practice bit-identical).
 """
+
 from __future__ import annotations
 
 import io
@@ -34,8 +35,10 @@ except Exception as e:  # pragma: no cover - depends on the environment
     Qwen2VLImageProcessorPil = None
     _TF_ERR = repr(e)
 
-needs_tf = pytest.mark.skipif(Qwen2VLImageProcessorPil is None,
-                              reason="transformers with the Qwen2-VL PIL processor not installed")
+needs_tf = pytest.mark.skipif(
+    Qwen2VLImageProcessorPil is None,
+    reason="transformers with the Qwen2-VL PIL processor not installed",
+)
 
 QWEN25 = dict(min_pixels=3136, max_pixels=12845056)
 PIL_MAJOR = int(PIL.__version__.split(".")[0])
@@ -43,12 +46,15 @@ PIL_MAJOR = int(PIL.__version__.split(".")[0])
 
 # ----------------------------------------------------------------------------- generators
 
+
 def pattern(h: int, w: int, seed: int = 0, channels: int = 3) -> np.ndarray:
     """Smooth gradients plus noise: exercises every kernel tap and rounding."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
-    base = [127 + 120 * np.sin(x / max(w, 1) * 6.3 + c) * np.cos(y / max(h, 1) * 4.1 - c)
-            for c in range(channels)]
+    base = [
+        127 + 120 * np.sin(x / max(w, 1) * 6.3 + c) * np.cos(y / max(h, 1) * 4.1 - c)
+        for c in range(channels)
+    ]
     a = np.stack(base, -1) + rng.normal(0, 18, (h, w, channels))
     return np.clip(a, 0, 255).astype(np.uint8)
 
@@ -71,8 +77,14 @@ def _chunk(tag: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
 
-def raw_png(samples: np.ndarray, color_type: int, depth: int, trns: bytes | None = None,
-            plte: bytes | None = None, interlace: bool = False) -> bytes:
+def raw_png(
+    samples: np.ndarray,
+    color_type: int,
+    depth: int,
+    trns: bytes | None = None,
+    plte: bytes | None = None,
+    interlace: bool = False,
+) -> bytes:
     """A PNG written by hand (for depths/chunks Pillow does not write).  `samples`:
     H x W x C unsigned ints of the given depth."""
     h, w = samples.shape[:2]
@@ -96,14 +108,23 @@ def raw_png(samples: np.ndarray, color_type: int, depth: int, trns: bytes | None
         return b"".join(rows)
 
     if interlace:
-        passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
-                  (1, 0, 2, 2), (0, 1, 1, 2)]
-        data = b"".join(pack_rows(s[y0::dy, x0::dx]) for x0, y0, dx, dy in passes
-                        if s[y0::dy, x0::dx].size)
+        passes = [
+            (0, 0, 8, 8),
+            (4, 0, 8, 8),
+            (0, 4, 4, 8),
+            (2, 0, 4, 4),
+            (0, 2, 2, 4),
+            (1, 0, 2, 2),
+            (0, 1, 1, 2),
+        ]
+        data = b"".join(
+            pack_rows(s[y0::dy, x0::dx]) for x0, y0, dx, dy in passes if s[y0::dy, x0::dx].size
+        )
     else:
         data = pack_rows(s)
-    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth,
-                                                              color_type, 0, 0, int(interlace)))
+    out = b"\x89PNG\r\n\x1a\n" + _chunk(
+        b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, int(interlace))
+    )
     if plte is not None:
         out += _chunk(b"PLTE", plte)
     if trns is not None:
@@ -125,14 +146,17 @@ def png_cases() -> dict:
         "la": encode(Image.fromarray(np.dstack([gray, alpha]), "LA"), "PNG"),
         "l": encode(Image.fromarray(gray), "PNG"),
         "l_trns": encode(Image.fromarray(gray), "PNG", transparency=int(gray[3, 3])),
-        "rgb_trns": encode(Image.fromarray(rgb), "PNG", transparency=tuple(int(v) for v in rgb[4, 4])),
+        "rgb_trns": encode(
+            Image.fromarray(rgb), "PNG", transparency=tuple(int(v) for v in rgb[4, 4])
+        ),
         "bit1": encode(Image.fromarray(gray > 128), "PNG"),
         "gray2": raw_png(gray >> 6, 0, 2),
         "gray4": raw_png(gray >> 4, 0, 4),
         "gray4_trns": raw_png(gray >> 4, 0, 4, trns=struct.pack(">H", 0)),
         "gray16": raw_png((gray.astype(np.uint16) * 257 // 90), 0, 16),
-        "gray16_trns": raw_png(np.minimum(gray.astype(np.uint16) * 3, 65535), 0, 16,
-                               trns=struct.pack(">H", 255)),
+        "gray16_trns": raw_png(
+            np.minimum(gray.astype(np.uint16) * 3, 65535), 0, 16, trns=struct.pack(">H", 255)
+        ),
         "rgb16": raw_png(rgb.astype(np.uint16) * 257 + 3, 2, 16),
         "rgba16": raw_png(np.dstack([rgb, alpha]).astype(np.uint16) * 257 + 100, 6, 16),
         "la16": raw_png(np.dstack([gray, alpha]).astype(np.uint16) * 257, 4, 16),
@@ -173,8 +197,9 @@ def mml_rgb(data: bytes, scale: int = 1) -> np.ndarray:
 
 
 def mml_resize(a: np.ndarray, h: int, w: int, h_first: bool = False) -> np.ndarray:
-    out = _core.resize_bicubic(np.ascontiguousarray(a).tobytes(), a.shape[0], a.shape[1], h, w,
-                               h_first)
+    out = _core.resize_bicubic(
+        np.ascontiguousarray(a).tobytes(), a.shape[0], a.shape[1], h, w, h_first
+    )
     return np.frombuffer(out, np.uint8).reshape(h, w, 3)
 
 
@@ -194,16 +219,18 @@ def assert_same(ours, ref):
 
 # ----------------------------------------------------------------------------- smart_resize
 
-WORKED = [((1365, 2048), 28, 3136, 12845056, (1372, 2044)),
-          ((480, 640), 28, 3136, 12845056, (476, 644)),
-          ((70, 70), 28, 3136, 12845056, (56, 56)),
-          ((100, 100), 28, 3136, 12845056, (112, 112)),
-          ((28, 5000), 28, 3136, 12845056, (28, 5012)),
-          ((3000, 4000), 28, 3136, 12845056, (2996, 4004)),
-          ((1365, 2048), 28, 3136, 1003520, (812, 1204)),
-          ((1080, 1920), 28, 3136, 1003520, (728, 1316)),
-          ((1365, 2048), 32, 65536, 16777216, (1376, 2048)),
-          ((224, 224), 32, 65536, 16777216, (256, 256))]
+WORKED = [
+    ((1365, 2048), 28, 3136, 12845056, (1372, 2044)),
+    ((480, 640), 28, 3136, 12845056, (476, 644)),
+    ((70, 70), 28, 3136, 12845056, (56, 56)),
+    ((100, 100), 28, 3136, 12845056, (112, 112)),
+    ((28, 5000), 28, 3136, 12845056, (28, 5012)),
+    ((3000, 4000), 28, 3136, 12845056, (2996, 4004)),
+    ((1365, 2048), 28, 3136, 1003520, (812, 1204)),
+    ((1080, 1920), 28, 3136, 1003520, (728, 1316)),
+    ((1365, 2048), 32, 65536, 16777216, (1376, 2048)),
+    ((224, 224), 32, 65536, 16777216, (256, 256)),
+]
 
 
 @pytest.mark.parametrize("hw,factor,mn,mx,want", WORKED)
@@ -214,6 +241,7 @@ def test_smart_resize_worked_values(hw, factor, mn, mx, want):
 @needs_tf
 def test_smart_resize_matches_transformers_randomly():
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as ref
+
     rng = np.random.default_rng(0)
     for _ in range(3000):
         h, w = (int(v) for v in rng.integers(1, 6000, 2))
@@ -240,6 +268,7 @@ def test_smart_resize_errors_and_legacy():
 
 # ----------------------------------------------------------------------------- decode parity
 
+
 @needs_tf
 @pytest.mark.parametrize("name,data", list(png_cases().items()) + list(jpeg_cases().items()))
 def test_decode_matches_pillow(name, data):
@@ -262,8 +291,14 @@ def test_decode_random_jpegs_match_pillow():
             im = im.convert("L")
         if i % 11 == 0:
             im = Image.fromarray(pattern(h, w, i, 4), "CMYK")
-        data = encode(im, "JPEG", quality=int(rng.integers(5, 101)), subsampling=subs[i % 4],
-                      progressive=i % 3 == 0, optimize=i % 5 == 0)
+        data = encode(
+            im,
+            "JPEG",
+            quality=int(rng.integers(5, 101)),
+            subsampling=subs[i % 4],
+            progressive=i % 3 == 0,
+            optimize=i % 5 == 0,
+        )
         assert np.count_nonzero(mml_rgb(data) != pil_rgb(data)) == 0, (h, w, i)
 
 
@@ -278,10 +313,13 @@ def test_alpha_composite_and_cmyk_formulas_exhaustive():
     np.testing.assert_array_equal(mml_rgb(data), want)
     cmyk = np.dstack([v, a, 255 - v, a])
     data = encode(Image.fromarray(cmyk, "CMYK"), "JPEG", quality=100)
-    np.testing.assert_array_equal(mml_rgb(data), np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    np.testing.assert_array_equal(
+        mml_rgb(data), np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    )
 
 
 # ----------------------------------------------------------------------------- resize parity
+
 
 def test_resize_matches_pillow_random_sizes():
     rng = np.random.default_rng(3)
@@ -305,6 +343,7 @@ def test_resize_pass_order_matters():
 
 # ----------------------------------------------------------------------------- processor parity
 
+
 @needs_tf
 @pytest.mark.parametrize("kind", ["png", "jpeg"])
 def test_processor_matches_transformers_all_formats(kind):
@@ -314,8 +353,20 @@ def test_processor_matches_transformers_all_formats(kind):
     assert_same(proc(datas), reference(datas))
 
 
-SIZES = [(5, 9), (27, 28), (30, 30), (3, 600), (600, 3), (7, 1400), (2, 400), (97, 1001),
-         (480, 640), (333, 500), (1000, 35), (56, 56)]
+SIZES = [
+    (5, 9),
+    (27, 28),
+    (30, 30),
+    (3, 600),
+    (600, 3),
+    (7, 1400),
+    (2, 400),
+    (97, 1001),
+    (480, 640),
+    (333, 500),
+    (1000, 35),
+    (56, 56),
+]
 
 
 @needs_tf
@@ -327,21 +378,34 @@ def test_processor_matches_transformers_sizes(hw):
 
 
 @needs_tf
-@pytest.mark.parametrize("preset,kw", [
-    ("qwen2.5-vl", dict(max_pixels=200704)),            # max limit: downscale
-    ("qwen2.5-vl", dict(min_pixels=200704)),            # min limit: upscale
-    ("qwen2-vl", dict(max_pixels=50176, min_pixels=3136)),
-    ("qwen3-vl", {}),
-])
+@pytest.mark.parametrize(
+    "preset,kw",
+    [
+        ("qwen2.5-vl", dict(max_pixels=200704)),  # max limit: downscale
+        ("qwen2.5-vl", dict(min_pixels=200704)),  # min limit: upscale
+        ("qwen2-vl", dict(max_pixels=50176, min_pixels=3136)),
+        ("qwen3-vl", {}),
+    ],
+)
 def test_processor_pixel_limits_and_presets(preset, kw):
-    datas = [jpeg(480, 640, 1), jpeg(1365 // 3, 2048 // 3, 2), jpeg(40, 3000, 3),
-             jpeg(900, 300, 4, progressive=True)]
+    datas = [
+        jpeg(480, 640, 1),
+        jpeg(1365 // 3, 2048 // 3, 2),
+        jpeg(40, 3000, 3),
+        jpeg(900, 300, 4, progressive=True),
+    ]
     proc = mmloader.ImageProcessor(preset, **kw)
     c = proc.config
-    ref = reference(datas, min_pixels=c["min_pixels"], max_pixels=c["max_pixels"],
-                    patch_size=c["patch_size"], merge_size=c["merge_size"],
-                    temporal_patch_size=c["temporal_patch_size"], image_mean=c["image_mean"],
-                    image_std=c["image_std"])
+    ref = reference(
+        datas,
+        min_pixels=c["min_pixels"],
+        max_pixels=c["max_pixels"],
+        patch_size=c["patch_size"],
+        merge_size=c["merge_size"],
+        temporal_patch_size=c["temporal_patch_size"],
+        image_mean=c["image_mean"],
+        image_std=c["image_std"],
+    )
     assert_same(proc(datas), ref)
 
 
@@ -363,17 +427,24 @@ def test_inputs_paths_arrays_and_pil(tmp_path):
     rgba = Image.fromarray(np.dstack([pattern(40, 50, 3), pattern(40, 50, 4)[..., 0]]), "RGBA")
     proc = mmloader.ImageProcessor()
     out = proc([str(p), p, arr, data, rgba])
-    ref = Qwen2VLImageProcessorPil(**QWEN25)([Image.open(io.BytesIO(data))] * 4 + [rgba],
-                                             return_tensors="np")
+    ref = Qwen2VLImageProcessorPil(**QWEN25)(
+        [Image.open(io.BytesIO(data))] * 4 + [rgba], return_tensors="np"
+    )
     assert_same(out, ref)
     single = proc(arr)
     assert single["image_grid_thw"].shape == (1, 3)
 
 
 def test_model_dir_overrides(tmp_path):
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
-        "size": {"shortest_edge": 3136, "longest_edge": 200704},
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "size": {"shortest_edge": 3136, "longest_edge": 200704},
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+            }
+        )
+    )
     proc = mmloader.ImageProcessor("qwen2.5-vl", model_dir=str(tmp_path))
     assert proc.config["max_pixels"] == 200704
     out = proc([jpeg(1365, 2048, 1)])
@@ -381,11 +452,16 @@ def test_model_dir_overrides(tmp_path):
     assert out["image_grid_thw"].tolist() == [[1, h // 14, w // 14]]
     assert proc.plan(jpeg(1365, 2048, 1))["tokens"] == (h // 28) * (w // 28)
     # keyword overrides win over the model directory
-    assert mmloader.ImageProcessor("qwen2.5-vl", model_dir=str(tmp_path),
-                                   max_pixels=1003520).config["max_pixels"] == 1003520
+    assert (
+        mmloader.ImageProcessor("qwen2.5-vl", model_dir=str(tmp_path), max_pixels=1003520).config[
+            "max_pixels"
+        ]
+        == 1003520
+    )
 
 
 # ----------------------------------------------------------------------------- errors
+
 
 def test_errors():
     proc = mmloader.ImageProcessor(max_image_pixels=100 * 100)
@@ -433,6 +509,7 @@ def test_portable_paths_match_too():
     child process with the AVX2 paths switched off."""
     import subprocess
     import sys
+
     code = (
         "import io, numpy as np, mmloader, test_vision as t\n"
         "d = [t.jpeg(300, 200, 1), t.jpeg(61, 83, 2), t.png_cases()['rgba'], t.jpeg(333, 500, 3)]\n"
@@ -441,12 +518,18 @@ def test_portable_paths_match_too():
         "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"
         "t.assert_same(o, t.reference(d, patch_size=16, min_pixels=65536, max_pixels=16777216,"
         " image_mean=[.5, .5, .5], image_std=[.5, .5, .5]))\n"
-        "print('ok')\n")
-    env = dict(os.environ, MML_DISABLE_AVX2="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.getcwd(),
-                                           os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+        "print('ok')\n"
+    )
+    env = dict(
+        os.environ,
+        MML_DISABLE_AVX2="1",
+        PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(__file__), os.getcwd(), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 

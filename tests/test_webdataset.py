@@ -5,6 +5,7 @@ layout must give bitwise-identical batches.  Images are real photos (matplotlib'
 sample_data: grace_hopper.jpg, logo2.png, Minduka_Present_Blue_Pack.png) re-encoded at
 test time; shards are written with Python's tarfile (GNU and pax formats, long names).
 """
+
 import gzip
 import io
 import json
@@ -45,8 +46,12 @@ def samples(photos, n=12):
         k = i % 3
         imgs = [photos[(i + j) % len(photos)] for j in range(k)]
         tags = "<image>" * k
-        rec = {"conversations": [{"from": "human", "value": f"{tags}Sample {i}: what is shown?"},
-                                 {"from": "gpt", "value": f"Answer {i}."}]}
+        rec = {
+            "conversations": [
+                {"from": "human", "value": f"{tags}Sample {i}: what is shown?"},
+                {"from": "gpt", "value": f"Answer {i}."},
+            ]
+        }
         out.append((f"{i:06d}", rec, imgs))
     return out
 
@@ -85,8 +90,10 @@ def tar_bytes(items, style="indexed", fmt=tarfile.GNU_FORMAT, prefix=""):
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
         for key, rec, imgs in items:
             key = prefix + key
-            names = [f"{j}.{ext}" if not (style == "single" and len(imgs) == 1) else ext
-                     for j, (ext, _) in enumerate(imgs)]
+            names = [
+                f"{j}.{ext}" if not (style == "single" and len(imgs) == 1) else ext
+                for j, (ext, _) in enumerate(imgs)
+            ]
             r = dict(rec)
             order = list(range(len(imgs)))
             if style == "listed":
@@ -102,8 +109,15 @@ def tar_bytes(items, style="indexed", fmt=tarfile.GNU_FORMAT, prefix=""):
 
 
 def epoch(data, **kw):
-    args = dict(tokenizer=TINY, micro_batch_size=3, num_threads=2, prefetch=2, shuffle=False,
-                min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        shuffle=False,
+        min_pixels=28 * 28 * 4,
+        max_pixels=28 * 28 * 16,
+    )
     args.update(kw)
     with mmloader.Loader(data, **args) as L:
         return [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
@@ -153,8 +167,10 @@ def test_sharded_and_shuffled(ref, tmp_path):
     jsonl = os.path.join(tmp, "ref.jsonl")
     for rank in range(2):
         kw = dict(shuffle=True, seed=4, dp_rank=rank, dp_size=2)
-        assert_same(epoch(jsonl, image_root=tmp, **kw),
-                    epoch([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")], **kw))
+        assert_same(
+            epoch(jsonl, image_root=tmp, **kw),
+            epoch([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")], **kw),
+        )
     assert_same(epoch(jsonl, image_root=tmp), epoch(str(tmp_path)))  # a folder of shards
 
 
@@ -165,8 +181,12 @@ def test_remote_shards(ref, fault_server, moto_s3):
     assert_same(want, epoch(srv.url("/wds/s.tar")))
     # records and images are range reads of the shard, never a whole-object GET after indexing
     url = moto_s3.put("wds/s.tar", data)
-    s3 = dict(s3_endpoint=moto_s3.endpoint, s3_region=moto_s3.region,
-              aws_access_key_id=moto_s3.access_key, aws_secret_access_key=moto_s3.secret_key)
+    s3 = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
     assert_same(want, epoch(url, **s3))
 
 
@@ -182,8 +202,9 @@ def test_member_errors_name_the_sample(ref, tmp_path):
     p = tmp_path / "bad.tar"
     p.write_bytes(buf.getvalue())
     with pytest.raises(mmloader.SampleError) as e:
-        with mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1, shuffle=False,
-                             on_error="raise") as L:
+        with mmloader.Loader(
+            str(p), tokenizer=TINY, micro_batch_size=1, shuffle=False, on_error="raise"
+        ) as L:
             it = iter(L)
             errors = []
             for _ in range(3):
@@ -198,11 +219,17 @@ def test_member_errors_name_the_sample(ref, tmp_path):
     assert msgs[2].startswith(f"{p}[k3]: image k3.jpg:")
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d[:700], r"truncated tar \(ends at byte 700 inside a member\)"),
-    (lambda d: d[:100], r"truncated tar \(ends at byte 100 inside a header\)"),
-    (lambda d: d[:148] + b"9" + d[149:], r"not a tar archive \(bad header checksum\) at byte 0"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d[:700], r"truncated tar \(ends at byte 700 inside a member\)"),
+        (lambda d: d[:100], r"truncated tar \(ends at byte 100 inside a header\)"),
+        (
+            lambda d: d[:148] + b"9" + d[149:],
+            r"not a tar archive \(bad header checksum\) at byte 0",
+        ),
+    ],
+)
 def test_corrupt_tar_is_refused(ref, tmp_path, mutate, needle):
     items, _, _ = ref
     p = tmp_path / "c.tar"

@@ -16,6 +16,7 @@ request names (and small results as JSON on stdout).  Requests:
       processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz
   {"op": "process_many", "items": [process requests]} (one interpreter start for all)
 """
+
 import json
 import sys
 
@@ -25,14 +26,23 @@ import torch
 
 def sample(cases):
     from qwen_vl_utils import vision_process as q
+
     out = []
     for ele, total, fps in cases:
         try:
             first, last, count = q.calculate_video_frame_range(ele, total, fps)
             n = q.smart_nframes(ele, total_frames=count, video_fps=fps)
             idx = torch.linspace(first, last, n).round().long().tolist()
-            out.append(dict(first=first, last=last, count=count, n=n, indices=idx,
-                            sample_fps=n / max(count, 1e-6) * fps))
+            out.append(
+                dict(
+                    first=first,
+                    last=last,
+                    count=count,
+                    n=n,
+                    indices=idx,
+                    sample_fps=n / max(count, 1e-6) * fps,
+                )
+            )
         except (ValueError, AssertionError) as e:
             out.append(dict(error=str(e)))
     return out
@@ -41,6 +51,7 @@ def sample(cases):
 def shape(cases):
     from PIL import Image
     from qwen_vl_utils import vision_process as q
+
     # only the size matters here: the video resize is replaced by an allocation (fetch_image's
     # per-frame Pillow resize still runs)
     q.transforms.functional.resize = lambda v, size, **k: torch.empty(*v.shape[:2], *size)
@@ -59,23 +70,31 @@ def shape(cases):
 def _tokenizer(path):
     import os
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     if os.path.isdir(path):
         return AutoTokenizer.from_pretrained(path)
-    return PreTrainedTokenizerFast(tokenizer_file=path, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_file=path, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
 
 
 def _processor(preset, tok):
     from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
     if preset == "qwen3-vl":  # the checkpoint's processor configs
-        ip = Qwen2VLImageProcessorPil(patch_size=16, min_pixels=65536, max_pixels=16777216,
-                                      image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        vp = Qwen3VLVideoProcessor(size={"shortest_edge": 4096, "longest_edge": 25165824},
-                                   cap_pixels_per_frame=False)
+        ip = Qwen2VLImageProcessorPil(
+            patch_size=16,
+            min_pixels=65536,
+            max_pixels=16777216,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        )
+        vp = Qwen3VLVideoProcessor(
+            size={"shortest_edge": 4096, "longest_edge": 25165824}, cap_pixels_per_frame=False
+        )
         return Qwen3VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp), 16
     ip = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
     vp = Qwen2VLVideoProcessor(min_pixels=3136, max_pixels=12845056, cap_pixels_per_frame=False)
@@ -87,32 +106,52 @@ def _rope(preset, out):
     config values it reads)."""
     import types
     from functools import partial
+
     if preset == "qwen3-vl":
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel as M
     else:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as M
-    me = types.SimpleNamespace(config=types.SimpleNamespace(
-        vision_config=types.SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)))
+    me = types.SimpleNamespace(
+        config=types.SimpleNamespace(
+            vision_config=types.SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)
+        )
+    )
     me.get_vision_position_ids = partial(M.get_vision_position_ids, me)
-    kw = {k: torch.as_tensor(out[k]) for k in ("image_grid_thw", "video_grid_thw",
-                                               "second_per_grid_ts") if k in out}
+    kw = {
+        k: torch.as_tensor(out[k])
+        for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+        if k in out
+    }
     if preset == "qwen3-vl":
         kw.pop("second_per_grid_ts", None)
-    pos, delta = M.get_rope_index(me, torch.as_tensor(out["input_ids"]),
-                                  torch.as_tensor(out["mm_token_type_ids"]), **kw)
+    pos, delta = M.get_rope_index(
+        me, torch.as_tensor(out["input_ids"]), torch.as_tensor(out["mm_token_type_ids"]), **kw
+    )
     return pos.numpy(), delta.numpy()
 
 
 def process(req):
     from qwen_vl_utils import process_vision_info
+
     preset = req["preset"]
     proc, patch = _processor(preset, _tokenizer(req["tokenizer"]))
-    images, videos, kw = process_vision_info(req["messages"], return_video_kwargs=True,
-                                             return_video_metadata=True,
-                                             image_patch_size=patch)
+    images, videos, kw = process_vision_info(
+        req["messages"],
+        return_video_kwargs=True,
+        return_video_metadata=True,
+        image_patch_size=patch,
+    )
     vids, metas = (list(x) for x in zip(*videos))
-    out = dict(proc(text=[req["text"]], images=images, videos=vids, video_metadata=metas,
-                    return_tensors="np", **kw))
+    out = dict(
+        proc(
+            text=[req["text"]],
+            images=images,
+            videos=vids,
+            video_metadata=metas,
+            return_tensors="np",
+            **kw,
+        )
+    )
     out["position_ids"], out["rope_deltas"] = _rope(preset, out)
     out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
     np.savez(req["out"], **{k: np.asarray(v) for k, v in out.items()})

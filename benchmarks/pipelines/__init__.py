@@ -4,4 +4,5 @@ Each module exposes `available() -> Optional[str]` (None, or why it cannot run h
 `build(cfg) -> Pipeline`, an iterable of batches with `close()`.  They all do the work in
 common.py; runner.py measures one of them in a fresh process.
 """
+
 PIPELINES = ("naive", "dataloader", "improved", "spdl", "ray", "mmloader")

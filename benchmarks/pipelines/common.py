@@ -11,6 +11,7 @@ The naive, DataLoader, case-study, SPDL and Ray Data pipelines all call these fu
 they differ only in how they schedule the same work.  Settings come from one plain dict
 (`Config`), which crosses process boundaries as JSON.
 """
+
 from __future__ import annotations
 
 import io
@@ -48,9 +49,20 @@ def default_tokenizer_file() -> Tuple[str, str]:
 def make_config(shards: Sequence[str], **kw: Any) -> Config:
     """The settings every pipeline reads; `shards` are JSONL paths or http(s) URLs."""
     tok, _ = default_tokenizer_file()
-    cfg: Config = dict(shards=list(shards), limit=0, batch_size=8, threads=os.cpu_count() or 1,
-                       inflight=64, prefetch=4, tokenizer=tok, min_pixels=3136,
-                       max_pixels=12845056, patch_size=14, merge_size=2, temporal_patch_size=2)
+    cfg: Config = dict(
+        shards=list(shards),
+        limit=0,
+        batch_size=8,
+        threads=os.cpu_count() or 1,
+        inflight=64,
+        prefetch=4,
+        tokenizer=tok,
+        min_pixels=3136,
+        max_pixels=12845056,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+    )
     cfg.update(kw)
     return cfg
 
@@ -64,6 +76,7 @@ def preload(cfg: Config) -> None:
 
 
 # ----------------------------------------------------------------------------- records
+
 
 def _read_source(src: str) -> bytes:
     if src.startswith(("http://", "https://")):
@@ -106,8 +119,10 @@ def parse_record(shard: str, line: str) -> Tuple[List[Dict[str, Any]], List[str]
         img = rec.get("image") or rec.get("images") or []
         images = [img] if isinstance(img, str) else list(img)
         roles = {"human": "user", "gpt": "assistant", "system": "system"}
-        msgs = [{"role": roles.get(m["from"], m["from"]), "content": m["value"]}
-                for m in rec["conversations"]]
+        msgs = [
+            {"role": roles.get(m["from"], m["from"]), "content": m["value"]}
+            for m in rec["conversations"]
+        ]
     else:
         images = list(rec.get("images") or [])
         msgs = rec["messages"]
@@ -141,6 +156,7 @@ def parse_record(shard: str, line: str) -> Tuple[List[Dict[str, Any]], List[str]
 
 # ----------------------------------------------------------------------------- workers
 
+
 class Worker:
     """Per-process state: the image processor and the tokenizer (built once, lazily)."""
 
@@ -154,18 +170,24 @@ class Worker:
     def processor(self):
         if self._proc is None:
             from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-                Qwen2VLImageProcessorPil)
+                Qwen2VLImageProcessorPil,
+            )
+
             c = self.cfg
             self._proc = Qwen2VLImageProcessorPil(
-                min_pixels=c["min_pixels"], max_pixels=c["max_pixels"],
-                patch_size=c["patch_size"], merge_size=c["merge_size"],
-                temporal_patch_size=c["temporal_patch_size"])
+                min_pixels=c["min_pixels"],
+                max_pixels=c["max_pixels"],
+                patch_size=c["patch_size"],
+                merge_size=c["merge_size"],
+                temporal_patch_size=c["temporal_patch_size"],
+            )
         return self._proc
 
     @property
     def tokenizer(self):
         if self._tok is None:
             from transformers import PreTrainedTokenizerFast
+
             self._tok = PreTrainedTokenizerFast(tokenizer_file=self.cfg["tokenizer"])
         return self._tok
 
@@ -175,6 +197,7 @@ class Worker:
         if "://" in loc:
             if self._session is None:
                 import requests  # keep-alive connection pool, as a training script would
+
                 self._session = requests.Session()
             r = self._session.get(loc, timeout=60)
             r.raise_for_status()
@@ -182,15 +205,18 @@ class Worker:
         with open(loc, "rb") as f:
             return f.read()
 
-    def process(self, shard: str, line: str, blobs: Optional[List[bytes]] = None
-                ) -> Dict[str, np.ndarray]:
+    def process(
+        self, shard: str, line: str, blobs: Optional[List[bytes]] = None
+    ) -> Dict[str, np.ndarray]:
         """One sample, from record line (and, when given, its fetched image bytes)."""
         from PIL import Image
+
         messages, locs = parse_record(shard, line)
         if blobs is None:
             blobs = [self.fetch(loc) for loc in locs]
-        pixel_values = np.zeros((0, 3 * self.cfg["temporal_patch_size"]
-                                 * self.cfg["patch_size"] ** 2), np.float32)
+        pixel_values = np.zeros(
+            (0, 3 * self.cfg["temporal_patch_size"] * self.cfg["patch_size"] ** 2), np.float32
+        )
         grid = np.zeros((0, 3), np.int64)
         if blobs:
             imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in blobs]
@@ -200,11 +226,16 @@ class Worker:
         merge2 = self.cfg["merge_size"] ** 2
         counts = [int(np.prod(g)) // merge2 for g in grid]
         ids, labels = self.encode(messages, counts)
-        return {"input_ids": ids, "labels": labels, "pixel_values": pixel_values,
-                "image_grid_thw": grid}
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "pixel_values": pixel_values,
+            "image_grid_thw": grid,
+        }
 
-    def encode(self, messages: List[Dict[str, Any]], image_tokens: List[int]
-               ) -> Tuple[np.ndarray, np.ndarray]:
+    def encode(
+        self, messages: List[Dict[str, Any]], image_tokens: List[int]
+    ) -> Tuple[np.ndarray, np.ndarray]:
         """Qwen2.5-VL template, whole-string tokenization, labels on assistant turns
         (content and its closing <|im_end|>\\n)."""
         text: List[str] = []
@@ -229,8 +260,7 @@ class Worker:
             put("<|im_end|>\n")
             if m["role"] == "assistant":
                 spans.append((start, pos))
-        enc = self.tokenizer("".join(text), add_special_tokens=False,
-                             return_offsets_mapping=True)
+        enc = self.tokenizer("".join(text), add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(enc["input_ids"], np.int64)
         labels = np.full_like(ids, IGNORE_INDEX)
         starts = np.asarray([o[0] for o in enc["offset_mapping"]], np.int64)
@@ -243,6 +273,7 @@ class Worker:
 def collate(samples: List[Dict[str, np.ndarray]]) -> Dict[str, Any]:
     """Right-pads to the longest sample; torch tensors with the keys mmloader emits."""
     import torch
+
     n = len(samples)
     length = max(len(s["input_ids"]) for s in samples)
     ids = torch.full((n, length), PAD_ID, dtype=torch.int64)
@@ -255,8 +286,13 @@ def collate(samples: List[Dict[str, np.ndarray]]) -> Dict[str, Any]:
         mask[i, :k] = 1
     pv = torch.from_numpy(np.concatenate([s["pixel_values"] for s in samples]))
     grid = torch.from_numpy(np.concatenate([s["image_grid_thw"] for s in samples]))
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask,
-            "pixel_values": pv, "image_grid_thw": grid}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "attention_mask": mask,
+        "pixel_values": pv,
+        "image_grid_thw": grid,
+    }
 
 
 def batched(items: Iterator[Any], size: int) -> Iterator[List[Any]]:

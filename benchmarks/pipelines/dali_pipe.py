@@ -11,17 +11,24 @@ images and their target sizes; fn.decoders.image (RGB) -> fn.resize (cubic, anti
 equal the reference's, pixel values differ slightly (the same-work check reports by how
 much).
 """
+
 from __future__ import annotations
 
 import collections
 import io
-import os
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .common import Config, Worker, batched, collate, load_records, parse_record, \
-    preload as _preload
+from .common import (
+    Config,
+    Worker,
+    batched,
+    collate,
+    load_records,
+    parse_record,
+    preload as _preload,
+)
 
 MEAN = (0.48145466, 0.4578275, 0.40821073)  # OPENAI_CLIP_MEAN / STD, the Qwen2-VL processor's
 STD = (0.26862954, 0.26130258, 0.27577711)
@@ -58,6 +65,7 @@ class Pipeline:
     def __init__(self, cfg: Config):
         from nvidia.dali import fn, pipeline_def, types
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
         self.cfg = cfg
         self.smart_resize = smart_resize
         self.worker = Worker(cfg)
@@ -67,16 +75,26 @@ class Pipeline:
         self.dummy = self._dummy()
         bs = int(cfg["batch_size"])
 
-        @pipeline_def(batch_size=4 * bs, num_threads=int(cfg["threads"]), device_id=None,
-                      prefetch_queue_depth=int(cfg["prefetch"]), exec_dynamic=True)
+        @pipeline_def(
+            batch_size=4 * bs,
+            num_threads=int(cfg["threads"]),
+            device_id=None,
+            prefetch_queue_depth=int(cfg["prefetch"]),
+            exec_dynamic=True,
+        )
         def graph():
-            enc, size = fn.external_source(source=self._next, num_outputs=2, batch=True,
-                                           dtype=[types.UINT8, types.FLOAT])
+            enc, size = fn.external_source(
+                source=self._next, num_outputs=2, batch=True, dtype=[types.UINT8, types.FLOAT]
+            )
             img = fn.decoders.image(enc, device="cpu", output_type=types.RGB)
             img = fn.resize(img, size=size, interp_type=types.INTERP_CUBIC, antialias=True)
             return fn.crop_mirror_normalize(
-                img, dtype=types.FLOAT, output_layout="HWC",
-                mean=[255 * v for v in MEAN], std=[255 * v for v in STD])
+                img,
+                dtype=types.FLOAT,
+                output_layout="HWC",
+                mean=[255 * v for v in MEAN],
+                std=[255 * v for v in STD],
+            )
 
         self.pipe = graph()
         self.pipe.build()
@@ -84,6 +102,7 @@ class Pipeline:
     @staticmethod
     def _dummy() -> np.ndarray:
         from PIL import Image
+
         b = io.BytesIO()
         Image.new("RGB", (28, 28)).save(b, "PNG")
         return np.frombuffer(b.getvalue(), np.uint8)
@@ -92,6 +111,7 @@ class Pipeline:
         """DALI's source: the encoded images of the next batch of records and their target
         sizes (a placeholder image when the batch has none: DALI needs one)."""
         from PIL import Image
+
         group = next(self.groups)  # StopIteration ends DALI's epoch
         c = self.cfg
         enc, size, samples = [], [], []
@@ -102,9 +122,18 @@ class Pipeline:
                 with Image.open(io.BytesIO(data)) as im:
                     w, h = im.size
                 enc.append(np.frombuffer(data, np.uint8))
-                size.append(np.asarray(self.smart_resize(
-                    h, w, factor=c["patch_size"] * c["merge_size"],
-                    min_pixels=c["min_pixels"], max_pixels=c["max_pixels"]), np.float32))
+                size.append(
+                    np.asarray(
+                        self.smart_resize(
+                            h,
+                            w,
+                            factor=c["patch_size"] * c["merge_size"],
+                            min_pixels=c["min_pixels"],
+                            max_pixels=c["max_pixels"],
+                        ),
+                        np.float32,
+                    )
+                )
             samples.append((messages, len(locs)))
         real = len(enc)
         if not real:
@@ -127,12 +156,17 @@ class Pipeline:
                 rows = [_patchify(imgs[k + j], self.cfg) for j in range(n)]
                 k += n
                 grid = np.asarray([g for _, g in rows], np.int64).reshape(-1, 3)
-                pv = np.concatenate([r for r, _ in rows]) if rows else \
-                    np.zeros((0, cols), np.float32)
+                pv = (
+                    np.concatenate([r for r, _ in rows])
+                    if rows
+                    else np.zeros((0, cols), np.float32)
+                )
                 ids, labels = self.worker.encode(
-                    messages, [int(np.prod(g)) // merge2 for g in grid])
-                batch.append({"input_ids": ids, "labels": labels, "pixel_values": pv,
-                              "image_grid_thw": grid})
+                    messages, [int(np.prod(g)) // merge2 for g in grid]
+                )
+                batch.append(
+                    {"input_ids": ids, "labels": labels, "pixel_values": pv, "image_grid_thw": grid}
+                )
             yield collate(batch)
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """The PyTorch DataLoader baseline: the same per-sample code as a map-style Dataset, one
 worker process per core, pinned memory, the usual prefetch_factor=2."""
+
 from __future__ import annotations
 
 import warnings
@@ -40,15 +41,22 @@ def _collate(samples: List[Dict[str, np.ndarray]]) -> Dict[str, Any]:
 class Pipeline:
     def __init__(self, cfg: Config):
         import torch
+
         self.cfg = cfg
         self.dataset = SampleDataset(cfg)
         workers = int(cfg.get("workers") or cfg["threads"])
         # pin_memory needs an accelerator; on a CPU-only torch it is a no-op that warns.
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
         self.loader = torch.utils.data.DataLoader(
-            self.dataset, batch_size=cfg["batch_size"], shuffle=False, num_workers=workers,
-            collate_fn=_collate, pin_memory=True, prefetch_factor=2 if workers else None,
-            persistent_workers=False)
+            self.dataset,
+            batch_size=cfg["batch_size"],
+            shuffle=False,
+            num_workers=workers,
+            collate_fn=_collate,
+            pin_memory=True,
+            prefetch_factor=2 if workers else None,
+            persistent_workers=False,
+        )
         self._it = None
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

@@ -14,6 +14,7 @@ grey) re-encoded at 0.3 to 12 megapixels (PHOTO_MP), mostly JPEG (some progressi
 PNG up to 2 MP.  photos=False keeps the original generator byte for byte
 (tests/test_batch_digest.py depends on it).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,30 @@ import numpy as np
 
 from .common import parse_record
 
-SIZES = [((320, 240), .10), ((640, 480), .25), ((800, 600), .15), ((1024, 768), .20),
-         ((1280, 720), .15), ((1920, 1080), .10), ((768, 1024), .05)]
-PHOTO_MP = [(0.3, .30), (0.5, .20), (1.0, .20), (2.0, .13), (4.0, .10), (8.0, .05), (12.0, .02)]
+SIZES = [
+    ((320, 240), 0.10),
+    ((640, 480), 0.25),
+    ((800, 600), 0.15),
+    ((1024, 768), 0.20),
+    ((1280, 720), 0.15),
+    ((1920, 1080), 0.10),
+    ((768, 1024), 0.05),
+]
+PHOTO_MP = [
+    (0.3, 0.30),
+    (0.5, 0.20),
+    (1.0, 0.20),
+    (2.0, 0.13),
+    (4.0, 0.10),
+    (8.0, 0.05),
+    (12.0, 0.02),
+]
 PHOTO_EVERY = (0, 4, 7)  # reference k is a real photo when k % 10 is one of these
 
 
 def _photo(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     from PIL import Image
+
     small = rng.integers(0, 256, (max(2, h // 48), max(2, w // 48), 3), dtype=np.uint8)
     img = np.asarray(Image.fromarray(small).resize((w, h), Image.BICUBIC), np.int16)
     img = img + rng.normal(0, 5, img.shape).astype(np.int16)
@@ -51,20 +68,22 @@ def _screen(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
         y, x = int(rng.integers(0, h - 3)), int(rng.integers(0, w - 8))
         n = int(rng.integers(8, min(w - x, 300) + 1))
         mask = rng.random(n) < 0.6
-        img[y:y + 2, x:x + n][:, mask] = 20
+        img[y : y + 2, x : x + n][:, mask] = 20
     return img
 
 
 def _kind(i: int) -> str:
     """Image i's kind: 10% progressive JPEG, 20% PNG, the rest baseline JPEG."""
     k = i % 10
-    return {3: "jpeg_progressive", 1: "png", 6: "png_rgba" if i % 20 == 6 else "png_palette"
-            }.get(k, "jpeg")
+    return {3: "jpeg_progressive", 1: "png", 6: "png_rgba" if i % 20 == 6 else "png_palette"}.get(
+        k, "jpeg"
+    )
 
 
 def _write_image(rng: np.random.Generator, root: str, k: int) -> str:
     """Writes reference k's realistic image; returns its name relative to root."""
     from PIL import Image
+
     sizes = [s for s, _ in SIZES]
     (w, h) = sizes[int(rng.choice(len(SIZES), p=[p for _, p in SIZES]))]
     kind = _kind(k)
@@ -72,8 +91,8 @@ def _write_image(rng: np.random.Generator, root: str, k: int) -> str:
     path = os.path.join(root, name)
     if kind.startswith("jpeg"):
         Image.fromarray(_photo(rng, w, h)).save(
-            path, "JPEG", quality=int(rng.integers(85, 96)),
-            progressive=kind == "jpeg_progressive")
+            path, "JPEG", quality=int(rng.integers(85, 96)), progressive=kind == "jpeg_progressive"
+        )
     else:
         img = Image.fromarray(_screen(rng, w, h))
         if kind == "png_rgba":
@@ -92,8 +111,12 @@ def _sources() -> Dict[str, object]:
     if not _PHOTO_CACHE:
         import importlib.util
         from PIL import Image
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))), "tests", "photos.py")
+
+        path = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "tests",
+            "photos.py",
+        )
         spec = importlib.util.spec_from_file_location("mml_test_photos", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
@@ -108,6 +131,7 @@ def _write_photo(rng: np.random.Generator, root: str, k: int, max_mp: float) -> 
     """Reference k as a real photo re-encoded at a drawn size (0.3-12 MP, capped at
     max_mp); returns its name relative to root."""
     from PIL import Image
+
     srcs = _sources()
     src = srcs[sorted(srcs)[int(rng.integers(len(srcs)))]]
     mp = min(max_mp, PHOTO_MP[int(rng.choice(len(PHOTO_MP), p=[p for _, p in PHOTO_MP]))][0])
@@ -120,24 +144,31 @@ def _write_photo(rng: np.random.Generator, root: str, k: int, max_mp: float) -> 
     if png:
         im.save(os.path.join(root, name), "PNG")
     else:
-        im.save(os.path.join(root, name), "JPEG", quality=int(rng.integers(85, 96)),
-                progressive=bool(rng.random() < 0.15))
+        im.save(
+            os.path.join(root, name),
+            "JPEG",
+            quality=int(rng.integers(85, 96)),
+            progressive=bool(rng.random() < 0.15),
+        )
     return name
 
 
-def make(root: str, n_samples: int, seed: int = 0, photos: bool = False,
-         max_mp: float = 12.0) -> str:
+def make(
+    root: str, n_samples: int, seed: int = 0, photos: bool = False, max_mp: float = 12.0
+) -> str:
     """Writes the dataset under root (if not already complete); returns the shard path.
 
     datagen's records share its images; here every image reference, in record order, gets
     its own new file, so the mix above holds for the references themselves."""
     from mmloader.datagen import make_dataset
+
     marker = os.path.join(root, ".complete")
     if os.path.exists(marker):
         with open(marker) as f:
             return os.path.join(root, f.read().strip())
-    desc = make_dataset(root, n_samples=n_samples, seed=seed, n_shards=1,
-                        n_images=8, min_size=16, max_size=32)
+    desc = make_dataset(
+        root, n_samples=n_samples, seed=seed, n_shards=1, n_images=8, min_size=16, max_size=32
+    )
     shard = desc["shards"][0]
     old = {json.dumps(os.path.relpath(p, root)) for p in desc["images"]}
     pattern = re.compile("|".join(re.escape(o) for o in sorted(old)))
@@ -163,13 +194,22 @@ def make(root: str, n_samples: int, seed: int = 0, photos: bool = False,
     return shard
 
 
-def cached(n_samples: int, seed: int = 0, base: Optional[str] = None, photos: bool = False,
-           max_mp: float = 12.0) -> str:
+def cached(
+    n_samples: int,
+    seed: int = 0,
+    base: Optional[str] = None,
+    photos: bool = False,
+    max_mp: float = 12.0,
+) -> str:
     """The shard of the cached dataset (generated on first use)."""
-    base = base or os.environ.get("MML_BENCH_DATA") or os.path.join(
-        tempfile.gettempdir(), "mmloader-bench")
-    name = f"mix3-{n_samples}-{seed}" if not photos else \
-        f"mix4-photos-{n_samples}-{seed}-{max_mp:g}mp"
+    base = (
+        base
+        or os.environ.get("MML_BENCH_DATA")
+        or os.path.join(tempfile.gettempdir(), "mmloader-bench")
+    )
+    name = (
+        f"mix3-{n_samples}-{seed}" if not photos else f"mix4-photos-{n_samples}-{seed}-{max_mp:g}mp"
+    )
     return make(os.path.join(base, name), n_samples, seed, photos=photos, max_mp=max_mp)
 
 
@@ -177,7 +217,7 @@ def repeated(shard: str, times: int, seed: int = 0) -> str:
     """A shard holding `shard`'s records `times` times over (the same image files), each
     pass in its own seeded order, written beside it: long runs without a second copy of
     the images, and any prefix of the records is a fair sample of the whole mix."""
-    path = shard[:-len(".jsonl")] + f".x{times}s{seed}.jsonl"
+    path = shard[: -len(".jsonl")] + f".x{times}s{seed}.jsonl"
     if not os.path.exists(path):
         with open(shard, encoding="utf-8") as f:
             lines = [ln if ln.endswith("\n") else ln + "\n" for ln in f if ln.strip()]
@@ -191,7 +231,7 @@ def repeated(shard: str, times: int, seed: int = 0) -> str:
 
 def subset(shard: str, k: int) -> str:
     """A shard of the first k records of `shard`, written beside it (same image folder)."""
-    path = shard[:-len(".jsonl")] + f".first{k}.jsonl"
+    path = shard[: -len(".jsonl")] + f".first{k}.jsonl"
     if not os.path.exists(path):
         with open(shard, encoding="utf-8") as f:
             lines = [ln for ln in f if ln.strip()][:k]
@@ -206,6 +246,7 @@ def subset(shard: str, k: int) -> str:
 def describe(shard: str) -> Dict[str, object]:
     """What the dataset holds: records, turns, images by kind, source and size, bytes."""
     from PIL import Image
+
     recs = turns = photos = 0
     kinds: Dict[str, int] = {}
     mp_buckets: Dict[str, int] = {}
@@ -227,14 +268,28 @@ def describe(shard: str) -> Dict[str, object]:
                     pixels.append(im.width * im.height)
                 kinds[kind] = kinds.get(kind, 0) + 1
                 mp = pixels[-1] / 1e6
-                b = next(lab for lim, lab in ((0.5, "<0.5"), (1.0, "0.5-1"), (2.1, "1-2"),
-                                              (4.1, "2-4"), (8.1, "4-8"), (1e9, ">8"))
-                         if mp < lim)
+                b = next(
+                    lab
+                    for lim, lab in (
+                        (0.5, "<0.5"),
+                        (1.0, "0.5-1"),
+                        (2.1, "1-2"),
+                        (4.1, "2-4"),
+                        (8.1, "4-8"),
+                        (1e9, ">8"),
+                    )
+                    if mp < lim
+                )
                 mp_buckets[b] = mp_buckets.get(b, 0) + 1
     n_img = sum(kinds.values())
-    return {"records": recs, "turns_per_record": round(turns / max(recs, 1), 2),
-            "images": n_img, "photos": photos, "image_kinds": kinds,
-            "megapixels": mp_buckets,
-            "mean_mp": round(sum(pixels) / max(len(pixels), 1) / 1e6, 2),
-            "max_mp": round(max(pixels, default=0) / 1e6, 1),
-            "image_mb": round(nbytes / 2**20, 1)}
+    return {
+        "records": recs,
+        "turns_per_record": round(turns / max(recs, 1), 2),
+        "images": n_img,
+        "photos": photos,
+        "image_kinds": kinds,
+        "megapixels": mp_buckets,
+        "mean_mp": round(sum(pixels) / max(len(pixels), 1) / 1e6, 2),
+        "max_mp": round(max(pixels, default=0) / 1e6, 1),
+        "image_mb": round(nbytes / 2**20, 1),
+    }

@@ -7,6 +7,7 @@ resize), and, for reference, with Pillow (`Image.open(...).convert("RGB")`, what
 peers start from).  CPU seconds per sample = process CPU time over the samples, repeated
 over the records until at least `min_samples` samples and `min_seconds` of CPU.
 """
+
 from __future__ import annotations
 
 import io
@@ -28,8 +29,12 @@ def _images(cfg: Config) -> List[List[bytes]]:
     return out
 
 
-def _cpu_per_sample(samples: List[List[bytes]], fn: Callable[[List[bytes]], Any],
-                    min_samples: int, min_seconds: float) -> Dict[str, float]:
+def _cpu_per_sample(
+    samples: List[List[bytes]],
+    fn: Callable[[List[bytes]], Any],
+    min_samples: int,
+    min_seconds: float,
+) -> Dict[str, float]:
     n = 0
     c0 = time.process_time()
     while True:
@@ -45,6 +50,7 @@ def measure(cfg: Config) -> Dict[str, Any]:
     from PIL import Image
 
     from mmloader import _core
+
     samples = _images(cfg)  # file reads outside the clock: the page cache holds them anyway
     min_samples = int(cfg.get("min_samples") or len(samples))
     min_seconds = float(cfg.get("min_seconds") or 0.0)
@@ -59,6 +65,10 @@ def measure(cfg: Config) -> Dict[str, Any]:
 
     mine = _cpu_per_sample(samples, mml, min_samples, min_seconds)
     ref = _cpu_per_sample(samples, pil, min_samples, min_seconds)
-    return {"cpu_s_per_sample": mine["cpu_s_per_sample"], "samples": mine["samples"],
-            "pil_cpu_s_per_sample": ref["cpu_s_per_sample"],
-            "images": sum(len(b) for b in samples), "records": len(samples)}
+    return {
+        "cpu_s_per_sample": mine["cpu_s_per_sample"],
+        "samples": mine["samples"],
+        "pil_cpu_s_per_sample": ref["cpu_s_per_sample"],
+        "images": sum(len(b) for b in samples),
+        "records": len(samples),
+    }

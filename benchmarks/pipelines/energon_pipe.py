@@ -9,10 +9,10 @@ image's bytes, in the record's order).  The training run uses get_train_dataset 
 Energon's own slice shuffling; the runner stops on time); the same-work check uses
 get_val_dataset without workers, which keeps the record order.
 """
+
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -40,7 +40,7 @@ def preload(cfg: Config) -> None:
 def prepare(shard: str) -> str:
     """Writes `shard`'s records as WebDataset tars beside it and runs `energon prepare` on
     them (once; cached); returns the dataset folder."""
-    root = shard[:-len(".jsonl")] + ".energon"
+    root = shard[: -len(".jsonl")] + ".energon"
     done = os.path.join(root, ".nv-meta", "dataset.yaml")
     if os.path.exists(done):
         return root
@@ -60,14 +60,29 @@ def prepare(shard: str) -> str:
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-    cmd = [sys.executable, "-c", "from megatron.energon.cli.main import main; main()",
-           "prepare", root, "--non-interactive", "--no-progress", "--split-parts",
-           r"train:shard-.*\.tar", "--split-parts", r"val:shard-.*\.tar",
-           "--sample-type", "CrudeWebdataset", "--num-workers", "2", "--force-overwrite"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from megatron.energon.cli.main import main; main()",
+        "prepare",
+        root,
+        "--non-interactive",
+        "--no-progress",
+        "--split-parts",
+        r"train:shard-.*\.tar",
+        "--split-parts",
+        r"val:shard-.*\.tar",
+        "--sample-type",
+        "CrudeWebdataset",
+        "--num-workers",
+        "2",
+        "--force-overwrite",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode or not os.path.exists(done):
-        raise RuntimeError(f"energon prepare failed ({proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+        raise RuntimeError(
+            f"energon prepare failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}"
+        )
     return root
 
 
@@ -87,6 +102,7 @@ def _task_encoder(cfg: Config, shard: str):
     class TaskEncoder(DefaultTaskEncoder):
         """Raw bytes in (no Energon image decoding: the HF processor path decodes), the
         mmloader batch keys out."""
+
         decoder = None
         cookers = [Cooker(cook)]
 
@@ -104,8 +120,8 @@ def _task_encoder(cfg: Config, shard: str):
 
 class Pipeline:
     def __init__(self, cfg: Config, ordered: bool = False):
-        from megatron.energon import (WorkerConfig, get_loader, get_train_dataset,
-                                      get_val_dataset)
+        from megatron.energon import WorkerConfig, get_loader, get_train_dataset, get_val_dataset
+
         shard = cfg["shards"][0]
         if len(cfg["shards"]) != 1 or "://" in shard:
             raise ValueError("the Energon peer reads one local shard (its prepared tars)")
@@ -115,12 +131,19 @@ class Pipeline:
         te = _task_encoder(cfg, shard)
         bs = int(cfg["batch_size"])
         if ordered:
-            ds = get_val_dataset(root, split_part="val", worker_config=wc, batch_size=bs,
-                                 task_encoder=te)
+            ds = get_val_dataset(
+                root, split_part="val", worker_config=wc, batch_size=bs, task_encoder=te
+            )
         else:
-            ds = get_train_dataset(root, split_part="train", worker_config=wc, batch_size=bs,
-                                   shuffle_buffer_size=None, max_samples_per_sequence=None,
-                                   task_encoder=te)
+            ds = get_train_dataset(
+                root,
+                split_part="train",
+                worker_config=wc,
+                batch_size=bs,
+                shuffle_buffer_size=None,
+                max_samples_per_sequence=None,
+                task_encoder=te,
+            )
         self.loader = get_loader(ds, prefetch_factor=2)
         self._it = None
 

@@ -2,6 +2,7 @@
 many requests in flight), process workers for decode/preprocess/tokenize (the samples come
 back pickled), and a prefetch thread that keeps `prefetch` collated batches ahead of the
 trainer.  Output order is the record order."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ class Pipeline:
         self.cfg = cfg
         self.records = load_records(cfg)
         workers = int(cfg.get("workers") or cfg["threads"])
-        self.pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
-                                           initializer=_init, initargs=(cfg,))
+        self.pool = cf.ProcessPoolExecutor(
+            workers, mp_context=mp.get_context("fork"), initializer=_init, initargs=(cfg,)
+        )
         # start every worker now, before the prefetch thread exists (fork is not thread-safe)
         list(self.pool.map(_ready, range(workers)))
         self.queue: "queue.Queue[Any]" = queue.Queue(maxsize=cfg["prefetch"])
@@ -92,6 +94,7 @@ class Pipeline:
 
     async def _produce(self) -> None:
         import aiohttp
+
         loop = asyncio.get_running_loop()
         conn = aiohttp.TCPConnector(limit=self.cfg["inflight"])
         async with aiohttp.ClientSession(connector=conn) as session:

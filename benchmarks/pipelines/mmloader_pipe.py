@@ -1,5 +1,6 @@
 """mmloader doing the same work: one Loader, C worker threads, the same tokenizer file,
 the Qwen2.5-VL preset with the same pixel limits, no shuffling (record order)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Optional
@@ -15,6 +16,7 @@ def available(cfg: Optional[Config] = None) -> Optional[str]:
     if not hasattr(mmloader, "Loader"):
         return "mmloader.Loader is not built in this checkout"
     import inspect
+
     known = inspect.signature(mmloader.Loader.__init__).parameters
     missing = [k for k in (cfg or {}).get("mmloader_kwargs") or {} if k not in known]
     if missing:
@@ -28,10 +30,16 @@ def preload(cfg: Config) -> None:
 
 def loader_kwargs(cfg: Config) -> Dict[str, Any]:
     kw: Dict[str, Any] = dict(
-        tokenizer=cfg["tokenizer"], preset="qwen2.5-vl", micro_batch_size=cfg["batch_size"],
-        num_threads=cfg["threads"], prefetch=cfg["prefetch"], shuffle=False,
-        min_pixels=cfg["min_pixels"], max_pixels=cfg["max_pixels"],
-        max_inflight=cfg["inflight"])
+        tokenizer=cfg["tokenizer"],
+        preset="qwen2.5-vl",
+        micro_batch_size=cfg["batch_size"],
+        num_threads=cfg["threads"],
+        prefetch=cfg["prefetch"],
+        shuffle=False,
+        min_pixels=cfg["min_pixels"],
+        max_pixels=cfg["max_pixels"],
+        max_inflight=cfg["inflight"],
+    )
     kw.update(cfg.get("mmloader_kwargs") or {})
     return kw
 
@@ -39,6 +47,7 @@ def loader_kwargs(cfg: Config) -> Dict[str, Any]:
 class Pipeline:
     def __init__(self, cfg: Config):
         import mmloader
+
         if cfg.get("limit"):
             raise ValueError("mmloader reads whole shards: pass a subset shard instead of limit")
         self.cfg = cfg

@@ -1,5 +1,6 @@
 """The naive serial pipeline: per sample fetch, PIL decode, transformers processor,
 transformers tokenizer/template, in the training process, one sample after another."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Optional

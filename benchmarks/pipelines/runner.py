@@ -43,6 +43,7 @@ first batches with the reference (naive) pipeline's.
 Imports happen before the clock starts; every pipeline imports torch (the trainer's) and
 what its own work needs (transformers for the Python peers).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -68,7 +69,7 @@ def _children_map() -> Dict[int, List[int]]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         kids.setdefault(int(fields[1]), []).append(int(name))
     return kids
 
@@ -91,7 +92,7 @@ def _proc_stat(pid: int):
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2 :].split()
     cpu = sum(int(x) for x in fields[11:15]) / _TICK
     return cpu, int(fields[21]) * _PAGE, sum(int(x) for x in fields[7:11])
 
@@ -170,6 +171,7 @@ def _batch_rows(batch: Any) -> int:
     shape = getattr(ids, "shape", None)
     if shape is None and hasattr(ids, "__dlpack__"):
         import numpy as np
+
         shape = np.from_dlpack(ids).shape
     if "cu_seqlens" in batch:  # packed: [1, L] rows; samples = len(cu_seqlens) - 1
         cs = batch["cu_seqlens"]
@@ -179,12 +181,14 @@ def _batch_rows(batch: Any) -> int:
 
 def _available(mod: Any, cfg: Dict[str, Any]) -> Optional[str]:
     import inspect
+
     takes_cfg = bool(inspect.signature(mod.available).parameters)
     return mod.available(cfg) if takes_cfg else mod.available()
 
 
 def _import(cfg: Dict[str, Any]):
     import torch  # noqa: F401  (the trainer's import, for every pipeline alike)
+
     mod = importlib.import_module(f"benchmarks.pipelines.{cfg['module']}")
     reason = _available(mod, cfg)
     if not reason and hasattr(mod, "preload"):
@@ -196,6 +200,7 @@ def idle_pss(seconds: float = 1.5) -> float:
     """The baseline of the pipeline's own memory: this process, with the pipeline's imports
     done (and preload) and no pipeline built yet, its peak PSS over `seconds` (MB)."""
     import gc
+
     gc.collect()
     mem = TreeMemory(period=0.25)
     mem.start()
@@ -275,7 +280,10 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         wall = t_end - t_iter
         rate = total / wall if wall > 0 else 0.0
     return {
-        "samples": total, "batches": batches, "exhausted": exhausted, "capped": capped,
+        "samples": total,
+        "batches": batches,
+        "exhausted": exhausted,
+        "capped": capped,
         "samples_per_s": rate,
         "e2e_samples_per_s": total / (t_end - t_iter) if t_end > t_iter else 0.0,
         "ttfb_s": t_first - t0,
@@ -283,16 +291,20 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "cpu_s_per_sample": (cpu1 - cpu0) / total if total else 0.0,
         "steady_cpu_s_per_sample": steady_cpu,
         "faults_per_batch": faults,
-        "peak_mem_mb": peak_mem / 2**20, "idle_pss_mb": idle_mb,
+        "peak_mem_mb": peak_mem / 2**20,
+        "idle_pss_mb": idle_mb,
         "own_mem_mb": peak_mem / 2**20 - idle_mb,
         "peak_rss_mb": (me.ru_maxrss + ch.ru_maxrss) / 1024.0,
         "peak_self_rss_mb": me.ru_maxrss / 1024.0,
-        "wall_s": wall, "step_ms": step * 1000.0, **extra,
+        "wall_s": wall,
+        "step_ms": step * 1000.0,
+        **extra,
     }
 
 
 def _numpy(x: Any):
     import numpy as np
+
     if hasattr(x, "numpy"):
         x = x.numpy()
     return np.asarray(x)
@@ -300,6 +312,7 @@ def _numpy(x: Any):
 
 def _compare(ref_batches: List[Dict[str, Any]], pipe: Any, n: int) -> Dict[str, Any]:
     import numpy as np
+
     out: Dict[str, Any] = {"batches": 0, "samples": 0, "mismatch": []}
     worst = total = 0.0
     count = 0
@@ -310,8 +323,7 @@ def _compare(ref_batches: List[Dict[str, Any]], pipe: Any, n: int) -> Dict[str, 
                 out["mismatch"].append(f"batch {out['batches']} {key}: {x.shape} vs {y.shape}")
         x, y = _numpy(a["pixel_values"]), _numpy(b["pixel_values"]).astype(np.float32)
         if x.shape != y.shape:
-            out["mismatch"].append(f"batch {out['batches']} pixel_values: "
-                                   f"{x.shape} vs {y.shape}")
+            out["mismatch"].append(f"batch {out['batches']} pixel_values: {x.shape} vs {y.shape}")
         elif x.size:
             d = np.abs(x - y)
             worst = max(worst, float(d.max()))
@@ -331,6 +343,7 @@ def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
     the same work: the first `batches` batches, compared key by key (pixels: the largest
     and the mean absolute difference).  Returns {module: result}."""
     import torch  # noqa: F401
+
     n = int(cfg.get("batches") or 2)
     ref_mod = importlib.import_module("benchmarks.pipelines.naive")
     ref_mod.preload(cfg)
@@ -362,19 +375,25 @@ def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
 def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any]:
     """Runs measure(cfg) in a fresh interpreter; returns its figures (or {"error": ...})."""
     import subprocess
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.pipelines.runner",
-                               json.dumps(cfg)], cwd=root, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.pipelines.runner", json.dumps(cfg)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     for line in proc.stdout.splitlines()[::-1]:
         if line.startswith("MMLBENCH "):
-            return json.loads(line[len("MMLBENCH "):])
+            return json.loads(line[len("MMLBENCH ") :])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
     return {"error": f"exit {proc.returncode}: " + "\n".join(tail)}
 
@@ -385,6 +404,7 @@ def main(argv: List[str]) -> int:
         out = parity(cfg)
     elif cfg.get("decode"):
         from benchmarks.pipelines import decode_only
+
         out = decode_only.measure(cfg)
     else:
         out = measure(cfg)

@@ -2,6 +2,7 @@
 `inflight` requests in flight (aiohttp), a decode/preprocess/tokenize stage on `threads`
 threads (SPDL's model: no worker processes, rely on libraries releasing the GIL),
 aggregation into batches, a collate stage and a sink buffer of `prefetch` batches."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +25,7 @@ def available() -> Optional[str]:
 class Pipeline:
     def __init__(self, cfg: Config):
         from spdl.pipeline import PipelineBuilder
+
         self.cfg = cfg
         self.records = load_records(cfg)
         self.worker = Worker(cfg)  # shared by the threads (processor and tokenizer are)
@@ -38,15 +40,18 @@ class Pipeline:
             .aggregate(int(cfg["batch_size"]))
             .pipe(collate)
             .add_sink(int(cfg["prefetch"]))
-            .build(num_threads=threads + 1))
+            .build(num_threads=threads + 1)
+        )
 
     async def _fetch(self, rec: Tuple[str, str]) -> Tuple[str, str, List[bytes]]:
         shard, line = rec
         _, locs = parse_record(shard, line)
         if self._session is None and any("://" in x for x in locs):
             import aiohttp
+
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=int(self.cfg["inflight"])))
+                connector=aiohttp.TCPConnector(limit=int(self.cfg["inflight"]))
+            )
 
         async def get(loc: str) -> bytes:
             if "://" in loc:

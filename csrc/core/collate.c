@@ -32,13 +32,13 @@
 struct mml_collator {
   mml_collate_cfg cfg;
   mml_pool *pool;
-  int64_t budget;   /* tokens per row: seq_length (padded, 0 = longest) or pack_length */
-  int multiple;     /* slot rounding (>= 1) */
+  int64_t budget;    /* tokens per row: seq_length (padded, 0 = longest) or pack_length */
+  int multiple;      /* slot rounding (>= 1) */
   mml_sample *slots; /* samples of the current batch, [0, count) */
   int count, cap;
-  int64_t used;     /* packed: sum of slot lengths; padded: longest sample */
-  int64_t rows;     /* pixel rows of the current batch */
-  mml_buf *pixbuf;  /* attached pixel_values buffer (pixels written elsewhere), or NULL */
+  int64_t used;    /* packed: sum of slot lengths; padded: longest sample */
+  int64_t rows;    /* pixel rows of the current batch */
+  mml_buf *pixbuf; /* attached pixel_values buffer (pixels written elsewhere), or NULL */
 };
 
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
@@ -46,11 +46,14 @@ static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m *
 /* What M-RoPE needs of a sample's images and videos. */
 static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s) {
   return (mml_mrope_media){
-      .grids = s->grids.data, .nimages = s->nimages, .vgrids = s->vgrids.data,
+      .grids = s->grids.data,
+      .nimages = s->nimages,
+      .vgrids = s->vgrids.data,
       .nvideos = s->nvideos,
       .second_per_grid = cfg->second_per_grid ? (const float *)s->vsecs.data : NULL,
       .tokens_per_second = MML_QWEN25_TOKENS_PER_SECOND,
-      .split_frames = cfg->split_video_frames, .image_pad_id = cfg->image_pad_id,
+      .split_frames = cfg->split_video_frames,
+      .image_pad_id = cfg->image_pad_id,
       .video_pad_id = s->nvideos ? cfg->video_pad_id : -1}; /* (0 in a zeroed cfg is a token) */
 }
 
@@ -68,8 +71,7 @@ static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
   int64_t row = c->pack ? (c->pack_length > 0 ? c->pack_length : c->seq_length) : c->seq_length;
   if (c->pad_to_multiple > 1 && row > 0 && row % c->pad_to_multiple)
     return mml_err_set(err, MML_ECONFIG, "%s %lld is not a multiple of pad_to_multiple %d",
-                       c->pack ? "pack_length" : "seq_length", (long long)row,
-                       c->pad_to_multiple);
+                       c->pack ? "pack_length" : "seq_length", (long long)row, c->pad_to_multiple);
   if (c->pack && row > INT32_MAX)
     return mml_err_set(err, MML_ECONFIG, "pack_length %lld does not fit cu_seqlens (int32)",
                        (long long)row);
@@ -95,8 +97,8 @@ mml_status mml_collator_new(const mml_collate_cfg *cfg, mml_pool *pool, mml_coll
   c->cfg = *cfg;
   if (c->cfg.pack) c->cfg.micro_batch_size = 1; /* one pack per batch */
   c->pool = pool;
-  c->budget = cfg->pack ? (cfg->pack_length > 0 ? cfg->pack_length : cfg->seq_length)
-                        : cfg->seq_length;
+  c->budget =
+      cfg->pack ? (cfg->pack_length > 0 ? cfg->pack_length : cfg->seq_length) : cfg->seq_length;
   c->multiple = cfg->pad_to_multiple > 1 ? cfg->pad_to_multiple : 1;
   *out = c;
   return MML_OK;
@@ -124,9 +126,8 @@ mml_status mml_collator_check_length(const mml_collator *c, int64_t n, mml_err *
                          "%s %lld",
                          (long long)n, (long long)slot, c->multiple,
                          c->cfg.pack ? "pack_length" : "seq_length", (long long)c->budget);
-    return mml_err_set(err, MML_ETOOLONG, "sample of %lld tokens exceeds %s %lld",
-                       (long long)n, c->cfg.pack ? "pack_length" : "seq_length",
-                       (long long)c->budget);
+    return mml_err_set(err, MML_ETOOLONG, "sample of %lld tokens exceeds %s %lld", (long long)n,
+                       c->cfg.pack ? "pack_length" : "seq_length", (long long)c->budget);
   }
   return MML_OK;
 }
@@ -135,8 +136,8 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
   int64_t n = (int64_t)s->input_ids.len;
   if (n < 1) return mml_err_set(err, MML_EINVAL, "sample %lld has no tokens", (long long)s->index);
   if (s->labels.len != s->input_ids.len)
-    return mml_err_set(err, MML_EINVAL, "sample %lld: %zu ids but %zu labels",
-                       (long long)s->index, s->input_ids.len, s->labels.len);
+    return mml_err_set(err, MML_EINVAL, "sample %lld: %zu ids but %zu labels", (long long)s->index,
+                       s->input_ids.len, s->labels.len);
   mml_status st = mml_collator_check_length(c, n, err);
   if (st) return st;
   if (s->nimages < 0 || s->grids.len != (size_t)s->nimages * 3)
@@ -178,14 +179,13 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
   }
   if (vrows != s->vpixel_rows ||
       s->vpixels.len != (size_t)s->vpixel_rows * (size_t)c->cfg.pixel_cols * sizeof(float))
-    return mml_err_set(err, MML_EINVAL,
-                       "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
-                       (long long)s->index, (long long)vrows, (long long)s->vpixel_rows,
-                       s->vpixels.len);
+    return mml_err_set(
+        err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
+        (long long)s->index, (long long)vrows, (long long)s->vpixel_rows, s->vpixels.len);
   if (c->cfg.mrope) {
     mml_mrope_media md = media_of(&c->cfg, s);
-    mml_status st = mml_mrope_positions_media(s->input_ids.data, n, &md, c->cfg.spatial_merge,
-                                              NULL, 0, NULL, err);
+    mml_status st = mml_mrope_positions_media(s->input_ids.data, n, &md, c->cfg.spatial_merge, NULL,
+                                              0, NULL, err);
     if (st) {
       mml_err_prefix(err, "sample %lld", (long long)s->index);
       return st;
@@ -324,8 +324,8 @@ typedef struct emit_ctx {
 } emit_ctx;
 
 /* A new tensor `name` of nd dims in the batch; NULL with the status set on failure. */
-static void *emit_tensor(emit_ctx *e, const char *name, mml_dtype dt, int nd,
-                         const int64_t *dims, mml_status *st) {
+static void *emit_tensor(emit_ctx *e, const char *name, mml_dtype dt, int nd, const int64_t *dims,
+                         mml_status *st) {
   void *data = NULL;
   *st = mml_batch_add(e->out, e->c->pool, name, dt, nd, dims, &data, e->err);
   return *st ? NULL : data;
@@ -341,7 +341,8 @@ static mml_status emit_ids(emit_ctx *e) {
   for (int64_t j = 0; j < e->BL; j++) o[j] = e->cfg->pad_id;
   for (int i = 0; i < e->n; i++) {
     const mml_sample *s = &e->c->slots[i];
-    for (size_t j = 0; j < s->input_ids.len; j++) o[e->start[i] + (int64_t)j] = s->input_ids.data[j];
+    for (size_t j = 0; j < s->input_ids.len; j++)
+      o[e->start[i] + (int64_t)j] = s->input_ids.data[j];
   }
   return MML_OK;
 }
@@ -383,9 +384,9 @@ static mml_status emit_mrope(emit_ctx *e) {
   for (int i = 0; i < e->n && !st; i++) {
     const mml_sample *s = &e->c->slots[i];
     mml_mrope_media md = media_of(cfg, s);
-    st = mml_mrope_positions_media(s->input_ids.data, (int64_t)s->input_ids.len, &md,
-                                   cfg->spatial_merge, pos + e->start[i], e->BL, &deltas[i],
-                                   e->err);
+    st =
+        mml_mrope_positions_media(s->input_ids.data, (int64_t)s->input_ids.len, &md,
+                                  cfg->spatial_merge, pos + e->start[i], e->BL, &deltas[i], e->err);
     if (st) mml_err_prefix(e->err, "sample %lld", (long long)s->index);
   }
   int64_t nd = e->pack ? e->n : e->B;
@@ -453,9 +454,7 @@ static mml_status emit_token_types(emit_ctx *e) {
     const int32_t vpad = s->nvideos ? e->cfg->video_pad_id : -1;
     for (size_t j = 0; j < s->input_ids.len; j++) {
       int32_t id = s->input_ids.data[j];
-      o[e->start[i] + (int64_t)j] = id == e->cfg->image_pad_id   ? 1
-                                    : id == vpad                 ? 2
-                                                                 : 0;
+      o[e->start[i] + (int64_t)j] = id == e->cfg->image_pad_id ? 1 : id == vpad ? 2 : 0;
     }
   }
   return MML_OK;
@@ -479,11 +478,10 @@ static mml_status emit_vision(emit_ctx *e) {
     if (e->c->pixbuf->size < (size_t)rows * (size_t)cols * mml_dtype_size(dt))
       return mml_err_set(e->err, MML_EINTERNAL, "collator: %lld pixel rows in a %zu-byte buffer",
                          (long long)rows, e->c->pixbuf->size);
-    st = mml_batch_add_view(e->out, "pixel_values", dt, 2, DIMS(rows, cols),
-                            e->c->pixbuf, 0, e->err);
+    st = mml_batch_add_view(e->out, "pixel_values", dt, 2, DIMS(rows, cols), e->c->pixbuf, 0,
+                            e->err);
     if (st) return st;
-  } else if (!(o = emit_tensor(e, "pixel_values", dt, 2,
-                               DIMS(holder ? 1 : rows, cols), &st))) {
+  } else if (!(o = emit_tensor(e, "pixel_values", dt, 2, DIMS(holder ? 1 : rows, cols), &st))) {
     return st;
   }
   if (!o) {
@@ -523,8 +521,8 @@ static mml_status emit_videos(emit_ctx *e) {
   }
   if (nv == 0) return MML_OK;
   mml_status st;
-  uint8_t *o = emit_tensor(e, "pixel_values_videos", MML_DT_FLOAT32, 2,
-                           DIMS(rows, e->cfg->pixel_cols), &st);
+  uint8_t *o =
+      emit_tensor(e, "pixel_values_videos", MML_DT_FLOAT32, 2, DIMS(rows, e->cfg->pixel_cols), &st);
   if (!o) return st;
   for (int i = 0; i < e->n; i++) {
     const mml_sample *s = &e->c->slots[i];

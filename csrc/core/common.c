@@ -112,8 +112,10 @@ mml_status mml_err_set(mml_err *err, mml_status st, const char *fmt, ...) {
     size_t n;
     char *s = vformat(&n, fmt, ap);
     va_end(ap);
-    if (s) mml_text_clean(err->msg, sizeof err->msg, s, n);
-    else snprintf(err->msg, sizeof err->msg, "%s", fmt);
+    if (s)
+      mml_text_clean(err->msg, sizeof err->msg, s, n);
+    else
+      snprintf(err->msg, sizeof err->msg, "%s", fmt);
     free(s);
   }
   return st;
@@ -199,8 +201,12 @@ mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *
 }
 
 static const char *file_kind(mode_t m) {
-  return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
-       : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "not a plain file";
+  return S_ISFIFO(m)   ? "a FIFO"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISDIR(m)  ? "a directory"
+                       : "not a plain file";
 }
 
 mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t max,

@@ -36,11 +36,11 @@ enum {
 enum { ST_UNLOADED = 0, ST_READY = 1, ST_FAILED = 2 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int g_state;           /* ST_*; written under g_lock, read with acquire */
-static mml_cuda_api g_api;           /* valid when g_state == ST_READY */
-static int g_ndev;                   /* devices seen at load */
-static char g_reason[MML_ERR_MSG];   /* why the load failed (ST_FAILED) */
-static char g_lib[512];              /* where the runtime came from (ST_READY) */
+static atomic_int g_state;         /* ST_*; written under g_lock, read with acquire */
+static mml_cuda_api g_api;         /* valid when g_state == ST_READY */
+static int g_ndev;                 /* devices seen at load */
+static char g_reason[MML_ERR_MSG]; /* why the load failed (ST_FAILED) */
+static char g_lib[512];            /* where the runtime came from (ST_READY) */
 #define MAX_CANDIDATES 8
 static char g_cand[MAX_CANDIDATES][512]; /* mml_cuda_set_candidates, under g_lock */
 static int g_ncand;
@@ -71,20 +71,22 @@ static mml_status not_loaded(mml_err *err) {
 
 /* --- loading ---------------------------------------------------------------------- */
 
-#define API_SYMBOLS(X)                                                                  \
-  X(GetDeviceCount) X(GetDevice) X(SetDevice) X(HostAlloc) X(FreeHost) X(Malloc) X(Free)  \
-  X(StreamCreateWithFlags) X(StreamDestroy) X(StreamSynchronize) X(MemcpyAsync)         \
+// clang-format off
+#define API_SYMBOLS(X)                                                                     \
+  X(GetDeviceCount) X(GetDevice) X(SetDevice) X(HostAlloc) X(FreeHost) X(Malloc) X(Free)   \
+  X(StreamCreateWithFlags) X(StreamDestroy) X(StreamSynchronize) X(MemcpyAsync)           \
   X(EventCreateWithFlags) X(EventRecord) X(EventQuery) X(EventSynchronize) X(EventDestroy) \
   X(StreamWaitEvent) X(GetErrorString)
+// clang-format on
 
 /* Resolves every symbol of handle into *api; MML_ECUDA naming the first missing one. */
 static mml_status resolve(void *handle, const char *path, mml_cuda_api *api, mml_err *err) {
   memset(api, 0, sizeof *api);
-#define X(name)                                                                         \
-  {                                                                                     \
-    void *sym = dlsym(handle, "cuda" #name);                                            \
+#define X(name)                                                                             \
+  {                                                                                         \
+    void *sym = dlsym(handle, "cuda" #name);                                                \
     if (!sym) return mml_err_set(err, MML_ECUDA, "%s: missing symbol cuda%s", path, #name); \
-    memcpy(&api->name, &sym, sizeof sym);                                               \
+    memcpy(&api->name, &sym, sizeof sym);                                                   \
   }
   API_SYMBOLS(X)
 #undef X
@@ -278,8 +280,7 @@ mml_status mml_cuda_malloc(int device, size_t n, void **out, mml_err *err) {
   leave(device, prev);
   if (rc != CUDA_SUCCESS || !p)
     return mml_err_set(err, rc == 2 ? MML_ENOMEM : MML_ECUDA,
-                       "cudaMalloc of %zu bytes on cuda:%d failed: %s", n, device,
-                       cuda_errstr(rc));
+                       "cudaMalloc of %zu bytes on cuda:%d failed: %s", n, device, cuda_errstr(rc));
   *out = p;
   return MML_OK;
 }

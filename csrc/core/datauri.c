@@ -58,10 +58,24 @@ mml_status mml_data_uri_decode(const char *ref, mml_bytes *out, mml_err *err) {
     pads = 0;
     nsym++;
     switch (quad) {
-      case 0: left = v; quad = 1; break;
-      case 1: *o++ = (uint8_t)(left << 2 | v >> 4); left = v & 15; quad = 2; break;
-      case 2: *o++ = (uint8_t)(left << 4 | v >> 2); left = v & 3; quad = 3; break;
-      default: *o++ = (uint8_t)(left << 6 | v); quad = 0; break;
+      case 0:
+        left = v;
+        quad = 1;
+        break;
+      case 1:
+        *o++ = (uint8_t)(left << 2 | v >> 4);
+        left = v & 15;
+        quad = 2;
+        break;
+      case 2:
+        *o++ = (uint8_t)(left << 4 | v >> 2);
+        left = v & 3;
+        quad = 3;
+        break;
+      default:
+        *o++ = (uint8_t)(left << 6 | v);
+        quad = 0;
+        break;
     }
   }
   if (!ended && quad == 1)

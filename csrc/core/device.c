@@ -62,8 +62,8 @@ mml_status mml_device_allocator(int device, mml_allocator *out, mml_err *err) {
   if (st != MML_OK) return st;
   int n = mml_cuda_device_count();
   if (device < 0 || device >= n)
-    return mml_err_set(err, MML_ECUDA, "CUDA device cuda:%d does not exist (%d visible)",
-                       device, n);
+    return mml_err_set(err, MML_ECUDA, "CUDA device cuda:%d does not exist (%d visible)", device,
+                       n);
   memset(out, 0, sizeof *out);
   out->kind = MML_MEM_DEVICE;
   out->device = device;
@@ -231,8 +231,8 @@ mml_status mml_fence_on_release(mml_buf *b, int device, uintptr_t stream, mml_er
   for (int i = 0; i < f->nrel && !have; i++)
     have = f->rel[i].device == device && f->rel[i].stream == stream;
   if (!have && f->nrel == FENCE_STREAMS)
-    st = mml_err_set(err, MML_ECUDA, "a buffer was exported to more than %d streams",
-                     FENCE_STREAMS);
+    st =
+        mml_err_set(err, MML_ECUDA, "a buffer was exported to more than %d streams", FENCE_STREAMS);
   else if (!have) {
     f->rel[f->nrel].device = device;
     f->rel[f->nrel].stream = stream;
@@ -365,11 +365,13 @@ mml_status mml_device_stage_copy(mml_device_stage *s, const mml_batch *host, mml
   if (st != MML_OK && queued) /* host buffers may still be read: wait, then give up */
     mml_cuda_stream_sync(s->stream, NULL);
   pthread_mutex_unlock(&s->lock);
-  for (int i = 0; i < dev->ntensors && st == MML_OK; i++) st = mml_fence_add_event(dev->tensors[i].buf, ev, err);
+  for (int i = 0; i < dev->ntensors && st == MML_OK; i++)
+    st = mml_fence_add_event(dev->tensors[i].buf, ev, err);
   for (int i = 0; i < host->ntensors && st == MML_OK; i++)
     if (host->tensors[i].buf) st = mml_fence_add_event(host->tensors[i].buf, ev, err);
   if (st != MML_OK) {
-    if (!queued || mml_cuda_event_sync(ev->ev, NULL) != MML_OK) mml_cuda_stream_sync(s->stream, NULL);
+    if (!queued || mml_cuda_event_sync(ev->ev, NULL) != MML_OK)
+      mml_cuda_stream_sync(s->stream, NULL);
     mml_batch_clear(dev);
     mml_err_prefix(err, "copy to cuda:%d", s->device);
   }

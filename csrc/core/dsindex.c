@@ -27,9 +27,23 @@ _Static_assert(sizeof(mml_dsx_image) == 12, "mml_dsx_image is 12 bytes on disk")
 _Static_assert(sizeof(mml_member) == 24, "mml_member is 24 bytes on disk");
 
 enum {
-  H_MAGIC = 0, H_VERSION = 8, H_HSIZE = 12, H_SIZE = 16, H_MTIME = 24, H_KEY = 32, H_N = 40,
-  H_NIMAGES = 48, H_NBLANK = 56, H_NMEMBERS = 64, H_NAMES = 72, H_DATA_END = 80,
-  H_LAYOUT = 88, H_COMPRESSION = 89, H_ETAG = 92, H_SETTINGS = 96, H_CHECKSUM = 120
+  H_MAGIC = 0,
+  H_VERSION = 8,
+  H_HSIZE = 12,
+  H_SIZE = 16,
+  H_MTIME = 24,
+  H_KEY = 32,
+  H_N = 40,
+  H_NIMAGES = 48,
+  H_NBLANK = 56,
+  H_NMEMBERS = 64,
+  H_NAMES = 72,
+  H_DATA_END = 80,
+  H_LAYOUT = 88,
+  H_COMPRESSION = 89,
+  H_ETAG = 92,
+  H_SETTINGS = 96,
+  H_CHECKSUM = 120
 };
 
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -109,7 +123,8 @@ mml_status mml_dsx_serialize(const mml_dsx *x, mml_bytes *out, mml_err *err) {
   if (!st) st = put_section(out, x->blank_lines, (size_t)x->nblank * 8);
   if (!st) st = put_section(out, x->members, (size_t)x->nmembers * sizeof(mml_member));
   if (!st) st = put_section(out, x->names, (size_t)x->names_len);
-  if (st) return mml_err_set(err, MML_ENOMEM, "out of memory serialising an index (%zu bytes)", need);
+  if (st)
+    return mml_err_set(err, MML_ENOMEM, "out of memory serialising an index (%zu bytes)", need);
   put64(out->data + H_CHECKSUM, mml_hash_bytes(0, out->data, out->len));
   return MML_OK;
 }
@@ -174,7 +189,8 @@ static mml_status parse_header(const uint8_t *h, size_t len, const char *name, m
   if (v != MML_DSX_VERSION || get32(h + H_HSIZE) != MML_DSX_HEADER)
     return mml_err_set(err, MML_ERECORD,
                        "index %s: format version %u, this mmloader reads version %u (rebuild "
-                       "it with python -m mmloader index)", name, v, MML_DSX_VERSION);
+                       "it with python -m mmloader index)",
+                       name, v, MML_DSX_VERSION);
   x->shard_size = (int64_t)get64(h + H_SIZE);
   x->shard_mtime_ns = (int64_t)get64(h + H_MTIME);
   x->key = get64(h + H_KEY);
@@ -198,8 +214,10 @@ static mml_status parse_header(const uint8_t *h, size_t len, const char *name, m
 }
 
 static mml_status corrupt(mml_err *err, const char *name, const char *what) {
-  return mml_err_set(err, MML_ERECORD, "index %s: corrupt (%s); rebuild it with python -m "
-                     "mmloader index", name, what);
+  return mml_err_set(err, MML_ERECORD,
+                     "index %s: corrupt (%s); rebuild it with python -m "
+                     "mmloader index",
+                     name, what);
 }
 
 /* The etag and settings sections (after the header). */
@@ -288,8 +306,8 @@ mml_status mml_dsx_parse(const uint8_t *data, size_t len, const char *name, mml_
   x->members = dup_section(mem, (size_t)x->nmembers * sizeof(mml_member));
   x->names = dup_section(nam, (size_t)x->names_len);
   x->first_image = malloc(((size_t)x->n + 1) * sizeof *x->first_image);
-  if (!x->offsets || !x->samples || !x->images || !x->blank_lines || !x->members ||
-      !x->names || !x->first_image) {
+  if (!x->offsets || !x->samples || !x->images || !x->blank_lines || !x->members || !x->names ||
+      !x->first_image) {
     st = mml_err_set(err, MML_ENOMEM, "index %s: out of memory (%zu bytes)", name, len);
     goto fail;
   }
@@ -300,8 +318,8 @@ fail:
   return st;
 }
 
-mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name,
-                                 mml_dsx *x, size_t *used, mml_err *err) {
+mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name, mml_dsx *x,
+                                 size_t *used, mml_err *err) {
   memset(x, 0, sizeof *x);
   *used = 0;
   mml_status st = parse_header(data, len, name, x, err);
@@ -346,8 +364,7 @@ oom:
 
 /* ---- into a loader's index ------------------------------------------------------------ */
 
-mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *path,
-                                mml_err *err) {
+mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *path, mml_err *err) {
   if (x->compression != MML_COMPRESS_NONE)
     return mml_err_set(err, MML_EINTERNAL, "index of %s: a compressed shard must be scanned", path);
   if (ix->n + x->n > ix->cap) {

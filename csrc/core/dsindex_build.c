@@ -52,13 +52,13 @@ typedef struct build {
   mml_loader *L;
   int shard;
   const mml_index_shard *sh;
-  int64_t start, n;          /* samples [start, n) of the shard are planned now */
+  int64_t start, n; /* samples [start, n) of the shard are planned now */
   chunk *chunks;
   int64_t nchunks, next;
   int stop;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  mml_fetcher *f;            /* remote records or images */
+  mml_fetcher *f; /* remote records or images */
 } build;
 
 typedef struct bworker {
@@ -96,16 +96,20 @@ static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *w
   if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) { /* a WebDataset member */
     int64_t n = want >= 0 && want < len ? want : len;
     *whole = n == len;
-    if (!mml_index_shard_remote(b->sh)) st = mml_index_read(b->sh, off, n, &w->img, err);
-    else if (!(st = fetcher(b, &f, err))) st = mml_fetch_get(f, b->sh->path, off, n, &w->img, err);
+    if (!mml_index_shard_remote(b->sh))
+      st = mml_index_read(b->sh, off, n, &w->img, err);
+    else if (!(st = fetcher(b, &f, err)))
+      st = mml_fetch_get(f, b->sh->path, off, n, &w->img, err);
   } else {
     const char *root = L->roots[b->shard];
     if ((st = mml_sample_image_path(root, ref, &w->path, err))) return st;
     const char *p = (const char *)w->path.data;
     if ((st = mml_sample_image_allowed(&L->cfg, root, ref, p, !L->remote[b->shard], err)))
       return st;
-    if (!mml_path_is_remote(p)) st = mml_read_file(p, 0, want, &w->img, err);
-    else if (!(st = fetcher(b, &f, err))) st = mml_fetch_get(f, p, 0, want, &w->img, err);
+    if (!mml_path_is_remote(p))
+      st = mml_read_file(p, 0, want, &w->img, err);
+    else if (!(st = fetcher(b, &f, err)))
+      st = mml_fetch_get(f, p, 0, want, &w->img, err);
     *whole = want < 0 || (int64_t)w->img.len < want;
   }
   if (!st) *bytes += w->img.len;
@@ -137,8 +141,10 @@ static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *
                        (long long)len, (long long)L->cfg.max_record_bytes);
   mml_status st;
   mml_fetcher *f;
-  if (!mml_index_shard_remote(b->sh)) st = mml_index_read(b->sh, off, len, &w->rec_bytes, err);
-  else if (!(st = fetcher(b, &f, err))) st = mml_fetch_get(f, b->sh->path, off, len, &w->rec_bytes, err);
+  if (!mml_index_shard_remote(b->sh))
+    st = mml_index_read(b->sh, off, len, &w->rec_bytes, err);
+  else if (!(st = fetcher(b, &f, err)))
+    st = mml_fetch_get(f, b->sh->path, off, len, &w->rec_bytes, err);
   if (st) return st;
   *bytes += w->rec_bytes.len;
   size_t n = mml_index_record_len(b->sh, w->rec_bytes.data, w->rec_bytes.len);
@@ -150,14 +156,14 @@ static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *
   int nm = mml_index_images(&L->ix, b->shard, gi, members, MAX_MEMBERS);
   if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample, .implicit = members,
+                        .max_images = L->cfg.max_images_per_sample,
+                        .implicit = members,
                         .nimplicit = nm};
   return mml_record_parse_opts((const char *)w->rec_bytes.data, n, &ro, &w->rec, err);
 }
 
 /* Plans shard sample k into *out and its images onto chunk c. */
-static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk *c,
-                              mml_err *err) {
+static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk *c, mml_err *err) {
   build *b = w->b;
   mml_loader *L = b->L;
   int64_t gi = b->sh->first + k;
@@ -175,13 +181,15 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     int whole;
     st = image_head(w, gi, i, MML_DSX_HEAD_BYTES, &whole, &c->bytes, err);
     const mml_image_budget *bud = w->rec.budgets ? &w->rec.budgets[i] : NULL;
-    if (!st) st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud,
-                                               &w->plans[i], err);
+    if (!st)
+      st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud, &w->plans[i],
+                                        err);
     if (st && !whole) { /* the header lies beyond the first bytes: read it all */
       mml_err_clear(err);
       st = image_head(w, gi, i, -1, &whole, &c->bytes, err);
-      if (!st) st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud,
-                                                 &w->plans[i], err);
+      if (!st)
+        st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud, &w->plans[i],
+                                          err);
     }
     if (st) {
       mml_sample_err_image(err, w->rec.images[i]);
@@ -197,8 +205,8 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
                        (long long)px, (long long)src->pl.max_sample_pixels);
   mml_ids_clear(&w->ids);
   mml_ids_clear(&w->labels);
-  if ((st = mml_template_encode(src->pl.tmpl, w->tok, &w->rec, w->tokens, &w->ids, &w->labels,
-                                err)))
+  if ((st =
+           mml_template_encode(src->pl.tmpl, w->tok, &w->rec, w->tokens, &w->ids, &w->labels, err)))
     return st;
   int64_t text = (int64_t)w->ids.len - vis;
   if (n > UINT16_MAX || text < 0 || text > UINT32_MAX)
@@ -213,8 +221,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     c->cap = nc;
   }
   for (int i = 0; i < n; i++)
-    c->imgs[c->nimgs++] = (mml_dsx_image){(uint32_t)w->plans[i].src_w,
-                                          (uint32_t)w->plans[i].src_h,
+    c->imgs[c->nimgs++] = (mml_dsx_image){(uint32_t)w->plans[i].src_w, (uint32_t)w->plans[i].src_h,
                                           (uint32_t)w->plans[i].tokens};
   out->text_tokens = (uint32_t)text;
   out->nimages = (uint16_t)n;
@@ -352,8 +359,10 @@ static mml_status open_partial(const char *ppath, const mml_dsx *id, int64_t cou
     if (!st) st = write_all(fd, id->settings, ns, ppath, err);
     if (!st) st = write_all(fd, zero, (8 - ns % 8) % 8, ppath, err);
   }
-  if (st) close(fd);
-  else *fd_out = fd;
+  if (st)
+    close(fd);
+  else
+    *fd_out = fd;
   return st;
 }
 
@@ -438,8 +447,7 @@ static mml_status finish(build *b, const mml_dsx *id, const result *r, const cha
 
 /* Runs the workers over samples [start, n) and the writer; returns with them joined. */
 static mml_status run(build *b, int nthreads, int fd, const char *ppath, result *r,
-                      mml_index_progress_fn cb, void *ctx, mml_index_summary *sum,
-                      mml_err *err) {
+                      mml_index_progress_fn cb, void *ctx, mml_index_summary *sum, mml_err *err) {
   mml_status st = MML_OK;
   b->nchunks = (b->n - b->start + CHUNK - 1) / CHUNK;
   b->chunks = calloc((size_t)(b->nchunks ? b->nchunks : 1), sizeof *b->chunks);
@@ -449,7 +457,8 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
   if (!b->chunks || !ws || !th) st = mml_err_set(err, MML_ENOMEM, "out of memory");
   for (int i = 0; !st && i < nthreads; i++) {
     ws[i].b = b;
-    if (mml_tok_scratch_new(&ws[i].tok)) st = mml_err_set(err, MML_ENOMEM, "out of memory");
+    if (mml_tok_scratch_new(&ws[i].tok))
+      st = mml_err_set(err, MML_ENOMEM, "out of memory");
     else if (pthread_create(&th[i], NULL, worker_main, &ws[i]))
       st = mml_err_set(err, MML_ENOMEM, "cannot start index thread %d", i);
     else
@@ -471,8 +480,10 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
       int stop = cb && cb(ctx, r->n, b->n);
       pthread_mutex_lock(&b->mu);
       if (stop) {
-        st = mml_err_set(err, MML_ECANCELLED, "index build of %s stopped after %lld of %lld "
-                         "samples (resumable)", b->sh->path, (long long)r->n, (long long)b->n);
+        st = mml_err_set(err, MML_ECANCELLED,
+                         "index build of %s stopped after %lld of %lld "
+                         "samples (resumable)",
+                         b->sh->path, (long long)r->n, (long long)b->n);
         break;
       }
     }
@@ -492,8 +503,10 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     if (cb && now - last > 0.2) {
       last = now;
       if (cb(ctx, r->n, b->n))
-        st = mml_err_set(err, MML_ECANCELLED, "index build of %s stopped after %lld of %lld "
-                         "samples (resumable)", b->sh->path, (long long)r->n, (long long)b->n);
+        st = mml_err_set(err, MML_ECANCELLED,
+                         "index build of %s stopped after %lld of %lld "
+                         "samples (resumable)",
+                         b->sh->path, (long long)r->n, (long long)b->n);
     }
   }
   mml_bytes_free(&buf);
@@ -534,9 +547,10 @@ mml_status mml_loader_build_index(mml_loader *L, int shard, const char *out, int
                                     sizeof id.etag, err);
   if (st) return st;
   if (id.shard_size != sh->size)
-    return mml_err_set(err, MML_ECONFIG, "data shard %s changed while it was indexed (%lld "
-                       "bytes, scanned %lld)", sh->path, (long long)id.shard_size,
-                       (long long)sh->size);
+    return mml_err_set(err, MML_ECONFIG,
+                       "data shard %s changed while it was indexed (%lld "
+                       "bytes, scanned %lld)",
+                       sh->path, (long long)id.shard_size, (long long)sh->size);
   id.key = src->index_key;
   id.settings = src->index_settings;
   id.layout = sh->layout;

@@ -17,7 +17,6 @@
 
 #include "fetch_loop.h"
 
-
 int mml_path_is_remote(const char *p) {
   return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5));
 }
@@ -40,7 +39,8 @@ double mml_fetch_backoff(double base_s, double max_s, int attempt, double retry_
 
 /* ---- public API ------------------------------------------------------------------------ */
 
-static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out, mml_err *err) {
+static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetcher **out,
+                           mml_err *err) {
   mml_fetcher *f = calloc(1, sizeof *f);
   if (!f) return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory");
   const char *ak = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
@@ -72,7 +72,8 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   f->backoff_max_s = cfg->backoff_max_s ? cfg->backoff_max_s : 5;
   f->range_chunk = cfg->range_chunk ? cfg->range_chunk : 8 << 20;
   f->list_page_size = cfg->list_page_size > 0 ? cfg->list_page_size : 0;
-  f->max_object_bytes = cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
+  f->max_object_bytes =
+      cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
   f->min_rate = cfg->min_rate ? cfg->min_rate : 1024;
   f->retry_budget_s = cfg->retry_budget_s ? cfg->retry_budget_s : 60;
   f->rng = mml_mix64((uint64_t)(uintptr_t)f ^ (uint64_t)(mml_now() * 1e9)) | 1;
@@ -102,7 +103,8 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   mml_fetch_cfg zero = {0};
   if (!cfg) cfg = &zero;
   *out = NULL;
-  if (!mml_fetch_global_init()) return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
+  if (!mml_fetch_global_init())
+    return mml_err_set(err, MML_EINTERNAL, "libcurl global initialisation failed");
   if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 ||
       cfg->connect_timeout_s < 0 || cfg->stall_s < 0 || cfg->backoff_base_s < 0 ||
       cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0 ||
@@ -111,7 +113,8 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   if (cfg->max_inflight > 100000)
     return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
   if (cfg->io_threads > 64)
-    return mml_err_set(err, MML_ECONFIG, "fetch: io_threads %d is too large (at most 64)", cfg->io_threads);
+    return mml_err_set(err, MML_ECONFIG, "fetch: io_threads %d is too large (at most 64)",
+                       cfg->io_threads);
   int n = cfg->io_threads ? cfg->io_threads : 1;
   int total = cfg->max_inflight ? cfg->max_inflight : 64;
   if (total < n) n = total; /* at least one request in flight per loop */

@@ -25,9 +25,8 @@ void fl_job_free(job *j) {
   free(j);
 }
 
-mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                      int64_t len, int head, mml_fetch_cb cb, void *ctx, job **out,
-                      mml_err *err) {
+mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_t off, int64_t len,
+                      int head, mml_fetch_cb cb, void *ctx, job **out, mml_err *err) {
   if (!url || !cb) return mml_err_set(err, MML_EINVAL, "fetch: NULL url or callback");
   if (off < 0) return mml_err_set(err, MML_EINVAL, "fetch: negative offset");
   job *j = calloc(1, sizeof *j);
@@ -50,7 +49,8 @@ mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_
     if (!st) st = mml_s3_address_parts(f->region, f->endpoint, b, bl, k, query, &a, err);
     if (!st) {
       j->http_url = a.http_url, j->host = a.host, j->canon_uri = a.canonical_uri;
-      if (!(j->canon_query = dupstr(query ? query : ""))) st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
+      if (!(j->canon_query = dupstr(query ? query : "")))
+        st = mml_err_set(err, MML_ENOMEM, "fetch: out of memory for a request");
     }
   } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
     j->http_url = dupstr(url);
@@ -72,8 +72,10 @@ static void link_x(mml_fetcher *f, xfer *x) {
   f->all_x = x;
 }
 static void unlink_x(mml_fetcher *f, xfer *x) {
-  if (x->prev_all) x->prev_all->next_all = x->next_all;
-  else f->all_x = x->next_all;
+  if (x->prev_all)
+    x->prev_all->next_all = x->next_all;
+  else
+    f->all_x = x->next_all;
   if (x->next_all) x->next_all->prev_all = x->prev_all;
 }
 void fl_link_j(mml_fetcher *f, job *j) {
@@ -82,15 +84,19 @@ void fl_link_j(mml_fetcher *f, job *j) {
   f->all_j = j;
 }
 static void unlink_j(mml_fetcher *f, job *j) {
-  if (j->prev_all) j->prev_all->next_all = j->next_all;
-  else f->all_j = j->next_all;
+  if (j->prev_all)
+    j->prev_all->next_all = j->next_all;
+  else
+    f->all_j = j->next_all;
   if (j->next_all) j->next_all->prev_all = j->prev_all;
 }
 
 void fl_ready_push_back(mml_fetcher *f, xfer *x) {
   x->next = NULL;
-  if (f->ready_tail) f->ready_tail->next = x;
-  else f->ready_head = x;
+  if (f->ready_tail)
+    f->ready_tail->next = x;
+  else
+    f->ready_head = x;
   f->ready_tail = x;
 }
 void fl_ready_push_front(mml_fetcher *f, xfer *x) {
@@ -216,7 +222,8 @@ void fl_job_finish(mml_fetcher *f, job *j) {
   } else {
     if (j->len >= 0 && !j->head) {
       int64_t want = j->len;
-      if (j->total >= 0 && j->total - j->off < want) want = j->total - j->off > 0 ? j->total - j->off : 0;
+      if (j->total >= 0 && j->total - j->off < want)
+        want = j->total - j->off > 0 ? j->total - j->off : 0;
       if ((int64_t)j->body.len > want) j->body.len = (size_t)want;
     }
     if (j->head) { /* HEAD reports the size as one int64 */
@@ -257,14 +264,14 @@ void fl_part_fail(mml_fetcher *f, xfer *x, mml_status st, const char *fmt, ...) 
     j->failed = 1, j->fst = st;
     char range[64] = "";
     if (x->len > 0 || x->off > 0)
-      snprintf(range, sizeof range, " (bytes %lld-%s)", (long long)x->off,
-               x->len > 0 ? "" : "end");
+      snprintf(range, sizeof range, " (bytes %lld-%s)", (long long)x->off, x->len > 0 ? "" : "end");
     if (x->len > 0)
       snprintf(range, sizeof range, " (bytes %lld-%lld)", (long long)x->off,
                (long long)(x->off + x->len - 1));
     char tail[48] = "";
     if (j->retries) snprintf(tail, sizeof tail, " [after %d retries]", j->retries);
-    mml_err_set(&j->ferr, st, "%s %s%s: %s%s", j->head ? "HEAD" : "GET", j->shown, range, why, tail);
+    mml_err_set(&j->ferr, st, "%s %s%s: %s%s", j->head ? "HEAD" : "GET", j->shown, range, why,
+                tail);
   }
   fl_part_done(f, x);
 }
@@ -292,8 +299,10 @@ size_t fl_on_header(char *p, size_t sz, size_t n, void *ud) {
     long long a, b, t;
     const char *v = line + 14;
     while (*v == ' ') v++;
-    if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3) x->cr_start = a, x->cr_end = b, x->cr_total = t;
-    else if (sscanf(v, "bytes */%lld", &t) == 1) x->cr_total = t;
+    if (sscanf(v, "bytes %lld-%lld/%lld", &a, &b, &t) == 3)
+      x->cr_start = a, x->cr_end = b, x->cr_total = t;
+    else if (sscanf(v, "bytes */%lld", &t) == 1)
+      x->cr_total = t;
   } else if (!strncasecmp(line, "etag:", 5)) {
     const char *v = line + 5;
     while (*v == ' ') v++;

@@ -108,7 +108,8 @@ static mml_status sign_s3(mml_fetcher *f, xfer *x, mml_err *err) {
   mml_status st = MML_OK;
   st |= add_header(&x->hdrs, "Host: %s", j->host);
   st |= add_header(&x->hdrs, "x-amz-content-sha256: %s", MML_SHA256_EMPTY);
-  if (!f->ak) return st ? mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory") : MML_OK; /* anonymous */
+  if (!f->ak)
+    return st ? mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory") : MML_OK; /* anonymous */
   char date[20];
   time_t now = time(NULL);
   struct tm tm;
@@ -125,12 +126,22 @@ static mml_status sign_s3(mml_fetcher *f, xfer *x, mml_err *err) {
     st |= add_header(&x->hdrs, "x-amz-security-token: %s", f->tok);
   }
   if (st) return mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory");
-  mml_sigv4_req r = {j->head ? "HEAD" : "GET", j->canon_uri, j->canon_query, hs, nh,
-                     MML_SHA256_EMPTY, date, f->region, "s3", f->ak, f->sk};
+  mml_sigv4_req r = {j->head ? "HEAD" : "GET",
+                     j->canon_uri,
+                     j->canon_query,
+                     hs,
+                     nh,
+                     MML_SHA256_EMPTY,
+                     date,
+                     f->region,
+                     "s3",
+                     f->ak,
+                     f->sk};
   char auth[1024];
   st = mml_sigv4_authorization(&r, auth, sizeof auth, err);
   if (st) return st;
-  if (add_header(&x->hdrs, "Authorization: %s", auth)) return mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory");
+  if (add_header(&x->hdrs, "Authorization: %s", auth))
+    return mml_err_set(err, MML_ENOMEM, "S3 signing: out of memory");
   return MML_OK;
 }
 
@@ -153,7 +164,8 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   mml_status st = MML_OK;
   if (x->len != 0 || x->off != 0) {
     if (x->len > 0)
-      st = add_header(&x->hdrs, "Range: bytes=%lld-%lld", (long long)x->off, (long long)(x->off + x->len - 1));
+      st = add_header(&x->hdrs, "Range: bytes=%lld-%lld", (long long)x->off,
+                      (long long)(x->off + x->len - 1));
     else
       st = add_header(&x->hdrs, "Range: bytes=%lld-%lld", (long long)x->off,
                       (long long)(x->off + f->range_chunk - 1));
@@ -218,8 +230,8 @@ static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, con
   double ra = x->retry_after;
   fl_xfer_release_easy(f, x);
   double now = mml_now();
-  double due = now + mml_fetch_backoff(f->backoff_base_s, f->backoff_max_s, x->attempt + 1, ra,
-                                       rand01(f));
+  double due =
+      now + mml_fetch_backoff(f->backoff_base_s, f->backoff_max_s, x->attempt + 1, ra, rand01(f));
   if (x->attempt < f->max_retries && !j->failed && due < x->first_start + f->retry_budget_s) {
     x->attempt++;
     j->retries++;
@@ -236,7 +248,7 @@ static void retry_or_fail(mml_fetcher *f, xfer *x, int cause, mml_status st, con
   }
   if (x->attempt < f->max_retries && !j->failed) /* retries left, but no time */
     fl_part_fail(f, x, st, "%s (retry_budget_s=%g spent: %.1f s since the first attempt)", why,
-              f->retry_budget_s, now - x->first_start);
+                 f->retry_budget_s, now - x->first_start);
   else
     fl_part_fail(f, x, st, "%s", why);
 }
@@ -286,8 +298,8 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   if (x->toobig == 2) { /* declared: the object is too large, asking again will not help */
     fl_xfer_release_easy(f, x);
     fl_part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
-              (long long)(x->cr_total > 0 ? x->cr_total : x->clen),
-              (long long)f->max_object_bytes);
+                 (long long)(x->cr_total > 0 ? x->cr_total : x->clen),
+                 (long long)f->max_object_bytes);
     return;
   }
   if (x->toobig == 1) {
@@ -340,15 +352,19 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
   long s = x->http;
   char why[512];
   int64_t expect = -1;
-  if (s == 206 && x->cr_start >= 0) expect = x->cr_end - x->cr_start + 1;
-  else if (x->clen >= 0 && !x->skip && !j->head) expect = x->clen;
+  if (s == 206 && x->cr_start >= 0)
+    expect = x->cr_end - x->cr_start + 1;
+  else if (x->clen >= 0 && !x->skip && !j->head)
+    expect = x->clen;
   if (s == 206 && x->cr_start >= 0 && x->cr_start != x->off) {
     fl_xfer_release_easy(f, x);
-    fl_part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)", (long long)x->cr_start);
+    fl_part_fail(f, x, MML_EFETCH, "HTTP 206 for the wrong range (starts at %lld)",
+                 (long long)x->cr_start);
     return;
   }
   if (expect >= 0 && x->got < expect && !j->head) {
-    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)expect);
+    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got,
+             (long long)expect);
     retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
     return;
   }
@@ -365,7 +381,8 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
   }
   if (!x->probe && x->len > 0 && x->got < x->len && j->total >= 0 && x->off + x->got < j->total) {
-    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got, (long long)x->len);
+    snprintf(why, sizeof why, "short body: %lld of %lld bytes", (long long)x->got,
+             (long long)x->len);
     retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
     return;
   }
@@ -386,8 +403,10 @@ static void xfer_http_error(mml_fetcher *f, xfer *x) {
   if (s == 416 && !j->head && (x->len != 0 || x->off != 0)) {
     /* Range unsatisfiable: it starts at or past the end of the object (a probe of
      * bytes=0-N gets this for an empty object).  Nothing there, not an error. */
-    if (x->cr_total >= 0) j->total = x->cr_total;
-    else if (j->total < 0 || j->total > x->off) j->total = x->off;
+    if (x->cr_total >= 0)
+      j->total = x->cr_total;
+    else if (j->total < 0 || j->total > x->off)
+      j->total = x->off;
     fl_xfer_release_easy(f, x);
     if (x->probe) mml_bytes_clear(&j->body);
     fl_part_done(f, x);
@@ -398,15 +417,19 @@ static void xfer_http_error(mml_fetcher *f, xfer *x) {
     mml_xml_text((const char *)x->errbody.data, x->errbody.len, "Code", code, sizeof code);
     mml_xml_text((const char *)x->errbody.data, x->errbody.len, "Message", msg, sizeof msg);
   }
-  snprintf(why, sizeof why, "HTTP %ld%s%s%s%s", s, code[0] ? " " : "", code, msg[0] ? ": " : "", msg);
-  if (s == 429) retry_or_fail(f, x, RETRY_429, MML_EFETCH, why);
-  else if (s == 500 || s == 502 || s == 503 || s == 504) retry_or_fail(f, x, RETRY_5XX, MML_EFETCH, why);
-  else if (s == 408) retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
+  snprintf(why, sizeof why, "HTTP %ld%s%s%s%s", s, code[0] ? " " : "", code, msg[0] ? ": " : "",
+           msg);
+  if (s == 429)
+    retry_or_fail(f, x, RETRY_429, MML_EFETCH, why);
+  else if (s == 500 || s == 502 || s == 503 || s == 504)
+    retry_or_fail(f, x, RETRY_5XX, MML_EFETCH, why);
+  else if (s == 408)
+    retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
   else if (s == 412 && j->etag[0]) {
     fl_xfer_release_easy(f, x);
-    fl_part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)", j->etag);
-  }
-  else {
+    fl_part_fail(f, x, MML_EFETCH, "the object changed while its ranges were fetched (ETag %s)",
+                 j->etag);
+  } else {
     mml_status st = s == 404 ? MML_ENOENT : (s == 401 || s == 403) ? MML_EAUTH : MML_EFETCH;
     fl_xfer_release_easy(f, x);
     fl_part_fail(f, x, st, "%s", why);
@@ -428,8 +451,10 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
     return;
   }
   record_latency(f, e, x->http >= 200 && x->http < 300 ? x->got : 0);
-  if (x->http >= 200 && x->http < 300) xfer_ok(f, x, e);
-  else xfer_http_error(f, x);
+  if (x->http >= 200 && x->http < 300)
+    xfer_ok(f, x, e);
+  else
+    xfer_http_error(f, x);
 }
 
 /* ---- the I/O thread ------------------------------------------------------------------- */
@@ -566,7 +591,8 @@ void *mml_fetch_io_main(void *arg) {
 /* ---- submission (any thread) ---------------------------------------------------------- */
 
 static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
-  if (f->nloops > 1) f = f->loops[__atomic_fetch_add(&f->rr, 1, __ATOMIC_RELAXED) % (unsigned)f->nloops];
+  if (f->nloops > 1)
+    f = f->loops[__atomic_fetch_add(&f->rr, 1, __ATOMIC_RELAXED) % (unsigned)f->nloops];
   pthread_mutex_lock(&f->mu);
   if (f->stop) {
     pthread_mutex_unlock(&f->mu);
@@ -577,17 +603,18 @@ static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
     return MML_ECLOSED;
   }
   j->next = NULL;
-  if (f->q_tail) f->q_tail->next = j;
-  else f->q_head = j;
+  if (f->q_tail)
+    f->q_tail->next = j;
+  else
+    f->q_head = j;
   f->q_tail = j;
   pthread_mutex_unlock(&f->mu);
   curl_multi_wakeup(f->multi);
   return MML_OK;
 }
 
-mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query,
-                                  int64_t off, int64_t len, int head, mml_fetch_cb cb,
-                                  void *ctx, mml_err *err) {
+mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
+                                  int64_t len, int head, mml_fetch_cb cb, void *ctx, mml_err *err) {
   if (!f) return mml_err_set(err, MML_EINVAL, "fetch: NULL fetcher");
   job *j = NULL;
   mml_status st = fl_job_new(f, url, query, off, len, head, cb, ctx, &j, err);

@@ -25,30 +25,30 @@ typedef struct xfer xfer;
 enum { RETRY_5XX, RETRY_429, RETRY_TIMEOUT, RETRY_RESET, RETRY_SHORT };
 
 struct job {
-  job *next;            /* submit queue */
+  job *next; /* submit queue */
   job *prev_all, *next_all;
-  char *url;            /* as submitted */
-  char *shown;          /* redacted, for messages */
-  char *http_url;       /* what curl fetches (S3: endpoint + encoded path + query) */
-  char *host;           /* S3: Host header value (signed) */
-  char *canon_uri;      /* S3: canonical URI */
-  char *canon_query;    /* S3: canonical query ("" if none); listings only */
+  char *url;         /* as submitted */
+  char *shown;       /* redacted, for messages */
+  char *http_url;    /* what curl fetches (S3: endpoint + encoded path + query) */
+  char *host;        /* S3: Host header value (signed) */
+  char *canon_uri;   /* S3: canonical URI */
+  char *canon_query; /* S3: canonical query ("" if none); listings only */
   int is_s3, head;
-  int64_t off, len;     /* requested range (len < 0: to the end) */
+  int64_t off, len; /* requested range (len < 0: to the end) */
   mml_fetch_cb cb;
   void *ctx;
   mml_bytes body;
-  int64_t total;        /* object size once known, else -1 */
+  int64_t total; /* object size once known, else -1 */
   int parts_left;
   int failed;
   mml_status fst;
   mml_err ferr;
-  int retries;          /* over all parts, for messages */
-  char etag[128];       /* from the probe: later range parts send If-Match with it */
+  int retries;    /* over all parts, for messages */
+  char etag[128]; /* from the probe: later range parts send If-Match with it */
   /* coalescing: identical requests (url, off, len) submitted while this one is in flight
    * wait on it; the table of in-flight jobs lives in the fetcher handed out (loop 0) */
   struct fetch_waiter *waiters;
-  job *twin_next;       /* chain of the table's bucket */
+  job *twin_next; /* chain of the table's bucket */
   uint64_t key;
   mml_fetcher *top;
 };
@@ -60,27 +60,27 @@ typedef struct fetch_waiter {
 } fetch_waiter;
 
 struct xfer {
-  xfer *next;           /* ready / delayed list */
+  xfer *next; /* ready / delayed list */
   xfer *prev_all, *next_all;
   job *j;
   CURL *easy;
   struct curl_slist *hdrs;
-  int64_t off, len;     /* absolute range asked for; len < 0: open (probe), 0: none (whole) */
-  int probe;            /* appends into j->body; may spawn more parts */
-  int64_t dst;          /* fixed mode: offset into j->body */
-  int64_t got;          /* body bytes accepted this attempt */
-  int64_t skip;         /* server ignored Range: bytes still to drop */
+  int64_t off, len; /* absolute range asked for; len < 0: open (probe), 0: none (whole) */
+  int probe;        /* appends into j->body; may spawn more parts */
+  int64_t dst;      /* fixed mode: offset into j->body */
+  int64_t got;      /* body bytes accepted this attempt */
+  int64_t skip;     /* server ignored Range: bytes still to drop */
   int attempt;
   double due;
   long http;
-  double retry_after;   /* seconds, < 0 when absent */
+  double retry_after;                 /* seconds, < 0 when absent */
   int64_t cr_start, cr_end, cr_total; /* Content-Range, -1 when absent */
-  int64_t clen;         /* Content-Length, -1 when absent */
+  int64_t clen;                       /* Content-Length, -1 when absent */
   char etag[128];
   int overflow, nomem, stalled;
-  int toobig;           /* the body passed max_object_bytes: 1 undeclared, 2 declared */
-  double first_start;   /* the first attempt's start (the retry budget counts from it) */
-  double last_rx;       /* when bytes last arrived (or the attempt started) */
+  int toobig;         /* the body passed max_object_bytes: 1 undeclared, 2 declared */
+  double first_start; /* the first attempt's start (the retry budget counts from it) */
+  double last_rx;     /* when bytes last arrived (or the attempt started) */
   double stall_s;
   mml_bytes errbody;
   char errbuf[CURL_ERROR_SIZE];
@@ -148,15 +148,13 @@ int mml_fetch_global_init(void);
 void *mml_fetch_io_main(void *arg);
 /* Queues a request on one of f's loops.  query: S3 only, an encoded canonical query
  * (listings); head: a HEAD whose body is the object size as one int64. */
-mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query,
-                                  int64_t off, int64_t len, int head, mml_fetch_cb cb,
-                                  void *ctx, mml_err *err);
+mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
+                                  int64_t len, int head, mml_fetch_cb cb, void *ctx, mml_err *err);
 
 /* ---- fetch_job.c: jobs, xfers, coalescing, completion, curl callbacks (I/O thread) ---- */
 void fl_job_free(job *j);
-mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                      int64_t len, int head, mml_fetch_cb cb, void *ctx, job **out,
-                      mml_err *err);
+mml_status fl_job_new(mml_fetcher *f, const char *url, const char *query, int64_t off, int64_t len,
+                      int head, mml_fetch_cb cb, void *ctx, job **out, mml_err *err);
 void fl_link_j(mml_fetcher *f, job *j);
 void fl_ready_push_back(mml_fetcher *f, xfer *x);
 void fl_ready_push_front(mml_fetcher *f, xfer *x);

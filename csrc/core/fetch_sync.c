@@ -62,8 +62,8 @@ mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *quer
   return st;
 }
 
-mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len,
-                         mml_bytes *out, mml_err *err) {
+mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,
+                         mml_err *err) {
   if (!out) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
   return mml_fetch_get_query(f, url, NULL, off, len, 0, out, err);
 }

@@ -55,8 +55,7 @@ static uint32_t be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
-                             mml_err *err) {
+static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
   size_t i = 2;
   for (;;) {
     /* markers are 0xFF, any number of 0xFF fill bytes, then the code */
@@ -93,27 +92,47 @@ static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
 /* What bytes that are no supported image look like: other image formats, and what scraped
  * "images" often really are (an HTML error page, a video, a JSON reply). */
 static const char *looks_like(const uint8_t *p, size_t n) {
-  static const struct { size_t off; const char *magic; size_t len; const char *name; } k[] = {
-      {4, "ftypavif", 8, "AVIF"},          {4, "ftypavis", 8, "AVIF"},
-      {4, "ftypheic", 8, "HEIF/HEIC"},     {4, "ftypheix", 8, "HEIF/HEIC"},
-      {4, "ftypheim", 8, "HEIF/HEIC"},     {4, "ftypheis", 8, "HEIF/HEIC"},
-      {4, "ftyphevc", 8, "HEIF/HEIC"},     {4, "ftypmif1", 8, "HEIF"},
-      {4, "ftypmsf1", 8, "HEIF"},          {4, "ftypjp2 ", 8, "JPEG 2000"},
-      {4, "ftypqt  ", 8, "QuickTime video"}, {4, "ftyp", 4, "MP4 video"},
+  static const struct {
+    size_t off;
+    const char *magic;
+    size_t len;
+    const char *name;
+  } k[] = {
+      {4, "ftypavif", 8, "AVIF"},
+      {4, "ftypavis", 8, "AVIF"},
+      {4, "ftypheic", 8, "HEIF/HEIC"},
+      {4, "ftypheix", 8, "HEIF/HEIC"},
+      {4, "ftypheim", 8, "HEIF/HEIC"},
+      {4, "ftypheis", 8, "HEIF/HEIC"},
+      {4, "ftyphevc", 8, "HEIF/HEIC"},
+      {4, "ftypmif1", 8, "HEIF"},
+      {4, "ftypmsf1", 8, "HEIF"},
+      {4, "ftypjp2 ", 8, "JPEG 2000"},
+      {4, "ftypqt  ", 8, "QuickTime video"},
+      {4, "ftyp", 4, "MP4 video"},
       {0, "\0\0\0\x0cjP  \r\n\x87\n", 12, "JPEG 2000"},
       {0, "\xff\x4f\xff\x51", 4, "JPEG 2000 codestream"},
-      {0, "\xff\x0a", 2, "JPEG XL"},     {0, "\0\0\0\x0cJXL \r\n\x87\n", 12, "JPEG XL"},
+      {0, "\xff\x0a", 2, "JPEG XL"},
+      {0, "\0\0\0\x0cJXL \r\n\x87\n", 12, "JPEG XL"},
       {0, "\xff\xd8", 2, "JPEG (damaged start of image)"},
       {0, "\x89PNG", 4, "PNG (damaged signature)"},
-      {0, "8BPS", 4, "Photoshop PSD"},     {0, "\0\0\1\0", 4, "ICO"},
-      {0, "\0\0\2\0", 4, "CUR"},       {0, "qoif", 4, "QOI"},
-      {0, "DDS ", 4, "DDS"},               {0, "#?RADIANCE", 10, "Radiance HDR"},
-      {0, "\x76\x2f\x31\x01", 4, "OpenEXR"}, {0, "%PDF", 4, "PDF"},
+      {0, "8BPS", 4, "Photoshop PSD"},
+      {0, "\0\0\1\0", 4, "ICO"},
+      {0, "\0\0\2\0", 4, "CUR"},
+      {0, "qoif", 4, "QOI"},
+      {0, "DDS ", 4, "DDS"},
+      {0, "#?RADIANCE", 10, "Radiance HDR"},
+      {0, "\x76\x2f\x31\x01", 4, "OpenEXR"},
+      {0, "%PDF", 4, "PDF"},
       {0, "\x1a\x45\xdf\xa3", 4, "Matroska/WebM video"},
-      {8, "AVI ", 4, "AVI video"},         {8, "WAVE", 4, "WAV audio"},
-      {0, "OggS", 4, "Ogg"},               {0, "ID3", 3, "MP3 audio"},
-      {0, "PK\3\4", 4, "ZIP archive"},   {0, "\x1f\x8b", 2, "gzip data"},
-      {0, "\x28\xb5\x2f\xfd", 4, "zstd data"}, {257, "ustar", 5, "tar archive"},
+      {8, "AVI ", 4, "AVI video"},
+      {8, "WAVE", 4, "WAV audio"},
+      {0, "OggS", 4, "Ogg"},
+      {0, "ID3", 3, "MP3 audio"},
+      {0, "PK\3\4", 4, "ZIP archive"},
+      {0, "\x1f\x8b", 2, "gzip data"},
+      {0, "\x28\xb5\x2f\xfd", 4, "zstd data"},
+      {257, "ustar", 5, "tar archive"},
   };
   for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
     if (n >= k[i].off + k[i].len && !memcmp(p + k[i].off, k[i].magic, k[i].len)) return k[i].name;
@@ -152,8 +171,7 @@ const char *mml_image_format_name(mml_image_format f) {
   return (unsigned)f < sizeof k / sizeof k[0] ? k[f] : "";
 }
 
-mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info,
-                           mml_err *err) {
+mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info, mml_err *err) {
   memset(info, 0, sizeof *info);
   if (!data) return mml_err_set(err, MML_EINVAL, "image probe: no data");
   if (len >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
@@ -199,8 +217,8 @@ struct mml_decoder {
   mml_bytes image; /* mml_image_decode's output */
   int img_w, img_h;
   int64_t max_pixels; /* width*height limit of every decode (0: none) */
-  int alpha;       /* mml_decode_opts.alpha */
-  int key;         /* the last image has a colour key (mml_decoder_color_key) */
+  int alpha;          /* mml_decode_opts.alpha */
+  int key;            /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
 };
 
@@ -369,9 +387,9 @@ enum px_kind { PX_G8, PX_G16, PX_GA8, PX_RGB8, PX_RGBA8 };
 
 struct png_conv {
   enum px_kind kind;
-  int alpha;              /* MML_ALPHA_* policy */
-  int trns;               /* non-palette tRNS present */
-  unsigned tr, tg, tb;    /* tRNS value as written in the file */
+  int alpha;           /* MML_ALPHA_* policy */
+  int trns;            /* non-palette tRNS present */
+  unsigned tr, tg, tb; /* tRNS value as written in the file */
 };
 
 static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *o, int w) {
@@ -415,8 +433,8 @@ static void png_row_to_rgb(const struct png_conv *c, const uint8_t *s, uint8_t *
 
 /* The transformations for the colour type, the pixel conversion, and a transparent colour
  * key.  Runs inside decode_png's setjmp (libpng errors longjmp there). */
-static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int ctype,
-                          int depth, struct png_conv *conv) {
+static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int ctype, int depth,
+                          struct png_conv *conv) {
   const int composite = d->alpha == MML_ALPHA_COMPOSITE;
   /* copy tRNS before any transformation can rescale libpng's copy of it */
   png_bytep t_alpha = NULL;
@@ -441,8 +459,10 @@ static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int c
       /* Pillow keeps an index only for one fully transparent entry among opaque ones */
       int idx = -1, simple = has_trns;
       for (int k = 0; k < n_trans && simple; k++) {
-        if (t_alpha[k] == 0 && idx < 0) idx = k;
-        else if (t_alpha[k] != 255) simple = 0;
+        if (t_alpha[k] == 0 && idx < 0)
+          idx = k;
+        else if (t_alpha[k] != 255)
+          simple = 0;
       }
       png_colorp pal = NULL;
       int npal = 0;
@@ -482,14 +502,13 @@ static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int c
 
 /* Reads the rows (all passes of an interlaced image first) and hands them to the sink.
  * Runs inside decode_png's setjmp. */
-static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct png_conv *conv,
-                                int w, int h, int passes, size_t rowbytes,
-                                const mml_row_sink *sink, mml_err *err) {
+static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct png_conv *conv, int w,
+                                int h, int passes, size_t rowbytes, const mml_row_sink *sink,
+                                mml_err *err) {
   mml_status st;
   if (passes > 1) {
     if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->whole, (size_t)h * rowbytes))
-      return mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w,
-                         h);
+      return mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w, h);
     for (int p = 0; p < passes; p++)
       for (int y = 0; y < h; y++) png_read_row(png, d->whole.data + (size_t)y * rowbytes, NULL);
     for (int y = 0; y < h; y++) {
@@ -518,8 +537,8 @@ static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct pn
 static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
                              const mml_row_sink *sink, mml_err *err) {
   struct png_src src = {data, len, 0, "unknown error"};
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
-                                           png_on_warning);
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error, png_on_warning);
   if (!png) return mml_err_set(err, MML_ENOMEM, "PNG: out of memory");
   png_infop info = png_create_info_struct(png);
   if (!info) {
@@ -590,8 +609,8 @@ static uint8_t *limit_row_buf(void *ctx, int y) {
   return l->inner->row_buf ? l->inner->row_buf(l->inner->ctx, y) : NULL;
 }
 
-mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
-                                 int scale_denom, const mml_row_sink *user_sink, mml_err *err) {
+mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
+                                 const mml_row_sink *user_sink, mml_err *err) {
   d->key = 0;
   mml_image_info info;
   mml_status st = mml_image_probe(data, len, &info, err);
@@ -605,13 +624,20 @@ mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len
     return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
   mml_img_bufs b = {&d->whole, &d->row, d->alpha, &d->key, d->kc};
   switch (info.format) {
-    case MML_FMT_JPEG: return decode_jpeg(d, data, len, scale_denom, sink, err);
-    case MML_FMT_PNG: return decode_png(d, data, len, sink, err);
-    case MML_FMT_WEBP: return mml_webp_decode(data, len, &b, sink, err);
-    case MML_FMT_GIF: return mml_gif_decode(data, len, &b, sink, err);
-    case MML_FMT_BMP: return mml_bmp_decode(data, len, &b, sink, err);
-    case MML_FMT_TIFF: return mml_tiff_decode(data, len, &b, sink, err);
-    default: return mml_err_set(err, MML_EINTERNAL, "decode: no decoder for format %d", info.format);
+    case MML_FMT_JPEG:
+      return decode_jpeg(d, data, len, scale_denom, sink, err);
+    case MML_FMT_PNG:
+      return decode_png(d, data, len, sink, err);
+    case MML_FMT_WEBP:
+      return mml_webp_decode(data, len, &b, sink, err);
+    case MML_FMT_GIF:
+      return mml_gif_decode(data, len, &b, sink, err);
+    case MML_FMT_BMP:
+      return mml_bmp_decode(data, len, &b, sink, err);
+    case MML_FMT_TIFF:
+      return mml_tiff_decode(data, len, &b, sink, err);
+    default:
+      return mml_err_set(err, MML_EINTERNAL, "decode: no decoder for format %d", info.format);
   }
 }
 

@@ -24,23 +24,23 @@
 enum { BMP_RAW = 0, BMP_RLE8 = 1, BMP_RLE4 = 2, BMP_BITFIELDS = 3 };
 
 typedef struct bmp {
-  uint32_t hs;           /* info header size */
+  uint32_t hs; /* info header size */
   int64_t w, h;
   int bits, compression;
   int top_down;
   uint32_t colors;
-  int pad;               /* palette entry size: 4, or 3 for OS/2 */
-  size_t offset;         /* pixel data */
+  int pad;       /* palette entry size: 4, or 3 for OS/2 */
+  size_t offset; /* pixel data */
   /* pixel layouts */
-  int kind;              /* 'P' palette, 'L' gray index, '5' 5-5-5, '6' 5-6-5, '3' BGR, '4' 32-bit */
-  int ch[4];             /* 32-bit: byte index of R, G, B, A (A < 0: none) */
+  int kind;  /* 'P' palette, 'L' gray index, '5' 5-5-5, '6' 5-6-5, '3' BGR, '4' 32-bit */
+  int ch[4]; /* 32-bit: byte index of R, G, B, A (A < 0: none) */
   const uint8_t *palette;
 } bmp;
 
 /* The file and info headers: size, depth, compression, palette entry size and the bit
  * field masks; *pos: where Pillow's file pointer is after them. */
-static mml_status parse_header(const uint8_t *p, size_t len, bmp *b, uint32_t masks[4],
-                               size_t *pos, mml_err *err) {
+static mml_status parse_header(const uint8_t *p, size_t len, bmp *b, uint32_t masks[4], size_t *pos,
+                               mml_err *err) {
   if (len < 18) return mml_err_set(err, MML_EDECODE, "BMP: truncated header");
   b->hs = mml_le32(p + 14);
   const uint32_t hs = b->hs;
@@ -82,10 +82,10 @@ static mml_status parse_header(const uint8_t *p, size_t len, bmp *b, uint32_t ma
 /* Bit fields: the mask layouts Pillow reads (kind '6' for 5-6-5, channel bytes for 32-bit). */
 static mml_status parse_bitfields(bmp *b, const uint32_t masks[4], mml_err *err) {
   static const uint32_t k32[8][4] = {
-      {0xFF0000, 0xFF00, 0xFF, 0x0},          {0xFF000000, 0xFF0000, 0xFF00, 0x0},
-      {0xFF000000, 0xFF00, 0xFF, 0x0},        {0xFF000000, 0xFF0000, 0xFF00, 0xFF},
-      {0xFF, 0xFF00, 0xFF0000, 0xFF000000},   {0xFF0000, 0xFF00, 0xFF, 0xFF000000},
-      {0xFF000000, 0xFF00, 0xFF, 0xFF0000},   {0x0, 0x0, 0x0, 0x0}};
+      {0xFF0000, 0xFF00, 0xFF, 0x0},        {0xFF000000, 0xFF0000, 0xFF00, 0x0},
+      {0xFF000000, 0xFF00, 0xFF, 0x0},      {0xFF000000, 0xFF0000, 0xFF00, 0xFF},
+      {0xFF, 0xFF00, 0xFF0000, 0xFF000000}, {0xFF0000, 0xFF00, 0xFF, 0xFF000000},
+      {0xFF000000, 0xFF00, 0xFF, 0xFF0000}, {0x0, 0x0, 0x0, 0x0}};
   const int bits = b->bits;
   int ok = 0;
   if (bits == 32) {
@@ -102,8 +102,10 @@ static mml_status parse_bitfields(bmp *b, const uint32_t masks[4], mml_err *err)
   } else if (bits == 24) {
     ok = masks[0] == 0xFF0000 && masks[1] == 0xFF00 && masks[2] == 0xFF;
   } else if (bits == 16) {
-    if (masks[0] == 0xF800 && masks[1] == 0x7E0 && masks[2] == 0x1F) ok = 1, b->kind = '6';
-    else ok = masks[0] == 0x7C00 && masks[1] == 0x3E0 && masks[2] == 0x1F;
+    if (masks[0] == 0xF800 && masks[1] == 0x7E0 && masks[2] == 0x1F)
+      ok = 1, b->kind = '6';
+    else
+      ok = masks[0] == 0x7C00 && masks[1] == 0x3E0 && masks[2] == 0x1F;
   }
   if (!ok)
     return mml_err_set(err, MML_EUNSUPPORTED,
@@ -113,8 +115,7 @@ static mml_status parse_bitfields(bmp *b, const uint32_t masks[4], mml_err *err)
 }
 
 /* The palette at *pos (moved past it), and Pillow's gray test (kind 'L'). */
-static mml_status parse_palette(const uint8_t *p, size_t len, bmp *b, size_t *pos,
-                                mml_err *err) {
+static mml_status parse_palette(const uint8_t *p, size_t len, bmp *b, size_t *pos, mml_err *err) {
   const int bits = b->bits;
   if (b->colors == 0 || b->colors > 65536)
     return mml_err_set(err, MML_EUNSUPPORTED, "BMP: unsupported palette size (%u)", b->colors);
@@ -134,7 +135,8 @@ static mml_status parse_palette(const uint8_t *p, size_t len, bmp *b, size_t *po
     if (b->colors <= 2 ? (bits != 1 || rle) : (bits != 8 && !rle))
       return mml_err_set(err, MML_EUNSUPPORTED,
                          "BMP: %d-bit%s pixels with a %u-entry gray palette (read as another "
-                         "depth by Pillow)", bits, rle ? " RLE" : "", b->colors);
+                         "depth by Pillow)",
+                         bits, rle ? " RLE" : "", b->colors);
     b->kind = 'L';
   }
   return MML_OK;
@@ -233,7 +235,8 @@ mml_status mml_bmp_decode(const uint8_t *p, size_t len, mml_img_bufs *bufs,
   bmp b;
   mml_status st = parse(p, len, &b, err);
   if (st != MML_OK) return st;
-  const int w = (int)b.w, h = (int)b.h, rle = b.compression == BMP_RLE8 || b.compression == BMP_RLE4;
+  const int w = (int)b.w, h = (int)b.h,
+            rle = b.compression == BMP_RLE8 || b.compression == BMP_RLE4;
   uint8_t lut[256][3];
   memset(lut, 0, sizeof lut);
   for (int i = 0; i < 256; i++) {

@@ -31,8 +31,14 @@ int mml_image_orientation(const uint8_t *p, size_t len) {
     while (i + 4 <= len) {
       if (p[i] != 0xFF) return 1;
       uint8_t m = p[i + 1];
-      if (m == 0xFF) { i++; continue; }
-      if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { i += 2; continue; }
+      if (m == 0xFF) {
+        i++;
+        continue;
+      }
+      if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+        i += 2;
+        continue;
+      }
       if (m == 0xDA || m == 0xD9) return 1;
       size_t seg = (size_t)p[i + 2] << 8 | p[i + 3];
       if (seg < 2 || i + 2 + seg > len) return 1;
@@ -71,14 +77,30 @@ void mml_rgb8_transpose(const mml_rgb8 *src, int o, uint8_t *dst) {
     for (int x = 0; x < ow; x++, d += 3) {
       int sx, sy;
       switch (o) {
-        case 2: sx = W - 1 - x, sy = y; break;
-        case 3: sx = W - 1 - x, sy = H - 1 - y; break;
-        case 4: sx = x, sy = H - 1 - y; break;
-        case 5: sx = y, sy = x; break;
-        case 6: sx = y, sy = H - 1 - x; break;
-        case 7: sx = W - 1 - y, sy = H - 1 - x; break;
-        case 8: sx = W - 1 - y, sy = x; break;
-        default: sx = x, sy = y; break;
+        case 2:
+          sx = W - 1 - x, sy = y;
+          break;
+        case 3:
+          sx = W - 1 - x, sy = H - 1 - y;
+          break;
+        case 4:
+          sx = x, sy = H - 1 - y;
+          break;
+        case 5:
+          sx = y, sy = x;
+          break;
+        case 6:
+          sx = y, sy = H - 1 - x;
+          break;
+        case 7:
+          sx = W - 1 - y, sy = H - 1 - x;
+          break;
+        case 8:
+          sx = W - 1 - y, sy = x;
+          break;
+        default:
+          sx = x, sy = y;
+          break;
       }
       memcpy(d, src->pixels + (size_t)sy * src->stride + (size_t)sx * 3, 3);
     }

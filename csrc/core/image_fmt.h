@@ -22,15 +22,14 @@
 typedef struct mml_img_bufs {
   mml_bytes *whole;
   mml_bytes *row;
-  int alpha; /* MML_ALPHA_*: mml_decode_opts.alpha */
-  int *key;  /* out, before sink->begin: a colour key for after the resize */
+  int alpha;   /* MML_ALPHA_*: mml_decode_opts.alpha */
+  int *key;    /* out, before sink->begin: a colour key for after the resize */
   uint8_t *kc; /* its 3 bytes (mml_decoder_color_key) */
 } mml_img_bufs;
 
-#define MML_DECLARE_FORMAT(name)                                                           \
-  mml_status mml_##name##_probe(const uint8_t *p, size_t len, mml_image_info *info,        \
-                                mml_err *err);                                             \
-  mml_status mml_##name##_decode(const uint8_t *p, size_t len, mml_img_bufs *b,            \
+#define MML_DECLARE_FORMAT(name)                                                                   \
+  mml_status mml_##name##_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err); \
+  mml_status mml_##name##_decode(const uint8_t *p, size_t len, mml_img_bufs *b,                    \
                                  const mml_row_sink *sink, mml_err *err);
 MML_DECLARE_FORMAT(webp)
 MML_DECLARE_FORMAT(gif)
@@ -68,8 +67,7 @@ static inline void mml_rgba_row_to_rgb(int policy, const uint8_t *s, uint8_t *o,
 /* Unsigned value (SHORT/LONG/LONG8) of `tag` in the first IFD of the TIFF structure in
  * p[0..len) (a TIFF file or an EXIF block); 0 when found, -1 when not, -2 on a bad or
  * truncated structure (*why says which). */
-int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned tag, uint64_t *val,
-                      const char **why);
+int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned tag, uint64_t *val, const char **why);
 
 static inline uint16_t mml_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t mml_le32(const uint8_t *p) {

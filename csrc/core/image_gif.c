@@ -137,8 +137,8 @@ static void gif_palette(const GifFileType *g, int trans, mml_img_bufs *b, uint8_
   }
 }
 
-mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
-                          const mml_row_sink *sink, mml_err *err) {
+mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const mml_row_sink *sink,
+                          mml_err *err) {
   mml_image_info info;
   mml_status st = mml_gif_probe(p, len, &info, err);
   if (st != MML_OK) return st;

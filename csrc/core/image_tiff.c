@@ -71,7 +71,8 @@ int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned want, uint64_t *val
 mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
   uint64_t w = 0, h = 0;
   const char *why;
-  int a = mml_tiff_ifd0_tag(p, len, 256, &w, &why), b = a == -2 ? a : mml_tiff_ifd0_tag(p, len, 257, &h, &why);
+  int a = mml_tiff_ifd0_tag(p, len, 256, &w, &why),
+      b = a == -2 ? a : mml_tiff_ifd0_tag(p, len, 257, &h, &why);
   if (a == -2 || b == -2) {
     if (len >= 8 && !strcmp(why, "first IFD past the bytes given")) {
       const int be = p[0] == 'M', big = rd(p + 2, 2, be) == 43;
@@ -108,7 +109,10 @@ static tmsize_t m_read(thandle_t h, void *buf, tmsize_t n) {
   m->off += k;
   return k;
 }
-static tmsize_t m_write(thandle_t h, void *buf, tmsize_t n) { (void)h, (void)buf, (void)n; return 0; }
+static tmsize_t m_write(thandle_t h, void *buf, tmsize_t n) {
+  (void)h, (void)buf, (void)n;
+  return 0;
+}
 static toff_t m_seek(thandle_t h, toff_t off, int whence) {
   mem *m = h;
   int64_t base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? m->off : m->len;
@@ -117,7 +121,10 @@ static toff_t m_seek(thandle_t h, toff_t off, int whence) {
   m->off = (tmsize_t)to;
   return (toff_t)to;
 }
-static int m_close(thandle_t h) { (void)h; return 0; }
+static int m_close(thandle_t h) {
+  (void)h;
+  return 0;
+}
 static toff_t m_size(thandle_t h) { return (toff_t)((mem *)h)->len; }
 static int m_map(thandle_t h, void **base, toff_t *size) {
   mem *m = h;
@@ -145,32 +152,45 @@ enum kind { K_GRAY, K_GRAY16, K_GA, K_PAL, K_RGB, K_CMYK };
 typedef struct page {
   int w, h, bps, spp, separate;
   enum kind kind;
-  int invert;      /* min-is-white */
-  int alpha;       /* 0 none, 1 associated, 2 unassociated */
+  int invert; /* min-is-white */
+  int alpha;  /* 0 none, 1 associated, 2 unassociated */
   uint8_t pal[256][3];
 } page;
 
 static const char *photo_name(int ph) {
   switch (ph) {
-    case 0: return "min-is-white";
-    case 1: return "min-is-black";
-    case 2: return "RGB";
-    case 3: return "palette";
-    case 4: return "mask";
-    case 5: return "separated (CMYK)";
-    case 6: return "YCbCr";
-    case 8: return "CIE L*a*b*";
-    case 9: return "ICC L*a*b*";
-    case 10: return "ITU L*a*b*";
-    case 32844: return "LogL";
-    case 32845: return "LogLuv";
+    case 0:
+      return "min-is-white";
+    case 1:
+      return "min-is-black";
+    case 2:
+      return "RGB";
+    case 3:
+      return "palette";
+    case 4:
+      return "mask";
+    case 5:
+      return "separated (CMYK)";
+    case 6:
+      return "YCbCr";
+    case 8:
+      return "CIE L*a*b*";
+    case 9:
+      return "ICC L*a*b*";
+    case 10:
+      return "ITU L*a*b*";
+    case 32844:
+      return "LogL";
+    case 32845:
+      return "LogLuv";
   }
   return "unknown";
 }
 
 static mml_status layout(TIFF *t, page *pg, mml_err *err) {
   uint32_t w = 0, h = 0;
-  uint16_t bps = 1, spp = 1, ph = 0, fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG, comp = 1;
+  uint16_t bps = 1, spp = 1, ph = 0, fmt = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG,
+           comp = 1;
   TIFFGetField(t, TIFFTAG_IMAGEWIDTH, &w);
   TIFFGetField(t, TIFFTAG_IMAGELENGTH, &h);
   TIFFGetFieldDefaulted(t, TIFFTAG_BITSPERSAMPLE, &bps);
@@ -226,10 +246,13 @@ static mml_status layout(TIFF *t, page *pg, mml_err *err) {
     return mml_err_set(err, MML_EUNSUPPORTED,
                        "TIFF: %s with %u sample(s) of %u bit(s)%s%s%s is not supported",
                        photo_name(ph), spp, bps,
-                       fmt == SAMPLEFORMAT_IEEEFP ? " (float)" : fmt == SAMPLEFORMAT_INT ? " (signed)" : "",
+                       fmt == SAMPLEFORMAT_IEEEFP ? " (float)"
+                       : fmt == SAMPLEFORMAT_INT  ? " (signed)"
+                                                  : "",
                        nextra ? " and extra samples" : "",
                        comp == COMPRESSION_OJPEG ? " (old-style JPEG)"
-                       : ph == PHOTOMETRIC_YCBCR ? " (YCbCr needs JPEG compression)" : "");
+                       : ph == PHOTOMETRIC_YCBCR ? " (YCbCr needs JPEG compression)"
+                                                 : "");
   return MML_OK;
 }
 
@@ -275,8 +298,7 @@ static mml_status read_page(TIFF *t, const page *pg, size_t row, mml_bytes *buf,
     for (uint32_t k = 0; k < per_plane; k++) {
       uint32_t y0 = k * rps, rows = (uint32_t)pg->h - y0 < rps ? (uint32_t)pg->h - y0 : rps;
       tmsize_t got = TIFFReadEncodedStrip(t, (uint32_t)s * per_plane + k,
-                                          buf->data + s * plane + y0 * row,
-                                          (tmsize_t)(rows * row));
+                                          buf->data + s * plane + y0 * row, (tmsize_t)(rows * row));
       if (got < (tmsize_t)(rows * row))
         return mml_err_set(err, MML_EDECODE, "TIFF: cannot read strip %u", s * per_plane + k);
     }
@@ -301,8 +323,7 @@ static inline unsigned sample(const page *pg, const uint8_t *const *ln, int x, i
 }
 
 /* Line y of the page (pointers per plane for separate, else one) -> RGB8 at o3. */
-static void tiff_line_to_rgb(const page *pg, const uint8_t *const *ln, int alpha,
-                             uint8_t *o3) {
+static void tiff_line_to_rgb(const page *pg, const uint8_t *const *ln, int alpha, uint8_t *o3) {
   static const uint8_t gray_scale[9] = {0, 255, 85, 0, 17, 0, 0, 0, 1};
   for (int x = 0; x < pg->w; x++, o3 += 3) {
     switch (pg->kind) {
@@ -331,7 +352,8 @@ static void tiff_line_to_rgb(const page *pg, const uint8_t *const *ln, int alpha
           unsigned a = sample(pg, ln, x, 3) >> sh;
           for (int s = 0; s < 3; s++) {
             unsigned v = c[s];
-            if (pg->alpha == 1) v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
+            if (pg->alpha == 1)
+              v = a == 0 ? 0 : a == 255 ? v : v * 255 / a > 255 ? 255 : v * 255 / a;
             o3[s] = mml_alpha_px(alpha, 1, v, a); /* Pillow's mode RGBA */
           }
         } else {
@@ -348,8 +370,8 @@ static void tiff_line_to_rgb(const page *pg, const uint8_t *const *ln, int alpha
   }
 }
 
-mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
-                           const mml_row_sink *sink, mml_err *err) {
+mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const mml_row_sink *sink,
+                           mml_err *err) {
   mml_image_info info;
   mml_status st = mml_tiff_probe(p, len, &info, err);
   if (st != MML_OK) return st;
@@ -359,8 +381,8 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
   TIFFOpenOptionsSetErrorHandlerExtR(o, on_error, &m);
   TIFFOpenOptionsSetWarningHandlerExtR(o, on_warning, &m);
   TIFFOpenOptionsSetMaxSingleMemAlloc(o, (tmsize_t)1 << 31);
-  TIFF *t = TIFFClientOpenExt("image", "rm", &m, m_read, m_write, m_seek, m_close, m_size,
-                              m_map, m_unmap, o);
+  TIFF *t = TIFFClientOpenExt("image", "rm", &m, m_read, m_write, m_seek, m_close, m_size, m_map,
+                              m_unmap, o);
   TIFFOpenOptionsFree(o);
   if (!t) return mml_err_set(err, MML_EDECODE, "TIFF: %s", m.msg[0] ? m.msg : "cannot open");
   page pg;
@@ -400,8 +422,10 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
     const uint8_t *ln[4];
     for (int s = 0; s < 4; s++) ln[s] = b->whole->data + (pg.separate ? s * plane : 0) + y * row;
     tiff_line_to_rgb(&pg, ln, b->alpha, b->row->data);
-    if (orient > 1) memcpy(flat.data + (size_t)y * pg.w * 3, b->row->data, (size_t)pg.w * 3);
-    else if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK) goto done;
+    if (orient > 1)
+      memcpy(flat.data + (size_t)y * pg.w * 3, b->row->data, (size_t)pg.w * 3);
+    else if ((st = sink->row(sink->ctx, y, b->row->data, err)) != MML_OK)
+      goto done;
   }
   if (orient > 1) {
     const mml_rgb8 src = {flat.data, pg.w, pg.h, (size_t)pg.w * 3};
@@ -409,7 +433,8 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
     const int ow = orient >= 5 ? pg.h : pg.w, oh = orient >= 5 ? pg.w : pg.h;
     if ((st = sink->begin(sink->ctx, ow, oh, err)) != MML_OK) goto done;
     for (int y = 0; y < oh; y++)
-      if ((st = sink->row(sink->ctx, y, turned.data + (size_t)y * ow * 3, err)) != MML_OK) goto done;
+      if ((st = sink->row(sink->ctx, y, turned.data + (size_t)y * ow * 3, err)) != MML_OK)
+        goto done;
   }
 done:
   mml_bytes_free(&flat);

@@ -22,21 +22,30 @@
 
 static const char *vp8_status(VP8StatusCode s) {
   switch (s) {
-    case VP8_STATUS_OK: return "ok";
-    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
-    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
-    case VP8_STATUS_BITSTREAM_ERROR: return "bitstream error";
-    case VP8_STATUS_UNSUPPORTED_FEATURE: return "unsupported feature";
-    case VP8_STATUS_SUSPENDED: return "suspended";
-    case VP8_STATUS_USER_ABORT: return "aborted";
-    case VP8_STATUS_NOT_ENOUGH_DATA: return "truncated data";
+    case VP8_STATUS_OK:
+      return "ok";
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case VP8_STATUS_INVALID_PARAM:
+      return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR:
+      return "bitstream error";
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return "unsupported feature";
+    case VP8_STATUS_SUSPENDED:
+      return "suspended";
+    case VP8_STATUS_USER_ABORT:
+      return "aborted";
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return "truncated data";
   }
   return "unknown error";
 }
 
 static mml_status features(const uint8_t *p, size_t len, WebPBitstreamFeatures *f, mml_err *err) {
   VP8StatusCode s = WebPGetFeatures(p, len, f);
-  if (s != VP8_STATUS_OK) return mml_err_set(err, MML_EDECODE, "WebP: bad header (%s)", vp8_status(s));
+  if (s != VP8_STATUS_OK)
+    return mml_err_set(err, MML_EDECODE, "WebP: bad header (%s)", vp8_status(s));
   if (f->width < 1 || f->height < 1)
     return mml_err_set(err, MML_EDECODE, "WebP: bad size %dx%d", f->width, f->height);
   return MML_OK;
@@ -78,7 +87,8 @@ static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, 
 static mml_status decode_animated(const uint8_t *p, size_t len, const WebPBitstreamFeatures *f,
                                   mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
   WebPAnimDecoderOptions o;
-  if (!WebPAnimDecoderOptionsInit(&o)) return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
+  if (!WebPAnimDecoderOptionsInit(&o))
+    return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
   o.color_mode = MODE_RGBA;
   o.use_threads = 0;
   WebPData wd = {p, len};
@@ -99,8 +109,8 @@ static mml_status decode_animated(const uint8_t *p, size_t len, const WebPBitstr
   return st;
 }
 
-mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
-                           const mml_row_sink *sink, mml_err *err) {
+mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const mml_row_sink *sink,
+                           mml_err *err) {
   WebPBitstreamFeatures f;
   mml_status st = features(p, len, &f, err);
   if (st != MML_OK) return st;
@@ -110,7 +120,8 @@ mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b,
   if (mml_bytes_reserve(b->whole, size))
     return mml_err_set(err, MML_ENOMEM, "WebP: out of memory for a %dx%d image", w, h);
   WebPDecoderConfig cfg;
-  if (!WebPInitDecoderConfig(&cfg)) return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
+  if (!WebPInitDecoderConfig(&cfg))
+    return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
   cfg.output.colorspace = f.has_alpha ? MODE_RGBA : MODE_RGB;
   cfg.output.is_external_memory = 1;
   cfg.output.u.RGBA.rgba = b->whole->data;

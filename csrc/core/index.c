@@ -88,7 +88,8 @@ static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml
 static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   mml_index_shard *sh = shard_of(b);
   const uint8_t *h = b->head;
-  if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b) sh->compression = MML_COMPRESS_GZIP;
+  if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b)
+    sh->compression = MML_COMPRESS_GZIP;
   else if (b->nhead >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd)
     sh->compression = MML_COMPRESS_ZSTD;
   b->sniffed = 1;
@@ -96,8 +97,9 @@ static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   if (!(b->zbuf = malloc(CHUNK))) return ix_oom(b, err);
   char dir[4096];
   if ((sh->fd = spill_open(dir, sizeof dir)) < 0)
-    return mml_err_set(err, MML_EIO, "data shard %s: cannot create a file for its decompressed "
-                                     "copy in %s: %s (TMPDIR chooses the folder)",
+    return mml_err_set(err, MML_EIO,
+                       "data shard %s: cannot create a file for its decompressed "
+                       "copy in %s: %s (TMPDIR chooses the folder)",
                        sh->path, dir, strerror(errno));
   if (sh->compression == MML_COMPRESS_GZIP) {
     if (inflateInit2(&b->z, 16 + MAX_WBITS) != Z_OK) return ix_oom(b, err);
@@ -124,8 +126,9 @@ static mml_status feed_gzip(mml_index_builder *b, const uint8_t *p, size_t n, mm
     int r = inflate(&b->z, Z_NO_FLUSH);
     if (r == Z_BUF_ERROR && b->z.avail_in == avail0 && b->z.avail_out == CHUNK) break;
     if (r != Z_OK && r != Z_STREAM_END && r != Z_BUF_ERROR)
-      return mml_err_set(err, MML_ERECORD, "data shard %s: gzip data error near compressed byte "
-                                           "%lld: %s",
+      return mml_err_set(err, MML_ERECORD,
+                         "data shard %s: gzip data error near compressed byte "
+                         "%lld: %s",
                          shard_of(b)->path, (long long)in_before, b->z.msg ? b->z.msg : "corrupt");
     mml_status st = text_out(b, b->zbuf, CHUNK - b->z.avail_out, err);
     if (st) return st;
@@ -152,8 +155,9 @@ static mml_status feed_zstd(mml_index_builder *b, const uint8_t *p, size_t n, mm
     ZSTD_outBuffer out = {b->zbuf, CHUNK, 0};
     size_t r = ZSTD_decompressStream(b->zs, &out, &in);
     if (ZSTD_isError(r))
-      return mml_err_set(err, MML_ERECORD, "data shard %s: zstd data error near compressed byte "
-                                           "%lld: %s",
+      return mml_err_set(err, MML_ERECORD,
+                         "data shard %s: zstd data error near compressed byte "
+                         "%lld: %s",
                          shard_of(b)->path, (long long)(b->raw_off + (int64_t)in.pos),
                          ZSTD_getErrorName(r));
     b->zs_last = r;
@@ -167,7 +171,7 @@ static mml_status feed_zstd(mml_index_builder *b, const uint8_t *p, size_t n, mm
 static mml_status feed_raw(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
   if (!n) return MML_OK;
   mml_compression c = shard_of(b)->compression;
-  mml_status st = c == MML_COMPRESS_GZIP ? feed_gzip(b, p, n, err)
+  mml_status st = c == MML_COMPRESS_GZIP   ? feed_gzip(b, p, n, err)
                   : c == MML_COMPRESS_ZSTD ? feed_zstd(b, p, n, err)
                                            : ix_scan_text(b, p, n, err);
   b->raw_off += (int64_t)n;
@@ -249,8 +253,9 @@ mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
     sh->size = b->raw_off;
     if (sh->layout == MML_LAYOUT_WDS) {
       if (!b->tar_end && (b->nhdr || b->skip))
-        st = mml_err_set(err, MML_ERECORD, "data shard %s: truncated tar (ends at byte %lld "
-                                           "inside a %s)",
+        st = mml_err_set(err, MML_ERECORD,
+                         "data shard %s: truncated tar (ends at byte %lld "
+                         "inside a %s)",
                          sh->path, (long long)b->pos, b->nhdr ? "header" : "member");
       else if (ix_tar_close_group(b))
         st = ix_oom(b, err);
@@ -260,9 +265,10 @@ mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
       if ((b->content || b->line_start < b->pos) && ix_end_line(b, b->pos)) st = ix_oom(b, err);
     } else if (b->js != J_DONE) {
       if (b->js == J_ELEM && !(b->scalar && !b->in_str && b->depth == 0))
-        st = ix_json_error(b, err, "element %lld (at byte %lld) is not closed at the end of the "
-                                "data (byte %lld)",
-                        (long long)sh->count - 1, (long long)b->elem_start, (long long)b->pos);
+        st = ix_json_error(b, err,
+                           "element %lld (at byte %lld) is not closed at the end of the "
+                           "data (byte %lld)",
+                           (long long)sh->count - 1, (long long)b->elem_start, (long long)b->pos);
       else if (b->js == J_OPEN)
         st = mml_err_set(err, MML_ERECORD, "data shard %s: no JSON array (the data is empty)",
                          sh->path);
@@ -311,8 +317,8 @@ mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, 
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
-    return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO,
-                       "data shard %s: %s", path, strerror(e));
+    return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO, "data shard %s: %s",
+                       path, strerror(e));
   }
   uint8_t *buf = malloc(CHUNK);
   mml_index_builder *b = NULL;
@@ -357,8 +363,10 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
   int lo = 0, hi = ix->nshards - 1;
   while (lo < hi) { /* last shard with first <= i and count > 0 */
     int mid = (lo + hi + 1) / 2;
-    if (ix->shards[mid].first <= i) lo = mid;
-    else hi = mid - 1;
+    if (ix->shards[mid].first <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   while (lo > 0 && ix->shards[lo].count == 0) lo--;
   const mml_index_shard *sh = &ix->shards[lo];

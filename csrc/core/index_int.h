@@ -19,21 +19,21 @@ enum { J_OPEN = 0, J_FIRST, J_NEXT, J_ELEM, J_AFTER, J_DONE };
 
 struct mml_index_builder {
   mml_index *ix;
-  int shard;            /* index into ix->shards (which may move while growing) */
+  int shard; /* index into ix->shards (which may move while growing) */
   mml_layout want;
   /* raw layer */
-  uint8_t head[512];    /* the first bytes, held until there are enough to tell the format */
+  uint8_t head[512]; /* the first bytes, held until there are enough to tell the format */
   size_t nhead;
   int sniffed;
-  int64_t raw_off;      /* stored bytes consumed */
+  int64_t raw_off; /* stored bytes consumed */
   z_stream z;
-  int z_init, z_ended;  /* z_ended: the last gzip member ended exactly at the input's end */
+  int z_init, z_ended; /* z_ended: the last gzip member ended exactly at the input's end */
   ZSTD_DStream *zs;
-  size_t zs_last;       /* last ZSTD_decompressStream hint: 0 when a frame just ended */
-  uint8_t *zbuf;        /* decompression output */
+  size_t zs_last; /* last ZSTD_decompressStream hint: 0 when a frame just ended */
+  uint8_t *zbuf;  /* decompression output */
   /* text layer */
-  int64_t pos;          /* text bytes seen */
-  int decided;          /* layout decided (first non-blank byte seen) */
+  int64_t pos; /* text bytes seen */
+  int decided; /* layout decided (first non-blank byte seen) */
   /* JSONL */
   int64_t line_start, line_no;
   int content;
@@ -46,20 +46,18 @@ struct mml_index_builder {
   /* WebDataset tar */
   uint8_t hdr[512];
   size_t nhdr;
-  int64_t skip;         /* member data + padding still to pass */
-  int64_t ext_left;     /* of that, bytes still to collect for a long name / pax header */
-  int ext_kind;         /* 'L' or 'x' while collecting, else 0 */
+  int64_t skip;     /* member data + padding still to pass */
+  int64_t ext_left; /* of that, bytes still to collect for a long name / pax header */
+  int ext_kind;     /* 'L' or 'x' while collecting, else 0 */
   mml_bytes ext;
-  char *next_name;      /* the next member's name, from a GNU 'L' or pax 'x' header */
-  int64_t next_size;    /* its size from a pax header, -1 when none */
+  char *next_name;   /* the next member's name, from a GNU 'L' or pax 'x' header */
+  int64_t next_size; /* its size from a pax header, -1 when none */
   int tar_end;
-  int64_t group;        /* first member of the open group, -1 when none */
-  int group_json;       /* the open group has a .json member */
+  int64_t group;  /* first member of the open group, -1 when none */
+  int group_json; /* the open group has a .json member */
 };
 
-static inline mml_index_shard *shard_of(mml_index_builder *b) {
-  return &b->ix->shards[b->shard];
-}
+static inline mml_index_shard *shard_of(mml_index_builder *b) { return &b->ix->shards[b->shard]; }
 
 static inline int is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 

@@ -78,8 +78,10 @@ static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len,
 /* ---- JSON array -------------------------------------------------------------------- */
 
 static const char *show(uint8_t c, char buf[8]) {
-  if (c >= 0x20 && c < 0x7f) snprintf(buf, 8, "'%c'", c);
-  else snprintf(buf, 8, "0x%02x", c);
+  if (c >= 0x20 && c < 0x7f)
+    snprintf(buf, 8, "'%c'", c);
+  else
+    snprintf(buf, 8, "0x%02x", c);
   return buf;
 }
 
@@ -100,8 +102,8 @@ mml_status ix_json_error(mml_index_builder *b, mml_err *err, const char *fmt, ..
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  return mml_err_set(err, MML_ERECORD, "data shard %s: malformed JSON array: %s",
-                     shard_of(b)->path, why);
+  return mml_err_set(err, MML_ERECORD, "data shard %s: malformed JSON array: %s", shard_of(b)->path,
+                     why);
 }
 
 /* One byte outside an element (states J_OPEN, J_FIRST, J_NEXT, J_AFTER, J_DONE). */
@@ -111,7 +113,9 @@ static mml_status json_between(mml_index_builder *b, uint8_t c, int64_t at, mml_
   int64_t k = shard_of(b)->count; /* elements so far */
   switch (b->js) {
     case J_OPEN:
-      if (c != '[') return ix_json_error(b, err, "expected '[' at byte %lld, found %s", (long long)at, show(c, sb));
+      if (c != '[')
+        return ix_json_error(b, err, "expected '[' at byte %lld, found %s", (long long)at,
+                             show(c, sb));
       b->js = J_FIRST;
       return MML_OK;
     case J_FIRST:
@@ -124,7 +128,7 @@ static mml_status json_between(mml_index_builder *b, uint8_t c, int64_t at, mml_
     case J_NEXT:
       if (c == ']' || c == ',')
         return ix_json_error(b, err, "expected element %lld at byte %lld, found %s", (long long)k,
-                          (long long)at, show(c, sb));
+                             (long long)at, show(c, sb));
       return start_elem(b, c, at, err);
     case J_AFTER:
       if (c == ',') {
@@ -137,12 +141,12 @@ static mml_status json_between(mml_index_builder *b, uint8_t c, int64_t at, mml_
         return MML_OK;
       }
       return ix_json_error(b, err,
-                        "expected ',' or ']' at byte %lld after element %lld (which starts at "
-                        "byte %lld), found %s",
-                        (long long)at, (long long)k - 1, (long long)b->elem_start, show(c, sb));
+                           "expected ',' or ']' at byte %lld after element %lld (which starts at "
+                           "byte %lld), found %s",
+                           (long long)at, (long long)k - 1, (long long)b->elem_start, show(c, sb));
     default: /* J_DONE */
       return ix_json_error(b, err, "data after the closing ']' at byte %lld (%s)", (long long)at,
-                        show(c, sb));
+                           show(c, sb));
   }
 }
 
@@ -170,8 +174,10 @@ static mml_status scan_json(mml_index_builder *b, const uint8_t *p, size_t len, 
       while (j < len && p[j] != '"' && p[j] != '\\') j++;
       if (j == len) return MML_OK;
       i = j;
-      if (p[j] == '\\') b->esc = 1;
-      else b->in_str = 0;
+      if (p[j] == '\\')
+        b->esc = 1;
+      else
+        b->in_str = 0;
       continue;
     } else if (c == '"') {
       b->in_str = 1;
@@ -179,11 +185,13 @@ static mml_status scan_json(mml_index_builder *b, const uint8_t *p, size_t len, 
     }
     if (c == '{' || c == '[') {
       if (b->depth == MAX_DEPTH)
-        return ix_json_error(b, err, "element %lld (at byte %lld) nests deeper than %d at byte %lld",
-                          (long long)shard_of(b)->count - 1, (long long)b->elem_start, MAX_DEPTH,
-                          (long long)at);
-      if (c == '{') b->stack[b->depth / 8] |= (uint8_t)(1u << (b->depth % 8));
-      else b->stack[b->depth / 8] &= (uint8_t)~(1u << (b->depth % 8));
+        return ix_json_error(
+            b, err, "element %lld (at byte %lld) nests deeper than %d at byte %lld",
+            (long long)shard_of(b)->count - 1, (long long)b->elem_start, MAX_DEPTH, (long long)at);
+      if (c == '{')
+        b->stack[b->depth / 8] |= (uint8_t)(1u << (b->depth % 8));
+      else
+        b->stack[b->depth / 8] &= (uint8_t) ~(1u << (b->depth % 8));
       b->depth++;
     } else if (c == '}' || c == ']') {
       if (b->depth == 0) { /* ends a scalar element: the closer belongs to the array */
@@ -194,10 +202,11 @@ static mml_status scan_json(mml_index_builder *b, const uint8_t *p, size_t len, 
       }
       int open_brace = (b->stack[(b->depth - 1) / 8] >> ((b->depth - 1) % 8)) & 1;
       if (open_brace != (c == '}'))
-        return ix_json_error(b, err, "%s at byte %lld closes a '%c' in element %lld (which starts at "
-                                  "byte %lld)",
-                          show(c, sb), (long long)at, open_brace ? '{' : '[',
-                          (long long)shard_of(b)->count - 1, (long long)b->elem_start);
+        return ix_json_error(b, err,
+                             "%s at byte %lld closes a '%c' in element %lld (which starts at "
+                             "byte %lld)",
+                             show(c, sb), (long long)at, open_brace ? '{' : '[',
+                             (long long)shard_of(b)->count - 1, (long long)b->elem_start);
       if (--b->depth == 0 && !b->scalar) b->js = J_AFTER;
     } else if (b->scalar && b->depth == 0 && (c == ',' || is_ws(c))) {
       b->js = J_AFTER;
@@ -366,8 +375,10 @@ static mml_status tar_header(mml_index_builder *b, const uint8_t *h, int64_t at,
       nm[100] = 0;
       memcpy(pre, h + 345, 155);
       pre[155] = 0;
-      if (!memcmp(h + 257, "ustar\0", 6) && pre[0]) snprintf(buf, sizeof buf, "%s/%s", pre, nm);
-      else snprintf(buf, sizeof buf, "%s", nm);
+      if (!memcmp(h + 257, "ustar\0", 6) && pre[0])
+        snprintf(buf, sizeof buf, "%s/%s", pre, nm);
+      else
+        snprintf(buf, sizeof buf, "%s", nm);
     }
     if (tar_member(b, name, at + 512, size)) st = ix_oom(b, err);
   }

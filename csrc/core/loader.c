@@ -72,7 +72,6 @@
 /* ------------------------------------------------------------------------------------ */
 /* small helpers and the plan                                                           */
 
-
 static void deadline_after(struct timespec *ts, double s) {
   clock_gettime(CLOCK_MONOTONIC, ts);
   time_t whole = (time_t)s;
@@ -112,8 +111,7 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
 }
 
 /* The engine-side start of a cursor: an epoch that is complete starts the next one. */
-static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_cursor *out,
-                             int *wrap) {
+static void normalize_cursor(const mml_loader *L, const mml_cursor *c, mml_cursor *out, int *wrap) {
   *out = *c;
   *wrap = 0;
   int done = L->per_epoch >= 0 ? c->batch_in_epoch >= L->per_epoch : c->pos >= L->n_rank;
@@ -144,7 +142,6 @@ mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
   pthread_mutex_unlock(&L->mu);
   return st;
 }
-
 
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
@@ -235,16 +232,13 @@ static void limits_defaults(mml_loader_cfg *c) {
   if (!c->next_timeout_s) c->next_timeout_s = MML_DEFAULT_NEXT_TIMEOUT_S;
 }
 
-
-
 /* The loader's own copies of the configuration's strings (credentials first: until they
  * are copied, L->cfg still points at the caller's, which mml_loader_free must not free). */
 static mml_status copy_cfg_strings(mml_loader *L, const mml_loader_cfg *cfg) {
-  const char *const src[] = {cfg->fetch.access_key, cfg->fetch.secret_key,
-                             cfg->fetch.session_token, cfg->fetch.region, cfg->fetch.endpoint};
+  const char *const src[] = {cfg->fetch.access_key, cfg->fetch.secret_key, cfg->fetch.session_token,
+                             cfg->fetch.region, cfg->fetch.endpoint};
   const char **dst[] = {&L->cfg.fetch.access_key, &L->cfg.fetch.secret_key,
-                        &L->cfg.fetch.session_token, &L->cfg.fetch.region,
-                        &L->cfg.fetch.endpoint};
+                        &L->cfg.fetch.session_token, &L->cfg.fetch.region, &L->cfg.fetch.endpoint};
   int bad = 0;
   for (size_t i = 0; i < sizeof src / sizeof *src; i++) {
     *dst[i] = src[i] ? strdup(src[i]) : NULL;
@@ -334,7 +328,8 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
       cfg->max_memory < (int64_t)cfg->num_threads * MML_SCRATCH_RESERVE + ((int64_t)8 << 20))
     return mml_err_set(err, MML_ECONFIG,
                        "max_memory=%lld is below the %lld bytes %d workers' scratch and one "
-                       "small batch take", (long long)cfg->max_memory,
+                       "small batch take",
+                       (long long)cfg->max_memory,
                        (long long)cfg->num_threads * MML_SCRATCH_RESERVE + (8 << 20),
                        cfg->num_threads);
   if ((st = mml_pool_new(&L->alloc, keep, &L->pool, err))) return st;
@@ -364,7 +359,8 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
   L->skips = calloc(SKIP_LOG, sizeof *L->skips);
-  if (!L->tasks || !L->outq || !L->skips) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
+  if (!L->tasks || !L->outq || !L->skips)
+    return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   for (int i = 0; i < w; i++) {
     L->tasks[i].L = L;
     L->tasks[i].tk = -1;
@@ -398,8 +394,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
     goto fail;
   }
   if ((st = build_stream(L, cfg, err)) || (st = build_pipeline(L, cfg, err)) ||
-      (st = build_output(L, cfg, err)) ||
-      (ld_plan_wanted(cfg) && (st = ld_plan_new(L, cfg, err))))
+      (st = build_output(L, cfg, err)) || (ld_plan_wanted(cfg) && (st = ld_plan_new(L, cfg, err))))
     goto fail;
   mml_cursor zero = {0, 0, 0};
   L->closed = 0;
@@ -419,7 +414,8 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
   if (L->started) return MML_OK;
   L->started = 1;
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
-  if (!L->threads) return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
+  if (!L->threads)
+    return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
   for (int i = 0; i < L->cfg.num_threads; i++) {
     if (pthread_create(&L->threads[i], NULL, ld_worker_main, L) != 0)
       return mml_err_set(err, MML_ENOMEM, "cannot start worker thread %d", i);
@@ -548,8 +544,8 @@ static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err
   long long bmax = L->per_epoch >= 0 ? L->per_epoch : n;
   if (b < 0 || b > bmax)
     return mml_err_set(err, MML_ESTATE,
-                       "state field batch_in_epoch=%lld is outside [0, %lld] (%s of this rank)",
-                       b, bmax, L->per_epoch >= 0 ? "batches per epoch" : "samples");
+                       "state field batch_in_epoch=%lld is outside [0, %lld] (%s of this rank)", b,
+                       bmax, L->per_epoch >= 0 ? "batches per epoch" : "samples");
   long long pmax = n; /* packed */
   if (L->per_epoch >= 0) {
     const long long mbs = L->cfg.collate.micro_batch_size;
@@ -557,17 +553,20 @@ static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err
     if (p >= 0 && p < b * mbs)
       return mml_err_set(err, MML_ESTATE,
                          "state fields batch_in_epoch=%lld and pos=%lld disagree: %lld batches "
-                         "of %lld samples take at least %lld positions", b, p, b, mbs, b * mbs);
+                         "of %lld samples take at least %lld positions",
+                         b, p, b, mbs, b * mbs);
   } else if (p >= 0 && b > p) {
     return mml_err_set(err, MML_ESTATE,
                        "state fields batch_in_epoch=%lld and pos=%lld disagree: a pack holds at "
-                       "least one sample", b, p);
+                       "least one sample",
+                       b, p);
   }
   if (b == 0) pmax = 0;
   if (p < 0 || p > pmax)
     return mml_err_set(err, MML_ESTATE,
                        "state field pos=%lld is outside [0, %lld] for batch_in_epoch=%lld (this "
-                       "rank holds %lld samples)", p, pmax, b, n);
+                       "rank holds %lld samples)",
+                       p, pmax, b, n);
   return MML_OK;
 }
 
@@ -575,8 +574,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   return mml_loader_seek_ahead(L, c, 0, err);
 }
 
-mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
-                                 mml_err *err) {
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead, mml_err *err) {
   mml_status st = check_cursor(L, c, err);
   if (st) return st;
   pthread_mutex_lock(&L->mu);
@@ -610,12 +608,12 @@ void mml_loader_describe_wait(mml_loader *L, mml_err *err) {
   } else if (L->fatal || L->out_count) {
     mml_err_set(err, MML_ETIMEDOUT, "waiting on the output queue");
   } else if (t->state != SLOT_BUSY || t->stage == STAGE_NEW || t->gen != L->gen) {
-    mml_err_set(err, MML_ETIMEDOUT, "waiting on sample %lld of the stream (%s)",
-                (long long)t->seq,
-                t->state == SLOT_DONE      ? "done, being composed"
-                : t->state == SLOT_PLANNED ? (t->dec == DEC_RUNNING ? "planned, being decoded"
-                                                                    : "planned, waiting to be decoded")
-                                           : "starting");
+    mml_err_set(
+        err, MML_ETIMEDOUT, "waiting on sample %lld of the stream (%s)", (long long)t->seq,
+        t->state == SLOT_DONE ? "done, being composed"
+        : t->state == SLOT_PLANNED
+            ? (t->dec == DEC_RUNNING ? "planned, being decoded" : "planned, waiting to be decoded")
+            : "starting");
   } else {
     /* shard, line and images were written before the fetches were submitted (under mu) */
     char where[1100], what[400] = "being decoded";

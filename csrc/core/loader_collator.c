@@ -123,8 +123,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   pthread_cond_signal(&L->work_cv);
   ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
-  while (!L->stop && L->gen == my_gen && L->coll_busy[*ci])
-    pthread_cond_wait(&L->coll_cv, &L->mu);
+  while (!L->stop && L->gen == my_gen && L->coll_busy[*ci]) pthread_cond_wait(&L->coll_cv, &L->mu);
   return !L->stop && L->gen == my_gen;
 }
 
@@ -167,7 +166,7 @@ void ld_emit_job_locked(mml_loader *L) {
   }
   p->state = PEND_READY;
   ld_move_ready_locked(L);
-  pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
+  pthread_cond_broadcast(&L->coll_cv);                  /* the instance is free */
   if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
 }
 
@@ -209,10 +208,10 @@ static void log_skip_locked(mml_loader *L, const mml_sample *s) {
 
 /* What the collation thread carries from one sample to the next. */
 typedef struct coll_state {
-  uint64_t gen;             /* the plan it follows */
-  int64_t epoch, bie;       /* the epoch being composed and its batches so far */
-  int64_t since_good;       /* failed samples since the last good one */
-  int ci;                   /* the instance composing the current batch (never busy) */
+  uint64_t gen;       /* the plan it follows */
+  int64_t epoch, bie; /* the epoch being composed and its batches so far */
+  int64_t since_good; /* failed samples since the last good one */
+  int ci;             /* the instance composing the current batch (never busy) */
   mml_sample s;
   mml_err err;
   /* the sample's placement, taken from its slot: its ticket, where its rows are */
@@ -238,7 +237,7 @@ static void coll_restart_locked(mml_loader *L, coll_state *c) {
 static int coll_epoch_locked(mml_loader *L, coll_state *c) {
   int64_t e, p;
   ld_plan_at_locked(L, L->head_seq, &e, &p);
-  if (L->per_epoch >= 0) { /* padded */
+  if (L->per_epoch >= 0) {        /* padded */
     if (c->bie >= L->per_epoch) { /* the epoch is complete: the next starts at pos 0 */
       c->epoch++;
       c->bie = 0;
@@ -259,8 +258,7 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
     /* past this rank's plan (its last batch went out at the plan's boundary) */
     if (p == 0 && !L->fatal) {
       mml_err e2;
-      mml_err_set(&e2, MML_ECONFIG, "epoch %lld of the global plan has no batch",
-                  (long long)e);
+      mml_err_set(&e2, MML_ECONFIG, "epoch %lld of the global plan has no batch", (long long)e);
       ld_set_fatal_locked(L, MML_ECONFIG, &e2);
     }
     if (L->fatal) return 1;
@@ -274,8 +272,7 @@ static int coll_epoch_locked(mml_loader *L, coll_state *c) {
   if (e == c->epoch) return 0;
   /* packed: the epoch ended; its last pack goes out */
   if (mml_collator_count(L->colls[c->ci]) > 0 &&
-      !hand_off_locked(L, c->gen, &c->ci, c->epoch,
-                       (mml_cursor){c->epoch, L->n_rank, c->bie + 1}))
+      !hand_off_locked(L, c->gen, &c->ci, c->epoch, (mml_cursor){c->epoch, L->n_rank, c->bie + 1}))
     return 1;
   c->epoch = e;
   c->bie = 0;
@@ -297,8 +294,7 @@ static void coll_plan_boundary_locked(mml_loader *L, coll_state *c) {
     ld_set_fatal_locked(L, MML_ETOOMANYERR, &e2);
     return;
   }
-  if (hand_off_locked(L, c->gen, &c->ci, c->epoch,
-                      (mml_cursor){c->epoch, s->pos + 1, c->bie + 1}))
+  if (hand_off_locked(L, c->gen, &c->ci, c->epoch, (mml_cursor){c->epoch, s->pos + 1, c->bie + 1}))
     c->bie++;
 }
 
@@ -351,15 +347,14 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
   c->since_good = 0;
   mml_collator *C = L->colls[c->ci];
   if (!mml_collator_fits(C, &c->s)) { /* the current batch is complete without s */
-    if (!hand_off_locked(L, c->gen, &c->ci, c->epoch,
-                         (mml_cursor){c->epoch, c->s.pos, c->bie + 1}))
+    if (!hand_off_locked(L, c->gen, &c->ci, c->epoch, (mml_cursor){c->epoch, c->s.pos, c->bie + 1}))
       return;
     c->bie++;
     C = L->colls[c->ci];
   }
   int64_t pos = c->s.pos;
-  mml_status pst = ld_place_take_locked(L, C, c->tk, c->dest, c->dest_off, c->s.pixel_rows,
-                                        &c->err);
+  mml_status pst =
+      ld_place_take_locked(L, C, c->tk, c->dest, c->dest_off, c->s.pixel_rows, &c->err);
   if (pst) {
     ld_set_fatal_locked(L, pst, &c->err);
     return;
@@ -376,8 +371,8 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
     return;
   }
   if (L->gp) full = ld_plan_batch_end_locked(L, c->epoch, pos);
-  if (full && hand_off_locked(L, c->gen, &c->ci, c->epoch,
-                              (mml_cursor){c->epoch, pos + 1, c->bie + 1}))
+  if (full &&
+      hand_off_locked(L, c->gen, &c->ci, c->epoch, (mml_cursor){c->epoch, pos + 1, c->bie + 1}))
     c->bie++;
 }
 
@@ -433,7 +428,8 @@ void *ld_collator_main(void *arg) {
       else
         coll_failed_locked(L, &c);
       /* it was in a planned batch: the batches from here on are planned again without it */
-      if (c.tk >= 0 && !L->fatal && c.gen == L->gen) ld_place_rewind_locked(L, L->colls[c.ci], L->head_seq);
+      if (c.tk >= 0 && !L->fatal && c.gen == L->gen)
+        ld_place_rewind_locked(L, L->colls[c.ci], L->head_seq);
     } else {
       coll_add_locked(L, &c);
     }

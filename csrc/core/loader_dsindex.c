@@ -32,7 +32,8 @@
 
 /* what the tokenizer identity encodes (the Python package's probe text) */
 static const char k_probe[] =
-    "The quick brown fox jumps over 13 lazy dogs; don't stop! \xc3\x84pfel, \xe6\xbc\xa2\xe5\xad\x97, "
+    "The quick brown fox jumps over 13 lazy dogs; don't stop! \xc3\x84pfel, "
+    "\xe6\xbc\xa2\xe5\xad\x97, "
     "\xf0\x9f\x98\x80\n\t<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n";
 
 uint64_t ld_tokenizer_identity(const mml_tokenizer *tok) {
@@ -50,7 +51,8 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
                                mml_err *err) {
   const mml_vision_cfg *v = &src->vision;
   const mml_loader_cfg *c = &L->cfg;
-  uint64_t sys = sc->system_prompt ? mml_hash_bytes(1, sc->system_prompt, strlen(sc->system_prompt)) : 0;
+  uint64_t sys =
+      sc->system_prompt ? mml_hash_bytes(1, sc->system_prompt, strlen(sc->system_prompt)) : 0;
   uint64_t root = src->image_root ? mml_hash_bytes(1, src->image_root, strlen(src->image_root)) : 0;
   char text[1024];
   snprintf(text, sizeof text,
@@ -115,12 +117,13 @@ static mml_status read_sidecar(mml_loader *L, const char *where, mml_bytes *out,
 static mml_status stale(mml_err *err, const char *path, const char *where, const char *what) {
   return mml_err_set(err, MML_ECONFIG,
                      "data shard %s no longer matches its index %s (%s): rebuild it with "
-                     "`python -m mmloader index %s`, or delete it", path, where, what, path);
+                     "`python -m mmloader index %s`, or delete it",
+                     path, where, what, path);
 }
 
 /* Whether the shard is still the one the index describes; a message saying what changed. */
-static mml_status check_fresh(mml_loader *L, const mml_dsx *x, const char *path,
-                              const char *where, mml_err *err) {
+static mml_status check_fresh(mml_loader *L, const mml_dsx *x, const char *path, const char *where,
+                              mml_err *err) {
   int64_t size, mtime;
   char etag[sizeof x->etag], what[400];
   mml_status st = ld_shard_identity(L, path, &size, &mtime, etag, sizeof etag, err);
@@ -183,8 +186,10 @@ mml_status ld_index_open(mml_loader *L, const char *path, mml_dsx **pending, int
   const char *w = (const char *)where.data;
   mml_status st = read_sidecar(L, w, &body, &found, err);
   if (!st && found) {
-    if (!(x = calloc(1, sizeof *x))) st = mml_err_set(err, MML_ENOMEM, "out of memory");
-    else st = mml_dsx_parse(body.data, body.len, w, x, err);
+    if (!(x = calloc(1, sizeof *x)))
+      st = mml_err_set(err, MML_ENOMEM, "out of memory");
+    else
+      st = mml_dsx_parse(body.data, body.len, w, x, err);
     if (st == MML_ERECORD && err) /* a bad index refuses the loader: not a sample's error */
       st = err->status = MML_ECONFIG;
     if (st) free(x), x = NULL;
@@ -250,8 +255,9 @@ void ld_index_check_sources(mml_loader *L) {
       mml_err_set(&e, MML_OK,
                   "data shard %s: its index was built with other settings (%s), this %s "
                   "uses (%s): its offsets are used, its token counts are not; rebuild it with "
-                  "these settings", L->ix.shards[k].path, x->settings,
-                  L->cfg.nsources > 0 ? "source" : "loader", src->index_settings);
+                  "these settings",
+                  L->ix.shards[k].path, x->settings, L->cfg.nsources > 0 ? "source" : "loader",
+                  src->index_settings);
       e.status = MML_OK;
       pthread_mutex_lock(&L->mu);
       ld_push_warning_locked(L, &e);
@@ -294,7 +300,7 @@ int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, u
       mml_status st = len > L->cfg.max_record_bytes ? MML_ERECORDSIZE /* as stage_record */
                       : s->status                   ? (mml_status)s->status
                       : max > 0 && (int64_t)s->text_tokens + v > max ? MML_ETOOLONG
-                                                                      : MML_OK;
+                                                                     : MML_OK;
       tokens[i] = st ? -1 : (int64_t)s->text_tokens + v;
       vision[i] = st ? 0 : v;
       why[i] = (uint8_t)st;

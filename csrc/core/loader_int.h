@@ -41,12 +41,12 @@ struct task {
   int state;
   uint64_t gen;
   int64_t seq;
-  int pending;             /* outstanding fetches + 1 while submitting */
-  uint64_t fetched_bytes;  /* bytes its completed fetches brought */
-  mml_status fetch_st;     /* first fetch failure */
+  int pending;            /* outstanding fetches + 1 while submitting */
+  uint64_t fetched_bytes; /* bytes its completed fetches brought */
+  mml_status fetch_st;    /* first fetch failure */
   mml_err fetch_err;
   task *next_ready;
-  double started;          /* when it was dispatched (what next() waits on) */
+  double started; /* when it was dispatched (what next() waits on) */
   /* owned by whoever holds the slot (BUSY) */
   int stage;
   mml_sample sample;
@@ -57,7 +57,7 @@ struct task {
   fetch_ref *refs;
   int imgs_cap;
   mml_bytes path;
-  mml_vision_plan *plans;  /* per image, from its header (imgs_cap of them) */
+  mml_vision_plan *plans; /* per image, from its header (imgs_cap of them) */
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and its first row there; where its pixels must go (dest, a reference
    * held; NULL: not known yet) and where they are (home, once decoded) */
@@ -67,21 +67,21 @@ struct task {
   mml_buf *dest, *home;
   size_t dest_off, home_off;
   task *next_dec;
-  int64_t held;            /* capacity of its byte buffers, counted in win_bytes (mu) */
+  int64_t held; /* capacity of its byte buffers, counted in win_bytes (mu) */
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
  * pixel_values buffer once known. */
 typedef struct ticket {
-  mml_compose comp;        /* its composition so far */
+  mml_compose comp; /* its composition so far */
   int64_t epoch;
-  int64_t rows;            /* pixel rows placed */
-  int64_t done_rows;       /* rows of its samples the collator has taken */
-  int64_t first_seq;       /* its first sample */
-  int closed;              /* complete by plan */
-  mml_buf *buf;            /* pixel_values, cap_rows rows; NULL until materialized */
+  int64_t rows;      /* pixel rows placed */
+  int64_t done_rows; /* rows of its samples the collator has taken */
+  int64_t first_seq; /* its first sample */
+  int closed;        /* complete by plan */
+  mml_buf *buf;      /* pixel_values, cap_rows rows; NULL until materialized */
   int64_t cap_rows;
-  int64_t pending_rows;    /* > 0: a buffer of this many rows waits for max_memory room */
+  int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
 } ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
@@ -101,74 +101,74 @@ typedef struct out_item {
 enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
 typedef struct pend_item {
   int state;
-  int coll;          /* PEND_QUEUED/EMITTING: the collator instance to emit from */
-  mml_cursor after;  /* batch items: the cursor once consumed */
-  out_item it;       /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
+  int coll;         /* PEND_QUEUED/EMITTING: the collator instance to emit from */
+  mml_cursor after; /* batch items: the cursor once consumed */
+  out_item it;      /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
 /* One source at run time (loader_sources.c): the settings its samples are processed with,
  * and its stats (guarded by mu). */
 typedef struct ld_source {
   char *name;
-  char *image_root;         /* NULL: each shard's own folder */
-  int shard0, nshards;      /* its shards in ix */
-  int64_t first, n, count;  /* its samples in ix; its draws per epoch */
+  char *image_root;        /* NULL: each shard's own folder */
+  int shard0, nshards;     /* its shards in ix */
+  int64_t first, n, count; /* its samples in ix; its draws per epoch */
   mml_vision_cfg vision;
   mml_template *tmpl;
-  mml_pipeline pl;          /* vision, tmpl, max_length: what the worker uses */
+  mml_pipeline pl; /* vision, tmpl, max_length: what the worker uses */
   uint64_t good, skipped, bytes;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t tokens, image_tokens;
   int drift_warned;
-  uint64_t index_key;       /* the dataset-index settings key of its samples' counts */
-  char *index_settings;     /* what the key covers (for messages) */
+  uint64_t index_key;   /* the dataset-index settings key of its samples' counts */
+  char *index_settings; /* what the key covers (for messages) */
 } ld_source;
 
 struct mml_loader {
-  mml_loader_cfg cfg;       /* strings below are owned copies */
+  mml_loader_cfg cfg; /* strings below are owned copies */
   char **data;
   char *image_root;
-  char *system_prompt;      /* NULL: the template's default system turn */
-  char **roots;             /* per shard image root */
-  int *remote;              /* per shard: 1 when remote */
-  int *shard_src;           /* per shard: its source */
+  char *system_prompt; /* NULL: the template's default system turn */
+  char **roots;        /* per shard image root */
+  int *remote;         /* per shard: 1 when remote */
+  int *shard_src;      /* per shard: its source */
   mml_index ix;
-  mml_dsx **dsx;            /* per shard (dsx_cap): its dataset index's counts, or NULL */
+  mml_dsx **dsx; /* per shard (dsx_cap): its dataset index's counts, or NULL */
   int dsx_cap;
-  int index_used;           /* shards whose index counts are used */
-  char *index_dir;          /* owned copy of cfg.index */
-  uint64_t tok_id;          /* the tokenizer's identity (settings keys) */
-  ld_source *src;           /* nsrc >= 1 sources (one without a mixture) */
+  int index_used;  /* shards whose index counts are used */
+  char *index_dir; /* owned copy of cfg.index */
+  uint64_t tok_id; /* the tokenizer's identity (settings keys) */
+  ld_source *src;  /* nsrc >= 1 sources (one without a mixture) */
   int nsrc;
-  mml_mixture mix;          /* the epoch order over the sources */
-  mml_sampler sm;           /* the rank's slots of the mixture's epoch order */
+  mml_mixture mix;           /* the epoch order over the sources */
+  mml_sampler sm;            /* the rank's slots of the mixture's epoch order */
   int64_t n_rank, per_epoch; /* per_epoch: batches (padded) or -1 (packed) */
   int window;
   mml_pool *pool;
-  mml_allocator alloc;      /* behind pool: host, pinned, or the caller's */
+  mml_allocator alloc; /* behind pool: host, pinned, or the caller's */
   int pinned;
-  int guard_device;         /* pinned: device whose default stream guards released batches */
-  int consumer_device;      /* pinned: and this stream of that device, when not 0 */
+  int guard_device;          /* pinned: device whose default stream guards released batches */
+  int consumer_device;       /* pinned: and this stream of that device, when not 0 */
   uintptr_t consumer_stream; /* (consumer thread only) */
-  mml_device_stage *stage;  /* device >= 0: copies finished batches to the GPU */
+  mml_device_stage *stage;   /* device >= 0: copies finished batches to the GPU */
   mml_collate_cfg ccfg;
-  mml_collator *collator;   /* colls[0]; workers also call its const, reentrant check */
-  mml_collator **colls;     /* ncoll instances: batches are composed one at a time by the
-                               collation thread and emitted (tensors built) by workers */
+  mml_collator *collator; /* colls[0]; workers also call its const, reentrant check */
+  mml_collator **colls;   /* ncoll instances: batches are composed one at a time by the
+                           collation thread and emitted (tensors built) by workers */
   int ncoll;
 
   /* plan before decode (loader_place.c; collation thread, under mu): batches composed
    * from planned counts ahead of the collator, tickets tk_head..tk_tail in a ring of
    * ntk; place_seq: the next sample to place */
-  int placing;              /* 0: plan_only (no pixels) */
+  int placing; /* 0: plan_only (no pixels) */
   ticket *tks;
   int ntk;
   int64_t tk_head, tk_tail;
   int64_t place_seq;
-  int64_t rows_bound;       /* packed: most rows a pack can hold; -1: padded */
-  size_t row_bytes;         /* bytes of one pixel_values row */
+  int64_t rows_bound;        /* packed: most rows a pack can hold; -1: padded */
+  size_t row_bytes;          /* bytes of one pixel_values row */
   task *dec_head, *dec_tail; /* decode jobs, in placement order */
-  uint64_t moved_rows;      /* rows copied after a late failure changed the plan */
+  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -186,7 +186,7 @@ struct mml_loader {
   pthread_t coll_thread;
   int coll_started;
 
-  mml_fetcher *fetcher;     /* created on first remote use (under mu) */
+  mml_fetcher *fetcher; /* created on first remote use (under mu) */
   mml_status fetcher_st;
   mml_err fetcher_err;
 
@@ -195,8 +195,8 @@ struct mml_loader {
   int64_t base_epoch, base_pos, base_seq;
   int base_wrap;
   int64_t head_seq, next_seq;
-  int64_t limit_seq;        /* -1, or: no sample at seq >= limit_seq is started (seek_ahead) */
-  mml_cursor start;         /* where the collator starts for the current gen */
+  int64_t limit_seq; /* -1, or: no sample at seq >= limit_seq is started (seek_ahead) */
+  mml_cursor start;  /* where the collator starts for the current gen */
   task *tasks;
   task *ready_head, *ready_tail;
   int in_flight;
@@ -204,12 +204,12 @@ struct mml_loader {
   /* emission, guarded by mu: completed items wait in `pend` (in stream order) until
    * they fit in the output queue; batch items are emitted by a worker first */
   pend_item *pend;
-  int npend;                /* capacity */
+  int npend; /* capacity */
   int64_t pend_head, pend_tail;
-  int jobs_queued;          /* pend items waiting for a worker to emit them */
-  int emitting;             /* emits running now */
-  int dropping;             /* drop_output_locked is waiting for emits (mu released) */
-  int *coll_busy;           /* 1 while a worker emits from colls[i] */
+  int jobs_queued; /* pend items waiting for a worker to emit them */
+  int emitting;    /* emits running now */
+  int dropping;    /* drop_output_locked is waiting for emits (mu released) */
+  int *coll_busy;  /* 1 while a worker emits from colls[i] */
 
   /* output queue, guarded by mu */
   out_item *outq;
@@ -231,9 +231,9 @@ struct mml_loader {
     int64_t epoch, pos;
     int source;
     mml_err err;
-  } *skips;
+  } * skips;
   int skip_head, skip_count;
-  uint64_t coll_skipped;    /* skips composed (the max_error_rate check) */
+  uint64_t coll_skipped; /* skips composed (the max_error_rate check) */
   double first_next, wait_s;
   double read_s, vision_s, text_s, collate_s;
   double decode_s; /* the decoder's part of vision_s */
@@ -311,8 +311,7 @@ void ld_plan_free(mml_loader *L);
 /* A planning pass's collator records the sample's counts (plan_sink != NULL). */
 void ld_plan_record_locked(mml_loader *L, const mml_sample *s);
 /* Stream position -> epoch position; MML_EEND past this rank's plan (takes mu). */
-mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t *j,
-                        mml_err *err);
+mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t *j, mml_err *err);
 /* This rank's samples in `epoch`; whether position pos ends one of its batches. */
 int64_t ld_plan_rank_len_locked(mml_loader *L, int64_t epoch);
 int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);

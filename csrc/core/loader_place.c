@@ -68,8 +68,8 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   for (int i = 0; i < L->nsrc; i++)
     if (L->src[i].vision.merge_size > merge) merge = L->src[i].vision.merge_size;
   L->rows_bound = mml_collator_rows_bound(L->collator, merge);
-  L->row_bytes = (size_t)L->ccfg.pixel_cols *
-                 mml_dtype_size(mml_pixel_format_dtype(L->ccfg.pixel_format));
+  L->row_bytes =
+      (size_t)L->ccfg.pixel_cols * mml_dtype_size(mml_pixel_format_dtype(L->ccfg.pixel_format));
   /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
    * are only resident once written.  Pinned or caller-allocated memory is all resident,
    * and a bound that is a large part of max_memory would starve the rest: then a pack's
@@ -120,8 +120,10 @@ static void move_home(mml_loader *L, task *t) {
 static void queue_decode(mml_loader *L, task *t) {
   t->dec = DEC_QUEUED;
   t->next_dec = NULL;
-  if (L->dec_tail) L->dec_tail->next_dec = t;
-  else L->dec_head = t;
+  if (L->dec_tail)
+    L->dec_tail->next_dec = t;
+  else
+    L->dec_head = t;
   L->dec_tail = t;
   pthread_cond_signal(&L->work_cv);
 }
@@ -224,10 +226,12 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
   mml_compose_add(L->collator, &k->comp, tokens);
   L->place_seq++;
   if (rows > 0) {
-    if (!k->buf && L->rows_bound > 0) rebuffer(L, id, L->rows_bound, c); /* packed */
+    if (!k->buf && L->rows_bound > 0)
+      rebuffer(L, id, L->rows_bound, c);      /* packed */
     else if (k->buf && k->rows > k->cap_rows) /* grew past its buffer */
       rebuffer(L, id, L->rows_bound > 0 ? L->rows_bound : k->rows, c);
-    else if (k->buf) set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
+    else if (k->buf)
+      set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
   }
   /* the global plan ends batches at planned positions (as coll_add_locked) */
   if (L->gp ? ld_plan_batch_end_locked(L, epoch, pos) : mml_compose_full(L->collator, &k->comp))
@@ -395,8 +399,8 @@ mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err)
   return mml_err_set(err, MML_ENOMEM,
                      "the sample needs %lld bytes of pixel_values and %lld encoded bytes, more "
                      "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
-                     (long long)px, (long long)enc, (long long)room,
-                     (long long)L->cfg.max_memory, L->cfg.num_threads);
+                     (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
+                     L->cfg.num_threads);
 }
 
 void ld_mem_count_task_locked(mml_loader *L, task *t) {

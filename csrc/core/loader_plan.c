@@ -42,10 +42,10 @@ typedef struct gp_epoch {
   int valid;
   int64_t epoch, q0;
   int64_t usable, end, steps, rank_samples;
-  int64_t *slot;      /* [rank_samples]: rank position -> epoch position */
-  int64_t *rank_end;  /* [steps]: rank positions after step k */
-  int64_t *step_q;    /* [steps + 1] */
-  uint64_t used;      /* LRU stamp */
+  int64_t *slot;     /* [rank_samples]: rank position -> epoch position */
+  int64_t *rank_end; /* [steps]: rank positions after step k */
+  int64_t *step_q;   /* [steps + 1] */
+  uint64_t used;     /* LRU stamp */
 } gp_epoch;
 
 struct ld_gplan {
@@ -126,7 +126,8 @@ static mml_status inner_cfg(const mml_loader_cfg *cfg, mml_loader_cfg *c, mml_so
 static mml_status measure(ld_gplan *g, const mml_loader_cfg *cfg, mml_err *err) {
   mml_loader_cfg c;
   mml_source_cfg *srcs;
-  if (inner_cfg(cfg, &c, &srcs)) return mml_err_set(err, MML_ENOMEM, "planning pass: out of memory");
+  if (inner_cfg(cfg, &c, &srcs))
+    return mml_err_set(err, MML_ENOMEM, "planning pass: out of memory");
   mml_loader *in = NULL;
   mml_status st = mml_loader_new(&c, &in, err);
   if (!st) {
@@ -187,8 +188,8 @@ static void count_unplanned(mml_loader *L, ld_gplan *g) {
       mml_err_set(&e, why, "sample %s: left out of the plan, too long (%s=%lld)", where, what,
                   (long long)limit);
     else
-      mml_err_set(&e, why, "sample %s: left out of the plan, it failed while planning (%s)",
-                  where, mml_status_skip_reason(why) ? mml_status_skip_reason(why) : "error");
+      mml_err_set(&e, why, "sample %s: left out of the plan, it failed while planning (%s)", where,
+                  mml_status_skip_reason(why) ? mml_status_skip_reason(why) : "error");
     ld_push_warning_locked(L, &e);
   }
 }
@@ -219,20 +220,22 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   for (int64_t i = 0; i < g->n; i++) g->tokens[i] = -1; /* never seen: not planned */
   /* the counts from the dataset index when it knows every sample, else the planning pass */
   mml_status st = MML_OK;
-  if (ld_index_all_counts(L, g->tokens, g->vision, g->why)) g->indexed = g->n;
-  else if (!(st = measure(g, cfg, err))) g->measured = g->n;
+  if (ld_index_all_counts(L, g->tokens, g->vision, g->why))
+    g->indexed = g->n;
+  else if (!(st = measure(g, cfg, err)))
+    g->measured = g->n;
   if (st) return st;
   drop_too_long(g, cfg);
   count_unplanned(L, g);
-  L->per_epoch = -1;          /* batches per epoch: the plan's steps */
-  L->n_rank = L->mix.total;   /* an upper bound on a rank's positions */
+  L->per_epoch = -1;        /* batches per epoch: the plan's steps */
+  L->n_rank = L->mix.total; /* an upper bound on a rank's positions */
   gp_epoch *e = epoch_plan(L, 0, 0, err);
   if (!e) return err->status;
   if (e->steps == 0)
     return mml_err_set(err, MML_ECONFIG,
                        "the global plan has no batch: %lld usable samples (%lld left out) "
-                       "cannot give each of dp_size=%d ranks a batch", (long long)e->usable,
-                       (long long)g->unusable, cfg->dp_size);
+                       "cannot give each of dp_size=%d ranks a batch",
+                       (long long)e->usable, (long long)g->unusable, cfg->dp_size);
   return MML_OK;
 }
 
@@ -289,17 +292,19 @@ static mml_status keep_rank(const mml_loader *L, const mml_plan *p, gp_epoch *e)
 }
 
 /* Builds the plan of (epoch, q0) into e. */
-static mml_status build_epoch(mml_loader *L, int64_t epoch, int64_t q0, gp_epoch *e,
-                              mml_err *err) {
+static mml_status build_epoch(mml_loader *L, int64_t epoch, int64_t q0, gp_epoch *e, mml_err *err) {
   ld_gplan *g = L->gp;
   int64_t M = L->mix.total;
-  int64_t *tok = malloc((size_t)(M + 1) * sizeof *tok), *vis = malloc((size_t)(M + 1) * sizeof *vis);
+  int64_t *tok = malloc((size_t)(M + 1) * sizeof *tok),
+          *vis = malloc((size_t)(M + 1) * sizeof *vis);
   mml_status st = tok && vis ? MML_OK : MML_ENOMEM;
   for (int64_t j = 0; !st && j < M; j++) {
     int source;
     int64_t index;
-    if (mml_mixture_at(&L->mix, &g->sc, epoch, j, &source, &index)) st = MML_ENOMEM;
-    else tok[j] = g->tokens[index], vis[j] = g->vision[index];
+    if (mml_mixture_at(&L->mix, &g->sc, epoch, j, &source, &index))
+      st = MML_ENOMEM;
+    else
+      tok[j] = g->tokens[index], vis[j] = g->vision[index];
   }
   mml_plan p;
   memset(&p, 0, sizeof p);
@@ -374,8 +379,10 @@ int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos) {
   int64_t lo = 0, hi = e->steps; /* the first step whose rank_end > pos */
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
-    if (e->rank_end[mid] > pos) hi = mid;
-    else lo = mid + 1;
+    if (e->rank_end[mid] > pos)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return lo < e->steps && e->rank_end[lo] == pos + 1;
 }
@@ -389,7 +396,7 @@ mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *o, 
   pthread_mutex_lock(&L->mu);
   gp_epoch *e = epoch_plan(L, epoch, q0_of(L->gp, epoch), err);
   if (e) {
-    *o = (mml_plan_info){e->q0,    e->usable,         e->end,           e->steps,
+    *o = (mml_plan_info){e->q0,           e->usable,       e->end,         e->steps,
                          e->rank_samples, L->gp->unusable, L->gp->indexed, L->gp->measured};
   }
   pthread_mutex_unlock(&L->mu);
@@ -412,8 +419,8 @@ mml_status mml_loader_plan_position(mml_loader *L, const mml_cursor *c, int64_t 
 
 mml_status mml_loader_seek_plan(mml_loader *L, const mml_cursor *c, int64_t q0, mml_err *err) {
   if (!L->gp) return mml_err_set(err, MML_EINVAL, "the loader has no global plan");
-  if (q0 < 0) return mml_err_set(err, MML_ESTATE, "state field plan_start=%lld is negative",
-                                 (long long)q0);
+  if (q0 < 0)
+    return mml_err_set(err, MML_ESTATE, "state field plan_start=%lld is negative", (long long)q0);
   pthread_mutex_lock(&L->mu);
   int64_t old_epoch = L->gp->resume_epoch, old_q0 = L->gp->resume_q0;
   L->gp->resume_epoch = c->epoch;
@@ -425,14 +432,15 @@ mml_status mml_loader_seek_plan(mml_loader *L, const mml_cursor *c, int64_t q0, 
     st = err->status = MML_ESTATE;
   }
   if (!st && c->batch_in_epoch > e->steps)
-    st = mml_err_set(err, MML_ESTATE, "state field batch_in_epoch=%lld is past the %lld steps "
-                     "of epoch %lld", (long long)c->batch_in_epoch, (long long)e->steps,
-                     (long long)c->epoch);
-  if (!st && c->batch_in_epoch > 0 &&
-      c->pos != e->rank_end[c->batch_in_epoch - 1])
-    st = mml_err_set(err, MML_ESTATE, "state fields pos=%lld and batch_in_epoch=%lld disagree "
-                     "with the plan (its batch %lld ends at position %lld)", (long long)c->pos,
-                     (long long)c->batch_in_epoch, (long long)c->batch_in_epoch,
+    st = mml_err_set(err, MML_ESTATE,
+                     "state field batch_in_epoch=%lld is past the %lld steps "
+                     "of epoch %lld",
+                     (long long)c->batch_in_epoch, (long long)e->steps, (long long)c->epoch);
+  if (!st && c->batch_in_epoch > 0 && c->pos != e->rank_end[c->batch_in_epoch - 1])
+    st = mml_err_set(err, MML_ESTATE,
+                     "state fields pos=%lld and batch_in_epoch=%lld disagree "
+                     "with the plan (its batch %lld ends at position %lld)",
+                     (long long)c->pos, (long long)c->batch_in_epoch, (long long)c->batch_in_epoch,
                      (long long)e->rank_end[c->batch_in_epoch - 1]);
   if (st) {
     L->gp->resume_epoch = old_epoch;

@@ -45,8 +45,8 @@ static mml_status oom(mml_err *err) {
 }
 
 /* Indexes one source's shards; its samples follow the previous source's in the index. */
-static mml_status index_source(mml_loader *L, ld_source *src, const mml_source_cfg *sc,
-                               int mixture, mml_err *err) {
+static mml_status index_source(mml_loader *L, ld_source *src, const mml_source_cfg *sc, int mixture,
+                               mml_err *err) {
   if (!sc->data || sc->ndata < 1)
     return mml_err_set(err, MML_ECONFIG, mixture ? "source %s: no data given" : "no data given",
                        src->name);
@@ -84,8 +84,8 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->vision = sc->vision;
   src->vision.pixel_format = L->cfg.collate.pixel_format; /* one format for the loader */
   mml_status st = mml_vision_cfg_check(&src->vision, err);
-  if (!st) st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer,
-                                 &src->tmpl, err);
+  if (!st)
+    st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
   if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
   if (st) {
@@ -105,11 +105,17 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
   const mml_source_cfg *scs = cfg->sources;
   int n = cfg->nsources, mixture = scs && n > 0;
   if (!mixture) { /* plain data: one source with the loader's settings */
-    one = (mml_source_cfg){.name = "data", .data = cfg->data, .ndata = cfg->ndata,
-                           .weight = -1, .repeat = -1, .choose = -1,
-                           .image_root = cfg->image_root, .vision = cfg->vision,
+    one = (mml_source_cfg){.name = "data",
+                           .data = cfg->data,
+                           .ndata = cfg->ndata,
+                           .weight = -1,
+                           .repeat = -1,
+                           .choose = -1,
+                           .image_root = cfg->image_root,
+                           .vision = cfg->vision,
                            .system_prompt = cfg->system_prompt,
-                           .label_mode = cfg->label_mode, .image_space = cfg->image_space,
+                           .label_mode = cfg->label_mode,
+                           .image_space = cfg->image_space,
                            .max_length = cfg->max_length};
     scs = &one;
     n = 1;
@@ -197,8 +203,10 @@ void ld_free_sources(mml_loader *L) {
 
 mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mml_err *err) {
   int64_t j;
-  if (!L->gp) j = mml_sampler_slot(&L->sm, s->pos);
-  else if (ld_plan_slot(L, s->epoch, s->pos, &j, err)) return err->status; /* past the plan */
+  if (!L->gp)
+    j = mml_sampler_slot(&L->sm, s->pos);
+  else if (ld_plan_slot(L, s->epoch, s->pos, &j, err))
+    return err->status; /* past the plan */
   if (mml_mixture_at(&L->mix, sc, s->epoch, j, &s->source, &s->index))
     return mml_err_set(err, MML_ENOMEM, "out of memory looking up epoch %lld position %lld",
                        (long long)s->epoch, (long long)j);
@@ -224,8 +232,8 @@ static void check_drift_locked(mml_loader *L) {
                 "of the epoch (%lld of %lld draws; it skipped %llu of its samples); "
                 "mixture_tolerance=%g",
                 src->name, 100 * share, (unsigned long long)L->good, 100 * want,
-                (long long)src->count, (long long)L->mix.total,
-                (unsigned long long)src->skipped, tol);
+                (long long)src->count, (long long)L->mix.total, (unsigned long long)src->skipped,
+                tol);
     e.status = MML_OK;
     ld_push_warning_locked(L, &e);
   }

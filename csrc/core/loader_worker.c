@@ -31,8 +31,10 @@
 
 static void ready_push_locked(mml_loader *L, task *t) {
   t->next_ready = NULL;
-  if (L->ready_tail) L->ready_tail->next_ready = t;
-  else L->ready_head = t;
+  if (L->ready_tail)
+    L->ready_tail->next_ready = t;
+  else
+    L->ready_head = t;
   L->ready_tail = t;
   pthread_cond_signal(&L->work_cv);
 }
@@ -54,8 +56,10 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
     t->fetched_bytes += dst->len;
   } else if (!t->fetch_st) {
     t->fetch_st = st;
-    if (err) t->fetch_err = *err;
-    else mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
+    if (err)
+      t->fetch_err = *err;
+    else
+      mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
     if (r->which >= 0) mml_sample_err_image(&t->fetch_err, mml_record_media_ref(&t->rec, r->which));
   }
   if (--t->pending == 0) ready_push_locked(L, t);
@@ -72,8 +76,10 @@ static void task_fail(task *t, mml_status st, const mml_err *e, const mml_loader
   s->status = st;
   char where[1100];
   mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
-  if (e && e->msg[0]) s->err = *e;
-  else mml_err_set(&s->err, st, "%s", mml_status_message(st));
+  if (e && e->msg[0])
+    s->err = *e;
+  else
+    mml_err_set(&s->err, st, "%s", mml_status_message(st));
   s->err.status = st;
   if (L->cfg.nsources > 0) /* a mixture: name the source too */
     mml_err_prefix(&s->err, "source %s: %s", L->src[s->source].name, where);
@@ -127,7 +133,8 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;
-    if (task_imgs_fit(t, 1)) return mml_err_set(err, MML_ENOMEM, "out of memory for the record fetch");
+    if (task_imgs_fit(t, 1))
+      return mml_err_set(err, MML_ENOMEM, "out of memory for the record fetch");
     t->refs[0].t = t;
     t->refs[0].which = -1;
     pthread_mutex_lock(&L->mu);
@@ -150,8 +157,8 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
 
 /* The record (trimmed as its shard's layout says) parsed into t->rec; room for its images. */
 static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  size_t n = mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data,
-                                  t->rec_bytes.len);
+  size_t n =
+      mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data, t->rec_bytes.len);
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
@@ -162,7 +169,8 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
   mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample, .implicit = members,
+                        .max_images = L->cfg.max_images_per_sample,
+                        .implicit = members,
                         .nimplicit = nm};
   mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
@@ -186,8 +194,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   const char *root = L->roots[t->sample.shard];
   int64_t off = 0, len = -1;
   mml_status st;
-  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref,
-                                &off, &len);
+  int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len);
   if (member) { /* a WebDataset member: a range of the shard itself */
     mml_bytes_clear(&t->path);
     if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))
@@ -197,8 +204,8 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   }
   const char *p = (const char *)t->path.data;
   /* the path policy, before anything is opened or fetched (a member is the shard's own) */
-  if (!member && (st = mml_sample_image_allowed(&L->cfg, root, ref, p,
-                                                !L->remote[t->sample.shard], err)))
+  if (!member &&
+      (st = mml_sample_image_allowed(&L->cfg, root, ref, p, !L->remote[t->sample.shard], err)))
     return st;
   mml_bytes_clear(&t->imgs[i]);
   if (member ? !mml_index_shard_remote(sh) : !mml_path_is_remote(p)) {
@@ -206,7 +213,8 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
     st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
                 : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
-    if (st) mml_sample_err_image(err, ref);
+    if (st)
+      mml_sample_err_image(err, ref);
     else {
       acc->bytes += t->imgs[i].len;
       t->sample.bytes += t->imgs[i].len;
@@ -269,8 +277,8 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, mml
     return t->fetch_st;
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
-  mml_status st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
-                                  t->plans, &t->sample, err);
+  mml_status st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans,
+                                  &t->sample, err);
   if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
@@ -287,8 +295,10 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
   if (!st && !wait) st = stage_plan(L, sc, t, &err);
   if (wait) return 0;
-  if (st) task_fail(t, st, &err, L);
-  else t->sample.status = MML_OK;
+  if (st)
+    task_fail(t, st, &err, L);
+  else
+    t->sample.status = MML_OK;
   return 1;
 }
 
@@ -328,8 +338,7 @@ static task *take_task_locked(mml_loader *L) {
       continue;
     }
     int gated = 0; /* max_memory: no room to read one more sample now */
-    if (L->next_seq < L->head_seq + L->window &&
-        (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
+    if (L->next_seq < L->head_seq + L->window && (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
         !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
@@ -387,8 +396,8 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_unlock(&L->mu);
   mml_err err;
   mml_err_clear(&err);
-  mml_status st = mml_sample_decode(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs,
-                                    t->plans, t->rec.nimages, (uint8_t *)buf->data + off, &err);
+  mml_status st = mml_sample_decode(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans,
+                                    t->rec.nimages, (uint8_t *)buf->data + off, &err);
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   if (st) task_fail(t, st, &err, L);
   t->dec = DEC_NONE;

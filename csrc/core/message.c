@@ -30,10 +30,14 @@ size_t mml_utf8_char(const char *s, size_t n) {
   if (c < 0x80) return 1;
   size_t k;
   unsigned cp, min;
-  if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F, min = 0x80;
-  else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F, min = 0x800;
-  else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07, min = 0x10000;
-  else return 0;
+  if ((c & 0xE0) == 0xC0)
+    k = 1, cp = c & 0x1F, min = 0x80;
+  else if ((c & 0xF0) == 0xE0)
+    k = 2, cp = c & 0x0F, min = 0x800;
+  else if ((c & 0xF8) == 0xF0)
+    k = 3, cp = c & 0x07, min = 0x10000;
+  else
+    return 0;
   if (n <= k) return 0;
   for (size_t i = 1; i <= k; i++) {
     if ((p[i] & 0xC0) != 0x80) return 0;
@@ -86,7 +90,7 @@ static size_t char_start(const char *t, size_t i) {
 }
 
 #define ELLIPSIS "\xe2\x80\xa6" /* U+2026 */
-enum { END_MAX = 2048 }; /* most bytes kept of either end */
+enum { END_MAX = 2048 };        /* most bytes kept of either end */
 
 /* dst = head[0..hl) + "…" + tail[..tl) fitted into max bytes, both valid UTF-8. */
 static void join_ends(char *dst, size_t max, const char *head, size_t hl, const char *tail,
@@ -125,8 +129,8 @@ const char *mml_text_short(const char *s, size_t n, size_t max, char *buf, size_
 /* ---------------------------------------------------------------- URL redaction */
 
 static int name_is_secret(const char *p, size_t n) {
-  static const char *const words[] = {"signature", "credential", "token", "key", "secret",
-                                      "password", "passwd", "auth"};
+  static const char *const words[] = {"signature", "credential", "token",  "key",
+                                      "secret",    "password",   "passwd", "auth"};
   for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
     size_t wl = strlen(words[w]);
     for (size_t i = 0; i + wl <= n; i++)
@@ -163,7 +167,8 @@ static mml_status redact_one(const char *url, size_t n, mml_bytes *b) {
       st = mml_bytes_append(b, p, (size_t)(e - p));
     }
     p = e;
-    if (p < end && *p == '&') st = st ? st : mml_bytes_append(b, "&", 1), p++;
+    if (p < end && *p == '&')
+      st = st ? st : mml_bytes_append(b, "&", 1), p++;
     else if (p < end) { /* a fragment: kept as is */
       if (!st) st = mml_bytes_append(b, p, (size_t)(end - p));
       break;
@@ -182,12 +187,12 @@ char *mml_url_redact(const char *url) {
 }
 
 static int scheme_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '+' || c == '-' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '+' ||
+         c == '-' || c == '.';
 }
 static int url_end_char(char c) {
-  return (unsigned char)c <= ' ' || c == '"' || c == '\'' || c == '<' || c == '>' ||
-         c == '`' || c == 0x7F;
+  return (unsigned char)c <= ' ' || c == '"' || c == '\'' || c == '<' || c == '>' || c == '`' ||
+         c == 0x7F;
 }
 
 mml_status mml_text_redact(const char *text, size_t n, mml_bytes *out) {

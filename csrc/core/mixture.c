@@ -46,16 +46,15 @@ static int by_frac_desc(const void *a, const void *b) {
 
 /* The sources with a fixed count (choose, repeat, or neither: repeat=1) get it in counts;
  * the weighted ones are summed: *fixed, *natural (their samples), *wsum, *nweighted. */
-static mml_status fixed_counts(const mml_mix_spec *spec, int nsrc, int64_t *counts,
-                               int64_t *fixed, int64_t *natural, double *wsum, int *nweighted,
-                               mml_err *err) {
+static mml_status fixed_counts(const mml_mix_spec *spec, int nsrc, int64_t *counts, int64_t *fixed,
+                               int64_t *natural, double *wsum, int *nweighted, mml_err *err) {
   for (int s = 0; s < nsrc; s++) {
     const mml_mix_spec *p = &spec[s];
     const char *name = p->name ? p->name : "?";
     int given = (p->weight >= 0) + (p->repeat >= 0) + (p->choose >= 0);
     if (given > 1)
-      return mml_err_set(err, MML_ECONFIG,
-                         "source %s: give only one of weight, repeat and choose", name);
+      return mml_err_set(err, MML_ECONFIG, "source %s: give only one of weight, repeat and choose",
+                         name);
     counts[s] = 0;
     if (p->choose >= 0) {
       if (p->choose >= MAX_TOTAL)
@@ -66,8 +65,7 @@ static mml_status fixed_counts(const mml_mix_spec *spec, int nsrc, int64_t *coun
       double r = p->repeat >= 0 ? p->repeat : 1.0;
       double c = nearbyint(r * (double)p->n);
       if (!isfinite(c) || c >= (double)MAX_TOTAL)
-        return mml_err_set(err, MML_ECONFIG, "source %s: repeat=%g is too large", name,
-                           p->repeat);
+        return mml_err_set(err, MML_ECONFIG, "source %s: repeat=%g is too large", name, p->repeat);
       counts[s] = (int64_t)c;
     } else {
       double w = p->weight;
@@ -87,8 +85,8 @@ static mml_status fixed_counts(const mml_mix_spec *spec, int nsrc, int64_t *coun
 
 /* Shares `rest` samples between the weighted sources by largest remainder: floors first,
  * then one more to the largest fractions. */
-static mml_status share_weighted(const mml_mix_spec *spec, int nsrc, int nweighted,
-                                 double wsum, int64_t rest, int64_t *counts, mml_err *err) {
+static mml_status share_weighted(const mml_mix_spec *spec, int nsrc, int nweighted, double wsum,
+                                 int64_t rest, int64_t *counts, mml_err *err) {
   frac_idx *fr = malloc((size_t)nweighted * sizeof *fr);
   if (!fr) return mml_err_set(err, MML_ENOMEM, "out of memory");
   int64_t given_out = 0;
@@ -211,7 +209,9 @@ static uint64_t epoch_key(const mml_mixture *m, int64_t epoch) {
                    mml_mix64((uint64_t)epoch + 0x3c6ef372fe94f82bULL));
 }
 
-static uint64_t source_key(uint64_t ekey, int s) { return mml_mix64(ekey ^ mml_mix64((uint64_t)s + 1)); }
+static uint64_t source_key(uint64_t ekey, int s) {
+  return mml_mix64(ekey ^ mml_mix64((uint64_t)s + 1));
+}
 
 /* k*D + u for draw k of a source (u: its jitter inside the stratum). */
 static uint64_t draw_num(const mml_mixture *m, uint64_t skey, int64_t k) {

@@ -12,15 +12,15 @@
 mml_status mml_mrope_positions(const int32_t *ids, int64_t n, const int32_t *grids, int nimages,
                                int spatial_merge, int32_t image_pad_id, int64_t *pos,
                                int64_t stride, int64_t *rope_delta, mml_err *err) {
-  mml_mrope_media m = {.grids = grids, .nimages = nimages, .image_pad_id = image_pad_id,
-                       .video_pad_id = -1};
+  mml_mrope_media m = {
+      .grids = grids, .nimages = nimages, .image_pad_id = image_pad_id, .video_pad_id = -1};
   return mml_mrope_positions_media(ids, n, &m, spatial_merge, pos, stride, rope_delta, err);
 }
 
 /* One block of `count` pad tokens from i with grid (gt, gh, gw): positions written, *top
  * the largest.  interval < 0: plain temporal index. */
-static void block(int64_t *row_t, int64_t *row_h, int64_t *row_w, int64_t i, int64_t p,
-                  int64_t gt, int64_t lh, int64_t lw, float interval, int64_t *top) {
+static void block(int64_t *row_t, int64_t *row_h, int64_t *row_w, int64_t i, int64_t p, int64_t gt,
+                  int64_t lh, int64_t lw, float interval, int64_t *top) {
   int64_t k = i, mx = p;
   for (int64_t a = 0; a < gt; a++) {
     int64_t ta = interval < 0 ? a : (int64_t)((float)a * interval);
@@ -83,10 +83,9 @@ mml_status mml_mrope_positions_media(const int32_t *ids, int64_t n, const mml_mr
                          idx, (long long)count, (long long)(n - i));
     for (int64_t k = 0; k < count; k++)
       if (ids[i + k] != ids[i])
-        return mml_err_set(err, MML_EINVAL,
-                           "mrope: %s %d needs %lld %s tokens from %lld but token %lld is %d",
-                           what, idx, (long long)count, what, (long long)i, (long long)(i + k),
-                           ids[i + k]);
+        return mml_err_set(
+            err, MML_EINVAL, "mrope: %s %d needs %lld %s tokens from %lld but token %lld is %d",
+            what, idx, (long long)count, what, (long long)i, (long long)(i + k), ids[i + k]);
     float interval = -1.0f;
     if (is_vid && md->second_per_grid)
       interval = (float)md->tokens_per_second * md->second_per_grid[idx];
@@ -95,8 +94,10 @@ mml_status mml_mrope_positions_media(const int32_t *ids, int64_t n, const mml_mr
     if (top > maxpos) maxpos = top;
     p += (gh > gw ? gh : gw) / m;
     i += count;
-    if (is_img) img++;
-    else if (!split || ++frame == g[0]) vid++, frame = 0;
+    if (is_img)
+      img++;
+    else if (!split || ++frame == g[0])
+      vid++, frame = 0;
   }
   if (img != nimages || vid != nvideos || frame)
     return mml_err_set(err, MML_EINVAL,

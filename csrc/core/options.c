@@ -29,15 +29,15 @@ static const char *const k_data_format[] = {"auto", "jsonl", "json", "webdataset
 static const char *const k_image_space[] = {"in_place", "qwen-vl-finetune",
                                             NULL}; /* mml_image_space */
 static const char *const k_on_error[] = {"skip", "raise", NULL};
-static const char *const k_keys[] = {"qwen", "megatron", NULL};            /* mml_key_style */
-static const char *const k_label_mode[] = {"all_assistant", "last_assistant",
-                                           "no_nonfinal_end", NULL};       /* mml_label_mode */
+static const char *const k_keys[] = {"qwen", "megatron", NULL}; /* mml_key_style */
+static const char *const k_label_mode[] = {"all_assistant", "last_assistant", "no_nonfinal_end",
+                                           NULL}; /* mml_label_mode */
 static const char *const k_text_only[] = {"placeholder", "omit", "empty",
-                                          NULL};                           /* mml_text_only_vision */
+                                          NULL}; /* mml_text_only_vision */
 static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
                                              NULL}; /* MML_PIXEL_* (mml/vision.h) */
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
-static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL};  /* mml_template_style */
+static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 
 static const mml_option k_options[] = {
     /* name, type, CFG(field), default, lo, hi, enum names, flags, doc */
@@ -150,8 +150,8 @@ static const mml_option k_options[] = {
      NULL, FP, "skip samples with a larger encoded image, local or remote (object_too_large)"},
     {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
      "False: image paths must stay inside the image root (path_refused)"},
-    {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL,
-     FP, "False: records of local shards may not name URLs (path_refused)"},
+    {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL, FP,
+     "False: records of local shards may not name URLs (path_refused)"},
     /* deadlines: every remote read and every next() is bounded */
     {"fetch_timeout_s", MML_OPT_FLOAT, CFG(fetch.timeout_s), 60, 0.001, 1e6, NULL, 0,
      "one remote request attempt's deadline (seconds)"},
@@ -200,8 +200,10 @@ void mml_loader_cfg_defaults(mml_loader_cfg *c) {
   memset(c, 0, sizeof *c);
   for (int i = 0; i < NOPT; i++) {
     const mml_option *o = &k_options[i];
-    if (o->type == MML_OPT_FLOAT) *(double *)field(c, o) = o->def;
-    else if (o->type != MML_OPT_STR) store_int(c, o, (int64_t)o->def);
+    if (o->type == MML_OPT_FLOAT)
+      *(double *)field(c, o) = o->def;
+    else if (o->type != MML_OPT_STR)
+      store_int(c, o, (int64_t)o->def);
   }
 }
 
@@ -214,18 +216,17 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
     if (o->type == MML_OPT_FLOAT) {
       double v = mml_option_get_float(c, o);
       if (!(v >= o->lo && v <= o->hi))
-        return mml_err_set(err, MML_ECONFIG, "%s must be a number in [%g, %g], got %g",
-                           o->name, o->lo, o->hi, v);
+        return mml_err_set(err, MML_ECONFIG, "%s must be a number in [%g, %g], got %g", o->name,
+                           o->lo, o->hi, v);
       continue;
     }
     int64_t v = mml_option_get_int(c, o);
     if (v == (int64_t)o->def && o->flags & MML_OPT_NONE) continue; /* None: automatic */
     double lo = o->type == MML_OPT_INT ? o->lo : 0;
-    double hi = o->type == MML_OPT_INT ? o->hi
-                : o->type == MML_OPT_BOOL ? 1 : count_choices(o) - 1;
+    double hi = o->type == MML_OPT_INT ? o->hi : o->type == MML_OPT_BOOL ? 1 : count_choices(o) - 1;
     if ((double)v < lo || (double)v > hi)
-      return mml_err_set(err, MML_ECONFIG, "%s must be in [%.0f, %.0f], got %lld", o->name, lo,
-                         hi, (long long)v);
+      return mml_err_set(err, MML_ECONFIG, "%s must be in [%.0f, %.0f], got %lld", o->name, lo, hi,
+                         (long long)v);
   }
   if (c->dp_rank >= c->dp_size)
     return mml_err_set(err, MML_ECONFIG, "dp_rank must be < dp_size (%d), got %d", c->dp_size,
@@ -247,7 +248,8 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
       return mml_err_set(err, MML_ECONFIG,
                          "max_tokens_per_batch pads each batch to its longest sample; with "
                          "seq_length=%lld every row costs seq_length tokens: use "
-                         "micro_batch_size=%lld instead", (long long)c->collate.seq_length,
+                         "micro_batch_size=%lld instead",
+                         (long long)c->collate.seq_length,
                          (long long)(c->max_tokens_per_batch / c->collate.seq_length));
   }
   return MML_OK;
@@ -289,14 +291,13 @@ mml_status mml_option_set_float(mml_loader_cfg *c, const mml_option *o, double v
   if (o->type != MML_OPT_FLOAT)
     return mml_err_set(err, MML_ECONFIG, "%s is not a number option", o->name);
   if (!(v >= o->lo && v <= o->hi)) /* NaN fails too */
-    return mml_err_set(err, MML_ECONFIG, "%s must be a number in [%g, %g], got %g", o->name,
-                       o->lo, o->hi, v);
+    return mml_err_set(err, MML_ECONFIG, "%s must be a number in [%g, %g], got %g", o->name, o->lo,
+                       o->hi, v);
   *(double *)field(c, o) = v;
   return MML_OK;
 }
 
-mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char *v,
-                              mml_err *err) {
+mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char *v, mml_err *err) {
   if (o->type != MML_OPT_STR)
     return mml_err_set(err, MML_ECONFIG, "%s is not a string option", o->name);
   *(const char **)field(c, o) = v;
@@ -313,8 +314,8 @@ mml_status mml_option_set_enum(mml_loader_cfg *c, const mml_option *o, const cha
   char list[256] = "";
   size_t used = 0;
   for (int i = 0; i < n && used < sizeof list; i++)
-    used += (size_t)snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "",
-                             o->choices[i]);
+    used +=
+        (size_t)snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "", o->choices[i]);
   return mml_err_set(err, MML_ECONFIG, "%s must be one of (%s), got '%.200s'", o->name, list,
                      name ? name : "(null)");
 }

@@ -18,21 +18,20 @@ static uint16_t to_bf16(float f) { /* round to nearest even; the values are fini
 }
 
 /* One channel's P*P*frames values of every row, for each destination slot. */
-#define EXPAND(TYPE, LUT)                                                            \
-  do {                                                                               \
-    TYPE *d = dst;                                                                   \
-    for (int64_t r = 0; r < rows; r++, src += in_cols)                               \
-      for (int c = 0; c < 3; c++)                                                    \
-        for (int t = 0; t < T; t++, d += PP) {                                       \
+#define EXPAND(TYPE, LUT)                                                             \
+  do {                                                                                \
+    TYPE *d = dst;                                                                    \
+    for (int64_t r = 0; r < rows; r++, src += in_cols)                                \
+      for (int c = 0; c < 3; c++)                                                     \
+        for (int t = 0; t < T; t++, d += PP) {                                        \
           const uint8_t *s = src + ((size_t)c * frames + (frames == 1 ? 0 : t)) * PP; \
-          const TYPE *l = LUT[c];                                                    \
-          for (size_t k = 0; k < PP; k++) d[k] = l[s[k]];                            \
-        }                                                                            \
+          const TYPE *l = LUT[c];                                                     \
+          for (size_t k = 0; k < PP; k++) d[k] = l[s[k]];                             \
+        }                                                                             \
   } while (0)
 
-mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames,
-                             int T, const float table[3][256], int format, void *dst,
-                             mml_err *err) {
+mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames, int T,
+                             const float table[3][256], int format, void *dst, mml_err *err) {
   if (rows < 0 || patch_size < 1 || T < 1 || (frames != 1 && frames != T) || !table ||
       (rows && (!src || !dst)) || (format != MML_PIXEL_FLOAT32 && format != MML_PIXEL_BFLOAT16))
     return mml_err_set(err, MML_EINVAL,

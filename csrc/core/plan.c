@@ -133,9 +133,9 @@ static int64_t metric_of(const mml_plan_cfg *cfg, const int64_t *tokens, const i
 
 /* A step's samples by decreasing cost, and the scratch of one redistribution. */
 typedef struct lpt {
-  item *it;          /* [m], sorted by by_cost_desc */
-  int *binof;        /* [m]: rank of position q + i */
-  bin *bins;         /* [dp_size] */
+  item *it;   /* [m], sorted by by_cost_desc */
+  int *binof; /* [m]: rank of position q + i */
+  bin *bins;  /* [dp_size] */
   int64_t *cnt, *asg;
 } lpt;
 
@@ -182,8 +182,10 @@ static mml_status balance_step(const mml_plan_cfg *cfg, const mml_plan *p, const
     if (!fitted && cfg->rows == 0 && lo <= hi && lpt_fit(cfg, &l, m, q, lo)) {
       while (lo < hi) { /* lo fits */
         int64_t mid = lo + (hi - lo + 1) / 2;
-        if (lpt_fit(cfg, &l, m, q, mid)) lo = mid;
-        else hi = mid - 1;
+        if (lpt_fit(cfg, &l, m, q, mid))
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       e = lo;
       fitted = lpt_fit(cfg, &l, m, q, e);
@@ -344,7 +346,8 @@ void mml_plan_load(const mml_plan *p, const int64_t *metric, double *sum_max, do
     double mx = 0, tot = 0;
     for (int r = 0; r < p->dp_size; r++) {
       double load = 0;
-      for (int64_t i = 0; i < p->count[k * p->dp_size + r]; i++) load += (double)metric[p->order[*a++]];
+      for (int64_t i = 0; i < p->count[k * p->dp_size + r]; i++)
+        load += (double)metric[p->order[*a++]];
       if (load > mx) mx = load;
       tot += load;
     }

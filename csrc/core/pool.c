@@ -37,34 +37,44 @@ struct mml_pool {
   pthread_mutex_t mu;
   mml_allocator alloc;
   int has_alloc;
-  int growable;          /* the host allocator: large buffers are mappings (mremap) */
+  int growable; /* the host allocator: large buffers are mappings (mremap) */
   size_t max_cached;
-  size_t cached, live;   /* bytes, guarded by mu */
-  mml_buf *free_list;    /* cached buffers, guarded by mu */
-  int closed;            /* guarded by mu */
-  atomic_int refs;       /* creator + live buffers */
+  size_t cached, live; /* bytes, guarded by mu */
+  mml_buf *free_list;  /* cached buffers, guarded by mu */
+  int closed;          /* guarded by mu */
+  atomic_int refs;     /* creator + live buffers */
 };
 
 size_t mml_dtype_size(mml_dtype dt) {
   switch (dt) {
     case MML_DT_UINT8:
-    case MML_DT_BOOL: return 1;
-    case MML_DT_BFLOAT16: return 2;
+    case MML_DT_BOOL:
+      return 1;
+    case MML_DT_BFLOAT16:
+      return 2;
     case MML_DT_INT32:
-    case MML_DT_FLOAT32: return 4;
-    case MML_DT_INT64: return 8;
+    case MML_DT_FLOAT32:
+      return 4;
+    case MML_DT_INT64:
+      return 8;
   }
   return 1;
 }
 
 const char *mml_dtype_name(mml_dtype dt) {
   switch (dt) {
-    case MML_DT_UINT8: return "uint8";
-    case MML_DT_INT32: return "int32";
-    case MML_DT_INT64: return "int64";
-    case MML_DT_FLOAT32: return "float32";
-    case MML_DT_BOOL: return "bool";
-    case MML_DT_BFLOAT16: return "bfloat16";
+    case MML_DT_UINT8:
+      return "uint8";
+    case MML_DT_INT32:
+      return "int32";
+    case MML_DT_INT64:
+      return "int64";
+    case MML_DT_FLOAT32:
+      return "float32";
+    case MML_DT_BOOL:
+      return "bool";
+    case MML_DT_BFLOAT16:
+      return "bfloat16";
   }
   return "uint8";
 }
@@ -72,8 +82,8 @@ const char *mml_dtype_name(mml_dtype dt) {
 /* Host buffers: a 64-byte header before the data says how to free it. */
 enum { MAP_MIN = 1 << 20, HUGE = 2 << 20, HDR = 64 };
 typedef struct host_hdr {
-  void *base;  /* what malloc or mmap returned */
-  size_t len;  /* mapping length; 0: malloc'd */
+  void *base; /* what malloc or mmap returned */
+  size_t len; /* mapping length; 0: malloc'd */
 } host_hdr;
 
 static size_t huge_round(size_t n) { return (n + HUGE - 1) & ~(size_t)(HUGE - 1); }
@@ -90,8 +100,7 @@ static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
   }
   size_t len = huge_round(n) + HUGE; /* room to align the data to 2 MiB */
   void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED)
-    return mml_err_set(err, MML_ENOMEM, "cannot map a %zu-byte buffer", n);
+  if (base == MAP_FAILED) return mml_err_set(err, MML_ENOMEM, "cannot map a %zu-byte buffer", n);
   uint8_t *data = (uint8_t *)(((uintptr_t)base + HDR + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
 #ifdef MADV_HUGEPAGE
   /* advice: fewer, larger faults; the whole mapping, so it stays one VMA (mremap needs) */
@@ -106,8 +115,10 @@ static void host_free(void *self, void *p) {
   (void)self;
   if (!p) return;
   host_hdr h = *(host_hdr *)((uint8_t *)p - HDR);
-  if (h.len) munmap(h.base, h.len);
-  else free(h.base);
+  if (h.len)
+    munmap(h.base, h.len);
+  else
+    free(h.base);
 }
 
 /* Grows a mapped host buffer to n bytes in place or moved (its pages keep their
@@ -368,8 +379,8 @@ mml_status mml_batch_add_view(mml_batch *b, const char *name, mml_dtype dt, int 
   mml_status st = tensor_bytes(b, name, dt, ndim, shape, &n, err);
   if (st) return st;
   if (!buf || offset > buf->size || n > buf->size - offset)
-    return mml_err_set(err, MML_EINTERNAL, "tensor %s: %zu bytes at %zu exceed its buffer", name,
-                       n, offset);
+    return mml_err_set(err, MML_EINTERNAL, "tensor %s: %zu bytes at %zu exceed its buffer", name, n,
+                       offset);
   mml_buf_retain(buf);
   tensor_fill(b, name, dt, ndim, shape, buf, offset);
   return MML_OK;

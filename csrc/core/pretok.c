@@ -47,8 +47,8 @@ static mml_status g_init_status = MML_EINTERNAL;
 static int is_white_space(int32_t c) {
   /* Unicode White_Space, which is what \s means for Unicode text in Oniguruma. */
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 static uint64_t comp_key(int32_t a, int32_t b) { return (((uint64_t)a << 21) | (uint64_t)b) + 1; }
@@ -96,11 +96,16 @@ static void build_tables(void) {
     const utf8proc_property_t *p = utf8proc_get_property(c);
     uint8_t f = MML_UC_OTHER;
     switch (p->category) {
-      case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-      case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO:
+      case UTF8PROC_CATEGORY_LU:
+      case UTF8PROC_CATEGORY_LL:
+      case UTF8PROC_CATEGORY_LT:
+      case UTF8PROC_CATEGORY_LM:
+      case UTF8PROC_CATEGORY_LO:
         f = MML_UC_L;
         break;
-      case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+      case UTF8PROC_CATEGORY_ND:
+      case UTF8PROC_CATEGORY_NL:
+      case UTF8PROC_CATEGORY_NO:
         f = MML_UC_N;
         break;
       default:
@@ -138,7 +143,8 @@ static void build_tables(void) {
        * of its decomposition may compose with what precedes it (a superset of
        * NFC_QC = Maybe). */
       memcpy(comp, dec, (size_t)(n - 1) * sizeof *dec);
-      utf8proc_ssize_t h = utf8proc_normalize_utf32(comp, n - 1, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
+      utf8proc_ssize_t h =
+          utf8proc_normalize_utf32(comp, n - 1, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
       if (h == 1 && !in_no_compose(comp[0], dec[n - 1]) && comp_put(comp[0], dec[n - 1], c)) {
         g_init_status = MML_EINTERNAL;
         return;
@@ -173,15 +179,24 @@ static long utf8_step(const uint8_t *s, size_t len, size_t i) {
   if (c < 0x80) return 1;
   size_t need;
   uint8_t lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) need = 1;
-  else if (c == 0xE0) need = 2, lo = 0xA0;
-  else if (c >= 0xE1 && c <= 0xEC) need = 2;
-  else if (c == 0xED) need = 2, hi = 0x9F;
-  else if (c >= 0xEE && c <= 0xEF) need = 2;
-  else if (c == 0xF0) need = 3, lo = 0x90;
-  else if (c >= 0xF1 && c <= 0xF3) need = 3;
-  else if (c == 0xF4) need = 3, hi = 0x8F;
-  else return -1;
+  if (c >= 0xC2 && c <= 0xDF)
+    need = 1;
+  else if (c == 0xE0)
+    need = 2, lo = 0xA0;
+  else if (c >= 0xE1 && c <= 0xEC)
+    need = 2;
+  else if (c == 0xED)
+    need = 2, hi = 0x9F;
+  else if (c >= 0xEE && c <= 0xEF)
+    need = 2;
+  else if (c == 0xF0)
+    need = 3, lo = 0x90;
+  else if (c >= 0xF1 && c <= 0xF3)
+    need = 3;
+  else if (c == 0xF4)
+    need = 3, hi = 0x8F;
+  else
+    return -1;
   size_t k = 1;
   for (; k <= need; k++) {
     if (i + k >= len) return -(long)k;
@@ -314,8 +329,8 @@ mml_status mml_nfc_append(const uint8_t *s, size_t len, mml_bytes *out) {
     i += k;
     if (g_uc[c] & UC_DECOMP) {
       int last = 0;
-      utf8proc_ssize_t m =
-          utf8proc_decompose_char(c, buf + n, (utf8proc_ssize_t)(cap - n), UTF8PROC_DECOMPOSE, &last);
+      utf8proc_ssize_t m = utf8proc_decompose_char(c, buf + n, (utf8proc_ssize_t)(cap - n),
+                                                   UTF8PROC_DECOMPOSE, &last);
       if (m <= 0 || (size_t)m > cap - n) {
         free(buf);
         return MML_EINTERNAL;

@@ -34,8 +34,8 @@ static const char *ws(const char *p, const char *e) {
 
 static const char *fail(ctx *c, const char *at, const char *why) {
   if (!c->st)
-    c->st = mml_err_set(c->err, MML_ERECORD, "invalid JSON at byte %zu: %s",
-                        (size_t)(at - c->base), why);
+    c->st = mml_err_set(c->err, MML_ERECORD, "invalid JSON at byte %zu: %s", (size_t)(at - c->base),
+                        why);
   return NULL;
 }
 
@@ -51,8 +51,10 @@ static int put(ctx *c, int emit, const void *p, size_t n) {
 static int put_utf8(mml_bytes *b, unsigned cp) {
   char u[4];
   size_t k;
-  if (cp < 0x80) u[0] = (char)cp, k = 1;
-  else if (cp < 0x800) u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F)), k = 2;
+  if (cp < 0x80)
+    u[0] = (char)cp, k = 1;
+  else if (cp < 0x800)
+    u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F)), k = 2;
   else if (cp < 0x10000)
     u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | (cp >> 6 & 0x3F)),
     u[2] = (char)(0x80 | (cp & 0x3F)), k = 3;
@@ -68,13 +70,27 @@ static int put_cp(ctx *c, int emit, unsigned cp) {
   char e[8];
   const char *s = NULL;
   switch (cp) {
-    case '"': s = "\\\""; break;
-    case '\\': s = "\\\\"; break;
-    case '\b': s = "\\b"; break;
-    case '\f': s = "\\f"; break;
-    case '\n': s = "\\n"; break;
-    case '\r': s = "\\r"; break;
-    case '\t': s = "\\t"; break;
+    case '"':
+      s = "\\\"";
+      break;
+    case '\\':
+      s = "\\\\";
+      break;
+    case '\b':
+      s = "\\b";
+      break;
+    case '\f':
+      s = "\\f";
+      break;
+    case '\n':
+      s = "\\n";
+      break;
+    case '\r':
+      s = "\\r";
+      break;
+    case '\t':
+      s = "\\t";
+      break;
     default:
       if (cp < 0x20) {
         snprintf(e, sizeof e, "\\u%04x", cp);
@@ -95,10 +111,14 @@ static int hex4(const char *p, const char *e, unsigned *v) {
   for (int i = 0; i < 4; i++) {
     char h = p[i];
     x <<= 4;
-    if (h >= '0' && h <= '9') x |= (unsigned)(h - '0');
-    else if (h >= 'a' && h <= 'f') x |= (unsigned)(h - 'a' + 10);
-    else if (h >= 'A' && h <= 'F') x |= (unsigned)(h - 'A' + 10);
-    else return 0;
+    if (h >= '0' && h <= '9')
+      x |= (unsigned)(h - '0');
+    else if (h >= 'a' && h <= 'f')
+      x |= (unsigned)(h - 'a' + 10);
+    else if (h >= 'A' && h <= 'F')
+      x |= (unsigned)(h - 'A' + 10);
+    else
+      return 0;
   }
   *v = x;
   return 1;
@@ -108,10 +128,14 @@ static int hex4(const char *p, const char *e, unsigned *v) {
 static int utf8_seq(const unsigned char *p, const unsigned char *e, unsigned *cp) {
   unsigned c = *p, v, min;
   int k;
-  if ((c & 0xE0) == 0xC0) k = 1, v = c & 0x1F, min = 0x80;
-  else if ((c & 0xF0) == 0xE0) k = 2, v = c & 0x0F, min = 0x800;
-  else if ((c & 0xF8) == 0xF0) k = 3, v = c & 0x07, min = 0x10000;
-  else return 0;
+  if ((c & 0xE0) == 0xC0)
+    k = 1, v = c & 0x1F, min = 0x80;
+  else if ((c & 0xF0) == 0xE0)
+    k = 2, v = c & 0x0F, min = 0x800;
+  else if ((c & 0xF8) == 0xF0)
+    k = 3, v = c & 0x07, min = 0x10000;
+  else
+    return 0;
   if (e - p <= k) return 0;
   for (int i = 1; i <= k; i++) {
     if ((p[i] & 0xC0) != 0x80) return 0;
@@ -137,21 +161,37 @@ static const char *str(ctx *c, const char *p, mml_bytes *dec, int emit) {
       char x = p[1];
       p += 2;
       switch (x) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
+        case '"':
+          cp = '"';
+          break;
+        case '\\':
+          cp = '\\';
+          break;
+        case '/':
+          cp = '/';
+          break;
+        case 'b':
+          cp = '\b';
+          break;
+        case 'f':
+          cp = '\f';
+          break;
+        case 'n':
+          cp = '\n';
+          break;
+        case 'r':
+          cp = '\r';
+          break;
+        case 't':
+          cp = '\t';
+          break;
         case 'u': {
           if (!hex4(p, e, &cp)) return fail(c, p - 2, "bad \\u escape");
           p += 4;
           if (cp >= 0xD800 && cp <= 0xDBFF) {
             unsigned lo;
-            if (e - p >= 6 && p[0] == '\\' && p[1] == 'u' && hex4(p + 2, e, &lo) &&
-                lo >= 0xDC00 && lo <= 0xDFFF) {
+            if (e - p >= 6 && p[0] == '\\' && p[1] == 'u' && hex4(p + 2, e, &lo) && lo >= 0xDC00 &&
+                lo <= 0xDFFF) {
               cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
               p += 6;
             }
@@ -160,7 +200,8 @@ static const char *str(ctx *c, const char *p, mml_bytes *dec, int emit) {
             return fail(c, p - 6, "a lone UTF-16 surrogate (no UTF-8 form)");
           break;
         }
-        default: return fail(c, p - 2, "bad escape");
+        default:
+          return fail(c, p - 2, "bad escape");
       }
     } else if (ch < 0x20) {
       return fail(c, p, "control character inside a string");
@@ -210,11 +251,11 @@ static void py_repr(double x, char *buf, size_t cap) {
   int e10 = atoi(q + 1);
   char *o = buf;
   size_t left = cap;
-#define OUT(...)                                        \
-  do {                                                  \
-    int _w = snprintf(o, left, __VA_ARGS__);            \
-    if (_w < 0 || (size_t)_w >= left) return;           \
-    o += _w, left -= (size_t)_w;                        \
+#define OUT(...)                              \
+  do {                                        \
+    int _w = snprintf(o, left, __VA_ARGS__);  \
+    if (_w < 0 || (size_t)_w >= left) return; \
+    o += _w, left -= (size_t)_w;              \
   } while (0)
   if (neg) OUT("-");
   if (e10 < -4 || e10 >= 16) {
@@ -247,7 +288,8 @@ static const char *num(ctx *c, const char *p, int emit) {
     return put(c, emit, s, (size_t)(p - s)) ? p : NULL;
   }
   if (p >= e || *p < '0' || *p > '9') return fail(c, s, "bad number");
-  if (*p == '0') p++;
+  if (*p == '0')
+    p++;
   else
     while (p < e && *p >= '0' && *p <= '9') p++;
   if (p < e && *p == '.') {
@@ -394,15 +436,24 @@ static const char *val(ctx *c, const char *p, int depth, int emit) {
   if (depth > MAX_DEPTH) return fail(c, p, "nested too deeply");
   if (p >= c->end) return fail(c, p, "expected a value");
   switch (*p) {
-    case '{': return object(c, p, depth, emit);
-    case '[': return array(c, p, depth, emit);
-    case '"': return str(c, p, NULL, emit);
-    case 't': return word(c, p, "true", emit);
-    case 'f': return word(c, p, "false", emit);
-    case 'n': return word(c, p, "null", emit);
-    case 'N': return word(c, p, "NaN", emit);
-    case 'I': return word(c, p, "Infinity", emit);
-    default: return num(c, p, emit);
+    case '{':
+      return object(c, p, depth, emit);
+    case '[':
+      return array(c, p, depth, emit);
+    case '"':
+      return str(c, p, NULL, emit);
+    case 't':
+      return word(c, p, "true", emit);
+    case 'f':
+      return word(c, p, "false", emit);
+    case 'n':
+      return word(c, p, "null", emit);
+    case 'N':
+      return word(c, p, "NaN", emit);
+    case 'I':
+      return word(c, p, "Infinity", emit);
+    default:
+      return num(c, p, emit);
   }
 }
 
@@ -421,9 +472,7 @@ static mml_status whole(mml_span s, mml_bytes *out, mml_err *err) {
 
 mml_status mml_pyjson_check(mml_span s, mml_err *err) { return whole(s, NULL, err); }
 
-mml_status mml_pyjson_dumps(mml_span s, mml_bytes *out, mml_err *err) {
-  return whole(s, out, err);
-}
+mml_status mml_pyjson_dumps(mml_span s, mml_bytes *out, mml_err *err) { return whole(s, out, err); }
 
 char mml_pyjson_kind(mml_span s) {
   const char *p = ws(s.p, s.p + s.n);

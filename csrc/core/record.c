@@ -51,7 +51,7 @@ typedef struct rec_arena {
   size_t nframes, frames_cap;
   int *msg_first_part; /* index into parts of each message's first part */
   size_t first_cap;
-  char **owned;        /* strings made while parsing (joined alpaca text, printed JSON) */
+  char **owned; /* strings made while parsing (joined alpaca text, printed JSON) */
   size_t nowned, owned_cap;
 } rec_arena;
 
@@ -62,9 +62,9 @@ typedef struct parse_ctx {
   const cJSON *vlist; /* top-level video list (array, or a single entry), or NULL */
   const cJSON *vlist_at;
   int vlist_len, vlist_next;
-  int media;          /* images + frames so far (max_images bounds both) */
-  const cJSON *list; /* top-level image list (array or single string), or NULL */
-  const cJSON *list_at; /* its entry list_next (a cursor: parsing stays linear) */
+  int media;                   /* images + frames so far (max_images bounds both) */
+  const cJSON *list;           /* top-level image list (array or single string), or NULL */
+  const cJSON *list_at;        /* its entry list_next (a cursor: parsing stays linear) */
   const char *const *implicit; /* stands for the list when the record has none */
   int nimplicit;
   int list_len, list_next;
@@ -115,8 +115,7 @@ static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
 /* Reads the qwen-vl-utils budget keys of an image entry (an object, or NULL) into *b;
  * keys it does not hold leave *b as it is. */
 static mml_status read_budget(parse_ctx *c, const cJSON *entry, mml_image_budget *b) {
-  static const char *const keys[] = {"min_pixels", "max_pixels", "resized_height",
-                                     "resized_width"};
+  static const char *const keys[] = {"min_pixels", "max_pixels", "resized_height", "resized_width"};
   if (!cJSON_IsObject(entry)) return MML_OK;
   for (int i = 0; i < 4; i++) {
     const cJSON *v = get(entry, keys[i], NULL);
@@ -124,24 +123,28 @@ static mml_status read_budget(parse_ctx *c, const cJSON *entry, mml_image_budget
     double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
     if (!(d >= 1 && d <= 1e15 && d == (double)(int64_t)d))
       return mml_err_set(c->err, MML_ERECORD,
-                         "bad record: image %d: \"%s\" must be a positive integer",
-                         c->rec->nimages, keys[i]);
+                         "bad record: image %d: \"%s\" must be a positive integer", c->rec->nimages,
+                         keys[i]);
     int64_t x = (int64_t)d;
-    if (i == 0) b->min_pixels = x;
-    else if (i == 1) b->max_pixels = x;
+    if (i == 0)
+      b->min_pixels = x;
+    else if (i == 1)
+      b->max_pixels = x;
     else if (x > (1 << 30))
       return mml_err_set(c->err, MML_ERECORD, "bad record: image %d: \"%s\" is too large",
                          c->rec->nimages, keys[i]);
-    else if (i == 2) b->resized_height = x;
-    else b->resized_width = x;
+    else if (i == 2)
+      b->resized_height = x;
+    else
+      b->resized_width = x;
   }
   return MML_OK;
 }
 
 /* Appends an image reference; `entry` and then `part` (objects or NULL) may carry its
  * budget (the part's keys win). */
-static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry,
-                            const cJSON *part, int *index) {
+static mml_status add_image(parse_ctx *c, const char *ref, const cJSON *entry, const cJSON *part,
+                            int *index) {
   rec_arena *a = c->a;
   if (!mml_utf8_valid(ref, strlen(ref)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: image reference is not valid UTF-8");
@@ -225,8 +228,7 @@ static mml_status take_listed_video(parse_ctx *c, int msg, const cJSON *part, in
 static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
   if (!mml_utf8_valid(s, n))
-    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8",
-                       msg);
+    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8", msg);
   const char *p = s, *end = s + n;
   const char *img = memmem(p, n, IMAGE_TAG, IMAGE_TAG_LEN);
   const char *vid = memmem(p, n, VIDEO_TAG, VIDEO_TAG_LEN);
@@ -235,12 +237,15 @@ static mml_status add_text(parse_ctx *c, int msg, const char *s) {
     const char *tag = is_video ? vid : img;
     mml_status st = push_part(c, MML_PART_TEXT, p, (size_t)(tag - p), 0);
     int idx = 0;
-    if (!st) st = is_video ? take_listed_video(c, msg, NULL, &idx) : take_listed_image(c, msg, NULL, &idx);
+    if (!st)
+      st = is_video ? take_listed_video(c, msg, NULL, &idx) : take_listed_image(c, msg, NULL, &idx);
     if (!st) st = push_part(c, is_video ? MML_PART_VIDEO : MML_PART_IMAGE, NULL, 0, idx);
     if (st) return st;
     p = tag + IMAGE_TAG_LEN; /* both tags are 7 bytes */
-    if (is_video) vid = memmem(p, (size_t)(end - p), VIDEO_TAG, VIDEO_TAG_LEN);
-    else img = memmem(p, (size_t)(end - p), IMAGE_TAG, IMAGE_TAG_LEN);
+    if (is_video)
+      vid = memmem(p, (size_t)(end - p), VIDEO_TAG, VIDEO_TAG_LEN);
+    else
+      img = memmem(p, (size_t)(end - p), IMAGE_TAG, IMAGE_TAG_LEN);
   }
   return push_part(c, MML_PART_TEXT, p, (size_t)(end - p), 0);
 }
@@ -250,11 +255,11 @@ static mml_status add_text(parse_ctx *c, int msg, const char *s) {
 /* Reads the qwen-vl-utils keys of a video element (an object, or NULL) into *k; keys it
  * does not hold leave *k as it is. */
 static mml_status read_video_keys(parse_ctx *c, const cJSON *obj, mml_video_keys *k) {
-  static const char *const ints[] = {"nframes", "min_frames", "max_frames", "min_pixels",
+  static const char *const ints[] = {"nframes",    "min_frames",     "max_frames",   "min_pixels",
                                      "max_pixels", "resized_height", "resized_width"};
   static const char *const reals[] = {"fps", "total_pixels", "sample_fps", "raw_fps"};
   if (!cJSON_IsObject(obj)) return MML_OK;
-  int64_t *iv[] = {&k->nframes, &k->min_frames, &k->max_frames, &k->min_pixels,
+  int64_t *iv[] = {&k->nframes,    &k->min_frames,     &k->max_frames,   &k->min_pixels,
                    &k->max_pixels, &k->resized_height, &k->resized_width};
   double *rv[] = {&k->fps, &k->total_pixels, &k->sample_fps, &k->raw_fps};
   for (int i = 0; i < 7; i++) {
@@ -273,8 +278,9 @@ static mml_status read_video_keys(parse_ctx *c, const cJSON *obj, mml_video_keys
     if (!v) continue;
     double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
     if (!(d > 0 && d <= 1e15))
-      return mml_err_set(c->err, MML_ERECORD, "bad record: video %d: \"%s\" must be a positive number",
-                         c->rec->nvideos, reals[i]);
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: video %d: \"%s\" must be a positive number", c->rec->nvideos,
+                         reals[i]);
     *rv[i] = d;
   }
   static const char *const times[] = {"video_start", "video_end"};
@@ -282,10 +288,13 @@ static mml_status read_video_keys(parse_ctx *c, const cJSON *obj, mml_video_keys
     const cJSON *v = get(obj, times[i], NULL);
     if (!v) continue;
     if (!cJSON_IsNumber(v) || !(v->valuedouble > -1e15 && v->valuedouble < 1e15))
-      return mml_err_set(c->err, MML_ERECORD, "bad record: video %d: \"%s\" must be a number (seconds)",
-                         c->rec->nvideos, times[i]);
-    if (i == 0) k->video_start = v->valuedouble, k->has_start = 1;
-    else k->video_end = v->valuedouble, k->has_end = 1;
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: video %d: \"%s\" must be a number (seconds)", c->rec->nvideos,
+                         times[i]);
+    if (i == 0)
+      k->video_start = v->valuedouble, k->has_start = 1;
+    else
+      k->video_end = v->valuedouble, k->has_end = 1;
   }
   return MML_OK;
 }
@@ -334,7 +343,8 @@ static mml_status add_video(parse_ctx *c, const char *ref, const cJSON *list, co
     if (n > c->max_images - c->media)
       return mml_err_set(c->err, MML_ETOOMANYIMAGES,
                          "more than %d images and frames in one sample, above "
-                         "max_images_per_sample=%d", c->max_images, c->max_images);
+                         "max_images_per_sample=%d",
+                         c->max_images, c->max_images);
     if (grow((void **)&a->frames, &a->frames_cap, a->nframes + (size_t)n, sizeof *a->frames))
       return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
     /* frames point into a->frames by offset until the parse ends (it may move) */
@@ -356,7 +366,8 @@ static mml_status add_video(parse_ctx *c, const char *ref, const cJSON *list, co
   if (vr->keys.fps > 0 && vr->keys.nframes > 0)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: video %d gives both \"fps\" and \"nframes\" (qwen-vl-utils "
-                       "accepts only one)", v);
+                       "accepts only one)",
+                       v);
   *index = c->rec->nvideos++;
   return MML_OK;
 }
@@ -377,7 +388,8 @@ static mml_status take_listed_video(parse_ctx *c, int msg, const cJSON *part, in
   if (!ref && !list)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: video %d of the record's video list is neither a path nor "
-                       "a list of frames", c->vlist_next);
+                       "a list of frames",
+                       c->vlist_next);
   c->vlist_next++;
   return add_video(c, ref, list, cJSON_IsObject(e) ? e : NULL, part, index);
 }
@@ -389,9 +401,11 @@ static mml_status add_video_part(parse_ctx *c, int msg, int k, const cJSON *part
   if (v && !ref && !list)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: message %d video part %d: \"video\" is neither a path nor a "
-                       "list of frames", msg, k);
+                       "list of frames",
+                       msg, k);
   int idx;
-  mml_status st = v ? add_video(c, ref, list, NULL, part, &idx) : take_listed_video(c, msg, part, &idx);
+  mml_status st =
+      v ? add_video(c, ref, list, NULL, part, &idx) : take_listed_video(c, msg, part, &idx);
   return st ? st : push_part(c, MML_PART_VIDEO, NULL, 0, idx);
 }
 
@@ -405,13 +419,16 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: message %d content part %d has a non-string type", msg, k);
   if (!t) { /* untyped parts, as the HF templates accept them: by the keys present */
-    if (get(part, "video", "video_url")) t = "video";
-    else if (get(part, "image", "image_url")) t = "image";
-    else if (get(part, "text", NULL)) t = "text";
+    if (get(part, "video", "video_url"))
+      t = "video";
+    else if (get(part, "image", "image_url"))
+      t = "image";
+    else if (get(part, "text", NULL))
+      t = "text";
     else
       return mml_err_set(c->err, MML_ERECORD,
-                         "bad record: message %d content part %d has no type, text or image",
-                         msg, k);
+                         "bad record: message %d content part %d has no type, text or image", msg,
+                         k);
   }
   if (!strcmp(t, "text")) {
     const cJSON *text = get(part, "text", NULL);
@@ -429,31 +446,35 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
       if (cJSON_IsObject(r)) r = get(r, "url", NULL); /* OpenAI style {"url": ...} */
       if (!cJSON_IsString(r))
         return mml_err_set(c->err, MML_ERECORD,
-                           "bad record: message %d image part %d: \"%s\" is not a string",
-                           msg, k, keys[i]);
+                           "bad record: message %d image part %d: \"%s\" is not a string", msg, k,
+                           keys[i]);
       ref = r->valuestring;
     }
     int idx;
-    mml_status st = ref ? add_image(c, ref, NULL, part, &idx) : take_listed_image(c, msg, part, &idx);
+    mml_status st =
+        ref ? add_image(c, ref, NULL, part, &idx) : take_listed_image(c, msg, part, &idx);
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
   if (!strcmp(t, "video") || !strcmp(t, "video_url")) return add_video_part(c, msg, k, part);
   char shown[MML_SHORT_CAP(64)];
   return mml_err_set(c->err, MML_ERECORD,
-                     "bad record: message %d content part %d has unsupported type \"%s\"",
-                     msg, k, mml_text_short(t, strlen(t), 64, shown, sizeof shown));
+                     "bad record: message %d content part %d has unsupported type \"%s\"", msg, k,
+                     mml_text_short(t, strlen(t), 64, shown, sizeof shown));
 }
 
 static void set_role(mml_message *msg, const char *r) {
-  if (!strcmp(r, "user") || !strcmp(r, "human")) msg->role = MML_ROLE_USER, msg->role_name = "user";
+  if (!strcmp(r, "user") || !strcmp(r, "human"))
+    msg->role = MML_ROLE_USER, msg->role_name = "user";
   else if (!strcmp(r, "assistant") || !strcmp(r, "gpt"))
     msg->role = MML_ROLE_ASSISTANT, msg->role_name = "assistant";
-  else if (!strcmp(r, "system")) msg->role = MML_ROLE_SYSTEM, msg->role_name = "system";
+  else if (!strcmp(r, "system"))
+    msg->role = MML_ROLE_SYSTEM, msg->role_name = "system";
   else if (!strcmp(r, "function_call"))
     msg->role = MML_ROLE_FUNCTION_CALL, msg->role_name = "function_call";
   else if (!strcmp(r, "observation"))
     msg->role = MML_ROLE_OBSERVATION, msg->role_name = "observation";
-  else msg->role = MML_ROLE_OTHER, msg->role_name = r;
+  else
+    msg->role = MML_ROLE_OTHER, msg->role_name = r;
 }
 
 static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
@@ -462,8 +483,10 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d is not an object", i);
   const cJSON *role = get(m, "role", "from");
   if (!cJSON_IsString(role) || !role->valuestring[0])
-    return mml_err_set(c->err, MML_ERECORD, "bad record: message %d has no role (\"role\" or "
-                                             "\"from\")", i);
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: message %d has no role (\"role\" or "
+                       "\"from\")",
+                       i);
   const char *r = role->valuestring;
   if (!mml_utf8_valid(r, strlen(r)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
@@ -475,7 +498,8 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
   if (!content || cJSON_IsNull(content)) return MML_OK; /* empty message */
   if (cJSON_IsString(content)) {
     mml_status st = add_text(c, i, content->valuestring);
-    if (!st && a->msgs[i].role == MML_ROLE_FUNCTION_CALL && (int)a->nparts > a->msg_first_part[i] + 1)
+    if (!st && a->msgs[i].role == MML_ROLE_FUNCTION_CALL &&
+        (int)a->nparts > a->msg_first_part[i] + 1)
       st = mml_err_set(c->err, MML_ERECORD, "bad record: function_call message %d holds an image",
                        i);
     return st;
@@ -517,9 +541,13 @@ static mml_status take_system_and_tools(parse_ctx *c, const cJSON *root) {
       (cJSON_IsArray(tools) && !tools->child))
     return MML_OK;
   const char *text;
-  if (cJSON_IsString(tools)) text = tools->valuestring; /* LLaMA-Factory: a JSON string */
-  else if (cJSON_IsArray(tools)) text = own(c->a, cJSON_PrintUnformatted(tools));
-  else return mml_err_set(c->err, MML_ERECORD, "bad record: \"tools\" is neither a JSON string nor a list");
+  if (cJSON_IsString(tools))
+    text = tools->valuestring; /* LLaMA-Factory: a JSON string */
+  else if (cJSON_IsArray(tools))
+    text = own(c->a, cJSON_PrintUnformatted(tools));
+  else
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: \"tools\" is neither a JSON string nor a list");
   if (!text) return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
   rec->tools = text;
   return MML_OK;
@@ -554,7 +582,8 @@ static mml_status parse_alpaca(parse_ctx *c, const cJSON *root, int *n) {
     const cJSON *q = cJSON_GetArrayItem(h, 0), *r = cJSON_GetArrayItem(h, 1);
     if (!cJSON_IsArray(h) || cJSON_GetArraySize(h) != 2 || !cJSON_IsString(q) || !cJSON_IsString(r))
       return mml_err_set(c->err, MML_ERECORD,
-                         "bad record: alpaca history entry %d is not a [query, answer] pair", i / 2);
+                         "bad record: alpaca history entry %d is not a [query, answer] pair",
+                         i / 2);
     mml_status st = add_text_message(c, i, "user", q->valuestring);
     if (!st) st = add_text_message(c, i + 1, "assistant", r->valuestring);
     if (st) return st;
@@ -617,13 +646,13 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
     c->list_at = c->list->child;
     if (c->list_len > c->max_images)
       return mml_err_set(c->err, MML_ETOOMANYIMAGES,
-                         "%d images in one sample, above max_images_per_sample=%d",
-                         c->list_len, c->max_images);
-  }
-  else if (c->list && (cJSON_IsString(c->list) || cJSON_IsObject(c->list))) c->list_len = 1;
+                         "%d images in one sample, above max_images_per_sample=%d", c->list_len,
+                         c->max_images);
+  } else if (c->list && (cJSON_IsString(c->list) || cJSON_IsObject(c->list)))
+    c->list_len = 1;
   else if (c->list)
-    return mml_err_set(c->err, MML_ERECORD,
-                       "bad record: \"%s\" is neither a string nor a list", images ? "images" : "image");
+    return mml_err_set(c->err, MML_ERECORD, "bad record: \"%s\" is neither a string nor a list",
+                       images ? "images" : "image");
   else
     c->list_len = c->nimplicit;
   mml_status st = take_system_and_tools(c, root);
@@ -672,12 +701,14 @@ static mml_status prescan(const char *s, size_t n, int max_depth, mml_err *err) 
   for (size_t i = 0; i < n; i++) {
     char ch = s[i];
     if (in_str) {
-      if (ch == '"') in_str = 0;
+      if (ch == '"')
+        in_str = 0;
       else if (ch == '\\' && i + 1 < n) {
         if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4))
           return mml_err_set(err, MML_ERECORD,
                              "bad record: a string holds \"\\u0000\" (U+0000) at byte %zu, "
-                             "which mmloader does not accept in text", i);
+                             "which mmloader does not accept in text",
+                             i);
         i++;
       }
     } else if (ch == '"') {
@@ -709,10 +740,10 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
   const char *const *implicit = opts ? opts->implicit : NULL;
   int n = opts ? opts->nimplicit : 0;
   if (!rec || (!line && len)) return mml_err_set(err, MML_EINVAL, "record: NULL argument");
-  int max_depth = opts && opts->max_json_depth > 0 ? opts->max_json_depth
-                                                   : MML_DEFAULT_MAX_JSON_DEPTH;
-  int max_images = opts && opts->max_images > 0 ? opts->max_images
-                                                : MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
+  int max_depth =
+      opts && opts->max_json_depth > 0 ? opts->max_json_depth : MML_DEFAULT_MAX_JSON_DEPTH;
+  int max_images =
+      opts && opts->max_images > 0 ? opts->max_images : MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
   rec_arena *a = rec->arena;
   int fresh = 0;
   if (!a) {
@@ -744,8 +775,12 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
       goto fail;
     }
   }
-  parse_ctx c = {.a = a, .rec = rec, .err = err, .implicit = implicit,
-                 .nimplicit = implicit ? n : 0, .max_images = max_images};
+  parse_ctx c = {.a = a,
+                 .rec = rec,
+                 .err = err,
+                 .implicit = implicit,
+                 .nimplicit = implicit ? n : 0,
+                 .max_images = max_images};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;
 

@@ -155,17 +155,16 @@ int mml_cpu_fma(void) {
 /* Transposes 4 pixels of 8 rows per step: each row's 12 bytes become 4 RGBX dwords (one
  * shuffle per two rows), then a 4x4 dword transpose per 128-bit lane gives the 4 columns.
  * The last step is placed to end at the last pixel (overlapping the previous one). */
-__attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *const *src,
-                                                               int nrows, int in,
-                                                               uint8_t *restrict tbuf) {
+__attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *const *src, int nrows,
+                                                              int in, uint8_t *restrict tbuf) {
   if (in < 4) {
     transpose_in_c(src, nrows, in, tbuf);
     return;
   }
   const uint8_t *s[MML_HROWS];
   for (int r = 0; r < MML_HROWS; r++) s[r] = src[r < nrows ? r : 0];
-  const __m256i rgbx = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
-                                        0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+  const __m256i rgbx = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 0, 1,
+                                        2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
   for (int x = 0;; x += 4) {
     if (x > in - 4) x = in - 4;
     const size_t o = (size_t)x * 3; /* reads o .. o+15: within the row and its slack */
@@ -188,14 +187,15 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *con
 }
 
 /* w * (8 bytes at p, zero-extended) added to s. */
-#define MAC8(s, p, w) \
-  s = _mm256_add_epi32(s, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))), w))
+#define MAC8(s, p, w)   \
+  s = _mm256_add_epi32( \
+      s, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))), w))
 
 /* Shift, clip and pack four accumulators of 8 int32 into 32 bytes.  Saturating packs clip
  * exactly like clip8 (values are within int16 after the shift); the result's dwords hold
  * s0..s3's halves in the order s0.lo s1.lo s2.lo s3.lo | s0.hi s1.hi s2.hi s3.hi. */
-__attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m256i s1,
-                                                                  __m256i s2, __m256i s3) {
+__attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m256i s1, __m256i s2,
+                                                                 __m256i s3) {
   s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
   s1 = _mm256_srai_epi32(s1, PRECISION_BITS);
   s2 = _mm256_srai_epi32(s2, PRECISION_BITS);
@@ -235,16 +235,17 @@ __attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t
  * dword transpose per half, a shuffle to planar RRRR GGGG BBBB, and one 8-byte store per
  * row and channel. */
 __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
-                                                         const uint8_t *restrict tbuf, int nrows,
-                                                         uint8_t *const *dst, size_t plane) {
+                                                        const uint8_t *restrict tbuf, int nrows,
+                                                        uint8_t *const *dst, size_t plane) {
   const int ksize = a->ksize, out = a->out;
-  const __m256i planar = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i planar = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0,
+                                          4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   if (out < 8) {
     for (int xx = 0; xx < out; xx++) {
       uint8_t o[HL];
-      _mm256_storeu_si256((__m256i *)o, pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
-                                                     tbuf + (size_t)a->bounds[xx * 2] * HL));
+      _mm256_storeu_si256((__m256i *)o,
+                          pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
+                                       tbuf + (size_t)a->bounds[xx * 2] * HL));
       for (int r = 0; r < nrows; r++) {
         const uint8_t *p = o + 4 * ((r & 1) * 4 + (r >> 1)); /* rows are in order 0 2 4 6 1 3 5 7 */
         for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = p[c];
@@ -327,8 +328,8 @@ void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, 
  * The AVX2 version's last step is placed to end at byte n (overlapping the previous one). */
 #ifdef MML_HAVE_AVX2_PATH
 __attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt,
-                                                        const uint8_t *const *rows, size_t off,
-                                                        int n, uint8_t *restrict dst) {
+                                                       const uint8_t *const *rows, size_t off,
+                                                       int n, uint8_t *restrict dst) {
   const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   if (cnt == 4) { /* the common case, unrolled with the rows and weights in registers */
@@ -370,8 +371,8 @@ __attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt
 }
 #endif
 
-void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows,
-                        size_t off, int n, uint8_t *restrict dst) {
+void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
+                        int n, uint8_t *restrict dst) {
   const int cnt = a->bounds[y * 2 + 1];
   const int32_t *k = &a->k[(size_t)y * a->ksize];
 #ifdef MML_HAVE_AVX2_PATH

@@ -12,11 +12,11 @@
 #include "mml/common.h"
 
 typedef struct mml_resample_axis {
-  int in, out;        /* sizes the coefficients below are for (0: none yet) */
-  int ksize;          /* coefficients stored per output pixel */
-  int32_t *k;         /* out * ksize fixed-point weights (22 fractional bits) */
-  int *bounds;        /* out pairs: first input index, number of inputs */
-  double *pre;        /* out * ksize double weights before fixed-point conversion */
+  int in, out; /* sizes the coefficients below are for (0: none yet) */
+  int ksize;   /* coefficients stored per output pixel */
+  int32_t *k;  /* out * ksize fixed-point weights (22 fractional bits) */
+  int *bounds; /* out pairs: first input index, number of inputs */
+  double *pre; /* out * ksize double weights before fixed-point conversion */
   size_t cap_k, cap_b;
 } mml_resample_axis;
 
@@ -46,8 +46,8 @@ static inline size_t mml_resample_tbuf_size(int in) { return (size_t)in * 4 * MM
  * keeps only the rows still needed, e.g. in a ring); n bytes per row starting at `off`
  * (any layout: the pass is per byte) go to dst[0, n).  Nothing outside them is read or
  * written. */
-void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows,
-                        size_t off, int n, uint8_t *restrict dst);
+void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
+                        int n, uint8_t *restrict dst);
 
 /* Input rows [first, last) that output row y reads. */
 static inline void mml_resample_axis_rows(const mml_resample_axis *a, int y, int *first,

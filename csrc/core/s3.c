@@ -34,7 +34,7 @@ static int bucket_ok(const char *b, size_t n) {
 }
 
 mml_status mml_s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
-                       const char *shown, mml_err *err) {
+                        const char *shown, mml_err *err) {
   if (strncmp(url, "s3://", 5)) return mml_err_set(err, MML_EINVAL, "%s: not an s3:// URL", shown);
   const char *b = url + 5, *sl = strchr(b, '/');
   size_t n = sl ? (size_t)(sl - b) : strlen(b);
@@ -44,8 +44,8 @@ mml_status mml_s3_split(const char *url, const char **bucket, size_t *blen, cons
 }
 
 mml_status mml_s3_address_parts(const char *region, const char *endpoint, const char *bucket,
-                               size_t blen, const char *key, const char *query,
-                               mml_s3_addr *out, mml_err *err) {
+                                size_t blen, const char *key, const char *query, mml_s3_addr *out,
+                                mml_err *err) {
   mml_bytes path = {0}, url = {0};
   char host[512];
   int path_style = endpoint != NULL || memchr(bucket, '.', blen) != NULL;
@@ -54,7 +54,8 @@ mml_status mml_s3_address_parts(const char *region, const char *endpoint, const 
     const char *h = strstr(endpoint, "://");
     h = h ? h + 3 : endpoint;
     size_t hl = strcspn(h, "/");
-    if (hl == 0 || hl >= sizeof host) return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
+    if (hl == 0 || hl >= sizeof host)
+      return mml_err_set(err, MML_ECONFIG, "S3 endpoint has no host");
     memcpy(host, h, hl), host[hl] = 0;
   } else if (path_style) { /* dotted bucket names break the TLS wildcard certificate */
     snprintf(host, sizeof host, "s3.%s.amazonaws.com", region);
@@ -71,8 +72,10 @@ mml_status mml_s3_address_parts(const char *region, const char *endpoint, const 
   if (st) goto oom;
   if (endpoint) {
     const char *h = strstr(endpoint, "://");
-    if (h) st |= mml_bytes_append(&url, endpoint, (size_t)(h - endpoint) + 3);
-    else st |= mml_bytes_append(&url, "https://", 8);
+    if (h)
+      st |= mml_bytes_append(&url, endpoint, (size_t)(h - endpoint) + 3);
+    else
+      st |= mml_bytes_append(&url, "https://", 8);
   } else {
     st |= mml_bytes_append(&url, "https://", 8);
   }
@@ -110,8 +113,8 @@ mml_status mml_s3_address(const char *s3url, const char *query, const char *regi
   if (!s3url || !out) return mml_err_set(err, MML_EINVAL, "s3 address: NULL argument");
   mml_status st = mml_s3_split(s3url, &b, &bl, &k, s3url, err);
   if (st) return st;
-  return mml_s3_address_parts(region && *region ? region : "us-east-1", endpoint && *endpoint ? endpoint : NULL,
-                          b, bl, k, query, out, err);
+  return mml_s3_address_parts(region && *region ? region : "us-east-1",
+                              endpoint && *endpoint ? endpoint : NULL, b, bl, k, query, out, err);
 }
 
 /* ---- ListObjectsV2 ------------------------------------------------------------------------ */
@@ -133,19 +136,28 @@ static size_t xml_decode(const char *s, size_t n, char *out, size_t cap) {
     const char *ent = s + i + 1;
     unsigned long cp = 0;
     int ok = 1;
-    if (!strncmp(ent, "amp;", 4)) cp = '&';
-    else if (!strncmp(ent, "lt;", 3)) cp = '<';
-    else if (!strncmp(ent, "gt;", 3)) cp = '>';
-    else if (!strncmp(ent, "quot;", 5)) cp = '"';
-    else if (!strncmp(ent, "apos;", 5)) cp = '\'';
-    else if (ent[0] == '#') cp = ent[1] == 'x' ? strtoul(ent + 2, NULL, 16) : strtoul(ent + 1, NULL, 10);
-    else ok = 0;
+    if (!strncmp(ent, "amp;", 4))
+      cp = '&';
+    else if (!strncmp(ent, "lt;", 3))
+      cp = '<';
+    else if (!strncmp(ent, "gt;", 3))
+      cp = '>';
+    else if (!strncmp(ent, "quot;", 5))
+      cp = '"';
+    else if (!strncmp(ent, "apos;", 5))
+      cp = '\'';
+    else if (ent[0] == '#')
+      cp = ent[1] == 'x' ? strtoul(ent + 2, NULL, 16) : strtoul(ent + 1, NULL, 10);
+    else
+      ok = 0;
     if (!ok || cp == 0 || cp > 0x10FFFF) {
       out[o++] = s[i++];
       continue;
     }
-    if (cp < 0x80) out[o++] = (char)cp;
-    else if (cp < 0x800) out[o++] = (char)(0xC0 | cp >> 6), out[o++] = (char)(0x80 | (cp & 63));
+    if (cp < 0x80)
+      out[o++] = (char)cp;
+    else if (cp < 0x800)
+      out[o++] = (char)(0xC0 | cp >> 6), out[o++] = (char)(0x80 | (cp & 63));
     else if (cp < 0x10000)
       out[o++] = (char)(0xE0 | cp >> 12), out[o++] = (char)(0x80 | ((cp >> 6) & 63)),
       out[o++] = (char)(0x80 | (cp & 63));
@@ -162,7 +174,8 @@ static size_t xml_decode(const char *s, size_t n, char *out, size_t cap) {
  * and its length, advancing *pos past the close tag.  NULL when absent. */
 static const char *xml_next(const char *doc, size_t n, size_t *pos, const char *tag, size_t *len) {
   char open[64], close[64];
-  int ol = snprintf(open, sizeof open, "<%s>", tag), cl = snprintf(close, sizeof close, "</%s>", tag);
+  int ol = snprintf(open, sizeof open, "<%s>", tag),
+      cl = snprintf(close, sizeof close, "</%s>", tag);
   const char *end = doc + n;
   const char *p = doc + *pos;
   while (p < end) {
@@ -203,14 +216,14 @@ static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
 /* One listing in progress: what is listed, what matches, what was found. */
 typedef struct lister {
-  const char *shown;        /* the prefix URL, redacted, for messages */
+  const char *shown; /* the prefix URL, redacted, for messages */
   const char *bucket;
   size_t blen;
-  char *pfx, *pat;          /* the key prefix listed; the glob (NULL: all) */
-  size_t dirlen;            /* relative patterns match the key after this many bytes */
+  char *pfx, *pat; /* the key prefix listed; the glob (NULL: all) */
+  size_t dirlen;   /* relative patterns match the key after this many bytes */
   char **out;
   size_t cnt, cap;
-  mml_bytes token;          /* the continuation token of the next page ("" first) */
+  mml_bytes token; /* the continuation token of the next page ("" first) */
   char kbuf[4096];
 } lister;
 
@@ -238,7 +251,7 @@ static mml_status list_query(const lister *ls, int page_size, mml_bytes *q, mml_
 /* Key k (decoded, klen bytes) is kept when it lies under the prefix and matches. */
 static int list_match(const lister *ls, const char *k, size_t klen) {
   if (strlen(k) != klen || strncmp(k, ls->pfx, strlen(ls->pfx))) return 0; /* NUL or foreign */
-  if (ls->pat && !strncmp(ls->pat, "s3://", 5)) { /* a whole-URL pattern */
+  if (ls->pat && !strncmp(ls->pat, "s3://", 5)) {                          /* a whole-URL pattern */
     char full[4200];
     snprintf(full, sizeof full, "s3://%.*s/%s", (int)ls->blen, ls->bucket, k);
     return fnmatch(ls->pat, full, FNM_PATHNAME) == 0;
@@ -275,8 +288,7 @@ static mml_status list_page(lister *ls, const char *doc, size_t dn, mml_err *err
 }
 
 /* After a page: *more = 1 with the next continuation token stored, or 0 at the end. */
-static mml_status list_next_token(lister *ls, const char *doc, size_t dn, int *more,
-                                  mml_err *err) {
+static mml_status list_next_token(lister *ls, const char *doc, size_t dn, int *more, mml_err *err) {
   char trunc[16];
   mml_xml_text(doc, dn, "IsTruncated", trunc, sizeof trunc);
   *more = !strcmp(trunc, "true");
@@ -336,9 +348,10 @@ static mml_status list_one(mml_fetcher *f, lister *ls, const char *burl, mml_byt
   return list_next_token(ls, doc, page->len, more, err);
 }
 
-mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
-                          char ***urls, size_t *n, mml_err *err) {
-  if (!f || !s3_prefix || !urls || !n) return mml_err_set(err, MML_EINVAL, "fetch_list: NULL argument");
+mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern, char ***urls,
+                          size_t *n, mml_err *err) {
+  if (!f || !s3_prefix || !urls || !n)
+    return mml_err_set(err, MML_EINVAL, "fetch_list: NULL argument");
   *urls = NULL, *n = 0;
   lister *ls = calloc(1, sizeof *ls);
   char *shown = mml_url_redact(s3_prefix);

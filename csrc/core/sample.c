@@ -64,8 +64,7 @@ void mml_sample_swap(mml_sample *a, mml_sample *b) {
 
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
   memset(s, 0, sizeof *s);
-  if (mml_vision_scratch_new(&s->vision) != MML_OK ||
-      mml_tok_scratch_new(&s->tok) != MML_OK) {
+  if (mml_vision_scratch_new(&s->vision) != MML_OK || mml_tok_scratch_new(&s->tok) != MML_OK) {
     mml_sample_scratch_free(s);
     return mml_err_set(err, MML_ENOMEM, "cannot allocate worker scratch");
   }
@@ -127,9 +126,9 @@ static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec
 
 /* Plans every video (frames: the frame bytes after the images); *src_px adds their
  * frames' pixels. */
-static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
-                              const mml_record *rec, const mml_bytes *frames, int64_t *rows,
-                              int64_t *src_px, mml_err *err) {
+static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                              const mml_bytes *frames, int64_t *rows, int64_t *src_px,
+                              mml_err *err) {
   mml_status st = video_scratch_fit(sc, rec, err);
   if (st) return st;
   double *ts = sc->vts;
@@ -151,8 +150,8 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
       return st;
     }
     frames += vr->nframes;
-    sc->vtokens[v] = (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens,
-                                        .timestamps = ts};
+    sc->vtokens[v] =
+        (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
     ts += p->grid_t;
     *rows += p->rows;
     *src_px += p->src_pixels;
@@ -173,8 +172,8 @@ static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
   float *dst = (float *)out->vpixels.data;
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_plan *p = &sc->vplans[v];
-    if ((st = mml_video_process_list(pl->vision, sc->video, sc->vision, &rec->videos[v], frames,
-                                     p, dst, err))) {
+    if ((st = mml_video_process_list(pl->vision, sc->video, sc->vision, &rec->videos[v], frames, p,
+                                     dst, err))) {
       mml_err_prefix(err, "video %d", v);
       return st;
     }
@@ -191,9 +190,9 @@ static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
   return MML_OK;
 }
 
-mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
-                           const mml_record *rec, const mml_bytes *images,
-                           mml_vision_plan *plans, mml_sample *out, mml_err *err) {
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                           const mml_bytes *images, mml_vision_plan *plans, mml_sample *out,
+                           mml_err *err) {
   mml_status st;
   int n = rec->nimages;
   if ((st = scratch_fit(sc, n, err))) return st;
@@ -215,8 +214,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
     src_px += (int64_t)plans[i].src_w * plans[i].src_h;
   }
   int64_t vrows = 0;
-  if (rec->nvideos && (st = plan_videos(pl, sc, rec, images + n, &vrows, &src_px, err)))
-    return st;
+  if (rec->nvideos && (st = plan_videos(pl, sc, rec, images + n, &vrows, &src_px, err))) return st;
   for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += sc->vplans[v].tokens;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
@@ -226,8 +224,8 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
   double t1 = mml_now();
   sc->vision_s += t1 - t0;
   st = mml_template_encode_media(pl->tmpl, sc->tok, rec, sc->tokens,
-                                 rec->nvideos ? sc->vtokens : NULL, &out->input_ids,
-                                 &out->labels, err);
+                                 rec->nvideos ? sc->vtokens : NULL, &out->input_ids, &out->labels,
+                                 err);
   sc->text_s += mml_now() - t1;
   if (st) return st;
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
@@ -258,17 +256,16 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
   return MML_OK;
 }
 
-mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
-                             const mml_record *rec, const mml_bytes *images,
-                             const mml_vision_plan *plans, int nimages, void *dst,
-                             mml_err *err) {
+mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                             const mml_bytes *images, const mml_vision_plan *plans, int nimages,
+                             void *dst, mml_err *err) {
   double t0 = mml_now();
   mml_status st = MML_OK;
   uint8_t *o = dst;
   const size_t row_bytes = mml_vision_row_bytes(pl->vision);
   for (int i = 0; i < nimages && !st; i++) {
-    st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len,
-                                  &plans[i], o, err);
+    st = mml_vision_process_bytes(pl->vision, sc->vision, images[i].data, images[i].len, &plans[i],
+                                  o, err);
     if (st) mml_sample_err_image(err, rec->images[i]);
     o += (size_t)plans[i].rows * row_bytes;
   }
@@ -280,8 +277,7 @@ static int is_url(const char *s) {
   return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5);
 }
 
-mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out,
-                                 mml_err *err) {
+mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out, mml_err *err) {
   mml_bytes_clear(out);
   mml_status st = MML_OK;
   if (!strncmp(ref, "file://", 7)) ref += 7;
@@ -330,15 +326,15 @@ static int resolves_inside(const char *root, const char *path) {
   return !strncmp(rr, rp, n) && rp[n] == '/';
 }
 
-mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
-                                    const char *ref, const char *resolved, int local_shard,
-                                    mml_err *err) {
+mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root, const char *ref,
+                                    const char *resolved, int local_shard, mml_err *err) {
   char shown[MML_SHORT_CAP(200)];
 #define SHOWN mml_text_short(ref, strlen(ref), 200, shown, sizeof shown)
   if (!cfg->allow_remote_images && local_shard && is_url(ref))
     return mml_err_set(err, MML_EPATH,
                        "image %s: a local record names a remote image, refused by "
-                       "allow_remote_images_in_local_data=False", SHOWN);
+                       "allow_remote_images_in_local_data=False",
+                       SHOWN);
   if (cfg->allow_paths_outside_root || is_url(ref)) return MML_OK;
   const char *r = strncmp(ref, "file://", 7) ? ref : ref + 7;
   if (r[0] == '/')
@@ -348,11 +344,13 @@ mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
   if (climbs_out(r))
     return mml_err_set(err, MML_EPATH,
                        "image %s: climbs out of the image root with \"..\", refused by "
-                       "allow_paths_outside_root=False", SHOWN);
+                       "allow_paths_outside_root=False",
+                       SHOWN);
   if (root && root[0] && !mml_path_is_remote(resolved) && !resolves_inside(root, resolved))
     return mml_err_set(err, MML_EPATH,
                        "image %s: resolves (through a symlink) outside the image root, refused "
-                       "by allow_paths_outside_root=False", SHOWN);
+                       "by allow_paths_outside_root=False",
+                       SHOWN);
 #undef SHOWN
   return MML_OK;
 }

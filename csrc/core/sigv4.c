@@ -18,16 +18,14 @@
 /* ---- SHA-256 ------------------------------------------------------------------ */
 
 static const uint32_t k_sha256_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 static inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
@@ -103,8 +101,10 @@ void mml_sha256(const void *p, size_t n, uint8_t out[32]) {
 
 void mml_hmac_sha256(const void *key, size_t klen, const void *msg, size_t n, uint8_t out[32]) {
   uint8_t k[64] = {0}, pad[64], inner[32];
-  if (klen > 64) mml_sha256(key, klen, k);
-  else memcpy(k, key, klen);
+  if (klen > 64)
+    mml_sha256(key, klen, k);
+  else
+    memcpy(k, key, klen);
   mml_sha256_ctx c;
   for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
   mml_sha256_init(&c);
@@ -152,8 +152,8 @@ static mml_status put(mml_bytes *b, const char *s) { return mml_bytes_append(b, 
 
 mml_status mml_sigv4_authorization(const mml_sigv4_req *r, char *out, size_t cap, mml_err *err) {
   if (!r || !r->method || !r->canonical_uri || !r->payload_hash || !r->amz_date ||
-      strlen(r->amz_date) != 16 || !r->region || !r->service || !r->access_key ||
-      !r->secret_key || !*r->access_key || !r->nheaders || r->nheaders > 16)
+      strlen(r->amz_date) != 16 || !r->region || !r->service || !r->access_key || !r->secret_key ||
+      !*r->access_key || !r->nheaders || r->nheaders > 16)
     return mml_err_set(err, MML_EINVAL, "sigv4: incomplete request or credentials");
   mml_sigv4_header hs[16];
   memcpy(hs, r->headers, r->nheaders * sizeof *hs);
@@ -172,7 +172,8 @@ mml_status mml_sigv4_authorization(const mml_sigv4_req *r, char *out, size_t cap
   }
   st |= put(&creq, "\n");
   st |= mml_bytes_append(&names, "", 1); /* NUL */
-  st |= mml_bytes_append(&creq, names.data ? (const char *)names.data : "", names.len ? names.len - 1 : 0);
+  st |= mml_bytes_append(&creq, names.data ? (const char *)names.data : "",
+                         names.len ? names.len - 1 : 0);
   st |= put(&creq, "\n");
   st |= put(&creq, r->payload_hash);
   if (st != MML_OK) {
@@ -187,7 +188,8 @@ mml_status mml_sigv4_authorization(const mml_sigv4_req *r, char *out, size_t cap
   memcpy(date, r->amz_date, 8);
   date[8] = 0;
   snprintf(scope, sizeof scope, "%s/%s/%s/aws4_request", date, r->region, r->service);
-  int nsts = snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", r->amz_date, scope, creq_hex);
+  int nsts =
+      snprintf(sts, sizeof sts, "AWS4-HMAC-SHA256\n%s\n%s\n%s", r->amz_date, scope, creq_hex);
 
   /* kSigning = HMAC(HMAC(HMAC(HMAC("AWS4" + secret, date), region), service), "aws4_request") */
   size_t slen = strlen(r->secret_key);

@@ -38,11 +38,18 @@
 #define NO_SUP ((size_t)-1)
 static const char k_default_system[] = "You are a helpful assistant.";
 
-enum { TOK_IM_START, TOK_IM_END, TOK_VISION_START, TOK_VISION_END, TOK_IMAGE_PAD,
-       TOK_VIDEO_PAD, TOK_COUNT };
-static const char *const k_tok_names[TOK_COUNT] = {
-    "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-    "<|video_pad|>"};
+enum {
+  TOK_IM_START,
+  TOK_IM_END,
+  TOK_VISION_START,
+  TOK_VISION_END,
+  TOK_IMAGE_PAD,
+  TOK_VIDEO_PAD,
+  TOK_COUNT
+};
+static const char *const k_tok_names[TOK_COUNT] = {"<|im_start|>",     "<|im_end|>",
+                                                   "<|vision_start|>", "<|vision_end|>",
+                                                   "<|image_pad|>",    "<|video_pad|>"};
 
 struct mml_template {
   mml_template_style style;
@@ -123,12 +130,11 @@ mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, 
 
 /* ---- output side: render (text) or encode (ids + labels) ---- */
 
-#define TRY(x)                      \
-  do {                              \
-    mml_status _st = (x);           \
-    if (_st) return _st;            \
+#define TRY(x)            \
+  do {                    \
+    mml_status _st = (x); \
+    if (_st) return _st;  \
   } while (0)
-
 
 typedef struct out_ctx {
   const mml_template *t;
@@ -140,7 +146,7 @@ typedef struct out_ctx {
   /* encode */
   mml_tok_scratch *scratch;
   mml_ids *ids, *labels;
-  char *seg;            /* pending text segment */
+  char *seg; /* pending text segment */
   size_t seg_len, seg_cap;
   size_t sup_from;      /* byte of seg where supervision starts, NO_SUP if none */
   char seg_stack[1024]; /* seg's storage until it outgrows it */
@@ -174,8 +180,10 @@ static mml_status flush(out_ctx *o) {
                            k_tok_names[k]);
     }
     bool sup;
-    if (o->sup_from == NO_SUP) sup = false;
-    else if (off >= o->sup_from) sup = true;
+    if (o->sup_from == NO_SUP)
+      sup = false;
+    else if (off >= o->sup_from)
+      sup = true;
     else {
       size_t len = 0;
       const char *s = mml_tokenizer_id_to_token(t->tok, id, &len);
@@ -196,7 +204,8 @@ static mml_status emit_text(out_ctx *o, const char *p, size_t n, bool sup) {
     mml_status st = mml_bytes_append(o->text, p, n);
     return st ? mml_err_set(o->err, st, "template: out of memory") : MML_OK;
   }
-  if (sup && o->sup_from == NO_SUP) o->sup_from = o->seg_len;
+  if (sup && o->sup_from == NO_SUP)
+    o->sup_from = o->seg_len;
   else if (!sup && o->sup_from != NO_SUP)
     return mml_err_set(o->err, MML_EINTERNAL, "template: unsupervised text after supervised");
   if (o->seg_len + n > o->seg_cap) {
@@ -257,7 +266,8 @@ static mml_status emit_image(out_ctx *o, int image) {
   }
   if ((st = flush(o))) return st;
   size_t len = o->ids->len;
-  if (mml_ids_reserve(o->ids, len + (size_t)n + 2) || mml_ids_reserve(o->labels, len + (size_t)n + 2))
+  if (mml_ids_reserve(o->ids, len + (size_t)n + 2) ||
+      mml_ids_reserve(o->labels, len + (size_t)n + 2))
     return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
   const mml_template *t = o->t;
   o->ids->data[len] = t->id[TOK_VISION_START];
@@ -304,7 +314,8 @@ static mml_status emit_video(out_ctx *o, int video) {
   if (!o->videos)
     return mml_err_set(o->err, MML_EINVAL, "template: the record has videos but no token counts");
   if (!o->text && o->t->id[TOK_VIDEO_PAD] < 0)
-    return mml_err_set(o->err, MML_ETOKENIZER, "template: the tokenizer has no <|video_pad|> token");
+    return mml_err_set(o->err, MML_ETOKENIZER,
+                       "template: the tokenizer has no <|video_pad|> token");
   const mml_video_tokens *v = &o->videos[video];
   if (v->groups < 1 || v->group_tokens < 1 || v->groups * v->group_tokens > (int64_t)1 << 30)
     return mml_err_set(o->err, MML_EINVAL, "template: video %d has %lld x %lld tokens", video,
@@ -462,8 +473,8 @@ static mml_status remove_all(out_ctx *o, const char *s, size_t n, const char *m,
 }
 
 /* First match of open(.*?)close in s (DOTALL): the match and the inner text. */
-static bool find_pair(const char *s, size_t n, const char *open, const char *close,
-                      mml_span *match, mml_span *inner) {
+static bool find_pair(const char *s, size_t n, const char *open, const char *close, mml_span *match,
+                      mml_span *inner) {
   size_t on = strlen(open), cn = strlen(close);
   const char *a = memmem(s, n, open, on);
   if (!a) return false;
@@ -509,9 +520,7 @@ static bool is_tool(const mml_message *m) {
   return m->role == MML_ROLE_OTHER && !strcmp(m->role_name, "tool");
 }
 
-
-static mml_status emit_system_turn(out_ctx *o, const mml_message *m, const char *text,
-                                   bool tools) {
+static mml_status emit_system_turn(out_ctx *o, const mml_message *m, const char *text, bool tools) {
   TRY(emit_marker(o, TOK_IM_START, false));
   TRY(emit_cstr(o, "system\n", false));
   if (m) TRY(emit_parts(o, m, false));
@@ -545,8 +554,8 @@ static mml_status walk(out_ctx *o) {
   if (tools) TRY(format_tools(o, rec->tools));
   bool first_sys = rec->messages[0].role == MML_ROLE_SYSTEM;
   if (!first_sys) { /* the record's own system, else the source's, else the style's */
-    const char *sys = rec->system       ? rec->system
-                      : t->system_set   ? t->system
+    const char *sys = rec->system                         ? rec->system
+                      : t->system_set                     ? t->system
                       : t->style == MML_TEMPLATE_QWEN2_VL ? k_default_system
                                                           : NULL;
     if (sys && !sys[0]) sys = NULL;
@@ -613,16 +622,23 @@ static mml_status walk(out_ctx *o) {
 
 mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
                                      const mml_record *rec, const int64_t *image_tokens,
-                                     const mml_video_tokens *videos, mml_ids *ids,
-                                     mml_ids *labels, mml_err *err) {
+                                     const mml_video_tokens *videos, mml_ids *ids, mml_ids *labels,
+                                     mml_err *err) {
   if (!t || !rec || !ids || !labels) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
   if (!t->tok)
     return mml_err_set(err, MML_EINVAL, "template: created without a tokenizer (render only)");
   if (ids->len != labels->len)
     return mml_err_set(err, MML_EINVAL, "template: ids and labels differ in length");
   size_t ids0 = ids->len;
-  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .videos = videos, .err = err,
-               .scratch = scratch, .ids = ids, .labels = labels, .sup_from = NO_SUP,
+  out_ctx o = {.t = t,
+               .rec = rec,
+               .image_tokens = image_tokens,
+               .videos = videos,
+               .err = err,
+               .scratch = scratch,
+               .ids = ids,
+               .labels = labels,
+               .sup_from = NO_SUP,
                .seg_cap = sizeof o.seg_stack};
   o.seg = o.seg_stack;
   mml_status st = walk(&o);
@@ -634,8 +650,8 @@ mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scr
 }
 
 mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
-                               const mml_record *rec, const int64_t *image_tokens,
-                               mml_ids *ids, mml_ids *labels, mml_err *err) {
+                               const mml_record *rec, const int64_t *image_tokens, mml_ids *ids,
+                               mml_ids *labels, mml_err *err) {
   return mml_template_encode_media(t, scratch, rec, image_tokens, NULL, ids, labels, err);
 }
 
@@ -644,8 +660,8 @@ mml_status mml_template_render_media(const mml_template *t, const mml_record *re
                                      mml_bytes *out, mml_err *err) {
   if (!t || !rec || !out) return mml_err_set(err, MML_EINVAL, "template: NULL argument");
   size_t len0 = out->len;
-  out_ctx o = {.t = t, .rec = rec, .image_tokens = image_tokens, .videos = videos, .err = err,
-               .text = out};
+  out_ctx o = {
+      .t = t, .rec = rec, .image_tokens = image_tokens, .videos = videos, .err = err, .text = out};
   mml_status st = walk(&o);
   mml_bytes_free(&o.fmt);
   mml_bytes_free(&o.scratch_text);

@@ -35,9 +35,9 @@
 #include "mml/pretok.h"
 #include "tokenizer_int.h"
 
-#define BPE_SMALL 96          /* words up to this many symbols use the O(n^2) merge loop */
+#define BPE_SMALL 96 /* words up to this many symbols use the O(n^2) merge loop */
 #define CACHE_SLOTS (1u << 14)
-#define CACHE_MAX_WORD 128    /* longer words are not cached */
+#define CACHE_MAX_WORD 128 /* longer words are not cached */
 #define NO_RANK UINT32_MAX
 
 /* ---- lookups ------------------------------------------------------------------------ */
@@ -247,8 +247,8 @@ static void cache_reset(mml_tok_scratch *s) {
 }
 
 /* BPE of one pre-tokenized word; appends its ids to out. */
-static mml_status bpe_word(const mml_tokenizer *t, mml_tok_scratch *s, const uint8_t *w,
-                           size_t n, mml_ids *out) {
+static mml_status bpe_word(const mml_tokenizer *t, mml_tok_scratch *s, const uint8_t *w, size_t n,
+                           mml_ids *out) {
   if (n == 1) {
     int32_t id = t->byte_id[w[0]] >= 0 ? t->byte_id[w[0]] : t->unk_id;
     return id >= 0 ? mml_ids_push(out, id) : MML_OK;
@@ -331,10 +331,17 @@ static int is_word_char(int32_t c) {
       (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
     return 1; /* Other_Alphabetic symbols: circled and squared letters */
   switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC:
       return 1;
     default:
       return 0;
@@ -342,8 +349,8 @@ static int is_word_char(int32_t c) {
 }
 
 /* The leftmost, then longest, added token of `set` in p[from..n). */
-static const added_tok *added_find(const mml_tokenizer *t, const added_set *set,
-                                   const uint8_t *p, size_t n, size_t from, size_t *at) {
+static const added_tok *added_find(const mml_tokenizer *t, const added_set *set, const uint8_t *p,
+                                   size_t n, size_t from, size_t *at) {
   for (size_t i = from; i < n; i++) {
     uint8_t b = p[i];
     uint32_t lo = set->first[b], hi = set->first[b + 1];
@@ -438,13 +445,13 @@ static mml_status split_added(const mml_tokenizer *t, mml_tok_scratch *s, const 
   return MML_OK;
 }
 
-static mml_status encode_normalized(const mml_tokenizer *t, mml_tok_scratch *s,
-                                    const uint8_t *p, size_t n, mml_ids *out) {
+static mml_status encode_normalized(const mml_tokenizer *t, mml_tok_scratch *s, const uint8_t *p,
+                                    size_t n, mml_ids *out) {
   return split_added(t, s, &t->norm, p, n, encode_words, out);
 }
 
-static mml_status encode_raw_piece(const mml_tokenizer *t, mml_tok_scratch *s,
-                                   const uint8_t *p, size_t n, mml_ids *out) {
+static mml_status encode_raw_piece(const mml_tokenizer *t, mml_tok_scratch *s, const uint8_t *p,
+                                   size_t n, mml_ids *out) {
   if (t->nfc && !mml_nfc_quick_check(p, n)) {
     mml_bytes_clear(&s->norm);
     mml_status st = mml_nfc_append(p, n, &s->norm);
@@ -455,8 +462,8 @@ static mml_status encode_raw_piece(const mml_tokenizer *t, mml_tok_scratch *s,
   return encode_normalized(t, s, p, n, out);
 }
 
-mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
-                                const char *text, size_t len, mml_ids *out, mml_err *err) {
+mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch, const char *text,
+                                size_t len, mml_ids *out, mml_err *err) {
   mml_tok_scratch local = {0}, *s = scratch ? scratch : &local;
   local.no_cache = 1; /* a cache would not outlive this call */
   const uint8_t *p = (const uint8_t *)text;
@@ -476,15 +483,17 @@ mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch
 
 /* ---- decode ------------------------------------------------------------------------- */
 
-mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, size_t n,
-                                   int flags, mml_bytes *out, mml_err *err) {
+mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, size_t n, int flags,
+                                   mml_bytes *out, mml_err *err) {
   size_t base = out->len;
   for (size_t i = 0; i < n; i++) {
     int32_t id = ids[i];
     if (id < 0 || (size_t)id >= t->n_ids || t->tok_len[id] == UINT32_MAX) {
       out->len = base;
-      return mml_err_set(err, MML_EINVAL, "tokenizer: decode: id %d at position %zu is not in "
-                         "the vocabulary", id, i);
+      return mml_err_set(err, MML_EINVAL,
+                         "tokenizer: decode: id %d at position %zu is not in "
+                         "the vocabulary",
+                         id, i);
     }
     if ((flags & MML_TOK_SKIP_SPECIAL) && t->special[id]) continue;
     if (mml_bytes_append(out, t->dec_arena + t->dec_off[id], t->dec_len[id])) {

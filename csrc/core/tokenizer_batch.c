@@ -140,8 +140,8 @@ static void *batch_worker(void *p) {
     if (i >= b->n) break;
     mml_err err = {0};
     size_t before = slot->ids.len;
-    mml_status st = mml_tokenizer_encode(r->t, slot->scratch, r->texts[i], r->lens[i],
-                                         &slot->ids, &err);
+    mml_status st =
+        mml_tokenizer_encode(r->t, slot->scratch, r->texts[i], r->lens[i], &slot->ids, &err);
     if (st) {
       batch_fail(r, i, st, &err);
       break;

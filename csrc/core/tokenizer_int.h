@@ -77,22 +77,22 @@ typedef struct {
 struct mml_tokenizer {
   char *arena;
   size_t arena_len, arena_cap;
-  str_map vocab;           /* model vocabulary */
-  str_map added_map;       /* added token content -> id */
+  str_map vocab;     /* model vocabulary */
+  str_map added_map; /* added token content -> id */
   merge_slot *merges;
   size_t merges_mask, n_merges;
-  int32_t byte_id[256];    /* id of the byte-level symbol of each byte, -1 if absent */
+  int32_t byte_id[256]; /* id of the byte-level symbol of each byte, -1 if absent */
   uint8_t byte_sym[256][2], byte_sym_len[256]; /* UTF-8 of each byte's symbol */
   int32_t unk_id;
   int nfc, ignore_merges;
-  size_t n_ids;            /* 1 + the largest id */
+  size_t n_ids;                /* 1 + the largest id */
   uint32_t *tok_off, *tok_len; /* per id: the token string (added content wins) */
   uint32_t *dec_off, *dec_len; /* per id: its bytes for decode */
   uint8_t *dec_arena;
-  uint8_t *special;        /* per id */
-  added_set raw, norm;     /* normalized=false / normalized=true added tokens */
-  size_t vocab_size;       /* distinct strings, added tokens included */
-  uint64_t serial;         /* unique per loaded tokenizer: scratch caches check it */
+  uint8_t *special;    /* per id */
+  added_set raw, norm; /* normalized=false / normalized=true added tokens */
+  size_t vocab_size;   /* distinct strings, added tokens included */
+  uint64_t serial;     /* unique per loaded tokenizer: scratch caches check it */
 };
 
 static inline int32_t str_map_get(const str_map *m, const char *arena, const char *s, size_t n) {
@@ -104,7 +104,6 @@ static inline int32_t str_map_get(const str_map *m, const char *arena, const cha
     if (e->h == h && e->len == n && memcmp(arena + e->off, s, n) == 0) return e->id;
   }
 }
-
 
 static inline const merge_slot *merge_get(const mml_tokenizer *t, int32_t a, int32_t b) {
   uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;

@@ -166,8 +166,8 @@ static mml_status check_byte_level(const cJSON *b, const char *what, mml_err *er
 
 /* Accepts exactly the Qwen pre-tokenizer: Split(Qwen regex, Isolated) then ByteLevel. */
 static mml_status check_pre_tokenizer(const cJSON *p, mml_err *err) {
-  const cJSON *seq = type_is(p, "Sequence") ? cJSON_GetObjectItemCaseSensitive(p, "pretokenizers")
-                                            : NULL;
+  const cJSON *seq =
+      type_is(p, "Sequence") ? cJSON_GetObjectItemCaseSensitive(p, "pretokenizers") : NULL;
   if (!cJSON_IsArray(seq) || cJSON_GetArraySize(seq) != 2)
     return mml_err_set(err, MML_ECONFIG,
                        "unsupported pre_tokenizer: expected Sequence[Split, ByteLevel]");
@@ -180,7 +180,8 @@ static mml_status check_pre_tokenizer(const cJSON *p, mml_err *err) {
     return mml_err_set(err, MML_ECONFIG,
                        "unsupported pre_tokenizer: the Split must be the Qwen regex, Isolated");
   if (!type_is(bl, "ByteLevel"))
-    return mml_err_set(err, MML_ECONFIG, "unsupported pre_tokenizer: expected ByteLevel after Split");
+    return mml_err_set(err, MML_ECONFIG,
+                       "unsupported pre_tokenizer: expected ByteLevel after Split");
   return check_byte_level(bl, "pre_tokenizer", err);
 }
 
@@ -192,7 +193,8 @@ static mml_status build_added_set(mml_tokenizer *t, added_set *set) {
   for (size_t i = 0; i < set->n; i++) count[(uint8_t)t->arena[set->toks[i].off] + 1]++;
   for (int b = 0; b < 256; b++) count[b + 1] += count[b];
   memcpy(set->first, count, sizeof count);
-  for (size_t i = 0; i < set->n; i++) sorted[count[(uint8_t)t->arena[set->toks[i].off]]++] = set->toks[i];
+  for (size_t i = 0; i < set->n; i++)
+    sorted[count[(uint8_t)t->arena[set->toks[i].off]]++] = set->toks[i];
   free(set->toks);
   set->toks = sorted;
   return MML_OK;
@@ -332,8 +334,8 @@ static mml_status add_merge(mml_tokenizer *t, const cJSON *it, uint32_t rank, ch
   int32_t iab = str_map_get(&t->vocab, t->arena, *buf, la + lb);
   if (ia < 0 || ib < 0 || iab < 0) {
     char sa[MML_SHORT_CAP(60)], sb[MML_SHORT_CAP(60)];
-    return mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%s\" + \"%s\" not in the vocabulary",
-                       rank, mml_text_short(a, la, 60, sa, sizeof sa),
+    return mml_err_set(err, MML_ECONFIG, "merges[%u]: \"%s\" + \"%s\" not in the vocabulary", rank,
+                       mml_text_short(a, la, 60, sa, sizeof sa),
                        mml_text_short(b, lb, 60, sb, sizeof sb));
   }
   merge_put(t, ia, ib, rank, iab);
@@ -417,9 +419,12 @@ static size_t decode_token(const uint8_t *s, size_t len, const int16_t c2b[324],
     int32_t c;
     size_t k;
     uint8_t b0 = s[i];
-    if (b0 < 0x80) c = b0, k = 1;
-    else if (b0 < 0xE0 && i + 1 < len) c = ((b0 & 0x1F) << 6) | (s[i + 1] & 0x3F), k = 2;
-    else c = -1, k = 1;
+    if (b0 < 0x80)
+      c = b0, k = 1;
+    else if (b0 < 0xE0 && i + 1 < len)
+      c = ((b0 & 0x1F) << 6) | (s[i + 1] & 0x3F), k = 2;
+    else
+      c = -1, k = 1;
     if (c < 0 || c >= 324 || c2b[c] < 0) { /* a character without a byte */
       memcpy(out, s, len);
       return len;

@@ -63,16 +63,16 @@ struct mml_video {
   int rgb_w, rgb_h;
   int64_t *tab, *keys;
   int64_t n, nkeys;
-  int exact;          /* tab from packets */
-  int ordinal;        /* packets without pts: frame i is the i-th out of a decode from the start */
-  int64_t ord;        /* frames out since the start (ordinal mode) */
-  int positioned;     /* the decoder runs forward from a seek or the start */
-  int after_seek;     /* no frame out since the last seek */
-  int draining;       /* demuxer at its end, decoder flushed */
-  int64_t last_pts;   /* pts of the last frame out */
-  int64_t decoded;    /* frames out of the decoder so far (tests, benchmarks) */
+  int exact;        /* tab from packets */
+  int ordinal;      /* packets without pts: frame i is the i-th out of a decode from the start */
+  int64_t ord;      /* frames out since the start (ordinal mode) */
+  int positioned;   /* the decoder runs forward from a seek or the start */
+  int after_seek;   /* no frame out since the last seek */
+  int draining;     /* demuxer at its end, decoder flushed */
+  int64_t last_pts; /* pts of the last frame out */
+  int64_t decoded;  /* frames out of the decoder so far (tests, benchmarks) */
   int64_t max_pixels;
-  int skip_nonref;    /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
+  int skip_nonref;     /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
   const int64_t *want; /* this decode's indices, from want_k on still to come */
   int want_n, want_k;
   mml_video_info info;
@@ -85,7 +85,8 @@ static mml_status av_fail(mml_video *v, mml_status st, int r, const char *what, 
     if (err) *err = v->io.err;
     return v->io.st;
   }
-  if (r == AVERROR(ENOMEM)) return mml_err_set(err, MML_ENOMEM, "%s: %s: out of memory", v->name, what);
+  if (r == AVERROR(ENOMEM))
+    return mml_err_set(err, MML_ENOMEM, "%s: %s: out of memory", v->name, what);
   char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
   av_strerror(r, buf, sizeof buf);
   return mml_err_set(err, st, "%s: %s: %s", v->name, what, buf);
@@ -193,12 +194,15 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
   v->si = -1;
   for (unsigned i = 0; i < v->fmt->nb_streams; i++) {
     AVStream *s = v->fmt->streams[i];
-    if (s->codecpar->codec_type == AVMEDIA_TYPE_VIDEO && !(s->disposition & AV_DISPOSITION_ATTACHED_PIC)) {
+    if (s->codecpar->codec_type == AVMEDIA_TYPE_VIDEO &&
+        !(s->disposition & AV_DISPOSITION_ATTACHED_PIC)) {
       v->si = (int)i;
       break;
     }
   }
-  if (v->si < 0) return mml_err_set(err, MML_EVIDEOCODEC, "%s: no video stream (%s)", v->name, v->fmt->iformat->name);
+  if (v->si < 0)
+    return mml_err_set(err, MML_EVIDEOCODEC, "%s: no video stream (%s)", v->name,
+                       v->fmt->iformat->name);
   v->st = v->fmt->streams[v->si];
   for (unsigned i = 0; i < v->fmt->nb_streams; i++)
     if ((int)i != v->si) v->fmt->streams[i]->discard = AVDISCARD_ALL;
@@ -210,7 +214,8 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
                        v->name, par->width, par->height, (long long)v->max_pixels);
   const AVCodec *codec = avcodec_find_decoder(par->codec_id);
   const char *cname = avcodec_get_name(par->codec_id);
-  if (!codec) return mml_err_set(err, MML_EVIDEOCODEC, "%s: no decoder for codec %s", v->name, cname);
+  if (!codec)
+    return mml_err_set(err, MML_EVIDEOCODEC, "%s: no decoder for codec %s", v->name, cname);
   if (!(v->dec = avcodec_alloc_context3(codec)))
     return mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
   if ((r = avcodec_parameters_to_context(v->dec, par)) < 0)
@@ -236,12 +241,14 @@ static void fill_info(mml_video *v) {
   in->width = s->codecpar->width;
   in->height = s->codecpar->height;
   in->rotation = rotation_of(s);
-  AVRational fr = s->avg_frame_rate.num && s->avg_frame_rate.den ? s->avg_frame_rate : s->r_frame_rate;
+  AVRational fr =
+      s->avg_frame_rate.num && s->avg_frame_rate.den ? s->avg_frame_rate : s->r_frame_rate;
   in->fps = fr.num && fr.den ? av_q2d(fr) : 0;
   in->nframes = v->n;
   double tb = av_q2d(s->time_base);
-  in->duration_s = s->duration != AV_NOPTS_VALUE ? s->duration * tb
-                 : v->fmt->duration != AV_NOPTS_VALUE ? v->fmt->duration / (double)AV_TIME_BASE : 0;
+  in->duration_s = s->duration != AV_NOPTS_VALUE        ? s->duration * tb
+                   : v->fmt->duration != AV_NOPTS_VALUE ? v->fmt->duration / (double)AV_TIME_BASE
+                                                        : 0;
   in->start_s = v->n ? v->tab[0] * tb : 0;
   snprintf(in->codec, sizeof in->codec, "%s", avcodec_get_name(s->codecpar->codec_id));
   snprintf(in->container, sizeof in->container, "%s", v->fmt->iformat->name);
@@ -267,7 +274,8 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   int r = 0;
   if (st) goto fail;
   uint8_t *buf = av_malloc(IO_BUF);
-  v->avio = buf ? avio_alloc_context(buf, IO_BUF, 0, &v->io, mml_vio_read, NULL, mml_vio_seek) : NULL;
+  v->avio =
+      buf ? avio_alloc_context(buf, IO_BUF, 0, &v->io, mml_vio_read, NULL, mml_vio_seek) : NULL;
   v->fmt = avformat_alloc_context();
   v->pkt = av_packet_alloc();
   v->frm = av_frame_alloc();
@@ -330,7 +338,8 @@ static mml_status seek_to(mml_video *v, int64_t ts, mml_err *err) {
   avcodec_flush_buffers(v->dec);
   int r = av_seek_frame(v->fmt, v->si, ts, AVSEEK_FLAG_BACKWARD);
   if (r < 0) r = avformat_seek_file(v->fmt, v->si, INT64_MIN, ts, ts, 0);
-  if (r < 0 && ts == START_TS) r = av_seek_frame(v->fmt, v->si, 0, AVSEEK_FLAG_BYTE | AVSEEK_FLAG_BACKWARD);
+  if (r < 0 && ts == START_TS)
+    r = av_seek_frame(v->fmt, v->si, 0, AVSEEK_FLAG_BYTE | AVSEEK_FLAG_BACKWARD);
   if (r < 0) return av_fail(v, MML_EVIDEOCORRUPT, r, "seek", err);
   v->positioned = 1;
   v->after_seek = 1;
@@ -350,8 +359,10 @@ static int64_t key_at_or_before(const mml_video *v, int64_t t) {
   int64_t lo = 0, hi = v->nkeys; /* first key > t */
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
-    if (v->keys[mid] <= t) lo = mid + 1;
-    else hi = mid;
+    if (v->keys[mid] <= t)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo - 1;
 }
@@ -363,8 +374,10 @@ static int wanted(const mml_video *v, int64_t pts) {
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2;
     int64_t i = v->want[mid];
-    if (i >= v->n || v->tab[i] >= pts) hi = mid;
-    else lo = mid + 1;
+    if (i >= v->n || v->tab[i] >= pts)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return lo < v->want_n && (v->want[lo] >= v->n || v->tab[v->want[lo]] == pts);
 }
@@ -398,14 +411,20 @@ static int next_frame(mml_video *v) {
 
 static int sws_cs_of(enum AVColorSpace cs) {
   switch (cs) {
-    case AVCOL_SPC_BT709: return SWS_CS_ITU709;
-    case AVCOL_SPC_FCC: return SWS_CS_FCC;
+    case AVCOL_SPC_BT709:
+      return SWS_CS_ITU709;
+    case AVCOL_SPC_FCC:
+      return SWS_CS_FCC;
     case AVCOL_SPC_BT470BG:
-    case AVCOL_SPC_SMPTE170M: return SWS_CS_ITU601;
-    case AVCOL_SPC_SMPTE240M: return SWS_CS_SMPTE240M;
+    case AVCOL_SPC_SMPTE170M:
+      return SWS_CS_ITU601;
+    case AVCOL_SPC_SMPTE240M:
+      return SWS_CS_SMPTE240M;
     case AVCOL_SPC_BT2020_NCL:
-    case AVCOL_SPC_BT2020_CL: return SWS_CS_BT2020;
-    default: return SWS_CS_DEFAULT;
+    case AVCOL_SPC_BT2020_CL:
+      return SWS_CS_BT2020;
+    default:
+      return SWS_CS_DEFAULT;
   }
 }
 
@@ -414,7 +433,8 @@ static mml_status to_rgb(mml_video *v, mml_err *err) {
   const AVFrame *f = v->frm;
   int cs = sws_cs_of(f->colorspace), fmt = f->format;
   int range = f->color_range == AVCOL_RANGE_JPEG || fmt == AV_PIX_FMT_YUVJ420P ||
-              fmt == AV_PIX_FMT_YUVJ422P || fmt == AV_PIX_FMT_YUVJ444P || fmt == AV_PIX_FMT_YUVJ440P;
+              fmt == AV_PIX_FMT_YUVJ422P || fmt == AV_PIX_FMT_YUVJ444P ||
+              fmt == AV_PIX_FMT_YUVJ440P;
   if (f->width <= 0 || f->height <= 0 || (int64_t)f->width * f->height > v->max_pixels)
     return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: frame of %dx%d", v->name, f->width, f->height);
   if (!v->sws || v->sws_w != f->width || v->sws_h != f->height || v->sws_fmt != fmt ||
@@ -423,23 +443,26 @@ static mml_status to_rgb(mml_video *v, mml_err *err) {
     v->sws = sws_getContext(f->width, f->height, fmt, f->width, f->height, AV_PIX_FMT_RGB24,
                             SWS_BILINEAR, NULL, NULL, NULL);
     if (!v->sws)
-      return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot convert pixel format %s to RGB",
-                         v->name, av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?");
+      return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot convert pixel format %s to RGB", v->name,
+                         av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?");
     sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), range,
                              sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
-    v->sws_w = f->width, v->sws_h = f->height, v->sws_fmt = fmt, v->sws_cs = cs, v->sws_range = range;
+    v->sws_w = f->width, v->sws_h = f->height, v->sws_fmt = fmt, v->sws_cs = cs,
+    v->sws_range = range;
   }
   size_t stride = ((size_t)f->width * 3 + 63) & ~(size_t)63, need = stride * (size_t)f->height;
   if (need > v->rgb_cap) {
     av_free(v->rgb);
     v->rgb_cap = 0;
     if (!(v->rgb = av_malloc(need)))
-      return mml_err_set(err, MML_ENOMEM, "%s: out of memory for a %dx%d frame", v->name, f->width, f->height);
+      return mml_err_set(err, MML_ENOMEM, "%s: out of memory for a %dx%d frame", v->name, f->width,
+                         f->height);
     v->rgb_cap = need;
   }
   uint8_t *dst[4] = {v->rgb, NULL, NULL, NULL};
   int dst_stride[4] = {(int)stride, 0, 0, 0};
-  if (sws_scale(v->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, dst_stride) != f->height)
+  if (sws_scale(v->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst,
+                dst_stride) != f->height)
     return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: RGB conversion failed", v->name);
   v->rgb_stride = stride;
   v->rgb_w = f->width;
@@ -497,8 +520,13 @@ static mml_status find_frame(mml_video *v, int64_t index, int64_t t, int *found,
 
 static mml_status deliver(mml_video *v, int k, int64_t index, mml_video_frame_fn fn, void *ctx,
                           mml_err *err) {
-  mml_video_frame fr = {.k = k, .index = index, .pts_s = v->tab[index] * av_q2d(v->st->time_base),
-                        .rgb = v->rgb, .width = v->rgb_w, .height = v->rgb_h, .stride = v->rgb_stride};
+  mml_video_frame fr = {.k = k,
+                        .index = index,
+                        .pts_s = v->tab[index] * av_q2d(v->st->time_base),
+                        .rgb = v->rgb,
+                        .width = v->rgb_w,
+                        .height = v->rgb_h,
+                        .stride = v->rgb_stride};
   return fn(ctx, &fr, err);
 }
 
@@ -524,8 +552,8 @@ static mml_status decode_all(mml_video *v, const int64_t *idx, int n, int64_t nf
       if (!found)
         return mml_err_set(err, MML_EVIDEOCORRUPT,
                            "%s: frame %lld of %lld could not be decoded (cut-off or corrupt file: "
-                           "%lld frames readable)", v->name, (long long)i, (long long)nframes,
-                           (long long)v->n);
+                           "%lld frames readable)",
+                           v->name, (long long)i, (long long)nframes, (long long)v->n);
     }
     if ((st = deliver(v, k, i, fn, ctx, err))) return st;
   }

@@ -25,9 +25,9 @@
 
 struct mml_video_scratch {
   mml_decoder *dec;
-  mml_bytes rgb;          /* the frame after fetch_image's resize, interleaved RGB8 */
-  float *a, *b;           /* float planes */
-  size_t a_cap, b_cap;    /* in floats */
+  mml_bytes rgb;       /* the frame after fetch_image's resize, interleaved RGB8 */
+  float *a, *b;        /* float planes */
+  size_t a_cap, b_cap; /* in floats */
 };
 
 mml_status mml_video_scratch_new(mml_video_scratch **out) {
@@ -62,7 +62,8 @@ static mml_status fit(float **p, size_t *cap, size_t n, mml_err *err) {
 static mml_status qwen3_resize(int64_t t, int height, int width, int tf, int factor,
                                int64_t min_pixels, int64_t max_pixels, int *oh, int *ow,
                                mml_err *err) {
-  if (t < tf) return mml_err_set(err, MML_ERECORD, "video: %lld frames, fewer than %d", (long long)t, tf);
+  if (t < tf)
+    return mml_err_set(err, MML_ERECORD, "video: %lld frames, fewer than %d", (long long)t, tf);
   double H = height, W = width, f = factor;
   if (height < factor || width < factor) {
     double sc = fmax(f / H, f / W);
@@ -218,8 +219,8 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
       return mml_err_prefix(err, "frame %d", j), st;
     if (img.width != p->src_w || img.height != p->src_h) { /* frames of other sizes */
       int lh, lw;
-      if ((st = mml_video_list_frame_size(&v->keys, cfg->patch_size * cfg->merge_size,
-                                          img.height, img.width, &lh, &lw, err)))
+      if ((st = mml_video_list_frame_size(&v->keys, cfg->patch_size * cfg->merge_size, img.height,
+                                          img.width, &lh, &lw, err)))
         return st;
       if (lh != p->list_h || lw != p->list_w)
         return mml_err_set(err, MML_EDECODE, "frame %d decoded to %dx%d, not as planned", j,

@@ -169,8 +169,10 @@ int64_t mml_vio_seek(void *opaque, int64_t off, int whence) {
   mml_vio *io = opaque;
   whence &= ~AVSEEK_FORCE;
   if (whence == AVSEEK_SIZE) return io->size >= 0 ? io->size : AVERROR(ENOSYS);
-  int64_t base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? io->pos
-               : whence == SEEK_END && io->size >= 0 ? io->size : -1;
+  int64_t base = whence == SEEK_SET                    ? 0
+                 : whence == SEEK_CUR                  ? io->pos
+                 : whence == SEEK_END && io->size >= 0 ? io->size
+                                                       : -1;
   if (base < 0 || base + off < 0) return AVERROR(EINVAL);
   io->pos = base + off;
   return io->pos;

@@ -13,21 +13,21 @@
 #define MML_VIO_BLOCKS 4
 
 typedef struct mml_vio {
-  const char *name;           /* path or URL (borrowed from the mml_video) */
-  const uint8_t *data;        /* memory source */
-  int fd;                     /* file source (-1: none) */
-  mml_fetcher *fetcher;       /* remote source (NULL: none) */
-  int64_t size;               /* bytes of the source (-1: unknown) */
-  int64_t pos;                /* next byte the demuxer reads */
-  int64_t block;              /* remote block size */
+  const char *name;     /* path or URL (borrowed from the mml_video) */
+  const uint8_t *data;  /* memory source */
+  int fd;               /* file source (-1: none) */
+  mml_fetcher *fetcher; /* remote source (NULL: none) */
+  int64_t size;         /* bytes of the source (-1: unknown) */
+  int64_t pos;          /* next byte the demuxer reads */
+  int64_t block;        /* remote block size */
   struct {
-    int64_t off;              /* -1: empty */
-    uint64_t used;            /* LRU tick */
+    int64_t off;   /* -1: empty */
+    uint64_t used; /* LRU tick */
     mml_bytes b;
   } blk[MML_VIO_BLOCKS];
   uint64_t tick;
   int64_t bytes_read, max_bytes;
-  mml_status st;              /* first failure seen by a callback (MML_OK: none) */
+  mml_status st; /* first failure seen by a callback (MML_OK: none) */
   mml_err err;
 } mml_vio;
 

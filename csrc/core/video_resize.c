@@ -31,7 +31,6 @@
 
 #include "resize.h" /* mml_cpu_fma */
 
-
 #pragma GCC optimize("fp-contract=fast")
 
 typedef struct axis {

@@ -49,8 +49,8 @@ KFN static inline float K(dot)(const float *src, size_t stride, const float *w, 
   return out;
 }
 
-KFN static mml_status K(resize)(const float *src, int planes, int sw, int sh, float *dst,
-                                 int dw, int dh, mml_err *err) {
+KFN static mml_status K(resize)(const float *src, int planes, int sw, int sh, float *dst, int dw,
+                                int dh, mml_err *err) {
   if (planes < 1 || sw < 1 || sh < 1 || dw < 1 || dh < 1 || !src || !dst)
     return mml_err_set(err, MML_EINVAL, "resize: bad sizes %dx%d -> %dx%d", sw, sh, dw, dh);
   const int need_h = sw != dw, need_v = sh != dh;
@@ -89,7 +89,8 @@ KFN static mml_status K(resize)(const float *src, int planes, int sw, int sh, fl
       for (int y = 0; y < dh; y++) {
         const float *w = ay.w + (size_t)y * ay.taps;
         const float *col0 = plane + (size_t)ay.xmin[y] * dw;
-        for (int x = 0; x < dw; x++) op[(size_t)y * dw + x] = K(dot)(col0 + x, (size_t)dw, w, ay.xsize[y]);
+        for (int x = 0; x < dw; x++)
+          op[(size_t)y * dw + x] = K(dot)(col0 + x, (size_t)dw, w, ay.xsize[y]);
       }
     }
   }

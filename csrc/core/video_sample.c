@@ -96,9 +96,10 @@ static mml_status smart_nframes(const mml_video_keys *k, int64_t total, double f
     n = nearbyint((double)k->nframes / F) * F;
   } else {
     double want = k->fps > 0 ? k->fps : MML_VIDEO_FPS;
-    double min_frames = ceil_by(k->min_frames > 0 ? (double)k->min_frames
-                                                  : MML_VIDEO_FPS_MIN_FRAMES, F);
-    double max_default = total < MML_VIDEO_FPS_MAX_FRAMES ? (double)total : MML_VIDEO_FPS_MAX_FRAMES;
+    double min_frames =
+        ceil_by(k->min_frames > 0 ? (double)k->min_frames : MML_VIDEO_FPS_MIN_FRAMES, F);
+    double max_default =
+        total < MML_VIDEO_FPS_MAX_FRAMES ? (double)total : MML_VIDEO_FPS_MAX_FRAMES;
     double max_frames = floor_by(k->max_frames > 0 ? (double)k->max_frames : max_default, F);
     n = (double)total / fps * want;
     n = fmin(fmin(fmax(n, min_frames), max_frames), (double)total);
@@ -150,9 +151,9 @@ mml_status mml_video_frame_size(const mml_video_keys *k, int factor, int64_t nfr
                       out_h, out_w, err);
   double min_pixels = k->min_pixels > 0 ? (double)k->min_pixels : MML_VIDEO_MIN_TOKENS * f2;
   double total = k->total_pixels > 0 ? k->total_pixels : MML_VIDEO_MODEL_SEQ_LEN * f2 * 0.9;
-  double max_pixels = fmax(fmin(MML_VIDEO_MAX_TOKENS * f2,
-                                total / (double)nframes * MML_VIDEO_FRAME_FACTOR),
-                           (double)(int64_t)(min_pixels * 1.05));
+  double max_pixels =
+      fmax(fmin(MML_VIDEO_MAX_TOKENS * f2, total / (double)nframes * MML_VIDEO_FRAME_FACTOR),
+           (double)(int64_t)(min_pixels * 1.05));
   if (k->max_pixels > 0 && (double)k->max_pixels < max_pixels) max_pixels = (double)k->max_pixels;
   return qvu_resize(height, width, factor, min_pixels, max_pixels, out_h, out_w, err);
 }
@@ -162,8 +163,8 @@ mml_status mml_video_list_frame_size(const mml_video_keys *k, int factor, int he
   const int f = 2 * factor;
   const double f2 = (double)f * f;
   if (k->resized_height > 0 && k->resized_width > 0)
-    return qvu_resize((int)k->resized_height, (int)k->resized_width, f, 4 * f2, 16384 * f2,
-                      out_h, out_w, err);
+    return qvu_resize((int)k->resized_height, (int)k->resized_width, f, 4 * f2, 16384 * f2, out_h,
+                      out_w, err);
   double mn = k->min_pixels > 0 ? (double)k->min_pixels : 4 * f2;
   double mx = k->max_pixels > 0 ? (double)k->max_pixels : 16384 * f2;
   return qvu_resize(height, width, f, mn, mx, out_h, out_w, err);

@@ -90,18 +90,19 @@ size_t mml_vision_row_bytes(const mml_vision_cfg *cfg) {
 
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
   if (cfg->patch_size < 1 || cfg->patch_size > 1024)
-    return mml_err_set(err, MML_ECONFIG, "patch_size must be in [1, 1024], got %d", cfg->patch_size);
+    return mml_err_set(err, MML_ECONFIG, "patch_size must be in [1, 1024], got %d",
+                       cfg->patch_size);
   if (cfg->merge_size < 1 || cfg->merge_size > 64)
     return mml_err_set(err, MML_ECONFIG, "merge_size must be in [1, 64], got %d", cfg->merge_size);
   if (cfg->temporal_patch_size < 1 || cfg->temporal_patch_size > 64)
     return mml_err_set(err, MML_ECONFIG, "temporal_patch_size must be in [1, 64], got %d",
                        cfg->temporal_patch_size);
   if (cfg->min_pixels < 1 || cfg->max_pixels < cfg->min_pixels)
-    return mml_err_set(err, MML_ECONFIG,
-                       "need 0 < min_pixels <= max_pixels, got %lld and %lld",
+    return mml_err_set(err, MML_ECONFIG, "need 0 < min_pixels <= max_pixels, got %lld and %lld",
                        (long long)cfg->min_pixels, (long long)cfg->max_pixels);
   if (cfg->max_pixels > ((int64_t)1 << 50))
-    return mml_err_set(err, MML_ECONFIG, "max_pixels %lld is too large", (long long)cfg->max_pixels);
+    return mml_err_set(err, MML_ECONFIG, "max_pixels %lld is too large",
+                       (long long)cfg->max_pixels);
   if (cfg->max_image_pixels < 0)
     return mml_err_set(err, MML_ECONFIG, "max_image_pixels must be >= 0 (0: no limit)");
   for (int c = 0; c < 3; c++) {
@@ -117,11 +118,10 @@ mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
 /* ---------------------------------------------------------------- smart_resize */
 
 mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
-                            int64_t max_pixels, int legacy, int *out_h, int *out_w,
-                            mml_err *err) {
+                            int64_t max_pixels, int legacy, int *out_h, int *out_w, mml_err *err) {
   if (height < 1 || width < 1 || factor < 1)
-    return mml_err_set(err, MML_EINVAL, "smart_resize: bad size %dx%d or factor %d", width,
-                       height, factor);
+    return mml_err_set(err, MML_EINVAL, "smart_resize: bad size %dx%d or factor %d", width, height,
+                       factor);
   if (legacy == MML_RESIZE_LEGACY && (height < factor || width < factor))
     return mml_err_set(err, MML_EINVAL,
                        "height:%d or width:%d must be larger than factor:%d (legacy smart_resize)",
@@ -155,8 +155,8 @@ mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixel
     return mml_err_set(err, MML_EINVAL, "smart_resize: %dx%d resizes to an empty image", width,
                        height);
   if (h_bar > 1 << 30 || w_bar > 1 << 30)
-    return mml_err_set(err, MML_EINVAL, "smart_resize: %dx%d resizes to an oversized image",
-                       width, height);
+    return mml_err_set(err, MML_EINVAL, "smart_resize: %dx%d resizes to an oversized image", width,
+                       height);
   *out_h = (int)h_bar;
   *out_w = (int)w_bar;
   return MML_OK;
@@ -187,8 +187,8 @@ mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
   int h, w;
-  const int variant = cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_RESIZE_QWEN_VL_UTILS
-                                                            : cfg->legacy_resize;
+  const int variant =
+      cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_RESIZE_QWEN_VL_UTILS : cfg->legacy_resize;
   st = mml_smart_resize(height, width, cfg->patch_size * cfg->merge_size, cfg->min_pixels,
                         cfg->max_pixels, variant, &h, &w, err);
   if (st != MML_OK) return st;
@@ -213,18 +213,17 @@ static mml_status budget_size(const mml_vision_cfg *cfg, int width, int height,
   return mml_smart_resize(height, width, (int)f, mn, mx, MML_RESIZE_QWEN_VL_UTILS, h, w, err);
 }
 
-mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data,
-                                        size_t len, const mml_image_budget *b,
-                                        mml_vision_plan *plan, mml_err *err) {
+mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                        const mml_image_budget *b, mml_vision_plan *plan,
+                                        mml_err *err) {
   mml_image_info info;
   memset(plan, 0, sizeof *plan);
   mml_status st = mml_image_probe(data, len, &info, err);
   if (st != MML_OK) return st;
   int64_t px = (int64_t)info.width * info.height;
   if (cfg->max_image_pixels > 0 && px > cfg->max_image_pixels)
-    return mml_err_set(err, MML_ETOOBIG,
-                       "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld", info.width,
-                       info.height, (long long)px, (long long)cfg->max_image_pixels);
+    return mml_err_set(err, MML_ETOOBIG, "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld",
+                       info.width, info.height, (long long)px, (long long)cfg->max_image_pixels);
   const int orient = cfg->route == MML_ROUTE_LOAD_IMAGE ? mml_image_orientation(data, len) : 1;
   const int swap = orient >= 5; /* transpose, rotations by 90 degrees, transverse */
   const int W = swap ? info.height : info.width, H = swap ? info.width : info.height;
@@ -293,14 +292,13 @@ static mml_status check_plan(const mml_vision_cfg *cfg, const mml_vision_plan *p
   if (!plan || !dst || !dst->out)
     return mml_err_set(err, MML_EINVAL, "vision: no plan or output buffer");
   if (plan->dst_w < P * M || plan->dst_h < P * M || plan->dst_w % (P * M) ||
-      plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P ||
-      plan->grid_h != plan->dst_h / P || plan->rows != (int64_t)plan->grid_h * plan->grid_w)
+      plan->dst_h % (P * M) || plan->grid_w != plan->dst_w / P || plan->grid_h != plan->dst_h / P ||
+      plan->rows != (int64_t)plan->grid_h * plan->grid_w)
     return mml_err_set(err, MML_EINVAL, "vision: plan does not fit this configuration");
   if (dst->slots < 1 || dst->slots > cfg->temporal_patch_size || dst->slot0 < 0 ||
       dst->nslots < 1 || dst->slot0 + dst->nslots > dst->slots)
     return mml_err_set(err, MML_EINVAL, "vision: frame slots [%d, %d) of %d do not fit T=%d",
-                       dst->slot0, dst->slot0 + dst->nslots, dst->slots,
-                       cfg->temporal_patch_size);
+                       dst->slot0, dst->slot0 + dst->nslots, dst->slots, cfg->temporal_patch_size);
   return MML_OK;
 }
 
@@ -310,9 +308,8 @@ static mml_status image_dst(const mml_vision_cfg *cfg, const mml_vision_plan *pl
   const int slots = cfg->pixel_format == MML_PIXEL_UINT8 ? 1 : cfg->temporal_patch_size;
   *dst = (mml_pixel_dst){out, slots, 0, slots};
   if (plan && plan->cols != mml_vision_pixel_cols(cfg))
-    return mml_err_set(err, MML_EINVAL, "vision: plan has %d columns, the %s format %d",
-                       plan->cols, mml_dtype_name(mml_vision_pixel_dtype(cfg)),
-                       mml_vision_pixel_cols(cfg));
+    return mml_err_set(err, MML_EINVAL, "vision: plan has %d columns, the %s format %d", plan->cols,
+                       mml_dtype_name(mml_vision_pixel_dtype(cfg)), mml_vision_pixel_cols(cfg));
   return check_plan(cfg, plan, dst, err);
 }
 
@@ -340,16 +337,16 @@ static uint8_t *timed_row_buf(void *ctx, int y) {
 }
 
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
-                                    const uint8_t *data, size_t len,
-                                    const mml_vision_plan *plan, void *out, mml_err *err) {
+                                    const uint8_t *data, size_t len, const mml_vision_plan *plan,
+                                    void *out, mml_err *err) {
   mml_pixel_dst dst;
   mml_status st = image_dst(cfg, plan, out, &dst, err);
   if (st != MML_OK) return st;
-  const mml_decode_opts opts = {
-      .strict_jpeg = cfg->strict_jpeg,
-      .alpha = cfg->route == MML_ROUTE_LOAD_IMAGE     ? MML_ALPHA_DROP
-               : cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_ALPHA_PASTE
-                                                       : MML_ALPHA_COMPOSITE};
+  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg,
+                                .alpha = cfg->route == MML_ROUTE_LOAD_IMAGE ? MML_ALPHA_DROP
+                                         : cfg->route == MML_ROUTE_QWEN_VL_UTILS
+                                             ? MML_ALPHA_PASTE
+                                             : MML_ALPHA_COMPOSITE};
   mml_decoder_set_opts(s->dec, &opts);
   if (plan->orientation > 1) { /* whole image, turned, then the RGB path */
     mml_rgb8 img, t;
@@ -370,9 +367,13 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   patch_ctx g;
   if ((st = mml_patch_init(&g, s, cfg, plan, &dst, err)) != MML_OK) return st;
   if (cfg->route == MML_ROUTE_QWEN_VL_UTILS) g.dec = s->dec, g.key = -1;
-  resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h,
-                  .expect_w = scale == 1 ? plan->src_w : 0, .expect_h = scale == 1 ? plan->src_h : 0,
-                  .h_first_always = cfg->pillow_h_first, .out = mml_patch_out(&g)};
+  resize_job j = {.s = s,
+                  .dst_w = plan->dst_w,
+                  .dst_h = plan->dst_h,
+                  .expect_w = scale == 1 ? plan->src_w : 0,
+                  .expect_h = scale == 1 ? plan->src_h : 0,
+                  .h_first_always = cfg->pillow_h_first,
+                  .out = mml_patch_out(&g)};
   timed_job tj = {&j, 0.0};
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
@@ -391,8 +392,12 @@ mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scra
   if (st != MML_OK) return st;
   patch_ctx g;
   if ((st = mml_patch_init(&g, s, cfg, plan, dst, err)) != MML_OK) return st;
-  resize_job j = {.s = s, .dst_w = plan->dst_w, .dst_h = plan->dst_h, .expect_w = plan->src_w,
-                  .expect_h = plan->src_h, .h_first_always = cfg->pillow_h_first,
+  resize_job j = {.s = s,
+                  .dst_w = plan->dst_w,
+                  .dst_h = plan->dst_h,
+                  .expect_w = plan->src_w,
+                  .expect_h = plan->src_h,
+                  .h_first_always = cfg->pillow_h_first,
                   .out = mml_patch_out(&g)};
   st = mml_resize_job_feed(&j, img, err);
   if (st == MML_OK) mml_patch_finish(&g);
@@ -434,12 +439,15 @@ mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *
   if (mml_bytes_reserve(&s->rows, (size_t)MML_HROWS * 3 * dst_w))
     return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", dst_w);
   copy_ctx c = {dst, s->rows.data, dst_w};
-  resize_job j = {.s = s, .dst_w = dst_w, .dst_h = dst_h, .h_first_always = h_first_always,
+  resize_job j = {.s = s,
+                  .dst_w = dst_w,
+                  .dst_h = dst_h,
+                  .h_first_always = h_first_always,
                   .out = {copy_dst, copy_done, &c, (size_t)dst_w}};
   return mml_resize_job_feed(&j, src, err);
 }
 
-mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
-                                   int dst_h, uint8_t *dst, mml_err *err) {
+mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w, int dst_h,
+                                   uint8_t *dst, mml_err *err) {
   return mml_resize_bicubic_rgb8_order(s, src, dst_w, dst_h, 0, dst, err);
 }

@@ -15,15 +15,15 @@
 struct mml_vision_scratch {
   mml_decoder *dec;
   mml_resample_axis ax, ay;
-  mml_bytes ring; /* rows the vertical pass still needs (see resize_job) */
-  mml_bytes pend; /* rows waiting for the horizontal pass */
-  mml_bytes tbuf; /* transposed rows for the horizontal pass */
-  mml_bytes rows; /* planar output rows of the plain resize (mml_resize_bicubic_rgb8) */
+  mml_bytes ring;     /* rows the vertical pass still needs (see resize_job) */
+  mml_bytes pend;     /* rows waiting for the horizontal pass */
+  mml_bytes tbuf;     /* transposed rows for the horizontal pass */
+  mml_bytes rows;     /* planar output rows of the plain resize (mml_resize_bicubic_rgb8) */
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
-  mml_bytes block;    /* two blocks of P*M planar output rows for patchify */
-  mml_bytes turned;   /* an EXIF-transposed image (the load_image route) */
-  float *ptmp;        /* one patch, aligned, for non-temporal output stores */
+  mml_bytes block;  /* two blocks of P*M planar output rows for patchify */
+  mml_bytes turned; /* an EXIF-transposed image (the load_image route) */
+  float *ptmp;      /* one patch, aligned, for non-temporal output stores */
   size_t ptmp_cap;
   /* normalisation of the last config seen: the reference values per channel and byte,
    * and whether the division-free vector formula reproduces all of them */
@@ -31,7 +31,7 @@ struct mml_vision_scratch {
   float norm_mean[3], norm_std[3];
   float lut[3][256];
   uint16_t lut16[3][256]; /* lut rounded to bfloat16 */
-  double decode_s; /* time inside the decoder itself (mml_vision_scratch_decode_s) */
+  double decode_s;        /* time inside the decoder itself (mml_vision_scratch_decode_s) */
 };
 
 /* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
@@ -60,10 +60,10 @@ typedef struct resize_job {
   int src_w, src_h;
   int need_h, need_v, vfirst;
   int ring_n;
-  size_t slot;    /* bytes per ring row */
-  size_t pstride; /* bytes per pend row (a source-width row and MML_ROW_SLACK) */
-  int row_end;    /* source rows from here on are not read */
-  int next;       /* next vertical output row (or next row when there is no vertical pass) */
+  size_t slot;         /* bytes per ring row */
+  size_t pstride;      /* bytes per pend row (a source-width row and MML_ROW_SLACK) */
+  int row_end;         /* source rows from here on are not read */
+  int next;            /* next vertical output row (or next row when there is no vertical pass) */
   int pend_n, pend_y0; /* rows waiting for the horizontal pass and the first one's index */
 } resize_job;
 
@@ -85,18 +85,18 @@ struct patch_ctx {
   uint8_t *out;         /* first output row */
   size_t row_bytes;     /* bytes per output row: 3*S*P*P values */
   patch_writer write;   /* the writer of the format (mml_patch_init) */
-  uint8_t *block;   /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
-  size_t half;      /* bytes of one block */
-  float *ptmp;      /* one patch row (row_bytes), 64-byte aligned, or NULL */
-  int fast;         /* the AVX2 float32 writer may use norm8_fast (verified for this config) */
+  uint8_t *block;       /* 2 x 3 planes x P*M output rows of W+16 bytes (scratch) */
+  size_t half;          /* bytes of one block */
+  float *ptmp;          /* one patch row (row_bytes), 64-byte aligned, or NULL */
+  int fast;             /* the AVX2 float32 writer may use norm8_fast (verified for this config) */
   int pend_bh, pend_bw; /* block row still being written (-1: none), next patch column */
   float mean[3], std[3];
-  const float (*lut)[256];     /* [3][256] reference values (scratch) */
+  const float (*lut)[256];      /* [3][256] reference values (scratch) */
   const uint16_t (*lut16)[256]; /* [3][256] the same, rounded to bfloat16 (scratch) */
   /* qwen-vl-utils route: a colour the processor turns white after that route's resize
    * (mml_decoder_color_key), asked of `dec` at the first output row */
   const mml_decoder *dec;
-  int key;                 /* -1: not asked yet, 0: none, 1: kc */
+  int key; /* -1: not asked yet, 0: none, 1: kc */
   uint8_t kc[3];
 };
 

@@ -58,46 +58,46 @@ static uint8_t *patch_row(const patch_ctx *g, int bh, int bw, int mh, int mw) {
 /* Runs BODY for every patch row (c, py) of every patch of block row bh in [bw0, bw1), in
  * output memory order, with `row` the output row, `s` the P source bytes and `k` the
  * value index of (c, slot0, py, 0) in the row. */
-#define FOR_PATCH_ROWS(g, bh, bw0, bw1, BODY)                                      \
-  for (int bw = (bw0); bw < (bw1); bw++)                                          \
-    for (int mh = 0; mh < (g)->M; mh++)                                           \
-      for (int mw = 0; mw < (g)->M; mw++) {                                       \
-        uint8_t *row = patch_row((g), (bh), bw, mh, mw);                          \
-        const int x0 = (bw * (g)->M + mw) * (g)->P;                               \
-        for (int c = 0; c < 3; c++)                                               \
-          for (int py = 0; py < (g)->P; py++) {                                   \
-            const uint8_t *restrict s = patch_src((g), (bh), c, mh, py, x0);      \
+#define FOR_PATCH_ROWS(g, bh, bw0, bw1, BODY)                                            \
+  for (int bw = (bw0); bw < (bw1); bw++)                                                 \
+    for (int mh = 0; mh < (g)->M; mh++)                                                  \
+      for (int mw = 0; mw < (g)->M; mw++) {                                              \
+        uint8_t *row = patch_row((g), (bh), bw, mh, mw);                                 \
+        const int x0 = (bw * (g)->M + mw) * (g)->P;                                      \
+        for (int c = 0; c < 3; c++)                                                      \
+          for (int py = 0; py < (g)->P; py++) {                                          \
+            const uint8_t *restrict s = patch_src((g), (bh), c, mh, py, x0);             \
             const size_t k = ((size_t)(c * (g)->S + (g)->slot0) * (g)->P + py) * (g)->P; \
-            BODY                                                                  \
-          }                                                                       \
+            BODY                                                                         \
+          }                                                                              \
       }
 
 /* Writes P table values to each of the image's frame slots of one patch row.  PCONST is
  * a compile-time constant in the common cases (14, 16) so the loops unroll. */
-#define SLOT_ROW(TYPE, PCONST)                                                    \
-  do {                                                                            \
-    TYPE v[PCONST];                                                               \
-    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]];                       \
-    for (int t = 0; t < g->nslots; t++) {                                         \
-      TYPE *restrict d = d0 + (size_t)t * PP;                                     \
-      for (int px = 0; px < (PCONST); px++) d[px] = v[px];                        \
-    }                                                                             \
+#define SLOT_ROW(TYPE, PCONST)                              \
+  do {                                                      \
+    TYPE v[PCONST];                                         \
+    for (int px = 0; px < (PCONST); px++) v[px] = l[s[px]]; \
+    for (int t = 0; t < g->nslots; t++) {                   \
+      TYPE *restrict d = d0 + (size_t)t * PP;               \
+      for (int px = 0; px < (PCONST); px++) d[px] = v[px];  \
+    }                                                       \
   } while (0)
 
-#define TABLE_WRITER(NAME, TYPE, LUT)                                             \
-  static void NAME(patch_ctx *g, int bh, int bw0, int bw1) {                      \
-    const int P = g->P, PP = P * P;                                               \
-    FOR_PATCH_ROWS(g, bh, bw0, bw1, {                                             \
-      const TYPE *l = g->LUT[c];                                                  \
-      TYPE *d0 = (TYPE *)row + k;                                                 \
-      if (P == 14)                                                                \
-        SLOT_ROW(TYPE, 14);                                                       \
-      else if (P == 16)                                                           \
-        SLOT_ROW(TYPE, 16);                                                       \
-      else                                                                        \
-        for (int t = 0; t < g->nslots; t++)                                       \
-          for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]];      \
-    })                                                                            \
+#define TABLE_WRITER(NAME, TYPE, LUT)                                        \
+  static void NAME(patch_ctx *g, int bh, int bw0, int bw1) {                 \
+    const int P = g->P, PP = P * P;                                          \
+    FOR_PATCH_ROWS(g, bh, bw0, bw1, {                                        \
+      const TYPE *l = g->LUT[c];                                             \
+      TYPE *d0 = (TYPE *)row + k;                                            \
+      if (P == 14)                                                           \
+        SLOT_ROW(TYPE, 14);                                                  \
+      else if (P == 16)                                                      \
+        SLOT_ROW(TYPE, 16);                                                  \
+      else                                                                   \
+        for (int t = 0; t < g->nslots; t++)                                  \
+          for (int px = 0; px < P; px++) d0[(size_t)t * PP + px] = l[s[px]]; \
+    })                                                                       \
   }
 
 /* float32: the reference values through the table (portable). */
@@ -134,9 +134,8 @@ __attribute__((target("avx2"))) static inline __m256 norm8(const uint8_t *s, __m
  * the float reciprocal plus one FMA correction step.  That is correctly rounded for almost
  * all operands but not provably for all, so it is only used when norm_fast_exact() found
  * it equal, bit for bit, to the reference for all 256 byte values of every channel. */
-__attribute__((target("avx2,fma"))) static inline __m256 norm8_fast(const uint8_t *s,
-                                                                    __m256 mean, __m256 sd,
-                                                                    __m256 rsd) {
+__attribute__((target("avx2,fma"))) static inline __m256 norm8_fast(const uint8_t *s, __m256 mean,
+                                                                    __m256 sd, __m256 rsd) {
   const __m256 c255 = _mm256_set1_ps(255.0f), r255 = _mm256_set1_ps(1.0f / 255.0f);
   __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)s)));
   __m256 q = _mm256_mul_ps(v, r255);
@@ -180,8 +179,8 @@ __attribute__((target("avx2,fma"))) static void write_f32_avx2(patch_ctx *g, int
   }
   const int fast = g->fast;
   const size_t nf = g->row_bytes / sizeof(float);
-  const int stream = g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 32) == 0 &&
-                     g->row_bytes % 32 == 0;
+  const int stream =
+      g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 32) == 0 && g->row_bytes % 32 == 0;
   for (int bw = bw0; bw < bw1; bw++)
     for (int mh = 0; mh < g->M; mh++)
       for (int mw = 0; mw < g->M; mw++) {
@@ -277,8 +276,9 @@ static void scratch_tables(mml_vision_scratch *s, const float mean[3], const flo
 
 /* Picks the writer of cfg->pixel_format (the AVX2 one for float32 where it runs). */
 static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
-  g->write = format == MML_PIXEL_UINT8 ? write_u8 : format == MML_PIXEL_BFLOAT16 ? write_bf16
-                                                                                 : write_f32;
+  g->write = format == MML_PIXEL_UINT8      ? write_u8
+             : format == MML_PIXEL_BFLOAT16 ? write_bf16
+                                            : write_f32;
   g->fast = 0;
   g->ptmp = NULL;
 #ifdef MML_HAVE_AVX2_PATCH
@@ -289,8 +289,10 @@ static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
     if (s->ptmp_cap < need) {
       free(s->ptmp);
       s->ptmp_cap = 0;
-      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float))) s->ptmp = NULL;
-      else s->ptmp_cap = need;
+      if (posix_memalign((void **)&s->ptmp, 64, need * sizeof(float)))
+        s->ptmp = NULL;
+      else
+        s->ptmp_cap = need;
     }
     g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
   }

@@ -12,13 +12,12 @@
 #include "vision_int.h"
 /* ---------------------------------------------------------------- the resize pipeline */
 
-
 mml_status mml_resize_job_begin(void *ctx, int w, int h, mml_err *err) {
   resize_job *j = ctx;
   mml_vision_scratch *s = j->s;
   if ((j->expect_w && w != j->expect_w) || (j->expect_h && h != j->expect_h))
-    return mml_err_set(err, MML_EDECODE, "decoded size %dx%d differs from the header's %dx%d", w,
-                       h, j->expect_w, j->expect_h);
+    return mml_err_set(err, MML_EDECODE, "decoded size %dx%d differs from the header's %dx%d", w, h,
+                       j->expect_w, j->expect_h);
   j->src_w = w;
   j->src_h = h;
   j->need_h = w != j->dst_w;

@@ -111,13 +111,22 @@ static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
   struct {
     const char *name;
     long long v;
-  } f[] = {{"micro_batch_size", 1}, {"seq_length", 0},     {"pack", 0},
-           {"pack_length", 0},      {"pad_to_multiple", 0}, {"pad_id", MML_QWEN_ENDOFTEXT_ID},
-           {"shift_labels", 0},     {"attention_mask", 0}, {"mrope", 0},
-           {"spatial_merge", 2},    {"image_pad_id", MML_QWEN_IMAGE_PAD_ID},
+  } f[] = {{"micro_batch_size", 1},
+           {"seq_length", 0},
+           {"pack", 0},
+           {"pack_length", 0},
+           {"pad_to_multiple", 0},
+           {"pad_id", MML_QWEN_ENDOFTEXT_ID},
+           {"shift_labels", 0},
+           {"attention_mask", 0},
+           {"mrope", 0},
+           {"spatial_merge", 2},
+           {"image_pad_id", MML_QWEN_IMAGE_PAD_ID},
            {"vision_start_id", MML_QWEN_VISION_START_ID},
-           {"pixel_cols", 1176},    {"mm_token_type_ids", 0},
-           {"video_pad_id", MML_QWEN_VIDEO_PAD_ID}, {"second_per_grid", 0},
+           {"pixel_cols", 1176},
+           {"mm_token_type_ids", 0},
+           {"video_pad_id", MML_QWEN_VIDEO_PAD_ID},
+           {"second_per_grid", 0},
            {"split_video_frames", 0}};
   const int nf = (int)(sizeof f / sizeof f[0]);
   for (int i = 0; i < nf; i++)
@@ -232,10 +241,10 @@ static int emit_into(mml_collator *c, PyObject *out) {
     rc = !t || PyDict_SetItemString(d, b.tensors[i].name, t);
     Py_XDECREF(t);
   }
-  PyObject *stats = rc ? NULL
-                       : Py_BuildValue("{s:i,s:L,s:L}", "nsamples", b.nsamples, "real_tokens",
-                                       (long long)b.real_tokens, "token_slots",
-                                       (long long)b.token_slots);
+  PyObject *stats =
+      rc ? NULL
+         : Py_BuildValue("{s:i,s:L,s:L}", "nsamples", b.nsamples, "real_tokens",
+                         (long long)b.real_tokens, "token_slots", (long long)b.token_slots);
   PyObject *pair = stats ? PyTuple_Pack(2, d, stats) : NULL;
   rc = !pair || PyList_Append(out, pair);
   Py_XDECREF(pair);

@@ -25,7 +25,8 @@ static void pass_candidates(void) {
     int n = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lst) && n < 8; i++) {
       const char *p = PyUnicode_Check(PyList_GET_ITEM(lst, i))
-                          ? PyUnicode_AsUTF8(PyList_GET_ITEM(lst, i)) : NULL;
+                          ? PyUnicode_AsUTF8(PyList_GET_ITEM(lst, i))
+                          : NULL;
       if (p) paths[n++] = p;
     }
     mml_cuda_set_candidates(paths, n);
@@ -172,12 +173,18 @@ static int dtype_of_format(const Py_buffer *v, mml_dtype *out) {
   const char *f = v->format ? v->format : "B";
   if (*f == '<' || *f == '=' || *f == '@') f++;
   char c = *f;
-  if (c == 'f' && v->itemsize == 4) *out = MML_DT_FLOAT32;
-  else if (c == '?' && v->itemsize == 1) *out = MML_DT_BOOL;
-  else if ((c == 'B' || c == 'b') && v->itemsize == 1) *out = MML_DT_UINT8;
-  else if (strchr("ilqn", c) && v->itemsize == 4) *out = MML_DT_INT32;
-  else if (strchr("ilqn", c) && v->itemsize == 8) *out = MML_DT_INT64;
-  else return -1;
+  if (c == 'f' && v->itemsize == 4)
+    *out = MML_DT_FLOAT32;
+  else if (c == '?' && v->itemsize == 1)
+    *out = MML_DT_BOOL;
+  else if ((c == 'B' || c == 'b') && v->itemsize == 1)
+    *out = MML_DT_UINT8;
+  else if (strchr("ilqn", c) && v->itemsize == 4)
+    *out = MML_DT_INT32;
+  else if (strchr("ilqn", c) && v->itemsize == 8)
+    *out = MML_DT_INT64;
+  else
+    return -1;
   return 0;
 }
 
@@ -315,9 +322,9 @@ static PyObject *stage_usage(StageObject *self, PyObject *noargs) {
   size_t dc, dl, pc, pl;
   mml_pool_usage(mml_device_stage_pool(self->stage), &dc, &dl);
   mml_pool_usage(self->pinned, &pc, &pl);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K}", "device_cached", (unsigned long long)dc,
-                       "device_live", (unsigned long long)dl, "pinned_cached",
-                       (unsigned long long)pc, "pinned_live", (unsigned long long)pl);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K}", "device_cached", (unsigned long long)dc, "device_live",
+                       (unsigned long long)dl, "pinned_cached", (unsigned long long)pc,
+                       "pinned_live", (unsigned long long)pl);
 }
 
 static PyObject *stage_close(StageObject *self, PyObject *noargs) {
@@ -347,8 +354,9 @@ static PyTypeObject Stage_Type = {
     .tp_basicsize = sizeof(StageObject),
     .tp_dealloc = (destructor)stage_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "DeviceStage(device=0, max_cached_bytes=0): the loader's host-to-device copy "
-              "stage on its own (tests, benchmarks).  Raises CudaError without CUDA.",
+    .tp_doc =
+        "DeviceStage(device=0, max_cached_bytes=0): the loader's host-to-device copy "
+        "stage on its own (tests, benchmarks).  Raises CudaError without CUDA.",
     .tp_methods = stage_methods,
     .tp_init = (initproc)stage_init,
     .tp_new = PyType_GenericNew,

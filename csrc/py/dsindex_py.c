@@ -54,8 +54,8 @@ static PyObject *summary_dict(const mml_index_summary *s) {
     }
     Py_DECREF(v);
     if (s->example[st][0] && !PyDict_GetItemString(ex, r)) {
-      PyObject *m = PyUnicode_DecodeUTF8(s->example[st], (Py_ssize_t)strlen(s->example[st]),
-                                         "replace");
+      PyObject *m =
+          PyUnicode_DecodeUTF8(s->example[st], (Py_ssize_t)strlen(s->example[st]), "replace");
       if (!m || PyDict_SetItemString(ex, r, m) < 0) {
         Py_XDECREF(m);
         goto done;
@@ -63,13 +63,12 @@ static PyObject *summary_dict(const mml_index_summary *s) {
       Py_DECREF(m);
     }
   }
-  d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:K,s:d,s:O,s:O,s:O,s:O}", "samples",
-                    (long long)s->samples, "good", (long long)s->good, "resumed",
-                    (long long)s->resumed, "images", (long long)s->images, "text_tokens",
-                    (long long)s->text_tokens, "image_tokens", (long long)s->image_tokens,
-                    "bytes_read", (unsigned long long)s->bytes_read, "seconds", s->seconds,
-                    "image_token_hist", hist, "bad", bad, "examples", ex, "up_to_date",
-                    s->up_to_date ? Py_True : Py_False);
+  d = Py_BuildValue(
+      "{s:L,s:L,s:L,s:L,s:L,s:L,s:K,s:d,s:O,s:O,s:O,s:O}", "samples", (long long)s->samples, "good",
+      (long long)s->good, "resumed", (long long)s->resumed, "images", (long long)s->images,
+      "text_tokens", (long long)s->text_tokens, "image_tokens", (long long)s->image_tokens,
+      "bytes_read", (unsigned long long)s->bytes_read, "seconds", s->seconds, "image_token_hist",
+      hist, "bad", bad, "examples", ex, "up_to_date", s->up_to_date ? Py_True : Py_False);
 done:
   Py_XDECREF(hist);
   Py_XDECREF(bad);
@@ -95,9 +94,10 @@ static PyObject *py_build_index(PyObject *self, PyObject *args, PyObject *kw) {
   mml_err_clear(&err);
   mml_status st;
   Py_INCREF(lo); /* the loader must outlive the build */
-  Py_BEGIN_ALLOW_THREADS st = mml_loader_build_index(L, shard, out, threads, on_progress, &ctx,
-                                                     sum, &err);
-  Py_END_ALLOW_THREADS Py_DECREF(lo);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_loader_build_index(L, shard, out, threads, on_progress, &ctx, sum, &err);
+  Py_END_ALLOW_THREADS
+  Py_DECREF(lo);
   PyObject *r = NULL;
   if (ctx.failed) {
     /* the callback's exception (e.g. KeyboardInterrupt) is pending */
@@ -135,9 +135,11 @@ static PyObject *py_read_index(PyObject *self, PyObject *args) {
   mml_err err;
   mml_status st;
   mml_dsx x;
-  Py_BEGIN_ALLOW_THREADS st = mml_read_file(path, 0, -1, &b, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_read_file(path, 0, -1, &b, &err);
   if (!st) st = mml_dsx_parse(b.data, b.len, path, &x, &err);
-  Py_END_ALLOW_THREADS mml_bytes_free(&b);
+  Py_END_ALLOW_THREADS
+  mml_bytes_free(&b);
   if (st) return mml_py_raise(st, &err);
   PyObject *tt = PyList_New(x.n), *st_l = PyList_New(x.n), *imgs = PyList_New(x.n);
   for (int64_t i = 0; tt && st_l && imgs && i < x.n; i++) {
@@ -146,8 +148,9 @@ static PyObject *py_read_index(PyObject *self, PyObject *args) {
     PyObject *l = PyList_New(x.samples[i].nimages);
     for (int j = 0; l && j < x.samples[i].nimages; j++) {
       const mml_dsx_image *m = &x.images[x.first_image[i] + j];
-      PyList_SET_ITEM(l, j, Py_BuildValue("(kkk)", (unsigned long)m->width,
-                                          (unsigned long)m->height, (unsigned long)m->tokens));
+      PyList_SET_ITEM(l, j,
+                      Py_BuildValue("(kkk)", (unsigned long)m->width, (unsigned long)m->height,
+                                    (unsigned long)m->tokens));
     }
     PyList_SET_ITEM(imgs, i, l ? l : (Py_INCREF(Py_None), Py_None));
   }
@@ -159,10 +162,10 @@ static PyObject *py_read_index(PyObject *self, PyObject *args) {
   if (tt && st_l && imgs)
     r = Py_BuildValue("{s:i,s:L,s:L,s:L,s:L,s:s,s:s,s:s,s:s,s:s,s:O,s:O,s:O}", "version",
                       (int)MML_DSX_VERSION, "samples", (long long)x.n, "num_images",
-                      (long long)x.nimages, "shard_size", (long long)x.shard_size,
-                      "shard_mtime_ns", (long long)x.shard_mtime_ns, "etag", x.etag, "key", key,
-                      "settings", x.settings, "layout", layouts[x.layout], "compression",
-                      comp[x.compression], "text_tokens", tt, "status", st_l, "images", imgs);
+                      (long long)x.nimages, "shard_size", (long long)x.shard_size, "shard_mtime_ns",
+                      (long long)x.shard_mtime_ns, "etag", x.etag, "key", key, "settings",
+                      x.settings, "layout", layouts[x.layout], "compression", comp[x.compression],
+                      "text_tokens", tt, "status", st_l, "images", imgs);
   Py_XDECREF(tt);
   Py_XDECREF(st_l);
   Py_XDECREF(imgs);

@@ -11,12 +11,16 @@ PyObject *mml_py_Error, *mml_py_ConfigError, *mml_py_SampleError, *mml_py_FetchE
 
 PyObject *mml_py_exc_for(mml_status st) {
   switch (st) {
-    case MML_ENOMEM: return mml_py_OutOfMemoryError;
+    case MML_ENOMEM:
+      return mml_py_OutOfMemoryError;
     case MML_EINVAL:
-    case MML_ECONFIG: return mml_py_ConfigError;
-    case MML_ESTATE: return mml_py_StateError;
+    case MML_ECONFIG:
+      return mml_py_ConfigError;
+    case MML_ESTATE:
+      return mml_py_StateError;
     case MML_EFETCH:
-    case MML_EAUTH: return mml_py_FetchError;
+    case MML_EAUTH:
+      return mml_py_FetchError;
     case MML_ENOENT:
     case MML_EIO:
     case MML_ERECORD:
@@ -34,9 +38,12 @@ PyObject *mml_py_exc_for(mml_status st) {
     case MML_ESAMPLEPIXELS:
     case MML_ERECORDSIZE:
     case MML_EOBJECTSIZE:
-    case MML_EPATH: return mml_py_SampleError;
-    case MML_ECUDA: return mml_py_CudaError;
-    default: return mml_py_Error;
+    case MML_EPATH:
+      return mml_py_SampleError;
+    case MML_ECUDA:
+      return mml_py_CudaError;
+    default:
+      return mml_py_Error;
   }
 }
 
@@ -49,8 +56,8 @@ PyObject *mml_py_raise_as(PyObject *exc, mml_status st, const mml_err *err) {
   const char *msg = (err && err->msg[0]) ? err->msg : mml_status_message(st);
   /* core messages are valid UTF-8 (mml_text_clean); decode leniently all the same, so a
    * message can never turn into a UnicodeDecodeError */
-  PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strnlen(msg, MML_ERR_MSG),
-                                        "backslashreplace");
+  PyObject *text =
+      PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strnlen(msg, MML_ERR_MSG), "backslashreplace");
   if (text) {
     PyErr_SetObject(exc, text);
     Py_DECREF(text);
@@ -94,8 +101,9 @@ int mml_py_errors_register(PyObject *m) {
   if (rc) return rc;
   PyObject *b = PyTuple_Pack(2, mml_py_Error, PyExc_ValueError);
   if (!b) return -1;
-  rc = add(m, "ConfigError", &mml_py_ConfigError, b, "Invalid loader or processor configuration.") ||
-       add(m, "StateError", &mml_py_StateError, b, "A state_dict that does not fit this loader.");
+  rc =
+      add(m, "ConfigError", &mml_py_ConfigError, b, "Invalid loader or processor configuration.") ||
+      add(m, "StateError", &mml_py_StateError, b, "A state_dict that does not fit this loader.");
   Py_DECREF(b);
   if (rc) return rc;
   if (add(m, "SampleError", &mml_py_SampleError, mml_py_Error,

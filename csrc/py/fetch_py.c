@@ -39,11 +39,11 @@ typedef struct {
 static PyTypeObject Fetcher_Type;
 
 static int cfg_from_kwargs(PyObject *args, PyObject *kw, mml_fetch_cfg *c) {
-  static char *kwlist[] = {"access_key", "secret_key", "session_token", "region", "endpoint",
-                           "max_inflight", "max_retries", "timeout_s", "connect_timeout_s",
-                           "stall_s", "backoff_base_s", "backoff_max_s", "range_chunk",
-                           "list_page_size", "io_threads", "ca_bundle", "max_object_bytes",
-                           "min_rate", "retry_budget_s", NULL};
+  static char *kwlist[] = {"access_key",        "secret_key",     "session_token",  "region",
+                           "endpoint",          "max_inflight",   "max_retries",    "timeout_s",
+                           "connect_timeout_s", "stall_s",        "backoff_base_s", "backoff_max_s",
+                           "range_chunk",       "list_page_size", "io_threads",     "ca_bundle",
+                           "max_object_bytes",  "min_rate",       "retry_budget_s", NULL};
   memset(c, 0, sizeof *c);
   long long chunk = 0, max_obj = 0;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zzzzziidddddLiizLdd:Fetcher", kwlist,
@@ -64,7 +64,8 @@ static int Fetcher_init(FetcherObject *self, PyObject *args, PyObject *kw) {
   if (self->f) {
     mml_fetcher *old = self->f;
     self->f = NULL;
-    Py_BEGIN_ALLOW_THREADS mml_fetcher_free(old);
+    Py_BEGIN_ALLOW_THREADS
+    mml_fetcher_free(old);
     Py_END_ALLOW_THREADS
   }
   mml_err err = {0};
@@ -89,7 +90,8 @@ static void Fetcher_dealloc(FetcherObject *self) {
   if (self->f) {
     mml_fetcher *f = self->f;
     self->f = NULL;
-    Py_BEGIN_ALLOW_THREADS mml_fetcher_free(f);
+    Py_BEGIN_ALLOW_THREADS
+    mml_fetcher_free(f);
     Py_END_ALLOW_THREADS
   }
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -110,10 +112,14 @@ mml_fetcher *mml_py_fetcher_get(PyObject *obj) {
 
 static PyObject *Fetcher_repr(FetcherObject *self) {
   char *shown = self->endpoint[0] ? mml_url_redact(self->endpoint) : NULL; /* user-info */
-  PyObject *r = PyUnicode_FromFormat("<mmloader._core.Fetcher region=%s endpoint=%s "
-                                     "max_inflight=%d%s>", self->region,
-                                     shown ? shown : self->endpoint[0] ? "?" : "(aws)",
-                                     self->max_inflight, self->f ? "" : " closed");
+  PyObject *r = PyUnicode_FromFormat(
+      "<mmloader._core.Fetcher region=%s endpoint=%s "
+      "max_inflight=%d%s>",
+      self->region,
+      shown               ? shown
+      : self->endpoint[0] ? "?"
+                          : "(aws)",
+      self->max_inflight, self->f ? "" : " closed");
   free(shown);
   return r;
 }
@@ -128,7 +134,8 @@ static PyObject *Fetcher_get(FetcherObject *self, PyObject *args, PyObject *kw) 
   mml_bytes b = {0};
   mml_err err = {0};
   mml_status st;
-  Py_BEGIN_ALLOW_THREADS st = mml_fetch_get(f, url, off, len, &b, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_fetch_get(f, url, off, len, &b, &err);
   Py_END_ALLOW_THREADS
   if (st) return fetch_raise(st, &err);
   PyObject *r = PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
@@ -144,7 +151,8 @@ static PyObject *Fetcher_size(FetcherObject *self, PyObject *args) {
   int64_t size = 0;
   mml_err err = {0};
   mml_status st;
-  Py_BEGIN_ALLOW_THREADS st = mml_fetch_size(f, url, &size, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_fetch_size(f, url, &size, &err);
   Py_END_ALLOW_THREADS
   if (st) return fetch_raise(st, &err);
   return PyLong_FromLongLong(size);
@@ -229,7 +237,8 @@ static PyObject *Fetcher_get_many(FetcherObject *self, PyObject *args, PyObject 
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *item;
     if (slots[i].st == MML_OK) {
-      item = PyBytes_FromStringAndSize((const char *)slots[i].body.data, (Py_ssize_t)slots[i].body.len);
+      item = PyBytes_FromStringAndSize((const char *)slots[i].body.data,
+                                       (Py_ssize_t)slots[i].body.len);
       if (!item) {
         Py_CLEAR(out);
         goto done;
@@ -262,7 +271,8 @@ static PyObject *Fetcher_list(FetcherObject *self, PyObject *args, PyObject *kw)
   size_t n = 0;
   mml_err err = {0};
   mml_status st;
-  Py_BEGIN_ALLOW_THREADS st = mml_fetch_list(f, prefix, pattern, &urls, &n, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_fetch_list(f, prefix, pattern, &urls, &n, &err);
   Py_END_ALLOW_THREADS
   if (st) return fetch_raise(st, &err);
   PyObject *out = PyList_New((Py_ssize_t)n);
@@ -296,25 +306,32 @@ static PyObject *Fetcher_close(FetcherObject *self, PyObject *unused) {
   if (self->f) {
     mml_fetcher *f = self->f;
     self->f = NULL;
-    Py_BEGIN_ALLOW_THREADS mml_fetcher_free(f);
+    Py_BEGIN_ALLOW_THREADS
+    mml_fetcher_free(f);
     Py_END_ALLOW_THREADS
   }
   Py_RETURN_NONE;
 }
 
 static PyObject *Fetcher_enter(PyObject *self, PyObject *unused) { return Py_NewRef(self); }
-static PyObject *Fetcher_exit(FetcherObject *self, PyObject *args) { return Fetcher_close(self, NULL); }
+static PyObject *Fetcher_exit(FetcherObject *self, PyObject *args) {
+  return Fetcher_close(self, NULL);
+}
 
 static PyMethodDef Fetcher_methods[] = {
     {"get", (PyCFunction)(void (*)(void))Fetcher_get, METH_VARARGS | METH_KEYWORDS,
-     "get(url, offset=0, length=-1) -> bytes: GET an http(s):// or s3:// object (or a byte range)."},
+     "get(url, offset=0, length=-1) -> bytes: GET an http(s):// or s3:// object (or a byte "
+     "range)."},
     {"get_many", (PyCFunction)(void (*)(void))Fetcher_get_many, METH_VARARGS | METH_KEYWORDS,
-     "get_many(urls, *, on_error='raise') -> list: fetch all concurrently; 'skip' gives None for failures."},
+     "get_many(urls, *, on_error='raise') -> list: fetch all concurrently; 'skip' gives None for "
+     "failures."},
     {"size", (PyCFunction)Fetcher_size, METH_VARARGS, "size(url) -> int: object size (HEAD)."},
     {"list", (PyCFunction)(void (*)(void))Fetcher_list, METH_VARARGS | METH_KEYWORDS,
      "list(prefix, pattern=None) -> list[str]: s3:// URLs under prefix matching the glob, sorted."},
-    {"stats", (PyCFunction)Fetcher_stats, METH_NOARGS, "stats() -> dict: requests, bytes, retries, latency."},
-    {"close", (PyCFunction)Fetcher_close, METH_NOARGS, "close(): cancel what is in flight and stop."},
+    {"stats", (PyCFunction)Fetcher_stats, METH_NOARGS,
+     "stats() -> dict: requests, bytes, retries, latency."},
+    {"close", (PyCFunction)Fetcher_close, METH_NOARGS,
+     "close(): cancel what is in flight and stop."},
     {"__enter__", (PyCFunction)Fetcher_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Fetcher_exit, METH_VARARGS, NULL},
     {NULL}};
@@ -323,11 +340,13 @@ static PyTypeObject Fetcher_Type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.Fetcher",
     .tp_basicsize = sizeof(FetcherObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Fetcher(*, access_key=None, secret_key=None, session_token=None, region=None, "
-              "endpoint=None, max_inflight=0, max_retries=0, timeout_s=0, connect_timeout_s=0, "
-              "stall_s=0, backoff_base_s=0, backoff_max_s=0, range_chunk=0, list_page_size=0, io_threads=0, "
-              "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0)\n\n"
-              "One I/O thread with a libcurl multi handle; 0 means the default.",
+    .tp_doc =
+        "Fetcher(*, access_key=None, secret_key=None, session_token=None, region=None, "
+        "endpoint=None, max_inflight=0, max_retries=0, timeout_s=0, connect_timeout_s=0, "
+        "stall_s=0, backoff_base_s=0, backoff_max_s=0, range_chunk=0, list_page_size=0, "
+        "io_threads=0, "
+        "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0)\n\n"
+        "One I/O thread with a libcurl multi handle; 0 means the default.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Fetcher_init,
     .tp_dealloc = (destructor)Fetcher_dealloc,
@@ -337,7 +356,8 @@ static PyTypeObject Fetcher_Type = {
 
 /* One-shot module functions: positional args go to the method, keywords split between
  * the method's own and the Fetcher configuration. */
-static PyObject *one_shot(PyObject *args, PyObject *kw, const char *method, const char *const *own) {
+static PyObject *one_shot(PyObject *args, PyObject *kw, const char *method,
+                          const char *const *own) {
   PyObject *cfg = PyDict_New(), *mkw = PyDict_New(), *f = NULL, *m = NULL, *r = NULL;
   if (!cfg || !mkw) goto done;
   if (kw) {
@@ -433,7 +453,8 @@ static PyMethodDef fetch_functions[] = {
     {"fetch_list", (PyCFunction)(void (*)(void))py_fetch_list, METH_VARARGS | METH_KEYWORDS,
      "fetch_list(prefix, pattern=None, **cfg) -> list[str]"},
     {"_sha256", (PyCFunction)py_sha256, METH_O, "_sha256(data) -> bytes (test hook)"},
-    {"_sigv4_authorization", (PyCFunction)py_sigv4, METH_VARARGS, "SigV4 Authorization value (test hook)"},
+    {"_sigv4_authorization", (PyCFunction)py_sigv4, METH_VARARGS,
+     "SigV4 Authorization value (test hook)"},
     {NULL}};
 
 int mml_py_fetch_register(PyObject *m) {

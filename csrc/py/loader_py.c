@@ -21,10 +21,10 @@ typedef struct {
   mml_loader *L;
   PyObject *tokenizer; /* keeps the borrowed core tokenizer alive */
   pid_t pid;
-  int warned;          /* skip warnings emitted so far */
+  int warned;            /* skip warnings emitted so far */
   double next_timeout_s; /* next() raises after this long without an item (> 0) */
-  int active;          /* next() calls in progress (they run with the GIL released) */
-  mml_loader *closing; /* closed while next() was active: freed by the last one out */
+  int active;            /* next() calls in progress (they run with the GIL released) */
+  mml_loader *closing;   /* closed while next() was active: freed by the last one out */
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
@@ -108,8 +108,10 @@ static void loader_release(LoaderObject *self) {
   if (!L) return;
   if (self->pid != getpid()) return; /* forked child: the threads are not ours to join */
   Py_BEGIN_ALLOW_THREADS
-  if (self->active) mml_loader_close(L);
-  else mml_loader_free(L);
+  if (self->active)
+    mml_loader_close(L);
+  else
+    mml_loader_free(L);
   Py_END_ALLOW_THREADS
   if (self->active) self->closing = L;
 }
@@ -156,7 +158,8 @@ static int emit_warnings(LoaderObject *self) {
       if (!rc && self->warned == MAX_WARNINGS)
         rc = PyErr_WarnEx(PyExc_UserWarning,
                           "mmloader: further skipped-sample warnings are suppressed; see "
-                          "Loader.stats()['skipped_by_reason']", 1);
+                          "Loader.stats()['skipped_by_reason']",
+                          1);
       if (rc) return -1;
     }
   }
@@ -198,7 +201,8 @@ static PyObject *loader_next_active(LoaderObject *self) {
       return NULL;
     }
     switch (st) {
-      case MML_OK: return batch_to_dict(&b);
+      case MML_OK:
+        return batch_to_dict(&b);
       case MML_ETIMEDOUT:
         if (PyErr_CheckSignals()) return NULL;
         if (self->L && mml_now() - t0 >= self->next_timeout_s) {
@@ -209,9 +213,14 @@ static PyObject *loader_next_active(LoaderObject *self) {
           return mml_py_raise_as(mml_py_Error, MML_ETIMEDOUT, &w);
         }
         continue;
-      case MML_EEND: PyErr_SetNone(PyExc_StopIteration); return NULL;
-      case MML_ECLOSED: PyErr_SetString(mml_py_Error, "the loader is closed"); return NULL;
-      default: return mml_py_raise(st, &err);
+      case MML_EEND:
+        PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+      case MML_ECLOSED:
+        PyErr_SetString(mml_py_Error, "the loader is closed");
+        return NULL;
+      default:
+        return mml_py_raise(st, &err);
     }
   }
 }
@@ -251,11 +260,10 @@ static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
   st = mml_loader_plan_info(self->L, epoch, &o, &err);
   Py_END_ALLOW_THREADS
   if (st) return mml_py_raise(st, &err);
-  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "q0", (long long)o.q0, "usable",
-                       (long long)o.usable, "end", (long long)o.end, "steps",
-                       (long long)o.steps, "rank_samples", (long long)o.rank_samples,
-                       "unusable", (long long)o.unusable, "indexed", (long long)o.indexed,
-                       "measured", (long long)o.measured);
+  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
+                       "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
+                       (long long)o.rank_samples, "unusable", (long long)o.unusable, "indexed",
+                       (long long)o.indexed, "measured", (long long)o.measured);
 }
 static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
@@ -289,8 +297,7 @@ static PyObject *Loader_seek_plan(LoaderObject *self, PyObject *args) {
 static PyObject *Loader_cursor(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   mml_cursor c = mml_loader_cursor(self->L);
-  return Py_BuildValue("(LLL)", (long long)c.epoch, (long long)c.pos,
-                       (long long)c.batch_in_epoch);
+  return Py_BuildValue("(LLL)", (long long)c.epoch, (long long)c.pos, (long long)c.batch_in_epoch);
 }
 
 static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
@@ -315,13 +322,12 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
     }
     PyList_SET_ITEM(src, i, e);
   }
-  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:s,s:N,s:i,s:i}", "num_samples",
-                       (long long)mml_loader_num_samples(L), "samples_per_rank",
-                       (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
-                       (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
-                       (long long)mml_loader_samples_per_epoch(L), "data_hash", hash,
-                       "sources", src, "num_shards", mml_loader_num_shards(L),
-                       "index_shards", mml_loader_index_used(L));
+  return Py_BuildValue(
+      "{s:L,s:L,s:L,s:L,s:s,s:N,s:i,s:i}", "num_samples", (long long)mml_loader_num_samples(L),
+      "samples_per_rank", (long long)mml_loader_samples_per_rank(L), "batches_per_epoch",
+      (long long)mml_loader_batches_per_epoch(L), "samples_per_epoch",
+      (long long)mml_loader_samples_per_epoch(L), "data_hash", hash, "sources", src, "num_shards",
+      mml_loader_num_shards(L), "index_shards", mml_loader_index_used(L));
 }
 
 /* stats()["sources"]: {name: {...}} in the mixture's order. */
@@ -347,12 +353,12 @@ static PyObject *source_stats(mml_loader *L) {
       }
       Py_DECREF(x);
     }
-    PyObject *e = Py_BuildValue("{s:L,s:L,s:K,s:K,s:N,s:L,s:L,s:K}", "num_samples",
-                                (long long)ss.num_samples, "per_epoch", (long long)ss.per_epoch,
-                                "samples", (unsigned long long)ss.samples, "skipped",
-                                (unsigned long long)ss.skipped, "skipped_by_reason", reasons,
-                                "tokens", (long long)ss.tokens, "image_tokens",
-                                (long long)ss.image_tokens, "bytes", (unsigned long long)ss.bytes);
+    PyObject *e =
+        Py_BuildValue("{s:L,s:L,s:K,s:K,s:N,s:L,s:L,s:K}", "num_samples", (long long)ss.num_samples,
+                      "per_epoch", (long long)ss.per_epoch, "samples",
+                      (unsigned long long)ss.samples, "skipped", (unsigned long long)ss.skipped,
+                      "skipped_by_reason", reasons, "tokens", (long long)ss.tokens, "image_tokens",
+                      (long long)ss.image_tokens, "bytes", (unsigned long long)ss.bytes);
     if (!e || PyDict_SetItemString(out, ss.name, e)) {
       Py_XDECREF(e);
       goto fail;
@@ -411,14 +417,15 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "token_slots", PyLong_FromLongLong(s.token_slots)) ||
       set_num(d, "packing_efficiency", PyFloat_FromDouble(eff)) ||
       set_num(d, "pinned", PyBool_FromLong(s.pinned)) ||
-      set_num(d, "device", s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
-                                         : PyUnicode_FromString("cpu")) ||
+      set_num(d, "device",
+              s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
+                            : PyUnicode_FromString("cpu")) ||
       set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
       set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)) ||
       set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
-      set_num(d, "page_faults_per_batch", s.page_faults_per_batch >= 0
-                                              ? PyFloat_FromDouble(s.page_faults_per_batch)
-                                              : Py_NewRef(Py_None)) ||
+      set_num(d, "page_faults_per_batch",
+              s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)
+                                           : Py_NewRef(Py_None)) ||
       set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
@@ -434,8 +441,8 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
         (unsigned long long)s.fetch.retries_timeout, "retries_reset",
         (unsigned long long)s.fetch.retries_reset, "retries_short",
         (unsigned long long)s.fetch.retries_short, "latency_p50_s", s.fetch.latency_p50_s,
-        "latency_p90_s", s.fetch.latency_p90_s, "latency_p99_s", s.fetch.latency_p99_s,
-        "inflight", s.fetch.inflight);
+        "latency_p90_s", s.fetch.latency_p90_s, "latency_p99_s", s.fetch.latency_p99_s, "inflight",
+        s.fetch.inflight);
     if (set_num(d, "fetch", f)) goto fail;
   }
   return d;
@@ -453,12 +460,15 @@ static PyObject *Loader_set_consumer_stream(LoaderObject *self, PyObject *args) 
   Py_RETURN_NONE;
 }
 
-static PyObject *Loader_get_closed(LoaderObject *self, void *c) { return PyBool_FromLong(!self->L); }
+static PyObject *Loader_get_closed(LoaderObject *self, void *c) {
+  return PyBool_FromLong(!self->L);
+}
 
 static PyMethodDef Loader_methods[] = {
     {"next", (PyCFunction)Loader_next, METH_NOARGS,
      "The next batch (dict of Tensor); StopIteration at the end of an epoch."},
-    {"seek", (PyCFunction)Loader_seek, METH_VARARGS, "seek(epoch, pos, batch_in_epoch, ahead=0): ahead > 0 starts no work beyond that many "
+    {"seek", (PyCFunction)Loader_seek, METH_VARARGS,
+     "seek(epoch, pos, batch_in_epoch, ahead=0): ahead > 0 starts no work beyond that many "
      "samples (plus one per skipped sample)"},
     {"cursor", (PyCFunction)Loader_cursor, METH_NOARGS,
      "(epoch, pos, batch_in_epoch) after the last delivered batch."},

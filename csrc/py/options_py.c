@@ -89,8 +89,10 @@ static int set_options(PyObject *d, mml_loader_cfg *c, const char *const *skip) 
     if (skipped) continue;
     const mml_option *o = mml_loader_option(name);
     if (!o) {
-      PyErr_Format(mml_py_ConfigError, "unknown Loader option %R (see "
-                   "mmloader._core.loader_options())", k);
+      PyErr_Format(mml_py_ConfigError,
+                   "unknown Loader option %R (see "
+                   "mmloader._core.loader_options())",
+                   k);
       return -1;
     }
     if (set_option(c, o, v)) return -1;
@@ -146,7 +148,6 @@ static int get_str(PyObject *d, const char *k, const char **out) {
   *out = PyUnicode_AsUTF8(v);
   return *out ? 0 : -1;
 }
-
 
 /* Borrowed strings of a list (the list outlives the engine's construction). */
 static int str_list(PyObject *list, const char *what, const char ***out, int *n) {
@@ -204,7 +205,8 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
     }
     data = PyDict_GetItemString(d, "data");
     vision = PyDict_GetItemString(d, "vision");
-    if (get_str(d, "name", &s->name) || str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
+    if (get_str(d, "name", &s->name) ||
+        str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
         get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
         get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
         get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
@@ -226,7 +228,6 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
   c->nsources = m->nsources;
   return 0;
 }
-
 
 /* A source's value of an enum option, by the table's names (NULL: the default). */
 static int source_enum(const char *option, const char *name, int *out) {
@@ -325,10 +326,12 @@ static PyObject *row_dict(const mml_option *o, const mml_loader_cfg *defaults) {
       PyTuple_SET_ITEM(choices, i, PyUnicode_FromString(o->choices[i]));
   }
   int numeric = o->type == MML_OPT_INT || o->type == MML_OPT_FLOAT;
-  PyObject *lo = !numeric ? none()
-                 : o->type == MML_OPT_INT ? PyLong_FromDouble(o->lo) : PyFloat_FromDouble(o->lo);
-  PyObject *hi = !numeric ? none()
-                 : o->type == MML_OPT_INT ? PyLong_FromDouble(o->hi) : PyFloat_FromDouble(o->hi);
+  PyObject *lo = !numeric                 ? none()
+                 : o->type == MML_OPT_INT ? PyLong_FromDouble(o->lo)
+                                          : PyFloat_FromDouble(o->lo);
+  PyObject *hi = !numeric                 ? none()
+                 : o->type == MML_OPT_INT ? PyLong_FromDouble(o->hi)
+                                          : PyFloat_FromDouble(o->hi);
   PyObject *r = NULL;
   if (def && (choices || !o->choices) && lo && hi)
     r = Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", o->name, "type",

@@ -18,8 +18,10 @@
 #include "mml/template.h"
 
 int mml_py_template_style_from_str(const char *s, int *style) {
-  if (!strcmp(s, "qwen2-vl") || !strcmp(s, "qwen2.5-vl")) *style = MML_TEMPLATE_QWEN2_VL;
-  else if (!strcmp(s, "qwen3-vl")) *style = MML_TEMPLATE_QWEN3_VL;
+  if (!strcmp(s, "qwen2-vl") || !strcmp(s, "qwen2.5-vl"))
+    *style = MML_TEMPLATE_QWEN2_VL;
+  else if (!strcmp(s, "qwen3-vl"))
+    *style = MML_TEMPLATE_QWEN3_VL;
   else {
     PyErr_Format(mml_py_ConfigError,
                  "unknown chat template '%s'; choose 'qwen2-vl', 'qwen2.5-vl' or 'qwen3-vl'", s);
@@ -29,8 +31,10 @@ int mml_py_template_style_from_str(const char *s, int *style) {
 }
 
 int mml_py_image_space_from_str(const char *s, int *space) {
-  if (!strcmp(s, "in_place")) *space = MML_IMAGE_SPACE_IN_PLACE;
-  else if (!strcmp(s, "qwen-vl-finetune")) *space = MML_IMAGE_SPACE_STRIP;
+  if (!strcmp(s, "in_place"))
+    *space = MML_IMAGE_SPACE_IN_PLACE;
+  else if (!strcmp(s, "qwen-vl-finetune"))
+    *space = MML_IMAGE_SPACE_STRIP;
   else {
     PyErr_Format(mml_py_ConfigError,
                  "unknown image_whitespace '%s'; choose 'in_place' or 'qwen-vl-finetune'", s);
@@ -40,9 +44,12 @@ int mml_py_image_space_from_str(const char *s, int *space) {
 }
 
 int mml_py_label_mode_from_str(const char *s, int *mode) {
-  if (!strcmp(s, "all_assistant")) *mode = MML_LABELS_ALL_ASSISTANT;
-  else if (!strcmp(s, "last_assistant")) *mode = MML_LABELS_LAST_ASSISTANT;
-  else if (!strcmp(s, "no_nonfinal_end")) *mode = MML_LABELS_NO_NONFINAL_END;
+  if (!strcmp(s, "all_assistant"))
+    *mode = MML_LABELS_ALL_ASSISTANT;
+  else if (!strcmp(s, "last_assistant"))
+    *mode = MML_LABELS_LAST_ASSISTANT;
+  else if (!strcmp(s, "no_nonfinal_end"))
+    *mode = MML_LABELS_NO_NONFINAL_END;
   else {
     PyErr_Format(mml_py_ConfigError,
                  "unknown label mode '%s'; choose 'all_assistant', 'last_assistant' or "
@@ -93,8 +100,7 @@ static int image_counts(PyObject *obj, const mml_record *rec, int64_t **out) {
   *out = NULL;
   if (rec->nimages == 0) return 0;
   if (obj == Py_None) {
-    PyErr_Format(PyExc_ValueError, "the record has %d image(s): pass image_tokens",
-                 rec->nimages);
+    PyErr_Format(PyExc_ValueError, "the record has %d image(s): pass image_tokens", rec->nimages);
     return -1;
   }
   int64_t *v = malloc(sizeof *v * (size_t)rec->nimages);
@@ -135,8 +141,8 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"line", "max_images_per_sample", "max_json_depth", NULL};
   PyObject *line;
   mml_record_opts opts = {0};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ii:parse_record", kwlist, &line,
-                                   &opts.max_images, &opts.max_json_depth))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ii:parse_record", kwlist, &line, &opts.max_images,
+                                   &opts.max_json_depth))
     return NULL;
   mml_record rec = {0};
   if (parse_line_opts(line, &opts, &rec)) {
@@ -162,12 +168,11 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
     if (!parts) goto done;
     for (int k = 0; k < m->nparts; k++) {
       const mml_part *p = &m->parts[k];
-      PyObject *d = p->kind == MML_PART_TEXT
-                        ? Py_BuildValue("{s:s,s:s#}", "type", "text", "text", p->text,
-                                        (Py_ssize_t)p->len)
-                        : Py_BuildValue("{s:s,s:i}", "type",
-                                        p->kind == MML_PART_VIDEO ? "video" : "image",
-                                        p->kind == MML_PART_VIDEO ? "video" : "image", p->image);
+      PyObject *d =
+          p->kind == MML_PART_TEXT
+              ? Py_BuildValue("{s:s,s:s#}", "type", "text", "text", p->text, (Py_ssize_t)p->len)
+              : Py_BuildValue("{s:s,s:i}", "type", p->kind == MML_PART_VIDEO ? "video" : "image",
+                              p->kind == MML_PART_VIDEO ? "video" : "image", p->image);
       if (!d) {
         Py_DECREF(parts);
         goto done;
@@ -188,8 +193,8 @@ done:
 }
 
 static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", "style", "image_tokens", "image_whitespace", "video_tokens",
-                           NULL};
+  static char *kwlist[] = {"line",         "style", "image_tokens", "image_whitespace",
+                           "video_tokens", NULL};
   PyObject *line, *counts = Py_None, *vcounts = Py_None;
   const char *style_s = "qwen2-vl", *space_s = "in_place";
   int style, space;
@@ -209,7 +214,8 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   if (parse_line(line, &rec) || image_counts(counts, &rec, &n) ||
       mml_py_video_tokens_get(vcounts, rec.nvideos, &vt))
     goto done;
-  mml_status st = mml_template_new((mml_template_style)style, MML_LABELS_ALL_ASSISTANT, NULL, &t, &err);
+  mml_status st =
+      mml_template_new((mml_template_style)style, MML_LABELS_ALL_ASSISTANT, NULL, &t, &err);
   if (!st) st = mml_template_set_image_space(t, (mml_image_space)space, &err);
   if (!st) {
     Py_BEGIN_ALLOW_THREADS
@@ -245,8 +251,8 @@ static PyObject *ids_list(const mml_ids *v) {
 }
 
 static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"line", "tokenizer", "style", "label_mode", "image_tokens",
-                           "image_whitespace", "video_tokens", NULL};
+  static char *kwlist[] = {"line",         "tokenizer",        "style",        "label_mode",
+                           "image_tokens", "image_whitespace", "video_tokens", NULL};
   PyObject *line, *tok_obj, *counts = Py_None, *vcounts = Py_None;
   const char *style_s = "qwen2-vl", *mode_s = "all_assistant", *space_s = "in_place";
   int style, mode, space;

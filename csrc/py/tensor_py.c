@@ -22,8 +22,15 @@
 /* ---- DLPack ABI (v1.x), written from the specification ------------------------------ */
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+  int32_t device_type;
+  int32_t device_id;
+} DLDevice;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
 typedef struct {
   void *data;
   DLDevice device;
@@ -38,7 +45,10 @@ typedef struct DLManagedTensor {
   void *manager_ctx;
   void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
-typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
 typedef struct DLManagedTensorVersioned {
   DLPackVersion version;
   void *manager_ctx;
@@ -72,12 +82,24 @@ static DLDevice dl_device_of(const mml_buf *b) {
 static DLDataType dl_dtype_of(mml_dtype dt) {
   DLDataType t = {kDLUInt, 8, 1};
   switch (dt) {
-    case MML_DT_UINT8: t = (DLDataType){kDLUInt, 8, 1}; break;
-    case MML_DT_INT32: t = (DLDataType){kDLInt, 32, 1}; break;
-    case MML_DT_INT64: t = (DLDataType){kDLInt, 64, 1}; break;
-    case MML_DT_FLOAT32: t = (DLDataType){kDLFloat, 32, 1}; break;
-    case MML_DT_BOOL: t = (DLDataType){kDLBool, 8, 1}; break;
-    case MML_DT_BFLOAT16: t = (DLDataType){kDLBfloat, 16, 1}; break;
+    case MML_DT_UINT8:
+      t = (DLDataType){kDLUInt, 8, 1};
+      break;
+    case MML_DT_INT32:
+      t = (DLDataType){kDLInt, 32, 1};
+      break;
+    case MML_DT_INT64:
+      t = (DLDataType){kDLInt, 64, 1};
+      break;
+    case MML_DT_FLOAT32:
+      t = (DLDataType){kDLFloat, 32, 1};
+      break;
+    case MML_DT_BOOL:
+      t = (DLDataType){kDLBool, 8, 1};
+      break;
+    case MML_DT_BFLOAT16:
+      t = (DLDataType){kDLBfloat, 16, 1};
+      break;
   }
   return t;
 }
@@ -144,13 +166,15 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
     if (dt != dev.device_type || di != dev.device_id) {
       PyErr_Format(PyExc_BufferError,
                    "mmloader.Tensor lives on DLPack device (%d, %d) and cannot be exported to "
-                   "(%d, %d)", dev.device_type, dev.device_id, dt, di);
+                   "(%d, %d)",
+                   dev.device_type, dev.device_id, dt, di);
       return NULL;
     }
   }
   if (copy == Py_True) {
-    PyErr_SetString(PyExc_BufferError, "mmloader.Tensor exports without copying (copy=True "
-                                       "is not supported; copy the result instead)");
+    PyErr_SetString(PyExc_BufferError,
+                    "mmloader.Tensor exports without copying (copy=True "
+                    "is not supported; copy the result instead)");
     return NULL;
   }
   /* DLPack stream protocol: device memory makes `stream` wait for its copy (cuda_py.c);
@@ -200,7 +224,8 @@ static PyObject *Tensor_dlpack_device(TensorObject *self, PyObject *unused) {
 
 static PyObject *Tensor_numpy(TensorObject *self, PyObject *unused) {
   if (self->dtype == MML_DT_BFLOAT16) {
-    PyErr_SetString(PyExc_TypeError, "NumPy has no bfloat16: view the tensor with "
+    PyErr_SetString(PyExc_TypeError,
+                    "NumPy has no bfloat16: view the tensor with "
                     "torch.from_dlpack(t) (zero copy), or use pixel_format=\"float32\"");
     return NULL;
   }
@@ -227,7 +252,9 @@ static PyObject *Tensor_get_shape(TensorObject *self, void *c) {
 static PyObject *Tensor_get_dtype(TensorObject *self, void *c) {
   return PyUnicode_FromString(mml_dtype_name(self->dtype));
 }
-static PyObject *Tensor_get_ndim(TensorObject *self, void *c) { return PyLong_FromLong(self->ndim); }
+static PyObject *Tensor_get_ndim(TensorObject *self, void *c) {
+  return PyLong_FromLong(self->ndim);
+}
 static int64_t numel(TensorObject *self) {
   int64_t n = 1;
   for (int i = 0; i < self->ndim; i++) n *= self->shape[i];
@@ -301,7 +328,8 @@ static PyMethodDef Tensor_methods[] = {
 
 static PyGetSetDef Tensor_getset[] = {
     {"shape", (getter)Tensor_get_shape, NULL, "Shape as a tuple of ints.", NULL},
-    {"dtype", (getter)Tensor_get_dtype, NULL, "NumPy dtype name (\"int64\", \"float32\", ...).", NULL},
+    {"dtype", (getter)Tensor_get_dtype, NULL, "NumPy dtype name (\"int64\", \"float32\", ...).",
+     NULL},
     {"ndim", (getter)Tensor_get_ndim, NULL, "Number of dimensions.", NULL},
     {"nbytes", (getter)Tensor_get_nbytes, NULL, "Size in bytes.", NULL},
     {"data_ptr", (getter)Tensor_get_data_ptr, NULL, "Address of element 0.", NULL},
@@ -319,8 +347,9 @@ static PyTypeObject Tensor_Type = {
     .tp_repr = (reprfunc)Tensor_repr,
     .tp_as_sequence = &Tensor_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A batch tensor produced by mmloader: a zero-copy view of a pooled buffer.\n"
-              "Convert with torch.from_dlpack(t) or numpy.from_dlpack(t) / t.numpy().",
+    .tp_doc =
+        "A batch tensor produced by mmloader: a zero-copy view of a pooled buffer.\n"
+        "Convert with torch.from_dlpack(t) or numpy.from_dlpack(t) / t.numpy().",
     .tp_methods = Tensor_methods,
     .tp_getset = Tensor_getset,
     .tp_new = Tensor_new_error,

@@ -208,8 +208,7 @@ static PyObject *Tok_encode_batch(TokObject *self, PyObject *args, PyObject *kw)
   mml_err err = {0};
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
-  st = mml_tokenizer_encode_batch(self->tok, self->pool, ptrs, lens, n, (size_t)nthreads, &b,
-                                  &err);
+  st = mml_tokenizer_encode_batch(self->tok, self->pool, ptrs, lens, n, (size_t)nthreads, &b, &err);
   Py_END_ALLOW_THREADS
   if (st) {
     mml_py_raise(st, &err);
@@ -255,8 +254,8 @@ static PyObject *Tok_decode(TokObject *self, PyObject *args, PyObject *kw) {
   mml_err err = {0};
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
-  st = mml_tokenizer_decode_ex(self->tok, v, (size_t)n, skip ? MML_TOK_SKIP_SPECIAL : 0, &out,
-                               &err);
+  st =
+      mml_tokenizer_decode_ex(self->tok, v, (size_t)n, skip ? MML_TOK_SKIP_SPECIAL : 0, &out, &err);
   Py_END_ALLOW_THREADS
   free(v);
   PyObject *res;
@@ -266,8 +265,8 @@ static PyObject *Tok_decode(TokObject *self, PyObject *args, PyObject *kw) {
   } else if (st) {
     res = mml_py_raise(st, &err);
   } else {
-    res = PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len,
-                               "strict");
+    res =
+        PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len, "strict");
   }
   mml_bytes_free(&out);
   return res;
@@ -288,8 +287,8 @@ static PyObject *Tok_id_to_token(TokObject *self, PyObject *arg) {
   long id = PyLong_AsLong(arg);
   if (id == -1 && PyErr_Occurred()) return NULL;
   size_t len;
-  const char *s = (id < 0 || id > INT32_MAX) ? NULL
-                                             : mml_tokenizer_id_to_token(self->tok, (int32_t)id, &len);
+  const char *s =
+      (id < 0 || id > INT32_MAX) ? NULL : mml_tokenizer_id_to_token(self->tok, (int32_t)id, &len);
   if (!s) Py_RETURN_NONE;
   return PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "replace");
 }
@@ -318,8 +317,7 @@ static PyMethodDef Tok_methods[] = {
     {"decode", (PyCFunction)(void (*)(void))Tok_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(ids, skip_special_tokens=False) -> str\n\nText of `ids`; invalid UTF-8 becomes "
      "U+FFFD.  An id outside the vocabulary raises ValueError."},
-    {"token_to_id", (PyCFunction)Tok_token_to_id, METH_O,
-     "token_to_id(token) -> int | None"},
+    {"token_to_id", (PyCFunction)Tok_token_to_id, METH_O, "token_to_id(token) -> int | None"},
     {"id_to_token", (PyCFunction)Tok_id_to_token, METH_O,
      "id_to_token(id) -> str | None\n\nThe token string as stored in tokenizer.json (byte-level "
      "symbols, e.g. 'Ġhello')."},
@@ -327,17 +325,17 @@ static PyMethodDef Tok_methods[] = {
      "is_special(id) -> bool\n\nWhether id is a special added token."},
     {NULL, NULL, 0, NULL}};
 
-static PyGetSetDef Tok_getset[] = {
-    {"vocab_size", (getter)Tok_vocab_size, NULL,
-     "Number of distinct tokens, added tokens included.", NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+static PyGetSetDef Tok_getset[] = {{"vocab_size", (getter)Tok_vocab_size, NULL,
+                                    "Number of distinct tokens, added tokens included.", NULL},
+                                   {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject TokType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.Tokenizer",
     .tp_basicsize = sizeof(TokObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json.\n\n"
-              "Tokenizer(path) or Tokenizer(json=text).  Use mmloader.Tokenizer.",
+    .tp_doc =
+        "Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json.\n\n"
+        "Tokenizer(path) or Tokenizer(json=text).  Use mmloader.Tokenizer.",
     .tp_new = Tok_new,
     .tp_init = (initproc)Tok_init,
     .tp_dealloc = (destructor)Tok_dealloc,
@@ -369,8 +367,8 @@ static PyObject *py_tok_nfc(PyObject *mod, PyObject *text) {
   if (mml_nfc_quick_check((const uint8_t *)s, (size_t)n)) return PyUnicode_FromStringAndSize(s, n);
   mml_bytes out = {0};
   if (mml_nfc_append((const uint8_t *)s, (size_t)n, &out) != MML_OK) return PyErr_NoMemory();
-  PyObject *r = PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len,
-                                     "strict");
+  PyObject *r =
+      PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len, "strict");
   mml_bytes_free(&out);
   return r;
 }

@@ -46,10 +46,9 @@ static void src_release(src_args *a) {
 static PyObject *info_dict(const mml_video_info *in) {
   return Py_BuildValue("{s:i,s:i,s:i,s:d,s:L,s:d,s:d,s:s,s:s,s:O,s:L}", "width", in->width,
                        "height", in->height, "rotation", in->rotation, "fps", in->fps, "nframes",
-                       (long long)in->nframes, "duration_s", in->duration_s, "start_s",
-                       in->start_s, "codec", in->codec, "container", in->container,
-                       "exact_index", in->exact_index ? Py_True : Py_False, "size",
-                       (long long)in->size);
+                       (long long)in->nframes, "duration_s", in->duration_s, "start_s", in->start_s,
+                       "codec", in->codec, "container", in->container, "exact_index",
+                       in->exact_index ? Py_True : Py_False, "size", (long long)in->size);
 }
 
 static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
@@ -57,8 +56,8 @@ static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
   const char *name;
   PyObject *data = NULL, *fetcher = NULL;
   long long max_bytes = 0, max_pixels = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$OOLL:video_probe", kwlist, &name, &data,
-                                   &fetcher, &max_bytes, &max_pixels))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$OOLL:video_probe", kwlist, &name, &data, &fetcher,
+                                   &max_bytes, &max_pixels))
     return NULL;
   src_args a;
   if (src_from(&a, name, data, fetcher, max_bytes, 1, 0, max_pixels)) return NULL;
@@ -66,7 +65,8 @@ static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
   mml_video *v = NULL;
   mml_video_info info;
   mml_status st;
-  Py_BEGIN_ALLOW_THREADS st = mml_video_open(&a.src, &v, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_video_open(&a.src, &v, &err);
   if (!st) st = mml_video_probe(v, &info, &err);
   mml_video_close(v);
   Py_END_ALLOW_THREADS
@@ -76,8 +76,8 @@ static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
 }
 
 typedef struct gather {
-  mml_bytes pix;               /* frames packed, rows of width*3 */
-  mml_bytes meta;              /* per frame: int h, int w, double pts */
+  mml_bytes pix;  /* frames packed, rows of width*3 */
+  mml_bytes meta; /* per frame: int h, int w, double pts */
 } gather;
 
 typedef struct frame_meta {
@@ -92,7 +92,8 @@ static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
   if (mml_bytes_reserve(&g->pix, g->pix.len + row * (size_t)f->height) ||
       mml_bytes_append(&g->meta, &m, sizeof m))
     return mml_err_set(err, MML_ENOMEM, "video_decode: out of memory");
-  for (int y = 0; y < f->height; y++) mml_bytes_append(&g->pix, f->rgb + (size_t)y * f->stride, row);
+  for (int y = 0; y < f->height; y++)
+    mml_bytes_append(&g->pix, f->rgb + (size_t)y * f->stride, row);
   return MML_OK;
 }
 
@@ -149,14 +150,14 @@ done:
 }
 
 static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"name", "indices", "data", "fetcher", "max_bytes", "threads", "block",
-                           "max_pixels", NULL};
+  static char *kwlist[] = {"name",    "indices", "data",       "fetcher", "max_bytes",
+                           "threads", "block",   "max_pixels", NULL};
   const char *name;
   PyObject *seq, *data = NULL, *fetcher = NULL;
   long long max_bytes = 0, block = 0, max_pixels = 0;
   int threads = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$OOLiLL:video_decode", kwlist, &name, &seq,
-                                   &data, &fetcher, &max_bytes, &threads, &block, &max_pixels))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$OOLiLL:video_decode", kwlist, &name, &seq, &data,
+                                   &fetcher, &max_bytes, &threads, &block, &max_pixels))
     return NULL;
   int64_t *idx;
   Py_ssize_t n;
@@ -177,7 +178,8 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
   gather g = {{0}, {0}};
   int64_t bytes_read = 0, decoded = 0;
   mml_status st;
-  Py_BEGIN_ALLOW_THREADS st = mml_video_open(&a.src, &v, &err);
+  Py_BEGIN_ALLOW_THREADS
+  st = mml_video_open(&a.src, &v, &err);
   if (!st) st = mml_video_probe(v, &info, &err);
   if (!st) st = mml_video_decode(v, idx, (int)n, on_frame, &g, &err);
   bytes_read = mml_video_bytes_read(v);
@@ -194,13 +196,15 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
 
 static PyMethodDef k_methods[] = {
     {"video_probe", (PyCFunction)(void (*)(void))py_video_probe, METH_VARARGS | METH_KEYWORDS,
-     "video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict: what the core's "
+     "video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict: what the "
+     "core's "
      "video probe reports (width, height, rotation, fps, nframes, duration_s, start_s, codec, "
      "container, exact_index, size)."},
     {"video_decode", (PyCFunction)(void (*)(void))py_video_decode, METH_VARARGS | METH_KEYWORDS,
      "video_decode(name, indices, *, data=None, fetcher=None, max_bytes=0, threads=1, block=0, "
      "max_pixels=0) "
-     "-> dict(frames, shapes, pts, info, bytes_read, frames_decoded): the RGB24 frames at the ascending frame "
+     "-> dict(frames, shapes, pts, info, bytes_read, frames_decoded): the RGB24 frames at the "
+     "ascending frame "
      "indices (presentation order), decoded with keyframe seeks."},
     {NULL, NULL, 0, NULL}};
 

@@ -27,8 +27,10 @@ PyObject *mml_py_video_dict(const mml_video_ref *v) {
     src = PyList_New(v->nframes);
     for (int j = 0; src && j < v->nframes; j++) {
       PyObject *s = PyUnicode_FromString(v->frames[j]);
-      if (!s) Py_CLEAR(src);
-      else PyList_SET_ITEM(src, j, s);
+      if (!s)
+        Py_CLEAR(src);
+      else
+        PyList_SET_ITEM(src, j, s);
     }
   }
   if (!src) return NULL;

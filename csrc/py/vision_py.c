@@ -102,7 +102,8 @@ static int get_vec3(PyObject *d, const char *key, float out[3]) {
 
 int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
   if (!PyDict_Check(d)) {
-    PyErr_SetString(PyExc_TypeError, "vision config must be a dict (mmloader.presets.vision_config())");
+    PyErr_SetString(PyExc_TypeError,
+                    "vision config must be a dict (mmloader.presets.vision_config())");
     return -1;
   }
   memset(cfg, 0, sizeof *cfg);
@@ -113,7 +114,8 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
       get_bool(d, "legacy_resize", &cfg->legacy_resize) || get_bool(d, "fast", &cfg->fast) ||
       get_i64(d, "max_image_pixels", &cfg->max_image_pixels))
     return -1;
-  if (PyDict_GetItemString(d, "pillow_h_first") && get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
+  if (PyDict_GetItemString(d, "pillow_h_first") &&
+      get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
     return -1;
   cfg->video_min_pixels = cfg->min_pixels; /* no separate video limits: the image ones */
   cfg->video_max_pixels = cfg->max_pixels;
@@ -126,12 +128,16 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
   PyObject *fam = PyDict_GetItemString(d, "video_family");
   if (fam) {
     const char *f = PyUnicode_Check(fam) ? PyUnicode_AsUTF8(fam) : NULL;
-    if (f && !strcmp(f, "qwen2-vl")) cfg->video_family = MML_VIDEO_QWEN2;
-    else if (f && !strcmp(f, "qwen2.5-vl")) cfg->video_family = MML_VIDEO_QWEN25;
-    else if (f && !strcmp(f, "qwen3-vl")) cfg->video_family = MML_VIDEO_QWEN3;
+    if (f && !strcmp(f, "qwen2-vl"))
+      cfg->video_family = MML_VIDEO_QWEN2;
+    else if (f && !strcmp(f, "qwen2.5-vl"))
+      cfg->video_family = MML_VIDEO_QWEN25;
+    else if (f && !strcmp(f, "qwen3-vl"))
+      cfg->video_family = MML_VIDEO_QWEN3;
     else {
-      PyErr_SetString(PyExc_ValueError, "vision config: video_family must be \"qwen2-vl\", "
-                                        "\"qwen2.5-vl\" or \"qwen3-vl\"");
+      PyErr_SetString(PyExc_ValueError,
+                      "vision config: video_family must be \"qwen2-vl\", "
+                      "\"qwen2.5-vl\" or \"qwen3-vl\"");
       return -1;
     }
   }
@@ -144,7 +150,8 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
     int k = 0;
     while (r && k < 3 && strcmp(r, names[k])) k++;
     if (!r || k == 3) {
-      PyErr_SetString(PyExc_ValueError, "vision config: image_route must be \"processor\", "
+      PyErr_SetString(PyExc_ValueError,
+                      "vision config: image_route must be \"processor\", "
                       "\"load_image\" or \"qwen-vl-utils\"");
       return -1;
     }
@@ -166,7 +173,7 @@ typedef struct {
   mml_vision_cfg cfg;
   mml_vision_scratch *scratch;
   PyThread_type_lock lock;
-  void *cache;        /* one output buffer returned by a released VisionBuffer (GIL held) */
+  void *cache; /* one output buffer returned by a released VisionBuffer (GIL held) */
   size_t cache_size;
 } VisionProcessor;
 
@@ -209,8 +216,10 @@ static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   int k = 0;
   while (k < 3 && strcmp(fmt, formats[k])) k++;
   if (k == 3) {
-    PyErr_Format(mml_py_ConfigError, "pixel_format must be \"float32\", \"bfloat16\" or "
-                 "\"uint8\", got \"%s\"", fmt);
+    PyErr_Format(mml_py_ConfigError,
+                 "pixel_format must be \"float32\", \"bfloat16\" or "
+                 "\"uint8\", got \"%s\"",
+                 fmt);
     return -1;
   }
   self->cfg.pixel_format = k;
@@ -305,11 +314,14 @@ static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t 
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t i = 0; i < n && st == MML_OK; i++) {
     if (it[i].kind == 0)
-      st = mml_vision_plan_bytes(&self->cfg, it[i].buf.buf, (size_t)it[i].buf.len, &it[i].plan, &err);
+      st = mml_vision_plan_bytes(&self->cfg, it[i].buf.buf, (size_t)it[i].buf.len, &it[i].plan,
+                                 &err);
     else
       st = mml_vision_plan_size(&self->cfg, it[i].w, it[i].h, &it[i].plan, &err);
-    if (st != MML_OK) bad = i;
-    else *rows += it[i].plan.rows;
+    if (st != MML_OK)
+      bad = i;
+    else
+      *rows += it[i].plan.rows;
   }
   Py_END_ALLOW_THREADS
   if (st != MML_OK) {
@@ -461,8 +473,7 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
                        "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
                        plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
                        plan.cols, "tokens", (long long)plan.tokens, "format",
-                       mml_image_format_name(plan.format),
-                       "decode_scale", plan.decode_scale);
+                       mml_image_format_name(plan.format), "decode_scale", plan.decode_scale);
 }
 
 static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
@@ -474,8 +485,9 @@ static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_data_uri_decode(ref, &out, &err);
   Py_END_ALLOW_THREADS
-  PyObject *r = st == MML_OK ? PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len)
-                             : mml_py_raise(st, &err);
+  PyObject *r = st == MML_OK
+                    ? PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len)
+                    : mml_py_raise(st, &err);
   mml_bytes_free(&out);
   return r;
 }
@@ -516,7 +528,8 @@ static PyObject *py_image_decode(PyObject *mod, PyObject *args, PyObject *kw) {
 static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
   Py_buffer b;
   int h, w, dh, dw, h_first = 0;
-  if (!PyArg_ParseTuple(args, "y*iiii|p:resize_bicubic", &b, &h, &w, &dh, &dw, &h_first)) return NULL;
+  if (!PyArg_ParseTuple(args, "y*iiii|p:resize_bicubic", &b, &h, &w, &dh, &dw, &h_first))
+    return NULL;
   if (h < 1 || w < 1 || b.len != (Py_ssize_t)h * w * 3 || dh < 1 || dw < 1) {
     PyBuffer_Release(&b);
     PyErr_SetString(PyExc_ValueError, "resize_bicubic: bad sizes");
@@ -605,7 +618,8 @@ static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
   const int64_t rows = P > 0 && F > 0 ? (int64_t)((size_t)src.len / in_row) : 0;
   if (P < 1 || F < 1 || T < 1 || tab.len != 768 * 4 || (size_t)src.len != (size_t)rows * in_row ||
       (size_t)dst.len != (size_t)rows * out_row) {
-    PyErr_SetString(PyExc_ValueError, "expand_pixels: buffer sizes do not match [rows, "
+    PyErr_SetString(PyExc_ValueError,
+                    "expand_pixels: buffer sizes do not match [rows, "
                     "3*frames*P*P] uint8 in, [rows, 3*T*P*P] out and a 768-float table");
     goto out;
   }
@@ -615,8 +629,10 @@ static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
   st = mml_pixels_expand(src.buf, rows, P, F, T, (const float(*)[256])tab.buf,
                          bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32, dst.buf, &err);
   Py_END_ALLOW_THREADS
-  if (st != MML_OK) mml_py_raise(st, &err);
-  else r = Py_NewRef(Py_None);
+  if (st != MML_OK)
+    mml_py_raise(st, &err);
+  else
+    r = Py_NewRef(Py_None);
 out:
   PyBuffer_Release(&src);
   PyBuffer_Release(&dst);

@@ -60,6 +60,7 @@ What the provider does:
   (``save_state_rank`` / ``restore_state_rank`` / ``save_state_global`` /
   ``restore_state_global``) over Megatron's data-parallel group.
 """
+
 from __future__ import annotations
 
 import glob
@@ -72,8 +73,16 @@ import torch
 
 from ..torch import Loader
 
-__all__ = ["make_provider", "get_batch", "pretrain", "add_arguments", "loader_kwargs_from_args",
-           "state_path", "packed_seq_params", "default_device"]
+__all__ = [
+    "make_provider",
+    "get_batch",
+    "pretrain",
+    "add_arguments",
+    "loader_kwargs_from_args",
+    "state_path",
+    "packed_seq_params",
+    "default_device",
+]
 
 
 def _megatron_args() -> Any:
@@ -126,31 +135,60 @@ def load_state(path: str) -> Dict[str, Any]:
 
 # ---- command-line arguments -------------------------------------------------------------
 
+
 def add_arguments(parser: Any) -> Any:
     """Megatron ``extra_args_provider``: mmloader's ``--mmloader-*`` flags, and
     ``--dataloader-save DIR`` (read by Megatron-LM's checkpointing and the provider's resume,
     but defined by no Megatron-LM argument set) unless the parser already has it."""
     if "--dataloader-save" not in parser._option_string_actions:
-        parser.add_argument("--dataloader-save", default=None,
-                            help="folder Megatron writes each data-parallel rank's loader "
-                                 "state to at every checkpoint (mmloader resumes from it)")
+        parser.add_argument(
+            "--dataloader-save",
+            default=None,
+            help="folder Megatron writes each data-parallel rank's loader "
+            "state to at every checkpoint (mmloader resumes from it)",
+        )
     g = parser.add_argument_group("mmloader")
-    g.add_argument("--mmloader-data", nargs="+", default=None,
-                   help="training data: JSONL shards, globs, folders, http(s):// or s3:// URLs")
-    g.add_argument("--mmloader-valid-data", nargs="+", default=None,
-                   help="validation data (same forms); none: no validation loader")
-    g.add_argument("--mmloader-model-dir", default=None,
-                   help="checkpoint folder with tokenizer.json and preprocessor_config.json")
-    g.add_argument("--mmloader-preset", default="qwen2.5-vl",
-                   choices=("qwen2-vl", "qwen2.5-vl", "qwen3-vl"))
-    g.add_argument("--mmloader-image-root", default=None,
-                   help="folder or URL prefix relative image paths resolve against")
-    g.add_argument("--mmloader-packing", action="store_true",
-                   help="pack samples into [1, seq_length] rows with cu_seqlens")
-    g.add_argument("--mmloader-pad-to-multiple", type=int, default=None,
-                   help="pad each packed sample to a multiple (2 * context parallel size)")
-    g.add_argument("--mmloader-mrope", action="store_true",
-                   help="3-row M-RoPE position ids [3, B, L] (models that take them as input)")
+    g.add_argument(
+        "--mmloader-data",
+        nargs="+",
+        default=None,
+        help="training data: JSONL shards, globs, folders, http(s):// or s3:// URLs",
+    )
+    g.add_argument(
+        "--mmloader-valid-data",
+        nargs="+",
+        default=None,
+        help="validation data (same forms); none: no validation loader",
+    )
+    g.add_argument(
+        "--mmloader-model-dir",
+        default=None,
+        help="checkpoint folder with tokenizer.json and preprocessor_config.json",
+    )
+    g.add_argument(
+        "--mmloader-preset", default="qwen2.5-vl", choices=("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+    )
+    g.add_argument(
+        "--mmloader-image-root",
+        default=None,
+        help="folder or URL prefix relative image paths resolve against",
+    )
+    g.add_argument(
+        "--mmloader-packing",
+        action="store_true",
+        help="pack samples into [1, seq_length] rows with cu_seqlens",
+    )
+    g.add_argument(
+        "--mmloader-pad-to-multiple",
+        type=int,
+        default=None,
+        help="pad each packed sample to a multiple (2 * context parallel size)",
+    )
+    g.add_argument(
+        "--mmloader-mrope",
+        action="store_true",
+        help="3-row M-RoPE position ids [3, B, L] (models that take them as input)",
+    )
     g.add_argument("--mmloader-threads", type=int, default=None, help="worker threads per rank")
     g.add_argument("--mmloader-min-pixels", type=int, default=None)
     g.add_argument("--mmloader-max-pixels", type=int, default=None)
@@ -161,18 +199,30 @@ def loader_kwargs_from_args(args: Any) -> Dict[str, Any]:
     """:class:`mmloader.Loader` arguments from the ``--mmloader-*`` flags of Megatron's
     ``args`` (``--seq-length`` is the pack length when packing)."""
     if getattr(args, "mmloader_data", None) is None:
-        raise TypeError("mmloader.megatron: no data: pass --mmloader-data (registered by "
-                        "mmloader.megatron.add_arguments, which mmloader.megatron.pretrain "
-                        "adds) or make_provider(data=...)")
-    kw: Dict[str, Any] = dict(data=args.mmloader_data, model_dir=args.mmloader_model_dir,
-                              preset=args.mmloader_preset, image_root=args.mmloader_image_root,
-                              packing=bool(args.mmloader_packing),
-                              mrope=bool(args.mmloader_mrope))
+        raise TypeError(
+            "mmloader.megatron: no data: pass --mmloader-data (registered by "
+            "mmloader.megatron.add_arguments, which mmloader.megatron.pretrain "
+            "adds) or make_provider(data=...)"
+        )
+    kw: Dict[str, Any] = dict(
+        data=args.mmloader_data,
+        model_dir=args.mmloader_model_dir,
+        preset=args.mmloader_preset,
+        image_root=args.mmloader_image_root,
+        packing=bool(args.mmloader_packing),
+        mrope=bool(args.mmloader_mrope),
+    )
     if args.mmloader_packing:
-        kw.update(pack_length=args.seq_length, seq_length=None,
-                  pad_to_multiple=args.mmloader_pad_to_multiple)
-    for flag, name in (("mmloader_threads", "num_threads"), ("mmloader_min_pixels", "min_pixels"),
-                       ("mmloader_max_pixels", "max_pixels")):
+        kw.update(
+            pack_length=args.seq_length,
+            seq_length=None,
+            pad_to_multiple=args.mmloader_pad_to_multiple,
+        )
+    for flag, name in (
+        ("mmloader_threads", "num_threads"),
+        ("mmloader_min_pixels", "min_pixels"),
+        ("mmloader_max_pixels", "max_pixels"),
+    ):
         if getattr(args, flag, None):
             kw[name] = getattr(args, flag)
     if getattr(args, "mmloader_valid_data", None):
@@ -182,11 +232,18 @@ def loader_kwargs_from_args(args: Any) -> Dict[str, Any]:
 
 # ---- pretrain ---------------------------------------------------------------------------
 
-def pretrain(train_valid_test_datasets_provider: Callable[..., Any], model_provider: Any,
-             model_type: Any, forward_step_func: Callable[..., Any], *,
-             extra_args_provider: Optional[Callable[[Any], Any]] = None,
-             args_defaults: Optional[Dict[str, Any]] = None, model_config: Any = None,
-             **kwargs: Any) -> Any:
+
+def pretrain(
+    train_valid_test_datasets_provider: Callable[..., Any],
+    model_provider: Any,
+    model_type: Any,
+    forward_step_func: Callable[..., Any],
+    *,
+    extra_args_provider: Optional[Callable[[Any], Any]] = None,
+    args_defaults: Optional[Dict[str, Any]] = None,
+    model_config: Any = None,
+    **kwargs: Any,
+) -> Any:
     """``megatron.training.pretrain`` in the form the installed Megatron-LM has.
 
     megatron-core 0.18 / 0.19: ``parse_and_validate_args(extra_args_provider=,
@@ -199,14 +256,30 @@ def pretrain(train_valid_test_datasets_provider: Callable[..., Any], model_provi
     """
     from megatron.training import pretrain as megatron_pretrain  # type: ignore
 
-    return _call_pretrain(megatron_pretrain, train_valid_test_datasets_provider, model_provider,
-                          model_type, forward_step_func, extra_args_provider, args_defaults,
-                          model_config, kwargs)
+    return _call_pretrain(
+        megatron_pretrain,
+        train_valid_test_datasets_provider,
+        model_provider,
+        model_type,
+        forward_step_func,
+        extra_args_provider,
+        args_defaults,
+        model_config,
+        kwargs,
+    )
 
 
-def _call_pretrain(fn: Callable[..., Any], provider: Any, model_provider: Any, model_type: Any,
-                   forward_step_func: Any, extra_args_provider: Any, args_defaults: Any,
-                   model_config: Any, kwargs: Dict[str, Any]) -> Any:
+def _call_pretrain(
+    fn: Callable[..., Any],
+    provider: Any,
+    model_provider: Any,
+    model_type: Any,
+    forward_step_func: Any,
+    extra_args_provider: Any,
+    args_defaults: Any,
+    model_config: Any,
+    kwargs: Dict[str, Any],
+) -> Any:
     def extra(parser: Any) -> Any:
         parser = add_arguments(parser)
         return extra_args_provider(parser) if extra_args_provider is not None else parser
@@ -214,15 +287,28 @@ def _call_pretrain(fn: Callable[..., Any], provider: Any, model_provider: Any, m
     defaults = {"dataloader_type": "external", **(args_defaults or {})}
     names = inspect.signature(fn).parameters
     if "cfg_container" not in names:  # megatron-core <= 0.17
-        return fn(provider, model_provider, model_type, forward_step_func,
-                  extra_args_provider=extra, args_defaults=defaults, **kwargs)
+        return fn(
+            provider,
+            model_provider,
+            model_type,
+            forward_step_func,
+            extra_args_provider=extra,
+            args_defaults=defaults,
+            **kwargs,
+        )
     from megatron.training.argument_utils import pretrain_cfg_container_from_args  # type: ignore
     from megatron.training.arguments import parse_and_validate_args  # type: ignore
 
     args = parse_and_validate_args(extra_args_provider=extra, args_defaults=defaults)
     cfg = pretrain_cfg_container_from_args(args, model_config)
-    return fn(cfg, provider, model_provider=model_provider, model_type=model_type,
-              forward_step_func=forward_step_func, **kwargs)
+    return fn(
+        cfg,
+        provider,
+        model_provider=model_provider,
+        model_type=model_type,
+        forward_step_func=forward_step_func,
+        **kwargs,
+    )
 
 
 # ---- the provider -----------------------------------------------------------------------
@@ -232,11 +318,18 @@ def _call_pretrain(fn: Callable[..., Any], provider: Any, model_provider: Any, m
 _PACKING = [False]
 
 
-def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = None,
-                  valid: Optional[Dict[str, Any]] = None, test: Optional[Dict[str, Any]] = None,
-                  resume: bool = True, dataloader_save: Optional[str] = None,
-                  iteration: Optional[int] = None, all_ranks: bool = False,
-                  **loader_kwargs: Any) -> Callable[..., Tuple[Any, Any, Any]]:
+def make_provider(
+    *,
+    dp_rank: Optional[int] = None,
+    dp_size: Optional[int] = None,
+    valid: Optional[Dict[str, Any]] = None,
+    test: Optional[Dict[str, Any]] = None,
+    resume: bool = True,
+    dataloader_save: Optional[str] = None,
+    iteration: Optional[int] = None,
+    all_ranks: bool = False,
+    **loader_kwargs: Any,
+) -> Callable[..., Tuple[Any, Any, Any]]:
     """A ``train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None)`` for
     ``--dataloader-type external`` returning ``(train, valid, test)`` loaders.
 
@@ -254,8 +347,9 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
             the ``--mmloader-*`` flags when the provider runs (:func:`loader_kwargs_from_args`).
     """
 
-    def train_valid_test_datasets_provider(train_val_test_num_samples: Sequence[int] = (),
-                                           vp_stage: Optional[int] = None):
+    def train_valid_test_datasets_provider(
+        train_val_test_num_samples: Sequence[int] = (), vp_stage: Optional[int] = None
+    ):
         """Builds the mmloader loaders for this rank (see mmloader.megatron.make_provider)."""
         ps = _parallel_state()
         args = _megatron_args()
@@ -267,11 +361,15 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
         _PACKING[0] = bool(given.get("packing", False))
         if ps is not None and not all_ranks:
             first, last = _first_last_stage(ps, vp_stage)
-            if ps.get_tensor_model_parallel_rank() != 0 or \
-                    not (first or last or _PACKING[0]):
+            if ps.get_tensor_model_parallel_rank() != 0 or not (first or last or _PACKING[0]):
                 return None, None, None
-        kw = dict(keys="megatron", shift_labels=True, cycle=True, attention_mask=False,
-                  device=default_device())
+        kw = dict(
+            keys="megatron",
+            shift_labels=True,
+            cycle=True,
+            attention_mask=False,
+            device=default_device(),
+        )
         if args is not None:
             if getattr(args, "micro_batch_size", None):
                 kw["micro_batch_size"] = args.micro_batch_size
@@ -281,8 +379,7 @@ def make_provider(*, dp_rank: Optional[int] = None, dp_size: Optional[int] = Non
                 kw["seed"] = args.seed
         kw.update(given)
         rank = dp_rank if dp_rank is not None else (ps.get_data_parallel_rank() if ps else 0)
-        size = dp_size if dp_size is not None else (
-            ps.get_data_parallel_world_size() if ps else 1)
+        size = dp_size if dp_size is not None else (ps.get_data_parallel_world_size() if ps else 1)
         kw.update(dp_rank=rank, dp_size=size)
 
         out: List[Any] = []
@@ -311,14 +408,18 @@ def default_device() -> str:
 def _first_last_stage(ps: Any, vp_stage: Optional[int]) -> Tuple[bool, bool]:
     """Whether this rank (and, with a virtual pipeline, this model chunk) is the first / last
     pipeline stage: the ones that read data."""
-    virtual = vp_stage is not None and \
-        ps.get_virtual_pipeline_model_parallel_world_size() is not None
-    return (ps.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=vp_stage),
-            ps.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=vp_stage))
+    virtual = (
+        vp_stage is not None and ps.get_virtual_pipeline_model_parallel_world_size() is not None
+    )
+    return (
+        ps.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=vp_stage),
+        ps.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=vp_stage),
+    )
 
 
-def _maybe_restore(loader: Loader, dp_rank: int, args: Any, save_dir: Optional[str],
-                   iteration: Optional[int]) -> None:
+def _maybe_restore(
+    loader: Loader, dp_rank: int, args: Any, save_dir: Optional[str], iteration: Optional[int]
+) -> None:
     if save_dir is None and args is not None:
         save_dir = getattr(args, "dataloader_save", None)
     if iteration is None and args is not None:
@@ -326,9 +427,13 @@ def _maybe_restore(loader: Loader, dp_rank: int, args: Any, save_dir: Optional[s
     if not iteration:
         return  # a fresh run
     if not save_dir:
-        warnings.warn(f"mmloader.megatron: resuming at iteration {iteration} but Megatron's "
-                      "--dataloader-save is not set, so no loader state was saved; the data "
-                      "starts again from the beginning", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"mmloader.megatron: resuming at iteration {iteration} but Megatron's "
+            "--dataloader-save is not set, so no loader state was saved; the data "
+            "starts again from the beginning",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     path = state_path(save_dir, iteration, dp_rank)
     if path is None:
@@ -336,15 +441,21 @@ def _maybe_restore(loader: Loader, dp_rank: int, args: Any, save_dir: Optional[s
             f"mmloader.megatron: resuming at iteration {iteration} but there is no saved "
             f"loader state for data-parallel rank {dp_rank} under {save_dir!r} (expected "
             f"iter_{iteration:07d}/mp_rank_00*/train_dataloader_dprank{dp_rank:03d}.pt); pass "
-            "resume=False to start the data from the beginning")
+            "resume=False to start the data from the beginning"
+        )
     loader.load_state_dict(load_state(path))
 
 
 # ---- get_batch ------------------------------------------------------------------------
 
-_DTYPES = {"torch.int64": torch.int64, "torch.int32": torch.int32,
-           "torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16,
-           "torch.uint8": torch.uint8, "torch.bool": torch.bool}
+_DTYPES = {
+    "torch.int64": torch.int64,
+    "torch.int32": torch.int32,
+    "torch.float32": torch.float32,
+    "torch.bfloat16": torch.bfloat16,
+    "torch.uint8": torch.uint8,
+    "torch.bool": torch.bool,
+}
 
 
 def packed_seq_params(batch: Dict[str, torch.Tensor]) -> Any:
@@ -363,20 +474,32 @@ def packed_seq_params(batch: Dict[str, torch.Tensor]) -> Any:
     else:
         padded = batch["cu_seqlens"].reshape(-1).clone()
         padded[-1] = batch[_ids_key(batch)].shape[-1]
-        real = batch["cu_seqlens_unpadded"].reshape(-1) if "cu_seqlens_unpadded" in batch \
-            else padded
+        real = (
+            batch["cu_seqlens_unpadded"].reshape(-1) if "cu_seqlens_unpadded" in batch else padded
+        )
     max_seqlen = int((padded[1:] - padded[:-1]).max().item())
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=real, cu_seqlens_kv=real,
-                           cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
-                           max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=real,
+        cu_seqlens_kv=real,
+        cu_seqlens_q_padded=padded,
+        cu_seqlens_kv_padded=padded,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_seqlen,
+    )
 
 
 def _ids_key(batch: Dict[str, torch.Tensor]) -> str:
     return "tokens" if "tokens" in batch else "input_ids"
 
 
-def _broadcast_data_cpu(names: List[str], data: Optional[Dict[str, torch.Tensor]],
-                        dtype: torch.dtype, group: Any, src: int) -> Dict[str, torch.Tensor]:
+def _broadcast_data_cpu(
+    names: List[str],
+    data: Optional[Dict[str, torch.Tensor]],
+    dtype: torch.dtype,
+    group: Any,
+    src: int,
+) -> Dict[str, torch.Tensor]:
     """megatron-core's ``broadcast_data`` algorithm (sizes, then one flat buffer) for
     tensors that are not on a CUDA device (megatron-core's version moves them to CUDA)."""
     import torch.distributed as dist
@@ -428,8 +551,9 @@ def _to_device(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str
     return out
 
 
-def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
-               device: torch.device) -> Dict[str, torch.Tensor]:
+def _broadcast(
+    batch: Optional[Dict[str, torch.Tensor]], group: Any, device: torch.device
+) -> Dict[str, torch.Tensor]:
     """Rank 0 of ``group`` sends ``batch`` to the others: its key list, then one
     ``broadcast_data`` per dtype (megatron-core's own on CUDA)."""
     import torch.distributed as dist
@@ -450,6 +574,7 @@ def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
         data = {k: batch[k].to(wire) for k in names} if is_src else None
         if device.type == "cuda":
             from megatron.core import tensor_parallel  # type: ignore
+
             got = tensor_parallel.broadcast_data(names, data, wire, tp_group=group)
         else:
             got = _broadcast_data_cpu(names, data, wire, group, src)
@@ -460,14 +585,29 @@ def _broadcast(batch: Optional[Dict[str, torch.Tensor]], group: Any,
 
 
 _PACKED_KEYS = ("cu_seqlens", "cu_seqlens_padded", "max_seqlen")
-_MODEL_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask",
-               "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-               "second_per_grid_ts")
+_MODEL_KEYS = (
+    "tokens",
+    "labels",
+    "loss_mask",
+    "position_ids",
+    "attention_mask",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
 
 
-def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
-              drop_placeholder: bool = True, vp_stage: Optional[int] = None,
-              packed: Optional[bool] = None) -> Optional[Dict[str, Any]]:
+def get_batch(
+    data_iterator: Any,
+    *,
+    tp_group: Any = None,
+    device: Any = None,
+    drop_placeholder: bool = True,
+    vp_stage: Optional[int] = None,
+    packed: Optional[bool] = None,
+) -> Optional[Dict[str, Any]]:
     """The next batch as Megatron's GPT / Qwen-VL forward step wants it.
 
     On tensor-parallel rank 0 it reads ``data_iterator`` and broadcasts the batch to the
@@ -496,8 +636,11 @@ def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
         if middle and not (_PACKING[0] if packed is None else packed):
             return None
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) \
-            if torch.cuda.is_available() else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
     device = torch.device(device)
     if tp_group is None and ps is not None:
         tp_group = ps.get_tensor_model_parallel_group()
@@ -505,8 +648,10 @@ def get_batch(data_iterator: Any, *, tp_group: Any = None, device: Any = None,
     batch = None
     if not distributed or torch.distributed.get_rank(tp_group) == 0:
         if data_iterator is None:
-            raise ValueError("mmloader.megatron.get_batch: this rank reads data but its data "
-                             "iterator is None (build it with mmloader.megatron.make_provider)")
+            raise ValueError(
+                "mmloader.megatron.get_batch: this rank reads data but its data "
+                "iterator is None (build it with mmloader.megatron.make_provider)"
+            )
         batch = next(data_iterator)
         if middle:
             batch = {k: v for k, v in batch.items() if k in _PACKED_KEYS}

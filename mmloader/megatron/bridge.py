@@ -44,12 +44,12 @@ checkpoint into ``dataloader_save``, default ``<checkpoint.save>/energon``, and
 batch; and Energon's ``save_state_rank`` / ``restore_state_rank`` / ``save_state_global`` /
 ``restore_state_global`` over the data-parallel group.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import torch
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider  # type: ignore
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs  # type: ignore
 
@@ -58,9 +58,11 @@ from . import default_device
 
 __all__ = ["MMLoaderDataset", "BridgeBatches"]
 
-_PACKED = (("cu_seqlens", ("cu_seqlens_q", "cu_seqlens_kv")),
-           ("cu_seqlens_padded", ("cu_seqlens_q_padded", "cu_seqlens_kv_padded")),
-           ("max_seqlen", ("max_seqlen_q", "max_seqlen_kv")))
+_PACKED = (
+    ("cu_seqlens", ("cu_seqlens_q", "cu_seqlens_kv")),
+    ("cu_seqlens_padded", ("cu_seqlens_q_padded", "cu_seqlens_kv_padded")),
+    ("max_seqlen", ("max_seqlen_q", "max_seqlen_kv")),
+)
 
 
 class BridgeBatches:
@@ -77,8 +79,11 @@ class BridgeBatches:
         b = next(self.loader)
         out: Dict[str, Any] = {k: b[k] for k in ("tokens", "labels", "loss_mask", "position_ids")}
         grid = b["image_grid_thw"]
-        out["visual_inputs"] = None if int(grid[0, 0]) == 0 else GenericVisualInputs(
-            pixel_values=b["pixel_values"], image_grid_thw=grid)
+        out["visual_inputs"] = (
+            None
+            if int(grid[0, 0]) == 0
+            else GenericVisualInputs(pixel_values=b["pixel_values"], image_grid_thw=grid)
+        )
         for ours, names in _PACKED:
             if ours in b:
                 v = b[ours].reshape(()) if ours == "max_seqlen" else b[ours]
@@ -145,17 +150,20 @@ class MMLoaderDataset(DatasetProvider):
     def finalize(self) -> None:
         super().finalize()
         if self.dataloader_type != "external":
-            raise ValueError("MMLoaderDataset batches itself: dataloader_type must be "
-                             f"'external', got {self.dataloader_type!r}")
+            raise ValueError(
+                "MMLoaderDataset batches itself: dataloader_type must be "
+                f"'external', got {self.dataloader_type!r}"
+            )
 
     def build_datasets(self, context: DatasetBuildContext) -> Tuple[Any, Any, Any]:
         """Train and validation batch iterators for this rank (every rank reads its own)."""
         kw = self._loader_kwargs(context)
         dp = context.pg_collection.dp if context.pg_collection is not None else None
         out: List[Any] = []
-        for data, samples, extra in ((self.data, context.train_samples, {}),
-                                     (self.valid_data, context.valid_samples,
-                                      {"shuffle": False})):
+        for data, samples, extra in (
+            (self.data, context.train_samples, {}),
+            (self.valid_data, context.valid_samples, {"shuffle": False}),
+        ):
             if data is None or not samples:
                 out.append(None)
                 continue
@@ -167,23 +175,41 @@ class MMLoaderDataset(DatasetProvider):
     def _loader_kwargs(self, context: DatasetBuildContext) -> Dict[str, Any]:
         mbs = _bridge_micro_batch_size()
         if self.micro_batch_size is not None and mbs is not None and mbs != self.micro_batch_size:
-            raise ValueError(f"MMLoaderDataset.micro_batch_size ({self.micro_batch_size}) must "
-                             f"equal train.micro_batch_size ({mbs})")
+            raise ValueError(
+                f"MMLoaderDataset.micro_batch_size ({self.micro_batch_size}) must "
+                f"equal train.micro_batch_size ({mbs})"
+            )
         mbs = self.micro_batch_size or mbs
         if mbs is None:
-            raise ValueError("MMLoaderDataset: no micro-batch size: Bridge's microbatch "
-                             "calculator is not initialised and micro_batch_size is unset")
+            raise ValueError(
+                "MMLoaderDataset: no micro-batch size: Bridge's microbatch "
+                "calculator is not initialised and micro_batch_size is unset"
+            )
         pgs = context.pg_collection
         dp_rank, dp_size = (pgs.dp.rank(), pgs.dp.size()) if pgs is not None else (0, 1)
         cp = pgs.cp.size() if pgs is not None and getattr(pgs, "cp", None) is not None else 1
         kw: Dict[str, Any] = dict(
-            model_dir=self.model_dir, preset=self.preset, micro_batch_size=mbs,
-            seed=self.seed, dp_rank=dp_rank, dp_size=dp_size, keys="megatron",
-            shift_labels=True, attention_mask=False, mrope=False, cycle=True,
-            text_only_vision="placeholder", packing=self.packing, device=default_device())
+            model_dir=self.model_dir,
+            preset=self.preset,
+            micro_batch_size=mbs,
+            seed=self.seed,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            keys="megatron",
+            shift_labels=True,
+            attention_mask=False,
+            mrope=False,
+            cycle=True,
+            text_only_vision="placeholder",
+            packing=self.packing,
+            device=default_device(),
+        )
         if self.packing:
-            kw.update(pack_length=self.seq_length, seq_length=None,
-                      pad_to_multiple=self.pad_to_multiple or (2 * cp if cp > 1 else None))
+            kw.update(
+                pack_length=self.seq_length,
+                seq_length=None,
+                pad_to_multiple=self.pad_to_multiple or (2 * cp if cp > 1 else None),
+            )
         else:
             kw["seq_length"] = self.seq_length
         kw.update(self.loader_kwargs)
@@ -193,6 +219,7 @@ class MMLoaderDataset(DatasetProvider):
 def _bridge_micro_batch_size() -> Optional[int]:
     try:
         from megatron.core.num_microbatches_calculator import get_micro_batch_size  # type: ignore
+
         return int(get_micro_batch_size())
     except (AssertionError, AttributeError, TypeError, ImportError):
         return None

@@ -43,4 +43,6 @@ EXPORT void fake_cudart_gate(void *s, int closed) { fk_gate(s, closed); }
 EXPORT void fake_cudart_quiesce(void *s) { fk_quiesce(s); }
 EXPORT void fake_cudart_sync(void *s) { fk_StreamSynchronize(s); }
 EXPORT void *fake_cudart_last_stream(void) { return atomic_load(&g_last_stream); }
-EXPORT int fake_cudart_memcpy(void *d, const void *s, size_t n, void *st) { return fk_MemcpyAsync(d, s, n, 1, st); }
+EXPORT int fake_cudart_memcpy(void *d, const void *s, size_t n, void *st) {
+  return fk_MemcpyAsync(d, s, n, 1, st);
+}

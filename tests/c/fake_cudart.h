@@ -98,9 +98,15 @@ static void *fk_worker(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     switch (op->kind) {
-      case OP_COPY: memcpy(op->dst, op->src, op->n); break;
-      case OP_RECORD: ev_complete(op->ev, op->gen); break;
-      case OP_WAIT: ev_wait(op->ev, op->gen); break;
+      case OP_COPY:
+        memcpy(op->dst, op->src, op->n);
+        break;
+      case OP_RECORD:
+        ev_complete(op->ev, op->gen);
+        break;
+      case OP_WAIT:
+        ev_wait(op->ev, op->gen);
+        break;
     }
     if (op->ev) ev_release(op->ev);
     free(op);
@@ -280,7 +286,9 @@ static int fk_StreamWaitEvent(void *stream, void *event, unsigned flags) {
   }
   return fk_push(stream, (fk_op){.kind = OP_WAIT, .ev = e, .gen = gen});
 }
-static const char *fk_GetErrorString(int e) { return e == FK_OOM ? "out of memory (fake)" : "fake error"; }
+static const char *fk_GetErrorString(int e) {
+  return e == FK_OOM ? "out of memory (fake)" : "fake error";
+}
 
 /* A consumer stream (what a trainer's torch.cuda.Stream would be). */
 static void *consumer_stream(void) {

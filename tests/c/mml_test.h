@@ -21,31 +21,33 @@ typedef struct mml_test_entry {
 extern int mml_test_failures;
 extern const char *mml_test_current;
 
-#define FAIL_AT(...)                                                         \
-  do {                                                                       \
+#define FAIL_AT(...)                                                              \
+  do {                                                                            \
     fprintf(stderr, "  FAIL %s (%s:%d): ", mml_test_current, __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__);                                            \
-    fprintf(stderr, "\n");                                                   \
-    mml_test_failures++;                                                     \
-    return;                                                                  \
+    fprintf(stderr, __VA_ARGS__);                                                 \
+    fprintf(stderr, "\n");                                                        \
+    mml_test_failures++;                                                          \
+    return;                                                                       \
   } while (0)
 
-#define CHECK(cond) \
-  do { if (!(cond)) FAIL_AT("%s", #cond); } while (0)
-#define CHECK_EQ_INT(a, b)                                                            \
-  do {                                                                                \
-    long long _a = (long long)(a), _b = (long long)(b);                               \
-    if (_a != _b) FAIL_AT("%s == %s: %lld != %lld", #a, #b, _a, _b);                  \
+#define CHECK(cond)                    \
+  do {                                 \
+    if (!(cond)) FAIL_AT("%s", #cond); \
   } while (0)
-#define CHECK_EQ_STR(a, b)                                                            \
-  do {                                                                                \
-    const char *_a = (a), *_b = (b);                                                  \
-    if (strcmp(_a, _b)) FAIL_AT("%s == %s: \"%s\" != \"%s\"", #a, #b, _a, _b);        \
+#define CHECK_EQ_INT(a, b)                                           \
+  do {                                                               \
+    long long _a = (long long)(a), _b = (long long)(b);              \
+    if (_a != _b) FAIL_AT("%s == %s: %lld != %lld", #a, #b, _a, _b); \
+  } while (0)
+#define CHECK_EQ_STR(a, b)                                                     \
+  do {                                                                         \
+    const char *_a = (a), *_b = (b);                                           \
+    if (strcmp(_a, _b)) FAIL_AT("%s == %s: \"%s\" != \"%s\"", #a, #b, _a, _b); \
   } while (0)
 /* Checks an mml_status call; prints the error detail of `err` (an mml_err) on failure. */
-#define CHECK_OK(call, err)                                                           \
-  do {                                                                                \
-    mml_status _st = (call);                                                          \
+#define CHECK_OK(call, err)                                                             \
+  do {                                                                                  \
+    mml_status _st = (call);                                                            \
     if (_st != MML_OK) FAIL_AT("%s -> %s: %s", #call, mml_status_name(_st), (err).msg); \
   } while (0)
 

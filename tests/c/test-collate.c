@@ -62,8 +62,7 @@ static void make_text(mml_sample *s, int64_t index, int n, int base) {
 }
 
 /* text(a) <vs> image(t,h,w) <ve> text(b); pixel rows hold (index, row, col) codes. */
-static void make_image(mml_sample *s, int64_t index, int a, int t, int h, int w, int b,
-                       int cols) {
+static void make_image(mml_sample *s, int64_t index, int a, int t, int h, int w, int b, int cols) {
   mml_sample_reset(s);
   s->index = index;
   s->pos = index;
@@ -74,8 +73,8 @@ static void make_image(mml_sample *s, int64_t index, int a, int t, int h, int w,
   mml_ids_push(&s->input_ids, VEND);
   for (int j = 0; j < b; j++) mml_ids_push(&s->input_ids, 20 + j);
   for (size_t j = 0; j < s->input_ids.len; j++)
-    mml_ids_push(&s->labels, j + (size_t)b >= s->input_ids.len ? s->input_ids.data[j]
-                                                               : MML_IGNORE_INDEX);
+    mml_ids_push(&s->labels,
+                 j + (size_t)b >= s->input_ids.len ? s->input_ids.data[j] : MML_IGNORE_INDEX);
   int32_t g[3] = {t, h, w};
   mml_ids_append(&s->grids, g, 3);
   s->nimages = 1;
@@ -232,9 +231,9 @@ TEST(padded_megatron_shifted_with_images) {
   const int64_t ew[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0};
   for (int j = 0; j < L; j++) {
     CHECK_EQ_INT(pos[j], et[j]);
-    CHECK_EQ_INT(pos[2 * L + j], et[j]);          /* h row equals t row here */
+    CHECK_EQ_INT(pos[2 * L + j], et[j]); /* h row equals t row here */
     CHECK_EQ_INT(pos[2 * 2 * L + j], ew[j]);
-    CHECK_EQ_INT(pos[L + j], j < 4 ? j : 0);      /* row 1 text: 0..3 */
+    CHECK_EQ_INT(pos[L + j], j < 4 ? j : 0); /* row 1 text: 0..3 */
   }
   CHECK_EQ_INT(I64(&b, "rope_deltas")[0], 9 - 9);
   CHECK_EQ_INT(I64(&b, "rope_deltas")[1], 0);
@@ -305,12 +304,12 @@ TEST(packed_boundaries) {
   CHECK_EQ_INT(cup[2], 16);
   CHECK_EQ_INT(I32(&b, "max_seqlen")[0], 8);
   const int64_t *tok = I64(&b, "tokens"), *lab = I64(&b, "labels"), *pos = I64(&b, "position_ids");
-  const int64_t et[] = {100, 101, 102, 103, 104, PAD, PAD, PAD, 200, 201, 202, PAD,
-                        PAD, PAD, PAD, PAD};
+  const int64_t et[] = {100, 101, 102, 103, 104, PAD, PAD, PAD,
+                        200, 201, 202, PAD, PAD, PAD, PAD, PAD};
   const int64_t ep[] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 0, 1, 2, 3};
   /* sample 0 labels supervise tokens 2..4 -> shifted to 1..3, last token ignored;
    * sample 1 supervises token 1..2 -> shifted 0..1; nothing crosses into the next slot */
-  const int64_t el[] = {-100, 102, 103, 104, -100, -100, -100, -100,
+  const int64_t el[] = {-100, 102, 103,  104,  -100, -100, -100, -100,
                         201,  202, -100, -100, -100, -100, -100, -100};
   for (int j = 0; j < 16; j++) {
     CHECK_EQ_INT(tok[j], et[j]);
@@ -510,9 +509,9 @@ static int run_stream(const ref_sample *rs, int from, int n, const mml_collate_c
       for (int64_t j = off; j < cfg->pack_length; j++)
         if (ids[j] != cfg->pad_id || lab[j] != MML_IGNORE_INDEX || pos[j] != j - off) bad++;
       for (int t = 0; t < b.ntensors; t++)
-        h = mml_hash_bytes(h, b.tensors[t].buf->data,
-                           (size_t)mml_tensor_numel(&b.tensors[t]) *
-                               mml_dtype_size(b.tensors[t].dtype));
+        h = mml_hash_bytes(
+            h, b.tensors[t].buf->data,
+            (size_t)mml_tensor_numel(&b.tensors[t]) * mml_dtype_size(b.tensors[t].dtype));
       starts[npacks] = first;
       digests[npacks] = h;
       npacks++;

@@ -43,7 +43,11 @@ TEST(read_file_missing) {
 static int utf8_ok(const char *s) {
   const unsigned char *p = (const unsigned char *)s;
   while (*p) {
-    int k = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2 : (*p & 0xF8) == 0xF0 ? 3 : -1;
+    int k = *p < 0x80             ? 0
+            : (*p & 0xE0) == 0xC0 ? 1
+            : (*p & 0xF0) == 0xE0 ? 2
+            : (*p & 0xF8) == 0xF0 ? 3
+                                  : -1;
     if (k < 0) return 0;
     for (int i = 1; i <= k; i++)
       if ((p[i] & 0xC0) != 0x80) return 0;
@@ -57,7 +61,10 @@ TEST(long_values_are_shortened_in_the_middle) {
   size_t n = 100000;
   char *uri = malloc(n + 1);
   memcpy(uri, "data:image/png;base64,", 22);
-  for (size_t i = 22; i < n; i++) uri[i] = "\xc3\xa9" "ab"[i % 4]; /* UTF-8 "é" + ASCII */
+  for (size_t i = 22; i < n; i++)
+    uri[i] =
+        "\xc3\xa9"
+        "ab"[i % 4]; /* UTF-8 "é" + ASCII */
   memcpy(uri + n - 4, "TAIL", 4);
   uri[n] = 0;
   mml_err e = {0};

@@ -22,12 +22,24 @@
 #include "mml/device.h"
 #include "mml_test.h"
 
-static const mml_cuda_api k_fake = {
-    fk_GetDeviceCount, fk_GetDevice,        fk_SetDevice,       fk_HostAlloc,
-    fk_FreeHost,       fk_Malloc,           fk_Free,            fk_StreamCreateWithFlags,
-    fk_StreamDestroy,  fk_StreamSynchronize, fk_MemcpyAsync,    fk_EventCreateWithFlags,
-    fk_EventRecord,    fk_EventQuery,       fk_EventSynchronize, fk_EventDestroy,
-    fk_StreamWaitEvent, fk_GetErrorString};
+static const mml_cuda_api k_fake = {fk_GetDeviceCount,
+                                    fk_GetDevice,
+                                    fk_SetDevice,
+                                    fk_HostAlloc,
+                                    fk_FreeHost,
+                                    fk_Malloc,
+                                    fk_Free,
+                                    fk_StreamCreateWithFlags,
+                                    fk_StreamDestroy,
+                                    fk_StreamSynchronize,
+                                    fk_MemcpyAsync,
+                                    fk_EventCreateWithFlags,
+                                    fk_EventRecord,
+                                    fk_EventQuery,
+                                    fk_EventSynchronize,
+                                    fk_EventDestroy,
+                                    fk_StreamWaitEvent,
+                                    fk_GetErrorString};
 
 /* The stage's own stream, reached through the fake (the stage keeps it opaque). */
 static fk_stream *g_last_stream_created;
@@ -247,7 +259,7 @@ TEST(pinned_not_reused_before_copy) {
   void *first = h.tensors[0].buf->data;
   fk_gate(ss, 1);
   CHECK_OK(mml_device_stage_copy(st, &h, &d, &err), err);
-  mml_batch_clear(&h); /* the producer is done with it; the copy is not */
+  mml_batch_clear(&h);                          /* the producer is done with it; the copy is not */
   CHECK(make_batch(pinned, &h2, 2, &err) == 0); /* would overwrite batch 1 if reused */
   CHECK(h2.tensors[0].buf->data != first);
   CHECK(h2.tensors[1].buf->data != first);
@@ -532,7 +544,7 @@ TEST(close_waits_for_pending_copy) {
   fk_gate(ss, 1);
   CHECK_OK(mml_device_stage_copy(st, &h, &d, &err), err);
   mml_batch_clear(&h);
-  fk_gate(ss, 0); /* the close below would wait forever on a closed gate */
+  fk_gate(ss, 0);         /* the close below would wait forever on a closed gate */
   mml_pool_close(pinned); /* frees the cached pinned buffers: after the copy */
   for (int i = 0; i < d.ntensors; i++) CHECK_OK(mml_fence_wait(d.tensors[i].buf, &err), err);
   CHECK(batch_matches(&d, 9));

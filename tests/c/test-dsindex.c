@@ -18,8 +18,8 @@ static const char k_jsonl[] = "{\"a\": 1}\n\n{\"b\": 22}\n{\"c\": 333}\n";
 static void make(mml_index *ix, mml_dsx *x, mml_dsx_sample *s, mml_dsx_image *im) {
   mml_err err = {0};
   memset(ix, 0, sizeof *ix);
-  mml_index_add_bytes(ix, "s.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)k_jsonl,
-                      sizeof k_jsonl - 1, &err);
+  mml_index_add_bytes(ix, "s.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)k_jsonl, sizeof k_jsonl - 1,
+                      &err);
   const mml_index_shard *sh = &ix->shards[0];
   memset(x, 0, sizeof *x);
   x->shard_size = sh->size;
@@ -191,8 +191,9 @@ static int make_dataset(void) {
       continue;
     }
     int k = i % 3;
-    fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion %d%s?\"},"
-               "{\"role\":\"assistant\",\"content\":\"Answer %d.\"}]",
+    fprintf(f,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion %d%s?\"},"
+            "{\"role\":\"assistant\",\"content\":\"Answer %d.\"}]",
             k > 0 ? "<image>" : "", k > 1 ? "<image>" : "", i,
             i % 7 ? "" : " and a much longer question with many more words in it", i);
     if (k) fprintf(f, ",\"images\":[\"img%d.jpg\"%s]", i % 4, k > 1 ? ",\"img3.jpg\"" : "");

@@ -69,14 +69,24 @@ TEST(hmac_vectors) {
 /* AWS SigV4 test suite: get-vanilla */
 TEST(sigv4_get_vanilla) {
   mml_sigv4_header hs[] = {{"host", "example.amazonaws.com"}, {"x-amz-date", "20150830T123600Z"}};
-  mml_sigv4_req r = {"GET", "/", "", hs, 2, MML_SHA256_EMPTY, "20150830T123600Z", "us-east-1",
-                     "service", "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"};
+  mml_sigv4_req r = {"GET",
+                     "/",
+                     "",
+                     hs,
+                     2,
+                     MML_SHA256_EMPTY,
+                     "20150830T123600Z",
+                     "us-east-1",
+                     "service",
+                     "AKIDEXAMPLE",
+                     "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"};
   char out[512];
   mml_err err = {0};
   CHECK_OK(mml_sigv4_authorization(&r, out, sizeof out, &err), err);
-  CHECK_EQ_STR(out, "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
-                    "SignedHeaders=host;x-amz-date, "
-                    "Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
+  CHECK_EQ_STR(out,
+               "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
+               "SignedHeaders=host;x-amz-date, "
+               "Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31");
 }
 
 /* S3 documentation examples (GET object with a Range; ListObjects with a query). */
@@ -86,8 +96,17 @@ TEST(sigv4_s3_examples) {
                             {"range", "bytes=0-9"},
                             {"host", "examplebucket.s3.amazonaws.com"},
                             {"x-amz-content-sha256", MML_SHA256_EMPTY}};
-  mml_sigv4_req r = {"GET", "/test.txt", "", get, 4, MML_SHA256_EMPTY, "20130524T000000Z",
-                     "us-east-1", "s3", "AKIAIOSFODNN7EXAMPLE", sk};
+  mml_sigv4_req r = {"GET",
+                     "/test.txt",
+                     "",
+                     get,
+                     4,
+                     MML_SHA256_EMPTY,
+                     "20130524T000000Z",
+                     "us-east-1",
+                     "s3",
+                     "AKIAIOSFODNN7EXAMPLE",
+                     sk};
   char out[512];
   mml_err err = {0};
   CHECK_OK(mml_sigv4_authorization(&r, out, sizeof out, &err), err);
@@ -96,8 +115,9 @@ TEST(sigv4_s3_examples) {
   mml_sigv4_header list[] = {{"host", "examplebucket.s3.amazonaws.com"},
                              {"x-amz-content-sha256", MML_SHA256_EMPTY},
                              {"x-amz-date", "20130524T000000Z"}};
-  mml_sigv4_req l = {"GET", "/", "max-keys=2&prefix=J", list, 3, MML_SHA256_EMPTY,
-                     "20130524T000000Z", "us-east-1", "s3", "AKIAIOSFODNN7EXAMPLE", sk};
+  mml_sigv4_req l = {
+      "GET",       "/",  "max-keys=2&prefix=J",  list, 3, MML_SHA256_EMPTY, "20130524T000000Z",
+      "us-east-1", "s3", "AKIAIOSFODNN7EXAMPLE", sk};
   CHECK_OK(mml_sigv4_authorization(&l, out, sizeof out, &err), err);
   CHECK(strstr(out, "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"));
   /* failures never echo the secret */
@@ -121,7 +141,8 @@ TEST(uri_encode) {
 TEST(backoff) {
   double prev_hi = 0;
   for (int a = 1; a <= 12; a++) {
-    double lo = mml_fetch_backoff(0.05, 5, a, -1, 0.0), hi = mml_fetch_backoff(0.05, 5, a, -1, 0.999999);
+    double lo = mml_fetch_backoff(0.05, 5, a, -1, 0.0),
+           hi = mml_fetch_backoff(0.05, 5, a, -1, 0.999999);
     double d = 0.05 * (double)(1 << (a - 1));
     if (d > 5) d = 5;
     CHECK(lo >= d / 2 - 1e-12 && lo <= d / 2 + 1e-12);
@@ -135,8 +156,10 @@ TEST(backoff) {
 }
 
 TEST(redact) {
-  char *r = mml_url_redact("https://user:pw@host.example/a/b?X-Amz-Signature=abc&x=1&X-Amz-Credential=AK%2F1");
-  CHECK_EQ_STR(r, "https://host.example/a/b?X-Amz-Signature=REDACTED&x=1&X-Amz-Credential=REDACTED");
+  char *r = mml_url_redact(
+      "https://user:pw@host.example/a/b?X-Amz-Signature=abc&x=1&X-Amz-Credential=AK%2F1");
+  CHECK_EQ_STR(r,
+               "https://host.example/a/b?X-Amz-Signature=REDACTED&x=1&X-Amz-Credential=REDACTED");
   free(r);
   r = mml_url_redact("s3://bucket/key@v?versionId=3");
   CHECK_EQ_STR(r, "s3://bucket/key@v?versionId=3");
@@ -144,12 +167,15 @@ TEST(redact) {
 }
 
 TEST(xml) {
-  const char *doc = "<Error><Code>NoSuchKey</Code><Message>a &amp; b &lt;c&gt; &#233;&#x41;</Message></Error>";
+  const char *doc =
+      "<Error><Code>NoSuchKey</Code><Message>a &amp; b &lt;c&gt; &#233;&#x41;</Message></Error>";
   char out[64];
   CHECK(mml_xml_text(doc, strlen(doc), "Code", out, sizeof out));
   CHECK_EQ_STR(out, "NoSuchKey");
   CHECK(mml_xml_text(doc, strlen(doc), "Message", out, sizeof out));
-  CHECK_EQ_STR(out, "a & b <c> \xc3\xa9" "A");
+  CHECK_EQ_STR(out,
+               "a & b <c> \xc3\xa9"
+               "A");
   CHECK(!mml_xml_text(doc, strlen(doc), "Key", out, sizeof out));
   CHECK_EQ_STR(out, "");
   CHECK(!mml_xml_text("<Code>unterminated", 18, "Code", out, sizeof out));
@@ -169,12 +195,15 @@ TEST(s3_addressing) {
   CHECK_EQ_STR(a.http_url, "https://s3.us-east-1.amazonaws.com/my.dotted.bucket/k");
   CHECK_EQ_STR(a.host, "s3.us-east-1.amazonaws.com");
   mml_s3_addr_free(&a);
-  CHECK_OK(mml_s3_address("s3://b/x/y.jsonl", NULL, "us-east-1", "http://127.0.0.1:9000", &a, &err), err);
+  CHECK_OK(mml_s3_address("s3://b/x/y.jsonl", NULL, "us-east-1", "http://127.0.0.1:9000", &a, &err),
+           err);
   CHECK_EQ_STR(a.http_url, "http://127.0.0.1:9000/b/x/y.jsonl");
   CHECK_EQ_STR(a.host, "127.0.0.1:9000");
   CHECK_EQ_STR(a.canonical_uri, "/b/x/y.jsonl");
   mml_s3_addr_free(&a);
-  CHECK_OK(mml_s3_address("s3://b", "list-type=2&prefix=p", "us-east-1", "minio.local:9000/", &a, &err), err);
+  CHECK_OK(
+      mml_s3_address("s3://b", "list-type=2&prefix=p", "us-east-1", "minio.local:9000/", &a, &err),
+      err);
   CHECK_EQ_STR(a.http_url, "https://minio.local:9000/b?list-type=2&prefix=p");
   CHECK_EQ_STR(a.canonical_uri, "/b");
   mml_s3_addr_free(&a);
@@ -354,7 +383,8 @@ TEST(free_cancels_in_flight) {
   cb_rec r = {PTHREAD_MUTEX_INITIALIZER, 0, MML_OK};
   CHECK_OK(mml_fetch_submit(f, url, 0, -1, rec_cb, &r, &err), err);
   CHECK_OK(mml_fetch_submit(f, url, 5, 10, rec_cb, &r, &err), err);
-  for (int i = 0; i < 500 && __atomic_load_n(&s.served, __ATOMIC_SEQ_CST) == 0; i++) usleep(2000); /* let it get in flight */
+  for (int i = 0; i < 500 && __atomic_load_n(&s.served, __ATOMIC_SEQ_CST) == 0; i++)
+    usleep(2000); /* let it get in flight */
   mml_fetcher_free(f);
   CHECK_EQ_INT(r.calls, 2);
   CHECK_EQ_INT(r.st, MML_ECANCELLED);
@@ -375,9 +405,11 @@ static void many_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *er
 }
 
 TEST(several_io_threads) {
-  static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789";
+  static const char ok[] =
+      "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789";
   const char *const replies[] = {ok, ok, ok, ok, ok, ok};
-  const size_t lens[] = {sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1, sizeof ok - 1};
+  const size_t lens[] = {sizeof ok - 1, sizeof ok - 1, sizeof ok - 1,
+                         sizeof ok - 1, sizeof ok - 1, sizeof ok - 1};
   script_server s;
   CHECK(script_start(&s, replies, lens, 6) == 0);
   mml_fetch_cfg cfg = {.io_threads = 3, .max_inflight = 6};
@@ -425,9 +457,11 @@ TEST(fetch_bad_input) {
   CHECK(mml_fetch_list(f, "http://x/y", NULL, &urls, &n, &err) == MML_EINVAL);
   CHECK_EQ_INT(r.calls, 0);
   mml_bytes b = {0};
-  CHECK_OK(mml_fetch_get(f, "http://127.0.0.1:1/x", 0, 0, &b, &err), err); /* empty range: no request */
+  CHECK_OK(mml_fetch_get(f, "http://127.0.0.1:1/x", 0, 0, &b, &err),
+           err); /* empty range: no request */
   CHECK_EQ_INT(b.len, 0);
-  CHECK(mml_path_is_remote("s3://b/k") && mml_path_is_remote("https://h/") && !mml_path_is_remote("/tmp/x"));
+  CHECK(mml_path_is_remote("s3://b/k") && mml_path_is_remote("https://h/") &&
+        !mml_path_is_remote("/tmp/x"));
   mml_fetcher_free(f);
   mml_fetcher_free(NULL);
 }

@@ -46,15 +46,19 @@ TEST(short_keeps_both_ends_on_character_boundaries) {
 }
 
 TEST(redaction_of_urls_in_text) {
-  char *r = mml_url_redact("https://user:pw@host.example/a/b?X-Amz-Signature=abc&x=1&X-Amz-Credential=AK%2F1");
-  CHECK_EQ_STR(r, "https://host.example/a/b?X-Amz-Signature=REDACTED&x=1&X-Amz-Credential=REDACTED");
+  char *r = mml_url_redact(
+      "https://user:pw@host.example/a/b?X-Amz-Signature=abc&x=1&X-Amz-Credential=AK%2F1");
+  CHECK_EQ_STR(r,
+               "https://host.example/a/b?X-Amz-Signature=REDACTED&x=1&X-Amz-Credential=REDACTED");
   free(r);
   mml_bytes b = {0};
-  const char *t = "image s3://b/k.jpg?sig=SECRET&v=2: GET https://h/x?token=SECRET, then http://u:SECRET@h/";
+  const char *t =
+      "image s3://b/k.jpg?sig=SECRET&v=2: GET https://h/x?token=SECRET, then http://u:SECRET@h/";
   CHECK_OK(mml_text_redact(t, strlen(t), &b), (mml_err){0});
   mml_bytes_append(&b, "", 1);
-  CHECK_EQ_STR((char *)b.data, "image s3://b/k.jpg?sig=REDACTED&v=2: GET https://h/x?token=REDACTED, "
-                               "then http://h/");
+  CHECK_EQ_STR((char *)b.data,
+               "image s3://b/k.jpg?sig=REDACTED&v=2: GET https://h/x?token=REDACTED, "
+               "then http://h/");
   mml_bytes_free(&b);
   /* every message of the core goes through it */
   mml_err e;
@@ -97,26 +101,34 @@ TEST(record_depth_nul_and_image_count) {
   CHECK_OK(parse(deep, &deep_ok, &r, &e), e);
   /* brackets inside strings do not count; escaped quotes do not end a string */
   CHECK_OK(parse("{\"x\":\"[[[[\\\"[[[[\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
-                 &(mml_record_opts){.max_json_depth = 3}, &r, &e), e);
+                 &(mml_record_opts){.max_json_depth = 3}, &r, &e),
+           e);
   CHECK_EQ_INT(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000<image>\"}],"
-                     "\"images\":[\"a.jpg\"]}", NULL, &r, &e), MML_ERECORD);
+                     "\"images\":[\"a.jpg\"]}",
+                     NULL, &r, &e),
+               MML_ERECORD);
   CHECK(strstr(e.msg, "U+0000") != NULL);
   /* "\\u0000" is a backslash and text, not a NUL */
-  CHECK_OK(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\\\u0000\"}]}", NULL, &r, &e), e);
+  CHECK_OK(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"a\\\\u0000\"}]}", NULL, &r, &e),
+           e);
   mml_record_opts two = {.max_images = 2};
   CHECK_EQ_INT(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"<image><image><image>\"}],"
-                     "\"images\":[\"a\",\"b\",\"c\"]}", &two, &r, &e), MML_ETOOMANYIMAGES);
+                     "\"images\":[\"a\",\"b\",\"c\"]}",
+                     &two, &r, &e),
+               MML_ETOOMANYIMAGES);
   CHECK(strstr(e.msg, "max_images_per_sample=2") != NULL);
   CHECK_EQ_INT(parse("{\"messages\":[{\"role\":\"user\",\"content\":[{\"image\":\"a\"},"
-                     "{\"image\":\"b\"},{\"image\":\"c\"}]}]}", &two, &r, &e), MML_ETOOMANYIMAGES);
+                     "{\"image\":\"b\"},{\"image\":\"c\"}]}]}",
+                     &two, &r, &e),
+               MML_ETOOMANYIMAGES);
   mml_record_free(&r);
 }
 
 TEST(decoder_pixel_limit_before_decoding) {
   /* a JPEG header declaring 20799x50952 (1.06 Gpx) and nothing else */
-  static const uint8_t jpg[] = {0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x11, 0x08, 0xC7, 0x08, 0x51,
-                                0x3F, 0x03, 0x01, 0x22, 0x00, 0x02, 0x11, 0x01, 0x03, 0x11,
-                                0x01, 0xFF, 0xD9};
+  static const uint8_t jpg[] = {0xFF, 0xD8, 0xFF, 0xC0, 0x00, 0x11, 0x08, 0xC7,
+                                0x08, 0x51, 0x3F, 0x03, 0x01, 0x22, 0x00, 0x02,
+                                0x11, 0x01, 0x03, 0x11, 0x01, 0xFF, 0xD9};
   mml_decoder *d = NULL;
   CHECK_OK(mml_decoder_new(&d), (mml_err){0});
   mml_rgb8 img;

@@ -30,7 +30,9 @@ TEST(test_lines_and_blanks) {
   const char *text = "{\"a\":1}\n\n  \n{\"b\":2}\r\n{\"c\":3}";
   mml_index ix = {0};
   mml_err err = {0};
-  CHECK_OK(mml_index_add_bytes(&ix, "mem.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)text, strlen(text), &err), err);
+  CHECK_OK(mml_index_add_bytes(&ix, "mem.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)text,
+                               strlen(text), &err),
+           err);
   CHECK_EQ_INT(ix.n, 3);
   char buf[64];
   int64_t line;
@@ -70,7 +72,9 @@ TEST(test_file_matches_memory_and_shards) {
   CHECK_EQ_INT(a.n, 300);
   CHECK_EQ_INT(mml_index_hash(&a), mml_index_hash(&b));
   /* a second shard continues the global numbering */
-  CHECK_OK(mml_index_add_bytes(&a, "two.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)"x\ny\n", 4, &err), err);
+  CHECK_OK(
+      mml_index_add_bytes(&a, "two.jsonl", MML_LAYOUT_AUTO, (const uint8_t *)"x\ny\n", 4, &err),
+      err);
   CHECK_EQ_INT(a.n, 302);
   int shard;
   int64_t off, len, line;
@@ -125,8 +129,11 @@ static const char k_array[] =
 
 TEST(test_json_array_elements) {
   static const char *const want[] = {"{\"a\": \"x],[}{\\\"\\\\\"}",
-                                     "{\"b\": [1, [2, {\"c\": null}]]}", "\"str,]\"", "12",
-                                     "[3]", "{}"};
+                                     "{\"b\": [1, [2, {\"c\": null}]]}",
+                                     "\"str,]\"",
+                                     "12",
+                                     "[3]",
+                                     "{}"};
   size_t n = strlen(k_array);
   for (size_t step = 1; step <= n; step += step < 8 ? 1 : 13) {
     mml_index ix = {0};

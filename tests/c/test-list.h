@@ -170,6 +170,7 @@ TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
 TEST_DECLARE(test_failures)
 
+// clang-format off
 static const mml_test_entry k_tests[] = {
     /* test-collate.c */
     TEST_ENTRY(padded_qwen_text_only)
@@ -330,5 +331,6 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_threads)
     TEST_ENTRY(test_failures)
     {NULL, NULL}};
+// clang-format on
 
 #endif

@@ -51,13 +51,16 @@ static int make_dataset(void) {
       continue;
     }
     if (i == 20) {
-      fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"<image>look %d\"},"
-                 "{\"role\":\"assistant\",\"content\":\"nothing\"}],\"images\":[\"gone.jpg\"]}\n", i);
+      fprintf(f,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"<image>look %d\"},"
+              "{\"role\":\"assistant\",\"content\":\"nothing\"}],\"images\":[\"gone.jpg\"]}\n",
+              i);
       continue;
     }
     int k = i % 3;
-    fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion number %d?\"},"
-               "{\"role\":\"assistant\",\"content\":\"Answer %d is %s.\"}]",
+    fprintf(f,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%sQuestion number %d?\"},"
+            "{\"role\":\"assistant\",\"content\":\"Answer %d is %s.\"}]",
             k > 0 ? "<image>" : "", k > 1 ? "<image>" : "", i, i * 7, i % 2 ? "odd" : "even");
     if (k) {
       fprintf(f, ",\"images\":[\"img%d.jpg\"", i % 5);
@@ -371,10 +374,11 @@ static int write_late_shards(void) {
       int bad = 0;
       for (size_t j = 0; j < sizeof LATE / sizeof *LATE; j++) bad |= LATE[j] == i;
       int k = bad ? 1 + i % 2 : i % 3, nimg = k + bad;
-      fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%s%sQ%d %s\"},"
-                 "{\"role\":\"assistant\",\"content\":\"A%d\"}]",
-              nimg > 0 ? "<image>" : "", nimg > 1 ? "<image>" : "", nimg > 2 ? "<image>" : "",
-              i, i % 4 ? "more words" : "", i);
+      fprintf(f,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"%s%s%sQ%d %s\"},"
+              "{\"role\":\"assistant\",\"content\":\"A%d\"}]",
+              nimg > 0 ? "<image>" : "", nimg > 1 ? "<image>" : "", nimg > 2 ? "<image>" : "", i,
+              i % 4 ? "more words" : "", i);
       if (k) {
         fprintf(f, ",\"images\":[\"img%d.jpg\"", i % 5);
         if (k > 1) fprintf(f, ",\"img%d.jpg\"", (i + 2) % 5);
@@ -392,9 +396,9 @@ TEST(test_late_decode_failures_same_as_early) {
   if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
   if (write_late_shards()) FAIL_AT("cannot write the late/early shards");
   uint64_t ref[NITEMS], got[NITEMS];
-  int configs[][4] = {/* threads, prefetch, window, packed */
-                      {1, 1, 0, 0}, {3, 2, 0, 0}, {4, 1, 5, 0}, {1, 2, 0, 1}, {3, 3, 0, 1},
-                      {2, 1, 6, 1}};
+  int configs[][4] = {
+      /* threads, prefetch, window, packed */
+      {1, 1, 0, 0}, {3, 2, 0, 0}, {4, 1, 5, 0}, {1, 2, 0, 1}, {3, 3, 0, 1}, {2, 1, 6, 1}};
   uint64_t moved_late = 0;
   for (size_t k = 0; k < sizeof configs / sizeof *configs; k++) {
     for (int v = 0; v < 2; v++) {

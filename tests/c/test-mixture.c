@@ -111,8 +111,10 @@ TEST(test_up_and_down_sampling) {
       int s;
       int64_t idx;
       CHECK_OK(mml_mixture_at(&m, &sc, e, j, &s, &idx), err);
-      if (s == 0) hits0[idx]++;
-      else hits1[idx - 10]++;
+      if (s == 0)
+        hits0[idx]++;
+      else
+        hits1[idx - 10]++;
     }
   }
   /* 250 draws of 10 samples in full passes: exactly 25 each; 100 draws cover 100 once */
@@ -152,7 +154,8 @@ TEST(test_dp_shards_and_purity) {
   for (int r = 0; r < dp; r++)
     for (int s = 0; s < 3; s++) {
       double want = (double)c[s] / 1003.0 * 250.0;
-      if (fabs(per_rank[r][s] - want) > 30) FAIL_AT("rank %d source %d: %d draws, want ~%.0f", r, s, per_rank[r][s], want);
+      if (fabs(per_rank[r][s] - want) > 30)
+        FAIL_AT("rank %d source %d: %d draws, want ~%.0f", r, s, per_rank[r][s], want);
     }
   mml_mix_scratch_free(&sc);
   mml_mix_scratch_free(&sc2);
@@ -186,7 +189,8 @@ TEST(test_many_sources_speed) {
   fprintf(stderr, "  mixture lookup, 100 sources: %.2f us\n", dt / (double)lookups * 1e6);
   for (int s = 0; s < NS; s++) {
     double want = (double)c[s] * (double)lookups / (double)total;
-    if (fabs((double)counts[s] - want) > 2.0) FAIL_AT("source %d: %lld, want %.1f", s, (long long)counts[s], want);
+    if (fabs((double)counts[s] - want) > 2.0)
+      FAIL_AT("source %d: %lld, want %.1f", s, (long long)counts[s], want);
   }
   mml_mix_scratch_free(&sc);
   mml_mixture_free(&m);

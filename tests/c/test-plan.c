@@ -36,8 +36,10 @@ static int check_plan(const mml_plan_cfg *c, const mml_plan *p, const int64_t *t
         if (*a < p->step_q[k] || *a >= p->step_q[k + 1] || *a <= prev) ok = 0;
         prev = *a;
         int64_t j = p->order[*a];
-        if (j < 0 || j >= n || seen[j] || tok[j] < 0) ok = 0;
-        else seen[j] = 1;
+        if (j < 0 || j >= n || seen[j] || tok[j] < 0)
+          ok = 0;
+        else
+          seen[j] = 1;
         if (tok[j] > longest) longest = tok[j];
         used += mml_plan_slot(c, tok[j]);
       }
@@ -126,8 +128,7 @@ TEST(test_suffix_and_determinism) {
   static int64_t tok[N], vis[N];
   skewed(N, tok, vis);
   mml_err err;
-  mml_plan_cfg c = {.dp_size = 4, .max_tokens = 4096, .group = 100,
-                    .balance = MML_BALANCE_TOKENS};
+  mml_plan_cfg c = {.dp_size = 4, .max_tokens = 4096, .group = 100, .balance = MML_BALANCE_TOKENS};
   mml_plan a, b, again;
   CHECK_OK(mml_plan_build(&c, tok, vis, N, 0, &a, &err), err);
   CHECK_OK(mml_plan_build(&c, tok, vis, N, 0, &again, &err), err);
@@ -136,7 +137,8 @@ TEST(test_suffix_and_determinism) {
   int64_t k0 = a.nsteps / 3, q0 = a.step_q[k0];
   CHECK_OK(mml_plan_build(&c, tok, vis, N, q0, &b, &err), err);
   CHECK_EQ_INT(b.nsteps, a.nsteps - k0);
-  CHECK(!memcmp(b.assign, a.assign + (q0 - a.q0), (size_t)(b.step_q[b.nsteps] - q0) * sizeof *b.assign));
+  CHECK(!memcmp(b.assign, a.assign + (q0 - a.q0),
+                (size_t)(b.step_q[b.nsteps] - q0) * sizeof *b.assign));
   CHECK(!memcmp(b.count, a.count + k0 * 4, (size_t)b.nsteps * 4 * sizeof *b.count));
   /* another rank count from the same global position covers exactly the rest */
   mml_plan_cfg c3 = c;

@@ -24,11 +24,13 @@ static void refused(const char *in, const char *needle) {
 }
 
 TEST(test_dumps) {
-  dumps_is("{\"a\":1,\"b\":[true,false,null],\"c\":{}}", "{\"a\": 1, \"b\": [true, false, null], \"c\": {}}");
+  dumps_is("{\"a\":1,\"b\":[true,false,null],\"c\":{}}",
+           "{\"a\": 1, \"b\": [true, false, null], \"c\": {}}");
   dumps_is("{\"a\":1,\"b\":2,\"a\":3}", "{\"a\": 3, \"b\": 2}");
   dumps_is("[1.0, 100.0, 1e16, 1e-5, 0.0001, -0, -0.0, 2.5E+3, 1e400, 123456789012345678901]",
            "[1.0, 100.0, 1e+16, 1e-05, 0.0001, 0, -0.0, 2500.0, Infinity, 123456789012345678901]");
-  dumps_is("\"\\u00e9\\ud83d\\ude00\\u0001\\/\\\"\\\\\\n\"", "\"\xc3\xa9\xf0\x9f\x98\x80\\u0001/\\\"\\\\\\n\"");
+  dumps_is("\"\\u00e9\\ud83d\\ude00\\u0001\\/\\\"\\\\\\n\"",
+           "\"\xc3\xa9\xf0\x9f\x98\x80\\u0001/\\\"\\\\\\n\"");
   dumps_is(" [ NaN , -Infinity ] ", "[NaN, -Infinity]");
 }
 

@@ -13,8 +13,10 @@ static mml_status parse(const char *line, mml_record *rec, mml_err *err) {
 static const char *part_str(const mml_record *r, int m, int i) {
   static char buf[512];
   const mml_part *p = &r->messages[m].parts[i];
-  if (p->kind == MML_PART_TEXT) snprintf(buf, sizeof buf, "T:%.*s", (int)p->len, p->text);
-  else snprintf(buf, sizeof buf, "I:%s", r->images[p->image]);
+  if (p->kind == MML_PART_TEXT)
+    snprintf(buf, sizeof buf, "T:%.*s", (int)p->len, p->text);
+  else
+    snprintf(buf, sizeof buf, "I:%s", r->images[p->image]);
   return buf;
 }
 
@@ -24,7 +26,8 @@ TEST(llava_single_image_string) {
   CHECK_OK(parse("{\"id\": 7, \"image\": \"a.jpg\", \"conversations\": ["
                  "{\"from\": \"human\", \"value\": \"<image>\\nWhat is this?\"},"
                  "{\"from\": \"gpt\", \"value\": \"A cat.\"}]}",
-                 &r, &e), e);
+                 &r, &e),
+           e);
   CHECK_EQ_INT(r.nmessages, 2);
   CHECK_EQ_INT(r.nimages, 1);
   CHECK_EQ_STR(r.images[0], "a.jpg");
@@ -46,7 +49,8 @@ TEST(messages_many_images_in_order) {
                  "{\"role\": \"user\", \"content\": \"x<image>y<image><image>\"},"
                  "{\"role\": \"assistant\", \"content\": \"see <image>\"}],"
                  " \"images\": [\"0.png\", \"1.png\", \"2.png\", \"3.png\", \"4.png\"]}",
-                 &r, &e), e);
+                 &r, &e),
+           e);
   CHECK_EQ_INT(r.nimages, 5);
   CHECK_EQ_INT(r.messages[0].role, MML_ROLE_SYSTEM);
   CHECK_EQ_STR(part_str(&r, 0, 1), "I:0.png");
@@ -68,15 +72,17 @@ TEST(messages_many_images_in_order) {
 TEST(hf_content_parts) {
   mml_record r = {0};
   mml_err e = {0};
-  CHECK_OK(parse("{\"messages\": [{\"role\": \"user\", \"content\": ["
-                 "{\"type\": \"image\", \"image\": \"s3://b/k.jpg\"},"
-                 "{\"type\": \"image\", \"url\": \"https://h/x.png\", \"text\": null},"
-                 "{\"type\": \"image_url\", \"image_url\": {\"url\": \"u.jpg\"}},"
-                 "{\"type\": \"image\", \"path\": \"/p.jpg\"},"
-                 "{\"type\": \"text\", \"text\": \"Compare.\", \"image\": null},"
-                 "{\"text\": \"untyped\"}, {\"image\": \"untyped.jpg\"}]},"
-                 "{\"role\": \"assistant\", \"content\": [{\"type\": \"text\", \"text\": \"Same.\"}]}]}",
-                 &r, &e), e);
+  CHECK_OK(
+      parse("{\"messages\": [{\"role\": \"user\", \"content\": ["
+            "{\"type\": \"image\", \"image\": \"s3://b/k.jpg\"},"
+            "{\"type\": \"image\", \"url\": \"https://h/x.png\", \"text\": null},"
+            "{\"type\": \"image_url\", \"image_url\": {\"url\": \"u.jpg\"}},"
+            "{\"type\": \"image\", \"path\": \"/p.jpg\"},"
+            "{\"type\": \"text\", \"text\": \"Compare.\", \"image\": null},"
+            "{\"text\": \"untyped\"}, {\"image\": \"untyped.jpg\"}]},"
+            "{\"role\": \"assistant\", \"content\": [{\"type\": \"text\", \"text\": \"Same.\"}]}]}",
+            &r, &e),
+      e);
   CHECK_EQ_INT(r.nimages, 5);
   CHECK_EQ_STR(r.images[0], "s3://b/k.jpg");
   CHECK_EQ_STR(r.images[1], "https://h/x.png");
@@ -97,7 +103,8 @@ TEST(image_parts_take_listed_images) {
   CHECK_OK(parse("{\"images\": [\"a.jpg\", \"b.jpg\"], \"messages\": [{\"role\": \"user\", "
                  "\"content\": [{\"type\": \"image\", \"image\": null}, {\"type\": \"text\", "
                  "\"text\": \"and <image>\"}]}]}",
-                 &r, &e), e);
+                 &r, &e),
+           e);
   CHECK_EQ_INT(r.nimages, 2);
   CHECK_EQ_STR(part_str(&r, 0, 0), "I:a.jpg");
   CHECK_EQ_STR(part_str(&r, 0, 1), "T:and ");
@@ -108,15 +115,19 @@ TEST(image_parts_take_listed_images) {
 TEST(text_only_roles_unicode_escapes) {
   mml_record r = {0};
   mml_err e = {0};
-  CHECK_OK(parse("{\"conversations\": [{\"from\": \"system\", \"value\": \"S\"},"
-                 "{\"from\": \"user\", \"value\": \"caf\\u00e9 \\\"q\\\" \\\\ \\n\\t \xe4\xbd\xa0\xe5\xa5\xbd \\ud83d\\ude00\"},"
-                 "{\"from\": \"assistant\", \"value\": \"\"},"
-                 "{\"from\": \"tool\", \"value\": null},"
-                 "{\"role\": \"observation\", \"content\": \"o\"}], \"extra\": {\"x\": [1, 2]}}\r\n",
-                 &r, &e), e);
+  CHECK_OK(
+      parse("{\"conversations\": [{\"from\": \"system\", \"value\": \"S\"},"
+            "{\"from\": \"user\", \"value\": \"caf\\u00e9 \\\"q\\\" \\\\ \\n\\t "
+            "\xe4\xbd\xa0\xe5\xa5\xbd \\ud83d\\ude00\"},"
+            "{\"from\": \"assistant\", \"value\": \"\"},"
+            "{\"from\": \"tool\", \"value\": null},"
+            "{\"role\": \"observation\", \"content\": \"o\"}], \"extra\": {\"x\": [1, 2]}}\r\n",
+            &r, &e),
+      e);
   CHECK_EQ_INT(r.nimages, 0);
   CHECK_EQ_INT(r.nmessages, 5);
-  CHECK_EQ_STR(part_str(&r, 1, 0), "T:caf\xc3\xa9 \"q\" \\ \n\t \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80");
+  CHECK_EQ_STR(part_str(&r, 1, 0),
+               "T:caf\xc3\xa9 \"q\" \\ \n\t \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80");
   CHECK_EQ_INT(r.messages[2].nparts, 0);
   CHECK_EQ_INT(r.messages[3].role, MML_ROLE_OTHER);
   CHECK_EQ_STR(r.messages[3].role_name, "tool");
@@ -128,13 +139,22 @@ TEST(text_only_roles_unicode_escapes) {
 TEST(image_list_forms) {
   mml_record r = {0};
   mml_err e = {0};
-  CHECK_OK(parse("{\"image\": [\"a\"], \"conversations\": [{\"from\": \"human\", \"value\": \"<image>\"}]}", &r, &e), e);
+  CHECK_OK(parse("{\"image\": [\"a\"], \"conversations\": [{\"from\": \"human\", \"value\": "
+                 "\"<image>\"}]}",
+                 &r, &e),
+           e);
   CHECK_EQ_INT(r.nimages, 1);
   CHECK_EQ_INT(r.messages[0].nparts, 1);
   CHECK_EQ_STR(part_str(&r, 0, 0), "I:a");
-  CHECK_OK(parse("{\"images\": [{\"path\": \"p.jpg\"}], \"messages\": [{\"role\": \"user\", \"content\": \"<image>hi\"}]}", &r, &e), e);
+  CHECK_OK(parse("{\"images\": [{\"path\": \"p.jpg\"}], \"messages\": [{\"role\": \"user\", "
+                 "\"content\": \"<image>hi\"}]}",
+                 &r, &e),
+           e);
   CHECK_EQ_STR(r.images[0], "p.jpg");
-  CHECK_OK(parse("{\"images\": [], \"image\": null, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &r, &e), e);
+  CHECK_OK(parse("{\"images\": [], \"image\": null, \"messages\": [{\"role\": \"user\", "
+                 "\"content\": \"hi\"}]}",
+                 &r, &e),
+           e);
   CHECK_EQ_INT(r.nimages, 0);
   mml_record_free(&r);
 }
@@ -161,8 +181,9 @@ TEST(bad_records) {
   expect_fail("{\"messages\": [{\"role\": 3, \"content\": \"x\"}]}", MML_ERECORD, "no role");
   expect_fail("{\"messages\": [\"hi\"]}", MML_ERECORD, "not an object");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", MML_ERECORD, "neither");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": []}]}]}",
-              MML_ERECORD, "empty frame list");
+  expect_fail(
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": []}]}]}",
+      MML_ERECORD, "empty frame list");
   expect_fail("{\"videos\": [\"v.mp4\"], \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
               MML_EMISMATCH, "video count mismatch");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"<video>x\"}]}", MML_EMISMATCH,
@@ -170,26 +191,39 @@ TEST(bad_records) {
   expect_fail("{\"instruction\": \"x\"}", MML_ERECORD, "no \"output\"");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
               MML_ERECORD, "no string \"text\"");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": 4}]}]}",
-              MML_ERECORD, "not a string");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [7]}]}", MML_ERECORD, "not an object");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]} trailing", MML_ERECORD, "trailing");
-  expect_fail("{\"images\": 3, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", MML_ERECORD, "neither");
-  expect_fail("{\"images\": [\"a\"], \"image\": \"b\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
-              MML_ERECORD, "both");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", MML_ERECORD, "UTF-8");
-  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}", MML_ERECORD, "UTF-8");
-  expect_fail("{\"images\": [\"\"], \"messages\": [{\"role\": \"user\", \"content\": \"<image>\"}]}",
-              MML_ERECORD, "empty image");
-  expect_fail("{\"images\": [null], \"messages\": [{\"role\": \"user\", \"content\": \"<image>\"}]}",
-              MML_ERECORD, "not a string");
+  expect_fail(
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"image\": 4}]}]}",
+      MML_ERECORD, "not a string");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [7]}]}", MML_ERECORD,
+              "not an object");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]} trailing", MML_ERECORD,
+              "trailing");
+  expect_fail("{\"images\": 3, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+              MML_ERECORD, "neither");
+  expect_fail(
+      "{\"images\": [\"a\"], \"image\": \"b\", \"messages\": [{\"role\": \"user\", \"content\": "
+      "\"x\"}]}",
+      MML_ERECORD, "both");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", MML_ERECORD,
+              "UTF-8");
+  expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}", MML_ERECORD,
+              "UTF-8");
+  expect_fail(
+      "{\"images\": [\"\"], \"messages\": [{\"role\": \"user\", \"content\": \"<image>\"}]}",
+      MML_ERECORD, "empty image");
+  expect_fail(
+      "{\"images\": [null], \"messages\": [{\"role\": \"user\", \"content\": \"<image>\"}]}",
+      MML_ERECORD, "not a string");
 }
 
 TEST(count_mismatch) {
-  expect_fail("{\"image\": \"a.jpg\", \"conversations\": [{\"from\": \"human\", \"value\": \"no tag\"}]}",
-              MML_EMISMATCH, "lists 1 image(s) but its messages refer to 0");
-  expect_fail("{\"images\": [\"a\"], \"messages\": [{\"role\": \"user\", \"content\": \"<image><image>\"}]}",
-              MML_EMISMATCH, "refers to image 2");
+  expect_fail(
+      "{\"image\": \"a.jpg\", \"conversations\": [{\"from\": \"human\", \"value\": \"no tag\"}]}",
+      MML_EMISMATCH, "lists 1 image(s) but its messages refer to 0");
+  expect_fail(
+      "{\"images\": [\"a\"], \"messages\": [{\"role\": \"user\", \"content\": "
+      "\"<image><image>\"}]}",
+      MML_EMISMATCH, "refers to image 2");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": \"<image>\"}]}", MML_EMISMATCH,
               "lists 0");
   expect_fail("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\"}]}]}",
@@ -200,8 +234,10 @@ TEST(reuse_and_length_bound) {
   /* One record reused across lines, some failing; the line is read only up to len. */
   mml_record r = {0};
   mml_err e = {0};
-  const char *good = "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": \"<image><image>q\"},"
-                     "{\"role\": \"assistant\", \"content\": \"r\"}]}GARBAGE";
+  const char *good =
+      "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": "
+      "\"<image><image>q\"},"
+      "{\"role\": \"assistant\", \"content\": \"r\"}]}GARBAGE";
   size_t good_len = strlen(good) - strlen("GARBAGE");
   for (int i = 0; i < 50; i++) {
     CHECK_OK(mml_record_parse(good, good_len, &r, &e), e);
@@ -217,8 +253,11 @@ TEST(reuse_and_length_bound) {
 }
 
 TEST(truncated_prefixes_never_crash) {
-  const char *line = "{\"images\": [\"a\"], \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\"},"
-                     " {\"type\": \"text\", \"text\": \"caf\\u00e9 <image>\"}]}, {\"role\": \"assistant\", \"content\": \"ok\"}]}";
+  const char *line =
+      "{\"images\": [\"a\"], \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+      "\"image\"},"
+      " {\"type\": \"text\", \"text\": \"caf\\u00e9 <image>\"}]}, {\"role\": \"assistant\", "
+      "\"content\": \"ok\"}]}";
   mml_record r = {0};
   mml_err e = {0};
   size_t n = strlen(line);

@@ -11,8 +11,10 @@ static int check_perm(int64_t n, uint64_t seed, int64_t epoch) {
   int ok = 1;
   for (int64_t i = 0; i < n; i++) {
     int64_t x = mml_sampler_permute(&s, epoch, i);
-    if (x < 0 || x >= n || seen[x]) ok = 0;
-    else seen[x] = 1;
+    if (x < 0 || x >= n || seen[x])
+      ok = 0;
+    else
+      seen[x] = 1;
   }
   free(seen);
   return ok;
@@ -22,7 +24,8 @@ TEST(test_permutation) {
   int64_t sizes[] = {1, 2, 3, 5, 17, 64, 65, 1000, 4097, 100003};
   for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
     for (int e = 0; e < 3; e++)
-      if (!check_perm(sizes[k], 1234, e)) FAIL_AT("not a permutation: n=%lld epoch=%d", (long long)sizes[k], e);
+      if (!check_perm(sizes[k], 1234, e))
+        FAIL_AT("not a permutation: n=%lld epoch=%d", (long long)sizes[k], e);
 }
 
 TEST(test_identity_without_shuffle) {
@@ -74,7 +77,8 @@ TEST(test_epochs_and_seeds_differ) {
   /* pure: same inputs, same answer */
   mml_sampler c;
   CHECK_OK(mml_sampler_init(&c, 500, 1, 1, 0, 1, &err), err);
-  for (int64_t i = 0; i < 500; i++) CHECK_EQ_INT(mml_sampler_at(&a, 3, i), mml_sampler_at(&c, 3, i));
+  for (int64_t i = 0; i < 500; i++)
+    CHECK_EQ_INT(mml_sampler_at(&a, 3, i), mml_sampler_at(&c, 3, i));
 }
 
 TEST(sampler_bad_config) {

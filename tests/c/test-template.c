@@ -54,7 +54,8 @@ static const char *render(mml_template_style style, const char *line, const int6
 }
 
 static const char k_llava[] =
-    "{\"image\": \"a.jpg\", \"conversations\": [{\"from\": \"human\", \"value\": \"<image>\\nWhat?\"},"
+    "{\"image\": \"a.jpg\", \"conversations\": [{\"from\": \"human\", \"value\": "
+    "\"<image>\\nWhat?\"},"
     "{\"from\": \"gpt\", \"value\": \"A cat.\"}, {\"from\": \"human\", \"value\": \"More\"},"
     "{\"from\": \"gpt\", \"value\": \"\\n\\nTabby.\"}]}";
 
@@ -62,18 +63,22 @@ TEST(render_qwen2_and_qwen3) {
   int64_t n[] = {2};
   CHECK_EQ_STR(render(MML_TEMPLATE_QWEN2_VL, k_llava, n),
                "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-               "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\nWhat?<|im_end|>\n"
+               "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\nWhat?<|"
+               "im_end|>\n"
                "<|im_start|>assistant\nA cat.<|im_end|>\n"
                "<|im_start|>user\nMore<|im_end|>\n"
                "<|im_start|>assistant\n\n\nTabby.<|im_end|>\n");
   CHECK_EQ_STR(render(MML_TEMPLATE_QWEN3_VL, k_llava, n),
-               "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\nWhat?<|im_end|>\n"
+               "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|vision_end|>\nWhat?<|"
+               "im_end|>\n"
                "<|im_start|>assistant\nA cat.<|im_end|>\n"
                "<|im_start|>user\nMore<|im_end|>\n"
                "<|im_start|>assistant\n\n\nTabby.<|im_end|>\n");
-  const char *sys = "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"u\"},"
-                    "{\"role\": \"system\", \"content\": \"late\"}, {\"role\": \"tool\", \"content\": \"t1\"},"
-                    "{\"role\": \"tool\", \"content\": \"t2\"}, {\"role\": \"critic\", \"content\": \"c\"}]}";
+  const char *sys =
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", "
+      "\"content\": \"u\"},"
+      "{\"role\": \"system\", \"content\": \"late\"}, {\"role\": \"tool\", \"content\": \"t1\"},"
+      "{\"role\": \"tool\", \"content\": \"t2\"}, {\"role\": \"critic\", \"content\": \"c\"}]}";
   CHECK_EQ_STR(render(MML_TEMPLATE_QWEN2_VL, sys, NULL),
                "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu<|im_end|>\n"
                "<|im_start|>system\nlate<|im_end|>\n<|im_start|>tool\nt1<|im_end|>\n"
@@ -89,7 +94,9 @@ TEST(render_errors_leave_output) {
   mml_template *t = NULL;
   mml_bytes out = {0};
   mml_err e = {0};
-  const char *line = "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": \"<image>x<image>\"}]}";
+  const char *line =
+      "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": "
+      "\"<image>x<image>\"}]}";
   CHECK_OK(mml_record_parse(line, strlen(line), &r, &e), e);
   CHECK_OK(mml_template_new(MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, NULL, &t, &e), e);
   mml_bytes_append(&out, "keep", 4);
@@ -98,11 +105,14 @@ TEST(render_errors_leave_output) {
   CHECK_EQ_INT(mml_template_render(t, &r, NULL, &out, &e), MML_EINVAL);
   CHECK_EQ_INT(out.len, 4);
   mml_ids ids = {0}, labels = {0};
-  CHECK_EQ_INT(mml_template_encode(t, NULL, &r, bad, &ids, &labels, &e), MML_EINVAL); /* render-only */
+  CHECK_EQ_INT(mml_template_encode(t, NULL, &r, bad, &ids, &labels, &e),
+               MML_EINVAL); /* render-only */
   mml_template_free(t);
-  CHECK_EQ_INT(mml_template_new((mml_template_style)7, MML_LABELS_ALL_ASSISTANT, NULL, &t, &e), MML_ECONFIG);
+  CHECK_EQ_INT(mml_template_new((mml_template_style)7, MML_LABELS_ALL_ASSISTANT, NULL, &t, &e),
+               MML_ECONFIG);
   CHECK(t == NULL);
-  CHECK_EQ_INT(mml_template_new(MML_TEMPLATE_QWEN3_VL, (mml_label_mode)9, NULL, &t, &e), MML_ECONFIG);
+  CHECK_EQ_INT(mml_template_new(MML_TEMPLATE_QWEN3_VL, (mml_label_mode)9, NULL, &t, &e),
+               MML_ECONFIG);
   mml_bytes_free(&out);
   mml_record_free(&r);
 }
@@ -129,7 +139,8 @@ static int encode_check(const mml_tokenizer *tok, mml_template_style style, mml_
     goto done;
   }
   if (ids.len != labels.len || ids.len != want.len) {
-    fprintf(stderr, "  lengths: ids %zu labels %zu whole-string %zu\n", ids.len, labels.len, want.len);
+    fprintf(stderr, "  lengths: ids %zu labels %zu whole-string %zu\n", ids.len, labels.len,
+            want.len);
     goto done;
   }
   for (size_t i = 0; i < ids.len; i++) {
@@ -166,34 +177,47 @@ done:
 
 /* A run that starts the content with a newline may also carry the header's "\n" when the
  * tokenizer merges them into one token (the straddling token is labelled). */
-#define CHECK_SUP(got, plain, straddled) \
-  do { if (strcmp(got, plain) && strcmp(got, straddled)) FAIL_AT("supervised text \"%s\"", got); } while (0)
+#define CHECK_SUP(got, plain, straddled)                                                      \
+  do {                                                                                        \
+    if (strcmp(got, plain) && strcmp(got, straddled)) FAIL_AT("supervised text \"%s\"", got); \
+  } while (0)
 
 static void encode_and_labels_with(int which) {
   mml_tokenizer *tok = load_tok(which);
   if (!tok) return;
   char sup[4096];
   int64_t n[] = {5};
-  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, k_llava, n, sup, sizeof sup));
-  CHECK_SUP(sup, "A cat.<|im_end|>\n|\n\nTabby.<|im_end|>\n", "A cat.<|im_end|>\n|\n\n\nTabby.<|im_end|>\n");
-  CHECK(encode_check(tok, MML_TEMPLATE_QWEN3_VL, MML_LABELS_LAST_ASSISTANT, k_llava, n, sup, sizeof sup));
+  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, k_llava, n, sup,
+                     sizeof sup));
+  CHECK_SUP(sup, "A cat.<|im_end|>\n|\n\nTabby.<|im_end|>\n",
+            "A cat.<|im_end|>\n|\n\n\nTabby.<|im_end|>\n");
+  CHECK(encode_check(tok, MML_TEMPLATE_QWEN3_VL, MML_LABELS_LAST_ASSISTANT, k_llava, n, sup,
+                     sizeof sup));
   CHECK_SUP(sup, "\n\nTabby.<|im_end|>\n", "\n\n\nTabby.<|im_end|>\n");
-  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_NO_NONFINAL_END, k_llava, n, sup, sizeof sup));
+  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_NO_NONFINAL_END, k_llava, n, sup,
+                     sizeof sup));
   CHECK_SUP(sup, "A cat.|\n\nTabby.<|im_end|>\n", "A cat.|\n\n\nTabby.<|im_end|>\n");
 
   /* Image in the assistant turn: its tokens stay -100; non-ASCII text; NFC-changing text. */
   const char *mixed =
-      "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": \"cafe\\u0301 \\u4f60\\u597d <image>\"},"
-      "{\"role\": \"assistant\", \"content\": \"Voil\\u00e0 <image> \\ud83d\\ude00 e\\u0301t\\u00e9\"}]}";
+      "{\"images\": [\"a\", \"b\"], \"messages\": [{\"role\": \"user\", \"content\": \"cafe\\u0301 "
+      "\\u4f60\\u597d <image>\"},"
+      "{\"role\": \"assistant\", \"content\": \"Voil\\u00e0 <image> \\ud83d\\ude00 "
+      "e\\u0301t\\u00e9\"}]}";
   int64_t n2[] = {3, 4};
-  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, mixed, n2, sup, sizeof sup));
+  CHECK(encode_check(tok, MML_TEMPLATE_QWEN2_VL, MML_LABELS_ALL_ASSISTANT, mixed, n2, sup,
+                     sizeof sup));
   CHECK_EQ_STR(sup, "Voil\xc3\xa0 | \xf0\x9f\x98\x80 \xc3\xa9t\xc3\xa9<|im_end|>\n");
 
   /* Leading spaces and newlines in assistant content (a straddling token is labelled). */
-  const char *ws = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"  two\"},"
-                   "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"\\n\\r\\n x\"},"
-                   "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"\"}]}";
-  CHECK(encode_check(tok, MML_TEMPLATE_QWEN3_VL, MML_LABELS_ALL_ASSISTANT, ws, NULL, sup, sizeof sup));
+  const char *ws =
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+      "\"content\": \"  two\"},"
+      "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": "
+      "\"\\n\\r\\n x\"},"
+      "{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"\"}]}";
+  CHECK(encode_check(tok, MML_TEMPLATE_QWEN3_VL, MML_LABELS_ALL_ASSISTANT, ws, NULL, sup,
+                     sizeof sup));
   CHECK_SUP(sup, "  two<|im_end|>\n|\n\r\n x<|im_end|>\n|<|im_end|>\n",
             "  two<|im_end|>\n|\n\n\r\n x<|im_end|>\n|<|im_end|>\n");
   mml_tokenizer_free(tok);

@@ -36,8 +36,8 @@ static void sym(int b, char *out) { /* UTF-8 of byte b's symbol */
 }
 
 /* merges: pairs of symbol strings written with 'G' standing for the space symbol. */
-static const char *k_merges[][2] = {{"h", "e"}, {"l", "l"},  {"he", "ll"}, {"hell", "o"},
-                                    {"G", "w"}, {"a", "a"},  {"aa", "aa"}, {"Gw", "o"},
+static const char *k_merges[][2] = {{"h", "e"}, {"l", "l"},  {"he", "ll"},  {"hell", "o"},
+                                    {"G", "w"}, {"a", "a"},  {"aa", "aa"},  {"Gw", "o"},
                                     {"r", "l"}, {"rl", "d"}, {"Gwo", "rld"}};
 
 static void expand(const char *in, char *out) {
@@ -201,7 +201,10 @@ TEST(invalid_utf8_becomes_replacement_char) {
   mml_tokenizer *t = load_test(0);
   CHECK(t != NULL);
   /* lone 0xFF, then a truncated 3-byte sequence (one U+FFFD for both bytes) */
-  CHECK(ENC(t, NULL, "a\xFF" "b\xE2\x82", 'a', 0xEF, 0xBF, 0xBD, 'b', 0xEF, 0xBF, 0xBD));
+  CHECK(ENC(t, NULL,
+            "a\xFF"
+            "b\xE2\x82",
+            'a', 0xEF, 0xBF, 0xBD, 'b', 0xEF, 0xBF, 0xBD));
   mml_tokenizer_free(t);
 }
 
@@ -219,7 +222,10 @@ TEST(decode) {
   mml_bytes_clear(&out);
   int32_t bad_utf8[] = {'a', 0xC3, 'b'};
   CHECK_OK(mml_tokenizer_decode(t, bad_utf8, 3, &out, &e), e);
-  CHECK(out.len == 5 && memcmp(out.data, "a\xEF\xBF\xBD" "b", 5) == 0);
+  CHECK(out.len == 5 && memcmp(out.data,
+                               "a\xEF\xBF\xBD"
+                               "b",
+                               5) == 0);
   mml_bytes_clear(&out);
   int32_t unknown[] = {'a', 4000};
   CHECK_EQ_INT(mml_tokenizer_decode(t, unknown, 2, &out, &e), MML_EINVAL);
@@ -252,8 +258,11 @@ TEST(load_errors) {
 /* ---- concurrency: one tokenizer, many threads -------------------------------------- */
 
 static const char *k_texts[] = {
-    "<|im_start|>user\nhello world<|im_end|>\n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa hello",
-    "cafe\xCC\x81 and caf\xC3\xA9", "don't STOP 'LL 12345 \t\t\n\n  x", "\xE6\x97\xA5\xE6\x9C\xAC hello",
+    "<|im_start|>user\nhello world<|im_end|>\n",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa hello",
+    "cafe\xCC\x81 and caf\xC3\xA9",
+    "don't STOP 'LL 12345 \t\t\n\n  x",
+    "\xE6\x97\xA5\xE6\x9C\xAC hello",
 };
 #define N_TEXTS (sizeof k_texts / sizeof *k_texts)
 
@@ -451,12 +460,16 @@ TEST(random_input_round_trips) {
         uint32_t c = (uint32_t)(r >> 8) % 0x30000;
         if (c >= 0xD800 && c < 0xE000) c = 'x';
         if (n + 4 > want) break;
-        if (c < 0x80) buf[n++] = (char)c;
-        else if (c < 0x800) buf[n++] = (char)(0xC0 | (c >> 6)), buf[n++] = (char)(0x80 | (c & 0x3F));
-        else if (c < 0x10000) buf[n++] = (char)(0xE0 | (c >> 12)), buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)),
-                              buf[n++] = (char)(0x80 | (c & 0x3F));
-        else buf[n++] = (char)(0xF0 | (c >> 18)), buf[n++] = (char)(0x80 | ((c >> 12) & 0x3F)),
-             buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)), buf[n++] = (char)(0x80 | (c & 0x3F));
+        if (c < 0x80)
+          buf[n++] = (char)c;
+        else if (c < 0x800)
+          buf[n++] = (char)(0xC0 | (c >> 6)), buf[n++] = (char)(0x80 | (c & 0x3F));
+        else if (c < 0x10000)
+          buf[n++] = (char)(0xE0 | (c >> 12)), buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)),
+          buf[n++] = (char)(0x80 | (c & 0x3F));
+        else
+          buf[n++] = (char)(0xF0 | (c >> 18)), buf[n++] = (char)(0x80 | ((c >> 12) & 0x3F)),
+          buf[n++] = (char)(0x80 | ((c >> 6) & 0x3F)), buf[n++] = (char)(0x80 | (c & 0x3F));
       }
     }
     mml_ids_clear(&ids);

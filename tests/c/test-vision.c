@@ -41,18 +41,23 @@ static unsigned char *make_jpeg(int w, int h, int progressive, unsigned long *le
 }
 
 TEST(smart_resize_worked_values) {
-  static const struct { int h, w, f; int64_t mn, mx; int eh, ew; } cases[] = {
-      {1365, 2048, 28, 3136, 12845056, 1372, 2044}, {480, 640, 28, 3136, 12845056, 476, 644},
-      {70, 70, 28, 3136, 12845056, 56, 56},         {100, 100, 28, 3136, 12845056, 112, 112},
-      {28, 5000, 28, 3136, 12845056, 28, 5012},     {3000, 4000, 28, 3136, 12845056, 2996, 4004},
-      {1365, 2048, 28, 3136, 1003520, 812, 1204},   {1080, 1920, 28, 3136, 1003520, 728, 1316},
+  static const struct {
+    int h, w, f;
+    int64_t mn, mx;
+    int eh, ew;
+  } cases[] = {
+      {1365, 2048, 28, 3136, 12845056, 1372, 2044},  {480, 640, 28, 3136, 12845056, 476, 644},
+      {70, 70, 28, 3136, 12845056, 56, 56},          {100, 100, 28, 3136, 12845056, 112, 112},
+      {28, 5000, 28, 3136, 12845056, 28, 5012},      {3000, 4000, 28, 3136, 12845056, 2996, 4004},
+      {1365, 2048, 28, 3136, 1003520, 812, 1204},    {1080, 1920, 28, 3136, 1003520, 728, 1316},
       {1365, 2048, 32, 65536, 16777216, 1376, 2048}, {224, 224, 32, 65536, 16777216, 256, 256},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mml_err err = {0};
     int h = 0, w = 0;
-    CHECK_OK(mml_smart_resize(cases[i].h, cases[i].w, cases[i].f, cases[i].mn, cases[i].mx, 0,
-                              &h, &w, &err), err);
+    CHECK_OK(mml_smart_resize(cases[i].h, cases[i].w, cases[i].f, cases[i].mn, cases[i].mx, 0, &h,
+                              &w, &err),
+             err);
     CHECK_EQ_INT(h, cases[i].eh);
     CHECK_EQ_INT(w, cases[i].ew);
   }
@@ -117,14 +122,16 @@ TEST(probe_and_plan) {
   cfg.fast = 1;
   CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
   CHECK_EQ_INT(plan.decode_scale, 1); /* 2048 -> 1204 is not a halving */
-  cfg.max_pixels = 200000; /* -> 364x532: 2048/532 < 4 */
+  cfg.max_pixels = 200000;            /* -> 364x532: 2048/532 < 4 */
   CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
   CHECK_EQ_INT(plan.decode_scale, 2);
   cfg.max_pixels = 100000; /* -> 252x364 */
   CHECK_OK(mml_vision_plan_bytes(&cfg, jpg, len, &plan, &err), err);
   CHECK_EQ_INT(plan.decode_scale, 4);
   tjFree(jpg);
-  static const uint8_t junk[] = "\0\0\0\x1c" "ftypavif";
+  static const uint8_t junk[] =
+      "\0\0\0\x1c"
+      "ftypavif";
   CHECK_EQ_INT(mml_image_probe(junk, sizeof junk, &info, &err), MML_EUNSUPPORTED);
   CHECK(strstr(err.msg, "looks like AVIF") && strstr(err.msg, "00 00 00 1c 66 74 79 70"));
   CHECK_EQ_INT(mml_image_probe(junk, 0, &info, &err), MML_EUNSUPPORTED);
@@ -202,11 +209,11 @@ static void check_pipeline(int w, int h, int progressive, const char *preset, in
 }
 
 TEST(pipeline_matches_reference) {
-  check_pipeline(640, 480, 0, "qwen2.5-vl", 0);       /* up in x, down in y */
-  check_pipeline(300, 900, 1, "qwen2.5-vl", 0);       /* progressive; vertical pass first */
+  check_pipeline(640, 480, 0, "qwen2.5-vl", 0);         /* up in x, down in y */
+  check_pipeline(300, 900, 1, "qwen2.5-vl", 0);         /* progressive; vertical pass first */
   check_pipeline(2048, 1365, 0, "qwen2.5-vl", 1003520); /* downscale both */
-  check_pipeline(20, 30, 0, "qwen3-vl", 0);           /* below the factor: upscale */
-  check_pipeline(1000, 7, 0, "qwen2-vl", 0);          /* 143:1 */
+  check_pipeline(20, 30, 0, "qwen3-vl", 0);             /* below the factor: upscale */
+  check_pipeline(1000, 7, 0, "qwen2-vl", 0);            /* 143:1 */
 }
 
 TEST(vision_bad_input) {
@@ -311,7 +318,10 @@ TEST(fuzz_corrupt_images) {
       float *out = malloc((size_t)plan.rows * plan.cols * sizeof *out);
       mml_status st = mml_vision_process_bytes(&cfg, s, buf, cut, &plan, out, &err);
       CHECK(st == MML_OK || st == MML_EDECODE || st == MML_EUNSUPPORTED);
-      if (st == MML_OK) ok++; else failed++;
+      if (st == MML_OK)
+        ok++;
+      else
+        failed++;
       free(out);
     } else {
       failed++;

@@ -34,6 +34,7 @@ From tests:
 From the command line:
     python tests/servers/faultserver.py --root DIR --latency 0.03 --fault-rate 0.1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,10 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-XML_ERR = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-           '<Message>{msg}</Message><Resource>{res}</Resource><RequestId>0</RequestId></Error>')
+XML_ERR = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+    '<Message>{msg}</Message><Resource>{res}</Resource><RequestId>0</RequestId></Error>'
+)
 ERRORS = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -75,15 +78,28 @@ class _Server(ThreadingHTTPServer):
 class FaultServer:
     """Fault-injecting object server on 127.0.0.1 (ephemeral port by default)."""
 
-    def __init__(self, objects: Optional[Dict[str, bytes]] = None, root: Optional[str] = None,
-                 seed: int = 0, latency: float = 0.0, jitter: float = 0.0,
-                 fault_rate: float = 0.0, faults: Sequence[str] = TRANSIENT,
-                 retry_after: Optional[float] = 0, bandwidth: Optional[int] = None,
-                 script: Optional[Dict[str, List[str]]] = None, missing: Iterable[str] = (),
-                 forbidden: Iterable[str] = (), stall_s: float = 3.0, port: int = 0,
-                 hook: Optional[Callable[[str, str, str, int], None]] = None,
-                 tls: Optional[tuple] = None, ranges: bool = True,
-                 fault_rates: Optional[Dict[str, float]] = None, drip_s: float = 0.5):
+    def __init__(
+        self,
+        objects: Optional[Dict[str, bytes]] = None,
+        root: Optional[str] = None,
+        seed: int = 0,
+        latency: float = 0.0,
+        jitter: float = 0.0,
+        fault_rate: float = 0.0,
+        faults: Sequence[str] = TRANSIENT,
+        retry_after: Optional[float] = 0,
+        bandwidth: Optional[int] = None,
+        script: Optional[Dict[str, List[str]]] = None,
+        missing: Iterable[str] = (),
+        forbidden: Iterable[str] = (),
+        stall_s: float = 3.0,
+        port: int = 0,
+        hook: Optional[Callable[[str, str, str, int], None]] = None,
+        tls: Optional[tuple] = None,
+        ranges: bool = True,
+        fault_rates: Optional[Dict[str, float]] = None,
+        drip_s: float = 0.5,
+    ):
         self.objects = dict(objects or {})
         self.root = root
         self.seed = seed
@@ -121,11 +137,13 @@ class FaultServer:
         self.port = self._httpd.server_address[1]
         if self.tls:
             import ssl
+
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(*self.tls)
             self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -187,9 +205,11 @@ class FaultServer:
         if sc is not None and n < len(sc):
             return sc[n], n
         if (self.fault_rate > 0 and self.faults) or self.fault_rates:
-            h = hashlib.blake2b(f"{self.seed}|{method}|{path}|{rng}|{n}".encode(), digest_size=16).digest()
+            h = hashlib.blake2b(
+                f"{self.seed}|{method}|{path}|{rng}|{n}".encode(), digest_size=16
+            ).digest()
             u, k = struct.unpack("<QQ", h)
-            u /= 2.0 ** 64
+            u /= 2.0**64
             if self.fault_rates:
                 for kind, rate in sorted(self.fault_rates.items()):
                     if u < rate:
@@ -280,9 +300,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         step = max(1, bw // 50)
         for i in range(0, len(data), step):
-            self.wfile.write(data[i:i + step])
+            self.wfile.write(data[i : i + step])
             self.wfile.flush()
-            time.sleep(len(data[i:i + step]) / bw)
+            time.sleep(len(data[i : i + step]) / bw)
 
     def _endless(self, data: bytes) -> None:
         self.send_response(200)
@@ -375,7 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "drip":
             try:
                 for i in range(len(body)):
-                    self.wfile.write(body[i:i + 1])
+                    self.wfile.write(body[i : i + 1])
                     self.wfile.flush()
                     time.sleep(fs.drip_s)
             except OSError:
@@ -390,33 +410,51 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._write(body)
 
-
     def _list(self, bucket: str, q: dict, head: bool) -> None:
         """ListObjectsV2 (path style): keys of objects under /bucket/, paginated."""
         fs = self.fs
-        keys = {p[len(bucket) + 2:]: len(d) for p, d in fs.objects.items()
-                if p.startswith("/" + bucket + "/")}
+        keys = {
+            p[len(bucket) + 2 :]: len(d)
+            for p, d in fs.objects.items()
+            if p.startswith("/" + bucket + "/")
+        }
         broot = os.path.join(fs.root, bucket) if fs.root else None
         if broot and os.path.isdir(broot):
             for dirpath, _, files in os.walk(broot):
                 for name in files:
                     full = os.path.join(dirpath, name)
-                    keys.setdefault(os.path.relpath(full, broot).replace(os.sep, "/"),
-                                    os.path.getsize(full))
+                    keys.setdefault(
+                        os.path.relpath(full, broot).replace(os.sep, "/"), os.path.getsize(full)
+                    )
         prefix = q.get("prefix", [""])[0]
         max_keys = int(q.get("max-keys", ["1000"])[0])
-        after = bytes.fromhex(q["continuation-token"][0]).decode() if "continuation-token" in q else None
+        after = (
+            bytes.fromhex(q["continuation-token"][0]).decode()
+            if "continuation-token" in q
+            else None
+        )
         todo = sorted(k for k in keys if k.startswith(prefix) and (after is None or k > after))
         page, more = todo[:max_keys], len(todo) > max_keys
-        esc = lambda t: (t.replace("&", "&amp;").replace("<", "&lt;")  # noqa: E731
-                         .replace(">", "&gt;").replace('"', "&quot;"))
-        parts = ['<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult>',
-                 f"<Name>{esc(bucket)}</Name><Prefix>{esc(prefix)}</Prefix>",
-                 f"<KeyCount>{len(page)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
-                 f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>"]
+
+        def esc(t):
+            return (
+                t.replace("&", "&amp;")
+                .replace("<", "&lt;")
+                .replace(">", "&gt;")
+                .replace('"', "&quot;")
+            )
+
+        parts = [
+            '<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult>',
+            f"<Name>{esc(bucket)}</Name><Prefix>{esc(prefix)}</Prefix>",
+            f"<KeyCount>{len(page)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>",
+            f"<IsTruncated>{'true' if more else 'false'}</IsTruncated>",
+        ]
         parts += [f"<Contents><Key>{esc(k)}</Key><Size>{keys[k]}</Size></Contents>" for k in page]
         if more:
-            parts.append(f"<NextContinuationToken>{page[-1].encode().hex()}</NextContinuationToken>")
+            parts.append(
+                f"<NextContinuationToken>{page[-1].encode().hex()}</NextContinuationToken>"
+            )
         parts.append("</ListBucketResult>")
         body = "".join(parts).encode()
         self.send_response(200)
@@ -439,10 +477,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--retry-after", type=float, default=0)
     ap.add_argument("--bandwidth", type=int, default=None, help="bytes/s per connection")
     args = ap.parse_args(argv)
-    srv = FaultServer(root=args.root, port=args.port, seed=args.seed, latency=args.latency,
-                      jitter=args.jitter, fault_rate=args.fault_rate,
-                      faults=[f for f in args.faults.split(",") if f],
-                      retry_after=args.retry_after, bandwidth=args.bandwidth).start()
+    srv = FaultServer(
+        root=args.root,
+        port=args.port,
+        seed=args.seed,
+        latency=args.latency,
+        jitter=args.jitter,
+        fault_rate=args.fault_rate,
+        faults=[f for f in args.faults.split(",") if f],
+        retry_after=args.retry_after,
+        bandwidth=args.bandwidth,
+    ).start()
     print(f"listening on http://127.0.0.1:{srv.port}/", flush=True)
     try:
         while True:

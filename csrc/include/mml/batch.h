@@ -41,7 +41,7 @@ typedef struct mml_buf mml_buf;
 
 struct mml_buf {
   void *data;
-  size_t size;          /* usable bytes (>= requested) */
+  size_t size; /* usable bytes (>= requested) */
   mml_mem_kind kind;
   int device;
   /* Optional fence: while fence_done(fence) returns 0 the memory may still be read by an
@@ -95,8 +95,8 @@ typedef struct mml_cursor {
 typedef struct mml_batch {
   mml_tensor tensors[MML_MAX_TENSORS];
   int ntensors;
-  mml_cursor after;  /* the cursor once this batch has been consumed */
-  int nsamples;      /* real samples in the batch */
+  mml_cursor after;                 /* the cursor once this batch has been consumed */
+  int nsamples;                     /* real samples in the batch */
   int64_t real_tokens, token_slots; /* for packing/padding efficiency */
 } mml_batch;
 

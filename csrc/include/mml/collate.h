@@ -84,30 +84,30 @@ typedef enum {
  */
 
 typedef struct mml_collate_cfg {
-  int micro_batch_size;    /* rows per padded batch (ignored when packing: one pack
-                              [1, pack_length] per batch) */
-  int64_t seq_length;      /* padded: fixed row length; 0 pads to the longest in the batch */
-  int pack;                /* 1: pack samples into [1, pack_length] */
-  int64_t pack_length;     /* token budget of one pack (defaults to seq_length) */
-  int pad_to_multiple;     /* pad each packed sample to a multiple (TP/CP); 0/1: none */
-  int32_t pad_id;          /* input id used for padding */
-  mml_key_style keys;      /* tensor names: HF/Qwen (input_ids, labels, ...) or Megatron */
-  int shift_labels;        /* 1: labels[i] = next token's label (Megatron convention) */
-  int attention_mask;      /* 1: emit attention_mask */
-  int mrope;               /* 1: emit 3-row M-RoPE position ids and rope_deltas */
-  int spatial_merge;       /* merge size, for M-RoPE */
+  int micro_batch_size; /* rows per padded batch (ignored when packing: one pack
+                        [1, pack_length] per batch) */
+  int64_t seq_length;   /* padded: fixed row length; 0 pads to the longest in the batch */
+  int pack;             /* 1: pack samples into [1, pack_length] */
+  int64_t pack_length;  /* token budget of one pack (defaults to seq_length) */
+  int pad_to_multiple;  /* pad each packed sample to a multiple (TP/CP); 0/1: none */
+  int32_t pad_id;       /* input id used for padding */
+  mml_key_style keys;   /* tensor names: HF/Qwen (input_ids, labels, ...) or Megatron */
+  int shift_labels;     /* 1: labels[i] = next token's label (Megatron convention) */
+  int attention_mask;   /* 1: emit attention_mask */
+  int mrope;            /* 1: emit 3-row M-RoPE position ids and rope_deltas */
+  int spatial_merge;    /* merge size, for M-RoPE */
   int32_t image_pad_id, vision_start_id; /* for M-RoPE */
-  int32_t video_pad_id;    /* <|video_pad|> (-1: none) */
-  int second_per_grid;     /* 1: emit second_per_grid_ts and scale video time positions by
-                              MML_QWEN25_TOKENS_PER_SECOND (Qwen2.5-VL) */
-  int split_video_frames;  /* 1: Qwen3-VL positions (one block per temporal patch) */
-  int pixel_cols;          /* values per pixel_values row (mml_vision_pixel_cols) */
-  int pixel_format;        /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values */
-  int text_only_vision;    /* mml_text_only_vision */
-  int mm_token_type_ids;   /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
-  int rows_dynamic;        /* padded: a batch has as many rows as samples and the engine
-                              decides where it ends (token-budget batches, mml/plan.h);
-                              micro_batch_size is then ignored */
+  int32_t video_pad_id;                  /* <|video_pad|> (-1: none) */
+  int second_per_grid;    /* 1: emit second_per_grid_ts and scale video time positions by
+                            MML_QWEN25_TOKENS_PER_SECOND (Qwen2.5-VL) */
+  int split_video_frames; /* 1: Qwen3-VL positions (one block per temporal patch) */
+  int pixel_cols;         /* values per pixel_values row (mml_vision_pixel_cols) */
+  int pixel_format;       /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values */
+  int text_only_vision;   /* mml_text_only_vision */
+  int mm_token_type_ids;  /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
+  int rows_dynamic;       /* padded: a batch has as many rows as samples and the engine
+                            decides where it ends (token-budget batches, mml/plan.h);
+                            micro_batch_size is then ignored */
 } mml_collate_cfg;
 
 typedef struct mml_collator mml_collator;
@@ -135,8 +135,8 @@ int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s);
  * headers, so both agree on every batch's composition.  A new batching policy changes
  * these three functions only. */
 typedef struct mml_compose {
-  int count;     /* samples */
-  int64_t used;  /* packed: sum of slot lengths; padded: longest sample */
+  int count;    /* samples */
+  int64_t used; /* packed: sum of slot lengths; padded: longest sample */
 } mml_compose;
 int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens);
 void mml_compose_add(const mml_collator *c, mml_compose *k, int64_t tokens);

@@ -19,6 +19,7 @@
 
 /* One table for errors: X(name, skip_reason, message).  skip_reason is the key under
  * which a skipped sample is counted in stats() (NULL: not a per-sample failure). */
+// clang-format off
 #define MML_STATUS_MAP(X)                                                        \
   X(OK,          NULL,                   "success")                               \
   X(ENOMEM,      "out_of_memory",        "out of memory")                         \
@@ -61,6 +62,7 @@ typedef enum {
 #undef MML_X_ENUM
   MML_STATUS_COUNT
 } mml_status;
+// clang-format on
 
 /* Static name ("EDECODE"), message, and skip-reason key (NULL if none) of a status. */
 const char *mml_status_name(mml_status st);
@@ -95,7 +97,7 @@ typedef struct mml_bytes {
   size_t len, cap;
 } mml_bytes;
 
-mml_status mml_bytes_reserve(mml_bytes *b, size_t cap);        /* cap >= requested */
+mml_status mml_bytes_reserve(mml_bytes *b, size_t cap); /* cap >= requested */
 mml_status mml_bytes_append(mml_bytes *b, const void *p, size_t n);
 static inline void mml_bytes_clear(mml_bytes *b) { b->len = 0; }
 void mml_bytes_free(mml_bytes *b);

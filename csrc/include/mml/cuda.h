@@ -26,7 +26,7 @@ mml_status mml_cuda_load(mml_err *err);
 int mml_cuda_available(void);
 int mml_cuda_device_count(void);
 
-mml_status mml_cuda_host_alloc(size_t n, void **out, mml_err *err);   /* pinned */
+mml_status mml_cuda_host_alloc(size_t n, void **out, mml_err *err); /* pinned */
 void mml_cuda_host_free(void *p);
 mml_status mml_cuda_malloc(int device, size_t n, void **out, mml_err *err);
 void mml_cuda_free(int device, void *p);

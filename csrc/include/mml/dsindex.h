@@ -60,7 +60,7 @@ typedef struct mml_dsx {
   int64_t shard_size, shard_mtime_ns;
   uint64_t key;
   char etag[128];
-  char *settings;          /* NUL-terminated */
+  char *settings; /* NUL-terminated */
   mml_layout layout;
   mml_compression compression;
   int64_t data_end;
@@ -90,15 +90,14 @@ mml_status mml_dsx_write_file(const char *path, const uint8_t *data, size_t len,
 /* The shard described by x appended to ix as its next shard, named `path`, without
  * reading the shard.  Only for uncompressed shards (a compressed one must be
  * decompressed, which is its scan). */
-mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *path,
-                                mml_err *err);
+mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *path, mml_err *err);
 
 /* The partial file: its header bytes for x's identity fields (n, nimages ignored), and
  * the parse of a partial file's bytes: the identity (checked by the caller) into hdr,
  * the complete entries into samples/images (allocated), *used = bytes they span. */
 void mml_dsx_partial_header(const mml_dsx *x, uint8_t out[MML_DSX_HEADER]);
-mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name,
-                                 mml_dsx *hdr, size_t *used, mml_err *err);
+mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name, mml_dsx *hdr,
+                                 size_t *used, mml_err *err);
 
 /* "<shard>.mmlidx" (dir NULL: next to the shard; else dir/<shard's file name>.mmlidx;
  * dir may be a URL prefix) into out. */
@@ -112,11 +111,11 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
 typedef struct mml_index_summary {
   int64_t samples, good, resumed; /* resumed: entries kept from a partial file */
   int64_t images, text_tokens, image_tokens;
-  int64_t image_token_hist[32];   /* planned images by tokens t: bucket floor(log2(t)) */
+  int64_t image_token_hist[32]; /* planned images by tokens t: bucket floor(log2(t)) */
   int64_t by_status[MML_STATUS_COUNT];
   char example[MML_STATUS_COUNT][320]; /* the first failure of each status, with where */
-  uint64_t bytes_read;            /* record and image-header bytes read by this run */
-  int up_to_date;                 /* the index existed for this shard and settings: kept */
+  uint64_t bytes_read;                 /* record and image-header bytes read by this run */
+  int up_to_date;                      /* the index existed for this shard and settings: kept */
   double seconds;
 } mml_index_summary;
 
@@ -128,9 +127,9 @@ struct mml_loader;
 /* Builds the index of the loader's shard `shard` (with the settings of its source) into
  * `out` (atomically), resuming "<out>.partial" when it matches; nthreads workers; the
  * calling thread writes.  MML_ECANCELLED when cb stopped it. */
-mml_status mml_loader_build_index(struct mml_loader *L, int shard, const char *out,
-                                  int nthreads, mml_index_progress_fn cb, void *ctx,
-                                  mml_index_summary *sum, mml_err *err);
+mml_status mml_loader_build_index(struct mml_loader *L, int shard, const char *out, int nthreads,
+                                  mml_index_progress_fn cb, void *ctx, mml_index_summary *sum,
+                                  mml_err *err);
 int mml_loader_num_shards(const struct mml_loader *L);
 const char *mml_loader_shard_path(const struct mml_loader *L, int shard);
 /* Shards whose index counts the loader uses. */

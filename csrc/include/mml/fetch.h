@@ -23,33 +23,33 @@ typedef struct mml_fetch_cfg {
    * (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION /
    * AWS_DEFAULT_REGION, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).  The strings are copied. */
   const char *access_key, *secret_key, *session_token, *region, *endpoint;
-  int max_inflight;       /* requests in flight (default 64 when 0).  Sizing (Little's law):
-                           * in flight = wanted rate x latency, e.g. 2000 images/s at 30 ms
-                           * first-byte latency needs 60; and enough to fill the pipe:
-                           * bandwidth x latency / object size (1 GB/s x 30 ms / 100 kB =
-                           * 300).  Take the larger, then stay under the server's limits
-                           * (S3: about 5,500 GETs/s per prefix, so SlowDown above that). */
-  int max_retries;        /* default 8 when 0; negative: no retries */
-  double timeout_s;       /* whole-request timeout (default 60 when 0) */
+  int max_inflight; /* requests in flight (default 64 when 0).  Sizing (Little's law):
+               * in flight = wanted rate x latency, e.g. 2000 images/s at 30 ms
+               * first-byte latency needs 60; and enough to fill the pipe:
+               * bandwidth x latency / object size (1 GB/s x 30 ms / 100 kB =
+               * 300).  Take the larger, then stay under the server's limits
+               * (S3: about 5,500 GETs/s per prefix, so SlowDown above that). */
+  int max_retries;  /* default 8 when 0; negative: no retries */
+  double timeout_s; /* whole-request timeout (default 60 when 0) */
   double connect_timeout_s;
-  double stall_s;         /* abort a transfer stalled this long (default 10 when 0) */
+  double stall_s;                       /* abort a transfer stalled this long (default 10 when 0) */
   double backoff_base_s, backoff_max_s; /* defaults 0.05 and 5 when 0 */
-  int64_t range_chunk;    /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
-  int list_page_size;     /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
-  const char *ca_bundle;  /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
-                           * the system store); copied */
+  int64_t range_chunk;   /* objects larger than this are fetched in parallel ranges (0: 8 MiB) */
+  int list_page_size;    /* ListObjectsV2 max-keys per page (0: the server's default, 1000) */
+  const char *ca_bundle; /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
+                         * the system store); copied */
   /* Bounds on what one server can cost (0: the default; see each). */
   int64_t max_object_bytes; /* a body passing this is cut: refused from the headers when the
                              * size is declared (Content-Length / Content-Range: not retried),
                              * retried when not (a broken stream looks the same), then
                              * MML_EOBJECTSIZE (default MML_DEFAULT_MAX_OBJECT_BYTES) */
-  double min_rate;        /* bytes/s: a transfer slower than this over stall_s is abandoned
-                           * and retried (default 1024; a server dripping bytes) */
-  double retry_budget_s;  /* total time of one request with all its retries, counted from
-                           * its first attempt: no attempt outlives it (default 60) */
-  int io_threads;         /* I/O threads, each with its own multi handle and connections,
-                           * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
-                           * more only when TLS or copying makes one thread CPU-bound) */
+  double min_rate;          /* bytes/s: a transfer slower than this over stall_s is abandoned
+                               * and retried (default 1024; a server dripping bytes) */
+  double retry_budget_s;    /* total time of one request with all its retries, counted from
+                               * its first attempt: no attempt outlives it (default 60) */
+  int io_threads;           /* I/O threads, each with its own multi handle and connections,
+                               * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
+                               * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;

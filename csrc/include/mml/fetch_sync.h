@@ -8,8 +8,8 @@
 #include "mml/fetch.h"
 
 /* Blocking convenience built on submit (for index building, listing, tests). */
-mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len,
-                         mml_bytes *out, mml_err *err);
+mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,
+                         mml_err *err);
 
 /* Object size (HEAD). */
 mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);

@@ -121,7 +121,7 @@ typedef struct mml_row_sink {
   uint8_t *(*row_buf)(void *ctx, int y);
 } mml_row_sink;
 
-mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len,
-                                 int scale_denom, const mml_row_sink *sink, mml_err *err);
+mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len, int scale_denom,
+                                 const mml_row_sink *sink, mml_err *err);
 
 #endif

@@ -44,8 +44,8 @@
 typedef enum {
   MML_LAYOUT_AUTO = 0, /* by content (see above) */
   MML_LAYOUT_JSONL,
-  MML_LAYOUT_JSON,     /* a top-level JSON array of records */
-  MML_LAYOUT_WDS,      /* a WebDataset tar shard */
+  MML_LAYOUT_JSON, /* a top-level JSON array of records */
+  MML_LAYOUT_WDS,  /* a WebDataset tar shard */
 } mml_layout;
 
 /* A member of a WebDataset shard: its data's byte range and name (in shard.names). */
@@ -57,29 +57,29 @@ typedef struct mml_member {
 typedef enum { MML_COMPRESS_NONE = 0, MML_COMPRESS_GZIP, MML_COMPRESS_ZSTD } mml_compression;
 
 typedef struct mml_index_shard {
-  char *path;          /* as given: local path or URL */
-  int64_t size;        /* bytes as stored (compressed size for a compressed shard) */
-  int64_t first;       /* global index of its first sample */
-  int64_t count;       /* samples in it */
-  int64_t *blank_lines;/* JSONL: sorted 1-based numbers of blank lines */
+  char *path;           /* as given: local path or URL */
+  int64_t size;         /* bytes as stored (compressed size for a compressed shard) */
+  int64_t first;        /* global index of its first sample */
+  int64_t count;        /* samples in it */
+  int64_t *blank_lines; /* JSONL: sorted 1-based numbers of blank lines */
   int64_t nblank;
-  mml_layout layout;   /* JSONL or JSON (never AUTO once built) */
+  mml_layout layout; /* JSONL or JSON (never AUTO once built) */
   mml_compression compression;
-  int64_t data_end;    /* end of the last record's byte range (text offsets) */
-  int fd;              /* >= 0: records are read from this local decompressed copy */
+  int64_t data_end; /* end of the last record's byte range (text offsets) */
+  int fd;           /* >= 0: records are read from this local decompressed copy */
   /* WebDataset: the members of its samples, in tar order; ix.offsets hold, per sample,
    * the index of its first member here (a sample's members run to the next one's) */
   mml_member *members;
   int64_t nmembers, members_cap;
-  char *names;         /* NUL-terminated member names, back to back */
+  char *names; /* NUL-terminated member names, back to back */
   size_t names_len, names_cap;
 } mml_index_shard;
 
 typedef struct mml_index {
   mml_index_shard *shards;
   int nshards;
-  int64_t n;           /* samples in all shards */
-  int64_t *offsets;    /* n byte offsets of the records, shard after shard */
+  int64_t n;        /* samples in all shards */
+  int64_t *offsets; /* n byte offsets of the records, shard after shard */
   int64_t cap;
 } mml_index;
 

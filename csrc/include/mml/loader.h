@@ -33,102 +33,102 @@
 #include "mml/vision.h"
 
 #define MML_DEFAULT_MAX_SAMPLE_PIXELS ((int64_t)1 << 27) /* 134,217,728 */
-#define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20)  /* 64 MiB */
+#define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20) /* 64 MiB */
 
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
  * the sample's source). */
 typedef struct mml_source_cfg {
-  const char *name;         /* for stats and messages */
-  const char *const *data;  /* its shards, as mml_loader_cfg.data */
+  const char *name;        /* for stats and messages */
+  const char *const *data; /* its shards, as mml_loader_cfg.data */
   int ndata;
-  double weight, repeat;    /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
+  double weight, repeat; /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
   int64_t choose;
-  const char *image_root;   /* NULL: each shard's own folder */
-  mml_vision_cfg vision;    /* patch, merge and temporal sizes must be the loader's */
-  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  const char *image_root;    /* NULL: each shard's own folder */
+  mml_vision_cfg vision;     /* patch, merge and temporal sizes must be the loader's */
+  const char *system_prompt; /* NULL: the template's default system turn; "": none */
   mml_label_mode label_mode;
   mml_image_space image_space; /* `<image>` whitespace convention */
-  int64_t max_length;       /* 0: no limit */
+  int64_t max_length;          /* 0: no limit */
 } mml_source_cfg;
 
 typedef struct mml_loader_cfg {
-  const char *const *data;  /* shard paths or URLs (local globs already expanded; s3:// may
-                               hold a glob in its key, listed with the fetcher); ignored
-                               when `sources` is given */
+  const char *const *data; /* shard paths or URLs (local globs already expanded; s3:// may
+                             hold a glob in its key, listed with the fetcher); ignored
+                             when `sources` is given */
   int ndata;
-  const char *image_root;   /* NULL: each shard's own folder */
-  int data_format;          /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
-  const char *index;        /* dataset index (mml/dsindex.h): NULL: "<shard>.mmlidx" next to
-                               each local shard when present; a folder or URL prefix
-                               holding them (any shard); "": never read one */
+  const char *image_root; /* NULL: each shard's own folder */
+  int data_format;        /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
+  const char *index;      /* dataset index (mml/dsindex.h): NULL: "<shard>.mmlidx" next to
+                           each local shard when present; a folder or URL prefix
+                           holding them (any shard); "": never read one */
   int shuffle;
   uint64_t seed;
   int dp_rank, dp_size;
-  int num_threads;          /* worker threads (>= 1) */
-  int prefetch;             /* finished batches queued ahead of the consumer (>= 1) */
-  int window;               /* samples in flight ahead of collation;
-                               0: 2*mbs, at least 4*threads and 16 */
-  int64_t max_memory;       /* 0: no cap; else a cap in bytes on the engine's memory: every
-                               batch buffer of its pool (live, those the consumer holds
-                               included, and cached for reuse), the window's encoded bytes
-                               and MML_SCRATCH_RESERVE per worker; work waits for room */
-  int on_error_raise;       /* 1: a failed sample is delivered as an error, in order */
-  double max_error_rate;    /* fail when skipped/consumed exceeds it ... */
-  int64_t min_error_samples;/* ... after at least this many samples (0: 100) */
-  int64_t max_length;       /* skip samples longer than this (0: no limit) */
+  int num_threads;           /* worker threads (>= 1) */
+  int prefetch;              /* finished batches queued ahead of the consumer (>= 1) */
+  int window;                /* samples in flight ahead of collation;
+                                 0: 2*mbs, at least 4*threads and 16 */
+  int64_t max_memory;        /* 0: no cap; else a cap in bytes on the engine's memory: every
+                                 batch buffer of its pool (live, those the consumer holds
+                                 included, and cached for reuse), the window's encoded bytes
+                                 and MML_SCRATCH_RESERVE per worker; work waits for room */
+  int on_error_raise;        /* 1: a failed sample is delivered as an error, in order */
+  double max_error_rate;     /* fail when skipped/consumed exceeds it ... */
+  int64_t min_error_samples; /* ... after at least this many samples (0: 100) */
+  int64_t max_length;        /* skip samples longer than this (0: no limit) */
   /* Per-sample resource limits; 0 means the default.  A sample over one is skipped (or
    * raised) with its own reason, naming shard, line and the limit. */
-  int max_images_per_sample;   /* too_many_images; default MML_DEFAULT_MAX_IMAGES_PER_SAMPLE */
-  int64_t max_sample_pixels;   /* sample_too_large: sum of the images' width*height, from
-                                  their headers before any decode; default
-                                  MML_DEFAULT_MAX_SAMPLE_PIXELS */
-  int64_t max_record_bytes;    /* record_too_large: one JSONL line, checked before reading
-                                  it; default MML_DEFAULT_MAX_RECORD_BYTES */
-  int max_json_depth;          /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
-  int64_t max_object_bytes;    /* object_too_large: one image file or object, refused before
-                                  it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
+  int max_images_per_sample; /* too_many_images; default MML_DEFAULT_MAX_IMAGES_PER_SAMPLE */
+  int64_t max_sample_pixels; /* sample_too_large: sum of the images' width*height, from
+                              their headers before any decode; default
+                              MML_DEFAULT_MAX_SAMPLE_PIXELS */
+  int64_t max_record_bytes;  /* record_too_large: one JSONL line, checked before reading
+                              it; default MML_DEFAULT_MAX_RECORD_BYTES */
+  int max_json_depth;        /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
+  int64_t max_object_bytes;  /* object_too_large: one image file or object, refused before
+                              it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
   /* Path policy (path_refused, checked before opening anything); the option table's
    * defaults are 1 (as in earlier releases), a zeroed cfg is the confined policy. */
-  int allow_paths_outside_root;/* 0: relative image references must stay inside the image
-                                  root: no absolute paths, no "..", no symlink out of it */
-  int allow_remote_images;     /* 0: records of local shards may not name http(s)/s3 URLs */
-  double next_timeout_s;       /* the binding's bound on one next() (0: the default) */
-  int cycle;                /* 1: never report the end of an epoch */
+  int allow_paths_outside_root; /* 0: relative image references must stay inside the image
+                                    root: no absolute paths, no "..", no symlink out of it */
+  int allow_remote_images;      /* 0: records of local shards may not name http(s)/s3 URLs */
+  double next_timeout_s;        /* the binding's bound on one next() (0: the default) */
+  int cycle;                    /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
   const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */
   mml_template_style template_style;
   mml_label_mode label_mode;
-  mml_image_space image_space; /* `<image>` whitespace convention (mml/template.h) */
-  mml_fetch_cfg fetch;      /* used only when data or images are remote */
+  mml_image_space image_space;    /* `<image>` whitespace convention (mml/template.h) */
+  mml_fetch_cfg fetch;            /* used only when data or images are remote */
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
-  int pin_memory;           /* 1: batches in page-locked host memory (falls back to plain
-                               host memory without CUDA; stats report which) */
-  int to_device;            /* 1: batches are copied to CUDA device `device` (own stream);
-                               0: batches stay in host memory */
+  int pin_memory;                 /* 1: batches in page-locked host memory (falls back to plain
+                                           host memory without CUDA; stats report which) */
+  int to_device;                  /* 1: batches are copied to CUDA device `device` (own stream);
+                                           0: batches stay in host memory */
   int device;
-  const char *system_prompt;/* NULL: the template's default system turn; "": none */
+  const char *system_prompt; /* NULL: the template's default system turn; "": none */
   /* A mixture: nsources sources blended per mml/mixture.h, each with its own settings.
    * NULL: one source made of `data` with the settings above. */
   const mml_source_cfg *sources;
   int nsources;
-  int64_t samples_per_epoch;/* mixture epoch size (0: the sources' default) */
-  double mixture_tolerance; /* warn once per source when its share of the samples
-                               delivered so far differs from its share of the epoch by
-                               more than this (checked every 64 samples once 500 were
-                               delivered; 0: 0.05, < 0: never) */
+  int64_t samples_per_epoch; /* mixture epoch size (0: the sources' default) */
+  double mixture_tolerance;  /* warn once per source when its share of the samples
+                                 delivered so far differs from its share of the epoch by
+                                 more than this (checked every 64 samples once 500 were
+                                 delivered; 0: 0.05, < 0: never) */
   /* The global plan (mml/plan.h; on when any of these is set): batches are composed
    * over all DP ranks from token counts measured before any decode. */
   int64_t max_tokens_per_batch; /* padded batches: rows * longest <= this, rows dynamic
                                    (0: micro_batch_size rows) */
-  int balance;              /* mml_balance: the cost spread evenly over the ranks */
-  int64_t group_by_length;  /* windows of this many samples sorted by length (0: off) */
-  int global_plan;          /* 1: the global plan without any of the three (elastic resume) */
-  int plan_only;            /* 1: a planning pass: samples are read, planned from image
-                               headers and tokenized, never decoded; batches carry no
-                               tensors, only their cursors (composition is the same unless
-                               an image fails only when decoded) */
+  int balance;                  /* mml_balance: the cost spread evenly over the ranks */
+  int64_t group_by_length;      /* windows of this many samples sorted by length (0: off) */
+  int global_plan;              /* 1: the global plan without any of the three (elastic resume) */
+  int plan_only;                /* 1: a planning pass: samples are read, planned from image
+                                       headers and tokenized, never decoded; batches carry no
+                                       tensors, only their cursors (composition is the same unless
+                                       an image fails only when decoded) */
 } mml_loader_cfg;
 
 typedef struct mml_loader mml_loader;
@@ -158,14 +158,14 @@ int64_t mml_loader_samples_per_epoch(const mml_loader *L);
 
 /* Per source (one without a mixture): sizes and what collation has consumed from it. */
 typedef struct mml_source_stats {
-  const char *name;         /* valid while the loader lives */
-  int64_t num_samples;      /* samples in its shards */
-  int64_t per_epoch;        /* its draws per epoch (all ranks) */
-  uint64_t data_hash;       /* as mml_loader_data_hash, over its shards */
-  uint64_t samples, skipped;/* good samples collated, samples skipped */
+  const char *name;          /* valid while the loader lives */
+  int64_t num_samples;       /* samples in its shards */
+  int64_t per_epoch;         /* its draws per epoch (all ranks) */
+  uint64_t data_hash;        /* as mml_loader_data_hash, over its shards */
+  uint64_t samples, skipped; /* good samples collated, samples skipped */
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t tokens, image_tokens; /* of its good samples */
-  uint64_t bytes;           /* record + image bytes read for it */
+  uint64_t bytes;               /* record + image bytes read for it */
 } mml_source_stats;
 int mml_loader_num_sources(const mml_loader *L);
 void mml_loader_source_stats(mml_loader *L, int source, mml_source_stats *out);
@@ -182,8 +182,7 @@ mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err);
  * samples the batches it wants take (mmloader.ray: one batch per seek), so nothing is
  * made only to be dropped by the next seek.  Output is unchanged: when the bound is
  * reached the engine waits (for the next seek or close). */
-mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead,
-                                 mml_err *err);
+mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahead, mml_err *err);
 /* The cursor after the last batch delivered by mml_loader_next (the resume point). */
 mml_cursor mml_loader_cursor(const mml_loader *L);
 /* The global plan (cfg.max_tokens_per_batch / balance / group_by_length; mml/plan.h).
@@ -191,15 +190,15 @@ mml_cursor mml_loader_cursor(const mml_loader *L);
  * count, so a stream may resume on another dp_size, micro_batch_size or token budget.
  * An epoch's plan may start at a global count q0 (0 unless resumed elastically). */
 typedef struct mml_plan_info {
-  int64_t q0;               /* where this epoch's plan starts (plan order) */
-  int64_t usable;           /* samples of the epoch in the plan order */
-  int64_t end;              /* where its last step ends (usable - end: the dropped tail) */
-  int64_t steps;            /* batches of every rank in the epoch */
-  int64_t rank_samples;     /* samples of this rank in the epoch */
-  int64_t unusable;         /* samples of the dataset left out at planning (failed, or too
-                               long for one batch), counted in the stats once */
-  int64_t indexed;          /* samples whose counts a sidecar index gave */
-  int64_t measured;         /* samples counted by a planning pass (0: the index knew all) */
+  int64_t q0;           /* where this epoch's plan starts (plan order) */
+  int64_t usable;       /* samples of the epoch in the plan order */
+  int64_t end;          /* where its last step ends (usable - end: the dropped tail) */
+  int64_t steps;        /* batches of every rank in the epoch */
+  int64_t rank_samples; /* samples of this rank in the epoch */
+  int64_t unusable;     /* samples of the dataset left out at planning (failed, or too
+                       long for one batch), counted in the stats once */
+  int64_t indexed;      /* samples whose counts a sidecar index gave */
+  int64_t measured;     /* samples counted by a planning pass (0: the index knew all) */
 } mml_plan_info;
 /* 1 when the loader composes by a global plan. */
 int mml_loader_has_plan(const mml_loader *L);
@@ -207,8 +206,8 @@ int mml_loader_has_plan(const mml_loader *L);
 mml_status mml_loader_plan_info(mml_loader *L, int64_t epoch, mml_plan_info *out, mml_err *err);
 /* The global count after cursor c of this loader (its epoch's q0 and the plan position
  * where the step after batch c->batch_in_epoch starts), for the state. */
-mml_status mml_loader_plan_position(mml_loader *L, const mml_cursor *c, int64_t *q0,
-                                    int64_t *q, mml_err *err);
+mml_status mml_loader_plan_position(mml_loader *L, const mml_cursor *c, int64_t *q0, int64_t *q,
+                                    mml_err *err);
 /* Seeks to cursor c of the plan of c->epoch that starts at global count q0 (a cursor of a
  * state saved with the same q0; or {epoch, 0, 0} with the saved global count as q0 to
  * resume elastically).  MML_ESTATE when q0 is past the epoch's usable samples. */
@@ -243,37 +242,37 @@ int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
 
 #define MML_MAX_REASONS 32
 typedef struct mml_loader_stats {
-  double wait_s;            /* consumer time blocked in mml_loader_next */
-  double wall_s;            /* since the first mml_loader_next */
+  double wait_s;                              /* consumer time blocked in mml_loader_next */
+  double wall_s;                              /* since the first mml_loader_next */
   double read_s, vision_s, text_s, collate_s; /* busy seconds per stage, all threads */
-  double decode_s;          /* the image decoder's part of vision_s */
-  int queue_depth;          /* finished batches waiting */
+  double decode_s;                            /* the image decoder's part of vision_s */
+  int queue_depth;                            /* finished batches waiting */
   int prefetch;
-  int window, in_flight;    /* sample window and samples being processed now */
+  int window, in_flight; /* sample window and samples being processed now */
   int num_threads;
-  uint64_t samples;         /* samples consumed by collation (good + skipped) */
+  uint64_t samples; /* samples consumed by collation (good + skipped) */
   uint64_t good_samples;
-  uint64_t skipped;         /* skipped samples the consumer has passed (with reason[]
-                               below): a skip is counted, and its warning queued, when the
-                               consumer's cursor passes it, never for prefetched work; a
-                               padded epoch's fill pass does not count a failure again */
-  uint64_t batches;         /* batches delivered */
-  uint64_t bytes_read;      /* record + image bytes read or fetched */
+  uint64_t skipped;    /* skipped samples the consumer has passed (with reason[]
+                     below): a skip is counted, and its warning queued, when the
+                     consumer's cursor passes it, never for prefetched work; a
+                     padded epoch's fill pass does not count a failure again */
+  uint64_t batches;    /* batches delivered */
+  uint64_t bytes_read; /* record + image bytes read or fetched */
   uint64_t images;
   int64_t real_tokens, token_slots; /* over delivered batches */
   int nreasons;
   const char *reason[MML_MAX_REASONS]; /* static skip-reason names */
   uint64_t reason_count[MML_MAX_REASONS];
-  int pinned;               /* batches are in page-locked memory */
-  int device;               /* CUDA device of the batches, -1: host */
+  int pinned;                    /* batches are in page-locked memory */
+  int device;                    /* CUDA device of the batches, -1: host */
   size_t pool_cached, pool_live; /* bytes in the host buffer pool */
-  uint64_t page_faults;     /* minor page faults of the engine's own threads (workers and
-                               collator: decode, resize, the writes into batch buffers) */
-  double page_faults_per_batch; /* the same per delivered batch after the first
-                               MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
-  uint64_t moved_rows;      /* pixel rows copied because a sample failed only at decode
-                               (the batches after it were planned again); 0 otherwise */
-  int remote;               /* a fetcher is in use; `fetch` is valid */
+  uint64_t page_faults;          /* minor page faults of the engine's own threads (workers and
+                                         collator: decode, resize, the writes into batch buffers) */
+  double page_faults_per_batch;  /* the same per delivered batch after the first
+                                 MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
+  uint64_t moved_rows;           /* pixel rows copied because a sample failed only at decode
+                                         (the batches after it were planned again); 0 otherwise */
+  int remote;                    /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
@@ -288,9 +287,9 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
 typedef struct mml_pipeline {
   const mml_vision_cfg *vision;
   const mml_template *tmpl;
-  int64_t max_length;       /* 0: no limit */
-  int64_t max_sample_pixels;/* > 0 */
-  int plan_only;            /* stop before decoding: no pixels, no images (cfg.plan_only) */
+  int64_t max_length;        /* 0: no limit */
+  int64_t max_sample_pixels; /* > 0 */
+  int plan_only;             /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
 /* Per-worker scratch, reused across samples. */
@@ -299,14 +298,14 @@ typedef struct mml_sample_scratch {
   mml_tok_scratch *tok;
   int64_t *tokens;
   int cap;
-  mml_mix_scratch mix;      /* the mixture lookup's */
-  double vision_s, text_s;  /* accumulated busy time, taken by the engine */
+  mml_mix_scratch mix;     /* the mixture lookup's */
+  double vision_s, text_s; /* accumulated busy time, taken by the engine */
   /* videos */
   struct mml_video_scratch *video;
   struct mml_video_plan *vplans;
   struct mml_video_tokens *vtokens;
   int vcap;
-  double *vts;              /* every video's Qwen3-VL timestamps, one array */
+  double *vts; /* every video's Qwen3-VL timestamps, one array */
   size_t vts_cap;
 } mml_sample_scratch;
 
@@ -323,20 +322,18 @@ void mml_sample_scratch_free(mml_sample_scratch *s);
  * in all); videos are planned AND decoded here (unless plan_only), into out->vpixels /
  * vgrids / vsecs (float32, mml/video_frames.h), which the collator copies.  On failure
  * err names the image (by its reference) and reason; the caller prefixes shard and line. */
-mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc,
-                           const mml_record *rec, const mml_bytes *images,
-                           mml_vision_plan *plans, mml_sample *out, mml_err *err);
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                           const mml_bytes *images, mml_vision_plan *plans, mml_sample *out,
+                           mml_err *err);
 /* Decodes + resizes + normalises + patchifies every image of a planned sample straight
  * into dst (out->pixel_rows rows of pixel_cols float32, the images in order). */
-mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc,
-                             const mml_record *rec, const mml_bytes *images,
-                             const mml_vision_plan *plans, int nimages, void *dst,
-                             mml_err *err);
+mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                             const mml_bytes *images, const mml_vision_plan *plans, int nimages,
+                             void *dst, mml_err *err);
 
 /* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):
  * URLs and absolute paths are kept, anything else is joined to root. */
-mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out,
-                                 mml_err *err);
+mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *out, mml_err *err);
 /* The path policy for one reference `ref` of a record (resolved: its mml_sample_image_path)
  * of a shard (local_shard: the shard is a local file): MML_EPATH naming the option when
  * !cfg->allow_remote_images and a local shard's record names a URL, or
@@ -345,8 +342,7 @@ mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *o
  * followed) outside the root.  Checks names only: nothing is opened. */
 /* Prefixes err with "image <ref>" (the reference shortened in the middle). */
 void mml_sample_err_image(mml_err *err, const char *ref);
-mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root,
-                                    const char *ref, const char *resolved, int local_shard,
-                                    mml_err *err);
+mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root, const char *ref,
+                                    const char *resolved, int local_shard, mml_err *err);
 
 #endif

@@ -42,8 +42,8 @@
 /* How a source's count is set: at most one of weight >= 0, repeat >= 0, choose >= 0
  * (the others negative); none given means repeat=1 (each of its samples once). */
 typedef struct mml_mix_spec {
-  const char *name;  /* for messages */
-  int64_t n;         /* samples in the source */
+  const char *name; /* for messages */
+  int64_t n;        /* samples in the source */
   double weight, repeat;
   int64_t choose;
 } mml_mix_spec;
@@ -55,17 +55,17 @@ mml_status mml_mixture_counts(const mml_mix_spec *spec, int nsrc, int64_t sample
                               int64_t *counts, mml_err *err);
 
 typedef struct mml_mix_source {
-  int64_t first;     /* global index of its first sample (sources are consecutive) */
+  int64_t first; /* global index of its first sample (sources are consecutive) */
   int64_t n, count;
-  mml_sampler perm;  /* permutation of [0, n) keyed by the source's seed */
+  mml_sampler perm; /* permutation of [0, n) keyed by the source's seed */
 } mml_mix_source;
 
 typedef struct mml_mixture {
   mml_mix_source *src;
   int nsrc;
-  int *active;       /* sources with count > 0, ascending */
+  int *active; /* sources with count > 0, ascending */
   int nactive;
-  int64_t total;     /* M: positions per epoch */
+  int64_t total; /* M: positions per epoch */
   uint64_t seed;
   int shuffle;
 } mml_mixture;

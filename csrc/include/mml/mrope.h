@@ -42,13 +42,13 @@ mml_status mml_mrope_positions(const int32_t *ids, int64_t n, const int32_t *gri
                                int64_t stride, int64_t *rope_delta, mml_err *err);
 
 typedef struct mml_mrope_media {
-  const int32_t *grids;          /* images: int32 [nimages * 3] */
+  const int32_t *grids; /* images: int32 [nimages * 3] */
   int nimages;
-  const int32_t *vgrids;         /* videos: int32 [nvideos * 3] */
+  const int32_t *vgrids; /* videos: int32 [nvideos * 3] */
   int nvideos;
-  const float *second_per_grid;  /* Qwen2.5-VL: per video (NULL: no time scaling) */
-  int tokens_per_second;         /* Qwen2.5-VL: 2 */
-  int split_frames;              /* Qwen3-VL: one run per temporal patch */
+  const float *second_per_grid; /* Qwen2.5-VL: per video (NULL: no time scaling) */
+  int tokens_per_second;        /* Qwen2.5-VL: 2 */
+  int split_frames;             /* Qwen3-VL: one run per temporal patch */
   int32_t image_pad_id, video_pad_id;
 } mml_mrope_media;
 

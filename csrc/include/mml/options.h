@@ -35,13 +35,13 @@ enum {
 typedef struct mml_option {
   const char *name;
   mml_opt_type type;
-  size_t offset;               /* of the field in mml_loader_cfg */
-  int size;                    /* sizeof the field */
-  double def;                  /* default: number, 0/1, or the enum index (STR: NULL) */
-  double lo, hi;               /* inclusive bounds of INT and FLOAT values */
-  const char *const *choices;  /* ENUM: the names, NULL-terminated; index = value */
-  int flags;                   /* MML_OPT_* */
-  const char *doc;             /* one line */
+  size_t offset;              /* of the field in mml_loader_cfg */
+  int size;                   /* sizeof the field */
+  double def;                 /* default: number, 0/1, or the enum index (STR: NULL) */
+  double lo, hi;              /* inclusive bounds of INT and FLOAT values */
+  const char *const *choices; /* ENUM: the names, NULL-terminated; index = value */
+  int flags;                  /* MML_OPT_* */
+  const char *doc;            /* one line */
 } mml_option;
 
 /* The table (n rows). */
@@ -61,8 +61,7 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err);
  * BOOL and ENUM take set_int as well (0/1, an index). */
 mml_status mml_option_set_int(mml_loader_cfg *c, const mml_option *o, int64_t v, mml_err *err);
 mml_status mml_option_set_float(mml_loader_cfg *c, const mml_option *o, double v, mml_err *err);
-mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char *v,
-                              mml_err *err);
+mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char *v, mml_err *err);
 mml_status mml_option_set_enum(mml_loader_cfg *c, const mml_option *o, const char *name,
                                mml_err *err);
 

@@ -46,26 +46,26 @@
 typedef enum { MML_BALANCE_NONE = 0, MML_BALANCE_TOKENS, MML_BALANCE_VISION } mml_balance;
 
 typedef struct mml_plan_cfg {
-  int dp_size;          /* >= 1 */
-  int rows;             /* samples per batch, or 0 ... */
-  int64_t max_tokens;   /* ... or the padded token budget of a batch, or 0 ... */
-  int64_t pack_length;  /* ... or the pack length (exactly one of the three > 0) */
-  int multiple;         /* packing: slot rounding (0/1: none) */
-  int64_t group;        /* group_by_length window (0: none) */
-  int balance;          /* mml_balance */
+  int dp_size;         /* >= 1 */
+  int rows;            /* samples per batch, or 0 ... */
+  int64_t max_tokens;  /* ... or the padded token budget of a batch, or 0 ... */
+  int64_t pack_length; /* ... or the pack length (exactly one of the three > 0) */
+  int multiple;        /* packing: slot rounding (0/1: none) */
+  int64_t group;       /* group_by_length window (0: none) */
+  int balance;         /* mml_balance */
 } mml_plan_cfg;
 
 typedef struct mml_plan {
   int dp_size;
-  int64_t nq;           /* usable positions (plan order) */
-  int64_t *order;       /* [nq]: plan position -> epoch position */
-  int64_t too_long;     /* usable samples left out because they alone exceed a batch */
-  int64_t q0;           /* the plan position the steps start at */
+  int64_t nq;       /* usable positions (plan order) */
+  int64_t *order;   /* [nq]: plan position -> epoch position */
+  int64_t too_long; /* usable samples left out because they alone exceed a batch */
+  int64_t q0;       /* the plan position the steps start at */
   int64_t nsteps;
-  int64_t *step_q;      /* [nsteps + 1]: first plan position of each step; [nsteps]: end */
-  int64_t *count;       /* [nsteps * dp_size]: samples of rank r's batch in step k */
-  int64_t *assign;      /* [step_q[nsteps] - q0]: step by step, rank 0's batch, then rank
-                           1's, ...: plan positions, ascending within a batch */
+  int64_t *step_q; /* [nsteps + 1]: first plan position of each step; [nsteps]: end */
+  int64_t *count;  /* [nsteps * dp_size]: samples of rank r's batch in step k */
+  int64_t *assign; /* [step_q[nsteps] - q0]: step by step, rank 0's batch, then rank
+                 1's, ...: plan positions, ascending within a batch */
 } mml_plan;
 
 /* The cost of one slot: tokens rounded up to `multiple` when packing. */

@@ -60,8 +60,8 @@ typedef struct mml_part {
   mml_part_kind kind;
   const char *text; /* MML_PART_TEXT: UTF-8, not NUL-terminated */
   size_t len;
-  int image;        /* MML_PART_IMAGE: index into mml_record.images;
-                       MML_PART_VIDEO: index into mml_record.videos */
+  int image; /* MML_PART_IMAGE: index into mml_record.images;
+         MML_PART_VIDEO: index into mml_record.videos */
 } mml_part;
 
 typedef struct mml_message {
@@ -85,22 +85,22 @@ typedef struct mml_image_budget {
  * positive; fps, sample_fps, raw_fps and total_pixels positive numbers; video_start /
  * video_end numbers (seconds; qwen-vl-utils clamps them to the video). */
 typedef struct mml_video_keys {
-  double fps;                      /* frames per second to sample (default 2.0) */
-  int64_t nframes;                 /* frames to sample (rounded to an even count) */
-  int64_t min_frames, max_frames;  /* bounds of the fps rule (defaults 4 and 768) */
-  double video_start, video_end;   /* seconds */
+  double fps;                     /* frames per second to sample (default 2.0) */
+  int64_t nframes;                /* frames to sample (rounded to an even count) */
+  int64_t min_frames, max_frames; /* bounds of the fps rule (defaults 4 and 768) */
+  double video_start, video_end;  /* seconds */
   int has_start, has_end;
-  int64_t min_pixels, max_pixels;  /* per-frame pixel budget */
-  double total_pixels;             /* the whole video's pixel budget */
+  int64_t min_pixels, max_pixels; /* per-frame pixel budget */
+  double total_pixels;            /* the whole video's pixel budget */
   int64_t resized_height, resized_width;
-  double sample_fps, raw_fps;      /* frame lists: the frames' rate, the source's rate */
+  double sample_fps, raw_fps; /* frame lists: the frames' rate, the source's rate */
 } mml_video_keys;
 
 /* One video of a record: a file (ref) or a frame list (frames, nframes image references in
  * order, as qwen-vl-utils accepts a list of images for "video"). */
 typedef struct mml_video_ref {
-  const char *ref;        /* the video file (path, URL, s3://); NULL for a frame list */
-  const char **frames;    /* frame list: nframes references */
+  const char *ref;     /* the video file (path, URL, s3://); NULL for a frame list */
+  const char **frames; /* frame list: nframes references */
   int nframes;
   mml_video_keys keys;
 } mml_video_ref;
@@ -108,16 +108,16 @@ typedef struct mml_video_ref {
 typedef struct mml_record {
   mml_message *messages;
   int nmessages;
-  const char **images; /* references as written in the record (path, URL, s3://) */
+  const char **images;       /* references as written in the record (path, URL, s3://) */
   mml_image_budget *budgets; /* nimages entries: "min_pixels", "max_pixels",
                                 "resized_height", "resized_width" (positive integers; an
                                 image part's keys win over its list entry's) */
   int nimages;
   mml_video_ref *videos; /* nvideos, in order of appearance */
   int nvideos;
-  const char *system;  /* top-level "system" (LLaMA-Factory), NULL when absent or empty */
-  const char *tools;   /* top-level "tools" as JSON text, NULL when absent or empty */
-  void *arena;         /* owns every string and array above */
+  const char *system; /* top-level "system" (LLaMA-Factory), NULL when absent or empty */
+  const char *tools;  /* top-level "tools" as JSON text, NULL when absent or empty */
+  void *arena;        /* owns every string and array above */
 } mml_record;
 
 /* Parses one line (len bytes, need not be NUL-terminated).  rec must be zero-initialised

@@ -17,8 +17,8 @@
  *   "s3://b/..."    matched against the whole URL;
  *   anything else   matched against the key after the prefix's directory (the part of
  *                   the key up to its last '/'): prefix "s3://b/dir/", pattern "*.jsonl". */
-mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern,
-                          char ***urls, size_t *n, mml_err *err);
+mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pattern, char ***urls,
+                          size_t *n, mml_err *err);
 void mml_fetch_list_free(char **urls, size_t n);
 
 /* Where an s3:// URL is fetched from.  No endpoint (NULL/""): AWS, virtual-host style
@@ -36,8 +36,8 @@ void mml_s3_addr_free(mml_s3_addr *a);
 mml_status mml_s3_split(const char *url, const char **bucket, size_t *blen, const char **key,
                         const char *shown, mml_err *err);
 mml_status mml_s3_address_parts(const char *region, const char *endpoint, const char *bucket,
-                                size_t blen, const char *key, const char *query,
-                                mml_s3_addr *out, mml_err *err);
+                                size_t blen, const char *key, const char *query, mml_s3_addr *out,
+                                mml_err *err);
 
 /* Text of the first <tag>...</tag> in an XML document, entity-decoded, into out (cap
  * bytes, NUL-terminated); 1 when found, else 0 with out = "". */

@@ -12,31 +12,31 @@
 #include "mml/common.h"
 
 typedef struct mml_sample {
-  int64_t epoch, pos;      /* stream coordinates */
-  int64_t index;           /* global sample index (over all shards) */
-  int source;              /* its source (mixture) */
-  uint64_t bytes;          /* record + image bytes read for it */
-  int shard;               /* shard number and 1-based line, for messages */
+  int64_t epoch, pos; /* stream coordinates */
+  int64_t index;      /* global sample index (over all shards) */
+  int source;         /* its source (mixture) */
+  uint64_t bytes;     /* record + image bytes read for it */
+  int shard;          /* shard number and 1-based line, for messages */
   int64_t line;
-  mml_status status;       /* MML_OK, or why it failed */
+  mml_status status; /* MML_OK, or why it failed */
   mml_err err;
-  mml_ids input_ids;       /* L token ids */
-  mml_ids labels;          /* L labels, MML_IGNORE_INDEX where unsupervised */
-  mml_bytes pixels;        /* [pixel_rows, pixel_cols] in the loader's pixel_format;
-                              empty when pixels_elsewhere */
-  int pixels_elsewhere;    /* 1: the rows are written straight into the batch's buffer
-                              (the loader: planned from headers, decoded in place) */
+  mml_ids input_ids;    /* L token ids */
+  mml_ids labels;       /* L labels, MML_IGNORE_INDEX where unsupervised */
+  mml_bytes pixels;     /* [pixel_rows, pixel_cols] in the loader's pixel_format;
+                        empty when pixels_elsewhere */
+  int pixels_elsewhere; /* 1: the rows are written straight into the batch's buffer
+                        (the loader: planned from headers, decoded in place) */
   int64_t pixel_rows;
   int pixel_cols;
-  mml_ids grids;           /* int32 [nimages * 3]: (t, h, w) per image */
+  mml_ids grids; /* int32 [nimages * 3]: (t, h, w) per image */
   int nimages;
-  int64_t vision_tokens;   /* its <|image_pad|> tokens (also in a planning pass, which
-                              has no grids) */
+  int64_t vision_tokens; /* its <|image_pad|> tokens (also in a planning pass, which
+                          has no grids) */
   /* videos (mml/video_frames.h), in order of appearance */
-  mml_bytes vpixels;       /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
+  mml_bytes vpixels; /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
   int64_t vpixel_rows;
-  mml_ids vgrids;          /* int32 [nvideos * 3]: (t, h, w) per video */
-  mml_bytes vsecs;         /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
+  mml_ids vgrids;  /* int32 [nvideos * 3]: (t, h, w) per video */
+  mml_bytes vsecs; /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
   int nvideos;
 } mml_sample;
 

@@ -18,12 +18,12 @@
 #include "mml/common.h"
 
 typedef struct mml_sampler {
-  int64_t n;        /* samples in the dataset */
-  int64_t n_rank;   /* samples per rank and epoch */
+  int64_t n;      /* samples in the dataset */
+  int64_t n_rank; /* samples per rank and epoch */
   uint64_t seed;
   int shuffle;
   int dp_rank, dp_size;
-  int half_bits;    /* Feistel half width: domain is 2^(2*half_bits) >= n */
+  int half_bits; /* Feistel half width: domain is 2^(2*half_bits) >= n */
 } mml_sampler;
 
 /* MML_ECONFIG when dp_rank/dp_size are invalid or N < dp_size. */

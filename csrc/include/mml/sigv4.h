@@ -15,9 +15,9 @@
 
 typedef struct mml_sha256_ctx {
   uint32_t h[8];
-  uint64_t total;   /* bytes hashed so far */
+  uint64_t total; /* bytes hashed so far */
   uint8_t buf[64];
-  size_t used;      /* bytes waiting in buf */
+  size_t used; /* bytes waiting in buf */
 } mml_sha256_ctx;
 
 void mml_sha256_init(mml_sha256_ctx *c);
@@ -37,13 +37,13 @@ typedef struct mml_sigv4_header {
 } mml_sigv4_header;
 
 typedef struct mml_sigv4_req {
-  const char *method;          /* "GET", "HEAD" */
-  const char *canonical_uri;   /* URI-encoded path, e.g. "/bucket/my%20key" */
-  const char *canonical_query; /* sorted, encoded "a=1&b=2", or "" */
+  const char *method;              /* "GET", "HEAD" */
+  const char *canonical_uri;       /* URI-encoded path, e.g. "/bucket/my%20key" */
+  const char *canonical_query;     /* sorted, encoded "a=1&b=2", or "" */
   const mml_sigv4_header *headers; /* every signed header (host, x-amz-date, ...), any order */
   size_t nheaders;
-  const char *payload_hash;    /* hex SHA-256 of the body or "UNSIGNED-PAYLOAD" */
-  const char *amz_date;        /* "YYYYMMDDTHHMMSSZ" */
+  const char *payload_hash; /* hex SHA-256 of the body or "UNSIGNED-PAYLOAD" */
+  const char *amz_date;     /* "YYYYMMDDTHHMMSSZ" */
   const char *region, *service;
   const char *access_key, *secret_key;
 } mml_sigv4_req;

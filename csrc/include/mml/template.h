@@ -66,9 +66,9 @@ typedef enum {
 } mml_template_style;
 
 typedef enum {
-  MML_LABELS_ALL_ASSISTANT = 0,   /* every assistant turn's content + its <|im_end|>\n */
-  MML_LABELS_LAST_ASSISTANT,      /* only the final assistant turn */
-  MML_LABELS_NO_NONFINAL_END,     /* all assistant content; <|im_end|>\n only on the last */
+  MML_LABELS_ALL_ASSISTANT = 0, /* every assistant turn's content + its <|im_end|>\n */
+  MML_LABELS_LAST_ASSISTANT,    /* only the final assistant turn */
+  MML_LABELS_NO_NONFINAL_END,   /* all assistant content; <|im_end|>\n only on the last */
 } mml_label_mode;
 
 /* Whitespace around `<image>` tags (and in user text generally):
@@ -101,8 +101,8 @@ mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *e
  * scratch may be NULL (one per thread otherwise).  On failure ids and labels are left at
  * their previous lengths; record problems are MML_ERECORD. */
 mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
-                               const mml_record *rec, const int64_t *image_tokens,
-                               mml_ids *ids, mml_ids *labels, mml_err *err);
+                               const mml_record *rec, const int64_t *image_tokens, mml_ids *ids,
+                               mml_ids *labels, mml_err *err);
 
 /* What a video placeholder holds (see emit_video in template.c): `groups` temporal
  * patches (grid_t) of `group_tokens` <|video_pad|> each (grid_h * grid_w / merge^2).
@@ -119,8 +119,8 @@ typedef struct mml_video_tokens {
  * allowed when rec has none). */
 mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
                                      const mml_record *rec, const int64_t *image_tokens,
-                                     const mml_video_tokens *videos, mml_ids *ids,
-                                     mml_ids *labels, mml_err *err);
+                                     const mml_video_tokens *videos, mml_ids *ids, mml_ids *labels,
+                                     mml_err *err);
 mml_status mml_template_render_media(const mml_template *t, const mml_record *rec,
                                      const int64_t *image_tokens, const mml_video_tokens *videos,
                                      mml_bytes *out, mml_err *err);

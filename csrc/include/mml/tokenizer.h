@@ -16,8 +16,7 @@ typedef struct mml_tokenizer mml_tokenizer;
 typedef struct mml_tok_scratch mml_tok_scratch;
 
 mml_status mml_tokenizer_load(const char *path, mml_tokenizer **out, mml_err *err);
-mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer **out,
-                                   mml_err *err);
+mml_status mml_tokenizer_load_json(const char *json, size_t len, mml_tokenizer **out, mml_err *err);
 void mml_tokenizer_free(mml_tokenizer *t);
 
 mml_status mml_tok_scratch_new(mml_tok_scratch **out);
@@ -28,8 +27,8 @@ void mml_tok_scratch_free(mml_tok_scratch *s);
  * scratch must not be used by two threads at once.  Invalid UTF-8 is first repaired the
  * way Python's bytes.decode("utf-8", "replace") does (each maximal invalid subsequence
  * becomes U+FFFD), so the ids are those `tokenizers` gives for the repaired str. */
-mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch,
-                                const char *text, size_t len, mml_ids *out, mml_err *err);
+mml_status mml_tokenizer_encode(const mml_tokenizer *t, mml_tok_scratch *scratch, const char *text,
+                                size_t len, mml_ids *out, mml_err *err);
 
 /* ---- many texts on many threads (tokenizer_batch.c) ------------------------------------
  * A pool keeps up to `max` idle slots (a scratch + an id buffer, each used by one thread
@@ -67,8 +66,8 @@ mml_status mml_tokenizer_decode(const mml_tokenizer *t, const int32_t *ids, size
  * tokenizers' decode(ids, skip_special_tokens=True)).  An id outside the vocabulary fails
  * with MML_EINVAL and leaves out unchanged. */
 #define MML_TOK_SKIP_SPECIAL 1
-mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, size_t n,
-                                   int flags, mml_bytes *out, mml_err *err);
+mml_status mml_tokenizer_decode_ex(const mml_tokenizer *t, const int32_t *ids, size_t n, int flags,
+                                   mml_bytes *out, mml_err *err);
 
 /* 1 when id is a special added token (special=true in tokenizer.json). */
 int mml_tokenizer_is_special(const mml_tokenizer *t, int32_t id);

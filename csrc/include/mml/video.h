@@ -34,40 +34,40 @@
 #include "mml/fetch.h"
 
 typedef struct mml_video_src {
-  const char *name;       /* local path or URL; named in every message */
-  const uint8_t *data;    /* or the file's bytes in memory (then name only names them) */
+  const char *name;    /* local path or URL; named in every message */
+  const uint8_t *data; /* or the file's bytes in memory (then name only names them) */
   size_t len;
-  mml_fetcher *fetcher;   /* required for http(s):// and s3:// names */
-  int64_t max_bytes;      /* bytes read from the source, in total (0: no bound) ->
-                           * MML_EOBJECTSIZE */
-  int threads;            /* decoder threads (0 or 1: one) */
-  int64_t block;          /* remote read block size (0: 1 MiB) */
-  int64_t max_pixels;     /* frame width*height bound, checked at open and by the decoder
-                           * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
+  mml_fetcher *fetcher; /* required for http(s):// and s3:// names */
+  int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
+                       * MML_EOBJECTSIZE */
+  int threads;          /* decoder threads (0 or 1: one) */
+  int64_t block;        /* remote read block size (0: 1 MiB) */
+  int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
+                       * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
 } mml_video_src;
 
 #define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
 
 typedef struct mml_video_info {
-  int width, height;      /* decoded frame size (what the RGB frames have) */
-  int rotation;           /* display rotation in degrees, 0/90/180/270 (not applied) */
-  double fps;             /* the stream's average frame rate (avg_frame_rate, else
-                           * r_frame_rate), as PyAV average_rate and decord get_avg_fps */
-  int64_t nframes;        /* frames in the stream, as decord len(vr), torchcodec's exact
-                           * num_frames and a full PyAV decode count them */
-  double duration_s;      /* stream duration (else the container's), seconds */
-  double start_s;         /* presentation time of frame 0, seconds */
-  char codec[32];         /* "h264", "hevc", "vp9", "av1", ... */
-  char container[48];     /* libavformat's demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2" */
-  int exact_index;        /* 1: timestamps from a packet pass; 0: from the container index */
-  int64_t size;           /* bytes of the source (-1 unknown) */
+  int width, height;  /* decoded frame size (what the RGB frames have) */
+  int rotation;       /* display rotation in degrees, 0/90/180/270 (not applied) */
+  double fps;         /* the stream's average frame rate (avg_frame_rate, else
+                   * r_frame_rate), as PyAV average_rate and decord get_avg_fps */
+  int64_t nframes;    /* frames in the stream, as decord len(vr), torchcodec's exact
+                   * num_frames and a full PyAV decode count them */
+  double duration_s;  /* stream duration (else the container's), seconds */
+  double start_s;     /* presentation time of frame 0, seconds */
+  char codec[32];     /* "h264", "hevc", "vp9", "av1", ... */
+  char container[48]; /* libavformat's demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2" */
+  int exact_index;    /* 1: timestamps from a packet pass; 0: from the container index */
+  int64_t size;       /* bytes of the source (-1 unknown) */
 } mml_video_info;
 
 typedef struct mml_video_frame {
-  int k;                  /* position in the idx[] array passed to decode */
-  int64_t index;          /* frame index (idx[k]) */
-  double pts_s;           /* its presentation time, seconds */
-  const uint8_t *rgb;     /* height rows of width*3 bytes, stride apart; valid during the call */
+  int k;              /* position in the idx[] array passed to decode */
+  int64_t index;      /* frame index (idx[k]) */
+  double pts_s;       /* its presentation time, seconds */
+  const uint8_t *rgb; /* height rows of width*3 bytes, stride apart; valid during the call */
   int width, height;
   size_t stride;
 } mml_video_frame;

@@ -27,12 +27,12 @@
 #include "mml/vision.h"
 
 typedef struct mml_video_plan {
-  int src_w, src_h;      /* the frames' decoded size (every listed frame, from its header) */
-  int list_w, list_h;    /* frame lists: after fetch_image's resize */
-  int qvu_w, qvu_h;      /* after fetch_video's budget resize */
-  int dst_w, dst_h;      /* after the processor's resize */
-  int64_t nframes;       /* frames fed to the processor (even: the last one repeated) */
-  int64_t listed;        /* frames the record lists */
+  int src_w, src_h;   /* the frames' decoded size (every listed frame, from its header) */
+  int list_w, list_h; /* frame lists: after fetch_image's resize */
+  int qvu_w, qvu_h;   /* after fetch_video's budget resize */
+  int dst_w, dst_h;   /* after the processor's resize */
+  int64_t nframes;    /* frames fed to the processor (even: the last one repeated) */
+  int64_t listed;     /* frames the record lists */
   int grid_t, grid_h, grid_w;
   int64_t rows;          /* grid_t * grid_h * grid_w */
   int64_t group_tokens;  /* <|video_pad|> per temporal patch: grid_h * grid_w / M^2 */

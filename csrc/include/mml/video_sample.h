@@ -25,10 +25,11 @@
 #define MML_VIDEO_FRAME_FACTOR 2
 #define MML_VIDEO_FPS_MIN_FRAMES 4
 #define MML_VIDEO_FPS_MAX_FRAMES 768
-#define MML_VIDEO_MIN_TOKENS 128   /* VIDEO_MIN_TOKEN_NUM: per-frame min_pixels = 128 * f^2 */
-#define MML_VIDEO_MAX_TOKENS 768   /* VIDEO_MAX_TOKEN_NUM: per-frame cap = 768 * f^2 */
-#define MML_VIDEO_MODEL_SEQ_LEN 128000 /* MODEL_SEQ_LEN (its environment default):
-                                          total_pixels = 128000 * f^2 * 0.9 */
+#define MML_VIDEO_MIN_TOKENS 128 /* VIDEO_MIN_TOKEN_NUM: per-frame min_pixels = 128 * f^2 */
+#define MML_VIDEO_MAX_TOKENS 768 /* VIDEO_MAX_TOKEN_NUM: per-frame cap = 768 * f^2 */
+#define MML_VIDEO_MODEL_SEQ_LEN \
+  128000 /* MODEL_SEQ_LEN (its environment default):
+total_pixels = 128000 * f^2 * 0.9 */
 
 /* The frames of a video file one sample keeps. */
 typedef struct mml_video_sampling {

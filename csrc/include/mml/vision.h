@@ -20,20 +20,20 @@ typedef struct mml_vision_cfg {
   int temporal_patch_size; /* T: 2 */
   int64_t min_pixels, max_pixels;
   float mean[3], std[3];
-  int legacy_resize;       /* 1: older transformers smart_resize (no max(f,..) clamp) */
-  int fast;                /* 1: allow reduced-DCT JPEG decode when target <= source/2 */
-  int64_t max_image_pixels;/* decompression-bomb guard on W*H before decode; 0 = none */
-  int pillow_h_first;      /* 1: always resize horizontally first (Pillow <= 12); 0: Pillow
-                            * 13's order (vertical first when the height shrinks by more than
-                            * twice as many pixels as the width) */
-  int strict_jpeg;         /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
-  int route;               /* MML_ROUTE_*: which reference pipeline the pixels follow */
+  int legacy_resize;        /* 1: older transformers smart_resize (no max(f,..) clamp) */
+  int fast;                 /* 1: allow reduced-DCT JPEG decode when target <= source/2 */
+  int64_t max_image_pixels; /* decompression-bomb guard on W*H before decode; 0 = none */
+  int pillow_h_first;       /* 1: always resize horizontally first (Pillow <= 12); 0: Pillow
+                              * 13's order (vertical first when the height shrinks by more than
+                              * twice as many pixels as the width) */
+  int strict_jpeg;          /* 1: "Corrupt JPEG data" warnings refuse the image (mml/image.h) */
+  int route;                /* MML_ROUTE_*: which reference pipeline the pixels follow */
   /* Videos (mml/video_sample.h, sample_video.c): the video processor's own size limits
    * (size.shortest_edge / longest_edge of the checkpoint's video processor) and which
    * family's processor and position rules apply (MML_VIDEO_*). */
   int64_t video_min_pixels, video_max_pixels;
   int video_family;
-  int pixel_format;        /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
+  int pixel_format; /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
@@ -91,22 +91,21 @@ enum {
 /* smart_resize (legacy: one of the variants above).
  * MML_EASPECT above 200:1, MML_EINVAL for sizes it rejects. */
 mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
-                            int64_t max_pixels, int legacy, int *out_h, int *out_w,
-                            mml_err *err);
+                            int64_t max_pixels, int legacy, int *out_h, int *out_w, mml_err *err);
 
 /* What an image becomes, known from its header alone. */
 typedef struct mml_vision_plan {
-  int src_w, src_h;      /* decoded size */
-  int dst_w, dst_h;      /* after smart_resize */
+  int src_w, src_h; /* decoded size */
+  int dst_w, dst_h; /* after smart_resize */
   int grid_t, grid_h, grid_w;
-  int64_t rows;          /* grid_t*grid_h*grid_w rows of pixel_values */
-  int cols;              /* mml_vision_pixel_cols: 3*T*P*P, or 3*P*P for uint8 */
-  int64_t tokens;        /* rows / merge^2 <|image_pad|> tokens */
+  int64_t rows;            /* grid_t*grid_h*grid_w rows of pixel_values */
+  int cols;                /* mml_vision_pixel_cols: 3*T*P*P, or 3*P*P for uint8 */
+  int64_t tokens;          /* rows / merge^2 <|image_pad|> tokens */
   mml_image_format format; /* from the header (MML_FMT_UNKNOWN for mml_vision_plan_size) */
-  int decode_scale;      /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
-                          * in `fast` mode when the target is at most src/scale */
-  int orientation;       /* EXIF orientation the route applies (1: none); src_w/src_h are
-                          * the size after it */
+  int decode_scale;        /* JPEG IDCT scale denominator the decode will use: 1, or 2/4/8
+                              * in `fast` mode when the target is at most src/scale */
+  int orientation;         /* EXIF orientation the route applies (1: none); src_w/src_h are
+                              * the size after it */
 } mml_vision_plan;
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
@@ -121,9 +120,9 @@ mml_status mml_vision_plan_bytes(const mml_vision_cfg *cfg, const uint8_t *data,
  *   else: qwen-vl-utils' smart_resize of the image's size, with min_pixels / max_pixels
  *     from the entry, each absent one from cfg (the source's or loader's value).
  * The image is then resized once, to that size.  min > max is MML_ERECORD. */
-mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data,
-                                        size_t len, const mml_image_budget *budget,
-                                        mml_vision_plan *plan, mml_err *err);
+mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t *data, size_t len,
+                                        const mml_image_budget *budget, mml_vision_plan *plan,
+                                        mml_err *err);
 /* The failures a plan can report: MML_EUNSUPPORTED / MML_EDECODE (header), MML_ETOOBIG
  * (width*height > max_image_pixels, checked before any decode), MML_EASPECT,
  * MML_EINVAL (size smart_resize rejects), MML_ECONFIG (bad cfg). */
@@ -139,8 +138,8 @@ double mml_vision_scratch_decode_s(const mml_vision_scratch *s);
  * mml_vision_row_bytes(cfg) bytes in cfg->pixel_format (plan from mml_vision_plan_bytes on
  * the same bytes).  Every byte of those rows is written; nothing else is. */
 mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratch *s,
-                                    const uint8_t *data, size_t len,
-                                    const mml_vision_plan *plan, void *out, mml_err *err);
+                                    const uint8_t *data, size_t len, const mml_vision_plan *plan,
+                                    void *out, mml_err *err);
 /* The same from an already decoded RGB8 image (plan from mml_vision_plan_size). */
 mml_status mml_vision_process_rgb(const mml_vision_cfg *cfg, mml_vision_scratch *s,
                                   const mml_rgb8 *img, const mml_vision_plan *plan, void *out,
@@ -164,16 +163,14 @@ mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scra
  * still image's one frame, repeated into the T slots; frames == T: rows that keep their
  * T frames) into rows of 3*T*P*P values at dst, value = table[c][byte] (as float32, or
  * rounded to nearest even for MML_PIXEL_BFLOAT16).  MML_EINVAL for bad arguments. */
-mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames,
-                             int T, const float table[3][256], int format, void *dst,
-                             mml_err *err);
+mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames, int T,
+                             const float table[3][256], int format, void *dst, mml_err *err);
 
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
-mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
-                                   int dst_h, uint8_t *dst, mml_err *err);
+mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w, int dst_h,
+                                   uint8_t *dst, mml_err *err);
 /* The same with the pass order chosen: h_first_always=1 is Pillow <= 12. */
 mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
-                                         int dst_h, int h_first_always, uint8_t *dst,
-                                         mml_err *err);
+                                         int dst_h, int h_first_always, uint8_t *dst, mml_err *err);
 
 #endif

@@ -13,6 +13,7 @@ is reproduced, from torchvision 0.2x's sources:
     _do_native_uint8_resize_on_cpu), as is nearest.
   transforms.v2.functional.normalize: (x - mean) / std in the tensor's dtype.
 Everything else raises NotImplementedError."""
+
 __version__ = "0.26.0+mmloader.shim"  # >= 0.26: no video decoding, as transformers expects
 
 from . import io, transforms  # noqa: E402,F401

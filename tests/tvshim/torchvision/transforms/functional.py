@@ -1,4 +1,5 @@
 """torchvision.transforms.functional (v1), the parts qwen-vl-utils uses."""
+
 from enum import Enum
 
 import torch
@@ -40,9 +41,13 @@ def resize(img, size, interpolation=InterpolationMode.BILINEAR, max_size=None, a
     need_cast = out_dtype not in (torch.float32, torch.float64)
     if need_cast:
         x = x.to(torch.float32)
-    x = interpolate(x, size=list(size), mode=mode,
-                    align_corners=False if mode in ("bilinear", "bicubic") else None,
-                    antialias=antialias)
+    x = interpolate(
+        x,
+        size=list(size),
+        mode=mode,
+        align_corners=False if mode in ("bilinear", "bicubic") else None,
+        antialias=antialias,
+    )
     if mode == "bicubic" and out_dtype == torch.uint8:
         x = x.clamp(min=0, max=255)
     if need_cast:
@@ -54,6 +59,7 @@ def resize(img, size, interpolation=InterpolationMode.BILINEAR, max_size=None, a
 
 def pil_to_tensor(pic):
     import numpy as np
+
     a = np.asarray(pic)
     if a.ndim == 2:
         a = a[:, :, None]

@@ -1,4 +1,5 @@
 """torchvision.transforms.v2.functional, the parts transformers' video processors use."""
+
 import torch
 from torch.nn.functional import interpolate
 
@@ -23,9 +24,13 @@ def resize(image, size, interpolation=InterpolationMode.BILINEAR, max_size=None,
     need_cast = dtype not in ok
     if need_cast:
         x = x.to(torch.float32)
-    x = interpolate(x, size=list(size), mode=mode,
-                    align_corners=False if mode in ("bilinear", "bicubic") else None,
-                    antialias=antialias)
+    x = interpolate(
+        x,
+        size=list(size),
+        mode=mode,
+        align_corners=False if mode in ("bilinear", "bicubic") else None,
+        antialias=antialias,
+    )
     if need_cast:
         if mode == "bicubic" and dtype == torch.uint8:
             x = x.clamp_(min=0, max=255)
