@@ -47,6 +47,8 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include "image_jpeg_mem.h"
+
 /* ---------------------------------------------------------------- probe */
 
 static const uint8_t k_png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -220,6 +222,7 @@ struct mml_decoder {
   int alpha;          /* mml_decode_opts.alpha */
   int key;            /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
+  mml_jpeg_keep *keep; /* multi-scan coefficients in memory that stays mapped */
 };
 
 static void jerr_exit(j_common_ptr c) {
@@ -258,6 +261,11 @@ mml_status mml_decoder_new(mml_decoder **out) {
     return MML_ENOMEM;
   }
   jpeg_create_decompress(&d->jd);
+  if (mml_jpeg_keep_install(&d->jd, &d->keep)) {
+    jpeg_destroy_decompress(&d->jd);
+    free(d);
+    return MML_ENOMEM;
+  }
   d->max_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS;
   *out = d;
   return MML_OK;
@@ -275,6 +283,7 @@ void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
 void mml_decoder_free(mml_decoder *d) {
   if (!d) return;
   jpeg_destroy_decompress(&d->jd);
+  mml_jpeg_keep_free(d->keep);
   mml_bytes_free(&d->raw);
   mml_bytes_free(&d->row);
   mml_bytes_free(&d->whole);
@@ -300,6 +309,7 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   mml_status st = MML_OK;
   if (setjmp(d->je.jb)) {
     jpeg_abort_decompress(ci);
+    mml_jpeg_keep_trim(d->keep);
     return mml_err_set(err, MML_EDECODE, "JPEG: %s", d->je.msg);
   }
   jpeg_mem_src(ci, (unsigned char *)data, (unsigned long)len);
@@ -351,9 +361,11 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   /* read on to EOI: Pillow finishes the decompression and refuses what fails there (e.g.
    * a bad marker after corrupt data that libjpeg had papered over with gray) */
   jpeg_finish_decompress(ci);
+  mml_jpeg_keep_trim(d->keep);
   return MML_OK;
 done:
   jpeg_abort_decompress(ci);
+  mml_jpeg_keep_trim(d->keep);
   return st;
 }
 

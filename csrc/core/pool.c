@@ -23,6 +23,8 @@
  *     enough, the largest cached one grows in place (mremap keeps its resident pages,
  *     only the new tail faults) instead of mapping a new one: in steady state the
  *     buffers reach the largest batch's size and the pool maps nothing new.
+ *   - mml_mapped: the same kind of mapping as one thread's scratch (decoder state that
+ *     scales with the image), kept across uses so reuse costs no fault either.
  */
 #include "mml/batch.h"
 
@@ -137,6 +139,30 @@ static int host_grow(void **p, size_t n) {
   *(host_hdr *)(data - HDR) = (host_hdr){nb, len};
   *p = data;
   return 1;
+}
+
+/* Scratch memory that stays mapped (mml/batch.h): always a mapping, grown in place. */
+mml_status mml_mapped_reserve(mml_mapped *m, size_t n) {
+  if (n <= m->cap) return MML_OK;
+  if (n < MAP_MIN) n = MAP_MIN;
+  void *p = m->data;
+  if (p && host_grow(&p, n)) {
+    m->data = p;
+    m->cap = huge_round(n);
+    return MML_OK;
+  }
+  mml_err e;
+  if (host_alloc(NULL, n, &p, &e)) return MML_ENOMEM;
+  mml_mapped_free(m);
+  m->data = p;
+  m->cap = huge_round(n);
+  return MML_OK;
+}
+
+void mml_mapped_free(mml_mapped *m) {
+  host_free(NULL, m->data);
+  m->data = NULL;
+  m->cap = 0;
 }
 
 void mml_host_allocator(mml_allocator *out) {

@@ -165,6 +165,7 @@ TEST_DECLARE(vision_bad_input)
 TEST_DECLARE(fuzz_corrupt_images)
 TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
+TEST_DECLARE(jpeg_coefficients_stay_mapped)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -326,6 +327,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(fuzz_corrupt_images)
     TEST_ENTRY(threads_share_config)
     TEST_ENTRY(pixel_formats_and_frame_slots)
+    TEST_ENTRY(jpeg_coefficients_stay_mapped)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)

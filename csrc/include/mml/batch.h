@@ -72,6 +72,16 @@ void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
  * whose fence is pending stay); returns the bytes still cached. */
 size_t mml_pool_trim(mml_pool *p, size_t keep);
 
+/* Scratch memory that stays mapped: one 2 MiB-aligned MADV_HUGEPAGE mapping (never
+ * malloc), grown with mremap (contents kept), unmapped only by mml_mapped_free.  For a
+ * thread's large scratch that is reused image after image: its pages fault once. */
+typedef struct mml_mapped {
+  uint8_t *data;
+  size_t cap;
+} mml_mapped;
+mml_status mml_mapped_reserve(mml_mapped *m, size_t n); /* cap >= n */
+void mml_mapped_free(mml_mapped *m);                    /* {0} is fine */
+
 #define MML_MAX_DIMS 4
 #define MML_MAX_TENSORS 16
 
