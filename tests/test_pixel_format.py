@@ -101,6 +101,42 @@ def test_formats_and_expansion_match_the_hf_processor_bit_for_bit(preset, photo_
     assert out16.dtype == torch.bfloat16 and torch.equal(bits(out16), bits(want.to(torch.bfloat16)))
 
 
+def test_bfloat16_avx2_writer_is_the_portable_table_bit_for_bit(photo_bytes, tmp_path):
+    """The AVX2 bfloat16 writer (used where the CPU has AVX2) against the portable table
+    writer (MML_DISABLE_AVX2=1 in a child process), bit for bit, for P=14 and P=16 and
+    the mean/std of every preset."""
+    import subprocess
+    import sys
+
+    datas = photo_bytes + [encode(rgb(im), "JPEG", quality=80) for im in photos(97).values()]
+    for i, d in enumerate(datas):
+        (tmp_path / f"{i:02d}.img").write_bytes(d)
+    code = (
+        "import glob, sys, numpy as np, mmloader\n"
+        "d = [open(p, 'rb').read() for p in sorted(glob.glob(sys.argv[1] + '/*.img'))]\n"
+        "for i, preset in enumerate(%r):\n"
+        "    o = mmloader.ImageProcessor(preset, pixel_format='bfloat16')(d)\n"
+        "    np.save(f'{sys.argv[1]}/{sys.argv[2]}{i}.npy', o['pixel_values'])\n" % (PRESETS,)
+    )
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    )
+    for tag, extra in (("simd", {}), ("table", {"MML_DISABLE_AVX2": "1"})):
+        env.pop("MML_DISABLE_AVX2", None)
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path), tag],
+            env=dict(env, **extra),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+    for i in range(len(PRESETS)):
+        a, b = np.load(tmp_path / f"simd{i}.npy"), np.load(tmp_path / f"table{i}.npy")
+        assert a.dtype == np.uint16 and a.shape == b.shape and a.size > 0
+        assert np.array_equal(a, b), PRESETS[i]
+
+
 def test_uint8_rows_are_the_resized_pixels_in_the_hf_layout():
     """The uint8 format is the resized image itself, patchified with the HF row/column
     order (T left out): checked against mmloader's Pillow-exact resize of the decode."""

@@ -10,7 +10,8 @@
  *   float32   the reference's exact arithmetic: a 256-entry table per channel (portable),
  *             the same IEEE operations in AVX2, or a division-free AVX2+FMA form used
  *             only when it matched the table bit for bit;
- *   bfloat16  that table rounded to nearest even;
+ *   bfloat16  that table rounded to nearest even (portable), or the AVX2 float32 values
+ *             rounded the same way in AVX2 (so the same bits);
  *   uint8     the resized bytes themselves.
  *
  * Layout (SPEC-QWEN.md): row = ((bh*(gw/M) + bw)*M + mh)*M + mw,
@@ -209,6 +210,61 @@ __attribute__((target("avx2,fma"))) static void write_f32_avx2(patch_ctx *g, int
       }
   if (stream) _mm_sfence();
 }
+/* Eight float32 values to bfloat16, exactly bf16_rne's integer rounding (finite values). */
+__attribute__((target("avx2"))) static inline __m128i bf16x8(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* The AVX2 bfloat16 writer: the float32 writer's values (the same operations, so the same
+ * bits as the table), rounded as bf16_rne and stored to the image's slots; non-temporal
+ * 16-byte stores of whole rows from the scratch row when the rows are aligned. */
+__attribute__((target("avx2,fma"))) static void write_bf16_avx2(patch_ctx *g, int bh, int bw0,
+                                                                int bw1) {
+  const int P = g->P, PP = P * P;
+  const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
+  __m256 mean[3], sd[3], rsd[3];
+  for (int c = 0; c < 3; c++) {
+    mean[c] = _mm256_set1_ps(g->mean[c]);
+    sd[c] = _mm256_set1_ps(g->std[c]);
+    rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
+  }
+  const int fast = g->fast;
+  const size_t nv = g->row_bytes / 16;
+  const int stream =
+      g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 16) == 0 && g->row_bytes % 16 == 0;
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < g->M; mh++)
+      for (int mw = 0; mw < g->M; mw++) {
+        uint16_t *dst = (uint16_t *)patch_row(g, bh, bw, mh, mw);
+        uint16_t *o = stream ? (uint16_t *)g->ptmp : dst;
+        const int x0 = (bw * g->M + mw) * P;
+        for (int c = 0; c < 3; c++)
+          for (int py = 0; py < P; py++) {
+            const uint8_t *s = patch_src(g, bh, c, mh, py, x0);
+            __m128i h0, h1;
+            if (fast) {
+              h0 = bf16x8(norm8_fast(s, mean[c], sd[c], rsd[c]));
+              h1 = bf16x8(norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]));
+            } else {
+              h0 = bf16x8(norm8(s, inv255, mean[c], sd[c]));
+              h1 = bf16x8(norm8(s + P - 8, inv255, mean[c], sd[c]));
+            }
+            uint16_t *d = o + ((size_t)(c * g->S + g->slot0) * P + py) * P;
+            for (int t = 0; t < g->nslots; t++, d += PP) {
+              _mm_storeu_si128((__m128i *)d, h0);
+              _mm_storeu_si128((__m128i *)(d + P - 8), h1);
+            }
+          }
+        if (stream)
+          for (size_t i = 0; i < nv; i++)
+            _mm_stream_si128((__m128i *)dst + i, _mm_load_si128((const __m128i *)o + i));
+      }
+  if (stream) _mm_sfence();
+}
 #define MML_HAVE_AVX2_PATCH 1
 #endif
 #undef FOR_PATCH_ROWS
@@ -274,7 +330,7 @@ static void scratch_tables(mml_vision_scratch *s, const float mean[3], const flo
   s->norm_valid = 1;
 }
 
-/* Picks the writer of cfg->pixel_format (the AVX2 one for float32 where it runs). */
+/* Picks the writer of cfg->pixel_format (the AVX2 one for the float formats where it runs). */
 static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
   g->write = format == MML_PIXEL_UINT8      ? write_u8
              : format == MML_PIXEL_BFLOAT16 ? write_bf16
@@ -282,8 +338,8 @@ static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
   g->fast = 0;
   g->ptmp = NULL;
 #ifdef MML_HAVE_AVX2_PATCH
-  if (format == MML_PIXEL_FLOAT32 && mml_cpu_avx2() && g->P >= 8 && g->P <= 16) {
-    g->write = write_f32_avx2;
+  if (format != MML_PIXEL_UINT8 && mml_cpu_avx2() && g->P >= 8 && g->P <= 16) {
+    g->write = format == MML_PIXEL_BFLOAT16 ? write_bf16_avx2 : write_f32_avx2;
     g->fast = s->norm_fast;
     size_t need = g->row_bytes / sizeof(float) + 16;
     if (s->ptmp_cap < need) {
