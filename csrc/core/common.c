@@ -239,6 +239,7 @@ mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t
     goto done;
   }
   mml_bytes_clear(out);
+  if (out->cap < (size_t)want + 1) mml_bytes_free(out); /* a new buffer, not a copy */
   if ((st = mml_bytes_reserve(out, (size_t)want + 1))) {
     mml_err_set(err, st, "%s: cannot allocate %lld bytes", path, (long long)want);
     goto done;

@@ -478,6 +478,7 @@ void mml_loader_free(mml_loader *L) {
       ld_place_clear(t);
       mml_bytes_free(&t->path);
     }
+    ld_bytes_free_spares(L);
     free(L->tasks);
   }
   free(L->skips);

@@ -27,6 +27,7 @@ enum { DEC_NONE = 0, DEC_QUEUED, DEC_RUNNING };
 enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
+enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) */
 
 typedef struct task task;
 
@@ -177,6 +178,12 @@ struct mml_loader {
   int consumer_waiting;     /* the consumer is blocked in next() */
   uint64_t faults;          /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm;     /* `faults` when batch MML_FAULT_WARMUP was delivered */
+
+  /* image byte buffers of finished samples, for reuse (loader_place.c, under mu); their
+   * capacity spare_bytes is also counted in win_bytes */
+  mml_bytes spare[MML_SPARE_BUFS];
+  int nspare;
+  int64_t spare_bytes;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -347,6 +354,14 @@ int ld_mem_room_locked(mml_loader *L, int64_t need);
 int ld_mem_may_read_locked(mml_loader *L);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes). */
 mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err);
+/* Image byte buffers reused across samples (loader_place.c): before image bytes are read
+ * into *b (need bytes; t's, busy on this thread), the smallest spare buffer that holds
+ * them (else the largest, which then grows) is swapped in; a finished task's buffers go
+ * back to the spares (mu held).  Their pages stay mapped: reading the next image into
+ * one costs no page fault, where a freed and reallocated buffer faulted on every page. */
+void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need);
+void ld_bytes_return_locked(mml_loader *L, task *t);
+void ld_bytes_free_spares(mml_loader *L);
 /* max_memory: t's byte buffers (re)counted once its reading is done. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
 /* A worker finished decoding t into (buf, off): its home; copied to dest if it moved. */

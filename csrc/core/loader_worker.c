@@ -24,6 +24,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "loader_int.h"
@@ -210,6 +211,9 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   mml_bytes_clear(&t->imgs[i]);
   if (member ? !mml_index_shard_remote(sh) : !mml_path_is_remote(p)) {
     double t0 = mml_now();
+    struct stat sb;
+    int64_t size = member ? len : stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+    if (size > 0) ld_bytes_take(L, t, &t->imgs[i], (size_t)size + 1); /* a spare that fits */
     st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
                 : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
@@ -385,6 +389,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
   }
+  if (t->state != SLOT_PLANNED) ld_bytes_return_locked(L, t); /* its bytes are no longer read */
 }
 
 /* Decodes a placed sample into the destination the planner gave it (captured under mu
@@ -400,6 +405,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
                                     t->rec.nimages, (uint8_t *)buf->data + off, &err);
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   if (st) task_fail(t, st, &err, L);
+  ld_bytes_return_locked(L, t); /* its image bytes are decoded */
   t->dec = DEC_NONE;
   if (t->gen != L->gen) {
     mml_buf_release(buf);
