@@ -73,10 +73,16 @@ def functions(path: str, text: str) -> List[Function]:
 
 def _sources(rev: str | None) -> Dict[str, str]:
     """{path: text} of the C files under csrc/ (the work tree, or commit `rev`)."""
-    cmd = ["git", "-C", ROOT, "ls-files", "csrc"]
     if rev:
         cmd = ["git", "-C", ROOT, "ls-tree", "-r", "--name-only", rev, "csrc"]
-    paths = [p for p in subprocess.check_output(cmd, text=True).split() if p.endswith((".c", ".h"))]
+        paths = subprocess.check_output(cmd, text=True).split()
+    else:  # no git needed (an unpacked sdist)
+        paths = [
+            os.path.relpath(os.path.join(d, f), ROOT)
+            for d, _, fs in os.walk(os.path.join(ROOT, "csrc"))
+            for f in fs
+        ]
+    paths = sorted(p for p in paths if p.endswith((".c", ".h")))
     out = {}
     for p in paths:
         if rev:
