@@ -14,7 +14,9 @@
  *             packed: at its first image, with the pack's bound pack_length * merge^2
  *             rows), and each member's decode is queued with its destination
  *             (buffer + first row * row bytes)
- *   worker:   decodes the queued sample into its destination -> slot DONE
+ *   worker:   decodes the queued sample into its destination -> slot DONE (videos go
+ *             into the sample's own rows, which the collator copies: a sample with
+ *             videos and no images is queued for decode without a destination)
  *   collator: takes DONE slots strictly in order, exactly as before (the same
  *             composition code, on the same counts), attaching the head ticket's buffer
  *             as the batch's pixel_values; emission only writes the small tensors.
@@ -39,7 +41,8 @@
  *
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
  * built, queued, or held by the consumer; cached: kept mapped for reuse), the window's
- * byte buffers and a fixed scratch reserve per worker.  A ticket's buffer is taken only
+ * byte buffers (with each sample's video rows: planned ones before they exist) and a
+ * fixed scratch reserve per worker.  A ticket's buffer is taken only
  * when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
  * and so do the tickets after it, and the planner retries as the consumer releases
  * batches.  Workers start reading a sample only with room for the largest sample seen

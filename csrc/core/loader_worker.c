@@ -9,10 +9,15 @@
  * The task is three stages, each a function: the record's bytes (read, or fetched),
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
- * labels: mml_sample_plan) -> slot PLANNED.  No pixel work happens there: the planner
- * (loader_place.c) puts the sample into its batch and queues its decode with the
- * destination, its slice of the batch's pixel_values buffer; a worker then decodes it
- * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
+ * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
+ * (probe_videos: frame count, rate, size; nothing decoded) and closed again.  No pixel
+ * work happens there: the planner (loader_place.c) puts the sample into its batch and
+ * queues its decode with the destination, its slice of the batch's pixel_values buffer
+ * (a sample with videos only: no destination); a worker then decodes it there and its
+ * videos (reopened: video_open) into the sample's own video rows (decode_task) -> slot
+ * DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
+ * by ranged reads through the fetcher (http(s), s3: blocking this worker), or from the
+ * bytes of their WebDataset member (read or fetched with the images).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
