@@ -313,7 +313,10 @@ def test_webdataset_member_videos(vdir, tmp_path, fault_server):
     members = []
     for i, (v, ext) in enumerate([(a, "mp4"), (b, "mkv")]):
         rec = dict(recs[i], videos=[ext if i == 0 else f"{i:06d}.{ext}"])
-        members += [(f"{i:06d}.json", json.dumps(rec).encode()), (f"{i:06d}.{ext}", open(v, "rb").read())]
+        members += [
+            (f"{i:06d}.json", json.dumps(rec).encode()),
+            (f"{i:06d}.{ext}", open(v, "rb").read()),
+        ]
     shard = tar_shard(tmp_path / "s.tar", members)
     same(want, batches(shard)[0])
     srv = fault_server(objects={"/w/s.tar": open(shard, "rb").read()})
@@ -349,7 +352,10 @@ def test_failures_have_their_own_reasons_naming_the_file(vdir, tmp_path):
     for name, (reason, keys) in cases.items():
         ref = good if name in ("short", "late") else str(tmp_path / name)
         rec = {
-            "conversations": [{"from": "human", "value": "<video>?"}, {"from": "gpt", "value": "x"}],
+            "conversations": [
+                {"from": "human", "value": "<video>?"},
+                {"from": "gpt", "value": "x"},
+            ],
             "videos": [dict(keys, video=ref)],
         }
         shard = write_shard(str(tmp_path / f"{name}.jsonl"), [rec, layouts(good)["llava"]])
@@ -397,7 +403,9 @@ def test_cut_off_file_is_a_late_failure_and_batches_are_unchanged(vdir, tmp_path
 def test_max_memory_counts_video_pixels(vdir, tmp_path):
     path = video(vdir, "h264-mp4")
     rec = {"conversations": [{"from": "human", "value": "<video>"}]}
-    shard = write_shard(str(tmp_path / "m.jsonl"), [dict(rec, videos=[{"video": path, "nframes": 16}])])
+    shard = write_shard(
+        str(tmp_path / "m.jsonl"), [dict(rec, videos=[{"video": path, "nframes": 16}])]
+    )
     got, _ = batches(shard)
     need = got[0]["pixel_values_videos"].nbytes
     low = (40 << 20) + (1 << 20)  # the smallest max_memory for 2 workers, + 1 MiB

@@ -518,8 +518,8 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
                            (uint8_t *)buf->data + off, &err);
   if (!st && t->sample.vpixels_pending) { /* its videos: their own buffer */
     video_ctx c = {L, t, &acc};
-    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c,
-                                  &t->sample, &err);
+    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, &t->sample,
+                                  &err);
   }
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   L->read_s += acc.read_s;

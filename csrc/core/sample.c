@@ -118,7 +118,7 @@ static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec
     s->vcap = n;
   }
   size_t need = (size_t)mml_record_frames(rec) + (size_t)n; /* >= every grid_t */
-  for (int v = 0; v < n; v++) /* a file keeps at most its frames */
+  for (int v = 0; v < n; v++)                               /* a file keeps at most its frames */
     if (rec->videos[v].ref && vinfo[v].nframes > 0) need += (size_t)vinfo[v].nframes;
   if (need > s->vts_cap) {
     double *t = realloc(s->vts, need * sizeof *t);
@@ -138,7 +138,8 @@ static void err_video(mml_err *err, const mml_video_ref *vr, int v) {
   }
   if (strstr(err->msg, vr->ref)) return;
   char shown[MML_SHORT_CAP(200)];
-  mml_err_prefix(err, "video %s", mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
+  mml_err_prefix(err, "video %s",
+                 mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
 }
 
 /* Plans every video into vplans (frames: the frame bytes after the images; vinfo: the

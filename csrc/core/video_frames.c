@@ -211,8 +211,8 @@ static mml_status planes_fit(mml_video_scratch *s, const mml_video_plan *p, mml_
  * float planes, fetch_video's budget resize (rounded back to integers, as torchvision
  * resizes a uint8 video), the processor's resize, then its rows of temporal slot k. */
 static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
-                             const mml_video_plan *p, const uint8_t *rgb, size_t stride,
-                             int64_t k, float *out, mml_err *err) {
+                             const mml_video_plan *p, const uint8_t *rgb, size_t stride, int64_t k,
+                             float *out, mml_err *err) {
   const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h;
   mml_status st;
   float *a = s->a, *b = s->b;
@@ -296,8 +296,7 @@ mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *
     snprintf(why, sizeof why, "%s", err->msg);
     return mml_err_set(err, MML_EVIDEOSHORT,
                        "%lld frames at %g fps (%.3f s) are too few for this video element (%s)",
-                       (long long)info->nframes, info->fps, (double)info->nframes / info->fps,
-                       why);
+                       (long long)info->nframes, info->fps, (double)info->nframes / info->fps, why);
   }
   if (st) return st;
   p->src_w = p->list_w = info->width;
@@ -315,8 +314,9 @@ mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *
   p->src_pixels = p->nframes * (int64_t)p->src_w * p->src_h;
   if (ts) {
     int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
-    if (!idx) return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
-                                 (long long)p->nframes);
+    if (!idx)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                         (long long)p->nframes);
     mml_video_indices(&p->smp, idx);
     mml_video_timestamps(idx, p->nframes, p->fps, cfg->temporal_patch_size, ts);
     free(idx);

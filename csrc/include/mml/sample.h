@@ -36,8 +36,8 @@ typedef struct mml_sample {
   mml_bytes vpixels;   /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
   int64_t vpixel_rows; /* planned rows */
   int vpixels_pending; /* 1: planned, vpixels not decoded yet (mml_sample_decode_videos) */
-  mml_ids vgrids;  /* int32 [nvideos * 3]: (t, h, w) per video */
-  mml_bytes vsecs; /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
+  mml_ids vgrids;      /* int32 [nvideos * 3]: (t, h, w) per video */
+  mml_bytes vsecs;     /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
   int nvideos;
 } mml_sample;
 
