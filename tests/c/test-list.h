@@ -165,6 +165,8 @@ TEST_DECLARE(vision_bad_input)
 TEST_DECLARE(fuzz_corrupt_images)
 TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
+/* test-loader-video.c */
+TEST_DECLARE(loader_video_files_same_output_any_threads)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -326,6 +328,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(fuzz_corrupt_images)
     TEST_ENTRY(threads_share_config)
     TEST_ENTRY(pixel_formats_and_frame_slots)
+    /* test-loader-video.c */
+    TEST_ENTRY(loader_video_files_same_output_any_threads)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)
