@@ -413,3 +413,57 @@ def test_max_memory_counts_video_pixels(vdir, tmp_path):
     with pytest.raises(mmloader.Error, match=r"needs \d+ bytes of pixel_values"):
         batches(shard, max_memory=low)
     same(got, batches(shard, max_memory=need + (64 << 20))[0])
+
+
+# ---- resume and the global plan ----------------------------------------------------------
+
+
+def mixed_records(vdir, n=9):
+    vids = [video(vdir, "h264-mp4"), video(vdir, "hevc-mkv"), video(vdir, "vp9-webm-odd-width")]
+    out = []
+    for i in range(n):
+        if i % 3 == 2:
+            out.append({"conversations": [{"from": "human", "value": f"text {i}"}]})
+        else:
+            v = {"video": vids[i % 3], "fps": 1.0 + i % 4}
+            out.append(
+                {"conversations": [{"from": "human", "value": f"<video>{i}"}], "videos": [v]}
+            )
+    return out
+
+
+def test_resume_mid_epoch_with_videos(vdir, tmp_path):
+    shard = write_shard(str(tmp_path / "r.jsonl"), mixed_records(vdir))
+    kw = dict(
+        preset="qwen2.5-vl",
+        tokenizer=TINY,
+        micro_batch_size=2,
+        shuffle=True,
+        seed=3,
+        num_threads=2,
+        mrope=True,
+    )
+    with mmloader.Loader(shard, **kw) as L:
+        it = iter(L)
+        first = [next(it) for _ in range(2)]
+        state = L.state_dict()
+        want = [{k: np.array(v.numpy(), copy=True) for k, v in next(it).items()}]
+    assert first
+    with mmloader.Loader(shard, **kw) as L:
+        L.load_state_dict(state)
+        got = [{k: np.array(v.numpy(), copy=True) for k, v in next(iter(L)).items()}]
+    same(want, got)
+
+
+def test_global_plan_counts_videos_from_the_probe(vdir, tmp_path):
+    """max_tokens_per_batch plans every sample's tokens (the planning pass probes videos,
+    decodes nothing); the batches keep to the budget and carry every video."""
+    recs = mixed_records(vdir, 12)
+    shard = write_shard(str(tmp_path / "g.jsonl"), recs)
+    one, _ = batches(shard, micro_batch_size=1)
+    budget = max(int(b["input_ids"].shape[1]) for b in one) * 2
+    got, st = batches(shard, micro_batch_size=None, max_tokens_per_batch=budget)
+    assert st["skipped"] == 0
+    assert all(int(b["attention_mask"].sum()) <= budget for b in got)
+    nvid = sum(len(b.get("video_grid_thw", ())) for b in got)
+    assert nvid == sum(1 for r in recs if "videos" in r)
