@@ -211,8 +211,9 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   return MML_OK;
 }
 
-/* Media item i (an image, then video frames: mml_record_media_ref): read now, or its fetch submitted (counted in *nremote; *f is obtained on the
- * first remote image). */
+/* Media item i named `ref` (an image, then video frames: mml_record_media_ref, then the
+ * WebDataset member videos): read now, or its fetch submitted (counted in *nremote; *f is
+ * obtained on the first remote item). */
 static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml_fetcher **f,
                              int *nremote, run_acc *acc, mml_err *err) {
   if (mml_is_data_uri(ref)) { /* inline image: decoded here, no I/O */
