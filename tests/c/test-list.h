@@ -44,6 +44,7 @@ TEST_DECLARE(close_waits_for_pending_copy)
 TEST_DECLARE(test_round_trip_into_an_index)
 TEST_DECLARE(test_every_damage_is_refused)
 TEST_DECLARE(test_partial_entries)
+TEST_DECLARE(test_sidecar_names_never_collide)
 TEST_DECLARE(test_build_and_use)
 /* test-fetch.c */
 TEST_DECLARE(sha256_vectors)
@@ -205,6 +206,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_round_trip_into_an_index)
     TEST_ENTRY(test_every_damage_is_refused)
     TEST_ENTRY(test_partial_entries)
+    TEST_ENTRY(test_sidecar_names_never_collide)
     TEST_ENTRY(test_build_and_use)
     /* test-fetch.c */
     TEST_ENTRY(sha256_vectors)
