@@ -72,6 +72,7 @@ TEST_DECLARE(record_depth_nul_and_image_count)
 TEST_DECLARE(decoder_pixel_limit_before_decoding)
 TEST_DECLARE(fifo_and_devices_are_refused_without_blocking)
 TEST_DECLARE(tokenizer_empty_merge_is_an_error)
+TEST_DECLARE(folded_first_header_after_another_transfer)
 /* test-index.c */
 TEST_DECLARE(test_lines_and_blanks)
 TEST_DECLARE(test_file_matches_memory_and_shards)
@@ -234,6 +235,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(decoder_pixel_limit_before_decoding)
     TEST_ENTRY(fifo_and_devices_are_refused_without_blocking)
     TEST_ENTRY(tokenizer_empty_merge_is_an_error)
+    TEST_ENTRY(folded_first_header_after_another_transfer)
     /* test-index.c */
     TEST_ENTRY(test_lines_and_blanks)
     TEST_ENTRY(test_file_matches_memory_and_shards)
