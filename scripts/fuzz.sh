@@ -7,7 +7,8 @@
 #                                   (default 60) seconds each: the search, run it here
 #   scripts/fuzz.sh --smoke         what CI runs: every target's seeds, then a fixed number
 #                                   of mutations from a fixed libFuzzer seed (the same
-#                                   inputs on every run; fuzz/Makefile says why)
+#                                   inputs on every run; seeds only where runs vary:
+#                                   SMOKE_REPLAY; fuzz/Makefile says why)
 #   scripts/fuzz.sh record state    the named targets only (with or after --smoke)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +35,10 @@ fi
 failed=()
 for t in "${targets[@]}"; do
   log=fuzz/build/$t.log
-  if [ $mode = smoke ]; then what="$(make -s -C fuzz smoke-runs T="$t") runs"; else what="${secs}s"; fi
+  if [ $mode = smoke ]; then what=$(make -s -C fuzz smoke-runs T="$t"); else what="${secs}s"; fi
   printf '[fuzz] %-16s %-12s ... ' "$t" "$what"
   if make -s -C fuzz "$mode" T="$t" SECONDS="$secs" >"$log" 2>&1; then
-    echo "ok ($(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?') runs)"
+    echo "ok ($(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo 'each once') runs)"
   else
     echo "FAILED (see $log)"
     tail -40 "$log" >&2
