@@ -141,6 +141,11 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
         0.25,
         True,
     )
+    rule = [(v, met) for name, v, _, met, _ in report.targets(data) if name.startswith("every run")]
+    assert rule == [("12 of 12 runs", True)]  # 600 samples x 31 s each, 3 repeats
+    data["runs"][0]["result"]["wall_s"] = 20.0  # one run short of 30 s: the rule is not met
+    assert [m for n, _, _, m, _ in report.targets(data) if n.startswith("every run")] == [False]
+    assert got["samples/s vs NVIDIA DALI CPU, local disk"] == (None, None)  # no DALI run
     md = report.markdown(data)
     assert "| **mmloader** | 60.0 (10.0-70.0) | 6.00x |" in md
     assert "not measured" in md  # remote, uint8, wait: no runs, said so
