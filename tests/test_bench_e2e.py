@@ -35,10 +35,11 @@ def test_photo_dataset_mixes_real_photos(shard):
     from PIL import Image
 
     img = os.path.join(os.path.dirname(shard), "images")
-    for name in os.listdir(img):
-        if name.startswith("photo-"):
-            with Image.open(os.path.join(img, name)) as im:
-                assert im.width * im.height <= 0.51e6, name  # max_mp=0.5
+    names = [n for n in os.listdir(img) if n.startswith("photo-")]
+    assert 0 < len(names) <= d["photos"], names  # photo files, each used by a record or more
+    for name in names:
+        with Image.open(os.path.join(img, name)) as im:
+            assert im.width * im.height <= 0.51e6, name  # max_mp=0.5
 
 
 def test_measure_reports_steady_state_and_own_memory(shard):
