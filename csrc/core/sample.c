@@ -132,10 +132,6 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
   mml_status st = video_scratch_fit(sc, rec, err);
   if (st) return st;
   double *ts = sc->vts;
-  if (pl->vision->pixel_format != MML_PIXEL_FLOAT32)
-    return mml_err_set(err, MML_EVIDEO,
-                       "video pixels are float32 only: this record's videos cannot be "
-                       "loaded with pixel_format other than float32");
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_ref *vr = &rec->videos[v];
     if (vr->ref) {
@@ -163,13 +159,13 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
 static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
                                  const mml_record *rec, const mml_bytes *frames, int64_t vrows,
                                  mml_sample *out, mml_err *err) {
-  const int cols = mml_vision_pixel_cols(pl->vision);
-  size_t need = (size_t)vrows * (size_t)cols * sizeof(float);
+  const size_t row_bytes = mml_vision_video_row_bytes(pl->vision);
+  size_t need = (size_t)vrows * row_bytes;
   fit_pixels(&out->vpixels, need);
   mml_status st;
   if ((st = mml_bytes_reserve(&out->vpixels, need)))
     return mml_err_set(err, st, "cannot allocate %zu bytes of video pixels", need);
-  float *dst = (float *)out->vpixels.data;
+  uint8_t *dst = out->vpixels.data;
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_plan *p = &sc->vplans[v];
     if ((st = mml_video_process_list(pl->vision, sc->video, sc->vision, &rec->videos[v], frames, p,
@@ -178,7 +174,7 @@ static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
       return st;
     }
     frames += rec->videos[v].nframes;
-    dst += (size_t)p->rows * (size_t)cols;
+    dst += (size_t)p->rows * row_bytes;
     int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
     if ((st = mml_ids_append(&out->vgrids, g, 3)) ||
         (st = mml_bytes_append(&out->vsecs, &p->second_per_grid, sizeof(float))))
@@ -244,7 +240,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
     if ((st = mml_ids_append(&out->grids, g, 3)))
       return mml_err_set(err, st, "out of memory for the image grids");
   }
-  if (rec->nvideos) { /* videos: decoded here, into the sample's own vpixels (float32) */
+  if (rec->nvideos) { /* videos: decoded here, into the sample's own vpixels */
     double t2 = mml_now();
     st = process_videos(pl, sc, rec, images + n, vrows, out, err);
     sc->vision_s += mml_now() - t2;

@@ -9,7 +9,10 @@
  * rounded back to integers as torchvision's resize of a uint8 video does), then
  * (x - m) / s with m = float(mean * 255), s = float(std * 255) as the torchvision backend
  * fuses rescale and normalise, scattered straight into the rows of the frame's temporal
- * patch.  Only one frame is alive at a time, whatever the frame count.
+ * patch in the pixel format (bfloat16: that value rounded; uint8: the integral values
+ * before normalising, which exist only when the processor keeps the size).  Only one
+ * frame is alive at a time, whatever the frame count.  The tail from the qwen-vl-utils
+ * size on (mml_video_frame_write) is shared with video files.
  *
  * Threads: the scratch belongs to one worker; the cfg is shared and immutable.
  */
@@ -25,9 +28,10 @@
 
 struct mml_video_scratch {
   mml_decoder *dec;
-  mml_bytes rgb;       /* the frame after fetch_image's resize, interleaved RGB8 */
-  float *a, *b;        /* float planes */
-  size_t a_cap, b_cap; /* in floats */
+  mml_bytes rgb;              /* the frame after fetch_image's resize, interleaved RGB8 */
+  float *a, *b;               /* float planes up to the qwen-vl-utils size */
+  float *d;                   /* float planes after the processor's resize */
+  size_t a_cap, b_cap, d_cap; /* in floats */
 };
 
 mml_status mml_video_scratch_new(mml_video_scratch **out) {
@@ -46,6 +50,7 @@ void mml_video_scratch_free(mml_video_scratch *s) {
   mml_bytes_free(&s->rgb);
   free(s->a);
   free(s->b);
+  free(s->d);
   free(s);
 }
 
@@ -102,6 +107,12 @@ static mml_status plan_finish(const mml_vision_cfg *cfg, mml_video_plan *p, mml_
           : mml_smart_resize(p->qvu_h, p->qvu_w, f, cfg->video_min_pixels, cfg->video_max_pixels,
                              MML_RESIZE_TRANSFORMERS, &p->dst_h, &p->dst_w, err);
   if (st) return st;
+  if (cfg->pixel_format == MML_PIXEL_UINT8 && (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h))
+    return mml_err_set(err, MML_EVIDEO,
+                       "pixel_format=uint8 cannot hold this video: the processor resizes its "
+                       "%dx%d frames to %dx%d, whose values are not bytes (use float32 or "
+                       "bfloat16, or video limits that keep the size)",
+                       p->qvu_w, p->qvu_h, p->dst_w, p->dst_h);
   p->grid_t = (int)((p->nframes + T - 1) / T);
   p->grid_h = p->dst_h / cfg->patch_size;
   p->grid_w = p->dst_w / cfg->patch_size;
@@ -163,11 +174,48 @@ mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v
   return MML_OK;
 }
 
-/* Normalises one frame (float planes, dst size) into its temporal slot of `out`. */
+/* float32 -> bfloat16, round to nearest even (the values are finite). */
+static uint16_t bf16_rne(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Scatters frame k (float planes, dst size) into its temporal slot of `out`, each value
+ * x written as VALUE(x, c) of type TYPE. */
+#define SCATTER(TYPE, VALUE)                                                      \
+  do {                                                                            \
+    TYPE *base = (TYPE *)out + (size_t)g * p->grid_h * p->grid_w * cols;          \
+    for (int bh = 0; bh < bh_n; bh++)                                             \
+      for (int bw = 0; bw < bw_n; bw++)                                           \
+        for (int mh = 0; mh < M; mh++)                                            \
+          for (int mw = 0; mw < M; mw++) {                                        \
+            size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;            \
+            TYPE *r = base + row * cols;                                          \
+            int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;                   \
+            for (int c = 0; c < 3; c++) {                                         \
+              TYPE *o = r + ((size_t)c * T + t) * P * P;                          \
+              const float *src = planes + c * plane;                              \
+              for (int py = 0; py < P; py++) {                                    \
+                const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;        \
+                for (int px = 0; px < P; px++) o[py * P + px] = VALUE(sr[px], c); \
+              }                                                                   \
+            }                                                                     \
+          }                                                                       \
+  } while (0)
+
+#define NORM(x, c) (((x)-m[c]) / s[c])
+#define NORM16(x, c) bf16_rne(NORM(x, c))
+#define BYTE(x, c) ((uint8_t)(x)) /* integral in [0, 255]: the plan refuses other uint8 videos */
+
+/* Normalises one frame (float planes, dst size) into its temporal slot of `out` in
+ * cfg->pixel_format: (x - m) / s in float32 (the torchvision backend's fused rescale and
+ * normalise, m = float32(mean) * 255, s = float32(std) * 255), that value rounded to
+ * bfloat16, or the integral value itself as a byte. */
 static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const float *planes,
-                    int64_t k, float *out) {
+                    int64_t k, void *out) {
   const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
-  const int cols = mml_vision_pixel_cols(cfg);
+  const size_t cols = (size_t)mml_vision_video_cols(cfg);
   const int64_t g = k / T, t = k % T;
   const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
   const size_t plane = (size_t)p->dst_w * p->dst_h;
@@ -176,41 +224,49 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
     m[c] = cfg->mean[c] * 255.0f;
     s[c] = cfg->std[c] * 255.0f;
   }
-  float *base = out + (size_t)g * p->grid_h * p->grid_w * cols;
-  for (int bh = 0; bh < bh_n; bh++)
-    for (int bw = 0; bw < bw_n; bw++)
-      for (int mh = 0; mh < M; mh++)
-        for (int mw = 0; mw < M; mw++) {
-          size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;
-          float *r = base + row * cols;
-          int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
-          for (int c = 0; c < 3; c++) {
-            float *o = r + ((size_t)c * T + t) * P * P;
-            const float *src = planes + c * plane;
-            for (int py = 0; py < P; py++) {
-              const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;
-              for (int px = 0; px < P; px++) o[py * P + px] = (sr[px] - m[c]) / s[c];
-            }
-          }
-        }
+  if (cfg->pixel_format == MML_PIXEL_UINT8)
+    SCATTER(uint8_t, BYTE);
+  else if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER(uint16_t, NORM16);
+  else
+    SCATTER(float, NORM);
+}
+#undef SCATTER
+#undef NORM
+#undef NORM16
+#undef BYTE
+
+mml_status mml_video_frame_write(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                 const mml_video_plan *p, const float *planes, int64_t k, void *out,
+                                 mml_err *err) {
+  if (k < 0 || k >= p->nframes)
+    return mml_err_set(err, MML_EINVAL, "video: frame %lld of %lld", (long long)k,
+                       (long long)p->nframes);
+  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
+    mml_status st = fit(&s->d, &s->d_cap, (size_t)3 * p->dst_w * p->dst_h, err);
+    if (!st)
+      st = mml_resize_aa_bicubic_f32(planes, 3, p->qvu_w, p->qvu_h, s->d, p->dst_w, p->dst_h, err);
+    if (st) return st;
+    planes = s->d;
+  }
+  scatter(cfg, p, planes, k, out);
+  return MML_OK;
 }
 
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
                                   mml_vision_scratch *vs, const mml_video_ref *v,
-                                  const mml_bytes *frames, const mml_video_plan *p, float *out,
+                                  const mml_bytes *frames, const mml_video_plan *p, void *out,
                                   mml_err *err) {
   const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
   mml_decoder_set_opts(s->dec, &opts);
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
-  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h,
-               dpx = (size_t)p->dst_w * p->dst_h;
+  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h;
   mml_status st;
   if (mml_bytes_reserve(&s->rgb, lpx * 3))
     return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->list_w,
                        p->list_h);
   size_t big = lpx > qpx ? lpx : qpx;
-  if ((st = fit(&s->a, &s->a_cap, 3 * (big > dpx ? big : dpx), err)) ||
-      (st = fit(&s->b, &s->b_cap, 3 * (big > dpx ? big : dpx), err)))
+  if ((st = fit(&s->a, &s->a_cap, 3 * big, err)) || (st = fit(&s->b, &s->b_cap, 3 * big, err)))
     return st;
   for (int64_t k = 0; k < p->nframes; k++) {
     int j = (int)(k < p->listed ? k : p->listed - 1);
@@ -240,12 +296,7 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
       a = b;
       b = x;
     }
-    if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
-      if ((st = mml_resize_aa_bicubic_f32(a, 3, p->qvu_w, p->qvu_h, b, p->dst_w, p->dst_h, err)))
-        return st;
-      a = b;
-    }
-    scatter(cfg, p, a, k, out);
+    if ((st = mml_video_frame_write(cfg, s, p, a, k, out, err))) return st;
   }
   return MML_OK;
 }
