@@ -1,5 +1,5 @@
-# Type stubs of the public mmloader package (the C classes are declared here; Python
-# modules are re-exported and typed by their own annotations).
+# Type stubs of the public mmloader package: the C classes are declared in _core.pyi,
+# the Python modules are re-exported and typed by their own annotations.
 from . import presets as presets
 from .template import encode_chat as encode_chat, render_chat as render_chat
 from .tokenizer import Tokenizer as Tokenizer
@@ -7,42 +7,15 @@ from .vision import ImageProcessor as ImageProcessor, smart_resize as smart_resi
 from .loader import Loader as Loader
 from .mixture import Source as Source
 
-from typing import Any, Optional, Tuple
+from ._core import (
+    ConfigError as ConfigError,
+    CudaError as CudaError,
+    Error as Error,
+    FetchError as FetchError,
+    OutOfMemoryError as OutOfMemoryError,
+    SampleError as SampleError,
+    StateError as StateError,
+    Tensor as Tensor,
+)
 
 __version__: str
-
-class Tensor:
-    """A batch tensor: zero-copy view of a pooled buffer (torch.from_dlpack(t) / t.numpy())."""
-    @property
-    def shape(self) -> Tuple[int, ...]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def ndim(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def data_ptr(self) -> int: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def is_pinned(self) -> bool: ...
-    def numpy(self) -> Any: ...
-    def __len__(self) -> int: ...
-    def __dlpack__(
-        self,
-        *,
-        stream: Optional[Any] = ...,
-        max_version: Optional[Tuple[int, int]] = ...,
-        dl_device: Optional[Tuple[int, int]] = ...,
-        copy: Optional[bool] = ...,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
-
-class Error(RuntimeError): ...
-class ConfigError(Error, ValueError): ...
-class StateError(Error, ValueError): ...
-class SampleError(Error): ...
-class FetchError(SampleError): ...
-class CudaError(Error): ...
-class OutOfMemoryError(Error, MemoryError): ...

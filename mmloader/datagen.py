@@ -123,9 +123,9 @@ def make_dataset(
     ``n_images`` distinct image files are shared by the records (default: n_samples // 2,
     at least 8).  Returns {"root", "shards", "images", "n_samples", "n_images"}.
     """
-    for f in formats:
-        if f not in FORMATS:
-            raise ValueError(f"unknown record format {f!r}; choose from {FORMATS}")
+    for fm in formats:
+        if fm not in FORMATS:
+            raise ValueError(f"unknown record format {fm!r}; choose from {FORMATS}")
     if n_samples < 1 or n_shards < 1:
         raise ValueError("n_samples and n_shards must be >= 1")
     rng = random.Random(seed)

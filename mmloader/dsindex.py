@@ -105,7 +105,7 @@ def build(
             data, index=False, micro_batch_size=1, shuffle=False, num_threads=1, **loader_kw
         )
     try:
-        shards: List[str] = _core.loader_shards(loader._c)
+        shards: List[str] = _core.loader_shards(loader._core())
         remote = [s for s in shards if s.startswith(("http://", "https://", "s3://"))]
         if remote and out is None:
             raise ConfigError(
@@ -135,7 +135,7 @@ def build(
                 def cb(done: int, n: int, i: int = i) -> None:
                     progress(i, len(shards), done, n)
 
-            s = _core.build_index(loader._c, i, dest, threads, cb)
+            s = _core.build_index(loader._core(), i, dest, threads, cb)
             if progress is not None:
                 progress(i, len(shards), s["samples"], s["samples"])
             s["index"] = dest
@@ -238,15 +238,14 @@ def main_args(a: Any) -> int:
 
     printed = set()
 
-    def bar(i: int, k: int, d: int, n: int) -> None:
+    def show(i: int, k: int, d: int, n: int) -> None:
         if tty:
             _bar(i, k, d, n, t0)
         elif d == n and i not in printed:  # not a terminal: one line per finished shard
             printed.add(i)
             print(f"[index] shard {i + 1}/{k}: {n} samples", file=sys.stderr)
 
-    if a.quiet:
-        bar = None  # type: ignore[assignment]
+    bar: Optional[Callable[[int, int, int, int], None]] = None if a.quiet else show
     try:
         s = build(data, out=a.out, threads=a.threads, progress=bar, **kw)
     except KeyboardInterrupt:

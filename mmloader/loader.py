@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from . import _core, mixture
 from ._core import ConfigError, StateError
@@ -58,7 +58,7 @@ def _is_remote(p: str) -> bool:
     return p.startswith(_REMOTE)
 
 
-def _expand_data(data: DataSpec) -> List[str]:
+def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
     """Paths, globs, folders (every data file inside) or URLs -> an ordered shard list."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if not items:
@@ -516,9 +516,10 @@ class Loader:
         # is; the table (csrc/core/options.c) checks types, bounds and names.
         given = locals()
         opts: Dict[str, Any] = {k: given[k] for k in _KEYWORDS}
-        self._c = None
+        self._c: Optional[_core._Loader] = None
         mix = mixture.resolve(data)
-        shards = _expand_data(data) if mix is None else []
+        # not a mixture: data is paths (resolve() returned None)
+        shards = _expand_data(cast("Sequence[PathLike]", data)) if mix is None else []
         if mix is not None:
             mixture.check_names(mix[0])
             if samples_per_epoch is None:
@@ -660,19 +661,22 @@ class Loader:
     def _next_pinned(self) -> Dict[str, "_core.Tensor"]:
         # pin_memory: guard the batch also on torch's current stream (a trainer copying
         # with .cuda(non_blocking=True) inside `with torch.cuda.stream(s)`).
+        c = self._core()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             cur = torch.cuda.current_stream()
             s = (cur.device.index or 0, cur.cuda_stream)
             if s != self._stream:
-                self._c.set_consumer_stream(*s)
+                c.set_consumer_stream(*s)
                 self._stream = s
-        return self._c.next()
+        return c.next()
 
     def __len__(self) -> int:
         """Batches per epoch (padded mode; packed batch counts depend on the data)."""
         if self._plan:  # the global plan knows every epoch's steps
-            return self._c.plan_info(self.epoch)["steps"]
+            plan = self._core().plan_info(self.epoch)
+            assert plan is not None  # self._plan: every epoch has one
+            return plan["steps"]
         if self._packing:
             raise TypeError(
                 "len() is undefined with packing=True (packs per epoch depend on sample lengths)"
@@ -682,8 +686,9 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch `epoch` from its beginning (drops prefetched batches if needed)."""
         _check_int("epoch", epoch, 0)
-        if tuple(self._core().cursor()) != (epoch, 0, 0):
-            self._c.seek(epoch, 0, 0)
+        c = self._core()
+        if tuple(c.cursor()) != (epoch, 0, 0):
+            c.seek(epoch, 0, 0)
 
     @property
     def epoch(self) -> int:
@@ -706,7 +711,9 @@ class Loader:
             "fingerprint": dict(self._fingerprint),
         }
         if self._plan:  # the global sample count, the same on every rank
-            state["plan_start"], state["plan_pos"] = self._c.plan_position()
+            q = self._core().plan_position()
+            assert q is not None  # self._plan
+            state["plan_start"], state["plan_pos"] = q
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -751,7 +758,7 @@ class Loader:
                     f"{k} (saved {fp.get(k)!r}, loader {self._fingerprint.get(k)!r})" for k in diffs
                 )
             )
-        cur = []
+        parts: List[int] = []
         for k in ("epoch", "pos", "batch_in_epoch"):
             if k not in state:
                 raise StateError(f"state has no field {k!r}")
@@ -762,8 +769,8 @@ class Loader:
                 )
             if not -(2**63) <= v < 2**63:
                 raise StateError(f"state field {k}={v} is outside the 64-bit range")
-            cur.append(v)
-        cur = tuple(cur)  # ranges and consistency are checked by the engine's seek
+            parts.append(v)
+        cur = (parts[0], parts[1], parts[2])  # ranges and consistency: the engine's seek
         if self._plan:
             return self._load_plan_state(state, fp, cur, mixed)
         if mixed:
@@ -805,9 +812,9 @@ class Loader:
             q.append(v)
         same = all(fp.get(k) == self._fingerprint.get(k) for k in _ELASTIC_KEYS)
         if same:
-            self._c.seek_plan(*cur, q[0])
+            self._core().seek_plan(*cur, q[0])
         else:  # elastic: this epoch's plan starts at the saved global count
-            self._c.seek_plan(cur[0], 0, 0, q[1])
+            self._core().seek_plan(cur[0], 0, 0, q[1])
 
     def _remap_cursor(self, cur: Tuple[int, int, int], fp: Dict[str, Any]) -> Tuple[int, int, int]:
         """The same count of this rank's stream positions under the current epoch size
@@ -974,13 +981,13 @@ class Loader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _core(self):
+    def _core(self) -> _core._Loader:
         if self._c is None or self._c.closed:
             raise _core.Error("the loader is closed")
         return self._c
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"cursor={tuple(self._c.cursor())}"
+        state = "closed" if self.closed else f"cursor={tuple(self._core().cursor())}"
         return (
             f"mmloader.Loader(samples={self.num_samples}, "
             f"per_rank={self.samples_per_rank}, {state})"

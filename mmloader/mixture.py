@@ -85,20 +85,21 @@ class Source:
         name: Optional[str] = None,
         **overrides: Any,
     ) -> None:
+        paths: Union[str, List[str]]
         if isinstance(data, (str, os.PathLike)):
-            data = os.fspath(data)
+            paths = os.fspath(data)
         elif (
             isinstance(data, (list, tuple))
             and data
             and all(isinstance(x, (str, os.PathLike)) for x in data)
         ):
-            data = [os.fspath(x) for x in data]
+            paths = [os.fspath(x) for x in data]
         else:
             raise ConfigError(
                 f"source {name!r}: data must be a path, glob, folder or URL, or "
                 f"a non-empty list of them, got {data!r}"
             )
-        label = name if name is not None else (data if isinstance(data, str) else ",".join(data))
+        label = name if name is not None else (paths if isinstance(paths, str) else ",".join(paths))
         if not isinstance(label, str) or not label:
             raise ConfigError(f"source name must be a non-empty string, got {name!r}")
         for k in overrides:
@@ -122,7 +123,7 @@ class Source:
             _number(label, "repeat", repeat)
         if choose is not None:
             _number(label, "choose", choose, integer=True)
-        self.data = data
+        self.data = paths
         self.name = label
         self.weight = weight
         self.repeat = repeat

@@ -23,7 +23,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
+
+if TYPE_CHECKING:
+    from types import EllipsisType
 
 # Worker stages: stats() reports read_s, vision_s (decode + resize/normalise/patchify),
 # decode_s (the decoder's part of vision_s, when the engine reports it) and tokenize_s.
@@ -97,8 +100,11 @@ def _progress(out: Optional[TextIO], done: int, total: int, t: float, samples: i
 
 
 def run(
-    loader: Any, batches: int, step_s: float = 0.0, progress: Optional[TextIO] = ...
-) -> Profile:  # type: ignore[assignment]
+    loader: Any,
+    batches: int,
+    step_s: float = 0.0,
+    progress: Union[TextIO, None, EllipsisType] = ...,
+) -> Profile:
     """Takes `batches` batches from `loader` (across epochs), sleeping `step_s` after each
     (a trainer step), and records stats() after every batch.  Progress goes to
     `progress` (default: sys.stderr at the time of the call; None: none)."""

@@ -34,7 +34,7 @@ import collections
 import time
 import warnings
 import weakref
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Counter, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class _Producer:
         self._error: Optional[BaseException] = None
         try:  # a bad configuration is raised by info(), so the trainer sees the Error itself
             self._loader = Loader(data, **kwargs)
-            self._c = self._loader._c
+            self._c = self._loader._core()
         except Exception as e:  # noqa: BLE001
             self._error = e
         self._batches = 0
@@ -104,7 +104,7 @@ class _Producer:
     def check_state(self, state: Dict[str, Any]) -> Cursor:
         """Validates a state_dict exactly as Loader.load_state_dict does; its cursor."""
         self._loader.load_state_dict(state)
-        return tuple(self._c.cursor())
+        return self._c.cursor()
 
     def produce(
         self, start: Cursor, ahead: int
@@ -167,7 +167,7 @@ class _Producer:
                     continue
                 except Exception:  # noqa: BLE001
                     break
-                out.append(tuple(c.cursor()))
+                out.append(c.cursor())
         return out
 
     def stats(self) -> Dict[str, Any]:
@@ -309,6 +309,7 @@ class Loader:
         opts: Dict[str, Any] = dict(
             num_cpus=cpus, resources=res or None, max_restarts=max_restarts, max_task_retries=0
         )
+        strategies: List[Union[NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy]]
         if placement == "node-local":
             strategies = [NodeAffinitySchedulingStrategy(self._node, soft=False)] * producers
         else:
@@ -369,8 +370,10 @@ class Loader:
         self._samples = self._skipped = 0
         self._t_first: Optional[float] = None
         self._wait_s = 0.0
-        self._n = collections.Counter()  # batches, bytes, copied, transferred, replans, lost
-        self._per_producer = [collections.Counter() for _ in self._actors]
+        self._n: Counter[str] = (
+            collections.Counter()
+        )  # batches, bytes, copied, transferred, replans, lost
+        self._per_producer: List[Counter[str]] = [collections.Counter() for _ in self._actors]
         # the planner's chain: start cursor -> cursor after that batch
         self._planned: Dict[Cursor, Cursor] = {}
         self._plan_tail: Optional[Cursor] = (0, 0, 0) if self._planner else None
@@ -671,7 +674,8 @@ class Loader:
         wall = time.perf_counter() - self._t_first if self._t_first else 0.0
         n = max(1, self._n["batches"])
         remote = ray.get([a.stats.remote() for a in self._actors])
-        prods, nodes = [], {}
+        prods: List[Dict[str, Any]] = []
+        nodes: Dict[str, Dict[str, Any]] = {}
         for i, (pp, rs) in enumerate(zip(self._per_producer, remote)):
             prods.append(
                 {

@@ -65,7 +65,7 @@ class Tokenizer(_core.Tokenizer):
         return cls(TINY_TOKENIZER_PATH)
 
     def encode_batch(
-        self, texts: Iterable[str], num_threads: Optional[int] = None
+        self, texts: Iterable[Union[str, bytes]], num_threads: Optional[int] = None
     ) -> List[List[int]]:
         """``encode`` of every text, in parallel C threads with the GIL released.
 

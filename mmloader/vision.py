@@ -152,7 +152,7 @@ class ImageProcessor:
             images = [images]
         items: List[tuple] = [_item(x, i) for i, x in enumerate(images)]
         buf, rows, cols, grids = self._proc.process(items)
-        pixel_values = np.frombuffer(buf, dtype=self._dtype).reshape(rows, cols)
+        pixel_values = np.frombuffer(memoryview(buf), dtype=self._dtype).reshape(rows, cols)
         grid = np.array(grids, dtype=np.int64).reshape(len(grids), 3)
         return {"pixel_values": pixel_values, "image_grid_thw": grid}
 

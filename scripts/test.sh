@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs what it needs, builds, runs the pytest suite (which includes
-# the C core's own tests built plain, under ASan+UBSan and under TSan), then runs the
-# engine-facing Python suites again against an ASan+UBSan build of the extension.
+# The test command: installs what it needs, builds, checks the formatting (scripts/format.sh
+# --check) and the package's types (mypy, pyproject [tool.mypy]), runs the pytest suite
+# (which includes the C core's own tests built plain, under ASan+UBSan and under TSan),
+# then runs the engine-facing Python suites again against an ASan+UBSan build.
 # Arguments are passed to the first pytest run.  A failing test run does not stop the
 # next one: every step runs, a summary names each step's result, and the exit status is
 # non-zero when any failed (installing or building failing stops at once).
@@ -21,6 +22,8 @@ step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"
   if [ $rc -eq 0 ]; then summary+=("ok      $name ($((SECONDS - t0))s)")
   else summary+=("FAILED  $name (exit $rc, $((SECONDS - t0))s)"); status=1; fi
 }
+step "formatting (scripts/format.sh --check)" bash scripts/format.sh --check
+step "types (mypy)" "$PY" -m mypy
 step "pytest (${PY})" "$PY" -m pytest -q -m "not slow and not gpu" "$@"
 step "pytest under ASan+UBSan" bash scripts/test-asan.sh
 step "fuzz smoke (libFuzzer, ASan+UBSan)" bash scripts/fuzz.sh --smoke

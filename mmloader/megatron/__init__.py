@@ -88,7 +88,7 @@ __all__ = [
 def _megatron_args() -> Any:
     """Megatron-LM's global args, or None (megatron-core alone, or not initialised)."""
     try:
-        from megatron.training import get_args  # type: ignore
+        from megatron.training import get_args
     except ImportError:
         return None
     try:
@@ -99,7 +99,7 @@ def _megatron_args() -> Any:
 
 def _parallel_state() -> Any:
     try:
-        from megatron.core import parallel_state  # type: ignore
+        from megatron.core import parallel_state
     except ImportError:
         return None
     try:
@@ -254,7 +254,7 @@ def pretrain(
     ``extra_args_provider``; ``args_defaults`` defaults ``dataloader_type`` to
     ``"external"``; ``kwargs`` go to ``pretrain`` as they are.
     """
-    from megatron.training import pretrain as megatron_pretrain  # type: ignore
+    from megatron.training import pretrain as megatron_pretrain
 
     return _call_pretrain(
         megatron_pretrain,
@@ -296,8 +296,8 @@ def _call_pretrain(
             args_defaults=defaults,
             **kwargs,
         )
-    from megatron.training.argument_utils import pretrain_cfg_container_from_args  # type: ignore
-    from megatron.training.arguments import parse_and_validate_args  # type: ignore
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args(extra_args_provider=extra, args_defaults=defaults)
     cfg = pretrain_cfg_container_from_args(args, model_config)
@@ -466,7 +466,7 @@ def packed_seq_params(batch: Dict[str, torch.Tensor]) -> Any:
     the row) to ``cu_seqlens_q/kv_padded`` and ``max_seqlen`` to ``max_seqlen_q/kv``.  A
     ``keys="qwen"`` batch (``cu_seqlens`` slots, ``cu_seqlens_unpadded`` real) maps the same.
     """
-    from megatron.core.packed_seq_params import PackedSeqParams  # type: ignore
+    from megatron.core.packed_seq_params import PackedSeqParams
 
     if "cu_seqlens_padded" in batch:
         real = batch["cu_seqlens"].reshape(-1)
@@ -559,21 +559,21 @@ def _broadcast(
     import torch.distributed as dist
 
     src = dist.get_process_group_ranks(group)[0]
-    is_src = batch is not None
-    if is_src:
+    if batch is not None:  # the source
         batch = _to_device(batch, device)
-    holder = [[(k, str(v.dtype)) for k, v in batch.items()] if is_src else None]
+    holder = [[(k, str(v.dtype)) for k, v in batch.items()] if batch is not None else None]
     dist.broadcast_object_list(holder, src=src, group=group)
     spec = holder[0]
+    assert spec is not None  # every rank has the source's list now
     by_dtype: Dict[str, List[str]] = {}
     for k, dt in spec:
         by_dtype.setdefault(dt, []).append(k)
     out: Dict[str, torch.Tensor] = {}
     for dt, names in by_dtype.items():
         wire = torch.uint8 if dt == "torch.bool" else _DTYPES[dt]  # no bool collectives
-        data = {k: batch[k].to(wire) for k in names} if is_src else None
+        data = {k: batch[k].to(wire) for k in names} if batch is not None else None
         if device.type == "cuda":
-            from megatron.core import tensor_parallel  # type: ignore
+            from megatron.core import tensor_parallel
 
             got = tensor_parallel.broadcast_data(names, data, wire, tp_group=group)
         else:
@@ -645,7 +645,7 @@ def get_batch(
     if tp_group is None and ps is not None:
         tp_group = ps.get_tensor_model_parallel_group()
     distributed = tp_group is not None and torch.distributed.get_world_size(tp_group) > 1
-    batch = None
+    batch: Optional[Dict[str, torch.Tensor]] = None
     if not distributed or torch.distributed.get_rank(tp_group) == 0:
         if data_iterator is None:
             raise ValueError(
@@ -655,7 +655,11 @@ def get_batch(
         batch = next(data_iterator)
         if middle:
             batch = {k: v for k, v in batch.items() if k in _PACKED_KEYS}
-    batch = _broadcast(batch, tp_group, device) if distributed else _to_device(batch, device)
+    if distributed:
+        batch = _broadcast(batch, tp_group, device)
+    else:
+        assert batch is not None  # not distributed: this rank read it
+        batch = _to_device(batch, device)
     out: Dict[str, Any] = dict(batch)
     for k in _MODEL_KEYS:
         out.setdefault(k, None)

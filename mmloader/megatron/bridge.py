@@ -52,8 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider  # type: ignore
-from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs  # type: ignore
+from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
 from ..torch import Loader
 from . import default_device
@@ -233,7 +233,7 @@ class MMLoaderDataset(DatasetProvider):
 
 def _bridge_micro_batch_size() -> Optional[int]:
     try:
-        from megatron.core.num_microbatches_calculator import get_micro_batch_size  # type: ignore
+        from megatron.core.num_microbatches_calculator import get_micro_batch_size
 
         return int(get_micro_batch_size())
     except (AssertionError, AttributeError, TypeError, ImportError):

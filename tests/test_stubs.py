@@ -1,0 +1,58 @@
+"""mmloader/_core.pyi declares exactly what the C extension exports: every module-level
+name, and every public method/attribute of each class (a name added in csrc/py without a
+stub line, or a stub line for a name that is gone, fails here).  Whether the package type
+checks against the stub is scripts/test.sh's mypy step."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+from mmloader import _core
+
+STUB = os.path.join(os.path.dirname(_core.__file__), "_core.pyi")
+# what every extension type or module has without csrc/py declaring it
+IMPLICIT = {"__init__", "__new__", "__repr__", "__doc__", "__module__", "__weakref__"}
+
+
+def _stub():
+    """(module-level names, {class name: member names}) declared in the stub; imports are
+    and type aliases are the stub's own tools, not names of _core."""
+    with open(STUB) as f:
+        tree = ast.parse(f.read(), STUB)
+    names, classes = set(), {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if ast.unparse(node.annotation) != "TypeAlias":  # the stub's own shorthand
+                names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = {
+                n.name for n in node.body if isinstance(n, ast.FunctionDef)
+            } - IMPLICIT
+    return names, classes
+
+
+def _module_names():
+    return {n for n in dir(_core) if not (n.startswith("__") and n.endswith("__"))}
+
+
+def test_stub_declares_every_name_of_the_module_and_no_other():
+    declared, _ = _stub()
+    real = _module_names()
+    assert real, "the extension exports nothing?"
+    assert real - declared == set(), "exported by _core but not in _core.pyi"
+    assert declared - real == set(), "in _core.pyi but not exported by _core"
+
+
+@pytest.mark.parametrize("cls", sorted(n for n in _stub()[1]))
+def test_stub_declares_every_member_of_each_class(cls):
+    declared = _stub()[1][cls]
+    members = set(vars(getattr(_core, cls))) - IMPLICIT
+    assert members - declared == set(), f"members of _core.{cls} missing in _core.pyi"
+    assert declared - members == set(), f"_core.pyi declares members _core.{cls} lacks"
