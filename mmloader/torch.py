@@ -158,13 +158,13 @@ def expand_pixels(
     elif cols == 3 * T * P * P:
         frames = T
     else:
-        want = (
+        sizes = (
             f"are not 3*T*P*P = {3 * T * P * P} (video rows keep their T frames)"
             if videos
             else f"are neither 3*P*P = {3 * P * P} nor 3*T*P*P = {3 * T * P * P}"
         )
         raise ValueError(
-            f"expand_pixels: rows of {cols} bytes {want} (patch_size {P}, temporal_patch_size {T})"
+            f"expand_pixels: rows of {cols} bytes {sizes} (patch_size {P}, temporal_patch_size {T})"
         )
     if image_grid_thw is not None and image_grid_thw.device.type == "cpu":
         g = image_grid_thw.reshape(-1, 3).to(torch.int64)
