@@ -206,6 +206,9 @@ static uint16_t bf16_rne(float f) {
 
 #define NORM(x, c) (((x)-m[c]) / s[c])
 #define NORM16(x, c) bf16_rne(NORM(x, c))
+/* integral values in [0, 255] (no processor resize): the same quotients from a table */
+#define LUT32(x, c) lut[c][(int)(x)]
+#define LUT16(x, c) lut16[c][(int)(x)]
 #define BYTE(x, c) ((uint8_t)(x)) /* integral in [0, 255]: the plan refuses other uint8 videos */
 
 /* Normalises one frame (float planes, dst size) into its temporal slot of `out` in
@@ -224,16 +227,34 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
     m[c] = cfg->mean[c] * 255.0f;
     s[c] = cfg->std[c] * 255.0f;
   }
-  if (cfg->pixel_format == MML_PIXEL_UINT8)
+  if (cfg->pixel_format == MML_PIXEL_UINT8) {
     SCATTER(uint8_t, BYTE);
-  else if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
-    SCATTER(uint16_t, NORM16);
+    return;
+  }
+  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* resized: values between the bytes */
+    if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+      SCATTER(uint16_t, NORM16);
+    else
+      SCATTER(float, NORM);
+    return;
+  }
+  float lut[3][256];
+  uint16_t lut16[3][256];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) {
+      lut[c][v] = NORM((float)v, c);
+      lut16[c][v] = bf16_rne(lut[c][v]);
+    }
+  if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER(uint16_t, LUT16);
   else
-    SCATTER(float, NORM);
+    SCATTER(float, LUT32);
 }
 #undef SCATTER
 #undef NORM
 #undef NORM16
+#undef LUT32
+#undef LUT16
 #undef BYTE
 
 mml_status mml_video_frame_write(const mml_vision_cfg *cfg, mml_video_scratch *s,
@@ -291,7 +312,10 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
     if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
       if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
         return st;
-      for (size_t i = 0; i < 3 * qpx; i++) b[i] = nearbyintf(fminf(fmaxf(b[i], 0.0f), 255.0f));
+      for (size_t i = 0; i < 3 * qpx; i++) { /* clamp (no NaN here), round half to even */
+        float v = b[i] < 0.0f ? 0.0f : b[i] > 255.0f ? 255.0f : b[i];
+        b[i] = nearbyintf(v);
+      }
       float *x = a;
       a = b;
       b = x;
