@@ -184,7 +184,8 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
   }
   const size_t vrow_bytes =
       (size_t)video_cols(&c->cfg) * mml_dtype_size(mml_pixel_format_dtype(c->cfg.pixel_format));
-  if (vrows != s->vpixel_rows || s->vpixels.len != (size_t)s->vpixel_rows * vrow_bytes)
+  if (vrows != s->vpixel_rows ||
+      (!s->vpixels_pending && s->vpixels.len != (size_t)s->vpixel_rows * vrow_bytes))
     return mml_err_set(
         err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
         (long long)s->index, (long long)vrows, (long long)s->vpixel_rows, s->vpixels.len);
@@ -254,6 +255,9 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
    * buffer later. */
   mml_status st = mml_collator_check(c, s, err);
   if (st) return st;
+  if (s->vpixels_pending)
+    return mml_err_set(err, MML_EINVAL, "collator: sample %lld: its videos are not decoded",
+                       (long long)s->index);
   if (!mml_collator_fits(c, s))
     return mml_err_set(err, MML_EINVAL, "collator: sample %lld does not fit; emit first",
                        (long long)s->index);

@@ -13,8 +13,8 @@
 
 /* _mrope_positions(ids, grids, spatial_merge, image_pad_id) -> (bytes, rope_delta)
  * ids: sequence of ints; grids: sequence of (t, h, w).  The bytes hold int64 [3, len(ids)]. */
-static PyObject *py_mrope_positions(PyObject *self, PyObject *args) {
-  (void)self;
+static PyObject *py_mrope_positions(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   PyObject *ids_obj, *grids_obj;
   int merge, image_pad;
   if (!PyArg_ParseTuple(args, "OOii", &ids_obj, &grids_obj, &merge, &image_pad)) return NULL;
@@ -65,7 +65,7 @@ static PyObject *py_mrope_positions(PyObject *self, PyObject *args) {
                            (int64_t *)PyBytes_AS_STRING(buf), n, &delta, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     goto done;
   }
   ret = Py_BuildValue("(OL)", buf, (long long)delta);
@@ -89,7 +89,8 @@ static int dict_int(PyObject *d, const char *key, long long *out) {
   return 0;
 }
 
-static int dict_choice(PyObject *d, const char *key, const char *const *names, int n, int *out) {
+static int dict_choice(mml_py_state *ms, PyObject *d, const char *key, const char *const *names,
+                       int n, int *out) {
   PyObject *v = PyDict_GetItemString(d, key);
   if (!v) return 0;
   const char *s = PyUnicode_AsUTF8(v);
@@ -99,13 +100,13 @@ static int dict_choice(PyObject *d, const char *key, const char *const *names, i
       *out = i;
       return 0;
     }
-  PyErr_Format(mml_py_ConfigError, "%s: unknown value %R", key, v);
+  PyErr_Format(ms->ConfigError, "%s: unknown value %R", key, v);
   return -1;
 }
 
 /* Fills cfg from a dict with the mml_collate_cfg field names; keys and text_only_vision are
  * strings ("qwen" | "megatron", "placeholder" | "omit" | "empty"). */
-static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
+static int cfg_from_dict(mml_py_state *ms, PyObject *d, mml_collate_cfg *cfg) {
   static const char *const keys[] = {"qwen", "megatron"};
   static const char *const tov[] = {"placeholder", "omit", "empty"};
   struct {
@@ -150,7 +151,7 @@ static int cfg_from_dict(PyObject *d, mml_collate_cfg *cfg) {
   cfg->second_per_grid = (int)f[15].v;
   cfg->split_video_frames = (int)f[16].v;
   int k = 0, t = 0;
-  if (dict_choice(d, "keys", keys, 2, &k) || dict_choice(d, "text_only_vision", tov, 3, &t))
+  if (dict_choice(ms, d, "keys", keys, 2, &k) || dict_choice(ms, d, "text_only_vision", tov, 3, &t))
     return -1;
   cfg->keys = (mml_key_style)k;
   cfg->text_only_vision = t;
@@ -223,7 +224,7 @@ static int sample_from_dict(PyObject *d, int64_t index, mml_sample *s) {
 }
 
 /* Emits c's batch and appends (dict of Tensors, stats dict) to out. */
-static int emit_into(mml_collator *c, PyObject *out) {
+static int emit_into(mml_py_state *ms, mml_collator *c, PyObject *out) {
   mml_batch b;
   mml_err err = {0};
   mml_status st;
@@ -231,38 +232,32 @@ static int emit_into(mml_collator *c, PyObject *out) {
   st = mml_collator_emit(c, &b, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
-  PyObject *d = PyDict_New();
-  int rc = d ? 0 : -1;
-  for (int i = 0; i < b.ntensors && !rc; i++) {
-    PyObject *t = mml_py_tensor_from_slot(&b.tensors[i]);
-    rc = !t || PyDict_SetItemString(d, b.tensors[i].name, t);
-    Py_XDECREF(t);
-  }
-  PyObject *stats =
-      rc ? NULL
-         : Py_BuildValue("{s:i,s:L,s:L}", "nsamples", b.nsamples, "real_tokens",
-                         (long long)b.real_tokens, "token_slots", (long long)b.token_slots);
+  int nsamples = b.nsamples;
+  long long real = (long long)b.real_tokens, slots = (long long)b.token_slots;
+  PyObject *d = mml_py_batch_dict(ms, &b); /* clears b */
+  PyObject *stats = d ? Py_BuildValue("{s:i,s:L,s:L}", "nsamples", nsamples, "real_tokens", real,
+                                      "token_slots", slots)
+                      : NULL;
   PyObject *pair = stats ? PyTuple_Pack(2, d, stats) : NULL;
-  rc = !pair || PyList_Append(out, pair);
+  int rc = !pair || PyList_Append(out, pair);
   Py_XDECREF(pair);
   Py_XDECREF(stats);
   Py_XDECREF(d);
-  mml_batch_clear(&b);
   return rc ? -1 : 0;
 }
 
 /* _collate(samples, cfg) -> [(dict name -> Tensor, {"nsamples", "real_tokens",
  * "token_slots"}), ...]: the engine's collation loop over the given samples, the last
  * partial batch flushed. */
-static PyObject *py_collate(PyObject *self, PyObject *args) {
-  (void)self;
+static PyObject *py_collate(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   PyObject *samples, *cfgd;
   if (!PyArg_ParseTuple(args, "OO!", &samples, &PyDict_Type, &cfgd)) return NULL;
   mml_collate_cfg cfg;
-  if (cfg_from_dict(cfgd, &cfg)) return NULL;
+  if (cfg_from_dict(ms, cfgd, &cfg)) return NULL;
   PyObject *seq = PySequence_Fast(samples, "samples must be a sequence of dicts");
   if (!seq) return NULL;
   mml_err err = {0};
@@ -273,7 +268,7 @@ static PyObject *py_collate(PyObject *self, PyObject *args) {
   mml_status st = mml_pool_new(NULL, 0, &pool, &err);
   if (!st) st = mml_collator_new(&cfg, pool, &c, &err);
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     goto done;
   }
   out = PyList_New(0);
@@ -285,15 +280,15 @@ static PyObject *py_collate(PyObject *self, PyObject *args) {
       goto fail;
     }
     if (sample_from_dict(d, i, &s)) goto fail;
-    if (!mml_collator_fits(c, &s) && emit_into(c, out)) goto fail;
+    if (!mml_collator_fits(c, &s) && emit_into(ms, c, out)) goto fail;
     st = mml_collator_add(c, &s, &err);
     if (st) {
-      mml_py_raise(st, &err);
+      mml_py_raise(ms, st, &err);
       goto fail;
     }
-    if (mml_collator_full(c) && emit_into(c, out)) goto fail;
+    if (mml_collator_full(c) && emit_into(ms, c, out)) goto fail;
   }
-  if (mml_collator_count(c) > 0 && emit_into(c, out)) goto fail;
+  if (mml_collator_count(c) > 0 && emit_into(ms, c, out)) goto fail;
   goto done;
 fail:
   Py_CLEAR(out);
@@ -305,7 +300,7 @@ done:
   return out;
 }
 
-static PyMethodDef k_methods[] = {
+static PyMethodDef collate_functions[] = {
     {"_collate", py_collate, METH_VARARGS,
      "_collate(samples, cfg) -> [(dict of Tensor, stats)]: collate the given samples "
      "(dicts of input_ids, labels, optional grids and float32 pixel_values) in order with "
@@ -316,4 +311,4 @@ static PyMethodDef k_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int mml_py_collate_register(PyObject *m) { return PyModule_AddFunctions(m, k_methods); }
+int mml_py_collate_exec(PyObject *m) { return PyModule_AddFunctions(m, collate_functions); }

@@ -3,20 +3,25 @@
  * `python -m mmloader index`: build_index(loader, shard, out, threads, progress) runs
  * the C build with the GIL released (progress is called with it held, about every
  * 0.2 s; an exception from it, e.g. KeyboardInterrupt, stops the build, resumably);
- * read_index(path) parses a sidecar with every check the loader makes.
+ * read_index(path) parses a sidecar with every check the loader makes; index_path(shard,
+ * out) is where a shard's index file is (mml_dsx_sidecar_path: the one naming rule).
  */
 #include "binding.h"
 #include "mml/dsindex.h"
 #include "mml/loader.h"
 
+/* The build calls its callback on the thread that started it (dsindex_build.c DESIGN),
+ * which released the GIL: the callback takes that thread's own state back (not
+ * PyGILState, which knows only the main interpreter). */
 typedef struct progress_ctx {
   PyObject *fn;
-  int failed; /* fn raised: the exception is pending */
+  PyThreadState *ts; /* the caller's, saved while the build runs */
+  int failed;        /* fn raised: the exception is pending */
 } progress_ctx;
 
 static int on_progress(void *ctx, int64_t done, int64_t total) {
   progress_ctx *p = ctx;
-  PyGILState_STATE g = PyGILState_Ensure();
+  PyEval_RestoreThread(p->ts);
   int stop = 0;
   if (PyErr_CheckSignals() < 0) {
     stop = p->failed = 1;
@@ -25,7 +30,7 @@ static int on_progress(void *ctx, int64_t done, int64_t total) {
     if (!r) stop = p->failed = 1;
     Py_XDECREF(r);
   }
-  PyGILState_Release(g);
+  p->ts = PyEval_SaveThread();
   return stop;
 }
 
@@ -76,8 +81,8 @@ done:
   return d;
 }
 
-static PyObject *py_build_index(PyObject *self, PyObject *args, PyObject *kw) {
-  (void)self;
+static PyObject *py_build_index(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"loader", "shard", "out", "threads", "progress", NULL};
   PyObject *lo, *progress = Py_None;
   int shard, threads = 1;
@@ -85,24 +90,24 @@ static PyObject *py_build_index(PyObject *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "Ois|iO", kwlist, &lo, &shard, &out, &threads,
                                    &progress))
     return NULL;
-  mml_loader *L = mml_py_loader_get(lo);
+  mml_loader *L = mml_py_loader_get(ms, lo);
   if (!L) return NULL;
   mml_index_summary *sum = PyMem_Calloc(1, sizeof *sum);
   if (!sum) return PyErr_NoMemory();
-  progress_ctx ctx = {progress, 0};
+  progress_ctx ctx = {progress, NULL, 0};
   mml_err err;
   mml_err_clear(&err);
   mml_status st;
   Py_INCREF(lo); /* the loader must outlive the build */
-  Py_BEGIN_ALLOW_THREADS
+  ctx.ts = PyEval_SaveThread();
   st = mml_loader_build_index(L, shard, out, threads, on_progress, &ctx, sum, &err);
-  Py_END_ALLOW_THREADS
+  PyEval_RestoreThread(ctx.ts);
   Py_DECREF(lo);
   PyObject *r = NULL;
   if (ctx.failed) {
     /* the callback's exception (e.g. KeyboardInterrupt) is pending */
   } else if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
   } else {
     r = summary_dict(sum);
   }
@@ -110,9 +115,9 @@ static PyObject *py_build_index(PyObject *self, PyObject *args, PyObject *kw) {
   return r;
 }
 
-static PyObject *py_shard_paths(PyObject *self, PyObject *lo) {
-  (void)self;
-  mml_loader *L = mml_py_loader_get(lo);
+static PyObject *py_loader_shards(PyObject *mod, PyObject *lo) {
+  mml_py_state *ms = mml_py_state_of(mod);
+  mml_loader *L = mml_py_loader_get(ms, lo);
   if (!L) return NULL;
   int n = mml_loader_num_shards(L);
   PyObject *l = PyList_New(n);
@@ -127,8 +132,8 @@ static PyObject *py_shard_paths(PyObject *self, PyObject *lo) {
   return l;
 }
 
-static PyObject *py_read_index(PyObject *self, PyObject *args) {
-  (void)self;
+static PyObject *py_read_index(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *path;
   if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
   mml_bytes b = {0};
@@ -140,7 +145,7 @@ static PyObject *py_read_index(PyObject *self, PyObject *args) {
   if (!st) st = mml_dsx_parse(b.data, b.len, path, &x, &err);
   Py_END_ALLOW_THREADS
   mml_bytes_free(&b);
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(ms, st, &err);
   PyObject *tt = PyList_New(x.n), *st_l = PyList_New(x.n), *imgs = PyList_New(x.n);
   for (int64_t i = 0; tt && st_l && imgs && i < x.n; i++) {
     PyList_SET_ITEM(tt, i, PyLong_FromUnsignedLong(x.samples[i].text_tokens));
@@ -173,13 +178,27 @@ static PyObject *py_read_index(PyObject *self, PyObject *args) {
   return r;
 }
 
-static PyMethodDef methods[] = {
+static PyObject *py_index_path(PyObject *self, PyObject *args) {
+  (void)self;
+  const char *shard, *out = NULL;
+  if (!PyArg_ParseTuple(args, "s|z", &shard, &out)) return NULL;
+  mml_bytes b = {0};
+  if (mml_dsx_sidecar_path(shard, out, &b)) return PyErr_NoMemory();
+  PyObject *r = PyUnicode_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
+  mml_bytes_free(&b);
+  return r;
+}
+
+static PyMethodDef dsindex_functions[] = {
     {"build_index", (PyCFunction)(void (*)(void))py_build_index, METH_VARARGS | METH_KEYWORDS,
      "build_index(loader, shard, out, threads=1, progress=None) -> summary dict: the dataset "
      "index of the loader's shard number `shard`, written to `out` (resumable)."},
-    {"loader_shards", py_shard_paths, METH_O, "loader_shards(loader): the loader's shard paths."},
+    {"loader_shards", py_loader_shards, METH_O, "loader_shards(loader): the loader's shard paths."},
+    {"index_path", py_index_path, METH_VARARGS,
+     "index_path(shard, out=None) -> str: where the index file of `shard` is: next to it, "
+     "or in folder/URL prefix `out` under a name keyed by a hash of the shard path."},
     {"read_index", py_read_index, METH_VARARGS,
      "read_index(path) -> dict: a dataset index file, checked as the loader checks it."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_dsindex_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }
+int mml_py_dsindex_exec(PyObject *m) { return PyModule_AddFunctions(m, dsindex_functions); }

@@ -1,26 +1,23 @@
 /*
- * errors_py.c — the Python exception hierarchy and the one place a core mml_status
- * becomes a Python exception.
+ * errors_py.c — the Python exception hierarchy (classes made per module, kept in its
+ * state) and the one place a core mml_status becomes a Python exception.
  */
 #include "binding.h"
 
 #include "mml/message.h"
 
-PyObject *mml_py_Error, *mml_py_ConfigError, *mml_py_SampleError, *mml_py_FetchError,
-    *mml_py_StateError, *mml_py_CudaError, *mml_py_OutOfMemoryError;
-
-PyObject *mml_py_exc_for(mml_status st) {
+PyObject *mml_py_exc_for(mml_py_state *ms, mml_status st) {
   switch (st) {
     case MML_ENOMEM:
-      return mml_py_OutOfMemoryError;
+      return ms->OutOfMemoryError;
     case MML_EINVAL:
     case MML_ECONFIG:
-      return mml_py_ConfigError;
+      return ms->ConfigError;
     case MML_ESTATE:
-      return mml_py_StateError;
+      return ms->StateError;
     case MML_EFETCH:
     case MML_EAUTH:
-      return mml_py_FetchError;
+      return ms->FetchError;
     case MML_ENOENT:
     case MML_EIO:
     case MML_ERECORD:
@@ -39,17 +36,17 @@ PyObject *mml_py_exc_for(mml_status st) {
     case MML_ERECORDSIZE:
     case MML_EOBJECTSIZE:
     case MML_EPATH:
-      return mml_py_SampleError;
+      return ms->SampleError;
     case MML_ECUDA:
-      return mml_py_CudaError;
+      return ms->CudaError;
     default:
-      return mml_py_Error;
+      return ms->Error;
   }
 }
 
-PyObject *mml_py_raise(mml_status st, const mml_err *err) {
+PyObject *mml_py_raise(mml_py_state *ms, mml_status st, const mml_err *err) {
   if (err && err->status != MML_OK) st = err->status;
-  return mml_py_raise_as(mml_py_exc_for(st), st, err);
+  return mml_py_raise_as(mml_py_exc_for(ms, st), st, err);
 }
 
 PyObject *mml_py_raise_as(PyObject *exc, mml_status st, const mml_err *err) {
@@ -81,42 +78,45 @@ static PyObject *py_redact(PyObject *mod, PyObject *arg) {
   return r;
 }
 
-static PyMethodDef k_methods[] = {
+static PyMethodDef errors_functions[] = {
     {"redact", py_redact, METH_O,
      "redact(text) -> str: text with user-info and credential-like query values of every URL "
      "replaced (what every mmloader message, warning and repr shows)."},
     {NULL, NULL, 0, NULL}};
 
-static int add(PyObject *m, const char *name, PyObject **slot, PyObject *bases, const char *doc) {
+/* A class mmloader.<name>(bases) in *slot (the state's reference) and in the module. */
+static int add_exception(PyObject *m, const char *name, PyObject **slot, PyObject *bases,
+                         const char *doc) {
   char full[128];
   snprintf(full, sizeof full, "mmloader.%s", name);
   *slot = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
-  if (!*slot) return -1;
-  Py_INCREF(*slot);
-  return PyModule_AddObject(m, name, *slot);
+  return *slot ? PyModule_AddObjectRef(m, name, *slot) : -1;
 }
 
-int mml_py_errors_register(PyObject *m) {
-  int rc = add(m, "Error", &mml_py_Error, PyExc_RuntimeError, "Base class of mmloader errors.");
-  if (rc) return rc;
-  PyObject *b = PyTuple_Pack(2, mml_py_Error, PyExc_ValueError);
+/* The same with two bases: mmloader.<name>(base, base2). */
+static int add_exception2(PyObject *m, const char *name, PyObject **slot, PyObject *base,
+                          PyObject *base2, const char *doc) {
+  PyObject *b = PyTuple_Pack(2, base, base2);
   if (!b) return -1;
-  rc =
-      add(m, "ConfigError", &mml_py_ConfigError, b, "Invalid loader or processor configuration.") ||
-      add(m, "StateError", &mml_py_StateError, b, "A state_dict that does not fit this loader.");
+  int rc = add_exception(m, name, slot, b, doc);
   Py_DECREF(b);
-  if (rc) return rc;
-  if (add(m, "SampleError", &mml_py_SampleError, mml_py_Error,
-          "A sample could not be produced (bad record, image, fetch, or too long).") ||
-      add(m, "FetchError", &mml_py_FetchError, mml_py_SampleError,
-          "A remote object could not be fetched.") ||
-      add(m, "CudaError", &mml_py_CudaError, mml_py_Error, "CUDA is unavailable or failed."))
+  return rc;
+}
+
+int mml_py_errors_exec(PyObject *m) {
+  mml_py_state *ms = mml_py_state_of(m);
+  if (add_exception(m, "Error", &ms->Error, PyExc_RuntimeError, "Base class of mmloader errors.") ||
+      add_exception2(m, "ConfigError", &ms->ConfigError, ms->Error, PyExc_ValueError,
+                     "Invalid loader or processor configuration.") ||
+      add_exception2(m, "StateError", &ms->StateError, ms->Error, PyExc_ValueError,
+                     "A state_dict that does not fit this loader.") ||
+      add_exception(m, "SampleError", &ms->SampleError, ms->Error,
+                    "A sample could not be produced (bad record, image, fetch, or too long).") ||
+      add_exception(m, "FetchError", &ms->FetchError, ms->SampleError,
+                    "A remote object could not be fetched.") ||
+      add_exception(m, "CudaError", &ms->CudaError, ms->Error, "CUDA is unavailable or failed.") ||
+      add_exception2(m, "OutOfMemoryError", &ms->OutOfMemoryError, ms->Error, PyExc_MemoryError,
+                     "The engine could not allocate memory (also a MemoryError)."))
     return -1;
-  b = PyTuple_Pack(2, mml_py_Error, PyExc_MemoryError);
-  if (!b) return -1;
-  rc = add(m, "OutOfMemoryError", &mml_py_OutOfMemoryError, b,
-           "The engine could not allocate memory (also a MemoryError).");
-  Py_DECREF(b);
-  if (rc) return rc;
-  return PyModule_AddFunctions(m, k_methods);
+  return PyModule_AddFunctions(m, errors_functions);
 }

@@ -19,13 +19,13 @@
 #include "mml/sigv4.h"
 
 /* Fetch failures raise FetchError, a missing object included (still a SampleError). */
-static PyObject *fetch_raise(mml_status st, const mml_err *err) {
+static PyObject *fetch_raise(mml_py_state *ms, mml_status st, const mml_err *err) {
   mml_status s = err && err->status != MML_OK ? err->status : st;
   if (s == MML_ENOENT) {
-    mml_py_raise_as(mml_py_FetchError, s, err);
+    mml_py_raise_as(ms->FetchError, s, err);
     return NULL;
   }
-  return mml_py_raise(st, err);
+  return mml_py_raise(ms, st, err);
 }
 
 typedef struct {
@@ -35,8 +35,6 @@ typedef struct {
   char endpoint[256];
   int max_inflight;
 } FetcherObject;
-
-static PyTypeObject Fetcher_Type;
 
 static int cfg_from_kwargs(PyObject *args, PyObject *kw, mml_fetch_cfg *c) {
   static char *kwlist[] = {"access_key",        "secret_key",     "session_token",  "region",
@@ -72,7 +70,7 @@ static int Fetcher_init(FetcherObject *self, PyObject *args, PyObject *kw) {
   mml_fetcher *f = NULL;
   mml_status st = mml_fetcher_new(&c, &f, &err);
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(mml_py_state_of_self(self), st, &err);
     return -1;
   }
   self->f = f;
@@ -94,16 +92,18 @@ static void Fetcher_dealloc(FetcherObject *self) {
     mml_fetcher_free(f);
     Py_END_ALLOW_THREADS
   }
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  PyTypeObject *tp = Py_TYPE(self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
 }
 
 static mml_fetcher *live(FetcherObject *self) {
-  if (!self->f) PyErr_SetString(mml_py_Error, "Fetcher is closed");
+  if (!self->f) PyErr_SetString(mml_py_state_of_self(self)->Error, "Fetcher is closed");
   return self->f;
 }
 
-mml_fetcher *mml_py_fetcher_get(PyObject *obj) {
-  if (!PyObject_TypeCheck(obj, &Fetcher_Type)) {
+mml_fetcher *mml_py_fetcher_get(mml_py_state *ms, PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, ms->Fetcher_Type)) {
     PyErr_SetString(PyExc_TypeError, "expected a mmloader._core.Fetcher");
     return NULL;
   }
@@ -137,7 +137,7 @@ static PyObject *Fetcher_get(FetcherObject *self, PyObject *args, PyObject *kw) 
   Py_BEGIN_ALLOW_THREADS
   st = mml_fetch_get(f, url, off, len, &b, &err);
   Py_END_ALLOW_THREADS
-  if (st) return fetch_raise(st, &err);
+  if (st) return fetch_raise(mml_py_state_of_self(self), st, &err);
   PyObject *r = PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
   mml_bytes_free(&b);
   return r;
@@ -154,7 +154,7 @@ static PyObject *Fetcher_size(FetcherObject *self, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_fetch_size(f, url, &size, &err);
   Py_END_ALLOW_THREADS
-  if (st) return fetch_raise(st, &err);
+  if (st) return fetch_raise(mml_py_state_of_self(self), st, &err);
   return PyLong_FromLongLong(size);
 }
 
@@ -246,7 +246,7 @@ static PyObject *Fetcher_get_many(FetcherObject *self, PyObject *args, PyObject 
     } else if (skip) {
       item = Py_NewRef(Py_None);
     } else {
-      fetch_raise(slots[i].st, &slots[i].err);
+      fetch_raise(mml_py_state_of_self(self), slots[i].st, &slots[i].err);
       Py_CLEAR(out);
       goto done;
     }
@@ -274,7 +274,7 @@ static PyObject *Fetcher_list(FetcherObject *self, PyObject *args, PyObject *kw)
   Py_BEGIN_ALLOW_THREADS
   st = mml_fetch_list(f, prefix, pattern, &urls, &n, &err);
   Py_END_ALLOW_THREADS
-  if (st) return fetch_raise(st, &err);
+  if (st) return fetch_raise(mml_py_state_of_self(self), st, &err);
   PyObject *out = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; out && i < n; i++) {
     PyObject *s = PyUnicode_FromString(urls[i]);
@@ -336,27 +336,31 @@ static PyMethodDef Fetcher_methods[] = {
     {"__exit__", (PyCFunction)Fetcher_exit, METH_VARARGS, NULL},
     {NULL}};
 
-static PyTypeObject Fetcher_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.Fetcher",
-    .tp_basicsize = sizeof(FetcherObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc =
-        "Fetcher(*, access_key=None, secret_key=None, session_token=None, region=None, "
-        "endpoint=None, max_inflight=0, max_retries=0, timeout_s=0, connect_timeout_s=0, "
-        "stall_s=0, backoff_base_s=0, backoff_max_s=0, range_chunk=0, list_page_size=0, "
-        "io_threads=0, "
-        "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0)\n\n"
-        "One I/O thread with a libcurl multi handle; 0 means the default.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Fetcher_init,
-    .tp_dealloc = (destructor)Fetcher_dealloc,
-    .tp_repr = (reprfunc)Fetcher_repr,
-    .tp_methods = Fetcher_methods,
+static PyType_Slot Fetcher_slots[] = {
+    {Py_tp_doc,
+     "Fetcher(*, access_key=None, secret_key=None, session_token=None, region=None, "
+     "endpoint=None, max_inflight=0, max_retries=0, timeout_s=0, connect_timeout_s=0, "
+     "stall_s=0, backoff_base_s=0, backoff_max_s=0, range_chunk=0, list_page_size=0, "
+     "io_threads=0, "
+     "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0)\n\n"
+     "One I/O thread with a libcurl multi handle; 0 means the default."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, Fetcher_init},
+    {Py_tp_dealloc, Fetcher_dealloc},
+    {Py_tp_repr, Fetcher_repr},
+    {Py_tp_methods, Fetcher_methods},
+    {0, NULL}};
+
+static PyType_Spec Fetcher_spec = {
+    .name = "mmloader._core.Fetcher",
+    .basicsize = sizeof(FetcherObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Fetcher_slots,
 };
 
 /* One-shot module functions: positional args go to the method, keywords split between
  * the method's own and the Fetcher configuration. */
-static PyObject *one_shot(PyObject *args, PyObject *kw, const char *method,
+static PyObject *one_shot(mml_py_state *ms, PyObject *args, PyObject *kw, const char *method,
                           const char *const *own) {
   PyObject *cfg = PyDict_New(), *mkw = PyDict_New(), *f = NULL, *m = NULL, *r = NULL;
   if (!cfg || !mkw) goto done;
@@ -372,7 +376,7 @@ static PyObject *one_shot(PyObject *args, PyObject *kw, const char *method,
   }
   PyObject *empty = PyTuple_New(0);
   if (!empty) goto done;
-  f = PyObject_Call((PyObject *)&Fetcher_Type, empty, cfg);
+  f = PyObject_Call((PyObject *)ms->Fetcher_Type, empty, cfg);
   Py_DECREF(empty);
   if (!f) goto done;
   m = PyObject_GetAttrString(f, method);
@@ -387,19 +391,19 @@ done:
 
 static PyObject *py_fetch_get(PyObject *mod, PyObject *args, PyObject *kw) {
   static const char *const own[] = {"url", "offset", "length", NULL};
-  return one_shot(args, kw, "get", own);
+  return one_shot(mml_py_state_of(mod), args, kw, "get", own);
 }
 static PyObject *py_fetch_many(PyObject *mod, PyObject *args, PyObject *kw) {
   static const char *const own[] = {"urls", "on_error", NULL};
-  return one_shot(args, kw, "get_many", own);
+  return one_shot(mml_py_state_of(mod), args, kw, "get_many", own);
 }
 static PyObject *py_fetch_size(PyObject *mod, PyObject *args, PyObject *kw) {
   static const char *const own[] = {NULL};
-  return one_shot(args, kw, "size", own);
+  return one_shot(mml_py_state_of(mod), args, kw, "size", own);
 }
 static PyObject *py_fetch_list(PyObject *mod, PyObject *args, PyObject *kw) {
   static const char *const own[] = {"prefix", "pattern", NULL};
-  return one_shot(args, kw, "list", own);
+  return one_shot(mml_py_state_of(mod), args, kw, "list", own);
 }
 
 static PyObject *py_sha256(PyObject *mod, PyObject *arg) {
@@ -413,7 +417,8 @@ static PyObject *py_sha256(PyObject *mod, PyObject *arg) {
 
 /* _sigv4_authorization(method, uri, query, headers[(name, value)], payload_hash, amz_date,
  *                      region, service, access_key, secret_key) -> str */
-static PyObject *py_sigv4(PyObject *mod, PyObject *args) {
+static PyObject *py_sigv4_authorization(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *method, *uri, *query, *ph, *date, *region, *service, *ak, *sk;
   PyObject *hl;
   if (!PyArg_ParseTuple(args, "sssOssssss:_sigv4_authorization", &method, &uri, &query, &hl, &ph,
@@ -439,7 +444,7 @@ static PyObject *py_sigv4(PyObject *mod, PyObject *args) {
   mml_err err = {0};
   mml_status st = mml_sigv4_authorization(&r, out, sizeof out, &err);
   Py_DECREF(fast);
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(ms, st, &err);
   return PyUnicode_FromString(out);
 }
 
@@ -453,12 +458,11 @@ static PyMethodDef fetch_functions[] = {
     {"fetch_list", (PyCFunction)(void (*)(void))py_fetch_list, METH_VARARGS | METH_KEYWORDS,
      "fetch_list(prefix, pattern=None, **cfg) -> list[str]"},
     {"_sha256", (PyCFunction)py_sha256, METH_O, "_sha256(data) -> bytes (test hook)"},
-    {"_sigv4_authorization", (PyCFunction)py_sigv4, METH_VARARGS,
+    {"_sigv4_authorization", (PyCFunction)py_sigv4_authorization, METH_VARARGS,
      "SigV4 Authorization value (test hook)"},
     {NULL}};
 
-int mml_py_fetch_register(PyObject *m) {
-  if (PyType_Ready(&Fetcher_Type)) return -1;
-  if (PyModule_AddObjectRef(m, "Fetcher", (PyObject *)&Fetcher_Type)) return -1;
+int mml_py_fetch_exec(PyObject *m) {
+  if (mml_py_add_type(m, &Fetcher_spec, &mml_py_state_of(m)->Fetcher_Type, "Fetcher")) return -1;
   return PyModule_AddFunctions(m, fetch_functions);
 }

@@ -8,6 +8,10 @@
  * build), next (in 100 ms slices, checking for signals between them so Ctrl-C works),
  * close/dealloc (joining threads).  The creating pid is recorded: a forked child gets a
  * clear mmloader.Error, and never touches (or joins) threads it does not have.
+ *
+ * GC: a _Loader holds its tokenizer, whose Python subclass can hold anything, so it can
+ * sit in a reference cycle; clearing it stops and frees the engine BEFORE dropping the
+ * tokenizer the engine borrows.
  */
 #include <string.h>
 #include <unistd.h>
@@ -28,11 +32,10 @@ typedef struct {
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
-static PyTypeObject Loader_Type;
 
 static int check_usable(LoaderObject *self) {
   if (self->pid != getpid()) {
-    PyErr_Format(mml_py_Error,
+    PyErr_Format(mml_py_state_of_self(self)->Error,
                  "this mmloader.Loader was created in process %d and cannot be used in a "
                  "forked child (pid %d): its threads do not exist here; create the Loader in "
                  "the child instead",
@@ -40,14 +43,14 @@ static int check_usable(LoaderObject *self) {
     return -1;
   }
   if (!self->L) {
-    PyErr_SetString(mml_py_Error, "the loader is closed");
+    PyErr_SetString(mml_py_state_of_self(self)->Error, "the loader is closed");
     return -1;
   }
   return 0;
 }
 
-mml_loader *mml_py_loader_get(PyObject *obj) {
-  if (!PyObject_TypeCheck(obj, &Loader_Type)) {
+mml_loader *mml_py_loader_get(mml_py_state *ms, PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, ms->Loader_Type)) {
     PyErr_SetString(PyExc_TypeError, "expected a mmloader._core._Loader");
     return NULL;
   }
@@ -62,15 +65,16 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   PyObject *d, *tok;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O:_Loader", kwlist, &PyDict_Type, &d, &tok))
     return -1;
+  mml_py_state *ms = mml_py_state_of_self(self);
   if (self->L) {
-    PyErr_SetString(mml_py_Error, "_Loader is already initialised");
+    PyErr_SetString(ms->Error, "_Loader is already initialised");
     return -1;
   }
-  const struct mml_tokenizer *ct = mml_py_tokenizer_get(tok);
+  const struct mml_tokenizer *ct = mml_py_tokenizer_get(ms, tok);
   if (!ct) return -1;
   mml_loader_cfg cfg;
   mml_py_cfg_mem mem = {0};
-  if (mml_py_loader_cfg_from_dict(d, &cfg, &mem)) {
+  if (mml_py_loader_cfg_from_dict(ms, d, &cfg, &mem)) {
     mml_py_cfg_mem_free(&mem);
     return -1;
   }
@@ -85,16 +89,15 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   mml_py_cfg_mem_free(&mem);
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
-      mml_py_raise_as(mml_py_ConfigError, st, &err);
+      mml_py_raise_as(ms->ConfigError, st, &err);
       return -1;
     }
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
   self->next_timeout_s = cfg.next_timeout_s > 0 ? cfg.next_timeout_s : MML_DEFAULT_NEXT_TIMEOUT_S;
   self->L = L;
-  Py_INCREF(tok);
-  self->tokenizer = tok;
+  self->tokenizer = Py_NewRef(tok);
   self->pid = getpid();
   return 0;
 }
@@ -126,10 +129,24 @@ static void loader_leave_next(LoaderObject *self) {
   }
 }
 
-static void Loader_dealloc(LoaderObject *self) {
-  loader_release(self); /* no next() can be active: it holds a reference */
+static int Loader_traverse(LoaderObject *self, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->tokenizer);
+  return 0;
+}
+
+static int Loader_clear(LoaderObject *self) {
+  loader_release(self); /* first: the engine borrows the tokenizer's core */
   Py_CLEAR(self->tokenizer);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  return 0;
+}
+
+static void Loader_dealloc(LoaderObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  Loader_clear(self); /* no next() can be active: it holds a reference */
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
 }
 
 static PyObject *Loader_close(LoaderObject *self, PyObject *unused) {
@@ -166,25 +183,7 @@ static int emit_warnings(LoaderObject *self) {
   return 0;
 }
 
-static PyObject *batch_to_dict(mml_batch *b) {
-  PyObject *d = PyDict_New();
-  if (!d) goto fail;
-  for (int i = 0; i < b->ntensors; i++) {
-    PyObject *t = mml_py_tensor_from_slot(&b->tensors[i]);
-    if (!t) goto fail;
-    int rc = PyDict_SetItemString(d, b->tensors[i].name, t);
-    Py_DECREF(t);
-    if (rc) goto fail;
-  }
-  mml_batch_clear(b);
-  return d;
-fail:
-  Py_XDECREF(d);
-  mml_batch_clear(b);
-  return NULL;
-}
-
-static PyObject *loader_next_active(LoaderObject *self) {
+static PyObject *loader_next_active(mml_py_state *ms, LoaderObject *self) {
   mml_batch b;
   memset(&b, 0, sizeof b);
   mml_err err;
@@ -202,7 +201,7 @@ static PyObject *loader_next_active(LoaderObject *self) {
     }
     switch (st) {
       case MML_OK:
-        return batch_to_dict(&b);
+        return mml_py_batch_dict(ms, &b);
       case MML_ETIMEDOUT:
         if (PyErr_CheckSignals()) return NULL;
         if (self->L && mml_now() - t0 >= self->next_timeout_s) {
@@ -210,17 +209,17 @@ static PyObject *loader_next_active(LoaderObject *self) {
           mml_loader_describe_wait(self->L, &w);
           mml_err_prefix(&w, "no batch for %.1f s (next_timeout_s=%g)", mml_now() - t0,
                          self->next_timeout_s);
-          return mml_py_raise_as(mml_py_Error, MML_ETIMEDOUT, &w);
+          return mml_py_raise_as(ms->Error, MML_ETIMEDOUT, &w);
         }
         continue;
       case MML_EEND:
         PyErr_SetNone(PyExc_StopIteration);
         return NULL;
       case MML_ECLOSED:
-        PyErr_SetString(mml_py_Error, "the loader is closed");
+        PyErr_SetString(ms->Error, "the loader is closed");
         return NULL;
       default:
-        return mml_py_raise(st, &err);
+        return mml_py_raise(ms, st, &err);
     }
   }
 }
@@ -228,7 +227,7 @@ static PyObject *loader_next_active(LoaderObject *self) {
 static PyObject *Loader_next(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   self->active++;
-  PyObject *r = loader_next_active(self);
+  PyObject *r = loader_next_active(mml_py_state_of_self(self), self);
   loader_leave_next(self);
   return r;
 }
@@ -242,7 +241,7 @@ static PyObject *Loader_seek(LoaderObject *self, PyObject *args) {
   mml_err err;
   mml_err_clear(&err);
   mml_status st = mml_loader_seek_ahead(self->L, &c, ahead, &err);
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(mml_py_state_of_self(self), st, &err);
   Py_RETURN_NONE;
 }
 
@@ -259,7 +258,7 @@ static PyObject *Loader_plan_info(LoaderObject *self, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_plan_info(self->L, epoch, &o, &err);
   Py_END_ALLOW_THREADS
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(mml_py_state_of_self(self), st, &err);
   return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "q0", (long long)o.q0, "usable", (long long)o.usable,
                        "end", (long long)o.end, "steps", (long long)o.steps, "rank_samples",
                        (long long)o.rank_samples, "unusable", (long long)o.unusable, "indexed",
@@ -276,7 +275,7 @@ static PyObject *Loader_plan_position(LoaderObject *self, PyObject *unused) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_plan_position(self->L, &c, &q0, &q, &err);
   Py_END_ALLOW_THREADS
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(mml_py_state_of_self(self), st, &err);
   return Py_BuildValue("(LL)", (long long)q0, (long long)q);
 }
 static PyObject *Loader_seek_plan(LoaderObject *self, PyObject *args) {
@@ -291,7 +290,7 @@ static PyObject *Loader_seek_plan(LoaderObject *self, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS
   st = mml_loader_seek_plan(self->L, &c, q0, &err);
   Py_END_ALLOW_THREADS
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(mml_py_state_of_self(self), st, &err);
   Py_RETURN_NONE;
 }
 static PyObject *Loader_cursor(LoaderObject *self, PyObject *unused) {
@@ -493,24 +492,23 @@ static PyGetSetDef Loader_getset[] = {
     {"closed", (getter)Loader_get_closed, NULL, "True once closed.", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject Loader_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core._Loader",
-    .tp_basicsize = sizeof(LoaderObject),
-    .tp_dealloc = (destructor)Loader_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Engine of mmloader.Loader (use that class).",
-    .tp_methods = Loader_methods,
-    .tp_getset = Loader_getset,
-    .tp_init = (initproc)Loader_init,
-    .tp_new = PyType_GenericNew,
+static PyType_Slot Loader_slots[] = {{Py_tp_dealloc, Loader_dealloc},
+                                     {Py_tp_traverse, Loader_traverse},
+                                     {Py_tp_clear, Loader_clear},
+                                     {Py_tp_doc, "Engine of mmloader.Loader (use that class)."},
+                                     {Py_tp_methods, Loader_methods},
+                                     {Py_tp_getset, Loader_getset},
+                                     {Py_tp_init, Loader_init},
+                                     {Py_tp_new, PyType_GenericNew},
+                                     {0, NULL}};
+
+static PyType_Spec Loader_spec = {
+    .name = "mmloader._core._Loader",
+    .basicsize = sizeof(LoaderObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Loader_slots,
 };
 
-int mml_py_loader_register(PyObject *m) {
-  if (PyType_Ready(&Loader_Type) < 0) return -1;
-  Py_INCREF(&Loader_Type);
-  if (PyModule_AddObject(m, "_Loader", (PyObject *)&Loader_Type) < 0) {
-    Py_DECREF(&Loader_Type);
-    return -1;
-  }
-  return 0;
+int mml_py_loader_exec(PyObject *m) {
+  return mml_py_add_type(m, &Loader_spec, &mml_py_state_of(m)->Loader_Type, "_Loader");
 }

@@ -13,48 +13,48 @@
 #include "binding.h"
 #include "mml/options.h"
 
-static int config_error(const mml_err *err) {
-  PyErr_SetString(mml_py_ConfigError, err->msg);
+static int config_error(mml_py_state *ms, const mml_err *err) {
+  PyErr_SetString(ms->ConfigError, err->msg);
   return -1;
 }
 
-static int type_error(const mml_option *o, PyObject *v, const char *want) {
+static int type_error(mml_py_state *ms, const mml_option *o, PyObject *v, const char *want) {
   if (o->flags & MML_OPT_SECRET)
-    PyErr_Format(mml_py_ConfigError, "%s must be %s", o->name, want);
+    PyErr_Format(ms->ConfigError, "%s must be %s", o->name, want);
   else
-    PyErr_Format(mml_py_ConfigError, "%s must be %s, got %R", o->name, want, v);
+    PyErr_Format(ms->ConfigError, "%s must be %s, got %R", o->name, want, v);
   return -1;
 }
 
 /* One option from a Python value.  0, or -1 with ConfigError set. */
-static int set_option(mml_loader_cfg *c, const mml_option *o, PyObject *v) {
+static int set_option(mml_py_state *ms, mml_loader_cfg *c, const mml_option *o, PyObject *v) {
   mml_err err;
   mml_err_clear(&err);
   mml_status st = MML_OK;
   if (v == Py_None) {
     if (o->flags & MML_OPT_NONE) return 0; /* the default: off / automatic */
-    return type_error(o, v, o->type == MML_OPT_STR ? "a string" : "given (not None)");
+    return type_error(ms, o, v, o->type == MML_OPT_STR ? "a string" : "given (not None)");
   }
   switch (o->type) {
     case MML_OPT_BOOL:
     case MML_OPT_INT: {
       if (o->type == MML_OPT_BOOL && !PyBool_Check(v) && !PyLong_Check(v))
-        return type_error(o, v, "True or False"); /* an int must be 0 or 1 */
+        return type_error(ms, o, v, "True or False"); /* an int must be 0 or 1 */
       if (o->type == MML_OPT_INT && (PyBool_Check(v) || !PyIndex_Check(v)))
-        return type_error(o, v, "an integer");
+        return type_error(ms, o, v, "an integer");
       int overflow = 0;
       PyObject *i = PyNumber_Index(v);
       if (!i) return -1;
       long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
       Py_DECREF(i);
       if (x == -1 && PyErr_Occurred()) return -1;
-      if (overflow) return type_error(o, v, "an integer that fits 64 bits");
+      if (overflow) return type_error(ms, o, v, "an integer that fits 64 bits");
       st = mml_option_set_int(c, o, x, &err);
       break;
     }
     case MML_OPT_FLOAT: {
       if (PyBool_Check(v) || !(PyFloat_Check(v) || PyLong_Check(v)))
-        return type_error(o, v, "a number");
+        return type_error(ms, o, v, "a number");
       double x = PyFloat_AsDouble(v);
       if (x == -1 && PyErr_Occurred()) return -1;
       st = mml_option_set_float(c, o, x, &err);
@@ -62,7 +62,7 @@ static int set_option(mml_loader_cfg *c, const mml_option *o, PyObject *v) {
     }
     case MML_OPT_STR:
     case MML_OPT_ENUM: {
-      if (!PyUnicode_Check(v)) return type_error(o, v, "a string");
+      if (!PyUnicode_Check(v)) return type_error(ms, o, v, "a string");
       const char *s = PyUnicode_AsUTF8(v);
       if (!s) return -1;
       st = o->type == MML_OPT_STR ? mml_option_set_str(c, o, s, &err)
@@ -70,16 +70,16 @@ static int set_option(mml_loader_cfg *c, const mml_option *o, PyObject *v) {
       break;
     }
   }
-  return st ? config_error(&err) : 0;
+  return st ? config_error(ms, &err) : 0;
 }
 
 /* Every key of d except those in `skip` must be an option; each is set. */
-static int set_options(PyObject *d, mml_loader_cfg *c, const char *const *skip) {
+static int set_options(mml_py_state *ms, PyObject *d, mml_loader_cfg *c, const char *const *skip) {
   PyObject *k, *v;
   Py_ssize_t pos = 0;
   while (PyDict_Next(d, &pos, &k, &v)) {
     if (!PyUnicode_Check(k)) {
-      PyErr_Format(mml_py_ConfigError, "option names must be strings, got %R", k);
+      PyErr_Format(ms->ConfigError, "option names must be strings, got %R", k);
       return -1;
     }
     const char *name = PyUnicode_AsUTF8(k);
@@ -89,26 +89,26 @@ static int set_options(PyObject *d, mml_loader_cfg *c, const char *const *skip) 
     if (skipped) continue;
     const mml_option *o = mml_loader_option(name);
     if (!o) {
-      PyErr_Format(mml_py_ConfigError,
+      PyErr_Format(ms->ConfigError,
                    "unknown Loader option %R (see "
                    "mmloader._core.loader_options())",
                    k);
       return -1;
     }
-    if (set_option(c, o, v)) return -1;
+    if (set_option(ms, c, o, v)) return -1;
   }
   return 0;
 }
 
 /* ---- the structured keys: data, sources (a mixture), vision ---------------------------- */
 
-static int source_enum(const char *option, const char *name, int *out);
+static int source_enum(mml_py_state *ms, const char *option, const char *name, int *out);
 
 static int get_obj(PyObject *d, const char *k, PyObject **out) {
   *out = PyDict_GetItemString(d, k); /* borrowed; NULL when absent */
   return 0;
 }
-static int get_ll(PyObject *d, const char *k, long long def, long long *out) {
+static int get_ll(mml_py_state *ms, PyObject *d, const char *k, long long def, long long *out) {
   PyObject *v;
   get_obj(d, k, &v);
   if (!v || v == Py_None) {
@@ -117,12 +117,12 @@ static int get_ll(PyObject *d, const char *k, long long def, long long *out) {
   }
   *out = PyLong_AsLongLong(v);
   if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be an integer", k);
+    PyErr_Format(ms->ConfigError, "%s must be an integer", k);
     return -1;
   }
   return 0;
 }
-static int get_double(PyObject *d, const char *k, double def, double *out) {
+static int get_double(mml_py_state *ms, PyObject *d, const char *k, double def, double *out) {
   PyObject *v;
   get_obj(d, k, &v);
   if (!v || v == Py_None) {
@@ -131,18 +131,18 @@ static int get_double(PyObject *d, const char *k, double def, double *out) {
   }
   *out = PyFloat_AsDouble(v);
   if (*out == -1 && PyErr_Occurred()) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a number", k);
+    PyErr_Format(ms->ConfigError, "%s must be a number", k);
     return -1;
   }
   return 0;
 }
-static int get_str(PyObject *d, const char *k, const char **out) {
+static int get_str(mml_py_state *ms, PyObject *d, const char *k, const char **out) {
   PyObject *v;
   get_obj(d, k, &v);
   *out = NULL;
   if (!v || v == Py_None) return 0;
   if (!PyUnicode_Check(v)) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a string", k);
+    PyErr_Format(ms->ConfigError, "%s must be a string", k);
     return -1;
   }
   *out = PyUnicode_AsUTF8(v);
@@ -150,9 +150,9 @@ static int get_str(PyObject *d, const char *k, const char **out) {
 }
 
 /* Borrowed strings of a list (the list outlives the engine's construction). */
-static int str_list(PyObject *list, const char *what, const char ***out, int *n) {
+static int str_list(mml_py_state *ms, PyObject *list, const char *what, const char ***out, int *n) {
   if (!list || !PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_Format(mml_py_ConfigError, "%s must be a non-empty list of paths or URLs", what);
+    PyErr_Format(ms->ConfigError, "%s must be a non-empty list of paths or URLs", what);
     return -1;
   }
   Py_ssize_t k = PyList_GET_SIZE(list);
@@ -165,7 +165,7 @@ static int str_list(PyObject *list, const char *what, const char ***out, int *n)
   for (Py_ssize_t i = 0; i < k; i++) {
     PyObject *s = PyList_GET_ITEM(list, i);
     if (!PyUnicode_Check(s)) {
-      PyErr_Format(mml_py_ConfigError, "%s entries must be strings", what);
+      PyErr_Format(ms->ConfigError, "%s entries must be strings", what);
       return -1;
     }
     if (!((*out)[i] = PyUnicode_AsUTF8(s))) return -1;
@@ -181,9 +181,9 @@ void mml_py_cfg_mem_free(mml_py_cfg_mem *m) {
 }
 
 /* "sources": a list of dicts (resolved by mmloader/loader.py: every setting filled). */
-static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
+static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
   if (!PyList_Check(list) || PyList_GET_SIZE(list) == 0) {
-    PyErr_SetString(mml_py_ConfigError, "sources must be a non-empty list");
+    PyErr_SetString(ms->ConfigError, "sources must be a non-empty list");
     return -1;
   }
   Py_ssize_t n = PyList_GET_SIZE(list);
@@ -200,28 +200,30 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
     long long choose, maxlen;
     int e;
     if (!PyDict_Check(d)) {
-      PyErr_SetString(mml_py_ConfigError, "sources entries must be dicts");
+      PyErr_SetString(ms->ConfigError, "sources entries must be dicts");
       return -1;
     }
     data = PyDict_GetItemString(d, "data");
     vision = PyDict_GetItemString(d, "vision");
-    if (get_str(d, "name", &s->name) ||
-        str_list(data, "a source's data", (const char ***)&s->data, &s->ndata) ||
-        get_double(d, "weight", -1, &s->weight) || get_double(d, "repeat", -1, &s->repeat) ||
-        get_ll(d, "choose", -1, &choose) || get_str(d, "image_root", &s->image_root) ||
-        get_str(d, "system_prompt", &s->system_prompt) || get_str(d, "label_mode", &labels) ||
-        get_str(d, "image_whitespace", &space) || get_ll(d, "max_length", 0, &maxlen))
+    if (get_str(ms, d, "name", &s->name) ||
+        str_list(ms, data, "a source's data", (const char ***)&s->data, &s->ndata) ||
+        get_double(ms, d, "weight", -1, &s->weight) ||
+        get_double(ms, d, "repeat", -1, &s->repeat) || get_ll(ms, d, "choose", -1, &choose) ||
+        get_str(ms, d, "image_root", &s->image_root) ||
+        get_str(ms, d, "system_prompt", &s->system_prompt) ||
+        get_str(ms, d, "label_mode", &labels) || get_str(ms, d, "image_whitespace", &space) ||
+        get_ll(ms, d, "max_length", 0, &maxlen))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
-      PyErr_SetString(mml_py_ConfigError, "a source's vision must be a dict");
+      PyErr_SetString(ms->ConfigError, "a source's vision must be a dict");
       return -1;
     }
-    if (mml_py_vision_cfg_from_dict(vision, &s->vision)) return -1;
+    if (mml_py_vision_cfg_from_dict(ms, vision, &s->vision)) return -1;
     s->choose = choose;
     s->max_length = maxlen;
-    if (source_enum("label_mode", labels, &e)) return -1;
+    if (source_enum(ms, "label_mode", labels, &e)) return -1;
     s->label_mode = (mml_label_mode)e;
-    if (source_enum("image_whitespace", space, &e)) return -1;
+    if (source_enum(ms, "image_whitespace", space, &e)) return -1;
     s->image_space = (mml_image_space)e;
   }
   c->sources = m->sources;
@@ -230,37 +232,38 @@ static int parse_sources(PyObject *list, mml_loader_cfg *c, mml_py_cfg_mem *m) {
 }
 
 /* A source's value of an enum option, by the table's names (NULL: the default). */
-static int source_enum(const char *option, const char *name, int *out) {
+static int source_enum(mml_py_state *ms, const char *option, const char *name, int *out) {
   const mml_option *o = mml_loader_option(option);
   mml_loader_cfg tmp;
   mml_loader_cfg_defaults(&tmp);
   mml_err err;
   mml_err_clear(&err);
   if (name && mml_option_set_enum(&tmp, o, name, &err)) {
-    PyErr_Format(mml_py_ConfigError, "a source's %s", err.msg);
+    PyErr_Format(ms->ConfigError, "a source's %s", err.msg);
     return -1;
   }
   *out = (int)mml_option_get_int(&tmp, o);
   return 0;
 }
 
-int mml_py_loader_cfg_from_dict(PyObject *d, mml_loader_cfg *c, mml_py_cfg_mem *m) {
+int mml_py_loader_cfg_from_dict(mml_py_state *ms, PyObject *d, mml_loader_cfg *c,
+                                mml_py_cfg_mem *m) {
   mml_loader_cfg_defaults(c);
   PyObject *sources = PyDict_GetItemString(d, "sources"); /* borrowed */
   if (sources && sources != Py_None) {
-    if (parse_sources(sources, c, m)) return -1;
+    if (parse_sources(ms, sources, c, m)) return -1;
   } else {
-    if (str_list(PyDict_GetItemString(d, "data"), "data", &m->data, &c->ndata)) return -1;
+    if (str_list(ms, PyDict_GetItemString(d, "data"), "data", &m->data, &c->ndata)) return -1;
     c->data = m->data;
   }
   PyObject *vision = PyDict_GetItemString(d, "vision");
   if (!vision || !PyDict_Check(vision)) {
-    PyErr_SetString(mml_py_ConfigError, "vision must be a dict (mmloader.presets.vision_config)");
+    PyErr_SetString(ms->ConfigError, "vision must be a dict (mmloader.presets.vision_config)");
     return -1;
   }
-  if (mml_py_vision_cfg_from_dict(vision, &c->vision)) return -1;
+  if (mml_py_vision_cfg_from_dict(ms, vision, &c->vision)) return -1;
   static const char *const skip[] = {"data", "sources", "vision", NULL};
-  if (set_options(d, c, skip)) return -1;
+  if (set_options(ms, d, c, skip)) return -1;
   c->to_device = c->device >= 0;
   if (c->device < 0) c->device = 0;
   return 0;
@@ -362,14 +365,15 @@ static PyObject *py_loader_options(PyObject *mod, PyObject *noargs) {
 }
 
 static PyObject *py_check_loader_options(PyObject *mod, PyObject *d) {
+  mml_py_state *ms = mml_py_state_of(mod);
   if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "expected a dict of options");
   mml_loader_cfg c;
   mml_loader_cfg_defaults(&c);
-  if (set_options(d, &c, NULL)) return NULL;
+  if (set_options(ms, d, &c, NULL)) return NULL;
   mml_err err;
   mml_err_clear(&err);
   if (mml_loader_cfg_check(&c, &err)) {
-    config_error(&err);
+    config_error(ms, &err);
     return NULL;
   }
   return mml_py_loader_cfg_to_dict(&c);
@@ -385,4 +389,4 @@ static PyMethodDef options_functions[] = {
      "option's value."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_options_register(PyObject *m) { return PyModule_AddFunctions(m, options_functions); }
+int mml_py_options_exec(PyObject *m) { return PyModule_AddFunctions(m, options_functions); }

@@ -4,7 +4,7 @@
  *   _core.render_record(line, style, image_tokens) -> str
  *   _core.encode_record(line, tokenizer, style, label_mode, image_tokens) -> (ids, labels)
  *   _core.json_dumps(text) -> str (Python's json.dumps(json.loads(text)), from C)
- * and the name -> enum helpers the Loader binding shares (binding.h).  The GIL is released
+ * and the name -> enum helpers they use.  The GIL is released
  * around parsing and encoding; the line's buffer belongs to an immutable str/bytes object
  * we hold a reference to.
  */
@@ -17,33 +17,33 @@
 #include "mml/record.h"
 #include "mml/template.h"
 
-int mml_py_template_style_from_str(const char *s, int *style) {
+static int template_style_from_str(mml_py_state *ms, const char *s, int *style) {
   if (!strcmp(s, "qwen2-vl") || !strcmp(s, "qwen2.5-vl"))
     *style = MML_TEMPLATE_QWEN2_VL;
   else if (!strcmp(s, "qwen3-vl"))
     *style = MML_TEMPLATE_QWEN3_VL;
   else {
-    PyErr_Format(mml_py_ConfigError,
+    PyErr_Format(ms->ConfigError,
                  "unknown chat template '%s'; choose 'qwen2-vl', 'qwen2.5-vl' or 'qwen3-vl'", s);
     return -1;
   }
   return 0;
 }
 
-int mml_py_image_space_from_str(const char *s, int *space) {
+static int image_space_from_str(mml_py_state *ms, const char *s, int *space) {
   if (!strcmp(s, "in_place"))
     *space = MML_IMAGE_SPACE_IN_PLACE;
   else if (!strcmp(s, "qwen-vl-finetune"))
     *space = MML_IMAGE_SPACE_STRIP;
   else {
-    PyErr_Format(mml_py_ConfigError,
+    PyErr_Format(ms->ConfigError,
                  "unknown image_whitespace '%s'; choose 'in_place' or 'qwen-vl-finetune'", s);
     return -1;
   }
   return 0;
 }
 
-int mml_py_label_mode_from_str(const char *s, int *mode) {
+static int label_mode_from_str(mml_py_state *ms, const char *s, int *mode) {
   if (!strcmp(s, "all_assistant"))
     *mode = MML_LABELS_ALL_ASSISTANT;
   else if (!strcmp(s, "last_assistant"))
@@ -51,7 +51,7 @@ int mml_py_label_mode_from_str(const char *s, int *mode) {
   else if (!strcmp(s, "no_nonfinal_end"))
     *mode = MML_LABELS_NO_NONFINAL_END;
   else {
-    PyErr_Format(mml_py_ConfigError,
+    PyErr_Format(ms->ConfigError,
                  "unknown label mode '%s'; choose 'all_assistant', 'last_assistant' or "
                  "'no_nonfinal_end'",
                  s);
@@ -76,7 +76,8 @@ static int line_bytes(PyObject *obj, const char **p, Py_ssize_t *n) {
   return -1;
 }
 
-static int parse_line_opts(PyObject *line, const mml_record_opts *opts, mml_record *rec) {
+static int parse_line_opts(mml_py_state *ms, PyObject *line, const mml_record_opts *opts,
+                           mml_record *rec) {
   const char *p;
   Py_ssize_t n;
   if (line_bytes(line, &p, &n)) return -1;
@@ -86,13 +87,15 @@ static int parse_line_opts(PyObject *line, const mml_record_opts *opts, mml_reco
   st = mml_record_parse_opts(p, (size_t)n, opts, rec, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
   return 0;
 }
 
-static int parse_line(PyObject *line, mml_record *rec) { return parse_line_opts(line, NULL, rec); }
+static int parse_line(mml_py_state *ms, PyObject *line, mml_record *rec) {
+  return parse_line_opts(ms, line, NULL, rec);
+}
 
 /* image_tokens: None (record must have no images), an int for every image, or a sequence
  * of one int per image.  Returns a malloc'd array (NULL with no images) or -1. */
@@ -137,7 +140,8 @@ fail:
   return -1;
 }
 
-static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
+static PyObject *py_parse_record(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"line", "max_images_per_sample", "max_json_depth", NULL};
   PyObject *line;
   mml_record_opts opts = {0};
@@ -145,7 +149,7 @@ static PyObject *py_parse_record(PyObject *self, PyObject *args, PyObject *kw) {
                                    &opts.max_json_depth))
     return NULL;
   mml_record rec = {0};
-  if (parse_line_opts(line, &opts, &rec)) {
+  if (parse_line_opts(ms, line, &opts, &rec)) {
     mml_record_free(&rec);
     return NULL;
   }
@@ -192,7 +196,8 @@ done:
   return res;
 }
 
-static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) {
+static PyObject *py_render_record(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"line",         "style", "image_tokens", "image_whitespace",
                            "video_tokens", NULL};
   PyObject *line, *counts = Py_None, *vcounts = Py_None;
@@ -201,8 +206,7 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sOsO:render_record", kwlist, &line, &style_s,
                                    &counts, &space_s, &vcounts))
     return NULL;
-  if (mml_py_template_style_from_str(style_s, &style) ||
-      mml_py_image_space_from_str(space_s, &space))
+  if (template_style_from_str(ms, style_s, &style) || image_space_from_str(ms, space_s, &space))
     return NULL;
   mml_record rec = {0};
   mml_template *t = NULL;
@@ -211,7 +215,7 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
   mml_err err = {0};
   PyObject *res = NULL;
   mml_py_video_tokens vt = {0};
-  if (parse_line(line, &rec) || image_counts(counts, &rec, &n) ||
+  if (parse_line(ms, line, &rec) || image_counts(counts, &rec, &n) ||
       mml_py_video_tokens_get(vcounts, rec.nvideos, &vt))
     goto done;
   mml_status st =
@@ -223,7 +227,7 @@ static PyObject *py_render_record(PyObject *self, PyObject *args, PyObject *kw) 
     Py_END_ALLOW_THREADS
   }
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     goto done;
   }
   res = PyUnicode_DecodeUTF8((const char *)out.data, (Py_ssize_t)out.len, "strict");
@@ -250,7 +254,8 @@ static PyObject *ids_list(const mml_ids *v) {
   return l;
 }
 
-static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) {
+static PyObject *py_encode_record(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"line",         "tokenizer",        "style",        "label_mode",
                            "image_tokens", "image_whitespace", "video_tokens", NULL};
   PyObject *line, *tok_obj, *counts = Py_None, *vcounts = Py_None;
@@ -259,10 +264,10 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssOsO:encode_record", kwlist, &line, &tok_obj,
                                    &style_s, &mode_s, &counts, &space_s, &vcounts))
     return NULL;
-  if (mml_py_template_style_from_str(style_s, &style) ||
-      mml_py_label_mode_from_str(mode_s, &mode) || mml_py_image_space_from_str(space_s, &space))
+  if (template_style_from_str(ms, style_s, &style) || label_mode_from_str(ms, mode_s, &mode) ||
+      image_space_from_str(ms, space_s, &space))
     return NULL;
-  const struct mml_tokenizer *tok = mml_py_tokenizer_get(tok_obj);
+  const struct mml_tokenizer *tok = mml_py_tokenizer_get(ms, tok_obj);
   if (!tok) return NULL;
   mml_record rec = {0};
   mml_template *t = NULL;
@@ -271,7 +276,7 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   mml_err err = {0};
   PyObject *res = NULL;
   mml_py_video_tokens vt = {0};
-  if (parse_line(line, &rec) || image_counts(counts, &rec, &n) ||
+  if (parse_line(ms, line, &rec) || image_counts(counts, &rec, &n) ||
       mml_py_video_tokens_get(vcounts, rec.nvideos, &vt))
     goto done;
   mml_status st;
@@ -281,7 +286,7 @@ static PyObject *py_encode_record(PyObject *self, PyObject *args, PyObject *kw) 
   if (!st) st = mml_template_encode_media(t, NULL, &rec, n, vt.v, &ids, &labels, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     goto done;
   }
   PyObject *a = ids_list(&ids), *b = a ? ids_list(&labels) : NULL;
@@ -298,7 +303,8 @@ done:
   return res;
 }
 
-static PyObject *py_json_dumps(PyObject *self, PyObject *args) {
+static PyObject *py_json_dumps(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *p;
   Py_ssize_t n;
   PyObject *text;
@@ -306,13 +312,13 @@ static PyObject *py_json_dumps(PyObject *self, PyObject *args) {
   mml_bytes out = {0};
   mml_err err = {0};
   mml_status st = mml_pyjson_dumps((mml_span){p, (size_t)n}, &out, &err);
-  PyObject *res = st ? (mml_py_raise(st, &err), NULL)
+  PyObject *res = st ? (mml_py_raise(ms, st, &err), NULL)
                      : PyUnicode_DecodeUTF8((const char *)out.data, (Py_ssize_t)out.len, "strict");
   mml_bytes_free(&out);
   return res;
 }
 
-static PyMethodDef methods[] = {
+static PyMethodDef template_functions[] = {
     {"json_dumps", (PyCFunction)py_json_dumps, METH_VARARGS,
      "json_dumps(text) -> str: json.dumps(json.loads(text), ensure_ascii=False) as the C core "
      "writes it for prompts (tools, function calls); for tests."},
@@ -328,4 +334,4 @@ static PyMethodDef methods[] = {
      "image_tokens=None, image_whitespace='in_place', video_tokens=None) -> (ids, labels)."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_template_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }
+int mml_py_template_exec(PyObject *m) { return PyModule_AddFunctions(m, template_functions); }

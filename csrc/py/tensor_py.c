@@ -68,8 +68,6 @@ typedef struct {
   size_t offset;
 } TensorObject;
 
-static PyTypeObject Tensor_Type;
-
 static DLDevice dl_device_of(const mml_buf *b) {
   DLDevice d = {kDLCPU, 0};
   if (b->kind == MML_MEM_DEVICE) {
@@ -179,7 +177,7 @@ static PyObject *Tensor_dlpack(TensorObject *self, PyObject *args, PyObject *kw)
   }
   /* DLPack stream protocol: device memory makes `stream` wait for its copy (cuda_py.c);
    * host memory (pinned included) has nothing to order. */
-  if (mml_py_cuda_export(self->buf, stream) < 0) return NULL;
+  if (mml_py_cuda_export(mml_py_state_of_self(self), self->buf, stream) < 0) return NULL;
   int versioned = 0;
   if (max_version != Py_None) {
     if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) < 1) {
@@ -295,17 +293,19 @@ static PyObject *Tensor_repr(TensorObject *self) {
 }
 
 static void Tensor_dealloc(TensorObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
   mml_buf_release(self->buf);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
 }
 
-static PyObject *Tensor_new_error(PyTypeObject *type, PyObject *a, PyObject *k) {
+static PyObject *Tensor_new(PyTypeObject *type, PyObject *a, PyObject *k) {
   PyErr_SetString(PyExc_TypeError, "mmloader.Tensor objects are created by the loader");
   return NULL;
 }
 
-PyObject *mml_py_tensor_from_slot(mml_tensor *slot) {
-  TensorObject *t = PyObject_New(TensorObject, &Tensor_Type);
+PyObject *mml_py_tensor_from_slot(mml_py_state *ms, mml_tensor *slot) {
+  TensorObject *t = PyObject_New(TensorObject, ms->Tensor_Type);
   if (!t) return NULL;
   t->buf = slot->buf; /* steals the slot's reference */
   slot->buf = NULL;
@@ -314,6 +314,17 @@ PyObject *mml_py_tensor_from_slot(mml_tensor *slot) {
   for (int i = 0; i < MML_MAX_DIMS; i++) t->shape[i] = i < slot->ndim ? slot->shape[i] : 0;
   t->offset = slot->offset;
   return (PyObject *)t;
+}
+
+PyObject *mml_py_batch_dict(mml_py_state *ms, mml_batch *b) {
+  PyObject *d = PyDict_New();
+  for (int i = 0; d && i < b->ntensors; i++) {
+    PyObject *t = mml_py_tensor_from_slot(ms, &b->tensors[i]);
+    if (!t || PyDict_SetItemString(d, b->tensors[i].name, t) < 0) Py_CLEAR(d);
+    Py_XDECREF(t);
+  }
+  mml_batch_clear(b);
+  return d;
 }
 
 static PyMethodDef Tensor_methods[] = {
@@ -338,29 +349,25 @@ static PyGetSetDef Tensor_getset[] = {
      "True for page-locked host memory (pin_memory=True with CUDA present).", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PySequenceMethods Tensor_as_sequence = {.sq_length = (lenfunc)Tensor_len};
+static PyType_Slot Tensor_slots[] = {
+    {Py_tp_dealloc, Tensor_dealloc},
+    {Py_tp_repr, Tensor_repr},
+    {Py_sq_length, Tensor_len},
+    {Py_tp_doc,
+     "A batch tensor produced by mmloader: a zero-copy view of a pooled buffer.\n"
+     "Convert with torch.from_dlpack(t) or numpy.from_dlpack(t) / t.numpy()."},
+    {Py_tp_methods, Tensor_methods},
+    {Py_tp_getset, Tensor_getset},
+    {Py_tp_new, Tensor_new},
+    {0, NULL}};
 
-static PyTypeObject Tensor_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader.Tensor",
-    .tp_basicsize = sizeof(TensorObject),
-    .tp_dealloc = (destructor)Tensor_dealloc,
-    .tp_repr = (reprfunc)Tensor_repr,
-    .tp_as_sequence = &Tensor_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc =
-        "A batch tensor produced by mmloader: a zero-copy view of a pooled buffer.\n"
-        "Convert with torch.from_dlpack(t) or numpy.from_dlpack(t) / t.numpy().",
-    .tp_methods = Tensor_methods,
-    .tp_getset = Tensor_getset,
-    .tp_new = Tensor_new_error,
+static PyType_Spec Tensor_spec = {
+    .name = "mmloader.Tensor",
+    .basicsize = sizeof(TensorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Tensor_slots,
 };
 
-int mml_py_tensor_register(PyObject *m) {
-  if (PyType_Ready(&Tensor_Type) < 0) return -1;
-  Py_INCREF(&Tensor_Type);
-  if (PyModule_AddObject(m, "Tensor", (PyObject *)&Tensor_Type) < 0) {
-    Py_DECREF(&Tensor_Type);
-    return -1;
-  }
-  return 0;
+int mml_py_tensor_exec(PyObject *m) {
+  return mml_py_add_type(m, &Tensor_spec, &mml_py_state_of(m)->Tensor_Type, "Tensor");
 }

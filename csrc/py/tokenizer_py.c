@@ -19,12 +19,10 @@ typedef struct {
   PyObject_HEAD
   mml_tokenizer *tok;
   mml_tok_pool *pool; /* idle slots, at most POOL_MAX */
-} TokObject;
+} TokenizerObject;
 
-static PyTypeObject TokType;
-
-static PyObject *Tok_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  TokObject *self = (TokObject *)type->tp_alloc(type, 0);
+static PyObject *Tokenizer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  TokenizerObject *self = (TokenizerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
   if (mml_tok_pool_new(POOL_MAX, &self->pool) != MML_OK) {
     Py_DECREF(self);
@@ -33,15 +31,17 @@ static PyObject *Tok_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   return (PyObject *)self;
 }
 
-static void Tok_dealloc(TokObject *self) {
+static void Tokenizer_dealloc(TokenizerObject *self) {
   mml_tok_pool_free(self->pool);
   self->pool = NULL;
   mml_tokenizer_free(self->tok);
   self->tok = NULL;
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  PyTypeObject *tp = Py_TYPE(self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
 }
 
-static int Tok_init(TokObject *self, PyObject *args, PyObject *kw) {
+static int Tokenizer_init(TokenizerObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"path", "json", NULL};
   PyObject *path = Py_None, *json = Py_None;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:Tokenizer", kwlist, &path, &json)) return -1;
@@ -80,26 +80,26 @@ static int Tok_init(TokObject *self, PyObject *args, PyObject *kw) {
       PyErr_SetString(PyExc_FileNotFoundError, err.msg);
       return -1;
     }
-    mml_py_raise(st, &err);
+    mml_py_raise(mml_py_state_of_self(self), st, &err);
     return -1;
   }
   self->tok = t;
   return 0;
 }
 
-static int ready(TokObject *self) {
+static int ready(TokenizerObject *self) {
   if (self->tok) return 1;
   PyErr_SetString(PyExc_ValueError, "Tokenizer is not initialised");
   return 0;
 }
 
-const struct mml_tokenizer *mml_py_tokenizer_get(PyObject *obj) {
-  if (!obj || !PyObject_TypeCheck(obj, &TokType)) {
+const struct mml_tokenizer *mml_py_tokenizer_get(mml_py_state *ms, PyObject *obj) {
+  if (!obj || !PyObject_TypeCheck(obj, ms->Tokenizer_Type)) {
     PyErr_Format(PyExc_TypeError, "expected a mmloader.Tokenizer, got %.100s",
                  obj ? Py_TYPE(obj)->tp_name : "NULL");
     return NULL;
   }
-  TokObject *self = (TokObject *)obj;
+  TokenizerObject *self = (TokenizerObject *)obj;
   return ready(self) ? self->tok : NULL;
 }
 
@@ -132,7 +132,7 @@ static const char *text_utf8(PyObject *text, Py_ssize_t *n) {
   return PyUnicode_AsUTF8AndSize(text, n);
 }
 
-static PyObject *Tok_encode(TokObject *self, PyObject *args, PyObject *kw) {
+static PyObject *Tokenizer_encode(TokenizerObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"text", NULL};
   PyObject *text;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O:encode", kwlist, &text)) return NULL;
@@ -154,7 +154,8 @@ static PyObject *Tok_encode(TokObject *self, PyObject *args, PyObject *kw) {
               : MML_ENOMEM;
     Py_END_ALLOW_THREADS
   }
-  PyObject *res = st ? mml_py_raise(st, &err) : ids_to_list(slot->ids.data, slot->ids.len);
+  PyObject *res = st ? mml_py_raise(mml_py_state_of_self(self), st, &err)
+                     : ids_to_list(slot->ids.data, slot->ids.len);
   mml_tok_pool_put(self->pool, slot);
   return res;
 }
@@ -178,7 +179,7 @@ static PyObject *batch_lists(const mml_tok_batch *b) {
   return result;
 }
 
-static PyObject *Tok_encode_batch(TokObject *self, PyObject *args, PyObject *kw) {
+static PyObject *Tokenizer_encode_batch(TokenizerObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"texts", "num_threads", NULL};
   PyObject *texts;
   Py_ssize_t nthreads = 0;
@@ -211,7 +212,7 @@ static PyObject *Tok_encode_batch(TokObject *self, PyObject *args, PyObject *kw)
   st = mml_tokenizer_encode_batch(self->tok, self->pool, ptrs, lens, n, (size_t)nthreads, &b, &err);
   Py_END_ALLOW_THREADS
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(mml_py_state_of_self(self), st, &err);
     goto done;
   }
   result = batch_lists(b);
@@ -225,7 +226,7 @@ done:
 
 /* ---- decode and lookups -------------------------------------------------------------- */
 
-static PyObject *Tok_decode(TokObject *self, PyObject *args, PyObject *kw) {
+static PyObject *Tokenizer_decode(TokenizerObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"ids", "skip_special_tokens", NULL};
   PyObject *ids;
   int skip = 0;
@@ -263,7 +264,7 @@ static PyObject *Tok_decode(TokObject *self, PyObject *args, PyObject *kw) {
     PyErr_SetString(PyExc_ValueError, err.msg);
     res = NULL;
   } else if (st) {
-    res = mml_py_raise(st, &err);
+    res = mml_py_raise(mml_py_state_of_self(self), st, &err);
   } else {
     res =
         PyUnicode_DecodeUTF8(out.len ? (const char *)out.data : "", (Py_ssize_t)out.len, "strict");
@@ -272,7 +273,7 @@ static PyObject *Tok_decode(TokObject *self, PyObject *args, PyObject *kw) {
   return res;
 }
 
-static PyObject *Tok_token_to_id(TokObject *self, PyObject *arg) {
+static PyObject *Tokenizer_token_to_id(TokenizerObject *self, PyObject *arg) {
   if (!ready(self)) return NULL;
   Py_ssize_t n;
   const char *s = text_utf8(arg, &n);
@@ -282,7 +283,7 @@ static PyObject *Tok_token_to_id(TokObject *self, PyObject *arg) {
   return PyLong_FromLong(id);
 }
 
-static PyObject *Tok_id_to_token(TokObject *self, PyObject *arg) {
+static PyObject *Tokenizer_id_to_token(TokenizerObject *self, PyObject *arg) {
   if (!ready(self)) return NULL;
   long id = PyLong_AsLong(arg);
   if (id == -1 && PyErr_Occurred()) return NULL;
@@ -293,7 +294,7 @@ static PyObject *Tok_id_to_token(TokObject *self, PyObject *arg) {
   return PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "replace");
 }
 
-static PyObject *Tok_is_special(TokObject *self, PyObject *arg) {
+static PyObject *Tokenizer_is_special(TokenizerObject *self, PyObject *arg) {
   if (!ready(self)) return NULL;
   long id = PyLong_AsLong(arg);
   if (id == -1 && PyErr_Occurred()) return NULL;
@@ -301,46 +302,54 @@ static PyObject *Tok_is_special(TokObject *self, PyObject *arg) {
                          mml_tokenizer_is_special(self->tok, (int32_t)id));
 }
 
-static PyObject *Tok_vocab_size(TokObject *self, void *closure) {
+static PyObject *Tokenizer_get_vocab_size(TokenizerObject *self, void *closure) {
   if (!ready(self)) return NULL;
   return PyLong_FromSize_t(mml_tokenizer_vocab_size(self->tok));
 }
 
-static PyMethodDef Tok_methods[] = {
-    {"encode", (PyCFunction)(void (*)(void))Tok_encode, METH_VARARGS | METH_KEYWORDS,
+static PyMethodDef Tokenizer_methods[] = {
+    {"encode", (PyCFunction)(void (*)(void))Tokenizer_encode, METH_VARARGS | METH_KEYWORDS,
      "encode(text) -> list[int]\n\nToken ids of `text`, exactly as `tokenizers` would give them "
      "(added and special tokens in the text are recognised).  A str with lone surrogates "
      "raises UnicodeEncodeError; bytes are read as UTF-8, invalid sequences becoming U+FFFD."},
-    {"encode_batch", (PyCFunction)(void (*)(void))Tok_encode_batch, METH_VARARGS | METH_KEYWORDS,
+    {"encode_batch", (PyCFunction)(void (*)(void))Tokenizer_encode_batch,
+     METH_VARARGS | METH_KEYWORDS,
      "encode_batch(texts, num_threads=0) -> list[list[int]]\n\nencode() of every text, in "
      "parallel C threads with the GIL released (num_threads=0: one per CPU)."},
-    {"decode", (PyCFunction)(void (*)(void))Tok_decode, METH_VARARGS | METH_KEYWORDS,
+    {"decode", (PyCFunction)(void (*)(void))Tokenizer_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(ids, skip_special_tokens=False) -> str\n\nText of `ids`; invalid UTF-8 becomes "
      "U+FFFD.  An id outside the vocabulary raises ValueError."},
-    {"token_to_id", (PyCFunction)Tok_token_to_id, METH_O, "token_to_id(token) -> int | None"},
-    {"id_to_token", (PyCFunction)Tok_id_to_token, METH_O,
+    {"token_to_id", (PyCFunction)Tokenizer_token_to_id, METH_O, "token_to_id(token) -> int | None"},
+    {"id_to_token", (PyCFunction)Tokenizer_id_to_token, METH_O,
      "id_to_token(id) -> str | None\n\nThe token string as stored in tokenizer.json (byte-level "
      "symbols, e.g. 'Ġhello')."},
-    {"is_special", (PyCFunction)Tok_is_special, METH_O,
+    {"is_special", (PyCFunction)Tokenizer_is_special, METH_O,
      "is_special(id) -> bool\n\nWhether id is a special added token."},
     {NULL, NULL, 0, NULL}};
 
-static PyGetSetDef Tok_getset[] = {{"vocab_size", (getter)Tok_vocab_size, NULL,
-                                    "Number of distinct tokens, added tokens included.", NULL},
-                                   {NULL, NULL, NULL, NULL, NULL}};
+static PyGetSetDef Tokenizer_getset[] = {
+    {"vocab_size", (getter)Tokenizer_get_vocab_size, NULL,
+     "Number of distinct tokens, added tokens included.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject TokType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.Tokenizer",
-    .tp_basicsize = sizeof(TokObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc =
-        "Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json.\n\n"
-        "Tokenizer(path) or Tokenizer(json=text).  Use mmloader.Tokenizer.",
-    .tp_new = Tok_new,
-    .tp_init = (initproc)Tok_init,
-    .tp_dealloc = (destructor)Tok_dealloc,
-    .tp_methods = Tok_methods,
-    .tp_getset = Tok_getset,
+static PyType_Slot Tokenizer_slots[] = {
+    {Py_tp_doc,
+     "Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json.\n\n"
+     "Tokenizer(path) or Tokenizer(json=text).  Use mmloader.Tokenizer."},
+    {Py_tp_new, Tokenizer_new},
+    {Py_tp_init, Tokenizer_init},
+    {Py_tp_dealloc, Tokenizer_dealloc},
+    {Py_tp_methods, Tokenizer_methods},
+    {Py_tp_getset, Tokenizer_getset},
+    {0, NULL}};
+
+/* No Py_TPFLAGS_HAVE_GC: a Tokenizer holds no Python objects (its Python subclass gets GC
+ * for its __dict__ from CPython). */
+static PyType_Spec Tokenizer_spec = {
+    .name = "mmloader._core.Tokenizer",
+    .basicsize = sizeof(TokenizerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Tokenizer_slots,
 };
 
 /* ---- test hooks: the pieces of the pre-tokenizer and NFC on their own ------------------ */
@@ -380,19 +389,13 @@ static PyObject *py_tok_nfc_quick(PyObject *mod, PyObject *text) {
   return PyBool_FromLong(mml_nfc_quick_check((const uint8_t *)s, (size_t)n));
 }
 
-static PyMethodDef tok_functions[] = {
+static PyMethodDef tokenizer_functions[] = {
     {"_tok_pre_split", py_tok_pre_split, METH_O, "Test hook: the Qwen regex pieces of text."},
     {"_tok_nfc", py_tok_nfc, METH_O, "Test hook: NFC as the tokenizer computes it."},
     {"_tok_nfc_quick", py_tok_nfc_quick, METH_O, "Test hook: the NFC quick check."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_tokenizer_register(PyObject *m) {
-  if (PyModule_AddFunctions(m, tok_functions) < 0) return -1;
-  if (PyType_Ready(&TokType) < 0) return -1;
-  Py_INCREF(&TokType);
-  if (PyModule_AddObject(m, "Tokenizer", (PyObject *)&TokType) < 0) {
-    Py_DECREF(&TokType);
-    return -1;
-  }
-  return 0;
+int mml_py_tokenizer_exec(PyObject *m) {
+  if (PyModule_AddFunctions(m, tokenizer_functions) < 0) return -1;
+  return mml_py_add_type(m, &Tokenizer_spec, &mml_py_state_of(m)->Tokenizer_Type, "Tokenizer");
 }

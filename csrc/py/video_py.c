@@ -19,8 +19,9 @@ typedef struct src_args {
   PyObject *fetcher_obj;
 } src_args;
 
-static int src_from(src_args *a, const char *name, PyObject *data, PyObject *fetcher,
-                    long long max_bytes, int threads, long long block, long long max_pixels) {
+static int src_from(mml_py_state *ms, src_args *a, const char *name, PyObject *data,
+                    PyObject *fetcher, long long max_bytes, int threads, long long block,
+                    long long max_pixels) {
   memset(a, 0, sizeof *a);
   a->src.max_pixels = max_pixels;
   a->src.name = name;
@@ -32,7 +33,7 @@ static int src_from(src_args *a, const char *name, PyObject *data, PyObject *fet
     a->src.data = a->data.buf;
     a->src.len = (size_t)a->data.len;
   }
-  if (fetcher && fetcher != Py_None && !(a->src.fetcher = mml_py_fetcher_get(fetcher))) {
+  if (fetcher && fetcher != Py_None && !(a->src.fetcher = mml_py_fetcher_get(ms, fetcher))) {
     if (a->data.obj) PyBuffer_Release(&a->data);
     return -1;
   }
@@ -52,6 +53,7 @@ static PyObject *info_dict(const mml_video_info *in) {
 }
 
 static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"name", "data", "fetcher", "max_bytes", "max_pixels", NULL};
   const char *name;
   PyObject *data = NULL, *fetcher = NULL;
@@ -60,7 +62,7 @@ static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
                                    &max_bytes, &max_pixels))
     return NULL;
   src_args a;
-  if (src_from(&a, name, data, fetcher, max_bytes, 1, 0, max_pixels)) return NULL;
+  if (src_from(ms, &a, name, data, fetcher, max_bytes, 1, 0, max_pixels)) return NULL;
   mml_err err = {0};
   mml_video *v = NULL;
   mml_video_info info;
@@ -71,7 +73,7 @@ static PyObject *py_video_probe(PyObject *mod, PyObject *args, PyObject *kw) {
   mml_video_close(v);
   Py_END_ALLOW_THREADS
   src_release(&a);
-  if (st) return mml_py_raise(st, &err);
+  if (st) return mml_py_raise(ms, st, &err);
   return info_dict(&info);
 }
 
@@ -150,6 +152,7 @@ done:
 }
 
 static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"name",    "indices", "data",       "fetcher", "max_bytes",
                            "threads", "block",   "max_pixels", NULL};
   const char *name;
@@ -168,7 +171,7 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
     return NULL;
   }
   src_args a;
-  if (src_from(&a, name, data, fetcher, max_bytes, threads, block, max_pixels)) {
+  if (src_from(ms, &a, name, data, fetcher, max_bytes, threads, block, max_pixels)) {
     PyMem_Free(idx);
     return NULL;
   }
@@ -188,13 +191,13 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
   Py_END_ALLOW_THREADS
   src_release(&a);
   PyMem_Free(idx);
-  PyObject *r = st ? mml_py_raise(st, &err) : result(&g, &info, bytes_read, decoded);
+  PyObject *r = st ? mml_py_raise(ms, st, &err) : result(&g, &info, bytes_read, decoded);
   mml_bytes_free(&g.pix);
   mml_bytes_free(&g.meta);
   return r;
 }
 
-static PyMethodDef k_methods[] = {
+static PyMethodDef video_functions[] = {
     {"video_probe", (PyCFunction)(void (*)(void))py_video_probe, METH_VARARGS | METH_KEYWORDS,
      "video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict: what the "
      "core's "
@@ -208,4 +211,4 @@ static PyMethodDef k_methods[] = {
      "indices (presentation order), decoded with keyframe seeks."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_video_register(PyObject *m) { return PyModule_AddFunctions(m, k_methods); }
+int mml_py_video_exec(PyObject *m) { return PyModule_AddFunctions(m, video_functions); }

@@ -112,11 +112,12 @@ fail:
 }
 
 /* The first video of a record line (rec is parsed into; the caller frees it). */
-static const mml_video_ref *first_video(const char *line, Py_ssize_t n, mml_record *rec) {
+static const mml_video_ref *first_video(mml_py_state *ms, const char *line, Py_ssize_t n,
+                                        mml_record *rec) {
   mml_err err = {0};
   mml_status st = mml_record_parse(line, (size_t)n, rec, &err);
   if (st) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return NULL;
   }
   if (rec->nvideos < 1) {
@@ -126,7 +127,8 @@ static const mml_video_ref *first_video(const char *line, Py_ssize_t n, mml_reco
   return &rec->videos[0];
 }
 
-static PyObject *py_video_sample(PyObject *self, PyObject *args) {
+static PyObject *py_video_sample(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *line;
   Py_ssize_t n;
   long long total;
@@ -134,13 +136,13 @@ static PyObject *py_video_sample(PyObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "s#Ld:video_sample", &line, &n, &total, &fps)) return NULL;
   mml_record rec = {0};
   PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
+  const mml_video_ref *v = first_video(ms, line, n, &rec);
   if (v) {
     mml_video_sampling s;
     mml_err err = {0};
     mml_status st = mml_video_sample(&v->keys, total, fps, &s, &err);
     if (st) {
-      mml_py_raise(st, &err);
+      mml_py_raise(ms, st, &err);
     } else {
       int64_t *idx = malloc((size_t)s.n * sizeof *idx);
       PyObject *l = idx ? PyList_New((Py_ssize_t)s.n) : NULL;
@@ -160,7 +162,8 @@ static PyObject *py_video_sample(PyObject *self, PyObject *args) {
   return res;
 }
 
-static PyObject *py_video_frame_size(PyObject *self, PyObject *args) {
+static PyObject *py_video_frame_size(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *line;
   Py_ssize_t n;
   int factor, h, w;
@@ -169,18 +172,19 @@ static PyObject *py_video_frame_size(PyObject *self, PyObject *args) {
     return NULL;
   mml_record rec = {0};
   PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
+  const mml_video_ref *v = first_video(ms, line, n, &rec);
   if (v) {
     mml_err err = {0};
     int oh, ow;
     mml_status st = mml_video_frame_size(&v->keys, factor, nframes, h, w, &oh, &ow, &err);
-    res = st ? (mml_py_raise(st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
+    res = st ? (mml_py_raise(ms, st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
   }
   mml_record_free(&rec);
   return res;
 }
 
-static PyObject *py_video_list_frame_size(PyObject *self, PyObject *args) {
+static PyObject *py_video_list_frame_size(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *line;
   Py_ssize_t n;
   int factor, h, w;
@@ -188,18 +192,18 @@ static PyObject *py_video_list_frame_size(PyObject *self, PyObject *args) {
     return NULL;
   mml_record rec = {0};
   PyObject *res = NULL;
-  const mml_video_ref *v = first_video(line, n, &rec);
+  const mml_video_ref *v = first_video(ms, line, n, &rec);
   if (v) {
     mml_err err = {0};
     int oh, ow;
     mml_status st = mml_video_list_frame_size(&v->keys, factor, h, w, &oh, &ow, &err);
-    res = st ? (mml_py_raise(st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
+    res = st ? (mml_py_raise(ms, st, &err), NULL) : Py_BuildValue("(ii)", oh, ow);
   }
   mml_record_free(&rec);
   return res;
 }
 
-static PyObject *py_video_timestamps(PyObject *self, PyObject *args) {
+static PyObject *py_video_timestamps(PyObject *mod, PyObject *args) {
   PyObject *obj;
   double fps;
   int t;
@@ -231,7 +235,8 @@ static PyObject *py_video_timestamps(PyObject *self, PyObject *args) {
   return res;
 }
 
-static PyObject *py_resize_aa(PyObject *self, PyObject *args) {
+static PyObject *py_resize_aa_bicubic(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   Py_buffer b;
   int planes, w, h, ow, oh;
   if (!PyArg_ParseTuple(args, "y*iiiii:resize_aa_bicubic", &b, &planes, &w, &h, &ow, &oh))
@@ -249,15 +254,15 @@ static PyObject *py_resize_aa(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (st) {
       Py_CLEAR(res);
-      mml_py_raise(st, &err);
+      mml_py_raise(ms, st, &err);
     }
   }
   PyBuffer_Release(&b);
   return res;
 }
 
-static PyMethodDef methods[] = {
-    {"resize_aa_bicubic", py_resize_aa, METH_VARARGS,
+static PyMethodDef video_sample_functions[] = {
+    {"resize_aa_bicubic", py_resize_aa_bicubic, METH_VARARGS,
      "resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes resized as "
      "torch.nn.functional.interpolate(mode='bicubic', antialias=True) does."},
     {"video_sample", py_video_sample, METH_VARARGS,
@@ -274,4 +279,6 @@ static PyMethodDef methods[] = {
      "temporal patch."},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_video_sample_register(PyObject *m) { return PyModule_AddFunctions(m, methods); }
+int mml_py_video_sample_exec(PyObject *m) {
+  return PyModule_AddFunctions(m, video_sample_functions);
+}

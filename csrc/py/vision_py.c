@@ -32,18 +32,18 @@
 
 /* ---------------------------------------------------------------- config from dict */
 
-static int get_item(PyObject *d, const char *key, PyObject **out) {
+static int get_item(mml_py_state *ms, PyObject *d, const char *key, PyObject **out) {
   *out = PyDict_GetItemString(d, key); /* borrowed */
   if (!*out) {
-    PyErr_Format(mml_py_ConfigError, "vision config: missing key %s", key);
+    PyErr_Format(ms->ConfigError, "vision config: missing key %s", key);
     return -1;
   }
   return 0;
 }
 
-static int get_i64(PyObject *d, const char *key, int64_t *out) {
+static int get_i64(mml_py_state *ms, PyObject *d, const char *key, int64_t *out) {
   PyObject *v;
-  if (get_item(d, key, &v)) return -1;
+  if (get_item(ms, d, key, &v)) return -1;
   if (v == Py_None) {
     *out = 0;
     return 0;
@@ -51,41 +51,41 @@ static int get_i64(PyObject *d, const char *key, int64_t *out) {
   long long x = PyLong_AsLongLong(v);
   if (x == -1 && PyErr_Occurred()) {
     PyErr_Clear();
-    PyErr_Format(mml_py_ConfigError, "vision config: %s must be an integer", key);
+    PyErr_Format(ms->ConfigError, "vision config: %s must be an integer", key);
     return -1;
   }
   *out = x;
   return 0;
 }
 
-static int get_int(PyObject *d, const char *key, int *out) {
+static int get_int(mml_py_state *ms, PyObject *d, const char *key, int *out) {
   int64_t x;
-  if (get_i64(d, key, &x)) return -1;
+  if (get_i64(ms, d, key, &x)) return -1;
   if (x < INT32_MIN || x > INT32_MAX) {
-    PyErr_Format(mml_py_ConfigError, "vision config: %s out of range", key);
+    PyErr_Format(ms->ConfigError, "vision config: %s out of range", key);
     return -1;
   }
   *out = (int)x;
   return 0;
 }
 
-static int get_bool(PyObject *d, const char *key, int *out) {
+static int get_bool(mml_py_state *ms, PyObject *d, const char *key, int *out) {
   PyObject *v;
-  if (get_item(d, key, &v)) return -1;
+  if (get_item(ms, d, key, &v)) return -1;
   int b = PyObject_IsTrue(v);
   if (b < 0) return -1;
   *out = b;
   return 0;
 }
 
-static int get_vec3(PyObject *d, const char *key, float out[3]) {
+static int get_vec3(mml_py_state *ms, PyObject *d, const char *key, float out[3]) {
   PyObject *v;
-  if (get_item(d, key, &v)) return -1;
+  if (get_item(ms, d, key, &v)) return -1;
   PyObject *seq = PySequence_Fast(v, "vision config: image_mean/image_std must be sequences");
   if (!seq) return -1;
   if (PySequence_Fast_GET_SIZE(seq) != 3) {
     Py_DECREF(seq);
-    PyErr_Format(mml_py_ConfigError, "vision config: %s needs 3 values", key);
+    PyErr_Format(ms->ConfigError, "vision config: %s needs 3 values", key);
     return -1;
   }
   for (int i = 0; i < 3; i++) {
@@ -100,30 +100,33 @@ static int get_vec3(PyObject *d, const char *key, float out[3]) {
   return 0;
 }
 
-int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
+int mml_py_vision_cfg_from_dict(mml_py_state *ms, PyObject *d, struct mml_vision_cfg *cfg) {
   if (!PyDict_Check(d)) {
     PyErr_SetString(PyExc_TypeError,
                     "vision config must be a dict (mmloader.presets.vision_config())");
     return -1;
   }
   memset(cfg, 0, sizeof *cfg);
-  if (get_int(d, "patch_size", &cfg->patch_size) || get_int(d, "merge_size", &cfg->merge_size) ||
-      get_int(d, "temporal_patch_size", &cfg->temporal_patch_size) ||
-      get_i64(d, "min_pixels", &cfg->min_pixels) || get_i64(d, "max_pixels", &cfg->max_pixels) ||
-      get_vec3(d, "image_mean", cfg->mean) || get_vec3(d, "image_std", cfg->std) ||
-      get_bool(d, "legacy_resize", &cfg->legacy_resize) || get_bool(d, "fast", &cfg->fast) ||
-      get_i64(d, "max_image_pixels", &cfg->max_image_pixels))
+  if (get_int(ms, d, "patch_size", &cfg->patch_size) ||
+      get_int(ms, d, "merge_size", &cfg->merge_size) ||
+      get_int(ms, d, "temporal_patch_size", &cfg->temporal_patch_size) ||
+      get_i64(ms, d, "min_pixels", &cfg->min_pixels) ||
+      get_i64(ms, d, "max_pixels", &cfg->max_pixels) || get_vec3(ms, d, "image_mean", cfg->mean) ||
+      get_vec3(ms, d, "image_std", cfg->std) ||
+      get_bool(ms, d, "legacy_resize", &cfg->legacy_resize) ||
+      get_bool(ms, d, "fast", &cfg->fast) ||
+      get_i64(ms, d, "max_image_pixels", &cfg->max_image_pixels))
     return -1;
   if (PyDict_GetItemString(d, "pillow_h_first") &&
-      get_bool(d, "pillow_h_first", &cfg->pillow_h_first))
+      get_bool(ms, d, "pillow_h_first", &cfg->pillow_h_first))
     return -1;
   cfg->video_min_pixels = cfg->min_pixels; /* no separate video limits: the image ones */
   cfg->video_max_pixels = cfg->max_pixels;
   if (PyDict_GetItemString(d, "video_min_pixels") &&
-      get_i64(d, "video_min_pixels", &cfg->video_min_pixels))
+      get_i64(ms, d, "video_min_pixels", &cfg->video_min_pixels))
     return -1;
   if (PyDict_GetItemString(d, "video_max_pixels") &&
-      get_i64(d, "video_max_pixels", &cfg->video_max_pixels))
+      get_i64(ms, d, "video_max_pixels", &cfg->video_max_pixels))
     return -1;
   PyObject *fam = PyDict_GetItemString(d, "video_family");
   if (fam) {
@@ -141,7 +144,7 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
       return -1;
     }
   }
-  if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(d, "strict_jpeg", &cfg->strict_jpeg))
+  if (PyDict_GetItemString(d, "strict_jpeg") && get_bool(ms, d, "strict_jpeg", &cfg->strict_jpeg))
     return -1;
   PyObject *route = PyDict_GetItemString(d, "image_route");
   if (route) {
@@ -160,7 +163,7 @@ int mml_py_vision_cfg_from_dict(PyObject *d, struct mml_vision_cfg *cfg) {
   mml_err err = {0};
   mml_status st = mml_vision_cfg_check(cfg, &err);
   if (st != MML_OK) {
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
   return 0;
@@ -175,7 +178,7 @@ typedef struct {
   PyThread_type_lock lock;
   void *cache; /* one output buffer returned by a released VisionBuffer (GIL held) */
   size_t cache_size;
-} VisionProcessor;
+} VisionProcessorObject;
 
 /* ---------------------------------------------------------------- VisionBuffer */
 
@@ -184,39 +187,69 @@ typedef struct {
  * (one cached buffer) so steady-state calls neither allocate nor page-fault new memory. */
 typedef struct {
   PyObject_HEAD
-  PyObject *owner; /* VisionProcessor */
+  PyObject *owner; /* the VisionProcessor */
   void *data;
   size_t size;
-} VisionBuffer;
+} VisionBufferObject;
 
-static int vb_getbuffer(VisionBuffer *self, Py_buffer *view, int flags) {
+static int VisionBuffer_getbuffer(VisionBufferObject *self, Py_buffer *view, int flags) {
   return PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->size, 0, flags);
 }
 
-static PyBufferProcs vb_as_buffer = {(getbufferproc)vb_getbuffer, NULL};
+static int VisionBuffer_traverse(VisionBufferObject *self, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->owner);
+  return 0;
+}
 
-static void vb_dealloc(VisionBuffer *self);
+static int VisionBuffer_clear(VisionBufferObject *self) {
+  Py_CLEAR(self->owner); /* the memory is then freed, not cached */
+  return 0;
+}
 
-static PyTypeObject VisionBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionBuffer",
-    .tp_basicsize = sizeof(VisionBuffer),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "pixel_values memory of one ImageProcessor call (buffer protocol).",
-    .tp_dealloc = (destructor)vb_dealloc,
-    .tp_as_buffer = &vb_as_buffer,
+static void VisionBuffer_dealloc(VisionBufferObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  VisionProcessorObject *o = (VisionProcessorObject *)self->owner;
+  if (o && !o->cache && self->data) {
+    o->cache = self->data;
+    o->cache_size = self->size;
+  } else {
+    free(self->data);
+  }
+  VisionBuffer_clear(self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
+}
+
+static PyType_Slot VisionBuffer_slots[] = {
+    {Py_tp_dealloc, VisionBuffer_dealloc},
+    {Py_tp_traverse, VisionBuffer_traverse},
+    {Py_tp_clear, VisionBuffer_clear},
+    {Py_tp_doc, "pixel_values memory of one ImageProcessor call (buffer protocol)."},
+    {Py_bf_getbuffer, VisionBuffer_getbuffer},
+    {0, NULL}};
+
+static PyType_Spec VisionBuffer_spec = {
+    .name = "mmloader._core.VisionBuffer",
+    .basicsize = sizeof(VisionBufferObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = VisionBuffer_slots,
 };
 
-static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
+static int VisionProcessor_init(VisionProcessorObject *self, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of_self(self);
   PyObject *d;
   const char *fmt = "float32";
   static char *kwlist[] = {"cfg", "pixel_format", NULL};
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s:VisionProcessor", kwlist, &d, &fmt)) return -1;
-  if (mml_py_vision_cfg_from_dict(d, &self->cfg)) return -1;
+  if (mml_py_vision_cfg_from_dict(ms, d, &self->cfg)) return -1;
   static const char *const formats[] = {"float32", "bfloat16", "uint8"}; /* MML_PIXEL_* */
   int k = 0;
   while (k < 3 && strcmp(fmt, formats[k])) k++;
   if (k == 3) {
-    PyErr_Format(mml_py_ConfigError,
+    PyErr_Format(ms->ConfigError,
                  "pixel_format must be \"float32\", \"bfloat16\" or "
                  "\"uint8\", got \"%s\"",
                  fmt);
@@ -234,25 +267,12 @@ static int vp_init(VisionProcessor *self, PyObject *args, PyObject *kw) {
   return 0;
 }
 
-static void vb_dealloc(VisionBuffer *self) {
-  VisionProcessor *o = (VisionProcessor *)self->owner;
-  if (o && !o->cache && self->data) {
-    o->cache = self->data;
-    o->cache_size = self->size;
-  } else {
-    free(self->data);
-  }
-  Py_XDECREF(self->owner);
-  Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
 /* A buffer of n bytes, reusing the processor's cached one when it fits (and is not more
  * than 4x too large).  GIL held. */
-static PyObject *vp_take_buffer(VisionProcessor *self, size_t n) {
-  VisionBuffer *b = PyObject_New(VisionBuffer, &VisionBufferType);
+static PyObject *take_buffer(mml_py_state *ms, VisionProcessorObject *self, size_t n) {
+  PyTypeObject *tp = ms->VisionBuffer_Type;
+  VisionBufferObject *b = (VisionBufferObject *)tp->tp_alloc(tp, 0); /* zeroed, tracked */
   if (!b) return NULL;
-  b->owner = NULL;
-  b->data = NULL;
   b->size = n;
   if (self->cache && self->cache_size >= n && self->cache_size / 4 <= n) {
     b->data = self->cache;
@@ -267,11 +287,13 @@ static PyObject *vp_take_buffer(VisionProcessor *self, size_t n) {
   return (PyObject *)b;
 }
 
-static void vp_dealloc(VisionProcessor *self) {
+static void VisionProcessor_dealloc(VisionProcessorObject *self) {
   free(self->cache);
   mml_vision_scratch_free(self->scratch);
   if (self->lock) PyThread_free_lock(self->lock);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  PyTypeObject *tp = Py_TYPE(self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp); /* heap type: each instance holds a reference */
 }
 
 typedef struct item {
@@ -289,7 +311,7 @@ static void items_release(item *it, Py_ssize_t n) {
 }
 
 /* The items of process(): (kind, buffer[, h, w]); kind 1 is raw RGB of h x w. */
-static int vp_parse_items(PyObject *seq, item *it, Py_ssize_t n) {
+static int parse_items(PyObject *seq, item *it, Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *o = PySequence_Fast_GET_ITEM(seq, i), *b;
     if (!PyArg_ParseTuple(o, "iO|ii:process item", &it[i].kind, &b, &it[i].h, &it[i].w)) return -1;
@@ -306,7 +328,8 @@ static int vp_parse_items(PyObject *seq, item *it, Py_ssize_t n) {
 }
 
 /* Plans every item (GIL released); *rows: their pixel_values rows.  -1 with an exception. */
-static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t *rows) {
+static int plan_items(mml_py_state *ms, VisionProcessorObject *self, item *it, Py_ssize_t n,
+                      int64_t *rows) {
   mml_err err = {0};
   mml_status st = MML_OK;
   Py_ssize_t bad = -1;
@@ -326,7 +349,7 @@ static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t 
   Py_END_ALLOW_THREADS
   if (st != MML_OK) {
     mml_err_prefix(&err, "image %zd", bad);
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
   return 0;
@@ -335,7 +358,8 @@ static int vp_plan_items(VisionProcessor *self, item *it, Py_ssize_t n, int64_t 
 /* Decodes, resizes and patchifies every item into dst (GIL released), rows of row_bytes,
  * with the processor's scratch when it is free, else a temporary one.  -1 with an
  * exception. */
-static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, uint8_t *dst) {
+static int process_items(mml_py_state *ms, VisionProcessorObject *self, item *it, Py_ssize_t n,
+                         uint8_t *dst) {
   mml_err err = {0};
   mml_status st = MML_OK;
   Py_ssize_t bad = -1;
@@ -364,14 +388,14 @@ static int vp_process_items(VisionProcessor *self, item *it, Py_ssize_t n, uint8
   Py_END_ALLOW_THREADS
   if (st != MML_OK) {
     mml_err_prefix(&err, "image %zd", bad);
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
     return -1;
   }
   return 0;
 }
 
 /* [(grid_t, grid_h, grid_w), ...] */
-static PyObject *vp_grids(const item *it, Py_ssize_t n) {
+static PyObject *grids_list(const item *it, Py_ssize_t n) {
   PyObject *grids = PyList_New(n);
   if (!grids) return NULL;
   for (Py_ssize_t i = 0; i < n; i++) {
@@ -385,7 +409,8 @@ static PyObject *vp_grids(const item *it, Py_ssize_t n) {
   return grids;
 }
 
-static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
+static PyObject *VisionProcessor_process(VisionProcessorObject *self, PyObject *arg) {
+  mml_py_state *ms = mml_py_state_of_self(self);
   PyObject *seq = PySequence_Fast(arg, "process() takes a list of items");
   if (!seq) return NULL;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -396,17 +421,17 @@ static PyObject *vp_process(VisionProcessor *self, PyObject *arg) {
   }
   PyObject *result = NULL, *out = NULL, *grids;
   int64_t rows;
-  if (vp_parse_items(seq, it, n) || vp_plan_items(self, it, n, &rows)) goto fail;
+  if (parse_items(seq, it, n) || plan_items(ms, self, it, n, &rows)) goto fail;
   int cols = mml_vision_pixel_cols(&self->cfg);
   const size_t row_bytes = mml_vision_row_bytes(&self->cfg);
   if (rows > (int64_t)(PY_SSIZE_T_MAX / row_bytes)) {
     PyErr_NoMemory();
     goto fail;
   }
-  out = vp_take_buffer(self, (size_t)rows * row_bytes);
+  out = take_buffer(ms, self, (size_t)rows * row_bytes);
   if (!out) goto fail;
-  if (vp_process_items(self, it, n, ((VisionBuffer *)out)->data)) goto fail;
-  if (!(grids = vp_grids(it, n))) goto fail;
+  if (process_items(ms, self, it, n, ((VisionBufferObject *)out)->data)) goto fail;
+  if (!(grids = grids_list(it, n))) goto fail;
   result = Py_BuildValue("(OLiN)", out, (long long)rows, cols, grids);
 fail:
   Py_XDECREF(out);
@@ -415,21 +440,25 @@ fail:
   return result;
 }
 
-static PyMethodDef vp_methods[] = {
-    {"process", (PyCFunction)vp_process, METH_O,
+static PyMethodDef VisionProcessor_methods[] = {
+    {"process", (PyCFunction)VisionProcessor_process, METH_O,
      "process(items) -> (buffer, rows, cols, grids).  items: (0, encoded) or "
      "(1, rgb_buffer, height, width)."},
     {NULL, NULL, 0, NULL}};
 
-static PyTypeObject VisionProcessorType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mmloader._core.VisionProcessor",
-    .tp_basicsize = sizeof(VisionProcessor),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Native Qwen-VL image preprocessing with a reusable scratch.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)vp_init,
-    .tp_dealloc = (destructor)vp_dealloc,
-    .tp_methods = vp_methods,
+static PyType_Slot VisionProcessor_slots[] = {
+    {Py_tp_doc, "Native Qwen-VL image preprocessing with a reusable scratch."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, VisionProcessor_init},
+    {Py_tp_dealloc, VisionProcessor_dealloc},
+    {Py_tp_methods, VisionProcessor_methods},
+    {0, NULL}};
+
+static PyType_Spec VisionProcessor_spec = {
+    .name = "mmloader._core.VisionProcessor",
+    .basicsize = sizeof(VisionProcessorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = VisionProcessor_slots,
 };
 
 /* ---------------------------------------------------------------- functions */
@@ -453,11 +482,12 @@ static PyObject *py_smart_resize(PyObject *mod, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   PyObject *d;
   Py_buffer b;
   if (!PyArg_ParseTuple(args, "Oy*:vision_plan", &d, &b)) return NULL;
   mml_vision_cfg cfg;
-  if (mml_py_vision_cfg_from_dict(d, &cfg)) {
+  if (mml_py_vision_cfg_from_dict(ms, d, &cfg)) {
     PyBuffer_Release(&b);
     return NULL;
   }
@@ -468,7 +498,7 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
   st = mml_vision_plan_bytes(&cfg, b.buf, (size_t)b.len, &plan, &err);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&b);
-  if (st != MML_OK) return mml_py_raise(st, &err);
+  if (st != MML_OK) return mml_py_raise(ms, st, &err);
   return Py_BuildValue("{s:i,s:i,s:i,s:i,s:(iii),s:L,s:i,s:L,s:s,s:i}", "src_w", plan.src_w,
                        "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
                        plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
@@ -477,6 +507,7 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
 }
 
 static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   const char *ref;
   if (!PyArg_ParseTuple(args, "s:data_uri_decode", &ref)) return NULL;
   mml_bytes out = {0};
@@ -487,12 +518,13 @@ static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {
   Py_END_ALLOW_THREADS
   PyObject *r = st == MML_OK
                     ? PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.len)
-                    : mml_py_raise(st, &err);
+                    : mml_py_raise(ms, st, &err);
   mml_bytes_free(&out);
   return r;
 }
 
 static PyObject *py_image_decode(PyObject *mod, PyObject *args, PyObject *kw) {
+  mml_py_state *ms = mml_py_state_of(mod);
   static char *kwlist[] = {"data", "scale_denom", "alpha", "max_image_pixels", NULL};
   Py_buffer b;
   int scale = 1, alpha = MML_ALPHA_COMPOSITE;
@@ -517,7 +549,7 @@ static PyObject *py_image_decode(PyObject *mod, PyObject *args, PyObject *kw) {
   PyBuffer_Release(&b);
   PyObject *r = NULL;
   if (st != MML_OK)
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
   else
     r = Py_BuildValue("(y#ii)", (const char *)img.pixels, (Py_ssize_t)img.stride * img.height,
                       img.height, img.width);
@@ -526,6 +558,7 @@ static PyObject *py_image_decode(PyObject *mod, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   Py_buffer b;
   int h, w, dh, dw, h_first = 0;
   if (!PyArg_ParseTuple(args, "y*iiii|p:resize_bicubic", &b, &h, &w, &dh, &dw, &h_first))
@@ -553,7 +586,7 @@ static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
   PyBuffer_Release(&b);
   if (st != MML_OK) {
     Py_DECREF(out);
-    return mml_py_raise(st, &err);
+    return mml_py_raise(ms, st, &err);
   }
   return out;
 }
@@ -571,6 +604,7 @@ static mml_status null_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
 
 /* Decode only (rows converted to RGB8 and dropped): the decode ceiling for benchmarks. */
 static PyObject *py_decode_only(PyObject *mod, PyObject *arg) {
+  mml_py_state *ms = mml_py_state_of(mod);
   PyObject *seq = PySequence_Fast(arg, "decode_only() takes a list of bytes");
   if (!seq) return NULL;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -594,7 +628,7 @@ static PyObject *py_decode_only(PyObject *mod, PyObject *arg) {
     st = mml_image_decode_rows(d, bufs[i].buf, (size_t)bufs[i].len, 1, &sink, &err);
   Py_END_ALLOW_THREADS
   if (st != MML_OK)
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
   else
     r = PyLong_FromLongLong((long long)pixels);
 out:
@@ -609,6 +643,7 @@ out:
  * uint8 buffer of rows of 3*frames*P*P bytes, dst a writable buffer of as many rows of
  * 3*T*P*P float32 (or bfloat16) values, table 768 float32 ([3][256]). */
 static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
   Py_buffer src, dst, tab;
   int P, F, T, bf16;
   if (!PyArg_ParseTuple(args, "y*w*y*iiip:expand_pixels", &src, &dst, &tab, &P, &F, &T, &bf16))
@@ -630,7 +665,7 @@ static PyObject *py_expand_pixels(PyObject *mod, PyObject *args) {
                          bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32, dst.buf, &err);
   Py_END_ALLOW_THREADS
   if (st != MML_OK)
-    mml_py_raise(st, &err);
+    mml_py_raise(ms, st, &err);
   else
     r = Py_NewRef(Py_None);
 out:
@@ -660,12 +695,10 @@ static PyMethodDef vision_functions[] = {
      "resize_bicubic(rgb, height, width, dst_h, dst_w) -> bytes (Pillow-exact bicubic)"},
     {NULL, NULL, 0, NULL}};
 
-int mml_py_vision_register(PyObject *m) {
-  if (PyType_Ready(&VisionProcessorType) < 0 || PyType_Ready(&VisionBufferType) < 0) return -1;
-  Py_INCREF(&VisionProcessorType);
-  if (PyModule_AddObject(m, "VisionProcessor", (PyObject *)&VisionProcessorType)) {
-    Py_DECREF(&VisionProcessorType);
+int mml_py_vision_exec(PyObject *m) {
+  mml_py_state *ms = mml_py_state_of(m);
+  if (mml_py_add_type(m, &VisionProcessor_spec, &ms->VisionProcessor_Type, "VisionProcessor") ||
+      mml_py_add_type(m, &VisionBuffer_spec, &ms->VisionBuffer_Type, NULL))
     return -1;
-  }
   return PyModule_AddFunctions(m, vision_functions);
 }
