@@ -35,3 +35,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "bench_e2e" in item.nodeid:
             item.add_marker(pytest.mark.timeout(3600))
+    # bench_e2e runs repeat by repeat (its collection_order); the other suites keep theirs
+    e2e = [i for i in items if hasattr(i.module, "collection_order")]
+    if e2e:
+        first = items.index(e2e[0])
+        rest = [i for i in items if not hasattr(i.module, "collection_order")]
+        e2e.sort(key=lambda i: i.module.collection_order(i))
+        items[:] = rest[:first] + e2e + rest[first:]

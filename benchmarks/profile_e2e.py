@@ -9,7 +9,8 @@ Needs `perf` (Debian: linux-perf) allowed to sample the kernel (root, or
 kernel.perf_event_paranoid <= 1); without kernel access it samples user space only and says
 so.  Groups (first match wins, on the symbol, then the shared object): page faults and
 page zeroing in the kernel; other kernel work; memmove/memcpy/memset; image decoders
-(libjpeg-turbo, libpng, zlib, libwebp, giflib, libtiff); mmloader's resize; mmloader's
+(libjpeg-turbo, libpng, zlib, libwebp, giflib, libtiff, and mmloader's glue around them);
+mmloader's resize; mmloader's
 normalise/patchify/collate; mmloader's tokenizer; the rest of mmloader; the Python
 interpreter; torch; everything else.
 """
@@ -17,6 +18,7 @@ interpreter; torch; everything else.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -47,6 +49,12 @@ GROUPS: List[Tuple[str, str, str]] = [
         r".",
         r"libjpeg|libturbojpeg|libpng|libz\.|libdeflate|libwebp|libgif|libtiff",
     ),
+    (  # mmloader's own decoder glue (row conversion, callbacks): decode-only runs it too
+        "image decoders (libjpeg-turbo, libpng, zlib, ...)",
+        r"^decode_(jpeg|png|animated)|^mml_(image|bmp|gif|tiff|webp)_decode|png_|jpeg|"
+        r"^gif_|tiff_line|rgba_row|cmyk|rle_decode|full_row|limit_row",
+        r"_core",
+    ),
     (
         "mmloader: resize",
         r"resize|resample|bicubic|rows_h|row_v|transpose_in|clip8|pack4",
@@ -55,7 +63,7 @@ GROUPS: List[Tuple[str, str, str]] = [
     (
         "mmloader: normalise, patchify, collate",
         r"vision|patch|norm|flush_block|lut|collate|"
-        r"emit|pixel",
+        r"emit|pixel|write_(f32|bf16|u8)|expand",
         r"_core",
     ),
     (
@@ -152,6 +160,7 @@ def main(argv: List[str]) -> int:
         "benchmarks.pipelines.runner",
         json.dumps(cfg),
     ]
+    load0 = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     scope = "user space and kernel"
     if proc.returncode:
@@ -185,10 +194,16 @@ def main(argv: List[str]) -> int:
     ).stdout
     n = re.search(r"# Samples: (\S+)", rep)
     groups, kernel = parse(rep)
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = {
         "tool": f"perf record -F 499 -e cpu-clock, {scope}",
         "what": f"mmloader, {threads} threads, local disk, {res['samples']} samples over "
-        f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}",
+        f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}; measured {when} on "
+        f"{rev or 'an unknown commit'}, 1-min load average {load0:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after",
         "samples": n.group(1) if n else "?",
         "kernel_share": kernel,
         "cpu_ms_per_sample": 1000 * (res.get("steady_cpu_s_per_sample") or res["cpu_s_per_sample"]),

@@ -57,8 +57,16 @@ def _runs(
     ]
 
 
-def _ok(results: List[Result], key: str = "samples_per_s") -> List[Result]:
-    return [r for r in results if key in r and r[key] is not None]
+RATE = "rate"  # samples/s in steady state (after the warm-up), else after the first batch
+
+
+def _value(res: Result, key: str) -> Optional[float]:
+    """A run's figure; RATE: its steady-state samples/s (no batch the pipeline made before
+    the first one or during the warm-up flatters it), samples_per_s for a run too short
+    for a steady state."""
+    if key == RATE:
+        return res.get("steady_samples_per_s") or res.get("samples_per_s")
+    return res.get(key)
 
 
 def _med(xs: List[float]) -> Optional[float]:
@@ -74,9 +82,9 @@ def stat(
 ) -> Optional[Tuple[float, float, float, int]]:
     """(median, min, max, n) of `key` over the successful runs, or None."""
     vals = [
-        r["result"][key]
+        _value(r["result"], key)
         for r in _runs(data, group, source, pipeline)
-        if r["result"].get(key) is not None
+        if _value(r["result"], key) is not None
         and "error" not in r["result"]
         and "skipped" not in r["result"]
     ]
@@ -102,7 +110,7 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def _rate(data, source, pipeline) -> Optional[float]:
-    s = stat(data, "throughput", source, pipeline, "samples_per_s")
+    s = stat(data, "throughput", source, pipeline, RATE)
     return s[0] if s else None
 
 
@@ -111,9 +119,48 @@ def _cpu(data, source, pipeline) -> Optional[float]:
     return s[0] if s else None
 
 
-def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optional[bool], str]]:
+def rule_counts(data: Dict[str, Any]) -> Tuple[int, int]:
+    """(runs that delivered >= min_samples samples AND ran >= min_seconds, runs measured)
+    over the throughput, wait-time and max_memory runs: issue 15's rule for a run."""
+    meta = data["meta"]
+    done = [
+        r["result"]
+        for r in data["runs"]
+        if r["group"] in ("throughput", "wait", "cap") and "samples_per_s" in r["result"]
+    ]
+    ok = [
+        r
+        for r in done
+        if r["samples"] >= meta["min_samples"] and r["wall_s"] >= meta["min_seconds"]
+    ]
+    return len(ok), len(done)
+
+
+def _repeats_done(data: Dict[str, Any]) -> Tuple[int, int]:
+    """(fewest, most) successful repeats of a throughput (pipeline, source) in the run."""
+    n: Dict[Tuple[str, str], int] = {}
+    for r in _runs(data, "throughput"):
+        if "samples_per_s" in r["result"]:
+            key = (r["pipeline"], r["source"])
+            n[key] = n.get(key, 0) + 1
+    return (min(n.values()), max(n.values())) if n else (0, 0)
+
+
+def targets(data: Dict[str, Any]) -> List[Tuple[str, Any, str, Optional[bool], str]]:
     """(target, measured, wanted, met, how shown) — measured None where a run is missing."""
-    out = []
+    meta = data["meta"]
+    ok, done = rule_counts(data)
+    few, _ = _repeats_done(data)
+    out: List[Tuple[str, Any, str, Optional[bool], str]] = [
+        (
+            f"every run >= {meta['min_samples']} samples and >= {meta['min_seconds']:g} s; "
+            f"median of >= 3 runs (fewest repeats of a pipeline: {few})",
+            f"{ok} of {done} runs" if done else None,
+            "all, >= 3 repeats",
+            None if not done else (ok == done and few >= 3),
+            "s",
+        )
+    ]
     lat = f"{1000 * data['meta']['latency_s']:.0f} ms server"
     for peer, source, want, where in (
         ("dataloader", "local", 6.0, "local disk"),
@@ -131,6 +178,8 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optio
                 "x",
             )
         )
+    v = _ratio(_rate(data, "local", "mmloader"), _rate(data, "local", "dali"))
+    out.append(("samples/s vs NVIDIA DALI CPU, local disk", v, "(no target set)", None, "x"))
     dec = decode_cpu(data)
     for name, want in (("mmloader", 1.5), ("mmloader-uint8", 1.2)):
         v = _ratio(_cpu(data, "local", name), dec)
@@ -144,16 +193,20 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optio
                 "x",
             )
         )
-    f = stat(data, "throughput", "local", "mmloader", "faults_per_batch")
-    out.append(
-        (
-            "page faults per batch in steady state (mmloader, local)",
-            f[0] if f else None,
-            f"~0 (<= {FAULTS_MAX})",
-            None if not f else f[0] <= FAULTS_MAX,
-            "n",
+    for key, what in (
+        ("faults_per_batch", "the whole process (trainer loop included)"),
+        ("engine_faults_per_batch", "mmloader's own threads (Loader.stats())"),
+    ):
+        f = stat(data, "throughput", "local", "mmloader", key)
+        out.append(
+            (
+                f"page faults per batch in steady state, float32, local: {what}",
+                f[0] if f else None,
+                f"~0 (<= {FAULTS_MAX})",
+                None if not f else f[0] <= FAULTS_MAX,
+                "n",
+            )
         )
-    )
     v = _ratio(own_mb(data, "local", "mmloader"), own_mb(data, "local", "dataloader"))
     out.append(
         (
@@ -204,6 +257,8 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Optional[float], str, Optio
 def _show(v: Optional[float], how: str) -> str:
     if v is None:
         return "not measured"
+    if how == "s":
+        return str(v)
     return {
         "x": f"{v:.2f}x",
         "%": f"{100 * v:.2f}%",
@@ -247,9 +302,7 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
     )
     base = _rate(data, source, "dataloader")
     dec = decode_cpu(data)
-    done = max(
-        (stat(data, "throughput", source, p, "samples_per_s") or (0, 0, 0, 0))[3] for p in names
-    )
+    done = max((stat(data, "throughput", source, p, RATE) or (0, 0, 0, 0))[3] for p in names)
     plan = (
         ""
         if done == meta["repeats"]
@@ -264,7 +317,7 @@ def _throughput_table(data: Dict[str, Any], source: str) -> List[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in names:
-        rate = stat(data, "throughput", source, p, "samples_per_s")
+        rate = stat(data, "throughput", source, p, RATE)
         if rate is None:
             why = _why_missing(data, source, p) or "no run"
             lines.append(f"| {LABEL.get(p, p)} | {why[:140]} | | | | | | | | |")
@@ -300,6 +353,7 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
     _check(data)
     meta = data["meta"]
     ds = meta.get("dataset", {})
+    during = meta.get("loadavg_during") or []
     cmd = "python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s" + {
         "smoke": " --e2e-smoke",
         "full": " --e2e-full",
@@ -312,7 +366,15 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         f"Run {meta['date']} (`{cmd}`) on {meta['cores']} cores "
         f"({meta.get('cpu') or 'unknown CPU'}), Python {meta['python']}, load average "
         f"{meta.get('loadavg_start', [0])[0]:.1f} at the start and "
-        f"{meta.get('loadavg_end', [0])[0]:.1f} at the end. **The machine was shared with "
+        f"{meta.get('loadavg_end', [0])[0]:.1f} at the end"
+        + (
+            f" (1-min load average around the measurements, the run's own 2-3 busy "
+            f"threads included: median {_med(during):.1f}, "
+            f"{min(during):.1f}-{max(during):.1f})"
+            if during
+            else ""
+        )
+        + ". **The machine was shared with "
         "other work during the run** (see the load): absolute figures follow the CPU share "
         "a pipeline got; the ratios between pipelines, measured in this one run with the "
         "repeats interleaved, are what counts.",
@@ -373,27 +435,39 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         lines += _throughput_table(data, source)
     wait = [r for r in _runs(data, "wait") if "wait_ratio" in r["result"]]
     if wait:
-        prod = wait[0]["params"]["production_ms"]
+        prods = [r["params"]["production_ms"] for r in wait]
+        prod = _med(prods)
         lines += [
             f"**Wait-time ratio against the trainer step** (mmloader's batch production "
-            f"time: {prod:.1f} ms per batch of {meta['batch_size']}, the median of its "
-            "local runs; the trainer sleeps for the step after each batch)",
+            f"time: {_mmm((prod, min(prods), max(prods), len(prods)), '.1f')} ms per batch "
+            f"of {meta['batch_size']}, before each wait-time run the median of its local "
+            "throughput runs so far, in steady state; the trainer sleeps for the step after "
+            "each batch; the wait-time ratio is time blocked in next() over the time after "
+            "the first batch, and the same after the warm-up)",
             "",
-            "| pipeline | step / production | step (ms) | wait-time ratio |",
-            "|---|---:|---:|---:|",
+            "| pipeline | step / production | step (ms) | wait-time ratio | after the warm-up "
+            "| samples/s delivered |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         keys = sorted(
             {(r["pipeline"], r["params"]["factor"]) for r in wait},
             key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99, k[1]),
         )
         for p, f in keys:
-            vals = [
-                r["result"]["wait_ratio"]
-                for r in wait
-                if r["pipeline"] == p and r["params"]["factor"] == f
-            ]
-            s = (_med(vals), min(vals), max(vals), len(vals))
-            lines.append(f"| {p} | {f:.1f}x | {f * prod:.1f} | {_mmm(s, '.2f', 100)}% |")
+            rs = [r for r in wait if r["pipeline"] == p and r["params"]["factor"] == f]
+
+            def mmm(key: str, fmt: str = ".2f", scale: float = 100, rs=rs) -> str:
+                vals = [_value(r["result"], key) for r in rs]
+                vals = [v for v in vals if v is not None]
+                if not vals:
+                    return "-"
+                return _mmm((_med(vals), min(vals), max(vals), len(vals)), fmt, scale)
+
+            steps = [r["params"]["step_ms"] for r in rs]
+            lines.append(
+                f"| {p} | {f:.1f}x | {_med(steps):.1f} | {mmm('wait_ratio')}% "
+                f"| {mmm('steady_wait_ratio')}% | {mmm(RATE, '.1f', 1)} |"
+            )
         lines.append("")
     thr = [r for r in _runs(data, "threads") if "samples_per_s" in r["result"]]
     if thr:
@@ -406,9 +480,7 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         ]
         for p in ORDER:
             rs = {
-                r["params"]["threads"]: r["result"]["samples_per_s"]
-                for r in thr
-                if r["pipeline"] == p
+                r["params"]["threads"]: _value(r["result"], RATE) for r in thr if r["pipeline"] == p
             }
             if rs:
                 lines.append(
@@ -427,26 +499,28 @@ def markdown(data: Dict[str, Any], img_prefix: str = "results/") -> str:
         mark = "-" if met is None else ("met" if met else "**not met**")
         lines.append(f"| {name} | {_show(v, how)} | {want} | {mark} |")
     lines.append(
-        "| expand_pixels bandwidth, uint8 H2D >= 80% of a raw pinned copy | "
-        "not measured here (no GPU on this machine; scripts/gpu-check.sh) | | - |"
+        "| expand_pixels output bandwidth; uint8 H2D vs a raw pinned cudaMemcpyAsync | "
+        "not measured: no GPU was lent to this run (scripts/gpu-check.sh measures both) "
+        "| >= 80% | - |"
     )
     lines.append("")
     prof = profile_lines(os.path.join(HERE, "results", "profile.json"))
     if prof:
         lines += prof
     lines += [
-        "Figures: samples/s = samples after the first batch / time after the first "
-        "batch; CPU ms/sample (user+system, the process and all its children) and "
-        "faults/batch (minor+major) are steady-state figures of the process tree: from "
-        "the end of a warm-up (a quarter of the run) to the end, over the samples and "
-        "the batches in that span; peak PSS = largest PSS sum over the process tree (a page "
+        "Figures: samples/s, CPU ms/sample (user+system, the process and all its "
+        "children) and faults/batch (minor+major) are steady-state figures of the process "
+        "tree: from the end of a warm-up (a quarter of the minimum run time, at least 3 "
+        "batches) to the end, over the samples and the batches in that span (so batches a "
+        "pipeline prefetched before the first one do not flatter its rate); peak PSS = largest PSS sum over the process tree (a page "
         "shared by k processes counts 1/k each); own memory = peak PSS minus the PSS of "
         "the same process with the same imports and no pipeline (measured in each run "
         "after the imports, before the pipeline is built); first batch = construction to first batch (imports "
         "excluded). mmloader keeps prefetch=4 batches, the DataLoader and Energon "
         "prefetch_factor=2 x 2 workers = 4 batches: the same depth. Peers that only run "
-        "with `--e2e-full` (naive serial, case-study pipeline, Ray Data) are left out of "
-        "the default run for its time budget; Energon and DALI read local files only.",
+        "with `--e2e-full` (naive serial, case-study pipeline, Ray Data, and SPDL behind the "
+        "server) are left out of the default run for its time budget; Energon and DALI read "
+        "local files only.",
         "",
     ]
     imgs = [("throughput.png", "samples/s by pipeline (median, min-max)")]
@@ -516,13 +590,12 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     names = [
         p
         for p in ORDER
-        if stat(data, "throughput", "local", p, "samples_per_s")
-        or stat(data, "throughput", "remote", p, "samples_per_s")
+        if stat(data, "throughput", "local", p, RATE) or stat(data, "throughput", "remote", p, RATE)
     ]
     for k, source in enumerate(("local", "remote")):
         xs, ys, lo, hi = [], [], [], []
         for i, p in enumerate(names):
-            s = stat(data, "throughput", source, p, "samples_per_s")
+            s = stat(data, "throughput", source, p, RATE)
             if s:
                 xs.append(i + (k - 0.5) * 0.38)
                 ys.append(s[0])
@@ -556,7 +629,7 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         for p in ORDER:
             pts = sorted(
-                (r["params"]["threads"], r["result"]["samples_per_s"])
+                (r["params"]["threads"], _value(r["result"], RATE))
                 for r in thr
                 if r["pipeline"] == p
             )

@@ -189,7 +189,7 @@ def _dtype_name(t):
 def same(a, b):
     """Bitwise-equal batches: one batch (a dict of arrays or tensors) or a NON-EMPTY list of
     them (an empty epoch on both sides is a failure, not a match): same keys, dtypes,
-    shapes and bytes."""
+    shapes and bytes.  A value None (an adapter's absent tensor) must be None in both."""
     if isinstance(a, dict):
         a, b = [a], [b]
     assert len(a) == len(b), (len(a), len(b))
@@ -197,7 +197,29 @@ def same(a, b):
     for x, y in zip(a, b):
         assert sorted(x) == sorted(y)
         for k in x:
+            if x[k] is None or y[k] is None:
+                assert x[k] is None and y[k] is None, k
+                continue
             assert _dtype_name(x[k]) == _dtype_name(y[k]), k
             u, v = _as_np(x[k]), _as_np(y[k])
             assert u.dtype == v.dtype and u.shape == v.shape, k
             assert np.array_equal(u, v), k
+
+
+def as_np(batch):
+    """A batch of the loader as NumPy arrays that outlive it (copies)."""
+    return {k: np.array(v.numpy(), copy=True) for k, v in batch.items()}
+
+
+def take(loader, n):
+    """The next n batches of `loader` (as_np), across epoch ends.  An epoch that ends
+    before it gave a batch fails (a loader stuck at an end would otherwise never stop)."""
+    out, it, ended = [], iter(loader), False
+    while len(out) < n:
+        try:
+            out.append(as_np(next(it)))
+            ended = False
+        except StopIteration:
+            assert not ended, f"an empty epoch after {len(out)} of {n} batches"
+            ended = True
+    return out

@@ -35,10 +35,11 @@ def test_photo_dataset_mixes_real_photos(shard):
     from PIL import Image
 
     img = os.path.join(os.path.dirname(shard), "images")
-    for name in os.listdir(img):
-        if name.startswith("photo-"):
-            with Image.open(os.path.join(img, name)) as im:
-                assert im.width * im.height <= 0.51e6, name  # max_mp=0.5
+    names = [n for n in os.listdir(img) if n.startswith("photo-")]
+    assert 0 < len(names) <= d["photos"], names  # photo files, each used by a record or more
+    for name in names:
+        with Image.open(os.path.join(img, name)) as im:
+            assert im.width * im.height <= 0.51e6, name  # max_mp=0.5
 
 
 def test_measure_reports_steady_state_and_own_memory(shard):
@@ -141,6 +142,11 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
         0.25,
         True,
     )
+    rule = [(v, met) for name, v, _, met, _ in report.targets(data) if name.startswith("every run")]
+    assert rule == [("12 of 12 runs", True)]  # 600 samples x 31 s each, 3 repeats
+    data["runs"][0]["result"]["wall_s"] = 20.0  # one run short of 30 s: the rule is not met
+    assert [m for n, _, _, m, _ in report.targets(data) if n.startswith("every run")] == [False]
+    assert got["samples/s vs NVIDIA DALI CPU, local disk"] == (None, None)  # no DALI run
     md = report.markdown(data)
     assert "| **mmloader** | 60.0 (10.0-70.0) | 6.00x |" in md
     assert "not measured" in md  # remote, uint8, wait: no runs, said so

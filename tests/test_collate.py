@@ -175,9 +175,11 @@ def test_padded_mrope_batch_matches_transformers(model):
     rng = random.Random(11)
     samples = make_samples(rng, 6)
     L = max(len(s["input_ids"]) for s in samples) + 5
-    for batch, stats in collate(
+    batches = collate(
         samples, micro_batch_size=3, seq_length=L, mrope=1, attention_mask=1, mm_token_type_ids=1
-    ):
+    )
+    assert len(batches) == 2
+    for batch, stats in batches:
         ids = torch.from_numpy(batch["input_ids"])
         mask = torch.from_numpy(batch["attention_mask"])
         grids = batch["image_grid_thw"]
@@ -316,6 +318,7 @@ def test_vision_tensors_concatenate_in_order():
         px = [s["pixel_values"] for s in group if "pixel_values" in s]
         want = np.concatenate(px) if px else np.zeros((0, 12), np.float32)
         np.testing.assert_array_equal(batch["pixel_values"], want)
+    assert k == len(samples)
 
 
 @pytest.mark.parametrize("keys", ["qwen", "megatron"])

@@ -12,13 +12,12 @@ import tarfile
 import time
 import warnings
 
-import numpy as np
 import pytest
 
 import mmloader
 from mmloader import dsindex
 from mmloader.datagen import make_dataset
-from conftest import same
+from conftest import as_np, same
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +38,7 @@ def epoch(data, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with mmloader.Loader(data, **args) as L:
-            out = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+            out = [as_np(b) for b in L]
             return out, L.index_shards, L.stats()
 
 

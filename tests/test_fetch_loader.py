@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 import mmloader
-from conftest import same  # noqa: E402
+from conftest import as_np, same  # noqa: E402
 
 datagen = pytest.importorskip("mmloader.datagen")
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -40,7 +39,7 @@ def run(data, n=None, epochs=1, state=None, **kw):
             L.load_state_dict(state)
         for _ in range(epochs):
             for b in L:
-                out.append({k: np.array(v.numpy(), copy=True) for k, v in b.items()})
+                out.append(as_np(b))
                 if n is not None and len(out) == n:
                     break
             if n is not None and len(out) == n:

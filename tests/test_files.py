@@ -9,11 +9,11 @@ import gzip
 import json
 import os
 
-import numpy as np
 import pytest
 
 import mmloader
 from mmloader.datagen import make_dataset
+from conftest import as_np, same
 
 zstandard = pytest.importorskip("zstandard")
 
@@ -46,15 +46,7 @@ def make(data, **kw):
 
 def epoch(data, **kw):
     with make(data, **kw) as L:
-        return [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert np.array_equal(x[k], y[k]), k
+        return [as_np(b) for b in L]
 
 
 def write(path, data: bytes):
@@ -99,14 +91,14 @@ def test_every_local_format_gives_the_jsonl_batches(ds, tmp_path):
         p = write(tmp_path / name, data)
         with make(p, image_root=ds["root"]) as L:
             assert L.num_samples == len(ds["records"]), name
-        assert_same(ref, epoch(p, image_root=ds["root"]))
+        same(ref, epoch(p, image_root=ds["root"]))
 
 
 def test_shuffled_and_sharded_json_array_matches_jsonl(ds, tmp_path):
     p = write(tmp_path / "a.json", json_array(ds["records"], 2))
     for rank in range(2):
         kw = dict(image_root=ds["root"], shuffle=True, seed=3, dp_rank=rank, dp_size=2)
-        assert_same(epoch(ds["shards"], **kw), epoch(p, **kw))
+        same(epoch(ds["shards"], **kw), epoch(p, **kw))
 
 
 def test_folder_takes_every_data_file(ds, tmp_path):
@@ -121,7 +113,7 @@ def test_folder_takes_every_data_file(ds, tmp_path):
     write(folder / "c.jsonl.zst", zst("".join(json.dumps(r) + "\n" for r in recs[16:]).encode()))
     write(folder / "notes.txt", b"not data")
     ref = epoch(ds["shards"], image_root=ds["root"])
-    assert_same(ref, epoch(str(folder), image_root=ds["root"]))
+    same(ref, epoch(str(folder), image_root=ds["root"]))
 
 
 def test_data_format_override(ds, tmp_path):
@@ -269,7 +261,7 @@ def test_large_array_streams_across_chunks(tmp_path):
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode(),
     )
     assert os.path.getsize(p) > 2 << 20
-    assert_same(epoch(q, micro_batch_size=5), epoch(p, micro_batch_size=5))
+    same(epoch(q, micro_batch_size=5), epoch(p, micro_batch_size=5))
 
 
 def test_remote_formats(ds, tmp_path, fault_server, moto_s3):
@@ -278,7 +270,7 @@ def test_remote_formats(ds, tmp_path, fault_server, moto_s3):
     names = ["pretty.json", "data.jsonl.gz", "frames.jsonl.zst", "array.json.zst"]
     srv = fault_server(objects={"/" + n: files[n] for n in names})
     for n in names:
-        assert_same(ref, epoch(srv.url(n), image_root=ds["root"]))
+        same(ref, epoch(srv.url(n), image_root=ds["root"]))
     s3 = dict(
         s3_endpoint=moto_s3.endpoint,
         s3_region=moto_s3.region,
@@ -287,4 +279,4 @@ def test_remote_formats(ds, tmp_path, fault_server, moto_s3):
     )
     for n in names:
         url = moto_s3.put(f"files/{n}", files[n])
-        assert_same(ref, epoch(url, image_root=ds["root"], **s3))
+        same(ref, epoch(url, image_root=ds["root"], **s3))

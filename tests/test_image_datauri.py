@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+from conftest import as_np, same
 from photos import encode, photos, rgb, with_alpha
 
 import mmloader
@@ -93,7 +94,7 @@ def _batches(path, **kw):
         max_pixels=100352,
         **kw,
     ) as L:
-        return [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+        return [as_np(b) for b in L]
 
 
 def test_loader_reads_data_uris_like_files(tmp_path):
@@ -115,11 +116,8 @@ def test_loader_reads_data_uris_like_files(tmp_path):
         "".join(json.dumps(r) + "\n" for r in _records([uri(d, m) for d, m in zip(datas, mimes)]))
     )
     a, b = _batches(files), _batches(inline)
-    assert len(a) == len(b) == 2
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert np.array_equal(x[k], y[k]), k
+    assert len(a) == 2
+    same(a, b)
     proc = mmloader.ImageProcessor()
     np.testing.assert_array_equal(
         proc([uri(datas[0])])["pixel_values"], proc([datas[0]])["pixel_values"]

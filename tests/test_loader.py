@@ -12,7 +12,7 @@ import pytest
 
 import mmloader
 from mmloader.datagen import make_dataset
-from conftest import same  # noqa: E402
+from conftest import as_np, same, take  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -30,10 +30,6 @@ def make(data, **kw):
     args = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2, **SMALL)
     args.update(kw)
     return mmloader.Loader(data, **args)
-
-
-def as_np(batch):
-    return {k: np.array(v.numpy(), copy=True) for k, v in batch.items()}
 
 
 def run_epoch(loader):
@@ -109,24 +105,13 @@ def test_exact_resume(ds, cut, tmp_path):
     with make(ds["shards"], seed=11) as L:
         ref = run_epoch(L) + run_epoch(L)  # 20 batches over 2 epochs
     with make(ds["shards"], seed=11) as L:
-        it = iter(L)
-        got = []
-        while len(got) < cut:
-            try:
-                got.append(as_np(next(it)))
-            except StopIteration:
-                pass
+        got = take(L, cut)
         state = L.state_dict()
     torch.save(state, tmp_path / "s.pt")
     state = torch.load(tmp_path / "s.pt", weights_only=True)
     with make(ds["shards"], seed=11, num_threads=1) as R:
         R.load_state_dict(state)
-        rest = []
-        while len(got) + len(rest) < 20:
-            try:
-                rest.append(as_np(next(R)))
-            except StopIteration:
-                pass
+        rest = take(R, 20 - cut)
         assert R.state_dict()["epoch"] == 1
     same(ref, got + rest)
 

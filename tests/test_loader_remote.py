@@ -3,11 +3,11 @@ and from S3 (moto, SigV4 enforced) give exactly the batches the local files give
 
 import os
 
-import numpy as np
 import pytest
 
 import mmloader
 from mmloader.datagen import make_dataset
+from conftest import as_np, same
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -27,17 +27,9 @@ def batches(data, epochs=1, **kw):
     out = []
     with mmloader.Loader(data, **args) as L:
         for _ in range(epochs):
-            out += [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+            out += [as_np(b) for b in L]
         stats = L.stats()
     return out, stats
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert np.array_equal(x[k], y[k]), k
 
 
 def test_http_with_latency_and_faults(ds, fault_server):
@@ -45,7 +37,7 @@ def test_http_with_latency_and_faults(ds, fault_server):
     srv = fault_server(root=ds["root"], latency=0.01, jitter=0.01, fault_rate=0.1, seed=3)
     urls = [srv.url("/" + os.path.basename(s)) for s in ds["shards"]]
     remote, st = batches(urls, epochs=2)
-    assert_same(local, remote)
+    same(local, remote)
     assert "fetch" in st and st["fetch"]["requests"] > 0
     assert st["skipped"] == 0
 
@@ -94,5 +86,5 @@ def test_s3_glob(ds, moto_s3):
         aws_access_key_id=moto_s3.access_key,
         aws_secret_access_key=moto_s3.secret_key,
     )
-    assert_same(local, remote)
+    same(local, remote)
     assert st["fetch"]["requests"] >= 3

@@ -240,14 +240,16 @@ def test_packed_seq_params_from_a_packed_batch():
     """Megatron's names (cu_seqlens real, cu_seqlens_padded padded, int32) map one to one
     onto PackedSeqParams; the padded boundaries cover the row."""
     for multiple in (1, 4):
-        for b in _collated(
+        packs = _collated(
             _samples(12),
             pack=1,
             pack_length=96,
             pad_to_multiple=multiple,
             keys="megatron",
             shift_labels=1,
-        ):
+        )
+        assert len(packs) > 1
+        for b in packs:
             assert "cu_seqlens_unpadded" not in b
             real, padded = b["cu_seqlens"], b["cu_seqlens_padded"]
             assert real.dtype == padded.dtype == b["max_seqlen"].dtype == torch.int32

@@ -51,6 +51,7 @@ from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
 
 import mmloader  # noqa: E402
 from mmloader import megatron as mml  # noqa: E402
+from conftest import same  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -124,15 +125,6 @@ def _clone(b):
         for k, v in b.items()
         if isinstance(v, torch.Tensor) or v is None
     }
-
-
-def _same(a, b):
-    assert sorted(a) == sorted(b)
-    for k in a:
-        if a[k] is None or b[k] is None:
-            assert a[k] is None and b[k] is None, k
-        else:
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 
 # ---- Megatron-LM (megatron.training of megatron-core 0.19) --------------------------------
@@ -254,9 +246,9 @@ def _lm_worker(rank, world, port, ds, out_dir, phase):
             torch.save([iteration() for _ in range(2)], os.path.join(out_dir, f"next{rank}.pt"))
         else:
             expected = torch.load(os.path.join(out_dir, f"next{rank}.pt"), weights_only=True)
+            assert len(expected) == 2
             for want in expected:
-                for a, b in zip(iteration(), want):
-                    _same(a, b)
+                same(iteration(), want)
             open(os.path.join(out_dir, f"resumed{rank}"), "w").close()
     finally:
         parallel_state.destroy_model_parallel()
@@ -318,6 +310,7 @@ def test_megatron_lm_packed_params_reach_every_pipeline_stage(ds, tmp_path):
     mp.spawn(_pp_worker, args=(3, _free_port(), ds, str(tmp_path)), nprocs=3, join=True)
     got = [torch.load(tmp_path / f"pp{r}.pt", weights_only=True) for r in range(3)]
     for other in got[1:]:
+        assert len(other) == len(got[0]) > 0
         for a, b in zip(got[0], other):
             for k in a:
                 assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
@@ -565,5 +558,4 @@ def test_megatron_bridge_dataset_provider_steps_and_checkpointing(ds, text_ds, t
         == ["qwen3_vl_step", "vlm_step", "vlm_step-packed", "vlm_step-text-only"]
     )
     for name in a:
-        for x, y in zip(a[name], b[name]):
-            _same(x, y)
+        same(a[name], b[name])

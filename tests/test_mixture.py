@@ -15,6 +15,7 @@ import pytest
 
 import mmloader
 from mmloader import ConfigError, Source, StateError
+from conftest import as_np, same, take
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -64,21 +65,9 @@ def make(data, **kw):
     return mmloader.Loader(data, **args)
 
 
-def as_np(batch):
-    return {k: np.array(v.numpy(), copy=True) for k, v in batch.items()}
-
-
 def rows(batch):
     ids, mask = batch["input_ids"], batch["attention_mask"]
     return [tuple(ids[r, : int(mask[r].sum())].tolist()) for r in range(ids.shape[0])]
-
-
-def same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), k
 
 
 def key_map(paths, **kw):
@@ -306,17 +295,6 @@ def test_dp_shards_disjoint_and_complete(srcs, keys):
     for r in range(3):  # each rank near the mixture's shares
         names = [keys[x] for x in per_rank[r]]
         assert abs(names.count("a") / len(names) - 0.55) < 0.06
-
-
-def take(loader, n):
-    """n batches, across epoch ends."""
-    out, it = [], iter(loader)
-    while len(out) < n:
-        try:
-            out.append(as_np(next(it)))
-        except StopIteration:
-            pass
-    return out
 
 
 @pytest.mark.parametrize("cut", [3, 80, 85])  # inside epoch 0, at its end, inside epoch 1

@@ -254,6 +254,7 @@ def test_resume_is_exact_both_ways(cluster, dataset):
 def test_all_dp_ranks_from_one_driver(cluster, dataset):
     ranks = mray.loaders(dataset, dp_size=2, producers=1, producer_resources={"CPU": 0.5}, **KW)
     try:
+        assert len(ranks) == 2
         for r, L in enumerate(ranks):
             assert _events(L, 4) == _local(dataset, 4, dp_rank=r, dp_size=2)
     finally:

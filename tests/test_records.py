@@ -508,6 +508,7 @@ def test_whitespace_option_reaches_the_loader(tmp_path):
             rows[mode] = [b["input_ids"].numpy()[0].tolist() for b in L]
     tiny = mmloader.Tokenizer.from_file(TINY)
     for mode, got in rows.items():
+        assert len(got) == len(recs) > 0, mode
         for rec, ids in zip(recs, got):
             want, _ = mmloader.encode_chat(
                 rec,

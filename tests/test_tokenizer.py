@@ -99,7 +99,9 @@ def test_parity_encode_one_by_one(pair, corpus, reference_ids):
 
 def test_roundtrip_is_nfc(pair, corpus):
     ours, _ = pair
-    for s, ids in zip(corpus, ours.encode_batch(corpus)):
+    got = ours.encode_batch(corpus)
+    assert len(got) == len(corpus) > 0
+    for s, ids in zip(corpus, got):
         assert ours.decode(ids) == unicodedata.normalize("NFC", s), repr(s[:100])
 
 

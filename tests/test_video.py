@@ -152,7 +152,7 @@ def test_frames_equal_pyav(vdir, name, codec, fname, kw):
         )
     # every frame, in one call, also equal (a dense decode goes forward without seeking)
     got, r = decode(path, list(range(len(ref))))
-    assert all(np.array_equal(g, f) for g, f in zip(got, ref))
+    assert len(got) == len(ref) and all(np.array_equal(g, f) for g, f in zip(got, ref))
     assert r["frames_decoded"] >= len(ref)
 
 
@@ -193,7 +193,7 @@ def test_memory_source_equals_file(vdir):
     data = open(path, "rb").read()
     a, _ = decode(path, [0, 20, 47])
     b, r = decode("member.webm", [0, 20, 47], data=data)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert len(a) == len(b) == 3 and all(np.array_equal(x, y) for x, y in zip(a, b))
     assert r["info"]["size"] == len(data)
 
 
@@ -203,7 +203,7 @@ def test_odd_height_420_is_debians_swscale_and_planes_equal_pyav(vdir):
     with av.open(path) as c:
         frames = list(c.decode(video=0))
     got, _ = decode(path, list(range(len(frames))))
-    assert got[0].shape == (47, 64, 3)
+    assert len(got) == len(frames) > 0 and got[0].shape == (47, 64, 3)
     # the rows both scalers compute the same way (row 0 sits on chroma row 0) agree
     assert all(np.array_equal(g[0], f.to_ndarray(format="rgb24")[0]) for g, f in zip(got, frames))
     ffmpeg = shutil.which("ffmpeg")
@@ -287,6 +287,7 @@ def test_threads_decode_concurrently(vdir):
         try:
             for _ in range(4):
                 got, _ = decode(p, idx, threads=2)
+                assert len(got) == len(idx)
                 assert all(np.array_equal(g, ref[i]) for g, i in zip(got, idx))
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)

@@ -106,6 +106,7 @@ def sampling_cases(n: int, seed: int = 7):
 def test_sampling_matches_qwen_vl_utils():
     cases = sampling_cases(2500)
     ref = reference({"op": "sample", "cases": cases})
+    assert len(ref) == len(cases)
     ok = errors = 0
     for (ele, total, fps), want in zip(cases, ref):
         where = f"ele={ele} total={total} fps={fps}"
@@ -189,6 +190,7 @@ def test_frame_budget_matches_fetch_video(count):
     the element's keys), then the video budget — both sizes from mmloader's functions."""
     cases = budget_cases(count)
     ref = reference({"op": "shape", "cases": cases})
+    assert len(ref) == len(cases) > 0
     for (ele, n, h, w, patch), want in zip(cases, ref):
         f = patch * 2
         where = f"ele={ele} n={n} {h}x{w} patch={patch}"

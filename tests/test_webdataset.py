@@ -12,10 +12,10 @@ import json
 import os
 import tarfile
 
-import numpy as np
 import pytest
 
 import mmloader
+from conftest import as_np, same
 
 PIL = pytest.importorskip("PIL.Image")
 matplotlib = pytest.importorskip("matplotlib")
@@ -120,15 +120,7 @@ def epoch(data, **kw):
     )
     args.update(kw)
     with mmloader.Loader(data, **args) as L:
-        return [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert sorted(x) == sorted(y)
-        for k in x:
-            assert np.array_equal(x[k], y[k]), k
+        return [as_np(b) for b in L]
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +138,7 @@ def test_local_shards_match_jsonl_and_files(ref, tmp_path, style, fmt):
     p.write_bytes(tar_bytes(items, style, fmt))
     with mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=3) as L:
         assert L.num_samples == len(items)
-    assert_same(want, epoch(str(p)))
+    same(want, epoch(str(p)))
 
 
 def test_long_names_compressed_and_auto_detected(ref, tmp_path):
@@ -155,9 +147,9 @@ def test_long_names_compressed_and_auto_detected(ref, tmp_path):
     for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
         data = tar_bytes(items, "indexed", fmt, prefix=deep)
         (tmp_path / "d.tar.gz").write_bytes(gzip.compress(data))
-        assert_same(want, epoch(str(tmp_path / "d.tar.gz")))
+        same(want, epoch(str(tmp_path / "d.tar.gz")))
         (tmp_path / "noext").write_bytes(data)  # told by the ustar magic
-        assert_same(want, epoch(str(tmp_path / "noext")))
+        same(want, epoch(str(tmp_path / "noext")))
 
 
 def test_sharded_and_shuffled(ref, tmp_path):
@@ -167,18 +159,18 @@ def test_sharded_and_shuffled(ref, tmp_path):
     jsonl = os.path.join(tmp, "ref.jsonl")
     for rank in range(2):
         kw = dict(shuffle=True, seed=4, dp_rank=rank, dp_size=2)
-        assert_same(
+        same(
             epoch(jsonl, image_root=tmp, **kw),
             epoch([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")], **kw),
         )
-    assert_same(epoch(jsonl, image_root=tmp), epoch(str(tmp_path)))  # a folder of shards
+    same(epoch(jsonl, image_root=tmp), epoch(str(tmp_path)))  # a folder of shards
 
 
 def test_remote_shards(ref, fault_server, moto_s3):
     items, want, _ = ref
     data = tar_bytes(items)
     srv = fault_server(objects={"/wds/s.tar": data}, fault_rate=0.1, seed=2)
-    assert_same(want, epoch(srv.url("/wds/s.tar")))
+    same(want, epoch(srv.url("/wds/s.tar")))
     # records and images are range reads of the shard, never a whole-object GET after indexing
     url = moto_s3.put("wds/s.tar", data)
     s3 = dict(
@@ -187,7 +179,7 @@ def test_remote_shards(ref, fault_server, moto_s3):
         aws_access_key_id=moto_s3.access_key,
         aws_secret_access_key=moto_s3.secret_key,
     )
-    assert_same(want, epoch(url, **s3))
+    same(want, epoch(url, **s3))
 
 
 def test_member_errors_name_the_sample(ref, tmp_path):

@@ -62,7 +62,12 @@ class Pipeline:
 
 def extra_stats(pipe: Pipeline) -> Dict[str, Any]:
     st = pipe.loader.stats()
-    return {"loader_wait_ratio": st.get("wait_time_ratio"), "loader_stats": st}
+    return {
+        "loader_wait_ratio": st.get("wait_time_ratio"),
+        # the engine's own threads, after its pool has filled (None on a short run)
+        "engine_faults_per_batch": st.get("page_faults_per_batch"),
+        "loader_stats": st,
+    }
 
 
 __all__ = ["available", "build", "preload"]

@@ -35,6 +35,9 @@ shuffled per pass, so any prefix is a fair sample of the mix).  Figures:
                    (the same process, the same imports, no pipeline)
   own_mem_mb       peak_mem_mb - idle_pss_mb: the pipeline's own memory
   steady_cpu_s_per_sample  cpu_s_per_sample over the same span as faults_per_batch
+  steady_samples_per_s, steady_wait_ratio  samples/s and wait_ratio over that span (no
+                   batch the pipeline made before the first one counts: the production
+                   rate the wait-time runs are set from); None under 3 batches
 
 Other modes: {"decode": true} decodes the images of the run's records, one thread, with mmloader's
 decoder and with Pillow (decode_only.py); {"parity": ["<module>", ...]} compares pipelines'
@@ -247,7 +250,7 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
             capped = True
             break
         if steady is None and batches >= 3 and now - t_first >= warm_s:
-            steady = (batches, tree_faults(), tree_cpu() - mem.cpu, samples)
+            steady = (batches, tree_faults(), tree_cpu() - mem.cpu, samples, now, waited)
         if step:
             time.sleep(step)
         t = time.perf_counter()
@@ -262,10 +265,13 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         del batch
     t_end = time.perf_counter()
     cpu1 = tree_cpu() - mem.cpu
-    faults = steady_cpu = None
+    faults = steady_cpu = steady_rate = steady_wait = None
     if steady and batches > steady[0]:
         faults = (tree_faults() - steady[1]) / (batches - steady[0])
         steady_cpu = (cpu1 - steady[2]) / (samples - steady[3])
+        if batches - steady[0] >= 3:  # a rate over one or two batches is noise
+            steady_rate = (samples - steady[3]) / (t_end - steady[4])
+            steady_wait = (waited - steady[5]) / (t_end - steady[4])
     extra = mod.extra_stats(pipe) if hasattr(mod, "extra_stats") else {}
     pipe.close()
     del it, pipe
@@ -290,6 +296,8 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "wait_ratio": waited / wall if wall > 0 else 0.0,
         "cpu_s_per_sample": (cpu1 - cpu0) / total if total else 0.0,
         "steady_cpu_s_per_sample": steady_cpu,
+        "steady_samples_per_s": steady_rate,
+        "steady_wait_ratio": steady_wait,
         "faults_per_batch": faults,
         "peak_mem_mb": peak_mem / 2**20,
         "idle_pss_mb": idle_mb,

@@ -445,6 +445,45 @@ static mml_status finish(build *b, const mml_dsx *id, const result *r, const cha
   return st;
 }
 
+static mml_status cancelled(const build *b, const result *r, mml_err *err) {
+  return mml_err_set(err, MML_ECANCELLED,
+                     "index build of %s stopped after %lld of %lld samples (resumable)",
+                     b->sh->path, (long long)r->n, (long long)b->n);
+}
+
+/* Waits (b->mu held) until chunk c is done, asking cb every 200 ms whether to stop. */
+static mml_status wait_chunk(build *b, const chunk *c, const result *r, mml_index_progress_fn cb,
+                             void *ctx, mml_err *err) {
+  while (!c->done) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    if (c->done) break;
+    pthread_mutex_unlock(&b->mu);
+    int stop = cb && cb(ctx, r->n, b->n);
+    pthread_mutex_lock(&b->mu);
+    if (stop) return cancelled(b, r, err);
+  }
+  return MML_OK;
+}
+
+static void free_workers(bworker *ws, int nthreads) {
+  for (int i = 0; ws && i < nthreads; i++) {
+    mml_tok_scratch_free(ws[i].tok);
+    if (ws[i].rec_parsed) mml_record_free(&ws[i].rec);
+    mml_bytes_free(&ws[i].rec_bytes);
+    mml_bytes_free(&ws[i].img);
+    mml_bytes_free(&ws[i].path);
+    mml_ids_free(&ws[i].ids);
+    mml_ids_free(&ws[i].labels);
+    free(ws[i].plans);
+    free(ws[i].tokens);
+  }
+  free(ws);
+}
+
 /* Runs the workers over samples [start, n) and the writer; returns with them joined. */
 static mml_status run(build *b, int nthreads, int fd, const char *ppath, result *r,
                       mml_index_progress_fn cb, void *ctx, mml_index_summary *sum, mml_err *err) {
@@ -469,24 +508,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
   for (int64_t ci = 0; !st && ci < b->nchunks; ci++) {
     chunk *c = &b->chunks[ci];
     pthread_mutex_lock(&b->mu);
-    while (!c->done) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 200 * 1000000L;
-      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-      pthread_cond_timedwait(&b->cv, &b->mu, &ts);
-      if (c->done) break;
-      pthread_mutex_unlock(&b->mu);
-      int stop = cb && cb(ctx, r->n, b->n);
-      pthread_mutex_lock(&b->mu);
-      if (stop) {
-        st = mml_err_set(err, MML_ECANCELLED,
-                         "index build of %s stopped after %lld of %lld "
-                         "samples (resumable)",
-                         b->sh->path, (long long)r->n, (long long)b->n);
-        break;
-      }
-    }
+    st = wait_chunk(b, c, r, cb, ctx, err);
     pthread_mutex_unlock(&b->mu);
     if (st) break;
     int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
@@ -502,11 +524,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     double now = mml_now();
     if (cb && now - last > 0.2) {
       last = now;
-      if (cb(ctx, r->n, b->n))
-        st = mml_err_set(err, MML_ECANCELLED,
-                         "index build of %s stopped after %lld of %lld "
-                         "samples (resumable)",
-                         b->sh->path, (long long)r->n, (long long)b->n);
+      if (cb(ctx, r->n, b->n)) st = cancelled(b, r, err);
     }
   }
   mml_bytes_free(&buf);
@@ -514,20 +532,9 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
   b->stop = 1;
   pthread_mutex_unlock(&b->mu);
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-  for (int i = 0; ws && i < nthreads; i++) {
-    mml_tok_scratch_free(ws[i].tok);
-    if (ws[i].rec_parsed) mml_record_free(&ws[i].rec);
-    mml_bytes_free(&ws[i].rec_bytes);
-    mml_bytes_free(&ws[i].img);
-    mml_bytes_free(&ws[i].path);
-    mml_ids_free(&ws[i].ids);
-    mml_ids_free(&ws[i].labels);
-    free(ws[i].plans);
-    free(ws[i].tokens);
-  }
+  free_workers(ws, nthreads);
   for (int64_t ci = 0; b->chunks && ci < b->nchunks; ci++) free(b->chunks[ci].imgs);
   free(b->chunks);
-  free(ws);
   free(th);
   return st;
 }

@@ -603,38 +603,27 @@ static mml_status parse_alpaca(parse_ctx *c, const cJSON *root, int *n) {
   return st ? st : add_text_message(c, i + 1, "assistant", out->valuestring);
 }
 
-static mml_status parse_root(parse_ctx *c, const cJSON *root) {
-  rec_arena *a = c->a;
-  if (!cJSON_IsObject(root))
-    return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
+/* The record's video list: "videos" (a list of entries) or "video" (one entry, a frame
+ * list being one entry too). */
+static mml_status take_videos(parse_ctx *c, const cJSON *root) {
   const cJSON *videos = get(root, "videos", NULL), *video = get(root, "video", NULL);
   if (no_media(videos)) videos = NULL;
   if (no_media(video)) video = NULL;
   if (videos && video)
     return mml_err_set(c->err, MML_ERECORD, "bad record: has both \"videos\" and \"video\"");
   c->vlist = videos ? videos : video;
-  /* "videos": a list of entries; "video": one entry, a frame list being one entry too */
   if (videos && cJSON_IsArray(videos)) {
     c->vlist_len = cJSON_GetArraySize(videos);
     c->vlist_at = videos->child;
   } else if (c->vlist) {
     c->vlist_len = 1;
   }
-  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
-  const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
-  if (msgs && conv)
-    return mml_err_set(c->err, MML_ERECORD,
-                       "bad record: has both \"messages\" and \"conversations\"");
-  if (!msgs) msgs = conv;
-  int alpaca = !msgs && get(root, "instruction", NULL);
-  if (!msgs && !alpaca)
-    return mml_err_set(c->err, MML_ERECORD,
-                       "bad record: no \"messages\", \"conversations\" or \"instruction\"");
-  if (msgs && !cJSON_IsArray(msgs))
-    return mml_err_set(c->err, MML_ERECORD, "bad record: the conversation is not a list");
-  int n = msgs ? cJSON_GetArraySize(msgs) : 0;
-  if (msgs && n == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: empty conversation");
+  return MML_OK;
+}
 
+/* The record's image list: "images" (a list, or one string / object) or "image"; without
+ * either, the implicit images (WebDataset members). */
+static mml_status take_images(parse_ctx *c, const cJSON *root) {
   const cJSON *images = get(root, "images", NULL), *image = get(root, "image", NULL);
   if (no_media(images)) images = NULL;
   if (no_media(image)) image = NULL;
@@ -655,19 +644,13 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
                        images ? "images" : "image");
   else
     c->list_len = c->nimplicit;
-  mml_status st = take_system_and_tools(c, root);
-  if (st) return st;
+  return MML_OK;
+}
 
-  if (alpaca) {
-    if ((st = parse_alpaca(c, root, &n))) return st;
-  } else {
-    if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
-        grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
-      return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
-    int i = 0;
-    for (const cJSON *m = msgs->child; m; m = m->next, i++)
-      if ((st = add_message(c, i, m))) return st;
-  }
+/* After the n messages: every listed image and video referred to, then the arena's
+ * parts, images and videos become the record's. */
+static mml_status finish_record(parse_ctx *c, int n) {
+  rec_arena *a = c->a;
   a->msg_first_part[n] = (int)a->nparts;
   if (c->vlist_next != c->vlist_len)
     return mml_err_set(c->err, MML_EMISMATCH,
@@ -691,6 +674,41 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
     if (!a->videos[v].ref) a->videos[v].frames = a->frames + (uintptr_t)a->videos[v].frames;
   c->rec->videos = a->videos;
   return MML_OK;
+}
+
+static mml_status parse_root(parse_ctx *c, const cJSON *root) {
+  rec_arena *a = c->a;
+  if (!cJSON_IsObject(root))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
+  mml_status st = take_videos(c, root);
+  if (st) return st;
+  const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+  const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");
+  if (msgs && conv)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: has both \"messages\" and \"conversations\"");
+  if (!msgs) msgs = conv;
+  int alpaca = !msgs && get(root, "instruction", NULL);
+  if (!msgs && !alpaca)
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: no \"messages\", \"conversations\" or \"instruction\"");
+  if (msgs && !cJSON_IsArray(msgs))
+    return mml_err_set(c->err, MML_ERECORD, "bad record: the conversation is not a list");
+  int n = msgs ? cJSON_GetArraySize(msgs) : 0;
+  if (msgs && n == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: empty conversation");
+  if ((st = take_images(c, root)) || (st = take_system_and_tools(c, root))) return st;
+
+  if (alpaca) {
+    if ((st = parse_alpaca(c, root, &n))) return st;
+  } else {
+    if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
+        grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
+      return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++)
+      if ((st = add_message(c, i, m))) return st;
+  }
+  return finish_record(c, n);
 }
 
 /* One linear pass over the raw JSON before cJSON sees it: the nesting depth (cJSON
