@@ -151,7 +151,7 @@ def test_build_throughput(benchmark, data):
     print(
         f"\nindex build: {built:,} samples, {s['images']:,} images in {s['seconds']:.1f} s "
         f"with {os.cpu_count()} CPUs: {rate:,.0f} samples/s, {per:,.0f} bytes read per sample "
-        f"(index files {sum(os.path.getsize(p + '.mmlidx') for p in shards) / built:.1f} "
+        f"(index files {sum(os.path.getsize(dsindex.sidecar_path(p)) for p in shards) / built:.1f} "
         f"bytes per sample)"
     )
     print(

@@ -1,6 +1,7 @@
 """The reusable dataset index: ``python -m mmloader index DATA...`` and :func:`build`.
 
-One sidecar file per shard (``<shard>.mmlidx`` next to it, or in ``out``) holds the
+One sidecar file per shard (``<shard>.mmlidx`` next to it, or in ``out``: see
+:func:`sidecar_path`) holds the
 shard's record offsets and, per sample, its status, text token count and each image's
 header size and exact vision-token count (format: docs/index-format.md).  A
 :class:`mmloader.Loader` that finds it does not scan the shard at start and skips samples
@@ -23,16 +24,16 @@ from typing import Any, Callable, Dict, List, Optional
 from . import _core
 from ._core import ConfigError
 
-SUFFIX = ".mmlidx"
 #: the index file format this mmloader writes and reads
 FORMAT_VERSION = 1
 
 
 def sidecar_path(shard: str, out: Optional[str] = None) -> str:
-    """Where the index of `shard` goes: next to it, or ``out/<shard's file name>.mmlidx``."""
-    if out is None:
-        return shard + SUFFIX
-    return os.path.join(out, os.path.basename(shard.rstrip("/")) + SUFFIX)
+    """Where the index of `shard` goes: ``<shard>.mmlidx`` next to it, or in folder (or
+    URL prefix) `out` as ``<shard's file name>.<16 hex digits>.mmlidx``, keyed by a hash
+    of the shard path so that shards of one file name in other folders do not collide
+    (the core's one naming rule, docs/index-format.md)."""
+    return _core.index_path(os.fspath(shard), None if out is None else os.fspath(out))
 
 
 def read(path: str) -> Dict[str, Any]:
@@ -113,17 +114,6 @@ def build(
                 "folder for its index files (copy them next to the shards, or "
                 "pass Loader(index=...) that folder or URL prefix)"
             )
-        if out is not None:  # one folder: file names must not collide
-            seen: Dict[str, str] = {}
-            for sh in shards:
-                d = sidecar_path(sh, out)
-                if d in seen:
-                    raise ConfigError(
-                        f"data shards {seen[d]} and {sh} have the same file name: "
-                        f"their index files would both be {d}; index them into "
-                        "different --out folders (or next to the shards)"
-                    )
-                seen[d] = sh
         if threads is None:
             threads = 16 if remote else default_num_threads()
         total: Dict[str, Any] = {"per_shard": {}}

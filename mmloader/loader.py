@@ -317,8 +317,9 @@ class Loader:
             default: each shard's own folder.
         index: the dataset index (``python -m mmloader index``): None (default) uses
             ``<shard>.mmlidx`` next to each local shard when it exists; a folder or URL
-            prefix holding those files uses them from there (remote shards need this: no
-            request per shard is made to look for one); False never reads one.  An indexed
+            prefix (``--out`` of the index command) uses the files there, named by
+            ``mmloader.dsindex.sidecar_path`` (remote shards need this: no request per
+            shard is made to look for one); False never reads one.  An indexed
             shard is not scanned at start, and samples longer than ``max_length`` /
             ``seq_length`` / ``pack_length`` are skipped from their indexed token counts
             before anything is read; batches are bitwise those without the index.  An

@@ -146,7 +146,9 @@ def test_cli_build_summary_and_up_to_date(ds, tmp_path):
     assert (
         r.stderr.count("[index] shard 2/2: 20 samples") == 1
     )  # progress (one line a shard off a tty)
-    assert sorted(os.listdir(out)) == ["data-00000.jsonl.mmlidx", "data-00001.jsonl.mmlidx"]
+    assert sorted(os.listdir(out)) == sorted(
+        os.path.basename(dsindex.sidecar_path(s, str(out))) for s in ds["shards"]
+    )
     r2 = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r2.returncode == 0 and "2 shard(s) already up to date" in r2.stdout
     a, n, _ = epoch(ds["shards"], index=str(out))
@@ -179,17 +181,17 @@ def test_resume_after_interruption(tmp_path):
 
     with pytest.raises(Stop):
         build(shard, out=str(tmp_path / "a"), progress=stop)
-    partial = tmp_path / "a" / "data-00000.jsonl.mmlidx.partial"
-    assert partial.exists() and not (tmp_path / "a" / "data-00000.jsonl.mmlidx").exists()
+    done_a = dsindex.sidecar_path(shard, str(tmp_path / "a"))
+    partial = tmp_path / "a" / (os.path.basename(done_a) + ".partial")
+    assert partial.exists() and not os.path.exists(done_a)
     # a build killed mid-write leaves a torn last entry: it is dropped on resume
     partial.write_bytes(partial.read_bytes()[:-5])
     s = build(shard, out=str(tmp_path / "a"))
     assert 0 < s["resumed"] < 700 and s["samples"] == 700 and not partial.exists()
     fresh = build(shard, out=str(tmp_path / "b"))
     assert fresh["resumed"] == 0
-    assert (tmp_path / "a" / "data-00000.jsonl.mmlidx").read_bytes() == (
-        tmp_path / "b" / "data-00000.jsonl.mmlidx"
-    ).read_bytes()
+    with open(done_a, "rb") as a, open(dsindex.sidecar_path(shard, str(tmp_path / "b")), "rb") as b:
+        assert a.read() == b.read()
     # a partial file of other settings is not resumed from
     with pytest.raises(Stop):
         build(shard, out=str(tmp_path / "c"), progress=stop, max_pixels=28 * 28 * 32)
@@ -260,13 +262,38 @@ def test_batches_with_index_are_bitwise_those_without(ds, tmp_path, fmt):
         assert st["bytes_read"] < st0["bytes_read"]
 
 
-def test_out_folder_refuses_colliding_names(ds, tmp_path):
-    other = tmp_path / "other"
-    other.mkdir()
-    dup = other / "data-00000.jsonl"
-    dup.write_text(open(ds["shards"][0]).read())
-    with pytest.raises(mmloader.ConfigError, match="have the same file name"):
-        build([ds["shards"][0], str(dup)], out=str(tmp_path / "idx"))
+def test_same_file_names_in_one_index_folder(tmp_path):
+    # a mixture of two datagen datasets: both shards are data-0000X.jsonl, in two folders
+    text = make_dataset(
+        str(tmp_path / "text"), n_samples=12, seed=2, n_shards=1, n_images=4, text_only_fraction=1.0
+    )
+    img = make_dataset(
+        str(tmp_path / "img"),
+        n_samples=12,
+        seed=3,
+        n_shards=1,
+        n_images=4,
+        min_size=24,
+        max_size=120,
+    )
+    assert os.path.basename(text["shards"][0]) == os.path.basename(img["shards"][0])
+    mix = [
+        mmloader.Source(text["shards"][0], weight=1, name="text"),
+        mmloader.Source(img["shards"][0], weight=2, name="img"),
+    ]
+    out = tmp_path / "idx"
+    s = build(mix, out=str(out))
+    assert s["shards"] == 2 and s["samples"] == 24
+    names = [dsindex.sidecar_path(sh, str(out)) for sh in (text["shards"][0], img["shards"][0])]
+    assert names[0] != names[1] and sorted(os.listdir(out)) == sorted(map(os.path.basename, names))
+    assert [dsindex.read(n)["samples"] for n in names] == [12, 12]
+    # each shard finds its own index: none is refused as stale, batches are those without
+    a, n, _ = epoch(mix, index=str(out))
+    b, n0, _ = epoch(mix, index=False)
+    assert (n, n0) == (2, 0)
+    same(a, b)
+    # next to the shards the name stays <shard>.mmlidx
+    assert dsindex.sidecar_path(text["shards"][0]) == text["shards"][0] + ".mmlidx"
 
 
 def test_stale_index_is_refused(ds):
@@ -367,7 +394,7 @@ def test_s3_etag(ds, moto_s3, tmp_path):
     out = tmp_path / "idx"
     s = build(urls, out=str(out), **cred)
     assert s["good"] == 40
-    assert dsindex.read(str(out / "data-00000.jsonl.mmlidx"))["etag"]
+    assert dsindex.read(dsindex.sidecar_path(urls[0], str(out)))["etag"]
     # the index folder may be local or remote (uploaded next to the shards)
     for name in os.listdir(out):
         moto_s3.put(f"{pre}/{name}", (out / name).read_bytes())

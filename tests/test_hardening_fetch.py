@@ -156,3 +156,29 @@ def test_fetch_options_checked_at_construction(tmp_path):
     ):
         with pytest.raises(mmloader.ConfigError, match=k):
             make(data, **{k: v})
+
+
+def test_blocking_gets_of_one_range_in_flight_each_own_their_bytes(fault_server):
+    """Identical blocking GETs in flight are coalesced; each caller owns its copy of the
+    body (a coalesced caller once got the copy the fetcher then freed: a double free when
+    two workers read the same block of one video)."""
+    data = os.urandom(300_000)
+    srv = fault_server(objects={"/v.bin": data}, latency=0.3)
+    out, errors = [], []
+    with _core.Fetcher() as f:
+
+        def get():
+            try:
+                for _ in range(3):
+                    out.append(f.get(srv.url("/v.bin"), 4096, 100_000))
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        ts = [threading.Thread(target=get) for _ in range(6)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert not errors and len(out) == 18
+    assert all(b == data[4096:104096] for b in out)
+    assert len(srv.outcomes("/v.bin")) < 18  # they were coalesced

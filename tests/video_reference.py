@@ -15,6 +15,8 @@ request names (and small results as JSON on stdout).  Requests:
       qwen-vl-utils process_vision_info(return_video_metadata=True) + the transformers
       processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz
   {"op": "process_many", "items": [process requests]} (one interpreter start for all)
+Video files are read by qwen-vl-utils' torchcodec reader logic with PyAV decoding the
+frames (_read_video_pyav): neither torchcodec nor a working torchvision installs here.
 """
 
 import json
@@ -130,8 +132,32 @@ def _rope(preset, out):
     return pos.numpy(), delta.numpy()
 
 
+def _read_video_pyav(ele):
+    """qwen-vl-utils' torchcodec reader (metadata.num_frames / average_fps, the frame range,
+    smart_nframes, the linspace indices) with PyAV as the decoder: every frame decoded,
+    to_ndarray(format="rgb24"), the indexed ones kept."""
+    import av
+    from qwen_vl_utils import vision_process as q
+
+    path = ele["video"][7:] if ele["video"].startswith("file://") else ele["video"]
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        fps = float(s.average_rate)
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(s)]
+    first, last, count = q.calculate_video_frame_range(ele, len(frames), fps)
+    n = q.smart_nframes(ele, total_frames=count, video_fps=fps)
+    idx = torch.linspace(first, last, n).round().long().tolist()
+    video = torch.from_numpy(np.stack([frames[i] for i in idx])).permute(0, 3, 1, 2)
+    meta = dict(fps=fps, frames_indices=idx, total_num_frames=count, video_backend="pyav")
+    return video, meta, n / max(count, 1e-6) * fps
+
+
 def process(req):
     from qwen_vl_utils import process_vision_info
+    from qwen_vl_utils import vision_process as q
+
+    q.VIDEO_READER_BACKENDS["pyav"] = _read_video_pyav  # video files: decoded by PyAV
+    q.get_video_reader_backend = lambda: "pyav"
 
     preset = req["preset"]
     proc, patch = _processor(preset, _tokenizer(req["tokenizer"]))

@@ -178,7 +178,8 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
     vrows += (int64_t)g[0] * g[1] * g[2];
   }
   if (vrows != s->vpixel_rows ||
-      s->vpixels.len != (size_t)s->vpixel_rows * (size_t)c->cfg.pixel_cols * sizeof(float))
+      (!s->vpixels_pending &&
+       s->vpixels.len != (size_t)s->vpixel_rows * (size_t)c->cfg.pixel_cols * sizeof(float)))
     return mml_err_set(
         err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
         (long long)s->index, (long long)vrows, (long long)s->vpixel_rows, s->vpixels.len);
@@ -248,6 +249,9 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
    * buffer later. */
   mml_status st = mml_collator_check(c, s, err);
   if (st) return st;
+  if (s->vpixels_pending)
+    return mml_err_set(err, MML_EINVAL, "collator: sample %lld: its videos are not decoded",
+                       (long long)s->index);
   if (!mml_collator_fits(c, s))
     return mml_err_set(err, MML_EINVAL, "collator: sample %lld does not fit; emit first",
                        (long long)s->index);

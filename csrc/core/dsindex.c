@@ -415,9 +415,13 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
     base = base ? base + 1 : shard;
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/') dl--;
+    char key[24]; /* ".%016llx": shards of one base name in other folders never collide */
+    snprintf(key, sizeof key, ".%016llx",
+             (unsigned long long)mml_hash_bytes(0, shard, strlen(shard)));
     st = mml_bytes_append(out, dir, dl);
     if (!st) st = mml_bytes_append(out, "/", 1);
     if (!st) st = mml_bytes_append(out, base, strlen(base));
+    if (!st) st = mml_bytes_append(out, key, strlen(key));
   } else {
     st = mml_bytes_append(out, shard, strlen(shard));
   }

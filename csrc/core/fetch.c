@@ -162,7 +162,6 @@ void mml_fetcher_free(mml_fetcher *f) {
     curl_multi_wakeup(f->multi);
     pthread_join(f->io, NULL);
   }
-  for (int i = 0; i < f->npool; i++) curl_easy_cleanup(f->pool[i]);
   if (f->multi) curl_multi_cleanup(f->multi);
   wipe_free(f->ak), wipe_free(f->sk), wipe_free(f->tok);
   free(f->region), free(f->endpoint), free(f->ca_bundle);

@@ -121,12 +121,7 @@ void fl_xfer_release_easy(mml_fetcher *f, xfer *x) {
     pthread_mutex_lock(&f->smu);
     f->stats.inflight = f->inflight; /* before any completion callback can run */
     pthread_mutex_unlock(&f->smu);
-    if (f->npool < (int)(sizeof f->pool / sizeof *f->pool)) {
-      curl_easy_reset(x->easy);
-      f->pool[f->npool++] = x->easy;
-    } else {
-      curl_easy_cleanup(x->easy);
-    }
+    curl_easy_cleanup(x->easy); /* never reused: see xfer_start */
     x->easy = NULL;
   }
   curl_slist_free_all(x->hdrs);

@@ -147,7 +147,12 @@ static mml_status sign_s3(mml_fetcher *f, xfer *x, mml_err *err) {
 
 static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   job *j = x->j;
-  CURL *e = f->npool ? f->pool[--f->npool] : curl_easy_init();
+  /* A fresh easy handle per transfer, never a reset one: libcurl before 8.1.0 keeps a
+   * pointer to the last response header across curl_easy_reset and follows it when the
+   * next response starts with a folded header line (curl issue 11101: a use-after-free
+   * that fuzz-http found through Debian 12's 7.88.1).  Connections live in the multi
+   * handle's cache and DNS/TLS sessions in the share, so nothing is lost. */
+  CURL *e = curl_easy_init();
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
   x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0;

@@ -108,8 +108,6 @@ struct mml_fetcher {
   xfer *all_x;
   job *all_j;
   int inflight;
-  CURL *pool[64];
-  int npool;
   uint64_t rng;
 
   /* io_threads > 1: the fetcher handed out is loop 0 and owns the others; jobs are dealt

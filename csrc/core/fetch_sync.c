@@ -26,7 +26,10 @@ static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *
   waiter *w = ctx;
   pthread_mutex_lock(&w->mu);
   w->st = st;
-  if (body) w->body = *body;
+  if (body) { /* the waiter takes the memory (a twin's copy is freed after the call) */
+    w->body = *body;
+    memset(body, 0, sizeof *body);
+  }
   if (err) w->err = *err;
   w->done = 1;
   pthread_cond_signal(&w->cv);

@@ -475,6 +475,8 @@ void mml_loader_free(mml_loader *L) {
       free(t->imgs);
       free(t->refs);
       free(t->plans);
+      free(t->vinfo);
+      free(t->vplans);
       ld_place_clear(t);
       mml_bytes_free(&t->path);
     }

@@ -17,6 +17,7 @@
 #include "mml/loader.h"
 #include "mml/mixture.h"
 #include "mml/sampler.h"
+#include "mml/video_frames.h"
 
 /* A slot: EMPTY (free), BUSY (a worker or fetch is reading/planning it), PLANNED (its
  * counts are known; its pixels are not written yet), DONE (final: good with its pixels
@@ -58,6 +59,11 @@ struct task {
   int imgs_cap;
   mml_bytes path;
   mml_vision_plan *plans; /* per image, from its header (imgs_cap of them) */
+  /* videos (vcap of them): each file's probe and every video's plan, from the plan stage
+   * to the decode stage; a WebDataset member video's bytes are imgs[nmedia + v] */
+  struct mml_video_info *vinfo;
+  struct mml_video_plan *vplans;
+  int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and its first row there; where its pixels must go (dest, a reference
    * held; NULL: not known yet) and where they are (home, once decoded) */

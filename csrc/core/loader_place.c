@@ -14,7 +14,9 @@
  *             packed: at its first image, with the pack's bound pack_length * merge^2
  *             rows), and each member's decode is queued with its destination
  *             (buffer + first row * row bytes)
- *   worker:   decodes the queued sample into its destination -> slot DONE
+ *   worker:   decodes the queued sample into its destination -> slot DONE (videos go
+ *             into the sample's own rows, which the collator copies: a sample with
+ *             videos and no images is queued for decode without a destination)
  *   collator: takes DONE slots strictly in order, exactly as before (the same
  *             composition code, on the same counts), attaching the head ticket's buffer
  *             as the batch's pixel_values; emission only writes the small tensors.
@@ -39,7 +41,8 @@
  *
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
  * built, queued, or held by the consumer; cached: kept mapped for reuse), the window's
- * byte buffers and a fixed scratch reserve per worker.  A ticket's buffer is taken only
+ * byte buffers (with each sample's video rows: planned ones before they exist) and a
+ * fixed scratch reserve per worker.  A ticket's buffer is taken only
  * when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
  * and so do the tickets after it, and the planner retries as the consumer releases
  * batches.  Workers start reading a sample only with room for the largest sample seen
@@ -232,6 +235,8 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
       rebuffer(L, id, L->rows_bound > 0 ? L->rows_bound : k->rows, c);
     else if (k->buf)
       set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
+  } else if (t->sample.vpixels_pending && t->state == SLOT_PLANNED && t->dec == DEC_NONE) {
+    queue_decode(L, t); /* videos only: their pixels are the sample's own */
   }
   /* the global plan ends batches at planned positions (as coll_add_locked) */
   if (L->gp ? ld_plan_batch_end_locked(L, epoch, pos) : mml_compose_full(L->collator, &k->comp))
@@ -372,6 +377,17 @@ static int64_t scratch_bytes(const mml_loader *L) {
   return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
 }
 
+/* Bytes of a sample's planned video pixels (float32 rows of pixel_cols). */
+static int64_t video_bytes(const mml_loader *L, const mml_sample *s) {
+  return s->vpixel_rows * (int64_t)L->ccfg.pixel_cols * (int64_t)sizeof(float);
+}
+
+/* Encoded items a parsed task holds in imgs[]: images, frames, member videos. */
+static int media_items(const task *t) {
+  if (!t->rec_parsed) return 0;
+  return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
+}
+
 int ld_mem_room_locked(mml_loader *L, int64_t need) {
   if (!L->cfg.max_memory) return 1;
   if (need >= (1 << 20)) need = (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); /* pool */
@@ -393,11 +409,13 @@ int ld_mem_may_read_locked(mml_loader *L) {
 mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err) {
   if (!L->cfg.max_memory) return MML_OK;
   int64_t enc = (int64_t)t->rec_bytes.len, px = t->sample.pixel_rows * (int64_t)L->row_bytes;
-  for (int i = 0; i < t->rec.nimages; i++) enc += (int64_t)t->imgs[i].len;
+  px += video_bytes(L, &t->sample);
+  for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int64_t room = L->cfg.max_memory - scratch_bytes(L);
   if (px + enc <= room) return MML_OK;
   return mml_err_set(err, MML_ENOMEM,
-                     "the sample needs %lld bytes of pixel_values and %lld encoded bytes, more "
+                     "the sample needs %lld bytes of pixel_values(_videos) and %lld encoded "
+                     "bytes, more "
                      "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
                      (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
                      L->cfg.num_threads);
@@ -407,7 +425,11 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
   int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap), used = (int64_t)t->rec_bytes.len;
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
   if (t->rec_parsed)
-    for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
+    for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
+  /* video pixels (the sample's own buffer): planned ones are counted before they exist */
+  int64_t vpx = video_bytes(L, &t->sample);
+  held += vpx > (int64_t)t->sample.vpixels.cap ? vpx : (int64_t)t->sample.vpixels.cap;
+  used += vpx;
   L->win_bytes += held - t->held;
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;

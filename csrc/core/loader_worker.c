@@ -9,10 +9,15 @@
  * The task is three stages, each a function: the record's bytes (read, or fetched),
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
- * labels: mml_sample_plan) -> slot PLANNED.  No pixel work happens there: the planner
- * (loader_place.c) puts the sample into its batch and queues its decode with the
- * destination, its slice of the batch's pixel_values buffer; a worker then decodes it
- * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
+ * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
+ * (probe_videos: frame count, rate, size; nothing decoded) and closed again.  No pixel
+ * work happens there: the planner (loader_place.c) puts the sample into its batch and
+ * queues its decode with the destination, its slice of the batch's pixel_values buffer
+ * (a sample with videos only: no destination); a worker then decodes it there and its
+ * videos (reopened: video_open) into the sample's own video rows (decode_task) -> slot
+ * DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
+ * by ranged reads through the fetcher (http(s), s3: blocking this worker), or from the
+ * bytes of their WebDataset member (read or fetched with the images).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -28,6 +33,7 @@
 
 #include "loader_int.h"
 #include "mml/datauri.h"
+#include "mml/message.h"
 
 static void ready_push_locked(mml_loader *L, task *t) {
   t->next_ready = NULL;
@@ -37,6 +43,22 @@ static void ready_push_locked(mml_loader *L, task *t) {
     L->ready_head = t;
   L->ready_tail = t;
   pthread_cond_signal(&L->work_cv);
+}
+
+/* Prefixes err with media item i of rec: an image or frame (mml_record_media_ref), else
+ * the member video nmedia + v. */
+static void ld_err_media(mml_err *err, const mml_record *rec, int i) {
+  const char *ref = mml_record_media_ref(rec, i);
+  if (ref) {
+    mml_sample_err_image(err, ref);
+    return;
+  }
+  int v = i - rec->nimages - mml_record_frames(rec);
+  if (v >= 0 && v < rec->nvideos && rec->videos[v].ref) {
+    char shown[MML_SHORT_CAP(200)];
+    const char *r = rec->videos[v].ref;
+    mml_err_prefix(err, "video %s", mml_text_short(r, strlen(r), 200, shown, sizeof shown));
+  }
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -60,7 +82,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
       t->fetch_err = *err;
     else
       mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
-    if (r->which >= 0) mml_sample_err_image(&t->fetch_err, mml_record_media_ref(&t->rec, r->which));
+    if (r->which >= 0) ld_err_media(&t->fetch_err, &t->rec, r->which);
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -175,16 +197,25 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
-  if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + 1))
+  if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos + 1))
     return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
+  if (t->rec.nvideos > t->vcap) {
+    int nc = t->rec.nvideos;
+    void *a = realloc(t->vinfo, (size_t)nc * sizeof *t->vinfo);
+    if (a) t->vinfo = a;
+    void *b = a ? realloc(t->vplans, (size_t)nc * sizeof *t->vplans) : NULL;
+    if (b) t->vplans = b;
+    if (!a || !b) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    t->vcap = nc;
+  }
   return MML_OK;
 }
 
-/* Media item i (an image, then video frames: mml_record_media_ref): read now, or its fetch submitted (counted in *nremote; *f is obtained on the
- * first remote image). */
-static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int *nremote,
-                             run_acc *acc, mml_err *err) {
-  const char *ref = mml_record_media_ref(&t->rec, i);
+/* Media item i named `ref` (an image, then video frames: mml_record_media_ref, then the
+ * WebDataset member videos): read now, or its fetch submitted (counted in *nremote; *f is
+ * obtained on the first remote item). */
+static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml_fetcher **f,
+                             int *nremote, run_acc *acc, mml_err *err) {
   if (mml_is_data_uri(ref)) { /* inline image: decoded here, no I/O */
     mml_status st = mml_data_uri_decode(ref, &t->imgs[i], err);
     if (st) mml_sample_err_image(err, ref);
@@ -214,7 +245,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
                 : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st)
-      mml_sample_err_image(err, ref);
+      ld_err_media(err, &t->rec, i);
     else {
       acc->bytes += t->imgs[i].len;
       t->sample.bytes += t->imgs[i].len;
@@ -241,6 +272,71 @@ static mml_status load_image(mml_loader *L, task *t, int i, mml_fetcher **f, int
   return st;
 }
 
+/* Resolves a video file reference into t->path (checked by the path policy when `check`). */
+static mml_status video_path(mml_loader *L, task *t, const char *ref, int check, mml_err *err) {
+  const char *root = L->roots[t->sample.shard];
+  mml_status st = mml_sample_image_path(root, ref, &t->path, err);
+  if (!st && check)
+    st = mml_sample_image_allowed(&L->cfg, root, ref, (const char *)t->path.data,
+                                  !L->remote[t->sample.shard], err);
+  return st;
+}
+
+typedef struct video_ctx {
+  mml_loader *L;
+  task *t;
+  run_acc *acc;
+} video_ctx;
+
+/* Opens video file v of t's record: its WebDataset member's bytes, else its path or URL
+ * (range reads through the loader's fetcher).  Bytes read are counted. */
+static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
+  video_ctx *c = ctx;
+  mml_loader *L = c->L;
+  task *t = c->t;
+  const char *ref = t->rec.videos[v].ref;
+  const mml_bytes *member = &t->imgs[t->rec.nimages + mml_record_frames(&t->rec) + v];
+  const mml_pipeline *pl = &L->src[t->sample.source].pl;
+  mml_video_src src = {.name = ref,
+                       .max_bytes = L->cfg.max_object_bytes,
+                       .threads = 1,
+                       .max_pixels = pl->vision->max_image_pixels};
+  mml_status st;
+  if (member->len) {
+    src.data = member->data;
+    src.len = member->len;
+  } else {
+    if ((st = video_path(L, t, ref, 0, err))) return st;
+    src.name = (const char *)t->path.data;
+    if (mml_path_is_remote(src.name) && (st = ld_get_fetcher(L, &src.fetcher, err))) return st;
+  }
+  double t0 = mml_now();
+  st = mml_video_open(&src, out, err);
+  if (!member->len) {
+    int64_t n = mml_video_bytes_read(*out);
+    c->acc->bytes += (uint64_t)n;
+    t->sample.bytes += (uint64_t)n;
+  }
+  c->acc->read_s += mml_now() - t0;
+  return st;
+}
+
+/* Every video file of t's record opened and probed (t->vinfo), then closed: the plan
+ * needs only the metadata. */
+static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
+  video_ctx c = {L, t, acc};
+  for (int v = 0; v < t->rec.nvideos; v++) {
+    memset(&t->vinfo[v], 0, sizeof t->vinfo[v]);
+    if (!t->rec.videos[v].ref) continue;
+    mml_video *vid = NULL;
+    mml_status st = video_open(&c, v, &vid, err);
+    if (!st) st = mml_video_probe(vid, &t->vinfo[v], err);
+    mml_video_close(vid);
+    if (st) return st;
+  }
+  return MML_OK;
+}
+
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
 static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
   if (t->fetch_st) {
@@ -253,8 +349,21 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   int nremote = 0;
   mml_fetcher *f = NULL;
   const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
-  for (int i = 0; i < nmedia; i++) {
-    if ((st = load_image(L, t, i, &f, &nremote, acc, err))) {
+  for (int i = 0; i < nmedia + t->rec.nvideos; i++) {
+    if (i < nmedia) {
+      st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, err);
+    } else { /* a video file: a WebDataset member is read like an image, others are opened
+              * by path or URL when planned (video_open) */
+      const char *ref = t->rec.videos[i - nmedia].ref;
+      mml_bytes_clear(&t->imgs[i]);
+      if (!ref) continue;
+      int64_t off, len;
+      if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len))
+        st = load_image(L, t, i, ref, &f, &nremote, acc, err);
+      else
+        st = video_path(L, t, ref, 1, err);
+    }
+    if (st) {
       if (!nremote) return st;
       task_defer_error(L, t, st, err);
       break;
@@ -271,14 +380,17 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
 
 /* Stage 3: every image's bytes are here; the sample is planned from its headers and
  * checked (its pixels come later, straight into its batch: decode_task). */
-static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, mml_err *err) {
+static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
+                             mml_err *err) {
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
-  mml_status st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans,
-                                  &t->sample, err);
+  mml_status st = probe_videos(L, t, acc, err);
+  if (st) return st;
+  st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans, t->vinfo,
+                       t->vplans, &t->sample, err);
   if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
   if (st) return st;
   return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
@@ -293,7 +405,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   int wait = 0;
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
-  if (!st && !wait) st = stage_plan(L, sc, t, &err);
+  if (!st && !wait) st = stage_plan(L, sc, t, acc, &err);
   if (wait) return 0;
   if (st)
     task_fail(t, st, &err, L);
@@ -323,7 +435,9 @@ static task *take_task_locked(mml_loader *L) {
         pthread_cond_broadcast(&L->work_cv);
         continue;
       }
-      if (!t->dest) continue; /* unplaced meanwhile: it is queued again when placed */
+      /* unplaced meanwhile: it is queued again when placed (a sample with videos only has
+       * no destination: its pixels are its own) */
+      if (!t->dest && t->sample.pixel_rows > 0) continue;
       t->dec = DEC_RUNNING;
       return t;
     }
@@ -377,7 +491,8 @@ static void finish_task_locked(mml_loader *L, task *t) {
   L->in_flight--;
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
-    int later = t->sample.status == MML_OK && L->placing && t->sample.pixel_rows > 0;
+    int later = t->sample.status == MML_OK && L->placing &&
+                (t->sample.pixel_rows > 0 || t->sample.vpixels_pending);
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
     t->state = later ? SLOT_PLANNED : SLOT_DONE;
     pthread_cond_signal(&L->coll_cv);
@@ -396,9 +511,21 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_unlock(&L->mu);
   mml_err err;
   mml_err_clear(&err);
-  mml_status st = mml_sample_decode(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans,
-                                    t->rec.nimages, (uint8_t *)buf->data + off, &err);
+  const mml_pipeline *pl = &L->src[t->sample.source].pl;
+  mml_status st = MML_OK;
+  run_acc acc = {0, 0};
+  if (buf)
+    st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages,
+                           (uint8_t *)buf->data + off, &err);
+  if (!st && t->sample.vpixels_pending) { /* its videos: their own buffer */
+    video_ctx c = {L, t, &acc};
+    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, &t->sample,
+                                  &err);
+  }
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
+  L->read_s += acc.read_s;
+  L->bytes_read += acc.bytes;
+  ld_mem_count_task_locked(L, t); /* the decoded video pixels */
   if (st) task_fail(t, st, &err, L);
   t->dec = DEC_NONE;
   if (t->gen != L->gen) {
@@ -407,12 +534,12 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     pthread_cond_broadcast(&L->work_cv);
     return;
   }
-  if (st) {
+  if (st || !buf) {
     mml_buf_release(buf);
   } else {
     ld_place_decoded_locked(L, t, buf, off); /* takes the reference */
-    L->images += (uint64_t)t->sample.nimages;
   }
+  if (!st) L->images += (uint64_t)t->sample.nimages;
   t->state = SLOT_DONE;
   pthread_cond_signal(&L->coll_cv);
 }

@@ -45,8 +45,8 @@ static const mml_option k_options[] = {
      "shard layout: auto (by name and content), jsonl, json (one array of records), or "
      "webdataset (tar)"},
     {"index", MML_OPT_STR, CFG(index), 0, 0, 0, NULL, NONE,
-     "dataset index folder or URL prefix holding <shard>.mmlidx files (None: next to each "
-     "local shard; \"\": never read one)"},
+     "dataset index folder or URL prefix (python -m mmloader index --out) (None: "
+     "<shard>.mmlidx next to each local shard; \"\": never read one)"},
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
      "folder or URL prefix relative image paths are resolved against (None: the shard's)"},
     {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 0, 1, I32, NULL, FP | NONE,

@@ -6,10 +6,14 @@
  *   mml_sample_plan:   1. plan every image from its header alone (size, grid, tokens);
  *                      2. render the chat template to ids + labels with those counts;
  *                      3. reject it as too long before any pixel work;
+ *                      (videos: frame lists from their frames' headers, files from their
+ *                      probe: frame indices, sizes, grids, tokens; nothing decoded);
  *   mml_sample_decode: 4. decode + resize + normalise + patchify every image straight
  *                      into the destination the caller gives (the loader: the sample's
  *                      slice of its batch's pixel_values buffer, once the batch
- *                      composition has been planned from the counts of step 1).
+ *                      composition has been planned from the counts of step 1);
+ *   mml_sample_decode_videos: 5. the same for every video's planned frames, into the
+ *                      sample's own vpixels (which the collator copies).
  * Threads: one worker owns a sample and its scratch while planning or decoding; nothing
  * is shared but the immutable config, template and tokenizer.
  */
@@ -39,6 +43,7 @@ void mml_sample_reset(mml_sample *s) {
   s->nimages = 0;
   mml_bytes_clear(&s->vpixels);
   s->vpixel_rows = 0;
+  s->vpixels_pending = 0;
   mml_ids_clear(&s->vgrids);
   mml_bytes_clear(&s->vsecs);
   s->nvideos = 0;
@@ -77,7 +82,6 @@ void mml_sample_scratch_free(mml_sample_scratch *s) {
   mml_mix_scratch_free(&s->mix);
   free(s->tokens);
   mml_video_scratch_free(s->video);
-  free(s->vplans);
   free(s->vtokens);
   free(s->vts);
   memset(s, 0, sizeof *s);
@@ -102,19 +106,20 @@ static void fit_pixels(mml_bytes *b, size_t need) {
   if (b->cap > KEEP_PIXELS_MAX && b->cap / 2 > need) mml_bytes_free(b);
 }
 
-static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec, mml_err *err) {
+static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec,
+                                    const mml_video_info *vinfo, mml_err *err) {
   if (!s->video && mml_video_scratch_new(&s->video))
     return mml_err_set(err, MML_ENOMEM, "cannot allocate video scratch");
   int n = rec->nvideos;
   if (n > s->vcap) {
-    void *p = realloc(s->vplans, (size_t)n * sizeof *s->vplans);
-    if (p) s->vplans = p;
-    void *q = p ? realloc(s->vtokens, (size_t)n * sizeof *s->vtokens) : NULL;
-    if (q) s->vtokens = q;
-    if (!p || !q) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", n);
+    void *q = realloc(s->vtokens, (size_t)n * sizeof *s->vtokens);
+    if (!q) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", n);
+    s->vtokens = q;
     s->vcap = n;
   }
   size_t need = (size_t)mml_record_frames(rec) + (size_t)n; /* >= every grid_t */
+  for (int v = 0; v < n; v++)                               /* a file keeps at most its frames */
+    if (rec->videos[v].ref && vinfo[v].nframes > 0) need += (size_t)vinfo[v].nframes;
   if (need > s->vts_cap) {
     double *t = realloc(s->vts, need * sizeof *t);
     if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", n);
@@ -124,12 +129,26 @@ static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec
   return MML_OK;
 }
 
-/* Plans every video (frames: the frame bytes after the images); *src_px adds their
- * frames' pixels. */
+/* Prefixes err with "video <ref>" (a file, unless the decoder's message names it already)
+ * or "video <v>" (a frame list). */
+static void err_video(mml_err *err, const mml_video_ref *vr, int v) {
+  if (!vr->ref) {
+    mml_err_prefix(err, "video %d", v);
+    return;
+  }
+  if (strstr(err->msg, vr->ref)) return;
+  char shown[MML_SHORT_CAP(200)];
+  mml_err_prefix(err, "video %s",
+                 mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
+}
+
+/* Plans every video into vplans (frames: the frame bytes after the images; vinfo: the
+ * files' probes); *src_px adds their frames' pixels. */
 static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
-                              const mml_bytes *frames, int64_t *rows, int64_t *src_px,
+                              const mml_bytes *frames, const mml_video_info *vinfo,
+                              mml_video_plan *vplans, int64_t *rows, int64_t *src_px,
                               mml_err *err) {
-  mml_status st = video_scratch_fit(sc, rec, err);
+  mml_status st = video_scratch_fit(sc, rec, vinfo, err);
   if (st) return st;
   double *ts = sc->vts;
   if (pl->vision->pixel_format != MML_PIXEL_FLOAT32)
@@ -138,18 +157,17 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
                        "loaded with pixel_format other than float32");
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_ref *vr = &rec->videos[v];
+    mml_video_plan *p = &vplans[v];
     if (vr->ref) {
-      char shown[MML_SHORT_CAP(200)];
-      return mml_err_set(err, MML_EVIDEO,
-                         "video %s: video files are not decoded yet (frame lists are)",
-                         mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
+      st = mml_video_plan_file(pl->vision, &vr->keys, &vinfo[v], p, ts, err);
+    } else {
+      st = mml_video_plan_list(pl->vision, vr, frames, p, ts, err);
+      frames += vr->nframes;
     }
-    mml_video_plan *p = &sc->vplans[v];
-    if ((st = mml_video_plan_list(pl->vision, vr, frames, p, ts, err))) {
-      mml_err_prefix(err, "video %d", v);
+    if (st) {
+      err_video(err, vr, v);
       return st;
     }
-    frames += vr->nframes;
     sc->vtokens[v] =
         (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
     ts += p->grid_t;
@@ -159,39 +177,46 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
   return MML_OK;
 }
 
-/* Decodes + preprocesses every planned video into out->vpixels (vrows rows). */
-static mml_status process_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
-                                 const mml_record *rec, const mml_bytes *frames, int64_t vrows,
-                                 mml_sample *out, mml_err *err) {
+mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
+                                    const mml_record *rec, const mml_bytes *images,
+                                    const mml_video_plan *vplans, mml_sample_video_open_fn open,
+                                    void *ctx, mml_sample *out, mml_err *err) {
+  double t0 = mml_now();
   const int cols = mml_vision_pixel_cols(pl->vision);
-  size_t need = (size_t)vrows * (size_t)cols * sizeof(float);
+  size_t need = (size_t)out->vpixel_rows * (size_t)cols * sizeof(float);
   fit_pixels(&out->vpixels, need);
   mml_status st;
+  if (!sc->video && mml_video_scratch_new(&sc->video))
+    return mml_err_set(err, MML_ENOMEM, "cannot allocate video scratch");
   if ((st = mml_bytes_reserve(&out->vpixels, need)))
     return mml_err_set(err, st, "cannot allocate %zu bytes of video pixels", need);
   float *dst = (float *)out->vpixels.data;
-  for (int v = 0; v < rec->nvideos; v++) {
-    const mml_video_plan *p = &sc->vplans[v];
-    if ((st = mml_video_process_list(pl->vision, sc->video, sc->vision, &rec->videos[v], frames, p,
-                                     dst, err))) {
-      mml_err_prefix(err, "video %d", v);
-      return st;
+  const mml_bytes *frames = images + rec->nimages;
+  for (int v = 0; v < rec->nvideos && !st; v++) {
+    const mml_video_ref *vr = &rec->videos[v];
+    const mml_video_plan *p = &vplans[v];
+    if (vr->ref) {
+      mml_video *vid = NULL;
+      if (!(st = open(ctx, v, &vid, err)))
+        st = mml_video_process_file(pl->vision, sc->video, vid, p, dst, err);
+      mml_video_close(vid);
+    } else {
+      st = mml_video_process_list(pl->vision, sc->video, sc->vision, vr, frames, p, dst, err);
+      frames += vr->nframes;
     }
-    frames += rec->videos[v].nframes;
+    if (st) err_video(err, vr, v);
     dst += (size_t)p->rows * (size_t)cols;
-    int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
-    if ((st = mml_ids_append(&out->vgrids, g, 3)) ||
-        (st = mml_bytes_append(&out->vsecs, &p->second_per_grid, sizeof(float))))
-      return mml_err_set(err, st, "out of memory for the video grids");
   }
+  sc->vision_s += mml_now() - t0;
+  if (st) return st;
   out->vpixels.len = need;
-  out->vpixel_rows = vrows;
-  out->nvideos = rec->nvideos;
+  out->vpixels_pending = 0;
   return MML_OK;
 }
 
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
-                           const mml_bytes *images, mml_vision_plan *plans, mml_sample *out,
+                           const mml_bytes *images, mml_vision_plan *plans,
+                           const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
                            mml_err *err) {
   mml_status st;
   int n = rec->nimages;
@@ -214,8 +239,10 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
     src_px += (int64_t)plans[i].src_w * plans[i].src_h;
   }
   int64_t vrows = 0;
-  if (rec->nvideos && (st = plan_videos(pl, sc, rec, images + n, &vrows, &src_px, err))) return st;
-  for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += sc->vplans[v].tokens;
+  if (rec->nvideos &&
+      (st = plan_videos(pl, sc, rec, images + n, vinfo, vplans, &vrows, &src_px, err)))
+    return st;
+  for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += vplans[v].tokens;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
                        "%d image(s) and %d video(s) of %lld pixels in all, above "
@@ -244,12 +271,17 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
     if ((st = mml_ids_append(&out->grids, g, 3)))
       return mml_err_set(err, st, "out of memory for the image grids");
   }
-  if (rec->nvideos) { /* videos: decoded here, into the sample's own vpixels (float32) */
-    double t2 = mml_now();
-    st = process_videos(pl, sc, rec, images + n, vrows, out, err);
-    sc->vision_s += mml_now() - t2;
-    if (st) return st;
+  for (int v = 0; v < rec->nvideos; v++) { /* their pixels: mml_sample_decode_videos */
+    const mml_video_plan *p = &vplans[v];
+    int32_t g[3] = {p->grid_t, p->grid_h, p->grid_w};
+    if ((st = mml_ids_append(&out->vgrids, g, 3)) ||
+        (st = mml_bytes_append(&out->vsecs, &p->second_per_grid, sizeof(float))))
+      return mml_err_set(err, st, "out of memory for the video grids");
   }
+  out->nvideos = rec->nvideos;
+  out->vpixel_rows = vrows;
+  out->vpixels_pending = vrows > 0;
+  mml_bytes_clear(&out->vpixels);
   out->pixel_rows = rows;
   out->pixel_cols = cols;
   out->nimages = n;

@@ -15,7 +15,9 @@
  */
 #include "mml/video_frames.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,6 +197,51 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
         }
 }
 
+/* Room for the float planes of every step of one frame. */
+static mml_status planes_fit(mml_video_scratch *s, const mml_video_plan *p, mml_err *err) {
+  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h,
+               dpx = (size_t)p->dst_w * p->dst_h;
+  size_t big = lpx > qpx ? lpx : qpx;
+  if (dpx > big) big = dpx;
+  mml_status st = fit(&s->a, &s->a_cap, 3 * big, err);
+  return st ? st : fit(&s->b, &s->b_cap, 3 * big, err);
+}
+
+/* One frame of list_w x list_h interleaved RGB8 rows (`stride` bytes apart) from there on:
+ * float planes, fetch_video's budget resize (rounded back to integers, as torchvision
+ * resizes a uint8 video), the processor's resize, then its rows of temporal slot k. */
+static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                             const mml_video_plan *p, const uint8_t *rgb, size_t stride, int64_t k,
+                             float *out, mml_err *err) {
+  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h;
+  mml_status st;
+  float *a = s->a, *b = s->b;
+  for (int y = 0; y < p->list_h; y++) {
+    const uint8_t *r = rgb + (size_t)y * stride;
+    float *a0 = a + (size_t)y * p->list_w, *a1 = a0 + lpx, *a2 = a1 + lpx;
+    for (int x = 0; x < p->list_w; x++) {
+      a0[x] = (float)r[3 * x];
+      a1[x] = (float)r[3 * x + 1];
+      a2[x] = (float)r[3 * x + 2];
+    }
+  }
+  if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
+    if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
+      return st;
+    for (size_t i = 0; i < 3 * qpx; i++) b[i] = nearbyintf(fminf(fmaxf(b[i], 0.0f), 255.0f));
+    float *x = a;
+    a = b;
+    b = x;
+  }
+  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
+    if ((st = mml_resize_aa_bicubic_f32(a, 3, p->qvu_w, p->qvu_h, b, p->dst_w, p->dst_h, err)))
+      return st;
+    a = b;
+  }
+  scatter(cfg, p, a, k, out);
+  return MML_OK;
+}
+
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
                                   mml_vision_scratch *vs, const mml_video_ref *v,
                                   const mml_bytes *frames, const mml_video_plan *p, float *out,
@@ -202,16 +249,12 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
   const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
   mml_decoder_set_opts(s->dec, &opts);
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
-  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h,
-               dpx = (size_t)p->dst_w * p->dst_h;
+  const size_t lpx = (size_t)p->list_w * p->list_h;
   mml_status st;
   if (mml_bytes_reserve(&s->rgb, lpx * 3))
     return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->list_w,
                        p->list_h);
-  size_t big = lpx > qpx ? lpx : qpx;
-  if ((st = fit(&s->a, &s->a_cap, 3 * (big > dpx ? big : dpx), err)) ||
-      (st = fit(&s->b, &s->b_cap, 3 * (big > dpx ? big : dpx), err)))
-    return st;
+  if ((st = planes_fit(s, p, err))) return st;
   for (int64_t k = 0; k < p->nframes; k++) {
     int j = (int)(k < p->listed ? k : p->listed - 1);
     mml_rgb8 img;
@@ -229,23 +272,96 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
     if ((st = mml_resize_bicubic_rgb8_order(vs, &img, p->list_w, p->list_h, cfg->pillow_h_first,
                                             s->rgb.data, err)))
       return mml_err_prefix(err, "frame %d", j), st;
-    float *a = s->a, *b = s->b;
-    for (size_t i = 0; i < lpx; i++)
-      for (int c = 0; c < 3; c++) a[c * lpx + i] = (float)s->rgb.data[3 * i + c];
-    if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
-      if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
-        return st;
-      for (size_t i = 0; i < 3 * qpx; i++) b[i] = nearbyintf(fminf(fmaxf(b[i], 0.0f), 255.0f));
-      float *x = a;
-      a = b;
-      b = x;
-    }
-    if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
-      if ((st = mml_resize_aa_bicubic_f32(a, 3, p->qvu_w, p->qvu_h, b, p->dst_w, p->dst_h, err)))
-        return st;
-      a = b;
-    }
-    scatter(cfg, p, a, k, out);
+    if ((st = frame_tail(cfg, s, p, s->rgb.data, (size_t)p->list_w * 3, k, out, err))) return st;
   }
   return MML_OK;
+}
+
+/* 1 when the element's own sampling keys are valid, so that qwen-vl-utils refusing the
+ * sampling means the video has too few frames (in range) for them. */
+static int keys_sane(const mml_video_keys *k) {
+  if (k->has_start && k->has_end && !(k->video_start < k->video_end)) return 0;
+  if (k->nframes > 0) return nearbyint((double)k->nframes / MML_VIDEO_FRAME_FACTOR) >= 1;
+  return !k->max_frames || k->max_frames >= MML_VIDEO_FRAME_FACTOR;
+}
+
+mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *keys,
+                               const mml_video_info *info, mml_video_plan *p, double *ts,
+                               mml_err *err) {
+  memset(p, 0, sizeof *p);
+  p->file = 1;
+  mml_status st = mml_video_sample(keys, info->nframes, info->fps, &p->smp, err);
+  if (st == MML_ERECORD && info->nframes > 0 && info->fps > 0 && keys_sane(keys)) {
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    return mml_err_set(err, MML_EVIDEOSHORT,
+                       "%lld frames at %g fps (%.3f s) are too few for this video element (%s)",
+                       (long long)info->nframes, info->fps, (double)info->nframes / info->fps, why);
+  }
+  if (st) return st;
+  p->src_w = p->list_w = info->width;
+  p->src_h = p->list_h = info->height;
+  p->nframes = p->listed = p->smp.n;
+  p->probe_nframes = info->nframes;
+  p->probe_fps = info->fps;
+  const int f = cfg->patch_size * cfg->merge_size;
+  if ((st = mml_video_frame_size(keys, f, p->nframes, p->src_h, p->src_w, &p->qvu_h, &p->qvu_w,
+                                 err)))
+    return st;
+  p->fps = info->fps;
+  p->sample_fps = p->smp.sample_fps; /* = the processor's sampled_fps of qwen-vl-utils' metadata */
+  if ((st = plan_finish(cfg, p, err))) return st;
+  p->src_pixels = p->nframes * (int64_t)p->src_w * p->src_h;
+  if (ts) {
+    int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
+    if (!idx)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                         (long long)p->nframes);
+    mml_video_indices(&p->smp, idx);
+    mml_video_timestamps(idx, p->nframes, p->fps, cfg->temporal_patch_size, ts);
+    free(idx);
+  }
+  return MML_OK;
+}
+
+typedef struct file_ctx {
+  const mml_vision_cfg *cfg;
+  mml_video_scratch *s;
+  const mml_video_plan *p;
+  float *out;
+} file_ctx;
+
+static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
+  const file_ctx *c = ctx;
+  if (f->width != c->p->src_w || f->height != c->p->src_h)
+    return mml_err_set(err, MML_EVIDEOCORRUPT, "frame %lld is %dx%d, the stream's is %dx%d",
+                       (long long)f->index, f->width, f->height, c->p->src_w, c->p->src_h);
+  return frame_tail(c->cfg, c->s, c->p, f->rgb, f->stride, f->k, c->out, err);
+}
+
+mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *s, mml_video *v,
+                                  const mml_video_plan *p, float *out, mml_err *err) {
+  mml_video_info info;
+  mml_status st = mml_video_probe(v, &info, err);
+  if (st) return st;
+  if (!p->file || info.nframes != p->probe_nframes || info.fps != p->probe_fps ||
+      info.width != p->src_w || info.height != p->src_h)
+    return mml_err_set(err, MML_EVIDEOCORRUPT,
+                       "the file changed since it was planned: %lld frames at %g fps, %dx%d "
+                       "(planned: %lld at %g, %dx%d)",
+                       (long long)info.nframes, info.fps, info.width, info.height,
+                       (long long)p->probe_nframes, p->probe_fps, p->src_w, p->src_h);
+  if (p->nframes != p->smp.n || p->nframes > INT_MAX)
+    return mml_err_set(err, MML_EINTERNAL, "video plan: %lld frames for %lld kept",
+                       (long long)p->nframes, (long long)p->smp.n);
+  if ((st = planes_fit(s, p, err))) return st;
+  int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
+  if (!idx)
+    return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                       (long long)p->nframes);
+  mml_video_indices(&p->smp, idx);
+  file_ctx c = {cfg, s, p, out};
+  st = mml_video_decode(v, idx, (int)p->nframes, on_frame, &c, err);
+  free(idx);
+  return st;
 }

@@ -3,7 +3,8 @@
  * `python -m mmloader index`: build_index(loader, shard, out, threads, progress) runs
  * the C build with the GIL released (progress is called with it held, about every
  * 0.2 s; an exception from it, e.g. KeyboardInterrupt, stops the build, resumably);
- * read_index(path) parses a sidecar with every check the loader makes.
+ * read_index(path) parses a sidecar with every check the loader makes; index_path(shard,
+ * out) is where a shard's index file is (mml_dsx_sidecar_path: the one naming rule).
  */
 #include "binding.h"
 #include "mml/dsindex.h"
@@ -177,11 +178,24 @@ static PyObject *py_read_index(PyObject *mod, PyObject *args) {
   return r;
 }
 
+static PyObject *py_index_path(PyObject *mod, PyObject *args) {
+  const char *shard, *out = NULL;
+  if (!PyArg_ParseTuple(args, "s|z", &shard, &out)) return NULL;
+  mml_bytes b = {0};
+  if (mml_dsx_sidecar_path(shard, out, &b)) return PyErr_NoMemory();
+  PyObject *r = PyUnicode_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
+  mml_bytes_free(&b);
+  return r;
+}
+
 static PyMethodDef dsindex_functions[] = {
     {"build_index", (PyCFunction)(void (*)(void))py_build_index, METH_VARARGS | METH_KEYWORDS,
      "build_index(loader, shard, out, threads=1, progress=None) -> summary dict: the dataset "
      "index of the loader's shard number `shard`, written to `out` (resumable)."},
     {"loader_shards", py_loader_shards, METH_O, "loader_shards(loader): the loader's shard paths."},
+    {"index_path", py_index_path, METH_VARARGS,
+     "index_path(shard, out=None) -> str: where the index file of `shard` is: next to it, "
+     "or in folder/URL prefix `out` under a name keyed by a hash of the shard path."},
     {"read_index", py_read_index, METH_VARARGS,
      "read_index(path) -> dict: a dataset index file, checked as the loader checks it."},
     {NULL, NULL, 0, NULL}};

@@ -5,11 +5,9 @@
 #include "mml/dsindex.h"
 
 #include <stdio.h>
-#include <sys/stat.h>
-#include <turbojpeg.h>
-#include <unistd.h>
 
 #include "mml/loader.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 static const char k_jsonl[] = "{\"a\": 1}\n\n{\"b\": 22}\n{\"c\": 333}\n";
@@ -154,37 +152,46 @@ TEST(test_partial_entries) {
   mml_index_free(&ix);
 }
 
-/* ---- the build, with a loader ---------------------------------------------------------- */
-
-static char g_dir[64], g_shard[128], g_idx[160];
-static mml_tokenizer *g_tok;
-
-static void write_jpeg(const char *path, int w, int h) {
-  unsigned char *rgb = calloc((size_t)w * h, 3);
-  tjhandle tj = tjInitCompress();
-  unsigned char *out = NULL;
-  unsigned long len = 0;
-  tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 85, 0);
-  FILE *f = fopen(path, "wb");
-  fwrite(out, 1, len, f);
-  fclose(f);
-  tjFree(out);
-  tjDestroy(tj);
-  free(rgb);
+/* The one naming rule: next to the shard, or in a folder keyed by a hash of the shard path
+ * (pinned: existing index folders must keep being found). */
+TEST(test_sidecar_names_never_collide) {
+  static const struct {
+    const char *shard, *dir, *want;
+  } k[] = {
+      {"/data/text/data-00000.jsonl", NULL, "/data/text/data-00000.jsonl.mmlidx"},
+      {"/data/text/data-00000.jsonl", "", "/data/text/data-00000.jsonl.mmlidx"},
+      {"/data/text/data-00000.jsonl", "/idx", "/idx/data-00000.jsonl.6310befde0564b54.mmlidx"},
+      {"/data/img/data-00000.jsonl", "/idx//", "/idx/data-00000.jsonl.55a7403ce7497bc6.mmlidx"},
+      {"s3://bucket/ds/data-00000.jsonl", "s3://b/idx/",
+       "s3://b/idx/data-00000.jsonl.fcad24029909a99f.mmlidx"},
+  };
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    mml_bytes b = {0};
+    CHECK(mml_dsx_sidecar_path(k[i].shard, k[i].dir, &b) == MML_OK);
+    CHECK_EQ_INT(b.len, strlen(k[i].want));
+    CHECK_EQ_STR((const char *)b.data, k[i].want);
+    mml_bytes_free(&b);
+  }
 }
 
+/* ---- the build, with a loader ---------------------------------------------------------- */
+
+static char g_shard[128], g_idx[160];
+static int make_dataset(const char *dir);
+/* the tokenizer and the dataset of the build test (mml_fixture.h) */
+static mml_fixture g_fx = {"dsindex", make_dataset};
+
 /* 600 samples (more than two build chunks): 0-2 images, some long, one malformed. */
-static int make_dataset(void) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/mml-test-dsindex-XXXXXX");
-  if (!mkdtemp(g_dir)) return -1;
+static int make_dataset(const char *dir) {
   char p[160];
   for (int i = 0; i < 4; i++) {
-    snprintf(p, sizeof p, "%s/img%d.jpg", g_dir, i);
-    write_jpeg(p, 40 + 50 * i, 60 + 30 * i);
+    snprintf(p, sizeof p, "%s/img%d.jpg", dir, i);
+    if (mml_test_write_jpeg(p, 40 + 50 * i, 60 + 30 * i, i)) return -1;
   }
-  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", g_dir);
+  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", dir);
   snprintf(g_idx, sizeof g_idx, "%s.mmlidx", g_shard);
   FILE *f = fopen(g_shard, "w");
+  if (!f) return -1;
   for (int i = 0; i < 600; i++) {
     if (i == 400) { /* after the first chunk: in the resumed build (examples are its own) */
       fprintf(f, "{\"messages\": [oops\n");
@@ -200,35 +207,6 @@ static int make_dataset(void) {
     fprintf(f, "}\n");
   }
   fclose(f);
-  return 0;
-}
-
-static void remove_dataset(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-  mml_tokenizer_free(g_tok);
-  g_tok = NULL;
-}
-
-/* The tokenizer and the dataset of the build test, made once per process (each test runs
- * in its own) and removed at exit.  0: ready. */
-static int fixture(void) {
-  if (g_tok) return 0;
-  const char *tp = getenv("MML_TEST_TOKENIZER");
-  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
-  mml_err err;
-  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
-    fprintf(stderr, "cannot load tokenizer %s: %s\n", tp, err.msg);
-    return -1;
-  }
-  if (make_dataset()) {
-    fprintf(stderr, "cannot write the dataset\n");
-    mml_tokenizer_free(g_tok);
-    g_tok = NULL;
-    return -1;
-  }
-  atexit(remove_dataset);
   return 0;
 }
 
@@ -251,7 +229,7 @@ static void cfg_of(mml_loader_cfg *c, const char **data, const char *index) {
   mml_vision_preset("qwen2.5-vl", &c->vision, &err);
   c->vision.min_pixels = 28 * 28 * 4;
   c->vision.max_pixels = 28 * 28 * 16;
-  c->tokenizer = g_tok;
+  c->tokenizer = g_fx.tok;
 }
 
 static uint64_t epoch_hash(mml_loader *L, int *batches) {
@@ -280,7 +258,7 @@ static int stop_early(void *ctx, int64_t done, int64_t total) {
 }
 
 TEST(test_build_and_use) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   mml_loader *L;

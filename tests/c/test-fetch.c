@@ -4,11 +4,7 @@
  * one-thread HTTP server on 127.0.0.1 (short bodies, 503 + Retry-After, resets,
  * cancellation on free).  Every wait is bounded.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "mml/fetch.h"
@@ -16,6 +12,7 @@
 #include "mml/message.h"
 #include "mml/s3.h"
 #include "mml/sigv4.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 static void hex_of(const void *p, size_t n, char *out) {
@@ -216,66 +213,6 @@ TEST(s3_addressing) {
   CHECK(mml_s3_address("s3://b/k", NULL, NULL, "http:///nohost", &a, &err) == MML_ECONFIG);
 }
 
-/* ---- a scripted HTTP server: connection i gets reply[i] then is closed ---------------- */
-
-typedef struct script_server {
-  int fd, port;
-  const char *const *replies; /* raw bytes to send; NULL: accept and never reply */
-  const size_t *lens;
-  int n;
-  int served, stop; /* atomics: written by one thread, read by the other */
-  pthread_t th;
-} script_server;
-
-static void *script_main(void *arg) {
-  script_server *s = arg;
-  for (int i = 0; i < s->n; i++) {
-    struct pollfd p = {s->fd, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) break;
-    int c = accept(s->fd, NULL, NULL);
-    if (c < 0) break;
-    char buf[8192];
-    size_t got = 0;
-    while (got < sizeof buf - 1) {
-      struct pollfd q = {c, POLLIN, 0};
-      if (poll(&q, 1, 5000) <= 0) break;
-      ssize_t r = read(c, buf + got, sizeof buf - 1 - got);
-      if (r <= 0) break;
-      got += (size_t)r;
-      buf[got] = 0;
-      if (strstr(buf, "\r\n\r\n")) break;
-    }
-    __atomic_store_n(&s->served, i + 1, __ATOMIC_SEQ_CST);
-    if (s->replies[i]) {
-      ssize_t w = write(c, s->replies[i], s->lens[i]);
-      (void)w;
-    } else { /* hold the connection, silent, until told to stop (bounded: 20 s) */
-      for (int t = 0; t < 2000 && !__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST); t++) usleep(10000);
-    }
-    close(c);
-  }
-  return NULL;
-}
-
-static int script_start(script_server *s, const char *const *replies, const size_t *lens, int n) {
-  memset(s, 0, sizeof *s);
-  s->replies = replies, s->lens = lens, s->n = n;
-  s->fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t al = sizeof a;
-  if (bind(s->fd, (struct sockaddr *)&a, sizeof a) || listen(s->fd, 16) ||
-      getsockname(s->fd, (struct sockaddr *)&a, &al))
-    return -1;
-  s->port = ntohs(a.sin_port);
-  return pthread_create(&s->th, NULL, script_main, s);
-}
-
-static void script_stop(script_server *s) {
-  __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
-  pthread_join(s->th, NULL);
-  close(s->fd);
-}
-
 TEST(retries_short_and_503) {
   static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
   static const char shortb[] = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234";
@@ -284,8 +221,8 @@ TEST(retries_short_and_503) {
       "<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>";
   const char *const replies[] = {shortb, slow, ok};
   const size_t lens[] = {sizeof shortb - 1, sizeof slow - 1, sizeof ok - 1};
-  script_server s;
-  CHECK(script_start(&s, replies, lens, 3) == 0);
+  mml_test_server s;
+  CHECK(mml_test_server_start(&s, replies, lens, 3) == 0);
   mml_fetch_cfg cfg = {.backoff_base_s = 0.001, .backoff_max_s = 0.01};
   mml_fetcher *f = NULL;
   mml_err err = {0};
@@ -304,7 +241,7 @@ TEST(retries_short_and_503) {
   CHECK_EQ_INT(st.failures, 0);
   mml_bytes_free(&b);
   mml_fetcher_free(f);
-  script_stop(&s);
+  mml_test_server_stop(&s);
 }
 
 TEST(permanent_error_names_url_status_code) {
@@ -313,8 +250,8 @@ TEST(permanent_error_names_url_status_code) {
       "<Error><Code>NoSuchKey</Code><Message>The key does not exist</Message></Error>";
   const char *const replies[] = {nf};
   const size_t lens[] = {sizeof nf - 1};
-  script_server s;
-  CHECK(script_start(&s, replies, lens, 1) == 0);
+  mml_test_server s;
+  CHECK(mml_test_server_start(&s, replies, lens, 1) == 0);
   mml_fetcher *f = NULL;
   mml_err err = {0};
   mml_fetch_cfg cfg = {.secret_key = "TOPSECRET", .access_key = "AK"};
@@ -331,16 +268,16 @@ TEST(permanent_error_names_url_status_code) {
   mml_fetch_get_stats(f, &st);
   CHECK_EQ_INT(st.failures, 1);
   mml_fetcher_free(f);
-  script_stop(&s);
+  mml_test_server_stop(&s);
 }
 
 TEST(connection_refused_is_retried_then_fails) {
   /* a port nobody listens on: bind, note it, close */
-  script_server s;
+  mml_test_server s;
   const char *const none[] = {NULL};
   const size_t zl[] = {0};
-  CHECK(script_start(&s, none, zl, 0) == 0);
-  script_stop(&s);
+  CHECK(mml_test_server_start(&s, none, zl, 0) == 0);
+  mml_test_server_stop(&s);
   mml_fetch_cfg cfg = {.max_retries = 2, .backoff_base_s = 0.001, .backoff_max_s = 0.002};
   mml_fetcher *f = NULL;
   mml_err err = {0};
@@ -373,8 +310,8 @@ static void rec_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *err
 TEST(free_cancels_in_flight) {
   const char *const replies[] = {NULL}; /* accepts, reads, never answers */
   const size_t lens[] = {0};
-  script_server s;
-  CHECK(script_start(&s, replies, lens, 1) == 0);
+  mml_test_server s;
+  CHECK(mml_test_server_start(&s, replies, lens, 1) == 0);
   mml_fetcher *f = NULL;
   mml_err err = {0};
   CHECK_OK(mml_fetcher_new(NULL, &f, &err), err);
@@ -388,7 +325,7 @@ TEST(free_cancels_in_flight) {
   mml_fetcher_free(f);
   CHECK_EQ_INT(r.calls, 2);
   CHECK_EQ_INT(r.st, MML_ECANCELLED);
-  script_stop(&s);
+  mml_test_server_stop(&s);
 }
 
 typedef struct {
@@ -410,8 +347,8 @@ TEST(several_io_threads) {
   const char *const replies[] = {ok, ok, ok, ok, ok, ok};
   const size_t lens[] = {sizeof ok - 1, sizeof ok - 1, sizeof ok - 1,
                          sizeof ok - 1, sizeof ok - 1, sizeof ok - 1};
-  script_server s;
-  CHECK(script_start(&s, replies, lens, 6) == 0);
+  mml_test_server s;
+  CHECK(mml_test_server_start(&s, replies, lens, 6) == 0);
   mml_fetch_cfg cfg = {.io_threads = 3, .max_inflight = 6};
   mml_fetcher *f = NULL;
   mml_err err = {0};
@@ -435,7 +372,7 @@ TEST(several_io_threads) {
   CHECK_EQ_INT(r.calls, 6);
   CHECK_EQ_INT(r.ok, 6);
   CHECK_EQ_INT(st.requests, 6);
-  script_stop(&s);
+  mml_test_server_stop(&s);
 }
 
 TEST(fetch_bad_input) {

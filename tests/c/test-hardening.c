@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "mml/fetch.h"
+#include "mml/fetch_sync.h"
 #include "mml/image.h"
 #include "mml/message.h"
 #include "mml/record.h"
 #include "mml/tokenizer.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 TEST(escape_makes_valid_utf8) {
@@ -194,4 +197,35 @@ TEST(fuzz_findings) {
   CHECK_OK(mml_tokenizer_decode(t, NULL, 0, &out, &e), e);
   CHECK_EQ_INT(out.len, 0);
   mml_tokenizer_free(t);
+}
+
+/* Found by fuzz-http (corpus/http/regress-folded-after-reuse): a response whose first
+ * header line is folded, after an ordinary response, made libcurl < 8.1.0 (Debian 12:
+ * 7.88.1) read and free a header of the earlier transfer when the easy handle was a
+ * reset, reused one (curl issue 11101).  Each transfer has a fresh handle now: the second
+ * GET fails cleanly (libcurl refuses the fold), under ASan without a report. */
+TEST(folded_first_header_after_another_transfer) {
+  static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: b\r\n\r\nok";
+  static const char folded[] = "HTTP/1.1 200 OK\r\n\tX-B: c\r\nContent-Length: 2\r\n\r\nok";
+  const char *const replies[] = {ok, folded, ok};
+  const size_t lens[] = {sizeof ok - 1, sizeof folded - 1, sizeof ok - 1};
+  mml_test_server s;
+  CHECK(mml_test_server_start(&s, replies, lens, 3) == 0);
+  mml_fetch_cfg cfg = {.max_retries = -1};
+  mml_fetcher *f = NULL;
+  mml_err err = {0};
+  CHECK_OK(mml_fetcher_new(&cfg, &f, &err), err);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/x", s.port);
+  mml_bytes b = {0};
+  CHECK_OK(mml_fetch_get(f, url, 0, -1, &b, &err), err);
+  CHECK(b.len == 2 && !memcmp(b.data, "ok", 2));
+  mml_bytes_free(&b);
+  CHECK(mml_fetch_get(f, url, 0, -1, &b, &err) != MML_OK);
+  CHECK(strstr(err.msg, "/x") != NULL);
+  CHECK_OK(mml_fetch_get(f, url, 0, -1, &b, &err), err); /* the fetcher still works */
+  CHECK(b.len == 2 && !memcmp(b.data, "ok", 2));
+  mml_bytes_free(&b);
+  mml_fetcher_free(f);
+  mml_test_server_stop(&s);
 }

@@ -44,6 +44,7 @@ TEST_DECLARE(close_waits_for_pending_copy)
 TEST_DECLARE(test_round_trip_into_an_index)
 TEST_DECLARE(test_every_damage_is_refused)
 TEST_DECLARE(test_partial_entries)
+TEST_DECLARE(test_sidecar_names_never_collide)
 TEST_DECLARE(test_build_and_use)
 /* test-fetch.c */
 TEST_DECLARE(sha256_vectors)
@@ -71,6 +72,7 @@ TEST_DECLARE(record_depth_nul_and_image_count)
 TEST_DECLARE(decoder_pixel_limit_before_decoding)
 TEST_DECLARE(fifo_and_devices_are_refused_without_blocking)
 TEST_DECLARE(tokenizer_empty_merge_is_an_error)
+TEST_DECLARE(folded_first_header_after_another_transfer)
 /* test-index.c */
 TEST_DECLARE(test_lines_and_blanks)
 TEST_DECLARE(test_file_matches_memory_and_shards)
@@ -165,6 +167,8 @@ TEST_DECLARE(vision_bad_input)
 TEST_DECLARE(fuzz_corrupt_images)
 TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
+/* test-loader-video.c */
+TEST_DECLARE(loader_video_files_same_output_any_threads)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -205,6 +209,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_round_trip_into_an_index)
     TEST_ENTRY(test_every_damage_is_refused)
     TEST_ENTRY(test_partial_entries)
+    TEST_ENTRY(test_sidecar_names_never_collide)
     TEST_ENTRY(test_build_and_use)
     /* test-fetch.c */
     TEST_ENTRY(sha256_vectors)
@@ -232,6 +237,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(decoder_pixel_limit_before_decoding)
     TEST_ENTRY(fifo_and_devices_are_refused_without_blocking)
     TEST_ENTRY(tokenizer_empty_merge_is_an_error)
+    TEST_ENTRY(folded_first_header_after_another_transfer)
     /* test-index.c */
     TEST_ENTRY(test_lines_and_blanks)
     TEST_ENTRY(test_file_matches_memory_and_shards)
@@ -326,6 +332,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(fuzz_corrupt_images)
     TEST_ENTRY(threads_share_config)
     TEST_ENTRY(pixel_formats_and_frame_slots)
+    /* test-loader-video.c */
+    TEST_ENTRY(loader_video_files_same_output_any_threads)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)

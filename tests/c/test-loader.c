@@ -8,43 +8,26 @@
  * MML_TEST_TOKENIZER).
  */
 #include <stdio.h>
-#include <sys/stat.h>
-#include <turbojpeg.h>
-#include <unistd.h>
 
 #include "mml/loader.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
-static char g_dir[64];
 static char g_shard[128];
-static mml_tokenizer *g_tok;
-
-static void write_jpeg(const char *path, int w, int h, int seed) {
-  unsigned char *rgb = malloc((size_t)w * h * 3);
-  for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)((i * 31 + seed * 17) ^ (i >> 7));
-  tjhandle tj = tjInitCompress();
-  unsigned char *out = NULL;
-  unsigned long len = 0;
-  tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 85, 0);
-  FILE *f = fopen(path, "wb");
-  fwrite(out, 1, len, f);
-  fclose(f);
-  tjFree(out);
-  tjDestroy(tj);
-  free(rgb);
-}
+static int make_dataset(const char *dir);
+/* the tokenizer and the dataset every loader test reads (mml_fixture.h) */
+static mml_fixture g_fx = {"loader", make_dataset};
 
 /* 37 lines: mostly good (0-2 images), a malformed line, a missing image. */
-static int make_dataset(void) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/mml-test-loader-XXXXXX");
-  if (!mkdtemp(g_dir)) return -1;
+static int make_dataset(const char *dir) {
   char p[160];
   for (int i = 0; i < 5; i++) {
-    snprintf(p, sizeof p, "%s/img%d.jpg", g_dir, i);
-    write_jpeg(p, 40 + 23 * i, 60 + 11 * i, i);
+    snprintf(p, sizeof p, "%s/img%d.jpg", dir, i);
+    if (mml_test_write_jpeg(p, 40 + 23 * i, 60 + 11 * i, i)) return -1;
   }
-  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", g_dir);
+  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", dir);
   FILE *f = fopen(g_shard, "w");
+  if (!f) return -1;
   for (int i = 0; i < 37; i++) {
     if (i == 7) {
       fprintf(f, "{\"messages\": [oops\n");
@@ -73,35 +56,6 @@ static int make_dataset(void) {
   return 0;
 }
 
-static void remove_dataset(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-  mml_tokenizer_free(g_tok);
-  g_tok = NULL;
-}
-
-/* The tokenizer and the dataset every loader test reads, made once per process (each test
- * runs in its own) and removed at exit.  0: ready. */
-static int fixture(void) {
-  if (g_tok) return 0;
-  const char *tp = getenv("MML_TEST_TOKENIZER");
-  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
-  mml_err err;
-  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
-    fprintf(stderr, "cannot load tokenizer %s: %s\n", tp, err.msg);
-    return -1;
-  }
-  if (make_dataset()) {
-    fprintf(stderr, "cannot write the dataset\n");
-    mml_tokenizer_free(g_tok);
-    g_tok = NULL;
-    return -1;
-  }
-  atexit(remove_dataset);
-  return 0;
-}
-
 static void base_cfg(mml_loader_cfg *c, const char **data) {
   memset(c, 0, sizeof *c);
   data[0] = g_shard;
@@ -121,7 +75,7 @@ static void base_cfg(mml_loader_cfg *c, const char **data) {
   mml_vision_preset("qwen2.5-vl", &c->vision, &err);
   c->vision.min_pixels = 28 * 28 * 4;
   c->vision.max_pixels = 28 * 28 * 16;
-  c->tokenizer = g_tok;
+  c->tokenizer = g_fx.tok;
 }
 
 static uint64_t batch_hash(const mml_batch *b) {
@@ -160,7 +114,7 @@ static int take(mml_loader *L, uint64_t *out, int n, mml_cursor *cursors) {
 enum { NITEMS = 40 }; /* 12 batches per epoch + end markers: over three epochs */
 
 TEST(test_same_output_any_threads) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   uint64_t ref[NITEMS], got[NITEMS];
@@ -192,7 +146,7 @@ TEST(test_same_output_any_threads) {
 }
 
 TEST(test_resume_anywhere) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -218,7 +172,7 @@ TEST(test_resume_anywhere) {
 }
 
 TEST(test_seek_and_free_while_busy) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -246,7 +200,7 @@ TEST(test_seek_and_free_while_busy) {
 }
 
 TEST(test_ranks_equal_batches_despite_skips) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -275,7 +229,7 @@ TEST(test_ranks_equal_batches_despite_skips) {
 }
 
 TEST(loader_bad_config) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   mml_loader *L = NULL;
@@ -296,7 +250,7 @@ TEST(loader_bad_config) {
 /* One batch per seek_ahead (what a mmloader.ray producer does): the same batches, and
  * no more samples read than they take; plan_only gives the same cursors without tensors. */
 TEST(test_seek_ahead_and_plan_only) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   base_cfg(&c, data);
@@ -356,8 +310,8 @@ static char g_late[128], g_early[128];
 static int write_late_shards(void) {
   static const int LATE[] = {0, 4, 5, 13, 14, 15, 29, 36};
   char p[160];
-  snprintf(p, sizeof p, "%s/cut.jpg", g_dir);
-  write_jpeg(p, 200, 150, 9);
+  snprintf(p, sizeof p, "%s/cut.jpg", g_fx.dir);
+  mml_test_write_jpeg(p, 200, 150, 9);
   FILE *f = fopen(p, "rb");
   unsigned char buf[1 << 16];
   size_t n = fread(buf, 1, sizeof buf, f);
@@ -365,8 +319,8 @@ static int write_late_shards(void) {
   f = fopen(p, "wb");
   fwrite(buf, 1, n * 3 / 5, f);
   fclose(f);
-  snprintf(g_late, sizeof g_late, "%s/late.jsonl", g_dir);
-  snprintf(g_early, sizeof g_early, "%s/early.jsonl", g_dir);
+  snprintf(g_late, sizeof g_late, "%s/late.jsonl", g_fx.dir);
+  snprintf(g_early, sizeof g_early, "%s/early.jsonl", g_fx.dir);
   for (int v = 0; v < 2; v++) {
     f = fopen(v ? g_early : g_late, "w");
     if (!f) return -1;
@@ -393,7 +347,7 @@ static int write_late_shards(void) {
 }
 
 TEST(test_late_decode_failures_same_as_early) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   if (write_late_shards()) FAIL_AT("cannot write the late/early shards");
   uint64_t ref[NITEMS], got[NITEMS];
   int configs[][4] = {

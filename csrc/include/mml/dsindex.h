@@ -1,6 +1,7 @@
 /*
  * mml/dsindex.h — the reusable dataset index: one sidecar file per data shard
- * ("<shard>.mmlidx" next to it, or in an index folder) holding what a loader would
+ * ("<shard>.mmlidx" next to it, or "<name>.<path hash>.mmlidx" in an index folder:
+ * mml_dsx_sidecar_path) holding what a loader would
  * otherwise compute at start or per sample: the shard's record offsets (the scan) and,
  * per sample, its status, text token count and each image's header size and exact
  * vision-token count (so lengths are known before any read or decode).
@@ -99,8 +100,12 @@ void mml_dsx_partial_header(const mml_dsx *x, uint8_t out[MML_DSX_HEADER]);
 mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name, mml_dsx *hdr,
                                  size_t *used, mml_err *err);
 
-/* "<shard>.mmlidx" (dir NULL: next to the shard; else dir/<shard's file name>.mmlidx;
- * dir may be a URL prefix) into out. */
+/* Where a shard's index file is, into out (the ONE naming rule; mmloader.dsindex calls
+ * it too): dir NULL or "": "<shard>.mmlidx" next to the shard; else
+ * "dir/<shard's file name>.<key>.mmlidx" where key is the 16 hex digits of
+ * mml_hash_bytes (FNV-1a 64) of the shard path as the loader names it (an absolute local
+ * path or the URL), so shards of one file name in other folders never share a file in
+ * dir.  dir may be a URL prefix. */
 mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *out);
 
 /* ---- building (dsindex_build.c, with a loader's scan, parser, settings, fetcher) ---- */

@@ -292,6 +292,10 @@ typedef struct mml_pipeline {
   int plan_only;             /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
+struct mml_video;
+struct mml_video_info;
+struct mml_video_plan;
+
 /* Per-worker scratch, reused across samples. */
 typedef struct mml_sample_scratch {
   mml_vision_scratch *vision;
@@ -302,7 +306,6 @@ typedef struct mml_sample_scratch {
   double vision_s, text_s; /* accumulated busy time, taken by the engine */
   /* videos */
   struct mml_video_scratch *video;
-  struct mml_video_plan *vplans;
   struct mml_video_tokens *vtokens;
   int vcap;
   double *vts; /* every video's Qwen3-VL timestamps, one array */
@@ -314,22 +317,37 @@ void mml_sample_scratch_free(mml_sample_scratch *s);
 
 /* Plans `out` from a parsed record and the encoded bytes of each of its images, before
  * any pixel work: each image's plan from its header alone (plans[i], nimages of them:
- * size after EXIF orientation, smart_resize grid, token count), the template's ids +
- * labels with those token counts, the grids, pixel_rows/cols, and the max_length and
- * max_sample_pixels checks.  out->pixels_elsewhere is set: the pixels are written later,
- * by mml_sample_decode, wherever the caller wants them.  images[0, rec->nimages) are the
- * images, then come the frames of every frame-list video in order (mml_record_frames(rec)
- * in all); videos are planned AND decoded here (unless plan_only), into out->vpixels /
- * vgrids / vsecs (float32, mml/video_frames.h), which the collator copies.  On failure
- * err names the image (by its reference) and reason; the caller prefixes shard and line. */
+ * size after EXIF orientation, smart_resize grid, token count), each video's plan
+ * (vplans[v], nvideos of them, kept by the caller until mml_sample_decode_videos: frame
+ * lists from their frames' headers, files from their probe vinfo[v] — qwen-vl-utils'
+ * frame indices, sizes, grid, tokens, timestamps), the template's ids + labels with
+ * those token counts, the grids (image and video), pixel_rows/cols, vpixel_rows, and the
+ * max_length and max_sample_pixels checks.  out->pixels_elsewhere is set: the image
+ * pixels are written later, by mml_sample_decode, wherever the caller wants them; the
+ * video pixels by mml_sample_decode_videos into out->vpixels (out->vpixels_pending until
+ * then).  images[0, rec->nimages) are the images, then come the frames of every
+ * frame-list video in order (mml_record_frames(rec) in all).  On failure err names the
+ * image or video and reason; the caller prefixes shard and line. */
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
-                           const mml_bytes *images, mml_vision_plan *plans, mml_sample *out,
-                           mml_err *err);
+                           const mml_bytes *images, mml_vision_plan *plans,
+                           const struct mml_video_info *vinfo, struct mml_video_plan *vplans,
+                           mml_sample *out, mml_err *err);
 /* Decodes + resizes + normalises + patchifies every image of a planned sample straight
  * into dst (out->pixel_rows rows of pixel_cols float32, the images in order). */
 mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
                              const mml_bytes *images, const mml_vision_plan *plans, int nimages,
                              void *dst, mml_err *err);
+/* Opens video file v of the record (the caller knows where it lives). */
+typedef mml_status (*mml_sample_video_open_fn)(void *ctx, int v, struct mml_video **out,
+                                               mml_err *err);
+/* Decodes every planned video of a sample into out->vpixels (out->vpixel_rows rows): frame
+ * lists from their frames' bytes (images + rec->nimages on), files opened by `open` and
+ * decoded at exactly the planned frames, then closed.  Clears out->vpixels_pending. */
+mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
+                                    const mml_record *rec, const mml_bytes *images,
+                                    const struct mml_video_plan *vplans,
+                                    mml_sample_video_open_fn open, void *ctx, mml_sample *out,
+                                    mml_err *err);
 
 /* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):
  * URLs and absolute paths are kept, anything else is joined to root. */

@@ -24,6 +24,8 @@
 
 #include "mml/common.h"
 #include "mml/record.h"
+#include "mml/video.h"
+#include "mml/video_sample.h"
 #include "mml/vision.h"
 
 typedef struct mml_video_plan {
@@ -41,7 +43,13 @@ typedef struct mml_video_plan {
   double sample_fps;     /* the processor's VideoMetadata.sampled_fps for qwen-vl-utils'
                             metadata: len(frames_indices) / total_num_frames * fps */
   float second_per_grid; /* temporal_patch_size / sample_fps (Qwen2.5-VL's processor) */
-  int64_t src_pixels;    /* listed frames * src_w * src_h (for max_sample_pixels) */
+  int64_t src_pixels;    /* listed (files: kept) frames * src_w * src_h (max_sample_pixels) */
+  /* video files: the kept frames (indices: mml_video_indices(&smp)) and what the probe
+   * said, checked again when the file is opened for decoding */
+  int file;
+  mml_video_sampling smp;
+  int64_t probe_nframes;
+  double probe_fps;
 } mml_video_plan;
 
 typedef struct mml_video_scratch mml_video_scratch;
@@ -57,6 +65,23 @@ void mml_video_scratch_free(mml_video_scratch *s);
 mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
                                const mml_bytes *frames, mml_video_plan *p, double *ts,
                                mml_err *err);
+/* Plans a video file from its probe (mml_video_open + mml_video_probe): qwen-vl-utils'
+ * frame range and count for info->nframes frames at info->fps (its torchcodec / decord
+ * readers' metadata), the kept indices, fetch_video's per-frame budget on the decoded
+ * frame size, then the processor's size and grid; ts (when not NULL) receives grid_t
+ * Qwen3-VL timestamps from the real indices at info->fps.  A video too short for what the
+ * element asks (nframes above the frames in range, a start at or past the end) is
+ * MML_EVIDEOSHORT; otherwise the failures of mml_video_sample / mml_video_frame_size. */
+mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *keys,
+                               const mml_video_info *info, mml_video_plan *p, double *ts,
+                               mml_err *err);
+/* Decodes exactly the planned frames of an opened video file (the same file the plan
+ * probed: frame count, rate and size are checked, MML_EVIDEOCORRUPT when they changed),
+ * each straight through fetch_video's resize, the processor's resize, normalise and
+ * patchify into `out` (p->rows * mml_vision_pixel_cols(cfg) floats); one RGB frame alive
+ * at a time. */
+mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *s, mml_video *v,
+                                  const mml_video_plan *p, float *out, mml_err *err);
 /* Decodes, resizes, normalises and patchifies a planned frame list into `out`
  * (p->rows * mml_vision_pixel_cols(cfg) floats). */
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,

@@ -1,0 +1,469 @@
+"""Video FILES through the Loader (local, HTTP, S3, WebDataset members), equal to
+qwen-vl-utils 0.0.14 process_vision_info(return_video_metadata=True) with its torchcodec
+reader's rule (num_frames / average_fps, frame range, smart_nframes, linspace indices) and
+PyAV decoding the frames (to_ndarray("rgb24")), followed by transformers 5.24's Qwen2.5-VL /
+Qwen3-VL processor (do_sample_frames=False) and get_rope_index: pixel_values_videos,
+video_grid_thw, second_per_grid_ts, Qwen3-VL timestamps (in input_ids), mm_token_type_ids,
+position_ids, rope_deltas — bitwise.  (tests/video_reference.py; torchvision's resize is
+reproduced with torch's antialiased bicubic interpolate, tests/tvshim.)
+
+Videos are generated at test time with PyAV's bundled encoders (libx264, libx265,
+libvpx-vp9, SVT-AV1, mpeg4) with a known moving pattern, in mp4, mov, mkv, webm and avi,
+and decoded by Debian's FFmpeg libraries.  Odd sizes are odd widths and 4:4:4 odd sizes:
+odd-HEIGHT 4:2:0 converts differently in PyAV's FFmpeg 8.1 (tests/test_video.py pins that).
+
+Also: the plan only probes (composition is fixed before any frame is decoded: a file cut
+off after its header is a late failure, and the batches are those of the data without
+it), failures have their own skip reasons naming the file, and max_memory counts video
+pixels."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+from conftest import same
+from test_video import make_video
+from test_video_frames import PRESETS, REAL, SYSTEM, TINY, compare, reference_many
+
+import mmloader
+
+av = pytest.importorskip("av")
+
+X265 = {"x265-params": "log-level=none"}
+
+# name: (encoder, file, make_video arguments, element keys)
+CASES = {
+    "h264-mp4": ("libx264", "a.mp4", {}, {}),
+    "h264-mov-yuv444-odd": (
+        "libx264",
+        "odd.mov",
+        dict(w=63, h=47, pix="yuv444p"),
+        {"min_pixels": 3136, "max_pixels": 50176},
+    ),
+    "h264-vfr-mkv": ("libx264", "vfr.mkv", dict(vfr=True), {"fps": 3.0}),
+    "h264-long-gop-mp4": (
+        "libx264",
+        "long.mp4",
+        dict(n=120, gop=40),
+        {"fps": 1.5, "min_pixels": 3136, "total_pixels": 2e6},
+    ),
+    "hevc-mkv": ("libx265", "a.mkv", dict(options=X265), {"nframes": 6}),
+    "vp9-webm-odd-width": ("libvpx-vp9", "a.webm", dict(w=65, h=48), {"fps": 4.0}),
+    "av1-mp4": (
+        "libsvtav1",
+        "a.mp4",
+        dict(w=64, h=64),
+        {"video_start": 0.5, "video_end": 1.6, "nframes": 4},
+    ),
+    "mpeg4-avi": ("mpeg4", "a.avi", {}, {"resized_height": 112, "resized_width": 140}),
+}
+DEFAULT = ["h264-mp4", "hevc-mkv", "vp9-webm-odd-width", "av1-mp4"]  # the rest: slow
+
+
+def video(tmp, name):
+    codec, fname, kw, _ = CASES[name]
+    return make_video(os.path.join(tmp, f"{name}-{fname}"), codec, **kw)
+
+
+def chat(part, text="What happens?"):
+    return [
+        {"role": "user", "content": [part, {"type": "text", "text": text}]},
+        {"role": "assistant", "content": "Nothing much."},
+    ]
+
+
+def write_shard(path, records):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def make_case(tmp, preset, tok, name, text="What happens?"):
+    path = video(tmp, name)
+    keys = CASES[name][3]
+    tag = f"{name}-{preset}-{os.path.basename(tok)}"
+    shard = write_shard(
+        os.path.join(tmp, tag + ".jsonl"),
+        [{"messages": chat(dict(keys, type="video", video=os.path.basename(path)), text)}],
+    )
+    want = (
+        (SYSTEM if preset != "qwen3-vl" else "")
+        + "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>"
+        + text
+        + "<|im_end|>\n<|im_start|>assistant\nNothing much.<|im_end|>\n"
+    )
+    return shard, {
+        "op": "process",
+        "preset": preset,
+        "tokenizer": tok,
+        "text": want,
+        "messages": chat(dict(keys, type="video", video=path), text),
+        "out": os.path.join(tmp, tag + ".npz"),
+    }
+
+
+def batches(data, preset="qwen2.5-vl", tok=TINY, **kw):
+    args = dict(
+        preset=preset,
+        tokenizer=tok,
+        micro_batch_size=1,
+        shuffle=False,
+        mrope=True,
+        mm_token_type_ids=True,
+        num_threads=2,
+    )
+    args.update(kw)
+    with mmloader.Loader(data, **args) as L:
+        out = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+        return out, L.stats()
+
+
+KEYS = [(p, n) for p in PRESETS for n in sorted(CASES)]
+
+
+@pytest.fixture(scope="module")
+def vdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("vfiles"))
+
+
+@pytest.fixture(scope="module")
+def cases(vdir, request):
+    """Every case's shard and reference, in one reference process (the slow cases only
+    when the slow tests run)."""
+    slow = request.config.getoption("-m", default="") in ("", "slow")
+    names = sorted(CASES) if slow else DEFAULT
+    made = {(p, n, "tiny"): make_case(vdir, p, TINY, n) for p in PRESETS for n in names}
+    if os.path.isdir(REAL):
+        for p in PRESETS:
+            made[(p, "hevc-mkv", "real")] = make_case(
+                vdir, p, os.path.abspath(REAL), "hevc-mkv", text="Describe the clip."
+            )
+    refs = reference_many([r for _, r in made.values()])
+    return {k: (v[0], v[1]["tokenizer"], ref) for (k, v), ref in zip(made.items(), refs)}
+
+
+def check_case(cases, preset, name, tok="tiny"):
+    if (preset, name, tok) not in cases:
+        pytest.skip("slow case: run with -m slow")
+    shard, tokenizer, ref = cases[(preset, name, tok)]
+    got, st = batches(shard, preset, tokenizer)
+    assert st["skipped"] == 0 and len(got) == 1
+    compare(got[0], ref, preset)
+
+
+@pytest.mark.parametrize("preset,name", [(p, n) for p in PRESETS for n in DEFAULT])
+def test_video_file_matches_processor(cases, preset, name):
+    check_case(cases, preset, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "preset,name", [(p, n) for p in PRESETS for n in sorted(set(CASES) - set(DEFAULT))]
+)
+def test_video_file_matches_processor_more_codecs(cases, preset, name):
+    check_case(cases, preset, name)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_video_file_matches_processor_real_tokenizer(cases, preset):
+    if not os.path.isdir(REAL):
+        pytest.skip(f"{REAL} not found (the Qwen tokenizer lives in ../shared/data)")
+    check_case(cases, preset, "hevc-mkv", "real")
+
+
+# ---- record layouts, mixed media, remote sources ----------------------------------------
+
+
+def layouts(name):
+    """The same conversation (one video, then the question) in every record layout."""
+    conv = [{"from": "human", "value": "<video>What happens?"}, {"from": "gpt", "value": "ok"}]
+    msgs = [
+        {"role": "user", "content": "<video>What happens?"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    parts = [
+        {"role": "user", "content": [{"type": "video", "video": name}, "What happens?"]},
+        {"role": "assistant", "content": "ok"},
+    ]
+    parts[0]["content"][1] = {"type": "text", "text": "What happens?"}
+    return {
+        "llava": {"conversations": conv, "videos": [name]},
+        "sharegpt-object": {"conversations": conv, "videos": [{"video": name}]},
+        "messages-tag": {"messages": msgs, "videos": [name]},
+        "content-parts": {"messages": parts},
+        "alpaca": {"instruction": "<video>What happens?", "output": "ok", "videos": [name]},
+    }
+
+
+def test_every_record_layout_gives_the_same_batch(vdir, tmp_path):
+    path = video(vdir, "h264-mp4")
+    want = None
+    for lay, rec in layouts(path).items():
+        got, st = batches(write_shard(str(tmp_path / f"{lay}.jsonl"), [rec]))
+        assert st["skipped"] == 0, lay
+        if want is None:
+            want = got
+        else:
+            same(want, got)
+    # a .json array shard too
+    arr = tmp_path / "arr.json"
+    arr.write_text(json.dumps([layouts(path)["llava"]]))
+    same(want, batches(str(arr))[0])
+
+
+def test_images_videos_and_frame_lists_mixed(vdir, tmp_path):
+    """A record with an image, a video file and a frame list: each video's rows equal the
+    same video alone."""
+    from PIL import Image
+
+    a, b = video(vdir, "h264-mp4"), video(vdir, "vp9-webm-odd-width")
+    frames = []
+    for i in range(4):
+        p = str(tmp_path / f"f{i}.png")
+        Image.fromarray(np.full((48, 64, 3), 40 * i, np.uint8)).save(p)
+        frames.append(p)
+    img = str(tmp_path / "img.png")
+    Image.fromarray(np.arange(48 * 64 * 3, dtype=np.uint8).reshape(48, 64, 3)).save(img)
+    recs = [
+        {
+            "conversations": [
+                {"from": "human", "value": "<image><video>and<video>then<video>?"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "images": [img],
+            "videos": [a, frames, b],
+        }
+    ]
+    got, st = batches(write_shard(str(tmp_path / "mix.jsonl"), recs))
+    assert st["skipped"] == 0
+    g = got[0]
+    assert g["video_grid_thw"].shape == (3, 3) and g["image_grid_thw"].shape == (1, 3)
+    rows = [int(np.prod(t)) for t in g["video_grid_thw"]]
+    parts = np.split(g["pixel_values_videos"], np.cumsum(rows)[:-1])
+    for v, part in zip([a, frames, b], parts):
+        one, _ = batches(
+            write_shard(
+                str(tmp_path / "one.jsonl"),
+                [{"conversations": [{"from": "human", "value": "<video>"}], "videos": [v]}],
+            )
+        )
+        assert np.array_equal(one[0]["pixel_values_videos"], part)
+
+
+def test_remote_http_and_s3_equal_local(vdir, tmp_path, fault_server, moto_s3):
+    """Video files over HTTP (with injected faults) and S3 (SigV4) are range reads through
+    the loader's fetcher: batches equal the local ones, and an mp4 whose index comes first is
+    not downloaded whole for a few frames."""
+    path = make_video(
+        str(tmp_path / "big.mp4"),
+        "libx264",
+        n=240,
+        w=320,
+        h=240,
+        gop=24,
+        noise=True,
+        container_options={"movflags": "faststart"},
+    )
+    data = open(path, "rb").read()
+    rec = lambda ref: {  # noqa: E731
+        "conversations": [{"from": "human", "value": "<video>?"}, {"from": "gpt", "value": "x"}],
+        "videos": [{"video": ref, "nframes": 4}],
+    }
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), [rec(path)]))
+    srv = fault_server(objects={"/v/big.mp4": data}, fault_rate=0.1, seed=3)
+    got, st = batches(write_shard(str(tmp_path / "h.jsonl"), [rec(srv.url("/v/big.mp4"))]))
+    same(want, got)
+    # every GET is a range, and the distinct ranges (however often the prefetching loader
+    # opened the file) are a part of it
+    gets = {e[3] for e in srv.log if e[1] == "GET"}
+    assert gets and all(r.startswith("bytes=") for r in gets), gets
+    spans = [tuple(map(int, r[6:].split("-"))) for r in gets]
+    assert sum(b - a + 1 for a, b in spans) < len(data) * 3 // 4, sorted(spans)
+    url = moto_s3.put("v/big.mp4", data)
+    s3 = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
+    same(want, batches(write_shard(str(tmp_path / "s.jsonl"), [rec(url)]), **s3)[0])
+
+
+def tar_shard(path, members):
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def test_webdataset_member_videos(vdir, tmp_path, fault_server):
+    a, b = video(vdir, "h264-mp4"), video(vdir, "hevc-mkv")
+    recs = [
+        {"conversations": [{"from": "human", "value": "<video>?"}], "videos": [v]} for v in (a, b)
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "ref.jsonl"), recs))
+    members = []
+    for i, (v, ext) in enumerate([(a, "mp4"), (b, "mkv")]):
+        rec = dict(recs[i], videos=[ext if i == 0 else f"{i:06d}.{ext}"])
+        members += [
+            (f"{i:06d}.json", json.dumps(rec).encode()),
+            (f"{i:06d}.{ext}", open(v, "rb").read()),
+        ]
+    shard = tar_shard(tmp_path / "s.tar", members)
+    same(want, batches(shard)[0])
+    srv = fault_server(objects={"/w/s.tar": open(shard, "rb").read()})
+    same(want, batches(srv.url("/w/s.tar"))[0])
+
+
+# ---- failures ----------------------------------------------------------------------------
+
+
+def _codec_tag(path, old, new):
+    """Renames the sample entry's codec (in stsd: the brands in ftyp say avc1 too)."""
+    data = bytearray(open(path, "rb").read())
+    i = data.find(old, data.find(b"stsd"))
+    assert i > 0
+    data[i : i + 4] = new
+    open(path, "wb").write(bytes(data))
+    return path
+
+
+def test_failures_have_their_own_reasons_naming_the_file(vdir, tmp_path):
+    good = video(vdir, "h264-mp4")
+    (tmp_path / "junk.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4000))
+    import shutil
+
+    shutil.copy(good, tmp_path / "codec.mp4")
+    _codec_tag(str(tmp_path / "codec.mp4"), b"avc1", b"zzz9")
+    cases = {
+        "junk.mp4": ("corrupt_video", {}),
+        "codec.mp4": ("unsupported_video_codec", {}),
+        "short": ("video_too_short", {"nframes": 64}),  # 48 frames
+        "late": ("video_too_short", {"video_start": 5.0, "video_end": 9.0}),  # a 2 s video
+    }
+    for name, (reason, keys) in cases.items():
+        ref = good if name in ("short", "late") else str(tmp_path / name)
+        rec = {
+            "conversations": [
+                {"from": "human", "value": "<video>?"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [dict(keys, video=ref)],
+        }
+        shard = write_shard(str(tmp_path / f"{name}.jsonl"), [rec, layouts(good)["llava"]])
+        got, st = batches(shard)
+        assert st["skipped_by_reason"] == {reason: 1}, (name, st)
+        with pytest.raises(mmloader.Error) as e:
+            batches(shard, on_error="raise")
+        msg = str(e.value)
+        assert os.path.basename(ref) in msg and f"{name}.jsonl:1" in msg, msg
+
+
+def test_cut_off_file_is_a_late_failure_and_batches_are_unchanged(vdir, tmp_path):
+    """An mp4 whose index comes first, cut in its frame data: the plan (probe only) takes
+    it, its decode fails (corrupt_video, naming the file), and the batches are exactly those
+    of the data without it."""
+    full = make_video(
+        str(tmp_path / "full.mp4"),
+        "libx264",
+        n=96,
+        w=96,
+        h=64,
+        gop=12,
+        noise=True,
+        container_options={"movflags": "faststart"},
+    )
+    data = open(full, "rb").read()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    vids = [video(vdir, "h264-mp4"), video(vdir, "vp9-webm-odd-width"), full]
+    rec = lambda v, i: {  # noqa: E731
+        "conversations": [{"from": "human", "value": f"<video>{i}"}, {"from": "gpt", "value": "x"}],
+        "videos": [{"video": v, "fps": 2.0}],
+    }
+    good = [rec(vids[i % 3], i) for i in range(8)]
+    with_cut = good[:3] + [rec(str(cut), 99)] + good[3:]
+    kw = dict(micro_batch_size=2)
+    want, _ = batches(write_shard(str(tmp_path / "g.jsonl"), good), **kw)
+    got, st = batches(write_shard(str(tmp_path / "c.jsonl"), with_cut), **kw)
+    assert st["skipped_by_reason"] == {"corrupt_video": 1}, st
+    same(want, got)
+    plan, pst = batches(str(tmp_path / "c.jsonl"), plan_only=True, **kw)
+    assert pst["skipped"] == 0  # the plan never decodes a frame
+
+
+def test_max_memory_counts_video_pixels(vdir, tmp_path):
+    path = video(vdir, "h264-mp4")
+    rec = {"conversations": [{"from": "human", "value": "<video>"}]}
+    shard = write_shard(
+        str(tmp_path / "m.jsonl"), [dict(rec, videos=[{"video": path, "nframes": 16}])]
+    )
+    got, _ = batches(shard)
+    need = got[0]["pixel_values_videos"].nbytes
+    low = (40 << 20) + (1 << 20)  # the smallest max_memory for 2 workers, + 1 MiB
+    assert need > 2 * (low - (32 << 20))
+    with pytest.raises(mmloader.Error, match=r"needs \d+ bytes of pixel_values"):
+        batches(shard, max_memory=low)
+    same(got, batches(shard, max_memory=need + (64 << 20))[0])
+
+
+# ---- resume and the global plan ----------------------------------------------------------
+
+
+def mixed_records(vdir, n=9):
+    vids = [video(vdir, "h264-mp4"), video(vdir, "hevc-mkv"), video(vdir, "vp9-webm-odd-width")]
+    out = []
+    for i in range(n):
+        if i % 3 == 2:
+            out.append({"conversations": [{"from": "human", "value": f"text {i}"}]})
+        else:
+            v = {"video": vids[i % 3], "fps": 1.0 + i % 4}
+            out.append(
+                {"conversations": [{"from": "human", "value": f"<video>{i}"}], "videos": [v]}
+            )
+    return out
+
+
+def test_resume_mid_epoch_with_videos(vdir, tmp_path):
+    shard = write_shard(str(tmp_path / "r.jsonl"), mixed_records(vdir))
+    kw = dict(
+        preset="qwen2.5-vl",
+        tokenizer=TINY,
+        micro_batch_size=2,
+        shuffle=True,
+        seed=3,
+        num_threads=2,
+        mrope=True,
+    )
+    with mmloader.Loader(shard, **kw) as L:
+        it = iter(L)
+        first = [next(it) for _ in range(2)]
+        state = L.state_dict()
+        want = [{k: np.array(v.numpy(), copy=True) for k, v in next(it).items()}]
+    assert first
+    with mmloader.Loader(shard, **kw) as L:
+        L.load_state_dict(state)
+        got = [{k: np.array(v.numpy(), copy=True) for k, v in next(iter(L)).items()}]
+    same(want, got)
+
+
+def test_global_plan_counts_videos_from_the_probe(vdir, tmp_path):
+    """max_tokens_per_batch plans every sample's tokens (the planning pass probes videos,
+    decodes nothing); the batches keep to the budget and carry every video."""
+    recs = mixed_records(vdir, 12)
+    shard = write_shard(str(tmp_path / "g.jsonl"), recs)
+    one, _ = batches(shard, micro_batch_size=1)
+    budget = max(int(b["input_ids"].shape[1]) for b in one) * 2
+    got, st = batches(shard, micro_batch_size=None, max_tokens_per_batch=budget)
+    assert st["skipped"] == 0
+    assert all(int(b["attention_mask"].sum()) <= budget for b in got)
+    nvid = sum(len(b.get("video_grid_thw", ())) for b in got)
+    assert nvid == sum(1 for r in recs if "videos" in r)
