@@ -67,16 +67,25 @@ def pixel_table(
     image_mean: Optional[Sequence[float]] = None,
     image_std: Optional[Sequence[float]] = None,
     rescale_factor: float = 1 / 255,
+    videos: bool = False,
 ) -> torch.Tensor:
     """The float32 ``[3, 256]`` table of what the HF processor makes of each byte value of
-    each channel: its PIL backend's arithmetic, ``float32(float64(v) * rescale_factor)``
-    then ``(x - float32(mean[c])) / float32(std[c])`` in float32 — the value mmloader's
-    ``pixel_format="float32"`` writes.  Mean and std come from the preset, then
+    each channel — the value mmloader's ``pixel_format="float32"`` writes.  Images: its PIL
+    backend's arithmetic, ``float32(float64(v) * rescale_factor)`` then
+    ``(x - float32(mean[c])) / float32(std[c])`` in float32.  ``videos=True``: the video
+    processor's torchvision backend, which fuses rescale and normalise,
+    ``(float32(v) - m) / s`` in float32 with ``m = float32(mean[c]) * float32(1 /
+    rescale_factor)`` (and ``s`` alike).  Mean and std come from the preset, then
     ``model_dir``'s preprocessor_config.json, then the arguments."""
     cfg = vision_config(preset, model_dir, image_mean=image_mean, image_std=image_std)
-    x = (np.arange(256, dtype=np.float64) * float(rescale_factor)).astype(np.float32)
     mean = np.asarray(cfg["image_mean"], dtype=np.float64).astype(np.float32)
     std = np.asarray(cfg["image_std"], dtype=np.float64).astype(np.float32)
+    if videos:
+        x = np.arange(256, dtype=np.float32)
+        scale = np.float32(1.0 / float(rescale_factor))
+        mean, std = mean * scale, std * scale
+    else:
+        x = (np.arange(256, dtype=np.float64) * float(rescale_factor)).astype(np.float32)
     return torch.from_numpy((x[None, :] - mean[:, None]) / std[:, None])
 
 
@@ -102,25 +111,31 @@ def expand_pixels(
     patch_size: Optional[int] = None,
     dtype: torch.dtype = torch.float32,
     table: Optional[torch.Tensor] = None,
+    videos: bool = False,
 ) -> torch.Tensor:
-    """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` the HF processor gives,
-    on the device the patches are on: torch ops on a GPU (any non-CPU device), the core's
-    loop on the CPU (GIL released).
+    """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` (or, with
+    ``videos=True``, the ``pixel_values_videos``) the HF processor gives, on the device the
+    patches are on: torch ops on a GPU (any non-CPU device), the core's loop on the CPU
+    (GIL released).
 
     ``pixel_values`` is uint8 ``[patches, 3*P*P]`` (one frame per row, images) or
-    ``[patches, 3*T*P*P]`` (rows that keep their T frames); the result is ``[patches,
-    3*T*P*P]`` in ``dtype``: one gather through the per-channel 256-entry :func:`pixel_table`
-    (or ``table``), written once, with each image row's frame repeated T times.
+    ``[patches, 3*T*P*P]`` (rows that keep their T frames: a video's); the result is
+    ``[patches, 3*T*P*P]`` in ``dtype``: one gather through the per-channel 256-entry
+    :func:`pixel_table` (or ``table``), written once, with each image row's frame repeated
+    T times.  ``videos=True`` takes the video processor's table (``pixel_table(...,
+    videos=True)``: its fused rescale + normalise rounds differently from the image
+    processor's) and requires rows of 3*T*P*P bytes.
 
     Exactness: with ``dtype=torch.float32`` the result is bit for bit the float32 the HF
-    processor's PIL backend computes (and mmloader's ``pixel_format="float32"``); with
-    ``torch.bfloat16`` it is exactly those values ``.to(torch.bfloat16)`` (round to nearest
-    even, = ``pixel_format="bfloat16"``).  Every entry of the table is the reference's
-    value, and a gather copies values without arithmetic.
+    processor computes (and mmloader's ``pixel_format="float32"``); with ``torch.bfloat16``
+    it is exactly those values ``.to(torch.bfloat16)`` (round to nearest even, =
+    ``pixel_format="bfloat16"``).  Every entry of the table is the reference's value, and a
+    gather copies values without arithmetic.
 
-    ``image_grid_thw`` (optional) is checked against the row count when it is on the CPU
-    (a GPU grid is not read back, which would synchronise).  P and T default to the
-    preset's (``model_dir`` overrides them, like mean and std).
+    ``image_grid_thw`` (optional; the ``video_grid_thw`` with ``videos=True``) is checked
+    against the row count when it is on the CPU (a GPU grid is not read back, which would
+    synchronise).  P and T default to the preset's (``model_dir`` overrides them, like mean
+    and std).
     """
     if pixel_values.dtype != torch.uint8 or pixel_values.dim() != 2:
         raise TypeError(
@@ -138,15 +153,18 @@ def expand_pixels(
         temporal_patch_size = temporal_patch_size or int(cfg["temporal_patch_size"])
     P, T = int(patch_size), int(temporal_patch_size)
     n, cols = pixel_values.shape
-    if cols == 3 * P * P:
+    if cols == 3 * P * P and not videos:
         frames = 1
     elif cols == 3 * T * P * P:
         frames = T
     else:
+        sizes = (
+            f"are not 3*T*P*P = {3 * T * P * P} (video rows keep their T frames)"
+            if videos
+            else f"are neither 3*P*P = {3 * P * P} nor 3*T*P*P = {3 * T * P * P}"
+        )
         raise ValueError(
-            f"expand_pixels: rows of {cols} bytes are neither 3*P*P = {3 * P * P} "
-            f"nor 3*T*P*P = {3 * T * P * P} (patch_size {P}, temporal_patch_size "
-            f"{T})"
+            f"expand_pixels: rows of {cols} bytes {sizes} (patch_size {P}, temporal_patch_size {T})"
         )
     if image_grid_thw is not None and image_grid_thw.device.type == "cpu":
         g = image_grid_thw.reshape(-1, 3).to(torch.int64)
@@ -154,7 +172,7 @@ def expand_pixels(
         placeholder = n == 1 and g.shape[0] == 1 and int(g[0, 0]) == 0
         if want != n and not placeholder:
             raise ValueError(
-                f"expand_pixels: image_grid_thw holds {want} patches but pixel_values has {n} rows"
+                f"expand_pixels: the grid holds {want} patches but pixel_values has {n} rows"
             )
     if table is None:
         table = pixel_table(
@@ -163,6 +181,7 @@ def expand_pixels(
             image_mean=image_mean,
             image_std=image_std,
             rescale_factor=rescale_factor,
+            videos=videos,
         )
     if tuple(table.shape) != (3, 256):
         raise ValueError(f"expand_pixels: table must be [3, 256], got {tuple(table.shape)}")
@@ -230,8 +249,9 @@ class Loader:
     "bfloat16", or "uint8" for the compact patches themselves); ``wire_format`` is what the
     engine produces and copies: by default "uint8" with a CUDA ``device`` (8x fewer
     host-to-device bytes than float32), ``pixel_format`` otherwise.  When the two differ,
-    each batch's uint8 patches are expanded by :func:`expand_pixels` where they are (on
-    the GPU after the copy), bit for bit the values ``wire_format=pixel_format`` gives;
+    each batch's uint8 patches (``pixel_values`` and ``pixel_values_videos``) are expanded
+    by :func:`expand_pixels` where they are (on the GPU after the copy), bit for bit the
+    values ``wire_format=pixel_format`` gives;
     ``wire_format`` equal to ``pixel_format`` (``"float32"`` by default) turns that off.
 
     Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is the number of batches per epoch when that is known (padded
@@ -276,12 +296,13 @@ class Loader:
         self._inner = _loader.Loader(data, **kwargs)
         if wire_format != fmt:
             v = self._inner.vision_config
+            ms = dict(image_mean=v["image_mean"], image_std=v["image_std"])
             self._expand = dict(
-                table=pixel_table(image_mean=v["image_mean"], image_std=v["image_std"]),
                 patch_size=int(v["patch_size"]),
                 temporal_patch_size=int(v["temporal_patch_size"]),
                 dtype=torch.float32 if fmt == "float32" else torch.bfloat16,
             )
+            self._tables = (pixel_table(**ms), pixel_table(**ms, videos=True))
         self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
@@ -292,13 +313,22 @@ class Loader:
         """The next batch; StopIteration at the end of each epoch (unless cycle=True)."""
         batch = next(self._inner)
         out = {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
-        if self._expand is not None and "pixel_values" in out:
-            out["pixel_values"] = self._expanded(out["pixel_values"], out["image_grid_thw"])
+        if self._expand is not None:
+            if "pixel_values" in out:
+                out["pixel_values"] = self._expanded(out["pixel_values"], out["image_grid_thw"])
+            if "pixel_values_videos" in out:
+                out["pixel_values_videos"] = expand_pixels(
+                    out["pixel_values_videos"],
+                    out["video_grid_thw"],
+                    table=self._tables[1],
+                    videos=True,
+                    **self._expand,
+                )
         return out
 
     def _expanded(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         assert self._expand is not None
-        out = expand_pixels(pixels, grid, **self._expand)
+        out = expand_pixels(pixels, grid, table=self._tables[0], **self._expand)
         if pixels.shape[0] == 1:
             # perhaps the text-only placeholder (grid t == 0): zeros in the float formats;
             # decided on the device, without reading the grid back

@@ -4,14 +4,17 @@
 #   scripts/format.sh           apply, in place
 #   scripts/format.sh --check   change nothing: print how many lines each tool would change
 #                               (and ruff check's findings); exit 1 when anything would
-# Needs clang-format 14 (scripts/install-deps.sh --test) and ruff (requirements-test.txt, in
-# the interpreter of scripts/python.sh); other versions of either format differently.
+# Needs clang-format 14 and ruff (both pinned in requirements-test.txt, installed for the
+# interpreter of scripts/python.sh); other versions of either format differently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/python.sh
-CF=$(command -v clang-format-14 || command -v clang-format || true)
+# clang-format 14.0.6 from PyPI (requirements-test.txt: the same binary on every distribution),
+# beside the interpreter's scripts; else a system clang-format-14
+CF="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/clang-format"
+[ -x "$CF" ] || CF=$(command -v clang-format-14 || command -v clang-format || true)
 if [ -z "$CF" ] || ! "$CF" --version | grep -q 'version 14\.'; then
-  echo "[mmloader] clang-format 14 is not installed (${CF:-none}: bash scripts/install-deps.sh --test)" >&2
+  echo "[mmloader] clang-format 14 is not installed (${CF:-none}: pip install -r requirements-test.txt)" >&2
   exit 2
 fi
 ruff() { "$PYTHON" -m ruff "$@"; }

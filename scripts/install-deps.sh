@@ -19,10 +19,9 @@ done
 # rows marked `tests` only with --test)
 APT_PKGS="build-essential pkg-config $(awk -v t="$test" '!/^#/ && NF && ($6 != "tests" ||
   t == "--test") { print $5 }' csrc/system-libs.txt)"
-# the ffmpeg CLI: tests compare the video decoder with Debian's own FFmpeg conversion;
-# clang-format-14: scripts/format.sh --check (the tree is formatted by 14, and other
-# versions format differently: Debian 12 has it)
-[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg clang-format-14"
+# the ffmpeg CLI: tests compare the video decoder with Debian's own FFmpeg conversion
+# (clang-format comes pinned from PyPI: requirements-test.txt)
+[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg"
 . scripts/python.sh
 venv=""
 case $PYTHON in "$PWD/.venv/"*) venv=1 ;; esac

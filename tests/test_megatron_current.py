@@ -90,6 +90,43 @@ def ds(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def video_ds(tmp_path_factory):
+    """Mixed records with frame-list videos (as qwen-vl-utils accepts them): image + video,
+    video only, image only and text only, repeated."""
+    import json
+
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("vds")
+    paths = []
+    for i in range(6):
+        im = Image.new("RGB", (64, 48), (40 * i, 255 - 30 * i, 90))
+        im.paste((250 - 40 * i, 20 * i, 200), (8 * i, 4 * i, 8 * i + 20, 4 * i + 16))
+        paths.append(str(root / f"f{i}.png"))
+        im.save(paths[-1])
+    a = {"from": "gpt", "value": "An answer."}
+    recs = [
+        {
+            "conversations": [{"from": "human", "value": "<image> and <video>?"}, a],
+            "images": [paths[0]],
+            "videos": [paths[1:5]],
+        },
+        {
+            "conversations": [{"from": "human", "value": "<video>What moves?"}, a],
+            "videos": [paths[2:]],
+        },
+        {
+            "conversations": [{"from": "human", "value": "<image>What is it?"}, a],
+            "images": [paths[5]],
+        },
+        {"conversations": [{"from": "human", "value": "Just text."}, a]},
+    ] * 4
+    shard = root / "mixed.jsonl"
+    shard.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return {"shards": [str(shard)]}
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -418,7 +455,7 @@ def _bridge_steps(step, cfg, it, model, n):
     return out
 
 
-def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
+def _bridge_worker(rank, world, port, ds, text_ds, video_ds, out_dir):
     _stub_te_lora()
     from megatron.bridge.models.qwen_vl.modeling_qwen25_vl import Qwen25VLModel
     from megatron.bridge.models.qwen_vl.modelling_qwen3_vl.model import Qwen3VLModel
@@ -450,18 +487,36 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
         init_num_microbatches_calculator(rank, None, 2, 2, 1)
         save = os.path.join(out_dir, "ckpt")
         results = {}
-        seen = {"images": 0, "text-only": 0}
-        for name, step, forward_of, packing, data in (
-            ("vlm_step", vlm_step, Qwen25VLModel.forward, False, ds),
-            ("vlm_step-packed", vlm_step, Qwen25VLModel.forward, True, ds),
-            ("vlm_step-text-only", vlm_step, Qwen25VLModel.forward, False, text_ds),
-            ("qwen3_vl_step", qwen3_vl_step, Qwen3VLModel.forward, False, ds),
+        seen = {"images": 0, "text-only": 0, "videos": 0}
+        for name, step, forward_of, packing, data, preset in (
+            ("vlm_step", vlm_step, Qwen25VLModel.forward, False, ds, "qwen2.5-vl"),
+            ("vlm_step-packed", vlm_step, Qwen25VLModel.forward, True, ds, "qwen2.5-vl"),
+            ("vlm_step-text-only", vlm_step, Qwen25VLModel.forward, False, text_ds, "qwen2.5-vl"),
+            ("qwen3_vl_step", qwen3_vl_step, Qwen3VLModel.forward, False, ds, "qwen2.5-vl"),
+            ("vlm_step-video", vlm_step, Qwen25VLModel.forward, False, video_ds, "qwen2.5-vl"),
+            (
+                "vlm_step-video-packed",
+                vlm_step,
+                Qwen25VLModel.forward,
+                True,
+                video_ds,
+                "qwen2.5-vl",
+            ),
+            (
+                "qwen3_vl_step-video",
+                qwen3_vl_step,
+                Qwen3VLModel.forward,
+                False,
+                video_ds,
+                "qwen3-vl",
+            ),
         ):
             dataset = MMLoaderDataset(
                 data=data["shards"],
                 seq_length=512,
                 packing=packing,
                 seed=5,
+                preset=preset,
                 loader_kwargs=dict(LOADER),
             )
             cfg = _bridge_cfg(dataset, save)
@@ -492,6 +547,16 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
                     assert call["pixel_values"].shape[0] == rows
                 else:  # the zero-patch placeholder: no visual inputs for the model
                     assert call.get("pixel_values") is None and call.get("image_grid_thw") is None
+                if "pixel_values_videos" in raw:  # every video too, beside the images
+                    seen["videos"] += 1
+                    for k in ("pixel_values_videos", "video_grid_thw"):
+                        assert torch.equal(call[k], raw[k]), k
+                    rows = int(raw["video_grid_thw"].prod(-1).sum())
+                    assert call["pixel_values_videos"].shape[0] == rows
+                    if "second_per_grid_ts" in raw:  # Qwen2.5-VL
+                        assert torch.equal(call["second_per_grid_ts"], raw["second_per_grid_ts"])
+                else:
+                    assert call.get("pixel_values_videos") is None
                 p = call.get("packed_seq_params")
                 if packing:
                     assert isinstance(p, PackedSeqParams) and p.qkv_format == "thd"
@@ -507,9 +572,9 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
                     assert starts == raw["cu_seqlens_padded"][:-1].tolist()
                 elif name == "vlm_step":
                     assert p is None and call["input_ids"].shape == (2, 512)
+            kept = ("input_ids", "labels", "pixel_values", "pixel_values_videos", "video_grid_thw")
             results[name] = [
-                _clone({k: v for k, v in c.items() if k in ("input_ids", "labels", "pixel_values")})
-                for c in calls
+                _clone({k: v for k, v in c.items() if k in kept and v is not None}) for c in calls
             ]
             if name == "vlm_step":
                 # Bridge's dataloader checkpointing: save at step 4, resume in new iterators
@@ -525,7 +590,29 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
                     assert torch.equal(next(again)["tokens"], w)
                 again.iterable.close()
             train.iterable.close()
-        assert seen["images"] >= 8 and seen["text-only"] >= 4, seen
+        assert seen["images"] >= 8 and seen["text-only"] >= 4 and seen["videos"] >= 8, seen
+        # Megatron-LM's get_batch under tensor parallelism 2: rank 0 reads, the other gets the
+        # image and video tensors by broadcast
+        with mmloader.torch.Loader(
+            video_ds["shards"],
+            keys="megatron",
+            shift_labels=True,
+            micro_batch_size=2,
+            shuffle=False,
+            **LOADER,
+        ) as L:
+            it = iter(L) if parallel_state.get_tensor_model_parallel_rank() == 0 else None
+            got = [mml.get_batch(it, device="cpu") for _ in range(4)]
+        # records: image + video, video, image, text (x4) -> videos in batches 0 and 2
+        assert [b["pixel_values_videos"] is not None for b in got] == [True, False] * 2
+        assert all(b["pixel_values"] is not None for b in got)
+        for b in got[::2]:
+            assert b["video_grid_thw"].shape == (2, 3) and b["second_per_grid_ts"].shape == (2,)
+            rows = int(b["video_grid_thw"].prod(-1).sum())
+            assert b["pixel_values_videos"].shape[0] == rows
+        results["get_batch-video"] = [
+            _clone({k: v for k, v in b.items() if isinstance(v, torch.Tensor)}) for b in got
+        ]
         # qwen3_vl_step packs in the step: it refuses collate-time packing, as documented
         dataset = MMLoaderDataset(
             data=ds["shards"], seq_length=512, packing=True, loader_kwargs=dict(LOADER)
@@ -543,19 +630,33 @@ def _bridge_worker(rank, world, port, ds, text_ds, out_dir):
 
 
 @pytest.mark.timeout(1500)  # processes importing Megatron on a busy 2-core machine
-def test_megatron_bridge_dataset_provider_steps_and_checkpointing(ds, text_ds, tmp_path):
+def test_megatron_bridge_dataset_provider_steps_and_checkpointing(ds, text_ds, video_ds, tmp_path):
     """Tensor parallel 2 under Bridge: each rank reads its own iterator and both give the
     model the same batches; vlm_step (padded and packed) and qwen3_vl_step hand the model
-    every image, the tokens and labels, and the packed params in Bridge's layout; Bridge's
-    dataloader checkpoint save/load resumes exactly."""
+    every image and video (mixed image + video batches), the tokens and labels, and the
+    packed params in Bridge's layout; Bridge's dataloader checkpoint save/load resumes
+    exactly; Megatron-LM's get_batch broadcasts image and video tensors to the other
+    tensor-parallel rank."""
     mp.spawn(
-        _bridge_worker, args=(2, _free_port(), ds, text_ds, str(tmp_path)), nprocs=2, join=True
+        _bridge_worker,
+        args=(2, _free_port(), ds, text_ds, video_ds, str(tmp_path)),
+        nprocs=2,
+        join=True,
     )
     a, b = (torch.load(tmp_path / f"bridge{r}.pt", weights_only=True) for r in range(2))
     assert (
         sorted(a)
         == sorted(b)
-        == ["qwen3_vl_step", "vlm_step", "vlm_step-packed", "vlm_step-text-only"]
+        == [
+            "get_batch-video",
+            "qwen3_vl_step",
+            "qwen3_vl_step-video",
+            "vlm_step",
+            "vlm_step-packed",
+            "vlm_step-text-only",
+            "vlm_step-video",
+            "vlm_step-video-packed",
+        ]
     )
     for name in a:
         same(a[name], b[name])

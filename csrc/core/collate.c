@@ -43,6 +43,11 @@ struct mml_collator {
 
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
 
+/* Values per pixel_values_videos row. */
+static int video_cols(const mml_collate_cfg *cfg) {
+  return cfg->video_cols > 0 ? cfg->video_cols : cfg->pixel_cols;
+}
+
 /* What M-RoPE needs of a sample's images and videos. */
 static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s) {
   return (mml_mrope_media){
@@ -177,9 +182,10 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
                          (long long)s->index, i, g[0], g[1], g[2]);
     vrows += (int64_t)g[0] * g[1] * g[2];
   }
+  const size_t vrow_bytes =
+      (size_t)video_cols(&c->cfg) * mml_dtype_size(mml_pixel_format_dtype(c->cfg.pixel_format));
   if (vrows != s->vpixel_rows ||
-      (!s->vpixels_pending &&
-       s->vpixels.len != (size_t)s->vpixel_rows * (size_t)c->cfg.pixel_cols * sizeof(float)))
+      (!s->vpixels_pending && s->vpixels.len != (size_t)s->vpixel_rows * vrow_bytes))
     return mml_err_set(
         err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
         (long long)s->index, (long long)vrows, (long long)s->vpixel_rows, s->vpixels.len);
@@ -525,8 +531,8 @@ static mml_status emit_videos(emit_ctx *e) {
   }
   if (nv == 0) return MML_OK;
   mml_status st;
-  uint8_t *o =
-      emit_tensor(e, "pixel_values_videos", MML_DT_FLOAT32, 2, DIMS(rows, e->cfg->pixel_cols), &st);
+  uint8_t *o = emit_tensor(e, "pixel_values_videos", mml_pixel_format_dtype(e->cfg->pixel_format),
+                           2, DIMS(rows, video_cols(e->cfg)), &st);
   if (!o) return st;
   for (int i = 0; i < e->n; i++) {
     const mml_sample *s = &e->c->slots[i];

@@ -242,6 +242,8 @@ static mml_status check_refs(mml_dsx *x, const char *name, mml_err *err) {
     imgs += x->samples[i].nimages;
     if (x->samples[i].status == 0 && x->samples[i].nimages == 0 && x->samples[i].text_tokens == 0)
       return corrupt(err, name, "a good sample without tokens");
+    if (x->samples[i].nvideos > x->samples[i].nimages)
+      return corrupt(err, name, "a sample with more videos than entries");
   }
   x->first_image[x->n] = imgs;
   if (imgs != x->nimages) return corrupt(err, name, "image counts do not add up");

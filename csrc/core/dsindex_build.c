@@ -4,7 +4,8 @@
  * each source's vision settings and chat template, and its fetcher for remote records
  * and images.  Only image headers are read (the first MML_DSX_HEAD_BYTES of a file,
  * member or object: a ranged GET when remote; the whole image only when its header
- * lies further in, e.g. a TIFF's first IFD at the end); nothing is decoded.
+ * lies further in, e.g. a TIFF's first IFD at the end), also of every frame of a
+ * frame-list video; nothing is decoded.
  *
  * DESIGN
  *   Threads: `nthreads` workers take chunks of CHUNK consecutive samples (a counter
@@ -16,8 +17,8 @@
  *   shard and settings are still those in the partial header; else it starts over.  At
  *   the end the whole index is serialised, written to a temporary file and renamed over
  *   `out` (readers never see a torn index), and the partial file is removed.
- *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image) and chunks
- *   in flight.
+ *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image or video) and
+ *   chunks in flight, plus per worker one header buffer per frame of its record's videos.
  *
  * A sample's status and counts are exactly what the loader's worker would find before
  * decoding (mml_sample_plan): same parser options, image references,
@@ -34,6 +35,9 @@
 #include "loader_int.h"
 #include "mml/datauri.h"
 #include "mml/fetch_sync.h"
+#include "mml/message.h"
+#include "mml/template.h"
+#include "mml/video_frames.h"
 
 enum { CHUNK = 256, MAX_MEMBERS = 64 };
 
@@ -71,6 +75,15 @@ typedef struct bworker {
   mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
+  /* videos: a frame list's frame headers, each video's plan and template counts, the
+   * Qwen3-VL timestamps of all (grid_t values per video) */
+  mml_bytes *frames;
+  int frames_cap;
+  mml_video_plan *vplans;
+  mml_video_tokens *vtok;
+  int vcap;
+  double *vts;
+  size_t vts_cap;
 } bworker;
 
 static mml_status fetcher(build *b, mml_fetcher **f, mml_err *err) {
@@ -82,24 +95,25 @@ static mml_status fetcher(build *b, mml_fetcher **f, mml_err *err) {
   return MML_OK;
 }
 
-/* The first bytes of image i (or all of it: *whole), read or fetched into w->img. */
-static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *whole,
-                             uint64_t *bytes, mml_err *err) {
+/* The first bytes of media item i (mml_record_media_ref: an image, or a frame of a frame
+ * list), or all of it (*whole), read or fetched into *dst. */
+static mml_status media_head(bworker *w, int64_t gi, int i, int64_t want, mml_bytes *dst,
+                             int *whole, uint64_t *bytes, mml_err *err) {
   build *b = w->b;
   mml_loader *L = b->L;
-  const char *ref = w->rec.images[i];
+  const char *ref = mml_record_media_ref(&w->rec, i);
   mml_status st;
   mml_fetcher *f;
   *whole = 1;
-  if (mml_is_data_uri(ref)) return mml_data_uri_decode(ref, &w->img, err);
+  if (mml_is_data_uri(ref)) return mml_data_uri_decode(ref, dst, err);
   int64_t off = 0, len = -1;
   if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) { /* a WebDataset member */
     int64_t n = want >= 0 && want < len ? want : len;
     *whole = n == len;
     if (!mml_index_shard_remote(b->sh))
-      st = mml_index_read(b->sh, off, n, &w->img, err);
+      st = mml_index_read(b->sh, off, n, dst, err);
     else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get(f, b->sh->path, off, n, &w->img, err);
+      st = mml_fetch_get(f, b->sh->path, off, n, dst, err);
   } else {
     const char *root = L->roots[b->shard];
     if ((st = mml_sample_image_path(root, ref, &w->path, err))) return st;
@@ -107,13 +121,95 @@ static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *w
     if ((st = mml_sample_image_allowed(&L->cfg, root, ref, p, !L->remote[b->shard], err)))
       return st;
     if (!mml_path_is_remote(p))
-      st = mml_read_file(p, 0, want, &w->img, err);
+      st = mml_read_file(p, 0, want, dst, err);
     else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get(f, p, 0, want, &w->img, err);
-    *whole = want < 0 || (int64_t)w->img.len < want;
+      st = mml_fetch_get(f, p, 0, want, dst, err);
+    *whole = want < 0 || (int64_t)dst->len < want;
   }
-  if (!st) *bytes += w->img.len;
+  if (!st) *bytes += dst->len;
   return st;
+}
+
+static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *whole,
+                             uint64_t *bytes, mml_err *err) {
+  return media_head(w, gi, i, want, &w->img, whole, bytes, err);
+}
+
+/* Room for the record's videos: plans, template counts, timestamps, frame headers. */
+static mml_status video_fit(bworker *w, mml_err *err) {
+  const mml_record *rec = &w->rec;
+  int nv = rec->nvideos, nf = mml_record_frames(rec);
+  if (nv > w->vcap) {
+    void *p = realloc(w->vplans, (size_t)nv * sizeof *w->vplans);
+    if (p) w->vplans = p;
+    void *q = p ? realloc(w->vtok, (size_t)nv * sizeof *w->vtok) : NULL;
+    if (q) w->vtok = q;
+    if (!p || !q) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
+    w->vcap = nv;
+  }
+  size_t need = (size_t)nf + (size_t)nv; /* >= every grid_t */
+  if (need > w->vts_cap) {
+    double *t = realloc(w->vts, need * sizeof *t);
+    if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
+    w->vts = t;
+    w->vts_cap = need;
+  }
+  if (nf > w->frames_cap) {
+    mml_bytes *f = realloc(w->frames, (size_t)nf * sizeof *f);
+    if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d frames", nf);
+    memset(f + w->frames_cap, 0, (size_t)(nf - w->frames_cap) * sizeof *f);
+    w->frames = f;
+    w->frames_cap = nf;
+  }
+  return MML_OK;
+}
+
+/* Plans every video of the record as mml_sample_plan does, from frame headers alone
+ * (each frame's first bytes; all of it when its header lies further).  The counts do not
+ * depend on the pixel format, so the plan is made as for float32 (a uint8 loader refuses
+ * the videos it cannot hold when it plans them).  *vis adds their tokens, *px their
+ * frames' pixels. */
+static mml_status plan_videos(bworker *w, int64_t gi, const mml_vision_cfg *vision, int64_t *vis,
+                              int64_t *px, chunk *c, mml_err *err) {
+  const mml_record *rec = &w->rec;
+  mml_status st = video_fit(w, err);
+  if (st) return st;
+  mml_vision_cfg cfg = *vision;
+  cfg.pixel_format = MML_PIXEL_FLOAT32;
+  double *ts = w->vts;
+  int item = rec->nimages; /* media index of the next frame */
+  for (int v = 0; v < rec->nvideos; v++) {
+    const mml_video_ref *vr = &rec->videos[v];
+    if (vr->ref) { /* as the loader's worker: video files are refused there too */
+      char shown[MML_SHORT_CAP(200)];
+      return mml_err_set(err, MML_EVIDEO,
+                         "video %s: video files are not decoded yet (frame lists are)",
+                         mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
+    }
+    mml_bytes *fr = w->frames + (item - rec->nimages);
+    for (int j = 0; j < vr->nframes; j++, item++) {
+      int whole;
+      mml_image_info info;
+      st = media_head(w, gi, item, MML_DSX_HEAD_BYTES, &fr[j], &whole, &c->bytes, err);
+      if (!st && !whole && mml_image_probe(fr[j].data, fr[j].len, &info, NULL) != MML_OK)
+        st = media_head(w, gi, item, -1, &fr[j], &whole, &c->bytes, err); /* header further */
+      if (st) {
+        mml_err_prefix(err, "video %d frame %d", v, j);
+        return st;
+      }
+    }
+    mml_video_plan *p = &w->vplans[v];
+    if ((st = mml_video_plan_list(&cfg, vr, fr, p, ts, err))) {
+      mml_err_prefix(err, "video %d", v);
+      return st;
+    }
+    w->vtok[v] =
+        (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
+    ts += p->grid_t;
+    *vis += p->tokens;
+    *px += p->src_pixels;
+  }
+  return MML_OK;
 }
 
 static mml_status fit(bworker *w, int n) {
@@ -170,11 +266,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
   const ld_source *src = &L->src[L->shard_src[b->shard]];
   mml_status st = read_record(w, gi, &c->bytes, err);
   if (st) return st;
-  int n = w->rec.nimages;
-  if (w->rec.nvideos) /* the index format has no per-video counts yet */
-    return mml_err_set(err, MML_EVIDEO,
-                       "the dataset index does not count videos yet: build no index for "
-                       "shards with videos");
+  int n = w->rec.nimages, nv = w->rec.nvideos;
   if (fit(w, n)) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
   int64_t px = 0, vis = 0;
   for (int i = 0; i < n; i++) {
@@ -199,22 +291,29 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     vis += w->plans[i].tokens;
     px += (int64_t)w->plans[i].src_w * w->plans[i].src_h;
   }
+  if (nv && (st = plan_videos(w, gi, &src->vision, &vis, &px, c, err))) return st;
   if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_plan */
     return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) of %lld pixels in all, above max_sample_pixels=%lld", n,
-                       (long long)px, (long long)src->pl.max_sample_pixels);
+                       "%d image(s) and %d video(s) of %lld pixels in all, above "
+                       "max_sample_pixels=%lld",
+                       n, nv, (long long)px, (long long)src->pl.max_sample_pixels);
   mml_ids_clear(&w->ids);
   mml_ids_clear(&w->labels);
-  if ((st =
-           mml_template_encode(src->pl.tmpl, w->tok, &w->rec, w->tokens, &w->ids, &w->labels, err)))
+  if ((st = mml_template_encode_media(src->pl.tmpl, w->tok, &w->rec, w->tokens, nv ? w->vtok : NULL,
+                                      &w->ids, &w->labels, err)))
     return st;
   int64_t text = (int64_t)w->ids.len - vis;
-  if (n > UINT16_MAX || text < 0 || text > UINT32_MAX)
-    return mml_err_set(err, MML_EINTERNAL, "%d images, %lld text tokens: beyond the index format",
-                       n, (long long)text);
-  if (c->nimgs + n > c->cap) {
+  if (n + nv > UINT16_MAX || nv > UINT8_MAX || text < 0 || text > UINT32_MAX)
+    return mml_err_set(err, MML_EINTERNAL,
+                       "%d images, %d videos, %lld text tokens: beyond the index format", n, nv,
+                       (long long)text);
+  for (int v = 0; v < nv; v++)
+    if (w->vplans[v].tokens > UINT32_MAX)
+      return mml_err_set(err, MML_EINTERNAL, "video %d: %lld tokens: beyond the index format", v,
+                         (long long)w->vplans[v].tokens);
+  if (c->nimgs + n + nv > c->cap) {
     int64_t nc = c->cap ? c->cap * 2 : 2 * CHUNK;
-    while (nc < c->nimgs + n) nc *= 2;
+    while (nc < c->nimgs + n + nv) nc *= 2;
     mml_dsx_image *p = realloc(c->imgs, (size_t)nc * sizeof *p);
     if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory");
     c->imgs = p;
@@ -223,8 +322,12 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
   for (int i = 0; i < n; i++)
     c->imgs[c->nimgs++] = (mml_dsx_image){(uint32_t)w->plans[i].src_w, (uint32_t)w->plans[i].src_h,
                                           (uint32_t)w->plans[i].tokens};
+  for (int v = 0; v < nv; v++) /* videos after the images */
+    c->imgs[c->nimgs++] = (mml_dsx_image){
+        (uint32_t)w->vplans[v].src_w, (uint32_t)w->vplans[v].src_h, (uint32_t)w->vplans[v].tokens};
   out->text_tokens = (uint32_t)text;
-  out->nimages = (uint16_t)n;
+  out->nimages = (uint16_t)(n + nv);
+  out->nvideos = (uint8_t)nv;
   return MML_OK;
 }
 
@@ -242,6 +345,7 @@ static void run_chunk(bworker *w, int64_t ci) {
     s->status = (uint8_t)(st < 255 ? st : 255);
     s->text_tokens = 0;
     s->nimages = 0;
+    s->nvideos = 0;
     if (c->nfirst < 8) {
       char where[1100];
       int shard;
@@ -394,7 +498,8 @@ static void summarize(const result *r, int64_t resumed, mml_index_summary *sum) 
     if (s->status) continue;
     sum->good++;
     sum->text_tokens += s->text_tokens;
-    for (int j = 0; j < s->nimages; j++) {
+    const int nv = s->nvideos < s->nimages ? s->nvideos : s->nimages, ni = s->nimages - nv;
+    for (int j = 0; j < ni; j++) {
       uint32_t t = r->img[im + j].tokens;
       int bk = 0;
       while (bk < 31 && (t >> (bk + 1))) bk++;
@@ -402,6 +507,8 @@ static void summarize(const result *r, int64_t resumed, mml_index_summary *sum) 
       sum->image_tokens += t;
       sum->images++;
     }
+    for (int j = ni; j < s->nimages; j++) sum->video_tokens += r->img[im + j].tokens;
+    sum->videos += nv;
     im += s->nimages;
   }
 }
@@ -480,6 +587,11 @@ static void free_workers(bworker *ws, int nthreads) {
     mml_ids_free(&ws[i].labels);
     free(ws[i].plans);
     free(ws[i].tokens);
+    for (int j = 0; j < ws[i].frames_cap; j++) mml_bytes_free(&ws[i].frames[j]);
+    free(ws[i].frames);
+    free(ws[i].vplans);
+    free(ws[i].vtok);
+    free(ws[i].vts);
   }
   free(ws);
 }

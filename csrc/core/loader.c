@@ -301,6 +301,7 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   mml_vision_cfg v = cfg->vision;
   v.pixel_format = cfg->collate.pixel_format;
   L->ccfg.pixel_cols = mml_vision_pixel_cols(&v);
+  L->ccfg.video_cols = mml_vision_video_cols(&v);
   if (cfg->collate.pack && L->ccfg.pack_length <= 0) L->ccfg.pack_length = cfg->collate.seq_length;
   if (cfg->max_tokens_per_batch > 0) L->ccfg.rows_dynamic = 1; /* the plan ends batches */
   return MML_OK;

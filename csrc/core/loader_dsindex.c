@@ -12,9 +12,10 @@
  *   an index is never trusted blindly.  An uncompressed shard is then added from the
  *   sidecar's offsets without reading it; a compressed one is still decompressed (its
  *   records are read from the decompressed copy) and its sample count must agree.
- *   Counts (text tokens, image tokens) depend on settings: each source gets a key (a
- *   hash of the settings text: tokenizer, template, system turn, image whitespace,
- *   vision numbers, image root and the limits that decide a sample's status).  A shard
+ *   Counts (text tokens, image and video tokens) depend on settings: each source gets a
+ *   key (a hash of the settings text: tokenizer, template, system turn, image whitespace,
+ *   vision numbers, video limits and family, which videos the builder counts, image root
+ *   and the limits that decide a sample's status).  A shard
  *   whose index was built under another key keeps its offsets (they do not depend on
  *   settings) but its counts are not used, with one warning naming both settings.
  *
@@ -60,14 +61,17 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
            "patch=%d merge=%d temporal=%d min_pixels=%lld max_pixels=%lld legacy_resize=%d "
            "image_route=%d max_image_pixels=%lld max_images_per_sample=%d max_json_depth=%d "
            "max_sample_pixels=%lld allow_paths_outside_root=%d allow_remote_images=%d "
-           "image_root=%s%016llx",
+           "image_root=%s%016llx video_min_pixels=%lld video_max_pixels=%lld video_family=%d "
+           "videos=%s",
            (unsigned long long)L->tok_id, (int)c->template_style,
            sc->system_prompt ? "" : "default:", (unsigned long long)sys, (int)sc->image_space,
            v->patch_size, v->merge_size, v->temporal_patch_size, (long long)v->min_pixels,
            (long long)v->max_pixels, v->legacy_resize, v->route, (long long)v->max_image_pixels,
            c->max_images_per_sample, c->max_json_depth, (long long)c->max_sample_pixels,
            c->allow_paths_outside_root, c->allow_remote_images,
-           src->image_root ? "" : "shard-folder:", (unsigned long long)root);
+           src->image_root ? "" : "shard-folder:", (unsigned long long)root,
+           (long long)v->video_min_pixels, (long long)v->video_max_pixels, v->video_family,
+           MML_DSX_VIDEOS);
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   src->index_key = mml_hash_bytes(0, text, strlen(text));

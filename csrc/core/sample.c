@@ -151,10 +151,6 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
   mml_status st = video_scratch_fit(sc, rec, vinfo, err);
   if (st) return st;
   double *ts = sc->vts;
-  if (pl->vision->pixel_format != MML_PIXEL_FLOAT32)
-    return mml_err_set(err, MML_EVIDEO,
-                       "video pixels are float32 only: this record's videos cannot be "
-                       "loaded with pixel_format other than float32");
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_ref *vr = &rec->videos[v];
     mml_video_plan *p = &vplans[v];
@@ -182,15 +178,15 @@ mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *
                                     const mml_video_plan *vplans, mml_sample_video_open_fn open,
                                     void *ctx, mml_sample *out, mml_err *err) {
   double t0 = mml_now();
-  const int cols = mml_vision_pixel_cols(pl->vision);
-  size_t need = (size_t)out->vpixel_rows * (size_t)cols * sizeof(float);
+  const size_t row_bytes = mml_vision_video_row_bytes(pl->vision);
+  size_t need = (size_t)out->vpixel_rows * row_bytes;
   fit_pixels(&out->vpixels, need);
   mml_status st;
   if (!sc->video && mml_video_scratch_new(&sc->video))
     return mml_err_set(err, MML_ENOMEM, "cannot allocate video scratch");
   if ((st = mml_bytes_reserve(&out->vpixels, need)))
     return mml_err_set(err, st, "cannot allocate %zu bytes of video pixels", need);
-  float *dst = (float *)out->vpixels.data;
+  uint8_t *dst = out->vpixels.data;
   const mml_bytes *frames = images + rec->nimages;
   for (int v = 0; v < rec->nvideos && !st; v++) {
     const mml_video_ref *vr = &rec->videos[v];
@@ -205,7 +201,7 @@ mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *
       frames += vr->nframes;
     }
     if (st) err_video(err, vr, v);
-    dst += (size_t)p->rows * (size_t)cols;
+    dst += (size_t)p->rows * row_bytes;
   }
   sc->vision_s += mml_now() - t0;
   if (st) return st;

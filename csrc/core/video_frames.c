@@ -9,7 +9,10 @@
  * rounded back to integers as torchvision's resize of a uint8 video does), then
  * (x - m) / s with m = float(mean * 255), s = float(std * 255) as the torchvision backend
  * fuses rescale and normalise, scattered straight into the rows of the frame's temporal
- * patch.  Only one frame is alive at a time, whatever the frame count.
+ * patch in the pixel format (bfloat16: that value rounded; uint8: the integral values
+ * before normalising, which exist only when the processor keeps the size).  Only one
+ * frame is alive at a time, whatever the frame count.  The tail from the qwen-vl-utils
+ * size on (mml_video_frame_write) is shared with video files.
  *
  * Threads: the scratch belongs to one worker; the cfg is shared and immutable.
  */
@@ -27,9 +30,10 @@
 
 struct mml_video_scratch {
   mml_decoder *dec;
-  mml_bytes rgb;       /* the frame after fetch_image's resize, interleaved RGB8 */
-  float *a, *b;        /* float planes */
-  size_t a_cap, b_cap; /* in floats */
+  mml_bytes rgb;              /* the frame after fetch_image's resize, interleaved RGB8 */
+  float *a, *b;               /* float planes up to the qwen-vl-utils size */
+  float *d;                   /* float planes after the processor's resize */
+  size_t a_cap, b_cap, d_cap; /* in floats */
 };
 
 mml_status mml_video_scratch_new(mml_video_scratch **out) {
@@ -48,6 +52,7 @@ void mml_video_scratch_free(mml_video_scratch *s) {
   mml_bytes_free(&s->rgb);
   free(s->a);
   free(s->b);
+  free(s->d);
   free(s);
 }
 
@@ -104,6 +109,12 @@ static mml_status plan_finish(const mml_vision_cfg *cfg, mml_video_plan *p, mml_
           : mml_smart_resize(p->qvu_h, p->qvu_w, f, cfg->video_min_pixels, cfg->video_max_pixels,
                              MML_RESIZE_TRANSFORMERS, &p->dst_h, &p->dst_w, err);
   if (st) return st;
+  if (cfg->pixel_format == MML_PIXEL_UINT8 && (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h))
+    return mml_err_set(err, MML_EVIDEO,
+                       "pixel_format=uint8 cannot hold this video: the processor resizes its "
+                       "%dx%d frames to %dx%d, whose values are not bytes (use float32 or "
+                       "bfloat16, or video limits that keep the size)",
+                       p->qvu_w, p->qvu_h, p->dst_w, p->dst_h);
   p->grid_t = (int)((p->nframes + T - 1) / T);
   p->grid_h = p->dst_h / cfg->patch_size;
   p->grid_w = p->dst_w / cfg->patch_size;
@@ -165,11 +176,51 @@ mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v
   return MML_OK;
 }
 
-/* Normalises one frame (float planes, dst size) into its temporal slot of `out`. */
+/* float32 -> bfloat16, round to nearest even (the values are finite). */
+static uint16_t bf16_rne(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Scatters frame k (float planes, dst size) into its temporal slot of `out`, each value
+ * x written as VALUE(x, c) of type TYPE. */
+#define SCATTER(TYPE, VALUE)                                                      \
+  do {                                                                            \
+    TYPE *base = (TYPE *)out + (size_t)g * p->grid_h * p->grid_w * cols;          \
+    for (int bh = 0; bh < bh_n; bh++)                                             \
+      for (int bw = 0; bw < bw_n; bw++)                                           \
+        for (int mh = 0; mh < M; mh++)                                            \
+          for (int mw = 0; mw < M; mw++) {                                        \
+            size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;            \
+            TYPE *r = base + row * cols;                                          \
+            int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;                   \
+            for (int c = 0; c < 3; c++) {                                         \
+              TYPE *o = r + ((size_t)c * T + t) * P * P;                          \
+              const float *src = planes + c * plane;                              \
+              for (int py = 0; py < P; py++) {                                    \
+                const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;        \
+                for (int px = 0; px < P; px++) o[py * P + px] = VALUE(sr[px], c); \
+              }                                                                   \
+            }                                                                     \
+          }                                                                       \
+  } while (0)
+
+#define NORM(x, c) (((x)-m[c]) / s[c])
+#define NORM16(x, c) bf16_rne(NORM(x, c))
+/* integral values in [0, 255] (no processor resize): the same quotients from a table */
+#define LUT32(x, c) lut[c][(int)(x)]
+#define LUT16(x, c) lut16[c][(int)(x)]
+#define BYTE(x, c) ((uint8_t)(x)) /* integral in [0, 255]: the plan refuses other uint8 videos */
+
+/* Normalises one frame (float planes, dst size) into its temporal slot of `out` in
+ * cfg->pixel_format: (x - m) / s in float32 (the torchvision backend's fused rescale and
+ * normalise, m = float32(mean) * 255, s = float32(std) * 255), that value rounded to
+ * bfloat16, or the integral value itself as a byte. */
 static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const float *planes,
-                    int64_t k, float *out) {
+                    int64_t k, void *out) {
   const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
-  const int cols = mml_vision_pixel_cols(cfg);
+  const size_t cols = (size_t)mml_vision_video_cols(cfg);
   const int64_t g = k / T, t = k % T;
   const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
   const size_t plane = (size_t)p->dst_w * p->dst_h;
@@ -178,23 +229,51 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
     m[c] = cfg->mean[c] * 255.0f;
     s[c] = cfg->std[c] * 255.0f;
   }
-  float *base = out + (size_t)g * p->grid_h * p->grid_w * cols;
-  for (int bh = 0; bh < bh_n; bh++)
-    for (int bw = 0; bw < bw_n; bw++)
-      for (int mh = 0; mh < M; mh++)
-        for (int mw = 0; mw < M; mw++) {
-          size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;
-          float *r = base + row * cols;
-          int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
-          for (int c = 0; c < 3; c++) {
-            float *o = r + ((size_t)c * T + t) * P * P;
-            const float *src = planes + c * plane;
-            for (int py = 0; py < P; py++) {
-              const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;
-              for (int px = 0; px < P; px++) o[py * P + px] = (sr[px] - m[c]) / s[c];
-            }
-          }
-        }
+  if (cfg->pixel_format == MML_PIXEL_UINT8) {
+    SCATTER(uint8_t, BYTE);
+    return;
+  }
+  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* resized: values between the bytes */
+    if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+      SCATTER(uint16_t, NORM16);
+    else
+      SCATTER(float, NORM);
+    return;
+  }
+  float lut[3][256];
+  uint16_t lut16[3][256];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) {
+      lut[c][v] = NORM((float)v, c);
+      lut16[c][v] = bf16_rne(lut[c][v]);
+    }
+  if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER(uint16_t, LUT16);
+  else
+    SCATTER(float, LUT32);
+}
+#undef SCATTER
+#undef NORM
+#undef NORM16
+#undef LUT32
+#undef LUT16
+#undef BYTE
+
+mml_status mml_video_frame_write(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                 const mml_video_plan *p, const float *planes, int64_t k, void *out,
+                                 mml_err *err) {
+  if (k < 0 || k >= p->nframes)
+    return mml_err_set(err, MML_EINVAL, "video: frame %lld of %lld", (long long)k,
+                       (long long)p->nframes);
+  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
+    mml_status st = fit(&s->d, &s->d_cap, (size_t)3 * p->dst_w * p->dst_h, err);
+    if (!st)
+      st = mml_resize_aa_bicubic_f32(planes, 3, p->qvu_w, p->qvu_h, s->d, p->dst_w, p->dst_h, err);
+    if (st) return st;
+    planes = s->d;
+  }
+  scatter(cfg, p, planes, k, out);
+  return MML_OK;
 }
 
 /* Room for the float planes of every step of one frame. */
@@ -212,7 +291,7 @@ static mml_status planes_fit(mml_video_scratch *s, const mml_video_plan *p, mml_
  * resizes a uint8 video), the processor's resize, then its rows of temporal slot k. */
 static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
                              const mml_video_plan *p, const uint8_t *rgb, size_t stride, int64_t k,
-                             float *out, mml_err *err) {
+                             void *out, mml_err *err) {
   const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h;
   mml_status st;
   float *a = s->a, *b = s->b;
@@ -228,23 +307,18 @@ static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
   if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
     if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
       return st;
-    for (size_t i = 0; i < 3 * qpx; i++) b[i] = nearbyintf(fminf(fmaxf(b[i], 0.0f), 255.0f));
-    float *x = a;
-    a = b;
-    b = x;
-  }
-  if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* the processor's own resize */
-    if ((st = mml_resize_aa_bicubic_f32(a, 3, p->qvu_w, p->qvu_h, b, p->dst_w, p->dst_h, err)))
-      return st;
+    for (size_t i = 0; i < 3 * qpx; i++) { /* clamp (no NaN here), round half to even */
+      float v = b[i] < 0.0f ? 0.0f : b[i] > 255.0f ? 255.0f : b[i];
+      b[i] = nearbyintf(v);
+    }
     a = b;
   }
-  scatter(cfg, p, a, k, out);
-  return MML_OK;
+  return mml_video_frame_write(cfg, s, p, a, k, out, err);
 }
 
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
                                   mml_vision_scratch *vs, const mml_video_ref *v,
-                                  const mml_bytes *frames, const mml_video_plan *p, float *out,
+                                  const mml_bytes *frames, const mml_video_plan *p, void *out,
                                   mml_err *err) {
   const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
   mml_decoder_set_opts(s->dec, &opts);
@@ -328,7 +402,7 @@ typedef struct file_ctx {
   const mml_vision_cfg *cfg;
   mml_video_scratch *s;
   const mml_video_plan *p;
-  float *out;
+  void *out;
 } file_ctx;
 
 static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
@@ -340,7 +414,7 @@ static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
 }
 
 mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *s, mml_video *v,
-                                  const mml_video_plan *p, float *out, mml_err *err) {
+                                  const mml_video_plan *p, void *out, mml_err *err) {
   mml_video_info info;
   mml_status st = mml_video_probe(v, &info, err);
   if (st) return st;

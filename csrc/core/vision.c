@@ -88,6 +88,14 @@ size_t mml_vision_row_bytes(const mml_vision_cfg *cfg) {
   return (size_t)mml_vision_pixel_cols(cfg) * mml_dtype_size(mml_vision_pixel_dtype(cfg));
 }
 
+int mml_vision_video_cols(const mml_vision_cfg *cfg) {
+  return 3 * cfg->temporal_patch_size * cfg->patch_size * cfg->patch_size;
+}
+
+size_t mml_vision_video_row_bytes(const mml_vision_cfg *cfg) {
+  return (size_t)mml_vision_video_cols(cfg) * mml_dtype_size(mml_vision_pixel_dtype(cfg));
+}
+
 mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
   if (cfg->patch_size < 1 || cfg->patch_size > 1024)
     return mml_err_set(err, MML_ECONFIG, "patch_size must be in [1, 1024], got %d",

@@ -1,8 +1,9 @@
 /*
  * binding.h — the contract between the CPython binding files.  module.c defines the
  * module (multi-phase init, PEP 489) and its state; its exec step calls each file's
- * mml_py_<area>_exec, which adds that file's functions and builds its types.  Every type
- * lives in its own file and is a heap type made from a PyType_Spec; the types and the
+ * mml_py_<area>_exec, which adds that file's functions and builds its types.  Each type
+ * lives in its own file (VisionBuffer, VisionProcessor's output, beside it) and is a heap
+ * type made from a PyType_Spec; none is a static PyTypeObject.  The types and the
  * exception classes live in the module state (mml_py_state), never in C globals, so each
  * module object (a subinterpreter's, a reload's) has its own.  Only files under csrc/py
  * include Python.h.

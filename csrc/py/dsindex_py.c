@@ -178,8 +178,7 @@ static PyObject *py_read_index(PyObject *mod, PyObject *args) {
   return r;
 }
 
-static PyObject *py_index_path(PyObject *self, PyObject *args) {
-  (void)self;
+static PyObject *py_index_path(PyObject *mod, PyObject *args) {
   const char *shard, *out = NULL;
   if (!PyArg_ParseTuple(args, "s|z", &shard, &out)) return NULL;
   mml_bytes b = {0};

@@ -18,16 +18,18 @@ What the batches hold (the keys and dtypes ``vlm_step`` / ``qwen3_vl_step`` read
 ``tokens`` int64 ``[B, L]``, ``labels`` int64 (shifted, -100 where not trained),
 ``loss_mask`` float32, ``position_ids`` int64 ``[B, L]`` (the Qwen-VL models compute M-RoPE
 themselves) and ``visual_inputs``: a Bridge ``GenericVisualInputs`` with ``pixel_values``
-float32 ``[patches, patch_dim]`` and ``image_grid_thw`` int64 ``[images, 3]``, or None for a
-batch without images.  With ``packing=True`` (``vlm_step`` only: ``qwen3_vl_step`` refuses
+float32 ``[patches, patch_dim]`` and ``image_grid_thw`` int64 ``[images, 3]`` (None without
+images), ``pixel_values_videos`` float32 ``[video patches, patch_dim]``, ``video_grid_thw``
+int64 ``[videos, 3]`` and, Qwen2.5-VL, ``second_per_grid_ts`` float32 ``[videos]`` (None
+without videos), or None for a batch with neither.  With ``packing=True`` (``vlm_step`` only: ``qwen3_vl_step`` refuses
 collate-time packing and packs in the step) a batch is one ``[1, seq_length]`` row plus
 Bridge's packed layout: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (real boundaries),
 ``cu_seqlens_q_padded`` / ``cu_seqlens_kv_padded`` (slot boundaries covering the row), all
 int32, and ``max_seqlen_q`` / ``max_seqlen_kv`` (int32 scalars).
 
 Where the batches are: on the current CUDA device when there is one (``device`` in
-``loader_kwargs`` overrides it), copied there with ``pixel_values`` as uint8 patches and
-expanded on the device into exactly the float32 values (``mmloader.torch.Loader``'s
+``loader_kwargs`` overrides it), copied there with ``pixel_values`` and ``pixel_values_videos``
+as uint8 patches and expanded on the device into exactly the float32 values (``mmloader.torch.Loader``'s
 ``wire_format``; ``loader_kwargs={"wire_format": "float32"}`` copies float32).
 
 Where the settings come from: data-parallel rank and size from ``context.pg_collection.dp``
@@ -65,6 +67,24 @@ _PACKED = (
 )
 
 
+_VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def visual_inputs(b: Dict[str, Any]) -> Optional[GenericVisualInputs]:
+    """The batch's images and videos as Bridge's ``GenericVisualInputs``: ``pixel_values`` /
+    ``image_grid_thw`` unless the batch has only the text-only placeholder (grid of zeros),
+    ``pixel_values_videos`` / ``video_grid_thw`` (+ ``second_per_grid_ts``, Qwen2.5-VL) when
+    it has videos; None for a batch with neither."""
+    grid = b.get("image_grid_thw")
+    images = grid is not None and int(grid[0, 0]) != 0
+    videos = {k: b[k] for k in _VIDEO_KEYS if k in b}
+    if not images and not videos:
+        return None
+    if images:
+        videos.update(pixel_values=b["pixel_values"], image_grid_thw=grid)
+    return GenericVisualInputs(**videos)
+
+
 class BridgeBatches:
     """An iterator of batches in the layout of Bridge's VLM steps, over an
     :class:`mmloader.torch.Loader` (``.loader``) whose state it saves and restores."""
@@ -78,12 +98,7 @@ class BridgeBatches:
     def __next__(self) -> Dict[str, Any]:
         b = next(self.loader)
         out: Dict[str, Any] = {k: b[k] for k in ("tokens", "labels", "loss_mask", "position_ids")}
-        grid = b["image_grid_thw"]
-        out["visual_inputs"] = (
-            None
-            if int(grid[0, 0]) == 0
-            else GenericVisualInputs(pixel_values=b["pixel_values"], image_grid_thw=grid)
-        )
+        out["visual_inputs"] = visual_inputs(b)
         for ours, names in _PACKED:
             if ours in b:
                 v = b[ours].reshape(()) if ours == "max_seqlen" else b[ours]

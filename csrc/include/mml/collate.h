@@ -57,8 +57,9 @@ typedef enum {
  *   pixel_values     pixel_values      [rows, pixel_cols] float32 / bfloat16 / uint8 (as
  *                                      cfg.pixel_format), all images in order
  *   image_grid_thw   image_grid_thw    int64 [n_images, 3]; text-only: cfg.text_only_vision
- *   pixel_values_videos (same)         float32 [video rows, pixel_cols], every video in order;
- *                                      only in batches with videos (as the HF processors)
+ *   pixel_values_videos (same)         [video rows, video_cols] in cfg.pixel_format, every
+ *                                      video in order; only in batches with videos (as the
+ *                                      HF processors)
  *   video_grid_thw   (same)            int64 [n_videos, 3]
  *   second_per_grid_ts (same)          float32 [n_videos] (cfg.second_per_grid: Qwen2.5-VL)
  *   cu_seqlens       -                 packed only: int32 [n+1], offsets of the sample slots
@@ -102,7 +103,10 @@ typedef struct mml_collate_cfg {
                             MML_QWEN25_TOKENS_PER_SECOND (Qwen2.5-VL) */
   int split_video_frames; /* 1: Qwen3-VL positions (one block per temporal patch) */
   int pixel_cols;         /* values per pixel_values row (mml_vision_pixel_cols) */
-  int pixel_format;       /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values */
+  int pixel_format;       /* MML_PIXEL_* (mml/vision.h): the dtype of pixel_values and
+                            pixel_values_videos */
+  int video_cols;         /* values per pixel_values_videos row (mml_vision_video_cols;
+                            0: pixel_cols) */
   int text_only_vision;   /* mml_text_only_vision */
   int mm_token_type_ids;  /* 1: qwen keys also carry mm_token_type_ids (transformers >= 5) */
   int rows_dynamic;       /* padded: a batch has as many rows as samples and the engine

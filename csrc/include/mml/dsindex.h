@@ -3,8 +3,8 @@
  * ("<shard>.mmlidx" next to it, or "<name>.<path hash>.mmlidx" in an index folder:
  * mml_dsx_sidecar_path) holding what a loader would
  * otherwise compute at start or per sample: the shard's record offsets (the scan) and,
- * per sample, its status, text token count and each image's header size and exact
- * vision-token count (so lengths are known before any read or decode).
+ * per sample, its status, text token count and each image's (and video's) header size
+ * and exact vision-token count (so lengths are known before any read or decode).
  *
  * FORMAT (version 1; all integers little-endian; documented in docs/index-format.md)
  *   header, 128 bytes:
@@ -45,15 +45,18 @@
 enum { MML_DSX_HEADER = 128 };
 
 typedef struct mml_dsx_sample {
-  uint32_t text_tokens; /* template ids minus image pads (0 when status != 0) */
-  uint16_t nimages;     /* images planned (0 when status != 0) */
+  uint32_t text_tokens; /* template ids minus image and video pads (0 when status != 0) */
+  uint16_t nimages;     /* entries planned (0 when status != 0): its images, then its videos */
   uint8_t status;       /* 0, or the mml_status the sample failed with */
-  uint8_t reserved;
+  uint8_t nvideos;      /* the last nvideos of its nimages entries are videos (0 in indexes
+                           built before videos were counted: the byte was reserved, 0) */
 } mml_dsx_sample;
 
 typedef struct mml_dsx_image {
-  uint32_t width, height; /* header size (after the route's EXIF orientation) */
-  uint32_t tokens;        /* <|image_pad|> tokens under the key's vision settings */
+  uint32_t width, height; /* header size (after the route's EXIF orientation); a video's:
+                             its frames' decoded size */
+  uint32_t tokens;        /* <|image_pad|> (a video's: <|video_pad|>) tokens under the key's
+                             vision settings */
 } mml_dsx_image;
 
 /* One shard's index, in memory. */
@@ -110,12 +113,18 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
 
 /* ---- building (dsindex_build.c, with a loader's scan, parser, settings, fetcher) ---- */
 
+/* The videos whose counts the builder records (in the settings key, so that an index
+ * built when a kind of video was refused is not trusted once it is loaded): frame lists;
+ * video files are refused (MML_EVIDEO) by the loader and the builder alike. */
+#define MML_DSX_VIDEOS "frame-lists"
+
 /* Image bytes read for a header: the whole image only when its header is not in them. */
 #define MML_DSX_HEAD_BYTES 16384
 
 typedef struct mml_index_summary {
   int64_t samples, good, resumed; /* resumed: entries kept from a partial file */
   int64_t images, text_tokens, image_tokens;
+  int64_t videos, video_tokens;
   int64_t image_token_hist[32]; /* planned images by tokens t: bucket floor(log2(t)) */
   int64_t by_status[MML_STATUS_COUNT];
   char example[MML_STATUS_COUNT][320]; /* the first failure of each status, with where */

@@ -33,7 +33,8 @@ typedef struct mml_sample {
   int64_t vision_tokens; /* its <|image_pad|> tokens (also in a planning pass, which
                           has no grids) */
   /* videos (mml/video_frames.h), in order of appearance */
-  mml_bytes vpixels;   /* float32 [vpixel_rows, pixel_cols]: pixel_values_videos rows */
+  mml_bytes vpixels;   /* [vpixel_rows, mml_vision_video_cols] in the pixel format:
+                          pixel_values_videos rows */
   int64_t vpixel_rows; /* planned rows */
   int vpixels_pending; /* 1: planned, vpixels not decoded yet (mml_sample_decode_videos) */
   mml_ids vgrids;      /* int32 [nvideos * 3]: (t, h, w) per video */

@@ -61,7 +61,8 @@ void mml_video_scratch_free(mml_video_scratch *s);
  * metadata says) when not NULL.  Failures: the image header's (MML_EDECODE,
  * MML_EUNSUPPORTED, MML_ETOOBIG), MML_ERECORD (frames of different sizes after
  * fetch_image — torch.stack refuses them — or a budget qwen-vl-utils rejects),
- * MML_EASPECT. */
+ * MML_EASPECT, MML_EVIDEO (pixel_format uint8 and a processor resize, see
+ * mml_video_frame_write). */
 mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
                                const mml_bytes *frames, mml_video_plan *p, double *ts,
                                mml_err *err);
@@ -78,15 +79,29 @@ mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *
 /* Decodes exactly the planned frames of an opened video file (the same file the plan
  * probed: frame count, rate and size are checked, MML_EVIDEOCORRUPT when they changed),
  * each straight through fetch_video's resize, the processor's resize, normalise and
- * patchify into `out` (p->rows * mml_vision_pixel_cols(cfg) floats); one RGB frame alive
+ * patchify into `out` (p->rows rows of mml_vision_video_row_bytes(cfg) bytes, in
+ * cfg->pixel_format); one RGB frame alive
  * at a time. */
 mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *s, mml_video *v,
-                                  const mml_video_plan *p, float *out, mml_err *err);
+                                  const mml_video_plan *p, void *out, mml_err *err);
 /* Decodes, resizes, normalises and patchifies a planned frame list into `out`
- * (p->rows * mml_vision_pixel_cols(cfg) floats). */
+ * (p->rows rows of mml_vision_video_row_bytes(cfg) bytes, in cfg->pixel_format). */
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
                                   mml_vision_scratch *vs, const mml_video_ref *v,
-                                  const mml_bytes *frames, const mml_video_plan *p, float *out,
+                                  const mml_bytes *frames, const mml_video_plan *p, void *out,
                                   mml_err *err);
+/* The tail every planned video's frame k (0 <= k < p->nframes) goes through, whatever its
+ * source: `planes` holds its 3 float planes (R, G, B) at the qwen-vl-utils size (qvu_w x
+ * qvu_h, integral values as fetch_video leaves them); the processor's resize when the plan
+ * changes the size, then normalise in cfg->pixel_format and write the frame into its
+ * temporal slot of `out` (the video's rows, as mml_video_process_list).  Formats:
+ *   float32   (x - 255 mean) / (255 std) in float32 (the torchvision backend's fused form)
+ *   bfloat16  that value rounded to nearest even
+ *   uint8     x itself; mml_video_plan_* refuse (MML_EVIDEO) a uint8 video whose size the
+ *             processor changes, as its values are then not bytes.
+ * mmloader.torch.expand_pixels(..., videos=True) turns uint8 rows into the float values. */
+mml_status mml_video_frame_write(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                 const mml_video_plan *p, const float *planes, int64_t k, void *out,
+                                 mml_err *err);
 
 #endif

@@ -70,6 +70,10 @@ enum { MML_ROUTE_PROCESSOR = 0, MML_ROUTE_LOAD_IMAGE = 1, MML_ROUTE_QWEN_VL_UTIL
 int mml_vision_pixel_cols(const mml_vision_cfg *cfg);
 /* Bytes of one such row, and the element type of cfg->pixel_format. */
 size_t mml_vision_row_bytes(const mml_vision_cfg *cfg);
+/* Values and bytes per pixel_values_videos row: 3*T*P*P in every format (a video's T
+ * frames are distinct, uint8 keeps them all), times the format's element size. */
+int mml_vision_video_cols(const mml_vision_cfg *cfg);
+size_t mml_vision_video_row_bytes(const mml_vision_cfg *cfg);
 mml_dtype mml_vision_pixel_dtype(const mml_vision_cfg *cfg);
 /* The element type of an MML_PIXEL_* format (MML_DT_FLOAT32 for an unknown one). */
 mml_dtype mml_pixel_format_dtype(int format);

@@ -1,0 +1,139 @@
+"""The dataset index counts videos (frame lists): each video's <|video_pad|> tokens (and
+Qwen3-VL's timestamp text) are what the loader plans, from the frames' headers alone;
+batches and the global plan with the index are bitwise those without."""
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import mmloader
+from mmloader import dsindex
+from conftest import same
+
+Image = pytest.importorskip("PIL.Image")
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+VISION = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
+
+
+@pytest.fixture(scope="module")
+def vds(tmp_path_factory):
+    """Records mixing images, frame-list videos (JPEG and PNG frames, two sizes, per-video
+    keys) and text; plus one with a missing frame (a failed sample)."""
+    root = tmp_path_factory.mktemp("vindex")
+    rng = np.random.default_rng(7)
+    frames = {}
+    for size, ext in (((96, 64), "jpg"), ((150, 100), "png")):
+        paths = []
+        for i in range(6):
+            a = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            p = str(root / f"f{size[0]}_{i}.{ext}")
+            Image.fromarray(a).save(p)
+            paths.append(p)
+        frames[ext] = paths
+    a = {"from": "gpt", "value": "An answer."}
+
+    def q(t):
+        return {"from": "human", "value": t}
+
+    recs = [
+        {
+            "conversations": [q("<image> and <video>?"), a],
+            "images": [frames["jpg"][0]],
+            "videos": [frames["jpg"][1:5]],
+        },
+        {
+            "conversations": [q("<video> then <video>"), a],
+            "videos": [
+                frames["png"],
+                {"video": frames["jpg"][:3], "sample_fps": 1.0, "raw_fps": 30.0},
+            ],
+        },
+        {
+            "conversations": [q("<video>small"), a],
+            "videos": [
+                {"video": frames["png"][:4], "min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 8}
+            ],
+        },
+        {"conversations": [q("<image>What is it?"), a], "images": [frames["png"][5]]},
+        {"conversations": [q("Just text."), a]},
+        {"conversations": [q("<video>gone"), a], "videos": [[frames["jpg"][0], "missing.jpg"]]},
+    ] * 3
+    shard = str(root / "mixed.jsonl")
+    with open(shard, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    return shard
+
+
+def epoch(data, **kw):
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=2,
+        num_threads=2,
+        prefetch=2,
+        seed=3,
+        max_error_rate=1.0,
+        **VISION,
+    )
+    args.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(data, **args) as L:
+            out = [{k: np.array(v.numpy(), copy=True) for k, v in b.items()} for b in L]
+            return out, L.index_shards, L.stats()
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_video_counts_are_the_loaders(vds, tmp_path, preset):
+    out = str(tmp_path / preset)
+    s = dsindex.build([vds], tokenizer=TINY, threads=2, preset=preset, out=out, **VISION)
+    assert s["samples"] == 18 and s["good"] == 15, s
+    assert s["bad"] == {"missing_file": 3}, s
+    x = dsindex.read(os.path.join(out, os.listdir(out)[0]))
+    assert "videos=frame-lists" in x["settings"] and "video_family=" in x["settings"]
+    # the loader's own count of every sample, one per batch in stream order
+    b, n, _ = epoch(vds, preset=preset, micro_batch_size=1, shuffle=False, index=False)
+    assert n == 0
+    want = [y["input_ids"].shape[1] for y in b]
+    got = [
+        t + sum(e[2] for e in im)
+        for t, st, im in zip(x["text_tokens"], x["status"], x["images"])
+        if st == 0
+    ]
+    # (an epoch keeps its 18 batches: the skipped samples' places go to the next ones)
+    assert len(want) == 18 and got == want[:15]
+    assert sum("video_grid_thw" in y for y in b[:15]) == 9  # records 0, 1, 2 of each repeat
+    # batches with the index are those without; the global plan takes the index's counts
+    for kw in ({}, dict(max_tokens_per_batch=1500, balance="tokens", micro_batch_size=None)):
+        a, n, st = epoch(vds, preset=preset, index=out, **kw)
+        c, n0, st0 = epoch(vds, preset=preset, index=False, **kw)
+        assert n == 1 and n0 == 0
+        same(a, c)
+        assert st["skipped_by_reason"] == st0["skipped_by_reason"] == {"missing_file": 3}
+
+
+def test_video_limits_are_in_the_settings_key(vds, tmp_path):
+    """The video processor's limits change video counts, so they are in the settings key:
+    a checkpoint with other video limits keeps the index's offsets, not its counts (with a
+    warning), and its batches are still those without an index."""
+    out = str(tmp_path / "idx")
+    dsindex.build([vds], tokenizer=TINY, threads=1, out=out, **VISION)
+    model = tmp_path / "model"
+    model.mkdir()
+    size = {"shortest_edge": 3136, "longest_edge": 28 * 28 * 40}
+    (model / "video_preprocessor_config.json").write_text(json.dumps({"size": size}))
+    with pytest.warns(UserWarning, match="built with other settings"):
+        with mmloader.Loader(
+            vds, tokenizer=TINY, index=out, model_dir=str(model), max_error_rate=1.0, **VISION
+        ) as L:
+            next(iter(L))
+    a, n, _ = epoch(vds, index=out, model_dir=str(model))
+    c, _, _ = epoch(vds, index=False, model_dir=str(model))
+    assert n == 0  # counts not used
+    same(a, c)
+    assert epoch(vds, index=out)[1] == 1
+    b, _, _ = epoch(vds, index=False)
+    assert not all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(b, c))
