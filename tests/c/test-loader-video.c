@@ -11,19 +11,18 @@
  * MML_TEST_TOKENIZER).
  */
 #include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "mml/loader.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 #define SEEDS "../../fuzz/corpus/video/"
 static const char *k_videos[] = {"h264.mp4", "h264.mkv", "vp9.webm", "mpeg4.avi", "hevc.mov"};
 enum { NVIDEOS = 5, NLINES = 14, NITEMS = NLINES / 3 + 1 }; /* one epoch and its end */
 
-static char g_dir[64];
 static char g_shard[128];
-static mml_tokenizer *g_tok;
+static int make_dataset(const char *dir);
+static mml_fixture g_fx = {"lvideo", make_dataset};
 
 static int copy_file(const char *from, const char *to, size_t keep) {
   mml_bytes b = {0};
@@ -40,19 +39,17 @@ static int copy_file(const char *from, const char *to, size_t keep) {
 
 /* Lines: a video (every seed in turn), a text-only turn, or (lines 7 and 12) a corrupt
  * file and a video asked for more frames than it has. */
-static int make_dataset(void) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/mml-test-lvideo-XXXXXX");
-  if (!mkdtemp(g_dir)) return -1;
+static int make_dataset(const char *dir) {
   char from[256], to[160];
   for (int i = 0; i < NVIDEOS; i++) {
     snprintf(from, sizeof from, SEEDS "%s", k_videos[i]);
-    snprintf(to, sizeof to, "%s/%s", g_dir, k_videos[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, k_videos[i]);
     if (copy_file(from, to, 0)) return -1;
   }
   snprintf(from, sizeof from, SEEDS "h264.mp4");
-  snprintf(to, sizeof to, "%s/junk.mp4", g_dir);
+  snprintf(to, sizeof to, "%s/junk.mp4", dir);
   if (copy_file(from, to, 40)) return -1; /* the ftyp box and no more */
-  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", g_dir);
+  snprintf(g_shard, sizeof g_shard, "%s/data.jsonl", dir);
   FILE *f = fopen(g_shard, "w");
   if (!f) return -1;
   for (int i = 0; i < NLINES; i++) {
@@ -73,31 +70,6 @@ static int make_dataset(void) {
   return 0;
 }
 
-static void remove_dataset(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_dir);
-  mml_tokenizer_free(g_tok);
-  g_tok = NULL;
-}
-
-static int fixture(void) {
-  if (g_tok) return 0;
-  const char *tp = getenv("MML_TEST_TOKENIZER");
-  if (!tp) tp = "../../mmloader/data/tiny-tokenizer.json";
-  mml_err err;
-  if (mml_tokenizer_load(tp, &g_tok, &err) != MML_OK) {
-    fprintf(stderr, "cannot load tokenizer %s: %s\n", tp, err.msg);
-    return -1;
-  }
-  if (make_dataset()) {
-    fprintf(stderr, "cannot write the dataset\n");
-    return -1;
-  }
-  atexit(remove_dataset);
-  return 0;
-}
-
 static void base_cfg(mml_loader_cfg *c, const char **data) {
   memset(c, 0, sizeof *c);
   data[0] = g_shard;
@@ -114,7 +86,7 @@ static void base_cfg(mml_loader_cfg *c, const char **data) {
   c->collate.attention_mask = 1;
   mml_err err;
   mml_vision_preset("qwen2.5-vl", &c->vision, &err);
-  c->tokenizer = g_tok;
+  c->tokenizer = g_fx.tok;
 }
 
 /* Hash of every tensor of the batch; *videos counts its pixel_values_videos rows. */
@@ -132,7 +104,7 @@ static uint64_t batch_hash(const mml_batch *b, int64_t *videos) {
 }
 
 TEST(loader_video_files_same_output_any_threads) {
-  if (fixture()) FAIL_AT("no fixture (tokenizer or dataset)");
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
   const char *data[1];
   mml_loader_cfg c;
   uint64_t ref[NITEMS], got[NITEMS];
