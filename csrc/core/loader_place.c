@@ -162,13 +162,24 @@ static void assign_members(mml_loader *L, int64_t id) {
   }
 }
 
+/* Batches whose pixels are in memory ahead of the consumer: finished (output and pending
+ * queues) or being decoded (tickets with a buffer). */
+static int batches_ahead(mml_loader *L) {
+  int64_t n = L->out_count + (L->pend_tail - L->pend_head);
+  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) n += tk_at(L, id)->buf != NULL;
+  return (int)n;
+}
+
 /* Gives ticket `id` a fresh buffer of cap_rows rows: the rows the collator already took
- * are copied (and the collator `c` composing it switches to it), the rest placed anew. */
+ * are copied (and the collator `c` composing it switches to it), the rest placed anew.
+ * A ticket's first buffer waits while `prefetch` batches are ahead of the consumer (the
+ * depth a DataLoader's prefetch_factor x workers means), and for max_memory's room. */
 static int rebuffer(mml_loader *L, int64_t id, int64_t cap_rows, mml_collator *c) {
   ticket *k = tk_at(L, id);
   int earlier = 0; /* tickets get room in order: the head first */
   for (int64_t j = L->tk_head; j < id; j++) earlier |= tk_at(L, j)->pending_rows > 0;
-  if (earlier || !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes))) {
+  if (earlier || (!k->buf && batches_ahead(L) >= L->cfg.prefetch) ||
+      !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes))) {
     k->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;

@@ -116,6 +116,8 @@ TEST_DECLARE(test_fence_blocks_reuse)
 TEST_DECLARE(test_cache_limit)
 TEST_DECLARE(test_batch)
 TEST_DECLARE(test_concurrent_release)
+TEST_DECLARE(test_pages_move_between_buffers)
+TEST_DECLARE(test_steady_state_maps_nothing)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -282,6 +284,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_cache_limit)
     TEST_ENTRY(test_batch)
     TEST_ENTRY(test_concurrent_release)
+    TEST_ENTRY(test_pages_move_between_buffers)
+    TEST_ENTRY(test_steady_state_maps_nothing)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)
