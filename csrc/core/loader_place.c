@@ -162,12 +162,16 @@ static void assign_members(mml_loader *L, int64_t id) {
   }
 }
 
-/* Batches whose pixels are in memory ahead of the consumer: finished (output and pending
- * queues) or being decoded (tickets with a buffer). */
-static int batches_ahead(mml_loader *L) {
+/* Whether `prefetch` batches with pixels are ahead of the consumer, for ticket id's first
+ * buffer: finished ones (output and pending queues) and tickets with a buffer (being
+ * decoded).  The ticket holding the collator's next sample counts finished batches only:
+ * they drain without it (the consumer, the emitting workers), tickets only through it (a
+ * pack is complete only once the next sample is decoded and does not fit). */
+static int prefetch_full(mml_loader *L, int64_t id) {
   int64_t n = L->out_count + (L->pend_tail - L->pend_head);
-  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) n += tk_at(L, id)->buf != NULL;
-  return (int)n;
+  if (tk_at(L, id)->first_seq > L->head_seq)
+    for (int64_t j = L->tk_head; j <= L->tk_tail; j++) n += tk_at(L, j)->buf != NULL;
+  return n >= L->cfg.prefetch;
 }
 
 /* Gives ticket `id` a fresh buffer of cap_rows rows: the rows the collator already took
@@ -178,7 +182,7 @@ static int rebuffer(mml_loader *L, int64_t id, int64_t cap_rows, mml_collator *c
   ticket *k = tk_at(L, id);
   int earlier = 0; /* tickets get room in order: the head first */
   for (int64_t j = L->tk_head; j < id; j++) earlier |= tk_at(L, j)->pending_rows > 0;
-  if (earlier || (!k->buf && batches_ahead(L) >= L->cfg.prefetch) ||
+  if (earlier || (!k->buf && prefetch_full(L, id)) ||
       !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes))) {
     k->pending_rows = cap_rows;
     L->mem_blocked = 1;
