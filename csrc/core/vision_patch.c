@@ -264,15 +264,14 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void float_rows
   if (stream) _mm_sfence();
 }
 
-#define FLOAT_WRITER(NAME, BF16)                                                  \
-  __attribute__((target("avx2,fma"))) static void NAME(patch_ctx *g, int bh, int bw0, \
-                                                       int bw1) {                 \
-    if (g->P == 14)                                                               \
-      float_rows(g, bh, bw0, bw1, 14, BF16);                                      \
-    else if (g->P == 16)                                                          \
-      float_rows(g, bh, bw0, bw1, 16, BF16);                                      \
-    else                                                                          \
-      float_rows(g, bh, bw0, bw1, g->P, BF16);                                    \
+#define FLOAT_WRITER(NAME, BF16)                                                                 \
+  __attribute__((target("avx2,fma"))) static void NAME(patch_ctx *g, int bh, int bw0, int bw1) { \
+    if (g->P == 14)                                                                              \
+      float_rows(g, bh, bw0, bw1, 14, BF16);                                                     \
+    else if (g->P == 16)                                                                         \
+      float_rows(g, bh, bw0, bw1, 16, BF16);                                                     \
+    else                                                                                         \
+      float_rows(g, bh, bw0, bw1, g->P, BF16);                                                   \
   }
 FLOAT_WRITER(write_f32_avx2, 0)
 FLOAT_WRITER(write_bf16_avx2, 1)
