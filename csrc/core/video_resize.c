@@ -66,15 +66,19 @@ static inline float round_u8(float b) {
 #define MML_VRESIZE_AVX2 1
 #define K(name) name##_fma
 #define KFN __attribute__((target("fma")))
+#define KFMA(a, b, c) fmaf(a, b, c)
 #include "video_resize_kernel.h"
 #undef K
 #undef KFN
+#undef KFMA
 #endif
 #define K(name) name##_plain
 #define KFN
+#define KFMA(a, b, c) ((a) * (b) + (c))
 #include "video_resize_kernel.h"
 #undef K
 #undef KFN
+#undef KFMA
 
 #ifdef MML_VRESIZE_AVX2
 /* Below, every operation is spelled out: no contraction. */

@@ -2,11 +2,14 @@
  * video_resize_kernel.h — private to video_resize.c: the kernel body, included once per
  * compiled copy (K(name) gives each copy its own names, KFN its target attributes).
  */
+/* ((a + 2) * x - (a + 3)) * x * x + 1 and ((a * x - 5a) * x + 8a) * x - 4a, with the
+ * multiply-adds a contracting compiler fuses (KFMA) spelled out, so every optimisation
+ * level (the sanitizer builds' -O1 fuses nothing by itself) gives torch's weights. */
 KFN static float K(cubic_aa)(float x) {
   const float a = -0.5f;
   x = fabsf(x);
-  if (x < 1.0f) return ((a + 2) * x - (a + 3)) * x * x + 1;
-  if (x < 2.0f) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  if (x < 1.0f) return KFMA(KFMA(a + 2, x, -(a + 3)) * x, x, 1.0f);
+  if (x < 2.0f) return KFMA(KFMA(KFMA(a, x, -5 * a), x, 8 * a), x, -4 * a);
   return 0.0f;
 }
 
