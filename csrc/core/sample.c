@@ -129,9 +129,7 @@ static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec
   return MML_OK;
 }
 
-/* Prefixes err with "video <ref>" (a file, unless the decoder's message names it already)
- * or "video <v>" (a frame list). */
-static void err_video(mml_err *err, const mml_video_ref *vr, int v) {
+void mml_sample_err_video(mml_err *err, const mml_video_ref *vr, int v) {
   if (!vr->ref) {
     mml_err_prefix(err, "video %d", v);
     return;
@@ -161,7 +159,7 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
       frames += vr->nframes;
     }
     if (st) {
-      err_video(err, vr, v);
+      mml_sample_err_video(err, vr, v);
       return st;
     }
     sc->vtokens[v] =
@@ -200,7 +198,7 @@ mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *
       st = mml_video_process_list(pl->vision, sc->video, sc->vision, vr, frames, p, dst, err);
       frames += vr->nframes;
     }
-    if (st) err_video(err, vr, v);
+    if (st) mml_sample_err_video(err, vr, v);
     dst += (size_t)p->rows * row_bytes;
   }
   sc->vision_s += mml_now() - t0;

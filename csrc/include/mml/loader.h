@@ -360,6 +360,9 @@ mml_status mml_sample_image_path(const char *root, const char *ref, mml_bytes *o
  * followed) outside the root.  Checks names only: nothing is opened. */
 /* Prefixes err with "image <ref>" (the reference shortened in the middle). */
 void mml_sample_err_image(mml_err *err, const char *ref);
+/* Prefixes err with "video <ref>" (a file, unless the message names it already) or
+ * "video <v>" (a frame list: video v of the record). */
+void mml_sample_err_video(mml_err *err, const mml_video_ref *vr, int v);
 mml_status mml_sample_image_allowed(const mml_loader_cfg *cfg, const char *root, const char *ref,
                                     const char *resolved, int local_shard, mml_err *err);
 
