@@ -954,7 +954,7 @@ class Loader:
         page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
-        (rows copied because a sample failed only at decode; 0 otherwise), and
+        (image and video rows copied because a sample failed only at decode; 0 otherwise), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its samples delivered, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the samples

@@ -32,6 +32,19 @@ enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) *
 
 typedef struct task task;
 
+/* The two pixel planes of a batch: pixel_values (image rows) and pixel_values_videos
+ * (video rows), each its own buffer with its own row width. */
+enum { PL_IMG = 0, PL_VID = 1, PLANES = 2 };
+
+/* A sample's place in one plane: its first row in its ticket's plane, where its rows must
+ * go (dest, a reference held; NULL: not known yet) and where they are (home, once
+ * decoded). */
+typedef struct place_at {
+  int64_t row;
+  mml_buf *dest, *home;
+  size_t dest_off, home_off;
+} place_at;
+
 typedef struct fetch_ref {
   task *t;
   int which; /* -1: the record, else image index */
@@ -66,29 +79,30 @@ struct task {
   struct mml_video_plan *vplans;
   int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
-   * -1: not placed) and its first row there; where its pixels must go (dest, a reference
-   * held; NULL: not known yet) and where they are (home, once decoded) */
+   * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;
-  int64_t row;
   int dec;
-  mml_buf *dest, *home;
-  size_t dest_off, home_off;
+  place_at at[PLANES];
   task *next_dec;
   int64_t held; /* capacity of its byte buffers, counted in win_bytes (mu) */
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
  * pixel_values buffer once known. */
+typedef struct tk_plane {
+  int64_t rows;      /* rows placed */
+  int64_t done_rows; /* rows of its samples the collator has taken */
+  mml_buf *buf;      /* cap_rows rows; NULL until materialized */
+  int64_t cap_rows;
+  int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
+} tk_plane;
+
 typedef struct ticket {
   mml_compose comp; /* its composition so far */
   int64_t epoch;
-  int64_t rows;      /* pixel rows placed */
-  int64_t done_rows; /* rows of its samples the collator has taken */
-  int64_t first_seq; /* its first sample */
-  int closed;        /* complete by plan */
-  mml_buf *buf;      /* pixel_values, cap_rows rows; NULL until materialized */
-  int64_t cap_rows;
-  int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
+  int64_t first_seq;   /* its first sample */
+  int closed;          /* complete by plan */
+  tk_plane pl[PLANES]; /* pixel_values, pixel_values_videos */
 } ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
@@ -172,10 +186,10 @@ struct mml_loader {
   int ntk;
   int64_t tk_head, tk_tail;
   int64_t place_seq;
-  int64_t rows_bound;        /* packed: most rows a pack can hold; -1: padded */
-  size_t row_bytes;          /* bytes of one pixel_values row */
-  task *dec_head, *dec_tail; /* decode jobs, in placement order */
-  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
+  int64_t rows_bound[PLANES]; /* packed: most rows a pack can hold; -1: padded */
+  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row */
+  task *dec_head, *dec_tail;  /* decode jobs, in placement order */
+  uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -344,16 +358,19 @@ void ld_place_reset_locked(mml_loader *L);
 /* Keep the head ticket's part the collator holds (`c` composes it) and re-place every
  * sample from seq on (a placed sample failed at decode, or the plan wrapped). */
 void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq);
-/* The collator `c` takes a good sample of ticket tk whose rows lie at (dest, dest_off):
- * attaches the head ticket's buffer to c and checks they are where c expects them. */
-mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk, mml_buf *dest,
-                                size_t dest_off, int64_t rows, mml_err *err);
+/* The collator `c` takes good sample s of ticket tk whose rows lie at at[p].dest +
+ * dest_off: attaches the head ticket's buffers to c and checks they are where c expects
+ * them. */
+mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk,
+                                const place_at at[PLANES], const mml_sample *s, mml_err *err);
 /* The collator handed off the batch of the head ticket. */
 void ld_place_pop_locked(mml_loader *L);
 /* 1 when t's pixels are in their final place (the collator may take it). */
 int ld_place_ready(const mml_loader *L, const task *t);
 /* Releases t's placement (a slot reused or freed). */
 void ld_place_clear(task *t);
+/* 1 when every plane t has rows in has given it a destination (its decode may run). */
+int ld_place_has_dests(const task *t);
 /* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
 /* max_memory: 1 when a worker may start reading one more sample. */
@@ -370,8 +387,9 @@ void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* max_memory: t's byte buffers (re)counted once its reading is done. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
-/* A worker finished decoding t into (buf, off): its home; copied to dest if it moved. */
-void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off);
+/* A worker finished decoding t's plane p into (buf, off): its home; copied to dest if it
+ * moved. */
+void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off);
 
 /* loader_collator.c */
 void *ld_collator_main(void *loader);

@@ -12,10 +12,9 @@
  * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
  * (probe_videos: frame count, rate, size; nothing decoded) and closed again.  No pixel
  * work happens there: the planner (loader_place.c) puts the sample into its batch and
- * queues its decode with the destination, its slice of the batch's pixel_values buffer
- * (a sample with videos only: no destination); a worker then decodes it there and its
- * videos (reopened: video_open) into the sample's own video rows (decode_task) -> slot
- * DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
+ * queues its decode with its destinations, its slices of the batch's pixel_values and
+ * pixel_values_videos buffers; a worker then decodes its images and its videos
+ * (reopened: video_open) straight there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
  * by ranged reads through the fetcher (http(s), s3: blocking this worker), or from the
  * bytes of their WebDataset member (read or fetched with the images).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
@@ -439,9 +438,8 @@ static task *take_task_locked(mml_loader *L) {
         pthread_cond_broadcast(&L->work_cv);
         continue;
       }
-      /* unplaced meanwhile: it is queued again when placed (a sample with videos only has
-       * no destination: its pixels are its own) */
-      if (!t->dest && t->sample.pixel_rows > 0) continue;
+      /* unplaced meanwhile: it is queued again when placed */
+      if (!ld_place_has_dests(t)) continue;
       t->dec = DEC_RUNNING;
       return t;
     }
@@ -496,7 +494,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
     int later = t->sample.status == MML_OK && L->placing &&
-                (t->sample.pixel_rows > 0 || t->sample.vpixels_pending);
+                (t->sample.pixel_rows > 0 || t->sample.vpixel_rows > 0);
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
     t->state = later ? SLOT_PLANNED : SLOT_DONE;
     pthread_cond_signal(&L->coll_cv);
@@ -507,43 +505,49 @@ static void finish_task_locked(mml_loader *L, task *t) {
   if (t->state != SLOT_PLANNED) ld_bytes_return_locked(L, t); /* its bytes are no longer read */
 }
 
-/* Decodes a placed sample into the destination the planner gave it (captured under mu
- * with a reference: the planner may move it meanwhile, then the rows are copied). */
+/* Decodes a placed sample into the destinations the planner gave it, one per plane
+ * (captured under mu with references: the planner may move them meanwhile, then the rows
+ * are copied). */
 static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
-  mml_buf *buf = t->dest;
-  size_t off = t->dest_off;
-  mml_buf_retain(buf);
+  mml_buf *buf[PLANES];
+  size_t off[PLANES];
+  uint8_t *dst[PLANES];
+  for (int p = 0; p < PLANES; p++) {
+    buf[p] = t->at[p].dest;
+    off[p] = t->at[p].dest_off;
+    dst[p] = buf[p] ? (uint8_t *)buf[p]->data + off[p] : NULL;
+    mml_buf_retain(buf[p]);
+  }
   pthread_mutex_unlock(&L->mu);
   mml_err err;
   mml_err_clear(&err);
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
   mml_status st = MML_OK;
   run_acc acc = {0, 0};
-  if (buf)
-    st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages,
-                           (uint8_t *)buf->data + off, &err);
-  if (!st && t->sample.vpixels_pending) { /* its videos: their own buffer */
+  if (dst[PL_IMG])
+    st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  if (!st && dst[PL_VID]) {
     video_ctx c = {L, t, &acc};
-    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, &t->sample,
+    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
-  ld_mem_count_task_locked(L, t); /* the decoded video pixels */
   if (st) task_fail(t, st, &err, L);
   ld_bytes_return_locked(L, t); /* its image bytes are decoded */
   t->dec = DEC_NONE;
+  const int keep = !st && t->gen == L->gen;
+  for (int p = 0; p < PLANES; p++) {
+    if (keep && buf[p])
+      ld_place_decoded_locked(L, t, p, buf[p], off[p]); /* takes the reference */
+    else
+      mml_buf_release(buf[p]);
+  }
   if (t->gen != L->gen) {
-    mml_buf_release(buf);
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
     return;
-  }
-  if (st || !buf) {
-    mml_buf_release(buf);
-  } else {
-    ld_place_decoded_locked(L, t, buf, off); /* takes the reference */
   }
   if (!st) L->images += (uint64_t)t->sample.nimages;
   t->state = SLOT_DONE;
