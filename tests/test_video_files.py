@@ -295,6 +295,34 @@ def test_remote_http_and_s3_equal_local(vdir, tmp_path, fault_server, moto_s3):
     same(want, batches(write_shard(str(tmp_path / "s.jsonl"), [rec(url)]), **s3)[0])
 
 
+def test_each_file_is_opened_once_per_sample(vdir, tmp_path, fault_server):
+    """The plan stage's probe keeps the file open for the decode: one open (one HEAD, one
+    packet pass over an mkv, which reads it whole) per sample planned, not one more for
+    its decode; batches unchanged."""
+    mkv = make_video(str(tmp_path / "v.mkv"), "libx264", n=96, w=160, h=120, gop=12, noise=True)
+    srv = fault_server(objects={"/v/v.mkv": open(mkv, "rb").read()})
+    n, window = 8, 2
+
+    def recs(ref):
+        return [
+            {
+                "conversations": [{"from": "human", "value": f"<video>{i}"}],
+                "videos": [{"video": ref, "nframes": 4 + 2 * (i % 3)}],
+            }
+            for i in range(n)
+        ]
+
+    kw = dict(num_threads=2, window=window, prefetch=1)
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(mkv)), **kw)
+    got, _ = batches(write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/v/v.mkv"))), **kw)
+    same(want, got)
+    assert len(got) == n
+    # one open per sample planned: the n samples and the few of the next epoch planned
+    # ahead (the window); opening each again to decode it made it at least 2 * n
+    heads = sum(1 for e in srv.log if e[1] == "HEAD" and e[2] == "/v/v.mkv")
+    assert n <= heads < 2 * n, heads
+
+
 def tar_shard(path, members):
     with tarfile.open(path, "w") as tar:
         for name, data in members:

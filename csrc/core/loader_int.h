@@ -29,6 +29,10 @@ enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) */
+/* Video files kept open between their probe (plan stage) and their decode: each holds a
+ * demuxer, a decoder and maybe a file descriptor; past this many the rest are closed
+ * after the probe and opened again to decode. */
+enum { MML_VIDEOS_KEPT_OPEN = 128 };
 
 typedef struct task task;
 
@@ -77,6 +81,8 @@ struct task {
    * to the decode stage; a WebDataset member video's bytes are imgs[nmedia + v] */
   struct mml_video_info *vinfo;
   struct mml_video_plan *vplans;
+  struct mml_video **vids; /* each file kept open from its probe to its decode (NULL:
+                              closed; at most MML_VIDEOS_KEPT_OPEN per loader) */
   int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
@@ -204,6 +210,7 @@ struct mml_loader {
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
+  int videos_kept; /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -387,6 +394,8 @@ void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* max_memory: t's byte buffers (re)counted once its reading is done. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
+/* Closes the videos t kept open since its probe (loader_worker.c). */
+void ld_task_close_videos(mml_loader *L, task *t);
 /* A worker finished decoding t's plane p into (buf, off): its home; copied to dest if it
  * moved. */
 void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off);

@@ -10,13 +10,16 @@
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
  * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
- * (probe_videos: frame count, rate, size; nothing decoded) and closed again.  No pixel
+ * (probe_videos: frame count, rate, size; nothing decoded) and kept open, idle, for the
+ * decode (t->vids; closed and reopened only past MML_VIDEOS_KEPT_OPEN), so a file's
+ * container is read once per sample (an mkv/webm/avi's packet pass included).  No pixel
  * work happens there: the planner (loader_place.c) puts the sample into its batch and
  * queues its decode with its destinations, its slices of the batch's pixel_values and
- * pixel_values_videos buffers; a worker then decodes its images and its videos
- * (reopened: video_open) straight there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
- * by ranged reads through the fetcher (http(s), s3: blocking this worker), or from the
- * bytes of their WebDataset member (read or fetched with the images).
+ * pixel_values_videos buffers; a worker then decodes its images and its videos straight
+ * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
+ * Video files are read by path, by ranged reads through the fetcher (http(s), s3:
+ * blocking this worker), or from the bytes of their WebDataset member (read or fetched
+ * with the images).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -199,13 +202,16 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   if (st) return st;
   if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos + 1))
     return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
-  if (t->rec.nvideos > t->vcap) {
+  if (t->rec.nvideos > t->vcap) { /* (its videos were closed when the task began) */
     int nc = t->rec.nvideos;
     void *a = realloc(t->vinfo, (size_t)nc * sizeof *t->vinfo);
     if (a) t->vinfo = a;
     void *b = a ? realloc(t->vplans, (size_t)nc * sizeof *t->vplans) : NULL;
     if (b) t->vplans = b;
-    if (!a || !b) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    void *c = b ? realloc(t->vids, (size_t)nc * sizeof *t->vids) : NULL;
+    if (c) t->vids = c;
+    if (!c) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    memset(t->vids + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vids);
     t->vcap = nc;
   }
   return MML_OK;
@@ -291,12 +297,39 @@ typedef struct video_ctx {
   run_acc *acc;
 } video_ctx;
 
-/* Opens video file v of t's record: its WebDataset member's bytes, else its path or URL
- * (range reads through the loader's fetcher).  Bytes read are counted. */
+void ld_task_close_videos(mml_loader *L, task *t) {
+  for (int v = 0; v < t->vcap; v++)
+    if (t->vids[v]) {
+      mml_video_close(t->vids[v]);
+      t->vids[v] = NULL;
+      __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/* Keeps video v of t open from its probe to its decode (1), when few enough are. */
+static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
+  if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  mml_video_idle(vid);
+  t->vids[v] = vid;
+  return 1;
+}
+
+/* Opens video file v of t's record: the one its probe kept open, else its WebDataset
+ * member's bytes, else its path or URL (range reads through the loader's fetcher).
+ * Bytes read are counted. */
 static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
   video_ctx *c = ctx;
   mml_loader *L = c->L;
   task *t = c->t;
+  if (t->vids[v]) { /* the caller closes it */
+    *out = t->vids[v];
+    t->vids[v] = NULL;
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return MML_OK;
+  }
   const char *ref = t->rec.videos[v].ref;
   const mml_bytes *member = &t->imgs[t->rec.nimages + mml_record_frames(&t->rec) + v];
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
@@ -324,8 +357,9 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
   return st;
 }
 
-/* Every video file of t's record opened and probed (t->vinfo), then closed: the plan
- * needs only the metadata. */
+/* Every video file of t's record opened and probed (t->vinfo): the plan needs only the
+ * metadata.  The file stays open (idle) for the decode stage, which then reads only the
+ * frames it decodes (no second open, probe or packet pass), unless too many are. */
 static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
   video_ctx c = {L, t, acc};
   for (int v = 0; v < t->rec.nvideos; v++) {
@@ -334,7 +368,7 @@ static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *er
     mml_video *vid = NULL;
     mml_status st = video_open(&c, v, &vid, err);
     if (!st) st = mml_video_probe(vid, &t->vinfo[v], err);
-    mml_video_close(vid);
+    if (st || !keep_video(L, t, v, vid)) mml_video_close(vid);
     if (st) return st;
   }
   return MML_OK;
@@ -458,6 +492,7 @@ static task *take_task_locked(mml_loader *L) {
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
         !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
+      ld_task_close_videos(L, t); /* an abandoned plan's */
       ld_place_clear(t);
       t->dec = DEC_NONE;
       t->state = SLOT_BUSY;
@@ -502,7 +537,10 @@ static void finish_task_locked(mml_loader *L, task *t) {
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
   }
-  if (t->state != SLOT_PLANNED) ld_bytes_return_locked(L, t); /* its bytes are no longer read */
+  if (t->state != SLOT_PLANNED) { /* its videos and bytes are no longer read */
+    ld_task_close_videos(L, t);
+    ld_bytes_return_locked(L, t);
+  }
 }
 
 /* Decodes a placed sample into the destinations the planner gave it, one per plane
@@ -531,6 +569,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }
+  ld_task_close_videos(L, t); /* those a failure left undecoded */
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
