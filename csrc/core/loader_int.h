@@ -352,6 +352,12 @@ int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
+/* Parses global sample gi of `shard` from the bytes read for its range into *rec (zeroed
+ * or freed before): the record trimmed as its shard's layout says; a WebDataset sample's
+ * image and video members stand for an absent image / video list.  The one parse the
+ * loader and the index builder share. */
+mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
+                           mml_record *rec, mml_err *err);
 
 /* loader_place.c (collation thread, mu held) */
 mml_status ld_place_new(mml_loader *L, mml_err *err);

@@ -180,24 +180,29 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   return st;
 }
 
-/* The record (trimmed as its shard's layout says) parsed into t->rec; room for its images. */
+mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
+                           mml_record *rec, mml_err *err) {
+  size_t n = mml_index_record_len(&L->ix.shards[shard], bytes->data, bytes->len);
+  enum { MAX_MEMBERS = 64 }; /* of each kind; more make the record's count mismatch */
+  const char *imgs[MAX_MEMBERS], *vids[MAX_MEMBERS];
+  int ni = mml_index_images(&L->ix, shard, gi, imgs, MAX_MEMBERS);
+  int nv = mml_index_videos(&L->ix, shard, gi, vids, MAX_MEMBERS);
+  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
+                        .max_images = L->cfg.max_images_per_sample,
+                        .implicit = imgs,
+                        .nimplicit = ni < MAX_MEMBERS ? ni : MAX_MEMBERS,
+                        .implicit_videos = vids,
+                        .nimplicit_videos = nv < MAX_MEMBERS ? nv : MAX_MEMBERS};
+  return mml_record_parse_opts((const char *)bytes->data, n, &ro, rec, err);
+}
+
+/* The record parsed into t->rec; room for its images. */
 static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  size_t n =
-      mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data, t->rec_bytes.len);
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
-  /* a WebDataset sample's image members stand for an absent image list */
-  enum { MAX_MEMBERS = 64 };
-  const char *members[MAX_MEMBERS];
-  int nm = mml_index_images(&L->ix, t->sample.shard, t->sample.index, members, MAX_MEMBERS);
-  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
-  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample,
-                        .implicit = members,
-                        .nimplicit = nm};
-  mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
+  mml_status st = ld_parse_record(L, t->sample.shard, t->sample.index, &t->rec_bytes, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
   if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos + 1))
