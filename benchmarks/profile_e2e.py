@@ -1,5 +1,7 @@
 """Where mmloader's CPU goes in the end-to-end run: samples the whole process (all threads,
-kernel included) with `perf record` while mmloader runs the suite's local measurement,
+kernel included) with `perf record` while mmloader runs the suite's local measurement, in
+its steady state only (perf attaches when the runner's warm-up ends, so imports, start-up
+and the first batches are not in the profile, as they are not in the CPU per sample),
 groups the samples by what they do, and writes benchmarks/results/profile.json, which
 benchmarks/report.py turns into the README's profile table.
 
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,10 +118,34 @@ def parse(report: str) -> Tuple[List[Dict[str, object]], float]:
     return groups, kernel
 
 
+def _record(
+    run: "subprocess.Popen[str]", steady: str, data: str, seconds: float
+) -> Tuple["subprocess.CompletedProcess[str]", str]:
+    """Waits for the runner's steady state, then records all its threads for `seconds`
+    (kernel too where perf may; else user space only).  Returns (perf's result, scope)."""
+    deadline = time.monotonic() + 600
+    while not os.path.exists(steady):
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the measurement ended before its steady state")
+        time.sleep(0.05)
+    rec = None
+    for event, scope in (
+        ("cpu-clock", "user space and kernel"),
+        ("cpu-clock:u", "user space only (no kernel access for perf)"),
+    ):
+        cmd = ["perf", "record", "-F", "499", "-e", event, "-o", data, "-p", str(run.pid)]
+        rec = subprocess.run(cmd + ["--", "sleep", f"{seconds:g}"], capture_output=True, text=True)
+        if rec.returncode == 0:
+            break
+    assert rec is not None
+    return rec, scope
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--records", type=int, default=512)
+    ap.add_argument("--max-mp", type=float, default=12.0, help="the dataset's largest photo")
     ap.add_argument("--threads", type=int, default=0, help="default: the cores")
     ap.add_argument("--mmloader-kwargs", default="{}", help="JSON: extra Loader options")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "profile.json"))
@@ -129,8 +156,12 @@ def main(argv: List[str]) -> int:
     from benchmarks.pipelines import dataset
     from benchmarks.pipelines.common import make_config
 
-    shard = dataset.repeated(dataset.cached(args.records, photos=True), 16)
+    shard = dataset.repeated(dataset.cached(args.records, photos=True, max_mp=args.max_mp), 16)
     threads = args.threads or len(os.sched_getaffinity(0))
+    tmp = tempfile.mkdtemp(prefix="mml-profile-")
+    data = os.path.join(tmp, "perf.data")
+    steady = os.path.join(tmp, "steady")
+    # the runner's warm-up is a quarter of min_seconds: perf records `seconds` after it
     cfg = make_config(
         [shard],
         module="mmloader_pipe",
@@ -138,41 +169,31 @@ def main(argv: List[str]) -> int:
         prefetch=4,
         inflight=64,
         min_samples=512,
-        min_seconds=args.seconds,
+        min_seconds=args.seconds * 4 / 3 + 2,
         pss=False,
+        steady_file=steady,
         mmloader_kwargs=json.loads(args.mmloader_kwargs),
     )
-    tmp = tempfile.mkdtemp(prefix="mml-profile-")
-    data = os.path.join(tmp, "perf.data")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    cmd = [
-        "perf",
-        "record",
-        "-F",
-        "499",
-        "-e",
-        "cpu-clock",
-        "-o",
-        data,
-        "--",
-        sys.executable,
-        "-m",
-        "benchmarks.pipelines.runner",
-        json.dumps(cfg),
-    ]
     load0 = os.getloadavg()[0]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    scope = "user space and kernel"
-    if proc.returncode:
-        cmd[cmd.index("cpu-clock")] = "cpu-clock:u"  # no kernel access: user space only
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        scope = "user space only (no kernel access for perf)"
-    if proc.returncode:
-        print(proc.stderr[-3000:], file=sys.stderr)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.pipelines.runner", json.dumps(cfg)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        rec, scope = _record(run, steady, data, args.seconds)
+    finally:
+        stdout, stderr = run.communicate(timeout=600)
+    if rec.returncode or run.returncode:
+        print((rec.stderr + stderr)[-3000:], file=sys.stderr)
         return 1
     res = next(
         json.loads(ln[len("MMLBENCH ") :])
-        for ln in proc.stdout.splitlines()[::-1]
+        for ln in stdout.splitlines()[::-1]
         if ln.startswith("MMLBENCH ")
     )
     rep = subprocess.run(
@@ -200,8 +221,9 @@ def main(argv: List[str]) -> int:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = {
         "tool": f"perf record -F 499 -e cpu-clock, {scope}",
-        "what": f"mmloader, {threads} threads, local disk, {res['samples']} samples over "
-        f"{res['wall_s']:.0f} s, options {args.mmloader_kwargs}; measured {when} on "
+        "what": f"mmloader, {threads} threads, local disk, steady state: the {args.seconds:g} s "
+        f"after the warm-up of a {res['samples']}-sample, {res['wall_s']:.0f} s measurement, "
+        f"options {args.mmloader_kwargs}; measured {when} on "
         f"{rev or 'an unknown commit'}, 1-min load average {load0:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after",
         "samples": n.group(1) if n else "?",

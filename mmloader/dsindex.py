@@ -51,6 +51,8 @@ def _merge(total: Dict[str, Any], s: Dict[str, Any]) -> None:
         "images",
         "text_tokens",
         "image_tokens",
+        "videos",
+        "video_tokens",
         "bytes_read",
         "seconds",
     ):
@@ -88,7 +90,8 @@ def build(
             index's counts only under the same settings.
 
     Returns the summary over all shards: samples, good, images, text_tokens,
-    image_tokens, image_token_hist ({bucket lower bound: images}), bad ({reason: count}),
+    image_tokens, videos, video_tokens (frame lists and probed video files),
+    image_token_hist ({bucket lower bound: images}), bad ({reason: count}),
     examples ({reason: first message}), bytes_read, seconds, shards, up_to_date, and
     per-shard summaries under "per_shard".
     """
@@ -187,9 +190,10 @@ def print_summary(s: Dict[str, Any], file: Any = sys.stdout) -> None:
         "from earlier runs",
         file=file,
     )
-    tok = s["text_tokens"] + s["image_tokens"]
+    tok = s["text_tokens"] + s["image_tokens"] + s["video_tokens"]
     print(
-        f"tokens: {tok:,} ({s['text_tokens']:,} text + {s['image_tokens']:,} image)"
+        f"tokens: {tok:,} ({s['text_tokens']:,} text + {s['image_tokens']:,} image + "
+        f"{s['video_tokens']:,} video in {s['videos']:,} videos)"
         + (f", {tok / s['good']:.1f} per sample" if s["good"] else ""),
         file=file,
     )

@@ -65,6 +65,50 @@ def test_measure_reports_steady_state_and_own_memory(shard):
     assert res["idle_pss_mb"] > 0
 
 
+def test_memory_counts_shared_memory_held_by_a_descriptor_once():
+    """A DataLoader batch in flight is a tmpfs object held by a descriptor and mapped by
+    nobody: in no PSS, yet real memory.  tree_memory counts it, and a page of it that the
+    process maps and touches (in its Pss_Shmem) only once."""
+    import mmap
+
+    me = [os.getpid()]
+    size = 16 << 20
+    base, base_extra = runner.tree_memory(me)
+    name = f"/dev/shm/mml-test-{os.getpid()}"
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(name)  # as torch does: the descriptor is all that holds it
+    try:
+        os.ftruncate(fd, size)
+        assert runner.shm_held(me) == 0  # sparse: nothing allocated yet
+        os.write(fd, b"x" * size)
+        held, extra = runner.tree_memory(me)
+        assert runner.shm_held(me) >= size
+        assert extra - base_extra >= size and held - base >= size * 0.9
+        with mmap.mmap(fd, size) as m:
+            for off in range(0, size, 4096):  # touch every page: now in this PSS too
+                m[off]
+            touched, extra_touched = runner.tree_memory(me)
+            assert extra_touched - base_extra < size // 4  # no longer counted beside PSS
+            assert abs((touched - base) - size) < size // 2  # counted once, not twice
+    finally:
+        os.close(fd)
+    assert runner.shm_held(me) < size
+
+
+def test_decode_only_floor_on_one_and_on_two_threads(shard):
+    from benchmarks.pipelines import decode_only
+
+    cfg = make_config([shard], module="decode_only", threads=2, min_samples=24, repeats=2)
+    out = decode_only.measure(cfg)
+    assert len(out["runs"]) == 2
+    for r in out["runs"]:
+        assert r["threads"] == 2 and r["records"] == 12
+        assert r["samples"] >= 24 and r["threaded_samples"] >= 24
+        assert r["samples"] % 12 == 0 and r["threaded_samples"] % 12 == 0  # whole passes
+        assert r["cpu_s_per_sample"] > 0 and r["threaded_cpu_s_per_sample"] > 0
+        assert r["threaded_samples_per_s"] > 0 and r["pil_cpu_s_per_sample"] > 0
+
+
 def test_same_work_comparison_sees_a_difference(shard):
     cfg = make_config([shard], module="naive", batch_size=4, tokenizer=TINY_TOKENIZER_PATH)
     from benchmarks.pipelines import naive
@@ -116,6 +160,7 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
     runs.append(
         _run("decode", "decode-only", "local", 0, cpu_s_per_sample=0.01, pil_cpu_s_per_sample=0.02)
     )
+    runs[0]["result"]["own_pss_mb"] = 50.0  # mmloader r0 by PSS alone; the rest have none
     data = {
         "meta": {
             "date": "d",
@@ -142,6 +187,8 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
         0.25,
         True,
     )
+    # by PSS alone: medians 50 (one run) and none for the DataLoader -> no row
+    assert not any(n.startswith("the same by PSS alone") for n in got)
     rule = [(v, met) for name, v, _, met, _ in report.targets(data) if name.startswith("every run")]
     assert rule == [("12 of 12 runs", True)]  # 600 samples x 31 s each, 3 repeats
     data["runs"][0]["result"]["wall_s"] = 20.0  # one run short of 30 s: the rule is not met
@@ -150,10 +197,32 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
     md = report.markdown(data)
     assert "| **mmloader** | 60.0 (10.0-70.0) | 6.00x |" in md
     assert "not measured" in md  # remote, uint8, wait: no runs, said so
+    assert "shared with other work during the run" in md  # no record of other work: said so
+    # the floor on the pipeline's 2 threads: 0.015 s -> 0.012 / 0.015 = 0.8x; one thread 1.2x
+    dec = data["runs"][-1]["result"]
+    dec.update(threads=2, threaded_cpu_s_per_sample=0.015, threaded_samples_per_s=130.0)
+    got = {name: (v, met) for name, v, _, met, _ in report.targets(data)}
+    name = "CPU per sample / decode-only CPU per sample, float32 output"
+    assert got[name + " (floor: 2 threads decoding at once, as the pipeline)"] == (
+        pytest.approx(0.8),
+        True,
+    )
+    one = got["the same against the one-thread decode-only floor, float32 output"]
+    assert one[0] == pytest.approx(1.2) and one[1] is None
+    md = report.markdown(data)
+    assert "15.00 ms with 2 threads decoding at once" in md and "10.00 ms on one" in md
+    data["meta"].update(cores=2, other_cores_during=[0.02, 0.05, 0.01], steal_cores_during=[0.0])
+    assert "The machine was otherwise quiet: work outside the suite took 0.02" in (
+        report.markdown(data)
+    )
+    data["meta"]["other_cores_during"] = [0.9, 1.1, 0.2]
+    assert "**The machine was shared with other work during the run**: work outside the " in (
+        report.markdown(data)
+    )
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps(data))
     readme = tmp_path / "README.md"
     readme.write_text(f"a\n{report.START}\nold\n{report.END}\nb\n")
     report.fill_readme(str(path), str(readme))
     text = readme.read_text()
-    assert "old" not in text and "| **mmloader** | 60.0" in text and text.endswith("b\n")
+    assert "\nold\n" not in text and "| **mmloader** | 60.0" in text and text.endswith("b\n")

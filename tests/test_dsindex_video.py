@@ -1,6 +1,7 @@
-"""The dataset index counts videos (frame lists): each video's <|video_pad|> tokens (and
-Qwen3-VL's timestamp text) are what the loader plans, from the frames' headers alone;
-batches and the global plan with the index are bitwise those without."""
+"""The dataset index counts videos: each video's <|video_pad|> tokens (and Qwen3-VL's
+timestamp text) are what the loader plans — frame lists from the frames' headers alone,
+video files (local, HTTP, WebDataset members) from their probe, nothing decoded; batches
+and the global plan with the index are bitwise those without."""
 
 import json
 import os
@@ -93,7 +94,7 @@ def test_video_counts_are_the_loaders(vds, tmp_path, preset):
     assert s["samples"] == 18 and s["good"] == 15, s
     assert s["bad"] == {"missing_file": 3}, s
     x = dsindex.read(os.path.join(out, os.listdir(out)[0]))
-    assert "videos=frame-lists" in x["settings"] and "video_family=" in x["settings"]
+    assert "videos=frame-lists,files" in x["settings"] and "video_family=" in x["settings"]
     # the loader's own count of every sample, one per batch in stream order
     b, n, _ = epoch(vds, preset=preset, micro_batch_size=1, shuffle=False, index=False)
     assert n == 0
@@ -137,3 +138,151 @@ def test_video_limits_are_in_the_settings_key(vds, tmp_path):
     assert epoch(vds, index=out)[1] == 1
     b, _, _ = epoch(vds, index=False)
     assert not all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(b, c))
+
+
+# ---- video files ---------------------------------------------------------------------
+
+
+def tar_shard(path, members):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fds(tmp_path_factory):
+    """Records naming video FILES (h264 mp4, vp9 webm; absolute and shard-relative paths;
+    per-video keys; beside an image and a frame list), a video too short for its element,
+    a corrupt file, text; and a WebDataset shard of member videos."""
+    pytest.importorskip("av")
+    from test_video import make_video
+
+    root = tmp_path_factory.mktemp("vfindex")
+    a = make_video(root / "a.mp4", "libx264", n=48, w=64, h=48, fps=24)
+    b = make_video(root / "b.webm", "libvpx-vp9", n=30, w=65, h=48, fps=10)
+    (root / "junk.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 16)
+    img = str(root / "i.png")
+    Image.fromarray(np.full((40, 56, 3), 90, np.uint8)).save(img)
+    frames = []
+    for i in range(4):
+        frames.append(str(root / f"fr{i}.png"))
+        Image.fromarray(np.full((48, 64, 3), 30 * i, np.uint8)).save(frames[-1])
+    ans = {"from": "gpt", "value": "An answer."}
+
+    def rec(text, videos, **kw):
+        return dict(
+            {"conversations": [{"from": "human", "value": text}, ans], "videos": videos}, **kw
+        )
+
+    recs = [
+        rec("<image><video>?", [{"video": a, "fps": 2.0}], images=[img]),
+        rec("<video>, <video> and <video>", ["b.webm", frames, {"video": a, "nframes": 6}]),
+        rec("<video>long", [{"video": b, "nframes": 64}]),  # 30 frames: video_too_short
+        rec("<video>junk", ["junk.mp4"]),  # corrupt_video
+        {"conversations": [{"from": "human", "value": "Just text."}, ans]},
+        rec("<video>window", [{"video": "a.mp4", "video_start": 0.5, "video_end": 1.5}]),
+    ] * 2
+    shard = str(root / "files.jsonl")
+    with open(shard, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    members = []
+    for i, (v, ext) in enumerate([(a, "mp4"), (b, "webm"), (a, "mp4")]):
+        r = rec(f"<video>member {i}", [ext])
+        members += [
+            (f"{i:06d}.json", json.dumps(r).encode()),
+            (f"{i:06d}.{ext}", open(v, "rb").read()),
+        ]
+    wds = tar_shard(root / "v.tar", members)
+    return shard, wds, a
+
+
+def index_counts(x):
+    """Each planned sample's total tokens, in stream order."""
+    return [
+        t + sum(e[2] for e in im)
+        for t, st, im in zip(x["text_tokens"], x["status"], x["images"])
+        if st == 0
+    ]
+
+
+def check_against_loader(data, out, preset, bad, **kw):
+    """The index of `data` counts what the loader plans, sample by sample; batches, skips
+    and the global plan with it are those without it."""
+    x = dsindex.read(os.path.join(out, os.listdir(out)[0]))
+    assert "videos=frame-lists,files" in x["settings"]
+    b, n, st = epoch(data, preset=preset, micro_batch_size=1, shuffle=False, index=False, **kw)
+    assert n == 0 and st["skipped_by_reason"] == bad, st
+    good = len(x["status"]) - sum(bad.values())
+    assert index_counts(x) == [y["input_ids"].shape[1] for y in b][:good]
+    plan = dict(max_tokens_per_batch=2 * max(y["input_ids"].shape[1] for y in b))
+    for extra in ({}, dict(plan, balance="tokens", micro_batch_size=None)):
+        a, n, sa = epoch(data, preset=preset, index=out, **kw, **extra)
+        c, n0, sc = epoch(data, preset=preset, index=False, **kw, **extra)
+        assert n == 1 and n0 == 0
+        same(a, c)
+        assert sa["skipped_by_reason"] == sc["skipped_by_reason"] == bad
+        assert sum(len(y.get("video_grid_thw", ())) for y in a) >= good - 2
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_video_file_counts_are_the_loaders(fds, tmp_path, preset):
+    shard, _, _ = fds
+    out = str(tmp_path / "idx")
+    s = dsindex.build([shard], tokenizer=TINY, threads=2, preset=preset, out=out, **VISION)
+    bad = {"video_too_short": 2, "corrupt_video": 2}
+    assert s["samples"] == 12 and s["good"] == 8 and s["bad"] == bad, s
+    assert s["videos"] == 2 * (1 + 3 + 1), s  # per planned sample's videos
+    assert "junk.mp4" in s["examples"]["corrupt_video"], s["examples"]
+    assert "64" in s["examples"]["video_too_short"], s["examples"]
+    check_against_loader(shard, out, preset, bad)
+
+
+def test_webdataset_and_remote_video_files_are_probed(fds, tmp_path, fault_server):
+    """Member videos of a WebDataset shard (local and over HTTP: the member's bytes) and a
+    video file named by URL (ranged reads through the fetcher) are probed like local files."""
+    _, wds, a = fds
+    out = str(tmp_path / "wds")
+    s = dsindex.build([wds], tokenizer=TINY, threads=2, out=out, **VISION)
+    assert s["good"] == 3 and s["videos"] == 3, s
+    check_against_loader(wds, out, "qwen2.5-vl", {})
+    srv = fault_server(objects={"/v/a.mp4": open(a, "rb").read()})
+    recs = [
+        {"conversations": [{"from": "human", "value": f"<video>remote {i}"}], "videos": [v]}
+        for i, v in enumerate([srv.url("/v/a.mp4"), {"video": srv.url("/v/a.mp4"), "nframes": 8}])
+    ]
+    shard = str(tmp_path / "remote.jsonl")
+    with open(shard, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    out = str(tmp_path / "remote")
+    s = dsindex.build([shard], tokenizer=TINY, threads=1, out=out, **VISION)
+    assert s["good"] == 2 and s["videos"] == 2, s
+    assert 0 < s["bytes_read"], s
+    check_against_loader(shard, out, "qwen2.5-vl", {})
+
+
+def test_webdataset_implicit_member_videos_are_counted(fds, tmp_path):
+    """A WebDataset record without a video list takes its sample's video members, in the
+    index as in the loader (and the settings key says so: an older index is not trusted)."""
+    _, _, a = fds
+    b = os.path.join(os.path.dirname(a), "b.webm")
+    video = open(a, "rb").read()
+    members = []
+    for i, (text, files) in enumerate(
+        [("<video>one", ["mp4"]), ("<video> and <video>", ["0.mp4", "1.webm"]), ("none", [])]
+    ):
+        r = {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]}
+        members.append((f"{i:06d}.json", json.dumps(r).encode()))
+        members += [(f"{i:06d}.{e}", open(b, "rb").read() if "webm" in e else video) for e in files]
+    wds = tar_shard(tmp_path / "implicit.tar", members)
+    out = str(tmp_path / "idx")
+    s = dsindex.build([wds], tokenizer=TINY, threads=2, out=out, **VISION)
+    assert s["good"] == 3 and s["videos"] == 3, s
+    x = dsindex.read(os.path.join(out, os.listdir(out)[0]))
+    assert "videos=frame-lists,files,members" in x["settings"]
+    check_against_loader(wds, out, "qwen2.5-vl", {})

@@ -19,11 +19,21 @@ shuffled per pass, so any prefix is a fair sample of the mix).  Figures:
   wait_ratio       time blocked in next() / wall time, after the first batch
   cpu_s_per_sample CPU time (user+system) of this process and all its descendants from
                    iter() to the last batch, over the samples delivered
-  peak_mem_mb      largest sum of PSS (proportional set size: a page shared by k
-                   processes counts 1/k in each) over this process and its live
-                   descendants, sampled every 500 ms (the process list every second):
-                   the memory the pipeline holds (the sampler's own CPU is not counted
-                   in the CPU figures)
+  peak_mem_mb      largest memory of the process tree, sampled every 500 ms (the
+                   process list every second): the sum of PSS (proportional set size: a
+                   page shared by k processes counts 1/k in each) over this process and
+                   its live descendants, plus the shared memory the tree holds that no
+                   PSS shows (shm_mb); the memory the pipeline holds (the sampler's own
+                   CPU is not counted in the CPU figures)
+  shm_mb           at that peak: the tmpfs / memfd objects (/dev/shm, memfd:) the tree
+                   holds open by a file descriptor, each counted once at its allocated
+                   size, minus the shared memory the tree's PSS already counts
+                   (Pss_Shmem).  The DataLoader's (and Energon's) workers hand batches
+                   over as such objects (torch's file_descriptor sharing: shm_open +
+                   unlink, the fd passed); a batch in flight is held by a descriptor
+                   and mapped by no process, or mapped but never touched, so it is in
+                   no process's PSS, yet it is real memory (/proc/meminfo Shmem)
+  peak_pss_mb      largest PSS sum alone (the figure before shm_mb was counted)
   peak_rss_mb      ru_maxrss of this process + ru_maxrss of its reaped children (the
                    largest child, not their sum; a forked helper counts its parent's
                    pages), for reference
@@ -31,13 +41,16 @@ shuffled per pass, so any prefix is a fair sample of the mix).  Figures:
                    after a warm-up (a quarter of min_seconds, at least 3 batches) to the
                    end, over the batches in that span: the steady state
 
-  idle_pss_mb      PSS of this process after the imports, before the pipeline is built
-                   (the same process, the same imports, no pipeline)
+  idle_pss_mb      memory (as peak_mem_mb) of this process after the imports, before
+                   the pipeline is built (the same process, the same imports, no pipeline)
   own_mem_mb       peak_mem_mb - idle_pss_mb: the pipeline's own memory
+  own_pss_mb       peak_pss_mb - idle_pss_mb: the same by PSS alone
   steady_cpu_s_per_sample  cpu_s_per_sample over the same span as faults_per_batch
   steady_samples_per_s, steady_wait_ratio  samples/s and wait_ratio over that span (no
                    batch the pipeline made before the first one counts: the production
                    rate the wait-time runs are set from); None under 3 batches
+
+{"steady_file": PATH} writes PATH when the steady state begins (a profiler attaches then).
 
 Other modes: {"decode": true} decodes the images of the run's records, one thread, with mmloader's
 decoder and with Pillow (decode_only.py); {"parity": ["<module>", ...]} compares pipelines'
@@ -56,7 +69,7 @@ import resource
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -125,29 +138,76 @@ def tree_faults() -> int:
     return total
 
 
-def _pss(pid: int) -> int:
-    """PSS bytes of a live process (RSS where smaps_rollup is unreadable), 0 if gone."""
+def _pss(pid: int) -> Tuple[int, int]:
+    """(PSS bytes, of it shared memory: Pss_Shmem) of a live process (RSS, 0 where
+    smaps_rollup is unreadable), (0, 0) if gone."""
+    pss = shmem = -1
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
                 if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith(b"Pss_Shmem:"):
+                    shmem = int(line.split()[1]) * 1024
     except OSError:
         pass
+    if pss >= 0:
+        return pss, max(shmem, 0)
     r = _proc_stat(pid)
-    return r[1] if r is not None else 0
+    return (r[1] if r is not None else 0), 0
+
+
+SHM_PREFIXES = ("/dev/shm/", "/run/shm/", "/memfd:")
+
+
+def shm_held(pids: List[int]) -> int:
+    """Allocated bytes of the shared-memory objects (tmpfs files under /dev/shm, memfds)
+    that the processes `pids` hold open by a file descriptor, each object counted once
+    (by device and inode) however many descriptors and processes hold it."""
+    seen: Dict[Tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if not os.readlink(path).startswith(SHM_PREFIXES):
+                    continue
+                st = os.stat(path)
+            except OSError:  # closed meanwhile
+                continue
+            seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    return sum(seen.values())
+
+
+def tree_memory(pids: List[int]) -> Tuple[int, int]:
+    """(memory, of it shared memory no PSS counts) of the processes `pids`, bytes: the
+    PSS sum plus the fd-held shared memory beyond the PSS's own shared-memory part (a
+    page of such an object that a process has mapped and touched is in its Pss_Shmem:
+    counted once)."""
+    pss = shmem = 0
+    for pid in pids:
+        p, s = _pss(pid)
+        pss += p
+        shmem += s
+    extra = max(0, shm_held(pids) - shmem)
+    return pss + extra, extra
 
 
 class TreeMemory(threading.Thread):
-    """Samples the PSS sum of this process tree until stopped; keeps the peak.  Reading
-    smaps_rollup walks the page tables (kernel time that grows with the memory mapped), so
-    it samples twice a second and keeps its own CPU time (`cpu`, seconds), which measure()
-    takes out of the pipeline's CPU.  enabled=False: no sampling (profiling)."""
+    """Samples the memory of this process tree (tree_memory: PSS + fd-held shared memory)
+    until stopped; keeps the peak (`peak`, and `peak_shm`, its shared-memory part, at that
+    moment) and the peak PSS alone (`peak_pss`).  Reading smaps_rollup walks the page
+    tables (kernel time that grows with the memory mapped), so it samples twice a second
+    and keeps its own CPU time (`cpu`, seconds), which measure() takes out of the
+    pipeline's CPU.  enabled=False: no sampling (profiling)."""
 
     def __init__(self, period: float = 0.5, rescan: float = 1.0, enabled: bool = True):
         super().__init__(name="pss-sampler", daemon=True)
         self.period, self.rescan, self.enabled = period, rescan, enabled
-        self.peak = 0
+        self.peak = self.peak_shm = self.peak_pss = 0
         self.cpu = 0.0
         self.halt = threading.Event()
 
@@ -159,7 +219,10 @@ class TreeMemory(threading.Thread):
             now = time.monotonic()
             if now - scanned >= self.rescan:
                 pids, scanned = [me] + _descendants(me), now
-            self.peak = max(self.peak, sum(_pss(pid) for pid in pids))
+            total, shm = tree_memory(pids)
+            if total > self.peak:
+                self.peak, self.peak_shm = total, shm
+            self.peak_pss = max(self.peak_pss, total - shm)
             self.cpu = time.thread_time() - t0
             self.halt.wait(self.period)
 
@@ -251,6 +314,9 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
             break
         if steady is None and batches >= 3 and now - t_first >= warm_s:
             steady = (batches, tree_faults(), tree_cpu() - mem.cpu, samples, now, waited)
+            if cfg.get("steady_file"):  # tells a profiler attaching now (profile_e2e.py)
+                with open(cfg["steady_file"], "w") as f:
+                    f.write(str(os.getpid()))
         if step:
             time.sleep(step)
         t = time.perf_counter()
@@ -300,8 +366,11 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "steady_wait_ratio": steady_wait,
         "faults_per_batch": faults,
         "peak_mem_mb": peak_mem / 2**20,
+        "shm_mb": mem.peak_shm / 2**20,
+        "peak_pss_mb": mem.peak_pss / 2**20,
         "idle_pss_mb": idle_mb,
         "own_mem_mb": peak_mem / 2**20 - idle_mb,
+        "own_pss_mb": mem.peak_pss / 2**20 - idle_mb,
         "peak_rss_mb": (me.ru_maxrss + ch.ru_maxrss) / 1024.0,
         "peak_self_rss_mb": me.ru_maxrss / 1024.0,
         "wall_s": wall,

@@ -5,7 +5,9 @@
  * and images.  Only image headers are read (the first MML_DSX_HEAD_BYTES of a file,
  * member or object: a ranged GET when remote; the whole image only when its header
  * lies further in, e.g. a TIFF's first IFD at the end), also of every frame of a
- * frame-list video; nothing is decoded.
+ * frame-list video; a video file is opened and probed as the loader's plan stage does
+ * (container index or a demux-only pass: ranged reads through the fetcher when remote,
+ * a WebDataset member's bytes); nothing is decoded.
  *
  * DESIGN
  *   Threads: `nthreads` workers take chunks of CHUNK consecutive samples (a counter
@@ -18,7 +20,8 @@
  *   the end the whole index is serialised, written to a temporary file and renamed over
  *   `out` (readers never see a torn index), and the partial file is removed.
  *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image or video) and
- *   chunks in flight, plus per worker one header buffer per frame of its record's videos.
+ *   chunks in flight, plus per worker one header buffer per frame of its record's videos
+ *   and one open video file at a time (mml/video.h: a few I/O blocks).
  *
  * A sample's status and counts are exactly what the loader's worker would find before
  * decoding (mml_sample_plan): same parser options, image references,
@@ -39,7 +42,7 @@
 #include "mml/template.h"
 #include "mml/video_frames.h"
 
-enum { CHUNK = 256, MAX_MEMBERS = 64 };
+enum { CHUNK = 256 };
 
 typedef struct chunk {
   mml_dsx_sample s[CHUNK];
@@ -75,10 +78,11 @@ typedef struct bworker {
   mml_vision_plan *plans;
   int64_t *tokens;
   int cap;
-  /* videos: a frame list's frame headers, each video's plan and template counts, the
-   * Qwen3-VL timestamps of all (grid_t values per video) */
+  /* videos: a frame list's frame headers, each file's probe, each video's plan and
+   * template counts, the Qwen3-VL timestamps of all (grid_t values per video) */
   mml_bytes *frames;
   int frames_cap;
+  mml_video_info *vinfo; /* each video file's probe */
   mml_video_plan *vplans;
   mml_video_tokens *vtok;
   int vcap;
@@ -95,13 +99,24 @@ static mml_status fetcher(build *b, mml_fetcher **f, mml_err *err) {
   return MML_OK;
 }
 
-/* The first bytes of media item i (mml_record_media_ref: an image, or a frame of a frame
- * list), or all of it (*whole), read or fetched into *dst. */
-static mml_status media_head(bworker *w, int64_t gi, int i, int64_t want, mml_bytes *dst,
+/* A media reference resolved into w->path and checked by the path policy (as the
+ * loader's worker does before it reads an image or opens a video file). */
+static mml_status media_path(bworker *w, const char *ref, mml_err *err) {
+  mml_loader *L = w->b->L;
+  const char *root = L->roots[w->b->shard];
+  mml_status st = mml_sample_image_path(root, ref, &w->path, err);
+  if (!st)
+    st = mml_sample_image_allowed(&L->cfg, root, ref, (const char *)w->path.data,
+                                  !L->remote[w->b->shard], err);
+  return st;
+}
+
+/* The first bytes of media `ref` (an image, a frame of a frame list, a WebDataset member
+ * video), or all of it (*whole), read or fetched into *dst. */
+static mml_status media_head(bworker *w, int64_t gi, const char *ref, int64_t want, mml_bytes *dst,
                              int *whole, uint64_t *bytes, mml_err *err) {
   build *b = w->b;
   mml_loader *L = b->L;
-  const char *ref = mml_record_media_ref(&w->rec, i);
   mml_status st;
   mml_fetcher *f;
   *whole = 1;
@@ -115,11 +130,8 @@ static mml_status media_head(bworker *w, int64_t gi, int i, int64_t want, mml_by
     else if (!(st = fetcher(b, &f, err)))
       st = mml_fetch_get(f, b->sh->path, off, n, dst, err);
   } else {
-    const char *root = L->roots[b->shard];
-    if ((st = mml_sample_image_path(root, ref, &w->path, err))) return st;
+    if ((st = media_path(w, ref, err))) return st;
     const char *p = (const char *)w->path.data;
-    if ((st = mml_sample_image_allowed(&L->cfg, root, ref, p, !L->remote[b->shard], err)))
-      return st;
     if (!mml_path_is_remote(p))
       st = mml_read_file(p, 0, want, dst, err);
     else if (!(st = fetcher(b, &f, err)))
@@ -132,10 +144,10 @@ static mml_status media_head(bworker *w, int64_t gi, int i, int64_t want, mml_by
 
 static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *whole,
                              uint64_t *bytes, mml_err *err) {
-  return media_head(w, gi, i, want, &w->img, whole, bytes, err);
+  return media_head(w, gi, mml_record_media_ref(&w->rec, i), want, &w->img, whole, bytes, err);
 }
 
-/* Room for the record's videos: plans, template counts, timestamps, frame headers. */
+/* Room for the record's videos: probes, plans, template counts, frame headers. */
 static mml_status video_fit(bworker *w, mml_err *err) {
   const mml_record *rec = &w->rec;
   int nv = rec->nvideos, nf = mml_record_frames(rec);
@@ -144,15 +156,10 @@ static mml_status video_fit(bworker *w, mml_err *err) {
     if (p) w->vplans = p;
     void *q = p ? realloc(w->vtok, (size_t)nv * sizeof *w->vtok) : NULL;
     if (q) w->vtok = q;
-    if (!p || !q) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
+    void *r = q ? realloc(w->vinfo, (size_t)nv * sizeof *w->vinfo) : NULL;
+    if (r) w->vinfo = r;
+    if (!r) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
     w->vcap = nv;
-  }
-  size_t need = (size_t)nf + (size_t)nv; /* >= every grid_t */
-  if (need > w->vts_cap) {
-    double *t = realloc(w->vts, need * sizeof *t);
-    if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
-    w->vts = t;
-    w->vts_cap = need;
   }
   if (nf > w->frames_cap) {
     mml_bytes *f = realloc(w->frames, (size_t)nf * sizeof *f);
@@ -164,8 +171,77 @@ static mml_status video_fit(bworker *w, mml_err *err) {
   return MML_OK;
 }
 
-/* Plans every video of the record as mml_sample_plan does, from frame headers alone
- * (each frame's first bytes; all of it when its header lies further).  The counts do not
+/* Room for the Qwen3-VL timestamps of every video (grid_t of each, known after the
+ * probes: a file keeps at most its frames). */
+static mml_status ts_fit(bworker *w, mml_err *err) {
+  const mml_record *rec = &w->rec;
+  size_t need = (size_t)mml_record_frames(rec) + (size_t)rec->nvideos; /* >= every grid_t */
+  for (int v = 0; v < rec->nvideos; v++)
+    if (rec->videos[v].ref && w->vinfo[v].nframes > 0) need += (size_t)w->vinfo[v].nframes;
+  if (need <= w->vts_cap) return MML_OK;
+  double *t = realloc(w->vts, need * sizeof *t);
+  if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", rec->nvideos);
+  w->vts = t;
+  w->vts_cap = need;
+  return MML_OK;
+}
+
+/* Opens and probes video file v of the record into w->vinfo[v], as the loader's plan
+ * stage does (its WebDataset member's bytes, else its path or URL: ranged reads through
+ * the fetcher); nothing is decoded. */
+static mml_status probe_file(bworker *w, int64_t gi, int v, const mml_vision_cfg *vision,
+                             uint64_t *bytes, mml_err *err) {
+  build *b = w->b;
+  mml_loader *L = b->L;
+  const char *ref = w->rec.videos[v].ref;
+  mml_video_src src = {.name = ref,
+                       .max_bytes = L->cfg.max_object_bytes,
+                       .threads = 1,
+                       .max_pixels = vision->max_image_pixels};
+  mml_status st;
+  int64_t off, len;
+  if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) {
+    int whole;
+    if ((st = media_head(w, gi, ref, -1, &w->img, &whole, bytes, err))) return st;
+    src.data = w->img.data;
+    src.len = w->img.len;
+  } else {
+    if ((st = media_path(w, ref, err))) return st;
+    src.name = (const char *)w->path.data;
+    if (mml_path_is_remote(src.name) && (st = fetcher(b, &src.fetcher, err))) return st;
+  }
+  mml_video *vid = NULL;
+  memset(&w->vinfo[v], 0, sizeof w->vinfo[v]);
+  st = mml_video_open(&src, &vid, err);
+  if (!st) st = mml_video_probe(vid, &w->vinfo[v], err);
+  if (!src.data) *bytes += (uint64_t)mml_video_bytes_read(vid);
+  mml_video_close(vid);
+  return st;
+}
+
+/* Plans frame list v (media items from *item on) from its frames' headers alone (each
+ * frame's first bytes; all of it when its header lies further). */
+static mml_status plan_list(bworker *w, int64_t gi, int v, int *item, const mml_vision_cfg *cfg,
+                            double *ts, uint64_t *bytes, mml_err *err) {
+  const mml_video_ref *vr = &w->rec.videos[v];
+  mml_bytes *fr = w->frames + (*item - w->rec.nimages);
+  for (int j = 0; j < vr->nframes; j++, (*item)++) {
+    int whole;
+    mml_image_info info;
+    const char *ref = mml_record_media_ref(&w->rec, *item);
+    mml_status st = media_head(w, gi, ref, MML_DSX_HEAD_BYTES, &fr[j], &whole, bytes, err);
+    if (!st && !whole && mml_image_probe(fr[j].data, fr[j].len, &info, NULL) != MML_OK)
+      st = media_head(w, gi, ref, -1, &fr[j], &whole, bytes, err); /* header further */
+    if (st) {
+      mml_err_prefix(err, "frame %d", j);
+      return st;
+    }
+  }
+  return mml_video_plan_list(cfg, vr, fr, &w->vplans[v], ts, err);
+}
+
+/* Plans every video of the record as mml_sample_plan does: frame lists from their
+ * frames' headers, files from their probe (opened, probed, closed).  The counts do not
  * depend on the pixel format, so the plan is made as for float32 (a uint8 loader refuses
  * the videos it cannot hold when it plans them).  *vis adds their tokens, *px their
  * frames' pixels. */
@@ -173,6 +249,10 @@ static mml_status plan_videos(bworker *w, int64_t gi, const mml_vision_cfg *visi
                               int64_t *px, chunk *c, mml_err *err) {
   const mml_record *rec = &w->rec;
   mml_status st = video_fit(w, err);
+  for (int v = 0; !st && v < rec->nvideos; v++) /* the loader probes before it plans */
+    if (rec->videos[v].ref && (st = probe_file(w, gi, v, vision, &c->bytes, err)))
+      mml_sample_err_video(err, &rec->videos[v], v);
+  if (!st) st = ts_fit(w, err);
   if (st) return st;
   mml_vision_cfg cfg = *vision;
   cfg.pixel_format = MML_PIXEL_FLOAT32;
@@ -180,27 +260,11 @@ static mml_status plan_videos(bworker *w, int64_t gi, const mml_vision_cfg *visi
   int item = rec->nimages; /* media index of the next frame */
   for (int v = 0; v < rec->nvideos; v++) {
     const mml_video_ref *vr = &rec->videos[v];
-    if (vr->ref) { /* as the loader's worker: video files are refused there too */
-      char shown[MML_SHORT_CAP(200)];
-      return mml_err_set(err, MML_EVIDEO,
-                         "video %s: video files are not decoded yet (frame lists are)",
-                         mml_text_short(vr->ref, strlen(vr->ref), 200, shown, sizeof shown));
-    }
-    mml_bytes *fr = w->frames + (item - rec->nimages);
-    for (int j = 0; j < vr->nframes; j++, item++) {
-      int whole;
-      mml_image_info info;
-      st = media_head(w, gi, item, MML_DSX_HEAD_BYTES, &fr[j], &whole, &c->bytes, err);
-      if (!st && !whole && mml_image_probe(fr[j].data, fr[j].len, &info, NULL) != MML_OK)
-        st = media_head(w, gi, item, -1, &fr[j], &whole, &c->bytes, err); /* header further */
-      if (st) {
-        mml_err_prefix(err, "video %d frame %d", v, j);
-        return st;
-      }
-    }
     mml_video_plan *p = &w->vplans[v];
-    if ((st = mml_video_plan_list(&cfg, vr, fr, p, ts, err))) {
-      mml_err_prefix(err, "video %d", v);
+    st = vr->ref ? mml_video_plan_file(&cfg, &vr->keys, &w->vinfo[v], p, ts, err)
+                 : plan_list(w, gi, v, &item, &cfg, ts, &c->bytes, err);
+    if (st) {
+      mml_sample_err_video(err, vr, v);
       return st;
     }
     w->vtok[v] =
@@ -243,19 +307,10 @@ static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *
     st = mml_fetch_get(f, b->sh->path, off, len, &w->rec_bytes, err);
   if (st) return st;
   *bytes += w->rec_bytes.len;
-  size_t n = mml_index_record_len(b->sh, w->rec_bytes.data, w->rec_bytes.len);
   if (w->rec_parsed) mml_record_free(&w->rec);
   memset(&w->rec, 0, sizeof w->rec);
   w->rec_parsed = 1;
-  /* as the loader's worker parses it (loader_worker.c parse_record) */
-  const char *members[MAX_MEMBERS];
-  int nm = mml_index_images(&L->ix, b->shard, gi, members, MAX_MEMBERS);
-  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
-  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample,
-                        .implicit = members,
-                        .nimplicit = nm};
-  return mml_record_parse_opts((const char *)w->rec_bytes.data, n, &ro, &w->rec, err);
+  return ld_parse_record(L, b->shard, gi, &w->rec_bytes, &w->rec, err); /* as the loader does */
 }
 
 /* Plans shard sample k into *out and its images onto chunk c. */
@@ -589,6 +644,7 @@ static void free_workers(bworker *ws, int nthreads) {
     free(ws[i].tokens);
     for (int j = 0; j < ws[i].frames_cap; j++) mml_bytes_free(&ws[i].frames[j]);
     free(ws[i].frames);
+    free(ws[i].vinfo);
     free(ws[i].vplans);
     free(ws[i].vtok);
     free(ws[i].vts);

@@ -69,11 +69,12 @@ static PyObject *summary_dict(const mml_index_summary *s) {
     }
   }
   d = Py_BuildValue(
-      "{s:L,s:L,s:L,s:L,s:L,s:L,s:K,s:d,s:O,s:O,s:O,s:O}", "samples", (long long)s->samples, "good",
-      (long long)s->good, "resumed", (long long)s->resumed, "images", (long long)s->images,
+      "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:K,s:d,s:O,s:O,s:O,s:O}", "samples", (long long)s->samples,
+      "good", (long long)s->good, "resumed", (long long)s->resumed, "images", (long long)s->images,
       "text_tokens", (long long)s->text_tokens, "image_tokens", (long long)s->image_tokens,
-      "bytes_read", (unsigned long long)s->bytes_read, "seconds", s->seconds, "image_token_hist",
-      hist, "bad", bad, "examples", ex, "up_to_date", s->up_to_date ? Py_True : Py_False);
+      "videos", (long long)s->videos, "video_tokens", (long long)s->video_tokens, "bytes_read",
+      (unsigned long long)s->bytes_read, "seconds", s->seconds, "image_token_hist", hist, "bad",
+      bad, "examples", ex, "up_to_date", s->up_to_date ? Py_True : Py_False);
 done:
   Py_XDECREF(hist);
   Py_XDECREF(bad);
