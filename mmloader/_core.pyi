@@ -262,7 +262,7 @@ def video_timestamps(
     indices: Sequence[int], fps: float, temporal_patch_size: int, /
 ) -> List[float]: ...
 def resize_aa_bicubic(
-    buf: _BufferLike, planes: int, w: int, h: int, out_w: int, out_h: int, /
+    buf: _BufferLike, planes: int, w: int, h: int, out_w: int, out_h: int, round: bool = ..., /
 ) -> bytes: ...
 
 # ---- dataset index ------------------------------------------------------------------------

@@ -32,3 +32,27 @@ def test_resize_aa_bicubic_equals_torch(seed):
             _core.resize_aa_bicubic(x.tobytes(), 3, w, h, ow, oh), np.float32
         ).reshape(3, oh, ow)
         assert np.array_equal(ref, got), (w, h, ow, oh, float(np.abs(ref - got).max()))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_resize_aa_bicubic_rounded_equals_torch(seed):
+    """round=True: torchvision's resize of a uint8 video (float resize, then clamped to
+    [0, 255] and rounded half to even), fused into the last pass."""
+    rng = random.Random(100 + seed)
+    for _ in range(20):
+        w, h = rng.randint(1, 300), rng.randint(1, 300)
+        ow, oh = rng.choice([w, rng.randint(1, 400)]), rng.choice([h, rng.randint(1, 400)])
+        x = np.random.RandomState(rng.randrange(1 << 30)).randint(0, 256, (3, h, w))
+        x = x.astype(np.float32)
+        ref = torch.nn.functional.interpolate(
+            torch.from_numpy(x)[None],
+            size=[oh, ow],
+            mode="bicubic",
+            antialias=True,
+            align_corners=False,
+        )[0]
+        ref = ref.clamp(0, 255).round().numpy()
+        got = np.frombuffer(
+            _core.resize_aa_bicubic(x.tobytes(), 3, w, h, ow, oh, True), np.float32
+        ).reshape(3, oh, ow)
+        assert np.array_equal(ref.view(np.int32), got.view(np.int32)), (w, h, ow, oh)

@@ -26,6 +26,7 @@
 
 #include "mml/image.h"
 #include "mml/video_resize.h"
+#include "resize.h" /* mml_cpu_avx2 */
 #include "mml/video_sample.h"
 
 struct mml_video_scratch {
@@ -183,35 +184,103 @@ static uint16_t bf16_rne(float f) {
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* Scatters frame k (float planes, dst size) into its temporal slot of `out`, each value
- * x written as VALUE(x, c) of type TYPE. */
-#define SCATTER(TYPE, VALUE)                                                      \
-  do {                                                                            \
-    TYPE *base = (TYPE *)out + (size_t)g * p->grid_h * p->grid_w * cols;          \
-    for (int bh = 0; bh < bh_n; bh++)                                             \
-      for (int bw = 0; bw < bw_n; bw++)                                           \
-        for (int mh = 0; mh < M; mh++)                                            \
-          for (int mw = 0; mw < M; mw++) {                                        \
-            size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;            \
-            TYPE *r = base + row * cols;                                          \
-            int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;                   \
-            for (int c = 0; c < 3; c++) {                                         \
-              TYPE *o = r + ((size_t)c * T + t) * P * P;                          \
-              const float *src = planes + c * plane;                              \
-              for (int py = 0; py < P; py++) {                                    \
-                const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0;        \
-                for (int px = 0; px < P; px++) o[py * P + px] = VALUE(sr[px], c); \
-              }                                                                   \
-            }                                                                     \
-          }                                                                       \
+/* Scatters frame k (float planes, dst size) into its temporal slot of `out`: ROW(o, sr, c)
+ * writes the P values of one patch row, o[px] from sr[px] of channel c. */
+#define SCATTER(TYPE, ROW)                                                 \
+  do {                                                                     \
+    TYPE *base = (TYPE *)out + (size_t)g * p->grid_h * p->grid_w * cols;   \
+    for (int bh = 0; bh < bh_n; bh++)                                      \
+      for (int bw = 0; bw < bw_n; bw++)                                    \
+        for (int mh = 0; mh < M; mh++)                                     \
+          for (int mw = 0; mw < M; mw++) {                                 \
+            size_t row = (((size_t)bh * bw_n + bw) * M + mh) * M + mw;     \
+            TYPE *r = base + row * cols;                                   \
+            int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;            \
+            for (int c = 0; c < 3; c++) {                                  \
+              TYPE *o = r + ((size_t)c * T + t) * P * P;                   \
+              const float *src = planes + c * plane;                       \
+              for (int py = 0; py < P; py++) {                             \
+                const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0; \
+                ROW((o + py * P), sr, c);                                  \
+              }                                                            \
+            }                                                              \
+          }                                                                \
   } while (0)
 
 #define NORM(x, c) (((x)-m[c]) / s[c])
+/* one patch row, value by value */
+#define EACH(o, sr, c, VALUE) \
+  for (int px = 0; px < P; px++) (o)[px] = VALUE((sr)[px], c)
+#define ROW_NORM(o, sr, c) EACH(o, sr, c, NORM)
+#define ROW_NORM16(o, sr, c) EACH(o, sr, c, NORM16)
+#define ROW_LUT32(o, sr, c) EACH(o, sr, c, LUT32)
+#define ROW_LUT16(o, sr, c) EACH(o, sr, c, LUT16)
+#define ROW_BYTE(o, sr, c) EACH(o, sr, c, BYTE)
 #define NORM16(x, c) bf16_rne(NORM(x, c))
 /* integral values in [0, 255] (no processor resize): the same quotients from a table */
 #define LUT32(x, c) lut[c][(int)(x)]
 #define LUT16(x, c) lut16[c][(int)(x)]
 #define BYTE(x, c) ((uint8_t)(x)) /* integral in [0, 255]: the plan refuses other uint8 videos */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MML_SCATTER_AVX2 1
+#define AVX2FN __attribute__((target("avx2")))
+
+/* The same values 8 at a time (IEEE subtract and divide per lane; bfloat16 rounding and
+ * byte conversion as the scalar code does them).  A row of P >= 8 values is covered by
+ * vectors at 0, 8, ... and one ending at P (overlapping: it writes the same values). */
+#define VROW(o, sr, c, STORE8)                                             \
+  do {                                                                     \
+    for (int px = 0; px + 8 <= P; px += 8) STORE8((o) + px, (sr) + px, c); \
+    if (P % 8) STORE8((o) + P - 8, (sr) + P - 8, c);                       \
+  } while (0)
+
+AVX2FN static inline __m256 norm8(const float *x, __m256 m, __m256 s) {
+  return _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x), m), s);
+}
+
+AVX2FN static inline __m128i bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v), one = _mm256_set1_epi32(1);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)),
+                               _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  r = _mm256_srli_epi32(r, 16);
+  r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(r);
+}
+
+AVX2FN static inline __m128i bytes8(const float *x) {
+  __m256i r = _mm256_cvttps_epi32(_mm256_loadu_ps(x));
+  r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  __m128i h = _mm256_castsi256_si128(r);
+  return _mm_packus_epi16(h, h);
+}
+
+#define F32_8(o, x, c) _mm256_storeu_ps((o), norm8((x), vm[c], vs[c]))
+#define BF16_8(o, x, c) _mm_storeu_si128((__m128i *)(o), bf16x8(norm8((x), vm[c], vs[c])))
+#define U8_8(o, x, c) _mm_storel_epi64((__m128i *)(o), bytes8(x))
+#define VROW_F32(o, sr, c) VROW(o, sr, c, F32_8)
+#define VROW_BF16(o, sr, c) VROW(o, sr, c, BF16_8)
+#define VROW_U8(o, sr, c) VROW(o, sr, c, U8_8)
+
+/* scatter() below for P >= 8 on AVX2 CPUs: the same values. */
+AVX2FN static void scatter_avx2(const mml_vision_cfg *cfg, const mml_video_plan *p,
+                                const float *planes, int64_t g, int64_t t, const float *m,
+                                const float *s, void *out) {
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const size_t cols = (size_t)mml_vision_video_cols(cfg);
+  const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
+  const size_t plane = (size_t)p->dst_w * p->dst_h;
+  __m256 vm[3], vs[3];
+  for (int c = 0; c < 3; c++) vm[c] = _mm256_set1_ps(m[c]), vs[c] = _mm256_set1_ps(s[c]);
+  if (cfg->pixel_format == MML_PIXEL_UINT8)
+    SCATTER(uint8_t, VROW_U8);
+  else if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER(uint16_t, VROW_BF16);
+  else
+    SCATTER(float, VROW_F32);
+}
+#endif
 
 /* Normalises one frame (float planes, dst size) into its temporal slot of `out` in
  * cfg->pixel_format: (x - m) / s in float32 (the torchvision backend's fused rescale and
@@ -229,15 +298,21 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
     m[c] = cfg->mean[c] * 255.0f;
     s[c] = cfg->std[c] * 255.0f;
   }
+#ifdef MML_SCATTER_AVX2
+  if (P >= 8 && mml_cpu_avx2()) {
+    scatter_avx2(cfg, p, planes, g, t, m, s, out);
+    return;
+  }
+#endif
   if (cfg->pixel_format == MML_PIXEL_UINT8) {
-    SCATTER(uint8_t, BYTE);
+    SCATTER(uint8_t, ROW_BYTE);
     return;
   }
   if (p->dst_w != p->qvu_w || p->dst_h != p->qvu_h) { /* resized: values between the bytes */
     if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
-      SCATTER(uint16_t, NORM16);
+      SCATTER(uint16_t, ROW_NORM16);
     else
-      SCATTER(float, NORM);
+      SCATTER(float, ROW_NORM);
     return;
   }
   float lut[3][256];
@@ -248,9 +323,9 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
       lut16[c][v] = bf16_rne(lut[c][v]);
     }
   if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
-    SCATTER(uint16_t, LUT16);
+    SCATTER(uint16_t, ROW_LUT16);
   else
-    SCATTER(float, LUT32);
+    SCATTER(float, ROW_LUT32);
 }
 #undef SCATTER
 #undef NORM
@@ -292,7 +367,7 @@ static mml_status planes_fit(mml_video_scratch *s, const mml_video_plan *p, mml_
 static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
                              const mml_video_plan *p, const uint8_t *rgb, size_t stride, int64_t k,
                              void *out, mml_err *err) {
-  const size_t lpx = (size_t)p->list_w * p->list_h, qpx = (size_t)p->qvu_w * p->qvu_h;
+  const size_t lpx = (size_t)p->list_w * p->list_h;
   mml_status st;
   float *a = s->a, *b = s->b;
   for (int y = 0; y < p->list_h; y++) {
@@ -305,12 +380,8 @@ static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
     }
   }
   if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
-    if ((st = mml_resize_aa_bicubic_f32(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
+    if ((st = mml_resize_aa_bicubic_f32_u8(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
       return st;
-    for (size_t i = 0; i < 3 * qpx; i++) { /* clamp (no NaN here), round half to even */
-      float v = b[i] < 0.0f ? 0.0f : b[i] > 255.0f ? 255.0f : b[i];
-      b[i] = nearbyintf(v);
-    }
     a = b;
   }
   return mml_video_frame_write(cfg, s, p, a, k, out, err);

@@ -2,11 +2,14 @@
  * video_resize_kernel.h — private to video_resize.c: the kernel body, included once per
  * compiled copy (K(name) gives each copy its own names, KFN its target attributes).
  */
+/* ((a + 2) * x - (a + 3)) * x * x + 1 and ((a * x - 5a) * x + 8a) * x - 4a, with the
+ * multiply-adds a contracting compiler fuses (KFMA) spelled out, so every optimisation
+ * level (the sanitizer builds' -O1 fuses nothing by itself) gives torch's weights. */
 KFN static float K(cubic_aa)(float x) {
   const float a = -0.5f;
   x = fabsf(x);
-  if (x < 1.0f) return ((a + 2) * x - (a + 3)) * x * x + 1;
-  if (x < 2.0f) return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+  if (x < 1.0f) return KFMA(KFMA(a + 2, x, -(a + 3)) * x, x, 1.0f);
+  if (x < 2.0f) return KFMA(KFMA(KFMA(a, x, -5 * a), x, 8 * a), x, -4 * a);
   return 0.0f;
 }
 
@@ -49,54 +52,24 @@ KFN static inline float K(dot)(const float *src, size_t stride, const float *w, 
   return out;
 }
 
-KFN static mml_status K(resize)(const float *src, int planes, int sw, int sh, float *dst, int dw,
-                                int dh, mml_err *err) {
-  if (planes < 1 || sw < 1 || sh < 1 || dw < 1 || dh < 1 || !src || !dst)
-    return mml_err_set(err, MML_EINVAL, "resize: bad sizes %dx%d -> %dx%d", sw, sh, dw, dh);
-  const int need_h = sw != dw, need_v = sh != dh;
-  if (!need_h && !need_v) {
-    for (size_t i = 0; i < (size_t)planes * sw * sh; i++) dst[i] = src[i];
-    return MML_OK;
+/* Width: rows of sw -> rows of dw. */
+KFN __attribute__((unused)) static void K(hpass)(const float *src, size_t nrows, int sw,
+                                                 const axis *ax, float *dst, int dw) {
+  for (size_t r = 0; r < nrows; r++) {
+    const float *row = src + r * sw;
+    float *orow = dst + r * dw;
+    for (int x = 0; x < dw; x++)
+      orow[x] = K(dot)(row + ax->xmin[x], 1, ax->w + (size_t)x * ax->taps, ax->xsize[x]);
   }
-  axis ax = {0}, ay = {0};
-  float *mid = NULL;
-  mml_status st = MML_OK;
-  if (need_h && (st = K(axis_make)(&ax, sw, dw, err))) goto done;
-  if (need_v && (st = K(axis_make)(&ay, sh, dh, err))) goto done;
-  const float *hsrc = src;
-  if (need_h) { /* width first, into dst or (when height follows) a middle buffer */
-    float *o = dst;
-    if (need_v) {
-      mid = malloc((size_t)planes * dw * sh * sizeof(float));
-      if (!mid) {
-        st = mml_err_set(err, MML_ENOMEM, "resize: out of memory for a %dx%d plane", dw, sh);
-        goto done;
-      }
-      o = mid;
-    }
-    for (size_t r = 0; r < (size_t)planes * sh; r++) {
-      const float *row = src + r * sw;
-      float *orow = o + r * dw;
-      for (int x = 0; x < dw; x++)
-        orow[x] = K(dot)(row + ax.xmin[x], 1, ax.w + (size_t)x * ax.taps, ax.xsize[x]);
-    }
-    hsrc = o;
+}
+
+/* Height of one plane: sh rows of w -> dh rows of w. */
+KFN __attribute__((unused)) static void K(vpass)(const float *plane, int w, const axis *ay, int dh,
+                                                 float *op) {
+  for (int y = 0; y < dh; y++) {
+    const float *wt = ay->w + (size_t)y * ay->taps;
+    const float *col0 = plane + (size_t)ay->xmin[y] * w;
+    for (int x = 0; x < w; x++)
+      op[(size_t)y * w + x] = K(dot)(col0 + x, (size_t)w, wt, ay->xsize[y]);
   }
-  if (need_v) {
-    for (int p = 0; p < planes; p++) {
-      const float *plane = hsrc + (size_t)p * dw * sh;
-      float *op = dst + (size_t)p * dw * dh;
-      for (int y = 0; y < dh; y++) {
-        const float *w = ay.w + (size_t)y * ay.taps;
-        const float *col0 = plane + (size_t)ay.xmin[y] * dw;
-        for (int x = 0; x < dw; x++)
-          op[(size_t)y * dw + x] = K(dot)(col0 + x, (size_t)dw, w, ay.xsize[y]);
-      }
-    }
-  }
-done:
-  free(mid);
-  axis_free(&ax);
-  axis_free(&ay);
-  return st;
 }

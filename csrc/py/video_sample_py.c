@@ -238,8 +238,8 @@ static PyObject *py_video_timestamps(PyObject *mod, PyObject *args) {
 static PyObject *py_resize_aa_bicubic(PyObject *mod, PyObject *args) {
   mml_py_state *ms = mml_py_state_of(mod);
   Py_buffer b;
-  int planes, w, h, ow, oh;
-  if (!PyArg_ParseTuple(args, "y*iiiii:resize_aa_bicubic", &b, &planes, &w, &h, &ow, &oh))
+  int planes, w, h, ow, oh, round = 0;
+  if (!PyArg_ParseTuple(args, "y*iiiii|p:resize_aa_bicubic", &b, &planes, &w, &h, &ow, &oh, &round))
     return NULL;
   PyObject *res = NULL;
   if (planes < 1 || w < 1 || h < 1 || ow < 1 || oh < 1 ||
@@ -250,7 +250,8 @@ static PyObject *py_resize_aa_bicubic(PyObject *mod, PyObject *args) {
     mml_status st;
     float *dst = (float *)PyBytes_AS_STRING(res);
     Py_BEGIN_ALLOW_THREADS
-    st = mml_resize_aa_bicubic_f32(b.buf, planes, w, h, dst, ow, oh, &err);
+    st = round ? mml_resize_aa_bicubic_f32_u8(b.buf, planes, w, h, dst, ow, oh, &err)
+               : mml_resize_aa_bicubic_f32(b.buf, planes, w, h, dst, ow, oh, &err);
     Py_END_ALLOW_THREADS
     if (st) {
       Py_CLEAR(res);
@@ -263,8 +264,9 @@ static PyObject *py_resize_aa_bicubic(PyObject *mod, PyObject *args) {
 
 static PyMethodDef video_sample_functions[] = {
     {"resize_aa_bicubic", py_resize_aa_bicubic, METH_VARARGS,
-     "resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes resized as "
-     "torch.nn.functional.interpolate(mode='bicubic', antialias=True) does."},
+     "resize_aa_bicubic(buf, planes, w, h, out_w, out_h, round=False) -> bytes: float32 planes "
+     "resized as torch.nn.functional.interpolate(mode='bicubic', antialias=True) does (round: "
+     "then clamped to [0, 255] and rounded half to even)."},
     {"video_sample", py_video_sample, METH_VARARGS,
      "video_sample(line, total_frames, fps) -> dict: qwen-vl-utils' frame range, frame count, "
      "sample fps and frame indices for the record's first video."},

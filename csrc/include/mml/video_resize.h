@@ -15,4 +15,9 @@
 mml_status mml_resize_aa_bicubic_f32(const float *src, int planes, int sw, int sh, float *dst,
                                      int dw, int dh, mml_err *err);
 
+/* The same, each output then clamped to [0, 255] and rounded half to even (still float):
+ * torchvision's resize of a uint8 video (qwen-vl-utils' fetch_video budget step). */
+mml_status mml_resize_aa_bicubic_f32_u8(const float *src, int planes, int sw, int sh, float *dst,
+                                        int dw, int dh, mml_err *err);
+
 #endif
