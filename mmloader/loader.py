@@ -312,7 +312,8 @@ class Loader:
             shard whose first non-blank character is ``[`` a JSON array; anything else
             JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
             by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its
-            images, range-read from the shard).
+            images, ``000123.mp4`` (m4v, mov, mkv, webm, avi) its videos when the record
+            lists none, in tar order; range-read from the shard).
         image_root: folder (or URL prefix) relative image paths are resolved against;
             default: each shard's own folder.
         index: the dataset index (``python -m mmloader index``): None (default) uses
@@ -954,7 +955,7 @@ class Loader:
         page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
-        (rows copied because a sample failed only at decode; 0 otherwise), and
+        (image and video rows copied because a sample failed only at decode; 0 otherwise), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its samples delivered, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the samples

@@ -264,3 +264,25 @@ def test_webdataset_and_remote_video_files_are_probed(fds, tmp_path, fault_serve
     assert s["good"] == 2 and s["videos"] == 2, s
     assert 0 < s["bytes_read"], s
     check_against_loader(shard, out, "qwen2.5-vl", {})
+
+
+def test_webdataset_implicit_member_videos_are_counted(fds, tmp_path):
+    """A WebDataset record without a video list takes its sample's video members, in the
+    index as in the loader (and the settings key says so: an older index is not trusted)."""
+    _, _, a = fds
+    b = os.path.join(os.path.dirname(a), "b.webm")
+    video = open(a, "rb").read()
+    members = []
+    for i, (text, files) in enumerate(
+        [("<video>one", ["mp4"]), ("<video> and <video>", ["0.mp4", "1.webm"]), ("none", [])]
+    ):
+        r = {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]}
+        members.append((f"{i:06d}.json", json.dumps(r).encode()))
+        members += [(f"{i:06d}.{e}", open(b, "rb").read() if "webm" in e else video) for e in files]
+    wds = tar_shard(tmp_path / "implicit.tar", members)
+    out = str(tmp_path / "idx")
+    s = dsindex.build([wds], tokenizer=TINY, threads=2, out=out, **VISION)
+    assert s["good"] == 3 and s["videos"] == 3, s
+    x = dsindex.read(os.path.join(out, os.listdir(out)[0]))
+    assert "videos=frame-lists,files,members" in x["settings"]
+    check_against_loader(wds, out, "qwen2.5-vl", {})

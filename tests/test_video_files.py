@@ -295,6 +295,34 @@ def test_remote_http_and_s3_equal_local(vdir, tmp_path, fault_server, moto_s3):
     same(want, batches(write_shard(str(tmp_path / "s.jsonl"), [rec(url)]), **s3)[0])
 
 
+def test_each_file_is_opened_once_per_sample(vdir, tmp_path, fault_server):
+    """The plan stage's probe keeps the file open for the decode: one open (one HEAD, one
+    packet pass over an mkv, which reads it whole) per sample planned, not one more for
+    its decode; batches unchanged."""
+    mkv = make_video(str(tmp_path / "v.mkv"), "libx264", n=96, w=160, h=120, gop=12, noise=True)
+    srv = fault_server(objects={"/v/v.mkv": open(mkv, "rb").read()})
+    n, window = 8, 2
+
+    def recs(ref):
+        return [
+            {
+                "conversations": [{"from": "human", "value": f"<video>{i}"}],
+                "videos": [{"video": ref, "nframes": 4 + 2 * (i % 3)}],
+            }
+            for i in range(n)
+        ]
+
+    kw = dict(num_threads=2, window=window, prefetch=1)
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(mkv)), **kw)
+    got, _ = batches(write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/v/v.mkv"))), **kw)
+    same(want, got)
+    assert len(got) == n
+    # one open per sample planned: the n samples and the few of the next epoch planned
+    # ahead (the window); opening each again to decode it made it at least 2 * n
+    heads = sum(1 for e in srv.log if e[1] == "HEAD" and e[2] == "/v/v.mkv")
+    assert n <= heads < 2 * n, heads
+
+
 def tar_shard(path, members):
     with tarfile.open(path, "w") as tar:
         for name, data in members:
@@ -321,6 +349,62 @@ def test_webdataset_member_videos(vdir, tmp_path, fault_server):
     same(want, batches(shard)[0])
     srv = fault_server(objects={"/w/s.tar": open(shard, "rb").read()})
     same(want, batches(srv.url("/w/s.tar"))[0])
+
+
+def test_webdataset_implicit_member_videos(vdir, tmp_path, fault_server):
+    """A WebDataset sample whose record lists no videos takes its video members (in tar
+    order) for `<video>` tags and {"type": "video"} parts, as its image members stand for
+    an absent image list; the batches are those of the same records naming the files."""
+    Image = pytest.importorskip("PIL.Image")
+    a, b = video(vdir, "h264-mp4"), video(vdir, "hevc-mkv")
+    img = str(tmp_path / "i.png")
+    Image.fromarray(np.full((40, 56, 3), 90, np.uint8)).save(img)
+
+    def human(text):
+        return {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]}
+
+    def part(**kw):
+        content = [dict(kw, type="video"), {"type": "text", "text": "?"}]
+        return {"messages": [{"role": "user", "content": content}]}
+
+    # (record in the shard, its members, the same record naming the files)
+    items = [
+        (human("<video>?"), [("mp4", a)], dict(human("<video>?"), videos=[a])),
+        (part(nframes=6), [("mkv", b)], part(nframes=6, video=b)),
+        (
+            human("<image> and <video>"),
+            [("png", img), ("mp4", a)],
+            dict(human("<image> and <video>"), images=[img], videos=[a]),
+        ),
+        (
+            human("<video> then <video>"),
+            [("0.mkv", b), ("1.mp4", a)],
+            dict(human("<video> then <video>"), videos=[b, a]),
+        ),
+        (
+            dict(human("<video> listed"), videos=["1.mp4"]),  # a list: the members unused
+            [("0.mkv", b), ("1.mp4", a)],
+            dict(human("<video> listed"), videos=[a]),
+        ),
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "ref.jsonl"), [r for _, _, r in items]))
+    members = []
+    for i, (rec, files, _) in enumerate(items):
+        members.append((f"{i:06d}.json", json.dumps(rec).encode()))
+        members += [(f"{i:06d}.{ext}", open(f, "rb").read()) for ext, f in files]
+    shard = tar_shard(tmp_path / "s.tar", members)
+    got, _ = batches(shard)
+    assert len(got) == len(items) and sum("video_grid_thw" in g for g in got) == len(items)
+    same(want, got)
+    srv = fault_server(objects={"/w/s.tar": open(shard, "rb").read()})
+    same(want, batches(srv.url("/w/s.tar"))[0])
+    # a video member that no tag or part takes is a count mismatch naming the sample
+    bad = tar_shard(
+        tmp_path / "bad.tar",
+        [("k.json", json.dumps(human("No tag.")).encode()), ("k.mp4", open(a, "rb").read())],
+    )
+    with pytest.raises(mmloader.SampleError, match=r"bad\.tar\[k\]: video count mismatch"):
+        batches(bad, on_error="raise")
 
 
 # ---- failures ----------------------------------------------------------------------------

@@ -36,9 +36,10 @@ struct mml_collator {
   int multiple;      /* slot rounding (>= 1) */
   mml_sample *slots; /* samples of the current batch, [0, count) */
   int count, cap;
-  int64_t used;    /* packed: sum of slot lengths; padded: longest sample */
-  int64_t rows;    /* pixel rows of the current batch */
-  mml_buf *pixbuf; /* attached pixel_values buffer (pixels written elsewhere), or NULL */
+  int64_t used;       /* packed: sum of slot lengths; padded: longest sample */
+  int64_t rows;       /* pixel rows of the current batch */
+  mml_buf *pixbuf[2]; /* attached pixel_values / pixel_values_videos buffers (pixels
+                         written elsewhere), or NULL */
 };
 
 static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? (n + m - 1) / m * m : n; }
@@ -111,7 +112,8 @@ mml_status mml_collator_new(const mml_collate_cfg *cfg, mml_pool *pool, mml_coll
 
 void mml_collator_free(mml_collator *c) {
   if (!c) return;
-  mml_buf_release(c->pixbuf);
+  mml_buf_release(c->pixbuf[0]);
+  mml_buf_release(c->pixbuf[1]);
   for (int i = 0; i < c->cap; i++) mml_sample_free(&c->slots[i]);
   free(c->slots);
   free(c);
@@ -182,13 +184,9 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
                          (long long)s->index, i, g[0], g[1], g[2]);
     vrows += (int64_t)g[0] * g[1] * g[2];
   }
-  const size_t vrow_bytes =
-      (size_t)video_cols(&c->cfg) * mml_dtype_size(mml_pixel_format_dtype(c->cfg.pixel_format));
-  if (vrows != s->vpixel_rows ||
-      (!s->vpixels_pending && s->vpixels.len != (size_t)s->vpixel_rows * vrow_bytes))
-    return mml_err_set(
-        err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows (%zu bytes)",
-        (long long)s->index, (long long)vrows, (long long)s->vpixel_rows, s->vpixels.len);
+  if (vrows != s->vpixel_rows)
+    return mml_err_set(err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows",
+                       (long long)s->index, (long long)vrows, (long long)s->vpixel_rows);
   if (c->cfg.mrope) {
     mml_mrope_media md = media_of(&c->cfg, s);
     mml_status st = mml_mrope_positions_media(s->input_ids.data, n, &md, c->cfg.spatial_merge, NULL,
@@ -229,13 +227,15 @@ int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge) {
   return c->budget * (int64_t)max_merge * max_merge;
 }
 
-void mml_collator_attach_pixels(mml_collator *c, mml_buf *buf) {
+void mml_collator_attach_pixels(mml_collator *c, int videos, mml_buf *buf) {
   mml_buf_retain(buf);
-  mml_buf_release(c->pixbuf);
-  c->pixbuf = buf;
+  mml_buf_release(c->pixbuf[videos != 0]);
+  c->pixbuf[videos != 0] = buf;
 }
 
-mml_buf *mml_collator_attached_pixels(const mml_collator *c) { return c->pixbuf; }
+mml_buf *mml_collator_attached_pixels(const mml_collator *c, int videos) {
+  return c->pixbuf[videos != 0];
+}
 int64_t mml_collator_rows(const mml_collator *c) { return c->rows; }
 
 int mml_collator_fits(const mml_collator *c, const mml_sample *s) {
@@ -255,9 +255,6 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
    * buffer later. */
   mml_status st = mml_collator_check(c, s, err);
   if (st) return st;
-  if (s->vpixels_pending)
-    return mml_err_set(err, MML_EINVAL, "collator: sample %lld: its videos are not decoded",
-                       (long long)s->index);
   if (!mml_collator_fits(c, s))
     return mml_err_set(err, MML_EINVAL, "collator: sample %lld does not fit; emit first",
                        (long long)s->index);
@@ -286,8 +283,10 @@ void mml_collator_reset(mml_collator *c) {
   c->count = 0;
   c->used = 0;
   c->rows = 0;
-  mml_buf_release(c->pixbuf);
-  c->pixbuf = NULL;
+  for (int p = 0; p < 2; p++) {
+    mml_buf_release(c->pixbuf[p]);
+    c->pixbuf[p] = NULL;
+  }
 }
 
 /* ---- emit ---------------------------------------------------------------------------- */
@@ -484,12 +483,12 @@ static mml_status emit_vision(emit_ctx *e) {
   mml_status st;
   const mml_dtype dt = mml_pixel_format_dtype(cfg->pixel_format);
   uint8_t *o = NULL;
-  if (!holder && e->c->pixbuf) { /* written in place: the tensor views the buffer */
-    if (e->c->pixbuf->size < (size_t)rows * (size_t)cols * mml_dtype_size(dt))
+  mml_buf *pixbuf = e->c->pixbuf[0];
+  if (!holder && pixbuf) { /* written in place: the tensor views the buffer */
+    if (pixbuf->size < (size_t)rows * (size_t)cols * mml_dtype_size(dt))
       return mml_err_set(e->err, MML_EINTERNAL, "collator: %lld pixel rows in a %zu-byte buffer",
-                         (long long)rows, e->c->pixbuf->size);
-    st = mml_batch_add_view(e->out, "pixel_values", dt, 2, DIMS(rows, cols), e->c->pixbuf, 0,
-                            e->err);
+                         (long long)rows, pixbuf->size);
+    st = mml_batch_add_view(e->out, "pixel_values", dt, 2, DIMS(rows, cols), pixbuf, 0, e->err);
     if (st) return st;
   } else if (!(o = emit_tensor(e, "pixel_values", dt, 2, DIMS(holder ? 1 : rows, cols), &st))) {
     return st;
@@ -530,15 +529,16 @@ static mml_status emit_videos(emit_ctx *e) {
     nv += e->c->slots[i].nvideos;
   }
   if (nv == 0) return MML_OK;
-  mml_status st;
-  uint8_t *o = emit_tensor(e, "pixel_values_videos", mml_pixel_format_dtype(e->cfg->pixel_format),
-                           2, DIMS(rows, video_cols(e->cfg)), &st);
-  if (!o) return st;
-  for (int i = 0; i < e->n; i++) {
-    const mml_sample *s = &e->c->slots[i];
-    if (s->vpixels.len) memcpy(o, s->vpixels.data, s->vpixels.len);
-    o += s->vpixels.len;
-  }
+  const mml_dtype dt = mml_pixel_format_dtype(e->cfg->pixel_format);
+  const int64_t cols = video_cols(e->cfg);
+  mml_buf *buf = e->c->pixbuf[1]; /* written in place: the tensor views the buffer */
+  if (!buf || buf->size < (size_t)rows * (size_t)cols * mml_dtype_size(dt))
+    return mml_err_set(e->err, MML_EINTERNAL,
+                       "collator: %lld pixel_values_videos rows in a %zu-byte buffer",
+                       (long long)rows, buf ? buf->size : 0);
+  mml_status st =
+      mml_batch_add_view(e->out, "pixel_values_videos", dt, 2, DIMS(rows, cols), buf, 0, e->err);
+  if (st) return st;
   int64_t *g = emit_tensor(e, "video_grid_thw", MML_DT_INT64, 2, DIMS(nv, 3), &st);
   if (!g) return st;
   for (int i = 0; i < e->n; i++)

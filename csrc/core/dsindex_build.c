@@ -42,7 +42,7 @@
 #include "mml/template.h"
 #include "mml/video_frames.h"
 
-enum { CHUNK = 256, MAX_MEMBERS = 64 };
+enum { CHUNK = 256 };
 
 typedef struct chunk {
   mml_dsx_sample s[CHUNK];
@@ -307,19 +307,10 @@ static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *
     st = mml_fetch_get(f, b->sh->path, off, len, &w->rec_bytes, err);
   if (st) return st;
   *bytes += w->rec_bytes.len;
-  size_t n = mml_index_record_len(b->sh, w->rec_bytes.data, w->rec_bytes.len);
   if (w->rec_parsed) mml_record_free(&w->rec);
   memset(&w->rec, 0, sizeof w->rec);
   w->rec_parsed = 1;
-  /* as the loader's worker parses it (loader_worker.c parse_record) */
-  const char *members[MAX_MEMBERS];
-  int nm = mml_index_images(&L->ix, b->shard, gi, members, MAX_MEMBERS);
-  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
-  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample,
-                        .implicit = members,
-                        .nimplicit = nm};
-  return mml_record_parse_opts((const char *)w->rec_bytes.data, n, &ro, &w->rec, err);
+  return ld_parse_record(L, b->shard, gi, &w->rec_bytes, &w->rec, err); /* as the loader does */
 }
 
 /* Plans shard sample k into *out and its images onto chunk c. */

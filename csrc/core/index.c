@@ -459,7 +459,9 @@ int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref,
   return 0;
 }
 
-int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max) {
+/* Sample i's members whose name `is_kind` accepts, in tar order, into names (at most max). */
+static int members_of_kind(const mml_index *ix, int shard, int64_t i, int (*is_kind)(const char *),
+                           const char **names, int max) {
   const mml_index_shard *sh = &ix->shards[shard];
   if (sh->layout != MML_LAYOUT_WDS) return 0;
   int64_t m0, m1;
@@ -467,11 +469,19 @@ int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **nam
   int n = 0;
   for (int64_t m = m0; m < m1; m++) {
     const char *name = sh->names + sh->members[m].name;
-    if (!ix_is_image_ext(name)) continue;
+    if (!is_kind(name)) continue;
     if (n < max) names[n] = name;
     n++;
   }
   return n;
+}
+
+int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max) {
+  return members_of_kind(ix, shard, i, ix_is_image_ext, names, max);
+}
+
+int mml_index_videos(const mml_index *ix, int shard, int64_t i, const char **names, int max) {
+  return members_of_kind(ix, shard, i, ix_is_video_ext, names, max);
 }
 
 void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,

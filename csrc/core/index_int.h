@@ -70,6 +70,7 @@ mml_status ix_end_line(mml_index_builder *b, int64_t next_start);
 mml_status ix_tar_close_group(mml_index_builder *b);
 mml_status ix_oom(mml_index_builder *b, mml_err *err);
 int ix_is_image_ext(const char *name); /* a WebDataset image member's extension */
+int ix_is_video_ext(const char *name); /* a WebDataset video (file) member's extension */
 mml_status ix_json_error(mml_index_builder *b, mml_err *err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

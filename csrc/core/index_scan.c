@@ -259,13 +259,22 @@ static int tar_checksum_ok(const uint8_t *h) {
   return want >= 0 && ((int64_t)u == want || sg == want);
 }
 
-int ix_is_image_ext(const char *name) {
+static int has_ext(const char *name, const char *const *exts, size_t n) {
   const char *dot = strrchr(name, '.');
   if (!dot) return 0;
-  static const char *const exts[] = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"};
-  for (size_t i = 0; i < sizeof exts / sizeof *exts; i++)
+  for (size_t i = 0; i < n; i++)
     if (!strcasecmp(dot + 1, exts[i])) return 1;
   return 0;
+}
+
+int ix_is_image_ext(const char *name) {
+  static const char *const exts[] = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"};
+  return has_ext(name, exts, sizeof exts / sizeof *exts);
+}
+
+int ix_is_video_ext(const char *name) {
+  static const char *const exts[] = {"mp4", "m4v", "mov", "mkv", "webm", "avi"};
+  return has_ext(name, exts, sizeof exts / sizeof *exts);
 }
 
 /* Ends the open group: a sample when it has a .json member, else forgotten. */

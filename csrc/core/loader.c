@@ -476,8 +476,10 @@ void mml_loader_free(mml_loader *L) {
       free(t->imgs);
       free(t->refs);
       free(t->plans);
+      ld_task_close_videos(L, t);
       free(t->vinfo);
       free(t->vplans);
+      free(t->vids);
       ld_place_clear(t);
       mml_bytes_free(&t->path);
     }

@@ -214,10 +214,10 @@ typedef struct coll_state {
   int ci;             /* the instance composing the current batch (never busy) */
   mml_sample s;
   mml_err err;
-  /* the sample's placement, taken from its slot: its ticket, where its rows are */
+  /* the sample's placement, taken from its slot: its ticket, where its rows are (the
+   * dest references of each plane) */
   int64_t tk;
-  mml_buf *dest;
-  size_t dest_off;
+  place_at at[PLANES];
 } coll_state;
 
 /* A seek replaced the plan (it dropped pending output): start over at its cursor. */
@@ -353,8 +353,7 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
     C = L->colls[c->ci];
   }
   int64_t pos = c->s.pos;
-  mml_status pst =
-      ld_place_take_locked(L, C, c->tk, c->dest, c->dest_off, c->s.pixel_rows, &c->err);
+  mml_status pst = ld_place_take_locked(L, C, c->tk, c->at, &c->s, &c->err);
   if (pst) {
     ld_set_fatal_locked(L, pst, &c->err);
     return;
@@ -411,10 +410,11 @@ void *ld_collator_main(void *arg) {
     }
     mml_sample_swap(&c.s, &t->sample);
     c.tk = t->tk;
-    mml_buf_release(c.dest);
-    c.dest = t->dest; /* its reference moves here */
-    c.dest_off = t->dest_off;
-    t->dest = NULL;
+    for (int p = 0; p < PLANES; p++) { /* its references move here */
+      c.at[p] = t->at[p];
+      c.at[p].home = NULL;
+      t->at[p].dest = NULL;
+    }
     ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
@@ -433,8 +433,10 @@ void *ld_collator_main(void *arg) {
     } else {
       coll_add_locked(L, &c);
     }
-    mml_buf_release(c.dest);
-    c.dest = NULL;
+    for (int p = 0; p < PLANES; p++) {
+      mml_buf_release(c.at[p].dest);
+      c.at[p].dest = NULL;
+    }
   }
   pthread_mutex_unlock(&L->mu);
   mml_sample_free(&c.s);

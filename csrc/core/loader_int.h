@@ -29,8 +29,25 @@ enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) */
+/* Video files kept open between their probe (plan stage) and their decode: each holds a
+ * demuxer, a decoder and maybe a file descriptor; past this many the rest are closed
+ * after the probe and opened again to decode. */
+enum { MML_VIDEOS_KEPT_OPEN = 128 };
 
 typedef struct task task;
+
+/* The two pixel planes of a batch: pixel_values (image rows) and pixel_values_videos
+ * (video rows), each its own buffer with its own row width. */
+enum { PL_IMG = 0, PL_VID = 1, PLANES = 2 };
+
+/* A sample's place in one plane: its first row in its ticket's plane, where its rows must
+ * go (dest, a reference held; NULL: not known yet) and where they are (home, once
+ * decoded). */
+typedef struct place_at {
+  int64_t row;
+  mml_buf *dest, *home;
+  size_t dest_off, home_off;
+} place_at;
 
 typedef struct fetch_ref {
   task *t;
@@ -64,31 +81,34 @@ struct task {
    * to the decode stage; a WebDataset member video's bytes are imgs[nmedia + v] */
   struct mml_video_info *vinfo;
   struct mml_video_plan *vplans;
+  struct mml_video **vids; /* each file kept open from its probe to its decode (NULL:
+                              closed; at most MML_VIDEOS_KEPT_OPEN per loader) */
   int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
-   * -1: not placed) and its first row there; where its pixels must go (dest, a reference
-   * held; NULL: not known yet) and where they are (home, once decoded) */
+   * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;
-  int64_t row;
   int dec;
-  mml_buf *dest, *home;
-  size_t dest_off, home_off;
+  place_at at[PLANES];
   task *next_dec;
   int64_t held; /* capacity of its byte buffers, counted in win_bytes (mu) */
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
  * pixel_values buffer once known. */
+typedef struct tk_plane {
+  int64_t rows;      /* rows placed */
+  int64_t done_rows; /* rows of its samples the collator has taken */
+  mml_buf *buf;      /* cap_rows rows; NULL until materialized */
+  int64_t cap_rows;
+  int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
+} tk_plane;
+
 typedef struct ticket {
   mml_compose comp; /* its composition so far */
   int64_t epoch;
-  int64_t rows;      /* pixel rows placed */
-  int64_t done_rows; /* rows of its samples the collator has taken */
-  int64_t first_seq; /* its first sample */
-  int closed;        /* complete by plan */
-  mml_buf *buf;      /* pixel_values, cap_rows rows; NULL until materialized */
-  int64_t cap_rows;
-  int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
+  int64_t first_seq;   /* its first sample */
+  int closed;          /* complete by plan */
+  tk_plane pl[PLANES]; /* pixel_values, pixel_values_videos */
 } ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
@@ -172,10 +192,10 @@ struct mml_loader {
   int ntk;
   int64_t tk_head, tk_tail;
   int64_t place_seq;
-  int64_t rows_bound;        /* packed: most rows a pack can hold; -1: padded */
-  size_t row_bytes;          /* bytes of one pixel_values row */
-  task *dec_head, *dec_tail; /* decode jobs, in placement order */
-  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
+  int64_t rows_bound[PLANES]; /* packed: most rows a pack can hold; -1: padded */
+  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row */
+  task *dec_head, *dec_tail;  /* decode jobs, in placement order */
+  uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -190,6 +210,7 @@ struct mml_loader {
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
+  int videos_kept; /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -331,6 +352,12 @@ int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
+/* Parses global sample gi of `shard` from the bytes read for its range into *rec (zeroed
+ * or freed before): the record trimmed as its shard's layout says; a WebDataset sample's
+ * image and video members stand for an absent image / video list.  The one parse the
+ * loader and the index builder share. */
+mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
+                           mml_record *rec, mml_err *err);
 
 /* loader_place.c (collation thread, mu held) */
 mml_status ld_place_new(mml_loader *L, mml_err *err);
@@ -344,16 +371,19 @@ void ld_place_reset_locked(mml_loader *L);
 /* Keep the head ticket's part the collator holds (`c` composes it) and re-place every
  * sample from seq on (a placed sample failed at decode, or the plan wrapped). */
 void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq);
-/* The collator `c` takes a good sample of ticket tk whose rows lie at (dest, dest_off):
- * attaches the head ticket's buffer to c and checks they are where c expects them. */
-mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk, mml_buf *dest,
-                                size_t dest_off, int64_t rows, mml_err *err);
+/* The collator `c` takes good sample s of ticket tk whose rows lie at at[p].dest +
+ * dest_off: attaches the head ticket's buffers to c and checks they are where c expects
+ * them. */
+mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk,
+                                const place_at at[PLANES], const mml_sample *s, mml_err *err);
 /* The collator handed off the batch of the head ticket. */
 void ld_place_pop_locked(mml_loader *L);
 /* 1 when t's pixels are in their final place (the collator may take it). */
 int ld_place_ready(const mml_loader *L, const task *t);
 /* Releases t's placement (a slot reused or freed). */
 void ld_place_clear(task *t);
+/* 1 when every plane t has rows in has given it a destination (its decode may run). */
+int ld_place_has_dests(const task *t);
 /* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
 /* max_memory: 1 when a worker may start reading one more sample. */
@@ -370,8 +400,11 @@ void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* max_memory: t's byte buffers (re)counted once its reading is done. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
-/* A worker finished decoding t into (buf, off): its home; copied to dest if it moved. */
-void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off);
+/* Closes the videos t kept open since its probe (loader_worker.c). */
+void ld_task_close_videos(mml_loader *L, task *t);
+/* A worker finished decoding t's plane p into (buf, off): its home; copied to dest if it
+ * moved. */
+void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off);
 
 /* loader_collator.c */
 void *ld_collator_main(void *loader);

@@ -1,7 +1,8 @@
 /*
  * loader_place.c — plan before decode: the loader's planner places planned samples into
  * batches ahead of the collator, so every image is decoded straight into its slice of
- * its batch's pixel_values buffer (written once, never copied in the normal course).
+ * its batch's pixel_values buffer and every video into its slice of the batch's
+ * pixel_values_videos buffer (written once, never copied in the normal course).
  *
  * DATA FLOW
  *   worker:   record -> image bytes -> headers (mml_sample_plan: grids, tokens, ids,
@@ -9,17 +10,19 @@
  *   planner:  (the collation thread, this file) walks planned slots in stream order and
  *             runs the collator's own composition step (mml_compose_fits/add/full) on
  *             their token counts, so it composes exactly the batches the collator will:
- *             each batch is a `ticket`; a ticket's pixel_values buffer is taken from the
- *             pool as soon as its size is known (padded: when the ticket is complete;
- *             packed: at its first image, with the pack's bound pack_length * merge^2
- *             rows), and each member's decode is queued with its destination
+ *             each batch is a `ticket` with two PLANES, PL_IMG (pixel_values rows) and
+ *             PL_VID (pixel_values_videos rows), each with its own row width; a plane's
+ *             buffer is taken from the pool as soon as its size is known (padded: when
+ *             the ticket is complete; packed: at its first row in that plane, with the
+ *             pack's bound pack_length * merge^2 rows), and each member's decode is
+ *             queued once every plane it has rows in has given it a destination
  *             (buffer + first row * row bytes)
- *   worker:   decodes the queued sample into its destination -> slot DONE (videos go
- *             into the sample's own rows, which the collator copies: a sample with
- *             videos and no images is queued for decode without a destination)
+ *   worker:   decodes the queued sample's images and videos into their destinations
+ *             -> slot DONE
  *   collator: takes DONE slots strictly in order, exactly as before (the same
- *             composition code, on the same counts), attaching the head ticket's buffer
- *             as the batch's pixel_values; emission only writes the small tensors.
+ *             composition code, on the same counts), attaching the head ticket's buffers
+ *             as the batch's pixel_values and pixel_values_videos; emission only writes
+ *             the small tensors.
  *
  * LATE FAILURES.  A sample that planned but fails to decode (corrupt data past the
  * header) is skipped as before, and composition must be what it was: the collator skips
@@ -27,15 +30,15 @@
  * sample after it: the head ticket keeps what the collator already took (copied into a
  * fresh buffer), every later placement is dropped and redone.  Samples already decoded
  * at their old place are copied to their new one (memcpy, the only pixel copy, counted
- * in moved_rows); queued ones just get the new destination; running ones copy when they
- * finish.  Batches are therefore bitwise what they were, whatever fails and when.  The
+ * in moved_rows, both planes); queued ones just get the new destination; running ones
+ * copy when they finish.  Batches are therefore bitwise what they were, whatever fails and when.  The
  * same rewind serves a padded epoch's wrap (the plan of seq changes) and a padded ticket
  * that had to be given a buffer before it was complete (the window ran out or the epoch
  * ended): it is then re-buffered as it grows.
  *
- * BUFFERS.  A buffer, once a ticket's, only receives writes at the offsets that ticket
- * gave; a ticket that changes (rewind, growth) moves to a fresh buffer, so no move can
- * overwrite rows a running decode still writes.  Every holder (ticket, task dest/home, a
+ * BUFFERS.  A buffer, once a ticket plane's, only receives writes at the offsets that
+ * ticket gave; a plane that changes (rewind, growth) moves to a fresh buffer, so no move
+ * can overwrite rows a running decode still writes.  Every holder (ticket, task dest/home, a
  * running decode, the collator, the batch's tensor) holds its own reference; the buffer
  * returns to the pool with the last one.
  *
@@ -45,10 +48,9 @@
  * faulted in again (ld_bytes_take / ld_bytes_return_locked).
  *
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
- * built, queued, or held by the consumer; cached: kept mapped for reuse), the window's
- * byte buffers (spares included, with each sample's video rows: planned ones before they
- * exist) and a fixed scratch reserve per worker.  A ticket's buffer is taken only
- * when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
+ * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
+ * rows alike), the window's byte buffers (spares included) and a fixed scratch reserve
+ * per worker.  A ticket plane's buffer is taken only when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
  * and so do the tickets after it, and the planner retries as the consumer releases
  * batches.  Workers start reading a sample only with room for the largest sample seen
  * per read in flight.  A sample that alone cannot fit is an error naming it; so is a
@@ -65,6 +67,11 @@
 static ticket *tk_at(mml_loader *L, int64_t id) { return &L->tks[id % L->ntk]; }
 static task *slot_of(mml_loader *L, int64_t seq) { return &L->tasks[seq % L->window]; }
 
+/* Rows of plane p a sample has: its images' or its videos'. */
+static int64_t plane_rows(const mml_sample *s, int p) {
+  return p == PL_IMG ? s->pixel_rows : s->vpixel_rows;
+}
+
 mml_status ld_place_new(mml_loader *L, mml_err *err) {
   L->placing = !L->cfg.plan_only;
   L->ntk = L->window + 2; /* each ticket but the open one holds a sample in the window */
@@ -75,22 +82,26 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   int merge = 1;
   for (int i = 0; i < L->nsrc; i++)
     if (L->src[i].vision.merge_size > merge) merge = L->src[i].vision.merge_size;
-  L->rows_bound = mml_collator_rows_bound(L->collator, merge);
-  L->row_bytes =
-      (size_t)L->ccfg.pixel_cols * mml_dtype_size(mml_pixel_format_dtype(L->ccfg.pixel_format));
+  const size_t elem = mml_dtype_size(mml_pixel_format_dtype(L->ccfg.pixel_format));
+  const int vcols = L->ccfg.video_cols > 0 ? L->ccfg.video_cols : L->ccfg.pixel_cols;
+  L->row_bytes[PL_IMG] = (size_t)L->ccfg.pixel_cols * elem;
+  L->row_bytes[PL_VID] = (size_t)vcols * elem;
   /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
    * are only resident once written.  Pinned or caller-allocated memory is all resident,
    * and a bound that is a large part of max_memory would starve the rest: then a pack's
    * buffer is sized when the pack is complete, like a padded batch's. */
-  if (L->pinned || L->cfg.allocator ||
-      (L->cfg.max_memory > 0 && L->rows_bound > 0 &&
-       (int64_t)((size_t)L->rows_bound * L->row_bytes) > L->cfg.max_memory / 4))
-    L->rows_bound = -1;
+  for (int p = 0; p < PLANES; p++) {
+    L->rows_bound[p] = mml_collator_rows_bound(L->collator, merge);
+    if (L->pinned || L->cfg.allocator ||
+        (L->cfg.max_memory > 0 && L->rows_bound[p] > 0 &&
+         (int64_t)((size_t)L->rows_bound[p] * L->row_bytes[p]) > L->cfg.max_memory / 4))
+      L->rows_bound[p] = -1;
+  }
   return MML_OK;
 }
 
 static void ticket_drop(ticket *k) {
-  mml_buf_release(k->buf);
+  for (int p = 0; p < PLANES; p++) mml_buf_release(k->pl[p].buf);
   memset(k, 0, sizeof *k);
 }
 
@@ -101,28 +112,40 @@ void ld_place_free(mml_loader *L) {
   L->tks = NULL;
 }
 
-void ld_place_clear(task *t) {
-  mml_buf_release(t->dest);
-  mml_buf_release(t->home);
-  t->dest = t->home = NULL;
-  t->tk = -1;
-}
-
 static void unplace(task *t) {
   t->tk = -1;
-  mml_buf_release(t->dest);
-  t->dest = NULL;
+  for (int p = 0; p < PLANES; p++) {
+    mml_buf_release(t->at[p].dest);
+    t->at[p].dest = NULL;
+  }
 }
 
-/* A decoded sample's rows go where they now belong (the only copy of pixels; rare). */
-static void move_home(mml_loader *L, task *t) {
-  size_t n = (size_t)t->sample.pixel_rows * L->row_bytes;
-  memcpy((uint8_t *)t->dest->data + t->dest_off, (uint8_t *)t->home->data + t->home_off, n);
-  L->moved_rows += (uint64_t)t->sample.pixel_rows;
-  mml_buf_release(t->home);
-  mml_buf_retain(t->dest);
-  t->home = t->dest;
-  t->home_off = t->dest_off;
+void ld_place_clear(task *t) {
+  unplace(t);
+  for (int p = 0; p < PLANES; p++) {
+    mml_buf_release(t->at[p].home);
+    t->at[p].home = NULL;
+  }
+}
+
+int ld_place_has_dests(const task *t) {
+  for (int p = 0; p < PLANES; p++)
+    if (plane_rows(&t->sample, p) > 0 && !t->at[p].dest) return 0;
+  return 1;
+}
+
+/* A decoded sample's plane-p rows go where they now belong (the only copy of pixels;
+ * rare). */
+static void move_home(mml_loader *L, task *t, int p) {
+  place_at *a = &t->at[p];
+  int64_t rows = plane_rows(&t->sample, p);
+  memcpy((uint8_t *)a->dest->data + a->dest_off, (uint8_t *)a->home->data + a->home_off,
+         (size_t)rows * L->row_bytes[p]);
+  L->moved_rows += (uint64_t)rows;
+  mml_buf_release(a->home);
+  mml_buf_retain(a->dest);
+  a->home = a->dest;
+  a->home_off = a->dest_off;
 }
 
 static void queue_decode(mml_loader *L, task *t) {
@@ -136,79 +159,100 @@ static void queue_decode(mml_loader *L, task *t) {
   pthread_cond_signal(&L->work_cv);
 }
 
-/* t's rows go to byte `off` of buf: decode queued, or (decoded) moved, or (running) moved
- * by the worker when it finishes. */
-static void set_dest(mml_loader *L, task *t, mml_buf *buf, size_t off) {
+/* t's plane-p rows go to byte `off` of buf: its decode queued (once every plane it has
+ * rows in has a place), or (decoded) moved, or (running) moved by the worker when it
+ * finishes. */
+static void set_dest(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {
+  place_at *a = &t->at[p];
   mml_buf_retain(buf);
-  mml_buf_release(t->dest);
-  t->dest = buf;
-  t->dest_off = off;
+  mml_buf_release(a->dest);
+  a->dest = buf;
+  a->dest_off = off;
   if (t->state == SLOT_PLANNED) {
-    if (t->dec == DEC_NONE) queue_decode(L, t);
-  } else if (t->home && (t->home != buf || t->home_off != off)) {
-    move_home(L, t);
+    if (t->dec == DEC_NONE && ld_place_has_dests(t)) queue_decode(L, t);
+  } else if (a->home && (a->home != buf || a->home_off != off)) {
+    move_home(L, t, p);
   }
 }
 
 /* The ticket's uncommitted members (seq from head_seq to place_seq) get their places in
- * k->buf. */
-static void assign_members(mml_loader *L, int64_t id) {
+ * plane p's buffer. */
+static void assign_members(mml_loader *L, int64_t id, int p) {
   ticket *k = tk_at(L, id);
   int64_t s0 = k->first_seq > L->head_seq ? k->first_seq : L->head_seq;
   for (int64_t s = s0; s < L->place_seq; s++) {
     task *t = slot_of(L, s);
-    if (t->tk == id && t->sample.pixel_rows > 0)
-      set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
+    if (t->tk == id && plane_rows(&t->sample, p) > 0)
+      set_dest(L, t, p, k->pl[p].buf, (size_t)t->at[p].row * L->row_bytes[p]);
   }
 }
 
-/* Gives ticket `id` a fresh buffer of cap_rows rows: the rows the collator already took
- * are copied (and the collator `c` composing it switches to it), the rest placed anew. */
-static int rebuffer(mml_loader *L, int64_t id, int64_t cap_rows, mml_collator *c) {
+/* Gives plane p of ticket `id` a fresh buffer of cap_rows rows: the rows the collator
+ * already took are copied (and the collator `c` composing it switches to it), the rest
+ * placed anew. */
+static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_collator *c) {
   ticket *k = tk_at(L, id);
+  tk_plane *q = &k->pl[p];
   int earlier = 0; /* tickets get room in order: the head first */
-  for (int64_t j = L->tk_head; j < id; j++) earlier |= tk_at(L, j)->pending_rows > 0;
-  if (earlier || !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes))) {
-    k->pending_rows = cap_rows;
+  for (int64_t j = L->tk_head; j < id; j++)
+    for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
+  if (earlier || !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
+    q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;
   }
-  k->pending_rows = 0;
+  q->pending_rows = 0;
   mml_buf *nb = NULL;
   mml_err err;
-  mml_status st = mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes, &nb, &err);
+  mml_status st = mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
   if (st) {
-    mml_err_prefix(&err, "pixel_values of a batch (%lld rows)", (long long)cap_rows);
+    mml_err_prefix(&err, "%s of a batch (%lld rows)",
+                   p == PL_IMG ? "pixel_values" : "pixel_values_videos", (long long)cap_rows);
     ld_set_fatal_locked(L, st, &err);
     return 0;
   }
-  if (k->done_rows > 0 && k->buf) {
-    memcpy(nb->data, k->buf->data, (size_t)k->done_rows * L->row_bytes);
-    L->moved_rows += (uint64_t)k->done_rows;
+  if (q->done_rows > 0 && q->buf) {
+    memcpy(nb->data, q->buf->data, (size_t)q->done_rows * L->row_bytes[p]);
+    L->moved_rows += (uint64_t)q->done_rows;
   }
-  if (k->done_rows > 0 && c) mml_collator_attach_pixels(c, nb);
-  mml_buf_release(k->buf);
-  k->buf = nb;
-  k->cap_rows = cap_rows;
-  assign_members(L, id);
+  if (q->done_rows > 0 && c) mml_collator_attach_pixels(c, p, nb);
+  mml_buf_release(q->buf);
+  q->buf = nb;
+  q->cap_rows = cap_rows;
+  assign_members(L, id, p);
   return 1;
 }
 
-/* The ticket is complete by plan: a padded one gets its exact buffer now. */
+/* The ticket is complete by plan: a padded one gets its exact buffers now. */
 static void close_ticket(mml_loader *L, int64_t id, mml_collator *c) {
   ticket *k = tk_at(L, id);
   k->closed = 1;
-  if (!k->buf && k->rows > 0) rebuffer(L, id, k->rows, c);
+  for (int p = 0; p < PLANES; p++)
+    if (!k->pl[p].buf && k->pl[p].rows > 0) rebuffer(L, id, p, k->pl[p].rows, c);
 }
 
 /* Where placing stopped for good (final: the epoch ends, or has its batches) or until
- * the collator takes samples: a padded ticket still open gets a buffer of its rows so
+ * the collator takes samples: a padded ticket still open gets buffers of its rows so
  * far (re-buffered if it grows) when it is final, or the collator waits for it (it is
  * the head ticket: only its decodes let the window move). */
 static void stall(mml_loader *L, mml_collator *c, int final) {
   if (L->tk_tail < L->tk_head || (!final && L->tk_tail != L->tk_head)) return;
   ticket *k = tk_at(L, L->tk_tail);
-  if (!k->buf && k->rows > 0) rebuffer(L, L->tk_tail, k->rows, c);
+  for (int p = 0; p < PLANES; p++)
+    if (!k->pl[p].buf && k->pl[p].rows > 0) rebuffer(L, L->tk_tail, p, k->pl[p].rows, c);
+}
+
+/* Sample t's plane-p rows join ticket `id` (at t->at[p].row): a place in its buffer now,
+ * or once the buffer exists. */
+static void place_rows(mml_loader *L, task *t, int64_t id, int p, mml_collator *c) {
+  tk_plane *q = &tk_at(L, id)->pl[p];
+  const int64_t bound = L->rows_bound[p];
+  if (!q->buf && bound > 0)
+    rebuffer(L, id, p, bound, c);           /* packed */
+  else if (q->buf && q->rows > q->cap_rows) /* grew past its buffer */
+    rebuffer(L, id, p, bound > 0 ? bound : q->rows, c);
+  else if (q->buf)
+    set_dest(L, t, p, q->buf, (size_t)t->at[p].row * L->row_bytes[p]);
 }
 
 /* One planned sample t (seq place_seq) joins the tail ticket, or a new one.  Returns 0
@@ -227,38 +271,41 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
     k->epoch = epoch;
     k->first_seq = L->place_seq;
   }
-  int64_t id = L->tk_tail, rows = t->sample.pixel_rows;
+  int64_t id = L->tk_tail;
   t->tk = id;
-  t->row = k->rows;
-  k->rows += rows;
+  for (int p = 0; p < PLANES; p++) {
+    t->at[p].row = k->pl[p].rows;
+    k->pl[p].rows += plane_rows(&t->sample, p);
+  }
   mml_compose_add(L->collator, &k->comp, tokens);
   L->place_seq++;
-  if (rows > 0) {
-    if (!k->buf && L->rows_bound > 0)
-      rebuffer(L, id, L->rows_bound, c);      /* packed */
-    else if (k->buf && k->rows > k->cap_rows) /* grew past its buffer */
-      rebuffer(L, id, L->rows_bound > 0 ? L->rows_bound : k->rows, c);
-    else if (k->buf)
-      set_dest(L, t, k->buf, (size_t)t->row * L->row_bytes);
-  } else if (t->sample.vpixels_pending && t->state == SLOT_PLANNED && t->dec == DEC_NONE) {
-    queue_decode(L, t); /* videos only: their pixels are the sample's own */
-  }
+  for (int p = 0; p < PLANES; p++)
+    if (plane_rows(&t->sample, p) > 0) place_rows(L, t, id, p, c);
   /* the global plan ends batches at planned positions (as coll_add_locked) */
   if (L->gp ? ld_plan_batch_end_locked(L, epoch, pos) : mml_compose_full(L->collator, &k->comp))
     close_ticket(L, id, c);
   return 1;
 }
 
+/* Bytes the head ticket's planes wait for. */
+static int64_t head_pending_bytes(mml_loader *L) {
+  const ticket *k = tk_at(L, L->tk_head);
+  int64_t n = 0;
+  for (int p = 0; p < PLANES; p++) n += k->pl[p].pending_rows * (int64_t)L->row_bytes[p];
+  return n;
+}
+
 /* Tickets waiting for room try again, in order. */
 static void retry_pending(mml_loader *L, mml_collator *c) {
   L->mem_blocked = 0;
-  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) {
+  int failed = 0;
+  for (int64_t id = L->tk_head; id <= L->tk_tail && !failed; id++) {
     ticket *k = tk_at(L, id);
-    if (!k->pending_rows || rebuffer(L, id, k->pending_rows, c)) continue;
-    if (id == L->tk_head) L->mem_head_fails++;
-    break;
+    for (int p = 0; p < PLANES && !failed; p++)
+      failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
+    if (failed && id == L->tk_head) L->mem_head_fails++;
   }
-  if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !tk_at(L, L->tk_head)->pending_rows))
+  if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
     L->mem_head_fails = 0;
   if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
       L->pend_head != L->pend_tail || L->emitting)
@@ -268,11 +315,10 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   mml_err_set(&e, MML_ENOMEM,
-              "max_memory=%lld cannot hold the next batch's %lld bytes of pixel_values beside "
-              "%zu bytes of batch buffers still alive (batches the consumer holds) and %lld "
-              "bytes of samples in flight: release earlier batches, or raise max_memory",
-              (long long)L->cfg.max_memory,
-              (long long)((size_t)tk_at(L, L->tk_head)->pending_rows * L->row_bytes), live,
+              "max_memory=%lld cannot hold the next batch's %lld bytes of pixel_values(_videos) "
+              "beside %zu bytes of batch buffers still alive (batches the consumer holds) and "
+              "%lld bytes of samples in flight: release earlier batches, or raise max_memory",
+              (long long)L->cfg.max_memory, (long long)head_pending_bytes(L), live,
               (long long)L->win_bytes);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
 }
@@ -333,40 +379,52 @@ void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
     return;
   }
   k->comp = cs;
-  k->rows = k->done_rows;
   k->closed = 0;
-  k->pending_rows = 0;
-  /* The buffer keeps the rows taken; decodes may still write at old offsets past them,
-   * so it takes nothing more: the next image re-buffers the ticket. */
-  k->cap_rows = k->done_rows;
-  if (k->done_rows == 0) {
-    mml_buf_release(k->buf);
-    k->buf = NULL;
+  for (int p = 0; p < PLANES; p++) {
+    tk_plane *q = &k->pl[p];
+    q->rows = q->done_rows;
+    q->pending_rows = 0;
+    /* The buffer keeps the rows taken; decodes may still write at old offsets past them,
+     * so it takes nothing more: the next rows of this plane re-buffer it. */
+    q->cap_rows = q->done_rows;
+    if (q->done_rows == 0) {
+      mml_buf_release(q->buf);
+      q->buf = NULL;
+    }
   }
 }
 
 int ld_place_ready(const mml_loader *L, const task *t) {
   if (!L->placing || t->sample.status != MML_OK) return 1;
   if (t->tk < 0) return 0;
-  if (t->sample.pixel_rows == 0) return 1;
-  return t->dest && t->home == t->dest && t->home_off == t->dest_off;
+  for (int p = 0; p < PLANES; p++) {
+    const place_at *a = &t->at[p];
+    if (plane_rows(&t->sample, p) > 0 &&
+        !(a->dest && a->home == a->dest && a->home_off == a->dest_off))
+      return 0;
+  }
+  return 1;
 }
 
-mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk, mml_buf *dest,
-                                size_t dest_off, int64_t rows, mml_err *err) {
+mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk,
+                                const place_at at[PLANES], const mml_sample *s, mml_err *err) {
   if (!L->placing) return MML_OK;
   if (tk != L->tk_head || L->tk_tail < L->tk_head)
     return mml_err_set(err, MML_EINTERNAL, "planner: sample planned in batch %lld, taken into %lld",
                        (long long)tk, (long long)L->tk_head);
   ticket *k = tk_at(L, tk);
-  if (rows > 0) {
-    mml_buf *have = mml_collator_attached_pixels(c);
-    if (dest != k->buf || dest_off != (size_t)k->done_rows * L->row_bytes ||
-        (have && have != k->buf))
-      return mml_err_set(err, MML_EINTERNAL, "planner: pixel rows of a sample out of place");
-    if (!have) mml_collator_attach_pixels(c, k->buf);
+  for (int p = 0; p < PLANES; p++) {
+    tk_plane *q = &k->pl[p];
+    int64_t rows = plane_rows(s, p);
+    if (rows <= 0) continue;
+    mml_buf *have = mml_collator_attached_pixels(c, p);
+    if (at[p].dest != q->buf || at[p].dest_off != (size_t)q->done_rows * L->row_bytes[p] ||
+        (have && have != q->buf))
+      return mml_err_set(err, MML_EINTERNAL, "planner: %s rows of a sample out of place",
+                         p == PL_IMG ? "pixel_values" : "pixel_values_videos");
+    if (!have) mml_collator_attach_pixels(c, p, q->buf);
+    q->done_rows += rows;
   }
-  k->done_rows += rows;
   return MML_OK;
 }
 
@@ -380,11 +438,6 @@ void ld_place_pop_locked(mml_loader *L) {
 
 static int64_t scratch_bytes(const mml_loader *L) {
   return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
-}
-
-/* Bytes of a sample's planned video pixels (float32 rows of pixel_cols). */
-static int64_t video_bytes(const mml_loader *L, const mml_sample *s) {
-  return s->vpixel_rows * (int64_t)L->ccfg.pixel_cols * (int64_t)sizeof(float);
 }
 
 /* Encoded items a parsed task holds in imgs[]: images, frames, member videos. */
@@ -413,8 +466,8 @@ int ld_mem_may_read_locked(mml_loader *L) {
 
 mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err) {
   if (!L->cfg.max_memory) return MML_OK;
-  int64_t enc = (int64_t)t->rec_bytes.len, px = t->sample.pixel_rows * (int64_t)L->row_bytes;
-  px += video_bytes(L, &t->sample);
+  int64_t enc = (int64_t)t->rec_bytes.len, px = 0;
+  for (int p = 0; p < PLANES; p++) px += plane_rows(&t->sample, p) * (int64_t)L->row_bytes[p];
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int64_t room = L->cfg.max_memory - scratch_bytes(L);
   if (px + enc <= room) return MML_OK;
@@ -431,10 +484,6 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
   if (t->rec_parsed)
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
-  /* video pixels (the sample's own buffer): planned ones are counted before they exist */
-  int64_t vpx = video_bytes(L, &t->sample);
-  held += vpx > (int64_t)t->sample.vpixels.cap ? vpx : (int64_t)t->sample.vpixels.cap;
-  used += vpx;
   L->win_bytes += held - t->held;
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
@@ -494,9 +543,10 @@ void ld_bytes_free_spares(mml_loader *L) {
   L->spare_bytes = 0;
 }
 
-void ld_place_decoded_locked(mml_loader *L, task *t, mml_buf *buf, size_t off) {
-  mml_buf_release(t->home);
-  t->home = buf; /* the worker's reference */
-  t->home_off = off;
-  if (t->dest && (t->dest != buf || t->dest_off != off)) move_home(L, t);
+void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {
+  place_at *a = &t->at[p];
+  mml_buf_release(a->home);
+  a->home = buf; /* the worker's reference */
+  a->home_off = off;
+  if (a->dest && (a->dest != buf || a->dest_off != off)) move_home(L, t, p);
 }

@@ -10,14 +10,16 @@
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
  * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
- * (probe_videos: frame count, rate, size; nothing decoded) and closed again.  No pixel
+ * (probe_videos: frame count, rate, size; nothing decoded) and kept open, idle, for the
+ * decode (t->vids; closed and reopened only past MML_VIDEOS_KEPT_OPEN), so a file's
+ * container is read once per sample (an mkv/webm/avi's packet pass included).  No pixel
  * work happens there: the planner (loader_place.c) puts the sample into its batch and
- * queues its decode with the destination, its slice of the batch's pixel_values buffer
- * (a sample with videos only: no destination); a worker then decodes it there and its
- * videos (reopened: video_open) into the sample's own video rows (decode_task) -> slot
- * DONE.  Text-only and failed samples are DONE at once.  Video files are read by path,
- * by ranged reads through the fetcher (http(s), s3: blocking this worker), or from the
- * bytes of their WebDataset member (read or fetched with the images).
+ * queues its decode with its destinations, its slices of the batch's pixel_values and
+ * pixel_values_videos buffers; a worker then decodes its images and its videos straight
+ * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
+ * Video files are read by path, by ranged reads through the fetcher (http(s), s3:
+ * blocking this worker), or from the bytes of their WebDataset member (read or fetched
+ * with the images).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -178,35 +180,43 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
   return st;
 }
 
-/* The record (trimmed as its shard's layout says) parsed into t->rec; room for its images. */
+mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
+                           mml_record *rec, mml_err *err) {
+  size_t n = mml_index_record_len(&L->ix.shards[shard], bytes->data, bytes->len);
+  enum { MAX_MEMBERS = 64 }; /* of each kind; more make the record's count mismatch */
+  const char *imgs[MAX_MEMBERS], *vids[MAX_MEMBERS];
+  int ni = mml_index_images(&L->ix, shard, gi, imgs, MAX_MEMBERS);
+  int nv = mml_index_videos(&L->ix, shard, gi, vids, MAX_MEMBERS);
+  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
+                        .max_images = L->cfg.max_images_per_sample,
+                        .implicit = imgs,
+                        .nimplicit = ni < MAX_MEMBERS ? ni : MAX_MEMBERS,
+                        .implicit_videos = vids,
+                        .nimplicit_videos = nv < MAX_MEMBERS ? nv : MAX_MEMBERS};
+  return mml_record_parse_opts((const char *)bytes->data, n, &ro, rec, err);
+}
+
+/* The record parsed into t->rec; room for its images. */
 static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  size_t n =
-      mml_index_record_len(&L->ix.shards[t->sample.shard], t->rec_bytes.data, t->rec_bytes.len);
   if (t->rec_parsed) mml_record_free(&t->rec);
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
-  /* a WebDataset sample's image members stand for an absent image list */
-  enum { MAX_MEMBERS = 64 };
-  const char *members[MAX_MEMBERS];
-  int nm = mml_index_images(&L->ix, t->sample.shard, t->sample.index, members, MAX_MEMBERS);
-  if (nm > MAX_MEMBERS) nm = MAX_MEMBERS;
   double t0 = mml_now();
-  mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
-                        .max_images = L->cfg.max_images_per_sample,
-                        .implicit = members,
-                        .nimplicit = nm};
-  mml_status st = mml_record_parse_opts((const char *)t->rec_bytes.data, n, &ro, &t->rec, err);
+  mml_status st = ld_parse_record(L, t->sample.shard, t->sample.index, &t->rec_bytes, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (st) return st;
   if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos + 1))
     return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");
-  if (t->rec.nvideos > t->vcap) {
+  if (t->rec.nvideos > t->vcap) { /* (its videos were closed when the task began) */
     int nc = t->rec.nvideos;
     void *a = realloc(t->vinfo, (size_t)nc * sizeof *t->vinfo);
     if (a) t->vinfo = a;
     void *b = a ? realloc(t->vplans, (size_t)nc * sizeof *t->vplans) : NULL;
     if (b) t->vplans = b;
-    if (!a || !b) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    void *c = b ? realloc(t->vids, (size_t)nc * sizeof *t->vids) : NULL;
+    if (c) t->vids = c;
+    if (!c) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    memset(t->vids + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vids);
     t->vcap = nc;
   }
   return MML_OK;
@@ -292,12 +302,39 @@ typedef struct video_ctx {
   run_acc *acc;
 } video_ctx;
 
-/* Opens video file v of t's record: its WebDataset member's bytes, else its path or URL
- * (range reads through the loader's fetcher).  Bytes read are counted. */
+void ld_task_close_videos(mml_loader *L, task *t) {
+  for (int v = 0; v < t->vcap; v++)
+    if (t->vids[v]) {
+      mml_video_close(t->vids[v]);
+      t->vids[v] = NULL;
+      __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/* Keeps video v of t open from its probe to its decode (1), when few enough are. */
+static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
+  if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  mml_video_idle(vid);
+  t->vids[v] = vid;
+  return 1;
+}
+
+/* Opens video file v of t's record: the one its probe kept open, else its WebDataset
+ * member's bytes, else its path or URL (range reads through the loader's fetcher).
+ * Bytes read are counted. */
 static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
   video_ctx *c = ctx;
   mml_loader *L = c->L;
   task *t = c->t;
+  if (t->vids[v]) { /* the caller closes it */
+    *out = t->vids[v];
+    t->vids[v] = NULL;
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return MML_OK;
+  }
   const char *ref = t->rec.videos[v].ref;
   const mml_bytes *member = &t->imgs[t->rec.nimages + mml_record_frames(&t->rec) + v];
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
@@ -325,8 +362,9 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
   return st;
 }
 
-/* Every video file of t's record opened and probed (t->vinfo), then closed: the plan
- * needs only the metadata. */
+/* Every video file of t's record opened and probed (t->vinfo): the plan needs only the
+ * metadata.  The file stays open (idle) for the decode stage, which then reads only the
+ * frames it decodes (no second open, probe or packet pass), unless too many are. */
 static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
   video_ctx c = {L, t, acc};
   for (int v = 0; v < t->rec.nvideos; v++) {
@@ -335,7 +373,7 @@ static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *er
     mml_video *vid = NULL;
     mml_status st = video_open(&c, v, &vid, err);
     if (!st) st = mml_video_probe(vid, &t->vinfo[v], err);
-    mml_video_close(vid);
+    if (st || !keep_video(L, t, v, vid)) mml_video_close(vid);
     if (st) return st;
   }
   return MML_OK;
@@ -439,9 +477,8 @@ static task *take_task_locked(mml_loader *L) {
         pthread_cond_broadcast(&L->work_cv);
         continue;
       }
-      /* unplaced meanwhile: it is queued again when placed (a sample with videos only has
-       * no destination: its pixels are its own) */
-      if (!t->dest && t->sample.pixel_rows > 0) continue;
+      /* unplaced meanwhile: it is queued again when placed */
+      if (!ld_place_has_dests(t)) continue;
       t->dec = DEC_RUNNING;
       return t;
     }
@@ -460,6 +497,7 @@ static task *take_task_locked(mml_loader *L) {
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
         !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
+      ld_task_close_videos(L, t); /* an abandoned plan's */
       ld_place_clear(t);
       t->dec = DEC_NONE;
       t->state = SLOT_BUSY;
@@ -496,7 +534,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
     int later = t->sample.status == MML_OK && L->placing &&
-                (t->sample.pixel_rows > 0 || t->sample.vpixels_pending);
+                (t->sample.pixel_rows > 0 || t->sample.vpixel_rows > 0);
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
     t->state = later ? SLOT_PLANNED : SLOT_DONE;
     pthread_cond_signal(&L->coll_cv);
@@ -504,46 +542,56 @@ static void finish_task_locked(mml_loader *L, task *t) {
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
   }
-  if (t->state != SLOT_PLANNED) ld_bytes_return_locked(L, t); /* its bytes are no longer read */
+  if (t->state != SLOT_PLANNED) { /* its videos and bytes are no longer read */
+    ld_task_close_videos(L, t);
+    ld_bytes_return_locked(L, t);
+  }
 }
 
-/* Decodes a placed sample into the destination the planner gave it (captured under mu
- * with a reference: the planner may move it meanwhile, then the rows are copied). */
+/* Decodes a placed sample into the destinations the planner gave it, one per plane
+ * (captured under mu with references: the planner may move them meanwhile, then the rows
+ * are copied). */
 static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
-  mml_buf *buf = t->dest;
-  size_t off = t->dest_off;
-  mml_buf_retain(buf);
+  mml_buf *buf[PLANES];
+  size_t off[PLANES];
+  uint8_t *dst[PLANES];
+  for (int p = 0; p < PLANES; p++) {
+    buf[p] = t->at[p].dest;
+    off[p] = t->at[p].dest_off;
+    dst[p] = buf[p] ? (uint8_t *)buf[p]->data + off[p] : NULL;
+    mml_buf_retain(buf[p]);
+  }
   pthread_mutex_unlock(&L->mu);
   mml_err err;
   mml_err_clear(&err);
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
   mml_status st = MML_OK;
   run_acc acc = {0, 0};
-  if (buf)
-    st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages,
-                           (uint8_t *)buf->data + off, &err);
-  if (!st && t->sample.vpixels_pending) { /* its videos: their own buffer */
+  if (dst[PL_IMG])
+    st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  if (!st && dst[PL_VID]) {
     video_ctx c = {L, t, &acc};
-    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, &t->sample,
+    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }
+  ld_task_close_videos(L, t); /* those a failure left undecoded */
   pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
-  ld_mem_count_task_locked(L, t); /* the decoded video pixels */
   if (st) task_fail(t, st, &err, L);
   ld_bytes_return_locked(L, t); /* its image bytes are decoded */
   t->dec = DEC_NONE;
+  const int keep = !st && t->gen == L->gen;
+  for (int p = 0; p < PLANES; p++) {
+    if (keep && buf[p])
+      ld_place_decoded_locked(L, t, p, buf[p], off[p]); /* takes the reference */
+    else
+      mml_buf_release(buf[p]);
+  }
   if (t->gen != L->gen) {
-    mml_buf_release(buf);
     t->state = SLOT_EMPTY;
     pthread_cond_broadcast(&L->work_cv);
     return;
-  }
-  if (st || !buf) {
-    mml_buf_release(buf);
-  } else {
-    ld_place_decoded_locked(L, t, buf, off); /* takes the reference */
   }
   if (!st) L->images += (uint64_t)t->sample.nimages;
   t->state = SLOT_DONE;

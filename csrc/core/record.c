@@ -62,6 +62,8 @@ typedef struct parse_ctx {
   const cJSON *vlist; /* top-level video list (array, or a single entry), or NULL */
   const cJSON *vlist_at;
   int vlist_len, vlist_next;
+  const char *const *implicit_videos; /* stand for vlist when the record has none */
+  int nimplicit_videos;
   int media;                   /* images + frames so far (max_images bounds both) */
   const cJSON *list;           /* top-level image list (array or single string), or NULL */
   const cJSON *list_at;        /* its entry list_next (a cursor: parsing stays linear) */
@@ -378,13 +380,13 @@ static mml_status take_listed_video(parse_ctx *c, int msg, const cJSON *part, in
                        "video count mismatch: message %d refers to video %d but the record "
                        "lists %d",
                        msg, c->vlist_next + 1, c->vlist_len);
-  const cJSON *e = c->vlist;
+  const cJSON *e = c->vlist, *list = NULL;
   if (cJSON_IsArray(c->vlist)) {
     e = c->vlist_at;
     c->vlist_at = e ? e->next : NULL;
   }
-  const cJSON *list;
-  const char *ref = video_value(entry_value(e), &list);
+  const char *ref =
+      c->vlist ? video_value(entry_value(e), &list) : c->implicit_videos[c->vlist_next];
   if (!ref && !list)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: video %d of the record's video list is neither a path nor "
@@ -604,7 +606,7 @@ static mml_status parse_alpaca(parse_ctx *c, const cJSON *root, int *n) {
 }
 
 /* The record's video list: "videos" (a list of entries) or "video" (one entry, a frame
- * list being one entry too). */
+ * list being one entry too); without either, the implicit videos (WebDataset members). */
 static mml_status take_videos(parse_ctx *c, const cJSON *root) {
   const cJSON *videos = get(root, "videos", NULL), *video = get(root, "video", NULL);
   if (no_media(videos)) videos = NULL;
@@ -617,6 +619,8 @@ static mml_status take_videos(parse_ctx *c, const cJSON *root) {
     c->vlist_at = videos->child;
   } else if (c->vlist) {
     c->vlist_len = 1;
+  } else {
+    c->vlist_len = c->nimplicit_videos;
   }
   return MML_OK;
 }
@@ -798,6 +802,8 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
                  .err = err,
                  .implicit = implicit,
                  .nimplicit = implicit ? n : 0,
+                 .implicit_videos = opts ? opts->implicit_videos : NULL,
+                 .nimplicit_videos = opts && opts->implicit_videos ? opts->nimplicit_videos : 0,
                  .max_images = max_images};
   if ((st = parse_root(&c, a->root))) goto fail;
   return MML_OK;

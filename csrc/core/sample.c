@@ -13,7 +13,7 @@
  *                      slice of its batch's pixel_values buffer, once the batch
  *                      composition has been planned from the counts of step 1);
  *   mml_sample_decode_videos: 5. the same for every video's planned frames, into the
- *                      sample's own vpixels (which the collator copies).
+ *                      slice of the batch's pixel_values_videos buffer.
  * Threads: one worker owns a sample and its scratch while planning or decoding; nothing
  * is shared but the immutable config, template and tokenizer.
  */
@@ -41,9 +41,7 @@ void mml_sample_reset(mml_sample *s) {
   s->pixels_elsewhere = 0;
   mml_ids_clear(&s->grids);
   s->nimages = 0;
-  mml_bytes_clear(&s->vpixels);
   s->vpixel_rows = 0;
-  s->vpixels_pending = 0;
   mml_ids_clear(&s->vgrids);
   mml_bytes_clear(&s->vsecs);
   s->nvideos = 0;
@@ -55,7 +53,6 @@ void mml_sample_free(mml_sample *s) {
   mml_ids_free(&s->labels);
   mml_bytes_free(&s->pixels);
   mml_ids_free(&s->grids);
-  mml_bytes_free(&s->vpixels);
   mml_ids_free(&s->vgrids);
   mml_bytes_free(&s->vsecs);
   memset(s, 0, sizeof *s);
@@ -96,14 +93,6 @@ static mml_status scratch_fit(mml_sample_scratch *s, int n, mml_err *err) {
   s->tokens = t;
   s->cap = nc;
   return MML_OK;
-}
-
-/* A sample's video pixel buffer is reused across samples, but one big video must not pin
- * its size in every window and collator slot it passes through. */
-#define KEEP_PIXELS_MAX ((size_t)8 << 20)
-
-static void fit_pixels(mml_bytes *b, size_t need) {
-  if (b->cap > KEEP_PIXELS_MAX && b->cap / 2 > need) mml_bytes_free(b);
 }
 
 static mml_status video_scratch_fit(mml_sample_scratch *s, const mml_record *rec,
@@ -174,17 +163,13 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
 mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
                                     const mml_record *rec, const mml_bytes *images,
                                     const mml_video_plan *vplans, mml_sample_video_open_fn open,
-                                    void *ctx, mml_sample *out, mml_err *err) {
+                                    void *ctx, void *out, mml_err *err) {
   double t0 = mml_now();
   const size_t row_bytes = mml_vision_video_row_bytes(pl->vision);
-  size_t need = (size_t)out->vpixel_rows * row_bytes;
-  fit_pixels(&out->vpixels, need);
-  mml_status st;
+  mml_status st = MML_OK;
   if (!sc->video && mml_video_scratch_new(&sc->video))
     return mml_err_set(err, MML_ENOMEM, "cannot allocate video scratch");
-  if ((st = mml_bytes_reserve(&out->vpixels, need)))
-    return mml_err_set(err, st, "cannot allocate %zu bytes of video pixels", need);
-  uint8_t *dst = out->vpixels.data;
+  uint8_t *dst = out;
   const mml_bytes *frames = images + rec->nimages;
   for (int v = 0; v < rec->nvideos && !st; v++) {
     const mml_video_ref *vr = &rec->videos[v];
@@ -202,10 +187,7 @@ mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *
     dst += (size_t)p->rows * row_bytes;
   }
   sc->vision_s += mml_now() - t0;
-  if (st) return st;
-  out->vpixels.len = need;
-  out->vpixels_pending = 0;
-  return MML_OK;
+  return st;
 }
 
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
@@ -274,8 +256,6 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
   }
   out->nvideos = rec->nvideos;
   out->vpixel_rows = vrows;
-  out->vpixels_pending = vrows > 0;
-  mml_bytes_clear(&out->vpixels);
   out->pixel_rows = rows;
   out->pixel_cols = cols;
   out->nimages = n;

@@ -311,6 +311,10 @@ mml_status mml_video_probe(const mml_video *v, mml_video_info *info, mml_err *er
   return MML_OK;
 }
 
+void mml_video_idle(mml_video *v) {
+  if (v) mml_vio_idle(&v->io);
+}
+
 int64_t mml_video_bytes_read(const mml_video *v) { return v ? v->io.bytes_read : 0; }
 
 int64_t mml_video_frames_decoded(const mml_video *v) { return v ? v->decoded : 0; }

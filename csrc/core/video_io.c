@@ -70,6 +70,14 @@ void mml_vio_close(mml_vio *io) {
   for (int i = 0; i < MML_VIO_BLOCKS; i++) mml_bytes_free(&io->blk[i].b);
 }
 
+void mml_vio_idle(mml_vio *io) {
+  for (int i = 0; i < MML_VIO_BLOCKS; i++) {
+    mml_bytes_free(&io->blk[i].b);
+    io->blk[i].off = -1;
+  }
+  io->charged_from = io->bytes_read;
+}
+
 static int fail(mml_vio *io, mml_status st, const mml_err *e) {
   if (!io->st) {
     io->st = st;
@@ -82,7 +90,7 @@ static int fail(mml_vio *io, mml_status st, const mml_err *e) {
 /* Counts n more bytes against max_bytes. */
 static int charge(mml_vio *io, int64_t n) {
   io->bytes_read += n;
-  if (io->max_bytes > 0 && io->bytes_read > io->max_bytes) {
+  if (io->max_bytes > 0 && io->bytes_read - io->charged_from > io->max_bytes) {
     mml_err e;
     mml_err_set(&e, MML_EOBJECTSIZE, "%s: video reads pass max_object_bytes (%lld)", io->name,
                 (long long)io->max_bytes);

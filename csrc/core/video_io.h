@@ -27,7 +27,8 @@ typedef struct mml_vio {
   } blk[MML_VIO_BLOCKS];
   uint64_t tick;
   int64_t bytes_read, max_bytes;
-  mml_status st; /* first failure seen by a callback (MML_OK: none) */
+  int64_t charged_from; /* bytes_read when the current use began (mml_vio_idle) */
+  mml_status st;        /* first failure seen by a callback (MML_OK: none) */
   mml_err err;
 } mml_vio;
 
@@ -35,6 +36,9 @@ typedef struct mml_vio {
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
                         mml_fetcher *f, int64_t max_bytes, int64_t block, mml_err *err);
 void mml_vio_close(mml_vio *io);
+/* Between two uses of an open source (a probe, then a decode): the cached blocks are
+ * dropped and max_bytes counts afresh from here. */
+void mml_vio_idle(mml_vio *io);
 
 /* AVIOContext callbacks (opaque = mml_vio*): FFmpeg's AVERROR codes; a failure is kept
  * in io->st / io->err for the caller to report. */

@@ -106,12 +106,38 @@ TABLE_WRITER(write_f32, float, lut)
 /* bfloat16: the same values rounded to nearest even. */
 TABLE_WRITER(write_bf16, uint16_t, lut16)
 
-/* uint8: the resized bytes themselves, in the same (c, slot, py, px) order. */
+/* uint8: the resized bytes themselves, in the same (c, slot, py, px) order.  Everything
+ * the loop needs is in locals (byte stores may alias any field of g, so reading them from
+ * g in the loop reloads them after every copy), the rows of a block row are consecutive
+ * (bw, mh, mw is their memory order), and the copies have a compile-time size in the
+ * common cases (14, 16): a library call per 14 bytes cost more than the copy. */
+static inline __attribute__((always_inline)) void u8_rows(const patch_ctx *g, int bh, int bw0,
+                                                          int bw1, const int P) {
+  const int M = g->M, ns = g->nslots;
+  const size_t W = (size_t)g->gw * P + 16, PP = (size_t)P * P, plane = (size_t)P * M * W;
+  const size_t rb = g->row_bytes, first = (size_t)g->slot0 * PP, cs = (size_t)g->S * PP;
+  const uint8_t *blk = g->block + (size_t)(bh & 1) * g->half;
+  uint8_t *row = patch_row(g, bh, bw0, 0, 0);
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++, row += rb) {
+        const uint8_t *src = blk + (size_t)mh * P * W + (size_t)(bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const uint8_t *sp = src + c * plane;
+          uint8_t *d = row + first + c * cs;
+          for (int py = 0; py < P; py++, sp += W, d += P)
+            for (int t = 0; t < ns; t++) memcpy(d + t * PP, sp, (size_t)P);
+        }
+      }
+}
+
 static void write_u8(patch_ctx *g, int bh, int bw0, int bw1) {
-  const int P = g->P, PP = P * P;
-  FOR_PATCH_ROWS(g, bh, bw0, bw1, {
-    for (int t = 0; t < g->nslots; t++) memcpy(row + k + (size_t)t * PP, s, (size_t)P);
-  })
+  if (g->P == 14)
+    u8_rows(g, bh, bw0, bw1, 14);
+  else if (g->P == 16)
+    u8_rows(g, bh, bw0, bw1, 16);
+  else
+    u8_rows(g, bh, bw0, bw1, g->P);
 }
 #undef TABLE_WRITER
 #undef SLOT_ROW
@@ -163,53 +189,6 @@ __attribute__((target("avx2,fma"))) static int norm_fast_exact(const float mean[
   return 1;
 }
 
-/* The AVX2 float32 writer for 8 <= P <= 16: each patch row is two overlapping groups of
- * eight values (px 0..7 and P-8..P-1), stored to the image's slots.  A patch is assembled
- * in an aligned scratch row and written with non-temporal stores when the image fills
- * whole, aligned rows (pixel_values is far larger than the caches, so this saves reading
- * every output line before writing it). */
-__attribute__((target("avx2,fma"))) static void write_f32_avx2(patch_ctx *g, int bh, int bw0,
-                                                               int bw1) {
-  const int P = g->P, PP = P * P;
-  const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
-  __m256 mean[3], sd[3], rsd[3];
-  for (int c = 0; c < 3; c++) {
-    mean[c] = _mm256_set1_ps(g->mean[c]);
-    sd[c] = _mm256_set1_ps(g->std[c]);
-    rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
-  }
-  const int fast = g->fast;
-  const size_t nf = g->row_bytes / sizeof(float);
-  const int stream =
-      g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 32) == 0 && g->row_bytes % 32 == 0;
-  for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < g->M; mh++)
-      for (int mw = 0; mw < g->M; mw++) {
-        float *dst = (float *)patch_row(g, bh, bw, mh, mw);
-        float *o = stream ? g->ptmp : dst;
-        const int x0 = (bw * g->M + mw) * P;
-        for (int c = 0; c < 3; c++)
-          for (int py = 0; py < P; py++) {
-            const uint8_t *s = patch_src(g, bh, c, mh, py, x0);
-            __m256 f0, f1;
-            if (fast) {
-              f0 = norm8_fast(s, mean[c], sd[c], rsd[c]);
-              f1 = norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]);
-            } else {
-              f0 = norm8(s, inv255, mean[c], sd[c]);
-              f1 = norm8(s + P - 8, inv255, mean[c], sd[c]);
-            }
-            float *d = o + ((size_t)(c * g->S + g->slot0) * P + py) * P;
-            for (int t = 0; t < g->nslots; t++, d += PP) {
-              _mm256_storeu_ps(d, f0);
-              _mm256_storeu_ps(d + P - 8, f1);
-            }
-          }
-        if (stream)
-          for (size_t i = 0; i < nf; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(o + i));
-      }
-  if (stream) _mm_sfence();
-}
 /* Eight float32 values to bfloat16, exactly bf16_rne's integer rounding (finite values). */
 __attribute__((target("avx2"))) static inline __m128i bf16x8(__m256 f) {
   const __m256i u = _mm256_castps_si256(f);
@@ -219,12 +198,16 @@ __attribute__((target("avx2"))) static inline __m128i bf16x8(__m256 f) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-/* The AVX2 bfloat16 writer: the float32 writer's values (the same operations, so the same
- * bits as the table), rounded as bf16_rne and stored to the image's slots; non-temporal
- * 16-byte stores of whole rows from the scratch row when the rows are aligned. */
-__attribute__((target("avx2,fma"))) static void write_bf16_avx2(patch_ctx *g, int bh, int bw0,
-                                                                int bw1) {
-  const int P = g->P, PP = P * P;
+/* The AVX2 writers of the float formats for 8 <= P <= 16: each patch row is two
+ * overlapping groups of eight values (px 0..7 and P-8..P-1), computed with the reference's
+ * operations (norm8, or norm8_fast where it was verified), rounded as bf16_rne for
+ * bfloat16, and stored to the image's slots.  A patch is assembled in an aligned scratch
+ * row and written with non-temporal stores when the image fills whole, aligned rows
+ * (pixel_values is far larger than the caches, so this saves reading every output line
+ * before writing it).  As in u8_rows, the loop state is in locals and the rows of a block
+ * row are consecutive; P and the format are compile-time constants of each caller. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void float_rows(
+    const patch_ctx *g, int bh, int bw0, int bw1, const int P, const int bf16) {
   const __m256d inv255 = _mm256_set1_pd(1.0 / 255.0);
   __m256 mean[3], sd[3], rsd[3];
   for (int c = 0; c < 3; c++) {
@@ -232,39 +215,67 @@ __attribute__((target("avx2,fma"))) static void write_bf16_avx2(patch_ctx *g, in
     sd[c] = _mm256_set1_ps(g->std[c]);
     rsd[c] = _mm256_set1_ps(1.0f / g->std[c]);
   }
-  const int fast = g->fast;
-  const size_t nv = g->row_bytes / 16;
-  const int stream =
-      g->ptmp && g->nslots == g->S && ((uintptr_t)g->out % 16) == 0 && g->row_bytes % 16 == 0;
+  const int M = g->M, ns = g->nslots, fast = g->fast;
+  const size_t esz = bf16 ? 2 : 4, W = (size_t)g->gw * P + 16, PP = (size_t)P * P;
+  const size_t plane = (size_t)P * M * W, rb = g->row_bytes, vec = bf16 ? 16 : 32;
+  const size_t first = (size_t)g->slot0 * PP * esz, cs = (size_t)g->S * PP * esz;
+  const uint8_t *blk = g->block + (size_t)(bh & 1) * g->half;
+  uint8_t *row = patch_row(g, bh, bw0, 0, 0), *tmp = (uint8_t *)g->ptmp;
+  const int stream = tmp && ns == g->S && (uintptr_t)g->out % vec == 0 && rb % vec == 0;
   for (int bw = bw0; bw < bw1; bw++)
-    for (int mh = 0; mh < g->M; mh++)
-      for (int mw = 0; mw < g->M; mw++) {
-        uint16_t *dst = (uint16_t *)patch_row(g, bh, bw, mh, mw);
-        uint16_t *o = stream ? (uint16_t *)g->ptmp : dst;
-        const int x0 = (bw * g->M + mw) * P;
-        for (int c = 0; c < 3; c++)
-          for (int py = 0; py < P; py++) {
-            const uint8_t *s = patch_src(g, bh, c, mh, py, x0);
-            __m128i h0, h1;
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++, row += rb) {
+        uint8_t *o = stream ? tmp : row;
+        const uint8_t *src = blk + (size_t)mh * P * W + (size_t)(bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          const uint8_t *sp = src + c * plane;
+          uint8_t *d0 = o + first + c * cs;
+          for (int py = 0; py < P; py++, sp += W, d0 += P * esz) {
+            __m256 f0, f1;
             if (fast) {
-              h0 = bf16x8(norm8_fast(s, mean[c], sd[c], rsd[c]));
-              h1 = bf16x8(norm8_fast(s + P - 8, mean[c], sd[c], rsd[c]));
+              f0 = norm8_fast(sp, mean[c], sd[c], rsd[c]);
+              f1 = norm8_fast(sp + P - 8, mean[c], sd[c], rsd[c]);
             } else {
-              h0 = bf16x8(norm8(s, inv255, mean[c], sd[c]));
-              h1 = bf16x8(norm8(s + P - 8, inv255, mean[c], sd[c]));
+              f0 = norm8(sp, inv255, mean[c], sd[c]);
+              f1 = norm8(sp + P - 8, inv255, mean[c], sd[c]);
             }
-            uint16_t *d = o + ((size_t)(c * g->S + g->slot0) * P + py) * P;
-            for (int t = 0; t < g->nslots; t++, d += PP) {
-              _mm_storeu_si128((__m128i *)d, h0);
-              _mm_storeu_si128((__m128i *)(d + P - 8), h1);
+            uint8_t *d = d0;
+            if (bf16) {
+              const __m128i h0 = bf16x8(f0), h1 = bf16x8(f1);
+              for (int t = 0; t < ns; t++, d += PP * esz) {
+                _mm_storeu_si128((__m128i *)d, h0);
+                _mm_storeu_si128((__m128i *)(d + (P - 8) * esz), h1);
+              }
+            } else {
+              for (int t = 0; t < ns; t++, d += PP * esz) {
+                _mm256_storeu_ps((float *)d, f0);
+                _mm256_storeu_ps((float *)(d + (P - 8) * esz), f1);
+              }
             }
           }
-        if (stream)
-          for (size_t i = 0; i < nv; i++)
-            _mm_stream_si128((__m128i *)dst + i, _mm_load_si128((const __m128i *)o + i));
+        }
+        if (stream && bf16)
+          for (size_t i = 0; i < rb; i += 16)
+            _mm_stream_si128((__m128i *)(row + i), _mm_load_si128((const __m128i *)(tmp + i)));
+        else if (stream)
+          for (size_t i = 0; i < rb; i += 32)
+            _mm256_stream_ps((float *)(row + i), _mm256_load_ps((const float *)(tmp + i)));
       }
   if (stream) _mm_sfence();
 }
+
+#define FLOAT_WRITER(NAME, BF16)                                                                 \
+  __attribute__((target("avx2,fma"))) static void NAME(patch_ctx *g, int bh, int bw0, int bw1) { \
+    if (g->P == 14)                                                                              \
+      float_rows(g, bh, bw0, bw1, 14, BF16);                                                     \
+    else if (g->P == 16)                                                                         \
+      float_rows(g, bh, bw0, bw1, 16, BF16);                                                     \
+    else                                                                                         \
+      float_rows(g, bh, bw0, bw1, g->P, BF16);                                                   \
+  }
+FLOAT_WRITER(write_f32_avx2, 0)
+FLOAT_WRITER(write_bf16_avx2, 1)
+#undef FLOAT_WRITER
 #define MML_HAVE_AVX2_PATCH 1
 #endif
 #undef FOR_PATCH_ROWS

@@ -230,6 +230,39 @@ TEST(count_mismatch) {
               MML_EMISMATCH, "lists 0");
 }
 
+/* A WebDataset sample's members stand for the lists a record leaves out: images for
+ * `<image>` tags / image parts, videos (files) for `<video>` tags / video parts (in order,
+ * the part's keys kept); a list the record has wins; a member no tag takes mismatches. */
+TEST(implicit_members_stand_for_absent_lists) {
+  const char *imgs[] = {"k.jpg"}, *vids[] = {"k.0.mp4", "k.1.mkv"};
+  mml_record_opts o = {
+      .implicit = imgs, .nimplicit = 1, .implicit_videos = vids, .nimplicit_videos = 2};
+  mml_record r = {0};
+  mml_err e = {0};
+  const char *line =
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+      "\"video\", \"nframes\": 6}, {\"type\": \"text\", \"text\": "
+      "\"<image><video>?\"}]}]}";
+  CHECK_OK(mml_record_parse_opts(line, strlen(line), &o, &r, &e), e);
+  CHECK_EQ_INT(r.nimages, 1);
+  CHECK_EQ_STR(r.images[0], "k.jpg");
+  CHECK_EQ_INT(r.nvideos, 2);
+  CHECK_EQ_STR(r.videos[0].ref, "k.0.mp4");
+  CHECK_EQ_INT(r.videos[0].keys.nframes, 6);
+  CHECK_EQ_STR(r.videos[1].ref, "k.1.mkv");
+  CHECK_EQ_INT(r.videos[1].keys.nframes, 0);
+  line =
+      "{\"videos\": [\"x.mp4\"], \"messages\": [{\"role\": \"user\", \"content\": "
+      "\"<image><video>\"}]}";
+  CHECK_OK(mml_record_parse_opts(line, strlen(line), &o, &r, &e), e);
+  CHECK_EQ_INT(r.nvideos, 1);
+  CHECK_EQ_STR(r.videos[0].ref, "x.mp4");
+  line = "{\"messages\": [{\"role\": \"user\", \"content\": \"<image><video>\"}]}";
+  CHECK(mml_record_parse_opts(line, strlen(line), &o, &r, &e) == MML_EMISMATCH);
+  CHECK(strstr(e.msg, "lists 2 video(s) but its messages refer to 1") != NULL);
+  mml_record_free(&r);
+}
+
 TEST(reuse_and_length_bound) {
   /* One record reused across lines, some failing; the line is read only up to len. */
   mml_record r = {0};

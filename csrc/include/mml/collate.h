@@ -153,11 +153,13 @@ mml_compose mml_collator_compose_state(const mml_collator *c);
 int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge);
 
 /* Pixels written elsewhere (the loader writes each image straight into its slice of the
- * batch's pixel_values buffer): the current batch's pixel_values will be a view of `buf`
- * from byte 0 (one reference taken; NULL drops it).  Samples added then carry
- * pixels_elsewhere = 1 and no pixel bytes. */
-void mml_collator_attach_pixels(mml_collator *c, mml_buf *buf);
-mml_buf *mml_collator_attached_pixels(const mml_collator *c);
+ * batch's pixel_values buffer, each video into its slice of pixel_values_videos): the
+ * current batch's pixel_values (videos = 0) or pixel_values_videos (videos = 1) will be
+ * a view of `buf` from byte 0 (one reference taken; NULL drops it).  Samples added then
+ * carry pixels_elsewhere = 1 and no pixel bytes; video rows are always elsewhere (a batch
+ * with video rows and no attached buffer is refused at emit). */
+void mml_collator_attach_pixels(mml_collator *c, int videos, mml_buf *buf);
+mml_buf *mml_collator_attached_pixels(const mml_collator *c, int videos);
 /* pixel_values rows of the current batch so far. */
 int64_t mml_collator_rows(const mml_collator *c);
 

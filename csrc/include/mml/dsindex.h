@@ -115,9 +115,10 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
 
 /* The videos whose counts the builder records (in the settings key, so that an index
  * built when a kind of video was refused is not trusted once it is loaded): frame lists
- * (from their frames' headers) and video files (opened and probed, as the loader's plan
- * stage does; indexes made before files were probed said "frame-lists"). */
-#define MML_DSX_VIDEOS "frame-lists,files"
+ * (from their frames' headers), video files (opened and probed, as the loader's plan
+ * stage does; indexes made before files were probed said "frame-lists") and a WebDataset
+ * sample's video members standing for an absent video list ("frame-lists,files" before). */
+#define MML_DSX_VIDEOS "frame-lists,files,members"
 
 /* Image bytes read for a header: the whole image only when its header is not in them. */
 #define MML_DSX_HEAD_BYTES 16384

@@ -125,6 +125,8 @@ int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref,
 /* WebDataset: the names of sample i's image members, in tar order, into names (at most
  * max; pointers into the index); returns how many there are. */
 int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max);
+/* The same for its video members (mp4, m4v, mov, mkv, webm, avi: video files). */
+int mml_index_videos(const mml_index *ix, int shard, int64_t i, const char **names, int max);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
 /* The same over shards [first, first + n) (a mixture source's). */

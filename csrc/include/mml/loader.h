@@ -324,8 +324,7 @@ void mml_sample_scratch_free(mml_sample_scratch *s);
  * those token counts, the grids (image and video), pixel_rows/cols, vpixel_rows, and the
  * max_length and max_sample_pixels checks.  out->pixels_elsewhere is set: the image
  * pixels are written later, by mml_sample_decode, wherever the caller wants them; the
- * video pixels by mml_sample_decode_videos into out->vpixels (out->vpixels_pending until
- * then).  images[0, rec->nimages) are the images, then come the frames of every
+ * video pixels likewise by mml_sample_decode_videos.  images[0, rec->nimages) are the images, then come the frames of every
  * frame-list video in order (mml_record_frames(rec) in all).  On failure err names the
  * image or video and reason; the caller prefixes shard and line. */
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
@@ -333,20 +332,21 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
                            const struct mml_video_info *vinfo, struct mml_video_plan *vplans,
                            mml_sample *out, mml_err *err);
 /* Decodes + resizes + normalises + patchifies every image of a planned sample straight
- * into dst (out->pixel_rows rows of pixel_cols float32, the images in order). */
+ * into dst (its pixel_rows rows of mml_vision_row_bytes, the images in order). */
 mml_status mml_sample_decode(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
                              const mml_bytes *images, const mml_vision_plan *plans, int nimages,
                              void *dst, mml_err *err);
 /* Opens video file v of the record (the caller knows where it lives). */
 typedef mml_status (*mml_sample_video_open_fn)(void *ctx, int v, struct mml_video **out,
                                                mml_err *err);
-/* Decodes every planned video of a sample into out->vpixels (out->vpixel_rows rows): frame
- * lists from their frames' bytes (images + rec->nimages on), files opened by `open` and
- * decoded at exactly the planned frames, then closed.  Clears out->vpixels_pending. */
+/* Decodes every planned video of a sample straight into dst (its vpixel_rows rows of
+ * mml_vision_video_row_bytes, the videos in order): frame lists from their frames' bytes
+ * (images + rec->nimages on), files opened by `open` and decoded at exactly the planned
+ * frames, then closed. */
 mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *sc,
                                     const mml_record *rec, const mml_bytes *images,
                                     const struct mml_video_plan *vplans,
-                                    mml_sample_video_open_fn open, void *ctx, mml_sample *out,
+                                    mml_sample_video_open_fn open, void *ctx, void *dst,
                                     mml_err *err);
 
 /* Resolves an image reference against a root ("dir", "s3://bucket/prefix", or NULL):

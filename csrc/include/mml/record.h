@@ -142,6 +142,10 @@ typedef struct mml_record_opts {
   int max_images;
   const char *const *implicit; /* as in mml_record_parse_ex (NULL: none) */
   int nimplicit;
+  /* likewise for a record without "videos" / "video": its video list (a WebDataset
+   * sample's video members: `<video>` tags and {"type": "video"} parts take them) */
+  const char *const *implicit_videos;
+  int nimplicit_videos;
 } mml_record_opts;
 mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_opts *opts,
                                  mml_record *rec, mml_err *err);

@@ -32,11 +32,10 @@ typedef struct mml_sample {
   int nimages;
   int64_t vision_tokens; /* its <|image_pad|> tokens (also in a planning pass, which
                           has no grids) */
-  /* videos (mml/video_frames.h), in order of appearance */
-  mml_bytes vpixels;   /* [vpixel_rows, mml_vision_video_cols] in the pixel format:
-                          pixel_values_videos rows */
+  /* videos (mml/video_frames.h), in order of appearance; their pixel_values_videos rows
+   * ([vpixel_rows, mml_vision_video_cols] in the pixel format) are always written
+   * elsewhere: straight into the batch's buffer (mml_sample_decode_videos) */
   int64_t vpixel_rows; /* planned rows */
-  int vpixels_pending; /* 1: planned, vpixels not decoded yet (mml_sample_decode_videos) */
   mml_ids vgrids;      /* int32 [nvideos * 3]: (t, h, w) per video */
   mml_bytes vsecs;     /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
   int nvideos;

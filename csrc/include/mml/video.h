@@ -39,7 +39,7 @@ typedef struct mml_video_src {
   size_t len;
   mml_fetcher *fetcher; /* required for http(s):// and s3:// names */
   int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
-                       * MML_EOBJECTSIZE */
+                       * MML_EOBJECTSIZE; per use: mml_video_idle starts a new one) */
   int threads;          /* decoder threads (0 or 1: one) */
   int64_t block;        /* remote read block size (0: 1 MiB) */
   int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
@@ -89,6 +89,13 @@ mml_status mml_video_probe(const mml_video *v, mml_video_info *info, mml_err *er
  * off, corrupt packets) is MML_EVIDEOCORRUPT; both name the file and the frame. */
 mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
                             void *ctx, mml_err *err);
+
+/* Between the probe and the decode of a video kept open (the loader plans a sample, then
+ * decodes it later, maybe on another thread): drops the cached I/O blocks, so an idle
+ * open video holds only its demuxer and decoder state and the frame table (and a local
+ * file's descriptor); max_bytes counts afresh for the next use.  The decode then needs
+ * no second open: no second probe, and no second packet pass over an mkv/webm/avi. */
+void mml_video_idle(mml_video *v);
 
 /* Bytes read from the source so far (I/O accounting, tests of range reads). */
 int64_t mml_video_bytes_read(const mml_video *v);
