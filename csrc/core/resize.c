@@ -16,10 +16,11 @@
  * Pillow 13's (mml_resample_vertical_first in resize.h) — the caller runs them.
  *
  * Speed: integer sums are exact in any order, so the passes are free to vectorise.  The
- * horizontal pass works on 8 rows at once, transposed so one output pixel of all 8 rows is
- * 32 uint8 lanes (the transposes in and out are vector shuffles; the output is planar,
- * which is what patchify wants); the vertical pass runs 32 outputs at a time with all taps
- * in registers.  Both have AVX2 versions (intrinsics, picked at run time with
+ * horizontal pass works on 8 rows at once, transposed so one input pixel of all 8 rows is
+ * 24 uint8 lanes, channel-major (R of rows 0-7, G, B: three full 8-lane accumulators, no
+ * padding lane to multiply; the multiplies are what bounds both passes), and the
+ * transposes in and out are vector shuffles; the output is planar, which is what patchify
+ * wants.  The vertical pass runs 32 outputs at a time with all taps in registers.  Both have AVX2 versions (intrinsics, picked at run time with
  * __builtin_cpu_supports) and portable C versions; saturating packs give exactly clip8.
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
@@ -114,14 +115,14 @@ static inline uint8_t clip8(int32_t v) {
   return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-#define HL (4 * MML_HROWS) /* lanes: RGBX of MML_HROWS rows; X is ignored */
+#define HL (3 * MML_HROWS) /* lanes of a column: channel c of row r is lane c * MML_HROWS + r */
 
-/* Portable transpose: column x of tbuf holds pixel x of every row as RGBX (X unused). */
+/* Portable transpose: column x of tbuf holds pixel x of every row, channel-major. */
 static void transpose_in_c(const uint8_t *const *src, int nrows, int in, uint8_t *restrict tbuf) {
   for (int r = 0; r < MML_HROWS; r++) {
     const uint8_t *restrict s = src[r < nrows ? r : 0]; /* missing rows: any data */
-    uint8_t *restrict t = tbuf + 4 * r;
-    for (int x = 0; x < in; x++) memcpy(t + (size_t)x * HL, s + 3 * x, 4); /* 1 byte slack */
+    for (int x = 0; x < in; x++)
+      for (int c = 0; c < 3; c++) tbuf[(size_t)x * HL + c * MML_HROWS + r] = s[3 * x + c];
   }
 }
 
@@ -153,8 +154,12 @@ int mml_cpu_fma(void) {
 }
 
 /* Transposes 4 pixels of 8 rows per step: each row's 12 bytes become 4 RGBX dwords (one
- * shuffle per two rows), then a 4x4 dword transpose per 128-bit lane gives the 4 columns.
- * The last step is placed to end at the last pixel (overlapping the previous one). */
+ * shuffle per two rows), a 4x4 dword transpose per 128-bit lane gives the 4 columns as
+ * RGBX of rows 0-3 | rows 4-7, and a byte shuffle plus a dword permute make each column
+ * channel-major (R0-7 G0-7 B0-7, then 8 unused bytes that the next column's store
+ * overwrites: columns are stored in increasing order, the last one into the tbuf's 8 bytes
+ * of slack).  The last step is placed to end at the last pixel (overlapping the previous
+ * one, rewriting its columns with the same bytes). */
 __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *const *src, int nrows,
                                                               int in, uint8_t *restrict tbuf) {
   if (in < 4) {
@@ -165,6 +170,10 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *con
   for (int r = 0; r < MML_HROWS; r++) s[r] = src[r < nrows ? r : 0];
   const __m256i rgbx = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 0, 1,
                                         2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+  const __m256i chan = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4,
+                                        8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i halves = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#define COLUMN(v) _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8((v), chan), halves)
   for (int x = 0;; x += 4) {
     if (x > in - 4) x = in - 4;
     const size_t o = (size_t)x * 3; /* reads o .. o+15: within the row and its slack */
@@ -178,12 +187,13 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *con
     __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpackhi_epi32(y[0], y[1]);
     __m256i t2 = _mm256_unpacklo_epi32(y[2], y[3]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
     uint8_t *t = tbuf + (size_t)x * HL;
-    _mm256_storeu_si256((__m256i *)t, _mm256_unpacklo_epi64(t0, t2));
-    _mm256_storeu_si256((__m256i *)(t + HL), _mm256_unpackhi_epi64(t0, t2));
-    _mm256_storeu_si256((__m256i *)(t + 2 * HL), _mm256_unpacklo_epi64(t1, t3));
-    _mm256_storeu_si256((__m256i *)(t + 3 * HL), _mm256_unpackhi_epi64(t1, t3));
+    _mm256_storeu_si256((__m256i *)t, COLUMN(_mm256_unpacklo_epi64(t0, t2)));
+    _mm256_storeu_si256((__m256i *)(t + HL), COLUMN(_mm256_unpackhi_epi64(t0, t2)));
+    _mm256_storeu_si256((__m256i *)(t + 2 * HL), COLUMN(_mm256_unpacklo_epi64(t1, t3)));
+    _mm256_storeu_si256((__m256i *)(t + 3 * HL), COLUMN(_mm256_unpackhi_epi64(t1, t3)));
     if (x == in - 4) break;
   }
+#undef COLUMN
 }
 
 /* w * (8 bytes at p, zero-extended) added to s. */
@@ -193,7 +203,8 @@ __attribute__((target("avx2"))) static void transpose_in_avx2(const uint8_t *con
 
 /* Shift, clip and pack four accumulators of 8 int32 into 32 bytes.  Saturating packs clip
  * exactly like clip8 (values are within int16 after the shift); the result's dwords hold
- * s0..s3's halves in the order s0.lo s1.lo s2.lo s3.lo | s0.hi s1.hi s2.hi s3.hi. */
+ * s0..s3's halves in the order s0.lo s1.lo s2.lo s3.lo | s0.hi s1.hi s2.hi s3.hi.
+ * (Callers with three accumulators pass the third twice.) */
 __attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m256i s1, __m256i s2,
                                                                  __m256i s3) {
   s0 = _mm256_srai_epi32(s0, PRECISION_BITS);
@@ -203,20 +214,20 @@ __attribute__((target("avx2"))) static inline __m256i pack4_avx2(__m256i s0, __m
   return _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
 }
 
-/* One output pixel of all MML_HROWS rows: 32 lanes in four accumulators.  The result's
- * dwords hold the rows in the order 0 2 4 6 | 1 3 5 7.  Four taps (the common case for
- * sizes that change by less than half) are unrolled. */
+/* One output pixel of all MML_HROWS rows: 24 lanes in three accumulators (R, G, B of rows
+ * 0-7).  Dword c of the result's 128-bit lane l holds channel c of rows 4l..4l+3 (dword 3
+ * repeats B).  Four taps (the common case for sizes that change by less than half) are
+ * unrolled. */
 __attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t *k, int n,
                                                                    const uint8_t *col) {
   const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-  __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+  __m256i s0 = half, s1 = half, s2 = half;
   if (n == 4) {
     for (int j = 0; j < 4; j++, col += HL) {
       const __m256i w = _mm256_set1_epi32(k[j]);
       MAC8(s0, col, w);
       MAC8(s1, col + 8, w);
       MAC8(s2, col + 16, w);
-      MAC8(s3, col + 24, w);
     }
   } else {
     for (int j = 0; j < n; j++, col += HL) {
@@ -224,16 +235,16 @@ __attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t
       MAC8(s0, col, w);
       MAC8(s1, col + 8, w);
       MAC8(s2, col + 16, w);
-      MAC8(s3, col + 24, w);
     }
   }
-  return pack4_avx2(s0, s1, s2, s3);
+  return pack4_avx2(s0, s1, s2, s2);
 }
 
 /* Output pixels in steps of 8 (the last step overlaps the previous one; recomputing a
- * pixel gives the same bytes).  Each step transposes the 8 results back to rows: a 4x4
- * dword transpose per half, a shuffle to planar RRRR GGGG BBBB, and one 8-byte store per
- * row and channel. */
+ * pixel gives the same bytes).  Each step transposes the 8 results back to rows: per half
+ * of 4 pixels a 4x4 dword transpose per 128-bit lane gathers one channel's dwords (4 rows
+ * each), a byte shuffle turns each into 4 rows of 4 pixels, and a dword unpack of the two
+ * halves gives 8 pixels of a row: one 8-byte store per row and channel. */
 __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
                                                         const uint8_t *restrict tbuf, int nrows,
                                                         uint8_t *const *dst, size_t plane) {
@@ -242,14 +253,12 @@ __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis 
                                           4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   if (out < 8) {
     for (int xx = 0; xx < out; xx++) {
-      uint8_t o[HL];
+      uint8_t o[32];
       _mm256_storeu_si256((__m256i *)o,
                           pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
                                        tbuf + (size_t)a->bounds[xx * 2] * HL));
-      for (int r = 0; r < nrows; r++) {
-        const uint8_t *p = o + 4 * ((r & 1) * 4 + (r >> 1)); /* rows are in order 0 2 4 6 1 3 5 7 */
-        for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = p[c];
-      }
+      for (int r = 0; r < nrows; r++) /* channel c of row r: lane r / 4, dword c, byte r % 4 */
+        for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = o[16 * (r >> 2) + 4 * c + (r & 3)];
     }
     return;
   }
@@ -261,32 +270,30 @@ __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis 
       p[i] = pixel_h_avx2(&a->k[(size_t)xx * ksize], a->bounds[xx * 2 + 1],
                           tbuf + (size_t)a->bounds[xx * 2] * HL);
     }
-    /* per 4 pixels: lanes of q[h][m] hold 4 RGBX pixels of one row each */
-    __m256i q[2][4];
+    /* q[h][c], lane l: dword j is row 4l+j of pixels x0+4h .. x0+4h+3 in channel c */
+    __m256i q[2][3];
     for (int h = 0; h < 2; h++) {
       __m256i t0 = _mm256_unpacklo_epi32(p[4 * h], p[4 * h + 1]);
       __m256i t1 = _mm256_unpackhi_epi32(p[4 * h], p[4 * h + 1]);
       __m256i t2 = _mm256_unpacklo_epi32(p[4 * h + 2], p[4 * h + 3]);
       __m256i t3 = _mm256_unpackhi_epi32(p[4 * h + 2], p[4 * h + 3]);
-      /* dword order 0 2 4 6 | 1 3 5 7: lane 0 of these is rows 0, 2, 4, 6, lane 1 rows 1, 3, 5, 7 */
       q[h][0] = _mm256_shuffle_epi8(_mm256_unpacklo_epi64(t0, t2), planar);
       q[h][1] = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(t0, t2), planar);
       q[h][2] = _mm256_shuffle_epi8(_mm256_unpacklo_epi64(t1, t3), planar);
-      q[h][3] = _mm256_shuffle_epi8(_mm256_unpackhi_epi64(t1, t3), planar);
     }
-    for (int m = 0; m < 4; m++) {
-      /* RRRR GGGG BBBB of pixels 0-3 and 4-7: R 8 bytes, G 8 bytes | B 8 bytes */
-      __m256i rg = _mm256_unpacklo_epi32(q[0][m], q[1][m]);
-      __m256i bx = _mm256_unpackhi_epi32(q[0][m], q[1][m]);
+    for (int c = 0; c < 3; c++) {
+      /* lane l: 8 pixels of rows 4l, 4l+1 (lo) and of rows 4l+2, 4l+3 (hi) */
+      const __m256i lo = _mm256_unpacklo_epi32(q[0][c], q[1][c]);
+      const __m256i hi = _mm256_unpackhi_epi32(q[0][c], q[1][c]);
       for (int l = 0; l < 2; l++) {
-        const int r = 2 * m + l;
-        if (r >= nrows) continue;
-        __m128i v = l ? _mm256_extracti128_si256(rg, 1) : _mm256_castsi256_si128(rg);
-        __m128i b = l ? _mm256_extracti128_si256(bx, 1) : _mm256_castsi256_si128(bx);
-        uint8_t *d = dst[r] + x0;
-        _mm_storel_epi64((__m128i *)d, v);
-        _mm_storel_epi64((__m128i *)(d + plane), _mm_unpackhi_epi64(v, v));
-        _mm_storel_epi64((__m128i *)(d + 2 * plane), b);
+        const __m128i v[2] = {l ? _mm256_extracti128_si256(lo, 1) : _mm256_castsi256_si128(lo),
+                              l ? _mm256_extracti128_si256(hi, 1) : _mm256_castsi256_si128(hi)};
+        for (int j = 0; j < 4; j++) {
+          const int r = 4 * l + j;
+          if (r >= nrows) break;
+          const __m128i e = j & 1 ? _mm_unpackhi_epi64(v[j >> 1], v[j >> 1]) : v[j >> 1];
+          _mm_storel_epi64((__m128i *)(dst[r] + c * plane + x0), e);
+        }
       }
     }
     if (x0 == out - 8) break;
@@ -319,7 +326,7 @@ void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, 
       for (int l = 0; l < HL; l++) acc[l] += col[l] * w;
     }
     for (int r = 0; r < nrows; r++)
-      for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = clip8(acc[4 * r + c]);
+      for (int c = 0; c < 3; c++) dst[r][c * plane + xx] = clip8(acc[c * MML_HROWS + r]);
   }
 }
 

@@ -40,7 +40,9 @@ int mml_cpu_fma(void);
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                          uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf);
 
-static inline size_t mml_resample_tbuf_size(int in) { return (size_t)in * 4 * MML_HROWS; }
+/* Bytes of the horizontal pass's transposed rows: 3 * MML_HROWS per input pixel, and 8 of
+ * slack for the last column's 32-byte vector store. */
+static inline size_t mml_resample_tbuf_size(int in) { return (size_t)in * 3 * MML_HROWS + 8; }
 
 /* Vertical pass for output row y: rows[j] + off is input row bounds[2y] + j (the caller
  * keeps only the rows still needed, e.g. in a ring); n bytes per row starting at `off`
