@@ -31,7 +31,9 @@ Inputs, made once into ~/.cache/mmloader/bench-video-e2e:
           (quality 90) of a moving pattern with grain per video, several videos
   mp4     bench_video.py's H.264 files (640x360, 30 fps, 1 and 10 minutes) with
           ``nframes`` kept frames; run only when this mmloader loads video files (else
-          reported as skipped, with the loader's reason)
+          reported as skipped, with the loader's reason); for these also the cost of
+          decoding alone (mmloader's decoder and decord on the same kept frames) and the
+          10-minute / 1-minute cost at the same nframes
 
     python3 benchmarks/bench_video_e2e.py                  # median of 3 rounds
     python3 benchmarks/bench_video_e2e.py --runs 5 --samples 24 --preset qwen3-vl --md out.md
@@ -128,22 +130,12 @@ def file_records(seconds, nframes):
     sys.path.insert(0, HERE)
     import bench_video as bv
 
+    os.makedirs(bv.CACHE, exist_ok=True)
     base = bv.make_video(os.path.join(bv.CACHE, "base-60s.mp4"), 60, 640, 360, 30)
     path = base if seconds <= 60 else bv.remux(base, os.path.join(bv.CACHE, "long-600s.mp4"), 10)
-    return [
-        {
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "video", "video": path, "nframes": nframes},
-                        {"type": "text", "text": "What happens?"},
-                    ],
-                },
-                {"role": "assistant", "content": ANSWER},
-            ]
-        }
-    ]
+    rec = file_records_line(path, nframes)
+    rec["messages"][0]["content"].append({"type": "text", "text": "What happens?"})
+    return [rec]
 
 
 def write_shard(recs, n, name):
@@ -272,6 +264,47 @@ def run_mmloader(shard, shard2, preset, n):
     return b[0] / 2, b[1] - a[1]
 
 
+def decode_only(path, nframes, runs):
+    """CPU seconds per video of decoding just the kept frames (qwen-vl-utils' indices for
+    ``nframes``) to RGB, median of ``runs``: mmloader's decoder (keyframe seeks, frames
+    nobody references skipped) and decord's get_batch as qwen-vl-utils calls it, plus
+    how many frames mmloader's decoder had to decode for them."""
+    from mmloader import _core
+
+    info = _core.video_probe(path)
+    line = json.dumps(file_records_line(path, nframes))
+    idx = _core.video_sample(line, info["nframes"], info["fps"])["indices"]
+
+    def cpu(fn):
+        ts = []
+        for _ in range(runs):
+            c0 = time.process_time()
+            fn()
+            ts.append(time.process_time() - c0)
+        return statistics.median(ts)
+
+    out = {"kept": len(idx), "frames": info["nframes"]}
+    out["mmloader"] = cpu(
+        lambda: out.update(decoded=_core.video_decode(path, idx)["frames_decoded"])
+    )
+    try:
+        import decord
+
+        out["decord"] = cpu(lambda: decord.VideoReader(path).get_batch(idx).asnumpy())
+    except ImportError:
+        out["decord"] = None
+    return out
+
+
+def file_records_line(path, nframes):
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "video", "video": path, "nframes": nframes}]},
+            {"role": "assistant", "content": ANSWER},
+        ]
+    }
+
+
 def same_work(a, b):
     """'equal' when the first sample's tensors agree bit for bit, else the largest
     difference; None when the grids differ (not the same work)."""
@@ -316,6 +349,9 @@ def bench(name, recs, args):
     }
     row["cpu_ratio"] = row["qwen-vl-utils"]["cpu_s"] / row["mmloader"]["cpu_s"]
     row["wall_ratio"] = row["qwen-vl-utils"]["wall_s"] / row["mmloader"]["wall_s"]
+    video = recs[0]["messages"][0]["content"][0]
+    if isinstance(video["video"], str):  # a file: what decoding alone costs
+        row["decode_only"] = decode_only(video["video"], video["nframes"], args.runs)
     return row
 
 
@@ -341,6 +377,34 @@ def report(rows, args, started, load):
                 f"| {r['name']} | {tuple(r['grid'])} | {r['same_work']} | {side} | "
                 f"{s['wall_s']:.4f} | {s['cpu_s']:.4f} | {1 / s['wall_s']:.1f} | {ratio} | {wr} |"
             )
+    dec = [r for r in rows if "decode_only" in r]
+    if dec:
+        out += [
+            "",
+            "Decoding alone (the same kept frames to RGB, no resize; median CPU s/video):",
+            "",
+            "| input | frames kept / in the file | decoded by mmloader | mmloader decode | "
+            "decord decode | decord / mmloader | mmloader decode / e2e |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in dec:
+            d = r["decode_only"]
+            dr = f"{d['decord']:.4f}" if d["decord"] else "-"
+            ratio = f"{d['decord'] / d['mmloader']:.1f}x" if d["decord"] else "-"
+            out.append(
+                f"| {r['name']} | {d['kept']} / {d['frames']} | {d['decoded']} | "
+                f"{d['mmloader']:.4f} | {dr} | {ratio} | "
+                f"{d['mmloader'] / r['mmloader']['cpu_s']:.0%} |"
+            )
+    by = {r["name"]: r for r in rows if "skipped" not in r}
+    if "mp4-1min" in by and "mp4-10min" in by:
+        a, b = by["mp4-1min"], by["mp4-10min"]
+        out += [
+            "",
+            f"10-minute vs 1-minute video at the same nframes ({args.nframes}), CPU per video: "
+            f"mmloader {b['mmloader']['cpu_s'] / a['mmloader']['cpu_s']:.2f}x, "
+            f"qwen-vl-utils {b['qwen-vl-utils']['cpu_s'] / a['qwen-vl-utils']['cpu_s']:.2f}x.",
+        ]
     if skipped:
         out += ["", "skipped: " + "; ".join(skipped)]
     out.append(f"\n(run {started} - {time.strftime('%H:%M UTC', time.gmtime())})")

@@ -595,6 +595,7 @@ def markdown(
     prof = profile_lines(os.path.join(results_dir, "profile.json"))
     if prof:
         lines += prof
+    lines += lateness_lines(data) + memory_lines(data)
     lines += [
         "Figures: samples/s, CPU ms/sample (user+system, the process and all its "
         "children) and faults/batch (minor+major) are steady-state figures of the process "
@@ -667,6 +668,92 @@ def profile_lines(path: str) -> List[str]:
         "",
     ]
     return lines
+
+
+def _sub(
+    data: Dict[str, Any], group: str, pipeline: str, key: str, sub: str, factor: Optional[float]
+) -> Optional[Tuple[float, float, float, int]]:
+    """(median, min, max, n) over the local runs of `key`[`sub`] (a nested figure: a
+    spread, the loader's stats), the wait-time runs at `factor` only."""
+    vals = []
+    for r in _runs(data, group, "local", pipeline):
+        if factor is not None and abs(r["params"].get("factor", 0) - factor) > 1e-9:
+            continue
+        v = (r["result"].get(key) or {}).get(sub)
+        if v is not None:
+            vals.append(float(v))
+    return (_med(vals), min(vals), max(vals), len(vals)) if vals else None
+
+
+def lateness_lines(data: Dict[str, Any]) -> List[str]:
+    """Why batches come late (the wait-time target): the spread of mmloader's batch
+    intervals at step 0 and of the waits in the 1.2x runs (runner.py's interval_ms,
+    next_wait_ms), medians over the runs."""
+    spreads = []
+    for q in QS:
+        one = _sub(data, "throughput", "mmloader", "interval_ms", q, None)
+        if one is None:
+            return []
+        spreads.append(one)
+    p50, p90, p99, top = (v[0] for v in spreads)
+    slow = stat(data, "throughput", "local", "mmloader", "slow_interval_share")
+    depth = _sub(data, "throughput", "mmloader", "loader_stats", "prefetch", None)
+    text = (
+        f"Why batches come late: at step 0 (mmloader's local throughput runs, steady state, "
+        f"median over {spreads[0][3]} run(s)) the time between consecutive batches, its "
+        f"production time per batch, is {p50:.0f} ms at the median, {p90:.0f} ms at p90, "
+        f"{p99:.0f} ms at p99 and {top:.0f} ms at most"
+        + (f"; {100 * slow[0]:.0f}% of the batches take over 1.2x the median" if slow else "")
+        + ": a trainer step of 1.2x the median hides such a batch only while the "
+        + (f"{depth[0]:.0f} " if depth else "")
+        + "prefetched batches last."
+    )
+    ws = [
+        r["result"]["waiting_share"]
+        for r in _runs(data, "wait", "local", "mmloader")
+        if abs(r["params"].get("factor", 0) - 1.2) < 1e-9
+        and r["result"].get("waiting_share") is not None
+    ]
+    w99 = _sub(data, "wait", "mmloader", "next_wait_ms", "p99", 1.2)
+    wmax = _sub(data, "wait", "mmloader", "next_wait_ms", "max", 1.2)
+    if ws and w99 and wmax:
+        text += (
+            f" In the 1.2x runs {100 * (_med(ws) or 0):.0f}% of next() calls waited over 1 ms; "
+            f"the waits were {w99[0]:.0f} ms at p99 and {wmax[0]:.0f} ms at most (median "
+            f"over {len(ws)} run(s))."
+        )
+    return [text, ""]
+
+
+QS = ("p50", "p90", "p99", "max")
+
+
+def memory_lines(data: Dict[str, Any]) -> List[str]:
+    """What the pipelines' own memory is, in batches: own memory (local, median) over the
+    mean batch (its arrays: runner.py's batch_mb), and mmloader's pool at the end of its
+    float32 runs (Loader.stats())."""
+    rows = []
+    for p in ORDER:
+        b = stat(data, "throughput", "local", p, "batch_mb")
+        own = own_mb(data, "local", p)
+        if b and own is not None and b[0] > 0:
+            name = LABEL[p].replace("**", "").split(" (")[0].split(" +")[0]
+            rows.append(f"{name} {own:.0f} MB = {own / b[0]:.1f} x {b[0]:.0f} MB")
+    if not rows:
+        return []
+    text = (
+        "What the own memory is (local, median; own memory = that many mean batches, a "
+        f"batch's arrays of {data['meta']['batch_size']} samples): " + "; ".join(rows) + "."
+    )
+    live = _sub(data, "throughput", "mmloader", "loader_stats", "pool_live_bytes", None)
+    cached = _sub(data, "throughput", "mmloader", "loader_stats", "pool_cached_bytes", None)
+    if live and cached:
+        text += (
+            f" At the end of its float32 runs mmloader's pool held {live[0] / 2**20:.0f} MB "
+            f"in buffers still in use and {cached[0] / 2**20:.0f} MB cached for reuse "
+            "(Loader.stats(), median)."
+        )
+    return [text, ""]
 
 
 def plots(data: Dict[str, Any], out_dir: str) -> List[str]:

@@ -363,7 +363,8 @@ class Loader:
             and the same number of batches.
         num_threads: worker threads; default: CPUs in the affinity mask divided by
             ``LOCAL_WORLD_SIZE``.
-        prefetch: finished batches kept ready ahead of the consumer.
+        prefetch: batches whose pixels are in memory ahead of the consumer, finished or
+            being decoded (the depth of a DataLoader's prefetch_factor x num_workers).
         window: samples in flight ahead of collation (default 2 * micro_batch_size, at
             least 4 * num_threads and 16); with ``prefetch`` it bounds memory.
         max_memory: a cap in bytes on the engine's memory (None: no cap): every batch

@@ -63,6 +63,12 @@ def test_measure_reports_steady_state_and_own_memory(shard):
     assert res["steady_cpu_s_per_sample"] > 0
     assert res["own_mem_mb"] == pytest.approx(res["peak_mem_mb"] - res["idle_pss_mb"])
     assert res["idle_pss_mb"] > 0
+    # why batches come late, what a batch costs: steady-state spreads in ms, batch bytes
+    iv, w = res["interval_ms"], res["next_wait_ms"]
+    assert 0 < iv["p50"] <= iv["p90"] <= iv["p99"] <= iv["max"] and iv["n"] >= 1
+    assert w["n"] == iv["n"] + 1 and 0 <= w["p50"] <= w["max"]  # n waits, n - 1 intervals
+    assert 0 <= res["slow_interval_share"] < 1 and 0 <= res["waiting_share"] <= 1
+    assert res["batch_mb"] > 0.01  # 4 samples' pixel_values, ids, masks
 
 
 def test_memory_counts_shared_memory_held_by_a_descriptor_once():
@@ -226,3 +232,39 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
     report.fill_readme(str(path), str(readme))
     text = readme.read_text()
     assert "\nold\n" not in text and "| **mmloader** | 60.0" in text and text.endswith("b\n")
+
+
+def test_report_says_why_batches_are_late_and_what_memory_is():
+    """The lines after the profile: mmloader's batch-interval spread at step 0, the waits
+    of the 1.2x runs, own memory in mean batches and the pool; nothing without the runs."""
+
+    def spread(p50, mx):
+        return {"p50": p50, "p90": mx / 2, "p99": mx, "max": mx, "n": 100}
+
+    runs = [
+        _run(
+            "throughput",
+            "mmloader",
+            "local",
+            r,
+            own_mem_mb=own,
+            batch_mb=50.0,
+            interval_ms=spread(p50, 400.0),
+            slow_interval_share=share,
+            loader_stats={"prefetch": 4, "pool_live_bytes": 300 << 20, "pool_cached_bytes": 0},
+        )
+        for r, (own, p50, share) in enumerate([(500.0, 100.0, 0.1), (600.0, 120.0, 0.3)])
+    ]
+    runs.append(_run("throughput", "dataloader", "local", 0, own_mem_mb=1000.0, batch_mb=50.0))
+    wait = _run("wait", "mmloader", "local", 0, waiting_share=0.25, next_wait_ms=spread(0, 90))
+    wait["params"] = {"factor": 1.2, "step_ms": 120.0, "production_ms": 100.0}
+    data = {"meta": {"batch_size": 8}, "runs": runs + [wait]}
+    late = " ".join(report.lateness_lines(data))
+    assert "110 ms at the median, 200 ms at p90, 400 ms at p99" in late  # medians of 2 runs
+    assert "20% of the batches take over 1.2x the median" in late and "the 4 prefetched" in late
+    assert "25% of next() calls waited over 1 ms; the waits were 90 ms at p99" in late
+    mem = " ".join(report.memory_lines(data))
+    assert "PyTorch DataLoader 1000 MB = 20.0 x 50 MB" in mem
+    assert "mmloader 550 MB = 11.0 x 50 MB" in mem and "held 300 MB in buffers" in mem
+    assert report.lateness_lines({"meta": {}, "runs": []}) == []
+    assert report.memory_lines({"meta": {}, "runs": []}) == []

@@ -128,3 +128,38 @@ def test_consumer_holding_every_batch_gets_a_clear_error(shard):
 def test_max_memory_below_scratch_is_a_config_error(shard):
     with pytest.raises(mmloader.ConfigError, match="max_memory"):
         mmloader.Loader(shard, tokenizer=TINY, num_threads=4, max_memory=32 * MB)
+
+
+def test_prefetch_bounds_the_batches_in_memory(shard):
+    """prefetch counts every batch whose pixels are in memory ahead of the consumer,
+    finished or still being decoded (a DataLoader's prefetch_factor x workers): with the
+    consumer away, the pool holds the batch it keeps plus `prefetch` more, not also a
+    window's worth of batches being decoded behind a full queue."""
+    prefetch = 3
+    L = mmloader.Loader(
+        shard,
+        tokenizer=TINY,
+        preset="qwen2.5-vl",
+        micro_batch_size=1,
+        num_threads=2,
+        prefetch=prefetch,
+        shuffle=False,
+    )
+    try:
+        it = iter(L)
+        held = next(it)  # kept while the engine runs ahead
+        one = -(-held["pixel_values"].numpy().nbytes // (2 * MB)) * 2 * MB  # pool: 2 MiB pages
+        deadline = time.monotonic() + 120
+        while L.stats()["queue_depth"] < prefetch and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert L.stats()["queue_depth"] == prefetch, "the queue never filled"
+        time.sleep(0.5)  # anything still allowed to start has started
+        live = L.stats()["pool_live_bytes"]
+        assert live <= (prefetch + 1) * one + MB, (
+            f"{live / MB:.0f} MB live, batches of {one / MB:.0f}"
+        )
+        got = 1 + sum(1 for _ in it)
+        assert got == N  # and nothing is lost on the way
+        del held
+    finally:
+        L.close()

@@ -49,6 +49,15 @@ shuffled per pass, so any prefix is a fair sample of the mix).  Figures:
   steady_samples_per_s, steady_wait_ratio  samples/s and wait_ratio over that span (no
                    batch the pipeline made before the first one counts: the production
                    rate the wait-time runs are set from); None under 3 batches
+  batch_mb         mean bytes of a batch's arrays (tensors), all batches: what a batch
+                   held in a queue or a pool costs
+  interval_ms, slow_interval_share, next_wait_ms, waiting_share
+                   over the same span: the time between consecutive batches (p50, p90,
+                   p99, max; at step 0 the pipeline's production time per batch), the
+                   share of those over 1.2x their median (the batches a trainer step of
+                   1.2x the production time does not hide by itself), each next()'s
+                   wait, and the share of next() calls that waited over 1 ms: why
+                   batches come late
 
 {"steady_file": PATH} writes PATH when the steady state begins (a profiler attaches then).
 
@@ -245,6 +254,45 @@ def _batch_rows(batch: Any) -> int:
     return int(shape[0])
 
 
+def _batch_bytes(batch: Any) -> int:
+    """Bytes of the batch's arrays (tensors, numpy arrays; lists and scalars not counted)."""
+    n = 0
+    for v in batch.values() if hasattr(batch, "values") else ():
+        nb = getattr(v, "nbytes", None)
+        n += int(nb) if isinstance(nb, int) else 0
+    return n
+
+
+def _spread(xs: List[float]) -> Optional[Dict[str, float]]:
+    """Median, p90, p99 and largest of `xs` (seconds) in ms; None when empty."""
+    if not xs:
+        return None
+    s = sorted(xs)
+
+    def q(f: float) -> float:
+        return 1000.0 * s[min(len(s) - 1, int(f * len(s)))]
+
+    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": 1000.0 * s[-1], "n": len(s)}
+
+
+def _lateness(intervals: List[float], waits: List[float]) -> Dict[str, Any]:
+    """Steady-state spread of batch arrivals: the interval between consecutive batches
+    (at step 0 the pipeline's production time per batch), the share of intervals over
+    1.2x their median (batches a 1.2x trainer step does not hide by itself), and each
+    next()'s wait with the share of calls that waited over 1 ms."""
+    iv = _spread(intervals)
+    slow = None
+    if iv:
+        med = iv["p50"] / 1000.0
+        slow = sum(1 for x in intervals if x > 1.2 * med) / len(intervals)
+    return {
+        "interval_ms": iv,
+        "slow_interval_share": slow,
+        "next_wait_ms": _spread(waits),
+        "waiting_share": (sum(1 for w in waits if w > 1e-3) / len(waits)) if waits else None,
+    }
+
+
 def _available(mod: Any, cfg: Dict[str, Any]) -> Optional[str]:
     import inspect
 
@@ -296,7 +344,10 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     first = next(it)
     t_first = time.perf_counter()
     n_first = _batch_rows(first)
+    nbytes = _batch_bytes(first)
     del first
+    arrivals: List[float] = []  # after each next() from the end of the warm-up on
+    waits: List[float] = []
     waited = 0.0
     samples = 0
     batches = 1
@@ -325,8 +376,13 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         except StopIteration:
             exhausted = not max_batches
             break
-        waited += time.perf_counter() - t
+        t_got = time.perf_counter()
+        waited += t_got - t
+        if steady is not None:
+            arrivals.append(t_got)
+            waits.append(t_got - t)
         samples += _batch_rows(batch)
+        nbytes += _batch_bytes(batch)
         batches += 1
         del batch
     t_end = time.perf_counter()
@@ -375,6 +431,8 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "peak_self_rss_mb": me.ru_maxrss / 1024.0,
         "wall_s": wall,
         "step_ms": step * 1000.0,
+        "batch_mb": nbytes / batches / 2**20,
+        **_lateness([b - a for a, b in zip(arrivals, arrivals[1:])], waits),
         **extra,
     }
 

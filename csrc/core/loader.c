@@ -680,7 +680,8 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       memset(it, 0, sizeof *it);
       L->out_head = (L->out_head + 1) % L->cfg.prefetch;
       L->out_count--;
-      ld_move_ready_locked(L); /* room for the next finished item */
+      ld_move_ready_locked(L);                                 /* room for the next finished item */
+      if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
       it = &item;
       if (it->kind == ITEM_ERROR) {
         ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */

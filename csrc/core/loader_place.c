@@ -187,16 +187,38 @@ static void assign_members(mml_loader *L, int64_t id, int p) {
   }
 }
 
+/* Whether ticket k holds a buffer in any plane. */
+static int has_buf(const ticket *k) {
+  for (int p = 0; p < PLANES; p++)
+    if (k->pl[p].buf) return 1;
+  return 0;
+}
+
+/* Whether `prefetch` batches with pixels are ahead of the consumer, for ticket id's first
+ * buffer: finished ones (output and pending queues) and tickets with a buffer (being
+ * decoded).  The ticket holding the collator's next sample counts finished batches only:
+ * they drain without it (the consumer, the emitting workers), tickets only through it (a
+ * pack is complete only once the next sample is decoded and does not fit). */
+static int prefetch_full(mml_loader *L, int64_t id) {
+  int64_t n = L->out_count + (L->pend_tail - L->pend_head);
+  if (tk_at(L, id)->first_seq > L->head_seq)
+    for (int64_t j = L->tk_head; j <= L->tk_tail; j++) n += has_buf(tk_at(L, j));
+  return n >= L->cfg.prefetch;
+}
+
 /* Gives plane p of ticket `id` a fresh buffer of cap_rows rows: the rows the collator
  * already took are copied (and the collator `c` composing it switches to it), the rest
- * placed anew. */
+ * placed anew.  A ticket's first buffer waits while `prefetch` batches are ahead of the
+ * consumer (the depth a DataLoader's prefetch_factor x workers means), and for
+ * max_memory's room. */
 static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_collator *c) {
   ticket *k = tk_at(L, id);
   tk_plane *q = &k->pl[p];
   int earlier = 0; /* tickets get room in order: the head first */
   for (int64_t j = L->tk_head; j < id; j++)
     for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
-  if (earlier || !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
+  if (earlier || (!has_buf(k) && prefetch_full(L, id)) ||
+      !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;

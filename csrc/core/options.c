@@ -69,7 +69,7 @@ static const mml_option k_options[] = {
     {"num_threads", MML_OPT_INT, CFG(num_threads), 0, 1, 4096, NULL, NONE,
      "worker threads (None: CPUs in the affinity mask / LOCAL_WORLD_SIZE)"},
     {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
-     "finished batches kept ready ahead of the consumer"},
+     "batches in memory ahead of the consumer: finished, or being decoded"},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
      "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16)"},
     {"max_memory", MML_OPT_INT, CFG(max_memory), 0, 1, I64, NULL, NONE,

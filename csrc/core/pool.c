@@ -18,11 +18,17 @@
  *   - Memory that stays mapped: the host allocator (mml_host_allocator) gives each
  *     buffer of MAP_MIN bytes or more its own 2 MiB-aligned anonymous mapping with
  *     MADV_HUGEPAGE.  Its pages are faulted in (and zeroed by the kernel) once, on first
- *     write; while the pool keeps the buffer they stay mapped, so a batch written into a
- *     reused buffer costs no page fault and no zeroing.  When no cached buffer is large
- *     enough, the largest cached one grows in place (mremap keeps its resident pages,
- *     only the new tail faults) instead of mapping a new one: in steady state the
- *     buffers reach the largest batch's size and the pool maps nothing new.
+ *     write, and from then on they are the pool's: a released buffer keeps them while it is
+ *     cached, and a request MOVES them where they are needed (mremap with
+ *     MREMAP_DONTUNMAP: page tables move, 2 MiB at a time, nothing is copied or zeroed).
+ *     A request takes the cached mapping that holds the most pages (and is large enough);
+ *     pages beyond the request go to the reservoir (one reserved address range, a stack
+ *     of spare pages); a shortfall comes from the reservoir, then from other cached
+ *     buffers.  So the pool's resident bytes are the most that batches ever needed at one
+ *     time (not each buffer's largest batch, which made the pool drift to N buffers x the
+ *     largest batch), and steady-state iteration maps and zeroes nothing.  Where the
+ *     kernel cannot move pages (before Linux 5.7) the pool falls back to keeping each
+ *     buffer's pages in it and growing the largest cached one with mremap.
  *   - mml_mapped: the same kind of mapping as one thread's scratch (decoder state that
  *     scales with the image), kept across uses so reuse costs no fault either.
  */
@@ -39,12 +45,17 @@ struct mml_pool {
   pthread_mutex_t mu;
   mml_allocator alloc;
   int has_alloc;
-  int growable; /* the host allocator: large buffers are mappings (mremap) */
+  int growable;     /* the host allocator: large buffers are mappings (mremap) */
+  atomic_int moves; /* growable and the kernel moves pages (MREMAP_DONTUNMAP) */
   size_t max_cached;
   size_t cached, live; /* bytes, guarded by mu */
   mml_buf *free_list;  /* cached buffers, guarded by mu */
-  int closed;          /* guarded by mu */
-  atomic_int refs;     /* creator + live buffers */
+  /* the reservoir: spare pages at the start of one reserved range, guarded by mu */
+  uint8_t *rv;
+  void *rv_base;
+  size_t rv_len, rv_cap, rv_res;
+  int closed;      /* guarded by mu */
+  atomic_int refs; /* creator + live buffers */
 };
 
 size_t mml_dtype_size(mml_dtype dt) {
@@ -86,7 +97,11 @@ enum { MAP_MIN = 1 << 20, HUGE = 2 << 20, HDR = 64 };
 typedef struct host_hdr {
   void *base; /* what malloc or mmap returned */
   size_t len; /* mapping length; 0: malloc'd */
+  size_t cap; /* usable bytes from data (mappings) */
+  size_t res; /* bytes from data whose pages this buffer holds (pool accounting, mu) */
 } host_hdr;
+
+static host_hdr *hdr_of(void *data) { return (host_hdr *)((uint8_t *)data - HDR); }
 
 static size_t huge_round(size_t n) { return (n + HUGE - 1) & ~(size_t)(HUGE - 1); }
 
@@ -101,14 +116,23 @@ static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
     return MML_OK;
   }
   size_t len = huge_round(n) + HUGE; /* room to align the data to 2 MiB */
-  void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void *base =
+      mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) return mml_err_set(err, MML_ENOMEM, "cannot map a %zu-byte buffer", n);
   uint8_t *data = (uint8_t *)(((uintptr_t)base + HDR + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+  /* The mapping keeps one 4 KiB page before the data (the header's) and nothing after
+   * it: a whole 2 MiB before the data would make the header's page a huge page, 2 MiB
+   * faulted in and zeroed for 64 bytes. */
+  uint8_t *head = data - 4096, *end = data + huge_round(n);
+  if (head > (uint8_t *)base) munmap(base, (size_t)(head - (uint8_t *)base));
+  if (end < (uint8_t *)base + len) munmap(end, (size_t)((uint8_t *)base + len - end));
+  base = head;
+  len = (size_t)(end - head);
 #ifdef MADV_HUGEPAGE
   /* advice: fewer, larger faults; the whole mapping, so it stays one VMA (mremap needs) */
   madvise(base, len, MADV_HUGEPAGE);
 #endif
-  *(host_hdr *)(data - HDR) = (host_hdr){base, len};
+  *(host_hdr *)(data - HDR) = (host_hdr){base, len, huge_round(n), 0};
   *out = data;
   return MML_OK;
 }
@@ -129,14 +153,14 @@ static int host_grow(void **p, size_t n) {
   host_hdr h = *(host_hdr *)((uint8_t *)*p - HDR);
   if (!h.len) return 0;
   size_t off = (size_t)((uint8_t *)*p - (uint8_t *)h.base);
-  size_t len = huge_round(n) + HUGE;
+  size_t len = off + huge_round(n);
   void *nb = mremap(h.base, h.len, len, MREMAP_MAYMOVE);
   if (nb == MAP_FAILED) return 0;
   uint8_t *data = (uint8_t *)nb + off;
 #ifdef MADV_HUGEPAGE
   madvise(nb, len, MADV_HUGEPAGE);
 #endif
-  *(host_hdr *)(data - HDR) = (host_hdr){nb, len};
+  *(host_hdr *)(data - HDR) = (host_hdr){nb, len, huge_round(n), h.res};
   *p = data;
   return 1;
 }
@@ -188,6 +212,7 @@ mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml
     mml_host_allocator(&p->alloc);
   }
   p->growable = p->alloc.alloc == host_alloc;
+  atomic_init(&p->moves, p->growable);
   p->max_cached = max_cached_bytes ? max_cached_bytes : ((size_t)1 << 30);
   atomic_init(&p->refs, 1);
   *out = p;
@@ -209,6 +234,7 @@ static void pool_unref(mml_pool *p) {
     buf_destroy(p, b);
     b = n;
   }
+  if (p->rv_base) munmap(p->rv_base, p->rv_len);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
@@ -220,6 +246,8 @@ void mml_pool_close(mml_pool *p) {
   mml_buf *list = p->free_list;
   p->free_list = NULL;
   p->cached = 0;
+  if (p->rv_res) madvise(p->rv, p->rv_res, MADV_DONTNEED); /* the spare pages go now */
+  p->rv_res = 0;
   pthread_mutex_unlock(&p->mu);
   while (list) {
     mml_buf *n = list->next;
@@ -237,6 +265,13 @@ static int fence_pending(mml_buf *b) {
   b->fence_done = NULL;
   b->fence_free = NULL;
   return 0;
+}
+
+/* Bytes of resident memory a cached buffer stands for. */
+static size_t held(const mml_pool *p, mml_buf *b) {
+  if (!p->growable) return b->size;
+  host_hdr *h = hdr_of(b->data);
+  return h->len ? h->res : b->size;
 }
 
 /* The cached buffer a request of `want` bytes takes: the smallest that fits (a small one
@@ -260,15 +295,176 @@ static mml_buf *take_cached_locked(mml_pool *p, size_t want, int *grow) {
   }
   if (best) {
     *best_link = best->next;
-    p->cached -= best->size;
+    p->cached -= held(p, best);
   }
   return best;
+}
+
+/* ---- page moves (growable pools; mu held) ------------------------------------------ */
+
+enum { RV_MAX_SHIFT = 36 }; /* the reservoir's address range: at most 64 GiB */
+
+/* Moves the pages of [src, src + n) to dst (2 MiB aligned, n a multiple of 2 MiB): the
+ * page tables move, the source stays mapped and empty.  Returns the bytes moved; less
+ * than n when the kernel refuses, and then moves are off for good. */
+static size_t move_pages(mml_pool *p, uint8_t *dst, uint8_t *src, size_t n) {
+#ifdef MREMAP_DONTUNMAP
+  const int fl = MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP;
+  if (!n || mremap(src, n, n, fl, dst) != MAP_FAILED) return n;
+  size_t done = 0; /* several mappings (pages moved in earlier): 2 MiB at a time */
+  while (done < n && mremap(src + done, HUGE, HUGE, fl, dst + done) != MAP_FAILED) done += HUGE;
+  if (done < n) atomic_store(&p->moves, 0);
+  return done;
+#else
+  (void)dst, (void)src, (void)n;
+  atomic_store(&p->moves, 0);
+  return 0;
+#endif
+}
+
+static int rv_ready(mml_pool *p) {
+  if (p->rv) return 1;
+  size_t cap = huge_round(p->max_cached);
+  if (cap > (size_t)1 << RV_MAX_SHIFT) cap = (size_t)1 << RV_MAX_SHIFT;
+  void *base =
+      mmap(NULL, cap + HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return 0;
+  p->rv_base = base;
+  p->rv_len = cap + HUGE;
+  p->rv_cap = cap;
+  p->rv = (uint8_t *)(((uintptr_t)base + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+  return 1;
+}
+
+/* Frees the reservoir's top pages until it holds at most `keep` bytes. */
+static void rv_drop(mml_pool *p, size_t keep) {
+  if (p->rv_res <= keep) return;
+  size_t k = huge_round(p->rv_res - keep);
+  if (k > p->rv_res) k = p->rv_res;
+  madvise(p->rv + p->rv_res - k, k, MADV_DONTNEED);
+  p->rv_res -= k;
+  p->cached -= k;
+}
+
+/* Parks the pages of [src, src + n) in the reservoir; what does not fit is freed. */
+static void rv_push(mml_pool *p, uint8_t *src, size_t n) {
+  size_t room = atomic_load(&p->moves) && rv_ready(p) ? p->rv_cap - p->rv_res : 0;
+  size_t moved =
+      atomic_load(&p->moves) ? move_pages(p, p->rv + p->rv_res, src, n < room ? n : room) : 0;
+  p->rv_res += moved;
+  p->cached += moved;
+  if (moved < n) madvise(src + moved, n - moved, MADV_DONTNEED);
+}
+
+/* Moves up to n bytes of the reservoir's pages to dst; returns the bytes moved. */
+static size_t rv_pop(mml_pool *p, uint8_t *dst, size_t n) {
+  size_t k = n < p->rv_res ? n : p->rv_res;
+  if (!k || !atomic_load(&p->moves)) return 0;
+  size_t moved = move_pages(p, dst, p->rv + p->rv_res - k, k);
+  p->rv_res -= k;
+  p->cached -= k;
+  if (moved < k) rv_drop(p, 0); /* moves are off: the spares go */
+  return moved;
+}
+
+/* The cached mapping a large request takes: large enough, holding the most pages of the
+ * request (then the smallest); unlinked.  Mappings left empty and too small go to *drop. */
+static mml_buf *take_mapping_locked(mml_pool *p, size_t want, mml_buf **drop) {
+  mml_buf *best = NULL, **best_link = NULL;
+  size_t best_use = 0;
+  for (mml_buf **link = &p->free_list; *link;) {
+    mml_buf *b = *link;
+    host_hdr *h = hdr_of(b->data);
+    if (!h->len || fence_pending(b)) {
+      link = &b->next;
+    } else if (h->cap < want && !h->res) { /* useless: nothing to give, too small */
+      *link = b->next;
+      b->next = *drop;
+      *drop = b;
+    } else {
+      size_t use = h->res < want ? h->res : want;
+      if (h->cap >= want &&
+          (!best || use > best_use || (use == best_use && h->cap < hdr_of(best->data)->cap)))
+        best = b, best_link = link, best_use = use;
+      link = &b->next;
+    }
+  }
+  if (best) {
+    *best_link = best->next;
+    p->cached -= hdr_of(best->data)->res;
+  }
+  return best;
+}
+
+/* b (a mapping, unlinked) gets exactly `want` bytes of pages where the pool has them:
+ * its excess goes to the reservoir, a shortfall comes from the reservoir, then from other
+ * cached mappings; the rest faults in when written. */
+static void fill_locked(mml_pool *p, mml_buf *b, size_t want) {
+  host_hdr *h = hdr_of(b->data);
+  uint8_t *d = b->data;
+  if (h->res > want) {
+    rv_push(p, d + want, h->res - want);
+    h->res = want;
+  }
+  if (h->res < want) h->res += rv_pop(p, d + h->res, want - h->res);
+  for (mml_buf *c = p->free_list; c && h->res < want && atomic_load(&p->moves); c = c->next) {
+    host_hdr *ch = hdr_of(c->data);
+    if (!ch->len || !ch->res || fence_pending(c)) continue;
+    size_t k = ch->res < want - h->res ? ch->res : want - h->res;
+    uint8_t *src = (uint8_t *)c->data + ch->res - k;
+    size_t m = move_pages(p, d + h->res, src, k);
+    if (!m) break;
+    if (m < k) madvise(src + m, k - m, MADV_DONTNEED);
+    ch->res -= k;
+    p->cached -= k;
+    h->res += m;
+  }
+  h->res = want; /* what is still missing faults in (zeroed) when written */
+}
+
+/* A large request of a growable pool that moves pages. */
+static mml_status alloc_mapping(mml_pool *p, size_t want, mml_buf **out, mml_err *err) {
+  mml_buf *drop = NULL;
+  pthread_mutex_lock(&p->mu);
+  mml_buf *b = take_mapping_locked(p, want, &drop);
+  pthread_mutex_unlock(&p->mu);
+  while (drop) {
+    mml_buf *n = drop->next;
+    buf_destroy(p, drop);
+    drop = n;
+  }
+  if (!b) {
+    if (!(b = calloc(1, sizeof *b)))
+      return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
+    mml_status st = p->alloc.alloc(p->alloc.self, want, &b->data, err);
+    if (st) {
+      free(b);
+      return st;
+    }
+    b->kind = p->alloc.kind;
+    b->device = p->alloc.device;
+    b->pool = p;
+  }
+  pthread_mutex_lock(&p->mu);
+  fill_locked(p, b, want);
+  b->size = want;
+  p->live += want;
+  pthread_mutex_unlock(&p->mu);
+  *out = b;
+  return MML_OK;
 }
 
 mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
   size_t want = n >= MAP_MIN ? huge_round(n) : (n + 4095) & ~(size_t)4095;
   if (want < n) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", n);
   if (!want) want = 4096;
+  if (n >= MAP_MIN && atomic_load(&p->moves)) { /* want: whole 2 MiB pages */
+    mml_status st = alloc_mapping(p, want, out, err);
+    if (st) return st;
+    atomic_store_explicit((atomic_int *)&(*out)->refcnt, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    return MML_OK;
+  }
   int grow;
   pthread_mutex_lock(&p->mu);
   mml_buf *best = take_cached_locked(p, want, &grow);
@@ -302,6 +498,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
     p->live += want;
     pthread_mutex_unlock(&p->mu);
   }
+  if (p->growable && hdr_of(best->data)->len) hdr_of(best->data)->res = huge_round(best->size);
   best->next = NULL;
   atomic_store_explicit((atomic_int *)&best->refcnt, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
@@ -320,10 +517,11 @@ void mml_buf_release(mml_buf *b) {
   int keep = 0;
   pthread_mutex_lock(&p->mu);
   p->live -= b->size;
-  if (!p->closed && p->cached + b->size <= p->max_cached) {
+  size_t h = held(p, b);
+  if (!p->closed && p->cached + h <= p->max_cached) {
     b->next = p->free_list;
     p->free_list = b;
-    p->cached += b->size;
+    p->cached += h;
     keep = 1;
   }
   pthread_mutex_unlock(&p->mu);
@@ -333,14 +531,16 @@ void mml_buf_release(mml_buf *b) {
 
 size_t mml_pool_trim(mml_pool *p, size_t keep) {
   pthread_mutex_lock(&p->mu);
+  if (p->cached > keep) /* the spare pages first */
+    rv_drop(p, p->rv_res > p->cached - keep ? p->rv_res - (p->cached - keep) : 0);
   while (p->cached > keep) {
     mml_buf *best = NULL, **best_link = NULL;
     for (mml_buf **link = &p->free_list; *link; link = &(*link)->next)
-      if ((!best || (*link)->size < best->size) && !fence_pending(*link))
+      if ((!best || held(p, *link) < held(p, best)) && !fence_pending(*link))
         best = *link, best_link = link;
     if (!best) break;
     *best_link = best->next;
-    p->cached -= best->size;
+    p->cached -= held(p, best);
     pthread_mutex_unlock(&p->mu);
     buf_destroy(p, best);
     pthread_mutex_lock(&p->mu);

@@ -63,6 +63,7 @@ struct mml_video {
   int rgb_w, rgb_h;
   int64_t *tab, *keys;
   int64_t n, nkeys;
+  int64_t shift;    /* tab = index timestamp + shift (table_from_index) */
   int exact;        /* tab from packets */
   int ordinal;      /* packets without pts: frame i is the i-th out of a decode from the start */
   int64_t ord;      /* frames out since the start (ordinal mode) */
@@ -130,6 +131,7 @@ static int table_from_index(mml_video *v) {
   int64_t shift = v->st->start_time != AV_NOPTS_VALUE ? v->st->start_time - v->tab[0] : 0;
   for (int64_t i = 0; i < v->n; i++) v->tab[i] += shift;
   for (int64_t i = 0; i < v->nkeys; i++) v->keys[i] += shift;
+  v->shift = shift;
   v->exact = 0;
   return 1;
 }
@@ -142,7 +144,8 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
     mml_status st = seek_to(v, START_TS, err);
     if (st) return st;
   }
-  int64_t cap = 0, kcap = 0;
+  int64_t cap = 0, kcap = 0, rest[2] = {v->io.pos, v->io.size};
+  mml_vio_will_read(&v->io, rest, 1); /* the pass reads the rest of the file */
   free(v->tab);
   free(v->keys);
   v->tab = v->keys = NULL;
@@ -564,10 +567,57 @@ static mml_status decode_all(mml_video *v, const int64_t *idx, int n, int64_t nf
   return MML_OK;
 }
 
+/* Appends the bytes [pos, pos + size) to the ranges r (*nr of them, *cap room), merged
+ * into the last one when they follow it closely; 0 when there is no room. */
+static int add_range(int64_t **r, int *nr, int *cap, int64_t pos, int64_t size) {
+  if (*nr && pos >= (*r)[2 * *nr - 2] && pos <= (*r)[2 * *nr - 1] + (64 << 10)) {
+    if (pos + size > (*r)[2 * *nr - 1]) (*r)[2 * *nr - 1] = pos + size;
+    return 1;
+  }
+  if (*nr == *cap) {
+    int c = *cap ? *cap * 2 : 64;
+    int64_t *q = c <= 8192 ? realloc(*r, (size_t)c * 2 * sizeof **r) : NULL;
+    if (!q) return 0;
+    *r = q;
+    *cap = c;
+  }
+  (*r)[2 * *nr] = pos;
+  (*r)[2 * *nr + 1] = pos + size;
+  (*nr)++;
+  return 1;
+}
+
+/* A remote mp4/mov (frame table from its sample index): the samples the decode of
+ * idx[0..n) reads, from the keyframe before each wanted frame to the frames the decoder
+ * holds back for reordering past it (video_delay), are named to the byte source, which
+ * fetches their blocks ahead. */
+static void will_decode(mml_video *v, const int64_t *idx, int n) {
+  if (!v->io.fetcher || v->exact || v->ordinal || n <= 0) return;
+  int cnt = avformat_index_get_entries_count(v->st), nr = 0, cap = 0, room = 1;
+  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  int64_t *r = NULL;
+  for (int k = 0; k < n && room; k++) {
+    int64_t i = idx[k];
+    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
+    int64_t key = key_at_or_before(v, v->tab[i]);
+    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
+    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int e = av_index_search_timestamp(v->st, from - v->shift, AVSEEK_FLAG_BACKWARD);
+    for (e = e < 0 ? 0 : e; e < cnt && room; e++) {
+      const AVIndexEntry *ie = avformat_index_get_entry(v->st, e);
+      if (!ie || ie->timestamp + v->shift > last) break;
+      room = add_range(&r, &nr, &cap, ie->pos, ie->size);
+    }
+  }
+  mml_vio_will_read(&v->io, r, nr);
+  free(r);
+}
+
 mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
                             void *ctx, mml_err *err) {
   if (!v || (n > 0 && (!idx || !fn))) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
   int64_t nframes = v->n; /* what the caller's indices were computed from */
+  will_decode(v, idx, n);
   v->want = idx;
   v->want_n = n;
   mml_status st = decode_all(v, idx, n, nframes, fn, ctx, err);

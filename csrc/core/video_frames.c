@@ -4,8 +4,9 @@
  *
  * Per frame, in order (the last listed frame again for the padding frame): decode (the
  * qwen-vl-utils route's to_rgb: RGBA pasted onto white), Pillow-exact bicubic to the
- * fetch_image size (uint8), then float32 planes for torch's antialiased bicubic when the
- * video budget or the processor changes the size (video_resize.c; the budget step is
+ * fetch_image size (uint8 values widened straight into float32 planes, no interleaved copy;
+ * a video file's RGB24 frame is split into the same planes), then torch's antialiased
+ * bicubic on them when the video budget or the processor changes the size (video_resize.c; the budget step is
  * rounded back to integers as torchvision's resize of a uint8 video does), then
  * (x - m) / s with m = float(mean * 255), s = float(std * 255) as the torchvision backend
  * fuses rescale and normalise, scattered straight into the rows of the frame's temporal
@@ -31,7 +32,6 @@
 
 struct mml_video_scratch {
   mml_decoder *dec;
-  mml_bytes rgb;              /* the frame after fetch_image's resize, interleaved RGB8 */
   float *a, *b;               /* float planes up to the qwen-vl-utils size */
   float *d;                   /* float planes after the processor's resize */
   size_t a_cap, b_cap, d_cap; /* in floats */
@@ -50,7 +50,6 @@ mml_status mml_video_scratch_new(mml_video_scratch **out) {
 void mml_video_scratch_free(mml_video_scratch *s) {
   if (!s) return;
   mml_decoder_free(s->dec);
-  mml_bytes_free(&s->rgb);
   free(s->a);
   free(s->b);
   free(s->d);
@@ -361,30 +360,37 @@ static mml_status planes_fit(mml_video_scratch *s, const mml_video_plan *p, mml_
   return st ? st : fit(&s->b, &s->b_cap, 3 * big, err);
 }
 
-/* One frame of list_w x list_h interleaved RGB8 rows (`stride` bytes apart) from there on:
- * float planes, fetch_video's budget resize (rounded back to integers, as torchvision
- * resizes a uint8 video), the processor's resize, then its rows of temporal slot k. */
+/* One frame as float planes of list_w x list_h in s->a from there on: fetch_video's budget
+ * resize (rounded back to integers, as torchvision resizes a uint8 video), the
+ * processor's resize, then its rows of temporal slot k. */
+static mml_status planes_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                              const mml_video_plan *p, int64_t k, void *out, mml_err *err) {
+  float *a = s->a;
+  if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
+    mml_status st =
+        mml_resize_aa_bicubic_f32_u8(a, 3, p->list_w, p->list_h, s->b, p->qvu_w, p->qvu_h, err);
+    if (st) return st;
+    a = s->b;
+  }
+  return mml_video_frame_write(cfg, s, p, a, k, out, err);
+}
+
+/* A decoded frame of list_w x list_h interleaved RGB8 rows (`stride` bytes apart): its
+ * float planes, then planes_tail. */
 static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
                              const mml_video_plan *p, const uint8_t *rgb, size_t stride, int64_t k,
                              void *out, mml_err *err) {
   const size_t lpx = (size_t)p->list_w * p->list_h;
-  mml_status st;
-  float *a = s->a, *b = s->b;
   for (int y = 0; y < p->list_h; y++) {
     const uint8_t *r = rgb + (size_t)y * stride;
-    float *a0 = a + (size_t)y * p->list_w, *a1 = a0 + lpx, *a2 = a1 + lpx;
+    float *a0 = s->a + (size_t)y * p->list_w, *a1 = a0 + lpx, *a2 = a1 + lpx;
     for (int x = 0; x < p->list_w; x++) {
       a0[x] = (float)r[3 * x];
       a1[x] = (float)r[3 * x + 1];
       a2[x] = (float)r[3 * x + 2];
     }
   }
-  if (p->qvu_w != p->list_w || p->qvu_h != p->list_h) { /* fetch_video's budget: rounded back */
-    if ((st = mml_resize_aa_bicubic_f32_u8(a, 3, p->list_w, p->list_h, b, p->qvu_w, p->qvu_h, err)))
-      return st;
-    a = b;
-  }
-  return mml_video_frame_write(cfg, s, p, a, k, out, err);
+  return planes_tail(cfg, s, p, k, out, err);
 }
 
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
@@ -394,11 +400,7 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
   const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
   mml_decoder_set_opts(s->dec, &opts);
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
-  const size_t lpx = (size_t)p->list_w * p->list_h;
   mml_status st;
-  if (mml_bytes_reserve(&s->rgb, lpx * 3))
-    return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->list_w,
-                       p->list_h);
   if ((st = planes_fit(s, p, err))) return st;
   for (int64_t k = 0; k < p->nframes; k++) {
     int j = (int)(k < p->listed ? k : p->listed - 1);
@@ -414,10 +416,10 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
         return mml_err_set(err, MML_EDECODE, "frame %d decoded to %dx%d, not as planned", j,
                            img.width, img.height);
     }
-    if ((st = mml_resize_bicubic_rgb8_order(vs, &img, p->list_w, p->list_h, cfg->pillow_h_first,
-                                            s->rgb.data, err)))
+    if ((st = mml_resize_bicubic_rgb8_planes(vs, &img, p->list_w, p->list_h, cfg->pillow_h_first,
+                                             s->a, err)))
       return mml_err_prefix(err, "frame %d", j), st;
-    if ((st = frame_tail(cfg, s, p, s->rgb.data, (size_t)p->list_w * 3, k, out, err))) return st;
+    if ((st = planes_tail(cfg, s, p, k, out, err))) return st;
   }
   return MML_OK;
 }

@@ -7,6 +7,16 @@
  * blocks they touch.  Errors from the source are remembered in io->st/io->err (FFmpeg
  * only sees AVERROR(EIO)) so the caller reports the real cause: missing object, HTTP
  * status, max_bytes.  Threads: none of its own; the caller's thread runs the callbacks.
+ *
+ * Fetching ahead: the reader names the byte ranges it reads next (mml_vio_will_read: the
+ * packet pass over an mkv, the samples an mp4 decode needs); their blocks become a hint
+ * list, and up to MML_VIO_AHEAD of the next ones not cached are submitted at once
+ * (mml_fetch_submit, completed on the fetcher's I/O thread under io->mu).  A block the
+ * reader misses is taken from them (waiting for it when still in flight), else fetched
+ * on demand as before; each miss moves the hint on and submits more.  The bytes read and
+ * charged are those of reading without the hint: a block fetched ahead counts when it is
+ * taken, one that failed is fetched again on demand (which reports the failure).  Idle
+ * and close wait for what is in flight (the callbacks write into io).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -16,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +48,139 @@ static mml_status open_file(mml_vio *io, mml_err *err) {
   return MML_OK;
 }
 
+enum { AH_FREE, AH_FLIGHT, AH_DONE };
+#define AH_WINDOW (MML_VIO_AHEAD + MML_VIO_BLOCKS) /* hints looked at from hint_at on */
+
+static void ahead_done(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  mml_vio_ahead *a = ctx;
+  mml_vio *io = a->io;
+  (void)err; /* a failed block is fetched again on demand, which reports it */
+  pthread_mutex_lock(&io->mu);
+  a->st = st;
+  if (st == MML_OK && body) { /* the memory moves here */
+    a->b = *body;
+    memset(body, 0, sizeof *body);
+  }
+  a->state = AH_DONE;
+  pthread_cond_broadcast(&io->cv);
+  pthread_mutex_unlock(&io->mu);
+}
+
+/* Waits for the fetches in flight, then drops every block fetched ahead and the hint. */
+static void ahead_drop(mml_vio *io) {
+  if (!io->mu_init) return;
+  pthread_mutex_lock(&io->mu);
+  for (int i = 0; i < MML_VIO_AHEAD; i++) {
+    while (io->ahead[i].state == AH_FLIGHT) pthread_cond_wait(&io->cv, &io->mu);
+    mml_bytes_free(&io->ahead[i].b);
+    io->ahead[i].state = AH_FREE;
+  }
+  pthread_mutex_unlock(&io->mu);
+  io->nhint = io->hint_at = 0;
+}
+
+static int64_t block_len(const mml_vio *io, int64_t start) {
+  return io->size - start < io->block ? io->size - start : io->block;
+}
+
+static int cached(const mml_vio *io, int64_t start) {
+  for (int i = 0; i < MML_VIO_BLOCKS; i++)
+    if (io->blk[i].off == start) return 1;
+  return 0;
+}
+
+static int hinted(const mml_vio *io, int64_t start) {
+  for (int j = io->hint_at; j < io->nhint && j < io->hint_at + AH_WINDOW; j++)
+    if (io->hint[j] == start) return 1;
+  return 0;
+}
+
+/* (mu held) A slot for block start: -1 when it is fetched ahead already or no slot is
+ * free (a free one, else one holding a block the hint no longer names). */
+static int ahead_slot(mml_vio *io, int64_t start) {
+  for (int i = 0; i < MML_VIO_AHEAD; i++)
+    if (io->ahead[i].state != AH_FREE && io->ahead[i].off == start) return -1;
+  for (int i = 0; i < MML_VIO_AHEAD; i++)
+    if (io->ahead[i].state == AH_FREE) return i;
+  for (int i = 0; i < MML_VIO_AHEAD; i++)
+    if (io->ahead[i].state == AH_DONE && !hinted(io, io->ahead[i].off)) return i;
+  return -1;
+}
+
+/* Submits the next hinted blocks that are neither cached nor fetched ahead. */
+static void ahead_pump(mml_vio *io) {
+  for (int j = io->hint_at; !io->no_ahead && j < io->nhint && j < io->hint_at + AH_WINDOW; j++) {
+    int64_t start = io->hint[j];
+    if (cached(io, start)) continue;
+    pthread_mutex_lock(&io->mu);
+    int slot = ahead_slot(io, start);
+    mml_vio_ahead *a = slot >= 0 ? &io->ahead[slot] : NULL;
+    if (a) {
+      mml_bytes_free(&a->b);
+      *a = (mml_vio_ahead){.io = io, .off = start, .len = block_len(io, start), .state = AH_FLIGHT};
+    }
+    pthread_mutex_unlock(&io->mu);
+    if (!a) continue;
+    mml_err e;
+    if (mml_fetch_submit(io->fetcher, io->name, a->off, a->len, ahead_done, a, &e)) {
+      pthread_mutex_lock(&io->mu);
+      a->state = AH_FREE;
+      pthread_mutex_unlock(&io->mu);
+      io->no_ahead = 1; /* (a closing fetcher) on demand from now on */
+    }
+  }
+}
+
+/* Block start (len bytes) fetched ahead, into *out: 1; 0 when it was not (or failed). */
+static int ahead_take(mml_vio *io, int64_t start, int64_t len, mml_bytes *out) {
+  if (!io->mu_init) return 0;
+  int got = 0;
+  pthread_mutex_lock(&io->mu);
+  for (int i = 0; i < MML_VIO_AHEAD; i++) {
+    mml_vio_ahead *a = &io->ahead[i];
+    if (a->state == AH_FREE || a->off != start) continue;
+    while (a->state == AH_FLIGHT) pthread_cond_wait(&io->cv, &io->mu);
+    if (a->st == MML_OK && a->len == len && (int64_t)a->b.len == len) {
+      mml_bytes t = *out;
+      *out = a->b;
+      a->b = t;
+      got = 1;
+    }
+    mml_bytes_free(&a->b);
+    a->state = AH_FREE;
+    break;
+  }
+  pthread_mutex_unlock(&io->mu);
+  return got;
+}
+
+/* Block start was read: the hint moves past it, and more is fetched ahead. */
+static void ahead_next(mml_vio *io, int64_t start) {
+  if (!io->mu_init) return;
+  for (int j = io->hint_at; j < io->nhint && j < io->hint_at + AH_WINDOW; j++)
+    if (io->hint[j] == start) {
+      io->hint_at = j + 1;
+      break;
+    }
+  ahead_pump(io);
+}
+
+void mml_vio_will_read(mml_vio *io, const int64_t *r, int n) {
+  if (!io->mu_init || io->size < 0) return;
+  io->nhint = io->hint_at = 0;
+  if (!io->hint && !(io->hint = malloc(MML_VIO_HINTS * sizeof *io->hint))) return;
+  for (int k = 0; k < n && io->nhint < MML_VIO_HINTS; k++) {
+    int64_t end = r[2 * k + 1] < io->size ? r[2 * k + 1] : io->size;
+    for (int64_t o = r[2 * k] / io->block * io->block; o < end && io->nhint < MML_VIO_HINTS;
+         o += io->block) {
+      int dup = 0; /* ranges come in reading order: a repeat is among the last few */
+      for (int j = io->nhint - 1; j >= 0 && j >= io->nhint - 8 && !dup; j--) dup = io->hint[j] == o;
+      if (!dup) io->hint[io->nhint++] = o;
+    }
+  }
+  ahead_pump(io);
+}
+
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
                         mml_fetcher *f, int64_t max_bytes, int64_t block, mml_err *err) {
   memset(io, 0, sizeof *io);
@@ -53,6 +197,10 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
   if (!mml_path_is_remote(name)) return open_file(io, err);
   if (!f) return mml_err_set(err, MML_EINVAL, "%s: a remote video needs a fetcher", name);
   io->fetcher = f;
+  for (int i = 0; i < MML_VIO_AHEAD; i++) io->ahead[i].io = io;
+  pthread_mutex_init(&io->mu, NULL);
+  pthread_cond_init(&io->cv, NULL);
+  io->mu_init = 1;
   mml_err e = {0};
   mml_status st = mml_fetch_size(f, name, &io->size, &e);
   if (st == MML_ENOENT || st == MML_ENOMEM || st == MML_EINVAL) {
@@ -67,10 +215,19 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
 void mml_vio_close(mml_vio *io) {
   if (io->fd >= 0) close(io->fd);
   io->fd = -1;
+  ahead_drop(io);
+  free(io->hint);
+  io->hint = NULL;
+  if (io->mu_init) {
+    pthread_mutex_destroy(&io->mu);
+    pthread_cond_destroy(&io->cv);
+    io->mu_init = 0;
+  }
   for (int i = 0; i < MML_VIO_BLOCKS; i++) mml_bytes_free(&io->blk[i].b);
 }
 
 void mml_vio_idle(mml_vio *io) {
+  ahead_drop(io);
   for (int i = 0; i < MML_VIO_BLOCKS; i++) {
     mml_bytes_free(&io->blk[i].b);
     io->blk[i].off = -1;
@@ -111,11 +268,13 @@ static const mml_bytes *block_at(mml_vio *io, int64_t off, int64_t *boff) {
     }
     if (io->blk[i].used < io->blk[slot].used) slot = i;
   }
-  int64_t len = io->size >= 0 && io->size - start < io->block ? io->size - start : io->block;
+  int64_t len = io->size >= 0 ? block_len(io, start) : io->block;
   mml_err e = {0};
   io->blk[slot].off = -1;
   mml_bytes_clear(&io->blk[slot].b);
-  mml_status st = mml_fetch_get(io->fetcher, io->name, start, len, &io->blk[slot].b, &e);
+  mml_status st = MML_OK;
+  if (!ahead_take(io, start, len, &io->blk[slot].b))
+    st = mml_fetch_get(io->fetcher, io->name, start, len, &io->blk[slot].b, &e);
   if (!st && io->size < 0 && (int64_t)io->blk[slot].b.len < len) /* the end, found */
     io->size = start + (int64_t)(len = (int64_t)io->blk[slot].b.len);
   if (!st && (int64_t)io->blk[slot].b.len != len)
@@ -129,6 +288,7 @@ static const mml_bytes *block_at(mml_vio *io, int64_t off, int64_t *boff) {
   io->blk[slot].off = start;
   io->blk[slot].used = ++io->tick;
   *boff = start;
+  ahead_next(io, start);
   return &io->blk[slot].b;
 }
 

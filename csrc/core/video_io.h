@@ -1,16 +1,32 @@
 /*
  * video_io.h — private to video*.c: the byte source behind a video's AVIOContext.
  * A local file (pread), a buffer in memory, or a remote object read in fixed blocks
- * through the fetcher (a handful cached, least recently used evicted).  Single-threaded:
- * one per mml_video, used by the thread that decodes it.
+ * through the fetcher (a handful cached, least recently used evicted).  The blocks the
+ * caller says it will read (mml_vio_will_read) are fetched ahead, MML_VIO_AHEAD at once,
+ * concurrently: the demuxer then waits on one round trip where it waited on one per
+ * block.  Used by one thread at a time (the one that decodes); the fetcher's I/O thread
+ * only completes fetches ahead, under io->mu.
  */
 #ifndef MML_VIDEO_IO_H
 #define MML_VIDEO_IO_H
+
+#include <pthread.h>
 
 #include "mml/common.h"
 #include "mml/fetch.h"
 
 #define MML_VIO_BLOCKS 4
+#define MML_VIO_AHEAD 4    /* remote blocks fetched ahead at once */
+#define MML_VIO_HINTS 4096 /* blocks one mml_vio_will_read may name (the rest: read on demand) */
+
+struct mml_vio;
+typedef struct mml_vio_ahead { /* a block fetched ahead */
+  struct mml_vio *io;
+  int64_t off, len;
+  int state; /* 0: free, 1: in flight, 2: arrived (st, b) */
+  mml_status st;
+  mml_bytes b;
+} mml_vio_ahead;
 
 typedef struct mml_vio {
   const char *name;     /* path or URL (borrowed from the mml_video) */
@@ -30,6 +46,15 @@ typedef struct mml_vio {
   int64_t charged_from; /* bytes_read when the current use began (mml_vio_idle) */
   mml_status st;        /* first failure seen by a callback (MML_OK: none) */
   mml_err err;
+  /* fetching ahead (remote, size known): hint[hint_at..nhint) are the block offsets the
+   * reader said come next, in order; ahead[] the fetches of some of them (state and b
+   * written by the I/O thread under mu, the rest by the reader) */
+  int64_t *hint;
+  int nhint, hint_at, no_ahead;
+  mml_vio_ahead ahead[MML_VIO_AHEAD];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int mu_init;
 } mml_vio;
 
 /* Opens src (stat/HEAD for the size); the vio borrows src->name and src->data. */
@@ -39,6 +64,11 @@ void mml_vio_close(mml_vio *io);
 /* Between two uses of an open source (a probe, then a decode): the cached blocks are
  * dropped and max_bytes counts afresh from here. */
 void mml_vio_idle(mml_vio *io);
+/* The byte ranges [r[2k], r[2k+1]) the reader will read next, in order (a remote source:
+ * their blocks are fetched ahead; others: nothing).  Replaces the previous hint.  Only a
+ * hint: what is read elsewhere is fetched on demand, the bytes and their accounting
+ * (bytes_read, max_bytes) are those of reading without it. */
+void mml_vio_will_read(mml_vio *io, const int64_t *r, int n);
 
 /* AVIOContext callbacks (opaque = mml_vio*): FFmpeg's AVERROR codes; a failure is kept
  * in io->st / io->err for the caller to report. */

@@ -455,6 +455,45 @@ mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *
   return mml_resize_job_feed(&j, src, err);
 }
 
+/* row_out for the float-plane resize: planar rows in scratch, widened into the planes. */
+typedef struct planes_ctx {
+  float *dst;
+  uint8_t *rows;
+  int w, h;
+} planes_ctx;
+
+static uint8_t *planes_dst(void *ctx, int y) {
+  planes_ctx *c = ctx;
+  return c->rows + (size_t)(y % MML_HROWS) * 3 * c->w;
+}
+
+static void planes_done(void *ctx, int y) {
+  planes_ctx *c = ctx;
+  const uint8_t *p = planes_dst(ctx, y);
+  const size_t plane = (size_t)c->w * c->h;
+  for (int ch = 0; ch < 3; ch++) {
+    float *d = c->dst + ch * plane + (size_t)y * c->w;
+    const uint8_t *q = p + (size_t)ch * c->w;
+    for (int x = 0; x < c->w; x++) d[x] = (float)q[x];
+  }
+}
+
+mml_status mml_resize_bicubic_rgb8_planes(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
+                                          int dst_h, int h_first_always, float *planes,
+                                          mml_err *err) {
+  if (dst_w < 1 || dst_h < 1 || !planes)
+    return mml_err_set(err, MML_EINVAL, "resize: bad target %dx%d", dst_w, dst_h);
+  if (mml_bytes_reserve(&s->rows, (size_t)MML_HROWS * 3 * dst_w))
+    return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", dst_w);
+  planes_ctx c = {planes, s->rows.data, dst_w, dst_h};
+  resize_job j = {.s = s,
+                  .dst_w = dst_w,
+                  .dst_h = dst_h,
+                  .h_first_always = h_first_always,
+                  .out = {planes_dst, planes_done, &c, (size_t)dst_w}};
+  return mml_resize_job_feed(&j, src, err);
+}
+
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w, int dst_h,
                                    uint8_t *dst, mml_err *err) {
   return mml_resize_bicubic_rgb8_order(s, src, dst_w, dst_h, 0, dst, err);

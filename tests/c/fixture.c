@@ -127,3 +127,75 @@ void mml_test_server_stop(mml_test_server *s) {
   pthread_join(s->th, NULL);
   close(s->fd);
 }
+
+/* ---- the range server --------------------------------------------------------------- */
+
+/* Reads a request head from c into buf (cap bytes); 0 when none came. */
+static size_t read_head(int c, char *buf, size_t cap) {
+  size_t got = 0;
+  buf[0] = 0;
+  while (got < cap - 1 && !strstr(buf, "\r\n\r\n")) {
+    struct pollfd q = {c, POLLIN, 0};
+    if (poll(&q, 1, 5000) <= 0) return 0;
+    ssize_t r = read(c, buf + got, cap - 1 - got);
+    if (r <= 0) return 0;
+    got += (size_t)r;
+    buf[got] = 0;
+  }
+  return got;
+}
+
+static void range_reply(mml_test_range_server *s, int c, const char *req) {
+  size_t a = 0, b = s->len ? s->len - 1 : 0;
+  const char *r = strstr(req, "Range: bytes=");
+  unsigned long long x, y;
+  int ranged = r && sscanf(r, "Range: bytes=%llu-%llu", &x, &y) == 2 && x <= y && x < s->len;
+  if (ranged) a = (size_t)x, b = (size_t)y < s->len ? (size_t)y : s->len - 1;
+  char head[256];
+  int n = ranged ? snprintf(head, sizeof head,
+                            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %zu-%zu/%zu\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                            a, b, s->len, b - a + 1)
+                 : snprintf(head, sizeof head,
+                            "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                            s->len);
+  ssize_t w = write(c, head, (size_t)n);
+  if (strncmp(req, "HEAD", 4) && w == n) w = write(c, s->data + a, ranged ? b - a + 1 : s->len);
+  (void)w;
+}
+
+static void *range_serve(void *arg) {
+  mml_test_range_server *s = arg;
+  while (!__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) {
+    struct pollfd p = {s->fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    int c = accept(s->fd, NULL, NULL);
+    if (c < 0) continue;
+    char req[8192];
+    if (read_head(c, req, sizeof req)) {
+      range_reply(s, c, req);
+      __atomic_add_fetch(&s->requests, 1, __ATOMIC_SEQ_CST);
+    }
+    close(c);
+  }
+  return NULL;
+}
+
+int mml_test_range_server_start(mml_test_range_server *s, const void *data, size_t len) {
+  memset(s, 0, sizeof *s);
+  s->data = data, s->len = len;
+  s->fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  if (s->fd < 0 || bind(s->fd, (struct sockaddr *)&a, sizeof a) || listen(s->fd, 64) ||
+      getsockname(s->fd, (struct sockaddr *)&a, &al))
+    return -1;
+  s->port = ntohs(a.sin_port);
+  return pthread_create(&s->th, NULL, range_serve, s);
+}
+
+void mml_test_range_server_stop(mml_test_range_server *s) {
+  __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
+  pthread_join(s->th, NULL);
+  close(s->fd);
+}

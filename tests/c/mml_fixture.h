@@ -4,7 +4,8 @@
  *   the bundled tokenizer and a dataset folder the test file writes, made once per
  *   process (run-tests runs each test in its own, so no test relies on another having
  *   run) and removed at exit;
- * - a scripted HTTP server on 127.0.0.1 (test-fetch.c, test-hardening.c).
+ * - a scripted HTTP server on 127.0.0.1 (test-fetch.c, test-hardening.c);
+ * - an HTTP server of one object's byte ranges (test-video.c).
  */
 #ifndef MML_FIXTURE_H
 #define MML_FIXTURE_H
@@ -44,4 +45,17 @@ typedef struct mml_test_server {
 int mml_test_server_start(mml_test_server *s, const char *const *replies, const size_t *lens,
                           int n);
 void mml_test_server_stop(mml_test_server *s);
+
+/* Serves data (len bytes) at every path: HEAD (its size), GET with "Range: bytes=a-b"
+ * (206 and the slice) or without (200, all of it); one request per connection, in the
+ * order they come, until stop.  requests counts those served. */
+typedef struct mml_test_range_server {
+  int fd, port;
+  const unsigned char *data;
+  size_t len;
+  int requests, stop; /* atomics */
+  pthread_t th;
+} mml_test_range_server;
+int mml_test_range_server_start(mml_test_range_server *s, const void *data, size_t len);
+void mml_test_range_server_stop(mml_test_range_server *s);
 #endif

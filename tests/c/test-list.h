@@ -116,6 +116,9 @@ TEST_DECLARE(test_fence_blocks_reuse)
 TEST_DECLARE(test_cache_limit)
 TEST_DECLARE(test_batch)
 TEST_DECLARE(test_concurrent_release)
+TEST_DECLARE(test_pages_move_between_buffers)
+TEST_DECLARE(test_steady_state_maps_nothing)
+TEST_DECLARE(test_mapping_header_is_small)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -174,6 +177,7 @@ TEST_DECLARE(loader_video_files_same_output_any_threads)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
+TEST_DECLARE(test_remote_blocks_fetched_ahead)
 TEST_DECLARE(test_failures)
 
 // clang-format off
@@ -283,6 +287,9 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_cache_limit)
     TEST_ENTRY(test_batch)
     TEST_ENTRY(test_concurrent_release)
+    TEST_ENTRY(test_pages_move_between_buffers)
+    TEST_ENTRY(test_steady_state_maps_nothing)
+    TEST_ENTRY(test_mapping_header_is_small)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)
@@ -341,6 +348,7 @@ static const mml_test_entry k_tests[] = {
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)
+    TEST_ENTRY(test_remote_blocks_fetched_ahead)
     TEST_ENTRY(test_failures)
     {NULL, NULL}};
 // clang-format on

@@ -1,5 +1,6 @@
 /* test-pool.c — buffers, pool reuse and lifetime, batches; concurrent release (TSan). */
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include "mml/batch.h"
 #include "mml_test.h"
@@ -185,5 +186,133 @@ TEST(test_large_buffers_stay_mapped) {
   CHECK_EQ_INT(live, 0);
   CHECK(cached >= 9 * MB);
   CHECK_EQ_INT(mml_pool_trim(p, 0), 0);
+  mml_pool_close(p);
+}
+
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+/* Sanitizers fault in their shadow memory as the test writes: page faults count only
+ * in the plain build. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FAULTS_COUNTED 0
+#else
+#define FAULTS_COUNTED 1
+#endif
+
+static long thread_minflt(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_minflt;
+}
+
+/* A buffer's pages beyond a smaller request go to the reservoir and fill the next
+ * request: moved (their old contents show), not mapped and zeroed afresh, so writing the
+ * new buffer faults nothing. */
+TEST(test_pages_move_between_buffers) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  const size_t MB = 1 << 20;
+  mml_buf *a, *b, *c;
+  CHECK_OK(mml_pool_alloc(p, 8 * MB, &a, &err), err);
+  memset(a->data, 0x11, 8 * MB);
+  void *addr = a->data;
+  mml_buf_release(a);
+  CHECK_OK(mml_pool_alloc(p, 4 * MB, &b, &err), err); /* the mapping with the most pages */
+  CHECK(b->data == addr);
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 4 * MB);                       /* the other 4 MiB: spare pages */
+  CHECK_OK(mml_pool_alloc(p, 4 * MB, &c, &err), err); /* a new mapping, given those pages */
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 0);
+  CHECK_EQ_INT(live, 8 * MB);
+  uint8_t *d = c->data;
+  CHECK_EQ_INT(d[0], 0x11); /* a's pages, moved */
+  CHECK_EQ_INT(d[4 * MB - 1], 0x11);
+  long f0 = thread_minflt();
+  memset(c->data, 0x22, 4 * MB);
+  if (FAULTS_COUNTED) CHECK_EQ_INT(thread_minflt() - f0, 0);
+  CHECK_EQ_INT(((uint8_t *)b->data)[4 * MB - 1], 0x11); /* b kept its own */
+  mml_buf_release(b);
+  mml_buf_release(c);
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 8 * MB);
+  mml_buf *e;
+  CHECK_OK(mml_pool_alloc(p, 2 * MB, &e, &err), err); /* 2 MiB of 4 go spare */
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(cached, 6 * MB);
+  CHECK_EQ_INT(mml_pool_trim(p, 4 * MB), 4 * MB); /* the spare pages go first */
+  CHECK_EQ_INT(mml_pool_trim(p, 0), 0);
+  mml_buf_release(e);
+  mml_pool_close(p);
+}
+
+/* Batches of varying sizes, a few alive at a time: after a warm-up the pool faults (maps,
+ * zeroes) nothing, and it holds no more than the most the live buffers needed at once
+ * (keeping each buffer's largest size instead grows to N x the largest request). */
+TEST(test_steady_state_maps_nothing) {
+  enum { D = 4, N = 160, WARM = 40 };
+  const size_t MB = 1 << 20;
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, (size_t)1 << 30, &p, &err), err);
+  mml_buf *ring[D] = {0};
+  uint32_t x = 12345;
+  size_t peak = 0, biggest = 0;
+  long f0 = 0;
+  for (int i = 0; i < N; i++) {
+    if (i == WARM) f0 = thread_minflt();
+    mml_buf_release(ring[i % D]);
+    ring[i % D] = NULL;
+    x = x * 1103515245u + 12345u;
+    size_t n = (2 + (x >> 16) % 23) * MB; /* 2..24 MiB */
+    mml_buf *b;
+    CHECK_OK(mml_pool_alloc(p, n, &b, &err), err);
+    memset(b->data, i, n);
+    ring[i % D] = b;
+    size_t cached, live;
+    mml_pool_usage(p, &cached, &live);
+    if (live > peak) peak = live;
+    if (n > biggest) biggest = n;
+  }
+  long faults = thread_minflt() - f0;
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  for (int k = 0; k < D; k++) mml_buf_release(ring[k]);
+  if (FAULTS_COUNTED) CHECK(faults <= 4); /* at most a rare new mapping's header page */
+  CHECK(cached + live <= peak);
+  CHECK(peak < (size_t)D * biggest);
+  mml_pool_close(p);
+}
+
+static long resident_bytes(void) {
+  long size = 0, res = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = 0;
+  fclose(f);
+  return res * 4096;
+}
+
+/* A large buffer's header (64 bytes before its 2 MiB-aligned data) costs one small page,
+ * not a huge page faulted in and zeroed: 8 untouched buffers stay well under 1 MiB. */
+TEST(test_mapping_header_is_small) {
+  const size_t MB = 1 << 20;
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_buf *b[8];
+  long r0 = resident_bytes();
+  for (int i = 0; i < 8; i++) CHECK_OK(mml_pool_alloc(p, 4 * MB, &b[i], &err), err);
+  long grown = resident_bytes() - r0;
+  for (int i = 0; i < 8; i++) {
+    CHECK(((uintptr_t)b[i]->data & (2 * MB - 1)) == 0);
+    memset(b[i]->data, i, 4 * MB); /* the data itself is usable */
+    mml_buf_release(b[i]);
+  }
+  if (FAULTS_COUNTED) CHECK(grown < (long)MB);
   mml_pool_close(p);
 }

@@ -1,10 +1,12 @@
 /* test-video.c — the video core (mml/video.h) on the tiny committed seed videos of the
  * fuzz corpus (fuzz/corpus/video: 16x16, 6 frames, keyframe every 3): the same frames
- * from a file and from memory, in one thread and in four at once (run under TSan by the
- * Makefile), and the failure statuses. */
+ * from a file, from memory and over HTTP in small blocks fetched ahead, in one thread and
+ * in four at once (run under TSan by the Makefile), and the failure statuses. */
 #include <pthread.h>
 
+#include "mml/fetch.h"
 #include "mml/video.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 #define DIR "../../fuzz/corpus/video/"
@@ -75,6 +77,62 @@ TEST(test_threads) {
   for (int t = 0; t < NT; t++) pthread_create(&th[t], NULL, worker, &bad[t]);
   for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
   for (int t = 0; t < NT; t++) CHECK_EQ_INT(bad[t], 0);
+}
+
+typedef struct remote_arg {
+  mml_fetcher *f;
+  const char *url;
+  uint64_t want;
+  int bad;
+} remote_arg;
+
+static void *remote_worker(void *arg) {
+  remote_arg *a = arg;
+  for (int r = 0; r < ROUNDS; r++) {
+    /* 96-byte blocks: each video is tens of them, most fetched ahead */
+    mml_video_src src = {.name = a->url, .fetcher = a->f, .threads = 1, .block = 96};
+    if (frames_hash(&src) != a->want) a->bad++;
+  }
+  return NULL;
+}
+
+TEST(test_remote_blocks_fetched_ahead) {
+  mml_fetch_cfg cfg = {.backoff_base_s = 0.001, .backoff_max_s = 0.01};
+  mml_fetcher *f = NULL;
+  mml_err err = {0};
+  CHECK_OK(mml_fetcher_new(&cfg, &f, &err), err);
+  for (int i = 0; i < NFILES; i++) {
+    mml_video_src src = {.name = k_files[i]};
+    uint64_t want = frames_hash(&src);
+    CHECK(want != 0);
+    mml_bytes b = {0};
+    CHECK_OK(mml_read_file(k_files[i], 0, -1, &b, &err), err);
+    mml_test_range_server s;
+    CHECK(mml_test_range_server_start(&s, b.data, b.len) == 0);
+    char url[96];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v%d", s.port, i);
+    pthread_t th[NT];
+    remote_arg a[NT];
+    for (int t = 0; t < NT; t++) {
+      a[t] = (remote_arg){.f = f, .url = url, .want = want};
+      pthread_create(&th[t], NULL, remote_worker, &a[t]);
+    }
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < NT; t++) CHECK_EQ_INT(a[t].bad, 0);
+    CHECK(__atomic_load_n(&s.requests, __ATOMIC_SEQ_CST) > NT * ROUNDS);
+    /* probed, idle (what was fetched ahead dropped), then decoded: as the loader does */
+    mml_video_src src2 = {.name = url, .fetcher = f, .block = 96};
+    mml_video *v = NULL;
+    CHECK_OK(mml_video_open(&src2, &v, &err), err);
+    mml_video_idle(v);
+    static const int64_t idx[] = {0, 2, 3, 3, 5};
+    uint64_t h = 1469598103934665603ull;
+    CHECK_OK(mml_video_decode(v, idx, 5, sum_frame, &h, &err), err);
+    mml_video_close(v);
+    mml_test_range_server_stop(&s);
+    mml_bytes_free(&b);
+  }
+  mml_fetcher_free(f);
 }
 
 TEST(test_failures) {

@@ -66,7 +66,8 @@ typedef struct mml_loader_cfg {
   uint64_t seed;
   int dp_rank, dp_size;
   int num_threads;           /* worker threads (>= 1) */
-  int prefetch;              /* finished batches queued ahead of the consumer (>= 1) */
+  int prefetch;              /* batches with pixels ahead of the consumer: finished or being
+                                decoded (>= 1) */
   int window;                /* samples in flight ahead of collation;
                                  0: 2*mbs, at least 4*threads and 16 */
   int64_t max_memory;        /* 0: no cap; else a cap in bytes on the engine's memory: every

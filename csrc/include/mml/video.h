@@ -9,8 +9,12 @@
  *     read-only tables.  No global state, no logging (FFmpeg's log is silenced once).
  *   - Bytes come through one custom AVIOContext from a local file (pread), a buffer in
  *     memory (a WebDataset member) or an http(s):// / s3:// object read in ranged blocks
- *     through the existing fetcher (mml_fetch_get with offset/length, a few cached blocks):
- *     an mp4 whose moov comes first is never downloaded whole when a few frames are kept.
+ *     through the existing fetcher (ranged GETs, a few cached blocks): an mp4 whose moov
+ *     comes first is never downloaded whole when a few frames are kept.  The blocks a
+ *     read will need (the packet pass over an mkv/webm/avi: the rest of the file; an mp4
+ *     decode: the samples from the keyframe before each kept frame, from its index) are
+ *     fetched ahead, 4 at once, so the decode waits on about one round trip, not one per
+ *     block; the bytes read are the same.
  *   - Frame index i means what qwen-vl-utils, decord, torchcodec and a full PyAV decode
  *     mean: the i-th frame in presentation order.  open builds the table of presentation
  *     timestamps: from the demuxer's sample index when it lists every frame (mp4/mov: no
@@ -24,7 +28,8 @@
  *     source colorspace/range from the frame (unspecified: BT.601, limited), full-range
  *     output.  Frames are not rotated (PyAV and decord do not rotate); info.rotation says
  *     what the container asks for.
- *   - Memory: one RGB frame + the decoder's reference frames + at most 4 I/O blocks,
+ *   - Memory: one RGB frame + the decoder's reference frames + at most 4 I/O blocks (and
+ *     4 more fetched ahead while a remote video is read),
  *     whatever the length of the video or the number of frames kept.
  */
 #ifndef MML_VIDEO_H
