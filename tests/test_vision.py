@@ -331,6 +331,19 @@ def test_resize_matches_pillow_random_sizes():
         assert np.count_nonzero(got != want) == 0, (H, W, h, w)
 
 
+def test_resize_edge_sizes_match_pillow():
+    """The horizontal pass's edge paths: fewer than 4 input pixels (portable transpose),
+    fewer than 8 output pixels (single-pixel stores), row counts that leave a partial group
+    of 8 rows, and the overlapping last vector steps; both pass orders."""
+    for W in (1, 2, 3, 4, 5, 7, 8, 9, 33):
+        for w in (1, 2, 3, 5, 7, 8, 9, 15, 17, 40):
+            for H, h in ((1, 1), (3, 5), (9, 9), (13, 6), (7, 17)):
+                a = pattern(H, W, W * 1000 + w * 10 + H)
+                want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+                got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+                assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""
@@ -513,6 +526,8 @@ def test_portable_paths_match_too():
     code = (
         "import io, numpy as np, mmloader, test_vision as t\n"
         "d = [t.jpeg(300, 200, 1), t.jpeg(61, 83, 2), t.png_cases()['rgba'], t.jpeg(333, 500, 3)]\n"
+        "t.test_resize_edge_sizes_match_pillow()\n"
+        "t.test_resize_matches_pillow_random_sizes()\n"
         "o = mmloader.ImageProcessor()(d)\n"
         "t.assert_same(o, t.reference(d))\n"
         "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"

@@ -4,9 +4,9 @@
  *
  * Per frame, in order (the last listed frame again for the padding frame): decode (the
  * qwen-vl-utils route's to_rgb: RGBA pasted onto white), Pillow-exact bicubic to the
- * fetch_image size (uint8 values widened straight into float32 planes, no interleaved copy;
- * a video file's RGB24 frame is split into the same planes), then torch's antialiased
- * bicubic on them when the video budget or the processor changes the size (video_resize.c; the budget step is
+ * fetch_image size (byte planes, no interleaved copy; written from the bytes when no
+ * step resizes further, else widened to float32 planes, into which a video file's RGB24
+ * frame is split too), then torch's antialiased bicubic on the floats when the video budget or the processor changes the size (video_resize.c; the budget step is
  * rounded back to integers as torchvision's resize of a uint8 video does), then
  * (x - m) / s with m = float(mean * 255), s = float(std * 255) as the torchvision backend
  * fuses rescale and normalise, scattered straight into the rows of the frame's temporal
@@ -35,6 +35,8 @@ struct mml_video_scratch {
   float *a, *b;               /* float planes up to the qwen-vl-utils size */
   float *d;                   /* float planes after the processor's resize */
   size_t a_cap, b_cap, d_cap; /* in floats */
+  uint8_t *u;                 /* a listed frame's byte planes at the fetch_image size */
+  size_t u_cap;
 };
 
 mml_status mml_video_scratch_new(mml_video_scratch **out) {
@@ -53,6 +55,7 @@ void mml_video_scratch_free(mml_video_scratch *s) {
   free(s->a);
   free(s->b);
   free(s->d);
+  free(s->u);
   free(s);
 }
 
@@ -185,7 +188,8 @@ static uint16_t bf16_rne(float f) {
 
 /* Scatters frame k (float planes, dst size) into its temporal slot of `out`: ROW(o, sr, c)
  * writes the P values of one patch row, o[px] from sr[px] of channel c. */
-#define SCATTER(TYPE, ROW)                                                 \
+#define SCATTER(TYPE, ROW) SCATTER_SRC(float, TYPE, ROW)
+#define SCATTER_SRC(STYPE, TYPE, ROW)                                      \
   do {                                                                     \
     TYPE *base = (TYPE *)out + (size_t)g * p->grid_h * p->grid_w * cols;   \
     for (int bh = 0; bh < bh_n; bh++)                                      \
@@ -197,9 +201,9 @@ static uint16_t bf16_rne(float f) {
             int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;            \
             for (int c = 0; c < 3; c++) {                                  \
               TYPE *o = r + ((size_t)c * T + t) * P * P;                   \
-              const float *src = planes + c * plane;                       \
+              const STYPE *src = planes + c * plane;                       \
               for (int py = 0; py < P; py++) {                             \
-                const float *sr = src + (size_t)(y0 + py) * p->dst_w + x0; \
+                const STYPE *sr = src + (size_t)(y0 + py) * p->dst_w + x0; \
                 ROW((o + py * P), sr, c);                                  \
               }                                                            \
             }                                                              \
@@ -262,6 +266,18 @@ AVX2FN static inline __m128i bytes8(const float *x) {
 #define VROW_BF16(o, sr, c) VROW(o, sr, c, BF16_8)
 #define VROW_U8(o, sr, c) VROW(o, sr, c, U8_8)
 
+/* The same from byte planes: 8 bytes widened to the floats the float planes would hold. */
+AVX2FN static inline __m256 norm8b(const uint8_t *x, __m256 m, __m256 s) {
+  __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+  return _mm256_div_ps(_mm256_sub_ps(v, m), s);
+}
+#define F32B_8(o, x, c) _mm256_storeu_ps((o), norm8b((x), vm[c], vs[c]))
+#define BF16B_8(o, x, c) _mm_storeu_si128((__m128i *)(o), bf16x8(norm8b((x), vm[c], vs[c])))
+#define U8B_8(o, x, c) _mm_storel_epi64((__m128i *)(o), _mm_loadl_epi64((const __m128i *)(x)))
+#define VROW_F32B(o, sr, c) VROW(o, sr, c, F32B_8)
+#define VROW_BF16B(o, sr, c) VROW(o, sr, c, BF16B_8)
+#define VROW_U8B(o, sr, c) VROW(o, sr, c, U8B_8)
+
 /* scatter() below for P >= 8 on AVX2 CPUs: the same values. */
 AVX2FN static void scatter_avx2(const mml_vision_cfg *cfg, const mml_video_plan *p,
                                 const float *planes, int64_t g, int64_t t, const float *m,
@@ -278,6 +294,24 @@ AVX2FN static void scatter_avx2(const mml_vision_cfg *cfg, const mml_video_plan 
     SCATTER(uint16_t, VROW_BF16);
   else
     SCATTER(float, VROW_F32);
+}
+
+/* scatter_bytes() below for P >= 8 on AVX2 CPUs: the same values. */
+AVX2FN static void scatter_bytes_avx2(const mml_vision_cfg *cfg, const mml_video_plan *p,
+                                      const uint8_t *planes, int64_t g, int64_t t, const float *m,
+                                      const float *s, void *out) {
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const size_t cols = (size_t)mml_vision_video_cols(cfg);
+  const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
+  const size_t plane = (size_t)p->dst_w * p->dst_h;
+  __m256 vm[3], vs[3];
+  for (int c = 0; c < 3; c++) vm[c] = _mm256_set1_ps(m[c]), vs[c] = _mm256_set1_ps(s[c]);
+  if (cfg->pixel_format == MML_PIXEL_UINT8)
+    SCATTER_SRC(uint8_t, uint8_t, VROW_U8B);
+  else if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER_SRC(uint8_t, uint16_t, VROW_BF16B);
+  else
+    SCATTER_SRC(uint8_t, float, VROW_F32B);
 }
 #endif
 
@@ -326,6 +360,43 @@ static void scatter(const mml_vision_cfg *cfg, const mml_video_plan *p, const fl
   else
     SCATTER(float, ROW_LUT32);
 }
+/* scatter() of a frame the processor does not resize, from its byte planes (the values
+ * the float planes would hold): the same output. */
+static void scatter_bytes(const mml_vision_cfg *cfg, const mml_video_plan *p, const uint8_t *planes,
+                          int64_t k, void *out) {
+  const int P = cfg->patch_size, M = cfg->merge_size, T = cfg->temporal_patch_size;
+  const size_t cols = (size_t)mml_vision_video_cols(cfg);
+  const int64_t g = k / T, t = k % T;
+  const int bh_n = p->grid_h / M, bw_n = p->grid_w / M;
+  const size_t plane = (size_t)p->dst_w * p->dst_h;
+  float m[3], s[3];
+  for (int c = 0; c < 3; c++) {
+    m[c] = cfg->mean[c] * 255.0f;
+    s[c] = cfg->std[c] * 255.0f;
+  }
+#ifdef MML_SCATTER_AVX2
+  if (P >= 8 && mml_cpu_avx2()) {
+    scatter_bytes_avx2(cfg, p, planes, g, t, m, s, out);
+    return;
+  }
+#endif
+  if (cfg->pixel_format == MML_PIXEL_UINT8) {
+    SCATTER_SRC(uint8_t, uint8_t, ROW_BYTE);
+    return;
+  }
+  float lut[3][256];
+  uint16_t lut16[3][256];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) {
+      lut[c][v] = NORM((float)v, c);
+      lut16[c][v] = bf16_rne(lut[c][v]);
+    }
+  if (cfg->pixel_format == MML_PIXEL_BFLOAT16)
+    SCATTER_SRC(uint8_t, uint16_t, ROW_LUT16);
+  else
+    SCATTER_SRC(uint8_t, float, ROW_LUT32);
+}
+#undef SCATTER_SRC
 #undef SCATTER
 #undef NORM
 #undef NORM16
@@ -375,6 +446,23 @@ static mml_status planes_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
   return mml_video_frame_write(cfg, s, p, a, k, out, err);
 }
 
+/* A listed frame's byte planes (list_w x list_h in s->u): written from the bytes when
+ * neither resize follows (the same values), else widened to float planes for planes_tail. */
+static mml_status bytes_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                             const mml_video_plan *p, int64_t k, void *out, mml_err *err) {
+  const size_t n = (size_t)3 * p->list_w * p->list_h;
+  if (p->qvu_w == p->list_w && p->qvu_h == p->list_h && p->dst_w == p->qvu_w &&
+      p->dst_h == p->qvu_h) {
+    if (k < 0 || k >= p->nframes)
+      return mml_err_set(err, MML_EINVAL, "video: frame %lld of %lld", (long long)k,
+                         (long long)p->nframes);
+    scatter_bytes(cfg, p, s->u, k, out);
+    return MML_OK;
+  }
+  for (size_t i = 0; i < n; i++) s->a[i] = (float)s->u[i];
+  return planes_tail(cfg, s, p, k, out, err);
+}
+
 /* A decoded frame of list_w x list_h interleaved RGB8 rows (`stride` bytes apart): its
  * float planes, then planes_tail. */
 static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
@@ -402,6 +490,14 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   mml_status st;
   if ((st = planes_fit(s, p, err))) return st;
+  const size_t lpx = (size_t)p->list_w * p->list_h;
+  if (s->u_cap < 3 * lpx) {
+    uint8_t *u = realloc(s->u, 3 * lpx);
+    if (!u)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->list_w,
+                         p->list_h);
+    s->u = u, s->u_cap = 3 * lpx;
+  }
   for (int64_t k = 0; k < p->nframes; k++) {
     int j = (int)(k < p->listed ? k : p->listed - 1);
     mml_rgb8 img;
@@ -417,9 +513,9 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
                            img.width, img.height);
     }
     if ((st = mml_resize_bicubic_rgb8_planes(vs, &img, p->list_w, p->list_h, cfg->pillow_h_first,
-                                             s->a, err)))
+                                             s->u, err)))
       return mml_err_prefix(err, "frame %d", j), st;
-    if ((st = planes_tail(cfg, s, p, k, out, err))) return st;
+    if ((st = bytes_tail(cfg, s, p, k, out, err))) return st;
   }
   return MML_OK;
 }

@@ -455,10 +455,9 @@ mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *
   return mml_resize_job_feed(&j, src, err);
 }
 
-/* row_out for the float-plane resize: planar rows in scratch, widened into the planes. */
+/* row_out for the planar resize: planar rows in scratch, copied into the planes. */
 typedef struct planes_ctx {
-  float *dst;
-  uint8_t *rows;
+  uint8_t *dst, *rows;
   int w, h;
 } planes_ctx;
 
@@ -471,15 +470,12 @@ static void planes_done(void *ctx, int y) {
   planes_ctx *c = ctx;
   const uint8_t *p = planes_dst(ctx, y);
   const size_t plane = (size_t)c->w * c->h;
-  for (int ch = 0; ch < 3; ch++) {
-    float *d = c->dst + ch * plane + (size_t)y * c->w;
-    const uint8_t *q = p + (size_t)ch * c->w;
-    for (int x = 0; x < c->w; x++) d[x] = (float)q[x];
-  }
+  for (int ch = 0; ch < 3; ch++)
+    memcpy(c->dst + ch * plane + (size_t)y * c->w, p + (size_t)ch * c->w, (size_t)c->w);
 }
 
 mml_status mml_resize_bicubic_rgb8_planes(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
-                                          int dst_h, int h_first_always, float *planes,
+                                          int dst_h, int h_first_always, uint8_t *planes,
                                           mml_err *err) {
   if (dst_w < 1 || dst_h < 1 || !planes)
     return mml_err_set(err, MML_EINVAL, "resize: bad target %dx%d", dst_w, dst_h);

@@ -176,11 +176,11 @@ mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, i
 /* The same with the pass order chosen: h_first_always=1 is Pillow <= 12. */
 mml_status mml_resize_bicubic_rgb8_order(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
                                          int dst_h, int h_first_always, uint8_t *dst, mml_err *err);
-/* The same resize written as three float planes (channel c of pixel (x, y) at
- * planes[c*dst_w*dst_h + y*dst_w + x], the byte's value), the way the video path takes
- * a frame list's frames: no interleaved copy in between. */
+/* The same resize written as three byte planes (channel c of pixel (x, y) at
+ * planes[c*dst_w*dst_h + y*dst_w + x]), the way the video path takes a frame list's
+ * frames: no interleaved copy in between. */
 mml_status mml_resize_bicubic_rgb8_planes(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w,
-                                          int dst_h, int h_first_always, float *planes,
+                                          int dst_h, int h_first_always, uint8_t *planes,
                                           mml_err *err);
 
 #endif
