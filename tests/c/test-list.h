@@ -87,6 +87,7 @@ TEST_DECLARE(test_ranks_equal_batches_despite_skips)
 TEST_DECLARE(loader_bad_config)
 TEST_DECLARE(test_seek_ahead_and_plan_only)
 TEST_DECLARE(test_late_decode_failures_same_as_early)
+TEST_DECLARE(test_stats_snapshot_with_sources)
 /* test-mixture.c */
 TEST_DECLARE(test_counts)
 TEST_DECLARE(test_exact_and_smooth)
@@ -257,6 +258,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(loader_bad_config)
     TEST_ENTRY(test_seek_ahead_and_plan_only)
     TEST_ENTRY(test_late_decode_failures_same_as_early)
+    TEST_ENTRY(test_stats_snapshot_with_sources)
     /* test-mixture.c */
     TEST_ENTRY(test_counts)
     TEST_ENTRY(test_exact_and_smooth)
