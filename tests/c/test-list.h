@@ -119,7 +119,6 @@ TEST_DECLARE(test_batch)
 TEST_DECLARE(test_concurrent_release)
 TEST_DECLARE(test_pages_move_between_buffers)
 TEST_DECLARE(test_steady_state_maps_nothing)
-TEST_DECLARE(test_mapping_header_is_small)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -291,7 +290,6 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_concurrent_release)
     TEST_ENTRY(test_pages_move_between_buffers)
     TEST_ENTRY(test_steady_state_maps_nothing)
-    TEST_ENTRY(test_mapping_header_is_small)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)
