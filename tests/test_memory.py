@@ -97,7 +97,7 @@ def _run(shard, keep=False, **kw):
 
 
 def test_rss_stays_under_max_memory(shard):
-    # prefetch 12: uncapped, ~12 batches of ~19 MB are resident (234-239 MB here), so the
+    # prefetch 12: uncapped, ~12 batches of ~19 MB are resident (234-265 MB here), so the
     # cap binds by a wide margin.  With prefetch 8 (8 batches since prefetch counts those
     # being decoded too) the uncapped peak was 162-167 MB against the 166 MB asked below,
     # and the test failed now and then.
