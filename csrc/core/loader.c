@@ -739,8 +739,16 @@ int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max) {
 }
 
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
+  mml_loader_get_stats_all(L, o, NULL, 0);
+}
+
+void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_stats *src, int nsrc) {
   memset(o, 0, sizeof *o);
+  if (nsrc > L->nsrc) nsrc = L->nsrc;
+  if (nsrc < 0 || !src) nsrc = 0;
+  ld_sources_fixed(L, src, nsrc); /* the data hash reads the index: outside mu */
   pthread_mutex_lock(&L->mu);
+  for (int i = 0; i < nsrc; i++) ld_source_counts_locked(L, i, &src[i]);
   o->wait_s = L->wait_s;
   o->wall_s = L->first_next > 0 ? mml_now() - L->first_next : 0;
   o->read_s = L->read_s;

@@ -301,6 +301,10 @@ mml_status ld_lookup(const mml_loader *L, mml_mix_scratch *sc, mml_sample *s, mm
 void ld_source_count_locked(mml_loader *L, const mml_sample *s);
 /* A skipped sample of source `source`, counted when the consumer passes it. */
 void ld_source_count_skip_locked(mml_loader *L, int source, mml_status st);
+/* Source i's counters (samples, skips, tokens, bytes) into *o (mu held). */
+void ld_source_counts_locked(const mml_loader *L, int i, mml_source_stats *o);
+/* Sources 0..nsrc-1's fixed stats (name, sizes, data hash; counters zero), no lock. */
+void ld_sources_fixed(const mml_loader *L, mml_source_stats *src, int nsrc);
 
 /* Adds the calling thread's minor page faults since *last to L->faults (mu held). */
 void ld_count_faults_locked(mml_loader *L, uint64_t *last);

@@ -10,7 +10,9 @@
  * source, so L->shard_src maps a shard to its source).
  *
  * Threads: everything is immutable after construction except the stats, which only the
- * collation thread writes and the consumer reads, both under mu.
+ * collation thread writes and the consumer reads, both under mu.  A sample is counted in
+ * its source and in the loader's totals in one hold of mu, so mml_loader_get_stats_all
+ * (all sources and the totals read in one hold) sees sum(samples) == good_samples.
  */
 #include <math.h>
 #include <stdio.h>
@@ -263,7 +265,8 @@ void ld_source_count_locked(mml_loader *L, const mml_sample *s) {
 int mml_loader_num_sources(const mml_loader *L) { return L->nsrc; }
 int64_t mml_loader_samples_per_epoch(const mml_loader *L) { return L->mix.total; }
 
-void mml_loader_source_stats(mml_loader *L, int i, mml_source_stats *o) {
+/* The fixed part of source i's stats (name, sizes, data hash): no lock needed. */
+static void source_fixed(const mml_loader *L, int i, mml_source_stats *o) {
   memset(o, 0, sizeof *o);
   if (i < 0 || i >= L->nsrc) return;
   const ld_source *src = &L->src[i];
@@ -271,12 +274,26 @@ void mml_loader_source_stats(mml_loader *L, int i, mml_source_stats *o) {
   o->num_samples = src->n;
   o->per_epoch = src->count;
   o->data_hash = mml_index_hash_shards(&L->ix, src->shard0, src->nshards);
-  pthread_mutex_lock(&L->mu);
+}
+
+void ld_source_counts_locked(const mml_loader *L, int i, mml_source_stats *o) {
+  if (i < 0 || i >= L->nsrc) return;
+  const ld_source *src = &L->src[i];
   o->samples = src->good;
   o->skipped = src->skipped;
   memcpy(o->skip_by_status, src->skip_by_status, sizeof o->skip_by_status);
   o->tokens = src->tokens;
   o->image_tokens = src->image_tokens;
   o->bytes = src->bytes;
+}
+
+void mml_loader_source_stats(mml_loader *L, int i, mml_source_stats *o) {
+  source_fixed(L, i, o);
+  pthread_mutex_lock(&L->mu);
+  ld_source_counts_locked(L, i, o);
   pthread_mutex_unlock(&L->mu);
+}
+
+void ld_sources_fixed(const mml_loader *L, mml_source_stats *src, int nsrc) {
+  for (int i = 0; i < nsrc; i++) source_fixed(L, i, &src[i]);
 }

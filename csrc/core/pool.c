@@ -120,14 +120,6 @@ static mml_status host_alloc(void *self, size_t n, void **out, mml_err *err) {
       mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) return mml_err_set(err, MML_ENOMEM, "cannot map a %zu-byte buffer", n);
   uint8_t *data = (uint8_t *)(((uintptr_t)base + HDR + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
-  /* The mapping keeps one 4 KiB page before the data (the header's) and nothing after
-   * it: a whole 2 MiB before the data would make the header's page a huge page, 2 MiB
-   * faulted in and zeroed for 64 bytes. */
-  uint8_t *head = data - 4096, *end = data + huge_round(n);
-  if (head > (uint8_t *)base) munmap(base, (size_t)(head - (uint8_t *)base));
-  if (end < (uint8_t *)base + len) munmap(end, (size_t)((uint8_t *)base + len - end));
-  base = head;
-  len = (size_t)(end - head);
 #ifdef MADV_HUGEPAGE
   /* advice: fewer, larger faults; the whole mapping, so it stays one VMA (mremap needs) */
   madvise(base, len, MADV_HUGEPAGE);
@@ -153,7 +145,7 @@ static int host_grow(void **p, size_t n) {
   host_hdr h = *(host_hdr *)((uint8_t *)*p - HDR);
   if (!h.len) return 0;
   size_t off = (size_t)((uint8_t *)*p - (uint8_t *)h.base);
-  size_t len = off + huge_round(n);
+  size_t len = huge_round(n) + HUGE;
   void *nb = mremap(h.base, h.len, len, MREMAP_MAYMOVE);
   if (nb == MAP_FAILED) return 0;
   uint8_t *data = (uint8_t *)nb + off;

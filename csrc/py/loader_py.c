@@ -329,13 +329,12 @@ static PyObject *Loader_info(LoaderObject *self, PyObject *unused) {
       mml_loader_num_shards(L), "index_shards", mml_loader_index_used(L));
 }
 
-/* stats()["sources"]: {name: {...}} in the mixture's order. */
-static PyObject *source_stats(mml_loader *L) {
+/* stats()["sources"]: {name: {...}} in the mixture's order, from one snapshot. */
+static PyObject *source_stats(const mml_source_stats *all, int n) {
   PyObject *out = PyDict_New();
   if (!out) return NULL;
-  for (int i = 0; i < mml_loader_num_sources(L); i++) {
-    mml_source_stats ss;
-    mml_loader_source_stats(L, i, &ss);
+  for (int i = 0; i < n; i++) {
+    mml_source_stats ss = all[i];
     PyObject *reasons = PyDict_New();
     if (!reasons) goto fail;
     for (int st = 0; st < MML_STATUS_COUNT; st++) {
@@ -385,7 +384,11 @@ static int set_num(PyObject *d, const char *k, PyObject *v) {
 static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   mml_loader_stats s;
-  mml_loader_get_stats(self->L, &s);
+  int nsrc = mml_loader_num_sources(self->L);
+  /* the totals and every source in one snapshot: sum of samples == good_samples */
+  mml_source_stats *ss = PyMem_Calloc((size_t)(nsrc > 0 ? nsrc : 1), sizeof *ss);
+  if (!ss) return PyErr_NoMemory();
+  mml_loader_get_stats_all(self->L, &s, ss, nsrc);
   PyObject *d = PyDict_New(), *reasons = PyDict_New();
   if (!d || !reasons) goto fail;
   for (int i = 0; i < s.nreasons; i++)
@@ -429,7 +432,9 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
-  if (set_num(d, "sources", source_stats(self->L))) goto fail;
+  if (set_num(d, "sources", source_stats(ss, nsrc))) goto fail;
+  PyMem_Free(ss);
+  ss = NULL;
   if (s.remote) {
     PyObject *f = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:i}", "requests",
@@ -446,6 +451,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
   }
   return d;
 fail:
+  PyMem_Free(ss);
   Py_XDECREF(d);
   Py_XDECREF(reasons);
   return NULL;

@@ -87,6 +87,7 @@ TEST_DECLARE(test_ranks_equal_batches_despite_skips)
 TEST_DECLARE(loader_bad_config)
 TEST_DECLARE(test_seek_ahead_and_plan_only)
 TEST_DECLARE(test_late_decode_failures_same_as_early)
+TEST_DECLARE(test_stats_snapshot_with_sources)
 /* test-mixture.c */
 TEST_DECLARE(test_counts)
 TEST_DECLARE(test_exact_and_smooth)
@@ -118,7 +119,6 @@ TEST_DECLARE(test_batch)
 TEST_DECLARE(test_concurrent_release)
 TEST_DECLARE(test_pages_move_between_buffers)
 TEST_DECLARE(test_steady_state_maps_nothing)
-TEST_DECLARE(test_mapping_header_is_small)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -258,6 +258,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(loader_bad_config)
     TEST_ENTRY(test_seek_ahead_and_plan_only)
     TEST_ENTRY(test_late_decode_failures_same_as_early)
+    TEST_ENTRY(test_stats_snapshot_with_sources)
     /* test-mixture.c */
     TEST_ENTRY(test_counts)
     TEST_ENTRY(test_exact_and_smooth)
@@ -289,7 +290,6 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_concurrent_release)
     TEST_ENTRY(test_pages_move_between_buffers)
     TEST_ENTRY(test_steady_state_maps_nothing)
-    TEST_ENTRY(test_mapping_header_is_small)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)

@@ -387,3 +387,63 @@ TEST(test_late_decode_failures_same_as_early) {
   }
   CHECK(moved_late > 0); /* packs holding a late failure were planned again */
 }
+
+/* stats while the collator runs: the totals and every source come from one moment (one
+ * hold of the lock), so the sources' good samples always add up to good_samples.  Read
+ * separately they did not (the collator counted samples between the two reads). */
+TEST(test_stats_snapshot_with_sources) {
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
+  const char *data[1];
+  mml_loader_cfg c;
+  base_cfg(&c, data);
+  mml_source_cfg sc[3];
+  const char *names[3] = {"a", "b", "c"};
+  const double weights[3] = {0.5, 0.3, 0.2};
+  for (int i = 0; i < 3; i++) {
+    memset(&sc[i], 0, sizeof sc[i]);
+    sc[i].name = names[i];
+    sc[i].data = data;
+    sc[i].ndata = 1;
+    sc[i].weight = weights[i];
+    sc[i].repeat = -1;
+    sc[i].choose = -1;
+    sc[i].vision = c.vision;
+  }
+  c.sources = sc;
+  c.nsources = 3;
+  c.num_threads = 3;
+  c.prefetch = 4;
+  mml_loader *L;
+  mml_err err;
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_EQ_INT(mml_loader_num_sources(L), 3);
+  mml_source_stats ss[4];
+  mml_loader_stats st;
+  int batches = 0;
+  for (int i = 0; i < 3 * 14; i++) {
+    mml_batch b;
+    memset(&b, 0, sizeof b);
+    mml_status s = mml_loader_next(L, &b, -1, &err);
+    if (s != MML_EEND) {
+      CHECK_OK(s, err);
+      mml_batch_clear(&b);
+      batches++;
+    }
+    for (int k = 0; k < 8; k++) { /* a few reads while the collator refills the queue */
+      mml_loader_get_stats_all(L, &st, ss, 4); /* clamped to the 3 sources */
+      uint64_t sum = ss[0].samples + ss[1].samples + ss[2].samples;
+      if (sum != st.good_samples)
+        FAIL_AT("batch %d: sources' samples %llu != good_samples %llu", i, (unsigned long long)sum,
+                (unsigned long long)st.good_samples);
+      CHECK(st.good_samples >= st.batches * (uint64_t)c.collate.micro_batch_size);
+    }
+  }
+  int named = 1; /* names live as long as the loader */
+  for (int i = 0; i < 3; i++) named &= ss[i].name && !strcmp(ss[i].name, names[i]);
+  mml_loader_get_stats_all(L, &st, NULL, 3); /* no array: the totals only */
+  mml_loader_free(L);
+  CHECK(named);
+  CHECK(batches > 12);
+  CHECK_EQ_INT(st.batches, batches);
+  for (int i = 0; i < 3; i++) CHECK(ss[i].samples > 0 && ss[i].tokens > 0);
+}

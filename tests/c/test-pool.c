@@ -287,32 +287,3 @@ TEST(test_steady_state_maps_nothing) {
   CHECK(peak < (size_t)D * biggest);
   mml_pool_close(p);
 }
-
-static long resident_bytes(void) {
-  long size = 0, res = 0;
-  FILE *f = fopen("/proc/self/statm", "r");
-  if (!f) return 0;
-  if (fscanf(f, "%ld %ld", &size, &res) != 2) res = 0;
-  fclose(f);
-  return res * 4096;
-}
-
-/* A large buffer's header (64 bytes before its 2 MiB-aligned data) costs one small page,
- * not a huge page faulted in and zeroed: 8 untouched buffers stay well under 1 MiB. */
-TEST(test_mapping_header_is_small) {
-  const size_t MB = 1 << 20;
-  mml_pool *p;
-  mml_err err = {0};
-  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
-  mml_buf *b[8];
-  long r0 = resident_bytes();
-  for (int i = 0; i < 8; i++) CHECK_OK(mml_pool_alloc(p, 4 * MB, &b[i], &err), err);
-  long grown = resident_bytes() - r0;
-  for (int i = 0; i < 8; i++) {
-    CHECK(((uintptr_t)b[i]->data & (2 * MB - 1)) == 0);
-    memset(b[i]->data, i, 4 * MB); /* the data itself is usable */
-    mml_buf_release(b[i]);
-  }
-  if (FAULTS_COUNTED) CHECK(grown < (long)MB);
-  mml_pool_close(p);
-}

@@ -277,6 +277,12 @@ typedef struct mml_loader_stats {
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+/* mml_loader_get_stats and mml_loader_source_stats of sources 0..nsrc-1 into src[] as one
+ * snapshot (one hold of the loader's lock): while the collator runs, separate calls can
+ * see different moments (sum of src[].samples != good_samples); this one cannot.
+ * nsrc is clamped to mml_loader_num_sources; src may be NULL when nsrc is 0. */
+void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *out, mml_source_stats *src,
+                              int nsrc);
 /* What max_memory sets aside for each worker's decode/resize scratch. */
 #define MML_SCRATCH_RESERVE ((int64_t)16 << 20)
 /* Batches delivered before page faults are counted per batch (every buffer the pipeline
