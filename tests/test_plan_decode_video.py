@@ -9,20 +9,16 @@ thread count, padded or packed.  Nothing is copied unless a late failure moved r
 from __future__ import annotations
 
 import json
-import os
-import warnings
 
 import numpy as np
 import pytest
 
-import mmloader
 from conftest import same
+from test_plan_decode import _epoch  # the same loader settings (TINY, SMALL)
 
 av = pytest.importorskip("av")
 Image = pytest.importorskip("PIL.Image")
 
-TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
 N = 24
 BAD = {0, 4, 5, 11, 16, 23}  # first of the stream, a run, ends of batches and packs
 
@@ -94,22 +90,6 @@ CONFIGS = {
         micro_batch_size=1, packing=True, pack_length=2048, mrope=True, keys="megatron"
     ),
 }
-
-
-def _epoch(path, threads, **cfg):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with mmloader.Loader(
-            path,
-            tokenizer=TINY,
-            num_threads=threads,
-            prefetch=2,
-            max_error_rate=1.0,
-            **SMALL,
-            **cfg,
-        ) as L:
-            batches = [{k: np.array(v.numpy()) for k, v in b.items()} for b in L]
-            return batches, L.stats()
 
 
 def test_bad_videos_fail_only_at_decode(shards):
