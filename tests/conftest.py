@@ -186,6 +186,21 @@ def _dtype_name(t):
     return str(t.dtype).replace("torch.", "")
 
 
+def n_threads() -> int:
+    """This process's threads, as the kernel lists them."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def threads_down_to(base: int, timeout: float = 5.0) -> int:
+    """The thread count once it is at most `base`, else after `timeout` seconds: a thread
+    that pthread_join has returned for stays in /proc/self/task until the kernel has
+    reaped it, a moment later, so a count taken right after a join can be one high."""
+    deadline = time.monotonic() + timeout
+    while (n := n_threads()) > base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n
+
+
 def same(a, b):
     """Bitwise-equal batches: one batch (a dict of arrays or tensors) or a NON-EMPTY list of
     them (an empty epoch on both sides is a failure, not a match): same keys, dtypes,

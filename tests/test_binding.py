@@ -17,6 +17,8 @@ from mmloader import _core
 from mmloader.datagen import make_dataset
 from mmloader.presets import vision_config
 
+from conftest import n_threads, threads_down_to
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(os.path.dirname(HERE), "mmloader", "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
@@ -48,10 +50,6 @@ def second_core():
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
-
-
-def n_threads():
-    return len(os.listdir("/proc/self/task"))
 
 
 def test_every_type_is_a_heap_type(ds):
@@ -178,7 +176,7 @@ def test_a_cycle_through_the_engine_is_collected(ds, monkeypatch):
     tok.engine = c  # the cycle
     del c, tok
     gc.collect()
-    assert n_threads() <= base
+    assert threads_down_to(base) <= base
 
 
 @pytest.mark.skipif(

@@ -13,6 +13,8 @@ import pytest
 import mmloader
 from mmloader.datagen import make_dataset
 
+from conftest import n_threads, threads_down_to
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TINY = os.path.join(ROOT, "mmloader", "data", "tiny-tokenizer.json")
@@ -29,10 +31,6 @@ def make(data, **kw):
     args = dict(tokenizer=TINY, micro_batch_size=2, num_threads=3, prefetch=2, **SMALL)
     args.update(kw)
     return mmloader.Loader(data, **args)
-
-
-def n_threads():
-    return len(os.listdir("/proc/self/task"))
 
 
 def n_fds():
@@ -61,7 +59,7 @@ def test_close_del_break_leave_nothing(ds):
             del L
             gc.collect()
         # at most the baseline: a thread or descriptor of an earlier test may end meanwhile
-        assert n_threads() <= base_t, how
+        assert threads_down_to(base_t) <= base_t, how
         assert n_fds() <= base_f, how
 
 
