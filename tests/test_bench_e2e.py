@@ -43,9 +43,9 @@ def test_photo_dataset_mixes_real_photos(shard):
 
 
 def test_measure_reports_steady_state_and_own_memory(shard):
-    long = dataset.repeated(shard, 4)
+    long = dataset.repeated(shard, 40)  # far more than 0.2 s of samples on a fast machine
     with open(long) as f:
-        assert sum(1 for _ in f) == 48
+        assert sum(1 for _ in f) == 480
     cfg = make_config(
         [long],
         module="mmloader_pipe",
