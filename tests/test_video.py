@@ -119,6 +119,12 @@ CASES = [
         "a.mkv",
         dict(n=60, gop=30, options={"x265-params": "log-level=none"}),
     ),
+    (
+        "hevc-mp4-open-gop",
+        "libx265",
+        "og.mp4",
+        dict(n=60, gop=30, options={"x265-params": "log-level=none:open-gop=1"}),
+    ),
     ("vp9-webm", "libvpx-vp9", "a.webm", {}),
     ("vp9-mkv-odd-width", "libvpx-vp9", "oddw.mkv", dict(w=63, h=48)),
     ("av1-mkv", "libsvtav1", "a.mkv", dict(w=64, h=64)),
@@ -176,6 +182,32 @@ def test_sparse_decode_does_only_the_needed_gops(vdir):
     assert r["frames_decoded"] <= 3 * 24 + 3 * 4, r["frames_decoded"]
     dense = _core.video_decode(path, [479])["frames_decoded"]
     assert dense <= 24 + 4
+
+
+def _packets_from_keyframes(path, idx):
+    """Packets (decode order) from the keyframe at or before each wanted frame through the
+    wanted frame's own packet, for wanted frames in distinct GOPs: what a decode that sends
+    nothing past the last packet it needs hands to the decoder."""
+    with av.open(path) as c:
+        pk = [(p.pts, p.is_keyframe) for p in c.demux(c.streams.video[0]) if p.pts is not None]
+    order = sorted(p for p, _ in pk)
+    keys = sorted(p for p, k in pk if k)
+    pos = {p: n for n, (p, _) in enumerate(pk)}
+    starts = [max(k for k in keys if k <= order[i]) for i in idx]
+    assert len(set(starts)) == len(idx), "the test wants one frame per GOP"
+    return sum(pos[order[i]] - pos[k] + 1 for i, k in zip(idx, starts))
+
+
+def test_sparse_mp4_decode_sends_no_packet_past_the_wanted_frame(vdir):
+    # B-frames reorder: the decoder holds a wanted frame back until later packets come in;
+    # when a seek comes next, it is drained instead, and those packets are never decoded
+    path = make_video(vdir / "reorder.mp4", "libx264", n=120, gop=24, options={"sc_threshold": "0"})
+    ref, _ = pyav_frames(path)
+    idx = [5, 30, 61, 90, 119]
+    got, r = decode(path, idx)
+    assert all(np.array_equal(got[k], ref[i]) for k, i in enumerate(idx))
+    assert r["packets_sent"] == _packets_from_keyframes(path, idx)
+    assert r["frames_decoded"] <= r["packets_sent"]
 
 
 def test_duplicates_and_order(vdir):

@@ -17,6 +17,11 @@
  * decode forward, dropping earlier frames unconverted; deliver the frame whose pts is T
  * converted to RGB24.  On the way, a packet whose frame no other frame references (h264,
  * vp9, MPEG-1/2/4: AVDISCARD_NONREF) and that is not wanted is not decoded at all.
+ * When a seek comes next anyway (a keyframe lies between T and the next wanted frame, or T
+ * is the last) and a packet is known to hold a whole frame (mp4/mov samples of h264, hevc,
+ * vp9, av1), the decoder is drained right after T's packet: frames decode in packet order,
+ * so T's frame is complete then, and the packets the decoder would otherwise take in for
+ * its reordering delay (decoded, then flushed by the seek) are never decoded.
  * Landing past T right after a seek (a keyframe whose decode time
  * precedes T while its presentation follows it, open-GOP leading frames) steps back one
  * keyframe and tries again.
@@ -72,8 +77,11 @@ struct mml_video {
   int draining;     /* demuxer at its end, decoder flushed */
   int64_t last_pts; /* pts of the last frame out */
   int64_t decoded;  /* frames out of the decoder so far (tests, benchmarks) */
+  int64_t sent;     /* packets into the decoder so far (tests, benchmarks) */
   int64_t max_pixels;
   int skip_nonref;     /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
+  int whole_packets;   /* mp4/mov with h264/hevc/vp9/av1: one packet holds one whole frame */
+  int cut_short;       /* the decoder was drained right after a wanted frame's packet */
   const int64_t *want; /* this decode's indices, from want_k on still to come */
   int want_n, want_k;
   mml_video_info info;
@@ -233,6 +241,9 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
   v->skip_nonref = par->codec_id == AV_CODEC_ID_H264 || par->codec_id == AV_CODEC_ID_VP9 ||
                    par->codec_id == AV_CODEC_ID_MPEG4 || par->codec_id == AV_CODEC_ID_MPEG2VIDEO ||
                    par->codec_id == AV_CODEC_ID_MPEG1VIDEO;
+  v->whole_packets = strstr(v->fmt->iformat->name, "mov") &&
+                     (par->codec_id == AV_CODEC_ID_H264 || par->codec_id == AV_CODEC_ID_HEVC ||
+                      par->codec_id == AV_CODEC_ID_VP9 || par->codec_id == AV_CODEC_ID_AV1);
   if ((r = avcodec_open2(v->dec, codec, NULL)) < 0)
     return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot open the %s decoder", v->name, cname);
   return MML_OK;
@@ -322,6 +333,8 @@ int64_t mml_video_bytes_read(const mml_video *v) { return v ? v->io.bytes_read :
 
 int64_t mml_video_frames_decoded(const mml_video *v) { return v ? v->decoded : 0; }
 
+int64_t mml_video_packets_sent(const mml_video *v) { return v ? v->sent : 0; }
+
 void mml_video_close(mml_video *v) {
   if (!v) return;
   sws_freeContext(v->sws);
@@ -351,6 +364,7 @@ static mml_status seek_to(mml_video *v, int64_t ts, mml_err *err) {
   v->positioned = 1;
   v->after_seek = 1;
   v->draining = 0;
+  v->cut_short = 0;
   v->last_pts = INT64_MIN;
   v->ord = 0;
   return MML_OK;
@@ -389,6 +403,20 @@ static int wanted(const mml_video *v, int64_t pts) {
   return lo < v->want_n && (v->want[lo] >= v->n || v->tab[v->want[lo]] == pts);
 }
 
+/* 1 when the packet with pts just sent holds the frame this decode wants now and the next
+ * wanted one (if any) is past a keyframe after it: the decoder can be drained here. */
+static int last_needed(const mml_video *v, int64_t pts) {
+  if (!v->whole_packets || !v->want || v->ordinal || pts == AV_NOPTS_VALUE) return 0;
+  int k = v->want_k;
+  if (k >= v->want_n || v->want[k] < 0 || v->want[k] >= v->n || v->tab[v->want[k]] != pts) return 0;
+  int j = k + 1;
+  while (j < v->want_n && v->want[j] == v->want[k]) j++;
+  if (j == v->want_n) return 1;
+  if (v->want[j] < v->want[k] || v->want[j] >= v->n) return 0; /* refused by decode_all */
+  int64_t key = key_at_or_before(v, v->tab[v->want[j]]);
+  return key >= 0 && v->keys[key] > pts;
+}
+
 /* The next decoded frame into v->frm: 0, AVERROR_EOF at the end, or an error. */
 static int next_frame(mml_video *v) {
   for (;;) {
@@ -410,6 +438,11 @@ static int next_frame(mml_video *v) {
       if (r < 0 && r != AVERROR(EAGAIN)) {
         av_packet_unref(v->pkt);
         return r;
+      }
+      if (r == 0) v->sent++;
+      if (r == 0 && last_needed(v, v->pkt->pts)) { /* a seek comes next: no more packets */
+        v->draining = v->cut_short = 1;
+        avcodec_send_packet(v->dec, NULL);
       }
     }
     av_packet_unref(v->pkt);
@@ -484,7 +517,7 @@ static int64_t frame_pts(const AVFrame *f) {
 /* Seeks when the decoder cannot reach t going forward, or a keyframe lies between. */
 static mml_status position_for(mml_video *v, int64_t t, int64_t *key, mml_err *err) {
   *key = key_at_or_before(v, t);
-  if (v->positioned && v->last_pts < t &&
+  if (v->positioned && !v->cut_short && v->last_pts < t &&
       (*key < 0 || v->keys[*key] <= v->last_pts || v->last_pts == INT64_MIN))
     return MML_OK;
   return seek_to(v, key_ts(v, *key), err);

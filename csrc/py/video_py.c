@@ -3,7 +3,8 @@
  *   _core.video_probe(name, *, data=None, fetcher=None, max_bytes=0, max_pixels=0) -> dict
  *   _core.video_decode(name, indices, *, data=None, fetcher=None, max_bytes=0, threads=1,
  *                      block=0, max_pixels=0) -> dict(frames=[bytes h*w*3], shapes=[(h, w)], pts=[s],
- *                                       info=dict, bytes_read=int, frames_decoded=int)
+ *                                       info=dict, bytes_read=int, frames_decoded=int,
+ *                                       packets_sent=int)
  * The decode runs with the GIL released; frames are gathered in C memory and turned into
  * bytes objects afterwards.  The Loader does not go through here.
  */
@@ -122,7 +123,7 @@ static int indices_from(PyObject *seq, int64_t **out, Py_ssize_t *n) {
 }
 
 static PyObject *result(const gather *g, const mml_video_info *info, int64_t bytes_read,
-                        int64_t decoded) {
+                        int64_t decoded, int64_t sent) {
   size_t nf = g->meta.len / sizeof(frame_meta), off = 0;
   PyObject *frames = PyList_New((Py_ssize_t)nf), *shapes = PyList_New((Py_ssize_t)nf),
            *pts = PyList_New((Py_ssize_t)nf), *in = info_dict(info);
@@ -143,9 +144,9 @@ static PyObject *result(const gather *g, const mml_video_info *info, int64_t byt
     PyList_SET_ITEM(shapes, (Py_ssize_t)i, s);
     PyList_SET_ITEM(pts, (Py_ssize_t)i, p);
   }
-  r = Py_BuildValue("{s:O,s:O,s:O,s:O,s:L,s:L}", "frames", frames, "shapes", shapes, "pts", pts,
+  r = Py_BuildValue("{s:O,s:O,s:O,s:O,s:L,s:L,s:L}", "frames", frames, "shapes", shapes, "pts", pts,
                     "info", in, "bytes_read", (long long)bytes_read, "frames_decoded",
-                    (long long)decoded);
+                    (long long)decoded, "packets_sent", (long long)sent);
 done:
   Py_XDECREF(frames), Py_XDECREF(shapes), Py_XDECREF(pts), Py_XDECREF(in);
   return r;
@@ -179,7 +180,7 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
   mml_video *v = NULL;
   mml_video_info info = {0};
   gather g = {{0}, {0}};
-  int64_t bytes_read = 0, decoded = 0;
+  int64_t bytes_read = 0, decoded = 0, sent = 0;
   mml_status st;
   Py_BEGIN_ALLOW_THREADS
   st = mml_video_open(&a.src, &v, &err);
@@ -187,11 +188,12 @@ static PyObject *py_video_decode(PyObject *mod, PyObject *args, PyObject *kw) {
   if (!st) st = mml_video_decode(v, idx, (int)n, on_frame, &g, &err);
   bytes_read = mml_video_bytes_read(v);
   decoded = mml_video_frames_decoded(v);
+  sent = mml_video_packets_sent(v);
   mml_video_close(v);
   Py_END_ALLOW_THREADS
   src_release(&a);
   PyMem_Free(idx);
-  PyObject *r = st ? mml_py_raise(ms, st, &err) : result(&g, &info, bytes_read, decoded);
+  PyObject *r = st ? mml_py_raise(ms, st, &err) : result(&g, &info, bytes_read, decoded, sent);
   mml_bytes_free(&g.pix);
   mml_bytes_free(&g.meta);
   return r;
@@ -206,7 +208,8 @@ static PyMethodDef video_functions[] = {
     {"video_decode", (PyCFunction)(void (*)(void))py_video_decode, METH_VARARGS | METH_KEYWORDS,
      "video_decode(name, indices, *, data=None, fetcher=None, max_bytes=0, threads=1, block=0, "
      "max_pixels=0) "
-     "-> dict(frames, shapes, pts, info, bytes_read, frames_decoded): the RGB24 frames at the "
+     "-> dict(frames, shapes, pts, info, bytes_read, frames_decoded, packets_sent): the RGB24 "
+     "frames at the "
      "ascending frame "
      "indices (presentation order), decoded with keyframe seeks."},
     {NULL, NULL, 0, NULL}};

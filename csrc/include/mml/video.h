@@ -106,6 +106,9 @@ void mml_video_idle(mml_video *v);
 int64_t mml_video_bytes_read(const mml_video *v);
 /* Frames the decoder produced so far (kept or dropped): the decode work done. */
 int64_t mml_video_frames_decoded(const mml_video *v);
+/* Packets handed to the decoder so far (a frame the decoder skips as unreferenced and
+ * unwanted is sent, but not decoded; every decoded frame was sent). */
+int64_t mml_video_packets_sent(const mml_video *v);
 
 void mml_video_close(mml_video *v);
 
