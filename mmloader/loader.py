@@ -366,7 +366,9 @@ class Loader:
         prefetch: batches whose pixels are in memory ahead of the consumer, finished or
             being decoded (the depth of a DataLoader's prefetch_factor x num_workers).
         window: samples in flight ahead of collation (default 2 * micro_batch_size, at
-            least 4 * num_threads and 16); with ``prefetch`` it bounds memory.
+            least 4 * num_threads and 16; with a remote shard or image root at least
+            (prefetch + 2) * micro_batch_size and 64, so the round trips of the samples
+            being fetched overlap the decoding); with ``prefetch`` it bounds memory.
         max_memory: a cap in bytes on the engine's memory (None: no cap): every batch
             buffer of its pool (the batches it prepares, those the consumer still holds,
             and those kept mapped for reuse), the encoded bytes of the samples in flight,

@@ -42,8 +42,38 @@ def rss_mb() -> float:
     return 0.0
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _socket_inodes_on_port(port: int) -> set:
+    """Inodes of the TCP sockets whose LOCAL port is `port`: the in-process server's listening
+    and accepted sockets (the loader's own connections have it as their remote port)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if int(cols[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(cols[9])
+        except OSError:
+            pass
+    return inodes
+
+
+def open_fds(server_port: int = 0) -> Dict[str, int]:
+    """Descriptors of this process, and those not held by the in-process server on
+    `server_port`: a handler thread stalling or streaming an endless body keeps its accepted
+    socket for seconds after the client gave up, which is the server's, not the loader's."""
+    server = _socket_inodes_on_port(server_port) if server_port else set()
+    total = own = 0
+    for fd in os.listdir("/proc/self/fd"):
+        total += 1
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not (link.startswith("socket:[") and link[8:-1] in server):
+            own += 1
+    return {"all": total, "own": own}
 
 
 def make_data(root: str, n_samples: int, n_images: int, seed: int) -> Dict[str, Any]:
@@ -100,7 +130,7 @@ def digest(batch) -> str:
     return h.hexdigest()
 
 
-def run(loader, batches: int, samples: int = 20) -> Dict[str, Any]:
+def run(loader, batches: int, samples: int = 20, server_port: int = 0) -> Dict[str, Any]:
     out: List[str] = []
     trace = []
     every = max(1, batches // samples)
@@ -109,12 +139,14 @@ def run(loader, batches: int, samples: int = 20) -> Dict[str, Any]:
     for i in range(batches):
         out.append(digest(next(it)))
         if i % every == 0 or i == batches - 1:
+            fds = open_fds(server_port)
             trace.append(
                 {
                     "batch": i + 1,
                     "s": round(time.monotonic() - t0, 1),
                     "rss_mb": round(rss_mb(), 1),
-                    "fds": open_fds(),
+                    "fds": fds["own"],
+                    "fds_all": fds["all"],
                 }
             )
     return {
@@ -167,7 +199,7 @@ def soak(
             max_object_bytes=1 << 20,
             **common,
         ) as L:
-            got = run(L, batches)
+            got = run(L, batches, server_port=srv.port)
         faults = collections.Counter(srv.outcomes())
     finally:
         srv.stop()

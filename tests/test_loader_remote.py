@@ -42,6 +42,29 @@ def test_http_with_latency_and_faults(ds, fault_server):
     assert st["skipped"] == 0
 
 
+def test_http_default_window_covers_the_round_trips(ds, fault_server):
+    """Behind a server a sample holds its window slot for two round trips before any pixel
+    work: the default window is then at least (prefetch + 2) batches and 64 samples (16
+    left the workers idle behind 30 ms), for a remote shard and for a remote image root;
+    local data keeps the small window; the batches are the same whatever the window."""
+    local, st_local = batches(ds["shards"], shuffle=False)
+    assert st_local["window"] == 16
+    srv = fault_server(root=ds["root"], latency=0.01)
+    urls = [srv.url("/" + os.path.basename(s)) for s in ds["shards"]]
+    remote, st = batches(urls, shuffle=False)
+    assert st["window"] == 64  # prefetch 2, micro_batch_size 4: (2 + 2) * 4 < 64
+    small, st_small = batches(urls, shuffle=False, window=16)
+    assert st_small["window"] == 16
+    wide, st_wide = batches(urls, shuffle=False, micro_batch_size=16, prefetch=3)
+    assert st_wide["window"] == 80  # (3 + 2) * 16
+    rooted, st_root = batches(ds["shards"], shuffle=False, image_root=srv.url("/"))
+    assert st_root["window"] == 64
+    same(local, remote)
+    same(local, small)
+    same(local, rooted)
+    same(batches(ds["shards"], shuffle=False, micro_batch_size=16, prefetch=3)[0], wide)
+
+
 def test_http_missing_image_is_a_skipped_sample(ds, fault_server, tmp_path):
     import json
 

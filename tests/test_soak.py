@@ -19,7 +19,9 @@ def check(rep, max_rss_growth_mb):
     assert set(rep["skipped_by_reason"]) <= {"corrupt_image"}
     assert rep["faults_injected"], "no fault was injected"
     # flat after warm-up (connections opened, buffers grown): from a quarter of the run to
-    # its end, descriptors stay within a few and memory grows by less than the bound
+    # its end, descriptors stay within a few and memory grows by less than the bound.  "fds"
+    # leaves out the in-process fault server's sockets: its handler threads keep a stalled or
+    # endless response's socket for seconds after the loader gave up (CI saw 70 -> 80 that way)
     warm, last = rep["trace"][len(rep["trace"]) // 4], rep["trace"][-1]
     assert last["fds"] <= warm["fds"] + 8, rep["trace"]
     assert last["rss_mb"] - warm["rss_mb"] < max_rss_growth_mb, rep["trace"]

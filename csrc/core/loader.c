@@ -307,6 +307,29 @@ static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_e
   return MML_OK;
 }
 
+/* The window when none is set: 2 batches, at least 4 samples a worker and 16.  Behind a
+ * remote shard or image root a sample holds its slot for two round trips (record, then
+ * images) before any pixel work, and the slot frees only when the sample is collated, so
+ * 16 slots left the workers idle behind a 30 ms server (issue 15: ~1.1 of 2 cores busy);
+ * there the window also covers the prefetch batches being decoded plus two more batches
+ * being fetched, and at least 64 samples.  Only encoded bytes wait in the extra slots
+ * (max_memory bounds them); the batches do not depend on the window. */
+static int default_window(const mml_loader *L, const mml_loader_cfg *cfg) {
+  int batch = cfg->collate.pack ? 8 : cfg->collate.micro_batch_size;
+  if (batch < 1) batch = 8; /* max_tokens_per_batch alone: batches of unknown size */
+  int w = 2 * batch;
+  if (w < 4 * cfg->num_threads) w = 4 * cfg->num_threads;
+  if (w < 16) w = 16;
+  int remote = 0;
+  for (int k = 0; k < L->ix.nshards && !remote; k++)
+    remote = L->remote[k] || (L->roots[k] && mml_path_is_remote(L->roots[k]));
+  if (!remote) return w;
+  int64_t r = (int64_t)(cfg->prefetch + 2) * batch;
+  if (r < 64) r = 64;
+  if (r > 4096) r = 4096;
+  return r > w ? (int)r : w;
+}
+
 /* Batch memory (allocator, pool, device stage), the collator instances, the pending and
  * output queues and the task window. */
 static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
@@ -350,12 +373,7 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   }
   L->collator = L->colls[0];
 
-  int w = cfg->window;
-  if (w <= 0) {
-    w = 2 * (cfg->collate.pack ? 8 : cfg->collate.micro_batch_size);
-    if (w < 4 * cfg->num_threads) w = 4 * cfg->num_threads;
-    if (w < 16) w = 16;
-  }
+  int w = cfg->window > 0 ? cfg->window : default_window(L, cfg);
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
   L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);

@@ -71,7 +71,8 @@ static const mml_option k_options[] = {
     {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
      "batches in memory ahead of the consumer: finished, or being decoded"},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
-     "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16)"},
+     "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16; "
+     "remote shards: >= (prefetch + 2) * micro_batch_size and 64)"},
     {"max_memory", MML_OPT_INT, CFG(max_memory), 0, 1, I64, NULL, NONE,
      "cap in bytes on the engine's memory: batch buffers (those the consumer holds too), "
      "the window's encoded bytes, worker scratch; work waits for room (None: no cap)"},

@@ -69,7 +69,9 @@ typedef struct mml_loader_cfg {
   int prefetch;              /* batches with pixels ahead of the consumer: finished or being
                                 decoded (>= 1) */
   int window;                /* samples in flight ahead of collation;
-                                 0: 2*mbs, at least 4*threads and 16 */
+                                 0: 2*mbs, at least 4*threads and 16; with a
+                                 remote shard or image root at least
+                                 (prefetch+2)*mbs and 64 */
   int64_t max_memory;        /* 0: no cap; else a cap in bytes on the engine's memory: every
                                  batch buffer of its pool (live, those the consumer holds
                                  included, and cached for reuse), the window's encoded bytes
