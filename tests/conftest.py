@@ -191,14 +191,31 @@ def n_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _down_to(count, base: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while (n := count()) > base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return n
+
+
 def threads_down_to(base: int, timeout: float = 5.0) -> int:
     """The thread count once it is at most `base`, else after `timeout` seconds: a thread
     that pthread_join has returned for stays in /proc/self/task until the kernel has
     reaped it, a moment later, so a count taken right after a join can be one high."""
-    deadline = time.monotonic() + timeout
-    while (n := n_threads()) > base and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return n
+    return _down_to(n_threads, base, timeout)
+
+
+def n_fds() -> int:
+    """This process's open file descriptors."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def fds_down_to(base: int, timeout: float = 5.0) -> int:
+    """The descriptor count once it is at most `base`, else after `timeout` seconds: a
+    descriptor another thread of the process holds for a moment (a server handler of an
+    earlier test finishing its socket, a thread being reaped) must not read as a leak; a
+    descriptor the loader really leaks stays, and the count stays above `base`."""
+    return _down_to(n_fds, base, timeout)
 
 
 def same(a, b):

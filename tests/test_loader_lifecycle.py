@@ -13,7 +13,7 @@ import pytest
 import mmloader
 from mmloader.datagen import make_dataset
 
-from conftest import n_threads, threads_down_to
+from conftest import fds_down_to, n_fds, n_threads, threads_down_to
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,10 +31,6 @@ def make(data, **kw):
     args = dict(tokenizer=TINY, micro_batch_size=2, num_threads=3, prefetch=2, **SMALL)
     args.update(kw)
     return mmloader.Loader(data, **args)
-
-
-def n_fds():
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_close_del_break_leave_nothing(ds):
@@ -60,7 +56,7 @@ def test_close_del_break_leave_nothing(ds):
             gc.collect()
         # at most the baseline: a thread or descriptor of an earlier test may end meanwhile
         assert threads_down_to(base_t) <= base_t, how
-        assert n_fds() <= base_f, how
+        assert fds_down_to(base_f) <= base_f, how
 
 
 def test_memory_flat_over_many_batches(ds):

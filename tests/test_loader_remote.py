@@ -65,6 +65,27 @@ def test_http_default_window_covers_the_round_trips(ds, fault_server):
     same(batches(ds["shards"], shuffle=False, micro_batch_size=16, prefetch=3)[0], wide)
 
 
+def test_http_records_come_from_the_kept_shard_text(ds, fault_server):
+    """The text of a remote shard read to index it is kept (without max_memory), so a
+    sample's record costs no GET of its own before its images' GETs: the shards are
+    requested once each, at indexing; with max_memory every record is a ranged GET. The
+    batches are the local ones either way."""
+    local, _ = batches(ds["shards"], shuffle=False)
+    srv = fault_server(root=ds["root"], latency=0.01)
+    urls = [srv.url("/" + os.path.basename(s)) for s in ds["shards"]]
+
+    def shard_gets(log):
+        return [e for e in log if e[1] == "GET" and e[2].endswith(".jsonl")]
+
+    kept, _ = batches(urls, shuffle=False)
+    assert len(shard_gets(srv.log)) == len(urls)  # one chunk each, while indexing
+    n0 = len(srv.log)
+    fetched, st = batches(urls, shuffle=False, max_memory=1 << 30)
+    assert len(shard_gets(srv.log[n0:])) >= len(urls) + st["samples"]
+    same(local, kept)
+    same(local, fetched)
+
+
 def test_http_missing_image_is_a_skipped_sample(ds, fault_server, tmp_path):
     import json
 

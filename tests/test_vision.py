@@ -344,6 +344,28 @@ def test_resize_edge_sizes_match_pillow():
                 assert np.count_nonzero(got != want) == 0, (H, W, h, w)
 
 
+def test_resize_near_unity_matches_pillow():
+    """Sizes that change by a few pixels (smart_resize rounding to the patch grid: the
+    common case), where consecutive vertical outputs read four rows each, one row apart,
+    and are produced two at a time; both pass orders, widths on both sides of the 16- and
+    32-byte vector steps, and heights that end a pair or leave one output alone."""
+    rng = np.random.default_rng(15)
+    cases = [
+        (H, W, H - dh, W - dw)
+        for H, W in ((29, 17), (64, 40), (97, 130))
+        for dh, dw in ((1, 0), (3, 1), (6, 1), (0, 2), (2, 2), (-3, 5), (11, 0))
+    ]
+    cases += [
+        (int(H), int(W), int(H + rng.integers(-12, 8)), int(W + rng.integers(-8, 8)))
+        for H, W in rng.integers(20, 200, (40, 2))
+    ]
+    for H, W, h, w in cases:
+        a = pattern(H, W, H * 1000 + W)
+        want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+        got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+        assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""

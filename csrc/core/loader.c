@@ -146,8 +146,39 @@ mml_status ld_get_fetcher(mml_loader *L, mml_fetcher **out, mml_err *err) {
 static int has_glob(const char *s) { return strpbrk(s, "*?[") != NULL; }
 
 /* A remote shard is streamed into the index in ranged GETs of INDEX_CHUNK bytes (a
- * shorter reply is the end), so indexing holds one chunk, never the object. */
+ * shorter reply is the end), so indexing holds one chunk, never the object; except that
+ * without max_memory the text of remote shards is kept, up to SHARD_KEEP bytes in all
+ * (L->shard_text, read-only once built), so a sample's record is copied from it instead of
+ * costing a GET round trip before its images' GETs (issue 15).  The kept bytes are the
+ * ones the index was built from: records never mix two versions of an object. */
 enum { INDEX_CHUNK = 8 << 20 };
+#define SHARD_KEEP ((int64_t)64 << 20)
+
+/* Keeps `body` (the bytes at `off` of the shard being scanned) in *keep while the kept
+ * text of all shards stays within SHARD_KEEP; else drops *keep for good (*keep_on = 0). */
+static void keep_chunk(mml_loader *L, mml_bytes *keep, int *keep_on, const mml_bytes *body) {
+  if (!*keep_on) return;
+  if (L->shard_text_bytes + (int64_t)keep->len + (int64_t)body->len > SHARD_KEEP ||
+      mml_bytes_append(keep, body->data, body->len)) {
+    mml_bytes_free(keep);
+    *keep_on = 0;
+  }
+}
+
+/* Stores the kept text of shard k (owned by L from here, freed with it). */
+static mml_status store_text(mml_loader *L, int k, mml_bytes *keep, mml_err *err) {
+  if (k >= L->shard_text_cap) {
+    int nc = k + 8;
+    mml_bytes *p = realloc(L->shard_text, (size_t)nc * sizeof *p);
+    if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
+    memset(p + L->shard_text_cap, 0, (size_t)(nc - L->shard_text_cap) * sizeof *p);
+    L->shard_text = p, L->shard_text_cap = nc;
+  }
+  L->shard_text[k] = *keep;
+  L->shard_text_bytes += (int64_t)keep->len;
+  *keep = (mml_bytes){0};
+  return MML_OK;
+}
 
 static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
@@ -156,22 +187,30 @@ static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
   mml_index_builder *b;
+  int k = L->ix.nshards; /* the shard mml_index_begin adds */
   if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
-  mml_bytes body = {0};
+  mml_bytes body = {0}, keep = {0};
+  int keep_on = !L->cfg.max_memory;
   for (int64_t off = 0;; off += INDEX_CHUNK) {
     if ((st = mml_fetch_get(f, path, off, INDEX_CHUNK, &body, err))) {
       mml_err_prefix(err, "data shard %s", path);
       break;
     }
     if ((st = mml_index_feed(b, body.data, body.len, err))) break;
+    keep_chunk(L, &keep, &keep_on, &body);
     if (body.len != INDEX_CHUNK) break; /* the end (or a server that sent it all) */
   }
   mml_bytes_free(&body);
   if (st) {
+    mml_bytes_free(&keep);
     mml_index_abort(b);
     return st;
   }
-  return mml_index_end(b, err);
+  if ((st = mml_index_end(b, err)) || !keep_on || !mml_index_shard_remote(&L->ix.shards[k]))
+    mml_bytes_free(&keep); /* a compressed shard is read from its decompressed copy */
+  else
+    st = store_text(L, k, &keep, err);
+  return st;
 }
 
 /* A shard from its dataset index when it has one (no scan), else scanned. */
@@ -521,6 +560,8 @@ void mml_loader_free(mml_loader *L) {
   ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
   ld_index_free(L);
+  for (int k = 0; k < L->shard_text_cap; k++) mml_bytes_free(&L->shard_text[k]);
+  free(L->shard_text);
   mml_index_free(&L->ix);
   free(L->index_dir);
   if (L->data)

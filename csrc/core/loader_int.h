@@ -155,10 +155,14 @@ struct mml_loader {
   mml_loader_cfg cfg; /* strings below are owned copies */
   char **data;
   char *image_root;
-  char *system_prompt; /* NULL: the template's default system turn */
-  char **roots;        /* per shard image root */
-  int *remote;         /* per shard: 1 when remote */
-  int *shard_src;      /* per shard: its source */
+  char *system_prompt;   /* NULL: the template's default system turn */
+  char **roots;          /* per shard image root */
+  int *remote;           /* per shard: 1 when remote */
+  mml_bytes *shard_text; /* [shard_text_cap]: a remote shard's text kept from its scan
+                            (len 0: none; loader.c scan_shard); read-only once built */
+  int shard_text_cap;
+  int64_t shard_text_bytes;
+  int *shard_src; /* per shard: its source */
   mml_index ix;
   mml_dsx **dsx; /* per shard (dsx_cap): its dataset index's counts, or NULL */
   int dsx_cap;

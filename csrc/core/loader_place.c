@@ -40,7 +40,9 @@
  * ticket gave; a plane that changes (rewind, growth) moves to a fresh buffer, so no move
  * can overwrite rows a running decode still writes.  Every holder (ticket, task dest/home, a
  * running decode, the collator, the batch's tensor) holds its own reference; the buffer
- * returns to the pool with the last one.
+ * returns to the pool with the last one.  A ticket's first buffer waits while the workers
+ * have 2 x num_threads decodes queued or running (and while `prefetch` batches are
+ * ahead), so buffers hold pages about to be written, whatever the window's size.
  *
  * IMAGE BYTES.  A sample's encoded images are read into byte buffers that outlive it: once
  * decoded (or failed) its buffers become spares, and the next read takes the smallest
@@ -206,6 +208,23 @@ static int prefetch_full(mml_loader *L, int64_t id) {
   return n >= L->cfg.prefetch;
 }
 
+/* Whether the workers have decodes enough ahead of them for ticket id to wait for its first
+ * buffer: at least 2 x num_threads samples queued or running.  A buffer is taken only
+ * shortly before its pages are written: otherwise, with a large window (complete tickets
+ * planned far ahead) and a consumer as fast as the workers, up to `prefetch` tickets hold
+ * whole batches of pages that no worker reaches for a while.  The ticket holding the
+ * collator's next sample never waits here.  Progress: every decode counted here marks its
+ * slot DONE and wakes the collator, which retries. */
+static int decodes_ahead(mml_loader *L, int64_t id) {
+  if (tk_at(L, id)->first_seq <= L->head_seq) return 0;
+  int64_t n = 0, want = 2 * (int64_t)L->cfg.num_threads;
+  for (int64_t s = L->head_seq; s < L->place_seq && n < want; s++) {
+    const task *t = slot_of(L, s);
+    n += t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_NONE;
+  }
+  return n >= want;
+}
+
 /* Gives plane p of ticket `id` a fresh buffer of cap_rows rows: the rows the collator
  * already took are copied (and the collator `c` composing it switches to it), the rest
  * placed anew.  A ticket's first buffer waits while `prefetch` batches are ahead of the
@@ -217,7 +236,7 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   int earlier = 0; /* tickets get room in order: the head first */
   for (int64_t j = L->tk_head; j < id; j++)
     for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
-  if (earlier || (!has_buf(k) && prefetch_full(L, id)) ||
+  if (earlier || (!has_buf(k) && (prefetch_full(L, id) || decodes_ahead(L, id))) ||
       !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;

@@ -6,7 +6,8 @@
  * the window and its slot is free; it runs the task as far as it can without waiting and
  * marks the slot DONE when the sample is finished (good or failed).
  *
- * The task is three stages, each a function: the record's bytes (read, or fetched),
+ * The task is three stages, each a function: the record's bytes (read, copied from the
+ * remote shard's text kept at indexing (loader.c scan_shard), or fetched),
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
  * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
@@ -141,7 +142,8 @@ static mml_status task_imgs_fit(task *t, int n) {
   return MML_OK;
 }
 
-/* Stage 1: the record's bytes, read here, or fetched (*wait: the task waits for them). */
+/* Stage 1: the record's bytes, read here, copied from a remote shard's kept text, or
+ * fetched (*wait: the task waits for them). */
 static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
                                int *wait, mml_err *err) {
   mml_sample *s = &t->sample;
@@ -155,6 +157,18 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
     return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
                        (long long)len, (long long)L->cfg.max_record_bytes);
   if ((st = ld_index_precheck(L, s, err))) return st; /* too long, known from the index */
+  const mml_bytes *kept = s->shard < L->shard_text_cap ? &L->shard_text[s->shard] : NULL;
+  if (L->remote[s->shard] && kept && kept->len && off + len <= (int64_t)kept->len) {
+    mml_bytes_clear(&t->rec_bytes); /* the text kept from the shard's scan: no round trip */
+    if (mml_bytes_reserve(&t->rec_bytes, (size_t)len + 1))
+      return mml_err_set(err, MML_ENOMEM, "out of memory for a %lld-byte record", (long long)len);
+    memcpy(t->rec_bytes.data, kept->data + off, (size_t)len);
+    t->rec_bytes.len = (size_t)len;
+    t->rec_bytes.data[len] = 0;
+    acc->bytes += t->rec_bytes.len;
+    s->bytes += t->rec_bytes.len;
+    return MML_OK;
+  }
   if (L->remote[s->shard]) {
     mml_fetcher *f;
     if ((st = ld_get_fetcher(L, &f, err))) return st;

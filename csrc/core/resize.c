@@ -381,6 +381,70 @@ __attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt
 }
 #endif
 
+/* Two consecutive output rows that read rows[0..3] and rows[1..4] (four taps each, the
+ * common case when the height changes by less than half): each input row is loaded and
+ * widened once for both, 16 outputs of each row per step (four accumulators and the
+ * eight weights stay in registers).  Same integer arithmetic as row_v_avx2. */
+#ifdef MML_HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static void rows_v2_avx2(const int32_t *k0, const int32_t *k1,
+                                                         const uint8_t *const *rows, size_t off,
+                                                         int n, uint8_t *restrict dst0,
+                                                         uint8_t *restrict dst1) {
+  const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off, *r3 = rows[3] + off,
+                *r4 = rows[4] + off;
+  const __m256i a0 = _mm256_set1_epi32(k0[0]), a1 = _mm256_set1_epi32(k0[1]),
+                a2 = _mm256_set1_epi32(k0[2]), a3 = _mm256_set1_epi32(k0[3]);
+  const __m256i b0 = _mm256_set1_epi32(k1[0]), b1 = _mm256_set1_epi32(k1[1]),
+                b2 = _mm256_set1_epi32(k1[2]), b3 = _mm256_set1_epi32(k1[3]);
+#define WIDEN8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define ACC(s, x, w) s = _mm256_add_epi32(s, _mm256_mullo_epi32((x), (w)))
+  for (int i = 0;; i += 16) {
+    if (i > n - 16) i = n - 16;
+    __m256i s0 = half, s1 = half, t0 = half, t1 = half; /* s: row 0, t: row 1 */
+    for (int q = 0; q < 2; q++) {
+      const int o = i + 8 * q;
+      __m256i *s = q ? &s1 : &s0, *t = q ? &t1 : &t0, x;
+      x = WIDEN8(r0 + o);
+      ACC(*s, x, a0);
+      x = WIDEN8(r1 + o);
+      ACC(*s, x, a1);
+      ACC(*t, x, b0);
+      x = WIDEN8(r2 + o);
+      ACC(*s, x, a2);
+      ACC(*t, x, b1);
+      x = WIDEN8(r3 + o);
+      ACC(*s, x, a3);
+      ACC(*t, x, b2);
+      x = WIDEN8(r4 + o);
+      ACC(*t, x, b3);
+    }
+    /* dwords s0.lo s1.lo t0.lo t1.lo | s0.hi s1.hi t0.hi t1.hi -> row 0's 16 | row 1's 16 */
+    const __m256i p = _mm256_permutevar8x32_epi32(pack4_avx2(s0, s1, t0, t1), order);
+    _mm_storeu_si128((__m128i *)(dst0 + i), _mm256_castsi256_si128(p));
+    _mm_storeu_si128((__m128i *)(dst1 + i), _mm256_extracti128_si256(p, 1));
+    if (i == n - 16) break;
+  }
+#undef ACC
+#undef WIDEN8
+}
+#endif
+
+void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
+                          int n, uint8_t *restrict dst0, uint8_t *restrict dst1) {
+#ifdef MML_HAVE_AVX2_PATH
+  if (n >= 16 && mml_resample_pair_fits(a, y) && mml_cpu_avx2()) {
+    rows_v2_avx2(&a->k[(size_t)y * a->ksize], &a->k[(size_t)(y + 1) * a->ksize], rows, off, n, dst0,
+                 dst1);
+    return;
+  }
+#endif
+  const int d = a->bounds[2 * (y + 1)] - a->bounds[2 * y];
+  mml_resample_row_v(a, y, rows, off, n, dst0);
+  mml_resample_row_v(a, y + 1, rows + d, off, n, dst1);
+}
+
 void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
                         int n, uint8_t *restrict dst) {
   const int cnt = a->bounds[y * 2 + 1];

@@ -51,6 +51,19 @@ static inline size_t mml_resample_tbuf_size(int in) { return (size_t)in * 3 * MM
 void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
                         int n, uint8_t *restrict dst);
 
+/* Output rows y and y + 1 at once (the same bytes as two mml_resample_row_v calls):
+ * rows[j] + off is input row bounds[2y] + j, for every row either output reads (rows
+ * bounds[2y] .. the last row of y + 1).  Faster when mml_resample_pair_fits(a, y): each
+ * input row is then loaded once for both outputs. */
+void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
+                          int n, uint8_t *restrict dst0, uint8_t *restrict dst1);
+
+/* 1 when output rows y and y + 1 read four rows each, the second starting one row later. */
+static inline int mml_resample_pair_fits(const mml_resample_axis *a, int y) {
+  return y + 1 < a->out && a->bounds[2 * y + 1] == 4 && a->bounds[2 * y + 3] == 4 &&
+         a->bounds[2 * y + 2] == a->bounds[2 * y] + 1;
+}
+
 /* Input rows [first, last) that output row y reads. */
 static inline void mml_resample_axis_rows(const mml_resample_axis *a, int y, int *first,
                                           int *last) {

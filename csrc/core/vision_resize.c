@@ -97,13 +97,44 @@ static uint8_t *pend_slot(resize_job *j, int y) {
   return j->s->pend.data + (size_t)(j->pend_n++) * j->pstride;
 }
 
-/* Produces every vertical output whose input rows (up to `last`) are all in the ring. */
+/* Output rows y and y + 1 (mml_resample_pair_fits) from the ring rows f .. f + 4: two pend
+ * slots when vertical-first, else two planar output rows. */
+static void drain_pair(resize_job *j, int y, int f) {
+  mml_vision_scratch *s = j->s;
+  for (int r = 0; r < 5; r++) s->rp[r] = ring_row(j, f + r);
+  if (j->vfirst) {
+    uint8_t *d0 = pend_slot(j, y), *d1 = pend_slot(j, y + 1);
+    mml_resample_rows_v2(&s->ay, y, s->rp, 0, j->src_w * 3, d0, d1);
+    j->next = y + 2;
+    if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
+    return;
+  }
+  uint8_t *d0 = j->out.dst(j->out.ctx, y);
+  uint8_t *d1 = j->out.dst(j->out.ctx, y + 1);
+  for (int c = 0; c < 3; c++)
+    mml_resample_rows_v2(&s->ay, y, s->rp, (size_t)c * j->dst_w, j->dst_w, d0 + c * j->out.plane,
+                         d1 + c * j->out.plane);
+  j->out.done(j->out.ctx, y);
+  j->out.done(j->out.ctx, y + 1);
+  j->next = y + 2;
+}
+
+/* Produces every vertical output whose input rows (up to `last`) are all in the ring; two
+ * at a time where they share rows (drain_pair: the first then waits for the second's last
+ * row, so the ring holds at most 5 + MML_HROWS - 1 rows at once, within ring_n), else one.  A pair's two output rows are
+ * asked for before either is done: the patch block holds both (see patch_dst: only a
+ * row two blocks on releases a block, and y + 1 is at most one block on). */
 static void drain(resize_job *j, int last) {
   mml_vision_scratch *s = j->s;
   while (j->next < j->dst_h) {
     int f, l;
     mml_resample_axis_rows(&s->ay, j->next, &f, &l);
     if (l - 1 > last) break;
+    if (mml_resample_pair_fits(&s->ay, j->next) && (!j->vfirst || j->pend_n + 2 <= MML_HROWS)) {
+      if (l > last) break; /* the pair's last row (l) comes next: it is below row_end */
+      drain_pair(j, j->next, f);
+      continue;
+    }
     for (int r = f; r < l; r++) s->rp[r - f] = ring_row(j, r);
     if (j->vfirst) {
       mml_resample_row_v(&s->ay, j->next, s->rp, 0, j->src_w * 3, pend_slot(j, j->next));
