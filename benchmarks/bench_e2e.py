@@ -134,7 +134,7 @@ class Suite:
         self.tokenizer, self.tokenizer_kind = default_tokenizer_file()
         self.shard = dataset.cached(self.records, photos=True, max_mp=self.max_mp)
         # long enough that the fastest pipeline does not run out within min_seconds
-        self.long_shard = dataset.repeated(self.shard, 4 if smoke else 16)
+        self.long_shard = dataset.repeated(self.shard, 4 if smoke else 32)
         self.root = os.path.dirname(self.shard)
         self.server: Optional[server.Server] = None
         self.url = ""
