@@ -80,8 +80,11 @@ def test_http_records_come_from_the_kept_shard_text(ds, fault_server):
     kept, _ = batches(urls, shuffle=False)
     assert len(shard_gets(srv.log)) == len(urls)  # one chunk each, while indexing
     n0 = len(srv.log)
-    fetched, st = batches(urls, shuffle=False, max_memory=1 << 30)
-    assert len(shard_gets(srv.log[n0:])) >= len(urls) + st["samples"]
+    fetched, _ = batches(urls, shuffle=False, max_memory=1 << 30)
+    # each record its own ranged GET, counted as distinct ranges: the number of GETs and
+    # stats()["samples"] vary between runs (28-49 GETs, samples 28 or 32 for 24 records)
+    ranges = {(e[2], e[3]) for e in shard_gets(srv.log[n0:])}
+    assert len(ranges) >= len(urls) + ds["n_samples"]
     same(local, kept)
     same(local, fetched)
 
