@@ -846,6 +846,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->page_faults_per_batch =
       L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
   o->moved_rows = L->moved_rows;
+  o->expanded_rows = L->expanded_rows;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

@@ -36,10 +36,39 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   pthread_cond_broadcast(&L->out_cv);
 }
 
+/* Compact pixels (loader_place.c COMPACT): the batch's uint8 image rows are expanded into
+ * a float32/bfloat16 buffer of the pool, which replaces them as the batch's pixel_values
+ * (the uint8 buffer goes back to the pool with its last reference). */
+static mml_status expand_images(mml_loader *L, mml_collator *C, int64_t *done, mml_err *err) {
+  mml_buf *u8 = mml_collator_attached_pixels(C, 0);
+  const int64_t rows = mml_collator_rows(C);
+  if (!L->compact || !u8 || rows <= 0) return MML_OK;
+  const mml_vision_cfg *v = &L->src[0].vision;
+  if (u8->size < (size_t)rows * L->row_bytes[PL_IMG])
+    return mml_err_set(err, MML_EINTERNAL, "collator: %lld uint8 pixel rows in a %zu-byte buffer",
+                       (long long)rows, u8->size);
+  mml_buf *f = NULL;
+  mml_status st = mml_pool_alloc(L->pool, (size_t)rows * L->expand_row_bytes, &f, err);
+  if (st) {
+    mml_err_prefix(err, "pixel_values of a batch (%lld rows)", (long long)rows);
+    return st;
+  }
+  st = mml_pixels_expand(u8->data, rows, v->patch_size, 1, v->temporal_patch_size,
+                         (const float(*)[256])L->ptable, L->ccfg.pixel_format, f->data, err);
+  if (!st) {
+    mml_collator_attach_pixels(C, 0, f);
+    *done = rows;
+  }
+  mml_buf_release(f);
+  return st;
+}
+
 /* Builds the batch, then (device >= 0) queues its copy to the GPU and hands out the
  * device batch instead; the host batch's buffers carry the copy's fence. */
-static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml_err *err) {
-  mml_status st = mml_collator_emit(C, out, err);
+static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, int64_t *expanded,
+                             mml_err *err) {
+  mml_status st = expand_images(L, C, expanded, err);
+  if (!st) st = mml_collator_emit(C, out, err);
   if (st || !L->stage) return st;
   mml_batch dev;
   memset(&dev, 0, sizeof dev);
@@ -148,13 +177,15 @@ void ld_emit_job_locked(mml_loader *L) {
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
   mml_status st = MML_OK;
+  int64_t expanded = 0;
   if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
     mml_collator_reset(L->colls[ci]);
   else
-    st = emit_batch(L, L->colls[ci], &b, &err);
+    st = emit_batch(L, L->colls[ci], &b, &expanded, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
+  L->expanded_rows += (uint64_t)expanded;
   L->emitting--;
   L->coll_busy[ci] = 0;
   if (st) {
