@@ -48,7 +48,7 @@
  * not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
  * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
  * images into them (the source's pl_u8), every move above copies them, and when the
- * batch is emitted (loader_collator.c expand_images, on the emitting worker) they are
+ * batch is emitted (loader_collator.c emit_expand, on the emitting worker) they are
  * expanded through the normalisation's exact table (mml_pixels_expand) into a float
  * buffer of the pool, which becomes pixel_values; the uint8 buffer goes back to the
  * pool.  So the batches still being decoded -- most of `prefetch` when the consumer keeps
