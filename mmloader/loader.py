@@ -958,7 +958,10 @@ class Loader:
         page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
-        (image and video rows copied because a sample failed only at decode; 0 otherwise), and
+        (image and video rows copied because a sample failed only at decode; 0 otherwise),
+        video_plan_waits / video_decode_waits (times a worker waited on the network for a
+        remote video: opening and probing it to plan the sample / decoding it; the decode's
+        packets are fetched when the sample is planned, so the latter stays 0), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its samples delivered, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the samples
