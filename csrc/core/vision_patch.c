@@ -43,6 +43,11 @@ static void build_lut(const float mean[3], const float std[3], float lut[3][256]
   }
 }
 
+void mml_vision_pixel_table(const mml_vision_cfg *cfg, float table[3][256]) {
+  uint16_t t16[3][256];
+  build_lut(cfg->mean, cfg->std, table, t16);
+}
+
 /* The source bytes of patch row (c, py) of the patch at block column x0 (planar block). */
 static const uint8_t *patch_src(const patch_ctx *g, int bh, int c, int mh, int py, int x0) {
   const size_t W = (size_t)g->gw * g->P + 16;

@@ -500,6 +500,92 @@ TEST(pixel_formats_and_frame_slots) {
   mml_vision_scratch_free(s);
 }
 
+/* mml_pixels_expand against the writers and a scalar reference: an image's uint8 rows
+ * expand to exactly the float32 / bfloat16 rows the float formats write for it (the AVX2
+ * path where it runs, into aligned rows: streamed, and into misaligned ones), and random
+ * rows of other shapes (P*P under 8: portable; not a multiple of 8: the overlapping last
+ * group; frames == T: rows keeping their frames) to table[c][byte] in every slot. */
+static void expand_reference(const uint8_t *u, int64_t rows, int P, int F, int T,
+                             const float tab[3][256], int bf16, uint8_t *out) {
+  const size_t PP = (size_t)P * P, esz = bf16 ? 2 : 4;
+  for (int64_t r = 0; r < rows; r++)
+    for (int c = 0; c < 3; c++)
+      for (int t = 0; t < T; t++)
+        for (size_t k = 0; k < PP; k++) {
+          float v = tab[c][u[(size_t)r * 3 * F * PP + ((size_t)c * F + (F == 1 ? 0 : t)) * PP + k]];
+          uint16_t h = bf16_of(v);
+          memcpy(out + (((size_t)r * 3 + c) * T + t) * PP * esz + k * esz, bf16 ? (void *)&h : &v,
+                 esz);
+        }
+}
+
+TEST(pixels_expand_is_the_writers_bits) {
+  unsigned long len;
+  unsigned char *jpg = make_jpeg(301, 219, 0, &len);
+  mml_err err = {0};
+  mml_vision_cfg cf, cb, cu;
+  mml_vision_preset("qwen2.5-vl", &cf, &err);
+  cb = cu = cf;
+  cb.pixel_format = MML_PIXEL_BFLOAT16;
+  cu.pixel_format = MML_PIXEL_UINT8;
+  const int P = cf.patch_size, T = cf.temporal_patch_size;
+  mml_vision_plan pf, pb, pu;
+  CHECK_OK(mml_vision_plan_bytes(&cf, jpg, len, &pf, &err), err);
+  CHECK_OK(mml_vision_plan_bytes(&cb, jpg, len, &pb, &err), err);
+  CHECK_OK(mml_vision_plan_bytes(&cu, jpg, len, &pu, &err), err);
+  mml_vision_scratch *s = NULL;
+  CHECK_OK(mml_vision_scratch_new(&s), err);
+  const size_t rows = (size_t)pf.rows, fb = rows * mml_vision_row_bytes(&cf);
+  uint8_t *want = malloc(fb), *want16 = malloc(fb / 2), *u = malloc(rows * 3 * P * P);
+  uint8_t *got = NULL;
+  CHECK(posix_memalign((void **)&got, 64, fb + 64) == 0);
+  CHECK_OK(mml_vision_process_bytes(&cf, s, jpg, len, &pf, want, &err), err);
+  CHECK_OK(mml_vision_process_bytes(&cb, s, jpg, len, &pb, want16, &err), err);
+  CHECK_OK(mml_vision_process_bytes(&cu, s, jpg, len, &pu, u, &err), err);
+  float tab[3][256];
+  mml_vision_pixel_table(&cf, tab);
+  for (int off = 0; off <= 4; off += 4) { /* aligned (streamed), then not */
+    CHECK_OK(mml_pixels_expand(u, (int64_t)rows, P, 1, T, (const float(*)[256])tab,
+                               MML_PIXEL_FLOAT32, got + off, &err),
+             err);
+    CHECK(memcmp(got + off, want, fb) == 0);
+    CHECK_OK(mml_pixels_expand(u, (int64_t)rows, P, 1, T, (const float(*)[256])tab,
+                               MML_PIXEL_BFLOAT16, got + off, &err),
+             err);
+    CHECK(memcmp(got + off, want16, fb / 2) == 0);
+  }
+  const int shapes[][3] = {{2, 1, 2}, {3, 1, 2}, {14, 2, 2}, {16, 1, 2}, {5, 3, 3}, {16, 1, 1}};
+  unsigned seed = 7;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int p = shapes[i][0], F = shapes[i][1], t = shapes[i][2];
+    const int64_t n = 37;
+    const size_t in = (size_t)n * 3 * F * p * p, out = (size_t)n * 3 * t * p * p * 4;
+    uint8_t *src = malloc(in), *ref = malloc(out), *dst = NULL;
+    CHECK(posix_memalign((void **)&dst, 64, out) == 0);
+    for (size_t k = 0; k < in; k++) src[k] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      memset(dst, 0xA5, out);
+      expand_reference(src, n, p, F, t, (const float(*)[256])tab, bf16, ref);
+      CHECK_OK(mml_pixels_expand(src, n, p, F, t, (const float(*)[256])tab,
+                                 bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32, dst, &err),
+               err);
+      CHECK(memcmp(dst, ref, bf16 ? out / 2 : out) == 0);
+    }
+    free(src);
+    free(ref);
+    free(dst);
+  }
+  CHECK_EQ_INT(
+      mml_pixels_expand(u, 1, P, 3, T, (const float(*)[256])tab, MML_PIXEL_FLOAT32, got, &err),
+      MML_EINVAL);
+  free(want);
+  free(want16);
+  free(u);
+  free(got);
+  tjFree(jpg);
+  mml_vision_scratch_free(s);
+}
+
 /* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
  * libjpeg's own (tjDecompress2, the stock memory manager) image after image, also after an
  * error mid-image; the region is kept between images up to MML_JPEG_KEEP and unmapped

@@ -162,6 +162,11 @@ mml_status mml_vision_process_rgb_dst(const mml_vision_cfg *cfg, mml_vision_scra
                                       const mml_rgb8 *img, const mml_vision_plan *plan,
                                       const mml_pixel_dst *dst, mml_err *err);
 
+/* The float32 value the float formats write for each byte value of each channel of an
+ * image (cfg's mean and std): table[c][v] = (float32(v * (1/255.0)) - mean[c]) / std[c]
+ * in float32, the table mml_pixels_expand takes (vision_patch.c). */
+void mml_vision_pixel_table(const mml_vision_cfg *cfg, float table[3][256]);
+
 /* uint8 patch rows -> float32 / bfloat16 rows (pixels.c, the CPU side of
  * mmloader.torch.expand_pixels): `rows` rows of 3*frames*P*P bytes at src (frames 1: a
  * still image's one frame, repeated into the T slots; frames == T: rows that keep their
