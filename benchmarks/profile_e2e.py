@@ -145,8 +145,10 @@ def _record(
     ):
         cmd = ["perf", "record", "-F", "499", "-e", event, "-o", data, "-p", str(run.pid)]
         rec = subprocess.run(cmd + ["--", "sleep", f"{seconds:g}"], capture_output=True, text=True)
-        if rec.returncode == 0:
+        if rec.returncode == 0 or run.poll() is not None:  # done, or nothing left to record
             break
+    if run.poll() is not None and rec.returncode:
+        raise RuntimeError(f"the measurement ended while perf recorded it: {rec.stderr[-500:]}")
     assert rec is not None
     return rec, scope
 
@@ -238,7 +240,11 @@ def main(argv: List[str]) -> int:
         return 2
     from benchmarks.pipelines import dataset
 
-    shard = dataset.repeated(dataset.cached(args.records, photos=True, max_mp=args.max_mp), 16)
+    # enough passes over the records that the measurement never runs out of samples before
+    # perf is done (up to ~600 samples/s: uint8 on 2 cores does ~280 on small photo sets)
+    need = 600 * (args.seconds * 4 / 3 + 2)
+    times = max(16, -(-int(need) // max(1, args.records)))
+    shard = dataset.repeated(dataset.cached(args.records, photos=True, max_mp=args.max_mp), times)
     threads = args.threads or len(os.sched_getaffinity(0))
     out: Dict[str, object] = {}
     for i, fmt in enumerate(f for f in args.formats.split(",") if f):

@@ -539,9 +539,11 @@ def test_fast_mode_is_close_and_documented():
 
 
 @needs_tf
-def test_portable_paths_match_too():
-    """The non-AVX2 code (taken on other CPUs) gives the same bytes: run a parity check in a
-    child process with the AVX2 paths switched off."""
+@pytest.mark.parametrize("switch", ["MML_DISABLE_AVX2", "MML_DISABLE_AVX512"])
+def test_portable_paths_match_too(switch):
+    """The non-AVX2 code (taken on other CPUs) and the AVX2 code beside the AVX-512 passes
+    (taken on CPUs without AVX-512) give the same bytes: run a parity check in a child
+    process with those paths switched off."""
     import subprocess
     import sys
 
@@ -559,7 +561,7 @@ def test_portable_paths_match_too():
     )
     env = dict(
         os.environ,
-        MML_DISABLE_AVX2="1",
+        **{switch: "1"},
         PYTHONPATH=os.pathsep.join(
             [os.path.dirname(__file__), os.getcwd(), os.environ.get("PYTHONPATH", "")]
         ),

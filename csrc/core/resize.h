@@ -28,6 +28,8 @@ void mml_resample_axis_free(mml_resample_axis *a);
 int mml_cpu_avx2(void);
 /* 1 when mml_cpu_avx2() and the CPU has FMA. */
 int mml_cpu_fma(void);
+/* 1 when mml_cpu_avx2() and the CPU has AVX-512 F and BW (MML_DISABLE_AVX512 unset or "0"). */
+int mml_cpu_avx512(void);
 
 /* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
  * the rows are transposed into `tbuf` (mml_resample_tbuf_size(a) bytes of scratch) so
