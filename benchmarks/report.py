@@ -630,13 +630,24 @@ def markdown(
 
 
 def profile_lines(path: str) -> List[str]:
-    """The 'where the CPU goes' section from benchmarks/profile_e2e.py's JSON, if present."""
+    """The 'where the CPU goes' section from benchmarks/profile_e2e.py's JSON, if present:
+    the float32 profile (the JSON's top level) and, when the run made one, the uint8 one
+    (its "uint8" key)."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
         prof = json.load(f)
+    lines: List[str] = []
+    for one in [prof] + ([prof["uint8"]] if isinstance(prof.get("uint8"), dict) else []):
+        lines += _profile_table(one)
+    return lines
+
+
+def _profile_table(prof: Dict[str, Any]) -> List[str]:
+    """One profile_e2e.py profile (one pixel_format): its table and what remains."""
+    fmt = prof.get("pixel_format", "float32")
     lines = [
-        f"**Where mmloader's CPU goes** (`python3 benchmarks/profile_e2e.py`: "
+        f"**Where mmloader's CPU goes, pixel_format={fmt}** (`python3 benchmarks/profile_e2e.py`: "
         f"{prof['tool']}; {prof['what']}; {prof['samples']} samples; "
         f"{prof['cpu_ms_per_sample']:.1f} ms CPU per sample in that run)",
         "",
@@ -657,7 +668,7 @@ def profile_lines(path: str) -> List[str]:
     engine = pct("kernel: page") + pct("memmove") + pct("mmloader: normalise")
     lines += [
         "",
-        f"What remains: the decoders, the floor any loader pays, are {floor:.0f}% "
+        f"What remains ({fmt}): the decoders, the floor any loader pays, are {floor:.0f}% "
         f"of mmloader's CPU here; {engine:.0f}% is memory traffic the engine creates "
         f"itself: page faults and zeroing of freshly mapped memory "
         f"({pct('kernel: page'):.0f}%), memmove ({pct('memmove'):.0f}%) and writing "

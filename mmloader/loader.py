@@ -954,15 +954,21 @@ class Loader:
         """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
         first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
         decode_s is the decoder's part of vision_s),
-        queue_depth, samples, bytes_read, skipped_by_reason, packing_efficiency,
+        queue_depth, samples and good_samples (taken by the collator, once each: they run
+        ahead of the consumer by the batches queued and the one being composed, into the
+        next epoch at an epoch's end), batches (delivered), skipped and skipped_by_reason
+        (failures the consumer has passed), bytes_read, packing_efficiency,
         page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
-        (image and video rows copied because a sample failed only at decode; 0 otherwise), and
+        (image and video rows copied because a sample failed only at decode; 0 otherwise),
+        video_plan_waits / video_decode_waits (times a worker waited on the network for a
+        remote video: opening and probing it to plan the sample / decoding it; the decode's
+        packets are fetched when the sample is planned, so the latter stays 0), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
-        per source (one, "data", without a mixture), its samples delivered, skipped (and
-        by reason), tokens, image tokens and bytes, with ``share`` (of the samples
-        delivered) beside ``expected_share`` (its draws / the epoch's)."""
+        per source (one, "data", without a mixture), its good samples collated, skipped (and
+        by reason), tokens, image tokens and bytes, with ``share`` (of the good samples
+        collated) beside ``expected_share`` (its draws / the epoch's)."""
         st = self._core().stats()
         srcs = st["sources"]
         good = sum(s["samples"] for s in srcs.values())

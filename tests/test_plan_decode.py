@@ -141,3 +141,49 @@ def test_page_fault_stats(shards):
     assert st["page_faults"] > 0  # the engine's threads did map memory
     # counted per batch only after the pool has filled
     assert st["page_faults_per_batch"] is None or st["page_faults_per_batch"] >= 0
+
+
+def _at_rest(loaders, prefetch, deadline_s=120.0):
+    """Polls the loaders' stats until every queue holds `prefetch` batches and their sample
+    counts agree and stay put between two polls (the collator cannot run further ahead),
+    or the deadline passes: returns the last stats of each."""
+    import time
+
+    end, last = time.monotonic() + deadline_s, None
+    while True:
+        now = [L.stats() for L in loaders]
+        key = [(s["queue_depth"], s["samples"], s["good_samples"]) for s in now]
+        rest = all(k[0] == prefetch for k in key) and len({k[1:] for k in key}) == 1
+        if (rest and key == last) or time.monotonic() > end:
+            return now
+        last = key
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("name", ["padded", "packed"])
+def test_samples_stat_counts_each_collated_sample_once(shards, name):
+    """stats()["samples"] / ["good_samples"] count the samples the collator took, once
+    each: a late failure's rewind (its batch planned again) counts nothing twice, so at
+    rest both copies show the same figures.  They run ahead of the consumer: after an
+    epoch they include the next epoch's batches already queued (prefetch) and the one
+    being composed (this is why 24 records read over HTTP showed 28 or 32), while
+    "batches" counts the batches delivered and "skipped" the failures the consumer
+    passed."""
+    cfg = dict(CONFIGS[name], tokenizer=TINY, num_threads=2, prefetch=2, max_error_rate=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with (
+            mmloader.Loader(shards["late"], **SMALL, **cfg) as late,
+            mmloader.Loader(shards["early"], **SMALL, **cfg) as early,
+        ):
+            n_late, n_early = sum(1 for _ in late), sum(1 for _ in early)
+            st_late, st_early = _at_rest([late, early], 2)
+    assert n_late == n_early == st_late["batches"] == st_early["batches"] > 0
+    assert st_late["skipped"] == st_early["skipped"] == len(BAD)
+    for k in ("samples", "good_samples", "queue_depth"):
+        assert st_late[k] == st_early[k], (k, st_late, st_early)
+    # the 40 records, the next epoch's first failures and its queued batches' samples
+    assert st_late["samples"] > N and st_late["good_samples"] > N - len(BAD)
+    if name == "padded":  # fixed batches: delivered + queued + at most the one composed
+        mbs, made = cfg["micro_batch_size"], st_late["batches"] + st_late["queue_depth"]
+        assert mbs * made <= st_late["good_samples"] <= mbs * (made + 1)

@@ -25,7 +25,12 @@
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_PLANNED, SLOT_DONE };
 /* The decode of a PLANNED slot: not queued, queued (waiting for a worker), running. */
 enum { DEC_NONE = 0, DEC_QUEUED, DEC_RUNNING };
-enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
+enum {
+  STAGE_NEW = 0,
+  STAGE_RECORD,
+  STAGE_IMAGES,
+  STAGE_VIDEOS /* planned; its videos' bytes come */
+};
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) */
@@ -215,6 +220,9 @@ struct mml_loader {
   int nspare;
   int64_t spare_bytes;
   int videos_kept; /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
+  /* workers' waits on the network in remote video reads (atomic, relaxed): opening and
+   * probing at plan time, and decoding (0 when every decode's bytes were preloaded) */
+  uint64_t video_plan_waits, video_decode_waits;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;

@@ -18,9 +18,14 @@
  * queues its decode with its destinations, its slices of the batch's pixel_values and
  * pixel_values_videos buffers; a worker then decodes its images and its videos straight
  * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
- * Video files are read by path, by ranged reads through the fetcher (http(s), s3:
- * blocking this worker), or from the bytes of their WebDataset member (read or fetched
- * with the images).
+ * Video files are read by path, by ranged reads through the fetcher (http(s), s3), or
+ * from the bytes of their WebDataset member (read or fetched with the images).  A remote
+ * file's open and probe still wait on the network in the plan stage (HEAD, header blocks:
+ * counted in video_plan_waits); its decode does not: once the sample is planned, the exact
+ * byte ranges of the packets its kept frames need (an mp4/mov's sample index) are
+ * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
+ * they are in; only then is it PLANNED, so its decode reads them from memory
+ * (video_decode_waits counts any wait that remains: a container without an index).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -30,6 +35,7 @@
  * Locking: `pending`, `fetch_st`/`fetch_err` and the ready list are guarded by the
  * loader's mu; everything else in the task belongs to whoever holds the BUSY slot.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -314,6 +320,7 @@ typedef struct video_ctx {
   mml_loader *L;
   task *t;
   run_acc *acc;
+  int decoding; /* the decode stage (else the plan's probe): where network waits count */
 } video_ctx;
 
 void ld_task_close_videos(mml_loader *L, task *t) {
@@ -347,6 +354,7 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     *out = t->vids[v];
     t->vids[v] = NULL;
     __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    mml_video_count_waits(*out, &L->video_decode_waits);
     return MML_OK;
   }
   const char *ref = t->rec.videos[v].ref;
@@ -373,6 +381,11 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     t->sample.bytes += (uint64_t)n;
   }
   c->acc->read_s += mml_now() - t0;
+  uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
+  if (!st) {
+    __atomic_fetch_add(waits, (uint64_t)mml_video_waits(*out), __ATOMIC_RELAXED);
+    mml_video_count_waits(*out, waits);
+  }
   return st;
 }
 
@@ -380,7 +393,7 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
  * metadata.  The file stays open (idle) for the decode stage, which then reads only the
  * frames it decodes (no second open, probe or packet pass), unless too many are. */
 static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  video_ctx c = {L, t, acc};
+  video_ctx c = {L, t, acc, 0};
   for (int v = 0; v < t->rec.nvideos; v++) {
     memset(&t->vinfo[v], 0, sizeof t->vinfo[v]);
     if (!t->rec.videos[v].ref) continue;
@@ -390,6 +403,57 @@ static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *er
     if (st || !keep_video(L, t, v, vid)) mml_video_close(vid);
     if (st) return st;
   }
+  return MML_OK;
+}
+
+/* A preloaded range of one of t's videos arrived (the fetcher's I/O thread). */
+static void on_video_loaded(void *ctx, size_t bytes) {
+  task *t = ctx;
+  mml_loader *L = t->L;
+  pthread_mutex_lock(&L->mu);
+  L->bytes_read += bytes;
+  t->fetched_bytes += bytes;
+  if (--t->pending == 0) ready_push_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
+}
+
+/* The planned sample's remote videos kept open: the packets their kept frames need are
+ * fetched now (mml_video_preload), the task waits for them (*wait) in STAGE_VIDEOS.  A
+ * video that cannot be preloaded (out of memory here) is read on demand by its decode, as
+ * without a preload: a failure here does not fail the sample. */
+static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err) {
+  enum { GUARD = 1 << 30 };
+  enum { PRELOAD_MAX = 64 << 20 }; /* completions cannot bring pending to 0 while submitting */
+  int total = 0, any = 0;
+  mml_status st = MML_OK;
+  /* what one video may hold in memory from its plan to its decode (not in max_memory's
+   * window accounting: bounded here instead) */
+  const int64_t cap = L->cfg.max_memory ? L->cfg.max_memory / 16 : PRELOAD_MAX;
+  for (int v = 0; v < t->rec.nvideos && !st; v++) {
+    const mml_video_plan *p = &t->vplans[v];
+    if (!t->vids[v] || !p->file || p->nframes <= 0 || p->nframes > INT_MAX) continue;
+    int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
+    if (!idx) break;
+    mml_video_indices(&p->smp, idx);
+    if (!any++) {
+      pthread_mutex_lock(&L->mu);
+      t->pending = GUARD;
+      t->fetched_bytes = 0;
+      pthread_mutex_unlock(&L->mu);
+    }
+    int k = 0;
+    st = mml_video_preload(t->vids[v], idx, (int)p->nframes, cap, on_video_loaded, t, &k, err);
+    free(idx);
+    total += k;
+  }
+  if (st) mml_err_clear(err); /* the rest is read on demand */
+  if (!any) return MML_OK;
+  t->stage = STAGE_VIDEOS;
+  pthread_mutex_lock(&L->mu);
+  t->pending += total - GUARD;
+  int done = t->pending == 0;
+  pthread_mutex_unlock(&L->mu);
+  if (!done) *wait = 1; /* the last completion re-queues the task (even after a failure) */
   return MML_OK;
 }
 
@@ -437,7 +501,7 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
 /* Stage 3: every image's bytes are here; the sample is planned from its headers and
  * checked (its pixels come later, straight into its batch: decode_task). */
 static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
-                             mml_err *err) {
+                             int *wait, mml_err *err) {
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
@@ -447,9 +511,10 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   if (st) return st;
   st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans, t->vinfo,
                        t->vplans, &t->sample, err);
-  if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
+  if (!st) st = ld_mem_check_sample(L, t, err);                   /* max_memory: can it ever fit? */
+  if (!st) st = mml_collator_check(L->collator, &t->sample, err); /* e.g. too long */
   if (st) return st;
-  return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
+  return preload_videos(L, t, wait, err);
 }
 
 /* Runs the task as far as it can without waiting.  Returns 1 when the sample is finished
@@ -461,8 +526,9 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   int wait = 0;
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
-  if (!st && !wait) st = stage_plan(L, sc, t, acc, &err);
+  if (!st && !wait && t->stage == STAGE_IMAGES) st = stage_plan(L, sc, t, acc, &wait, &err);
   if (wait) return 0;
+  if (!st && t->stage == STAGE_VIDEOS) t->sample.bytes += t->fetched_bytes; /* all arrived */
   if (st)
     task_fail(t, st, &err, L);
   else
@@ -584,7 +650,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   if (dst[PL_IMG])
     st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
   if (!st && dst[PL_VID]) {
-    video_ctx c = {L, t, &acc};
+    video_ctx c = {L, t, &acc, 1};
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }

@@ -275,6 +275,10 @@ typedef struct mml_loader_stats {
                                  MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
   uint64_t moved_rows;           /* pixel rows copied because a sample failed only at decode
                                          (the batches after it were planned again); 0 otherwise */
+  uint64_t video_plan_waits;     /* times a worker waited on the network opening/probing a
+                                    remote video for its plan (a HEAD, header blocks) */
+  uint64_t video_decode_waits;   /* ... while decoding one (0: every decode read preloaded
+                                    bytes from memory) */
   int remote;                    /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;
