@@ -24,9 +24,14 @@
  * run time with __builtin_cpu_supports) and portable C versions; saturating packs give
  * exactly clip8.  The vertical passes also have AVX-512 versions (mml_cpu_avx512), faster
  * even on Zen 4's split 512-bit units; the horizontal pass's was not (a 16-lane R+G
- * accumulator: ~5% slower there), so it stays AVX2.  (Tried and measured no faster on this AMD EPYC: a vpdpbusd vertical
- * pass with the weights in three signed byte digits; int32 columns for the horizontal
- * pass, which moved the widening from the taps into the transpose.)
+ * accumulator: ~5% slower there), so it stays AVX2.  Split RGB -> planar (unresized
+ * widths) is AVX2 byte shuffles.  (Tried and measured no faster on this AMD EPYC: a
+ * vpdpbusd vertical pass with the weights in three signed byte digits; int32 columns for the horizontal
+ * pass, which moved the widening from the taps into the transpose; in the horizontal
+ * pass, two neighbouring output pixels sharing their five columns' widened loads, as
+ * the vertical pair does: ~10% slower; the transpose back to rows by AVX-512 VBMI
+ * two-source byte permutes (4 permutes + 4 unpacks + 24 8-byte stores per 8 pixels):
+ * ~20% slower, although that transpose is ~30% of the AVX2 pass's time.)
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */
