@@ -375,6 +375,13 @@ class Loader:
             and 16 MiB of scratch per worker.  Work waits for room (backpressure); a
             sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
             next() whose batch cannot fit beside the batches the consumer still holds.
+        compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
+            into uint8 patch rows (an eighth of float32's bytes) while their batch is
+            being built, and ``pixel_values`` is expanded from them when the batch is
+            finished: the same values bit for bit, far less memory in flight.  Not used
+            (the float rows are written directly) under ``max_memory``, ``pin_memory``,
+            ``device``, or sources with different image mean/std; videos always are.
+            ``stats()["pixel_rows_expanded"]`` counts the expanded rows.
         on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
             error, in stream order; iteration may continue afterwards).
         max_error_rate: raise once more than this fraction of samples (over at least 100)
@@ -458,6 +465,7 @@ class Loader:
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],
         max_memory: Optional[int] = _D["max_memory"],
+        compact_pixels: bool = _D["compact_pixels"],
         on_error: str = _D["on_error"],
         max_error_rate: float = _D["max_error_rate"],
         preset: str = "qwen2.5-vl",

@@ -147,7 +147,9 @@ typedef struct ld_source {
   int64_t first, n, count; /* its samples in ix; its draws per epoch */
   mml_vision_cfg vision;
   mml_template *tmpl;
-  mml_pipeline pl; /* vision, tmpl, max_length: what the worker uses */
+  mml_pipeline pl;          /* vision, tmpl, max_length: what the worker uses */
+  mml_vision_cfg vision_u8; /* compact pixels (loader_place.c): vision as uint8 rows, */
+  mml_pipeline pl_u8;       /* and pl with it: what images are decoded with */
   uint64_t good, skipped, bytes;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t tokens, image_tokens;
@@ -202,7 +204,12 @@ struct mml_loader {
   int64_t tk_head, tk_tail;
   int64_t place_seq;
   int64_t rows_bound[PLANES]; /* packed: most rows a pack can hold; -1: padded */
-  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row */
+  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row (in
+                                 flight: compact images are uint8 rows) */
+  int compact;                /* images in flight as uint8 rows, expanded at emission */
+  float ptable[3][256];       /* compact: the float value of each byte (all sources') */
+  size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
+  uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
   task *dec_head, *dec_tail;  /* decode jobs, in placement order */
   uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */

@@ -647,8 +647,13 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
   mml_status st = MML_OK;
   run_acc acc = {0, 0};
-  if (dst[PL_IMG])
+  if (dst[PL_IMG] && L->compact) { /* uint8 rows (loader_place.c COMPACT): the same plans */
+    const mml_pipeline *pu = &L->src[t->sample.source].pl_u8;
+    for (int i = 0; i < t->rec.nimages; i++) t->plans[i].cols = mml_vision_pixel_cols(pu->vision);
+    st = mml_sample_decode(pu, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  } else if (dst[PL_IMG]) {
     st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  }
   if (!st && dst[PL_VID]) {
     video_ctx c = {L, t, &acc, 1};
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],

@@ -429,6 +429,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
               s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)
                                            : Py_NewRef(Py_None)) ||
       set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)) ||
+      set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s.expanded_rows)) ||
       set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
       set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)))
     goto fail;
