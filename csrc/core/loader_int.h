@@ -56,8 +56,16 @@ typedef struct place_at {
 
 typedef struct fetch_ref {
   task *t;
-  int which; /* -1: the record, else image index */
+  int which; /* -1: the record, else image index (video index: task_vhead) */
 } fetch_ref;
+
+/* A remote video file's size (HEAD) and first block, fetched with the record's images so
+ * that its open at plan time need not wait for them (loader_worker.c). */
+typedef struct task_vhead {
+  int64_t size; /* 0: not known */
+  mml_bytes first;
+  fetch_ref ref[2]; /* the HEAD's and the first block's completions */
+} task_vhead;
 
 struct task {
   mml_loader *L;
@@ -88,6 +96,7 @@ struct task {
   struct mml_video_plan *vplans;
   struct mml_video **vids; /* each file kept open from its probe to its decode (NULL:
                               closed; at most MML_VIDEOS_KEPT_OPEN per loader) */
+  task_vhead *vhead;       /* remote files: what their open reads first */
   int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */

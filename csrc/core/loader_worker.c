@@ -19,13 +19,15 @@
  * pixel_values_videos buffers; a worker then decodes its images and its videos straight
  * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
  * Video files are read by path, by ranged reads through the fetcher (http(s), s3), or
- * from the bytes of their WebDataset member (read or fetched with the images).  A remote
- * file's open and probe still wait on the network in the plan stage (HEAD, header blocks:
- * counted in video_plan_waits); its decode does not: once the sample is planned, the exact
- * byte ranges of the packets its kept frames need (an mp4/mov's sample index) are
- * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
- * they are in; only then is it PLANNED, so its decode reads them from memory
- * (video_decode_waits counts any wait that remains: a container without an index).
+ * from the bytes of their WebDataset member (read or fetched with the images).  No worker
+ * waits on a round trip for a remote file in the usual case: its HEAD and first block
+ * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
+ * the record's images (head_video), so its open and probe in the plan stage read memory;
+ * once the sample is planned, the exact byte ranges of the packets its kept frames need
+ * (an mp4/mov's sample index) are submitted (preload_videos, STAGE_VIDEOS) and the task
+ * waits, holding no thread, until they are in; only then is it PLANNED, so its decode
+ * reads them from memory.  What still waits is counted: video_plan_waits (an index past
+ * the first block), video_decode_waits (a container without an index: mkv/webm/avi).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -235,8 +237,11 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
     if (b) t->vplans = b;
     void *c = b ? realloc(t->vids, (size_t)nc * sizeof *t->vids) : NULL;
     if (c) t->vids = c;
-    if (!c) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    void *d = c ? realloc(t->vhead, (size_t)nc * sizeof *t->vhead) : NULL;
+    if (d) t->vhead = d;
+    if (!d) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
     memset(t->vids + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vids);
+    memset(t->vhead + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vhead);
     t->vcap = nc;
   }
   return MML_OK;
@@ -372,6 +377,10 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     if ((st = video_path(L, t, ref, 0, err))) return st;
     src.name = (const char *)t->path.data;
     if (mml_path_is_remote(src.name) && (st = ld_get_fetcher(L, &src.fetcher, err))) return st;
+    if (!c->decoding && src.fetcher) { /* fetched with the images (head_video) */
+      src.size = t->vhead[v].size;
+      src.first = &t->vhead[v].first;
+    }
   }
   double t0 = mml_now();
   st = mml_video_open(&src, out, err);
@@ -380,6 +389,7 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     c->acc->bytes += (uint64_t)n;
     t->sample.bytes += (uint64_t)n;
   }
+  if (!member->len) mml_bytes_free(&t->vhead[v].first); /* (moved into the video) */
   c->acc->read_s += mml_now() - t0;
   uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
   if (!st) {
@@ -457,6 +467,56 @@ static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err
   return MML_OK;
 }
 
+/* A remote video's HEAD (ref[0]) or first block (ref[1]) came (the fetcher's I/O thread).
+ * A failure is left to the open, which asks again and reports it. */
+static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  (void)err;
+  fetch_ref *r = ctx;
+  task *t = r->t;
+  mml_loader *L = t->L;
+  task_vhead *h = &t->vhead[r->which];
+  pthread_mutex_lock(&L->mu);
+  if (st == MML_OK && body && r == &h->ref[0] && body->len >= sizeof(int64_t)) {
+    memcpy(&h->size, body->data, sizeof h->size);
+  } else if (st == MML_OK && body && r == &h->ref[1]) {
+    mml_bytes_free(&h->first);
+    h->first = *body;              /* take the memory */
+    memset(body, 0, sizeof *body); /* (counted read by the open that takes it) */
+  }
+  if (--t->pending == 0) ready_push_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
+}
+
+/* Video v of t's record, a remote file at t->path: its HEAD and its first block (what its
+ * open reads first, at plan time) are submitted with the images, counted in *nremote. */
+static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
+  task_vhead *h = &t->vhead[v];
+  h->size = 0;
+  mml_bytes_clear(&h->first);
+  mml_err e;
+  const char *url = (const char *)t->path.data;
+  if (!mml_path_is_remote(url) || (!*f && ld_get_fetcher(L, f, &e))) return;
+  for (int k = 0; k < 2; k++) {
+    pthread_mutex_lock(&L->mu);
+    if (!*nremote) { /* guard: completions cannot finish the task while submitting */
+      t->pending = 1;
+      t->fetch_st = MML_OK;
+    }
+    t->pending++;
+    pthread_mutex_unlock(&L->mu);
+    (*nremote)++;
+    h->ref[k] = (fetch_ref){.t = t, .which = v};
+    mml_status st = k ? mml_fetch_submit(*f, url, 0, MML_VIDEO_BLOCK, on_video_head, &h->ref[k], &e)
+                      : mml_fetch_submit_head(*f, url, on_video_head, &h->ref[k], &e);
+    if (st) { /* the open asks again */
+      pthread_mutex_lock(&L->mu);
+      t->pending--;
+      pthread_mutex_unlock(&L->mu);
+      return;
+    }
+  }
+}
+
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
 static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
   if (t->fetch_st) {
@@ -480,8 +540,8 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
       int64_t off, len;
       if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len))
         st = load_image(L, t, i, ref, &f, &nremote, acc, err);
-      else
-        st = video_path(L, t, ref, 1, err);
+      else if (!(st = video_path(L, t, ref, 1, err)))
+        head_video(L, t, i - nmedia, &f, &nremote);
     }
     if (st) {
       if (!nremote) return st;

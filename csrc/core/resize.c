@@ -31,7 +31,9 @@
  * pass, two neighbouring output pixels sharing their five columns' widened loads, as
  * the vertical pair does: ~10% slower; the transpose back to rows by AVX-512 VBMI
  * two-source byte permutes (4 permutes + 4 unpacks + 24 8-byte stores per 8 pixels):
- * ~20% slower, although that transpose is ~30% of the AVX2 pass's time.)
+ * ~20% slower, although that transpose is ~30% of the AVX2 pass's time; packing four
+ * pixels' accumulators per channel so one byte shuffle + dword unpack gives each row's 8
+ * pixels (fewer shuffles): ~10% slower with AVX2's 16 registers, no faster with 32.)
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */

@@ -284,7 +284,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   v->last_pts = INT64_MIN;
   v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
   mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
-                               src->block, err);
+                               src->block, src->size, src->first, err);
   int r = 0;
   if (st) goto fail;
   uint8_t *buf = av_malloc(IO_BUF);

@@ -44,6 +44,7 @@
 #include <libavutil/error.h>
 
 #include "mml/fetch_sync.h"
+#include "mml/video.h"
 
 static mml_status open_file(mml_vio *io, mml_err *err) {
   io->fd = open(io->name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -275,13 +276,26 @@ void mml_vio_will_read(mml_vio *io, const int64_t *r, int n) {
   ahead_pump(io);
 }
 
+static int charge(mml_vio *io, int64_t n);
+
+/* The remote source's first block, fetched by the caller: the first cached block. */
+static void first_block(mml_vio *io, mml_bytes *first) {
+  if (!first || io->size <= 0 || (int64_t)first->len != block_len(io, 0)) return;
+  io->blk[0].off = 0;
+  io->blk[0].used = ++io->tick;
+  io->blk[0].b = *first; /* the memory moves here */
+  memset(first, 0, sizeof *first);
+  charge(io, (int64_t)io->blk[0].b.len);
+}
+
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
-                        mml_fetcher *f, int64_t max_bytes, int64_t block, mml_err *err) {
+                        mml_fetcher *f, int64_t max_bytes, int64_t block, int64_t size,
+                        mml_bytes *first, mml_err *err) {
   memset(io, 0, sizeof *io);
   io->name = name;
   io->fd = -1;
   io->max_bytes = max_bytes;
-  io->block = block > 0 ? block : (int64_t)1 << 20;
+  io->block = block > 0 ? block : MML_VIDEO_BLOCK;
   for (int i = 0; i < MML_VIO_BLOCKS; i++) io->blk[i].off = -1;
   if (data) {
     io->data = data;
@@ -295,6 +309,11 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
   pthread_mutex_init(&io->mu, NULL);
   pthread_cond_init(&io->cv, NULL);
   io->mu_init = 1;
+  if (size > 0) { /* the caller's HEAD */
+    io->size = size;
+    first_block(io, first);
+    return MML_OK;
+  }
   mml_err e = {0};
   waited(io); /* (no counter is set yet: counted in io->waits only) */
   mml_status st = mml_fetch_size(f, name, &io->size, &e);

@@ -46,12 +46,19 @@ typedef struct mml_video_src {
   int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
                        * MML_EOBJECTSIZE; per use: mml_video_idle starts a new one) */
   int threads;          /* decoder threads (0 or 1: one) */
-  int64_t block;        /* remote read block size (0: 1 MiB) */
+  int64_t block;        /* remote read block size (0: MML_VIDEO_BLOCK) */
   int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
                        * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
+  /* a remote source's size and first bytes, when the caller fetched them ahead (the
+   * loader, while the record's images come): size > 0 skips the open's HEAD; first (its
+   * bytes [0, first->len), len exactly min(block, size)) becomes the first cached block,
+   * its memory moved into the video, so the open reads it without a round trip */
+  int64_t size;
+  mml_bytes *first;
 } mml_video_src;
 
 #define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
+#define MML_VIDEO_BLOCK ((int64_t)1 << 20) /* the default remote read block */
 
 typedef struct mml_video_info {
   int width, height;  /* decoded frame size (what the RGB frames have) */
