@@ -224,7 +224,12 @@ def test_killed_producer_is_restarted_nothing_lost_or_duplicated(cluster, datase
     with mray.Loader(dataset, producers=2, producer_resources={"CPU": 1, "data": 1}, **KW) as L:
         got = _events(L, 3)
         victim = L.producer_pids()[1]
+        assert L.stats()["producers"][1]["pid"] == victim
         os.kill(victim, signal.SIGKILL)
+        # stats() while Ray restarts the producer (on a loaded machine, also after the
+        # events below): its last figures, not an ActorUnavailableError
+        down = L.stats()["producers"][1]
+        assert (down["pid"] == victim) != down["available"], down
         got += _events(L, n - 3)
         s = L.stats()
         assert victim not in L.producer_pids()  # Ray restarted it
