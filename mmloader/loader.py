@@ -375,6 +375,13 @@ class Loader:
             and 16 MiB of scratch per worker.  Work waits for room (backpressure); a
             sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
             next() whose batch cannot fit beside the batches the consumer still holds.
+        compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
+            into uint8 patch rows (an eighth of float32's bytes) while their batch is
+            being built, and ``pixel_values`` is expanded from them when the batch is
+            finished: the same values bit for bit, far less memory in flight.  Not used
+            (the float rows are written directly) under ``max_memory``, ``pin_memory``,
+            ``device``, or sources with different image mean/std; videos always are.
+            ``stats()["pixel_rows_expanded"]`` counts the expanded rows.
         on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
             error, in stream order; iteration may continue afterwards).
         max_error_rate: raise once more than this fraction of samples (over at least 100)
@@ -458,6 +465,7 @@ class Loader:
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],
         max_memory: Optional[int] = _D["max_memory"],
+        compact_pixels: bool = _D["compact_pixels"],
         on_error: str = _D["on_error"],
         max_error_rate: float = _D["max_error_rate"],
         preset: str = "qwen2.5-vl",
@@ -961,7 +969,10 @@ class Loader:
         page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
-        (image and video rows copied because a sample failed only at decode; 0 otherwise), and
+        (image and video rows copied because a sample failed only at decode; 0 otherwise),
+        video_plan_waits / video_decode_waits (times a worker waited on the network for a
+        remote video: opening and probing it to plan the sample / decoding it; the decode's
+        packets are fetched when the sample is planned, so the latter stays 0), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

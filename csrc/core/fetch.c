@@ -176,6 +176,11 @@ mml_status mml_fetch_submit(mml_fetcher *f, const char *url, int64_t off, int64_
   return mml_fetch_submit_query(f, url, NULL, off, len, 0, cb, ctx, err);
 }
 
+mml_status mml_fetch_submit_head(mml_fetcher *f, const char *url, mml_fetch_cb cb, void *ctx,
+                                 mml_err *err) {
+  return mml_fetch_submit_query(f, url, NULL, 0, -1, 1, cb, ctx, err);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;

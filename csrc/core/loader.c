@@ -537,6 +537,8 @@ void mml_loader_free(mml_loader *L) {
       free(t->vinfo);
       free(t->vplans);
       free(t->vids);
+      for (int v = 0; t->vhead && v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+      free(t->vhead);
       ld_place_clear(t);
       mml_bytes_free(&t->path);
     }
@@ -686,6 +688,8 @@ void mml_loader_describe_wait(mml_loader *L, mml_err *err) {
     mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
     if (t->pending > 0 && t->stage == STAGE_RECORD) {
       snprintf(what, sizeof what, "fetching its record");
+    } else if (t->pending > 0 && t->stage == STAGE_VIDEOS) {
+      snprintf(what, sizeof what, "fetching the frames of its video(s)");
     } else if (t->pending > 0 && t->rec_parsed) {
       int first = -1, n = 0;
       for (int i = 0; i < t->rec.nimages; i++)
@@ -846,6 +850,9 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->page_faults_per_batch =
       L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
   o->moved_rows = L->moved_rows;
+  o->expanded_rows = L->expanded_rows;
+  o->video_plan_waits = __atomic_load_n(&L->video_plan_waits, __ATOMIC_RELAXED);
+  o->video_decode_waits = __atomic_load_n(&L->video_decode_waits, __ATOMIC_RELAXED);
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

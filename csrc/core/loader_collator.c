@@ -19,6 +19,12 @@
  * pixel_values (ld_place_take_locked).  A placed sample that failed at decode rewinds
  * the planner (ld_place_rewind_locked) after it is skipped exactly as before.
  *
+ * Compact pixels (loader_place.c COMPACT): the emitting worker swaps the batch's uint8
+ * image rows for a float buffer (compact_swap), builds the tensors, hands the instance
+ * back (coll_busy 0, so composition goes on) and only then expands the rows into that
+ * buffer; the item becomes READY after the expansion, so the consumer never sees it
+ * unwritten, and a seek waits for it (it counts in `emitting`).
+ *
  * Locking: everything here runs with the loader's mu held, except mml_collator_add and
  * the emission itself (the instance being emitted is marked busy in coll_busy).
  */
@@ -36,6 +42,29 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   pthread_cond_broadcast(&L->out_cv);
 }
 
+/* Compact pixels (loader_place.c COMPACT): a float32/bfloat16 buffer of the pool for the
+ * batch's uint8 image rows replaces them as the collator's pixel_values (the tensor views
+ * it); *u8 keeps the uint8 rows, expanded into *f once the collator instance is free
+ * (ld_emit_job_locked).  Nothing to do (both NULL) without compact image rows. */
+static mml_status compact_swap(mml_loader *L, mml_collator *C, mml_buf **u8, mml_buf **f,
+                               int64_t *rows, mml_err *err) {
+  mml_buf *b = mml_collator_attached_pixels(C, 0);
+  *rows = mml_collator_rows(C);
+  if (!L->compact || !b || *rows <= 0) return MML_OK;
+  if (b->size < (size_t)*rows * L->row_bytes[PL_IMG])
+    return mml_err_set(err, MML_EINTERNAL, "collator: %lld uint8 pixel rows in a %zu-byte buffer",
+                       (long long)*rows, b->size);
+  mml_status st = mml_pool_alloc(L->pool, (size_t)*rows * L->expand_row_bytes, f, err);
+  if (st) {
+    mml_err_prefix(err, "pixel_values of a batch (%lld rows)", (long long)*rows);
+    return st;
+  }
+  mml_buf_retain(b);
+  *u8 = b;
+  mml_collator_attach_pixels(C, 0, *f);
+  return MML_OK;
+}
+
 /* Builds the batch, then (device >= 0) queues its copy to the GPU and hands out the
  * device batch instead; the host batch's buffers carry the copy's fence. */
 static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml_err *err) {
@@ -46,6 +75,32 @@ static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml
   st = mml_device_stage_copy(L->stage, out, &dev, err);
   mml_batch_clear(out);
   if (!st) *out = dev;
+  return st;
+}
+
+/* Emits from instance ci; compact image rows are expanded after the instance is handed
+ * back (the collator composes the next batch meanwhile).  mu not held. */
+static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded, int *freed,
+                              mml_err *err) {
+  mml_collator *C = L->colls[ci];
+  mml_buf *u8 = NULL, *f = NULL;
+  int64_t rows = 0;
+  mml_status st = compact_swap(L, C, &u8, &f, &rows, err);
+  if (!st) st = emit_batch(L, C, b, err);
+  if (u8) {
+    pthread_mutex_lock(&L->mu);
+    L->coll_busy[ci] = 0;
+    pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
+    pthread_mutex_unlock(&L->mu);
+    *freed = 1; /* the collator may hand it out again before this emit ends */
+    const mml_vision_cfg *v = &L->src[0].vision;
+    if (!st)
+      st = mml_pixels_expand(u8->data, rows, v->patch_size, 1, v->temporal_patch_size,
+                             (const float(*)[256])L->ptable, L->ccfg.pixel_format, f->data, err);
+    if (!st) *expanded = rows;
+  }
+  mml_buf_release(u8);
+  mml_buf_release(f);
   return st;
 }
 
@@ -148,15 +203,18 @@ void ld_emit_job_locked(mml_loader *L) {
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();
   mml_status st = MML_OK;
+  int64_t expanded = 0;
+  int freed = 0;
   if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
     mml_collator_reset(L->colls[ci]);
   else
-    st = emit_batch(L, L->colls[ci], &b, &err);
+    st = emit_expand(L, ci, &b, &expanded, &freed, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
+  L->expanded_rows += (uint64_t)expanded;
   L->emitting--;
-  L->coll_busy[ci] = 0;
+  if (!freed) L->coll_busy[ci] = 0;
   if (st) {
     ld_set_fatal_locked(L, st, &err);
     p->it.kind = ITEM_DROP;

@@ -25,7 +25,12 @@
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_PLANNED, SLOT_DONE };
 /* The decode of a PLANNED slot: not queued, queued (waiting for a worker), running. */
 enum { DEC_NONE = 0, DEC_QUEUED, DEC_RUNNING };
-enum { STAGE_NEW = 0, STAGE_RECORD, STAGE_IMAGES };
+enum {
+  STAGE_NEW = 0,
+  STAGE_RECORD,
+  STAGE_IMAGES,
+  STAGE_VIDEOS /* planned; its videos' bytes come */
+};
 enum { ITEM_BATCH = 0, ITEM_ERROR, ITEM_DROP };
 enum { WARN_BACKLOG = 32, SKIP_LOG = 256 };
 enum { MML_SPARE_BUFS = 64 }; /* spare image byte buffers kept (ld_bytes_take) */
@@ -51,8 +56,16 @@ typedef struct place_at {
 
 typedef struct fetch_ref {
   task *t;
-  int which; /* -1: the record, else image index */
+  int which; /* -1: the record, else image index (video index: task_vhead) */
 } fetch_ref;
+
+/* A remote video file's size (HEAD) and first block, fetched with the record's images so
+ * that its open at plan time need not wait for them (loader_worker.c). */
+typedef struct task_vhead {
+  int64_t size; /* 0: not known */
+  mml_bytes first;
+  fetch_ref ref[2]; /* the HEAD's and the first block's completions */
+} task_vhead;
 
 struct task {
   mml_loader *L;
@@ -83,6 +96,7 @@ struct task {
   struct mml_video_plan *vplans;
   struct mml_video **vids; /* each file kept open from its probe to its decode (NULL:
                               closed; at most MML_VIDEOS_KEPT_OPEN per loader) */
+  task_vhead *vhead;       /* remote files: what their open reads first */
   int vcap;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
@@ -142,7 +156,9 @@ typedef struct ld_source {
   int64_t first, n, count; /* its samples in ix; its draws per epoch */
   mml_vision_cfg vision;
   mml_template *tmpl;
-  mml_pipeline pl; /* vision, tmpl, max_length: what the worker uses */
+  mml_pipeline pl;          /* vision, tmpl, max_length: what the worker uses */
+  mml_vision_cfg vision_u8; /* compact pixels (loader_place.c): vision as uint8 rows, */
+  mml_pipeline pl_u8;       /* and pl with it: what images are decoded with */
   uint64_t good, skipped, bytes;
   uint64_t skip_by_status[MML_STATUS_COUNT];
   int64_t tokens, image_tokens;
@@ -197,7 +213,12 @@ struct mml_loader {
   int64_t tk_head, tk_tail;
   int64_t place_seq;
   int64_t rows_bound[PLANES]; /* packed: most rows a pack can hold; -1: padded */
-  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row */
+  size_t row_bytes[PLANES];   /* bytes of one pixel_values / pixel_values_videos row (in
+                                 flight: compact images are uint8 rows) */
+  int compact;                /* images in flight as uint8 rows, expanded at emission */
+  float ptable[3][256];       /* compact: the float value of each byte (all sources') */
+  size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
+  uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
   task *dec_head, *dec_tail;  /* decode jobs, in placement order */
   uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
@@ -215,6 +236,9 @@ struct mml_loader {
   int nspare;
   int64_t spare_bytes;
   int videos_kept; /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
+  /* workers' waits on the network in remote video reads (atomic, relaxed): opening and
+   * probing at plan time, and decoding (0 when every decode's bytes were preloaded) */
+  uint64_t video_plan_waits, video_decode_waits;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;

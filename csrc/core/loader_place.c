@@ -44,6 +44,18 @@
  * have 2 x num_threads decodes queued or running (and while `prefetch` batches are
  * ahead), so buffers hold pages about to be written, whatever the window's size.
  *
+ * COMPACT (compact_pixels, on by default for the float formats; place_compact says when
+ * not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
+ * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
+ * images into them (the source's pl_u8), every move above copies them, and when the
+ * batch is emitted (loader_collator.c emit_expand, on the emitting worker) they are
+ * expanded through the normalisation's exact table (mml_pixels_expand) into a float
+ * buffer of the pool, which becomes pixel_values; the uint8 buffer goes back to the
+ * pool.  So the batches still being decoded -- most of `prefetch` when the consumer keeps
+ * up -- hold an eighth of their float bytes.  The values are the writers' (the table is
+ * theirs, vision_patch.c), so batches are bitwise the same.  Videos keep their float rows
+ * (a resized video's values are not bytes).
+ *
  * IMAGE BYTES.  A sample's encoded images are read into byte buffers that outlive it: once
  * decoded (or failed) its buffers become spares, and the next read takes the smallest
  * spare that holds its file, so those pages stay mapped instead of being freed and
@@ -74,6 +86,32 @@ static int64_t plane_rows(const mml_sample *s, int p) {
   return p == PL_IMG ? s->pixel_rows : s->vpixel_rows;
 }
 
+/* Compact pixels (COMPACT above): on for the float formats unless switched off or
+ * unsafe: max_memory (its budget counts a ticket's buffer in one form), pinned or the
+ * caller's memory and a device stage (their buffers are the batches handed out), or
+ * sources whose images normalise differently (one table per batch). */
+static void place_compact(mml_loader *L) {
+  L->compact = 0;
+  if (!L->placing || !L->cfg.compact_pixels || L->ccfg.pixel_format == MML_PIXEL_UINT8 ||
+      L->cfg.max_memory > 0 || L->pinned || L->cfg.allocator || L->stage)
+    return;
+  for (int i = 1; i < L->nsrc; i++)
+    if (memcmp(L->src[i].vision.mean, L->src[0].vision.mean, sizeof L->src[0].vision.mean) ||
+        memcmp(L->src[i].vision.std, L->src[0].vision.std, sizeof L->src[0].vision.std))
+      return;
+  for (int i = 0; i < L->nsrc; i++) {
+    ld_source *s = &L->src[i];
+    s->vision_u8 = s->vision;
+    s->vision_u8.pixel_format = MML_PIXEL_UINT8;
+    s->pl_u8 = s->pl;
+    s->pl_u8.vision = &s->vision_u8;
+  }
+  mml_vision_pixel_table(&L->src[0].vision, L->ptable);
+  L->expand_row_bytes = L->row_bytes[PL_IMG];
+  L->row_bytes[PL_IMG] = mml_vision_row_bytes(&L->src[0].vision_u8);
+  L->compact = 1;
+}
+
 mml_status ld_place_new(mml_loader *L, mml_err *err) {
   L->placing = !L->cfg.plan_only;
   L->ntk = L->window + 2; /* each ticket but the open one holds a sample in the window */
@@ -88,6 +126,7 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   const int vcols = L->ccfg.video_cols > 0 ? L->ccfg.video_cols : L->ccfg.pixel_cols;
   L->row_bytes[PL_IMG] = (size_t)L->ccfg.pixel_cols * elem;
   L->row_bytes[PL_VID] = (size_t)vcols * elem;
+  place_compact(L);
   /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
    * are only resident once written.  Pinned or caller-allocated memory is all resident,
    * and a bound that is a large part of max_memory would starve the rest: then a pack's

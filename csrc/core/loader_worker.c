@@ -18,9 +18,16 @@
  * queues its decode with its destinations, its slices of the batch's pixel_values and
  * pixel_values_videos buffers; a worker then decodes its images and its videos straight
  * there (decode_task) -> slot DONE.  Text-only and failed samples are DONE at once.
- * Video files are read by path, by ranged reads through the fetcher (http(s), s3:
- * blocking this worker), or from the bytes of their WebDataset member (read or fetched
- * with the images).
+ * Video files are read by path, by ranged reads through the fetcher (http(s), s3), or
+ * from the bytes of their WebDataset member (read or fetched with the images).  No worker
+ * waits on a round trip for a remote file in the usual case: its HEAD and first block
+ * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
+ * the record's images (head_video), so its open and probe in the plan stage read memory;
+ * once the sample is planned, the exact byte ranges of the packets its kept frames need
+ * (an mp4/mov's sample index) are submitted (preload_videos, STAGE_VIDEOS) and the task
+ * waits, holding no thread, until they are in; only then is it PLANNED, so its decode
+ * reads them from memory.  What still waits is counted: video_plan_waits (an index past
+ * the first block), video_decode_waits (a container without an index: mkv/webm/avi).
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -30,6 +37,7 @@
  * Locking: `pending`, `fetch_st`/`fetch_err` and the ready list are guarded by the
  * loader's mu; everything else in the task belongs to whoever holds the BUSY slot.
  */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -229,8 +237,11 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
     if (b) t->vplans = b;
     void *c = b ? realloc(t->vids, (size_t)nc * sizeof *t->vids) : NULL;
     if (c) t->vids = c;
-    if (!c) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
+    void *d = c ? realloc(t->vhead, (size_t)nc * sizeof *t->vhead) : NULL;
+    if (d) t->vhead = d;
+    if (!d) return mml_err_set(err, MML_ENOMEM, "out of memory for the record's videos");
     memset(t->vids + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vids);
+    memset(t->vhead + t->vcap, 0, (size_t)(nc - t->vcap) * sizeof *t->vhead);
     t->vcap = nc;
   }
   return MML_OK;
@@ -314,6 +325,7 @@ typedef struct video_ctx {
   mml_loader *L;
   task *t;
   run_acc *acc;
+  int decoding; /* the decode stage (else the plan's probe): where network waits count */
 } video_ctx;
 
 void ld_task_close_videos(mml_loader *L, task *t) {
@@ -347,6 +359,7 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     *out = t->vids[v];
     t->vids[v] = NULL;
     __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    mml_video_count_waits(*out, &L->video_decode_waits);
     return MML_OK;
   }
   const char *ref = t->rec.videos[v].ref;
@@ -364,6 +377,10 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     if ((st = video_path(L, t, ref, 0, err))) return st;
     src.name = (const char *)t->path.data;
     if (mml_path_is_remote(src.name) && (st = ld_get_fetcher(L, &src.fetcher, err))) return st;
+    if (!c->decoding && src.fetcher) { /* fetched with the images (head_video) */
+      src.size = t->vhead[v].size;
+      src.first = &t->vhead[v].first;
+    }
   }
   double t0 = mml_now();
   st = mml_video_open(&src, out, err);
@@ -372,7 +389,13 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     c->acc->bytes += (uint64_t)n;
     t->sample.bytes += (uint64_t)n;
   }
+  if (!member->len) mml_bytes_free(&t->vhead[v].first); /* (moved into the video) */
   c->acc->read_s += mml_now() - t0;
+  uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
+  if (!st) {
+    __atomic_fetch_add(waits, (uint64_t)mml_video_waits(*out), __ATOMIC_RELAXED);
+    mml_video_count_waits(*out, waits);
+  }
   return st;
 }
 
@@ -380,7 +403,7 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
  * metadata.  The file stays open (idle) for the decode stage, which then reads only the
  * frames it decodes (no second open, probe or packet pass), unless too many are. */
 static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  video_ctx c = {L, t, acc};
+  video_ctx c = {L, t, acc, 0};
   for (int v = 0; v < t->rec.nvideos; v++) {
     memset(&t->vinfo[v], 0, sizeof t->vinfo[v]);
     if (!t->rec.videos[v].ref) continue;
@@ -391,6 +414,107 @@ static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *er
     if (st) return st;
   }
   return MML_OK;
+}
+
+/* A preloaded range of one of t's videos arrived (the fetcher's I/O thread). */
+static void on_video_loaded(void *ctx, size_t bytes) {
+  task *t = ctx;
+  mml_loader *L = t->L;
+  pthread_mutex_lock(&L->mu);
+  L->bytes_read += bytes;
+  t->fetched_bytes += bytes;
+  if (--t->pending == 0) ready_push_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
+}
+
+/* The planned sample's remote videos kept open: the packets their kept frames need are
+ * fetched now (mml_video_preload), the task waits for them (*wait) in STAGE_VIDEOS.  A
+ * video that cannot be preloaded (out of memory here) is read on demand by its decode, as
+ * without a preload: a failure here does not fail the sample. */
+static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err) {
+  enum { GUARD = 1 << 30 };
+  enum { PRELOAD_MAX = 64 << 20 }; /* completions cannot bring pending to 0 while submitting */
+  int total = 0, any = 0;
+  mml_status st = MML_OK;
+  /* what one video may hold in memory from its plan to its decode (not in max_memory's
+   * window accounting: bounded here instead) */
+  const int64_t cap = L->cfg.max_memory ? L->cfg.max_memory / 16 : PRELOAD_MAX;
+  for (int v = 0; v < t->rec.nvideos && !st; v++) {
+    const mml_video_plan *p = &t->vplans[v];
+    if (!t->vids[v] || !p->file || p->nframes <= 0 || p->nframes > INT_MAX) continue;
+    int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
+    if (!idx) break;
+    mml_video_indices(&p->smp, idx);
+    if (!any++) {
+      pthread_mutex_lock(&L->mu);
+      t->pending = GUARD;
+      t->fetched_bytes = 0;
+      pthread_mutex_unlock(&L->mu);
+    }
+    int k = 0;
+    st = mml_video_preload(t->vids[v], idx, (int)p->nframes, cap, on_video_loaded, t, &k, err);
+    free(idx);
+    total += k;
+  }
+  if (st) mml_err_clear(err); /* the rest is read on demand */
+  if (!any) return MML_OK;
+  t->stage = STAGE_VIDEOS;
+  pthread_mutex_lock(&L->mu);
+  t->pending += total - GUARD;
+  int done = t->pending == 0;
+  pthread_mutex_unlock(&L->mu);
+  if (!done) *wait = 1; /* the last completion re-queues the task (even after a failure) */
+  return MML_OK;
+}
+
+/* A remote video's HEAD (ref[0]) or first block (ref[1]) came (the fetcher's I/O thread).
+ * A failure is left to the open, which asks again and reports it. */
+static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  (void)err;
+  fetch_ref *r = ctx;
+  task *t = r->t;
+  mml_loader *L = t->L;
+  task_vhead *h = &t->vhead[r->which];
+  pthread_mutex_lock(&L->mu);
+  if (st == MML_OK && body && r == &h->ref[0] && body->len >= sizeof(int64_t)) {
+    memcpy(&h->size, body->data, sizeof h->size);
+  } else if (st == MML_OK && body && r == &h->ref[1]) {
+    mml_bytes_free(&h->first);
+    h->first = *body;              /* take the memory */
+    memset(body, 0, sizeof *body); /* (counted read by the open that takes it) */
+  }
+  if (--t->pending == 0) ready_push_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
+}
+
+/* Video v of t's record, a remote file at t->path: its HEAD and its first block (what its
+ * open reads first, at plan time) are submitted with the images, counted in *nremote. */
+static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
+  task_vhead *h = &t->vhead[v];
+  h->size = 0;
+  mml_bytes_clear(&h->first);
+  mml_err e;
+  const char *url = (const char *)t->path.data;
+  if (!mml_path_is_remote(url) || (!*f && ld_get_fetcher(L, f, &e))) return;
+  for (int k = 0; k < 2; k++) {
+    pthread_mutex_lock(&L->mu);
+    if (!*nremote) { /* guard: completions cannot finish the task while submitting */
+      t->pending = 1;
+      t->fetch_st = MML_OK;
+    }
+    t->pending++;
+    pthread_mutex_unlock(&L->mu);
+    (*nremote)++;
+    h->ref[k] = (fetch_ref){.t = t, .which = v};
+    mml_status st = k ? mml_fetch_submit(*f, url, 0, MML_VIDEO_BLOCK, on_video_head, &h->ref[k], &e)
+                      : mml_fetch_submit_head(*f, url, on_video_head, &h->ref[k], &e);
+    if (st) { /* the open asks again */
+      pthread_mutex_lock(&L->mu);
+      t->pending--;
+      pthread_mutex_unlock(&L->mu);
+      return;
+    }
+  }
 }
 
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
@@ -416,8 +540,8 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
       int64_t off, len;
       if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len))
         st = load_image(L, t, i, ref, &f, &nremote, acc, err);
-      else
-        st = video_path(L, t, ref, 1, err);
+      else if (!(st = video_path(L, t, ref, 1, err)))
+        head_video(L, t, i - nmedia, &f, &nremote);
     }
     if (st) {
       if (!nremote) return st;
@@ -437,7 +561,7 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
 /* Stage 3: every image's bytes are here; the sample is planned from its headers and
  * checked (its pixels come later, straight into its batch: decode_task). */
 static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
-                             mml_err *err) {
+                             int *wait, mml_err *err) {
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
@@ -447,9 +571,10 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   if (st) return st;
   st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans, t->vinfo,
                        t->vplans, &t->sample, err);
-  if (!st) st = ld_mem_check_sample(L, t, err); /* max_memory: can it ever fit? */
+  if (!st) st = ld_mem_check_sample(L, t, err);                   /* max_memory: can it ever fit? */
+  if (!st) st = mml_collator_check(L->collator, &t->sample, err); /* e.g. too long */
   if (st) return st;
-  return mml_collator_check(L->collator, &t->sample, err); /* e.g. too long for seq/pack */
+  return preload_videos(L, t, wait, err);
 }
 
 /* Runs the task as far as it can without waiting.  Returns 1 when the sample is finished
@@ -461,8 +586,9 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   int wait = 0;
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
-  if (!st && !wait) st = stage_plan(L, sc, t, acc, &err);
+  if (!st && !wait && t->stage == STAGE_IMAGES) st = stage_plan(L, sc, t, acc, &wait, &err);
   if (wait) return 0;
+  if (!st && t->stage == STAGE_VIDEOS) t->sample.bytes += t->fetched_bytes; /* all arrived */
   if (st)
     task_fail(t, st, &err, L);
   else
@@ -581,10 +707,15 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
   mml_status st = MML_OK;
   run_acc acc = {0, 0};
-  if (dst[PL_IMG])
+  if (dst[PL_IMG] && L->compact) { /* uint8 rows (loader_place.c COMPACT): the same plans */
+    const mml_pipeline *pu = &L->src[t->sample.source].pl_u8;
+    for (int i = 0; i < t->rec.nimages; i++) t->plans[i].cols = mml_vision_pixel_cols(pu->vision);
+    st = mml_sample_decode(pu, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  } else if (dst[PL_IMG]) {
     st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
+  }
   if (!st && dst[PL_VID]) {
-    video_ctx c = {L, t, &acc};
+    video_ctx c = {L, t, &acc, 1};
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }

@@ -109,6 +109,9 @@ static const mml_option k_options[] = {
     {"pixel_format", MML_OPT_ENUM, CFG(collate.pixel_format), 0, 0, 0, k_pixel_format, 0,
      "pixel_values as float32 (the HF values), bfloat16 (those rounded to nearest even) or "
      "uint8 (resized RGB patches, one frame per row: mmloader.torch.expand_pixels)"},
+    {"compact_pixels", MML_OPT_BOOL, CFG(compact_pixels), 1, 0, 1, NULL, 0,
+     "float formats: images in flight as uint8 patch rows, pixel_values expanded from them "
+     "at emission (the same values, an eighth of the memory in flight)"},
     {"mm_token_type_ids", MML_OPT_BOOL, CFG(collate.mm_token_type_ids), 0, 0, 1, NULL, FP,
      "also emit mm_token_type_ids (transformers >= 5, qwen keys)"},
     {"template", MML_OPT_ENUM, CFG(template_style), 0, 0, 0, k_template, FP | INTERNAL,

@@ -24,9 +24,16 @@
  * run time with __builtin_cpu_supports) and portable C versions; saturating packs give
  * exactly clip8.  The vertical passes also have AVX-512 versions (mml_cpu_avx512), faster
  * even on Zen 4's split 512-bit units; the horizontal pass's was not (a 16-lane R+G
- * accumulator: ~5% slower there), so it stays AVX2.  (Tried and measured no faster on this AMD EPYC: a vpdpbusd vertical
- * pass with the weights in three signed byte digits; int32 columns for the horizontal
- * pass, which moved the widening from the taps into the transpose.)
+ * accumulator: ~5% slower there), so it stays AVX2.  Split RGB -> planar (unresized
+ * widths) is AVX2 byte shuffles.  (Tried and measured no faster on this AMD EPYC: a
+ * vpdpbusd vertical pass with the weights in three signed byte digits; int32 columns for the horizontal
+ * pass, which moved the widening from the taps into the transpose; in the horizontal
+ * pass, two neighbouring output pixels sharing their five columns' widened loads, as
+ * the vertical pair does: ~10% slower; the transpose back to rows by AVX-512 VBMI
+ * two-source byte permutes (4 permutes + 4 unpacks + 24 8-byte stores per 8 pixels):
+ * ~20% slower, although that transpose is ~30% of the AVX2 pass's time; packing four
+ * pixels' accumulators per channel so one byte shuffle + dword unpack gives each row's 8
+ * pixels (fewer shuffles): ~10% slower with AVX2's 16 registers, no faster with 32.)
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */
@@ -568,5 +575,62 @@ void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const 
     int32_t s = 1 << (PRECISION_BITS - 1);
     for (int j = 0; j < cnt; j++) s += rows[j][off + i] * k[j];
     dst[i] = clip8(s);
+  }
+}
+
+/* Interleaved RGB -> planar.  AVX2: 32 pixels (96 bytes) per step, 16 per 128-bit lane:
+ * each channel's 16 bytes are gathered from the lane's three 16-byte pieces by byte
+ * shuffles (mask [c][v]: piece v's bytes of channel c, -1 elsewhere) and ORed; the last
+ * step is placed to end at the last pixel (overlapping the previous one). */
+static const int8_t split_mask[3][3][16] = {
+    {{0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13}},
+    {{1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14}},
+    {{2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15}}};
+
+#ifdef MML_HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static void split_planar_avx2(const uint8_t *restrict rgb, int w,
+                                                              uint8_t *restrict dst, size_t plane) {
+  __m256i m[3][3];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 3; v++)
+      m[c][v] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)split_mask[c][v]));
+  for (int x = 0;; x += 32) {
+    if (x > w - 32) x = w - 32;
+    const uint8_t *s = rgb + (size_t)x * 3;
+    __m256i in[3];
+    for (int v = 0; v < 3; v++)
+      in[v] = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(s + 16 * v))),
+          _mm_loadu_si128((const __m128i *)(s + 48 + 16 * v)), 1);
+    for (int c = 0; c < 3; c++) {
+      const __m256i o = _mm256_or_si256(
+          _mm256_or_si256(_mm256_shuffle_epi8(in[0], m[c][0]), _mm256_shuffle_epi8(in[1], m[c][1])),
+          _mm256_shuffle_epi8(in[2], m[c][2]));
+      _mm256_storeu_si256((__m256i *)(dst + c * plane + x), o);
+    }
+    if (x == w - 32) break;
+  }
+}
+#endif
+
+void mml_rgb8_split_planar(const uint8_t *restrict rgb, int w, uint8_t *restrict dst,
+                           size_t plane) {
+#ifdef MML_HAVE_AVX2_PATH
+  if (w >= 32 && mml_cpu_avx2()) {
+    split_planar_avx2(rgb, w, dst, plane);
+    return;
+  }
+#endif
+  uint8_t *restrict r = dst, *restrict g = dst + plane, *restrict b = dst + 2 * plane;
+  for (int x = 0; x < w; x++) {
+    r[x] = rgb[3 * x];
+    g[x] = rgb[3 * x + 1];
+    b[x] = rgb[3 * x + 2];
   }
 }

@@ -73,6 +73,10 @@ static inline void mml_resample_axis_rows(const mml_resample_axis *a, int y, int
   *last = a->bounds[2 * y] + a->bounds[2 * y + 1];
 }
 
+/* Interleaved RGB (w pixels at rgb) -> planar: channel c of pixel x goes to
+ * dst[c * plane + x] (nothing else is written; the planes must not overlap rgb). */
+void mml_rgb8_split_planar(const uint8_t *restrict rgb, int w, uint8_t *restrict dst, size_t plane);
+
 /* Largest number of inputs any output reads. */
 static inline int mml_resample_axis_taps(const mml_resample_axis *a) { return a->ksize; }
 

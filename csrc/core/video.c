@@ -284,7 +284,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   v->last_pts = INT64_MIN;
   v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
   mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
-                               src->block, err);
+                               src->block, src->size, src->first, err);
   int r = 0;
   if (st) goto fail;
   uint8_t *buf = av_malloc(IO_BUF);
@@ -601,9 +601,9 @@ static mml_status decode_all(mml_video *v, const int64_t *idx, int n, int64_t nf
 }
 
 /* Appends the bytes [pos, pos + size) to the ranges r (*nr of them, *cap room), merged
- * into the last one when they follow it closely; 0 when there is no room. */
-static int add_range(int64_t **r, int *nr, int *cap, int64_t pos, int64_t size) {
-  if (*nr && pos >= (*r)[2 * *nr - 2] && pos <= (*r)[2 * *nr - 1] + (64 << 10)) {
+ * into the last one when they follow it within gap bytes; 0 when there is no room. */
+static int add_range(int64_t **r, int *nr, int *cap, int64_t pos, int64_t size, int64_t gap) {
+  if (*nr && pos >= (*r)[2 * *nr - 2] && pos <= (*r)[2 * *nr - 1] + gap) {
     if (pos + size > (*r)[2 * *nr - 1]) (*r)[2 * *nr - 1] = pos + size;
     return 1;
   }
@@ -620,15 +620,18 @@ static int add_range(int64_t **r, int *nr, int *cap, int64_t pos, int64_t size) 
   return 1;
 }
 
-/* A remote mp4/mov (frame table from its sample index): the samples the decode of
- * idx[0..n) reads, from the keyframe before each wanted frame to the frames the decoder
- * holds back for reordering past it (video_delay), are named to the byte source, which
- * fetches their blocks ahead. */
-static void will_decode(mml_video *v, const int64_t *idx, int n) {
-  if (!v->io.fetcher || v->exact || v->ordinal || n <= 0) return;
-  int cnt = avformat_index_get_entries_count(v->st), nr = 0, cap = 0, room = 1;
+/* A remote mp4/mov (frame table from its sample index): the byte ranges of the samples the
+ * decode of idx[0..n) reads, from the keyframe before each wanted frame to the frames the
+ * decoder holds back for reordering past it (video_delay), in reading order, into *out
+ * (*nr of them; malloc'd, NULL when none).  Returns 0 when there were more than fit (the
+ * ranges then cover only the start of the decode). */
+static int decode_ranges(const mml_video *v, const int64_t *idx, int n, int64_t gap, int64_t **out,
+                         int *nr) {
+  *out = NULL;
+  *nr = 0;
+  if (!v->io.fetcher || v->exact || v->ordinal || n <= 0) return 1;
+  int cnt = avformat_index_get_entries_count(v->st), cap = 0, room = 1;
   int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
-  int64_t *r = NULL;
   for (int k = 0; k < n && room; k++) {
     int64_t i = idx[k];
     if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
@@ -639,12 +642,48 @@ static void will_decode(mml_video *v, const int64_t *idx, int n) {
     for (e = e < 0 ? 0 : e; e < cnt && room; e++) {
       const AVIndexEntry *ie = avformat_index_get_entry(v->st, e);
       if (!ie || ie->timestamp + v->shift > last) break;
-      room = add_range(&r, &nr, &cap, ie->pos, ie->size);
+      room = add_range(out, nr, &cap, ie->pos, ie->size, gap);
     }
   }
+  return room;
+}
+
+/* The decode's ranges named to the byte source, which fetches their blocks ahead (unless
+ * they were preloaded: mml_video_preload). */
+static void will_decode(mml_video *v, const int64_t *idx, int n) {
+  if (v->io.npre) return;
+  int64_t *r;
+  int nr;
+  decode_ranges(v, idx, n, 64 << 10, &r, &nr);
   mml_vio_will_read(&v->io, r, nr);
   free(r);
 }
+
+/* Ranges closer than this are fetched as one: libavformat reads through a forward seek
+ * shorter than its buffer + its short-seek threshold (32 KiB) rather than seeking, and
+ * those bytes must be in memory too. */
+#define PRELOAD_GAP (IO_BUF + (64 << 10))
+
+mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
+                             mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err) {
+  *submitted = 0;
+  if (!v || (n > 0 && !idx)) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
+  int64_t *r;
+  int nr;
+  int whole = decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
+  int64_t sum = 0;
+  for (int k = 0; k < nr; k++) sum += r[2 * k + 1] - r[2 * k];
+  if (!whole || sum > max_bytes) nr = 0; /* not foreseeable whole, or too much at once */
+  mml_status st = mml_vio_preload(&v->io, r, nr, loaded, ctx, submitted, err);
+  free(r);
+  return st;
+}
+
+void mml_video_count_waits(mml_video *v, uint64_t *counter) {
+  if (v) v->io.wait_count = counter;
+}
+
+int64_t mml_video_waits(const mml_video *v) { return v ? v->io.waits : 0; }
 
 mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_frame_fn fn,
                             void *ctx, mml_err *err) {

@@ -17,6 +17,15 @@
  * charged are those of reading without the hint: a block fetched ahead counts when it is
  * taken, one that failed is fetched again on demand (which reports the failure).  Idle
  * and close wait for what is in flight (the callbacks write into io).
+ *
+ * Preloading (mml_vio_preload): the loader names the exact byte ranges of the packets a
+ * planned decode reads (an mp4's samples, from its index) when the sample is planned; each
+ * is one ranged GET submitted at once, and the task's decode is queued only when all have
+ * arrived (the loaded callback), so the decode reads them from memory and never waits.  A
+ * read inside an arrived range is served from it; anything else (a range that failed, a
+ * read the index did not foresee) falls back to the blocks above, and every such wait on
+ * the network is counted (io->waits, *io->wait_count), so tests and stats can show there
+ * were none.  Close waits for the ranges in flight.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -35,6 +44,7 @@
 #include <libavutil/error.h>
 
 #include "mml/fetch_sync.h"
+#include "mml/video.h"
 
 static mml_status open_file(mml_vio *io, mml_err *err) {
   io->fd = open(io->name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -77,6 +87,90 @@ static void ahead_drop(mml_vio *io) {
   }
   pthread_mutex_unlock(&io->mu);
   io->nhint = io->hint_at = 0;
+}
+
+/* Counts one wait of the reader on the network. */
+static void waited(mml_vio *io) {
+  io->waits++;
+  if (io->wait_count) __atomic_fetch_add(io->wait_count, 1, __ATOMIC_RELAXED);
+}
+
+static void pre_done(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
+  mml_vio_range *g = ctx;
+  mml_vio *io = g->io;
+  (void)err; /* a failed range is read on demand, which reports it */
+  pthread_mutex_lock(&io->mu);
+  g->st = st;
+  if (st == MML_OK && body) {
+    g->b = *body;
+    memset(body, 0, sizeof *body);
+  }
+  size_t got = g->b.len;
+  mml_vio_loaded_fn loaded = io->loaded; /* io may be closed once the state says arrived */
+  void *lctx = io->loaded_ctx;
+  g->state = AH_DONE;
+  pthread_cond_broadcast(&io->cv);
+  pthread_mutex_unlock(&io->mu);
+  if (loaded) loaded(lctx, got);
+}
+
+/* Waits for the preloaded ranges in flight, then drops them all. */
+static void pre_drop(mml_vio *io) {
+  if (!io->mu_init || !io->pre) return;
+  pthread_mutex_lock(&io->mu);
+  for (int i = 0; i < io->npre; i++) {
+    while (io->pre[i].state == AH_FLIGHT) pthread_cond_wait(&io->cv, &io->mu);
+    mml_bytes_free(&io->pre[i].b);
+  }
+  pthread_mutex_unlock(&io->mu);
+  free(io->pre);
+  io->pre = NULL;
+  io->npre = io->pre_at = 0;
+}
+
+mml_status mml_vio_preload(mml_vio *io, const int64_t *r, int n, mml_vio_loaded_fn loaded,
+                           void *ctx, int *submitted, mml_err *err) {
+  *submitted = 0;
+  pre_drop(io);
+  if (!io->mu_init || io->size < 0 || n <= 0) return MML_OK;
+  if (!(io->pre = calloc((size_t)n, sizeof *io->pre)))
+    return mml_err_set(err, MML_ENOMEM, "%s: out of memory for %d byte ranges", io->name, n);
+  io->loaded = loaded;
+  io->loaded_ctx = ctx;
+  for (int k = 0; k < n; k++) {
+    int64_t end = r[2 * k + 1] < io->size ? r[2 * k + 1] : io->size;
+    if (r[2 * k] < 0 || end <= r[2 * k]) continue;
+    io->pre[io->npre++] = (mml_vio_range){.io = io, .off = r[2 * k], .len = end - r[2 * k]};
+  }
+  for (int k = 0; k < io->npre; k++) {
+    mml_vio_range *g = &io->pre[k];
+    g->state = AH_FLIGHT; /* before the submit: the completion may come first */
+    mml_err e;
+    if (mml_fetch_submit(io->fetcher, io->name, g->off, g->len, pre_done, g, &e)) {
+      g->state = AH_FREE; /* (a closing fetcher) the rest is read on demand */
+      break;
+    }
+    (*submitted)++;
+  }
+  return MML_OK;
+}
+
+/* The preloaded range holding byte off (NULL: none arrived whole); waits for one still in
+ * flight (counted). */
+static mml_vio_range *pre_at(mml_vio *io, int64_t off) {
+  if (!io->npre) return NULL;
+  mml_vio_range *hit = NULL;
+  pthread_mutex_lock(&io->mu);
+  for (int j = 0; j < io->npre && !hit; j++) { /* from the last one read: reads go forward */
+    mml_vio_range *g = &io->pre[(io->pre_at + j) % io->npre];
+    if (off < g->off || off >= g->off + g->len || g->state == AH_FREE) continue;
+    if (g->state == AH_FLIGHT) waited(io);
+    while (g->state == AH_FLIGHT) pthread_cond_wait(&io->cv, &io->mu);
+    if (g->st == MML_OK && (int64_t)g->b.len == g->len) hit = g;
+  }
+  pthread_mutex_unlock(&io->mu);
+  if (hit) io->pre_at = (int)(hit - io->pre);
+  return hit;
 }
 
 static int64_t block_len(const mml_vio *io, int64_t start) {
@@ -139,6 +233,7 @@ static int ahead_take(mml_vio *io, int64_t start, int64_t len, mml_bytes *out) {
   for (int i = 0; i < MML_VIO_AHEAD; i++) {
     mml_vio_ahead *a = &io->ahead[i];
     if (a->state == AH_FREE || a->off != start) continue;
+    if (a->state == AH_FLIGHT) waited(io);
     while (a->state == AH_FLIGHT) pthread_cond_wait(&io->cv, &io->mu);
     if (a->st == MML_OK && a->len == len && (int64_t)a->b.len == len) {
       mml_bytes t = *out;
@@ -181,13 +276,26 @@ void mml_vio_will_read(mml_vio *io, const int64_t *r, int n) {
   ahead_pump(io);
 }
 
+static int charge(mml_vio *io, int64_t n);
+
+/* The remote source's first block, fetched by the caller: the first cached block. */
+static void first_block(mml_vio *io, mml_bytes *first) {
+  if (!first || io->size <= 0 || (int64_t)first->len != block_len(io, 0)) return;
+  io->blk[0].off = 0;
+  io->blk[0].used = ++io->tick;
+  io->blk[0].b = *first; /* the memory moves here */
+  memset(first, 0, sizeof *first);
+  charge(io, (int64_t)io->blk[0].b.len);
+}
+
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
-                        mml_fetcher *f, int64_t max_bytes, int64_t block, mml_err *err) {
+                        mml_fetcher *f, int64_t max_bytes, int64_t block, int64_t size,
+                        mml_bytes *first, mml_err *err) {
   memset(io, 0, sizeof *io);
   io->name = name;
   io->fd = -1;
   io->max_bytes = max_bytes;
-  io->block = block > 0 ? block : (int64_t)1 << 20;
+  io->block = block > 0 ? block : MML_VIDEO_BLOCK;
   for (int i = 0; i < MML_VIO_BLOCKS; i++) io->blk[i].off = -1;
   if (data) {
     io->data = data;
@@ -201,7 +309,13 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
   pthread_mutex_init(&io->mu, NULL);
   pthread_cond_init(&io->cv, NULL);
   io->mu_init = 1;
+  if (size > 0) { /* the caller's HEAD */
+    io->size = size;
+    first_block(io, first);
+    return MML_OK;
+  }
   mml_err e = {0};
+  waited(io); /* (no counter is set yet: counted in io->waits only) */
   mml_status st = mml_fetch_size(f, name, &io->size, &e);
   if (st == MML_ENOENT || st == MML_ENOMEM || st == MML_EINVAL) {
     if (err) *err = e;
@@ -216,6 +330,7 @@ void mml_vio_close(mml_vio *io) {
   if (io->fd >= 0) close(io->fd);
   io->fd = -1;
   ahead_drop(io);
+  pre_drop(io);
   free(io->hint);
   io->hint = NULL;
   if (io->mu_init) {
@@ -228,6 +343,7 @@ void mml_vio_close(mml_vio *io) {
 
 void mml_vio_idle(mml_vio *io) {
   ahead_drop(io);
+  pre_drop(io);
   for (int i = 0; i < MML_VIO_BLOCKS; i++) {
     mml_bytes_free(&io->blk[i].b);
     io->blk[i].off = -1;
@@ -273,8 +389,10 @@ static const mml_bytes *block_at(mml_vio *io, int64_t off, int64_t *boff) {
   io->blk[slot].off = -1;
   mml_bytes_clear(&io->blk[slot].b);
   mml_status st = MML_OK;
-  if (!ahead_take(io, start, len, &io->blk[slot].b))
+  if (!ahead_take(io, start, len, &io->blk[slot].b)) {
+    waited(io);
     st = mml_fetch_get(io->fetcher, io->name, start, len, &io->blk[slot].b, &e);
+  }
   if (!st && io->size < 0 && (int64_t)io->blk[slot].b.len < len) /* the end, found */
     io->size = start + (int64_t)(len = (int64_t)io->blk[slot].b.len);
   if (!st && (int64_t)io->blk[slot].b.len != len)
@@ -314,11 +432,18 @@ int mml_vio_read(void *opaque, uint8_t *buf, int size) {
   int64_t left = io->size >= 0 ? io->size - io->pos : size;
   int n = left < size ? (int)left : size;
   int r;
+  mml_vio_range *g;
   if (io->data) {
     memcpy(buf, io->data + io->pos, (size_t)n);
     r = n;
   } else if (io->fd >= 0) {
     r = read_file(io, buf, n);
+  } else if ((g = pre_at(io, io->pos))) {
+    if (!g->charged && charge(io, g->len)) return AVERROR(EIO);
+    g->charged = 1;
+    if (g->off + g->len - io->pos < n) n = (int)(g->off + g->len - io->pos);
+    memcpy(buf, g->b.data + (io->pos - g->off), (size_t)n);
+    r = n;
   } else {
     int64_t boff = 0;
     const mml_bytes *b = block_at(io, io->pos, &boff);

@@ -28,6 +28,20 @@ typedef struct mml_vio_ahead { /* a block fetched ahead */
   mml_bytes b;
 } mml_vio_ahead;
 
+/* A byte range preloaded for a decode (mml_vio_preload): [off, off + len), fetched whole
+ * (state and b written by the I/O thread under mu). */
+typedef struct mml_vio_range {
+  struct mml_vio *io;
+  int64_t off, len;
+  int state; /* 0: not submitted, 1: in flight, 2: arrived (st, b) */
+  int charged;
+  mml_status st;
+  mml_bytes b;
+} mml_vio_range;
+
+/* Called on the fetcher's I/O thread when a preloaded range arrives (or failed: bytes 0). */
+typedef void (*mml_vio_loaded_fn)(void *ctx, size_t bytes);
+
 typedef struct mml_vio {
   const char *name;     /* path or URL (borrowed from the mml_video) */
   const uint8_t *data;  /* memory source */
@@ -52,23 +66,46 @@ typedef struct mml_vio {
   int64_t *hint;
   int nhint, hint_at, no_ahead;
   mml_vio_ahead ahead[MML_VIO_AHEAD];
+  /* preloaded ranges (mml_vio_preload): pre[0..npre), pre_at the last one read */
+  mml_vio_range *pre;
+  int npre, pre_at;
+  mml_vio_loaded_fn loaded;
+  void *loaded_ctx;
+  /* times the reader waited on the network (a HEAD, a block read on demand, a block or a
+   * range still in flight); also added (atomically) to *wait_count when set */
+  int64_t waits;
+  uint64_t *wait_count;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int mu_init;
 } mml_vio;
 
-/* Opens src (stat/HEAD for the size); the vio borrows src->name and src->data. */
+/* Opens src (stat/HEAD for the size); the vio borrows src->name and src->data.  A remote
+ * source whose size the caller knows (size > 0: no HEAD) may come with its first bytes
+ * (first, exactly its first block: moved in as the first cached block, counted read). */
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
-                        mml_fetcher *f, int64_t max_bytes, int64_t block, mml_err *err);
+                        mml_fetcher *f, int64_t max_bytes, int64_t block, int64_t size,
+                        mml_bytes *first, mml_err *err);
 void mml_vio_close(mml_vio *io);
-/* Between two uses of an open source (a probe, then a decode): the cached blocks are
- * dropped and max_bytes counts afresh from here. */
+/* Between two uses of an open source (a probe, then a decode): the cached blocks (and a
+ * preload) are dropped and max_bytes counts afresh from here. */
 void mml_vio_idle(mml_vio *io);
 /* The byte ranges [r[2k], r[2k+1]) the reader will read next, in order (a remote source:
  * their blocks are fetched ahead; others: nothing).  Replaces the previous hint.  Only a
  * hint: what is read elsewhere is fetched on demand, the bytes and their accounting
  * (bytes_read, max_bytes) are those of reading without it. */
 void mml_vio_will_read(mml_vio *io, const int64_t *r, int n);
+
+/* A remote source: the byte ranges [r[2k], r[2k+1]) (sorted by nothing) are fetched now,
+ * each whole, with one ranged GET each; reads inside one are then served from memory,
+ * without a round trip.  loaded(ctx, bytes) runs on the fetcher's I/O thread once per range
+ * submitted (*submitted of them: when a submit fails the rest are not preloaded).  Drops
+ * an earlier preload.  Only a hint, like mml_vio_will_read: a failed range, or a read
+ * outside them, is fetched on demand (which reports the failure); a range counts in
+ * bytes_read / max_bytes when first read.  Not for local or in-memory sources (*submitted
+ * 0). */
+mml_status mml_vio_preload(mml_vio *io, const int64_t *r, int n, mml_vio_loaded_fn loaded,
+                           void *ctx, int *submitted, mml_err *err);
 
 /* AVIOContext callbacks (opaque = mml_vio*): FFmpeg's AVERROR codes; a failure is kept
  * in io->st / io->err for the caller to report. */

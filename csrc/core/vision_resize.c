@@ -59,16 +59,6 @@ static uint8_t *ring_row(const resize_job *j, int r) {
   return j->s->ring.data + (size_t)(r % j->ring_n) * j->slot;
 }
 
-/* Interleaved RGB -> planar (channel c of pixel x at dst + c*plane + x). */
-static void split_planar(const uint8_t *restrict rgb, int w, uint8_t *restrict dst, size_t plane) {
-  uint8_t *restrict r = dst, *restrict g = dst + plane, *restrict b = dst + 2 * plane;
-  for (int x = 0; x < w; x++) {
-    r[x] = rgb[3 * x];
-    g[x] = rgb[3 * x + 1];
-    b[x] = rgb[3 * x + 2];
-  }
-}
-
 static void drain(resize_job *j, int last);
 
 /* Runs the horizontal pass on the pending rows.  Horizontal-first: results go to the ring
@@ -173,7 +163,7 @@ mml_status mml_resize_job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err
   size_t in_row = (size_t)j->src_w * 3;
   if (!j->need_v) {
     if (!j->need_h) {
-      split_planar(rgb, j->src_w, j->out.dst(j->out.ctx, y), j->out.plane);
+      mml_rgb8_split_planar(rgb, j->src_w, j->out.dst(j->out.ctx, y), j->out.plane);
       j->out.done(j->out.ctx, y);
     } else {
       uint8_t *d = pend_slot(j, y);
@@ -196,7 +186,7 @@ mml_status mml_resize_job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err
     if (j->vfirst) {
       if (d != rgb) memcpy(d, rgb, in_row);
     } else {
-      split_planar(rgb, j->src_w, d, (size_t)j->src_w);
+      mml_rgb8_split_planar(rgb, j->src_w, d, (size_t)j->src_w);
     }
     drain(j, y);
   }

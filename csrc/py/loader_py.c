@@ -428,7 +428,10 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "page_faults_per_batch",
               s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)
                                            : Py_NewRef(Py_None)) ||
-      set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)))
+      set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)) ||
+      set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s.expanded_rows)) ||
+      set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
+      set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);

@@ -179,6 +179,7 @@ TEST_DECLARE(loader_video_files_same_output_any_threads)
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
 TEST_DECLARE(test_remote_blocks_fetched_ahead)
+TEST_DECLARE(test_remote_preload_decodes_from_memory)
 TEST_DECLARE(test_failures)
 
 // clang-format off
@@ -351,6 +352,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)
     TEST_ENTRY(test_remote_blocks_fetched_ahead)
+    TEST_ENTRY(test_remote_preload_decodes_from_memory)
     TEST_ENTRY(test_failures)
     {NULL, NULL}};
 // clang-format on

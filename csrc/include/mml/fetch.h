@@ -69,6 +69,11 @@ typedef void (*mml_fetch_cb)(void *ctx, mml_status st, mml_bytes *body, const mm
 mml_status mml_fetch_submit(mml_fetcher *f, const char *url, int64_t off, int64_t len,
                             mml_fetch_cb cb, void *ctx, mml_err *err);
 
+/* Queues a HEAD of url: on success the body is the object's size as one int64 (then its
+ * ETag as the server sent it), as mml_fetch_stat reads it.  Never blocks on the network. */
+mml_status mml_fetch_submit_head(mml_fetcher *f, const char *url, mml_fetch_cb cb, void *ctx,
+                                 mml_err *err);
+
 typedef struct mml_fetch_stats {
   uint64_t requests, bytes, failures;
   uint64_t retries_5xx, retries_429, retries_timeout, retries_reset, retries_short;

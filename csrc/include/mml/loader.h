@@ -76,6 +76,11 @@ typedef struct mml_loader_cfg {
                                  batch buffer of its pool (live, those the consumer holds
                                  included, and cached for reuse), the window's encoded bytes
                                  and MML_SCRATCH_RESERVE per worker; work waits for room */
+  int compact_pixels;        /* 1: with the float pixel formats, images are decoded into
+                                uint8 patch rows (an eighth of float32's bytes) and each
+                                batch's pixel_values expanded from them when it is emitted
+                                (the same bits); off under max_memory, pinned or caller
+                                memory, a device stage, or sources with different mean/std */
   int on_error_raise;        /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;     /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples; /* ... after at least this many samples (0: 100) */
@@ -275,6 +280,13 @@ typedef struct mml_loader_stats {
                                  MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
   uint64_t moved_rows;           /* pixel rows copied because a sample failed only at decode
                                          (the batches after it were planned again); 0 otherwise */
+  uint64_t expanded_rows;        /* compact_pixels: pixel_values rows expanded from uint8 rows
+                                    at emission (0: the images were decoded as they are
+                                    delivered) */
+  uint64_t video_plan_waits;     /* times a worker waited on the network opening/probing a
+                                    remote video for its plan (a HEAD, header blocks) */
+  uint64_t video_decode_waits;   /* ... while decoding one (0: every decode read preloaded
+                                    bytes from memory) */
   int remote;                    /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;

@@ -46,12 +46,19 @@ typedef struct mml_video_src {
   int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
                        * MML_EOBJECTSIZE; per use: mml_video_idle starts a new one) */
   int threads;          /* decoder threads (0 or 1: one) */
-  int64_t block;        /* remote read block size (0: 1 MiB) */
+  int64_t block;        /* remote read block size (0: MML_VIDEO_BLOCK) */
   int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
                        * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
+  /* a remote source's size and first bytes, when the caller fetched them ahead (the
+   * loader, while the record's images come): size > 0 skips the open's HEAD; first (its
+   * bytes [0, first->len), len exactly min(block, size)) becomes the first cached block,
+   * its memory moved into the video, so the open reads it without a round trip */
+  int64_t size;
+  mml_bytes *first;
 } mml_video_src;
 
 #define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
+#define MML_VIDEO_BLOCK ((int64_t)1 << 20) /* the default remote read block */
 
 typedef struct mml_video_info {
   int width, height;  /* decoded frame size (what the RGB frames have) */
@@ -101,6 +108,26 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
  * file's descriptor); max_bytes counts afresh for the next use.  The decode then needs
  * no second open: no second probe, and no second packet pass over an mkv/webm/avi. */
 void mml_video_idle(mml_video *v);
+
+/* Preloading a planned decode (a remote mp4/mov, frame table from its index; others: a
+ * no-op, *submitted 0): the exact byte ranges of the packets mml_video_decode(v, idx, n)
+ * will read (from the keyframe before each kept frame through its own packet and the
+ * decoder's reordering delay; close ones merged) are fetched now, one ranged GET each,
+ * through the fetcher; loaded(ctx, bytes) runs on the fetcher's I/O thread once per GET
+ * submitted (*submitted; bytes 0: it failed).  Once all have run, the decode reads from
+ * memory and never waits on the network; a failed range or a read the index did not
+ * foresee is read on demand as without the preload (same frames, same errors), and
+ * counted by mml_video_waits.  Ranges adding up to more than max_bytes are not preloaded
+ * (the decode reads on demand, a few blocks at a time).  Call between mml_video_idle and
+ * mml_video_decode, with the indices of that decode.  Failures: MML_ENOMEM. */
+typedef void (*mml_video_loaded_fn)(void *ctx, size_t bytes);
+mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
+                             mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err);
+/* Times v's reader waited on the network (its HEAD, blocks read on demand, fetches still in
+ * flight when read): 0 for a decode whose preload had arrived.  count_waits also adds each
+ * later one (atomically) to *counter (NULL: none), e.g. a loader's stats. */
+int64_t mml_video_waits(const mml_video *v);
+void mml_video_count_waits(mml_video *v, uint64_t *counter);
 
 /* Bytes read from the source so far (I/O accounting, tests of range reads). */
 int64_t mml_video_bytes_read(const mml_video *v);
