@@ -169,7 +169,16 @@ def test_samples_stat_counts_each_collated_sample_once(shards, name):
     being composed (this is why 24 records read over HTTP showed 28 or 32), while
     "batches" counts the batches delivered and "skipped" the failures the consumer
     passed."""
-    cfg = dict(CONFIGS[name], tokenizer=TINY, num_threads=2, prefetch=2, max_error_rate=1.0)
+    # compact_pixels off: "at rest" is a full output queue of `prefetch` batches, and with
+    # it the queue holds one expanded batch (the rest of prefetch waits as uint8 rows)
+    cfg = dict(
+        CONFIGS[name],
+        tokenizer=TINY,
+        num_threads=2,
+        prefetch=2,
+        max_error_rate=1.0,
+        compact_pixels=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with (

@@ -23,7 +23,11 @@
  * image rows for a float buffer (compact_swap), builds the tensors, hands the instance
  * back (coll_busy 0, so composition goes on) and only then expands the rows into that
  * buffer; the item becomes READY after the expansion, so the consumer never sees it
- * unwritten, and a seek waits for it (it counts in `emitting`).
+ * unwritten, and a seek waits for it (it counts in `emitting`).  A batch is emitted (so
+ * expanded) only while no other one is being emitted or waits in the output queue
+ * (ld_emit_gated_locked): float buffers are then the consumer's and one more, shortly
+ * before it needs it; the rest of `prefetch` waits as uint8 rows.  The worker that finds
+ * the gate shut decodes instead; the consumer's pop (ld_move_ready_locked) wakes one.
  *
  * Locking: everything here runs with the loader's mu held, except mml_collator_add and
  * the emission itself (the instance being emitted is marked busy in coll_busy).
@@ -122,6 +126,11 @@ void ld_move_ready_locked(mml_loader *L) {
     pthread_cond_broadcast(&L->out_cv);
     pthread_cond_broadcast(&L->coll_cv); /* pend has room */
   }
+  if (L->jobs_queued && !ld_emit_gated_locked(L)) pthread_cond_signal(&L->work_cv);
+}
+
+int ld_emit_gated_locked(const mml_loader *L) {
+  return L->compact && L->out_count + L->emitting >= 1;
 }
 
 void ld_drop_output_locked(mml_loader *L) {

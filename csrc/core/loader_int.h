@@ -453,6 +453,9 @@ void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos);
 void ld_release_oldest_skip_locked(mml_loader *L);
 /* Drops everything queued or pending (seek, close); waits for running emits first. */
 void ld_drop_output_locked(mml_loader *L);
+/* Compact pixels: 1 while a queued batch must not be emitted yet (one is being emitted or
+ * waits in the output queue: its expansion waits until the consumer is about to need it). */
+int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held). */
 void ld_emit_job_locked(mml_loader *L);
 

@@ -603,7 +603,7 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
  * first.  NULL once stopping. */
 static task *take_task_locked(mml_loader *L) {
   while (!L->stop) {
-    if (L->jobs_queued) { /* emitting a finished batch unblocks the output first */
+    if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
       ld_emit_job_locked(L);
       continue;
     }
