@@ -238,6 +238,7 @@ class Loader:
         **loader_kwargs: Any,
     ) -> None:
         self._actors: List[Any] = []
+        self._last_stats: Dict[int, Dict[str, Any]] = {}  # per producer: its last answer
         self._planner: Any = None
         self._pg = None
         self._inflight: Deque[_Request] = collections.deque()
@@ -668,18 +669,21 @@ class Loader:
         manager), replans (speculative requests re-issued after a skip moved the stream),
         lost (requests re-issued after a producer or its object was lost), and
         ``producers`` / ``nodes``: node, batches, bytes and busy time of each producer and
-        each node, with batches_per_s over the wall time.
+        each node, with batches_per_s over the wall time.  A producer that Ray is
+        restarting (or has lost) does not answer: it shows its last figures (none before
+        its first answer) with ``available`` False.
         """
         self._check_open()
         wall = time.perf_counter() - self._t_first if self._t_first else 0.0
         n = max(1, self._n["batches"])
-        remote = ray.get([a.stats.remote() for a in self._actors])
+        remote = self._producer_stats()
         prods: List[Dict[str, Any]] = []
         nodes: Dict[str, Dict[str, Any]] = {}
         for i, (pp, rs) in enumerate(zip(self._per_producer, remote)):
             prods.append(
                 {
                     "index": i,
+                    "available": rs["available"],
                     "node_id": rs["node_id"],
                     "node_ip": rs["node_ip"],
                     "pid": rs["pid"],
@@ -717,9 +721,33 @@ class Loader:
             "nodes": nodes,
         }
 
-    def producer_pids(self) -> List[int]:
-        """The process id of each producer (for fault tests)."""
-        return ray.get([a.pid.remote() for a in self._actors])
+    def _producer_stats(self) -> List[Dict[str, Any]]:
+        """Each producer's stats, or its last ones (``available`` False) while Ray
+        restarts it: one producer down must not fail the trainer's stats() call."""
+        refs = [a.stats.remote() for a in self._actors]
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                rs = dict(ray.get(ref), available=True)
+                self._last_stats[i] = rs
+            except _LOST:
+                last = self._last_stats.get(i)
+                none = dict(node_id=None, node_ip=None, pid=None, batches=0, busy_s=0.0, samples=0)
+                rs = dict(last if last else none, available=False)
+            out.append(rs)
+        return out
+
+    def producer_pids(self, timeout_s: float = 120.0) -> List[int]:
+        """The process id of each producer (for fault tests); waits, up to `timeout_s`,
+        for a producer that Ray is restarting."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return ray.get([a.pid.remote() for a in self._actors])
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def close(self) -> None:
         """Kills the producers and frees their placement; delivered batches stay valid
