@@ -29,6 +29,7 @@ typedef struct {
   double next_timeout_s; /* next() raises after this long without an item (> 0) */
   int active;            /* next() calls in progress (they run with the GIL released) */
   mml_loader *closing;   /* closed while next() was active: freed by the last one out */
+  int close_busy;        /* a close of `closing` still runs (GIL released): it frees it */
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
@@ -104,28 +105,41 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
 
 /* Closing while another thread is inside next() (GIL released, inside the engine) must
  * not free the engine under it: stop it (next() then returns promptly with "closed") and
- * let the last next() call out free it. */
+ * let the last one out -- the last next() call, or this close if they all left while it
+ * ran -- free it.  `closing` is set before the GIL is released: a next() call that wakes
+ * meanwhile finds the engine there, never NULL. */
+static void free_engine(mml_loader *L) {
+  Py_BEGIN_ALLOW_THREADS
+  mml_loader_free(L);
+  Py_END_ALLOW_THREADS
+}
+
 static void loader_release(LoaderObject *self) {
   mml_loader *L = self->L;
   self->L = NULL;
   if (!L) return;
   if (self->pid != getpid()) return; /* forked child: the threads are not ours to join */
+  if (!self->active) {
+    free_engine(L);
+    return;
+  }
+  self->closing = L;
+  self->close_busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  if (self->active)
-    mml_loader_close(L);
-  else
-    mml_loader_free(L);
+  mml_loader_close(L);
   Py_END_ALLOW_THREADS
-  if (self->active) self->closing = L;
+  self->close_busy = 0;
+  if (!self->active) { /* every next() left while it closed */
+    self->closing = NULL;
+    free_engine(L);
+  }
 }
 
 static void loader_leave_next(LoaderObject *self) {
-  if (--self->active == 0 && self->closing) {
+  if (--self->active == 0 && self->closing && !self->close_busy) {
     mml_loader *L = self->closing;
     self->closing = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    mml_loader_free(L);
-    Py_END_ALLOW_THREADS
+    free_engine(L);
   }
 }
 
