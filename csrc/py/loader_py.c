@@ -438,6 +438,11 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
                             : PyUnicode_FromString("cpu")) ||
       set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
       set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)) ||
+      set_num(d, "pool_live_peak_bytes", PyLong_FromSize_t(s.pool_live_peak)) ||
+      set_num(d, "pool_peak_bytes", PyLong_FromSize_t(s.pool_peak)) ||
+      set_num(d, "window_bytes", PyLong_FromLongLong(s.window_bytes)) ||
+      set_num(d, "scratch_mapped_bytes", PyLong_FromSize_t(s.scratch_mapped)) ||
+      set_num(d, "scratch_mapped_peak_bytes", PyLong_FromSize_t(s.scratch_mapped_peak)) ||
       set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
       set_num(d, "page_faults_per_batch",
               s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)

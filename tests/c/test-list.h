@@ -119,6 +119,8 @@ TEST_DECLARE(test_batch)
 TEST_DECLARE(test_concurrent_release)
 TEST_DECLARE(test_pages_move_between_buffers)
 TEST_DECLARE(test_steady_state_maps_nothing)
+TEST_DECLARE(test_trim_to_recent_working_set)
+TEST_DECLARE(test_pool_peaks)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -292,6 +294,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_concurrent_release)
     TEST_ENTRY(test_pages_move_between_buffers)
     TEST_ENTRY(test_steady_state_maps_nothing)
+    TEST_ENTRY(test_trim_to_recent_working_set)
+    TEST_ENTRY(test_pool_peaks)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)
