@@ -121,6 +121,7 @@ TEST_DECLARE(test_pages_move_between_buffers)
 TEST_DECLARE(test_steady_state_maps_nothing)
 TEST_DECLARE(test_trim_to_recent_working_set)
 TEST_DECLARE(test_pool_peaks)
+TEST_DECLARE(test_mapped_usage)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
 TEST_DECLARE(test_refused)
@@ -296,6 +297,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_steady_state_maps_nothing)
     TEST_ENTRY(test_trim_to_recent_working_set)
     TEST_ENTRY(test_pool_peaks)
+    TEST_ENTRY(test_mapped_usage)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)
     TEST_ENTRY(test_refused)

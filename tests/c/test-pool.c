@@ -346,3 +346,22 @@ TEST(test_pool_peaks) {
   CHECK_EQ_INT(live_peak, 10 * MB);
   mml_pool_close(p);
 }
+
+/* Mapped scratch is counted process-wide: grown, freed, and its high-water mark. */
+TEST(test_mapped_usage) {
+  const size_t MB = 1 << 20;
+  size_t now0, peak0, now, peak;
+  mml_mapped_usage(&now0, &peak0);
+  mml_mapped m = {0};
+  CHECK_EQ_INT(mml_mapped_reserve(&m, 3 * MB), MML_OK);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now - now0, 4 * MB); /* 2 MiB pages */
+  CHECK_EQ_INT(mml_mapped_reserve(&m, 9 * MB), MML_OK);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now - now0, 10 * MB);
+  CHECK(peak >= now);
+  mml_mapped_free(&m);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now, now0);
+  CHECK(peak >= now0 + 10 * MB);
+}
