@@ -801,9 +801,8 @@ def _own_parts(data: Dict[str, Any]) -> str:
     )
     dl = own_mb(data, "local", "dataloader")
     if dl:
-        text += (
-            f"; 1/3 of the DataLoader's own memory is {dl / 3:.0f} MB, so that target "
-            + ("is below this floor." if pair[0] > dl / 3 else "is above this floor.")
+        text += f"; 1/3 of the DataLoader's own memory is {dl / 3:.0f} MB, so that target " + (
+            "is below this floor." if pair[0] > dl / 3 else "is above this floor."
         )
     else:
         text += "."

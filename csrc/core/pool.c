@@ -62,14 +62,14 @@ struct mml_pool {
   int growable;     /* the host allocator: large buffers are mappings (mremap) */
   atomic_int moves; /* growable and the kernel moves pages (MREMAP_DONTUNMAP) */
   size_t max_cached;
-  size_t cached, live; /* bytes, guarded by mu */
+  size_t cached, live;         /* bytes, guarded by mu */
   size_t live_peak, held_peak; /* high-water marks of live and live + cached (mu) */
   /* the recent working set (growable pools that move pages; mu): the most bytes live at
    * once in each of the last WS_EPOCHS epochs of WS_EPOCH large requests (SIZE_MAX: not
    * seen yet) and in the current one */
   size_t ws_ring[WS_EPOCHS], ws_cur;
   unsigned ws_n, ws_i;
-  mml_buf *free_list;  /* cached buffers, guarded by mu */
+  mml_buf *free_list; /* cached buffers, guarded by mu */
   /* the reservoir: spare pages at the start of one reserved range, guarded by mu */
   uint8_t *rv;
   void *rv_base;
@@ -186,9 +186,8 @@ static void mapped_add(size_t add, size_t sub) {
   size_t now = atomic_fetch_add_explicit(&mapped_now, add, memory_order_relaxed) + add;
   atomic_fetch_sub_explicit(&mapped_now, sub, memory_order_relaxed);
   size_t pk = atomic_load_explicit(&mapped_peak, memory_order_relaxed);
-  while (now > pk && !atomic_compare_exchange_weak_explicit(&mapped_peak, &pk, now,
-                                                            memory_order_relaxed,
-                                                            memory_order_relaxed)) {
+  while (now > pk && !atomic_compare_exchange_weak_explicit(
+                         &mapped_peak, &pk, now, memory_order_relaxed, memory_order_relaxed)) {
   }
 }
 
