@@ -1,6 +1,6 @@
 """End to end: JSONL + images -> Qwen2.5-VL batches, mmloader against its peers, one run.
 
-    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s             # ~30-40 min
+    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s             # ~22 min
     python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-smoke  # minutes
     python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-full   # longer
 
