@@ -410,6 +410,16 @@ def test_set_epoch(ds):
         same(e1, run_epoch(L))
 
 
+def test_cli_help_names_every_command(capsys):
+    from mmloader.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    # the description is the docstring's whole first sentence (it ended at "``python -m")
+    assert "python -m mmloader index DATA..." in text and "python -m mmloader profile" in text
+
+
 def test_demo_cli(tmp_path, capsys):
     from mmloader.__main__ import main
 
