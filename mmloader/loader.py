@@ -972,7 +972,11 @@ class Loader:
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
         video_plan_waits / video_decode_waits (times a worker waited on the network for a
         remote video: opening and probing it to plan the sample / decoding it; the decode's
-        packets are fetched when the sample is planned, so the latter stays 0), and
+        packets are fetched when the sample is planned, so the latter stays 0),
+        video_preload_peak_bytes (the most remote video bytes held at once ahead of their
+        use: first blocks and preloaded packets, counted in max_memory) and
+        video_preloads_refused (decodes not preloaded for want of max_memory room: they
+        read on demand), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

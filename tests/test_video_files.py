@@ -588,6 +588,46 @@ def test_max_memory_counts_video_pixels(vdir, tmp_path):
     same(got, batches(shard, max_memory=need + (64 << 20))[0])
 
 
+def test_max_memory_counts_preloaded_video_bytes(vdir, tmp_path, fault_server):
+    """The remote video bytes fetched ahead of their use (each file's first block, fetched
+    with the images, until its probe; the packets preloaded for a decode, until it ends)
+    count in max_memory: under a cap they are fetched only with room, and all together
+    never pass a quarter of it (the rest is read when needed, counted as decode waits);
+    without a cap the same epoch holds more than that at once.  Batches equal local."""
+    path = make_video(
+        str(tmp_path / "p.mp4"),
+        "libx264",
+        n=240,
+        w=320,
+        h=240,
+        gop=24,
+        noise=True,
+        container_options={"movflags": "faststart"},
+    )
+    recs = lambda ref: [  # noqa: E731
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": ref, "nframes": 4}],
+        }
+        for i in range(12)
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    srv = fault_server(objects={"/p.mp4": open(path, "rb").read()}, latency=0.01)
+    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/p.mp4")))
+    cap = 80 << 20
+    free, fst = batches(shard)
+    same(want, free)
+    assert fst["video_decode_waits"] == 0 and fst["video_preloads_refused"] == 0, fst
+    assert fst["video_preload_peak_bytes"] > cap // 4, fst  # so the cap below binds
+    capped, cst = batches(shard, max_memory=cap)
+    same(want, capped)
+    assert 0 < cst["video_preload_peak_bytes"] <= cap // 4, cst
+    assert cst["video_preloads_refused"] > 0 and cst["video_decode_waits"] > 0, cst
+
+
 # ---- resume and the global plan ----------------------------------------------------------
 
 

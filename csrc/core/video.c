@@ -664,6 +664,26 @@ static void will_decode(mml_video *v, const int64_t *idx, int n) {
  * those bytes must be in memory too. */
 #define PRELOAD_GAP (IO_BUF + (64 << 10))
 
+/* Bytes of the ranges r (nr of them) inside the source, as mml_vio_preload fetches them. */
+static int64_t ranges_bytes(const mml_video *v, const int64_t *r, int nr) {
+  int64_t sum = 0;
+  for (int k = 0; k < nr; k++) {
+    int64_t end = r[2 * k + 1] < v->io.size ? r[2 * k + 1] : v->io.size;
+    if (r[2 * k] >= 0 && end > r[2 * k]) sum += end - r[2 * k];
+  }
+  return sum;
+}
+
+int64_t mml_video_preload_bytes(const mml_video *v, const int64_t *idx, int n) {
+  if (!v || n <= 0 || !idx || v->io.size < 0) return 0;
+  int64_t *r;
+  int nr;
+  int whole = decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
+  int64_t sum = ranges_bytes(v, r, nr);
+  free(r);
+  return whole ? sum : 0;
+}
+
 mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
                              mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err) {
   *submitted = 0;
@@ -671,9 +691,8 @@ mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t ma
   int64_t *r;
   int nr;
   int whole = decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
-  int64_t sum = 0;
-  for (int k = 0; k < nr; k++) sum += r[2 * k + 1] - r[2 * k];
-  if (!whole || sum > max_bytes) nr = 0; /* not foreseeable whole, or too much at once */
+  if (!whole || ranges_bytes(v, r, nr) > max_bytes)
+    nr = 0; /* not foreseeable whole, or too much at once */
   mml_status st = mml_vio_preload(&v->io, r, nr, loaded, ctx, submitted, err);
   free(r);
   return st;

@@ -121,6 +121,10 @@ void mml_video_idle(mml_video *v);
  * (the decode reads on demand, a few blocks at a time).  Call between mml_video_idle and
  * mml_video_decode, with the indices of that decode.  Failures: MML_ENOMEM. */
 typedef void (*mml_video_loaded_fn)(void *ctx, size_t bytes);
+/* The bytes mml_video_preload(v, idx, n, ...) would fetch, what the preload holds in memory
+ * until the decode ends (0: nothing to preload: not remote, or no foreseeable ranges), so
+ * a caller can make room for them first and pass them as its max_bytes. */
+int64_t mml_video_preload_bytes(const mml_video *v, const int64_t *idx, int n);
 mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
                              mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err);
 /* Times v's reader waited on the network (its HEAD, blocks read on demand, fetches still in
