@@ -24,10 +24,11 @@
  * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
  * the record's images (head_video), so its open and probe in the plan stage read memory;
  * once the sample is planned, the exact byte ranges of the packets its kept frames need
- * (an mp4/mov's sample index) are submitted (preload_videos, STAGE_VIDEOS) and the task
- * waits, holding no thread, until they are in; only then is it PLANNED, so its decode
- * reads them from memory.  What still waits is counted: video_plan_waits (an index past
- * the first block), video_decode_waits (a container without an index: mkv/webm/avi).
+ * (from an mp4/mov's sample index, or the packets an mkv/webm/avi's probe met) are
+ * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
+ * they are in; only then is it PLANNED, so its decode reads them from memory.  What still
+ * waits is counted: video_plan_waits (an mp4 index past the first block, the packet pass
+ * over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded: no room).
  * Those bytes fetched ahead (first blocks until the probe, preloaded packets until the
  * decode) are the task's (vhead_bytes, vpre_bytes), counted in max_memory with its other
  * byte buffers; under max_memory each is fetched only when it fits and all together stay
