@@ -162,7 +162,7 @@ def report(rows, args, load):
         f"{args.nframes}, num_threads={args.threads}, medians of {args.runs} A/B-interleaved "
         f"runs; load average {load}.",
         "",
-        "| latency | side | videos/s | CPU s/video | GETs/video | plan waits/video "
+        "| latency | side | videos/s (min-max) | CPU s/video | GETs/video | plan waits/video "
         "| decode waits/video | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -182,8 +182,10 @@ def report(rows, args, load):
                 else ""
             )
             cpu = statistics.median(m["cpu"] for m in ms) / n
+            each = [m["n"] / m["wall"] for m in ms]
             lines.append(
-                f"| {lat * 1000:.0f} ms | {name} | {vps[name]:.2f} | {cpu:.3f} | {per('gets')} "
+                f"| {lat * 1000:.0f} ms | {name} | {vps[name]:.2f} ({min(each):.2f}-{max(each):.2f}) "
+                f"| {cpu:.3f} | {per('gets')} "
                 f"| {per('video_plan_waits')} | {per('video_decode_waits')} | {ratio} |"
             )
         if len(digests) != 1:

@@ -371,8 +371,10 @@ class Loader:
             being fetched overlap the decoding); with ``prefetch`` it bounds memory.
         max_memory: a cap in bytes on the engine's memory (None: no cap): every batch
             buffer of its pool (the batches it prepares, those the consumer still holds,
-            and those kept mapped for reuse), the encoded bytes of the samples in flight,
-            and 16 MiB of scratch per worker.  Work waits for room (backpressure); a
+            and those kept mapped for reuse), the encoded bytes of the samples in flight
+            (with the bytes of remote videos fetched ahead of their decode: fetched only
+            with room, at most a quarter of the cap, else read when needed), and 16 MiB
+            of scratch per worker.  Work waits for room (backpressure); a
             sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
             next() whose batch cannot fit beside the batches the consumer still holds.
         compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
