@@ -15,7 +15,8 @@ waited on the network opening / decoding a video; absent in builds without them)
 
 Input: an H.264 mp4 (640x360, 30 fps, moov first; the tests' moving pattern) of --seconds
 (20) with a keyframe every --gop (30) frames, made once into ~/.cache/mmloader/bench-video/
-(or --video FILE, e.g. bench_video.py's base-60s.mp4).
+(--container mkv: the same stream in Matroska, no per-frame index; or --video FILE, e.g.
+bench_video.py's base-60s.mp4).  The served objects are named with the file's extension.
 
     python3 benchmarks/bench_video_remote.py --baseline /path/to/other/checkout
     python3 benchmarks/bench_video_remote.py --latency 0.03 0.05 --runs 3 --samples 16 --md out.md
@@ -66,7 +67,8 @@ print(json.dumps({"wall": wall, "cpu": time.process_time() - c0, "n": n,
 def video_file(args):
     if args.video:
         return args.video
-    path = os.path.join(CACHE, f"remote-{args.seconds}s-gop{args.gop}.mp4")
+    ext = args.container
+    path = os.path.join(CACHE, f"remote-{args.seconds}s-gop{args.gop}.{ext}")
     if not os.path.exists(path):
         sys.path.insert(0, ROOT)
         sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -74,16 +76,16 @@ def video_file(args):
 
         os.makedirs(CACHE, exist_ok=True)
         make_video(
-            path + ".tmp.mp4",
+            path + f".tmp.{ext}",
             "libx264",
             n=30 * args.seconds,
             w=640,
             h=360,
             fps=30,
             gop=args.gop,
-            container_options={"movflags": "faststart"},
+            container_options={"movflags": "faststart"} if ext == "mp4" else None,
         )
-        os.replace(path + ".tmp.mp4", path)
+        os.replace(path + f".tmp.{ext}", path)
     return path
 
 
@@ -121,18 +123,20 @@ def measure(root, path, threads):
 
 
 def run(args):
-    data = open(video_file(args), "rb").read()
+    vpath = video_file(args)
+    ext = os.path.splitext(vpath)[1]
+    data = open(vpath, "rb").read()
     sides = [("this", ROOT)] + (
         [("baseline", os.path.abspath(args.baseline))] if args.baseline else []
     )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for lat in args.latency:
-            objs = {f"/v{k}.mp4": data for k in range(args.samples)}
+            objs = {f"/v{k}{ext}": data for k in range(args.samples)}
             srv = FaultServer(objects=objs, latency=lat).start()
             try:
                 path = shard(
-                    tmp, [srv.url(f"/v{k}.mp4") for k in range(args.samples)], args.nframes
+                    tmp, [srv.url(f"/v{k}{ext}") for k in range(args.samples)], args.nframes
                 )
                 res = {name: [] for name, _ in sides}
                 for r in range(args.runs):
@@ -150,13 +154,15 @@ def run(args):
 
 def report(rows, args, load):
     lines = [
-        f"Remote mp4 behind a slow server (bench_video_remote.py): {args.samples} videos "
-        f"({args.video or f'{args.seconds} s, GOP {args.gop}, 640x360, 30 fps, H.264'}, moov "
-        f"first) each as an http:// URL, nframes="
+        f"Remote {args.container if not args.video else 'video'} behind a slow server "
+        f"(bench_video_remote.py): {args.samples} videos "
+        f"({args.video or f'{args.seconds} s, GOP {args.gop}, 640x360, 30 fps, H.264'}"
+        f"{', moov first' if args.container == 'mp4' and not args.video else ''}) each as an "
+        f"http:// URL, nframes="
         f"{args.nframes}, num_threads={args.threads}, medians of {args.runs} A/B-interleaved "
         f"runs; load average {load}.",
         "",
-        "| latency | side | videos/s | CPU s/video | GETs/video | plan waits/video "
+        "| latency | side | videos/s (min-max) | CPU s/video | GETs/video | plan waits/video "
         "| decode waits/video | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -176,8 +182,10 @@ def report(rows, args, load):
                 else ""
             )
             cpu = statistics.median(m["cpu"] for m in ms) / n
+            each = [m["n"] / m["wall"] for m in ms]
             lines.append(
-                f"| {lat * 1000:.0f} ms | {name} | {vps[name]:.2f} | {cpu:.3f} | {per('gets')} "
+                f"| {lat * 1000:.0f} ms | {name} | {vps[name]:.2f} ({min(each):.2f}-{max(each):.2f}) "
+                f"| {cpu:.3f} | {per('gets')} "
                 f"| {per('video_plan_waits')} | {per('video_decode_waits')} | {ratio} |"
             )
         if len(digests) != 1:
@@ -195,7 +203,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--gop", type=int, default=30)
-    ap.add_argument("--video", help="an mp4 to serve instead of the generated one")
+    ap.add_argument("--container", choices=["mp4", "mkv"], default="mp4", help="generated file's")
+    ap.add_argument("--video", help="a video file to serve instead of the generated one")
     ap.add_argument("--md", help="also write the table here")
     args = ap.parse_args()
     t0 = time.time()

@@ -371,8 +371,10 @@ class Loader:
             being fetched overlap the decoding); with ``prefetch`` it bounds memory.
         max_memory: a cap in bytes on the engine's memory (None: no cap): every batch
             buffer of its pool (the batches it prepares, those the consumer still holds,
-            and those kept mapped for reuse), the encoded bytes of the samples in flight,
-            and 16 MiB of scratch per worker.  Work waits for room (backpressure); a
+            and those kept mapped for reuse), the encoded bytes of the samples in flight
+            (with the bytes of remote videos fetched ahead of their decode: fetched only
+            with room, at most a quarter of the cap, else read when needed), and 16 MiB
+            of scratch per worker.  Work waits for room (backpressure); a
             sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
             next() whose batch cannot fit beside the batches the consumer still holds.
         compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
@@ -985,7 +987,11 @@ class Loader:
         process's, now and at most),
         video_plan_waits / video_decode_waits (times a worker waited on the network for a
         remote video: opening and probing it to plan the sample / decoding it; the decode's
-        packets are fetched when the sample is planned, so the latter stays 0), and
+        packets are fetched when the sample is planned, so the latter stays 0),
+        video_preload_peak_bytes (the most remote video bytes held at once ahead of their
+        use: first blocks and preloaded packets, counted in max_memory) and
+        video_preloads_refused (decodes not preloaded for want of max_memory room: they
+        read on demand), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

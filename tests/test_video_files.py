@@ -353,18 +353,36 @@ def test_remote_mp4_decode_never_waits_on_the_network(vdir, tmp_path, fault_serv
     assert sum(b - a + 1 for a, b in exact) < len(data), sorted(exact)
 
 
-def test_remote_mkv_decode_waits_are_counted(vdir, tmp_path, fault_server):
-    """A container without a sample index (mkv) is not preloaded: its decode reads blocks on
-    demand, and those waits are what video_decode_waits counts (so the mp4 case's 0 is not
-    a counter that never moves); batches equal the local ones.  (Its open read the file
-    whole from the first block fetched with the images: under 1 MiB.)"""
-    mkv = make_video(str(tmp_path / "v.mkv"), "libx264", n=96, w=160, h=120, gop=12, noise=True)
-    srv = fault_server(objects={"/v.mkv": open(mkv, "rb").read()})
-    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), _preload_records(mkv, 3)))
-    recs = _preload_records(srv.url("/v.mkv"), 3)
+@pytest.mark.parametrize(
+    "codec,name", [("libx264", "v.mkv"), ("libvpx-vp9", "v.webm"), ("mpeg4", "v.avi")]
+)
+def test_remote_mkv_webm_avi_decode_never_waits_on_the_network(tmp_path, fault_server, codec, name):
+    """A container without a per-frame index (mkv, webm, avi) is preloaded too: the packet
+    pass of its open (at plan time) keeps each packet's place, so the ranges its decode
+    reads (from where the seek to each kept frame's keyframe lands through the packets the
+    decoder takes in) are fetched before the decode is queued (video_decode_waits == 0;
+    the open's pass over a file bigger than the first block still waits: plan waits > 0).
+    Behind a 30 ms server with injected faults, batches equal the local ones, and the
+    preload GETs are exact ranges, not 1 MiB blocks.  (A decode that is not preloaded is
+    counted: test_max_memory_counts_preloaded_video_bytes.)"""
+    path = make_video(str(tmp_path / name), codec, n=120, w=320, h=240, gop=24, noise=True)
+    data = open(path, "rb").read()
+    assert len(data) > 1 << 20  # past the first block: the pass reads on demand
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), _preload_records(path, 3)))
+    srv = fault_server(objects={"/" + name: data}, latency=0.03, fault_rate=0.1, seed=7)
+    recs = _preload_records(srv.url("/" + name), 3)
     got, st = batches(write_shard(str(tmp_path / "h.jsonl"), recs))
     same(want, got)
-    assert st["video_decode_waits"] > 0 and st["video_plan_waits"] == 0, st
+    assert len(got) == 3 and st["skipped"] == 0
+    assert st["video_decode_waits"] == 0 and st["video_plan_waits"] > 0, st
+    block = 1 << 20
+    spans = {
+        tuple(map(int, e[3][6:].split("-")))
+        for e in srv.log
+        if e[1] == "GET" and e[3] and e[3].startswith("bytes=")
+    }
+    exact = [(a, b) for a, b in spans if a % block or (b + 1) % block and b + 1 != len(data)]
+    assert exact, sorted(spans)  # packet ranges, not only whole blocks
 
 
 def test_s3_mp4_decode_never_waits_on_the_network(vdir, tmp_path, moto_s3):
@@ -586,6 +604,46 @@ def test_max_memory_counts_video_pixels(vdir, tmp_path):
     with pytest.raises(mmloader.Error, match=r"needs \d+ bytes of pixel_values"):
         batches(shard, max_memory=low)
     same(got, batches(shard, max_memory=need + (64 << 20))[0])
+
+
+def test_max_memory_counts_preloaded_video_bytes(vdir, tmp_path, fault_server):
+    """The remote video bytes fetched ahead of their use (each file's first block, fetched
+    with the images, until its probe; the packets preloaded for a decode, until it ends)
+    count in max_memory: under a cap they are fetched only with room, and all together
+    never pass a quarter of it (the rest is read when needed, counted as decode waits);
+    without a cap the same epoch holds more than that at once.  Batches equal local."""
+    path = make_video(
+        str(tmp_path / "p.mp4"),
+        "libx264",
+        n=240,
+        w=320,
+        h=240,
+        gop=24,
+        noise=True,
+        container_options={"movflags": "faststart"},
+    )
+    recs = lambda ref: [  # noqa: E731
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": ref, "nframes": 4}],
+        }
+        for i in range(12)
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    srv = fault_server(objects={"/p.mp4": open(path, "rb").read()}, latency=0.01)
+    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/p.mp4")))
+    cap = 80 << 20
+    free, fst = batches(shard)
+    same(want, free)
+    assert fst["video_decode_waits"] == 0 and fst["video_preloads_refused"] == 0, fst
+    assert fst["video_preload_peak_bytes"] > cap // 4, fst  # so the cap below binds
+    capped, cst = batches(shard, max_memory=cap)
+    same(want, capped)
+    assert 0 < cst["video_preload_peak_bytes"] <= cap // 4, cst
+    assert cst["video_preloads_refused"] > 0 and cst["video_decode_waits"] > 0, cst
 
 
 # ---- resume and the global plan ----------------------------------------------------------

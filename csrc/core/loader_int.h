@@ -98,6 +98,10 @@ struct task {
                               closed; at most MML_VIDEOS_KEPT_OPEN per loader) */
   task_vhead *vhead;       /* remote files: what their open reads first */
   int vcap;
+  /* remote video bytes held ahead of their use, counted in held / max_memory (mu): the
+   * first blocks submitted with the images (until the probe), the packet ranges
+   * preloaded for the decode (until it ends) */
+  int64_t vhead_bytes, vpre_bytes;
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;
@@ -239,6 +243,10 @@ struct mml_loader {
   /* workers' waits on the network in remote video reads (atomic, relaxed): opening and
    * probing at plan time, and decoding (0 when every decode's bytes were preloaded) */
   uint64_t video_plan_waits, video_decode_waits;
+  /* remote video bytes held ahead of their use, all tasks (mu): now, the most at once,
+   * and preloads not made for want of max_memory room (their decode reads on demand) */
+  int64_t video_held, video_held_peak;
+  uint64_t video_preloads_refused;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -430,10 +438,14 @@ mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err)
 void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need);
 void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
-/* max_memory: t's byte buffers (re)counted once its reading is done. */
+/* max_memory: t's byte buffers (re)counted once its reading is done, and its remote video
+ * bytes (vhead_bytes, vpre_bytes) whenever they change. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
 /* Closes the videos t kept open since its probe (loader_worker.c). */
 void ld_task_close_videos(mml_loader *L, task *t);
+/* (mu held) t's remote video bytes held ahead of their use are gone: its first blocks
+ * freed, their count and its preloads' (freed by closing its videos) taken off. */
+void ld_task_release_videos_locked(mml_loader *L, task *t);
 /* A worker finished decoding t's plane p into (buf, off): its home; copied to dest if it
  * moved. */
 void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off);

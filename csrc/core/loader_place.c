@@ -63,7 +63,8 @@
  *
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
  * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
- * rows alike), the window's byte buffers (spares included) and a fixed scratch reserve
+ * rows alike), the window's byte buffers (spares included; a remote video's first block
+ * and its preloaded packets too: loader_worker.c) and a fixed scratch reserve
  * per worker.  A ticket plane's buffer is taken only when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
  * and so do the tickets after it, and the planner retries as the consumer releases
  * batches.  Workers start reading a sample only with room for the largest sample seen
@@ -560,7 +561,9 @@ mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err)
 }
 
 void ld_mem_count_task_locked(mml_loader *L, task *t) {
-  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap), used = (int64_t)t->rec_bytes.len;
+  int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
+  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap) + vheld;
+  int64_t used = (int64_t)t->rec_bytes.len + vheld;
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
   if (t->rec_parsed)
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;

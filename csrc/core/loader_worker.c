@@ -24,10 +24,15 @@
  * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
  * the record's images (head_video), so its open and probe in the plan stage read memory;
  * once the sample is planned, the exact byte ranges of the packets its kept frames need
- * (an mp4/mov's sample index) are submitted (preload_videos, STAGE_VIDEOS) and the task
- * waits, holding no thread, until they are in; only then is it PLANNED, so its decode
- * reads them from memory.  What still waits is counted: video_plan_waits (an index past
- * the first block), video_decode_waits (a container without an index: mkv/webm/avi).
+ * (from an mp4/mov's sample index, or the packets an mkv/webm/avi's probe met) are
+ * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
+ * they are in; only then is it PLANNED, so its decode reads them from memory.  What still
+ * waits is counted: video_plan_waits (an mp4 index past the first block, the packet pass
+ * over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded: no room).
+ * Those bytes fetched ahead (first blocks until the probe, preloaded packets until the
+ * decode) are the task's (vhead_bytes, vpre_bytes), counted in max_memory with its other
+ * byte buffers; under max_memory each is fetched only when it fits and all together stay
+ * within a quarter of it (video_reserve_locked), else it is read when needed, as without.
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -247,6 +252,26 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   return MML_OK;
 }
 
+/* Stage 2 submits one more fetch for t (counted in *nremote): the first one also sets the
+ * guard that keeps completions from finishing the task while the stage submits (dropped
+ * at the stage's end).  fetch_undo takes one back when its submit failed. */
+static void fetch_one_more(mml_loader *L, task *t, int *nremote) {
+  pthread_mutex_lock(&L->mu);
+  if (!*nremote) {
+    t->pending = 1;
+    t->fetch_st = MML_OK;
+  }
+  t->pending++;
+  pthread_mutex_unlock(&L->mu);
+  (*nremote)++;
+}
+
+static void fetch_undo(mml_loader *L, task *t) {
+  pthread_mutex_lock(&L->mu);
+  t->pending--;
+  pthread_mutex_unlock(&L->mu);
+}
+
 /* Media item i named `ref` (an image, then video frames: mml_record_media_ref, then the
  * WebDataset member videos): read now, or its fetch submitted (counted in *nremote; *f is
  * obtained on the first remote item). */
@@ -292,22 +317,11 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
     return st;
   }
   if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
-  pthread_mutex_lock(&L->mu);
-  if (!*nremote) { /* guard: completions cannot finish the task while submitting */
-    t->pending = 1;
-    t->fetch_st = MML_OK;
-  }
-  t->pending++;
-  pthread_mutex_unlock(&L->mu);
-  (*nremote)++;
+  fetch_one_more(L, t, nremote);
   t->refs[i + 1].t = t;
   t->refs[i + 1].which = i;
   st = mml_fetch_submit(*f, p, off, len, on_fetch, &t->refs[i + 1], err);
-  if (st) {
-    pthread_mutex_lock(&L->mu);
-    t->pending--;
-    pthread_mutex_unlock(&L->mu);
-  }
+  if (st) fetch_undo(L, t);
   return st;
 }
 
@@ -327,6 +341,38 @@ typedef struct video_ctx {
   run_acc *acc;
   int decoding; /* the decode stage (else the plan's probe): where network waits count */
 } video_ctx;
+
+/* (mu held) t holds delta more bytes of remote video ahead of their use in *field (its
+ * first blocks or its preloaded packets): counted in t->held, so in max_memory. */
+static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t delta) {
+  *field += delta;
+  L->video_held += delta;
+  if (L->video_held > L->video_held_peak) L->video_held_peak = L->video_held;
+  ld_mem_count_task_locked(L, t);
+}
+
+/* (mu held) Room for `bytes` of remote video fetched for t ahead of their use (into *field:
+ * a first block, a decode's packets), taken (1), or none (0: they are read on demand when
+ * needed).  Under max_memory they must fit beside everything counted, and all of them
+ * together stay within a quarter of it, so the batches being built (whose decodes free
+ * the preloads) always find the rest. */
+static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t bytes) {
+  const int64_t cap = L->cfg.max_memory;
+  if (cap && (L->video_held + bytes > cap / 4 || !ld_mem_room_locked(L, bytes))) {
+    L->video_preloads_refused++;
+    return 0;
+  }
+  video_hold_locked(L, t, field, bytes);
+  return 1;
+}
+
+void ld_task_release_videos_locked(mml_loader *L, task *t) {
+  for (int v = 0; v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+  if (!t->vhead_bytes && !t->vpre_bytes) return;
+  L->video_held -= t->vhead_bytes + t->vpre_bytes;
+  t->vhead_bytes = t->vpre_bytes = 0;
+  ld_mem_count_task_locked(L, t);
+}
 
 void ld_task_close_videos(mml_loader *L, task *t) {
   for (int v = 0; v < t->vcap; v++)
@@ -429,15 +475,16 @@ static void on_video_loaded(void *ctx, size_t bytes) {
 
 /* The planned sample's remote videos kept open: the packets their kept frames need are
  * fetched now (mml_video_preload), the task waits for them (*wait) in STAGE_VIDEOS.  A
- * video that cannot be preloaded (out of memory here) is read on demand by its decode, as
- * without a preload: a failure here does not fail the sample. */
+ * video that cannot be preloaded (out of memory here, no max_memory room, more than a
+ * video may hold) is read on demand by its decode, as without a preload: a failure here
+ * does not fail the sample. */
 static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err) {
-  enum { GUARD = 1 << 30 };
-  enum { PRELOAD_MAX = 64 << 20 }; /* completions cannot bring pending to 0 while submitting */
+  enum { GUARD = 1 << 30 }; /* completions cannot bring pending to 0 while submitting */
+  enum { PRELOAD_MAX = 64 << 20 };
   int total = 0, any = 0;
   mml_status st = MML_OK;
-  /* what one video may hold in memory from its plan to its decode (not in max_memory's
-   * window accounting: bounded here instead) */
+  /* what one video may hold in memory from its plan to its decode (under max_memory also
+   * counted there: video_reserve_locked) */
   const int64_t cap = L->cfg.max_memory ? L->cfg.max_memory / 16 : PRELOAD_MAX;
   for (int v = 0; v < t->rec.nvideos && !st; v++) {
     const mml_video_plan *p = &t->vplans[v];
@@ -445,15 +492,23 @@ static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err
     int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
     if (!idx) break;
     mml_video_indices(&p->smp, idx);
-    if (!any++) {
-      pthread_mutex_lock(&L->mu);
+    int64_t bytes = mml_video_preload_bytes(t->vids[v], idx, (int)p->nframes);
+    pthread_mutex_lock(&L->mu);
+    int room = bytes > 0 && bytes <= cap && video_reserve_locked(L, t, &t->vpre_bytes, bytes);
+    if (room && !any++) {
       t->pending = GUARD;
       t->fetched_bytes = 0;
+    }
+    pthread_mutex_unlock(&L->mu);
+    int k = 0;
+    if (room)
+      st = mml_video_preload(t->vids[v], idx, (int)p->nframes, bytes, on_video_loaded, t, &k, err);
+    free(idx);
+    if (room && !k) { /* nothing submitted: nothing held */
+      pthread_mutex_lock(&L->mu);
+      video_hold_locked(L, t, &t->vpre_bytes, -bytes);
       pthread_mutex_unlock(&L->mu);
     }
-    int k = 0;
-    st = mml_video_preload(t->vids[v], idx, (int)p->nframes, cap, on_video_loaded, t, &k, err);
-    free(idx);
     total += k;
   }
   if (st) mml_err_clear(err); /* the rest is read on demand */
@@ -488,7 +543,8 @@ static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_e
 }
 
 /* Video v of t's record, a remote file at t->path: its HEAD and its first block (what its
- * open reads first, at plan time) are submitted with the images, counted in *nremote. */
+ * open reads first, at plan time) are submitted with the images, counted in *nremote; the
+ * block only with max_memory room for it (video_reserve_locked; else the open reads it). */
 static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
   task_vhead *h = &t->vhead[v];
   h->size = 0;
@@ -497,21 +553,23 @@ static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nrem
   const char *url = (const char *)t->path.data;
   if (!mml_path_is_remote(url) || (!*f && ld_get_fetcher(L, f, &e))) return;
   for (int k = 0; k < 2; k++) {
-    pthread_mutex_lock(&L->mu);
-    if (!*nremote) { /* guard: completions cannot finish the task while submitting */
-      t->pending = 1;
-      t->fetch_st = MML_OK;
+    if (k) { /* the first block's memory counts from now until the probe has used it */
+      pthread_mutex_lock(&L->mu);
+      int room = video_reserve_locked(L, t, &t->vhead_bytes, MML_VIDEO_BLOCK);
+      pthread_mutex_unlock(&L->mu);
+      if (!room) return; /* the open reads it */
     }
-    t->pending++;
-    pthread_mutex_unlock(&L->mu);
-    (*nremote)++;
+    fetch_one_more(L, t, nremote);
     h->ref[k] = (fetch_ref){.t = t, .which = v};
     mml_status st = k ? mml_fetch_submit(*f, url, 0, MML_VIDEO_BLOCK, on_video_head, &h->ref[k], &e)
                       : mml_fetch_submit_head(*f, url, on_video_head, &h->ref[k], &e);
     if (st) { /* the open asks again */
-      pthread_mutex_lock(&L->mu);
-      t->pending--;
-      pthread_mutex_unlock(&L->mu);
+      fetch_undo(L, t);
+      if (k) {
+        pthread_mutex_lock(&L->mu);
+        video_hold_locked(L, t, &t->vhead_bytes, -MML_VIDEO_BLOCK);
+        pthread_mutex_unlock(&L->mu);
+      }
       return;
     }
   }
@@ -568,6 +626,9 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
   mml_status st = probe_videos(L, t, acc, err);
+  pthread_mutex_lock(&L->mu); /* the first blocks were read (and dropped) by the probes */
+  ld_task_release_videos_locked(L, t);
+  pthread_mutex_unlock(&L->mu);
   if (st) return st;
   st = mml_sample_plan(&L->src[t->sample.source].pl, sc, &t->rec, t->imgs, t->plans, t->vinfo,
                        t->vplans, &t->sample, err);
@@ -638,6 +699,7 @@ static task *take_task_locked(mml_loader *L) {
         !(gated = !ld_mem_may_read_locked(L))) {
       task *t = &L->tasks[L->next_seq % L->window];
       ld_task_close_videos(L, t); /* an abandoned plan's */
+      ld_task_release_videos_locked(L, t);
       ld_place_clear(t);
       t->dec = DEC_NONE;
       t->state = SLOT_BUSY;
@@ -684,6 +746,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
   }
   if (t->state != SLOT_PLANNED) { /* its videos and bytes are no longer read */
     ld_task_close_videos(L, t);
+    ld_task_release_videos_locked(L, t);
     ld_bytes_return_locked(L, t);
   }
 }
@@ -719,8 +782,9 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }
-  ld_task_close_videos(L, t); /* those a failure left undecoded */
-  pthread_mutex_lock(&L->mu); /* the planner reads the status under mu */
+  ld_task_close_videos(L, t);          /* those a failure left undecoded */
+  pthread_mutex_lock(&L->mu);          /* the planner reads the status under mu */
+  ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
   if (st) task_fail(t, st, &err, L);

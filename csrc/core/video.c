@@ -10,7 +10,9 @@
  * read); the index holds decode timestamps, so tab[i] = dts_i + (start_time - dts_0),
  * which is exact for constant frame durations and for streams without reordering; a
  * frame the decoder contradicts rebuilds the table from packets (exact) and decode goes
- * on from there.  Other containers: one demux-only pass over the packets.
+ * on from there.  Other containers: one demux-only pass over the packets, which for a
+ * remote source also keeps each packet's place (pts, byte range; v->pk), so a decode's
+ * byte ranges can be preloaded there as from an mp4's index (decode_ranges).
  *
  * Decode of sorted indices: for frame i with timestamp T, seek (av_seek_frame BACKWARD,
  * decoder flushed) when the decoder is not already before T with no keyframe in between;
@@ -68,8 +70,14 @@ struct mml_video {
   int rgb_w, rgb_h;
   int64_t *tab, *keys;
   int64_t n, nkeys;
-  int64_t shift;    /* tab = index timestamp + shift (table_from_index) */
-  int exact;        /* tab from packets */
+  /* a remote source's packets as the pass over them met them (file order; table from
+   * packets only): what a decode reads, for its preload (decode_ranges) */
+  struct vpacket {
+    int64_t pts, pos, end;
+  } * pk;
+  int64_t npk, *kpk, nkpk; /* kpk: the keyframes' indices in pk, by pts (-1 npk: none) */
+  int64_t shift;           /* tab = index timestamp + shift (table_from_index) */
+  int exact;               /* tab from packets */
   int ordinal;      /* packets without pts: frame i is the i-th out of a decode from the start */
   int64_t ord;      /* frames out since the start (ordinal mode) */
   int positioned;   /* the decoder runs forward from a seek or the start */
@@ -119,6 +127,17 @@ static mml_status grow(int64_t **p, int64_t *cap, int64_t need) {
 
 /* ---- the frame table ---------------------------------------------------------------- */
 
+/* Room for one more packet in v->pk (*cap of them); 1 when out of memory. */
+static int grow_pk(mml_video *v, int64_t *cap) {
+  if (v->npk < *cap) return 0;
+  int64_t c = *cap ? *cap * 2 : 1024;
+  struct vpacket *q = realloc(v->pk, (size_t)c * sizeof *q);
+  if (!q) return 1;
+  v->pk = q;
+  *cap = c;
+  return 0;
+}
+
 /* mp4/mov: every sample is in the index (decode timestamps). 1 when used. */
 static int table_from_index(mml_video *v) {
   if (!strstr(v->fmt->iformat->name, "mov")) return 0;
@@ -152,12 +171,16 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
     mml_status st = seek_to(v, START_TS, err);
     if (st) return st;
   }
-  int64_t cap = 0, kcap = 0, rest[2] = {v->io.pos, v->io.size};
+  int64_t cap = 0, kcap = 0, pcap = 0, kpcap = 0, rest[2] = {v->io.pos, v->io.size};
   mml_vio_will_read(&v->io, rest, 1); /* the pass reads the rest of the file */
   free(v->tab);
   free(v->keys);
-  v->tab = v->keys = NULL;
-  v->n = v->nkeys = 0;
+  free(v->pk);
+  free(v->kpk);
+  v->tab = v->keys = v->kpk = NULL;
+  v->pk = NULL;
+  v->n = v->nkeys = v->npk = v->nkpk = 0;
+  int where = v->io.fetcher != NULL; /* remote: each packet's place, for preloads */
   int r;
   while ((r = av_read_frame(v->fmt, v->pkt)) >= 0) {
     AVPacket *p = v->pkt;
@@ -170,9 +193,23 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
       }
       v->tab[v->n++] = ts;
       if (p->flags & AV_PKT_FLAG_KEY) v->keys[v->nkeys++] = ts;
+      if (where && p->pos >= 0 && p->pts != AV_NOPTS_VALUE) {
+        if (grow_pk(v, &pcap) ||
+            ((p->flags & AV_PKT_FLAG_KEY) && grow(&v->kpk, &kpcap, v->nkpk + 1))) {
+          where = 0; /* no preload then: the decode reads on demand */
+        } else {
+          if (p->flags & AV_PKT_FLAG_KEY) v->kpk[v->nkpk++] = v->npk;
+          v->pk[v->npk++] = (struct vpacket){ts, p->pos, p->pos + p->size};
+        }
+      } else {
+        where = 0;
+      }
     }
     av_packet_unref(p);
   }
+  if (!where || v->npk != v->n) v->npk = v->nkpk = 0; /* a packet's place unknown: none */
+  for (int64_t k = 1; k < v->nkpk; k++)               /* keyframes come in presentation order */
+    if (v->pk[v->kpk[k]].pts <= v->pk[v->kpk[k - 1]].pts) v->npk = v->nkpk = 0;
   if (v->io.st) return av_fail(v, MML_EVIDEOCORRUPT, r, "reading packets", err);
   /* a read error after some packets: a cut-off file; its readable frames are the table */
   if (!v->n) return av_fail(v, MML_EVIDEOCORRUPT, r, "no video packets", err);
@@ -348,6 +385,8 @@ void mml_video_close(mml_video *v) {
   mml_vio_close(&v->io);
   free(v->tab);
   free(v->keys);
+  free(v->pk);
+  free(v->kpk);
   free(v->name);
   free(v);
 }
@@ -620,16 +659,83 @@ static int add_range(int64_t **r, int *nr, int *cap, int64_t pos, int64_t size, 
   return 1;
 }
 
-/* A remote mp4/mov (frame table from its sample index): the byte ranges of the samples the
- * decode of idx[0..n) reads, from the keyframe before each wanted frame to the frames the
- * decoder holds back for reordering past it (video_delay), in reading order, into *out
- * (*nr of them; malloc'd, NULL when none).  Returns 0 when there were more than fit (the
- * ranges then cover only the start of the decode). */
+#define PACKET_SLACK 4096
+
+/* Frames of the table with a timestamp in [from, last]. */
+static int64_t frames_within(const mml_video *v, int64_t from, int64_t last) {
+  int64_t lo = 0, hi = v->n; /* first >= from */
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (v->tab[mid] < from)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  int64_t a = lo;
+  for (hi = v->n; lo < hi;) { /* first > last */
+    int64_t mid = lo + (hi - lo) / 2;
+    if (v->tab[mid] <= last)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo - a;
+}
+
+/* decode_ranges for a table from packets (mkv, webm, avi, ...: no per-frame index) from
+ * the places the pass met the packets at: for each wanted frame, from where the demuxer's
+ * seek to its keyframe lands (the index entry at or before it: an mkv's cluster, else the
+ * keyframe's packet) through every packet up to the last frame the decoder needs (the
+ * wanted one plus its reordering delay), in file order.  Without the places (local, or
+ * one unknown): 0, nothing foreseeable. */
+static int packet_ranges(const mml_video *v, const int64_t *idx, int n, int64_t gap, int64_t **out,
+                         int *nr) {
+  if (!v->npk) return 0;
+  int cap = 0, room = 1;
+  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  for (int k = 0; k < n && room; k++) {
+    int64_t i = idx[k];
+    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
+    int64_t key = key_at_or_before(v, v->tab[i]);
+    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
+    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int64_t lo = 0, hi = v->nkpk; /* the keyframe's packet: the last one at or before from */
+    while (lo < hi) {
+      int64_t mid = lo + (hi - lo) / 2;
+      if (v->pk[v->kpk[mid]].pts <= from)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    int64_t j = lo > 0 ? v->kpk[lo - 1] : 0, start = v->pk[j].pos, end = v->pk[j].end;
+    int e = av_index_search_timestamp(v->st, from, AVSEEK_FLAG_BACKWARD);
+    const AVIndexEntry *ie = e >= 0 ? avformat_index_get_entry(v->st, e) : NULL;
+    if (ie && ie->pos >= 0 && ie->pos < start) start = ie->pos;
+    int64_t more = past + 2; /* then packets the decoder may take in before it lets the
+                              * last frame out (decode order is not pts order) */
+    for (int64_t got = 0, want = frames_within(v, from, last); j < v->npk && more > 0; j++) {
+      got += v->pk[j].pts >= from && v->pk[j].pts <= last;
+      if (v->pk[j].end > end) end = v->pk[j].end;
+      more -= got >= want;
+    }
+    /* and the element headers the demuxer reads past a packet to find the next one (or the
+     * end of the file) */
+    room = add_range(out, nr, &cap, start, end + PACKET_SLACK - start, gap);
+  }
+  return room;
+}
+
+/* A remote video: the byte ranges the decode of idx[0..n) reads, from the keyframe before
+ * each wanted frame to the frames the decoder holds back for reordering past it
+ * (video_delay), in reading order, into *out (*nr of them; malloc'd, NULL when none): an
+ * mp4/mov's samples from its index, else packet_ranges.  Returns 0 when there were more
+ * than fit (the ranges then cover only the start of the decode), or they cannot be known. */
 static int decode_ranges(const mml_video *v, const int64_t *idx, int n, int64_t gap, int64_t **out,
                          int *nr) {
   *out = NULL;
   *nr = 0;
-  if (!v->io.fetcher || v->exact || v->ordinal || n <= 0) return 1;
+  if (!v->io.fetcher || v->ordinal || n <= 0) return 1;
+  if (v->exact) return packet_ranges(v, idx, n, gap, out, nr);
   int cnt = avformat_index_get_entries_count(v->st), cap = 0, room = 1;
   int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
   for (int k = 0; k < n && room; k++) {
@@ -664,6 +770,26 @@ static void will_decode(mml_video *v, const int64_t *idx, int n) {
  * those bytes must be in memory too. */
 #define PRELOAD_GAP (IO_BUF + (64 << 10))
 
+/* Bytes of the ranges r (nr of them) inside the source, as mml_vio_preload fetches them. */
+static int64_t ranges_bytes(const mml_video *v, const int64_t *r, int nr) {
+  int64_t sum = 0;
+  for (int k = 0; k < nr; k++) {
+    int64_t end = r[2 * k + 1] < v->io.size ? r[2 * k + 1] : v->io.size;
+    if (r[2 * k] >= 0 && end > r[2 * k]) sum += end - r[2 * k];
+  }
+  return sum;
+}
+
+int64_t mml_video_preload_bytes(const mml_video *v, const int64_t *idx, int n) {
+  if (!v || n <= 0 || !idx || v->io.size < 0) return 0;
+  int64_t *r;
+  int nr;
+  int whole = decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
+  int64_t sum = ranges_bytes(v, r, nr);
+  free(r);
+  return whole ? sum : 0;
+}
+
 mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
                              mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err) {
   *submitted = 0;
@@ -671,9 +797,8 @@ mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t ma
   int64_t *r;
   int nr;
   int whole = decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
-  int64_t sum = 0;
-  for (int k = 0; k < nr; k++) sum += r[2 * k + 1] - r[2 * k];
-  if (!whole || sum > max_bytes) nr = 0; /* not foreseeable whole, or too much at once */
+  if (!whole || ranges_bytes(v, r, nr) > max_bytes)
+    nr = 0; /* not foreseeable whole, or too much at once */
   mml_status st = mml_vio_preload(&v->io, r, nr, loaded, ctx, submitted, err);
   free(r);
   return st;

@@ -454,7 +454,9 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)) ||
       set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s.expanded_rows)) ||
       set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
-      set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)))
+      set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)) ||
+      set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s.video_preload_peak)) ||
+      set_num(d, "video_preloads_refused", PyLong_FromUnsignedLongLong(s.video_preloads_refused)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);

@@ -271,29 +271,34 @@ typedef struct mml_loader_stats {
   int nreasons;
   const char *reason[MML_MAX_REASONS]; /* static skip-reason names */
   uint64_t reason_count[MML_MAX_REASONS];
-  int pinned;                    /* batches are in page-locked memory */
-  int device;                    /* CUDA device of the batches, -1: host */
-  size_t pool_cached, pool_live; /* bytes in the host buffer pool */
-  size_t pool_live_peak;         /* the most bytes of the pool's buffers in use at one time */
-  size_t pool_peak;              /* the most bytes the pool held at one time (in use + cached) */
-  size_t scratch_mapped;         /* decoder scratch mapped now, the whole process's */
-  size_t scratch_mapped_peak;    /* ... and the most at one time (mml_mapped_usage) */
-  int64_t window_bytes;          /* capacity of the window's byte buffers: records, encoded
+  int pinned;                      /* batches are in page-locked memory */
+  int device;                      /* CUDA device of the batches, -1: host */
+  size_t pool_cached, pool_live;   /* bytes in the host buffer pool */
+  size_t pool_live_peak;           /* the most bytes of the pool's buffers in use at one time */
+  size_t pool_peak;                /* the most bytes the pool held at one time (in use + cached) */
+  size_t scratch_mapped;           /* decoder scratch mapped now, the whole process's */
+  size_t scratch_mapped_peak;      /* ... and the most at one time (mml_mapped_usage) */
+  int64_t window_bytes;            /* capacity of the window's byte buffers: records, encoded
                                     images of samples in flight, spare image buffers */
-  uint64_t page_faults;          /* minor page faults of the engine's own threads (workers and
+  uint64_t page_faults;            /* minor page faults of the engine's own threads (workers and
                                          collator: decode, resize, the writes into batch buffers) */
-  double page_faults_per_batch;  /* the same per delivered batch after the first
+  double page_faults_per_batch;    /* the same per delivered batch after the first
                                  MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
-  uint64_t moved_rows;           /* pixel rows copied because a sample failed only at decode
+  uint64_t moved_rows;             /* pixel rows copied because a sample failed only at decode
                                          (the batches after it were planned again); 0 otherwise */
-  uint64_t expanded_rows;        /* compact_pixels: pixel_values rows expanded from uint8 rows
+  uint64_t expanded_rows;          /* compact_pixels: pixel_values rows expanded from uint8 rows
                                     at emission (0: the images were decoded as they are
                                     delivered) */
-  uint64_t video_plan_waits;     /* times a worker waited on the network opening/probing a
+  uint64_t video_plan_waits;       /* times a worker waited on the network opening/probing a
                                     remote video for its plan (a HEAD, header blocks) */
-  uint64_t video_decode_waits;   /* ... while decoding one (0: every decode read preloaded
+  uint64_t video_decode_waits;     /* ... while decoding one (0: every decode read preloaded
                                     bytes from memory) */
-  int remote;                    /* a fetcher is in use; `fetch` is valid */
+  int64_t video_preload_peak;      /* the most remote video bytes held at once ahead of their
+                                    use (first blocks fetched with the images, packets
+                                    preloaded for decodes), counted in max_memory */
+  uint64_t video_preloads_refused; /* decodes not preloaded for want of max_memory room
+                                      (they read on demand: video_decode_waits) */
+  int remote;                      /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);

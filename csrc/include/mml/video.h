@@ -11,8 +11,9 @@
  *     memory (a WebDataset member) or an http(s):// / s3:// object read in ranged blocks
  *     through the existing fetcher (ranged GETs, a few cached blocks): an mp4 whose moov
  *     comes first is never downloaded whole when a few frames are kept.  The blocks a
- *     read will need (the packet pass over an mkv/webm/avi: the rest of the file; an mp4
- *     decode: the samples from the keyframe before each kept frame, from its index) are
+ *     read will need (the packet pass over an mkv/webm/avi: the rest of the file; a
+ *     decode: the packets from the keyframe before each kept frame, from an mp4's index
+ *     or the places the packet pass met them at) are
  *     fetched ahead, 4 at once, so the decode waits on about one round trip, not one per
  *     block; the bytes read are the same.
  *   - Frame index i means what qwen-vl-utils, decord, torchcodec and a full PyAV decode
@@ -109,10 +110,13 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
  * no second open: no second probe, and no second packet pass over an mkv/webm/avi. */
 void mml_video_idle(mml_video *v);
 
-/* Preloading a planned decode (a remote mp4/mov, frame table from its index; others: a
- * no-op, *submitted 0): the exact byte ranges of the packets mml_video_decode(v, idx, n)
- * will read (from the keyframe before each kept frame through its own packet and the
- * decoder's reordering delay; close ones merged) are fetched now, one ranged GET each,
+/* Preloading a planned decode (a remote video; local and in-memory ones: a no-op,
+ * *submitted 0): the exact byte ranges of the packets mml_video_decode(v, idx, n) will
+ * read (from the keyframe before each kept frame -- where the demuxer's seek lands -- through
+ * its own packet and the decoder's reordering delay; close ones merged) are fetched now,
+ * from an mp4/mov's sample index, or for mkv/webm/avi/... from the places of the packets
+ * their open's packet pass met (plus the next packets the decoder may take in and 4 KiB of
+ * element headers past the last), one ranged GET each,
  * through the fetcher; loaded(ctx, bytes) runs on the fetcher's I/O thread once per GET
  * submitted (*submitted; bytes 0: it failed).  Once all have run, the decode reads from
  * memory and never waits on the network; a failed range or a read the index did not
@@ -121,6 +125,10 @@ void mml_video_idle(mml_video *v);
  * (the decode reads on demand, a few blocks at a time).  Call between mml_video_idle and
  * mml_video_decode, with the indices of that decode.  Failures: MML_ENOMEM. */
 typedef void (*mml_video_loaded_fn)(void *ctx, size_t bytes);
+/* The bytes mml_video_preload(v, idx, n, ...) would fetch, what the preload holds in memory
+ * until the decode ends (0: nothing to preload: not remote, or no foreseeable ranges), so
+ * a caller can make room for them first and pass them as its max_bytes. */
+int64_t mml_video_preload_bytes(const mml_video *v, const int64_t *idx, int n);
 mml_status mml_video_preload(mml_video *v, const int64_t *idx, int n, int64_t max_bytes,
                              mml_video_loaded_fn loaded, void *ctx, int *submitted, mml_err *err);
 /* Times v's reader waited on the network (its HEAD, blocks read on demand, fetches still in
