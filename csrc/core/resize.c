@@ -181,6 +181,17 @@ int mml_cpu_avx512(void) {
   return v;
 }
 
+/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI (byte permutes: pixels.c). */
+int mml_cpu_avx512_vbmi(void) {
+  static _Atomic int has = -1;
+  int v = atomic_load_explicit(&has, memory_order_relaxed);
+  if (v < 0) {
+    v = mml_cpu_avx512() && __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+    atomic_store_explicit(&has, v, memory_order_relaxed);
+  }
+  return v;
+}
+
 #define MML_TARGET_AVX512 __attribute__((target("avx2,avx512f,avx512bw")))
 
 /* Transposes 4 pixels of 8 rows per step: each row's 12 bytes become 4 RGBX dwords (one
@@ -333,6 +344,7 @@ __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis 
 int mml_cpu_avx2(void) { return 0; }
 int mml_cpu_fma(void) { return 0; }
 int mml_cpu_avx512(void) { return 0; }
+int mml_cpu_avx512_vbmi(void) { return 0; }
 #endif
 
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
