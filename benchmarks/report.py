@@ -841,15 +841,28 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     return written
 
 
+def md_path_for(out_dir: str) -> str:
+    """Where results.md goes for the suite's output folder: benchmarks/results.md for the
+    default folder (benchmarks/results), else inside the folder itself (never beside it:
+    an --e2e-out of /tmp/x must not write /tmp/results.md)."""
+    out_dir = os.path.abspath(out_dir)
+    if out_dir == os.path.join(HERE, "results"):
+        return os.path.join(HERE, "results.md")
+    return os.path.join(out_dir, "results.md")
+
+
 def generate(json_path: str, out_dir: Optional[str] = None, md_path: Optional[str] = None) -> str:
-    """Writes results.md and the plots from the suite's JSON; returns the Markdown."""
+    """Writes results.md (md_path, default md_path_for(out_dir)) and the plots from the
+    suite's JSON; returns the Markdown (its image links relative to results.md)."""
     with open(json_path) as f:
         data = json.load(f)
-    out_dir = out_dir or os.path.dirname(os.path.abspath(json_path))
-    md_path = md_path or os.path.join(os.path.dirname(out_dir), "results.md")
+    out_dir = os.path.abspath(out_dir or os.path.dirname(os.path.abspath(json_path)))
+    md_path = md_path or md_path_for(out_dir)
     _check(data)
     plots(data, out_dir)
-    md = markdown(data, results_dir=out_dir)
+    rel = os.path.relpath(out_dir, os.path.dirname(os.path.abspath(md_path)))
+    prefix = "" if rel == os.curdir else rel.replace(os.sep, "/") + "/"
+    md = markdown(data, img_prefix=prefix, results_dir=out_dir)
     with open(md_path, "w") as f:
         f.write(md)
     return md

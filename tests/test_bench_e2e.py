@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -232,6 +233,18 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
     report.fill_readme(str(path), str(readme))
     text = readme.read_text()
     assert "\nold\n" not in text and "| **mmloader** | 60.0" in text and text.endswith("b\n")
+    # --e2e-out DIR: results.md goes inside DIR with its plot links relative to it (it was
+    # written beside DIR, /tmp/x -> /tmp/results.md, linking a results/ folder not there)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "e2e.json").write_text(json.dumps(data))
+    md = report.generate(str(out / "e2e.json"))
+    assert (out / "results.md").read_text() == md
+    assert not (tmp_path / "results.md").exists() and "](results/" not in md
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
+        assert (out / link).exists(), link
+    bench = os.path.join(ROOT, "benchmarks")
+    assert report.md_path_for(os.path.join(bench, "results")) == os.path.join(bench, "results.md")
 
 
 def test_report_says_why_batches_are_late_and_what_memory_is():
