@@ -976,6 +976,13 @@ class Loader:
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
         pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
+        cache is trimmed to the most bytes in use at once over the last ~128 batches):
+        pool_live_peak_bytes and pool_peak_bytes (the most in use at one time, and in use +
+        cached), window_bytes (the window's record and encoded-image buffers, spares
+        included) and scratch_mapped_bytes / scratch_mapped_peak_bytes (decoder scratch
+        that scales with the image, e.g. a progressive JPEG's coefficients: the whole
+        process's, now and at most),
         video_plan_waits / video_decode_waits (times a worker waited on the network for a
         remote video: opening and probing it to plan the sample / decoding it; the decode's
         packets are fetched when the sample is planned, so the latter stays 0), and

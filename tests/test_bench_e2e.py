@@ -264,7 +264,17 @@ def test_report_says_why_batches_are_late_and_what_memory_is():
             batch_mb=50.0,
             interval_ms=spread(p50, 400.0),
             slow_interval_share=share,
-            loader_stats={"prefetch": 4, "pool_live_bytes": 300 << 20, "pool_cached_bytes": 0},
+            batch_max_mb=200.0,
+            batch_pair_max_mb=320.0 + 40 * r,
+            loader_stats={
+                "prefetch": 4,
+                "pool_live_bytes": 300 << 20,
+                "pool_cached_bytes": 0,
+                "pool_peak_bytes": 420 << 20,
+                "pool_live_peak_bytes": 400 << 20,
+                "window_bytes": 10 << 20,
+                "scratch_mapped_peak_bytes": 30 << 20,
+            },
         )
         for r, (own, p50, share) in enumerate([(500.0, 100.0, 0.1), (600.0, 120.0, 0.3)])
     ]
@@ -279,5 +289,9 @@ def test_report_says_why_batches_are_late_and_what_memory_is():
     mem = " ".join(report.memory_lines(data))
     assert "PyTorch DataLoader 1000 MB = 20.0 x 50 MB" in mem
     assert "mmloader 550 MB = 11.0 x 50 MB" in mem and "held 300 MB in buffers" in mem
+    assert "the pool 420 MB, of it 400 MB in use at one time" in mem and "20 MB more" in mem
+    assert "is 340 (320-360) MB, the largest single batch 200 (200-200) MB" in mem
+    assert "1/3 of the DataLoader's own memory is 333 MB, so that target is below" in mem
+    assert "Own memory over the floor: 210 MB." in mem
     assert report.lateness_lines({"meta": {}, "runs": []}) == []
     assert report.memory_lines({"meta": {}, "runs": []}) == []
