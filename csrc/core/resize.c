@@ -22,9 +22,10 @@
  * the output is planar, which is what patchify wants.  The vertical pass runs 32 outputs
  * at a time with all taps in registers.  Both have AVX2 versions (intrinsics, picked at
  * run time with __builtin_cpu_supports) and portable C versions; saturating packs give
- * exactly clip8.  The vertical passes also have AVX-512 versions (mml_cpu_avx512), faster
- * even on Zen 4's split 512-bit units; the horizontal pass's was not (a 16-lane R+G
- * accumulator: ~5% slower there), so it stays AVX2.  Split RGB -> planar (unresized
+ * exactly clip8.  The vertical passes are one body (resize_vpass.h) compiled for AVX2 and
+ * for AVX-512 (mml_cpu_avx512), faster even on Zen 4's split 512-bit units; the horizontal
+ * pass's AVX-512 version was not (a 16-lane R+G accumulator: ~5% slower there), so it
+ * stays AVX2.  Split RGB -> planar (unresized
  * widths) is AVX2 byte shuffles.  (Tried and measured no faster on this AMD EPYC: a
  * vpdpbusd vertical pass with the weights in three signed byte digits; int32 columns for the horizontal
  * pass, which moved the widening from the taps into the transpose; in the horizontal
@@ -176,6 +177,17 @@ int mml_cpu_avx512(void) {
                 __builtin_cpu_supports("avx512bw")
             ? 1
             : 0;
+    atomic_store_explicit(&has, v, memory_order_relaxed);
+  }
+  return v;
+}
+
+/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI (byte permutes: pixels.c). */
+int mml_cpu_avx512_vbmi(void) {
+  static _Atomic int has = -1;
+  int v = atomic_load_explicit(&has, memory_order_relaxed);
+  if (v < 0) {
+    v = mml_cpu_avx512() && __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
     atomic_store_explicit(&has, v, memory_order_relaxed);
   }
   return v;
@@ -333,6 +345,7 @@ __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis 
 int mml_cpu_avx2(void) { return 0; }
 int mml_cpu_fma(void) { return 0; }
 int mml_cpu_avx512(void) { return 0; }
+int mml_cpu_avx512_vbmi(void) { return 0; }
 #endif
 
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
@@ -361,113 +374,41 @@ void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, 
   }
 }
 
-/* The vertical pass: 32 outputs at a time with all taps accumulated in registers.  An AVX2
- * version (intrinsics, chosen at run time) and a portable one; same integer arithmetic.
- * The AVX2 version's last step is placed to end at byte n (overlapping the previous one). */
+/* The vertical passes (resize_vpass.h), one copy per vector width: AVX2 (8 int32 lanes:
+ * 32 outputs per step for one row, 16 for each of a pair) and AVX-512 (16 lanes, twice
+ * that).  Zen 4 runs each 512-bit op as two 256-bit halves, yet the AVX-512 copy measured
+ * 15-20% faster there than the AVX2 one (half the instructions for the front end; the
+ * 128-bit widening loads).  Four accumulators are packed as in pack4_avx2 (dword c of
+ * 128-bit lane l is accumulator c's values 4l..4l+3) and one dword permute puts them in
+ * order.  The portable loops are in mml_resample_row_v. */
 #ifdef MML_HAVE_AVX2_PATH
-__attribute__((target("avx2"))) static void row_v_avx2(const int32_t *k, int cnt,
-                                                       const uint8_t *const *rows, size_t off,
-                                                       int n, uint8_t *restrict dst) {
-  const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  if (cnt == 4) { /* the common case, unrolled with the rows and weights in registers */
-    const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off,
-                  *r3 = rows[3] + off;
-    const __m256i w0 = _mm256_set1_epi32(k[0]), w1 = _mm256_set1_epi32(k[1]),
-                  w2 = _mm256_set1_epi32(k[2]), w3 = _mm256_set1_epi32(k[3]);
-    for (int i = 0;; i += 32) {
-      if (i > n - 32) i = n - 32;
-      __m256i s[4];
-      for (int q = 0; q < 4; q++) {
-        s[q] = half;
-        MAC8(s[q], r0 + i + 8 * q, w0);
-        MAC8(s[q], r1 + i + 8 * q, w1);
-        MAC8(s[q], r2 + i + 8 * q, w2);
-        MAC8(s[q], r3 + i + 8 * q, w3);
-      }
-      __m256i p = pack4_avx2(s[0], s[1], s[2], s[3]);
-      _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
-      if (i == n - 32) break;
-    }
-    return;
-  }
-  for (int i = 0;; i += 32) {
-    if (i > n - 32) i = n - 32;
-    __m256i s0 = half, s1 = half, s2 = half, s3 = half;
-    for (int j = 0; j < cnt; j++) {
-      const uint8_t *row = rows[j] + off + i;
-      const __m256i w = _mm256_set1_epi32(k[j]);
-      MAC8(s0, row, w);
-      MAC8(s1, row + 8, w);
-      MAC8(s2, row + 16, w);
-      MAC8(s3, row + 24, w);
-    }
-    __m256i p = pack4_avx2(s0, s1, s2, s3);
-    _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(p, order));
-    if (i == n - 32) break;
-  }
-}
-#endif
+#define VX(name) name##_avx2
+#define VFN __attribute__((target("avx2")))
+#define V __m256i
+#define VN 8
+#define V_SET1 _mm256_set1_epi32
+#define V_ADD _mm256_add_epi32
+#define V_MUL _mm256_mullo_epi32
+#define V_WIDEN(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define V_PACK4(s0, s1, s2, s3) \
+  _mm256_permutevar8x32_epi32(pack4_avx2(s0, s1, s2, s3), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+#define V_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+#define V_STORE_LO(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_castsi256_si128(v))
+#define V_STORE_HI(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_extracti128_si256((v), 1))
+#include "resize_vpass.h"
+#undef VX
+#undef VFN
+#undef V
+#undef VN
+#undef V_SET1
+#undef V_ADD
+#undef V_MUL
+#undef V_WIDEN
+#undef V_PACK4
+#undef V_STORE
+#undef V_STORE_LO
+#undef V_STORE_HI
 
-/* Two consecutive output rows that read rows[0..3] and rows[1..4] (four taps each, the
- * common case when the height changes by less than half): each input row is loaded and
- * widened once for both, 16 outputs of each row per step (four accumulators and the
- * eight weights stay in registers).  Same integer arithmetic as row_v_avx2. */
-#ifdef MML_HAVE_AVX2_PATH
-__attribute__((target("avx2"))) static void rows_v2_avx2(const int32_t *k0, const int32_t *k1,
-                                                         const uint8_t *const *rows, size_t off,
-                                                         int n, uint8_t *restrict dst0,
-                                                         uint8_t *restrict dst1) {
-  const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off, *r3 = rows[3] + off,
-                *r4 = rows[4] + off;
-  const __m256i a0 = _mm256_set1_epi32(k0[0]), a1 = _mm256_set1_epi32(k0[1]),
-                a2 = _mm256_set1_epi32(k0[2]), a3 = _mm256_set1_epi32(k0[3]);
-  const __m256i b0 = _mm256_set1_epi32(k1[0]), b1 = _mm256_set1_epi32(k1[1]),
-                b2 = _mm256_set1_epi32(k1[2]), b3 = _mm256_set1_epi32(k1[3]);
-#define WIDEN8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
-#define ACC(s, x, w) s = _mm256_add_epi32(s, _mm256_mullo_epi32((x), (w)))
-  for (int i = 0;; i += 16) {
-    if (i > n - 16) i = n - 16;
-    __m256i s0 = half, s1 = half, t0 = half, t1 = half; /* s: row 0, t: row 1 */
-    for (int q = 0; q < 2; q++) {
-      const int o = i + 8 * q;
-      __m256i *s = q ? &s1 : &s0, *t = q ? &t1 : &t0, x;
-      x = WIDEN8(r0 + o);
-      ACC(*s, x, a0);
-      x = WIDEN8(r1 + o);
-      ACC(*s, x, a1);
-      ACC(*t, x, b0);
-      x = WIDEN8(r2 + o);
-      ACC(*s, x, a2);
-      ACC(*t, x, b1);
-      x = WIDEN8(r3 + o);
-      ACC(*s, x, a3);
-      ACC(*t, x, b2);
-      x = WIDEN8(r4 + o);
-      ACC(*t, x, b3);
-    }
-    /* dwords s0.lo s1.lo t0.lo t1.lo | s0.hi s1.hi t0.hi t1.hi -> row 0's 16 | row 1's 16 */
-    const __m256i p = _mm256_permutevar8x32_epi32(pack4_avx2(s0, s1, t0, t1), order);
-    _mm_storeu_si128((__m128i *)(dst0 + i), _mm256_castsi256_si128(p));
-    _mm_storeu_si128((__m128i *)(dst1 + i), _mm256_extracti128_si256(p, 1));
-    if (i == n - 16) break;
-  }
-#undef ACC
-#undef WIDEN8
-}
-#endif
-
-/* The AVX-512 vertical passes: the AVX2 ones' arithmetic on 16-lane vectors, twice the
- * outputs per step (64 for one row, 32 for each of a pair).  Zen 4 runs each 512-bit op as
- * two 256-bit halves, yet these measured 15-20% faster there than the AVX2 ones (half the
- * instructions for the front end; the 128-bit widening loads).  Four accumulators of 16
- * int32 are packed as in pack4_avx2 (dword c of 128-bit lane l is accumulator c's values
- * 4l..4l+3), and one dword permute puts them in order.  Needs n >= 64 (one row) or 32. */
-#ifdef MML_HAVE_AVX2_PATH
-#define WIDEN16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
-#define ACC16(s, x, w) s = _mm512_add_epi32(s, _mm512_mullo_epi32((x), (w)))
 MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m512i s2,
                                                      __m512i s3) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -479,63 +420,31 @@ MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m
       order, _mm512_packus_epi16(_mm512_packs_epi32(s0, s1), _mm512_packs_epi32(s2, s3)));
 }
 
-MML_TARGET_AVX512 static void row_v_avx512(const int32_t *k, int cnt, const uint8_t *const *rows,
-                                           size_t off, int n, uint8_t *restrict dst) {
-  const __m512i half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
-  for (int i = 0;; i += 64) {
-    if (i > n - 64) i = n - 64;
-    __m512i s0 = half, s1 = half, s2 = half, s3 = half;
-    for (int j = 0; j < cnt; j++) {
-      const uint8_t *row = rows[j] + off + i;
-      const __m512i w = _mm512_set1_epi32(k[j]);
-      ACC16(s0, WIDEN16(row), w);
-      ACC16(s1, WIDEN16(row + 16), w);
-      ACC16(s2, WIDEN16(row + 32), w);
-      ACC16(s3, WIDEN16(row + 48), w);
-    }
-    _mm512_storeu_si512((void *)(dst + i), pack4_avx512(s0, s1, s2, s3));
-    if (i == n - 64) break;
-  }
-}
-
-MML_TARGET_AVX512 static void rows_v2_avx512(const int32_t *k0, const int32_t *k1,
-                                             const uint8_t *const *rows, size_t off, int n,
-                                             uint8_t *restrict dst0, uint8_t *restrict dst1) {
-  const __m512i half = _mm512_set1_epi32(1 << (PRECISION_BITS - 1));
-  const uint8_t *r0 = rows[0] + off, *r1 = rows[1] + off, *r2 = rows[2] + off, *r3 = rows[3] + off,
-                *r4 = rows[4] + off;
-  const __m512i a0 = _mm512_set1_epi32(k0[0]), a1 = _mm512_set1_epi32(k0[1]),
-                a2 = _mm512_set1_epi32(k0[2]), a3 = _mm512_set1_epi32(k0[3]);
-  const __m512i b0 = _mm512_set1_epi32(k1[0]), b1 = _mm512_set1_epi32(k1[1]),
-                b2 = _mm512_set1_epi32(k1[2]), b3 = _mm512_set1_epi32(k1[3]);
-  for (int i = 0;; i += 32) {
-    if (i > n - 32) i = n - 32;
-    __m512i s0 = half, s1 = half, t0 = half, t1 = half; /* s: row 0, t: row 1 */
-    for (int q = 0; q < 2; q++) {
-      const int o = i + 16 * q;
-      __m512i *s = q ? &s1 : &s0, *t = q ? &t1 : &t0, x;
-      x = WIDEN16(r0 + o);
-      ACC16(*s, x, a0);
-      x = WIDEN16(r1 + o);
-      ACC16(*s, x, a1);
-      ACC16(*t, x, b0);
-      x = WIDEN16(r2 + o);
-      ACC16(*s, x, a2);
-      ACC16(*t, x, b1);
-      x = WIDEN16(r3 + o);
-      ACC16(*s, x, a3);
-      ACC16(*t, x, b2);
-      x = WIDEN16(r4 + o);
-      ACC16(*t, x, b3);
-    }
-    const __m512i p = pack4_avx512(s0, s1, t0, t1); /* row 0's 32 bytes | row 1's 32 */
-    _mm256_storeu_si256((__m256i *)(dst0 + i), _mm512_castsi512_si256(p));
-    _mm256_storeu_si256((__m256i *)(dst1 + i), _mm512_extracti64x4_epi64(p, 1));
-    if (i == n - 32) break;
-  }
-}
-#undef ACC16
-#undef WIDEN16
+#define VX(name) name##_avx512
+#define VFN MML_TARGET_AVX512
+#define V __m512i
+#define VN 16
+#define V_SET1 _mm512_set1_epi32
+#define V_ADD _mm512_add_epi32
+#define V_MUL _mm512_mullo_epi32
+#define V_WIDEN(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define V_PACK4 pack4_avx512
+#define V_STORE(p, v) _mm512_storeu_si512((void *)(p), (v))
+#define V_STORE_LO(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_castsi512_si256(v))
+#define V_STORE_HI(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_extracti64x4_epi64((v), 1))
+#include "resize_vpass.h"
+#undef VX
+#undef VFN
+#undef V
+#undef VN
+#undef V_SET1
+#undef V_ADD
+#undef V_MUL
+#undef V_WIDEN
+#undef V_PACK4
+#undef V_STORE
+#undef V_STORE_LO
+#undef V_STORE_HI
 #endif
 
 void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,

@@ -30,6 +30,8 @@ int mml_cpu_avx2(void);
 int mml_cpu_fma(void);
 /* 1 when mml_cpu_avx2() and the CPU has AVX-512 F and BW (MML_DISABLE_AVX512 unset or "0"). */
 int mml_cpu_avx512(void);
+/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI (pixels.c's table lookups). */
+int mml_cpu_avx512_vbmi(void);
 
 /* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
  * the rows are transposed into `tbuf` (mml_resample_tbuf_size(a) bytes of scratch) so

@@ -7,6 +7,8 @@
  *   process   decode rows -> horizontal bicubic pass on groups of 8 rows (uint8, planar
  *             output) -> vertical pass one output row at a time, written straight into a
  *             planar block of P*M rows -> normalise + patchify the block into pixel_values
+ *             (uint8: each output row is scattered into its patch rows as it comes, no
+ *             block: vision_patch.c u8_scatter)
  *
  * Normalisation uses the reference's exact arithmetic: float32(double(v) * (1/255)), then
  * (x - float32(mean)) / float32(std) in float32 — as a 256-entry table per channel in the

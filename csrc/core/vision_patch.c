@@ -12,7 +12,9 @@
  *             only when it matched the table bit for bit;
  *   bfloat16  that table rounded to nearest even (portable), or the AVX2 float32 values
  *             rounded the same way in AVX2 (so the same bits);
- *   uint8     the resized bytes themselves.
+ *   uint8     the resized bytes themselves, scattered row by row into the patch rows
+ *             as the resize announces them (u8_scatter: no block; the block writer
+ *             write_u8 remains for P*M < 4, where the row ring would not fit in it).
  *
  * Layout (SPEC-QWEN.md): row = ((bh*(gw/M) + bw)*M + mh)*M + mw,
  *                        col = ((c*S + s)*P + py)*P + px  (S frame slots per row: T for
@@ -301,6 +303,65 @@ void mml_patch_finish(patch_ctx *g) {
   g->pend_bh = -1;
 }
 
+/* uint8, row by row (mml_patch_out's row_out for the uint8 format): output rows go to a
+ * ring of MML_HROWS planar rows in the scratch block (the most a resize asks for before
+ * announcing the first: L1-sized for common widths) and each announced row is scattered
+ * straight into its patch rows: the P bytes of (c, slot, py) of each patch.  No block of
+ * P*M rows is written and read back from L2 (that second pass was write_u8).  Where P <= 16
+ * and py < P - 1 each piece is one 16-byte copy: its last 16 - P bytes land on the first
+ * bytes of (c, slot, py + 1) of the same patch, which the next output row rewrites
+ * (rows come in increasing y); row py = P - 1 is copied exactly.  Bytes written: the same
+ * as the block path's.  The output is not in the caches: each piece prefetches (for
+ * writing) the place of the piece four rows on, ~a cache line ahead. */
+static inline __attribute__((always_inline)) void u8_scatter(const patch_ctx *g, int y,
+                                                             const uint8_t *buf, const int P) {
+  const int M = g->M, ns = g->nslots, PM = P * M, nb = g->gw / M;
+  const int bh = y / PM, mh = (y % PM) / P, py = y % P, wide = P <= 16 && py < P - 1;
+  const size_t W = (size_t)g->gw * P + 16, PP = (size_t)P * P, rb = g->row_bytes;
+  const size_t cs = (size_t)g->S * PP;
+  uint8_t *base = patch_row(g, bh, 0, mh, 0) + (size_t)g->slot0 * PP + (size_t)py * P;
+  for (int bw = 0; bw < nb; bw++)
+    for (int mw = 0; mw < M; mw++) {
+      uint8_t *row = base + ((size_t)bw * M * M + mw) * rb;
+      const uint8_t *src = buf + (size_t)(bw * M + mw) * P;
+      for (int c = 0; c < 3; c++) {
+        const uint8_t *sp = src + c * W;
+        uint8_t *d = row + c * cs;
+        for (int t = 0; t < ns; t++, d += PP) {
+          __builtin_prefetch(d + 4 * P, 1);
+          if (wide)
+            memcpy(d, sp, 16);
+          else
+            memcpy(d, sp, (size_t)P);
+        }
+      }
+    }
+}
+
+static uint8_t *u8_dst(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  return g->block + (size_t)(y % MML_HROWS) * 3 * ((size_t)g->gw * g->P + 16);
+}
+
+static void key_white(const patch_ctx *g, uint8_t *r, size_t plane) {
+  for (int x = 0; x < g->gw * g->P; x++)
+    if (r[x] == g->kc[0] && r[plane + x] == g->kc[1] && r[2 * plane + x] == g->kc[2])
+      r[x] = r[plane + x] = r[2 * plane + x] = 255;
+}
+
+static void u8_done(void *ctx, int y) {
+  patch_ctx *g = ctx;
+  uint8_t *r = u8_dst(ctx, y);
+  if (g->key < 0) g->key = mml_decoder_color_key(g->dec, g->kc);
+  if (g->key) key_white(g, r, (size_t)g->gw * g->P + 16); /* the keyed colour becomes white */
+  if (g->P == 14)
+    u8_scatter(g, y, r, 14);
+  else if (g->P == 16)
+    u8_scatter(g, y, r, 16);
+  else
+    u8_scatter(g, y, r, g->P);
+}
+
 /* row_out for patchify: output rows go straight into the planar block.  A full block is
  * not written out at once: its patches are written a share per output row of the next
  * block (two blocks alternate), so the stream of output stores is spread over the whole
@@ -317,11 +378,9 @@ static void patch_done(void *ctx, int y) {
   const int PM = g->P * g->M, in_block = y % PM + 1, bw_n = g->gw / g->M;
   if (g->key < 0) g->key = mml_decoder_color_key(g->dec, g->kc);
   if (g->key) { /* the keyed colour of the resized row becomes white */
-    const size_t stride = (size_t)g->gw * g->P + 16, plane = (size_t)PM * stride;
-    uint8_t *r = g->block + (size_t)((y / PM) & 1) * g->half + (size_t)(y % PM) * stride;
-    for (int x = 0; x < g->gw * g->P; x++)
-      if (r[x] == g->kc[0] && r[plane + x] == g->kc[1] && r[2 * plane + x] == g->kc[2])
-        r[x] = r[plane + x] = r[2 * plane + x] = 255;
+    const size_t stride = (size_t)g->gw * g->P + 16;
+    key_white(g, g->block + (size_t)((y / PM) & 1) * g->half + (size_t)(y % PM) * stride,
+              (size_t)PM * stride);
   }
   if (g->pend_bh >= 0) {
     int to = (int)(((int64_t)bw_n * in_block + PM - 1) / PM);
@@ -404,5 +463,7 @@ mml_status mml_patch_init(patch_ctx *g, mml_vision_scratch *s, const mml_vision_
 }
 
 row_out mml_patch_out(patch_ctx *g) {
+  if (g->write == write_u8 && g->P * g->M * 2 >= MML_HROWS) /* the ring fits in the block */
+    return (row_out){u8_dst, u8_done, g, (size_t)g->gw * g->P + 16};
   return (row_out){patch_dst, patch_done, g, (size_t)g->P * g->M * (g->gw * g->P + 16)};
 }
