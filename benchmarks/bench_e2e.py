@@ -1,7 +1,7 @@
 """End to end: JSONL + images -> Qwen2.5-VL batches, mmloader against its peers, one run.
 
-    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s             # ~30-40 min
-    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-smoke  # seconds
+    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s             # ~22 min
+    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-smoke  # minutes
     python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s --e2e-full   # longer
 
 Every pipeline does the same work on the same dataset (benchmarks/pipelines/dataset.py,
@@ -27,8 +27,8 @@ benchmarks/results.md, README.md's results block and the plots, and prints the t
 met or not.
 
 Options (or environment): --e2e-smoke (MML_BENCH_SMOKE=1), --e2e-full (MML_BENCH_FULL=1),
---e2e-out DIR (MML_BENCH_OUT; default benchmarks/results, and only then is README.md
-filled); MML_BENCH_TOKENIZER picks the tokenizer.json (default:
+--e2e-out DIR (MML_BENCH_OUT; e2e.json, plots and results.md go there; default
+benchmarks/results, with benchmarks/results.md, and only then is README.md filled); MML_BENCH_TOKENIZER picks the tokenizer.json (default:
 ../shared/data/qwen3-tokenizer, else mmloader's tiny one); MML_BENCH_PIPELINES=a,b runs
 only those; MML_BENCH_REPEATS, MML_BENCH_MIN_SECONDS, MML_BENCH_MIN_SAMPLES,
 MML_BENCH_MAX_SECONDS (a run's cap, default MAX_SECONDS), MML_BENCH_RECORDS override the sizes;
@@ -324,9 +324,7 @@ class Suite:
         path = os.path.join(self.out, "e2e.json")
         with open(path, "w") as f:
             json.dump({"meta": self.meta(), "runs": self.runs}, f, indent=1)
-        md = report.generate(
-            path, out_dir=self.out, md_path=os.path.join(os.path.dirname(self.out), "results.md")
-        )
+        md = report.generate(path, out_dir=self.out)  # results.md: report.md_path_for
         if os.path.abspath(self.out) == os.path.join(HERE, "results"):
             report.fill_readme(path, os.path.join(os.path.dirname(HERE), "README.md"))
         print("\n" + md)

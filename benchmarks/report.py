@@ -764,7 +764,51 @@ def memory_lines(data: Dict[str, Any]) -> List[str]:
             f"in buffers still in use and {cached[0] / 2**20:.0f} MB cached for reuse "
             "(Loader.stats(), median)."
         )
+    text += _own_parts(data)
     return [text, ""]
+
+
+def _own_parts(data: Dict[str, Any]) -> str:
+    """mmloader's float32 own memory in parts (Loader.stats() high-water marks, medians of
+    the local runs) beside the floor at its depth: the largest two batches in a row (the
+    trainer's batch and the next one)."""
+
+    def mb(key: str) -> Optional[float]:
+        v = _sub(data, "throughput", "mmloader", "loader_stats", key, None)
+        return v[0] / 2**20 if v else None
+
+    peak, live_peak = mb("pool_peak_bytes"), mb("pool_live_peak_bytes")
+    pair = stat(data, "throughput", "local", "mmloader", "batch_pair_max_mb")
+    big = stat(data, "throughput", "local", "mmloader", "batch_max_mb")
+    own = own_mb(data, "local", "mmloader")
+    if peak is None or live_peak is None or not pair or not big:
+        return ""
+    win, scr = mb("window_bytes"), mb("scratch_mapped_peak_bytes")
+    text = (
+        f" Its parts (float32, high-water marks): the pool {peak:.0f} MB, of it "
+        f"{live_peak:.0f} MB in use at one time (the batch being expanded, its uint8 rows, "
+        "the uint8 rows of the batches being decoded, the trainer's batch while it holds "
+        f"one) and {peak - live_peak:.0f} MB more cached"
+    )
+    if win is not None:
+        text += f"; the window's encoded bytes {win:.0f} MB (at the end)"
+    if scr is not None:
+        text += f"; decoder scratch at most {scr:.0f} MB"
+    text += (
+        f". The floor at this depth, the largest two float32 batches in a row (the "
+        f"trainer's and the next), is {pair[0]:.0f} ({pair[1]:.0f}-{pair[2]:.0f}) MB, the "
+        f"largest single batch {big[0]:.0f} ({big[1]:.0f}-{big[2]:.0f}) MB"
+    )
+    dl = own_mb(data, "local", "dataloader")
+    if dl:
+        text += f"; 1/3 of the DataLoader's own memory is {dl / 3:.0f} MB, so that target " + (
+            "is below this floor." if pair[0] > dl / 3 else "is above this floor."
+        )
+    else:
+        text += "."
+    if own is not None:
+        text += f" Own memory over the floor: {own - pair[0]:.0f} MB."
+    return text
 
 
 def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
@@ -841,15 +885,28 @@ def plots(data: Dict[str, Any], out_dir: str) -> List[str]:
     return written
 
 
+def md_path_for(out_dir: str) -> str:
+    """Where results.md goes for the suite's output folder: benchmarks/results.md for the
+    default folder (benchmarks/results), else inside the folder itself (never beside it:
+    an --e2e-out of /tmp/x must not write /tmp/results.md)."""
+    out_dir = os.path.abspath(out_dir)
+    if out_dir == os.path.join(HERE, "results"):
+        return os.path.join(HERE, "results.md")
+    return os.path.join(out_dir, "results.md")
+
+
 def generate(json_path: str, out_dir: Optional[str] = None, md_path: Optional[str] = None) -> str:
-    """Writes results.md and the plots from the suite's JSON; returns the Markdown."""
+    """Writes results.md (md_path, default md_path_for(out_dir)) and the plots from the
+    suite's JSON; returns the Markdown (its image links relative to results.md)."""
     with open(json_path) as f:
         data = json.load(f)
-    out_dir = out_dir or os.path.dirname(os.path.abspath(json_path))
-    md_path = md_path or os.path.join(os.path.dirname(out_dir), "results.md")
+    out_dir = os.path.abspath(out_dir or os.path.dirname(os.path.abspath(json_path)))
+    md_path = md_path or md_path_for(out_dir)
     _check(data)
     plots(data, out_dir)
-    md = markdown(data, results_dir=out_dir)
+    rel = os.path.relpath(out_dir, os.path.dirname(os.path.abspath(md_path)))
+    prefix = "" if rel == os.curdir else rel.replace(os.sep, "/") + "/"
+    md = markdown(data, img_prefix=prefix, results_dir=out_dir)
     with open(md_path, "w") as f:
         f.write(md)
     return md

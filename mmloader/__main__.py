@@ -86,7 +86,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mmloader", description=__doc__.splitlines()[0])
+    # the docstring's first paragraph, whole (its first line alone stopped mid-sentence)
+    about = " ".join((__doc__ or "").split("\n\n")[0].split())
+    p = argparse.ArgumentParser(prog="python -m mmloader", description=about)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="generate a small dataset and time the loader on it")
     d.add_argument("--samples", type=int, default=512, help="records to generate (512)")

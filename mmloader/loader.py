@@ -959,17 +959,30 @@ class Loader:
 
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> Dict[str, Any]:
-        """Engine statistics: wait_time_ratio (time blocked in next / wall time since the
-        first next), per-stage busy seconds (read_s, vision_s, tokenize_s, collate_s;
-        decode_s is the decoder's part of vision_s),
-        queue_depth, samples and good_samples (taken by the collator, once each: they run
+        """Engine statistics: wait_time_ratio (wait_s, the time blocked in next, / wall_s,
+        the wall time since the first next), per-stage busy seconds (read_s, vision_s,
+        tokenize_s, collate_s; decode_s is the decoder's part of vision_s),
+        queue_depth (finished batches waiting), prefetch, window and num_threads (as in
+        effect), in_flight (samples being processed now), samples and good_samples (taken
+        by the collator, once each: they run
         ahead of the consumer by the batches queued and the one being composed, into the
         next epoch at an epoch's end), batches (delivered), skipped and skipped_by_reason
-        (failures the consumer has passed), bytes_read, packing_efficiency,
-        page_faults (minor page faults of the engine's own threads) and
+        (failures the consumer has passed), bytes_read (record and image bytes read or
+        fetched), images, real_tokens and token_slots (over delivered batches) and
+        packing_efficiency (their ratio), pinned and device (where batches are),
+        pool_live_bytes and pool_cached_bytes (the host buffer pool: in use, kept mapped
+        for reuse), page_faults (minor page faults of the engine's own threads) and
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
+        pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
+        cache is trimmed to the most bytes in use at once over the last ~128 batches):
+        pool_live_peak_bytes and pool_peak_bytes (the most in use at one time, and in use +
+        cached), window_bytes (the window's record and encoded-image buffers, spares
+        included) and scratch_mapped_bytes / scratch_mapped_peak_bytes (decoder scratch
+        that scales with the image, e.g. a progressive JPEG's coefficients: the whole
+        process's, now and at most),
         video_plan_waits / video_decode_waits (times a worker waited on the network for a
         remote video: opening and probing it to plan the sample / decoding it; the decode's
         packets are fetched when the sample is planned, so the latter stays 0), and

@@ -33,7 +33,16 @@ ImageTokens = Union[None, int, Sequence[int]]
 def _line(record: Record) -> Union[str, bytes]:
     if isinstance(record, dict):
         return json.dumps(record, ensure_ascii=False)
-    return record
+    if isinstance(record, (str, bytes)):
+        return record
+    hint = (
+        ' (a list of messages is a record\'s "messages": pass {"messages": [...]})'
+        if isinstance(record, (list, tuple))
+        else ""
+    )
+    raise TypeError(
+        f"record must be a dict or a JSONL line (str or bytes), not {type(record).__name__}" + hint
+    )
 
 
 def parse_record(record: Record) -> Dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -232,6 +233,18 @@ def test_report_lists_every_target_from_medians(tmp_path, shard):
     report.fill_readme(str(path), str(readme))
     text = readme.read_text()
     assert "\nold\n" not in text and "| **mmloader** | 60.0" in text and text.endswith("b\n")
+    # --e2e-out DIR: results.md goes inside DIR with its plot links relative to it (it was
+    # written beside DIR, /tmp/x -> /tmp/results.md, linking a results/ folder not there)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "e2e.json").write_text(json.dumps(data))
+    md = report.generate(str(out / "e2e.json"))
+    assert (out / "results.md").read_text() == md
+    assert not (tmp_path / "results.md").exists() and "](results/" not in md
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
+        assert (out / link).exists(), link
+    bench = os.path.join(ROOT, "benchmarks")
+    assert report.md_path_for(os.path.join(bench, "results")) == os.path.join(bench, "results.md")
 
 
 def test_report_says_why_batches_are_late_and_what_memory_is():
@@ -251,7 +264,17 @@ def test_report_says_why_batches_are_late_and_what_memory_is():
             batch_mb=50.0,
             interval_ms=spread(p50, 400.0),
             slow_interval_share=share,
-            loader_stats={"prefetch": 4, "pool_live_bytes": 300 << 20, "pool_cached_bytes": 0},
+            batch_max_mb=200.0,
+            batch_pair_max_mb=320.0 + 40 * r,
+            loader_stats={
+                "prefetch": 4,
+                "pool_live_bytes": 300 << 20,
+                "pool_cached_bytes": 0,
+                "pool_peak_bytes": 420 << 20,
+                "pool_live_peak_bytes": 400 << 20,
+                "window_bytes": 10 << 20,
+                "scratch_mapped_peak_bytes": 30 << 20,
+            },
         )
         for r, (own, p50, share) in enumerate([(500.0, 100.0, 0.1), (600.0, 120.0, 0.3)])
     ]
@@ -266,5 +289,9 @@ def test_report_says_why_batches_are_late_and_what_memory_is():
     mem = " ".join(report.memory_lines(data))
     assert "PyTorch DataLoader 1000 MB = 20.0 x 50 MB" in mem
     assert "mmloader 550 MB = 11.0 x 50 MB" in mem and "held 300 MB in buffers" in mem
+    assert "the pool 420 MB, of it 400 MB in use at one time" in mem and "20 MB more" in mem
+    assert "is 340 (320-360) MB, the largest single batch 200 (200-200) MB" in mem
+    assert "1/3 of the DataLoader's own memory is 333 MB, so that target is below" in mem
+    assert "Own memory over the floor: 210 MB." in mem
     assert report.lateness_lines({"meta": {}, "runs": []}) == []
     assert report.memory_lines({"meta": {}, "runs": []}) == []

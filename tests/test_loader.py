@@ -5,6 +5,7 @@ zero copy and buffer lifetime, per-sample errors, bad configuration, stats.
 import gc
 import json
 import os
+import re
 import warnings
 
 import numpy as np
@@ -372,6 +373,10 @@ def test_stats(ds):
     assert st["bytes_read"] > 0 and st["vision_s"] > 0
     assert 0 < st["decode_s"] <= st["vision_s"]  # the decoder's part of the vision stage
     assert 0 < st["packing_efficiency"] <= 1
+    # every key is documented where users look (help(Loader.stats)); a new one without a
+    # line there fails here
+    doc = " ".join((mmloader.Loader.stats.__doc__ or "").split())
+    assert [k for k in st if not re.search(rf"\b{k}\b", doc)] == []
 
 
 def test_packing(ds):
@@ -403,6 +408,16 @@ def test_set_epoch(ds):
     with make(ds["shards"], seed=8) as L:
         L.set_epoch(1)
         same(e1, run_epoch(L))
+
+
+def test_cli_help_names_every_command(capsys):
+    from mmloader.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    # the description is the docstring's whole first sentence (it ended at "``python -m")
+    assert "python -m mmloader index DATA..." in text and "python -m mmloader profile" in text
 
 
 def test_demo_cli(tmp_path, capsys):

@@ -172,3 +172,17 @@ def test_prefetch_bounds_the_batches_in_memory(shard):
         del held
     finally:
         L.close()
+
+
+def test_memory_parts_in_stats(shard):
+    # the own-memory decomposition (issue 15): the pool's high-water marks, the window's
+    # byte buffers and the decoders' mapped scratch, consistent with what was delivered
+    _, _, st, out = _run(shard, keep=True, micro_batch_size=2)
+    held = sum(b["pixel_values"].numpy().nbytes for b in out)
+    del out
+    assert st["pool_live_peak_bytes"] >= held  # every batch was kept: all live at the end
+    assert st["pool_live_peak_bytes"] >= st["pool_live_bytes"]
+    assert st["pool_peak_bytes"] >= st["pool_live_peak_bytes"]
+    assert st["pool_peak_bytes"] >= st["pool_live_bytes"] + st["pool_cached_bytes"]
+    assert st["window_bytes"] > 0  # the records' and images' byte buffers (spares kept)
+    assert st["scratch_mapped_peak_bytes"] >= st["scratch_mapped_bytes"] >= 0

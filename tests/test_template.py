@@ -496,6 +496,13 @@ def test_render_chat_helper():
     )
     with pytest.raises(ValueError, match="label_mode"):
         mt.encode_chat(rec, None, label_mode="everything", image_tokens=1)
+    # a bare list of messages (what a chat API takes) is not a record: the error says what
+    # is (it said "line must be str or bytes", naming no argument of render_chat)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for f in (mt.render_chat, mt.parse_record, lambda r: mt.encode_chat(r, None)):
+        with pytest.raises(TypeError, match=r'record must be a dict .*not list .*"messages"'):
+            f(msgs)
+    assert mt.render_chat({"messages": msgs}).endswith("<|im_start|>assistant\nyo<|im_end|>\n")
 
 
 # ---- encoding: ids equal `tokenizers` on the reference text; labels from its offsets ----

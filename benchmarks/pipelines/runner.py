@@ -345,6 +345,10 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     t_first = time.perf_counter()
     n_first = _batch_rows(first)
     nbytes = _batch_bytes(first)
+    # the largest batch and the largest two in a row: what holding the trainer's batch
+    # and the next one costs at the worst moment (the floor of own memory at that depth)
+    last_bytes = big = nbytes
+    pair = 0
     del first
     arrivals: List[float] = []  # after each next() from the end of the warm-up on
     waits: List[float] = []
@@ -382,7 +386,9 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
             arrivals.append(t_got)
             waits.append(t_got - t)
         samples += _batch_rows(batch)
-        nbytes += _batch_bytes(batch)
+        nb = _batch_bytes(batch)
+        nbytes += nb
+        big, pair, last_bytes = max(big, nb), max(pair, last_bytes + nb), nb
         batches += 1
         del batch
     t_end = time.perf_counter()
@@ -432,6 +438,8 @@ def measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
         "wall_s": wall,
         "step_ms": step * 1000.0,
         "batch_mb": nbytes / batches / 2**20,
+        "batch_max_mb": big / 2**20,
+        "batch_pair_max_mb": pair / 2**20,
         **_lateness([b - a for a, b in zip(arrivals, arrivals[1:])], waits),
         **extra,
     }

@@ -847,6 +847,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
     o->reason_count[k] += L->skip_by_status[s];
   }
   o->page_faults = L->faults;
+  o->window_bytes = L->win_bytes;
   uint64_t warm = MML_FAULT_WARMUP(L->cfg.prefetch);
   o->page_faults_per_batch =
       L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
@@ -860,6 +861,8 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   pthread_mutex_unlock(&L->mu);
   o->remote = f != NULL;
   mml_pool_usage(L->pool, &o->pool_cached, &o->pool_live);
+  mml_pool_peaks(L->pool, &o->pool_live_peak, &o->pool_peak);
+  mml_mapped_usage(&o->scratch_mapped, &o->scratch_mapped_peak);
   /* outside mu: the fetcher's I/O thread takes mu in completions (lock order) */
   if (f) mml_fetch_get_stats(f, &o->fetch);
 }

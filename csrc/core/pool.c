@@ -29,6 +29,15 @@
  *     largest batch), and steady-state iteration maps and zeroes nothing.  Where the
  *     kernel cannot move pages (before Linux 5.7) the pool falls back to keeping each
  *     buffer's pages in it and growing the largest cached one with mremap.
+ *   - Trim to the recent working set (growable pools that move pages): the pool keeps
+ *     the pages of the most bytes live at one time over the last WS_EPOCHS x WS_EPOCH
+ *     (256) large requests -- about 128 batches of a loader (pixel rows + pixel_values) --
+ *     and when it holds more than that by WS_SLACK (a batch far larger than the recent
+ *     ones has gone by), the request that sees it trims the cache down to that working
+ *     set (spare pages first).  So one giant batch's pages do not stay mapped for the
+ *     rest of the run, while a working set that recurs within the window (the steady
+ *     state) keeps everything it needs and maps nothing.  The trim runs on the thread
+ *     that allocates (a worker or the collation thread), never in a release.
  *   - mml_mapped: the same kind of mapping as one thread's scratch (decoder state that
  *     scales with the image), kept across uses so reuse costs no fault either.
  */
@@ -41,6 +50,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The recent working set (TRIM above): epochs of WS_EPOCH large requests, WS_EPOCHS kept,
+ * and the hysteresis beyond it before the cache is trimmed. */
+enum { WS_EPOCH = 32, WS_EPOCHS = 8 };
+#define WS_SLACK ((size_t)64 << 20)
+
 struct mml_pool {
   pthread_mutex_t mu;
   mml_allocator alloc;
@@ -48,8 +62,14 @@ struct mml_pool {
   int growable;     /* the host allocator: large buffers are mappings (mremap) */
   atomic_int moves; /* growable and the kernel moves pages (MREMAP_DONTUNMAP) */
   size_t max_cached;
-  size_t cached, live; /* bytes, guarded by mu */
-  mml_buf *free_list;  /* cached buffers, guarded by mu */
+  size_t cached, live;         /* bytes, guarded by mu */
+  size_t live_peak, held_peak; /* high-water marks of live and live + cached (mu) */
+  /* the recent working set (growable pools that move pages; mu): the most bytes live at
+   * once in each of the last WS_EPOCHS epochs of WS_EPOCH large requests (SIZE_MAX: not
+   * seen yet) and in the current one */
+  size_t ws_ring[WS_EPOCHS], ws_cur;
+  unsigned ws_n, ws_i;
+  mml_buf *free_list; /* cached buffers, guarded by mu */
   /* the reservoir: spare pages at the start of one reserved range, guarded by mu */
   uint8_t *rv;
   void *rv_base;
@@ -157,12 +177,31 @@ static int host_grow(void **p, size_t n) {
   return 1;
 }
 
-/* Scratch memory that stays mapped (mml/batch.h): always a mapping, grown in place. */
+/* Scratch memory that stays mapped (mml/batch.h): always a mapping, grown in place.
+ * mapped_now / mapped_peak: the process's mapped scratch bytes (capacities), for
+ * memory accounting (relaxed atomics: figures, not synchronisation). */
+static atomic_size_t mapped_now, mapped_peak;
+
+static void mapped_add(size_t add, size_t sub) {
+  size_t now = atomic_fetch_add_explicit(&mapped_now, add, memory_order_relaxed) + add;
+  atomic_fetch_sub_explicit(&mapped_now, sub, memory_order_relaxed);
+  size_t pk = atomic_load_explicit(&mapped_peak, memory_order_relaxed);
+  while (now > pk && !atomic_compare_exchange_weak_explicit(
+                         &mapped_peak, &pk, now, memory_order_relaxed, memory_order_relaxed)) {
+  }
+}
+
+void mml_mapped_usage(size_t *now, size_t *peak) {
+  if (now) *now = atomic_load_explicit(&mapped_now, memory_order_relaxed);
+  if (peak) *peak = atomic_load_explicit(&mapped_peak, memory_order_relaxed);
+}
+
 mml_status mml_mapped_reserve(mml_mapped *m, size_t n) {
   if (n <= m->cap) return MML_OK;
   if (n < MAP_MIN) n = MAP_MIN;
   void *p = m->data;
   if (p && host_grow(&p, n)) {
+    mapped_add(huge_round(n), m->cap);
     m->data = p;
     m->cap = huge_round(n);
     return MML_OK;
@@ -172,10 +211,12 @@ mml_status mml_mapped_reserve(mml_mapped *m, size_t n) {
   mml_mapped_free(m);
   m->data = p;
   m->cap = huge_round(n);
+  mapped_add(m->cap, 0);
   return MML_OK;
 }
 
 void mml_mapped_free(mml_mapped *m) {
+  if (m->data) mapped_add(0, m->cap);
   host_free(NULL, m->data);
   m->data = NULL;
   m->cap = 0;
@@ -209,6 +250,13 @@ mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml
   atomic_init(&p->refs, 1);
   *out = p;
   return MML_OK;
+}
+
+/* After live grew (mu held): the high-water marks. */
+static void note_peaks_locked(mml_pool *p) {
+  if (p->live > p->live_peak) p->live_peak = p->live;
+  if (p->live > p->ws_cur) p->ws_cur = p->live;
+  if (p->live + p->cached > p->held_peak) p->held_peak = p->live + p->cached;
 }
 
 static void buf_destroy(mml_pool *p, mml_buf *b) {
@@ -414,6 +462,23 @@ static void fill_locked(mml_pool *p, mml_buf *b, size_t want) {
   h->res = want; /* what is still missing faults in (zeroed) when written */
 }
 
+/* The recent working set (TRIM in the design comment): after a large request (mu held),
+ * the bytes the cache may keep, or SIZE_MAX when it holds no more than the recent
+ * working set needs (with WS_SLACK of hysteresis) or that set is not known yet. */
+static size_t ws_keep_locked(mml_pool *p) {
+  if (++p->ws_n == WS_EPOCH) {
+    p->ws_ring[p->ws_i++ % WS_EPOCHS] = p->ws_cur;
+    p->ws_cur = p->live;
+    p->ws_n = 0;
+  }
+  if (p->ws_i < WS_EPOCHS) return SIZE_MAX; /* fewer than WS_EPOCHS epochs seen */
+  size_t ws = p->ws_cur;
+  for (int k = 0; k < WS_EPOCHS; k++)
+    if (p->ws_ring[k] > ws) ws = p->ws_ring[k];
+  if (p->live + p->cached <= ws + WS_SLACK) return SIZE_MAX;
+  return ws > p->live ? ws - p->live : 0;
+}
+
 /* A large request of a growable pool that moves pages. */
 static mml_status alloc_mapping(mml_pool *p, size_t want, mml_buf **out, mml_err *err) {
   mml_buf *drop = NULL;
@@ -441,7 +506,10 @@ static mml_status alloc_mapping(mml_pool *p, size_t want, mml_buf **out, mml_err
   fill_locked(p, b, want);
   b->size = want;
   p->live += want;
+  note_peaks_locked(p);
+  size_t keep = ws_keep_locked(p);
   pthread_mutex_unlock(&p->mu);
+  if (keep != SIZE_MAX) mml_pool_trim(p, keep);
   *out = b;
   return MML_OK;
 }
@@ -472,6 +540,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
   if (best) {
     pthread_mutex_lock(&p->mu);
     p->live += best->size;
+    note_peaks_locked(p);
     pthread_mutex_unlock(&p->mu);
   }
   if (!best) {
@@ -488,6 +557,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
     best->pool = p;
     pthread_mutex_lock(&p->mu);
     p->live += want;
+    note_peaks_locked(p);
     pthread_mutex_unlock(&p->mu);
   }
   if (p->growable && hdr_of(best->data)->len) hdr_of(best->data)->res = huge_round(best->size);
@@ -540,6 +610,13 @@ size_t mml_pool_trim(mml_pool *p, size_t keep) {
   size_t left = p->cached;
   pthread_mutex_unlock(&p->mu);
   return left;
+}
+
+void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak) {
+  pthread_mutex_lock(&p->mu);
+  if (live_peak) *live_peak = p->live_peak;
+  if (held_peak) *held_peak = p->held_peak;
+  pthread_mutex_unlock(&p->mu);
 }
 
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live) {

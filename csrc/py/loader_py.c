@@ -395,6 +395,17 @@ static int set_num(PyObject *d, const char *k, PyObject *v) {
   return rc;
 }
 
+/* The engine's memory in parts (stats): the pool, the window's bytes, decoder scratch. */
+static int set_memory(PyObject *d, const mml_loader_stats *s) {
+  return set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s->pool_cached)) ||
+         set_num(d, "pool_live_bytes", PyLong_FromSize_t(s->pool_live)) ||
+         set_num(d, "pool_live_peak_bytes", PyLong_FromSize_t(s->pool_live_peak)) ||
+         set_num(d, "pool_peak_bytes", PyLong_FromSize_t(s->pool_peak)) ||
+         set_num(d, "window_bytes", PyLong_FromLongLong(s->window_bytes)) ||
+         set_num(d, "scratch_mapped_bytes", PyLong_FromSize_t(s->scratch_mapped)) ||
+         set_num(d, "scratch_mapped_peak_bytes", PyLong_FromSize_t(s->scratch_mapped_peak));
+}
+
 static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
   if (check_usable(self)) return NULL;
   mml_loader_stats s;
@@ -436,9 +447,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "device",
               s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
                             : PyUnicode_FromString("cpu")) ||
-      set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s.pool_cached)) ||
-      set_num(d, "pool_live_bytes", PyLong_FromSize_t(s.pool_live)) ||
-      set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
+      set_memory(d, &s) || set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
       set_num(d, "page_faults_per_batch",
               s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)
                                            : Py_NewRef(Py_None)) ||

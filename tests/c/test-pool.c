@@ -287,3 +287,81 @@ TEST(test_steady_state_maps_nothing) {
   CHECK(peak < (size_t)D * biggest);
   mml_pool_close(p);
 }
+
+/* One batch far larger than the rest: its pages stay while it is within the recent
+ * working set (256 large requests), then the cache is trimmed to what the recent
+ * requests needed at once, and the steady state after the trim still maps nothing. */
+TEST(test_trim_to_recent_working_set) {
+  const size_t MB = 1 << 20;
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, (size_t)1 << 30, &p, &err), err);
+  mml_buf *big;
+  CHECK_OK(mml_pool_alloc(p, 160 * MB, &big, &err), err);
+  memset(big->data, 3, big->size);
+  mml_buf_release(big);
+  size_t cached, live;
+  long f0 = 0;
+  for (int i = 0; i < 320; i++) {
+    if (i == 200) {
+      mml_pool_usage(p, &cached, &live);
+      CHECK(cached >= 150 * MB); /* still within the recent working set: kept */
+    }
+    if (i == 300) f0 = thread_minflt();
+    mml_buf *b;
+    CHECK_OK(mml_pool_alloc(p, 4 * MB, &b, &err), err);
+    memset(b->data, i, 4 * MB);
+    mml_buf_release(b);
+  }
+  long faults = thread_minflt() - f0;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, 0);
+  CHECK(cached <= 8 * MB); /* the giant's pages went */
+  CHECK(cached >= 4 * MB); /* the working set's stayed */
+  if (FAULTS_COUNTED) CHECK(faults <= 2);
+  size_t live_peak, held_peak;
+  mml_pool_peaks(p, &live_peak, &held_peak);
+  CHECK_EQ_INT(live_peak, 160 * MB);
+  mml_pool_close(p);
+}
+
+/* The high-water marks: the most bytes live at once, and live + cached. */
+TEST(test_pool_peaks) {
+  const size_t MB = 1 << 20;
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  mml_buf *a, *b, *c;
+  CHECK_OK(mml_pool_alloc(p, 4 * MB, &a, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 6 * MB, &b, &err), err);
+  mml_buf_release(a);
+  CHECK_OK(mml_pool_alloc(p, 2 * MB, &c, &err), err);
+  size_t live_peak, held_peak;
+  mml_pool_peaks(p, &live_peak, &held_peak);
+  CHECK_EQ_INT(live_peak, 10 * MB);
+  CHECK_EQ_INT(held_peak, 10 * MB); /* c took pages a had: nothing more was held */
+  mml_buf_release(b);
+  mml_buf_release(c);
+  mml_pool_peaks(p, &live_peak, &held_peak);
+  CHECK_EQ_INT(live_peak, 10 * MB);
+  mml_pool_close(p);
+}
+
+/* Mapped scratch is counted process-wide: grown, freed, and its high-water mark. */
+TEST(test_mapped_usage) {
+  const size_t MB = 1 << 20;
+  size_t now0, peak0, now, peak;
+  mml_mapped_usage(&now0, &peak0);
+  mml_mapped m = {0};
+  CHECK_EQ_INT(mml_mapped_reserve(&m, 3 * MB), MML_OK);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now - now0, 4 * MB); /* 2 MiB pages */
+  CHECK_EQ_INT(mml_mapped_reserve(&m, 9 * MB), MML_OK);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now - now0, 10 * MB);
+  CHECK(peak >= now);
+  mml_mapped_free(&m);
+  mml_mapped_usage(&now, &peak);
+  CHECK_EQ_INT(now, now0);
+  CHECK(peak >= now0 + 10 * MB);
+}

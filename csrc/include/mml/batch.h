@@ -68,6 +68,9 @@ void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
 /* Bytes currently cached / live, for stats and tests. */
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
+/* High-water marks since the pool was made: the most bytes live at one time, and the most
+ * live + cached (the pool's resident peak). */
+void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak);
 /* Frees cached buffers, smallest first, until at most `keep` bytes stay cached (buffers
  * whose fence is pending stay); returns the bytes still cached. */
 size_t mml_pool_trim(mml_pool *p, size_t keep);
@@ -81,6 +84,10 @@ typedef struct mml_mapped {
 } mml_mapped;
 mml_status mml_mapped_reserve(mml_mapped *m, size_t n); /* cap >= n */
 void mml_mapped_free(mml_mapped *m);                    /* {0} is fine */
+/* Bytes mapped by every mml_mapped of the process now, and the most at one time (memory
+ * accounting: decoder scratch that scales with the image, e.g. a progressive JPEG's
+ * coefficients). */
+void mml_mapped_usage(size_t *now, size_t *peak);
 
 #define MML_MAX_DIMS 4
 #define MML_MAX_TENSORS 16

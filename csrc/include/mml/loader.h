@@ -274,6 +274,12 @@ typedef struct mml_loader_stats {
   int pinned;                    /* batches are in page-locked memory */
   int device;                    /* CUDA device of the batches, -1: host */
   size_t pool_cached, pool_live; /* bytes in the host buffer pool */
+  size_t pool_live_peak;         /* the most bytes of the pool's buffers in use at one time */
+  size_t pool_peak;              /* the most bytes the pool held at one time (in use + cached) */
+  size_t scratch_mapped;         /* decoder scratch mapped now, the whole process's */
+  size_t scratch_mapped_peak;    /* ... and the most at one time (mml_mapped_usage) */
+  int64_t window_bytes;          /* capacity of the window's byte buffers: records, encoded
+                                    images of samples in flight, spare image buffers */
   uint64_t page_faults;          /* minor page faults of the engine's own threads (workers and
                                          collator: decode, resize, the writes into batch buffers) */
   double page_faults_per_batch;  /* the same per delivered batch after the first
