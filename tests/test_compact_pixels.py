@@ -61,3 +61,81 @@ def test_compact_pixels_is_off_under_max_memory(shards):  # noqa: F811
     plain, st_c = _epoch(shards["early"], 2, micro_batch_size=2)
     same(capped, plain)
     assert st["pixel_rows_expanded"] == 0 and st_c["pixel_rows_expanded"] > 0
+
+
+def _gate(rows, popped_upto):
+    """The emission gate's batches emitted (expanded) once the engine is idle, after the
+    consumer took batches 0..popped_upto-1 (ld_emit_gated_locked on expanded rows, which
+    are bytes / a constant): one batch ahead always; a second one only while the
+    consumer's batch + the one ahead + it stay within the most that the one-ahead rule
+    had live (held + emitted), so a second batch ahead maps no memory beyond that."""
+    held = hw = emitted = popped = 0
+    out = []
+    for step in range(popped_upto + 1):
+        if step:
+            held = rows[popped]
+            popped += 1
+        while emitted < len(rows):
+            ahead = emitted - popped
+            if ahead == 0:
+                hw = max(hw, held + rows[emitted])
+            elif ahead >= 2 or held + rows[popped] + rows[emitted] > hw:
+                break
+            emitted += 1
+        out.append(emitted)
+    return out
+
+
+@pytest.fixture(scope="module")
+def big_then_small(tmp_path_factory):
+    """Two batches of large images, then batches of small ones: the large pair sets the
+    high-water that two small batches ahead fit in."""
+    import json
+
+    from test_plan_decode import _jpeg
+
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("gate")
+    rng = np.random.default_rng(3)
+    (root / "big.jpg").write_bytes(_jpeg(rng, 500, 375))
+    (root / "small.jpg").write_bytes(_jpeg(rng, 64, 64))
+    lines = []
+    for i in range(30):
+        rec = {
+            "messages": [
+                {"role": "user", "content": f"<image>\nsample {i}"},
+                {"role": "assistant", "content": "answer"},
+            ],
+            "images": ["big.jpg" if i < 6 else "small.jpg"],
+        }
+        lines.append(json.dumps(rec))
+    path = root / "gate.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_compact_emission_gate_keeps_two_batches_ahead_within_the_high_water(big_then_small):
+    """With the consumer idle on batch i, the batches expanded ahead are exactly what the
+    gate allows (_gate): never more than two, the second one only within the expanded bytes
+    already live once before; so a trainer step has two batches of slack where that costs
+    no new memory (issue 15), and batch sizes that only grow keep one ahead."""
+    import time
+
+    cfg = dict(tokenizer=TINY, num_threads=2, prefetch=4, micro_batch_size=3, max_error_rate=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(big_then_small, compact_pixels=False, **SMALL, **cfg) as L:
+            rows = [int(b["pixel_values"].shape[0]) for b in L]
+        want = _gate(rows, len(rows) - 3)
+        assert any(w - i == 2 for i, w in enumerate(want)), repr((rows, want))  # exercised
+        with mmloader.Loader(big_then_small, **SMALL, **cfg) as L:
+            it = iter(L)
+            for k in range(1, len(rows) - 2):  # k batches taken, the last one held
+                next(it)
+                expect = sum(rows[: want[k]])
+                deadline = time.monotonic() + 60
+                while L.stats()["pixel_rows_expanded"] < expect and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                time.sleep(0.05)  # and nothing more is expanded while the consumer idles
+                assert L.stats()["pixel_rows_expanded"] == expect, (k, rows, want)

@@ -741,6 +741,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       }
       out_item item = *it;
       memset(it, 0, sizeof *it);
+      if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
       L->out_head = (L->out_head + 1) % L->cfg.prefetch;
       L->out_count--;
       ld_move_ready_locked(L);                                 /* room for the next finished item */

@@ -23,11 +23,20 @@
  * image rows for a float buffer (compact_swap), builds the tensors, hands the instance
  * back (coll_busy 0, so composition goes on) and only then expands the rows into that
  * buffer; the item becomes READY after the expansion, so the consumer never sees it
- * unwritten, and a seek waits for it (it counts in `emitting`).  A batch is emitted (so
- * expanded) only while no other one is being emitted or waits in the output queue
- * (ld_emit_gated_locked): float buffers are then the consumer's and one more, shortly
- * before it needs it; the rest of `prefetch` waits as uint8 rows.  The worker that finds
- * the gate shut decodes instead; the consumer's pop (ld_move_ready_locked) wakes one.
+ * unwritten, and a seek waits for it (it counts in `emitting`).  The emission gate
+ * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
+ * when none is ahead of the consumer (being emitted or in the output queue), never when
+ * two are, and with one ahead only while the expanded bytes then live (the batch last
+ * delivered, the one ahead, this one) stay within fbytes_hw, the most that the one-ahead
+ * case ever had live (the batch last delivered + the one emitted).  So for batches of
+ * varying size (a large pair set the high-water) two are ready and a trainer step has
+ * two steps of slack for an expansion, where with one ahead it had one: the expansion
+ * (~11 ms per 188 MB alone, 40-240 ms on a loaded machine) and the wait for a worker to
+ * finish its decode first were what made the trainer wait (issue 15); the rest of
+ * `prefetch` waits as uint8 rows.  The worker that finds the gate shut decodes instead;
+ * the consumer's pop (ld_move_ready_locked) wakes one.  Emission stays on the workers:
+ * a thread of its own for it expanded while both workers decoded on the 2 cores, so
+ * each expansion took longer inside its one step, and the trainer waited more.
  *
  * Locking: everything here runs with the loader's mu held, except mml_collator_add and
  * the emission itself (the instance being emitted is marked busy in coll_busy).
@@ -129,8 +138,28 @@ void ld_move_ready_locked(mml_loader *L) {
   if (L->jobs_queued && !ld_emit_gated_locked(L)) pthread_cond_signal(&L->work_cv);
 }
 
+/* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)
+ * and of the next one to emit. */
+static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next) {
+  *ahead = *next = 0;
+  for (int i = 0; i < L->out_count; i++)
+    *ahead += L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
+  int found = 0;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_EMITTING) *ahead += q->it.fbytes;
+    if (q->state == PEND_QUEUED && !found) *next = q->it.fbytes, found = 1;
+  }
+}
+
 int ld_emit_gated_locked(const mml_loader *L) {
-  return L->compact && L->out_count + L->emitting >= 1;
+  if (!L->compact) return 0;
+  int n = L->out_count + L->emitting;
+  if (n == 0) return 0;
+  if (n >= 2) return 1;
+  size_t ahead, next;
+  ahead_bytes_locked(L, &ahead, &next);
+  return L->held_fbytes + ahead + next > L->fbytes_hw;
 }
 
 void ld_drop_output_locked(mml_loader *L) {
@@ -182,6 +211,8 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   p->after = after;
   p->it.kind = ITEM_BATCH;
   p->it.epoch = epoch;
+  if (L->compact && mml_collator_attached_pixels(L->colls[*ci], 0))
+    p->it.fbytes = (size_t)mml_collator_rows(L->colls[*ci]) * L->expand_row_bytes;
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   pthread_cond_signal(&L->work_cv);
@@ -201,6 +232,8 @@ void ld_emit_job_locked(mml_loader *L) {
     }
   }
   if (!p) return; /* cannot happen while jobs_queued > 0 */
+  if (L->compact && L->out_count + L->emitting == 0 && L->held_fbytes + p->it.fbytes > L->fbytes_hw)
+    L->fbytes_hw = L->held_fbytes + p->it.fbytes; /* the one-ahead rule's high-water */
   p->state = PEND_EMITTING;
   L->jobs_queued--;
   L->emitting++;
@@ -230,6 +263,7 @@ void ld_emit_job_locked(mml_loader *L) {
   } else {
     b.after = p->after;
     p->it.batch = b;
+    if (!expanded) p->it.fbytes = 0;
   }
   p->state = PEND_READY;
   ld_move_ready_locked(L);

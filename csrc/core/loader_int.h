@@ -141,6 +141,7 @@ typedef struct out_item {
   int64_t epoch;
   mml_batch batch;
   mml_err err;
+  size_t fbytes; /* compact: bytes of its expanded pixel_values (0: none) */
 } out_item;
 
 enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
@@ -223,8 +224,12 @@ struct mml_loader {
   float ptable[3][256];       /* compact: the float value of each byte (all sources') */
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
-  task *dec_head, *dec_tail;  /* decode jobs, in placement order */
-  uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
+  /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
+   * last delivered (the consumer's) and the most expanded bytes one batch ahead made
+   * live with it (the high-water a second batch ahead must stay within) */
+  size_t held_fbytes, fbytes_hw;
+  task *dec_head, *dec_tail; /* decode jobs, in placement order */
+  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -465,8 +470,10 @@ void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos);
 void ld_release_oldest_skip_locked(mml_loader *L);
 /* Drops everything queued or pending (seek, close); waits for running emits first. */
 void ld_drop_output_locked(mml_loader *L);
-/* Compact pixels: 1 while a queued batch must not be emitted yet (one is being emitted or
- * waits in the output queue: its expansion waits until the consumer is about to need it). */
+/* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet: two
+ * are ahead of the consumer, or one is and a second would take the expanded bytes live
+ * (the consumer's batch + those ahead) above fbytes_hw.  Its expansion waits until the
+ * consumer is about to need it. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held). */
 void ld_emit_job_locked(mml_loader *L);
