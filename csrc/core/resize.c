@@ -395,19 +395,7 @@ void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, 
 #define V_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
 #define V_STORE_LO(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_castsi256_si128(v))
 #define V_STORE_HI(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_extracti128_si256((v), 1))
-#include "resize_vpass.h"
-#undef VX
-#undef VFN
-#undef V
-#undef VN
-#undef V_SET1
-#undef V_ADD
-#undef V_MUL
-#undef V_WIDEN
-#undef V_PACK4
-#undef V_STORE
-#undef V_STORE_LO
-#undef V_STORE_HI
+#include "resize_vpass.h" /* it #undefs the macros above */
 
 MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m512i s2,
                                                      __m512i s3) {
@@ -432,19 +420,7 @@ MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m
 #define V_STORE(p, v) _mm512_storeu_si512((void *)(p), (v))
 #define V_STORE_LO(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_castsi512_si256(v))
 #define V_STORE_HI(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_extracti64x4_epi64((v), 1))
-#include "resize_vpass.h"
-#undef VX
-#undef VFN
-#undef V
-#undef VN
-#undef V_SET1
-#undef V_ADD
-#undef V_MUL
-#undef V_WIDEN
-#undef V_PACK4
-#undef V_STORE
-#undef V_STORE_LO
-#undef V_STORE_HI
+#include "resize_vpass.h" /* it #undefs the macros above */
 #endif
 
 void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,

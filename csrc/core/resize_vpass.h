@@ -7,7 +7,7 @@
  * 4 * VN bytes in order: s0's values, s1's, s2's, s3's), V_STORE(p, v) (4 * VN bytes),
  * V_STORE_LO / V_STORE_HI(p, v) (its first / second 2 * VN bytes).  The integer
  * arithmetic is exact in any order, so both copies give the same bytes as the portable
- * loops.
+ * loops.  The macros are #undef'd at the end, ready for the next copy.
  */
 
 /* One output row, 4 * VN outputs at a time with all taps accumulated in registers; the
@@ -88,3 +88,16 @@ VFN static void VX(rows_v2)(const int32_t *k0, const int32_t *k1, const uint8_t 
     if (i == n - 2 * VN) break;
   }
 }
+
+#undef VX
+#undef VFN
+#undef V
+#undef VN
+#undef V_SET1
+#undef V_ADD
+#undef V_MUL
+#undef V_WIDEN
+#undef V_PACK4
+#undef V_STORE
+#undef V_STORE_LO
+#undef V_STORE_HI
