@@ -28,7 +28,11 @@
  * when none is ahead of the consumer (being emitted or in the output queue), never when
  * two are, and with one ahead only while the expanded bytes then live (the batch last
  * delivered, the one ahead, this one) stay within fbytes_hw, the most that the one-ahead
- * case ever had live (the batch last delivered + the one emitted).  So for batches of
+ * case ever had live (the batch last delivered + the one emitted), and the pool's cache
+ * holds the pages the emission takes (its live bytes then stay within its live + cached
+ * now: fbytes_hw is all-time, while the pool trims its cache to the recent working set,
+ * pool.c, so a second batch ahead within fbytes_hw alone faulted trimmed pages back in,
+ * zeroed by the kernel inside the step it was meant to save).  So for batches of
  * varying size (a large pair set the high-water) two are ready and a trainer step has
  * two steps of slack for an expansion, where with one ahead it had one: the expansion
  * (~11 ms per 188 MB alone, 40-240 ms on a loaded machine) and the wait for a worker to
@@ -157,9 +161,12 @@ int ld_emit_gated_locked(const mml_loader *L) {
   int n = L->out_count + L->emitting;
   if (n == 0) return 0;
   if (n >= 2) return 1;
-  size_t ahead, next;
+  size_t ahead, next, cached;
   ahead_bytes_locked(L, &ahead, &next);
-  return L->held_fbytes + ahead + next > L->fbytes_hw;
+  if (L->held_fbytes + ahead + next > L->fbytes_hw) return 1;
+  /* and only with pages the pool holds: live + what it needs <= live + cached now */
+  mml_pool_usage(L->pool, &cached, NULL);
+  return next > cached;
 }
 
 void ld_drop_output_locked(mml_loader *L) {

@@ -472,7 +472,8 @@ void ld_release_oldest_skip_locked(mml_loader *L);
 void ld_drop_output_locked(mml_loader *L);
 /* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet: two
  * are ahead of the consumer, or one is and a second would take the expanded bytes live
- * (the consumer's batch + those ahead) above fbytes_hw.  Its expansion waits until the
+ * (the consumer's batch + those ahead) above fbytes_hw or need more pages than the pool
+ * has cached.  Its expansion waits until the
  * consumer is about to need it. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held). */
