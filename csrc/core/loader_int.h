@@ -149,6 +149,7 @@ typedef struct pend_item {
   int state;
   int coll;         /* PEND_QUEUED/EMITTING: the collator instance to emit from */
   mml_cursor after; /* batch items: the cursor once consumed */
+  size_t fneed;     /* compact, queued: the pool bytes its emission adds (the gate's) */
   out_item it;      /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
@@ -224,6 +225,7 @@ struct mml_loader {
   float ptable[3][256];       /* compact: the float value of each byte (all sources') */
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
+  uint64_t expanded_inplace_rows; /* ... of them in place (stats) */
   /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
    * last delivered (the consumer's) and the most expanded bytes one batch ahead made
    * live with it (the high-water a second batch ahead must stay within) */
