@@ -109,8 +109,8 @@ static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml
 
 /* Emits from instance ci; compact image rows are expanded after the instance is handed
  * back (the collator composes the next batch meanwhile).  mu not held. */
-static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded,
-                              int *inplace, int *freed, mml_err *err) {
+static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded, int *inplace,
+                              int *freed, mml_err *err) {
   mml_collator *C = L->colls[ci];
   mml_buf *u8 = NULL, *f = NULL;
   int64_t rows = 0;
@@ -283,7 +283,7 @@ void ld_emit_job_locked(mml_loader *L) {
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
   L->expanded_rows += (uint64_t)expanded;
-  if (inplace) L->expanded_inplace_rows += (uint64_t)expanded;
+  if (inplace) L->inplace_rows += (uint64_t)expanded;
   L->emitting--;
   if (!freed) L->coll_busy[ci] = 0;
   if (st) {

@@ -225,7 +225,7 @@ struct mml_loader {
   float ptable[3][256];       /* compact: the float value of each byte (all sources') */
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
-  uint64_t expanded_inplace_rows; /* ... of them in place (stats) */
+  uint64_t inplace_rows;      /* compact: those of them expanded in place (stats) */
   /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
    * last delivered (the consumer's) and the most expanded bytes one batch ahead made
    * live with it (the high-water a second batch ahead must stay within) */

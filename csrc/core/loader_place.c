@@ -289,11 +289,10 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   mml_buf *nb = NULL;
   mml_err err;
   /* compact image rows: room to become their float rows in place (loader_collator.c) */
-  mml_status st =
-      p == PL_IMG && L->compact
-          ? mml_pool_alloc_cap(L->pool, (size_t)cap_rows * L->row_bytes[p],
-                               (size_t)cap_rows * L->expand_row_bytes, &nb, &err)
-          : mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
+  mml_status st = p == PL_IMG && L->compact
+                      ? mml_pool_alloc_cap(L->pool, (size_t)cap_rows * L->row_bytes[p],
+                                           (size_t)cap_rows * L->expand_row_bytes, &nb, &err)
+                      : mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
   if (st) {
     mml_err_prefix(&err, "%s of a batch (%lld rows)",
                    p == PL_IMG ? "pixel_values" : "pixel_values_videos", (long long)cap_rows);

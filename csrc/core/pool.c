@@ -486,8 +486,7 @@ static size_t ws_keep_locked(mml_pool *p) {
 
 /* A large request of a growable pool that moves pages: `want` bytes of pages in a mapping
  * of `cap` bytes (cap >= want: mml_pool_grow may take it up to cap in place). */
-static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **out,
-                                mml_err *err) {
+static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **out, mml_err *err) {
   mml_buf *drop = NULL;
   pthread_mutex_lock(&p->mu);
   mml_buf *b = take_mapping_locked(p, want, cap, &drop);

@@ -623,12 +623,12 @@ TEST(pixels_expand_in_place_is_expand) {
     free(ref);
     free(buf);
   }
-  CHECK_EQ_INT(mml_pixels_expand_inplace(NULL, 1, 14, 2, (const float(*)[256])tab,
-                                         MML_PIXEL_FLOAT32, &err),
-               MML_EINVAL);
-  CHECK_EQ_INT(mml_pixels_expand_inplace(NULL, 0, 14, 2, (const float(*)[256])tab,
-                                         MML_PIXEL_UINT8, &err),
-               MML_EINVAL);
+  CHECK_EQ_INT(
+      mml_pixels_expand_inplace(NULL, 1, 14, 2, (const float(*)[256])tab, MML_PIXEL_FLOAT32, &err),
+      MML_EINVAL);
+  CHECK_EQ_INT(
+      mml_pixels_expand_inplace(NULL, 0, 14, 2, (const float(*)[256])tab, MML_PIXEL_UINT8, &err),
+      MML_EINVAL);
 }
 
 /* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
