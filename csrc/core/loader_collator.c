@@ -22,8 +22,9 @@
  * Compact pixels (loader_place.c COMPACT): the emitting worker grows the buffer of the
  * batch's uint8 image rows to its float rows (or swaps it for a float buffer:
  * compact_swap), builds the tensors, hands the instance back (coll_busy 0, so
- * composition goes on) and only then expands the rows (in place: back to front); the item becomes READY after the expansion, so the consumer never sees it
- * unwritten, and a seek waits for it (it counts in `emitting`).  The emission gate
+ * composition goes on) and only then expands the rows (in place: back to front); the
+ * item becomes READY after the expansion, so the consumer never sees it unwritten, and
+ * a seek waits for it (it counts in `emitting`).  The emission gate
  * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
  * when none is ahead of the consumer (being emitted or in the output queue), never when
  * two are, and with one ahead only while the expanded bytes then live (the batch last

@@ -54,8 +54,8 @@
  * capacity of its float rows (mml_pool_alloc_cap: pages for the uint8 rows only) and
  * grown at emission (mml_pool_grow), so the expanding batch holds no second buffer;
  * where the pool cannot grow it (a kernel that cannot move pages) into a float buffer
- * of the pool, the uint8 one going back.  So the batches still being decoded -- most of `prefetch` when the consumer keeps
- * up -- hold an eighth of their float bytes.  The values are the writers' (the table is
+ * of the pool, the uint8 one going back.  So the batches still being decoded -- most of
+ * `prefetch` when the consumer keeps up -- hold an eighth of their float bytes.  The values are the writers' (the table is
  * theirs, vision_patch.c), so batches are bitwise the same.  Videos keep their float rows
  * (a resized video's values are not bytes).
  *
