@@ -675,7 +675,8 @@ static task *take_task_locked(mml_loader *L) {
     for (task *t = L->dec_head, *next; t && !run; t = next) {
       next = t->next_dec;
       const int drop = t->gen != L->gen || !ld_place_has_dests(t);
-      if (!drop && !ld_mem_scratch_take_locked(L, t)) {
+      /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
+      if (!drop && ((dec_wait && t->scratch_need > 0) || !ld_mem_scratch_take_locked(L, t))) {
         dec_wait = 1;
         prev = t;
         continue;
