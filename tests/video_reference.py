@@ -17,6 +17,9 @@ request names (and small results as JSON on stdout).  Requests:
   {"op": "process_many", "items": [process requests]} (one interpreter start for all)
 Video files are read by qwen-vl-utils' torchcodec reader logic with PyAV decoding the
 frames (_read_video_pyav): neither torchcodec nor a working torchvision installs here.
+With "reader": "torchvision" in a process request, qwen-vl-utils' own torchvision backend
+(_read_video_torchvision) reads them instead, through the shim's torchvision.io.read_video
+(torchvision's PyAV backend reproduced: tests/tvshim/torchvision/io.py).
 """
 
 import json
@@ -157,7 +160,8 @@ def process(req):
     from qwen_vl_utils import vision_process as q
 
     q.VIDEO_READER_BACKENDS["pyav"] = _read_video_pyav  # video files: decoded by PyAV
-    q.get_video_reader_backend = lambda: "pyav"
+    reader = req.get("reader", "pyav")  # or qwen-vl-utils' own "torchvision" backend
+    q.get_video_reader_backend = lambda: reader
 
     preset = req["preset"]
     proc, patch = _processor(preset, _tokenizer(req["tokenizer"]))
