@@ -13,7 +13,9 @@ request names (and small results as JSON on stdout).  Requests:
   {"op": "process", "preset": ..., "messages": [...], "text": ..., "tokenizer": path,
    "out": path.npz}
       qwen-vl-utils process_vision_info(return_video_metadata=True) + the transformers
-      processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz
+      processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz;
+      with "raw_images": true the images go to the processor as files decoded by PIL
+      (convert("RGB")), not through fetch_image: the processor's resize alone, as mmloader
   {"op": "process_many", "items": [process requests]} (one interpreter start for all)
 Video files are read by qwen-vl-utils' torchcodec reader logic with PyAV decoding the
 frames (_read_video_pyav): neither torchcodec nor a working torchvision installs here.
@@ -171,7 +173,12 @@ def process(req):
         return_video_metadata=True,
         image_patch_size=patch,
     )
-    vids, metas = (list(x) for x in zip(*videos))
+    if req.get("raw_images"):  # images as the processor alone takes them (mmloader's rule)
+        from PIL import Image
+
+        paths = [e["image"] for e in q.extract_vision_info(req["messages"]) if "image" in e]
+        images = [Image.open(p).convert("RGB") for p in paths] or None
+    vids, metas = (list(x) for x in zip(*videos)) if videos else (None, None)  # images only
     out = dict(
         proc(
             text=[req["text"]],
@@ -183,7 +190,8 @@ def process(req):
         )
     )
     out["position_ids"], out["rope_deltas"] = _rope(preset, out)
-    out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
+    if vids and len({tuple(v.shape) for v in vids}) == 1:  # stackable
+        out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
     np.savez(req["out"], **{k: np.asarray(v) for k, v in out.items()})
     return sorted(out)
 
