@@ -92,7 +92,7 @@ def _align_audio_frames(aframes, audio_frames, ref_start, ref_end):
     if start < ref_start:
         s_idx = int((ref_start - start) / step_per_aframe)
     if end > ref_end:
-        e_idx = int((end - ref_end) / step_per_aframe)
+        e_idx = int((ref_end - end) / step_per_aframe)  # negative: from the end, as torchvision
     return aframes[:, s_idx:e_idx]
 
 
