@@ -31,8 +31,11 @@
  * over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded: no room).
  * Those bytes fetched ahead (first blocks until the probe, preloaded packets until the
  * decode) are the task's (vhead_bytes, vpre_bytes), counted in max_memory with its other
- * byte buffers; under max_memory each is fetched only when it fits and all together stay
- * within a quarter of it (video_reserve_locked), else it is read when needed, as without.
+ * byte buffers; under max_memory each is fetched only when it fits beside the next batch's
+ * buffer and all together stay within a quarter of it (video_reserve_locked), else it is
+ * read when needed, as without.  A video kept open (idle: demuxer state and frame tables,
+ * its decoder closed: mml_video_held_bytes) counts too, from its probe until its decode
+ * ends; one without room is closed and opened again by its decode.
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -342,6 +345,14 @@ typedef struct video_ctx {
   int decoding; /* the decode stage (else the plan's probe): where network waits count */
 } video_ctx;
 
+/* Pixel bytes of t's sample once planned (0 before): its batch needs at least those. */
+static int64_t own_batch(const mml_loader *L, const task *t) {
+  int64_t n = 0; /* (the rows are 0 until mml_sample_plan) */
+  for (int p = 0; p < PLANES; p++)
+    n += (p == PL_IMG ? t->sample.pixel_rows : t->sample.vpixel_rows) * (int64_t)L->row_bytes[p];
+  return n;
+}
+
 /* (mu held) t holds delta more bytes of remote video ahead of their use in *field (its
  * first blocks or its preloaded packets): counted in t->held, so in max_memory. */
 static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t delta) {
@@ -358,7 +369,8 @@ static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t de
  * the preloads) always find the rest. */
 static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t bytes) {
   const int64_t cap = L->cfg.max_memory;
-  if (cap && (L->video_held + bytes > cap / 4 || !ld_mem_room_locked(L, bytes))) {
+  if (cap &&
+      (L->video_held + bytes > cap / 4 || !ld_mem_room_ahead_locked(L, bytes, own_batch(L, t)))) {
     L->video_preloads_refused++;
     return 0;
   }
@@ -367,7 +379,16 @@ static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t 
 }
 
 void ld_task_release_videos_locked(mml_loader *L, task *t) {
-  for (int v = 0; v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+  int closed = 0;
+  for (int v = 0; v < t->vcap; v++) {
+    mml_bytes_free(&t->vhead[v].first);
+    if (t->vhead[v].open_bytes && !t->vids[v]) { /* closed (or taken by its decode, done) */
+      L->video_open_bytes -= t->vhead[v].open_bytes;
+      t->vhead[v].open_bytes = 0;
+      closed = 1;
+    }
+  }
+  if (closed) ld_mem_count_task_locked(L, t);
   if (!t->vhead_bytes && !t->vpre_bytes) return;
   L->video_held -= t->vhead_bytes + t->vpre_bytes;
   t->vhead_bytes = t->vpre_bytes = 0;
@@ -383,13 +404,45 @@ void ld_task_close_videos(mml_loader *L, task *t) {
     }
 }
 
-/* Keeps video v of t open from its probe to its decode (1), when few enough are. */
+int64_t ld_release_videos_ahead_locked(mml_loader *L) {
+  int64_t freed = 0;
+  for (int64_t s = L->head_seq; s < L->next_seq; s++) {
+    task *t = &L->tasks[s % L->window];
+    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
+        (t->tk >= 0 && t->tk == L->tk_head))
+      continue;
+    int64_t before = t->held;
+    ld_task_close_videos(L, t); /* (nothing in flight: a planned sample's preloads are in) */
+    ld_task_release_videos_locked(L, t);
+    freed += before - t->held;
+  }
+  return freed;
+}
+
+/* Keeps video v of t open from its probe to its decode (1), when few enough are and,
+ * under max_memory, what it holds idle (mml_video_held_bytes: demuxer state and tables)
+ * has room ahead of the next batch; counted in t's bytes until it is closed.  Else (0)
+ * the caller closes it and the decode opens it again. */
 static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
   if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
     __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
     return 0;
   }
   mml_video_idle(vid);
+  int64_t bytes = mml_video_held_bytes(vid);
+  pthread_mutex_lock(&L->mu);
+  int room = ld_mem_room_ahead_locked(L, bytes, 0);
+  if (room) {
+    t->vhead[v].open_bytes = bytes;
+    L->video_open_bytes += bytes;
+    if (L->video_open_bytes > L->video_open_peak) L->video_open_peak = L->video_open_bytes;
+    ld_mem_count_task_locked(L, t);
+  }
+  pthread_mutex_unlock(&L->mu);
+  if (!room) {
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
   t->vids[v] = vid;
   return 1;
 }

@@ -344,6 +344,8 @@ void mml_vio_close(mml_vio *io) {
 void mml_vio_idle(mml_vio *io) {
   ahead_drop(io);
   pre_drop(io);
+  free(io->hint); /* (mml_vio_will_read allocates it again) */
+  io->hint = NULL;
   for (int i = 0; i < MML_VIO_BLOCKS; i++) {
     mml_bytes_free(&io->blk[i].b);
     io->blk[i].off = -1;

@@ -184,6 +184,7 @@ TEST_DECLARE(test_threads)
 TEST_DECLARE(test_remote_blocks_fetched_ahead)
 TEST_DECLARE(test_remote_preload_decodes_from_memory)
 TEST_DECLARE(test_failures)
+TEST_DECLARE(test_idle_video_holds_little)
 
 // clang-format off
 static const mml_test_entry k_tests[] = {
@@ -360,6 +361,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_remote_blocks_fetched_ahead)
     TEST_ENTRY(test_remote_preload_decodes_from_memory)
     TEST_ENTRY(test_failures)
+    TEST_ENTRY(test_idle_video_holds_little)
     {NULL, NULL}};
 // clang-format on
 

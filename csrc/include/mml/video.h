@@ -110,6 +110,12 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
  * no second open: no second probe, and no second packet pass over an mkv/webm/avi. */
 void mml_video_idle(mml_video *v);
 
+/* Bytes an open video holds while idle (after mml_video_idle): its demuxer's and
+ * decoder's state, the I/O buffer and the frame tables, an upper estimate from what it
+ * knows (frame and packet counts, the sample index), for a memory budget (the loader's
+ * max_memory counts the videos it keeps open from their probe to their decode). */
+int64_t mml_video_held_bytes(const mml_video *v);
+
 /* Preloading a planned decode (a remote video; local and in-memory ones: a no-op,
  * *submitted 0): the exact byte ranges of the packets mml_video_decode(v, idx, n) will
  * read (from the keyframe before each kept frame -- where the demuxer's seek lands -- through
