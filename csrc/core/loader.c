@@ -537,7 +537,10 @@ void mml_loader_free(mml_loader *L) {
       free(t->vinfo);
       free(t->vplans);
       free(t->vids);
-      for (int v = 0; t->vhead && v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+      for (int v = 0; t->vhead && v < t->vcap; v++) {
+        mml_bytes_free(&t->vhead[v].first);
+        mml_bytes_free(&t->vhead[v].tail);
+      }
       free(t->vhead);
       ld_place_clear(t);
       mml_bytes_free(&t->path);

@@ -65,7 +65,9 @@ typedef struct task_vhead {
   int64_t size;       /* 0: not known */
   int64_t open_bytes; /* what the video kept open for the decode holds (max_memory) */
   mml_bytes first;
-  fetch_ref ref[2]; /* the HEAD's and the first block's completions */
+  mml_bytes tail; /* an mp4's header past the first block (mml_video_header_range) */
+  int64_t tail_off;
+  fetch_ref ref[3]; /* the HEAD's, the first block's and the tail's completions */
 } task_vhead;
 
 struct task {
@@ -103,6 +105,7 @@ struct task {
    * first blocks submitted with the images (until the probe), the packet ranges
    * preloaded for the decode (until it ends) */
   int64_t vhead_bytes, vpre_bytes;
+  int vtails; /* the plan stage looked for mp4 headers past the first blocks (tail_video) */
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;

@@ -22,13 +22,15 @@
  * from the bytes of their WebDataset member (read or fetched with the images).  No worker
  * waits on a round trip for a remote file in the usual case: its HEAD and first block
  * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
- * the record's images (head_video), so its open and probe in the plan stage read memory;
+ * the record's images (head_video), and an mp4 whose index is not all in that block (at
+ * the end past the mdat, or longer) has the bytes holding it fetched next, exactly, from
+ * the top-level box sizes (tail_video), so its open and probe in the plan stage read memory;
  * once the sample is planned, the exact byte ranges of the packets its kept frames need
  * (from an mp4/mov's sample index, or the packets an mkv/webm/avi's probe met) are
  * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
  * they are in; only then is it PLANNED, so its decode reads them from memory.  What still
- * waits is counted: video_plan_waits (an mp4 index past the first block, the packet pass
- * over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded: no room).
+ * waits is counted: video_plan_waits (an mp4 index with no room to fetch it ahead, the
+ * packet pass over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded).
  * Those bytes fetched ahead (first blocks until the probe, preloaded packets until the
  * decode) are the task's (vhead_bytes, vpre_bytes), counted in max_memory with its other
  * byte buffers; under max_memory each is fetched only when it fits beside the next batch's
@@ -382,6 +384,7 @@ void ld_task_release_videos_locked(mml_loader *L, task *t) {
   int closed = 0;
   for (int v = 0; v < t->vcap; v++) {
     mml_bytes_free(&t->vhead[v].first);
+    mml_bytes_free(&t->vhead[v].tail);
     if (t->vhead[v].open_bytes && !t->vids[v]) { /* closed (or taken by its decode, done) */
       L->video_open_bytes -= t->vhead[v].open_bytes;
       t->vhead[v].open_bytes = 0;
@@ -479,6 +482,8 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     if (!c->decoding && src.fetcher) { /* fetched with the images (head_video) */
       src.size = t->vhead[v].size;
       src.first = &t->vhead[v].first;
+      src.tail = &t->vhead[v].tail;
+      src.tail_off = t->vhead[v].tail_off;
     }
   }
   double t0 = mml_now();
@@ -488,7 +493,10 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     c->acc->bytes += (uint64_t)n;
     t->sample.bytes += (uint64_t)n;
   }
-  if (!member->len) mml_bytes_free(&t->vhead[v].first); /* (moved into the video) */
+  if (!member->len) { /* (moved into the video) */
+    mml_bytes_free(&t->vhead[v].first);
+    mml_bytes_free(&t->vhead[v].tail);
+  }
   c->acc->read_s += mml_now() - t0;
   uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
   if (!st) {
@@ -575,7 +583,8 @@ static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err
   return MML_OK;
 }
 
-/* A remote video's HEAD (ref[0]) or first block (ref[1]) came (the fetcher's I/O thread).
+/* A remote video's HEAD (ref[0]), first block (ref[1]) or header tail (ref[2]) came (the
+ * fetcher's I/O thread).
  * A failure is left to the open, which asks again and reports it. */
 static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
   (void)err;
@@ -590,6 +599,10 @@ static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_e
     mml_bytes_free(&h->first);
     h->first = *body;              /* take the memory */
     memset(body, 0, sizeof *body); /* (counted read by the open that takes it) */
+  } else if (st == MML_OK && body && r == &h->ref[2]) {
+    mml_bytes_free(&h->tail);
+    h->tail = *body;
+    memset(body, 0, sizeof *body);
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -628,6 +641,37 @@ static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nrem
   }
 }
 
+/* Video v of t's record, a remote mp4/mov whose HEAD and first block came but whose index
+ * (moov) is not all in that block (past an mdat, or longer): the bytes its open reads for
+ * it (mml_video_header_range) are fetched in one ranged GET, counted in *nremote, with
+ * max_memory room (video_reserve_locked, as the first block; else the open reads them). */
+static void tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
+  enum { TAIL_MAX = 64 << 20 };
+  task_vhead *h = &t->vhead[v];
+  int64_t off, end;
+  mml_bytes_clear(&h->tail);
+  mml_err e;
+  if (h->size <= 0 || !h->first.len ||
+      !mml_video_header_range(h->first.data, h->first.len, h->size, &off, &end) ||
+      end - off > (L->cfg.max_memory ? L->cfg.max_memory / 16 : TAIL_MAX) ||
+      video_path(L, t, t->rec.videos[v].ref, 0, &e) || (!*f && ld_get_fetcher(L, f, &e)))
+    return;
+  pthread_mutex_lock(&L->mu);
+  int room = video_reserve_locked(L, t, &t->vhead_bytes, end - off);
+  pthread_mutex_unlock(&L->mu);
+  if (!room) return;
+  h->tail_off = off;
+  fetch_one_more(L, t, nremote);
+  h->ref[2] = (fetch_ref){.t = t, .which = v};
+  if (mml_fetch_submit(*f, (const char *)t->path.data, off, end - off, on_video_head, &h->ref[2],
+                       &e)) {
+    fetch_undo(L, t);
+    pthread_mutex_lock(&L->mu);
+    video_hold_locked(L, t, &t->vhead_bytes, -(end - off));
+    pthread_mutex_unlock(&L->mu);
+  }
+}
+
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
 static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
   if (t->fetch_st) {
@@ -637,6 +681,7 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   mml_status st = parse_record(L, t, acc, err);
   if (st) return st;
   t->stage = STAGE_IMAGES;
+  t->vtails = 0;
   int nremote = 0;
   mml_fetcher *f = NULL;
   const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
@@ -676,6 +721,22 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
+  }
+  if (!t->vtails) { /* first: an mp4 index past the first blocks, fetched (the task waits) */
+    t->vtails = 1;
+    int nremote = 0;
+    mml_fetcher *f = NULL;
+    for (int v = 0; v < t->rec.nvideos; v++)
+      if (t->rec.videos[v].ref) tail_video(L, t, v, &f, &nremote);
+    if (nremote) {
+      pthread_mutex_lock(&L->mu);
+      int last = --t->pending == 0;
+      pthread_mutex_unlock(&L->mu);
+      if (!last) {
+        *wait = 1; /* a completion will re-queue the task */
+        return MML_OK;
+      }
+    }
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
   mml_status st = probe_videos(L, t, acc, err);

@@ -244,6 +244,42 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
 
 /* ---- open --------------------------------------------------------------------------- */
 
+static uint64_t be(const uint8_t *p, int n) {
+  uint64_t x = 0;
+  for (int i = 0; i < n; i++) x = x << 8 | p[i];
+  return x;
+}
+
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end) {
+  *off = *end = 0;
+  const int64_t n = (int64_t)len;
+  if (!b || n < 16 || size <= n || memcmp(b + 4, "ftyp", 4)) return 0;
+  int64_t pos = 0;
+  while (pos + 8 <= n) {
+    int64_t sz = (int64_t)be(b + pos, 4), hdr = 8;
+    if (sz == 1) { /* a 64-bit size follows */
+      if (pos + 16 > n) break;
+      uint64_t big = be(b + pos + 8, 8);
+      if (big > (uint64_t)INT64_MAX) return 0;
+      sz = (int64_t)big, hdr = 16;
+    } else if (sz == 0) { /* to the end of the file */
+      sz = size - pos;
+    }
+    if (sz < hdr || sz > size - pos) return 0; /* not a box chain we can follow */
+    if (!memcmp(b + pos + 4, "moov", 4)) {
+      if (pos + sz <= n) return 0; /* whole in the first bytes */
+      *off = n;
+      *end = pos + sz + MML_VIDEO_BLOCK < size ? pos + sz + MML_VIDEO_BLOCK : size;
+      return 1;
+    }
+    pos += sz;
+  }
+  if (pos >= size) return 0;
+  *off = pos > n ? pos : n;
+  *end = size;
+  return 1;
+}
+
 static int rotation_of(AVStream *st) {
   const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, NULL);
   if (!m) return 0;
@@ -349,7 +385,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   v->last_pts = INT64_MIN;
   v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
   mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
-                               src->block, src->size, src->first, err);
+                               src->block, src->size, src->first, src->tail, src->tail_off, err);
   int r = 0;
   if (st) goto fail;
   uint8_t *buf = av_malloc(IO_BUF);
@@ -725,6 +761,24 @@ static int64_t frames_within(const mml_video *v, int64_t from, int64_t last) {
   return lo - a;
 }
 
+/* Frames the decoder holds back for reordering (video_delay). */
+static int64_t reorder_delay(const mml_video *v) {
+  return v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+}
+
+/* The timestamps a decode of wanted frame idx[k] runs through: from its keyframe (the
+ * first frame when none) to the frame `past` after it (the decoder's reordering delay).
+ * 0: nothing to read for it (out of range, or the same frame as idx[k - 1]). */
+static int frame_span(const mml_video *v, const int64_t *idx, int k, int64_t past, int64_t *from,
+                      int64_t *last) {
+  int64_t i = idx[k];
+  if (i < 0 || i >= v->n || (k && i == idx[k - 1])) return 0;
+  int64_t key = key_at_or_before(v, v->tab[i]);
+  *from = key >= 0 ? v->keys[key] : v->tab[0];
+  *last = v->tab[i + past < v->n ? i + past : v->n - 1];
+  return 1;
+}
+
 /* decode_ranges for a table from packets (mkv, webm, avi, ...: no per-frame index) from
  * the places the pass met the packets at: for each wanted frame, from where the demuxer's
  * seek to its keyframe lands (the index entry at or before it: an mkv's cluster, else the
@@ -735,13 +789,10 @@ static int packet_ranges(const mml_video *v, const int64_t *idx, int n, int64_t 
                          int *nr) {
   if (!v->npk) return 0;
   int cap = 0, room = 1;
-  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  const int64_t past = reorder_delay(v);
   for (int k = 0; k < n && room; k++) {
-    int64_t i = idx[k];
-    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
-    int64_t key = key_at_or_before(v, v->tab[i]);
-    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
-    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int64_t from, last;
+    if (!frame_span(v, idx, k, past, &from, &last)) continue;
     int64_t lo = 0, hi = v->nkpk; /* the keyframe's packet: the last one at or before from */
     while (lo < hi) {
       int64_t mid = lo + (hi - lo) / 2;
@@ -780,13 +831,10 @@ static int decode_ranges(const mml_video *v, const int64_t *idx, int n, int64_t 
   if (!v->io.fetcher || v->ordinal || n <= 0) return 1;
   if (v->exact) return packet_ranges(v, idx, n, gap, out, nr);
   int cnt = avformat_index_get_entries_count(v->st), cap = 0, room = 1;
-  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  const int64_t past = reorder_delay(v);
   for (int k = 0; k < n && room; k++) {
-    int64_t i = idx[k];
-    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
-    int64_t key = key_at_or_before(v, v->tab[i]);
-    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
-    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int64_t from, last;
+    if (!frame_span(v, idx, k, past, &from, &last)) continue;
     int e = av_index_search_timestamp(v->st, from - v->shift, AVSEEK_FLAG_BACKWARD);
     for (e = e < 0 ? 0 : e; e < cnt && room; e++) {
       const AVIndexEntry *ie = avformat_index_get_entry(v->st, e);

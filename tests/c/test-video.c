@@ -269,3 +269,42 @@ TEST(test_idle_video_holds_little) {
   CHECK(mml_video_held_bytes(vs[0]) < (int64_t)512 << 10);
   for (int k = 0; k < N; k++) mml_video_close(vs[k]);
 }
+
+static void box(uint8_t *p, uint32_t size, const char *type) {
+  p[0] = size >> 24, p[1] = size >> 16, p[2] = size >> 8, p[3] = size;
+  memcpy(p + 4, type, 4);
+}
+
+/* Where an mp4's index lies past its first bytes, from the top-level box sizes. */
+TEST(test_header_range) {
+  uint8_t b[256] = {0};
+  int64_t off, end;
+  box(b, 24, "ftyp");
+  box(b + 24, 100, "moov"); /* whole in the first 256 bytes */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 0);
+  box(b + 24, 500, "moov"); /* its rest, and a block past it (the first packets) */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 1);
+  CHECK_EQ_INT(off, 256);
+  CHECK_EQ_INT(end, 10000); /* (the file ends within that block) */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, (int64_t)4 << 20, &off, &end), 1);
+  CHECK_EQ_INT(end, 524 + MML_VIDEO_BLOCK);
+  box(b + 24, 8000, "mdat"); /* moov after the mdat: from there to the end */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(off, 8024);
+  CHECK_EQ_INT(end, 9000);
+  box(b + 24, 1, "mdat"); /* a 64-bit size */
+  memset(b + 32, 0, 8);
+  b[38] = 0x20; /* 0x2000 = 8192 */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(off, 24 + 8192);
+  box(b + 24, 0, "mdat"); /* to the end of the file: no moov after it */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b + 24, 20000, "mdat"); /* past the end: not followed */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b + 24, 4, "mdat"); /* shorter than its header */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b, 24, "EBML"); /* not ISO BMFF */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b, 24, "ftyp"); /* the whole file in the first bytes */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 256, &off, &end), 0);
+}
