@@ -18,3 +18,4 @@ from .vision import ImageProcessor, smart_resize  # noqa: F401,E402
 from ._core import Tensor  # noqa: E402,F401
 from .loader import Loader  # noqa: E402,F401
 from .mixture import Source  # noqa: E402,F401
+from . import presets  # noqa: E402,F401

@@ -373,8 +373,12 @@ class Loader:
             buffer of its pool (the batches it prepares, those the consumer still holds,
             and those kept mapped for reuse), the encoded bytes of the samples in flight
             (with the bytes of remote videos fetched ahead of their decode: fetched only
-            with room, at most a quarter of the cap, else read when needed), and 16 MiB
-            of scratch per worker.  Work waits for room (backpressure); a
+            with room, at most a quarter of the cap, else read when needed), 16 MiB
+            of scratch per worker, and the decoder scratch an image needs beyond that
+            while it is decoded (from its header: a progressive JPEG's coefficients, 3
+            bytes a pixel at 4:2:0; a whole-image buffer for interlaced PNG, WebP, GIF,
+            TIFF; ``ImageProcessor.plan(data)["scratch"]``), taken before its decode
+            starts.  Work waits for room (backpressure); a
             sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
             next() whose batch cannot fit beside the batches the consumer still holds.
         compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded

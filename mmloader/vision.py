@@ -158,7 +158,9 @@ class ImageProcessor:
 
     def plan(self, data: bytes) -> Dict[str, Any]:
         """What encoded image `data` becomes, read from its header only: source and target
-        sizes, grid_thw, rows, cols, tokens (<|image_pad|> count), format, decode_scale."""
+        sizes, grid_thw, rows, cols, tokens (<|image_pad|> count), format, decode_scale,
+        scratch (bytes of decoder scratch its decode maps beyond a few rows, at most: what
+        max_memory charges it)."""
         return _core.vision_plan(self.config, data)
 
     def __repr__(self) -> str:

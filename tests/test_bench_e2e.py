@@ -116,6 +116,31 @@ def test_decode_only_floor_on_one_and_on_two_threads(shard):
         assert r["threaded_samples_per_s"] > 0 and r["pil_cpu_s_per_sample"] > 0
 
 
+def test_decode_floor_runs_beside_each_repeat_of_the_pipelines():
+    """The floor the CPU ratios divide by is measured in every repeat, right before that
+    repeat's throughput runs, not once at the start (the CPU a sample costs on a shared
+    machine moves with the load of the moment)."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_e2e
+
+    def item(name, **params):
+        return SimpleNamespace(originalname=name, callspec=SimpleNamespace(params=params))
+
+    names = ["test_throughput", "test_wait_ratio", "test_decode_only"]
+    items = [item(n, repeat=r) for r in (2, 0, 1) for n in names]
+    items += [item("test_same_work"), item("test_max_memory")]
+    order = [
+        (i.originalname, i.callspec.params.get("repeat"))
+        for i in sorted(items, key=bench_e2e.collection_order)
+    ]
+    assert order[0] == ("test_same_work", None)
+    for r in (0, 1, 2):
+        at = order.index(("test_decode_only", r))
+        assert order[at + 1] == ("test_throughput", r)
+        assert all(rep != r for _, rep in order[:at])  # nothing of repeat r before it
+
+
 def test_same_work_comparison_sees_a_difference(shard):
     cfg = make_config([shard], module="naive", batch_size=4, tokenizer=TINY_TOKENIZER_PATH)
     from benchmarks.pipelines import naive

@@ -186,3 +186,94 @@ def test_memory_parts_in_stats(shard):
     assert st["pool_peak_bytes"] >= st["pool_live_bytes"] + st["pool_cached_bytes"]
     assert st["window_bytes"] > 0  # the records' and images' byte buffers (spares kept)
     assert st["scratch_mapped_peak_bytes"] >= st["scratch_mapped_bytes"] >= 0
+
+
+# ---- decoder scratch: large progressive JPEGs (issue 15) --------------------------------
+# A progressive JPEG decodes through whole-image coefficient arrays: 3 bytes a pixel at
+# 4:2:0, 36 MB for 4000x3000, far above the 16 MiB per worker max_memory sets aside for
+# what stays mapped.  The plan reads it from the header and a decode takes that room before
+# it starts, so two workers decoding such photos at once cannot exceed the cap together.
+BIG = (4000, 3000)
+NBIG = 6
+
+
+@pytest.fixture(scope="module")
+def big_shard(tmp_path_factory):
+    """NBIG samples of real photos (tests/photos.py) re-encoded as 4000x3000 progressive
+    JPEGs; each becomes a small batch (max_pixels below), so the scratch dominates."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import photos
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("bigjpeg")
+    ims = photos.photos(640)
+    names = ["chelsea", "coffee", "astronaut", "motorcycle", "rocket", "grace_hopper"]
+    for k, name in enumerate(names[:NBIG]):
+        im = photos.rgb(ims[name]).resize(BIG, Image.BICUBIC)
+        im.save(root / f"b{k}.jpg", "JPEG", quality=90, progressive=True)
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"<image>\nq{i}"},
+                    {"role": "assistant", "content": "a"},
+                ],
+                "images": [f"b{i}.jpg"],
+            }
+        )
+        for i in range(NBIG)
+    ]
+    path = root / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+BIG_KW = dict(prefetch=4, max_pixels=256 * 28 * 28)  # ~4.8 MB of pixel_values a sample
+
+
+def test_progressive_scratch_is_planned_from_the_header(big_shard):
+    # what the plan charges covers what the decoder maps (stats: the process's mapped
+    # scratch), and is the coefficient arrays' size, not a guess far above it
+    proc = mmloader.ImageProcessor("qwen2.5-vl")
+    with open(os.path.join(os.path.dirname(big_shard), "b0.jpg"), "rb") as f:
+        plan = proc.plan(f.read())
+    assert 36 * MB <= plan["scratch"] <= 38 * MB  # 4:2:0: 3 bytes a pixel, 2 MiB pages
+    # the mapped peak is the process's: measured in a fresh one
+    code = (
+        "import mmloader, sys; L = mmloader.Loader(sys.argv[1], tokenizer=sys.argv[2], "
+        "preset='qwen2.5-vl', micro_batch_size=1, num_threads=1, max_pixels=%d, max_memory=%d)\n"
+        "for b in L: pass\n"
+        "print(L.stats()['scratch_mapped_peak_bytes']); L.close()"
+    ) % (BIG_KW["max_pixels"], 80 * MB)
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code, big_shard, TINY], capture_output=True, text=True, check=True
+    )
+    peak = int(out.stdout.split()[-1])
+    assert plan["scratch"] - 2 * MB <= peak <= plan["scratch"], (peak, plan["scratch"])
+
+
+def test_rss_stays_under_max_memory_with_progressive_photos(big_shard):
+    # Three workers each map 36 MB of coefficients while decoding: together near the
+    # 112 MiB cap before any batch.  Without the per-decode charge the cap was exceeded;
+    # with it the decodes take turns (the cap leaves room for one beside the reserve).
+    cap = 112 * MB
+    free, d_free, _, _ = _run(big_shard, num_threads=3, **BIG_KW)
+    capped, d_capped, st, _ = _run(big_shard, num_threads=3, max_memory=cap, **BIG_KW)
+    print(
+        f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}"
+    )
+    assert free > cap, f"the uncapped run ({free / MB:.0f} MB) must exceed the cap"
+    assert capped <= cap, f"RSS grew {capped / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
+    assert d_capped == d_free  # the same batches
+
+
+def test_one_image_whose_scratch_cannot_fit_is_named(big_shard):
+    # 2 workers' reserve leaves 32 MiB of 64: the batch (4.8 MB) and the file (~1 MB) fit,
+    # the 36 MB of coefficients do not
+    with pytest.raises(mmloader.OutOfMemoryError, match=r"d\.jsonl:1.*decoder scratch.*jpeg"):
+        _run(big_shard, max_memory=64 * MB, **BIG_KW)

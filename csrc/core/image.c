@@ -57,6 +57,45 @@ static uint32_t be32(const uint8_t *p) {
   return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* The whole-image coefficient arrays libjpeg requests for a multi-scan image (jdcoefct.c:
+ * per component, its blocks rounded up to whole MCUs of its sampling factors, 128 bytes
+ * each; image_jpeg_mem.c maps them), from the SOF's component table `c` (3 bytes each). */
+static int64_t jpeg_coef_bytes(const uint8_t *c, int nc, int w, int h) {
+  int hmax = 1, vmax = 1;
+  for (int k = 0; k < nc; k++) {
+    int hs = c[3 * k + 1] >> 4, vs = c[3 * k + 1] & 15;
+    if (hs < 1 || hs > 4 || vs < 1 || vs > 4) return 0; /* libjpeg refuses it */
+    if (hs > hmax) hmax = hs;
+    if (vs > vmax) vmax = vs;
+  }
+  int64_t total = 0;
+  for (int k = 0; k < nc; k++) {
+    int64_t hs = c[3 * k + 1] >> 4, vs = c[3 * k + 1] & 15;
+    int64_t wb = ((int64_t)w * hs + 8 * hmax - 1) / (8 * hmax); /* width_in_blocks */
+    int64_t hb = ((int64_t)h * vs + 8 * vmax - 1) / (8 * vmax);
+    wb = (wb + hs - 1) / hs * hs;
+    hb = (hb + vs - 1) / vs * vs;
+    total += wb * hb * 128;
+  }
+  return mml_scratch_round(total);
+}
+
+/* Whether the first scan (SOS after byte `i`) of a sequential JPEG holds fewer than all
+ * `nc` components: libjpeg then buffers the whole image's coefficients as for a
+ * progressive one (has_multiple_scans). */
+static int jpeg_first_scan_partial(const uint8_t *p, size_t len, size_t i, int nc) {
+  for (;;) {
+    while (i < len && p[i] != 0xFF) i++;
+    while (i < len && p[i] == 0xFF) i++;
+    if (i >= len) return 0;
+    uint8_t m = p[i++];
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) continue;
+    if (m == 0xD9 || i + 3 > len) return 0;
+    if (m == 0xDA) return p[i + 2] < nc;
+    i += (size_t)p[i] << 8 | p[i + 1];
+  }
+}
+
 static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
   size_t i = 2;
   for (;;) {
@@ -85,6 +124,11 @@ static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
       info->width = w;
       info->height = h;
       info->format = MML_FMT_JPEG;
+      if (seg < 8 + 3 * (size_t)nc || i + 8 + 3 * (size_t)nc > len)
+        return MML_OK; /* libjpeg says */
+      int progressive = m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE;
+      if (!progressive && !jpeg_first_scan_partial(p, len, i + seg, nc)) return MML_OK;
+      info->scratch = jpeg_coef_bytes(p + i + 8, nc, w, h);
       return MML_OK;
     }
     i += seg;
@@ -187,6 +231,11 @@ mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info
     info->width = (int)w;
     info->height = (int)h;
     info->format = MML_FMT_PNG;
+    if (len >= 29 && data[28]) { /* interlaced: all passes land in `whole` (png_feed_rows) */
+      const int ctype = data[25], depth = data[24];
+      const int bpp = ctype == 0 ? (depth == 16 ? 2 : 1) : ctype == 2 ? 3 : ctype == 4 ? 2 : 4;
+      info->scratch = mml_scratch_round((int64_t)w * h * bpp);
+    }
     return MML_OK;
   }
   if (len >= 12 && !memcmp(data, "RIFF", 4) && !memcmp(data + 8, "WEBP", 4))
@@ -278,6 +327,12 @@ void mml_decoder_set_max_pixels(mml_decoder *d, int64_t max_pixels) {
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
   d->je.strict = o && o->strict_jpeg;
   d->alpha = o ? o->alpha : MML_ALPHA_COMPOSITE;
+}
+
+void mml_decoder_trim(mml_decoder *d, size_t keep) {
+  if (!d) return;
+  if (d->whole.cap > keep) mml_bytes_free(&d->whole);
+  if (d->image.cap > keep) mml_bytes_free(&d->image);
 }
 
 void mml_decoder_free(mml_decoder *d) {

@@ -90,6 +90,16 @@ mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mm
   info->width = (int)(o >= 5 && o <= 8 ? h : w);
   info->height = (int)(o >= 5 && o <= 8 ? w : h);
   info->format = MML_FMT_TIFF;
+  /* the page's raw samples in `whole` (SamplesPerPixel, up to 2 bytes each unless the one
+   * sample's BitsPerSample says less), libtiff's strip or tile buffers (at most the file),
+   * and with an Orientation the converted and the turned RGB8 copies */
+  uint64_t spp = 1, bps = 16;
+  mml_tiff_ifd0_tag(p, len, 277, &spp, &why);
+  if (spp == 1) mml_tiff_ifd0_tag(p, len, 258, &bps, &why);
+  if (spp < 1 || spp > 16) spp = 16;
+  const int64_t px = (int64_t)w * (int64_t)h, bytes = bps <= 8 ? 1 : bps <= 16 ? 2 : 8;
+  info->scratch =
+      mml_scratch_round(px * (int64_t)spp * bytes + (int64_t)len + (o > 1 && o <= 8 ? 6 * px : 0));
   return MML_OK;
 }
 

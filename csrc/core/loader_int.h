@@ -113,6 +113,10 @@ struct task {
   place_at at[PLANES];
   task *next_dec;
   int64_t held; /* capacity of its byte buffers, counted in win_bytes (mu) */
+  /* max_memory: the decoder scratch its images' decodes map beyond a worker's reserve
+   * (the most of its images' plans, mml_vision_plan.scratch), and what its running decode
+   * was granted of it (counted in scratch_extra; mu) */
+  int64_t scratch_need, scratch_granted;
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
@@ -239,9 +243,18 @@ struct mml_loader {
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
   int mem_blocked;          /* a ticket waits for room */
   int mem_head_fails;       /* consecutive failed tries of the head ticket */
-  int consumer_waiting;     /* the consumer is blocked in next() */
-  uint64_t faults;          /* minor faults of the engine's threads (ld_count_faults) */
-  uint64_t faults_warm;     /* `faults` when batch MML_FAULT_WARMUP was delivered */
+  /* decoder scratch beyond the per-worker reserve (ld_mem_scratch_take_locked): granted to
+   * the decodes running; the most one sample has needed (0: holds are not looked for);
+   * decodes running; consecutive looks of a waiting decode with nothing else able to free
+   * room */
+  int64_t scratch_extra, scratch_max;
+  /* the largest ticket plane buffer taken and one sample's pixel bytes planned (reads keep
+   * room for two: ld_mem_may_read_locked) */
+  int64_t tk_bytes_max, px_max;
+  int decoding, scratch_stuck;
+  int consumer_waiting; /* the consumer is blocked in next() */
+  uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
+  uint64_t faults_warm; /* `faults` when batch MML_FAULT_WARMUP was delivered */
 
   /* image byte buffers of finished samples, for reuse (loader_place.c, under mu); their
    * capacity spare_bytes is also counted in win_bytes */
@@ -439,12 +452,25 @@ int ld_place_ready(const mml_loader *L, const task *t);
 void ld_place_clear(task *t);
 /* 1 when every plane t has rows in has given it a destination (its decode may run). */
 int ld_place_has_dests(const task *t);
-/* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room). */
+/* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room) beside
+ * the scratch held for the decodes placed (ld_mem_scratch_hold_locked). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
+/* ... beside `hold` bytes of it instead; and the most scratch one decode placed in tickets
+ * up to `upto`, not running yet, will take. */
+int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold);
+int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto);
 /* max_memory: 1 when a worker may start reading one more sample. */
 int ld_mem_may_read_locked(mml_loader *L);
-/* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes). */
-mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err);
+/* max_memory: a decode whose images need scratch beyond the worker's reserve takes it
+ * before it starts (1; 0: no room now, then it is kept free for this decode and the
+ * caller waits) and gives it back when it has trimmed its scratch (ld_mem_scratch_give).
+ * A decode that can never get room (the consumer waits for its batch and holds the rest)
+ * sets the loader's fatal error. */
+int ld_mem_scratch_take_locked(mml_loader *L, task *t);
+void ld_mem_scratch_give_locked(mml_loader *L, task *t);
+/* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
+ * t->scratch_need. */
+mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
 /* Image byte buffers reused across samples (loader_place.c): before image bytes are read
  * into *b (need bytes; t's, busy on this thread), the smallest spare buffer that holds
  * them (else the largest, which then grows) is swapped in; a finished task's buffers go

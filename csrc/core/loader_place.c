@@ -76,9 +76,22 @@
  * next() whose batch cannot get room while the consumer holds everything else and no
  * sample is in flight (the message names the max_memory that would have held it).
  *
+ * DECODER SCRATCH under max_memory.  The per-worker reserve (MML_SCRATCH_RESERVE) holds
+ * what stays mapped between images; an image whose decode maps more (a multi-scan JPEG's
+ * coefficient arrays, 36 MB for a 12-megapixel 4:2:0 photo; a whole-image buffer: the
+ * header says, mml_vision_plan.scratch) makes its sample's scratch_need, which counts in
+ * "can it ever fit" (ld_mem_check_sample, the error names the image), is taken by its
+ * decode before it starts (ld_mem_scratch_take_locked: scratch_extra while it runs; the
+ * worker trims its buffers back before giving it back) and is held free meanwhile: every
+ * ticket's room keeps the largest need of the decodes placed in it and before it
+ * (ld_mem_scratch_hold_locked), and reads keep the largest need seen and two batch
+ * buffers, so the decode a consumer waits for always gets its room once the decodes
+ * running end.  A decode waits (the worker does other work) while room is short.
+ *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,6 +283,16 @@ static int decodes_ahead(mml_loader *L, int64_t id) {
   return n >= want;
 }
 
+/* max_memory room for `need` bytes of ticket id's, beside the scratch the decodes placed
+ * in it and the tickets before it will need (scratch_hold). */
+static int ticket_room(mml_loader *L, int64_t id, int64_t need) {
+  const int64_t hold = ld_mem_scratch_hold_locked(L, id);
+  if (ld_mem_room_hold_locked(L, need, hold)) return 1;
+  if (!L->nspare) return 0;
+  ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
+  return ld_mem_room_hold_locked(L, need, hold);
+}
+
 /* Gives plane p of ticket `id` a fresh buffer of cap_rows rows: the rows the collator
  * already took are copied (and the collator `c` composing it switches to it), the rest
  * placed anew.  A ticket's first buffer waits while `prefetch` batches are ahead of the
@@ -290,12 +313,14 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
            (int64_t)L->row_bytes[r];
   if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (earlier || (!has_buf(k) && (prefetch_full(L, id) || decodes_ahead(L, id))) ||
-      !ld_mem_room_locked(L, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
+      !ticket_room(L, id, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;
   }
   q->pending_rows = 0;
+  if ((int64_t)((size_t)cap_rows * L->row_bytes[p]) > L->tk_bytes_max)
+    L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
   mml_buf *nb = NULL;
   mml_err err;
   mml_status st = mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
@@ -424,6 +449,7 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head);
   mml_err_set(&e, MML_ENOMEM,
               "max_memory=%lld cannot hold the next batch: its %lld bytes of "
               "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
@@ -433,7 +459,16 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
               "the next (`del batch` at the end of the loop body releases it)",
               (long long)L->cfg.max_memory, (long long)next, (long long)need, live,
               (long long)L->win_bytes, (long long)scratch_bytes(L), L->cfg.num_threads,
-              (long long)((int64_t)live + L->win_bytes + scratch_bytes(L) + need));
+              (long long)((int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
+                          hold + need));
+  if (hold > 0) {
+    size_t n = strlen(e.msg);
+    snprintf(e.msg + n, sizeof e.msg - n,
+             " (the %lld bytes of decoder scratch its largest image needs are kept free beside "
+             "the %d workers' reserve of %lld)",
+             (long long)hold, L->cfg.num_threads,
+             (long long)L->cfg.num_threads * MML_SCRATCH_RESERVE);
+  }
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
 }
 
@@ -565,12 +600,34 @@ static int64_t pool_bytes(int64_t need) {
   return need >= (1 << 20) ? (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1) : need;
 }
 
+/* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
+ * those hold their grants) will take: kept free by every other use of the room, so that
+ * once the decodes running now end one of these can always start.  Samples placed later
+ * are held by their tickets' buffers' room (ticket_room), samples not placed yet by their
+ * reads' (ld_mem_may_read_locked counts what is placed). */
+int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto) {
+  if (!L->cfg.max_memory || !L->scratch_max) return 0;
+  int64_t hold = 0;
+  const int64_t end = upto == INT64_MAX ? L->next_seq : L->place_seq;
+  for (int64_t s = L->head_seq; s < end; s++) {
+    const task *t = slot_of(L, s);
+    if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
+        (upto == INT64_MAX || (t->tk >= 0 && t->tk <= upto)) && t->scratch_need > hold)
+      hold = t->scratch_need;
+  }
+  return hold;
+}
+
 int ld_mem_room_locked(mml_loader *L, int64_t need) {
+  return ld_mem_room_hold_locked(L, need, ld_mem_scratch_hold_locked(L, INT64_MAX));
+}
+
+int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   if (!L->cfg.max_memory) return 1;
   need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L);
+  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + hold;
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
@@ -586,22 +643,108 @@ int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
 int ld_mem_may_read_locked(mml_loader *L) {
   if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
-  return ld_mem_room_locked(L, est * (L->in_flight + 1));
+  /* Once samples need scratch: beside the most one has needed (the one read may need as
+   * much) and two of the largest batch buffers taken or samples' pixel rows planned (the
+   * one the consumer holds while the next is built): samples read ahead must not take the room that the batches before
+   * them need, as they can only be decoded after those. */
+  int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
+  if (hold < L->scratch_max) hold = L->scratch_max;
+  if (!hold) return ld_mem_room_locked(L, est * (L->in_flight + 1));
+  int64_t tk = L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max;
+  tk = (tk + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); /* as the pool rounds it */
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold);
 }
 
-mml_status ld_mem_check_sample(const mml_loader *L, const task *t, mml_err *err) {
+/* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
+ * or when its images decode in a few rows): the most of their plans' (one image is
+ * decoded at a time), which the reserve's MML_SCRATCH_RESERVE does not cover (it holds
+ * what stays mapped between images: rows, the kept JPEG region, trimmed buffers). */
+static int64_t scratch_need(const mml_loader *L, const task *t, int *which) {
+  int64_t need = 0;
+  if (which) *which = -1;
+  if (!L->cfg.max_memory || !t->rec_parsed) return 0;
+  for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++)
+    if (t->plans[i].scratch > need) {
+      need = t->plans[i].scratch;
+      if (which) *which = i;
+    }
+  return need;
+}
+
+mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
   if (!L->cfg.max_memory) return MML_OK;
   int64_t enc = (int64_t)t->rec_bytes.len, px = 0;
   for (int p = 0; p < PLANES; p++) px += plane_rows(&t->sample, p) * (int64_t)L->row_bytes[p];
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
+  int img = -1;
+  t->scratch_need = scratch_need(L, t, &img); /* L->scratch_seen: finish_task_locked */
   int64_t room = L->cfg.max_memory - scratch_bytes(L);
-  if (px + enc <= room) return MML_OK;
+  if (px + enc + t->scratch_need <= room) return MML_OK;
+  if (t->scratch_need > 0) {
+    const mml_vision_plan *pl = &t->plans[img];
+    return mml_err_set(
+        err, MML_ENOMEM,
+        "the sample needs %lld bytes of pixel_values(_videos), %lld encoded bytes and %lld bytes "
+        "of decoder scratch (image %d, a %dx%d %s), more than the %lld bytes max_memory=%lld "
+        "leaves beside %d workers' scratch reserve",
+        (long long)px, (long long)enc, (long long)t->scratch_need, img, pl->src_w, pl->src_h,
+        mml_image_format_name(pl->format), (long long)room, (long long)L->cfg.max_memory,
+        L->cfg.num_threads);
+  }
   return mml_err_set(err, MML_ENOMEM,
                      "the sample needs %lld bytes of pixel_values(_videos) and %lld encoded "
                      "bytes, more "
                      "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
                      (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
                      L->cfg.num_threads);
+}
+
+int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
+  if (!L->cfg.max_memory || t->scratch_need <= 0) return 1;
+  if (L->fatal) return 0;
+  /* the room held for the decodes placed is theirs: this one's among them */
+  int ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+  if (!ok && L->nspare) { /* spare image buffers are only a speed-up */
+    ld_bytes_free_spares(L);
+    ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+  }
+  if (ok) {
+    t->scratch_granted = t->scratch_need;
+    L->scratch_extra += t->scratch_granted;
+    L->scratch_stuck = 0;
+    return 1;
+  }
+  /* Room comes back as decodes end (their grants) and the consumer releases batches.  If
+   * no decode runs, no sample is being read or planned and the consumer waits in next()
+   * with no batch ready or being emitted, it holds the rest: after a few looks in a row
+   * (the workers look every 5 ms) this decode cannot fit.  (Every other use of the room
+   * keeps the largest placed decode's scratch free, so this is not expected.) */
+  if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count ||
+      L->pend_head != L->pend_tail || L->emitting) {
+    L->scratch_stuck = 0;
+    return 0;
+  }
+  if (++L->scratch_stuck < 20) return 0;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  char where[1100];
+  const mml_sample *s = &t->sample;
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
+  mml_err e;
+  mml_err_set(&e, MML_ENOMEM,
+              "%s: max_memory=%lld cannot hold the %lld bytes of decoder scratch its image needs "
+              "beside %zu bytes of batch buffers still alive (batches the consumer holds, the "
+              "batch being built) and %lld bytes of samples in flight: release earlier batches, "
+              "or raise max_memory",
+              where, (long long)L->cfg.max_memory, (long long)t->scratch_need, live,
+              (long long)L->win_bytes);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return 0;
+}
+
+void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
+  L->scratch_extra -= t->scratch_granted;
+  t->scratch_granted = 0;
 }
 
 void ld_mem_count_task_locked(mml_loader *L, task *t) {

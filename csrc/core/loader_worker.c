@@ -782,21 +782,36 @@ static task *take_task_locked(mml_loader *L) {
       ld_emit_job_locked(L);
       continue;
     }
-    if (L->dec_head) { /* then pixels of batches already composed */
-      task *t = L->dec_head;
-      L->dec_head = t->next_dec;
-      if (!L->dec_head) L->dec_tail = NULL;
+    /* then pixels of batches already composed, in order, but past decodes that wait for
+     * max_memory room for their scratch */
+    int dec_wait = 0;
+    task *run = NULL, *prev = NULL;
+    for (task *t = L->dec_head, *next; t && !run; t = next) {
+      next = t->next_dec;
+      const int drop = t->gen != L->gen || !ld_place_has_dests(t);
+      /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
+      if (!drop && ((dec_wait && t->scratch_need > 0) || !ld_mem_scratch_take_locked(L, t))) {
+        dec_wait = 1;
+        prev = t;
+        continue;
+      }
+      if (prev)
+        prev->next_dec = next;
+      else
+        L->dec_head = next;
+      if (L->dec_tail == t) L->dec_tail = prev;
       t->dec = DEC_NONE;
       if (t->gen != L->gen) { /* work of an abandoned plan */
         t->state = SLOT_EMPTY;
         pthread_cond_broadcast(&L->work_cv);
         continue;
       }
-      /* unplaced meanwhile: it is queued again when placed */
-      if (!ld_place_has_dests(t)) continue;
+      if (drop) continue; /* unplaced meanwhile: it is queued again when placed */
       t->dec = DEC_RUNNING;
-      return t;
+      L->decoding++;
+      run = t;
     }
+    if (run) return run;
     if (L->ready_head) {
       task *t = L->ready_head;
       L->ready_head = t->next_ready;
@@ -823,13 +838,14 @@ static task *take_task_locked(mml_loader *L) {
       t->fetch_st = MML_OK;
       t->pending = 0;
       t->fetched_bytes = 0;
+      t->scratch_need = t->scratch_granted = 0;
       t->started = mml_now();
       mml_sample_reset(&t->sample);
       ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
       L->in_flight++;
       return t;
     }
-    if (gated) { /* room comes back when the consumer releases batches: look again soon */
+    if (gated || dec_wait) { /* room comes back as the consumer releases batches: look again soon */
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
       ts.tv_nsec += 5000000;
@@ -847,6 +863,12 @@ static task *take_task_locked(mml_loader *L) {
  * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
   L->in_flight--;
+  if (t->scratch_need > L->scratch_max) L->scratch_max = t->scratch_need; /* holds looked for */
+  if (t->sample.status == MML_OK) {
+    const int64_t px = t->sample.pixel_rows * (int64_t)L->row_bytes[PL_IMG] +
+                       t->sample.vpixel_rows * (int64_t)L->row_bytes[PL_VID];
+    if (px > L->px_max) L->px_max = px;
+  }
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
     int later = t->sample.status == MML_OK && L->placing &&
@@ -896,8 +918,11 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
                                   &err);
   }
-  ld_task_close_videos(L, t);          /* those a failure left undecoded */
-  pthread_mutex_lock(&L->mu);          /* the planner reads the status under mu */
+  ld_task_close_videos(L, t); /* those a failure left undecoded */
+  if (L->cfg.max_memory) mml_vision_scratch_trim(sc->vision, MML_SCRATCH_KEEP);
+  pthread_mutex_lock(&L->mu);       /* the planner reads the status under mu */
+  ld_mem_scratch_give_locked(L, t); /* its scratch is back to the worker's reserve */
+  L->decoding--;
   ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
@@ -941,6 +966,8 @@ void *ld_worker_main(void *arg) {
         decode_task(L, &sc, t);
       } else {
         task_fail(t, MML_ENOMEM, &err, L);
+        ld_mem_scratch_give_locked(L, t);
+        L->decoding--;
         t->dec = DEC_NONE;
         t->state = t->gen == L->gen ? SLOT_DONE : SLOT_EMPTY;
         pthread_cond_broadcast(&L->work_cv);

@@ -287,9 +287,9 @@ __attribute__((target("avx2"))) static inline __m256i pixel_h_avx2(const int32_t
  * of 4 pixels a 4x4 dword transpose per 128-bit lane gathers one channel's dwords (4 rows
  * each), a byte shuffle turns each into 4 rows of 4 pixels, and a dword unpack of the two
  * halves gives 8 pixels of a row: one 8-byte store per row and channel. */
-__attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
-                                                        const uint8_t *restrict tbuf, int nrows,
-                                                        uint8_t *const *dst, size_t plane) {
+__attribute__((target("avx2"), always_inline)) static inline void rows_h_body(
+    const mml_resample_axis *a, const uint8_t *restrict tbuf, const int nrows, uint8_t *const *dst,
+    size_t plane) {
   const int ksize = a->ksize, out = a->out;
   const __m256i planar = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0,
                                           4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -340,6 +340,17 @@ __attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis 
     }
     if (x0 == out - 8) break;
   }
+}
+
+/* nrows is MML_HROWS but in an image's last rows: a constant there, so the stores of the
+ * transpose back unroll without a test per row. */
+__attribute__((target("avx2"))) static void rows_h_avx2(const mml_resample_axis *a,
+                                                        const uint8_t *restrict tbuf, int nrows,
+                                                        uint8_t *const *dst, size_t plane) {
+  if (nrows == MML_HROWS)
+    rows_h_body(a, tbuf, MML_HROWS, dst, plane);
+  else
+    rows_h_body(a, tbuf, nrows, dst, plane);
 }
 #else
 int mml_cpu_avx2(void) { return 0; }

@@ -247,6 +247,8 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
   }
   plan->format = info.format;
   plan->orientation = orient;
+  plan->scratch = info.scratch; /* turned: the decoded image and its turned copy too */
+  if (orient > 1) plan->scratch += ((px * 6 + (2 << 20) - 1) >> 21) << 21;
   if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1) {
     for (int d = 8; d >= 2; d /= 2) {
       if ((int64_t)plan->dst_w * d <= info.width && (int64_t)plan->dst_h * d <= info.height) {
@@ -277,6 +279,12 @@ mml_status mml_vision_scratch_new(mml_vision_scratch **out) {
 }
 
 double mml_vision_scratch_decode_s(const mml_vision_scratch *s) { return s ? s->decode_s : 0.0; }
+
+void mml_vision_scratch_trim(mml_vision_scratch *s, size_t keep) {
+  if (!s) return;
+  mml_decoder_trim(s->dec, keep);
+  if (s->turned.cap > keep) mml_bytes_free(&s->turned);
+}
 
 void mml_vision_scratch_free(mml_vision_scratch *s) {
   if (!s) return;

@@ -499,11 +499,12 @@ static PyObject *py_vision_plan(PyObject *mod, PyObject *args) {
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&b);
   if (st != MML_OK) return mml_py_raise(ms, st, &err);
-  return Py_BuildValue("{s:i,s:i,s:i,s:i,s:(iii),s:L,s:i,s:L,s:s,s:i}", "src_w", plan.src_w,
+  return Py_BuildValue("{s:i,s:i,s:i,s:i,s:(iii),s:L,s:i,s:L,s:s,s:i,s:L}", "src_w", plan.src_w,
                        "src_h", plan.src_h, "dst_w", plan.dst_w, "dst_h", plan.dst_h, "grid_thw",
                        plan.grid_t, plan.grid_h, plan.grid_w, "rows", (long long)plan.rows, "cols",
                        plan.cols, "tokens", (long long)plan.tokens, "format",
-                       mml_image_format_name(plan.format), "decode_scale", plan.decode_scale);
+                       mml_image_format_name(plan.format), "decode_scale", plan.decode_scale,
+                       "scratch", (long long)plan.scratch);
 }
 
 static PyObject *py_data_uri_decode(PyObject *mod, PyObject *args) {

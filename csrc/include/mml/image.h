@@ -30,6 +30,12 @@ const char *mml_image_format_name(mml_image_format f);
 typedef struct mml_image_info {
   int width, height;
   mml_image_format format;
+  /* Bytes of decoder scratch the decode of this image maps beyond a few rows (0: rows
+   * only), an upper bound from the header, rounded to 2 MiB as mml_mapped rounds: a
+   * multi-scan JPEG's whole-image coefficient arrays (image_jpeg_mem.c), the whole image of
+   * an interlaced PNG and of the formats decoded whole (WebP, GIF, RLE BMP, TIFF, with
+   * what libwebp / libtiff allocate beside it).  max_memory charges it (loader_place.c). */
+  int64_t scratch;
 } mml_image_info;
 
 /* Reads width/height from the header without decoding (JPEG SOF, PNG IHDR, WebP VP8/VP8L/
@@ -89,6 +95,11 @@ int mml_image_orientation(const uint8_t *data, size_t len);
 void mml_rgb8_transpose(const mml_rgb8 *src, int o, uint8_t *dst);
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o);
+
+/* Frees the decoder's whole-image buffers (interlaced PNG, formats decoded whole,
+ * mml_image_decode's output) of more than `keep` bytes: the next image that needs one maps
+ * it afresh.  Rows and the multi-scan JPEG region (trimmed after every image) stay. */
+void mml_decoder_trim(mml_decoder *d, size_t keep);
 
 /* With MML_ALPHA_PASTE: whether the image being (or last) decoded carries a transparent
  * colour that Pillow keeps through convert("RGB") and a resize (palette PNG/GIF with one

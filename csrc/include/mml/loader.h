@@ -310,8 +310,12 @@ void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
  * nsrc is clamped to mml_loader_num_sources; src may be NULL when nsrc is 0. */
 void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *out, mml_source_stats *src,
                               int nsrc);
-/* What max_memory sets aside for each worker's decode/resize scratch. */
+/* What max_memory sets aside for each worker's decode/resize scratch: what stays mapped
+ * between images (rows, the kept multi-scan JPEG region of up to 8 MiB, whole-image buffers
+ * trimmed to MML_SCRATCH_KEEP after each decode).  A decode whose image needs more (its
+ * header says: mml_vision_plan.scratch) takes that much more room before it starts. */
 #define MML_SCRATCH_RESERVE ((int64_t)16 << 20)
+#define MML_SCRATCH_KEEP ((size_t)4 << 20)
 /* Batches delivered before page faults are counted per batch (every buffer the pipeline
  * circulates has been mapped once by then). */
 #define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)

@@ -110,6 +110,9 @@ typedef struct mml_vision_plan {
                               * in `fast` mode when the target is at most src/scale */
   int orientation;         /* EXIF orientation the route applies (1: none); src_w/src_h are
                               * the size after it */
+  int64_t scratch;         /* decoder scratch its decode maps beyond a few rows, at most
+                              (mml_image_info.scratch, and the whole image twice when
+                              turned): what max_memory charges the decode */
 } mml_vision_plan;
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
@@ -137,6 +140,10 @@ void mml_vision_scratch_free(mml_vision_scratch *s);
 /* Seconds mml_vision_process_bytes has spent inside the image decoder on this scratch,
  * excluding the resize/normalise/patchify work the decoded rows feed (for stats). */
 double mml_vision_scratch_decode_s(const mml_vision_scratch *s);
+/* Frees the whole-image buffers (the decoder's and a turned image's) that hold more than
+ * `keep` bytes, so what stays between images is a few rows, the kept multi-scan JPEG
+ * region (MML_JPEG_KEEP) and at most `keep` per buffer (max_memory's per-worker reserve). */
+void mml_vision_scratch_trim(mml_vision_scratch *s, size_t keep);
 
 /* Decode + resize + normalise + patchify `data` into `out`, which holds plan->rows rows of
  * mml_vision_row_bytes(cfg) bytes in cfg->pixel_format (plan from mml_vision_plan_bytes on
