@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import threading
 import time
@@ -178,6 +179,48 @@ def test_video_file_matches_processor_real_tokenizer(cases, preset):
     if not os.path.isdir(REAL):
         pytest.skip(f"{REAL} not found (the Qwen tokenizer lives in ../shared/data)")
     check_case(cases, preset, "hevc-mkv", "real")
+
+
+@pytest.fixture(scope="module")
+def torchvision_cases(vdir):
+    """The default cases again, read by qwen-vl-utils' own torchvision backend
+    (_read_video_torchvision -> torchvision.io.read_video's PyAV backend, reproduced in
+    tests/tvshim/torchvision/io.py: every frame decoded, then indexed), one process."""
+    made = {}
+    for p in PRESETS:
+        for n in DEFAULT:
+            shard, req = make_case(vdir, p, TINY, n)
+            made[(p, n)] = (shard, dict(req, reader="torchvision", out=req["out"][:-4] + "-tv.npz"))
+    refs = reference_many([r for _, r in made.values()])
+    return {k: (v[0], ref) for (k, v), ref in zip(made.items(), refs)}
+
+
+@pytest.mark.parametrize("preset,name", [(p, n) for p in PRESETS for n in DEFAULT])
+def test_video_file_matches_the_torchvision_backend(torchvision_cases, preset, name):
+    """mmloader equals qwen-vl-utils' torchvision (read_video) backend too, bitwise, except
+    for one difference between qwen-vl-utils' own backends, pinned: with video_start the
+    torchvision backend's frames_indices count from the start of the range (decord's and
+    torchcodec's, which mmloader follows, from the start of the file), so Qwen3-VL's
+    timestamps in the text are video_start earlier; the pixels and grids are the same."""
+    shard, ref = torchvision_cases[(preset, name)]
+    got, st = batches(shard, preset, TINY)
+    assert st["skipped"] == 0 and len(got) == 1
+    start = CASES[name][3].get("video_start")
+    if preset != "qwen3-vl" or not start:
+        compare(got[0], ref, preset)
+        return
+    b = got[0]
+    assert np.array_equal(b["video_grid_thw"], ref["video_grid_thw"])
+    assert np.array_equal(b["pixel_values_videos"], ref["pixel_values_videos"])
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=TINY)
+    stamps = [
+        [float(t) for t in re.findall(r"<([0-9.]+) seconds>", tok.decode(ids))]
+        for ids in (b["input_ids"][0], ref["input_ids"][0])
+    ]
+    assert len(stamps[0]) == int(b["video_grid_thw"][0, 0]) > 0
+    assert stamps[1] == [round(t - start, 1) for t in stamps[0]], stamps
 
 
 # ---- record layouts, mixed media, remote sources ----------------------------------------
