@@ -96,7 +96,8 @@ static void expand_stream(const uint8_t *src, int64_t rows, size_t PP, int frame
  * so that the unpacked values come out in order.  A channel's PP (>= 64) values are
  * blocks of 64, the last one placed to end at PP (rewriting the previous block's values
  * with the same ones), stored into each slot of the aligned scratch row, which is
- * streamed out as in expand_stream but a cache line per store (stream_row).  The same bytes as the scalar lookups. */
+ * streamed out as in expand_stream but a cache line per store (stream_row).  The same
+ * bytes as the scalar lookups. */
 #define MML_TARGET_VBMI __attribute__((target("avx2,avx512f,avx512bw,avx512vbmi")))
 /* Streams a row of rb bytes (a multiple of 16) from the aligned scratch o to dst (16-byte
  * aligned): 16-byte stores up to dst's first 64-byte boundary, then whole cache lines (a

@@ -252,7 +252,7 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
   plan->format = info.format;
   plan->orientation = orient;
   plan->scratch = info.scratch; /* turned: the decoded image and its turned copy too */
-  if (orient > 1) plan->scratch += ((px * 6 + (2 << 20) - 1) >> 21) << 21;
+  if (orient > 1) plan->scratch += mml_round_2mib(px * 6);
   if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1) {
     for (int d = 8; d >= 2; d /= 2) {
       if ((int64_t)plan->dst_w * d <= info.width && (int64_t)plan->dst_h * d <= info.height) {
