@@ -982,6 +982,8 @@ class Loader:
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
         pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        pixel_rows_expanded_in_place (those of them expanded in their own buffer, grown
+        to the float bytes: no second buffer),
         the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
         cache is trimmed to the most bytes in use at once over the last ~128 batches):
         pool_live_peak_bytes and pool_peak_bytes (the most in use at one time, and in use +
