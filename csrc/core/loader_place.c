@@ -424,6 +424,14 @@ static int64_t head_pending_bytes(mml_loader *L) {
   return n;
 }
 
+/* max_memory: the head ticket waits for room, not for its turn (prefetch batches ahead,
+ * decodes queued: rebuffer's other reasons to wait, which no bytes given back shorten). */
+static int head_short_of_room(mml_loader *L) {
+  if (!L->cfg.max_memory || L->tk_tail < L->tk_head || !head_pending_bytes(L)) return 0;
+  const ticket *k = tk_at(L, L->tk_head);
+  return has_buf(k) || !(prefetch_full(L, L->tk_head) || decodes_ahead(L, L->tk_head));
+}
+
 /* Tickets waiting for room try again, in order. */
 static void retry_pending(mml_loader *L, mml_collator *c) {
   L->mem_blocked = 0;
@@ -434,12 +442,12 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
     if (failed && id == L->tk_head) L->mem_head_fails++;
   }
-  /* bytes later batches' samples hold ahead of their use, and spare byte buffers (a
-   * cache), make way for the head */
+  /* the head waits for room: bytes later batches' samples hold ahead of their use, and
+   * spare byte buffers (a cache), make way for it */
   int64_t spares = L->spare_bytes;
-  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) && spares) ld_bytes_free_spares(L);
-  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) &&
-      (ld_release_videos_ahead_locked(L) > 0 || spares)) {
+  const int short_of_room = head_short_of_room(L);
+  if (short_of_room && spares) ld_bytes_free_spares(L);
+  if (short_of_room && (ld_release_videos_ahead_locked(L) > 0 || spares)) {
     L->mem_head_fails = 0;
     retry_pending(L, c);
     return;
