@@ -101,11 +101,13 @@ def test_rss_stays_under_max_memory(shard):
     # cap binds by a wide margin.  With prefetch 8 (8 batches since prefetch counts those
     # being decoded too) the uncapped peak was 162-167 MB against the 166 MB asked below,
     # and the test failed now and then.
-    # (compact_pixels off: the cap's run cannot use it, and with it the uncapped run's
-    # batches being decoded hold uint8 rows, 161 MB in all, too close to the cap)
+    # (the uncapped run with compact_pixels off: with it the batches being decoded hold
+    # uint8 rows, 161 MB in all, too close to the cap; the capped run keeps it on, its
+    # budget counting the uint8 rows and the room for their expansion)
     free, d_free, _, _ = _run(shard, prefetch=12, compact_pixels=False)
     cap = 128 * MB
     capped, d_capped, st, _ = _run(shard, prefetch=12, max_memory=cap)
+    assert st["pixel_rows_expanded"] > 0  # compact_pixels stayed on
     assert free > cap * 1.3, f"the uncapped run ({free / MB:.0f} MB) must exceed the cap"
     print(
         f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}"
