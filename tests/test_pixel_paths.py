@@ -116,6 +116,26 @@ def test_expand_pixels_is_the_table_lookup_for_every_shape():
         assert np.array_equal(dst, want), (P, frames, T, bf16)
 
 
+def test_expand_pixels_at_every_16_byte_offset_of_a_cache_line():
+    """The streamed loops write rows at any 16-byte aligned address: 16-byte pieces up to
+    the first cache line boundary, then whole lines, then the tail (pixels.c stream_row);
+    each of the four offsets from a 64-byte boundary gives the table lookup."""
+    rng = np.random.default_rng(11)
+    for P, frames, T, bf16 in [(14, 1, 2, 0), (14, 1, 2, 1), (16, 2, 2, 0), (14, 1, 3, 1)]:
+        rows = 9
+        src = rng.integers(0, 256, (rows, 3 * frames * P * P), dtype=np.uint8)
+        table = (rng.random((3, 256), dtype=np.float32) * 4 - 2).astype(np.float32)
+        want = _expand_reference(src, P, frames, T, table, bf16)
+        nbytes = want.nbytes
+        raw = np.zeros(nbytes + 128, np.uint8)
+        base = (-raw.ctypes.data) % 64
+        for off in (0, 16, 32, 48):
+            view = raw[base + off : base + off + nbytes].view(want.dtype).reshape(want.shape)
+            assert view.ctypes.data % 64 == off
+            _core.expand_pixels(src, view, table, P, frames, T, bf16)
+            assert np.array_equal(view, want), (P, frames, T, bf16, off)
+
+
 def test_pixel_paths_agree_without_the_vector_code(tmp_path):
     """The same expansions and uint8 patches in child processes with AVX-512, then AVX2,
     turned off (where the machine has them; elsewhere the same paths run three times)."""
