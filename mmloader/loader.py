@@ -996,7 +996,9 @@ class Loader:
         video_preload_peak_bytes (the most remote video bytes held at once ahead of their
         use: first blocks and preloaded packets, counted in max_memory) and
         video_preloads_refused (decodes not preloaded for want of max_memory room: they
-        read on demand), and
+        read on demand), video_open_peak_bytes (the most bytes held at once by the videos
+        kept open from their probe to their decode: demuxer state and frame tables,
+        counted in max_memory), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

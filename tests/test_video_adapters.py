@@ -2,7 +2,11 @@
 batch carries pixel_values / image_grid_thw for its images and pixel_values_videos /
 video_grid_thw (+ second_per_grid_ts on Qwen2.5-VL) for its videos, in sample order, each
 sample's rows equal to what it gives alone; packing keeps them; mmloader.megatron.get_batch
-hands the video keys to the model (None in batches without a video)."""
+hands the video keys to the model (None in batches without a video).  And against the
+reference itself: a batch of mixed records (images, mp4 / webm files, frame lists, text)
+through the torch adapter and through mmloader.megatron.get_batch (float32 and uint8 on the
+wire), on Qwen2.5-VL and Qwen3-VL, equals qwen-vl-utils + the transformers processor on
+each record, bit for bit."""
 
 from __future__ import annotations
 
@@ -265,3 +269,159 @@ def test_megatron_get_batch_with_the_uint8_wire_carries_videos(shard):
         )
         n += x["pixel_values_videos"] is not None
     assert n == 2
+
+
+# ---- mixed image + video records against the processor, through both adapters ----------
+
+PRESETS = ["qwen2.5-vl", "qwen3-vl"]
+SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+PAD = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+
+
+@pytest.fixture(scope="module")
+def processor_cases(tmp_path_factory):
+    """Mixed records in qwen-vl-utils' messages layout (image + H.264 mp4 file, frame list,
+    two images + VP9 webm file + frame list, image only, text only) and, for each preset,
+    qwen-vl-utils 0.0.14 process_vision_info (videos) + transformers' processor +
+    get_rope_index on each record with media (tests/video_reference.py, one process).  The
+    images go to the processor as decoded files (its own resize, mmloader's image rule, as
+    tests/test_vision.py), not through qwen-vl-utils' fetch_image, whose extra resize for
+    Qwen3-VL (min_pixels 4*32*32, not the checkpoint's 65536) is a different pipeline."""
+    pytest.importorskip("av")
+    from test_video import make_video
+    from test_video_frames import frame_files, reference_many
+
+    tmp = str(tmp_path_factory.mktemp("mixed-ref"))
+    ims = [rgb(im) for im in photos(400).values()]
+    img = []
+    for i, im in enumerate(ims[:3]):
+        img.append(os.path.join(tmp, f"img{i}.jpg"))
+        im.resize((200 + 40 * i, 150 + 16 * i)).save(img[-1], quality=90)
+    mp4 = make_video(os.path.join(tmp, "a.mp4"), "libx264")
+    webm = make_video(os.path.join(tmp, "a.webm"), "libvpx-vp9", w=65, h=48)
+    frames = frame_files(tmp, "fl", 4, (160, 120))
+    frames2 = frame_files(tmp, "fl2", 6, (96, 64), start=2)
+    I = lambda p: {"type": "image", "image": p}  # noqa: E731,E741
+    V = lambda v, **k: dict(k, type="video", video=v)  # noqa: E731
+    T = lambda t: {"type": "text", "text": t}  # noqa: E731
+    users = [
+        [I(img[0]), V(mp4, nframes=6), T("What is shown, then what happens?")],
+        [V(frames), T("What moves?")],
+        [I(img[1]), V(webm, fps=4.0), T("and"), I(img[2]), V(frames2), T("Compare.")],
+        [I(img[2]), T("What is it?")],
+        [T("Just text.")],
+    ]
+    recs = [
+        {"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": "Yes."}]}
+        for u in users
+    ]
+    shard = os.path.join(tmp, "mixed.jsonl")
+    with open(shard, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    items = {}
+    for preset in PRESETS:
+        for i, u in enumerate(users):
+            if all(p["type"] == "text" for p in u):
+                continue
+            body = "".join(
+                p["text"]
+                if p["type"] == "text"
+                else f"<|vision_start|>{PAD[p['type']]}<|vision_end|>"
+                for p in u
+            )
+            text = (
+                SYSTEM if preset != "qwen3-vl" else ""
+            ) + f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\nYes.<|im_end|>\n"
+            items[(preset, i)] = {
+                "op": "process",
+                "preset": preset,
+                "tokenizer": TINY,
+                "text": text,
+                "messages": recs[i]["messages"],
+                "raw_images": True,
+                "out": os.path.join(tmp, f"ref-{preset}-{i}.npz"),
+            }
+    refs = dict(zip(items, reference_many(list(items.values()))))
+    return shard, len(recs), refs
+
+
+def _split(rows, grid):
+    """Per-item row blocks of a flattened pixel tensor (rows per item = t * h * w)."""
+    return np.split(np.asarray(rows), np.cumsum([int(np.prod(g)) for g in grid])[:-1])
+
+
+def _check_against_processor(get, refs, preset, nrec, ids_key):
+    """get(key) -> the batch's tensor as numpy (None when absent).  Each sample's tokens,
+    M-RoPE positions and every image / video row block equal the processor's, bitwise."""
+    ids, pos = get(ids_key), get("position_ids")
+    igrid, vgrid = get("image_grid_thw"), get("video_grid_thw")
+    ipix = _split(get("pixel_values"), igrid) if igrid is not None else []
+    vpix = _split(get("pixel_values_videos"), vgrid) if vgrid is not None else []
+    secs = get("second_per_grid_ts")
+    assert (secs is not None) == (preset == "qwen2.5-vl")
+    ni = nv = 0
+    for i in range(nrec):
+        ref = refs.get((preset, i))
+        if ref is None:  # the text-only record: no pixels of its own
+            continue
+        n = ref["input_ids"].shape[1]
+        assert ids[i, :n].tolist() == ref["input_ids"][0].tolist(), i
+        assert np.array_equal(pos[:, i, :n], ref["position_ids"][:, 0]), i
+        for key, grid, blocks, k in (
+            ("image", igrid, ipix, ni),
+            ("video", vgrid, vpix, nv),
+        ):
+            if f"{key}_grid_thw" not in ref:
+                continue
+            want_grid = ref[f"{key}_grid_thw"]
+            want = _split(
+                ref["pixel_values" if key == "image" else "pixel_values_videos"], want_grid
+            )
+            m = len(want_grid)
+            assert np.array_equal(grid[k : k + m], want_grid), (i, key)
+            for got_block, want_block in zip(blocks[k : k + m], want, strict=True):
+                assert np.array_equal(got_block, want_block), (i, key)
+            if key == "video" and secs is not None:
+                assert np.array_equal(
+                    secs[k : k + m], ref["second_per_grid_ts"].astype(np.float32)
+                ), i
+        ni += len(ref["image_grid_thw"]) if "image_grid_thw" in ref else 0
+        nv += len(ref["video_grid_thw"]) if "video_grid_thw" in ref else 0
+    assert ni == len(ipix) and nv == len(vpix)  # nothing else in the batch
+    assert ni == 4 and nv == 4
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_mixed_files_and_frame_lists_through_torch_adapter_equal_the_processor(
+    processor_cases, preset
+):
+    """mmloader.torch.Loader, one batch of all five records (images, an mp4 and a webm
+    file, frame lists, text only): every sample's input_ids and position_ids, and every
+    image's and video's pixel rows, grids and second_per_grid_ts equal qwen-vl-utils + the
+    transformers processor on that record alone, bit for bit."""
+    shard, nrec, refs = processor_cases
+    with mt.Loader(shard, micro_batch_size=nrec, **kw(preset=preset)) as L:
+        b = next(iter(L))
+        assert all(isinstance(v, torch.Tensor) for v in b.values())
+    _check_against_processor(
+        lambda k: b[k].numpy() if k in b else None, refs, preset, nrec, "input_ids"
+    )
+
+
+@pytest.mark.parametrize("wire", ["float32", "uint8"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_mixed_files_and_frame_lists_through_megatron_get_batch_equal_the_processor(
+    processor_cases, preset, wire
+):
+    """The Megatron adapter (keys="megatron", mmloader.megatron.get_batch) on the same
+    batch, with float32 and with uint8 on the wire (expanded by the torch adapter):
+    tokens, position_ids, every image / video tensor equal the processor's, bit for bit."""
+    mm = pytest.importorskip("mmloader.megatron")
+    shard, nrec, refs = processor_cases
+    args = kw(preset=preset, keys="megatron", shift_labels=True, wire_format=wire)
+    with mt.Loader(shard, micro_batch_size=nrec, **args) as L:
+        got = mm.get_batch(iter(L), device="cpu")
+    assert got["packed_seq_params"] is None
+    _check_against_processor(
+        lambda k: got[k].numpy() if got.get(k) is not None else None, refs, preset, nrec, "tokens"
+    )

@@ -19,10 +19,14 @@ pixels."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 import tarfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -177,6 +181,48 @@ def test_video_file_matches_processor_real_tokenizer(cases, preset):
     check_case(cases, preset, "hevc-mkv", "real")
 
 
+@pytest.fixture(scope="module")
+def torchvision_cases(vdir):
+    """The default cases again, read by qwen-vl-utils' own torchvision backend
+    (_read_video_torchvision -> torchvision.io.read_video's PyAV backend, reproduced in
+    tests/tvshim/torchvision/io.py: every frame decoded, then indexed), one process."""
+    made = {}
+    for p in PRESETS:
+        for n in DEFAULT:
+            shard, req = make_case(vdir, p, TINY, n)
+            made[(p, n)] = (shard, dict(req, reader="torchvision", out=req["out"][:-4] + "-tv.npz"))
+    refs = reference_many([r for _, r in made.values()])
+    return {k: (v[0], ref) for (k, v), ref in zip(made.items(), refs)}
+
+
+@pytest.mark.parametrize("preset,name", [(p, n) for p in PRESETS for n in DEFAULT])
+def test_video_file_matches_the_torchvision_backend(torchvision_cases, preset, name):
+    """mmloader equals qwen-vl-utils' torchvision (read_video) backend too, bitwise, except
+    for one difference between qwen-vl-utils' own backends, pinned: with video_start the
+    torchvision backend's frames_indices count from the start of the range (decord's and
+    torchcodec's, which mmloader follows, from the start of the file), so Qwen3-VL's
+    timestamps in the text are video_start earlier; the pixels and grids are the same."""
+    shard, ref = torchvision_cases[(preset, name)]
+    got, st = batches(shard, preset, TINY)
+    assert st["skipped"] == 0 and len(got) == 1
+    start = CASES[name][3].get("video_start")
+    if preset != "qwen3-vl" or not start:
+        compare(got[0], ref, preset)
+        return
+    b = got[0]
+    assert np.array_equal(b["video_grid_thw"], ref["video_grid_thw"])
+    assert np.array_equal(b["pixel_values_videos"], ref["pixel_values_videos"])
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=TINY)
+    stamps = [
+        [float(t) for t in re.findall(r"<([0-9.]+) seconds>", tok.decode(ids))]
+        for ids in (b["input_ids"][0], ref["input_ids"][0])
+    ]
+    assert len(stamps[0]) == int(b["video_grid_thw"][0, 0]) > 0
+    assert stamps[1] == [round(t - start, 1) for t in stamps[0]], stamps
+
+
 # ---- record layouts, mixed media, remote sources ----------------------------------------
 
 
@@ -310,10 +356,12 @@ def _preload_records(ref, n):
 
 @pytest.mark.parametrize("which", ["moov-first", "moov-last"])
 def test_remote_mp4_decode_never_waits_on_the_network(vdir, tmp_path, fault_server, which):
-    """No worker waits on a round trip for a remote mp4 whose index comes first: its HEAD and
-    first block are fetched with the record's images, so its open and probe at plan time
-    read memory (video_plan_waits == 0; with the index at the end, the open reads it on
-    demand: > 0); when the sample is planned, the exact packet ranges its kept frames need
+    """No worker waits on a round trip for a remote mp4: its HEAD and first block are
+    fetched with the record's images, and when its index (moov) is not all in that block
+    (at the end, past the mdat: the top-level box sizes say where) the bytes holding it are
+    fetched next, exactly, before the plan stage runs, so its open and probe read memory
+    (video_plan_waits == 0; the moov at the end was read on demand, >= 1 wait per video);
+    when the sample is planned, the exact packet ranges its kept frames need
     (from the index) are fetched, and the decode is queued once they are in
     (video_decode_waits == 0).  Behind a 30 ms server with injected faults, batches equal
     the local ones; the preload GETs are the exact packet ranges (not 1 MiB blocks) and
@@ -337,17 +385,16 @@ def test_remote_mp4_decode_never_waits_on_the_network(vdir, tmp_path, fault_serv
     got, st = batches(write_shard(str(tmp_path / "h.jsonl"), recs))
     same(want, got)
     assert len(got) == n and st["skipped"] == 0
-    assert st["video_decode_waits"] == 0, st
-    if which == "moov-first":
-        assert st["video_plan_waits"] == 0, st
-    else:  # the moov, past the first block, read by the open
-        assert st["video_plan_waits"] >= n, st
+    assert st["video_decode_waits"] == 0 and st["video_plan_waits"] == 0, st
     block = 1 << 20
     spans = {
         tuple(map(int, e[3][6:].split("-")))
         for e in srv.log
         if e[1] == "GET" and e[3] and e[3].startswith("bytes=")
     }
+    if which == "moov-last":  # the moov past the mdat: one GET of exactly it, to the end
+        moov = data.rindex(b"moov") - 4
+        assert moov > block and (moov, len(data) - 1) in spans, (moov, sorted(spans))
     exact = [(a, b) for a, b in spans if a % block or (b + 1) % block and b + 1 != len(data)]
     assert exact, sorted(spans)  # packet ranges, not only whole blocks
     assert sum(b - a + 1 for a, b in exact) < len(data), sorted(exact)
@@ -644,6 +691,150 @@ def test_max_memory_counts_preloaded_video_bytes(vdir, tmp_path, fault_server):
     same(want, capped)
     assert 0 < cst["video_preload_peak_bytes"] <= cap // 4, cst
     assert cst["video_preloads_refused"] > 0 and cst["video_decode_waits"] > 0, cst
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_max_memory_counts_videos_kept_open(vdir, tmp_path):
+    """The videos kept open from their probe to their decode (up to 128 per loader) count
+    in max_memory: an idle one holds its demuxer state and frame tables (its decoder,
+    h264's ~0.8 MiB context, is closed until the decode), video_open_peak_bytes of them at
+    once.  A slow consumer lets a 128-sample window fill with planned samples: without a
+    cap they keep ~110 KB each open, under one the RSS growth stays below it (with ~1.1 MB
+    each uncounted it did not), and batches equal the uncapped ones."""
+    path = video(vdir, "h264-mp4")
+    recs = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": path, "nframes": 2}],
+        }
+        for i in range(160)
+    ]
+    shard = write_shard(str(tmp_path / "o.jsonl"), recs)
+
+    def run(**kw):
+        args = dict(
+            preset="qwen2.5-vl",
+            tokenizer=TINY,
+            micro_batch_size=1,
+            shuffle=False,
+            num_threads=2,
+            window=128,
+            prefetch=8,
+        )
+        args.update(kw)
+        L = mmloader.Loader(shard, **args)
+        base, peak, stop = _rss(), [0], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                peak[0] = max(peak[0], _rss())
+                time.sleep(0.002)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        out = []
+        try:
+            for b in L:  # (not enumerate: its result tuple keeps the last batch alive)
+                pv = b["pixel_values_videos"].numpy()
+                out.append((pv.shape, hashlib.sha256(pv.data).hexdigest()))  # no copy kept
+                del pv
+                del b
+                if len(out) == 1:  # the window fills with planned samples meanwhile
+                    seen, still, t0 = -1, 0, time.monotonic()
+                    while still < 4 and time.monotonic() - t0 < 60:
+                        time.sleep(0.25)
+                        now = L.stats()["video_open_peak_bytes"]
+                        still = still + 1 if now == seen else 0
+                        seen = now
+            st = L.stats()
+        finally:
+            stop.set()
+            th.join()
+            L.close()
+        return out, st, peak[0] - base
+
+    free, fst, _ = run()
+    assert fst["skipped"] == 0 and fst["video_open_peak_bytes"] > 12 << 20, fst  # > the room
+    cap = 40 << 20
+    capped, cst, grew = run(max_memory=cap)
+    assert capped == free
+    assert 0 < cst["video_open_peak_bytes"] <= cap - (32 << 20), cst
+    assert grew <= cap, f"RSS grew {grew >> 20} MiB, above max_memory {cap >> 20} MiB"
+
+
+def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_server):
+    """Under max_memory the bytes fetched or held ahead of their use (remote videos' first
+    blocks, preloaded packets, videos kept open) leave room for the next batch, and give it
+    way when it cannot get its buffer: 2 workers on remote mp4s of 11.25 MB batches under
+    max_memory=48 MiB (16 MiB beside the workers' scratch) deliver every batch to a
+    consumer that releases each one (before: "cannot hold the next batch" at the first,
+    preloads of later samples holding its room).  A consumer whose `for` loop keeps the
+    previous batch alive during next() really needs two batches: the error says so and
+    names the max_memory that fits, which then delivers them all; batches equal local."""
+    path = make_video(
+        str(tmp_path / "r.mp4"),
+        "libx264",
+        n=150,
+        w=640,
+        h=360,
+        fps=30,
+        gop=30,
+        container_options={"movflags": "faststart"},
+    )
+    recs = lambda ref: [  # noqa: E731
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": ref, "nframes": 4}],
+        }
+        for i in range(8)
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    assert want[0]["pixel_values_videos"].nbytes > 10 << 20  # 11.25 MB: 12 MiB of pages
+    srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
+    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/r.mp4")))
+    args = dict(
+        preset="qwen2.5-vl",
+        tokenizer=TINY,
+        micro_batch_size=1,
+        shuffle=False,
+        mrope=True,
+        mm_token_type_ids=True,
+        num_threads=2,
+    )
+
+    def releasing(cap):
+        out = []
+        with mmloader.Loader(shard, max_memory=cap, **args) as L:
+            it = iter(L)
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    return out
+                out.append({k: np.array(v.numpy(), copy=True) for k, v in b.items()})
+                del b
+
+    same(want, releasing(48 << 20))
+    with pytest.raises(
+        mmloader.OutOfMemoryError, match=r"consumer holds.*max_memory >= (\d+)"
+    ) as e:
+        batches(shard, max_memory=48 << 20)
+    import re
+
+    need = int(re.search(r"max_memory >= (\d+)", str(e.value)).group(1))
+    assert need <= 60 << 20, need  # two batches in 2 MiB pages + scratch + a little
+    got, st = batches(shard, max_memory=need)
+    same(want, got)
 
 
 # ---- resume and the global plan ----------------------------------------------------------

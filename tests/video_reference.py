@@ -13,10 +13,15 @@ request names (and small results as JSON on stdout).  Requests:
   {"op": "process", "preset": ..., "messages": [...], "text": ..., "tokenizer": path,
    "out": path.npz}
       qwen-vl-utils process_vision_info(return_video_metadata=True) + the transformers
-      processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz
+      processor (do_sample_frames=False) on the chat text given, + get_rope_index -> npz;
+      with "raw_images": true the images go to the processor as files decoded by PIL
+      (convert("RGB")), not through fetch_image: the processor's resize alone, as mmloader
   {"op": "process_many", "items": [process requests]} (one interpreter start for all)
 Video files are read by qwen-vl-utils' torchcodec reader logic with PyAV decoding the
 frames (_read_video_pyav): neither torchcodec nor a working torchvision installs here.
+With "reader": "torchvision" in a process request, qwen-vl-utils' own torchvision backend
+(_read_video_torchvision) reads them instead, through the shim's torchvision.io.read_video
+(torchvision's PyAV backend reproduced: tests/tvshim/torchvision/io.py).
 """
 
 import json
@@ -157,7 +162,8 @@ def process(req):
     from qwen_vl_utils import vision_process as q
 
     q.VIDEO_READER_BACKENDS["pyav"] = _read_video_pyav  # video files: decoded by PyAV
-    q.get_video_reader_backend = lambda: "pyav"
+    reader = req.get("reader", "pyav")  # or qwen-vl-utils' own "torchvision" backend
+    q.get_video_reader_backend = lambda: reader
 
     preset = req["preset"]
     proc, patch = _processor(preset, _tokenizer(req["tokenizer"]))
@@ -167,7 +173,12 @@ def process(req):
         return_video_metadata=True,
         image_patch_size=patch,
     )
-    vids, metas = (list(x) for x in zip(*videos))
+    if req.get("raw_images"):  # images as the processor alone takes them (mmloader's rule)
+        from PIL import Image
+
+        paths = [e["image"] for e in q.extract_vision_info(req["messages"]) if "image" in e]
+        images = [Image.open(p).convert("RGB") for p in paths] or None
+    vids, metas = (list(x) for x in zip(*videos)) if videos else (None, None)  # images only
     out = dict(
         proc(
             text=[req["text"]],
@@ -179,7 +190,8 @@ def process(req):
         )
     )
     out["position_ids"], out["rope_deltas"] = _rope(preset, out)
-    out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
+    if vids and len({tuple(v.shape) for v in vids}) == 1:  # stackable
+        out["frames_after_qwen_vl_utils"] = np.stack([v.numpy() for v in vids])
     np.savez(req["out"], **{k: np.asarray(v) for k, v in out.items()})
     return sorted(out)
 

@@ -537,7 +537,10 @@ void mml_loader_free(mml_loader *L) {
       free(t->vinfo);
       free(t->vplans);
       free(t->vids);
-      for (int v = 0; t->vhead && v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+      for (int v = 0; t->vhead && v < t->vcap; v++) {
+        mml_bytes_free(&t->vhead[v].first);
+        mml_bytes_free(&t->vhead[v].tail);
+      }
       free(t->vhead);
       ld_place_clear(t);
       mml_bytes_free(&t->path);
@@ -857,6 +860,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_decode_waits = __atomic_load_n(&L->video_decode_waits, __ATOMIC_RELAXED);
   o->video_preload_peak = L->video_held_peak;
   o->video_preloads_refused = L->video_preloads_refused;
+  o->video_open_peak = L->video_open_peak;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

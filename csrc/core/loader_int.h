@@ -62,9 +62,12 @@ typedef struct fetch_ref {
 /* A remote video file's size (HEAD) and first block, fetched with the record's images so
  * that its open at plan time need not wait for them (loader_worker.c). */
 typedef struct task_vhead {
-  int64_t size; /* 0: not known */
+  int64_t size;       /* 0: not known */
+  int64_t open_bytes; /* what the video kept open for the decode holds (max_memory) */
   mml_bytes first;
-  fetch_ref ref[2]; /* the HEAD's and the first block's completions */
+  mml_bytes tail; /* an mp4's header past the first block (mml_video_header_range) */
+  int64_t tail_off;
+  fetch_ref ref[3]; /* the HEAD's, the first block's and the tail's completions */
 } task_vhead;
 
 struct task {
@@ -102,6 +105,7 @@ struct task {
    * first blocks submitted with the images (until the probe), the packet ranges
    * preloaded for the decode (until it ends) */
   int64_t vhead_bytes, vpre_bytes;
+  int vtails; /* the plan stage looked for mp4 headers past the first blocks (tail_video) */
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;
@@ -270,6 +274,12 @@ struct mml_loader {
    * and preloads not made for want of max_memory room (their decode reads on demand) */
   int64_t video_held, video_held_peak;
   uint64_t video_preloads_refused;
+  /* bytes of the videos kept open from their probe to their decode (mu; counted in
+   * win_bytes through their tasks): now and the most at once */
+  int64_t video_open_bytes, video_open_peak;
+  /* the largest batch buffer (one plane) asked for so far (mu): what bytes fetched or
+   * held ahead of their use leave room for, so the next batch never waits on them */
+  int64_t batch_buf_peak;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -479,12 +489,24 @@ void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need);
 void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* max_memory: t's byte buffers (re)counted once its reading is done, and its remote video
- * bytes (vhead_bytes, vpre_bytes) whenever they change. */
+ * bytes (vhead_bytes, vpre_bytes) and open videos (vhead[].open_bytes) whenever they
+ * change. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
+/* max_memory: room for `bytes` held ahead of their use (a remote video's first block or
+ * preloaded packets, a video kept open) that still leaves the next batch its buffer: the
+ * largest batch buffer asked for so far, or own_batch (the sample's own pixel bytes) when
+ * more.  1: there is (always without max_memory). */
+int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch);
+/* (mu held) max_memory, the head ticket cannot get its buffer: the planned samples of
+ * later batches whose decode is not running close the videos they kept open (their
+ * preloads go with them; their decodes open and read them again, as past
+ * MML_VIDEOS_KEPT_OPEN).  Returns the bytes given back (loader_worker.c). */
+int64_t ld_release_videos_ahead_locked(mml_loader *L);
 /* Closes the videos t kept open since its probe (loader_worker.c). */
 void ld_task_close_videos(mml_loader *L, task *t);
 /* (mu held) t's remote video bytes held ahead of their use are gone: its first blocks
- * freed, their count and its preloads' (freed by closing its videos) taken off. */
+ * freed, their count and its preloads' (freed by closing its videos) taken off, and the
+ * count of each video no longer kept open. */
 void ld_task_release_videos_locked(mml_loader *L, task *t);
 /* A worker finished decoding t's plane p into (buf, off): its home; copied to dest if it
  * moved. */

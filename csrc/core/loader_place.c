@@ -64,12 +64,17 @@
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
  * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
  * rows alike), the window's byte buffers (spares included; a remote video's first block
- * and its preloaded packets too: loader_worker.c) and a fixed scratch reserve
- * per worker.  A ticket plane's buffer is taken only when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
+ * and its preloaded packets, and the videos kept open from probe to decode, too:
+ * loader_worker.c) and a fixed scratch reserve per worker.  What is held ahead of its use
+ * (those video bytes) is taken only with room left for the largest batch buffer asked for
+ * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
+ * buffer, later batches' samples close their kept videos and the spares are freed
+ * (retry_pending), so the next batch never waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
  * and so do the tickets after it, and the planner retries as the consumer releases
  * batches.  Workers start reading a sample only with room for the largest sample seen
  * per read in flight.  A sample that alone cannot fit is an error naming it; so is a
- * next() whose batch cannot get room while the consumer holds everything else.
+ * next() whose batch cannot get room while the consumer holds everything else and no
+ * sample is in flight (the message names the max_memory that would have held it).
  *
  * DECODER SCRATCH under max_memory.  The per-worker reserve (MML_SCRATCH_RESERVE) holds
  * what stays mapped between images; an image whose decode maps more (a multi-scan JPEG's
@@ -331,6 +336,14 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   if (p == PL_IMG && L->compact &&
       (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
     L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
+  int64_t all = 0; /* the ticket's buffers with this one (what bytes ahead leave room for) */
+  for (int r = 0; r < PLANES; r++)
+    all += (r == p                  ? cap_rows
+            : k->pl[r].buf          ? k->pl[r].cap_rows
+            : k->pl[r].pending_rows ? k->pl[r].pending_rows
+                                    : k->pl[r].rows) *
+           (int64_t)L->row_bytes[r];
+  if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (earlier || (!has_buf(k) && (prefetch_full(L, id) || decodes_ahead(L, id))) ||
       !ticket_room(L, id, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
     q->pending_rows = cap_rows;
@@ -425,6 +438,9 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
   return 1;
 }
 
+static int64_t scratch_bytes(const mml_loader *L);
+static int64_t pool_bytes(int64_t need);
+
 /* Bytes the head ticket's planes wait for. */
 static int64_t head_pending_bytes(mml_loader *L) {
   const ticket *k = tk_at(L, L->tk_head);
@@ -443,22 +459,47 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
     if (failed && id == L->tk_head) L->mem_head_fails++;
   }
+  /* bytes later batches' samples hold ahead of their use, and spare byte buffers (a
+   * cache), make way for the head */
+  int64_t spares = L->spare_bytes;
+  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) && spares) ld_bytes_free_spares(L);
+  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) &&
+      (ld_release_videos_ahead_locked(L) > 0 || spares)) {
+    L->mem_head_fails = 0;
+    retry_pending(L, c);
+    return;
+  }
   if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
     L->mem_head_fails = 0;
   if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
-      L->pend_head != L->pend_tail || L->emitting)
+      L->pend_head != L->pend_tail || L->emitting || L->in_flight)
     return;
-  /* the consumer waits for this batch and holds everything else: it cannot fit */
+  /* the consumer waits for this batch and holds everything else, and no sample is being
+   * read or planned (one may still free bytes of its own: a remote video's first block
+   * at its probe): it cannot fit */
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
+  const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head), eh = expand_hold(L);
   mml_err_set(&e, MML_ENOMEM,
-              "max_memory=%lld cannot hold the next batch's %lld bytes of pixel_values(_videos) "
-              "beside %zu bytes of batch buffers still alive (batches the consumer holds) and "
-              "%lld bytes of samples in flight: release earlier batches, or raise max_memory",
-              (long long)L->cfg.max_memory, (long long)head_pending_bytes(L), live,
-              (long long)L->win_bytes);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head);
+              "max_memory=%lld cannot hold the next batch: its %lld bytes of "
+              "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
+              "the consumer holds, %lld bytes of samples in flight and %lld bytes of "
+              "%d workers' decode scratch need max_memory >= %lld; or hold fewer batches: a "
+              "`for batch in loader` loop keeps the previous batch alive while it asks for "
+              "the next (`del batch` at the end of the loop body releases it)",
+              (long long)L->cfg.max_memory, (long long)next, (long long)need, live,
+              (long long)L->win_bytes, (long long)scratch_bytes(L), L->cfg.num_threads,
+              (long long)((int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
+                          L->emit_extra + hold + eh + need));
+  if (eh > 0) {
+    size_t n = strlen(e.msg);
+    snprintf(e.msg + n, sizeof e.msg - n,
+             " (%lld bytes are kept free for expanding compact uint8 rows into float rows: "
+             "compact_pixels=False writes float rows directly)",
+             (long long)eh);
+  }
   if (hold > 0) {
     size_t n = strlen(e.msg);
     snprintf(e.msg + n, sizeof e.msg - n,
@@ -593,6 +634,11 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
+/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
+static int64_t pool_bytes(int64_t need) {
+  return need >= (1 << 20) ? (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1) : need;
+}
+
 /* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
  * those hold their grants) will take: kept free by every other use of the room, so that
  * once the decodes running now end one of these can always start.  Samples placed later
@@ -618,7 +664,7 @@ int ld_mem_room_locked(mml_loader *L, int64_t need) {
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   if (!L->cfg.max_memory) return 1;
-  if (need >= (1 << 20)) need = (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); /* pool */
+  need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   int64_t fixed =
@@ -627,6 +673,12 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
   return (int64_t)cached <= keep;
+}
+
+int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
+  if (!L->cfg.max_memory) return 1;
+  int64_t next = L->batch_buf_peak > own_batch ? L->batch_buf_peak : own_batch;
+  return ld_mem_room_locked(L, bytes + pool_bytes(next));
 }
 
 int ld_mem_may_read_locked(mml_loader *L) {
@@ -775,6 +827,7 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
 
 void ld_mem_count_task_locked(mml_loader *L, task *t) {
   int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
+  for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
   int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap) + vheld;
   int64_t used = (int64_t)t->rec_bytes.len + vheld;
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;

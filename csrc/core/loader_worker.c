@@ -22,17 +22,22 @@
  * from the bytes of their WebDataset member (read or fetched with the images).  No worker
  * waits on a round trip for a remote file in the usual case: its HEAD and first block
  * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
- * the record's images (head_video), so its open and probe in the plan stage read memory;
+ * the record's images (head_video), and an mp4 whose index is not all in that block (at
+ * the end past the mdat, or longer) has the bytes holding it fetched next, exactly, from
+ * the top-level box sizes (tail_video), so its open and probe in the plan stage read memory;
  * once the sample is planned, the exact byte ranges of the packets its kept frames need
  * (from an mp4/mov's sample index, or the packets an mkv/webm/avi's probe met) are
  * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
  * they are in; only then is it PLANNED, so its decode reads them from memory.  What still
- * waits is counted: video_plan_waits (an mp4 index past the first block, the packet pass
- * over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded: no room).
+ * waits is counted: video_plan_waits (an mp4 index with no room to fetch it ahead, the
+ * packet pass over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded).
  * Those bytes fetched ahead (first blocks until the probe, preloaded packets until the
  * decode) are the task's (vhead_bytes, vpre_bytes), counted in max_memory with its other
- * byte buffers; under max_memory each is fetched only when it fits and all together stay
- * within a quarter of it (video_reserve_locked), else it is read when needed, as without.
+ * byte buffers; under max_memory each is fetched only when it fits beside the next batch's
+ * buffer and all together stay within a quarter of it (video_reserve_locked), else it is
+ * read when needed, as without.  A video kept open (idle: demuxer state and frame tables,
+ * its decoder closed: mml_video_held_bytes) counts too, from its probe until its decode
+ * ends; one without room is closed and opened again by its decode.
  * A stage that submitted fetches leaves the task waiting: it holds no thread, and the
  * fetch completion (the fetcher's I/O thread, on_fetch) puts it on the ready list when
  * the last one arrives.  While fetches are outstanding a failure is only recorded
@@ -342,6 +347,14 @@ typedef struct video_ctx {
   int decoding; /* the decode stage (else the plan's probe): where network waits count */
 } video_ctx;
 
+/* Pixel bytes of t's sample once planned (0 before): its batch needs at least those. */
+static int64_t own_batch(const mml_loader *L, const task *t) {
+  int64_t n = 0; /* (the rows are 0 until mml_sample_plan) */
+  for (int p = 0; p < PLANES; p++)
+    n += (p == PL_IMG ? t->sample.pixel_rows : t->sample.vpixel_rows) * (int64_t)L->row_bytes[p];
+  return n;
+}
+
 /* (mu held) t holds delta more bytes of remote video ahead of their use in *field (its
  * first blocks or its preloaded packets): counted in t->held, so in max_memory. */
 static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t delta) {
@@ -358,7 +371,8 @@ static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t de
  * the preloads) always find the rest. */
 static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t bytes) {
   const int64_t cap = L->cfg.max_memory;
-  if (cap && (L->video_held + bytes > cap / 4 || !ld_mem_room_locked(L, bytes))) {
+  if (cap &&
+      (L->video_held + bytes > cap / 4 || !ld_mem_room_ahead_locked(L, bytes, own_batch(L, t)))) {
     L->video_preloads_refused++;
     return 0;
   }
@@ -367,7 +381,17 @@ static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t 
 }
 
 void ld_task_release_videos_locked(mml_loader *L, task *t) {
-  for (int v = 0; v < t->vcap; v++) mml_bytes_free(&t->vhead[v].first);
+  int closed = 0;
+  for (int v = 0; v < t->vcap; v++) {
+    mml_bytes_free(&t->vhead[v].first);
+    mml_bytes_free(&t->vhead[v].tail);
+    if (t->vhead[v].open_bytes && !t->vids[v]) { /* closed (or taken by its decode, done) */
+      L->video_open_bytes -= t->vhead[v].open_bytes;
+      t->vhead[v].open_bytes = 0;
+      closed = 1;
+    }
+  }
+  if (closed) ld_mem_count_task_locked(L, t);
   if (!t->vhead_bytes && !t->vpre_bytes) return;
   L->video_held -= t->vhead_bytes + t->vpre_bytes;
   t->vhead_bytes = t->vpre_bytes = 0;
@@ -383,13 +407,45 @@ void ld_task_close_videos(mml_loader *L, task *t) {
     }
 }
 
-/* Keeps video v of t open from its probe to its decode (1), when few enough are. */
+int64_t ld_release_videos_ahead_locked(mml_loader *L) {
+  int64_t freed = 0;
+  for (int64_t s = L->head_seq; s < L->next_seq; s++) {
+    task *t = &L->tasks[s % L->window];
+    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
+        (t->tk >= 0 && t->tk == L->tk_head))
+      continue;
+    int64_t before = t->held;
+    ld_task_close_videos(L, t); /* (nothing in flight: a planned sample's preloads are in) */
+    ld_task_release_videos_locked(L, t);
+    freed += before - t->held;
+  }
+  return freed;
+}
+
+/* Keeps video v of t open from its probe to its decode (1), when few enough are and,
+ * under max_memory, what it holds idle (mml_video_held_bytes: demuxer state and tables)
+ * has room ahead of the next batch; counted in t's bytes until it is closed.  Else (0)
+ * the caller closes it and the decode opens it again. */
 static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
   if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
     __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
     return 0;
   }
   mml_video_idle(vid);
+  int64_t bytes = mml_video_held_bytes(vid);
+  pthread_mutex_lock(&L->mu);
+  int room = ld_mem_room_ahead_locked(L, bytes, 0);
+  if (room) {
+    t->vhead[v].open_bytes = bytes;
+    L->video_open_bytes += bytes;
+    if (L->video_open_bytes > L->video_open_peak) L->video_open_peak = L->video_open_bytes;
+    ld_mem_count_task_locked(L, t);
+  }
+  pthread_mutex_unlock(&L->mu);
+  if (!room) {
+    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
   t->vids[v] = vid;
   return 1;
 }
@@ -426,6 +482,8 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     if (!c->decoding && src.fetcher) { /* fetched with the images (head_video) */
       src.size = t->vhead[v].size;
       src.first = &t->vhead[v].first;
+      src.tail = &t->vhead[v].tail;
+      src.tail_off = t->vhead[v].tail_off;
     }
   }
   double t0 = mml_now();
@@ -435,7 +493,10 @@ static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
     c->acc->bytes += (uint64_t)n;
     t->sample.bytes += (uint64_t)n;
   }
-  if (!member->len) mml_bytes_free(&t->vhead[v].first); /* (moved into the video) */
+  if (!member->len) { /* (moved into the video) */
+    mml_bytes_free(&t->vhead[v].first);
+    mml_bytes_free(&t->vhead[v].tail);
+  }
   c->acc->read_s += mml_now() - t0;
   uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
   if (!st) {
@@ -522,7 +583,8 @@ static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err
   return MML_OK;
 }
 
-/* A remote video's HEAD (ref[0]) or first block (ref[1]) came (the fetcher's I/O thread).
+/* A remote video's HEAD (ref[0]), first block (ref[1]) or header tail (ref[2]) came (the
+ * fetcher's I/O thread).
  * A failure is left to the open, which asks again and reports it. */
 static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
   (void)err;
@@ -537,6 +599,10 @@ static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_e
     mml_bytes_free(&h->first);
     h->first = *body;              /* take the memory */
     memset(body, 0, sizeof *body); /* (counted read by the open that takes it) */
+  } else if (st == MML_OK && body && r == &h->ref[2]) {
+    mml_bytes_free(&h->tail);
+    h->tail = *body;
+    memset(body, 0, sizeof *body);
   }
   if (--t->pending == 0) ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -575,6 +641,37 @@ static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nrem
   }
 }
 
+/* Video v of t's record, a remote mp4/mov whose HEAD and first block came but whose index
+ * (moov) is not all in that block (past an mdat, or longer): the bytes its open reads for
+ * it (mml_video_header_range) are fetched in one ranged GET, counted in *nremote, with
+ * max_memory room (video_reserve_locked, as the first block; else the open reads them). */
+static void tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
+  enum { TAIL_MAX = 64 << 20 };
+  task_vhead *h = &t->vhead[v];
+  int64_t off, end;
+  mml_bytes_clear(&h->tail);
+  mml_err e;
+  if (h->size <= 0 || !h->first.len ||
+      !mml_video_header_range(h->first.data, h->first.len, h->size, &off, &end) ||
+      end - off > (L->cfg.max_memory ? L->cfg.max_memory / 16 : TAIL_MAX) ||
+      video_path(L, t, t->rec.videos[v].ref, 0, &e) || (!*f && ld_get_fetcher(L, f, &e)))
+    return;
+  pthread_mutex_lock(&L->mu);
+  int room = video_reserve_locked(L, t, &t->vhead_bytes, end - off);
+  pthread_mutex_unlock(&L->mu);
+  if (!room) return;
+  h->tail_off = off;
+  fetch_one_more(L, t, nremote);
+  h->ref[2] = (fetch_ref){.t = t, .which = v};
+  if (mml_fetch_submit(*f, (const char *)t->path.data, off, end - off, on_video_head, &h->ref[2],
+                       &e)) {
+    fetch_undo(L, t);
+    pthread_mutex_lock(&L->mu);
+    video_hold_locked(L, t, &t->vhead_bytes, -(end - off));
+    pthread_mutex_unlock(&L->mu);
+  }
+}
+
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
 static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
   if (t->fetch_st) {
@@ -584,6 +681,7 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   mml_status st = parse_record(L, t, acc, err);
   if (st) return st;
   t->stage = STAGE_IMAGES;
+  t->vtails = 0;
   int nremote = 0;
   mml_fetcher *f = NULL;
   const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
@@ -623,6 +721,22 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   if (t->fetch_st) {
     *err = t->fetch_err;
     return t->fetch_st;
+  }
+  if (!t->vtails) { /* first: an mp4 index past the first blocks, fetched (the task waits) */
+    t->vtails = 1;
+    int nremote = 0;
+    mml_fetcher *f = NULL;
+    for (int v = 0; v < t->rec.nvideos; v++)
+      if (t->rec.videos[v].ref) tail_video(L, t, v, &f, &nremote);
+    if (nremote) {
+      pthread_mutex_lock(&L->mu);
+      int last = --t->pending == 0;
+      pthread_mutex_unlock(&L->mu);
+      if (!last) {
+        *wait = 1; /* a completion will re-queue the task */
+        return MML_OK;
+      }
+    }
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
   mml_status st = probe_videos(L, t, acc, err);

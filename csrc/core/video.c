@@ -28,6 +28,11 @@
  * precedes T while its presentation follows it, open-GOP leading frames) steps back one
  * keyframe and tries again.
  *
+ * Idle (mml_video_idle, between a probe and a decode): the I/O blocks, the packets
+ * avformat_find_stream_info read ahead and the decoder, which has decoded nothing yet, are
+ * freed (h264's context alone is ~0.8 MiB; the decode opens a fresh one, as it had), so an
+ * idle video holds its demuxer state and frame tables: mml_video_held_bytes.
+ *
  * Ownership: everything hangs off the mml_video and is freed by mml_video_close.  Threads:
  * none created (decoder threads only when src->threads > 1); one mml_video is used by one
  * thread at a time.  FFmpeg's log is set to quiet once (pthread_once).
@@ -50,6 +55,12 @@
 
 #define IO_BUF (64 << 10)
 #define MAX_STEPBACK 6
+/* mml_video_held_bytes: an open idle video's contexts (format, stream, codec with its
+ * private state: h264's is the largest, ~70 KiB; swscale and the RGB frame come with the
+ * decode), and per index entry the demuxer's AVIndexEntry plus an mp4/mov's own sample
+ * tables (sizes, offsets, timestamps).  Measured upper bounds (tests/c test-video.c). */
+#define VIDEO_HELD_BASE ((int64_t)192 << 10)
+#define VIDEO_HELD_PER_ENTRY 64
 /* "before the first frame": INT64_MIN overflows inside the mov demuxer's seek */
 #define START_TS (-((int64_t)1 << 40))
 
@@ -76,6 +87,7 @@ struct mml_video {
     int64_t pts, pos, end;
   } * pk;
   int64_t npk, *kpk, nkpk; /* kpk: the keyframes' indices in pk, by pts (-1 npk: none) */
+  int64_t table_bytes;     /* malloc'd for tab, keys, pk and kpk */
   int64_t shift;           /* tab = index timestamp + shift (table_from_index) */
   int exact;               /* tab from packets */
   int ordinal;      /* packets without pts: frame i is the i-th out of a decode from the start */
@@ -87,6 +99,7 @@ struct mml_video {
   int64_t decoded;  /* frames out of the decoder so far (tests, benchmarks) */
   int64_t sent;     /* packets into the decoder so far (tests, benchmarks) */
   int64_t max_pixels;
+  int threads;         /* the decoder's */
   int skip_nonref;     /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
   int whole_packets;   /* mp4/mov with h264/hevc/vp9/av1: one packet holds one whole frame */
   int cut_short;       /* the decoder was drained right after a wanted frame's packet */
@@ -146,6 +159,7 @@ static int table_from_index(mml_video *v) {
   v->tab = malloc((size_t)cnt * sizeof *v->tab);
   v->keys = malloc((size_t)cnt * sizeof *v->keys);
   if (!v->tab || !v->keys) return 0;
+  v->table_bytes = 2 * (int64_t)cnt * (int64_t)sizeof *v->tab;
   v->n = v->nkeys = 0;
   for (int i = 0; i < cnt; i++) {
     const AVIndexEntry *e = avformat_index_get_entry(v->st, i);
@@ -219,6 +233,8 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
     v->keys[0] = 0;
     v->nkeys = 1;
   }
+  v->table_bytes =
+      (cap + kcap + kpcap) * (int64_t)sizeof(int64_t) + pcap * (int64_t)sizeof(struct vpacket);
   qsort(v->tab, (size_t)v->n, sizeof *v->tab, cmp64);
   qsort(v->keys, (size_t)v->nkeys, sizeof *v->keys, cmp64);
   v->exact = 1;
@@ -227,6 +243,42 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
 }
 
 /* ---- open --------------------------------------------------------------------------- */
+
+static uint64_t be(const uint8_t *p, int n) {
+  uint64_t x = 0;
+  for (int i = 0; i < n; i++) x = x << 8 | p[i];
+  return x;
+}
+
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end) {
+  *off = *end = 0;
+  const int64_t n = (int64_t)len;
+  if (!b || n < 16 || size <= n || memcmp(b + 4, "ftyp", 4)) return 0;
+  int64_t pos = 0;
+  while (pos + 8 <= n) {
+    int64_t sz = (int64_t)be(b + pos, 4), hdr = 8;
+    if (sz == 1) { /* a 64-bit size follows */
+      if (pos + 16 > n) break;
+      uint64_t big = be(b + pos + 8, 8);
+      if (big > (uint64_t)INT64_MAX) return 0;
+      sz = (int64_t)big, hdr = 16;
+    } else if (sz == 0) { /* to the end of the file */
+      sz = size - pos;
+    }
+    if (sz < hdr || sz > size - pos) return 0; /* not a box chain we can follow */
+    if (!memcmp(b + pos + 4, "moov", 4)) {
+      if (pos + sz <= n) return 0; /* whole in the first bytes */
+      *off = n;
+      *end = pos + sz + MML_VIDEO_BLOCK < size ? pos + sz + MML_VIDEO_BLOCK : size;
+      return 1;
+    }
+    pos += sz;
+  }
+  if (pos >= size) return 0;
+  *off = pos > n ? pos : n;
+  *end = size;
+  return 1;
+}
 
 static int rotation_of(AVStream *st) {
   const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, NULL);
@@ -237,8 +289,32 @@ static int rotation_of(AVStream *st) {
   return ((int)t + 45) / 90 * 90 % 360;
 }
 
-static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *err) {
+/* The stream's decoder, opened (at the open, so a probe fails on a codec it cannot decode;
+ * again at a decode after mml_video_idle closed it). */
+static mml_status open_decoder(mml_video *v, mml_err *err) {
+  const AVCodecParameters *par = v->st->codecpar;
+  const AVCodec *codec = avcodec_find_decoder(par->codec_id);
+  const char *cname = avcodec_get_name(par->codec_id);
+  if (!codec)
+    return mml_err_set(err, MML_EVIDEOCODEC, "%s: no decoder for codec %s", v->name, cname);
+  if (!(v->dec = avcodec_alloc_context3(codec)))
+    return mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
   int r;
+  mml_status st = MML_OK;
+  if ((r = avcodec_parameters_to_context(v->dec, par)) < 0) {
+    st = av_fail(v, MML_EVIDEOCODEC, r, "decoder parameters", err);
+  } else {
+    v->dec->pkt_timebase = v->st->time_base;
+    v->dec->thread_count = v->threads;
+    v->dec->max_pixels = v->max_pixels; /* a frame growing past it mid-stream fails to decode */
+    if ((r = avcodec_open2(v->dec, codec, NULL)) < 0)
+      st = mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot open the %s decoder", v->name, cname);
+  }
+  if (st) avcodec_free_context(&v->dec); /* (a decode opens it again) */
+  return st;
+}
+
+static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *err) {
   v->si = -1;
   for (unsigned i = 0; i < v->fmt->nb_streams; i++) {
     AVStream *s = v->fmt->streams[i];
@@ -260,17 +336,7 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
   if ((int64_t)par->width * par->height > v->max_pixels)
     return mml_err_set(err, MML_ETOOBIG, "%s: video frames of %dx%d exceed the pixel limit (%lld)",
                        v->name, par->width, par->height, (long long)v->max_pixels);
-  const AVCodec *codec = avcodec_find_decoder(par->codec_id);
-  const char *cname = avcodec_get_name(par->codec_id);
-  if (!codec)
-    return mml_err_set(err, MML_EVIDEOCODEC, "%s: no decoder for codec %s", v->name, cname);
-  if (!(v->dec = avcodec_alloc_context3(codec)))
-    return mml_err_set(err, MML_ENOMEM, "%s: out of memory", v->name);
-  if ((r = avcodec_parameters_to_context(v->dec, par)) < 0)
-    return av_fail(v, MML_EVIDEOCODEC, r, "decoder parameters", err);
-  v->dec->pkt_timebase = v->st->time_base;
-  v->dec->thread_count = src->threads > 1 ? src->threads : 1;
-  v->dec->max_pixels = v->max_pixels; /* a frame growing past it mid-stream fails to decode */
+  v->threads = src->threads > 1 ? src->threads : 1;
   /* decoders whose non-reference frames are never referenced by definition (h264
    * nal_ref_idc 0, vp9 frames refreshing no slot, MPEG-1/2/4 B-frames): those frames can
    * be left undecoded on the way to a wanted one; hevc's sub-layer non-reference pictures
@@ -281,9 +347,7 @@ static mml_status open_stream(mml_video *v, const mml_video_src *src, mml_err *e
   v->whole_packets = strstr(v->fmt->iformat->name, "mov") &&
                      (par->codec_id == AV_CODEC_ID_H264 || par->codec_id == AV_CODEC_ID_HEVC ||
                       par->codec_id == AV_CODEC_ID_VP9 || par->codec_id == AV_CODEC_ID_AV1);
-  if ((r = avcodec_open2(v->dec, codec, NULL)) < 0)
-    return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot open the %s decoder", v->name, cname);
-  return MML_OK;
+  return open_decoder(v, err);
 }
 
 static void fill_info(mml_video *v) {
@@ -321,7 +385,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   v->last_pts = INT64_MIN;
   v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
   mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
-                               src->block, src->size, src->first, err);
+                               src->block, src->size, src->first, src->tail, src->tail_off, err);
   int r = 0;
   if (st) goto fail;
   uint8_t *buf = av_malloc(IO_BUF);
@@ -363,7 +427,22 @@ mml_status mml_video_probe(const mml_video *v, mml_video_info *info, mml_err *er
 }
 
 void mml_video_idle(mml_video *v) {
-  if (v) mml_vio_idle(&v->io);
+  if (!v) return;
+  mml_vio_idle(&v->io);
+  /* the packets avformat_find_stream_info read ahead (an mp4 opened from its index): a
+   * decode seeks before its first read anyway (v->positioned is 0), which drops them too */
+  if (v->fmt && !v->positioned) avformat_flush(v->fmt);
+  /* and a decoder that has decoded nothing (its context is most of an open video's
+   * memory: h264's ~0.8 MiB): the decode opens a fresh one, which is what it had */
+  if (!v->positioned && !v->decoded && !v->sent) avcodec_free_context(&v->dec);
+}
+
+int64_t mml_video_held_bytes(const mml_video *v) {
+  if (!v) return 0;
+  int64_t idx = 0; /* every stream's index: an mp4's audio samples are indexed too */
+  for (unsigned i = 0; v->fmt && i < v->fmt->nb_streams; i++)
+    idx += avformat_index_get_entries_count(v->fmt->streams[i]);
+  return VIDEO_HELD_BASE + IO_BUF + idx * VIDEO_HELD_PER_ENTRY + v->table_bytes;
 }
 
 int64_t mml_video_bytes_read(const mml_video *v) { return v ? v->io.bytes_read : 0; }
@@ -682,6 +761,24 @@ static int64_t frames_within(const mml_video *v, int64_t from, int64_t last) {
   return lo - a;
 }
 
+/* Frames the decoder holds back for reordering (video_delay). */
+static int64_t reorder_delay(const mml_video *v) {
+  return v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+}
+
+/* The timestamps a decode of wanted frame idx[k] runs through: from its keyframe (the
+ * first frame when none) to the frame `past` after it (the decoder's reordering delay).
+ * 0: nothing to read for it (out of range, or the same frame as idx[k - 1]). */
+static int frame_span(const mml_video *v, const int64_t *idx, int k, int64_t past, int64_t *from,
+                      int64_t *last) {
+  int64_t i = idx[k];
+  if (i < 0 || i >= v->n || (k && i == idx[k - 1])) return 0;
+  int64_t key = key_at_or_before(v, v->tab[i]);
+  *from = key >= 0 ? v->keys[key] : v->tab[0];
+  *last = v->tab[i + past < v->n ? i + past : v->n - 1];
+  return 1;
+}
+
 /* decode_ranges for a table from packets (mkv, webm, avi, ...: no per-frame index) from
  * the places the pass met the packets at: for each wanted frame, from where the demuxer's
  * seek to its keyframe lands (the index entry at or before it: an mkv's cluster, else the
@@ -692,13 +789,10 @@ static int packet_ranges(const mml_video *v, const int64_t *idx, int n, int64_t 
                          int *nr) {
   if (!v->npk) return 0;
   int cap = 0, room = 1;
-  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  const int64_t past = reorder_delay(v);
   for (int k = 0; k < n && room; k++) {
-    int64_t i = idx[k];
-    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
-    int64_t key = key_at_or_before(v, v->tab[i]);
-    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
-    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int64_t from, last;
+    if (!frame_span(v, idx, k, past, &from, &last)) continue;
     int64_t lo = 0, hi = v->nkpk; /* the keyframe's packet: the last one at or before from */
     while (lo < hi) {
       int64_t mid = lo + (hi - lo) / 2;
@@ -737,13 +831,10 @@ static int decode_ranges(const mml_video *v, const int64_t *idx, int n, int64_t 
   if (!v->io.fetcher || v->ordinal || n <= 0) return 1;
   if (v->exact) return packet_ranges(v, idx, n, gap, out, nr);
   int cnt = avformat_index_get_entries_count(v->st), cap = 0, room = 1;
-  int64_t past = v->st->codecpar->video_delay > 0 ? v->st->codecpar->video_delay : 0;
+  const int64_t past = reorder_delay(v);
   for (int k = 0; k < n && room; k++) {
-    int64_t i = idx[k];
-    if (i < 0 || i >= v->n || (k && i == idx[k - 1])) continue;
-    int64_t key = key_at_or_before(v, v->tab[i]);
-    int64_t from = key >= 0 ? v->keys[key] : v->tab[0];
-    int64_t last = v->tab[i + past < v->n ? i + past : v->n - 1];
+    int64_t from, last;
+    if (!frame_span(v, idx, k, past, &from, &last)) continue;
     int e = av_index_search_timestamp(v->st, from - v->shift, AVSEEK_FLAG_BACKWARD);
     for (e = e < 0 ? 0 : e; e < cnt && room; e++) {
       const AVIndexEntry *ie = avformat_index_get_entry(v->st, e);
@@ -814,10 +905,12 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
                             void *ctx, mml_err *err) {
   if (!v || (n > 0 && (!idx || !fn))) return mml_err_set(err, MML_EINVAL, "video: NULL argument");
   int64_t nframes = v->n; /* what the caller's indices were computed from */
+  mml_status st;
+  if (!v->dec && (st = open_decoder(v, err))) return st; /* closed by mml_video_idle */
   will_decode(v, idx, n);
   v->want = idx;
   v->want_n = n;
-  mml_status st = decode_all(v, idx, n, nframes, fn, ctx, err);
+  st = decode_all(v, idx, n, nframes, fn, ctx, err);
   v->want = NULL;
   v->dec->skip_frame = AVDISCARD_DEFAULT;
   return st;

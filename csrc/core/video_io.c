@@ -288,9 +288,19 @@ static void first_block(mml_vio *io, mml_bytes *first) {
   charge(io, (int64_t)io->blk[0].b.len);
 }
 
+/* More of the remote source's header, fetched by the caller: an arrived preloaded range. */
+static void header_tail(mml_vio *io, mml_bytes *tail, int64_t off) {
+  if (!tail || !tail->len || off < 0 || off + (int64_t)tail->len > io->size) return;
+  if (!(io->pre = calloc(1, sizeof *io->pre))) return; /* (then read on demand) */
+  io->pre[0] = (mml_vio_range){
+      .io = io, .off = off, .len = (int64_t)tail->len, .state = AH_DONE, .st = MML_OK, .b = *tail};
+  memset(tail, 0, sizeof *tail); /* the memory moves here */
+  io->npre = 1;
+}
+
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
                         mml_fetcher *f, int64_t max_bytes, int64_t block, int64_t size,
-                        mml_bytes *first, mml_err *err) {
+                        mml_bytes *first, mml_bytes *tail, int64_t tail_off, mml_err *err) {
   memset(io, 0, sizeof *io);
   io->name = name;
   io->fd = -1;
@@ -312,6 +322,7 @@ mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size
   if (size > 0) { /* the caller's HEAD */
     io->size = size;
     first_block(io, first);
+    header_tail(io, tail, tail_off);
     return MML_OK;
   }
   mml_err e = {0};
@@ -344,6 +355,8 @@ void mml_vio_close(mml_vio *io) {
 void mml_vio_idle(mml_vio *io) {
   ahead_drop(io);
   pre_drop(io);
+  free(io->hint); /* (mml_vio_will_read allocates it again) */
+  io->hint = NULL;
   for (int i = 0; i < MML_VIO_BLOCKS; i++) {
     mml_bytes_free(&io->blk[i].b);
     io->blk[i].off = -1;

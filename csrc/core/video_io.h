@@ -82,10 +82,12 @@ typedef struct mml_vio {
 
 /* Opens src (stat/HEAD for the size); the vio borrows src->name and src->data.  A remote
  * source whose size the caller knows (size > 0: no HEAD) may come with its first bytes
- * (first, exactly its first block: moved in as the first cached block, counted read). */
+ * (first, exactly its first block: moved in as the first cached block, counted read) and
+ * more of its header (tail, at tail_off: moved in as an arrived preloaded range, counted
+ * when read). */
 mml_status mml_vio_open(mml_vio *io, const char *name, const uint8_t *data, size_t len,
                         mml_fetcher *f, int64_t max_bytes, int64_t block, int64_t size,
-                        mml_bytes *first, mml_err *err);
+                        mml_bytes *first, mml_bytes *tail, int64_t tail_off, mml_err *err);
 void mml_vio_close(mml_vio *io);
 /* Between two uses of an open source (a probe, then a decode): the cached blocks (and a
  * preload) are dropped and max_bytes counts afresh from here. */

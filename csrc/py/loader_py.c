@@ -456,7 +456,8 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
       set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)) ||
       set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s.video_preload_peak)) ||
-      set_num(d, "video_preloads_refused", PyLong_FromUnsignedLongLong(s.video_preloads_refused)))
+      set_num(d, "video_preloads_refused", PyLong_FromUnsignedLongLong(s.video_preloads_refused)) ||
+      set_num(d, "video_open_peak_bytes", PyLong_FromLongLong(s.video_open_peak)))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);

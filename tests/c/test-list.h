@@ -184,6 +184,8 @@ TEST_DECLARE(test_threads)
 TEST_DECLARE(test_remote_blocks_fetched_ahead)
 TEST_DECLARE(test_remote_preload_decodes_from_memory)
 TEST_DECLARE(test_failures)
+TEST_DECLARE(test_idle_video_holds_little)
+TEST_DECLARE(test_header_range)
 
 // clang-format off
 static const mml_test_entry k_tests[] = {
@@ -360,6 +362,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_remote_blocks_fetched_ahead)
     TEST_ENTRY(test_remote_preload_decodes_from_memory)
     TEST_ENTRY(test_failures)
+    TEST_ENTRY(test_idle_video_holds_little)
+    TEST_ENTRY(test_header_range)
     {NULL, NULL}};
 // clang-format on
 

@@ -1,7 +1,9 @@
 /* test-video.c — the video core (mml/video.h) on the tiny committed seed videos of the
  * fuzz corpus (fuzz/corpus/video: 16x16, 6 frames, keyframe every 3): the same frames
  * from a file, from memory and over HTTP in small blocks fetched ahead, in one thread and
- * in four at once (run under TSan by the Makefile), and the failure statuses. */
+ * in four at once (run under TSan by the Makefile), the failure statuses, and what an
+ * idle open video holds. */
+#include <malloc.h>
 #include <pthread.h>
 
 #include "mml/fetch.h"
@@ -225,4 +227,84 @@ TEST(test_failures) {
   mml_video_src small = {.name = k_files[0], .max_pixels = 255};
   CHECK_EQ_INT(mml_video_open(&small, &v, &err), MML_ETOOBIG);
   CHECK(v == NULL);
+}
+
+static size_t heap_used(void) {
+  struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+/* An open video after mml_video_idle (the loader keeps one from its probe to its decode)
+ * holds its demuxer state and tables but no decoder (h264's context alone is ~0.8 MiB):
+ * at most mml_video_held_bytes (what max_memory counts for it), and its decode after the
+ * idle gives the same frames.  (The heap figure is glibc's: under the sanitizers' own
+ * allocators it reads ~0 and only the frames are checked.) */
+TEST(test_idle_video_holds_little) {
+  for (int i = 0; i < NFILES; i++) {
+    mml_video_src src = {.name = k_files[i], .threads = 1};
+    uint64_t want = frames_hash(&src), h = 1469598103934665603ull;
+    mml_video *v = NULL;
+    mml_err err = {0};
+    CHECK_OK(mml_video_open(&src, &v, &err), err);
+    mml_video_idle(v);
+    static const int64_t idx[] = {0, 2, 3, 3, 5};
+    CHECK_OK(mml_video_decode(v, idx, 5, sum_frame, &h, &err), err);
+    int64_t six = 6;
+    CHECK_EQ_INT(mml_video_decode(v, &six, 1, sum_frame, &h, &err), MML_EVIDEOSHORT);
+    CHECK_EQ_INT(h, want);
+    mml_video_close(v);
+  }
+  enum { N = 16 };
+  mml_video *vs[N] = {0};
+  mml_err err = {0};
+  size_t before = heap_used();
+  for (int k = 0; k < N; k++) {
+    mml_video_src src = {.name = k_files[0], .threads = 1};
+    CHECK_OK(mml_video_open(&src, &vs[k], &err), err);
+    mml_video_idle(vs[k]);
+  }
+  size_t after = heap_used();
+  int64_t each = after > before ? (int64_t)(after - before) / N : 0;
+  CHECK(each <= mml_video_held_bytes(vs[0]));
+  CHECK(mml_video_held_bytes(vs[0]) < (int64_t)512 << 10);
+  for (int k = 0; k < N; k++) mml_video_close(vs[k]);
+}
+
+static void box(uint8_t *p, uint32_t size, const char *type) {
+  p[0] = size >> 24, p[1] = size >> 16, p[2] = size >> 8, p[3] = size;
+  memcpy(p + 4, type, 4);
+}
+
+/* Where an mp4's index lies past its first bytes, from the top-level box sizes. */
+TEST(test_header_range) {
+  uint8_t b[256] = {0};
+  int64_t off, end;
+  box(b, 24, "ftyp");
+  box(b + 24, 100, "moov"); /* whole in the first 256 bytes */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 0);
+  box(b + 24, 500, "moov"); /* its rest, and a block past it (the first packets) */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 1);
+  CHECK_EQ_INT(off, 256);
+  CHECK_EQ_INT(end, 10000); /* (the file ends within that block) */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, (int64_t)4 << 20, &off, &end), 1);
+  CHECK_EQ_INT(end, 524 + MML_VIDEO_BLOCK);
+  box(b + 24, 8000, "mdat"); /* moov after the mdat: from there to the end */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(off, 8024);
+  CHECK_EQ_INT(end, 9000);
+  box(b + 24, 1, "mdat"); /* a 64-bit size */
+  memset(b + 32, 0, 8);
+  b[38] = 0x20; /* 0x2000 = 8192 */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(off, 24 + 8192);
+  box(b + 24, 0, "mdat"); /* to the end of the file: no moov after it */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b + 24, 20000, "mdat"); /* past the end: not followed */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b + 24, 4, "mdat"); /* shorter than its header */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b, 24, "EBML"); /* not ISO BMFF */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  box(b, 24, "ftyp"); /* the whole file in the first bytes */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 256, &off, &end), 0);
 }

@@ -298,6 +298,8 @@ typedef struct mml_loader_stats {
                                     preloaded for decodes), counted in max_memory */
   uint64_t video_preloads_refused; /* decodes not preloaded for want of max_memory room
                                       (they read on demand: video_decode_waits) */
+  int64_t video_open_peak;         /* the most bytes held at once by videos kept open from
+                                    their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
 } mml_loader_stats;

@@ -56,7 +56,20 @@ typedef struct mml_video_src {
    * its memory moved into the video, so the open reads it without a round trip */
   int64_t size;
   mml_bytes *first;
+  /* and, with first, more of the header fetched ahead (mml_video_header_range): the bytes
+   * [tail_off, tail_off + tail->len), moved into the video and read from memory by the
+   * open (dropped by mml_video_idle) */
+  mml_bytes *tail;
+  int64_t tail_off;
 } mml_video_src;
+
+/* An mp4/mov whose first `len` bytes (b) do not hold its whole moov (the index: read by
+ * the open): the bytes past them the open reads for it, from the top-level box sizes:
+ * the moov's rest (and a block past it, where its first packets are) when it starts in
+ * b, else everything from the first box past b (after an mdat) to the end of the file
+ * (`size` bytes), where a moov that follows the mdat is.  1 with [*off, *end); 0 when the
+ * first bytes hold the header, or this is not ISO BMFF, or cannot be told. */
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end);
 
 #define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
 #define MML_VIDEO_BLOCK ((int64_t)1 << 20) /* the default remote read block */
@@ -109,6 +122,12 @@ mml_status mml_video_decode(mml_video *v, const int64_t *idx, int n, mml_video_f
  * file's descriptor); max_bytes counts afresh for the next use.  The decode then needs
  * no second open: no second probe, and no second packet pass over an mkv/webm/avi. */
 void mml_video_idle(mml_video *v);
+
+/* Bytes an open video holds while idle (after mml_video_idle): its demuxer's and
+ * decoder's state, the I/O buffer and the frame tables, an upper estimate from what it
+ * knows (frame and packet counts, the sample index), for a memory budget (the loader's
+ * max_memory counts the videos it keeps open from their probe to their decode). */
+int64_t mml_video_held_bytes(const mml_video *v);
 
 /* Preloading a planned decode (a remote video; local and in-memory ones: a no-op,
  * *submitted 0): the exact byte ranges of the packets mml_video_decode(v, idx, n) will

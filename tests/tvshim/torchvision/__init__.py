@@ -12,6 +12,9 @@ is reproduced, from torchvision 0.2x's sources:
     bicubic on CPU is interpolated natively in uint8 (torchvision's
     _do_native_uint8_resize_on_cpu), as is nearest.
   transforms.v2.functional.normalize: (x - mean) / std in the tensor's dtype.
+  io.read_video (what qwen-vl-utils' torchvision video backend calls): torchvision
+    0.21-0.25's PyAV backend, call for call (see io.py; the real one is removed in 0.26,
+    the version this shim reports so that transformers never decodes video through it).
 Everything else raises NotImplementedError."""
 
 __version__ = "0.26.0+mmloader.shim"  # >= 0.26: no video decoding, as transformers expects
