@@ -690,7 +690,8 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * them need, as they can only be decoded after those. */
   int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
   if (hold < L->scratch_max) hold = L->scratch_max;
-  if (!hold && !L->compact) return ld_mem_room_locked(L, est * (L->in_flight + 1));
+  const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
+  if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
   int64_t tk = L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max;
   tk = round_2m(tk);           /* as the pool rounds it */
   int64_t eh = expand_hold(L); /* before any batch: two of a sample's expanded rows */
