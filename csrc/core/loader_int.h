@@ -474,8 +474,8 @@ int ld_mem_may_read_locked(mml_loader *L);
  * A decode that can never get room (the consumer waits for its batch and holds the rest)
  * sets the loader's fatal error. */
 int ld_mem_scratch_take_locked(mml_loader *L, task *t);
-/* max_memory, compact: the oldest queued batch's emission takes room for its float rows
- * before it runs (returns the bytes, to give back after it: emit_extra; 0: nothing to
+/* max_memory, compact: the oldest queued batch's emission takes room for what its float
+ * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra; 0: nothing to
  * take; -1: no room now, the caller waits -- or the loader's fatal error is set). */
 int64_t ld_mem_emit_take_locked(mml_loader *L);
 void ld_mem_scratch_give_locked(mml_loader *L, task *t);

@@ -92,7 +92,8 @@
  * running end.  A decode waits (the worker does other work) while room is short.
  *
  * COMPACT under max_memory.  Tickets count their uint8 rows; an emission takes room for
- * its float rows before it starts (ld_mem_emit_take_locked: emit_extra while it runs,
+ * what its float rows add (pend fneed: in place F - U, else F) before it starts
+ * (ld_mem_emit_take_locked: emit_extra while it runs,
  * then they are live in the pool), and every other use of the room keeps two of the
  * largest expanded batches free less those already expanded ahead of the consumer
  * (expand_hold: the batch the consumer holds while the next one expands), so emission
@@ -801,7 +802,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   int64_t need = -1; /* the oldest queued batch's, which ld_emit_job_locked emits */
   for (int64_t k = L->pend_head; k < L->pend_tail && need < 0; k++) {
     const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) need = (int64_t)q->it.fbytes;
+    if (q->state == PEND_QUEUED) need = (int64_t)q->fneed; /* in place: F - U bytes more */
   }
   if (need <= 0) return 0;
   if (ld_mem_room_hold_locked(L, need, 0)) {
