@@ -441,7 +441,9 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
 }
 
 static int64_t scratch_bytes(const mml_loader *L);
-static int64_t pool_bytes(int64_t need);
+
+/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
+static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
 
 /* Bytes the head ticket's planes wait for. */
 static int64_t head_pending_bytes(mml_loader *L) {
@@ -449,14 +451,6 @@ static int64_t head_pending_bytes(mml_loader *L) {
   int64_t n = 0;
   for (int p = 0; p < PLANES; p++) n += k->pl[p].pending_rows * (int64_t)L->row_bytes[p];
   return n;
-}
-
-/* max_memory: the head ticket waits for room, not for its turn (prefetch batches ahead,
- * decodes queued: rebuffer's other reasons to wait, which no bytes given back shorten). */
-static int head_short_of_room(mml_loader *L) {
-  if (!L->cfg.max_memory || L->tk_tail < L->tk_head || !head_pending_bytes(L)) return 0;
-  const ticket *k = tk_at(L, L->tk_head);
-  return has_buf(k) || !(prefetch_full(L, L->tk_head) || decodes_ahead(L, L->tk_head));
 }
 
 /* Tickets waiting for room try again, in order. */
@@ -469,10 +463,11 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
     if (failed && id == L->tk_head) L->mem_head_fails++;
   }
-  /* the head waits for room: bytes later batches' samples hold ahead of their use, and
-   * spare byte buffers (a cache), make way for it */
-  int64_t spares = L->spare_bytes;
-  const int short_of_room = head_short_of_room(L);
+  /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
+   * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
+  const int64_t spares = L->spare_bytes, h = L->tk_head;
+  const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
+                            (has_buf(tk_at(L, h)) || !(prefetch_full(L, h) || decodes_ahead(L, h)));
   if (short_of_room && spares) ld_bytes_free_spares(L);
   if (short_of_room && (ld_release_videos_ahead_locked(L) > 0 || spares)) {
     L->mem_head_fails = 0;
@@ -644,9 +639,6 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
-static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
-
 /* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
  * those hold their grants) will take: kept free by every other use of the room, so that
  * once the decodes running now end one of these can always start.  Samples placed later
@@ -700,8 +692,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
   if (hold < L->scratch_max) hold = L->scratch_max;
   const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
   if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
-  int64_t tk = L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max;
-  tk = mml_round_2mib(tk);     /* as the pool rounds it */
+  const int64_t tk = mml_round_2mib(L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max);
   int64_t eh = expand_hold(L); /* before any batch: two of a sample's expanded rows */
   if (L->compact && !L->fbytes_max) eh = 2 * mml_round_2mib(L->pxf_max);
   return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold + eh);
