@@ -642,17 +642,18 @@ static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nrem
 }
 
 /* Video v of t's record, a remote mp4/mov whose HEAD and first block came but whose index
- * (moov) is not all in that block (past an mdat, or longer): the bytes its open reads for
- * it (mml_video_header_range) are fetched in one ranged GET, counted in *nremote, with
+ * (moov) is not all in that block (past an mdat, or longer), or an mkv/webm/avi of up to
+ * 1 + 8 MiB (its open's packet pass reads it all): the bytes its open reads for it
+ * (mml_video_header_range) are fetched in one ranged GET, counted in *nremote, with
  * max_memory room (video_reserve_locked, as the first block; else the open reads them). */
 static void tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
-  enum { TAIL_MAX = 64 << 20 };
+  enum { TAIL_MAX = 64 << 20, WHOLE_MAX = 8 << 20 };
   task_vhead *h = &t->vhead[v];
   int64_t off, end;
   mml_bytes_clear(&h->tail);
   mml_err e;
   if (h->size <= 0 || !h->first.len ||
-      !mml_video_header_range(h->first.data, h->first.len, h->size, &off, &end) ||
+      !mml_video_header_range(h->first.data, h->first.len, h->size, WHOLE_MAX, &off, &end) ||
       end - off > (L->cfg.max_memory ? L->cfg.max_memory / 16 : TAIL_MAX) ||
       video_path(L, t, t->rec.videos[v].ref, 0, &e) || (!*f && ld_get_fetcher(L, f, &e)))
     return;

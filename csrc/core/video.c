@@ -250,10 +250,18 @@ static uint64_t be(const uint8_t *p, int n) {
   return x;
 }
 
-int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end) {
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t whole, int64_t *off,
+                           int64_t *end) {
   *off = *end = 0;
   const int64_t n = (int64_t)len;
-  if (!b || n < 16 || size <= n || memcmp(b + 4, "ftyp", 4)) return 0;
+  if (!b || n < 16 || size <= n) return 0;
+  if (!memcmp(b, "\x1a\x45\xdf\xa3", 4) || (!memcmp(b, "RIFF", 4) && !memcmp(b + 8, "AVI ", 4))) {
+    if (size - n > whole) return 0; /* the packet pass reads it in blocks, on demand */
+    *off = n;
+    *end = size;
+    return 1;
+  }
+  if (memcmp(b + 4, "ftyp", 4)) return 0;
   int64_t pos = 0;
   while (pos + 8 <= n) {
     int64_t sz = (int64_t)be(b + pos, 4), hdr = 8;
