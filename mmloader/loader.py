@@ -373,14 +373,20 @@ class Loader:
             buffer of its pool (the batches it prepares, those the consumer still holds,
             and those kept mapped for reuse), the encoded bytes of the samples in flight
             (with the bytes of remote videos fetched ahead of their decode: fetched only
-            with room, at most a quarter of the cap, else read when needed), 16 MiB
-            of scratch per worker, and the decoder scratch an image needs beyond that
-            while it is decoded (from its header: a progressive JPEG's coefficients, 3
-            bytes a pixel at 4:2:0; a whole-image buffer for interlaced PNG, WebP, GIF,
-            TIFF; ``ImageProcessor.plan(data)["scratch"]``), taken before its decode
-            starts.  Work waits for room (backpressure); a
-            sample that alone cannot fit raises OutOfMemoryError naming it, and so does a
-            next() whose batch cannot fit beside the batches the consumer still holds.
+            with room, at most a quarter of the cap, else read when needed), the videos
+            kept open from their probe to their decode (demuxer state and frame tables:
+            ``stats()["video_open_peak_bytes"]``; one without room is opened again by its
+            decode), 16 MiB of scratch per worker, and the decoder scratch an image needs
+            beyond that while it is decoded (from its header: a progressive JPEG's
+            coefficients, 3 bytes a pixel at 4:2:0; a whole-image buffer for interlaced
+            PNG, WebP, GIF, TIFF; ``ImageProcessor.plan(data)["scratch"]``), taken before
+            its decode starts.  Video bytes held ahead of their use are taken only with
+            room left for a batch as large as the largest so far, and give way when the
+            next batch cannot get its buffer.  Work waits for room (backpressure); a
+            sample that alone cannot fit raises OutOfMemoryError naming it (and its image,
+            when its decoder scratch is what does not fit), and so does a next() whose
+            batch cannot fit beside the batches the consumer still holds (the message
+            names the max_memory that would hold it).
         compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
             into uint8 patch rows (an eighth of float32's bytes) while their batch is
             being built, and ``pixel_values`` is expanded from them when the batch is
@@ -982,6 +988,8 @@ class Loader:
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
         pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        pixel_rows_expanded_in_place (those of them expanded in their own buffer, grown
+        to the float bytes: no second buffer),
         the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
         cache is trimmed to the most bytes in use at once over the last ~128 batches):
         pool_live_peak_bytes and pool_peak_bytes (the most in use at one time, and in use +

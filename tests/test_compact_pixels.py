@@ -8,6 +8,7 @@ in padded and packed batches, on one and several threads; and it is off where it
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -51,6 +52,9 @@ def test_compact_batches_are_the_direct_ones(shards, name, fmt):  # noqa: F811
     # next epoch's batches prefetched meanwhile; placeholder rows are not images)
     rows = sum(int(b["image_grid_thw"].prod(1).sum()) for b in compact if "image_grid_thw" in b)
     assert st_c["pixel_rows_expanded"] >= rows > 0
+    # each in its own buffer, grown to the float rows (no second buffer)
+    inplace = st_c["pixel_rows_expanded_in_place"]
+    assert inplace == st_c["pixel_rows_expanded"] if _kernel_moves_pages() else inplace >= 0
     assert st_c["skipped"] == st_d["skipped"] > 0
     if name.startswith("packed"):  # late failures moved rows in both forms
         assert st_c["pixel_rows_moved"] > 0 and st_d["pixel_rows_moved"] > 0
@@ -139,3 +143,13 @@ def test_compact_emission_gate_keeps_two_batches_ahead_within_the_high_water(big
                     time.sleep(0.005)
                 time.sleep(0.05)  # and nothing more is expanded while the consumer idles
                 assert L.stats()["pixel_rows_expanded"] == expect, (k, rows, want)
+            if _kernel_moves_pages():  # the large batches' mappings grew in place
+                st = L.stats()
+                assert st["pixel_rows_expanded_in_place"] == st["pixel_rows_expanded"] > 0
+
+
+def _kernel_moves_pages():
+    """Linux >= 5.7 (mremap MREMAP_DONTUNMAP): the pool moves pages, and its large
+    buffers can grow in place (pool.c); before, only buffers under 1 MiB do."""
+    rel = os.uname().release.split("-")[0].split(".")
+    return os.uname().sysname == "Linux" and tuple(int(x) for x in rel[:2]) >= (5, 7)

@@ -350,10 +350,17 @@ def _split(rows, grid):
     return np.split(np.asarray(rows), np.cumsum([int(np.prod(g)) for g in grid])[:-1])
 
 
-def _check_against_processor(get, refs, preset, nrec, ids_key):
+def _check_against_processor(get, refs, preset, nrec, ids_key, spans=None):
     """get(key) -> the batch's tensor as numpy (None when absent).  Each sample's tokens,
-    M-RoPE positions and every image / video row block equal the processor's, bitwise."""
+    M-RoPE positions and every image / video row block equal the processor's, bitwise.
+    spans: a packed batch's sample starts (cu_seqlens), else one row per sample."""
     ids, pos = get(ids_key), get("position_ids")
+    if spans is None:
+        row = lambda i, n: (ids[i, :n], pos[:, i, :n])  # noqa: E731
+    else:  # one row; the 3 M-RoPE rows (after the packed text positions in HF's layout)
+        assert ids.shape[0] == 1 and pos.shape[0] in (3, 4)
+        pos = pos[-3:]
+        row = lambda i, n: (ids[0, spans[i] : spans[i] + n], pos[:, 0, spans[i] : spans[i] + n])  # noqa: E731
     igrid, vgrid = get("image_grid_thw"), get("video_grid_thw")
     ipix = _split(get("pixel_values"), igrid) if igrid is not None else []
     vpix = _split(get("pixel_values_videos"), vgrid) if vgrid is not None else []
@@ -365,8 +372,9 @@ def _check_against_processor(get, refs, preset, nrec, ids_key):
         if ref is None:  # the text-only record: no pixels of its own
             continue
         n = ref["input_ids"].shape[1]
-        assert ids[i, :n].tolist() == ref["input_ids"][0].tolist(), i
-        assert np.array_equal(pos[:, i, :n], ref["position_ids"][:, 0]), i
+        got_ids, got_pos = row(i, n)
+        assert got_ids.tolist() == ref["input_ids"][0].tolist(), i
+        assert np.array_equal(got_pos, ref["position_ids"][:, 0]), i
         for key, grid, blocks, k in (
             ("image", igrid, ipix, ni),
             ("video", vgrid, vpix, nv),
@@ -424,4 +432,30 @@ def test_mixed_files_and_frame_lists_through_megatron_get_batch_equal_the_proces
     assert got["packed_seq_params"] is None
     _check_against_processor(
         lambda k: got[k].numpy() if got.get(k) is not None else None, refs, preset, nrec, "tokens"
+    )
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_mixed_packed_batch_through_megatron_get_batch_equals_the_processor(
+    processor_cases, preset
+):
+    """The same records packed into one sequence (packing=True) through get_batch: THD
+    PackedSeqParams, and each sample's span of the pack (cu_seqlens) carries the
+    processor's tokens and M-RoPE positions, every image / video tensor in order."""
+    mm = pytest.importorskip("mmloader.megatron")
+    shard, nrec, refs = processor_cases
+    args = kw(preset=preset, keys="megatron", shift_labels=True, packing=True, pack_length=8192)
+    with mt.Loader(shard, **args) as L:
+        got = mm.get_batch(iter(L), device="cpu")
+    p = got["packed_seq_params"]
+    assert p is not None and p.qkv_format == "thd"
+    cu = got["cu_seqlens"].tolist()
+    assert len(cu) == nrec + 1 and torch.equal(p.cu_seqlens_q, got["cu_seqlens"])
+    _check_against_processor(
+        lambda k: got[k].numpy() if got.get(k) is not None else None,
+        refs,
+        preset,
+        nrec,
+        "tokens",
+        spans=cu,
     )

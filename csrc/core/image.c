@@ -77,7 +77,7 @@ static int64_t jpeg_coef_bytes(const uint8_t *c, int nc, int w, int h) {
     hb = (hb + vs - 1) / vs * vs;
     total += wb * hb * 128;
   }
-  return mml_scratch_round(total);
+  return mml_round_2mib(total);
 }
 
 /* Whether the first scan (SOS after byte `i`) of a sequential JPEG holds fewer than all
@@ -234,7 +234,7 @@ mml_status mml_image_probe(const uint8_t *data, size_t len, mml_image_info *info
     if (len >= 29 && data[28]) { /* interlaced: all passes land in `whole` (png_feed_rows) */
       const int ctype = data[25], depth = data[24];
       const int bpp = ctype == 0 ? (depth == 16 ? 2 : 1) : ctype == 2 ? 3 : ctype == 4 ? 2 : 4;
-      info->scratch = mml_scratch_round((int64_t)w * h * bpp);
+      info->scratch = mml_round_2mib((int64_t)w * h * bpp);
     }
     return MML_OK;
   }

@@ -178,7 +178,7 @@ mml_status mml_bmp_probe(const uint8_t *p, size_t len, mml_image_info *info, mml
   info->height = (int)b.h;
   info->format = MML_FMT_BMP;
   if (b.compression == BMP_RLE8 || b.compression == BMP_RLE4) /* indices decoded into `whole` */
-    info->scratch = mml_scratch_round((int64_t)info->width * info->height);
+    info->scratch = mml_round_2mib((int64_t)info->width * info->height);
   return MML_OK;
 }
 

@@ -69,11 +69,6 @@ static inline void mml_rgba_row_to_rgb(int policy, const uint8_t *s, uint8_t *o,
  * truncated structure (*why says which). */
 int mml_tiff_ifd0_tag(const uint8_t *p, size_t len, unsigned tag, uint64_t *val, const char **why);
 
-/* An estimate of `bytes` of scratch as mml_image_info.scratch holds it (2 MiB pages). */
-static inline int64_t mml_scratch_round(int64_t bytes) {
-  return bytes > 0 ? (bytes + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1) : 0;
-}
-
 static inline uint16_t mml_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t mml_le32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

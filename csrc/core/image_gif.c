@@ -56,7 +56,7 @@ mml_status mml_gif_probe(const uint8_t *p, size_t len, mml_image_info *info, mml
   info->width = (int)w;
   info->height = (int)h;
   info->format = MML_FMT_GIF;
-  info->scratch = mml_scratch_round((int64_t)info->width * info->height); /* the canvas */
+  info->scratch = mml_round_2mib((int64_t)info->width * info->height); /* the canvas */
   return MML_OK;
 }
 

@@ -99,7 +99,7 @@ mml_status mml_tiff_probe(const uint8_t *p, size_t len, mml_image_info *info, mm
   if (spp < 1 || spp > 16) spp = 16;
   const int64_t px = (int64_t)w * (int64_t)h, bytes = bps <= 8 ? 1 : bps <= 16 ? 2 : 8;
   info->scratch =
-      mml_scratch_round(px * (int64_t)spp * bytes + (int64_t)len + (o > 1 && o <= 8 ? 6 * px : 0));
+      mml_round_2mib(px * (int64_t)spp * bytes + (int64_t)len + (o > 1 && o <= 8 ? 6 * px : 0));
   return MML_OK;
 }
 

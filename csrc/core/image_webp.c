@@ -63,9 +63,9 @@ mml_status mml_webp_probe(const uint8_t *p, size_t len, mml_image_info *info, mm
    * (the current and the previous frame, ARGB) */
   const int64_t px = (int64_t)f.width * f.height;
   info->scratch =
-      mml_scratch_round(f.has_animation ? 3 * 4 * px
-                                        : px * (f.has_alpha ? 4 : 3) +
-                                              (f.format == 1 ? (f.has_alpha ? px : 0) : 4 * px));
+      mml_round_2mib(f.has_animation ? 3 * 4 * px
+                                     : px * (f.has_alpha ? 4 : 3) +
+                                           (f.format == 1 ? (f.has_alpha ? px : 0) : 4 * px));
   return MML_OK;
 }
 

@@ -19,16 +19,21 @@
  * pixel_values (ld_place_take_locked).  A placed sample that failed at decode rewinds
  * the planner (ld_place_rewind_locked) after it is skipped exactly as before.
  *
- * Compact pixels (loader_place.c COMPACT): the emitting worker swaps the batch's uint8
- * image rows for a float buffer (compact_swap), builds the tensors, hands the instance
- * back (coll_busy 0, so composition goes on) and only then expands the rows into that
- * buffer; the item becomes READY after the expansion, so the consumer never sees it
- * unwritten, and a seek waits for it (it counts in `emitting`).  The emission gate
+ * Compact pixels (loader_place.c COMPACT): the emitting worker grows the buffer of the
+ * batch's uint8 image rows to its float rows (or swaps it for a float buffer:
+ * compact_swap), builds the tensors, hands the instance back (coll_busy 0, so
+ * composition goes on) and only then expands the rows (in place: back to front); the
+ * item becomes READY after the expansion, so the consumer never sees it unwritten, and
+ * a seek waits for it (it counts in `emitting`).  The emission gate
  * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
  * when none is ahead of the consumer (being emitted or in the output queue), never when
  * two are, and with one ahead only while the expanded bytes then live (the batch last
  * delivered, the one ahead, this one) stay within fbytes_hw, the most that the one-ahead
- * case ever had live (the batch last delivered + the one emitted).  So for batches of
+ * case ever had live (the batch last delivered + the one emitted), and the pool's cache
+ * holds the pages the emission takes (its live bytes then stay within its live + cached
+ * now: fbytes_hw is all-time, while the pool trims its cache to the recent working set,
+ * pool.c, so a second batch ahead within fbytes_hw alone faulted trimmed pages back in,
+ * zeroed by the kernel inside the step it was meant to save).  So for batches of
  * varying size (a large pair set the high-water) two are ready and a trainer step has
  * two steps of slack for an expansion, where with one ahead it had one: the expansion
  * (~11 ms per 188 MB alone, 40-240 ms on a loaded machine) and the wait for a worker to
@@ -55,10 +60,13 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   pthread_cond_broadcast(&L->out_cv);
 }
 
-/* Compact pixels (loader_place.c COMPACT): a float32/bfloat16 buffer of the pool for the
- * batch's uint8 image rows replaces them as the collator's pixel_values (the tensor views
- * it); *u8 keeps the uint8 rows, expanded into *f once the collator instance is free
- * (ld_emit_job_locked).  Nothing to do (both NULL) without compact image rows. */
+/* Compact pixels (loader_place.c COMPACT): the batch's uint8 image rows become float32 /
+ * bfloat16 rows as the collator's pixel_values (the tensor views them).  In place where
+ * their buffer can grow to the float bytes (loader_place.c gives it the capacity): it
+ * grows now, *u8 == *f, and the rows are expanded back to front; otherwise a float
+ * buffer of the pool replaces it and *u8 keeps the uint8 rows.  Expanded into *f once
+ * the collator instance is free (ld_emit_job_locked).  Nothing to do (both NULL)
+ * without compact image rows. */
 static mml_status compact_swap(mml_loader *L, mml_collator *C, mml_buf **u8, mml_buf **f,
                                int64_t *rows, mml_err *err) {
   mml_buf *b = mml_collator_attached_pixels(C, 0);
@@ -67,7 +75,16 @@ static mml_status compact_swap(mml_loader *L, mml_collator *C, mml_buf **u8, mml
   if (b->size < (size_t)*rows * L->row_bytes[PL_IMG])
     return mml_err_set(err, MML_EINTERNAL, "collator: %lld uint8 pixel rows in a %zu-byte buffer",
                        (long long)*rows, b->size);
-  mml_status st = mml_pool_alloc(L->pool, (size_t)*rows * L->expand_row_bytes, f, err);
+  const size_t fb = (size_t)*rows * L->expand_row_bytes;
+  if (mml_buf_capacity(b) >= fb) { /* the collator's reference is the only one left */
+    mml_status st = mml_pool_grow(b, fb, err);
+    if (st) return st;
+    mml_buf_retain(b);
+    mml_buf_retain(b);
+    *u8 = *f = b;
+    return MML_OK;
+  }
+  mml_status st = mml_pool_alloc(L->pool, fb, f, err);
   if (st) {
     mml_err_prefix(err, "pixel_values of a batch (%lld rows)", (long long)*rows);
     return st;
@@ -93,8 +110,8 @@ static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml
 
 /* Emits from instance ci; compact image rows are expanded after the instance is handed
  * back (the collator composes the next batch meanwhile).  mu not held. */
-static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded, int *freed,
-                              mml_err *err) {
+static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded, int *inplace,
+                              int *freed, mml_err *err) {
   mml_collator *C = L->colls[ci];
   mml_buf *u8 = NULL, *f = NULL;
   int64_t rows = 0;
@@ -107,10 +124,13 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
     pthread_mutex_unlock(&L->mu);
     *freed = 1; /* the collator may hand it out again before this emit ends */
     const mml_vision_cfg *v = &L->src[0].vision;
-    if (!st)
+    if (!st && u8 == f)
+      st = mml_pixels_expand_inplace(f->data, rows, v->patch_size, v->temporal_patch_size,
+                                     (const float(*)[256])L->ptable, L->ccfg.pixel_format, err);
+    else if (!st)
       st = mml_pixels_expand(u8->data, rows, v->patch_size, 1, v->temporal_patch_size,
                              (const float(*)[256])L->ptable, L->ccfg.pixel_format, f->data, err);
-    if (!st) *expanded = rows;
+    if (!st) *expanded = rows, *inplace = u8 == f;
   }
   mml_buf_release(u8);
   mml_buf_release(f);
@@ -139,16 +159,16 @@ void ld_move_ready_locked(mml_loader *L) {
 }
 
 /* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)
- * and of the next one to emit. */
-static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next) {
-  *ahead = *next = 0;
+ * and of the next one to emit, and the pool bytes its emission adds. */
+static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next, size_t *need) {
+  *ahead = *next = *need = 0;
   for (int i = 0; i < L->out_count; i++)
     *ahead += L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
   int found = 0;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     const pend_item *q = &L->pend[k % L->npend];
     if (q->state == PEND_EMITTING) *ahead += q->it.fbytes;
-    if (q->state == PEND_QUEUED && !found) *next = q->it.fbytes, found = 1;
+    if (q->state == PEND_QUEUED && !found) *next = q->it.fbytes, *need = q->fneed, found = 1;
   }
 }
 
@@ -157,9 +177,12 @@ int ld_emit_gated_locked(const mml_loader *L) {
   int n = L->out_count + L->emitting;
   if (n == 0) return 0;
   if (n >= 2) return 1;
-  size_t ahead, next;
-  ahead_bytes_locked(L, &ahead, &next);
-  return L->held_fbytes + ahead + next > L->fbytes_hw;
+  size_t ahead, next, need, cached;
+  ahead_bytes_locked(L, &ahead, &next, &need);
+  if (L->held_fbytes + ahead + next > L->fbytes_hw) return 1;
+  /* and only with pages the pool holds: live + what it needs <= live + cached now */
+  mml_pool_usage(L->pool, &cached, NULL);
+  return need > cached;
 }
 
 void ld_drop_output_locked(mml_loader *L) {
@@ -211,8 +234,14 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   p->after = after;
   p->it.kind = ITEM_BATCH;
   p->it.epoch = epoch;
-  if (L->compact && mml_collator_attached_pixels(L->colls[*ci], 0))
+  const mml_buf *px = L->compact ? mml_collator_attached_pixels(L->colls[*ci], 0) : NULL;
+  if (px) {
     p->it.fbytes = (size_t)mml_collator_rows(L->colls[*ci]) * L->expand_row_bytes;
+    /* in place (compact_swap), the uint8 rows' pages are part of it */
+    p->fneed = p->it.fbytes;
+    if (mml_buf_capacity(px) >= p->it.fbytes)
+      p->fneed = px->size < p->it.fbytes ? p->it.fbytes - px->size : 0;
+  }
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   pthread_cond_signal(&L->work_cv);
@@ -246,15 +275,16 @@ void ld_emit_job_locked(mml_loader *L) {
   double t0 = mml_now();
   mml_status st = MML_OK;
   int64_t expanded = 0;
-  int freed = 0;
+  int freed = 0, inplace = 0;
   if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
     mml_collator_reset(L->colls[ci]);
   else
-    st = emit_expand(L, ci, &b, &expanded, &freed, &err);
+    st = emit_expand(L, ci, &b, &expanded, &inplace, &freed, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;
   L->expanded_rows += (uint64_t)expanded;
+  if (inplace) L->inplace_rows += (uint64_t)expanded;
   L->emitting--;
   if (!freed) L->coll_busy[ci] = 0;
   if (st) {

@@ -157,6 +157,7 @@ typedef struct pend_item {
   int state;
   int coll;         /* PEND_QUEUED/EMITTING: the collator instance to emit from */
   mml_cursor after; /* batch items: the cursor once consumed */
+  size_t fneed;     /* compact, queued: the pool bytes its emission adds (the gate's) */
   out_item it;      /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
@@ -232,6 +233,7 @@ struct mml_loader {
   float ptable[3][256];       /* compact: the float value of each byte (all sources') */
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
+  uint64_t inplace_rows;      /* compact: those of them expanded in place (stats) */
   /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
    * last delivered (the consumer's) and the most expanded bytes one batch ahead made
    * live with it (the high-water a second batch ahead must stay within) */
@@ -520,7 +522,8 @@ void ld_release_oldest_skip_locked(mml_loader *L);
 void ld_drop_output_locked(mml_loader *L);
 /* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet: two
  * are ahead of the consumer, or one is and a second would take the expanded bytes live
- * (the consumer's batch + those ahead) above fbytes_hw.  Its expansion waits until the
+ * (the consumer's batch + those ahead) above fbytes_hw or need more pages than the pool
+ * has cached.  Its expansion waits until the
  * consumer is about to need it. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held). */

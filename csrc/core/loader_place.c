@@ -49,10 +49,13 @@
  * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
  * images into them (the source's pl_u8), every move above copies them, and when the
  * batch is emitted (loader_collator.c emit_expand, on the emitting worker) they are
- * expanded through the normalisation's exact table (mml_pixels_expand) into a float
- * buffer of the pool, which becomes pixel_values; the uint8 buffer goes back to the
- * pool.  So the batches still being decoded -- most of `prefetch` when the consumer keeps
- * up -- hold an eighth of their float bytes.  The values are the writers' (the table is
+ * expanded through the normalisation's exact table (mml_pixels_expand) into float rows,
+ * which become pixel_values: in place, the plane's buffer having been taken with the
+ * capacity of its float rows (mml_pool_alloc_cap: pages for the uint8 rows only) and
+ * grown at emission (mml_pool_grow), so the expanding batch holds no second buffer;
+ * where the pool cannot grow it (a kernel that cannot move pages) into a float buffer
+ * of the pool, the uint8 one going back.  So the batches still being decoded -- most of
+ * `prefetch` when the consumer keeps up -- hold an eighth of their float bytes.  The values are the writers' (the table is
  * theirs, vision_patch.c), so batches are bitwise the same.  Videos keep their float rows
  * (a resized video's values are not bytes).
  *
@@ -323,7 +326,11 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
     L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
   mml_buf *nb = NULL;
   mml_err err;
-  mml_status st = mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
+  /* compact image rows: room to become their float rows in place (loader_collator.c) */
+  mml_status st = p == PL_IMG && L->compact
+                      ? mml_pool_alloc_cap(L->pool, (size_t)cap_rows * L->row_bytes[p],
+                                           (size_t)cap_rows * L->expand_row_bytes, &nb, &err)
+                      : mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
   if (st) {
     mml_err_prefix(&err, "%s of a batch (%lld rows)",
                    p == PL_IMG ? "pixel_values" : "pixel_values_videos", (long long)cap_rows);

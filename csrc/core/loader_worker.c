@@ -2,9 +2,13 @@
  * loader_worker.c — the loader's worker threads and the per-sample task.
  *
  * A worker (num_threads of them) first emits a finished batch if one is queued, else
- * takes a ready task (remote bytes arrived), else dispatches the next seq if it lies in
- * the window and its slot is free; it runs the task as far as it can without waiting and
- * marks the slot DONE when the sample is finished (good or failed).
+ * decodes a placed sample (the decode queue, in order; under max_memory a decode whose
+ * images need scratch beyond the worker's reserve first takes that room, and while it
+ * waits the decodes needing scratch after it wait too, no overtaking: loader_place.c
+ * DECODER SCRATCH), else takes a ready task (remote bytes arrived), else dispatches the
+ * next seq if it lies in the window and its slot is free; it runs the task as far as it
+ * can without waiting and marks the slot DONE when the sample is finished (good or
+ * failed).  A worker with nothing it may take for want of room looks again every 5 ms.
  *
  * The task is three stages, each a function: the record's bytes (read, copied from the
  * remote shard's text kept at indexing (loader.c scan_shard), or fetched),
@@ -775,8 +779,9 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
 /* ------------------------------------------------------------------------------------ */
 /* worker threads                                                                       */
 
-/* The next task to run: a ready one, or the next seq in the window.  Emits queued batches
- * first.  NULL once stopping. */
+/* The next task to run: a placed sample's decode (past those waiting for scratch room), a
+ * ready one, or the next seq in the window.  Emits queued batches first.  NULL once
+ * stopping. */
 static task *take_task_locked(mml_loader *L) {
   while (!L->stop) {
     if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */

@@ -18,8 +18,13 @@
  * those 40000 rows, Zen 4: the float32 loop then runs at the speed of a plain fill of
  * the output).  Otherwise the plain loop.
  *
+ * In place (mml_pixels_expand_inplace): the uint8 rows at the start of a buffer that holds
+ * their float rows, expanded back to front in runs of rows whose outputs lie past every
+ * input still unread (the same loops on each run, so the same values); row 0 from a copy.
+ *
  * Pure function of its arguments; reentrant.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "mml/vision.h"
@@ -91,7 +96,8 @@ static void expand_stream(const uint8_t *src, int64_t rows, size_t PP, int frame
  * so that the unpacked values come out in order.  A channel's PP (>= 64) values are
  * blocks of 64, the last one placed to end at PP (rewriting the previous block's values
  * with the same ones), stored into each slot of the aligned scratch row, which is
- * streamed out as in expand_stream but a cache line per store (stream_row).  The same bytes as the scalar lookups. */
+ * streamed out as in expand_stream but a cache line per store (stream_row).  The same
+ * bytes as the scalar lookups. */
 #define MML_TARGET_VBMI __attribute__((target("avx2,avx512f,avx512bw,avx512vbmi")))
 /* Streams a row of rb bytes (a multiple of 16) from the aligned scratch o to dst (16-byte
  * aligned): 16-byte stores up to dst's first 64-byte boundary, then whole cache lines (a
@@ -222,3 +228,33 @@ mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, i
   return MML_OK;
 }
 #undef EXPAND
+
+mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, int T,
+                                     const float table[3][256], int format, mml_err *err) {
+  const size_t esz = format == MML_PIXEL_BFLOAT16 ? 2 : 4;
+  if (rows < 0 || patch_size < 1 || T < 1 || (rows && !buf) ||
+      (format != MML_PIXEL_FLOAT32 && format != MML_PIXEL_BFLOAT16))
+    return mml_err_set(err, MML_EINVAL,
+                       "expand in place: bad arguments (rows %lld, patch %d, T %d, format %d)",
+                       (long long)rows, patch_size, T, format);
+  const size_t U = 3 * (size_t)patch_size * patch_size, F = U * (size_t)T * esz; /* F >= 2U */
+  uint8_t *b = buf;
+  int64_t r1 = rows;
+  mml_status st = MML_OK;
+  /* rows [r0, r1) at once, front to back: their outputs start at r0 * F >= r1 * U, past
+   * every input byte still unread (rows < r1), whatever order the kernel writes in */
+  while (r1 > 1 && !st) {
+    int64_t r0 = (int64_t)(((size_t)r1 * U + F - 1) / F);
+    st = mml_pixels_expand(b + (size_t)r0 * U, r1 - r0, patch_size, 1, T, table, format,
+                           b + (size_t)r0 * F, err);
+    r1 = r0;
+  }
+  if (r1 == 1 && !st) { /* row 0's output covers its input: from a copy */
+    uint8_t small[4096], *tmp = U <= sizeof small ? small : malloc(U);
+    if (!tmp) return mml_err_set(err, MML_ENOMEM, "expand in place: cannot allocate a row");
+    memcpy(tmp, b, U);
+    st = mml_pixels_expand(tmp, 1, patch_size, 1, T, table, format, b, err);
+    if (tmp != small) free(tmp);
+  }
+  return st;
+}

@@ -29,6 +29,10 @@
  *     largest batch), and steady-state iteration maps and zeroes nothing.  Where the
  *     kernel cannot move pages (before Linux 5.7) the pool falls back to keeping each
  *     buffer's pages in it and growing the largest cached one with mremap.
+ *   - Growth in place (mml_pool_alloc_cap / mml_pool_grow): a buffer may be a mapping
+ *     larger than its size, holding pages for its size only; growing it takes pages for
+ *     the rest the same way (reservoir, then other cached mappings, else faults), so a
+ *     batch's uint8 rows become its float rows in the same buffer (loader_collator.c).
  *   - Trim to the recent working set (growable pools that move pages): the pool keeps
  *     the pages of the most bytes live at one time over the last WS_EPOCHS x WS_EPOCH
  *     (256) large requests -- about 128 batches of a loader (pixel rows + pixel_values) --
@@ -407,9 +411,10 @@ static size_t rv_pop(mml_pool *p, uint8_t *dst, size_t n) {
   return moved;
 }
 
-/* The cached mapping a large request takes: large enough, holding the most pages of the
- * request (then the smallest); unlinked.  Mappings left empty and too small go to *drop. */
-static mml_buf *take_mapping_locked(mml_pool *p, size_t want, mml_buf **drop) {
+/* The cached mapping a large request takes: of `cap` bytes or more (cap >= want), holding
+ * the most pages of the request (then the smallest); unlinked.  Mappings left empty and
+ * too small go to *drop. */
+static mml_buf *take_mapping_locked(mml_pool *p, size_t want, size_t cap, mml_buf **drop) {
   mml_buf *best = NULL, **best_link = NULL;
   size_t best_use = 0;
   for (mml_buf **link = &p->free_list; *link;) {
@@ -423,7 +428,7 @@ static mml_buf *take_mapping_locked(mml_pool *p, size_t want, mml_buf **drop) {
       *drop = b;
     } else {
       size_t use = h->res < want ? h->res : want;
-      if (h->cap >= want &&
+      if (h->cap >= cap &&
           (!best || use > best_use || (use == best_use && h->cap < hdr_of(best->data)->cap)))
         best = b, best_link = link, best_use = use;
       link = &b->next;
@@ -479,11 +484,12 @@ static size_t ws_keep_locked(mml_pool *p) {
   return ws > p->live ? ws - p->live : 0;
 }
 
-/* A large request of a growable pool that moves pages. */
-static mml_status alloc_mapping(mml_pool *p, size_t want, mml_buf **out, mml_err *err) {
+/* A large request of a growable pool that moves pages: `want` bytes of pages in a mapping
+ * of `cap` bytes (cap >= want: mml_pool_grow may take it up to cap in place). */
+static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **out, mml_err *err) {
   mml_buf *drop = NULL;
   pthread_mutex_lock(&p->mu);
-  mml_buf *b = take_mapping_locked(p, want, &drop);
+  mml_buf *b = take_mapping_locked(p, want, cap, &drop);
   pthread_mutex_unlock(&p->mu);
   while (drop) {
     mml_buf *n = drop->next;
@@ -493,7 +499,7 @@ static mml_status alloc_mapping(mml_pool *p, size_t want, mml_buf **out, mml_err
   if (!b) {
     if (!(b = calloc(1, sizeof *b)))
       return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
-    mml_status st = p->alloc.alloc(p->alloc.self, want, &b->data, err);
+    mml_status st = p->alloc.alloc(p->alloc.self, cap, &b->data, err);
     if (st) {
       free(b);
       return st;
@@ -519,7 +525,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
   if (want < n) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", n);
   if (!want) want = 4096;
   if (n >= MAP_MIN && atomic_load(&p->moves)) { /* want: whole 2 MiB pages */
-    mml_status st = alloc_mapping(p, want, out, err);
+    mml_status st = alloc_mapping(p, want, want, out, err);
     if (st) return st;
     atomic_store_explicit((atomic_int *)&(*out)->refcnt, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
@@ -565,6 +571,44 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
   atomic_store_explicit((atomic_int *)&best->refcnt, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
   *out = best;
+  return MML_OK;
+}
+
+mml_status mml_pool_alloc_cap(mml_pool *p, size_t n, size_t cap, mml_buf **out, mml_err *err) {
+  if (cap <= n) return mml_pool_alloc(p, n, out, err);
+  if (cap < MAP_MIN) return mml_pool_alloc(p, cap, out, err); /* small: all of it now */
+  if (!atomic_load(&p->moves)) return mml_pool_alloc(p, n, out, err);
+  size_t want = huge_round(n ? n : 1), capw = huge_round(cap);
+  if (capw < cap) return mml_err_set(err, MML_ENOMEM, "buffer size %zu overflows", cap);
+  mml_status st = alloc_mapping(p, want, capw, out, err);
+  if (st) return st;
+  atomic_store_explicit((atomic_int *)&(*out)->refcnt, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+  return MML_OK;
+}
+
+size_t mml_buf_capacity(const mml_buf *b) {
+  if (!b->pool->growable) return b->size;
+  const host_hdr *h = hdr_of(b->data);
+  return h->len && h->cap > b->size ? h->cap : b->size;
+}
+
+mml_status mml_pool_grow(mml_buf *b, size_t n, mml_err *err) {
+  if (n <= b->size) return MML_OK;
+  if (n > mml_buf_capacity(b))
+    return mml_err_set(err, MML_EINVAL, "pool: a %zu-byte buffer of capacity %zu cannot hold %zu",
+                       b->size, mml_buf_capacity(b), n);
+  mml_pool *p = b->pool;
+  size_t want = huge_round(n);
+  if (want > hdr_of(b->data)->cap) want = hdr_of(b->data)->cap;
+  pthread_mutex_lock(&p->mu);
+  fill_locked(p, b, want); /* b is live, so in no list */
+  p->live += want - b->size;
+  b->size = want;
+  note_peaks_locked(p);
+  size_t keep = atomic_load(&p->moves) ? ws_keep_locked(p) : SIZE_MAX; /* a large request */
+  pthread_mutex_unlock(&p->mu);
+  if (keep != SIZE_MAX) mml_pool_trim(p, keep);
   return MML_OK;
 }
 

@@ -453,6 +453,8 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
                                            : Py_NewRef(Py_None)) ||
       set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)) ||
       set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s.expanded_rows)) ||
+      set_num(d, "pixel_rows_expanded_in_place",
+              PyLong_FromUnsignedLongLong(s.expanded_inplace_rows)) ||
       set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
       set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)) ||
       set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s.video_preload_peak)) ||

@@ -250,6 +250,53 @@ TEST(test_pages_move_between_buffers) {
   mml_pool_close(p);
 }
 
+/* A buffer with room to grow in place (a batch's uint8 rows that become its float rows):
+ * it holds pages for its size only; growing keeps its address and contents, takes the
+ * cache's pages (so writing the new part faults nothing), counts live at once; past its
+ * capacity is an error; below 1 MiB the whole capacity comes at once. */
+TEST(test_grow_in_place) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  const size_t MB = 1 << 20;
+  mml_buf *a, *g, *s;
+  CHECK_OK(mml_pool_alloc(p, 8 * MB, &a, &err), err);
+  memset(a->data, 0x33, 8 * MB);
+  mml_buf_release(a); /* 8 MiB of pages cached */
+  CHECK_OK(mml_pool_alloc_cap(p, 2 * MB, 16 * MB, &g, &err), err);
+  CHECK(mml_buf_capacity(g) >= 16 * MB);
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, g->size);
+  CHECK(g->size >= 2 * MB && g->size < 16 * MB);
+  memset(g->data, 0x44, 2 * MB);
+  void *addr = g->data;
+  CHECK_OK(mml_pool_grow(g, 8 * MB, &err), err); /* its 2 MiB came from a's 8 already */
+  CHECK(g->data == addr && g->size >= 8 * MB);
+  CHECK_EQ_INT(((uint8_t *)g->data)[0], 0x44);
+  CHECK_EQ_INT(((uint8_t *)g->data)[2 * MB - 1], 0x44);
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, g->size);
+  CHECK_EQ_INT(cached, 0); /* the cached pages moved in */
+  long f0 = thread_minflt();
+  memset((uint8_t *)g->data + 2 * MB, 0x55, 6 * MB);
+  if (FAULTS_COUNTED) CHECK_EQ_INT(thread_minflt() - f0, 0);
+  CHECK_OK(mml_pool_grow(g, 4 * MB, &err), err); /* smaller: nothing to do */
+  CHECK(g->size >= 8 * MB);
+  CHECK_EQ_INT(mml_pool_grow(g, mml_buf_capacity(g) + 1, &err), MML_EINVAL);
+  CHECK_OK(mml_pool_grow(g, mml_buf_capacity(g), &err), err);
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, g->size);
+  mml_buf_release(g);
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, 0);
+  CHECK(cached >= 16 * MB);
+  CHECK_OK(mml_pool_alloc_cap(p, 1000, 4000, &s, &err), err);
+  CHECK(s->size >= 4000 && mml_buf_capacity(s) >= 4000);
+  mml_buf_release(s);
+  mml_pool_close(p);
+}
+
 /* Batches of varying sizes, a few alive at a time: after a warm-up the pool faults (maps,
  * zeroes) nothing, and it holds no more than the most the live buffers needed at once
  * (keeping each buffer's largest size instead grows to N x the largest request). */

@@ -586,6 +586,51 @@ TEST(pixels_expand_is_the_writers_bits) {
   mml_vision_scratch_free(s);
 }
 
+/* mml_pixels_expand_inplace: uint8 rows at the start of a buffer become exactly the rows
+ * mml_pixels_expand writes elsewhere, for every row count from 0 (each run boundary and
+ * row 0 from its copy), on the streamed (P 14, 16: aligned rows) and plain (P 3, 5) loops,
+ * float32 and bfloat16, T 1 and 2; a large row (over the stack copy) too. */
+TEST(pixels_expand_in_place_is_expand) {
+  mml_err err = {0};
+  float tab[3][256];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) tab[c][v] = ((float)v * (1.0f / 255) - 0.4f - 0.05f * c) / 0.27f;
+  const int shapes[][2] = {{14, 2}, {16, 2}, {14, 1}, {3, 2}, {5, 1}, {40, 2}};
+  unsigned seed = 11;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int p = shapes[i][0], t = shapes[i][1];
+    const int64_t nmax = p == 40 ? 5 : 70;
+    const size_t U = 3 * (size_t)p * p, F4 = U * t * 4;
+    uint8_t *src = malloc((size_t)nmax * U), *ref = NULL, *buf = NULL;
+    CHECK(posix_memalign((void **)&ref, 64, (size_t)nmax * F4 + 1) == 0);
+    CHECK(posix_memalign((void **)&buf, 64, (size_t)nmax * F4 + 1) == 0);
+    for (size_t k = 0; k < (size_t)nmax * U; k++)
+      src[k] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      const int fmt = bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32;
+      const size_t F = bf16 ? F4 / 2 : F4;
+      for (int64_t n = 0; n <= nmax; n++) {
+        CHECK_OK(mml_pixels_expand(src, n, p, 1, t, (const float(*)[256])tab, fmt, ref, &err), err);
+        memset(buf, 0x5A, (size_t)nmax * F4 + 1);
+        memcpy(buf, src, (size_t)n * U);
+        CHECK_OK(mml_pixels_expand_inplace(buf, n, p, t, (const float(*)[256])tab, fmt, &err), err);
+        CHECK(memcmp(buf, ref, (size_t)n * F) == 0);
+        for (size_t k = (size_t)n * F; k <= (size_t)nmax * F4; k++) /* nothing past the rows */
+          if (buf[k] != 0x5A) CHECK(buf[k] == 0x5A);
+      }
+    }
+    free(src);
+    free(ref);
+    free(buf);
+  }
+  CHECK_EQ_INT(
+      mml_pixels_expand_inplace(NULL, 1, 14, 2, (const float(*)[256])tab, MML_PIXEL_FLOAT32, &err),
+      MML_EINVAL);
+  CHECK_EQ_INT(
+      mml_pixels_expand_inplace(NULL, 0, 14, 2, (const float(*)[256])tab, MML_PIXEL_UINT8, &err),
+      MML_EINVAL);
+}
+
 /* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
  * libjpeg's own (tjDecompress2, the stock memory manager) image after image, also after an
  * error mid-image; the region is kept between images up to MML_JPEG_KEEP and unmapped

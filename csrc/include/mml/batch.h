@@ -64,6 +64,17 @@ mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml
 void mml_pool_close(mml_pool *p);
 /* A buffer of at least n bytes with refcount 1 (reuses a cached one when it fits). */
 mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err);
+/* Like mml_pool_alloc, but the buffer may later grow in place (data stays put, contents
+ * kept) up to cap bytes: a host mapping of cap bytes that holds pages for n (where the
+ * pool moves pages; otherwise a plain mml_pool_alloc, whose capacity may be just its
+ * size), or below MAP_MIN (1 MiB) a buffer of cap bytes at once. */
+mml_status mml_pool_alloc_cap(mml_pool *p, size_t n, size_t cap, mml_buf **out, mml_err *err);
+/* The most bytes b can grow to in place (its size when it cannot grow). */
+size_t mml_buf_capacity(const mml_buf *b);
+/* Grows live buffer b in place to n bytes (n <= mml_buf_capacity; counted live at once):
+ * pages from the pool's cache where it has them, the rest fault in when written.  Its one
+ * holder calls it (nothing else may read b->size meanwhile).  MML_EINVAL past capacity. */
+mml_status mml_pool_grow(mml_buf *b, size_t n, mml_err *err);
 void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
 /* Bytes currently cached / live, for stats and tests. */

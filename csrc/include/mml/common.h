@@ -102,6 +102,12 @@ mml_status mml_bytes_append(mml_bytes *b, const void *p, size_t n);
 static inline void mml_bytes_clear(mml_bytes *b) { b->len = 0; }
 void mml_bytes_free(mml_bytes *b);
 
+/* n bytes rounded up to whole 2 MiB pages (0 for n <= 0): what the buffer pool maps for a
+ * large buffer and mml_mapped for scratch, for the memory budgets that count them. */
+static inline int64_t mml_round_2mib(int64_t n) {
+  return n > 0 ? (n + ((int64_t)2 << 20) - 1) & ~(((int64_t)2 << 20) - 1) : 0;
+}
+
 /* Growable int32 vector (token ids, labels). Same rules as mml_bytes. */
 typedef struct mml_ids {
   int32_t *data;

@@ -182,6 +182,11 @@ void mml_vision_pixel_table(const mml_vision_cfg *cfg, float table[3][256]);
 mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, int frames, int T,
                              const float table[3][256], int format, void *dst, mml_err *err);
 
+/* The same for still images (frames 1) in place: buf holds `rows` uint8 rows at its
+ * start and has room for their float rows, which replace them (the same values). */
+mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, int T,
+                                     const float table[3][256], int format, mml_err *err);
+
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w, int dst_h,
                                    uint8_t *dst, mml_err *err);
