@@ -395,6 +395,24 @@ static int set_num(PyObject *d, const char *k, PyObject *v) {
   return rc;
 }
 
+/* Page faults, the pixel rows moved and expanded, the video waits and bytes (stats). */
+static int set_rows_video(PyObject *d, const mml_loader_stats *s) {
+  return set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s->page_faults)) ||
+         set_num(d, "page_faults_per_batch",
+                 s->page_faults_per_batch >= 0 ? PyFloat_FromDouble(s->page_faults_per_batch)
+                                               : Py_NewRef(Py_None)) ||
+         set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s->moved_rows)) ||
+         set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s->expanded_rows)) ||
+         set_num(d, "pixel_rows_expanded_in_place",
+                 PyLong_FromUnsignedLongLong(s->expanded_inplace_rows)) ||
+         set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s->video_plan_waits)) ||
+         set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s->video_decode_waits)) ||
+         set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s->video_preload_peak)) ||
+         set_num(d, "video_preloads_refused",
+                 PyLong_FromUnsignedLongLong(s->video_preloads_refused)) ||
+         set_num(d, "video_open_peak_bytes", PyLong_FromLongLong(s->video_open_peak));
+}
+
 /* The engine's memory in parts (stats): the pool, the window's bytes, decoder scratch. */
 static int set_memory(PyObject *d, const mml_loader_stats *s) {
   return set_num(d, "pool_cached_bytes", PyLong_FromSize_t(s->pool_cached)) ||
@@ -447,19 +465,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
       set_num(d, "device",
               s.device >= 0 ? PyUnicode_FromFormat("cuda:%d", s.device)
                             : PyUnicode_FromString("cpu")) ||
-      set_memory(d, &s) || set_num(d, "page_faults", PyLong_FromUnsignedLongLong(s.page_faults)) ||
-      set_num(d, "page_faults_per_batch",
-              s.page_faults_per_batch >= 0 ? PyFloat_FromDouble(s.page_faults_per_batch)
-                                           : Py_NewRef(Py_None)) ||
-      set_num(d, "pixel_rows_moved", PyLong_FromUnsignedLongLong(s.moved_rows)) ||
-      set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s.expanded_rows)) ||
-      set_num(d, "pixel_rows_expanded_in_place",
-              PyLong_FromUnsignedLongLong(s.expanded_inplace_rows)) ||
-      set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s.video_plan_waits)) ||
-      set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s.video_decode_waits)) ||
-      set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s.video_preload_peak)) ||
-      set_num(d, "video_preloads_refused", PyLong_FromUnsignedLongLong(s.video_preloads_refused)) ||
-      set_num(d, "video_open_peak_bytes", PyLong_FromLongLong(s.video_open_peak)))
+      set_memory(d, &s) || set_rows_video(d, &s))
     goto fail;
   if (PyDict_SetItemString(d, "skipped_by_reason", reasons)) goto fail;
   Py_CLEAR(reasons);
