@@ -68,7 +68,7 @@
  * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
  * rows alike), the window's byte buffers (spares included; a remote video's first block
  * and its preloaded packets, and the videos kept open from probe to decode, too:
- * loader_worker.c) and a fixed scratch reserve per worker.  What is held ahead of its use
+ * loader_video.c) and a fixed scratch reserve per worker.  What is held ahead of its use
  * (those video bytes) is taken only with room left for the largest batch buffer asked for
  * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
  * buffer, later batches' samples close their kept videos and the spares are freed
