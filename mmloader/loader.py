@@ -390,8 +390,9 @@ class Loader:
         compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
             into uint8 patch rows (an eighth of float32's bytes) while their batch is
             being built, and ``pixel_values`` is expanded from them when the batch is
-            finished: the same values bit for bit, far less memory in flight.  Not used
-            (the float rows are written directly) under ``max_memory``, ``pin_memory``,
+            finished: the same values bit for bit, far less memory in flight (under
+            ``max_memory`` the uint8 rows count, and room for the expansions is kept).
+            Not used (the float rows are written directly) under ``pin_memory``,
             ``device``, or sources with different image mean/std; videos always are.
             ``stats()["pixel_rows_expanded"]`` counts the expanded rows.
         on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's

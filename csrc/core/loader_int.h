@@ -254,6 +254,11 @@ struct mml_loader {
   /* the largest ticket plane buffer taken and one sample's pixel bytes planned (reads keep
    * room for two: ld_mem_may_read_locked) */
   int64_t tk_bytes_max, px_max;
+  /* compact: the largest expanded batch a ticket will become, and one sample's expanded
+   * rows planned (the expansion hold); bytes granted to emissions running (their float
+   * rows); consecutive looks of a waiting emission with nothing else able to free room */
+  int64_t fbytes_max, pxf_max, emit_extra;
+  int emit_stuck;
   int decoding, scratch_stuck;
   int consumer_waiting; /* the consumer is blocked in next() */
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
@@ -470,6 +475,10 @@ int ld_mem_may_read_locked(mml_loader *L);
  * A decode that can never get room (the consumer waits for its batch and holds the rest)
  * sets the loader's fatal error. */
 int ld_mem_scratch_take_locked(mml_loader *L, task *t);
+/* max_memory, compact: the oldest queued batch's emission takes room for what its float
+ * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra; 0: nothing to
+ * take; -1: no room now, the caller waits -- or the loader's fatal error is set). */
+int64_t ld_mem_emit_take_locked(mml_loader *L);
 void ld_mem_scratch_give_locked(mml_loader *L, task *t);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */

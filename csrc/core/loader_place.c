@@ -91,6 +91,15 @@
  * buffers, so the decode a consumer waits for always gets its room once the decodes
  * running end.  A decode waits (the worker does other work) while room is short.
  *
+ * COMPACT under max_memory.  Tickets count their uint8 rows; an emission takes room for
+ * what its float rows add (pend fneed: in place F - U, else F) before it starts
+ * (ld_mem_emit_take_locked: emit_extra while it runs,
+ * then they are live in the pool), and every other use of the room keeps two of the
+ * largest expanded batches free less those already expanded ahead of the consumer
+ * (expand_hold: the batch the consumer holds while the next one expands), so emission
+ * never waits on memory that only the consumer's next batch could free.  A sample must fit
+ * with its uint8 and float rows at once (ld_mem_check_sample).
+ *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
  */
@@ -109,13 +118,14 @@ static int64_t plane_rows(const mml_sample *s, int p) {
 }
 
 /* Compact pixels (COMPACT above): on for the float formats unless switched off or
- * unsafe: max_memory (its budget counts a ticket's buffer in one form), pinned or the
- * caller's memory and a device stage (their buffers are the batches handed out), or
- * sources whose images normalise differently (one table per batch). */
+ * unsafe: pinned or the caller's memory and a device stage (their buffers are the batches
+ * handed out), or sources whose images normalise differently (one table per batch).
+ * Under max_memory the budget counts the uint8 rows and keeps room for the expansions
+ * (MEMORY CAP below). */
 static void place_compact(mml_loader *L) {
   L->compact = 0;
   if (!L->placing || !L->cfg.compact_pixels || L->ccfg.pixel_format == MML_PIXEL_UINT8 ||
-      L->cfg.max_memory > 0 || L->pinned || L->cfg.allocator || L->stage)
+      L->pinned || L->cfg.allocator || L->stage)
     return;
   for (int i = 1; i < L->nsrc; i++)
     if (memcmp(L->src[i].vision.mean, L->src[0].vision.mean, sizeof L->src[0].vision.mean) ||
@@ -155,9 +165,10 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
    * buffer is sized when the pack is complete, like a padded batch's. */
   for (int p = 0; p < PLANES; p++) {
     L->rows_bound[p] = mml_collator_rows_bound(L->collator, merge);
+    const size_t rb = p == PL_IMG && L->compact ? L->expand_row_bytes : L->row_bytes[p];
     if (L->pinned || L->cfg.allocator ||
         (L->cfg.max_memory > 0 && L->rows_bound[p] > 0 &&
-         (int64_t)((size_t)L->rows_bound[p] * L->row_bytes[p]) > L->cfg.max_memory / 4))
+         (int64_t)((size_t)L->rows_bound[p] * rb) > L->cfg.max_memory / 4))
       L->rows_bound[p] = -1;
   }
   return MML_OK;
@@ -286,10 +297,29 @@ static int decodes_ahead(mml_loader *L, int64_t id) {
   return n >= want;
 }
 
+static int64_t round_2m(int64_t n) { return (n + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); }
+
+/* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
+ * rows at emission): two of the largest expanded batches (the one the consumer holds while
+ * the next is expanded), less the expanded batches already live ahead of the consumer
+ * (ready, in the output queue or waiting for it; an emission running holds its grant,
+ * emit_extra). */
+static int64_t expand_hold(const mml_loader *L) {
+  if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
+  int64_t h = 2 * round_2m(L->fbytes_max);
+  for (int i = 0; i < L->out_count; i++)
+    h -= (int64_t)L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_READY) h -= (int64_t)q->it.fbytes;
+  }
+  return h > 0 ? h : 0;
+}
+
 /* max_memory room for `need` bytes of ticket id's, beside the scratch the decodes placed
  * in it and the tickets before it will need (scratch_hold). */
 static int ticket_room(mml_loader *L, int64_t id, int64_t need) {
-  const int64_t hold = ld_mem_scratch_hold_locked(L, id);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, id) + expand_hold(L);
   if (ld_mem_room_hold_locked(L, need, hold)) return 1;
   if (!L->nspare) return 0;
   ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
@@ -307,6 +337,9 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   int earlier = 0; /* tickets get room in order: the head first */
   for (int64_t j = L->tk_head; j < id; j++)
     for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
+  if (p == PL_IMG && L->compact &&
+      (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
+    L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
   int64_t all = 0; /* the ticket's buffers with this one (what bytes ahead leave room for) */
   for (int r = 0; r < PLANES; r++)
     all += (r == p                  ? cap_rows
@@ -456,7 +489,7 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head), eh = expand_hold(L);
   mml_err_set(&e, MML_ENOMEM,
               "max_memory=%lld cannot hold the next batch: its %lld bytes of "
               "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
@@ -467,7 +500,14 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
               (long long)L->cfg.max_memory, (long long)next, (long long)need, live,
               (long long)L->win_bytes, (long long)scratch_bytes(L), L->cfg.num_threads,
               (long long)((int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
-                          hold + need));
+                          L->emit_extra + hold + eh + need));
+  if (eh > 0) {
+    size_t n = strlen(e.msg);
+    snprintf(e.msg + n, sizeof e.msg - n,
+             " (%lld bytes are kept free for expanding compact uint8 rows into float rows: "
+             "compact_pixels=False writes float rows directly)",
+             (long long)eh);
+  }
   if (hold > 0) {
     size_t n = strlen(e.msg);
     snprintf(e.msg + n, sizeof e.msg - n,
@@ -626,7 +666,8 @@ int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto) {
 }
 
 int ld_mem_room_locked(mml_loader *L, int64_t need) {
-  return ld_mem_room_hold_locked(L, need, ld_mem_scratch_hold_locked(L, INT64_MAX));
+  return ld_mem_room_hold_locked(L, need,
+                                 ld_mem_scratch_hold_locked(L, INT64_MAX) + expand_hold(L));
 }
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
@@ -634,7 +675,8 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + hold;
+  int64_t fixed =
+      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + hold;
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
@@ -656,10 +698,13 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * them need, as they can only be decoded after those. */
   int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
   if (hold < L->scratch_max) hold = L->scratch_max;
-  if (!hold) return ld_mem_room_locked(L, est * (L->in_flight + 1));
+  const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
+  if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
   int64_t tk = L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max;
-  tk = (tk + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); /* as the pool rounds it */
-  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold);
+  tk = round_2m(tk);           /* as the pool rounds it */
+  int64_t eh = expand_hold(L); /* before any batch: two of a sample's expanded rows */
+  if (L->compact && !L->fbytes_max) eh = 2 * round_2m(L->pxf_max);
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold + eh);
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
@@ -682,6 +727,8 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
   if (!L->cfg.max_memory) return MML_OK;
   int64_t enc = (int64_t)t->rec_bytes.len, px = 0;
   for (int p = 0; p < PLANES; p++) px += plane_rows(&t->sample, p) * (int64_t)L->row_bytes[p];
+  if (L->compact) /* its expansion: the uint8 rows and the float rows at once */
+    px += t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int img = -1;
   t->scratch_need = scratch_need(L, t, &img); /* L->scratch_seen: finish_task_locked */
@@ -747,6 +794,39 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
               (long long)L->win_bytes);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
+}
+
+int64_t ld_mem_emit_take_locked(mml_loader *L) {
+  if (!L->compact || !L->cfg.max_memory) return 0;
+  if (L->fatal) return -1;
+  int64_t need = -1; /* the oldest queued batch's, which ld_emit_job_locked emits */
+  for (int64_t k = L->pend_head; k < L->pend_tail && need < 0; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) need = (int64_t)q->fneed; /* in place: F - U bytes more */
+  }
+  if (need <= 0) return 0;
+  if (ld_mem_room_hold_locked(L, need, 0)) {
+    L->emit_extra += need;
+    L->emit_stuck = 0;
+    return need;
+  }
+  /* As for a decode's scratch: nothing else can free room and the consumer waits. */
+  if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count || L->emitting) {
+    L->emit_stuck = 0;
+    return -1;
+  }
+  if (++L->emit_stuck < 20) return -1;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  mml_err_set(&e, MML_ENOMEM,
+              "max_memory=%lld cannot hold the next batch's %lld bytes of expanded pixel_values "
+              "beside %zu bytes of batch buffers still alive (batches the consumer holds, "
+              "uint8 rows of batches being built) and %lld bytes of samples in flight: release "
+              "earlier batches, raise max_memory, or set compact_pixels=False",
+              (long long)L->cfg.max_memory, (long long)need, live, (long long)L->win_bytes);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return -1;
 }
 
 void ld_mem_scratch_give_locked(mml_loader *L, task *t) {

@@ -463,9 +463,15 @@ static task *start_task_locked(mml_loader *L) {
 
 static task *take_task_locked(mml_loader *L) {
   while (!L->stop) {
+    int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
     if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
-      ld_emit_job_locked(L);
-      continue;
+      const int64_t grant = ld_mem_emit_take_locked(L);
+      if (grant >= 0) {
+        ld_emit_job_locked(L);
+        L->emit_extra -= grant; /* its float rows are live in the pool now */
+        continue;
+      }
+      emit_wait = 1;
     }
     /* then pixels of batches already composed, in order, but past decodes that wait for
      * max_memory room for their scratch */
@@ -513,7 +519,8 @@ static task *take_task_locked(mml_loader *L) {
         !(gated = !ld_mem_may_read_locked(L))) {
       return start_task_locked(L);
     }
-    if (gated || dec_wait) { /* room comes back as the consumer releases batches: look again soon */
+    if (gated || dec_wait ||
+        emit_wait) { /* room comes back as the consumer releases batches: look again soon */
       struct timespec ts;
       clock_gettime(CLOCK_MONOTONIC, &ts);
       ts.tv_nsec += 5000000;
@@ -536,6 +543,8 @@ static void finish_task_locked(mml_loader *L, task *t) {
     const int64_t px = t->sample.pixel_rows * (int64_t)L->row_bytes[PL_IMG] +
                        t->sample.vpixel_rows * (int64_t)L->row_bytes[PL_VID];
     if (px > L->px_max) L->px_max = px;
+    const int64_t pxf = t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
+    if (L->compact && pxf > L->pxf_max) L->pxf_max = pxf;
   }
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
