@@ -359,4 +359,3 @@ void ld_tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote)
     pthread_mutex_unlock(&L->mu);
   }
 }
-
