@@ -79,26 +79,14 @@
  * next() whose batch cannot get room while the consumer holds everything else and no
  * sample is in flight (the message names the max_memory that would have held it).
  *
- * DECODER SCRATCH under max_memory.  The per-worker reserve (MML_SCRATCH_RESERVE) holds
- * what stays mapped between images; an image whose decode maps more (a multi-scan JPEG's
- * coefficient arrays, 36 MB for a 12-megapixel 4:2:0 photo; a whole-image buffer: the
- * header says, mml_vision_plan.scratch) makes its sample's scratch_need, which counts in
- * "can it ever fit" (ld_mem_check_sample, the error names the image), is taken by its
- * decode before it starts (ld_mem_scratch_take_locked: scratch_extra while it runs; the
- * worker trims its buffers back before giving it back) and is held free meanwhile: every
- * ticket's room keeps the largest need of the decodes placed in it and before it
- * (ld_mem_scratch_hold_locked), and reads keep the largest need seen and two batch
- * buffers, so the decode a consumer waits for always gets its room once the decodes
- * running end.  A decode waits (the worker does other work) while room is short.
- *
- * COMPACT under max_memory.  Tickets count their uint8 rows; an emission takes room for
- * what its float rows add (pend fneed: in place F - U, else F) before it starts
- * (ld_mem_emit_take_locked: emit_extra while it runs,
- * then they are live in the pool), and every other use of the room keeps two of the
- * largest expanded batches free less those already expanded ahead of the consumer
- * (expand_hold: the batch the consumer holds while the next one expands), so emission
- * never waits on memory that only the consumer's next batch could free.  A sample must fit
- * with its uint8 and float rows at once (ld_mem_check_sample).
+ * DECODER SCRATCH under max_memory.  The per-worker reserve holds what stays mapped
+ * between images; an image whose decode maps more (a multi-scan JPEG's coefficients, a
+ * whole-image buffer: mml_vision_plan.scratch) makes its sample's scratch_need: it counts
+ * in "can it ever fit", its decode takes it before starting (scratch_extra while it runs)
+ * and it is held free meanwhile by tickets (the largest need placed up to them) and reads
+ * (the largest seen, and two batch buffers).  COMPACT under max_memory: tickets count
+ * uint8 rows, an emission takes what its float rows add (fneed; emit_extra), and other uses
+ * keep two of the largest expanded batches free less those expanded ahead (expand_hold).
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
@@ -316,6 +304,12 @@ static int64_t expand_hold(const mml_loader *L) {
   return h > 0 ? h : 0;
 }
 
+/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once). */
+static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
+  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
+  return f && f < (1 << 20) ? f : cap_rows * (int64_t)L->row_bytes[p];
+}
+
 /* max_memory room for `need` bytes of ticket id's, beside the scratch the decodes placed
  * in it and the tickets before it will need (scratch_hold). */
 static int ticket_room(mml_loader *L, int64_t id, int64_t need) {
@@ -349,7 +343,7 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
            (int64_t)L->row_bytes[r];
   if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (earlier || (!has_buf(k) && (prefetch_full(L, id) || decodes_ahead(L, id))) ||
-      !ticket_room(L, id, (int64_t)((size_t)cap_rows * L->row_bytes[p]))) {
+      !ticket_room(L, id, ticket_bytes(L, p, cap_rows))) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;
@@ -708,9 +702,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
- * or when its images decode in a few rows): the most of their plans' (one image is
- * decoded at a time), which the reserve's MML_SCRATCH_RESERVE does not cover (it holds
- * what stays mapped between images: rows, the kept JPEG region, trimmed buffers). */
+ * or when they decode in a few rows): the most of their plans' (one decodes at a time). */
 static int64_t scratch_need(const mml_loader *L, const task *t, int *which) {
   int64_t need = 0;
   if (which) *which = -1;
@@ -768,11 +760,9 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     L->scratch_stuck = 0;
     return 1;
   }
-  /* Room comes back as decodes end (their grants) and the consumer releases batches.  If
-   * no decode runs, no sample is being read or planned and the consumer waits in next()
-   * with no batch ready or being emitted, it holds the rest: after a few looks in a row
-   * (the workers look every 5 ms) this decode cannot fit.  (Every other use of the room
-   * keeps the largest placed decode's scratch free, so this is not expected.) */
+  /* Room comes back as decodes end and the consumer releases batches; with none running,
+   * nothing read or planned and the consumer waiting in next() for nothing ready, 20 looks
+   * in a row (5 ms apart) mean it cannot fit (not expected: the room is held for it). */
   if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count ||
       L->pend_head != L->pend_tail || L->emitting) {
     L->scratch_stuck = 0;

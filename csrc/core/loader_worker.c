@@ -436,6 +436,38 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
 /* ------------------------------------------------------------------------------------ */
 /* worker threads                                                                       */
 
+/* The next decode job: pixels of batches already composed, in order, but past decodes
+ * that wait for max_memory room for their scratch (*wait set); NULL when none can run. */
+static task *take_decode_locked(mml_loader *L, int *wait) {
+  task *prev = NULL;
+  for (task *t = L->dec_head, *next; t; t = next) {
+    next = t->next_dec;
+    const int drop = t->gen != L->gen || !ld_place_has_dests(t);
+    /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
+    if (!drop && ((*wait && t->scratch_need > 0) || !ld_mem_scratch_take_locked(L, t))) {
+      *wait = 1;
+      prev = t;
+      continue;
+    }
+    if (prev)
+      prev->next_dec = next;
+    else
+      L->dec_head = next;
+    if (L->dec_tail == t) L->dec_tail = prev;
+    t->dec = DEC_NONE;
+    if (t->gen != L->gen) { /* work of an abandoned plan */
+      t->state = SLOT_EMPTY;
+      pthread_cond_broadcast(&L->work_cv);
+      continue;
+    }
+    if (drop) continue; /* unplaced meanwhile: it is queued again when placed */
+    t->dec = DEC_RUNNING;
+    L->decoding++;
+    return t;
+  }
+  return NULL;
+}
+
 /* The next task to run: a placed sample's decode (past those waiting for scratch room), a
  * ready one, or the next seq in the window.  Emits queued batches first.  NULL once
  * stopping. */
@@ -473,35 +505,8 @@ static task *take_task_locked(mml_loader *L) {
       }
       emit_wait = 1;
     }
-    /* then pixels of batches already composed, in order, but past decodes that wait for
-     * max_memory room for their scratch */
-    int dec_wait = 0;
-    task *run = NULL, *prev = NULL;
-    for (task *t = L->dec_head, *next; t && !run; t = next) {
-      next = t->next_dec;
-      const int drop = t->gen != L->gen || !ld_place_has_dests(t);
-      /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
-      if (!drop && ((dec_wait && t->scratch_need > 0) || !ld_mem_scratch_take_locked(L, t))) {
-        dec_wait = 1;
-        prev = t;
-        continue;
-      }
-      if (prev)
-        prev->next_dec = next;
-      else
-        L->dec_head = next;
-      if (L->dec_tail == t) L->dec_tail = prev;
-      t->dec = DEC_NONE;
-      if (t->gen != L->gen) { /* work of an abandoned plan */
-        t->state = SLOT_EMPTY;
-        pthread_cond_broadcast(&L->work_cv);
-        continue;
-      }
-      if (drop) continue; /* unplaced meanwhile: it is queued again when placed */
-      t->dec = DEC_RUNNING;
-      L->decoding++;
-      run = t;
-    }
+    int dec_wait = 0; /* then pixels of batches already composed (take_decode_locked) */
+    task *run = take_decode_locked(L, &dec_wait);
     if (run) return run;
     if (L->ready_head) {
       task *t = L->ready_head;
