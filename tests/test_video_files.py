@@ -893,3 +893,54 @@ def test_global_plan_counts_videos_from_the_probe(vdir, tmp_path):
     assert all(int(b["attention_mask"].sum()) <= budget for b in got)
     nvid = sum(len(b.get("video_grid_thw", ())) for b in got)
     assert nvid == sum(1 for r in recs if "videos" in r)
+
+
+def test_next_batch_waiting_its_turn_keeps_what_is_held_ahead(tmp_path, fault_server):
+    """A next batch that waits for its turn (prefetch batches ahead of a slow consumer),
+    not for room, is no reason to give up the bytes held ahead of their use: later samples
+    keep their preloaded packets and their videos open, so no decode waits on the network,
+    with no cap and with one far above the epoch's needs.  (The release that makes way for
+    a batch short of room ran on any wait: 32-46 decode waits in this epoch.)"""
+    path = make_video(
+        str(tmp_path / "k.mp4"),
+        "libx264",
+        n=120,
+        w=320,
+        h=240,
+        gop=24,
+        container_options={"movflags": "faststart"},
+    )
+    recs = lambda ref: [  # noqa: E731
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": ref, "nframes": 4}],
+        }
+        for i in range(24)
+    ]
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    srv = fault_server(objects={"/k.mp4": open(path, "rb").read()}, latency=0.01)
+    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/k.mp4")))
+    for cap in (None, 1 << 30):
+        out = []
+        with mmloader.Loader(
+            shard,
+            preset="qwen2.5-vl",
+            tokenizer=TINY,
+            micro_batch_size=1,
+            shuffle=False,
+            mrope=True,
+            mm_token_type_ids=True,
+            num_threads=2,
+            prefetch=2,
+            max_memory=cap,
+        ) as L:
+            for b in L:
+                out.append({k: np.array(v.numpy(), copy=True) for k, v in b.items()})
+                del b
+                time.sleep(0.03)  # slow: the next batches wait for prefetch
+            st = L.stats()
+        same(want, out)
+        assert st["video_decode_waits"] == 0 and st["video_preloads_refused"] == 0, (cap, st)

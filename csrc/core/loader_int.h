@@ -244,12 +244,10 @@ struct mml_loader {
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
-  int mem_blocked;          /* a ticket waits for room */
+  int mem_blocked;          /* a ticket waits (for room, or its turn: rebuffer) */
   int mem_head_fails;       /* consecutive failed tries of the head ticket */
   /* decoder scratch beyond the per-worker reserve (ld_mem_scratch_take_locked): granted to
-   * the decodes running; the most one sample has needed (0: holds are not looked for);
-   * decodes running; consecutive looks of a waiting decode with nothing else able to free
-   * room */
+   * the decodes running; the most one sample has needed (0: holds are not looked for) */
   int64_t scratch_extra, scratch_max;
   /* the largest ticket plane buffer taken and one sample's pixel bytes planned (reads keep
    * room for two: ld_mem_may_read_locked) */
@@ -259,6 +257,8 @@ struct mml_loader {
    * rows); consecutive looks of a waiting emission with nothing else able to free room */
   int64_t fbytes_max, pxf_max, emit_extra;
   int emit_stuck;
+  /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
+   * else able to free room */
   int decoding, scratch_stuck;
   int consumer_waiting; /* the consumer is blocked in next() */
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
@@ -476,8 +476,9 @@ int ld_mem_may_read_locked(mml_loader *L);
  * sets the loader's fatal error. */
 int ld_mem_scratch_take_locked(mml_loader *L, task *t);
 /* max_memory, compact: the oldest queued batch's emission takes room for what its float
- * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra; 0: nothing to
- * take; -1: no room now, the caller waits -- or the loader's fatal error is set). */
+ * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra;
+ * 0: nothing to take; -1: no room now, the caller waits -- or the loader's fatal error is
+ * set). */
 int64_t ld_mem_emit_take_locked(mml_loader *L);
 void ld_mem_scratch_give_locked(mml_loader *L, task *t);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets

@@ -55,9 +55,9 @@
  * grown at emission (mml_pool_grow), so the expanding batch holds no second buffer;
  * where the pool cannot grow it (a kernel that cannot move pages) into a float buffer
  * of the pool, the uint8 one going back.  So the batches still being decoded -- most of
- * `prefetch` when the consumer keeps up -- hold an eighth of their float bytes.  The values are the writers' (the table is
- * theirs, vision_patch.c), so batches are bitwise the same.  Videos keep their float rows
- * (a resized video's values are not bytes).
+ * `prefetch` when the consumer keeps up -- hold an eighth of their float bytes.  The
+ * values are the writers' (the table is theirs, vision_patch.c), so batches are bitwise
+ * the same.  Videos keep their float rows (a resized video's values are not bytes).
  *
  * IMAGE BYTES.  A sample's encoded images are read into byte buffers that outlive it: once
  * decoded (or failed) its buffers become spares, and the next read takes the smallest
@@ -72,12 +72,14 @@
  * (those video bytes) is taken only with room left for the largest batch buffer asked for
  * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
  * buffer, later batches' samples close their kept videos and the spares are freed
- * (retry_pending), so the next batch never waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits (cached buffers are freed first); otherwise the ticket waits (pending),
- * and so do the tickets after it, and the planner retries as the consumer releases
- * batches.  Workers start reading a sample only with room for the largest sample seen
- * per read in flight.  A sample that alone cannot fit is an error naming it; so is a
- * next() whose batch cannot get room while the consumer holds everything else and no
- * sample is in flight (the message names the max_memory that would have held it).
+ * (retry_pending: only when it waits for room, not for its turn), so the next batch never
+ * waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits
+ * (cached buffers are freed first); otherwise the ticket waits (pending), and so do the
+ * tickets after it, and the planner retries as the consumer releases batches.  Workers
+ * start reading a sample only with room for the largest sample seen per read in flight.
+ * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
+ * get room while the consumer holds everything else and no sample is in flight (the
+ * message names the max_memory that would have held it).
  *
  * DECODER SCRATCH under max_memory.  The per-worker reserve holds what stays mapped
  * between images; an image whose decode maps more (a multi-scan JPEG's coefficients, a
@@ -285,8 +287,6 @@ static int decodes_ahead(mml_loader *L, int64_t id) {
   return n >= want;
 }
 
-static int64_t round_2m(int64_t n) { return (n + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1); }
-
 /* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
  * rows at emission): two of the largest expanded batches (the one the consumer holds while
  * the next is expanded), less the expanded batches already live ahead of the consumer
@@ -294,7 +294,7 @@ static int64_t round_2m(int64_t n) { return (n + (2 << 20) - 1) & ~(int64_t)((2 
  * emit_extra). */
 static int64_t expand_hold(const mml_loader *L) {
   if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
-  int64_t h = 2 * round_2m(L->fbytes_max);
+  int64_t h = 2 * mml_round_2mib(L->fbytes_max);
   for (int i = 0; i < L->out_count; i++)
     h -= (int64_t)L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
@@ -441,7 +441,9 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
 }
 
 static int64_t scratch_bytes(const mml_loader *L);
-static int64_t pool_bytes(int64_t need);
+
+/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
+static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
 
 /* Bytes the head ticket's planes wait for. */
 static int64_t head_pending_bytes(mml_loader *L) {
@@ -461,12 +463,13 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
     if (failed && id == L->tk_head) L->mem_head_fails++;
   }
-  /* bytes later batches' samples hold ahead of their use, and spare byte buffers (a
-   * cache), make way for the head */
-  int64_t spares = L->spare_bytes;
-  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) && spares) ld_bytes_free_spares(L);
-  if (L->tk_tail >= L->tk_head && head_pending_bytes(L) &&
-      (ld_release_videos_ahead_locked(L) > 0 || spares)) {
+  /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
+   * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
+  const int64_t spares = L->spare_bytes, h = L->tk_head;
+  const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
+                            (has_buf(tk_at(L, h)) || !(prefetch_full(L, h) || decodes_ahead(L, h)));
+  if (short_of_room && spares) ld_bytes_free_spares(L);
+  if (short_of_room && (ld_release_videos_ahead_locked(L) > 0 || spares)) {
     L->mem_head_fails = 0;
     retry_pending(L, c);
     return;
@@ -636,11 +639,6 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
-static int64_t pool_bytes(int64_t need) {
-  return need >= (1 << 20) ? (need + (2 << 20) - 1) & ~(int64_t)((2 << 20) - 1) : need;
-}
-
 /* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
  * those hold their grants) will take: kept free by every other use of the room, so that
  * once the decodes running now end one of these can always start.  Samples placed later
@@ -688,16 +686,15 @@ int ld_mem_may_read_locked(mml_loader *L) {
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
   /* Once samples need scratch: beside the most one has needed (the one read may need as
    * much) and two of the largest batch buffers taken or samples' pixel rows planned (the
-   * one the consumer holds while the next is built): samples read ahead must not take the room that the batches before
-   * them need, as they can only be decoded after those. */
+   * one the consumer holds while the next is built): samples read ahead must not take the
+   * room that the batches before them need, as they can only be decoded after those. */
   int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
   if (hold < L->scratch_max) hold = L->scratch_max;
   const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
   if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
-  int64_t tk = L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max;
-  tk = round_2m(tk);           /* as the pool rounds it */
+  const int64_t tk = mml_round_2mib(L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max);
   int64_t eh = expand_hold(L); /* before any batch: two of a sample's expanded rows */
-  if (L->compact && !L->fbytes_max) eh = 2 * round_2m(L->pxf_max);
+  if (L->compact && !L->fbytes_max) eh = 2 * mml_round_2mib(L->pxf_max);
   return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold + eh);
 }
 
@@ -723,7 +720,7 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
     px += t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int img = -1;
-  t->scratch_need = scratch_need(L, t, &img); /* L->scratch_seen: finish_task_locked */
+  t->scratch_need = scratch_need(L, t, &img); /* L->scratch_max: finish_task_locked */
   int64_t room = L->cfg.max_memory - scratch_bytes(L);
   if (px + enc + t->scratch_need <= room) return MML_OK;
   if (t->scratch_need > 0) {
