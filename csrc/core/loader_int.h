@@ -1,6 +1,7 @@
 /*
  * loader_int.h — private to the loader (loader.c: public API, construction, lifecycle,
- * the consumer; loader_worker.c: the worker threads and the per-sample task;
+ * the consumer; loader_worker.c: the worker threads and the per-sample task (its video
+ * files: loader_video.c);
  * loader_collator.c: the collation thread and the emission/output queue).  The design
  * (threads, slots, plans, locking, ownership) is described at the top of loader.c; every
  * function named *_locked is called with `mu` held.
@@ -60,7 +61,7 @@ typedef struct fetch_ref {
 } fetch_ref;
 
 /* A remote video file's size (HEAD) and first block, fetched with the record's images so
- * that its open at plan time need not wait for them (loader_worker.c). */
+ * that its open at plan time need not wait for them (loader_video.c). */
 typedef struct task_vhead {
   int64_t size;       /* 0: not known */
   int64_t open_bytes; /* what the video kept open for the decode holds (max_memory) */
@@ -503,9 +504,29 @@ int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch);
 /* (mu held) max_memory, the head ticket cannot get its buffer: the planned samples of
  * later batches whose decode is not running close the videos they kept open (their
  * preloads go with them; their decodes open and read them again, as past
- * MML_VIDEOS_KEPT_OPEN).  Returns the bytes given back (loader_worker.c). */
+ * MML_VIDEOS_KEPT_OPEN).  Returns the bytes given back (loader_video.c). */
 int64_t ld_release_videos_ahead_locked(mml_loader *L);
-/* Closes the videos t kept open since its probe (loader_worker.c). */
+typedef struct ld_video_ctx {
+  mml_loader *L;
+  task *t;
+  run_acc *acc;
+  int decoding; /* the decode stage (else the plan's probe): where network waits count */
+} ld_video_ctx;
+
+/* loader_worker.c, shared with loader_video.c: a task whose fetches are in is ready
+ * (mu held); one more fetch of t outstanding (the first sets pending's guard); a submit
+ * that failed. */
+void ld_ready_push_locked(mml_loader *L, task *t);
+void ld_fetch_one_more(mml_loader *L, task *t, int *nremote);
+void ld_fetch_undo(mml_loader *L, task *t);
+/* loader_video.c: the stages' video parts (loader_worker.c calls them) */
+mml_status ld_video_path(mml_loader *L, task *t, const char *ref, int check, mml_err *err);
+mml_status ld_video_open(void *ctx, int v, mml_video **out, mml_err *err);
+mml_status ld_probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err);
+mml_status ld_preload_videos(mml_loader *L, task *t, int *wait, mml_err *err);
+void ld_head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote);
+void ld_tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote);
+/* Closes the videos t kept open since its probe (loader_video.c). */
 void ld_task_close_videos(mml_loader *L, task *t);
 /* (mu held) t's remote video bytes held ahead of their use are gone: its first blocks
  * freed, their count and its preloads' (freed by closing its videos) taken off, and the

@@ -62,13 +62,13 @@
  * IMAGE BYTES.  A sample's encoded images are read into byte buffers that outlive it: once
  * decoded (or failed) its buffers become spares, and the next read takes the smallest
  * spare that holds its file, so those pages stay mapped instead of being freed and
- * faulted in again (ld_bytes_take / ld_bytes_return_locked).
+ * faulted in again (ld_bytes_take / ld_bytes_return_locked: loader_bytes.c).
  *
  * MEMORY CAP (max_memory).  The budget counts the pool's buffers (live: batches being
  * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
  * rows alike), the window's byte buffers (spares included; a remote video's first block
  * and its preloaded packets, and the videos kept open from probe to decode, too:
- * loader_worker.c) and a fixed scratch reserve per worker.  What is held ahead of its use
+ * loader_video.c) and a fixed scratch reserve per worker.  What is held ahead of its use
  * (those video bytes) is taken only with room left for the largest batch buffer asked for
  * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
  * buffer, later batches' samples close their kept videos and the spares are freed
@@ -832,60 +832,6 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
   L->win_bytes += held - t->held;
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
-}
-
-/* ---- image byte buffers -------------------------------------------------------------- */
-
-/* Spares are kept up to 64 MiB (an eighth of max_memory when set: they count in it). */
-static int64_t spare_limit(const mml_loader *L) {
-  int64_t lim = (int64_t)64 << 20;
-  return L->cfg.max_memory && L->cfg.max_memory / 8 < lim ? L->cfg.max_memory / 8 : lim;
-}
-
-void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
-  if (b->cap >= need) return;
-  pthread_mutex_lock(&L->mu);
-  int best = -1;
-  for (int k = 0; k < L->nspare; k++) {
-    size_t cap = L->spare[k].cap, bc = best < 0 ? 0 : L->spare[best].cap;
-    if (best < 0 || (cap >= need ? bc < need || cap < bc : bc < need && cap > bc)) best = k;
-  }
-  if (best >= 0 && L->spare[best].cap > b->cap) {
-    mml_bytes s = L->spare[best];
-    int64_t delta = (int64_t)s.cap - (int64_t)b->cap; /* moves from the spares to t */
-    if (b->cap)
-      L->spare[best] = *b;
-    else
-      L->spare[best] = L->spare[--L->nspare];
-    L->spare_bytes -= delta;
-    t->held += delta; /* win_bytes, the sum of both, is unchanged */
-    *b = s;
-    b->len = 0;
-  }
-  pthread_mutex_unlock(&L->mu);
-}
-
-void ld_bytes_return_locked(mml_loader *L, task *t) {
-  for (int i = 0; i < t->imgs_cap; i++) {
-    mml_bytes *b = &t->imgs[i];
-    if (!b->cap) continue;
-    if (L->nspare < MML_SPARE_BUFS && L->spare_bytes + (int64_t)b->cap <= spare_limit(L)) {
-      L->spare[L->nspare++] = *b;
-      L->spare_bytes += (int64_t)b->cap;
-      t->held -= (int64_t)b->cap;
-    } else {
-      mml_bytes_free(b);
-    }
-    *b = (mml_bytes){0};
-  }
-  ld_mem_count_task_locked(L, t);
-}
-
-void ld_bytes_free_spares(mml_loader *L) {
-  for (int k = 0; k < L->nspare; k++) mml_bytes_free(&L->spare[k]);
-  L->win_bytes -= L->spare_bytes;
-  L->nspare = 0;
-  L->spare_bytes = 0;
 }
 
 void ld_place_decoded_locked(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {

@@ -15,7 +15,7 @@
  * the parsed record and its images' bytes (read, fetched, or decoded from a data: URI
  * right here), the sample planned from them (image headers, grids, token counts, ids,
  * labels: mml_sample_plan) -> slot PLANNED.  Video files are opened and probed there
- * (probe_videos: frame count, rate, size; nothing decoded) and kept open, idle, for the
+ * (ld_probe_videos: frame count, rate, size; nothing decoded) and kept open, idle, for the
  * decode (t->vids; closed and reopened only past MML_VIDEOS_KEPT_OPEN), so a file's
  * container is read once per sample (an mkv/webm/avi's packet pass included).  No pixel
  * work happens there: the planner (loader_place.c) puts the sample into its batch and
@@ -26,12 +26,12 @@
  * from the bytes of their WebDataset member (read or fetched with the images).  No worker
  * waits on a round trip for a remote file in the usual case: its HEAD and first block
  * (MML_VIDEO_BLOCK: an mp4's moov when it comes first, a small file whole) are fetched with
- * the record's images (head_video), and an mp4 whose index is not all in that block (at
+ * the record's images (ld_head_video), and an mp4 whose index is not all in that block (at
  * the end past the mdat, or longer) has the bytes holding it fetched next, exactly, from
- * the top-level box sizes (tail_video), so its open and probe in the plan stage read memory;
+ * the top-level box sizes (ld_tail_video), so its open and probe in the plan stage read memory;
  * once the sample is planned, the exact byte ranges of the packets its kept frames need
  * (from an mp4/mov's sample index, or the packets an mkv/webm/avi's probe met) are
- * submitted (preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
+ * submitted (ld_preload_videos, STAGE_VIDEOS) and the task waits, holding no thread, until
  * they are in; only then is it PLANNED, so its decode reads them from memory.  What still
  * waits is counted: video_plan_waits (an mp4 index with no room to fetch it ahead, the
  * packet pass over a bigger mkv/webm/avi), video_decode_waits (a decode not preloaded).
@@ -61,7 +61,7 @@
 #include "mml/datauri.h"
 #include "mml/message.h"
 
-static void ready_push_locked(mml_loader *L, task *t) {
+void ld_ready_push_locked(mml_loader *L, task *t) {
   t->next_ready = NULL;
   if (L->ready_tail)
     L->ready_tail->next_ready = t;
@@ -110,7 +110,7 @@ static void on_fetch(void *ctx, mml_status st, mml_bytes *body, const mml_err *e
       mml_err_set(&t->fetch_err, st, "%s", mml_status_message(st));
     if (r->which >= 0) ld_err_media(&t->fetch_err, &t->rec, r->which);
   }
-  if (--t->pending == 0) ready_push_locked(L, t);
+  if (--t->pending == 0) ld_ready_push_locked(L, t);
   pthread_mutex_unlock(&L->mu);
 }
 
@@ -263,8 +263,8 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
 
 /* Stage 2 submits one more fetch for t (counted in *nremote): the first one also sets the
  * guard that keeps completions from finishing the task while the stage submits (dropped
- * at the stage's end).  fetch_undo takes one back when its submit failed. */
-static void fetch_one_more(mml_loader *L, task *t, int *nremote) {
+ * at the stage's end).  ld_fetch_undo takes one back when its submit failed. */
+void ld_fetch_one_more(mml_loader *L, task *t, int *nremote) {
   pthread_mutex_lock(&L->mu);
   if (!*nremote) {
     t->pending = 1;
@@ -275,7 +275,7 @@ static void fetch_one_more(mml_loader *L, task *t, int *nremote) {
   (*nremote)++;
 }
 
-static void fetch_undo(mml_loader *L, task *t) {
+void ld_fetch_undo(mml_loader *L, task *t) {
   pthread_mutex_lock(&L->mu);
   t->pending--;
   pthread_mutex_unlock(&L->mu);
@@ -326,354 +326,12 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
     return st;
   }
   if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
-  fetch_one_more(L, t, nremote);
+  ld_fetch_one_more(L, t, nremote);
   t->refs[i + 1].t = t;
   t->refs[i + 1].which = i;
   st = mml_fetch_submit(*f, p, off, len, on_fetch, &t->refs[i + 1], err);
-  if (st) fetch_undo(L, t);
+  if (st) ld_fetch_undo(L, t);
   return st;
-}
-
-/* Resolves a video file reference into t->path (checked by the path policy when `check`). */
-static mml_status video_path(mml_loader *L, task *t, const char *ref, int check, mml_err *err) {
-  const char *root = L->roots[t->sample.shard];
-  mml_status st = mml_sample_image_path(root, ref, &t->path, err);
-  if (!st && check)
-    st = mml_sample_image_allowed(&L->cfg, root, ref, (const char *)t->path.data,
-                                  !L->remote[t->sample.shard], err);
-  return st;
-}
-
-typedef struct video_ctx {
-  mml_loader *L;
-  task *t;
-  run_acc *acc;
-  int decoding; /* the decode stage (else the plan's probe): where network waits count */
-} video_ctx;
-
-/* Pixel bytes of t's sample once planned (0 before): its batch needs at least those. */
-static int64_t own_batch(const mml_loader *L, const task *t) {
-  int64_t n = 0; /* (the rows are 0 until mml_sample_plan) */
-  for (int p = 0; p < PLANES; p++)
-    n += (p == PL_IMG ? t->sample.pixel_rows : t->sample.vpixel_rows) * (int64_t)L->row_bytes[p];
-  return n;
-}
-
-/* (mu held) t holds delta more bytes of remote video ahead of their use in *field (its
- * first blocks or its preloaded packets): counted in t->held, so in max_memory. */
-static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t delta) {
-  *field += delta;
-  L->video_held += delta;
-  if (L->video_held > L->video_held_peak) L->video_held_peak = L->video_held;
-  ld_mem_count_task_locked(L, t);
-}
-
-/* (mu held) Room for `bytes` of remote video fetched for t ahead of their use (into *field:
- * a first block, a decode's packets), taken (1), or none (0: they are read on demand when
- * needed).  Under max_memory they must fit beside everything counted, and all of them
- * together stay within a quarter of it, so the batches being built (whose decodes free
- * the preloads) always find the rest. */
-static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t bytes) {
-  const int64_t cap = L->cfg.max_memory;
-  if (cap &&
-      (L->video_held + bytes > cap / 4 || !ld_mem_room_ahead_locked(L, bytes, own_batch(L, t)))) {
-    L->video_preloads_refused++;
-    return 0;
-  }
-  video_hold_locked(L, t, field, bytes);
-  return 1;
-}
-
-void ld_task_release_videos_locked(mml_loader *L, task *t) {
-  int closed = 0;
-  for (int v = 0; v < t->vcap; v++) {
-    mml_bytes_free(&t->vhead[v].first);
-    mml_bytes_free(&t->vhead[v].tail);
-    if (t->vhead[v].open_bytes && !t->vids[v]) { /* closed (or taken by its decode, done) */
-      L->video_open_bytes -= t->vhead[v].open_bytes;
-      t->vhead[v].open_bytes = 0;
-      closed = 1;
-    }
-  }
-  if (closed) ld_mem_count_task_locked(L, t);
-  if (!t->vhead_bytes && !t->vpre_bytes) return;
-  L->video_held -= t->vhead_bytes + t->vpre_bytes;
-  t->vhead_bytes = t->vpre_bytes = 0;
-  ld_mem_count_task_locked(L, t);
-}
-
-void ld_task_close_videos(mml_loader *L, task *t) {
-  for (int v = 0; v < t->vcap; v++)
-    if (t->vids[v]) {
-      mml_video_close(t->vids[v]);
-      t->vids[v] = NULL;
-      __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
-    }
-}
-
-int64_t ld_release_videos_ahead_locked(mml_loader *L) {
-  int64_t freed = 0;
-  for (int64_t s = L->head_seq; s < L->next_seq; s++) {
-    task *t = &L->tasks[s % L->window];
-    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
-        (t->tk >= 0 && t->tk == L->tk_head))
-      continue;
-    int64_t before = t->held;
-    ld_task_close_videos(L, t); /* (nothing in flight: a planned sample's preloads are in) */
-    ld_task_release_videos_locked(L, t);
-    freed += before - t->held;
-  }
-  return freed;
-}
-
-/* Keeps video v of t open from its probe to its decode (1), when few enough are and,
- * under max_memory, what it holds idle (mml_video_held_bytes: demuxer state and tables)
- * has room ahead of the next batch; counted in t's bytes until it is closed.  Else (0)
- * the caller closes it and the decode opens it again. */
-static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
-  if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
-    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
-    return 0;
-  }
-  mml_video_idle(vid);
-  int64_t bytes = mml_video_held_bytes(vid);
-  pthread_mutex_lock(&L->mu);
-  int room = ld_mem_room_ahead_locked(L, bytes, 0);
-  if (room) {
-    t->vhead[v].open_bytes = bytes;
-    L->video_open_bytes += bytes;
-    if (L->video_open_bytes > L->video_open_peak) L->video_open_peak = L->video_open_bytes;
-    ld_mem_count_task_locked(L, t);
-  }
-  pthread_mutex_unlock(&L->mu);
-  if (!room) {
-    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
-    return 0;
-  }
-  t->vids[v] = vid;
-  return 1;
-}
-
-/* Opens video file v of t's record: the one its probe kept open, else its WebDataset
- * member's bytes, else its path or URL (range reads through the loader's fetcher).
- * Bytes read are counted. */
-static mml_status video_open(void *ctx, int v, mml_video **out, mml_err *err) {
-  video_ctx *c = ctx;
-  mml_loader *L = c->L;
-  task *t = c->t;
-  if (t->vids[v]) { /* the caller closes it */
-    *out = t->vids[v];
-    t->vids[v] = NULL;
-    __atomic_fetch_sub(&L->videos_kept, 1, __ATOMIC_RELAXED);
-    mml_video_count_waits(*out, &L->video_decode_waits);
-    return MML_OK;
-  }
-  const char *ref = t->rec.videos[v].ref;
-  const mml_bytes *member = &t->imgs[t->rec.nimages + mml_record_frames(&t->rec) + v];
-  const mml_pipeline *pl = &L->src[t->sample.source].pl;
-  mml_video_src src = {.name = ref,
-                       .max_bytes = L->cfg.max_object_bytes,
-                       .threads = 1,
-                       .max_pixels = pl->vision->max_image_pixels};
-  mml_status st;
-  if (member->len) {
-    src.data = member->data;
-    src.len = member->len;
-  } else {
-    if ((st = video_path(L, t, ref, 0, err))) return st;
-    src.name = (const char *)t->path.data;
-    if (mml_path_is_remote(src.name) && (st = ld_get_fetcher(L, &src.fetcher, err))) return st;
-    if (!c->decoding && src.fetcher) { /* fetched with the images (head_video) */
-      src.size = t->vhead[v].size;
-      src.first = &t->vhead[v].first;
-      src.tail = &t->vhead[v].tail;
-      src.tail_off = t->vhead[v].tail_off;
-    }
-  }
-  double t0 = mml_now();
-  st = mml_video_open(&src, out, err);
-  if (!member->len) {
-    int64_t n = mml_video_bytes_read(*out);
-    c->acc->bytes += (uint64_t)n;
-    t->sample.bytes += (uint64_t)n;
-  }
-  if (!member->len) { /* (moved into the video) */
-    mml_bytes_free(&t->vhead[v].first);
-    mml_bytes_free(&t->vhead[v].tail);
-  }
-  c->acc->read_s += mml_now() - t0;
-  uint64_t *waits = c->decoding ? &L->video_decode_waits : &L->video_plan_waits;
-  if (!st) {
-    __atomic_fetch_add(waits, (uint64_t)mml_video_waits(*out), __ATOMIC_RELAXED);
-    mml_video_count_waits(*out, waits);
-  }
-  return st;
-}
-
-/* Every video file of t's record opened and probed (t->vinfo): the plan needs only the
- * metadata.  The file stays open (idle) for the decode stage, which then reads only the
- * frames it decodes (no second open, probe or packet pass), unless too many are. */
-static mml_status probe_videos(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
-  video_ctx c = {L, t, acc, 0};
-  for (int v = 0; v < t->rec.nvideos; v++) {
-    memset(&t->vinfo[v], 0, sizeof t->vinfo[v]);
-    if (!t->rec.videos[v].ref) continue;
-    mml_video *vid = NULL;
-    mml_status st = video_open(&c, v, &vid, err);
-    if (!st) st = mml_video_probe(vid, &t->vinfo[v], err);
-    if (st || !keep_video(L, t, v, vid)) mml_video_close(vid);
-    if (st) return st;
-  }
-  return MML_OK;
-}
-
-/* A preloaded range of one of t's videos arrived (the fetcher's I/O thread). */
-static void on_video_loaded(void *ctx, size_t bytes) {
-  task *t = ctx;
-  mml_loader *L = t->L;
-  pthread_mutex_lock(&L->mu);
-  L->bytes_read += bytes;
-  t->fetched_bytes += bytes;
-  if (--t->pending == 0) ready_push_locked(L, t);
-  pthread_mutex_unlock(&L->mu);
-}
-
-/* The planned sample's remote videos kept open: the packets their kept frames need are
- * fetched now (mml_video_preload), the task waits for them (*wait) in STAGE_VIDEOS.  A
- * video that cannot be preloaded (out of memory here, no max_memory room, more than a
- * video may hold) is read on demand by its decode, as without a preload: a failure here
- * does not fail the sample. */
-static mml_status preload_videos(mml_loader *L, task *t, int *wait, mml_err *err) {
-  enum { GUARD = 1 << 30 }; /* completions cannot bring pending to 0 while submitting */
-  enum { PRELOAD_MAX = 64 << 20 };
-  int total = 0, any = 0;
-  mml_status st = MML_OK;
-  /* what one video may hold in memory from its plan to its decode (under max_memory also
-   * counted there: video_reserve_locked) */
-  const int64_t cap = L->cfg.max_memory ? L->cfg.max_memory / 16 : PRELOAD_MAX;
-  for (int v = 0; v < t->rec.nvideos && !st; v++) {
-    const mml_video_plan *p = &t->vplans[v];
-    if (!t->vids[v] || !p->file || p->nframes <= 0 || p->nframes > INT_MAX) continue;
-    int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
-    if (!idx) break;
-    mml_video_indices(&p->smp, idx);
-    int64_t bytes = mml_video_preload_bytes(t->vids[v], idx, (int)p->nframes);
-    pthread_mutex_lock(&L->mu);
-    int room = bytes > 0 && bytes <= cap && video_reserve_locked(L, t, &t->vpre_bytes, bytes);
-    if (room && !any++) {
-      t->pending = GUARD;
-      t->fetched_bytes = 0;
-    }
-    pthread_mutex_unlock(&L->mu);
-    int k = 0;
-    if (room)
-      st = mml_video_preload(t->vids[v], idx, (int)p->nframes, bytes, on_video_loaded, t, &k, err);
-    free(idx);
-    if (room && !k) { /* nothing submitted: nothing held */
-      pthread_mutex_lock(&L->mu);
-      video_hold_locked(L, t, &t->vpre_bytes, -bytes);
-      pthread_mutex_unlock(&L->mu);
-    }
-    total += k;
-  }
-  if (st) mml_err_clear(err); /* the rest is read on demand */
-  if (!any) return MML_OK;
-  t->stage = STAGE_VIDEOS;
-  pthread_mutex_lock(&L->mu);
-  t->pending += total - GUARD;
-  int done = t->pending == 0;
-  pthread_mutex_unlock(&L->mu);
-  if (!done) *wait = 1; /* the last completion re-queues the task (even after a failure) */
-  return MML_OK;
-}
-
-/* A remote video's HEAD (ref[0]), first block (ref[1]) or header tail (ref[2]) came (the
- * fetcher's I/O thread).
- * A failure is left to the open, which asks again and reports it. */
-static void on_video_head(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
-  (void)err;
-  fetch_ref *r = ctx;
-  task *t = r->t;
-  mml_loader *L = t->L;
-  task_vhead *h = &t->vhead[r->which];
-  pthread_mutex_lock(&L->mu);
-  if (st == MML_OK && body && r == &h->ref[0] && body->len >= sizeof(int64_t)) {
-    memcpy(&h->size, body->data, sizeof h->size);
-  } else if (st == MML_OK && body && r == &h->ref[1]) {
-    mml_bytes_free(&h->first);
-    h->first = *body;              /* take the memory */
-    memset(body, 0, sizeof *body); /* (counted read by the open that takes it) */
-  } else if (st == MML_OK && body && r == &h->ref[2]) {
-    mml_bytes_free(&h->tail);
-    h->tail = *body;
-    memset(body, 0, sizeof *body);
-  }
-  if (--t->pending == 0) ready_push_locked(L, t);
-  pthread_mutex_unlock(&L->mu);
-}
-
-/* Video v of t's record, a remote file at t->path: its HEAD and its first block (what its
- * open reads first, at plan time) are submitted with the images, counted in *nremote; the
- * block only with max_memory room for it (video_reserve_locked; else the open reads it). */
-static void head_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
-  task_vhead *h = &t->vhead[v];
-  h->size = 0;
-  mml_bytes_clear(&h->first);
-  mml_err e;
-  const char *url = (const char *)t->path.data;
-  if (!mml_path_is_remote(url) || (!*f && ld_get_fetcher(L, f, &e))) return;
-  for (int k = 0; k < 2; k++) {
-    if (k) { /* the first block's memory counts from now until the probe has used it */
-      pthread_mutex_lock(&L->mu);
-      int room = video_reserve_locked(L, t, &t->vhead_bytes, MML_VIDEO_BLOCK);
-      pthread_mutex_unlock(&L->mu);
-      if (!room) return; /* the open reads it */
-    }
-    fetch_one_more(L, t, nremote);
-    h->ref[k] = (fetch_ref){.t = t, .which = v};
-    mml_status st = k ? mml_fetch_submit(*f, url, 0, MML_VIDEO_BLOCK, on_video_head, &h->ref[k], &e)
-                      : mml_fetch_submit_head(*f, url, on_video_head, &h->ref[k], &e);
-    if (st) { /* the open asks again */
-      fetch_undo(L, t);
-      if (k) {
-        pthread_mutex_lock(&L->mu);
-        video_hold_locked(L, t, &t->vhead_bytes, -MML_VIDEO_BLOCK);
-        pthread_mutex_unlock(&L->mu);
-      }
-      return;
-    }
-  }
-}
-
-/* Video v of t's record, a remote mp4/mov whose HEAD and first block came but whose index
- * (moov) is not all in that block (past an mdat, or longer): the bytes its open reads for
- * it (mml_video_header_range) are fetched in one ranged GET, counted in *nremote, with
- * max_memory room (video_reserve_locked, as the first block; else the open reads them). */
-static void tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote) {
-  enum { TAIL_MAX = 64 << 20 };
-  task_vhead *h = &t->vhead[v];
-  int64_t off, end;
-  mml_bytes_clear(&h->tail);
-  mml_err e;
-  if (h->size <= 0 || !h->first.len ||
-      !mml_video_header_range(h->first.data, h->first.len, h->size, &off, &end) ||
-      end - off > (L->cfg.max_memory ? L->cfg.max_memory / 16 : TAIL_MAX) ||
-      video_path(L, t, t->rec.videos[v].ref, 0, &e) || (!*f && ld_get_fetcher(L, f, &e)))
-    return;
-  pthread_mutex_lock(&L->mu);
-  int room = video_reserve_locked(L, t, &t->vhead_bytes, end - off);
-  pthread_mutex_unlock(&L->mu);
-  if (!room) return;
-  h->tail_off = off;
-  fetch_one_more(L, t, nremote);
-  h->ref[2] = (fetch_ref){.t = t, .which = v};
-  if (mml_fetch_submit(*f, (const char *)t->path.data, off, end - off, on_video_head, &h->ref[2],
-                       &e)) {
-    fetch_undo(L, t);
-    pthread_mutex_lock(&L->mu);
-    video_hold_locked(L, t, &t->vhead_bytes, -(end - off));
-    pthread_mutex_unlock(&L->mu);
-  }
 }
 
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
@@ -693,15 +351,15 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
     if (i < nmedia) {
       st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, err);
     } else { /* a video file: a WebDataset member is read like an image, others are opened
-              * by path or URL when planned (video_open) */
+              * by path or URL when planned (ld_video_open) */
       const char *ref = t->rec.videos[i - nmedia].ref;
       mml_bytes_clear(&t->imgs[i]);
       if (!ref) continue;
       int64_t off, len;
       if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len))
         st = load_image(L, t, i, ref, &f, &nremote, acc, err);
-      else if (!(st = video_path(L, t, ref, 1, err)))
-        head_video(L, t, i - nmedia, &f, &nremote);
+      else if (!(st = ld_video_path(L, t, ref, 1, err)))
+        ld_head_video(L, t, i - nmedia, &f, &nremote);
     }
     if (st) {
       if (!nremote) return st;
@@ -731,7 +389,7 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
     int nremote = 0;
     mml_fetcher *f = NULL;
     for (int v = 0; v < t->rec.nvideos; v++)
-      if (t->rec.videos[v].ref) tail_video(L, t, v, &f, &nremote);
+      if (t->rec.videos[v].ref) ld_tail_video(L, t, v, &f, &nremote);
     if (nremote) {
       pthread_mutex_lock(&L->mu);
       int last = --t->pending == 0;
@@ -743,7 +401,7 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
     }
   }
   t->sample.bytes += t->fetched_bytes; /* every fetch has completed */
-  mml_status st = probe_videos(L, t, acc, err);
+  mml_status st = ld_probe_videos(L, t, acc, err);
   pthread_mutex_lock(&L->mu); /* the first blocks were read (and dropped) by the probes */
   ld_task_release_videos_locked(L, t);
   pthread_mutex_unlock(&L->mu);
@@ -753,7 +411,7 @@ static mml_status stage_plan(mml_loader *L, mml_sample_scratch *sc, task *t, run
   if (!st) st = ld_mem_check_sample(L, t, err);                   /* max_memory: can it ever fit? */
   if (!st) st = mml_collator_check(L->collator, &t->sample, err); /* e.g. too long */
   if (st) return st;
-  return preload_videos(L, t, wait, err);
+  return ld_preload_videos(L, t, wait, err);
 }
 
 /* Runs the task as far as it can without waiting.  Returns 1 when the sample is finished
@@ -813,6 +471,28 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
 /* The next task to run: a placed sample's decode (past those waiting for scratch room), a
  * ready one, or the next seq in the window.  Emits queued batches first.  NULL once
  * stopping. */
+/* The slot of the next seq, started (mu held). */
+static task *start_task_locked(mml_loader *L) {
+  task *t = &L->tasks[L->next_seq % L->window];
+  ld_task_close_videos(L, t); /* an abandoned plan's */
+  ld_task_release_videos_locked(L, t);
+  ld_place_clear(t);
+  t->dec = DEC_NONE;
+  t->state = SLOT_BUSY;
+  t->gen = L->gen;
+  t->seq = L->next_seq++;
+  t->stage = STAGE_NEW;
+  t->fetch_st = MML_OK;
+  t->pending = 0;
+  t->fetched_bytes = 0;
+  t->scratch_need = t->scratch_granted = 0;
+  t->started = mml_now();
+  mml_sample_reset(&t->sample);
+  ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
+  L->in_flight++;
+  return t;
+}
+
 static task *take_task_locked(mml_loader *L) {
   while (!L->stop) {
     int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
@@ -842,24 +522,7 @@ static task *take_task_locked(mml_loader *L) {
     if (L->next_seq < L->head_seq + L->window && (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
         L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
         !(gated = !ld_mem_may_read_locked(L))) {
-      task *t = &L->tasks[L->next_seq % L->window];
-      ld_task_close_videos(L, t); /* an abandoned plan's */
-      ld_task_release_videos_locked(L, t);
-      ld_place_clear(t);
-      t->dec = DEC_NONE;
-      t->state = SLOT_BUSY;
-      t->gen = L->gen;
-      t->seq = L->next_seq++;
-      t->stage = STAGE_NEW;
-      t->fetch_st = MML_OK;
-      t->pending = 0;
-      t->fetched_bytes = 0;
-      t->scratch_need = t->scratch_granted = 0;
-      t->started = mml_now();
-      mml_sample_reset(&t->sample);
-      ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
-      L->in_flight++;
-      return t;
+      return start_task_locked(L);
     }
     if (gated || dec_wait ||
         emit_wait) { /* room comes back as the consumer releases batches: look again soon */
@@ -933,9 +596,9 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
   }
   if (!st && dst[PL_VID]) {
-    video_ctx c = {L, t, &acc, 1};
-    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, video_open, &c, dst[PL_VID],
-                                  &err);
+    ld_video_ctx c = {L, t, &acc, 1};
+    st = mml_sample_decode_videos(pl, sc, &t->rec, t->imgs, t->vplans, ld_video_open, &c,
+                                  dst[PL_VID], &err);
   }
   ld_task_close_videos(L, t); /* those a failure left undecoded */
   if (L->cfg.max_memory) mml_vision_scratch_trim(sc->vision, MML_SCRATCH_KEEP);

@@ -244,42 +244,6 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
 
 /* ---- open --------------------------------------------------------------------------- */
 
-static uint64_t be(const uint8_t *p, int n) {
-  uint64_t x = 0;
-  for (int i = 0; i < n; i++) x = x << 8 | p[i];
-  return x;
-}
-
-int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end) {
-  *off = *end = 0;
-  const int64_t n = (int64_t)len;
-  if (!b || n < 16 || size <= n || memcmp(b + 4, "ftyp", 4)) return 0;
-  int64_t pos = 0;
-  while (pos + 8 <= n) {
-    int64_t sz = (int64_t)be(b + pos, 4), hdr = 8;
-    if (sz == 1) { /* a 64-bit size follows */
-      if (pos + 16 > n) break;
-      uint64_t big = be(b + pos + 8, 8);
-      if (big > (uint64_t)INT64_MAX) return 0;
-      sz = (int64_t)big, hdr = 16;
-    } else if (sz == 0) { /* to the end of the file */
-      sz = size - pos;
-    }
-    if (sz < hdr || sz > size - pos) return 0; /* not a box chain we can follow */
-    if (!memcmp(b + pos + 4, "moov", 4)) {
-      if (pos + sz <= n) return 0; /* whole in the first bytes */
-      *off = n;
-      *end = pos + sz + MML_VIDEO_BLOCK < size ? pos + sz + MML_VIDEO_BLOCK : size;
-      return 1;
-    }
-    pos += sz;
-  }
-  if (pos >= size) return 0;
-  *off = pos > n ? pos : n;
-  *end = size;
-  return 1;
-}
-
 static int rotation_of(AVStream *st) {
   const uint8_t *m = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, NULL);
   if (!m) return 0;

@@ -26,6 +26,10 @@
  * read the index did not foresee) falls back to the blocks above, and every such wait on
  * the network is counted (io->waits, *io->wait_count), so tests and stats can show there
  * were none.  Close waits for the ranges in flight.
+ *
+ * Also here: mml_video_header_range, which bytes of a remote file its open reads past the
+ * first block (an mp4's top-level boxes, an mkv/avi's packets), for a caller to fetch them
+ * ahead and pass them in (mml_vio_open's tail).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -482,4 +486,50 @@ int64_t mml_vio_seek(void *opaque, int64_t off, int whence) {
   if (base < 0 || base + off < 0) return AVERROR(EINVAL);
   io->pos = base + off;
   return io->pos;
+}
+
+/* ---- where a remote video's header lies (mml/video.h) ------------------------------- */
+
+static uint64_t be(const uint8_t *p, int n) {
+  uint64_t x = 0;
+  for (int i = 0; i < n; i++) x = x << 8 | p[i];
+  return x;
+}
+
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t whole, int64_t *off,
+                           int64_t *end) {
+  *off = *end = 0;
+  const int64_t n = (int64_t)len;
+  if (!b || n < 16 || size <= n) return 0;
+  if (!memcmp(b, "\x1a\x45\xdf\xa3", 4) || (!memcmp(b, "RIFF", 4) && !memcmp(b + 8, "AVI ", 4))) {
+    if (size - n > whole) return 0; /* the packet pass reads it in blocks, on demand */
+    *off = n;
+    *end = size;
+    return 1;
+  }
+  if (memcmp(b + 4, "ftyp", 4)) return 0;
+  int64_t pos = 0;
+  while (pos + 8 <= n) {
+    int64_t sz = (int64_t)be(b + pos, 4), hdr = 8;
+    if (sz == 1) { /* a 64-bit size follows */
+      if (pos + 16 > n) break;
+      uint64_t big = be(b + pos + 8, 8);
+      if (big > (uint64_t)INT64_MAX) return 0;
+      sz = (int64_t)big, hdr = 16;
+    } else if (sz == 0) { /* to the end of the file */
+      sz = size - pos;
+    }
+    if (sz < hdr || sz > size - pos) return 0; /* not a box chain we can follow */
+    if (!memcmp(b + pos + 4, "moov", 4)) {
+      if (pos + sz <= n) return 0; /* whole in the first bytes */
+      *off = n;
+      *end = pos + sz + MML_VIDEO_BLOCK < size ? pos + sz + MML_VIDEO_BLOCK : size;
+      return 1;
+    }
+    pos += sz;
+  }
+  if (pos >= size) return 0;
+  *off = pos > n ? pos : n;
+  *end = size;
+  return 1;
 }

@@ -281,30 +281,37 @@ TEST(test_header_range) {
   int64_t off, end;
   box(b, 24, "ftyp");
   box(b + 24, 100, "moov"); /* whole in the first 256 bytes */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, 0, &off, &end), 0);
   box(b + 24, 500, "moov"); /* its rest, and a block past it (the first packets) */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, &off, &end), 1);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 10000, 0, &off, &end), 1);
   CHECK_EQ_INT(off, 256);
   CHECK_EQ_INT(end, 10000); /* (the file ends within that block) */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, (int64_t)4 << 20, &off, &end), 1);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, (int64_t)4 << 20, 0, &off, &end), 1);
   CHECK_EQ_INT(end, 524 + MML_VIDEO_BLOCK);
   box(b + 24, 8000, "mdat"); /* moov after the mdat: from there to the end */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 1);
   CHECK_EQ_INT(off, 8024);
   CHECK_EQ_INT(end, 9000);
   box(b + 24, 1, "mdat"); /* a 64-bit size */
   memset(b + 32, 0, 8);
   b[38] = 0x20; /* 0x2000 = 8192 */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 1);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 1);
   CHECK_EQ_INT(off, 24 + 8192);
   box(b + 24, 0, "mdat"); /* to the end of the file: no moov after it */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 0);
   box(b + 24, 20000, "mdat"); /* past the end: not followed */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 0);
   box(b + 24, 4, "mdat"); /* shorter than its header */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
-  box(b, 24, "EBML"); /* not ISO BMFF */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 0);
+  box(b, 24, "isom"); /* not ISO BMFF */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 0);
+  memcpy(b, "\x1a\x45\xdf\xa3", 4); /* Matroska: the rest when at most `whole` */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 0, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 9000, &off, &end), 1);
+  CHECK_EQ_INT(off, 256);
+  CHECK_EQ_INT(end, 9000);
+  memcpy(b, "RIFF\0\0\0\0AVI ", 12); /* AVI */
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 9000, 9000, &off, &end), 1);
   box(b, 24, "ftyp"); /* the whole file in the first bytes */
-  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 256, &off, &end), 0);
+  CHECK_EQ_INT(mml_video_header_range(b, sizeof b, 256, 0, &off, &end), 0);
 }

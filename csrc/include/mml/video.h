@@ -67,9 +67,12 @@ typedef struct mml_video_src {
  * the open): the bytes past them the open reads for it, from the top-level box sizes:
  * the moov's rest (and a block past it, where its first packets are) when it starts in
  * b, else everything from the first box past b (after an mdat) to the end of the file
- * (`size` bytes), where a moov that follows the mdat is.  1 with [*off, *end); 0 when the
- * first bytes hold the header, or this is not ISO BMFF, or cannot be told. */
-int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t *off, int64_t *end);
+ * (`size` bytes), where a moov that follows the mdat is.  A Matroska/WebM or AVI file
+ * (EBML / RIFF magic: no per-frame index, the open reads every packet): the rest of the
+ * file, when it is at most `whole` bytes.  1 with [*off, *end); 0 when the first bytes
+ * hold the header, or the container is another, or cannot be told. */
+int mml_video_header_range(const uint8_t *b, size_t len, int64_t size, int64_t whole, int64_t *off,
+                           int64_t *end);
 
 #define MML_VIDEO_MAX_PIXELS ((int64_t)8192 * 8192)
 #define MML_VIDEO_BLOCK ((int64_t)1 << 20) /* the default remote read block */
