@@ -112,6 +112,21 @@ def make_case(tmp, preset, tok, name, text="What happens?"):
     }
 
 
+def video_records(ref, n, nframes):
+    """n records of one question and answer over video `ref` (a path or URL), nframes
+    frames each."""
+    return [
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [{"video": ref, "nframes": nframes}],
+        }
+        for i in range(n)
+    ]
+
+
 def batches(data, preset="qwen2.5-vl", tok=TINY, **kw):
     args = dict(
         preset=preset,
@@ -671,19 +686,9 @@ def test_max_memory_counts_preloaded_video_bytes(vdir, tmp_path, fault_server):
         noise=True,
         container_options={"movflags": "faststart"},
     )
-    recs = lambda ref: [  # noqa: E731
-        {
-            "conversations": [
-                {"from": "human", "value": f"<video>{i}"},
-                {"from": "gpt", "value": "x"},
-            ],
-            "videos": [{"video": ref, "nframes": 4}],
-        }
-        for i in range(12)
-    ]
-    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 12, nframes=4)))
     srv = fault_server(objects={"/p.mp4": open(path, "rb").read()}, latency=0.01)
-    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/p.mp4")))
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/p.mp4"), 12, nframes=4))
     cap = 80 << 20
     free, fst = batches(shard)
     same(want, free)
@@ -708,16 +713,7 @@ def test_max_memory_counts_videos_kept_open(vdir, tmp_path):
     cap they keep ~110 KB each open, under one the RSS growth stays below it (with ~1.1 MB
     each uncounted it did not), and batches equal the uncapped ones."""
     path = video(vdir, "h264-mp4")
-    recs = [
-        {
-            "conversations": [
-                {"from": "human", "value": f"<video>{i}"},
-                {"from": "gpt", "value": "x"},
-            ],
-            "videos": [{"video": path, "nframes": 2}],
-        }
-        for i in range(160)
-    ]
+    recs = video_records(path, 160, nframes=2)
     shard = write_shard(str(tmp_path / "o.jsonl"), recs)
 
     def run(**kw):
@@ -790,20 +786,10 @@ def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_s
         gop=30,
         container_options={"movflags": "faststart"},
     )
-    recs = lambda ref: [  # noqa: E731
-        {
-            "conversations": [
-                {"from": "human", "value": f"<video>{i}"},
-                {"from": "gpt", "value": "x"},
-            ],
-            "videos": [{"video": ref, "nframes": 4}],
-        }
-        for i in range(8)
-    ]
-    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 8, nframes=4)))
     assert want[0]["pixel_values_videos"].nbytes > 10 << 20  # 11.25 MB: 12 MiB of pages
     srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
-    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/r.mp4")))
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/r.mp4"), 8, nframes=4))
     args = dict(
         preset="qwen2.5-vl",
         tokenizer=TINY,
@@ -910,19 +896,9 @@ def test_next_batch_waiting_its_turn_keeps_what_is_held_ahead(tmp_path, fault_se
         gop=24,
         container_options={"movflags": "faststart"},
     )
-    recs = lambda ref: [  # noqa: E731
-        {
-            "conversations": [
-                {"from": "human", "value": f"<video>{i}"},
-                {"from": "gpt", "value": "x"},
-            ],
-            "videos": [{"video": ref, "nframes": 4}],
-        }
-        for i in range(24)
-    ]
-    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), recs(path)))
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 24, nframes=4)))
     srv = fault_server(objects={"/k.mp4": open(path, "rb").read()}, latency=0.01)
-    shard = write_shard(str(tmp_path / "h.jsonl"), recs(srv.url("/k.mp4")))
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/k.mp4"), 24, nframes=4))
     for cap in (None, 1 << 30):
         out = []
         with mmloader.Loader(
