@@ -64,4 +64,3 @@ void ld_bytes_free_spares(mml_loader *L) {
   L->nspare = 0;
   L->spare_bytes = 0;
 }
-

@@ -491,13 +491,14 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
               "max_memory=%lld cannot hold the next batch: its %lld bytes of "
               "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
               "the consumer holds, %lld bytes of samples in flight and %lld bytes of "
-              "%d workers' decode scratch need max_memory >= %lld; or hold fewer batches: a "
+              "%d workers' decode scratch need max_memory >= %lld (with one more sample's bytes in "
+              "flight); or hold fewer batches: a "
               "`for batch in loader` loop keeps the previous batch alive while it asks for "
               "the next (`del batch` at the end of the loop body releases it)",
               (long long)L->cfg.max_memory, (long long)next, (long long)need, live,
               (long long)L->win_bytes, (long long)scratch_bytes(L), L->cfg.num_threads,
-              (long long)((int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
-                          L->emit_extra + hold + eh + need));
+              (long long)((int64_t)live + L->win_bytes + L->max_sample_bytes + scratch_bytes(L) +
+                          L->scratch_extra + L->emit_extra + hold + eh + need));
   if (eh > 0) {
     size_t n = strlen(e.msg);
     snprintf(e.msg + n, sizeof e.msg - n,
