@@ -286,3 +286,17 @@ def test_one_image_whose_scratch_cannot_fit_is_named(big_shard):
     # the 36 MB of coefficients do not
     with pytest.raises(mmloader.OutOfMemoryError, match=r"d\.jsonl:1.*decoder scratch.*jpeg"):
         _run(big_shard, max_memory=64 * MB, **BIG_KW)
+
+
+def test_batches_larger_than_a_third_of_the_cap_are_delivered(big_shard):
+    # A batch of ~38 MB of float32 pixel_values (1.6 MP), its 36 MB of JPEG coefficients,
+    # 2 workers' reserve and the files read ahead (~22 MB) fit in 144 MiB.  The reads and
+    # tickets used to keep TWO of the largest expanded batches free beside what was live
+    # (a batch the consumer holds is live already): this raised "cannot hold the next
+    # batch" here, and with a batch seen over ~40% of the cap it hung the reads.
+    kw = dict(max_pixels=1600000, prefetch=4, next_timeout_s=60)
+    _, free, _, _ = _run(big_shard, **kw)
+    cap = 144 * MB
+    rss, capped, _, _ = _run(big_shard, max_memory=cap, **kw)
+    assert capped == free  # every batch, the same ones
+    assert rss <= cap, f"RSS grew {rss / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"

@@ -86,9 +86,9 @@
  * whole-image buffer: mml_vision_plan.scratch) makes its sample's scratch_need: it counts
  * in "can it ever fit", its decode takes it before starting (scratch_extra while it runs)
  * and it is held free meanwhile by tickets (the largest need placed up to them) and reads
- * (the largest seen, and two batch buffers).  COMPACT under max_memory: tickets count
+ * (the largest seen, and one batch buffer).  COMPACT under max_memory: tickets count
  * uint8 rows, an emission takes what its float rows add (fneed; emit_extra), and other uses
- * keep two of the largest expanded batches free less those expanded ahead (expand_hold).
+ * keep the largest expanded batch free less those expanded ahead (expand_hold).
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
@@ -288,13 +288,14 @@ static int decodes_ahead(mml_loader *L, int64_t id) {
 }
 
 /* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
- * rows at emission): two of the largest expanded batches (the one the consumer holds while
- * the next is expanded), less the expanded batches already live ahead of the consumer
+ * rows at emission): the largest expanded batch (the next one: a batch the consumer holds
+ * is live already, in the pool's bytes; holding two here hung the loader when two did not
+ * fit beside the rest), less the expanded batches already live ahead of the consumer
  * (ready, in the output queue or waiting for it; an emission running holds its grant,
  * emit_extra). */
 static int64_t expand_hold(const mml_loader *L) {
   if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
-  int64_t h = 2 * mml_round_2mib(L->fbytes_max);
+  int64_t h = mml_round_2mib(L->fbytes_max);
   for (int i = 0; i < L->out_count; i++)
     h -= (int64_t)L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
@@ -685,18 +686,25 @@ int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
 int ld_mem_may_read_locked(mml_loader *L) {
   if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
+  /* Nothing read, decoding, queued or emitting and the consumer waiting: no earlier work
+   * can use the room held below, and the batch it waits for may need this sample (holding
+   * it back hung the loader when two large batches did not fit beside the rest); the
+   * steps after the read still check the cap and name what cannot fit. */
+  if (!L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
+      L->pend_head == L->pend_tail)
+    return ld_mem_room_hold_locked(L, est, 0);
   /* Once samples need scratch: beside the most one has needed (the one read may need as
-   * much) and two of the largest batch buffers taken or samples' pixel rows planned (the
-   * one the consumer holds while the next is built): samples read ahead must not take the
-   * room that the batches before them need, as they can only be decoded after those. */
+   * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
+   * built; a batch the consumer holds is live already): samples read ahead must not take
+   * the room that the batches before them need, as they can only be decoded after those. */
   int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
   if (hold < L->scratch_max) hold = L->scratch_max;
   const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
   if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
   const int64_t tk = mml_round_2mib(L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max);
-  int64_t eh = expand_hold(L); /* before any batch: two of a sample's expanded rows */
-  if (L->compact && !L->fbytes_max) eh = 2 * mml_round_2mib(L->pxf_max);
-  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + 2 * tk, hold + eh);
+  int64_t eh = expand_hold(L); /* before any batch: a sample's expanded rows */
+  if (L->compact && !L->fbytes_max) eh = mml_round_2mib(L->pxf_max);
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + tk, hold + eh);
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
