@@ -287,6 +287,13 @@ static int decodes_ahead(mml_loader *L, int64_t id) {
   return n >= want;
 }
 
+/* Nothing read, decoding, queued or emitting, and the consumer waiting in next(): no work
+ * in the engine can free room or use room held for it. */
+static int only_consumer_waits(const mml_loader *L) {
+  return !L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
+         L->pend_head == L->pend_tail;
+}
+
 /* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
  * rows at emission): the largest expanded batch (the next one: a batch the consumer holds
  * is live already, in the pool's bytes; holding two here hung the loader when two did not
@@ -690,9 +697,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * can use the room held below, and the batch it waits for may need this sample (holding
    * it back hung the loader when two large batches did not fit beside the rest); the
    * steps after the read still check the cap and name what cannot fit. */
-  if (!L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
-      L->pend_head == L->pend_tail)
-    return ld_mem_room_hold_locked(L, est, 0);
+  if (only_consumer_waits(L)) return ld_mem_room_hold_locked(L, est, 0);
   /* Once samples need scratch: beside the most one has needed (the one read may need as
    * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
    * built; a batch the consumer holds is live already): samples read ahead must not take
@@ -769,8 +774,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   /* Room comes back as decodes end and the consumer releases batches; with none running,
    * nothing read or planned and the consumer waiting in next() for nothing ready, 20 looks
    * in a row (5 ms apart) mean it cannot fit (not expected: the room is held for it). */
-  if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count ||
-      L->pend_head != L->pend_tail || L->emitting) {
+  if (!only_consumer_waits(L)) {
     L->scratch_stuck = 0;
     return 0;
   }
