@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 from typing import List, Optional
 
 
@@ -41,18 +40,14 @@ def _demo(args: argparse.Namespace) -> int:
             f"wrote {ds['n_samples']} samples and {ds['n_images']} images to {out} "
             f"in {time.perf_counter() - t0:.1f}s"
         )
-    tokenizer = args.tokenizer
-    with warnings.catch_warnings():
-        if tokenizer is None:
-            warnings.simplefilter("ignore")  # the bundled tokenizer is fine for a demo
-        loader = Loader(
-            ds["shards"],
-            micro_batch_size=args.batch_size,
-            tokenizer=tokenizer,
-            num_threads=args.threads,
-            max_pixels=args.max_pixels,
-            seed=0,
-        )
+    loader = Loader(
+        ds["shards"],
+        micro_batch_size=args.batch_size,
+        tokenizer=args.tokenizer,
+        num_threads=args.threads,
+        max_pixels=args.max_pixels,
+        seed=0,
+    )
     with loader:
         t0 = time.perf_counter()
         batches = samples = images = 0
@@ -103,7 +98,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     d.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
     d.add_argument("--max-pixels", type=int, default=None, help="vision max_pixels override")
-    d.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bundled tiny)")
+    d.add_argument(
+        "--tokenizer", default="tiny", help='tokenizer.json (default: "tiny", the bundled test one)'
+    )
     from .profile import add_arguments as profile_arguments
 
     profile_arguments(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _core
@@ -103,11 +102,9 @@ def build(
     if out is not None:
         out = os.fspath(out)
         os.makedirs(out, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the bundled-tokenizer warning
-        loader = Loader(
-            data, index=False, micro_batch_size=1, shuffle=False, num_threads=1, **loader_kw
-        )
+    loader = Loader(
+        data, index=False, micro_batch_size=1, shuffle=False, num_threads=1, **loader_kw
+    )
     try:
         shards: List[str] = _core.loader_shards(loader._core())
         remote = [s for s in shards if s.startswith(("http://", "https://", "s3://"))]

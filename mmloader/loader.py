@@ -169,6 +169,57 @@ def default_num_threads() -> int:
     return max(1, cpus // local)
 
 
+def _launcher_world() -> Optional[Tuple[int, int, str]]:
+    """(rank, world size, where from) of an initialised torch.distributed, else of a
+    launcher's RANK / WORLD_SIZE (torchrun, accelerate launch, deepspeed, Slurm via those),
+    else None.  Both, when they disagree: ConfigError."""
+    env = None
+    r, w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if r is not None and w is not None:
+        try:
+            env = (int(r), int(w), "the RANK / WORLD_SIZE environment variables")
+        except ValueError:
+            raise ConfigError(f"RANK={r!r} / WORLD_SIZE={w!r} are not integers") from None
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        got = (dist.get_rank(), dist.get_world_size(), "torch.distributed")
+        if env is not None and env[:2] != got[:2]:
+            raise ConfigError(
+                f"torch.distributed is rank {got[0]} of {got[1]} but RANK / WORLD_SIZE say "
+                f"{env[0]} of {env[1]}"
+            )
+        return got
+    return env
+
+
+def resolve_dp(dp_rank: Optional[int], dp_size: Optional[int]) -> Tuple[int, int]:
+    """The data-parallel (rank, size) a Loader runs with.  Given: as given.  Not given:
+    those of an initialised torch.distributed (or a launcher's RANK / WORLD_SIZE), so
+    ranks never train on the same samples by default; 0 / 1 in a single process.  Under
+    a distributed launch, a given dp_size must divide the world size (data parallelism
+    beside tensor / pipeline parallelism) and both or neither must be given:
+    ConfigError otherwise."""
+    world = _launcher_world()
+    if world is None or world[1] <= 1:
+        return (0 if dp_rank is None else dp_rank, 1 if dp_size is None else dp_size)
+    rank, size, where = world
+    if dp_rank is None and dp_size is None:
+        return rank, size
+    if dp_rank is None or dp_size is None:
+        raise ConfigError(
+            f"{where} runs {size} processes: give both dp_rank and dp_size (the "
+            "data-parallel group's), or neither (rank and size of the whole world)"
+        )
+    _check_int("dp_size", dp_size, 1)
+    if size % dp_size:
+        raise ConfigError(
+            f"dp_size={dp_size} does not divide the {size} processes of {where} "
+            "(data-parallel ranks times model-parallel ranks make the world)"
+        )
+    return dp_rank, dp_size
+
+
 def _check_int(name: str, v: Any, lo: Optional[int] = None, none_ok: bool = False) -> None:
     if v is None and none_ok:
         return
@@ -209,15 +260,19 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
     if tokenizer is None:
         if model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
             tokenizer = os.path.join(model_dir, "tokenizer.json")
-        else:
-            warnings.warn(
-                "mmloader.Loader: no tokenizer given (tokenizer= or model_dir= with a "
-                "tokenizer.json); using the small bundled test tokenizer, whose ids "
-                "do not match any real model",
-                UserWarning,
-                stacklevel=3,
+        elif model_dir is not None:
+            raise ConfigError(
+                f"model_dir {model_dir!r} holds no tokenizer.json: pass tokenizer= (the "
+                "model's tokenizer.json or a folder holding it)"
             )
-            tokenizer = TINY_TOKENIZER_PATH
+        else:
+            raise ConfigError(
+                "no tokenizer: pass model_dir= (a checkpoint folder with tokenizer.json) or "
+                "tokenizer= (its tokenizer.json); the small test tokenizer, whose ids match "
+                'no real model, only by name: tokenizer="tiny"'
+            )
+    if isinstance(tokenizer, str) and tokenizer == "tiny":
+        tokenizer = TINY_TOKENIZER_PATH
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
@@ -472,8 +527,8 @@ class Loader:
         seq_length: Optional[int] = _D["seq_length"],
         shuffle: bool = _D["shuffle"],
         seed: int = _D["seed"],
-        dp_rank: int = _D["dp_rank"],
-        dp_size: int = _D["dp_size"],
+        dp_rank: Optional[int] = None,
+        dp_size: Optional[int] = None,
         num_threads: Optional[int] = _D["num_threads"],
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],
@@ -570,6 +625,7 @@ class Loader:
         _check_system_prompt("system_prompt", system_prompt)
         if opts["num_threads"] is None:
             opts["num_threads"] = default_num_threads()
+        opts["dp_rank"], opts["dp_size"] = dp_rank, dp_size = resolve_dp(dp_rank, dp_size)
         if image_root is not None:
             opts["image_root"] = os.fspath(image_root)
         if index is False:
@@ -698,14 +754,19 @@ class Loader:
         return c.next()
 
     def __len__(self) -> int:
-        """Batches per epoch (padded mode; packed batch counts depend on the data)."""
+        """Batches per epoch: padded batches, and any global plan (``global_plan=True``:
+        packed batches too, from the planning pass; quick with a dataset index).  Without a
+        plan a packed epoch's count is only known at its end: TypeError, like a DataLoader
+        over an IterableDataset."""
         if self._plan:  # the global plan knows every epoch's steps
             plan = self._core().plan_info(self.epoch)
             assert plan is not None  # self._plan: every epoch has one
             return plan["steps"]
         if self._packing:
             raise TypeError(
-                "len() is undefined with packing=True (packs per epoch depend on sample lengths)"
+                "len() is undefined with packing=True and no global plan (packs per epoch "
+                "depend on sample lengths): pass global_plan=True, whose planning pass counts "
+                "every epoch's packs before training"
             )
         return self._batches_per_epoch
 
@@ -715,6 +776,16 @@ class Loader:
         c = self._core()
         if tuple(c.cursor()) != (epoch, 0, 0):
             c.seek(epoch, 0, 0)
+
+    @property
+    def dp_rank(self) -> int:
+        """This loader's data-parallel rank (given, or from torch.distributed / RANK)."""
+        return int(self._fingerprint["dp_rank"])
+
+    @property
+    def dp_size(self) -> int:
+        """The data-parallel group's size (given, or torch.distributed's / WORLD_SIZE)."""
+        return int(self._fingerprint["dp_size"])
 
     @property
     def epoch(self) -> int:

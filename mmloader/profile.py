@@ -520,7 +520,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=0.0,
         help="simulated trainer step per batch, ms (default 0: as fast as it goes)",
     )
-    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (or a folder with one)")
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help='tokenizer.json (or a folder with one; "tiny": the bundled test tokenizer)',
+    )
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--preset", default="qwen2.5-vl")
     ap.add_argument("--max-pixels", type=int, default=None)

@@ -39,6 +39,7 @@ from typing import Any, Counter, Deque, Dict, Iterator, List, Optional, Tuple, U
 import numpy as np
 
 from . import _core
+from . import loader as _loader
 from ._core import ConfigError, Error, SampleError
 
 try:
@@ -268,6 +269,10 @@ class Loader:
                 )
         if "plan_only" in loader_kwargs:
             raise ConfigError("mmloader.ray.Loader: plan_only is not a stream option")
+        # this process's data-parallel rank (the producers run elsewhere, outside its group)
+        loader_kwargs["dp_rank"], loader_kwargs["dp_size"] = _loader.resolve_dp(
+            loader_kwargs.get("dp_rank"), loader_kwargs.get("dp_size")
+        )
         self._packing = bool(loader_kwargs.get("packing", False))
         if planner is None:
             planner = self._packing

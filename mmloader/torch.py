@@ -35,7 +35,7 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -44,7 +44,16 @@ from . import _core
 from . import loader as _loader
 from .presets import vision_config
 
-__all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]
+__all__ = ["Loader", "TrainerCallback", "to_torch", "expand_pixels", "pixel_table"]
+
+
+def __getattr__(name: str) -> Any:
+    # TrainerCallback imports transformers: only when asked for
+    if name == "TrainerCallback":
+        from .trainer import MMLoaderCallback
+
+        return MMLoaderCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "cu_seqlens_padded", "max_seqlen")
 
@@ -112,6 +121,7 @@ def expand_pixels(
     dtype: torch.dtype = torch.float32,
     table: Optional[torch.Tensor] = None,
     videos: bool = False,
+    vision_config: Optional[Mapping[str, Any]] = None,
 ) -> torch.Tensor:
     """Turns ``pixel_format="uint8"`` patches into the ``pixel_values`` (or, with
     ``videos=True``, the ``pixel_values_videos``) the HF processor gives, on the device the
@@ -135,8 +145,16 @@ def expand_pixels(
     ``image_grid_thw`` (optional; the ``video_grid_thw`` with ``videos=True``) is checked
     against the row count when it is on the CPU (a GPU grid is not read back, which would
     synchronise).  P and T default to the preset's (``model_dir`` overrides them, like mean
-    and std).
+    and std).  ``vision_config=loader.vision_config`` takes patch sizes, mean and std from the
+    loader that made the batch (no preset to repeat; ``mmloader.torch.Loader.expand_pixels``
+    does that for a whole batch).
     """
+    if vision_config is not None:
+        v = vision_config
+        patch_size = patch_size or int(v["patch_size"])
+        temporal_patch_size = temporal_patch_size or int(v["temporal_patch_size"])
+        image_mean = image_mean if image_mean is not None else v["image_mean"]
+        image_std = image_std if image_std is not None else v["image_std"]
     if pixel_values.dtype != torch.uint8 or pixel_values.dim() != 2:
         raise TypeError(
             "expand_pixels: pixel_values must be a 2-D uint8 tensor (the "
@@ -164,7 +182,8 @@ def expand_pixels(
             else f"are neither 3*P*P = {3 * P * P} nor 3*T*P*P = {3 * T * P * P}"
         )
         raise ValueError(
-            f"expand_pixels: rows of {cols} bytes {sizes} (patch_size {P}, temporal_patch_size {T})"
+            f"expand_pixels: rows of {cols} bytes {sizes} (patch_size {P}, temporal_patch_size "
+            f"{T}): pass vision_config=loader.vision_config (the preset is {preset!r})"
         )
     if image_grid_thw is not None and image_grid_thw.device.type == "cpu":
         g = image_grid_thw.reshape(-1, 3).to(torch.int64)
@@ -234,6 +253,61 @@ def _accepts(name: str) -> bool:
         return False
 
 
+def _check_packed_qwen_keys(kwargs: Dict[str, Any], packing_keys: bool) -> None:
+    """Packed batches for a Hugging Face Qwen-VL model: the key sets that keep each
+    sample's attention to itself, or ConfigError (see the module docstring)."""
+    why = None
+    if packing_keys:
+        why = (
+            "packing_keys=True: transformers' Qwen-VL passes extra keyword arguments on to "
+            "its vision tower, which takes cu_seqlens for its own (a shape error), and its "
+            "language model reads no cu_seqlens"
+        )
+    elif not kwargs.get("mrope", True):
+        why = (
+            "mrope=False: 2-D position_ids carry no text row, so the model cannot tell "
+            "the packed samples apart and attends across them"
+        )
+    elif kwargs.get("attention_mask", False):
+        why = (
+            "attention_mask=True: with a mask the model takes no per-sample boundaries "
+            "from position_ids and attends across the packed samples"
+        )
+    if why is not None:
+        raise _loader.ConfigError(
+            f"mmloader.torch.Loader(packing=True, keys='qwen'): {why}.  The defaults "
+            "(mrope=True, attention_mask=False, packing_keys=False) give batches a Hugging "
+            "Face model attends per sample; keys='megatron' gives the packing tensors"
+        )
+
+
+class _Epoch(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """What ``Loader.dataset`` gives: the current epoch's batches, those already delivered
+    as ``None`` (for accelerate's skip_first_batches to skip)."""
+
+    def __init__(self, loader: "Loader") -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        L = self._loader
+        if not L._restored:
+            raise _loader.StateError(
+                "a trainer resumes this mmloader.torch.Loader in the middle of an epoch, but "
+                "no state was restored into it: pass callbacks=[mmloader.torch."
+                "TrainerCallback(loader)] to the Trainer (it saves the loader's state in "
+                "each checkpoint and restores it on resume_from_checkpoint)"
+            )
+        for _ in range(L._inner.state_dict()["batch_in_epoch"]):
+            yield None
+        # not `yield from L`: closing this generator early (the trainer stops at its step
+        # count) would close the loader too
+        for batch in L:
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
 class Loader:
     """An :class:`mmloader.Loader` whose batches are ``dict[str, torch.Tensor]``.
 
@@ -279,6 +353,9 @@ class Loader:
             kwargs.setdefault("attention_mask", not kwargs.get("packing", False))
         if packing_keys is None:
             packing_keys = not qwen
+        self._packed_qwen = qwen and bool(kwargs.get("packing", False))
+        if self._packed_qwen:
+            _check_packed_qwen_keys(kwargs, packing_keys)
         self._drop = () if packing_keys else _PACKING_KEYS
         fmt = kwargs.get("pixel_format", "float32")
         if wire_format is None:
@@ -293,6 +370,7 @@ class Loader:
                     "bfloat16 pixel_format)"
                 )
             kwargs["pixel_format"] = "uint8"
+        self._restored = False
         self._inner = _loader.Loader(data, **kwargs)
         if wire_format != fmt:
             v = self._inner.vision_config
@@ -306,13 +384,20 @@ class Loader:
         self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
-    def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self
 
-    def __next__(self) -> Dict[str, torch.Tensor]:
+    def __next__(self) -> Dict[str, Any]:
         """The next batch; StopIteration at the end of each epoch (unless cycle=True)."""
         batch = next(self._inner)
-        out = {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
+        out: Dict[str, Any] = {
+            k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop
+        }
+        if self._packed_qwen:
+            # transformers builds the per-sample attention of a packed row from
+            # position_ids[0] only when the forward runs without a KV cache, and the Qwen-VL
+            # configs default to use_cache=True (transformers' masking_utils)
+            out["use_cache"] = False
         if self._expand is not None:
             if "pixel_values" in out:
                 out["pixel_values"] = self._expanded(out["pixel_values"], out["image_grid_thw"])
@@ -341,9 +426,43 @@ class Loader:
         return len(self._inner)
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` from its beginning (like ``DistributedSampler.set_epoch``)."""
-        self._inner.set_epoch(epoch)
+        """Makes the next batch one of epoch ``epoch`` (like ``DistributedSampler.set_epoch``):
+        its first, unless the loader already stands inside that epoch (restored by
+        :meth:`load_state_dict`, or partly read): then it continues there, so a trainer that
+        calls ``set_epoch`` at the start of each epoch never rewinds a restored loader."""
+        if epoch != self._inner.epoch:
+            self._inner.set_epoch(epoch)
 
+    def expand_pixels(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """``batch`` with its uint8 ``pixel_values`` / ``pixel_values_videos`` (from
+        ``pixel_format="uint8"``) expanded to float32 by :func:`expand_pixels`, with this
+        loader's vision settings (patch sizes, mean, std: no preset to repeat)."""
+        out = dict(batch)
+        v = self._inner.vision_config
+        for key, grid, videos in (
+            ("pixel_values", "image_grid_thw", False),
+            ("pixel_values_videos", "video_grid_thw", True),
+        ):
+            if key in out and out[key].dtype == torch.uint8:
+                out[key] = expand_pixels(
+                    out[key], out.get(grid), vision_config=v, videos=videos
+                )
+        return out
+
+    # ---- what accelerate's skip_first_batches reads (transformers.Trainer's resume) ----
+    #: batches come whole from the engine: no re-batching (a DataLoader's batch_size=None)
+    batch_size = None
+    drop_last = False
+    prefetch_factor = None  # no worker processes: the engine prefetches (``prefetch``)
+
+    @property
+    def dataset(self) -> "torch.utils.data.IterableDataset[Any]":
+        """The rest of the current epoch as an IterableDataset of whole batches, the
+        batches this loader already delivered in the epoch standing first as ``None``:
+        accelerate's ``skip_first_batches`` (what ``Trainer`` calls on resume) skips those
+        and continues exactly where a restored loader stands (see :class:`TrainerCallback`).
+        """
+        return _Epoch(self)
     @property
     def epoch(self) -> int:
         return self._inner.epoch
@@ -359,6 +478,7 @@ class Loader:
         bitwise identical).  Raises :class:`mmloader.StateError` for a state from another
         configuration."""
         self._inner.load_state_dict(state_dict)
+        self._restored = True
 
     # Megatron's names for the same thing (train_iterator.iterable.save_state()).
     save_state = state_dict
@@ -370,12 +490,14 @@ class Loader:
 
     def restore_state_rank(self, state: Optional[Dict[str, Any]]) -> None:
         self._inner.restore_state_rank(state)
+        self._restored = True
 
     def save_state_global(self, global_dst_rank: int = 0) -> Optional[List[Dict[str, Any]]]:
         return self._inner.save_state_global(global_dst_rank)
 
     def restore_state_global(self, state: Any, *, src_rank: Optional[int] = None) -> None:
         self._inner.restore_state_global(state, src_rank=src_rank)
+        self._restored = True
 
     save_state_rank.__doc__ = _loader.Loader.save_state_rank.__doc__
     restore_state_rank.__doc__ = _loader.Loader.restore_state_rank.__doc__

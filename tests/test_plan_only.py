@@ -9,7 +9,7 @@ import pytest
 import mmloader
 from mmloader.datagen import make_dataset
 
-KW = dict(micro_batch_size=3, seed=2, num_threads=2, max_pixels=64 * 28 * 28)
+KW = dict(tokenizer="tiny", micro_batch_size=3, seed=2, num_threads=2, max_pixels=64 * 28 * 28)
 
 
 @pytest.fixture(scope="module")

@@ -211,7 +211,7 @@ def dataset(tmp_path_factory):
 def _cli(*args, timeout=240):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
-        [sys.executable, "-m", "mmloader", "profile", *args],
+        [sys.executable, "-m", "mmloader", "profile", "--tokenizer", "tiny", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
