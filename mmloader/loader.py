@@ -415,7 +415,10 @@ class Loader:
             epoch (same configuration: the exact next batch).
         shuffle, seed: the epoch order is a pure function of (seed, epoch).
         dp_rank, dp_size: this rank of a data-parallel group; ranks get disjoint samples
-            and the same number of batches.
+            and the same number of batches.  None (default): the rank and world size of an
+            initialised torch.distributed, else of the RANK / WORLD_SIZE environment
+            variables (torchrun, accelerate launch), else 0 / 1.  Under a distributed
+            launch give both or neither; a dp_size must divide the world size.
         num_threads: worker threads; default: CPUs in the affinity mask divided by
             ``LOCAL_WORLD_SIZE``.
         prefetch: batches whose pixels are in memory ahead of the consumer, finished or
@@ -527,8 +530,8 @@ class Loader:
         seq_length: Optional[int] = _D["seq_length"],
         shuffle: bool = _D["shuffle"],
         seed: int = _D["seed"],
-        dp_rank: Optional[int] = None,
-        dp_size: Optional[int] = None,
+        dp_rank: Optional[int] = _D["dp_rank"],
+        dp_size: Optional[int] = _D["dp_size"],
         num_threads: Optional[int] = _D["num_threads"],
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],

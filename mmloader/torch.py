@@ -42,7 +42,7 @@ import torch
 
 from . import _core
 from . import loader as _loader
-from .presets import vision_config
+from .presets import vision_config as _preset_vision
 
 __all__ = ["Loader", "TrainerCallback", "to_torch", "expand_pixels", "pixel_table"]
 
@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
         return MMLoaderCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _PACKING_KEYS = ("cu_seqlens", "cu_seqlens_unpadded", "cu_seqlens_padded", "max_seqlen")
 
@@ -86,7 +87,7 @@ def pixel_table(
     ``(float32(v) - m) / s`` in float32 with ``m = float32(mean[c]) * float32(1 /
     rescale_factor)`` (and ``s`` alike).  Mean and std come from the preset, then
     ``model_dir``'s preprocessor_config.json, then the arguments."""
-    cfg = vision_config(preset, model_dir, image_mean=image_mean, image_std=image_std)
+    cfg = _preset_vision(preset, model_dir, image_mean=image_mean, image_std=image_std)
     mean = np.asarray(cfg["image_mean"], dtype=np.float64).astype(np.float32)
     std = np.asarray(cfg["image_std"], dtype=np.float64).astype(np.float32)
     if videos:
@@ -166,7 +167,7 @@ def expand_pixels(
             f"expand_pixels: dtype must be torch.float32 or torch.bfloat16, got {dtype}"
         )
     if patch_size is None or temporal_patch_size is None:
-        cfg = vision_config(preset, model_dir)
+        cfg = _preset_vision(preset, model_dir)
         patch_size = patch_size or int(cfg["patch_size"])
         temporal_patch_size = temporal_patch_size or int(cfg["temporal_patch_size"])
     P, T = int(patch_size), int(temporal_patch_size)
@@ -281,7 +282,7 @@ def _check_packed_qwen_keys(kwargs: Dict[str, Any], packing_keys: bool) -> None:
         )
 
 
-class _Epoch(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class _Epoch(torch.utils.data.IterableDataset):
     """What ``Loader.dataset`` gives: the current epoch's batches, those already delivered
     as ``None`` (for accelerate's skip_first_batches to skip)."""
 
@@ -384,20 +385,19 @@ class Loader:
         self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
+    def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         return self
 
-    def __next__(self) -> Dict[str, Any]:
+    def __next__(self) -> Dict[str, torch.Tensor]:
         """The next batch; StopIteration at the end of each epoch (unless cycle=True)."""
         batch = next(self._inner)
-        out: Dict[str, Any] = {
-            k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop
-        }
+        out = {k: torch.from_dlpack(v) for k, v in batch.items() if k not in self._drop}
         if self._packed_qwen:
             # transformers builds the per-sample attention of a packed row from
             # position_ids[0] only when the forward runs without a KV cache, and the Qwen-VL
             # configs default to use_cache=True (transformers' masking_utils)
-            out["use_cache"] = False
+            # (a 0-d tensor, so the batch stays a dict of tensors that .to() / .clone() take)
+            out["use_cache"] = torch.zeros((), dtype=torch.bool)
         if self._expand is not None:
             if "pixel_values" in out:
                 out["pixel_values"] = self._expanded(out["pixel_values"], out["image_grid_thw"])
@@ -444,9 +444,7 @@ class Loader:
             ("pixel_values_videos", "video_grid_thw", True),
         ):
             if key in out and out[key].dtype == torch.uint8:
-                out[key] = expand_pixels(
-                    out[key], out.get(grid), vision_config=v, videos=videos
-                )
+                out[key] = expand_pixels(out[key], out.get(grid), vision_config=v, videos=videos)
         return out
 
     # ---- what accelerate's skip_first_batches reads (transformers.Trainer's resume) ----
@@ -463,6 +461,7 @@ class Loader:
         and continues exactly where a restored loader stands (see :class:`TrainerCallback`).
         """
         return _Epoch(self)
+
     @property
     def epoch(self) -> int:
         return self._inner.epoch

@@ -36,7 +36,7 @@ from ._core import ConfigError, StateError
 NAME = "MMLoaderCallback"
 
 
-class MMLoaderCallback(_HFCallback, ExportableState):  # type: ignore[misc]
+class MMLoaderCallback(_HFCallback, ExportableState):
     """Saves the loader's state in each Trainer checkpoint and restores it on resume (see
     the module docstring).  ``loader``: the :class:`mmloader.torch.Loader` the Trainer's
     ``get_train_dataloader`` returns."""

@@ -93,7 +93,9 @@ def tiny_model(family, attn="sdpa", seed=0):
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("hfds"))
-    return make_dataset(root, n_samples=24, seed=3, n_shards=1, n_images=8, min_size=32, max_size=96)
+    return make_dataset(
+        root, n_samples=24, seed=3, n_shards=1, n_images=8, min_size=32, max_size=96
+    )
 
 
 def _segments(batch):
@@ -167,9 +169,7 @@ def test_packed_batches_attend_per_sample_with_the_default_config(ds, family, at
             lab = b["labels"][0, a + 1 : e]
             ok = lab != -100
             loss_sum += float(
-                torch.nn.functional.cross_entropy(
-                    alone[:-1][ok].double(), lab[ok], reduction="sum"
-                )
+                torch.nn.functional.cross_entropy(alone[:-1][ok].double(), lab[ok], reduction="sum")
             )
             n_lab += int(ok.sum())
         assert row == b["pixel_values"].shape[0] if grids else True

@@ -145,10 +145,11 @@ def test_state_mismatch_raises(ds):
 
 
 def test_packing_efficiency_in_stats(ds):
-    with make(ds, packing=True, pack_length=512, seq_length=None, packing_keys=True) as L:
+    # the packing tensors: Megatron keys (a Qwen-keys loader refuses packing_keys=True)
+    with make(ds, packing=True, pack_length=512, seq_length=None, keys="megatron") as L:
         real = slots = 0
         for b in L:
-            ids = b["input_ids"]
+            ids = b["tokens"] if "tokens" in b else b["input_ids"]
             cu = b["cu_seqlens"]
             real += int(cu[-1])
             slots += ids.numel()
@@ -217,7 +218,7 @@ def test_training_loop_with_a_real_qwen25_vl_model(ds, packing):
                 assert "cu_seqlens" not in batch
             else:
                 assert batch["position_ids"].shape[0] == 3
-            out = model(**batch, use_cache=False)
+            out = model(**batch)  # the README loop: packed batches carry use_cache=False
             assert torch.isfinite(out.loss)
             out.loss.backward()
             opt.step()

@@ -36,6 +36,9 @@ PyObject *mml_py_exc_for(mml_py_state *ms, mml_status st) {
     case MML_ERECORDSIZE:
     case MML_EOBJECTSIZE:
     case MML_EPATH:
+    case MML_EAUDIO:
+    case MML_EPREFERENCE:
+    case MML_ENOTARGET:
       return ms->SampleError;
     case MML_ECUDA:
       return ms->CudaError;

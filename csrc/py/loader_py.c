@@ -26,6 +26,7 @@ typedef struct {
   PyObject *tokenizer; /* keeps the borrowed core tokenizer alive */
   pid_t pid;
   int warned;            /* skip warnings emitted so far */
+  unsigned warned_kinds; /* records that are not SFT: reasons warned about (once each) */
   double next_timeout_s; /* next() raises after this long without an item (> 0) */
   int active;            /* next() calls in progress (they run with the GIL released) */
   mml_loader *closing;   /* closed while next() was active: freed by the last one out */
@@ -172,6 +173,12 @@ static PyObject *Loader_close(LoaderObject *self, PyObject *unused) {
   Py_RETURN_NONE;
 }
 
+/* Records that are not supervised fine-tuning data: their reasons are named in one
+ * warning each (a DPO file would otherwise fill the per-sample warnings). */
+static unsigned non_sft_kind(mml_status st) {
+  return st == MML_EAUDIO ? 1u : st == MML_EPREFERENCE ? 2u : st == MML_ENOTARGET ? 4u : 0u;
+}
+
 static int emit_warnings(LoaderObject *self) {
   mml_err w[8];
   int n;
@@ -181,9 +188,20 @@ static int emit_warnings(LoaderObject *self) {
         if (PyErr_WarnFormat(PyExc_UserWarning, 1, "mmloader: %s", w[i].msg)) return -1;
         continue;
       }
+      const char *reason = mml_status_skip_reason(w[i].status);
+      unsigned kind = non_sft_kind(w[i].status);
+      if (kind) { /* one warning per reason, whatever the count */
+        if (self->warned_kinds & kind) continue;
+        self->warned_kinds |= kind;
+        if (PyErr_WarnFormat(PyExc_UserWarning, 1,
+                             "mmloader skips every sample of reason %s (counted in "
+                             "stats()['skipped_by_reason']); the first: %s",
+                             reason, w[i].msg))
+          return -1;
+        continue;
+      }
       if (self->warned >= MAX_WARNINGS) continue;
       self->warned++;
-      const char *reason = mml_status_skip_reason(w[i].status);
       int rc = PyErr_WarnFormat(PyExc_UserWarning, 1, "mmloader skipped a sample (%s): %s",
                                 reason ? reason : mml_status_name(w[i].status), w[i].msg);
       if (!rc && self->warned == MAX_WARNINGS)

@@ -153,6 +153,13 @@ mml_status mml_sample_decode_videos(const mml_pipeline *pl, mml_sample_scratch *
   return st;
 }
 
+/* Whether any label is supervised (not -100). */
+static int any_label(const mml_ids *labels) {
+  for (size_t i = 0; i < labels->len; i++)
+    if (labels->data[i] != -100) return 1;
+  return 0;
+}
+
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
                            const mml_bytes *images, mml_vision_plan *plans,
                            const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
@@ -194,6 +201,10 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
                                  err);
   sc->text_s += mml_now() - t1;
   if (st) return st;
+  if (!any_label(&out->labels))
+    return mml_err_set(err, MML_ENOTARGET,
+                       "no trainable turn: no token of the sample is supervised (no assistant "
+                       "reply, or label_mode leaves none)");
   if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
                        (long long)pl->max_length);

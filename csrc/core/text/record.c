@@ -231,6 +231,11 @@ static mml_status add_text(parse_ctx *c, int msg, const char *s) {
   size_t n = strlen(s);
   if (!mml_utf8_valid(s, n))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d text is not valid UTF-8", msg);
+  if (memmem(s, n, "<audio>", 7)) /* LLaMA-Factory's audio placeholder: never trained as text */
+    return mml_err_set(c->err, MML_EAUDIO,
+                       "audio record: message %d holds an <audio> tag (audio input is not "
+                       "supported; the sample is skipped rather than trained as text)",
+                       msg);
   const char *p = s, *end = s + n;
   const char *img = memmem(p, n, IMAGE_TAG, IMAGE_TAG_LEN);
   const char *vid = memmem(p, n, VIDEO_TAG, VIDEO_TAG_LEN);
@@ -458,6 +463,9 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
     return st ? st : push_part(c, MML_PART_IMAGE, NULL, 0, idx);
   }
   if (!strcmp(t, "video") || !strcmp(t, "video_url")) return add_video_part(c, msg, k, part);
+  if (!strcmp(t, "audio") || !strcmp(t, "input_audio") || !strcmp(t, "audio_url"))
+    return mml_err_set(c->err, MML_EAUDIO,
+                       "audio record: message %d content part %d is audio (not supported)", msg, k);
   char shown[MML_SHORT_CAP(64)];
   return mml_err_set(c->err, MML_ERECORD,
                      "bad record: message %d content part %d has unsupported type \"%s\"", msg, k,
@@ -680,11 +688,29 @@ static mml_status finish_record(parse_ctx *c, int n) {
   return MML_OK;
 }
 
+/* Records that are not supervised fine-tuning data (LLaMA-Factory's refuses them too):
+ * audio (a top-level "audios"/"audio" list) and preference pairs ("chosen"/"rejected"),
+ * each with its own skip reason.  <audio> tags and audio parts: add_text and
+ * add_content_part. */
+static mml_status refuse_non_sft(parse_ctx *c, const cJSON *root) {
+  if (!no_media(get(root, "audios", "audio")))
+    return mml_err_set(c->err, MML_EAUDIO,
+                       "audio record: it lists \"audios\" (audio input is not supported; the "
+                       "sample is skipped rather than trained as text)");
+  if (get(root, "chosen", "rejected"))
+    return mml_err_set(c->err, MML_EPREFERENCE,
+                       "preference record: it has \"chosen\"/\"rejected\" (a pair for DPO-style "
+                       "training; supervised fine-tuning would train on the prompt alone)");
+  return MML_OK;
+}
+
 static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   rec_arena *a = c->a;
   if (!cJSON_IsObject(root))
     return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
-  mml_status st = take_videos(c, root);
+  mml_status st = refuse_non_sft(c, root);
+  if (st) return st;
+  st = take_videos(c, root);
   if (st) return st;
   const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
   const cJSON *conv = cJSON_GetObjectItemCaseSensitive(root, "conversations");

@@ -54,7 +54,10 @@
   X(EFORK,       NULL,                   "loader used in a forked child")         \
   X(ECUDA,       NULL,                   "CUDA error")                            \
   X(ETOOMANYERR, NULL,                   "error rate above max_error_rate")       \
-  X(EINTERNAL,   NULL,                   "internal error")
+  X(EINTERNAL,   NULL,                   "internal error")                        \
+  X(EAUDIO,      "audio_record",         "record carries audio (not supported)")  \
+  X(EPREFERENCE, "preference_record",    "record is a preference pair, not SFT")  \
+  X(ENOTARGET,   "no_trainable_turn",    "sample has no trainable token")
 
 typedef enum {
 #define MML_X_ENUM(name, reason, msg) MML_##name,
