@@ -44,7 +44,7 @@ from . import _core
 from . import loader as _loader
 from .presets import vision_config as _preset_vision
 
-__all__ = ["Loader", "TrainerCallback", "to_torch", "expand_pixels", "pixel_table"]
+__all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]  # and TrainerCallback (lazy)
 
 
 def __getattr__(name: str) -> Any:
