@@ -90,6 +90,8 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
   if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
+  if (!st && sc->recipe == MML_RECIPE_LLAMA_FACTORY)
+    st = mml_template_set_llama_factory(src->tmpl, &sc->lf, err);
   if (st) {
     if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
     return st;
@@ -118,7 +120,9 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
                            .system_prompt = cfg->system_prompt,
                            .label_mode = cfg->label_mode,
                            .image_space = cfg->image_space,
-                           .max_length = cfg->max_length};
+                           .max_length = cfg->max_length,
+                           .recipe = cfg->recipe,
+                           .lf = cfg->lf};
     scs = &one;
     n = 1;
   }
