@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
