@@ -9,7 +9,7 @@ identity).  mmloader reads the same files through Loader(recipe="llama-factory")
 input_ids, labels, image_grid_thw and pixel_values (bitwise).
 
 Skips (with the reason) when the venv is not there or the Qwen tokenizer is absent.  The
-default run takes the first samples of each file; the whole 2,690 are @slow.
+default run takes the first samples of each file; the whole 2,696 are @slow.
 """
 
 import hashlib
@@ -217,9 +217,9 @@ def test_cut_through_an_image_is_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("template", ["qwen2_vl", "qwen3_vl_nothink"])
 def test_all_demo_samples(lfcache, template):
-    """All 2,690 image and text samples of the six demo files."""
+    """All 2,696 image and text samples of the six demo files (0.9.5's copies)."""
     (ref,) = reference(lfcache, [dict(template=template, datasets=list(FILES))])
-    assert sum(compare(n, ref, ours(n, template)) for n in FILES) == 2690
+    assert sum(compare(n, ref, ours(n, template)) for n in FILES) == 2696
 
 
 def test_v1_text_parts_read_as_strings(tmp_path):
