@@ -64,8 +64,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mml_index_abort(b);
   else
     st = mml_index_end(b, &err);
-  if (!st) read_back(&ix);
-  else if (ix.nshards) abort(); /* a failed build drops its shard */
+  if (!st)
+    read_back(&ix);
+  else if (ix.nshards)
+    abort(); /* a failed build drops its shard */
   mml_index_free(&ix);
   return 0;
 }
