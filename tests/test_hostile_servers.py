@@ -48,3 +48,96 @@ def test_redirect_loop_names_itself(fault_server):
         f.get(srv.url("/x.bin"))
     assert "reset" not in str(ei.value)
     assert len(srv.outcomes("/x.bin")) == 6  # the request and 5 redirects, never retried
+
+
+# ---- one redaction rule (item 11) ------------------------------------------------------
+
+SECRET = "c2VjcmV0LXNpZ25hdHVyZQ"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        '"&X-Amz-Signature=' + SECRET,  # after a quote
+        "<&token=" + SECRET,  # after '<'
+        "`&sig=" + SECRET,  # after a backtick
+        "#access_token=" + SECRET,  # in the fragment
+    ],
+)
+def test_secret_never_in_sample_message_or_warning(tmp_path, fault_server, tail):
+    import json
+    import warnings
+
+    from test_hardening import TINY
+
+    srv = fault_server(objects={})
+    url = srv.url("/missing.jpg") + "?x=1" + tail
+    r = {
+        "messages": [
+            {"role": "user", "content": "<image>x"},
+            {"role": "assistant", "content": "y"},
+        ],
+        "images": [url],
+    }
+    data = tmp_path / "d.jsonl"
+    ok = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
+    data.write_text(json.dumps(r) + "\n" + json.dumps(ok) + "\n")
+    kw = dict(tokenizer=TINY, micro_batch_size=1, num_threads=1, shuffle=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with mmloader.Loader(str(data), max_error_rate=1.0, **kw) as L:
+            list(L)
+    msgs = [str(x.message) for x in w]
+    with mmloader.Loader(str(data), on_error="raise", **kw) as L:
+        with pytest.raises(mmloader.SampleError) as ei:
+            next(iter(L))
+    texts = msgs + [str(ei.value), repr(ei.value), _core.redact(url), _core.redact("x " + url)]
+    assert any("missing.jpg" in t for t in msgs)
+    for t in texts:
+        assert SECRET not in t, t
+        assert "missing.jpg" in t or t in (_core.redact(url), _core.redact("x " + url))
+
+
+# ---- S3 listings that cycle (item 9) ---------------------------------------------------
+
+
+def test_cycling_listing_fails_at_once(fault_server):
+    objs = {f"/bkt/d{i:05d}.jsonl": b"{}\n" for i in range(2500)}  # 3 pages of 1000
+    srv = fault_server(objects=objs, list_cycle=True)  # tokens A, B, A, B, ...
+    f = _core.Fetcher(
+        endpoint=f"http://127.0.0.1:{srv.port}", access_key="x", secret_key="y", max_retries=1
+    )
+    t0 = time.monotonic()
+    with pytest.raises(mmloader.FetchError, match="went back or repeated") as ei:
+        f.list("s3://bkt/d")
+    assert "s3://bkt/d" in str(ei.value)
+    assert len(srv.log) <= 3  # was 100,000 pages with every key kept
+    assert time.monotonic() - t0 < 10
+
+
+def test_cycling_tokens_of_empty_pages_fail(fault_server):
+    # pages without keys: only the tokens show the cycle
+    srv = fault_server(objects={}, list_cycle=True)
+    state = {"n": 0}
+
+    def lister(bucket, q, head):  # noqa: ARG001 - the server's own listing is replaced
+        state["n"] += 1
+        tok = "B" if q.get("continuation-token", [""])[0] == "41" else "A"
+        return (
+            '<?xml version="1.0"?><ListBucketResult><IsTruncated>true</IsTruncated>'
+            f"<NextContinuationToken>{tok.encode().hex()}</NextContinuationToken>"
+            "</ListBucketResult>"
+        )
+
+    srv.list_hook = lister
+    f = _core.Fetcher(endpoint=f"http://127.0.0.1:{srv.port}", access_key="x", secret_key="y")
+    with pytest.raises(mmloader.FetchError, match="continuation token came back"):
+        f.list("s3://bkt/")
+    assert state["n"] <= 3
+
+
+def test_listing_still_pages_forward(fault_server):
+    objs = {f"/bkt/d{i:05d}.jsonl": b"{}\n" for i in range(2500)}
+    srv = fault_server(objects=objs)
+    f = _core.Fetcher(endpoint=f"http://127.0.0.1:{srv.port}", access_key="x", secret_key="y")
+    assert len(f.list("s3://bkt/d")) == 2500

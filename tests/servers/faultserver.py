@@ -129,6 +129,7 @@ class FaultServer:
         self.infinite = dict(infinite or {})  # path -> pattern repeated without end
         self.infinite_total = infinite_total  # Content-Range total of those (None: "*")
         self.list_cycle = list_cycle
+        self.list_hook: Optional[Callable[[str, dict, bool], str]] = None  # its own pages
         self.bytes_sent = 0
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
@@ -492,6 +493,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, bucket: str, q: dict, head: bool) -> None:
         """ListObjectsV2 (path style): keys of objects under /bucket/, paginated."""
         fs = self.fs
+        if fs.list_hook is not None:  # a test's own page (hostile listings)
+            body = fs.list_hook(bucket, q, head).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self._write(body)
+            return
         keys = {
             p[len(bucket) + 2 :]: len(d)
             for p, d in fs.objects.items()
