@@ -20,10 +20,21 @@
 #define SECRET "Zk3q" CORE "q9Vw"
 #define DECOY "Zk3qXXXXXXXq9Vw"
 
-static const char *const k_names[] = {
-    "X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token", "token", "access_token",
-    "sig",             "password",         "pw",                   "api_key", "Secret",
-    "X-Amz-%53ignature", "AUTH",           "client_secret",        "passwd", "id_token"};
+static const char *const k_names[] = {"X-Amz-Signature",
+                                      "X-Amz-Credential",
+                                      "X-Amz-Security-Token",
+                                      "token",
+                                      "access_token",
+                                      "sig",
+                                      "password",
+                                      "pw",
+                                      "api_key",
+                                      "Secret",
+                                      "X-Amz-%53ignature",
+                                      "AUTH",
+                                      "client_secret",
+                                      "passwd",
+                                      "id_token"};
 static const char k_seps[] = "?&;#\\"; /* what may come before the secret's name */
 
 /* Field i of the input (fields separated by 0xFF) into out (cap bytes), without NULs,
@@ -37,8 +48,7 @@ static void field(const uint8_t *d, size_t n, int i, char *out, size_t cap, cons
       cur++;
       continue;
     }
-    if (cur != i || !d[k] || (url && (d[k] <= ' ' || d[k] == 0x7F)) ||
-        (drop && strchr(drop, d[k])))
+    if (cur != i || !d[k] || (url && (d[k] <= ' ' || d[k] == 0x7F)) || (drop && strchr(drop, d[k])))
       continue;
     out[o++] = (char)d[k];
   }

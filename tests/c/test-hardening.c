@@ -87,7 +87,8 @@ TEST(redaction_one_rule_for_every_delimiter) {
   check_redacted("image \"https://h/a.jpg?x=1\"&token=S1\": HTTP 404",
                  "image \"https://h/a.jpg?x=1\"&token=REDACTED\": HTTP 404");
   check_redacted("<https://h/a?x=<&sig=S2>", "<https://h/a?x=<&sig=REDACTED>");
-  check_redacted("`https://h/a?x=`&X-Amz-Signature=S3`", "`https://h/a?x=`&X-Amz-Signature=REDACTED`");
+  check_redacted("`https://h/a?x=`&X-Amz-Signature=S3`",
+                 "`https://h/a?x=`&X-Amz-Signature=REDACTED`");
   check_redacted("see https://h/a.jpg#access_token=S4&state=1.",
                  "see https://h/a.jpg#access_token=REDACTED&state=1.");
   check_redacted("https://h/a?x=1#id_token=S5", "https://h/a?x=1#id_token=REDACTED");

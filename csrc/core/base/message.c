@@ -158,7 +158,7 @@ static void short_into(const char *s, size_t n, size_t max, char *buf, size_t ca
  */
 
 static int hex_digit(char c) {
-  return c >= '0' && c <= '9' ? c - '0'
+  return c >= '0' && c <= '9'   ? c - '0'
          : c >= 'a' && c <= 'f' ? c - 'a' + 10
          : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                 : -1;

@@ -300,8 +300,8 @@ static void spawn_rest(mml_fetcher *f, xfer *probe) {
 static int recv_error_is_network(CURL *e, const char *errbuf) {
   long os_errno = 0;
   if (e) curl_easy_getinfo(e, CURLINFO_OS_ERRNO, &os_errno);
-  return os_errno != 0 || !errbuf[0] || strstr(errbuf, "Recv failure") ||
-         strstr(errbuf, "SSL") || strstr(errbuf, "TLS") || strstr(errbuf, "Connection");
+  return os_errno != 0 || !errbuf[0] || strstr(errbuf, "Recv failure") || strstr(errbuf, "SSL") ||
+         strstr(errbuf, "TLS") || strstr(errbuf, "Connection");
 }
 
 /* A transfer curl could not complete (rc != CURLE_OK): retried when transient, failed at
