@@ -141,3 +141,117 @@ def test_listing_still_pages_forward(fault_server):
     srv = fault_server(objects=objs)
     f = _core.Fetcher(endpoint=f"http://127.0.0.1:{srv.port}", access_key="x", secret_key="y")
     assert len(f.list("s3://bkt/d")) == 2500
+
+
+# ---- servers that ignore Range (item 8) ------------------------------------------------
+
+
+class _CountingHandler:
+    """Python's own http.server (it ignores Range: 200 with the whole file), counting the
+    bytes it sends and the GETs it answers."""
+
+    @staticmethod
+    def serve(root):
+        import functools
+        import http.server
+        import threading
+
+        stats = {"bytes": 0, "gets": 0}
+
+        class H(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                stats["gets"] += 1
+                super().do_GET()
+
+            def copyfile(self, src, dst):
+                while True:
+                    b = src.read(1 << 20)
+                    if not b:
+                        return
+                    dst.write(b)
+                    stats["bytes"] += len(b)
+
+        srv = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(H, directory=str(root))
+        )
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv, stats
+
+
+def _text_line(i):
+    import json
+
+    return (
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"Say {i}."},
+                    {"role": "assistant", "content": "Something."},
+                ]
+            }
+        )
+        + "\n"
+    )
+
+
+def test_range_ignoring_server_serves_each_object_once(tmp_path):
+    """fetch_whole.c invariant 1: a 12 MiB shard on Python's http.server is indexed and its
+    records read with ONE whole download (plus the first chunk that showed the server
+    ignores Range); before, every 8 MiB index chunk and every record read downloaded it
+    whole (here 40 reads: ~40 x 12 MiB)."""
+    from test_hardening import TINY
+
+    line = _text_line(0)
+    n = (12 << 20) // len(line)
+    (tmp_path / "big.jsonl").write_text("".join(_text_line(i % 1000) for i in range(n)))
+    size = (tmp_path / "big.jsonl").stat().st_size
+    srv, stats = _CountingHandler.serve(tmp_path)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/big.jsonl"
+        # max_memory: the shard's text is not kept by the loader, so records are ranged GETs
+        with mmloader.Loader(
+            url,
+            tokenizer=TINY,
+            micro_batch_size=4,
+            num_threads=2,
+            shuffle=True,
+            max_memory=1 << 30,
+            fetch_retry_budget_s=20,
+            index=False,
+        ) as L:
+            it = iter(L)
+            for _ in range(10):
+                next(it)
+        assert stats["bytes"] < 2.5 * size, (stats, size)
+        assert stats["gets"] <= 4, stats
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_range_ignoring_server_object_over_the_cap_is_refused(fault_server):
+    data = bytes(range(256)) * (40 << 10)  # 10 MiB
+    srv = fault_server(objects={"/v.bin": data}, ranges=False)
+    f = _core.Fetcher(whole_cache_bytes=4 << 20, max_retries=1)
+    assert f.get(srv.url("/v.bin"), 0, 1000) == data[:1000]  # the server shows itself
+    with pytest.raises(mmloader.Error, match="ignores Range requests.*raise those limits"):
+        f.get(srv.url("/v.bin"), 5 << 20, 1000)
+    sent = srv.bytes_sent
+    assert sent < 3 * len(data)
+
+
+def test_range_ignoring_server_fetcher_slices(fault_server):
+    data = bytes(range(256)) * (40 << 10)  # 10 MiB
+    srv = fault_server(objects={"/v.bin": data}, ranges=False)
+    f = _core.Fetcher(max_retries=1)
+    u = srv.url("/v.bin")
+    for off, n in [(0, 1000), (9 << 20, 4096), (123, 5 << 20), (len(data) - 10, 100), (0, -1)]:
+        want = data[off:] if n < 0 else data[off : off + n]
+        assert f.get(u, off, n) == want
+    gets = [o for o in srv.outcomes("/v.bin")]
+    assert len(gets) <= 3, gets  # the first read (cut after its slice) and one whole GET
+    assert srv.bytes_sent < 2.5 * len(data)

@@ -21,7 +21,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "servers"))
-sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.environ.get("MML_PATH") or os.path.join(HERE, ".."))
 
 from faultserver import FaultServer  # noqa: E402
 

@@ -158,6 +158,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
   x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0;
+  x->cut = 0;
   if (x->attempt == 0) x->first_start = x->last_rx;
   /* no attempt outlives the request's retry budget */
   double left_s = x->first_start + f->retry_budget_s - x->last_rx;
@@ -411,6 +412,8 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     j->total = x->cr_total;
   } else if (s == 200 && !x->skip) {
     j->total = j->off + x->got; /* the whole object came back */
+  } else if (s == 200 && x->cut && x->clen >= 0) {
+    j->total = x->clen; /* Range ignored, the rest left unread: the size it declared */
   } else if (s == 200 && !x->probe && x->got < x->len) {
     j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
   }
@@ -480,6 +483,7 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
     fl_part_fail(f, x, MML_ENOMEM, "out of memory receiving the body");
     return;
   }
+  if (rc == CURLE_WRITE_ERROR && x->cut && !x->probe) rc = CURLE_OK; /* stopped on purpose */
   if (rc != CURLE_OK) {
     xfer_curl_failed(f, x, rc);
     return;
@@ -495,6 +499,11 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
 
 /* Turns a job fresh from the queue into its first xfer(s). */
 static void job_plan(mml_fetcher *f, job *j) {
+  job *whole = NULL;
+  if (fw_route(f, j, &whole)) { /* its server ignores Range: served from the whole object */
+    if (whole) job_plan(f, whole);
+    return;
+  }
   fl_link_j(f, j);
   if (j->head || (j->canon_query && *j->canon_query)) { /* HEAD, listing: one plain request */
     xfer *x = fl_xfer_new(f, j, 0, 0, 1, 0);

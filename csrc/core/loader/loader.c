@@ -262,6 +262,9 @@ static void limits_defaults(mml_loader_cfg *c) {
   if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
   if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
   c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
+  /* objects of servers that ignore Range are kept whole for their ranged reads: within
+   * max_memory (a quarter of it), else the fetcher's default */
+  if (c->max_memory > 0) c->fetch.whole_cache_bytes = c->max_memory / 4;
   /* and the deadlines (the option table's defaults, for a zeroed C configuration) */
   if (!c->fetch.timeout_s) c->fetch.timeout_s = 60;
   if (!c->fetch.stall_s) c->fetch.stall_s = 10;

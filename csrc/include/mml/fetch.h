@@ -20,6 +20,7 @@
 int mml_path_is_remote(const char *path);
 
 #define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
+#define MML_DEFAULT_WHOLE_CACHE_BYTES ((int64_t)1 << 30)  /* 1 GiB */
 
 typedef struct mml_fetch_cfg {
   /* S3 credentials and addressing; NULL/empty fields fall back to the environment
@@ -50,6 +51,11 @@ typedef struct mml_fetch_cfg {
                                * and retried (default 1024; a server dripping bytes) */
   double retry_budget_s;    /* total time of one request with all its retries, counted from
                                * its first attempt: no attempt outlives it (default 60) */
+  int64_t whole_cache_bytes; /* a server that ignores Range (answers a ranged GET with the
+                              * whole object) has its objects fetched once and kept whole
+                              * for their ranged reads, this many bytes in all, least
+                              * recently used dropped first; a larger object is refused
+                              * (0: MML_DEFAULT_WHOLE_CACHE_BYTES) */
   int io_threads;           /* I/O threads, each with its own multi handle and connections,
                                * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                                * more only when TLS or copying makes one thread CPU-bound) */
