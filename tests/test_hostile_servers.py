@@ -255,3 +255,48 @@ def test_range_ignoring_server_fetcher_slices(fault_server):
     gets = [o for o in srv.outcomes("/v.bin")]
     assert len(gets) <= 3, gets  # the first read (cut after its slice) and one whole GET
     assert srv.bytes_sent < 2.5 * len(data)
+
+
+# ---- an endless remote shard (item 7) --------------------------------------------------
+
+LINE = _text_line(0).encode()
+
+
+@pytest.mark.parametrize("total", [None, 1 << 62])  # Content-Range total "*", or absurd
+def test_endless_remote_shard_refused_at_once(fault_server, total):
+    from test_hardening import TINY
+
+    srv = fault_server(infinite={"/inf.jsonl": LINE}, infinite_total=total)
+    url = srv.url("/inf.jsonl") + "?X-Amz-Signature=" + SECRET
+    t0 = time.monotonic()
+    with pytest.raises(mmloader.Error) as ei:
+        mmloader.Loader(url, tokenizer=TINY, micro_batch_size=2, num_threads=1, index=False)
+    msg = str(ei.value)
+    assert "inf.jsonl" in msg and SECRET not in msg
+    assert ("max_shard_bytes=" in msg) if total else ("does not declare the object's size" in msg)
+    assert len(srv.log) <= 2  # was 4,506 requests and 3.3 GB after 120 s, still going
+    assert time.monotonic() - t0 < 10
+
+
+def test_remote_shard_whose_size_changes_is_refused(fault_server):
+    from test_hardening import TINY
+
+    data = LINE * ((20 << 20) // len(LINE))
+    srv = fault_server(objects={"/d.jsonl": data})
+
+    def grow(method, path, rng, n):  # after the first chunk the object is replaced
+        srv.objects["/d.jsonl"] = data + LINE * 1000
+
+    srv.hook = grow
+    with pytest.raises(mmloader.Error, match="size changed while it was indexed"):
+        mmloader.Loader(srv.url("/d.jsonl"), tokenizer=TINY, micro_batch_size=2, index=False)
+
+
+def test_ranged_read_of_an_object_over_max_object_bytes(fault_server):
+    # a range of a large object is its range: it was refused from the object's size
+    data = bytes(range(256)) * (8 << 10)  # 2 MiB
+    srv = fault_server(objects={"/big.bin": data})
+    f = _core.Fetcher(max_object_bytes=1 << 20)
+    assert f.get(srv.url("/big.bin"), 100, 1000) == data[100:1100]
+    with pytest.raises(mmloader.Error, match="above max_object_bytes"):
+        f.get(srv.url("/big.bin"))

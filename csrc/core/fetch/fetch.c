@@ -76,7 +76,8 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
       cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
   f->min_rate = cfg->min_rate ? cfg->min_rate : 1024;
   f->retry_budget_s = cfg->retry_budget_s ? cfg->retry_budget_s : 60;
-  f->whole_cap = cfg->whole_cache_bytes > 0 ? cfg->whole_cache_bytes : MML_DEFAULT_WHOLE_CACHE_BYTES;
+  f->whole_cap =
+      cfg->whole_cache_bytes > 0 ? cfg->whole_cache_bytes : MML_DEFAULT_WHOLE_CACHE_BYTES;
   f->rng = mml_mix64((uint64_t)(uintptr_t)f ^ (uint64_t)(mml_now() * 1e9)) | 1;
   pthread_mutex_init(&f->mu, NULL);
   pthread_mutex_init(&f->smu, NULL);
@@ -177,12 +178,12 @@ void mml_fetcher_free(mml_fetcher *f) {
 
 mml_status mml_fetch_submit(mml_fetcher *f, const char *url, int64_t off, int64_t len,
                             mml_fetch_cb cb, void *ctx, mml_err *err) {
-  return mml_fetch_submit_query(f, url, NULL, off, len, 0, cb, ctx, err);
+  return mml_fetch_submit_query(f, url, NULL, off, len, 0, cb, ctx, NULL, err);
 }
 
 mml_status mml_fetch_submit_head(mml_fetcher *f, const char *url, mml_fetch_cb cb, void *ctx,
                                  mml_err *err) {
-  return mml_fetch_submit_query(f, url, NULL, 0, -1, 1, cb, ctx, err);
+  return mml_fetch_submit_query(f, url, NULL, 0, -1, 1, cb, ctx, NULL, err);
 }
 
 static int cmp_double(const void *a, const void *b) {

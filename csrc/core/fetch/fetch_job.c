@@ -207,6 +207,7 @@ void fl_notify_waiters(fetch_waiter *w, const job *j, mml_status st, const mml_b
 
 void fl_job_finish(mml_fetcher *f, job *j) {
   unlink_j(f, j);
+  if (j->total_out) *j->total_out = j->total;
   fetch_waiter *waiters = fl_twin_detach(j);
   if (j->failed) {
     pthread_mutex_lock(&f->smu);
@@ -306,9 +307,10 @@ size_t fl_on_header(char *p, size_t sz, size_t n, void *ud) {
   } else if (!strncasecmp(line, "content-length:", 15)) {
     x->clen = strtoll(line + 15, NULL, 10);
   }
-  /* a 2xx body declared larger than max_object_bytes is refused before it comes */
+  /* a 2xx body declared larger than max_object_bytes is refused before it comes (a GET of
+   * the whole object: a ranged one receives its range, however large the object) */
   int64_t max = fl_job_limit(x->j);
-  if (max > 0 && !x->j->head && x->http >= 200 && x->http < 300 &&
+  if (max > 0 && !x->j->head && x->j->len < 0 && x->http >= 200 && x->http < 300 &&
       (x->cr_total > max || (x->http == 200 && x->clen > max))) {
     x->toobig = 2;
     return 0; /* aborts the transfer */

@@ -657,11 +657,13 @@ static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
 }
 
 mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                                  int64_t len, int head, mml_fetch_cb cb, void *ctx, mml_err *err) {
+                                  int64_t len, int head, mml_fetch_cb cb, void *ctx,
+                                  int64_t *total_out, mml_err *err) {
   if (!f) return mml_err_set(err, MML_EINVAL, "fetch: NULL fetcher");
   job *j = NULL;
   mml_status st = fl_job_new(f, url, query, off, len, head, cb, ctx, &j, err);
   if (st) return st;
-  if (!head && !query && fl_twin_attach(f, j)) return MML_OK;
+  j->total_out = total_out;
+  if (!head && !query && !total_out && fl_twin_attach(f, j)) return MML_OK;
   return submit_job(f, j, err);
 }

@@ -33,9 +33,9 @@ typedef struct whole_obj {
   mml_fetcher *top;
   char *url;
   int ready;
-  mml_bytes body;   /* ready: the whole object */
-  job *waiting;     /* loading: readers (linked by next) */
-  uint64_t tick;    /* last use (LRU) */
+  mml_bytes body; /* ready: the whole object */
+  job *waiting;   /* loading: readers (linked by next) */
+  uint64_t tick;  /* last use (LRU) */
 } whole_obj;
 
 /* Length of "scheme://authority" of u (the server). */
@@ -80,6 +80,7 @@ static void slice_locked(job *j, const mml_bytes *obj) {
 /* Completes a reader that is in no loop's lists (its twins too), then frees it. */
 static void finish_waiter(job *j) {
   fetch_waiter *tw = fl_twin_detach(j);
+  if (j->total_out) *j->total_out = j->total;
   if (j->failed) {
     fl_notify_waiters(tw, j, j->fst, NULL);
     j->cb(j->ctx, j->fst, NULL, &j->ferr);
@@ -121,9 +122,8 @@ static void evict_locked(mml_fetcher *top, int64_t need, const whole_obj *keep) 
 
 /* The most bytes a whole download may bring: a kept object fits whole_cap. */
 static int64_t whole_limit(const mml_fetcher *top) {
-  return top->max_object_bytes > 0 && top->max_object_bytes < top->whole_cap
-             ? top->max_object_bytes
-             : top->whole_cap;
+  return top->max_object_bytes > 0 && top->max_object_bytes < top->whole_cap ? top->max_object_bytes
+                                                                             : top->whole_cap;
 }
 
 /* The whole download is over (the I/O thread of the loop that ran it). */

@@ -43,20 +43,20 @@ typedef struct mml_fetch_cfg {
   const char *ca_bundle; /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
                          * the system store); copied */
   /* Bounds on what one server can cost (0: the default; see each). */
-  int64_t max_object_bytes; /* a body passing this is cut and refused at once, never retried
+  int64_t max_object_bytes;  /* a body passing this is cut and refused at once, never retried
                              * (MML_EOBJECTSIZE): from the headers when the size is declared
                              * (Content-Length / Content-Range), else when the bytes pass it
                              * (default MML_DEFAULT_MAX_OBJECT_BYTES) */
-  double min_rate;          /* bytes/s: a transfer slower than this over stall_s is abandoned
+  double min_rate;           /* bytes/s: a transfer slower than this over stall_s is abandoned
                                * and retried (default 1024; a server dripping bytes) */
-  double retry_budget_s;    /* total time of one request with all its retries, counted from
+  double retry_budget_s;     /* total time of one request with all its retries, counted from
                                * its first attempt: no attempt outlives it (default 60) */
   int64_t whole_cache_bytes; /* a server that ignores Range (answers a ranged GET with the
                               * whole object) has its objects fetched once and kept whole
                               * for their ranged reads, this many bytes in all, least
                               * recently used dropped first; a larger object is refused
                               * (0: MML_DEFAULT_WHOLE_CACHE_BYTES) */
-  int io_threads;           /* I/O threads, each with its own multi handle and connections,
+  int io_threads;            /* I/O threads, each with its own multi handle and connections,
                                * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                                * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;
