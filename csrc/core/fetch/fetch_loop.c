@@ -157,8 +157,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   CURL *e = curl_easy_init();
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
-  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0;
-  x->cut = 0;
+  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0, x->cut = 0;
   if (x->attempt == 0) x->first_start = x->last_rx;
   /* no attempt outlives the request's retry budget */
   double left_s = x->first_start + f->retry_budget_s - x->last_rx;
