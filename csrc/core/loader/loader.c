@@ -451,7 +451,10 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   int w = cfg->window > 0 ? cfg->window : default_window(L, cfg);
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
-  L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
+  L->out_cap = cfg->prefetch < 8 ? cfg->prefetch : 8; /* grows up to prefetch as needed */
+  L->outq = calloc((size_t)L->out_cap, sizeof *L->outq);
+  /* queued batches stop at max_memory's bytes, or the 2 GiB the pool keeps without it */
+  L->out_budget = cfg->max_memory > 0 ? (size_t)cfg->max_memory : (size_t)2 << 30;
   L->skips = calloc(SKIP_LOG, sizeof *L->skips);
   if (!L->tasks || !L->outq || !L->skips)
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
@@ -557,7 +560,7 @@ void mml_loader_free(mml_loader *L) {
   mml_fetcher_free(L->fetcher); /* a fetcher created while building the index */
   L->fetcher = NULL;
   if (L->outq) {
-    for (int i = 0; i < L->cfg.prefetch; i++) mml_batch_clear(&L->outq[i].batch);
+    for (int i = 0; i < L->out_cap; i++) mml_batch_clear(&L->outq[i].batch);
     free(L->outq);
   }
   if (L->tasks) {
@@ -779,11 +782,9 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
         st = MML_EEND;
         break;
       }
-      out_item item = *it;
-      memset(it, 0, sizeof *it);
+      out_item item;
+      ld_out_pop_locked(L, &item);
       if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
-      L->out_head = (L->out_head + 1) % L->cfg.prefetch;
-      L->out_count--;
       ld_move_ready_locked(L);                                 /* room for the next finished item */
       if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
       it = &item;
