@@ -291,6 +291,9 @@ class Loader:
         max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
         max_object_bytes: skip samples with a larger encoded image, local or remote (reason
             "object_too_large"; default 256 MiB).
+        max_jpeg_scans: skip samples with a JPEG of more scans (reason "too_many_scans";
+            default 100; encoders write about 10): each scan of a progressive JPEG decodes
+            the whole image again, so a few hundred KB can cost minutes.
         allow_paths_outside_root: True (default, as in earlier releases): image paths may
             be absolute, use ``..`` or follow symlinks anywhere.  False confines relative
             references to the image root; others are skipped (reason "path_refused")
@@ -529,6 +532,7 @@ class Loader:
         max_record_bytes: int = _D["max_record_bytes"],
         max_json_depth: int = _D["max_json_depth"],
         max_object_bytes: int = _D["max_object_bytes"],
+        max_jpeg_scans: int = _D["max_jpeg_scans"],
         allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
         allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
         fetch_timeout_s: float = _D["fetch_timeout_s"],

@@ -152,6 +152,8 @@ static const mml_option k_options[] = {
      NULL, FP, "skip records nested deeper (bad_record)"},
     {"max_object_bytes", MML_OPT_INT, CFG(max_object_bytes), MML_DEFAULT_MAX_OBJECT_BYTES, 1, I64,
      NULL, FP, "skip samples with a larger encoded image, local or remote (object_too_large)"},
+    {"max_jpeg_scans", MML_OPT_INT, CFG(max_jpeg_scans), MML_DEFAULT_MAX_JPEG_SCANS, 1, I32, NULL,
+     FP, "skip samples with a JPEG of more scans: each decodes the whole image again (too_many_scans)"},
     {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
      "False: image paths must stay inside the image root (path_refused)"},
     {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL, FP,

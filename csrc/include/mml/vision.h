@@ -34,6 +34,9 @@ typedef struct mml_vision_cfg {
   int64_t video_min_pixels, video_max_pixels;
   int video_family;
   int pixel_format; /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
+  int max_jpeg_scans; /* JPEGs of more scans are refused (MML_ESCANS; 0: no limit): from the
+                       * header when planning, and by the decoder (mml_decoder_set_max_scans) */
+  const mml_cancel *cancel; /* decodes stop with MML_ECANCELLED once set (NULL: never) */
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
