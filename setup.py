@@ -128,8 +128,8 @@ elif san == "thread":
 
 core = Extension(
     "mmloader._core",
-    sources=rel("csrc/core/*.c") + rel("csrc/py/*.c"),
-    depends=rel("csrc/include/mml/*.h") + rel("csrc/core/*.h") + rel("csrc/py/*.h"),
+    sources=rel("csrc/core/*/*.c") + rel("csrc/py/*.c"),
+    depends=rel("csrc/include/mml/*.h") + rel("csrc/core/*/*.h") + rel("csrc/py/*.h"),
     include_dirs=["csrc/include", "csrc/py"],
     libraries=[lib["link"] for lib in system_libs()] + ["m", "dl", "pthread"],
     extra_compile_args=cflags,

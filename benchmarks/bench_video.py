@@ -1,4 +1,4 @@
-"""Video decode: mmloader's core decoder (csrc/core/video.c) against the qwen-vl-utils
+"""Video decode: mmloader's core decoder (csrc/core/video/video.c) against the qwen-vl-utils
 reading paths, on the same files, in one run, the same frame indices.
 
 What each pipeline does for one video (qwen-vl-utils 0.0.14 semantics: `nframes` frames

@@ -26,7 +26,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 DataSpec = Union[PathLike, Sequence[PathLike], Source, Sequence[Union[Source, Dict[str, Any]]]]
 
 STATE_VERSION = 1
-#: The engine's option table (csrc/core/options.c; see mml/options.h), by name: type,
+#: The engine's option table (csrc/core/loader/options.c; see mml/options.h), by name: type,
 #: default, bounds, choices, whether it enters the resume fingerprint, one line of doc.
 OPTIONS: Dict[str, Dict[str, Any]] = {o["name"]: o for o in _core.loader_options()}
 #: The Loader keywords that are table options, and their defaults.
@@ -543,7 +543,7 @@ class Loader:
         next_timeout_s: float = _D["next_timeout_s"],
     ) -> None:
         # Every keyword that is a row of the engine's option table goes to the engine as
-        # is; the table (csrc/core/options.c) checks types, bounds and names.
+        # is; the table (csrc/core/loader/options.c) checks types, bounds and names.
         given = locals()
         opts: Dict[str, Any] = {k: given[k] for k in _KEYWORDS}
         self._c: Optional[_core._Loader] = None

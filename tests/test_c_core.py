@@ -35,7 +35,9 @@ def test_every_c_test_is_listed():
     """A TEST() that is not in tests/c/test-list.h would never run."""
     c = os.path.join(HERE, "c")
     defined = set()
-    for path in glob.glob(os.path.join(c, "test-*.c")):
+    for path in glob.glob(os.path.join(c, "test-*.c")) + glob.glob(
+        os.path.join(c, "*", "test-*.c")
+    ):
         with open(path) as f:
             defined |= set(re.findall(r"^TEST\((\w+)\)", f.read(), re.M))
     with open(os.path.join(c, "test-list.h")) as f:

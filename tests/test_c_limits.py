@@ -1,5 +1,6 @@
-"""Issue 19's size limits stay kept: no C file under csrc/ over ~900 lines, no C function
-over ~80 (scripts/c_limits.py measures; `python3 scripts/c_limits.py` lists the longest)."""
+"""The C tree's shape stays kept: no C function over ~80 lines (scripts/c_limits.py
+measures; `python3 scripts/c_limits.py` lists the longest), and csrc/core's subsystem
+folders include only lower levels (scripts/c_layers.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
+import c_layers  # noqa: E402
 import c_limits  # noqa: E402
 
 
@@ -43,5 +45,32 @@ def test_functions_are_measured_signature_to_brace():
     )
     got = {f.name: f.lines for f in c_limits.functions("x.c", text)}
     assert got == {"f": 81, "h": 4}  # one-line bodies and declarations are not counted
-    over = c_limits.over_limits([("x.c", 901)], c_limits.functions("x.c", text))
-    assert over == ["x.c: 901 lines (limit 900)", "x.c:9: f() is 81 lines (limit 80)"]
+    over = c_limits.over_limits([("x.c", 5000)], c_limits.functions("x.c", text))
+    assert over == ["x.c:9: f() is 81 lines (limit 80)"]
+
+
+def test_subsystem_folders_include_only_lower_levels():
+    assert c_layers.violations() == []
+    pairs = {(s, d) for s, d, _, _ in c_layers.edges()}
+    assert ("loader", "base") in pairs and ("video", "vision") in pairs  # the graph was read
+
+
+def test_an_include_up_or_sideways_breaks_the_layers(tmp_path, monkeypatch):
+    core = tmp_path / "csrc" / "core"
+    for d, body in {
+        "base": '#include "mml/loader.h"\n',  # up: base -> loader
+        "text": '#include "mml/image.h"\n',  # sideways: same level
+        "loader": '#include "mml/common.h"\n',  # down: fine
+        "image": "",
+    }.items():
+        (core / d).mkdir(parents=True)
+        (core / d / "x.c").write_text(body)
+    for name, d in {"common": "base", "loader": "loader", "image": "image"}.items():
+        (core / d / f"{name}.c").write_text("")
+    (tmp_path / "csrc" / "include" / "mml").mkdir(parents=True)
+    monkeypatch.setattr(c_layers, "ROOT", str(tmp_path))
+    monkeypatch.setattr(c_layers, "CORE", str(core))
+    bad = c_layers.violations()
+    assert len(bad) == 2, bad
+    assert any("(base -> loader): not a lower level" in b for b in bad)
+    assert any("(text -> image)" in b for b in bad)

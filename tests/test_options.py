@@ -1,4 +1,4 @@
-"""The engine's option table (csrc/core/options.c) drives mmloader.Loader: its keywords,
+"""The engine's option table (csrc/core/loader/options.c) drives mmloader.Loader: its keywords,
 defaults, checks and resume fingerprint; unknown keys and bad names are errors."""
 
 import inspect

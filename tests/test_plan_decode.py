@@ -1,4 +1,4 @@
-"""Plan before decode (csrc/core/loader_place.c): batches are composed from image headers
+"""Plan before decode (csrc/core/loader/loader_place.c): batches are composed from image headers
 before any pixel work, and each image is decoded straight into its slice of its batch's
 pixel_values.  A sample whose image fails only at decode (a valid header, corrupt data
 after it) is discovered after its batch was planned; it must still give exactly the

@@ -1,5 +1,5 @@
 """Video pixels are decoded straight into their slice of the batch's pixel_values_videos
-buffer, as images are into pixel_values (csrc/core/loader_place.c: a second plane per
+buffer, as images are into pixel_values (csrc/core/loader/loader_place.c: a second plane per
 batch).  A video that fails only at decode (an mp4 whose index comes first, cut in its
 frame data: the plan probes it fine) is found after its batch was planned; the batches
 must still be exactly those of the same data where that video fails before any pixel

@@ -407,7 +407,7 @@ def test_load_errors(tmp_path):
 
 @pytest.mark.slow
 def test_unicode_delta_is_current():
-    """csrc/core/unicode_delta.h still describes this tokenizers + utf8proc pair."""
+    """csrc/core/text/unicode_delta.h still describes this tokenizers + utf8proc pair."""
     if not tokenizers.__version__.startswith("0.23."):
         pytest.skip("unicode_delta.h was generated against tokenizers 0.23")
     import ctypes
@@ -417,7 +417,7 @@ def test_unicode_delta_is_current():
     lib.utf8proc_unicode_version.restype = ctypes.c_char_p
     version = lib.utf8proc_unicode_version().decode()
     header = open(
-        os.path.join(REPO_ROOT, "csrc", "core", "unicode_delta.h"), encoding="utf-8"
+        os.path.join(REPO_ROOT, "csrc", "core", "text", "unicode_delta.h"), encoding="utf-8"
     ).read()
     if f"(Unicode {version})" not in header:
         pytest.skip(f"unicode_delta.h was generated against another utf8proc (this one: {version})")

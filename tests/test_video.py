@@ -1,4 +1,4 @@
-"""The core's video decoder (csrc/core/video.c) against PyAV, through the thin hooks
+"""The core's video decoder (csrc/core/video/video.c) against PyAV, through the thin hooks
 _core.video_probe / _core.video_decode.
 
 Videos are generated at test time with PyAV (its wheel bundles encoders: libx264, libx265,

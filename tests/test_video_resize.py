@@ -1,4 +1,4 @@
-"""torch's antialiased bicubic on float32 planes, reproduced in C (csrc/core/video_resize.c),
+"""torch's antialiased bicubic on float32 planes, reproduced in C (csrc/core/video/video_resize.c),
 bitwise equal to torch.nn.functional.interpolate(mode="bicubic", antialias=True) — what
 torchvision's resize of a video tensor calls (torchvision itself cannot be installed beside
 the CPU torch here)."""

@@ -1,4 +1,4 @@
-"""The AVX2 video writer (csrc/core/video_frames.c scatter_bytes_avx2, what a frame list
+"""The AVX2 video writer (csrc/core/video/video_frames.c scatter_bytes_avx2, what a frame list
 no step resizes goes through, and scatter_avx2 of float planes: normalise, bfloat16
 rounding, bytes, 8 values at a time) against the portable writer (MML_DISABLE_AVX2=1 in
 a child process), bit for bit, in every pixel format and for both presets' patch sizes.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates csrc/core/unicode_delta.h: where the Unicode data of the `tokenizers`
+"""Regenerates csrc/core/text/unicode_delta.h: where the Unicode data of the `tokenizers`
 library differs from the system's utf8proc, so that our pre-tokenizer and NFC match
 `tokenizers` exactly.
 
@@ -27,7 +27,7 @@ import sys
 from tokenizers import Regex, normalizers, pre_tokenizers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "csrc", "core", "unicode_delta.h")
+OUT = os.path.join(HERE, "..", "csrc", "core", "text", "unicode_delta.h")
 QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 OTHER, L, N, S = 0, 1, 2, 3

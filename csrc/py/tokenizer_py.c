@@ -1,5 +1,5 @@
 /*
- * tokenizer_py.c — mmloader._core.Tokenizer: the CPython face of csrc/core/tokenizer.c.
+ * tokenizer_py.c — mmloader._core.Tokenizer: the CPython face of csrc/core/text/tokenizer.c.
  *
  * Threads: the core tokenizer is immutable, so the GIL is released around every encode
  * and decode.  Each call borrows a slot (scratch + id buffer) from the object's

@@ -1,5 +1,5 @@
 /*
- * vision_py.c — binding of the vision core (csrc/core/vision.c, image.c):
+ * vision_py.c — binding of the vision core (csrc/core/vision/vision.c, image.c):
  *
  *   _core.VisionProcessor(cfg: dict, pixel_format="float32")  per-object config + scratch
  *       .process(items) -> (VisionBuffer, rows, cols, [(t, h, w), ...])

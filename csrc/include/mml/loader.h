@@ -328,7 +328,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *out, mml_source_s
  * circulates has been mapped once by then). */
 #define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)
 
-/* ---- the per-sample pipeline (sample.c), used by the workers -------------------------- */
+/* ---- the per-sample pipeline (loader/pipeline.c), used by the workers ---------------- */
 
 typedef struct mml_pipeline {
   const mml_vision_cfg *vision;

@@ -1,5 +1,5 @@
 /*
- * mml/pretok.h — the text stages of the tokenizer before BPE (csrc/core/pretok.c):
+ * mml/pretok.h — the text stages of the tokenizer before BPE (csrc/core/text/pretok.c):
  * Unicode classes, UTF-8 repair, NFC and the Qwen pre-tokenizer scanner.  Used by
  * tokenizer.c and by the binding's test hooks; most callers want mml/tokenizer.h.
  *

@@ -27,7 +27,7 @@
 
 #include "mml/image.h"
 #include "mml/video_resize.h"
-#include "resize.h" /* mml_cpu_avx2 */
+#include "../vision/resize.h" /* mml_cpu_avx2 */
 #include "mml/video_sample.h"
 
 struct mml_video_scratch {

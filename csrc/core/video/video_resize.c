@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "resize.h" /* mml_cpu_fma */
+#include "../vision/resize.h" /* mml_cpu_fma */
 
 #pragma GCC optimize("fp-contract=fast")
 

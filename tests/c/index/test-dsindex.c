@@ -291,4 +291,4 @@ TEST(test_build_and_use) {
   free(sum);
 }
 
-int mml_cpu_avx2(void), mml_cpu_fma(void); /* csrc/core/resize.h */
+int mml_cpu_avx2(void), mml_cpu_fma(void); /* csrc/core/vision/resize.h */

@@ -1,6 +1,6 @@
 /*
- * sample.c — the sample container (mml/sample.h) and the per-sample pipeline the engine's
- * workers run (mml_sample_plan, then mml_sample_decode, in mml/loader.h).
+ * pipeline.c — the per-sample pipeline the engine's workers run (mml_sample_plan, then
+ * mml_sample_decode, in mml/loader.h); the sample container itself is batch/sample.c.
  *
  * Order of work for one sample, cheapest checks first so a bad sample costs little:
  *   mml_sample_plan:   1. plan every image from its header alone (size, grid, tokens);
@@ -26,43 +26,6 @@
 #include "mml/message.h"
 #include "mml/template.h"
 #include "mml/video_frames.h"
-
-void mml_sample_reset(mml_sample *s) {
-  s->epoch = s->pos = s->index = s->line = 0;
-  s->shard = s->source = 0;
-  s->bytes = 0;
-  s->status = MML_OK;
-  mml_err_clear(&s->err);
-  mml_ids_clear(&s->input_ids);
-  mml_ids_clear(&s->labels);
-  mml_bytes_clear(&s->pixels);
-  s->pixel_rows = 0;
-  s->pixel_cols = 0;
-  s->pixels_elsewhere = 0;
-  mml_ids_clear(&s->grids);
-  s->nimages = 0;
-  s->vpixel_rows = 0;
-  mml_ids_clear(&s->vgrids);
-  mml_bytes_clear(&s->vsecs);
-  s->nvideos = 0;
-  s->vision_tokens = 0;
-}
-
-void mml_sample_free(mml_sample *s) {
-  mml_ids_free(&s->input_ids);
-  mml_ids_free(&s->labels);
-  mml_bytes_free(&s->pixels);
-  mml_ids_free(&s->grids);
-  mml_ids_free(&s->vgrids);
-  mml_bytes_free(&s->vsecs);
-  memset(s, 0, sizeof *s);
-}
-
-void mml_sample_swap(mml_sample *a, mml_sample *b) {
-  mml_sample t = *a;
-  *a = *b;
-  *b = t;
-}
 
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err) {
   memset(s, 0, sizeof *s);

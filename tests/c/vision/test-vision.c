@@ -20,7 +20,7 @@
 #include "mml/vision.h"
 #include "mml_test.h"
 
-#include "../../csrc/core/image_jpeg_mem.h"
+#include "../../../csrc/core/image/image_jpeg_mem.h"
 
 /* A smooth test pattern with some texture, w x h RGB8. */
 static uint8_t *make_rgb(int w, int h, unsigned seed) {
