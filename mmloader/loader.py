@@ -283,9 +283,11 @@ class Loader:
             for qwen3-vl; "": none).
         max_images_per_sample: skip samples naming more images (reason
             "too_many_images"; default 256).
-        max_sample_pixels: skip samples whose images hold more pixels in all (width *
-            height from each header, checked before any decode; reason "sample_too_large";
-            default 2**27 = 134,217,728, e.g. 16 4K frames).
+        max_sample_pixels: skip samples whose images hold more pixels in all (each image
+            at the larger of its size in the file and after resizing, which a record's
+            min_pixels or resized_height/width keys decide; checked from the headers before
+            any decode; reason "sample_too_large"; default 2**27 = 134,217,728, e.g. 16 4K
+            frames).
         max_record_bytes: skip longer records before reading them (reason
             "record_too_large"; default 64 MiB).
         max_json_depth: skip records nested deeper (reason "bad_record"; default 64).

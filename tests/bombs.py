@@ -70,10 +70,11 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
-def png_tail_bomb(side: int = 512, tail_bytes: int = 1 << 30) -> bytes:
+def png_tail_bomb(side: int = 512, tail_mib: int = 1024) -> bytes:
     """A PNG of a real photo whose single deflate stream holds its rows and then
-    `tail_bytes` zero bytes more (about tail_bytes / 1000 compressed): libpng inflates the
-    whole stream looking for its end, Pillow stops at the last row."""
+    `tail_mib` MiB of zero bytes more (about 1 KB compressed per MiB): libpng inflated the
+    whole stream looking for its end, Pillow stops at the last row.  The stream is valid
+    (its Adler-32 too): one compressed MiB of zeros, which refers only to zeros, repeated."""
     b = io.BytesIO()
     _photo(side).save(b, "PNG")
     png = b.getvalue()
@@ -88,12 +89,16 @@ def png_tail_bomb(side: int = 512, tail_bytes: int = 1 << 30) -> bytes:
         else:
             tail += whole
         pos += 12 + n
+    rows = zlib.decompress(idat)
+    mib = bytes(1 << 20)
     c = zlib.compressobj(9)
-    body = [c.compress(zlib.decompress(idat))]
-    zeros = bytes(1 << 20)
-    for _ in range(tail_bytes >> 20):
-        body.append(c.compress(zeros))
-    body.append(c.compress(bytes(tail_bytes & ((1 << 20) - 1))) + c.flush())
-    stream = b"".join(body)
+    first = c.compress(rows) + c.compress(mib) + c.flush(zlib.Z_SYNC_FLUSH)
+    again = c.compress(mib) + c.flush(zlib.Z_SYNC_FLUSH)  # window: zeros only
+    end = c.flush()[:-4]  # the final block; the Adler-32 is recomputed below
+    adler = zlib.adler32(rows)
+    for _ in range(tail_mib):
+        adler = zlib.adler32(mib, adler)
+    stream = first + again * (tail_mib - 1) + end + struct.pack(">I", adler)
+    assert tail_mib > 8 or len(zlib.decompress(stream)) == len(rows) + (tail_mib << 20)
     chunks = [_chunk(b"IDAT", stream[i : i + (1 << 20)]) for i in range(0, len(stream), 1 << 20)]
     return png[:8] + head + b"".join(chunks) + tail

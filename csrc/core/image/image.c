@@ -304,7 +304,7 @@ struct mml_decoder {
   const mml_cancel *cancel;
   struct jpeg_progress_mgr progress; /* jpeg_progress: the scan limit and `cancel` */
   mml_status jpeg_stop; /* why jpeg_progress stopped the decode (MML_OK: a libjpeg error) */
-  int key;            /* the last image has a colour key (mml_decoder_color_key) */
+  int key;              /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
   mml_jpeg_keep *keep; /* multi-scan coefficients in memory that stays mapped */
 };
@@ -335,8 +335,7 @@ static void jerr_output(j_common_ptr c) { (void)c; }
 
 /* scans: the count, or 0 when the decoder reached the scan after the limit */
 static mml_status scans_error(int scans, int max, mml_err *err) {
-  if (!scans)
-    return mml_err_set(err, MML_ESCANS, "JPEG: more scans than max_jpeg_scans=%d", max);
+  if (!scans) return mml_err_set(err, MML_ESCANS, "JPEG: more scans than max_jpeg_scans=%d", max);
   return mml_err_set(err, MML_ESCANS, "JPEG: %d scans, above max_jpeg_scans=%d", scans, max);
 }
 
@@ -431,8 +430,7 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   if (setjmp(d->je.jb)) {
     jpeg_abort_decompress(ci);
     mml_jpeg_keep_trim(d->keep);
-    if (d->jpeg_stop == MML_ESCANS)
-      return scans_error(0, d->max_scans, err);
+    if (d->jpeg_stop == MML_ESCANS) return scans_error(0, d->max_scans, err);
     if (d->jpeg_stop == MML_ECANCELLED)
       return mml_err_set(err, MML_ECANCELLED, "JPEG: decode cancelled (the loader is closing)");
     return mml_err_set(err, MML_EDECODE, "JPEG: %s", d->je.msg);

@@ -449,6 +449,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->closed = 1; /* until fully built: free() must not join anything */
   L->cancel.parent = cfg->cancel;
   L->ix.cancel = &L->cancel;
+  L->cfg.fetch.cancel = &L->cancel; /* the fetcher's blocking calls (index, listings) */
 
   if (copy_cfg_strings(L, cfg)) {
     st = mml_err_set(err, MML_ENOMEM, "out of memory building the loader");

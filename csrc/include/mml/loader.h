@@ -109,7 +109,7 @@ typedef struct mml_loader_cfg {
    * soon after this is set (NULL: never); it must outlive the loader, whose own flag
    * (set by close) reads it as its parent. */
   const mml_cancel *cancel;
-  int cycle;                    /* 1: never report the end of an epoch */
+  int cycle; /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
   const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */
