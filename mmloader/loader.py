@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import sys
 import warnings
 import weakref
@@ -58,6 +59,19 @@ def _is_remote(p: str) -> bool:
     return p.startswith(_REMOTE)
 
 
+def _file_kind(path: str) -> str:
+    m = os.stat(path).st_mode
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(m):
+            return kind
+    return "a special file"
+
+
 def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
     """Paths, globs, folders (every data file inside) or URLs -> an ordered shard list."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
@@ -90,6 +104,8 @@ def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
             out.append(os.path.abspath(p))
+        elif os.path.exists(p):  # a FIFO, a device, a socket: never opened (it may block)
+            raise ConfigError(f"data file {p!r} is {_file_kind(p)}, not a regular file")
         else:
             raise ConfigError(f"data file {p!r} does not exist")
     return out
@@ -292,10 +308,18 @@ class Loader:
             "record_too_large"; default 64 MiB).
         max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
         max_object_bytes: skip samples with a larger encoded image, local or remote (reason
-            "object_too_large"; default 256 MiB).
+            "object_too_large"; default 256 MiB).  A WebDataset member is checked from
+            its tar header, before it is read.
         max_jpeg_scans: skip samples with a JPEG of more scans (reason "too_many_scans";
             default 100; encoders write about 10): each scan of a progressive JPEG decodes
             the whole image again, so a few hundred KB can cost minutes.
+        max_shard_bytes: refuse (mmloader.SampleError naming the shard and the limit) a
+            .gz/.zst shard whose decompressed text, or a remote shard whose streamed text,
+            passes this many bytes: a compression bomb stops there (default 8 GiB; the
+            decompressed copy lives in $TMPDIR).
+        max_shard_records: refuse a shard of more JSONL lines (blank ones included), JSON
+            array elements or WebDataset members (default 2**24 = 16,777,216, 128 MiB of
+            index).
         allow_paths_outside_root: True (default, as in earlier releases): image paths may
             be absolute, use ``..`` or follow symlinks anywhere.  False confines relative
             references to the image root; others are skipped (reason "path_refused")
@@ -535,6 +559,8 @@ class Loader:
         max_json_depth: int = _D["max_json_depth"],
         max_object_bytes: int = _D["max_object_bytes"],
         max_jpeg_scans: int = _D["max_jpeg_scans"],
+        max_shard_bytes: int = _D["max_shard_bytes"],
+        max_shard_records: int = _D["max_shard_records"],
         allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
         allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
         fetch_timeout_s: float = _D["fetch_timeout_s"],

@@ -263,6 +263,8 @@ static void limits_defaults(mml_loader_cfg *c) {
   if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
   if (!c->max_jpeg_scans) c->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
   c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
+  if (!c->max_shard_bytes) c->max_shard_bytes = MML_DEFAULT_MAX_SHARD_BYTES;
+  if (!c->max_shard_records) c->max_shard_records = MML_DEFAULT_MAX_SHARD_RECORDS;
   /* and the deadlines (the option table's defaults, for a zeroed C configuration) */
   if (!c->fetch.timeout_s) c->fetch.timeout_s = 60;
   if (!c->fetch.stall_s) c->fetch.stall_s = 10;
@@ -438,6 +440,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
+  L->ix.limits = (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records};
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

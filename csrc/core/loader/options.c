@@ -9,6 +9,8 @@
  */
 #include "mml/options.h"
 
+#include "mml/index.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -157,6 +159,13 @@ static const mml_option k_options[] = {
     {"max_jpeg_scans", MML_OPT_INT, CFG(max_jpeg_scans), MML_DEFAULT_MAX_JPEG_SCANS, 1, I32, NULL,
      FP,
      "skip samples with a JPEG of more scans: each decodes the whole image again (too_many_scans)"},
+    /* per-shard limits: a shard over one is refused (hostile or corrupt data) */
+    {"max_shard_bytes", MML_OPT_INT, CFG(max_shard_bytes), MML_DEFAULT_MAX_SHARD_BYTES, 1, I64,
+     NULL, 0,
+     "refuse a .gz/.zst or remote shard whose text passes this many bytes (compression bombs)"},
+    {"max_shard_records", MML_OPT_INT, CFG(max_shard_records), MML_DEFAULT_MAX_SHARD_RECORDS, 1,
+     I64, NULL, 0,
+     "refuse a shard of more JSONL lines (blank ones too), array elements or tar members"},
     {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
      "False: image paths must stay inside the image root (path_refused)"},
     {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL, FP,
