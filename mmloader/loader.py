@@ -18,7 +18,7 @@ import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
-from . import _core, mixture
+from . import _core, mixture, recipes
 from ._core import ConfigError, StateError
 from .mixture import Source
 from .presets import template_style, vision_config
@@ -142,6 +142,8 @@ def _resolve_source(
             kw[k] = ov[k]
     if "image_route" in ov:
         kw["image_route"] = ov["image_route"]
+    recipe = ov.get("recipe", base["recipe"])
+    kw.update(recipes.vision_overrides(recipe))
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -149,6 +151,16 @@ def _resolve_source(
     label_mode = ov.get("label_mode", base["label_mode"])
     if label_mode not in _LABEL_MODES:
         raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
+    if recipe not in OPTIONS["recipe"]["choices"]:
+        raise ConfigError(
+            f"{where}: recipe must be one of {OPTIONS['recipe']['choices']}, got {recipe!r}"
+        )
+    rec = recipes.resolve(
+        f"{where}: ",
+        recipe,
+        {k: ov.get(k, base[k]) for k in recipes.LLAMA_FACTORY_SETTINGS},
+        label_mode,
+    )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
@@ -166,9 +178,9 @@ def _resolve_source(
         image_root=None if image_root is None else os.fspath(image_root),
         vision=vision,
         system_prompt=system_prompt,
-        label_mode=label_mode,
         image_whitespace=image_whitespace,
         max_length=max_length or 0,
+        **rec,
     )
 
 
@@ -455,6 +467,15 @@ class Loader:
             processor, LLaMA-Factory, ms-swift) or "qwen-vl-finetune" (Qwen's official
             fine-tuning code: user text between tags stripped, empty pieces dropped, so
             ``"<image>\nWhat is it?"`` has no newline after the image).
+        recipe: whose data path the samples follow: "processor" (the HF processor;
+            default) or "llama-factory" (LLaMA-Factory's template, per-message
+            tokenization and truncation; see :mod:`mmloader.recipes`, docs/recipes.md).
+        cutoff_len, mask_history, train_on_prompt, enable_thinking: LLaMA-Factory's
+            settings under its names and defaults (recipe="llama-factory" only):
+            truncation to cutoff_len tokens (None: 2048) as its infer_seqlen splits
+            source and target; train the last turn only; label the prompt too; Qwen3-VL's
+            qwen3_vl template (empty ``<think>`` block trained) instead of
+            qwen3_vl_nothink.
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -530,6 +551,11 @@ class Loader:
         shift_labels: bool = _D["shift_labels"],
         label_mode: str = _D["label_mode"],
         image_whitespace: str = _D["image_whitespace"],
+        recipe: str = _D["recipe"],
+        cutoff_len: Optional[int] = _D["cutoff_len"],
+        mask_history: bool = _D["mask_history"],
+        train_on_prompt: bool = _D["train_on_prompt"],
+        enable_thinking: bool = _D["enable_thinking"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -610,6 +636,11 @@ class Loader:
             opts["index"] = None
         elif index is not None:
             opts["index"] = os.fspath(index)
+        opts.update(
+            recipes.resolve(
+                "", recipe, {k: opts[k] for k in recipes.LLAMA_FACTORY_SETTINGS}, label_mode
+            )
+        )
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
@@ -635,7 +666,9 @@ class Loader:
             image_route=image_route,
         )
         try:
-            vision = vision_config(preset, model_dir, **vision_kw)
+            vision = vision_config(
+                preset, model_dir, **vision_kw, **recipes.vision_overrides(recipe)
+            )
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -648,6 +681,8 @@ class Loader:
                 image_whitespace=image_whitespace,
                 label_mode=label_mode,
                 max_length=max_length,
+                recipe=recipe,
+                **{k: given[k] for k in recipes.LLAMA_FACTORY_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
 

@@ -39,6 +39,7 @@ static const char *const k_text_only[] = {"placeholder", "omit", "empty",
 static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
                                              NULL}; /* MML_PIXEL_* (mml/vision.h) */
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
+static const char *const k_recipe[] = {"processor", "llama-factory", NULL};       /* MML_RECIPE_* */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 
 static const mml_option k_options[] = {
@@ -102,6 +103,20 @@ static const mml_option k_options[] = {
      "which assistant tokens are supervised"},
     {"image_whitespace", MML_OPT_ENUM, CFG(image_space), 0, 0, 0, k_image_space, FP,
      "text around <image> tags: in_place (as written) or qwen-vl-finetune (user text stripped)"},
+    /* recipes: whose data path the samples follow; the llama-factory settings keep
+     * LLaMA-Factory's own names (mmloader/recipes.py fills the recipe's defaults) */
+    {"recipe", MML_OPT_ENUM, CFG(recipe), 0, 0, 0, k_recipe, FP,
+     "whose data path: processor (HF processor + qwen-vl-utils keys) or llama-factory "
+     "(its template, truncation and image pre-resize)"},
+    {"cutoff_len", MML_OPT_INT, CFG(lf.cutoff_len), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: truncate as its infer_seqlen does (None: 2048)"},
+    {"mask_history", MML_OPT_BOOL, CFG(lf.mask_history), 0, 0, 1, NULL, FP,
+     "llama-factory: train on the last turn only; truncation keeps the last turns first"},
+    {"train_on_prompt", MML_OPT_BOOL, CFG(lf.train_on_prompt), 0, 0, 1, NULL, FP,
+     "llama-factory: label the prompt tokens too"},
+    {"enable_thinking", MML_OPT_BOOL, CFG(lf.enable_thinking), 0, 0, 1, NULL, FP,
+     "llama-factory, Qwen3-VL: its qwen3_vl template (an empty <think> block trained before "
+     "each answer) instead of qwen3_vl_nothink"},
     {"mrope", MML_OPT_BOOL, CFG(collate.mrope), 0, 0, 1, NULL, FP,
      "3-row M-RoPE position ids and rope_deltas"},
     {"attention_mask", MML_OPT_BOOL, CFG(collate.attention_mask), 1, 0, 1, NULL, FP,
