@@ -406,6 +406,8 @@ class Loader:
             ``LOCAL_WORLD_SIZE``.
         prefetch: batches whose pixels are in memory ahead of the consumer, finished or
             being decoded (the depth of a DataLoader's prefetch_factor x num_workers).
+            Finished ones also stop at max_memory's bytes (2 GiB without it), and the
+            queue's slots grow with use: a huge value costs only what is queued.
         window: samples in flight ahead of collation (default 2 * micro_batch_size, at
             least 4 * num_threads and 16; with a remote shard or image root at least
             (prefetch + 2) * micro_batch_size and 64, so the round trips of the samples

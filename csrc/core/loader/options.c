@@ -72,7 +72,8 @@ static const mml_option k_options[] = {
     {"num_threads", MML_OPT_INT, CFG(num_threads), 0, 1, 4096, NULL, NONE,
      "worker threads (None: CPUs in the affinity mask / LOCAL_WORLD_SIZE)"},
     {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
-     "batches in memory ahead of the consumer: finished, or being decoded"},
+     "batches in memory ahead of the consumer: finished, or being decoded (finished ones also "
+     "stop at max_memory's bytes, else 2 GiB)"},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
      "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16; "
      "remote shards: >= (prefetch + 2) * micro_batch_size and 64)"},
