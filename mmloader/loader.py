@@ -366,15 +366,20 @@ class Loader:
             for qwen3-vl; "": none).
         max_images_per_sample: skip samples naming more images (reason
             "too_many_images"; default 256).
-        max_sample_pixels: skip samples whose images hold more pixels in all (width *
-            height from each header, checked before any decode; reason "sample_too_large";
-            default 2**27 = 134,217,728, e.g. 16 4K frames).
+        max_sample_pixels: skip samples whose images hold more pixels in all (each image
+            at the larger of its size in the file and after resizing, which a record's
+            min_pixels or resized_height/width keys decide; checked from the headers before
+            any decode; reason "sample_too_large"; default 2**27 = 134,217,728, e.g. 16 4K
+            frames).
         max_record_bytes: skip longer records before reading them (reason
             "record_too_large"; default 64 MiB).
         max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
         max_object_bytes: skip samples with a larger encoded image, local or remote (reason
             "object_too_large"; default 256 MiB).  A WebDataset member is checked from
             its tar header, before it is read.
+        max_jpeg_scans: skip samples with a JPEG of more scans (reason "too_many_scans";
+            default 100; encoders write about 10): each scan of a progressive JPEG decodes
+            the whole image again, so a few hundred KB can cost minutes.
         max_shard_bytes: refuse (mmloader.SampleError naming the shard and the limit) a
             .gz/.zst shard whose decompressed text, or a remote shard whose streamed text,
             passes this many bytes: a compression bomb stops there (default 8 GiB; the
@@ -639,6 +644,7 @@ class Loader:
         max_record_bytes: int = _D["max_record_bytes"],
         max_json_depth: int = _D["max_json_depth"],
         max_object_bytes: int = _D["max_object_bytes"],
+        max_jpeg_scans: int = _D["max_jpeg_scans"],
         max_shard_bytes: int = _D["max_shard_bytes"],
         max_shard_records: int = _D["max_shard_records"],
         allow_paths_outside_root: bool = _D["allow_paths_outside_root"],

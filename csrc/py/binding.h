@@ -136,6 +136,12 @@ const struct mml_tokenizer *mml_py_tokenizer_get(mml_py_state *ms, PyObject *obj
 /* fetch_py.c: the fetcher of a _core.Fetcher (NULL with TypeError / Error set when not one
  * or closed). */
 struct mml_fetcher *mml_py_fetcher_get(mml_py_state *ms, PyObject *obj);
+/* interrupt_py.c: runs fn(arg) on a helper thread (first making CUDA `device` current
+ * there, unless it is -1) while this one (holding the GIL) waits in 100 ms slices running
+ * signal handlers between them; when one raises (Ctrl-C), sets *cancel (which fn's engine
+ * work checks) and joins the helper.  0, or -1 with the handler's exception set (fn has
+ * returned either way; its results are the caller's to free). */
+int mml_py_run_interruptible(void (*fn)(void *), void *arg, int device, struct mml_cancel *cancel);
 /* loader_py.c: the engine inside a _Loader (borrowed), or NULL with an exception set. */
 struct mml_loader *mml_py_loader_get(mml_py_state *ms, PyObject *obj);
 

@@ -33,6 +33,7 @@ PyObject *mml_py_exc_for(mml_py_state *ms, mml_status st) {
     case MML_ETOOLONG:
     case MML_ETOOMANYIMAGES:
     case MML_ESAMPLEPIXELS:
+    case MML_ESCANS:
     case MML_ERECORDSIZE:
     case MML_EOBJECTSIZE:
     case MML_EPATH:

@@ -5,8 +5,9 @@
  * (options_py.c, mml/options.h).
  *
  * The GIL is released around every engine call that can wait: construction (index
- * build), next (in 100 ms slices, checking for signals between them so Ctrl-C works),
- * close/dealloc (joining threads).  The creating pid is recorded: a forked child gets a
+ * build: on a helper thread, interrupt_py.c, so Ctrl-C stops it), next (in 100 ms slices,
+ * checking for signals between them so Ctrl-C works), close/dealloc (joining threads; the
+ * engine's close stops a decode under way, so they return within milliseconds).  The creating pid is recorded: a forked child gets a
  * clear mmloader.Error, and never touches (or joins) threads it does not have.
  *
  * GC: a _Loader holds its tokenizer, whose Python subclass can hold anything, so it can
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "binding.h"
+#include "mml/cuda.h"
 #include "mml/dsindex.h"
 #include "mml/loader.h"
 
@@ -31,6 +33,7 @@ typedef struct {
   int active;            /* next() calls in progress (they run with the GIL released) */
   mml_loader *closing;   /* closed while next() was active: freed by the last one out */
   int close_busy;        /* a close of `closing` still runs (GIL released): it frees it */
+  mml_cancel cancel;     /* set on Ctrl-C during construction; the engine's flag's parent */
 } LoaderObject;
 
 enum { MAX_WARNINGS = 50 };
@@ -62,6 +65,20 @@ mml_loader *mml_py_loader_get(mml_py_state *ms, PyObject *obj) {
 
 /* ---- type --------------------------------------------------------------------------- */
 
+typedef struct {
+  const mml_loader_cfg *cfg;
+  mml_loader *L;
+  mml_status st;
+  mml_err err;
+} build_args;
+
+static void build_main(void *p) {
+  build_args *a = p;
+  a->st = mml_loader_new(a->cfg, &a->L, &a->err);
+}
+
+static void free_engine(mml_loader *L);
+
 static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"config", "tokenizer", NULL};
   PyObject *d, *tok;
@@ -81,14 +98,22 @@ static int Loader_init(LoaderObject *self, PyObject *args, PyObject *kw) {
     return -1;
   }
   cfg.tokenizer = ct;
-  mml_err err;
-  mml_err_clear(&err);
-  mml_loader *L = NULL;
-  mml_status st;
-  Py_BEGIN_ALLOW_THREADS
-  st = mml_loader_new(&cfg, &L, &err);
-  Py_END_ALLOW_THREADS
+  self->cancel = (mml_cancel){0}; /* no engine yet: nothing reads it */
+  cfg.cancel = &self->cancel;     /* outlives the engine: freed before this object */
+  build_args a = {&cfg, NULL, MML_OK};
+  mml_err_clear(&a.err);
+  /* pinned memory's release guard reads the constructing thread's CUDA device */
+  const int dev =
+      (cfg.pin_memory || cfg.to_device) && mml_cuda_available() ? mml_cuda_current_device() : -1;
+  const int interrupted = mml_py_run_interruptible(build_main, &a, dev, &self->cancel);
   mml_py_cfg_mem_free(&mem);
+  mml_loader *L = a.L;
+  mml_status st = a.st;
+  mml_err err = a.err;
+  if (interrupted) { /* the handler's exception (KeyboardInterrupt) stands */
+    if (L) free_engine(L);
+    return -1;
+  }
   if (st) {
     if (st == MML_ENOENT || st == MML_EIO || st == MML_ECONFIG || st == MML_EINVAL) {
       mml_py_raise_as(ms->ConfigError, st, &err);

@@ -117,6 +117,10 @@ int mml_py_vision_cfg_from_dict(mml_py_state *ms, PyObject *d, struct mml_vision
       get_bool(ms, d, "fast", &cfg->fast) ||
       get_i64(ms, d, "max_image_pixels", &cfg->max_image_pixels))
     return -1;
+  cfg->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
+  if (PyDict_GetItemString(d, "max_jpeg_scans") &&
+      get_int(ms, d, "max_jpeg_scans", &cfg->max_jpeg_scans))
+    return -1;
   if (PyDict_GetItemString(d, "pillow_h_first") &&
       get_bool(ms, d, "pillow_h_first", &cfg->pillow_h_first))
     return -1;

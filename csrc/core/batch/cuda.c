@@ -231,6 +231,10 @@ int mml_cuda_current_device(void) {
   return d;
 }
 
+void mml_cuda_set_current_device(int device) {
+  if (ready()) (void)g_api.SetDevice(device);
+}
+
 /* --- device scoping --------------------------------------------------------------- */
 
 /* Makes `device` current; *prev receives the caller's device (to restore with leave). */

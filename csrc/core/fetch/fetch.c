@@ -72,6 +72,7 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
   f->backoff_max_s = cfg->backoff_max_s ? cfg->backoff_max_s : 5;
   f->range_chunk = cfg->range_chunk ? cfg->range_chunk : 8 << 20;
   f->list_page_size = cfg->list_page_size > 0 ? cfg->list_page_size : 0;
+  f->cancel = cfg->cancel;
   f->max_object_bytes =
       cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
   f->min_rate = cfg->min_rate ? cfg->min_rate : 1024;

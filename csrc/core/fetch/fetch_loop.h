@@ -99,6 +99,7 @@ struct mml_fetcher {
   double min_rate, retry_budget_s;
   int64_t range_chunk;
   int list_page_size;
+  const mml_cancel *cancel; /* mml_fetch_cfg.cancel: the blocking calls' (fetch_sync.c) */
 
   pthread_t io;
   int io_started;

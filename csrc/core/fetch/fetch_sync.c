@@ -2,6 +2,11 @@
  * fetch_sync.c — blocking helpers on top of the fetcher's submit: the caller waits on a
  * condition variable that the completion callback (I/O thread) signals.  A blocking call
  * from a completion callback would wait on its own thread, so it is refused.
+ *
+ * Cancellation: the caller waits in 50 ms slices and checks the fetcher's cancel flag
+ * (mml_fetch_cfg.cancel) between them; once set it returns MML_ECANCELLED at once and
+ * leaves the waiter (heap memory) to the completion, which frees it: the request itself
+ * ends by its deadlines or when the fetcher is freed (its completions then run).
  */
 #include "mml/fetch_sync.h"
 
@@ -10,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fetch_loop.h"
 
@@ -17,14 +23,28 @@ typedef struct waiter {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int done;
+  int abandoned; /* the caller left (cancelled): the completion frees the waiter */
   mml_status st;
   mml_bytes body;
   mml_err err;
 } waiter;
 
+static void waiter_free(waiter *w) {
+  mml_bytes_free(&w->body);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
 static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *err) {
   waiter *w = ctx;
   pthread_mutex_lock(&w->mu);
+  if (w->abandoned) {
+    pthread_mutex_unlock(&w->mu);
+    if (body) mml_bytes_free(body); /* the callback owns it */
+    waiter_free(w);
+    return;
+  }
   w->st = st;
   if (body) { /* the waiter takes the memory (a twin's copy is freed after the call) */
     w->body = *body;
@@ -43,25 +63,43 @@ static mml_status get_query(mml_fetcher *f, const char *url, const char *query, 
     if (l->io_started && pthread_equal(pthread_self(), l->io))
       return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
   }
-  waiter w = {.st = MML_OK};
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  mml_status st = mml_fetch_submit_query(f, url, query, off, len, head, waiter_cb, &w, total, err);
-  if (st == MML_OK) {
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    st = w.st;
-    if (st == MML_OK) {
-      mml_bytes_free(out);
-      *out = w.body;
-    } else {
-      mml_bytes_free(&w.body);
-      if (err) *err = w.err;
-    }
+  if (f && mml_cancelled(f->cancel)) return mml_err_set(err, MML_ECANCELLED, "fetch: cancelled");
+  waiter *w = calloc(1, sizeof *w);
+  if (!w) return mml_err_set(err, MML_ENOMEM, "fetch: out of memory");
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  mml_status st = mml_fetch_submit_query(f, url, query, off, len, head, waiter_cb, w, total, err);
+  if (st) {
+    waiter_free(w);
+    return st;
   }
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  pthread_mutex_lock(&w->mu);
+  while (!w->done) {
+    if (mml_cancelled(f->cancel)) {
+      w->abandoned = 1; /* the completion frees it */
+      pthread_mutex_unlock(&w->mu);
+      return mml_err_set(err, MML_ECANCELLED, "fetch: cancelled");
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 50 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+  }
+  pthread_mutex_unlock(&w->mu);
+  st = w->st;
+  if (st == MML_OK) {
+    mml_bytes_free(out);
+    *out = w->body;
+    w->body = (mml_bytes){0};
+  } else if (err) {
+    *err = w->err;
+  }
+  waiter_free(w);
   return st;
 }
 

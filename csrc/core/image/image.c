@@ -96,6 +96,36 @@ static int jpeg_first_scan_partial(const uint8_t *p, size_t len, size_t i, int n
   }
 }
 
+/* The scans (SOS markers) of a JPEG from byte i on, as libjpeg finds them: a segment is
+ * skipped by its length; a scan's entropy-coded data, and garbage between segments, up to
+ * the next 0xFF that starts a marker (0xFF 0x00 is a stuffed byte, RSTn and 0xFF fill
+ * bytes are not segments).  Stops at EOI or the end of the data; O(len). */
+static int jpeg_count_scans(const uint8_t *p, size_t len, size_t i) {
+  int n = 0;
+  while (i + 1 < len) {
+    if (p[i] != 0xFF) {
+      const uint8_t *f = memchr(p + i, 0xFF, len - i);
+      if (!f) break;
+      i = (size_t)(f - p);
+      continue;
+    }
+    uint8_t m = p[i + 1];
+    if (m == 0xFF) { /* a fill byte before the marker */
+      i++;
+      continue;
+    }
+    i += 2;
+    if (m == 0xD9) break;
+    if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue; /* no segment */
+    if (i + 2 > len) break;
+    size_t seg = (size_t)p[i] << 8 | p[i + 1];
+    if (seg < 2) break; /* libjpeg refuses it */
+    n += m == 0xDA;
+    i += seg;
+  }
+  return n;
+}
+
 static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info, mml_err *err) {
   size_t i = 2;
   for (;;) {
@@ -129,6 +159,7 @@ static mml_status probe_jpeg(const uint8_t *p, size_t len, mml_image_info *info,
       int progressive = m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE;
       if (!progressive && !jpeg_first_scan_partial(p, len, i + seg, nc)) return MML_OK;
       info->scratch = jpeg_coef_bytes(p + i + 8, nc, w, h);
+      info->scans = jpeg_count_scans(p, len, i + seg); /* a single-scan one has no others */
       return MML_OK;
     }
     i += seg;
@@ -269,7 +300,11 @@ struct mml_decoder {
   int img_w, img_h;
   int64_t max_pixels; /* width*height limit of every decode (0: none) */
   int alpha;          /* mml_decode_opts.alpha */
-  int key;            /* the last image has a colour key (mml_decoder_color_key) */
+  int max_scans;      /* JPEG scans limit of every decode (0: none) */
+  const mml_cancel *cancel;
+  struct jpeg_progress_mgr progress; /* jpeg_progress: the scan limit and `cancel` */
+  mml_status jpeg_stop; /* why jpeg_progress stopped the decode (MML_OK: a libjpeg error) */
+  int key;              /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
   mml_jpeg_keep *keep; /* multi-scan coefficients in memory that stays mapped */
 };
@@ -298,6 +333,26 @@ static void jerr_emit(j_common_ptr c, int level) {
 
 static void jerr_output(j_common_ptr c) { (void)c; }
 
+/* scans: the count, or 0 when the decoder reached the scan after the limit */
+static mml_status scans_error(int scans, int max, mml_err *err) {
+  if (!scans) return mml_err_set(err, MML_ESCANS, "JPEG: more scans than max_jpeg_scans=%d", max);
+  return mml_err_set(err, MML_ESCANS, "JPEG: %d scans, above max_jpeg_scans=%d", scans, max);
+}
+
+/* libjpeg's progress hook: called once per output row, and while a multi-scan image's
+ * input is absorbed once per MCU row of every scan (so every few ms however hostile the
+ * file): stops the decode past the scan limit or once the decoder's cancel flag is set. */
+static void jpeg_progress(j_common_ptr c) {
+  mml_decoder *d = (mml_decoder *)(void *)c; /* jd is its first member */
+  if (d->max_scans > 0 && d->jd.input_scan_number > d->max_scans)
+    d->jpeg_stop = MML_ESCANS;
+  else if (mml_cancelled(d->cancel))
+    d->jpeg_stop = MML_ECANCELLED;
+  else
+    return;
+  longjmp(d->je.jb, 1);
+}
+
 mml_status mml_decoder_new(mml_decoder **out) {
   mml_decoder *d = calloc(1, sizeof *d);
   if (!d) return MML_ENOMEM;
@@ -310,12 +365,15 @@ mml_status mml_decoder_new(mml_decoder **out) {
     return MML_ENOMEM;
   }
   jpeg_create_decompress(&d->jd);
+  d->progress.progress_monitor = jpeg_progress;
+  d->jd.progress = &d->progress;
   if (mml_jpeg_keep_install(&d->jd, &d->keep)) {
     jpeg_destroy_decompress(&d->jd);
     free(d);
     return MML_ENOMEM;
   }
   d->max_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS;
+  d->max_scans = MML_DEFAULT_MAX_JPEG_SCANS;
   *out = d;
   return MML_OK;
 }
@@ -323,6 +381,12 @@ mml_status mml_decoder_new(mml_decoder **out) {
 void mml_decoder_set_max_pixels(mml_decoder *d, int64_t max_pixels) {
   d->max_pixels = max_pixels > 0 ? max_pixels : 0;
 }
+
+void mml_decoder_set_max_scans(mml_decoder *d, int max_scans) {
+  d->max_scans = max_scans > 0 ? max_scans : 0;
+}
+
+void mml_decoder_set_cancel(mml_decoder *d, const mml_cancel *c) { d->cancel = c; }
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
   d->je.strict = o && o->strict_jpeg;
@@ -362,9 +426,13 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
                               const mml_row_sink *sink, mml_err *err) {
   struct jpeg_decompress_struct *ci = &d->jd;
   mml_status st = MML_OK;
+  d->jpeg_stop = MML_OK;
   if (setjmp(d->je.jb)) {
     jpeg_abort_decompress(ci);
     mml_jpeg_keep_trim(d->keep);
+    if (d->jpeg_stop == MML_ESCANS) return scans_error(0, d->max_scans, err);
+    if (d->jpeg_stop == MML_ECANCELLED)
+      return mml_err_set(err, MML_ECANCELLED, "JPEG: decode cancelled (the loader is closing)");
     return mml_err_set(err, MML_EDECODE, "JPEG: %s", d->je.msg);
   }
   jpeg_mem_src(ci, (unsigned char *)data, (unsigned long)len);
@@ -430,10 +498,35 @@ struct png_src {
   const uint8_t *p;
   size_t len, off;
   char msg[256];
+  const mml_cancel *cancel;
+  uint32_t h;     /* the image's rows once its header is read (0 before) */
+  int interlaced; /* Adam7 */
+  int tail;       /* libpng asked for input after the last row: stopped there */
+  int cancelled;  /* `cancel` was found set */
 };
 
+/* Whether libpng has delivered every row (png_read_finish_row has moved past the last
+ * row of the last pass) and so only reads on to the end of the deflate stream. */
+static int png_rows_done(png_structp png, const struct png_src *s) {
+  if (!s->h) return 0;
+  if (s->interlaced) return png_get_current_pass_number(png) >= 7;
+  return png_get_current_row_number(png) >= s->h;
+}
+
+/* libpng's input.  Stops (longjmp) once the cancel flag is set, and when libpng asks for
+ * more after the last row: it then inflates the rest of the stream to find its end, and
+ * a few KB more of the file can inflate to GB (issue 29: 20 s for 1 MB) — Pillow stops
+ * at the last row, and so does this decoder (png_row). */
 static void png_read_mem(png_structp png, png_bytep out, size_t n) {
   struct png_src *s = png_get_io_ptr(png);
+  if (mml_cancelled(s->cancel)) {
+    s->cancelled = 1;
+    png_error(png, "decode cancelled");
+  }
+  if (png_rows_done(png, s)) {
+    s->tail = 1;
+    png_error(png, "data after the last row (not read)");
+  }
   if (n > s->len - s->off) png_error(png, "truncated data");
   memcpy(out, s->p + s->off, n);
   s->off += n;
@@ -567,17 +660,43 @@ static void png_plan_conv(mml_decoder *d, png_structp png, png_infop info, int c
   }
 }
 
-/* Reads the rows (all passes of an interlaced image first) and hands them to the sink.
- * Runs inside decode_png's setjmp. */
-static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct png_conv *conv, int w,
-                                int h, int passes, size_t rowbytes, const mml_row_sink *sink,
-                                mml_err *err) {
+/* One png_read_row under its own setjmp: libpng's errors (and png_read_mem's stops) land
+ * here, and the row is complete when the stop is png_read_mem's after the last row (the
+ * row is copied out before libpng reads on).  Once stopped so, libpng is never called
+ * again (the rows left of an interlaced image were complete).  1: failed (png_fail). */
+static int png_row(png_structp png, png_bytep row, struct png_src *src) {
+  if (src->tail) return 0;
+  if (mml_cancelled(src->cancel)) {
+    src->cancelled = 1;
+    return 1;
+  }
+  jmp_buf outer;
+  memcpy(outer, png_jmpbuf(png), sizeof outer);
+  int failed = 0;
+  if (setjmp(png_jmpbuf(png)))
+    failed = !src->tail;
+  else
+    png_read_row(png, row, NULL);
+  memcpy(png_jmpbuf(png), outer, sizeof outer);
+  return failed;
+}
+
+static mml_status png_fail(const struct png_src *src, mml_err *err) {
+  if (src->cancelled) return mml_err_set(err, MML_ECANCELLED, "PNG: decode cancelled");
+  return mml_err_set(err, MML_EDECODE, "PNG: %s", src->msg);
+}
+
+/* Reads the rows (all passes of an interlaced image first) and hands them to the sink. */
+static mml_status png_feed_rows(mml_decoder *d, png_structp png, struct png_src *src,
+                                const struct png_conv *conv, int w, int h, int passes,
+                                size_t rowbytes, const mml_row_sink *sink, mml_err *err) {
   mml_status st;
   if (passes > 1) {
     if ((size_t)h > SIZE_MAX / rowbytes || mml_bytes_reserve(&d->whole, (size_t)h * rowbytes))
       return mml_err_set(err, MML_ENOMEM, "PNG: out of memory for an interlaced %dx%d image", w, h);
     for (int p = 0; p < passes; p++)
-      for (int y = 0; y < h; y++) png_read_row(png, d->whole.data + (size_t)y * rowbytes, NULL);
+      for (int y = 0; y < h; y++)
+        if (png_row(png, d->whole.data + (size_t)y * rowbytes, src)) return png_fail(src, err);
     for (int y = 0; y < h; y++) {
       png_row_to_rgb(conv, d->whole.data + (size_t)y * rowbytes, d->row.data, w);
       if ((st = sink->row(sink->ctx, y, d->row.data, err)) != MML_OK) return st;
@@ -590,9 +709,9 @@ static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct pn
   for (int y = 0; y < h; y++) {
     uint8_t *b = plain && sink->row_buf ? sink->row_buf(sink->ctx, y) : NULL;
     if (b) { /* RGB8 as is: straight into the sink's memory */
-      png_read_row(png, b, NULL);
+      if (png_row(png, b, src)) return png_fail(src, err);
     } else {
-      png_read_row(png, d->raw.data, NULL);
+      if (png_row(png, d->raw.data, src)) return png_fail(src, err);
       png_row_to_rgb(conv, d->raw.data, d->row.data, w);
       b = d->row.data;
     }
@@ -603,7 +722,7 @@ static mml_status png_feed_rows(mml_decoder *d, png_structp png, const struct pn
 
 static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
                              const mml_row_sink *sink, mml_err *err) {
-  struct png_src src = {data, len, 0, "unknown error"};
+  struct png_src src = {data, len, 0, "unknown error", .cancel = d->cancel};
   png_structp png =
       png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error, png_on_warning);
   if (!png) return mml_err_set(err, MML_ENOMEM, "PNG: out of memory");
@@ -615,7 +734,7 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
   volatile mml_status st = MML_OK;
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, NULL);
-    return mml_err_set(err, MML_EDECODE, "PNG: %s", src.msg);
+    return png_fail(&src, err);
   }
   png_set_read_fn(png, &src, png_read_mem);
   png_read_info(png, info);
@@ -623,6 +742,8 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
   int depth, ctype, interlace;
   png_get_IHDR(png, info, &w32, &h32, &depth, &ctype, &interlace, NULL, NULL);
   int w = (int)w32, h = (int)h32;
+  src.h = h32;
+  src.interlaced = interlace != PNG_INTERLACE_NONE;
   struct png_conv conv = {.alpha = d->alpha};
   png_plan_conv(d, png, info, ctype, depth, &conv);
   if (depth == 16 && conv.kind != PX_G16) png_set_strip_16(png);
@@ -634,7 +755,7 @@ static mml_status decode_png(mml_decoder *d, const uint8_t *data, size_t len,
     st = mml_err_set(err, MML_ENOMEM, "PNG: out of memory for a %d-pixel row", w);
     goto done;
   }
-  st = png_feed_rows(d, png, &conv, w, h, passes, rowbytes, sink, err);
+  st = png_feed_rows(d, png, &src, &conv, w, h, passes, rowbytes, sink, err);
 done:
   png_destroy_read_struct(&png, &info, NULL);
   return st;
@@ -684,12 +805,15 @@ mml_status mml_image_decode_rows(mml_decoder *d, const uint8_t *data, size_t len
   if (st != MML_OK) return st;
   /* every decoder (the formats added beside JPEG and PNG too) runs behind this check */
   if ((st = check_pixels(d->max_pixels, info.width, info.height, err))) return st;
+  if (d->max_scans > 0 && info.scans > d->max_scans)
+    return scans_error(info.scans, d->max_scans, err); /* before any decoding */
+  if (mml_cancelled(d->cancel)) return mml_err_set(err, MML_ECANCELLED, "decode cancelled");
   limit_sink lim = {user_sink, d->max_pixels};
   const mml_row_sink limited = {limit_begin, limit_row, &lim, limit_row_buf};
   const mml_row_sink *sink = &limited;
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8)
     return mml_err_set(err, MML_EINVAL, "decode: scale_denom %d is not 1, 2, 4 or 8", scale_denom);
-  mml_img_bufs b = {&d->whole, &d->row, d->alpha, &d->key, d->kc};
+  mml_img_bufs b = {&d->whole, &d->row, d->alpha, &d->key, d->kc, d->cancel};
   switch (info.format) {
     case MML_FMT_JPEG:
       return decode_jpeg(d, data, len, scale_denom, sink, err);

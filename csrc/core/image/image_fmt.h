@@ -22,9 +22,10 @@
 typedef struct mml_img_bufs {
   mml_bytes *whole;
   mml_bytes *row;
-  int alpha;   /* MML_ALPHA_*: mml_decode_opts.alpha */
-  int *key;    /* out, before sink->begin: a colour key for after the resize */
-  uint8_t *kc; /* its 3 bytes (mml_decoder_color_key) */
+  int alpha;                /* MML_ALPHA_*: mml_decode_opts.alpha */
+  int *key;                 /* out, before sink->begin: a colour key for after the resize */
+  uint8_t *kc;              /* its 3 bytes (mml_decoder_color_key) */
+  const mml_cancel *cancel; /* checked per row or strip: MML_ECANCELLED once set */
 } mml_img_bufs;
 
 #define MML_DECLARE_FORMAT(name)                                                                   \

@@ -170,6 +170,10 @@ mml_status mml_gif_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const m
   const int passes = id->Interlace ? 4 : 1;
   for (int pass = 0; pass < passes && fw > 0; pass++) {
     for (int y = id->Interlace ? off[pass] : 0; y < fh; y += id->Interlace ? step[pass] : 1) {
+      if (mml_cancelled(b->cancel)) {
+        st = mml_err_set(err, MML_ECANCELLED, "GIF: decode cancelled");
+        goto done;
+      }
       if (DGifGetLine(g, canvas + (size_t)(fy + y) * W + fx, fw) == GIF_ERROR) {
         st = gif_fail(g, err, "corrupt or truncated image data");
         goto done;

@@ -268,7 +268,12 @@ static mml_status layout(TIFF *t, page *pg, mml_err *err) {
 
 /* Reads the raw samples of the whole page into `buf`: contiguous, `row` bytes per line;
  * separate planes, plane after plane of `row` bytes per line each. */
-static mml_status read_page(TIFF *t, const page *pg, size_t row, mml_bytes *buf, mml_err *err) {
+static mml_status cancelled(mml_err *err) {
+  return mml_err_set(err, MML_ECANCELLED, "TIFF: decode cancelled");
+}
+
+static mml_status read_page(TIFF *t, const page *pg, size_t row, mml_bytes *buf,
+                            const mml_cancel *cancel, mml_err *err) {
   const int planes = pg->separate ? pg->spp : 1;
   const size_t plane = row * (size_t)pg->h;
   if (plane / row != (size_t)pg->h || mml_bytes_reserve(buf, plane * planes))
@@ -288,6 +293,10 @@ static mml_status read_page(TIFF *t, const page *pg, size_t row, mml_bytes *buf,
     for (int s = 0; s < planes && st == MML_OK; s++)
       for (uint32_t ty = 0; ty < (uint32_t)pg->h && st == MML_OK; ty += th)
         for (uint32_t tx = 0; tx < (uint32_t)pg->w; tx += tw) {
+          if (mml_cancelled(cancel)) {
+            st = cancelled(err);
+            break;
+          }
           if (TIFFReadTile(t, tile.data, tx, ty, 0, (uint16_t)s) < 0) {
             st = mml_err_set(err, MML_EDECODE, "TIFF: cannot read tile at %u,%u", tx, ty);
             break;
@@ -306,6 +315,7 @@ static mml_status read_page(TIFF *t, const page *pg, size_t row, mml_bytes *buf,
   const uint32_t per_plane = ((uint32_t)pg->h + rps - 1) / rps;
   for (int s = 0; s < planes; s++)
     for (uint32_t k = 0; k < per_plane; k++) {
+      if (mml_cancelled(cancel)) return cancelled(err);
       uint32_t y0 = k * rps, rows = (uint32_t)pg->h - y0 < rps ? (uint32_t)pg->h - y0 : rps;
       tmsize_t got = TIFFReadEncodedStrip(t, (uint32_t)s * per_plane + k,
                                           buf->data + s * plane + y0 * row, (tmsize_t)(rows * row));
@@ -412,7 +422,7 @@ mml_status mml_tiff_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const 
     st = mml_err_set(err, MML_EDECODE, "TIFF: bad scanline size");
     goto done;
   }
-  if ((st = read_page(t, &pg, row, b->whole, err)) != MML_OK) {
+  if ((st = read_page(t, &pg, row, b->whole, b->cancel, err)) != MML_OK) {
     if (m.msg[0]) mml_err_set(err, st, "TIFF: %s", m.msg);
     goto done;
   }

@@ -80,7 +80,12 @@ static mml_status spill_write(mml_index_builder *b, const uint8_t *p, size_t n, 
 }
 
 /* Decompressed text: to the spill file and the scanner. */
+static mml_status index_cancelled(mml_index_builder *b, mml_err *err) {
+  return mml_err_set(err, MML_ECANCELLED, "data shard %s: indexing cancelled", shard_of(b)->path);
+}
+
 static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+  if (mml_cancelled(b->ix->cancel)) return index_cancelled(b, err);
   mml_status st = ix_scan_text(b, p, n, err); /* first: it checks the limits */
   return st ? st : spill_write(b, p, n, err);
 }
@@ -176,6 +181,7 @@ static mml_status feed_zstd(mml_index_builder *b, const uint8_t *p, size_t n, mm
 
 static mml_status feed_raw(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
   if (!n) return MML_OK;
+  if (mml_cancelled(b->ix->cancel)) return index_cancelled(b, err);
   mml_compression c = shard_of(b)->compression;
   mml_status st = c == MML_COMPRESS_GZIP   ? feed_gzip(b, p, n, err)
                   : c == MML_COMPRESS_ZSTD ? feed_zstd(b, p, n, err)

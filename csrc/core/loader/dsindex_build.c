@@ -275,7 +275,7 @@ static mml_status plan_videos(bworker *w, int64_t gi, const mml_vision_cfg *visi
         (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
     ts += p->grid_t;
     *vis += p->tokens;
-    *px += p->src_pixels;
+    *px += mml_video_plan_pixels(p);
   }
   return MML_OK;
 }
@@ -348,13 +348,13 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
     }
     w->tokens[i] = w->plans[i].tokens;
     vis += w->plans[i].tokens;
-    px += (int64_t)w->plans[i].src_w * w->plans[i].src_h;
+    px += mml_vision_plan_pixels(&w->plans[i]);
   }
   if (nv && (st = plan_videos(w, gi, &src->vision, &vis, &px, c, err))) return st;
   if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_plan */
     return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) and %d video(s) of %lld pixels in all, above "
-                       "max_sample_pixels=%lld",
+                       "%d image(s) and %d video(s) of %lld pixels in all (each at its larger "
+                       "size: in the file or resized), above max_sample_pixels=%lld",
                        n, nv, (long long)px, (long long)src->pl.max_sample_pixels);
   mml_ids_clear(&w->ids);
   mml_ids_clear(&w->labels);

@@ -292,6 +292,7 @@ static void limits_defaults(mml_loader_cfg *c) {
   if (!c->max_record_bytes) c->max_record_bytes = MML_DEFAULT_MAX_RECORD_BYTES;
   if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
   if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
+  if (!c->max_jpeg_scans) c->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
   c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
   /* objects of servers that ignore Range are kept whole for their ranged reads: within
    * max_memory (a quarter of it), else the fetcher's default */
@@ -486,6 +487,9 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   pthread_cond_init(&L->out_cv, &ca);
   pthread_condattr_destroy(&ca);
   L->closed = 1; /* until fully built: free() must not join anything */
+  L->cancel.parent = cfg->cancel;
+  L->ix.cancel = &L->cancel;
+  L->cfg.fetch.cancel = &L->cancel; /* the fetcher's blocking calls (index, listings) */
 
   if (copy_cfg_strings(L, cfg)) {
     st = mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
@@ -526,6 +530,7 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
 }
 
 static void stop_threads(mml_loader *L) {
+  mml_cancel_set(&L->cancel); /* first: what a worker is decoding stops too */
   pthread_mutex_lock(&L->mu);
   L->stop = 1;
   pthread_cond_broadcast(&L->work_cv);

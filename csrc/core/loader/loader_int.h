@@ -288,6 +288,10 @@ struct mml_loader {
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
   int started, stop, closed;
+  /* set by close() before it joins the threads (read without mu): a decode, an index
+   * scan or a fetch wait under way stops within milliseconds (ARCHITECTURE 4.8); its
+   * parent is the caller's cfg.cancel (Ctrl-C during construction) */
+  mml_cancel cancel;
   pthread_t *threads;
   int nthreads_started;
   pthread_t coll_thread;

@@ -85,6 +85,8 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
                        src->name);
   src->vision = sc->vision;
   src->vision.pixel_format = L->cfg.collate.pixel_format; /* one format for the loader */
+  src->vision.max_jpeg_scans = L->cfg.max_jpeg_scans;
+  src->vision.cancel = &L->cancel; /* close() stops a decode under way */
   mml_status st = mml_vision_cfg_check(&src->vision, err);
   if (!st)
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);

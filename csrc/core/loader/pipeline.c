@@ -118,7 +118,7 @@ static mml_status plan_videos(const mml_pipeline *pl, mml_sample_scratch *sc, co
         (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
     ts += p->grid_t;
     *rows += p->rows;
-    *src_px += p->src_pixels;
+    *src_px += mml_video_plan_pixels(p);
   }
   return MML_OK;
 }
@@ -182,7 +182,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
     out->vision_tokens += plans[i].tokens;
     rows += plans[i].rows;
     cols = plans[i].cols;
-    src_px += (int64_t)plans[i].src_w * plans[i].src_h;
+    src_px += mml_vision_plan_pixels(&plans[i]);
   }
   int64_t vrows = 0;
   if (rec->nvideos &&
@@ -191,8 +191,8 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
   for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += vplans[v].tokens;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
     return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) and %d video(s) of %lld pixels in all, above "
-                       "max_sample_pixels=%lld",
+                       "%d image(s) and %d video(s) of %lld pixels in all (each at its larger "
+                       "size: in the file or resized), above max_sample_pixels=%lld",
                        n, rec->nvideos, (long long)src_px, (long long)pl->max_sample_pixels);
   double t1 = mml_now();
   sc->vision_s += t1 - t0;

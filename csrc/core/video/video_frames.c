@@ -488,6 +488,8 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
   const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_PASTE};
   mml_decoder_set_opts(s->dec, &opts);
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
+  mml_decoder_set_max_scans(s->dec, cfg->max_jpeg_scans);
+  mml_decoder_set_cancel(s->dec, cfg->cancel);
   mml_status st;
   if ((st = planes_fit(s, p, err))) return st;
   const size_t lpx = (size_t)p->list_w * p->list_h;

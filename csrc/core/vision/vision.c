@@ -53,6 +53,7 @@ mml_status mml_vision_preset(const char *name, mml_vision_cfg *cfg, mml_err *err
   cfg->merge_size = 2;
   cfg->temporal_patch_size = 2;
   cfg->max_image_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS; /* Pillow's bomb error threshold */
+  cfg->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
   if (name && (!strcmp(name, "qwen2-vl") || !strcmp(name, "qwen2.5-vl"))) {
     static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
@@ -238,6 +239,9 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
   if (cfg->max_image_pixels > 0 && px > cfg->max_image_pixels)
     return mml_err_set(err, MML_ETOOBIG, "%dx%d image (%lld pixels) exceeds max_image_pixels=%lld",
                        info.width, info.height, (long long)px, (long long)cfg->max_image_pixels);
+  if (cfg->max_jpeg_scans > 0 && info.scans > cfg->max_jpeg_scans)
+    return mml_err_set(err, MML_ESCANS, "JPEG: %d scans, above max_jpeg_scans=%d", info.scans,
+                       cfg->max_jpeg_scans);
   const int orient = cfg->route == MML_ROUTE_LOAD_IMAGE ? mml_image_orientation(data, len) : 1;
   const int swap = orient >= 5; /* transpose, rotations by 90 degrees, transverse */
   const int W = swap ? info.height : info.width, H = swap ? info.width : info.height;
@@ -386,6 +390,9 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
                                              ? MML_ALPHA_PASTE
                                              : MML_ALPHA_COMPOSITE};
   mml_decoder_set_opts(s->dec, &opts);
+  mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
+  mml_decoder_set_max_scans(s->dec, cfg->max_jpeg_scans);
+  mml_decoder_set_cancel(s->dec, cfg->cancel);
   if (plan->orientation > 1) { /* whole image, turned, then the RGB path */
     mml_rgb8 img, t;
     double t0 = mml_now();
@@ -416,7 +423,6 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   mml_row_sink sink = {timed_begin, timed_row, &tj, timed_row_buf};
   double t0 = mml_now();
   const uint64_t k0 = row_ticks();
-  mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   st = mml_image_decode_rows(s->dec, data, len, scale, &sink, err);
   const uint64_t k1 = row_ticks();
   const double call = mml_now() - t0;

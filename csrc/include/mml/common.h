@@ -42,6 +42,7 @@
   X(ETOOLONG,    "too_long",             "sample exceeds max_length")             \
   X(ETOOMANYIMAGES, "too_many_images",   "sample exceeds max_images_per_sample")  \
   X(ESAMPLEPIXELS, "sample_too_large",   "sample exceeds max_sample_pixels")      \
+  X(ESCANS,      "too_many_scans",       "JPEG has more scans than max_jpeg_scans")\
   X(ERECORDSIZE, "record_too_large",     "record exceeds max_record_bytes")       \
   X(EOBJECTSIZE, "object_too_large",     "object exceeds max_object_bytes")       \
   X(EPATH,       "path_refused",         "path refused by the path policy")       \
@@ -130,6 +131,28 @@ mml_status mml_read_file(const char *path, int64_t off, int64_t len, mml_bytes *
 /* The same refusing (MML_EOBJECTSIZE, before reading) more than max bytes (max > 0). */
 mml_status mml_read_file_max(const char *path, int64_t off, int64_t len, int64_t max,
                              mml_bytes *out, mml_err *err);
+
+/* Cancellation (ARCHITECTURE 4.8: close(), Ctrl-C and interpreter exit return within
+ * about a second whatever the engine is doing).  One flag per piece of work that can be
+ * stopped, set once by whoever stops it (a loader's close, the binding when a signal
+ * arrives during construction or an index build) and read without a lock by every long
+ * loop over outside data: the decoders' progress hooks, index scans, fetch waits,
+ * listings.  Work that finds it set stops with MML_ECANCELLED.  A flag may have a
+ * parent and then reads as set when the parent is (the binding's flag above a loader's
+ * own during construction).  Zero-initialise ({0}); NULL reads as never set. */
+typedef struct mml_cancel {
+  int set;
+  const struct mml_cancel *parent; /* outlives this flag, or NULL */
+} mml_cancel;
+
+static inline void mml_cancel_set(mml_cancel *c) {
+  if (c) __atomic_store_n(&c->set, 1, __ATOMIC_RELEASE);
+}
+static inline int mml_cancelled(const mml_cancel *c) {
+  for (; c; c = c->parent)
+    if (__atomic_load_n(&c->set, __ATOMIC_ACQUIRE)) return 1;
+  return 0;
+}
 
 /* Monotonic clock in seconds. */
 double mml_now(void);

@@ -63,6 +63,8 @@ mml_status mml_cuda_event_record_raw(mml_cuda_event *e, uintptr_t stream, mml_er
 int mml_cuda_event_device(const mml_cuda_event *e);
 /* The calling thread's current device of the loaded runtime (0 when unavailable). */
 int mml_cuda_current_device(void);
+/* Makes `device` the calling thread's current device (nothing without the runtime). */
+void mml_cuda_set_current_device(int device);
 /* Where the runtime came from ("(fake)" for an installed table), or NULL. */
 const char *mml_cuda_library(void);
 

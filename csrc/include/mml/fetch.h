@@ -59,6 +59,10 @@ typedef struct mml_fetch_cfg {
   int io_threads;            /* I/O threads, each with its own multi handle and connections,
                                * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                                * more only when TLS or copying makes one thread CPU-bound) */
+  /* The blocking calls (mml/fetch_sync.h: get, stat, list) return MML_ECANCELLED within
+   * about 50 ms of this being set, leaving their request to finish unseen (NULL: never).
+   * Not owned: it must outlive the fetcher. */
+  const mml_cancel *cancel;
 } mml_fetch_cfg;
 
 typedef struct mml_fetcher mml_fetcher;

@@ -36,6 +36,9 @@ typedef struct mml_image_info {
    * an interlaced PNG and of the formats decoded whole (WebP, GIF, RLE BMP, TIFF, with
    * what libwebp / libtiff allocate beside it).  max_memory charges it (loader_place.c). */
   int64_t scratch;
+  /* A multi-scan JPEG's scans (SOS markers, found by walking its segments and entropy
+   * data; only as many as `len` bytes hold); 0 for other images. */
+  int scans;
 } mml_image_info;
 
 /* Reads width/height from the header without decoding (JPEG SOF, PNG IHDR, WebP VP8/VP8L/
@@ -61,6 +64,20 @@ void mml_decoder_free(mml_decoder *d); /* NULL is fine */
  * decoders start at MML_DEFAULT_MAX_IMAGE_PIXELS; 0 lifts the limit. */
 #define MML_DEFAULT_MAX_IMAGE_PIXELS ((int64_t)178956970) /* Pillow's bomb error threshold */
 void mml_decoder_set_max_pixels(mml_decoder *d, int64_t max_pixels);
+
+/* Every decode on d refuses a JPEG of more than max_scans scans: MML_ESCANS, before any
+ * decoding when the probe counts them, else when libjpeg reaches the scan after the
+ * limit.  Each scan of a progressive JPEG visits every block of its components, so a
+ * file of a few hundred KB with thousands of scans costs minutes (issue 29); encoders
+ * write 10 or so.  New decoders start at MML_DEFAULT_MAX_JPEG_SCANS; 0 lifts the limit. */
+#define MML_DEFAULT_MAX_JPEG_SCANS 100
+void mml_decoder_set_max_scans(mml_decoder *d, int max_scans);
+
+/* Every decode on d stops with MML_ECANCELLED soon after `c` is set (NULL: never): the
+ * JPEG decoder checks it once per row and per scan's MCU row (libjpeg's progress hook),
+ * the PNG decoder whenever libpng reads input and once per row, the others per row or
+ * strip.  `c` must outlive its use by d. */
+void mml_decoder_set_cancel(mml_decoder *d, const mml_cancel *c);
 
 /* How strict and which reference the decoder follows; kept until changed ({0}: defaults). */
 typedef struct mml_decode_opts {

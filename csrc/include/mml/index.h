@@ -113,6 +113,9 @@ typedef struct mml_index {
   int64_t n;        /* samples in all shards */
   int64_t *offsets; /* n byte offsets of the records, shard after shard */
   int64_t cap;
+  /* Builds stop with MML_ECANCELLED soon after it is set (checked per chunk of stored
+   * and of decompressed bytes; NULL: never).  Not owned. */
+  const mml_cancel *cancel;
 } mml_index;
 
 /* Streaming build of one shard, appended as the next shard.  begin, then feed the stored

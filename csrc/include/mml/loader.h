@@ -102,6 +102,9 @@ typedef struct mml_loader_cfg {
   int max_json_depth;        /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
   int64_t max_object_bytes;  /* object_too_large: one image file or object, refused before
                               it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
+  int max_jpeg_scans;        /* too_many_scans: a JPEG of more scans, from its header when
+                              planning, else when the decoder reaches the scan; default
+                              MML_DEFAULT_MAX_JPEG_SCANS (mml/image.h) */
   /* Per-shard limits (mml/index.h: a shard over one fails the build); 0: the default. */
   int64_t max_shard_bytes;   /* text of a compressed or remote shard; default
                               MML_DEFAULT_MAX_SHARD_BYTES */
@@ -113,7 +116,11 @@ typedef struct mml_loader_cfg {
                                     root: no absolute paths, no "..", no symlink out of it */
   int allow_remote_images;      /* 0: records of local shards may not name http(s)/s3 URLs */
   double next_timeout_s;        /* the binding's bound on one next() (0: the default) */
-  int cycle;                    /* 1: never report the end of an epoch */
+  /* Construction (index scans, listings, fetches, the plan) stops with MML_ECANCELLED
+   * soon after this is set (NULL: never); it must outlive the loader, whose own flag
+   * (set by close) reads it as its parent. */
+  const mml_cancel *cancel;
+  int cycle; /* 1: never report the end of an epoch */
   mml_collate_cfg collate;
   mml_vision_cfg vision;
   const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */

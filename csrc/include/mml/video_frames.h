@@ -52,6 +52,18 @@ typedef struct mml_video_plan {
   double probe_fps;
 } mml_video_plan;
 
+/* What a video counts against max_sample_pixels: the most pixels its frames hold at any
+ * stage — decoded, after fetch_image's or fetch_video's resize, after the processor's —
+ * as a record's size keys can make the later stages far larger than the file. */
+static inline int64_t mml_video_plan_pixels(const mml_video_plan *p) {
+  double px[4] = {(double)p->src_pixels, (double)p->listed * p->list_w * p->list_h,
+                  (double)p->nframes * p->qvu_w * p->qvu_h,
+                  (double)p->nframes * p->dst_w * p->dst_h};
+  double m = 0;
+  for (int i = 0; i < 4; i++) m = px[i] > m ? px[i] : m;
+  return m < 4e18 ? (int64_t)m : (int64_t)4e18; /* sums of a few stay in range */
+}
+
 typedef struct mml_video_scratch mml_video_scratch;
 mml_status mml_video_scratch_new(mml_video_scratch **out);
 void mml_video_scratch_free(mml_video_scratch *s);

@@ -33,7 +33,10 @@ typedef struct mml_vision_cfg {
    * family's processor and position rules apply (MML_VIDEO_*). */
   int64_t video_min_pixels, video_max_pixels;
   int video_family;
-  int pixel_format; /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
+  int pixel_format;         /* MML_PIXEL_*: what a pixel_values row holds (0: float32) */
+  int max_jpeg_scans;       /* JPEGs of more scans are refused (MML_ESCANS; 0: no limit): from the
+                       * header when planning, and by the decoder (mml_decoder_set_max_scans) */
+  const mml_cancel *cancel; /* decodes stop with MML_ECANCELLED once set (NULL: never) */
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
@@ -114,6 +117,14 @@ typedef struct mml_vision_plan {
                               (mml_image_info.scratch, and the whole image twice when
                               turned): what max_memory charges the decode */
 } mml_vision_plan;
+
+/* What an image counts against max_sample_pixels: the larger of its size in the file
+ * (the decode) and after smart_resize (its pixel_values rows) — a record's min_pixels or
+ * resized_height/width keys can make the second far larger than the first (issue 29). */
+static inline int64_t mml_vision_plan_pixels(const mml_vision_plan *p) {
+  int64_t in = (int64_t)p->src_w * p->src_h, out = (int64_t)p->dst_w * p->dst_h;
+  return in > out ? in : out;
+}
 
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
                                 mml_vision_plan *plan, mml_err *err);
