@@ -46,7 +46,9 @@ def main() -> int:
     if not shards:
         raise SystemExit(f"demo_compare: no *.jsonl in {a.data} (run python -m mmloader demo)")
     free = measure(shards, "mmloader_pipe", 0.0, a.seconds / 2)
-    batch_ms = free["interval_ms"]["p50"] if free.get("interval_ms") else 1000.0 / 8
+    # production time per batch from the steady rate (batches come in bursts: the median
+    # of a few dozen intervals swings several-fold on a busy machine, the rate does not)
+    batch_ms = 1000.0 * 8 / free["samples_per_s"]
     step = round(1.2 * batch_ms, 1)
     print(
         f"\nside by side, the same {len(shards)} shard(s), batches of 8, a simulated trainer "
