@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The pytest suite on another Python:  scripts/test-py.sh 3.12   (CI runs it for 3.12)
 # Makes a venv build/venv-pyX.Y from that interpreter (python3.X on PATH, else pyenv's),
-# installs the package the pip way (pip install -e .) and the test packages except torch
-# and megatron-core (PyPI's torch is a multi-GB CUDA build off 3.11; the tests that need
+# installs the package the pip way (pip install -e .) and the test packages except torch,
+# accelerate (which pulls torch) and megatron-core (PyPI's torch is a multi-GB CUDA build off 3.11; the tests that need
 # them skip and say so), then runs pytest -m "not slow and not gpu" without the C core
 # tests (the same C for every Python; scripts/test.sh runs them).  Arguments after the
 # version go to pytest.
@@ -20,7 +20,7 @@ mkdir -p build
 venv=build/venv-py$ver
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 export PIP_ROOT_USER_ACTION=ignore
-grep -vE '^(torch|megatron-core)\b' requirements-test.txt > "build/requirements-py$ver.txt"
+grep -vE '^(torch|megatron-core|accelerate)\b' requirements-test.txt > "build/requirements-py$ver.txt"
 sed -i 's|^-r requirements.txt|-r ../requirements.txt|' "build/requirements-py$ver.txt"
 "$venv/bin/pip" install -q -r "build/requirements-py$ver.txt"
 "$venv/bin/pip" install -q -e .

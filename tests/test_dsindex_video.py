@@ -253,7 +253,13 @@ def test_webdataset_and_remote_video_files_are_probed(fds, tmp_path, fault_serve
     check_against_loader(wds, out, "qwen2.5-vl", {})
     srv = fault_server(objects={"/v/a.mp4": open(a, "rb").read()})
     recs = [
-        {"conversations": [{"from": "human", "value": f"<video>remote {i}"}], "videos": [v]}
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>remote {i}"},
+                {"from": "gpt", "value": "ok"},
+            ],
+            "videos": [v],
+        }
         for i, v in enumerate([srv.url("/v/a.mp4"), {"video": srv.url("/v/a.mp4"), "nframes": 8}])
     ]
     shard = str(tmp_path / "remote.jsonl")

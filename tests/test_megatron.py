@@ -397,7 +397,8 @@ def _energon_worker(rank, world, port, ds, out_dir):
                 b.restore_state_global(state, src_rank=src)
                 for e in expected:
                     same(next(b), e)
-        with mmloader.torch.Loader(**kwargs(ds)) as wrong, pytest.raises(mmloader.StateError):
+        wrong_kw = kwargs(ds, dp_rank=0, dp_size=1)  # given: they win over the group
+        with mmloader.torch.Loader(**wrong_kw) as wrong, pytest.raises(mmloader.StateError):
             wrong.save_state_global(0)  # dp_size 1 but a group of 2: refused
         open(os.path.join(out_dir, f"ok{rank}"), "w").close()
     finally:

@@ -23,7 +23,13 @@ import mmloader.ray as mray  # noqa: E402
 from mmloader.datagen import make_dataset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KW = dict(micro_batch_size=4, seed=7, num_threads=1, max_pixels=64 * 28 * 28)
+KW = dict(
+    tokenizer=mmloader.tokenizer.TINY_TOKENIZER_PATH,
+    micro_batch_size=4,
+    seed=7,
+    num_threads=1,
+    max_pixels=64 * 28 * 28,
+)
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +283,7 @@ def test_producers_stop_when_the_trainer_process_dies(cluster, dataset, tmp_path
         "import sys, time, ray, mmloader.ray as mray\n"
         f"ray.init(address={c.address!r}, log_to_driver=False)\n"
         f"L = mray.Loader({dataset!r}, producers=2, producer_resources={{'CPU': 0.5}}, "
-        "micro_batch_size=4, num_threads=1)\n"
+        f"micro_batch_size=4, num_threads=1, tokenizer={KW['tokenizer']!r})\n"
         "next(L)\n"
         "print(*L.producer_pids(), flush=True)\n"
         "time.sleep(600)\n"

@@ -311,7 +311,15 @@ def test_images_videos_and_frame_lists_mixed(vdir, tmp_path):
         one, _ = batches(
             write_shard(
                 str(tmp_path / "one.jsonl"),
-                [{"conversations": [{"from": "human", "value": "<video>"}], "videos": [v]}],
+                [
+                    {
+                        "conversations": [
+                            {"from": "human", "value": "<video>"},
+                            {"from": "gpt", "value": "x"},
+                        ],
+                        "videos": [v],
+                    }
+                ],
             )
         )
         assert np.array_equal(one[0]["pixel_values_videos"], part)
@@ -477,7 +485,10 @@ def test_each_file_is_opened_once_per_sample(vdir, tmp_path, fault_server):
     def recs(ref):
         return [
             {
-                "conversations": [{"from": "human", "value": f"<video>{i}"}],
+                "conversations": [
+                    {"from": "human", "value": f"<video>{i}"},
+                    {"from": "gpt", "value": "x"},
+                ],
                 "videos": [{"video": ref, "nframes": 4 + 2 * (i % 3)}],
             }
             for i in range(n)
@@ -506,7 +517,14 @@ def tar_shard(path, members):
 def test_webdataset_member_videos(vdir, tmp_path, fault_server):
     a, b = video(vdir, "h264-mp4"), video(vdir, "hevc-mkv")
     recs = [
-        {"conversations": [{"from": "human", "value": "<video>?"}], "videos": [v]} for v in (a, b)
+        {
+            "conversations": [
+                {"from": "human", "value": "<video>?"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [v],
+        }
+        for v in (a, b)
     ]
     want, _ = batches(write_shard(str(tmp_path / "ref.jsonl"), recs))
     members = []
@@ -657,7 +675,7 @@ def test_cut_off_file_is_a_late_failure_and_batches_are_unchanged(vdir, tmp_path
 
 def test_max_memory_counts_video_pixels(vdir, tmp_path):
     path = video(vdir, "h264-mp4")
-    rec = {"conversations": [{"from": "human", "value": "<video>"}]}
+    rec = {"conversations": [{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "x"}]}
     shard = write_shard(
         str(tmp_path / "m.jsonl"), [dict(rec, videos=[{"video": path, "nframes": 16}])]
     )
@@ -835,11 +853,24 @@ def mixed_records(vdir, n=9):
     out = []
     for i in range(n):
         if i % 3 == 2:
-            out.append({"conversations": [{"from": "human", "value": f"text {i}"}]})
+            out.append(
+                {
+                    "conversations": [
+                        {"from": "human", "value": f"text {i}"},
+                        {"from": "gpt", "value": "x"},
+                    ]
+                }
+            )
         else:
             v = {"video": vids[i % 3], "fps": 1.0 + i % 4}
             out.append(
-                {"conversations": [{"from": "human", "value": f"<video>{i}"}], "videos": [v]}
+                {
+                    "conversations": [
+                        {"from": "human", "value": f"<video>{i}"},
+                        {"from": "gpt", "value": "x"},
+                    ],
+                    "videos": [v],
+                }
             )
     return out
 
