@@ -143,6 +143,7 @@ def _resolve_source(
     if "image_route" in ov:
         kw["image_route"] = ov["image_route"]
     recipe = ov.get("recipe", base["recipe"])
+    recipes.check_route(f"{where}: ", recipe, kw.get("image_route", "processor"))
     kw.update(recipes.vision_overrides(recipe))
     try:
         vision = vision_config(preset, model_dir, **kw)
@@ -536,6 +537,10 @@ class Loader:
             source and target; train the last turn only; label the prompt too; Qwen3-VL's
             qwen3_vl template (empty ``<think>`` block trained) instead of
             qwen3_vl_nothink.
+        image_max_pixels, image_min_pixels: LLaMA-Factory's image pre-resize
+            (recipe="llama-factory" only; None: its 768*768 and 32*32): an image outside
+            them is resized with Pillow (bicubic) to within them before the processor's
+            own resize, as its mm_plugin does (docs/recipes.md).
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -616,6 +621,8 @@ class Loader:
         mask_history: bool = _D["mask_history"],
         train_on_prompt: bool = _D["train_on_prompt"],
         enable_thinking: bool = _D["enable_thinking"],
+        image_max_pixels: Optional[int] = _D["image_max_pixels"],
+        image_min_pixels: Optional[int] = _D["image_min_pixels"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -697,6 +704,7 @@ class Loader:
             opts["index"] = None
         elif index is not None:
             opts["index"] = os.fspath(index)
+        recipes.check_route("", recipe, image_route)
         opts.update(
             recipes.resolve(
                 "", recipe, {k: opts[k] for k in recipes.LLAMA_FACTORY_SETTINGS}, label_mode

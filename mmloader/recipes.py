@@ -6,7 +6,9 @@
   processor/supervised.py): its qwen2_vl template for Qwen2-VL / Qwen2.5-VL presets,
   qwen3_vl_nothink for Qwen3-VL (qwen3_vl with ``enable_thinking=True``), each message
   tokenized on its own, ``cutoff_len`` truncation as its ``infer_seqlen`` splits source
-  and target, ``mask_history`` and ``train_on_prompt``.  Its settings keep LLaMA-Factory's
+  and target, ``mask_history`` and ``train_on_prompt``, and its mm_plugin's Pillow
+  pre-resize of images (``image_max_pixels``, ``image_min_pixels``; images read with
+  ``convert("RGB")``: alpha dropped, no EXIF turn).  Its settings keep LLaMA-Factory's
   names and defaults (``LLAMA_FACTORY_DEFAULTS``).
 
 The settings are rows of the engine's option table (csrc/core/options.c); this module
@@ -28,7 +30,11 @@ LLAMA_FACTORY_DEFAULTS: Dict[str, Any] = {
     "mask_history": False,
     "train_on_prompt": False,
     "enable_thinking": False,
+    # hparams/model_args.py ProcessorArguments: mm_plugin's Pillow pre-resize of images
+    "image_max_pixels": 768 * 768,
+    "image_min_pixels": 32 * 32,
 }
+_NONE_OFF = ("cutoff_len", "image_max_pixels", "image_min_pixels")  # None when off
 #: The settings that belong to recipe="llama-factory".
 LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
 
@@ -40,6 +46,15 @@ def vision_overrides(recipe: str) -> Dict[str, Any]:
     always runs the horizontal pass first (Pillow 13 may start with the vertical one).
     """
     return {"pillow_h_first": True} if recipe == LLAMA_FACTORY else {}
+
+
+def check_route(where: str, recipe: str, image_route: str) -> None:
+    """LLaMA-Factory reads images itself (Image.open, convert("RGB")): no other route."""
+    if recipe == LLAMA_FACTORY and image_route != "processor":
+        raise ConfigError(
+            f"{where}recipe={LLAMA_FACTORY!r} reads images as LLaMA-Factory does: leave "
+            f"image_route at its default (got {image_route!r})"
+        )
 
 
 def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> Dict[str, Any]:
@@ -54,7 +69,7 @@ def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> 
             raise ConfigError(
                 f"{where}{bad[0]} is a LLaMA-Factory setting: it needs recipe={LLAMA_FACTORY!r}"
             )
-        out.update({k: None if k == "cutoff_len" else False for k in LLAMA_FACTORY_SETTINGS})
+        out.update({k: None if k in _NONE_OFF else False for k in LLAMA_FACTORY_SETTINGS})
         return out
     for k, d in LLAMA_FACTORY_DEFAULTS.items():
         v = given.get(k)
@@ -64,6 +79,8 @@ def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> 
             f"{where}recipe={LLAMA_FACTORY!r} labels as LLaMA-Factory does: leave label_mode "
             "at its default (mask_history=True trains the last turn only)"
         )
+    if out["image_max_pixels"] < out["image_min_pixels"]:
+        raise ConfigError(f"{where}image_max_pixels cannot be smaller than image_min_pixels")
     if out["mask_history"] and out["train_on_prompt"]:
         raise ConfigError(f"{where}mask_history is incompatible with train_on_prompt")
     out["label_mode"] = "last_assistant" if out["mask_history"] else "all_assistant"

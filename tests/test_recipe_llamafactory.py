@@ -65,7 +65,11 @@ def reference(tmp, jobs):
         if not os.path.exists(out):
             todo.append(
                 dict(
-                    job, out=out, dataset_dir=DATA, tokenizer=TOKDIR, preset=PRESET[job["template"]]
+                    dict(dataset_dir=DATA),
+                    **job,
+                    out=out,
+                    tokenizer=TOKDIR,
+                    preset=PRESET[job["template"]],
                 )
             )
     if todo:
@@ -117,13 +121,14 @@ def refs(lfcache):
     return {json.dumps(j, sort_keys=True): r for j, r in zip(jobs, got)}
 
 
-def ours(name, template, limit=None, **kw):
-    """(input_ids, labels, grid, pixels) per sample of one demo file, in file order."""
+def ours(name, template, limit=None, path=None, **kw):
+    """(input_ids, labels, grid, pixels) per sample of one demo file (or the file at
+    path), in file order."""
     preset = PRESET[template]
     if template == "qwen3_vl":
         kw.setdefault("enable_thinking", True)
     loader = mmloader.Loader(
-        os.path.join(DATA, FILES[name]),
+        path or os.path.join(DATA, FILES[name]),
         data_format="json",
         preset=preset,
         tokenizer=TOKENIZER,
@@ -306,3 +311,135 @@ def test_per_source_recipe():
     lens = [len(as_np(b)["input_ids"][0]) for b in loader]
     assert len(lens) == 12
     assert sum(n <= 64 for n in lens) >= 6 and max(lens) > 64
+
+
+def _photo_records(folder):
+    """Real photos (scikit-image's and matplotlib's, tests/photos.py) re-encoded as JPEG and
+    PNG, RGB and L, sized across LLaMA-Factory's image caps: over image_max_pixels (768^2;
+    retina 1411^2 lands on 768 exactly, hubble 1000x872, enlarged ones up to 1700x1300), under
+    image_min_pixels (32^2) and a side under 28, a strip wider than 200:1, RGBA and P
+    (alpha / palette dropped by its convert("RGB")) under the cap; one LLaMA-Factory
+    sharegpt record each, with the folder's dataset_info.json."""
+    from PIL import Image
+
+    import photos as ph
+
+    full = {n: Image.open(ph.data_file(*ph._PHOTOS[n])) for n in ("retina", "hubble", "camera")}
+    small = ph.photos(640)
+    ast = small["astronaut"]
+    cases = [
+        ("retina.jpg", full["retina"], "JPEG"),
+        ("hubble.png", full["hubble"], "PNG"),
+        ("astronaut_big.jpg", ast.resize((1700, 1300), Image.BICUBIC), "JPEG"),
+        ("camera_big.jpg", full["camera"].resize((1000, 900), Image.BICUBIC), "JPEG"),  # L
+        ("moon_big.png", small["moon"].resize((900, 800), Image.BICUBIC), "PNG"),  # L
+        ("coffee_wide.jpg", small["coffee"].resize((1600, 500), Image.BICUBIC), "JPEG"),
+        ("chelsea_tiny.png", small["chelsea"].crop((100, 100, 125, 130)), "PNG"),
+        ("rocket_thin.png", small["rocket"].crop((0, 200, 300, 203)), "PNG"),
+        ("coffee_strip.png", small["coffee"].resize((6100, 400)).crop((0, 100, 6100, 130)), "PNG"),
+        ("grace_rgba.png", ph.with_alpha(small["grace_hopper"]), "PNG"),
+        ("chelsea_p.png", small["chelsea"].convert("P", palette=Image.ADAPTIVE), "PNG"),
+        ("motorcycle.jpg", small["motorcycle"], "JPEG"),  # under the caps: untouched
+    ]
+    recs = []
+    for fname, im, fmt in cases:
+        im.save(os.path.join(folder, fname), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+        recs.append(
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What is in the picture?"},
+                    {"role": "assistant", "content": f"A photo ({fname})."},
+                ],
+                "images": [os.path.join(folder, fname)],
+            }
+        )
+    with open(os.path.join(folder, "photos.json"), "w") as f:
+        json.dump(recs, f)
+    with open(os.path.join(DATA, "dataset_info.json")) as f:
+        info = json.load(f)["mllm_demo"]
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"photos": dict(info, file_name="photos.json")}, f)
+    return len(recs)
+
+
+@pytest.fixture(scope="module")
+def photo_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lfphotos")
+    _photo_records(str(d))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    "template", ["qwen2_vl", pytest.param("qwen3_vl_nothink", marks=pytest.mark.slow)]
+)
+def test_image_pre_resize(lfcache, photo_dir, template):
+    """LLaMA-Factory's Pillow pre-resize (image_max_pixels 768^2, image_min_pixels 32^2,
+    Qwen2VLPlugin's 28-pixel sides and 200:1 ratio) before the processor: ids, grids and
+    pixels equal, bitwise, on photos across the caps."""
+    (ref,) = reference(
+        lfcache, [dict(template=template, datasets=["photos"], dataset_dir=photo_dir)]
+    )
+    mine = ours("photos", template, path=os.path.join(photo_dir, "photos.json"))
+    assert compare("photos", ref, mine) == 12
+    grids = [ref[f"grid_{i}"].tolist()[0] for i in range(12)]
+    assert grids[0][1:] != [102, 102]  # the retina photo was shrunk (1411^2 would be 102^2)
+
+
+def test_image_pre_resize_settings(lfcache, photo_dir):
+    """image_max_pixels / image_min_pixels under LLaMA-Factory's names, per source too."""
+    settings = dict(image_max_pixels=320000, image_min_pixels=64 * 64)  # RGBA/P 512x600 stay
+    job = dict(template="qwen2_vl", datasets=["photos"], dataset_dir=photo_dir, model_args=settings)
+    (ref,) = reference(lfcache, [job])
+    path = os.path.join(photo_dir, "photos.json")
+    assert compare("photos", ref, ours("photos", "qwen2_vl", path=path, **settings)) == 12
+    src = mmloader.Source(path, recipe="llama-factory", **settings)
+    (b,) = [
+        as_np(x)
+        for x in mmloader.Loader(
+            src,
+            data_format="json",
+            preset="qwen2.5-vl",
+            tokenizer=TOKENIZER,
+            shuffle=False,
+            micro_batch_size=12,
+            text_only_vision="omit",
+            on_error="raise",
+        )
+    ]
+    assert b["image_grid_thw"].tolist() == [ref[f"grid_{i}"].tolist()[0] for i in range(12)]
+
+
+def test_image_pre_resize_refuses_other_modes(tmp_path):
+    """An RGBA image over the cap: Pillow would resize it premultiplied, which is not
+    reproduced; the sample is refused naming the mode, never approximated."""
+    from PIL import Image
+
+    import photos as ph
+
+    big = ph.with_alpha(ph.photos(640)["astronaut"].resize((1000, 1000), Image.BICUBIC))
+    big.save(tmp_path / "big.png")
+    rec = {
+        "messages": [
+            {"role": "user", "content": "<image>What?"},
+            {"role": "assistant", "content": "A photo."},
+        ],
+        "images": ["big.png"],
+    }
+    (tmp_path / "d.json").write_text(json.dumps([rec]))
+    loader = mmloader.Loader(
+        str(tmp_path / "d.json"),
+        preset="qwen2.5-vl",
+        tokenizer=TOKENIZER,
+        recipe="llama-factory",
+        on_error="raise",
+        micro_batch_size=1,
+    )
+    with pytest.raises(mmloader.Error, match="mode RGBA"):
+        next(iter(loader))
+    with pytest.raises(mmloader.ConfigError, match="image_route"):
+        mmloader.Loader(
+            str(tmp_path / "d.json"),
+            tokenizer=TOKENIZER,
+            recipe="llama-factory",
+            image_route="load_image",
+        )

@@ -197,7 +197,7 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
     PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
     mml_source_cfg *s = &m->sources[i];
     const char *labels, *space, *recipe;
-    long long choose, maxlen, cutoff, mask, prompt, think;
+    long long choose, maxlen, cutoff, mask, prompt, think, imax, imin;
     int e;
     if (!PyDict_Check(d)) {
       PyErr_SetString(ms->ConfigError, "sources entries must be dicts");
@@ -214,7 +214,9 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         get_str(ms, d, "label_mode", &labels) || get_str(ms, d, "image_whitespace", &space) ||
         get_ll(ms, d, "max_length", 0, &maxlen) || get_str(ms, d, "recipe", &recipe) ||
         get_ll(ms, d, "cutoff_len", 0, &cutoff) || get_ll(ms, d, "mask_history", 0, &mask) ||
-        get_ll(ms, d, "train_on_prompt", 0, &prompt) || get_ll(ms, d, "enable_thinking", 0, &think))
+        get_ll(ms, d, "train_on_prompt", 0, &prompt) ||
+        get_ll(ms, d, "enable_thinking", 0, &think) ||
+        get_ll(ms, d, "image_max_pixels", 0, &imax) || get_ll(ms, d, "image_min_pixels", 0, &imin))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
       PyErr_SetString(ms->ConfigError, "a source's vision must be a dict");
@@ -232,7 +234,9 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
     s->lf = (mml_lf_opts){.cutoff_len = cutoff,
                           .mask_history = mask != 0,
                           .train_on_prompt = prompt != 0,
-                          .enable_thinking = think != 0};
+                          .enable_thinking = think != 0,
+                          .image_max_pixels = imax,
+                          .image_min_pixels = imin};
   }
   c->sources = m->sources;
   c->nsources = m->nsources;

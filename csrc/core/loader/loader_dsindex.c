@@ -75,9 +75,11 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
   if (sc->recipe) { /* token counts follow the recipe (truncation, thinking) */
     size_t used = strlen(text);
     snprintf(text + used, sizeof text - used,
-             " recipe=%d cutoff_len=%lld mask_history=%d train_on_prompt=%d enable_thinking=%d",
+             " recipe=%d cutoff_len=%lld mask_history=%d train_on_prompt=%d enable_thinking=%d"
+             " image_max_pixels=%lld image_min_pixels=%lld",
              sc->recipe, (long long)sc->lf.cutoff_len, sc->lf.mask_history, sc->lf.train_on_prompt,
-             sc->lf.enable_thinking);
+             sc->lf.enable_thinking, (long long)sc->lf.image_max_pixels,
+             (long long)sc->lf.image_min_pixels);
   }
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");

@@ -86,7 +86,12 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->vision = sc->vision;
   src->vision.pixel_format = L->cfg.collate.pixel_format; /* one format for the loader */
   src->vision.max_jpeg_scans = L->cfg.max_jpeg_scans;
-  src->vision.cancel = &L->cancel; /* close() stops a decode under way */
+  src->vision.cancel = &L->cancel;              /* close() stops a decode under way */
+  if (sc->recipe == MML_RECIPE_LLAMA_FACTORY) { /* its image pre-resize (vision/prescale.c) */
+    src->vision.lf = 1;
+    src->vision.lf_max_pixels = sc->lf.image_max_pixels;
+    src->vision.lf_min_pixels = sc->lf.image_min_pixels;
+  }
   mml_status st = mml_vision_cfg_check(&src->vision, err);
   if (!st)
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);

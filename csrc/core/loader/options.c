@@ -120,6 +120,11 @@ static const mml_option k_options[] = {
     {"enable_thinking", MML_OPT_BOOL, CFG(lf.enable_thinking), 0, 0, 1, NULL, FP,
      "llama-factory, Qwen3-VL: its qwen3_vl template (an empty <think> block trained before "
      "each answer) instead of qwen3_vl_nothink"},
+    {"image_max_pixels", MML_OPT_INT, CFG(lf.image_max_pixels), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: images over this many pixels are first shrunk with Pillow as its "
+     "mm_plugin does (None: 768*768)"},
+    {"image_min_pixels", MML_OPT_INT, CFG(lf.image_min_pixels), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: images under this many pixels are first grown with Pillow (None: 32*32)"},
     {"mrope", MML_OPT_BOOL, CFG(collate.mrope), 0, 0, 1, NULL, FP,
      "3-row M-RoPE position ids and rope_deltas"},
     {"attention_mask", MML_OPT_BOOL, CFG(collate.attention_mask), 1, 0, 1, NULL, FP,

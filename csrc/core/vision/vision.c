@@ -196,16 +196,26 @@ static void plan_fill(const mml_vision_cfg *cfg, int width, int height, int w, i
   plan->orientation = 1;
 }
 
+/* recipe llama-factory: the Pillow resizes before the processor's (prescale.c) into the
+ * plan, and the size they leave (*w, *h); untouched without the recipe. */
+static mml_status lf_pre(const mml_vision_cfg *cfg, int width, int height, mml_vision_plan *plan,
+                         int *w, int *h, mml_err *err) {
+  if (!cfg->lf) return MML_OK;
+  return mml_lf_pre_sizes(width, height, cfg->lf_max_pixels, cfg->lf_min_pixels, &plan->pre_n,
+                          &plan->pre_cap, plan->pre_w, plan->pre_h, w, h, err);
+}
+
 mml_status mml_vision_plan_size(const mml_vision_cfg *cfg, int width, int height,
                                 mml_vision_plan *plan, mml_err *err) {
   memset(plan, 0, sizeof *plan);
   mml_status st = mml_vision_cfg_check(cfg, err);
   if (st != MML_OK) return st;
-  int h, w;
+  int h, w, pw = width, ph = height;
+  if ((st = lf_pre(cfg, width, height, plan, &pw, &ph, err)) != MML_OK) return st;
   const int variant =
       cfg->route == MML_ROUTE_QWEN_VL_UTILS ? MML_RESIZE_QWEN_VL_UTILS : cfg->legacy_resize;
-  st = mml_smart_resize(height, width, cfg->patch_size * cfg->merge_size, cfg->min_pixels,
-                        cfg->max_pixels, variant, &h, &w, err);
+  st = mml_smart_resize(ph, pw, cfg->patch_size * cfg->merge_size, cfg->min_pixels, cfg->max_pixels,
+                        variant, &h, &w, err);
   if (st != MML_OK) return st;
   plan_fill(cfg, width, height, w, h, plan);
   return MML_OK;
@@ -247,9 +257,10 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
   const int W = swap ? info.height : info.width, H = swap ? info.width : info.height;
   if (b && (b->min_pixels || b->max_pixels || (b->resized_height && b->resized_width))) {
     if ((st = mml_vision_cfg_check(cfg, err))) return st;
-    int h, w;
-    if ((st = budget_size(cfg, W, H, b, &h, &w, err))) return st;
-    plan_fill(cfg, W, H, w, h, plan);
+    int h, w, pw = W, ph = H;
+    if ((st = lf_pre(cfg, W, H, plan, &pw, &ph, err))) return st;
+    if ((st = budget_size(cfg, pw, ph, b, &h, &w, err))) return st;
+    plan_fill(cfg, W, H, w, h, plan); /* keeps the pre-resizes */
   } else if ((st = mml_vision_plan_size(cfg, W, H, plan, err))) {
     return st;
   }
@@ -257,7 +268,14 @@ mml_status mml_vision_plan_bytes_budget(const mml_vision_cfg *cfg, const uint8_t
   plan->orientation = orient;
   plan->scratch = info.scratch; /* turned: the decoded image and its turned copy too */
   if (orient > 1) plan->scratch += mml_round_2mib(px * 6);
-  if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1) {
+  if (plan->pre_n > 0) { /* decoded whole, and two pre-resized images (prescale.c) */
+    int64_t big = 0;
+    for (int i = 0; i < plan->pre_n; i++)
+      if ((int64_t)plan->pre_w[i] * plan->pre_h[i] > big)
+        big = (int64_t)plan->pre_w[i] * plan->pre_h[i];
+    plan->scratch += mml_round_2mib(px * 3 + big * 6);
+  }
+  if (cfg->fast && info.format == MML_FMT_JPEG && orient == 1 && plan->pre_n == 0) {
     for (int d = 8; d >= 2; d /= 2) {
       if ((int64_t)plan->dst_w * d <= info.width && (int64_t)plan->dst_h * d <= info.height) {
         plan->decode_scale = d;
@@ -292,6 +310,7 @@ void mml_vision_scratch_trim(mml_vision_scratch *s, size_t keep) {
   if (!s) return;
   mml_decoder_trim(s->dec, keep);
   if (s->turned.cap > keep) mml_bytes_free(&s->turned);
+  if (s->pre.cap > keep) mml_bytes_free(&s->pre);
 }
 
 void mml_vision_scratch_free(mml_vision_scratch *s) {
@@ -306,6 +325,7 @@ void mml_vision_scratch_free(mml_vision_scratch *s) {
   free(s->rp);
   mml_bytes_free(&s->block);
   mml_bytes_free(&s->turned);
+  mml_bytes_free(&s->pre);
   free(s->ptmp);
   free(s);
 }
@@ -384,15 +404,16 @@ mml_status mml_vision_process_bytes(const mml_vision_cfg *cfg, mml_vision_scratc
   mml_pixel_dst dst;
   mml_status st = image_dst(cfg, plan, out, &dst, err);
   if (st != MML_OK) return st;
-  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg,
-                                .alpha = cfg->route == MML_ROUTE_LOAD_IMAGE ? MML_ALPHA_DROP
-                                         : cfg->route == MML_ROUTE_QWEN_VL_UTILS
-                                             ? MML_ALPHA_PASTE
-                                             : MML_ALPHA_COMPOSITE};
+  const mml_decode_opts opts = {
+      .strict_jpeg = cfg->strict_jpeg,
+      .alpha = cfg->route == MML_ROUTE_LOAD_IMAGE || cfg->lf ? MML_ALPHA_DROP
+               : cfg->route == MML_ROUTE_QWEN_VL_UTILS       ? MML_ALPHA_PASTE
+                                                             : MML_ALPHA_COMPOSITE};
   mml_decoder_set_opts(s->dec, &opts);
   mml_decoder_set_max_pixels(s->dec, cfg->max_image_pixels);
   mml_decoder_set_max_scans(s->dec, cfg->max_jpeg_scans);
   mml_decoder_set_cancel(s->dec, cfg->cancel);
+  if (plan->pre_n > 0) return mml_lf_process(cfg, s, data, len, plan, &dst, err);
   if (plan->orientation > 1) { /* whole image, turned, then the RGB path */
     mml_rgb8 img, t;
     double t0 = mml_now();

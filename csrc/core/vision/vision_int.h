@@ -22,7 +22,8 @@ struct mml_vision_scratch {
   const uint8_t **rp; /* row pointers for one vertical output */
   size_t rp_cap;
   mml_bytes block;  /* two blocks of P*M planar output rows for patchify */
-  mml_bytes turned; /* an EXIF-transposed image (the load_image route) */
+  mml_bytes turned; /* an EXIF-transposed image (the load_image route), or a pre-resized one */
+  mml_bytes pre;    /* the other pre-resized image (recipe llama-factory: prescale.c) */
   float *ptmp;      /* one patch, aligned, for non-temporal output stores */
   size_t ptmp_cap;
   /* normalisation of the last config seen: the reference values per channel and byte,

@@ -118,6 +118,9 @@ mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *e
 typedef struct mml_lf_opts {
   int64_t cutoff_len; /* 0: no truncation */
   int mask_history, train_on_prompt, enable_thinking;
+  /* its image pre-resize (image_max_pixels, image_min_pixels): the loader copies them into
+   * the source's mml_vision_cfg (lf_max_pixels, lf_min_pixels; mml/vision.h) */
+  int64_t image_max_pixels, image_min_pixels;
 } mml_lf_opts;
 
 /* Switches t to LLaMA-Factory's data path (o: NULL switches it off); call before sharing.

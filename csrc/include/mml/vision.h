@@ -37,6 +37,11 @@ typedef struct mml_vision_cfg {
   int max_jpeg_scans;       /* JPEGs of more scans are refused (MML_ESCANS; 0: no limit): from the
                        * header when planning, and by the decoder (mml_decoder_set_max_scans) */
   const mml_cancel *cancel; /* decodes stop with MML_ECANCELLED once set (NULL: never) */
+  /* recipe="llama-factory" (prescale.c): images read as its mm_plugin reads them (alpha
+   * dropped, no EXIF turn) and pre-resized with Pillow to within [lf_min_pixels,
+   * lf_max_pixels] (its image_min_pixels / image_max_pixels) before the processor */
+  int lf;
+  int64_t lf_max_pixels, lf_min_pixels;
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
@@ -100,6 +105,10 @@ enum {
 mml_status mml_smart_resize(int height, int width, int factor, int64_t min_pixels,
                             int64_t max_pixels, int legacy, int *out_h, int *out_w, mml_err *err);
 
+/* LLaMA-Factory's _preprocess_image (recipe="llama-factory", prescale.c) resizes an image
+ * at most this many times before the processor does. */
+#define MML_LF_PRE_MAX 4
+
 /* What an image becomes, known from its header alone. */
 typedef struct mml_vision_plan {
   int src_w, src_h; /* decoded size */
@@ -113,7 +122,10 @@ typedef struct mml_vision_plan {
                               * in `fast` mode when the target is at most src/scale */
   int orientation;         /* EXIF orientation the route applies (1: none); src_w/src_h are
                               * the size after it */
-  int64_t scratch;         /* decoder scratch its decode maps beyond a few rows, at most
+  int pre_n, pre_cap;      /* recipe llama-factory: Pillow resizes before the processor's, and
+                              how many of them are its image_max/min_pixels ones */
+  int pre_w[MML_LF_PRE_MAX], pre_h[MML_LF_PRE_MAX]; /* their sizes, in order (prescale.c) */
+  int64_t scratch; /* decoder scratch its decode maps beyond a few rows, at most
                               (mml_image_info.scratch, and the whole image twice when
                               turned): what max_memory charges the decode */
 } mml_vision_plan;
@@ -197,6 +209,28 @@ mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, i
  * start and has room for their float rows, which replace them (the same values). */
 mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, int T,
                                      const float table[3][256], int format, mml_err *err);
+
+/* recipe="llama-factory" (prescale.c): the sizes LLaMA-Factory 0.9.5's Qwen2VLPlugin.
+ * _preprocess_image resizes a width x height image to, in order (at most MML_LF_PRE_MAX;
+ * *n = 0: none), and the size the processor then gets (*out_w, *out_h):
+ *   1. width*height > max_pixels: int(side * sqrt(max_pixels / (width*height))) each;
+ *   2. then width*height < min_pixels: int(side * sqrt(min_pixels / (width*height)));
+ *   3. then a side under 28: that side to 28;
+ *   4. then width / height > 200: (height*180, height); 5. height / width > 200:
+ *      (width, width*180).
+ * *n_cap: how many of them are 1.'s (those run in the mode Pillow opened the image in).
+ * A step to an empty side is MML_EINVAL (Pillow refuses it). */
+mml_status mml_lf_pre_sizes(int width, int height, int64_t max_pixels, int64_t min_pixels, int *n,
+                            int *n_cap, int *ws, int *hs, int *out_w, int *out_h, mml_err *err);
+
+/* Decodes an image whose plan has pre_n > 0, runs its Pillow resizes (bicubic, each pass
+ * rounded to uint8, horizontal pass first as Pillow 11 does) and the processor's path on
+ * the result.  The image must be one Pillow opens as RGB or L (its resize is then the
+ * same on the RGB decode): other modes (RGBA, LA, P, 1, I;16, CMYK, and GIF, BMP, TIFF
+ * files) are MML_EUNSUPPORTED, naming the mode. */
+mml_status mml_lf_process(const mml_vision_cfg *cfg, mml_vision_scratch *s, const uint8_t *data,
+                          size_t len, const mml_vision_plan *plan, const mml_pixel_dst *dst,
+                          mml_err *err);
 
 /* Pillow-exact bicubic resize of RGB8 (exposed for tests).  dst has dst_w*3 byte rows. */
 mml_status mml_resize_bicubic_rgb8(mml_vision_scratch *s, const mml_rgb8 *src, int dst_w, int dst_h,
