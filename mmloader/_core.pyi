@@ -265,6 +265,9 @@ def video_timestamps(
 def resize_aa_bicubic(
     buf: _BufferLike, planes: int, w: int, h: int, out_w: int, out_h: int, round: bool = ..., /
 ) -> bytes: ...
+def resize_aa_bicubic_u8(
+    buf: _BufferLike, planes: int, w: int, h: int, out_w: int, out_h: int, /
+) -> bytes: ...
 
 # ---- dataset index ------------------------------------------------------------------------
 

@@ -553,6 +553,11 @@ class Loader:
             (recipe="llama-factory" only; None: its 768*768 and 32*32): an image outside
             them is resized with Pillow (bicubic) to within them before the processor's
             own resize, as its mm_plugin does (docs/recipes.md).
+        video_fps, video_maxlen, video_max_pixels, video_min_pixels: LLaMA-Factory's video
+            path (recipe="llama-factory" only; None: its 2.0, 128, 256*256, 16*16):
+            floor(duration * video_fps) frames, at most video_maxlen, the last repeated to
+            an even count, each resized with Pillow to within the pixel limits before the
+            processor's resize.
         mrope: emit 3-row M-RoPE position ids and rope_deltas.
         attention_mask: emit attention_mask.
         text_only_vision: what a batch without images carries: "placeholder" (one zero
@@ -635,6 +640,10 @@ class Loader:
         enable_thinking: bool = _D["enable_thinking"],
         image_max_pixels: Optional[int] = _D["image_max_pixels"],
         image_min_pixels: Optional[int] = _D["image_min_pixels"],
+        video_fps: Optional[float] = _D["video_fps"],
+        video_maxlen: Optional[int] = _D["video_maxlen"],
+        video_max_pixels: Optional[int] = _D["video_max_pixels"],
+        video_min_pixels: Optional[int] = _D["video_min_pixels"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],

@@ -43,6 +43,10 @@ SOURCE_OVERRIDES = (
     "enable_thinking",
     "image_max_pixels",
     "image_min_pixels",
+    "video_fps",
+    "video_maxlen",
+    "video_max_pixels",
+    "video_min_pixels",
 )
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
@@ -73,7 +77,8 @@ class Source:
         **overrides: Loader settings for this source's samples: image_root, min_pixels,
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
             label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
-            train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels; see
+            train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels, video_fps,
+            video_maxlen, video_max_pixels, video_min_pixels; see
             :mod:`mmloader.recipes`).
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample

@@ -33,8 +33,21 @@ LLAMA_FACTORY_DEFAULTS: Dict[str, Any] = {
     # hparams/model_args.py ProcessorArguments: mm_plugin's Pillow pre-resize of images
     "image_max_pixels": 768 * 768,
     "image_min_pixels": 32 * 32,
+    # and of videos: frames sampled, each shrunk with Pillow like an image
+    "video_fps": 2.0,
+    "video_maxlen": 128,
+    "video_max_pixels": 256 * 256,
+    "video_min_pixels": 16 * 16,
 }
-_NONE_OFF = ("cutoff_len", "image_max_pixels", "image_min_pixels")  # None when off
+_NONE_OFF = (  # None when off
+    "cutoff_len",
+    "image_max_pixels",
+    "image_min_pixels",
+    "video_fps",
+    "video_maxlen",
+    "video_max_pixels",
+    "video_min_pixels",
+)
 #: The settings that belong to recipe="llama-factory".
 LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
 
@@ -79,8 +92,9 @@ def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> 
             f"{where}recipe={LLAMA_FACTORY!r} labels as LLaMA-Factory does: leave label_mode "
             "at its default (mask_history=True trains the last turn only)"
         )
-    if out["image_max_pixels"] < out["image_min_pixels"]:
-        raise ConfigError(f"{where}image_max_pixels cannot be smaller than image_min_pixels")
+    for kind in ("image", "video"):
+        if out[f"{kind}_max_pixels"] < out[f"{kind}_min_pixels"]:
+            raise ConfigError(f"{where}{kind}_max_pixels cannot be smaller than {kind}_min_pixels")
     if out["mask_history"] and out["train_on_prompt"]:
         raise ConfigError(f"{where}mask_history is incompatible with train_on_prompt")
     out["label_mode"] = "last_assistant" if out["mask_history"] else "all_assistant"

@@ -443,3 +443,46 @@ def test_image_pre_resize_refuses_other_modes(tmp_path):
             recipe="llama-factory",
             image_route="load_image",
         )
+
+
+def _ours_videos(template, path, **kw):
+    loader = mmloader.Loader(
+        path,
+        data_format="json",
+        preset=PRESET[template],
+        tokenizer=TOKENIZER,
+        recipe="llama-factory",
+        shuffle=False,
+        micro_batch_size=1,
+        on_error="raise",
+        num_threads=2,
+        **kw,
+    )
+    return [as_np(b) for b in loader]
+
+
+@pytest.mark.parametrize("settings", [{}, dict(video_fps=1.0, video_max_pixels=128 * 128)])
+def test_video_demo(lfcache, settings):
+    """LLaMA-Factory's video path on its demo videos (mllm_video_demo: 1.mp4 640x360 25 fps,
+    2.avi 320x240, 3.mp4 at 30000/1001 fps): floor(duration * video_fps) frames at
+    np.linspace indices, the last repeated to an even count, each shrunk with Pillow to
+    video_max_pixels, then the processor's resize of the uint8 video (torch's native uint8
+    antialiased bicubic): ids, labels, grids and pixel_values_videos bitwise equal."""
+    job = dict(template="qwen2_vl", datasets=["mllm_video_demo"], model_args=settings)
+    (ref,) = reference(lfcache, [job])
+    mine = _ours_videos("qwen2_vl", os.path.join(DATA, "mllm_video_demo.json"), **settings)
+    assert len(mine) == len(ref["names"]) == 3 and len(ref["dropped"]) == 0
+    for i, b in enumerate(mine):
+        assert b["input_ids"][0].tolist() == ref[f"ids_{i}"].tolist(), i
+        assert b["labels"][0].tolist() == ref[f"labels_{i}"].tolist(), i
+        assert b["video_grid_thw"].tolist() == ref[f"vgrid_{i}"].tolist(), i
+        want = ref[f"vpixels_{i}"]
+        assert b["pixel_values_videos"].shape == want.shape, i
+        assert np.array_equal(b["pixel_values_videos"], want), i
+    if not settings:  # 1.mp4: 9.72 s -> 19 frames + 1, 640x360 -> 341x192 -> 336x196
+        assert ref["vgrid_0"].tolist() == [[10, 14, 24]]
+
+
+def test_video_qwen3_refused():
+    with pytest.raises(mmloader.Error, match="Qwen3-VL video path"):
+        _ours_videos("qwen3_vl_nothink", os.path.join(DATA, "mllm_video_demo.json"))

@@ -197,7 +197,8 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
     PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
     mml_source_cfg *s = &m->sources[i];
     const char *labels, *space, *recipe;
-    long long choose, maxlen, cutoff, mask, prompt, think, imax, imin;
+    long long choose, maxlen, cutoff, mask, prompt, think, imax, imin, vlen, vmax, vmin;
+    double vfps;
     int e;
     if (!PyDict_Check(d)) {
       PyErr_SetString(ms->ConfigError, "sources entries must be dicts");
@@ -216,7 +217,10 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         get_ll(ms, d, "cutoff_len", 0, &cutoff) || get_ll(ms, d, "mask_history", 0, &mask) ||
         get_ll(ms, d, "train_on_prompt", 0, &prompt) ||
         get_ll(ms, d, "enable_thinking", 0, &think) ||
-        get_ll(ms, d, "image_max_pixels", 0, &imax) || get_ll(ms, d, "image_min_pixels", 0, &imin))
+        get_ll(ms, d, "image_max_pixels", 0, &imax) ||
+        get_ll(ms, d, "image_min_pixels", 0, &imin) || get_double(ms, d, "video_fps", 0, &vfps) ||
+        get_ll(ms, d, "video_maxlen", 0, &vlen) || get_ll(ms, d, "video_max_pixels", 0, &vmax) ||
+        get_ll(ms, d, "video_min_pixels", 0, &vmin))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
       PyErr_SetString(ms->ConfigError, "a source's vision must be a dict");
@@ -236,7 +240,11 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
                           .train_on_prompt = prompt != 0,
                           .enable_thinking = think != 0,
                           .image_max_pixels = imax,
-                          .image_min_pixels = imin};
+                          .image_min_pixels = imin,
+                          .video_fps = vfps,
+                          .video_maxlen = vlen,
+                          .video_max_pixels = vmax,
+                          .video_min_pixels = vmin};
   }
   c->sources = m->sources;
   c->nsources = m->nsources;

@@ -8,6 +8,8 @@
  *   _core.video_timestamps(indices, fps, temporal_patch_size) -> [seconds per patch]
  *   _core.resize_aa_bicubic(buf, planes, w, h, out_w, out_h) -> bytes: float32 planes,
  *       torch's antialiased bicubic (mml/video_resize.h)
+ *   _core.resize_aa_bicubic_u8(buf, planes, w, h, out_w, out_h) -> bytes: uint8 planes,
+ *       torch's native uint8 antialiased bicubic (mml/video_resize.h)
  * and the helpers template_py.c uses (binding.h).
  */
 #include "binding.h"
@@ -262,7 +264,35 @@ static PyObject *py_resize_aa_bicubic(PyObject *mod, PyObject *args) {
   return res;
 }
 
+static PyObject *py_resize_aa_bicubic_u8(PyObject *mod, PyObject *args) {
+  mml_py_state *ms = mml_py_state_of(mod);
+  Py_buffer b;
+  int planes, w, h, ow, oh;
+  if (!PyArg_ParseTuple(args, "y*iiiii:resize_aa_bicubic_u8", &b, &planes, &w, &h, &ow, &oh))
+    return NULL;
+  PyObject *res = NULL;
+  if (planes < 1 || w < 1 || h < 1 || ow < 1 || oh < 1 || (size_t)b.len != (size_t)planes * w * h) {
+    PyErr_SetString(PyExc_ValueError, "buffer size does not match planes * w * h bytes");
+  } else if ((res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)planes * ow * oh))) {
+    mml_err err = {0};
+    mml_status st;
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(res);
+    Py_BEGIN_ALLOW_THREADS
+    st = mml_resize_aa_bicubic_u8(b.buf, planes, w, h, dst, ow, oh, &err);
+    Py_END_ALLOW_THREADS
+    if (st) {
+      Py_CLEAR(res);
+      mml_py_raise(ms, st, &err);
+    }
+  }
+  PyBuffer_Release(&b);
+  return res;
+}
+
 static PyMethodDef video_sample_functions[] = {
+    {"resize_aa_bicubic_u8", py_resize_aa_bicubic_u8, METH_VARARGS,
+     "resize_aa_bicubic_u8(buf, planes, w, h, out_w, out_h) -> bytes: uint8 planes resized as "
+     "torch.nn.functional.interpolate(mode='bicubic', antialias=True) resizes uint8 tensors."},
     {"resize_aa_bicubic", py_resize_aa_bicubic, METH_VARARGS,
      "resize_aa_bicubic(buf, planes, w, h, out_w, out_h, round=False) -> bytes: float32 planes "
      "resized as torch.nn.functional.interpolate(mode='bicubic', antialias=True) does (round: "

@@ -76,10 +76,12 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
     size_t used = strlen(text);
     snprintf(text + used, sizeof text - used,
              " recipe=%d cutoff_len=%lld mask_history=%d train_on_prompt=%d enable_thinking=%d"
-             " image_max_pixels=%lld image_min_pixels=%lld",
+             " image_max_pixels=%lld image_min_pixels=%lld video_fps=%.17g video_maxlen=%lld"
+             " video_max_pixels=%lld video_min_pixels=%lld",
              sc->recipe, (long long)sc->lf.cutoff_len, sc->lf.mask_history, sc->lf.train_on_prompt,
              sc->lf.enable_thinking, (long long)sc->lf.image_max_pixels,
-             (long long)sc->lf.image_min_pixels);
+             (long long)sc->lf.image_min_pixels, sc->lf.video_fps, (long long)sc->lf.video_maxlen,
+             (long long)sc->lf.video_max_pixels, (long long)sc->lf.video_min_pixels);
   }
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");

@@ -91,6 +91,10 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
     src->vision.lf = 1;
     src->vision.lf_max_pixels = sc->lf.image_max_pixels;
     src->vision.lf_min_pixels = sc->lf.image_min_pixels;
+    src->vision.lf_video_fps = sc->lf.video_fps;
+    src->vision.lf_video_maxlen = sc->lf.video_maxlen;
+    src->vision.lf_video_max_pixels = sc->lf.video_max_pixels;
+    src->vision.lf_video_min_pixels = sc->lf.video_min_pixels;
   }
   mml_status st = mml_vision_cfg_check(&src->vision, err);
   if (!st)

@@ -125,6 +125,16 @@ static const mml_option k_options[] = {
      "mm_plugin does (None: 768*768)"},
     {"image_min_pixels", MML_OPT_INT, CFG(lf.image_min_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: images under this many pixels are first grown with Pillow (None: 32*32)"},
+    {"video_fps", MML_OPT_FLOAT, CFG(lf.video_fps), 0, 0, 1e6, NULL, FP | NONE,
+     "llama-factory: video frames sampled per second of the stream's duration (None: 2.0)"},
+    {"video_maxlen", MML_OPT_INT, CFG(lf.video_maxlen), 0, 1, I32, NULL, FP | NONE,
+     "llama-factory: at most this many sampled video frames (None: 128)"},
+    {"video_max_pixels", MML_OPT_INT, CFG(lf.video_max_pixels), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: video frames over this many pixels are first shrunk with Pillow (None: "
+     "256*256)"},
+    {"video_min_pixels", MML_OPT_INT, CFG(lf.video_min_pixels), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: video frames under this many pixels are first grown with Pillow (None: "
+     "16*16)"},
     {"mrope", MML_OPT_BOOL, CFG(collate.mrope), 0, 0, 1, NULL, FP,
      "3-row M-RoPE position ids and rope_deltas"},
     {"attention_mask", MML_OPT_BOOL, CFG(collate.attention_mask), 1, 0, 1, NULL, FP,

@@ -99,6 +99,7 @@ struct mml_video {
   int64_t decoded;  /* frames out of the decoder so far (tests, benchmarks) */
   int64_t sent;     /* packets into the decoder so far (tests, benchmarks) */
   int64_t max_pixels;
+  int plain_rgb;       /* mml_video_src.plain_rgb */
   int threads;         /* the decoder's */
   int skip_nonref;     /* the codec drops non-reference frames exactly (h264, vp9, mpeg2/4) */
   int whole_packets;   /* mp4/mov with h264/hevc/vp9/av1: one packet holds one whole frame */
@@ -329,6 +330,10 @@ static void fill_info(mml_video *v) {
                    : v->fmt->duration != AV_NOPTS_VALUE ? v->fmt->duration / (double)AV_TIME_BASE
                                                         : 0;
   in->start_s = v->n ? v->tab[0] * tb : 0;
+  in->stream_frames = s->nb_frames > 0 ? s->nb_frames : 0;
+  in->stream_duration_s = s->duration != AV_NOPTS_VALUE && s->time_base.den > 0
+                              ? (double)(s->duration * s->time_base.num) / s->time_base.den
+                              : 0;
   snprintf(in->codec, sizeof in->codec, "%s", avcodec_get_name(s->codecpar->codec_id));
   snprintf(in->container, sizeof in->container, "%s", v->fmt->iformat->name);
   in->exact_index = v->exact;
@@ -348,6 +353,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   v->io.fd = -1;
   v->last_pts = INT64_MIN;
   v->max_pixels = src->max_pixels > 0 ? src->max_pixels : MML_VIDEO_MAX_PIXELS;
+  v->plain_rgb = src->plain_rgb;
   mml_status st = mml_vio_open(&v->io, v->name, src->data, src->len, src->fetcher, src->max_bytes,
                                src->block, src->size, src->first, src->tail, src->tail_off, err);
   int r = 0;
@@ -557,6 +563,7 @@ static mml_status to_rgb(mml_video *v, mml_err *err) {
   int range = f->color_range == AVCOL_RANGE_JPEG || fmt == AV_PIX_FMT_YUVJ420P ||
               fmt == AV_PIX_FMT_YUVJ422P || fmt == AV_PIX_FMT_YUVJ444P ||
               fmt == AV_PIX_FMT_YUVJ440P;
+  if (v->plain_rgb) cs = range = -1; /* swscale's own defaults, whatever the frame says */
   if (f->width <= 0 || f->height <= 0 || (int64_t)f->width * f->height > v->max_pixels)
     return mml_err_set(err, MML_EVIDEOCORRUPT, "%s: frame of %dx%d", v->name, f->width, f->height);
   if (!v->sws || v->sws_w != f->width || v->sws_h != f->height || v->sws_fmt != fmt ||
@@ -567,8 +574,9 @@ static mml_status to_rgb(mml_video *v, mml_err *err) {
     if (!v->sws)
       return mml_err_set(err, MML_EVIDEOCODEC, "%s: cannot convert pixel format %s to RGB", v->name,
                          av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?");
-    sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), range,
-                             sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+    if (!v->plain_rgb)
+      sws_setColorspaceDetails(v->sws, sws_getCoefficients(cs), range,
+                               sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
     v->sws_w = f->width, v->sws_h = f->height, v->sws_fmt = fmt, v->sws_cs = cs,
     v->sws_range = range;
   }

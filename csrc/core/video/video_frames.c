@@ -37,6 +37,9 @@ struct mml_video_scratch {
   size_t a_cap, b_cap, d_cap; /* in floats */
   uint8_t *u;                 /* a listed frame's byte planes at the fetch_image size */
   size_t u_cap;
+  mml_vision_scratch *vs; /* recipe llama-factory: its Pillow frame resizes (made when needed) */
+  uint8_t *lf, *lf2;      /* and their result (interleaved) / the processor's (planes) */
+  size_t lf_cap, lf2_cap;
 };
 
 mml_status mml_video_scratch_new(mml_video_scratch **out) {
@@ -56,6 +59,9 @@ void mml_video_scratch_free(mml_video_scratch *s) {
   free(s->b);
   free(s->d);
   free(s->u);
+  mml_vision_scratch_free(s->vs);
+  free(s->lf);
+  free(s->lf2);
   free(s);
 }
 
@@ -530,10 +536,48 @@ static int keys_sane(const mml_video_keys *k) {
   return !k->max_frames || k->max_frames >= MML_VIDEO_FRAME_FACTOR;
 }
 
+/* recipe="llama-factory": LLaMA-Factory's sampling and per-frame Pillow resize, then the
+ * processor's resize (mml/video_frames.h). */
+static mml_status lf_plan_file(const mml_vision_cfg *cfg, const mml_video_info *info,
+                               mml_video_plan *p, mml_err *err) {
+  if (cfg->video_family == MML_VIDEO_QWEN3)
+    return mml_err_set(err, MML_EVIDEO,
+                       "recipe=\"llama-factory\": its Qwen3-VL video path (qwen3_vl templates: "
+                       "timestamps from its frame indices) is not reproduced yet");
+  if (info->stream_frames != info->nframes)
+    return mml_err_set(err, MML_EVIDEO,
+                       "recipe=\"llama-factory\": the stream header counts %lld frames, %lld "
+                       "decode; LLaMA-Factory samples by the header's count (not reproduced)",
+                       (long long)info->stream_frames, (long long)info->nframes);
+  int64_t n;
+  mml_status st = mml_lf_video_count(info->stream_frames, info->stream_duration_s,
+                                     cfg->lf_video_fps, cfg->lf_video_maxlen, &n, err);
+  if (st) return st;
+  p->file = p->lf = 1;
+  p->smp = (mml_video_sampling){0, info->nframes - 1, info->nframes, n, 0};
+  p->src_w = p->list_w = info->width;
+  p->src_h = p->list_h = info->height;
+  p->listed = n;
+  p->nframes = n + (n & 1); /* the last frame repeated to an even count */
+  p->probe_nframes = info->nframes;
+  p->probe_fps = info->fps;
+  int ncap;
+  if ((st = mml_lf_pre_sizes(info->width, info->height, cfg->lf_video_max_pixels,
+                             cfg->lf_video_min_pixels, &p->lf_pre_n, &ncap, p->lf_pre_w,
+                             p->lf_pre_h, &p->qvu_w, &p->qvu_h, err)))
+    return st;
+  p->fps = info->fps;
+  p->sample_fps = (double)n / info->stream_duration_s; /* its fps_per_video */
+  if ((st = plan_finish(cfg, p, err))) return st;
+  p->src_pixels = n * (int64_t)p->src_w * p->src_h;
+  return MML_OK;
+}
+
 mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *keys,
                                const mml_video_info *info, mml_video_plan *p, double *ts,
                                mml_err *err) {
   memset(p, 0, sizeof *p);
+  if (cfg->lf) return lf_plan_file(cfg, info, p, err);
   p->file = 1;
   mml_status st = mml_video_sample(keys, info->nframes, info->fps, &p->smp, err);
   if (st == MML_ERECORD && info->nframes > 0 && info->fps > 0 && keys_sane(keys)) {
@@ -576,11 +620,62 @@ typedef struct file_ctx {
   void *out;
 } file_ctx;
 
+/* recipe llama-factory, frame k: its Pillow resizes (bicubic, Pillow 11's pass order),
+ * torch's uint8 resize to the processor's size (torchvision v2 on the uint8 video), then
+ * the rows of temporal slot k, and of k + 1 for the repeated last frame. */
+static mml_status lf_frame(const file_ctx *c, const mml_video_frame *f, mml_err *err) {
+  mml_video_scratch *s = c->s;
+  const mml_video_plan *p = c->p;
+  mml_status st;
+  if (!s->vs && mml_vision_scratch_new(&s->vs))
+    return mml_err_set(err, MML_ENOMEM, "video: out of memory for a resize scratch");
+  size_t big = 16, qpx = (size_t)p->qvu_w * p->qvu_h, dpx = (size_t)p->dst_w * p->dst_h;
+  for (int i = 0; i < p->lf_pre_n; i++)
+    if ((size_t)p->lf_pre_w[i] * p->lf_pre_h[i] * 3 + 16 > big)
+      big = (size_t)p->lf_pre_w[i] * p->lf_pre_h[i] * 3 + 16;
+  uint8_t *q;
+  if (2 * big > s->lf_cap) {
+    if (!(q = realloc(s->lf, 2 * big)))
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->qvu_w,
+                         p->qvu_h);
+    s->lf = q, s->lf_cap = 2 * big;
+  }
+  if (3 * (qpx + dpx) > s->lf2_cap) {
+    if (!(q = realloc(s->lf2, 3 * (qpx + dpx))))
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for a %dx%d frame", p->dst_w,
+                         p->dst_h);
+    s->lf2 = q, s->lf2_cap = 3 * (qpx + dpx);
+  }
+  mml_rgb8 img = {(uint8_t *)f->rgb, f->width, f->height, f->stride};
+  for (int i = 0; i < p->lf_pre_n; i++) { /* its Pillow resizes */
+    uint8_t *b = s->lf + (i & 1) * big;
+    const int w = p->lf_pre_w[i], h = p->lf_pre_h[i];
+    if ((st = mml_resize_bicubic_rgb8_order(s->vs, &img, w, h, 1, b, err))) return st;
+    img = (mml_rgb8){b, w, h, (size_t)w * 3};
+  }
+  uint8_t *u = s->lf2, *d8 = u;
+  for (int y = 0; y < p->qvu_h; y++) /* the PIL frame as the uint8 video's planes */
+    for (int x = 0; x < p->qvu_w; x++)
+      for (int ch = 0; ch < 3; ch++)
+        u[ch * qpx + (size_t)y * p->qvu_w + x] = img.pixels[y * img.stride + 3 * (size_t)x + ch];
+  if (dpx != qpx || p->dst_w != p->qvu_w) { /* the processor's resize, native uint8 */
+    d8 = u + 3 * qpx;
+    if ((st = mml_resize_aa_bicubic_u8(u, 3, p->qvu_w, p->qvu_h, d8, p->dst_w, p->dst_h, err)))
+      return st;
+  }
+  if ((st = fit(&s->d, &s->d_cap, 3 * dpx, err))) return st;
+  for (size_t i = 0; i < 3 * dpx; i++) s->d[i] = (float)d8[i];
+  scatter(c->cfg, p, s->d, f->k, c->out);
+  if (f->k == p->listed - 1 && p->nframes > p->listed) scatter(c->cfg, p, s->d, f->k + 1, c->out);
+  return MML_OK;
+}
+
 static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
   const file_ctx *c = ctx;
   if (f->width != c->p->src_w || f->height != c->p->src_h)
     return mml_err_set(err, MML_EVIDEOCORRUPT, "frame %lld is %dx%d, the stream's is %dx%d",
                        (long long)f->index, f->width, f->height, c->p->src_w, c->p->src_h);
+  if (c->p->lf) return lf_frame(c, f, err);
   return frame_tail(c->cfg, c->s, c->p, f->rgb, f->stride, f->k, c->out, err);
 }
 
@@ -596,17 +691,21 @@ mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *
                        "(planned: %lld at %g, %dx%d)",
                        (long long)info.nframes, info.fps, info.width, info.height,
                        (long long)p->probe_nframes, p->probe_fps, p->src_w, p->src_h);
-  if (p->nframes != p->smp.n || p->nframes > INT_MAX)
+  const int64_t n = p->smp.n; /* decoded; recipe llama-factory pads to nframes after */
+  if ((p->lf ? p->nframes != n + (n & 1) : p->nframes != n) || p->nframes > INT_MAX)
     return mml_err_set(err, MML_EINTERNAL, "video plan: %lld frames for %lld kept",
                        (long long)p->nframes, (long long)p->smp.n);
   if ((st = planes_fit(s, p, err))) return st;
-  int64_t *idx = malloc((size_t)p->nframes * sizeof *idx);
+  int64_t *idx = malloc((size_t)n * sizeof *idx);
   if (!idx)
     return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
-                       (long long)p->nframes);
-  mml_video_indices(&p->smp, idx);
+                       (long long)n);
+  if (p->lf)
+    mml_lf_video_indices(p->smp.count, n, idx);
+  else
+    mml_video_indices(&p->smp, idx);
   file_ctx c = {cfg, s, p, out};
-  st = mml_video_decode(v, idx, (int)p->nframes, on_frame, &c, err);
+  st = mml_video_decode(v, idx, (int)n, on_frame, &c, err);
   free(idx);
   return st;
 }

@@ -179,3 +179,26 @@ void mml_video_timestamps(const int64_t *idx, int64_t n, double fps, int t, doub
     ts[g] = ((double)idx[a] / fps + (double)idx[b] / fps) / 2;
   }
 }
+
+/* ---------------------------------------------------------------- LLaMA-Factory */
+
+mml_status mml_lf_video_count(int64_t total_frames, double duration, double fps, int64_t maxlen,
+                              int64_t *n, mml_err *err) {
+  if (total_frames <= 0 || !(duration > 0) || !(fps > 0) || maxlen < 1)
+    return mml_err_set(err, MML_EVIDEO,
+                       "recipe=\"llama-factory\": the stream gives %lld frames and %g s (its "
+                       "header's frame count and duration); LLaMA-Factory's sampling of such a "
+                       "video is not reproduced",
+                       (long long)total_frames, duration);
+  double f = floor(duration * fps);
+  int64_t k = f < 1 ? 1 : f > 9e18 ? INT64_MAX : (int64_t)f;
+  if (k > maxlen) k = maxlen;
+  *n = k < total_frames ? k : total_frames;
+  return MML_OK;
+}
+
+void mml_lf_video_indices(int64_t total_frames, int64_t n, int64_t *idx) {
+  const double stop = (double)(total_frames - 1), step = n > 1 ? stop / (double)(n - 1) : 0;
+  for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)((double)i * step);
+  if (n > 1) idx[n - 1] = total_frames - 1;
+}

@@ -33,9 +33,8 @@
 
 #include "vision_int.h"
 
-mml_status mml_lf_pre_sizes(int width, int height, int64_t max_pixels, int64_t min_pixels,
-                            int *n, int *n_cap, int *ws, int *hs, int *out_w, int *out_h,
-                            mml_err *err) {
+mml_status mml_lf_pre_sizes(int width, int height, int64_t max_pixels, int64_t min_pixels, int *n,
+                            int *n_cap, int *ws, int *hs, int *out_w, int *out_h, mml_err *err) {
   int64_t w = width, h = height;
   int k = 0;
   *n = *n_cap = 0;
@@ -143,8 +142,8 @@ mml_status mml_lf_process(const mml_vision_cfg *cfg, mml_vision_scratch *s, cons
   st = mml_image_decode(s->dec, data, len, 1, &img, err);
   if (st != MML_OK) return st;
   if (img.width != plan->src_w || img.height != plan->src_h)
-    return mml_err_set(err, MML_EDECODE, "image decoded to %dx%d, its header says %dx%d",
-                       img.width, img.height, plan->src_w, plan->src_h);
+    return mml_err_set(err, MML_EDECODE, "image decoded to %dx%d, its header says %dx%d", img.width,
+                       img.height, plan->src_w, plan->src_h);
   mml_bytes *buf[2] = {&s->turned, &s->pre};
   for (int i = 0; i < plan->pre_n; i++) {
     if (mml_cancelled(cfg->cancel))

@@ -121,6 +121,10 @@ typedef struct mml_lf_opts {
   /* its image pre-resize (image_max_pixels, image_min_pixels): the loader copies them into
    * the source's mml_vision_cfg (lf_max_pixels, lf_min_pixels; mml/vision.h) */
   int64_t image_max_pixels, image_min_pixels;
+  /* and its video path (video_fps, video_maxlen, video_max_pixels, video_min_pixels): into
+   * the vision cfg's lf_video_* fields */
+  double video_fps;
+  int64_t video_maxlen, video_max_pixels, video_min_pixels;
 } mml_lf_opts;
 
 /* Switches t to LLaMA-Factory's data path (o: NULL switches it off); call before sharing.

@@ -47,6 +47,9 @@ typedef struct mml_video_src {
   int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
                        * MML_EOBJECTSIZE; per use: mml_video_idle starts a new one) */
   int threads;          /* decoder threads (0 or 1: one) */
+  int plain_rgb;        /* 1: RGB24 as PyAV < 17 converts (its to_image / to_ndarray: swscale's
+                         * defaults, BT.601 and the pixel format's range, whatever the frame's
+                         * colorspace says; LLaMA-Factory 0.9.5's PyAV 16) */
   int64_t block;        /* remote read block size (0: MML_VIDEO_BLOCK) */
   int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
                        * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
@@ -90,6 +93,12 @@ typedef struct mml_video_info {
   char container[48]; /* libavformat's demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2" */
   int exact_index;    /* 1: timestamps from a packet pass; 0: from the container index */
   int64_t size;       /* bytes of the source (-1 unknown) */
+  /* as PyAV reports them (LLaMA-Factory's video sampling, recipe="llama-factory"): the
+   * stream's nb_frames header field (stream.frames; 0: unknown), and its duration
+   * float(stream.duration * stream.time_base), the exact fraction rounded once (0: the
+   * stream has none) */
+  int64_t stream_frames;
+  double stream_duration_s;
 } mml_video_info;
 
 typedef struct mml_video_frame {

@@ -48,6 +48,12 @@ typedef struct mml_video_plan {
    * said, checked again when the file is opened for decoding */
   int file;
   mml_video_sampling smp;
+  /* recipe="llama-factory" (cfg->lf): smp.n frames kept by its rule (mml_lf_video_indices),
+   * the last one repeated when odd (nframes = smp.n rounded up to even), and each frame's
+   * Pillow pre-resizes (mml_lf_pre_sizes with video_max/min_pixels) to qvu_w x qvu_h */
+  int lf;
+  int lf_pre_n;
+  int lf_pre_w[MML_LF_PRE_MAX], lf_pre_h[MML_LF_PRE_MAX];
   int64_t probe_nframes;
   double probe_fps;
 } mml_video_plan;

@@ -75,4 +75,14 @@ mml_status mml_video_list_frame_size(const mml_video_keys *k, int factor, int he
  * ceil(n / t) values. */
 void mml_video_timestamps(const int64_t *idx, int64_t n, double fps, int t, double *ts);
 
+/* LLaMA-Factory 0.9.5's video sampling (mm_plugin.py _get_video_sample_indices, recipe=
+ * "llama-factory"): n = min(total_frames, maxlen, max(1, floor(duration * fps))) frames
+ * (duration: PyAV's stream duration in seconds), at np.linspace(0, total_frames - 1, n)
+ * (float64: i * step, the last exactly total_frames - 1) truncated to integers.
+ * MML_EVIDEO when total_frames or duration is not positive (its stream has no frame count
+ * or duration: not reproduced). */
+mml_status mml_lf_video_count(int64_t total_frames, double duration, double fps, int64_t maxlen,
+                              int64_t *n, mml_err *err);
+void mml_lf_video_indices(int64_t total_frames, int64_t n, int64_t *idx);
+
 #endif

@@ -42,6 +42,10 @@ typedef struct mml_vision_cfg {
    * lf_max_pixels] (its image_min_pixels / image_max_pixels) before the processor */
   int lf;
   int64_t lf_max_pixels, lf_min_pixels;
+  /* and its video path (video_frames.c): video_fps, video_maxlen, and the pre-resize of
+   * every frame to within [lf_video_min_pixels, lf_video_max_pixels] */
+  double lf_video_fps;
+  int64_t lf_video_maxlen, lf_video_max_pixels, lf_video_min_pixels;
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same
