@@ -486,3 +486,19 @@ def test_video_demo(lfcache, settings):
 def test_video_qwen3_refused():
     with pytest.raises(mmloader.Error, match="Qwen3-VL video path"):
         _ours_videos("qwen3_vl_nothink", os.path.join(DATA, "mllm_video_demo.json"))
+
+
+def test_video_frame_list_refused(tmp_path):
+    """A video given as a list of frames is not reproduced under the recipe: refused, not
+    processed the default recipe's way."""
+    img = os.path.join(DATA, "mllm_demo_data", "1.jpg")
+    rec = {
+        "messages": [
+            {"role": "user", "content": "<video>What happens?"},
+            {"role": "assistant", "content": "Nothing."},
+        ],
+        "videos": [[img, img, img, img]],
+    }
+    (tmp_path / "v.json").write_text(json.dumps([rec]))
+    with pytest.raises(mmloader.Error, match="frame lists"):
+        _ours_videos("qwen2_vl", str(tmp_path / "v.json"))

@@ -138,6 +138,10 @@ mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v
                                const mml_bytes *frames, mml_video_plan *p, double *ts,
                                mml_err *err) {
   memset(p, 0, sizeof *p);
+  if (cfg->lf)
+    return mml_err_set(err, MML_EVIDEO,
+                       "recipe=\"llama-factory\": its path for videos given as frame lists is not "
+                       "reproduced yet (video files are)");
   const int f = cfg->patch_size * cfg->merge_size;
   p->listed = v->nframes;
   for (int j = 0; j < v->nframes; j++) {

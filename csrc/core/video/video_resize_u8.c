@@ -70,8 +70,10 @@ static mml_status axis_make(u8_axis *a, int in, int out, mml_err *err) {
     double *w = wd + (size_t)i * a->taps, total = 0.0;
     for (int j = 0; j < xsize; j++) total += (w[j] = cubic((j + xmin - center + 0.5) * invscale));
     for (int j = 0; j < a->taps; j++) {
-      if (j >= xsize) w[j] = 0.0;
-      else if (total != 0.0) w[j] /= total;
+      if (j >= xsize)
+        w[j] = 0.0;
+      else if (total != 0.0)
+        w[j] /= total;
       if (j < xsize && total != 0.0 && w[j] > wmax) wmax = w[j];
     }
     a->xmin[i] = xmin, a->xsize[i] = xsize;
