@@ -42,6 +42,7 @@ import torch
 
 from . import _core
 from . import loader as _loader
+from ._options import DEFAULTS
 from .presets import vision_config
 
 __all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]
@@ -61,7 +62,7 @@ _TABLES: Dict[Tuple[Any, ...], torch.Tensor] = {}
 
 
 def pixel_table(
-    preset: str = "qwen2.5-vl",
+    preset: str = DEFAULTS["preset"],
     *,
     model_dir: Optional[str] = None,
     image_mean: Optional[Sequence[float]] = None,
@@ -102,7 +103,7 @@ def expand_pixels(
     pixel_values: torch.Tensor,
     image_grid_thw: Optional[torch.Tensor] = None,
     *,
-    preset: str = "qwen2.5-vl",
+    preset: str = DEFAULTS["preset"],
     model_dir: Optional[str] = None,
     image_mean: Optional[Sequence[float]] = None,
     image_std: Optional[Sequence[float]] = None,
