@@ -23,12 +23,12 @@ the shared memory it holds by descriptor, minus that), page faults and CPU per s
 steady state, and the CPU that work outside the suite took meanwhile; and mmloader's
 wait-time ratio at trainer step = 1.2x its batch production time.  At the
 end the suite writes benchmarks/results/e2e.json and from it (benchmarks/report.py)
-benchmarks/results.md, README.md's results block and the plots, and prints the targets,
+benchmarks/results.md, docs/benchmarks.md's results block and the plots, and prints the targets,
 met or not.
 
 Options (or environment): --e2e-smoke (MML_BENCH_SMOKE=1), --e2e-full (MML_BENCH_FULL=1),
 --e2e-out DIR (MML_BENCH_OUT; e2e.json, plots and results.md go there; default
-benchmarks/results, with benchmarks/results.md, and only then is README.md filled); MML_BENCH_TOKENIZER picks the tokenizer.json (default:
+benchmarks/results, with benchmarks/results.md, and only then is docs/benchmarks.md filled); MML_BENCH_TOKENIZER picks the tokenizer.json (default:
 ../shared/data/qwen3-tokenizer, else mmloader's tiny one); MML_BENCH_PIPELINES=a,b runs
 only those; MML_BENCH_REPEATS, MML_BENCH_MIN_SECONDS, MML_BENCH_MIN_SAMPLES,
 MML_BENCH_MAX_SECONDS (a run's cap, default MAX_SECONDS), MML_BENCH_RECORDS override the sizes;
@@ -326,7 +326,7 @@ class Suite:
             json.dump({"meta": self.meta(), "runs": self.runs}, f, indent=1)
         md = report.generate(path, out_dir=self.out)  # results.md: report.md_path_for
         if os.path.abspath(self.out) == os.path.join(HERE, "results"):
-            report.fill_readme(path, os.path.join(os.path.dirname(HERE), "README.md"))
+            report.fill_readme(path, os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
         print("\n" + md)
 
 

@@ -17,7 +17,7 @@ Three measurements, each against a peer in the same run, medians of MML_BENCH_RA
 What one machine cannot show: nodes share its cores, memory bus and page cache, and an
 object "transfer" between simulated nodes is a local memory copy, not a NIC; figures are
 labelled simulated.  Writes benchmarks/results/ray.json, benchmarks/results-ray.md and
-README's ray-results block.  Knobs: MML_BENCH_RAY_RUNS, MML_BENCH_RAY_BATCHES (16),
+docs/ray.md's ray-results block.  Knobs: MML_BENCH_RAY_RUNS, MML_BENCH_RAY_BATCHES (16),
 MML_BENCH_RAY_STEP_MS (40), MML_BENCH_RAY_MAX_PIXELS (448 * 448), MML_BENCH_OUT.
 """
 
@@ -298,8 +298,8 @@ def run_all() -> dict:
 
 
 def _readme(md: str) -> None:
-    """Puts the tables between README's ray-results markers."""
-    path = os.path.join(ROOT, "README.md")
+    """Puts the tables between docs/ray.md's ray-results markers."""
+    path = os.path.join(ROOT, "docs", "ray.md")
     text = open(path, encoding="utf-8").read()
     a, b = "<!-- ray-results:start -->\n", "<!-- ray-results:end -->"
     if a in text and b in text:

@@ -1,9 +1,9 @@
-"""Turns the end-to-end suite's JSON (benchmarks/results/e2e.json) into the README's
-results table (benchmarks/results.md, and README.md between its results markers) and the
+"""Turns the end-to-end suite's JSON (benchmarks/results/e2e.json) into the results table
+(benchmarks/results.md, and docs/benchmarks.md between its results markers) and the
 plots under benchmarks/results/.
 
     python3 benchmarks/report.py [benchmarks/results/e2e.json]
-    python3 benchmarks/report.py --readme [README.md]    # also fills README's results block
+    python3 benchmarks/report.py --readme [FILE]    # also fills docs/benchmarks.md's results block
 
 bench_e2e.py calls generate() (and fill_readme()) at the end of every run; no figure here is
 typed by hand.  Every figure is the median over the repeats of a measurement, with the
@@ -916,8 +916,8 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def fill_readme(json_path: str, readme: str) -> None:
-    """Replaces what lies between README's results markers by the generated table (image
-    links relative to the README)."""
+    """Replaces what lies between the results markers of `readme` (docs/benchmarks.md) by
+    the generated table (image links relative to that file)."""
     with open(json_path) as f:
         data = json.load(f)
     with open(readme, encoding="utf-8") as f:
@@ -941,9 +941,9 @@ def main(argv: List[str]) -> int:
     ap.add_argument(
         "--readme",
         nargs="?",
-        const=os.path.join(os.path.dirname(HERE), "README.md"),
+        const=os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"),
         default=None,
-        help="also fill README.md's results block",
+        help="also fill docs/benchmarks.md's results block",
     )
     args = ap.parse_args(argv[1:])
     sys.stdout.write(generate(args.json))

@@ -69,17 +69,18 @@ def _demo(args: argparse.Namespace) -> int:
         f"{samples / dt:.1f} samples/s, {st['images'] / dt:.1f} images/s "
         f"with {st['num_threads']} thread(s)"
     )
-    step = (
-        f"a simulated {args.step_ms:g} ms trainer step per batch"
-        if args.step_ms
-        else "no trainer step: the consumer only waits; try --step-ms"
-    )
-    print(
-        f"wait-time ratio {st['wait_time_ratio']:.2f} (time the consumer waited / wall "
-        f"time, {step}); busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
+    busy = (
+        f"busy seconds: read {st['read_s']:.2f}, vision {st['vision_s']:.2f}, "
         f"tokenize {st['tokenize_s']:.2f}, collate {st['collate_s']:.2f}; "
         f"skipped {st['skipped']}"
     )
+    if args.step_ms:
+        print(
+            f"wait-time ratio {100 * st['wait_time_ratio']:.1f}% (time the trainer waited "
+            f"/ wall time, a simulated {args.step_ms:g} ms trainer step per batch); {busy}"
+        )
+    else:  # with no step the consumer does nothing but wait: a ratio would say nothing
+        print(f"{busy} (no trainer step: --step-ms MS simulates one)")
     return 0
 
 

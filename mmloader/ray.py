@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import builtins
 import collections
+import concurrent.futures
+import os
+import threading
 import time
 import warnings
 import weakref
-from typing import Any, Counter, Deque, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Counter, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import __version__, _core
 from ._core import ConfigError, Error, SampleError
 
 try:
@@ -184,12 +187,37 @@ class _Producer:
     def pid(self) -> int:
         return self._where["pid"]
 
+    @ray.method(concurrency_group="ping")
+    def alive(self) -> bool:
+        """Answers at once, even while produce() runs (its own thread): the trainer's
+        liveness probe for a producer whose batch is late."""
+        return True
+
 
 class _Request:
-    __slots__ = ("start", "producer", "ref", "attempts")
+    """One batch asked of one producer; a thread of its own fetches the result to this
+    node as soon as the producer has made it, so several batches cross the link at once."""
+
+    __slots__ = ("start", "producer", "ref", "attempts", "future", "dropped")
 
     def __init__(self, start: Cursor, producer: int, ref: Any) -> None:
         self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
+        self.dropped = False
+        self.future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True).start()
+
+    def _fetch(self) -> None:
+        try:
+            while not self.dropped:  # made yet? (no transfer while it may still be dropped)
+                done, _ = ray.wait([self.ref], timeout=0.5, fetch_local=False)
+                if done:
+                    break
+            if self.dropped:
+                self.future.cancel()
+                return
+            self.future.set_result(ray.get(self.ref))
+        except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            self.future.set_exception(e)
 
 
 class Loader:
@@ -235,6 +263,7 @@ class Loader:
         max_restarts: int = 3,
         placement_timeout_s: float = 120.0,
         planner: Optional[bool] = None,
+        producer_timeout_s: float = 0.5,
         **loader_kwargs: Any,
     ) -> None:
         self._actors: List[Any] = []
@@ -306,57 +335,73 @@ class Loader:
         if not ray.is_initialized():
             ray.init()
         self._node = ray.get_runtime_context().get_node_id()
+        self._producer_timeout_s = float(producer_timeout_s)
+        if not self._producer_timeout_s > 0:
+            raise ConfigError(f"producer_timeout_s must be > 0, got {producer_timeout_s!r}")
+        data = _absolute_data(data)
+        kwargs = _absolute_paths(kwargs)
 
         opts: Dict[str, Any] = dict(
-            num_cpus=cpus, resources=res or None, max_restarts=max_restarts, max_task_retries=0
+            num_cpus=cpus,
+            resources=res or None,
+            max_restarts=max_restarts,
+            max_task_retries=0,
         )
-        strategies: List[Union[NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy]]
+        bundle = dict(res, CPU=cpus) if cpus else dict(res)
+        n_actors = producers + (1 if planner else 0)
+        nodes = _alive_nodes()
+        self._node_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes}
+        targets: List[Optional[str]] = []  # the node each actor is meant for (None: Ray's choice)
+        strategies: List[Any]
         if placement == "node-local":
-            strategies = [NodeAffinitySchedulingStrategy(self._node, soft=False)] * producers
+            here = [n for n in nodes if n["NodeID"] == self._node]
+            have = here[0]["Resources"] if here else {}
+            if _slots(have, bundle, n_actors) < n_actors:
+                raise ConfigError(
+                    f"placement='node-local': this node ({self._node_ip.get(self._node, '?')}) "
+                    f"has {_fmt_res(have)}, and {n_actors} actors need {bundle} each; give "
+                    "the node resources (ray start --num-cpus=N), lower producer_resources "
+                    "(e.g. {'CPU': 0}) or use placement='spread'"
+                )
+            strategies = [NodeAffinitySchedulingStrategy(self._node, soft=False)] * n_actors
+            targets = [self._node] * n_actors
+        elif placement == "spread":
+            rank = int(loader_kwargs.get("dp_rank") or 0)
+            size = int(loader_kwargs.get("dp_size") or 1)
+            fit = _feasible_nodes(bundle, n_actors, placement_timeout_s)
+            chosen = _spread(fit, self._node, bundle, n_actors, rank, size)
+            # soft: Ray restarts a producer elsewhere when its node dies
+            strategies = [NodeAffinitySchedulingStrategy(t, soft=True) for t in chosen]
+            targets = list(chosen)
         else:
-            bundle = dict(res, CPU=cpus) if cpus else dict(res)
-            self._pg = placement_group(
-                [dict(bundle) for _ in range(producers)],
-                strategy="SPREAD" if placement == "spread" else "PACK",
-            )
+            _feasible_nodes(bundle, n_actors, placement_timeout_s)
+            self._pg = placement_group([dict(bundle) for _ in range(n_actors)], strategy="PACK")
             try:
                 ray.get(self._pg.ready(), timeout=placement_timeout_s)
             except ray.exceptions.GetTimeoutError:
                 self.close()
                 raise ConfigError(
-                    f"cannot place {producers} producers with {bundle} each "
-                    f"within {placement_timeout_s:g} s (cluster resources: "
-                    f"{ray.cluster_resources()})"
+                    f"cannot place {n_actors} actors with {bundle} each within "
+                    f"{placement_timeout_s:g} s (the cluster could hold them, but other work "
+                    f"holds the resources; free: {ray.available_resources()})"
                 ) from None
             strategies = [
                 PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)
-                for i in range(producers)
+                for i in range(n_actors)
             ]
-        cls = ray.remote(_Producer)
+            table = ray.util.placement_group_table(self._pg).get("bundles_to_node_id", {})
+            targets = [table.get(i) for i in range(n_actors)]
+        cls = ray.remote(concurrency_groups={"ping": 1})(_Producer)  # type: ignore[call-overload]
         self._actors = [
-            cls.options(scheduling_strategy=s, **opts).remote(data, kwargs) for s in strategies
+            cls.options(scheduling_strategy=st, **opts).remote(data, kwargs)
+            for st in strategies[:producers]
         ]
         if planner:  # one more actor: a plan_only loader walks the stream ahead
-            popts = dict(opts)
-            if placement == "node-local":
-                popts["scheduling_strategy"] = strategies[0]
-            self._planner = cls.options(**popts).remote(data, dict(kwargs, plan_only=True))
-        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
-        try:
-            infos = ray.get([a.info.remote() for a in self._all_actors()])
-        except ray.exceptions.RayTaskError as e:
-            self.close()
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            if isinstance(cause, Error):
-                raise type(cause)(str(cause)) from None
-            raise Error(f"a producer failed to start: {cause}") from None
-        fps = {repr(sorted(i["fingerprint"].items())) for i in infos}
-        if len(fps) != 1:
-            self.close()
-            raise ConfigError(
-                "producers on different nodes see different data or settings: "
-                + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos)
+            self._planner = cls.options(scheduling_strategy=strategies[producers], **opts).remote(
+                data, dict(kwargs, plan_only=True)
             )
+        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
+        infos = self._start(targets, placement_timeout_s)
         info = infos[0]
         self.num_samples: int = info["num_samples"]
         self.samples_per_rank: int = info["samples_per_rank"]
@@ -380,6 +425,43 @@ class Loader:
         self._plan_tail: Optional[Cursor] = (0, 0, 0) if self._planner else None
         self._plan_ref = None
         self._plan_chunk = max(16, 4 * refs_in_flight)
+        # liveness: producers that missed a ping while the trainer waited (index -> when)
+        self._actor_node: List[Optional[str]] = [i["node_id"] for i in infos[: len(self._actors)]]
+        self._suspect: Dict[int, float] = {}
+        self._pings: Dict[int, Any] = {}
+
+    def _start(self, targets: List[Optional[str]], timeout_s: float) -> List[Dict[str, Any]]:
+        """Waits for every actor's info(); a failure names the node and what to do."""
+        actors = self._all_actors()
+        refs = [a.info.remote() for a in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            pending = [self._where(targets[i]) for i, r in enumerate(refs) if r not in ready]
+            self.close()
+            raise ConfigError(
+                f"{len(pending)} of {len(refs)} producers did not start within {timeout_s:g} s "
+                f"(meant for {', '.join(pending)}; free: {ray.available_resources()})"
+            )
+        infos = []
+        for i, ref in enumerate(refs):
+            try:
+                infos.append(ray.get(ref))
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                self.close()
+                raise _start_error(e, self._where(targets[i])) from None
+        fps = {repr(sorted(i["fingerprint"].items())) for i in infos}
+        if len(fps) != 1:
+            self.close()
+            raise ConfigError(
+                "producers on different nodes see different data or settings: "
+                + "; ".join(f"{i['node_ip']}: {i['fingerprint']}" for i in infos)
+            )
+        return infos
+
+    def _where(self, node_id: Optional[str]) -> str:
+        if node_id is None:
+            return "a node Ray chose"
+        return f"node {self._node_ip.get(node_id, '?')} (Ray node {node_id[:12]})"
 
     def _all_actors(self) -> List[Any]:
         return self._actors + ([self._planner] if self._planner is not None else [])
@@ -417,8 +499,69 @@ class Loader:
         if producer is None:
             producer = self._next_producer
             self._next_producer = (producer + 1) % len(self._actors)
+            if producer in self._suspect:
+                producer = self._stand_in(producer)
         ref = self._actors[producer].produce.remote(start, self._ahead(start))
         return _Request(start, producer, ref)
+
+    def _stand_in(self, p: int) -> int:
+        """A producer to ask instead of suspect producer p: one that answers, on another
+        node than any suspect when there is one, with the fewest requests in flight."""
+        ok = [i for i in range(len(self._actors)) if i not in self._suspect]
+        if not ok:
+            return p
+        bad = {self._actor_node[i] for i in self._suspect}
+        load = collections.Counter(r.producer for r in self._inflight)
+        return min(
+            ok, key=lambda i: (self._actor_node[i] in bad, load[i], (i - p) % len(self._actors))
+        )
+
+    def _probe(self) -> None:
+        """The trainer has waited producer_timeout_s for the head batch: pings (in their own
+        thread on the producer) every producer with a request not yet answered; one that
+        does not answer within producer_timeout_s is suspect (its node or process died,
+        or it is stuck) and its requests go to producers that answer, at once, without
+        waiting for Ray's failure detection (node heartbeats: 15 s and more)."""
+        waiting = {r.producer for r in self._inflight if not r.future.done()}
+        waiting -= set(self._suspect)
+        if not waiting:
+            return
+        pings = {p: self._actors[p].alive.remote() for p in waiting}
+        done, _ = ray.wait(
+            list(pings.values()), num_returns=len(pings), timeout=self._producer_timeout_s
+        )
+        now = time.monotonic()
+        for p, ref in pings.items():
+            if ref not in done:
+                self._suspect[p] = now
+                self._pings[p] = ref
+                self._n["suspected"] += 1
+        if not self._suspect:
+            return
+        for i, r in enumerate(self._inflight):
+            if r.producer in self._suspect and not r.future.done():
+                r.dropped = True
+                nr = self._submit(r.start, self._stand_in(r.producer))
+                nr.attempts = r.attempts
+                self._inflight[i] = nr
+                self._n["rerouted"] += 1
+
+    def _recheck(self) -> None:
+        """A suspect that answers its ping again (Ray restarted it, or it was only slow)
+        gets requests again."""
+        for p in list(self._suspect):
+            ref = self._pings.get(p)
+            if ref is None:
+                self._pings[p] = self._actors[p].alive.remote()
+                continue
+            done, _ = ray.wait([ref], timeout=0)
+            if done:
+                del self._pings[p]
+                try:
+                    ray.get(ref)
+                except Exception:  # noqa: BLE001 - not back yet: ping again later
+                    continue
+                del self._suspect[p]
 
     def _replan(self) -> None:
         """The stream left the planned chain (a seek, or an image that failed only when
@@ -458,6 +601,8 @@ class Loader:
             self._plan_ref = self._planner.plan.remote(self._plan_tail, self._plan_chunk)
 
     def _fill(self) -> None:
+        if self._suspect:
+            self._recheck()
         self._plan(block=False)
         if (
             self._planner is not None
@@ -477,8 +622,9 @@ class Loader:
 
     def _cancel(self) -> None:
         """Drops every request in flight (queued ones are cancelled, running ones finish
-        and their results are dropped)."""
+        and their results are neither fetched nor used)."""
         for r in self._inflight:
+            r.dropped = True
             try:
                 ray.cancel(r.ref)
             except Exception:  # noqa: BLE001 - already running or done
@@ -489,10 +635,15 @@ class Loader:
         """Gets the oldest request's result, checks it continues the stream, and queues
         its events and batch in `_ready` (or re-issues it)."""
         self._fill()
-        r = self._inflight[0]
         t0 = time.perf_counter()
         try:
-            meta, arrays = ray.get(r.ref)
+            while True:
+                r = self._inflight[0]
+                try:
+                    meta, arrays = r.future.result(timeout=self._producer_timeout_s)
+                    break
+                except concurrent.futures.TimeoutError:
+                    self._probe()  # late: is its producer alive? (re-issues it if not)
         except _LOST as e:
             self._n["lost"] += 1
             self._per_producer[r.producer]["lost"] += 1
@@ -502,8 +653,10 @@ class Loader:
                     f"mmloader.ray: batch at cursor {r.start} could not be made: "
                     f"{type(e).__name__}: {e}"
                 ) from None
-            # the same producer after Ray restarted it, or the next one if it is gone
+            # the same producer after Ray restarted it, or another if it is suspect or gone
             alive = r.producer if r.attempts <= 2 else (r.producer + r.attempts) % len(self._actors)
+            if alive in self._suspect:
+                alive = self._stand_in(alive)
             nr = self._submit(r.start, alive)
             nr.attempts = r.attempts
             self._inflight[0] = nr
@@ -516,6 +669,7 @@ class Loader:
                 f"mmloader.ray: internal error, batch from {meta['start']} "
                 f"after cursor {self._head}"
             )
+        self._actor_node[r.producer] = meta["node_id"]  # Ray may have moved it
         self._accept(meta, arrays, r.producer)
         self._head = tuple(meta["end"])
         if self._inflight and self._inflight[0].start != self._head:
@@ -667,7 +821,9 @@ class Loader:
         bytes (batch bytes received), bytes_copied (copied on this node: 0 with zero_copy),
         bytes_transferred (batches made on other nodes: moved once by Ray's object
         manager), replans (speculative requests re-issued after a skip moved the stream),
-        lost (requests re-issued after a producer or its object was lost), and
+        lost (requests re-issued after a producer or its object was lost), rerouted
+        (requests moved to another producer because theirs missed a ping while the trainer
+        waited), suspected (such missed pings), and
         ``producers`` / ``nodes``: node, batches, bytes and busy time of each producer and
         each node, with batches_per_s over the wall time.  A producer that Ray is
         restarting (or has lost) does not answer: it shows its last figures (none before
@@ -713,6 +869,8 @@ class Loader:
             "bytes_transferred": self._n["transferred"],
             "replans": self._n["replans"],
             "lost": self._n["lost"],
+            "rerouted": self._n["rerouted"],
+            "suspected": self._n["suspected"],
             "samples": self._samples,
             "skipped": self._skipped,
             "refs_in_flight": len(self._inflight),
@@ -752,6 +910,8 @@ class Loader:
     def close(self) -> None:
         """Kills the producers and frees their placement; delivered batches stay valid
         (each holds its object-store memory until dropped)."""
+        for r in self._inflight:
+            r.dropped = True
         self._inflight.clear()
         self._ready.clear()
         fin = getattr(self, "_finalizer", None)
@@ -811,6 +971,151 @@ def _to_torch(arrays: Dict[str, np.ndarray]) -> Dict[str, Any]:
     with warnings.catch_warnings():  # read-only views: torch warns it cannot protect them
         warnings.simplefilter("ignore", UserWarning)
         return {k: torch.from_numpy(v) for k, v in arrays.items()}
+
+
+_REMOTE = ("http://", "https://", "s3://")
+_PATH_OPTIONS = ("tokenizer", "model_dir", "image_root", "index")
+
+
+def _absolute(p: Any) -> Any:
+    """A local path made absolute here, on the driver (a producer's working directory is
+    its node's, not this process's); URLs and non-paths unchanged."""
+    if isinstance(p, (str, os.PathLike)) and not isinstance(p, bytes):
+        s = os.fspath(p)
+        if not s.startswith(_REMOTE):
+            return os.path.abspath(os.path.expanduser(s))
+    return p
+
+
+def _absolute_data(data: Any) -> Any:
+    """`data` with every local path absolute (plain paths, sources of a mixture, a mixture
+    file); a source keeps its name, so the stream's fingerprint does not change."""
+    from .mixture import Source
+
+    def source(x: Any) -> Any:
+        src = Source.from_dict(x)
+        over = dict(src.overrides)
+        if "image_root" in over:
+            over["image_root"] = _absolute(over["image_root"])
+        paths = src.data if isinstance(src.data, str) else list(src.data)
+        return Source(
+            _absolute(paths) if isinstance(paths, str) else [_absolute(q) for q in paths],
+            weight=src.weight,
+            repeat=src.repeat,
+            choose=src.choose,
+            name=src.name,
+            **over,
+        )
+
+    if isinstance(data, Source):
+        return source(data)
+    if isinstance(data, (str, os.PathLike)):
+        return _absolute(data)
+    if isinstance(data, (list, tuple)):
+        return [source(x) if isinstance(x, (Source, dict)) else _absolute(x) for x in data]
+    return data
+
+
+def _absolute_paths(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(kwargs)
+    for k in _PATH_OPTIONS:
+        if k in out and not isinstance(out[k], bool):
+            out[k] = _absolute(out[k])
+    return out
+
+
+def _alive_nodes() -> List[Dict[str, Any]]:
+    def key(n: Dict[str, Any]) -> Tuple[Any, ...]:
+        ip = n["NodeManagerAddress"]
+        parts = ip.split(".")
+        return (
+            tuple(int(x) for x in parts) if all(x.isdigit() for x in parts) else (ip,),
+            n["NodeID"],
+        )
+
+    return sorted((n for n in ray.nodes() if n.get("Alive")), key=key)
+
+
+def _slots(have: Dict[str, float], bundle: Dict[str, float], most: int) -> int:
+    """How many bundles fit in resources `have` (at most `most`)."""
+    n = most
+    for k, v in bundle.items():
+        if v > 0:
+            n = min(n, int(have.get(k, 0) / v + 1e-9))
+    return n
+
+
+def _fmt_res(r: Dict[str, float]) -> str:
+    keep = {k: v for k, v in r.items() if not k.startswith(("node:", "memory", "object_store"))}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(keep.items())) + "}"
+
+
+def _feasible_nodes(
+    bundle: Dict[str, float], n_actors: int, timeout_s: float
+) -> List[Dict[str, Any]]:
+    """Alive nodes whose total resources hold the bundle; ConfigError within seconds when
+    all of them together can never hold n_actors bundles (not after timeout_s: no amount of
+    waiting frees resources a cluster does not have; a few seconds for nodes joining)."""
+    deadline = time.monotonic() + min(5.0, timeout_s)
+    while True:
+        nodes = _alive_nodes()
+        fit = [n for n in nodes if _slots(n["Resources"], bundle, 1)]
+        if sum(_slots(n["Resources"], bundle, n_actors) for n in fit) >= n_actors:
+            return fit
+        if time.monotonic() >= deadline:
+            have = "; ".join(
+                f"{n['NodeManagerAddress']}: {_fmt_res(n['Resources'])}" for n in nodes
+            )
+            raise ConfigError(
+                f"cannot place {n_actors} producers with {bundle} each: the cluster can "
+                f"never hold them (its nodes: {have}); lower producers or "
+                "producer_resources, or add nodes with these resources"
+            )
+        time.sleep(0.5)
+
+
+def _spread(
+    nodes: List[Dict[str, Any]], me: str, bundle: Dict[str, float], n: int, rank: int, size: int
+) -> List[str]:
+    """Rank-aware placement: actor i of rank r goes to data node (offset_r + i) mod D, with
+    the ranks' offsets spread evenly over the D nodes (every rank sorts the same node list),
+    so that when all ranks take their j-th batch they pull from different nodes, and each
+    rank's batches come from every node in turn.  This node is left out while others can
+    hold the producers (its link is the trainer's own).  A node gets no more of this rank's
+    actors than its total resources hold."""
+    others = [x for x in nodes if x["NodeID"] != me]
+    if sum(_slots(x["Resources"], bundle, n) for x in others) >= n:
+        nodes = others
+    d = len(nodes)
+    offset = (rank * d) // max(1, size)
+    room = [_slots(x["Resources"], bundle, n) for x in nodes]
+    out: List[str] = []
+    i = offset
+    while len(out) < n:
+        k = i % d
+        if room[k] > 0:
+            room[k] -= 1
+            out.append(nodes[k]["NodeID"])
+        i += 1
+    return out
+
+
+def _start_error(e: BaseException, where: str) -> BaseException:
+    """The Error for a producer that failed to start on node `where`."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, Error):
+        return type(cause)(f"{cause} (producer on {where})")
+    text = str(e)
+    if "No module named 'mmloader" in text or ("mmloader" in text and "ImportError" in text):
+        return Error(
+            f"mmloader is not importable on {where}, so no producer can run there: install "
+            f"it on that node (the same version as here, {__version__}: pip install "
+            f"mmloader=={__version__}), or ship it with ray.init(runtime_env=...) "
+            f"({text.strip().splitlines()[-1][:300]})"
+        )
+    if isinstance(cause, BaseException):
+        return Error(f"a producer failed to start on {where}: {type(cause).__name__}: {cause}")
+    return Error(f"a producer failed to start on {where}: {text[-1000:]}")
 
 
 def loaders(data: Any, *, dp_size: int, **kwargs: Any) -> List[Loader]:

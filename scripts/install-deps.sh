@@ -21,7 +21,8 @@ APT_PKGS="build-essential pkg-config $(awk -v t="$test" '!/^#/ && NF && ($6 != "
   t == "--test") { print $5 }' csrc/system-libs.txt)"
 # the ffmpeg CLI: tests compare the video decoder with Debian's own FFmpeg conversion
 # (clang-format comes pinned from PyPI: requirements-test.txt)
-[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg"
+# iproute2 (ip, tc): the emulated multi-node cluster of tests/test_ray_netcluster.py
+[ -z "$test" ] || APT_PKGS="$APT_PKGS ffmpeg iproute2"
 . scripts/python.sh
 venv=""
 case $PYTHON in "$PWD/.venv/"*) venv=1 ;; esac
