@@ -15,7 +15,18 @@ import os
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
+from typing import (
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+    cast,
+)
 
 from . import _core, _options, mixture
 from ._core import ConfigError, StateError
@@ -249,6 +260,73 @@ def _tokenizer_identity(tok: Any) -> str:
     h = hashlib.sha256(str(tok.vocab_size).encode())
     h.update(json.dumps(tok.encode(_PROBE)).encode())
     return h.hexdigest()[:16]
+
+
+class SourceStats(TypedDict):
+    """One source's part of :meth:`Loader.stats` (``stats()["sources"][name]``)."""
+
+    num_samples: int
+    per_epoch: int
+    samples: int
+    skipped: int
+    skipped_by_reason: Dict[str, int]
+    tokens: int
+    image_tokens: int
+    bytes: int
+    share: float
+    expected_share: float
+
+
+class _RemoteStats(TypedDict, total=False):
+    fetch: Dict[str, Any]  # remote data only: requests, retries, latency
+
+
+class LoaderStats(_RemoteStats):
+    """What :meth:`Loader.stats` returns (its docstring says what each key means)."""
+
+    wait_time_ratio: float
+    wait_s: float
+    wall_s: float
+    read_s: float
+    vision_s: float
+    decode_s: float
+    tokenize_s: float
+    collate_s: float
+    queue_depth: int
+    prefetch: int
+    window: int
+    in_flight: int
+    num_threads: int
+    samples: int
+    good_samples: int
+    skipped: int
+    batches: int
+    bytes_read: int
+    images: int
+    real_tokens: int
+    token_slots: int
+    packing_efficiency: float
+    pinned: bool
+    device: str
+    pool_cached_bytes: int
+    pool_live_bytes: int
+    pool_live_peak_bytes: int
+    pool_peak_bytes: int
+    window_bytes: int
+    scratch_mapped_bytes: int
+    scratch_mapped_peak_bytes: int
+    page_faults: int
+    page_faults_per_batch: Optional[float]
+    pixel_rows_moved: int
+    pixel_rows_expanded: int
+    pixel_rows_expanded_in_place: int
+    video_plan_waits: int
+    video_decode_waits: int
+    video_preload_peak_bytes: int
+    video_preloads_refused: int
+    video_open_peak_bytes: int
+    skipped_by_reason: Dict[str, int]
+    sources: Dict[str, SourceStats]
 
 
 # Loader keywords with no row in the option table (structured values), documented here once.
@@ -842,7 +920,7 @@ class Loader:
         return dist
 
     # ---- observability and lifetime ----------------------------------------------------
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> LoaderStats:
         """Engine statistics: wait_time_ratio (wait_s, the time blocked in next, / wall_s,
         the wall time since the first next), per-stage busy seconds (read_s, vision_s,
         tokenize_s, collate_s; decode_s is the decoder's part of vision_s),
@@ -888,7 +966,7 @@ class Loader:
         for s in srcs.values():
             s["share"] = s["samples"] / good if good else 0.0
             s["expected_share"] = s["per_epoch"] / self.samples_per_epoch
-        return st
+        return cast(LoaderStats, st)
 
     def close(self) -> None:
         """Stops and joins every thread; batches already delivered stay valid."""

@@ -399,7 +399,7 @@ class Loader:
         """The underlying :class:`mmloader.Loader` (batches of :class:`mmloader.Tensor`)."""
         return self._inner
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> "_loader.LoaderStats":
         """See :meth:`mmloader.Loader.stats` (includes ``packing_efficiency``)."""
         return self._inner.stats()
 
