@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import sys
 import warnings
 import weakref
@@ -71,6 +72,19 @@ def _is_remote(p: str) -> bool:
     return p.startswith(_REMOTE)
 
 
+def _file_kind(path: str) -> str:
+    m = os.stat(path).st_mode
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(m):
+            return kind
+    return "a special file"
+
+
 def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
     """Paths, globs, folders (every data file inside) or URLs -> an ordered shard list."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
@@ -103,6 +117,8 @@ def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):
             out.append(os.path.abspath(p))
+        elif os.path.exists(p):  # a FIFO, a device, a socket: never opened (it may block)
+            raise ConfigError(f"data file {p!r} is {_file_kind(p)}, not a regular file")
         else:
             raise ConfigError(f"data file {p!r} does not exist")
     return out
@@ -478,6 +494,8 @@ class Loader:
         max_record_bytes: int = _D["max_record_bytes"],
         max_json_depth: int = _D["max_json_depth"],
         max_object_bytes: int = _D["max_object_bytes"],
+        max_shard_bytes: int = _D["max_shard_bytes"],
+        max_shard_records: int = _D["max_shard_records"],
         allow_paths_outside_root: bool = _D["allow_paths_outside_root"],
         allow_remote_images_in_local_data: bool = _D["allow_remote_images_in_local_data"],
         fetch_timeout_s: float = _D["fetch_timeout_s"],

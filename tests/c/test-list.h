@@ -73,6 +73,12 @@ TEST_DECLARE(decoder_pixel_limit_before_decoding)
 TEST_DECLARE(fifo_and_devices_are_refused_without_blocking)
 TEST_DECLARE(tokenizer_empty_merge_is_an_error)
 TEST_DECLARE(folded_first_header_after_another_transfer)
+/* test-index-hostile.c */
+TEST_DECLARE(index_blank_lines_are_runs)
+TEST_DECLARE(index_limits_refuse_bombs)
+TEST_DECLARE(index_gzip_padding_and_zstd_skippable_frame)
+TEST_DECLARE(index_tar_impossible_member_size)
+TEST_DECLARE(index_non_regular_files_refused)
 /* test-index.c */
 TEST_DECLARE(test_lines_and_blanks)
 TEST_DECLARE(test_file_matches_memory_and_shards)
@@ -253,6 +259,12 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(fifo_and_devices_are_refused_without_blocking)
     TEST_ENTRY(tokenizer_empty_merge_is_an_error)
     TEST_ENTRY(folded_first_header_after_another_transfer)
+    /* test-index-hostile.c */
+    TEST_ENTRY(index_blank_lines_are_runs)
+    TEST_ENTRY(index_limits_refuse_bombs)
+    TEST_ENTRY(index_gzip_padding_and_zstd_skippable_frame)
+    TEST_ENTRY(index_tar_impossible_member_size)
+    TEST_ENTRY(index_non_regular_files_refused)
     /* test-index.c */
     TEST_ENTRY(test_lines_and_blanks)
     TEST_ENTRY(test_file_matches_memory_and_shards)

@@ -384,20 +384,25 @@ mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *pat
   memset(sh, 0, sizeof *sh);
   sh->fd = -1;
   sh->path = strdup(path);
-  sh->blank_lines = dup_section((const uint8_t *)x->blank_lines, (size_t)x->nblank * 8);
+  mml_status bst = MML_OK;
+  for (int64_t j = 0; !bst && j < x->nblank; j++) { /* blank line j follows line - 1 - j records */
+    int64_t before = x->blank_lines[j] - 1 - j;
+    bst = before < 0 || before > x->n ? MML_ERECORD : mml_index_push_blank(sh, before);
+  }
   sh->members = dup_section((const uint8_t *)x->members, (size_t)x->nmembers * sizeof(mml_member));
   sh->names = dup_section((const uint8_t *)x->names, (size_t)x->names_len);
-  if (!sh->path || !sh->blank_lines || !sh->members || !sh->names) {
+  if (!sh->path || bst || !sh->members || !sh->names) {
     free(sh->path);
-    free(sh->blank_lines);
+    free(sh->blank_runs);
     free(sh->members);
     free(sh->names);
-    return mml_err_set(err, MML_ENOMEM, "out of memory");
+    return bst == MML_ERECORD
+               ? mml_err_set(err, MML_ERECORD, "index of %s: corrupt blank lines", path)
+               : mml_err_set(err, MML_ENOMEM, "out of memory");
   }
   sh->size = x->shard_size;
   sh->first = ix->n;
   sh->count = x->n;
-  sh->nblank = x->nblank;
   sh->layout = x->layout;
   sh->compression = MML_COMPRESS_NONE;
   sh->data_end = x->data_end;

@@ -81,8 +81,8 @@ static mml_status spill_write(mml_index_builder *b, const uint8_t *p, size_t n, 
 
 /* Decompressed text: to the spill file and the scanner. */
 static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
-  mml_status st = spill_write(b, p, n, err);
-  return st ? st : ix_scan_text(b, p, n, err);
+  mml_status st = ix_scan_text(b, p, n, err); /* first: it checks the limits */
+  return st ? st : spill_write(b, p, n, err);
 }
 
 static mml_status start_raw(mml_index_builder *b, mml_err *err) {
@@ -90,9 +90,13 @@ static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   const uint8_t *h = b->head;
   if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b)
     sh->compression = MML_COMPRESS_GZIP;
-  else if (b->nhead >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd)
+  else if (b->nhead >= 4 && ((h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd) ||
+                             ((h[0] & 0xf0) == 0x50 && h[1] == 0x2a && h[2] == 0x4d &&
+                              h[3] == 0x18))) /* a zstd frame, or a skippable frame first */
     sh->compression = MML_COMPRESS_ZSTD;
   b->sniffed = 1;
+  if (sh->compression != MML_COMPRESS_NONE || mml_path_is_remote(sh->path))
+    b->max_text = b->ix->limits.max_text_bytes;
   if (sh->compression == MML_COMPRESS_NONE) return MML_OK;
   if (!(b->zbuf = malloc(CHUNK))) return ix_oom(b, err);
   char dir[4096];
@@ -115,7 +119,9 @@ static mml_status feed_gzip(mml_index_builder *b, const uint8_t *p, size_t n, mm
   b->z.next_in = (Bytef *)p;
   b->z.avail_in = (uInt)n;
   while (b->z.avail_in > 0) {
-    if (b->z_ended) { /* another gzip member follows */
+    if (b->z_ended) { /* zero padding (as gzip -t and Python allow), or another member */
+      while (b->z.avail_in && !*b->z.next_in) b->z.next_in++, b->z.avail_in--;
+      if (!b->z.avail_in) break;
       inflateReset(&b->z);
       b->z_ended = 0;
     }
@@ -262,7 +268,7 @@ mml_status mml_index_end(mml_index_builder *b, mml_err *err) {
     } else if (sh->layout == MML_LAYOUT_JSONL) {
       sh->data_end = b->pos;
       /* A last line without '\n' still counts; an empty tail after the final '\n' does not. */
-      if ((b->content || b->line_start < b->pos) && ix_end_line(b, b->pos)) st = ix_oom(b, err);
+      if (b->content || b->line_start < b->pos) st = ix_end_line(b, b->pos, err);
     } else if (b->js != J_DONE) {
       if (b->js == J_ELEM && !(b->scalar && !b->in_str && b->depth == 0))
         st = ix_json_error(b, err,
@@ -293,7 +299,7 @@ void mml_index_abort(mml_index_builder *b) {
   mml_index_shard *sh = shard_of(b); /* always the last shard */
   ix->n = sh->first;
   free(sh->path);
-  free(sh->blank_lines);
+  free(sh->blank_runs);
   free(sh->members);
   free(sh->names);
   if (sh->fd >= 0) close(sh->fd);
@@ -313,13 +319,59 @@ mml_status mml_index_add_bytes(mml_index *ix, const char *path, mml_layout want,
   return mml_index_end(b, err);
 }
 
+/* Member data of a plain tar that the scan would pass over unread now (0: none). */
+static int64_t skippable(const mml_index_builder *b) {
+  const mml_index_shard *sh = shard_of((mml_index_builder *)b);
+  if (!b->sniffed || sh->compression != MML_COMPRESS_NONE || sh->layout != MML_LAYOUT_WDS ||
+      b->ext_kind || b->tar_end)
+    return 0;
+  return b->skip;
+}
+
+/* Seeks fd past the member data the scan would skip (a WebDataset shard of large members
+ * is indexed from its headers alone), never past the file's end (a member cut short
+ * stays a truncated tar). */
+static void seek_members(mml_index_builder *b, int fd, int64_t file_size) {
+  int64_t k = skippable(b);
+  if (k < CHUNK) return;
+  off_t cur = lseek(fd, 0, SEEK_CUR);
+  if (cur < 0 || cur >= file_size) return;
+  if (k > file_size - cur) k = file_size - cur;
+  if (lseek(fd, (off_t)k, SEEK_CUR) < 0) return;
+  b->skip -= k;
+  b->pos += k;
+  b->raw_off += k;
+}
+
+static const char *file_kind(mode_t m) {
+  return S_ISFIFO(m)   ? "FIFO (named pipe)"
+         : S_ISCHR(m)  ? "character device"
+         : S_ISBLK(m)  ? "block device"
+         : S_ISSOCK(m) ? "socket"
+         : S_ISDIR(m)  ? "folder"
+                       : "special file";
+}
+
 mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     return mml_err_set(err, e == ENOENT || e == ENOTDIR ? MML_ENOENT : MML_EIO, "data shard %s: %s",
                        path, strerror(e));
   }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    int e = errno;
+    close(fd);
+    return mml_err_set(err, MML_EIO, "data shard %s: %s", path, strerror(e));
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    close(fd);
+    return mml_err_set(err, MML_ECONFIG, "data shard %s is a %s, not a regular file: refused", path,
+                       file_kind(sb.st_mode));
+  }
+  const int64_t size = (int64_t)sb.st_size;
   uint8_t *buf = malloc(CHUNK);
   mml_index_builder *b = NULL;
   mml_status st = buf ? mml_index_begin(ix, path, want, &b, err)
@@ -333,6 +385,7 @@ mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, 
     }
     if (r == 0) break;
     st = mml_index_feed(b, buf, (size_t)r, err);
+    if (!st) seek_members(b, fd, size);
   }
   free(buf);
   close(fd);
@@ -346,7 +399,7 @@ mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, 
 void mml_index_free(mml_index *ix) {
   for (int i = 0; i < ix->nshards; i++) {
     free(ix->shards[i].path);
-    free(ix->shards[i].blank_lines);
+    free(ix->shards[i].blank_runs);
     free(ix->shards[i].members);
     free(ix->shards[i].names);
     if (ix->shards[i].fd >= 0) close(ix->shards[i].fd);
@@ -390,9 +443,16 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
     *where = k;
     return;
   }
-  int64_t ln = k + 1; /* the (k+1)-th non-blank line */
-  for (int64_t b = 0; b < sh->nblank && sh->blank_lines[b] <= ln; b++) ln++;
-  *where = ln;
+  int64_t r0 = 0, r1 = sh->nruns; /* the first run after record k: binary search */
+  while (r0 < r1) {
+    int64_t mid = r0 + (r1 - r0) / 2;
+    if (sh->blank_runs[mid].before <= k)
+      r0 = mid + 1;
+    else
+      r1 = mid;
+  }
+  /* the (k+1)-th non-blank line, after the blank lines of the runs before it */
+  *where = k + 1 + (r0 ? sh->blank_runs[r0 - 1].through : 0);
 }
 
 size_t mml_index_record_len(const mml_index_shard *sh, const uint8_t *data, size_t len) {

@@ -25,7 +25,8 @@ struct mml_index_builder {
   uint8_t head[512]; /* the first bytes, held until there are enough to tell the format */
   size_t nhead;
   int sniffed;
-  int64_t raw_off; /* stored bytes consumed */
+  int64_t raw_off;  /* stored bytes consumed */
+  int64_t max_text; /* limits.max_text_bytes for a compressed or remote shard, else 0 */
   z_stream z;
   int z_init, z_ended; /* z_ended: the last gzip member ended exactly at the input's end */
   ZSTD_DStream *zs;
@@ -62,11 +63,11 @@ static inline mml_index_shard *shard_of(mml_index_builder *b) { return &b->ix->s
 static inline int is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
 /* index_scan.c: the text layer.  scan_text takes the next (decompressed) text bytes;
- * end_line closes the current JSONL line at next_start; tar_close_group ends the open
- * WebDataset group; json_error formats an error naming the shard; oom an out-of-memory
- * error naming it.  Nonzero returns of end_line / tar_close_group mean out of memory. */
+ * end_line closes the current JSONL line at next_start (failing past max_records);
+ * tar_close_group ends the open WebDataset group (nonzero: out of memory); json_error
+ * formats an error naming the shard; oom an out-of-memory error naming it. */
 mml_status ix_scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_err *err);
-mml_status ix_end_line(mml_index_builder *b, int64_t next_start);
+mml_status ix_end_line(mml_index_builder *b, int64_t next_start, mml_err *err);
 mml_status ix_tar_close_group(mml_index_builder *b);
 mml_status ix_oom(mml_index_builder *b, mml_err *err);
 int ix_is_image_ext(const char *name); /* a WebDataset image member's extension */

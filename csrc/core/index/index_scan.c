@@ -30,15 +30,49 @@ static mml_status push_offset(mml_index *ix, int64_t off) {
   return MML_OK;
 }
 
-static mml_status push_blank(mml_index_shard *sh, int64_t line) {
-  if ((sh->nblank & (sh->nblank - 1)) == 0) { /* grow at powers of two */
-    int64_t nc = sh->nblank ? sh->nblank * 2 : 4;
-    int64_t *p = realloc(sh->blank_lines, (size_t)nc * sizeof *p);
-    if (!p) return MML_ENOMEM;
-    sh->blank_lines = p;
+mml_status mml_index_push_blank(mml_index_shard *sh, int64_t records_before) {
+  if (sh->nruns && sh->blank_runs[sh->nruns - 1].before == records_before) {
+    sh->blank_runs[sh->nruns - 1].through++; /* the run goes on */
+  } else {
+    if (sh->nruns == sh->runs_cap) {
+      int64_t nc = sh->runs_cap ? sh->runs_cap * 2 : 4;
+      mml_blank_run *p = realloc(sh->blank_runs, (size_t)nc * sizeof *p);
+      if (!p) return MML_ENOMEM;
+      sh->blank_runs = p;
+      sh->runs_cap = nc;
+    }
+    sh->blank_runs[sh->nruns++] = (mml_blank_run){records_before, sh->nblank + 1};
   }
-  sh->blank_lines[sh->nblank++] = line;
+  sh->nblank++;
   return MML_OK;
+}
+
+mml_status mml_index_blank_lines(const mml_index_shard *sh, int64_t **out, int64_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (!sh->nblank) return MML_OK;
+  int64_t *p = malloc((size_t)sh->nblank * sizeof *p);
+  if (!p) return MML_ENOMEM;
+  int64_t k = 0, prev = 0;
+  for (int64_t r = 0; r < sh->nruns; r++) {
+    const mml_blank_run *run = &sh->blank_runs[r];
+    /* the run's first line follows `before` records and `prev` blank lines */
+    for (int64_t j = 0; j < run->through - prev; j++) p[k++] = run->before + prev + j + 1;
+    prev = run->through;
+  }
+  *out = p;
+  *n = k;
+  return MML_OK;
+}
+
+/* Fails the build once the shard holds more than max_records records (`what`). */
+static mml_status over_records(mml_index_builder *b, int64_t n, const char *what, mml_err *err) {
+  int64_t max = b->ix->limits.max_records;
+  if (max <= 0 || n <= max) return MML_OK;
+  return mml_err_set(err, MML_ERECORD,
+                     "data shard %s: more than max_shard_records=%lld %s (at text byte %lld); "
+                     "refused (raise max_shard_records for a genuine shard this large)",
+                     shard_of(b)->path, (long long)max, what, (long long)b->pos);
 }
 
 mml_status ix_oom(mml_index_builder *b, mml_err *err) {
@@ -48,9 +82,12 @@ mml_status ix_oom(mml_index_builder *b, mml_err *err) {
 /* ---- JSONL ------------------------------------------------------------------------- */
 
 /* Ends the current line (at a '\n' or end of file). */
-mml_status ix_end_line(mml_index_builder *b, int64_t next_start) {
+mml_status ix_end_line(mml_index_builder *b, int64_t next_start, mml_err *err) {
   mml_index_shard *sh = shard_of(b);
-  mml_status st = b->content ? push_offset(b->ix, b->line_start) : push_blank(sh, b->line_no);
+  mml_status st = over_records(b, b->line_no, "lines (blank ones included)", err);
+  if (st) return st;
+  st = b->content ? push_offset(b->ix, b->line_start) : mml_index_push_blank(sh, sh->count);
+  if (st) return ix_oom(b, err);
   if (b->content) sh->count++;
   b->line_start = next_start;
   b->line_no++;
@@ -58,11 +95,12 @@ mml_status ix_end_line(mml_index_builder *b, int64_t next_start) {
   return st;
 }
 
-static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len, int64_t base) {
+static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len, int64_t base,
+                             mml_err *err) {
   for (size_t i = 0; i < len; i++) {
     uint8_t c = p[i];
     if (c == '\n') {
-      mml_status st = ix_end_line(b, base + (int64_t)i + 1);
+      mml_status st = ix_end_line(b, base + (int64_t)i + 1, err);
       if (st) return st;
     } else if (!b->content && c != ' ' && c != '\t' && c != '\r') {
       b->content = 1;
@@ -86,6 +124,8 @@ static const char *show(uint8_t c, char buf[8]) {
 }
 
 static mml_status start_elem(mml_index_builder *b, uint8_t c, int64_t at, mml_err *err) {
+  mml_status st = over_records(b, shard_of(b)->count + 1, "array elements", err);
+  if (st) return st;
   if (push_offset(b->ix, at)) return ix_oom(b, err);
   shard_of(b)->count++;
   b->elem_start = at;
@@ -332,7 +372,8 @@ static mml_status tar_member(mml_index_builder *b, const char *name, int64_t off
   return MML_OK;
 }
 
-/* A pax extended header: "LEN key=value\n" records; path and size matter here. */
+/* A pax extended header: "LEN key=value\n" records; path and size matter here.  A size
+ * that is not a plain decimal number in range is kept as -2 (refused by tar_header). */
 static void tar_pax(mml_index_builder *b) {
   const char *p = (const char *)b->ext.data, *e = p + b->ext.len;
   while (p < e) {
@@ -344,7 +385,11 @@ static void tar_pax(mml_index_builder *b) {
       free(b->next_name);
       b->next_name = strndup(kv + 5, (size_t)(end - kv - 5));
     } else if (end - kv > 5 && !memcmp(kv, "size=", 5)) {
-      b->next_size = strtoll(kv + 5, NULL, 10);
+      int64_t v = 0;
+      const char *d = kv + 5;
+      for (; d < end && *d >= '0' && *d <= '9' && v <= (INT64_MAX - 9) / 10; d++)
+        v = v * 10 + (*d - '0');
+      b->next_size = d == end ? v : -2;
     }
     p += n;
   }
@@ -360,8 +405,11 @@ static mml_status tar_header(mml_index_builder *b, const uint8_t *h, int64_t at,
   }
   if (!tar_checksum_ok(h)) return tar_error(b, err, "not a tar archive (bad header checksum)", at);
   int64_t size = tar_num(h + 124, 12);
-  if (size < 0) return tar_error(b, err, "bad member size in the tar header", at);
-  if (b->next_size >= 0) size = b->next_size;
+  if (b->next_size != -1) size = b->next_size; /* -2: a pax size that is not a number */
+  /* rounded up to whole blocks below without overflow (a member larger than the data
+   * left ends as a truncated tar; readers check sizes against max_object_bytes) */
+  if (size < 0 || size > INT64_MAX - 511)
+    return tar_error(b, err, "bad or impossible member size in the tar header", at);
   char type = (char)h[156];
   b->skip = (size + 511) / 512 * 512;
   if (type == 'L' || type == 'x') {
@@ -389,7 +437,8 @@ static mml_status tar_header(mml_index_builder *b, const uint8_t *h, int64_t at,
       else
         snprintf(buf, sizeof buf, "%s", nm);
     }
-    if (tar_member(b, name, at + 512, size)) st = ix_oom(b, err);
+    st = over_records(b, shard_of(b)->nmembers + 1, "tar members", err);
+    if (!st && tar_member(b, name, at + 512, size)) st = ix_oom(b, err);
   }
   free(b->next_name);
   b->next_name = NULL;
@@ -447,6 +496,14 @@ static int has_tar_name(const char *path) {
 
 mml_status ix_scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_err *err) {
   if (!len) return MML_OK;
+  if (b->max_text > 0 && (int64_t)len > b->max_text - b->pos)
+    return mml_err_set(err, MML_ERECORD,
+                       "data shard %s: its %s text passes max_shard_bytes=%lld bytes (after %lld "
+                       "stored bytes); refused, a likely compression bomb (raise max_shard_bytes "
+                       "for a genuine shard this large)",
+                       shard_of(b)->path,
+                       shard_of(b)->compression != MML_COMPRESS_NONE ? "decompressed" : "streamed",
+                       (long long)b->max_text, (long long)b->raw_off);
   int64_t base = b->pos;
   b->pos += (int64_t)len;
   mml_index_shard *shd = shard_of(b);
@@ -465,16 +522,17 @@ mml_status ix_scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_
     size_t i = 0;
     while (i < len && is_ws(p[i])) i++;
     if (b->want != MML_LAYOUT_JSON) { /* blanks so far count as JSONL blank lines */
-      if (scan_lines(b, p, i, base)) return ix_oom(b, err);
+      mml_status st = scan_lines(b, p, i, base, err);
+      if (st) return st;
     }
     if (i == len) return MML_OK;
     b->decided = 1;
     mml_index_shard *sh = shard_of(b);
     if (b->want == MML_LAYOUT_JSON || (b->want == MML_LAYOUT_AUTO && p[i] == '[')) {
       sh->layout = MML_LAYOUT_JSON;
-      free(sh->blank_lines);
-      sh->blank_lines = NULL;
-      sh->nblank = 0;
+      free(sh->blank_runs);
+      sh->blank_runs = NULL;
+      sh->nruns = sh->runs_cap = sh->nblank = 0;
       b->js = J_OPEN;
     } else {
       sh->layout = MML_LAYOUT_JSONL;
@@ -482,5 +540,5 @@ mml_status ix_scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_
     p += i, len -= i, base += (int64_t)i;
   }
   if (shard_of(b)->layout == MML_LAYOUT_JSON) return scan_json(b, p, len, base, err);
-  return scan_lines(b, p, len, base) ? ix_oom(b, err) : MML_OK;
+  return scan_lines(b, p, len, base, err);
 }

@@ -123,6 +123,10 @@ static mml_status media_head(bworker *w, int64_t gi, const char *ref, int64_t wa
   if (mml_is_data_uri(ref)) return mml_data_uri_decode(ref, dst, err);
   int64_t off = 0, len = -1;
   if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) { /* a WebDataset member */
+    if (len > L->cfg.max_object_bytes) /* as the loader does: from its tar header */
+      return mml_err_set(err, MML_EOBJECTSIZE,
+                         "%s: member %s is %lld bytes, above max_object_bytes=%lld", b->sh->path,
+                         ref, (long long)len, (long long)L->cfg.max_object_bytes);
     int64_t n = want >= 0 && want < len ? want : len;
     *whole = n == len;
     if (!mml_index_shard_remote(b->sh))
@@ -594,8 +598,9 @@ static mml_status finish(build *b, const mml_dsx *id, const result *r, const cha
   x.offsets = b->L->ix.offsets + sh->first;
   x.samples = r->s;
   x.images = r->img;
-  x.blank_lines = sh->blank_lines;
-  x.nblank = sh->nblank;
+  if (mml_index_blank_lines(sh, &x.blank_lines, &x.nblank))
+    return mml_err_set(err, MML_ENOMEM, "out of memory listing %lld blank lines",
+                       (long long)sh->nblank);
   x.members = sh->members;
   x.nmembers = sh->nmembers;
   x.names = sh->names;
@@ -604,6 +609,7 @@ static mml_status finish(build *b, const mml_dsx *id, const result *r, const cha
   mml_status st = mml_dsx_serialize(&x, &bytes, err);
   if (!st) st = mml_dsx_write_file(out, bytes.data, bytes.len, err);
   mml_bytes_free(&bytes);
+  free(x.blank_lines);
   return st;
 }
 

@@ -296,6 +296,13 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
   int64_t off = 0, len = -1;
   mml_status st;
   int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len);
+  if (member && len > L->cfg.max_object_bytes) { /* its tar header's size, before any read */
+    st = mml_err_set(err, MML_EOBJECTSIZE,
+                     "%s: member %s is %lld bytes, above max_object_bytes=%lld", sh->path, ref,
+                     (long long)len, (long long)L->cfg.max_object_bytes);
+    ld_err_media(err, &t->rec, i);
+    return st;
+  }
   if (member) { /* a WebDataset member: a range of the shard itself */
     mml_bytes_clear(&t->path);
     if (mml_bytes_append(&t->path, sh->path, strlen(sh->path) + 1))

@@ -11,6 +11,8 @@
  */
 #include "mml/options.h"
 
+#include "mml/index.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -284,7 +286,19 @@ static const mml_option k_options[] = {
      NULL, FP, "Skip records nested deeper (reason \"bad_record\")."},
     {"max_object_bytes", MML_OPT_INT, CFG(max_object_bytes), MML_DEFAULT_MAX_OBJECT_BYTES, 1, I64,
      NULL, FP,
-     "Skip samples with a larger encoded image, local or remote (reason \"object_too_large\")."},
+     "Skip samples with a larger encoded image, local or remote (reason \"object_too_large\"). A "
+     "WebDataset member is checked from its tar header, before it is read."},
+    /* per-shard limits: a shard over one is refused (hostile or corrupt data) */
+    {"max_shard_bytes", MML_OPT_INT, CFG(max_shard_bytes), MML_DEFAULT_MAX_SHARD_BYTES, 1, I64,
+     NULL, 0,
+     "Refuse a .gz/.zst or remote shard whose text passes this many bytes (compression bombs). "
+     "mmloader.SampleError names the shard and the limit: a .gz/.zst shard whose decompressed "
+     "text, or a remote shard whose streamed text, passes it (the decompressed copy lives in "
+     "$TMPDIR; the default is 8 GiB)."},
+    {"max_shard_records", MML_OPT_INT, CFG(max_shard_records), MML_DEFAULT_MAX_SHARD_RECORDS, 1,
+     I64, NULL, 0,
+     "Refuse a shard of more JSONL lines (blank ones too), array elements or tar members. The "
+     "default 2**24 = 16,777,216 is 128 MiB of index."},
     {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
      "False confines image paths to the image root (for untrusted data). True (default, as in "
      "earlier releases): image paths may be absolute, use ``..`` or follow symlinks anywhere.  "

@@ -1,8 +1,9 @@
 /*
  * mml/index.h — the sample index of a list of data shards: where each sample starts, so
  * any sample can be read with one positioned read (or one ranged GET) without keeping
- * the text in memory.  8 bytes per sample, plus the 1-based line numbers of blank lines
- * (rare) so messages can name the exact line.
+ * the text in memory.  8 bytes per sample, plus 16 bytes per run of blank lines (however
+ * long) so messages can name the exact line: a sample's line number is found by binary
+ * search over the runs (O(log runs)).
  *
  * Shard formats (mml_index_begin; the layout is chosen by content, `want` overrides):
  *   JSONL       one record per non-blank line ('\n'-separated; "\r\n" is fine).
@@ -34,6 +35,18 @@
  * Building streams the bytes once through mml_index_feed in chunks of any size (files
  * are read 1 MiB at a time; remote objects arrive as ranged GETs from the caller).
  *
+ * Limits (mml_index.limits; hostile shards, issue 29): a build fails, naming the shard and
+ * the limit, once a shard's text passes max_text_bytes (checked for compressed and remote
+ * shards: the decompressed copy in $TMPDIR, the streamed bytes; a local plain file's size
+ * is what it is) or once it holds more than max_records records (JSONL lines, blank ones
+ * included; JSON array elements; tar members).  So a compression bomb costs at most
+ * max_text_bytes of disk and max_records * 8 bytes of memory, and stops early.  A tar
+ * member's size is checked from its header with overflow-safe arithmetic; readers check
+ * a member's size against their own limit before they read it.
+ *
+ * Formats accepted as their tools do: gzip members may be followed (or separated) by
+ * zero bytes (gzip -t, Python's gzip); a zstd stream may start with a skippable frame.
+ *
  * Threads: build from one thread; a built index is immutable and shared.
  */
 #ifndef MML_INDEX_H
@@ -56,13 +69,21 @@ typedef struct mml_member {
 
 typedef enum { MML_COMPRESS_NONE = 0, MML_COMPRESS_GZIP, MML_COMPRESS_ZSTD } mml_compression;
 
+/* A run of consecutive blank JSONL lines: `before` records (non-blank lines) precede it,
+ * `through` blank lines precede its end (this run's included).  Runs are sorted and
+ * `before` strictly increases, so a record's line is found by binary search. */
+typedef struct mml_blank_run {
+  int64_t before, through;
+} mml_blank_run;
+
 typedef struct mml_index_shard {
-  char *path;           /* as given: local path or URL */
-  int64_t size;         /* bytes as stored (compressed size for a compressed shard) */
-  int64_t first;        /* global index of its first sample */
-  int64_t count;        /* samples in it */
-  int64_t *blank_lines; /* JSONL: sorted 1-based numbers of blank lines */
-  int64_t nblank;
+  char *path;                /* as given: local path or URL */
+  int64_t size;              /* bytes as stored (compressed size for a compressed shard) */
+  int64_t first;             /* global index of its first sample */
+  int64_t count;             /* samples in it */
+  mml_blank_run *blank_runs; /* JSONL: its blank lines, as runs */
+  int64_t nruns, runs_cap;
+  int64_t nblank;    /* blank lines in all */
   mml_layout layout; /* JSONL or JSON (never AUTO once built) */
   mml_compression compression;
   int64_t data_end; /* end of the last record's byte range (text offsets) */
@@ -75,7 +96,18 @@ typedef struct mml_index_shard {
   size_t names_len, names_cap;
 } mml_index_shard;
 
+/* The loader's defaults of the limits (options max_shard_bytes, max_shard_records). */
+#define MML_DEFAULT_MAX_SHARD_BYTES ((int64_t)8 << 30)   /* 8 GiB */
+#define MML_DEFAULT_MAX_SHARD_RECORDS ((int64_t)1 << 24) /* 16,777,216: 128 MiB of offsets */
+
+/* Bounds on one shard's build (0: none); see "Limits" above. */
+typedef struct mml_index_limits {
+  int64_t max_text_bytes; /* compressed or remote shards: bytes of text */
+  int64_t max_records;    /* JSONL lines (blank ones too), array elements, tar members */
+} mml_index_limits;
+
 typedef struct mml_index {
+  mml_index_limits limits; /* set before shards are added */
   mml_index_shard *shards;
   int nshards;
   int64_t n;        /* samples in all shards */
@@ -106,6 +138,12 @@ void mml_index_free(mml_index *ix);
  * more than the record (blank lines; ',' between elements): mml_index_record_len cuts it. */
 void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, int64_t *len,
                       int64_t *where);
+/* The 1-based numbers of a JSONL shard's blank lines, expanded from its runs into *out
+ * (malloc'd; *n of them; NULL when none).  For the dataset index file, which lists them. */
+mml_status mml_index_blank_lines(const mml_index_shard *sh, int64_t **out, int64_t *n);
+/* Appends blank line `line` (1-based, after every earlier one) to the shard's runs, given
+ * the records before it.  (The scanner, and the dataset index's loader.) */
+mml_status mml_index_push_blank(mml_index_shard *sh, int64_t records_before);
 /* Length of the record at the start of the bytes read for a located range. */
 size_t mml_index_record_len(const mml_index_shard *sh, const uint8_t *data, size_t len);
 /* Reads the located range [off, off + len) of a shard that is readable locally (a plain

@@ -96,6 +96,11 @@ typedef struct mml_loader_cfg {
   int max_json_depth;        /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
   int64_t max_object_bytes;  /* object_too_large: one image file or object, refused before
                               it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
+  /* Per-shard limits (mml/index.h: a shard over one fails the build); 0: the default. */
+  int64_t max_shard_bytes;   /* text of a compressed or remote shard; default
+                              MML_DEFAULT_MAX_SHARD_BYTES */
+  int64_t max_shard_records; /* lines, elements or members of a shard; default
+                              MML_DEFAULT_MAX_SHARD_RECORDS */
   /* Path policy (path_refused, checked before opening anything); the option table's
    * defaults are 1 (as in earlier releases), a zeroed cfg is the confined policy. */
   int allow_paths_outside_root; /* 0: relative image references must stay inside the image

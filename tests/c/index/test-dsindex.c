@@ -29,8 +29,12 @@ static void make(mml_index *ix, mml_dsx *x, mml_dsx_sample *s, mml_dsx_image *im
   x->data_end = sh->data_end;
   x->n = sh->count;
   x->offsets = ix->offsets;
-  x->blank_lines = sh->blank_lines;
-  x->nblank = sh->nblank;
+  static int64_t blank[8]; /* the file lists blank lines; the index keeps runs */
+  int64_t *bl;
+  mml_index_blank_lines(sh, &bl, &x->nblank);
+  if (x->nblank) memcpy(blank, bl, (size_t)x->nblank * sizeof *bl);
+  free(bl);
+  x->blank_lines = blank;
   int64_t k = 0;
   for (int64_t i = 0; i < x->n; i++) {
     s[i] = (mml_dsx_sample){(uint32_t)(10 + i), (uint16_t)i, 0, 0};
