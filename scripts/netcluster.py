@@ -196,6 +196,9 @@ class NetCluster:
             pp = [ROOT] + pp
         env["PYTHONPATH"] = os.pathsep.join(pp)
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # every node sees the whole machine's memory, shared with other jobs: Ray's OOM
+        # killer would kill this cluster's workers for memory others use
+        env["RAY_memory_monitor_refresh_ms"] = "0"
         env.pop("RAY_ADDRESS", None)
         return env
 

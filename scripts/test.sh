@@ -22,6 +22,10 @@ step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"
   if [ $rc -eq 0 ]; then summary+=("ok      $name ($((SECONDS - t0))s)")
   else summary+=("FAILED  $name (exit $rc, $((SECONDS - t0))s)"); status=1; fi
 }
+# LLaMA-Factory's own venv for tests/test_recipe_llamafactory.py (made once; when it
+# cannot be made those tests skip, saying so, and the run goes on)
+step "LLaMA-Factory venv (scripts/setup-llamafactory.sh)" bash -c 'bash scripts/setup-llamafactory.sh ||
+  echo "[mmloader] no LLaMA-Factory venv: tests/test_recipe_llamafactory.py skips"'
 step "formatting (scripts/format.sh --check)" bash scripts/format.sh --check
 step "types (mypy)" "$PY" -m mypy
 step "pytest (${PY})" "$PY" -m pytest -q -m "not slow and not gpu" "$@"

@@ -219,8 +219,8 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
     mml_source_cfg *s = &m->sources[i];
-    const char *labels, *space;
-    long long choose, maxlen;
+    const char *labels, *space, *recipe;
+    long long choose, maxlen, cutoff, mask, prompt, think;
     int e;
     if (!PyDict_Check(d)) {
       PyErr_SetString(ms->ConfigError, "sources entries must be dicts");
@@ -235,7 +235,9 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         get_str(ms, d, "image_root", &s->image_root) ||
         get_str(ms, d, "system_prompt", &s->system_prompt) ||
         get_str(ms, d, "label_mode", &labels) || get_str(ms, d, "image_whitespace", &space) ||
-        get_ll(ms, d, "max_length", 0, &maxlen))
+        get_ll(ms, d, "max_length", 0, &maxlen) || get_str(ms, d, "recipe", &recipe) ||
+        get_ll(ms, d, "cutoff_len", 0, &cutoff) || get_ll(ms, d, "mask_history", 0, &mask) ||
+        get_ll(ms, d, "train_on_prompt", 0, &prompt) || get_ll(ms, d, "enable_thinking", 0, &think))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
       PyErr_SetString(ms->ConfigError, "a source's vision must be a dict");
@@ -248,6 +250,12 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
     s->label_mode = (mml_label_mode)e;
     if (source_enum(ms, "image_whitespace", space, &e)) return -1;
     s->image_space = (mml_image_space)e;
+    if (source_enum(ms, "recipe", recipe, &e)) return -1;
+    s->recipe = e;
+    s->lf = (mml_lf_opts){.cutoff_len = cutoff,
+                          .mask_history = mask != 0,
+                          .train_on_prompt = prompt != 0,
+                          .enable_thinking = think != 0};
   }
   c->sources = m->sources;
   c->nsources = m->nsources;

@@ -72,6 +72,13 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
            src->image_root ? "" : "shard-folder:", (unsigned long long)root,
            (long long)v->video_min_pixels, (long long)v->video_max_pixels, v->video_family,
            MML_DSX_VIDEOS);
+  if (sc->recipe) { /* token counts follow the recipe (truncation, thinking) */
+    size_t used = strlen(text);
+    snprintf(text + used, sizeof text - used,
+             " recipe=%d cutoff_len=%lld mask_history=%d train_on_prompt=%d enable_thinking=%d",
+             sc->recipe, (long long)sc->lf.cutoff_len, sc->lf.mask_history, sc->lf.train_on_prompt,
+             sc->lf.enable_thinking);
+  }
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   src->index_key = mml_hash_bytes(0, text, strlen(text));

@@ -90,6 +90,8 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
   if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
+  if (!st && sc->recipe == MML_RECIPE_LLAMA_FACTORY)
+    st = mml_template_set_llama_factory(src->tmpl, &sc->lf, err);
   if (st) {
     if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
     return st;
@@ -102,23 +104,30 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   return ld_index_source_key(L, src, sc, err);
 }
 
+/* Plain data: one source with the loader's settings. */
+static mml_source_cfg the_one_source(const mml_loader_cfg *cfg) {
+  return (mml_source_cfg){.name = "data",
+                          .data = cfg->data,
+                          .ndata = cfg->ndata,
+                          .weight = -1,
+                          .repeat = -1,
+                          .choose = -1,
+                          .image_root = cfg->image_root,
+                          .vision = cfg->vision,
+                          .system_prompt = cfg->system_prompt,
+                          .label_mode = cfg->label_mode,
+                          .image_space = cfg->image_space,
+                          .max_length = cfg->max_length,
+                          .recipe = cfg->recipe,
+                          .lf = cfg->lf};
+}
+
 mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   mml_source_cfg one;
   const mml_source_cfg *scs = cfg->sources;
   int n = cfg->nsources, mixture = scs && n > 0;
-  if (!mixture) { /* plain data: one source with the loader's settings */
-    one = (mml_source_cfg){.name = "data",
-                           .data = cfg->data,
-                           .ndata = cfg->ndata,
-                           .weight = -1,
-                           .repeat = -1,
-                           .choose = -1,
-                           .image_root = cfg->image_root,
-                           .vision = cfg->vision,
-                           .system_prompt = cfg->system_prompt,
-                           .label_mode = cfg->label_mode,
-                           .image_space = cfg->image_space,
-                           .max_length = cfg->max_length};
+  if (!mixture) {
+    one = the_one_source(cfg);
     scs = &one;
     n = 1;
   }

@@ -43,6 +43,7 @@ static const char *const k_text_only[] = {"placeholder", "omit", "empty",
 static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
                                              NULL}; /* MML_PIXEL_* (mml/vision.h) */
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
+static const char *const k_recipe[] = {"processor", "llama-factory", NULL};       /* MML_RECIPE_* */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 static const char *const k_preset[] = {"qwen2-vl", "qwen2.5-vl", "qwen3-vl",
                                        NULL}; /* mmloader/presets.py PRESETS */
@@ -136,6 +137,23 @@ static const mml_option k_options[] = {
      "HF processor, LLaMA-Factory, ms-swift); \"qwen-vl-finetune\": Qwen's official "
      "fine-tuning code (user text between tags stripped, empty pieces dropped, so "
      "``\"<image>\\nWhat is it?\"`` has no newline after the image)."},
+    /* recipes: whose data path the samples follow; the llama-factory settings keep
+     * LLaMA-Factory's own names (mmloader/recipes.py fills the recipe's defaults) */
+    {"recipe", MML_OPT_ENUM, CFG(recipe), 0, 0, 0, k_recipe, FP,
+     "Whose data path the samples follow: processor or llama-factory. \"processor\": the HF "
+     "processor (default); \"llama-factory\": LLaMA-Factory's template, per-message "
+     "tokenization and truncation (see :mod:`mmloader.recipes`, docs/recipes.md)."},
+    {"cutoff_len", MML_OPT_INT, CFG(lf.cutoff_len), 0, 1, I64, NULL, FP | NONE,
+     "llama-factory: truncate to this many tokens as its infer_seqlen does. It splits source "
+     "and target (None: 2048; LLaMA-Factory's settings keep its names and defaults, "
+     "recipe=\"llama-factory\" only)."},
+    {"mask_history", MML_OPT_BOOL, CFG(lf.mask_history), 0, 0, 1, NULL, FP,
+     "llama-factory: train on the last turn only. Truncation keeps the last turns first."},
+    {"train_on_prompt", MML_OPT_BOOL, CFG(lf.train_on_prompt), 0, 0, 1, NULL, FP,
+     "llama-factory: label the prompt tokens too."},
+    {"enable_thinking", MML_OPT_BOOL, CFG(lf.enable_thinking), 0, 0, 1, NULL, FP,
+     "llama-factory, Qwen3-VL: its qwen3_vl template. An empty ``<think>`` block trained before "
+     "each answer, instead of qwen3_vl_nothink."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */

@@ -5,7 +5,8 @@
  *   LLaVA      {"image": str|[str], "conversations": [{"from": "human", "value": "<image>\n..."}]}
  *   messages   {"messages": [{"role": "user", "content": "<image>..."}], "images": [...]}
  *   HF parts   "content": [{"type": "image", "image"|"url"|"path"|"image_url": ...},
- *                          {"type": "text", "text": ...}]
+ *                          {"type": "text", "text": ...}]  ("value" for "text": LLaMA-Factory
+ *              v1; its "loss_weight" is accepted only where it equals the labels' 1/0)
  * The three mix freely: "messages"/"conversations", "role"/"from", "content"/"value" and
  * "images"/"image" are synonyms.  Images are numbered in the order they appear in the
  * conversation: an `<image>` tag in any text, or an image part without a reference of its
@@ -432,11 +433,13 @@ static mml_status add_content_part(parse_ctx *c, int msg, int k, const cJSON *pa
                          "bad record: message %d content part %d has no type, text or image", msg,
                          k);
   }
-  if (!strcmp(t, "text")) {
-    const cJSON *text = get(part, "text", NULL);
+  if (!strcmp(t, "text")) { /* "value": LLaMA-Factory's newer (v1) layout */
+    const cJSON *text = get(part, "text", "value");
     if (!cJSON_IsString(text))
       return mml_err_set(c->err, MML_ERECORD,
-                         "bad record: message %d text part %d has no string \"text\"", msg, k);
+                         "bad record: message %d text part %d has no string \"text\" (or "
+                         "\"value\")",
+                         msg, k);
     return add_text(c, msg, text->valuestring);
   }
   if (!strcmp(t, "image") || !strcmp(t, "image_url")) {
@@ -494,6 +497,18 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
   set_role(&a->msgs[i], r);
   a->msg_first_part[i] = (int)a->nparts;
+  /* LLaMA-Factory v1's per-message "loss_weight": only the weights the labels already give
+   * (1 on assistant turns, 0 elsewhere) can be honoured; others would train on other data. */
+  const cJSON *lw = cJSON_GetObjectItemCaseSensitive(m, "loss_weight");
+  if (lw && !cJSON_IsNull(lw)) {
+    const mml_role role = a->msgs[i].role;
+    const double want = role == MML_ROLE_ASSISTANT || role == MML_ROLE_FUNCTION_CALL ? 1.0 : 0.0;
+    if (!cJSON_IsNumber(lw) || lw->valuedouble != want)
+      return mml_err_set(c->err, MML_ERECORD,
+                         "bad record: message %d (role \"%s\") has loss_weight other than %g "
+                         "(only the label_mode's weights are supported)",
+                         i, a->msgs[i].role_name, want);
+  }
 
   const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
   if (!content) content = cJSON_GetObjectItemCaseSensitive(m, "value");

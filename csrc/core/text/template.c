@@ -59,6 +59,9 @@ struct mml_template {
   int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
   char *system;             /* mml_template_set_system: the default system turn's text */
   int system_set;
+  int lf_on;        /* mml_template_set_llama_factory: LLaMA-Factory's data path */
+  mml_lf_opts lf;   /* its settings */
+  int32_t think_id; /* "<think>" (-1: absent) */
 };
 
 mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err) {
@@ -115,6 +118,31 @@ mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
   return MML_OK;
 }
 
+mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o, mml_err *err) {
+  if (!o) {
+    t->lf_on = 0;
+    return MML_OK;
+  }
+  if (o->mask_history && o->train_on_prompt)
+    return mml_err_set(err, MML_ECONFIG,
+                       "mask_history is incompatible with train_on_prompt (as in LLaMA-Factory)");
+  if (t->labels != (o->mask_history ? MML_LABELS_LAST_ASSISTANT : MML_LABELS_ALL_ASSISTANT))
+    return mml_err_set(err, MML_ECONFIG,
+                       "recipe=\"llama-factory\" labels as its mask_history says: leave "
+                       "label_mode at its default");
+  if (o->enable_thinking && t->style != MML_TEMPLATE_QWEN3_VL)
+    return mml_err_set(err, MML_ECONFIG,
+                       "enable_thinking selects LLaMA-Factory's qwen3_vl template: it needs a "
+                       "Qwen3-VL preset");
+  if (o->cutoff_len < 0) return mml_err_set(err, MML_ECONFIG, "cutoff_len must be >= 1");
+  t->think_id = t->tok ? mml_tokenizer_token_to_id(t->tok, "<think>", 7) : -1;
+  if (o->enable_thinking && t->tok && t->think_id < 0)
+    return mml_err_set(err, MML_ETOKENIZER, "enable_thinking: the tokenizer has no <think> token");
+  t->lf = *o;
+  t->lf_on = 1;
+  return MML_OK;
+}
+
 void mml_template_free(mml_template *t) {
   if (t) free(t->system);
   free(t);
@@ -152,6 +180,9 @@ typedef struct out_ctx {
   char seg_stack[1024]; /* seg's storage until it outgrows it */
   mml_bytes fmt;        /* formatted tool prompt / function call text */
   mml_bytes scratch_text;
+  /* LLaMA-Factory: each pair's source and target starts (token offsets into ids) */
+  int64_t *pairs;
+  int npairs, pairs_cap;
 } out_ctx;
 
 static size_t utf8_chars(const char *s, size_t n) {
@@ -530,6 +561,100 @@ static mml_status emit_system_turn(out_ctx *o, const mml_message *m, const char 
   return emit_cstr(o, "\n", false);
 }
 
+static bool is_target(const mml_message *m) {
+  return m->role == MML_ROLE_ASSISTANT || m->role == MML_ROLE_FUNCTION_CALL;
+}
+
+/* LLaMA-Factory's conversation shape (mml/template.h, LLaMA-Factory 1.): an optional
+ * leading system message, then (user | observation, assistant | function_call) pairs. */
+static mml_status lf_check_shape(out_ctx *o) {
+  const mml_record *rec = o->rec;
+  int k0 = rec->messages[0].role == MML_ROLE_SYSTEM, n = rec->nmessages - k0;
+  for (int i = 0; i < n; i++) {
+    const mml_message *m = &rec->messages[k0 + i];
+    bool src = m->role == MML_ROLE_USER || m->role == MML_ROLE_OBSERVATION;
+    if (i % 2 ? !is_target(m) : !src)
+      return mml_err_set(o->err, MML_ERECORD,
+                         "bad record: message %d (role \"%s\"): recipe=\"llama-factory\" takes "
+                         "(user|observation, assistant|function_call) pairs after an optional "
+                         "system message, as LLaMA-Factory does (it drops other conversations)",
+                         k0 + i, m->role_name);
+  }
+  if (n < 2 || n % 2)
+    return mml_err_set(o->err, MML_ERECORD,
+                       "bad record: recipe=\"llama-factory\" needs the conversation to end with "
+                       "an assistant turn (LLaMA-Factory drops it otherwise)");
+  return MML_OK;
+}
+
+/* LLaMA-Factory: a pair boundary at the current token offset (encoding only). */
+static mml_status lf_mark(out_ctx *o) {
+  if (o->text || !o->t->lf_on) return MML_OK;
+  TRY(flush(o));
+  if (o->npairs == o->pairs_cap) {
+    int cap = o->pairs_cap ? 2 * o->pairs_cap : 16;
+    int64_t *q = realloc(o->pairs, (size_t)cap * sizeof *q);
+    if (!q) return mml_err_set(o->err, MML_ENOMEM, "template: out of memory");
+    o->pairs = q;
+    o->pairs_cap = cap;
+  }
+  o->pairs[o->npairs++] = (int64_t)o->ids->len;
+  return MML_OK;
+}
+
+static bool parts_hold(const mml_message *m, const char *needle) {
+  size_t nl = strlen(needle);
+  for (int i = 0; i < m->nparts; i++)
+    if (m->parts[i].kind == MML_PART_TEXT && memmem(m->parts[i].text, m->parts[i].len, needle, nl))
+      return true;
+  return false;
+}
+
+/* LLaMA-Factory's qwen3_vl (ReasoningTemplate, enable_thinking): the empty thought that
+ * starts a target without one, trained as the target is (mml/template.h, LLaMA-Factory 3.). */
+static mml_status lf_empty_thought(out_ctx *o, int k, int last, bool sup) {
+  const mml_template *t = o->t;
+  const mml_message *m = &o->rec->messages[k];
+  if (!t->lf_on || !t->lf.enable_thinking) return MML_OK;
+  if (t->lf.mask_history && k != last) {
+    if (parts_hold(m, "<think>\n"))
+      return mml_err_set(o->err, MML_ERECORD,
+                         "bad record: message %d: a thought in a history turn under "
+                         "mask_history + enable_thinking (LLaMA-Factory rewrites it; not "
+                         "supported)",
+                         k);
+    return MML_OK;
+  }
+  if (parts_hold(m, "<think>") || parts_hold(m, "</think>")) return MML_OK;
+  TRY(emit_cstr(o, "<think>\n\n</think>\n\n", sup));
+  return o->text ? MML_OK : flush(o); /* tokenized on its own */
+}
+
+/* One message as <|im_start|>{role}\n{content}<|im_end|>\n, supervised as the label mode
+ * says (function_call turns: the formatted call as an assistant turn). */
+static mml_status emit_turn(out_ctx *o, int k, int last) {
+  const mml_template *t = o->t;
+  const mml_message *m = &o->rec->messages[k];
+  bool call = m->role == MML_ROLE_FUNCTION_CALL;
+  bool asst = is_target(m);
+  bool sup = asst && (t->labels != MML_LABELS_LAST_ASSISTANT || k == last);
+  bool end_sup = sup && (t->labels != MML_LABELS_NO_NONFINAL_END || k == last);
+  if (!asst && k > 0 && is_target(m - 1)) TRY(lf_mark(o)); /* the next pair's source */
+  TRY(emit_marker(o, TOK_IM_START, false));
+  TRY(emit_cstr(o, call ? "assistant" : m->role_name, false));
+  TRY(emit_cstr(o, "\n", false));
+  if (asst) TRY(lf_mark(o)); /* the target: content tokenized from its first byte */
+  if (asst) TRY(lf_empty_thought(o, k, last, sup));
+  if (call) {
+    TRY(format_function_call(o, k, m));
+    TRY(emit_text(o, (const char *)o->fmt.data, o->fmt.len, sup));
+  } else {
+    TRY(emit_parts(o, m, sup));
+  }
+  TRY(emit_marker(o, TOK_IM_END, end_sup));
+  return emit_cstr(o, "\n", end_sup);
+}
+
 /* The chat template.  Qwen2-VL (and 2.5): a default system turn when the first message is
  * not a system message; every message as <|im_start|>{role}\n{content}<|im_end|>\n.
  * Qwen3-VL (Instruct): no default system turn; the system message only when first; tool
@@ -550,6 +675,10 @@ static mml_status walk(out_ctx *o) {
         rec->messages[k].role == MML_ROLE_FUNCTION_CALL)
       last = k;
 
+  if (t->lf_on) {
+    TRY(lf_check_shape(o));
+    TRY(lf_mark(o)); /* the first pair's source: the system turn too */
+  }
   bool tools = rec->tools != NULL;
   if (tools) TRY(format_tools(o, rec->tools));
   bool first_sys = rec->messages[0].role == MML_ROLE_SYSTEM;
@@ -568,6 +697,7 @@ static mml_status walk(out_ctx *o) {
       continue;
     }
     if (m->role == MML_ROLE_OBSERVATION) {
+      if (k > 0 && is_target(m - 1)) TRY(lf_mark(o));
       TRY(emit_marker(o, TOK_IM_START, false));
       TRY(emit_cstr(o, "user\n<tool_response>\n", false));
       TRY(emit_parts(o, m, false));
@@ -601,23 +731,25 @@ static mml_status walk(out_ctx *o) {
         continue;
       }
     }
-    bool call = m->role == MML_ROLE_FUNCTION_CALL;
-    bool asst = m->role == MML_ROLE_ASSISTANT || call;
-    bool sup = asst && (t->labels != MML_LABELS_LAST_ASSISTANT || k == last);
-    bool end_sup = sup && (t->labels != MML_LABELS_NO_NONFINAL_END || k == last);
-    TRY(emit_marker(o, TOK_IM_START, false));
-    TRY(emit_cstr(o, call ? "assistant" : m->role_name, false));
-    TRY(emit_cstr(o, "\n", false));
-    if (call) {
-      TRY(format_function_call(o, k, m));
-      TRY(emit_text(o, (const char *)o->fmt.data, o->fmt.len, sup));
-    } else {
-      TRY(emit_parts(o, m, sup));
-    }
-    TRY(emit_marker(o, TOK_IM_END, end_sup));
-    TRY(emit_cstr(o, "\n", end_sup));
+    TRY(emit_turn(o, k, last));
   }
   return flush(o);
+}
+
+/* LLaMA-Factory's train_on_prompt and cutoff_len (mml/template.h, LLaMA-Factory 4. and
+ * 6.) over the pairs the walk marked: pairs[2k] source, pairs[2k+1] target. */
+static mml_status lf_finish(out_ctx *o, size_t ids0) {
+  const mml_template *t = o->t;
+  if (o->npairs % 2)
+    return mml_err_set(o->err, MML_EINTERNAL, "template: %d pair marks", o->npairs);
+  if (t->lf.train_on_prompt)
+    for (int k = 0; k < o->npairs; k += 2)
+      for (int64_t i = o->pairs[k]; i < o->pairs[k + 1]; i++) o->labels->data[i] = o->ids->data[i];
+  if (t->lf.cutoff_len <= 0) return MML_OK;
+  const int32_t media[4] = {t->id[TOK_IMAGE_PAD], t->id[TOK_VIDEO_PAD], t->id[TOK_VISION_START],
+                            t->id[TOK_VISION_END]};
+  return mml_lf_truncate(o->pairs, o->npairs / 2, t->lf.cutoff_len, t->lf.mask_history, media, 4,
+                         ids0, o->ids, o->labels, o->err);
 }
 
 mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
@@ -642,6 +774,8 @@ mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scr
                .seg_cap = sizeof o.seg_stack};
   o.seg = o.seg_stack;
   mml_status st = walk(&o);
+  if (!st && t->lf_on) st = lf_finish(&o, ids0);
+  free(o.pairs);
   if (o.seg != o.seg_stack) free(o.seg);
   mml_bytes_free(&o.fmt);
   mml_bytes_free(&o.scratch_text);

@@ -96,6 +96,43 @@ mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, 
  * Call before sharing the template. */
 mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err);
 
+/* LLaMA-Factory's data path (Loader recipe="llama-factory"; its data/template.py,
+ * processor/supervised.py and processor_utils.infer_seqlen, v0.9.5):
+ *   1. the conversation must be LLaMA-Factory's shape: an optional leading system message,
+ *      then (user | observation, assistant | function_call) pairs, ending with a target;
+ *      other shapes are bad records (LLaMA-Factory drops them);
+ *   2. each message is tokenized on its own, the user turn's "<|im_start|>assistant\n"
+ *      with the source, the assistant content from its first byte (no boundary token);
+ *   3. enable_thinking (its qwen3_vl template): "<think>\n\n</think>\n\n", tokenized on its
+ *      own, starts every target whose text holds neither "<think>" nor "</think>", and is
+ *      trained (with mask_history: only the last target's; a history target holding a
+ *      "<think>\n" block, which LLaMA-Factory would rewrite, is a bad record);
+ *   4. train_on_prompt: every source token is labelled too (image pads included);
+ *   5. mask_history: only the last target is labelled (the template's label mode must be
+ *      MML_LABELS_LAST_ASSISTANT then, MML_LABELS_ALL_ASSISTANT otherwise);
+ *   6. cutoff_len > 0: pairs are taken in order (last first with mask_history) while the
+ *      running length is under cutoff_len, each cut to infer_seqlen(source, target,
+ *      cutoff_len - running) tokens from its start; later pairs are dropped.  A cut that
+ *      removes part of an image's or video's tokens is MML_ETOOLONG (the model would
+ *      refuse the sample: features and tokens would not match). */
+typedef struct mml_lf_opts {
+  int64_t cutoff_len; /* 0: no truncation */
+  int mask_history, train_on_prompt, enable_thinking;
+} mml_lf_opts;
+
+/* Switches t to LLaMA-Factory's data path (o: NULL switches it off); call before sharing.
+ * MML_ECONFIG for mask_history with train_on_prompt (LLaMA-Factory refuses them too), a
+ * label mode that does not match mask_history, or enable_thinking with qwen2-vl. */
+mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o, mml_err *err);
+
+/* LLaMA-Factory's truncation (6. above) of ids/labels[from, len): pairs[2k] and
+ * pairs[2k+1] are pair k's source and target starts (offsets into ids, from included),
+ * pair k ends where pair k+1 starts (the last at ids->len).  Kept tokens stay in order.
+ * media_ids (n of them) are the tokens that must survive whole (image and video pads). */
+mml_status mml_lf_truncate(const int64_t *pairs, int npairs, int64_t cutoff_len, int reverse,
+                           const int32_t *media_ids, int n_media, size_t from, mml_ids *ids,
+                           mml_ids *labels, mml_err *err);
+
 /* Appends ids and labels (same length) for `rec`; image_tokens[i] is the number of
  * <|image_pad|> tokens of rec->images[i] (>= 1; NULL allowed when rec has no images).
  * scratch may be NULL (one per thread otherwise).  On failure ids and labels are left at
