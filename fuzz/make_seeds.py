@@ -176,6 +176,63 @@ def dsindex():
                 put("dsindex", n + ".mmlidx", f.read())
 
 
+def shards():
+    """Shards for the shard reader (fuzz-shard.c: any layout; the tar target: WebDataset).
+    The first byte of each seed picks the feed chunk size."""
+    import gzip
+    import tarfile
+    import zlib
+
+    rec = '{"messages":[{"role":"user","content":"q%d"},{"role":"assistant","content":"a"}]}'
+    jsonl = ("\n".join([rec % 0, "", "", rec % 1, "  ", rec % 2]) + "\n").encode()
+    arr = ("[" + ", ".join(rec % i for i in range(3)) + "]").encode()
+    skippable = struct.pack("<II", 0x184D2A50, 4) + b"meta"
+    zstd_frame = None
+    try:
+        import zstandard
+
+        zstd_frame = zstandard.ZstdCompressor(level=3).compress(jsonl)
+    except ImportError:
+        pass
+    seeds = {
+        "plain.jsonl": jsonl,
+        "array.json": arr,
+        "bom.jsonl": b"\xef\xbb\xbf" + jsonl,
+        "members.jsonl.gz": gzip.compress(jsonl[:40]) + gzip.compress(jsonl[40:]),
+        "padded.jsonl.gz": gzip.compress(jsonl) + b"\0" * 64,
+        "deflate.gz": zlib.compress(jsonl),
+    }
+    if zstd_frame:
+        seeds["frame.jsonl.zst"] = zstd_frame
+        seeds["skippable.jsonl.zst"] = skippable + zstd_frame
+    for i, (n, body) in enumerate(sorted(seeds.items())):
+        put("shard", n, bytes([i * 29 % 256]) + body)
+
+    def tar(members, fmt=tarfile.USTAR_FORMAT, pax=None):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax) as t:
+            for name, body in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(body)
+                t.addfile(info, io.BytesIO(body))
+        return buf.getvalue()
+
+    group = []
+    for i in range(3):
+        group += [(f"s/{i:03d}.json", (rec % i).encode()), (f"s/{i:03d}.0.jpg", b"\xff\xd8x"),
+                  (f"s/{i:03d}.mp4", b"v")]
+    long = "d/" + "x" * 120
+    tars = {
+        "ustar.tar": tar(group),
+        "gnu-long.tar": tar([(long + ".json", b"{}"), (long + ".png", b"p")], tarfile.GNU_FORMAT),
+        "pax.tar": tar([("a.json", b"{}"), ("a.webp", b"w")], tarfile.PAX_FORMAT, {"c": "1"}),
+        "nojson.tar": tar([("a.txt", b"t"), ("b.json", b"{}")]),
+        "gz.tar.gz": gzip.compress(tar(group)),
+    }
+    for i, (n, body) in enumerate(sorted(tars.items())):
+        put("tar", n, bytes([i * 53 % 256]) + body)
+
+
 if __name__ == "__main__":
     records()
     tokenizer()
@@ -184,3 +241,4 @@ if __name__ == "__main__":
     resize_and_state()
     videos()
     dsindex()
+    shards()

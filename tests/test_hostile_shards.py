@@ -227,3 +227,75 @@ def test_zstd_brace_bomb_in_a_capped_child(tmp_path):
     out = r.stdout.splitlines()
     assert out[0].startswith("SampleError") and "max_shard_records" in out[0], r.stdout + r.stderr
     assert int(out[1]) < 600_000, out  # KiB: the index's 128 MiB and the interpreter
+
+
+# ---- a damaged partial dataset index -----------------------------------------------------
+
+
+class Stop(Exception):
+    pass
+
+
+def test_damaged_partial_index_is_resumed_only_before_the_damage(tmp_path):
+    # a byte changed in the middle of an interrupted build's .partial file (not a torn
+    # tail) was resumed and shipped under a valid checksum (a sample's text tokens 100 ->
+    # 1,048,676); now each entry carries a checksum and resuming stops at the damage
+    from mmloader import dsindex
+    from mmloader.datagen import make_dataset
+
+    d = make_dataset(
+        str(tmp_path / "d"),
+        n_samples=300,
+        seed=1,
+        n_shards=1,
+        n_images=4,
+        min_size=24,
+        max_size=48,
+        text_only_fraction=0.9,
+    )
+    shard = d["shards"][0]
+
+    def stop(shard_no, shards, done, total):
+        if done > 0:
+            raise Stop
+
+    kw = dict(tokenizer=TINY)
+    with pytest.raises(Stop):
+        dsindex.build(shard, out=str(tmp_path / "a"), progress=stop, **kw)
+    done_a = dsindex.sidecar_path(shard, str(tmp_path / "a"))
+    partial = tmp_path / "a" / (os.path.basename(done_a) + ".partial")
+    data = bytearray(partial.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit, mid-file: a number in some entry
+    partial.write_bytes(bytes(data))
+    s = dsindex.build(shard, out=str(tmp_path / "a"), **kw)
+    assert 0 < s["resumed"] < 256 and s["samples"] == 300, s["resumed"]
+    dsindex.build(shard, out=str(tmp_path / "b"), **kw)
+    with open(done_a, "rb") as a, open(dsindex.sidecar_path(shard, str(tmp_path / "b")), "rb") as b:
+        assert a.read() == b.read()
+
+
+# ---- prefetch at its maximum -----------------------------------------------------------
+
+PREFETCH = textwrap.dedent("""
+    import resource, sys, warnings
+    warnings.simplefilter("ignore")
+    import mmloader
+    loader = mmloader.Loader(sys.argv[1], tokenizer=sys.argv[2], micro_batch_size=1,
+                             prefetch=1 << 20, shuffle=False, index="")
+    n = sum(1 for _ in loader)
+    loader.close()
+    print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""")
+
+
+def test_maximum_prefetch_costs_what_is_queued(tmp_path):
+    # prefetch=1048576 on 16 samples allocated (and at close touched) 1 M output slots of
+    # ~2.3 KB: 2.3 GB RSS; the queue now grows with what is queued, up to a byte budget
+    p = tmp_path / "s.jsonl"
+    p.write_text(LINE * 16)
+    r = subprocess.run(
+        [sys.executable, "-c", PREFETCH, str(p), TINY], capture_output=True, text=True, timeout=300
+    )
+    n, rss_kib = map(int, r.stdout.split())
+    assert n == 16
+    assert rss_kib < 500_000, rss_kib

@@ -37,22 +37,25 @@ typedef struct {
 } FetcherObject;
 
 static int cfg_from_kwargs(PyObject *args, PyObject *kw, mml_fetch_cfg *c) {
-  static char *kwlist[] = {"access_key",        "secret_key",     "session_token",  "region",
-                           "endpoint",          "max_inflight",   "max_retries",    "timeout_s",
-                           "connect_timeout_s", "stall_s",        "backoff_base_s", "backoff_max_s",
-                           "range_chunk",       "list_page_size", "io_threads",     "ca_bundle",
-                           "max_object_bytes",  "min_rate",       "retry_budget_s", NULL};
+  static char *kwlist[] = {"access_key",     "secret_key",        "session_token",
+                           "region",         "endpoint",          "max_inflight",
+                           "max_retries",    "timeout_s",         "connect_timeout_s",
+                           "stall_s",        "backoff_base_s",    "backoff_max_s",
+                           "range_chunk",    "list_page_size",    "io_threads",
+                           "ca_bundle",      "max_object_bytes",  "min_rate",
+                           "retry_budget_s", "whole_cache_bytes", NULL};
   memset(c, 0, sizeof *c);
-  long long chunk = 0, max_obj = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$zzzzziidddddLiizLdd:Fetcher", kwlist,
-                                   &c->access_key, &c->secret_key, &c->session_token, &c->region,
-                                   &c->endpoint, &c->max_inflight, &c->max_retries, &c->timeout_s,
-                                   &c->connect_timeout_s, &c->stall_s, &c->backoff_base_s,
-                                   &c->backoff_max_s, &chunk, &c->list_page_size, &c->io_threads,
-                                   &c->ca_bundle, &max_obj, &c->min_rate, &c->retry_budget_s))
+  long long chunk = 0, max_obj = 0, whole = 0;
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kw, "|$zzzzziidddddLiizLddL:Fetcher", kwlist, &c->access_key, &c->secret_key,
+          &c->session_token, &c->region, &c->endpoint, &c->max_inflight, &c->max_retries,
+          &c->timeout_s, &c->connect_timeout_s, &c->stall_s, &c->backoff_base_s, &c->backoff_max_s,
+          &chunk, &c->list_page_size, &c->io_threads, &c->ca_bundle, &max_obj, &c->min_rate,
+          &c->retry_budget_s, &whole))
     return -1;
   c->range_chunk = chunk;
   c->max_object_bytes = max_obj;
+  c->whole_cache_bytes = whole;
   return 0;
 }
 
@@ -340,7 +343,8 @@ static PyType_Slot Fetcher_slots[] = {
      "endpoint=None, max_inflight=0, max_retries=0, timeout_s=0, connect_timeout_s=0, "
      "stall_s=0, backoff_base_s=0, backoff_max_s=0, range_chunk=0, list_page_size=0, "
      "io_threads=0, "
-     "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0)\n\n"
+     "ca_bundle=None, max_object_bytes=0, min_rate=0, retry_budget_s=0, "
+     "whole_cache_bytes=0)\n\n"
      "One I/O thread with a libcurl multi handle; 0 means the default."},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, Fetcher_init},

@@ -8,7 +8,7 @@
 #      scripts/wheel/codecs.py check over CODECS_DIR (the six codecs, bit for bit)
 # Usage: check.sh VENV CODECS_DIR WORK_DIR [WRAP...]
 set -euo pipefail
-venv=$1 codecs=$2 run=$3
+venv=$1 codecs=$(realpath "$2") run=$(realpath -m "$3")
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 vpy=$venv/bin/python

@@ -54,7 +54,8 @@ apt_install() {  # apt_install ROOT PKG...: retried with the point release's ver
 
 base=$dir/build
 if [ ! -f "$base/.mml-base" ]; then
-  command -v debootstrap > /dev/null || apt-get install -y -qq debootstrap > /dev/null
+  command -v debootstrap > /dev/null ||
+    { apt-get update -qq && apt-get install -y -qq debootstrap > /dev/null; }
   rm -rf "$base" "$dir/run"
   say "debootstrap bullseye ($mirror) -> $base"
   debootstrap --variant=minbase bullseye "$base" "$mirror" > "$dir/debootstrap.log" 2>&1 ||

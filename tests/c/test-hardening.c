@@ -73,6 +73,42 @@ TEST(redaction_of_urls_in_text) {
   CHECK(!strncmp(e.msg, "shard:3: image https://h/a.jpg?X-Amz-Signature=REDACTED", 54));
 }
 
+/* issue 29 item 11: the gaps of the old rule (a URL ended at a quote, '<' or a backtick;
+ * fragments were kept; a reference was cut before it was redacted) */
+static void check_redacted(const char *text, const char *want) {
+  mml_bytes b = {0};
+  CHECK_OK(mml_text_redact(text, strlen(text), &b), (mml_err){0});
+  mml_bytes_append(&b, "", 1);
+  CHECK_EQ_STR((char *)b.data, want);
+  mml_bytes_free(&b);
+}
+
+TEST(redaction_one_rule_for_every_delimiter) {
+  check_redacted("image \"https://h/a.jpg?x=1\"&token=S1\": HTTP 404",
+                 "image \"https://h/a.jpg?x=1\"&token=REDACTED\": HTTP 404");
+  check_redacted("<https://h/a?x=<&sig=S2>", "<https://h/a?x=<&sig=REDACTED>");
+  check_redacted("`https://h/a?x=`&X-Amz-Signature=S3`",
+                 "`https://h/a?x=`&X-Amz-Signature=REDACTED`");
+  check_redacted("see https://h/a.jpg#access_token=S4&state=1.",
+                 "see https://h/a.jpg#access_token=REDACTED&state=1.");
+  check_redacted("https://h/a?x=1#id_token=S5", "https://h/a?x=1#id_token=REDACTED");
+  check_redacted("https://h/a?x=1;api_key=S6", "https://h/a?x=1;api_key=REDACTED");
+  check_redacted("https://h/a?x=1\\u0026token=S7", "https://h/a?x=1\\u0026token=REDACTED");
+  check_redacted("https://h/a?X-Amz-%53ignature=S8", "https://h/a?X-Amz-%53ignature=REDACTED");
+  check_redacted("\"https://u:p\"S9@h/a.jpg\"", "\"https://h/a.jpg\"");
+  check_redacted("x://y\"https://u:S10@h/a", "x://y\"https://h/a");
+  check_redacted("(https://h/a?v=1), done", "(https://h/a?v=1), done");
+  char *r = mml_url_redact("https://h/a.jpg#token=S11");
+  CHECK_EQ_STR(r, "https://h/a.jpg#token=REDACTED");
+  free(r);
+  /* a long reference cut in the middle: the value kept in the tail lost its name */
+  char ref[1200], buf[MML_SHORT_CAP(200)];
+  snprintf(ref, sizeof ref, "https://h/%0900d?X-Amz-Signature=S12SECRETVALUE", 0);
+  const char *s = mml_text_short(ref, strlen(ref), 200, buf, sizeof buf);
+  CHECK(strstr(s, "S12SECRETVALUE") == NULL);
+  CHECK(strstr(s, "X-Amz-Signature=REDACTED") != NULL);
+}
+
 TEST(long_messages_are_shortened_in_the_middle) {
   char ref[3000];
   memset(ref, 'd', sizeof ref);

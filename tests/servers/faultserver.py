@@ -19,11 +19,19 @@ Faults (names usable in `faults` and in `script`):
             without end (until the client hangs up)
   drip      the headers, then the body one byte every `drip_s` seconds
   silent    the request is read and never answered (the connection idles `stall_s`)
+  redirect  302 to the same URL (a redirect loop)
+  bigheaders  200 whose headers run to 1 MiB (past any client's header limit)
+  badchunk  200 with Transfer-Encoding: chunked and a chunk size that is not hex
 `fault_rates` ({"503": 0.01, "reset": 0.005, ...}) gives each kind its own rate instead of
 `fault_rate` spread over `faults`.
 It also answers ListObjectsV2 (GET /BUCKET?list-type=2&prefix=..., paginated with
 max-keys and continuation-token) over the objects under /BUCKET/, so s3:// globs can be
 tested with faults (point the S3 endpoint at the server; it does not check signatures).
+Hostile objects and listings (issue 29): `infinite` paths answer every Range with 206 and
+bytes without end (a repeated pattern, Content-Range total `*` or `infinite_total`);
+`ranges=False` ignores Range like Python's own http.server (200 with everything);
+`list_cycle=True` makes ListObjectsV2 continuation tokens cycle (A, B, A, ...).
+`bytes_sent` counts the body bytes written.
 Also: first-byte latency with jitter, per-connection bandwidth limits, paths that are
 always missing (404) or forbidden (403), ETag / If-Match (412), and a hook called after
 each request (tests use it to change an object between requests).
@@ -99,6 +107,9 @@ class FaultServer:
         ranges: bool = True,
         fault_rates: Optional[Dict[str, float]] = None,
         drip_s: float = 0.5,
+        infinite: Optional[Dict[str, bytes]] = None,
+        infinite_total: Optional[int] = None,
+        list_cycle: bool = False,
     ):
         self.objects = dict(objects or {})
         self.root = root
@@ -115,6 +126,11 @@ class FaultServer:
         self.ranges = ranges  # False: ignore Range headers (always 200 with everything)
         self.fault_rates = dict(fault_rates or {})
         self.drip_s = drip_s
+        self.infinite = dict(infinite or {})  # path -> pattern repeated without end
+        self.infinite_total = infinite_total  # Content-Range total of those (None: "*")
+        self.list_cycle = list_cycle
+        self.list_hook: Optional[Callable[[str, dict, bool], str]] = None  # its own pages
+        self.bytes_sent = 0
         self.lock = threading.Lock()
         self.counts: Dict[tuple, int] = {}
         self.log: List[tuple] = []  # (time, method, path, range, outcome, connection id)
@@ -295,9 +311,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _write(self, data: bytes) -> None:
         bw = self.fs.bandwidth
-        if not bw:
-            self.wfile.write(data)
+        if not bw:  # in 1 MiB pieces: bytes_sent counts what went out before a hang-up
+            view = memoryview(data)
+            for i in range(0, len(data), 1 << 20):
+                self.wfile.write(view[i : i + (1 << 20)])
+                with self.fs.lock:
+                    self.fs.bytes_sent += len(view[i : i + (1 << 20)])
             return
+        with self.fs.lock:
+            self.fs.bytes_sent += len(data)
         step = max(1, bw // 50)
         for i in range(0, len(data), step):
             self.wfile.write(data[i : i + step])
@@ -312,11 +334,67 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         chunk = bytes(range(256)) * 256
         try:
-            self.wfile.write(data)
+            self._write(data)
             for _ in range(1 << 16):  # 4 GiB at most
-                self.wfile.write(chunk)
+                self._write(chunk)
         except OSError:
             pass
+
+    def _infinite(self, pattern: bytes, rng: str, head: bool) -> None:
+        """An object without end: 206 to every Range (its bytes: pattern repeated)."""
+        start, end = 0, None
+        if rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            try:
+                start, end = int(a), (int(b) + 1 if b else None)
+            except ValueError:
+                start, end = 0, None
+        if end is None:  # no Range or an open one: 200 (or 206) without a length, endless
+            self.send_response(206 if rng else 200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if not head:
+                try:
+                    for i in range(1 << 16):
+                        self._write(pattern * max(1, (1 << 16) // len(pattern)))
+                except OSError:
+                    pass
+            return
+        n = len(pattern)
+        rep = pattern * ((end - start) // n + 2)
+        body = rep[start % n : start % n + (end - start)]
+        total = "*" if self.fs.infinite_total is None else str(self.fs.infinite_total)
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Range", f"bytes {start}-{end - 1}/{total}")
+        self.end_headers()
+        if not head:
+            self._write(body)
+
+    def _protocol_fault(self, kind: str, path: str) -> None:
+        """Faults no retry can fix: a redirect loop, huge headers, a broken chunk size."""
+        if kind == "redirect":  # to itself; the kept-alive connection is then reset
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(0.05)
+            self._reset()
+            return
+        if kind == "bigheaders":
+            self.send_response(200)
+            for i in range(1024):
+                self.send_header(f"X-Filler-{i}", "x" * 1000)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)  # badchunk
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"zz\r\nhello\r\n0\r\n\r\n")
+        self.close_connection = True
 
     def _serve(self, head: bool) -> None:
         fs = self.fs
@@ -332,7 +410,7 @@ class _Handler(BaseHTTPRequestHandler):
             r = random.Random(f"{fs.seed}|{path}|{rng}|{n}").random()
             time.sleep(fs.latency + fs.jitter * r)
         data, etag = (None, None) if listing else fs._lookup(path)
-        if kind == "ok" and data is None and not listing:
+        if kind == "ok" and data is None and not listing and path not in fs.infinite:
             kind = "404"
         self._record(path, rng, kind)
         if kind == "reset":
@@ -344,6 +422,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "endless" and data is not None and not head:
             self._endless(data)
+            return
+        if kind in ("redirect", "bigheaders", "badchunk"):
+            self._protocol_fault(kind, path)
+            return
+        if path in fs.infinite and kind == "ok":
+            self._infinite(fs.infinite[path], rng, head)
             return
         if kind in ERRORS:
             self._send_error(kind, path, head)
@@ -413,6 +497,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, bucket: str, q: dict, head: bool) -> None:
         """ListObjectsV2 (path style): keys of objects under /bucket/, paginated."""
         fs = self.fs
+        if fs.list_hook is not None:  # a test's own page (hostile listings)
+            body = fs.list_hook(bucket, q, head).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self._write(body)
+            return
         keys = {
             p[len(bucket) + 2 :]: len(d)
             for p, d in fs.objects.items()
@@ -452,9 +545,9 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         parts += [f"<Contents><Key>{esc(k)}</Key><Size>{keys[k]}</Size></Contents>" for k in page]
         if more:
-            parts.append(
-                f"<NextContinuationToken>{page[-1].encode().hex()}</NextContinuationToken>"
-            )
+            # list_cycle: the second page points back to the first (tokens A, B, A, ...)
+            nxt = "\x00" if fs.list_cycle and after not in (None, "\x00") else page[-1]
+            parts.append(f"<NextContinuationToken>{nxt.encode().hex()}</NextContinuationToken>")
         parts.append("</ListBucketResult>")
         body = "".join(parts).encode()
         self.send_response(200)
@@ -462,7 +555,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
-            self.wfile.write(body)
+            self._write(body)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -89,6 +89,8 @@ static size_t char_start(const char *t, size_t i) {
   return i;
 }
 
+static void short_into(const char *s, size_t n, size_t max, char *buf, size_t cap);
+
 #define ELLIPSIS "\xe2\x80\xa6" /* U+2026 */
 enum { END_MAX = 2048 };        /* most bytes kept of either end */
 
@@ -107,6 +109,19 @@ static void join_ends(char *dst, size_t max, const char *head, size_t hl, const 
 
 const char *mml_text_short(const char *s, size_t n, size_t max, char *buf, size_t cap) {
   if (!cap) return buf;
+  mml_bytes red = {0}; /* redacted before it is cut (rule 4 of the redaction below) */
+  if (memmem(s, n, "://", 3)) {
+    if (mml_text_redact(s, n, &red) == MML_OK)
+      s = (const char *)red.data, n = red.len;
+    else /* out of memory: no more than the scheme */
+      n = (size_t)((const char *)memmem(s, n, "://", 3) + 3 - s);
+  }
+  short_into(s, n, max, buf, cap);
+  mml_bytes_free(&red);
+  return buf;
+}
+
+static void short_into(const char *s, size_t n, size_t max, char *buf, size_t cap) {
   if (max >= cap) max = cap - 1;
   if (max > END_MAX) max = END_MAX;
   /* Both ends escaped from at most max raw bytes each: escaping only grows text, so
@@ -117,20 +132,52 @@ const char *mml_text_short(const char *s, size_t n, size_t max, char *buf, size_
     if (hl > max) hl = char_start(head, max);
     memcpy(buf, head, hl);
     buf[hl] = 0;
-    return buf;
+    return;
   }
   size_t from = n > max ? n - max : 0;
   for (int k = 0; k < 3 && from < n && ((unsigned char)s[from] & 0xC0) == 0x80; k++) from++;
   size_t tl = mml_text_escape(tail, sizeof tail, s + from, n - from, 1);
   join_ends(buf, max, head, hl, tail, tl);
-  return buf;
 }
 
 /* ---------------------------------------------------------------- URL redaction */
+/*
+ * The one rule (every message, warning, repr, stat and _core.redact):
+ *  1. A URL starts at "scheme://" and runs to the next whitespace or control byte (or the
+ *     end); quotes, brackets and backticks do not end it, since a reference quoted in a
+ *     message may hold them.  Trailing ":,;.)]}'\"`>" are shown after it.
+ *  2. Its user-info (what precedes the last '@' before the first '/', '?' or '#') is
+ *     dropped; so is that of a URL nested anywhere in it.
+ *  3. In its query and its fragment, each name=value whose name (the letters, digits and
+ *     "_.%~+-" before the '=', percent-decoded) holds signature, credential, token, key,
+ *     secret, password, passwd or auth, or is sig or pw, has its value replaced by
+ *     REDACTED, wherever it stands; a value runs to the next '&', ';', '#', '?' or '\'
+ *     (a JSON escape such as \u0026) or the URL's end.
+ *  4. A value quoted in a message is redacted before it is escaped or shortened
+ *     (mml_text_short), so a cut never separates a value from its name.
+ */
 
-static int name_is_secret(const char *p, size_t n) {
+static int hex_digit(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+static int name_is_secret(const char *raw, size_t rn) {
   static const char *const words[] = {"signature", "credential", "token",  "key",
                                       "secret",    "password",   "passwd", "auth"};
+  char p[256]; /* the name percent-decoded; a longer one counts as secret */
+  size_t n = 0;
+  for (size_t i = 0; i < rn; i++) {
+    if (n == sizeof p) return 1;
+    int hi = raw[i] == '%' && i + 2 < rn ? hex_digit(raw[i + 1]) : -1;
+    int lo = hi >= 0 ? hex_digit(raw[i + 2]) : -1;
+    if (lo >= 0)
+      p[n++] = (char)(hi << 4 | lo), i += 2;
+    else
+      p[n++] = raw[i];
+  }
   for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
     size_t wl = strlen(words[w]);
     for (size_t i = 0; i + wl <= n; i++)
@@ -139,7 +186,68 @@ static int name_is_secret(const char *p, size_t n) {
   return (n == 3 && !strncasecmp(p, "sig", 3)) || (n == 2 && !strncasecmp(p, "pw", 2));
 }
 
-/* Appends url[0..n) redacted. */
+static int param_sep(char c) { return c == '&' || c == ';' || c == '#' || c == '\\' || c == '?'; }
+static int name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         strchr("_.%~+-", c) != NULL;
+}
+
+static int scheme_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '+' ||
+         c == '-' || c == '.';
+}
+
+/* The start of a "scheme://" in [from, to) that has a scheme (NULL: none). */
+static const char *nested_url(const char *from, const char *to) {
+  for (const char *p = from; p < to;) {
+    const char *sep = memmem(p, (size_t)(to - p), "://", 3);
+    if (!sep) return NULL;
+    const char *st = sep;
+    while (st > from && scheme_char(st[-1])) st--;
+    if (st < sep) return st;
+    p = sep + 3;
+  }
+  return NULL;
+}
+
+/* Appends [p, end) with the user-info of every URL in it dropped (rule 2). */
+static mml_status drop_userinfo(const char *p, const char *end, mml_bytes *b) {
+  mml_status st = MML_OK;
+  for (const char *u; !st && (u = nested_url(p, end));) {
+    const char *s = (const char *)memmem(u, (size_t)(end - u), "://", 3) + 3;
+    const char *slash = s;
+    while (slash < end && !strchr("/?#", *slash)) slash++;
+    const char *at = memrchr(s, '@', (size_t)(slash - s));
+    st = mml_bytes_append(b, p, (size_t)(s - p));
+    p = at ? at + 1 : s;
+  }
+  return st ? st : mml_bytes_append(b, p, (size_t)(end - p));
+}
+
+/* Appends the query or fragment p[0..end) (after its '?' or '#') with secret values
+ * redacted (rule 3): every "name=" whose name (the run of name characters before the
+ * '=') is secret-like, wherever it stands, has its value up to the next separator
+ * replaced; between them, URLs nested in it lose their user-info (rule 2). */
+static mml_status redact_params(const char *p, const char *end, mml_bytes *b) {
+  mml_status st = MML_OK;
+  const char *from = p; /* copied up to here */
+  while (p < end && !st) {
+    const char *eq = memchr(p, '=', (size_t)(end - p));
+    if (!eq) break;
+    const char *name = eq;
+    while (name > from && name_char(name[-1])) name--;
+    p = eq + 1;
+    if (name == eq || !name_is_secret(name, (size_t)(eq - name))) continue;
+    st = drop_userinfo(from, p, b);
+    if (!st) st = mml_bytes_append(b, "REDACTED", 8);
+    while (p < end && !param_sep(*p)) p++;
+    from = p;
+  }
+  return st ? st : drop_userinfo(from, end, b);
+}
+
+/* Appends url[0..n) redacted (rules 2 and 3; a URL nested in it, a proxy's, a redirect
+ * parameter's or text glued to it, loses its user-info too). */
 static mml_status redact_one(const char *url, size_t n, mml_bytes *b) {
   mml_status st = MML_OK;
   const char *end = url + n, *rest = url;
@@ -152,29 +260,12 @@ static mml_status redact_one(const char *url, size_t n, mml_bytes *b) {
     if ((st = mml_bytes_append(b, url, (size_t)(s - url)))) return st;
     rest = at ? at + 1 : s;
   }
-  const char *q = memchr(rest, '?', (size_t)(end - rest));
-  if (!q) return mml_bytes_append(b, rest, (size_t)(end - rest));
-  if ((st = mml_bytes_append(b, rest, (size_t)(q - rest) + 1))) return st;
-  const char *p = q + 1;
-  while (p < end && !st) {
-    const char *e = p;
-    while (e < end && *e != '&' && *e != '#') e++;
-    const char *eq = memchr(p, '=', (size_t)(e - p));
-    if (eq && name_is_secret(p, (size_t)(eq - p))) {
-      st = mml_bytes_append(b, p, (size_t)(eq - p) + 1);
-      if (!st) st = mml_bytes_append(b, "REDACTED", 8);
-    } else {
-      st = mml_bytes_append(b, p, (size_t)(e - p));
-    }
-    p = e;
-    if (p < end && *p == '&')
-      st = st ? st : mml_bytes_append(b, "&", 1), p++;
-    else if (p < end) { /* a fragment: kept as is */
-      if (!st) st = mml_bytes_append(b, p, (size_t)(end - p));
-      break;
-    }
-  }
-  return st;
+  const char *q = rest;
+  while (q < end && *q != '?' && *q != '#') q++;
+  if ((st = drop_userinfo(rest, q, b))) return st;
+  if (q == end) return MML_OK;
+  if ((st = mml_bytes_append(b, q, 1))) return st;
+  return redact_params(q + 1, end, b);
 }
 
 char *mml_url_redact(const char *url) {
@@ -186,14 +277,7 @@ char *mml_url_redact(const char *url) {
   return (char *)b.data;
 }
 
-static int scheme_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '+' ||
-         c == '-' || c == '.';
-}
-static int url_end_char(char c) {
-  return (unsigned char)c <= ' ' || c == '"' || c == '\'' || c == '<' || c == '>' || c == '`' ||
-         c == 0x7F;
-}
+static int url_end_char(char c) { return (unsigned char)c <= ' ' || c == 0x7F; }
 
 mml_status mml_text_redact(const char *text, size_t n, mml_bytes *out) {
   const char *p = text, *end = text + n;
@@ -210,8 +294,9 @@ mml_status mml_text_redact(const char *text, size_t n, mml_bytes *out) {
     }
     const char *e = sep + 3;
     while (e < end && !url_end_char(*e)) e++;
-    /* punctuation that ends a sentence or a "url: reason" prefix is not part of it */
-    while (e > sep + 3 && strchr(":,;.)]", e[-1])) e--;
+    /* punctuation that ends a sentence, a quote or a "url: reason" prefix is shown after
+     * it (rule 1); a value it cut short is still redacted whole */
+    while (e > sep + 3 && strchr(":,;.)]}'\"`>", e[-1])) e--;
     st = mml_bytes_append(out, p, (size_t)(start - p));
     if (!st) st = redact_one(start, (size_t)(e - start), out);
     p = e;

@@ -76,10 +76,13 @@ static mml_status loop_new(const mml_fetch_cfg *cfg, int max_inflight, mml_fetch
       cfg->max_object_bytes ? cfg->max_object_bytes : MML_DEFAULT_MAX_OBJECT_BYTES;
   f->min_rate = cfg->min_rate ? cfg->min_rate : 1024;
   f->retry_budget_s = cfg->retry_budget_s ? cfg->retry_budget_s : 60;
+  f->whole_cap =
+      cfg->whole_cache_bytes > 0 ? cfg->whole_cache_bytes : MML_DEFAULT_WHOLE_CACHE_BYTES;
   f->rng = mml_mix64((uint64_t)(uintptr_t)f ^ (uint64_t)(mml_now() * 1e9)) | 1;
   pthread_mutex_init(&f->mu, NULL);
   pthread_mutex_init(&f->smu, NULL);
   pthread_mutex_init(&f->cmu, NULL);
+  pthread_mutex_init(&f->wmu, NULL);
   if (bad) {
     mml_fetcher_free(f);
     return mml_err_set(err, MML_ENOMEM, "fetcher: out of memory copying its settings");
@@ -108,7 +111,7 @@ mml_status mml_fetcher_new(const mml_fetch_cfg *cfg, mml_fetcher **out, mml_err 
   if (cfg->max_inflight < 0 || cfg->list_page_size < 0 || cfg->timeout_s < 0 ||
       cfg->connect_timeout_s < 0 || cfg->stall_s < 0 || cfg->backoff_base_s < 0 ||
       cfg->backoff_max_s < 0 || cfg->range_chunk < 0 || cfg->io_threads < 0 ||
-      cfg->retry_budget_s < 0 || !(cfg->min_rate == cfg->min_rate))
+      cfg->retry_budget_s < 0 || cfg->whole_cache_bytes < 0 || !(cfg->min_rate == cfg->min_rate))
     return mml_err_set(err, MML_ECONFIG, "fetch: negative setting");
   if (cfg->max_inflight > 100000)
     return mml_err_set(err, MML_ECONFIG, "fetch: max_inflight %d is too large", cfg->max_inflight);
@@ -163,22 +166,24 @@ void mml_fetcher_free(mml_fetcher *f) {
     pthread_join(f->io, NULL);
   }
   if (f->multi) curl_multi_cleanup(f->multi);
+  fw_free(f);
   wipe_free(f->ak), wipe_free(f->sk), wipe_free(f->tok);
   free(f->region), free(f->endpoint), free(f->ca_bundle);
   pthread_mutex_destroy(&f->mu);
   pthread_mutex_destroy(&f->smu);
   pthread_mutex_destroy(&f->cmu);
+  pthread_mutex_destroy(&f->wmu);
   free(f);
 }
 
 mml_status mml_fetch_submit(mml_fetcher *f, const char *url, int64_t off, int64_t len,
                             mml_fetch_cb cb, void *ctx, mml_err *err) {
-  return mml_fetch_submit_query(f, url, NULL, off, len, 0, cb, ctx, err);
+  return mml_fetch_submit_query(f, url, NULL, off, len, 0, cb, ctx, NULL, err);
 }
 
 mml_status mml_fetch_submit_head(mml_fetcher *f, const char *url, mml_fetch_cb cb, void *ctx,
                                  mml_err *err) {
-  return mml_fetch_submit_query(f, url, NULL, 0, -1, 1, cb, ctx, err);
+  return mml_fetch_submit_query(f, url, NULL, 0, -1, 1, cb, ctx, NULL, err);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -207,6 +207,7 @@ void fl_notify_waiters(fetch_waiter *w, const job *j, mml_status st, const mml_b
 
 void fl_job_finish(mml_fetcher *f, job *j) {
   unlink_j(f, j);
+  if (j->total_out) *j->total_out = j->total;
   fetch_waiter *waiters = fl_twin_detach(j);
   if (j->failed) {
     pthread_mutex_lock(&f->smu);
@@ -306,9 +307,10 @@ size_t fl_on_header(char *p, size_t sz, size_t n, void *ud) {
   } else if (!strncasecmp(line, "content-length:", 15)) {
     x->clen = strtoll(line + 15, NULL, 10);
   }
-  /* a 2xx body declared larger than max_object_bytes is refused before it comes */
-  int64_t max = x->j->top->max_object_bytes;
-  if (max > 0 && !x->j->head && x->http >= 200 && x->http < 300 &&
+  /* a 2xx body declared larger than max_object_bytes is refused before it comes (a GET of
+   * the whole object: a ranged one receives its range, however large the object) */
+  int64_t max = fl_job_limit(x->j);
+  if (max > 0 && !x->j->head && x->j->len < 0 && x->http >= 200 && x->http < 300 &&
       (x->cr_total > max || (x->http == 200 && x->clen > max))) {
     x->toobig = 2;
     return 0; /* aborts the transfer */
@@ -341,8 +343,10 @@ size_t fl_on_body(char *p, size_t sz, size_t n, void *ud) {
   }
   if (x->http == 200 && (x->off > 0 || x->len > 0) && x->got == 0 && x->skip == 0 &&
       x->cr_start < 0) {
-    /* The server ignored Range: drop the bytes before our slice. */
+    /* The server ignored Range: drop the bytes before our slice (and stop after it);
+     * its later ranged reads are served from the object fetched once (fetch_whole.c). */
     x->skip = x->off + 1; /* +1 marks "initialised"; removed below */
+    fw_mark_norange(j);
   }
   const char *q = p;
   size_t left = len;
@@ -352,7 +356,12 @@ size_t fl_on_body(char *p, size_t sz, size_t n, void *ud) {
   }
   if (!left) return len;
   if (x->probe) {
-    int64_t max = j->top->max_object_bytes;
+    int64_t max = fl_job_limit(j);
+    if (x->http == 200 && x->cr_start < 0 && x->len < 0 && !j->whole && !x->cut &&
+        (int64_t)(j->body.len + left) > j->top->range_chunk) {
+      x->cut = 1; /* more than the first range came: the server ignored Range (noted once) */
+      fw_mark_norange(j);
+    }
     if (max > 0 && (int64_t)(j->body.len + left) > max) { /* undeclared size: cut here */
       x->toobig = 1;
       return 0;
@@ -378,6 +387,10 @@ size_t fl_on_body(char *p, size_t sz, size_t n, void *ud) {
   }
   memcpy(j->body.data + x->dst + x->got, q, take);
   x->got += (int64_t)take;
+  if (x->skip && x->got == x->len) { /* Range ignored: our slice is in, the rest is not wanted */
+    x->cut = 1;
+    return 0;
+  }
   return len;
 }
 

@@ -47,6 +47,8 @@
 #include "mml/s3.h"
 #include "mml/sigv4.h"
 
+enum { MAX_REDIRECTS = 5 }; /* http(s) redirects followed (S3 follows none) */
+
 /* ---- process-wide libcurl state: global init and the DNS/TLS share --------------- */
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -155,7 +157,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   CURL *e = curl_easy_init();
   if (!e) return mml_err_set(err, MML_ENOMEM, "curl_easy_init failed");
   x->got = 0, x->skip = 0, x->http = 0, x->overflow = 0, x->nomem = 0, x->retry_after = -1;
-  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0;
+  x->stalled = 0, x->last_rx = mml_now(), x->stall_s = f->stall_s, x->toobig = 0, x->cut = 0;
   if (x->attempt == 0) x->first_start = x->last_rx;
   /* no attempt outlives the request's retry budget */
   double left_s = x->first_start + f->retry_budget_s - x->last_rx;
@@ -209,7 +211,7 @@ static mml_status xfer_start(mml_fetcher *f, xfer *x, mml_err *err) {
   if (f->ca_bundle) curl_easy_setopt(e, CURLOPT_CAINFO, f->ca_bundle);
   if (!j->is_s3) {
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(e, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
   }
   if (j->head) curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
   if (x->attempt > 0) curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
@@ -290,27 +292,44 @@ static void spawn_rest(mml_fetcher *f, xfer *probe) {
   }
 }
 
-/* A transfer curl could not complete (rc != CURLE_OK): retried when transient. */
+/* 1 when a receive error (CURLE_RECV_ERROR) came from the network (a reset, a TLS read
+ * failure: worth another connection), 0 when curl refused what the server sent (response
+ * headers over its limit, a malformed chunk size): the same reply would come again.  The
+ * network's errors carry an errno or curl's "Recv failure"/TLS wording; the parser's
+ * carry neither. */
+static int recv_error_is_network(CURL *e, const char *errbuf) {
+  long os_errno = 0;
+  if (e) curl_easy_getinfo(e, CURLINFO_OS_ERRNO, &os_errno);
+  return os_errno != 0 || !errbuf[0] || strstr(errbuf, "Recv failure") || strstr(errbuf, "SSL") ||
+         strstr(errbuf, "TLS") || strstr(errbuf, "Connection");
+}
+
+/* A transfer curl could not complete (rc != CURLE_OK): retried when transient, failed at
+ * once (with the cause) when asking again cannot help. */
 static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   char why[512];
-  const char *msg = x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc);
-  snprintf(why, sizeof why, "%s (curl %d)", msg, (int)rc);
+  /* curl keeps the FIRST message of a transfer in errbuf (a reset connection it
+   * replaced, say), so the code's own wording leads and errbuf follows */
+  const char *code = curl_easy_strerror(rc);
+  if (x->errbuf[0] && strcmp(x->errbuf, code))
+    snprintf(why, sizeof why, "%s: %s (curl %d)", code, x->errbuf, (int)rc);
+  else
+    snprintf(why, sizeof why, "%s (curl %d)", code, (int)rc);
   if (x->overflow) {
     fl_xfer_release_easy(f, x);
     fl_part_fail(f, x, MML_EFETCH, "server sent more bytes than requested");
     return;
   }
-  if (x->toobig == 2) { /* declared: the object is too large, asking again will not help */
+  if (x->toobig) { /* declared or not, the object is too large: asking again will not help */
+    int64_t size = x->cr_total > 0 ? x->cr_total : x->clen;
     fl_xfer_release_easy(f, x);
-    fl_part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
-                 (long long)(x->cr_total > 0 ? x->cr_total : x->clen),
-                 (long long)f->max_object_bytes);
-    return;
-  }
-  if (x->toobig == 1) {
-    snprintf(why, sizeof why, "the body passed max_object_bytes=%lld without a declared size",
-             (long long)f->max_object_bytes);
-    retry_or_fail(f, x, RETRY_SHORT, MML_EOBJECTSIZE, why);
+    if (x->toobig == 2)
+      fl_part_fail(f, x, MML_EOBJECTSIZE, "the object is %lld bytes, above max_object_bytes=%lld",
+                   (long long)size, (long long)f->max_object_bytes);
+    else
+      fl_part_fail(f, x, MML_EOBJECTSIZE,
+                   "the body passed max_object_bytes=%lld without a declared size",
+                   (long long)f->max_object_bytes);
     return;
   }
   if (x->stalled) {
@@ -320,7 +339,7 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
   }
   switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
-      if (strstr(msg, "too slow"))
+      if (strstr(x->errbuf, "too slow"))
         snprintf(why, sizeof why, "transfer slower than min_rate=%g bytes/s for %.1f s",
                  f->min_rate, f->stall_s);
       retry_or_fail(f, x, RETRY_TIMEOUT, MML_EFETCH, why);
@@ -328,7 +347,17 @@ static void xfer_curl_failed(mml_fetcher *f, xfer *x, CURLcode rc) {
     case CURLE_PARTIAL_FILE:
       retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
       return;
+    case CURLE_TOO_MANY_REDIRECTS: /* a loop, or a chain no retry shortens */
+      fl_xfer_release_easy(f, x);
+      fl_part_fail(f, x, MML_EFETCH, "redirect loop: more than %d redirects (curl %d)",
+                   MAX_REDIRECTS, (int)rc);
+      return;
     case CURLE_RECV_ERROR:
+      if (!recv_error_is_network(x->easy, x->errbuf)) { /* a reply curl cannot read */
+        fl_xfer_release_easy(f, x);
+        fl_part_fail(f, x, MML_EFETCH, "malformed reply: %s", why);
+        return;
+      }
       if (x->got > 0 && x->clen > x->got) { /* cut off inside the body: a short body */
         retry_or_fail(f, x, RETRY_SHORT, MML_EFETCH, why);
         return;
@@ -382,6 +411,8 @@ static void xfer_ok(mml_fetcher *f, xfer *x, CURL *e) {
     j->total = x->cr_total;
   } else if (s == 200 && !x->skip) {
     j->total = j->off + x->got; /* the whole object came back */
+  } else if (s == 200 && x->cut && x->clen >= 0) {
+    j->total = x->clen; /* Range ignored, the rest left unread: the size it declared */
   } else if (s == 200 && !x->probe && x->got < x->len) {
     j->total = x->off + x->got; /* Range ignored and the object ended inside our slice */
   }
@@ -451,6 +482,7 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
     fl_part_fail(f, x, MML_ENOMEM, "out of memory receiving the body");
     return;
   }
+  if (rc == CURLE_WRITE_ERROR && x->cut && !x->probe) rc = CURLE_OK; /* stopped on purpose */
   if (rc != CURLE_OK) {
     xfer_curl_failed(f, x, rc);
     return;
@@ -466,6 +498,11 @@ static void xfer_done(mml_fetcher *f, xfer *x, CURLcode rc) {
 
 /* Turns a job fresh from the queue into its first xfer(s). */
 static void job_plan(mml_fetcher *f, job *j) {
+  job *whole = NULL;
+  if (fw_route(f, j, &whole)) { /* its server ignores Range: served from the whole object */
+    if (whole) job_plan(f, whole);
+    return;
+  }
   fl_link_j(f, j);
   if (j->head || (j->canon_query && *j->canon_query)) { /* HEAD, listing: one plain request */
     xfer *x = fl_xfer_new(f, j, 0, 0, 1, 0);
@@ -619,11 +656,13 @@ static mml_status submit_job(mml_fetcher *f, job *j, mml_err *err) {
 }
 
 mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                                  int64_t len, int head, mml_fetch_cb cb, void *ctx, mml_err *err) {
+                                  int64_t len, int head, mml_fetch_cb cb, void *ctx,
+                                  int64_t *total_out, mml_err *err) {
   if (!f) return mml_err_set(err, MML_EINVAL, "fetch: NULL fetcher");
   job *j = NULL;
   mml_status st = fl_job_new(f, url, query, off, len, head, cb, ctx, &j, err);
   if (st) return st;
-  if (!head && !query && fl_twin_attach(f, j)) return MML_OK;
+  j->total_out = total_out;
+  if (!head && !query && !total_out && fl_twin_attach(f, j)) return MML_OK;
   return submit_job(f, j, err);
 }

@@ -43,8 +43,11 @@ struct job {
   int failed;
   mml_status fst;
   mml_err ferr;
-  int retries;    /* over all parts, for messages */
-  char etag[128]; /* from the probe: later range parts send If-Match with it */
+  int retries;        /* over all parts, for messages */
+  int64_t limit;      /* the most body bytes (0: the fetcher's max_object_bytes) */
+  int whole;          /* an internal whole-object GET of fetch_whole.c (never routed) */
+  int64_t *total_out; /* not NULL: gets `total` at completion (mml_fetch_get_sized) */
+  char etag[128];     /* from the probe: later range parts send If-Match with it */
   /* coalescing: identical requests (url, off, len) submitted while this one is in flight
    * wait on it; the table of in-flight jobs lives in the fetcher handed out (loop 0) */
   struct fetch_waiter *waiters;
@@ -78,6 +81,7 @@ struct xfer {
   int64_t clen;                       /* Content-Length, -1 when absent */
   char etag[128];
   int overflow, nomem, stalled;
+  int cut;            /* the server ignored Range and our slice is complete: stopped on purpose */
   int toobig;         /* the body passed max_object_bytes: 1 undeclared, 2 declared */
   double first_start; /* the first attempt's start (the retry budget counts from it) */
   double last_rx;     /* when bytes last arrived (or the attempt started) */
@@ -120,6 +124,15 @@ struct mml_fetcher {
   pthread_mutex_t cmu;
   job *twins[1024];
 
+  /* loop 0 only (fetch_whole.c): servers seen ignoring Range, and the objects of those
+   * servers kept whole for their ranged reads, guarded by wmu */
+  pthread_mutex_t wmu;
+  char *norange[64];
+  int nnorange;
+  struct whole_obj *whole;
+  int64_t whole_bytes, whole_cap;
+  uint64_t whole_tick;
+
   pthread_mutex_t smu; /* guards: stats, lat, nlat */
   mml_fetch_stats stats;
   double lat[LAT_RING];
@@ -145,9 +158,12 @@ int mml_fetch_global_init(void);
 /* The I/O thread of one loop (arg: the mml_fetcher). */
 void *mml_fetch_io_main(void *arg);
 /* Queues a request on one of f's loops.  query: S3 only, an encoded canonical query
- * (listings); head: a HEAD whose body is the object size as one int64. */
+ * (listings); head: a HEAD whose body is the object size as one int64; total_out (not
+ * NULL): the object's size as the reply declared it, -1 when it did not, stored before the
+ * callback runs (such a request is never coalesced). */
 mml_status mml_fetch_submit_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                                  int64_t len, int head, mml_fetch_cb cb, void *ctx, mml_err *err);
+                                  int64_t len, int head, mml_fetch_cb cb, void *ctx,
+                                  int64_t *total_out, mml_err *err);
 
 /* ---- fetch_job.c: jobs, xfers, coalescing, completion, curl callbacks (I/O thread) ---- */
 void fl_job_free(job *j);
@@ -168,5 +184,19 @@ void fl_part_fail(mml_fetcher *f, xfer *x, mml_status st, const char *fmt, ...)
 size_t fl_on_header(char *p, size_t sz, size_t n, void *ud);
 int fl_on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un);
 size_t fl_on_body(char *p, size_t sz, size_t n, void *ud);
+/* The most body bytes job j may receive. */
+static inline int64_t fl_job_limit(const job *j) {
+  return j->limit ? j->limit : j->top->max_object_bytes;
+}
+
+/* ---- fetch_whole.c: servers that ignore Range (any I/O thread; the state under wmu) ---- */
+/* Notes that j's server answered a ranged GET with the whole object. */
+void fw_mark_norange(job *j);
+/* A ranged GET of a server known to ignore Range is served from the object kept whole
+ * (fetched once): 1 when fw_route took j (answered, or waiting for the object); *start
+ * is then the internal whole-object GET to plan, or NULL. */
+int fw_route(mml_fetcher *f, job *j, job **start);
+/* Frees the kept objects and the server list (loop 0, after its thread stopped). */
+void fw_free(mml_fetcher *top);
 
 #endif

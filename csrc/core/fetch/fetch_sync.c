@@ -36,8 +36,8 @@ static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *
   pthread_mutex_unlock(&w->mu);
 }
 
-mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                               int64_t len, int head, mml_bytes *out, mml_err *err) {
+static mml_status get_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
+                            int64_t len, int head, mml_bytes *out, int64_t *total, mml_err *err) {
   for (int i = 0; f && i < (f->nloops ? f->nloops : 1); i++) {
     mml_fetcher *l = f->nloops ? f->loops[i] : f;
     if (l->io_started && pthread_equal(pthread_self(), l->io))
@@ -46,7 +46,7 @@ mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *quer
   waiter w = {.st = MML_OK};
   pthread_mutex_init(&w.mu, NULL);
   pthread_cond_init(&w.cv, NULL);
-  mml_status st = mml_fetch_submit_query(f, url, query, off, len, head, waiter_cb, &w, err);
+  mml_status st = mml_fetch_submit_query(f, url, query, off, len, head, waiter_cb, &w, total, err);
   if (st == MML_OK) {
     pthread_mutex_lock(&w.mu);
     while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
@@ -63,6 +63,18 @@ mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *quer
   pthread_mutex_destroy(&w.mu);
   pthread_cond_destroy(&w.cv);
   return st;
+}
+
+mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
+                               int64_t len, int head, mml_bytes *out, mml_err *err) {
+  return get_query(f, url, query, off, len, head, out, NULL, err);
+}
+
+mml_status mml_fetch_get_sized(mml_fetcher *f, const char *url, int64_t off, int64_t len,
+                               mml_bytes *out, int64_t *total, mml_err *err) {
+  if (!out || !total) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
+  *total = -1;
+  return get_query(f, url, NULL, off, len, 0, out, total, err);
 }
 
 mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,

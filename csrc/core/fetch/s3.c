@@ -18,7 +18,12 @@
 #include "mml/fetch_sync.h"
 #include "mml/sigv4.h"
 
+/* Bounds of one listing (issue 29): a server whose continuation tokens cycle, or whose
+ * keys go back, is caught at once (ListObjectsV2 returns keys in ascending UTF-8 binary
+ * order and a token names a place after the last key); one that keeps paging forward is
+ * cut at LIST_MAX_PAGES pages, and at LIST_MAX_KEYS matching keys (what is kept). */
 #define LIST_MAX_PAGES 100000
+#define LIST_MAX_KEYS (1 << 20)
 
 /* ---- S3 addressing ------------------------------------------------------------------ */
 
@@ -224,8 +229,57 @@ typedef struct lister {
   char **out;
   size_t cnt, cap;
   mml_bytes token; /* the continuation token of the next page ("" first) */
+  mml_bytes last;  /* the last key listed (matching or not): the next must sort after it */
+  int have_last;
+  uint64_t *seen; /* hashes of the continuation tokens used so far (open addressing) */
+  size_t seen_cap, seen_n;
   char kbuf[4096];
 } lister;
+
+/* 1 when token t was used before in this listing, else remembers it (0); -1: no memory. */
+static int token_seen(lister *ls, const char *t, size_t n) {
+  if (2 * (ls->seen_n + 1) > ls->seen_cap) {
+    size_t nc = ls->seen_cap ? ls->seen_cap * 2 : 1024;
+    uint64_t *ns = calloc(nc, sizeof *ns);
+    if (!ns) return -1;
+    for (size_t i = 0; i < ls->seen_cap; i++)
+      if (ls->seen[i])
+        for (size_t k = ls->seen[i] & (nc - 1);; k = (k + 1) & (nc - 1))
+          if (!ns[k]) {
+            ns[k] = ls->seen[i];
+            break;
+          }
+    free(ls->seen);
+    ls->seen = ns, ls->seen_cap = nc;
+  }
+  uint64_t h = mml_mix64(mml_hash_bytes(0, t, n)) | 1; /* 0 marks a free slot */
+  for (size_t k = h & (ls->seen_cap - 1);; k = (k + 1) & (ls->seen_cap - 1)) {
+    if (ls->seen[k] == h) return 1;
+    if (!ls->seen[k]) {
+      ls->seen[k] = h, ls->seen_n++;
+      return 0;
+    }
+  }
+}
+
+/* Key k (klen bytes, decoded) comes after the last one listed, and becomes it. */
+static mml_status list_order(lister *ls, const char *k, size_t klen, mml_err *err) {
+  size_t ln = ls->last.len, m = ln < klen ? ln : klen;
+  int c = m ? memcmp(ls->last.data, k, m) : 0;
+  if (ls->have_last && (c > 0 || (c == 0 && klen <= ln))) {
+    char a[MML_SHORT_CAP(80)], b[MML_SHORT_CAP(80)];
+    return mml_err_set(err, MML_EFETCH,
+                       "LIST %s: the listing went back or repeated (key %s after %s): a "
+                       "server whose continuation tokens cycle",
+                       ls->shown, mml_text_short(k, klen, 80, a, sizeof a),
+                       mml_text_short((const char *)ls->last.data, ln, 80, b, sizeof b));
+  }
+  mml_bytes_clear(&ls->last);
+  if (mml_bytes_append(&ls->last, k, klen))
+    return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+  ls->have_last = 1;
+  return MML_OK;
+}
 
 /* The canonical query of the next page: names sorted (continuation-token < list-type <
  * max-keys < prefix). */
@@ -271,7 +325,12 @@ static mml_status list_page(lister *ls, const char *doc, size_t dn, mml_err *err
     if (kl >= 4000)
       return mml_err_set(err, MML_EFETCH, "LIST %s: a key longer than 4000 bytes", ls->shown);
     size_t klen = xml_decode(k, kl, ls->kbuf, sizeof ls->kbuf);
+    mml_status st = list_order(ls, ls->kbuf, klen, err);
+    if (st) return st;
     if (!list_match(ls, ls->kbuf, klen)) continue;
+    if (ls->cnt >= LIST_MAX_KEYS)
+      return mml_err_set(err, MML_EFETCH, "LIST %s: more than %d matching keys", ls->shown,
+                         LIST_MAX_KEYS);
     if (ls->cnt == ls->cap) {
       size_t nc = ls->cap ? ls->cap * 2 : 64;
       char **t = realloc(ls->out, nc * sizeof *t);
@@ -300,8 +359,13 @@ static mml_status list_next_token(lister *ls, const char *doc, size_t dn, int *m
                        ls->shown);
   char tok[2048];
   size_t tn = xml_decode(t, tl, tok, sizeof tok);
-  if (tl >= sizeof tok - 8 || (ls->token.len == tn && !memcmp(ls->token.data, tok, tn)))
-    return mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long or repeated)",
+  if (tl >= sizeof tok - 8)
+    return mml_err_set(err, MML_EFETCH, "LIST %s: bad continuation token (too long)", ls->shown);
+  int seen = token_seen(ls, tok, tn);
+  if (seen < 0) return mml_err_set(err, MML_ENOMEM, "LIST %s: out of memory", ls->shown);
+  if (seen)
+    return mml_err_set(err, MML_EFETCH,
+                       "LIST %s: a continuation token came back (a server whose pages cycle)",
                        ls->shown);
   mml_bytes_clear(&ls->token);
   if (mml_bytes_append(&ls->token, tok, tn))
@@ -382,6 +446,7 @@ mml_status mml_fetch_list(mml_fetcher *f, const char *s3_prefix, const char *pat
   }
   mml_fetch_list_free(ls->out, ls->cnt);
   mml_bytes_free(&ls->token), mml_bytes_free(&q), mml_bytes_free(&page);
+  mml_bytes_free(&ls->last), free(ls->seen);
   free(ls->pfx), free(ls->pat), free(ls), free(burl), free(shown);
   return st;
 }

@@ -92,6 +92,12 @@ static void header(const mml_dsx *x, uint8_t h[MML_DSX_HEADER]) {
   put32(h + H_SETTINGS, (uint32_t)(x->settings ? strlen(x->settings) : 0));
 }
 
+uint64_t mml_dsx_entry_hash(int64_t k, const mml_dsx_sample *s, const void *images) {
+  uint64_t h = mml_hash_bytes(0, &k, sizeof k);
+  h = mml_hash_bytes(h, s, sizeof *s);
+  return mml_hash_bytes(h, images, (size_t)s->nimages * sizeof(mml_dsx_image));
+}
+
 void mml_dsx_partial_header(const mml_dsx *x, uint8_t out[MML_DSX_HEADER]) {
   mml_dsx y = *x;
   y.n = y.nimages = 0;
@@ -331,14 +337,17 @@ mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *na
     mml_dsx_free(x);
     return st;
   }
-  /* complete entries only: a torn last one (the build was killed mid-write) is dropped */
+  /* entries up to the first torn (the build was killed mid-write) or damaged one (its
+   * checksum does not match: a disk or copy error, an edit); the rest is rebuilt */
   size_t at = r.at, cap_s = 0, cap_i = 0;
   x->n = x->nimages = 0;
   while (len - at >= sizeof(mml_dsx_sample)) {
     mml_dsx_sample s;
     memcpy(&s, data + at, sizeof s);
-    size_t need = sizeof s + (size_t)s.nimages * sizeof(mml_dsx_image);
+    size_t nimg = (size_t)s.nimages * sizeof(mml_dsx_image), need = sizeof s + nimg + 8;
     if (len - at < need) break;
+    if (get64(data + at + sizeof s + nimg) != mml_dsx_entry_hash(x->n, &s, data + at + sizeof s))
+      break;
     if ((size_t)x->n == cap_s) {
       cap_s = cap_s ? 2 * cap_s : 4096;
       void *p = realloc(x->samples, cap_s * sizeof *x->samples);

@@ -484,7 +484,8 @@ static mml_status write_all(int fd, const void *p, size_t n, const char *path, m
 static int same_identity(const mml_dsx *a, const mml_dsx *b) {
   return a->shard_size == b->shard_size && a->shard_mtime_ns == b->shard_mtime_ns &&
          a->key == b->key && !strcmp(a->etag, b->etag) && a->layout == b->layout &&
-         a->compression == b->compression && a->data_end == b->data_end;
+         a->compression == b->compression && a->data_end == b->data_end &&
+         !strcmp(a->settings ? a->settings : "", b->settings ? b->settings : "");
 }
 
 /* Opens the partial file for appending: its complete entries (when it describes this
@@ -529,15 +530,17 @@ static mml_status open_partial(const char *ppath, const mml_dsx *id, int64_t cou
   return st;
 }
 
-/* Chunk c's entries appended to the partial file and to r. */
+/* Chunk c's entries appended to the partial file (each with its checksum) and to r. */
 static mml_status flush_chunk(const chunk *c, int64_t nsamples, int fd, const char *ppath,
                               result *r, mml_bytes *buf, mml_err *err) {
   mml_bytes_clear(buf);
   int64_t im = 0;
   for (int64_t i = 0; i < nsamples; i++) {
+    uint64_t h = mml_dsx_entry_hash(r->n + i, &c->s[i], c->s[i].nimages ? c->imgs + im : NULL);
     mml_status st = mml_bytes_append(buf, &c->s[i], sizeof c->s[i]);
     if (!st && c->s[i].nimages)
       st = mml_bytes_append(buf, c->imgs + im, (size_t)c->s[i].nimages * sizeof *c->imgs);
+    if (!st) st = mml_bytes_append(buf, &h, sizeof h);
     if (st) return mml_err_set(err, MML_ENOMEM, "out of memory");
     im += c->s[i].nimages;
   }

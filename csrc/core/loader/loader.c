@@ -180,6 +180,33 @@ static mml_status store_text(mml_loader *L, int k, mml_bytes *keep, mml_err *err
   return MML_OK;
 }
 
+/* A remote shard is as large as its server declares, within max_shard_bytes, and stays
+ * so while it is scanned: an endless object (206 to every range, issue 29) is refused at
+ * its first chunk instead of being streamed until a limit.  *size: the size the first
+ * chunk declared (-1 before it). */
+static mml_status remote_size_check(const mml_loader *L, const char *path, int64_t off,
+                                    const mml_bytes *body, int64_t total, int64_t *size,
+                                    mml_err *err) {
+  int64_t max = L->cfg.max_shard_bytes;
+  if (total < 0 && body->len == INDEX_CHUNK)
+    return mml_err_set(err, MML_EFETCH,
+                       "data shard %s: the server does not declare the object's size (a 206 "
+                       "with Content-Range: bytes a-b/*, or a 200 without Content-Length), so "
+                       "its end is unknown (an endless object?); refused",
+                       path);
+  if (total > max && max > 0)
+    return mml_err_set(err, MML_EFETCH,
+                       "data shard %s: the server declares %lld bytes, above max_shard_bytes=%lld",
+                       path, (long long)total, (long long)max);
+  if (*size >= 0 && total >= 0 && total != *size)
+    return mml_err_set(err, MML_EFETCH,
+                       "data shard %s: its size changed while it was indexed (%lld bytes, then "
+                       "%lld at byte %lld)",
+                       path, (long long)*size, (long long)total, (long long)off);
+  if (*size < 0) *size = total >= 0 ? total : INT64_MAX;
+  return MML_OK;
+}
+
 static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
   if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
@@ -191,14 +218,18 @@ static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
   mml_bytes body = {0}, keep = {0};
   int keep_on = !L->cfg.max_memory;
+  int64_t size = -1; /* as the server declares it */
   for (int64_t off = 0;; off += INDEX_CHUNK) {
-    if ((st = mml_fetch_get(f, path, off, INDEX_CHUNK, &body, err))) {
+    int64_t total;
+    if ((st = mml_fetch_get_sized(f, path, off, INDEX_CHUNK, &body, &total, err))) {
       mml_err_prefix(err, "data shard %s", path);
       break;
     }
+    if ((st = remote_size_check(L, path, off, &body, total, &size, err))) break;
     if ((st = mml_index_feed(b, body.data, body.len, err))) break;
     keep_chunk(L, &keep, &keep_on, &body);
-    if (body.len != INDEX_CHUNK) break; /* the end (or a server that sent it all) */
+    /* the end (or a server that sent it all) */
+    if (body.len != INDEX_CHUNK || off + (int64_t)body.len >= size) break;
   }
   mml_bytes_free(&body);
   if (st) {
@@ -258,6 +289,9 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
 static void limits_defaults(mml_loader_cfg *c) {
   mml_loader_cfg_fill_zeros(c);
   c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
+  /* objects of servers that ignore Range are kept whole for their ranged reads: within
+   * max_memory (a quarter of it), else the fetcher's default */
+  if (c->max_memory > 0) c->fetch.whole_cache_bytes = c->max_memory / 4;
 }
 
 /* The loader's own copies of the configuration's strings (credentials first: until they
@@ -404,7 +438,10 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
   int w = cfg->window > 0 ? cfg->window : default_window(L, cfg);
   L->window = w;
   L->tasks = calloc((size_t)w, sizeof *L->tasks);
-  L->outq = calloc((size_t)cfg->prefetch, sizeof *L->outq);
+  L->out_cap = cfg->prefetch < 8 ? cfg->prefetch : 8; /* grows up to prefetch as needed */
+  L->outq = calloc((size_t)L->out_cap, sizeof *L->outq);
+  /* queued batches stop at max_memory's bytes, or the 2 GiB the pool keeps without it */
+  L->out_budget = cfg->max_memory > 0 ? (size_t)cfg->max_memory : (size_t)2 << 30;
   L->skips = calloc(SKIP_LOG, sizeof *L->skips);
   if (!L->tasks || !L->outq || !L->skips)
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
@@ -510,7 +547,7 @@ void mml_loader_free(mml_loader *L) {
   mml_fetcher_free(L->fetcher); /* a fetcher created while building the index */
   L->fetcher = NULL;
   if (L->outq) {
-    for (int i = 0; i < L->cfg.prefetch; i++) mml_batch_clear(&L->outq[i].batch);
+    for (int i = 0; i < L->out_cap; i++) mml_batch_clear(&L->outq[i].batch);
     free(L->outq);
   }
   if (L->tasks) {
@@ -732,11 +769,9 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
         st = MML_EEND;
         break;
       }
-      out_item item = *it;
-      memset(it, 0, sizeof *it);
+      out_item item;
+      ld_out_pop_locked(L, &item);
       if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
-      L->out_head = (L->out_head + 1) % L->cfg.prefetch;
-      L->out_count--;
       ld_move_ready_locked(L);                                 /* room for the next finished item */
       if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
       it = &item;

@@ -137,15 +137,55 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
   return st;
 }
 
+/* The bytes of a batch's tensors. */
+static size_t batch_bytes(const mml_batch *b) {
+  size_t n = 0;
+  for (int t = 0; t < b->ntensors; t++) {
+    size_t e = mml_dtype_size(b->tensors[t].dtype);
+    for (int d = 0; d < b->tensors[t].ndim; d++) e *= (size_t)b->tensors[t].shape[d];
+    n += e;
+  }
+  return n;
+}
+
+/* Room for one more item in the output queue: below `prefetch` items and, past the first,
+ * below the byte budget (so a huge prefetch is bounded by memory, not only by count); the
+ * ring grows when it is full below `prefetch` (a failed growth is just no room yet). */
+static int out_room_locked(mml_loader *L) {
+  if (L->out_count >= L->cfg.prefetch) return 0;
+  if (L->out_count > 0 && L->out_bytes >= L->out_budget) return 0;
+  if (L->out_count < L->out_cap) return 1;
+  int nc = L->out_cap < L->cfg.prefetch / 2 ? 2 * L->out_cap : L->cfg.prefetch;
+  out_item *q = calloc((size_t)nc, sizeof *q);
+  if (!q) return 0;
+  for (int i = 0; i < L->out_count; i++) q[i] = *ld_out_at(L, i);
+  free(L->outq);
+  L->outq = q;
+  L->out_cap = nc;
+  L->out_head = 0;
+  return 1;
+}
+
+void ld_out_pop_locked(mml_loader *L, out_item *it) {
+  out_item *head = &L->outq[L->out_head];
+  *it = *head;
+  memset(head, 0, sizeof *head);
+  L->out_head = (L->out_head + 1) % L->out_cap;
+  L->out_count--;
+  L->out_bytes -= it->bytes;
+}
+
 void ld_move_ready_locked(mml_loader *L) {
   int moved = 0;
   while (L->pend_head < L->pend_tail) {
     pend_item *p = &L->pend[L->pend_head % L->npend];
     if (p->state != PEND_READY) break;
     if (p->it.kind != ITEM_DROP) {
-      if (L->out_count == L->cfg.prefetch) break;
-      L->outq[(L->out_head + L->out_count) % L->cfg.prefetch] = p->it;
+      if (!out_room_locked(L)) break;
+      p->it.bytes = p->it.kind == ITEM_BATCH ? batch_bytes(&p->it.batch) : 0;
+      *ld_out_at(L, L->out_count) = p->it;
       L->out_count++;
+      L->out_bytes += p->it.bytes;
     }
     memset(p, 0, sizeof *p);
     L->pend_head++;
@@ -162,8 +202,7 @@ void ld_move_ready_locked(mml_loader *L) {
  * and of the next one to emit, and the pool bytes its emission adds. */
 static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next, size_t *need) {
   *ahead = *next = *need = 0;
-  for (int i = 0; i < L->out_count; i++)
-    *ahead += L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
+  for (int i = 0; i < L->out_count; i++) *ahead += ld_out_at(L, i)->fbytes;
   int found = 0;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     const pend_item *q = &L->pend[k % L->npend];
@@ -193,10 +232,9 @@ void ld_drop_output_locked(mml_loader *L) {
   while (L->emitting) pthread_cond_wait(&L->out_cv, &L->mu);
   L->dropping--;
   while (L->out_count) {
-    out_item *it = &L->outq[L->out_head];
-    mml_batch_clear(&it->batch);
-    L->out_head = (L->out_head + 1) % L->cfg.prefetch;
-    L->out_count--;
+    out_item it;
+    ld_out_pop_locked(L, &it);
+    mml_batch_clear(&it.batch);
   }
   L->out_head = 0;
   for (; L->pend_head < L->pend_tail; L->pend_head++) {

@@ -151,6 +151,7 @@ typedef struct out_item {
   mml_batch batch;
   mml_err err;
   size_t fbytes; /* compact: bytes of its expanded pixel_values (0: none) */
+  size_t bytes;  /* its tensors' bytes (the output queue's byte budget) */
 } out_item;
 
 enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
@@ -317,9 +318,12 @@ struct mml_loader {
   int dropping;    /* drop_output_locked is waiting for emits (mu released) */
   int *coll_busy;  /* 1 while a worker emits from colls[i] */
 
-  /* output queue, guarded by mu */
+  /* output queue, guarded by mu: a ring of out_cap slots that grows (doubling) up to
+   * `prefetch` as items arrive, so an absurd prefetch costs nothing until used; it is
+   * full at `prefetch` items or once its batches hold out_budget bytes (ld_out_full) */
   out_item *outq;
-  int out_head, out_count;
+  int out_cap, out_head, out_count;
+  size_t out_bytes, out_budget;
   mml_status fatal;
   mml_err fatal_err;
 
@@ -545,6 +549,12 @@ void ld_push_warning_locked(mml_loader *L, const mml_err *e);
  * room.  Called by whoever changes either: workers (an emit finished), the collator (an
  * error item), the consumer (popped one). */
 void ld_move_ready_locked(mml_loader *L);
+/* The output queue's i-th item ahead of the consumer (0: the next one). */
+static inline out_item *ld_out_at(const mml_loader *L, int i) {
+  return &L->outq[(L->out_head + i) % L->out_cap];
+}
+/* Takes the next item off the output queue into *it (out_count > 0). */
+void ld_out_pop_locked(mml_loader *L, out_item *it);
 /* Counts (and queues the warnings of) the logged skips before stream coordinate
  * (epoch, pos); ld_release_oldest_skip_locked the oldest one (a raised error). */
 void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos);

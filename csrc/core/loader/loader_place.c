@@ -303,8 +303,7 @@ static int only_consumer_waits(const mml_loader *L) {
 static int64_t expand_hold(const mml_loader *L) {
   if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
   int64_t h = mml_round_2mib(L->fbytes_max);
-  for (int i = 0; i < L->out_count; i++)
-    h -= (int64_t)L->outq[(L->out_head + i) % L->cfg.prefetch].fbytes;
+  for (int i = 0; i < L->out_count; i++) h -= (int64_t)ld_out_at(L, i)->fbytes;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     const pend_item *q = &L->pend[k % L->npend];
     if (q->state == PEND_READY) h -= (int64_t)q->it.fbytes;

@@ -253,7 +253,9 @@ static const mml_option k_options[] = {
      "Worker threads (None: CPUs in the affinity mask divided by ``LOCAL_WORLD_SIZE``)."},
     {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
      "Batches in memory ahead of the consumer, finished or being decoded. The depth of a "
-     "DataLoader's prefetch_factor x num_workers."},
+     "DataLoader's prefetch_factor x num_workers.  Finished ones also stop at max_memory's "
+     "bytes (2 GiB without it), and the queue's slots grow with use: a huge value costs only "
+     "what is queued."},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
      "Samples in flight ahead of collation. None: 2 * micro_batch_size, at least 4 * "
      "num_threads and 16; with a remote shard or image root at least (prefetch + 2) * "

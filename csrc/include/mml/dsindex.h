@@ -27,9 +27,10 @@
  *   and planned, the template encoded) and else the mml_status it failed with.
  *
  * The partial file ("<sidecar>.partial") an interrupted build leaves holds the same
- * header (checksum 0) and then sample entries in stream order, each a mml_dsx_sample
- * followed by its images; a resumed build keeps its complete entries and goes on after
- * them.
+ * header (checksum 0), the etag and settings sections, and then sample entries in stream
+ * order, each a mml_dsx_sample, its images and a u64 checksum (mml_dsx_entry_hash); a
+ * resumed build keeps the entries before the first torn or damaged one (a checksum that
+ * does not match) and goes on after them.
  *
  * Threads: pure functions over caller memory; nothing is shared.
  */
@@ -96,9 +97,14 @@ mml_status mml_dsx_write_file(const char *path, const uint8_t *data, size_t len,
  * decompressed, which is its scan). */
 mml_status mml_dsx_add_to_index(const mml_dsx *x, mml_index *ix, const char *path, mml_err *err);
 
+/* The checksum after partial entry k (0-based): mml_hash_bytes, seeded with k, of its
+ * sample and its s->nimages images, so a damaged, lost or moved entry does not match. */
+uint64_t mml_dsx_entry_hash(int64_t k, const mml_dsx_sample *s, const void *images);
+
 /* The partial file: its header bytes for x's identity fields (n, nimages ignored), and
  * the parse of a partial file's bytes: the identity (checked by the caller) into hdr,
- * the complete entries into samples/images (allocated), *used = bytes they span. */
+ * the entries before the first torn or damaged one into samples/images (allocated),
+ * *used = bytes they span. */
 void mml_dsx_partial_header(const mml_dsx *x, uint8_t out[MML_DSX_HEADER]);
 mml_status mml_dsx_partial_parse(const uint8_t *data, size_t len, const char *name, mml_dsx *hdr,
                                  size_t *used, mml_err *err);

@@ -4,7 +4,10 @@
  * requests and gets a completion callback, called on the I/O thread (keep it short:
  * hand the body to a work queue).  Transient failures (5xx, 429, SlowDown, timeouts,
  * stalls, resets, short bodies) are retried with capped exponential backoff and jitter,
- * honouring Retry-After, on a fresh connection.  Secrets never appear in messages.
+ * honouring Retry-After, on a fresh connection; failures the same request would meet
+ * again (an object over max_object_bytes, a redirect loop, response headers over curl's
+ * limit, a malformed chunked body, 4xx) fail at once with that cause.  Secrets never
+ * appear in messages.
  *
  * Local paths are not handled here; mml_path_is_remote() tells which is which.
  */
@@ -17,6 +20,7 @@
 int mml_path_is_remote(const char *path);
 
 #define MML_DEFAULT_MAX_OBJECT_BYTES ((int64_t)256 << 20) /* 256 MiB */
+#define MML_DEFAULT_WHOLE_CACHE_BYTES ((int64_t)1 << 30)  /* 1 GiB */
 
 typedef struct mml_fetch_cfg {
   /* S3 credentials and addressing; NULL/empty fields fall back to the environment
@@ -39,15 +43,20 @@ typedef struct mml_fetch_cfg {
   const char *ca_bundle; /* PEM file of CAs to trust for https (NULL: AWS_CA_BUNDLE, else
                          * the system store); copied */
   /* Bounds on what one server can cost (0: the default; see each). */
-  int64_t max_object_bytes; /* a body passing this is cut: refused from the headers when the
-                             * size is declared (Content-Length / Content-Range: not retried),
-                             * retried when not (a broken stream looks the same), then
-                             * MML_EOBJECTSIZE (default MML_DEFAULT_MAX_OBJECT_BYTES) */
-  double min_rate;          /* bytes/s: a transfer slower than this over stall_s is abandoned
+  int64_t max_object_bytes;  /* a body passing this is cut and refused at once, never retried
+                             * (MML_EOBJECTSIZE): from the headers when the size is declared
+                             * (Content-Length / Content-Range), else when the bytes pass it
+                             * (default MML_DEFAULT_MAX_OBJECT_BYTES) */
+  double min_rate;           /* bytes/s: a transfer slower than this over stall_s is abandoned
                                * and retried (default 1024; a server dripping bytes) */
-  double retry_budget_s;    /* total time of one request with all its retries, counted from
+  double retry_budget_s;     /* total time of one request with all its retries, counted from
                                * its first attempt: no attempt outlives it (default 60) */
-  int io_threads;           /* I/O threads, each with its own multi handle and connections,
+  int64_t whole_cache_bytes; /* a server that ignores Range (answers a ranged GET with the
+                              * whole object) has its objects fetched once and kept whole
+                              * for their ranged reads, this many bytes in all, least
+                              * recently used dropped first; a larger object is refused
+                              * (0: MML_DEFAULT_WHOLE_CACHE_BYTES) */
+  int io_threads;            /* I/O threads, each with its own multi handle and connections,
                                * sharing max_inflight (0: 1, which sustains thousands of GETs/s;
                                * more only when TLS or copying makes one thread CPU-bound) */
 } mml_fetch_cfg;

@@ -11,6 +11,12 @@
 mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,
                          mml_err *err);
 
+/* The same, with the object's whole size as the reply declared it (Content-Range's total,
+ * or the length of a 200 with the whole object) in *total; -1 when it did not say
+ * (a 206 whose Content-Range total is "*"). */
+mml_status mml_fetch_get_sized(mml_fetcher *f, const char *url, int64_t off, int64_t len,
+                               mml_bytes *out, int64_t *total, mml_err *err);
+
 /* Object size (HEAD). */
 mml_status mml_fetch_size(mml_fetcher *f, const char *url, int64_t *size, mml_err *err);
 /* Object size and ETag (HEAD; etag "" when the server sent none), etag_cap bytes. */

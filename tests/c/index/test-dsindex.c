@@ -135,8 +135,10 @@ TEST(test_partial_entries) {
   size_t head = b.len, ends[3];
   int64_t k = 0;
   for (int i = 0; i < 3; i++) {
+    uint64_t h = mml_dsx_entry_hash(i, &s[i], &im[k]);
     mml_bytes_append(&b, &s[i], sizeof s[i]);
     mml_bytes_append(&b, &im[k], (size_t)i * sizeof im[0]);
+    mml_bytes_append(&b, &h, sizeof h);
     k += i;
     ends[i] = b.len;
   }
@@ -151,6 +153,17 @@ TEST(test_partial_entries) {
     CHECK_EQ_INT(p.key, 0xfeed);
     CHECK_EQ_STR(p.etag, "\"abc\"");
     mml_dsx_free(&p);
+  }
+  /* a byte damaged anywhere in an entry (not a torn tail): kept are the entries before */
+  for (size_t at = ends[0]; at < ends[2]; at++) {
+    b.data[at] ^= 0x10;
+    mml_dsx p;
+    size_t used;
+    CHECK_OK(mml_dsx_partial_parse(b.data, b.len, "p", &p, &used, &err), err);
+    CHECK_EQ_INT(p.n, at < ends[1] ? 1 : 2);
+    CHECK_EQ_INT(used, at < ends[1] ? ends[0] : ends[1]);
+    mml_dsx_free(&p);
+    b.data[at] ^= 0x10;
   }
   mml_bytes_free(&b);
   mml_index_free(&ix);
