@@ -77,7 +77,9 @@ def rank_main(cfg_path: str) -> None:
 
     cfg = json.load(open(cfg_path))
     warnings.simplefilter("ignore")
-    ray.init(address=cfg["address"], log_to_driver=False)
+    ray.init(
+        address=cfg["address"], log_to_driver=False, _node_ip_address=os.environ["MMLNC_NODE_IP"]
+    )
     kw = dict(cfg["kw"], producers=cfg["producers"], placement=cfg["placement"])
     kw["producer_resources"] = {"CPU": 1, "data": 1}
     if cfg["ranks"] is None:  # direct: this process is rank cfg["rank"]
