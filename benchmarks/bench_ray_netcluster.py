@@ -40,7 +40,9 @@ RUNS = int(os.environ.get("MML_BENCH_RAY_RUNS", "3"))
 N = int(os.environ.get("MML_BENCH_RAY_BATCHES", "24"))
 RATE = float(os.environ.get("MML_NETCLUSTER_MBIT", "200"))
 MAX_PIXELS = int(os.environ.get("MML_BENCH_RAY_MAX_PIXELS", str(448 * 448)))
-KW = dict(micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS)
+KW = dict(
+    tokenizer="tiny", micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS
+)
 OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 SCALES = {
     "small": dict(trainers=1, data=2, producers=2),

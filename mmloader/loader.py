@@ -283,7 +283,7 @@ def _parse_device(device: Any) -> int:
 
 
 def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
-    from .tokenizer import TINY_TOKENIZER_PATH, Tokenizer
+    from .tokenizer import TOKENIZER_NAMES, Tokenizer
 
     if tokenizer is None:
         if model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
@@ -299,8 +299,8 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
                 "tokenizer= (its tokenizer.json); the small test tokenizer, whose ids match "
                 'no real model, only by name: tokenizer="tiny"'
             )
-    if isinstance(tokenizer, str) and tokenizer == "tiny":
-        tokenizer = TINY_TOKENIZER_PATH
+    if isinstance(tokenizer, str) and tokenizer in TOKENIZER_NAMES:
+        tokenizer = TOKENIZER_NAMES[tokenizer]
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
