@@ -95,15 +95,6 @@ C_DEFAULT_OK = {
     # read the table) with the MML_DEFAULT_ constant the row's default is
     ("csrc/core/vision/vision.c", "max_jpeg_scans"),
 }
-# The planning pass configures a second Loader by hand (issue 32's "one measuring path").
-C_DEFAULT_OK |= {
-    ("csrc/core/loader/loader_plan.c", n)
-    for n in (
-        "samples_per_epoch mixture_tolerance micro_batch_size seq_length max_tokens_per_batch "
-        "group_by_length global_plan packing pad_to_multiple shuffle dp_rank dp_size cycle "
-        "pin_memory window on_error max_error_rate plan_only"
-    ).split()
-}
 # The vision config's video_family takes the model family's names (mml_video_family).
 C_ENUM_OK = {
     (f, row)

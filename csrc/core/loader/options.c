@@ -204,13 +204,15 @@ static const mml_option k_options[] = {
     {"seed", MML_OPT_INT, CFG(seed), 0, -I64, I64, NULL, FP, "Seed of the epoch order."},
     {"dp_rank", MML_OPT_INT, CFG(dp_rank), 0, 0, I32, NULL, FP | NONE,
      "This rank of a data-parallel group. Ranks get disjoint samples and the same number of "
-     "batches.  None (default): the rank of an initialised torch.distributed, else of the "
-     "RANK environment variable (torchrun, accelerate launch), else 0.  Under a distributed "
+     "batches.  None (default): Megatron's data-parallel rank when its model parallelism is "
+     "initialised, else the rank of an initialised torch.distributed, else of the RANK "
+     "environment variable (torchrun, accelerate launch), else 0.  Under a distributed "
      "launch give both dp_rank and dp_size or neither; a dp_size must divide the world "
      "size."},
     {"dp_size", MML_OPT_INT, CFG(dp_size), 1, 1, I32, NULL, FP | NONE,
-     "Data-parallel ranks. None (default): the world size of an initialised "
-     "torch.distributed, else of the WORLD_SIZE environment variable, else 1."},
+     "Data-parallel ranks. None (default): Megatron's data-parallel size when its model "
+     "parallelism is initialised, else the world size of an initialised torch.distributed, "
+     "else of the WORLD_SIZE environment variable, else 1."},
     {"cycle", MML_OPT_BOOL, CFG(cycle), 0, 0, 1, NULL, 0,
      "Never stop at an epoch end (Megatron-style iterators)."},
     /* ---- the batch's tensors */
