@@ -152,10 +152,14 @@ static mml_status explain_locked(mml_ledger *g, int64_t seq, int64_t need, int a
 /* ---- the waiting list and the grant step (L1, L2, L4, L6, L7) ------------------------ */
 
 static void unlink_locked(mml_ledger *g, mml_charge *c) {
-  if (c->prev) c->prev->next = c->next;
-  else g->head = c->next;
-  if (c->next) c->next->prev = c->prev;
-  else g->tail = c->prev;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    g->head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    g->tail = c->prev;
   c->prev = c->next = NULL;
   g->nwaiting--;
 }
@@ -166,10 +170,14 @@ static void link_locked(mml_ledger *g, mml_charge *c) {
   while (after && after->seq > c->seq) after = after->prev;
   c->prev = after;
   c->next = after ? after->next : g->head;
-  if (c->next) c->next->prev = c;
-  else g->tail = c;
-  if (after) after->next = c;
-  else g->head = c;
+  if (c->next)
+    c->next->prev = c;
+  else
+    g->tail = c;
+  if (after)
+    after->next = c;
+  else
+    g->head = c;
   g->nwaiting++;
 }
 
@@ -298,8 +306,10 @@ static mml_status request_locked(mml_ledger *g, mml_charge *c, mml_err *err) {
 
 /* A charge that failed: its status and message. */
 static mml_status failed_locked(mml_ledger *g, const mml_charge *c, mml_err *err) {
-  if (c->status == MML_ENOMEM && err) *err = g->fail_err;
-  else mml_err_set(err, c->status, "the memory ledger is shut down (closed)");
+  if (c->status == MML_ENOMEM && err)
+    *err = g->fail_err;
+  else
+    mml_err_set(err, c->status, "the memory ledger is shut down (closed)");
   return c->status;
 }
 

@@ -34,9 +34,9 @@ typedef void (*mml_charge_wake_fn)(void *arg);
 /* One request's place in the ledger; owned (and kept alive while WAITING or GRANTED) by
  * the caller.  Set seq and bytes (and wake for mml_ledger_request), zero the rest. */
 typedef struct mml_charge {
-  int64_t seq;   /* its place in the stream: smaller is granted first (ties: arrival) */
-  int64_t bytes; /* >= 0 */
-  int state;     /* MML_CHARGE_* (read it with mml_ledger_state off the ledger's lock) */
+  int64_t seq;       /* its place in the stream: smaller is granted first (ties: arrival) */
+  int64_t bytes;     /* >= 0 */
+  int state;         /* MML_CHARGE_* (read it with mml_ledger_state off the ledger's lock) */
   mml_status status; /* FAILED: why (MML_ENOMEM, MML_ECANCELLED) */
   mml_charge_wake_fn wake;
   void *wake_arg;
@@ -66,11 +66,11 @@ enum { MML_LEDGER_CACHES = 8 };
 typedef struct mml_ledger_stats {
   int64_t cap;
   int64_t held[MML_HOLDERS];
-  int64_t cached;             /* all caches together */
-  int64_t peak;               /* most held + cached at once */
-  int64_t waiting;            /* charges waiting now */
-  uint64_t grants, waits;     /* charges granted; of them, those that waited */
-  uint64_t evicted_bytes;     /* cache bytes reclaimed for a charge */
+  int64_t cached;              /* all caches together */
+  int64_t peak;                /* most held + cached at once */
+  int64_t waiting;             /* charges waiting now */
+  uint64_t grants, waits;      /* charges granted; of them, those that waited */
+  uint64_t evicted_bytes;      /* cache bytes reclaimed for a charge */
   int64_t head_seq, head_need; /* the first waiting charge (-1, 0: none) */
 } mml_ledger_stats;
 

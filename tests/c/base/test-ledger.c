@@ -142,7 +142,7 @@ TEST(ledger_evicts_caches_before_waiting) {
   CHECK(mml_ledger_cache_grow(g, id, 30)); /* a preload into free room */
   atomic_fetch_add(&k.bytes, 30);
   CHECK(!mml_ledger_cache_grow(g, id, 11)); /* above the cap */
-  mml_charge b = charge(1, 50); /* 0 held, 90 cached: 40 must go */
+  mml_charge b = charge(1, 50);             /* 0 held, 90 cached: 40 must go */
   CHECK_OK(mml_ledger_request(g, &b, &err), err);
   CHECK_EQ_INT(b.state, MML_CHARGE_GRANTED);
   CHECK_EQ_INT(atomic_load(&k.asked), 40);
@@ -156,7 +156,7 @@ TEST(ledger_evicts_caches_before_waiting) {
   atomic_store(&k.calls, 0);
   CHECK_OK(mml_ledger_request(g, &c, &err), err);
   CHECK_EQ_INT(mml_ledger_state(g, &c), MML_CHARGE_WAITING);
-  CHECK_EQ_INT(atomic_load(&k.calls), 0); /* not evicted for nothing */
+  CHECK_EQ_INT(atomic_load(&k.calls), 0);  /* not evicted for nothing */
   CHECK(!mml_ledger_cache_grow(g, id, 1)); /* a charge waits: caches do not grow */
   mml_ledger_release(g, 50, MML_HOLD_ENGINE);
   CHECK_EQ_INT(mml_ledger_state(g, &c), MML_CHARGE_GRANTED);
@@ -406,7 +406,7 @@ static void *stress_worker(void *arg) {
       atomic_fetch_add(&S->cache.bytes, 3);
     for (unsigned i = rnd(&seed) % 3; i > 0; i--) sched_yield(); /* decode */
     pthread_mutex_lock(&S->mu); /* work finishes under the consumer's lock (L7) */
-    if (S->fails[s]) { /* a decode failure: its bytes go back, the sample is skipped */
+    if (S->fails[s]) {          /* a decode failure: its bytes go back, the sample is skipped */
       live_add(S, -S->size[s]);
       mml_ledger_release(S->g, S->size[s], MML_HOLD_ENGINE);
     } else {
@@ -537,9 +537,8 @@ static int stress_one(unsigned *seed, int *ooms) {
             "  schedule: n=%d per=%d workers=%d keep_prev=%d cap=%lld need=%lld whole=%d "
             "peak=%lld held=%lld/%lld stranded=%lld cached=%lld/%lld: %s\n",
             S.n, S.per, S.nw, S.keep_prev, (long long)S.cap, (long long)stress_need(&S), whole,
-            (long long)st.peak, (long long)st.held[0], (long long)st.held[1],
-            (long long)stranded, (long long)st.cached, (long long)atomic_load(&S.cache.bytes),
-            S.oom_err.msg);
+            (long long)st.peak, (long long)st.held[0], (long long)st.held[1], (long long)stranded,
+            (long long)st.cached, (long long)atomic_load(&S.cache.bytes), S.oom_err.msg);
   mml_ledger_free(S.g);
   pthread_mutex_destroy(&S.mu);
   pthread_cond_destroy(&S.cv);
