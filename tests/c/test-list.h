@@ -46,6 +46,7 @@ TEST_DECLARE(test_every_damage_is_refused)
 TEST_DECLARE(test_partial_entries)
 TEST_DECLARE(test_sidecar_names_never_collide)
 TEST_DECLARE(test_build_and_use)
+TEST_DECLARE(test_plan_from_index_or_planning_pass)
 /* test-fetch.c */
 TEST_DECLARE(sha256_vectors)
 TEST_DECLARE(hmac_vectors)
@@ -248,6 +249,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_partial_entries)
     TEST_ENTRY(test_sidecar_names_never_collide)
     TEST_ENTRY(test_build_and_use)
+    TEST_ENTRY(test_plan_from_index_or_planning_pass)
     /* test-fetch.c */
     TEST_ENTRY(sha256_vectors)
     TEST_ENTRY(hmac_vectors)
