@@ -28,27 +28,25 @@ say() { echo "[wheel-root] $*"; }
 # The bullseye -dev packages: csrc/system-libs.txt's (libjpeg-dev is libjpeg62-turbo-dev
 # there), less the three built from source, plus what those three build against.
 FROM_SOURCE='^(libcurl4-openssl-dev|libtiff-dev|libav(codec|format|util)-dev|libswscale-dev)$'
+# cJSON: bullseye-security's libcjson1 1.7.14-1+deb11u3 (CVE-2023-53154, a heap over-read in
+# cJSON_ParseWithLength, which mmloader calls; CVE-2023-26819) is what the wheel bundles, but
+# Debian's archive (deb.debian.org and security.debian.org, checked 2026-12-03) serves no
+# libcjson-dev of that version, only bullseye's 1.7.14-1+deb11u1.  The security updates
+# change cJSON.c only, so the headers are the same: libcjson1 comes from apt (the update),
+# and libcjson-dev's files (headers, .pc, the .so link) are unpacked from bullseye's .deb
+# without registering it (its exact-version dependency would pull libcjson1 back).
 DEV=$(awk '!/^#/ && NF && $6 != "tests" { print $5 }' csrc/system-libs.txt | sort -u |
-  grep -vE "$FROM_SOURCE" | sed 's/^libjpeg-dev$/libjpeg62-turbo-dev/' | tr '\n' ' ')
+  grep -vE "$FROM_SOURCE" | sed 's/^libjpeg-dev$/libjpeg62-turbo-dev/;s/^libcjson-dev$/libcjson1/' |
+  tr '\n' ' ')
 DEV="$DEV libssl-dev libnghttp2-dev liblzma-dev libdeflate-dev libdav1d-dev"
 TOOLS="build-essential pkg-config nasm cmake dpkg-dev xz-utils bzip2"
 
-apt_install() {  # apt_install ROOT PKG...: retried with the point release's version of a
-  # package whose security update the mirror does not have (seen: a 404 for one .deb)
+apt_install() {  # apt_install ROOT PKG...
   local r=$1 log
   shift
   log=$(mktemp)
-  if inroot "$r" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "$@" > "$log" 2>&1; then rm -f "$log"; return 0; fi
-  local pinned=() p miss
-  miss=$(grep -oE "Failed to fetch [^ ]*/[^/_ ]+_[^ ]*\.deb" "$log" |
-    sed -E 's|.*/([^/_]+)_.*|\1|' | sort -u | tr '\n' ' ')
-  [ -n "$miss" ] || { tail -20 "$log"; rm -f "$log"; return 1; }
-  say "WARNING: the mirror lacks the security update of: $miss; taking bullseye's point release"
-  for p in "$@"; do pinned+=("$p"); done
-  for p in $miss; do pinned+=("$p/bullseye"); done
   inroot "$r" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "${pinned[@]}" > "$log" 2>&1 || { tail -20 "$log"; rm -f "$log"; return 1; }
+    --no-install-recommends "$@" > "$log" 2>&1 || { tail -20 "$log"; rm -f "$log"; return 1; }
   rm -f "$log"
 }
 
@@ -83,6 +81,8 @@ fi
 
 say "bullseye packages: $TOOLS $DEV"
 apt_install "$base" $TOOLS $DEV
+inroot "$base" sh -c 'cd /tmp && apt-get download -qq libcjson-dev/bullseye && dpkg-deb -x libcjson-dev_*.deb / &&
+  rm libcjson-dev_*.deb' > "$dir/cjson.log" 2>&1 || { cat "$dir/cjson.log"; exit 1; }
 say "sources from bookworm: curl tiff ffmpeg"
 ls -d "$base"/usr/src/mml/ffmpeg-*/ > /dev/null 2>&1 || inroot "$base" sh -c 'rm -rf /usr/src/mml && mkdir -p /usr/src/mml && cd /usr/src/mml &&
   apt-get source -qq curl tiff ffmpeg' > "$dir/sources.log" 2>&1 ||
