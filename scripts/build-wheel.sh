@@ -33,6 +33,11 @@ say() { echo "[build-wheel] $*"; }
 [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mount)"; exit 1; }
 . scripts/wheel/inroot.sh
 t_all=$SECONDS
+cpu() {  # CPU seconds (user + sys) of this script's finished children so far (from a
+  # subshell too: $$ is this script)
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%d", ($14 + $15) / hz }' /proc/$$/stat
+}
+since() { echo "$((SECONDS - $1))s, CPU $(($(cpu) - $2))s"; }  # since T0 C0: wall, CPU
 
 python_of() {  # python_of X.Y: the interpreter for that version (pyenv's, then PATH's)
   local c
@@ -68,12 +73,12 @@ prep() {
   touch "$work/codecs/.made"
   echo "[prep] ok (${SECONDS}s)"
 }
-t0=$SECONDS
+t0=$SECONDS c0=$(cpu)
 (SECONDS=0; prep) > "$work/prep.log" 2>&1 &
 prep_pid=$!
 bash scripts/wheel/root.sh "$roots" || { kill $prep_pid 2> /dev/null; exit 1; }
-say "roots ready ($((SECONDS - t0))s): $roots/build, $roots/run"
 wait $prep_pid || { tail -40 "$work/prep.log"; say "FAILED: the host side (log: $work/prep.log)"; exit 1; }
+say "roots ready ($(since $t0 $c0), with the host side's): $roots/build, $roots/run"
 say "host side: $(tail -1 "$work/prep.log")"
 printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$work/parallel.cfg"  # setuptools' extra config
 sdist=$(ls "$work"/raw/mmloader-*.tar.gz)
@@ -82,7 +87,7 @@ src=$(ls -d "$work"/tmp/mmloader-*/)
 
 # Each wheel from the sdist, by that Python, compiled and linked inside the build root.
 for v in $versions; do
-  t0=$SECONDS
+  t0=$SECONDS c0=$(cpu)
   py=$(python_of "$v")
   base=$("$py" -c 'import sys; print(sys.base_prefix)')
   venv=$work/venv-$v
@@ -97,20 +102,20 @@ for v in $versions; do
     exec "$2" -m build --wheel --no-isolation --outdir "$3" "$4"' \
     "$ROOT" "$work/tmp" "$venv/bin/python" "$work/raw" "$src" > "$work/build-$v.log" 2>&1 ||
     { tail -40 "$work/build-$v.log"; say "build failed (log: $work/build-$v.log)"; exit 1; }
-  say "  built in $((SECONDS - t0))s: $(basename "$(ls "$work"/raw/mmloader-*-cp${v/./}-*.whl)")"
+  say "  built ($(since $t0 $c0)): $(basename "$(ls "$work"/raw/mmloader-*-cp${v/./}-*.whl)")"
 done
 
-t0=$SECONDS
+t0=$SECONDS c0=$(cpu)
 say "auditwheel repair, inside the build root"
 MML_BIND="$ROOT" inroot "$roots/build" bash "$ROOT/scripts/wheel/repair.sh" "$work/raw" \
   "$work/repaired"
 cp "$sdist" "$work"/repaired/*.whl dist/
-say "repaired ($((SECONDS - t0))s)"
+say "repaired ($(since $t0 $c0))"
 
-t0=$SECONDS
+t0=$SECONDS c0=$(cpu)
 bash scripts/wheel/prove.sh "$roots/run" "$work" \
   "$(ls "$work"/repaired/mmloader-*-cp39-*.whl 2> /dev/null || true)" \
   "$(ls "$work"/repaired/mmloader-*-cp311-*.whl 2> /dev/null || true)" "$work/raw"
-say "proven ($((SECONDS - t0))s)"
-say "ok ($((SECONDS - t_all))s): dist/$(basename "$sdist")"
+say "proven ($(since $t0 $c0))"
+say "ok ($(since $t_all 0)): dist/$(basename "$sdist")"
 for w in "$work"/repaired/*.whl; do say "ok: dist/$(basename "$w") ($(du -k "$w" | cut -f1) KiB)"; done
