@@ -2,7 +2,8 @@
 # Makes the two Debian 11 (bullseye, glibc 2.31) roots the wheels are built and proven in:
 #   DIR/build   the build root: bullseye's gcc, pkg-config and the -dev packages of
 #               csrc/system-libs.txt, plus the three libraries bullseye has too old for
-#               mmloader, built from Debian 12's (bookworm's) patched sources into /opt/mml:
+#               mmloader, built from Debian 12's (bookworm's) patched sources into /opt/mml
+#               by scripts/wheel/libs.sh (the three at once):
 #                 libcurl 7.88  (CURLOPT_PROTOCOLS_STR needs 7.85; bullseye has 7.74)
 #                 libtiff 4.5   (TIFFOpenOptions* needs 4.5; bullseye has 4.2)
 #                 FFmpeg 5.1    (avformat_index_get_entry needs 4.4; bullseye has 4.3), a
