@@ -19,6 +19,11 @@
  *   shard and settings are still those in the partial header; else it starts over.  At
  *   the end the whole index is serialised, written to a temporary file and renamed over
  *   `out` (readers never see a torn index), and the partial file is removed.
+ *   Stopping (the callback, an error, the loader's close: ARCHITECTURE 4.8): the writer
+ *   sets b->cancel before joining; workers check it between samples, and their fetches
+ *   and video passes check it too (mml_fetch_get_cancellable, mml_video_src.cancel), so
+ *   the build returns within a fraction of a second whatever a worker is reading.  The
+ *   chunks they leave unfinished are never written (the partial file stays a prefix).
  *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image or video) and
  *   chunks in flight, plus per worker one header buffer per frame of its record's videos
  *   and one open video file at a time (mml/video.h: a few I/O blocks).
@@ -63,6 +68,7 @@ typedef struct build {
   chunk *chunks;
   int64_t nchunks, next;
   int stop;
+  mml_cancel cancel; /* set when the build stops: workers leave their sample at once */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   mml_fetcher *f; /* remote records or images */
@@ -132,14 +138,14 @@ static mml_status media_head(bworker *w, int64_t gi, const char *ref, int64_t wa
     if (!mml_index_shard_remote(b->sh))
       st = mml_index_read(b->sh, off, n, dst, err);
     else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get(f, b->sh->path, off, n, dst, err);
+      st = mml_fetch_get_cancellable(f, b->sh->path, off, n, &b->cancel, dst, err);
   } else {
     if ((st = media_path(w, ref, err))) return st;
     const char *p = (const char *)w->path.data;
     if (!mml_path_is_remote(p))
       st = mml_read_file(p, 0, want, dst, err);
     else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get(f, p, 0, want, dst, err);
+      st = mml_fetch_get_cancellable(f, p, 0, want, &b->cancel, dst, err);
     *whole = want < 0 || (int64_t)dst->len < want;
   }
   if (!st) *bytes += dst->len;
@@ -201,7 +207,8 @@ static mml_status probe_file(bworker *w, int64_t gi, int v, const mml_vision_cfg
   mml_video_src src = {.name = ref,
                        .max_bytes = L->cfg.max_object_bytes,
                        .threads = 1,
-                       .max_pixels = vision->max_image_pixels};
+                       .max_pixels = vision->max_image_pixels,
+                       .cancel = &b->cancel};
   mml_status st;
   int64_t off, len;
   if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) {
@@ -308,7 +315,7 @@ static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *
   if (!mml_index_shard_remote(b->sh))
     st = mml_index_read(b->sh, off, len, &w->rec_bytes, err);
   else if (!(st = fetcher(b, &f, err)))
-    st = mml_fetch_get(f, b->sh->path, off, len, &w->rec_bytes, err);
+    st = mml_fetch_get_cancellable(f, b->sh->path, off, len, &b->cancel, &w->rec_bytes, err);
   if (st) return st;
   *bytes += w->rec_bytes.len;
   if (w->rec_parsed) mml_record_free(&w->rec);
@@ -394,7 +401,7 @@ static void run_chunk(bworker *w, int64_t ci) {
   build *b = w->b;
   chunk *c = &b->chunks[ci];
   int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
-  for (int64_t k = k0; k < k1; k++) {
+  for (int64_t k = k0; k < k1 && !mml_cancelled(&b->cancel); k++) {
     mml_dsx_sample *s = &c->s[k - k0];
     memset(s, 0, sizeof *s);
     mml_err err;
@@ -687,6 +694,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     pthread_mutex_lock(&b->mu);
     st = wait_chunk(b, c, r, cb, ctx, err);
     pthread_mutex_unlock(&b->mu);
+    if (!st && mml_cancelled(&b->cancel)) st = cancelled(b, r, err); /* c may be cut short */
     if (st) break;
     int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
     st = flush_chunk(c, k1 - k0, fd, ppath, r, &buf, err);
@@ -705,6 +713,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     }
   }
   mml_bytes_free(&buf);
+  mml_cancel_set(&b->cancel); /* a worker inside a sample (a fetch, a video pass) leaves it */
   pthread_mutex_lock(&b->mu);
   b->stop = 1;
   pthread_mutex_unlock(&b->mu);
@@ -756,7 +765,7 @@ mml_status mml_loader_build_index(mml_loader *L, int shard, const char *out, int
     return MML_OK;
   }
   int fd = -1;
-  build b = {.L = L, .shard = shard, .sh = sh, .n = sh->count};
+  build b = {.L = L, .shard = shard, .sh = sh, .n = sh->count, .cancel = {0, &L->cancel}};
   pthread_mutex_init(&b.mu, NULL);
   pthread_cond_init(&b.cv, NULL);
   st = open_partial(ppath, &id, sh->count, &r, &fd, err);
