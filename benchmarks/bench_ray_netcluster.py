@@ -40,7 +40,9 @@ RUNS = int(os.environ.get("MML_BENCH_RAY_RUNS", "3"))
 N = int(os.environ.get("MML_BENCH_RAY_BATCHES", "24"))
 RATE = float(os.environ.get("MML_NETCLUSTER_MBIT", "200"))
 MAX_PIXELS = int(os.environ.get("MML_BENCH_RAY_MAX_PIXELS", str(448 * 448)))
-KW = dict(micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS)
+KW = dict(
+    tokenizer="tiny", micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS
+)
 OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 SCALES = {
     "small": dict(trainers=1, data=2, producers=2),
@@ -77,7 +79,9 @@ def rank_main(cfg_path: str) -> None:
 
     cfg = json.load(open(cfg_path))
     warnings.simplefilter("ignore")
-    ray.init(address=cfg["address"], log_to_driver=False)
+    ray.init(
+        address=cfg["address"], log_to_driver=False, _node_ip_address=os.environ["MMLNC_NODE_IP"]
+    )
     kw = dict(cfg["kw"], producers=cfg["producers"], placement=cfg["placement"])
     kw["producer_resources"] = {"CPU": 1, "data": 1}
     if cfg["ranks"] is None:  # direct: this process is rank cfg["rank"]

@@ -221,10 +221,21 @@ def _launcher_world() -> Optional[Tuple[int, int, str]]:
     return env
 
 
+def _megatron_dp() -> Optional[Tuple[int, int]]:
+    """Megatron's data-parallel (rank, size) when its model parallelism is initialised in
+    this process: under tensor / pipeline / context parallelism the ranks of one model
+    replica read the same data, so the world's rank and size would be wrong."""
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None or not ps.model_parallel_is_initialized():
+        return None
+    return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+
+
 def resolve_dp(dp_rank: Optional[int], dp_size: Optional[int]) -> Tuple[int, int]:
     """The data-parallel (rank, size) a Loader runs with.  Given: as given.  Not given:
-    those of an initialised torch.distributed (or a launcher's RANK / WORLD_SIZE), so
-    ranks never train on the same samples by default; 0 / 1 in a single process.  Under
+    Megatron's data-parallel group when its model parallelism is initialised, else those
+    of an initialised torch.distributed (or a launcher's RANK / WORLD_SIZE), so ranks
+    never train on the same samples by default; 0 / 1 in a single process.  Under
     a distributed launch, a given dp_size must divide the world size (data parallelism
     beside tensor / pipeline parallelism) and both or neither must be given:
     ConfigError otherwise."""
@@ -233,7 +244,7 @@ def resolve_dp(dp_rank: Optional[int], dp_size: Optional[int]) -> Tuple[int, int
         return (0 if dp_rank is None else dp_rank, 1 if dp_size is None else dp_size)
     rank, size, where = world
     if dp_rank is None and dp_size is None:
-        return rank, size
+        return _megatron_dp() or (rank, size)
     if dp_rank is None or dp_size is None:
         raise ConfigError(
             f"{where} runs {size} processes: give both dp_rank and dp_size (the "
@@ -283,7 +294,7 @@ def _parse_device(device: Any) -> int:
 
 
 def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
-    from .tokenizer import TINY_TOKENIZER_PATH, Tokenizer
+    from .tokenizer import TOKENIZER_NAMES, Tokenizer
 
     if tokenizer is None:
         if model_dir is not None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
@@ -299,8 +310,8 @@ def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
                 "tokenizer= (its tokenizer.json); the small test tokenizer, whose ids match "
                 'no real model, only by name: tokenizer="tiny"'
             )
-    if isinstance(tokenizer, str) and tokenizer == "tiny":
-        tokenizer = TINY_TOKENIZER_PATH
+    if isinstance(tokenizer, str) and tokenizer in TOKENIZER_NAMES:
+        tokenizer = TOKENIZER_NAMES[tokenizer]
     if isinstance(tokenizer, (str, os.PathLike)):
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
@@ -456,8 +467,9 @@ class Loader:
             epoch (same configuration: the exact next batch).
         shuffle, seed: the epoch order is a pure function of (seed, epoch).
         dp_rank, dp_size: this rank of a data-parallel group; ranks get disjoint samples
-            and the same number of batches.  None (default): the rank and world size of an
-            initialised torch.distributed, else of the RANK / WORLD_SIZE environment
+            and the same number of batches.  None (default): Megatron's data-parallel
+            rank and size when its model parallelism is initialised, else the rank and
+            world size of an initialised torch.distributed, else of the RANK / WORLD_SIZE environment
             variables (torchrun, accelerate launch), else 0 / 1.  Under a distributed
             launch give both or neither; a dp_size must divide the world size.
         num_threads: worker threads; default: CPUs in the affinity mask divided by

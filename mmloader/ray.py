@@ -275,7 +275,7 @@ class Loader:
             mode, where a batch is guessed to take micro_batch_size samples (turn it on
             for data with many skips).
         **loader_kwargs: :class:`mmloader.Loader` arguments (the stream's definition:
-            batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path.
+            batch size, seed, dp_rank/dp_size, ...).  ``tokenizer`` must be a path or a name (``"tiny"``).
             ``device`` and ``pin_memory`` are refused (move the views with ``.cuda()``).
     """
 
@@ -342,8 +342,8 @@ class Loader:
         tok = loader_kwargs.get("tokenizer")
         if tok is not None and not isinstance(tok, (str, bytes)) and not hasattr(tok, "__fspath__"):
             raise ConfigError(
-                "mmloader.ray.Loader: tokenizer must be a path (each producer "
-                "loads it on its own node)"
+                "mmloader.ray.Loader: tokenizer must be a path or a name such as "
+                "'tiny' (each producer loads it on its own node)"
             )
         plan = [
             k
@@ -1051,10 +1051,15 @@ def _absolute_data(data: Any) -> Any:
 
 
 def _absolute_paths(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    from .tokenizer import TOKENIZER_NAMES
+
     out = dict(kwargs)
     for k in _PATH_OPTIONS:
-        if k in out and not isinstance(out[k], bool):
-            out[k] = _absolute(out[k])
+        if k not in out or isinstance(out[k], bool):
+            continue
+        if k == "tokenizer" and isinstance(out[k], str) and out[k] in TOKENIZER_NAMES:
+            continue  # a name, not a path: each producer looks it up in its own install
+        out[k] = _absolute(out[k])
     return out
 
 

@@ -26,6 +26,10 @@ TINY_TOKENIZER_PATH = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "data", "tiny-tokenizer.json"
 )
 
+#: Tokenizers known by name (``tokenizer="tiny"``): a name is not a path; each process
+#: (a Ray producer on another node too) looks it up in its own installation.
+TOKENIZER_NAMES = {"tiny": TINY_TOKENIZER_PATH}
+
 
 class Tokenizer(_core.Tokenizer):
     """Byte-level BPE tokenizer loaded from a Hugging Face ``tokenizer.json``.
@@ -89,4 +93,4 @@ def _restore(cls, path, json):
     return cls(path) if path is not None else cls(json=json)
 
 
-__all__ = ["Tokenizer", "TINY_TOKENIZER_PATH"]
+__all__ = ["Tokenizer", "TINY_TOKENIZER_PATH", "TOKENIZER_NAMES"]

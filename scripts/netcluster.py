@@ -200,6 +200,9 @@ class NetCluster:
         # killer would kill this cluster's workers for memory others use
         env["RAY_memory_monitor_refresh_ms"] = "0"
         env.pop("RAY_ADDRESS", None)
+        # a driver must say which node it is on: with several raylets on one host, Ray
+        # connects a driver to the head's (ray.init(..., _node_ip_address=MMLNC_NODE_IP))
+        env["MMLNC_NODE_IP"] = n.ip
         return env
 
     def command(self, node: int, argv: Sequence[str]) -> List[str]:

@@ -3,7 +3,10 @@
 compared batch by batch with a fault-free run of the same data read from local disk.
 
 Faults (per request, deterministic in --seed): 1% 503, 0.5% cut bodies, 0.5% connection
-resets, a few stalls and endless bodies; 0.5% of the images are corrupt files (a data
+resets, a few stalls: the transient faults a retry survives.  (An endless body, which
+passes max_object_bytes without a declared size, cannot succeed by retrying: the loader
+skips that sample at once, so it is tested on its own in tests/test_hostile_servers.py,
+not here, where every batch must equal the fault-free run's.)  0.5% of the images are corrupt files (a data
 fault, the same in both runs: those samples are skipped and counted in both).  Checks: no
 crash, no hang, every batch equal to the fault-free one, resident memory and open file
 descriptors flat (sampled over the run and reported).
@@ -30,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "servers"))
 
-FAULT_RATES = {"503": 0.01, "truncate": 0.005, "reset": 0.005, "stall": 0.0004, "endless": 0.0004}
+FAULT_RATES = {"503": 0.01, "truncate": 0.005, "reset": 0.005, "stall": 0.0004}
 CORRUPT_FRACTION = 0.005
 
 

@@ -131,7 +131,9 @@ def frictions(cfg):
 def main():
     cfg = json.load(open(sys.argv[1]))
     warnings.simplefilter("ignore")
-    ray.init(address=cfg["address"], log_to_driver=False)
+    ray.init(
+        address=cfg["address"], log_to_driver=False, _node_ip_address=os.environ["MMLNC_NODE_IP"]
+    )
     res = {"stream": stream, "kill": kill, "frictions": frictions}[cfg["mode"]](cfg)
     with open(sys.argv[2], "w") as f:
         json.dump(res, f)

@@ -288,11 +288,6 @@ PREFETCH = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(
-    reason="on the merged main of 2026-12-03 the child's peak RSS was 1.28 GB (limit 0.5 GB): "
-    "passed on its branch; not yet diagnosed after the merges",
-    strict=False,
-)
 def test_maximum_prefetch_costs_what_is_queued(tmp_path):
     # prefetch=1048576 on 16 samples allocated (and at close touched) 1 M output slots of
     # ~2.3 KB: 2.3 GB RSS; the queue now grows with what is queued, up to a byte budget

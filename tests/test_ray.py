@@ -436,6 +436,20 @@ def test_relative_data_path_is_resolved_on_the_driver(cluster, dataset, monkeypa
         assert L.state_dict()["fingerprint"] == _fp(src)
 
 
+def test_tokenizer_name_is_not_a_path(cluster, dataset, tmp_path, monkeypatch):
+    # "tiny" names the bundled tokenizer: it was made a path under the driver's working
+    # directory (".../tiny", which exists on no node) and every producer failed to load it
+    monkeypatch.chdir(tmp_path)
+    kw = dict(KW, tokenizer="tiny")
+    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, **kw) as L:
+        assert _events(L, 3) == _local(dataset, 3)  # KW: the same tokenizer by its path
+    # a relative path is still a path, resolved here: a copy of the file under another name
+    os.symlink(mmloader.tokenizer.TINY_TOKENIZER_PATH, tmp_path / "tok.json")
+    kw = dict(KW, tokenizer="tok.json")
+    with mray.Loader(dataset, producers=1, producer_resources={"CPU": 0.5}, **kw) as L:
+        assert _events(L, 2) == _local(dataset, 2)
+
+
 def _fp(data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -25,7 +25,7 @@ from mmloader.datagen import make_dataset  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "tests", "netcluster_trainer.py")
-KW = dict(micro_batch_size=4, seed=7, num_threads=1, max_pixels=128 * 28 * 28)
+KW = dict(tokenizer="tiny", micro_batch_size=4, seed=7, num_threads=1, max_pixels=128 * 28 * 28)
 RATE = float(os.environ.get("MML_NETCLUSTER_MBIT", "200"))
 
 

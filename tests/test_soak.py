@@ -27,12 +27,6 @@ def check(rep, max_rss_growth_mb):
     assert last["rss_mb"] - warm["rss_mb"] < max_rss_growth_mb, rep["trace"]
 
 
-@pytest.mark.xfail(
-    reason="on the merged main of 2026-12-03 batches 184-188 of the faulted run differed from "
-    "the fault-free run: likely a fault the soak injects that the fetcher now fails at once "
-    "instead of retrying (issue 29 part C); not yet diagnosed",
-    strict=False,
-)
 def test_soak_short(tmp_path):
     check(soak(batches=300, seed=1, workdir=str(tmp_path), log=lambda *a: None), 64)
 

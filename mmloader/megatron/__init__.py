@@ -343,8 +343,9 @@ def make_provider(
         dataloader_save, iteration: where and at which iteration that state lies; default:
             Megatron's ``args.dataloader_save`` and ``args.iteration``.
         all_ranks: build a loader on every rank instead of only where Megatron reads data.
-        **loader_kwargs: :class:`mmloader.Loader` arguments; without ``data`` they come from
-            the ``--mmloader-*`` flags when the provider runs (:func:`loader_kwargs_from_args`).
+        **loader_kwargs: :class:`mmloader.Loader` arguments; without ``data`` the data and
+            the rest come from the ``--mmloader-*`` flags when the provider runs
+            (:func:`loader_kwargs_from_args`), and these arguments override the flags.
     """
 
     def train_valid_test_datasets_provider(
@@ -355,9 +356,10 @@ def make_provider(
         args = _megatron_args()
         given = dict(loader_kwargs)
         vkw = valid
-        if "data" not in given:
-            given = loader_kwargs_from_args(args)
-            vkw = given.pop("valid", valid)
+        if "data" not in given:  # the flags, under what the script passed
+            flags = loader_kwargs_from_args(args)
+            vkw = flags.pop("valid", valid)
+            given = {**flags, **given}
         _PACKING[0] = bool(given.get("packing", False))
         if ps is not None and not all_ranks:
             first, last = _first_last_stage(ps, vp_stage)

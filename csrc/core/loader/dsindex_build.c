@@ -21,16 +21,20 @@
  *   `out` (readers never see a torn index), and the partial file is removed.
  *   Stopping (the callback, an error, the loader's close: ARCHITECTURE 4.8): the writer
  *   sets b->cancel before joining; workers check it between samples, and their fetches
- *   and video passes check it too (mml_fetch_get_cancellable, mml_video_src.cancel), so
- *   the build returns within a fraction of a second whatever a worker is reading.  The
- *   chunks they leave unfinished are never written (the partial file stays a prefix).
+ *   and video probes check it too (ld_measurer.cancel), so the build returns within a
+ *   fraction of a second whatever a worker is reading.  A chunk they leave unfinished is
+ *   never written (the partial file stays a prefix).
  *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image or video) and
  *   chunks in flight, plus per worker one header buffer per frame of its record's videos
  *   and one open video file at a time (mml/video.h: a few I/O blocks).
  *
- * A sample's status and counts are exactly what the loader's worker would find before
- * decoding (mml_sample_plan): same parser options, image references,
- * path policy, per-image budgets, limits and template.
+ * A sample's status and counts are what the loader's worker finds before decoding: each
+ * worker measures with measure.c's ld_measure (headers only, videos as float32), which
+ * feeds mml_sample_measure, the function the loader's workers plan with (measure.c
+ * DESIGN 1-5): same parser options, media references, path policy, per-image budgets,
+ * limits and template.  The settings checks of mml_sample_check (max_length, a
+ * supervised label) are not applied: max_length is applied when the counts are used
+ * (loader_dsindex.c), and the index keeps its format (no status for them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,11 +45,6 @@
 #include <unistd.h>
 
 #include "loader_int.h"
-#include "mml/datauri.h"
-#include "mml/fetch_sync.h"
-#include "mml/message.h"
-#include "mml/template.h"
-#include "mml/video_frames.h"
 
 enum { CHUNK = 256 };
 
@@ -71,326 +70,50 @@ typedef struct build {
   mml_cancel cancel; /* set when the build stops: workers leave their sample at once */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  mml_fetcher *f; /* remote records or images */
 } build;
 
 typedef struct bworker {
   build *b;
-  mml_tok_scratch *tok;
-  mml_record rec;
-  int rec_parsed;
-  mml_bytes rec_bytes, img, path;
-  mml_ids ids, labels;
-  mml_vision_plan *plans;
-  int64_t *tokens;
-  int cap;
-  /* videos: a frame list's frame headers, each file's probe, each video's plan and
-   * template counts, the Qwen3-VL timestamps of all (grid_t values per video) */
-  mml_bytes *frames;
-  int frames_cap;
-  mml_video_info *vinfo; /* each video file's probe */
-  mml_video_plan *vplans;
-  mml_video_tokens *vtok;
-  int vcap;
-  double *vts;
-  size_t vts_cap;
+  ld_measurer m; /* headers only, videos as float32 (measure.c DESIGN 4, 5) */
 } bworker;
 
-static mml_status fetcher(build *b, mml_fetcher **f, mml_err *err) {
-  if (!b->f) {
-    mml_status st = ld_get_fetcher(b->L, &b->f, err);
-    if (st) return st;
-  }
-  *f = b->f;
+/* Room for n more index entries of images and videos on chunk c. */
+static mml_status chunk_fit(chunk *c, int64_t n, mml_err *err) {
+  if (c->nimgs + n <= c->cap) return MML_OK;
+  int64_t nc = c->cap ? c->cap * 2 : 2 * CHUNK;
+  while (nc < c->nimgs + n) nc *= 2;
+  mml_dsx_image *p = realloc(c->imgs, (size_t)nc * sizeof *p);
+  if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory");
+  c->imgs = p;
+  c->cap = nc;
   return MML_OK;
 }
 
-/* A media reference resolved into w->path and checked by the path policy (as the
- * loader's worker does before it reads an image or opens a video file). */
-static mml_status media_path(bworker *w, const char *ref, mml_err *err) {
-  mml_loader *L = w->b->L;
-  const char *root = L->roots[w->b->shard];
-  mml_status st = mml_sample_image_path(root, ref, &w->path, err);
-  if (!st)
-    st = mml_sample_image_allowed(&L->cfg, root, ref, (const char *)w->path.data,
-                                  !L->remote[w->b->shard], err);
-  return st;
-}
-
-/* The first bytes of media `ref` (an image, a frame of a frame list, a WebDataset member
- * video), or all of it (*whole), read or fetched into *dst. */
-static mml_status media_head(bworker *w, int64_t gi, const char *ref, int64_t want, mml_bytes *dst,
-                             int *whole, uint64_t *bytes, mml_err *err) {
-  build *b = w->b;
-  mml_loader *L = b->L;
-  mml_status st;
-  mml_fetcher *f;
-  *whole = 1;
-  if (mml_is_data_uri(ref)) return mml_data_uri_decode(ref, dst, err);
-  int64_t off = 0, len = -1;
-  if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) { /* a WebDataset member */
-    if (len > L->cfg.max_object_bytes) /* as the loader does: from its tar header */
-      return mml_err_set(err, MML_EOBJECTSIZE,
-                         "%s: member %s is %lld bytes, above max_object_bytes=%lld", b->sh->path,
-                         ref, (long long)len, (long long)L->cfg.max_object_bytes);
-    int64_t n = want >= 0 && want < len ? want : len;
-    *whole = n == len;
-    if (!mml_index_shard_remote(b->sh))
-      st = mml_index_read(b->sh, off, n, dst, err);
-    else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get_cancellable(f, b->sh->path, off, n, &b->cancel, dst, err);
-  } else {
-    if ((st = media_path(w, ref, err))) return st;
-    const char *p = (const char *)w->path.data;
-    if (!mml_path_is_remote(p))
-      st = mml_read_file(p, 0, want, dst, err);
-    else if (!(st = fetcher(b, &f, err)))
-      st = mml_fetch_get_cancellable(f, p, 0, want, &b->cancel, dst, err);
-    *whole = want < 0 || (int64_t)dst->len < want;
-  }
-  if (!st) *bytes += dst->len;
-  return st;
-}
-
-static mml_status image_head(bworker *w, int64_t gi, int i, int64_t want, int *whole,
-                             uint64_t *bytes, mml_err *err) {
-  return media_head(w, gi, mml_record_media_ref(&w->rec, i), want, &w->img, whole, bytes, err);
-}
-
-/* Room for the record's videos: probes, plans, template counts, frame headers. */
-static mml_status video_fit(bworker *w, mml_err *err) {
-  const mml_record *rec = &w->rec;
-  int nv = rec->nvideos, nf = mml_record_frames(rec);
-  if (nv > w->vcap) {
-    void *p = realloc(w->vplans, (size_t)nv * sizeof *w->vplans);
-    if (p) w->vplans = p;
-    void *q = p ? realloc(w->vtok, (size_t)nv * sizeof *w->vtok) : NULL;
-    if (q) w->vtok = q;
-    void *r = q ? realloc(w->vinfo, (size_t)nv * sizeof *w->vinfo) : NULL;
-    if (r) w->vinfo = r;
-    if (!r) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", nv);
-    w->vcap = nv;
-  }
-  if (nf > w->frames_cap) {
-    mml_bytes *f = realloc(w->frames, (size_t)nf * sizeof *f);
-    if (!f) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d frames", nf);
-    memset(f + w->frames_cap, 0, (size_t)(nf - w->frames_cap) * sizeof *f);
-    w->frames = f;
-    w->frames_cap = nf;
-  }
-  return MML_OK;
-}
-
-/* Room for the Qwen3-VL timestamps of every video (grid_t of each, known after the
- * probes: a file keeps at most its frames). */
-static mml_status ts_fit(bworker *w, mml_err *err) {
-  const mml_record *rec = &w->rec;
-  size_t need = (size_t)mml_record_frames(rec) + (size_t)rec->nvideos; /* >= every grid_t */
-  for (int v = 0; v < rec->nvideos; v++)
-    if (rec->videos[v].ref && w->vinfo[v].nframes > 0) need += (size_t)w->vinfo[v].nframes;
-  if (need <= w->vts_cap) return MML_OK;
-  double *t = realloc(w->vts, need * sizeof *t);
-  if (!t) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d videos", rec->nvideos);
-  w->vts = t;
-  w->vts_cap = need;
-  return MML_OK;
-}
-
-/* Opens and probes video file v of the record into w->vinfo[v], as the loader's plan
- * stage does (its WebDataset member's bytes, else its path or URL: ranged reads through
- * the fetcher); nothing is decoded. */
-static mml_status probe_file(bworker *w, int64_t gi, int v, const mml_vision_cfg *vision,
-                             uint64_t *bytes, mml_err *err) {
-  build *b = w->b;
-  mml_loader *L = b->L;
-  const char *ref = w->rec.videos[v].ref;
-  mml_video_src src = {.name = ref,
-                       .max_bytes = L->cfg.max_object_bytes,
-                       .threads = 1,
-                       .max_pixels = vision->max_image_pixels,
-                       .cancel = &b->cancel};
-  mml_status st;
-  int64_t off, len;
-  if (mml_index_member(&L->ix, b->shard, gi, ref, &off, &len)) {
-    int whole;
-    if ((st = media_head(w, gi, ref, -1, &w->img, &whole, bytes, err))) return st;
-    src.data = w->img.data;
-    src.len = w->img.len;
-  } else {
-    if ((st = media_path(w, ref, err))) return st;
-    src.name = (const char *)w->path.data;
-    if (mml_path_is_remote(src.name) && (st = fetcher(b, &src.fetcher, err))) return st;
-  }
-  mml_video *vid = NULL;
-  memset(&w->vinfo[v], 0, sizeof w->vinfo[v]);
-  st = mml_video_open(&src, &vid, err);
-  if (!st) st = mml_video_probe(vid, &w->vinfo[v], err);
-  if (!src.data) *bytes += (uint64_t)mml_video_bytes_read(vid);
-  mml_video_close(vid);
-  return st;
-}
-
-/* Plans frame list v (media items from *item on) from its frames' headers alone (each
- * frame's first bytes; all of it when its header lies further). */
-static mml_status plan_list(bworker *w, int64_t gi, int v, int *item, const mml_vision_cfg *cfg,
-                            double *ts, uint64_t *bytes, mml_err *err) {
-  const mml_video_ref *vr = &w->rec.videos[v];
-  mml_bytes *fr = w->frames + (*item - w->rec.nimages);
-  for (int j = 0; j < vr->nframes; j++, (*item)++) {
-    int whole;
-    mml_image_info info;
-    const char *ref = mml_record_media_ref(&w->rec, *item);
-    mml_status st = media_head(w, gi, ref, MML_DSX_HEAD_BYTES, &fr[j], &whole, bytes, err);
-    if (!st && !whole && mml_image_probe(fr[j].data, fr[j].len, &info, NULL) != MML_OK)
-      st = media_head(w, gi, ref, -1, &fr[j], &whole, bytes, err); /* header further */
-    if (st) {
-      mml_err_prefix(err, "frame %d", j);
-      return st;
-    }
-  }
-  return mml_video_plan_list(cfg, vr, fr, &w->vplans[v], ts, err);
-}
-
-/* Plans every video of the record as mml_sample_plan does: frame lists from their
- * frames' headers, files from their probe (opened, probed, closed).  The counts do not
- * depend on the pixel format, so the plan is made as for float32 (a uint8 loader refuses
- * the videos it cannot hold when it plans them).  *vis adds their tokens, *px their
- * frames' pixels. */
-static mml_status plan_videos(bworker *w, int64_t gi, const mml_vision_cfg *vision, int64_t *vis,
-                              int64_t *px, chunk *c, mml_err *err) {
-  const mml_record *rec = &w->rec;
-  mml_status st = video_fit(w, err);
-  for (int v = 0; !st && v < rec->nvideos; v++) /* the loader probes before it plans */
-    if (rec->videos[v].ref && (st = probe_file(w, gi, v, vision, &c->bytes, err)))
-      mml_sample_err_video(err, &rec->videos[v], v);
-  if (!st) st = ts_fit(w, err);
-  if (st) return st;
-  mml_vision_cfg cfg = *vision;
-  cfg.pixel_format = MML_PIXEL_FLOAT32;
-  double *ts = w->vts;
-  int item = rec->nimages; /* media index of the next frame */
-  for (int v = 0; v < rec->nvideos; v++) {
-    const mml_video_ref *vr = &rec->videos[v];
-    mml_video_plan *p = &w->vplans[v];
-    st = vr->ref ? mml_video_plan_file(&cfg, &vr->keys, &w->vinfo[v], p, ts, err)
-                 : plan_list(w, gi, v, &item, &cfg, ts, &c->bytes, err);
-    if (st) {
-      mml_sample_err_video(err, vr, v);
-      return st;
-    }
-    w->vtok[v] =
-        (mml_video_tokens){.groups = p->grid_t, .group_tokens = p->group_tokens, .timestamps = ts};
-    ts += p->grid_t;
-    *vis += p->tokens;
-    *px += mml_video_plan_pixels(p);
-  }
-  return MML_OK;
-}
-
-static mml_status fit(bworker *w, int n) {
-  if (n <= w->cap) return MML_OK;
-  int nc = w->cap ? w->cap * 2 : 8;
-  while (nc < n) nc *= 2;
-  void *p = realloc(w->plans, (size_t)nc * sizeof *w->plans);
-  if (!p) return MML_ENOMEM;
-  w->plans = p;
-  if (!(p = realloc(w->tokens, (size_t)nc * sizeof *w->tokens))) return MML_ENOMEM;
-  w->tokens = p;
-  w->cap = nc;
-  return MML_OK;
-}
-
-/* The record of shard sample k, read and parsed into w->rec. */
-static mml_status read_record(bworker *w, int64_t gi, uint64_t *bytes, mml_err *err) {
-  build *b = w->b;
-  mml_loader *L = b->L;
-  int shard;
-  int64_t off, len, line;
-  mml_index_locate(&L->ix, gi, &shard, &off, &len, &line);
-  if (len > L->cfg.max_record_bytes)
-    return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
-                       (long long)len, (long long)L->cfg.max_record_bytes);
-  mml_status st;
-  mml_fetcher *f;
-  if (!mml_index_shard_remote(b->sh))
-    st = mml_index_read(b->sh, off, len, &w->rec_bytes, err);
-  else if (!(st = fetcher(b, &f, err)))
-    st = mml_fetch_get_cancellable(f, b->sh->path, off, len, &b->cancel, &w->rec_bytes, err);
-  if (st) return st;
-  *bytes += w->rec_bytes.len;
-  if (w->rec_parsed) mml_record_free(&w->rec);
-  memset(&w->rec, 0, sizeof w->rec);
-  w->rec_parsed = 1;
-  return ld_parse_record(L, b->shard, gi, &w->rec_bytes, &w->rec, err); /* as the loader does */
-}
-
-/* Plans shard sample k into *out and its images onto chunk c. */
+/* Measures shard sample k (ld_measure: what the loader's worker finds before decoding)
+ * into *out and its images and videos onto chunk c. */
 static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk *c, mml_err *err) {
-  build *b = w->b;
-  mml_loader *L = b->L;
-  int64_t gi = b->sh->first + k;
-  const ld_source *src = &L->src[L->shard_src[b->shard]];
-  mml_status st = read_record(w, gi, &c->bytes, err);
+  ld_measurer *m = &w->m;
+  m->bytes = 0;
+  mml_status st = ld_measure(m, w->b->sh->first + k, err);
+  c->bytes += m->bytes;
   if (st) return st;
-  int n = w->rec.nimages, nv = w->rec.nvideos;
-  if (fit(w, n)) return mml_err_set(err, MML_ENOMEM, "out of memory planning %d images", n);
-  int64_t px = 0, vis = 0;
-  for (int i = 0; i < n; i++) {
-    int whole;
-    st = image_head(w, gi, i, MML_DSX_HEAD_BYTES, &whole, &c->bytes, err);
-    const mml_image_budget *bud = w->rec.budgets ? &w->rec.budgets[i] : NULL;
-    if (!st)
-      st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud, &w->plans[i],
-                                        err);
-    if (st && !whole) { /* the header lies beyond the first bytes: read it all */
-      mml_err_clear(err);
-      st = image_head(w, gi, i, -1, &whole, &c->bytes, err);
-      if (!st)
-        st = mml_vision_plan_bytes_budget(&src->vision, w->img.data, w->img.len, bud, &w->plans[i],
-                                          err);
-    }
-    if (st) {
-      mml_sample_err_image(err, w->rec.images[i]);
-      return st;
-    }
-    w->tokens[i] = w->plans[i].tokens;
-    vis += w->plans[i].tokens;
-    px += mml_vision_plan_pixels(&w->plans[i]);
-  }
-  if (nv && (st = plan_videos(w, gi, &src->vision, &vis, &px, c, err))) return st;
-  if (src->pl.max_sample_pixels > 0 && px > src->pl.max_sample_pixels) /* as mml_sample_plan */
-    return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) and %d video(s) of %lld pixels in all (each at its larger "
-                       "size: in the file or resized), above max_sample_pixels=%lld",
-                       n, nv, (long long)px, (long long)src->pl.max_sample_pixels);
-  mml_ids_clear(&w->ids);
-  mml_ids_clear(&w->labels);
-  if ((st = mml_template_encode_media(src->pl.tmpl, w->tok, &w->rec, w->tokens, nv ? w->vtok : NULL,
-                                      &w->ids, &w->labels, err)))
-    return st;
-  int64_t text = (int64_t)w->ids.len - vis;
+  const int n = m->rec.nimages, nv = m->rec.nvideos;
+  int64_t text = (int64_t)m->s.input_ids.len - m->s.vision_tokens;
   if (n + nv > UINT16_MAX || nv > UINT8_MAX || text < 0 || text > UINT32_MAX)
     return mml_err_set(err, MML_EINTERNAL,
                        "%d images, %d videos, %lld text tokens: beyond the index format", n, nv,
                        (long long)text);
   for (int v = 0; v < nv; v++)
-    if (w->vplans[v].tokens > UINT32_MAX)
+    if (m->vplans[v].tokens > UINT32_MAX)
       return mml_err_set(err, MML_EINTERNAL, "video %d: %lld tokens: beyond the index format", v,
-                         (long long)w->vplans[v].tokens);
-  if (c->nimgs + n + nv > c->cap) {
-    int64_t nc = c->cap ? c->cap * 2 : 2 * CHUNK;
-    while (nc < c->nimgs + n + nv) nc *= 2;
-    mml_dsx_image *p = realloc(c->imgs, (size_t)nc * sizeof *p);
-    if (!p) return mml_err_set(err, MML_ENOMEM, "out of memory");
-    c->imgs = p;
-    c->cap = nc;
-  }
+                         (long long)m->vplans[v].tokens);
+  if ((st = chunk_fit(c, n + nv, err))) return st;
   for (int i = 0; i < n; i++)
-    c->imgs[c->nimgs++] = (mml_dsx_image){(uint32_t)w->plans[i].src_w, (uint32_t)w->plans[i].src_h,
-                                          (uint32_t)w->plans[i].tokens};
+    c->imgs[c->nimgs++] = (mml_dsx_image){(uint32_t)m->plans[i].src_w, (uint32_t)m->plans[i].src_h,
+                                          (uint32_t)m->plans[i].tokens};
   for (int v = 0; v < nv; v++) /* videos after the images */
     c->imgs[c->nimgs++] = (mml_dsx_image){
-        (uint32_t)w->vplans[v].src_w, (uint32_t)w->vplans[v].src_h, (uint32_t)w->vplans[v].tokens};
+        (uint32_t)m->vplans[v].src_w, (uint32_t)m->vplans[v].src_h, (uint32_t)m->vplans[v].tokens};
   out->text_tokens = (uint32_t)text;
   out->nimages = (uint16_t)(n + nv);
   out->nvideos = (uint8_t)nv;
@@ -648,23 +371,7 @@ static mml_status wait_chunk(build *b, const chunk *c, const result *r, mml_inde
 }
 
 static void free_workers(bworker *ws, int nthreads) {
-  for (int i = 0; ws && i < nthreads; i++) {
-    mml_tok_scratch_free(ws[i].tok);
-    if (ws[i].rec_parsed) mml_record_free(&ws[i].rec);
-    mml_bytes_free(&ws[i].rec_bytes);
-    mml_bytes_free(&ws[i].img);
-    mml_bytes_free(&ws[i].path);
-    mml_ids_free(&ws[i].ids);
-    mml_ids_free(&ws[i].labels);
-    free(ws[i].plans);
-    free(ws[i].tokens);
-    for (int j = 0; j < ws[i].frames_cap; j++) mml_bytes_free(&ws[i].frames[j]);
-    free(ws[i].frames);
-    free(ws[i].vinfo);
-    free(ws[i].vplans);
-    free(ws[i].vtok);
-    free(ws[i].vts);
-  }
+  for (int i = 0; ws && i < nthreads; i++) ld_measurer_free(&ws[i].m);
   free(ws);
 }
 
@@ -680,9 +387,9 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
   if (!b->chunks || !ws || !th) st = mml_err_set(err, MML_ENOMEM, "out of memory");
   for (int i = 0; !st && i < nthreads; i++) {
     ws[i].b = b;
-    if (mml_tok_scratch_new(&ws[i].tok))
-      st = mml_err_set(err, MML_ENOMEM, "out of memory");
-    else if (pthread_create(&th[i], NULL, worker_main, &ws[i]))
+    if ((st = ld_measurer_init(&ws[i].m, b->L, MML_DSX_HEAD_BYTES, 1, err))) break;
+    ws[i].m.cancel = &b->cancel;
+    if (pthread_create(&th[i], NULL, worker_main, &ws[i]))
       st = mml_err_set(err, MML_ENOMEM, "cannot start index thread %d", i);
     else
       started++;

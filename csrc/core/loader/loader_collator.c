@@ -590,7 +590,6 @@ void *ld_collator_main(void *arg) {
     pthread_cond_broadcast(&L->work_cv);
     L->samples++;
     ld_source_count_locked(L, &c.s);
-    if (L->plan_sink) ld_plan_record_locked(L, &c.s);
     if (c.s.status != MML_OK) {
       if (c.s.status == MML_ENOMEM && L->cfg.max_memory) /* it can never fit: stop here */
         ld_set_fatal_locked(L, MML_ENOMEM, &c.s.err);

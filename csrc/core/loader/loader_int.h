@@ -356,8 +356,8 @@ struct mml_loader {
   int64_t real_tokens, token_slots;
 
   /* the global plan (loader_plan.c): NULL unless max_tokens_per_batch, balance or
-   * group_by_length is set; plan_sink: a planning pass records its counts there */
-  struct ld_gplan *gp, *plan_sink;
+   * group_by_length is set */
+  struct ld_gplan *gp;
 };
 
 /* loader.c */
@@ -420,14 +420,41 @@ int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, u
 mml_status ld_index_precheck(const mml_loader *L, const mml_sample *s, mml_err *err);
 void ld_index_free(mml_loader *L);
 
-/* loader_plan.c (see its top comment); every call site is guarded by L->gp / plan_sink */
+/* measure.c (see its top comment): one sample measured from its record and its media's
+ * headers (or whole media: head < 0) with mml_sample_measure, outside the stream. */
+typedef struct ld_measurer {
+  mml_loader *L;
+  int64_t head;   /* bytes of each image or frame read first; < 0: whole */
+  int f32_videos; /* videos planned as for float32 (the index) */
+  int64_t gi;     /* the sample measured last, its shard */
+  int shard;
+  mml_sample_scratch sc;
+  mml_record rec;
+  int rec_parsed;
+  mml_bytes rec_bytes, path;
+  mml_bytes *media; /* images, frames, WebDataset member videos */
+  int media_cap, plans_cap, vcap;
+  mml_vision_plan *plans;
+  struct mml_video_info *vinfo;
+  struct mml_video_plan *vplans;
+  mml_sample s;             /* the result: input_ids, labels, vision_tokens */
+  uint64_t bytes;           /* read so far (the caller may take and reset it) */
+  const mml_cancel *cancel; /* its fetches and video probes stop once set (init: the
+                             * loader's; the index builder's own, a child of it) */
+} ld_measurer;
+mml_status ld_measurer_init(ld_measurer *m, mml_loader *L, int64_t head, int f32_videos,
+                            mml_err *err);
+void ld_measurer_free(ld_measurer *m);
+/* Measures global sample gi into m->s, m->plans[0, rec.nimages), m->vplans[0,
+ * rec.nvideos) (m->rec: its record).  Does not apply mml_sample_check. */
+mml_status ld_measure(ld_measurer *m, int64_t gi, mml_err *err);
+
+/* loader_plan.c (see its top comment); every call site is guarded by L->gp */
 typedef struct ld_gplan ld_gplan;
 int ld_plan_wanted(const mml_loader_cfg *cfg);
 /* Measures every sample (a planning pass) and switches the loader to planned epochs. */
 mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err);
 void ld_plan_free(mml_loader *L);
-/* A planning pass's collator records the sample's counts (plan_sink != NULL). */
-void ld_plan_record_locked(mml_loader *L, const mml_sample *s);
 /* Stream position -> epoch position; MML_EEND past this rank's plan (takes mu). */
 mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t *j, mml_err *err);
 /* This rank's samples in `epoch`; whether position pos ends one of its batches. */

@@ -5,11 +5,12 @@
  * and where its batches end.
  *
  * Counts.  From the dataset index when every shard has one that applies (loader_dsindex.c:
- * no sample is read at construction); else a planning pass runs a second, internal loader
- * over the same data and settings with plan_only (records read, templated and tokenized,
- * image headers probed, nothing decoded), dp_size 1 and every source drawn once, and records each
- * sample's tokens and vision tokens from its collation thread (ld_plan_record_locked).
- * A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
+ * no sample is read at construction); else a planning pass measures every sample of
+ * every source once (measure(): num_threads threads, each with a measure.c ld_measurer:
+ * the record and its media read as the stream reads them, video files probed, nothing
+ * decoded, sized by mml_sample_measure, the workers' own function, then checked by
+ * mml_sample_check) and records each sample's tokens and vision tokens.  No second
+ * loader runs, so no option has to be reset for it.  A sample that fails there, or that alone exceeds a batch (seq_length, pack_length or
  * max_tokens_per_batch), is never planned: it is counted as skipped, with a warning, once
  * when the loader is built.
  *
@@ -28,15 +29,18 @@
  * counts and group_by_length only), so no sample is repeated or lost.
  *
  * Threads: everything here runs under the loader's mu, except ld_plan_new (construction,
- * no threads yet) and ld_plan_slot, which takes mu itself.
+ * before the loader's threads: the planning pass's own threads share only the pass's
+ * counter, under its mutex, and write disjoint samples' counts) and ld_plan_slot, which
+ * takes mu itself.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "loader_int.h"
 #include "mml/plan.h"
 
-enum { PLAN_CACHE = 3, INNER_PACK = 1 << 20 };
+enum { PLAN_CACHE = 3, PASS_BLOCK = 64 };
 
 typedef struct gp_epoch {
   int valid;
@@ -70,81 +74,78 @@ static gp_epoch *epoch_plan(mml_loader *L, int64_t epoch, int64_t q0, mml_err *e
 
 /* ---- counts: the planning pass ------------------------------------------------------- */
 
-void ld_plan_record_locked(mml_loader *L, const mml_sample *s) {
-  ld_gplan *g = L->plan_sink;
-  if (!g || s->index < 0 || s->index >= g->n) return;
-  if (s->status != MML_OK) {
-    g->tokens[s->index] = -1;
-    g->why[s->index] = (uint8_t)(s->status < MML_STATUS_COUNT ? s->status : MML_EINTERNAL);
+/* The planning pass's threads take samples in blocks of PASS_BLOCK (a counter under mu). */
+typedef struct pass {
+  mml_loader *L;
+  ld_gplan *g;
+  pthread_mutex_t mu;
+  int64_t next;
+  int failed; /* a thread could not start its measurer: it measures nothing */
+  mml_err err;
+} pass;
+
+/* Sample i's counts into g, or why it stays out of the plan: ld_measure (the record and
+ * its media read whole, as the stream reads them: measure.c DESIGN 4), then the settings
+ * checks the worker applies (mml_sample_check). */
+static void measure_one(ld_measurer *m, ld_gplan *g, int64_t i) {
+  mml_err e;
+  mml_err_clear(&e);
+  mml_status st = ld_measure(m, i, &e);
+  if (!st) st = mml_sample_check(&m->L->src[m->L->shard_src[m->shard]].pl, &m->s, &e);
+  if (st) {
+    g->tokens[i] = -1;
+    g->why[i] = (uint8_t)(st < MML_STATUS_COUNT ? st : MML_EINTERNAL);
     return;
   }
-  g->tokens[s->index] = (int64_t)s->input_ids.len;
-  g->vision[s->index] = s->vision_tokens;
-  g->why[s->index] = MML_OK;
+  g->tokens[i] = (int64_t)m->s.input_ids.len;
+  g->vision[i] = m->s.vision_tokens;
+  g->why[i] = MML_OK;
 }
 
-/* The internal loader's configuration: the same samples and settings, planned only. */
-static mml_status inner_cfg(const mml_loader_cfg *cfg, mml_loader_cfg *c, mml_source_cfg **srcs) {
-  *c = *cfg;
-  c->plan_only = 1;
-  c->dp_rank = 0;
-  c->dp_size = 1;
-  c->shuffle = 0;
-  c->cycle = 0;
-  c->on_error_raise = 0;
-  c->max_error_rate = 1.0;
-  c->max_tokens_per_batch = 0;
-  c->balance = MML_BALANCE_NONE;
-  c->group_by_length = 0;
-  c->global_plan = 0;
-  c->collate.pack = 1; /* packed epochs visit every position once */
-  c->collate.pack_length = INNER_PACK;
-  c->collate.pad_to_multiple = 0;
-  c->collate.seq_length = 0;
-  c->collate.micro_batch_size = 1;
-  c->collate.rows_dynamic = 0;
-  c->pin_memory = 0;
-  c->to_device = 0;
-  c->allocator = NULL;
-  c->window = 0;
-  c->mixture_tolerance = -1;
-  c->samples_per_epoch = 0;
-  *srcs = NULL;
-  if (cfg->sources && cfg->nsources > 0) { /* every sample of every source once */
-    *srcs = malloc((size_t)cfg->nsources * sizeof **srcs);
-    if (!*srcs) return MML_ENOMEM;
-    for (int i = 0; i < cfg->nsources; i++) {
-      (*srcs)[i] = cfg->sources[i];
-      (*srcs)[i].weight = (*srcs)[i].repeat = -1;
-      (*srcs)[i].choose = -1;
-    }
-    c->sources = *srcs;
+static void *pass_main(void *arg) {
+  pass *p = arg;
+  ld_measurer m;
+  mml_err err;
+  if (ld_measurer_init(&m, p->L, -1, 0, &err)) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->failed) p->err = err;
+    p->failed = 1;
+    pthread_mutex_unlock(&p->mu);
+    ld_measurer_free(&m);
+    return NULL;
+  }
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    int64_t i0 = p->next;
+    p->next = i0 + PASS_BLOCK;
+    pthread_mutex_unlock(&p->mu);
+    if (i0 >= p->g->n) break;
+    for (int64_t i = i0; i < i0 + PASS_BLOCK && i < p->g->n; i++) measure_one(&m, p->g, i);
+  }
+  ld_measurer_free(&m);
+  return NULL;
+}
+
+/* The planning pass: every sample of every source measured once (num_threads threads,
+ * each with its own ld_measurer; each sample's counts written by the thread that measured
+ * it).  No loader runs: the measuring function is the workers' own (measure.c). */
+static mml_status measure(mml_loader *L, ld_gplan *g, mml_err *err) {
+  pass p = {.L = L, .g = g};
+  int nt = L->cfg.num_threads < 1 ? 1 : L->cfg.num_threads, started = 0;
+  pthread_t *th = calloc((size_t)nt, sizeof *th);
+  if (!th) return mml_err_set(err, MML_ENOMEM, "planning pass: out of memory");
+  pthread_mutex_init(&p.mu, NULL);
+  while (started < nt && !pthread_create(&th[started], NULL, pass_main, &p)) started++;
+  if (!started) pass_main(&p); /* no thread could start: this one measures */
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&p.mu);
+  free(th);
+  if (p.failed && p.next < g->n) { /* no measurer at all: nothing was measured */
+    *err = p.err;
+    mml_err_prefix(err, "planning pass (token counts for the global plan)");
+    return err->status;
   }
   return MML_OK;
-}
-
-static mml_status measure(ld_gplan *g, const mml_loader_cfg *cfg, mml_err *err) {
-  mml_loader_cfg c;
-  mml_source_cfg *srcs;
-  if (inner_cfg(cfg, &c, &srcs))
-    return mml_err_set(err, MML_ENOMEM, "planning pass: out of memory");
-  mml_loader *in = NULL;
-  mml_status st = mml_loader_new(&c, &in, err);
-  if (!st) {
-    in->plan_sink = g;
-    for (;;) {
-      mml_batch b;
-      memset(&b, 0, sizeof b);
-      st = mml_loader_next(in, &b, -1, err);
-      mml_batch_clear(&b);
-      if (st) break;
-    }
-    if (st == MML_EEND) st = MML_OK;
-  }
-  if (st) mml_err_prefix(err, "planning pass (token counts for the global plan)");
-  mml_loader_free(in);
-  free(srcs);
-  return st;
 }
 
 /* Samples that alone exceed a batch leave the plan as too_long. */
@@ -222,7 +223,7 @@ mml_status ld_plan_new(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   mml_status st = MML_OK;
   if (ld_index_all_counts(L, g->tokens, g->vision, g->why))
     g->indexed = g->n;
-  else if (!(st = measure(g, cfg, err)))
+  else if (!(st = measure(L, g, err)))
     g->measured = g->n;
   if (st) return st;
   drop_too_long(g, cfg);

@@ -160,19 +160,18 @@ static int any_label(const mml_ids *labels) {
   return 0;
 }
 
-mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
-                           const mml_bytes *images, mml_vision_plan *plans,
-                           const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
-                           mml_err *err) {
+mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                              const mml_bytes *media, mml_vision_plan *plans,
+                              const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
+                              mml_err *err) {
   mml_status st;
   int n = rec->nimages;
   if ((st = scratch_fit(sc, n, err))) return st;
   double t0 = mml_now();
-  int64_t rows = 0, src_px = 0;
-  int cols = 0;
+  int64_t src_px = 0;
   out->vision_tokens = 0;
   for (int i = 0; i < n; i++) {
-    st = mml_vision_plan_bytes_budget(pl->vision, images[i].data, images[i].len,
+    st = mml_vision_plan_bytes_budget(pl->vision, media[i].data, media[i].len,
                                       rec->budgets ? &rec->budgets[i] : NULL, &plans[i], err);
     if (st) {
       mml_sample_err_image(err, rec->images[i]);
@@ -180,13 +179,11 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
     }
     sc->tokens[i] = plans[i].tokens;
     out->vision_tokens += plans[i].tokens;
-    rows += plans[i].rows;
-    cols = plans[i].cols;
     src_px += mml_vision_plan_pixels(&plans[i]);
   }
   int64_t vrows = 0;
   if (rec->nvideos &&
-      (st = plan_videos(pl, sc, rec, images + n, vinfo, vplans, &vrows, &src_px, err)))
+      (st = plan_videos(pl, sc, rec, media + n, vinfo, vplans, &vrows, &src_px, err)))
     return st;
   for (int v = 0; v < rec->nvideos; v++) out->vision_tokens += vplans[v].tokens;
   if (pl->max_sample_pixels > 0 && src_px > pl->max_sample_pixels)
@@ -200,14 +197,32 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
                                  rec->nvideos ? sc->vtokens : NULL, &out->input_ids, &out->labels,
                                  err);
   sc->text_s += mml_now() - t1;
-  if (st) return st;
-  if (!any_label(&out->labels))
+  return st;
+}
+
+mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err *err) {
+  if (!any_label(&s->labels))
     return mml_err_set(err, MML_ENOTARGET,
                        "no trainable turn: no token of the sample is supervised (no assistant "
                        "reply, or label_mode leaves none)");
-  if (pl->max_length > 0 && (int64_t)out->input_ids.len > pl->max_length)
-    return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", out->input_ids.len,
+  if (pl->max_length > 0 && (int64_t)s->input_ids.len > pl->max_length)
+    return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", s->input_ids.len,
                        (long long)pl->max_length);
+  return MML_OK;
+}
+
+mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                           const mml_bytes *images, mml_vision_plan *plans,
+                           const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
+                           mml_err *err) {
+  mml_status st = mml_sample_measure(pl, sc, rec, images, plans, vinfo, vplans, out, err);
+  if (!st) st = mml_sample_check(pl, out, err);
+  if (st) return st;
+  const int n = rec->nimages;
+  int64_t rows = 0, vrows = 0;
+  for (int i = 0; i < n; i++) rows += plans[i].rows;
+  for (int v = 0; v < rec->nvideos; v++) vrows += vplans[v].rows;
+  const int cols = n ? plans[n - 1].cols : 0;
   out->pixels_elsewhere = 1;
   if (pl->plan_only) { /* composition needs only the token count */
     out->pixel_rows = 0;

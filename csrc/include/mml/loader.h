@@ -374,7 +374,25 @@ typedef struct mml_sample_scratch {
 mml_status mml_sample_scratch_init(mml_sample_scratch *s, mml_err *err);
 void mml_sample_scratch_free(mml_sample_scratch *s);
 
-/* Plans `out` from a parsed record and the encoded bytes of each of its images, before
+/* THE measuring function: the one place a sample's sizes are computed, shared by the
+ * loader's workers (through mml_sample_plan), the global plan's planning pass and the
+ * dataset-index builder (loader/measure.c reads a record and its media's headers for
+ * those two).  From a parsed record, the bytes of its media (images[0, rec->nimages),
+ * then the frames of every frame-list video in order; a header is enough) and the probe
+ * of each video file (vinfo[v]): each image's plan (plans[i]: size after EXIF
+ * orientation, smart_resize grid, token count), each video's plan (vplans[v]: frame
+ * indices, sizes, grid, tokens, timestamps), out->vision_tokens, and the template's
+ * out->input_ids + out->labels with those counts (appended); the max_sample_pixels check.
+ * Nothing else of `out` is touched.  On failure err names the image or video and reason. */
+mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
+                              const mml_bytes *media, mml_vision_plan *plans,
+                              const struct mml_video_info *vinfo, struct mml_video_plan *vplans,
+                              mml_sample *out, mml_err *err);
+/* The checks on a measured sample that depend on the loader's settings, not its sizes:
+ * some label supervised (MML_ENOTARGET), max_length (MML_ETOOLONG). */
+mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err *err);
+/* mml_sample_measure, mml_sample_check, then the rest of the sample's plan:
+ * plans `out` from a parsed record and the encoded bytes of each of its images, before
  * any pixel work: each image's plan from its header alone (plans[i], nimages of them:
  * size after EXIF orientation, smart_resize grid, token count), each video's plan
  * (vplans[v], nvideos of them, kept by the caller until mml_sample_decode_videos: frame
