@@ -161,7 +161,7 @@ def test_padded_torch_transformers(benchmark, rope_model):
 
 
 def mml_packed():
-    return _core._collate(SAMPLES, dict(pack=1, pack_length=PACK, pixel_cols=COLS))
+    return _core._collate(SAMPLES, dict(packing=True, pack_length=PACK, pixel_cols=COLS))
 
 
 def hf_packed():

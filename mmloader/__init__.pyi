@@ -4,7 +4,7 @@ from . import presets as presets
 from .template import encode_chat as encode_chat, render_chat as render_chat
 from .tokenizer import Tokenizer as Tokenizer
 from .vision import ImageProcessor as ImageProcessor, smart_resize as smart_resize
-from .loader import Loader as Loader
+from .loader import Loader as Loader, LoaderStats as LoaderStats
 from .mixture import Source as Source
 
 from ._core import (

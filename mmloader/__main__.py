@@ -13,6 +13,13 @@ import sys
 import time
 from typing import List, Optional
 
+from ._options import add_flags, flag_kwargs
+
+# The Loader options the demo takes (flags and help from the option table).
+DEMO_FLAGS = ("micro_batch_size", "num_threads", "max_pixels", "tokenizer", "seed")
+#: The demo's own defaults (shown in its --help): the bundled test tokenizer, no model needed.
+DEMO_DEFAULTS = {"tokenizer": "tiny"}
+
 
 def _demo(args: argparse.Namespace) -> int:
     from . import Loader
@@ -40,14 +47,7 @@ def _demo(args: argparse.Namespace) -> int:
             f"wrote {ds['n_samples']} samples and {ds['n_images']} images to {out} "
             f"in {time.perf_counter() - t0:.1f}s"
         )
-    loader = Loader(
-        ds["shards"],
-        micro_batch_size=args.batch_size,
-        tokenizer=args.tokenizer,
-        num_threads=args.threads,
-        max_pixels=args.max_pixels,
-        seed=0,
-    )
+    loader = Loader(ds["shards"], **flag_kwargs(args, DEMO_FLAGS))
     with loader:
         t0 = time.perf_counter()
         batches = samples = images = 0
@@ -89,7 +89,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     d = sub.add_parser("demo", help="generate a small dataset and time the loader on it")
     d.add_argument("--samples", type=int, default=512, help="records to generate (512)")
     d.add_argument("--out", default="demo-data", help="dataset folder (./demo-data)")
-    d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--epochs", type=int, default=1)
     d.add_argument(
         "--step-ms",
@@ -97,10 +96,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=0.0,
         help="simulated trainer step per batch, in ms (default 0: none)",
     )
-    d.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
-    d.add_argument("--max-pixels", type=int, default=None, help="vision max_pixels override")
-    d.add_argument(
-        "--tokenizer", default="tiny", help='tokenizer.json (default: "tiny", the bundled test one)'
+    add_flags(
+        d.add_argument_group("loader options (mmloader.Loader)"),
+        DEMO_FLAGS,
+        defaults=DEMO_DEFAULTS,
     )
     from .profile import add_arguments as profile_arguments
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import _core
 from ._core import ConfigError
+from ._options import add_flags, flag_kwargs
 
 #: the index file format this mmloader writes and reads
 FORMAT_VERSION = 1
@@ -139,31 +140,30 @@ def build(
 # ---- command line -------------------------------------------------------------------
 
 
+# The Loader settings the index command takes (flags and help from the option table);
+# num_threads is the builder's threads.
+LOADER_FLAGS = (
+    "preset",
+    "model_dir",
+    "tokenizer",
+    "min_pixels",
+    "max_pixels",
+    "image_root",
+    "image_route",
+    "system_prompt",
+    "data_format",
+    "s3_endpoint",
+    "num_threads",
+)
+
+
 def add_arguments(p: Any) -> None:
     p.add_argument("data", nargs="+", help="shards, globs, folders, URLs, or a mixture file")
     p.add_argument(
         "--out", default=None, help="folder for the index files (default: next to each shard)"
     )
-    p.add_argument(
-        "--preset", default="qwen2.5-vl", help="qwen2-vl, qwen2.5-vl (default), qwen3-vl"
-    )
-    p.add_argument(
-        "--model-dir", default=None, help="checkpoint folder (preprocessor config, tokenizer)"
-    )
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the model dir's)")
-    p.add_argument("--min-pixels", type=int, default=None)
-    p.add_argument("--max-pixels", type=int, default=None)
-    p.add_argument("--image-root", default=None, help="folder relative image paths are under")
-    p.add_argument(
-        "--image-route",
-        default="processor",
-        help="processor (default), load_image or qwen-vl-utils",
-    )
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--data-format", default="auto", help="auto, jsonl, json, webdataset")
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: CPUs)")
-    p.add_argument("--s3-endpoint", default=None)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(p.add_argument_group("loader settings the counts are for"), LOADER_FLAGS)
 
 
 def _bar(shard: int, shards: int, done: int, total: int, t0: float) -> None:
@@ -211,18 +211,8 @@ def print_summary(s: Dict[str, Any], file: Any = sys.stdout) -> None:
 
 
 def main_args(a: Any) -> int:
-    kw: Dict[str, Any] = dict(
-        preset=a.preset,
-        model_dir=a.model_dir,
-        tokenizer=a.tokenizer,
-        min_pixels=a.min_pixels,
-        max_pixels=a.max_pixels,
-        image_root=a.image_root,
-        image_route=a.image_route,
-        system_prompt=a.system_prompt,
-        data_format=a.data_format,
-        s3_endpoint=a.s3_endpoint,
-    )
+    kw = flag_kwargs(a, LOADER_FLAGS)
+    threads = kw.pop("num_threads", None)
     data = a.data if len(a.data) > 1 else a.data[0]
     t0 = time.perf_counter()
     tty = sys.stderr.isatty()
@@ -238,7 +228,7 @@ def main_args(a: Any) -> int:
 
     bar: Optional[Callable[[int, int, int, int], None]] = None if a.quiet else show
     try:
-        s = build(data, out=a.out, threads=a.threads, progress=bar, **kw)
+        s = build(data, out=a.out, threads=threads, progress=bar, **kw)
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume", file=sys.stderr)
         return 130

@@ -16,9 +16,20 @@ import stat
 import sys
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
+from typing import (
+    Any,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+    cast,
+)
 
-from . import _core, mixture, recipes
+from . import _core, _options, mixture, recipes
 from ._core import ConfigError, StateError
 from .mixture import Source
 from .presets import template_style, vision_config
@@ -29,10 +40,12 @@ DataSpec = Union[PathLike, Sequence[PathLike], Source, Sequence[Union[Source, Di
 STATE_VERSION = 1
 #: The engine's option table (csrc/core/loader/options.c; see mml/options.h), by name: type,
 #: default, bounds, choices, whether it enters the resume fingerprint, one line of doc.
-OPTIONS: Dict[str, Dict[str, Any]] = {o["name"]: o for o in _core.loader_options()}
-#: The Loader keywords that are table options, and their defaults.
-_KEYWORDS = tuple(k for k, o in OPTIONS.items() if not o["internal"])
-_D: Dict[str, Any] = {k: OPTIONS[k]["default"] for k in _KEYWORDS}
+OPTIONS = _options.OPTIONS
+#: The Loader keywords the engine takes as table options.
+_KEYWORDS = tuple(k for k, o in OPTIONS.items() if not (o["internal"] or o["python"]))
+#: Every Loader keyword that is a row of the table (also those resolved in Python: preset,
+#: tokenizer, the vision overrides), and its default.
+_D = _options.DEFAULTS
 _LABEL_MODES = OPTIONS["label_mode"]["choices"]
 _REMOTE = ("http://", "https://", "s3://")
 # Fingerprint keys a mixture change touches (allow_mixture_change=True accepts them).
@@ -343,6 +356,144 @@ def _tokenizer_identity(tok: Any) -> str:
     return h.hexdigest()[:16]
 
 
+class SourceStats(TypedDict):
+    """One source's part of :meth:`Loader.stats` (``stats()["sources"][name]``)."""
+
+    num_samples: int
+    per_epoch: int
+    samples: int
+    skipped: int
+    skipped_by_reason: Dict[str, int]
+    tokens: int
+    image_tokens: int
+    bytes: int
+    share: float
+    expected_share: float
+
+
+class _RemoteStats(TypedDict, total=False):
+    fetch: Dict[str, Any]  # remote data only: requests, retries, latency
+
+
+class LoaderStats(_RemoteStats):
+    """What :meth:`Loader.stats` returns (its docstring says what each key means)."""
+
+    wait_time_ratio: float
+    wait_s: float
+    wall_s: float
+    read_s: float
+    vision_s: float
+    decode_s: float
+    tokenize_s: float
+    collate_s: float
+    queue_depth: int
+    prefetch: int
+    window: int
+    in_flight: int
+    num_threads: int
+    samples: int
+    good_samples: int
+    skipped: int
+    batches: int
+    bytes_read: int
+    images: int
+    real_tokens: int
+    token_slots: int
+    packing_efficiency: float
+    pinned: bool
+    device: str
+    pool_cached_bytes: int
+    pool_live_bytes: int
+    pool_live_peak_bytes: int
+    pool_peak_bytes: int
+    window_bytes: int
+    scratch_mapped_bytes: int
+    scratch_mapped_peak_bytes: int
+    page_faults: int
+    page_faults_per_batch: Optional[float]
+    pixel_rows_moved: int
+    pixel_rows_expanded: int
+    pixel_rows_expanded_in_place: int
+    video_plan_waits: int
+    video_decode_waits: int
+    video_preload_peak_bytes: int
+    video_preloads_refused: int
+    video_open_peak_bytes: int
+    skipped_by_reason: Dict[str, int]
+    sources: Dict[str, SourceStats]
+
+
+# Loader keywords with no row in the option table (structured values), documented here once.
+_UNTABLED_DOCS = {
+    "data": (
+        None,
+        "A shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar`` files, plain "
+        "or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL (``s3://`` may hold a glob), "
+        "or a list of those.  A shard is JSON lines or one JSON array of records (see "
+        "``data_format``), optionally gzip- or zstd-compressed (told by its first bytes; a "
+        "compressed shard is decompressed once into a temporary file in ``$TMPDIR`` while it "
+        "is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the "
+        "same fields), or the path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  "
+        "Each source may override image_root, min_pixels, max_pixels, max_image_pixels, "
+        "image_route, image_whitespace, system_prompt, label_mode and max_length for its "
+        "samples (an image entry's own min_pixels/max_pixels/resized_height/resized_width win "
+        "over both).",
+    ),
+    "image_mean, image_std": (
+        "max_image_pixels",
+        "Normalisation of each channel (3 numbers each; None: the preset's / model_dir's).",
+    ),
+    "device": (
+        "pin_memory",
+        "\"cpu\", or \"cuda[:N]\": batches are copied from pinned buffers to that GPU on the "
+        "loader's own stream; ``__dlpack__(stream=s)`` (what torch.from_dlpack calls on the "
+        "current stream) makes stream ``s`` wait for the copy, without a device-wide "
+        "synchronisation.  A device buffer is reused only after the work queued on the streams "
+        "it was exported to, before its release, has completed.  Raises ConfigError (saying "
+        "why) when CUDA is unusable.",
+    ),
+}
+
+
+def _default_text(o: Dict[str, Any]) -> str:
+    """ " Default: X." (nothing for None: the doc says what None does)."""
+    return "" if o["default"] is None else f" Default: {o['default']!r}."
+
+
+def _options_doc() -> str:
+    """The Args section of Loader's docstring: every keyword's row of the option table, in
+    the table's order, with its default; the keywords without a row from _UNTABLED_DOCS."""
+    import textwrap
+
+    entries: List[Tuple[str, str]] = []
+    after = {row: (name, doc) for name, (row, doc) in _UNTABLED_DOCS.items() if row}
+    for name, (row, doc) in _UNTABLED_DOCS.items():
+        if row is None:
+            entries.append((name, doc))
+    for name in _D:
+        o = OPTIONS[name]
+        entries.append((name, o["doc"] + _default_text(o)))
+        if name in after:
+            entries.append(after[name])
+    out = ["    Args:"]
+    for name, doc in entries:
+        out.append(
+            textwrap.fill(
+                f"{name}: {doc}",
+                width=92,
+                initial_indent=" " * 8,
+                subsequent_indent=" " * 12,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out) + "\n"
+
+
+def _loader_doc(doc: str) -> str:
+    head = doc.split("    Args:")[0]
+    return head + _options_doc()
+
+
 class Loader:
     """Multimodal SFT batches for one data-parallel rank, produced by native threads.
 
@@ -350,237 +501,7 @@ class Loader:
     :class:`mmloader.Tensor` (convert with ``torch.from_dlpack``; zero copy) and stops at
     the end of each epoch; the next iteration runs the next epoch (reshuffled).
 
-    Args:
-        data: a shard path, a glob, a folder (its ``*.jsonl`` / ``*.json`` / ``*.tar``
-            files, plain or ``.gz`` / ``.zst``), an ``http(s)://`` or ``s3://`` URL
-            (``s3://`` may hold a glob), or a list of those.  A shard is JSON lines or one JSON array of records
-            (see ``data_format``), optionally gzip- or zstd-compressed (told by its first
-            bytes; a compressed shard is decompressed once into a temporary file in
-            ``$TMPDIR`` while it is indexed).  Or a mixture: a list of
-            :class:`mmloader.Source` (or dicts with the same fields), or the path of a
-            YAML/JSON mixture file (see :mod:`mmloader.mixture`).  Each source
-            may override image_root, min_pixels, max_pixels, max_image_pixels,
-            image_route, image_whitespace, system_prompt, label_mode and max_length for
-            its samples (an image entry's
-            own min_pixels/max_pixels/resized_height/resized_width win over both).
-        samples_per_epoch: a mixture's epoch size (default: the fixed repeat/choose counts
-            plus the weighted sources' sizes).
-        allow_mixture_change: restoring a state saved under a different mixture (a source
-            added, removed, reweighted, its data or settings changed) continues from the
-            same sample count under the new mixture instead of raising StateError.
-        mixture_tolerance: warn (once per source) when a source's share of the samples
-            delivered so far differs from its share of the epoch by more than this, e.g.
-            because many of its samples are skipped; None: never (and not with
-            group_by_length, whose windows reorder the sources on purpose).
-        system_prompt: the system turn added to conversations without one (None: the
-            template's default, "You are a helpful assistant." for qwen2/2.5-vl and none
-            for qwen3-vl; "": none).
-        max_images_per_sample: skip samples naming more images (reason
-            "too_many_images"; default 256).
-        max_sample_pixels: skip samples whose images hold more pixels in all (each image
-            at the larger of its size in the file and after resizing, which a record's
-            min_pixels or resized_height/width keys decide; checked from the headers before
-            any decode; reason "sample_too_large"; default 2**27 = 134,217,728, e.g. 16 4K
-            frames).
-        max_record_bytes: skip longer records before reading them (reason
-            "record_too_large"; default 64 MiB).
-        max_json_depth: skip records nested deeper (reason "bad_record"; default 64).
-        max_object_bytes: skip samples with a larger encoded image, local or remote (reason
-            "object_too_large"; default 256 MiB).  A WebDataset member is checked from
-            its tar header, before it is read.
-        max_jpeg_scans: skip samples with a JPEG of more scans (reason "too_many_scans";
-            default 100; encoders write about 10): each scan of a progressive JPEG decodes
-            the whole image again, so a few hundred KB can cost minutes.
-        max_shard_bytes: refuse (mmloader.SampleError naming the shard and the limit) a
-            .gz/.zst shard whose decompressed text, or a remote shard whose streamed text,
-            passes this many bytes: a compression bomb stops there (default 8 GiB; the
-            decompressed copy lives in $TMPDIR).
-        max_shard_records: refuse a shard of more JSONL lines (blank ones included), JSON
-            array elements or WebDataset members (default 2**24 = 16,777,216, 128 MiB of
-            index).
-        allow_paths_outside_root: True (default, as in earlier releases): image paths may
-            be absolute, use ``..`` or follow symlinks anywhere.  False confines relative
-            references to the image root; others are skipped (reason "path_refused")
-            before anything is opened.  Use it for untrusted data.
-        allow_remote_images_in_local_data: True (default): records of local shards may
-            name http(s)/s3 images, which are fetched.  False refuses them
-            ("path_refused").
-        fetch_timeout_s: one remote request attempt's deadline (default 60).
-        fetch_stall_s: abandon an attempt that received nothing this long (default 10).
-        fetch_min_rate: abandon an attempt slower than this many bytes/s over
-            ``fetch_stall_s`` (default 1024: a server dripping bytes).
-        fetch_max_retries: retries of a transient failure (default 8) ...
-        fetch_retry_budget_s: ... within this many seconds of the request's first attempt
-            (default 60); so a sample's fetches are over within about twice that.  Identical
-            requests in flight are fetched once.
-        next_timeout_s: ``next`` raises :class:`mmloader.Error` naming the sample, stage and
-            URL it waits on after this long without a batch (default 600).
-        data_format: "auto" (a ``.tar`` shard or one with a tar header is WebDataset; a
-            shard whose first non-blank character is ``[`` a JSON array; anything else
-            JSON lines), "jsonl", "json" (an array) or "webdataset" (tar members grouped
-            by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its
-            images, ``000123.mp4`` (m4v, mov, mkv, webm, avi) its videos when the record
-            lists none, in tar order; range-read from the shard).
-        image_root: folder (or URL prefix) relative image paths are resolved against;
-            default: each shard's own folder.
-        index: the dataset index (``python -m mmloader index``): None (default) uses
-            ``<shard>.mmlidx`` next to each local shard when it exists; a folder or URL
-            prefix (``--out`` of the index command) uses the files there, named by
-            ``mmloader.dsindex.sidecar_path`` (remote shards need this: no request per
-            shard is made to look for one); False never reads one.  An indexed
-            shard is not scanned at start, and samples longer than ``max_length`` /
-            ``seq_length`` / ``pack_length`` are skipped from their indexed token counts
-            before anything is read; batches are bitwise those without the index.  An
-            index whose shard changed (size, mtime; ETag for remote shards) is refused
-            with :class:`mmloader.ConfigError`; one built with other settings (tokenizer,
-            preset, pixel limits, ...) gives its offsets but not its counts (a warning).
-        micro_batch_size: rows per padded batch (None: 8; not with max_tokens_per_batch).
-        seq_length: padded row length; None pads each batch to its longest sample.
-        max_tokens_per_batch: batches by token budget instead of a fixed row count: a
-            padded batch of r samples whose longest has m tokens (text + vision tokens)
-            holds r * m <= max_tokens_per_batch (its input_ids tensor, padding included);
-            needs seq_length=None and packing=False (with packing, a batch is one pack of
-            pack_length tokens).  A sample longer than the budget is skipped (reason
-            "too_long", warned about when the loader is built).  Turns on the global plan.
-        balance: "tokens" or "vision_tokens": each global step's samples are spread over
-            the DP ranks so that the most loaded rank's cost is close to the mean (longest
-            first to the least loaded rank where the sample fits the batch); None: each
-            or "none": each rank takes consecutive samples of the step.  Turns on the global
-            plan.
-        group_by_length: sort each window of this many samples (of the epoch order) by
-            length, longest first, before batches are cut: less padding, better balance
-            with a token budget; still a pure function of (seed, epoch).  Turns on the
-            global plan.
-
-        global_plan: compose by the global plan even without the three options above
-            (fixed micro_batch_size rows, or packs): for elastic resume.
-
-            The global plan (any of the four above): every sample's token count is
-            measured before training by a planning pass (records, template, tokenizer,
-            image headers; no decode), then each epoch is cut into global steps that give
-            every DP rank exactly one batch, decided from counts alone.  Samples that fail
-            while planning are skipped (counted and warned about when the loader is
-            built); an epoch's tail too short for one more step is dropped.  ``len()`` is
-            the epoch's step count.  The state holds the global sample count
-            (``plan_pos``), so a checkpoint resumes on another dp_size, micro_batch_size,
-            max_tokens_per_batch or balance with no sample repeated or lost over the
-            epoch (same configuration: the exact next batch).
-        shuffle, seed: the epoch order is a pure function of (seed, epoch).
-        dp_rank, dp_size: this rank of a data-parallel group; ranks get disjoint samples
-            and the same number of batches.  None (default): Megatron's data-parallel
-            rank and size when its model parallelism is initialised, else the rank and
-            world size of an initialised torch.distributed, else of the RANK / WORLD_SIZE environment
-            variables (torchrun, accelerate launch), else 0 / 1.  Under a distributed
-            launch give both or neither; a dp_size must divide the world size.
-        num_threads: worker threads; default: CPUs in the affinity mask divided by
-            ``LOCAL_WORLD_SIZE``.
-        prefetch: batches whose pixels are in memory ahead of the consumer, finished or
-            being decoded (the depth of a DataLoader's prefetch_factor x num_workers).
-            Finished ones also stop at max_memory's bytes (2 GiB without it), and the
-            queue's slots grow with use: a huge value costs only what is queued.
-        window: samples in flight ahead of collation (default 2 * micro_batch_size, at
-            least 4 * num_threads and 16; with a remote shard or image root at least
-            (prefetch + 2) * micro_batch_size and 64, so the round trips of the samples
-            being fetched overlap the decoding); with ``prefetch`` it bounds memory.
-        max_memory: a cap in bytes on the engine's memory (None: no cap): every batch
-            buffer of its pool (the batches it prepares, those the consumer still holds,
-            and those kept mapped for reuse), the encoded bytes of the samples in flight
-            (with the bytes of remote videos fetched ahead of their decode: fetched only
-            with room, at most a quarter of the cap, else read when needed), the videos
-            kept open from their probe to their decode (demuxer state and frame tables:
-            ``stats()["video_open_peak_bytes"]``; one without room is opened again by its
-            decode), 16 MiB of scratch per worker, and the decoder scratch an image needs
-            beyond that while it is decoded (from its header: a progressive JPEG's
-            coefficients, 3 bytes a pixel at 4:2:0; a whole-image buffer for interlaced
-            PNG, WebP, GIF, TIFF; ``ImageProcessor.plan(data)["scratch"]``), taken before
-            its decode starts.  Video bytes held ahead of their use are taken only with
-            room left for a batch as large as the largest so far, and give way when the
-            next batch cannot get its buffer.  Work waits for room (backpressure); a
-            sample that alone cannot fit raises OutOfMemoryError naming it (and its image,
-            when its decoder scratch is what does not fit), and so does a next() whose
-            batch cannot fit beside the batches the consumer still holds (the message
-            names the max_memory that would hold it).
-        compact_pixels: with pixel_format "float32" or "bfloat16", images are decoded
-            into uint8 patch rows (an eighth of float32's bytes) while their batch is
-            being built, and ``pixel_values`` is expanded from them when the batch is
-            finished: the same values bit for bit, far less memory in flight (under
-            ``max_memory`` the uint8 rows count, and room for the expansions is kept).
-            Not used (the float rows are written directly) under ``pin_memory``,
-            ``device``, or sources with different image mean/std; videos always are.
-            ``stats()["pixel_rows_expanded"]`` counts the expanded rows.
-        on_error: "skip" (count, warn, continue) or "raise" (``next`` raises the sample's
-            error, in stream order; iteration may continue afterwards).
-        max_error_rate: raise once more than this fraction of samples (over at least 100)
-            failed.
-        preset: "qwen2-vl", "qwen2.5-vl" or "qwen3-vl" (vision numbers, chat template).
-        model_dir: a checkpoint folder: its preprocessor_config.json overrides the preset
-            and its tokenizer.json is the default tokenizer.
-        tokenizer: tokenizer.json path or :class:`mmloader.Tokenizer`.
-        min_pixels, max_pixels, max_image_pixels, image_mean, image_std, legacy_resize,
-        fast_decode: vision overrides (see :func:`mmloader.presets.vision_config`).
-        strict_jpeg: also skip (reason "corrupt_image") JPEGs that libjpeg decodes only
-            with "Corrupt JPEG data" warnings.  By default they load as Pillow loads them;
-            like Pillow, a libjpeg error anywhere (also after the last row) is a skip.
-        image_route: the reference pipeline pixels match, bit for bit — "processor"
-            (Image.open, then the HF processor: transparency composited onto white, EXIF
-            orientation ignored), "load_image" (transformers' load_image first: EXIF
-            orientation applied, alpha dropped by convert("RGB")) or "qwen-vl-utils"
-            (its fetch_image first: RGBA pasted onto white, other modes convert("RGB"),
-            its own smart_resize, then one bicubic resize; a palette/tRNS transparency
-            colour is whitened after that resize, as the processor then does).
-        max_length: skip samples with more tokens (reason "too_long").
-        packing: pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``.
-        pack_length: token budget of one pack (default seq_length).
-        pad_to_multiple: pad each packed sample to a multiple of this (TP/CP).
-        keys: "qwen" (HF names) or "megatron".
-        shift_labels: labels shifted by one (Megatron convention).
-        label_mode: "all_assistant", "last_assistant" or "no_nonfinal_end".
-        image_whitespace: text around ``<image>`` tags: "in_place" (as written; the HF
-            processor, LLaMA-Factory, ms-swift) or "qwen-vl-finetune" (Qwen's official
-            fine-tuning code: user text between tags stripped, empty pieces dropped, so
-            ``"<image>\nWhat is it?"`` has no newline after the image).
-        recipe: whose data path the samples follow: "processor" (the HF processor;
-            default) or "llama-factory" (LLaMA-Factory's template, per-message
-            tokenization and truncation; see :mod:`mmloader.recipes`, docs/recipes.md).
-        cutoff_len, mask_history, train_on_prompt, enable_thinking: LLaMA-Factory's
-            settings under its names and defaults (recipe="llama-factory" only):
-            truncation to cutoff_len tokens (None: 2048) as its infer_seqlen splits
-            source and target; train the last turn only; label the prompt too; Qwen3-VL's
-            qwen3_vl template (empty ``<think>`` block trained) instead of
-            qwen3_vl_nothink.
-        mrope: emit 3-row M-RoPE position ids and rope_deltas.
-        attention_mask: emit attention_mask.
-        text_only_vision: what a batch without images carries: "placeholder" (one zero
-            pixel row and grid [[0, 0, 0]]: a fixed key set), "omit" (no vision keys) or
-            "empty" (zero-row tensors).
-        pixel_format: what ``pixel_values`` holds — "float32" (the HF processor's values,
-            ``[patches, 3*T*P*P]``), "bfloat16" (the same, each rounded to nearest even:
-            exactly ``float32_values.to(torch.bfloat16)``) or "uint8" (the resized RGB
-            patches before rescale/normalise, ``[patches, 3*P*P]``: one frame per row, a
-            still image's T copies left out, 8x fewer bytes than float32), turned into
-            exactly the float32 / bfloat16 values by :func:`mmloader.torch.expand_pixels`
-            (on the GPU after the copy: what ``mmloader.torch.Loader(device="cuda")`` does).
-        mm_token_type_ids: also emit mm_token_type_ids (transformers >= 5, qwen keys).
-        cycle: never stop at an epoch end (Megatron-style iterators).
-        pin_memory: batches in page-locked memory (fast .cuda(non_blocking=True));
-            plain memory, with one warning, when CUDA is unavailable (stats()["pinned"]
-            tells).  A released pinned batch is reused only after the work queued on the
-            default CUDA stream (of the device current when the loader was built) before
-            the release has completed, so ``b.cuda(non_blocking=True)`` followed by
-            dropping ``b`` is safe there; for copies on other streams keep the batch alive
-            until they are done, or use ``device=``.
-        device: "cpu", or "cuda[:N]": batches are copied from pinned buffers to that GPU on
-            the loader's own stream; ``__dlpack__(stream=s)`` (what torch.from_dlpack
-            calls on the current stream) makes stream ``s`` wait for the copy, without a
-            device-wide synchronisation.  A device buffer is reused only after the work
-            queued on the streams it was exported to, before its release, has completed.
-            Raises ConfigError (saying why) when CUDA is unusable.
-        s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key,
-        aws_session_token, max_inflight: remote fetching (environment used when None).
-        plan_only: a planning pass: samples are read, planned from their image headers and
-            tokenized but never decoded; each batch is an empty dict and ``state_dict()``
-            after it tells where it ends (the same composition, unless an image fails only
-            when decoded).  mmloader.ray plans packed streams with it.
+    Args: (the section below is generated from the option table: see ``_options_doc``)
     """
 
     def __init__(
@@ -603,18 +524,18 @@ class Loader:
         compact_pixels: bool = _D["compact_pixels"],
         on_error: str = _D["on_error"],
         max_error_rate: float = _D["max_error_rate"],
-        preset: str = "qwen2.5-vl",
-        model_dir: Optional[PathLike] = None,
-        tokenizer: Any = None,
-        min_pixels: Optional[int] = None,
-        max_pixels: Optional[int] = None,
-        max_image_pixels: Optional[int] = None,
+        preset: str = _D["preset"],
+        model_dir: Optional[PathLike] = _D["model_dir"],
+        tokenizer: Any = _D["tokenizer"],
+        min_pixels: Optional[int] = _D["min_pixels"],
+        max_pixels: Optional[int] = _D["max_pixels"],
+        max_image_pixels: Optional[int] = _D["max_image_pixels"],
         image_mean: Optional[Sequence[float]] = None,
         image_std: Optional[Sequence[float]] = None,
-        legacy_resize: Optional[bool] = None,
-        fast_decode: Optional[bool] = None,
-        strict_jpeg: bool = False,
-        image_route: str = "processor",
+        legacy_resize: Optional[bool] = _D["legacy_resize"],
+        fast_decode: Optional[bool] = _D["fast_decode"],
+        strict_jpeg: bool = _D["strict_jpeg"],
+        image_route: str = _D["image_route"],
         max_length: Optional[int] = _D["max_length"],
         packing: bool = _D["packing"],
         pack_length: Optional[int] = _D["pack_length"],
@@ -648,7 +569,7 @@ class Loader:
         group_by_length: Optional[int] = _D["group_by_length"],
         global_plan: bool = _D["global_plan"],
         samples_per_epoch: Optional[int] = _D["samples_per_epoch"],
-        allow_mixture_change: bool = False,
+        allow_mixture_change: bool = _D["allow_mixture_change"],
         mixture_tolerance: Optional[float] = _D["mixture_tolerance"],
         system_prompt: Optional[str] = _D["system_prompt"],
         max_images_per_sample: int = _D["max_images_per_sample"],
@@ -1126,7 +1047,7 @@ class Loader:
         return dist
 
     # ---- observability and lifetime ----------------------------------------------------
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> LoaderStats:
         """Engine statistics: wait_time_ratio (wait_s, the time blocked in next, / wall_s,
         the wall time since the first next), per-stage busy seconds (read_s, vision_s,
         tokenize_s, collate_s; decode_s is the decoder's part of vision_s),
@@ -1172,7 +1093,7 @@ class Loader:
         for s in srcs.values():
             s["share"] = s["samples"] / good if good else 0.0
             s["expected_share"] = s["per_epoch"] / self.samples_per_epoch
-        return st
+        return cast(LoaderStats, st)
 
     def close(self) -> None:
         """Stops and joins every thread; batches already delivered stay valid."""
@@ -1200,3 +1121,6 @@ class Loader:
             f"mmloader.Loader(samples={self.num_samples}, "
             f"per_rank={self.samples_per_rank}, {state})"
         )
+
+
+Loader.__doc__ = _loader_doc(Loader.__doc__ or "")

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any, Dict, Optional
 
+from ._options import OPTIONS
+
 PRESETS: Dict[str, Dict[str, Any]] = {
     "qwen2-vl": dict(
         patch_size=14,
@@ -65,7 +67,7 @@ VISION_KEYS = (
 )
 
 # What a user's pipeline does with an image reference before the processor (docs: Loader)
-IMAGE_ROUTES = ("processor", "load_image", "qwen-vl-utils")
+IMAGE_ROUTES = tuple(OPTIONS["image_route"]["choices"])  # the option table's
 VIDEO_FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
 DEFAULT_MAX_IMAGE_PIXELS = 178956970  # Pillow's decompression-bomb error threshold
@@ -120,7 +122,7 @@ def _image_from_model_dir(pc: Dict[str, Any], out: Dict[str, Any]) -> None:
 
 
 def vision_config(
-    preset: str = "qwen2.5-vl", model_dir: Optional[str] = None, **overrides: Any
+    preset: str = OPTIONS["preset"]["default"], model_dir: Optional[str] = None, **overrides: Any
 ) -> Dict[str, Any]:
     """Vision settings for `preset`, updated from `model_dir` and then `overrides`.
 

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
+from ._options import add_flags, flag, flag_kwargs
+
 if TYPE_CHECKING:
     from types import EllipsisType
 
@@ -37,6 +39,11 @@ WORKER_STAGES = (
     ("tokenize_s", "tokenize"),
 )
 BOTTLENECKS = ("I/O latency", "network bandwidth", "CPU", "consumer", "pipeline depth")
+
+# The flags the suggestions name (the option table's spelling).
+_F_THREADS, _F_INFLIGHT, _F_WINDOW, _F_PREFETCH = (
+    flag(n) for n in ("num_threads", "max_inflight", "window", "prefetch")
+)
 
 
 def _cores() -> int:
@@ -252,7 +259,7 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
         ev.append("the loader keeps batches ready: the trainer is the slower side")
         if need < threads:
             sug.append(
-                f"the loader has headroom: --threads {need} would still keep up and "
+                f"the loader has headroom: {_F_THREADS} {need} would still keep up and "
                 f"leave {threads - need} core(s) to the trainer"
             )
         sug.append("nothing to tune on the data side; profile the training step")
@@ -280,7 +287,7 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
             )
         if threads < cores:
             sug.append(
-                f"raise --threads from {threads} to {cores} (the cores this process may use)"
+                f"raise {_F_THREADS} from {threads} to {cores} (the cores this process may use)"
             )
         else:
             sug.append(
@@ -324,18 +331,18 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
             ev.append("requests spend most of their time waiting for the first byte")
             limit = max_inflight or fetch.get("max_inflight")
             sug.append(
-                f"more requests in flight: --max-inflight {needed}"
+                f"more requests in flight: {_F_INFLIGHT} {needed}"
                 + (f" (now {limit})" if limit else "")
             )
             need_window = max(window, math.ceil(needed / max(per_sample, 1e-9)))
             if window and need_window > window:
                 sug.append(
-                    f"a larger window of samples in flight: --window {need_window} "
+                    f"a larger window of samples in flight: {_F_WINDOW} {need_window} "
                     f"(now {window}); each sample needs ~{per_sample:.1f} requests"
                 )
             if prefetch and ratio > 0.02:
                 sug.append(
-                    f"keep --prefetch at {max(prefetch, 4)} or more to ride out latency spikes"
+                    f"keep {_F_PREFETCH} at {max(prefetch, 4)} or more to ride out latency spikes"
                 )
             return Diagnosis("I/O latency", ev, sug)
         ev.append("transfers take much longer than the first byte: the link is the limit")
@@ -344,7 +351,7 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
             "the trainer, smaller (pre-resized to max_pixels) or better compressed"
         )
         sug.append(
-            f"if the store limits each connection, more connections help: --max-inflight {needed}"
+            f"if the store limits each connection, more connections help: {_F_INFLIGHT} {needed}"
         )
         return Diagnosis("network bandwidth", ev, sug)
 
@@ -354,18 +361,18 @@ def diagnose(p: Profile, max_inflight: Optional[int] = None) -> Diagnosis:
             "reading files"
         )
         sug.append(
-            f"reads are slow (cold cache or network filesystem): raise --threads to "
+            f"reads are slow (cold cache or network filesystem): raise {_F_THREADS} to "
             f"{max(threads * 2, cores)} so reads overlap"
         )
         return Diagnosis("I/O latency", ev, sug)
 
     ev.append("workers are idle while the trainer waits: too little work is queued ahead")
     if window:
-        sug.append(f"raise --window from {window} to {2 * window}")
+        sug.append(f"raise {_F_WINDOW} from {window} to {2 * window}")
     if prefetch:
-        sug.append(f"raise --prefetch from {prefetch} to {2 * prefetch}")
+        sug.append(f"raise {_F_PREFETCH} from {prefetch} to {2 * prefetch}")
     if threads < cores:
-        sug.append(f"raise --threads from {threads} to {cores}")
+        sug.append(f"raise {_F_THREADS} from {threads} to {cores}")
     return Diagnosis("pipeline depth", ev, sug)
 
 
@@ -501,19 +508,30 @@ def plot_timeline(p: Profile, path: str) -> None:
 # ----------------------------------------------------------------------------- command line
 
 
+# The Loader options the profile command takes (flags and help from the option table).
+LOADER_FLAGS = (
+    "micro_batch_size",
+    "num_threads",
+    "prefetch",
+    "window",
+    "max_inflight",
+    "tokenizer",
+    "model_dir",
+    "preset",
+    "max_pixels",
+    "min_pixels",
+    "seq_length",
+    "packing",
+    "pack_length",
+    "shuffle",
+    "seed",
+    "s3_endpoint",
+)
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("data", nargs="+", help="JSONL shard(s), glob, folder, http(s):// or s3://")
     ap.add_argument("--batches", type=int, default=50, help="batches to take (default 50)")
-    ap.add_argument("--batch-size", type=int, default=8, help="micro_batch_size (default 8)")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="worker threads (default: the loader's, cores / LOCAL_WORLD_SIZE)",
-    )
-    ap.add_argument("--prefetch", type=int, default=4)
-    ap.add_argument("--window", type=int, default=None, help="samples in flight ahead")
-    ap.add_argument("--max-inflight", type=int, default=None, help="requests in flight")
     ap.add_argument(
         "--step-ms",
         type=float,
@@ -521,54 +539,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="simulated trainer step per batch, ms (default 0: as fast as it goes)",
     )
     ap.add_argument(
-        "--tokenizer",
-        default=None,
-        help='tokenizer.json (or a folder with one; "tiny": the bundled test tokenizer)',
-    )
-    ap.add_argument("--model-dir", default=None)
-    ap.add_argument("--preset", default="qwen2.5-vl")
-    ap.add_argument("--max-pixels", type=int, default=None)
-    ap.add_argument("--min-pixels", type=int, default=None)
-    ap.add_argument("--seq-length", type=int, default=None)
-    ap.add_argument("--packing", action="store_true")
-    ap.add_argument("--no-shuffle", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--s3-endpoint", default=None)
-    ap.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
         help="write a timeline of stage utilisation (needs matplotlib)",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(ap.add_argument_group("loader options (mmloader.Loader)"), LOADER_FLAGS)
 
 
 def loader_from_args(args: argparse.Namespace):
     from . import Loader
 
-    kw: Dict[str, Any] = dict(
-        micro_batch_size=args.batch_size,
-        prefetch=args.prefetch,
-        preset=args.preset,
-        shuffle=not args.no_shuffle,
-        seed=args.seed,
-    )
-    for name in (
-        "num_threads",
-        "window",
-        "max_inflight",
-        "tokenizer",
-        "model_dir",
-        "max_pixels",
-        "min_pixels",
-        "seq_length",
-        "s3_endpoint",
-    ):
-        v = getattr(args, "threads" if name == "num_threads" else name)
-        if v is not None:
-            kw[name] = v
-    if args.packing:
-        kw["packing"] = True
+    kw = flag_kwargs(args, LOADER_FLAGS)
     data: Sequence[str] = args.data
     return Loader(list(data) if len(data) > 1 else data[0], **kw)
 

@@ -22,9 +22,10 @@ import json
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from . import _core
+from ._options import DEFAULTS, OPTIONS
 from .presets import template_style
 
-LABEL_MODES = ("all_assistant", "last_assistant", "no_nonfinal_end")
+LABEL_MODES = tuple(OPTIONS["label_mode"]["choices"])  # the option table's
 
 Record = Union[str, bytes, Dict[str, Any]]
 ImageTokens = Union[None, int, Sequence[int]]
@@ -57,9 +58,9 @@ def parse_record(record: Record) -> Dict[str, Any]:
 
 def render_chat(
     record: Record,
-    preset: str = "qwen2.5-vl",
+    preset: str = DEFAULTS["preset"],
     image_tokens: ImageTokens = None,
-    image_whitespace: str = "in_place",
+    image_whitespace: str = DEFAULTS["image_whitespace"],
 ) -> str:
     """The text the chat template of `preset` renders for `record`, image pads expanded.
 
@@ -75,10 +76,10 @@ def render_chat(
 def encode_chat(
     record: Record,
     tokenizer: Any,
-    preset: str = "qwen2.5-vl",
-    label_mode: str = "all_assistant",
+    preset: str = DEFAULTS["preset"],
+    label_mode: str = DEFAULTS["label_mode"],
     image_tokens: ImageTokens = None,
-    image_whitespace: str = "in_place",
+    image_whitespace: str = DEFAULTS["image_whitespace"],
 ) -> Tuple[List[int], List[int]]:
     """(input_ids, labels) of `record` as the loader produces them, with `tokenizer` an
     mmloader.Tokenizer.  See the module docstring for label modes."""

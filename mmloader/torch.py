@@ -42,6 +42,7 @@ import torch
 
 from . import _core
 from . import loader as _loader
+from ._options import DEFAULTS
 from .presets import vision_config as _preset_vision
 
 __all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]  # and TrainerCallback (lazy)
@@ -71,7 +72,7 @@ _TABLES: Dict[Tuple[Any, ...], torch.Tensor] = {}
 
 
 def pixel_table(
-    preset: str = "qwen2.5-vl",
+    preset: str = DEFAULTS["preset"],
     *,
     model_dir: Optional[str] = None,
     image_mean: Optional[Sequence[float]] = None,
@@ -112,7 +113,7 @@ def expand_pixels(
     pixel_values: torch.Tensor,
     image_grid_thw: Optional[torch.Tensor] = None,
     *,
-    preset: str = "qwen2.5-vl",
+    preset: str = DEFAULTS["preset"],
     model_dir: Optional[str] = None,
     image_mean: Optional[Sequence[float]] = None,
     image_std: Optional[Sequence[float]] = None,
@@ -519,7 +520,7 @@ class Loader:
         """The underlying :class:`mmloader.Loader` (batches of :class:`mmloader.Tensor`)."""
         return self._inner
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> "_loader.LoaderStats":
         """See :meth:`mmloader.Loader.stats` (includes ``packing_efficiency``)."""
         return self._inner.stats()
 

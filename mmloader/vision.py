@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core
+from ._options import DEFAULTS
 from .presets import vision_config
 
 ImageLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", np.ndarray, Any]
@@ -137,10 +138,10 @@ class ImageProcessor:
 
     def __init__(
         self,
-        preset: str = "qwen2.5-vl",
+        preset: str = DEFAULTS["preset"],
         model_dir: Optional[str] = None,
         *,
-        pixel_format: str = "float32",
+        pixel_format: str = DEFAULTS["pixel_format"],
         **overrides: Any,
     ) -> None:
         self.config: Dict[str, Any] = vision_config(preset, model_dir, **overrides)

@@ -217,7 +217,7 @@ def test_packed_hf_loss_equals_separate_samples():
         s["labels"] = list(s["input_ids"])  # fully supervised: crossings would show
     V = 151936
     g = torch.Generator().manual_seed(0)
-    batches = collate(samples, pack=1, pack_length=160, pad_to_multiple=8)
+    batches = collate(samples, packing=True, pack_length=160, pad_to_multiple=8)
     assert len(batches) > 1
     k = 0
     for batch, stats in batches:
@@ -250,7 +250,7 @@ def test_packed_megatron_shifted_labels_and_masks():
     k = 0
     for batch, stats in collate(
         samples,
-        pack=1,
+        packing=True,
         pack_length=128,
         pad_to_multiple=4,
         keys="megatron",
@@ -330,7 +330,7 @@ def test_text_only_batches_have_no_zero_length_dimension(keys, pack):
             samples,
             micro_batch_size=2,
             seq_length=8,
-            pack=pack,
+            packing=pack,
             keys=keys,
             text_only_vision=mode,
             mrope=1,
@@ -359,7 +359,12 @@ def test_collate_errors():
         mmloader_errors().SampleError,
         match=r"9 tokens \(16 padded to a multiple of 8\) exceeds pack_length 8",
     ):
-        collate([dict(input_ids=[1] * 9, labels=[1] * 9)], pack=1, pack_length=8, pad_to_multiple=8)
+        collate(
+            [dict(input_ids=[1] * 9, labels=[1] * 9)],
+            packing=True,
+            pack_length=8,
+            pad_to_multiple=8,
+        )
     with pytest.raises(ValueError, match="ids but"):
         collate([dict(input_ids=[1, 2], labels=[1])])
     with pytest.raises(ValueError, match="pixel columns"):
@@ -374,7 +379,7 @@ def test_collate_errors():
             ]
         )
     with pytest.raises(ValueError, match="not a multiple of pad_to_multiple"):
-        collate([dict(input_ids=[1], labels=[1])], pack=1, pack_length=10, pad_to_multiple=4)
+        collate([dict(input_ids=[1], labels=[1])], packing=True, pack_length=10, pad_to_multiple=4)
 
 
 def mmloader_errors():
@@ -393,7 +398,7 @@ def test_packed_batch_runs_like_separate_samples_in_transformers():
     assert any("pixel_values" in s for s in samples)
     L = sum(len(s["input_ids"]) for s in samples) + 7
     ((batch, _),) = _core._collate(
-        samples, dict(pack=1, pack_length=L, mrope=1, mm_token_type_ids=1, pixel_cols=1176)
+        samples, dict(packing=True, pack_length=L, mrope=1, mm_token_type_ids=1, pixel_cols=1176)
     )
     b = {k: torch.from_dlpack(v) for k, v in batch.items()}
     assert b["position_ids"].shape == (4, 1, L)

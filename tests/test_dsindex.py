@@ -133,7 +133,7 @@ def test_cli_build_summary_and_up_to_date(ds, tmp_path):
         str(VISION["max_pixels"]),
         "--min-pixels",
         str(VISION["min_pixels"]),
-        "--threads",
+        "--num-threads",
         "2",
     ]
     env = dict(os.environ, PYTHONPATH=ROOT)

@@ -242,7 +242,7 @@ def test_packed_seq_params_from_a_packed_batch():
     for multiple in (1, 4):
         packs = _collated(
             _samples(12),
-            pack=1,
+            packing=True,
             pack_length=96,
             pad_to_multiple=multiple,
             keys="megatron",
@@ -266,7 +266,14 @@ def test_packed_seq_params_from_a_packed_batch():
 
 
 def test_get_batch_single_rank():
-    batches = _collated(_samples(6), pack=1, pack_length=64, keys="megatron", shift_labels=1)
+    batches = _collated(
+        _samples(6),
+        packing=True,
+        pack_length=64,
+        keys="megatron",
+        shift_labels=1,
+        attention_mask=False,  # as mmloader.megatron's loader (the table's default is True)
+    )
     text_only = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) == 0]
     with_image = [i for i, b in enumerate(batches) if int(b["image_grid_thw"][0, 0]) > 0]
     assert text_only and with_image
@@ -526,7 +533,12 @@ def test_megatron_loss_over_a_packed_batch_equals_per_sample_next_token_loss():
         g = torch.Generator().manual_seed(1)
         k = 0
         for b in _collated(
-            samples, pack=1, pack_length=128, pad_to_multiple=4, keys="megatron", shift_labels=1
+            samples,
+            packing=True,
+            pack_length=128,
+            pad_to_multiple=4,
+            keys="megatron",
+            shift_labels=1,
         ):
             V = 151936
             logits = torch.randn(1, 128, V, generator=g)

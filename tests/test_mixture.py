@@ -682,7 +682,7 @@ def test_three_source_mixture_file_end_to_end(tmp_path, capsys):
                 path,
                 "--batches",
                 "5",
-                "--batch-size",
+                "--micro-batch-size",
                 "3",
                 "--tokenizer",
                 TINY,

@@ -1,7 +1,11 @@
 """The engine's option table (csrc/core/loader/options.c) drives mmloader.Loader: its keywords,
 defaults, checks and resume fingerprint; unknown keys and bad names are errors."""
 
+import ast
+import glob
 import inspect
+import os
+import re
 
 import pytest
 
@@ -10,25 +14,11 @@ from mmloader import _core
 from mmloader.loader import OPTIONS, _PLAN_KEYS
 from mmloader.tokenizer import TINY_TOKENIZER_PATH
 
-# Loader keywords resolved in Python (paths, presets, the tokenizer, the device string)
-# rather than passed to the engine as table options.
-PYTHON_LEVEL = {
-    "data",
-    "preset",
-    "model_dir",
-    "tokenizer",
-    "min_pixels",
-    "max_pixels",
-    "max_image_pixels",
-    "image_mean",
-    "image_std",
-    "legacy_resize",
-    "fast_decode",
-    "strict_jpeg",
-    "image_route",
-    "allow_mixture_change",
-    "device",
-}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Loader keywords with no row in the table (structured values: paths or sources, the device
+# string, channel statistics), documented once in mmloader/loader.py _UNTABLED_DOCS.
+UNTABLED = {"data", "image_mean", "image_std", "device"}
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +47,175 @@ def test_table_rows_are_well_formed():
 def test_loader_keywords_are_the_table():
     params = inspect.signature(mmloader.Loader.__init__).parameters
     keywords = set(params) - {"self"}
-    public = {k for k, o in OPTIONS.items() if not o["internal"]}
-    assert keywords - PYTHON_LEVEL == public
-    doc = mmloader.Loader.__doc__
-    for name in public:
+    rows = {k for k, o in OPTIONS.items() if not o["internal"]}
+    assert keywords - UNTABLED == rows
+    python = {k for k, o in OPTIONS.items() if o["python"]}
+    assert {"preset", "tokenizer", "min_pixels", "image_route"} <= python
+    for name in rows:
         assert params[name].default == OPTIONS[name]["default"], name
-        assert name in doc, f"{name} is not documented in Loader's docstring"
+
+
+def test_loader_docstring_is_generated_from_the_table():
+    """Every keyword's entry in Loader.__doc__ is its row's doc (and default), in the table's
+    order; the docstring in loader.py's source spells none of them."""
+    doc = " ".join(mmloader.Loader.__doc__.split())
+    at = -1
+    for name, o in OPTIONS.items():
+        if o["internal"]:
+            continue
+        entry = f"{name}: " + " ".join(o["doc"].split())
+        assert entry in doc, name
+        assert doc.index(entry) > at, f"{name} is out of the table's order"
+        at = doc.index(entry)
+    for name in UNTABLED - {"image_mean", "image_std"}:
+        assert f" {name}: " in doc, name
+    src = ast.parse(open(mmloader.loader.__file__).read())
+    (cls,) = [n for n in src.body if isinstance(n, ast.ClassDef) and n.name == "Loader"]
+    hand = ast.get_docstring(cls)
+    spelled = [k for k in OPTIONS if re.search(rf"^\s*{k}\b.*:", hand, re.M)]
+    assert not spelled, f"hand-written doc entries in Loader's docstring: {spelled}"
+
+
+# ---- the table is the only spelling --------------------------------------------------------
+#
+# Each place below spells an option's name beside a default, a parser or its choices outside
+# the table, with the reason it may.  Anything else found fails the test.
+PY_DEFAULT_OK = {
+    ("mmloader/datagen.py", "make_dataset", "seed"),  # the generator's own seed, not a Loader's
+    ("mmloader/loader.py", "__init__", "device"),  # untabled: the "cuda:N" string
+}
+C_DEFAULT_OK = {
+    # a pool's own field (another struct), not the configuration's
+    ("csrc/core/base/pool.c", "device"),
+    # the engine resolving micro_batch_size=None (the row's doc names the 8)
+    ("csrc/core/loader/loader.c", "micro_batch_size"),
+    # the device row's -1 ("host") turned into to_device and a CUDA index
+    ("csrc/py/options_py.c", "device"),
+    # mml_vision_preset fills the vision level's own struct (below the loader, which cannot
+    # read the table) with the MML_DEFAULT_ constant the row's default is
+    ("csrc/core/vision/vision.c", "max_jpeg_scans"),
+}
+# The vision config's video_family takes the model family's names (mml_video_family).
+C_ENUM_OK = {
+    (f, row)
+    for f in ("csrc/core/vision/vision.c", "csrc/py/vision_py.c")
+    for row in ("preset", "template")
+}
+LEGACY_FLAGS = {"threads", "batch_size", "no_shuffle"}
+
+
+def _py_files():
+    return sorted(glob.glob(os.path.join(ROOT, "mmloader", "**", "*.py"), recursive=True))
+
+
+def _rel(f):
+    return os.path.relpath(f, ROOT)
+
+
+def test_python_spells_no_option_default_or_flag():
+    """No function of mmloader gives a table option a literal default, and no command line
+    declares an option's flag by hand (mmloader/_options.py builds them from the table)."""
+    found = []
+    for f in _py_files():
+        rel = _rel(f)
+        for node in ast.walk(ast.parse(open(f).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                pos = a.posonlyargs + a.args
+                pairs = list(zip(pos[len(pos) - len(a.defaults) :], a.defaults))
+                pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+                for arg, d in pairs:
+                    if (
+                        arg.arg in OPTIONS
+                        and isinstance(d, ast.Constant)
+                        and d.value is not None
+                        and (rel, node.name, arg.arg) not in PY_DEFAULT_OK
+                    ):
+                        found.append(f"{rel}: {node.name}({arg.arg}={d.value!r})")
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                for x in node.args:
+                    if isinstance(x, ast.Constant) and isinstance(x.value, str):
+                        n = x.value.lstrip("-").replace("-", "_")
+                        n = n[len("mmloader_") :] if n.startswith("mmloader_") else n
+                        if n in OPTIONS or n in LEGACY_FLAGS:
+                            found.append(f"{rel}: add_argument({x.value!r})")
+    assert not found, found
+
+
+def _c_rows():
+    """{field path in mml_loader_cfg: option name}, read from options.c's CFG(...) rows."""
+    src = open(os.path.join(ROOT, "csrc/core/loader/options.c")).read()
+    return {
+        m.group(2): m.group(1) for m in re.finditer(r'\{"(\w+)", MML_OPT_\w+, CFG\(([\w.]+)\)', src)
+    }
+
+
+def test_c_spells_no_option_default_or_parser():
+    """Outside options.c no C file sets a configuration field of a row to a literal, pairs an
+    option's name with a literal default, or lists two of an enum row's names (a parser of
+    its own)."""
+    rows = _c_rows()
+    assert len(rows) > 40
+    enums = {k: set(o["choices"]) for k, o in OPTIONS.items() if o["type"] == "enum"}
+    found = []
+    files = glob.glob(os.path.join(ROOT, "csrc", "**", "*.[ch]"), recursive=True)
+    for f in sorted(files):
+        rel = _rel(f)
+        if rel == "csrc/core/loader/options.c":
+            continue
+        src = re.sub(r"/\*.*?\*/", "", open(f).read(), flags=re.S)
+        for fld, name in rows.items():
+            pat = r"(?:\.|->)" + re.escape(fld) + r"\s*=\s*(-?[0-9][\w.]*|MML_DEFAULT_\w+)\s*;"
+            if re.search(pat, src) and (rel, name) not in C_DEFAULT_OK:
+                found.append(f"{rel}: {name} set to a literal")
+        for m in re.finditer(r'\{\s*"(\w+)"\s*,\s*(-?[0-9]\w*|MML_\w+)\s*\}', src):
+            if m.group(1) in OPTIONS:
+                found.append(f"{rel}: {m.group(0)}")
+        for row, choices in enums.items():
+            cmp = set(re.findall(r'strcmp\([^;]*?"([\w.\-]+)"\)', src)) & choices
+            arrays = [
+                set(re.findall(r'"([\w.\-]+)"', g)) & choices
+                for g in re.findall(r'\{\s*("[^{}]*")\s*\}', src)
+            ]
+            if (len(cmp) >= 2 or any(len(x) >= 2 for x in arrays)) and (rel, row) not in C_ENUM_OK:
+                found.append(f"{rel}: parses {row} ({sorted(choices)}) itself")
+    assert not found, found
+
+
+def test_the_scans_find_what_they_look_for():
+    """The scans above are not vacuous: the spellings they look for are found in planted
+    text."""
+    planted = 'static const char *const k[] = {"qwen", "megatron"};\n{"seq_length", 0}'
+    assert re.findall(r'\{\s*("[^{}]*")\s*\}', planted)
+    assert re.search(r'\{\s*"(\w+)"\s*,\s*(-?[0-9]\w*|MML_\w+)\s*\}', planted)
+    tree = ast.parse("def f(seq_length=4): pass\nap.add_argument('--seq-length')")
+    fn, call = tree.body[0], tree.body[1].value
+    assert fn.args.defaults[0].value == 4 and call.args[0].value == "--seq-length"
+
+
+def test_command_lines_take_the_tables_flags():
+    import argparse
+
+    from mmloader import _options, dsindex, profile
+    from mmloader.__main__ import DEMO_FLAGS
+
+    for names, add in (
+        (profile.LOADER_FLAGS, profile.add_arguments),
+        (dsindex.LOADER_FLAGS, dsindex.add_arguments),
+    ):
+        p = argparse.ArgumentParser()
+        add(p)
+        for name in names:
+            assert _options.flag(name) in p._option_string_actions, name
+    assert set(DEMO_FLAGS) <= set(OPTIONS)
+    p = argparse.ArgumentParser()
+    profile.add_arguments(p)
+    a = p.parse_args(["x", "--micro-batch-size", "3", "--no-shuffle", "--preset", "qwen3-vl"])
+    assert _options.flag_kwargs(a, profile.LOADER_FLAGS) == dict(
+        micro_batch_size=3, shuffle=False, preset="qwen3-vl"
+    )
+    with pytest.raises(SystemExit):
+        p.parse_args(["x", "--preset", "qwen9"])  # the table's choices
 
 
 @pytest.mark.parametrize(
@@ -116,7 +269,7 @@ def test_defaults_and_none():
     got = _core.check_loader_options({"seq_length": None, "keys": "megatron"})
     assert got["seq_length"] == 0 and got["keys"] == "megatron"
     for name, o in OPTIONS.items():
-        if o["default"] is not None and not o["secret"]:
+        if o["default"] is not None and not (o["secret"] or o["python"]):
             assert got[name] == o["default"] or name == "keys", name
 
 

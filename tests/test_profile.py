@@ -46,7 +46,7 @@ def test_consumer_bound_when_the_trainer_rarely_waits():
     )
     d = P.diagnose(p)
     assert d.bottleneck == "consumer"
-    assert any("--threads 1" in s for s in d.suggestions)  # 2.8 s of 20 s thread time
+    assert any("--num-threads 1" in s for s in d.suggestions)  # 2.8 s of 20 s thread time
 
 
 def test_cpu_bound_names_the_heaviest_stage():
@@ -83,7 +83,7 @@ def test_cpu_bound_with_fewer_threads_than_cores_suggests_more_threads():
     )
     d = P.diagnose(p)
     assert d.bottleneck == "CPU"
-    assert any("--threads from 1 to 4" in s for s in d.suggestions)
+    assert any("--num-threads from 1 to 4" in s for s in d.suggestions)
 
 
 def _fetching(inflight, n=5):
@@ -241,9 +241,9 @@ def test_profile_command_local_with_plot(dataset, tmp_path):
         dataset["shards"][0],
         "--batches",
         "10",
-        "--batch-size",
+        "--micro-batch-size",
         "4",
-        "--threads",
+        "--num-threads",
         "2",
         "--prefetch",
         "2",
@@ -268,9 +268,9 @@ def test_profile_command_remote_30ms(dataset):
             url,
             "--batches",
             "4",
-            "--batch-size",
+            "--micro-batch-size",
             "4",
-            "--threads",
+            "--num-threads",
             "2",
             "--quiet",
             "--max-pixels",

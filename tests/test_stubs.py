@@ -56,3 +56,25 @@ def test_stub_declares_every_member_of_each_class(cls):
     members = set(vars(getattr(_core, cls))) - IMPLICIT
     assert members - declared == set(), f"members of _core.{cls} missing in _core.pyi"
     assert declared - members == set(), f"_core.pyi declares members _core.{cls} lacks"
+
+
+def test_loader_stats_typeddict_names_every_key(tmp_path):
+    """mmloader.LoaderStats (the type of Loader.stats()) has exactly the keys a running
+    loader reports (``fetch`` only with remote data), and SourceStats those of a source."""
+    import typing
+
+    import mmloader
+    from mmloader.datagen import make_dataset
+    from mmloader.loader import SourceStats
+
+    ds = make_dataset(
+        str(tmp_path), n_samples=8, seed=1, n_shards=1, n_images=2, min_size=32, max_size=48
+    )
+    with mmloader.Loader(ds["shards"], num_threads=1, micro_batch_size=2, tokenizer="tiny") as L:
+        next(iter(L))
+        st = L.stats()
+    hints = typing.get_type_hints(mmloader.LoaderStats)
+    assert mmloader.LoaderStats.__optional_keys__ == {"fetch"}
+    assert set(st) == set(hints) - {"fetch"}
+    for src in st["sources"].values():
+        assert set(src) == set(typing.get_type_hints(SourceStats))

@@ -130,6 +130,16 @@ struct mml_batch;
 /* vision_py.c: fills cfg from the dict mmloader.presets.vision_config() returns.
  * Returns 0, or -1 with a Python exception set. */
 int mml_py_vision_cfg_from_dict(mml_py_state *ms, PyObject *d, struct mml_vision_cfg *cfg);
+
+struct mml_loader_cfg;
+/* The option table (options_py.c): *c at the table's defaults, then every key of d but
+ * those in `skip` (NULL-terminated) set by its row; an unknown key or a bad value is
+ * ConfigError naming the option.  0 or -1. */
+int mml_py_set_options(mml_py_state *ms, PyObject *d, struct mml_loader_cfg *c,
+                       const char *const *skip);
+/* The value of the table's enum row `option` named `name` (NULL: the row's default);
+ * ConfigError naming the choices.  0 or -1. */
+int mml_py_table_enum(mml_py_state *ms, const char *option, const char *name, int *out);
 /* tokenizer_py.c: the core tokenizer inside a mmloader.Tokenizer object (borrowed: keep a
  * reference to obj while using it), or NULL with TypeError set. */
 const struct mml_tokenizer *mml_py_tokenizer_get(mml_py_state *ms, PyObject *obj);

@@ -10,6 +10,7 @@
 
 #include "mml/collate.h"
 #include "mml/mrope.h"
+#include "mml/options.h"
 
 /* _mrope_positions(ids, grids, spatial_merge, image_pad_id) -> (bytes, rope_delta)
  * ids: sequence of ints; grids: sequence of (t, h, w).  The bytes hold int64 [3, len(ids)]. */
@@ -89,72 +90,42 @@ static int dict_int(PyObject *d, const char *key, long long *out) {
   return 0;
 }
 
-static int dict_choice(mml_py_state *ms, PyObject *d, const char *key, const char *const *names,
-                       int n, int *out) {
-  PyObject *v = PyDict_GetItemString(d, key);
-  if (!v) return 0;
-  const char *s = PyUnicode_AsUTF8(v);
-  if (!s) return -1;
-  for (int i = 0; i < n; i++)
-    if (!strcmp(s, names[i])) {
-      *out = i;
-      return 0;
-    }
-  PyErr_Format(ms->ConfigError, "%s: unknown value %R", key, v);
-  return -1;
-}
-
-/* Fills cfg from a dict with the mml_collate_cfg field names; keys and text_only_vision are
- * strings ("qwen" | "megatron", "placeholder" | "omit" | "empty"). */
+/* Fills cfg from a dict: the option table's collation rows by their Loader names
+ * (micro_batch_size, seq_length, packing, pack_length, pad_to_multiple, pad_id,
+ * shift_labels, attention_mask, mrope, mm_token_type_ids, keys, text_only_vision,
+ * pixel_format), parsed and defaulted by the table as mmloader.Loader's are (None/0 rows:
+ * MML_DEFAULT_MICRO_BATCH_SIZE rows, the Qwen <|endoftext|> pad), and the model's numbers a
+ * Loader takes from its tokenizer and vision settings under their mml_collate_cfg names. */
 static int cfg_from_dict(mml_py_state *ms, PyObject *d, mml_collate_cfg *cfg) {
-  static const char *const keys[] = {"qwen", "megatron"};
-  static const char *const tov[] = {"placeholder", "omit", "empty"};
   struct {
     const char *name;
     long long v;
-  } f[] = {{"micro_batch_size", 1},
-           {"seq_length", 0},
-           {"pack", 0},
-           {"pack_length", 0},
-           {"pad_to_multiple", 0},
-           {"pad_id", MML_QWEN_ENDOFTEXT_ID},
-           {"shift_labels", 0},
-           {"attention_mask", 0},
-           {"mrope", 0},
-           {"spatial_merge", 2},
+  } f[] = {{"spatial_merge", 2},
            {"image_pad_id", MML_QWEN_IMAGE_PAD_ID},
            {"vision_start_id", MML_QWEN_VISION_START_ID},
            {"pixel_cols", 1176},
-           {"mm_token_type_ids", 0},
            {"video_pad_id", MML_QWEN_VIDEO_PAD_ID},
            {"second_per_grid", 0},
            {"split_video_frames", 0}};
-  const int nf = (int)(sizeof f / sizeof f[0]);
-  for (int i = 0; i < nf; i++)
+  enum { NF = (int)(sizeof f / sizeof f[0]) };
+  const char *model[NF + 1];
+  for (int i = 0; i < NF; i++) {
+    model[i] = f[i].name;
     if (dict_int(d, f[i].name, &f[i].v)) return -1;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->micro_batch_size = (int)f[0].v;
-  cfg->seq_length = f[1].v;
-  cfg->pack = (int)f[2].v;
-  cfg->pack_length = f[3].v;
-  cfg->pad_to_multiple = (int)f[4].v;
-  cfg->pad_id = (int32_t)f[5].v;
-  cfg->shift_labels = (int)f[6].v;
-  cfg->attention_mask = (int)f[7].v;
-  cfg->mrope = (int)f[8].v;
-  cfg->spatial_merge = (int)f[9].v;
-  cfg->image_pad_id = (int32_t)f[10].v;
-  cfg->vision_start_id = (int32_t)f[11].v;
-  cfg->pixel_cols = (int)f[12].v;
-  cfg->mm_token_type_ids = (int)f[13].v;
-  cfg->video_pad_id = (int32_t)f[14].v;
-  cfg->second_per_grid = (int)f[15].v;
-  cfg->split_video_frames = (int)f[16].v;
-  int k = 0, t = 0;
-  if (dict_choice(ms, d, "keys", keys, 2, &k) || dict_choice(ms, d, "text_only_vision", tov, 3, &t))
-    return -1;
-  cfg->keys = (mml_key_style)k;
-  cfg->text_only_vision = t;
+  }
+  model[NF] = NULL;
+  mml_loader_cfg lc;
+  if (mml_py_set_options(ms, d, &lc, model)) return -1; /* from the table's defaults */
+  *cfg = lc.collate;
+  if (cfg->micro_batch_size <= 0) cfg->micro_batch_size = MML_DEFAULT_MICRO_BATCH_SIZE;
+  if (cfg->pad_id < 0) cfg->pad_id = MML_QWEN_ENDOFTEXT_ID;
+  cfg->spatial_merge = (int)f[0].v;
+  cfg->image_pad_id = (int32_t)f[1].v;
+  cfg->vision_start_id = (int32_t)f[2].v;
+  cfg->pixel_cols = (int)f[3].v;
+  cfg->video_pad_id = (int32_t)f[4].v;
+  cfg->second_per_grid = (int)f[5].v;
+  cfg->split_video_frames = (int)f[6].v;
   return 0;
 }
 

@@ -7,6 +7,7 @@
  * out) is where a shard's index file is (mml_dsx_sidecar_path: the one naming rule).
  */
 #include "binding.h"
+#include "mml/options.h"
 #include "mml/dsindex.h"
 #include "mml/loader.h"
 
@@ -160,7 +161,7 @@ static PyObject *py_read_index(PyObject *mod, PyObject *args) {
     }
     PyList_SET_ITEM(imgs, i, l ? l : (Py_INCREF(Py_None), Py_None));
   }
-  static const char *const layouts[] = {"auto", "jsonl", "json", "webdataset"};
+  const char *layout = mml_option_enum_name(mml_loader_option("data_format"), x.layout);
   static const char *const comp[] = {"none", "gzip", "zstd"};
   char key[17];
   snprintf(key, sizeof key, "%016llx", (unsigned long long)x.key);
@@ -170,8 +171,8 @@ static PyObject *py_read_index(PyObject *mod, PyObject *args) {
                       (int)MML_DSX_VERSION, "samples", (long long)x.n, "num_images",
                       (long long)x.nimages, "shard_size", (long long)x.shard_size, "shard_mtime_ns",
                       (long long)x.shard_mtime_ns, "etag", x.etag, "key", key, "settings",
-                      x.settings, "layout", layouts[x.layout], "compression", comp[x.compression],
-                      "text_tokens", tt, "status", st_l, "images", imgs);
+                      x.settings, "layout", layout ? layout : "?", "compression",
+                      comp[x.compression], "text_tokens", tt, "status", st_l, "images", imgs);
   Py_XDECREF(tt);
   Py_XDECREF(st_l);
   Py_XDECREF(imgs);

@@ -187,13 +187,11 @@ static void slot_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *er
 static PyObject *Fetcher_get_many(FetcherObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"urls", "on_error", NULL};
   PyObject *seq;
-  const char *on_error = "raise";
+  const char *on_error = "raise"; /* unlike a Loader's: a fetch that fails raises */
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$s:get_many", kwlist, &seq, &on_error)) return NULL;
-  int skip = !strcmp(on_error, "skip");
-  if (!skip && strcmp(on_error, "raise")) {
-    PyErr_SetString(PyExc_ValueError, "on_error must be 'raise' or 'skip'");
-    return NULL;
-  }
+  int raise;
+  if (mml_py_table_enum(mml_py_state_of_self(self), "on_error", on_error, &raise)) return NULL;
+  int skip = !raise; /* the table's names: skip, raise */
   mml_fetcher *f = live(self);
   if (!f) return NULL;
   PyObject *fast = PySequence_Fast(seq, "urls must be a sequence of str");

@@ -88,6 +88,13 @@ static int set_options(mml_py_state *ms, PyObject *d, mml_loader_cfg *c, const c
     for (int i = 0; skip && skip[i] && !skipped; i++) skipped = !strcmp(skip[i], name);
     if (skipped) continue;
     const mml_option *o = mml_loader_option(name);
+    if (o && o->flags & MML_OPT_PYTHON) {
+      PyErr_Format(ms->ConfigError,
+                   "%s is a keyword of mmloader.Loader (resolved in Python), not an engine "
+                   "option",
+                   name);
+      return -1;
+    }
     if (!o) {
       PyErr_Format(ms->ConfigError,
                    "unknown Loader option %R (see "
@@ -97,6 +104,22 @@ static int set_options(mml_py_state *ms, PyObject *d, mml_loader_cfg *c, const c
     }
     if (set_option(ms, c, o, v)) return -1;
   }
+  return 0;
+}
+
+int mml_py_set_options(mml_py_state *ms, PyObject *d, mml_loader_cfg *c, const char *const *skip) {
+  mml_loader_cfg_defaults(c);
+  return set_options(ms, d, c, skip);
+}
+
+int mml_py_table_enum(mml_py_state *ms, const char *option, const char *name, int *out) {
+  const mml_option *o = mml_loader_option(option);
+  mml_loader_cfg tmp;
+  mml_loader_cfg_defaults(&tmp);
+  mml_err err;
+  mml_err_clear(&err);
+  if (name && mml_option_set_enum(&tmp, o, name, &err)) return config_error(ms, &err);
+  *out = (int)mml_option_get_int(&tmp, o);
   return 0;
 }
 
@@ -305,7 +328,7 @@ PyObject *mml_py_loader_cfg_to_dict(const mml_loader_cfg *c) {
   int n;
   const mml_option *t = mml_loader_options(&n);
   for (int i = 0; i < n; i++) {
-    if (t[i].flags & MML_OPT_SECRET) continue;
+    if (t[i].flags & (MML_OPT_SECRET | MML_OPT_PYTHON)) continue;
     PyObject *v = option_value(c, &t[i]);
     if (!v || PyDict_SetItemString(d, t[i].name, v)) {
       Py_XDECREF(v);
@@ -325,7 +348,7 @@ static const char *type_name(mml_opt_type t) {
 }
 
 /* One row as a dict: name, type, default (None for MML_OPT_NONE rows: the Loader
- * keyword's default), min, max, choices, fingerprint, internal, doc. */
+ * keyword's default), min, max, choices, fingerprint, internal, secret, python, doc. */
 static PyObject *row_dict(const mml_option *o, const mml_loader_cfg *defaults) {
   PyObject *def = o->flags & MML_OPT_NONE ? none() : option_value(defaults, o);
   PyObject *choices = NULL;
@@ -345,12 +368,13 @@ static PyObject *row_dict(const mml_option *o, const mml_loader_cfg *defaults) {
                                           : PyFloat_FromDouble(o->hi);
   PyObject *r = NULL;
   if (def && (choices || !o->choices) && lo && hi)
-    r = Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", o->name, "type",
+    r = Py_BuildValue("{s:s,s:s,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:s}", "name", o->name, "type",
                       type_name(o->type), "default", def, "min", lo, "max", hi, "choices",
                       choices ? choices : Py_None, "fingerprint",
                       o->flags & MML_OPT_FINGERPRINT ? Py_True : Py_False, "internal",
                       o->flags & MML_OPT_INTERNAL ? Py_True : Py_False, "secret",
-                      o->flags & MML_OPT_SECRET ? Py_True : Py_False, "doc", o->doc);
+                      o->flags & MML_OPT_SECRET ? Py_True : Py_False, "python",
+                      o->flags & MML_OPT_PYTHON ? Py_True : Py_False, "doc", o->doc);
   Py_XDECREF(def), Py_XDECREF(choices), Py_XDECREF(lo), Py_XDECREF(hi);
   return r;
 }
@@ -390,7 +414,7 @@ static PyObject *py_check_loader_options(PyObject *mod, PyObject *d) {
 static PyMethodDef options_functions[] = {
     {"loader_options", py_loader_options, METH_NOARGS,
      "loader_options() -> list of dicts: the loader's option table (name, type, default, "
-     "min, max, choices, fingerprint, internal, secret, doc)."},
+     "min, max, choices, fingerprint, internal, secret, python, doc)."},
     {"check_loader_options", py_check_loader_options, METH_O,
      "check_loader_options(options) -> dict: checks options (a dict of table options) "
      "against the table and each other, raising ConfigError; returns every non-secret "

@@ -4,7 +4,8 @@
  *   _core.render_record(line, style, image_tokens) -> str
  *   _core.encode_record(line, tokenizer, style, label_mode, image_tokens) -> (ids, labels)
  *   _core.json_dumps(text) -> str (Python's json.dumps(json.loads(text)), from C)
- * and the name -> enum helpers they use.  The GIL is released
+ * with the option table's enum rows (template, label_mode, image_whitespace) for the names
+ * and defaults.  The GIL is released
  * around parsing and encoding; the line's buffer belongs to an immutable str/bytes object
  * we hold a reference to.
  */
@@ -16,49 +17,6 @@
 #include "mml/pyjson.h"
 #include "mml/record.h"
 #include "mml/template.h"
-
-static int template_style_from_str(mml_py_state *ms, const char *s, int *style) {
-  if (!strcmp(s, "qwen2-vl") || !strcmp(s, "qwen2.5-vl"))
-    *style = MML_TEMPLATE_QWEN2_VL;
-  else if (!strcmp(s, "qwen3-vl"))
-    *style = MML_TEMPLATE_QWEN3_VL;
-  else {
-    PyErr_Format(ms->ConfigError,
-                 "unknown chat template '%s'; choose 'qwen2-vl', 'qwen2.5-vl' or 'qwen3-vl'", s);
-    return -1;
-  }
-  return 0;
-}
-
-static int image_space_from_str(mml_py_state *ms, const char *s, int *space) {
-  if (!strcmp(s, "in_place"))
-    *space = MML_IMAGE_SPACE_IN_PLACE;
-  else if (!strcmp(s, "qwen-vl-finetune"))
-    *space = MML_IMAGE_SPACE_STRIP;
-  else {
-    PyErr_Format(ms->ConfigError,
-                 "unknown image_whitespace '%s'; choose 'in_place' or 'qwen-vl-finetune'", s);
-    return -1;
-  }
-  return 0;
-}
-
-static int label_mode_from_str(mml_py_state *ms, const char *s, int *mode) {
-  if (!strcmp(s, "all_assistant"))
-    *mode = MML_LABELS_ALL_ASSISTANT;
-  else if (!strcmp(s, "last_assistant"))
-    *mode = MML_LABELS_LAST_ASSISTANT;
-  else if (!strcmp(s, "no_nonfinal_end"))
-    *mode = MML_LABELS_NO_NONFINAL_END;
-  else {
-    PyErr_Format(ms->ConfigError,
-                 "unknown label mode '%s'; choose 'all_assistant', 'last_assistant' or "
-                 "'no_nonfinal_end'",
-                 s);
-    return -1;
-  }
-  return 0;
-}
 
 /* The UTF-8 bytes of a str or bytes-like line (borrowed from `obj`). */
 static int line_bytes(PyObject *obj, const char **p, Py_ssize_t *n) {
@@ -201,12 +159,13 @@ static PyObject *py_render_record(PyObject *mod, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"line",         "style", "image_tokens", "image_whitespace",
                            "video_tokens", NULL};
   PyObject *line, *counts = Py_None, *vcounts = Py_None;
-  const char *style_s = "qwen2-vl", *space_s = "in_place";
+  const char *style_s = NULL, *space_s = NULL; /* NULL: the option table's default */
   int style, space;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|sOsO:render_record", kwlist, &line, &style_s,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|zOzO:render_record", kwlist, &line, &style_s,
                                    &counts, &space_s, &vcounts))
     return NULL;
-  if (template_style_from_str(ms, style_s, &style) || image_space_from_str(ms, space_s, &space))
+  if (mml_py_table_enum(ms, "template", style_s, &style) ||
+      mml_py_table_enum(ms, "image_whitespace", space_s, &space))
     return NULL;
   mml_record rec = {0};
   mml_template *t = NULL;
@@ -259,13 +218,14 @@ static PyObject *py_encode_record(PyObject *mod, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"line",         "tokenizer",        "style",        "label_mode",
                            "image_tokens", "image_whitespace", "video_tokens", NULL};
   PyObject *line, *tok_obj, *counts = Py_None, *vcounts = Py_None;
-  const char *style_s = "qwen2-vl", *mode_s = "all_assistant", *space_s = "in_place";
+  const char *style_s = NULL, *mode_s = NULL, *space_s = NULL; /* NULL: the table's default */
   int style, mode, space;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|ssOsO:encode_record", kwlist, &line, &tok_obj,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|zzOzO:encode_record", kwlist, &line, &tok_obj,
                                    &style_s, &mode_s, &counts, &space_s, &vcounts))
     return NULL;
-  if (template_style_from_str(ms, style_s, &style) || label_mode_from_str(ms, mode_s, &mode) ||
-      image_space_from_str(ms, space_s, &space))
+  if (mml_py_table_enum(ms, "template", style_s, &style) ||
+      mml_py_table_enum(ms, "label_mode", mode_s, &mode) ||
+      mml_py_table_enum(ms, "image_whitespace", space_s, &space))
     return NULL;
   const struct mml_tokenizer *tok = mml_py_tokenizer_get(ms, tok_obj);
   if (!tok) return NULL;

@@ -22,6 +22,7 @@
  * same object used from two threads) works with a temporary scratch instead.
  */
 #include "binding.h"
+#include "mml/options.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -117,7 +118,7 @@ int mml_py_vision_cfg_from_dict(mml_py_state *ms, PyObject *d, struct mml_vision
       get_bool(ms, d, "fast", &cfg->fast) ||
       get_i64(ms, d, "max_image_pixels", &cfg->max_image_pixels))
     return -1;
-  cfg->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
+  cfg->max_jpeg_scans = (int)mml_loader_option("max_jpeg_scans")->def; /* the table's */
   if (PyDict_GetItemString(d, "max_jpeg_scans") &&
       get_int(ms, d, "max_jpeg_scans", &cfg->max_jpeg_scans))
     return -1;
@@ -152,17 +153,18 @@ int mml_py_vision_cfg_from_dict(mml_py_state *ms, PyObject *d, struct mml_vision
     return -1;
   PyObject *route = PyDict_GetItemString(d, "image_route");
   if (route) {
-    static const char *const names[] = {"processor", "load_image", "qwen-vl-utils"};
+    const mml_option *o = mml_loader_option("image_route"); /* its names, in MML_ROUTE_* order */
     const char *r = PyUnicode_Check(route) ? PyUnicode_AsUTF8(route) : NULL;
     int k = 0;
-    while (r && k < 3 && strcmp(r, names[k])) k++;
-    if (!r || k == 3) {
-      PyErr_SetString(PyExc_ValueError,
-                      "vision config: image_route must be \"processor\", "
-                      "\"load_image\" or \"qwen-vl-utils\"");
+    while (r && o->choices[k] && strcmp(r, o->choices[k])) k++;
+    if (!r || !o->choices[k]) {
+      char list[256];
+      mml_option_choice_list(o, list, sizeof list);
+      PyErr_Format(PyExc_ValueError, "vision config: image_route must be one of (%s), got %R", list,
+                   route);
       return -1;
     }
-    cfg->route = k; /* MML_ROUTE_* in the same order */
+    cfg->route = k;
   }
   mml_err err = {0};
   mml_status st = mml_vision_cfg_check(cfg, &err);
@@ -245,20 +247,12 @@ static PyType_Spec VisionBuffer_spec = {
 static int VisionProcessor_init(VisionProcessorObject *self, PyObject *args, PyObject *kw) {
   mml_py_state *ms = mml_py_state_of_self(self);
   PyObject *d;
-  const char *fmt = "float32";
+  const char *fmt = NULL; /* the option table's default */
   static char *kwlist[] = {"cfg", "pixel_format", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s:VisionProcessor", kwlist, &d, &fmt)) return -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|z:VisionProcessor", kwlist, &d, &fmt)) return -1;
   if (mml_py_vision_cfg_from_dict(ms, d, &self->cfg)) return -1;
-  static const char *const formats[] = {"float32", "bfloat16", "uint8"}; /* MML_PIXEL_* */
-  int k = 0;
-  while (k < 3 && strcmp(fmt, formats[k])) k++;
-  if (k == 3) {
-    PyErr_Format(ms->ConfigError,
-                 "pixel_format must be \"float32\", \"bfloat16\" or "
-                 "\"uint8\", got \"%s\"",
-                 fmt);
-    return -1;
-  }
+  int k;
+  if (mml_py_table_enum(ms, "pixel_format", fmt, &k)) return -1; /* MML_PIXEL_* */
   self->cfg.pixel_format = k;
   if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
     PyErr_NoMemory();

@@ -71,6 +71,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .._options import add_flags, flag_kwargs
 from ..torch import Loader
 
 __all__ = [
@@ -135,6 +136,21 @@ def load_state(path: str) -> Dict[str, Any]:
 
 # ---- command-line arguments -------------------------------------------------------------
 
+PREFIX = "--mmloader-"
+# The Loader options Megatron's command line takes, as --mmloader-<name> (flags and help
+# from the option table; with --mmloader-packing, Megatron's --seq-length is the pack length).
+LOADER_FLAGS = (
+    "model_dir",
+    "preset",
+    "image_root",
+    "packing",
+    "pad_to_multiple",
+    "mrope",
+    "num_threads",
+    "min_pixels",
+    "max_pixels",
+)
+
 
 def add_arguments(parser: Any) -> Any:
     """Megatron ``extra_args_provider``: mmloader's ``--mmloader-*`` flags, and
@@ -160,38 +176,7 @@ def add_arguments(parser: Any) -> Any:
         default=None,
         help="validation data (same forms); none: no validation loader",
     )
-    g.add_argument(
-        "--mmloader-model-dir",
-        default=None,
-        help="checkpoint folder with tokenizer.json and preprocessor_config.json",
-    )
-    g.add_argument(
-        "--mmloader-preset", default="qwen2.5-vl", choices=("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
-    )
-    g.add_argument(
-        "--mmloader-image-root",
-        default=None,
-        help="folder or URL prefix relative image paths resolve against",
-    )
-    g.add_argument(
-        "--mmloader-packing",
-        action="store_true",
-        help="pack samples into [1, seq_length] rows with cu_seqlens",
-    )
-    g.add_argument(
-        "--mmloader-pad-to-multiple",
-        type=int,
-        default=None,
-        help="pad each packed sample to a multiple (2 * context parallel size)",
-    )
-    g.add_argument(
-        "--mmloader-mrope",
-        action="store_true",
-        help="3-row M-RoPE position ids [3, B, L] (models that take them as input)",
-    )
-    g.add_argument("--mmloader-threads", type=int, default=None, help="worker threads per rank")
-    g.add_argument("--mmloader-min-pixels", type=int, default=None)
-    g.add_argument("--mmloader-max-pixels", type=int, default=None)
+    add_flags(g, LOADER_FLAGS, prefix=PREFIX)
     return parser
 
 
@@ -204,27 +189,10 @@ def loader_kwargs_from_args(args: Any) -> Dict[str, Any]:
             "mmloader.megatron.add_arguments, which mmloader.megatron.pretrain "
             "adds) or make_provider(data=...)"
         )
-    kw: Dict[str, Any] = dict(
-        data=args.mmloader_data,
-        model_dir=args.mmloader_model_dir,
-        preset=args.mmloader_preset,
-        image_root=args.mmloader_image_root,
-        packing=bool(args.mmloader_packing),
-        mrope=bool(args.mmloader_mrope),
-    )
-    if args.mmloader_packing:
-        kw.update(
-            pack_length=args.seq_length,
-            seq_length=None,
-            pad_to_multiple=args.mmloader_pad_to_multiple,
-        )
-    for flag, name in (
-        ("mmloader_threads", "num_threads"),
-        ("mmloader_min_pixels", "min_pixels"),
-        ("mmloader_max_pixels", "max_pixels"),
-    ):
-        if getattr(args, flag, None):
-            kw[name] = getattr(args, flag)
+    kw = flag_kwargs(args, LOADER_FLAGS, prefix=PREFIX)
+    kw["data"] = args.mmloader_data
+    if kw.get("packing"):  # Megatron's --seq-length is the pack length
+        kw.update(pack_length=args.seq_length, seq_length=None)
     if getattr(args, "mmloader_valid_data", None):
         kw["valid"] = {"data": args.mmloader_valid_data}
     return kw

@@ -285,27 +285,13 @@ static mml_status validate(const mml_loader_cfg *c, mml_err *err) {
   return mml_loader_cfg_check(c, err); /* the option table's bounds and cross-checks */
 }
 
-/* The defaults of the per-sample limits (mml/loader.h). */
+/* A zeroed C configuration's limits and deadlines: the option table's defaults. */
 static void limits_defaults(mml_loader_cfg *c) {
-  if (!c->max_images_per_sample) c->max_images_per_sample = MML_DEFAULT_MAX_IMAGES_PER_SAMPLE;
-  if (!c->max_sample_pixels) c->max_sample_pixels = MML_DEFAULT_MAX_SAMPLE_PIXELS;
-  if (!c->max_record_bytes) c->max_record_bytes = MML_DEFAULT_MAX_RECORD_BYTES;
-  if (!c->max_json_depth) c->max_json_depth = MML_DEFAULT_MAX_JSON_DEPTH;
-  if (!c->max_object_bytes) c->max_object_bytes = MML_DEFAULT_MAX_OBJECT_BYTES;
-  if (!c->max_jpeg_scans) c->max_jpeg_scans = MML_DEFAULT_MAX_JPEG_SCANS;
+  mml_loader_cfg_fill_zeros(c);
   c->fetch.max_object_bytes = c->max_object_bytes; /* remote images obey it too */
   /* objects of servers that ignore Range are kept whole for their ranged reads: within
    * max_memory (a quarter of it), else the fetcher's default */
   if (c->max_memory > 0) c->fetch.whole_cache_bytes = c->max_memory / 4;
-  if (!c->max_shard_bytes) c->max_shard_bytes = MML_DEFAULT_MAX_SHARD_BYTES;
-  if (!c->max_shard_records) c->max_shard_records = MML_DEFAULT_MAX_SHARD_RECORDS;
-  /* and the deadlines (the option table's defaults, for a zeroed C configuration) */
-  if (!c->fetch.timeout_s) c->fetch.timeout_s = 60;
-  if (!c->fetch.stall_s) c->fetch.stall_s = 10;
-  if (!c->fetch.min_rate) c->fetch.min_rate = 1024;
-  if (!c->fetch.retry_budget_s) c->fetch.retry_budget_s = 60;
-  if (!c->fetch.max_retries) c->fetch.max_retries = 8;
-  if (!c->next_timeout_s) c->next_timeout_s = MML_DEFAULT_NEXT_TIMEOUT_S;
 }
 
 /* The loader's own copies of the configuration's strings (credentials first: until they

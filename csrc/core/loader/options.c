@@ -3,7 +3,9 @@
  *
  * One row per option.  A row names the field it sets with CFG(field), which records the
  * field's offset and size; an option with MML_OPT_NONE takes None for "off/automatic"
- * (its default, usually 0).  Rows are in the order the Loader documents them.
+ * (its default, usually 0); one with MML_OPT_PYTHON (PY) is a Loader keyword mmloader
+ * resolves in Python and has no field.  Rows are in the order the Loader documents them
+ * (its docstring's option section is built from them, doc by doc).
  *
  * Pure data; every function is reentrant.
  */
@@ -23,6 +25,8 @@
 #define NONE MML_OPT_NONE
 #define INTERNAL MML_OPT_INTERNAL
 #define SECRET MML_OPT_SECRET
+#define PY MML_OPT_PYTHON
+#define PYFIELD 0, 0 /* a row resolved in Python: no field of mml_loader_cfg */
 #define I32 2147483647.0
 #define I64 9223372036854775807.0
 
@@ -41,168 +45,332 @@ static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
 static const char *const k_recipe[] = {"processor", "llama-factory", NULL};       /* MML_RECIPE_* */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
+static const char *const k_preset[] = {"qwen2-vl", "qwen2.5-vl", "qwen3-vl",
+                                       NULL}; /* mmloader/presets.py PRESETS */
+static const char *const k_image_route[] = {"processor", "load_image", "qwen-vl-utils",
+                                            NULL}; /* mml_image_route (mml/vision.h) */
 
 static const mml_option k_options[] = {
-    /* name, type, CFG(field), default, lo, hi, enum names, flags, doc */
+    /* name, type, CFG(field) (PY: no field), default, lo, hi, enum names, flags, doc.
+     * The doc is the Loader docstring's entry (mmloader.Loader.__doc__ is built from it)
+     * and its first sentence the command lines' --help. */
+    /* ---- the data */
     {"data_format", MML_OPT_ENUM, CFG(data_format), 0, 0, 0, k_data_format, 0,
-     "shard layout: auto (by name and content), jsonl, json (one array of records), or "
-     "webdataset (tar)"},
+     "Shard layout: auto, jsonl, json or webdataset. \"auto\": a ``.tar`` shard or one with a "
+     "tar header is WebDataset, a shard whose first non-blank character is ``[`` a JSON array, "
+     "anything else JSON lines; \"json\" is one array of records; \"webdataset\" groups tar "
+     "members by key, ``000123.json`` the record and ``000123.jpg`` / ``000123.0.png`` its "
+     "images, ``000123.mp4`` (m4v, mov, mkv, webm, avi) its videos when the record lists none, "
+     "in tar order; range-read from the shard."},
     {"index", MML_OPT_STR, CFG(index), 0, 0, 0, NULL, NONE,
-     "dataset index folder or URL prefix (python -m mmloader index --out) (None: "
-     "<shard>.mmlidx next to each local shard; \"\": never read one)"},
+     "The dataset index (``python -m mmloader index``). None (default) uses ``<shard>.mmlidx`` "
+     "next to each local shard when it exists; a folder or URL prefix (``--out`` of the index "
+     "command) uses the files there, named by ``mmloader.dsindex.sidecar_path`` (remote shards "
+     "need this: no request per shard is made to look for one); False (\"\" here) never reads "
+     "one.  An indexed shard is not scanned at start, and samples longer than ``max_length`` / "
+     "``seq_length`` / ``pack_length`` are skipped from their indexed token counts before "
+     "anything is read; batches are bitwise those without the index.  An index whose shard "
+     "changed (size, mtime; ETag for remote shards) is refused with ConfigError; one built with "
+     "other settings (tokenizer, preset, pixel limits, ...) gives its offsets but not its "
+     "counts (a warning)."},
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
-     "folder or URL prefix relative image paths are resolved against (None: the shard's)"},
-    {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 0, 1, I32, NULL, FP | NONE,
-     "rows per padded batch (None: 8, or as many as max_tokens_per_batch allows)"},
-    {"max_tokens_per_batch", MML_OPT_INT, CFG(max_tokens_per_batch), 0, 1, I64, NULL, FP | NONE,
-     "token budget of a padded batch: rows x its longest sample (None: micro_batch_size rows)"},
-    {"balance", MML_OPT_ENUM, CFG(balance), 0, 0, 0, k_balance, FP,
-     "spread each global step's tokens or vision_tokens evenly over the DP ranks (none: off)"},
-    {"global_plan", MML_OPT_BOOL, CFG(global_plan), 0, 0, 1, NULL, FP,
-     "compose by the global plan (implied by max_tokens_per_batch, balance, group_by_length)"},
-    {"group_by_length", MML_OPT_INT, CFG(group_by_length), 0, 1, 1 << 30, NULL, FP | NONE,
-     "sort windows of this many samples by length, longest first, before batching"},
-    {"seq_length", MML_OPT_INT, CFG(collate.seq_length), 0, 1, I64, NULL, FP | NONE,
-     "padded row length (None: each batch's longest sample)"},
-    {"shuffle", MML_OPT_BOOL, CFG(shuffle), 1, 0, 1, NULL, FP,
-     "shuffle the epoch order (a pure function of seed and epoch)"},
-    {"seed", MML_OPT_INT, CFG(seed), 0, -I64, I64, NULL, FP, "seed of the epoch order"},
-    {"dp_rank", MML_OPT_INT, CFG(dp_rank), 0, 0, I32, NULL, FP | NONE,
-     "this data-parallel rank (None: torch.distributed's, else $RANK; 0 alone)"},
-    {"dp_size", MML_OPT_INT, CFG(dp_size), 1, 1, I32, NULL, FP | NONE,
-     "data-parallel ranks (None: torch.distributed's world, else $WORLD_SIZE; 1 alone)"},
-    {"num_threads", MML_OPT_INT, CFG(num_threads), 0, 1, 4096, NULL, NONE,
-     "worker threads (None: CPUs in the affinity mask / LOCAL_WORLD_SIZE)"},
-    {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
-     "batches in memory ahead of the consumer: finished, or being decoded (finished ones also "
-     "stop at max_memory's bytes, else 2 GiB)"},
-    {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
-     "samples in flight ahead of collation (None: 2 * micro_batch_size, >= 4 * threads, 16; "
-     "remote shards: >= (prefetch + 2) * micro_batch_size and 64)"},
-    {"max_memory", MML_OPT_INT, CFG(max_memory), 0, 1, I64, NULL, NONE,
-     "cap in bytes on the engine's memory: batch buffers (those the consumer holds too), "
-     "the window's encoded bytes, worker scratch; work waits for room (None: no cap)"},
-    {"on_error", MML_OPT_ENUM, CFG(on_error_raise), 0, 0, 0, k_on_error, 0,
-     "a failed sample: skip (count, warn) or raise (in stream order)"},
-    {"max_error_rate", MML_OPT_FLOAT, CFG(max_error_rate), 0.1, 0, 1, NULL, 0,
-     "fail once more than this fraction of samples failed (over at least 100)"},
-    {"min_error_samples", MML_OPT_INT, CFG(min_error_samples), 100, 1, I64, NULL, INTERNAL,
-     "samples consumed before max_error_rate applies"},
-    {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
-     "skip samples with more tokens (reason too_long; None: no limit)"},
-    {"packing", MML_OPT_BOOL, CFG(collate.pack), 0, 0, 1, NULL, FP,
-     "pack samples into [1, pack_length] rows with cu_seqlens"},
-    {"pack_length", MML_OPT_INT, CFG(collate.pack_length), 0, 1, I32, NULL, FP | NONE,
-     "token budget of one pack (None: seq_length)"},
-    {"pad_to_multiple", MML_OPT_INT, CFG(collate.pad_to_multiple), 0, 1, 1 << 20, NULL, FP | NONE,
-     "pad each packed sample to a multiple of this (TP/CP)"},
-    {"pad_id", MML_OPT_INT, CFG(collate.pad_id), -1, -1, I32, NULL, INTERNAL,
-     "padding token id (-1: the tokenizer's <|endoftext|>)"},
-    {"keys", MML_OPT_ENUM, CFG(collate.keys), 0, 0, 0, k_keys, FP,
-     "tensor names: qwen (Hugging Face) or megatron"},
-    {"shift_labels", MML_OPT_BOOL, CFG(collate.shift_labels), 0, 0, 1, NULL, FP,
-     "labels shifted by one (Megatron convention)"},
+     "Folder or URL prefix relative image paths are resolved against (None: each shard's own "
+     "folder)."},
+    {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
+     "A mixture's epoch size (None: the fixed repeat/choose counts plus the weighted "
+     "sources' sizes)."},
+    {"allow_mixture_change", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY,
+     "Restore a state saved under a different mixture. A source added, removed, reweighted, "
+     "its data or settings changed: continue from the same sample count under the new mixture "
+     "instead of raising StateError."},
+    {"mixture_tolerance", MML_OPT_FLOAT, CFG(mixture_tolerance), 0.05, -1, 1, NULL, 0,
+     "Warn when a source's share drifts by more than this. Warned once per source, when its "
+     "share of the samples delivered so far differs from its share of the epoch by more than "
+     "this, e.g. because many of its samples are skipped.  None: never (and not with "
+     "group_by_length, whose windows reorder the sources on purpose); the engine's -1."},
+    /* ---- the model: preset, checkpoint, tokenizer */
+    {"preset", MML_OPT_ENUM, PYFIELD, 1, 0, 0, k_preset, PY,
+     "The model family: qwen2-vl, qwen2.5-vl or qwen3-vl. It sets the vision numbers and the "
+     "chat template."},
+    {"model_dir", MML_OPT_STR, PYFIELD, 0, 0, 0, NULL, PY | NONE,
+     "A checkpoint folder. Its preprocessor_config.json overrides the preset and its "
+     "tokenizer.json is the default tokenizer."},
+    {"tokenizer", MML_OPT_STR, PYFIELD, 0, 0, 0, NULL, PY | NONE,
+     "tokenizer.json path (or a folder with one) or an mmloader.Tokenizer. None: the "
+     "model_dir's tokenizer.json (ConfigError without one); \"tiny\": the small bundled test "
+     "tokenizer, whose ids match no real model."},
+    {"template", MML_OPT_ENUM, CFG(template_style), 0, 0, 0, k_template, FP | INTERNAL,
+     "chat template family (from the preset)"},
+    /* ---- vision (mmloader.presets.vision_config) */
+    {"min_pixels", MML_OPT_INT, PYFIELD, 0, 1, I64, NULL, PY | NONE,
+     "Smallest resized image area in pixels (None: the preset's / model_dir's)."},
+    {"max_pixels", MML_OPT_INT, PYFIELD, 0, 1, I64, NULL, PY | NONE,
+     "Largest resized image area in pixels (None: the preset's / model_dir's)."},
+    {"max_image_pixels", MML_OPT_INT, PYFIELD, 0, 1, I64, NULL, PY | NONE,
+     "Refuse images with more pixels, before decoding. Pillow's decompression-bomb error "
+     "threshold by default (None)."},
+    {"legacy_resize", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY | NONE,
+     "The older smart_resize (None: off, or model_dir's; see mmloader.presets.vision_config)."},
+    {"fast_decode", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY | NONE,
+     "Reduced-scale JPEG decode when the target is at most half the source. Faster, not "
+     "bit-exact (None: off)."},
+    {"strict_jpeg", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY,
+     "Also skip JPEGs that decode only with warnings. Reason \"corrupt_image\": JPEGs that "
+     "libjpeg decodes only with \"Corrupt JPEG data\" warnings.  By default they load as Pillow "
+     "loads them; like Pillow, a libjpeg error anywhere (also after the last row) is a skip."},
+    {"image_route", MML_OPT_ENUM, PYFIELD, 0, 0, 0, k_image_route, PY,
+     "The reference pipeline pixels match, bit for bit: processor, load_image or qwen-vl-utils. "
+     "\"processor\": Image.open, then the HF processor (transparency composited onto white, EXIF "
+     "orientation ignored); \"load_image\": transformers' load_image first (EXIF orientation "
+     "applied, alpha dropped by convert(\"RGB\")); \"qwen-vl-utils\": its fetch_image first "
+     "(RGBA pasted onto white, other modes convert(\"RGB\"), its own smart_resize, then one "
+     "bicubic resize; a palette/tRNS transparency colour is whitened after that resize, as the "
+     "processor then does)."},
+    /* ---- text: template, labels */
+    {"system_prompt", MML_OPT_STR, CFG(system_prompt), 0, 0, 0, NULL, FP | NONE,
+     "The system turn added to conversations without one. None: the template's default "
+     "(\"You are a helpful assistant.\" for qwen2/2.5-vl, none for qwen3-vl); \"\": none."},
     {"label_mode", MML_OPT_ENUM, CFG(label_mode), 0, 0, 0, k_label_mode, FP,
-     "which assistant tokens are supervised"},
+     "Which assistant tokens are supervised: all_assistant, last_assistant or "
+     "no_nonfinal_end."},
     {"image_whitespace", MML_OPT_ENUM, CFG(image_space), 0, 0, 0, k_image_space, FP,
-     "text around <image> tags: in_place (as written) or qwen-vl-finetune (user text stripped)"},
+     "Text around ``<image>`` tags: in_place or qwen-vl-finetune. \"in_place\": as written (the "
+     "HF processor, LLaMA-Factory, ms-swift); \"qwen-vl-finetune\": Qwen's official "
+     "fine-tuning code (user text between tags stripped, empty pieces dropped, so "
+     "``\"<image>\\nWhat is it?\"`` has no newline after the image)."},
     /* recipes: whose data path the samples follow; the llama-factory settings keep
      * LLaMA-Factory's own names (mmloader/recipes.py fills the recipe's defaults) */
     {"recipe", MML_OPT_ENUM, CFG(recipe), 0, 0, 0, k_recipe, FP,
-     "whose data path: processor (HF processor + qwen-vl-utils keys) or llama-factory "
-     "(its template, truncation and image pre-resize)"},
+     "Whose data path the samples follow: processor or llama-factory. \"processor\": the HF "
+     "processor (default); \"llama-factory\": LLaMA-Factory's template, per-message "
+     "tokenization and truncation (see :mod:`mmloader.recipes`, docs/recipes.md)."},
     {"cutoff_len", MML_OPT_INT, CFG(lf.cutoff_len), 0, 1, I64, NULL, FP | NONE,
-     "llama-factory: truncate as its infer_seqlen does (None: 2048)"},
+     "llama-factory: truncate to this many tokens as its infer_seqlen does. It splits source "
+     "and target (None: 2048; LLaMA-Factory's settings keep its names and defaults, "
+     "recipe=\"llama-factory\" only)."},
     {"mask_history", MML_OPT_BOOL, CFG(lf.mask_history), 0, 0, 1, NULL, FP,
-     "llama-factory: train on the last turn only; truncation keeps the last turns first"},
+     "llama-factory: train on the last turn only. Truncation keeps the last turns first."},
     {"train_on_prompt", MML_OPT_BOOL, CFG(lf.train_on_prompt), 0, 0, 1, NULL, FP,
-     "llama-factory: label the prompt tokens too"},
+     "llama-factory: label the prompt tokens too."},
     {"enable_thinking", MML_OPT_BOOL, CFG(lf.enable_thinking), 0, 0, 1, NULL, FP,
-     "llama-factory, Qwen3-VL: its qwen3_vl template (an empty <think> block trained before "
-     "each answer) instead of qwen3_vl_nothink"},
+     "llama-factory, Qwen3-VL: its qwen3_vl template. An empty ``<think>`` block trained before "
+     "each answer, instead of qwen3_vl_nothink."},
+    {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
+     "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
+    /* ---- batches */
+    {"micro_batch_size", MML_OPT_INT, CFG(collate.micro_batch_size), 0, 1, I32, NULL, FP | NONE,
+     "Rows per padded batch (None: 8; not with max_tokens_per_batch)."},
+    {"seq_length", MML_OPT_INT, CFG(collate.seq_length), 0, 1, I64, NULL, FP | NONE,
+     "Padded row length (None: each batch's longest sample)."},
+    {"max_tokens_per_batch", MML_OPT_INT, CFG(max_tokens_per_batch), 0, 1, I64, NULL, FP | NONE,
+     "Batches by token budget instead of a fixed row count. A padded batch of r samples whose "
+     "longest has m tokens (text + vision tokens) holds r * m <= max_tokens_per_batch (its "
+     "input_ids tensor, padding included); needs seq_length=None and packing=False (with "
+     "packing, a batch is one pack of pack_length tokens).  A sample longer than the budget is "
+     "skipped (reason \"too_long\", warned about when the loader is built).  Turns on the "
+     "global plan."},
+    {"balance", MML_OPT_ENUM, CFG(balance), 0, 0, 0, k_balance, FP,
+     "Spread each global step's tokens or vision_tokens evenly over the DP ranks. \"tokens\" "
+     "or \"vision_tokens\": each global step's samples are spread over the DP ranks so that the "
+     "most loaded rank's cost is close to the mean (longest first to the least loaded rank where "
+     "the sample fits the batch); None or \"none\": each rank takes consecutive samples of the "
+     "step.  Turns on the global plan."},
+    {"group_by_length", MML_OPT_INT, CFG(group_by_length), 0, 1, 1 << 30, NULL, FP | NONE,
+     "Sort windows of this many samples by length, longest first, before batching. Less "
+     "padding, better balance with a token budget; still a pure function of (seed, epoch).  "
+     "Turns on the global plan."},
+    {"global_plan", MML_OPT_BOOL, CFG(global_plan), 0, 0, 1, NULL, FP,
+     "Compose by the global plan even without the three options above. Fixed micro_batch_size "
+     "rows, or packs: for elastic resume.  The global plan (any of the four): every sample's "
+     "token count is measured before training by a planning pass (records, template, "
+     "tokenizer, image headers; no decode), then each epoch is cut into global steps that give "
+     "every DP rank exactly one batch, decided from counts alone.  Samples that fail while "
+     "planning are skipped (counted and warned about when the loader is built); an epoch's "
+     "tail too short for one more step is dropped.  ``len()`` is the epoch's step count.  The "
+     "state holds the global sample count (``plan_pos``), so a checkpoint resumes on another "
+     "dp_size, micro_batch_size, max_tokens_per_batch or balance with no sample repeated or "
+     "lost over the epoch (same configuration: the exact next batch)."},
+    {"packing", MML_OPT_BOOL, CFG(collate.pack), 0, 0, 1, NULL, FP,
+     "Pack samples into ``[1, pack_length]`` rows with ``cu_seqlens``."},
+    {"pack_length", MML_OPT_INT, CFG(collate.pack_length), 0, 1, I32, NULL, FP | NONE,
+     "Token budget of one pack (None: seq_length)."},
+    {"pad_to_multiple", MML_OPT_INT, CFG(collate.pad_to_multiple), 0, 1, 1 << 20, NULL, FP | NONE,
+     "Pad each packed sample to a multiple of this (TP/CP)."},
+    {"pad_id", MML_OPT_INT, CFG(collate.pad_id), -1, -1, I32, NULL, INTERNAL,
+     "padding token id (-1: the tokenizer's <|endoftext|>)"},
+    /* ---- order and ranks */
+    {"shuffle", MML_OPT_BOOL, CFG(shuffle), 1, 0, 1, NULL, FP,
+     "Shuffle the epoch order (a pure function of seed and epoch)."},
+    {"seed", MML_OPT_INT, CFG(seed), 0, -I64, I64, NULL, FP, "Seed of the epoch order."},
+    {"dp_rank", MML_OPT_INT, CFG(dp_rank), 0, 0, I32, NULL, FP | NONE,
+     "This rank of a data-parallel group. Ranks get disjoint samples and the same number of "
+     "batches.  None (default): Megatron's data-parallel rank when its model parallelism is "
+     "initialised, else the rank of an initialised torch.distributed, else of the RANK "
+     "environment variable (torchrun, accelerate launch), else 0.  Under a distributed "
+     "launch give both dp_rank and dp_size or neither; a dp_size must divide the world "
+     "size."},
+    {"dp_size", MML_OPT_INT, CFG(dp_size), 1, 1, I32, NULL, FP | NONE,
+     "Data-parallel ranks. None (default): Megatron's data-parallel size when its model "
+     "parallelism is initialised, else the world size of an initialised torch.distributed, "
+     "else of the WORLD_SIZE environment variable, else 1."},
+    {"cycle", MML_OPT_BOOL, CFG(cycle), 0, 0, 1, NULL, 0,
+     "Never stop at an epoch end (Megatron-style iterators)."},
+    /* ---- the batch's tensors */
+    {"keys", MML_OPT_ENUM, CFG(collate.keys), 0, 0, 0, k_keys, FP,
+     "Tensor names: qwen (Hugging Face) or megatron."},
+    {"shift_labels", MML_OPT_BOOL, CFG(collate.shift_labels), 0, 0, 1, NULL, FP,
+     "Labels shifted by one (Megatron convention)."},
     {"mrope", MML_OPT_BOOL, CFG(collate.mrope), 0, 0, 1, NULL, FP,
-     "3-row M-RoPE position ids and rope_deltas"},
+     "Emit 3-row M-RoPE position ids and rope_deltas."},
     {"attention_mask", MML_OPT_BOOL, CFG(collate.attention_mask), 1, 0, 1, NULL, FP,
-     "emit attention_mask"},
+     "Emit attention_mask."},
     {"text_only_vision", MML_OPT_ENUM, CFG(collate.text_only_vision), 0, 0, 0, k_text_only, FP,
-     "vision keys of a batch without images: placeholder, omit or empty"},
+     "Vision keys of a batch without images: placeholder, omit or empty. \"placeholder\": one "
+     "zero pixel row and grid [[0, 0, 0]] (a fixed key set); \"omit\": no vision keys; "
+     "\"empty\": zero-row tensors."},
     {"pixel_format", MML_OPT_ENUM, CFG(collate.pixel_format), 0, 0, 0, k_pixel_format, 0,
-     "pixel_values as float32 (the HF values), bfloat16 (those rounded to nearest even) or "
-     "uint8 (resized RGB patches, one frame per row: mmloader.torch.expand_pixels)"},
+     "What ``pixel_values`` holds: float32, bfloat16 or uint8. \"float32\": the HF processor's "
+     "values, ``[patches, 3*T*P*P]``; \"bfloat16\": the same, each rounded to nearest even "
+     "(exactly ``float32_values.to(torch.bfloat16)``); \"uint8\": the resized RGB patches before "
+     "rescale/normalise, ``[patches, 3*P*P]`` (one frame per row, a still image's T copies left "
+     "out, 8x fewer bytes than float32), turned into exactly the float32 / bfloat16 values by "
+     ":func:`mmloader.torch.expand_pixels` (on the GPU after the copy: what "
+     "``mmloader.torch.Loader(device=\"cuda\")`` does)."},
     {"compact_pixels", MML_OPT_BOOL, CFG(compact_pixels), 1, 0, 1, NULL, 0,
-     "float formats: images in flight as uint8 patch rows, pixel_values expanded from them "
-     "at emission (the same values, an eighth of the memory in flight)"},
+     "Float formats: images in flight as uint8 patch rows, expanded at emission. With "
+     "pixel_format \"float32\" or \"bfloat16\", images are decoded into uint8 patch rows (an "
+     "eighth of float32's bytes) while their batch is being built, and ``pixel_values`` is "
+     "expanded from them when the batch is finished: the same values bit for bit, far less "
+     "memory in flight (under ``max_memory`` the uint8 rows count, and room for the expansions "
+     "is kept).  Not used (the float rows are written directly) under ``pin_memory``, "
+     "``device``, or sources with different image mean/std; videos always are.  "
+     "``stats()[\"pixel_rows_expanded\"]`` counts the expanded rows."},
     {"mm_token_type_ids", MML_OPT_BOOL, CFG(collate.mm_token_type_ids), 0, 0, 1, NULL, FP,
-     "also emit mm_token_type_ids (transformers >= 5, qwen keys)"},
-    {"template", MML_OPT_ENUM, CFG(template_style), 0, 0, 0, k_template, FP | INTERNAL,
-     "chat template family (from the preset)"},
-    {"cycle", MML_OPT_BOOL, CFG(cycle), 0, 0, 1, NULL, 0, "never stop at an epoch end"},
+     "Also emit mm_token_type_ids (transformers >= 5, qwen keys)."},
     {"pin_memory", MML_OPT_BOOL, CFG(pin_memory), 0, 0, 1, NULL, 0,
-     "batches in page-locked memory"},
+     "Batches in page-locked memory (fast .cuda(non_blocking=True)). Plain memory, with one "
+     "warning, when CUDA is unavailable (stats()[\"pinned\"] tells).  A released pinned batch is "
+     "reused only after the work queued on the default CUDA stream (of the device current when "
+     "the loader was built) before the release has completed, so ``b.cuda(non_blocking=True)`` "
+     "followed by dropping ``b`` is safe there; for copies on other streams keep the batch "
+     "alive until they are done, or use ``device=``."},
     {"device", MML_OPT_INT, CFG(device), -1, -1, 1 << 16, NULL, INTERNAL,
      "CUDA device batches are copied to (-1: host; Loader takes device='cuda:N')"},
-    {"s3_endpoint", MML_OPT_STR, CFG(fetch.endpoint), 0, 0, 0, NULL, NONE,
-     "S3 endpoint URL (None: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)"},
-    {"s3_region", MML_OPT_STR, CFG(fetch.region), 0, 0, 0, NULL, NONE,
-     "S3 region (None: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1)"},
-    {"aws_access_key_id", MML_OPT_STR, CFG(fetch.access_key), 0, 0, 0, NULL, NONE | SECRET,
-     "S3 access key (None: AWS_ACCESS_KEY_ID)"},
-    {"aws_secret_access_key", MML_OPT_STR, CFG(fetch.secret_key), 0, 0, 0, NULL, NONE | SECRET,
-     "S3 secret key (None: AWS_SECRET_ACCESS_KEY)"},
-    {"aws_session_token", MML_OPT_STR, CFG(fetch.session_token), 0, 0, 0, NULL, NONE | SECRET,
-     "S3 session token (None: AWS_SESSION_TOKEN)"},
-    {"max_inflight", MML_OPT_INT, CFG(fetch.max_inflight), 0, 1, 100000, NULL, NONE,
-     "remote requests in flight (None: 64)"},
+    /* ---- the engine: threads, memory, failures */
+    {"num_threads", MML_OPT_INT, CFG(num_threads), 0, 1, 4096, NULL, NONE,
+     "Worker threads (None: CPUs in the affinity mask divided by ``LOCAL_WORLD_SIZE``)."},
+    {"prefetch", MML_OPT_INT, CFG(prefetch), 4, 1, 1 << 20, NULL, 0,
+     "Batches in memory ahead of the consumer, finished or being decoded. The depth of a "
+     "DataLoader's prefetch_factor x num_workers.  Finished ones also stop at max_memory's "
+     "bytes (2 GiB without it), and the queue's slots grow with use: a huge value costs only "
+     "what is queued."},
+    {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
+     "Samples in flight ahead of collation. None: 2 * micro_batch_size, at least 4 * "
+     "num_threads and 16; with a remote shard or image root at least (prefetch + 2) * "
+     "micro_batch_size and 64, so the round trips of the samples being fetched overlap the "
+     "decoding.  With ``prefetch`` it bounds memory."},
+    {"max_memory", MML_OPT_INT, CFG(max_memory), 0, 1, I64, NULL, NONE,
+     "A cap in bytes on the engine's memory (None: no cap). It counts every batch buffer of its "
+     "pool (the batches it prepares, those the consumer still holds, and those kept mapped for "
+     "reuse), the encoded bytes of the samples in flight (with the bytes of remote videos "
+     "fetched ahead of their decode: fetched only with room, at most a quarter of the cap, else "
+     "read when needed), the videos kept open from their probe to their decode (demuxer state "
+     "and frame tables: ``stats()[\"video_open_peak_bytes\"]``; one without room is opened again "
+     "by its decode), 16 MiB of scratch per worker, and the decoder scratch an image needs "
+     "beyond that while it is decoded (from its header: a progressive JPEG's coefficients, 3 "
+     "bytes a pixel at 4:2:0; a whole-image buffer for interlaced PNG, WebP, GIF, TIFF; "
+     "``ImageProcessor.plan(data)[\"scratch\"]``), taken before its decode starts.  Video bytes "
+     "held ahead of their use are taken only with room left for a batch as large as the "
+     "largest so far, and give way when the next batch cannot get its buffer.  Work waits for "
+     "room (backpressure); a sample that alone cannot fit raises OutOfMemoryError naming it "
+     "(and its image, when its decoder scratch is what does not fit), and so does a next() "
+     "whose batch cannot fit beside the batches the consumer still holds (the message names "
+     "the max_memory that would hold it)."},
+    {"on_error", MML_OPT_ENUM, CFG(on_error_raise), 0, 0, 0, k_on_error, 0,
+     "A failed sample: skip or raise. \"skip\": count, warn, continue; \"raise\": ``next`` raises "
+     "the sample's error, in stream order (iteration may continue afterwards)."},
+    {"max_error_rate", MML_OPT_FLOAT, CFG(max_error_rate), 0.1, 0, 1, NULL, 0,
+     "Raise once more than this fraction of samples failed (over at least 100)."},
+    {"min_error_samples", MML_OPT_INT, CFG(min_error_samples), 100, 1, I64, NULL, INTERNAL,
+     "samples consumed before max_error_rate applies"},
     {"plan_only", MML_OPT_BOOL, CFG(plan_only), 0, 0, 1, NULL, 0,
-     "a planning pass: batches carry only their cursors (images never decoded)"},
-    {"system_prompt", MML_OPT_STR, CFG(system_prompt), 0, 0, 0, NULL, FP | NONE,
-     "system turn for conversations without one (None: the template's default; \"\": none)"},
-    {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
-     "a mixture's epoch size (None: its sources' fixed counts plus weighted sizes)"},
-    /* per-sample resource limits (a sample over one is skipped with its own reason) and
+     "A planning pass: batches carry only their cursors. Samples are read, planned from their "
+     "image headers and tokenized but never decoded; each batch is an empty dict and "
+     "``state_dict()`` after it tells where it ends (the same composition, unless an image "
+     "fails only when decoded).  mmloader.ray plans packed streams with it."},
+    /* ---- per-sample resource limits (a sample over one is skipped with its own reason) and
      * the path policy: they decide which samples are skipped, so they are fingerprinted */
     {"max_images_per_sample", MML_OPT_INT, CFG(max_images_per_sample),
      MML_DEFAULT_MAX_IMAGES_PER_SAMPLE, 1, I32, NULL, FP,
-     "skip samples naming more images (too_many_images)"},
+     "Skip samples naming more images (reason \"too_many_images\")."},
     {"max_sample_pixels", MML_OPT_INT, CFG(max_sample_pixels), MML_DEFAULT_MAX_SAMPLE_PIXELS, 1,
      I64, NULL, FP,
-     "skip samples whose images hold more pixels in all (each at the larger of its size in "
-     "the file and resized), from their headers"},
+     "Skip samples whose images hold more pixels in all. Each image counts at the larger of "
+     "its size in the file and after resizing (which a record's min_pixels or "
+     "resized_height/width keys decide), from the headers, checked before any decode (reason "
+     "\"sample_too_large\"; the default 2**27 is e.g. 16 4K frames)."},
     {"max_record_bytes", MML_OPT_INT, CFG(max_record_bytes), MML_DEFAULT_MAX_RECORD_BYTES, 1, I64,
-     NULL, FP, "skip longer records before reading them (record_too_large)"},
+     NULL, FP, "Skip longer records before reading them (reason \"record_too_large\")."},
     {"max_json_depth", MML_OPT_INT, CFG(max_json_depth), MML_DEFAULT_MAX_JSON_DEPTH, 1, 100000,
-     NULL, FP, "skip records nested deeper (bad_record)"},
+     NULL, FP, "Skip records nested deeper (reason \"bad_record\")."},
     {"max_object_bytes", MML_OPT_INT, CFG(max_object_bytes), MML_DEFAULT_MAX_OBJECT_BYTES, 1, I64,
-     NULL, FP, "skip samples with a larger encoded image, local or remote (object_too_large)"},
+     NULL, FP,
+     "Skip samples with a larger encoded image, local or remote (reason \"object_too_large\"). A "
+     "WebDataset member is checked from its tar header, before it is read."},
     {"max_jpeg_scans", MML_OPT_INT, CFG(max_jpeg_scans), MML_DEFAULT_MAX_JPEG_SCANS, 1, I32, NULL,
      FP,
-     "skip samples with a JPEG of more scans: each decodes the whole image again (too_many_scans)"},
+     "Skip samples with a JPEG of more scans (reason \"too_many_scans\"). Encoders write "
+     "about 10; each scan of a progressive JPEG decodes the whole image again, so a few "
+     "hundred KB can cost minutes."},
     /* per-shard limits: a shard over one is refused (hostile or corrupt data) */
     {"max_shard_bytes", MML_OPT_INT, CFG(max_shard_bytes), MML_DEFAULT_MAX_SHARD_BYTES, 1, I64,
      NULL, 0,
-     "refuse a .gz/.zst or remote shard whose text passes this many bytes (compression bombs)"},
+     "Refuse a .gz/.zst or remote shard whose text passes this many bytes (compression bombs). "
+     "mmloader.SampleError names the shard and the limit: a .gz/.zst shard whose decompressed "
+     "text, or a remote shard whose streamed text, passes it (the decompressed copy lives in "
+     "$TMPDIR; the default is 8 GiB)."},
     {"max_shard_records", MML_OPT_INT, CFG(max_shard_records), MML_DEFAULT_MAX_SHARD_RECORDS, 1,
      I64, NULL, 0,
-     "refuse a shard of more JSONL lines (blank ones too), array elements or tar members"},
+     "Refuse a shard of more JSONL lines (blank ones too), array elements or tar members. The "
+     "default 2**24 = 16,777,216 is 128 MiB of index."},
     {"allow_paths_outside_root", MML_OPT_BOOL, CFG(allow_paths_outside_root), 1, 0, 1, NULL, FP,
-     "False: image paths must stay inside the image root (path_refused)"},
+     "False confines image paths to the image root (for untrusted data). True (default, as in "
+     "earlier releases): image paths may be absolute, use ``..`` or follow symlinks anywhere.  "
+     "False: relative references must stay inside the image root; others are skipped (reason "
+     "\"path_refused\") before anything is opened."},
     {"allow_remote_images_in_local_data", MML_OPT_BOOL, CFG(allow_remote_images), 1, 0, 1, NULL, FP,
-     "False: records of local shards may not name URLs (path_refused)"},
-    /* deadlines: every remote read and every next() is bounded */
+     "False refuses URLs in the records of local shards. True (default): records of local "
+     "shards may name http(s)/s3 images, which are fetched; False skips them (reason "
+     "\"path_refused\")."},
+    /* ---- remote data; deadlines: every remote read and every next() is bounded */
+    {"s3_endpoint", MML_OPT_STR, CFG(fetch.endpoint), 0, 0, 0, NULL, NONE,
+     "S3 endpoint URL (None: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)."},
+    {"s3_region", MML_OPT_STR, CFG(fetch.region), 0, 0, 0, NULL, NONE,
+     "S3 region (None: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1)."},
+    {"aws_access_key_id", MML_OPT_STR, CFG(fetch.access_key), 0, 0, 0, NULL, NONE | SECRET,
+     "S3 access key (None: AWS_ACCESS_KEY_ID)."},
+    {"aws_secret_access_key", MML_OPT_STR, CFG(fetch.secret_key), 0, 0, 0, NULL, NONE | SECRET,
+     "S3 secret key (None: AWS_SECRET_ACCESS_KEY)."},
+    {"aws_session_token", MML_OPT_STR, CFG(fetch.session_token), 0, 0, 0, NULL, NONE | SECRET,
+     "S3 session token (None: AWS_SESSION_TOKEN)."},
+    {"max_inflight", MML_OPT_INT, CFG(fetch.max_inflight), 0, 1, 100000, NULL, NONE,
+     "Remote requests in flight (None: 64)."},
     {"fetch_timeout_s", MML_OPT_FLOAT, CFG(fetch.timeout_s), 60, 0.001, 1e6, NULL, 0,
-     "one remote request attempt's deadline (seconds)"},
+     "One remote request attempt's deadline in seconds."},
     {"fetch_stall_s", MML_OPT_FLOAT, CFG(fetch.stall_s), 10, 0.001, 1e6, NULL, 0,
-     "abandon an attempt that received nothing this long"},
+     "Abandon an attempt that received nothing this long."},
     {"fetch_min_rate", MML_OPT_FLOAT, CFG(fetch.min_rate), 1024, 1, 1e12, NULL, 0,
-     "abandon an attempt slower than this (bytes/s over fetch_stall_s)"},
+     "Abandon an attempt slower than this many bytes/s over ``fetch_stall_s``. The default is "
+     "a server dripping bytes."},
     {"fetch_max_retries", MML_OPT_INT, CFG(fetch.max_retries), 8, 1, 1000, NULL, 0,
-     "retries of a transient fetch failure"},
+     "Retries of a transient fetch failure ..."},
     {"fetch_retry_budget_s", MML_OPT_FLOAT, CFG(fetch.retry_budget_s), 60, 0.001, 1e6, NULL, 0,
-     "no retry starts later than this after a request's first attempt"},
+     "... within this many seconds of the request's first attempt. So a sample's fetches are "
+     "over within about twice that.  Identical requests in flight are fetched once."},
     {"next_timeout_s", MML_OPT_FLOAT, CFG(next_timeout_s), MML_DEFAULT_NEXT_TIMEOUT_S, 0.001, 1e9,
-     NULL, 0, "next() raises, naming what it waits on, after this long without a batch"},
-    {"mixture_tolerance", MML_OPT_FLOAT, CFG(mixture_tolerance), 0.05, -1, 1, NULL, 0,
-     "warn when a source's share drifts by more than this (Loader: None never; -1 here)"},
+     NULL, 0,
+     "next() raises after this long without a batch. The error (mmloader.Error) names the "
+     "sample, stage and URL it waits on."},
 };
 
 #define NOPT ((int)(sizeof k_options / sizeof *k_options))
@@ -236,10 +404,24 @@ void mml_loader_cfg_defaults(mml_loader_cfg *c) {
   memset(c, 0, sizeof *c);
   for (int i = 0; i < NOPT; i++) {
     const mml_option *o = &k_options[i];
+    if (o->flags & MML_OPT_PYTHON) continue;
     if (o->type == MML_OPT_FLOAT)
       *(double *)field(c, o) = o->def;
     else if (o->type != MML_OPT_STR)
       store_int(c, o, (int64_t)o->def);
+  }
+}
+
+void mml_loader_cfg_fill_zeros(mml_loader_cfg *c) {
+  for (int i = 0; i < NOPT; i++) {
+    const mml_option *o = &k_options[i];
+    if (o->type == MML_OPT_STR || o->flags & (MML_OPT_PYTHON | MML_OPT_INTERNAL | MML_OPT_NONE))
+      continue;
+    if (o->type == MML_OPT_FLOAT) {
+      if (*(double *)field(c, o) == 0 && o->lo > 0) *(double *)field(c, o) = o->def;
+    } else if (o->type == MML_OPT_INT && mml_option_get_int(c, o) == 0 && o->lo > 0) {
+      store_int(c, o, (int64_t)o->def);
+    }
   }
 }
 
@@ -248,7 +430,7 @@ static int count_choices(const mml_option *o);
 mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
   for (int i = 0; i < NOPT; i++) { /* a cfg built in C (not through the setters) */
     const mml_option *o = &k_options[i];
-    if (o->type == MML_OPT_STR || o->flags & MML_OPT_INTERNAL) continue;
+    if (o->type == MML_OPT_STR || o->flags & (MML_OPT_INTERNAL | MML_OPT_PYTHON)) continue;
     if (o->type == MML_OPT_FLOAT) {
       double v = mml_option_get_float(c, o);
       if (!(v >= o->lo && v <= o->hi))
@@ -297,7 +479,13 @@ static int count_choices(const mml_option *o) {
   return n;
 }
 
+static mml_status python_row(const mml_option *o, mml_err *err) {
+  return mml_err_set(err, MML_ECONFIG, "%s is resolved by mmloader.Loader, not the engine",
+                     o->name);
+}
+
 mml_status mml_option_set_int(mml_loader_cfg *c, const mml_option *o, int64_t v, mml_err *err) {
+  if (o->flags & MML_OPT_PYTHON) return python_row(o, err);
   switch (o->type) {
     case MML_OPT_BOOL:
       if (v != 0 && v != 1)
@@ -324,6 +512,7 @@ mml_status mml_option_set_int(mml_loader_cfg *c, const mml_option *o, int64_t v,
 }
 
 mml_status mml_option_set_float(mml_loader_cfg *c, const mml_option *o, double v, mml_err *err) {
+  if (o->flags & MML_OPT_PYTHON) return python_row(o, err);
   if (o->type != MML_OPT_FLOAT)
     return mml_err_set(err, MML_ECONFIG, "%s is not a number option", o->name);
   if (!(v >= o->lo && v <= o->hi)) /* NaN fails too */
@@ -334,6 +523,7 @@ mml_status mml_option_set_float(mml_loader_cfg *c, const mml_option *o, double v
 }
 
 mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char *v, mml_err *err) {
+  if (o->flags & MML_OPT_PYTHON) return python_row(o, err);
   if (o->type != MML_OPT_STR)
     return mml_err_set(err, MML_ECONFIG, "%s is not a string option", o->name);
   *(const char **)field(c, o) = v;
@@ -342,21 +532,27 @@ mml_status mml_option_set_str(mml_loader_cfg *c, const mml_option *o, const char
 
 mml_status mml_option_set_enum(mml_loader_cfg *c, const mml_option *o, const char *name,
                                mml_err *err) {
+  if (o->flags & MML_OPT_PYTHON) return python_row(o, err);
   if (o->type != MML_OPT_ENUM)
     return mml_err_set(err, MML_ECONFIG, "%s is not a choice option", o->name);
   int n = count_choices(o);
   for (int i = 0; name && i < n; i++)
     if (!strcmp(o->choices[i], name)) return mml_option_set_int(c, o, i, err);
-  char list[256] = "";
-  size_t used = 0;
-  for (int i = 0; i < n && used < sizeof list; i++)
-    used +=
-        (size_t)snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "", o->choices[i]);
+  char list[256];
+  mml_option_choice_list(o, list, sizeof list);
   return mml_err_set(err, MML_ECONFIG, "%s must be one of (%s), got '%.200s'", o->name, list,
                      name ? name : "(null)");
 }
 
+void mml_option_choice_list(const mml_option *o, char *buf, size_t n) {
+  size_t used = 0;
+  if (n) buf[0] = 0;
+  for (int i = 0; i < count_choices(o) && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, "%s'%s'", i ? ", " : "", o->choices[i]);
+}
+
 int64_t mml_option_get_int(const mml_loader_cfg *c, const mml_option *o) {
+  if (o->flags & MML_OPT_PYTHON) return (int64_t)o->def;
   if (o->type == MML_OPT_FLOAT || o->type == MML_OPT_STR) return 0;
   if (o->size == 8) {
     int64_t v;
@@ -369,11 +565,13 @@ int64_t mml_option_get_int(const mml_loader_cfg *c, const mml_option *o) {
 }
 
 double mml_option_get_float(const mml_loader_cfg *c, const mml_option *o) {
-  return o->type == MML_OPT_FLOAT ? *(const double *)cfield(c, o) : 0.0;
+  return o->type == MML_OPT_FLOAT && !(o->flags & MML_OPT_PYTHON) ? *(const double *)cfield(c, o)
+                                                                  : 0.0;
 }
 
 const char *mml_option_get_str(const mml_loader_cfg *c, const mml_option *o) {
-  return o->type == MML_OPT_STR ? *(const char *const *)cfield(c, o) : NULL;
+  return o->type == MML_OPT_STR && !(o->flags & MML_OPT_PYTHON) ? *(const char *const *)cfield(c, o)
+                                                                : NULL;
 }
 
 const char *mml_option_enum_name(const mml_option *o, int64_t v) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "mml/loader.h"
+#include "mml/plan.h"
 #include "mml_fixture.h"
 #include "mml_test.h"
 
@@ -305,6 +306,50 @@ TEST(test_build_and_use) {
   CHECK_EQ_INT(nb0, nb1);
   CHECK(h0 == h1);
   CHECK(st.skipped > 0);
+  free(sum);
+}
+
+/* The global plan's counts from the index (the builder's ld_measure, headers only) and
+ * from the planning pass (ld_measure on num_threads threads, media whole; no second
+ * loader): the same function measures both (measure.c DESIGN 1), so the plans and the
+ * epochs are the same.  Under TSan: the planning pass's threads. */
+TEST(test_plan_from_index_or_planning_pass) {
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer or dataset)");
+  const char *data[1];
+  mml_loader_cfg c;
+  mml_loader *L;
+  mml_err err;
+  mml_plan_info p0, p1;
+  mml_index_summary *sum = calloc(1, sizeof *sum);
+  int nb0, nb1;
+  cfg_of(&c, data, ""); /* no index: the planning pass */
+  c.collate.micro_batch_size = 0;
+  c.max_tokens_per_batch = 160;
+  c.balance = MML_BALANCE_TOKENS;
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_OK(mml_loader_plan_info(L, 0, &p0, &err), err);
+  CHECK_EQ_INT(p0.measured, 600);
+  CHECK_EQ_INT(p0.indexed, 0);
+  CHECK(p0.unusable > 1); /* the malformed line, and those above max_length=60 */
+  CHECK_OK(mml_loader_build_index(L, 0, g_idx, 3, NULL, NULL, sum, &err), err);
+  uint64_t h0 = epoch_hash(L, &nb0);
+  mml_loader_free(L);
+  cfg_of(&c, data, NULL); /* the index beside the shard */
+  c.collate.micro_batch_size = 0;
+  c.max_tokens_per_batch = 160;
+  c.balance = MML_BALANCE_TOKENS;
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_OK(mml_loader_plan_info(L, 0, &p1, &err), err);
+  CHECK_EQ_INT(p1.indexed, 600);
+  CHECK_EQ_INT(p1.measured, 0);
+  uint64_t h1 = epoch_hash(L, &nb1);
+  mml_loader_free(L);
+  CHECK_EQ_INT(p1.unusable, p0.unusable);
+  CHECK_EQ_INT(p1.steps, p0.steps);
+  CHECK_EQ_INT(p1.usable, p0.usable);
+  CHECK(nb0 > 10);
+  CHECK_EQ_INT(nb0, nb1);
+  CHECK(h0 == h1);
   free(sum);
 }
 

@@ -1,0 +1,486 @@
+/*
+ * ledger.c — one ordered byte ledger for a memory cap (implements mml/ledger.h).
+ *
+ * WHY.  A memory cap enforced by several gates, each guessing what earlier work will need
+ * ("holds"), hangs when the guesses disagree: later work takes room that earlier work
+ * needs, and every gate waits.  Here every byte the cap covers is one charge against one
+ * budget, granted in stream order, so later work can never take room earlier work needs,
+ * and no guess is needed.
+ *
+ * MODEL.  Credit is held by the ENGINE (work running) or for the CONSUMER (finished work
+ * waiting for the stream: batches the consumer holds or will take); caches (pooled pages, spare buffers, preloads, open videos) are a second class,
+ * counted in the same budget but evictable: their owners free bytes on request.  A charge
+ * is (seq, bytes): seq is its place in the stream.  Waiting charges form one list sorted
+ * by (seq, arrival); the first is the head.
+ *
+ * THREADS.  Any thread may call any function.  One mutex guards everything; blocking
+ * acquires wait on one condition variable; asynchronous requests (a thread that must not
+ * block, such as the loader's collation thread) get their wake callback, run after the
+ * mutex is released, exactly once.  Lock order: ledger -> a cache's own lock (evict runs
+ * under the ledger's lock); nobody calls into the ledger with a cache's lock held.
+ *
+ * INVARIANTS (tests/c/base/test-ledger.c cites them as L1..L9)
+ *   L1. Grants are in stream order: a charge is granted only when no charge before it in
+ *       (seq, arrival) order is waiting.
+ *   L2. A charge waits only while one before it waits or it does not fit: every change
+ *       that could let the head fit (release, hand-over, cache drop, withdraw, a new
+ *       head) grants every charge that fits, in order, before the mutex is released.
+ *   L3. Never above the cap: held (both holders) + cached <= cap after every grant and
+ *       every cache growth; caches grow otherwise only by cache_put, which moves bytes
+ *       already held.
+ *   L4. Caches are reclaimed before anyone waits: when the head fits with caches evicted,
+ *       they are evicted (in registration order) and it is granted; a charge waits only
+ *       when held + need > cap.  A cache grows (cache_grow) only when no charge waits.
+ *   L5. The callers' part: charges are requested in stream order (a unit of work asks
+ *       for its bytes before any later unit asks), and ENGINE credit comes back or is
+ *       handed over to the CONSUMER class by the work itself, without waiting for the
+ *       stream; work that finished and waits for the stream holds CONSUMER credit.  So
+ *       while the engine holds credit a waiting head is progress, not a deadlock, and
+ *       CONSUMER credit belongs to work before the head.
+ *   L6. Wakeups, no polling: each grant or failure of a waiting charge broadcasts the
+ *       condition variable and runs its wake callback once, after the mutex is released;
+ *       nothing waits with a timeout.
+ *   L7. The one deadlock rule: the head fails (MML_ENOMEM) when it does not fit, no
+ *       ENGINE credit is held, and the consumer waits for the stream: only the consumer
+ *       holds credit and it will not give any back.  The consumer's wait holds from its
+ *       declaration (made after it looked, under the lock its producers finish work
+ *       under) to the next end of ENGINE work (hand-over, release, cache_put), which may
+ *       be what it waits for: it looks again and declares again.
+ *   L8. One explainer composes every out-of-memory message: the work's name, its bytes,
+ *       what the consumer holds, what is in flight and cached, and the cap that would fit.
+ *   L9. Without a cap (0) every request is granted at once; counts are still kept.
+ */
+#include "mml/ledger.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ledger_cache {
+  const char *name;
+  mml_ledger_evict_fn evict;
+  void *arg;
+  int64_t bytes;
+} ledger_cache;
+
+struct mml_ledger {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* blocking acquires (L6) */
+  mml_ledger_cfg cfg;
+  int64_t held[MML_HOLDERS];
+  ledger_cache cache[MML_LEDGER_CACHES];
+  int ncache;
+  mml_charge *head, *tail; /* waiting, in (seq, arrival) order */
+  int64_t nwaiting;
+  int consumer_waiting, shut;
+  mml_status fail_st; /* the first failure (mml_ledger_error) */
+  mml_err fail_err;
+  int64_t peak;
+  uint64_t grants, waits, evicted;
+};
+
+static int64_t cached_locked(const mml_ledger *g) {
+  int64_t n = 0;
+  for (int i = 0; i < g->ncache; i++) n += g->cache[i].bytes;
+  return n;
+}
+
+static int64_t total_locked(const mml_ledger *g) {
+  return g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER] + cached_locked(g);
+}
+
+static void note_peak_locked(mml_ledger *g) {
+  const int64_t t = total_locked(g);
+  if (t > g->peak) g->peak = t;
+}
+
+mml_status mml_ledger_new(const mml_ledger_cfg *cfg, mml_ledger **out, mml_err *err) {
+  *out = NULL;
+  if (cfg->cap < 0)
+    return mml_err_set(err, MML_EINVAL, "%s=%lld: must be >= 0 (0: no cap)",
+                       cfg->what ? cfg->what : "cap", (long long)cfg->cap);
+  mml_ledger *g = calloc(1, sizeof *g);
+  if (!g) return mml_err_set(err, MML_ENOMEM, "out of memory for the memory ledger");
+  g->cfg = *cfg;
+  if (!g->cfg.what) g->cfg.what = "max_memory";
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  *out = g;
+  return MML_OK;
+}
+
+void mml_ledger_free(mml_ledger *g) {
+  if (!g) return;
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+}
+
+int mml_ledger_add_cache(mml_ledger *g, const char *name, mml_ledger_evict_fn evict, void *arg) {
+  pthread_mutex_lock(&g->mu);
+  int id = -1;
+  if (g->ncache < MML_LEDGER_CACHES) {
+    id = g->ncache++;
+    g->cache[id] = (ledger_cache){name ? name : "cache", evict, arg, 0};
+  }
+  pthread_mutex_unlock(&g->mu);
+  return id;
+}
+
+/* ---- the explainer (L8) ------------------------------------------------------------- */
+
+/* The one out-of-memory message: `need` bytes of the work at `seq` cannot be held beside
+ * what is held now; `rule` says why it never will be. */
+static mml_status explain_locked(mml_ledger *g, int64_t seq, int64_t need, int alone,
+                                 mml_err *err) {
+  char name[256] = "";
+  if (g->cfg.name) g->cfg.name(g->cfg.name_arg, seq, name, sizeof name);
+  if (!name[0]) snprintf(name, sizeof name, "stream position %lld", (long long)seq);
+  const int64_t cons = g->held[MML_HOLD_CONSUMER], eng = g->held[MML_HOLD_ENGINE];
+  const int64_t fit = alone ? need : cons + eng + need;
+  mml_err_set(err, MML_ENOMEM,
+              "%s=%lld cannot hold the %lld bytes %s needs beside %lld bytes of finished "
+              "work waiting for the consumer (batches it holds or has yet to take), %lld "
+              "bytes of work running and %lld bytes cached: %s >= %lld would hold it%s%s",
+              g->cfg.what, (long long)g->cfg.cap, (long long)need, name, (long long)cons,
+              (long long)eng, (long long)cached_locked(g), g->cfg.what, (long long)fit,
+              !alone && g->cfg.hint ? "; " : "", !alone && g->cfg.hint ? g->cfg.hint : "");
+  return MML_ENOMEM;
+}
+
+/* ---- the waiting list and the grant step (L1, L2, L4, L6, L7) ------------------------ */
+
+static void unlink_locked(mml_ledger *g, mml_charge *c) {
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    g->head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  else
+    g->tail = c->prev;
+  c->prev = c->next = NULL;
+  g->nwaiting--;
+}
+
+/* Sorted insert: after every charge whose seq is <= c's (arrival breaks ties, L1). */
+static void link_locked(mml_ledger *g, mml_charge *c) {
+  mml_charge *after = g->tail;
+  while (after && after->seq > c->seq) after = after->prev;
+  c->prev = after;
+  c->next = after ? after->next : g->head;
+  if (c->next)
+    c->next->prev = c;
+  else
+    g->tail = c;
+  if (after)
+    after->next = c;
+  else
+    g->head = c;
+  g->nwaiting++;
+}
+
+/* 1 when `need` fits, evicting caches (in order) only when that makes it fit (L4). */
+static int fits_locked(mml_ledger *g, int64_t need) {
+  if (!g->cfg.cap) return 1;
+  const int64_t held = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER];
+  if (held + need > g->cfg.cap) return 0;
+  int64_t over = held + need + cached_locked(g) - g->cfg.cap;
+  for (int i = 0; i < g->ncache && over > 0; i++) {
+    ledger_cache *k = &g->cache[i];
+    if (k->bytes <= 0 || !k->evict) continue;
+    /* what it freed is subtracted as is: a cache's count may dip below zero while an
+     * owner's cache_put (made after its own lock is dropped) is on its way */
+    const int64_t freed = k->evict(k->arg, over < k->bytes ? over : k->bytes);
+    if (freed > 0) {
+      k->bytes -= freed;
+      over -= freed;
+      g->evicted += (uint64_t)freed;
+    }
+  }
+  return over <= 0;
+}
+
+static void grant_locked(mml_ledger *g, mml_charge *c) {
+  c->state = MML_CHARGE_GRANTED;
+  g->held[MML_HOLD_ENGINE] += c->bytes;
+  g->grants++;
+  note_peak_locked(g);
+}
+
+static void fail_locked(mml_ledger *g, mml_charge *c, mml_status st, const mml_err *e) {
+  c->state = MML_CHARGE_FAILED;
+  c->status = st;
+  if (st == MML_ENOMEM) {
+    g->fail_st = st;
+    g->fail_err = *e;
+  }
+}
+
+/* The wake callbacks of charges granted or failed, copied under the mutex (the charge
+ * may be gone once its owner sees its state) and run after it is released (L6). */
+enum { WAKE_BATCH = 32 };
+typedef struct wake_list {
+  int n;
+  mml_charge_wake_fn fn[WAKE_BATCH];
+  void *arg[WAKE_BATCH];
+} wake_list;
+
+static void woke_locked(mml_charge *c, wake_list *w) {
+  if (!c->wake) return;
+  w->fn[w->n] = c->wake;
+  w->arg[w->n++] = c->wake_arg;
+}
+
+static void wake_run(const wake_list *w) {
+  for (int i = 0; i < w->n; i++) w->fn[i](w->arg[i]);
+}
+
+/* Grants waiting charges in order while the head fits; applies the deadlock rule to a
+ * head that does not.  Returns 1 when it stopped with `w` full (more may be grantable:
+ * the caller runs `w` and steps again). */
+static int step_locked(mml_ledger *g, wake_list *w) {
+  int changed = 0;
+  while (g->head && w->n < WAKE_BATCH) {
+    mml_charge *c = g->head;
+    if (fits_locked(g, c->bytes)) {
+      unlink_locked(g, c);
+      grant_locked(g, c);
+    } else if (g->consumer_waiting && g->held[MML_HOLD_ENGINE] == 0) { /* L7 */
+      mml_err e;
+      explain_locked(g, c->seq, c->bytes, 0, &e);
+      unlink_locked(g, c);
+      fail_locked(g, c, MML_ENOMEM, &e);
+    } else {
+      break;
+    }
+    woke_locked(c, w);
+    changed = 1;
+  }
+  if (changed) pthread_cond_broadcast(&g->cv);
+  return g->head && w->n == WAKE_BATCH;
+}
+
+/* Runs the grant step after a change, then the callbacks after the unlock. */
+static void step_and_unlock(mml_ledger *g) {
+  for (;;) {
+    wake_list w;
+    w.n = 0;
+    const int more = step_locked(g, &w);
+    pthread_mutex_unlock(&g->mu);
+    wake_run(&w);
+    if (!more) return;
+    pthread_mutex_lock(&g->mu);
+  }
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+static mml_status request_locked(mml_ledger *g, mml_charge *c, mml_err *err) {
+  c->prev = c->next = NULL;
+  c->status = MML_OK;
+  if (g->shut) {
+    c->state = MML_CHARGE_FAILED;
+    c->status = MML_ECANCELLED;
+    return mml_err_set(err, MML_ECANCELLED, "the memory ledger is shut down (closed)");
+  }
+  if (c->bytes < 0) c->bytes = 0;
+  if (g->cfg.cap && c->bytes > g->cfg.cap) {
+    mml_err e;
+    explain_locked(g, c->seq, c->bytes, 1, &e);
+    fail_locked(g, c, MML_ENOMEM, &e);
+    if (err) *err = e;
+    return MML_ENOMEM;
+  }
+  /* granted at once only with nothing before it waiting (L1) */
+  if ((!g->head || g->head->seq > c->seq) && fits_locked(g, c->bytes)) {
+    grant_locked(g, c);
+    return MML_OK;
+  }
+  c->state = MML_CHARGE_WAITING;
+  g->waits++;
+  link_locked(g, c);
+  return MML_OK;
+}
+
+/* A charge that failed: its status and message. */
+static mml_status failed_locked(mml_ledger *g, const mml_charge *c, mml_err *err) {
+  if (c->status == MML_ENOMEM && err)
+    *err = g->fail_err;
+  else
+    mml_err_set(err, c->status, "the memory ledger is shut down (closed)");
+  return c->status;
+}
+
+/* Queues c and, when it waits, runs the grant step without c's own wake (the caller
+ * sees the state it returns with); the mutex is held on return. */
+static mml_status request_step_locked(mml_ledger *g, mml_charge *c, mml_err *err) {
+  mml_status st = request_locked(g, c, err);
+  if (st || c->state != MML_CHARGE_WAITING) return st;
+  /* it may be the head now: the deadlock rule applies to it at once (L7) */
+  const mml_charge_wake_fn wake = c->wake;
+  c->wake = NULL;
+  for (;;) {
+    wake_list w;
+    w.n = 0;
+    const int more = step_locked(g, &w);
+    if (!w.n && !more) break;
+    pthread_mutex_unlock(&g->mu);
+    wake_run(&w);
+    pthread_mutex_lock(&g->mu);
+    if (!more) break;
+  }
+  c->wake = wake;
+  return c->state == MML_CHARGE_FAILED ? failed_locked(g, c, err) : MML_OK;
+}
+
+mml_status mml_ledger_request(mml_ledger *g, mml_charge *c, mml_err *err) {
+  pthread_mutex_lock(&g->mu);
+  mml_status st = request_step_locked(g, c, err);
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+static mml_status wait_locked(mml_ledger *g, mml_charge *c, mml_err *err) {
+  while (c->state == MML_CHARGE_WAITING) pthread_cond_wait(&g->cv, &g->mu);
+  return c->state == MML_CHARGE_FAILED ? failed_locked(g, c, err) : MML_OK;
+}
+
+mml_status mml_ledger_acquire(mml_ledger *g, mml_charge *c, mml_err *err) {
+  pthread_mutex_lock(&g->mu);
+  const mml_charge_wake_fn wake = c->wake;
+  c->wake = NULL; /* the condition variable wakes this thread */
+  mml_status st = request_step_locked(g, c, err);
+  if (!st) st = wait_locked(g, c, err);
+  c->wake = wake;
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err) {
+  pthread_mutex_lock(&g->mu);
+  mml_status st = c->state == MML_CHARGE_IDLE ? MML_EINVAL : wait_locked(g, c, err);
+  pthread_mutex_unlock(&g->mu);
+  if (st == MML_EINVAL) mml_err_set(err, st, "mml_ledger_wait: the charge was not requested");
+  return st;
+}
+
+void mml_ledger_withdraw(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  if (c->state != MML_CHARGE_WAITING) {
+    pthread_mutex_unlock(&g->mu);
+    return;
+  }
+  unlink_locked(g, c);
+  c->state = MML_CHARGE_IDLE;
+  step_and_unlock(g); /* the next one may be the head now */
+}
+
+int mml_ledger_state(mml_ledger *g, const mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  const int s = c->state;
+  pthread_mutex_unlock(&g->mu);
+  return s;
+}
+
+/* ---- releases, caches, the consumer ------------------------------------------------- */
+
+void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder) {
+  if (bytes <= 0 || holder < 0 || holder >= MML_HOLDERS) return;
+  pthread_mutex_lock(&g->mu);
+  g->held[holder] -= bytes;
+  if (holder == MML_HOLD_ENGINE) g->consumer_waiting = 0; /* L7: work ended */
+  step_and_unlock(g);
+}
+
+void mml_ledger_hand_over(mml_ledger *g, int64_t bytes) {
+  if (bytes <= 0) return;
+  pthread_mutex_lock(&g->mu);
+  g->held[MML_HOLD_ENGINE] -= bytes;
+  g->held[MML_HOLD_CONSUMER] += bytes;
+  g->consumer_waiting = 0; /* L7: it may be what the consumer waits for */
+  step_and_unlock(g);
+}
+
+void mml_ledger_consumer_waiting(mml_ledger *g, int waiting) {
+  pthread_mutex_lock(&g->mu);
+  g->consumer_waiting = waiting != 0;
+  step_and_unlock(g);
+}
+
+void mml_ledger_cache_put(mml_ledger *g, int id, int64_t bytes, int holder) {
+  if (bytes <= 0 || id < 0 || holder < 0 || holder >= MML_HOLDERS) return;
+  pthread_mutex_lock(&g->mu);
+  if (id < g->ncache) {
+    g->held[holder] -= bytes;
+    g->cache[id].bytes += bytes;
+    if (holder == MML_HOLD_ENGINE) g->consumer_waiting = 0; /* L7: work ended */
+  }
+  step_and_unlock(g); /* evictable now: the head may fit (L4) */
+}
+
+int mml_ledger_cache_grow(mml_ledger *g, int id, int64_t bytes) {
+  if (bytes <= 0) return 1;
+  pthread_mutex_lock(&g->mu);
+  int ok = id >= 0 && id < g->ncache && !g->shut && !g->head &&
+           (!g->cfg.cap || total_locked(g) + bytes <= g->cfg.cap);
+  if (ok) {
+    g->cache[id].bytes += bytes;
+    note_peak_locked(g);
+  }
+  pthread_mutex_unlock(&g->mu);
+  return ok;
+}
+
+void mml_ledger_cache_drop(mml_ledger *g, int id, int64_t bytes) {
+  if (bytes <= 0 || id < 0) return;
+  pthread_mutex_lock(&g->mu);
+  if (id < g->ncache) g->cache[id].bytes -= bytes;
+  step_and_unlock(g);
+}
+
+void mml_ledger_shutdown(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  g->shut = 1;
+  for (;;) {
+    wake_list w;
+    w.n = 0;
+    while (g->head && w.n < WAKE_BATCH) {
+      mml_charge *c = g->head;
+      unlink_locked(g, c);
+      c->state = MML_CHARGE_FAILED;
+      c->status = MML_ECANCELLED;
+      woke_locked(c, &w);
+    }
+    pthread_cond_broadcast(&g->cv);
+    const int more = g->head != NULL;
+    pthread_mutex_unlock(&g->mu);
+    wake_run(&w);
+    if (!more) return;
+    pthread_mutex_lock(&g->mu);
+  }
+}
+
+mml_status mml_ledger_error(mml_ledger *g, mml_err *err) {
+  pthread_mutex_lock(&g->mu);
+  const mml_status st = g->fail_st;
+  if (st && err) *err = g->fail_err;
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *o) {
+  pthread_mutex_lock(&g->mu);
+  o->cap = g->cfg.cap;
+  for (int h = 0; h < MML_HOLDERS; h++) o->held[h] = g->held[h];
+  o->cached = cached_locked(g);
+  o->peak = g->peak;
+  o->waiting = g->nwaiting;
+  o->grants = g->grants;
+  o->waits = g->waits;
+  o->evicted_bytes = g->evicted;
+  o->head_seq = g->head ? g->head->seq : -1;
+  o->head_need = g->head ? g->head->bytes : 0;
+  pthread_mutex_unlock(&g->mu);
+}

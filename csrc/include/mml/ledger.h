@@ -1,0 +1,129 @@
+/*
+ * mml/ledger.h — one ordered byte ledger for a memory cap (max_memory): every charge is
+ * granted against one budget in stream order, caches are a second, evictable class
+ * reclaimed before anyone waits, and a release wakes the waiters.  The design, the
+ * threads and the numbered invariants are at the top of csrc/core/base/ledger.c.
+ */
+#ifndef MML_LEDGER_H
+#define MML_LEDGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mml/common.h"
+
+typedef struct mml_ledger mml_ledger;
+
+/* Who holds granted credit.  ENGINE: work running, which gives the credit back or hands
+ * it over by itself (invariant L5); CONSUMER: finished work that waits for the stream --
+ * batches the consumer holds, batches queued for it, finished samples of the batch being
+ * built -- given back only as the consumer takes and releases batches (the deadlock rule,
+ * L7).  A charge is granted to the ENGINE. */
+enum { MML_HOLD_ENGINE = 0, MML_HOLD_CONSUMER = 1, MML_HOLDERS = 2 };
+
+/* A charge's state.  IDLE: not in the ledger; WAITING: queued for its turn or for room;
+ * GRANTED: its bytes are held (by the engine until handed over); FAILED: it never will be
+ * (too large alone, the deadlock rule, or the ledger shut down: mml_ledger_error). */
+enum { MML_CHARGE_IDLE = 0, MML_CHARGE_WAITING, MML_CHARGE_GRANTED, MML_CHARGE_FAILED };
+
+/* Called when a waiting charge is granted or fails, after the ledger's lock is released,
+ * possibly on a thread that holds its owner's locks (a release under the loader's mu):
+ * it must only signal, never call into the ledger or take a lock. */
+typedef void (*mml_charge_wake_fn)(void *arg);
+
+/* One request's place in the ledger; owned (and kept alive while WAITING or GRANTED) by
+ * the caller.  Set seq and bytes (and wake for mml_ledger_request), zero the rest. */
+typedef struct mml_charge {
+  int64_t seq;       /* its place in the stream: smaller is granted first (ties: arrival) */
+  int64_t bytes;     /* >= 0 */
+  int state;         /* MML_CHARGE_* (read it with mml_ledger_state off the ledger's lock) */
+  mml_status status; /* FAILED: why (MML_ENOMEM, MML_ECANCELLED) */
+  mml_charge_wake_fn wake;
+  void *wake_arg;
+  struct mml_charge *prev, *next; /* the ledger's waiting list */
+} mml_charge;
+
+/* A cache (pooled pages, spare byte buffers, preloads, open videos): frees at least `want`
+ * of its bytes if it can and returns the bytes it freed.  Called with the ledger's lock
+ * held (lock order: ledger -> the cache's lock): it must not call into the ledger, and its
+ * owner must not call into the ledger with that lock held. */
+typedef int64_t (*mml_ledger_evict_fn)(void *arg, int64_t want);
+
+/* Names the work of a seq for messages ("shard a.jsonl line 12"); may be NULL. */
+typedef void (*mml_ledger_name_fn)(void *arg, int64_t seq, char *out, size_t cap);
+
+typedef struct mml_ledger_cfg {
+  int64_t cap; /* the budget in bytes; 0: no cap (every charge is granted at once) */
+  mml_ledger_name_fn name;
+  void *name_arg;
+  const char *what; /* the option the cap comes from, for messages ("max_memory") */
+  const char *hint; /* appended to the deadlock rule's message (how to hold less), or NULL */
+} mml_ledger_cfg;
+
+enum { MML_LEDGER_CACHES = 8 };
+
+/* What the ledger holds now (mml_ledger_stats). */
+typedef struct mml_ledger_stats {
+  int64_t cap;
+  int64_t held[MML_HOLDERS];
+  int64_t cached;              /* all caches together */
+  int64_t peak;                /* most held + cached at once */
+  int64_t waiting;             /* charges waiting now */
+  uint64_t grants, waits;      /* charges granted; of them, those that waited */
+  uint64_t evicted_bytes;      /* cache bytes reclaimed for a charge */
+  int64_t head_seq, head_need; /* the first waiting charge (-1, 0: none) */
+} mml_ledger_stats;
+
+/* A new ledger (MML_ENOMEM; cap < 0: MML_EINVAL). */
+mml_status mml_ledger_new(const mml_ledger_cfg *cfg, mml_ledger **out, mml_err *err);
+/* Frees it; no charge may be WAITING (mml_ledger_shutdown first). NULL is fine. */
+void mml_ledger_free(mml_ledger *g);
+
+/* Registers a cache (before any charge; at most MML_LEDGER_CACHES): returns its id, -1
+ * when full.  `name` is used in messages. */
+int mml_ledger_add_cache(mml_ledger *g, const char *name, mml_ledger_evict_fn evict, void *arg);
+/* Cache `id` grows by `bytes` that `holder` held (a released buffer kept for reuse): the
+ * credit moves from the holder to the cache, in one step (the total does not change). */
+void mml_ledger_cache_put(mml_ledger *g, int id, int64_t bytes, int holder);
+/* Cache `id` grows by `bytes` nobody held (a preload, a buffer kept open): 1 when they
+ * fit without evicting anything and no charge waits (then they are counted), else 0. */
+int mml_ledger_cache_grow(mml_ledger *g, int id, int64_t bytes);
+/* Cache `id` dropped `bytes` by itself (freed, or reused by a granted charge). */
+void mml_ledger_cache_drop(mml_ledger *g, int id, int64_t bytes);
+
+/* Non-blocking: queues charge c (IDLE, seq and bytes set).  Returns MML_OK with c GRANTED
+ * or WAITING (then c->wake runs once it is granted or fails); MML_ENOMEM (c FAILED, *err
+ * the explainer) when c alone is above the cap; MML_ECANCELLED after shutdown. */
+mml_status mml_ledger_request(mml_ledger *g, mml_charge *c, mml_err *err);
+/* Blocking: mml_ledger_request, then waits (no polling: a release, an eviction or the
+ * consumer's state wakes it) until granted (MML_OK) or failed (MML_ENOMEM with the
+ * explainer's message; MML_ECANCELLED after shutdown).  c->wake is not called. */
+mml_status mml_ledger_acquire(mml_ledger *g, mml_charge *c, mml_err *err);
+/* Blocks (no polling) until a charge that mml_ledger_request queued is no longer WAITING:
+ * MML_OK when granted, else as mml_ledger_acquire. */
+mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err);
+/* Withdraws a WAITING charge (a seek, a rewind): IDLE again; charges behind it may be
+ * granted.  A GRANTED or FAILED charge is left alone (release it). */
+void mml_ledger_withdraw(mml_ledger *g, mml_charge *c);
+/* c's state now (takes the lock). */
+int mml_ledger_state(mml_ledger *g, const mml_charge *c);
+
+/* `holder` gives back `bytes` it held (a charge's, in whole or in part); wakes waiters. */
+void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder);
+/* `bytes` of engine credit become the consumer's (the work finished; it waits for the
+ * stream). */
+void mml_ledger_hand_over(mml_ledger *g, int64_t bytes);
+/* The consumer blocks waiting for the stream (1) or no longer does (0); while it waits,
+ * the deadlock rule (L7) applies.  Declare it after looking for what it waits for, under
+ * the lock the producers finish work under: the next end of ENGINE work (hand-over,
+ * release, cache_put from the engine) clears it (that work may be what it waits for). */
+void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
+
+/* Every waiting charge fails with MML_ECANCELLED and so does every later request (close,
+ * Ctrl-C); releases still count.  Idempotent. */
+void mml_ledger_shutdown(mml_ledger *g);
+/* The latest out-of-memory failure (the explainer's message) into *err; MML_OK when none. */
+mml_status mml_ledger_error(mml_ledger *g, mml_err *err);
+void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *out);
+
+#endif
