@@ -1,0 +1,127 @@
+"""The dataset index and the stream agree on which samples are usable: a global plan made
+from an index equals the planning pass's plan (len(), batches, skip counts, exact and
+elastic resume) also for samples only a whole read or the settings checks reject — a
+record with no trainable turn, a progressive JPEG whose scans above max_jpeg_scans lie
+beyond the header bytes the builder reads, a local image above max_object_bytes."""
+
+import hashlib
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import mmloader
+from mmloader import dsindex
+from conftest import as_np
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+VISION = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
+LIMITS = dict(max_jpeg_scans=4, max_object_bytes=150_000)
+PLAN = dict(max_tokens_per_batch=400, balance="tokens", micro_batch_size=None)
+
+
+@pytest.fixture(scope="module")
+def hard(tmp_path_factory):
+    return make_shard(tmp_path_factory.mktemp("agree"))
+
+
+def make_shard(root):
+    """A shard of 40 samples: usable ones, and 4 each of the three cases the header-only
+    build used to miss."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    small = root / "small.png"
+    Image.fromarray(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(small)
+    prog = root / "prog.jpg"  # ~10 scans, all but the first beyond 16 KiB
+    Image.fromarray(rng.integers(0, 255, (320, 320, 3), dtype=np.uint8)).save(
+        prog, progressive=True, quality=95
+    )
+    big = root / "big.png"  # a valid image above max_object_bytes
+    Image.fromarray(rng.integers(0, 255, (300, 300, 3), dtype=np.uint8)).save(big)
+    assert prog.stat().st_size > 60_000 and big.stat().st_size > LIMITS["max_object_bytes"]
+    assert prog.stat().st_size < LIMITS["max_object_bytes"]
+    lines = []
+    for i in range(40):
+        kind = i % 10
+        if kind == 3:  # no assistant turn: nothing to train on
+            rec = {"messages": [{"role": "user", "content": f"question {i} with no reply"}]}
+        else:
+            img = {5: prog, 7: big}.get(kind, small)
+            rec = {
+                "messages": [
+                    {"role": "user", "content": "<image>" + "describe " * (i % 4 + 1)},
+                    {"role": "assistant", "content": f"answer {i} " + "words " * (i % 7)},
+                ],
+                "images": [str(img)],
+            }
+        lines.append(json.dumps(rec))
+    shard = root / "hard.jsonl"
+    shard.write_text("\n".join(lines) + "\n")
+    return str(shard)
+
+
+def make(data, **kw):
+    args = dict(tokenizer=TINY, num_threads=2, prefetch=2, seed=3, max_error_rate=1.0)
+    args.update(VISION, **LIMITS, **PLAN)
+    args.update(kw)
+    return mmloader.Loader(data, **args)
+
+
+def digests(L, n=None):
+    out = []
+    for k, b in enumerate(L):
+        if n is not None and k == n:
+            break
+        h = hashlib.sha256()
+        for key, v in sorted(as_np(b).items()):
+            h.update(key.encode() + str(v.dtype).encode() + str(v.shape).encode() + v.tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def run(data, **kw):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with make(data, **kw) as L:
+            n = len(L)
+            info = L.plan_info() if hasattr(L, "plan_info") else None
+            d = digests(L)
+            st = L.stats()
+    return n, d, st, [str(x.message) for x in w], info
+
+
+def test_index_plan_equals_planning_pass(hard):
+    dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    n_idx, d_idx, st_idx, w_idx, _ = run([hard])
+    n_pass, d_pass, st_pass, w_pass, _ = run([hard], index=False)
+    assert st_idx["index_shards"] == 1 if "index_shards" in st_idx else True
+    bad = st_pass["skipped_by_reason"]
+    assert sum(bad.values()) == 12, bad  # 4 no-reply, 4 scans, 4 object size
+    assert st_idx["skipped_by_reason"] == bad
+    assert n_idx == n_pass == len(d_pass)
+    assert d_idx == d_pass
+
+
+def test_index_records_the_statuses(hard):
+    dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    x = dsindex.read(hard + ".mmlidx")
+    bad = [i for i, s in enumerate(x["status"]) if s]
+    assert bad == [i for i in range(40) if i % 10 in (3, 5, 7)]
+
+
+def test_resume_exact_and_elastic_from_the_index(hard):
+    dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    with make([hard], index=False) as L:
+        want = digests(L)
+    with make([hard]) as L:  # interrupted after 2 batches, resumed from its state
+        it = iter(L)
+        first = [next(it) for _ in range(2)]
+        state = L.state_dict()
+    assert len(first) == 2
+    with make([hard]) as L:
+        L.load_state_dict(state)
+        rest = digests(L)
+    assert rest == want[2:]
