@@ -82,27 +82,37 @@ def digests(L, n=None):
     return out
 
 
+PLAN_KEYS = ("usable", "unusable", "steps", "end", "q0", "rank_samples")
+
+
+def plan(L):
+    info = L._core().plan_info(0)
+    return {k: info[k] for k in PLAN_KEYS if k in info}, (info["indexed"], info["measured"])
+
+
 def run(data, **kw):
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with make(data, **kw) as L:
             n = len(L)
-            info = L.plan_info() if hasattr(L, "plan_info") else None
+            info, how = plan(L)
             d = digests(L)
             st = L.stats()
-    return n, d, st, [str(x.message) for x in w], info
+    return n, d, st, sorted(str(x.message) for x in w), info, how
 
 
 def test_index_plan_equals_planning_pass(hard):
     dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
-    n_idx, d_idx, st_idx, w_idx, _ = run([hard])
-    n_pass, d_pass, st_pass, w_pass, _ = run([hard], index=False)
-    assert st_idx["index_shards"] == 1 if "index_shards" in st_idx else True
+    n_idx, d_idx, st_idx, w_idx, p_idx, how_idx = run([hard])
+    n_pass, d_pass, st_pass, w_pass, p_pass, how_pass = run([hard], index=False)
+    assert how_idx == (40, 0) and how_pass == (0, 40)  # counts: the index / the pass
     bad = st_pass["skipped_by_reason"]
-    assert sum(bad.values()) == 12, bad  # 4 no-reply, 4 scans, 4 object size
+    assert bad == {"no_trainable_turn": 4, "too_many_scans": 4, "object_too_large": 4}
     assert st_idx["skipped_by_reason"] == bad
-    assert n_idx == n_pass == len(d_pass)
+    assert p_idx == p_pass and p_idx["unusable"] == 12
+    assert n_idx == n_pass == len(d_pass) == p_pass["steps"]
     assert d_idx == d_pass
+    assert w_idx == w_pass  # the same warnings, naming the same samples and reasons
 
 
 def test_index_records_the_statuses(hard):
@@ -125,3 +135,39 @@ def test_resume_exact_and_elastic_from_the_index(hard):
         L.load_state_dict(state)
         rest = digests(L)
     assert rest == want[2:]
+
+
+def test_elastic_resume_from_the_index_equals_planning_pass(hard):
+    """Two ranks take a batch each and resume on one rank: from the index as from the
+    planning pass (the same global count, the same batches after it)."""
+    dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    got = []
+    for kw in ({}, dict(index=False)):
+        states = []
+        for r in (0, 1):
+            with make([hard], dp_rank=r, dp_size=2, **kw) as L:
+                next(iter(L))
+                states.append(L.state_dict())
+        with make([hard], dp_rank=0, dp_size=1, **kw) as L:
+            L.restore_state_global(states)
+            info, _ = plan(L)
+            got.append(([s["plan_pos"] for s in states], info, digests(L)))
+    assert got[0][0][0] > 0 and got[0][1]["q0"] == got[0][0][0]
+    assert got[0] == got[1]
+
+
+def test_index_of_other_limits_is_not_trusted(hard):
+    """The statuses depend on max_jpeg_scans, max_object_bytes and label_mode: an index
+    built under other values keeps its offsets, its counts are not used (a warning says
+    so) and the planning pass decides."""
+    dsindex.build([hard], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    for over in (
+        dict(max_jpeg_scans=100),
+        dict(max_object_bytes=10**6),
+        dict(label_mode="last_assistant"),
+    ):
+        n, d, st, w, p, how = run([hard], **over)
+        assert how == (0, 40), over
+        assert any("built with other settings" in x for x in w), over
+        n0, d0, st0, _, p0, _ = run([hard], index=False, **over)
+        assert (n, d, p, st["skipped_by_reason"]) == (n0, d0, p0, st0["skipped_by_reason"])
