@@ -145,8 +145,7 @@ static mml_status media_head(ld_measurer *m, int i, int max_scans, mml_err *err)
   mml_bytes *dst = &m->media[i];
   int whole;
   mml_status st = media_read(m, ref, m->head, dst, &whole, err);
-  if (!st && !whole && need_whole(dst, max_scans))
-    st = media_read(m, ref, -1, dst, &whole, err);
+  if (!st && !whole && need_whole(dst, max_scans)) st = media_read(m, ref, -1, dst, &whole, err);
   if (st) mml_sample_err_image(err, ref);
   return st;
 }
