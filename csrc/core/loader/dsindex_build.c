@@ -28,10 +28,10 @@
  * worker measures with measure.c's ld_measure (headers only, videos as float32), which
  * feeds mml_sample_measure, the function the loader's workers plan with (measure.c
  * DESIGN 1-5): same parser options, media references, path policy, per-image budgets,
- * limits and template; then mml_sample_check without max_length (a sample with no
- * trainable turn gets MML_ENOTARGET: it depends on the template, label mode and recipe,
- * all in the settings key), max_length being applied when the counts are used
- * (loader_dsindex.c).  So an index-based global plan equals the planning pass's on every
+ * limits and template; then mml_sample_check_target, the part of mml_sample_check that
+ * does not need max_length (no trainable turn: MML_ENOTARGET; it depends on the template,
+ * label mode and recipe, all in the settings key), max_length being applied when the
+ * counts are used (loader_dsindex.c).  So an index-based global plan equals the planning pass's on every
  * sample (MML_DSX_STATUSES; tests/test_dsindex_agree.py, tests/c test-dsindex.c).
  */
 #include <errno.h>
@@ -93,11 +93,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
   m->bytes = 0;
   mml_status st = ld_measure(m, w->b->sh->first + k, err);
   c->bytes += m->bytes;
-  if (!st) { /* the settings check the index holds: a trainable turn (max_length: at use) */
-    mml_pipeline pl = w->b->L->src[w->b->L->shard_src[w->b->shard]].pl;
-    pl.max_length = 0;
-    st = mml_sample_check(&pl, &m->s, err);
-  }
+  if (!st) st = mml_sample_check_target(&m->s, err); /* max_length: where counts are used */
   if (st) return st;
   const int n = m->rec.nimages, nv = m->rec.nvideos;
   int64_t text = (int64_t)m->s.input_ids.len - m->s.vision_tokens;
