@@ -24,7 +24,9 @@
  *      the same statuses as the stream, e.g. a JPEG's scan count).
  *   5. f32_videos: videos planned as for float32 (the index: its counts do not depend on
  *      the pixel format; a uint8 loader refuses the videos it cannot hold when it plans).
- *   6. Heads measure as whole files do (the index and the stream agree on every sample):
+ *   6. Cancellation: m->cancel (the loader's flag, or the index build's) stops a fetch
+ *      or a video probe under way with MML_ECANCELLED (ARCHITECTURE 4.8).
+ *   7. Heads measure as whole files do (the index and the stream agree on every sample):
  *      a local file above max_object_bytes is refused from its size (stat) as the worker
  *      refuses it on reading; a multi-scan JPEG is read whole while max_jpeg_scans applies
  *      (its scans lie beyond the head; baseline JPEGs and other formats stay heads).
@@ -48,6 +50,7 @@ mml_status ld_measurer_init(ld_measurer *m, mml_loader *L, int64_t head, int f32
   m->L = L;
   m->head = head;
   m->f32_videos = f32_videos;
+  m->cancel = &L->cancel;
   return mml_sample_scratch_init(&m->sc, err);
 }
 
@@ -112,14 +115,15 @@ static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_
     if (!mml_index_shard_remote(sh))
       st = mml_index_read(sh, off, n, dst, err);
     else if (!(st = fetcher(m, &f, err)))
-      st = mml_fetch_get(f, sh->path, off, n, dst, err);
+      st = mml_fetch_get_cancellable(f, sh->path, off, n, m->cancel, dst, err);
   } else {
     if ((st = media_path(m, ref, err))) return st;
     const char *p = (const char *)m->path.data;
     if (mml_path_is_remote(p)) {
-      if (!(st = fetcher(m, &f, err))) st = mml_fetch_get(f, p, 0, want, dst, err);
+      if (!(st = fetcher(m, &f, err)))
+        st = mml_fetch_get_cancellable(f, p, 0, want, m->cancel, dst, err);
     } else { /* whole (as the worker reads it) or the head of a file within the limit */
-      st = want >= 0 ? local_size(p, L->cfg.max_object_bytes, err) : MML_OK; /* DESIGN 6 */
+      st = want >= 0 ? local_size(p, L->cfg.max_object_bytes, err) : MML_OK; /* DESIGN 7 */
       if (!st) st = mml_read_file_max(p, 0, want, L->cfg.max_object_bytes, dst, err);
     }
     *whole = want < 0 || (int64_t)dst->len < want;
@@ -130,7 +134,7 @@ static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_
 
 /* Whether the head of an image must be read whole to be measured as the worker measures
  * it: its header lies further (it does not probe), or it is a multi-scan JPEG whose scans
- * the head may not all hold while max_jpeg_scans applies (DESIGN 6). */
+ * the head may not all hold while max_jpeg_scans applies (DESIGN 7). */
 static int need_whole(const mml_bytes *head, int max_scans) {
   mml_image_info info;
   if (mml_image_probe(head->data, head->len, &info, NULL) != MML_OK) return 1;
@@ -203,7 +207,7 @@ static mml_status read_record(ld_measurer *m, mml_err *err) {
   } else if (!mml_index_shard_remote(sh)) {
     st = mml_index_read(sh, off, len, &m->rec_bytes, err);
   } else if (!(st = fetcher(m, &f, err))) {
-    st = mml_fetch_get(f, sh->path, off, len, &m->rec_bytes, err);
+    st = mml_fetch_get_cancellable(f, sh->path, off, len, m->cancel, &m->rec_bytes, err);
   }
   if (st) return st;
   m->bytes += m->rec_bytes.len;
@@ -223,7 +227,8 @@ static mml_status probe_file(ld_measurer *m, int v, const mml_vision_cfg *vision
   mml_video_src src = {.name = ref,
                        .max_bytes = L->cfg.max_object_bytes,
                        .threads = 1,
-                       .max_pixels = vision->max_image_pixels};
+                       .max_pixels = vision->max_image_pixels,
+                       .cancel = m->cancel};
   mml_status st;
   int64_t off, len;
   if (mml_index_member(&L->ix, m->shard, m->gi, ref, &off, &len)) {

@@ -135,7 +135,7 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
 #define MML_DSX_STATUSES "target,scans,size"
 
 /* Image bytes read for a header: the whole image only when its header is not in them, or
- * when it is a multi-scan JPEG while max_jpeg_scans applies (measure.c DESIGN 6). */
+ * when it is a multi-scan JPEG while max_jpeg_scans applies (measure.c DESIGN 7). */
 #define MML_DSX_HEAD_BYTES 16384
 
 typedef struct mml_index_summary {
