@@ -8,17 +8,27 @@ node's link shaped with tc tbf to MML_NETCLUSTER_MBIT (200) Mbit/s both ways, Ra
 with `ray start` in each; the trainers' batches cross their node's link as on real NICs.
 Scales: small = 1 trainer node, 2 data nodes, 2 producers; large = 2 trainer nodes (DP
 ranks 0 and 1), 3 data nodes, 3 producers per rank.  Data nodes advertise room for every
-rank's producers (as a big data node would), so Ray's PACK may put all of them on one.
+rank's producers (as a big data node would).
 Arms:
-  pack / spread       placement="pack" (a PACK placement group) or "spread" (rank-aware)
+  pack                every rank's producers on ONE data node (the case study's failure):
+                      placement="pack" plus a custom resource only data node 0 has
+                      ("pin"), because Ray's PACK alone puts each rank's placement group on
+                      a node of its own here (one node per rank, not one for all)
+  ray-pack            placement="pack" alone (Ray's choice; large scale only)
+  spread              placement="spread" (rank-aware, the default)
   coordinator         one driver on trainer 0 holds every rank's loader
                       (mmloader.ray.loaders(dp_size=N)) and takes their batches in turn
   direct              one trainer process per rank, on its own node (the default use)
+Kill (scale "kill": 1 trainer, 4 data nodes, 3 producers, direct, spread): after a few
+batches every process of producer 1's node is killed (its link stays up); the longest
+next() after that, Ray's own time to declare the node dead, and every batch's digest
+against the in-process mmloader.Loader, per run (one more node dies each run).
 Each run: every rank takes MML_BENCH_RAY_BATCHES (24) batches after a warm-up batch,
 started together; batches/s = all ranks' batches / the slowest rank's time.  Bytes per NIC
 are the bridge ports' counters over the run.  Link capacity is measured first: one data
 node sending 18 MiB objects to trainer 0 through Ray.  Medians of MML_BENCH_RAY_RUNS (3).
-MML_BENCH_RAY_SCALES (small,large) and MML_BENCH_RAY_ARMS pick scales and arms.
+MML_BENCH_RAY_SCALES (small,large,kill) and MML_BENCH_RAY_ARMS pick scales and arms;
+MML_BENCH_RAY_MERGE=1 keeps the other scales of an earlier results file.
 Writes benchmarks/results/ray-netcluster.json and benchmarks/results-ray-netcluster.md.
 """
 
@@ -47,6 +57,19 @@ OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 SCALES = {
     "small": dict(trainers=1, data=2, producers=2),
     "large": dict(trainers=2, data=3, producers=3),
+}
+KILL = dict(trainers=1, data=4, producers=3)
+ARMS = [(p, t) for p in ("pack", "spread") for t in ("coordinator", "direct")]
+LARGE_ONLY = [("ray-pack", "direct")]
+LABEL = {
+    "pack": "pack (one data node)",
+    "ray-pack": "pack (Ray's PACK alone)",
+    "spread": "spread (rank-aware)",
+}
+RESOURCES = {  # per producer: "pin" exists on data node 0 only
+    "pack": {"CPU": 1, "data": 1, "pin": 1},
+    "ray-pack": {"CPU": 1, "data": 1},
+    "spread": {"CPU": 1, "data": 1},
 }
 
 
@@ -82,8 +105,11 @@ def rank_main(cfg_path: str) -> None:
     ray.init(
         address=cfg["address"], log_to_driver=False, _node_ip_address=os.environ["MMLNC_NODE_IP"]
     )
-    kw = dict(cfg["kw"], producers=cfg["producers"], placement=cfg["placement"])
-    kw["producer_resources"] = {"CPU": 1, "data": 1}
+    placement = "pack" if cfg["placement"] == "ray-pack" else cfg["placement"]
+    kw = dict(cfg["kw"], producers=cfg["producers"], placement=placement)
+    kw["producer_resources"] = RESOURCES[cfg["placement"]]
+    if cfg.get("kill"):
+        return kill_main(cfg, kw)
     if cfg["ranks"] is None:  # direct: this process is rank cfg["rank"]
         Ls = [mray.Loader(cfg["data"], dp_rank=cfg["rank"], dp_size=cfg["dp"], **kw)]
     else:  # coordinator: every rank's loader in this one driver
@@ -110,6 +136,65 @@ def rank_main(cfg_path: str) -> None:
     }
     for L in Ls:
         L.close()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def _digest(batch) -> str:
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        v = batch[k]
+        a = np.ascontiguousarray(v if isinstance(v, np.ndarray) else np.from_dlpack(v))
+        h.update(f"{k}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def kill_main(cfg: dict, kw: dict) -> None:
+    """Kill run, in the trainer: `warm` batches, "READY <producer 1's node>", waits while
+    the orchestrator kills that node, then times each next() of N more batches; after the
+    stream, how long Ray took to declare the node dead (from the kill)."""
+    import ray
+
+    import mmloader.ray as mray
+
+    digests, waits = [], []
+    with mray.Loader(cfg["data"], **kw) as L:
+        for _ in range(cfg["warm"]):
+            digests.append(_digest(next(L)))
+        victim = L.stats()["producers"][1]["node_ip"]
+        print("READY " + victim, flush=True)
+        sys.stdin.readline()  # the node is dead now
+        t_kill = time.monotonic()
+        for _ in range(cfg["n"]):
+            t0 = time.monotonic()
+            b = next(L)
+            waits.append(time.monotonic() - t0)
+            digests.append(_digest(b))
+            del b
+        stream_s = time.monotonic() - t_kill
+        st = L.stats()
+    alive_after_stream = any(n["Alive"] and n["NodeManagerAddress"] == victim for n in ray.nodes())
+    dead_s = None
+    while time.monotonic() - t_kill < 120:
+        if not any(n["Alive"] and n["NodeManagerAddress"] == victim for n in ray.nodes()):
+            dead_s = time.monotonic() - t_kill
+            break
+        time.sleep(0.25)
+    res = {
+        "victim": victim,
+        "digests": digests,
+        "waits": waits,
+        "stream_s": stream_s,
+        "victim_alive_in_ray_after_stream": alive_after_stream,
+        "ray_declared_dead_s": dead_s,
+        "rerouted": st["rerouted"],
+        "suspected": st["suspected"],
+        "lost": st["lost"],
+    }
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -146,6 +231,78 @@ def _link_probe(c) -> float:
         timeout=300,
     )
     return float(r.stdout.strip().splitlines()[-1])
+
+
+def _local_digests(data: str, n: int) -> list:
+    import mmloader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(data, **KW) as L:
+            return [_digest(next(L)) for _ in range(n)]
+
+
+def run_kill(data: str) -> dict:
+    """The producer-node kill, RUNS times on one cluster (a node more dies each run)."""
+    import tempfile
+
+    nc = _netcluster()
+    warm = 4
+    want = _local_digests(data, warm + N)
+    nodes = nc.layout(KILL["trainers"], KILL["data"], data_cpus=KILL["producers"])
+    for nd in nodes:
+        nd["object_store_mb"] = 1024
+    runs = []
+    with nc.NetCluster(nodes, rate_mbit=RATE) as c, tempfile.TemporaryDirectory() as tmp:
+        for i in range(RUNS):
+            cfg = dict(
+                address=c.address, data=data, kw=KW, producers=KILL["producers"],
+                placement="spread", dp=1, rank=0, ranks=None, n=N, warm=warm, kill=True,
+            )  # fmt: skip
+            path = os.path.join(tmp, f"kill{i}.json")
+            json.dump(cfg, open(path, "w"))
+            p = c.popen(
+                0,
+                [sys.executable, os.path.abspath(__file__), "rank", path],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            line = ""
+            while not line.startswith("READY"):
+                line = p.stdout.readline()
+                if not line:
+                    p.kill()
+                    p.wait()
+                    raise RuntimeError("kill run: the trainer did not start")
+            victim = line.split()[1]
+            idx = [nd.index for nd in c.nodes if nd.ip == victim]
+            assert idx and c.nodes[idx[0]].name.startswith("data"), victim
+            c.kill_node(idx[0])
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            out, _ = p.communicate(timeout=400)
+            line = [x for x in out.splitlines() if x.startswith("RESULT ")]
+            if not line:
+                raise RuntimeError(f"kill run: the trainer failed ({p.returncode}): {out[-2000:]}")
+            r = json.loads(line[-1][7:])
+            r["exact"] = r.pop("digests") == want
+            r["max_wait_s"] = max(r["waits"])
+            print(
+                f"[kill] run {i}: node {victim} killed; longest next() {r['max_wait_s']:.2f} s, "
+                f"Ray declared it dead after {r['ray_declared_dead_s']} s, exact {r['exact']}",
+                flush=True,
+            )
+            runs.append(r)
+    return {
+        "scale": dict(KILL),
+        "runs": runs,
+        "max_wait_s": statistics.median(r["max_wait_s"] for r in runs),
+        "ray_declared_dead_s": statistics.median(
+            r["ray_declared_dead_s"] for r in runs if r["ray_declared_dead_s"] is not None
+        ),
+    }
 
 
 def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str) -> dict:
@@ -232,36 +389,36 @@ def run_scale(name: str, data: str) -> dict:
     nodes = nc.layout(sc["trainers"], sc["data"], data_cpus=cpus)
     for nd in nodes:  # room for every batch in flight: no spilling to disk
         nd["object_store_mb"] = 1024
+    nodes[sc["trainers"]]["resources"]["pin"] = cpus  # data node 0: the "pack" arm's node
     out: dict = {"scale": dict(sc), "arms": {}}
     with nc.NetCluster(nodes, rate_mbit=RATE) as c, tempfile.TemporaryDirectory() as tmp:
         out["link_bytes_per_s"] = _link_probe(c)
         arms = os.environ.get("MML_BENCH_RAY_ARMS", "")  # e.g. "spread, direct;pack, direct"
-        for placement in ("pack", "spread"):
-            for transport in ("coordinator", "direct"):
-                if arms and f"{placement}, {transport}" not in arms.split(";"):
+        for placement, transport in ARMS + (LARGE_ONLY if name == "large" else []):
+            if arms and f"{placement}, {transport}" not in arms.split(";"):
+                continue
+            runs = []
+            failed = 0
+            while len(runs) < RUNS:
+                try:
+                    runs.append(_run_arm(c, data, sc, placement, transport, tmp))
+                except RuntimeError as e:  # a worker killed (the machine's OOM killer)
+                    failed += 1
+                    print(f"[{name}] {placement}, {transport}: run failed: {e}", flush=True)
+                    if failed > RUNS:
+                        raise
                     continue
-                runs = []
-                failed = 0
-                while len(runs) < RUNS:
-                    try:
-                        runs.append(_run_arm(c, data, sc, placement, transport, tmp))
-                    except RuntimeError as e:  # a worker killed (the machine's OOM killer)
-                        failed += 1
-                        print(f"[{name}] {placement}, {transport}: run failed: {e}", flush=True)
-                        if failed > RUNS:
-                            raise
-                        continue
-                    print(
-                        f"[{name}] {placement}, {transport}: "
-                        f"{runs[-1]['batches_per_s']:.2f} batches/s, data nodes "
-                        f"{runs[-1]['producer_ips']}",
-                        flush=True,
-                    )
-                out["arms"][f"{placement}, {transport}"] = {
-                    "batches_per_s": statistics.median(r["batches_per_s"] for r in runs),
-                    "runs": runs,
-                    "failed_runs": failed,
-                }
+                print(
+                    f"[{name}] {placement}, {transport}: "
+                    f"{runs[-1]['batches_per_s']:.2f} batches/s, data nodes "
+                    f"{runs[-1]['producer_ips']}",
+                    flush=True,
+                )
+            out["arms"][f"{placement}, {transport}"] = {
+                "batches_per_s": statistics.median(r["batches_per_s"] for r in runs),
+                "runs": runs,
+                "failed_runs": failed,
+            }
     return out
 
 
@@ -281,9 +438,21 @@ def run_all() -> dict:
         "load_start": os.getloadavg()[0],
         "scales": {},
     }
-    for name in os.environ.get("MML_BENCH_RAY_SCALES", ",".join(SCALES)).split(","):
-        res["scales"][name] = run_scale(name, data)
+    path = os.path.join(OUT, "ray-netcluster.json")
+    if os.environ.get("MML_BENCH_RAY_MERGE") == "1" and os.path.exists(path):
+        old = json.load(open(path))
+        res["scales"] = old["scales"]
+        res["kill"] = old.get("kill")
+        res["load_start"] = min(res["load_start"], old["load_start"])
+        res["when"] = old["when"]
+        res["load_end_earlier"] = old["load_end"]
+    for name in os.environ.get("MML_BENCH_RAY_SCALES", ",".join([*SCALES, "kill"])).split(","):
+        if name == "kill":
+            res["kill"] = run_kill(data)
+        else:
+            res["scales"][name] = run_scale(name, data)
     res["load_end"] = os.getloadavg()[0]
+    res["scales"] = {k: res["scales"][k] for k in SCALES if k in res["scales"]}
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "ray-netcluster.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -291,10 +460,18 @@ def run_all() -> dict:
     with open(os.path.join(HERE, "results-ray-netcluster.md"), "w") as f:
         f.write(md)
     if OUT == os.path.join(HERE, "results"):
-        _put(os.path.join(ROOT, "docs", "ray.md"), "ray-netcluster-results", md)
-        _put(os.path.join(ROOT, "README.md"), "ray-netcluster-table", short(res))
+        write_docs(res)
     print(md)
     return res
+
+
+def write_docs(res: dict) -> None:
+    """The results' tables into docs/ray.md and README.md (python3
+    benchmarks/bench_ray_netcluster.py docs: again from benchmarks/results/)."""
+    with open(os.path.join(HERE, "results-ray-netcluster.md"), "w") as f:
+        f.write(report(res))
+    _put(os.path.join(ROOT, "docs", "ray.md"), "ray-netcluster-results", report(res))
+    _put(os.path.join(ROOT, "README.md"), "ray-netcluster-table", short(res))
 
 
 def _put(path: str, marker: str, text: str) -> None:
@@ -308,6 +485,30 @@ def _put(path: str, marker: str, text: str) -> None:
             f.write(head + a + note + text + b + rest.split(b, 1)[1])
 
 
+def _label(arm: str) -> str:
+    placement, transport = arm.split(", ")
+    return f"{LABEL[placement]}, {transport}"
+
+
+def _arms(r: dict) -> list:
+    seen: list = []
+    for s in r["scales"].values():
+        seen += [a for a in s["arms"] if a not in seen]
+    return seen
+
+
+def _share(s: dict, a: dict) -> float:
+    """batches/s as a share of the trainers' combined links (link probe / batch bytes)."""
+    batch = statistics.mean(x["batch_bytes"] for x in a["runs"])
+    return a["batches_per_s"] / (s["scale"]["trainers"] * s["link_bytes_per_s"] / batch)
+
+
+def _load(r: dict) -> str:
+    """The 1-minute load averages seen at the start and end of each part of the run."""
+    xs = [r["load_start"], r["load_end"], r.get("load_end_earlier", r["load_end"])]
+    return f"load {min(xs):.1f}-{max(xs):.1f}"
+
+
 def short(r: dict) -> str:
     """The README's table: batches/s per arm and scale, share of the trainers' links."""
     names = list(r["scales"])
@@ -316,22 +517,37 @@ def short(r: dict) -> str:
         for n, s in r["scales"].items()
     )
     lines = [
-        f"Emulated cluster, {r['rate_mbit']:g} Mbit/s links (tc tbf), one 2-core machine; "
-        f"batches/s (share of the trainers' links), medians of {r['runs']} runs:",
+        f"**Emulation** (scripts/netcluster.py: one network namespace per node, links shaped "
+        f"with tc tbf to {r['rate_mbit']:g} Mbit/s both ways; one {r['cores']}-core machine "
+        f"shared with other jobs, {_load(r)}), {r['when'][:10]}: batches/s of "
+        f"{_batch_mib(r):.1f} MiB (share of the trainers' links), medians of {r['runs']} runs:",
         "",
         f"| placement, fetch | {head} |",
         "|---" * (1 + len(names)) + "|",
     ]
-    for arm in r["scales"][names[0]]["arms"]:
+    for arm in _arms(r):
         cells = []
         for n in names:
             s = r["scales"][n]
-            a = s["arms"][arm]
-            batch = statistics.mean(x["batch_bytes"] for x in a["runs"])
-            cap = s["scale"]["trainers"] * s["link_bytes_per_s"] / batch
-            cells.append(f"{a['batches_per_s']:.2f} ({a['batches_per_s'] / cap:.0%})")
-        lines.append(f"| {arm} | {' | '.join(cells)} |")
+            a = s["arms"].get(arm)
+            cells.append(f"{a['batches_per_s']:.2f} ({_share(s, a):.0%})" if a else "-")
+        lines.append(f"| {_label(arm)} | {' | '.join(cells)} |")
+    k = r.get("kill")
+    if k:
+        lines += [
+            "",
+            f"Producer node killed ({len(k['runs'])} runs): longest wait in `next()` "
+            f"{k['max_wait_s']:.2f} s (median; Ray declared the node dead after "
+            f"{k['ray_declared_dead_s']:.1f} s), stream bitwise exact in "
+            f"{sum(x['exact'] for x in k['runs'])} of {len(k['runs'])} runs.",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _batch_mib(r: dict) -> float:
+    xs = [x["batch_bytes"] for s in r["scales"].values() for a in s["arms"].values()
+          for x in a["runs"]]  # fmt: skip
+    return statistics.mean(xs) / (1 << 20) if xs else 0.0
 
 
 def report(r: dict) -> str:
@@ -339,12 +555,12 @@ def report(r: dict) -> str:
     lines = [
         f"**Emulated** cluster (scripts/netcluster.py: one network namespace per node, each "
         f"link shaped with tc tbf to {r['rate_mbit']:g} Mbit/s both ways; one machine, "
-        f"{r['cores']} cores shared), {r['when']}, load {r['load_start']:.1f} -> "
-        f"{r['load_end']:.1f}; medians of {r['runs']} runs of {r['batches']} batches per rank.",
+        f"{r['cores']} cores shared with other jobs), {r['when']}, {_load(r)}; medians of "
+        f"{r['runs']} runs of {r['batches']} batches per rank (each run in brackets).",
         "",
         "| scale | placement, fetch | batches/s (runs) | of trainer links | MiB/s per "
-        "trainer NIC (rx) | MiB/s per data NIC (tx) |",
-        "|---|---|---|---|---|---|",
+        "trainer NIC (rx) | MiB/s per data NIC (tx) | data nodes per rank |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in r["scales"].items():
         sc = s["scale"]
@@ -353,7 +569,6 @@ def report(r: dict) -> str:
         for arm, a in s["arms"].items():
             runs = a["runs"]
             batch = statistics.mean(x["batch_bytes"] for x in runs)
-            cap = sc["trainers"] * link / batch
             med = min(runs, key=lambda x: abs(x["batches_per_s"] - a["batches_per_s"]))
             tr = [
                 f"{v['rx'] / med['seconds'] / mib:.1f}"
@@ -365,20 +580,46 @@ def report(r: dict) -> str:
                 for k, v in med["nic"].items()
                 if k.startswith("data")
             ]
+            used = sorted({len(set(ips)) for x in runs for ips in x["producer_ips"]})
+            shared = sorted({len(set(ip for ips in x["producer_ips"] for ip in ips)) for x in runs})
             vals = ", ".join(f"{x['batches_per_s']:.2f}" for x in runs)
             lines.append(
-                f"| {label} | {arm} | {a['batches_per_s']:.2f} ({vals}) | "
-                f"{a['batches_per_s'] / cap:.0%} | {' / '.join(tr)} | {' / '.join(dn)} |"
+                f"| {label} | {_label(arm)} | {a['batches_per_s']:.2f} ({vals}) | "
+                f"{_share(s, a):.0%} | {' / '.join(tr)} | {' / '.join(dn)} | "
+                f"{'/'.join(map(str, used))} ({'/'.join(map(str, shared))} in all) |"
             )
         lines.append(
             f"| {label} | (link: {link / mib:.1f} MiB/s each through Ray; batch "
-            f"{batch / mib:.1f} MiB) | | | | |"
+            f"{batch / mib:.1f} MiB) | | | | | |"
         )
+    k = r.get("kill")
+    if k:
+        sc = k["scale"]
+        lines += [
+            "",
+            f"Producer node killed ({sc['trainers']} trainer, {sc['data']} data nodes, "
+            f"{sc['producers']} producers, spread, direct; every process of producer 1's node "
+            f"killed after 4 batches, its link up; {r['batches']} batches timed after it):",
+            "",
+            "| run | longest next() after the kill | Ray declared the node dead after | "
+            "rerouted / lost requests | stream equals in-process |",
+            "|---|---|---|---|---|",
+        ]
+        for i, x in enumerate(k["runs"]):
+            dead = x["ray_declared_dead_s"]
+            lines.append(
+                f"| {i + 1} | {x['max_wait_s']:.2f} s | "
+                f"{'%.1f s' % dead if dead is not None else 'not within 120 s'} | "
+                f"{x['rerouted']} / {x['lost']} | {'yes' if x['exact'] else 'NO'} |"
+            )
+        lines.append(f"| median | {k['max_wait_s']:.2f} s | {k['ray_declared_dead_s']:.1f} s | | |")
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "rank":
         rank_main(sys.argv[2])
+    elif sys.argv[1:] == ["docs"]:
+        write_docs(json.load(open(os.path.join(OUT, "ray-netcluster.json"))))
     else:
         run_all()

@@ -224,11 +224,12 @@ class _Request:
     """One batch asked of one producer; a thread of its own fetches the result to this
     node as soon as the producer has made it, so several batches cross the link at once."""
 
-    __slots__ = ("start", "producer", "ref", "attempts", "future", "dropped")
+    __slots__ = ("start", "producer", "ref", "attempts", "future", "dropped", "_made")
 
     def __init__(self, start: Cursor, producer: int, ref: Any) -> None:
         self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
         self.dropped = False
+        self._made = False
         self.future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         t = threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True)
         _FETCHERS.add(t)
@@ -240,6 +241,7 @@ class _Request:
                 # made yet? (no transfer while it may still be dropped)
                 done, _ = ray.wait([self.ref], timeout=0.5, fetch_local=False)
                 if done:
+                    self._made = True
                     break
             if self.dropped or _EXITING.is_set():
                 self.future.cancel()
@@ -247,6 +249,10 @@ class _Request:
             self.future.set_result(ray.get(self.ref))
         except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
             self.future.set_exception(e)
+
+    def made(self) -> bool:
+        """The producer has answered (a batch or an error)."""
+        return self._made or self.future.done()
 
 
 class Loader:
@@ -545,7 +551,8 @@ class Loader:
         if not ok:
             return p
         bad = {self._actor_node[i] for i in self._suspect}
-        load = collections.Counter(r.producer for r in self._inflight)
+        # requests not yet made: a stand-in makes them, in order, before the moved one
+        load = collections.Counter(r.producer for r in self._inflight if not r.made())
         return min(
             ok, key=lambda i: (self._actor_node[i] in bad, load[i], (i - p) % len(self._actors))
         )
@@ -570,6 +577,10 @@ class Loader:
                 self._suspect[p] = now
                 self._pings[p] = ref
                 self._n["suspected"] += 1
+        self._reroute()
+
+    def _reroute(self) -> None:
+        """Moves every request of a suspect producer not yet answered to a stand-in."""
         if not self._suspect:
             return
         for i, r in enumerate(self._inflight):
@@ -687,10 +698,16 @@ class Loader:
                     f"mmloader.ray: batch at cursor {r.start} could not be made: "
                     f"{type(e).__name__}: {e}"
                 ) from None
-            # the same producer after Ray restarted it, or another if it is suspect or gone
-            alive = r.producer if r.attempts <= 2 else (r.producer + r.attempts) % len(self._actors)
-            if alive in self._suspect:
-                alive = self._stand_in(alive)
+            # a call that failed is evidence enough (its node or process died, Ray may be
+            # restarting it): the producer is suspect at once, its other requests move too,
+            # and it gets requests again once it answers a ping (_recheck)
+            if r.producer not in self._suspect:
+                self._suspect[r.producer] = time.monotonic()
+                self._n["suspected"] += 1
+                self._reroute()
+            alive = self._stand_in(r.producer)
+            if alive == r.producer and r.attempts > 2:  # no stand-in: try the others in turn
+                alive = (r.producer + r.attempts) % len(self._actors)
             nr = self._submit(r.start, alive)
             nr.attempts = r.attempts
             self._inflight[0] = nr

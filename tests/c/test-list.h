@@ -128,6 +128,7 @@ TEST_DECLARE(ledger_deadlock_rule_and_explainer)
 TEST_DECLARE(ledger_too_large_alone)
 TEST_DECLARE(ledger_no_cap_grants_everything)
 TEST_DECLARE(ledger_shutdown_wakes_everyone)
+TEST_DECLARE(ledger_pool_release_wakes_waiter)
 TEST_DECLARE(ledger_stress_random_schedules)
 /* test-pool.c */
 TEST_DECLARE(test_alloc_reuse)
@@ -142,6 +143,8 @@ TEST_DECLARE(test_grow_in_place)
 TEST_DECLARE(test_steady_state_maps_nothing)
 TEST_DECLARE(test_trim_to_recent_working_set)
 TEST_DECLARE(test_pool_peaks)
+TEST_DECLARE(test_pool_hook_reports_every_change)
+TEST_DECLARE(test_pool_hook_concurrent)
 TEST_DECLARE(test_mapped_usage)
 /* test-pyjson.c */
 TEST_DECLARE(test_dumps)
@@ -328,6 +331,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(ledger_too_large_alone)
     TEST_ENTRY(ledger_no_cap_grants_everything)
     TEST_ENTRY(ledger_shutdown_wakes_everyone)
+    TEST_ENTRY(ledger_pool_release_wakes_waiter)
     TEST_ENTRY(ledger_stress_random_schedules)
     /* test-pool.c */
     TEST_ENTRY(test_alloc_reuse)
@@ -342,6 +346,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_steady_state_maps_nothing)
     TEST_ENTRY(test_trim_to_recent_working_set)
     TEST_ENTRY(test_pool_peaks)
+    TEST_ENTRY(test_pool_hook_reports_every_change)
+    TEST_ENTRY(test_pool_hook_concurrent)
     TEST_ENTRY(test_mapped_usage)
     /* test-pyjson.c */
     TEST_ENTRY(test_dumps)

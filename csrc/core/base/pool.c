@@ -42,6 +42,12 @@
  *     rest of the run, while a working set that recurs within the window (the steady
  *     state) keeps everything it needs and maps nothing.  The trim runs on the thread
  *     that allocates (a worker or the collation thread), never in a release.
+ *   - HOOK (mml_pool_set_hook): a hook learns every change of the pool's live and cached
+ *     bytes, one call per public call that made one (alloc, grow, release, trim), after
+ *     the lock is dropped and after what the call freed is freed, so a memory budget that
+ *     follows it never counts less than is mapped and is told of every release (a release
+ *     is what wakes its waiters).  mml_pool_evict frees cached bytes without calling it
+ *     (the budget asked for them: tests/c/base/test-ledger.c, the pool as a cache).
  *   - mml_mapped: the same kind of mapping as one thread's scratch (decoder state that
  *     scales with the image), kept across uses so reuse costs no fault either.
  */
@@ -80,7 +86,57 @@ struct mml_pool {
   size_t rv_len, rv_cap, rv_res;
   int closed;      /* guarded by mu */
   atomic_int refs; /* creator + live buffers */
+  /* the change hook (mml_pool_set_hook; HOOK below): fn and arg guarded by mu, hook_on
+   * read without it to skip the lock when none is set; calls under way (mu) */
+  mml_pool_hook_fn hook;
+  void *hook_arg;
+  atomic_int hook_on;
+  int hook_calls;
+  pthread_cond_t hook_cv;
 };
+
+/* What one public call changed (HOOK): live and cached bytes before each of its critical
+ * sections, and the sum of their changes. */
+typedef struct pool_ev {
+  size_t l0, c0;
+  int64_t dl, dc;
+} pool_ev;
+
+static void ev_lock(mml_pool *p, pool_ev *ev) {
+  pthread_mutex_lock(&p->mu);
+  ev->l0 = p->live;
+  ev->c0 = p->cached;
+}
+
+static void ev_unlock(mml_pool *p, pool_ev *ev) {
+  ev->dl += (int64_t)p->live - (int64_t)ev->l0;
+  ev->dc += (int64_t)p->cached - (int64_t)ev->c0;
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* After the call freed what it freed: the hook, with no lock held. */
+static void ev_report(mml_pool *p, const pool_ev *ev) {
+  if ((!ev->dl && !ev->dc) || !atomic_load_explicit(&p->hook_on, memory_order_acquire)) return;
+  pthread_mutex_lock(&p->mu);
+  mml_pool_hook_fn fn = p->hook;
+  void *arg = p->hook_arg;
+  if (fn) p->hook_calls++;
+  pthread_mutex_unlock(&p->mu);
+  if (!fn) return;
+  fn(arg, ev->dl, ev->dc);
+  pthread_mutex_lock(&p->mu);
+  if (--p->hook_calls == 0) pthread_cond_broadcast(&p->hook_cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void mml_pool_set_hook(mml_pool *p, mml_pool_hook_fn fn, void *arg) {
+  pthread_mutex_lock(&p->mu);
+  p->hook = fn;
+  p->hook_arg = arg;
+  atomic_store_explicit(&p->hook_on, fn != NULL, memory_order_release);
+  while (p->hook_calls) pthread_cond_wait(&p->hook_cv, &p->mu); /* the old one's calls end */
+  pthread_mutex_unlock(&p->mu);
+}
 
 size_t mml_dtype_size(mml_dtype dt) {
   switch (dt) {
@@ -242,6 +298,7 @@ mml_status mml_pool_new(const mml_allocator *alloc, size_t max_cached_bytes, mml
     free(p);
     return mml_err_set(err, MML_ENOMEM, "cannot create the pool mutex");
   }
+  pthread_cond_init(&p->hook_cv, NULL);
   if (alloc && alloc->alloc) {
     p->alloc = *alloc;
     p->has_alloc = 1;
@@ -279,6 +336,7 @@ static void pool_unref(mml_pool *p) {
     b = n;
   }
   if (p->rv_base) munmap(p->rv_base, p->rv_len);
+  pthread_cond_destroy(&p->hook_cv);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
@@ -287,6 +345,9 @@ void mml_pool_close(mml_pool *p) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
   p->closed = 1;
+  p->hook = NULL; /* no call after close: the hook's owner may go */
+  atomic_store_explicit(&p->hook_on, 0, memory_order_release);
+  while (p->hook_calls) pthread_cond_wait(&p->hook_cv, &p->mu);
   mml_buf *list = p->free_list;
   p->free_list = NULL;
   p->cached = 0;
@@ -488,33 +549,38 @@ static size_t ws_keep_locked(mml_pool *p) {
  * of `cap` bytes (cap >= want: mml_pool_grow may take it up to cap in place). */
 static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **out, mml_err *err) {
   mml_buf *drop = NULL;
-  pthread_mutex_lock(&p->mu);
+  pool_ev ev = {0};
+  ev_lock(p, &ev);
   mml_buf *b = take_mapping_locked(p, want, cap, &drop);
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, &ev);
   while (drop) {
     mml_buf *n = drop->next;
     buf_destroy(p, drop);
     drop = n;
   }
   if (!b) {
-    if (!(b = calloc(1, sizeof *b)))
+    if (!(b = calloc(1, sizeof *b))) {
+      ev_report(p, &ev);
       return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
+    }
     mml_status st = p->alloc.alloc(p->alloc.self, cap, &b->data, err);
     if (st) {
       free(b);
+      ev_report(p, &ev);
       return st;
     }
     b->kind = p->alloc.kind;
     b->device = p->alloc.device;
     b->pool = p;
   }
-  pthread_mutex_lock(&p->mu);
+  ev_lock(p, &ev);
   fill_locked(p, b, want);
   b->size = want;
   p->live += want;
   note_peaks_locked(p);
   size_t keep = ws_keep_locked(p);
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, &ev);
+  ev_report(p, &ev);
   if (keep != SIZE_MAX) mml_pool_trim(p, keep);
   *out = b;
   return MML_OK;
@@ -532,9 +598,10 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
     return MML_OK;
   }
   int grow;
-  pthread_mutex_lock(&p->mu);
+  pool_ev ev = {0};
+  ev_lock(p, &ev);
   mml_buf *best = take_cached_locked(p, want, &grow);
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, &ev);
   if (best && grow) { /* outside mu: mremap may take a while */
     if (host_grow(&best->data, want)) {
       best->size = want;
@@ -544,28 +611,33 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
     }
   }
   if (best) {
-    pthread_mutex_lock(&p->mu);
+    ev_lock(p, &ev);
     p->live += best->size;
     note_peaks_locked(p);
-    pthread_mutex_unlock(&p->mu);
+    ev_unlock(p, &ev);
   }
   if (!best) {
     best = calloc(1, sizeof *best);
-    if (!best) return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
+    if (!best) {
+      ev_report(p, &ev);
+      return mml_err_set(err, MML_ENOMEM, "cannot allocate a buffer header");
+    }
     mml_status st = p->alloc.alloc(p->alloc.self, want, &best->data, err);
     if (st) {
       free(best);
+      ev_report(p, &ev);
       return st;
     }
     best->size = want;
     best->kind = p->alloc.kind;
     best->device = p->alloc.device;
     best->pool = p;
-    pthread_mutex_lock(&p->mu);
+    ev_lock(p, &ev);
     p->live += want;
     note_peaks_locked(p);
-    pthread_mutex_unlock(&p->mu);
+    ev_unlock(p, &ev);
   }
+  ev_report(p, &ev);
   if (p->growable && hdr_of(best->data)->len) hdr_of(best->data)->res = huge_round(best->size);
   best->next = NULL;
   atomic_store_explicit((atomic_int *)&best->refcnt, 1, memory_order_relaxed);
@@ -601,13 +673,15 @@ mml_status mml_pool_grow(mml_buf *b, size_t n, mml_err *err) {
   mml_pool *p = b->pool;
   size_t want = huge_round(n);
   if (want > hdr_of(b->data)->cap) want = hdr_of(b->data)->cap;
-  pthread_mutex_lock(&p->mu);
+  pool_ev ev = {0};
+  ev_lock(p, &ev);
   fill_locked(p, b, want); /* b is live, so in no list */
   p->live += want - b->size;
   b->size = want;
   note_peaks_locked(p);
   size_t keep = atomic_load(&p->moves) ? ws_keep_locked(p) : SIZE_MAX; /* a large request */
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, &ev);
+  ev_report(p, &ev);
   if (keep != SIZE_MAX) mml_pool_trim(p, keep);
   return MML_OK;
 }
@@ -621,7 +695,8 @@ void mml_buf_release(mml_buf *b) {
   if (atomic_fetch_sub_explicit((atomic_int *)&b->refcnt, 1, memory_order_acq_rel) != 1) return;
   mml_pool *p = b->pool;
   int keep = 0;
-  pthread_mutex_lock(&p->mu);
+  pool_ev ev = {0};
+  ev_lock(p, &ev);
   p->live -= b->size;
   size_t h = held(p, b);
   if (!p->closed && p->cached + h <= p->max_cached) {
@@ -630,13 +705,16 @@ void mml_buf_release(mml_buf *b) {
     p->cached += h;
     keep = 1;
   }
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, &ev);
   if (!keep) buf_destroy(p, b);
+  ev_report(p, &ev); /* before the pool may go with its last reference */
   pool_unref(p);
 }
 
-size_t mml_pool_trim(mml_pool *p, size_t keep) {
-  pthread_mutex_lock(&p->mu);
+/* Frees cached buffers, smallest first, until at most `keep` bytes stay cached; what it
+ * changed is added to *ev.  Returns the bytes still cached. */
+static size_t trim_ev(mml_pool *p, size_t keep, pool_ev *ev) {
+  ev_lock(p, ev);
   if (p->cached > keep) /* the spare pages first */
     rv_drop(p, p->rv_res > p->cached - keep ? p->rv_res - (p->cached - keep) : 0);
   while (p->cached > keep) {
@@ -647,13 +725,28 @@ size_t mml_pool_trim(mml_pool *p, size_t keep) {
     if (!best) break;
     *best_link = best->next;
     p->cached -= held(p, best);
-    pthread_mutex_unlock(&p->mu);
+    ev_unlock(p, ev);
     buf_destroy(p, best);
-    pthread_mutex_lock(&p->mu);
+    ev_lock(p, ev);
   }
   size_t left = p->cached;
-  pthread_mutex_unlock(&p->mu);
+  ev_unlock(p, ev);
   return left;
+}
+
+size_t mml_pool_trim(mml_pool *p, size_t keep) {
+  pool_ev ev = {0};
+  size_t left = trim_ev(p, keep, &ev);
+  ev_report(p, &ev);
+  return left;
+}
+
+size_t mml_pool_evict(mml_pool *p, size_t want) {
+  size_t cached;
+  mml_pool_usage(p, &cached, NULL);
+  pool_ev ev = {0};
+  trim_ev(p, want < cached ? cached - want : 0, &ev);
+  return ev.dc < 0 ? (size_t)-ev.dc : 0;
 }
 
 void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak) {

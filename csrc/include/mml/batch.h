@@ -85,6 +85,17 @@ void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak);
 /* Frees cached buffers, smallest first, until at most `keep` bytes stay cached (buffers
  * whose fence is pending stay); returns the bytes still cached. */
 size_t mml_pool_trim(mml_pool *p, size_t keep);
+/* Frees at least `want` cached bytes where it can (as mml_pool_trim, without calling the
+ * hook: a memory budget's eviction, mml/ledger.h); returns the bytes freed. */
+size_t mml_pool_evict(mml_pool *p, size_t want);
+/* Told of every change of the pool's live and cached bytes (d_live, d_cached: one
+ * allocation, growth, release or trim), after the pool's lock is dropped and after what
+ * it freed is unmapped, on the thread that made it (any thread: a release may run in a
+ * DLPack deleter), possibly under that thread's own locks.  It must not call into the
+ * pool.  No call happens after mml_pool_close. */
+typedef void (*mml_pool_hook_fn)(void *arg, int64_t d_live, int64_t d_cached);
+/* Sets the hook (NULL: none); returns once calls of the previous one have ended. */
+void mml_pool_set_hook(mml_pool *p, mml_pool_hook_fn fn, void *arg);
 
 /* Scratch memory that stays mapped: one 2 MiB-aligned MADV_HUGEPAGE mapping (never
  * malloc), grown with mremap (contents kept), unmapped only by mml_mapped_free.  For a

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mml/batch.h"
 #include "mml/ledger.h"
 #include "mml_test.h"
 
@@ -334,6 +335,94 @@ TEST(ledger_shutdown_wakes_everyone) {
   mml_charge late = charge(9, 1);
   CHECK_EQ_INT(mml_ledger_request(g, &late, &err), MML_ECANCELLED);
   mml_ledger_free(g);
+}
+
+/* ---- the pool as the ledger's cache ------------------------------------------------- */
+
+typedef struct pool_ledger {
+  mml_ledger *g;
+  mml_pool *p;
+  int id;
+} pool_ledger;
+
+/* The pool's changes into the ledger: a release gives the consumer's credit back (what
+ * stays cached becomes the cache's), pages reused or trimmed leave the cache. */
+static void pool_to_ledger(void *arg, int64_t d_live, int64_t d_cached) {
+  pool_ledger *pl = arg;
+  if (d_live < 0) {
+    const int64_t kept = d_cached > 0 ? d_cached : 0;
+    mml_ledger_cache_put(pl->g, pl->id, kept, MML_HOLD_CONSUMER);
+    mml_ledger_release(pl->g, -d_live - kept, MML_HOLD_CONSUMER);
+  } else if (d_cached < 0) {
+    mml_ledger_cache_drop(pl->g, pl->id, -d_cached);
+  }
+}
+
+static int64_t pool_evict(void *arg, int64_t want) {
+  return (int64_t)mml_pool_evict(((pool_ledger *)arg)->p, (size_t)want);
+}
+
+typedef struct pool_taker {
+  pool_ledger *pl;
+  mml_charge c;
+  mml_buf *buf;
+  mml_status st;
+} pool_taker;
+
+static void *pool_take_main(void *arg) {
+  pool_taker *t = arg;
+  mml_err err;
+  t->st = mml_ledger_acquire(t->pl->g, &t->c, &err);
+  if (!t->st) t->st = mml_pool_alloc(t->pl->p, (size_t)t->c.bytes, &t->buf, &err);
+  return NULL;
+}
+
+/* L4, L6 with the real pool: the consumer releasing a batch's buffer (mml_buf_release,
+ * from its own thread) wakes the charge waiting for room, and the pool's cached pages are
+ * evicted for it; nothing polls. */
+TEST(ledger_pool_release_wakes_waiter) {
+  const int64_t K = 64 << 10;
+  pool_ledger pl;
+  mml_err err;
+  CHECK_OK(mml_pool_new(NULL, 0, &pl.p, &err), err);
+  pl.g = new_ledger(3 * K);
+  pl.id = mml_ledger_add_cache(pl.g, "pooled pages", pool_evict, &pl);
+  mml_pool_set_hook(pl.p, pool_to_ledger, &pl);
+  mml_charge ca = charge(0, K), cb = charge(1, K);
+  mml_buf *a, *b;
+  CHECK_OK(mml_ledger_acquire(pl.g, &ca, &err), err);
+  CHECK_OK(mml_pool_alloc(pl.p, (size_t)K, &a, &err), err);
+  CHECK_OK(mml_ledger_acquire(pl.g, &cb, &err), err);
+  CHECK_OK(mml_pool_alloc(pl.p, (size_t)K, &b, &err), err);
+  mml_ledger_hand_over(pl.g, 2 * K); /* two batches the consumer holds */
+  pool_taker t = {0};
+  t.pl = &pl;
+  t.c = charge(2, 2 * K);
+  pthread_t th;
+  CHECK_EQ_INT(pthread_create(&th, NULL, pool_take_main, &t), 0);
+  CHECK(wait_waiting(pl.g, 1));
+  mml_buf_release(a); /* kept cached by the pool: evicted for the waiter */
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(t.st, MML_OK);
+  size_t cached, live;
+  mml_pool_usage(pl.p, &cached, &live);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(pl.g, &s);
+  CHECK_EQ_INT(s.cached, (long long)cached);
+  CHECK(s.evicted_bytes >= (uint64_t)K);
+  CHECK_EQ_INT(s.held[MML_HOLD_CONSUMER], K);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 2 * K);
+  CHECK((int64_t)(live + cached) <= 3 * K); /* L3, as the pool counts it */
+  CHECK(s.peak <= 3 * K);
+  mml_ledger_hand_over(pl.g, 2 * K);
+  mml_buf_release(b);
+  mml_buf_release(t.buf);
+  mml_ledger_get_stats(pl.g, &s);
+  mml_pool_usage(pl.p, &cached, &live);
+  CHECK_EQ_INT(s.held[MML_HOLD_CONSUMER] + s.held[MML_HOLD_ENGINE], 0);
+  CHECK_EQ_INT(s.cached, (long long)cached);
+  mml_pool_close(pl.p); /* no hook call after it */
+  mml_ledger_free(pl.g);
 }
 
 /* ---- the randomized stress test --------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* test-pool.c — buffers, pool reuse and lifetime, batches; concurrent release (TSan). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
 
 #include "mml/batch.h"
@@ -411,4 +412,115 @@ TEST(test_mapped_usage) {
   mml_mapped_usage(&now, &peak);
   CHECK_EQ_INT(now, now0);
   CHECK(peak >= now0 + 10 * MB);
+}
+
+/* the hook's running sums (HOOK in pool.c) */
+typedef struct hook_sum {
+  atomic_llong live, cached, calls;
+} hook_sum;
+static void sum_hook(void *arg, int64_t d_live, int64_t d_cached) {
+  hook_sum *s = arg;
+  atomic_fetch_add(&s->live, d_live);
+  atomic_fetch_add(&s->cached, d_cached);
+  atomic_fetch_add(&s->calls, 1);
+}
+
+/* The hook's sums equal the pool's usage after every kind of change (small and large
+ * allocations, reuse, growth in place, release, trim); mml_pool_evict frees without it. */
+TEST(test_pool_hook_reports_every_change) {
+  const size_t MB = 1 << 20;
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  hook_sum s = {0};
+  mml_pool_set_hook(p, sum_hook, &s);
+  size_t cached, live;
+#define SAME_AS_POOL()                                       \
+  do {                                                       \
+    mml_pool_usage(p, &cached, &live);                       \
+    CHECK_EQ_INT(atomic_load(&s.live), (long long)live);     \
+    CHECK_EQ_INT(atomic_load(&s.cached), (long long)cached); \
+  } while (0)
+  mml_buf *a, *b, *c, *d;
+  CHECK_OK(mml_pool_alloc(p, 5000, &a, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 5 * MB, &b, &err), err);
+  SAME_AS_POOL();
+  mml_buf_release(a);
+  mml_buf_release(b);
+  SAME_AS_POOL();
+  CHECK(cached > 5 * MB);
+  CHECK_OK(mml_pool_alloc(p, 3 * MB, &c, &err), err); /* pages reused */
+  CHECK_OK(mml_pool_alloc_cap(p, 1 * MB, 8 * MB, &d, &err), err);
+  SAME_AS_POOL();
+  CHECK_OK(mml_pool_grow(d, 7 * MB, &err), err);
+  SAME_AS_POOL();
+  mml_buf_release(c);
+  mml_buf_release(d);
+  SAME_AS_POOL();
+  mml_pool_trim(p, 2 * MB);
+  SAME_AS_POOL();
+  CHECK_OK(mml_pool_alloc(p, 9000, &a, &err), err);
+  mml_buf_release(a);
+  SAME_AS_POOL();
+  const long long calls = atomic_load(&s.calls);
+  size_t before;
+  mml_pool_usage(p, &before, NULL);
+  CHECK(before > 0);
+  size_t freed = mml_pool_evict(p, 1);
+  mml_pool_usage(p, &cached, NULL);
+  CHECK(freed > 0);
+  CHECK_EQ_INT(before - cached, freed);
+  CHECK_EQ_INT(atomic_load(&s.calls), calls); /* evict: not reported */
+#undef SAME_AS_POOL
+  mml_pool_close(p);
+}
+
+typedef struct hook_churn {
+  mml_pool *p;
+  unsigned seed;
+} hook_churn;
+static void *hook_churn_main(void *arg) {
+  hook_churn *h = arg;
+  mml_err err;
+  for (int i = 0; i < 300; i++) {
+    h->seed = h->seed * 1103515245u + 12345u;
+    size_t n =
+        (h->seed >> 8) % 3 ? 1000 + (h->seed >> 4) % 60000 : (1 << 20) + (h->seed >> 4) % (3 << 20);
+    mml_buf *b;
+    if (mml_pool_alloc(h->p, n, &b, &err)) return NULL;
+    if (i % 50 == 0) mml_pool_trim(h->p, 4 << 20);
+    mml_buf_release(b);
+  }
+  return NULL;
+}
+
+/* Under concurrent allocations, releases and trims the sums still match (TSan), and
+ * setting the hook to NULL returns only after its calls ended. */
+TEST(test_pool_hook_concurrent) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 0, &p, &err), err);
+  hook_sum s = {0};
+  mml_pool_set_hook(p, sum_hook, &s);
+  enum { N = 4 };
+  hook_churn h[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    h[i].p = p;
+    h[i].seed = 17 + (unsigned)i;
+    CHECK_EQ_INT(pthread_create(&th[i], NULL, hook_churn_main, &h[i]), 0);
+  }
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  size_t cached, live;
+  mml_pool_usage(p, &cached, &live);
+  CHECK_EQ_INT(live, 0);
+  CHECK_EQ_INT(atomic_load(&s.live), 0);
+  CHECK_EQ_INT(atomic_load(&s.cached), (long long)cached);
+  mml_pool_set_hook(p, NULL, NULL);
+  const long long calls = atomic_load(&s.calls);
+  mml_buf *b;
+  CHECK_OK(mml_pool_alloc(p, 100, &b, &err), err);
+  mml_buf_release(b);
+  CHECK_EQ_INT(atomic_load(&s.calls), calls); /* no call after removal */
+  mml_pool_close(p);
 }
