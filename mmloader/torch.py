@@ -251,7 +251,10 @@ def _gather(
 
 #: mmloader.Loader's keywords: Loader below takes each of them (tests/test_stubs.py checks
 #: that its signature names each with Loader's type and default, but those of _OWN_DEFAULTS)
-_LOADER_KEYWORDS = tuple(inspect.signature(_loader.Loader.__init__).parameters)[2:]
+_LOADER_PARAMS = inspect.signature(_loader.Loader.__init__).parameters
+_LOADER_KEYWORDS = tuple(_LOADER_PARAMS)[2:]
+#: device has no row (a "cuda:N" string): Loader's default, not spelled again
+_DEVICE_DEFAULT: str = _LOADER_PARAMS["device"].default
 #: the keywords whose default here is None, resolved by ``keys`` (see Loader's docstring)
 _OWN_DEFAULTS = ("mrope", "attention_mask", "text_only_vision", "mm_token_type_ids")
 
@@ -397,7 +400,7 @@ class Loader:
         mm_token_type_ids: Optional[bool] = None,
         cycle: bool = DEFAULTS["cycle"],
         pin_memory: bool = DEFAULTS["pin_memory"],
-        device: str = "cpu",
+        device: str = _DEVICE_DEFAULT,
         s3_endpoint: Optional[str] = DEFAULTS["s3_endpoint"],
         s3_region: Optional[str] = DEFAULTS["s3_region"],
         aws_access_key_id: Optional[str] = DEFAULTS["aws_access_key_id"],
