@@ -57,6 +57,7 @@ VISION_KEYS = (
     "legacy_resize",
     "fast",
     "max_image_pixels",
+    "max_jpeg_scans",
     "pillow_h_first",
     "strict_jpeg",
     "image_route",
@@ -168,6 +169,14 @@ def vision_config(
     if cfg["video_family"] not in VIDEO_FAMILIES:
         raise ValueError(
             f"video_family must be one of {VIDEO_FAMILIES}, got {cfg['video_family']!r}"
+        )
+    if "max_jpeg_scans" in cfg and (
+        isinstance(cfg["max_jpeg_scans"], bool)
+        or not isinstance(cfg["max_jpeg_scans"], int)
+        or not 0 <= cfg["max_jpeg_scans"] < 2**31
+    ):
+        raise ValueError(
+            f"max_jpeg_scans must be an int >= 0 (0: no limit), got {cfg['max_jpeg_scans']!r}"
         )
     if cfg["image_route"] not in IMAGE_ROUTES:
         raise ValueError(f"image_route must be one of {IMAGE_ROUTES}, got {cfg['image_route']!r}")

@@ -107,7 +107,9 @@ class ImageProcessor:
             image_mean, image_std, legacy_resize (older smart_resize), fast (reduced-scale
             JPEG decode when the target is at most half the source; not bit-exact),
             max_image_pixels (images with more pixels are rejected before decoding;
-            0 disables), pillow_h_first (True: resize horizontally first always, as
+            0 disables), max_jpeg_scans (a JPEG of more scans is refused before
+            decoding, each scan decoding the whole image again: the Loader's option and
+            its default; 0 disables), pillow_h_first (True: resize horizontally first always, as
             Pillow <= 12 does; the default follows Pillow 13, which runs the vertical pass
             first when the height shrinks by more than twice as many pixels as the width —
             the two orders can differ by 1 in a few pixels), strict_jpeg (True: a JPEG

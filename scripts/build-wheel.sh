@@ -33,6 +33,11 @@ say() { echo "[build-wheel] $*"; }
 [ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mount)"; exit 1; }
 . scripts/wheel/inroot.sh
 t_all=$SECONDS
+cpu() {  # CPU seconds (user + sys) of this script's finished children so far (from a
+  # subshell too: $$ is this script)
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%d", ($14 + $15) / hz }' /proc/$$/stat
+}
+since() { echo "$((SECONDS - $1))s, CPU $(($(cpu) - $2))s"; }  # since T0 C0: wall, CPU
 
 python_of() {  # python_of X.Y: the interpreter for that version (pyenv's, then PATH's)
   local c
@@ -43,31 +48,49 @@ python_of() {  # python_of X.Y: the interpreter for that version (pyenv's, then 
   return 1
 }
 
-t0=$SECONDS
-bash scripts/wheel/root.sh "$roots"
-say "roots ready ($((SECONDS - t0))s): $roots/build, $roots/run"
-rm -rf "$work/raw" "$work/repaired" "$work/tmp"
-mkdir -p "$work/raw" "$work/repaired" "$work/tmp" dist
-printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$work/parallel.cfg"  # setuptools' extra config
-
+# What needs no root, on the host while the roots build (mostly downloads): the tools venv
+# (build, PyAV and numpy for the codec files), the sdist, each Python's venv with the build
+# requirements of pyproject.toml (the wheels build with --no-isolation: no fresh build env
+# per wheel), the codec files of the proof.
 host=$(python_of 3.11 2> /dev/null || command -v python3)
-[ -x "$work/tools/bin/python" ] || "$host" -m venv "$work/tools"
-"$work/tools/bin/pip" install -q build
-say "python -m build --sdist"
-"$work/tools/bin/python" -m build --sdist --outdir "$work/raw" . > "$work/sdist.log" 2>&1 ||
-  { tail -40 "$work/sdist.log"; say "sdist failed (log: $work/sdist.log)"; exit 1; }
+rm -rf "$work/raw" "$work/repaired" "$work/tmp" "$work/codecs"
+mkdir -p "$work/raw" "$work/repaired" "$work/tmp" dist
+prep() {
+  set -e
+  [ -x "$work/tools/bin/python" ] || "$host" -m venv "$work/tools"
+  "$work/tools/bin/pip" install -q build "$(grep -E '^av==' requirements-test.txt)" numpy
+  echo "[prep] python -m build --sdist"
+  "$work/tools/bin/python" -m build --sdist --outdir "$work/raw" .
+  local reqs v venv
+  reqs=$("$work/tools/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+  for v in $versions; do
+    venv=$work/venv-$v
+    [ -x "$venv/bin/python" ] || "$(python_of "$v")" -m venv "$venv"
+    echo "[prep] venv-$v: build $(echo $reqs)"
+    "$venv/bin/pip" install -q build $reqs
+  done
+  "$work/tools/bin/python" scripts/wheel/codecs.py make "$work/codecs"
+  touch "$work/codecs/.made"
+  echo "[prep] ok (${SECONDS}s)"
+}
+t0=$SECONDS c0=$(cpu)
+(SECONDS=0; prep) > "$work/prep.log" 2>&1 &
+prep_pid=$!
+bash scripts/wheel/root.sh "$roots" || { kill $prep_pid 2> /dev/null; exit 1; }
+wait $prep_pid || { tail -40 "$work/prep.log"; say "FAILED: the host side (log: $work/prep.log)"; exit 1; }
+say "roots ready ($(since $t0 $c0), with the host side's): $roots/build, $roots/run"
+say "host side: $(tail -1 "$work/prep.log")"
+printf '[build_ext]\nparallel = %s\n' "$(nproc)" > "$work/parallel.cfg"  # setuptools' extra config
 sdist=$(ls "$work"/raw/mmloader-*.tar.gz)
 tar -xzf "$sdist" -C "$work/tmp"
 src=$(ls -d "$work"/tmp/mmloader-*/)
 
 # Each wheel from the sdist, by that Python, compiled and linked inside the build root.
 for v in $versions; do
-  t0=$SECONDS
+  t0=$SECONDS c0=$(cpu)
   py=$(python_of "$v")
   base=$("$py" -c 'import sys; print(sys.base_prefix)')
   venv=$work/venv-$v
-  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-  "$venv/bin/pip" install -q build
   say "cp${v/./} wheel: $("$py" -V) ($py), compiled in the bullseye root"
   MML_ROOTFS=$roots/build MML_BIND="$ROOT $base" unshare -m --propagation private sh -c '
     r=$MML_ROOTFS
@@ -76,23 +99,23 @@ for v in $versions; do
     export MML_ROOTFS CC=$0/scripts/wheel/cc LDSHARED="$0/scripts/wheel/cc -shared" \
       PATH=$0/scripts/wheel/bin:$PATH TMPDIR=$1 \
       DIST_EXTRA_CONFIG=$1/../parallel.cfg
-    exec "$2" -m build --wheel --outdir "$3" "$4"' \
+    exec "$2" -m build --wheel --no-isolation --outdir "$3" "$4"' \
     "$ROOT" "$work/tmp" "$venv/bin/python" "$work/raw" "$src" > "$work/build-$v.log" 2>&1 ||
     { tail -40 "$work/build-$v.log"; say "build failed (log: $work/build-$v.log)"; exit 1; }
-  say "  built in $((SECONDS - t0))s: $(basename "$(ls "$work"/raw/mmloader-*-cp${v/./}-*.whl)")"
+  say "  built ($(since $t0 $c0)): $(basename "$(ls "$work"/raw/mmloader-*-cp${v/./}-*.whl)")"
 done
 
-t0=$SECONDS
+t0=$SECONDS c0=$(cpu)
 say "auditwheel repair, inside the build root"
 MML_BIND="$ROOT" inroot "$roots/build" bash "$ROOT/scripts/wheel/repair.sh" "$work/raw" \
   "$work/repaired"
 cp "$sdist" "$work"/repaired/*.whl dist/
-say "repaired ($((SECONDS - t0))s)"
+say "repaired ($(since $t0 $c0))"
 
-t0=$SECONDS
+t0=$SECONDS c0=$(cpu)
 bash scripts/wheel/prove.sh "$roots/run" "$work" \
   "$(ls "$work"/repaired/mmloader-*-cp39-*.whl 2> /dev/null || true)" \
   "$(ls "$work"/repaired/mmloader-*-cp311-*.whl 2> /dev/null || true)" "$work/raw"
-say "proven ($((SECONDS - t0))s)"
-say "ok ($((SECONDS - t_all))s): dist/$(basename "$sdist")"
+say "proven ($(since $t0 $c0))"
+say "ok ($(since $t_all 0)): dist/$(basename "$sdist")"
 for w in "$work"/repaired/*.whl; do say "ok: dist/$(basename "$w") ($(du -k "$w" | cut -f1) KiB)"; done

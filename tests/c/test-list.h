@@ -128,6 +128,8 @@ TEST_DECLARE(ledger_deadlock_rule_and_explainer)
 TEST_DECLARE(ledger_too_large_alone)
 TEST_DECLARE(ledger_no_cap_grants_everything)
 TEST_DECLARE(ledger_shutdown_wakes_everyone)
+TEST_DECLARE(ledger_revokes_later_reads_for_the_head)
+TEST_DECLARE(ledger_revoking_is_not_a_deadlock)
 TEST_DECLARE(ledger_pool_release_wakes_waiter)
 TEST_DECLARE(ledger_stress_random_schedules)
 /* test-pool.c */
@@ -331,6 +333,8 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(ledger_too_large_alone)
     TEST_ENTRY(ledger_no_cap_grants_everything)
     TEST_ENTRY(ledger_shutdown_wakes_everyone)
+    TEST_ENTRY(ledger_revokes_later_reads_for_the_head)
+    TEST_ENTRY(ledger_revoking_is_not_a_deadlock)
     TEST_ENTRY(ledger_pool_release_wakes_waiter)
     TEST_ENTRY(ledger_stress_random_schedules)
     /* test-pool.c */

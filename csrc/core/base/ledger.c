@@ -49,6 +49,37 @@
  *   L8. One explainer composes every out-of-memory message: the work's name, its bytes,
  *       what the consumer holds, what is in flight and cached, and the cap that would fit.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
+ *  L10. Revocable grants of a later seq than the head are asked back, latest first and
+ *       only as many as the head needs beyond what is already being given back, when it
+ *       does not fit; their bytes stay ENGINE credit (L7 waits for them) until given
+ *       back.  A settled grant is never asked back.
+ *
+ * THE LOADER'S USE (the plan; the loader does not use the ledger yet).  One ledger per
+ * loader with max_memory; every admission point becomes one charge at its stream seq:
+ *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
+ *       order), for the bytes read; then t->held's growth at the same seq.
+ *   M2. a ticket plane's buffer (rebuffer, ticket_room, retry_pending): seq = the
+ *       ticket's first sample; `earlier`, scratch_hold, expand_hold and mem_head_fails go
+ *       (L1, L7).  prefetch_full and decodes_ahead stay: they are turns, not bytes.
+ *   M3. a decode's scratch beyond the reserve (ld_mem_scratch_take_locked): seq = the
+ *       sample's, released after its trim; scratch_stuck goes (L7).
+ *   M4. an emission's float rows (ld_mem_emit_take_locked, fneed): seq = the batch's
+ *       first sample; emit_stuck and ld_emit_gated_locked's fbytes_hw go.
+ *   M5. pooled pages: a cache through mml_pool_set_hook / mml_pool_evict (tested here);
+ *       batches in the output queue or the consumer's are CONSUMER credit (hand-over when
+ *       queued); next() declares the consumer's wait under mu after looking.
+ *   M6. spare byte buffers (cap/8), remote video bytes ahead and videos kept open (cap/4,
+ *       ld_mem_room_ahead_locked, batch_buf_peak): caches (cache_grow; evict =
+ *       ld_bytes_free_spares, ld_release_videos_ahead_locked).
+ * Two things the loader must do.  (a) L5 with parts: a sample's later parts (M3, its
+ * growth past the estimate) can be blocked by reads of later samples granted before
+ * them, whose credit returns only after their own later parts: so reads are revocable
+ * charges (L10), settled when their decode begins; a revoked read frees its bytes and
+ * the slot is read again.  (b) Waking: a wake callback may run under mu (a pool
+ * release under mu), so it must not take mu; workers wait with mml_ledger_wait after
+ * dropping mu (nothing else to do), and the collation thread blocks only on the head
+ * ticket's charge (withdrawn by a seek or close), looking at later tickets' charges when
+ * it wakes for its own reasons (a decode done), so no wakeup can be lost.
  */
 #include "mml/ledger.h"
 
@@ -71,13 +102,15 @@ struct mml_ledger {
   int64_t held[MML_HOLDERS];
   ledger_cache cache[MML_LEDGER_CACHES];
   int ncache;
-  mml_charge *head, *tail; /* waiting, in (seq, arrival) order */
+  mml_charge *head, *tail;   /* waiting, in (seq, arrival) order */
+  mml_charge *rhead, *rtail; /* granted revocable charges, in seq order (L10) */
+  int64_t revoking;          /* their bytes asked back, not yet given back */
   int64_t nwaiting;
   int consumer_waiting, shut;
   mml_status fail_st; /* the first failure (mml_ledger_error) */
   mml_err fail_err;
   int64_t peak;
-  uint64_t grants, waits, evicted;
+  uint64_t grants, waits, evicted, revoked;
 };
 
 static int64_t cached_locked(const mml_ledger *g) {
@@ -207,6 +240,38 @@ static void grant_locked(mml_ledger *g, mml_charge *c) {
   g->held[MML_HOLD_ENGINE] += c->bytes;
   g->grants++;
   note_peak_locked(g);
+  c->revoking = 0;
+  c->rprev = c->rnext = NULL;
+  if (!c->revocable) return;
+  mml_charge *after = g->rtail; /* sorted by seq (L10: latest first) */
+  while (after && after->seq > c->seq) after = after->rprev;
+  c->rprev = after;
+  c->rnext = after ? after->rnext : g->rhead;
+  if (c->rnext)
+    c->rnext->rprev = c;
+  else
+    g->rtail = c;
+  if (after)
+    after->rnext = c;
+  else
+    g->rhead = c;
+}
+
+static int revocable_linked(const mml_ledger *g, const mml_charge *c) {
+  return c->rprev || c->rnext || g->rhead == c;
+}
+
+static void revocable_unlink(mml_ledger *g, mml_charge *c) {
+  if (!revocable_linked(g, c)) return;
+  if (c->rprev)
+    c->rprev->rnext = c->rnext;
+  else
+    g->rhead = c->rnext;
+  if (c->rnext)
+    c->rnext->rprev = c->rprev;
+  else
+    g->rtail = c->rprev;
+  c->rprev = c->rnext = NULL;
 }
 
 static void fail_locked(mml_ledger *g, mml_charge *c, mml_status st, const mml_err *e) {
@@ -237,6 +302,25 @@ static void wake_run(const wake_list *w) {
   for (int i = 0; i < w->n; i++) w->fn[i](w->arg[i]);
 }
 
+/* The head does not fit: revocable grants of later seqs are asked back, latest first,
+ * until what is being given back makes room for it (L10). */
+static void revoke_locked(mml_ledger *g, const mml_charge *head, wake_list *w) {
+  int64_t short_by = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER] - g->revoking +
+                     head->bytes - g->cfg.cap;
+  for (mml_charge *r = g->rtail; r && short_by > 0 && r->seq > head->seq && w->n < WAKE_BATCH;
+       r = r->rprev) {
+    if (r->revoking) continue;
+    r->revoking = 1;
+    g->revoking += r->bytes;
+    g->revoked++;
+    short_by -= r->bytes;
+    if (r->revoke) {
+      w->fn[w->n] = r->revoke;
+      w->arg[w->n++] = r->wake_arg;
+    }
+  }
+}
+
 /* Grants waiting charges in order while the head fits; applies the deadlock rule to a
  * head that does not.  Returns 1 when it stopped with `w` full (more may be grantable:
  * the caller runs `w` and steps again). */
@@ -253,6 +337,7 @@ static int step_locked(mml_ledger *g, wake_list *w) {
       unlink_locked(g, c);
       fail_locked(g, c, MML_ENOMEM, &e);
     } else {
+      revoke_locked(g, c, w);
       break;
     }
     woke_locked(c, w);
@@ -394,6 +479,29 @@ void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder) {
   step_and_unlock(g);
 }
 
+void mml_ledger_give_back(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  if (c->state != MML_CHARGE_GRANTED) {
+    pthread_mutex_unlock(&g->mu);
+    return;
+  }
+  revocable_unlink(g, c);
+  if (c->revoking) g->revoking -= c->bytes;
+  c->revoking = 0;
+  c->state = MML_CHARGE_IDLE;
+  g->held[MML_HOLD_ENGINE] -= c->bytes;
+  g->consumer_waiting = 0; /* L7: work ended */
+  step_and_unlock(g);
+}
+
+int mml_ledger_settle(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  const int ok = c->state == MML_CHARGE_GRANTED && !c->revoking;
+  if (ok) revocable_unlink(g, c);
+  pthread_mutex_unlock(&g->mu);
+  return ok;
+}
+
 void mml_ledger_hand_over(mml_ledger *g, int64_t bytes) {
   if (bytes <= 0) return;
   pthread_mutex_lock(&g->mu);
@@ -480,6 +588,7 @@ void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *o) {
   o->grants = g->grants;
   o->waits = g->waits;
   o->evicted_bytes = g->evicted;
+  o->revoked = g->revoked;
   o->head_seq = g->head ? g->head->seq : -1;
   o->head_need = g->head ? g->head->bytes : 0;
   pthread_mutex_unlock(&g->mu);

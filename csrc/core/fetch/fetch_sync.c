@@ -4,7 +4,7 @@
  * from a completion callback would wait on its own thread, so it is refused.
  *
  * Cancellation: the caller waits in 50 ms slices and checks the fetcher's cancel flag
- * (mml_fetch_cfg.cancel) between them; once set it returns MML_ECANCELLED at once and
+ * (mml_fetch_cfg.cancel) and the call's own (mml_fetch_get_cancellable) between them; once set it returns MML_ECANCELLED at once and
  * leaves the waiter (heap memory) to the completion, which frees it: the request itself
  * ends by its deadlines or when the fetcher is freed (its completions then run).
  */
@@ -56,14 +56,19 @@ static void waiter_cb(void *ctx, mml_status st, mml_bytes *body, const mml_err *
   pthread_mutex_unlock(&w->mu);
 }
 
+static int stopped(const mml_fetcher *f, const mml_cancel *own) {
+  return mml_cancelled(f->cancel) || mml_cancelled(own);
+}
+
 static mml_status get_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
-                            int64_t len, int head, mml_bytes *out, int64_t *total, mml_err *err) {
+                            int64_t len, int head, mml_bytes *out, int64_t *total,
+                            const mml_cancel *own, mml_err *err) {
   for (int i = 0; f && i < (f->nloops ? f->nloops : 1); i++) {
     mml_fetcher *l = f->nloops ? f->loops[i] : f;
     if (l->io_started && pthread_equal(pthread_self(), l->io))
       return mml_err_set(err, MML_EINVAL, "fetch: blocking call from a completion callback");
   }
-  if (f && mml_cancelled(f->cancel)) return mml_err_set(err, MML_ECANCELLED, "fetch: cancelled");
+  if (f && stopped(f, own)) return mml_err_set(err, MML_ECANCELLED, "fetch: cancelled");
   waiter *w = calloc(1, sizeof *w);
   if (!w) return mml_err_set(err, MML_ENOMEM, "fetch: out of memory");
   pthread_mutex_init(&w->mu, NULL);
@@ -79,7 +84,7 @@ static mml_status get_query(mml_fetcher *f, const char *url, const char *query, 
   }
   pthread_mutex_lock(&w->mu);
   while (!w->done) {
-    if (mml_cancelled(f->cancel)) {
+    if (stopped(f, own)) {
       w->abandoned = 1; /* the completion frees it */
       pthread_mutex_unlock(&w->mu);
       return mml_err_set(err, MML_ECANCELLED, "fetch: cancelled");
@@ -105,20 +110,26 @@ static mml_status get_query(mml_fetcher *f, const char *url, const char *query, 
 
 mml_status mml_fetch_get_query(mml_fetcher *f, const char *url, const char *query, int64_t off,
                                int64_t len, int head, mml_bytes *out, mml_err *err) {
-  return get_query(f, url, query, off, len, head, out, NULL, err);
+  return get_query(f, url, query, off, len, head, out, NULL, NULL, err);
 }
 
 mml_status mml_fetch_get_sized(mml_fetcher *f, const char *url, int64_t off, int64_t len,
                                mml_bytes *out, int64_t *total, mml_err *err) {
   if (!out || !total) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
   *total = -1;
-  return get_query(f, url, NULL, off, len, 0, out, total, err);
+  return get_query(f, url, NULL, off, len, 0, out, total, NULL, err);
 }
 
 mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,
                          mml_err *err) {
   if (!out) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
   return mml_fetch_get_query(f, url, NULL, off, len, 0, out, err);
+}
+
+mml_status mml_fetch_get_cancellable(mml_fetcher *f, const char *url, int64_t off, int64_t len,
+                                     const mml_cancel *cancel, mml_bytes *out, mml_err *err) {
+  if (!out) return mml_err_set(err, MML_EINVAL, "fetch: NULL output");
+  return get_query(f, url, NULL, off, len, 0, out, NULL, cancel, err);
 }
 
 mml_status mml_fetch_stat(mml_fetcher *f, const char *url, int64_t *size, char *etag,

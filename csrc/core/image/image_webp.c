@@ -9,6 +9,15 @@
  * and give their first frame, as Pillow's Image.open does.  RGBA is then composited onto
  * white (convert_to_rgb).
  *
+ * Cancellation (ARCHITECTURE 4.8): libwebp's one-call decoders have no progress hook, so
+ * every decode runs through its incremental decoder (WebPIDecode), fed FEED more bytes
+ * at a time and checking b->cancel between feeds: a decode stops within one feed's work
+ * (at most a few ms of rows) with MML_ECANCELLED.  The incremental decoder is libwebp's
+ * same decoder (same pixels, tests compare with Pillow).  An animation's first frame is
+ * decoded the way WebPAnimDecoderGetNext decodes a key frame: its fragment (from the
+ * demuxer) into a canvas cleared to transparent black, at the frame's offset, in MODE_RGBA
+ * with the canvas's stride; the first frame is always a key frame, so nothing is blended.
+ *
  * Threads: reentrant; libwebp keeps no global state after its one-time DSP init (which it
  * guards itself).  Memory: still images reuse `whole`; WebPAnimDecoder allocates its own
  * canvas per animated image.
@@ -19,6 +28,8 @@
 #include <webp/demux.h>
 
 #include "image_fmt.h"
+
+enum { FEED = 4 << 10 }; /* bytes given to the incremental decoder between cancel checks */
 
 static const char *vp8_status(VP8StatusCode s) {
   switch (s) {
@@ -77,6 +88,7 @@ static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, 
   if (bpp == 4 && mml_bytes_reserve(b->row, (size_t)w * 3))
     return mml_err_set(err, MML_ENOMEM, "WebP: out of memory for a %d-pixel row", w);
   for (int y = 0; y < h; y++) {
+    if (mml_cancelled(b->cancel)) return mml_err_set(err, MML_ECANCELLED, "WebP: decode cancelled");
     const uint8_t *s = px + (size_t)y * stride;
     if (bpp == 4) {
       uint8_t *o = b->row->data;
@@ -92,29 +104,104 @@ static mml_status emit(const uint8_t *px, int w, int h, size_t stride, int bpp, 
   return MML_OK;
 }
 
+/* 1 when a RIFF container promises more bytes than p[0..len) holds, for itself or for a
+ * chunk up to the image's (VP8/VP8L): what WebPDecode refuses as truncated (it has all
+ * the data) and the incremental decoder, expecting more, does not check. */
+static int cut_short(const uint8_t *p, size_t len) {
+  if (len < 12 || memcmp(p, "RIFF", 4) || memcmp(p + 8, "WEBP", 4)) return 0;
+  const uint64_t end = (uint64_t)mml_le32(p + 4) + 8;
+  if (end > len) return 1;
+  for (uint64_t off = 12; off + 8 <= end;) {
+    const uint64_t sz = mml_le32(p + off + 4);
+    if (off + 8 + sz > end) return 1;
+    if (!memcmp(p + off, "VP8 ", 4) || !memcmp(p + off, "VP8L", 4)) return 0;
+    off += 8 + sz + (sz & 1);
+  }
+  return 0;
+}
+
+/* Decodes p[0..len) into cfg->output (external memory), FEED bytes at a time. */
+static VP8StatusCode idecode(const uint8_t *p, size_t len, WebPDecoderConfig *cfg,
+                             const mml_cancel *cancel) {
+  if (cut_short(p, len)) return VP8_STATUS_NOT_ENOUGH_DATA;
+  WebPIDecoder *idec = WebPIDecode(NULL, 0, cfg);
+  if (!idec) return VP8_STATUS_OUT_OF_MEMORY;
+  VP8StatusCode s = VP8_STATUS_NOT_ENOUGH_DATA;
+  for (size_t n = 0; n < len;) {
+    if (mml_cancelled(cancel)) {
+      s = VP8_STATUS_USER_ABORT;
+      break;
+    }
+    n = len - n > FEED ? n + FEED : len;
+    if ((s = WebPIUpdate(idec, p, n)) != VP8_STATUS_SUSPENDED) break;
+  }
+  if (s == VP8_STATUS_SUSPENDED) s = VP8_STATUS_NOT_ENOUGH_DATA; /* all fed, not finished */
+  WebPIDelete(idec);
+  return s;
+}
+
+static mml_status decode_failed(VP8StatusCode s, mml_err *err) {
+  if (s == VP8_STATUS_USER_ABORT) return mml_err_set(err, MML_ECANCELLED, "WebP: decode cancelled");
+  return mml_err_set(err, MML_EDECODE, "WebP: %s", vp8_status(s));
+}
+
+/* The first frame of an animation onto its canvas (as WebPAnimDecoderGetNext). */
+static mml_status first_frame(const WebPIterator *it, const WebPBitstreamFeatures *f,
+                              mml_img_bufs *b, mml_err *err) {
+  const size_t stride = (size_t)f->width * 4, size = stride * (size_t)f->height;
+  if (it->x_offset < 0 || it->y_offset < 0 || it->width < 1 || it->height < 1 ||
+      it->x_offset + it->width > f->width || it->y_offset + it->height > f->height)
+    return mml_err_set(err, MML_EDECODE, "WebP: the first frame lies outside the canvas");
+  if (mml_bytes_reserve(b->whole, size))
+    return mml_err_set(err, MML_ENOMEM, "WebP: out of memory for a %dx%d canvas", f->width,
+                       f->height);
+  /* a key frame: the canvas cleared to transparent, where the frame does not cover it */
+  uint8_t *c = b->whole->data;
+  const size_t x0 = (size_t)it->x_offset * 4, x1 = x0 + (size_t)it->width * 4;
+  memset(c, 0, (size_t)it->y_offset * stride);
+  for (int y = it->y_offset; y < it->y_offset + it->height; y++) {
+    memset(c + (size_t)y * stride, 0, x0);
+    memset(c + (size_t)y * stride + x1, 0, stride - x1);
+  }
+  memset(c + (size_t)(it->y_offset + it->height) * stride, 0,
+         (size_t)(f->height - it->y_offset - it->height) * stride);
+  WebPDecoderConfig cfg;
+  if (!WebPInitDecoderConfig(&cfg))
+    return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
+  cfg.output.colorspace = MODE_RGBA;
+  cfg.output.is_external_memory = 1;
+  cfg.output.u.RGBA.rgba =
+      b->whole->data + (size_t)it->y_offset * stride + (size_t)it->x_offset * 4;
+  cfg.output.u.RGBA.stride = (int)stride;
+  cfg.output.u.RGBA.size = stride * (size_t)it->height;
+  VP8StatusCode s = idecode(it->fragment.bytes, it->fragment.size, &cfg, b->cancel);
+  WebPFreeDecBuffer(&cfg.output);
+  if (s != VP8_STATUS_OK) return decode_failed(s, err);
+  if (cfg.output.width != it->width || cfg.output.height != it->height)
+    return mml_err_set(err, MML_EDECODE, "WebP: the first frame's size differs from its header");
+  return MML_OK;
+}
+
 static mml_status decode_animated(const uint8_t *p, size_t len, const WebPBitstreamFeatures *f,
                                   mml_img_bufs *b, const mml_row_sink *sink, mml_err *err) {
-  WebPAnimDecoderOptions o;
-  if (!WebPAnimDecoderOptionsInit(&o))
-    return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
-  o.color_mode = MODE_RGBA;
-  o.use_threads = 0;
   WebPData wd = {p, len};
-  WebPAnimDecoder *dec = WebPAnimDecoderNew(&wd, &o);
-  if (!dec) return mml_err_set(err, MML_EDECODE, "WebP: cannot parse the animation");
-  WebPAnimInfo ai;
-  uint8_t *px = NULL;
-  int ts = 0;
+  WebPDemuxer *dmx = WebPDemux(&wd);
+  if (!dmx) return mml_err_set(err, MML_EDECODE, "WebP: cannot parse the animation");
+  WebPIterator it;
   mml_status st;
-  if (!WebPAnimDecoderGetInfo(dec, &ai) || (int)ai.canvas_width != f->width ||
-      (int)ai.canvas_height != f->height)
+  if ((int)WebPDemuxGetI(dmx, WEBP_FF_CANVAS_WIDTH) != f->width ||
+      (int)WebPDemuxGetI(dmx, WEBP_FF_CANVAS_HEIGHT) != f->height)
     st = mml_err_set(err, MML_EDECODE, "WebP: animation canvas does not match its header");
-  else if (!WebPAnimDecoderGetNext(dec, &px, &ts))
+  else if (!WebPDemuxGetFrame(dmx, 1, &it))
     st = mml_err_set(err, MML_EDECODE, "WebP: cannot decode the first frame");
-  else
-    st = emit(px, f->width, f->height, (size_t)f->width * 4, 4, f->has_alpha, b, sink, err);
-  WebPAnimDecoderDelete(dec);
-  return st;
+  else {
+    st = first_frame(&it, f, b, err);
+    WebPDemuxReleaseIterator(&it);
+  }
+  WebPDemuxDelete(dmx);
+  if (st) return st;
+  return emit(b->whole->data, f->width, f->height, (size_t)f->width * 4, 4, f->has_alpha, b, sink,
+              err);
 }
 
 mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const mml_row_sink *sink,
@@ -135,9 +222,9 @@ mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const 
   cfg.output.u.RGBA.rgba = b->whole->data;
   cfg.output.u.RGBA.stride = (int)stride;
   cfg.output.u.RGBA.size = size;
-  VP8StatusCode s = WebPDecode(p, len, &cfg);
+  VP8StatusCode s = idecode(p, len, &cfg, b->cancel);
   WebPFreeDecBuffer(&cfg.output);
-  if (s != VP8_STATUS_OK) return mml_err_set(err, MML_EDECODE, "WebP: %s", vp8_status(s));
+  if (s != VP8_STATUS_OK) return decode_failed(s, err);
   if (cfg.output.width != w || cfg.output.height != h)
     return mml_err_set(err, MML_EDECODE, "WebP: decoded size differs from the header");
   return emit(b->whole->data, w, h, stride, bpp, f.has_alpha, b, sink, err);

@@ -19,6 +19,11 @@
  *   shard and settings are still those in the partial header; else it starts over.  At
  *   the end the whole index is serialised, written to a temporary file and renamed over
  *   `out` (readers never see a torn index), and the partial file is removed.
+ *   Stopping (the callback, an error, the loader's close: ARCHITECTURE 4.8): the writer
+ *   sets b->cancel before joining; workers check it between samples, and their fetches
+ *   and video probes check it too (ld_measurer.cancel), so the build returns within a
+ *   fraction of a second whatever a worker is reading.  A chunk they leave unfinished is
+ *   never written (the partial file stays a prefix).
  *   Memory: entries of the whole shard (20 bytes a sample plus 12 an image or video) and
  *   chunks in flight, plus per worker one header buffer per frame of its record's videos
  *   and one open video file at a time (mml/video.h: a few I/O blocks).
@@ -62,6 +67,7 @@ typedef struct build {
   chunk *chunks;
   int64_t nchunks, next;
   int stop;
+  mml_cancel cancel; /* set when the build stops: workers leave their sample at once */
   pthread_mutex_t mu;
   pthread_cond_t cv;
 } build;
@@ -118,7 +124,7 @@ static void run_chunk(bworker *w, int64_t ci) {
   build *b = w->b;
   chunk *c = &b->chunks[ci];
   int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
-  for (int64_t k = k0; k < k1; k++) {
+  for (int64_t k = k0; k < k1 && !mml_cancelled(&b->cancel); k++) {
     mml_dsx_sample *s = &c->s[k - k0];
     memset(s, 0, sizeof *s);
     mml_err err;
@@ -381,9 +387,9 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
   if (!b->chunks || !ws || !th) st = mml_err_set(err, MML_ENOMEM, "out of memory");
   for (int i = 0; !st && i < nthreads; i++) {
     ws[i].b = b;
-    if ((st = ld_measurer_init(&ws[i].m, b->L, MML_DSX_HEAD_BYTES, 1, err)))
-      break;
-    else if (pthread_create(&th[i], NULL, worker_main, &ws[i]))
+    if ((st = ld_measurer_init(&ws[i].m, b->L, MML_DSX_HEAD_BYTES, 1, err))) break;
+    ws[i].m.cancel = &b->cancel;
+    if (pthread_create(&th[i], NULL, worker_main, &ws[i]))
       st = mml_err_set(err, MML_ENOMEM, "cannot start index thread %d", i);
     else
       started++;
@@ -395,6 +401,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     pthread_mutex_lock(&b->mu);
     st = wait_chunk(b, c, r, cb, ctx, err);
     pthread_mutex_unlock(&b->mu);
+    if (!st && mml_cancelled(&b->cancel)) st = cancelled(b, r, err); /* c may be cut short */
     if (st) break;
     int64_t k0 = b->start + ci * CHUNK, k1 = k0 + CHUNK < b->n ? k0 + CHUNK : b->n;
     st = flush_chunk(c, k1 - k0, fd, ppath, r, &buf, err);
@@ -413,6 +420,7 @@ static mml_status run(build *b, int nthreads, int fd, const char *ppath, result 
     }
   }
   mml_bytes_free(&buf);
+  mml_cancel_set(&b->cancel); /* a worker inside a sample (a fetch, a video pass) leaves it */
   pthread_mutex_lock(&b->mu);
   b->stop = 1;
   pthread_mutex_unlock(&b->mu);
@@ -464,7 +472,7 @@ mml_status mml_loader_build_index(mml_loader *L, int shard, const char *out, int
     return MML_OK;
   }
   int fd = -1;
-  build b = {.L = L, .shard = shard, .sh = sh, .n = sh->count};
+  build b = {.L = L, .shard = shard, .sh = sh, .n = sh->count, .cancel = {0, &L->cancel}};
   pthread_mutex_init(&b.mu, NULL);
   pthread_cond_init(&b.cv, NULL);
   st = open_partial(ppath, &id, sh->count, &r, &fd, err);

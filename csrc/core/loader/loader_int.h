@@ -437,8 +437,10 @@ typedef struct ld_measurer {
   mml_vision_plan *plans;
   struct mml_video_info *vinfo;
   struct mml_video_plan *vplans;
-  mml_sample s;   /* the result: input_ids, labels, vision_tokens */
-  uint64_t bytes; /* read so far (the caller may take and reset it) */
+  mml_sample s;             /* the result: input_ids, labels, vision_tokens */
+  uint64_t bytes;           /* read so far (the caller may take and reset it) */
+  const mml_cancel *cancel; /* its fetches and video probes stop once set (init: the
+                             * loader's; the index builder's own, a child of it) */
 } ld_measurer;
 mml_status ld_measurer_init(ld_measurer *m, mml_loader *L, int64_t head, int f32_videos,
                             mml_err *err);

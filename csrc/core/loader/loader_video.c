@@ -157,7 +157,8 @@ mml_status ld_video_open(void *ctx, int v, mml_video **out, mml_err *err) {
   mml_video_src src = {.name = ref,
                        .max_bytes = L->cfg.max_object_bytes,
                        .threads = 1,
-                       .max_pixels = pl->vision->max_image_pixels};
+                       .max_pixels = pl->vision->max_image_pixels,
+                       .cancel = &L->cancel};
   mml_status st;
   if (member->len) {
     src.data = member->data;

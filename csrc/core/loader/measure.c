@@ -24,6 +24,8 @@
  *      the same statuses as the stream, e.g. a JPEG's scan count).
  *   5. f32_videos: videos planned as for float32 (the index: its counts do not depend on
  *      the pixel format; a uint8 loader refuses the videos it cannot hold when it plans).
+ *   6. Cancellation: m->cancel (the loader's flag, or the index build's) stops a fetch
+ *      or a video probe under way with MML_ECANCELLED (ARCHITECTURE 4.8).
  *   Threads: one measurer per thread; the loader is only read (its fetcher is shared and
  *   thread-safe).  Memory: one record, its media (headers, or whole under head = -1, as
  *   one worker task holds), one open video file at a time; all reused across samples.
@@ -43,6 +45,7 @@ mml_status ld_measurer_init(ld_measurer *m, mml_loader *L, int64_t head, int f32
   m->L = L;
   m->head = head;
   m->f32_videos = f32_videos;
+  m->cancel = &L->cancel;
   return mml_sample_scratch_init(&m->sc, err);
 }
 
@@ -97,12 +100,13 @@ static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_
     if (!mml_index_shard_remote(sh))
       st = mml_index_read(sh, off, n, dst, err);
     else if (!(st = fetcher(m, &f, err)))
-      st = mml_fetch_get(f, sh->path, off, n, dst, err);
+      st = mml_fetch_get_cancellable(f, sh->path, off, n, m->cancel, dst, err);
   } else {
     if ((st = media_path(m, ref, err))) return st;
     const char *p = (const char *)m->path.data;
     if (mml_path_is_remote(p)) {
-      if (!(st = fetcher(m, &f, err))) st = mml_fetch_get(f, p, 0, want, dst, err);
+      if (!(st = fetcher(m, &f, err)))
+        st = mml_fetch_get_cancellable(f, p, 0, want, m->cancel, dst, err);
     } else if (m->head < 0) /* whole, as the worker reads it */
       st = mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, dst, err);
     else
@@ -180,7 +184,7 @@ static mml_status read_record(ld_measurer *m, mml_err *err) {
   } else if (!mml_index_shard_remote(sh)) {
     st = mml_index_read(sh, off, len, &m->rec_bytes, err);
   } else if (!(st = fetcher(m, &f, err))) {
-    st = mml_fetch_get(f, sh->path, off, len, &m->rec_bytes, err);
+    st = mml_fetch_get_cancellable(f, sh->path, off, len, m->cancel, &m->rec_bytes, err);
   }
   if (st) return st;
   m->bytes += m->rec_bytes.len;
@@ -200,7 +204,8 @@ static mml_status probe_file(ld_measurer *m, int v, const mml_vision_cfg *vision
   mml_video_src src = {.name = ref,
                        .max_bytes = L->cfg.max_object_bytes,
                        .threads = 1,
-                       .max_pixels = vision->max_image_pixels};
+                       .max_pixels = vision->max_image_pixels,
+                       .cancel = m->cancel};
   mml_status st;
   int64_t off, len;
   if (mml_index_member(&L->ix, m->shard, m->gi, ref, &off, &len)) {

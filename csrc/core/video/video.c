@@ -33,6 +33,12 @@
  * freed (h264's context alone is ~0.8 MiB; the decode opens a fresh one, as it had), so an
  * idle video holds its demuxer state and frame tables: mml_video_held_bytes.
  *
+ * Cancellation (src->cancel, ARCHITECTURE 4.8): the byte source's read callback, the
+ * demuxer's interrupt callback (avformat_find_stream_info checks it per packet) and the
+ * packet loops (the table pass, the decode) check it, so an open, a packet pass over a
+ * long file or a decode through a long GOP stops within one packet's work; the failure is
+ * the source's (io.st = MML_ECANCELLED), so av_fail reports it as such.
+ *
  * Ownership: everything hangs off the mml_video and is freed by mml_video_close.  Threads:
  * none created (decoder threads only when src->threads > 1); one mml_video is used by one
  * thread at a time.  FFmpeg's log is set to quiet once (pthread_once).
@@ -122,6 +128,8 @@ static mml_status av_fail(mml_video *v, mml_status st, int r, const char *what, 
   return mml_err_set(err, st, "%s: %s: %s", v->name, what, buf);
 }
 
+static int interrupted(void *opaque) { return mml_vio_cancelled(opaque); }
+
 static int cmp64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
   return (x > y) - (x < y);
@@ -195,8 +203,8 @@ static mml_status table_from_packets(mml_video *v, int rewind, mml_err *err) {
   v->pk = NULL;
   v->n = v->nkeys = v->npk = v->nkpk = 0;
   int where = v->io.fetcher != NULL; /* remote: each packet's place, for preloads */
-  int r;
-  while ((r = av_read_frame(v->fmt, v->pkt)) >= 0) {
+  int r = 0;
+  while (!mml_vio_cancelled(&v->io) && (r = av_read_frame(v->fmt, v->pkt)) >= 0) {
     AVPacket *p = v->pkt;
     if (p->stream_index == v->si && !(p->flags & AV_PKT_FLAG_DISCARD)) {
       if (p->pts == AV_NOPTS_VALUE) v->ordinal = 1;
@@ -352,6 +360,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
                                src->block, src->size, src->first, src->tail, src->tail_off, err);
   int r = 0;
   if (st) goto fail;
+  v->io.cancel = src->cancel;
   uint8_t *buf = av_malloc(IO_BUF);
   v->avio =
       buf ? avio_alloc_context(buf, IO_BUF, 0, &v->io, mml_vio_read, NULL, mml_vio_seek) : NULL;
@@ -365,6 +374,7 @@ mml_status mml_video_open(const mml_video_src *src, mml_video **out, mml_err *er
   }
   v->fmt->pb = v->avio;
   v->fmt->flags |= AVFMT_FLAG_CUSTOM_IO;
+  v->fmt->interrupt_callback = (AVIOInterruptCB){interrupted, &v->io};
   if ((r = avformat_open_input(&v->fmt, v->name, NULL, NULL)) < 0) {
     v->fmt = NULL; /* freed by avformat_open_input on failure */
     st = av_fail(v, MML_EVIDEOCORRUPT, r, "not a readable video", err);
@@ -506,6 +516,7 @@ static int next_frame(mml_video *v) {
     if (r == 0) v->decoded++;
     if (r != AVERROR(EAGAIN)) return r;
     if (v->draining) return AVERROR_EOF;
+    if (mml_vio_cancelled(&v->io)) return AVERROR_EXIT;
     r = av_read_frame(v->fmt, v->pkt);
     if (r < 0) {
       if (v->io.st) return r;

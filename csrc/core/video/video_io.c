@@ -377,6 +377,14 @@ static int fail(mml_vio *io, mml_status st, const mml_err *e) {
   return AVERROR(EIO);
 }
 
+int mml_vio_cancelled(mml_vio *io) {
+  if (!mml_cancelled(io->cancel)) return 0;
+  mml_err e;
+  mml_err_set(&e, MML_ECANCELLED, "%s: video work cancelled", io->name);
+  fail(io, MML_ECANCELLED, &e);
+  return 1;
+}
+
 /* Counts n more bytes against max_bytes. */
 static int charge(mml_vio *io, int64_t n) {
   io->bytes_read += n;
@@ -408,7 +416,8 @@ static const mml_bytes *block_at(mml_vio *io, int64_t off, int64_t *boff) {
   mml_status st = MML_OK;
   if (!ahead_take(io, start, len, &io->blk[slot].b)) {
     waited(io);
-    st = mml_fetch_get(io->fetcher, io->name, start, len, &io->blk[slot].b, &e);
+    st = mml_fetch_get_cancellable(io->fetcher, io->name, start, len, io->cancel, &io->blk[slot].b,
+                                   &e);
   }
   if (!st && io->size < 0 && (int64_t)io->blk[slot].b.len < len) /* the end, found */
     io->size = start + (int64_t)(len = (int64_t)io->blk[slot].b.len);
@@ -444,6 +453,7 @@ static int read_file(mml_vio *io, uint8_t *buf, int n) {
 int mml_vio_read(void *opaque, uint8_t *buf, int size) {
   mml_vio *io = opaque;
   if (io->st) return AVERROR(EIO);
+  if (mml_vio_cancelled(io)) return AVERROR_EXIT;
   if (size <= 0) return 0;
   if (io->size >= 0 && io->pos >= io->size) return AVERROR_EOF;
   int64_t left = io->size >= 0 ? io->size - io->pos : size;

@@ -78,6 +78,7 @@ typedef struct mml_vio {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int mu_init;
+  const mml_cancel *cancel; /* mml_video_src.cancel: checked by every read and wait */
 } mml_vio;
 
 /* Opens src (stat/HEAD for the size); the vio borrows src->name and src->data.  A remote
@@ -108,6 +109,10 @@ void mml_vio_will_read(mml_vio *io, const int64_t *r, int n);
  * 0). */
 mml_status mml_vio_preload(mml_vio *io, const int64_t *r, int n, mml_vio_loaded_fn loaded,
                            void *ctx, int *submitted, mml_err *err);
+
+/* 1 once io->cancel is set, recording MML_ECANCELLED as the source's failure (so the
+ * caller reports it, not the AVERROR FFmpeg passes on); 0 otherwise. */
+int mml_vio_cancelled(mml_vio *io);
 
 /* AVIOContext callbacks (opaque = mml_vio*): FFmpeg's AVERROR codes; a failure is kept
  * in io->st / io->err for the caller to report. */

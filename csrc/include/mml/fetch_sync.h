@@ -11,6 +11,11 @@
 mml_status mml_fetch_get(mml_fetcher *f, const char *url, int64_t off, int64_t len, mml_bytes *out,
                          mml_err *err);
 
+/* The same, also returning MML_ECANCELLED within ~50 ms once `cancel` is set (the
+ * fetcher's own flag always counts); for work stopped on its own, e.g. an index build. */
+mml_status mml_fetch_get_cancellable(mml_fetcher *f, const char *url, int64_t off, int64_t len,
+                                     const mml_cancel *cancel, mml_bytes *out, mml_err *err);
+
 /* The same, with the object's whole size as the reply declared it (Content-Range's total,
  * or the length of a 200 with the whole object) in *total; -1 when it did not say
  * (a 206 whose Content-Range total is "*"). */

@@ -40,7 +40,15 @@ typedef struct mml_charge {
   mml_status status; /* FAILED: why (MML_ENOMEM, MML_ECANCELLED) */
   mml_charge_wake_fn wake;
   void *wake_arg;
-  struct mml_charge *prev, *next; /* the ledger's waiting list */
+  /* revocable (set before the request): once granted, the ledger may ask for it back for
+   * an earlier charge that does not fit (L10): `revoke` runs (with wake_arg, as wake
+   * does) and the owner gives it back (mml_ledger_give_back) -- read-ahead that can be
+   * dropped and read again.  mml_ledger_settle makes it final. */
+  int revocable;
+  mml_charge_wake_fn revoke;
+  int revoking;                     /* the ledger's: asked back */
+  struct mml_charge *prev, *next;   /* the ledger's waiting list */
+  struct mml_charge *rprev, *rnext; /* the ledger's granted revocable charges */
 } mml_charge;
 
 /* A cache (pooled pages, spare byte buffers, preloads, open videos): frees at least `want`
@@ -71,6 +79,7 @@ typedef struct mml_ledger_stats {
   int64_t waiting;             /* charges waiting now */
   uint64_t grants, waits;      /* charges granted; of them, those that waited */
   uint64_t evicted_bytes;      /* cache bytes reclaimed for a charge */
+  uint64_t revoked;            /* revocable charges asked back (L10) */
   int64_t head_seq, head_need; /* the first waiting charge (-1, 0: none) */
 } mml_ledger_stats;
 
@@ -108,6 +117,12 @@ void mml_ledger_withdraw(mml_ledger *g, mml_charge *c);
 /* c's state now (takes the lock). */
 int mml_ledger_state(mml_ledger *g, const mml_charge *c);
 
+/* A granted charge's bytes go back (ENGINE credit) and it is IDLE again: a revoked one
+ * given back, or any charge released whole. */
+void mml_ledger_give_back(mml_ledger *g, mml_charge *c);
+/* A granted revocable charge becomes final (its work began): 1; 0 when it was already
+ * asked back (then it must be given back).  Settle it before handing it over. */
+int mml_ledger_settle(mml_ledger *g, mml_charge *c);
 /* `holder` gives back `bytes` it held (a charge's, in whole or in part); wakes waiters. */
 void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder);
 /* `bytes` of engine credit become the consumer's (the work finished; it waits for the

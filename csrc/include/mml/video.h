@@ -43,13 +43,16 @@ typedef struct mml_video_src {
   const char *name;    /* local path or URL; named in every message */
   const uint8_t *data; /* or the file's bytes in memory (then name only names them) */
   size_t len;
-  mml_fetcher *fetcher; /* required for http(s):// and s3:// names */
-  int64_t max_bytes;    /* bytes read from the source, in total (0: no bound) ->
+  mml_fetcher *fetcher;     /* required for http(s):// and s3:// names */
+  int64_t max_bytes;        /* bytes read from the source, in total (0: no bound) ->
                        * MML_EOBJECTSIZE; per use: mml_video_idle starts a new one) */
-  int threads;          /* decoder threads (0 or 1: one) */
-  int64_t block;        /* remote read block size (0: MML_VIDEO_BLOCK) */
-  int64_t max_pixels;   /* frame width*height bound, checked at open and by the decoder
+  int threads;              /* decoder threads (0 or 1: one) */
+  int64_t block;            /* remote read block size (0: MML_VIDEO_BLOCK) */
+  int64_t max_pixels;       /* frame width*height bound, checked at open and by the decoder
                        * (0: MML_VIDEO_MAX_PIXELS) -> MML_ETOOBIG */
+  const mml_cancel *cancel; /* once set, the open, probe or decode under way stops within a
+                             * packet's work with MML_ECANCELLED (NULL: never); it must
+                             * outlive the mml_video */
   /* a remote source's size and first bytes, when the caller fetched them ahead (the
    * loader, while the record's images come): size > 0 skips the open's HEAD; first (its
    * bytes [0, first->len), len exactly min(block, size)) becomes the first cached block,

@@ -337,6 +337,74 @@ TEST(ledger_shutdown_wakes_everyone) {
   mml_ledger_free(g);
 }
 
+/* L10: reads ahead (revocable) of later samples are asked back, latest first and only as
+ * many as the head needs, for an earlier sample's part that does not fit; a settled one
+ * never is; what is given back lets the head in. */
+static int revoke_log[16], revoke_n;
+static void log_revoke(void *arg) { revoke_log[revoke_n++] = (int)(intptr_t)arg; }
+
+TEST(ledger_revokes_later_reads_for_the_head) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge r[3];
+  for (int i = 0; i < 3; i++) { /* reads of samples 4, 5, 6 */
+    r[i] = charge(4 + i, 30);
+    r[i].revocable = 1;
+    r[i].revoke = log_revoke;
+    r[i].wake_arg = (void *)(intptr_t)(4 + i);
+    CHECK_OK(mml_ledger_request(g, &r[i], &err), err);
+    CHECK_EQ_INT(r[i].state, MML_CHARGE_GRANTED);
+  }
+  CHECK(mml_ledger_settle(g, &r[0])); /* sample 4's decode began: final */
+  revoke_n = 0;
+  mml_charge s4 = charge(4, 40); /* sample 4's scratch: 90 + 40 > 100 */
+  CHECK_OK(mml_ledger_request(g, &s4, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &s4), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(revoke_n, 1); /* 30 short: sample 6's read alone, the latest */
+  CHECK_EQ_INT(revoke_log[0], 6);
+  CHECK(!mml_ledger_settle(g, &r[2])); /* asked back: it must be given back */
+  mml_charge s5 = charge(5, 0);        /* behind the head: nothing more is asked back */
+  CHECK_OK(mml_ledger_request(g, &s5, &err), err);
+  CHECK_EQ_INT(revoke_n, 1);
+  mml_ledger_give_back(g, &r[2]);
+  CHECK_EQ_INT(r[2].state, MML_CHARGE_IDLE);
+  CHECK_EQ_INT(mml_ledger_state(g, &s4), MML_CHARGE_GRANTED);
+  CHECK_EQ_INT(mml_ledger_state(g, &s5), MML_CHARGE_GRANTED);
+  mml_ledger_stats st;
+  mml_ledger_get_stats(g, &st);
+  CHECK_EQ_INT(st.held[MML_HOLD_ENGINE], 30 + 30 + 40);
+  CHECK_EQ_INT(st.revoked, 1);
+  /* an earlier head than a settled read: the settled one is never asked back */
+  CHECK(mml_ledger_settle(g, &r[1]));
+  mml_charge s3 = charge(3, 10);
+  CHECK_OK(mml_ledger_request(g, &s3, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &s3), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(revoke_n, 1);
+  mml_ledger_give_back(g, &r[1]); /* sample 5's work ended: room */
+  CHECK_EQ_INT(mml_ledger_state(g, &s3), MML_CHARGE_GRANTED);
+  mml_ledger_free(g);
+}
+
+/* L7 with L10: bytes being given back count as the engine's, so the deadlock rule waits
+ * for them instead of failing the head. */
+TEST(ledger_revoking_is_not_a_deadlock) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 60), r = charge(5, 40);
+  r.revocable = 1;
+  CHECK_OK(mml_ledger_request(g, &a, &err), err);
+  mml_ledger_hand_over(g, 60); /* a batch the consumer holds */
+  CHECK_OK(mml_ledger_request(g, &r, &err), err);
+  mml_charge h = charge(1, 30);
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  mml_ledger_consumer_waiting(g, 1);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(r.revoking, 1);
+  mml_ledger_give_back(g, &r);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_GRANTED);
+  mml_ledger_free(g);
+}
+
 /* ---- the pool as the ledger's cache ------------------------------------------------- */
 
 typedef struct pool_ledger {

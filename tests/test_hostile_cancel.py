@@ -1,0 +1,181 @@
+"""Hostile input, round 2 (issue 29): work inside one native call that close(), Ctrl-C and
+an index build's stop could not interrupt.  Each test failed before its fix:
+
+- a huge WebP (still, or the first frame of an animation) was decoded by one libwebp call
+  with no progress hook: close() waited for it (seconds per image, minutes with
+  max_image_pixels lifted); libwebp's incremental decoder now takes the bytes in slices,
+  the cancel flag checked between them;
+- a long video (one GOP of 900 1080p frames) was decoded by one FFmpeg loop: close()
+  waited for every frame; the byte source, the demuxer's interrupt callback and the packet
+  loops now check the flag;
+- Ctrl-C during `mmloader index` (dsindex.build) stopped the writer, then joined workers
+  that finished their chunk of 256 samples first, each fetch waiting out its timeouts and
+  retries (an image server that never answers: minutes); the workers now leave at once.
+
+Times are compared with a peer measured in the same run (the whole decode), never with a
+fixed number of seconds, except where the old behaviour took minutes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import mmloader
+from mmloader import _core
+
+from bombs import webp_animated, webp_huge
+from photos import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+REPLY = {"role": "assistant", "content": "A picture."}
+
+
+def shard(tmp_path, recs, name="d.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(p)
+
+
+def image_record(ref):
+    return {"messages": [{"role": "user", "content": "<image>Describe."}, REPLY], "images": [ref]}
+
+
+def loader(path, **kw):
+    args = dict(tokenizer=TINY, micro_batch_size=1, num_threads=1, prefetch=1, shuffle=False)
+    args.update(SMALL, **kw)
+    return mmloader.Loader(path, **args)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def close_under_way(path, **kw):
+    """Seconds close() takes while the loader's one worker is inside the first sample's
+    decode (next() gave up after 0.3 s: the decode is under way)."""
+    L = loader(path, next_timeout_s=0.3, **kw)
+    with pytest.raises(mmloader.Error, match="no batch for"):
+        next(L)
+    return timed(L.close)
+
+
+# ---- WebP ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def huge_webp(tmp_path_factory):
+    d = tmp_path_factory.mktemp("webp")
+    still = webp_huge(6000)
+    (d / "still.webp").write_bytes(still)
+    (d / "anim.webp").write_bytes(webp_animated(still, 3))
+    whole = min(timed(lambda: _core.image_decode(still)) for _ in range(2))  # the peer
+    return d, whole
+
+
+@pytest.mark.parametrize("name", ["still.webp", "anim.webp"])
+def test_close_stops_a_huge_webp_decode(huge_webp, name):
+    d, whole = huge_webp
+    path = shard(d, [image_record(name)], name=name + ".jsonl")
+    took = close_under_way(path)
+    # before: close() waited for the rest of the decode (about `whole` less 0.3 s)
+    assert took < whole / 4, (took, whole)
+
+
+def test_huge_webp_still_decodes_whole(huge_webp):
+    d, _ = huge_webp
+    path = shard(d, [image_record("anim.webp"), image_record("still.webp")], name="both.jsonl")
+    with loader(path) as L:
+        a, b = [np.from_dlpack(x["pixel_values"]).copy() for x in L]
+    assert a.shape == b.shape and (a == b).all()  # the animation's first frame is the still
+
+
+# ---- video --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory):
+    ffmpeg = shutil.which("ffmpeg")
+    if not ffmpeg:
+        pytest.skip("Debian's ffmpeg CLI is not installed (apt-get install ffmpeg)")
+    d = tmp_path_factory.mktemp("video")
+    path = d / "long.mp4"
+    subprocess.run(
+        [ffmpeg, "-v", "error", "-f", "lavfi", "-i", "color=c=gray:s=1920x1080:r=30", "-t", "30"]
+        + ["-c:v", "libx264", "-preset", "ultrafast", "-g", "100000", "-bf", "0"]
+        + ["-pix_fmt", "yuv420p", str(path)],
+        check=True,
+    )
+    whole = timed(lambda: _core.video_decode(str(path), [899]))  # the peer: the one GOP
+    return d, whole
+
+
+def test_close_stops_a_long_video_decode(long_video):
+    d, whole = long_video
+    rec = {
+        "messages": [{"role": "user", "content": "<video>What happens?"}, REPLY],
+        "videos": ["long.mp4"],
+    }
+    took = close_under_way(shard(d, [rec]))
+    # before: close() waited until every frame of the GOP was decoded
+    assert took < whole / 4, (took, whole)
+
+
+# ---- index build --------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_an_index_build_stops_its_workers(fault_server, tmp_path):
+    """The records' images are on a server that never answers: each worker waits in a
+    fetch (fetch_timeout_s, then retries) when Ctrl-C arrives."""
+    b = io.BytesIO()
+    Image.new("RGB", (32, 24), (9, 99, 199)).save(b, "JPEG")
+    srv = fault_server(
+        objects={"/a.jpg": b.getvalue()}, fault_rate=1.0, faults=["silent"], stall_s=300
+    )
+    path = shard(tmp_path, [image_record(srv.url(f"/a.jpg?{i}")) for i in range(600)])
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import signal
+            from mmloader import dsindex
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            print("ready", flush=True)
+            dsindex.build({path!r}, out={str(tmp_path / "ix")!r}, tokenizer={TINY!r},
+                          threads=4)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(2.0)  # the workers are waiting on the server
+    t = time.perf_counter()
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()  # (before the fix it ran for minutes)
+    took = time.perf_counter() - t
+    assert "KeyboardInterrupt" in err, err
+    # before: minutes (each worker's chunk of 256 samples, every fetch timing out)
+    assert took < 10, took
+    partial = [f for f in os.listdir(tmp_path / "ix") if f.endswith(".partial")]
+    assert partial, os.listdir(tmp_path / "ix")  # stopped resumably
