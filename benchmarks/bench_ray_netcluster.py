@@ -29,7 +29,8 @@ are the bridge ports' counters over the run.  Link capacity is measured first: o
 node sending 18 MiB objects to trainer 0 through Ray.  Medians of MML_BENCH_RAY_RUNS (3).
 MML_BENCH_RAY_SCALES (small,large,kill) and MML_BENCH_RAY_ARMS pick scales and arms;
 MML_BENCH_RAY_MERGE=1 keeps the other scales of an earlier results file.
-Writes benchmarks/results/ray-netcluster.json and benchmarks/results-ray-netcluster.md.
+Writes benchmarks/results/ray-netcluster.json and benchmarks/results-ray-netcluster.md,
+and the tables in docs/ray.md and README.md (`... docs`: those again from the JSON).
 """
 
 from __future__ import annotations
@@ -457,10 +458,11 @@ def run_all() -> dict:
     with open(os.path.join(OUT, "ray-netcluster.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = report(res)
-    with open(os.path.join(HERE, "results-ray-netcluster.md"), "w") as f:
-        f.write(md)
     if OUT == os.path.join(HERE, "results"):
         write_docs(res)
+    else:  # another MML_BENCH_OUT leaves the docs as they are
+        with open(os.path.join(OUT, "results-ray-netcluster.md"), "w") as f:
+            f.write(md)
     print(md)
     return res
 
