@@ -14,6 +14,7 @@ import pytest
 
 import mmloader
 from mmloader import dsindex
+from mmloader._dpstate import restore_state_global
 from conftest import as_np
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -149,7 +150,7 @@ def test_elastic_resume_from_the_index_equals_planning_pass(hard):
                 next(iter(L))
                 states.append(L.state_dict())
         with make([hard], dp_rank=0, dp_size=1, **kw) as L:
-            L.restore_state_global(states)
+            restore_state_global(L, states)  # a list of 2 states on 1 rank
             info, _ = plan(L)
             got.append(([s["plan_pos"] for s in states], info, digests(L)))
     assert got[0][0][0] > 0 and got[0][1]["q0"] == got[0][0][0]
