@@ -495,6 +495,20 @@ def _loader_doc(doc: str) -> str:
     return head + _options_doc()
 
 
+#: Names the core Loader had until the adapters took them (a clear AttributeError).
+_ADAPTER_STATE_NAMES = frozenset(
+    (
+        "save_state",
+        "restore_state",
+        "save_state_rank",
+        "restore_state_rank",
+        "save_state_global",
+        "restore_state_global",
+        "dp_group",
+    )
+)
+
+
 class Loader:
     """Multimodal SFT batches for one data-parallel rank, produced by native threads.
 
@@ -940,119 +954,16 @@ class Loader:
         epoch, pos = divmod(done, n)
         return (epoch, pos, 0 if self._packing else min(pos // self._mbs, len(self)))
 
-    # Megatron-LM's names (maybe_save_dataloader_state calls iterable.save_state()).
-    save_state = state_dict
-    restore_state = load_state_dict
-
-    # ---- Energon's state API (megatron.energon.SavableDataLoader) ------------------------
-    #: The torch.distributed group of the data-parallel ranks that save_state_global /
-    #: restore_state_global gather over and scatter to (Energon's
-    #: WorkerConfig.data_parallel_group); None: the default group.  mmloader.megatron sets
-    #: it to Megatron's data-parallel group.
-    dp_group: Any = None
-
-    def save_state_rank(self) -> Dict[str, Any]:
-        """This rank's state (Energon's name for :meth:`state_dict`)."""
-        return self.state_dict()
-
-    def restore_state_rank(self, state: Optional[Dict[str, Any]]) -> None:
-        """Restores a state from :meth:`save_state_rank`; None means the initial state
-        (Energon's convention: nothing to restore)."""
-        if state is not None:
-            self.load_state_dict(state)
-
-    def save_state_global(self, global_dst_rank: int = 0) -> Optional[List[Dict[str, Any]]]:
-        """Every data-parallel rank's state, gathered to global rank ``global_dst_rank``:
-        the list indexed by ``dp_rank`` there, None on the other ranks (Energon's
-        semantics).  Every rank of :attr:`dp_group` must call it.  Not distributed
-        (``dp_size == 1`` and no process group): ``[state]``."""
-        state = self.state_dict()
-        dist = self._dp_dist()
-        if dist is None:
-            return [state]
-        group = self.dp_group
-        try:
-            dist.get_group_rank(group or dist.group.WORLD, global_dst_rank)
-        except (RuntimeError, ValueError):
-            raise ValueError(
-                f"save_state_global: global rank {global_dst_rank} is not in "
-                "this loader's data-parallel group"
-            ) from None
-        out: Optional[List[Any]] = (
-            [None] * self._fingerprint["dp_size"] if dist.get_rank() == global_dst_rank else None
-        )
-        dist.gather_object(state, out, dst=global_dst_rank, group=group)
-        return out
-
-    def restore_state_global(
-        self, state: Optional[Sequence[Optional[Dict[str, Any]]]], *, src_rank: Optional[int] = None
-    ) -> None:
-        """Restores the states of :meth:`save_state_global` (Energon's semantics).
-
-        ``src_rank=None``: ``state`` is the whole list on every rank and each rank takes
-        ``state[dp_rank]``.  Otherwise only rank ``src_rank`` of :attr:`dp_group` (a rank
-        within the group) passes the list, the others pass None, and the states are
-        scattered from it; every rank of the group must call it then.
-        """
-        size, rank = self._fingerprint["dp_size"], self._fingerprint["dp_rank"]
-        if self._plan and isinstance(state, (list, tuple)) and state and len(state) != size:
-            # a global plan's states are one global count: resume on another dp_size
-            if any(
-                not isinstance(s, dict) or s.get("plan_pos") != state[0].get("plan_pos")
-                for s in state
-            ):
-                raise StateError(
-                    "restore_state_global: the ranks' states disagree on "
-                    "plan_pos (they were not saved at the same step)"
-                )
-            return self.restore_state_rank(state[0])
-        dist = self._dp_dist() if src_rank is not None else None
-        if dist is None:
-            if not isinstance(state, (list, tuple)) or len(state) != size:
-                raise StateError(
-                    f"restore_state_global: expected the list of {size} "
-                    "data-parallel states from save_state_global, got "
-                    f"{type(state).__name__}"
-                )
-            return self.restore_state_rank(state[rank])
-        group = self.dp_group
-        src = dist.get_global_rank(group, src_rank) if group is not None else src_rank
-        if dist.get_rank() == src:
-            if not isinstance(state, (list, tuple)) or len(state) != size:
-                raise StateError(
-                    f"restore_state_global: rank {src_rank} must pass the list "
-                    f"of {size} data-parallel states"
-                )
-            scatter = list(state)
-        else:
-            scatter = [None] * size
-        got: List[Any] = [None]
-        dist.scatter_object_list(got, scatter, src=src, group=group)
-        self.restore_state_rank(got[0])
-
-    def _dp_dist(self) -> Any:
-        """torch.distributed when this loader's data-parallel ranks can talk, else None;
-        raises when the group does not match dp_rank / dp_size."""
-        torch = sys.modules.get("torch")
-        dist = getattr(torch, "distributed", None) if torch is not None else None
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            if self._fingerprint["dp_size"] > 1:
-                raise StateError(
-                    "save_state_global / restore_state_global with dp_size > 1 "
-                    "need torch.distributed initialised (or use "
-                    "save_state_rank / restore_state_rank)"
-                )
-            return None
-        size = dist.get_world_size(self.dp_group)
-        rank = dist.get_rank(self.dp_group)
-        if (size, rank) != (self._fingerprint["dp_size"], self._fingerprint["dp_rank"]):
-            raise StateError(
-                f"this loader is data-parallel rank {self._fingerprint['dp_rank']} "
-                f"of {self._fingerprint['dp_size']} but its process group has "
-                f"rank {rank} of {size}: set loader.dp_group to the "
-                "data-parallel group"
+    def __getattr__(self, name: str) -> Any:
+        if name in _ADAPTER_STATE_NAMES:
+            where = "" if name == "dp_group" else f" or mmloader.megatron.state.{name}(loader, ...)"
+            raise AttributeError(
+                f"mmloader.Loader has no {name}: Megatron-LM's and Energon's names for the "
+                "state are the Megatron adapter's, mmloader.megatron.Loader (an "
+                f"mmloader.torch.Loader with them){where}; this Loader's are state_dict / "
+                "load_state_dict"
             )
-        return dist
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> LoaderStats:

@@ -35,7 +35,7 @@ Hugging Face Qwen-VL model (``keys="qwen"``):
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ import torch
 from . import _core
 from . import loader as _loader
 from ._options import DEFAULTS
+from .loader import PathLike
 from .presets import vision_config as _preset_vision
 
 __all__ = ["Loader", "to_torch", "expand_pixels", "pixel_table"]  # and TrainerCallback (lazy)
@@ -248,11 +249,14 @@ def _gather(
     return out.view(n, 3 * repeat * pp)
 
 
-def _accepts(name: str) -> bool:
-    try:
-        return name in inspect.signature(_loader.Loader.__init__).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
+#: mmloader.Loader's keywords: Loader below takes each of them (tests/test_stubs.py checks
+#: that its signature names each with Loader's type and default, but those of _OWN_DEFAULTS)
+_LOADER_PARAMS = inspect.signature(_loader.Loader.__init__).parameters
+_LOADER_KEYWORDS = tuple(_LOADER_PARAMS)[2:]
+#: device has no row (a "cuda:N" string): Loader's default, not spelled again
+_DEVICE_DEFAULT: str = _LOADER_PARAMS["device"].default
+#: the keywords whose default here is None, resolved by ``keys`` (see Loader's docstring)
+_OWN_DEFAULTS = ("mrope", "attention_mask", "text_only_vision", "mm_token_type_ids")
 
 
 def _check_packed_qwen_keys(kwargs: Dict[str, Any], packing_keys: bool) -> None:
@@ -313,13 +317,19 @@ class _Epoch(torch.utils.data.IterableDataset):
 class Loader:
     """An :class:`mmloader.Loader` whose batches are ``dict[str, torch.Tensor]``.
 
-    Arguments are those of :class:`mmloader.Loader` (see its docstring); with ``keys="qwen"``
-    the defaults are ``mrope=True``, ``mm_token_type_ids=True``, ``text_only_vision="omit"``
-    and, when packing, ``attention_mask=False`` (see the module docstring); with
-    ``keys="megatron"``, ``text_only_vision="placeholder"`` (every batch has the same keys).
-    ``packing_keys``: keep the packing tensors (``cu_seqlens``, ``cu_seqlens_unpadded`` or
-    ``cu_seqlens_padded``, ``max_seqlen``) in packed batches (default: only with
-    ``keys="megatron"``).
+    Arguments are those of :class:`mmloader.Loader` (see its docstring), with its types
+    and defaults, except four whose default here is None, decided by ``keys`` so that a
+    batch fits the model (see the module docstring):
+
+    - ``mrope``: None is True with ``keys="qwen"`` (Loader's False with "megatron");
+    - ``mm_token_type_ids``: None is True with ``keys="qwen"`` (else Loader's False);
+    - ``attention_mask``: None is ``not packing`` with ``keys="qwen"`` (else Loader's True);
+    - ``text_only_vision``: None is "omit" with ``keys="qwen"`` and "placeholder" with
+      "megatron" (every batch has the same keys).
+
+    Two arguments are this adapter's own: ``packing_keys`` keeps the packing tensors
+    (``cu_seqlens``, ``cu_seqlens_unpadded`` or ``cu_seqlens_padded``, ``max_seqlen``) in
+    packed batches (None: only with ``keys="megatron"``), and ``wire_format`` (below).
 
     ``pixel_format`` is the dtype the batches' ``pixel_values`` have ("float32" default,
     "bfloat16", or "uint8" for the compact patches themselves); ``wire_format`` is what the
@@ -330,38 +340,123 @@ class Loader:
     values ``wire_format=pixel_format`` gives;
     ``wire_format`` equal to ``pixel_format`` (``"float32"`` by default) turns that off.
 
-    Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is the number of batches per epoch when that is known (padded
-    batches); with ``packing=True`` it raises TypeError, like a DataLoader over an
+    Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is
+    the number of batches per epoch when that is known (padded batches, any global plan);
+    with ``packing=True`` and no plan it raises TypeError, like a DataLoader over an
     IterableDataset.
     """
 
     def __init__(
         self,
-        data: Any,
+        data: _loader.DataSpec,
         *,
         packing_keys: Optional[bool] = None,
         wire_format: Optional[str] = None,
-        **kwargs: Any,
+        data_format: str = DEFAULTS["data_format"],
+        index: Union[None, bool, PathLike] = DEFAULTS["index"],
+        image_root: Optional[PathLike] = DEFAULTS["image_root"],
+        micro_batch_size: Optional[int] = DEFAULTS["micro_batch_size"],
+        seq_length: Optional[int] = DEFAULTS["seq_length"],
+        shuffle: bool = DEFAULTS["shuffle"],
+        seed: int = DEFAULTS["seed"],
+        dp_rank: Optional[int] = DEFAULTS["dp_rank"],
+        dp_size: Optional[int] = DEFAULTS["dp_size"],
+        num_threads: Optional[int] = DEFAULTS["num_threads"],
+        prefetch: int = DEFAULTS["prefetch"],
+        window: Optional[int] = DEFAULTS["window"],
+        max_memory: Optional[int] = DEFAULTS["max_memory"],
+        compact_pixels: bool = DEFAULTS["compact_pixels"],
+        on_error: str = DEFAULTS["on_error"],
+        max_error_rate: float = DEFAULTS["max_error_rate"],
+        preset: str = DEFAULTS["preset"],
+        model_dir: Optional[PathLike] = DEFAULTS["model_dir"],
+        tokenizer: Any = DEFAULTS["tokenizer"],
+        min_pixels: Optional[int] = DEFAULTS["min_pixels"],
+        max_pixels: Optional[int] = DEFAULTS["max_pixels"],
+        max_image_pixels: Optional[int] = DEFAULTS["max_image_pixels"],
+        image_mean: Optional[Sequence[float]] = None,
+        image_std: Optional[Sequence[float]] = None,
+        legacy_resize: Optional[bool] = DEFAULTS["legacy_resize"],
+        fast_decode: Optional[bool] = DEFAULTS["fast_decode"],
+        strict_jpeg: bool = DEFAULTS["strict_jpeg"],
+        image_route: str = DEFAULTS["image_route"],
+        max_length: Optional[int] = DEFAULTS["max_length"],
+        packing: bool = DEFAULTS["packing"],
+        pack_length: Optional[int] = DEFAULTS["pack_length"],
+        pad_to_multiple: Optional[int] = DEFAULTS["pad_to_multiple"],
+        keys: str = DEFAULTS["keys"],
+        shift_labels: bool = DEFAULTS["shift_labels"],
+        label_mode: str = DEFAULTS["label_mode"],
+        image_whitespace: str = DEFAULTS["image_whitespace"],
+        recipe: str = DEFAULTS["recipe"],
+        cutoff_len: Optional[int] = DEFAULTS["cutoff_len"],
+        mask_history: bool = DEFAULTS["mask_history"],
+        train_on_prompt: bool = DEFAULTS["train_on_prompt"],
+        enable_thinking: bool = DEFAULTS["enable_thinking"],
+        mrope: Optional[bool] = None,
+        attention_mask: Optional[bool] = None,
+        text_only_vision: Optional[str] = None,
+        pixel_format: str = DEFAULTS["pixel_format"],
+        mm_token_type_ids: Optional[bool] = None,
+        cycle: bool = DEFAULTS["cycle"],
+        pin_memory: bool = DEFAULTS["pin_memory"],
+        device: str = _DEVICE_DEFAULT,
+        s3_endpoint: Optional[str] = DEFAULTS["s3_endpoint"],
+        s3_region: Optional[str] = DEFAULTS["s3_region"],
+        aws_access_key_id: Optional[str] = DEFAULTS["aws_access_key_id"],
+        aws_secret_access_key: Optional[str] = DEFAULTS["aws_secret_access_key"],
+        aws_session_token: Optional[str] = DEFAULTS["aws_session_token"],
+        max_inflight: Optional[int] = DEFAULTS["max_inflight"],
+        plan_only: bool = DEFAULTS["plan_only"],
+        max_tokens_per_batch: Optional[int] = DEFAULTS["max_tokens_per_batch"],
+        balance: Optional[str] = DEFAULTS["balance"],
+        group_by_length: Optional[int] = DEFAULTS["group_by_length"],
+        global_plan: bool = DEFAULTS["global_plan"],
+        samples_per_epoch: Optional[int] = DEFAULTS["samples_per_epoch"],
+        allow_mixture_change: bool = DEFAULTS["allow_mixture_change"],
+        mixture_tolerance: Optional[float] = DEFAULTS["mixture_tolerance"],
+        system_prompt: Optional[str] = DEFAULTS["system_prompt"],
+        max_images_per_sample: int = DEFAULTS["max_images_per_sample"],
+        max_sample_pixels: int = DEFAULTS["max_sample_pixels"],
+        max_record_bytes: int = DEFAULTS["max_record_bytes"],
+        max_json_depth: int = DEFAULTS["max_json_depth"],
+        max_object_bytes: int = DEFAULTS["max_object_bytes"],
+        max_jpeg_scans: int = DEFAULTS["max_jpeg_scans"],
+        max_shard_bytes: int = DEFAULTS["max_shard_bytes"],
+        max_shard_records: int = DEFAULTS["max_shard_records"],
+        allow_paths_outside_root: bool = DEFAULTS["allow_paths_outside_root"],
+        allow_remote_images_in_local_data: bool = DEFAULTS["allow_remote_images_in_local_data"],
+        fetch_timeout_s: float = DEFAULTS["fetch_timeout_s"],
+        fetch_stall_s: float = DEFAULTS["fetch_stall_s"],
+        fetch_min_rate: float = DEFAULTS["fetch_min_rate"],
+        fetch_max_retries: int = DEFAULTS["fetch_max_retries"],
+        fetch_retry_budget_s: float = DEFAULTS["fetch_retry_budget_s"],
+        next_timeout_s: float = DEFAULTS["next_timeout_s"],
     ) -> None:
-        qwen = kwargs.get("keys", "qwen") == "qwen"
-        if "text_only_vision" not in kwargs and _accepts("text_only_vision"):
+        given = locals()
+        kwargs: Dict[str, Any] = {k: given[k] for k in _LOADER_KEYWORDS}
+        # this adapter's own defaults (None in its signature: see the class docstring)
+        qwen = keys == "qwen"
+        if text_only_vision is None:
             # Megatron keys: a fixed key set (the zero-patch placeholder), so a forward step
             # reads the same keys from every batch
             kwargs["text_only_vision"] = "omit" if qwen else "placeholder"
-        if qwen:
-            kwargs.setdefault("mrope", True)
-            if _accepts("mm_token_type_ids"):
-                kwargs.setdefault("mm_token_type_ids", True)
-            kwargs.setdefault("attention_mask", not kwargs.get("packing", False))
+        for name, qwen_value in (
+            ("mrope", True),
+            ("mm_token_type_ids", True),
+            ("attention_mask", not packing),
+        ):
+            if kwargs[name] is None:
+                kwargs[name] = qwen_value if qwen else DEFAULTS[name]
         if packing_keys is None:
             packing_keys = not qwen
-        self._packed_qwen = qwen and bool(kwargs.get("packing", False))
+        self._packed_qwen = qwen and packing
         if self._packed_qwen:
             _check_packed_qwen_keys(kwargs, packing_keys)
         self._drop = () if packing_keys else _PACKING_KEYS
-        fmt = kwargs.get("pixel_format", "float32")
+        fmt = pixel_format
         if wire_format is None:
-            on_gpu = torch.device(kwargs.get("device", "cpu")).type == "cuda"
+            on_gpu = torch.device(device).type == "cuda"
             wire_format = "uint8" if on_gpu else fmt
         self._expand: Optional[Dict[str, Any]] = None
         if wire_format != fmt:
@@ -479,40 +574,6 @@ class Loader:
         configuration."""
         self._inner.load_state_dict(state_dict)
         self._restored = True
-
-    # Megatron's names for the same thing (train_iterator.iterable.save_state()).
-    save_state = state_dict
-    restore_state = load_state_dict
-
-    # Energon's state API (see mmloader.Loader.save_state_rank and the others).
-    def save_state_rank(self) -> Dict[str, Any]:
-        return self._inner.save_state_rank()
-
-    def restore_state_rank(self, state: Optional[Dict[str, Any]]) -> None:
-        self._inner.restore_state_rank(state)
-        self._restored = True
-
-    def save_state_global(self, global_dst_rank: int = 0) -> Optional[List[Dict[str, Any]]]:
-        return self._inner.save_state_global(global_dst_rank)
-
-    def restore_state_global(self, state: Any, *, src_rank: Optional[int] = None) -> None:
-        self._inner.restore_state_global(state, src_rank=src_rank)
-        self._restored = True
-
-    save_state_rank.__doc__ = _loader.Loader.save_state_rank.__doc__
-    restore_state_rank.__doc__ = _loader.Loader.restore_state_rank.__doc__
-    save_state_global.__doc__ = _loader.Loader.save_state_global.__doc__
-    restore_state_global.__doc__ = _loader.Loader.restore_state_global.__doc__
-
-    @property
-    def dp_group(self) -> Any:
-        """The data-parallel process group of the global state calls (see
-        :attr:`mmloader.Loader.dp_group`)."""
-        return self._inner.dp_group
-
-    @dp_group.setter
-    def dp_group(self, group: Any) -> None:
-        self._inner.dp_group = group
 
     # ---- the rest ---------------------------------------------------------------------
     @property

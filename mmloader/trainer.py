@@ -31,6 +31,7 @@ from transformers import TrainerCallback as _HFCallback
 from transformers.trainer_callback import ExportableState
 
 from ._core import ConfigError, StateError
+from ._dpstate import restore_state_global, save_state_global
 
 #: the key of the state in trainer_state.json's stateful_callbacks (the class name)
 NAME = "MMLoaderCallback"
@@ -58,7 +59,7 @@ class MMLoaderCallback(_HFCallback, ExportableState):
         """The states of every rank at this step, before the Trainer writes the checkpoint
         (all ranks call this at the same step: the gather is a collective)."""
         if control.should_save:
-            self._states = self.loader.save_state_global(0)
+            self._states = save_state_global(self.loader, 0, getattr(self.loader, "dp_group", None))
             self._step = state.global_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -106,7 +107,7 @@ class MMLoaderCallback(_HFCallback, ExportableState):
                 f"{state.global_step} (a save the callback did not see coming: "
                 'save_strategy="best" with dp_size > 1 is not supported)'
             )
-        self.loader.restore_state_global(states)
+        restore_state_global(self.loader, states, group=getattr(self.loader, "dp_group", None))
 
 
 MMLoaderCallback.__name__ = NAME

@@ -1,7 +1,8 @@
 """Hostile shards (issue 29, part A): compression and blank-line bombs bounded by
-max_shard_bytes / max_shard_records, blank lines that cost neither memory nor read time,
-WebDataset member sizes checked from the tar header, valid gzip/zstd variants accepted,
-and non-regular data files refused by what they are.  Each test failed before its fix."""
+max_shard_bytes / max_shard_records, one endless compressed line by max_record_bytes,
+blank lines that cost neither memory nor read time, WebDataset member sizes checked from
+the tar header, valid gzip/zstd variants accepted, and non-regular data files refused by
+what they are.  Each test failed before its fix."""
 
 import gzip
 import json
@@ -307,3 +308,38 @@ def test_maximum_prefetch_costs_what_is_queued(tmp_path):
     n, rss_kib = map(int, r.stdout.split())
     assert n == 16
     assert rss_kib < 500_000, rss_kib
+
+
+# ---- one endless line ------------------------------------------------------------------------
+
+
+def long_line_zst(path, mib: int) -> None:
+    """A .jsonl.zst whose one record is a `mib` MiB line (a few KB compressed)."""
+    import zstandard
+
+    c = zstandard.ZstdCompressor(level=3).compressobj()
+    head = b'{"messages": [{"role": "assistant", "content": "'
+    with open(path, "wb") as f:
+        f.write(c.compress(LINE.encode() + head))
+        for _ in range(mib):
+            f.write(c.compress(b"x" * (1 << 20)))
+        f.write(c.compress(b'"}]}\n' + LINE.encode()))
+        f.write(c.flush())
+
+
+def test_one_endless_line_stops_at_max_record_bytes(tmp_path):
+    # before: a compressed shard's line was inflated into $TMPDIR to any length (up to
+    # max_shard_bytes, 8 GiB): the record was then skipped unread as record_too_large;
+    # now the build stops once the line passes max_record_bytes, naming line and limit
+    p = tmp_path / "long.jsonl.zst"
+    long_line_zst(p, 96)
+    assert os.path.getsize(p) < 100_000
+    with pytest.raises(
+        mmloader.SampleError, match=r"long\.jsonl\.zst.*line 2.*max_record_bytes=67108864"
+    ):
+        make(str(p))
+    assert len(make(str(p), max_record_bytes=128 << 20)) == 3  # within the limit: kept
+    # a local plain file is read where it lies: its long line is skipped when read
+    q = tmp_path / "plain.jsonl"
+    q.write_text(LINE + '{"x": "' + "x" * (1 << 20) + '"}\n' + LINE)
+    assert len(make(str(q), max_record_bytes=1 << 19)) == 3

@@ -350,31 +350,47 @@ def test_tp_broadcast_between_processes(ds, tmp_path, world):
 # ---- Energon's state API ----------------------------------------------------------------
 
 
+def test_adapter_state_names_are_the_adapters(ds):
+    """Megatron-LM's and Energon's state names are on mmloader.megatron.Loader (what
+    make_provider returns), not on the core or torch Loader, whose old attributes say where
+    they went."""
+    train, _, _ = make_provider(**kwargs(ds), resume=False)([0, 0, 0])
+    with train:
+        assert isinstance(train, mmloader.megatron.Loader)
+        assert train.save_state() == train.save_state_rank() == train.state_dict()
+    for make in (mmloader.Loader, mmloader.torch.Loader):
+        with make(**kwargs(ds)) as L:
+            for name in ("save_state", "restore_state_rank", "save_state_global", "dp_group"):
+                with pytest.raises(AttributeError, match="mmloader.megatron.Loader"):
+                    getattr(L, name)
+
+
 def test_energon_state_api_single_rank(ds):
     """save_state_rank / restore_state_rank (None = initial state) and the global pair,
-    which without a process group is the one-element list, as in Energon."""
+    which without a process group is the one-element list, as in Energon: the Megatron
+    adapter's loader has them (make_provider builds one)."""
     kw = kwargs(ds)
-    with mmloader.torch.Loader(**kw) as a:
+    with mmloader.megatron.Loader(**kw) as a:
         for _ in range(3):
             next(a)
         rank_state, global_state = a.save_state_rank(), a.save_state_global(0)
         assert global_state == [rank_state] == [a.state_dict()]
         expected = [copy(next(a)) for _ in range(4)]
-    with mmloader.torch.Loader(**kw) as b:
+    with mmloader.megatron.Loader(**kw) as b:
         b.restore_state_rank(None)  # nothing to restore: the first batch comes next
         first = copy(next(b))
-    with mmloader.torch.Loader(**kw) as c:
+    with mmloader.megatron.Loader(**kw) as c:
         same(first, copy(next(c)))
     for restore in (
         lambda L: L.restore_state_rank(rank_state),
         lambda L: L.restore_state_global(global_state),
         lambda L: L.restore_state_global(global_state, src_rank=0),
     ):
-        with mmloader.torch.Loader(**kw) as d:
+        with mmloader.megatron.Loader(**kw) as d:
             restore(d)
             for e in expected:
                 same(next(d), e)
-    with mmloader.torch.Loader(**kw) as d, pytest.raises(mmloader.StateError):
+    with mmloader.megatron.Loader(**kw) as d, pytest.raises(mmloader.StateError):
         d.restore_state_global(rank_state)
 
 
@@ -383,7 +399,7 @@ def _energon_worker(rank, world, port, ds, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         kw = kwargs(ds, dp_rank=rank, dp_size=world)
-        with mmloader.torch.Loader(**kw) as a:
+        with mmloader.megatron.Loader(**kw) as a:
             for _ in range(2 + rank):
                 next(a)
             gathered = a.save_state_global(0)
@@ -400,12 +416,12 @@ def _energon_worker(rank, world, port, ds, out_dir):
                 if src is None or rank == 0
                 else None
             )
-            with mmloader.torch.Loader(**kw) as b:
+            with mmloader.megatron.Loader(**kw) as b:
                 b.restore_state_global(state, src_rank=src)
                 for e in expected:
                     same(next(b), e)
         wrong_kw = kwargs(ds, dp_rank=0, dp_size=1)  # given: they win over the group
-        with mmloader.torch.Loader(**wrong_kw) as wrong, pytest.raises(mmloader.StateError):
+        with mmloader.megatron.Loader(**wrong_kw) as wrong, pytest.raises(mmloader.StateError):
             wrong.save_state_global(0)  # dp_size 1 but a group of 2: refused
         open(os.path.join(out_dir, f"ok{rank}"), "w").close()
     finally:

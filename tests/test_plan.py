@@ -10,6 +10,7 @@ import pytest
 import mmloader
 from mmloader import ConfigError, Source, StateError
 from mmloader.datagen import make_dataset
+from mmloader._dpstate import restore_state_global
 from conftest import as_np, same, take  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -249,7 +250,7 @@ def test_elastic_resume_no_sample_repeated_or_lost(srcs, n, m, before, after):
     new, rest = [], []
     for r in range(m):
         L = make(mix(srcs), dp_rank=r, dp_size=m, **after)
-        L.restore_state_global(states)  # a list of n states on m ranks
+        restore_state_global(L, states)  # a list of n states on m ranks (Energon's way)
         new.append(L)
         rest.append(epoch(L))
     info = new[0]._core().plan_info(0)

@@ -78,3 +78,34 @@ def test_loader_stats_typeddict_names_every_key(tmp_path):
     assert set(st) == set(hints) - {"fetch"}
     for src in st["sources"].values():
         assert set(src) == set(typing.get_type_hints(SourceStats))
+
+
+def test_torch_loader_has_loaders_typed_signature():
+    """mmloader.torch.Loader takes every keyword of mmloader.Loader, typed as there, with
+    Loader's default but for the four whose None its docstring resolves by ``keys``; no
+    **kwargs (a type checker and an IDE see every argument)."""
+    import inspect
+    import typing
+
+    pytest.importorskip("torch")
+    import mmloader
+    import mmloader.torch as mt
+
+    core = inspect.signature(mmloader.Loader.__init__).parameters
+    ours = inspect.signature(mt.Loader.__init__).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in ours.values())
+    assert set(ours) - set(core) == {"packing_keys", "wire_format"}
+    assert set(core) - set(ours) == set()
+    hints_core = typing.get_type_hints(mmloader.Loader.__init__)
+    hints_ours = typing.get_type_hints(mt.Loader.__init__)
+    for name in core:
+        if name == "self":
+            continue
+        if name in mt._OWN_DEFAULTS:
+            assert ours[name].default is None, name
+            assert hints_ours[name] == typing.Optional[hints_core[name]], name
+            assert f"``{name}``: None is" in (mt.Loader.__doc__ or ""), name
+        else:
+            assert ours[name].default == core[name].default, name
+            assert hints_ours[name] == hints_core[name], name
+        assert ours[name].kind is core[name].kind, name

@@ -56,9 +56,11 @@ What the provider does:
   per data-parallel rank next to each checkpoint
   (``DIR/iter_NNNNNNN/mp_rank_00[_000]/train_dataloader_dprankNNN.pt``).  When Megatron
   resumes (``args.iteration > 0``) the provider loads that file and continues exactly after
-  the last batch of the saved iteration.  The loaders also have Energon's state API
+  the last batch of the saved iteration.  The loaders (:class:`mmloader.megatron.Loader`, an
+  :class:`mmloader.torch.Loader` with these names) also have Energon's state API
   (``save_state_rank`` / ``restore_state_rank`` / ``save_state_global`` /
-  ``restore_state_global``) over Megatron's data-parallel group.
+  ``restore_state_global``) over Megatron's data-parallel group; the core
+  :class:`mmloader.Loader` has only ``state_dict`` / ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .._options import add_flags, flag_kwargs
-from ..torch import Loader
+from .state import Loader
 
 __all__ = [
     "make_provider",
@@ -83,6 +85,7 @@ __all__ = [
     "state_path",
     "packed_seq_params",
     "default_device",
+    "Loader",
 ]
 
 

@@ -55,7 +55,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
-from ..torch import Loader
+from .state import Loader
 from . import default_device
 
 __all__ = ["MMLoaderDataset", "BridgeBatches"]

@@ -100,8 +100,10 @@ static mml_status start_raw(mml_index_builder *b, mml_err *err) {
                               h[3] == 0x18))) /* a zstd frame, or a skippable frame first */
     sh->compression = MML_COMPRESS_ZSTD;
   b->sniffed = 1;
-  if (sh->compression != MML_COMPRESS_NONE || mml_path_is_remote(sh->path))
+  if (sh->compression != MML_COMPRESS_NONE || mml_path_is_remote(sh->path)) {
     b->max_text = b->ix->limits.max_text_bytes;
+    b->max_line = b->ix->limits.max_line_bytes;
+  }
   if (sh->compression == MML_COMPRESS_NONE) return MML_OK;
   if (!(b->zbuf = malloc(CHUNK))) return ix_oom(b, err);
   char dir[4096];

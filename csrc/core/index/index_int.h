@@ -27,6 +27,7 @@ struct mml_index_builder {
   int sniffed;
   int64_t raw_off;  /* stored bytes consumed */
   int64_t max_text; /* limits.max_text_bytes for a compressed or remote shard, else 0 */
+  int64_t max_line; /* limits.max_line_bytes for a compressed or remote shard, else 0 */
   z_stream z;
   int z_init, z_ended; /* z_ended: the last gzip member ended exactly at the input's end */
   ZSTD_DStream *zs;

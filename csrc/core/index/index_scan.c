@@ -95,6 +95,19 @@ mml_status ix_end_line(mml_index_builder *b, int64_t next_start, mml_err *err) {
   return st;
 }
 
+/* Fails the build once the current line (unended at text byte `at`) passes max_line. */
+static mml_status over_line(mml_index_builder *b, int64_t at, mml_err *err) {
+  if (b->max_line <= 0 || at - b->line_start <= b->max_line) return MML_OK;
+  mml_index_shard *sh = shard_of(b);
+  return mml_err_set(err, MML_ERECORD,
+                     "data shard %s: line %lld passes max_record_bytes=%lld bytes with no end (at "
+                     "%s text byte %lld); refused, a likely compression bomb (raise "
+                     "max_record_bytes for a genuine record this long)",
+                     sh->path, (long long)b->line_no, (long long)b->max_line,
+                     sh->compression != MML_COMPRESS_NONE ? "decompressed" : "streamed",
+                     (long long)at);
+}
+
 static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len, int64_t base,
                              mml_err *err) {
   for (size_t i = 0; i < len; i++) {
@@ -106,11 +119,11 @@ static mml_status scan_lines(mml_index_builder *b, const uint8_t *p, size_t len,
       b->content = 1;
       /* fast path: skip to the end of the line */
       const uint8_t *nl = memchr(p + i, '\n', len - i);
-      if (!nl) return MML_OK;
+      if (!nl) break;
       i = (size_t)(nl - p) - 1;
     }
   }
-  return MML_OK;
+  return over_line(b, base + (int64_t)len, err); /* the line the chunk ends in */
 }
 
 /* ---- JSON array -------------------------------------------------------------------- */

@@ -40,7 +40,11 @@
  * shards: the decompressed copy in $TMPDIR, the streamed bytes; a local plain file's size
  * is what it is) or once it holds more than max_records records (JSONL lines, blank ones
  * included; JSON array elements; tar members).  So a compression bomb costs at most
- * max_text_bytes of disk and max_records * 8 bytes of memory, and stops early.  A tar
+ * max_text_bytes of disk and max_records * 8 bytes of memory, and stops early.  One JSONL
+ * line of a compressed or remote shard longer than max_line_bytes (the loader's
+ * max_record_bytes: a record that long is never read) fails the build as soon as it
+ * passes the limit, so a bomb that is one endless line costs max_line_bytes, not
+ * max_text_bytes (a local plain file's long line is skipped when read instead).  A tar
  * member's size is checked from its header with overflow-safe arithmetic; readers check
  * a member's size against their own limit before they read it.
  *
@@ -104,6 +108,7 @@ typedef struct mml_index_shard {
 typedef struct mml_index_limits {
   int64_t max_text_bytes; /* compressed or remote shards: bytes of text */
   int64_t max_records;    /* JSONL lines (blank ones too), array elements, tar members */
+  int64_t max_line_bytes; /* compressed or remote shards: bytes of one JSONL line */
 } mml_index_limits;
 
 typedef struct mml_index {
