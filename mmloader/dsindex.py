@@ -9,8 +9,11 @@ that are too long from the counts, before reading them.
 
 The build runs in C threads with the GIL released, through the loader's own parser,
 template, tokenizer and fetcher; it reads only image headers (the first 16 KiB; a ranged
-GET for remote images), never decodes, and is resumable: an interrupted shard goes on
-from its partial file, finished shards are kept.
+GET for remote images; a multi-scan JPEG whole, to count its scans for max_jpeg_scans),
+never decodes, and is resumable: an interrupted shard goes on from its partial file,
+finished shards are kept.  A sample's status is the one the global plan's planning pass
+gives it (no trainable turn and the limits included), so a plan from the index is that
+plan.
 """
 
 from __future__ import annotations

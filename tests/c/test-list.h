@@ -47,6 +47,7 @@ TEST_DECLARE(test_partial_entries)
 TEST_DECLARE(test_sidecar_names_never_collide)
 TEST_DECLARE(test_build_and_use)
 TEST_DECLARE(test_plan_from_index_or_planning_pass)
+TEST_DECLARE(test_plan_from_index_agrees_on_rejected_samples)
 /* test-fetch.c */
 TEST_DECLARE(sha256_vectors)
 TEST_DECLARE(hmac_vectors)
@@ -252,6 +253,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_sidecar_names_never_collide)
     TEST_ENTRY(test_build_and_use)
     TEST_ENTRY(test_plan_from_index_or_planning_pass)
+    TEST_ENTRY(test_plan_from_index_agrees_on_rejected_samples)
     /* test-fetch.c */
     TEST_ENTRY(sha256_vectors)
     TEST_ENTRY(hmac_vectors)

@@ -4,7 +4,8 @@
  * each source's vision settings and chat template, and its fetcher for remote records
  * and images.  Only image headers are read (the first MML_DSX_HEAD_BYTES of a file,
  * member or object: a ranged GET when remote; the whole image only when its header
- * lies further in, e.g. a TIFF's first IFD at the end), also of every frame of a
+ * lies further in, e.g. a TIFF's first IFD at the end, or when it is a multi-scan JPEG
+ * whose scans max_jpeg_scans limits: measure.c DESIGN 7), also of every frame of a
  * frame-list video; a video file is opened and probed as the loader's plan stage does
  * (container index or a demux-only pass: ranged reads through the fetcher when remote,
  * a WebDataset member's bytes); nothing is decoded.
@@ -32,9 +33,11 @@
  * worker measures with measure.c's ld_measure (headers only, videos as float32), which
  * feeds mml_sample_measure, the function the loader's workers plan with (measure.c
  * DESIGN 1-5): same parser options, media references, path policy, per-image budgets,
- * limits and template.  The settings checks of mml_sample_check (max_length, a
- * supervised label) are not applied: max_length is applied when the counts are used
- * (loader_dsindex.c), and the index keeps its format (no status for them).
+ * limits and template; then mml_sample_check_target, the part of mml_sample_check that
+ * does not need max_length (no trainable turn: MML_ENOTARGET; it depends on the template,
+ * label mode and recipe, all in the settings key), max_length being applied when the
+ * counts are used (loader_dsindex.c).  So an index-based global plan equals the planning pass's on every
+ * sample (MML_DSX_STATUSES; tests/test_dsindex_agree.py, tests/c test-dsindex.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -96,6 +99,7 @@ static mml_status plan_sample(bworker *w, int64_t k, mml_dsx_sample *out, chunk 
   m->bytes = 0;
   mml_status st = ld_measure(m, w->b->sh->first + k, err);
   c->bytes += m->bytes;
+  if (!st) st = mml_sample_check_target(&m->s, err); /* max_length: where counts are used */
   if (st) return st;
   const int n = m->rec.nimages, nv = m->rec.nvideos;
   int64_t text = (int64_t)m->s.input_ids.len - m->s.vision_tokens;

@@ -14,8 +14,9 @@
  *   records are read from the decompressed copy) and its sample count must agree.
  *   Counts (text tokens, image and video tokens) depend on settings: each source gets a
  *   key (a hash of the settings text: tokenizer, template, system turn, image whitespace,
- *   vision numbers, video limits and family, which videos the builder counts, image root
- *   and the limits that decide a sample's status).  A shard
+ *   vision numbers, video limits and family, which videos the builder counts, image root,
+ *   the label mode and the limits that decide a sample's status, and which statuses the
+ *   builder records: MML_DSX_STATUSES).  A shard
  *   whose index was built under another key keeps its offsets (they do not depend on
  *   settings) but its counts are not used, with one warning naming both settings.
  *
@@ -62,7 +63,7 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
            "image_route=%d max_image_pixels=%lld max_images_per_sample=%d max_json_depth=%d "
            "max_sample_pixels=%lld allow_paths_outside_root=%d allow_remote_images=%d "
            "image_root=%s%016llx video_min_pixels=%lld video_max_pixels=%lld video_family=%d "
-           "videos=%s",
+           "videos=%s label_mode=%d max_object_bytes=%lld max_jpeg_scans=%d statuses=%s",
            (unsigned long long)L->tok_id, (int)c->template_style,
            sc->system_prompt ? "" : "default:", (unsigned long long)sys, (int)sc->image_space,
            v->patch_size, v->merge_size, v->temporal_patch_size, (long long)v->min_pixels,
@@ -71,7 +72,8 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
            c->allow_paths_outside_root, c->allow_remote_images,
            src->image_root ? "" : "shard-folder:", (unsigned long long)root,
            (long long)v->video_min_pixels, (long long)v->video_max_pixels, v->video_family,
-           MML_DSX_VIDEOS);
+           MML_DSX_VIDEOS, (int)sc->label_mode, (long long)c->max_object_bytes, v->max_jpeg_scans,
+           MML_DSX_STATUSES);
   if (sc->recipe) { /* token counts follow the recipe (truncation, thinking) */
     size_t used = strlen(text);
     snprintf(text + used, sizeof text - used,

@@ -26,12 +26,17 @@
  *      the pixel format; a uint8 loader refuses the videos it cannot hold when it plans).
  *   6. Cancellation: m->cancel (the loader's flag, or the index build's) stops a fetch
  *      or a video probe under way with MML_ECANCELLED (ARCHITECTURE 4.8).
+ *   7. Heads measure as whole files do (the index and the stream agree on every sample):
+ *      a local file above max_object_bytes is refused from its size (stat) as the worker
+ *      refuses it on reading; a multi-scan JPEG is read whole while max_jpeg_scans applies
+ *      (its scans lie beyond the head; baseline JPEGs and other formats stay heads).
  *   Threads: one measurer per thread; the loader is only read (its fetcher is shared and
  *   thread-safe).  Memory: one record, its media (headers, or whole under head = -1, as
  *   one worker task holds), one open video file at a time; all reused across samples.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "loader_int.h"
 #include "mml/datauri.h"
@@ -79,6 +84,16 @@ static mml_status media_path(ld_measurer *m, const char *ref, mml_err *err) {
   return st;
 }
 
+/* MML_EOBJECTSIZE when local file p is above max bytes (the worker reads it whole and
+ * refuses it so); any other trouble is left to the read that follows. */
+static mml_status local_size(const char *p, int64_t max, mml_err *err) {
+  struct stat sb;
+  if (max > 0 && stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (int64_t)sb.st_size > max)
+    return mml_err_set(err, MML_EOBJECTSIZE, "%s: %lld bytes, above max_object_bytes=%lld", p,
+                       (long long)sb.st_size, (long long)max);
+  return MML_OK;
+}
+
 /* The first `want` bytes of media `ref` (all of it when want < 0: *whole), read or
  * fetched into *dst. */
 static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_bytes *dst,
@@ -107,26 +122,34 @@ static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_
     if (mml_path_is_remote(p)) {
       if (!(st = fetcher(m, &f, err)))
         st = mml_fetch_get_cancellable(f, p, 0, want, m->cancel, dst, err);
-    } else if (m->head < 0) /* whole, as the worker reads it */
-      st = mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, dst, err);
-    else
-      st = mml_read_file(p, 0, want, dst, err);
+    } else { /* whole (as the worker reads it) or the head of a file within the limit */
+      st = want >= 0 ? local_size(p, L->cfg.max_object_bytes, err) : MML_OK; /* DESIGN 7 */
+      if (!st) st = mml_read_file_max(p, 0, want, L->cfg.max_object_bytes, dst, err);
+    }
     *whole = want < 0 || (int64_t)dst->len < want;
   }
   if (!st) m->bytes += dst->len;
   return st;
 }
 
+/* Whether the head of an image must be read whole to be measured as the worker measures
+ * it: its header lies further (it does not probe), or it is a multi-scan JPEG whose scans
+ * the head may not all hold while max_jpeg_scans applies (DESIGN 7). */
+static int need_whole(const mml_bytes *head, int max_scans) {
+  mml_image_info info;
+  if (mml_image_probe(head->data, head->len, &info, NULL) != MML_OK) return 1;
+  return info.format == MML_FMT_JPEG && info.scratch > 0 && max_scans > 0 &&
+         info.scans <= max_scans;
+}
+
 /* Image or frame i of the record into m->media[i]: its first m->head bytes, all of it
- * when its header lies further (or m->head < 0). */
-static mml_status media_head(ld_measurer *m, int i, mml_err *err) {
+ * when need_whole says so (or m->head < 0). */
+static mml_status media_head(ld_measurer *m, int i, int max_scans, mml_err *err) {
   const char *ref = mml_record_media_ref(&m->rec, i);
   mml_bytes *dst = &m->media[i];
   int whole;
-  mml_image_info info;
   mml_status st = media_read(m, ref, m->head, dst, &whole, err);
-  if (!st && !whole && mml_image_probe(dst->data, dst->len, &info, NULL) != MML_OK)
-    st = media_read(m, ref, -1, dst, &whole, err); /* the header lies further */
+  if (!st && !whole && need_whole(dst, max_scans)) st = media_read(m, ref, -1, dst, &whole, err);
   if (st) mml_sample_err_image(err, ref);
   return st;
 }
@@ -231,7 +254,7 @@ static mml_status read_media(ld_measurer *m, const mml_vision_cfg *vision, mml_e
   const mml_record *rec = &m->rec;
   const int nmedia = rec->nimages + mml_record_frames(rec);
   mml_status st = fit(m, err);
-  for (int i = 0; !st && i < nmedia; i++) st = media_head(m, i, err);
+  for (int i = 0; !st && i < nmedia; i++) st = media_head(m, i, vision->max_jpeg_scans, err);
   for (int v = 0; !st && v < rec->nvideos; v++) {
     const char *ref = rec->videos[v].ref;
     int64_t off, len;

@@ -200,11 +200,17 @@ mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, co
   return st;
 }
 
-mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err *err) {
+mml_status mml_sample_check_target(const mml_sample *s, mml_err *err) {
   if (!any_label(&s->labels))
     return mml_err_set(err, MML_ENOTARGET,
                        "no trainable turn: no token of the sample is supervised (no assistant "
                        "reply, or label_mode leaves none)");
+  return MML_OK;
+}
+
+mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err *err) {
+  mml_status st = mml_sample_check_target(s, err);
+  if (st) return st;
   if (pl->max_length > 0 && (int64_t)s->input_ids.len > pl->max_length)
     return mml_err_set(err, MML_ETOOLONG, "%zu tokens > max_length %lld", s->input_ids.len,
                        (long long)pl->max_length);

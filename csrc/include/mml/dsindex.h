@@ -126,7 +126,16 @@ mml_status mml_dsx_sidecar_path(const char *shard, const char *dir, mml_bytes *o
  * sample's video members standing for an absent video list ("frame-lists,files" before). */
 #define MML_DSX_VIDEOS "frame-lists,files,members"
 
-/* Image bytes read for a header: the whole image only when its header is not in them. */
+/* The statuses the builder records beyond what reading headers finds (in the settings key,
+ * so that an index built before it recorded them is not trusted for counts): "target", no
+ * trainable turn (mml_sample_check; max_length stays a use-time check), "scans", a
+ * multi-scan JPEG read whole while max_jpeg_scans applies, "size", a local file above
+ * max_object_bytes from its size.  Indexes made before recorded none of them (the key had
+ * no "statuses="). */
+#define MML_DSX_STATUSES "target,scans,size"
+
+/* Image bytes read for a header: the whole image only when its header is not in them, or
+ * when it is a multi-scan JPEG while max_jpeg_scans applies (measure.c DESIGN 7). */
 #define MML_DSX_HEAD_BYTES 16384
 
 typedef struct mml_index_summary {

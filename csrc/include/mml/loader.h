@@ -396,8 +396,11 @@ mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, co
                               const struct mml_video_info *vinfo, struct mml_video_plan *vplans,
                               mml_sample *out, mml_err *err);
 /* The checks on a measured sample that depend on the loader's settings, not its sizes:
- * some label supervised (MML_ENOTARGET), max_length (MML_ETOOLONG). */
+ * some label supervised (mml_sample_check_target), max_length (MML_ETOOLONG). */
 mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err *err);
+/* MML_ENOTARGET when no label of s is supervised (no trainable turn): the part of
+ * mml_sample_check a dataset index records (max_length is checked where counts are used). */
+mml_status mml_sample_check_target(const mml_sample *s, mml_err *err);
 /* mml_sample_measure, mml_sample_check, then the rest of the sample's plan:
  * plans `out` from a parsed record and the encoded bytes of each of its images, before
  * any pixel work: each image's plan from its header alone (plans[i], nimages of them:

@@ -5,6 +5,7 @@
 #include "mml/dsindex.h"
 
 #include <stdio.h>
+#include <turbojpeg.h>
 
 #include "mml/loader.h"
 #include "mml/plan.h"
@@ -348,6 +349,118 @@ TEST(test_plan_from_index_or_planning_pass) {
   CHECK_EQ_INT(p1.steps, p0.steps);
   CHECK_EQ_INT(p1.usable, p0.usable);
   CHECK(nb0 > 10);
+  CHECK_EQ_INT(nb0, nb1);
+  CHECK(h0 == h1);
+  free(sum);
+}
+
+/* ---- samples only a whole read or mml_sample_check rejects ------------------------------ */
+
+static char g_hard[128];
+static int make_hard(const char *dir);
+static mml_fixture g_fx_hard = {"dsindex-hard", make_hard};
+
+/* w x h of noise (a JPEG that compresses badly: its later scans lie beyond the first
+ * MML_DSX_HEAD_BYTES), progressive or baseline, into path.  0: done. */
+static int write_noise_jpeg(const char *path, int w, int h, int progressive) {
+  unsigned char *rgb = malloc((size_t)w * h * 3), *out = NULL;
+  if (!rgb) return -1;
+  uint32_t x = 12345;
+  for (int i = 0; i < w * h * 3; i++)
+    rgb[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 24);
+  tjhandle tj = tjInitCompress();
+  unsigned long len = 0;
+  int rc = tj && !tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 95,
+                              progressive ? TJFLAG_PROGRESSIVE : 0)
+               ? 0
+               : -1;
+  FILE *f = rc ? NULL : fopen(path, "wb");
+  if (!f || fwrite(out, 1, len, f) != len) rc = -1;
+  if (f && fclose(f)) rc = -1;
+  tjFree(out);
+  if (tj) tjDestroy(tj);
+  free(rgb);
+  return rc;
+}
+
+/* 40 samples: i % 10 == 3 has no assistant turn, 5 a progressive JPEG of ~10 scans
+ * (above max_jpeg_scans=4, beyond the head), 7 a baseline JPEG above max_object_bytes
+ * (150 KB); the others a small JPEG. */
+static int make_hard(const char *dir) {
+  char p[160];
+  snprintf(p, sizeof p, "%s/small.jpg", dir);
+  if (mml_test_write_jpeg(p, 56, 40, 1)) return -1;
+  snprintf(p, sizeof p, "%s/prog.jpg", dir);
+  if (write_noise_jpeg(p, 240, 240, 1)) return -1;
+  snprintf(p, sizeof p, "%s/big.jpg", dir);
+  if (write_noise_jpeg(p, 400, 400, 0)) return -1;
+  snprintf(g_hard, sizeof g_hard, "%s/hard.jsonl", dir);
+  FILE *f = fopen(g_hard, "w");
+  if (!f) return -1;
+  for (int i = 0; i < 40; i++) {
+    int k = i % 10;
+    if (k == 3)
+      fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":\"Question %d?\"}]}\n", i);
+    else
+      fprintf(f,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"<image>Question %d?\"},"
+              "{\"role\":\"assistant\",\"content\":\"Answer %d.\"}],\"images\":[\"%s\"]}\n",
+              i, i,
+              k == 5   ? "prog.jpg"
+              : k == 7 ? "big.jpg"
+                       : "small.jpg");
+  }
+  return fclose(f) ? -1 : 0;
+}
+
+static void cfg_hard(mml_loader_cfg *c, const char **data, const char *index) {
+  cfg_of(c, data, index);
+  data[0] = g_hard;
+  c->tokenizer = g_fx_hard.tok;
+  c->max_length = 0;
+  c->max_jpeg_scans = 4;
+  c->max_object_bytes = 150000;
+  c->collate.micro_batch_size = 0;
+  c->max_tokens_per_batch = 160;
+  c->balance = MML_BALANCE_TOKENS;
+}
+
+/* What the planning pass rejects, the index records (issues 28/32): with an index built
+ * beside the shard the plan and the epoch are the planning pass's, and the index holds the
+ * statuses (no trainable turn, too many scans, object too large), 4 of each. */
+TEST(test_plan_from_index_agrees_on_rejected_samples) {
+  if (mml_fixture_ready(&g_fx_hard)) FAIL_AT("no fixture (tokenizer or dataset)");
+  const char *data[1];
+  mml_loader_cfg c;
+  mml_loader *L;
+  mml_err err;
+  mml_plan_info p0, p1;
+  mml_index_summary *sum = calloc(1, sizeof *sum);
+  char idx[160];
+  int nb0, nb1;
+  snprintf(idx, sizeof idx, "%s.mmlidx", g_hard);
+  cfg_hard(&c, data, ""); /* no index: the planning pass */
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_OK(mml_loader_plan_info(L, 0, &p0, &err), err);
+  CHECK_EQ_INT(p0.measured, 40);
+  CHECK_EQ_INT(p0.unusable, 12);
+  CHECK_OK(mml_loader_build_index(L, 0, idx, 3, NULL, NULL, sum, &err), err);
+  CHECK_EQ_INT(sum->good, 28);
+  CHECK_EQ_INT(sum->by_status[MML_ENOTARGET], 4);
+  CHECK_EQ_INT(sum->by_status[MML_ESCANS], 4);
+  CHECK_EQ_INT(sum->by_status[MML_EOBJECTSIZE], 4);
+  uint64_t h0 = epoch_hash(L, &nb0);
+  mml_loader_free(L);
+  cfg_hard(&c, data, NULL); /* the index beside the shard */
+  CHECK_OK(mml_loader_new(&c, &L, &err), err);
+  CHECK_OK(mml_loader_plan_info(L, 0, &p1, &err), err);
+  CHECK_EQ_INT(p1.indexed, 40);
+  uint64_t h1 = epoch_hash(L, &nb1);
+  mml_loader_free(L);
+  CHECK_EQ_INT(p1.unusable, p0.unusable);
+  CHECK_EQ_INT(p1.steps, p0.steps);
+  CHECK_EQ_INT(p1.usable, p0.usable);
+  CHECK(nb0 > 2);
   CHECK_EQ_INT(nb0, nb1);
   CHECK(h0 == h1);
   free(sum);
