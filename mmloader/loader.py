@@ -588,6 +588,7 @@ class Loader:
         system_prompt: Optional[str] = _D["system_prompt"],
         max_images_per_sample: int = _D["max_images_per_sample"],
         max_sample_pixels: int = _D["max_sample_pixels"],
+        max_sample_pixel_bytes: int = _D["max_sample_pixel_bytes"],
         max_record_bytes: int = _D["max_record_bytes"],
         max_json_depth: int = _D["max_json_depth"],
         max_object_bytes: int = _D["max_object_bytes"],

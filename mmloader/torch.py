@@ -418,6 +418,7 @@ class Loader:
         system_prompt: Optional[str] = DEFAULTS["system_prompt"],
         max_images_per_sample: int = DEFAULTS["max_images_per_sample"],
         max_sample_pixels: int = DEFAULTS["max_sample_pixels"],
+        max_sample_pixel_bytes: int = DEFAULTS["max_sample_pixel_bytes"],
         max_record_bytes: int = DEFAULTS["max_record_bytes"],
         max_json_depth: int = DEFAULTS["max_json_depth"],
         max_object_bytes: int = DEFAULTS["max_object_bytes"],

@@ -222,6 +222,56 @@ def test_size_keys_count_the_resized_pixels(tmp_path, keys, n):
     assert L.stats()["skipped_by_reason"] == {"sample_too_large": 2}
 
 
+PIXEL_BOMB = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+import mmloader
+L = mmloader.Loader(sys.argv[1], tokenizer=sys.argv[2], micro_batch_size=1, num_threads=1,
+                    prefetch=1, shuffle=False, max_error_rate=1.0, **json.loads(sys.argv[3]))
+try:
+    n = sum(1 for _ in L)
+    print("batches", n)
+except mmloader.Error as e:
+    print(type(e).__name__, str(e)[:300])
+print(json.dumps(L.stats()["skipped_by_reason"]))
+with open("/proc/self/status") as f:
+    print(next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")))
+"""
+
+
+def test_one_image_asking_for_1e8_pixels_is_skipped(tmp_path):
+    """transformers' processor resizes a 32x24 image whose record asks for
+    min_pixels=max_pixels=1e8 to 8680x11564 and builds 2.4 GB of float32 pixel_values
+    (checked with transformers 5.24's smart_resize).  Under max_sample_pixels (2**27) one
+    such image passed and the loader built that batch; max_sample_pixel_bytes (2 GiB)
+    skips it from its plan, before decoding."""
+    keys = {"min_pixels": 10**8, "max_pixels": 10**8}
+    path = size_key_data(tmp_path, [dict({"type": "image", "image": "a.jpg"}, **keys)])
+    r = subprocess.run(
+        [sys.executable, "-c", PIXEL_BOMB, path, TINY, "{}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
+    out = r.stdout.splitlines()
+    assert len(out) == 3, r.stdout + r.stderr
+    assert "max_sample_pixel_bytes=2147483648" in out[0] and "float32" in out[0], out
+    assert json.loads(out[1]) == {"sample_too_large": 2}, out
+    assert int(out[2]) < 600_000, out  # KiB of peak RSS: nothing of the 2.4 GB was built
+    # the limit is an option, counted in the pixel_format's bytes: the image becomes 24
+    # patch rows, 112,896 bytes as float32, 14,112 as uint8
+    ok = size_key_data(tmp_path, [{"type": "image", "image": "a.jpg"}])
+    with pytest.raises(mmloader.Error, match="no usable sample") as e:
+        epoch(loader(ok, max_sample_pixel_bytes=20_000, max_error_rate=1.0))
+    assert "112896 bytes as float32" in str(e.value), str(e.value)
+    assert "above max_sample_pixel_bytes=20000" in str(e.value)
+    batches, skipped, _ = epoch(loader(ok, max_sample_pixel_bytes=20_000, pixel_format="uint8"))
+    assert len(batches) == 2 and skipped == {}
+
+
 def test_size_keys_within_the_limit_still_apply(tmp_path):
     path = size_key_data(
         tmp_path, [{"type": "image", "image": "a.jpg", "resized_height": 56, "resized_width": 112}]

@@ -103,6 +103,7 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   src->pl.max_length = sc->max_length;
   src->pl.plan_only = L->cfg.plan_only;
   src->pl.max_sample_pixels = L->cfg.max_sample_pixels;
+  src->pl.max_sample_pixel_bytes = L->cfg.max_sample_pixel_bytes;
   return ld_index_source_key(L, src, sc, err);
 }
 

@@ -309,6 +309,13 @@ static const mml_option k_options[] = {
      "its size in the file and after resizing (which a record's min_pixels or "
      "resized_height/width keys decide), from the headers, checked before any decode (reason "
      "\"sample_too_large\"; the default 2**27 is e.g. 16 4K frames)."},
+    {"max_sample_pixel_bytes", MML_OPT_INT, CFG(max_sample_pixel_bytes),
+     MML_DEFAULT_MAX_SAMPLE_PIXEL_BYTES, 1, I64, NULL, FP,
+     "Skip samples whose pixel_values (and pixel_values_videos) would take more bytes in the "
+     "pixel_format, from the resized sizes, checked before any decode (reason "
+     "\"sample_too_large\"; the default 2 GiB is the finished batches' budget without "
+     "max_memory).  A record's size keys can ask for any size: transformers' processor "
+     "builds 2.4 GB of float32 for a 32x24 image whose record says min_pixels=max_pixels=1e8."},
     {"max_record_bytes", MML_OPT_INT, CFG(max_record_bytes), MML_DEFAULT_MAX_RECORD_BYTES, 1, I64,
      NULL, FP, "Skip longer records before reading them (reason \"record_too_large\")."},
     {"max_json_depth", MML_OPT_INT, CFG(max_json_depth), MML_DEFAULT_MAX_JSON_DEPTH, 1, 100000,

@@ -229,6 +229,15 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
   for (int i = 0; i < n; i++) rows += plans[i].rows;
   for (int v = 0; v < rec->nvideos; v++) vrows += vplans[v].rows;
   const int cols = n ? plans[n - 1].cols : 0;
+  const int64_t bytes = rows * (int64_t)mml_vision_row_bytes(pl->vision) +
+                        vrows * (int64_t)mml_vision_video_row_bytes(pl->vision);
+  if (pl->max_sample_pixel_bytes > 0 && bytes > pl->max_sample_pixel_bytes)
+    return mml_err_set(err, MML_ESAMPLEPIXELS,
+                       "%d image(s) and %d video(s) whose pixel values take %lld bytes as %s "
+                       "(resized), above max_sample_pixel_bytes=%lld",
+                       n, rec->nvideos, (long long)bytes,
+                       mml_dtype_name(mml_vision_pixel_dtype(pl->vision)),
+                       (long long)pl->max_sample_pixel_bytes);
   out->pixels_elsewhere = 1;
   if (pl->plan_only) { /* composition needs only the token count */
     out->pixel_rows = 0;

@@ -34,6 +34,8 @@
 
 #define MML_DEFAULT_MAX_SAMPLE_PIXELS ((int64_t)1 << 27) /* 134,217,728 */
 #define MML_DEFAULT_MAX_RECORD_BYTES ((int64_t)64 << 20) /* 64 MiB */
+/* 2 GiB: the bytes of finished batches the loader keeps without max_memory */
+#define MML_DEFAULT_MAX_SAMPLE_PIXEL_BYTES ((int64_t)2 << 30)
 
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
@@ -93,16 +95,20 @@ typedef struct mml_loader_cfg {
   int64_t max_length;        /* skip samples longer than this (0: no limit) */
   /* Per-sample resource limits; 0 means the default.  A sample over one is skipped (or
    * raised) with its own reason, naming shard, line and the limit. */
-  int max_images_per_sample; /* too_many_images; default MML_DEFAULT_MAX_IMAGES_PER_SAMPLE */
-  int64_t max_sample_pixels; /* sample_too_large: sum of the images' width*height, from
+  int max_images_per_sample;      /* too_many_images; default MML_DEFAULT_MAX_IMAGES_PER_SAMPLE */
+  int64_t max_sample_pixels;      /* sample_too_large: sum of the images' width*height, from
                               their headers before any decode; default
                               MML_DEFAULT_MAX_SAMPLE_PIXELS */
-  int64_t max_record_bytes;  /* record_too_large: one JSONL line, checked before reading
+  int64_t max_sample_pixel_bytes; /* sample_too_large: its pixel_values (and
+                              pixel_values_videos) in the emitted pixel_format, from the
+                              plan (resized sizes) before any decode; default
+                              MML_DEFAULT_MAX_SAMPLE_PIXEL_BYTES */
+  int64_t max_record_bytes;       /* record_too_large: one JSONL line, checked before reading
                               it; default MML_DEFAULT_MAX_RECORD_BYTES */
-  int max_json_depth;        /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
-  int64_t max_object_bytes;  /* object_too_large: one image file or object, refused before
+  int max_json_depth;             /* bad_record; default MML_DEFAULT_MAX_JSON_DEPTH */
+  int64_t max_object_bytes;       /* object_too_large: one image file or object, refused before
                               it is read; default MML_DEFAULT_MAX_OBJECT_BYTES */
-  int max_jpeg_scans;        /* too_many_scans: a JPEG of more scans, from its header when
+  int max_jpeg_scans;             /* too_many_scans: a JPEG of more scans, from its header when
                               planning, else when the decoder reaches the scan; default
                               MML_DEFAULT_MAX_JPEG_SCANS (mml/image.h) */
   /* Per-shard limits (mml/index.h: a shard over one fails the build); 0: the default. */
@@ -346,9 +352,10 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *out, mml_source_s
 typedef struct mml_pipeline {
   const mml_vision_cfg *vision;
   const mml_template *tmpl;
-  int64_t max_length;        /* 0: no limit */
-  int64_t max_sample_pixels; /* > 0 */
-  int plan_only;             /* stop before decoding: no pixels, no images (cfg.plan_only) */
+  int64_t max_length;             /* 0: no limit */
+  int64_t max_sample_pixels;      /* > 0 */
+  int64_t max_sample_pixel_bytes; /* > 0: mml_sample_plan's bound on the pixel bytes */
+  int plan_only;                  /* stop before decoding: no pixels, no images (cfg.plan_only) */
 } mml_pipeline;
 
 struct mml_video;
