@@ -384,16 +384,16 @@ static int write_noise_jpeg(const char *path, int w, int h, int progressive) {
 }
 
 /* 40 samples: i % 10 == 3 has no assistant turn, 5 a progressive JPEG of ~10 scans
- * (above max_jpeg_scans=4, beyond the head), 7 a baseline JPEG above max_object_bytes
- * (150 KB); the others a small JPEG. */
+ * (~230 KB: above max_jpeg_scans=4, its first 16 KiB holding 2 of them), 7 a baseline JPEG
+ * above max_object_bytes (1 MB); the others a small JPEG. */
 static int make_hard(const char *dir) {
   char p[160];
   snprintf(p, sizeof p, "%s/small.jpg", dir);
   if (mml_test_write_jpeg(p, 56, 40, 1)) return -1;
   snprintf(p, sizeof p, "%s/prog.jpg", dir);
-  if (write_noise_jpeg(p, 240, 240, 1)) return -1;
+  if (write_noise_jpeg(p, 480, 480, 1)) return -1;
   snprintf(p, sizeof p, "%s/big.jpg", dir);
-  if (write_noise_jpeg(p, 400, 400, 0)) return -1;
+  if (write_noise_jpeg(p, 1000, 1000, 0)) return -1;
   snprintf(g_hard, sizeof g_hard, "%s/hard.jsonl", dir);
   FILE *f = fopen(g_hard, "w");
   if (!f) return -1;
@@ -419,7 +419,7 @@ static void cfg_hard(mml_loader_cfg *c, const char **data, const char *index) {
   c->tokenizer = g_fx_hard.tok;
   c->max_length = 0;
   c->max_jpeg_scans = 4;
-  c->max_object_bytes = 150000;
+  c->max_object_bytes = 1000000;
   c->collate.micro_batch_size = 0;
   c->max_tokens_per_batch = 160;
   c->balance = MML_BALANCE_TOKENS;
