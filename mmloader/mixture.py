@@ -22,6 +22,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._core import ConfigError
+from .recipes import LLAMA_FACTORY_SETTINGS
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -37,17 +38,7 @@ SOURCE_OVERRIDES = (
     "label_mode",
     "max_length",
     "recipe",
-    "cutoff_len",
-    "mask_history",
-    "train_on_prompt",
-    "enable_thinking",
-    "image_max_pixels",
-    "image_min_pixels",
-    "video_fps",
-    "video_maxlen",
-    "video_max_pixels",
-    "video_min_pixels",
-)
+) + LLAMA_FACTORY_SETTINGS  # the recipe's own settings, per source too
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
 _FILE_KEYS = ("sources", "samples_per_epoch")
