@@ -312,7 +312,8 @@ int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, u
     const mml_index_shard *sh = &L->ix.shards[k];
     const mml_dsx *x = L->dsx[k];
     const mml_pipeline *pl = &L->src[L->shard_src[k]].pl;
-    const int64_t max = pl->max_length, mm = (int64_t)pl->vision->merge_size * pl->vision->merge_size;
+    const int64_t max = pl->max_length,
+                  mm = (int64_t)pl->vision->merge_size * pl->vision->merge_size;
     for (int64_t j = 0; j < sh->count; j++) {
       int64_t i = sh->first + j, off, len, where, v = 0, vv = 0;
       int shard;
