@@ -533,7 +533,7 @@ def test_errors():
 def test_fast_mode_is_close_and_documented():
     data = jpeg(1600, 1200, 4)
     exact = mmloader.ImageProcessor(max_pixels=200704)
-    fast = mmloader.ImageProcessor(max_pixels=200704, fast=True)
+    fast = mmloader.ImageProcessor(max_pixels=200704, fast_decode=True)
     assert fast.plan(data)["decode_scale"] == 2
     a, b = exact([data]), fast([data])
     np.testing.assert_array_equal(a["image_grid_thw"], b["image_grid_thw"])
