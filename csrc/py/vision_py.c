@@ -625,7 +625,8 @@ static PyObject *py_decode_only(PyObject *mod, PyObject *args) {
       PyErr_SetString(PyExc_ValueError, "decode_only(): one scale per image");
       goto out;
     }
-    for (Py_ssize_t i = 0; i < n; i++) scales[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(ss, i));
+    for (Py_ssize_t i = 0; i < n; i++)
+      scales[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(ss, i));
     Py_DECREF(ss);
     if (PyErr_Occurred()) goto out;
   }
