@@ -293,7 +293,7 @@ class _Watch:
     ping, the time of its last answer.  It only observes; the trainer's thread decides
     (Loader._sweep), so the requests in flight are touched by one thread only."""
 
-    def __init__(self, actors: List[Any], fixed_s: Optional[float]) -> None:
+    def __init__(self, actors: List[Any], fixed_s: Optional[float], stop: threading.Event) -> None:
         self._actors = list(actors)
         n = len(self._actors)
         self._fixed = fixed_s
@@ -301,7 +301,7 @@ class _Watch:
         self.sent: List[Optional[float]] = [None] * n  # when the unanswered ping went
         self.answered = [0.0] * n  # when the last ping was answered
         self.failed = [False] * n  # the last ping raised (Ray: actor unavailable, died)
-        self._stop = threading.Event()
+        self._stop = stop  # set by close() or the loader's finalizer
         self._thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
         _FETCHERS.add(self._thread)
         self._thread.start()
@@ -318,9 +318,6 @@ class _Watch:
         """Producer p's ping failed, or went unanswered past the deadline."""
         sent = self.sent[p]
         return self.failed[p] or (sent is not None and now - sent > self.deadline())
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def _run(self) -> None:
         pending: Dict[int, Any] = {}
@@ -596,7 +593,10 @@ class Loader:
             self._planner = cls.options(scheduling_strategy=strategies[producers], **opts).remote(
                 data, dict(kwargs, plan_only=True)
             )
-        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
+        self._watch_stop = threading.Event()
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._all_actors(), self._pg, self._watch_stop
+        )
         infos = self._start(targets, placement_timeout_s)
         info = infos[0]
         self.num_samples: int = info["num_samples"]
@@ -624,7 +624,7 @@ class Loader:
         # liveness: producers that missed a ping while the trainer waited (index -> when)
         self._actor_node: List[Optional[str]] = [i["node_id"] for i in infos[: len(self._actors)]]
         self._suspect: Dict[int, float] = {}
-        self._watch = _Watch(self._actors, self._producer_timeout_s)
+        self._watch = _Watch(self._actors, self._producer_timeout_s, self._watch_stop)
         self._max_attempts = 2 * len(self._actors) + 8  # per batch, before it is an Error
         # where the time goes: requests taken, and the trainer's waits (stats()["fetch"])
         self._history: Deque[_Times] = collections.deque(maxlen=1024)
@@ -1133,9 +1133,6 @@ class Loader:
             r.dropped = True
         self._inflight.clear()
         self._ready.clear()
-        watch = getattr(self, "_watch", None)
-        if watch is not None:
-            watch.stop()
         fin = getattr(self, "_finalizer", None)
         if fin is not None:
             fin()
@@ -1164,7 +1161,9 @@ class Loader:
         return f"mmloader.ray.Loader(producers={len(self._actors)}, {state})"
 
 
-def _shutdown(actors: List[Any], pg: Any) -> None:
+def _shutdown(actors: List[Any], pg: Any, watch_stop: Optional[threading.Event] = None) -> None:
+    if watch_stop is not None:
+        watch_stop.set()
     for a in actors:
         try:
             ray.kill(a, no_restart=True)

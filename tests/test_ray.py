@@ -274,6 +274,31 @@ def test_stuck_producer_requests_move_before_the_trainer_reaches_them(cluster, d
     assert got == want
 
 
+def _watches():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "mmloader-ray-watch" and t.is_alive()]
+
+
+def test_watch_thread_ends_with_the_loader(cluster, dataset):
+    """The thread that pings the producers ends on close() and when the loader is dropped
+    without close() (its finalizer), instead of pinging killed actors forever."""
+    before = len(_watches())
+    for drop in (False, True):
+        L = mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, **KW)
+        next(L)
+        assert len(_watches()) == before + 1
+        if drop:
+            del L
+            gc.collect()
+        else:
+            L.close()
+        deadline = time.monotonic() + 30
+        while len(_watches()) > before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_watches()) == before
+
+
 def test_resume_is_exact_both_ways(cluster, dataset):
     n = _len(dataset)
     with warnings.catch_warnings():
