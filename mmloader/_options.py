@@ -100,17 +100,16 @@ def pixel_format_for(
     (None: the adapters' default) with ``compact_pixels`` and/or ``wire_format`` as
     given (None: not given).  None when no pixel_format says it (a wire_format that was
     an error then too)."""
-    fmt = pixel_format or "float32"
-    dtype = fmt.split("-")[0]
-    if dtype not in ("float32", "bfloat16", "uint8"):
-        return None
-    if wire_format is not None and wire_format not in (fmt, dtype, "uint8"):
+    choices = OPTIONS["pixel_format"]["choices"]
+    fmt = pixel_format or DEFAULTS["pixel_format"]
+    dtype = str(fmt).split("-")[0]  # the choices without a "-": the dtypes
+    if fmt not in choices or wire_format not in (None, fmt, dtype, "uint8"):
         return None
     if dtype == "uint8":
-        return "uint8"
+        return dtype
     if wire_format == "uint8":
         return f"{dtype}-consumer"
-    if compact_pixels is False or fmt.endswith("-decode"):
+    if compact_pixels is False or fmt == f"{dtype}-decode":
         return f"{dtype}-decode"
     return dtype if wire_format is not None or compact_pixels else fmt
 
