@@ -519,6 +519,7 @@ class Loader:
     Args: (the section below is generated from the option table: see ``_options_doc``)
     """
 
+    @_options.refuses_removed_pixel_options
     def __init__(
         self,
         data: DataSpec,
@@ -536,7 +537,6 @@ class Loader:
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],
         max_memory: Optional[int] = _D["max_memory"],
-        compact_pixels: bool = _D["compact_pixels"],
         on_error: str = _D["on_error"],
         max_error_rate: float = _D["max_error_rate"],
         preset: str = _D["preset"],
@@ -659,6 +659,15 @@ class Loader:
             )
         )
         _core.check_loader_options(opts)  # ConfigError before any expensive work
+        if pixel_format.endswith("-consumer"):
+            dtype = pixel_format.split("-")[0]
+            raise ConfigError(
+                f"pixel_format={pixel_format!r} ships uint8 patches for the consumer to expand "
+                "where the tensor is: mmloader.torch.Loader (and the Megatron and Bridge "
+                "adapters) do that; mmloader.Loader's batches are the engine's own, so use "
+                f"pixel_format={dtype!r} here (the engine expands), or 'uint8' and "
+                "mmloader.torch.expand_pixels"
+            )
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
             warnings.warn(
@@ -984,7 +993,8 @@ class Loader:
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
-        pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        pixel_rows_expanded (pixel_format float32/bfloat16: rows expanded from uint8 at
+        emission),
         pixel_rows_expanded_in_place (those of them expanded in their own buffer, grown
         to the float bytes: no second buffer),
         the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
