@@ -157,6 +157,9 @@ def _resolve_source(
         kw["image_route"] = ov["image_route"]
     recipe = ov.get("recipe", base["recipe"])
     recipes.check_route(f"{where}: ", recipe, kw.get("image_route", "processor"))
+    recipes.check_video_prompt(
+        f"{where}: ", recipe, base["qwen3_video_prompt"], _D["qwen3_video_prompt"]
+    )
     kw = recipes.vision_kw(recipe, kw)
     try:
         vision = vision_config(preset, model_dir, **kw)
@@ -559,6 +562,7 @@ class Loader:
         shift_labels: bool = _D["shift_labels"],
         label_mode: str = _D["label_mode"],
         image_whitespace: str = _D["image_whitespace"],
+        qwen3_video_prompt: str = _D["qwen3_video_prompt"],
         recipe: str = _D["recipe"],
         cutoff_len: Optional[int] = _D["cutoff_len"],
         mask_history: bool = _D["mask_history"],
@@ -654,6 +658,7 @@ class Loader:
         elif index is not None:
             opts["index"] = os.fspath(index)
         recipes.check_route("", recipe, image_route)
+        recipes.check_video_prompt("", recipe, qwen3_video_prompt, _D["qwen3_video_prompt"])
         opts.update(
             recipes.resolve("", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode)
         )
@@ -705,6 +710,7 @@ class Loader:
                 label_mode=label_mode,
                 max_length=max_length,
                 recipe=recipe,
+                qwen3_video_prompt=qwen3_video_prompt,
                 **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]

@@ -103,6 +103,17 @@ def check_route(where: str, recipe: str, image_route: str) -> None:
         )
 
 
+def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default: str) -> None:
+    """LLaMA-Factory writes Qwen3-VL video prompts itself (its Qwen3VLPlugin: the blocks
+    alone); another qwen3_video_prompt would not be followed: refused, not ignored."""
+    if recipe == LLAMA_FACTORY and qwen3_video_prompt != default:
+        raise ConfigError(
+            f"{where}recipe={LLAMA_FACTORY!r} writes LLaMA-Factory's own Qwen3-VL video "
+            f"prompt (the timestamped blocks alone): leave qwen3_video_prompt at its default "
+            f"(got {qwen3_video_prompt!r})"
+        )
+
+
 def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> Dict[str, Any]:
     """The engine values of recipe, its settings and label_mode for one source.
 

@@ -390,6 +390,7 @@ class Loader:
         shift_labels: bool = DEFAULTS["shift_labels"],
         label_mode: str = DEFAULTS["label_mode"],
         image_whitespace: str = DEFAULTS["image_whitespace"],
+        qwen3_video_prompt: str = DEFAULTS["qwen3_video_prompt"],
         recipe: str = DEFAULTS["recipe"],
         cutoff_len: Optional[int] = DEFAULTS["cutoff_len"],
         mask_history: bool = DEFAULTS["mask_history"],

@@ -94,6 +94,12 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
     snprintf(text + used, sizeof text - used, " model_max_length=%lld",
              (long long)sc->qft.model_max_length);
   }
+  const int lf = sc->recipe == MML_RECIPE_LLAMA_FACTORY;
+  if (c->template_style == MML_TEMPLATE_QWEN3_VL && (c->qwen3_video_prompt || lf)) {
+    size_t used = strlen(text); /* Qwen3-VL video prompts: the form, LLaMA-Factory's own */
+    snprintf(text + used, sizeof text - used, " qwen3_video_prompt=%d",
+             lf ? -1 : c->qwen3_video_prompt);
+  }
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   src->index_key = mml_hash_bytes(0, text, strlen(text));

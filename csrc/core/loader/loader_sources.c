@@ -101,6 +101,9 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);
   if (!st && sc->system_prompt) st = mml_template_set_system(src->tmpl, sc->system_prompt, err);
   if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
+  if (!st)
+    st = mml_template_set_qwen3_video(src->tmpl, (mml_qwen3_video_form)L->cfg.qwen3_video_prompt,
+                                      err);
   if (!st && sc->recipe == MML_RECIPE_LLAMA_FACTORY)
     st = mml_template_set_llama_factory(src->tmpl, &sc->lf, err);
   if (!st && sc->recipe == MML_RECIPE_QWEN_VL_FINETUNE)

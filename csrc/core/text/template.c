@@ -59,9 +59,10 @@ struct mml_template {
   mml_template_style style;
   mml_label_mode labels;
   mml_image_space space;
-  const mml_tokenizer *tok; /* NULL: render-only */
-  int32_t id[TOK_COUNT];    /* -1 where absent (render-only, or no <|video_pad|>) */
-  char *system;             /* mml_template_set_system: the default system turn's text */
+  mml_qwen3_video_form video_form; /* mml_template_set_qwen3_video */
+  const mml_tokenizer *tok;        /* NULL: render-only */
+  int32_t id[TOK_COUNT];           /* -1 where absent (render-only, or no <|video_pad|>) */
+  char *system;                    /* mml_template_set_system: the default system turn's text */
   int system_set;
   int lf_on;        /* mml_template_set_llama_factory: LLaMA-Factory's data path */
   mml_lf_opts lf;   /* its settings */
@@ -189,6 +190,14 @@ mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, 
     return mml_err_set(err, MML_ECONFIG, "template: unknown image whitespace convention %d",
                        (int)space);
   t->space = space;
+  return MML_OK;
+}
+
+mml_status mml_template_set_qwen3_video(mml_template *t, mml_qwen3_video_form form, mml_err *err) {
+  if (form != MML_QWEN3_VIDEO_OUTER && form != MML_QWEN3_VIDEO_BARE)
+    return mml_err_set(err, MML_ECONFIG, "template: unknown Qwen3-VL video prompt form %d",
+                       (int)form);
+  t->video_form = form;
   return MML_OK;
 }
 
@@ -373,8 +382,8 @@ static mml_status emit_pads(out_ctx *o, int which, int64_t n) {
  * group_tokens <|video_pad|>, <|vision_end|>.  Qwen3-VL: transformers 5.24's processor
  * replaces the template's <|video_pad|> (inside <|vision_start|>...<|vision_end|>) with one
  * "<{t:.1f} seconds><|vision_start|>pads<|vision_end|>" block per temporal patch;
- * LLaMA-Factory's Qwen3VLPlugin writes those blocks in place of its whole "<video>", with
- * no outer pair. */
+ * transformers 4.57 to 5.9 (MML_QWEN3_VIDEO_BARE) replace the whole pair with the blocks,
+ * as LLaMA-Factory's Qwen3VLPlugin writes them in place of its "<video>". */
 static mml_status emit_video(out_ctx *o, int video) {
   const mml_record *rec = o->rec;
   if (video < 0 || video >= rec->nvideos)
@@ -392,7 +401,7 @@ static mml_status emit_video(out_ctx *o, int video) {
   bool stamps = o->t->style == MML_TEMPLATE_QWEN3_VL;
   if (stamps && !v->timestamps)
     return mml_err_set(o->err, MML_EINVAL, "template: qwen3-vl video %d has no timestamps", video);
-  bool outer = !stamps || !o->t->lf_on;
+  bool outer = !stamps || !(o->t->lf_on || o->t->video_form == MML_QWEN3_VIDEO_BARE);
   if (outer) TRY(emit_marker(o, TOK_VISION_START, false));
   if (!stamps) {
     TRY(emit_pads(o, TOK_VIDEO_PAD, v->groups * v->group_tokens));

@@ -162,6 +162,7 @@ typedef struct mml_loader_cfg {
   mml_template_style template_style;
   mml_label_mode label_mode;
   mml_image_space image_space;    /* `<image>` whitespace convention (mml/template.h) */
+  int qwen3_video_prompt;         /* mml_qwen3_video_form (mml/template.h) */
   int recipe;                     /* MML_RECIPE_*: whose data path the samples follow */
   mml_lf_opts lf;                 /* MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
   mml_qft_opts qft;               /* MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */

@@ -90,6 +90,18 @@ mml_status mml_template_new(mml_template_style style, mml_label_mode labels,
 void mml_template_free(mml_template *t);
 /* Chooses the `<image>` whitespace convention (default IN_PLACE); call before sharing. */
 mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, mml_err *err);
+
+/* How a Qwen3-VL video's timestamped blocks sit in the prompt (Loader qwen3_video_prompt),
+ * as transformers' Qwen3VLProcessor writes them:
+ *   OUTER  transformers 5.10 and later (5.24 is the reference): only the chat template's
+ *          <|video_pad|> is replaced, so the blocks sit inside its <|vision_start|> ...
+ *          <|vision_end|> pair (the default);
+ *   BARE   transformers 4.57 to 5.9: the whole <|vision_start|><|video_pad|><|vision_end|>
+ *          is replaced by the blocks (two tokens fewer per video).
+ * Qwen2/2.5-VL videos have no blocks: the form does not apply.  Under LLaMA-Factory's data
+ * path (mml_template_set_llama_factory) its own form, BARE's, is written whatever this says. */
+typedef enum { MML_QWEN3_VIDEO_OUTER = 0, MML_QWEN3_VIDEO_BARE } mml_qwen3_video_form;
+mml_status mml_template_set_qwen3_video(mml_template *t, mml_qwen3_video_form form, mml_err *err);
 /* The default system turn, rendered as "<|im_start|>system\n{text}<|im_end|>\n" before a
  * conversation whose first message is not a system message: NULL restores the style's
  * default (qwen2-vl's "You are a helpful assistant.", none for qwen3-vl), "" means none.
@@ -197,8 +209,8 @@ mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
  * Qwen2/2.5-VL: <|vision_start|> + groups * group_tokens pads + <|vision_end|>.
  * Qwen3-VL (as transformers 5.24's Qwen3VLProcessor renders it): <|vision_start|>, then per
  * temporal patch "<{timestamps[g]:.1f} seconds>" (text) + <|vision_start|> + group_tokens
- * pads + <|vision_end|>, then <|vision_end|> (recipe llama-factory: without that outer
- * pair, LLaMA-Factory 7. above). */
+ * pads + <|vision_end|>, then <|vision_end|> (MML_QWEN3_VIDEO_BARE and recipe
+ * llama-factory, LLaMA-Factory 7. above: without that outer pair). */
 typedef struct mml_video_tokens {
   int64_t groups, group_tokens;
   const double *timestamps; /* qwen3-vl: groups values in seconds (NULL otherwise) */
