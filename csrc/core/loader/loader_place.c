@@ -258,12 +258,9 @@ static int has_buf(const ticket *k) {
   return 0;
 }
 
-/* The ticket the consumer's next batch waits for: the one holding the collator's next
- * sample.  It is the head ticket, or the one after it while the head is a pack or a batch
- * still open in the collator (complete only once that next sample is decoded and does not
- * fit): then a head ticket that waits for nothing does not mean nobody waits (a consumer
- * keeping its previous batch hung here when the next ticket's buffer could not fit
- * beside the head's expansion: tests/test_memory_stress.py). */
+/* The ticket the collator's next sample is in: the head ticket, or the one after it while
+ * the head is a pack or a batch still open in the collator (complete only once that next
+ * sample is decoded and does not fit). */
 static int64_t needed_ticket(mml_loader *L) {
   int64_t id = L->tk_head;
   while (id < L->tk_tail && tk_at(L, id + 1)->first_seq <= L->head_seq) id++;
@@ -465,9 +462,9 @@ static int64_t scratch_bytes(const mml_loader *L);
 /* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
 static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
 
-/* Bytes the needed ticket's planes wait for. */
+/* Bytes the head ticket's planes wait for. */
 static int64_t head_pending_bytes(mml_loader *L) {
-  const ticket *k = tk_at(L, needed_ticket(L));
+  const ticket *k = tk_at(L, L->tk_head);
   int64_t n = 0;
   for (int p = 0; p < PLANES; p++) n += k->pl[p].pending_rows * (int64_t)L->row_bytes[p];
   return n;
@@ -481,11 +478,11 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     ticket *k = tk_at(L, id);
     for (int p = 0; p < PLANES && !failed; p++)
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
-    if (failed && id == needed_ticket(L)) L->mem_head_fails++;
+    if (failed && id == L->tk_head) L->mem_head_fails++;
   }
   /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
    * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
-  const int64_t spares = L->spare_bytes, h = needed_ticket(L);
+  const int64_t spares = L->spare_bytes, h = L->tk_head;
   const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
                             (has_buf(tk_at(L, h)) || !(prefetch_full(L, h) || decodes_ahead(L, h)));
   if (short_of_room && spares) ld_bytes_free_spares(L);
@@ -497,7 +494,7 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
     L->mem_head_fails = 0;
   if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
-      L->pend_head != L->pend_tail || L->emitting || L->in_flight || L->decoding)
+      L->pend_head != L->pend_tail || L->emitting || L->in_flight)
     return;
   /* the consumer waits for this batch and holds everything else, and no sample is being
    * read or planned (one may still free bytes of its own: a remote video's first block
@@ -506,7 +503,7 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, needed_ticket(L)), eh = expand_hold(L);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head), eh = expand_hold(L);
   mml_err_set(&e, MML_ENOMEM,
               "max_memory=%lld cannot hold the next batch: its %lld bytes of "
               "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
