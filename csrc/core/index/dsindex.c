@@ -214,7 +214,7 @@ static mml_status parse_header(const uint8_t *h, size_t len, const char *name, m
       x->names_len < 0 || x->names_len > lim || x->data_end < 0 ||
       (x->layout != MML_LAYOUT_JSONL && x->layout != MML_LAYOUT_JSON &&
        x->layout != MML_LAYOUT_WDS) ||
-      x->compression > MML_COMPRESS_ZSTD || get32(h + H_ETAG) >= sizeof x->etag)
+      x->compression > MML_COMPRESS_PARQUET || get32(h + H_ETAG) >= sizeof x->etag)
     return mml_err_set(err, MML_ERECORD, "index %s: corrupt header", name);
   return MML_OK;
 }

@@ -463,8 +463,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
-  L->ix.limits =
-      (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records, cfg->max_record_bytes};
+  L->ix.limits = (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records,
+                                    cfg->max_record_bytes, cfg->max_object_bytes};
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
