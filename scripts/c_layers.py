@@ -28,7 +28,10 @@ LEVELS = [
     ["batch"],  # collation into tensors, pinned/device memory
     ["loader"],  # options, sampler, mixtures, the global plan, threads, placement
 ]
-HEADER_HOME = {"batch": "base", "parquet": "parquet"}  # mml/batch.h: base/pool.c; mml/parquet.h: parquet/*.c
+HEADER_HOME = {
+    "batch": "base",
+    "parquet": "parquet",
+}  # mml/batch.h: base/pool.c; mml/parquet.h: parquet/*.c
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

@@ -80,7 +80,8 @@ static mml_status on_row(void *ctx, int64_t row, const char *key, const char *js
   pq_ctx *c = ctx;
   snprintf(c->name, sizeof c->name, "%s.json", key);
   mml_status st = put_member(c, c->name, json, len, err);
-  for (int k = 0; !st && k < nblobs; k++) st = put_member(c, blobs[k].name, blobs[k].data, blobs[k].len, err);
+  for (int k = 0; !st && k < nblobs; k++)
+    st = put_member(c, blobs[k].name, blobs[k].data, blobs[k].len, err);
   return st;
 }
 

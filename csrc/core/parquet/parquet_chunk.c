@@ -123,7 +123,8 @@ static mml_status decompress(dec *d, const uint8_t *in, size_t len, size_t want,
       inflateEnd(&z);
     }
   }
-  if (!ok || got != want) return malformed(d, "its compressed data does not decompress to its size");
+  if (!ok || got != want)
+    return malformed(d, "its compressed data does not decompress to its size");
   b->len = want;
   *out = b->data;
   return MML_OK;
@@ -154,8 +155,10 @@ static mml_status plain(dec *d, const uint8_t *p, size_t n, int64_t count, pq_va
     uint64_t x = 0;
     for (size_t b = 0; b < w; b++) x |= (uint64_t)p[at + b] << (8 * b);
     at += w;
-    if (type == PQ_INT32) v->n.i = (int32_t)(uint32_t)x;
-    else if (type == PQ_INT64) v->n.i = (int64_t)x;
+    if (type == PQ_INT32)
+      v->n.i = (int32_t)(uint32_t)x;
+    else if (type == PQ_INT64)
+      v->n.i = (int64_t)x;
     else if (type == PQ_FLOAT) {
       float f;
       uint32_t x32 = (uint32_t)x;
@@ -177,8 +180,10 @@ static mml_status dict_values(dec *d, const uint8_t *p, size_t n, int64_t count,
   mml_status st = MML_OK;
   if (rle_decode(p + 1, n - 1, p[0], ix, count)) st = malformed(d, "bad dictionary indices");
   for (int64_t i = 0; !st && i < count; i++) {
-    if ((int64_t)ix[i] >= d->ndict) st = malformed(d, "a dictionary index out of range");
-    else out[i] = d->dict[ix[i]];
+    if ((int64_t)ix[i] >= d->ndict)
+      st = malformed(d, "a dictionary index out of range");
+    else
+      out[i] = d->dict[ix[i]];
   }
   free(ix);
   return st;
@@ -215,7 +220,8 @@ static mml_status levels(dec *d, const uint8_t *p, size_t n, int max, int64_t k,
   uint32_t *tmp = malloc((size_t)k * sizeof *tmp);
   if (!tmp) return oom(d);
   mml_status st = MML_OK;
-  if (rle_decode(p, n, bit_width(max), tmp, k)) st = malformed(d, "bad repetition/definition levels");
+  if (rle_decode(p, n, bit_width(max), tmp, k))
+    st = malformed(d, "bad repetition/definition levels");
   for (int64_t i = 0; !st && i < k; i++) {
     if (tmp[i] > (uint32_t)max) st = malformed(d, "a level above the column's maximum");
     lv[i] = (int16_t)tmp[i];
@@ -242,8 +248,10 @@ static mml_status page_values(dec *d, int enc, const uint8_t *p, size_t n, int64
   int64_t nv = 0;
   for (int64_t i = c->n; i < c->n + k; i++) nv += c->def[i] == c->max_def;
   mml_status st;
-  if (enc == PQ_PLAIN) st = plain(d, p, n, nv, c->vals + c->nvals);
-  else if (enc == PQ_PLAIN_DICT || enc == PQ_RLE_DICT) st = dict_values(d, p, n, nv, c->vals + c->nvals);
+  if (enc == PQ_PLAIN)
+    st = plain(d, p, n, nv, c->vals + c->nvals);
+  else if (enc == PQ_PLAIN_DICT || enc == PQ_RLE_DICT)
+    st = dict_values(d, p, n, nv, c->vals + c->nvals);
   else
     return mml_err_set(d->err, MML_ERECORD,
                        "Parquet value encoding %d (page at byte %lld) is not supported (PLAIN "
@@ -288,7 +296,8 @@ static mml_status dict_page(dec *d, const pq_page_header *h, const uint8_t *in) 
   d->used += (int64_t)h->num_values * 16;
   if (d->used > d->budget) return grow(d, 0);
   const uint8_t *p;
-  mml_status st = decompress(d, in, (size_t)h->compressed, (size_t)h->uncompressed, d->cm->codec, &p);
+  mml_status st =
+      decompress(d, in, (size_t)h->compressed, (size_t)h->uncompressed, d->cm->codec, &p);
   if (st) return st;
   if (!(d->dict = malloc(((size_t)h->num_values + 1) * sizeof *d->dict))) return oom(d);
   d->ndict = h->num_values;
@@ -300,7 +309,8 @@ static mml_status one_page(dec *d, const uint8_t *chunk, size_t len, size_t *pos
   size_t used;
   mml_status st = pq_parse_page_header(chunk + *pos, len - *pos, &h, &used, d->err);
   if (st) return mml_err_prefix(d->err, "page at byte %lld", (long long)d->off), st;
-  if ((size_t)h.compressed > len - *pos - used) return malformed(d, "its data runs past the column chunk");
+  if ((size_t)h.compressed > len - *pos - used)
+    return malformed(d, "its data runs past the column chunk");
   d->used += h.uncompressed;
   if (d->used > d->budget) return grow(d, 0);
   const uint8_t *in = chunk + *pos + used;

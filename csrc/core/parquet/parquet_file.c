@@ -74,7 +74,8 @@ static mml_status build_node(mml_pq_file *f, pq_node *n, int *at, int depth, int
   n->rep = prep + (e->repetition == PQ_REPEATED);
   if (e->type >= 0) { /* a leaf */
     if (e->num_children > 0) return schema_error(f, "a typed element with children", e->name);
-    if (e->type == PQ_INT96 || e->type == PQ_FIXED_LEN_BYTE_ARRAY || e->type > PQ_FIXED_LEN_BYTE_ARRAY)
+    if (e->type == PQ_INT96 || e->type == PQ_FIXED_LEN_BYTE_ARRAY ||
+        e->type > PQ_FIXED_LEN_BYTE_ARRAY)
       n->string = -1; /* unsupported: refused only if read */
     else
       n->string = e->converted == PQ_CONV_UTF8 || e->converted == PQ_CONV_ENUM ||
@@ -166,8 +167,9 @@ static mml_status check_groups(mml_pq_file *f) {
                          f->name);
   }
   if (rows != f->meta.num_rows)
-    return mml_err_set(f->err, MML_ERECORD, "%s: its row groups hold %lld rows, the footer says %lld",
-                       f->name, (long long)rows, (long long)f->meta.num_rows);
+    return mml_err_set(f->err, MML_ERECORD,
+                       "%s: its row groups hold %lld rows, the footer says %lld", f->name,
+                       (long long)rows, (long long)f->meta.num_rows);
   if (f->lim.max_rows > 0 && rows > f->lim.max_rows)
     return mml_err_set(f->err, MML_ERECORD,
                        "%s: %lld rows, above max_shard_records=%lld; refused (raise "
@@ -179,14 +181,17 @@ static mml_status check_groups(mml_pq_file *f) {
 static mml_status read_footer(mml_pq_file *f) {
   mml_bytes b = {0};
   mml_status st = MML_OK;
-  if (f->size < 12) st = mml_err_set(f->err, MML_ERECORD, "%s: too short for a Parquet file", f->name);
+  if (f->size < 12)
+    st = mml_err_set(f->err, MML_ERECORD, "%s: too short for a Parquet file", f->name);
   if (!st) st = f->read(f->ctx, f->size - 8, 8, &b, f->err);
   if (!st && !memcmp(b.data + 4, "PARE", 4))
-    st = mml_err_set(f->err, MML_ERECORD, "%s: an encrypted Parquet footer: not supported", f->name);
+    st =
+        mml_err_set(f->err, MML_ERECORD, "%s: an encrypted Parquet footer: not supported", f->name);
   else if (!st && memcmp(b.data + 4, "PAR1", 4))
     st = mml_err_set(f->err, MML_ERECORD, "%s: not a Parquet file (no PAR1 at its end)", f->name);
-  int64_t n = st ? 0 : (int64_t)((uint32_t)b.data[0] | (uint32_t)b.data[1] << 8 |
-                                 (uint32_t)b.data[2] << 16 | (uint32_t)b.data[3] << 24);
+  int64_t n = st ? 0
+                 : (int64_t)((uint32_t)b.data[0] | (uint32_t)b.data[1] << 8 |
+                             (uint32_t)b.data[2] << 16 | (uint32_t)b.data[3] << 24);
   if (!st && (n > f->size - 12 || n > f->lim.max_chunk_bytes))
     st = mml_err_set(f->err, MML_ERECORD,
                      "%s: its footer claims %lld bytes (file %lld bytes, max_object_bytes=%lld)",

@@ -55,9 +55,9 @@ typedef struct pq_meta {
 typedef struct pq_page_header {
   int type;
   int32_t uncompressed, compressed;
-  int32_t num_values;   /* data pages v1/v2, dictionary pages */
-  int encoding;         /* of the values */
-  int def_enc, rep_enc; /* v1: RLE or BIT_PACKED */
+  int32_t num_values;       /* data pages v1/v2, dictionary pages */
+  int encoding;             /* of the values */
+  int def_enc, rep_enc;     /* v1: RLE or BIT_PACKED */
   int32_t def_len, rep_len; /* v2: byte lengths of the (uncompressed) levels */
   int v2_compressed;        /* v2: is_compressed (default 1) */
 } pq_page_header;
@@ -119,9 +119,9 @@ struct mml_pq_file {
   pq_meta meta;
   pq_node root;
   int nleaves;
-  pq_node **leaves; /* nleaves: each leaf column's node */
+  pq_node **leaves;  /* nleaves: each leaf column's node */
   uint8_t *leaf_sel; /* nleaves: 1 when under a read field */
-  pq_column *cols; /* one per leaf, for the row group being read */
+  pq_column *cols;   /* one per leaf, for the row group being read */
   mml_bytes *chunks;
   mml_bytes json, names;
   char key[64];

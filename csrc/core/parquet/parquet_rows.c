@@ -75,8 +75,8 @@ static mml_status load_column(mml_pq_file *f, int g, int k) {
     return mml_err_set(f->err, MML_ERECORD,
                        "%s: row group %d, column %s: its column chunk (%lld bytes at byte %lld, "
                        "%lld values) lies outside the file or above max_object_bytes=%lld",
-                       f->name, g, name, (long long)len, (long long)off,
-                       (long long)cm->num_values, (long long)f->lim.max_chunk_bytes);
+                       f->name, g, name, (long long)len, (long long)off, (long long)cm->num_values,
+                       (long long)f->lim.max_chunk_bytes);
   mml_status st = f->read(f->ctx, off, len, &f->chunks[k], f->err);
   if (st) return st;
   pq_column *c = &f->cols[k];
@@ -140,18 +140,18 @@ static mml_status emit_leaf(mml_pq_file *f, const pq_node *n) {
   c->pos++;
   char num[40];
   switch (n->el->type) {
-  case PQ_BYTE_ARRAY:
-    return put_string(f, v->p, v->len);
-  case PQ_BOOLEAN:
-    return puts_(f, v->n.i ? "true" : "false");
-  case PQ_INT32:
-  case PQ_INT64:
-    snprintf(num, sizeof num, "%lld", (long long)v->n.i);
-    return puts_(f, num);
-  default:
-    if (!isfinite(v->n.d)) return puts_(f, "null");
-    snprintf(num, sizeof num, "%.17g", v->n.d);
-    return puts_(f, num);
+    case PQ_BYTE_ARRAY:
+      return put_string(f, v->p, v->len);
+    case PQ_BOOLEAN:
+      return puts_(f, v->n.i ? "true" : "false");
+    case PQ_INT32:
+    case PQ_INT64:
+      snprintf(num, sizeof num, "%lld", (long long)v->n.i);
+      return puts_(f, num);
+    default:
+      if (!isfinite(v->n.d)) return puts_(f, "null");
+      snprintf(num, sizeof num, "%.17g", v->n.d);
+      return puts_(f, num);
   }
 }
 
@@ -315,8 +315,10 @@ mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *
   mml_status st = MML_OK;
   for (int k = 0; !st && k < f->nleaves; k++) {
     if (!f->leaf_sel[k]) continue;
-    if (mml_cancelled(cancel)) st = mml_err_set(err, MML_ECANCELLED, "%s: reading cancelled", f->name);
-    else st = load_column(f, g, k);
+    if (mml_cancelled(cancel))
+      st = mml_err_set(err, MML_ECANCELLED, "%s: reading cancelled", f->name);
+    else
+      st = load_column(f, g, k);
   }
   if (!st) st = rows_of(f, g, row0, fn, ctx, cancel);
   release(f);

@@ -108,48 +108,50 @@ static void skip(tr *r, int type, int in_list) {
   size_t n;
   int et;
   switch (type) {
-  case T_TRUE:
-  case T_FALSE:
-    if (in_list) r->p < r->end ? (void)r->p++ : (void)(r->bad = 1);
-    return;
-  case T_BYTE:
-    r->p < r->end ? (void)r->p++ : (void)(r->bad = 1);
-    return;
-  case T_I16:
-  case T_I32:
-  case T_I64:
-    varint(r);
-    return;
-  case T_DOUBLE:
-    if (r->end - r->p < 8) r->bad = 1;
-    else r->p += 8;
-    return;
-  case T_BINARY:
-    rd_bin(r, &s, &n);
-    return;
-  case T_LIST:
-  case T_SET: {
-    int64_t k = rd_list(r, &et);
-    if (++r->depth > MML_PQ_MAX_DEPTH) r->bad = 1;
-    for (int64_t i = 0; i < k && !r->bad; i++) skip(r, et, 1);
-    r->depth--;
-    return;
-  }
-  case T_MAP: {
-    int64_t k = (int64_t)varint(r);
-    if (k > r->end - r->p) r->bad = 1;
-    if (k == 0 || r->bad) return;
-    uint8_t kv = *r->p++;
-    if (++r->depth > MML_PQ_MAX_DEPTH) r->bad = 1;
-    for (int64_t i = 0; i < k && !r->bad; i++) skip(r, kv >> 4, 1), skip(r, kv & 15, 1);
-    r->depth--;
-    return;
-  }
-  case T_STRUCT:
-    skip_struct(r);
-    return;
-  default:
-    r->bad = 1;
+    case T_TRUE:
+    case T_FALSE:
+      if (in_list) r->p < r->end ? (void)r->p++ : (void)(r->bad = 1);
+      return;
+    case T_BYTE:
+      r->p < r->end ? (void)r->p++ : (void)(r->bad = 1);
+      return;
+    case T_I16:
+    case T_I32:
+    case T_I64:
+      varint(r);
+      return;
+    case T_DOUBLE:
+      if (r->end - r->p < 8)
+        r->bad = 1;
+      else
+        r->p += 8;
+      return;
+    case T_BINARY:
+      rd_bin(r, &s, &n);
+      return;
+    case T_LIST:
+    case T_SET: {
+      int64_t k = rd_list(r, &et);
+      if (++r->depth > MML_PQ_MAX_DEPTH) r->bad = 1;
+      for (int64_t i = 0; i < k && !r->bad; i++) skip(r, et, 1);
+      r->depth--;
+      return;
+    }
+    case T_MAP: {
+      int64_t k = (int64_t)varint(r);
+      if (k > r->end - r->p) r->bad = 1;
+      if (k == 0 || r->bad) return;
+      uint8_t kv = *r->p++;
+      if (++r->depth > MML_PQ_MAX_DEPTH) r->bad = 1;
+      for (int64_t i = 0; i < k && !r->bad; i++) skip(r, kv >> 4, 1), skip(r, kv & 15, 1);
+      r->depth--;
+      return;
+    }
+    case T_STRUCT:
+      skip_struct(r);
+      return;
+    default:
+      r->bad = 1;
   }
 }
 
@@ -172,13 +174,20 @@ static void rd_schema_el(tr *r, pq_schema_el *e) {
   int id = 0, last = 0, t;
   *e = (pq_schema_el){.type = -1, .repetition = PQ_REQUIRED, .converted = -1, .logical = -1};
   while (!r->bad && (t = rd_field(r, &id, &last)) != T_STOP) {
-    if (id == 1 && is_int(t)) e->type = rd_i32(r);
-    else if (id == 3 && is_int(t)) e->repetition = rd_i32(r);
-    else if (id == 4 && t == T_BINARY && !e->name) e->name = rd_str(r);
-    else if (id == 5 && is_int(t)) e->num_children = rd_i32(r);
-    else if (id == 6 && is_int(t)) e->converted = rd_i32(r);
-    else if (id == 10 && t == T_STRUCT) e->logical = rd_logical(r);
-    else skip(r, t, 0);
+    if (id == 1 && is_int(t))
+      e->type = rd_i32(r);
+    else if (id == 3 && is_int(t))
+      e->repetition = rd_i32(r);
+    else if (id == 4 && t == T_BINARY && !e->name)
+      e->name = rd_str(r);
+    else if (id == 5 && is_int(t))
+      e->num_children = rd_i32(r);
+    else if (id == 6 && is_int(t))
+      e->converted = rd_i32(r);
+    else if (id == 10 && t == T_STRUCT)
+      e->logical = rd_logical(r);
+    else
+      skip(r, t, 0);
   }
   if (!e->name && !r->bad) r->bad = 1; /* every element is named */
 }
@@ -194,15 +203,24 @@ static void rd_path(tr *r, pq_chunk_meta *c) {
 static void rd_col_meta(tr *r, pq_chunk_meta *c) {
   int id = 0, last = 0, t;
   while (!r->bad && (t = rd_field(r, &id, &last)) != T_STOP) {
-    if (id == 1 && is_int(t)) c->type = rd_i32(r);
-    else if (id == 3 && t == T_LIST) rd_path(r, c);
-    else if (id == 4 && is_int(t)) c->codec = rd_i32(r);
-    else if (id == 5 && is_int(t)) c->num_values = rd_int(r);
-    else if (id == 6 && is_int(t)) c->total_uncompressed = rd_int(r);
-    else if (id == 7 && is_int(t)) c->total_compressed = rd_int(r);
-    else if (id == 9 && is_int(t)) c->data_page_offset = rd_int(r);
-    else if (id == 11 && is_int(t)) c->dict_page_offset = rd_int(r);
-    else skip(r, t, 0);
+    if (id == 1 && is_int(t))
+      c->type = rd_i32(r);
+    else if (id == 3 && t == T_LIST)
+      rd_path(r, c);
+    else if (id == 4 && is_int(t))
+      c->codec = rd_i32(r);
+    else if (id == 5 && is_int(t))
+      c->num_values = rd_int(r);
+    else if (id == 6 && is_int(t))
+      c->total_uncompressed = rd_int(r);
+    else if (id == 7 && is_int(t))
+      c->total_compressed = rd_int(r);
+    else if (id == 9 && is_int(t))
+      c->data_page_offset = rd_int(r);
+    else if (id == 11 && is_int(t))
+      c->dict_page_offset = rd_int(r);
+    else
+      skip(r, t, 0);
   }
 }
 
@@ -211,9 +229,12 @@ static void rd_chunk(tr *r, pq_chunk_meta *c) {
   c->dict_page_offset = -1;
   c->type = -1;
   while (!r->bad && (t = rd_field(r, &id, &last)) != T_STOP) {
-    if (id == 1 && t == T_BINARY) r->bad = 3; /* data in another file: refused */
-    else if (id == 3 && t == T_STRUCT && !seen) seen = 1, rd_col_meta(r, c);
-    else skip(r, t, 0);
+    if (id == 1 && t == T_BINARY)
+      r->bad = 3; /* data in another file: refused */
+    else if (id == 3 && t == T_STRUCT && !seen)
+      seen = 1, rd_col_meta(r, c);
+    else
+      skip(r, t, 0);
   }
   if (!seen && !r->bad) r->bad = 1;
 }
@@ -282,31 +303,46 @@ mml_status pq_parse_meta(const uint8_t *p, size_t n, pq_meta *m, mml_err *err) {
 static void rd_data_header(tr *r, pq_page_header *h, int v2) {
   int id = 0, last = 0, t;
   while (!r->bad && (t = rd_field(r, &id, &last)) != T_STOP) {
-    if (id == 1 && is_int(t)) h->num_values = rd_i32(r);
-    else if (!v2 && id == 2 && is_int(t)) h->encoding = rd_i32(r);
-    else if (!v2 && id == 3 && is_int(t)) h->def_enc = rd_i32(r);
-    else if (!v2 && id == 4 && is_int(t)) h->rep_enc = rd_i32(r);
-    else if (v2 && id == 4 && is_int(t)) h->encoding = rd_i32(r);
-    else if (v2 && id == 5 && is_int(t)) h->def_len = rd_i32(r);
-    else if (v2 && id == 6 && is_int(t)) h->rep_len = rd_i32(r);
-    else if (v2 && id == 7 && (t == T_TRUE || t == T_FALSE)) h->v2_compressed = t == T_TRUE;
-    else skip(r, t, 0);
+    if (id == 1 && is_int(t))
+      h->num_values = rd_i32(r);
+    else if (!v2 && id == 2 && is_int(t))
+      h->encoding = rd_i32(r);
+    else if (!v2 && id == 3 && is_int(t))
+      h->def_enc = rd_i32(r);
+    else if (!v2 && id == 4 && is_int(t))
+      h->rep_enc = rd_i32(r);
+    else if (v2 && id == 4 && is_int(t))
+      h->encoding = rd_i32(r);
+    else if (v2 && id == 5 && is_int(t))
+      h->def_len = rd_i32(r);
+    else if (v2 && id == 6 && is_int(t))
+      h->rep_len = rd_i32(r);
+    else if (v2 && id == 7 && (t == T_TRUE || t == T_FALSE))
+      h->v2_compressed = t == T_TRUE;
+    else
+      skip(r, t, 0);
   }
 }
 
 mml_status pq_parse_page_header(const uint8_t *p, size_t n, pq_page_header *h, size_t *used,
                                 mml_err *err) {
-  *h = (pq_page_header){.type = -1, .encoding = PQ_PLAIN, .def_enc = PQ_RLE, .rep_enc = PQ_RLE,
-                        .v2_compressed = 1};
+  *h = (pq_page_header){
+      .type = -1, .encoding = PQ_PLAIN, .def_enc = PQ_RLE, .rep_enc = PQ_RLE, .v2_compressed = 1};
   tr r = {p, p, p + n, 0, 0};
   int id = 0, last = 0, t;
   while (!r.bad && (t = rd_field(&r, &id, &last)) != T_STOP) {
-    if (id == 1 && is_int(t)) h->type = rd_i32(&r);
-    else if (id == 2 && is_int(t)) h->uncompressed = rd_i32(&r);
-    else if (id == 3 && is_int(t)) h->compressed = rd_i32(&r);
-    else if ((id == 5 || id == 7) && t == T_STRUCT) rd_data_header(&r, h, 0);
-    else if (id == 8 && t == T_STRUCT) rd_data_header(&r, h, 1);
-    else skip(&r, t, 0);
+    if (id == 1 && is_int(t))
+      h->type = rd_i32(&r);
+    else if (id == 2 && is_int(t))
+      h->uncompressed = rd_i32(&r);
+    else if (id == 3 && is_int(t))
+      h->compressed = rd_i32(&r);
+    else if ((id == 5 || id == 7) && t == T_STRUCT)
+      rd_data_header(&r, h, 0);
+    else if (id == 8 && t == T_STRUCT)
+      rd_data_header(&r, h, 1);
+    else
+      skip(&r, t, 0);
   }
   if (!r.bad && (h->uncompressed < 0 || h->compressed < 0 || h->num_values < 0 || h->def_len < 0 ||
                  h->rep_len < 0))
