@@ -93,6 +93,11 @@ static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml
 static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   mml_index_shard *sh = shard_of(b);
   const uint8_t *h = b->head;
+  if (b->nhead >= 4 && !memcmp(h, "PAR1", 4)) /* local files: ix_add_parquet */
+    return mml_err_set(err, MML_ECONFIG,
+                       "data shard %s: a Parquet file is read from a local path only (not yet "
+                       "over HTTP(S) or S3): copy it locally",
+                       sh->path);
   if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b)
     sh->compression = MML_COMPRESS_GZIP;
   else if (b->nhead >= 4 && ((h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd) ||
