@@ -281,3 +281,35 @@ def test_hostile_files_fail_naming_file_and_reason(ref, tmp_path):
         mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1)
     m = str(e.value)
     assert "d.parquet" in m and "row group 0, column" in m and "codec" in m, m
+
+
+def test_remote_shards_read_by_row_group(ref, tmp_path, fault_server, moto_s3):
+    """Over HTTP (with injected faults: retried) and S3, a Parquet shard is read with
+    ranged GETs, the footer and then a column chunk at a time: no request for the whole
+    object, and none larger than the largest row group's read columns."""
+    items, want, _ = ref
+    p = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(arrow_table(items), str(p), row_group_size=4)
+    data = p.read_bytes()
+    md = pq.read_metadata(str(p))
+    biggest = max(
+        md.row_group(g).column(j).total_compressed_size
+        for g in range(md.num_row_groups)
+        for j in range(md.num_columns)
+    )
+    assert biggest < len(data) // 2
+    srv = fault_server(objects={"/hub/train.parquet": data}, fault_rate=0.1, seed=3)
+    same(want, epoch(srv.url("/hub/train.parquet")))
+    gets = [e for e in srv.log if e[1] == "GET" and e[2] == "/hub/train.parquet"]
+    assert gets and all(str(e[3]).startswith("bytes=") for e in gets), gets
+    for e in gets:
+        a, b = str(e[3])[6:].split("-")
+        assert int(b) - int(a) + 1 <= max(biggest, md.serialized_size + 8), e
+    url = moto_s3.put("hub/train.parquet", data)
+    s3 = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
+    same(want, epoch(url, **s3))

@@ -95,8 +95,8 @@ static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   const uint8_t *h = b->head;
   if (b->nhead >= 4 && !memcmp(h, "PAR1", 4)) /* local files: ix_add_parquet */
     return mml_err_set(err, MML_ECONFIG,
-                       "data shard %s: a Parquet file is read from a local path only (not yet "
-                       "over HTTP(S) or S3): copy it locally",
+                       "data shard %s: a Parquet file over HTTP(S) or S3 is read when its name "
+                       "ends in .parquet (row groups by ranged reads); this one's does not",
                        sh->path);
   if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b)
     sh->compression = MML_COMPRESS_GZIP;

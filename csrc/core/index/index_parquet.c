@@ -34,15 +34,21 @@
 
 typedef struct pq_ctx {
   mml_index_builder *b;
-  int fd;          /* the Parquet file */
+  mml_pq_read_fn read; /* the Parquet file's ranged reads */
+  void *read_ctx;
   int64_t out;     /* bytes written to the spill file */
   int64_t max_out; /* 0: none */
   char name[256];
 } pq_ctx;
 
+typedef struct local_file {
+  int fd;
+  const char *path;
+} local_file;
+
 static mml_status read_at(void *ctx, int64_t off, int64_t len, mml_bytes *out, mml_err *err) {
-  pq_ctx *c = ctx;
-  const char *path = shard_of(c->b)->path;
+  const local_file *c = ctx;
+  const char *path = c->path;
   mml_bytes_clear(out);
   if (mml_bytes_reserve(out, (size_t)len + 1))
     return mml_err_set(err, MML_ENOMEM, "%s: out of memory for %lld bytes", path, (long long)len);
@@ -93,7 +99,7 @@ static mml_status build(pq_ctx *c, int64_t size, mml_err *err) {
   mml_pq_file *f;
   char name[4200];
   snprintf(name, sizeof name, "data shard %s", sh->path);
-  mml_status st = mml_pq_open(name, size, read_at, c, mml_record_keys, &lim, &f, err);
+  mml_status st = mml_pq_open(name, size, c->read, c->read_ctx, mml_record_keys, &lim, &f, err);
   if (st) return st;
   for (int g = 0; !st && g < mml_pq_row_groups(f); g++) {
     if (mml_cancelled(b->ix->cancel))
@@ -105,7 +111,8 @@ static mml_status build(pq_ctx *c, int64_t size, mml_err *err) {
   return st;
 }
 
-mml_status ix_add_parquet(mml_index *ix, const char *path, int fd, int64_t size, mml_err *err) {
+mml_status mml_index_add_parquet(mml_index *ix, const char *path, int64_t size, mml_pq_read_fn read,
+                                 void *read_ctx, mml_err *err) {
   mml_index_builder *b;
   mml_status st = mml_index_begin(ix, path, MML_LAYOUT_WDS, &b, err);
   if (st) return st;
@@ -120,7 +127,7 @@ mml_status ix_add_parquet(mml_index *ix, const char *path, int fd, int64_t size,
                      "data shard %s: cannot create a file for its decoded rows in %s: %s (TMPDIR "
                      "chooses the folder)",
                      path, dir, strerror(errno));
-  pq_ctx c = {.b = b, .fd = fd, .max_out = ix->limits.max_text_bytes};
+  pq_ctx c = {.b = b, .read = read, .read_ctx = read_ctx, .max_out = ix->limits.max_text_bytes};
   if (!st) st = build(&c, size, err);
   if (st) {
     mml_index_abort(b);
@@ -128,4 +135,9 @@ mml_status ix_add_parquet(mml_index *ix, const char *path, int fd, int64_t size,
   }
   b->raw_off = size; /* the shard's size as stored */
   return mml_index_end(b, err);
+}
+
+mml_status ix_add_parquet(mml_index *ix, const char *path, int fd, int64_t size, mml_err *err) {
+  local_file lf = {fd, path};
+  return mml_index_add_parquet(ix, path, size, read_at, &lf, err);
 }

@@ -28,7 +28,7 @@
  *               none; a record's image reference names a member by full name, by what
  *               follows the key ("jpg", "0.png") or by file name.  Member data is
  *               range-read from the shard: nothing is unpacked.
- *   Parquet    a local file with PAR1 at its start and end: its rows (the columns a
+ *   Parquet    a local file with PAR1 at its start and end (a URL: mml_index_add_parquet): its rows (the columns a
  *               record reads) become WebDataset-like groups in a spill file, "<key>.json"
  *               plus the blobs of its {bytes, path} structs, key "row group G, row R"
  *               (index_parquet.c, mml/parquet.h); the shard is then MML_LAYOUT_WDS with
@@ -62,6 +62,7 @@
 #define MML_INDEX_H
 
 #include "mml/common.h"
+#include "mml/parquet.h"
 
 typedef enum {
   MML_LAYOUT_AUTO = 0, /* by content (see above) */
@@ -148,6 +149,10 @@ void mml_index_abort(mml_index_builder *b);
 
 /* Indexes a local file (streamed in 1 MiB chunks). */
 mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err);
+/* Indexes a Parquet file of `size` bytes named `path` (local or a URL) read through
+ * `read` (ranged reads: the footer, then one per column chunk; see "Parquet" above). */
+mml_status mml_index_add_parquet(mml_index *ix, const char *path, int64_t size, mml_pq_read_fn read,
+                                 void *read_ctx, mml_err *err);
 /* Indexes a shard held in memory under the name `path`. */
 mml_status mml_index_add_bytes(mml_index *ix, const char *path, mml_layout want,
                                const uint8_t *data, size_t len, mml_err *err);
