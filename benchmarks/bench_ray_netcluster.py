@@ -23,12 +23,15 @@ Kill (scale "kill": 1 trainer, 4 data nodes, 3 producers, direct, spread): after
 batches every process of producer 1's node is killed (its link stays up); the longest
 next() after that, Ray's own time to declare the node dead, and every batch's digest
 against the in-process mmloader.Loader, per run (one more node dies each run).
-Each run: every rank takes MML_BENCH_RAY_BATCHES (24) batches after a warm-up batch,
-started together; batches/s = all ranks' batches / the slowest rank's time.  Bytes per NIC
+Each run: every rank takes MML_BENCH_RAY_BATCHES (24) batches after a warm-up batch and
+the batches it had requested ahead (refs_in_flight, untimed: they were fetched while it
+waited to start), started together; batches/s = all ranks' timed batches / the slowest
+rank's time.  Bytes per NIC
 are the bridge ports' counters over the run.  Link capacity is measured first: one data
 node sending 18 MiB objects to trainer 0 through Ray.  Medians of MML_BENCH_RAY_RUNS (3).
 MML_BENCH_RAY_SCALES (small,large,kill) and MML_BENCH_RAY_ARMS pick scales and arms;
-MML_BENCH_RAY_MERGE=1 keeps the other scales of an earlier results file.
+MML_BENCH_RAY_MERGE=1 keeps the other scales of an earlier results file; MML_BENCH_RAY_KW
+(JSON) adds mmloader.ray.Loader arguments to every arm (an A/B of e.g. refs_in_flight).
 Writes benchmarks/results/ray-netcluster.json and benchmarks/results-ray-netcluster.md,
 and the tables in docs/ray.md and README.md (`... docs`: those again from the JSON).
 """
@@ -54,6 +57,8 @@ MAX_PIXELS = int(os.environ.get("MML_BENCH_RAY_MAX_PIXELS", str(448 * 448)))
 KW = dict(
     tokenizer="tiny", micro_batch_size=4, seed=0, num_threads=1, cycle=True, max_pixels=MAX_PIXELS
 )
+# mmloader.ray.Loader arguments beyond the arm's (e.g. '{"refs_in_flight": 6}': an A/B)
+RAY_KW = json.loads(os.environ.get("MML_BENCH_RAY_KW", "{}"))
 OUT = os.environ.get("MML_BENCH_OUT", os.path.join(HERE, "results"))
 SCALES = {
     "small": dict(trainers=1, data=2, producers=2),
@@ -107,7 +112,7 @@ def rank_main(cfg_path: str) -> None:
         address=cfg["address"], log_to_driver=False, _node_ip_address=os.environ["MMLNC_NODE_IP"]
     )
     placement = "pack" if cfg["placement"] == "ray-pack" else cfg["placement"]
-    kw = dict(cfg["kw"], producers=cfg["producers"], placement=placement)
+    kw = dict(cfg["kw"], producers=cfg["producers"], placement=placement, **cfg["ray_kw"])
     kw["producer_resources"] = RESOURCES[cfg["placement"]]
     if cfg.get("kill"):
         return kill_main(cfg, kw)
@@ -117,23 +122,40 @@ def rank_main(cfg_path: str) -> None:
         Ls = mray.loaders(cfg["data"], dp_size=cfg["dp"], **kw)
     for L in Ls:
         next(L)
+    # the batches requested ahead (refs_in_flight) are made and fetched while the ranks
+    # wait for "go": they are taken first, untimed, so that every arm is timed in its
+    # steady state whatever its depth (else a deeper one looks faster by its head start)
+    ahead = max(L.stats()["refs_in_flight"] for L in Ls)
     print("READY", flush=True)
     sys.stdin.readline()
-    t0 = time.perf_counter()
+    t_go = time.perf_counter()
     nbytes = 0
-    for _ in range(cfg["n"]):
+    for i in range(ahead + cfg["n"]):
+        if i == ahead:
+            t0 = time.perf_counter()
         for L in Ls:
             b = next(L)
-            nbytes += sum(v.nbytes for v in b.values())
+            if i >= ahead:
+                nbytes += sum(v.nbytes for v in b.values())
             del b
-    dt = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    dt = t1 - t0
     st = [L.stats() for L in Ls]
     res = {
         "batches": cfg["n"] * len(Ls),
         "seconds": dt,
+        "seconds_all": t1 - t_go,
+        "untimed_batches": ahead * len(Ls),
         "bytes": nbytes,
         "producer_ips": [[p["node_ip"] for p in s["producers"]] for s in st],
         "wait_time_ratio": [s["wait_time_ratio"] for s in st],
+        # where each rank's time went (mmloader.ray's stats()["fetch"]) and each
+        # producer's own time per batch made: why a link was idle, when one was
+        "fetch": [s["fetch"] for s in st],
+        "producer_s_per_batch": [
+            [p["busy_s"] / max(1, p["made"]) for p in s["producers"]] for s in st
+        ],
+        "load": os.getloadavg()[0],
     }
     for L in Ls:
         L.close()
@@ -259,6 +281,7 @@ def run_kill(data: str) -> dict:
             cfg = dict(
                 address=c.address, data=data, kw=KW, producers=KILL["producers"],
                 placement="spread", dp=1, rank=0, ranks=None, n=N, warm=warm, kill=True,
+                ray_kw=RAY_KW,
             )  # fmt: skip
             path = os.path.join(tmp, f"kill{i}.json")
             json.dump(cfg, open(path, "w"))
@@ -316,6 +339,7 @@ def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str
         placement=placement,
         dp=dp,
         n=N,
+        ray_kw=RAY_KW,
     )
     if transport == "direct":
         cfgs = [(r, dict(base, rank=r, ranks=None)) for r in range(dp)]
@@ -370,6 +394,10 @@ def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str
     nbytes = sum(r["bytes"] for r in results)
     ips = [ip for r in results for ranks in r["producer_ips"] for ip in ranks]
     return {
+        "seconds_all": max(r["seconds_all"] for r in results),  # the NICs' window
+        "fetch": [f for r in results for f in r["fetch"]],
+        "producer_s_per_batch": [x for r in results for x in r["producer_s_per_batch"]],
+        "load": max(r["load"] for r in results),
         "batches_per_s": batches / secs,
         "bytes_per_s": nbytes / secs,
         "batch_bytes": nbytes / batches,
@@ -378,6 +406,22 @@ def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str
         "data_nodes_used": len(set(ips)),
         "seconds": secs,
     }
+
+
+def _why(run: dict) -> str:
+    """Per rank: the trainer's wait, the part of it with nothing crossing its link (the
+    producers were behind), batches crossing at once, and the producers' time per batch."""
+    out = []
+    for f, ps in zip(run["fetch"], run["producer_s_per_batch"]):
+        if not f.get("requests"):
+            continue
+        out.append(
+            f"wait {f['wait_s']:.1f} s (idle link {f['wait_idle_s']:.1f} s), "
+            f"crossing {f['transfers_mean']:.1f} at once, transfer p50 "
+            f"{f['transfer_s_p50']:.2f} s, made p50 {f['made_s_p50']:.2f} s, service p50 "
+            f"{f['service_s_p50']:.2f} s, producer s/batch " + "/".join(f"{x:.2f}" for x in ps)
+        )
+    return "; ".join(out)
 
 
 def run_scale(name: str, data: str) -> dict:
@@ -412,7 +456,8 @@ def run_scale(name: str, data: str) -> dict:
                 print(
                     f"[{name}] {placement}, {transport}: "
                     f"{runs[-1]['batches_per_s']:.2f} batches/s, data nodes "
-                    f"{runs[-1]['producer_ips']}",
+                    f"{runs[-1]['producer_ips']}, load {runs[-1]['load']:.1f}, "
+                    f"{_why(runs[-1])}",
                     flush=True,
                 )
             out["arms"][f"{placement}, {transport}"] = {
@@ -436,6 +481,7 @@ def run_all() -> dict:
         "runs": RUNS,
         "batches": N,
         "config": KW,
+        "ray_config": RAY_KW,
         "load_start": os.getloadavg()[0],
         "scales": {},
     }
@@ -572,15 +618,14 @@ def report(r: dict) -> str:
             runs = a["runs"]
             batch = statistics.mean(x["batch_bytes"] for x in runs)
             med = min(runs, key=lambda x: abs(x["batches_per_s"] - a["batches_per_s"]))
+            secs = med.get("seconds_all", med["seconds"])  # the NIC counters' window
             tr = [
-                f"{v['rx'] / med['seconds'] / mib:.1f}"
+                f"{v['rx'] / secs / mib:.1f}"
                 for k, v in med["nic"].items()
                 if k.startswith("trainer")
             ]
             dn = [
-                f"{v['tx'] / med['seconds'] / mib:.1f}"
-                for k, v in med["nic"].items()
-                if k.startswith("data")
+                f"{v['tx'] / secs / mib:.1f}" for k, v in med["nic"].items() if k.startswith("data")
             ]
             used = sorted({len(set(ips)) for x in runs for ips in x["producer_ips"]})
             shared = sorted({len(set(ip for ips in x["producer_ips"] for ip in ips)) for x in runs})

@@ -124,7 +124,7 @@ def test_mmloader_exact_downscale(benchmark, big_files):
 
 
 def test_mmloader_fast_downscale(benchmark, big_files):
-    proc = mmloader.ImageProcessor("qwen2.5-vl", fast=True, **FAST_LIMITS)
+    proc = mmloader.ImageProcessor("qwen2.5-vl", fast_decode=True, **FAST_LIMITS)
     assert proc.plan(big_files[0])["decode_scale"] == 2
     benchmark.pedantic(proc, args=(big_files,), rounds=ROUNDS, iterations=1, warmup_rounds=1)
     _record(benchmark, "fast_downscale", len(big_files))

@@ -678,7 +678,7 @@ class Loader:
             image_mean=image_mean,
             image_std=image_std,
             legacy_resize=legacy_resize,
-            fast=fast_decode,
+            fast_decode=fast_decode,
             strict_jpeg=bool(strict_jpeg),
             image_route=image_route,
         )

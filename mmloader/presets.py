@@ -55,7 +55,7 @@ VISION_KEYS = (
     "image_mean",
     "image_std",
     "legacy_resize",
-    "fast",
+    "fast_decode",
     "max_image_pixels",
     "max_jpeg_scans",
     "pillow_h_first",
@@ -133,7 +133,7 @@ def vision_config(
     cfg = dict(PRESETS[preset])
     cfg.update(
         legacy_resize=False,
-        fast=False,
+        fast_decode=False,
         max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS,
         pillow_h_first=False,
         strict_jpeg=False,

@@ -24,6 +24,17 @@ Why the stream is exact, whatever skips or packing do to batch composition:
   (``max_restarts``) and its lost batches are re-requested from their start cursors.
   Batch j is first requested from producer j mod K; a retry may go to another.
 
+Liveness (invariants tests cite):
+  1. A thread (_Watch) pings every producer every 0.2 s, in a concurrency group of its
+     own on the producer, so a busy producer answers at once; it only observes.
+  2. The trainer's thread (every next(), every 0.1 s while it waits, every stats())
+     suspects a producer whose ping failed or went unanswered past the deadline (4x the
+     p99 of recent round trips, 0.4-1.5 s), or a call to which failed, and moves every
+     request it holds not yet answered to a producer that answers, on another node,
+     through produce_urgent: made next there, before that producer's own queue.
+  3. Only the trainer's thread touches the requests in flight; a moved request is the
+     same (start cursor) request, so moving never changes the stream.
+
 Ray is an optional dependency: nothing else in mmloader imports it.
 """
 
@@ -92,6 +103,13 @@ class _Producer:
         self._batches = 0
         self._busy_s = 0.0
         self._bytes = 0
+        self._snap: Dict[str, Any] = dict(
+            self._where, batches=0, busy_s=0.0, bytes=0, samples=0, skipped=0
+        )
+        # one batch at a time; a request moved here from a lost producer goes first
+        self._turn = threading.Condition()
+        self._making = False
+        self._urgent = 0
 
     def info(self) -> Dict[str, Any]:
         if self._error is not None:
@@ -111,6 +129,40 @@ class _Producer:
         return self._c.cursor()
 
     def produce(
+        self, start: Cursor, ahead: int
+    ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+        """A batch asked in turn (the default concurrency group: one at a time, in order)."""
+        with self._turn:
+            while self._making or self._urgent:
+                self._turn.wait()
+            self._making = True
+        return self._produce_now(start, ahead)
+
+    @ray.method(concurrency_group="urgent")
+    def produce_urgent(
+        self, start: Cursor, ahead: int
+    ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+        """A batch moved here from a producer that was lost: made as soon as the batch
+        being made now is done, before this producer's own requests still queued."""
+        with self._turn:
+            self._urgent += 1
+            while self._making:
+                self._turn.wait()
+            self._urgent -= 1
+            self._making = True
+        return self._produce_now(start, ahead)
+
+    def _produce_now(
+        self, start: Cursor, ahead: int
+    ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
+        try:
+            return self._produce(start, ahead)
+        finally:
+            with self._turn:
+                self._making = False
+                self._turn.notify_all()
+
+    def _produce(
         self, start: Cursor, ahead: int
     ) -> Tuple[Dict[str, Any], Optional[Dict[str, np.ndarray]]]:
         """Everything next() yields from cursor `start` up to and including one batch:
@@ -144,6 +196,7 @@ class _Producer:
         self._batches += arrays is not None
         self._bytes += nbytes
         self._busy_s += time.perf_counter() - t0
+        self._snapshot()
         meta = {
             "start": tuple(start),
             "end": tuple(c.cursor()),
@@ -174,9 +227,9 @@ class _Producer:
                 out.append(c.cursor())
         return out
 
-    def stats(self) -> Dict[str, Any]:
+    def _snapshot(self) -> None:
         s = self._loader.stats()
-        return dict(
+        self._snap = dict(
             self._where,
             batches=self._batches,
             busy_s=self._busy_s,
@@ -184,6 +237,12 @@ class _Producer:
             samples=s["samples"],
             skipped=s["skipped"],
         )
+
+    @ray.method(concurrency_group="ping")
+    def stats(self) -> Dict[str, Any]:
+        """The figures after the last batch made (taken in the producing thread): answers
+        at once, like alive(), not after the batches queued here."""
+        return dict(self._snap)
 
     def pid(self) -> int:
         return self._where["pid"]
@@ -220,16 +279,96 @@ def _stop_fetchers(timeout_s: float = 2.0) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+# Liveness: every producer is pinged every _PING_EVERY_S (the ping runs in a thread of its
+# own on the producer, so a busy producer answers at once).  A producer whose ping stays
+# unanswered past the deadline (a multiple of the p99 of recent round trips, within
+# _DEADLINE_S unless producer_timeout_s fixes it), or fails, is suspect.
+_PING_EVERY_S = 0.2
+_DEADLINE_S = (0.4, 1.5)  # floor, ceiling
+_DEADLINE_RTT_P99 = 4.0
+
+
+class _Watch:
+    """A thread that pings the producers: round trips, the time of each one's unanswered
+    ping, the time of its last answer.  It only observes; the trainer's thread decides
+    (Loader._sweep), so the requests in flight are touched by one thread only."""
+
+    def __init__(self, actors: List[Any], fixed_s: Optional[float], stop: threading.Event) -> None:
+        self._actors = list(actors)
+        n = len(self._actors)
+        self._fixed = fixed_s
+        self._rtts: Deque[float] = collections.deque(maxlen=64)
+        self.sent: List[Optional[float]] = [None] * n  # when the unanswered ping went
+        self.answered = [0.0] * n  # when the last ping was answered
+        self.failed = [False] * n  # the last ping raised (Ray: actor unavailable, died)
+        self._stop = stop  # set by close() or the loader's finalizer
+        self._thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
+        _FETCHERS.add(self._thread)
+        self._thread.start()
+
+    def deadline(self) -> float:
+        if self._fixed is not None:
+            return self._fixed
+        rtts = list(self._rtts)
+        if len(rtts) < 8:
+            return _DEADLINE_S[1]
+        return min(_DEADLINE_S[1], max(_DEADLINE_S[0], _DEADLINE_RTT_P99 * _pct(rtts, 0.99)))
+
+    def late(self, p: int, now: float) -> bool:
+        """Producer p's ping failed, or went unanswered past the deadline."""
+        sent = self.sent[p]
+        return self.failed[p] or (sent is not None and now - sent > self.deadline())
+
+    def _run(self) -> None:
+        pending: Dict[int, Any] = {}
+        tick = 0.0
+        try:
+            while not self._stop.is_set() and not _EXITING.is_set():
+                now = time.monotonic()
+                if now >= tick:
+                    for p, a in enumerate(self._actors):
+                        if p not in pending:
+                            pending[p] = a.alive.remote()
+                            self.sent[p] = now
+                    tick = now + _PING_EVERY_S
+                refs = list(pending.values())
+                done, _ = ray.wait(
+                    refs, num_returns=len(refs), timeout=max(0.01, tick - time.monotonic())
+                )
+                t = time.monotonic()
+                for p, ref in list(pending.items()):
+                    if ref not in done:
+                        continue
+                    del pending[p]
+                    try:
+                        ray.get(ref)
+                        self.failed[p] = False
+                        self.answered[p] = t
+                        self._rtts.append(t - (self.sent[p] or t))
+                    except Exception:  # noqa: BLE001 - down (restarting, or its node died)
+                        self.failed[p] = True
+                    self.sent[p] = None
+        except Exception:  # noqa: BLE001 - Ray shut down under us: nothing left to watch
+            pass
+
+
 class _Request:
     """One batch asked of one producer; a thread of its own fetches the result to this
     node as soon as the producer has made it, so several batches cross the link at once."""
 
-    __slots__ = ("start", "producer", "ref", "attempts", "future", "dropped", "_made")
+    __slots__ = (
+        "start", "producer", "ref", "attempts", "future", "dropped", "_made",
+        "t_submit", "t_made", "t_got",
+    )  # fmt: skip
 
     def __init__(self, start: Cursor, producer: int, ref: Any) -> None:
         self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
         self.dropped = False
         self._made = False
+        # when it was asked, made (the producer answered), and here (fetched to this node)
+        self.t_submit = time.monotonic()
+        self.t_made: Optional[float] = None
+        self.t_got: Optional[float] = None
         self.future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         t = threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True)
         _FETCHERS.add(t)
@@ -241,13 +380,17 @@ class _Request:
                 # made yet? (no transfer while it may still be dropped)
                 done, _ = ray.wait([self.ref], timeout=0.5, fetch_local=False)
                 if done:
+                    self.t_made = time.monotonic()
                     self._made = True
                     break
             if self.dropped or _EXITING.is_set():
                 self.future.cancel()
                 return
-            self.future.set_result(ray.get(self.ref))
+            result = ray.get(self.ref)
+            self.t_got = time.monotonic()
+            self.future.set_result(result)
         except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            self.t_got = time.monotonic()
             self.future.set_exception(e)
 
     def made(self) -> bool:
@@ -274,6 +417,10 @@ class Loader:
             False: each array is copied out and the object released at once.
         as_torch: yield torch tensors (views of the same memory) instead of NumPy arrays.
         max_restarts: how often Ray restarts a producer that died.
+        producer_timeout_s: how long a producer's ping may go unanswered before its
+            requests move to others (its node or process died, or it is stuck).  None
+            (default): adaptive, 4x the p99 of recent ping round trips, within 0.4-1.5 s;
+            the watch pings every producer every 0.2 s, whether or not the trainer waits.
         placement_timeout_s: how long to wait for the cluster to place the producers.
         planner: run one more actor with ``plan_only=True`` that walks the stream ahead
             (records, image headers, tokens; no decoding) and gives each batch's exact
@@ -298,7 +445,7 @@ class Loader:
         max_restarts: int = 3,
         placement_timeout_s: float = 120.0,
         planner: Optional[bool] = None,
-        producer_timeout_s: float = 0.5,
+        producer_timeout_s: Optional[float] = None,
         **loader_kwargs: Any,
     ) -> None:
         self._actors: List[Any] = []
@@ -375,9 +522,15 @@ class Loader:
             ray.init()
         _register_atexit()
         self._node = ray.get_runtime_context().get_node_id()
-        self._producer_timeout_s = float(producer_timeout_s)
-        if not self._producer_timeout_s > 0:
-            raise ConfigError(f"producer_timeout_s must be > 0, got {producer_timeout_s!r}")
+        if producer_timeout_s is not None and (
+            isinstance(producer_timeout_s, bool)
+            or not isinstance(producer_timeout_s, (int, float))
+            or not producer_timeout_s > 0
+        ):
+            raise ConfigError(
+                f"producer_timeout_s must be None (adaptive) or > 0, got {producer_timeout_s!r}"
+            )
+        self._producer_timeout_s = producer_timeout_s
         data = _absolute_data(data)
         kwargs = _absolute_paths(kwargs)
 
@@ -431,7 +584,7 @@ class Loader:
             ]
             table = ray.util.placement_group_table(self._pg).get("bundles_to_node_id", {})
             targets = [table.get(i) for i in range(n_actors)]
-        cls = ray.remote(concurrency_groups={"ping": 1})(_Producer)  # type: ignore[call-overload]
+        cls = ray.remote(concurrency_groups={"ping": 1, "urgent": 1})(_Producer)  # type: ignore[call-overload]
         self._actors = [
             cls.options(scheduling_strategy=st, **opts).remote(data, kwargs)
             for st in strategies[:producers]
@@ -440,7 +593,10 @@ class Loader:
             self._planner = cls.options(scheduling_strategy=strategies[producers], **opts).remote(
                 data, dict(kwargs, plan_only=True)
             )
-        self._finalizer = weakref.finalize(self, _shutdown, self._all_actors(), self._pg)
+        self._watch_stop = threading.Event()
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._all_actors(), self._pg, self._watch_stop
+        )
         infos = self._start(targets, placement_timeout_s)
         info = infos[0]
         self.num_samples: int = info["num_samples"]
@@ -468,7 +624,11 @@ class Loader:
         # liveness: producers that missed a ping while the trainer waited (index -> when)
         self._actor_node: List[Optional[str]] = [i["node_id"] for i in infos[: len(self._actors)]]
         self._suspect: Dict[int, float] = {}
-        self._pings: Dict[int, Any] = {}
+        self._watch = _Watch(self._actors, self._producer_timeout_s, self._watch_stop)
+        self._max_attempts = 2 * len(self._actors) + 8  # per batch, before it is an Error
+        # where the time goes: requests taken, and the trainer's waits (stats()["fetch"])
+        self._history: Deque[_Times] = collections.deque(maxlen=1024)
+        self._waits: Deque[Tuple[float, float]] = collections.deque(maxlen=1024)
 
     def _start(self, targets: List[Optional[str]], timeout_s: float) -> List[Dict[str, Any]]:
         """Waits for every actor's info(); a failure names the node and what to do."""
@@ -536,12 +696,16 @@ class Loader:
         return max(1, n)
 
     def _submit(self, start: Cursor, producer: Optional[int] = None) -> _Request:
+        """Asks for the batch at `start`: of the next producer in turn, or (a request moved
+        from a lost producer) of `producer`, ahead of the requests queued there."""
         if producer is None:
             producer = self._next_producer
             self._next_producer = (producer + 1) % len(self._actors)
             if producer in self._suspect:
                 producer = self._stand_in(producer)
-        ref = self._actors[producer].produce.remote(start, self._ahead(start))
+            ref = self._actors[producer].produce.remote(start, self._ahead(start))
+        else:
+            ref = self._actors[producer].produce_urgent.remote(start, self._ahead(start))
         return _Request(start, producer, ref)
 
     def _stand_in(self, p: int) -> int:
@@ -557,56 +721,47 @@ class Loader:
             ok, key=lambda i: (self._actor_node[i] in bad, load[i], (i - p) % len(self._actors))
         )
 
-    def _probe(self) -> None:
-        """The trainer has waited producer_timeout_s for the head batch: pings (in their own
-        thread on the producer) every producer with a request not yet answered; one that
-        does not answer within producer_timeout_s is suspect (its node or process died,
-        or it is stuck) and its requests go to producers that answer, at once, without
-        waiting for Ray's failure detection (node heartbeats: 15 s and more)."""
-        waiting = {r.producer for r in self._inflight if not r.future.done()}
-        waiting -= set(self._suspect)
-        if not waiting:
-            return
-        pings = {p: self._actors[p].alive.remote() for p in waiting}
-        done, _ = ray.wait(
-            list(pings.values()), num_returns=len(pings), timeout=self._producer_timeout_s
-        )
+    def _sweep(self) -> None:
+        """Acts on what the watch thread saw, in the trainer's thread, for every request in
+        flight (not only the one next() waits for): a producer whose ping is late past the
+        deadline or failed, or a call to which failed (Ray's actor-unavailable or
+        object-lost errors), is suspect: its requests not yet answered go at once to
+        producers that answer, on other nodes, ahead of their own queue, without waiting
+        for Ray's failure detection (node heartbeats: 15 s and more).  A suspect that
+        answers a ping again (Ray restarted it, or it was only slow) gets requests again."""
         now = time.monotonic()
-        for p, ref in pings.items():
-            if ref not in done:
+        w = self._watch
+        new = False
+        for p in range(len(self._actors)):
+            if p in self._suspect:
+                if w.answered[p] > self._suspect[p] and not w.late(p, now):
+                    del self._suspect[p]
+            elif w.late(p, now):
                 self._suspect[p] = now
-                self._pings[p] = ref
                 self._n["suspected"] += 1
-        self._reroute()
+                new = True
+        for r in self._inflight:
+            if r.producer not in self._suspect and _failed(r):
+                self._suspect[r.producer] = now
+                self._n["suspected"] += 1
+                new = True
+        if new:
+            self._reroute()
 
     def _reroute(self) -> None:
-        """Moves every request of a suspect producer not yet answered to a stand-in."""
+        """Moves every request of a suspect producer not yet answered (or whose call
+        failed) to a stand-in."""
         if not self._suspect:
             return
         for i, r in enumerate(self._inflight):
-            if r.producer in self._suspect and not r.future.done():
+            if r.producer in self._suspect and (not r.future.done() or _failed(r)):
+                if _failed(r) and r.attempts >= self._max_attempts:
+                    continue  # _take raises it when it is the head
                 r.dropped = True
                 nr = self._submit(r.start, self._stand_in(r.producer))
-                nr.attempts = r.attempts
+                nr.attempts = r.attempts + _failed(r)
                 self._inflight[i] = nr
                 self._n["rerouted"] += 1
-
-    def _recheck(self) -> None:
-        """A suspect that answers its ping again (Ray restarted it, or it was only slow)
-        gets requests again."""
-        for p in list(self._suspect):
-            ref = self._pings.get(p)
-            if ref is None:
-                self._pings[p] = self._actors[p].alive.remote()
-                continue
-            done, _ = ray.wait([ref], timeout=0)
-            if done:
-                del self._pings[p]
-                try:
-                    ray.get(ref)
-                except Exception:  # noqa: BLE001 - not back yet: ping again later
-                    continue
-                del self._suspect[p]
 
     def _replan(self) -> None:
         """The stream left the planned chain (a seek, or an image that failed only when
@@ -646,8 +801,7 @@ class Loader:
             self._plan_ref = self._planner.plan.remote(self._plan_tail, self._plan_chunk)
 
     def _fill(self) -> None:
-        if self._suspect:
-            self._recheck()
+        self._sweep()
         self._plan(block=False)
         if (
             self._planner is not None
@@ -681,26 +835,27 @@ class Loader:
         its events and batch in `_ready` (or re-issues it)."""
         self._fill()
         t0 = time.perf_counter()
+        m0 = time.monotonic()
         try:
             while True:
                 r = self._inflight[0]
                 try:
-                    meta, arrays = r.future.result(timeout=self._producer_timeout_s)
+                    meta, arrays = r.future.result(timeout=_PING_EVERY_S / 2)
                     break
                 except concurrent.futures.TimeoutError:
-                    self._probe()  # late: is its producer alive? (re-issues it if not)
+                    self._sweep()  # a producer lost meanwhile? (re-issues its requests)
         except _LOST as e:
             self._n["lost"] += 1
             self._per_producer[r.producer]["lost"] += 1
             r.attempts += 1
-            if r.attempts > 2 * len(self._actors) + 8:
+            if r.attempts > self._max_attempts:
                 raise Error(
                     f"mmloader.ray: batch at cursor {r.start} could not be made: "
                     f"{type(e).__name__}: {e}"
                 ) from None
             # a call that failed is evidence enough (its node or process died, Ray may be
             # restarting it): the producer is suspect at once, its other requests move too,
-            # and it gets requests again once it answers a ping (_recheck)
+            # and it gets requests again once it answers a ping (_sweep)
             if r.producer not in self._suspect:
                 self._suspect[r.producer] = time.monotonic()
                 self._n["suspected"] += 1
@@ -714,7 +869,10 @@ class Loader:
             return
         finally:
             self._wait_s += time.perf_counter() - t0
+            self._waits.append((m0, time.monotonic()))
         self._inflight.popleft()
+        # its times only: the request itself holds the batch (object-store memory)
+        self._history.append((r.producer, r.t_submit, r.t_made, r.t_got))
         if tuple(meta["start"]) != self._head:  # the head request always starts at _head
             raise Error(
                 f"mmloader.ray: internal error, batch from {meta['start']} "
@@ -881,6 +1039,7 @@ class Loader:
         its first answer) with ``available`` False.
         """
         self._check_open()
+        self._sweep()  # what the watch saw: suspects and moved requests count from now
         wall = time.perf_counter() - self._t_first if self._t_first else 0.0
         n = max(1, self._n["batches"])
         remote = self._producer_stats()
@@ -922,24 +1081,33 @@ class Loader:
             "lost": self._n["lost"],
             "rerouted": self._n["rerouted"],
             "suspected": self._n["suspected"],
+            "producer_timeout_s": self._watch.deadline(),
             "samples": self._samples,
             "skipped": self._skipped,
             "refs_in_flight": len(self._inflight),
             "consumer_node_id": self._node,
             "producers": prods,
             "nodes": nodes,
+            "fetch": _fetch_stats(list(self._history), list(self._waits), len(self._actors)),
         }
 
     def _producer_stats(self) -> List[Dict[str, Any]]:
         """Each producer's stats, or its last ones (``available`` False) while Ray
-        restarts it: one producer down must not fail the trainer's stats() call."""
-        refs = [a.stats.remote() for a in self._actors]
+        restarts it or it does not answer (its node died, it is stuck): one producer down
+        must not fail or hang the trainer's stats() call.  A suspect one is not asked."""
+        refs = [
+            None if i in self._suspect else a.stats.remote() for i, a in enumerate(self._actors)
+        ]
+        deadline = time.monotonic() + max(2.0, 5 * self._watch.deadline())
         out = []
         for i, ref in enumerate(refs):
             try:
-                rs = dict(ray.get(ref), available=True)
+                if ref is None:
+                    raise ray.exceptions.GetTimeoutError("suspect")
+                rs = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                rs = dict(rs, available=True)
                 self._last_stats[i] = rs
-            except _LOST:
+            except (*_LOST, ray.exceptions.GetTimeoutError):
                 last = self._last_stats.get(i)
                 none = dict(node_id=None, node_ip=None, pid=None, batches=0, busy_s=0.0, samples=0)
                 rs = dict(last if last else none, available=False)
@@ -993,7 +1161,9 @@ class Loader:
         return f"mmloader.ray.Loader(producers={len(self._actors)}, {state})"
 
 
-def _shutdown(actors: List[Any], pg: Any) -> None:
+def _shutdown(actors: List[Any], pg: Any, watch_stop: Optional[threading.Event] = None) -> None:
+    if watch_stop is not None:
+        watch_stop.set()
     for a in actors:
         try:
             ray.kill(a, no_restart=True)
@@ -1004,6 +1174,93 @@ def _shutdown(actors: List[Any], pg: Any) -> None:
             remove_placement_group(pg)
         except Exception:  # noqa: BLE001
             pass
+
+
+# (producer, asked, made, fetched here): monotonic times of a request taken by next()
+_Times = Tuple[int, float, Optional[float], Optional[float]]
+
+
+def _failed(r: "_Request") -> bool:
+    """The request's call failed in the transport (its producer or object was lost)."""
+    f = r.future
+    return f.done() and not f.cancelled() and isinstance(f.exception(), _LOST)
+
+
+def _pct(xs: List[float], q: float) -> float:
+    """The q-quantile of xs (nearest rank); 0 for none."""
+    if not xs:
+        return 0.0
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(q * len(ys)))]
+
+
+def _union(spans: List[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[Tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(xs: List[Tuple[float, float]], ys: List[Tuple[float, float]]) -> float:
+    """Seconds in both unions of spans xs and ys."""
+    xs, ys = _union(xs), _union(ys)
+    i = j = 0
+    t = 0.0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        t += max(0.0, b - a)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return t
+
+
+def _fetch_stats(
+    reqs: List[_Times], waits: List[Tuple[float, float]], producers: int
+) -> Dict[str, Any]:
+    """Where the time of the last (up to 1024) batches went, to tell why a link was idle:
+    made_s (asked -> made), service_s (the producer's own time for it: from when it was
+    asked or its producer's batch before was made, to made), transfer_s (made -> fetched
+    to this node), transfers_mean (batches crossing the link at once, on average),
+    transfer_share (of the span, time with at least one crossing), wait_s (the trainer
+    in next()) and wait_idle_s (of that, time with nothing crossing: the producers were
+    behind, not the link)."""
+    done = [(p, a, b, c) for p, a, b, c in reqs if b is not None and c is not None]
+    if not done:
+        return {"requests": 0}
+    made = [b - a for _, a, b, _ in done]
+    xfer = [(b, c) for _, _, b, c in done]
+    service: List[List[float]] = [[] for _ in range(producers)]
+    last: Dict[int, float] = {}
+    for p, a, b, _ in sorted(done, key=lambda x: x[2]):
+        if 0 <= p < producers:
+            service[p].append(b - max(a, last.get(p, a)))
+        last[p] = b
+    t0 = min(a for _, a, _, _ in done)
+    t1 = max(c for _, _, _, c in done)
+    span = max(1e-9, t1 - t0)
+    w = [(max(a, t0), min(b, t1)) for a, b in waits if b > t0 and a < t1]
+    wait = sum(b - a for a, b in _union(w))
+    all_service = [x for xs in service for x in xs]
+    return {
+        "requests": len(done),
+        "span_s": span,
+        "made_s_p50": _pct(made, 0.5),
+        "made_s_p99": _pct(made, 0.99),
+        "service_s_p50": _pct(all_service, 0.5),
+        "service_s_p99": _pct(all_service, 0.99),
+        "transfer_s_p50": _pct([b - a for a, b in xfer], 0.5),
+        "transfer_s_p99": _pct([b - a for a, b in xfer], 0.99),
+        "transfers_mean": sum(b - a for a, b in xfer) / span,
+        "transfer_share": sum(b - a for a, b in _union(xfer)) / span,
+        "wait_s": wait,
+        "wait_idle_s": wait - _overlap(w, xfer),
+        "service_s_p50_per_producer": [_pct(xs, 0.5) for xs in service],
+    }
 
 
 def _exception(name: str, msg: str) -> BaseException:

@@ -172,3 +172,59 @@ def test_index_of_other_limits_is_not_trusted(hard):
         assert any("built with other settings" in x for x in w), over
         n0, d0, st0, _, p0, _ = run([hard], index=False, **over)
         assert (n, d, p, st["skipped_by_reason"]) == (n0, d0, p0, st0["skipped_by_reason"])
+
+
+PIXEL_LIMIT = 1_000_000  # bytes of pixel_values: float32 rows of 4704 bytes, uint8 of 1176
+
+
+@pytest.fixture(scope="module")
+def pixels(tmp_path_factory):
+    """20 samples: 5 with a 224x224 image (256 patch rows: 1.2 MB as float32, 0.3 MB as
+    uint8), 5 with two 160x160 images (144 rows each: each alone under the limit as float32,
+    together 1.35 MB), 10 with a small image; the files are small (smooth gradients)."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("pixels")
+    ramp = np.linspace(0, 255, 224, dtype=np.uint8)
+    Image.fromarray(np.dstack([np.add.outer(ramp, ramp) // 2] * 3)).save(root / "mid.png")
+    Image.fromarray(np.dstack([np.add.outer(ramp, ramp)[:160, :160] // 2] * 3)).save(
+        root / "half.png"
+    )
+    Image.fromarray(np.full((40, 56, 3), 90, np.uint8)).save(root / "small.png")
+    lines = []
+    for i in range(20):
+        imgs = {1: ["mid.png"], 3: ["half.png", "half.png"]}.get(i % 4, ["small.png"])
+        lines.append(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "<image>" * len(imgs) + "what " * (i % 3)},
+                        {"role": "assistant", "content": f"answer {i} " + "word " * (i % 5)},
+                    ],
+                    "images": [str(root / p) for p in imgs],
+                }
+            )
+        )
+    shard = root / "pixels.jsonl"
+    shard.write_text("\n".join(lines) + "\n")
+    return str(shard)
+
+
+def test_max_sample_pixel_bytes_applies_at_plan_time(pixels):
+    """max_sample_pixel_bytes is applied by the index plan and the planning pass with the
+    bytes formula the worker uses (mml_sample_pixel_bytes), so len(), the batches and the
+    skip counts agree and the stream skips nothing the plan kept. The index's counts do
+    not depend on it or on pixel_format: one index serves every value."""
+    dsindex.build([pixels], tokenizer=TINY, threads=2, **VISION, **LIMITS)
+    for fmt, over in (("float32", 10), ("uint8", 0)):
+        kw = dict(max_sample_pixel_bytes=PIXEL_LIMIT, pixel_format=fmt)
+        n_idx, d_idx, st_idx, w_idx, p_idx, how_idx = run([pixels], **kw)
+        n_pass, d_pass, st_pass, w_pass, p_pass, how_pass = run([pixels], index=False, **kw)
+        assert how_idx == (20, 0) and how_pass == (0, 20), fmt
+        want = {"sample_too_large": over} if over else {}
+        assert st_pass["skipped_by_reason"] == want, fmt
+        assert st_idx["skipped_by_reason"] == want, fmt
+        assert p_idx == p_pass and p_idx["unusable"] == over, fmt
+        assert n_idx == n_pass == len(d_pass) == len(d_idx) == p_pass["steps"], fmt
+        assert d_idx == d_pass, fmt
+        assert w_idx == w_pass, fmt

@@ -243,6 +243,62 @@ def test_killed_producer_is_restarted_nothing_lost_or_duplicated(cluster, datase
     assert s["lost"] + s["rerouted"] >= 1  # re-issued (Ray's error, or a missed ping)
 
 
+def test_stuck_producer_requests_move_before_the_trainer_reaches_them(cluster, dataset):
+    """A producer that stops answering (SIGSTOP: its process lives, so Ray sees nothing)
+    is found by the loader's own pings while the trainer is not even waiting, and every
+    request it holds moves to the others at once, ahead of their queues; the stream
+    stays exact.  (Before: only a late head batch triggered a ping, and stats() asked
+    the stuck producer and hung.)"""
+    n = _len(dataset) + 3
+    want = _local(dataset, n)
+    with mray.Loader(
+        dataset, producers=3, refs_in_flight=6, producer_resources={"CPU": 0.5}, **KW
+    ) as L:
+        got = _events(L, 2)
+        victim = L.producer_pids()[1]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            s = L.stats()  # returns (not hung on the stuck producer)
+            while s["suspected"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                s = L.stats()
+            assert s["suspected"] >= 1, s  # found without a next() call
+            assert s["producers"][1]["available"] is False
+            assert s["producer_timeout_s"] > 0
+            got += _events(L, n - 2)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        f = L.stats()["fetch"]
+        assert f["requests"] >= n - 2 and f["made_s_p50"] > 0 and f["transfer_s_p50"] >= 0
+    assert got == want
+
+
+def _watches():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "mmloader-ray-watch" and t.is_alive()]
+
+
+def test_watch_thread_ends_with_the_loader(cluster, dataset):
+    """The thread that pings the producers ends on close() and when the loader is dropped
+    without close() (its finalizer), instead of pinging killed actors forever."""
+    before = len(_watches())
+    for drop in (False, True):
+        L = mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, **KW)
+        next(L)
+        assert len(_watches()) == before + 1
+        if drop:
+            del L
+            gc.collect()
+        else:
+            L.close()
+        deadline = time.monotonic() + 30
+        while len(_watches()) > before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_watches()) == before
+
+
 def test_resume_is_exact_both_ways(cluster, dataset):
     n = _len(dataset)
     with warnings.catch_warnings():

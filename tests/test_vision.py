@@ -533,13 +533,38 @@ def test_errors():
 def test_fast_mode_is_close_and_documented():
     data = jpeg(1600, 1200, 4)
     exact = mmloader.ImageProcessor(max_pixels=200704)
-    fast = mmloader.ImageProcessor(max_pixels=200704, fast=True)
+    fast = mmloader.ImageProcessor(max_pixels=200704, fast_decode=True)
     assert fast.plan(data)["decode_scale"] == 2
     a, b = exact([data]), fast([data])
     np.testing.assert_array_equal(a["image_grid_thw"], b["image_grid_thw"])
     d = np.abs(a["pixel_values"] - b["pixel_values"])
     # reduced-DCT decode is not bit-exact; it stays within a few uint8 steps on average
     assert d.mean() < 0.05 and d.max() > 0
+
+
+def test_fast_decode_is_one_option_in_the_loader_and_the_processor(tmp_path):
+    """fast_decode has one spelling (issue 34): the Loader's batches and ImageProcessor's
+    output agree bit for bit with it on, and the processor refuses the old name "fast"."""
+    data = jpeg(1600, 1200, 5)
+    path = tmp_path / "big.jpg"
+    path.write_bytes(data)
+    shard = tmp_path / "train.jsonl"
+    msg = [{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A."}]
+    shard.write_text(json.dumps({"messages": msg, "images": [str(path)]}) + "\n")
+    tiny = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+    with pytest.raises(ValueError, match="fast"):
+        mmloader.ImageProcessor(max_pixels=200704, fast=True)
+    for fast in (False, True):
+        proc = mmloader.ImageProcessor(max_pixels=200704, fast_decode=fast)
+        with mmloader.Loader(
+            str(shard), tokenizer=tiny, micro_batch_size=1, max_pixels=200704, fast_decode=fast
+        ) as L:
+            got = np.from_dlpack(next(L)["pixel_values"]).copy()
+        np.testing.assert_array_equal(got, proc([data])["pixel_values"])
+    # the benchmarks' floor of the fast path: the decoder alone at each image's scale
+    assert _core.decode_only([data, data], [2, 4]) == 800 * 600 + 400 * 300
+    with pytest.raises(mmloader.Error):
+        _core.decode_only([data], [3])
 
 
 @needs_tf

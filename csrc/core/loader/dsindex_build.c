@@ -35,8 +35,9 @@
  * DESIGN 1-5): same parser options, media references, path policy, per-image budgets,
  * limits and template; then mml_sample_check_target, the part of mml_sample_check that
  * does not need max_length (no trainable turn: MML_ENOTARGET; it depends on the template,
- * label mode and recipe, all in the settings key), max_length being applied when the
- * counts are used (loader_dsindex.c).  So an index-based global plan equals the planning pass's on every
+ * label mode and recipe, all in the settings key), max_length and max_sample_pixel_bytes
+ * (its bytes from the tokens and the pixel format: mml_sample_pixel_bytes) being applied
+ * when the counts are used (loader_dsindex.c).  So an index-based global plan equals the planning pass's on every
  * sample (MML_DSX_STATUSES; tests/test_dsindex_agree.py, tests/c test-dsindex.c).
  */
 #include <errno.h>

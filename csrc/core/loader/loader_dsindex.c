@@ -19,6 +19,10 @@
  *   builder records: MML_DSX_STATUSES).  A shard
  *   whose index was built under another key keeps its offsets (they do not depend on
  *   settings) but its counts are not used, with one warning naming both settings.
+ *   Checks applied when the counts are used, not recorded (so not in the key):
+ *   max_record_bytes, max_length, and max_sample_pixel_bytes (mml_sample_pixel_bytes
+ *   of the image and video rows, tokens * merge^2 each, in this loader's pixel_format),
+ *   in mml_sample_plan's order.
  *
  * Threads: everything here runs at construction (one thread) except ld_index_precheck,
  * which workers call on immutable data.
@@ -307,17 +311,25 @@ int ld_index_all_counts(const mml_loader *L, int64_t *tokens, int64_t *vision, u
   for (int k = 0; k < L->ix.nshards; k++) {
     const mml_index_shard *sh = &L->ix.shards[k];
     const mml_dsx *x = L->dsx[k];
-    int64_t max = L->src[L->shard_src[k]].pl.max_length;
+    const mml_pipeline *pl = &L->src[L->shard_src[k]].pl;
+    const int64_t max = pl->max_length,
+                  mm = (int64_t)pl->vision->merge_size * pl->vision->merge_size;
     for (int64_t j = 0; j < sh->count; j++) {
-      int64_t i = sh->first + j, off, len, where, v = 0;
+      int64_t i = sh->first + j, off, len, where, v = 0, vv = 0;
       int shard;
       const mml_dsx_sample *s = &x->samples[j];
       mml_index_locate(&L->ix, i, &shard, &off, &len, &where);
-      for (int64_t m = x->first_image[j]; m < x->first_image[j + 1]; m++) v += x->images[m].tokens;
+      const int64_t m0 = x->first_image[j], m1 = x->first_image[j + 1];
+      for (int64_t m = m0; m < m1; m++) v += x->images[m].tokens;
+      for (int64_t m = m1 - (s->nvideos < m1 - m0 ? s->nvideos : m1 - m0); m < m1; m++)
+        vv += x->images[m].tokens; /* the videos: the last nvideos entries */
       mml_status st = len > L->cfg.max_record_bytes ? MML_ERECORDSIZE /* as stage_record */
                       : s->status                   ? (mml_status)s->status
                       : max > 0 && (int64_t)s->text_tokens + v > max ? MML_ETOOLONG
                                                                      : MML_OK;
+      /* then max_sample_pixel_bytes, as mml_sample_plan: a patch row per token * merge^2 */
+      if (!st && mml_sample_check_pixel_bytes(pl, 0, 0, (v - vv) * mm, vv * mm, NULL))
+        st = MML_ESAMPLEPIXELS;
       tokens[i] = st ? -1 : (int64_t)s->text_tokens + v;
       vision[i] = st ? 0 : v;
       why[i] = (uint8_t)st;

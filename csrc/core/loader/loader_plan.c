@@ -86,12 +86,20 @@ typedef struct pass {
 
 /* Sample i's counts into g, or why it stays out of the plan: ld_measure (the record and
  * its media read whole, as the stream reads them: measure.c DESIGN 4), then the settings
- * checks the worker applies (mml_sample_check). */
+ * checks the worker applies in mml_sample_plan's order (mml_sample_check, then
+ * max_sample_pixel_bytes from the planned rows: mml_sample_check_pixel_bytes). */
 static void measure_one(ld_measurer *m, ld_gplan *g, int64_t i) {
   mml_err e;
   mml_err_clear(&e);
+  const mml_pipeline *pl = &m->L->src[m->L->shard_src[m->shard]].pl;
   mml_status st = ld_measure(m, i, &e);
-  if (!st) st = mml_sample_check(&m->L->src[m->L->shard_src[m->shard]].pl, &m->s, &e);
+  if (!st) st = mml_sample_check(pl, &m->s, &e);
+  if (!st) {
+    int64_t rows = 0, vrows = 0;
+    for (int k = 0; k < m->rec.nimages; k++) rows += m->plans[k].rows;
+    for (int v = 0; v < m->rec.nvideos; v++) vrows += m->vplans[v].rows;
+    st = mml_sample_check_pixel_bytes(pl, m->rec.nimages, m->rec.nvideos, rows, vrows, &e);
+  }
   if (st) {
     g->tokens[i] = -1;
     g->why[i] = (uint8_t)(st < MML_STATUS_COUNT ? st : MML_EINTERNAL);

@@ -217,6 +217,27 @@ mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err
   return MML_OK;
 }
 
+int64_t mml_sample_pixel_bytes(const mml_vision_cfg *v, int64_t rows, int64_t vrows) {
+  const int64_t rb = (int64_t)mml_vision_row_bytes(v), vb = (int64_t)mml_vision_video_row_bytes(v);
+  if (rows < 0 || vrows < 0 || (rb && rows > INT64_MAX / rb) || (vb && vrows > INT64_MAX / vb))
+    return INT64_MAX;
+  const int64_t a = rows * rb, b = vrows * vb;
+  return a > INT64_MAX - b ? INT64_MAX : a + b;
+}
+
+mml_status mml_sample_check_pixel_bytes(const mml_pipeline *pl, int nimages, int nvideos,
+                                        int64_t rows, int64_t vrows, mml_err *err) {
+  const int64_t bytes = mml_sample_pixel_bytes(pl->vision, rows, vrows);
+  if (pl->max_sample_pixel_bytes > 0 && bytes > pl->max_sample_pixel_bytes)
+    return mml_err_set(err, MML_ESAMPLEPIXELS,
+                       "%d image(s) and %d video(s) whose pixel values take %lld bytes as %s "
+                       "(resized), above max_sample_pixel_bytes=%lld",
+                       nimages, nvideos, (long long)bytes,
+                       mml_dtype_name(mml_vision_pixel_dtype(pl->vision)),
+                       (long long)pl->max_sample_pixel_bytes);
+  return MML_OK;
+}
+
 mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
                            const mml_bytes *images, mml_vision_plan *plans,
                            const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
@@ -229,15 +250,7 @@ mml_status mml_sample_plan(const mml_pipeline *pl, mml_sample_scratch *sc, const
   for (int i = 0; i < n; i++) rows += plans[i].rows;
   for (int v = 0; v < rec->nvideos; v++) vrows += vplans[v].rows;
   const int cols = n ? plans[n - 1].cols : 0;
-  const int64_t bytes = rows * (int64_t)mml_vision_row_bytes(pl->vision) +
-                        vrows * (int64_t)mml_vision_video_row_bytes(pl->vision);
-  if (pl->max_sample_pixel_bytes > 0 && bytes > pl->max_sample_pixel_bytes)
-    return mml_err_set(err, MML_ESAMPLEPIXELS,
-                       "%d image(s) and %d video(s) whose pixel values take %lld bytes as %s "
-                       "(resized), above max_sample_pixel_bytes=%lld",
-                       n, rec->nvideos, (long long)bytes,
-                       mml_dtype_name(mml_vision_pixel_dtype(pl->vision)),
-                       (long long)pl->max_sample_pixel_bytes);
+  if ((st = mml_sample_check_pixel_bytes(pl, n, rec->nvideos, rows, vrows, err))) return st;
   out->pixels_elsewhere = 1;
   if (pl->plan_only) { /* composition needs only the token count */
     out->pixel_rows = 0;

@@ -401,6 +401,15 @@ mml_status mml_sample_check(const mml_pipeline *pl, const mml_sample *s, mml_err
 /* MML_ENOTARGET when no label of s is supervised (no trainable turn): the part of
  * mml_sample_check a dataset index records (max_length is checked where counts are used). */
 mml_status mml_sample_check_target(const mml_sample *s, mml_err *err);
+/* The bytes of a sample's pixel_values (rows image patch rows) and pixel_values_videos
+ * (vrows) in v's pixel_format (saturating at INT64_MAX): the one formula the worker
+ * (mml_sample_plan), the planning pass and the index-based plan (rows = tokens * merge^2)
+ * apply max_sample_pixel_bytes with. */
+int64_t mml_sample_pixel_bytes(const mml_vision_cfg *v, int64_t rows, int64_t vrows);
+/* MML_ESAMPLEPIXELS (skip reason sample_too_large) when mml_sample_pixel_bytes is above
+ * pl->max_sample_pixel_bytes; the last check of mml_sample_plan before its grids. */
+mml_status mml_sample_check_pixel_bytes(const mml_pipeline *pl, int nimages, int nvideos,
+                                        int64_t rows, int64_t vrows, mml_err *err);
 /* mml_sample_measure, mml_sample_check, then the rest of the sample's plan:
  * plans `out` from a parsed record and the encoded bytes of each of its images, before
  * any pixel work: each image's plan from its header alone (plans[i], nimages of them:
