@@ -313,3 +313,42 @@ def test_remote_shards_read_by_row_group(ref, tmp_path, fault_server, moto_s3):
         aws_secret_access_key=moto_s3.secret_key,
     )
     same(want, epoch(url, **s3))
+
+
+def test_dataset_index_and_global_plan(ref, tmp_path):
+    """`python -m mmloader index` of a Parquet shard: its counts are used (no header
+    pass) and batches stay the JSONL export's; the global plan decides the same batches
+    from a Parquet shard as from its export."""
+    from mmloader import dsindex
+
+    items, want, tmp = ref
+    p = str(tmp_path / "train.parquet")
+    pq.write_table(arrow_table(items), p, row_group_size=4)
+    vision = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    # text that compresses well: the decoded rows (members) lie far past the file's size
+    long = [
+        (
+            [dict(m, content=m["content"].replace("<image>", "") + " and so on" * 400) for m in ms],
+            [],
+        )
+        for ms, _ in items
+    ]
+    q = str(tmp_path / "long.parquet")
+    pq.write_table(arrow_table(long), q, compression="zstd")
+    assert os.path.getsize(q) < N * 2 * 4000 // 4
+    dsindex.build(q, tokenizer=TINY, threads=2, **vision)
+    with mmloader.Loader(q, tokenizer=TINY, micro_batch_size=3, max_length=100000, **vision) as L:
+        assert L.index_shards == 1 and len(L) == N // 3
+    s = dsindex.build(p, tokenizer=TINY, threads=2, **vision)
+    assert s["samples"] == N and s["images"] == sum(len(i) for _, i in items), s
+    with mmloader.Loader(
+        p, tokenizer=TINY, micro_batch_size=3, num_threads=2, shuffle=False, **vision
+    ) as L:
+        got = [as_np(b) for b in L]
+        assert L.index_shards == 1
+    same(want, got)
+    plan = dict(global_plan=True, max_tokens_per_batch=200, shuffle=True, seed=5)
+    same(
+        epoch(os.path.join(tmp, "ref.jsonl"), micro_batch_size=None, **plan),
+        epoch(p, micro_batch_size=None, **plan),
+    )
