@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Dict, Mapping, Optional, Sequence
+import functools
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar
 
 from . import _core
 
@@ -79,3 +80,77 @@ def flag_kwargs(args: Any, names: Sequence[str], prefix: str = "--") -> Dict[str
         if v is not None:
             out[name] = v
     return out
+
+
+# ---- the pixel knobs before pixel_format was the only one -------------------------------
+#
+# compact_pixels= (the engine's float formats decoded into uint8 rows and expanded at
+# emission, or written directly) and mmloader.torch.Loader's wire_format= (uint8 from the
+# engine, expanded by the consumer) are spellings of pixel_format now; docs/pixels.md has
+# the table.  Passing either is a ConfigError that names the pixel_format to write instead.
+REMOVED_PIXEL_OPTIONS = ("compact_pixels", "wire_format")
+
+
+def pixel_format_for(
+    pixel_format: Optional[str],
+    compact_pixels: Optional[bool] = None,
+    wire_format: Optional[str] = None,
+) -> Optional[str]:
+    """The pixel_format that gives what the old spellings asked for: ``pixel_format``
+    (None: the adapters' default) with ``compact_pixels`` and/or ``wire_format`` as
+    given (None: not given).  None when no pixel_format says it (a wire_format that was
+    an error then too)."""
+    choices = OPTIONS["pixel_format"]["choices"]
+    fmt = pixel_format or DEFAULTS["pixel_format"]
+    dtype = str(fmt).split("-")[0]  # the choices without a "-": the dtypes
+    if fmt not in choices or wire_format not in (None, fmt, dtype, "uint8"):
+        return None
+    if dtype == "uint8":
+        return dtype
+    if wire_format == "uint8":
+        return f"{dtype}-consumer"
+    if compact_pixels is False or fmt == f"{dtype}-decode":
+        return f"{dtype}-decode"
+    return dtype if wire_format is not None or compact_pixels else fmt
+
+
+def removed_pixel_option_error(given: Mapping[str, Any]) -> _core.ConfigError:
+    """The ConfigError for keywords `given` holding compact_pixels or wire_format."""
+    old = {k: given[k] for k in REMOVED_PIXEL_OPTIONS if k in given}
+    fmt = given.get("pixel_format")
+    new = pixel_format_for(fmt, old.get("compact_pixels"), old.get("wire_format"))
+    what = ", ".join(f"{k}={v!r}" for k, v in old.items())
+    with_fmt = f" with pixel_format={fmt!r}" if fmt is not None else ""
+    if new is None:
+        fix = f"{what}{with_fmt} was not a valid combination either"
+    elif "wire_format" in old and old["wire_format"] is None and new != "uint8":
+        # "uint8 with a CUDA device": mmloader.torch.Loader's pixel_format=None
+        dtype = new.split("-")[0]
+        fix = (
+            f"{what}{with_fmt} was pixel_format='{dtype}-consumer' with a CUDA device and "
+            f"{new!r} otherwise" + (", what pixel_format=None does" if fmt is None else "")
+        )
+    else:
+        fix = f"pixel_format={new!r} gives what {what}{with_fmt} did"
+    return _core.ConfigError(
+        f"{' and '.join(old)} {'are' if len(old) > 1 else 'is'} no longer an option: "
+        f"{fix}.  pixel_format alone says what pixel_values holds and where its floats are "
+        "made: " + ", ".join(OPTIONS["pixel_format"]["choices"]) + " (docs/pixels.md has "
+        "the old spellings and their new ones)"
+    )
+
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def refuses_removed_pixel_options(init: _F) -> _F:
+    """An ``__init__`` that raises :func:`removed_pixel_option_error` when given
+    compact_pixels= or wire_format= (type checkers still see its own signature)."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        if any(k in kwargs for k in REMOVED_PIXEL_OPTIONS):
+            raise removed_pixel_option_error(kwargs)
+        init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

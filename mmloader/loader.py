@@ -157,7 +157,7 @@ def _resolve_source(
         kw["image_route"] = ov["image_route"]
     recipe = ov.get("recipe", base["recipe"])
     recipes.check_route(f"{where}: ", recipe, kw.get("image_route", "processor"))
-    kw.update(recipes.vision_overrides(recipe))
+    kw = recipes.vision_kw(recipe, kw)
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -172,7 +172,7 @@ def _resolve_source(
     rec = recipes.resolve(
         f"{where}: ",
         recipe,
-        {k: ov.get(k, base[k]) for k in recipes.LLAMA_FACTORY_SETTINGS},
+        {k: ov.get(k, base[k]) for k in recipes.RECIPE_SETTINGS},
         label_mode,
     )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
@@ -519,6 +519,7 @@ class Loader:
     Args: (the section below is generated from the option table: see ``_options_doc``)
     """
 
+    @_options.refuses_removed_pixel_options
     def __init__(
         self,
         data: DataSpec,
@@ -536,7 +537,6 @@ class Loader:
         prefetch: int = _D["prefetch"],
         window: Optional[int] = _D["window"],
         max_memory: Optional[int] = _D["max_memory"],
-        compact_pixels: bool = _D["compact_pixels"],
         on_error: str = _D["on_error"],
         max_error_rate: float = _D["max_error_rate"],
         preset: str = _D["preset"],
@@ -570,6 +570,7 @@ class Loader:
         video_maxlen: Optional[int] = _D["video_maxlen"],
         video_max_pixels: Optional[int] = _D["video_max_pixels"],
         video_min_pixels: Optional[int] = _D["video_min_pixels"],
+        model_max_length: Optional[int] = _D["model_max_length"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -654,11 +655,18 @@ class Loader:
             opts["index"] = os.fspath(index)
         recipes.check_route("", recipe, image_route)
         opts.update(
-            recipes.resolve(
-                "", recipe, {k: opts[k] for k in recipes.LLAMA_FACTORY_SETTINGS}, label_mode
-            )
+            recipes.resolve("", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode)
         )
         _core.check_loader_options(opts)  # ConfigError before any expensive work
+        if pixel_format.endswith("-consumer"):
+            dtype = pixel_format.split("-")[0]
+            raise ConfigError(
+                f"pixel_format={pixel_format!r} ships uint8 patches for the consumer to expand "
+                "where the tensor is: mmloader.torch.Loader (and the Megatron and Bridge "
+                "adapters) do that; mmloader.Loader's batches are the engine's own, so use "
+                f"pixel_format={dtype!r} here (the engine expands), or 'uint8' and "
+                "mmloader.torch.expand_pixels"
+            )
         device_index = _parse_device(device)
         if pin_memory and device_index < 0 and not _core.cuda_available():
             warnings.warn(
@@ -683,9 +691,7 @@ class Loader:
             image_route=image_route,
         )
         try:
-            vision = vision_config(
-                preset, model_dir, **vision_kw, **recipes.vision_overrides(recipe)
-            )
+            vision = vision_config(preset, model_dir, **recipes.vision_kw(recipe, vision_kw))
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -699,7 +705,7 @@ class Loader:
                 label_mode=label_mode,
                 max_length=max_length,
                 recipe=recipe,
-                **{k: given[k] for k in recipes.LLAMA_FACTORY_SETTINGS},
+                **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
 
@@ -984,7 +990,8 @@ class Loader:
         page_faults_per_batch (the same per batch delivered after the first
         2 * prefetch + 8, when the buffer pool has filled; None before), pixel_rows_moved
         (image and video rows copied because a sample failed only at decode; 0 otherwise),
-        pixel_rows_expanded (compact_pixels: rows expanded from uint8 at emission),
+        pixel_rows_expanded (pixel_format float32/bfloat16: rows expanded from uint8 at
+        emission),
         pixel_rows_expanded_in_place (those of them expanded in their own buffer, grown
         to the float bytes: no second buffer),
         the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the

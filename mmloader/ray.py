@@ -52,7 +52,7 @@ from typing import Any, Counter, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import __version__, _core
+from . import __version__, _core, _options
 from . import loader as _loader
 from ._core import ConfigError, Error, SampleError
 
@@ -479,6 +479,14 @@ class Loader:
                 )
         if "plan_only" in loader_kwargs:
             raise ConfigError("mmloader.ray.Loader: plan_only is not a stream option")
+        if any(k in loader_kwargs for k in _options.REMOVED_PIXEL_OPTIONS):
+            raise _options.removed_pixel_option_error(loader_kwargs)
+        if str(loader_kwargs.get("pixel_format", "")).endswith("-consumer"):
+            raise ConfigError(
+                f"mmloader.ray.Loader: pixel_format={loader_kwargs['pixel_format']!r} is not "
+                "supported; batches are the producers' host arrays (pixel_format 'uint8' and "
+                "mmloader.torch.expand_pixels in the trainer ship the same uint8 patches)"
+            )
         # this process's data-parallel rank (the producers run elsewhere, outside its group)
         loader_kwargs["dp_rank"], loader_kwargs["dp_size"] = _loader.resolve_dp(
             loader_kwargs.get("dp_rank"), loader_kwargs.get("dp_size")
@@ -749,12 +757,14 @@ class Loader:
             self._reroute()
 
     def _reroute(self) -> None:
-        """Moves every request of a suspect producer not yet answered (or whose call
-        failed) to a stand-in."""
+        """Moves every request of a suspect producer not yet made (or whose call failed)
+        to a stand-in.  A batch already made stays: it is on its way here (asking again
+        would send it over the link twice, and a ping late behind a full link would then
+        load that link more); if its node dies on the way, the fetch fails and moves it."""
         if not self._suspect:
             return
         for i, r in enumerate(self._inflight):
-            if r.producer in self._suspect and (not r.future.done() or _failed(r)):
+            if r.producer in self._suspect and (not r.made() or _failed(r)):
                 if _failed(r) and r.attempts >= self._max_attempts:
                     continue  # _take raises it when it is the head
                 r.dropped = True

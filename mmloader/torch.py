@@ -42,7 +42,7 @@ import torch
 
 from . import _core
 from . import loader as _loader
-from ._options import DEFAULTS
+from ._options import DEFAULTS, OPTIONS, refuses_removed_pixel_options
 from .loader import PathLike
 from .presets import vision_config as _preset_vision
 
@@ -255,8 +255,11 @@ _LOADER_PARAMS = inspect.signature(_loader.Loader.__init__).parameters
 _LOADER_KEYWORDS = tuple(_LOADER_PARAMS)[2:]
 #: device has no row (a "cuda:N" string): Loader's default, not spelled again
 _DEVICE_DEFAULT: str = _LOADER_PARAMS["device"].default
-#: the keywords whose default here is None, resolved by ``keys`` (see Loader's docstring)
-_OWN_DEFAULTS = ("mrope", "attention_mask", "text_only_vision", "mm_token_type_ids")
+#: the keywords whose default here is None, resolved by ``keys`` or ``device`` (see Loader's
+#: docstring)
+#: the pixel_format choices whose floats this adapter makes (from uint8 the engine ships)
+_CONSUMER_FORMATS = tuple(c for c in OPTIONS["pixel_format"]["choices"] if c.endswith("-consumer"))
+_OWN_DEFAULTS = ("mrope", "attention_mask", "text_only_vision", "mm_token_type_ids", "pixel_format")
 
 
 def _check_packed_qwen_keys(kwargs: Dict[str, Any], packing_keys: bool) -> None:
@@ -318,27 +321,27 @@ class Loader:
     """An :class:`mmloader.Loader` whose batches are ``dict[str, torch.Tensor]``.
 
     Arguments are those of :class:`mmloader.Loader` (see its docstring), with its types
-    and defaults, except four whose default here is None, decided by ``keys`` so that a
-    batch fits the model (see the module docstring):
+    and defaults, except five whose default here is None: four decided by ``keys`` so that
+    a batch fits the model (see the module docstring), and ``pixel_format`` by ``device``:
 
     - ``mrope``: None is True with ``keys="qwen"`` (Loader's False with "megatron");
     - ``mm_token_type_ids``: None is True with ``keys="qwen"`` (else Loader's False);
     - ``attention_mask``: None is ``not packing`` with ``keys="qwen"`` (else Loader's True);
     - ``text_only_vision``: None is "omit" with ``keys="qwen"`` and "placeholder" with
-      "megatron" (every batch has the same keys).
+      "megatron" (every batch has the same keys);
+    - ``pixel_format``: None is "float32-consumer" with a CUDA ``device`` (uint8 patches
+      copied, 8x fewer host-to-device bytes than float32, expanded on the GPU) and
+      Loader's "float32" otherwise.
 
-    Two arguments are this adapter's own: ``packing_keys`` keeps the packing tensors
-    (``cu_seqlens``, ``cu_seqlens_unpadded`` or ``cu_seqlens_padded``, ``max_seqlen``) in
-    packed batches (None: only with ``keys="megatron"``), and ``wire_format`` (below).
-
-    ``pixel_format`` is the dtype the batches' ``pixel_values`` have ("float32" default,
-    "bfloat16", or "uint8" for the compact patches themselves); ``wire_format`` is what the
-    engine produces and copies: by default "uint8" with a CUDA ``device`` (8x fewer
-    host-to-device bytes than float32), ``pixel_format`` otherwise.  When the two differ,
-    each batch's uint8 patches (``pixel_values`` and ``pixel_values_videos``) are expanded
+    With ``pixel_format="float32-consumer"`` or ``"bfloat16-consumer"`` the engine makes
+    uint8 patches and each batch's ``pixel_values`` and ``pixel_values_videos`` are expanded
     by :func:`expand_pixels` where they are (on the GPU after the copy), bit for bit the
-    values ``wire_format=pixel_format`` gives;
-    ``wire_format`` equal to ``pixel_format`` (``"float32"`` by default) turns that off.
+    values ``"float32"`` / ``"bfloat16"`` give (the engine expanding them; what a CUDA
+    ``device`` copies then is float).
+
+    One argument is this adapter's own: ``packing_keys`` keeps the packing tensors
+    (``cu_seqlens``, ``cu_seqlens_unpadded`` or ``cu_seqlens_padded``, ``max_seqlen``) in
+    packed batches (None: only with ``keys="megatron"``).
 
     Iterating yields the batches of one epoch; iterate again for the next.  ``len()`` is
     the number of batches per epoch when that is known (padded batches, any global plan);
@@ -346,12 +349,12 @@ class Loader:
     IterableDataset.
     """
 
+    @refuses_removed_pixel_options
     def __init__(
         self,
         data: _loader.DataSpec,
         *,
         packing_keys: Optional[bool] = None,
-        wire_format: Optional[str] = None,
         data_format: str = DEFAULTS["data_format"],
         index: Union[None, bool, PathLike] = DEFAULTS["index"],
         image_root: Optional[PathLike] = DEFAULTS["image_root"],
@@ -365,7 +368,6 @@ class Loader:
         prefetch: int = DEFAULTS["prefetch"],
         window: Optional[int] = DEFAULTS["window"],
         max_memory: Optional[int] = DEFAULTS["max_memory"],
-        compact_pixels: bool = DEFAULTS["compact_pixels"],
         on_error: str = DEFAULTS["on_error"],
         max_error_rate: float = DEFAULTS["max_error_rate"],
         preset: str = DEFAULTS["preset"],
@@ -399,10 +401,11 @@ class Loader:
         video_maxlen: Optional[int] = DEFAULTS["video_maxlen"],
         video_max_pixels: Optional[int] = DEFAULTS["video_max_pixels"],
         video_min_pixels: Optional[int] = DEFAULTS["video_min_pixels"],
+        model_max_length: Optional[int] = DEFAULTS["model_max_length"],
         mrope: Optional[bool] = None,
         attention_mask: Optional[bool] = None,
         text_only_vision: Optional[str] = None,
-        pixel_format: str = DEFAULTS["pixel_format"],
+        pixel_format: Optional[str] = None,
         mm_token_type_ids: Optional[bool] = None,
         cycle: bool = DEFAULTS["cycle"],
         pin_memory: bool = DEFAULTS["pin_memory"],
@@ -461,31 +464,28 @@ class Loader:
         if self._packed_qwen:
             _check_packed_qwen_keys(kwargs, packing_keys)
         self._drop = () if packing_keys else _PACKING_KEYS
-        fmt = pixel_format
-        if wire_format is None:
+        if pixel_format is None:
             on_gpu = torch.device(device).type == "cuda"
-            wire_format = "uint8" if on_gpu else fmt
+            pixel_format = "float32-consumer" if on_gpu else DEFAULTS["pixel_format"]
+        #: the pixel_format this loader runs with (its None resolved)
+        self.pixel_format: str = pixel_format
+        consumer = pixel_format in _CONSUMER_FORMATS
+        if consumer:
+            kwargs["pixel_format"] = "uint8"  # the engine's part; expanded in __next__
+        else:
+            kwargs["pixel_format"] = pixel_format
         self._expand: Optional[Dict[str, Any]] = None
-        if wire_format != fmt:
-            if wire_format != "uint8" or fmt not in ("float32", "bfloat16"):
-                raise _loader.ConfigError(
-                    f"wire_format={wire_format!r} with pixel_format={fmt!r}: the wire format "
-                    "is the pixel_format itself or \"uint8\" (expanded to a float32 or "
-                    "bfloat16 pixel_format)"
-                )
-            kwargs["pixel_format"] = "uint8"
         self._restored = False
         self._inner = _loader.Loader(data, **kwargs)
-        if wire_format != fmt:
+        if consumer:
             v = self._inner.vision_config
             ms = dict(image_mean=v["image_mean"], image_std=v["image_std"])
             self._expand = dict(
                 patch_size=int(v["patch_size"]),
                 temporal_patch_size=int(v["temporal_patch_size"]),
-                dtype=torch.float32 if fmt == "float32" else torch.bfloat16,
+                dtype=torch.bfloat16 if pixel_format.startswith("bfloat16") else torch.float32,
             )
             self._tables = (pixel_table(**ms), pixel_table(**ms, videos=True))
-        self.wire_format: str = wire_format
 
     # ---- iteration (DataLoader-like) ---------------------------------------------------
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:

@@ -1,7 +1,8 @@
-"""compact_pixels (default on): with the float pixel formats the loader decodes images into
+"""pixel_format "float32" / "bfloat16" (the default): the loader decodes images into
 uint8 patch rows while their batch is being built and expands pixel_values from them when
 the batch is finished (loader_place.c COMPACT, loader_collator.c expand_images).  The
-batches must be bitwise those of compact_pixels=False (the float rows written directly),
+batches must be bitwise those of "float32-decode" / "bfloat16-decode" (the float rows
+written directly by the workers),
 also when samples fail only at decode (the planner rewinds and moves rows: now uint8 ones),
 in padded and packed batches, on one and several threads, and under max_memory.  tests/test_batch_digest.py checks the default against the recorded digests."""
 
@@ -41,9 +42,7 @@ def _epoch(path, threads, **cfg):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_compact_batches_are_the_direct_ones(shards, name, fmt):  # noqa: F811
     threads = 3 if name.startswith("packed") else 2
-    direct, st_d = _epoch(
-        shards["late"], threads, pixel_format=fmt, compact_pixels=False, **CONFIGS[name]
-    )
+    direct, st_d = _epoch(shards["late"], threads, pixel_format=f"{fmt}-decode", **CONFIGS[name])
     compact, st_c = _epoch(shards["late"], threads, pixel_format=fmt, **CONFIGS[name])
     same(compact, direct)
     assert st_d["pixel_rows_expanded"] == 0
@@ -64,7 +63,7 @@ def test_compact_pixels_under_max_memory(shards, shard):  # noqa: F811
     # the budget counts the uint8 rows and keeps room for the expansions: compact stays on
     # under a cap, and the batches are those of the float rows written directly (also with
     # late failures: rows moved), on a tight cap too
-    plain, st_p = _epoch(shards[shard], 2, micro_batch_size=2, compact_pixels=False)
+    plain, st_p = _epoch(shards[shard], 2, micro_batch_size=2, pixel_format="float32-decode")
     for cap in (256 << 20, 64 << 20):
         capped, st = _epoch(shards[shard], 2, micro_batch_size=2, max_memory=cap)
         same(capped, plain)
@@ -133,7 +132,7 @@ def test_compact_emission_gate_keeps_two_batches_ahead_within_the_high_water(big
     cfg = dict(tokenizer=TINY, num_threads=2, prefetch=4, micro_batch_size=3, max_error_rate=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with mmloader.Loader(big_then_small, compact_pixels=False, **SMALL, **cfg) as L:
+        with mmloader.Loader(big_then_small, pixel_format="float32-decode", **SMALL, **cfg) as L:
             rows = [int(b["pixel_values"].shape[0]) for b in L]
         want = _gate(rows, len(rows) - 3)
         assert any(w - i == 2 for i, w in enumerate(want)), repr((rows, want))  # exercised

@@ -10,7 +10,10 @@ an index build's stop could not interrupt.  Each test failed before its fix:
   loops now check the flag;
 - Ctrl-C during `mmloader index` (dsindex.build) stopped the writer, then joined workers
   that finished their chunk of 256 samples first, each fetch waiting out its timeouts and
-  retries (an image server that never answers: minutes); the workers now leave at once.
+  retries (an image server that never answers: minutes); the workers now leave at once;
+- Ctrl-C during a Loader's planning pass (the global plan's token counts, every sample
+  measured at construction) waited for every remaining sample: its threads checked the
+  cancel flag only inside fetches and probes; they now check it between samples.
 
 Times are compared with a peer measured in the same run (the whole decode), never with a
 fixed number of seconds, except where the old behaviour took minutes."""
@@ -184,3 +187,55 @@ def test_ctrl_c_during_an_index_build_stops_its_workers(fault_server, tmp_path):
     assert took < 10, took
     partial = [f for f in os.listdir(tmp_path / "ix") if f.endswith(".partial")]
     assert partial, os.listdir(tmp_path / "ix")  # stopped resumably
+
+
+# ---- planning pass ------------------------------------------------------------------------
+
+
+def text_shard(path, n):
+    line = '{"messages": [{"role": "user", "content": "question %d about things"}, '
+    line += '{"role": "assistant", "content": "a %d"}]}\n'
+    with open(path, "w") as f:
+        f.writelines(line % (i, i) for i in range(n))
+    return str(path)
+
+
+def test_ctrl_c_during_a_long_planning_pass(tmp_path):
+    """A global plan over 400k local records: the planning pass measures every one at
+    construction. The peer is the same pass over 40k of them (time T, in the same child);
+    Ctrl-C arrives 2T into the 400k pass (about 8T of it left) and must stop it within T/2
+    (before: the rest of the pass, 5.1 s with T = 0.72 s at 20k/200k). One thread, so the
+    ratio holds under load, and T (~2 s here) stays well above the fixed cost of the
+    interrupt (100 ms polls, joins) on a machine 3x faster."""
+    small = text_shard(tmp_path / "small.jsonl", 40_000)
+    big = text_shard(tmp_path / "big.jsonl", 400_000)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = textwrap.dedent(f"""
+        import json, signal, threading, time, mmloader
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        kw = dict(tokenizer={TINY!r}, max_tokens_per_batch=4096, micro_batch_size=None,
+                  num_threads=1, index=False)
+        t = time.perf_counter()
+        L = mmloader.Loader({small!r}, **kw)
+        peer = time.perf_counter() - t
+        n = len(L)
+        L.close()
+        sent = []
+        def interrupt():
+            sent.append(time.perf_counter())
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        threading.Timer(2 * peer, interrupt).start()
+        try:
+            mmloader.Loader({big!r}, **kw)
+            out = "finished"
+        except KeyboardInterrupt:
+            out = "interrupted"
+        print(json.dumps(dict(out=out, peer=peer, n=n, took=time.perf_counter() - sent[0])))
+    """)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["n"] > 0 and r["out"] == "interrupted", r
+    assert r["took"] < r["peer"] / 2, r

@@ -101,13 +101,13 @@ def test_rss_stays_under_max_memory(shard):
     # cap binds by a wide margin.  With prefetch 8 (8 batches since prefetch counts those
     # being decoded too) the uncapped peak was 162-167 MB against the 166 MB asked below,
     # and the test failed now and then.
-    # (the uncapped run with compact_pixels off: with it the batches being decoded hold
-    # uint8 rows, 161 MB in all, too close to the cap; the capped run keeps it on, its
-    # budget counting the uint8 rows and the room for their expansion)
-    free, d_free, _, _ = _run(shard, prefetch=12, compact_pixels=False)
+    # (the uncapped run with pixel_format="float32-decode": with "float32" the batches
+    # being decoded hold uint8 rows, 161 MB in all, too close to the cap; the capped run
+    # keeps "float32", its budget counting the uint8 rows and the room for their expansion)
+    free, d_free, _, _ = _run(shard, prefetch=12, pixel_format="float32-decode")
     cap = 128 * MB
     capped, d_capped, st, _ = _run(shard, prefetch=12, max_memory=cap)
-    assert st["pixel_rows_expanded"] > 0  # compact_pixels stayed on
+    assert st["pixel_rows_expanded"] > 0  # pixel_format="float32" expanded in the engine
     assert free > cap * 1.3, f"the uncapped run ({free / MB:.0f} MB) must exceed the cap"
     print(
         f"RSS growth: {free / MB:.0f} MB without a cap, {capped / MB:.0f} MB under {cap / MB:.0f}"
@@ -152,9 +152,9 @@ def test_prefetch_bounds_the_batches_in_memory(shard):
         num_threads=2,
         prefetch=prefetch,
         shuffle=False,
-        # float rows in flight: with compact_pixels the output queue holds one expanded
+        # float rows in flight: with pixel_format="float32" the output queue holds one expanded
         # batch at most, the rest of prefetch waits as uint8 rows (loader_collator.c)
-        compact_pixels=False,
+        pixel_format="float32-decode",
     )
     try:
         it = iter(L)

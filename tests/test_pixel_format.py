@@ -328,36 +328,40 @@ def test_pixel_format_is_a_checked_loader_option(ds):
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
 @pytest.mark.parametrize("packing", [False, True])
-def test_torch_loader_uint8_wire_gives_the_same_batches(ds, fmt, packing):
-    """wire_format="uint8": the engine makes uint8 patches and the adapter expands them
-    (where the batch is: here the CPU) into exactly the batches of the format itself."""
-    kw = dict(cls=mt.Loader, pixel_format=fmt)
+def test_torch_loader_consumer_expansion_gives_the_same_batches(ds, fmt, packing):
+    """pixel_format="<fmt>-consumer": the engine makes uint8 patches and the adapter expands
+    them (where the batch is: here the CPU) into exactly the batches of "<fmt>" (the engine
+    expanding)."""
+    kw: dict = dict(cls=mt.Loader)
     if packing:
         kw.update(packing=True, seq_length=None, pack_length=512)
-    want = epoch(ds, **kw)
-    got = epoch(ds, wire_format="uint8", **kw)
+    want = epoch(ds, pixel_format=fmt, **kw)
+    got = epoch(ds, pixel_format=f"{fmt}-consumer", **kw)
     same(got, want)
     assert any("pixel_values" in b for b in want)
 
 
-def test_torch_loader_wire_defaults_and_checks(ds):
+def test_torch_loader_pixel_format_defaults_and_checks(ds):
     args = dict(tokenizer=TINY, micro_batch_size=3, seq_length=384, **SMALL)
-    with mt.Loader(ds["shards"], **args) as L:
-        assert L.wire_format == "float32" and L._expand is None
-    with mt.Loader(ds["shards"], wire_format="uint8", **args) as L:
-        assert L.wire_format == "uint8" and L.loader.vision_config["patch_size"] == 14
+    with mt.Loader(ds["shards"], **args) as L:  # no CUDA device: the engine expands
+        assert L.pixel_format == "float32" and L._expand is None
+    with mt.Loader(ds["shards"], pixel_format="float32-consumer", **args) as L:
+        assert L.loader._c.options()["pixel_format"] == "uint8"
+        assert L.loader.vision_config["patch_size"] == 14
         b = next(L)
         assert "pixel_values" not in b or b["pixel_values"].dtype == torch.float32
     with mt.Loader(ds["shards"], pixel_format="uint8", **args) as L:
-        assert L.wire_format == "uint8" and L._expand is None  # uint8 asked: not expanded
+        assert L.pixel_format == "uint8" and L._expand is None  # uint8 asked: not expanded
     with pytest.raises(mmloader.ConfigError, match="wire_format"):
         mt.Loader(ds["shards"], wire_format="bfloat16", **args)
+    with pytest.raises(mmloader.ConfigError, match="pixel_format must be one of"):
+        mt.Loader(ds["shards"], pixel_format="uint8-consumer", **args)
 
 
 def test_megatron_provider_and_get_batch_with_the_uint8_wire(ds):
     """The Megatron adapter with uint8 on the wire (what it does on a GPU by default; on
-    this CPU through wire_format): get_batch returns the same tensors, placeholder
-    batches included."""
+    this CPU through pixel_format="float32-consumer"): get_batch returns the same tensors,
+    placeholder batches included."""
     mm = pytest.importorskip("mmloader.megatron")
     if not torch.cuda.is_available():
         assert mm.default_device() == "cpu"
@@ -372,9 +376,10 @@ def test_megatron_provider_and_get_batch_with_the_uint8_wire(ds):
         **SMALL,
     )
     want, _, _ = mm.make_provider(**args)([0, 0, 0])
-    got, _, _ = mm.make_provider(wire_format="uint8", **args)([0, 0, 0])
+    got, _, _ = mm.make_provider(pixel_format="float32-consumer", **args)([0, 0, 0])
     with want, got:
-        assert got.wire_format == "uint8" and got.loader._c.options()["pixel_format"] == "uint8"
+        assert got.pixel_format == "float32-consumer"
+        assert got.loader._c.options()["pixel_format"] == "uint8"
         placeholders = 0
         for _ in range(len(want)):
             a = mm.get_batch(want, device="cpu", drop_placeholder=False)
@@ -419,7 +424,7 @@ def test_torch_loader_on_cuda_moves_uint8_and_expands_on_the_device(ds):
         device="cuda",
         **SMALL,
     ) as L:
-        assert L.wire_format == "uint8"
+        assert L.pixel_format == "float32-consumer"  # the default with a CUDA device
         got = []
         for b in L:
             assert all(v.is_cuda for v in b.values())

@@ -192,15 +192,16 @@ def test_samples_stat_counts_each_collated_sample_once(shards, name):
     being composed (this is why 24 records read over HTTP showed 28 or 32), while
     "batches" counts the batches delivered and "skipped" the failures the consumer
     passed."""
-    # compact_pixels off: "at rest" is a full output queue of `prefetch` batches, and with
-    # it the queue holds one expanded batch (the rest of prefetch waits as uint8 rows)
+    # pixel_format="float32-decode" (float rows written by the workers): "at rest" is a
+    # full output queue of `prefetch` batches, and with "float32" the queue holds one
+    # expanded batch (the rest of prefetch waits as uint8 rows)
     cfg = dict(
         CONFIGS[name],
         tokenizer=TINY,
         num_threads=2,
         prefetch=2,
         max_error_rate=1.0,
-        compact_pixels=False,
+        pixel_format="float32-decode",
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

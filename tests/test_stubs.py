@@ -82,7 +82,8 @@ def test_loader_stats_typeddict_names_every_key(tmp_path):
 
 def test_torch_loader_has_loaders_typed_signature():
     """mmloader.torch.Loader takes every keyword of mmloader.Loader, typed as there, with
-    Loader's default but for the four whose None its docstring resolves by ``keys``; no
+    Loader's default but for the five whose None its docstring resolves (by ``keys``, and
+    pixel_format by ``device``); no
     **kwargs (a type checker and an IDE see every argument)."""
     import inspect
     import typing
@@ -94,7 +95,7 @@ def test_torch_loader_has_loaders_typed_signature():
     core = inspect.signature(mmloader.Loader.__init__).parameters
     ours = inspect.signature(mt.Loader.__init__).parameters
     assert not any(p.kind is p.VAR_KEYWORD for p in ours.values())
-    assert set(ours) - set(core) == {"packing_keys", "wire_format"}
+    assert set(ours) - set(core) == {"packing_keys"}
     assert set(core) - set(ours) == set()
     hints_core = typing.get_type_hints(mmloader.Loader.__init__)
     hints_ours = typing.get_type_hints(mt.Loader.__init__)

@@ -4,8 +4,8 @@ video_grid_thw (+ second_per_grid_ts on Qwen2.5-VL) for its videos, in sample or
 sample's rows equal to what it gives alone; packing keeps them; mmloader.megatron.get_batch
 hands the video keys to the model (None in batches without a video).  And against the
 reference itself: a batch of mixed records (images, mp4 / webm files, frame lists, text)
-through the torch adapter and through mmloader.megatron.get_batch (float32 and uint8 on the
-wire), on Qwen2.5-VL and Qwen3-VL, equals qwen-vl-utils + the transformers processor on
+through the torch adapter and through mmloader.megatron.get_batch (pixel_format float32 and
+float32-consumer), on Qwen2.5-VL and Qwen3-VL, equals qwen-vl-utils + the transformers processor on
 each record, bit for bit."""
 
 from __future__ import annotations
@@ -240,12 +240,13 @@ def test_uint8_refuses_a_video_the_processor_resizes(tmp_path, shard):
 
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
 def test_torch_loader_uint8_wire_expands_videos_too(shard, fmt):
-    """wire_format="uint8" (the default with a CUDA device): images and videos travel as
-    bytes and the adapter expands both into exactly the batches of pixel_format itself."""
+    """pixel_format="<fmt>-consumer" (float32's the default with a CUDA device): images and
+    videos travel as bytes and the adapter expands both into exactly the batches of
+    pixel_format "<fmt>" (the engine expanding)."""
     path, _ = shard
     for preset in ("qwen2.5-vl", "qwen3-vl"):
         want = batches(path, preset=preset, pixel_format=fmt)
-        got = batches(path, preset=preset, pixel_format=fmt, wire_format="uint8")
+        got = batches(path, preset=preset, pixel_format=f"{fmt}-consumer")
         same(got, want)
         assert sum("pixel_values_videos" in b for b in want) == 2
 
@@ -257,7 +258,7 @@ def test_megatron_get_batch_with_the_uint8_wire_carries_videos(shard):
     path, _ = shard
     args = dict(keys="megatron", shift_labels=True, text_only_vision="placeholder")
     want = batches(path, **args)
-    got = batches(path, wire_format="uint8", **args)
+    got = batches(path, pixel_format="float32-consumer", **args)
     n = 0
     for a, b in zip(want, got, strict=True):
         x, y = mm.get_batch(iter([a]), device="cpu"), mm.get_batch(iter([b]), device="cpu")
@@ -416,17 +417,17 @@ def test_mixed_files_and_frame_lists_through_torch_adapter_equal_the_processor(
     )
 
 
-@pytest.mark.parametrize("wire", ["float32", "uint8"])
+@pytest.mark.parametrize("pixels", ["float32", "float32-consumer"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_mixed_files_and_frame_lists_through_megatron_get_batch_equal_the_processor(
-    processor_cases, preset, wire
+    processor_cases, preset, pixels
 ):
     """The Megatron adapter (keys="megatron", mmloader.megatron.get_batch) on the same
     batch, with float32 and with uint8 on the wire (expanded by the torch adapter):
     tokens, position_ids, every image / video tensor equal the processor's, bit for bit."""
     mm = pytest.importorskip("mmloader.megatron")
     shard, nrec, refs = processor_cases
-    args = kw(preset=preset, keys="megatron", shift_labels=True, wire_format=wire)
+    args = kw(preset=preset, keys="megatron", shift_labels=True, pixel_format=pixels)
     with mt.Loader(shard, micro_batch_size=nrec, **args) as L:
         got = mm.get_batch(iter(L), device="cpu")
     assert got["packed_seq_params"] is None

@@ -117,6 +117,7 @@ static int cfg_from_dict(mml_py_state *ms, PyObject *d, mml_collate_cfg *cfg) {
   mml_loader_cfg lc;
   if (mml_py_set_options(ms, d, &lc, model)) return -1; /* from the table's defaults */
   *cfg = lc.collate;
+  cfg->pixel_format = mml_pixels_emitted(lc.pixels); /* the dtype of the rows given */
   if (cfg->micro_batch_size <= 0) cfg->micro_batch_size = MML_DEFAULT_MICRO_BATCH_SIZE;
   if (cfg->pad_id < 0) cfg->pad_id = MML_QWEN_ENDOFTEXT_ID;
   cfg->spatial_merge = (int)f[0].v;

@@ -252,8 +252,16 @@ static int VisionProcessor_init(VisionProcessorObject *self, PyObject *args, PyO
   if (!PyArg_ParseTupleAndKeywords(args, kw, "O|z:VisionProcessor", kwlist, &d, &fmt)) return -1;
   if (mml_py_vision_cfg_from_dict(ms, d, &self->cfg)) return -1;
   int k;
-  if (mml_py_table_enum(ms, "pixel_format", fmt, &k)) return -1; /* MML_PIXEL_* */
-  self->cfg.pixel_format = k;
+  if (mml_py_table_enum(ms, "pixel_format", fmt, &k)) return -1; /* mml_pixels */
+  if (k != MML_PIXELS_FLOAT32 && k != MML_PIXELS_BFLOAT16 && k != MML_PIXELS_UINT8) {
+    PyErr_Format(ms->ConfigError,
+                 "pixel_format='%s': a VisionProcessor writes each image's rows as it "
+                 "decodes it; its pixel_format is the dtype alone ('%s', '%s' or '%s')",
+                 mml_pixels_name(k), mml_pixels_name(MML_PIXELS_FLOAT32),
+                 mml_pixels_name(MML_PIXELS_BFLOAT16), mml_pixels_name(MML_PIXELS_UINT8));
+    return -1;
+  }
+  self->cfg.pixel_format = mml_pixels_emitted(k);
   if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
     PyErr_NoMemory();
     return -1;

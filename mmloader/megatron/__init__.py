@@ -45,10 +45,10 @@ What the provider does:
   :func:`get_batch` turns it into ``pixel_values = image_grid_thw = None``.
 - ``device`` defaults to the current CUDA device when there is one: the loader copies each
   batch to it on its own stream with ``pixel_values`` as uint8 patches (8x fewer
-  host-to-device bytes than float32) and expands them there, bit for bit the float32 (or
-  ``pixel_format="bfloat16"``) values (see :class:`mmloader.torch.Loader`);
-  ``device="cpu"`` keeps batches on the host (``get_batch`` copies them), and
-  ``wire_format="float32"`` copies float32.
+  host-to-device bytes than float32) and expands them there, bit for bit the float32 (or,
+  with ``pixel_format="bfloat16-consumer"``, bfloat16) values (``pixel_format=None``, see
+  :class:`mmloader.torch.Loader`); ``device="cpu"`` keeps batches on the host (``get_batch``
+  copies them), and ``pixel_format="float32"`` copies float32.
 - Context parallelism is left to the model: a vision-language model merges the image
   embeddings into the sequence before sharding it; ``pad_to_multiple=2 * cp_size`` keeps
   every packed sample divisible as Megatron's THD sharding requires.
@@ -73,7 +73,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .._options import add_flags, flag_kwargs
+from .._options import (
+    REMOVED_PIXEL_OPTIONS,
+    add_flags,
+    flag_kwargs,
+    removed_pixel_option_error,
+)
 from .state import Loader
 
 __all__ = [
@@ -318,6 +323,9 @@ def make_provider(
             the rest come from the ``--mmloader-*`` flags when the provider runs
             (:func:`loader_kwargs_from_args`), and these arguments override the flags.
     """
+
+    if any(k in loader_kwargs for k in REMOVED_PIXEL_OPTIONS):  # at once, not in pretrain
+        raise removed_pixel_option_error(loader_kwargs)
 
     def train_valid_test_datasets_provider(
         train_val_test_num_samples: Sequence[int] = (), vp_stage: Optional[int] = None

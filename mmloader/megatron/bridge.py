@@ -29,8 +29,9 @@ int32, and ``max_seqlen_q`` / ``max_seqlen_kv`` (int32 scalars).
 
 Where the batches are: on the current CUDA device when there is one (``device`` in
 ``loader_kwargs`` overrides it), copied there with ``pixel_values`` and ``pixel_values_videos``
-as uint8 patches and expanded on the device into exactly the float32 values (``mmloader.torch.Loader``'s
-``wire_format``; ``loader_kwargs={"wire_format": "float32"}`` copies float32).
+as uint8 patches and expanded on the device into exactly the float32 values
+(``mmloader.torch.Loader``'s default ``pixel_format="float32-consumer"`` with a CUDA device;
+``loader_kwargs={"pixel_format": "float32"}`` copies float32).
 
 Where the settings come from: data-parallel rank and size from ``context.pg_collection.dp``
 (context-parallel and tensor-parallel ranks of a data-parallel rank read the same batches),

@@ -110,6 +110,7 @@ TEST_DECLARE(mrope_errors)
 /* test-options.c */
 TEST_DECLARE(rows_and_defaults)
 TEST_DECLARE(setters_check_rows)
+TEST_DECLARE(pixel_format_choices)
 TEST_DECLARE(cross_checks)
 /* test-plan.c */
 TEST_DECLARE(test_invariants)
@@ -316,6 +317,7 @@ static const mml_test_entry k_tests[] = {
     /* test-options.c */
     TEST_ENTRY(rows_and_defaults)
     TEST_ENTRY(setters_check_rows)
+    TEST_ENTRY(pixel_format_choices)
     TEST_ENTRY(cross_checks)
     /* test-plan.c */
     TEST_ENTRY(test_invariants)

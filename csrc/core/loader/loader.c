@@ -502,6 +502,8 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
 mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *err) {
   mml_loader_cfg with_limits = *cfg; /* a zeroed C cfg gets the limits' defaults */
   limits_defaults(&with_limits);
+  /* pixel_format=: the dtype emitted (what collation and the vision plan see) */
+  with_limits.collate.pixel_format = mml_pixels_emitted(with_limits.pixels);
   mml_status st = validate(&with_limits, err);
   if (st) return st;
   if (!with_limits.collate.micro_batch_size && !with_limits.max_tokens_per_batch)

@@ -44,8 +44,8 @@
  * have 2 x num_threads decodes queued or running (and while `prefetch` batches are
  * ahead), so buffers hold pages about to be written, whatever the window's size.
  *
- * COMPACT (compact_pixels, on by default for the float formats; place_compact says when
- * not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
+ * COMPACT (pixel_format "float32" / "bfloat16", the default; not their "-decode" forms;
+ * place_compact says when else not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
  * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
  * images into them (the source's pl_u8), every move above copies them, and when the
  * batch is emitted (loader_collator.c emit_expand, on the emitting worker) they are
@@ -107,15 +107,21 @@ static int64_t plane_rows(const mml_sample *s, int p) {
   return p == PL_IMG ? s->pixel_rows : s->vpixel_rows;
 }
 
-/* Compact pixels (COMPACT above): on for the float formats unless switched off or
+/* The pixel_format that writes this loader's float rows directly ("float32-decode"). */
+static const char *decode_name(const mml_loader *L) {
+  return mml_pixels_name(L->cfg.pixels == MML_PIXELS_BFLOAT16 ? MML_PIXELS_BFLOAT16_DECODE
+                                                              : MML_PIXELS_FLOAT32_DECODE);
+}
+
+/* Compact pixels (COMPACT above): on for pixel_format float32 / bfloat16 unless
  * unsafe: pinned or the caller's memory and a device stage (their buffers are the batches
  * handed out), or sources whose images normalise differently (one table per batch).
  * Under max_memory the budget counts the uint8 rows and keeps room for the expansions
  * (MEMORY CAP below). */
 static void place_compact(mml_loader *L) {
   L->compact = 0;
-  if (!L->placing || !L->cfg.compact_pixels || L->ccfg.pixel_format == MML_PIXEL_UINT8 ||
-      L->pinned || L->cfg.allocator || L->stage)
+  if (!L->placing || !mml_pixels_compact(L->cfg.pixels) || L->pinned || L->cfg.allocator ||
+      L->stage)
     return;
   for (int i = 1; i < L->nsrc; i++)
     if (memcmp(L->src[i].vision.mean, L->src[0].vision.mean, sizeof L->src[0].vision.mean) ||
@@ -510,8 +516,8 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     size_t n = strlen(e.msg);
     snprintf(e.msg + n, sizeof e.msg - n,
              " (%lld bytes are kept free for expanding compact uint8 rows into float rows: "
-             "compact_pixels=False writes float rows directly)",
-             (long long)eh);
+             "pixel_format=\"%s\" writes float rows directly)",
+             (long long)eh, decode_name(L));
   }
   if (hold > 0) {
     size_t n = strlen(e.msg);
@@ -822,8 +828,9 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
               "max_memory=%lld cannot hold the next batch's %lld bytes of expanded pixel_values "
               "beside %zu bytes of batch buffers still alive (batches the consumer holds, "
               "uint8 rows of batches being built) and %lld bytes of samples in flight: release "
-              "earlier batches, raise max_memory, or set compact_pixels=False",
-              (long long)L->cfg.max_memory, (long long)need, live, (long long)L->win_bytes);
+              "earlier batches, raise max_memory, or set pixel_format=\"%s\"",
+              (long long)L->cfg.max_memory, (long long)need, live, (long long)L->win_bytes,
+              decode_name(L));
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
 }

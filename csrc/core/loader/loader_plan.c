@@ -32,6 +32,10 @@
  * before the loader's threads: the planning pass's own threads share only the pass's
  * counter, under its mutex, and write disjoint samples' counts) and ld_plan_slot, which
  * takes mu itself.
+ * Cancellation: the pass's threads check the loader's cancel flag (Ctrl-C during
+ * construction sets its parent) between samples, and each sample's fetches and probes
+ * check it too (measure.c DESIGN 6): a cancelled pass returns MML_ECANCELLED within one
+ * sample's work, however many samples remain (tests/test_hostile_cancel.py).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -128,7 +132,9 @@ static void *pass_main(void *arg) {
     p->next = i0 + PASS_BLOCK;
     pthread_mutex_unlock(&p->mu);
     if (i0 >= p->g->n) break;
-    for (int64_t i = i0; i < i0 + PASS_BLOCK && i < p->g->n; i++) measure_one(&m, p->g, i);
+    for (int64_t i = i0; i < i0 + PASS_BLOCK && i < p->g->n && !mml_cancelled(m.cancel); i++)
+      measure_one(&m, p->g, i);
+    if (mml_cancelled(m.cancel)) break; /* close(), Ctrl-C: leave between samples */
   }
   ld_measurer_free(&m);
   return NULL;
@@ -148,6 +154,8 @@ static mml_status measure(mml_loader *L, ld_gplan *g, mml_err *err) {
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
   pthread_mutex_destroy(&p.mu);
   free(th);
+  if (mml_cancelled(&L->cancel)) /* some samples are not measured: no plan */
+    return mml_err_set(err, MML_ECANCELLED, "planning pass stopped (cancelled)");
   if (p.failed && p.next < g->n) { /* no measurer at all: nothing was measured */
     *err = p.err;
     mml_err_prefix(err, "planning pass (token counts for the global plan)");

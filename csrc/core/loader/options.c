@@ -40,10 +40,14 @@ static const char *const k_label_mode[] = {"all_assistant", "last_assistant", "n
                                            NULL}; /* mml_label_mode */
 static const char *const k_text_only[] = {"placeholder", "omit", "empty",
                                           NULL}; /* mml_text_only_vision */
-static const char *const k_pixel_format[] = {"float32", "bfloat16", "uint8",
-                                             NULL}; /* MML_PIXEL_* (mml/vision.h) */
+static const char *const k_pixel_format[] = {
+    "float32",          "bfloat16",          "uint8", "float32-decode", "bfloat16-decode",
+    "float32-consumer", "bfloat16-consumer", NULL}; /* mml_pixels (mml/loader.h) */
+_Static_assert(sizeof k_pixel_format / sizeof *k_pixel_format == MML_PIXELS_BFLOAT16_CONSUMER + 2,
+               "k_pixel_format lists mml_pixels in order");
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
-static const char *const k_recipe[] = {"processor", "llama-factory", NULL};       /* MML_RECIPE_* */
+static const char *const k_recipe[] = {"processor", "llama-factory", "qwen-vl-finetune",
+                                       NULL};                           /* MML_RECIPE_* */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 static const char *const k_preset[] = {"qwen2-vl", "qwen2.5-vl", "qwen3-vl",
                                        NULL}; /* mmloader/presets.py PRESETS */
@@ -141,9 +145,11 @@ static const mml_option k_options[] = {
     /* recipes: whose data path the samples follow; the llama-factory settings keep
      * LLaMA-Factory's own names (mmloader/recipes.py fills the recipe's defaults) */
     {"recipe", MML_OPT_ENUM, CFG(recipe), 0, 0, 0, k_recipe, FP,
-     "Whose data path the samples follow: processor or llama-factory. \"processor\": the HF "
-     "processor (default); \"llama-factory\": LLaMA-Factory's template, per-message "
-     "tokenization and truncation (see :mod:`mmloader.recipes`, docs/recipes.md)."},
+     "Whose data path the samples follow: processor, llama-factory or qwen-vl-finetune. "
+     "\"processor\": the HF processor (default); \"llama-factory\": LLaMA-Factory's template, "
+     "per-message tokenization and truncation; \"qwen-vl-finetune\": Qwen's own fine-tuning "
+     "code (QwenLM/Qwen3-VL qwen-vl-finetune: its messages, labels, pixel limits and "
+     "model_max_length; see :mod:`mmloader.recipes`, docs/recipes.md)."},
     {"cutoff_len", MML_OPT_INT, CFG(lf.cutoff_len), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: truncate to this many tokens as its infer_seqlen does. It splits source "
      "and target (None: 2048; LLaMA-Factory's settings keep its names and defaults, "
@@ -170,6 +176,10 @@ static const mml_option k_options[] = {
     {"video_min_pixels", MML_OPT_INT, CFG(lf.video_min_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: video frames under this many pixels are first grown with Pillow (None: "
      "16*16)."},
+    {"model_max_length", MML_OPT_INT, CFG(qft.model_max_length), 0, 1, I64, NULL, FP | NONE,
+     "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
+     "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "
+     "512, its TrainingArguments default; recipe=\"qwen-vl-finetune\" only)."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */
@@ -243,23 +253,27 @@ static const mml_option k_options[] = {
      "Vision keys of a batch without images: placeholder, omit or empty. \"placeholder\": one "
      "zero pixel row and grid [[0, 0, 0]] (a fixed key set); \"omit\": no vision keys; "
      "\"empty\": zero-row tensors."},
-    {"pixel_format", MML_OPT_ENUM, CFG(collate.pixel_format), 0, 0, 0, k_pixel_format, 0,
-     "What ``pixel_values`` holds: float32, bfloat16 or uint8. \"float32\": the HF processor's "
-     "values, ``[patches, 3*T*P*P]``; \"bfloat16\": the same, each rounded to nearest even "
-     "(exactly ``float32_values.to(torch.bfloat16)``); \"uint8\": the resized RGB patches before "
-     "rescale/normalise, ``[patches, 3*P*P]`` (one frame per row, a still image's T copies left "
-     "out, 8x fewer bytes than float32), turned into exactly the float32 / bfloat16 values by "
-     ":func:`mmloader.torch.expand_pixels` (on the GPU after the copy: what "
-     "``mmloader.torch.Loader(device=\"cuda\")`` does)."},
-    {"compact_pixels", MML_OPT_BOOL, CFG(compact_pixels), 1, 0, 1, NULL, 0,
-     "Float formats: images in flight as uint8 patch rows, expanded at emission. With "
-     "pixel_format \"float32\" or \"bfloat16\", images are decoded into uint8 patch rows (an "
-     "eighth of float32's bytes) while their batch is being built, and ``pixel_values`` is "
-     "expanded from them when the batch is finished: the same values bit for bit, far less "
-     "memory in flight (under ``max_memory`` the uint8 rows count, and room for the expansions "
-     "is kept).  Not used (the float rows are written directly) under ``pin_memory``, "
-     "``device``, or sources with different image mean/std; videos always are.  "
-     "``stats()[\"pixel_rows_expanded\"]`` counts the expanded rows."},
+    {"pixel_format", MML_OPT_ENUM, CFG(pixels), 0, 0, 0, k_pixel_format, 0,
+     "What ``pixel_values`` holds and where its floats are made: float32, bfloat16, uint8, "
+     "float32-decode, bfloat16-decode, float32-consumer or bfloat16-consumer. Every float "
+     "choice gives the HF processor's values bit for bit; they differ in where the resized "
+     "uint8 bytes become floats.  \"float32\": ``[patches, 3*T*P*P]``, images decoded into "
+     "uint8 patch rows (an eighth of the bytes) while their batch is built and expanded in "
+     "the engine when it is finished (far less memory in flight; under ``max_memory`` the "
+     "uint8 rows count and room for the expansions is kept; float rows are written directly "
+     "under ``pin_memory``, ``device`` or sources with different image mean/std; "
+     "``stats()[\"pixel_rows_expanded\"]`` counts the expanded rows); \"bfloat16\": the "
+     "same, each value rounded to nearest even (exactly "
+     "``float32_values.to(torch.bfloat16)``); \"uint8\": the resized RGB patches before "
+     "rescale/normalise, ``[patches, 3*P*P]`` (one frame per row, a still image's T copies "
+     "left out, 8x fewer bytes than float32), for :func:`mmloader.torch.expand_pixels`; "
+     "\"float32-decode\" / \"bfloat16-decode\": the decode workers write float rows "
+     "directly; \"float32-consumer\" / \"bfloat16-consumer\": the engine ships uint8 "
+     "patches and the consumer expands them where the tensor is (on the GPU after the copy: "
+     "8x fewer host-to-device bytes), which :class:`mmloader.torch.Loader` and the Megatron "
+     "and Bridge adapters do (their default with a CUDA ``device``); the core Loader, whose "
+     "batches are the engine's, refuses them.  docs/pixels.md has the old ``compact_pixels`` "
+     "/ ``wire_format`` spellings."},
     {"mm_token_type_ids", MML_OPT_BOOL, CFG(collate.mm_token_type_ids), 0, 0, 1, NULL, FP,
      "Also emit mm_token_type_ids (transformers >= 5, qwen keys)."},
     {"pin_memory", MML_OPT_BOOL, CFG(pin_memory), 0, 0, 1, NULL, 0,
@@ -406,6 +420,28 @@ const mml_option *mml_loader_option(const char *name) {
   for (int i = 0; name && i < NOPT; i++)
     if (!strcmp(k_options[i].name, name)) return &k_options[i];
   return NULL;
+}
+
+int mml_pixels_emitted(int pixels) {
+  switch (pixels) {
+    case MML_PIXELS_BFLOAT16:
+    case MML_PIXELS_BFLOAT16_DECODE:
+      return MML_PIXEL_BFLOAT16;
+    case MML_PIXELS_UINT8:
+    case MML_PIXELS_FLOAT32_CONSUMER:
+    case MML_PIXELS_BFLOAT16_CONSUMER:
+      return MML_PIXEL_UINT8;
+    default:
+      return MML_PIXEL_FLOAT32;
+  }
+}
+
+int mml_pixels_compact(int pixels) {
+  return pixels == MML_PIXELS_FLOAT32 || pixels == MML_PIXELS_BFLOAT16;
+}
+
+const char *mml_pixels_name(int pixels) {
+  return pixels >= 0 && pixels <= MML_PIXELS_BFLOAT16_CONSUMER ? k_pixel_format[pixels] : "?";
 }
 
 static void *field(mml_loader_cfg *c, const mml_option *o) { return (char *)c + o->offset; }

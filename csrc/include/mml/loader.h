@@ -37,12 +37,42 @@
 /* 2 GiB: the bytes of finished batches the loader keeps without max_memory */
 #define MML_DEFAULT_MAX_SAMPLE_PIXEL_BYTES ((int64_t)2 << 30)
 
+/* Loader pixel_format= (the option table's choices, in this order): the dtype the consumer
+ * gets in pixel_values (and pixel_values_videos) and where the uint8 bytes become it.
+ *   MML_PIXELS_FLOAT32 / _BFLOAT16  emitted in that dtype; images are decoded into uint8
+ *       patch rows (an eighth of float32's bytes) while their batch is built and expanded
+ *       when it is emitted (the same bits), except where that cannot hold (pinned or the
+ *       caller's memory, a device stage, sources with different mean/std): then as _DECODE
+ *   MML_PIXELS_UINT8  the uint8 patches themselves (mml/vision.h MML_PIXEL_UINT8)
+ *   MML_PIXELS_FLOAT32_DECODE / _BFLOAT16_DECODE  the workers write float rows directly
+ *   MML_PIXELS_FLOAT32_CONSUMER / _BFLOAT16_CONSUMER  the engine emits uint8 patches and
+ *       the consumer expands them (mmloader.torch.Loader: expand_pixels where the tensor
+ *       is, on the GPU after the copy)
+ * Every choice gives the same values in the dtype it names, bit for bit. */
+typedef enum {
+  MML_PIXELS_FLOAT32 = 0,
+  MML_PIXELS_BFLOAT16,
+  MML_PIXELS_UINT8,
+  MML_PIXELS_FLOAT32_DECODE,
+  MML_PIXELS_BFLOAT16_DECODE,
+  MML_PIXELS_FLOAT32_CONSUMER,
+  MML_PIXELS_BFLOAT16_CONSUMER,
+} mml_pixels;
+
+/* The MML_PIXEL_* (mml/vision.h) the engine emits for `pixels` (MML_PIXELS_*). */
+int mml_pixels_emitted(int pixels);
+/* 1 when `pixels` expands uint8 rows into floats at emission (MML_PIXELS_FLOAT32/_BFLOAT16). */
+int mml_pixels_compact(int pixels);
+/* The Loader spelling of `pixels` ("float32-decode", ...; "?" out of range). */
+const char *mml_pixels_name(int pixels);
+
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
  * the sample's source). */
 /* Whose data path a source's samples follow (Loader recipe=): the HF processor (with the
- * record's qwen-vl-utils keys), or LLaMA-Factory's (mml_template_set_llama_factory). */
-enum { MML_RECIPE_PROCESSOR = 0, MML_RECIPE_LLAMA_FACTORY = 1 };
+ * record's qwen-vl-utils keys), LLaMA-Factory's (mml_template_set_llama_factory) or Qwen's
+ * own fine-tuning code (mml_template_set_qwen_finetune). */
+enum { MML_RECIPE_PROCESSOR = 0, MML_RECIPE_LLAMA_FACTORY = 1, MML_RECIPE_QWEN_VL_FINETUNE = 2 };
 
 typedef struct mml_source_cfg {
   const char *name;        /* for stats and messages */
@@ -58,6 +88,7 @@ typedef struct mml_source_cfg {
   int64_t max_length;          /* 0: no limit */
   int recipe;                  /* MML_RECIPE_* */
   mml_lf_opts lf;              /* recipe MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
+  mml_qft_opts qft;            /* recipe MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */
 } mml_source_cfg;
 
 typedef struct mml_loader_cfg {
@@ -84,11 +115,9 @@ typedef struct mml_loader_cfg {
                                  batch buffer of its pool (live, those the consumer holds
                                  included, and cached for reuse), the window's encoded bytes
                                  and MML_SCRATCH_RESERVE per worker; work waits for room */
-  int compact_pixels;        /* 1: with the float pixel formats, images are decoded into
-                                uint8 patch rows (an eighth of float32's bytes) and each
-                                batch's pixel_values expanded from them when it is emitted
-                                (the same bits); off under max_memory, pinned or caller
-                                memory, a device stage, or sources with different mean/std */
+  int pixels;                /* MML_PIXELS_* (Loader pixel_format=): the dtype pixel_values
+                                is emitted in and where its floats are made; it sets
+                                collate.pixel_format (mml_loader_new) */
   int on_error_raise;        /* 1: a failed sample is delivered as an error, in order */
   double max_error_rate;     /* fail when skipped/consumed exceeds it ... */
   int64_t min_error_samples; /* ... after at least this many samples (0: 100) */
@@ -126,8 +155,8 @@ typedef struct mml_loader_cfg {
    * soon after this is set (NULL: never); it must outlive the loader, whose own flag
    * (set by close) reads it as its parent. */
   const mml_cancel *cancel;
-  int cycle; /* 1: never report the end of an epoch */
-  mml_collate_cfg collate;
+  int cycle;               /* 1: never report the end of an epoch */
+  mml_collate_cfg collate; /* collate.pixel_format is set from `pixels` */
   mml_vision_cfg vision;
   const mml_tokenizer *tokenizer; /* borrowed; must outlive the loader */
   mml_template_style template_style;
@@ -135,6 +164,7 @@ typedef struct mml_loader_cfg {
   mml_image_space image_space;    /* `<image>` whitespace convention (mml/template.h) */
   int recipe;                     /* MML_RECIPE_*: whose data path the samples follow */
   mml_lf_opts lf;                 /* MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
+  mml_qft_opts qft;               /* MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */
   mml_fetch_cfg fetch;            /* used only when data or images are remote */
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
   int pin_memory;                 /* 1: batches in page-locked host memory (falls back to plain
@@ -312,9 +342,9 @@ typedef struct mml_loader_stats {
                                  MML_FAULT_WARMUP(prefetch) batches (the pool fills), or -1 */
   uint64_t moved_rows;             /* pixel rows copied because a sample failed only at decode
                                          (the batches after it were planned again); 0 otherwise */
-  uint64_t expanded_rows;          /* compact_pixels: pixel_values rows expanded from uint8 rows
-                                    at emission (0: the images were decoded as they are
-                                    delivered) */
+  uint64_t expanded_rows;          /* pixel_format float32/bfloat16: pixel_values rows
+                                    expanded from uint8 rows at emission (0: the images
+                                    were decoded as they are delivered) */
   uint64_t expanded_inplace_rows;  /* ... of them, in their own buffer (grown in place) */
   uint64_t video_plan_waits;       /* times a worker waited on the network opening/probing a
                                     remote video for its plan (a HEAD, header blocks) */

@@ -71,7 +71,7 @@ static void base_cfg(mml_loader_cfg *c, const char **data) {
   c->collate.micro_batch_size = 3;
   c->collate.pad_id = -1;
   c->collate.attention_mask = 1;
-  c->compact_pixels = 1; /* the public default (options.c) */
+  c->pixels = MML_PIXELS_FLOAT32; /* the public default (options.c) */
   mml_err err;
   mml_vision_preset("qwen2.5-vl", &c->vision, &err);
   c->vision.min_pixels = 28 * 28 * 4;

@@ -63,6 +63,37 @@ TEST(setters_check_rows) {
   CHECK_EQ_STR(mml_option_get_str(&c, root), "/data");
 }
 
+/* pixel_format: each choice is one mml_pixels value, which says the dtype the engine emits
+ * and whether it expands uint8 rows at emission (mml/loader.h). */
+TEST(pixel_format_choices) {
+  static const struct {
+    const char *name;
+    int pixels, emitted, compact;
+  } want[] = {
+      {"float32", MML_PIXELS_FLOAT32, MML_PIXEL_FLOAT32, 1},
+      {"bfloat16", MML_PIXELS_BFLOAT16, MML_PIXEL_BFLOAT16, 1},
+      {"uint8", MML_PIXELS_UINT8, MML_PIXEL_UINT8, 0},
+      {"float32-decode", MML_PIXELS_FLOAT32_DECODE, MML_PIXEL_FLOAT32, 0},
+      {"bfloat16-decode", MML_PIXELS_BFLOAT16_DECODE, MML_PIXEL_BFLOAT16, 0},
+      {"float32-consumer", MML_PIXELS_FLOAT32_CONSUMER, MML_PIXEL_UINT8, 0},
+      {"bfloat16-consumer", MML_PIXELS_BFLOAT16_CONSUMER, MML_PIXEL_UINT8, 0},
+  };
+  mml_loader_cfg c;
+  mml_loader_cfg_defaults(&c);
+  CHECK_EQ_INT(c.pixels, MML_PIXELS_FLOAT32); /* the default */
+  mml_err err = {0};
+  const mml_option *o = mml_loader_option("pixel_format");
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    CHECK_OK(mml_option_set_enum(&c, o, want[i].name, &err), err);
+    CHECK_EQ_INT(c.pixels, want[i].pixels);
+    CHECK_EQ_INT(mml_pixels_emitted(c.pixels), want[i].emitted);
+    CHECK_EQ_INT(mml_pixels_compact(c.pixels), want[i].compact);
+    CHECK_EQ_STR(mml_pixels_name(c.pixels), want[i].name);
+  }
+  CHECK(mml_option_set_enum(&c, o, "uint8-consumer", &err) == MML_ECONFIG);
+  CHECK_EQ_STR(mml_pixels_name(99), "?");
+}
+
 TEST(cross_checks) {
   mml_loader_cfg c;
   mml_loader_cfg_defaults(&c);
