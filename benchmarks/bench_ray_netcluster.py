@@ -156,6 +156,8 @@ def rank_main(cfg_path: str) -> None:
             [p["busy_s"] / max(1, p["made"]) for p in s["producers"]] for s in st
         ],
         "load": os.getloadavg()[0],
+        "suspected": sum(s["suspected"] for s in st),
+        "rerouted": sum(s["rerouted"] for s in st),
     }
     for L in Ls:
         L.close()
@@ -398,6 +400,8 @@ def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str
         "fetch": [f for r in results for f in r["fetch"]],
         "producer_s_per_batch": [x for r in results for x in r["producer_s_per_batch"]],
         "load": max(r["load"] for r in results),
+        "suspected": sum(r["suspected"] for r in results),
+        "rerouted": sum(r["rerouted"] for r in results),
         "batches_per_s": batches / secs,
         "bytes_per_s": nbytes / secs,
         "batch_bytes": nbytes / batches,
@@ -421,7 +425,8 @@ def _why(run: dict) -> str:
             f"{f['transfer_s_p50']:.2f} s, made p50 {f['made_s_p50']:.2f} s, service p50 "
             f"{f['service_s_p50']:.2f} s, producer s/batch " + "/".join(f"{x:.2f}" for x in ps)
         )
-    return "; ".join(out)
+    moved = f"suspected {run.get('suspected', 0)}, rerouted {run.get('rerouted', 0)}; "
+    return moved + "; ".join(out)
 
 
 def run_scale(name: str, data: str) -> dict:
@@ -598,17 +603,31 @@ def _batch_mib(r: dict) -> float:
     return statistics.mean(xs) / (1 << 20) if xs else 0.0
 
 
+def _crossing(run: dict) -> str:
+    xs = [f["transfers_mean"] for f in run.get("fetch", []) if f.get("requests")]
+    return f"{statistics.mean(xs):.1f}" if xs else "-"
+
+
+def _producer_s(runs: list) -> str:
+    xs = [x for r in runs for ps in r.get("producer_s_per_batch", []) for x in ps]
+    return f"{statistics.median(xs):.2f}" if xs else "-"
+
+
 def report(r: dict) -> str:
     mib = float(1 << 20)
     lines = [
         f"**Emulated** cluster (scripts/netcluster.py: one network namespace per node, each "
         f"link shaped with tc tbf to {r['rate_mbit']:g} Mbit/s both ways; one machine, "
         f"{r['cores']} cores shared with other jobs), {r['when']}, {_load(r)}; medians of "
-        f"{r['runs']} runs of {r['batches']} batches per rank (each run in brackets).",
+        f"{r['runs']} runs of {r['batches']} batches per rank (each run in brackets), timed "
+        "after the batches each rank had requested ahead; crossing: batches on their way "
+        "to a trainer at once (mean per rank); producer s: a producer's own time per batch "
+        "(median over producers and runs).",
         "",
         "| scale | placement, fetch | batches/s (runs) | of trainer links | MiB/s per "
-        "trainer NIC (rx) | MiB/s per data NIC (tx) | data nodes per rank |",
-        "|---|---|---|---|---|---|---|",
+        "trainer NIC (rx) | MiB/s per data NIC (tx) | data nodes per rank | crossing | "
+        "producer s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in r["scales"].items():
         sc = s["scale"]
@@ -633,11 +652,12 @@ def report(r: dict) -> str:
             lines.append(
                 f"| {label} | {_label(arm)} | {a['batches_per_s']:.2f} ({vals}) | "
                 f"{_share(s, a):.0%} | {' / '.join(tr)} | {' / '.join(dn)} | "
-                f"{'/'.join(map(str, used))} ({'/'.join(map(str, shared))} in all) |"
+                f"{'/'.join(map(str, used))} ({'/'.join(map(str, shared))} in all) | "
+                f"{_crossing(med)} | {_producer_s(runs)} |"
             )
         lines.append(
             f"| {label} | (link: {link / mib:.1f} MiB/s each through Ray; batch "
-            f"{batch / mib:.1f} MiB) | | | | | |"
+            f"{batch / mib:.1f} MiB) | | | | | | | |"
         )
     k = r.get("kill")
     if k:

@@ -157,7 +157,7 @@ def _resolve_source(
         kw["image_route"] = ov["image_route"]
     recipe = ov.get("recipe", base["recipe"])
     recipes.check_route(f"{where}: ", recipe, kw.get("image_route", "processor"))
-    kw.update(recipes.vision_overrides(recipe))
+    kw = recipes.vision_kw(recipe, kw)
     try:
         vision = vision_config(preset, model_dir, **kw)
     except ValueError as e:
@@ -172,7 +172,7 @@ def _resolve_source(
     rec = recipes.resolve(
         f"{where}: ",
         recipe,
-        {k: ov.get(k, base[k]) for k in recipes.LLAMA_FACTORY_SETTINGS},
+        {k: ov.get(k, base[k]) for k in recipes.RECIPE_SETTINGS},
         label_mode,
     )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
@@ -570,6 +570,7 @@ class Loader:
         video_maxlen: Optional[int] = _D["video_maxlen"],
         video_max_pixels: Optional[int] = _D["video_max_pixels"],
         video_min_pixels: Optional[int] = _D["video_min_pixels"],
+        model_max_length: Optional[int] = _D["model_max_length"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -654,9 +655,7 @@ class Loader:
             opts["index"] = os.fspath(index)
         recipes.check_route("", recipe, image_route)
         opts.update(
-            recipes.resolve(
-                "", recipe, {k: opts[k] for k in recipes.LLAMA_FACTORY_SETTINGS}, label_mode
-            )
+            recipes.resolve("", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode)
         )
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         if pixel_format.endswith("-consumer"):
@@ -692,9 +691,7 @@ class Loader:
             image_route=image_route,
         )
         try:
-            vision = vision_config(
-                preset, model_dir, **vision_kw, **recipes.vision_overrides(recipe)
-            )
+            vision = vision_config(preset, model_dir, **recipes.vision_kw(recipe, vision_kw))
             tmpl = template_style(preset)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -708,7 +705,7 @@ class Loader:
                 label_mode=label_mode,
                 max_length=max_length,
                 recipe=recipe,
-                **{k: given[k] for k in recipes.LLAMA_FACTORY_SETTINGS},
+                **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
 

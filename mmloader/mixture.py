@@ -22,7 +22,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._core import ConfigError
-from .recipes import LLAMA_FACTORY_SETTINGS
+from .recipes import RECIPE_SETTINGS
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -38,7 +38,7 @@ SOURCE_OVERRIDES = (
     "label_mode",
     "max_length",
     "recipe",
-) + LLAMA_FACTORY_SETTINGS  # the recipe's own settings, per source too
+) + RECIPE_SETTINGS  # the recipes' own settings, per source too
 _COUNTS = ("weight", "repeat", "choose")
 _FIELDS = ("data", "name") + _COUNTS + SOURCE_OVERRIDES
 _FILE_KEYS = ("sources", "samples_per_epoch")
@@ -69,8 +69,8 @@ class Source:
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
             label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
             train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels, video_fps,
-            video_maxlen, video_max_pixels, video_min_pixels; see
-            :mod:`mmloader.recipes`).
+            video_maxlen, video_max_pixels, video_min_pixels; model_max_length for
+            recipe="qwen-vl-finetune"; see :mod:`mmloader.recipes`).
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
     once per epoch).  Within a source the order is

@@ -757,12 +757,14 @@ class Loader:
             self._reroute()
 
     def _reroute(self) -> None:
-        """Moves every request of a suspect producer not yet answered (or whose call
-        failed) to a stand-in."""
+        """Moves every request of a suspect producer not yet made (or whose call failed)
+        to a stand-in.  A batch already made stays: it is on its way here (asking again
+        would send it over the link twice, and a ping late behind a full link would then
+        load that link more); if its node dies on the way, the fetch fails and moves it."""
         if not self._suspect:
             return
         for i, r in enumerate(self._inflight):
-            if r.producer in self._suspect and (not r.future.done() or _failed(r)):
+            if r.producer in self._suspect and (not r.made() or _failed(r)):
                 if _failed(r) and r.attempts >= self._max_attempts:
                     continue  # _take raises it when it is the head
                 r.dropped = True

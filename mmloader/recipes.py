@@ -10,6 +10,13 @@
   pre-resize of images (``image_max_pixels``, ``image_min_pixels``; images read with
   ``convert("RGB")``: alpha dropped, no EXIF turn).  Its settings keep LLaMA-Factory's
   names and defaults (``LLAMA_FACTORY_DEFAULTS``).
+- ``"qwen-vl-finetune"``: Qwen's own fine-tuning code (QwenLM/Qwen3-VL
+  ``qwen-vl-finetune``, 96588727: qwenvl/data/data_processor.py, train/argument.py):
+  its ``_build_messages`` (user text around ``<image>`` stripped), the processor's chat
+  template, images read by transformers' ``load_image`` (EXIF turn, ``convert("RGB")``),
+  its ``DataArguments`` pixel limits as the defaults of ``min_pixels`` / ``max_pixels``
+  (``QWEN_VL_FINETUNE_PIXELS``), ``preprocess_qwen_visual``'s labels and its collator's
+  ``model_max_length`` cut (``QWEN_VL_FINETUNE_DEFAULTS``).  Videos are refused.
 
 The settings are rows of the engine's option table (csrc/core/options.c); this module
 only fills a recipe's defaults and refuses settings that belong to another recipe.
@@ -24,6 +31,7 @@ from ._core import ConfigError
 
 PROCESSOR = "processor"
 LLAMA_FACTORY = "llama-factory"
+QWEN_VL_FINETUNE = "qwen-vl-finetune"
 #: LLaMA-Factory's own defaults for its settings (hparams/data_args.py).
 LLAMA_FACTORY_DEFAULTS: Dict[str, Any] = {
     "cutoff_len": 2048,
@@ -40,6 +48,7 @@ LLAMA_FACTORY_DEFAULTS: Dict[str, Any] = {
     "video_min_pixels": 16 * 16,
 }
 _NONE_OFF = (  # None when off
+    "model_max_length",
     "cutoff_len",
     "image_max_pixels",
     "image_min_pixels",
@@ -50,22 +59,46 @@ _NONE_OFF = (  # None when off
 )
 #: The settings that belong to recipe="llama-factory".
 LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
+#: Qwen's qwen-vl-finetune defaults for its settings (train/argument.py TrainingArguments).
+QWEN_VL_FINETUNE_DEFAULTS: Dict[str, Any] = {"model_max_length": 512}
+#: The settings that belong to recipe="qwen-vl-finetune".
+QWEN_VL_FINETUNE_SETTINGS = tuple(QWEN_VL_FINETUNE_DEFAULTS)
+#: Its DataArguments' min_pixels / max_pixels, which update_processor_pixels gives the image
+#: processor: the defaults of the Loader's own min_pixels / max_pixels under the recipe.
+QWEN_VL_FINETUNE_PIXELS: Dict[str, int] = {"min_pixels": 28 * 28 * 16, "max_pixels": 28 * 28 * 576}
+#: Every recipe's own settings (Loader keywords, per-source overrides).
+RECIPE_SETTINGS = LLAMA_FACTORY_SETTINGS + QWEN_VL_FINETUNE_SETTINGS
+_OWNER = {
+    **dict.fromkeys(LLAMA_FACTORY_SETTINGS, LLAMA_FACTORY),
+    **dict.fromkeys(QWEN_VL_FINETUNE_SETTINGS, QWEN_VL_FINETUNE),
+}
+_NAMES = {LLAMA_FACTORY: "LLaMA-Factory", QWEN_VL_FINETUNE: "qwen-vl-finetune"}
 
 
-def vision_overrides(recipe: str) -> Dict[str, Any]:
-    """The vision settings a recipe implies (mmloader.presets.vision_config keys).
+def vision_kw(recipe: str, kw: Dict[str, Any]) -> Dict[str, Any]:
+    """The vision settings (mmloader.presets.vision_config keywords) kw under a recipe.
 
     LLaMA-Factory 0.9.5 installs Pillow 11 (its gradio pins pillow < 12), whose resize
     always runs the horizontal pass first (Pillow 13 may start with the vertical one).
+    qwen-vl-finetune: the processor's apply_chat_template reads images with transformers'
+    load_image, and min_pixels / max_pixels not given are its DataArguments' defaults.
     """
-    return {"pillow_h_first": True} if recipe == LLAMA_FACTORY else {}
+    out = dict(kw)
+    if recipe == LLAMA_FACTORY:
+        out["pillow_h_first"] = True
+    elif recipe == QWEN_VL_FINETUNE:
+        out["image_route"] = "load_image"
+        for k, d in QWEN_VL_FINETUNE_PIXELS.items():
+            if out.get(k) is None:
+                out[k] = d
+    return out
 
 
 def check_route(where: str, recipe: str, image_route: str) -> None:
-    """LLaMA-Factory reads images itself (Image.open, convert("RGB")): no other route."""
-    if recipe == LLAMA_FACTORY and image_route != "processor":
+    """Both recipes read images their own way: no other route."""
+    if recipe in (LLAMA_FACTORY, QWEN_VL_FINETUNE) and image_route != "processor":
         raise ConfigError(
-            f"{where}recipe={LLAMA_FACTORY!r} reads images as LLaMA-Factory does: leave "
+            f"{where}recipe={recipe!r} reads images as {_NAMES[recipe]} does: leave "
             f"image_route at its default (got {image_route!r})"
         )
 
@@ -73,16 +106,27 @@ def check_route(where: str, recipe: str, image_route: str) -> None:
 def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> Dict[str, Any]:
     """The engine values of recipe, its settings and label_mode for one source.
 
-    ``given``: the llama-factory settings as the user gave them (None / False: not given).
+    ``given``: the recipes' settings as the user gave them (None / False: not given).
     """
     out: Dict[str, Any] = {"recipe": recipe, "label_mode": label_mode}
-    if recipe != LLAMA_FACTORY:
-        bad = [k for k in LLAMA_FACTORY_SETTINGS if given.get(k) not in (None, False)]
-        if bad:
+    bad = [k for k in RECIPE_SETTINGS if _OWNER[k] != recipe and given.get(k) not in (None, False)]
+    if bad:
+        owner = _OWNER[bad[0]]
+        raise ConfigError(
+            f"{where}{bad[0]} is a {_NAMES[owner]} setting: it needs recipe={owner!r}"
+        )
+    out.update({k: None if k in _NONE_OFF else False for k in LLAMA_FACTORY_SETTINGS})
+    out["model_max_length"] = None
+    if recipe == QWEN_VL_FINETUNE:
+        if label_mode != "all_assistant":
             raise ConfigError(
-                f"{where}{bad[0]} is a LLaMA-Factory setting: it needs recipe={LLAMA_FACTORY!r}"
+                f"{where}recipe={QWEN_VL_FINETUNE!r} labels as Qwen's code does: leave "
+                "label_mode at its default"
             )
-        out.update({k: None if k in _NONE_OFF else False for k in LLAMA_FACTORY_SETTINGS})
+        v = given.get("model_max_length")
+        out["model_max_length"] = QWEN_VL_FINETUNE_DEFAULTS["model_max_length"] if v is None else v
+        return out
+    if recipe != LLAMA_FACTORY:
         return out
     for k, d in LLAMA_FACTORY_DEFAULTS.items():
         v = given.get(k)

@@ -401,6 +401,7 @@ class Loader:
         video_maxlen: Optional[int] = DEFAULTS["video_maxlen"],
         video_max_pixels: Optional[int] = DEFAULTS["video_max_pixels"],
         video_min_pixels: Optional[int] = DEFAULTS["video_min_pixels"],
+        model_max_length: Optional[int] = DEFAULTS["model_max_length"],
         mrope: Optional[bool] = None,
         attention_mask: Optional[bool] = None,
         text_only_vision: Optional[str] = None,

@@ -89,6 +89,11 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
              (long long)sc->lf.image_min_pixels, sc->lf.video_fps, (long long)sc->lf.video_maxlen,
              (long long)sc->lf.video_max_pixels, (long long)sc->lf.video_min_pixels);
   }
+  if (sc->recipe == MML_RECIPE_QWEN_VL_FINETUNE) { /* and its cut */
+    size_t used = strlen(text);
+    snprintf(text + used, sizeof text - used, " model_max_length=%lld",
+             (long long)sc->qft.model_max_length);
+  }
   if (!(src->index_settings = strdup(text)))
     return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
   src->index_key = mml_hash_bytes(0, text, strlen(text));

@@ -103,6 +103,8 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
   if (!st) st = mml_template_set_image_space(src->tmpl, sc->image_space, err);
   if (!st && sc->recipe == MML_RECIPE_LLAMA_FACTORY)
     st = mml_template_set_llama_factory(src->tmpl, &sc->lf, err);
+  if (!st && sc->recipe == MML_RECIPE_QWEN_VL_FINETUNE)
+    st = mml_template_set_qwen_finetune(src->tmpl, &sc->qft, err);
   if (st) {
     if (L->cfg.nsources > 0) mml_err_prefix(err, "source %s", src->name);
     return st;
@@ -131,7 +133,8 @@ static mml_source_cfg the_one_source(const mml_loader_cfg *cfg) {
                           .image_space = cfg->image_space,
                           .max_length = cfg->max_length,
                           .recipe = cfg->recipe,
-                          .lf = cfg->lf};
+                          .lf = cfg->lf,
+                          .qft = cfg->qft};
 }
 
 mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {

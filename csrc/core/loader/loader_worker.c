@@ -240,6 +240,8 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   double t0 = mml_now();
   mml_status st = ld_parse_record(L, t->sample.shard, t->sample.index, &t->rec_bytes, &t->rec, err);
   acc->read_s += mml_now() - t0;
+  if (!st) /* a record the recipe refuses is refused before its media are read */
+    st = mml_template_check_record(L->src[t->sample.source].tmpl, &t->rec, err);
   if (st) return st;
   if (task_imgs_fit(t, t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos + 1))
     return mml_err_set(err, MML_ENOMEM, "out of memory for the record's images");

@@ -46,7 +46,8 @@ static const char *const k_pixel_format[] = {
 _Static_assert(sizeof k_pixel_format / sizeof *k_pixel_format == MML_PIXELS_BFLOAT16_CONSUMER + 2,
                "k_pixel_format lists mml_pixels in order");
 static const char *const k_balance[] = {"none", "tokens", "vision_tokens", NULL}; /* mml_balance */
-static const char *const k_recipe[] = {"processor", "llama-factory", NULL};       /* MML_RECIPE_* */
+static const char *const k_recipe[] = {"processor", "llama-factory", "qwen-vl-finetune",
+                                       NULL};                           /* MML_RECIPE_* */
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 static const char *const k_preset[] = {"qwen2-vl", "qwen2.5-vl", "qwen3-vl",
                                        NULL}; /* mmloader/presets.py PRESETS */
@@ -144,9 +145,11 @@ static const mml_option k_options[] = {
     /* recipes: whose data path the samples follow; the llama-factory settings keep
      * LLaMA-Factory's own names (mmloader/recipes.py fills the recipe's defaults) */
     {"recipe", MML_OPT_ENUM, CFG(recipe), 0, 0, 0, k_recipe, FP,
-     "Whose data path the samples follow: processor or llama-factory. \"processor\": the HF "
-     "processor (default); \"llama-factory\": LLaMA-Factory's template, per-message "
-     "tokenization and truncation (see :mod:`mmloader.recipes`, docs/recipes.md)."},
+     "Whose data path the samples follow: processor, llama-factory or qwen-vl-finetune. "
+     "\"processor\": the HF processor (default); \"llama-factory\": LLaMA-Factory's template, "
+     "per-message tokenization and truncation; \"qwen-vl-finetune\": Qwen's own fine-tuning "
+     "code (QwenLM/Qwen3-VL qwen-vl-finetune: its messages, labels, pixel limits and "
+     "model_max_length; see :mod:`mmloader.recipes`, docs/recipes.md)."},
     {"cutoff_len", MML_OPT_INT, CFG(lf.cutoff_len), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: truncate to this many tokens as its infer_seqlen does. It splits source "
      "and target (None: 2048; LLaMA-Factory's settings keep its names and defaults, "
@@ -173,6 +176,10 @@ static const mml_option k_options[] = {
     {"video_min_pixels", MML_OPT_INT, CFG(lf.video_min_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: video frames under this many pixels are first grown with Pillow (None: "
      "16*16)."},
+    {"model_max_length", MML_OPT_INT, CFG(qft.model_max_length), 0, 1, I64, NULL, FP | NONE,
+     "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
+     "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "
+     "512, its TrainingArguments default; recipe=\"qwen-vl-finetune\" only)."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */

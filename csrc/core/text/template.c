@@ -51,6 +51,10 @@ static const char *const k_tok_names[TOK_COUNT] = {"<|im_start|>",     "<|im_end
                                                    "<|vision_start|>", "<|vision_end|>",
                                                    "<|image_pad|>",    "<|video_pad|>"};
 
+/* The ids data_processor.preprocess_qwen_visual labels by (qwen-vl-finetune). */
+#define QFT_ASSISTANT_ID 77091
+#define QFT_IM_END_ID 151645
+
 struct mml_template {
   mml_template_style style;
   mml_label_mode labels;
@@ -62,6 +66,8 @@ struct mml_template {
   int lf_on;        /* mml_template_set_llama_factory: LLaMA-Factory's data path */
   mml_lf_opts lf;   /* its settings */
   int32_t think_id; /* "<think>" (-1: absent) */
+  int qft_on;       /* mml_template_set_qwen_finetune: Qwen's fine-tuning data path */
+  mml_qft_opts qft; /* its settings */
 };
 
 mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *err) {
@@ -141,6 +147,36 @@ mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o,
   t->lf = *o;
   t->lf_on = 1;
   return MML_OK;
+}
+
+mml_status mml_template_set_qwen_finetune(mml_template *t, const mml_qft_opts *o, mml_err *err) {
+  if (!o) {
+    t->qft_on = 0;
+    return MML_OK;
+  }
+  if (o->model_max_length < 0)
+    return mml_err_set(err, MML_ECONFIG, "model_max_length must be >= 1");
+  if (t->lf_on)
+    return mml_err_set(err, MML_ECONFIG,
+                       "recipe=\"qwen-vl-finetune\" and \"llama-factory\" exclude each other");
+  if (t->labels != MML_LABELS_ALL_ASSISTANT)
+    return mml_err_set(err, MML_ECONFIG,
+                       "recipe=\"qwen-vl-finetune\" labels as Qwen's code does: leave label_mode "
+                       "at its default");
+  if (t->tok && (mml_tokenizer_token_to_id(t->tok, "assistant", 9) != QFT_ASSISTANT_ID ||
+                 t->id[TOK_IM_END] != QFT_IM_END_ID))
+    return mml_err_set(err, MML_ECONFIG,
+                       "recipe=\"qwen-vl-finetune\" labels by Qwen's fixed token ids 77091 "
+                       "(\"assistant\") and 151645 (<|im_end|>): this tokenizer's differ (a "
+                       "Qwen2/2.5/3-VL tokenizer is needed)");
+  t->space = MML_IMAGE_SPACE_STRIP;
+  t->qft = *o;
+  t->qft_on = 1;
+  return MML_OK;
+}
+
+mml_status mml_template_check_record(const mml_template *t, const mml_record *rec, mml_err *err) {
+  return t && t->qft_on ? mml_qft_check_record(rec, err) : MML_OK;
 }
 
 void mml_template_free(mml_template *t) {
@@ -752,6 +788,15 @@ static mml_status lf_finish(out_ctx *o, size_t ids0) {
                          ids0, o->ids, o->labels, o->err);
 }
 
+/* Qwen's labels and model_max_length cut (mml/template.h, qwen-vl-finetune 2. and 3.). */
+static mml_status qft_finish(out_ctx *o, size_t ids0) {
+  const mml_template *t = o->t;
+  const int32_t media[4] = {t->id[TOK_IMAGE_PAD], t->id[TOK_VIDEO_PAD], t->id[TOK_VISION_START],
+                            t->id[TOK_VISION_END]};
+  return mml_qft_finish(QFT_ASSISTANT_ID, QFT_IM_END_ID, t->qft.model_max_length, media, 4, ids0,
+                        o->ids, o->labels, o->err);
+}
+
 mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scratch,
                                      const mml_record *rec, const int64_t *image_tokens,
                                      const mml_video_tokens *videos, mml_ids *ids, mml_ids *labels,
@@ -773,8 +818,10 @@ mml_status mml_template_encode_media(const mml_template *t, mml_tok_scratch *scr
                .sup_from = NO_SUP,
                .seg_cap = sizeof o.seg_stack};
   o.seg = o.seg_stack;
-  mml_status st = walk(&o);
+  mml_status st = t->qft_on ? mml_qft_check_record(rec, err) : MML_OK;
+  if (!st) st = walk(&o);
   if (!st && t->lf_on) st = lf_finish(&o, ids0);
+  if (!st && t->qft_on) st = qft_finish(&o, ids0);
   free(o.pairs);
   if (o.seg != o.seg_stack) free(o.seg);
   mml_bytes_free(&o.fmt);

@@ -70,8 +70,9 @@ const char *mml_pixels_name(int pixels);
  * epoch, and the settings its samples are processed with (the worker looks them up by
  * the sample's source). */
 /* Whose data path a source's samples follow (Loader recipe=): the HF processor (with the
- * record's qwen-vl-utils keys), or LLaMA-Factory's (mml_template_set_llama_factory). */
-enum { MML_RECIPE_PROCESSOR = 0, MML_RECIPE_LLAMA_FACTORY = 1 };
+ * record's qwen-vl-utils keys), LLaMA-Factory's (mml_template_set_llama_factory) or Qwen's
+ * own fine-tuning code (mml_template_set_qwen_finetune). */
+enum { MML_RECIPE_PROCESSOR = 0, MML_RECIPE_LLAMA_FACTORY = 1, MML_RECIPE_QWEN_VL_FINETUNE = 2 };
 
 typedef struct mml_source_cfg {
   const char *name;        /* for stats and messages */
@@ -87,6 +88,7 @@ typedef struct mml_source_cfg {
   int64_t max_length;          /* 0: no limit */
   int recipe;                  /* MML_RECIPE_* */
   mml_lf_opts lf;              /* recipe MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
+  mml_qft_opts qft;            /* recipe MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */
 } mml_source_cfg;
 
 typedef struct mml_loader_cfg {
@@ -162,6 +164,7 @@ typedef struct mml_loader_cfg {
   mml_image_space image_space;    /* `<image>` whitespace convention (mml/template.h) */
   int recipe;                     /* MML_RECIPE_*: whose data path the samples follow */
   mml_lf_opts lf;                 /* MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
+  mml_qft_opts qft;               /* MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */
   mml_fetch_cfg fetch;            /* used only when data or images are remote */
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
   int pin_memory;                 /* 1: batches in page-locked host memory (falls back to plain

@@ -132,6 +132,45 @@ typedef struct mml_lf_opts {
  * label mode that does not match mask_history, or enable_thinking with qwen2-vl. */
 mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o, mml_err *err);
 
+/* Qwen's own fine-tuning code (Loader recipe="qwen-vl-finetune"; QwenLM/Qwen3-VL
+ * qwen-vl-finetune/qwenvl/data/data_processor.py at 96588727): the template's
+ * MML_IMAGE_SPACE_STRIP rendering (its _build_messages), then
+ *   1. only user and assistant turns ("human" / "gpt"): a system, tool, function_call or
+ *      observation turn, a top-level "system" or "tools", an image in a non-user turn,
+ *      are bad records (its code would read such a turn as the assistant's, ignore the
+ *      fields, keep "<image>" in an answer as text); a video is MML_EUNSUPPORTED (its
+ *      video path is not reproduced);
+ *   2. labels as preprocess_qwen_visual sets them from the ids alone: at every token
+ *      77091 ("assistant") the span from two tokens on up to the next 151645
+ *      (<|im_end|>) and one token past it is labelled (its own id), whatever lies in it;
+ *      a span with no <|im_end|> after it is not;
+ *   3. model_max_length > 0: ids and labels are cut to their first model_max_length
+ *      tokens, as its DataCollatorForSupervisedDataset cuts each padded row; a cut that
+ *      removes any image or video token is MML_ETOOLONG (the model would refuse the
+ *      sample: features and tokens would not match).
+ * The labels' fixed ids must be the tokenizer's "assistant" and <|im_end|> (MML_ECONFIG
+ * otherwise), and the template's label mode MML_LABELS_ALL_ASSISTANT. */
+typedef struct mml_qft_opts {
+  int64_t model_max_length; /* 0: no cut */
+} mml_qft_opts;
+
+/* Switches t to Qwen's fine-tuning data path (o: NULL switches it off); call before
+ * sharing.  Sets the template's image whitespace to MML_IMAGE_SPACE_STRIP. */
+mml_status mml_template_set_qwen_finetune(mml_template *t, const mml_qft_opts *o, mml_err *err);
+
+/* The record rules of t's recipe (qwen-vl-finetune: 1. above; none otherwise), for the
+ * loader to refuse a record before it reads the record's media. */
+mml_status mml_template_check_record(const mml_template *t, const mml_record *rec, mml_err *err);
+
+/* Qwen's record rules (1. above): MML_OK, MML_ERECORD or MML_EUNSUPPORTED naming why. */
+mml_status mml_qft_check_record(const mml_record *rec, mml_err *err);
+
+/* Qwen's labels and cut (2. and 3. above) over ids/labels[from, len).  media_ids (n of
+ * them) are the tokens a cut must not remove.  On failure ids/labels are unchanged. */
+mml_status mml_qft_finish(int32_t assistant_id, int32_t im_end_id, int64_t model_max_length,
+                          const int32_t *media_ids, int n_media, size_t from, mml_ids *ids,
+                          mml_ids *labels, mml_err *err);
+
 /* LLaMA-Factory's truncation (6. above) of ids/labels[from, len): pairs[2k] and
  * pairs[2k+1] are pair k's source and target starts (offsets into ids, from included),
  * pair k ends where pair k+1 starts (the last at ids->len).  Kept tokens stay in order.

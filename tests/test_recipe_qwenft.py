@@ -1,0 +1,365 @@
+"""recipe="qwen-vl-finetune" against Qwen's own fine-tuning code, sample by sample.
+
+The reference is QwenLM/Qwen3-VL's qwen-vl-finetune data path at 96588727
+(qwenvl/data/data_processor.py: _build_messages, preprocess_qwen_visual,
+update_processor_pixels with its DataArguments defaults, and its collator's
+model_max_length cut).  That code is not on PyPI, so tests/qwenft_reference.py vendors those
+functions unchanged as a TEST FIXTURE (Apache-2.0, licence and commit noted there) and
+runs them in a subprocess of this interpreter (transformers 5.24, PIL image backend; the
+torchvision stand-in tests/tvshim only lets the processors import).  Inputs: its own demo
+records (tests/data/qwenft: demo/single_images.json and its two images) and records over
+real photos (scikit-image's and matplotlib's) re-encoded at test time: JPEG and PNG, gray,
+RGBA, an EXIF-rotated JPEG, several images per turn, multi-turn, a user turn holding the
+token "assistant".  Compared bitwise: input_ids, labels, image_grid_thw, pixel_values.
+
+Skips when the Qwen tokenizer is absent.  Qwen2.5-VL runs by default, Qwen3-VL's photos
+under @slow (its demo records by default).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import mmloader
+import photos
+from conftest import as_np
+from test_template import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEMO = os.path.join(HERE, "data", "qwenft")
+TOKDIR = os.path.join(ROOT, "..", "shared", "data", "qwen3-tokenizer")
+if not os.path.isdir(TOKDIR):
+    TOKDIR = "/work/shared/data/qwen3-tokenizer"
+TOKENIZER = os.path.join(TOKDIR, "tokenizer.json")
+TEMPLATE = {"qwen2.5-vl": QWEN2_VL_TEMPLATE, "qwen3-vl": QWEN3_VL_TEMPLATE}
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(TOKENIZER),
+    reason="the Qwen tokenizer (shared/data/qwen3-tokenizer) is absent",
+)
+
+
+def reference(tmp, file, data_path, preset, **job):
+    """Qwen's data path over file (cached by content): the npz as a dict."""
+    job = dict(job, file=file, data_path=data_path, preset=preset, tokenizer=TOKDIR)
+    with open(file, "rb") as f:
+        key = hashlib.sha256(f.read() + json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+    out = os.path.join(str(tmp), f"qft-{key}.npz")
+    if not os.path.exists(out):
+        env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"))
+        r = subprocess.run(
+            [sys.executable, os.path.join(HERE, "qwenft_reference.py")],
+            input=json.dumps({"jobs": [dict(job, out=out, chat_template=TEMPLATE[preset])]}),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+    return dict(np.load(out))
+
+
+def ours(file, image_root, preset, **kw):
+    """Per record: (ids, labels, grid, pixels), or the error's text, in file order."""
+    loader = mmloader.Loader(
+        file,
+        preset=preset,
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        image_root=image_root,
+        shuffle=False,
+        micro_batch_size=1,
+        text_only_vision="omit",
+        on_error="raise",
+        num_threads=2,
+        **kw,
+    )
+    out = []
+    for b in loader:
+        b = as_np(b)
+        out.append(
+            (b["input_ids"][0], b["labels"][0], b.get("image_grid_thw"), b.get("pixel_values"))
+        )
+    return out
+
+
+def compare(ref, mine):
+    n = int(ref["n"])
+    assert not [k for k in ref if k.startswith("err_")], [str(ref[k]) for k in ref if "err" in k]
+    assert len(mine) == n
+    for i, (ids, labels, grid, pixels) in enumerate(mine):
+        assert ids.tolist() == ref[f"ids_{i}"].tolist(), i
+        assert labels.tolist() == ref[f"labels_{i}"].tolist(), i
+        if f"grid_{i}" in ref:
+            assert grid is not None and grid.tolist() == ref[f"grid_{i}"].tolist(), i
+            assert pixels.dtype == ref[f"pixels_{i}"].dtype, i
+            assert np.array_equal(pixels, ref[f"pixels_{i}"]), i
+        else:
+            assert grid is None, i
+    return n
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("qwenft")
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_demo_records(cache, preset):
+    """Its own demo/single_images.json under its defaults (max_pixels 28*28*576,
+    min_pixels 28*28*16, model_max_length 512)."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    assert compare(reference(cache, f, DEMO, preset), ours(f, DEMO, preset)) == 3
+
+
+def _exif_rotated(im):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 CW to display
+    return photos.encode(photos.rgb(im), "JPEG", quality=90, exif=exif.tobytes())
+
+
+def _photo_records(folder):
+    """Records over re-encoded photos (folder/img/*), as Qwen's LLaVA layout writes them."""
+    os.makedirs(os.path.join(folder, "img"), exist_ok=True)
+    ph = photos.photos(max_side=1024)
+    files = {}
+
+    def put(name, data):
+        with open(os.path.join(folder, "img", name), "wb") as f:
+            f.write(data)
+        files[name] = f"img/{name}"
+        return files[name]
+
+    for k, (name, im) in enumerate(sorted(ph.items())):
+        if k % 2:
+            put(f"{name}.jpg", photos.encode(im, "JPEG", quality=88))
+        else:
+            put(f"{name}.png", photos.encode(im, "PNG"))
+    put("astronaut_rgba.png", photos.encode(photos.with_alpha(ph["astronaut"]), "PNG"))
+    put("chelsea_exif.jpg", _exif_rotated(ph["chelsea"]))
+    names = sorted(files.values())
+    recs = []
+    for k, img in enumerate(names):
+        recs.append(
+            {
+                "image": img,
+                "conversations": [
+                    {
+                        "from": "human",
+                        "value": [
+                            "<image>\nDescribe the photo.",
+                            "What is in this picture?\n<image>",
+                            "  Look: <image>  what colours? ",
+                        ][k % 3],
+                    },
+                    {"from": "gpt", "value": f"A photo ({k}).\n"},
+                ],
+            }
+        )
+    recs += [
+        {
+            "image": [names[0], names[1]],
+            "conversations": [
+                {"from": "human", "value": "Compare <image> and <image> please."},
+                {"from": "gpt", "value": "The first is brighter."},
+            ],
+        },
+        {
+            "image": names[2],
+            "conversations": [
+                {"from": "human", "value": "<image>What is it?"},
+                {"from": "gpt", "value": "A photo."},
+                {"from": "human", "value": "\n And the colour?\n"},
+                {"from": "gpt", "value": "  Mostly grey.  \n"},
+            ],
+        },
+        {
+            "conversations": [  # text only
+                {"from": "human", "value": "  Say hi.  "},
+                {"from": "gpt", "value": "hi"},
+            ]
+        },
+        {
+            "conversations": [  # "assistant" in a user turn: its label scan starts there too
+                {"from": "human", "value": "assistant\nsays hello, then asks <image> what?"},
+                {"from": "gpt", "value": "Nothing."},
+            ],
+            "image": names[3],
+        },
+    ]
+    path = os.path.join(folder, "photos.jsonl")
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def test_quirk_record_is_labelled_from_the_user_turn(tmp_path):
+    """The "assistant" token in a user turn starts a labelled span, as its scan does."""
+    path = _photo_records(str(tmp_path))
+    ids, labels, _, _ = ours(path, str(tmp_path), "qwen2.5-vl", model_max_length=4096)[-1]
+    first = int(np.argmax(labels != -100))
+    user = list(ids).index(77091)  # the first "assistant": inside the user turn
+    assert first == user + 2
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", pytest.param("qwen3-vl", marks=pytest.mark.slow)])
+def test_photos(cache, tmp_path, preset):
+    """Real photos, over and under its max_pixels, gray, RGBA, EXIF-rotated, several per
+    turn, multi-turn; model_max_length large enough to keep them."""
+    path = _photo_records(str(tmp_path))
+    kw = dict(model_max_length=8192)
+    n = compare(
+        reference(cache, path, str(tmp_path), preset, **kw), ours(path, str(tmp_path), preset, **kw)
+    )
+    assert n == 16
+
+
+def test_pixel_limits_under_its_names(cache, tmp_path):
+    """min_pixels / max_pixels given: Qwen's DataArguments of the same names."""
+    path = _photo_records(str(tmp_path))
+    args = dict(min_pixels=200 * 28 * 28, max_pixels=300 * 28 * 28)
+    ref = reference(cache, path, str(tmp_path), "qwen2.5-vl", data_args=args, model_max_length=8192)
+    compare(ref, ours(path, str(tmp_path), "qwen2.5-vl", model_max_length=8192, **args))
+
+
+def test_transformers_5_pixel_limits(cache, tmp_path):
+    """Under transformers 5 its update_processor_pixels changes nothing (the reference
+    checks it): the checkpoint's limits, which min_pixels / max_pixels given reproduce."""
+    path = _photo_records(str(tmp_path))
+    ref = reference(cache, path, str(tmp_path), "qwen2.5-vl", pixels="5", model_max_length=8192)
+    kw = dict(min_pixels=3136, max_pixels=12845056, model_max_length=8192)
+    compare(ref, ours(path, str(tmp_path), "qwen2.5-vl", **kw))
+
+
+def test_model_max_length_cuts_text(cache, tmp_path):
+    """Its collator's cut of each row to model_max_length, on text-only samples."""
+    path = os.path.join(str(tmp_path), "text.jsonl")
+    with open(path, "w") as f:
+        for k in range(4):
+            conv = [
+                {"from": "human", "value": f"Count to {10 + k}."},
+                {"from": "gpt", "value": " ".join(str(i) for i in range(10 + 7 * k))},
+            ]
+            f.write(json.dumps({"conversations": conv}) + "\n")
+    ref = reference(cache, path, str(tmp_path), "qwen2.5-vl", model_max_length=40)
+    assert int(ref["full_3"]) > 40  # the cut happens
+    compare(ref, ours(path, str(tmp_path), "qwen2.5-vl", model_max_length=40))
+
+
+def test_a_cut_through_an_image_is_refused():
+    """model_max_length that would cut an image's tokens: skipped as too_long (Qwen's
+    collator would hand the model fewer image tokens than features, which it refuses)."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    loader = mmloader.Loader(
+        f,
+        preset="qwen2.5-vl",
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        image_root=DEMO,
+        model_max_length=64,
+        shuffle=False,
+        micro_batch_size=1,
+        on_error="raise",
+    )
+    with pytest.raises(mmloader.Error, match="model_max_length=64 would cut"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    "rec, match",
+    [
+        (
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "hi"},
+                    {"from": "gpt", "value": "hi"},
+                ]
+            },
+            "role \"system\"",
+        ),
+        (
+            {
+                "video": "v.mp4",
+                "conversations": [
+                    {"from": "human", "value": "<video>what?"},
+                    {"from": "gpt", "value": "x"},
+                ],
+            },
+            "video path is not reproduced",
+        ),
+        (
+            {
+                "system": "Be brief.",
+                "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hi"}],
+            },
+            "top-level \"system\"",
+        ),
+    ],
+)
+def test_what_it_cannot_reproduce_is_refused(tmp_path, rec, match):
+    path = os.path.join(str(tmp_path), "r.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps(rec) + "\n")
+    loader = mmloader.Loader(
+        path,
+        preset="qwen2.5-vl",
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        micro_batch_size=1,
+        on_error="raise",
+    )
+    with pytest.raises(mmloader.Error, match=match):
+        next(iter(loader))
+
+
+def test_settings_are_checked():
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    kw = dict(preset="qwen2.5-vl", tokenizer=TOKENIZER, micro_batch_size=1)
+    with pytest.raises(mmloader.ConfigError, match="model_max_length is a qwen-vl-finetune"):
+        mmloader.Loader(f, model_max_length=100, **kw)
+    with pytest.raises(mmloader.ConfigError, match="cutoff_len is a LLaMA-Factory"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", cutoff_len=100, **kw)
+    with pytest.raises(mmloader.ConfigError, match="label_mode"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", label_mode="last_assistant", **kw)
+    with pytest.raises(mmloader.ConfigError, match="image_route"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", image_route="qwen-vl-utils", **kw)
+    with pytest.raises(mmloader.ConfigError, match="77091"):
+        mmloader.Loader(
+            f, recipe="qwen-vl-finetune", preset="qwen2.5-vl", tokenizer="tiny", micro_batch_size=1
+        )
+    L = mmloader.Loader(f, recipe="qwen-vl-finetune", **kw)
+    assert (L.vision_config["min_pixels"], L.vision_config["max_pixels"]) == (12544, 451584)
+    assert L.vision_config["image_route"] == "load_image"
+
+
+def test_per_source(cache):
+    """recipe= per source: a qwen-vl-finetune source beside a default one."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    src = [
+        mmloader.Source(f, name="qft", recipe="qwen-vl-finetune", image_root=DEMO),
+        mmloader.Source(f, name="hf", image_root=DEMO),
+    ]
+    loader = mmloader.Loader(
+        src,
+        preset="qwen2.5-vl",
+        tokenizer=TOKENIZER,
+        shuffle=False,
+        micro_batch_size=1,
+        on_error="raise",
+        num_threads=1,
+    )
+    got = [as_np(b) for b in loader]
+    ref = reference(cache, f, DEMO, "qwen2.5-vl")
+    qft = [
+        b for b in got if b["input_ids"][0].tolist() in [ref[f"ids_{i}"].tolist() for i in range(3)]
+    ]
+    assert len(qft) == 3 and len(got) == 6
