@@ -446,6 +446,8 @@ def test_image_pre_resize_refuses_other_modes(tmp_path):
 
 
 def _ours_videos(template, path, **kw):
+    if template == "qwen3_vl":
+        kw.setdefault("enable_thinking", True)
     loader = mmloader.Loader(
         path,
         data_format="json",
@@ -471,7 +473,14 @@ def test_video_demo(lfcache, settings):
     job = dict(template="qwen2_vl", datasets=["mllm_video_demo"], model_args=settings)
     (ref,) = reference(lfcache, [job])
     mine = _ours_videos("qwen2_vl", os.path.join(DATA, "mllm_video_demo.json"), **settings)
-    assert len(mine) == len(ref["names"]) == 3 and len(ref["dropped"]) == 0
+    assert _compare_videos(ref, mine) == 3
+    if not settings:  # 1.mp4: 9.72 s -> 19 frames + 1, 640x360 -> 341x192 -> 336x196
+        assert ref["vgrid_0"].tolist() == [[10, 14, 24]]
+
+
+def _compare_videos(ref, mine):
+    """ids, labels, video grids and pixel_values_videos of each sample, bitwise."""
+    assert len(mine) == len(ref["names"]) and len(ref["dropped"]) == 0
     for i, b in enumerate(mine):
         assert b["input_ids"][0].tolist() == ref[f"ids_{i}"].tolist(), i
         assert b["labels"][0].tolist() == ref[f"labels_{i}"].tolist(), i
@@ -479,13 +488,122 @@ def test_video_demo(lfcache, settings):
         want = ref[f"vpixels_{i}"]
         assert b["pixel_values_videos"].shape == want.shape, i
         assert np.array_equal(b["pixel_values_videos"], want), i
-    if not settings:  # 1.mp4: 9.72 s -> 19 frames + 1, 640x360 -> 341x192 -> 336x196
-        assert ref["vgrid_0"].tolist() == [[10, 14, 24]]
+    return len(mine)
 
 
-def test_video_qwen3_refused():
-    with pytest.raises(mmloader.Error, match="Qwen3-VL video path"):
-        _ours_videos("qwen3_vl_nothink", os.path.join(DATA, "mllm_video_demo.json"))
+# Clips made at test time with Debian's ffmpeg from real photos (tests/photos.py): a pan
+# across a photo, so that every kept frame differs.  (file, photo, size, rate, frames,
+# encoder arguments): h264 in MP4 at 24000/1001 fps, 720x480 (shrunk by the 256^2 cap);
+# MPEG-4 part 2 in AVI at 15 fps, portrait 240x320, 41 frames (5 kept: the last repeated).
+CLIPS = [
+    ("pan_h264.mp4", "astronaut", (720, 480), "24000/1001", 100, ["-c:v", "libx264"]),
+    ("pan_mpeg4.avi", "coffee", (240, 320), "15", 41, ["-c:v", "mpeg4", "-q:v", "3"]),
+]
+
+
+def _video_clips(folder):
+    """The CLIPS as LLaMA-Factory sharegpt records with the folder's dataset_info.json."""
+    import shutil
+
+    import photos as ph
+
+    ffmpeg = shutil.which("ffmpeg")
+    if not ffmpeg:
+        pytest.skip("Debian's ffmpeg CLI is not installed (apt-get install ffmpeg)")
+    recs = []
+    for fname, photo, (w, h), rate, n, enc in CLIPS:
+        im = np.asarray(ph.rgb(ph.photos(640)[photo]).resize((w + n * 2, h + n)))
+        frames = b"".join(im[k : k + h, 2 * k : 2 * k + w].tobytes() for k in range(n))
+        path = os.path.join(folder, fname)
+        cmd = [ffmpeg, "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24"]
+        cmd += ["-s", f"{w}x{h}", "-r", rate, "-i", "-", *enc, "-pix_fmt", "yuv420p", path]
+        subprocess.run(cmd, input=frames, check=True, timeout=120)
+        msgs = [
+            {"role": "user", "content": "<video>What moves in this clip?"},
+            {"role": "assistant", "content": f"The camera pans ({fname})."},
+        ]
+        recs.append({"messages": msgs, "videos": [path]})
+    with open(os.path.join(folder, "clips.json"), "w") as f:
+        json.dump(recs, f)
+    with open(os.path.join(DATA, "dataset_info.json")) as f:
+        info = json.load(f)["mllm_video_demo"]
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"clips": dict(info, file_name="clips.json")}, f)
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lfclips")
+    _video_clips(str(d))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    "template,settings",
+    [
+        ("qwen3_vl_nothink", {}),
+        pytest.param("qwen3_vl", {}, marks=pytest.mark.slow),
+        pytest.param(
+            "qwen3_vl_nothink",
+            dict(video_fps=1.0, video_max_pixels=128 * 128, video_maxlen=6),
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_video_qwen3(lfcache, clip_dir, template, settings):
+    """LLaMA-Factory's Qwen3-VL video path (Qwen3VLPlugin): its frame sampling and Pillow
+    shrink, the Qwen3-VL video processor's resize (frame count in the budget), and its
+    prompt: per temporal patch "<t seconds>" from idx / average_rate (the pair's mean) and
+    the pads between <|vision_start|> and <|vision_end|>, in place of the whole <video> (no
+    outer pair).  Its demo videos and the photo clips: ids, labels, grids and
+    pixel_values_videos bitwise equal."""
+    jobs = [
+        dict(template=template, datasets=["mllm_video_demo"], model_args=settings),
+        dict(template=template, datasets=["clips"], dataset_dir=clip_dir, model_args=settings),
+    ]
+    demo, clips = reference(lfcache, jobs)
+    assert _compare_videos(demo, _ours_videos(template, VIDEO_DEMO, **settings)) == 3
+    mine = _ours_videos(template, os.path.join(clip_dir, "clips.json"), **settings)
+    assert _compare_videos(clips, mine) == len(CLIPS)
+    if not settings:  # 1.mp4 (9.72 s, 25 fps): 20 frames, timestamps at idx / 25
+        assert demo["vgrid_0"].tolist() == [[10, 12, 22]]
+        assert demo["ids_0"].tolist().count(_tok_id("<|vision_start|>")) == 10
+
+
+def _tok_id(token):
+    with open(TOKENIZER, encoding="utf-8") as f:
+        added = json.load(f)["added_tokens"]
+    return next(t["id"] for t in added if t["content"] == token)
+
+
+VIDEO_DEMO = os.path.join(DATA, "mllm_video_demo.json")
+
+
+def test_video_qwen3_one_video_in_the_first_message(tmp_path):
+    """LLaMA-Factory 0.9.5 takes a Qwen3-VL video's timestamps by message index and every
+    video's frame count from the first video: a record with two videos, or its video in a
+    later turn, is a bad record under the recipe, not a guess."""
+    demo = os.path.join(DATA, "mllm_demo_data")
+    two = {
+        "messages": [
+            {"role": "user", "content": "<video><video>Which is longer?"},
+            {"role": "assistant", "content": "The first."},
+        ],
+        "videos": [os.path.join(demo, "1.mp4"), os.path.join(demo, "3.mp4")],
+    }
+    later = {
+        "messages": [
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "<video>What is in it?"},
+            {"role": "assistant", "content": "A baby."},
+        ],
+        "videos": [os.path.join(demo, "3.mp4")],
+    }
+    for rec in (two, later):
+        (tmp_path / "v.json").write_text(json.dumps([rec]))
+        with pytest.raises(mmloader.Error, match="takes one video, in the first user message"):
+            _ours_videos("qwen3_vl_nothink", str(tmp_path / "v.json"))
 
 
 def test_video_frame_list_refused(tmp_path):

@@ -13,7 +13,7 @@ RGBA, an EXIF-rotated JPEG, several images per turn, multi-turn, a user turn hol
 token "assistant".  Compared bitwise: input_ids, labels, image_grid_thw, pixel_values.
 
 Skips when the Qwen tokenizer is absent.  Qwen2.5-VL runs by default, Qwen3-VL's photos
-under @slow (its demo records by default).
+and given pixel limits under @slow (its demo records by default).
 """
 
 import hashlib
@@ -222,6 +222,7 @@ def test_photos(cache, tmp_path, preset):
     assert n == 16
 
 
+@pytest.mark.slow
 def test_pixel_limits_under_its_names(cache, tmp_path):
     """min_pixels / max_pixels given: Qwen's DataArguments of the same names."""
     path = _photo_records(str(tmp_path))

@@ -372,7 +372,9 @@ static mml_status emit_pads(out_ctx *o, int which, int64_t n) {
 /* A video placeholder, never supervised.  Qwen2/2.5-VL: <|vision_start|>, groups *
  * group_tokens <|video_pad|>, <|vision_end|>.  Qwen3-VL: transformers 5.24's processor
  * replaces the template's <|video_pad|> (inside <|vision_start|>...<|vision_end|>) with one
- * "<{t:.1f} seconds><|vision_start|>pads<|vision_end|>" block per temporal patch. */
+ * "<{t:.1f} seconds><|vision_start|>pads<|vision_end|>" block per temporal patch;
+ * LLaMA-Factory's Qwen3VLPlugin writes those blocks in place of its whole "<video>", with
+ * no outer pair. */
 static mml_status emit_video(out_ctx *o, int video) {
   const mml_record *rec = o->rec;
   if (video < 0 || video >= rec->nvideos)
@@ -390,7 +392,8 @@ static mml_status emit_video(out_ctx *o, int video) {
   bool stamps = o->t->style == MML_TEMPLATE_QWEN3_VL;
   if (stamps && !v->timestamps)
     return mml_err_set(o->err, MML_EINVAL, "template: qwen3-vl video %d has no timestamps", video);
-  TRY(emit_marker(o, TOK_VISION_START, false));
+  bool outer = !stamps || !o->t->lf_on;
+  if (outer) TRY(emit_marker(o, TOK_VISION_START, false));
   if (!stamps) {
     TRY(emit_pads(o, TOK_VIDEO_PAD, v->groups * v->group_tokens));
   } else {
@@ -406,7 +409,7 @@ static mml_status emit_video(out_ctx *o, int video) {
       TRY(emit_marker(o, TOK_VISION_END, false));
     }
   }
-  return emit_marker(o, TOK_VISION_END, false);
+  return outer ? emit_marker(o, TOK_VISION_END, false) : MML_OK;
 }
 
 /* Length of the Python-whitespace character (str.isspace) at p, 0 if none. */
@@ -601,6 +604,24 @@ static bool is_target(const mml_message *m) {
   return m->role == MML_ROLE_ASSISTANT || m->role == MML_ROLE_FUNCTION_CALL;
 }
 
+/* LLaMA-Factory's Qwen3-VL videos (mml/template.h, LLaMA-Factory 7.): one video, in the
+ * first message after the optional system message. */
+static mml_status lf_check_video(out_ctx *o) {
+  const mml_record *rec = o->rec;
+  if (o->t->style != MML_TEMPLATE_QWEN3_VL || !rec->nvideos) return MML_OK;
+  int where = -1, k0 = rec->messages[0].role == MML_ROLE_SYSTEM;
+  for (int k = 0; k < rec->nmessages && where < 0; k++)
+    for (int i = 0; i < rec->messages[k].nparts; i++)
+      if (rec->messages[k].parts[i].kind == MML_PART_VIDEO) where = k;
+  if (rec->nvideos > 1 || where != k0)
+    return mml_err_set(o->err, MML_ERECORD,
+                       "bad record: recipe=\"llama-factory\" with Qwen3-VL takes one video, in "
+                       "the first user message (LLaMA-Factory 0.9.5's Qwen3VLPlugin takes a "
+                       "video's timestamps by message index and every video's frame count from "
+                       "the first: not reproduced)");
+  return MML_OK;
+}
+
 /* LLaMA-Factory's conversation shape (mml/template.h, LLaMA-Factory 1.): an optional
  * leading system message, then (user | observation, assistant | function_call) pairs. */
 static mml_status lf_check_shape(out_ctx *o) {
@@ -713,6 +734,7 @@ static mml_status walk(out_ctx *o) {
 
   if (t->lf_on) {
     TRY(lf_check_shape(o));
+    TRY(lf_check_video(o));
     TRY(lf_mark(o)); /* the first pair's source: the system turn too */
   }
   bool tools = rec->tools != NULL;

@@ -342,6 +342,9 @@ static void fill_info(mml_video *v) {
   in->stream_duration_s = s->duration != AV_NOPTS_VALUE && s->time_base.den > 0
                               ? (double)(s->duration * s->time_base.num) / s->time_base.den
                               : 0;
+  in->stream_avg_fps = s->avg_frame_rate.num > 0 && s->avg_frame_rate.den > 0
+                           ? (double)s->avg_frame_rate.num / s->avg_frame_rate.den
+                           : 0;
   snprintf(in->codec, sizeof in->codec, "%s", avcodec_get_name(s->codecpar->codec_id));
   snprintf(in->container, sizeof in->container, "%s", v->fmt->iformat->name);
   in->exact_index = v->exact;

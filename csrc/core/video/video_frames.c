@@ -543,11 +543,11 @@ static int keys_sane(const mml_video_keys *k) {
 /* recipe="llama-factory": LLaMA-Factory's sampling and per-frame Pillow resize, then the
  * processor's resize (mml/video_frames.h). */
 static mml_status lf_plan_file(const mml_vision_cfg *cfg, const mml_video_info *info,
-                               mml_video_plan *p, mml_err *err) {
-  if (cfg->video_family == MML_VIDEO_QWEN3)
+                               mml_video_plan *p, double *ts, mml_err *err) {
+  if (cfg->video_family == MML_VIDEO_QWEN3 && !(info->stream_avg_fps > 0))
     return mml_err_set(err, MML_EVIDEO,
-                       "recipe=\"llama-factory\": its Qwen3-VL video path (qwen3_vl templates: "
-                       "timestamps from its frame indices) is not reproduced yet");
+                       "recipe=\"llama-factory\": the stream has no average frame rate, which "
+                       "LLaMA-Factory's Qwen3-VL timestamps divide by (not reproduced)");
   if (info->stream_frames != info->nframes)
     return mml_err_set(err, MML_EVIDEO,
                        "recipe=\"llama-factory\": the stream header counts %lld frames, %lld "
@@ -574,6 +574,15 @@ static mml_status lf_plan_file(const mml_vision_cfg *cfg, const mml_video_info *
   p->sample_fps = (double)n / info->stream_duration_s; /* its fps_per_video */
   if ((st = plan_finish(cfg, p, err))) return st;
   p->src_pixels = n * (int64_t)p->src_w * p->src_h;
+  if (ts && cfg->video_family == MML_VIDEO_QWEN3) { /* its Qwen3VLPlugin's timestamps */
+    int64_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                         (long long)n);
+    mml_lf_video_indices(info->stream_frames, n, idx);
+    mml_lf_video_timestamps(idx, n, info->stream_avg_fps, cfg->lf_video_fps, cfg->merge_size, ts);
+    free(idx);
+  }
   return MML_OK;
 }
 
@@ -581,7 +590,7 @@ mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *
                                const mml_video_info *info, mml_video_plan *p, double *ts,
                                mml_err *err) {
   memset(p, 0, sizeof *p);
-  if (cfg->lf) return lf_plan_file(cfg, info, p, err);
+  if (cfg->lf) return lf_plan_file(cfg, info, p, ts, err);
   p->file = 1;
   mml_status st = mml_video_sample(keys, info->nframes, info->fps, &p->smp, err);
   if (st == MML_ERECORD && info->nframes > 0 && info->fps > 0 && keys_sane(keys)) {

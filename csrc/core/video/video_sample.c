@@ -202,3 +202,14 @@ void mml_lf_video_indices(int64_t total_frames, int64_t n, int64_t *idx) {
   for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)((double)i * step);
   if (n > 1) idx[n - 1] = total_frames - 1;
 }
+
+void mml_lf_video_timestamps(const int64_t *idx, int64_t n, double avg_fps, double video_fps,
+                             int merge, double *ts) {
+  if (merge < 1) merge = 1;
+  for (int64_t g = 0; g * merge < n; g++) {
+    int64_t a = g * merge, b = a + merge - 1 < n ? a + merge - 1 : n - 1; /* padded: the last */
+    double ta = (double)idx[a] / avg_fps * video_fps / video_fps;
+    double tb = (double)idx[b] / avg_fps * video_fps / video_fps;
+    ts[g] = (ta + tb) / 2;
+  }
+}

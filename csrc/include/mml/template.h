@@ -114,7 +114,12 @@ mml_status mml_template_set_system(mml_template *t, const char *text, mml_err *e
  *      running length is under cutoff_len, each cut to infer_seqlen(source, target,
  *      cutoff_len - running) tokens from its start; later pairs are dropped.  A cut that
  *      removes part of an image's or video's tokens is MML_ETOOLONG (the model would
- *      refuse the sample: features and tokens would not match). */
+ *      refuse the sample: features and tokens would not match);
+ *   7. Qwen3-VL videos (its Qwen3VLPlugin): the timestamped blocks replace the whole
+ *      "<video>" (no outer <|vision_start|>/<|vision_end|> pair); a record with more than
+ *      one video, or its video outside the first message after the optional system
+ *      message, is a bad record (LLaMA-Factory 0.9.5 takes the timestamps by message
+ *      index and every video's frame count from the first video). */
 typedef struct mml_lf_opts {
   int64_t cutoff_len; /* 0: no truncation */
   int mask_history, train_on_prompt, enable_thinking;
@@ -192,7 +197,8 @@ mml_status mml_template_encode(const mml_template *t, mml_tok_scratch *scratch,
  * Qwen2/2.5-VL: <|vision_start|> + groups * group_tokens pads + <|vision_end|>.
  * Qwen3-VL (as transformers 5.24's Qwen3VLProcessor renders it): <|vision_start|>, then per
  * temporal patch "<{timestamps[g]:.1f} seconds>" (text) + <|vision_start|> + group_tokens
- * pads + <|vision_end|>, then <|vision_end|>. */
+ * pads + <|vision_end|>, then <|vision_end|> (recipe llama-factory: without that outer
+ * pair, LLaMA-Factory 7. above). */
 typedef struct mml_video_tokens {
   int64_t groups, group_tokens;
   const double *timestamps; /* qwen3-vl: groups values in seconds (NULL otherwise) */

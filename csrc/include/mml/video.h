@@ -103,6 +103,7 @@ typedef struct mml_video_info {
    * stream has none) */
   int64_t stream_frames;
   double stream_duration_s;
+  double stream_avg_fps; /* float(stream.average_rate): avg_frame_rate (0: unknown) */
 } mml_video_info;
 
 typedef struct mml_video_frame {

@@ -85,4 +85,12 @@ mml_status mml_lf_video_count(int64_t total_frames, double duration, double fps,
                               int64_t *n, mml_err *err);
 void mml_lf_video_indices(int64_t total_frames, int64_t n, int64_t *idx);
 
+/* LLaMA-Factory 0.9.5's Qwen3-VL timestamps (Qwen3VLPlugin: frames_indices = idx /
+ * average_fps * video_fps, then transformers' Qwen3VLProcessor._calculate_timestamps
+ * divides by video_fps): the n kept indices padded with the last to a multiple of `merge`,
+ * t_i = idx_i / avg_fps * video_fps / video_fps (float64, in that order), and per group of
+ * `merge` the mean of its first and last; ceil(n / merge) values into ts. */
+void mml_lf_video_timestamps(const int64_t *idx, int64_t n, double avg_fps, double video_fps,
+                             int merge, double *ts);
+
 #endif
