@@ -264,6 +264,15 @@ static int has_buf(const ticket *k) {
   return 0;
 }
 
+/* The ticket the collator's next sample is in: the head ticket, or the one after it while
+ * the head is a pack or a batch still open in the collator (complete only once that next
+ * sample is decoded and does not fit). */
+static int64_t needed_ticket(mml_loader *L) {
+  int64_t id = L->tk_head;
+  while (id < L->tk_tail && tk_at(L, id + 1)->first_seq <= L->head_seq) id++;
+  return id;
+}
+
 /* Whether `prefetch` batches with pixels are ahead of the consumer, for ticket id's first
  * buffer: finished ones (output and pending queues) and tickets with a buffer (being
  * decoded).  The ticket holding the collator's next sample counts finished batches only:
@@ -400,9 +409,10 @@ static void close_ticket(mml_loader *L, int64_t id, mml_collator *c) {
 /* Where placing stopped for good (final: the epoch ends, or has its batches) or until
  * the collator takes samples: a padded ticket still open gets buffers of its rows so
  * far (re-buffered if it grows) when it is final, or the collator waits for it (it is
- * the head ticket: only its decodes let the window move). */
+ * the needed ticket: only its decodes let the window move; a pack's ticket after an open
+ * head pack, with window 2, hung here when it was not the head). */
 static void stall(mml_loader *L, mml_collator *c, int final) {
-  if (L->tk_tail < L->tk_head || (!final && L->tk_tail != L->tk_head)) return;
+  if (L->tk_tail < L->tk_head || (!final && L->tk_tail != needed_ticket(L))) return;
   ticket *k = tk_at(L, L->tk_tail);
   for (int p = 0; p < PLANES; p++)
     if (!k->pl[p].buf && k->pl[p].rows > 0) rebuffer(L, L->tk_tail, p, k->pl[p].rows, c);
