@@ -233,6 +233,45 @@ def shards():
         put("tar", n, bytes([i * 53 % 256]) + body)
 
 
+def parquets():
+    """Parquet files for fuzz-parquet.c (pyarrow, when installed): datasets' layout (a
+    list of {bytes, path} image structs, messages as a list of structs) plus numbers,
+    booleans and nulls, in each codec, page version and encoding the reader supports."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return
+    img_t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    msg_t = pa.struct([("role", pa.string()), ("content", pa.string())])
+    table = pa.table(
+        {
+            "messages": pa.array(
+                [[{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "yo"}],
+                 None, []],
+                pa.list_(msg_t),
+            ),
+            "images": pa.array(
+                [[{"bytes": b"\xff\xd8\xffjpeg", "path": None}], [None], None], pa.list_(img_t)
+            ),
+            "image": pa.array([{"bytes": None, "path": "a.png"}, None, {"bytes": b"x", "path": ""}],
+                              img_t),
+            "n": pa.array([1, None, -3], pa.int64()),
+            "f": pa.array([0.5, float("nan"), None], pa.float32()),
+            "b": pa.array([True, None, False]),
+            "nested": pa.array([[[1, None], []], None, [[2]]], pa.list_(pa.list_(pa.int32()))),
+        }
+    )
+    variants = [("snappy", "1.0", True), ("zstd", "2.0", False), ("gzip", "1.0", False),
+                ("none", "2.0", True)]
+    for codec, page, dictionary in variants:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression=codec, data_page_version=page,
+                       use_dictionary=dictionary, row_group_size=2, store_schema=False)
+        put("parquet", f"{codec}-v{page[0]}-{'dict' if dictionary else 'plain'}.parquet",
+            buf.getvalue())
+
+
 if __name__ == "__main__":
     records()
     tokenizer()
@@ -242,3 +281,4 @@ if __name__ == "__main__":
     videos()
     dsindex()
     shards()
+    parquets()

@@ -65,7 +65,7 @@ _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|vide
 # What a folder given as data contributes (compression is told by content, not name).
 _DATA_SUFFIXES = tuple(
     f"{base}{z}" for base in (".jsonl", ".json", ".tar") for z in ("", ".gz", ".zst")
-) + (".tgz",)
+) + (".tgz", ".parquet")
 
 
 def _is_remote(p: str) -> bool:
@@ -112,7 +112,7 @@ def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
             if not found:
                 raise ConfigError(
                     f"folder {p!r} holds no data file (*.jsonl, *.json, *.tar, "
-                    "optionally .gz or .zst)"
+                    "optionally .gz or .zst, or *.parquet)"
                 )
             out.extend(os.path.abspath(f) for f in found)
         elif os.path.isfile(p):

@@ -21,13 +21,17 @@ CORE = os.path.join(ROOT, "csrc", "core")
 #: bottom to top; folders on one level must not include each other
 LEVELS = [
     ["base"],  # status and messages, buffers and the pool, JSON text
-    ["fetch", "text", "image"],  # HTTP(S)/S3 bytes; tokenizer, records, template; decoders
+    ["fetch", "text", "image", "parquet"],  # HTTP(S)/S3 bytes; tokenizer, records, template;
+    # decoders; Parquet files into JSON rows and blobs
     ["vision", "index"],  # resize, normalise, patchify; shard indexes and the index file
     ["video"],  # probe, sparse decode, frame sampling and resize
     ["batch"],  # collation into tensors, pinned/device memory
     ["loader"],  # options, sampler, mixtures, the global plan, threads, placement
 ]
-HEADER_HOME = {"batch": "base"}  # mml/batch.h: implemented by base/pool.c
+HEADER_HOME = {
+    "batch": "base",
+    "parquet": "parquet",
+}  # mml/batch.h: base/pool.c; mml/parquet.h: parquet/*.c
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

@@ -74,3 +74,22 @@ def test_an_include_up_or_sideways_breaks_the_layers(tmp_path, monkeypatch):
     assert len(bad) == 2, bad
     assert any("(base -> loader): not a lower level" in b for b in bad)
     assert any("(text -> image)" in b for b in bad)
+
+
+def test_c_tests_mirror_the_subsystem_folders():
+    """tests/c has a folder per csrc/core subsystem (and no other), each with its tests
+    (test-<area>.c): a reader finds a subsystem's tests where its code is."""
+    core = {f for fs in c_layers.LEVELS for f in fs}
+    assert core == {
+        d for d in os.listdir(c_layers.CORE) if os.path.isdir(os.path.join(c_layers.CORE, d))
+    }
+    tests = os.path.join(ROOT, "tests", "c")
+    have = {
+        d
+        for d in os.listdir(tests)
+        if os.path.isdir(os.path.join(tests, d))
+        and any(
+            f.startswith("test-") and f.endswith(".c") for f in os.listdir(os.path.join(tests, d))
+        )
+    }
+    assert have == core

@@ -162,7 +162,7 @@ static PyObject *py_read_index(PyObject *mod, PyObject *args) {
     PyList_SET_ITEM(imgs, i, l ? l : (Py_INCREF(Py_None), Py_None));
   }
   const char *layout = mml_option_enum_name(mml_loader_option("data_format"), x.layout);
-  static const char *const comp[] = {"none", "gzip", "zstd"};
+  static const char *const comp[] = {"none", "gzip", "zstd", "parquet"};
   char key[17];
   snprintf(key, sizeof key, "%016llx", (unsigned long long)x.key);
   PyObject *r = NULL;

@@ -204,6 +204,7 @@ TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
 TEST_DECLARE(pixels_expand_is_the_writers_bits)
 TEST_DECLARE(pixels_expand_in_place_is_expand)
+/* test-image.c */
 TEST_DECLARE(jpeg_coefficients_stay_mapped)
 /* test-loader-video.c */
 TEST_DECLARE(loader_video_files_same_output_any_threads)
@@ -411,6 +412,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(pixel_formats_and_frame_slots)
     TEST_ENTRY(pixels_expand_is_the_writers_bits)
     TEST_ENTRY(pixels_expand_in_place_is_expand)
+    /* test-image.c */
     TEST_ENTRY(jpeg_coefficients_stay_mapped)
     /* test-loader-video.c */
     TEST_ENTRY(loader_video_files_same_output_any_threads)

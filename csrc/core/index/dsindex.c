@@ -214,7 +214,7 @@ static mml_status parse_header(const uint8_t *h, size_t len, const char *name, m
       x->names_len < 0 || x->names_len > lim || x->data_end < 0 ||
       (x->layout != MML_LAYOUT_JSONL && x->layout != MML_LAYOUT_JSON &&
        x->layout != MML_LAYOUT_WDS) ||
-      x->compression > MML_COMPRESS_ZSTD || get32(h + H_ETAG) >= sizeof x->etag)
+      x->compression > MML_COMPRESS_PARQUET || get32(h + H_ETAG) >= sizeof x->etag)
     return mml_err_set(err, MML_ERECORD, "index %s: corrupt header", name);
   return MML_OK;
 }
@@ -262,8 +262,10 @@ static mml_status check_refs(mml_dsx *x, const char *name, mml_err *err) {
       return corrupt(err, name, "record offsets out of order or range");
   for (int64_t i = 0; i < x->nmembers; i++) {
     const mml_member *m = &x->members[i];
-    if (m->off < 0 || m->size < 0 || m->off > x->shard_size - m->size ||
-        (int64_t)m->name >= x->names_len || m->key_len > x->names_len - (int64_t)m->name ||
+    /* a compressed or Parquet shard's members lie in its decoded copy, not the file */
+    int64_t bound = x->compression == MML_COMPRESS_NONE ? x->shard_size : INT64_MAX;
+    if (m->off < 0 || m->size < 0 || m->off > bound - m->size || (int64_t)m->name >= x->names_len ||
+        m->key_len > x->names_len - (int64_t)m->name ||
         !memchr(x->names + m->name, 0, (size_t)(x->names_len - (int64_t)m->name)) ||
         strlen(x->names + m->name) <= m->key_len || x->names[m->name + m->key_len] != '.')
       return corrupt(err, name, "member table"); /* a name is "key.ext": ext after key_len */

@@ -47,7 +47,7 @@
 
 /* ---- decompression and the spill file ------------------------------------------------ */
 
-static int spill_open(char *dir_out, size_t cap) {
+int ix_spill_open(char *dir_out, size_t cap) {
   const char *dir = getenv("TMPDIR");
   if (!dir || !*dir) dir = "/tmp";
   snprintf(dir_out, cap, "%s", dir);
@@ -62,7 +62,7 @@ static int spill_open(char *dir_out, size_t cap) {
   return fd;
 }
 
-static mml_status spill_write(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
+mml_status ix_spill_write(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
   mml_index_shard *sh = shard_of(b);
   while (n) {
     ssize_t w = write(sh->fd, p, n);
@@ -87,12 +87,17 @@ static mml_status index_cancelled(mml_index_builder *b, mml_err *err) {
 static mml_status text_out(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err) {
   if (mml_cancelled(b->ix->cancel)) return index_cancelled(b, err);
   mml_status st = ix_scan_text(b, p, n, err); /* first: it checks the limits */
-  return st ? st : spill_write(b, p, n, err);
+  return st ? st : ix_spill_write(b, p, n, err);
 }
 
 static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   mml_index_shard *sh = shard_of(b);
   const uint8_t *h = b->head;
+  if (b->nhead >= 4 && !memcmp(h, "PAR1", 4)) /* local files: ix_add_parquet */
+    return mml_err_set(err, MML_ECONFIG,
+                       "data shard %s: a Parquet file over HTTP(S) or S3 is read when its name "
+                       "ends in .parquet (row groups by ranged reads); this one's does not",
+                       sh->path);
   if (b->nhead >= 2 && h[0] == 0x1f && h[1] == 0x8b)
     sh->compression = MML_COMPRESS_GZIP;
   else if (b->nhead >= 4 && ((h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd) ||
@@ -107,7 +112,7 @@ static mml_status start_raw(mml_index_builder *b, mml_err *err) {
   if (sh->compression == MML_COMPRESS_NONE) return MML_OK;
   if (!(b->zbuf = malloc(CHUNK))) return ix_oom(b, err);
   char dir[4096];
-  if ((sh->fd = spill_open(dir, sizeof dir)) < 0)
+  if ((sh->fd = ix_spill_open(dir, sizeof dir)) < 0)
     return mml_err_set(err, MML_EIO,
                        "data shard %s: cannot create a file for its decompressed "
                        "copy in %s: %s (TMPDIR chooses the folder)",
@@ -360,6 +365,13 @@ static const char *file_kind(mode_t m) {
                        : "special file";
 }
 
+/* PAR1 at the start and the end of the file. */
+static int is_parquet(int fd, int64_t size) {
+  uint8_t a[4], z[4];
+  return size >= 12 && pread(fd, a, 4, 0) == 4 && pread(fd, z, 4, (off_t)size - 4) == 4 &&
+         !memcmp(a, "PAR1", 4) && !memcmp(z, "PAR1", 4);
+}
+
 mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err) {
   /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -380,6 +392,11 @@ mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, 
                        file_kind(sb.st_mode));
   }
   const int64_t size = (int64_t)sb.st_size;
+  if (want == MML_LAYOUT_AUTO && is_parquet(fd, size)) {
+    mml_status pst = ix_add_parquet(ix, path, fd, size, err);
+    close(fd);
+    return pst;
+  }
   uint8_t *buf = malloc(CHUNK);
   mml_index_builder *b = NULL;
   mml_status st = buf ? mml_index_begin(ix, path, want, &b, err)

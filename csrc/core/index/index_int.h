@@ -71,6 +71,14 @@ mml_status ix_scan_text(mml_index_builder *b, const uint8_t *p, size_t len, mml_
 mml_status ix_end_line(mml_index_builder *b, int64_t next_start, mml_err *err);
 mml_status ix_tar_close_group(mml_index_builder *b);
 mml_status ix_oom(mml_index_builder *b, mml_err *err);
+/* A member of the WebDataset group being built (grouped by key; nonzero: out of memory). */
+mml_status ix_tar_member(mml_index_builder *b, const char *name, int64_t off, int64_t size);
+/* The spill file: an unlinked file in $TMPDIR (else /tmp; its folder into dir_out), and
+ * appending to the shard's (errors name the shard and the folder). */
+int ix_spill_open(char *dir_out, size_t cap);
+mml_status ix_spill_write(mml_index_builder *b, const uint8_t *p, size_t n, mml_err *err);
+/* index_parquet.c: a local Parquet file (open as fd, size bytes) as the next shard. */
+mml_status ix_add_parquet(mml_index *ix, const char *path, int fd, int64_t size, mml_err *err);
 int ix_is_image_ext(const char *name); /* a WebDataset image member's extension */
 int ix_is_video_ext(const char *name); /* a WebDataset video (file) member's extension */
 mml_status ix_json_error(mml_index_builder *b, mml_err *err, const char *fmt, ...)

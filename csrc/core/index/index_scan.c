@@ -346,7 +346,7 @@ mml_status ix_tar_close_group(mml_index_builder *b) {
   return MML_OK;
 }
 
-static mml_status tar_member(mml_index_builder *b, const char *name, int64_t off, int64_t size) {
+mml_status ix_tar_member(mml_index_builder *b, const char *name, int64_t off, int64_t size) {
   mml_index_shard *sh = shard_of(b);
   const char *base = strrchr(name, '/');
   base = base ? base + 1 : name;
@@ -451,7 +451,7 @@ static mml_status tar_header(mml_index_builder *b, const uint8_t *h, int64_t at,
         snprintf(buf, sizeof buf, "%s", nm);
     }
     st = over_records(b, shard_of(b)->nmembers + 1, "tar members", err);
-    if (!st && tar_member(b, name, at + 512, size)) st = ix_oom(b, err);
+    if (!st && ix_tar_member(b, name, at + 512, size)) st = ix_oom(b, err);
   }
   free(b->next_name);
   b->next_name = NULL;

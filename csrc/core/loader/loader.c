@@ -207,12 +207,59 @@ static mml_status remote_size_check(const mml_loader *L, const char *path, int64
   return MML_OK;
 }
 
+/* A remote Parquet file's ranged reads (mml_pq_read_fn): exactly the bytes asked for, of
+ * an object whose size stays what it was. */
+typedef struct remote_pq {
+  const mml_loader *L;
+  mml_fetcher *f;
+  const char *path;
+  int64_t size;
+} remote_pq;
+
+static mml_status remote_pq_read(void *ctx, int64_t off, int64_t len, mml_bytes *out,
+                                 mml_err *err) {
+  remote_pq *r = ctx;
+  int64_t total;
+  mml_status st = mml_fetch_get_sized(r->f, r->path, off, len, out, &total, err);
+  if (st) return mml_err_prefix(err, "data shard %s", r->path), st;
+  if ((st = remote_size_check(r->L, r->path, off, out, total, &r->size, err))) return st;
+  if ((int64_t)out->len != len)
+    return mml_err_set(err, MML_EFETCH,
+                       "data shard %s: a ranged read of %lld bytes at byte %lld returned %lld",
+                       r->path, (long long)len, (long long)off, (long long)out->len);
+  return MML_OK;
+}
+
+static int is_parquet_name(const char *path) {
+  size_t n = strlen(path);
+  return n > 8 && !strcmp(path + n - 8, ".parquet");
+}
+
+/* A Parquet shard over HTTP(S)/S3: its size from a first 4-byte read, then row group by
+ * row group (mml_index_add_parquet): never the whole object for a few rows. */
+static mml_status scan_remote_parquet(mml_loader *L, mml_fetcher *f, const char *path,
+                                      mml_err *err) {
+  remote_pq r = {L, f, path, -1};
+  mml_bytes head = {0};
+  int64_t total = -1;
+  mml_status st = mml_fetch_get_sized(f, path, 0, 4, &head, &total, err);
+  if (st) mml_err_prefix(err, "data shard %s", path);
+  if (!st) st = remote_size_check(L, path, 0, &head, total, &r.size, err);
+  if (!st && total < 0)
+    st = mml_err_set(err, MML_EFETCH, "data shard %s: the server does not declare its size", path);
+  mml_bytes_free(&head);
+  if (!st) st = mml_index_add_parquet(&L->ix, path, r.size, remote_pq_read, &r, err);
+  return st;
+}
+
 static mml_status scan_shard(mml_loader *L, const char *path, mml_err *err) {
   mml_layout layout = (mml_layout)L->cfg.data_format;
   if (!mml_path_is_remote(path)) return mml_index_add_file(&L->ix, path, layout, err);
   mml_fetcher *f;
   mml_status st = ld_get_fetcher(L, &f, err);
   if (st) return st;
+  if (layout == MML_LAYOUT_AUTO && is_parquet_name(path))
+    return scan_remote_parquet(L, f, path, err);
   mml_index_builder *b;
   int k = L->ix.nshards; /* the shard mml_index_begin adds */
   if ((st = mml_index_begin(&L->ix, path, layout, &b, err))) return st;
@@ -465,8 +512,8 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   mml_loader *L = calloc(1, sizeof *L);
   if (!L) return mml_err_set(err, MML_ENOMEM, "loader: out of memory");
   L->cfg = with_limits;
-  L->ix.limits =
-      (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records, cfg->max_record_bytes};
+  L->ix.limits = (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records,
+                                    cfg->max_record_bytes, cfg->max_object_bytes};
   pthread_mutex_init(&L->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

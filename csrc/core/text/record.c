@@ -109,6 +109,12 @@ static mml_status grow(void **p, size_t *cap, size_t want, size_t elem) {
   return MML_OK;
 }
 
+/* Every top-level key read below (mml/record.h). */
+const char *const mml_record_keys[] = {
+    "messages", "conversations", "images",      "image",    "videos", "video",
+    "system",   "tools",         "instruction", "input",    "output", "history",
+    "audios",   "audio",         "chosen",      "rejected", NULL};
+
 static const cJSON *get(const cJSON *obj, const char *k1, const char *k2) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, k1);
   if ((!v || cJSON_IsNull(v)) && k2) v = cJSON_GetObjectItemCaseSensitive(obj, k2);

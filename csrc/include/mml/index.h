@@ -28,6 +28,11 @@
  *               none; a record's image reference names a member by full name, by what
  *               follows the key ("jpg", "0.png") or by file name.  Member data is
  *               range-read from the shard: nothing is unpacked.
+ *   Parquet    a local file with PAR1 at its start and end (a URL: mml_index_add_parquet): its rows (the columns a
+ *               record reads) become WebDataset-like groups in a spill file, "<key>.json"
+ *               plus the blobs of its {bytes, path} structs, key "row group G, row R"
+ *               (index_parquet.c, mml/parquet.h); the shard is then MML_LAYOUT_WDS with
+ *               compression MML_COMPRESS_PARQUET.
  * Auto layout: a ".tar" name (also .tar.gz, .tgz, .tar.zst) or the ustar magic at byte
  * 257 means WebDataset; else the first non-blank character '[' means a JSON array,
  * anything else JSONL (many ".json" exports hold JSON lines).
@@ -57,6 +62,7 @@
 #define MML_INDEX_H
 
 #include "mml/common.h"
+#include "mml/parquet.h"
 
 typedef enum {
   MML_LAYOUT_AUTO = 0, /* by content (see above) */
@@ -71,7 +77,13 @@ typedef struct mml_member {
   uint32_t name, key_len; /* name offset in the pool; the key is its first key_len bytes */
 } mml_member;
 
-typedef enum { MML_COMPRESS_NONE = 0, MML_COMPRESS_GZIP, MML_COMPRESS_ZSTD } mml_compression;
+/* PARQUET: a Parquet file whose rows were decoded into the spill file (index_parquet.c) */
+typedef enum {
+  MML_COMPRESS_NONE = 0,
+  MML_COMPRESS_GZIP,
+  MML_COMPRESS_ZSTD,
+  MML_COMPRESS_PARQUET
+} mml_compression;
 
 /* A run of consecutive blank JSONL lines: `before` records (non-blank lines) precede it,
  * `through` blank lines precede its end (this run's included).  Runs are sorted and
@@ -106,9 +118,10 @@ typedef struct mml_index_shard {
 
 /* Bounds on one shard's build (0: none); see "Limits" above. */
 typedef struct mml_index_limits {
-  int64_t max_text_bytes; /* compressed or remote shards: bytes of text */
-  int64_t max_records;    /* JSONL lines (blank ones too), array elements, tar members */
-  int64_t max_line_bytes; /* compressed or remote shards: bytes of one JSONL line */
+  int64_t max_text_bytes;  /* compressed or remote shards: bytes of text */
+  int64_t max_records;     /* JSONL lines (blank ones too), array elements, tar members */
+  int64_t max_line_bytes;  /* compressed or remote shards: bytes of one JSONL line */
+  int64_t max_chunk_bytes; /* Parquet: a footer, column chunk or page (0: 256 MiB) */
 } mml_index_limits;
 
 typedef struct mml_index {
@@ -136,6 +149,10 @@ void mml_index_abort(mml_index_builder *b);
 
 /* Indexes a local file (streamed in 1 MiB chunks). */
 mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err);
+/* Indexes a Parquet file of `size` bytes named `path` (local or a URL) read through
+ * `read` (ranged reads: the footer, then one per column chunk; see "Parquet" above). */
+mml_status mml_index_add_parquet(mml_index *ix, const char *path, int64_t size, mml_pq_read_fn read,
+                                 void *read_ctx, mml_err *err);
 /* Indexes a shard held in memory under the name `path`. */
 mml_status mml_index_add_bytes(mml_index *ix, const char *path, mml_layout want,
                                const uint8_t *data, size_t len, mml_err *err);

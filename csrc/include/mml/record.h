@@ -130,6 +130,10 @@ mml_status mml_record_parse(const char *line, size_t len, mml_record *rec, mml_e
 mml_status mml_record_parse_ex(const char *line, size_t len, const char *const *implicit, int n,
                                mml_record *rec, mml_err *err);
 
+/* The top-level keys a record's parse reads, NULL-terminated: a reader of a columnar
+ * shard (Parquet) reads these columns only. */
+extern const char *const mml_record_keys[];
+
 /* Limits of one parse (0: the default).  A line nested deeper than max_json_depth, or
  * holding a "\u0000" escape (text is NUL-terminated), is MML_ERECORD, checked in one pass
  * before any JSON tree is built; more than max_images images is MML_ETOOMANYIMAGES, found

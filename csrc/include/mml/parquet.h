@@ -1,0 +1,87 @@
+/*
+ * mml/parquet.h — a scoped Parquet reader: the files the Hugging Face `datasets` library
+ * and pyarrow write by default (the Hub's multimodal shards), read row group by row
+ * group, each row turned into one JSON record plus the binary blobs (images, videos) it
+ * embeds.
+ *
+ * What it reads (anything else is refused with MML_ERECORD naming the file, the row
+ * group, the column and the feature):
+ *   - the Thrift compact footer (FileMetaData) and page headers;
+ *   - physical types BOOLEAN, INT32, INT64, FLOAT, DOUBLE, BYTE_ARRAY;
+ *   - nesting: optional/required fields, structs, LIST-annotated lists (the 3-level form
+ *     pyarrow writes, and bare repeated fields), any depth up to MML_PQ_MAX_DEPTH;
+ *   - encodings PLAIN, PLAIN_DICTIONARY / RLE_DICTIONARY (values), RLE / bit-packed
+ *     hybrid (levels), data pages v1 and v2, dictionary pages;
+ *   - codecs UNCOMPRESSED, SNAPPY (libsnappy's C API), GZIP (zlib), ZSTD (libzstd).
+ *
+ * Rows as records: a row is a JSON object of its top-level fields (those `columns`
+ * names, when given).  Strings are JSON strings, numbers and booleans JSON's, a struct
+ * an object, a list an array, a null null.  A struct of exactly the fields {bytes,
+ * path} (the `datasets` Image and Video features) is a reference: the name of the blob
+ * holding its bytes when they are present (`<key>.<k>.<ext>`, ext told from the bytes:
+ * jpg, png, webp, gif, bmp, tif, mp4, webm, mkv, avi, else bin), else its path string,
+ * else null.  A BYTE_ARRAY elsewhere without a string annotation is refused (no
+ * silent re-encoding of binary data).
+ *
+ * Limits (hostile files): every size comes from the file and is checked before it is
+ * allocated or read: the footer (within the file, at most max_chunk_bytes), each column
+ * chunk's stored size and each page's stored and decoded sizes (at most
+ * max_chunk_bytes), a row group's values (at most max_chunk_bytes / 16 per column) and
+ * rows; Thrift structures nest at most MML_PQ_MAX_DEPTH deep; a malformed page or
+ * footer is MML_ERECORD naming the byte offset.
+ *
+ * Threads: a mml_pq_file is read by one thread at a time; reads go through the
+ * caller's read function (a local pread, a ranged GET), one column chunk at a time.
+ */
+#ifndef MML_PARQUET_H
+#define MML_PARQUET_H
+
+#include "mml/common.h"
+
+#define MML_PQ_MAX_DEPTH 32
+
+/* Reads [off, off + len) of the file into out (exactly len bytes, or an error). */
+typedef mml_status (*mml_pq_read_fn)(void *ctx, int64_t off, int64_t len, mml_bytes *out,
+                                     mml_err *err);
+
+typedef struct mml_pq_limits {
+  int64_t max_chunk_bytes; /* a footer, column chunk or page; 0: 256 MiB */
+  int64_t max_rows;        /* rows in the file; 0: none */
+} mml_pq_limits;
+
+typedef struct mml_pq_file mml_pq_file;
+
+/* Parses the footer of a file of `size` bytes named `name` (for messages).  `columns`:
+ * the top-level fields to read (NULL-terminated; NULL: all).  Fields not named are never
+ * read. */
+mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
+                       const char *const *columns, const mml_pq_limits *lim, mml_pq_file **out,
+                       mml_err *err);
+void mml_pq_close(mml_pq_file *f);
+int mml_pq_row_groups(const mml_pq_file *f);
+int64_t mml_pq_rows(const mml_pq_file *f);
+/* The byte range [*off, *off + *len) row group g's read columns occupy in the file. */
+void mml_pq_row_group_range(const mml_pq_file *f, int g, int64_t *off, int64_t *len);
+
+/* A row's embedded blob: its name (as the record refers to it) and bytes. */
+typedef struct mml_pq_blob {
+  const char *name;
+  const uint8_t *data;
+  size_t len;
+} mml_pq_blob;
+
+/* Called per row of a row group in order: `row` is the file's row number, `key` the
+ * row's name ("row group G, row R"), json its record (NUL-terminated) and blobs its
+ * embedded bytes (all valid during the call only). */
+typedef mml_status (*mml_pq_row_fn)(void *ctx, int64_t row, const char *key, const char *json,
+                                    size_t len, const mml_pq_blob *blobs, int nblobs, mml_err *err);
+
+/* Reads row group g (its column chunks through the read function) and calls fn per row.
+ * Stops with MML_ECANCELLED soon after *cancel is set (NULL: never). */
+mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *ctx,
+                                 const mml_cancel *cancel, mml_err *err);
+
+/* The key of a row: "row group G, row R" into out (cap bytes). */
+void mml_pq_row_key(int g, int64_t row, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * test-image.c — core tests of the image folder's own machinery (csrc/core/image): multi-scan
+ * JPEG coefficients in memory that stays mapped between images (image_jpeg_mem.c).  The
+ * decoders' probe/decode paths and bad input are tested through the vision pipeline
+ * (vision/test-vision.c) and test-hardening.c; pixel parity with Pillow from Python.
+ */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+#include <jpeglib.h>
+
+#include "mml/image.h"
+#include "mml_test.h"
+
+#include "../../../csrc/core/image/image_jpeg_mem.h"
+
+/* A w x h RGB8 JPEG (4:2:0, quality 90) of a smooth pattern with some texture. */
+static unsigned char *make_jpeg(int w, int h, int progressive, unsigned long *len) {
+  uint8_t *rgb = malloc((size_t)w * h * 3);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t *q = rgb + ((size_t)y * w + x) * 3;
+      q[0] = (uint8_t)(x * 255 / (w > 1 ? w - 1 : 1));
+      q[1] = (uint8_t)(y * 255 / (h > 1 ? h - 1 : 1));
+      q[2] = (uint8_t)((x * 7 + y * 13 + 5) & 0xff);
+    }
+  tjhandle tj = tjInitCompress();
+  unsigned char *jpg = NULL;
+  *len = 0;
+  int flags = progressive ? TJFLAG_PROGRESSIVE : 0;
+  if (tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, flags)) jpg = NULL;
+  tjDestroy(tj);
+  free(rgb);
+  return jpg;
+}
+
+/* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
+ * libjpeg's own (tjDecompress2, the stock memory manager) image after image, also after an
+ * error mid-image; the region is kept between images up to MML_JPEG_KEEP and unmapped
+ * after a larger one. */
+static int decode_rows(struct jpeg_decompress_struct *jd, jmp_buf *jb, const uint8_t *p,
+                       unsigned long n, uint8_t *out) {
+  if (setjmp(*jb)) {
+    jpeg_abort_decompress(jd);
+    return -1;
+  }
+  jpeg_mem_src(jd, p, n);
+  jpeg_read_header(jd, TRUE);
+  jd->out_color_space = JCS_RGB;
+  jd->dct_method = JDCT_ISLOW;
+  jpeg_start_decompress(jd);
+  while (jd->output_scanline < jd->output_height) {
+    JSAMPROW r = out + (size_t)jd->output_scanline * jd->output_width * 3;
+    jpeg_read_scanlines(jd, &r, 1);
+  }
+  jpeg_finish_decompress(jd);
+  return 0;
+}
+
+typedef struct {
+  struct jpeg_error_mgr pub;
+  jmp_buf jb;
+} test_jerr;
+static void test_jerr_exit(j_common_ptr c) { longjmp(((test_jerr *)c->err)->jb, 1); }
+static void test_jerr_quiet(j_common_ptr c) { (void)c; }
+static void test_jerr_warn(j_common_ptr c, int level) { /* premature end: an error here */
+  if (level < 0) test_jerr_exit(c);
+}
+
+TEST(jpeg_coefficients_stay_mapped) {
+  struct jpeg_decompress_struct jd;
+  test_jerr je;
+  jd.err = jpeg_std_error(&je.pub);
+  je.pub.error_exit = test_jerr_exit;
+  je.pub.output_message = test_jerr_quiet;
+  je.pub.emit_message = test_jerr_warn;
+  jpeg_create_decompress(&jd);
+  mml_jpeg_keep *k = NULL;
+  CHECK_EQ_INT(mml_jpeg_keep_install(&jd, &k), MML_OK);
+  /* progressive sizes around the kept limit (3 bytes of coefficients per pixel at 4:2:0),
+   * a baseline one, and a truncated progressive one that fails mid-image */
+  static const int sizes[][3] = {{300, 200, 1},   {1200, 900, 1}, {640, 480, 0}, {-1, 0, 1},
+                                 {3000, 2000, 1}, {333, 251, 1},  {300, 200, 1}};
+  tjhandle tj = tjInitDecompress();
+  size_t kept_small = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    int w = sizes[i][0] < 0 ? 800 : sizes[i][0], h = sizes[i][0] < 0 ? 600 : sizes[i][1];
+    unsigned long len;
+    unsigned char *jpg = make_jpeg(w, h, sizes[i][2], &len);
+    CHECK(jpg != NULL);
+    uint8_t *got = malloc((size_t)w * h * 3), *want = malloc((size_t)w * h * 3);
+    if (sizes[i][0] < 0) {
+      CHECK_EQ_INT(decode_rows(&jd, &je.jb, jpg, len / 2, got), -1); /* premature end */
+    } else {
+      CHECK_EQ_INT(decode_rows(&jd, &je.jb, jpg, len, got), 0);
+      CHECK_EQ_INT(tjDecompress2(tj, jpg, len, want, w, 0, h, TJPF_RGB, TJFLAG_ACCURATEDCT), 0);
+      CHECK(memcmp(got, want, (size_t)w * h * 3) == 0);
+    }
+    mml_jpeg_keep_trim(k);
+    size_t coef = (size_t)w * h * 3;
+    if (sizes[i][2] && coef <= MML_JPEG_KEEP / 2) {
+      CHECK(mml_jpeg_keep_bytes(k) > 0); /* kept for the next image */
+      if (!kept_small) kept_small = mml_jpeg_keep_bytes(k);
+    }
+    if (sizes[i][2] && coef > MML_JPEG_KEEP * 2) CHECK_EQ_INT(mml_jpeg_keep_bytes(k), 0);
+    free(got);
+    free(want);
+    tjFree(jpg);
+  }
+  CHECK(kept_small > 0 && kept_small <= MML_JPEG_KEEP);
+  tjDestroy(tj);
+  jpeg_destroy_decompress(&jd);
+  mml_jpeg_keep_free(k);
+}

@@ -1,0 +1,354 @@
+"""Parquet shards (issue 35): the Hugging Face Hub's layout, images embedded as
+`datasets` Image structs {bytes, path}.
+
+The reference is the same rows exported as JSONL + image files: every Parquet file —
+written by `datasets` itself (Dataset.from_dict(...).to_parquet() with the Image
+feature) and by pyarrow directly with each codec, page version and encoding the reader
+supports — must give bitwise-identical batches.  Images are real photos (matplotlib's
+sample_data) re-encoded at test time as JPEG, PNG and WebP.
+"""
+
+import io
+import json
+import os
+
+import pytest
+
+import mmloader
+from conftest import as_np, same, take
+
+PIL = pytest.importorskip("PIL.Image")
+matplotlib = pytest.importorskip("matplotlib")
+pa = pytest.importorskip("pyarrow", reason="pyarrow (with datasets: requirements-test.txt)")
+pq = pytest.importorskip("pyarrow.parquet")
+datasets = pytest.importorskip("datasets", reason="datasets (requirements-test.txt)")
+
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
+SAMPLE_DATA = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data")
+PHOTOS = ["grace_hopper.jpg", "logo2.png", "Minduka_Present_Blue_Pack.png"]
+N = 14
+
+
+@pytest.fixture(scope="module")
+def photos():
+    out = []
+    for i, name in enumerate(PHOTOS * 2):
+        im = PIL.open(os.path.join(SAMPLE_DATA, name)).convert("RGB")
+        im = im.resize((64 + 24 * i, 48 + 16 * (i % 3)))
+        buf = io.BytesIO()
+        fmt, ext = [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")][i % 3]
+        im.save(buf, fmt, quality=90) if fmt != "PNG" else im.save(buf, fmt)
+        out.append((ext, buf.getvalue()))
+    return out
+
+
+def rows(photos, n=N):
+    """(messages, [(ext, bytes), ...]) with 0, 1 or 2 images; text with quotes,
+    backslashes, newlines and non-ASCII so the JSON the reader writes is exercised."""
+    out = []
+    for i in range(n):
+        k = i % 3
+        imgs = [photos[(i + j) % len(photos)] for j in range(k)]
+        msgs = [
+            {"role": "user", "content": "<image>" * k + f'Row {i}: "what" is\\ shown?\n'},
+            {"role": "assistant", "content": f"Answer {i} — ünïcode\t{'x' * i}."},
+        ]
+        out.append((msgs, imgs))
+    return out
+
+
+def write_jsonl(tmp, items):
+    """The same rows as JSONL + image files (the reference)."""
+    os.makedirs(os.path.join(tmp, "img"), exist_ok=True)
+    with open(os.path.join(tmp, "ref.jsonl"), "w") as f:
+        for i, (msgs, imgs) in enumerate(items):
+            names = []
+            for j, (ext, data) in enumerate(imgs):
+                names.append(f"img/{i}.{j}.{ext}")
+                with open(os.path.join(tmp, names[-1]), "wb") as g:
+                    g.write(data)
+            f.write(json.dumps({"messages": msgs, "images": names}) + "\n")
+    return os.path.join(tmp, "ref.jsonl")
+
+
+FEATURES = {
+    "messages": [{"role": "string", "content": "string"}],
+    "images": "images",
+}
+
+
+def hf_features():
+    d = datasets
+    return d.Features(
+        {
+            "messages": d.List({"role": d.Value("string"), "content": d.Value("string")}),
+            "images": d.List(d.Image()),
+            "id": d.Value("int64"),
+            "score": d.Value("float32"),
+        }
+    )
+
+
+def hf_dict(items):
+    return {
+        "messages": [m for m, _ in items],
+        "images": [[{"bytes": b, "path": None} for _, b in imgs] for _, imgs in items],
+        "id": list(range(len(items))),
+        "score": [0.5 * i for i in range(len(items))],
+    }
+
+
+def epoch(data, **kw):
+    args = dict(
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        shuffle=False,
+        min_pixels=28 * 28 * 4,
+        max_pixels=28 * 28 * 16,
+    )
+    args.update(kw)
+    with mmloader.Loader(data, **args) as L:
+        return [as_np(b) for b in L]
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory, photos):
+    tmp = str(tmp_path_factory.mktemp("pqref"))
+    items = rows(photos)
+    return items, epoch(write_jsonl(tmp, items)), tmp
+
+
+@pytest.mark.parametrize("batch_size", [None, 4], ids=["one-row-group", "row-groups-of-4"])
+def test_datasets_to_parquet_matches_jsonl_and_files(ref, tmp_path, batch_size):
+    items, want, _ = ref
+    ds = datasets.Dataset.from_dict(hf_dict(items), features=hf_features())
+    p = str(tmp_path / "train-00000-of-00001.parquet")
+    ds.to_parquet(p, **({"batch_size": batch_size} if batch_size else {}))
+    groups = pq.ParquetFile(p).metadata.num_row_groups
+    assert groups == (1 if batch_size is None else -(-N // batch_size))
+    with mmloader.Loader(p, tokenizer=TINY, micro_batch_size=3) as L:
+        assert L.num_samples == N
+    same(want, epoch(p))
+    same(want, epoch(str(tmp_path / "*.parquet")))  # a glob
+    same(want, epoch(str(tmp_path)))  # a Hub-style folder of *.parquet
+
+
+def arrow_table(items, image_column="images"):
+    """The rows as pyarrow writes them, with what the reader must assemble but the
+    record does not read: a nested list with nulls inside each message, a null image
+    list for rows without images (null and [] both mean none), an extra struct column."""
+    img_t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    msg_t = pa.struct(
+        [("role", pa.string()), ("content", pa.string()), ("w", pa.list_(pa.int64()))]
+    )
+    msgs = [
+        [
+            dict(m, w=None if (i + j) % 3 == 0 else [i, None, j][: 1 + (i + j) % 3])
+            for j, m in enumerate(ms)
+        ]
+        for i, (ms, _) in enumerate(items)
+    ]
+    imgs = [
+        None if not im and i % 2 == 0 else [{"bytes": b, "path": None} for _, b in im]
+        for i, (_, im) in enumerate(items)
+    ]
+    return pa.table(
+        {
+            "messages": pa.array(msgs, pa.list_(msg_t)),
+            image_column: pa.array(imgs, pa.list_(img_t)),
+            "extra": pa.array([{"a": i, "b": [i, None]} for i in range(len(items))]),
+        }
+    )
+
+
+@pytest.mark.parametrize("codec", ["snappy", "zstd", "gzip", "none"])
+@pytest.mark.parametrize("page", ["1.0", "2.0"])
+@pytest.mark.parametrize("dictionary", [True, False], ids=["dict", "plain"])
+def test_pyarrow_codecs_pages_and_encodings(ref, tmp_path, codec, page, dictionary):
+    items, want, _ = ref
+    p = str(tmp_path / "d.parquet")
+    pq.write_table(
+        arrow_table(items),
+        p,
+        compression=codec,
+        data_page_version=page,
+        use_dictionary=dictionary,
+        row_group_size=5,
+        data_page_size=700,  # several pages per column chunk
+    )
+    same(want, epoch(p))
+
+
+def test_single_image_struct_llava_layout_and_paths(ref, tmp_path, photos):
+    """LLaVA's layout with one Image struct per row (`image`, not a list; datasets'
+    schema, written with pyarrow since datasets would embed the files); rows whose struct
+    holds only a path resolve it like a JSON record's (against the shard's folder)."""
+    items, _, tmp = ref
+    conv, imgs, ref_lines = [], [], []
+    os.makedirs(tmp_path / "img", exist_ok=True)
+    for i in range(9):
+        ext, data = photos[i % len(photos)]
+        q = f"<image>\nRow {i}?"
+        conv.append([{"from": "human", "value": q}, {"from": "gpt", "value": f"A {i}"}])
+        name = f"img/{i}.{ext}"
+        (tmp_path / name).write_bytes(data)
+        ref_lines.append(json.dumps({"conversations": conv[-1], "image": name}) + "\n")
+        imgs.append({"bytes": None, "path": name} if i % 2 else {"bytes": data, "path": "x"})
+    (tmp_path / "ref.jsonl").write_text("".join(ref_lines))
+    conv_t = pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))
+    img_t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"conversations": pa.array(conv, conv_t), "image": pa.array(imgs, img_t)})
+    pq.write_table(table, str(tmp_path / "llava.parquet"), row_group_size=4)
+    same(epoch(str(tmp_path / "ref.jsonl")), epoch(str(tmp_path / "llava.parquet")))
+
+
+def test_shuffled_sharded_mixed_with_jsonl_and_resumed(ref, tmp_path):
+    items, _, tmp = ref
+    jsonl = os.path.join(tmp, "ref.jsonl")
+    pq.write_table(arrow_table(items[:6]), str(tmp_path / "a.parquet"), row_group_size=4)
+    pq.write_table(arrow_table(items[6:]), str(tmp_path / "b.parquet"), row_group_size=3)
+    shards = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    for rank in range(2):
+        kw = dict(shuffle=True, seed=7, dp_rank=rank, dp_size=2)
+        same(epoch(jsonl, image_root=tmp, **kw), epoch(shards, **kw))
+    # exact resume: a fresh loader from the state after 2 batches gives the next ones
+    kw = dict(tokenizer=TINY, micro_batch_size=2, shuffle=True, seed=3, num_threads=2)
+    with mmloader.Loader(shards, **kw) as L:
+        take(L, 2)
+        state = L.state_dict()
+        want = take(L, 3)
+    with mmloader.Loader(shards, **kw) as R:
+        R.load_state_dict(state)
+        same(want, take(R, 3))
+
+    # a mixture: the Parquet source draws exactly as its JSONL export does
+    def mix(first):
+        return [
+            mmloader.Source(first, weight=2.0, name="x", image_root=tmp),
+            mmloader.Source(jsonl, weight=1.0, name="y", image_root=tmp),
+        ]
+
+    same(epoch(mix(jsonl), seed=1, shuffle=True), epoch(mix(shards), seed=1, shuffle=True))
+
+
+def test_bad_rows_name_shard_row_group_and_row(ref, tmp_path, photos):
+    items, _, _ = ref
+    bad = [list(x) for x in items[:8]]
+    bad[5][1] = [("jpg", b"\xff\xd8\xff not a jpeg")] + bad[5][1][1:]
+    p = str(tmp_path / "bad.parquet")
+    pq.write_table(arrow_table([tuple(x) for x in bad]), p, row_group_size=3)
+    with pytest.raises(mmloader.SampleError) as e:
+        epoch(p, micro_batch_size=1, on_error="raise")
+    assert "bad.parquet[row group 1, row 5]" in str(e.value), str(e.value)
+    with mmloader.Loader(p, tokenizer=TINY, micro_batch_size=1, shuffle=False) as L:
+        got = [as_np(b) for b in L]
+        st = L.stats()
+    assert len(got) == 8 and st["skipped"] == 1, st
+
+
+def test_hostile_files_fail_naming_file_and_reason(ref, tmp_path):
+    items, _, _ = ref
+    p = tmp_path / "d.parquet"
+    pq.write_table(arrow_table(items), str(p), row_group_size=5)
+    data = p.read_bytes()
+    cases = {
+        "truncated": data[:4] + data[len(data) // 2 :],
+        "footer-garbage": data[:-40] + b"\xff" * 32 + data[-8:],
+        "footer-too-long": data[:-8] + b"\xff\xff\xff\x7f" + b"PAR1",
+    }
+    for name, blob in cases.items():
+        q = tmp_path / f"{name}.parquet"
+        q.write_bytes(blob)
+        with pytest.raises(mmloader.Error) as e:
+            mmloader.Loader(str(q), tokenizer=TINY, micro_batch_size=1)
+        assert f"{name}.parquet" in str(e.value), (name, str(e.value))
+    # a column chunk above max_object_bytes is refused, naming the row group and column
+    md = pq.read_metadata(str(p))
+    rg = md.row_group(0)
+    limit = max(rg.column(j).total_compressed_size for j in range(rg.num_columns)) - 1
+    assert md.serialized_size < limit
+    with pytest.raises(mmloader.Error) as e:
+        mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1, max_object_bytes=limit)
+    m = str(e.value)
+    assert (
+        "row group 0, column images.list.element.bytes" in m and f"max_object_bytes={limit}" in m
+    ), m
+    # an unsupported codec names the file, row group and column
+    pq.write_table(arrow_table(items), str(p), compression="brotli")
+    with pytest.raises(mmloader.Error) as e:
+        mmloader.Loader(str(p), tokenizer=TINY, micro_batch_size=1)
+    m = str(e.value)
+    assert "d.parquet" in m and "row group 0, column" in m and "codec" in m, m
+
+
+def test_remote_shards_read_by_row_group(ref, tmp_path, fault_server, moto_s3):
+    """Over HTTP (with injected faults: retried) and S3, a Parquet shard is read with
+    ranged GETs, the footer and then a column chunk at a time: no request for the whole
+    object, and none larger than the largest row group's read columns."""
+    items, want, _ = ref
+    p = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(arrow_table(items), str(p), row_group_size=4)
+    data = p.read_bytes()
+    md = pq.read_metadata(str(p))
+    biggest = max(
+        md.row_group(g).column(j).total_compressed_size
+        for g in range(md.num_row_groups)
+        for j in range(md.num_columns)
+    )
+    assert biggest < len(data) // 2
+    srv = fault_server(objects={"/hub/train.parquet": data}, fault_rate=0.1, seed=3)
+    same(want, epoch(srv.url("/hub/train.parquet")))
+    gets = [e for e in srv.log if e[1] == "GET" and e[2] == "/hub/train.parquet"]
+    assert gets and all(str(e[3]).startswith("bytes=") for e in gets), gets
+    for e in gets:
+        a, b = str(e[3])[6:].split("-")
+        assert int(b) - int(a) + 1 <= max(biggest, md.serialized_size + 8), e
+    url = moto_s3.put("hub/train.parquet", data)
+    s3 = dict(
+        s3_endpoint=moto_s3.endpoint,
+        s3_region=moto_s3.region,
+        aws_access_key_id=moto_s3.access_key,
+        aws_secret_access_key=moto_s3.secret_key,
+    )
+    same(want, epoch(url, **s3))
+
+
+def test_dataset_index_and_global_plan(ref, tmp_path):
+    """`python -m mmloader index` of a Parquet shard: its counts are used (no header
+    pass) and batches stay the JSONL export's; the global plan decides the same batches
+    from a Parquet shard as from its export."""
+    from mmloader import dsindex
+
+    items, want, tmp = ref
+    p = str(tmp_path / "train.parquet")
+    pq.write_table(arrow_table(items), p, row_group_size=4)
+    vision = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    # text that compresses well: the decoded rows (members) lie far past the file's size
+    long = [
+        (
+            [dict(m, content=m["content"].replace("<image>", "") + " and so on" * 400) for m in ms],
+            [],
+        )
+        for ms, _ in items
+    ]
+    q = str(tmp_path / "long.parquet")
+    pq.write_table(arrow_table(long), q, compression="zstd")
+    assert os.path.getsize(q) < N * 2 * 4000 // 4
+    dsindex.build(q, tokenizer=TINY, threads=2, **vision)
+    with mmloader.Loader(q, tokenizer=TINY, micro_batch_size=3, max_length=100000, **vision) as L:
+        assert L.index_shards == 1 and len(L) == N // 3
+    s = dsindex.build(p, tokenizer=TINY, threads=2, **vision)
+    assert s["samples"] == N and s["images"] == sum(len(i) for _, i in items), s
+    with mmloader.Loader(
+        p, tokenizer=TINY, micro_batch_size=3, num_threads=2, shuffle=False, **vision
+    ) as L:
+        got = [as_np(b) for b in L]
+        assert L.index_shards == 1
+    same(want, got)
+    plan = dict(global_plan=True, max_tokens_per_batch=200, shuffle=True, seed=5)
+    same(
+        epoch(os.path.join(tmp, "ref.jsonl"), micro_batch_size=None, **plan),
+        epoch(p, micro_batch_size=None, **plan),
+    )
