@@ -11,6 +11,9 @@
 
 #include "mml_test.h"
 
+/* parquet/test-parquet.c */
+TEST_DECLARE(parquet_hostile_footers_refused)
+
 /* test-collate.c */
 TEST_DECLARE(padded_qwen_text_only)
 TEST_DECLARE(padded_megatron_shifted_with_images)
@@ -220,6 +223,7 @@ TEST_DECLARE(test_header_range)
 // clang-format off
 static const mml_test_entry k_tests[] = {
     /* test-collate.c */
+    TEST_ENTRY(parquet_hostile_footers_refused)
     TEST_ENTRY(padded_qwen_text_only)
     TEST_ENTRY(padded_megatron_shifted_with_images)
     TEST_ENTRY(packed_boundaries)
