@@ -266,6 +266,7 @@ static mml_status page_values(dec *d, int enc, const uint8_t *p, size_t n, int64
 static mml_status data_page(dec *d, const pq_page_header *h, const uint8_t *in) {
   pq_column *c = d->c;
   int64_t k = h->num_values;
+  if (k == 0) return MML_OK; /* nothing to decode (and no arrays yet to offset into) */
   mml_status st = grow(d, k);
   if (st) return st;
   const uint8_t *p;
