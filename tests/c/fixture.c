@@ -76,6 +76,34 @@ int mml_test_write_jpeg(const char *path, int w, int h, int seed) {
   return rc;
 }
 
+/* A w x h RGB8 image of a smooth pattern with some texture (`seed` shifts the blue ramp). */
+uint8_t *mml_test_rgb(int w, int h, unsigned seed) {
+  uint8_t *p = malloc((size_t)w * h * 3);
+  if (!p) return NULL;
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t *q = p + ((size_t)y * w + x) * 3;
+      q[0] = (uint8_t)(x * 255 / (w > 1 ? w - 1 : 1));
+      q[1] = (uint8_t)(y * 255 / (h > 1 ? h - 1 : 1));
+      q[2] = (uint8_t)((x * 7 + y * 13 + seed) & 0xff);
+    }
+  return p;
+}
+
+/* mml_test_rgb(w, h, 5) as a JPEG (4:2:0, quality 90, progressive or not) in memory, freed
+   with tjFree; NULL on failure. */
+unsigned char *mml_test_jpeg(int w, int h, int progressive, unsigned long *len) {
+  uint8_t *rgb = mml_test_rgb(w, h, 5);
+  tjhandle tj = rgb ? tjInitCompress() : NULL;
+  unsigned char *jpg = NULL;
+  *len = 0;
+  int flags = progressive ? TJFLAG_PROGRESSIVE : 0;
+  if (!tj || tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, flags)) jpg = NULL;
+  if (tj) tjDestroy(tj);
+  free(rgb);
+  return jpg;
+}
+
 /* ---- the scripted HTTP server ------------------------------------------------------- */
 
 static void *serve(void *arg) {

@@ -11,6 +11,7 @@
 #define MML_FIXTURE_H
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "mml/tokenizer.h"
 
@@ -29,6 +30,8 @@ int mml_fixture_ready(mml_fixture *fx);
 
 /* Writes a w x h JPEG (4:2:0, quality 85) of a pattern that depends on seed.  0: done. */
 int mml_test_write_jpeg(const char *path, int w, int h, int seed);
+uint8_t *mml_test_rgb(int w, int h, unsigned seed);
+unsigned char *mml_test_jpeg(int w, int h, int progressive, unsigned long *len);
 
 /* A scripted HTTP server: connection i gets replies[i] (raw bytes: status line, headers,
  * body; NULL: accepted and held silent until stop) after its request head, then is

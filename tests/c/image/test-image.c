@@ -13,29 +13,10 @@
 #include <jpeglib.h>
 
 #include "mml/image.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 #include "../../../csrc/core/image/image_jpeg_mem.h"
-
-/* A w x h RGB8 JPEG (4:2:0, quality 90) of a smooth pattern with some texture. */
-static unsigned char *make_jpeg(int w, int h, int progressive, unsigned long *len) {
-  uint8_t *rgb = malloc((size_t)w * h * 3);
-  for (int y = 0; y < h; y++)
-    for (int x = 0; x < w; x++) {
-      uint8_t *q = rgb + ((size_t)y * w + x) * 3;
-      q[0] = (uint8_t)(x * 255 / (w > 1 ? w - 1 : 1));
-      q[1] = (uint8_t)(y * 255 / (h > 1 ? h - 1 : 1));
-      q[2] = (uint8_t)((x * 7 + y * 13 + 5) & 0xff);
-    }
-  tjhandle tj = tjInitCompress();
-  unsigned char *jpg = NULL;
-  *len = 0;
-  int flags = progressive ? TJFLAG_PROGRESSIVE : 0;
-  if (tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, flags)) jpg = NULL;
-  tjDestroy(tj);
-  free(rgb);
-  return jpg;
-}
 
 /* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
  * libjpeg's own (tjDecompress2, the stock memory manager) image after image, also after an
@@ -89,7 +70,7 @@ TEST(jpeg_coefficients_stay_mapped) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     int w = sizes[i][0] < 0 ? 800 : sizes[i][0], h = sizes[i][0] < 0 ? 600 : sizes[i][1];
     unsigned long len;
-    unsigned char *jpg = make_jpeg(w, h, sizes[i][2], &len);
+    unsigned char *jpg = mml_test_jpeg(w, h, sizes[i][2], &len);
     CHECK(jpg != NULL);
     uint8_t *got = malloc((size_t)w * h * 3), *want = malloc((size_t)w * h * 3);
     if (sizes[i][0] < 0) {

@@ -15,33 +15,10 @@
 
 #include "mml/image.h"
 #include "mml/vision.h"
+#include "mml_fixture.h"
 #include "mml_test.h"
 
 /* A smooth test pattern with some texture, w x h RGB8. */
-static uint8_t *make_rgb(int w, int h, unsigned seed) {
-  uint8_t *p = malloc((size_t)w * h * 3);
-  for (int y = 0; y < h; y++)
-    for (int x = 0; x < w; x++) {
-      uint8_t *q = p + ((size_t)y * w + x) * 3;
-      q[0] = (uint8_t)(x * 255 / (w > 1 ? w - 1 : 1));
-      q[1] = (uint8_t)(y * 255 / (h > 1 ? h - 1 : 1));
-      q[2] = (uint8_t)((x * 7 + y * 13 + seed) & 0xff);
-    }
-  return p;
-}
-
-static unsigned char *make_jpeg(int w, int h, int progressive, unsigned long *len) {
-  uint8_t *rgb = make_rgb(w, h, 5);
-  tjhandle tj = tjInitCompress();
-  unsigned char *jpg = NULL;
-  *len = 0;
-  int flags = progressive ? TJFLAG_PROGRESSIVE : 0;
-  if (tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, flags)) jpg = NULL;
-  tjDestroy(tj);
-  free(rgb);
-  return jpg;
-}
-
 TEST(smart_resize_worked_values) {
   static const struct {
     int h, w, f;
@@ -96,7 +73,7 @@ TEST(presets) {
 
 TEST(probe_and_plan) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(2048, 1365, 0, &len);
+  unsigned char *jpg = mml_test_jpeg(2048, 1365, 0, &len);
   CHECK(jpg != NULL);
   mml_err err = {0};
   mml_image_info info;
@@ -168,7 +145,7 @@ static void reference_pixels(const mml_vision_cfg *cfg, const mml_vision_plan *p
 
 static void check_pipeline(int w, int h, int progressive, const char *preset, int64_t max_px) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(w, h, progressive, &len);
+  unsigned char *jpg = mml_test_jpeg(w, h, progressive, &len);
   CHECK(jpg != NULL);
   mml_err err = {0};
   mml_vision_cfg cfg;
@@ -220,7 +197,7 @@ TEST(pipeline_matches_reference) {
 
 TEST(vision_bad_input) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(320, 240, 0, &len);
+  unsigned char *jpg = mml_test_jpeg(320, 240, 0, &len);
   mml_err err = {0};
   mml_vision_cfg cfg;
   mml_vision_preset("qwen2.5-vl", &cfg, &err);
@@ -253,7 +230,7 @@ TEST(vision_bad_input) {
 
 /* An RGBA (or gray, interlace-free) PNG written with libpng's simplified API. */
 static uint8_t *make_png(int w, int h, int rgba, size_t *len) {
-  uint8_t *rgb = make_rgb(w, h, 9);
+  uint8_t *rgb = mml_test_rgb(w, h, 9);
   uint8_t *px = malloc((size_t)w * h * 4);
   for (size_t i = 0; i < (size_t)w * h; i++) {
     memcpy(px + 4 * i, rgb + 3 * i, 3);
@@ -293,7 +270,7 @@ TEST(fuzz_corrupt_images) {
   mml_vision_scratch *s = NULL;
   mml_vision_scratch_new(&s);
   unsigned long jlen;
-  unsigned char *jpg = make_jpeg(97, 61, 1, &jlen);
+  unsigned char *jpg = mml_test_jpeg(97, 61, 1, &jlen);
   size_t plen, glen;
   uint8_t *png = make_png(83, 45, 1, &plen), *gpng = make_png(40, 30, 0, &glen);
   CHECK(jpg && png && gpng);
@@ -382,7 +359,7 @@ static void *worker_main(void *arg) {
 
 TEST(threads_share_config) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(500, 333, 0, &len);
+  unsigned char *jpg = mml_test_jpeg(500, 333, 0, &len);
   mml_err err = {0};
   mml_vision_cfg cfg;
   mml_vision_preset("qwen2.5-vl", &cfg, &err);
@@ -413,7 +390,7 @@ static uint16_t bf16_of(float f) {
 
 TEST(pixel_formats_and_frame_slots) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(203, 150, 0, &len);
+  unsigned char *jpg = mml_test_jpeg(203, 150, 0, &len);
   CHECK(jpg != NULL);
   mml_err err = {0};
   mml_vision_cfg cfg;
@@ -516,7 +493,7 @@ static void expand_reference(const uint8_t *u, int64_t rows, int P, int F, int T
 
 TEST(pixels_expand_is_the_writers_bits) {
   unsigned long len;
-  unsigned char *jpg = make_jpeg(301, 219, 0, &len);
+  unsigned char *jpg = mml_test_jpeg(301, 219, 0, &len);
   mml_err err = {0};
   mml_vision_cfg cf, cb, cu;
   mml_vision_preset("qwen2.5-vl", &cf, &err);
