@@ -211,6 +211,7 @@ mml_status ld_build_sources(mml_loader *L, const mml_loader_cfg *cfg, mml_err *e
     if (!st) st = source_pipeline(L, src, &scs[i], err);
   }
   if (!st) ld_index_check_sources(L);
+  if (!st) st = ld_pq_cache_new(L, err); /* Parquet shards' row groups (loader_parquet.c) */
 done:
   free(spec);
   free(sizes);

@@ -360,6 +360,12 @@ typedef struct mml_loader_stats {
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
+  int parquet;            /* a shard is a Parquet file; the pq_ fields are valid */
+  uint64_t pq_row_groups; /* row groups decoded (each once while it stays cached) */
+  uint64_t pq_bytes_read; /* column-chunk bytes read or fetched for them */
+  int64_t pq_cache_bytes; /* decoded row groups held now */
+  int64_t pq_cache_peak;  /* ... the most at one time */
+  int64_t pq_cache_room;  /* the cache's room (a quarter of max_memory, else 512 MiB) */
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
 /* mml_loader_get_stats and mml_loader_source_stats of sources 0..nsrc-1 into src[] as one
