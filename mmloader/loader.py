@@ -593,6 +593,8 @@ class Loader:
         video_max_pixels: Optional[int] = _D["video_max_pixels"],
         video_min_pixels: Optional[int] = _D["video_min_pixels"],
         model_max_length: Optional[int] = _D["model_max_length"],
+        video_min_frames: Optional[int] = _D["video_min_frames"],
+        video_max_frames: Optional[int] = _D["video_max_frames"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],

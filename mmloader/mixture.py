@@ -70,8 +70,9 @@ class Source:
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
             label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
             train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels, video_fps,
-            video_maxlen, video_max_pixels, video_min_pixels; model_max_length for
-            recipe="qwen-vl-finetune"; see :mod:`mmloader.recipes`).
+            video_maxlen, video_max_pixels, video_min_pixels; model_max_length,
+            video_fps, video_min_frames, video_max_frames, video_max_pixels and
+            video_min_pixels for recipe="qwen-vl-finetune"; see :mod:`mmloader.recipes`).
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
     once per epoch).  Within a source the order is

@@ -404,6 +404,8 @@ class Loader:
         video_max_pixels: Optional[int] = DEFAULTS["video_max_pixels"],
         video_min_pixels: Optional[int] = DEFAULTS["video_min_pixels"],
         model_max_length: Optional[int] = DEFAULTS["model_max_length"],
+        video_min_frames: Optional[int] = DEFAULTS["video_min_frames"],
+        video_max_frames: Optional[int] = DEFAULTS["video_max_frames"],
         mrope: Optional[bool] = None,
         attention_mask: Optional[bool] = None,
         text_only_vision: Optional[str] = None,

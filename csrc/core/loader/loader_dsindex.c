@@ -96,8 +96,10 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
   }
   if (sc->recipe == MML_RECIPE_QWEN_VL_FINETUNE) { /* and its cut */
     size_t used = strlen(text);
-    snprintf(text + used, sizeof text - used, " model_max_length=%lld",
-             (long long)sc->qft.model_max_length);
+    snprintf(text + used, sizeof text - used,
+             " model_max_length=%lld video_min_frames=%lld video_max_frames=%lld",
+             (long long)sc->qft.model_max_length, (long long)sc->qft.video_min_frames,
+             (long long)sc->qft.video_max_frames);
   }
   const int lf = sc->recipe == MML_RECIPE_LLAMA_FACTORY;
   if (c->template_style == MML_TEMPLATE_QWEN3_VL && (c->qwen3_video_prompt || lf)) {

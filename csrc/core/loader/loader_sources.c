@@ -147,6 +147,14 @@ static mml_status source_pipeline(mml_loader *L, ld_source *src, const mml_sourc
     src->vision.lf_video_max_pixels = sc->lf.video_max_pixels;
     src->vision.lf_video_min_pixels = sc->lf.video_min_pixels;
   }
+  if (sc->recipe == MML_RECIPE_QWEN_VL_FINETUNE) { /* its video path (video/video_frames.c) */
+    src->vision.qft = 1;
+    src->vision.qft_video_fps = sc->lf.video_fps; /* the rows both recipes read */
+    src->vision.qft_video_min_frames = sc->qft.video_min_frames;
+    src->vision.qft_video_max_frames = sc->qft.video_max_frames;
+    src->vision.video_min_pixels = sc->lf.video_min_pixels;
+    src->vision.video_max_pixels = sc->lf.video_max_pixels;
+  }
   mml_status st = mml_vision_cfg_check(&src->vision, err);
   if (!st)
     st = mml_template_new(L->cfg.template_style, sc->label_mode, L->cfg.tokenizer, &src->tmpl, err);
