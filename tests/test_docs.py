@@ -167,6 +167,26 @@ def test_python_blocks_compile_and_use_options_that_exist(block):
     assert bad == [], f"{block.where()}: options that do not exist: {bad}"
 
 
+# Module names a page's blocks use only after one of them (this one or one above) imports them
+MODULES = {"mmloader", "mml", "torch", "ray", "np", "numpy", "transformers"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_python_blocks_import_the_modules_they_use(page):
+    bound: Set[str] = set()
+    bad = []
+    for b in blocks(page):
+        if b.lang != "python":
+            continue
+        tree = ast.parse(b.code)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in MODULES}
+        bad += [f"{b.where()}: {name}" for name in sorted(used - bound)]
+    assert bad == [], f"used before any block of the page imports it: {bad}"
+
+
 def _cli_flags(sub: str) -> Set[str]:
     out = subprocess.run(
         [sys.executable, "-m", "mmloader", sub, "--help"],
