@@ -453,3 +453,67 @@ def test_rows_decoded_per_row_group_in_the_workers(tmp_path, fault_server):
         spans = [str(e[3])[6:].split("-") for e in srv.log if e[1] == "GET"]
     assert spans and all(len(s) == 2 for s in spans), srv.log
     assert sum(int(b) - int(a) + 1 for a, b in spans) < size // 2, (spans, size)
+
+
+def test_columns_map_a_datasets_own_names_per_source(ref, tmp_path):
+    """`columns` (one option-table row, also per source): a dataset's own column names
+    read as the record keys they stand for; a column named like a mapped key is then not
+    read; bad mappings fail at construction naming what is wrong."""
+    items, want, tmp = ref
+    t = arrow_table(items)
+    own = pa.table(
+        {
+            "dialog": t.column("messages"),
+            "pics": t.column("images"),
+            # what a record would misread without the mapping: never read with it
+            "images": pa.array([["nowhere.jpg"]] * len(items), pa.list_(pa.string())),
+        }
+    )
+    p = str(tmp_path / "own.parquet")
+    pq.write_table(own, p, row_group_size=4)
+    cols = {"dialog": "messages", "pics": "images"}
+    same(want, epoch(p, columns=cols))
+    same(want, epoch(p, columns="dialog=messages,pics=images"))  # the command line's form
+    jsonl = os.path.join(tmp, "ref.jsonl")
+
+    def mix(first, **kw):
+        return [
+            mmloader.Source(first, weight=2.0, name="x", **kw),
+            mmloader.Source(jsonl, weight=1.0, name="y", image_root=tmp),
+        ]
+
+    same(
+        epoch(mix(jsonl, image_root=tmp), seed=1, shuffle=True),
+        epoch(mix(p, columns=cols), seed=1, shuffle=True),
+    )
+    # the dataset index is built and used under the same mapping (its settings key)
+    from mmloader import dsindex
+
+    vision = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    s = dsindex.build(p, tokenizer=TINY, threads=2, columns=cols, **vision)
+    assert s["samples"] == N and s["images"] == sum(len(i) for _, i in items), s
+    with mmloader.Loader(p, tokenizer=TINY, micro_batch_size=3, columns=cols, **vision) as L:
+        assert L.index_shards == 1
+    kw = dict(tokenizer=TINY, micro_batch_size=1)
+    bad = {
+        "the file lacks it": ({"dialogue": "messages"}, '"dialogue"', "dialog, pics, images"),
+        "not a record key": ({"dialog": "chat"}, '"chat"', "not a key"),
+        "a key twice": ({"dialog": "messages", "pics": "messages"}, "twice", "columns="),
+    }
+    for what, (m, a, b) in bad.items():
+        with pytest.raises(mmloader.ConfigError) as e:
+            mmloader.Loader(p, columns=m, **kw)
+        assert a in str(e.value) and b in str(e.value), (what, str(e.value))
+    with pytest.raises(mmloader.ConfigError) as e:  # a JSONL shard has no columns
+        mmloader.Loader(jsonl, columns=cols, image_root=tmp, **kw)
+    assert "ref.jsonl is not a Parquet file" in str(e.value), str(e.value)
+    with pytest.raises(mmloader.ConfigError) as e:  # per source: named
+        mmloader.Loader(mix(p, columns={"dialog": "chat"}), **kw)
+    assert "source 'x'" in str(e.value) or "source x" in str(e.value), str(e.value)
+    # the mapping enters the resume fingerprint: a state under another mapping is refused
+    with mmloader.Loader(p, columns=cols, **kw) as L:
+        next(iter(L))
+        state = L.state_dict()
+    with mmloader.Loader(p, columns=dict(cols, pics="image"), **kw) as R:
+        with pytest.raises(mmloader.Error):
+            R.load_state_dict(state)
