@@ -382,10 +382,14 @@ int ld_video_park(mml_loader *L, task *t) {
   for (int v = 0; v < t->rec.nvideos && !remote; v++) {
     const char *ref = t->rec.videos[v].ref;
     int64_t off, len;
+    const uint8_t *bp;
+    size_t bn;
     mml_err e;
-    if (ref && !mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len) &&
-        !ld_video_path(L, t, ref, 0, &e))
-      remote = mml_path_is_remote((const char *)t->path.data);
+    if (!ref || mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len) ||
+        (mml_index_shard_parquet(&L->ix.shards[t->sample.shard]) &&
+         ld_pq_row_member(&t->pqrow, ref, &bp, &bn))) /* (as stage_images tells them) */
+      continue;
+    if (!ld_video_path(L, t, ref, 0, &e)) remote = mml_path_is_remote((const char *)t->path.data);
   }
   if (!remote) return 0;
   pthread_mutex_lock(&L->mu);
