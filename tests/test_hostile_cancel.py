@@ -100,6 +100,39 @@ def test_close_stops_a_huge_webp_decode(huge_webp, name):
     assert took < whole / 4, (took, whole)
 
 
+@pytest.fixture(scope="module")
+def flat_webp(tmp_path_factory):
+    """A flat lossy 9000x9000 WebP (about 214 KB): its first partition is nearly every
+    byte, and libwebp decodes no row before that partition is complete, so its last feed
+    decodes all the rows in one call: no feed size helps."""
+    d = tmp_path_factory.mktemp("flat")
+    b = io.BytesIO()
+    Image.new("RGB", (9000, 9000), (120, 130, 140)).save(b, "WEBP", quality=50, method=0)
+    (d / "flat.webp").write_bytes(b.getvalue())
+    whole = min(timed(lambda: _core.image_decode(b.getvalue())) for _ in range(2))  # the peer
+    return d, whole
+
+
+def test_close_abandons_a_flat_webp_decode(flat_webp):
+    """image_aside.c invariants 1-2: the one libwebp call of seconds runs on a thread of its
+    own that close() leaves behind (it frees what it holds when it ends).  Before, close()
+    waited for the call (0.12-0.28 s here against a whole decode of 1.1-1.4 s; the issue
+    measured 0.9-1.3 s against 3.85 s); now a few milliseconds."""
+    d, whole = flat_webp
+    path = shard(d, [image_record("flat.webp")], name="flat.jsonl")
+    took = close_under_way(path, wait_s=whole / 6)
+    assert took < whole / 10, (took, whole)
+
+
+def test_webp_decoded_aside_is_unchanged(huge_webp):
+    """image_aside.c invariant 3: a photo decoded aside (36 MP) has Pillow's pixels."""
+    d, _ = huge_webp
+    data = (d / "still.webp").read_bytes()
+    px, h, w = _core.image_decode(data)
+    ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert ref.shape == (h, w, 3) and np.frombuffer(px, np.uint8).tobytes() == ref.tobytes()
+
+
 def test_huge_webp_still_decodes_whole(huge_webp):
     d, _ = huge_webp
     path = shard(d, [image_record("anim.webp"), image_record("still.webp")], name="both.jsonl")

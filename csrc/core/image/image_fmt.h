@@ -38,6 +38,21 @@ MML_DECLARE_FORMAT(bmp)
 MML_DECLARE_FORMAT(tiff)
 #undef MML_DECLARE_FORMAT
 
+/* A decode run aside (image_aside.c): fn(arg, in, len, out, cancel) decodes in[0..len)
+ * into out (the caller's buffer `out`, as the caller prepared it), checking cancel where it
+ * can, and returns its result.  mml_image_aside runs it on a thread of its own with copies
+ * of arg (arg_size bytes, copied back when it finishes) and of the input, and returns 1
+ * once it finished (*rc: its result; *out holds the output), -1 at once when `cancel` is
+ * set first (the job and *out's buffer are abandoned to its thread, which frees them; *out
+ * is left empty), 0 when it could not run it (too many abandoned, no memory, no thread:
+ * *out untouched, the caller decodes itself). */
+typedef int (*mml_aside_fn)(void *arg, const uint8_t *in, size_t len, uint8_t *out,
+                            const mml_cancel *cancel);
+int mml_image_aside(mml_aside_fn fn, void *arg, size_t arg_size, const uint8_t *in, size_t len,
+                    mml_bytes *out, const mml_cancel *cancel, int *rc);
+/* Abandoned jobs alive now (tests). */
+int mml_image_aside_abandoned(void);
+
 /* Pillow's alpha_composite of (v, a) over opaque white, then the RGB channel: exact for
  * every (v, a) pair (tests check all 65536). */
 static inline uint8_t mml_over_white(uint32_t v, uint32_t a) {

@@ -17,6 +17,12 @@
  * decoded the way WebPAnimDecoderGetNext decodes a key frame: its fragment (from the
  * demuxer) into a canvas cleared to transparent black, at the frame's offset, in MODE_RGBA
  * with the canvas's stride; the first frame is always a key frame, so nothing is blended.
+ * Feeding does not help when the first partition holds nearly every byte (a flat lossy
+ * image: 213,934 of 214,212 bytes at 9000x9000): libwebp decodes no row before it is
+ * complete, then every row in the last feed's call (close() waited 0.2-1.3 s for it).
+ * So an image of ASIDE_PIXELS and more is decoded on a thread of its own that close()
+ * can abandon (decode_to, image_aside.c): the worker returns within milliseconds, the
+ * thread finishes and frees its copies and the buffer; the pixels are the same call's.
  *
  * Threads: reentrant; libwebp keeps no global state after its one-time DSP init (which it
  * guards itself).  Memory: still images reuse `whole`; WebPAnimDecoder allocates its own
@@ -30,6 +36,9 @@
 #include "image_fmt.h"
 
 enum { FEED = 4 << 10 }; /* bytes given to the incremental decoder between cancel checks */
+/* Images of this many pixels and more are decoded aside (decode_to): ~0.2 s of libwebp on a
+ * quiet core, what one call may take when the first partition holds nearly every byte. */
+#define ASIDE_PIXELS ((int64_t)1 << 22)
 
 static const char *vp8_status(VP8StatusCode s) {
   switch (s) {
@@ -140,6 +149,42 @@ static VP8StatusCode idecode(const uint8_t *p, size_t len, WebPDecoderConfig *cf
   return s;
 }
 
+/* A decode run aside (mml_image_aside): its config, and where its output starts in the
+ * buffer (an animation's first frame: at its offset on the canvas). */
+typedef struct webp_job {
+  WebPDecoderConfig cfg;
+  size_t off;
+} webp_job;
+
+static int webp_aside(void *arg, const uint8_t *in, size_t len, uint8_t *out,
+                      const mml_cancel *cancel) {
+  webp_job *j = arg;
+  j->cfg.output.u.RGBA.rgba = out + j->off;
+  VP8StatusCode s = idecode(in, len, &j->cfg, cancel);
+  WebPFreeDecBuffer(&j->cfg.output);
+  return (int)s;
+}
+
+/* Decodes p[0..len) into whole->data + off (cfg's output there).  An image of
+ * ASIDE_PIXELS and more on a thread of its own that close() can abandon (image_aside.c;
+ * then `whole` is left empty), else here. */
+static VP8StatusCode decode_to(const uint8_t *p, size_t len, WebPDecoderConfig *cfg,
+                               mml_bytes *whole, size_t off, int64_t px, const mml_cancel *cancel) {
+  if (px >= ASIDE_PIXELS && !cut_short(p, len)) {
+    webp_job j = {*cfg, off};
+    int rc = 0, r = mml_image_aside(webp_aside, &j, sizeof j, p, len, whole, cancel, &rc);
+    if (r < 0) return VP8_STATUS_USER_ABORT;
+    if (r > 0) {
+      *cfg = j.cfg;
+      return (VP8StatusCode)rc;
+    }
+  }
+  cfg->output.u.RGBA.rgba = whole->data + off;
+  VP8StatusCode s = idecode(p, len, cfg, cancel);
+  WebPFreeDecBuffer(&cfg->output);
+  return s;
+}
+
 static mml_status decode_failed(VP8StatusCode s, mml_err *err) {
   if (s == VP8_STATUS_USER_ABORT) return mml_err_set(err, MML_ECANCELLED, "WebP: decode cancelled");
   return mml_err_set(err, MML_EDECODE, "WebP: %s", vp8_status(s));
@@ -170,12 +215,11 @@ static mml_status first_frame(const WebPIterator *it, const WebPBitstreamFeature
     return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
   cfg.output.colorspace = MODE_RGBA;
   cfg.output.is_external_memory = 1;
-  cfg.output.u.RGBA.rgba =
-      b->whole->data + (size_t)it->y_offset * stride + (size_t)it->x_offset * 4;
   cfg.output.u.RGBA.stride = (int)stride;
   cfg.output.u.RGBA.size = stride * (size_t)it->height;
-  VP8StatusCode s = idecode(it->fragment.bytes, it->fragment.size, &cfg, b->cancel);
-  WebPFreeDecBuffer(&cfg.output);
+  VP8StatusCode s = decode_to(it->fragment.bytes, it->fragment.size, &cfg, b->whole,
+                              (size_t)it->y_offset * stride + (size_t)it->x_offset * 4,
+                              (int64_t)it->width * it->height, b->cancel);
   if (s != VP8_STATUS_OK) return decode_failed(s, err);
   if (cfg.output.width != it->width || cfg.output.height != it->height)
     return mml_err_set(err, MML_EDECODE, "WebP: the first frame's size differs from its header");
@@ -219,11 +263,9 @@ mml_status mml_webp_decode(const uint8_t *p, size_t len, mml_img_bufs *b, const 
     return mml_err_set(err, MML_EINTERNAL, "WebP: libwebp ABI mismatch");
   cfg.output.colorspace = f.has_alpha ? MODE_RGBA : MODE_RGB;
   cfg.output.is_external_memory = 1;
-  cfg.output.u.RGBA.rgba = b->whole->data;
   cfg.output.u.RGBA.stride = (int)stride;
   cfg.output.u.RGBA.size = size;
-  VP8StatusCode s = idecode(p, len, &cfg, b->cancel);
-  WebPFreeDecBuffer(&cfg.output);
+  VP8StatusCode s = decode_to(p, len, &cfg, b->whole, 0, (int64_t)w * h, b->cancel);
   if (s != VP8_STATUS_OK) return decode_failed(s, err);
   if (cfg.output.width != w || cfg.output.height != h)
     return mml_err_set(err, MML_EDECODE, "WebP: decoded size differs from the header");

@@ -1,6 +1,7 @@
 /*
  * test-image.c — core tests of the image folder's own machinery (csrc/core/image): multi-scan
- * JPEG coefficients in memory that stays mapped between images (image_jpeg_mem.c).  The
+ * JPEG coefficients in memory that stays mapped between images (image_jpeg_mem.c), and
+ * decodes run aside on a thread close() can abandon (image_aside.c).  The
  * decoders' probe/decode paths and bad input are tested through the vision pipeline
  * (vision/test-vision.c) and test-hardening.c; pixel parity with Pillow from Python.
  */
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <turbojpeg.h>
 
 #include <jpeglib.h>
@@ -16,6 +18,7 @@
 #include "mml_fixture.h"
 #include "mml_test.h"
 
+#include "../../../csrc/core/image/image_fmt.h"
 #include "../../../csrc/core/image/image_jpeg_mem.h"
 
 /* Multi-scan JPEGs decode through image_jpeg_mem.c's coefficient arrays: the pixels are
@@ -95,4 +98,59 @@ TEST(jpeg_coefficients_stay_mapped) {
   tjDestroy(tj);
   jpeg_destroy_decompress(&jd);
   mml_jpeg_keep_free(k);
+}
+
+/* image_aside.c: a job that finishes hands its output and argument back (invariant 3);
+ * one cancelled is abandoned at once and frees itself (1); at most MML_ASIDE_ABANDONED
+ * are alive, past that the caller decodes itself (2). */
+static int add_one(void *arg, const uint8_t *in, size_t len, uint8_t *out, const mml_cancel *c) {
+  (void)c;
+  for (size_t i = 0; i < len; i++) out[i] = (uint8_t)(in[i] + 1);
+  ++*(int *)arg;
+  return 7;
+}
+
+static int g_release; /* the held jobs below end once set */
+
+static int held(void *arg, const uint8_t *in, size_t len, uint8_t *out, const mml_cancel *c) {
+  (void)arg, (void)in, (void)len, (void)c;
+  while (!__atomic_load_n(&g_release, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  out[0] = 1; /* the job's own buffer, still its own */
+  return 0;
+}
+
+static int wait_abandoned_gone(void) {
+  for (int i = 0; i < 5000 && mml_image_aside_abandoned(); i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return mml_image_aside_abandoned();
+}
+
+TEST(image_aside_runs_abandons_and_bounds) {
+  uint8_t in[64];
+  for (int i = 0; i < 64; i++) in[i] = (uint8_t)i;
+  mml_bytes out = {0};
+  CHECK(!mml_bytes_reserve(&out, 64));
+  mml_cancel none = {0, NULL}, set = {1, NULL};
+  int k = 41, rc = 0;
+  CHECK_EQ_INT(mml_image_aside(add_one, &k, sizeof k, in, 64, &out, &none, &rc), 1);
+  CHECK_EQ_INT(rc, 7);
+  CHECK_EQ_INT(k, 42); /* the argument's copy came back */
+  CHECK(out.data && out.cap >= 64 && out.data[0] == 1 && out.data[63] == 64);
+  for (int j = 0; j < 2; j++) { /* two abandoned, alive until released */
+    CHECK_EQ_INT(mml_image_aside(held, &k, sizeof k, in, 64, &out, &set, &rc), -1);
+    CHECK(out.data == NULL && out.cap == 0); /* the buffer went with the job */
+    CHECK(!mml_bytes_reserve(&out, 64));
+  }
+  CHECK_EQ_INT(mml_image_aside_abandoned(), 2);
+  uint8_t *keep = out.data;
+  CHECK_EQ_INT(mml_image_aside(held, &k, sizeof k, in, 64, &out, &set, &rc), 0);
+  CHECK(out.data == keep); /* not run: the caller decodes itself, into its own buffer */
+  __atomic_store_n(&g_release, 1, __ATOMIC_RELEASE);
+  CHECK_EQ_INT(wait_abandoned_gone(), 0); /* they freed themselves (ASan: no leak) */
+  mml_bytes_free(&out);
 }
