@@ -609,6 +609,7 @@ void mml_loader_free(mml_loader *L) {
       task *t = &L->tasks[i];
       mml_sample_free(&t->sample);
       mml_bytes_free(&t->rec_bytes);
+      ld_pq_row_free(&t->pqrow);
       if (t->rec_parsed) mml_record_free(&t->rec);
       for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
       free(t->imgs);
@@ -646,6 +647,7 @@ void mml_loader_free(mml_loader *L) {
   ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
   ld_index_free(L);
+  ld_pq_cache_free(L); /* before the index: its handles are clones of the shards' */
   for (int k = 0; k < L->shard_text_cap; k++) mml_bytes_free(&L->shard_text[k]);
   free(L->shard_text);
   mml_index_free(&L->ix);
@@ -946,6 +948,15 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */
   pthread_mutex_unlock(&L->mu);
   o->remote = f != NULL;
+  if ((o->parquet = L->pqc != NULL)) {
+    ld_pq_stats ps;
+    ld_pq_cache_stats(L, &ps);
+    o->pq_row_groups = ps.row_groups_decoded;
+    o->pq_bytes_read = ps.bytes_read;
+    o->pq_cache_bytes = ps.cache_bytes;
+    o->pq_cache_peak = ps.cache_peak_bytes;
+    o->pq_cache_room = ps.cache_room;
+  }
   mml_pool_usage(L->pool, &o->pool_cached, &o->pool_live);
   mml_pool_peaks(L->pool, &o->pool_live_peak, &o->pool_peak);
   mml_mapped_usage(&o->scratch_mapped, &o->scratch_mapped_peak);
