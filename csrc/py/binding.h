@@ -85,6 +85,7 @@ typedef struct mml_py_state {
   PyTypeObject *VisionProcessor_Type; /* vision_py.c: mmloader._core.VisionProcessor */
   PyTypeObject *VisionBuffer_Type;    /* vision_py.c: its output (not a module attribute) */
   PyTypeObject *DeviceStage_Type;     /* device_stage_py.c: mmloader._core.DeviceStage */
+  PyObject *DecoderPool;              /* decode_only_py.c: decode_only's decoders (capsule) */
 } mml_py_state;
 
 extern PyModuleDef mml_py_module; /* mmloader._core */
@@ -218,5 +219,6 @@ int mml_py_collate_exec(PyObject *m);      /* collate_py.c: collation/M-RoPE tes
 int mml_py_video_exec(PyObject *m);        /* video_py.c: video probe/decode test hooks */
 int mml_py_dsindex_exec(PyObject *m);      /* dsindex_py.c: build_index, read_index */
 int mml_py_video_sample_exec(PyObject *m); /* video_sample_py.c: sampling test hooks */
+int mml_py_decode_only_exec(PyObject *m);  /* decode_only_py.c: the decode-only floor */
 
 #endif

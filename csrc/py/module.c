@@ -25,13 +25,13 @@ static int core_exec(PyObject *m) {
       mml_py_options_exec(m) || mml_py_tokenizer_exec(m) || mml_py_vision_exec(m) ||
       mml_py_template_exec(m) || mml_py_fetch_exec(m) || mml_py_cuda_exec(m) ||
       mml_py_device_stage_exec(m) || mml_py_collate_exec(m) || mml_py_video_exec(m) ||
-      mml_py_dsindex_exec(m) || mml_py_video_sample_exec(m))
+      mml_py_dsindex_exec(m) || mml_py_video_sample_exec(m) || mml_py_decode_only_exec(m))
     return -1;
   return 0;
 }
 
 /* Every member of the state is an owned reference, visited and cleared here. */
-_Static_assert(sizeof(mml_py_state) == 14 * sizeof(PyObject *), "a state member not visited");
+_Static_assert(sizeof(mml_py_state) == 15 * sizeof(PyObject *), "a state member not visited");
 
 static int core_traverse(PyObject *m, visitproc visit, void *arg) {
   mml_py_state *ms = mml_py_state_of(m);
@@ -49,6 +49,7 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(ms->VisionProcessor_Type);
   Py_VISIT(ms->VisionBuffer_Type);
   Py_VISIT(ms->DeviceStage_Type);
+  Py_VISIT(ms->DecoderPool);
   return 0;
 }
 
@@ -68,6 +69,7 @@ static int core_clear(PyObject *m) {
   Py_CLEAR(ms->VisionProcessor_Type);
   Py_CLEAR(ms->VisionBuffer_Type);
   Py_CLEAR(ms->DeviceStage_Type);
+  Py_CLEAR(ms->DecoderPool);
   return 0;
 }
 

@@ -14,7 +14,6 @@
  *       2 paste; images over max_image_pixels are refused before decoding, 0: no limit)
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
- *   _core.decode_only(datas) -> pixels        decode ceiling for the benchmark
  *   _core.expand_pixels(src, dst, table, P, frames, T, bf16)   uint8 patches -> float rows
  *
  * Threads: planning and processing run with the GIL released.  A VisionProcessor's
@@ -598,73 +597,6 @@ static PyObject *py_resize_bicubic(PyObject *mod, PyObject *args) {
   return out;
 }
 
-static mml_status null_begin(void *ctx, int w, int h, mml_err *err) {
-  (void)err;
-  *(int64_t *)ctx += (int64_t)w * h;
-  return MML_OK;
-}
-
-static mml_status null_row(void *ctx, int y, const uint8_t *rgb, mml_err *err) {
-  (void)ctx, (void)y, (void)rgb, (void)err;
-  return MML_OK;
-}
-
-/* Decode only (rows converted to RGB8 and dropped): the decode ceiling for benchmarks.
- * scales (optional): each image's libjpeg scale_denom (1, 2, 4, 8; the fast path's floor). */
-static PyObject *py_decode_only(PyObject *mod, PyObject *args) {
-  mml_py_state *ms = mml_py_state_of(mod);
-  PyObject *arg, *scales_obj = Py_None;
-  if (!PyArg_ParseTuple(args, "O|O:decode_only", &arg, &scales_obj)) return NULL;
-  PyObject *seq = PySequence_Fast(arg, "decode_only() takes a list of bytes");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  Py_buffer *bufs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *bufs);
-  int *scales = PyMem_Calloc(n ? (size_t)n : 1, sizeof *scales);
-  Py_ssize_t got = 0;
-  PyObject *r = NULL;
-  mml_decoder *d = NULL;
-  if (!bufs || !scales) goto out;
-  for (Py_ssize_t i = 0; i < n; i++) scales[i] = 1;
-  if (scales_obj != Py_None) {
-    PyObject *ss = PySequence_Fast(scales_obj, "decode_only(): scales must be a list of ints");
-    if (!ss) goto out;
-    if (PySequence_Fast_GET_SIZE(ss) != n) {
-      Py_DECREF(ss);
-      PyErr_SetString(PyExc_ValueError, "decode_only(): one scale per image");
-      goto out;
-    }
-    for (Py_ssize_t i = 0; i < n; i++)
-      scales[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(ss, i));
-    Py_DECREF(ss);
-    if (PyErr_Occurred()) goto out;
-  }
-  for (; got < n; got++)
-    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &bufs[got], PyBUF_SIMPLE)) goto out;
-  if (mml_decoder_new(&d) != MML_OK) {
-    PyErr_NoMemory();
-    goto out;
-  }
-  int64_t pixels = 0;
-  mml_err err = {0};
-  mml_status st = MML_OK;
-  mml_row_sink sink = {null_begin, null_row, &pixels};
-  Py_BEGIN_ALLOW_THREADS
-  for (Py_ssize_t i = 0; i < n && st == MML_OK; i++)
-    st = mml_image_decode_rows(d, bufs[i].buf, (size_t)bufs[i].len, scales[i], &sink, &err);
-  Py_END_ALLOW_THREADS
-  if (st != MML_OK)
-    mml_py_raise(ms, st, &err);
-  else
-    r = PyLong_FromLongLong((long long)pixels);
-out:
-  for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
-  PyMem_Free(bufs);
-  PyMem_Free(scales);
-  mml_decoder_free(d);
-  Py_DECREF(seq);
-  return r;
-}
-
 /* expand_pixels(src, dst, table, patch_size, frames, temporal_patch_size, bfloat16): src a
  * uint8 buffer of rows of 3*frames*P*P bytes, dst a writable buffer of as many rows of
  * 3*T*P*P float32 (or bfloat16) values, table 768 float32 ([3][256]). */
@@ -706,9 +638,6 @@ static PyMethodDef vision_functions[] = {
      "expand_pixels(src_u8, dst, table_f32_768, patch_size, frames, temporal_patch_size, "
      "bfloat16) "
      "-> None: uint8 patch rows into float32/bfloat16 rows (mml_pixels_expand)"},
-    {"decode_only", py_decode_only, METH_VARARGS,
-     "decode_only(list of encoded images, scales=None) -> total pixels (decode to RGB8 rows, "
-     "discarded; scales: each image's JPEG scale_denom)"},
     {"smart_resize", (PyCFunction)(void (*)(void))py_smart_resize, METH_VARARGS | METH_KEYWORDS,
      "smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520, legacy=0): "
      "legacy 0 transformers, 1 older transformers, 2 qwen-vl-utils"},
