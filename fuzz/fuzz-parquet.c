@@ -36,11 +36,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   mml_pq_file *f;
   mml_err err;
   if (mml_pq_open("fuzz.parquet", (int64_t)size, read_mem, &m, NULL, &lim, &f, &err)) return 0;
-  for (int g = 0; g < mml_pq_row_groups(f); g++) {
-    int64_t off, len;
+  mml_pq_file *c = NULL; /* rows are read through a clone, as the loader's workers do */
+  if (mml_pq_clone(f, read_mem, &m, &c, &err)) c = NULL;
+  for (int g = 0; c && g < mml_pq_row_groups(f); g++) {
+    int64_t off, len, r0 = mml_pq_row_group_first(f, g);
+    if (mml_pq_row_group_first(f, g + 1) > r0 && mml_pq_row_group_of(f, r0) != g) abort();
     mml_pq_row_group_range(f, g, &off, &len);
-    if (mml_pq_read_row_group(f, g, on_row, NULL, NULL, &err)) break;
+    if (mml_pq_read_row_group(c, g, on_row, NULL, NULL, &err)) break;
   }
+  mml_pq_close(c);
   mml_pq_close(f);
   return 0;
 }

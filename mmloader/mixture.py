@@ -29,6 +29,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: Loader settings a source may override (its samples use the source's value).
 SOURCE_OVERRIDES = (
     "image_root",
+    "columns",
     "min_pixels",
     "max_pixels",
     "max_image_pixels",
@@ -65,12 +66,13 @@ class Source:
             (up-sampling above 1, down-sampling below).
         choose: a fixed count of exactly this many samples per epoch.
         name: how stats, messages and the state name the source (default: ``data``).
-        **overrides: Loader settings for this source's samples: image_root, min_pixels,
+        **overrides: Loader settings for this source's samples: image_root, columns, min_pixels,
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
             label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
             train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels, video_fps,
-            video_maxlen, video_max_pixels, video_min_pixels; model_max_length for
-            recipe="qwen-vl-finetune"; see :mod:`mmloader.recipes`).
+            video_maxlen, video_max_pixels, video_min_pixels; model_max_length,
+            video_fps, video_min_frames, video_max_frames, video_max_pixels and
+            video_min_pixels for recipe="qwen-vl-finetune"; see :mod:`mmloader.recipes`).
 
     Give at most one of weight, repeat and choose; none means ``repeat=1`` (each sample
     once per epoch).  Within a source the order is

@@ -16,7 +16,14 @@
   template, images read by transformers' ``load_image`` (EXIF turn, ``convert("RGB")``),
   its ``DataArguments`` pixel limits as the defaults of ``min_pixels`` / ``max_pixels``
   (``QWEN_VL_FINETUNE_PIXELS``), ``preprocess_qwen_visual``'s labels and its collator's
-  ``model_max_length`` cut (``QWEN_VL_FINETUNE_DEFAULTS``).  Videos are refused.
+  ``model_max_length`` cut (``QWEN_VL_FINETUNE_DEFAULTS``), and video files as its
+  processor reads them (every frame for Qwen2/2.5-VL; Qwen3-VL: ``video_fps`` within
+  ``video_min_frames`` / ``video_max_frames``; ``video_min_pixels`` / ``video_max_pixels``
+  the video processor's limits).
+
+``video_fps``, ``video_min_pixels`` and ``video_max_pixels`` are named alike by both
+frameworks: one setting each, which either recipe reads with its own framework's default
+(``SHARED_SETTINGS``); the others belong to one recipe.
 
 The settings are rows of the engine's option table (csrc/core/options.c); this module
 only fills a recipe's defaults and refuses settings that belong to another recipe.
@@ -56,21 +63,43 @@ _NONE_OFF = (  # None when off
     "video_maxlen",
     "video_max_pixels",
     "video_min_pixels",
+    "video_min_frames",
+    "video_max_frames",
 )
 #: The settings that belong to recipe="llama-factory".
 LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
-#: Qwen's qwen-vl-finetune defaults for its settings (train/argument.py TrainingArguments).
-QWEN_VL_FINETUNE_DEFAULTS: Dict[str, Any] = {"model_max_length": 512}
+#: Qwen's qwen-vl-finetune defaults for its settings (train/argument.py: TrainingArguments'
+#: model_max_length, DataArguments' video settings, which update_processor_pixels gives
+#: the video processor).
+QWEN_VL_FINETUNE_DEFAULTS: Dict[str, Any] = {
+    "model_max_length": 512,
+    "video_fps": 2.0,
+    "video_min_frames": 4,
+    "video_max_frames": 8,
+    "video_max_pixels": 1024 * 28 * 28,
+    "video_min_pixels": 256 * 28 * 28,
+}
 #: The settings that belong to recipe="qwen-vl-finetune".
 QWEN_VL_FINETUNE_SETTINGS = tuple(QWEN_VL_FINETUNE_DEFAULTS)
+#: The settings both recipes read, each under the name both frameworks give it.
+SHARED_SETTINGS = tuple(k for k in LLAMA_FACTORY_SETTINGS if k in QWEN_VL_FINETUNE_DEFAULTS)
 #: Its DataArguments' min_pixels / max_pixels, which update_processor_pixels gives the image
 #: processor: the defaults of the Loader's own min_pixels / max_pixels under the recipe.
 QWEN_VL_FINETUNE_PIXELS: Dict[str, int] = {"min_pixels": 28 * 28 * 16, "max_pixels": 28 * 28 * 576}
 #: Every recipe's own settings (Loader keywords, per-source overrides).
-RECIPE_SETTINGS = LLAMA_FACTORY_SETTINGS + QWEN_VL_FINETUNE_SETTINGS
-_OWNER = {
-    **dict.fromkeys(LLAMA_FACTORY_SETTINGS, LLAMA_FACTORY),
-    **dict.fromkeys(QWEN_VL_FINETUNE_SETTINGS, QWEN_VL_FINETUNE),
+RECIPE_SETTINGS = LLAMA_FACTORY_SETTINGS + tuple(
+    k for k in QWEN_VL_FINETUNE_SETTINGS if k not in SHARED_SETTINGS
+)
+_OWNERS = {
+    k: tuple(
+        r
+        for r, keys in (
+            (LLAMA_FACTORY, LLAMA_FACTORY_SETTINGS),
+            (QWEN_VL_FINETUNE, QWEN_VL_FINETUNE_SETTINGS),
+        )
+        if k in keys
+    )
+    for k in RECIPE_SETTINGS
 }
 _NAMES = {LLAMA_FACTORY: "LLaMA-Factory", QWEN_VL_FINETUNE: "qwen-vl-finetune"}
 
@@ -105,10 +134,12 @@ def check_route(where: str, recipe: str, image_route: str) -> None:
 
 def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default: str) -> None:
     """LLaMA-Factory writes Qwen3-VL video prompts itself (its Qwen3VLPlugin: the blocks
-    alone); another qwen3_video_prompt would not be followed: refused, not ignored."""
-    if recipe == LLAMA_FACTORY and qwen3_video_prompt != default:
+    alone), and Qwen's code gets the blocks alone from its processor's apply_chat_template
+    (transformers 4.57 and 5.25); another qwen3_video_prompt would not be followed:
+    refused, not ignored."""
+    if recipe in (LLAMA_FACTORY, QWEN_VL_FINETUNE) and qwen3_video_prompt != default:
         raise ConfigError(
-            f"{where}recipe={LLAMA_FACTORY!r} writes LLaMA-Factory's own Qwen3-VL video "
+            f"{where}recipe={recipe!r} writes {_NAMES[recipe]}'s own Qwen3-VL video "
             f"prompt (the timestamped blocks alone): leave qwen3_video_prompt at its default "
             f"(got {qwen3_video_prompt!r})"
         )
@@ -120,22 +151,28 @@ def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> 
     ``given``: the recipes' settings as the user gave them (None / False: not given).
     """
     out: Dict[str, Any] = {"recipe": recipe, "label_mode": label_mode}
-    bad = [k for k in RECIPE_SETTINGS if _OWNER[k] != recipe and given.get(k) not in (None, False)]
+    bad = [
+        k for k in RECIPE_SETTINGS if recipe not in _OWNERS[k] and given.get(k) not in (None, False)
+    ]
     if bad:
-        owner = _OWNER[bad[0]]
-        raise ConfigError(
-            f"{where}{bad[0]} is a {_NAMES[owner]} setting: it needs recipe={owner!r}"
-        )
-    out.update({k: None if k in _NONE_OFF else False for k in LLAMA_FACTORY_SETTINGS})
-    out["model_max_length"] = None
+        owners = _OWNERS[bad[0]]
+        names = " or ".join(_NAMES[r] for r in owners)
+        needs = " or ".join(f"recipe={r!r}" for r in owners)
+        raise ConfigError(f"{where}{bad[0]} is a {names} setting: it needs {needs}")
+    out.update({k: None if k in _NONE_OFF else False for k in RECIPE_SETTINGS})
     if recipe == QWEN_VL_FINETUNE:
         if label_mode != "all_assistant":
             raise ConfigError(
                 f"{where}recipe={QWEN_VL_FINETUNE!r} labels as Qwen's code does: leave "
                 "label_mode at its default"
             )
-        v = given.get("model_max_length")
-        out["model_max_length"] = QWEN_VL_FINETUNE_DEFAULTS["model_max_length"] if v is None else v
+        for k, d in QWEN_VL_FINETUNE_DEFAULTS.items():
+            v = given.get(k)
+            out[k] = d if v is None else v
+        if out["video_max_pixels"] < out["video_min_pixels"]:
+            raise ConfigError(f"{where}video_max_pixels cannot be smaller than video_min_pixels")
+        if out["video_max_frames"] < out["video_min_frames"]:
+            raise ConfigError(f"{where}video_max_frames cannot be smaller than video_min_frames")
         return out
     if recipe != LLAMA_FACTORY:
         return out

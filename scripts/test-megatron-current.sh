@@ -2,8 +2,9 @@
 # The Megatron integration against the current Megatron stack: megatron-core 0.19 (with
 # megatron.training), Megatron-Bridge 0.6 and Energon 7.4 from PyPI, which need Python 3.12.
 # Makes (once) a venv outside the checkout, builds mmloader._core for it in place and runs
-# tests/test_megatron_current.py.  The default suite (scripts/test.sh) keeps testing the
-# pinned megatron-core of requirements-test.txt on the system Python.
+# tests/test_megatron_current.py, then the Megatron blocks of README.md and docs/megatron.md
+# (tests/test_docs.py).  The default suite (scripts/test.sh) keeps testing the pinned
+# megatron-core of requirements-test.txt on the system Python.
 #   MMLOADER_MEGATRON_VENV  the venv (default ~/.cache/mmloader/venv312-megatron); it is
 #                           reused while requirements-megatron-current.txt is unchanged
 #   PYTHON312               the Python 3.12 to make it with (default: python3.12 on PATH,
@@ -39,3 +40,5 @@ if ! cmp -s "$reqs" "$stamp" 2>/dev/null; then
 fi
 PYTHON="$venv/bin/python" bash scripts/build.sh
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_megatron_current.py "$@"
+# the Megatron blocks of README.md and docs/megatron.md, run with this venv's Megatron-LM
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_docs.py -k test_megatron_blocks_run

@@ -17,6 +17,16 @@ size to DataArguments' min_pixels / max_pixels.  run() checks the no-op and then
 the job says "pixels": "5", writes the limits as 4.57 did (what recipe="qwen-vl-finetune"
 reproduces by default).
 
+Videos: the same, and the video processor's limits: its update_processor_pixels sets
+their fps / min_frames / max_frames attributes under transformers 5 too, but not the
+size (a SizeDict); "pixels": "4.57" writes video_min_pixels / video_max_pixels into it as
+4.57 did.  apply_chat_template reads a video file with torchcodec when it loads, else
+with torchvision's read_video.  PyPI's torchcodec needs the CUDA build of torch
+(libtorch_cuda, libnvrtc), so beside the suite's CPU torch it never loads; the test runs
+this with the torchvision stand-in (tests/tvshim) reporting 0.25
+(MMLOADER_TVSHIM_VERSION), so that transformers takes its torchvision path: read_video's
+PyAV backend, reproduced there call for call.
+
 Runs in the suite's own interpreter (transformers 5.24): its code builds the messages,
 calls processor.apply_chat_template(tokenize=True) (images read by transformers'
 load_image), and labels the ids.
@@ -204,7 +214,8 @@ def processor(preset, tokenizer_dir, chat_template):
 
 def run(job):
     """One file through Qwen's data path: per record ids_i, labels_i (cut), grid_i,
-    pixels_i, or err_i (the exception its code raises)."""
+    pixels_i, vgrid_i, vpixels_i, spg_i (second_per_grid_ts), or err_i (the exception its
+    code raises)."""
     import json
 
     import numpy as np
@@ -213,15 +224,20 @@ def run(job):
     args = DataArguments(**job.get("data_args", {}))
     size = proc.image_processor.size
     before = (size.shortest_edge, size.longest_edge)
+    vsize = proc.video_processor.size
+    vbefore = (vsize.shortest_edge, vsize.longest_edge)
     update_processor_pixels(proc, args)
     # transformers 5 holds the limits in a SizeDict (not a dict) and the PIL processor has
     # no min_pixels attribute: update_processor_pixels changes nothing (checked here).
     # Under transformers 4.57 (its README's pin) size was a dict and it set the limits:
     # "pixels": "4.57" writes them as it did then, "5" keeps the checkpoint's.
     assert (size.shortest_edge, size.longest_edge) == before
+    assert (vsize.shortest_edge, vsize.longest_edge) == vbefore  # the same for videos
     if job.get("pixels", "4.57") == "4.57":
         proc.image_processor.size.shortest_edge = args.min_pixels
         proc.image_processor.size.longest_edge = args.max_pixels
+        vsize.shortest_edge = args.video_min_pixels
+        vsize.longest_edge = args.video_max_pixels
     n_max = job.get("model_max_length", MODEL_MAX_LENGTH)
     with open(job["file"]) as f:
         recs = json.load(f) if job["file"].endswith(".json") else [json.loads(x) for x in f]
@@ -240,6 +256,12 @@ def run(job):
         if "image_grid_thw" in r:
             out[f"grid_{i}"] = r["image_grid_thw"].numpy()
             out[f"pixels_{i}"] = r["pixel_values"].numpy()
+        if "video_grid_thw" in r:
+            out[f"vgrid_{i}"] = r["video_grid_thw"].numpy()
+            out[f"vpixels_{i}"] = r["pixel_values_videos"].numpy()
+            # LazySupervisedDataset._get_item's second_per_grid_ts (its rope's)
+            vp = proc.video_processor
+            out[f"spg_{i}"] = np.array([vp.temporal_patch_size / vp.fps] * len(r["video_grid_thw"]))
     out["n"] = np.array(len(recs))
     np.savez(job["out"], **out)
 

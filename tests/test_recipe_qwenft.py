@@ -57,7 +57,10 @@ def reference(tmp, file, data_path, preset, **job):
         key = hashlib.sha256(f.read() + json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
     out = os.path.join(str(tmp), f"qft-{key}.npz")
     if not os.path.exists(out):
-        env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"))
+        # torchvision 0.25's read_video for videos (tests/qwenft_reference.py says why)
+        env = dict(
+            os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"), MMLOADER_TVSHIM_VERSION="0.25.0"
+        )
         r = subprocess.run(
             [sys.executable, os.path.join(HERE, "qwenft_reference.py")],
             input=json.dumps({"jobs": [dict(job, out=out, chat_template=TEMPLATE[preset])]}),
@@ -293,13 +296,18 @@ def test_a_cut_through_an_image_is_refused():
         ),
         (
             {
-                "video": "v.mp4",
-                "conversations": [
-                    {"from": "human", "value": "<video>what?"},
-                    {"from": "gpt", "value": "x"},
-                ],
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "video", "video": ["f1.jpg", "f2.jpg"]},
+                            {"type": "text", "text": "what?"},
+                        ],
+                    },
+                    {"role": "assistant", "content": "x"},
+                ]
             },
-            "video path is not reproduced",
+            "video 0 is a frame list",
         ),
         (
             {
@@ -333,6 +341,16 @@ def test_settings_are_checked():
         mmloader.Loader(f, model_max_length=100, **kw)
     with pytest.raises(mmloader.ConfigError, match="cutoff_len is a LLaMA-Factory"):
         mmloader.Loader(f, recipe="qwen-vl-finetune", cutoff_len=100, **kw)
+    with pytest.raises(mmloader.ConfigError, match="video_maxlen is a LLaMA-Factory"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", video_maxlen=10, **kw)
+    with pytest.raises(mmloader.ConfigError, match="video_max_frames is a qwen-vl-finetune"):
+        mmloader.Loader(f, recipe="llama-factory", video_max_frames=10, **kw)
+    with pytest.raises(mmloader.ConfigError, match="video_fps is a LLaMA-Factory or qwen-vl"):
+        mmloader.Loader(f, video_fps=1.0, **kw)
+    with pytest.raises(mmloader.ConfigError, match="video_max_frames cannot be smaller"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", video_min_frames=9, **kw)
+    with pytest.raises(mmloader.ConfigError, match="qwen3_video_prompt"):
+        mmloader.Loader(f, recipe="qwen-vl-finetune", qwen3_video_prompt="transformers<5.10", **kw)
     with pytest.raises(mmloader.ConfigError, match="label_mode"):
         mmloader.Loader(f, recipe="qwen-vl-finetune", label_mode="last_assistant", **kw)
     with pytest.raises(mmloader.ConfigError, match="image_route"):
@@ -368,3 +386,155 @@ def test_per_source(cache):
         b for b in got if b["input_ids"][0].tolist() in [ref[f"ids_{i}"].tolist() for i in range(3)]
     ]
     assert len(qft) == 3 and len(got) == 6
+
+
+# Clips made at test time with Debian's ffmpeg from real photos (tests/photos.py), a pan
+# across the photo so that every frame differs: (file, photo, size, rate, frames, encoder
+# arguments).  Several rates (24000/1001, 15, 6, 10), durations (0.6 to 3.8 s), frame
+# counts odd and even (the processor repeats the last frame of an odd count), codecs (h264
+# in MP4, MPEG-4 part 2 in AVI, H.264 in MKV, Motion JPEG in MOV: full-range YUV).
+CLIPS = [
+    ("pan_h264.mp4", "astronaut", (320, 240), "24000/1001", 14, ["-c:v", "libx264"]),
+    ("pan_mpeg4.avi", "coffee", (240, 320), "15", 9, ["-c:v", "mpeg4", "-q:v", "3"]),
+    ("pan_h264_6fps.mkv", "chelsea", (256, 192), "6", 23, ["-c:v", "libx264"]),
+    ("pan_mjpeg.mov", "rocket", (224, 160), "10", 38, ["-c:v", "mjpeg", "-q:v", "4"]),
+]
+
+
+def _clip_records(folder):
+    """The CLIPS, one record each in Qwen's layout ("video": path, "<video>" in the turn),
+    and one with an image and a video; the records' path."""
+    import shutil
+
+    ffmpeg = shutil.which("ffmpeg")
+    if not ffmpeg:
+        pytest.skip("Debian's ffmpeg CLI is not installed (apt-get install ffmpeg)")
+    os.makedirs(os.path.join(folder, "clips"), exist_ok=True)
+    ph = photos.photos(640)
+    recs = []
+    for k, (fname, photo, (w, h), rate, n, enc) in enumerate(CLIPS):
+        im = np.asarray(photos.rgb(ph[photo]).resize((w + n * 2, h + n)))
+        frames = b"".join(im[j : j + h, 2 * j : 2 * j + w].tobytes() for j in range(n))
+        pix = "yuvj420p" if "mjpeg" in enc else "yuv420p"
+        cmd = [ffmpeg, "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24"]
+        cmd += ["-s", f"{w}x{h}", "-r", rate, "-i", "-", *enc, "-pix_fmt", pix]
+        subprocess.run(
+            cmd + [os.path.join(folder, "clips", fname)], input=frames, check=True, timeout=120
+        )
+        turn = ["<video>\nWhat moves in this clip?", "What moves here? <video>"][k % 2]
+        recs.append(
+            {
+                "video": f"clips/{fname}",
+                "conversations": [
+                    {"from": "human", "value": turn},
+                    {"from": "gpt", "value": f"The camera pans ({fname})."},
+                ],
+            }
+        )
+    photo = os.path.join(folder, "clips", "chelsea.jpg")
+    with open(photo, "wb") as f:
+        f.write(photos.encode(photos.rgb(ph["chelsea"]), "JPEG", quality=90))
+    recs.append(
+        {
+            "image": "clips/chelsea.jpg",
+            "video": "clips/pan_h264.mp4",
+            "conversations": [
+                {"from": "human", "value": "<image> is a still; <video> a clip. Same cat?"},
+                {"from": "gpt", "value": "No."},
+            ],
+        }
+    )
+    path = os.path.join(folder, "clips.jsonl")
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("qftclips"))
+    return d, _clip_records(d)
+
+
+def _ours_videos(path, root, preset, **kw):
+    loader = mmloader.Loader(
+        path,
+        preset=preset,
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        image_root=root,
+        shuffle=False,
+        micro_batch_size=1,
+        text_only_vision="omit",
+        on_error="raise",
+        num_threads=2,
+        **kw,
+    )
+    return [as_np(b) for b in loader]
+
+
+def _compare_videos(ref, mine):
+    """ids, labels, image and video grids, pixel_values and pixel_values_videos, bitwise."""
+    assert not [k for k in ref if k.startswith("err_")], [str(ref[k]) for k in ref if "err" in k]
+    assert len(mine) == int(ref["n"])
+    for i, b in enumerate(mine):
+        assert b["input_ids"][0].tolist() == ref[f"ids_{i}"].tolist(), i
+        assert b["labels"][0].tolist() == ref[f"labels_{i}"].tolist(), i
+        assert b["video_grid_thw"].tolist() == ref[f"vgrid_{i}"].tolist(), i
+        want = ref[f"vpixels_{i}"]
+        assert b["pixel_values_videos"].shape == want.shape, i
+        assert np.array_equal(b["pixel_values_videos"], want), i
+        if "second_per_grid_ts" in b:  # Qwen2.5-VL: its own, temporal_patch_size / fps
+            assert b["second_per_grid_ts"].tolist() == ref[f"spg_{i}"].tolist(), i
+        if f"grid_{i}" in ref:
+            assert b["image_grid_thw"].tolist() == ref[f"grid_{i}"].tolist(), i
+            assert np.array_equal(b["pixel_values"], ref[f"pixels_{i}"]), i
+    return len(mine)
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_videos(cache, clip_dir, preset):
+    """Its video path on ffmpeg clips: the processor's apply_chat_template reads each file
+    (torchvision's read_video: every frame), the Qwen2-VL video processor keeps every frame
+    (its do_sample_frames is False), the Qwen3-VL one samples int(frames / fps * 2) within
+    [4, 8] at np.linspace(...).round(); the last frame repeated to an even count; the
+    processor's uint8 resize within video_min_pixels / video_max_pixels (its DataArguments'
+    256*28*28 and 1024*28*28, as transformers 4.57 applied them); Qwen3-VL's timestamped
+    blocks in place of the whole placeholder."""
+    folder, path = clip_dir
+    kw = dict(model_max_length=16384)
+    ref = reference(cache, path, folder, preset, **kw)
+    assert _compare_videos(ref, _ours_videos(path, folder, preset, **kw)) == len(CLIPS) + 1
+    grids = [ref[f"vgrid_{i}"].tolist()[0][0] for i in range(len(CLIPS))]
+    if preset == "qwen2.5-vl":  # every frame, odd counts rounded up
+        assert grids == [(c[4] + 1) // 2 for c in CLIPS]
+    else:  # 14, 9 frames: 4; 23 at 6 fps: 7 (padded to 8); 38 at 10 fps: 7 (8)
+        assert grids == [2, 2, 4, 4]
+
+
+@pytest.mark.parametrize(
+    "preset,settings",
+    [
+        # transformers 5's limits: the checkpoint's (update_processor_pixels changes nothing)
+        ("qwen2.5-vl", dict(pixels="5", video_min_pixels=3136, video_max_pixels=12845056)),
+        pytest.param(
+            "qwen3-vl",
+            dict(video_fps=4, video_min_frames=2, video_max_frames=6, video_max_pixels=300000),
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_video_settings_under_its_names(cache, clip_dir, preset, settings):
+    """video_fps, video_min_frames, video_max_frames, video_min_pixels, video_max_pixels:
+    its DataArguments of the same names."""
+    folder, path = clip_dir
+    settings = dict(settings)
+    pixels = settings.pop("pixels", "4.57")
+    ref = reference(
+        cache, path, folder, preset, data_args=settings, pixels=pixels, model_max_length=16384
+    )
+    if pixels == "5":  # the image limits too
+        settings.update(min_pixels=3136, max_pixels=12845056)
+    mine = _ours_videos(path, folder, preset, model_max_length=16384, **settings)
+    assert _compare_videos(ref, mine) == len(CLIPS) + 1

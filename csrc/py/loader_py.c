@@ -529,6 +529,14 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
         s.fetch.inflight);
     if (set_num(d, "fetch", f)) goto fail;
   }
+  if (s.parquet) {
+    PyObject *q = Py_BuildValue(
+        "{s:K,s:K,s:L,s:L,s:L}", "row_groups_decoded", (unsigned long long)s.pq_row_groups,
+        "bytes_read", (unsigned long long)s.pq_bytes_read, "cache_bytes",
+        (long long)s.pq_cache_bytes, "cache_peak_bytes", (long long)s.pq_cache_peak, "cache_room",
+        (long long)s.pq_cache_room);
+    if (set_num(d, "parquet", q)) goto fail;
+  }
   return d;
 fail:
   PyMem_Free(ss);

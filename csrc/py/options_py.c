@@ -220,7 +220,8 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
     PyObject *d = PyList_GET_ITEM(list, i), *data, *vision;
     mml_source_cfg *s = &m->sources[i];
     const char *labels, *space, *recipe;
-    long long choose, maxlen, cutoff, mask, prompt, think, imax, imin, vlen, vmax, vmin, mml_len;
+    long long choose, maxlen, cutoff, mask, prompt, think, imax, imin, vlen, vmax, vmin, mml_len,
+        vminf, vmaxf;
     double vfps;
     int e;
     if (!PyDict_Check(d)) {
@@ -233,7 +234,7 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         str_list(ms, data, "a source's data", (const char ***)&s->data, &s->ndata) ||
         get_double(ms, d, "weight", -1, &s->weight) ||
         get_double(ms, d, "repeat", -1, &s->repeat) || get_ll(ms, d, "choose", -1, &choose) ||
-        get_str(ms, d, "image_root", &s->image_root) ||
+        get_str(ms, d, "image_root", &s->image_root) || get_str(ms, d, "columns", &s->columns) ||
         get_str(ms, d, "system_prompt", &s->system_prompt) ||
         get_str(ms, d, "label_mode", &labels) || get_str(ms, d, "image_whitespace", &space) ||
         get_ll(ms, d, "max_length", 0, &maxlen) || get_str(ms, d, "recipe", &recipe) ||
@@ -244,7 +245,9 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         get_ll(ms, d, "image_min_pixels", 0, &imin) || get_double(ms, d, "video_fps", 0, &vfps) ||
         get_ll(ms, d, "video_maxlen", 0, &vlen) || get_ll(ms, d, "video_max_pixels", 0, &vmax) ||
         get_ll(ms, d, "video_min_pixels", 0, &vmin) ||
-        get_ll(ms, d, "model_max_length", 0, &mml_len))
+        get_ll(ms, d, "model_max_length", 0, &mml_len) ||
+        get_ll(ms, d, "video_min_frames", 0, &vminf) ||
+        get_ll(ms, d, "video_max_frames", 0, &vmaxf))
       return -1;
     if (!vision || !PyDict_Check(vision)) {
       PyErr_SetString(ms->ConfigError, "a source's vision must be a dict");
@@ -269,7 +272,8 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
                           .video_maxlen = vlen,
                           .video_max_pixels = vmax,
                           .video_min_pixels = vmin};
-    s->qft = (mml_qft_opts){.model_max_length = mml_len};
+    s->qft = (mml_qft_opts){
+        .model_max_length = mml_len, .video_min_frames = vminf, .video_max_frames = vmaxf};
   }
   c->sources = m->sources;
   c->nsources = m->nsources;

@@ -253,7 +253,10 @@ static mml_status check_refs(mml_dsx *x, const char *name, mml_err *err) {
   }
   x->first_image[x->n] = imgs;
   if (imgs != x->nimages) return corrupt(err, name, "image counts do not add up");
-  int wds = x->layout == MML_LAYOUT_WDS;
+  /* a Parquet shard's offsets are its rows (data_end of them); older indexes of one
+   * (members of a decoded copy) are read as WebDataset ones: only their counts are used */
+  int wds =
+      x->layout == MML_LAYOUT_WDS && !(x->compression == MML_COMPRESS_PARQUET && !x->nmembers);
   int64_t hi = wds ? x->nmembers : x->data_end;
   if (!wds && x->compression == MML_COMPRESS_NONE && x->data_end > x->shard_size)
     return corrupt(err, name, "data end beyond the shard");

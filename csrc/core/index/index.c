@@ -315,6 +315,7 @@ void mml_index_abort(mml_index_builder *b) {
   free(sh->blank_runs);
   free(sh->members);
   free(sh->names);
+  mml_pq_close(sh->pq);
   if (sh->fd >= 0) close(sh->fd);
   ix->nshards--;
   builder_free(b);
@@ -427,6 +428,7 @@ void mml_index_free(mml_index *ix) {
     free(ix->shards[i].blank_runs);
     free(ix->shards[i].members);
     free(ix->shards[i].names);
+    mml_pq_close(ix->shards[i].pq);
     if (ix->shards[i].fd >= 0) close(ix->shards[i].fd);
   }
   free(ix->shards);
@@ -450,6 +452,11 @@ void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, 
   const mml_index_shard *sh = &ix->shards[lo];
   int64_t k = i - sh->first;
   *shard = lo;
+  if (sh->compression == MML_COMPRESS_PARQUET) { /* a row: decoded with its row group */
+    *off = *where = ix->offsets[i];
+    *len = 0;
+    return;
+  }
   if (sh->layout == MML_LAYOUT_WDS) { /* the group's .json member */
     int64_t m = ix->offsets[i], m1 = k + 1 < sh->count ? ix->offsets[i + 1] : sh->nmembers;
     for (; m < m1; m++) {
@@ -528,7 +535,7 @@ static void group_of(const mml_index *ix, const mml_index_shard *sh, int64_t i, 
 int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref, int64_t *off,
                      int64_t *len) {
   const mml_index_shard *sh = &ix->shards[shard];
-  if (sh->layout != MML_LAYOUT_WDS) return 0;
+  if (sh->layout != MML_LAYOUT_WDS || sh->compression == MML_COMPRESS_PARQUET) return 0;
   int64_t m0, m1;
   group_of(ix, sh, i, &m0, &m1);
   for (int64_t m = m0; m < m1; m++) {
@@ -548,7 +555,7 @@ int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref,
 static int members_of_kind(const mml_index *ix, int shard, int64_t i, int (*is_kind)(const char *),
                            const char **names, int max) {
   const mml_index_shard *sh = &ix->shards[shard];
-  if (sh->layout != MML_LAYOUT_WDS) return 0;
+  if (sh->layout != MML_LAYOUT_WDS || sh->compression == MML_COMPRESS_PARQUET) return 0;
   int64_t m0, m1;
   group_of(ix, sh, i, &m0, &m1);
   int n = 0;
@@ -561,6 +568,9 @@ static int members_of_kind(const mml_index *ix, int shard, int64_t i, int (*is_k
   return n;
 }
 
+int mml_index_is_image_name(const char *name) { return ix_is_image_ext(name); }
+int mml_index_is_video_name(const char *name) { return ix_is_video_ext(name); }
+
 int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max) {
   return members_of_kind(ix, shard, i, ix_is_image_ext, names, max);
 }
@@ -572,7 +582,12 @@ int mml_index_videos(const mml_index *ix, int shard, int64_t i, const char **nam
 void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
                            size_t cap) {
   const mml_index_shard *sh = &ix->shards[shard];
-  if (sh->layout == MML_LAYOUT_WDS) {
+  if (sh->compression == MML_COMPRESS_PARQUET && sh->pq) {
+    char key[64];
+    int64_t row = ix->offsets[i];
+    mml_pq_row_key(mml_pq_row_group_of(sh->pq, row), row, key, sizeof key);
+    snprintf(out, cap, "%s[%s]", sh->path, key);
+  } else if (sh->layout == MML_LAYOUT_WDS) {
     const mml_member *mb = &sh->members[ix->offsets[i]];
     snprintf(out, cap, "%s[%.*s]", sh->path, (int)mb->key_len, sh->names + mb->name);
   } else if (sh->layout == MML_LAYOUT_JSON)

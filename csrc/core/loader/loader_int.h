@@ -42,6 +42,20 @@ enum { MML_VIDEOS_KEPT_OPEN = 128 };
 
 typedef struct task task;
 
+/* A Parquet shard's row copied out of its decoded row group (loader_parquet.c): its JSON
+ * record (NUL-terminated) and blobs; held by a task or a measurer once it has read the
+ * record of a sample of a Parquet shard (consulted only then). */
+typedef struct ld_pq_row {
+  mml_bytes buf; /* the JSON (json_len bytes, NUL), then each blob's name (NUL) and bytes */
+  size_t json_len;
+  struct ld_pq_blob {
+    size_t name, data, len; /* offsets into buf */
+  } * blob;
+  int n, cap;
+  int shard; /* the row held (shard -1: none) */
+  int64_t row;
+} ld_pq_row;
+
 /* The two pixel planes of a batch: pixel_values (image rows) and pixel_values_videos
  * (video rows), each its own buffer with its own row width. */
 enum { PL_IMG = 0, PL_VID = 1, PLANES = 2 };
@@ -87,6 +101,7 @@ struct task {
   int stage;
   mml_sample sample;
   mml_bytes rec_bytes;
+  ld_pq_row pqrow; /* a Parquet shard's row: its record and blobs (shard -1: none) */
   mml_record rec;
   int rec_parsed;
   mml_bytes *imgs;
@@ -168,6 +183,7 @@ typedef struct pend_item {
 typedef struct ld_source {
   char *name;
   char *image_root;        /* NULL: each shard's own folder */
+  char **pq_map;           /* its `columns`: pairs {column, key, ..., NULL}, or NULL */
   int shard0, nshards;     /* its shards in ix */
   int64_t first, n, count; /* its samples in ix; its draws per epoch */
   mml_vision_cfg vision;
@@ -196,7 +212,8 @@ struct mml_loader {
   int64_t shard_text_bytes;
   int *shard_src; /* per shard: its source */
   mml_index ix;
-  mml_dsx **dsx; /* per shard (dsx_cap): its dataset index's counts, or NULL */
+  struct ld_pq_cache *pqc; /* Parquet shards' decoded row groups (loader_parquet.c), or NULL */
+  mml_dsx **dsx;           /* per shard (dsx_cap): its dataset index's counts, or NULL */
   int dsx_cap;
   int index_used;  /* shards whose index counts are used */
   char *index_dir; /* owned copy of cfg.index */
@@ -334,6 +351,14 @@ struct mml_loader {
   /* consumer side, guarded by mu */
   int64_t consumer_epoch;
   mml_cursor delivered;
+  /* the consumer received its epoch's last batch: its next next() ends the epoch
+   * (MML_EEND) at once, without waiting for a batch of the next epoch */
+  int epoch_done;
+  /* the latest epoch the consumer asked a batch of (next() called in it, a seek): the
+   * remote video bytes of a later epoch's sample are not fetched before it is asked for
+   * (ld_video_park), so a consumer that stops at an epoch's end did not pay for them */
+  int64_t asked_epoch;
+  task *parked_head; /* those samples, parked (linked by next_ready) until then */
 
   /* warnings and stats, guarded by mu */
   mml_err warn[WARN_BACKLOG];
@@ -432,6 +457,7 @@ typedef struct ld_measurer {
   mml_record rec;
   int rec_parsed;
   mml_bytes rec_bytes, path;
+  ld_pq_row pqrow;  /* a Parquet shard's row (shard -1: none) */
   mml_bytes *media; /* images, frames, WebDataset member videos */
   int media_cap, plans_cap, vcap;
   mml_vision_plan *plans;
@@ -461,6 +487,31 @@ mml_status ld_plan_slot(const mml_loader *L, int64_t epoch, int64_t pos, int64_t
 int64_t ld_plan_rank_len_locked(mml_loader *L, int64_t epoch);
 int ld_plan_batch_end_locked(mml_loader *L, int64_t epoch, int64_t pos);
 
+/* loader_parquet.c (see its top comment): rows of Parquet shards, from a cache of
+ * decoded row groups.  A row copied out: its JSON record (NUL-terminated) and blobs. */
+#define LD_PQ_DEFAULT_ROOM ((int64_t)512 << 20) /* the cache's room without max_memory */
+typedef struct ld_pq_cache ld_pq_cache;
+typedef struct ld_pq_stats {
+  uint64_t row_groups_decoded, bytes_read;
+  int64_t cache_bytes, cache_peak_bytes, cache_room;
+} ld_pq_stats;
+/* The cache (L->pqc), when any shard is a Parquet file; freed with ld_pq_cache_free. */
+mml_status ld_pq_cache_new(mml_loader *L, mml_err *err);
+void ld_pq_cache_free(mml_loader *L);
+void ld_pq_cache_stats(const mml_loader *L, ld_pq_stats *s);
+/* The file's row `row` of Parquet shard `shard` into *out (its row group decoded, or
+ * waited for, or taken from the cache).  Stops with MML_ECANCELLED once cancel is set. */
+mml_status ld_pq_read_row(mml_loader *L, int shard, int64_t row, const mml_cancel *cancel,
+                          ld_pq_row *out, mml_err *err);
+void ld_pq_row_free(ld_pq_row *r);
+/* The blob of the row that ref names (as a WebDataset member is named): 1 and its bytes. */
+int ld_pq_row_member(const ld_pq_row *r, const char *ref, const uint8_t **data, size_t *len);
+/* Its bytes copied into *out (*found 0, out untouched: no such blob). */
+mml_status ld_pq_blob_copy(const ld_pq_row *r, const char *ref, mml_bytes *out, int *found,
+                           mml_err *err);
+/* The names of its blobs that is_kind accepts, in order, into names (at most max). */
+int ld_pq_row_names(const ld_pq_row *r, int (*is_kind)(const char *), const char **names, int max);
+
 /* loader_worker.c */
 void *ld_worker_main(void *loader);
 /* Parses global sample gi of `shard` from the bytes read for its range into *rec (zeroed
@@ -468,7 +519,7 @@ void *ld_worker_main(void *loader);
  * image and video members stand for an absent image / video list.  The one parse the
  * loader and the index builder share. */
 mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
-                           mml_record *rec, mml_err *err);
+                           const ld_pq_row *row, mml_record *rec, mml_err *err);
 
 /* loader_place.c (collation thread, mu held) */
 mml_status ld_place_new(mml_loader *L, mml_err *err);
@@ -554,6 +605,13 @@ typedef struct ld_video_ctx {
 void ld_ready_push_locked(mml_loader *L, task *t);
 void ld_fetch_one_more(mml_loader *L, task *t, int *nremote);
 void ld_fetch_undo(mml_loader *L, task *t);
+/* The consumer asks for epoch `epoch` (or, after a seek, `force`: exactly that one): the
+ * samples parked for it go to the ready list (loader_video.c). */
+void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force);
+/* Stage 2, t's record parsed: 1 when t names a remote video file and its epoch is past the
+ * one the consumer asked for: t is parked (it waits, holding no thread and nothing fetched
+ * for its media) until the consumer asks for its epoch (loader_video.c). */
+int ld_video_park(mml_loader *L, task *t);
 /* loader_video.c: the stages' video parts (loader_worker.c calls them) */
 mml_status ld_video_path(mml_loader *L, task *t, const char *ref, int check, mml_err *err);
 mml_status ld_video_open(void *ctx, int v, mml_video **out, mml_err *err);

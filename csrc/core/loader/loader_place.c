@@ -898,7 +898,7 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
 void ld_mem_count_task_locked(mml_loader *L, task *t) {
   int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
   for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
-  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap) + vheld;
+  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap) + vheld;
   int64_t used = (int64_t)t->rec_bytes.len + vheld;
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
   if (t->rec_parsed)

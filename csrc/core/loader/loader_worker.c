@@ -164,6 +164,28 @@ static mml_status task_imgs_fit(task *t, int n) {
   return MML_OK;
 }
 
+/* Stage 1 of a Parquet shard's sample: its row copied out of its decoded row group
+ * (loader_parquet.c: decoded here, waited for, or cached), its record into rec_bytes. */
+static mml_status record_parquet(mml_loader *L, task *t, int64_t row, run_acc *acc, mml_err *err) {
+  mml_sample *s = &t->sample;
+  double t0 = mml_now();
+  mml_status st = ld_pq_read_row(L, s->shard, row, &L->cancel, &t->pqrow, err);
+  acc->read_s += mml_now() - t0;
+  if (st) return st;
+  size_t len = t->pqrow.json_len;
+  if ((int64_t)len > L->cfg.max_record_bytes)
+    return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
+                       (long long)len, (long long)L->cfg.max_record_bytes);
+  mml_bytes_clear(&t->rec_bytes);
+  if (mml_bytes_reserve(&t->rec_bytes, len + 1))
+    return mml_err_set(err, MML_ENOMEM, "out of memory for a %zu-byte record", len);
+  memcpy(t->rec_bytes.data, t->pqrow.buf.data, len + 1);
+  t->rec_bytes.len = len;
+  acc->bytes += len;
+  s->bytes += len;
+  return MML_OK;
+}
+
 /* Stage 1: the record's bytes, read here, copied from a remote shard's kept text, or
  * fetched (*wait: the task waits for them). */
 static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc,
@@ -179,6 +201,7 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
     return mml_err_set(err, MML_ERECORDSIZE, "a %lld-byte record, above max_record_bytes=%lld",
                        (long long)len, (long long)L->cfg.max_record_bytes);
   if ((st = ld_index_precheck(L, s, err))) return st; /* too long, known from the index */
+  if (mml_index_shard_parquet(&L->ix.shards[s->shard])) return record_parquet(L, t, off, acc, err);
   const mml_bytes *kept = s->shard < L->shard_text_cap ? &L->shard_text[s->shard] : NULL;
   if (L->remote[s->shard] && kept && kept->len && off + len <= (int64_t)kept->len) {
     mml_bytes_clear(&t->rec_bytes); /* the text kept from the shard's scan: no round trip */
@@ -217,12 +240,15 @@ static mml_status stage_record(mml_loader *L, mml_sample_scratch *sc, task *t, r
 }
 
 mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml_bytes *bytes,
-                           mml_record *rec, mml_err *err) {
+                           const ld_pq_row *row, mml_record *rec, mml_err *err) {
   size_t n = mml_index_record_len(&L->ix.shards[shard], bytes->data, bytes->len);
   enum { MAX_MEMBERS = 64 }; /* of each kind; more make the record's count mismatch */
   const char *imgs[MAX_MEMBERS], *vids[MAX_MEMBERS];
-  int ni = mml_index_images(&L->ix, shard, gi, imgs, MAX_MEMBERS);
-  int nv = mml_index_videos(&L->ix, shard, gi, vids, MAX_MEMBERS);
+  int pq = row && mml_index_shard_parquet(&L->ix.shards[shard]); /* a row's blobs */
+  int ni = pq ? ld_pq_row_names(row, mml_index_is_image_name, imgs, MAX_MEMBERS)
+              : mml_index_images(&L->ix, shard, gi, imgs, MAX_MEMBERS);
+  int nv = pq ? ld_pq_row_names(row, mml_index_is_video_name, vids, MAX_MEMBERS)
+              : mml_index_videos(&L->ix, shard, gi, vids, MAX_MEMBERS);
   mml_record_opts ro = {.max_json_depth = L->cfg.max_json_depth,
                         .max_images = L->cfg.max_images_per_sample,
                         .implicit = imgs,
@@ -238,7 +264,8 @@ static mml_status parse_record(mml_loader *L, task *t, run_acc *acc, mml_err *er
   memset(&t->rec, 0, sizeof t->rec);
   t->rec_parsed = 1;
   double t0 = mml_now();
-  mml_status st = ld_parse_record(L, t->sample.shard, t->sample.index, &t->rec_bytes, &t->rec, err);
+  mml_status st =
+      ld_parse_record(L, t->sample.shard, t->sample.index, &t->rec_bytes, &t->pqrow, &t->rec, err);
   acc->read_s += mml_now() - t0;
   if (!st) /* a record the recipe refuses is refused before its media are read */
     st = mml_template_check_record(L->src[t->sample.source].tmpl, &t->rec, err);
@@ -297,6 +324,22 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
   const char *root = L->roots[t->sample.shard];
   int64_t off = 0, len = -1;
   mml_status st;
+  if (mml_index_shard_parquet(sh)) { /* a blob of the row (else a path, as a JSON record's) */
+    int found;
+    double t0 = mml_now();
+    st = ld_pq_blob_copy(&t->pqrow, ref, &t->imgs[i], &found, err);
+    acc->read_s += mml_now() - t0;
+    if (found && !st && (int64_t)t->imgs[i].len > L->cfg.max_object_bytes)
+      st = mml_err_set(err, MML_EOBJECTSIZE,
+                       "%s: member %s is %zu bytes, above max_object_bytes=%lld", sh->path, ref,
+                       t->imgs[i].len, (long long)L->cfg.max_object_bytes);
+    if (found && st) ld_err_media(err, &t->rec, i);
+    if (found && !st) {
+      acc->bytes += t->imgs[i].len;
+      t->sample.bytes += t->imgs[i].len;
+    }
+    if (found) return st;
+  }
   int member = mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len);
   if (member && len > L->cfg.max_object_bytes) { /* its tar header's size, before any read */
     st = mml_err_set(err, MML_EOBJECTSIZE,
@@ -351,6 +394,10 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   }
   mml_status st = parse_record(L, t, acc, err);
   if (st) return st;
+  if (ld_video_park(L, t)) { /* a later epoch's remote video: when that epoch is asked for */
+    *wait = 1;
+    return MML_OK;
+  }
   t->stage = STAGE_IMAGES;
   t->vtails = 0;
   int nremote = 0;
@@ -365,7 +412,11 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
       mml_bytes_clear(&t->imgs[i]);
       if (!ref) continue;
       int64_t off, len;
-      if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len))
+      const uint8_t *bp;
+      size_t bn;
+      if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len) ||
+          (mml_index_shard_parquet(&L->ix.shards[t->sample.shard]) &&
+           ld_pq_row_member(&t->pqrow, ref, &bp, &bn)))
         st = load_image(L, t, i, ref, &f, &nremote, acc, err);
       else if (!(st = ld_video_path(L, t, ref, 1, err)))
         ld_head_video(L, t, i - nmedia, &f, &nremote);

@@ -58,6 +58,7 @@ void ld_measurer_free(ld_measurer *m) {
   mml_sample_scratch_free(&m->sc);
   if (m->rec_parsed) mml_record_free(&m->rec);
   mml_bytes_free(&m->rec_bytes);
+  ld_pq_row_free(&m->pqrow);
   mml_bytes_free(&m->path);
   for (int i = 0; i < m->media_cap; i++) mml_bytes_free(&m->media[i]);
   free(m->media);
@@ -105,6 +106,22 @@ static mml_status media_read(ld_measurer *m, const char *ref, int64_t want, mml_
   *whole = 1;
   if (mml_is_data_uri(ref)) return mml_data_uri_decode(ref, dst, err);
   int64_t off = 0, len = -1;
+  const uint8_t *bp;
+  size_t bn;
+  if (mml_index_shard_parquet(sh) && ld_pq_row_member(&m->pqrow, ref, &bp, &bn)) {
+    if ((int64_t)bn > L->cfg.max_object_bytes) /* as the worker does */
+      return mml_err_set(err, MML_EOBJECTSIZE,
+                         "%s: member %s is %zu bytes, above max_object_bytes=%lld", sh->path, ref,
+                         bn, (long long)L->cfg.max_object_bytes);
+    size_t n = want >= 0 && (size_t)want < bn ? (size_t)want : bn; /* a blob of the row */
+    *whole = n == bn;
+    mml_bytes_clear(dst);
+    if (mml_bytes_reserve(dst, n + 1) || mml_bytes_append(dst, bp, n))
+      return mml_err_set(err, MML_ENOMEM, "out of memory for a %zu-byte Parquet blob", n);
+    dst->data[n] = 0;
+    m->bytes += dst->len;
+    return MML_OK;
+  }
   if (mml_index_member(&L->ix, m->shard, m->gi, ref, &off, &len)) { /* a WebDataset member */
     if (len > L->cfg.max_object_bytes) /* as the loader does: from its tar header */
       return mml_err_set(err, MML_EOBJECTSIZE,
@@ -204,6 +221,17 @@ static mml_status read_record(ld_measurer *m, mml_err *err) {
     m->rec_bytes.len = (size_t)len;
     m->rec_bytes.data[len] = 0;
     st = MML_OK;
+  } else if (mml_index_shard_parquet(sh)) { /* its row, from its decoded row group */
+    st = ld_pq_read_row(L, shard, off, m->cancel, &m->pqrow, err);
+    size_t n = m->pqrow.json_len;
+    if (!st && (int64_t)n > L->cfg.max_record_bytes)
+      st = mml_err_set(err, MML_ERECORDSIZE, "a %zu-byte record, above max_record_bytes=%lld", n,
+                       (long long)L->cfg.max_record_bytes);
+    mml_bytes_clear(&m->rec_bytes);
+    if (!st && (mml_bytes_reserve(&m->rec_bytes, n + 1) ||
+                mml_bytes_append(&m->rec_bytes, m->pqrow.buf.data, n + 1)))
+      st = mml_err_set(err, MML_ENOMEM, "out of memory for a %zu-byte record", n);
+    if (!st) m->rec_bytes.len = n;
   } else if (!mml_index_shard_remote(sh)) {
     st = mml_index_read(sh, off, len, &m->rec_bytes, err);
   } else if (!(st = fetcher(m, &f, err))) {
@@ -214,7 +242,17 @@ static mml_status read_record(ld_measurer *m, mml_err *err) {
   if (m->rec_parsed) mml_record_free(&m->rec);
   memset(&m->rec, 0, sizeof m->rec);
   m->rec_parsed = 1;
-  return ld_parse_record(L, shard, m->gi, &m->rec_bytes, &m->rec, err);
+  return ld_parse_record(L, shard, m->gi, &m->rec_bytes, &m->pqrow, &m->rec, err);
+}
+
+/* Whether ref names a WebDataset member or a blob of the Parquet row read (its bytes are
+ * then read with the media, not opened by path). */
+static int member_of(const ld_measurer *m, const char *ref, int64_t *off, int64_t *len) {
+  const uint8_t *p;
+  size_t n;
+  if (mml_index_shard_parquet(&m->L->ix.shards[m->shard]))
+    return ld_pq_row_member(&m->pqrow, ref, &p, &n);
+  return mml_index_member(&m->L->ix, m->shard, m->gi, ref, off, len);
 }
 
 /* Opens and probes video file v into m->vinfo[v], as the worker's plan stage does (a
@@ -231,7 +269,7 @@ static mml_status probe_file(ld_measurer *m, int v, const mml_vision_cfg *vision
                        .cancel = m->cancel};
   mml_status st;
   int64_t off, len;
-  if (mml_index_member(&L->ix, m->shard, m->gi, ref, &off, &len)) {
+  if (member_of(m, ref, &off, &len)) {
     src.data = member->data;
     src.len = member->len;
   } else {
@@ -261,7 +299,7 @@ static mml_status read_media(ld_measurer *m, const mml_vision_cfg *vision, mml_e
     int whole;
     mml_bytes_clear(&m->media[nmedia + v]);
     if (!ref) continue;
-    if (mml_index_member(&m->L->ix, m->shard, m->gi, ref, &off, &len))
+    if (member_of(m, ref, &off, &len))
       st = media_read(m, ref, -1, &m->media[nmedia + v], &whole, err);
     else
       st = media_path(m, ref, err);

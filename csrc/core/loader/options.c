@@ -82,6 +82,13 @@ static const mml_option k_options[] = {
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
      "Folder or URL prefix relative image paths are resolved against (None: each shard's own "
      "folder)."},
+    {"columns", MML_OPT_STR, CFG(columns), 0, 0, 0, NULL, NONE | FP,
+     "A Parquet dataset's own column names, ``{column: key}`` (``\"column=key,...\"`` on the "
+     "command line): each column is read as the record key it stands for (messages, "
+     "conversations, images, image, videos, video, system, tools, ...), and a column named "
+     "like one of those keys is then not read.  A column it names must be in every shard, "
+     "and every shard must be a Parquet file (an error at construction otherwise). Per source "
+     "too (None: the columns' own names)."},
     {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
      "A mixture's epoch size (None: the fixed repeat/choose counts plus the weighted "
      "sources' sizes)."},
@@ -177,16 +184,27 @@ static const mml_option k_options[] = {
      "mm_plugin does, before the processor's own resize (None: 768*768)."},
     {"image_min_pixels", MML_OPT_INT, CFG(lf.image_min_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: images under this many pixels are first grown with Pillow (None: 32*32)."},
+    /* video_fps, video_max_pixels and video_min_pixels: one row each, read by both recipes
+     * under the name both frameworks give them, each with its framework's default (stored
+     * in lf.*; loader_sources.c copies them into the vision cfg of either recipe) */
     {"video_fps", MML_OPT_FLOAT, CFG(lf.video_fps), 0, 0, 1e6, NULL, FP | NONE,
-     "llama-factory: video frames kept per second of the stream's duration (None: 2.0)."},
+     "llama-factory: video frames kept per second of the stream's duration (None: 2.0). "
+     "qwen-vl-finetune: its DataArguments.video_fps, the video processor's fps: Qwen3-VL "
+     "samples by it, and second_per_grid_ts is 2 / video_fps (None: 2)."},
     {"video_maxlen", MML_OPT_INT, CFG(lf.video_maxlen), 0, 1, I32, NULL, FP | NONE,
      "llama-factory: at most this many video frames kept (None: 128)."},
     {"video_max_pixels", MML_OPT_INT, CFG(lf.video_max_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: video frames over this many pixels are first shrunk with Pillow (None: "
-     "256*256)."},
+     "256*256). qwen-vl-finetune: the video processor's max_pixels, as its "
+     "update_processor_pixels sets them (None: 1024*28*28)."},
     {"video_min_pixels", MML_OPT_INT, CFG(lf.video_min_pixels), 0, 1, I64, NULL, FP | NONE,
      "llama-factory: video frames under this many pixels are first grown with Pillow (None: "
-     "16*16)."},
+     "16*16). qwen-vl-finetune: the video processor's min_pixels (None: 256*28*28)."},
+    {"video_min_frames", MML_OPT_INT, CFG(qft.video_min_frames), 0, 1, I32, NULL, FP | NONE,
+     "qwen-vl-finetune: Qwen3-VL videos keep at least this many frames (its "
+     "DataArguments.video_min_frames; None: 4)."},
+    {"video_max_frames", MML_OPT_INT, CFG(qft.video_max_frames), 0, 1, I32, NULL, FP | NONE,
+     "qwen-vl-finetune: Qwen3-VL videos keep at most this many frames (None: 8)."},
     {"model_max_length", MML_OPT_INT, CFG(qft.model_max_length), 0, 1, I64, NULL, FP | NONE,
      "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
      "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "

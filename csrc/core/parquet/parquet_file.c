@@ -19,6 +19,10 @@
  *      (MML_ERECORD), never loop or read past an array.
  *   4. A {bytes, path} struct with bytes becomes a blob named "<key>.<k>.<ext>", with
  *      its path string when it has no bytes (resolved by the loader as a JSON record's).
+ *   5. A dataset's own column names (mml_pq_open_mapped): a mapped top-level column is
+ *      written under its new name, a column that name would clash with is not read, and
+ *      a mapped column the file lacks fails the open (MML_ECONFIG), naming the file's
+ *      columns.
  *
  * Threads: one thread per mml_pq_file.
  */
@@ -130,6 +134,20 @@ static void fill_leaves(mml_pq_file *f, pq_node *n, int sel) {
   for (int i = 0; i < n->nchild; i++) fill_leaves(f, &n->child[i], sel);
 }
 
+/* A `map` column the file does not have: named, with the file's columns. */
+static mml_status no_column(mml_pq_file *f, const char *col, const char *as) {
+  char have[1024];
+  size_t n = 0;
+  have[0] = 0;
+  for (int i = 0; i < f->root.nchild && n + 1 < sizeof have; i++)
+    n += (size_t)snprintf(have + n, sizeof have - n, "%s%s", i ? ", " : "",
+                          f->root.child[i].el->name);
+  return mml_err_set(f->err, MML_ECONFIG,
+                     "%s: columns maps column \"%s\" (to \"%s\"), which the file does not have "
+                     "(its columns: %s)",
+                     f->name, col, as, have);
+}
+
 static mml_status build_tree(mml_pq_file *f, const char *const *columns) {
   const pq_schema_el *r = &f->meta.schema[0];
   int at = 1;
@@ -137,11 +155,22 @@ static mml_status build_tree(mml_pq_file *f, const char *const *columns) {
   if (r->type >= 0) return schema_error(f, "its root is not a group", r->name);
   mml_status st = build_children(f, &f->root, &at, 0);
   if (!st && at != f->meta.nschema) st = schema_error(f, "elements outside the root", NULL);
+  for (int k = 0; !st && f->map && f->map[k]; k += 2) { /* each mapped column is there */
+    int found = 0;
+    for (int i = 0; i < f->root.nchild && !found; i++)
+      found = !strcmp(f->root.child[i].el->name, f->map[k]);
+    if (!found) st = no_column(f, f->map[k], f->map[k + 1]);
+  }
   for (int i = 0; !st && i < f->root.nchild; i++) {
     pq_node *c = &f->root.child[i];
-    c->selected = !columns;
-    for (int k = 0; columns && columns[k] && !c->selected; k++)
-      c->selected = !strcmp(columns[k], c->el->name);
+    c->as = c->el->name;
+    for (int k = 0; f->map && f->map[k]; k += 2)
+      if (!strcmp(f->map[k + 1], c->el->name)) c->as = NULL; /* another column stands for it */
+    for (int k = 0; f->map && f->map[k]; k += 2)
+      if (!strcmp(f->map[k], c->el->name)) c->as = f->map[k + 1];
+    c->selected = c->as && !columns;
+    for (int k = 0; c->as && columns && columns[k] && !c->selected; k++)
+      c->selected = !strcmp(columns[k], c->as);
     if (c->selected) st = check_supported(f, c);
   }
   if (!st && (!(f->leaves = calloc((size_t)f->nleaves + 1, sizeof *f->leaves)) ||
@@ -156,12 +185,23 @@ static mml_status build_tree(mml_pq_file *f, const char *const *columns) {
 
 static mml_status check_groups(mml_pq_file *f) {
   int64_t rows = 0;
+  if (!(f->group_first = calloc((size_t)f->meta.ngroups + 1, sizeof *f->group_first)))
+    return mml_err_set(f->err, MML_ENOMEM, "out of memory");
   for (int g = 0; g < f->meta.ngroups; g++) {
     const pq_row_group *rg = &f->meta.groups[g];
     if (rg->ncols != f->nleaves)
       return mml_err_set(f->err, MML_ERECORD, "%s: row group %d has %d columns, the schema %d",
                          f->name, g, rg->ncols, f->nleaves);
+    if (rg->num_rows < 0)
+      return mml_err_set(f->err, MML_ERECORD, "%s: row group %d holds %lld rows", f->name, g,
+                         (long long)rg->num_rows);
+    for (int k = 0; k < f->nleaves; k++) {
+      mml_status st = f->leaf_sel[k] ? pq_check_chunk(f, g, k, f->err) : MML_OK;
+      if (st) return st;
+    }
+    f->group_first[g] = rows;
     rows += rg->num_rows;
+    f->group_first[g + 1] = rows;
     if (rows > f->meta.num_rows)
       return mml_err_set(f->err, MML_ERECORD, "%s: its row groups hold more rows than the file",
                          f->name);
@@ -180,6 +220,7 @@ static mml_status check_groups(mml_pq_file *f) {
 
 static mml_status read_footer(mml_pq_file *f) {
   mml_bytes b = {0};
+  mml_bytes_clear(&f->footer);
   mml_status st = MML_OK;
   if (f->size < 12)
     st = mml_err_set(f->err, MML_ERECORD, "%s: too short for a Parquet file", f->name);
@@ -196,32 +237,66 @@ static mml_status read_footer(mml_pq_file *f) {
     st = mml_err_set(f->err, MML_ERECORD,
                      "%s: its footer claims %lld bytes (file %lld bytes, max_object_bytes=%lld)",
                      f->name, (long long)n, (long long)f->size, (long long)f->lim.max_chunk_bytes);
-  if (!st) st = f->read(f->ctx, f->size - 8 - n, n, &b, f->err);
-  if (!st && (st = pq_parse_meta(b.data, b.len, &f->meta, f->err)))
-    mml_err_prefix(f->err, "%s", f->name);
+  if (!st) st = f->read(f->ctx, f->size - 8 - n, n, &f->footer, f->err);
   mml_bytes_free(&b);
+  return st;
+}
+
+/* The footer's bytes parsed, the schema tree built and every row group checked. */
+static mml_status parse_footer(mml_pq_file *f) {
+  mml_status st = pq_parse_meta(f->footer.data, f->footer.len, &f->meta, f->err);
+  if (st) mml_err_prefix(f->err, "%s", f->name);
+  if (!st) st = build_tree(f, f->columns);
+  if (!st) st = check_groups(f);
+  if (!st && !(f->cols = calloc((size_t)f->nleaves + 1, sizeof *f->cols)))
+    st = mml_err_set(f->err, MML_ENOMEM, "out of memory");
+  if (!st && !(f->chunks = calloc((size_t)f->nleaves + 1, sizeof *f->chunks)))
+    st = mml_err_set(f->err, MML_ENOMEM, "out of memory");
   return st;
 }
 
 mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
                        const char *const *columns, const mml_pq_limits *lim, mml_pq_file **out,
                        mml_err *err) {
+  return mml_pq_open_mapped(name, size, read, ctx, columns, NULL, lim, out, err);
+}
+
+mml_status mml_pq_open_mapped(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
+                              const char *const *columns, const char *const *map,
+                              const mml_pq_limits *lim, mml_pq_file **out, mml_err *err) {
   *out = NULL;
   mml_pq_file *f = calloc(1, sizeof *f);
   if (!f || !(f->name = strdup(name))) {
     free(f);
     return mml_err_set(err, MML_ENOMEM, "out of memory");
   }
-  f->size = size, f->read = read, f->ctx = ctx, f->err = err;
+  f->size = size, f->read = read, f->ctx = ctx, f->err = err, f->columns = columns;
+  f->map = map;
   if (lim) f->lim = *lim;
   if (f->lim.max_chunk_bytes <= 0) f->lim.max_chunk_bytes = (int64_t)256 << 20;
   mml_status st = read_footer(f);
-  if (!st) st = build_tree(f, columns);
-  if (!st) st = check_groups(f);
-  if (!st && !(f->cols = calloc((size_t)f->nleaves + 1, sizeof *f->cols)))
-    st = mml_err_set(err, MML_ENOMEM, "out of memory");
-  if (!st && !(f->chunks = calloc((size_t)f->nleaves + 1, sizeof *f->chunks)))
-    st = mml_err_set(err, MML_ENOMEM, "out of memory");
+  if (!st) st = parse_footer(f);
+  if (st) {
+    mml_pq_close(f);
+    return st;
+  }
+  *out = f;
+  return MML_OK;
+}
+
+mml_status mml_pq_clone(const mml_pq_file *src, mml_pq_read_fn read, void *ctx, mml_pq_file **out,
+                        mml_err *err) {
+  *out = NULL;
+  mml_pq_file *f = calloc(1, sizeof *f);
+  if (!f || !(f->name = strdup(src->name)) ||
+      mml_bytes_append(&f->footer, src->footer.data, src->footer.len)) {
+    mml_pq_close(f);
+    return mml_err_set(err, MML_ENOMEM, "out of memory");
+  }
+  f->size = src->size, f->read = read, f->ctx = ctx, f->err = err, f->columns = src->columns;
+  f->map = src->map;
+  f->lim = src->lim;
+  mml_status st = parse_footer(f);
   if (st) {
     mml_pq_close(f);
     return st;
@@ -238,6 +313,8 @@ void mml_pq_close(mml_pq_file *f) {
   free(f->chunks);
   free(f->leaves);
   free(f->leaf_sel);
+  free(f->group_first);
+  mml_bytes_free(&f->footer);
   free_node(&f->root);
   pq_meta_free(&f->meta);
   mml_bytes_free(&f->json);
@@ -250,6 +327,19 @@ void mml_pq_close(mml_pq_file *f) {
 
 int mml_pq_row_groups(const mml_pq_file *f) { return f->meta.ngroups; }
 int64_t mml_pq_rows(const mml_pq_file *f) { return f->meta.num_rows; }
+int64_t mml_pq_row_group_first(const mml_pq_file *f, int g) { return f->group_first[g]; }
+
+int mml_pq_row_group_of(const mml_pq_file *f, int64_t row) {
+  int lo = 0, hi = f->meta.ngroups - 1; /* the last group starting at or before row */
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (f->group_first[mid] <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
 
 void mml_pq_row_key(int g, int64_t row, char *out, size_t cap) {
   snprintf(out, cap, "row group %d, row %lld", g, (long long)row);

@@ -95,6 +95,11 @@ mml_status pq_column_decode(const pq_chunk_meta *cm, const uint8_t *chunk, size_
                             int64_t max_bytes, pq_column *c, mml_err *err);
 void pq_column_free(pq_column *c);
 
+/* Checks a column chunk's metadata against the schema and the file (codec, type, byte
+ * range within the file before its footer and within max_chunk_bytes, value count):
+ * parquet_rows.c, called for every chunk when the file is opened. */
+mml_status pq_check_chunk(const mml_pq_file *f, int g, int k, mml_err *err);
+
 /* ---- the file and its schema tree (parquet_file.c; rows: parquet_rows.c) ---- */
 
 enum { K_LEAF, K_STRUCT, K_LIST, K_IMAGE };
@@ -103,11 +108,12 @@ typedef struct pq_node {
   const pq_schema_el *el;
   struct pq_node *child; /* nchild nodes */
   int nchild, kind, def, rep;
-  int leaf;     /* K_LEAF: its column index */
-  int first;    /* its first leaf column */
-  int nleaves;  /* leaf columns under it */
-  int string;   /* K_LEAF BYTE_ARRAY: a string (else binary) */
-  int selected; /* top-level field to read (and everything under it) */
+  int leaf;       /* K_LEAF: its column index */
+  int first;      /* its first leaf column */
+  int nleaves;    /* leaf columns under it */
+  int string;     /* K_LEAF BYTE_ARRAY: a string (else binary) */
+  int selected;   /* top-level field to read (and everything under it) */
+  const char *as; /* top-level: its key in the record (its name, or the map's) */
 } pq_node;
 
 struct mml_pq_file {
@@ -116,6 +122,10 @@ struct mml_pq_file {
   mml_pq_read_fn read;
   void *ctx;
   mml_pq_limits lim;
+  const char *const *columns; /* as opened (the caller's, outliving the file) */
+  const char *const *map;     /* column -> name pairs, or NULL (mml_pq_open_mapped) */
+  mml_bytes footer;           /* the FileMetaData's bytes (mml_pq_clone parses them again) */
+  int64_t *group_first;       /* ngroups + 1: the file's row number each row group starts at */
   pq_meta meta;
   pq_node root;
   int nleaves;

@@ -5,7 +5,9 @@
  *
  * Invariants:
  *   1. Only the column chunks of read fields are read, one read each, each within the
- *      file (before its footer) and max_chunk_bytes.
+ *      file (before its footer) and max_chunk_bytes, with a supported codec: checked for
+ *      every row group when the file is opened (pq_check_chunk), so a file whose metadata
+ *      is wrong is refused before any row is read.
  *   2. Each emit consumes at least one entry of every leaf column under the node it
  *      emits, and checks every cursor before reading: assembly ends.
  *   3. The row group is good only if every read column is consumed exactly.
@@ -42,6 +44,14 @@ void mml_pq_row_group_range(const mml_pq_file *f, int g, int64_t *off, int64_t *
   *len = hi > *off ? hi - *off : 0;
 }
 
+int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g) {
+  int64_t n = 0;
+  for (int k = 0; k < f->nleaves; k++)
+    if (f->leaf_sel[k] && f->meta.groups[g].cols[k].total_uncompressed > 0)
+      n += f->meta.groups[g].cols[k].total_uncompressed;
+  return n;
+}
+
 static void release(mml_pq_file *f) {
   for (int k = 0; k < f->nleaves; k++) {
     pq_column_free(&f->cols[k]);
@@ -58,7 +68,7 @@ static const char *col_name(const pq_chunk_meta *cm, const char *leaf, char *out
   return n ? out : leaf;
 }
 
-static mml_status load_column(mml_pq_file *f, int g, int k) {
+mml_status pq_check_chunk(const mml_pq_file *f, int g, int k, mml_err *err) {
   const pq_chunk_meta *cm = &f->meta.groups[g].cols[k];
   const pq_node *leaf = f->leaves[k];
   char cname[256];
@@ -67,23 +77,42 @@ static mml_status load_column(mml_pq_file *f, int g, int k) {
   chunk_range(cm, &off, &len);
   if (cm->type != leaf->el->type || cm->npath < 1 || !cm->path[cm->npath - 1] ||
       strcmp(cm->path[cm->npath - 1], leaf->el->name))
-    return mml_err_set(f->err, MML_ERECORD,
+    return mml_err_set(err, MML_ERECORD,
                        "%s: row group %d, column %s: its metadata does not match the schema",
                        f->name, g, name);
   if (off < 4 || len < 0 || len > f->lim.max_chunk_bytes || off > f->size - 8 - len ||
       cm->num_values < 0 || cm->num_values > f->lim.max_chunk_bytes / 16)
-    return mml_err_set(f->err, MML_ERECORD,
+    return mml_err_set(err, MML_ERECORD,
                        "%s: row group %d, column %s: its column chunk (%lld bytes at byte %lld, "
                        "%lld values) lies outside the file or above max_object_bytes=%lld",
                        f->name, g, name, (long long)len, (long long)off, (long long)cm->num_values,
                        (long long)f->lim.max_chunk_bytes);
-  mml_status st = f->read(f->ctx, off, len, &f->chunks[k], f->err);
+  if (cm->codec != PQ_UNCOMPRESSED && cm->codec != PQ_SNAPPY && cm->codec != PQ_GZIP &&
+      cm->codec != PQ_ZSTD)
+    return mml_err_set(err, MML_ERECORD,
+                       "%s: row group %d, column %s: compression codec %d is not supported "
+                       "(uncompressed, snappy, gzip and zstd are)",
+                       f->name, g, name, cm->codec);
+  return MML_OK;
+}
+
+static mml_status load_column(mml_pq_file *f, int g, int k) {
+  const pq_chunk_meta *cm = &f->meta.groups[g].cols[k];
+  const pq_node *leaf = f->leaves[k];
+  int64_t off, len;
+  chunk_range(cm, &off, &len);
+  mml_status st = pq_check_chunk(f, g, k, f->err); /* (checked at open too: invariant 1) */
+  if (!st) st = f->read(f->ctx, off, len, &f->chunks[k], f->err);
   if (st) return st;
   pq_column *c = &f->cols[k];
   c->max_def = leaf->def, c->max_rep = leaf->rep, c->type = leaf->el->type;
   st = pq_column_decode(cm, f->chunks[k].data, f->chunks[k].len, off, f->lim.max_chunk_bytes, c,
                         f->err);
-  if (st) mml_err_prefix(f->err, "%s: row group %d, column %s", f->name, g, name);
+  if (st) {
+    char cname[256];
+    mml_err_prefix(f->err, "%s: row group %d, column %s", f->name, g,
+                   col_name(cm, leaf->el->name, cname, sizeof cname));
+  }
   return st;
 }
 
@@ -227,7 +256,8 @@ static mml_status emit_list(mml_pq_file *f, const pq_node *n) {
 }
 
 static mml_status emit_field(mml_pq_file *f, const pq_node *n) {
-  mml_status st = put_string(f, (const uint8_t *)n->el->name, strlen(n->el->name));
+  const char *key = n->as ? n->as : n->el->name;
+  mml_status st = put_string(f, (const uint8_t *)key, strlen(key));
   if (!st) st = put(f, ":", 1);
   if (st) return st;
   return n->el->repetition == PQ_REPEATED ? emit_repeated(f, n, 1) : emit_value(f, n);
@@ -310,8 +340,7 @@ mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *
   f->err = err;
   if (g < 0 || g >= f->meta.ngroups)
     return mml_err_set(err, MML_EINTERNAL, "%s: no row group %d", f->name, g);
-  int64_t row0 = 0;
-  for (int i = 0; i < g; i++) row0 += f->meta.groups[i].num_rows;
+  int64_t row0 = f->group_first[g];
   mml_status st = MML_OK;
   for (int k = 0; !st && k < f->nleaves; k++) {
     if (!f->leaf_sel[k]) continue;

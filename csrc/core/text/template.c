@@ -170,7 +170,10 @@ mml_status mml_template_set_qwen_finetune(mml_template *t, const mml_qft_opts *o
                        "recipe=\"qwen-vl-finetune\" labels by Qwen's fixed token ids 77091 "
                        "(\"assistant\") and 151645 (<|im_end|>): this tokenizer's differ (a "
                        "Qwen2/2.5/3-VL tokenizer is needed)");
+  if (o->video_min_frames < 0 || o->video_max_frames < 0)
+    return mml_err_set(err, MML_ECONFIG, "video_min_frames and video_max_frames must be >= 1");
   t->space = MML_IMAGE_SPACE_STRIP;
+  t->video_form = MML_QWEN3_VIDEO_BARE; /* 4.: its apply_chat_template's form */
   t->qft = *o;
   t->qft_on = 1;
   return MML_OK;

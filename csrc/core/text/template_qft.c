@@ -5,7 +5,7 @@
  *
  * Mirrors QwenLM/Qwen3-VL qwen-vl-finetune/qwenvl/data/data_processor.py (96588727):
  *   1. mml_qft_check_record: only user and assistant turns, images only in user turns,
- *      no top-level system/tools, no video (the message names the message and why);
+ *      no top-level system/tools, videos as files only (the message names why);
  *   2. labels come from the ids alone, as preprocess_qwen_visual's scan: at each
  *      assistant_id (pos), the tokens [pos + 2, end + 2) are labelled, end being the next
  *      im_end_id; the scan resumes after end (its `pos = ans_end; pos += 1`); no im_end
@@ -20,11 +20,12 @@
 #include "mml/template.h"
 
 mml_status mml_qft_check_record(const mml_record *rec, mml_err *err) {
-  if (rec->nvideos > 0)
-    return mml_err_set(err, MML_EUNSUPPORTED,
-                       "recipe=\"qwen-vl-finetune\": its video path is not reproduced (the "
-                       "record has %d video(s))",
-                       rec->nvideos);
+  for (int i = 0; i < rec->nvideos; i++)
+    if (!rec->videos[i].ref)
+      return mml_err_set(err, MML_EUNSUPPORTED,
+                         "recipe=\"qwen-vl-finetune\": video %d is a frame list; Qwen's code "
+                         "reads video files (its path for frame lists is not reproduced)",
+                         i);
   if (rec->system || rec->tools)
     return mml_err_set(err, MML_ERECORD,
                        "bad record: recipe=\"qwen-vl-finetune\" reads no top-level \"%s\" (Qwen's "

@@ -586,11 +586,51 @@ static mml_status lf_plan_file(const mml_vision_cfg *cfg, const mml_video_info *
   return MML_OK;
 }
 
+/* recipe="qwen-vl-finetune": the frames its apply_chat_template reads (transformers'
+ * torchvision read_video: every decoded frame at the stream's average rate), sampled as
+ * the checkpoint's video processor samples them (mml_qft_video_indices), the last one
+ * repeated to an even count, resized by the processor alone (native uint8, as lf). */
+static mml_status qft_plan_file(const mml_vision_cfg *cfg, const mml_video_info *info,
+                                mml_video_plan *p, double *ts, mml_err *err) {
+  const int qwen3 = cfg->video_family == MML_VIDEO_QWEN3;
+  int64_t n;
+  mml_status st =
+      mml_qft_video_indices(qwen3, info->nframes, info->fps, cfg->qft_video_fps,
+                            cfg->qft_video_min_frames, cfg->qft_video_max_frames, &n, NULL, err);
+  if (st) return st;
+  p->file = p->qft = 1;
+  p->smp = (mml_video_sampling){0, info->nframes - 1, info->nframes, n, 0};
+  p->src_w = p->list_w = p->qvu_w = info->width;
+  p->src_h = p->list_h = p->qvu_h = info->height;
+  p->listed = n;
+  p->nframes = n + (n & 1); /* the processor repeats the last frame to an even count */
+  p->probe_nframes = info->nframes;
+  p->probe_fps = info->fps;
+  p->fps = info->fps;
+  /* its own second_per_grid_ts (LazySupervisedDataset._get_item): temporal_patch_size /
+   * the video processor's fps, whatever frames were kept */
+  p->sample_fps = cfg->qft_video_fps;
+  if ((st = plan_finish(cfg, p, err))) return st;
+  p->src_pixels = n * (int64_t)p->src_w * p->src_h;
+  if (ts && qwen3) { /* Qwen3VLProcessor._calculate_timestamps(frames_indices, fps) */
+    int64_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                         (long long)n);
+    (void)mml_qft_video_indices(qwen3, info->nframes, info->fps, cfg->qft_video_fps,
+                                cfg->qft_video_min_frames, cfg->qft_video_max_frames, &n, idx, err);
+    mml_video_timestamps(idx, n, info->fps, cfg->temporal_patch_size, ts);
+    free(idx);
+  }
+  return MML_OK;
+}
+
 mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *keys,
                                const mml_video_info *info, mml_video_plan *p, double *ts,
                                mml_err *err) {
   memset(p, 0, sizeof *p);
   if (cfg->lf) return lf_plan_file(cfg, info, p, ts, err);
+  if (cfg->qft) return qft_plan_file(cfg, info, p, ts, err);
   p->file = 1;
   mml_status st = mml_video_sample(keys, info->nframes, info->fps, &p->smp, err);
   if (st == MML_ERECORD && info->nframes > 0 && info->fps > 0 && keys_sane(keys)) {
@@ -688,7 +728,7 @@ static mml_status on_frame(void *ctx, const mml_video_frame *f, mml_err *err) {
   if (f->width != c->p->src_w || f->height != c->p->src_h)
     return mml_err_set(err, MML_EVIDEOCORRUPT, "frame %lld is %dx%d, the stream's is %dx%d",
                        (long long)f->index, f->width, f->height, c->p->src_w, c->p->src_h);
-  if (c->p->lf) return lf_frame(c, f, err);
+  if (c->p->lf || c->p->qft) return lf_frame(c, f, err);
   return frame_tail(c->cfg, c->s, c->p, f->rgb, f->stride, f->k, c->out, err);
 }
 
@@ -704,8 +744,8 @@ mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *
                        "(planned: %lld at %g, %dx%d)",
                        (long long)info.nframes, info.fps, info.width, info.height,
                        (long long)p->probe_nframes, p->probe_fps, p->src_w, p->src_h);
-  const int64_t n = p->smp.n; /* decoded; recipe llama-factory pads to nframes after */
-  if ((p->lf ? p->nframes != n + (n & 1) : p->nframes != n) || p->nframes > INT_MAX)
+  const int64_t n = p->smp.n; /* decoded; the recipes pad to nframes after */
+  if ((p->lf || p->qft ? p->nframes != n + (n & 1) : p->nframes != n) || p->nframes > INT_MAX)
     return mml_err_set(err, MML_EINTERNAL, "video plan: %lld frames for %lld kept",
                        (long long)p->nframes, (long long)p->smp.n);
   if ((st = planes_fit(s, p, err))) return st;
@@ -713,10 +753,22 @@ mml_status mml_video_process_file(const mml_vision_cfg *cfg, mml_video_scratch *
   if (!idx)
     return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
                        (long long)n);
+  int64_t m = n;
   if (p->lf)
     mml_lf_video_indices(p->smp.count, n, idx);
+  else if (p->qft)
+    st = mml_qft_video_indices(cfg->video_family == MML_VIDEO_QWEN3, p->smp.count, info.fps,
+                               cfg->qft_video_fps, cfg->qft_video_min_frames,
+                               cfg->qft_video_max_frames, &m, idx, err);
   else
     mml_video_indices(&p->smp, idx);
+  if (!st && m != n)
+    st = mml_err_set(err, MML_EINTERNAL, "video plan: %lld frames kept, %lld planned", (long long)m,
+                     (long long)n);
+  if (st) {
+    free(idx);
+    return st;
+  }
   file_ctx c = {cfg, s, p, out};
   st = mml_video_decode(v, idx, (int)n, on_frame, &c, err);
   free(idx);

@@ -180,6 +180,36 @@ void mml_video_timestamps(const int64_t *idx, int64_t n, double fps, int t, doub
   }
 }
 
+/* ---------------------------------------------------------------- qwen-vl-finetune */
+
+mml_status mml_qft_video_indices(int qwen3, int64_t total, double src_fps, double fps,
+                                 int64_t min_frames, int64_t max_frames, int64_t *n, int64_t *idx,
+                                 mml_err *err) {
+  if (total < 1 || (qwen3 && !(src_fps > 0)))
+    return mml_err_set(err, MML_EVIDEO,
+                       "recipe=\"qwen-vl-finetune\": the video decodes to %lld frames at %g fps; "
+                       "its processor's sampling of such a video is not reproduced",
+                       (long long)total, src_fps);
+  if (!qwen3) {
+    *n = total;
+    if (idx)
+      for (int64_t i = 0; i < total; i++) idx[i] = i;
+    return MML_OK;
+  }
+  const double want = (double)total / src_fps * fps; /* int(): toward zero */
+  int64_t k = want >= 9e18 ? INT64_MAX : (int64_t)want;
+  if (k < min_frames) k = min_frames;
+  if (k > max_frames) k = max_frames;
+  if (k > total) k = total;
+  *n = k;
+  if (idx) { /* numpy's linspace: i * step, the last set to stop; then round half to even */
+    const double stop = (double)(total - 1), step = k > 1 ? stop / (double)(k - 1) : 0;
+    for (int64_t i = 0; i < k; i++) idx[i] = (int64_t)nearbyint((double)i * step);
+    if (k > 1) idx[k - 1] = total - 1;
+  }
+  return MML_OK;
+}
+
 /* ---------------------------------------------------------------- LLaMA-Factory */
 
 mml_status mml_lf_video_count(int64_t total_frames, double duration, double fps, int64_t maxlen,

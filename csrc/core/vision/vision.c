@@ -127,6 +127,16 @@ mml_status mml_vision_cfg_check(const mml_vision_cfg *cfg, mml_err *err) {
   if (cfg->pixel_format < MML_PIXEL_FLOAT32 || cfg->pixel_format > MML_PIXEL_UINT8)
     return mml_err_set(err, MML_ECONFIG, "pixel_format %d is not float32, bfloat16 or uint8",
                        cfg->pixel_format);
+  if (cfg->qft && (!(cfg->qft_video_fps > 0) || cfg->qft_video_min_frames < 1 ||
+                   cfg->qft_video_max_frames < cfg->qft_video_min_frames ||
+                   cfg->video_min_pixels < 1 || cfg->video_max_pixels < cfg->video_min_pixels))
+    return mml_err_set(err, MML_ECONFIG,
+                       "recipe=\"qwen-vl-finetune\": need video_fps > 0, 1 <= video_min_frames "
+                       "<= video_max_frames and 1 <= video_min_pixels <= video_max_pixels (got "
+                       "%g, %lld, %lld, %lld, %lld)",
+                       cfg->qft_video_fps, (long long)cfg->qft_video_min_frames,
+                       (long long)cfg->qft_video_max_frames, (long long)cfg->video_min_pixels,
+                       (long long)cfg->video_max_pixels);
   return MML_OK;
 }
 

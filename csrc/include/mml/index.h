@@ -28,11 +28,14 @@
  *               none; a record's image reference names a member by full name, by what
  *               follows the key ("jpg", "0.png") or by file name.  Member data is
  *               range-read from the shard: nothing is unpacked.
- *   Parquet    a local file with PAR1 at its start and end (a URL: mml_index_add_parquet): its rows (the columns a
- *               record reads) become WebDataset-like groups in a spill file, "<key>.json"
- *               plus the blobs of its {bytes, path} structs, key "row group G, row R"
- *               (index_parquet.c, mml/parquet.h); the shard is then MML_LAYOUT_WDS with
- *               compression MML_COMPRESS_PARQUET.
+ *   Parquet    a local file with PAR1 at its start and end (a URL: mml_index_add_parquet):
+ *               only its footer is read (mml/parquet.h); a sample is a row, addressed as
+ *               (shard, row group, row): its offset is the file's row number and the
+ *               shard keeps the opened footer (shard.pq) for the row groups.  Rows are
+ *               decoded later, a row group at a time, by whoever reads them (the loader's
+ *               workers: loader_parquet.c); nothing is copied to $TMPDIR.  The shard is
+ *               MML_LAYOUT_WDS with compression MML_COMPRESS_PARQUET and no members:
+ *               a row's embedded blobs are found through its decoded row group.
  * Auto layout: a ".tar" name (also .tar.gz, .tgz, .tar.zst) or the ustar magic at byte
  * 257 means WebDataset; else the first non-blank character '[' means a JSON array,
  * anything else JSONL (many ".json" exports hold JSON lines).
@@ -77,7 +80,7 @@ typedef struct mml_member {
   uint32_t name, key_len; /* name offset in the pool; the key is its first key_len bytes */
 } mml_member;
 
-/* PARQUET: a Parquet file whose rows were decoded into the spill file (index_parquet.c) */
+/* PARQUET: a Parquet file read row group by row group (index_parquet.c) */
 typedef enum {
   MML_COMPRESS_NONE = 0,
   MML_COMPRESS_GZIP,
@@ -110,6 +113,8 @@ typedef struct mml_index_shard {
   int64_t nmembers, members_cap;
   char *names; /* NUL-terminated member names, back to back */
   size_t names_len, names_cap;
+  /* Parquet: the file's footer, opened (its row groups; clones read rows); owned */
+  mml_pq_file *pq;
 } mml_index_shard;
 
 /* The loader's defaults of the limits (options max_shard_bytes, max_shard_records). */
@@ -134,6 +139,10 @@ typedef struct mml_index {
   /* Builds stop with MML_ECANCELLED soon after it is set (checked per chunk of stored
    * and of decompressed bytes; NULL: never).  Not owned. */
   const mml_cancel *cancel;
+  /* Parquet shards added from now on read their columns under these names: pairs
+   * {column, name, ..., NULL} (mml_pq_open_mapped; NULL: their own).  Not owned; must
+   * outlive the shards. */
+  const char *const *pq_map;
 } mml_index;
 
 /* Streaming build of one shard, appended as the next shard.  begin, then feed the stored
@@ -150,7 +159,7 @@ void mml_index_abort(mml_index_builder *b);
 /* Indexes a local file (streamed in 1 MiB chunks). */
 mml_status mml_index_add_file(mml_index *ix, const char *path, mml_layout want, mml_err *err);
 /* Indexes a Parquet file of `size` bytes named `path` (local or a URL) read through
- * `read` (ranged reads: the footer, then one per column chunk; see "Parquet" above). */
+ * `read` (its footer only: two ranged reads; see "Parquet" above). */
 mml_status mml_index_add_parquet(mml_index *ix, const char *path, int64_t size, mml_pq_read_fn read,
                                  void *read_ctx, mml_err *err);
 /* Indexes a shard held in memory under the name `path`. */
@@ -160,7 +169,9 @@ void mml_index_free(mml_index *ix);
 
 /* Locates global sample i: its shard, byte range [*off, *off + *len) and *where: the
  * 1-based line (JSONL) or the 0-based element number (JSON array).  The range may hold
- * more than the record (blank lines; ',' between elements): mml_index_record_len cuts it. */
+ * more than the record (blank lines; ',' between elements): mml_index_record_len cuts it.
+ * A Parquet shard's sample: *off and *where are its row in the file, *len 0 (the row's
+ * size is known once its row group is decoded). */
 void mml_index_locate(const mml_index *ix, int64_t i, int *shard, int64_t *off, int64_t *len,
                       int64_t *where);
 /* The 1-based numbers of a JSONL shard's blank lines, expanded from its runs into *out
@@ -177,6 +188,10 @@ mml_status mml_index_read(const mml_index_shard *sh, int64_t off, int64_t len, m
                           mml_err *err);
 /* 1 when records of the shard are range-read from its URL (remote and not decompressed). */
 int mml_index_shard_remote(const mml_index_shard *sh);
+/* The shard's Parquet file when it is one (its rows are read through it), else NULL. */
+static inline const mml_pq_file *mml_index_shard_parquet(const mml_index_shard *sh) {
+  return sh->compression == MML_COMPRESS_PARQUET ? sh->pq : NULL;
+}
 /* "path:LINE" (JSONL) or "path[ELEMENT] (byte OFF)" (JSON array): how messages name a
  * sample; into out (cap bytes). */
 void mml_index_name_sample(const mml_index *ix, int shard, int64_t i, int64_t where, char *out,
@@ -190,6 +205,10 @@ int mml_index_member(const mml_index *ix, int shard, int64_t i, const char *ref,
 int mml_index_images(const mml_index *ix, int shard, int64_t i, const char **names, int max);
 /* The same for its video members (mp4, m4v, mov, mkv, webm, avi: video files). */
 int mml_index_videos(const mml_index *ix, int shard, int64_t i, const char **names, int max);
+/* Whether a member (or a Parquet blob) name is an image's / a video file's, by its
+ * extension (what mml_index_images / mml_index_videos list). */
+int mml_index_is_image_name(const char *name);
+int mml_index_is_video_name(const char *name);
 /* A hash of every shard's file name (not folder), size and sample count (fingerprints). */
 uint64_t mml_index_hash(const mml_index *ix);
 /* The same over shards [first, first + n) (a mixture source's). */

@@ -81,6 +81,7 @@ typedef struct mml_source_cfg {
   double weight, repeat; /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
   int64_t choose;
   const char *image_root;    /* NULL: each shard's own folder */
+  const char *columns;       /* Parquet: "column=key,..." a dataset's own column names; NULL */
   mml_vision_cfg vision;     /* patch, merge and temporal sizes must be the loader's */
   const char *system_prompt; /* NULL: the template's default system turn; "": none */
   mml_label_mode label_mode;
@@ -97,6 +98,7 @@ typedef struct mml_loader_cfg {
                              when `sources` is given */
   int ndata;
   const char *image_root; /* NULL: each shard's own folder */
+  const char *columns;    /* Parquet: "column=key,..." (mml_source_cfg.columns); NULL: none */
   int data_format;        /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
   const char *index;      /* dataset index (mml/dsindex.h): NULL: "<shard>.mmlidx" next to
                            each local shard when present; a folder or URL prefix
@@ -360,6 +362,12 @@ typedef struct mml_loader_stats {
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */
   mml_fetch_stats fetch;
+  int parquet;            /* a shard is a Parquet file; the pq_ fields are valid */
+  uint64_t pq_row_groups; /* row groups decoded (each once while it stays cached) */
+  uint64_t pq_bytes_read; /* column-chunk bytes read or fetched for them */
+  int64_t pq_cache_bytes; /* decoded row groups held now */
+  int64_t pq_cache_peak;  /* ... the most at one time */
+  int64_t pq_cache_room;  /* the cache's room (a quarter of max_memory, else 512 MiB) */
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
 /* mml_loader_get_stats and mml_loader_source_stats of sources 0..nsrc-1 into src[] as one

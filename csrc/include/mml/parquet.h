@@ -30,8 +30,10 @@
  * rows; Thrift structures nest at most MML_PQ_MAX_DEPTH deep; a malformed page or
  * footer is MML_ERECORD naming the byte offset.
  *
- * Threads: a mml_pq_file is read by one thread at a time; reads go through the
- * caller's read function (a local pread, a ranged GET), one column chunk at a time.
+ * Threads: a mml_pq_file is read by one thread at a time (mml_pq_clone gives each thread
+ * its own); its metadata functions (row groups, rows) may be called from any thread once
+ * it is open.  Reads go through the caller's read function (a local pread, a ranged GET),
+ * one column chunk at a time.
  */
 #ifndef MML_PARQUET_H
 #define MML_PARQUET_H
@@ -52,14 +54,37 @@ typedef struct mml_pq_limits {
 typedef struct mml_pq_file mml_pq_file;
 
 /* Parses the footer of a file of `size` bytes named `name` (for messages).  `columns`:
- * the top-level fields to read (NULL-terminated; NULL: all).  Fields not named are never
- * read. */
+ * the top-level fields to read (NULL-terminated; NULL: all; the caller's array, which
+ * must outlive the file and its clones).  Fields not named are never read.  Every read
+ * column chunk of every row group is checked from the footer here (its byte range within
+ * the file and max_chunk_bytes, its codec, its type against the schema): a file whose
+ * metadata is wrong is refused now, before any row is read. */
 mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
                        const char *const *columns, const mml_pq_limits *lim, mml_pq_file **out,
                        mml_err *err);
+/* The same, with a dataset's own column names: `map` holds pairs {column, name, ...,
+ * NULL} (the caller's, outliving the file): top-level column `column` is read as if it
+ * were called `name` (its key in the row's record; `columns` selects by that name), and a
+ * column whose own name is some pair's `name` is then not read.  A pair whose column is
+ * not in the file is refused (MML_ECONFIG naming it and the file's columns). */
+mml_status mml_pq_open_mapped(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
+                              const char *const *columns, const char *const *map,
+                              const mml_pq_limits *lim, mml_pq_file **out, mml_err *err);
+/* A second handle on the same file, reading through `read`/`ctx`: the footer kept by `src`
+ * parsed again (no read), so several threads can each read row groups through their own
+ * handle.  src is only read. */
+mml_status mml_pq_clone(const mml_pq_file *src, mml_pq_read_fn read, void *ctx, mml_pq_file **out,
+                        mml_err *err);
 void mml_pq_close(mml_pq_file *f);
 int mml_pq_row_groups(const mml_pq_file *f);
 int64_t mml_pq_rows(const mml_pq_file *f);
+/* The file's row number row group g starts at (g == row groups: the number of rows). */
+int64_t mml_pq_row_group_first(const mml_pq_file *f, int g);
+/* The decoded bytes of row group g's read column chunks, as the footer states them (a
+ * hint for sizing buffers: not checked). */
+int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g);
+/* The row group holding the file's row `row` (0 <= row < mml_pq_rows). */
+int mml_pq_row_group_of(const mml_pq_file *f, int64_t row);
 /* The byte range [*off, *off + *len) row group g's read columns occupy in the file. */
 void mml_pq_row_group_range(const mml_pq_file *f, int g, int64_t *off, int64_t *len);
 

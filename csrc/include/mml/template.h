@@ -155,8 +155,9 @@ mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o,
  *   1. only user and assistant turns ("human" / "gpt"): a system, tool, function_call or
  *      observation turn, a top-level "system" or "tools", an image in a non-user turn,
  *      are bad records (its code would read such a turn as the assistant's, ignore the
- *      fields, keep "<image>" in an answer as text); a video is MML_EUNSUPPORTED (its
- *      video path is not reproduced);
+ *      fields, keep "<image>" in an answer as text); a video given as a frame list is
+ *      MML_EUNSUPPORTED (its layout names video files; those are read as the video
+ *      processor reads them: mml_vision_cfg's qft fields, video/video_frames.c);
  *   2. labels as preprocess_qwen_visual sets them from the ids alone: at every token
  *      77091 ("assistant") the span from two tokens on up to the next 151645
  *      (<|im_end|>) and one token past it is labelled (its own id), whatever lies in it;
@@ -165,10 +166,18 @@ mml_status mml_template_set_llama_factory(mml_template *t, const mml_lf_opts *o,
  *      tokens, as its DataCollatorForSupervisedDataset cuts each padded row; a cut that
  *      removes any image or video token is MML_ETOOLONG (the model would refuse the
  *      sample: features and tokens would not match).
+ *   4. Qwen3-VL videos: the timestamped blocks replace the whole
+ *      <|vision_start|><|video_pad|><|vision_end|> (MML_QWEN3_VIDEO_BARE, what the
+ *      processor's apply_chat_template writes under its transformers 4.57 and 5.25).
  * The labels' fixed ids must be the tokenizer's "assistant" and <|im_end|> (MML_ECONFIG
  * otherwise), and the template's label mode MML_LABELS_ALL_ASSISTANT. */
 typedef struct mml_qft_opts {
   int64_t model_max_length; /* 0: no cut */
+  /* its DataArguments video_min_frames / video_max_frames (the Qwen3-VL video processor's
+   * frame bounds); video_fps, video_min_pixels and video_max_pixels are the rows the
+   * llama-factory recipe reads too (mml_lf_opts): the loader copies all five into the
+   * source's mml_vision_cfg (qft_video_*, video_min_pixels / video_max_pixels) */
+  int64_t video_min_frames, video_max_frames;
 } mml_qft_opts;
 
 /* Switches t to Qwen's fine-tuning data path (o: NULL switches it off); call before

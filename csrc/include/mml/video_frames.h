@@ -52,6 +52,9 @@ typedef struct mml_video_plan {
    * the last one repeated when odd (nframes = smp.n rounded up to even), and each frame's
    * Pillow pre-resizes (mml_lf_pre_sizes with video_max/min_pixels) to qvu_w x qvu_h */
   int lf;
+  /* recipe="qwen-vl-finetune" (cfg->qft): smp.n frames kept by mml_qft_video_indices, the
+   * last one repeated when odd, no pre-resize (lf_pre_n 0, qvu = src): then as lf */
+  int qft;
   int lf_pre_n;
   int lf_pre_w[MML_LF_PRE_MAX], lf_pre_h[MML_LF_PRE_MAX];
   int64_t probe_nframes;

@@ -81,6 +81,17 @@ void mml_video_timestamps(const int64_t *idx, int64_t n, double fps, int t, doub
  * (float64: i * step, the last exactly total_frames - 1) truncated to integers.
  * MML_EVIDEO when total_frames or duration is not positive (its stream has no frame count
  * or duration: not reproduced). */
+/* recipe="qwen-vl-finetune": the frames its processor's apply_chat_template keeps of a video
+ * file that torchvision's read_video decodes to `total` frames at `src_fps` (its
+ * average_rate).  Qwen2/2.5-VL (qwen3 = 0): the Qwen2-VL video processor samples nothing
+ * (do_sample_frames False): every frame, n = total.  Qwen3-VL: Qwen3VLVideoProcessor's
+ * sample_frames: n = min(max(int(total / src_fps * fps), min_frames), max_frames, total)
+ * at np.linspace(0, total - 1, n).round() (half to even).  idx (n entries) may be NULL.
+ * MML_EVIDEO when total < 1 or src_fps is not positive (Qwen3-VL). */
+mml_status mml_qft_video_indices(int qwen3, int64_t total, double src_fps, double fps,
+                                 int64_t min_frames, int64_t max_frames, int64_t *n, int64_t *idx,
+                                 mml_err *err);
+
 mml_status mml_lf_video_count(int64_t total_frames, double duration, double fps, int64_t maxlen,
                               int64_t *n, mml_err *err);
 void mml_lf_video_indices(int64_t total_frames, int64_t n, int64_t *idx);

@@ -46,6 +46,13 @@ typedef struct mml_vision_cfg {
    * every frame to within [lf_video_min_pixels, lf_video_max_pixels] */
   double lf_video_fps;
   int64_t lf_video_maxlen, lf_video_max_pixels, lf_video_min_pixels;
+  /* recipe="qwen-vl-finetune" (video_frames.c): video files as its processor's
+   * apply_chat_template reads them: every decoded frame, or (Qwen3-VL) the video
+   * processor's fps sampling within [qft_video_min_frames, qft_video_max_frames]; its
+   * video_min_pixels / video_max_pixels are video_min_pixels / video_max_pixels above */
+  int qft;
+  double qft_video_fps;
+  int64_t qft_video_min_frames, qft_video_max_frames;
 } mml_vision_cfg;
 
 /* Video families: Qwen2-VL (Qwen2VLVideoProcessor, plain M-RoPE), Qwen2.5-VL (the same

@@ -17,6 +17,10 @@ is reproduced, from torchvision 0.2x's sources:
     the version this shim reports so that transformers never decodes video through it).
 Everything else raises NotImplementedError."""
 
-__version__ = "0.26.0+mmloader.shim"  # >= 0.26: no video decoding, as transformers expects
+import os as _os  # noqa: E402
+
+# >= 0.26: no video decoding, as transformers expects; MMLOADER_TVSHIM_VERSION=0.25.0 makes
+# transformers 5 fall back to read_video when it has no torchcodec (io.py reproduces it)
+__version__ = _os.environ.get("MMLOADER_TVSHIM_VERSION", "0.26.0") + "+mmloader.shim"
 
 from . import io, transforms  # noqa: E402,F401
