@@ -49,11 +49,11 @@ typedef struct pq_entry {
   int shard, g, state, refs, keep_failed;
   uint64_t used; /* LRU tick */
   int64_t row0, nrows;
-  mml_bytes data;     /* per row: its JSON (NUL), then its blobs' names (NUL) and bytes */
-  size_t *json;       /* nrows: offset of the row's JSON; its length in json_len */
-  size_t *json_len;   /* nrows */
-  int64_t *blob0;     /* nrows + 1: the row's first blob in blobs */
-  pq_blob_at *blobs;  /* nblobs */
+  mml_bytes data;    /* per row: its JSON (NUL), then its blobs' names (NUL) and bytes */
+  size_t *json;      /* nrows: offset of the row's JSON; its length in json_len */
+  size_t *json_len;  /* nrows */
+  int64_t *blob0;    /* nrows + 1: the row's first blob in blobs */
+  pq_blob_at *blobs; /* nblobs */
   int64_t nblobs, blobs_cap, rows_done;
   mml_status st;
   mml_err err;
@@ -122,7 +122,8 @@ static mml_status read_range(void *ctx, int64_t off, int64_t len, mml_bytes *out
       if (n <= 0)
         return mml_err_set(err, n < 0 ? MML_EIO : MML_ERECORD,
                            "data shard %s: reading %lld bytes at byte %lld: %s", path,
-                           (long long)len, (long long)off, n < 0 ? strerror(errno) : "the file ends");
+                           (long long)len, (long long)off,
+                           n < 0 ? strerror(errno) : "the file ends");
       got += (size_t)n;
     }
     out->len = got;
@@ -449,8 +450,7 @@ int ld_pq_row_member(const ld_pq_row *r, const char *ref, const uint8_t **data, 
   return 0;
 }
 
-int ld_pq_row_names(const ld_pq_row *r, int (*is_kind)(const char *), const char **names,
-                    int max) {
+int ld_pq_row_names(const ld_pq_row *r, int (*is_kind)(const char *), const char **names, int max) {
   int n = 0;
   for (int k = 0; r->shard >= 0 && k < r->n; k++) {
     const char *name = (const char *)r->buf.data + r->blob[k].name;
