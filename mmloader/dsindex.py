@@ -152,6 +152,7 @@ LOADER_FLAGS = (
     "min_pixels",
     "max_pixels",
     "image_root",
+    "columns",
     "image_route",
     "system_prompt",
     "data_format",

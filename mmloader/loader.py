@@ -21,6 +21,7 @@ from typing import (
     Dict,
     Iterator,
     List,
+    Mapping,
     Optional,
     Sequence,
     Tuple,
@@ -124,6 +125,21 @@ def _expand_data(data: Union[PathLike, Sequence[PathLike]]) -> List[str]:
     return out
 
 
+def _columns(name: str, v: Any) -> Optional[str]:
+    """`columns` as the engine takes it: ``"column=key,..."`` from a ``{column: key}``
+    mapping (or that string as given); None stays None."""
+    if v is None or isinstance(v, str):
+        return v
+    if not isinstance(v, Mapping) or not v:
+        raise ConfigError(f"{name} must be a non-empty {{column: key}} mapping or None, got {v!r}")
+    for k, key in v.items():
+        if not isinstance(k, str) or not isinstance(key, str) or not k or not key:
+            raise ConfigError(f"{name}: column names and keys must be strings, got {k!r}: {key!r}")
+        if any(c in k + key for c in ",="):
+            raise ConfigError(f"{name}: {k!r}: {key!r} holds ',' or '='")
+    return ",".join(f"{k}={key}" for k, key in v.items())
+
+
 def _check_system_prompt(name: str, v: Any) -> None:
     if v is None:
         return
@@ -188,6 +204,7 @@ def _resolve_source(
         raise ConfigError(f"{where}: image_root must be a path or URL prefix")
     return dict(
         name=src.name,
+        columns=_columns(f"{where}: columns", ov.get("columns", base["columns"])),
         data=shards,
         weight=-1.0 if src.weight is None else float(src.weight),
         repeat=-1.0 if src.repeat is None else float(src.repeat),
@@ -438,7 +455,7 @@ _UNTABLED_DOCS = {
         "compressed shard is decompressed once into a temporary file in ``$TMPDIR`` while it "
         "is indexed).  Or a mixture: a list of :class:`mmloader.Source` (or dicts with the "
         "same fields), or the path of a YAML/JSON mixture file (see :mod:`mmloader.mixture`).  "
-        "Each source may override image_root, min_pixels, max_pixels, max_image_pixels, "
+        "Each source may override image_root, columns, min_pixels, max_pixels, max_image_pixels, "
         "image_route, image_whitespace, system_prompt, label_mode and max_length for its "
         "samples (an image entry's own min_pixels/max_pixels/resized_height/resized_width win "
         "over both).",
@@ -530,6 +547,7 @@ class Loader:
         data_format: str = _D["data_format"],
         index: Union[None, bool, PathLike] = _D["index"],
         image_root: Optional[PathLike] = _D["image_root"],
+        columns: Union[None, str, Mapping[str, str]] = _D["columns"],
         micro_batch_size: Optional[int] = _D["micro_batch_size"],
         seq_length: Optional[int] = _D["seq_length"],
         shuffle: bool = _D["shuffle"],
@@ -653,6 +671,7 @@ class Loader:
         opts["dp_rank"], opts["dp_size"] = dp_rank, dp_size = resolve_dp(dp_rank, dp_size)
         if image_root is not None:
             opts["image_root"] = os.fspath(image_root)
+        opts["columns"] = _columns("columns", columns)
         if index is False:
             opts["index"] = ""  # never read one
         elif index is True:
@@ -707,6 +726,7 @@ class Loader:
         if mix is not None:
             base = dict(
                 image_root=image_root,
+                columns=opts["columns"],
                 system_prompt=system_prompt,
                 image_whitespace=image_whitespace,
                 label_mode=label_mode,

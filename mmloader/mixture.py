@@ -29,6 +29,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: Loader settings a source may override (its samples use the source's value).
 SOURCE_OVERRIDES = (
     "image_root",
+    "columns",
     "min_pixels",
     "max_pixels",
     "max_image_pixels",
@@ -65,7 +66,7 @@ class Source:
             (up-sampling above 1, down-sampling below).
         choose: a fixed count of exactly this many samples per epoch.
         name: how stats, messages and the state name the source (default: ``data``).
-        **overrides: Loader settings for this source's samples: image_root, min_pixels,
+        **overrides: Loader settings for this source's samples: image_root, columns, min_pixels,
             max_pixels, max_image_pixels, image_route, image_whitespace, system_prompt,
             label_mode, max_length, recipe and its settings (cutoff_len, mask_history,
             train_on_prompt, enable_thinking, image_max_pixels, image_min_pixels, video_fps,

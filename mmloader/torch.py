@@ -358,6 +358,7 @@ class Loader:
         data_format: str = DEFAULTS["data_format"],
         index: Union[None, bool, PathLike] = DEFAULTS["index"],
         image_root: Optional[PathLike] = DEFAULTS["image_root"],
+        columns: Union[None, str, Mapping[str, str]] = DEFAULTS["columns"],
         micro_batch_size: Optional[int] = DEFAULTS["micro_batch_size"],
         seq_length: Optional[int] = DEFAULTS["seq_length"],
         shuffle: bool = DEFAULTS["shuffle"],

@@ -82,7 +82,14 @@ def test_pages_exist_and_the_readme_is_short():
     names = {os.path.basename(p) for p in PAGES}
     for need in ("data.md", "mixtures.md", "pixels.md", "remote.md", "benchmarks.md"):
         assert need in names
-    assert len(open(PAGES[0], encoding="utf-8").read().split("\n")) <= 220
+    assert len(open(PAGES[0], encoding="utf-8").read().split("\n")) <= 200
+
+
+def test_the_readme_links_every_page():
+    readme = open(PAGES[0], encoding="utf-8").read()
+    linked = {os.path.normpath(t.split("#", 1)[0]) for t in _LINK.findall(readme)}
+    pages = {os.path.relpath(p, ROOT) for p in PAGES[1:]}
+    assert pages - linked == set(), "docs/ pages the README does not link"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
@@ -158,6 +165,26 @@ def test_python_blocks_compile_and_use_options_that_exist(block):
             if kw.arg is not None and kw.arg not in api[name]:
                 bad.append(f"{name}({kw.arg}=...)")
     assert bad == [], f"{block.where()}: options that do not exist: {bad}"
+
+
+# Module names a page's blocks use only after one of them (this one or one above) imports them
+MODULES = {"mmloader", "mml", "torch", "ray", "np", "numpy", "transformers"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_python_blocks_import_the_modules_they_use(page):
+    bound: Set[str] = set()
+    bad = []
+    for b in blocks(page):
+        if b.lang != "python":
+            continue
+        tree = ast.parse(b.code)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in MODULES}
+        bad += [f"{b.where()}: {name}" for name in sorted(used - bound)]
+    assert bad == [], f"used before any block of the page imports it: {bad}"
 
 
 def _cli_flags(sub: str) -> Set[str]:

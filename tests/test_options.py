@@ -83,6 +83,11 @@ def test_loader_docstring_is_generated_from_the_table():
 PY_DEFAULT_OK = {
     ("mmloader/datagen.py", "make_dataset", "seed"),  # the generator's own seed, not a Loader's
     ("mmloader/loader.py", "__init__", "device"),  # untabled: the "cuda:N" string
+    # transformers' smart_resize, reproduced with its signature: its defaults, not a Loader's
+    ("mmloader/vision.py", "smart_resize", "min_pixels"),
+    ("mmloader/vision.py", "smart_resize", "max_pixels"),
+    # Bridge's dataset field: Megatron's RNGConfig seed (1234), the seed its recipes train with
+    ("mmloader/megatron/bridge.py", "MMLoaderDataset", "seed"),
 }
 C_DEFAULT_OK = {
     # a pool's own field (another struct), not the configuration's
@@ -112,26 +117,40 @@ def _rel(f):
     return os.path.relpath(f, ROOT)
 
 
+def _literal(node) -> bool:
+    """A value written out: a constant other than None, or arithmetic of constants (56 * 56)."""
+    if isinstance(node, ast.Constant):
+        return node.value is not None
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _literal(node.left) and _literal(node.right)
+    return False
+
+
 def test_python_spells_no_option_default_or_flag():
-    """No function of mmloader gives a table option a literal default, and no command line
-    declares an option's flag by hand (mmloader/_options.py builds them from the table)."""
+    """No function or class (a dataclass's fields) of mmloader gives a table option a literal
+    default, and no command line declares an option's flag by hand (mmloader/_options.py
+    builds them from the table)."""
     found = []
     for f in _py_files():
         rel = _rel(f)
         for node in ast.walk(ast.parse(open(f).read())):
+            pairs = []
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
                 pos = a.posonlyargs + a.args
-                pairs = list(zip(pos[len(pos) - len(a.defaults) :], a.defaults))
-                pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-                for arg, d in pairs:
-                    if (
-                        arg.arg in OPTIONS
-                        and isinstance(d, ast.Constant)
-                        and d.value is not None
-                        and (rel, node.name, arg.arg) not in PY_DEFAULT_OK
-                    ):
-                        found.append(f"{rel}: {node.name}({arg.arg}={d.value!r})")
+                pairs = [(x.arg, d) for x, d in zip(pos[len(pos) - len(a.defaults) :], a.defaults)]
+                pairs += [(x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            if isinstance(node, ast.ClassDef):
+                pairs = [
+                    (x.target.id, x.value)
+                    for x in node.body
+                    if isinstance(x, ast.AnnAssign) and isinstance(x.target, ast.Name) and x.value
+                ]
+            for name, d in pairs:
+                if name in OPTIONS and _literal(d) and (rel, node.name, name) not in PY_DEFAULT_OK:
+                    found.append(f"{rel}: {node.name}({name}={ast.unparse(d)})")
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
                 for x in node.args:
                     if isinstance(x, ast.Constant) and isinstance(x.value, str):
@@ -191,6 +210,9 @@ def test_the_scans_find_what_they_look_for():
     tree = ast.parse("def f(seq_length=4): pass\nap.add_argument('--seq-length')")
     fn, call = tree.body[0], tree.body[1].value
     assert fn.args.defaults[0].value == 4 and call.args[0].value == "--seq-length"
+    field = ast.parse("class C:\n    max_pixels: int = 28 * 28 * 1280").body[0].body[0]
+    assert isinstance(field, ast.AnnAssign) and _literal(field.value)
+    assert not _literal(ast.parse("DEFAULTS['preset']").body[0].value)
 
 
 def test_command_lines_take_the_tables_flags():

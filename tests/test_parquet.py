@@ -453,3 +453,221 @@ def test_rows_decoded_per_row_group_in_the_workers(tmp_path, fault_server):
         spans = [str(e[3])[6:].split("-") for e in srv.log if e[1] == "GET"]
     assert spans and all(len(s) == 2 for s in spans), srv.log
     assert sum(int(b) - int(a) + 1 for a, b in spans) < size // 2, (spans, size)
+
+
+def test_columns_map_a_datasets_own_names_per_source(ref, tmp_path):
+    """`columns` (one option-table row, also per source): a dataset's own column names
+    read as the record keys they stand for; a column named like a mapped key is then not
+    read; bad mappings fail at construction naming what is wrong."""
+    items, want, tmp = ref
+    t = arrow_table(items)
+    own = pa.table(
+        {
+            "dialog": t.column("messages"),
+            "pics": t.column("images"),
+            # what a record would misread without the mapping: never read with it
+            "images": pa.array([["nowhere.jpg"]] * len(items), pa.list_(pa.string())),
+        }
+    )
+    p = str(tmp_path / "own.parquet")
+    pq.write_table(own, p, row_group_size=4)
+    cols = {"dialog": "messages", "pics": "images"}
+    same(want, epoch(p, columns=cols))
+    same(want, epoch(p, columns="dialog=messages,pics=images"))  # the command line's form
+    jsonl = os.path.join(tmp, "ref.jsonl")
+
+    def mix(first, **kw):
+        return [
+            mmloader.Source(first, weight=2.0, name="x", **kw),
+            mmloader.Source(jsonl, weight=1.0, name="y", image_root=tmp),
+        ]
+
+    same(
+        epoch(mix(jsonl, image_root=tmp), seed=1, shuffle=True),
+        epoch(mix(p, columns=cols), seed=1, shuffle=True),
+    )
+    # the dataset index is built and used under the same mapping (its settings key)
+    from mmloader import dsindex
+
+    vision = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    s = dsindex.build(p, tokenizer=TINY, threads=2, columns=cols, **vision)
+    assert s["samples"] == N and s["images"] == sum(len(i) for _, i in items), s
+    with mmloader.Loader(p, tokenizer=TINY, micro_batch_size=3, columns=cols, **vision) as L:
+        assert L.index_shards == 1
+    kw = dict(tokenizer=TINY, micro_batch_size=1)
+    bad = {
+        "the file lacks it": ({"dialogue": "messages"}, '"dialogue"', "dialog, pics, images"),
+        "not a record key": ({"dialog": "chat"}, '"chat"', "not a key"),
+        "a key twice": ({"dialog": "messages", "pics": "messages"}, "twice", "columns="),
+    }
+    for what, (m, a, b) in bad.items():
+        with pytest.raises(mmloader.ConfigError) as e:
+            mmloader.Loader(p, columns=m, **kw)
+        assert a in str(e.value) and b in str(e.value), (what, str(e.value))
+    with pytest.raises(mmloader.ConfigError) as e:  # a JSONL shard has no columns
+        mmloader.Loader(jsonl, columns=cols, image_root=tmp, **kw)
+    assert "ref.jsonl is not a Parquet file" in str(e.value), str(e.value)
+    with pytest.raises(mmloader.ConfigError) as e:  # per source: named
+        mmloader.Loader(mix(p, columns={"dialog": "chat"}), **kw)
+    assert "source 'x'" in str(e.value) or "source x" in str(e.value), str(e.value)
+    # the mapping enters the resume fingerprint: a state under another mapping is refused
+    with mmloader.Loader(p, columns=cols, **kw) as L:
+        next(iter(L))
+        state = L.state_dict()
+    with mmloader.Loader(p, columns=dict(cols, pics="image"), **kw) as R:
+        with pytest.raises(mmloader.Error):
+            R.load_state_dict(state)
+
+
+def test_videos_in_structs_match_video_files(tmp_path, photos):
+    """`datasets`' Video feature is a {bytes, path} struct too: videos embedded in a row
+    (h264 mp4, vp9 webm; one beside an image) give the batches of the same rows exported
+    as JSONL + video files; a struct holding only a path resolves it as a record's."""
+    pytest.importorskip("av")
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_video import make_video
+
+    a = make_video(tmp_path / "a.mp4", "libx264", n=24, w=64, h=48, fps=12)
+    b = make_video(tmp_path / "b.webm", "libvpx-vp9", n=20, w=65, h=48, fps=10)
+    vids = {"a.mp4": open(a, "rb").read(), "b.webm": open(b, "rb").read()}
+    img_ext, img = photos[0]
+    (tmp_path / f"p.{img_ext}").write_bytes(img)
+    rows = []  # (prompt, [video names], [image names], embed the videos?)
+    for i in range(8):
+        v = ["a.mp4", "b.webm"][i % 2]
+        rows.append((f"<video>Row {i}: what happens?", [v], [], i % 3 != 2))
+    rows.append(("<image><video>Both?", ["b.webm"], [f"p.{img_ext}"], True))
+    ref, conv, vcol, icol = [], [], [], []
+    for i, (q, vs, ims, embed) in enumerate(rows):
+        msgs = [{"role": "user", "content": q}, {"role": "assistant", "content": f"A {i}."}]
+        ref.append(json.dumps({"messages": msgs, "images": ims, "videos": vs}) + "\n")
+        conv.append(msgs)
+        vcol.append(
+            [{"bytes": vids[v], "path": None} if embed else {"bytes": None, "path": v} for v in vs]
+        )
+        icol.append([{"bytes": img, "path": None} for _ in ims])
+    (tmp_path / "ref.jsonl").write_text("".join(ref))
+    st = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    msg_t = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    table = pa.table(
+        {
+            "messages": pa.array(conv, msg_t),
+            "images": pa.array(icol, pa.list_(st)),
+            "videos": pa.array(vcol, pa.list_(st)),
+        }
+    )
+    pq.write_table(table, str(tmp_path / "v.parquet"), row_group_size=3)
+    kw = dict(micro_batch_size=2, max_pixels=28 * 28 * 64)
+    want = epoch(str(tmp_path / "ref.jsonl"), **kw)
+    assert any("pixel_values_videos" in b for b in want)
+    args = dict(tokenizer=TINY, num_threads=2, shuffle=False, min_pixels=28 * 28 * 4, **kw)
+    with mmloader.Loader(str(tmp_path / "v.parquet"), **args) as L:
+        got = [as_np(b) for b in L]
+        q = L.stats()["parquet"]
+    same(want, got)
+    assert q["row_groups_decoded"] == 3, q  # each row group once, its videos read from it
+
+
+def test_elastic_resume_matches_the_jsonl_export(tmp_path, photos):
+    """The global plan over Parquet shards: 2 ranks take 2 steps, their (global) state
+    resumes on 3 ranks with another token budget; every rank's batches before and after
+    are bitwise the JSONL export's under the same steps, and no sample is repeated."""
+    items = rows(photos, 42)
+    jsonl = write_jsonl(str(tmp_path), items)
+    pq.write_table(arrow_table(items[:20]), str(tmp_path / "a.parquet"), row_group_size=5)
+    pq.write_table(arrow_table(items[20:]), str(tmp_path / "b.parquet"), row_group_size=4)
+    shards = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    base = dict(
+        tokenizer=TINY,
+        micro_batch_size=None,
+        num_threads=2,
+        shuffle=True,
+        seed=11,
+        min_pixels=28 * 28 * 4,
+        max_pixels=28 * 28 * 16,
+    )
+
+    def run(data):
+        first, states = [], []
+        for r in range(2):
+            with mmloader.Loader(data, dp_rank=r, dp_size=2, max_tokens_per_batch=400, **base) as L:
+                first.append(take(L, 2))
+                states.append(L.state_dict())
+        assert states[0]["plan_pos"] == states[1]["plan_pos"] > 0
+        rest = []
+        for r in range(3):
+            kw = dict(dp_rank=r, dp_size=3, max_tokens_per_batch=600, balance="tokens")
+            with mmloader.Loader(data, **kw, **base) as L:
+                L.load_state_dict(states[0])
+                rest.append([as_np(b) for b in L])
+        return first, rest
+
+    want, got = run(jsonl), run(shards)
+    for a, b in zip(want[0] + want[1], got[0] + got[1]):
+        same(a, b)
+    ids = [bytes(b["input_ids"].tobytes()) for g in got[0] + got[1] for b in g]
+    assert len(ids) == 2 * 2 + sum(len(g) for g in got[1]) and len(set(ids)) == len(ids)
+
+
+MEMORY = r"""
+import json, resource, sys
+import mmloader
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+
+path, tok, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kw = dict(tokenizer=tok, micro_batch_size=4, num_threads=2, prefetch=2, shuffle=False,
+          min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+if cap:
+    kw["max_memory"] = cap
+before, peak = rss(), 0
+with mmloader.Loader(path, **kw) as L:
+    n = 0
+    for b in L:
+        n += 1
+        peak = max(peak, rss())
+    s = L.stats()
+print(json.dumps({"batches": n, "rss_growth": peak - before, "pool_peak": s["pool_peak_bytes"],
+                  "parquet": s["parquet"]}))
+"""
+
+
+def test_max_memory_bounds_the_row_group_cache(tmp_path):
+    """Under max_memory the decoded row groups stay within their room (a quarter of the
+    cap) plus the groups the workers are copying from (loader_parquet.c P2), the pool
+    within the cap, and the process's RSS grows by less than the cap; without a cap the
+    same epoch keeps every row group (what the cap evicts)."""
+    import subprocess
+    import sys
+
+    p = str(tmp_path / "big.parquet")
+    pq.write_table(arrow_table(noise_rows(128, size=256)), p, row_group_size=16, compression="none")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mmloader.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+    def child(cap):
+        out = subprocess.run(
+            [sys.executable, "-c", MEMORY, p, TINY, str(cap)],
+            cwd="/tmp",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    free = child(0)
+    group = free["parquet"]["cache_peak_bytes"] // 8  # one decoded row group, about
+    assert free["batches"] == 32 and free["parquet"]["cache_bytes"] > 7 * group, free
+    cap = 96 << 20  # its room (24 MiB) holds fewer groups than the file's 8 (~33 MB)
+    got = child(cap)
+    q = got["parquet"]
+    assert got["batches"] == 32 and q["cache_room"] == cap // 4, got
+    assert q["cache_peak_bytes"] <= q["cache_room"] + 2 * group, (got, group)
+    assert q["cache_bytes"] <= q["cache_room"] < free["parquet"]["cache_bytes"], got
+    assert got["pool_peak"] <= cap and got["rss_growth"] < cap, got

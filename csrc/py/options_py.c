@@ -234,7 +234,7 @@ static int parse_sources(mml_py_state *ms, PyObject *list, mml_loader_cfg *c, mm
         str_list(ms, data, "a source's data", (const char ***)&s->data, &s->ndata) ||
         get_double(ms, d, "weight", -1, &s->weight) ||
         get_double(ms, d, "repeat", -1, &s->repeat) || get_ll(ms, d, "choose", -1, &choose) ||
-        get_str(ms, d, "image_root", &s->image_root) ||
+        get_str(ms, d, "image_root", &s->image_root) || get_str(ms, d, "columns", &s->columns) ||
         get_str(ms, d, "system_prompt", &s->system_prompt) ||
         get_str(ms, d, "label_mode", &labels) || get_str(ms, d, "image_whitespace", &space) ||
         get_ll(ms, d, "max_length", 0, &maxlen) || get_str(ms, d, "recipe", &recipe) ||

@@ -56,6 +56,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 from megatron.bridge.training.utils.visual_inputs import GenericVisualInputs
 
+from .._options import DEFAULTS
 from .state import Loader
 from . import default_device
 
@@ -154,10 +155,10 @@ class MMLoaderDataset(DatasetProvider):
     seq_length: int
     valid_data: Any = None
     model_dir: Optional[str] = None
-    preset: str = "qwen2.5-vl"
+    preset: str = DEFAULTS["preset"]
     micro_batch_size: Optional[int] = None
     seed: int = 1234
-    packing: bool = False
+    packing: bool = DEFAULTS["packing"]
     pad_to_multiple: Optional[int] = None
     loader_kwargs: Dict[str, Any] = field(default_factory=dict)
     dataloader_type: Optional[str] = "external"

@@ -68,7 +68,8 @@ mml_status mml_index_add_parquet(mml_index *ix, const char *path, int64_t size, 
                        .max_rows = ix->limits.max_records};
   char name[4200];
   snprintf(name, sizeof name, "data shard %s", path);
-  st = mml_pq_open(name, size, read, read_ctx, mml_record_keys, &lim, &sh->pq, err);
+  st = mml_pq_open_mapped(name, size, read, read_ctx, mml_record_keys, ix->pq_map, &lim, &sh->pq,
+                          err);
   int64_t rows = st ? 0 : mml_pq_rows(sh->pq);
   if (!st && ix->n + rows > ix->cap) { /* one offset per row: its row number */
     int64_t nc = ix->cap ? ix->cap : 1024;

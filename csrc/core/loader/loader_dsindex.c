@@ -78,6 +78,11 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
            (long long)v->video_min_pixels, (long long)v->video_max_pixels, v->video_family,
            MML_DSX_VIDEOS, (int)sc->label_mode, (long long)c->max_object_bytes, v->max_jpeg_scans,
            MML_DSX_STATUSES);
+  if (sc->columns && sc->columns[0]) { /* a Parquet dataset's own column names */
+    size_t used = strlen(text);
+    snprintf(text + used, sizeof text - used, " columns=%016llx",
+             (unsigned long long)mml_hash_bytes(1, sc->columns, strlen(sc->columns)));
+  }
   if (sc->recipe) { /* token counts follow the recipe (truncation, thinking) */
     size_t used = strlen(text);
     snprintf(text + used, sizeof text - used,

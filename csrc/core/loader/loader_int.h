@@ -183,6 +183,7 @@ typedef struct pend_item {
 typedef struct ld_source {
   char *name;
   char *image_root;        /* NULL: each shard's own folder */
+  char **pq_map;           /* its `columns`: pairs {column, key, ..., NULL}, or NULL */
   int shard0, nshards;     /* its shards in ix */
   int64_t first, n, count; /* its samples in ix; its draws per epoch */
   mml_vision_cfg vision;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "loader_int.h"
+#include "mml/record.h"
 
 static char *dirname_of(const char *path) {
   const char *slash = strrchr(path, '/');
@@ -46,6 +47,49 @@ static mml_status oom(mml_err *err) {
   return mml_err_set(err, MML_ENOMEM, "out of memory building the loader");
 }
 
+/* `columns` ("column=key,column=key"; NULL: none) into NULL-terminated pairs {column,
+ * key, ...} (*out, malloc'd, NULL when none): each key one a record reads
+ * (mml_record_keys), no column or key twice. */
+static mml_status parse_columns(const char *spec, char ***out, mml_err *err) {
+  *out = NULL;
+  if (!spec || !*spec) return MML_OK;
+  size_t n = 1;
+  for (const char *p = spec; *p; p++) n += *p == ',';
+  char **m = calloc(2 * n + 1, sizeof *m);
+  if (!m) return oom(err);
+  *out = m;
+  const char *p = spec;
+  for (size_t i = 0; i < n; i++) {
+    const char *end = strchr(p, ','), *eq = strchr(p, '=');
+    if (!end) end = p + strlen(p);
+    if (!eq || eq >= end || eq == p || eq + 1 == end)
+      return mml_err_set(err, MML_ECONFIG,
+                         "columns=%s: each entry must be column=key (got \"%.*s\")", spec,
+                         (int)(end - p), p);
+    if (!(m[2 * i] = strndup(p, (size_t)(eq - p))) ||
+        !(m[2 * i + 1] = strndup(eq + 1, (size_t)(end - eq - 1))))
+      return oom(err);
+    int known = 0;
+    for (int k = 0; mml_record_keys[k] && !known; k++)
+      known = !strcmp(mml_record_keys[k], m[2 * i + 1]);
+    if (!known)
+      return mml_err_set(err, MML_ECONFIG,
+                         "columns=%s: \"%s\" is not a key a record is read from (messages, "
+                         "conversations, images, image, videos, video, system, tools, ...)",
+                         spec, m[2 * i + 1]);
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(m[2 * j], m[2 * i]) || !strcmp(m[2 * j + 1], m[2 * i + 1]))
+        return mml_err_set(err, MML_ECONFIG, "columns=%s: a column or key given twice", spec);
+    p = end + 1;
+  }
+  return MML_OK;
+}
+
+static void free_columns(char **m) {
+  for (size_t i = 0; m && m[i]; i++) free(m[i]);
+  free(m);
+}
+
 /* Indexes one source's shards; its samples follow the previous source's in the index. */
 static mml_status index_source(mml_loader *L, ld_source *src, const mml_source_cfg *sc, int mixture,
                                mml_err *err) {
@@ -54,12 +98,19 @@ static mml_status index_source(mml_loader *L, ld_source *src, const mml_source_c
                        src->name);
   src->shard0 = L->ix.nshards;
   src->first = L->ix.n;
-  for (int i = 0; i < sc->ndata; i++) {
-    mml_status st = ld_add_data(L, sc->data[i], err);
-    if (st) {
-      if (mixture) mml_err_prefix(err, "source %s", src->name);
-      return st;
-    }
+  mml_status st = parse_columns(sc->columns, &src->pq_map, err);
+  L->ix.pq_map = (const char *const *)src->pq_map; /* its Parquet shards' names */
+  for (int i = 0; !st && i < sc->ndata; i++) st = ld_add_data(L, sc->data[i], err);
+  L->ix.pq_map = NULL;
+  for (int k = src->shard0; !st && src->pq_map && k < L->ix.nshards; k++)
+    if (!mml_index_shard_parquet(&L->ix.shards[k]))
+      st = mml_err_set(err, MML_ECONFIG,
+                       "columns=%s: data shard %s is not a Parquet file (columns renames a "
+                       "Parquet dataset's columns)",
+                       sc->columns, L->ix.shards[k].path);
+  if (st) {
+    if (mixture) mml_err_prefix(err, "source %s", src->name);
+    return st;
   }
   src->nshards = L->ix.nshards - src->shard0;
   src->n = L->ix.n - src->first;
@@ -138,6 +189,7 @@ static mml_source_cfg the_one_source(const mml_loader_cfg *cfg) {
                           .repeat = -1,
                           .choose = -1,
                           .image_root = cfg->image_root,
+                          .columns = cfg->columns,
                           .vision = cfg->vision,
                           .system_prompt = cfg->system_prompt,
                           .label_mode = cfg->label_mode,
@@ -224,6 +276,7 @@ void ld_free_sources(mml_loader *L) {
     free(L->src[i].name);
     free(L->src[i].image_root);
     free(L->src[i].index_settings);
+    free_columns(L->src[i].pq_map);
     if (L->src[i].tmpl) mml_template_free(L->src[i].tmpl);
   }
   free(L->src);

@@ -82,6 +82,13 @@ static const mml_option k_options[] = {
     {"image_root", MML_OPT_STR, CFG(image_root), 0, 0, 0, NULL, NONE,
      "Folder or URL prefix relative image paths are resolved against (None: each shard's own "
      "folder)."},
+    {"columns", MML_OPT_STR, CFG(columns), 0, 0, 0, NULL, NONE | FP,
+     "A Parquet dataset's own column names, ``{column: key}`` (``\"column=key,...\"`` on the "
+     "command line): each column is read as the record key it stands for (messages, "
+     "conversations, images, image, videos, video, system, tools, ...), and a column named "
+     "like one of those keys is then not read.  A column it names must be in every shard, "
+     "and every shard must be a Parquet file (an error at construction otherwise). Per source "
+     "too (None: the columns' own names)."},
     {"samples_per_epoch", MML_OPT_INT, CFG(samples_per_epoch), 0, 1, I64, NULL, NONE,
      "A mixture's epoch size (None: the fixed repeat/choose counts plus the weighted "
      "sources' sizes)."},

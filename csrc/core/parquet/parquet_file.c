@@ -19,6 +19,10 @@
  *      (MML_ERECORD), never loop or read past an array.
  *   4. A {bytes, path} struct with bytes becomes a blob named "<key>.<k>.<ext>", with
  *      its path string when it has no bytes (resolved by the loader as a JSON record's).
+ *   5. A dataset's own column names (mml_pq_open_mapped): a mapped top-level column is
+ *      written under its new name, a column that name would clash with is not read, and
+ *      a mapped column the file lacks fails the open (MML_ECONFIG), naming the file's
+ *      columns.
  *
  * Threads: one thread per mml_pq_file.
  */
@@ -130,6 +134,20 @@ static void fill_leaves(mml_pq_file *f, pq_node *n, int sel) {
   for (int i = 0; i < n->nchild; i++) fill_leaves(f, &n->child[i], sel);
 }
 
+/* A `map` column the file does not have: named, with the file's columns. */
+static mml_status no_column(mml_pq_file *f, const char *col, const char *as) {
+  char have[1024];
+  size_t n = 0;
+  have[0] = 0;
+  for (int i = 0; i < f->root.nchild && n + 1 < sizeof have; i++)
+    n += (size_t)snprintf(have + n, sizeof have - n, "%s%s", i ? ", " : "",
+                          f->root.child[i].el->name);
+  return mml_err_set(f->err, MML_ECONFIG,
+                     "%s: columns maps column \"%s\" (to \"%s\"), which the file does not have "
+                     "(its columns: %s)",
+                     f->name, col, as, have);
+}
+
 static mml_status build_tree(mml_pq_file *f, const char *const *columns) {
   const pq_schema_el *r = &f->meta.schema[0];
   int at = 1;
@@ -137,11 +155,22 @@ static mml_status build_tree(mml_pq_file *f, const char *const *columns) {
   if (r->type >= 0) return schema_error(f, "its root is not a group", r->name);
   mml_status st = build_children(f, &f->root, &at, 0);
   if (!st && at != f->meta.nschema) st = schema_error(f, "elements outside the root", NULL);
+  for (int k = 0; !st && f->map && f->map[k]; k += 2) { /* each mapped column is there */
+    int found = 0;
+    for (int i = 0; i < f->root.nchild && !found; i++)
+      found = !strcmp(f->root.child[i].el->name, f->map[k]);
+    if (!found) st = no_column(f, f->map[k], f->map[k + 1]);
+  }
   for (int i = 0; !st && i < f->root.nchild; i++) {
     pq_node *c = &f->root.child[i];
-    c->selected = !columns;
-    for (int k = 0; columns && columns[k] && !c->selected; k++)
-      c->selected = !strcmp(columns[k], c->el->name);
+    c->as = c->el->name;
+    for (int k = 0; f->map && f->map[k]; k += 2)
+      if (!strcmp(f->map[k + 1], c->el->name)) c->as = NULL; /* another column stands for it */
+    for (int k = 0; f->map && f->map[k]; k += 2)
+      if (!strcmp(f->map[k], c->el->name)) c->as = f->map[k + 1];
+    c->selected = c->as && !columns;
+    for (int k = 0; c->as && columns && columns[k] && !c->selected; k++)
+      c->selected = !strcmp(columns[k], c->as);
     if (c->selected) st = check_supported(f, c);
   }
   if (!st && (!(f->leaves = calloc((size_t)f->nleaves + 1, sizeof *f->leaves)) ||
@@ -229,6 +258,12 @@ static mml_status parse_footer(mml_pq_file *f) {
 mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
                        const char *const *columns, const mml_pq_limits *lim, mml_pq_file **out,
                        mml_err *err) {
+  return mml_pq_open_mapped(name, size, read, ctx, columns, NULL, lim, out, err);
+}
+
+mml_status mml_pq_open_mapped(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
+                              const char *const *columns, const char *const *map,
+                              const mml_pq_limits *lim, mml_pq_file **out, mml_err *err) {
   *out = NULL;
   mml_pq_file *f = calloc(1, sizeof *f);
   if (!f || !(f->name = strdup(name))) {
@@ -236,6 +271,7 @@ mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void
     return mml_err_set(err, MML_ENOMEM, "out of memory");
   }
   f->size = size, f->read = read, f->ctx = ctx, f->err = err, f->columns = columns;
+  f->map = map;
   if (lim) f->lim = *lim;
   if (f->lim.max_chunk_bytes <= 0) f->lim.max_chunk_bytes = (int64_t)256 << 20;
   mml_status st = read_footer(f);
@@ -258,6 +294,7 @@ mml_status mml_pq_clone(const mml_pq_file *src, mml_pq_read_fn read, void *ctx, 
     return mml_err_set(err, MML_ENOMEM, "out of memory");
   }
   f->size = src->size, f->read = read, f->ctx = ctx, f->err = err, f->columns = src->columns;
+  f->map = src->map;
   f->lim = src->lim;
   mml_status st = parse_footer(f);
   if (st) {

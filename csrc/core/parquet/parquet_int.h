@@ -108,11 +108,12 @@ typedef struct pq_node {
   const pq_schema_el *el;
   struct pq_node *child; /* nchild nodes */
   int nchild, kind, def, rep;
-  int leaf;     /* K_LEAF: its column index */
-  int first;    /* its first leaf column */
-  int nleaves;  /* leaf columns under it */
-  int string;   /* K_LEAF BYTE_ARRAY: a string (else binary) */
-  int selected; /* top-level field to read (and everything under it) */
+  int leaf;       /* K_LEAF: its column index */
+  int first;      /* its first leaf column */
+  int nleaves;    /* leaf columns under it */
+  int string;     /* K_LEAF BYTE_ARRAY: a string (else binary) */
+  int selected;   /* top-level field to read (and everything under it) */
+  const char *as; /* top-level: its key in the record (its name, or the map's) */
 } pq_node;
 
 struct mml_pq_file {
@@ -122,6 +123,7 @@ struct mml_pq_file {
   void *ctx;
   mml_pq_limits lim;
   const char *const *columns; /* as opened (the caller's, outliving the file) */
+  const char *const *map;     /* column -> name pairs, or NULL (mml_pq_open_mapped) */
   mml_bytes footer;           /* the FileMetaData's bytes (mml_pq_clone parses them again) */
   int64_t *group_first;       /* ngroups + 1: the file's row number each row group starts at */
   pq_meta meta;

@@ -248,7 +248,8 @@ static mml_status emit_list(mml_pq_file *f, const pq_node *n) {
 }
 
 static mml_status emit_field(mml_pq_file *f, const pq_node *n) {
-  mml_status st = put_string(f, (const uint8_t *)n->el->name, strlen(n->el->name));
+  const char *key = n->as ? n->as : n->el->name;
+  mml_status st = put_string(f, (const uint8_t *)key, strlen(key));
   if (!st) st = put(f, ":", 1);
   if (st) return st;
   return n->el->repetition == PQ_REPEATED ? emit_repeated(f, n, 1) : emit_value(f, n);

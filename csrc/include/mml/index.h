@@ -139,6 +139,10 @@ typedef struct mml_index {
   /* Builds stop with MML_ECANCELLED soon after it is set (checked per chunk of stored
    * and of decompressed bytes; NULL: never).  Not owned. */
   const mml_cancel *cancel;
+  /* Parquet shards added from now on read their columns under these names: pairs
+   * {column, name, ..., NULL} (mml_pq_open_mapped; NULL: their own).  Not owned; must
+   * outlive the shards. */
+  const char *const *pq_map;
 } mml_index;
 
 /* Streaming build of one shard, appended as the next shard.  begin, then feed the stored

@@ -81,6 +81,7 @@ typedef struct mml_source_cfg {
   double weight, repeat; /* mml_mix_spec: at most one of weight, repeat, choose >= 0 */
   int64_t choose;
   const char *image_root;    /* NULL: each shard's own folder */
+  const char *columns;       /* Parquet: "column=key,..." a dataset's own column names; NULL */
   mml_vision_cfg vision;     /* patch, merge and temporal sizes must be the loader's */
   const char *system_prompt; /* NULL: the template's default system turn; "": none */
   mml_label_mode label_mode;
@@ -97,6 +98,7 @@ typedef struct mml_loader_cfg {
                              when `sources` is given */
   int ndata;
   const char *image_root; /* NULL: each shard's own folder */
+  const char *columns;    /* Parquet: "column=key,..." (mml_source_cfg.columns); NULL: none */
   int data_format;        /* mml_layout (mml/index.h): auto, JSONL, JSON, WebDataset */
   const char *index;      /* dataset index (mml/dsindex.h): NULL: "<shard>.mmlidx" next to
                            each local shard when present; a folder or URL prefix

@@ -62,6 +62,14 @@ typedef struct mml_pq_file mml_pq_file;
 mml_status mml_pq_open(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
                        const char *const *columns, const mml_pq_limits *lim, mml_pq_file **out,
                        mml_err *err);
+/* The same, with a dataset's own column names: `map` holds pairs {column, name, ...,
+ * NULL} (the caller's, outliving the file): top-level column `column` is read as if it
+ * were called `name` (its key in the row's record; `columns` selects by that name), and a
+ * column whose own name is some pair's `name` is then not read.  A pair whose column is
+ * not in the file is refused (MML_ECONFIG naming it and the file's columns). */
+mml_status mml_pq_open_mapped(const char *name, int64_t size, mml_pq_read_fn read, void *ctx,
+                              const char *const *columns, const char *const *map,
+                              const mml_pq_limits *lim, mml_pq_file **out, mml_err *err);
 /* A second handle on the same file, reading through `read`/`ctx`: the footer kept by `src`
  * parsed again (no read), so several threads can each read row groups through their own
  * handle.  src is only read. */
