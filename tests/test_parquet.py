@@ -670,4 +670,6 @@ def test_max_memory_bounds_the_row_group_cache(tmp_path):
     assert got["batches"] == 32 and q["cache_room"] == cap // 4, got
     assert q["cache_peak_bytes"] <= q["cache_room"] + 2 * group, (got, group)
     assert q["cache_bytes"] <= q["cache_room"] < free["parquet"]["cache_bytes"], got
-    assert got["pool_peak"] <= cap and got["rss_growth"] < cap, got
+    assert got["pool_peak"] <= cap, got
+    if not os.environ.get("MML_ASAN_BUILD"):  # ASan's shadow and quarantine are not ours
+        assert got["rss_growth"] < cap, got

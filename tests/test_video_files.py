@@ -474,6 +474,64 @@ def test_s3_mp4_decode_never_waits_on_the_network(vdir, tmp_path, moto_s3):
     assert st["video_decode_waits"] == 0 and st["video_plan_waits"] == 0, st
 
 
+def _packets_needed(path, idx):
+    """Bytes of the packets a decode of frames idx reads: from the keyframe at or before
+    each wanted frame through that frame (each packet once; no B-frames here)."""
+    with av.open(path) as c:
+        pk = [(p.pts, p.size, p.is_keyframe) for p in c.demux(c.streams.video[0]) if p.size]
+    pk.sort()
+    need = set()
+    for i in idx:
+        k = max(j for j in range(i + 1) if pk[j][2])
+        need.update(range(k, i + 1))
+    return sum(pk[j][1] for j in need)
+
+
+@pytest.mark.parametrize("elem", [{}, {"nframes": 4}], ids=["default-fps", "nframes-4"])
+def test_remote_video_bytes_served_per_sample(tmp_path, fault_server, elem):
+    """Issue 29: a server that honours Range serves each sample about the bytes its decode
+    reads, and no range twice.  Four samples, each its own mp4 (moov last, GOP 30), one
+    epoch, then close: at the default fps (every GOP decoded) at most the file plus the
+    first block its probe reads; with nframes=4 within 1.25x the packets the 4 frames need
+    plus that block and the moov.  Before, the window planned and preloaded the samples of
+    the next 16 epochs (a 4-sample epoch, a window of 64), each fetching its ranges again
+    (served 1.85x the file per sample over 8 samples, 13 times the same range for one), and
+    the epoch's StopIteration waited for a batch of the next epoch."""
+    n, frames = 4, 120
+    path = make_video(
+        str(tmp_path / "v.mp4"), "libx264", n=frames, w=320, h=240, gop=30, noise=True
+    )
+    data = open(path, "rb").read()
+    srv = fault_server(objects={f"/v{i}.mp4": data for i in range(n)})
+    recs = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"<video>{i}"},
+                {"from": "gpt", "value": "x"},
+            ],
+            "videos": [dict(elem, video=srv.url(f"/v{i}.mp4"))],
+        }
+        for i in range(n)
+    ]
+    got, st = batches(write_shard(str(tmp_path / "h.jsonl"), recs))
+    assert len(got) == n and st["skipped"] == 0
+    assert st["video_decode_waits"] == 0, st
+    gets = [(e[2], e[3]) for e in srv.log if e[1] == "GET"]
+    assert len(gets) == len(set(gets)), sorted(gets)  # no range of a file asked for twice
+    first = 1 << 20  # the block the probe reads (the moov's place, or the moov)
+    moov = len(data) - (data.rindex(b"moov") - 4)
+    if elem:
+        idx = np.linspace(0, frames - 1, 4).round().astype(int)
+        bound = 1.25 * _packets_needed(path, idx) + first + moov
+    else:
+        bound = len(data) + first
+    for i in range(n):
+        served = sum(
+            int(b) - int(a) + 1 for p, r in gets if p == f"/v{i}.mp4" for a, b in [r[6:].split("-")]
+        )
+        assert served <= bound, (i, served, bound, len(data))
+
+
 def test_each_file_is_opened_once_per_sample(vdir, tmp_path, fault_server):
     """The plan stage's probe keeps the file open for the decode: one open (one HEAD, one
     packet pass over an mkv, which reads it whole) per sample planned, not one more for
@@ -704,9 +762,11 @@ def test_max_memory_counts_preloaded_video_bytes(vdir, tmp_path, fault_server):
         noise=True,
         container_options={"movflags": "faststart"},
     )
-    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 12, nframes=4)))
+    # 24 samples: uncapped, ~27 MiB preloaded at once (12 held 20.5 MiB, a hair over the
+    # quarter, once the next epochs' samples no longer preloaded beside them)
+    want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 24, nframes=4)))
     srv = fault_server(objects={"/p.mp4": open(path, "rb").read()}, latency=0.01)
-    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/p.mp4"), 12, nframes=4))
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/p.mp4"), 24, nframes=4))
     cap = 80 << 20
     free, fst = batches(shard)
     same(want, free)

@@ -52,6 +52,12 @@
  *   loader).  Shutdown: stop flag + broadcast, join workers and collator, then free the
  *   fetcher (its cancelled completions only touch tasks, which are still allocated).
  *
+ *   Epoch ends.  The batch whose `after` cursor ends its epoch (all of a padded epoch's
+ *   batches, or every position of a packed one) sets epoch_done: the consumer's next
+ *   call returns MML_EEND at once, not once a batch of the next epoch is queued.  The
+ *   epochs the consumer asked for (asked_epoch) let a later epoch's remote videos wait
+ *   (loader_video.c); a consumer waiting with nothing of its epoch left asks for the next.
+ *
  *   Determinism: a task's result depends only on (epoch, pos) and the config; the
  *   collator sees results in seq order; so batches never depend on timing.
  */
@@ -723,6 +729,14 @@ static mml_status check_cursor(const mml_loader *L, const mml_cursor *c, mml_err
   return MML_OK;
 }
 
+/* 1 when cursor c (a batch's `after`) is at the end of its epoch: the padded epoch's
+ * batches are all out, or its positions (this rank's plan's) are all consumed. */
+static int epoch_end_locked(mml_loader *L, const mml_cursor *c) {
+  if (L->per_epoch >= 0) return L->per_epoch > 0 && c->batch_in_epoch >= L->per_epoch;
+  if (L->gp) return c->pos >= ld_plan_rank_len_locked(L, c->epoch);
+  return c->pos >= L->n_rank;
+}
+
 mml_status mml_loader_seek(mml_loader *L, const mml_cursor *c, mml_err *err) {
   return mml_loader_seek_ahead(L, c, 0, err);
 }
@@ -748,6 +762,8 @@ mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahe
   L->fatal = MML_OK;
   L->consumer_epoch = c->epoch;
   L->delivered = *c;
+  L->epoch_done = !L->cfg.cycle && epoch_end_locked(L, c);
+  ld_ask_epoch_locked(L, c->epoch, 1);
   pthread_cond_broadcast(&L->coll_cv);
   pthread_mutex_unlock(&L->mu);
   return MML_OK;
@@ -799,6 +815,53 @@ mml_cursor mml_loader_cursor(const mml_loader *L) {
   return c;
 }
 
+/* The consumer is about to wait with nothing of its epoch left anywhere (nothing queued,
+ * pending or being emitted, and the collator past the epoch): it waits for the next
+ * epoch's first item, so that epoch is asked for. */
+static void ask_when_waiting_locked(mml_loader *L) {
+  if (L->out_count || L->pend_head < L->pend_tail || L->emitting || L->jobs_queued) return;
+  int64_t e, p;
+  ld_plan_at_locked(L, L->head_seq, &e, &p);
+  if (e > L->consumer_epoch) ld_ask_epoch_locked(L, L->consumer_epoch + 1, 0);
+}
+
+/* The consumer takes the next queued item (out_count > 0): a batch into *out (MML_OK), or
+ * a sample error (its status, into *err). */
+static mml_status take_item_locked(mml_loader *L, mml_batch *out, mml_err *err) {
+  out_item item;
+  ld_out_pop_locked(L, &item);
+  if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
+  ld_move_ready_locked(L);                                   /* room for the next finished item */
+  if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv);   /* and for a ticket's pixels */
+  out_item *it = &item;
+  if (it->kind == ITEM_ERROR) {
+    ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */
+    if (err) *err = it->err;
+    return it->err.status ? it->err.status : MML_EINTERNAL;
+  }
+  *out = it->batch;
+  if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
+    mml_err e2;
+    mml_device_guard_pinned(out, L->guard_device, 0, &e2);
+    if (L->consumer_stream)
+      mml_device_guard_pinned(out, L->consumer_device, L->consumer_stream, &e2);
+  }
+  L->consumer_epoch = out->after.epoch;
+  L->delivered = out->after;
+  if (epoch_end_locked(L, &out->after)) { /* cycle: no end, the next epoch goes on */
+    if (L->cfg.cycle)
+      ld_ask_epoch_locked(L, out->after.epoch + 1, 0);
+    else
+      L->epoch_done = 1;
+  }
+  ld_release_skips_locked(L, out->after.epoch, out->after.pos);
+  L->batches++;
+  if (L->batches == (uint64_t)MML_FAULT_WARMUP(L->cfg.prefetch)) L->faults_warm = L->faults;
+  L->real_tokens += out->real_tokens;
+  L->token_slots += out->token_slots;
+  return MML_OK;
+}
+
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err) {
   double t0 = mml_now();
   struct timespec dl;
@@ -811,9 +874,18 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       ld_set_fatal_locked(L, st, err);
     }
   }
+  if (!L->epoch_done) ld_ask_epoch_locked(L, L->consumer_epoch, 0);
   for (;;) {
     if (L->closed) {
       st = mml_err_set(err, MML_ECLOSED, "the loader is closed");
+      break;
+    }
+    if (L->epoch_done) { /* its last batch was delivered: no need to wait for the next one */
+      L->epoch_done = 0;
+      L->consumer_epoch++;
+      L->delivered = (mml_cursor){L->consumer_epoch, 0, 0};
+      ld_release_skips_locked(L, L->consumer_epoch, 0);
+      st = MML_EEND;
       break;
     }
     if (L->out_count) {
@@ -825,33 +897,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
         st = MML_EEND;
         break;
       }
-      out_item item;
-      ld_out_pop_locked(L, &item);
-      if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
-      ld_move_ready_locked(L);                                 /* room for the next finished item */
-      if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
-      it = &item;
-      if (it->kind == ITEM_ERROR) {
-        ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */
-        if (err) *err = it->err;
-        st = it->err.status ? it->err.status : MML_EINTERNAL;
-        break;
-      }
-      *out = it->batch;
-      if (L->pinned && !L->stage) { /* no reuse before the consumer's default-stream copies */
-        mml_err e2;
-        mml_device_guard_pinned(out, L->guard_device, 0, &e2);
-        if (L->consumer_stream)
-          mml_device_guard_pinned(out, L->consumer_device, L->consumer_stream, &e2);
-      }
-      L->consumer_epoch = out->after.epoch;
-      L->delivered = out->after;
-      ld_release_skips_locked(L, out->after.epoch, out->after.pos);
-      L->batches++;
-      if (L->batches == (uint64_t)MML_FAULT_WARMUP(L->cfg.prefetch)) L->faults_warm = L->faults;
-      L->real_tokens += out->real_tokens;
-      L->token_slots += out->token_slots;
-      st = MML_OK;
+      st = take_item_locked(L, out, err);
       break;
     }
     if (L->fatal) {
@@ -860,6 +906,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       st = L->fatal;
       break;
     }
+    ask_when_waiting_locked(L);
     L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
     int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
                            : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);

@@ -351,6 +351,14 @@ struct mml_loader {
   /* consumer side, guarded by mu */
   int64_t consumer_epoch;
   mml_cursor delivered;
+  /* the consumer received its epoch's last batch: its next next() ends the epoch
+   * (MML_EEND) at once, without waiting for a batch of the next epoch */
+  int epoch_done;
+  /* the latest epoch the consumer asked a batch of (next() called in it, a seek): the
+   * remote video bytes of a later epoch's sample are not fetched before it is asked for
+   * (ld_video_park), so a consumer that stops at an epoch's end did not pay for them */
+  int64_t asked_epoch;
+  task *parked_head; /* those samples, parked (linked by next_ready) until then */
 
   /* warnings and stats, guarded by mu */
   mml_err warn[WARN_BACKLOG];
@@ -597,6 +605,13 @@ typedef struct ld_video_ctx {
 void ld_ready_push_locked(mml_loader *L, task *t);
 void ld_fetch_one_more(mml_loader *L, task *t, int *nremote);
 void ld_fetch_undo(mml_loader *L, task *t);
+/* The consumer asks for epoch `epoch` (or, after a seek, `force`: exactly that one): the
+ * samples parked for it go to the ready list (loader_video.c). */
+void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force);
+/* Stage 2, t's record parsed: 1 when t names a remote video file and its epoch is past the
+ * one the consumer asked for: t is parked (it waits, holding no thread and nothing fetched
+ * for its media) until the consumer asks for its epoch (loader_video.c). */
+int ld_video_park(mml_loader *L, task *t);
 /* loader_video.c: the stages' video parts (loader_worker.c calls them) */
 mml_status ld_video_path(mml_loader *L, task *t, const char *ref, int check, mml_err *err);
 mml_status ld_video_open(void *ctx, int v, mml_video **out, mml_err *err);

@@ -13,6 +13,21 @@
  * for the next batch (video_reserve_locked); a blocked head batch makes later batches'
  * samples close their kept videos (ld_release_videos_ahead_locked).
  *
+ * A later epoch's remote videos wait for it (issue 29): a sample whose epoch is past the
+ * latest one the consumer asked a batch of (L->asked_epoch: next() called in it, or a
+ * seek) is parked once its record is parsed (ld_video_park), before any of its media is
+ * fetched, and goes on when the consumer asks for its epoch (ld_ask_epoch_locked, from
+ * next(); loader.c ends an epoch at its last batch, so StopIteration needs nothing of the
+ * next one).  A consumer that stops at an epoch's end has then fetched each of its
+ * samples' video ranges once; before, the window (64 samples behind a remote source)
+ * planned and preloaded the samples of the next epochs too (16 epochs of a 4-sample
+ * dataset), fetching the same ranges again for each.  Invariants:
+ *   1. No byte of a remote video (HEAD, first block, header, packets) is fetched for a
+ *      sample of an epoch the consumer has not asked for.
+ *   2. A parked sample holds its slot and its record only, and is not in flight (the
+ *      max_memory admission and its deadlock checks do not wait for it); a seek releases
+ *      it.
+ *
  * Threads and locking: the task's fields belong to the thread holding its BUSY slot (or
  * running its decode); the counts shared with the planner (video_held, video_open_bytes,
  * the task's held bytes) change under the loader's mu; completions (on_video_head,
@@ -360,4 +375,46 @@ void ld_tail_video(mml_loader *L, task *t, int v, mml_fetcher **f, int *nremote)
     video_hold_locked(L, t, &t->vhead_bytes, -(end - off));
     pthread_mutex_unlock(&L->mu);
   }
+}
+
+int ld_video_park(mml_loader *L, task *t) {
+  int remote = 0;
+  for (int v = 0; v < t->rec.nvideos && !remote; v++) {
+    const char *ref = t->rec.videos[v].ref;
+    int64_t off, len;
+    const uint8_t *bp;
+    size_t bn;
+    mml_err e;
+    if (!ref || mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len) ||
+        (mml_index_shard_parquet(&L->ix.shards[t->sample.shard]) &&
+         ld_pq_row_member(&t->pqrow, ref, &bp, &bn))) /* (as stage_images tells them) */
+      continue;
+    if (!ld_video_path(L, t, ref, 0, &e)) remote = mml_path_is_remote((const char *)t->path.data);
+  }
+  if (!remote) return 0;
+  pthread_mutex_lock(&L->mu);
+  int park = t->gen == L->gen && t->sample.epoch > L->asked_epoch;
+  if (park) { /* not in flight: nothing it holds can change until it is asked for */
+    t->next_ready = L->parked_head;
+    L->parked_head = t;
+    L->in_flight--;
+  }
+  pthread_mutex_unlock(&L->mu);
+  return park;
+}
+
+void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force) {
+  if (!force && epoch <= L->asked_epoch) return;
+  L->asked_epoch = epoch;
+  for (task **p = &L->parked_head; *p;) {
+    task *t = *p;
+    if (t->gen == L->gen && t->sample.epoch > epoch) { /* still later: stays parked */
+      p = &t->next_ready;
+      continue;
+    }
+    *p = t->next_ready;
+    L->in_flight++;
+    ld_ready_push_locked(L, t); /* (an abandoned plan's: dropped there) */
+  }
+  pthread_cond_broadcast(&L->work_cv);
 }

@@ -394,6 +394,10 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   }
   mml_status st = parse_record(L, t, acc, err);
   if (st) return st;
+  if (ld_video_park(L, t)) { /* a later epoch's remote video: when that epoch is asked for */
+    *wait = 1;
+    return MML_OK;
+  }
   t->stage = STAGE_IMAGES;
   t->vtails = 0;
   int nremote = 0;
