@@ -16,7 +16,8 @@
  *             the ticket is complete; packed: at its first row in that plane, with the
  *             pack's bound pack_length * merge^2 rows), and each member's decode is
  *             queued once every plane it has rows in has given it a destination
- *             (buffer + first row * row bytes)
+ *             (buffer + first row * row bytes); a padded batch's members, all at once,
+ *             largest decode first without max_memory (P1 at assign_members)
  *   worker:   decodes the queued sample's images and videos into their destinations
  *             -> slot DONE
  *   collator: takes DONE slots strictly in order, exactly as before (the same
@@ -245,16 +246,60 @@ static void set_dest(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {
   }
 }
 
+/* What a sample's decode costs, roughly, for the order of a batch's decodes: the pixels its
+ * images decode (at their decode scale) plus its video rows at a frame patch's worth of
+ * source pixels each.  Only the order of the decode queue depends on it, never a bit. */
+static int64_t decode_cost(const task *t) {
+  int64_t c = 0;
+  for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++) {
+    const mml_vision_plan *q = &t->plans[i];
+    const int64_t d = q->decode_scale > 1 ? (int64_t)q->decode_scale * q->decode_scale : 1;
+    c += (int64_t)q->src_w * q->src_h / d;
+  }
+  return c + t->sample.vpixel_rows * 1024;
+}
+
 /* The ticket's uncommitted members (seq from head_seq to place_seq) get their places in
- * plane p's buffer. */
+ * plane p's buffer.  Invariant P1: without max_memory, when a ticket's members get their
+ * buffer together (a padded batch complete by plan: close_ticket), their decodes are queued
+ * largest first (decode_cost; ties in stream order), so a batch does not wait on a large
+ * image whose decode started last while the other workers had nothing of the batch left to
+ * do.  Where each sample's rows go is unchanged, and so are the batches, bit for bit.
+ * Under max_memory the queue stays in stream order: a decode waiting for scratch room holds
+ * back the later ones needing room (loader_worker.c), and with the collator's next sample
+ * behind a larger one that waits, the room could wait on that very sample
+ * (tests/test_memory_stress.py hung so, seed 2016). */
+#define MML_LPT_MAX 256 /* members sorted at most; a larger batch is queued in stream order */
 static void assign_members(mml_loader *L, int64_t id, int p) {
   ticket *k = tk_at(L, id);
   int64_t s0 = k->first_seq > L->head_seq ? k->first_seq : L->head_seq;
+  task *order[MML_LPT_MAX];
+  int64_t cost[MML_LPT_MAX];
+  int n = 0;
   for (int64_t s = s0; s < L->place_seq; s++) {
     task *t = slot_of(L, s);
-    if (t->tk == id && plane_rows(&t->sample, p) > 0)
-      set_dest(L, t, p, k->pl[p].buf, (size_t)t->at[p].row * L->row_bytes[p]);
+    if (t->tk == id && plane_rows(&t->sample, p) > 0) {
+      if (n == MML_LPT_MAX) break;
+      int64_t c = decode_cost(t);
+      int j = n++;
+      for (; j > 0 && cost[j - 1] < c; j--) { /* insertion: stable, largest first */
+        order[j] = order[j - 1];
+        cost[j] = cost[j - 1];
+      }
+      order[j] = t;
+      cost[j] = c;
+    }
   }
+  if (n == MML_LPT_MAX || L->cfg.max_memory) { /* stream order: too many, or P1 */
+    for (int64_t s = s0; s < L->place_seq; s++) {
+      task *t = slot_of(L, s);
+      if (t->tk == id && plane_rows(&t->sample, p) > 0)
+        set_dest(L, t, p, k->pl[p].buf, (size_t)t->at[p].row * L->row_bytes[p]);
+    }
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    set_dest(L, order[i], p, k->pl[p].buf, (size_t)order[i]->at[p].row * L->row_bytes[p]);
 }
 
 /* Whether ticket k holds a buffer in any plane. */
