@@ -33,7 +33,8 @@ MML_BENCH_RAY_SCALES (small,large,kill) and MML_BENCH_RAY_ARMS pick scales and a
 MML_BENCH_RAY_MERGE=1 keeps the other scales of an earlier results file; MML_BENCH_RAY_KW
 (JSON) adds mmloader.ray.Loader arguments to every arm (an A/B of e.g. refs_in_flight).
 Writes benchmarks/results/ray-netcluster.json and benchmarks/results-ray-netcluster.md,
-and the tables in docs/ray.md and README.md (`... docs`: those again from the JSON).
+and the tables in docs/ray.md (`... docs`: those again from the JSON); the README links to
+them and shows no table of its own (one benchmark table there: the end-to-end one).
 """
 
 from __future__ import annotations
@@ -519,12 +520,11 @@ def run_all() -> dict:
 
 
 def write_docs(res: dict) -> None:
-    """The results' tables into docs/ray.md and README.md (python3
-    benchmarks/bench_ray_netcluster.py docs: again from benchmarks/results/)."""
+    """The results' tables into benchmarks/results-ray-netcluster.md and docs/ray.md, nowhere
+    else (python3 benchmarks/bench_ray_netcluster.py docs: again from benchmarks/results/)."""
     with open(os.path.join(HERE, "results-ray-netcluster.md"), "w") as f:
         f.write(report(res))
     _put(os.path.join(ROOT, "docs", "ray.md"), "ray-netcluster-results", report(res))
-    _put(os.path.join(ROOT, "README.md"), "ray-netcluster-table", short(res))
 
 
 def _put(path: str, marker: str, text: str) -> None:
@@ -543,13 +543,6 @@ def _label(arm: str) -> str:
     return f"{LABEL[placement]}, {transport}"
 
 
-def _arms(r: dict) -> list:
-    seen: list = []
-    for s in r["scales"].values():
-        seen += [a for a in s["arms"] if a not in seen]
-    return seen
-
-
 def _share(s: dict, a: dict) -> float:
     """batches/s as a share of the trainers' combined links (link probe / batch bytes)."""
     batch = statistics.mean(x["batch_bytes"] for x in a["runs"])
@@ -560,47 +553,6 @@ def _load(r: dict) -> str:
     """The 1-minute load averages seen at the start and end of each part of the run."""
     xs = [r["load_start"], r["load_end"], r.get("load_end_earlier", r["load_end"])]
     return f"load {min(xs):.1f}-{max(xs):.1f}"
-
-
-def short(r: dict) -> str:
-    """The README's table: batches/s per arm and scale, share of the trainers' links."""
-    names = list(r["scales"])
-    head = " | ".join(
-        f"{n}: {s['scale']['trainers']} trainer(s), {s['scale']['data']} data nodes"
-        for n, s in r["scales"].items()
-    )
-    lines = [
-        f"**Emulation** (scripts/netcluster.py: one network namespace per node, links shaped "
-        f"with tc tbf to {r['rate_mbit']:g} Mbit/s both ways; one {r['cores']}-core machine "
-        f"shared with other jobs, {_load(r)}), {r['when'][:10]}: batches/s of "
-        f"{_batch_mib(r):.1f} MiB (share of the trainers' links), medians of {r['runs']} runs:",
-        "",
-        f"| placement, fetch | {head} |",
-        "|---" * (1 + len(names)) + "|",
-    ]
-    for arm in _arms(r):
-        cells = []
-        for n in names:
-            s = r["scales"][n]
-            a = s["arms"].get(arm)
-            cells.append(f"{a['batches_per_s']:.2f} ({_share(s, a):.0%})" if a else "-")
-        lines.append(f"| {_label(arm)} | {' | '.join(cells)} |")
-    k = r.get("kill")
-    if k:
-        lines += [
-            "",
-            f"Producer node killed ({len(k['runs'])} runs): longest wait in `next()` "
-            f"{k['max_wait_s']:.2f} s (median; Ray declared the node dead after "
-            f"{k['ray_declared_dead_s']:.1f} s), stream bitwise exact in "
-            f"{sum(x['exact'] for x in k['runs'])} of {len(k['runs'])} runs.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def _batch_mib(r: dict) -> float:
-    xs = [x["batch_bytes"] for s in r["scales"].values() for a in s["arms"].values()
-          for x in a["runs"]]  # fmt: skip
-    return statistics.mean(xs) / (1 << 20) if xs else 0.0
 
 
 def _crossing(run: dict) -> str:

@@ -22,7 +22,8 @@ if [ $# -gt 0 ]; then suites=("$@"); else
           tests/test_image_refused.py tests/test_image_datauri.py tests/test_image_routes.py
           tests/test_mixture.py tests/test_files.py tests/test_records.py
           tests/test_webdataset.py tests/test_plan_only.py tests/test_hardening.py
-          tests/test_video.py tests/test_video_resize.py tests/test_video_simd.py)
+          tests/test_video.py tests/test_video_resize.py tests/test_video_simd.py
+          tests/test_parquet.py)
 fi
 log=$(mktemp)
 set +e

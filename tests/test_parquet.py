@@ -670,4 +670,32 @@ def test_max_memory_bounds_the_row_group_cache(tmp_path):
     assert got["batches"] == 32 and q["cache_room"] == cap // 4, got
     assert q["cache_peak_bytes"] <= q["cache_room"] + 2 * group, (got, group)
     assert q["cache_bytes"] <= q["cache_room"] < free["parquet"]["cache_bytes"], got
-    assert got["pool_peak"] <= cap and got["rss_growth"] < cap, got
+    assert got["pool_peak"] <= cap, got
+    if not os.environ.get("MML_ASAN_BUILD"):  # ASan's shadow and quarantine are not ours
+        assert got["rss_growth"] < cap, got
+
+
+def test_a_malformed_row_group_fails_its_rows_only(ref, tmp_path):
+    """Pages are decoded in the workers now: a row group whose page header is garbage
+    (its footer metadata fine) fails each of its rows, named with the column, while the
+    other row groups' rows are delivered; construction still succeeds (the footer is)."""
+    items, want, _ = ref
+    p = tmp_path / "d.parquet"
+    pq.write_table(arrow_table(items), str(p), row_group_size=5, compression="none")
+    md = pq.read_metadata(str(p))
+    col = md.row_group(1).column(0)  # messages' first leaf
+    data = bytearray(p.read_bytes())
+    off = col.dictionary_page_offset or col.data_page_offset
+    data[off : off + 12] = b"\xff" * 12
+    p.write_bytes(bytes(data))
+    with pytest.raises(mmloader.SampleError) as e:
+        epoch(str(p), micro_batch_size=1, on_error="raise")
+    m = str(e.value)
+    assert "d.parquet[row group 1, row 5]" in m and "row group 1, column messages" in m, m
+    kw = dict(tokenizer=TINY, micro_batch_size=1, shuffle=False, max_error_rate=1.0)
+    with pytest.warns(UserWarning, match="row group 1"):
+        with mmloader.Loader(str(p), **kw) as L:
+            got = [as_np(b) for b in L]
+            st = L.stats()
+    assert len(got) == N and st["skipped"] == 5, st  # (the epoch keeps its batches)
+    assert st["parquet"]["row_groups_decoded"] == 3, st["parquet"]  # the bad one once

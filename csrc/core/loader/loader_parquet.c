@@ -226,6 +226,12 @@ static mml_status decode(ld_pq_cache *c, pq_entry *e, const mml_cancel *cancel, 
       !(e->json_len = calloc((size_t)e->nrows + 1, sizeof *e->json_len)) ||
       !(e->blob0 = calloc((size_t)e->nrows + 1, sizeof *e->blob0)))
     return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
+  /* the rows' JSON and blobs take about the read chunks' decoded size: reserved once
+   * (a hint from the footer, capped by what a column chunk may decode to in all) */
+  int64_t hint = mml_pq_row_group_bytes(pf, e->g) + e->nrows * 64;
+  int64_t most = c->L->cfg.max_object_bytes;
+  if (hint > 0 && hint <= most && mml_bytes_reserve(&e->data, (size_t)hint))
+    return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
   pq_reader *r = NULL;
   mml_status st = take_reader(c, e->shard, cancel, &r, err);
   if (st) return st;

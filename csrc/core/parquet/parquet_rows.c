@@ -44,6 +44,14 @@ void mml_pq_row_group_range(const mml_pq_file *f, int g, int64_t *off, int64_t *
   *len = hi > *off ? hi - *off : 0;
 }
 
+int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g) {
+  int64_t n = 0;
+  for (int k = 0; k < f->nleaves; k++)
+    if (f->leaf_sel[k] && f->meta.groups[g].cols[k].total_uncompressed > 0)
+      n += f->meta.groups[g].cols[k].total_uncompressed;
+  return n;
+}
+
 static void release(mml_pq_file *f) {
   for (int k = 0; k < f->nleaves; k++) {
     pq_column_free(&f->cols[k]);

@@ -34,7 +34,12 @@
  * two-source byte permutes (4 permutes + 4 unpacks + 24 8-byte stores per 8 pixels):
  * ~20% slower, although that transpose is ~30% of the AVX2 pass's time; packing four
  * pixels' accumulators per channel so one byte shuffle + dword unpack gives each row's 8
- * pixels (fewer shuffles): ~10% slower with AVX2's 16 registers, no faster with 32.)
+ * pixels (fewer shuffles): ~10% slower with AVX2's 16 registers, no faster with 32.  On
+ * an Intel Xeon with AVX-512 (2026-12), where vpmulld is two uops: the horizontal pass on
+ * 16-bit multiply-adds (vpmaddwd) over columns widened into int16 pairs of neighbours,
+ * each weight split exactly as (w >> 15) * 2^15 + (w & 0x7fff): bitwise equal, 2-3%
+ * slower end to end (the widened columns are 4x the bytes; the pass is not bound by the
+ * multiplies).)
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */

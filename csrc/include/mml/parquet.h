@@ -80,6 +80,9 @@ int mml_pq_row_groups(const mml_pq_file *f);
 int64_t mml_pq_rows(const mml_pq_file *f);
 /* The file's row number row group g starts at (g == row groups: the number of rows). */
 int64_t mml_pq_row_group_first(const mml_pq_file *f, int g);
+/* The decoded bytes of row group g's read column chunks, as the footer states them (a
+ * hint for sizing buffers: not checked). */
+int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g);
 /* The row group holding the file's row `row` (0 <= row < mml_pq_rows). */
 int mml_pq_row_group_of(const mml_pq_file *f, int64_t row);
 /* The byte range [*off, *off + *len) row group g's read columns occupy in the file. */
