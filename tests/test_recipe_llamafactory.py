@@ -606,17 +606,100 @@ def test_video_qwen3_one_video_in_the_first_message(tmp_path):
             _ours_videos("qwen3_vl_nothink", str(tmp_path / "v.json"))
 
 
-def test_video_frame_list_refused(tmp_path):
-    """A video given as a list of frames is not reproduced under the recipe: refused, not
-    processed the default recipe's way."""
-    img = os.path.join(DATA, "mllm_demo_data", "1.jpg")
-    rec = {
-        "messages": [
-            {"role": "user", "content": "<video>What happens?"},
-            {"role": "assistant", "content": "Nothing."},
-        ],
-        "videos": [[img, img, img, img]],
-    }
-    (tmp_path / "v.json").write_text(json.dumps([rec]))
-    with pytest.raises(mmloader.Error, match="frame lists"):
-        _ours_videos("qwen2_vl", str(tmp_path / "v.json"))
+# Frame lists (a video given as a list of image files): photos re-encoded at test time,
+# panned so that every frame differs.  (name, photo, frame size, frames, format, mode):
+# 320x240 JPEG over video_max_pixels (256^2: shrunk with Pillow), odd count (the last
+# repeated); 200x150 PNG under it; 240x320 gray JPEG (Pillow mode L), even count.
+FRAME_LISTS = [
+    ("astro", "astronaut", (320, 240), 5, "JPEG", "RGB"),
+    ("coffee", "coffee", (200, 150), 4, "PNG", "RGB"),
+    ("cam", "camera", (240, 320), 6, "JPEG", "L"),
+]
+
+
+def _frame_list_records(folder):
+    """FRAME_LISTS as LLaMA-Factory sharegpt records ("videos": [[frame, ...]]) with the
+    folder's dataset_info.json."""
+    import photos as ph
+
+    recs = []
+    for name, photo, (w, h), n, fmt, mode in FRAME_LISTS:
+        im = ph.photos(640)[photo]
+        im = (ph.rgb(im) if mode == "RGB" else im.convert("L")).resize((w + 3 * n, h + 2 * n))
+        paths = []
+        for k in range(n):
+            path = os.path.join(folder, f"{name}_{k}.{fmt.lower()}")
+            with open(path, "wb") as f:
+                f.write(ph.encode(im.crop((3 * k, 2 * k, 3 * k + w, 2 * k + h)), fmt))
+            paths.append(path)
+        msgs = [
+            {"role": "user", "content": "<video>What moves in these frames?"},
+            {"role": "assistant", "content": f"The camera pans ({name})."},
+        ]
+        recs.append({"messages": msgs, "videos": [paths]})
+    with open(os.path.join(folder, "frames.json"), "w") as f:
+        json.dump(recs, f)
+    with open(os.path.join(DATA, "dataset_info.json")) as f:
+        info = json.load(f)["mllm_video_demo"]
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"frames": dict(info, file_name="frames.json")}, f)
+
+
+@pytest.fixture(scope="module")
+def frame_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lfframes")
+    _frame_list_records(str(d))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    "template,settings",
+    [
+        ("qwen2_vl", {}),
+        ("qwen3_vl_nothink", {}),
+        pytest.param(
+            "qwen2_vl", dict(video_fps=1.0, video_max_pixels=128 * 128), marks=pytest.mark.slow
+        ),
+        pytest.param(
+            "qwen3_vl_nothink",
+            dict(video_fps=4.0, video_max_pixels=300 * 300, video_min_pixels=200 * 200),
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_video_frame_lists(lfcache, frame_dir, template, settings):
+    """A video given as a list of image files (its _regularize_videos of nested images):
+    every frame kept (no video_fps sampling, no video_maxlen), the last repeated to an even
+    count, each read and pre-resized as its images are within video_max_pixels /
+    video_min_pixels, then the processor's uint8 resize; its fps is video_fps
+    (second_per_grid_ts, Qwen3-VL's timestamps at frame k / video_fps).  ids, labels, grids
+    and pixel_values_videos bitwise equal."""
+    job = dict(template=template, datasets=["frames"], dataset_dir=frame_dir, model_args=settings)
+    (ref,) = reference(lfcache, [job])
+    mine = _ours_videos(template, os.path.join(frame_dir, "frames.json"), **settings)
+    assert _compare_videos(ref, mine) == len(FRAME_LISTS)
+    assert [int(ref[f"vgrid_{i}"][0][0]) for i in range(3)] == [3, 2, 3]  # every frame
+
+
+def test_video_frame_list_modes_refused(tmp_path):
+    """A frame Pillow opens in a mode whose pre-resize is not reproduced (RGBA PNG over
+    video_max_pixels) is refused, naming the mode; frames of different sizes too."""
+    import photos as ph
+
+    im = ph.rgb(ph.photos(640)["astronaut"]).resize((320, 240))
+    rgba, small = tmp_path / "a.png", tmp_path / "b.jpg"
+    rgba.write_bytes(ph.encode(ph.with_alpha(im), "PNG"))
+    small.write_bytes(ph.encode(im.resize((160, 120)), "JPEG"))
+    big = tmp_path / "c.jpg"
+    big.write_bytes(ph.encode(im, "JPEG"))
+    for frames, match in (([rgba, rgba], "mode RGBA"), ([big, small], "one size")):
+        rec = {
+            "messages": [
+                {"role": "user", "content": "<video>What happens?"},
+                {"role": "assistant", "content": "Nothing."},
+            ],
+            "videos": [[str(f) for f in frames]],
+        }
+        (tmp_path / "v.json").write_text(json.dumps([rec]))
+        with pytest.raises(mmloader.Error, match=match):
+            _ours_videos("qwen2_vl", str(tmp_path / "v.json"))

@@ -409,6 +409,8 @@ def _clip_records(folder):
     ffmpeg = shutil.which("ffmpeg")
     if not ffmpeg:
         pytest.skip("Debian's ffmpeg CLI is not installed (apt-get install ffmpeg)")
+    if importlib.util.find_spec("av") is None:  # the reference's read_video (tests/tvshim)
+        pytest.skip("PyAV is not installed: the reference reads videos with torchvision's PyAV")
     os.makedirs(os.path.join(folder, "clips"), exist_ok=True)
     ph = photos.photos(640)
     recs = []
@@ -538,3 +540,31 @@ def test_video_settings_under_its_names(cache, clip_dir, preset, settings):
         settings.update(min_pixels=3136, max_pixels=12845056)
     mine = _ours_videos(path, folder, preset, model_max_length=16384, **settings)
     assert _compare_videos(ref, mine) == len(CLIPS) + 1
+
+
+def test_video_settings_per_source(cache, clip_dir):
+    """The video settings per source (mmloader.Source overrides): a qwen-vl-finetune
+    source with video_max_frames=4 and video_fps=1 beside the loader's default recipe,
+    against its code with those DataArguments."""
+    folder, path = clip_dir
+    args = dict(video_max_frames=4, video_fps=1)
+    ref = reference(cache, path, folder, "qwen3-vl", data_args=args, model_max_length=16384)
+    src = mmloader.Source(
+        path,
+        name="qft",
+        recipe="qwen-vl-finetune",
+        image_root=folder,
+        model_max_length=16384,
+        **args,
+    )
+    loader = mmloader.Loader(
+        [src],
+        preset="qwen3-vl",
+        tokenizer=TOKENIZER,
+        shuffle=False,
+        micro_batch_size=1,
+        text_only_vision="omit",
+        on_error="raise",
+        num_threads=2,
+    )
+    assert _compare_videos(ref, [as_np(b) for b in loader]) == len(CLIPS) + 1

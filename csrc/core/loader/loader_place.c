@@ -80,7 +80,11 @@
  * start reading a sample only with room for the largest sample seen per read in flight.
  * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
  * get room while the consumer holds everything else and no sample is in flight (the
- * message names the max_memory that would have held it).
+ * message names the max_memory that would have held it): the batch of the needed ticket,
+ * the one holding the collator's next sample (the head, or the pack after an open head
+ * pack), looked at once placement went as far as it can (mem_stuck).  The head and the
+ * needed ticket hold room only for what comes before them, known exactly: the queued
+ * emissions and the head's own (ticket_hold); later tickets hold the largest expansion.
  *
  * DECODER SCRATCH under max_memory.  The per-worker reserve holds what stays mapped
  * between images; an image whose decode maps more (a multi-scan JPEG's coefficients, a
@@ -341,6 +345,19 @@ static int only_consumer_waits(const mml_loader *L) {
          L->pend_head == L->pend_tail;
 }
 
+/* The batch the consumer waits for needs no more reads: the head ticket's plan is final
+ * (the collator's next sample is in a later ticket) and that sample has its places, so
+ * only its decode is missing.  A read then is for a later batch, and taking the room the
+ * head's expansion needs (as a read for the waiting consumer may) raised OutOfMemoryError
+ * at its emission (MML_STRESS_SEED=1000).  Without its places (a pack sized once complete)
+ * the next reads may be what completes it (MML_STRESS_SEED=1035 hung when they waited). */
+static int head_final(mml_loader *L) {
+  if (!L->placing || L->tk_tail <= L->tk_head || needed_ticket(L) <= L->tk_head) return 0;
+  const task *t = slot_of(L, L->head_seq);
+  return t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_PLANNED && t->tk >= 0 &&
+         ld_place_has_dests(t);
+}
+
 /* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
  * rows at emission): the largest expanded batch (the next one: a batch the consumer holds
  * is live already, in the pool's bytes; holding two here hung the loader when two did not
@@ -364,10 +381,46 @@ static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
   return f && f < (1 << 20) ? f : cap_rows * (int64_t)L->row_bytes[p];
 }
 
-/* max_memory room for `need` bytes of ticket id's, beside the scratch the decodes placed
- * in it and the tickets before it will need (scratch_hold). */
-static int ticket_room(mml_loader *L, int64_t id, int64_t need) {
-  const int64_t hold = ld_mem_scratch_hold_locked(L, id) + expand_hold(L);
+/* The room ticket id's buffers leave free for earlier work: the scratch the decodes
+ * placed in it and the tickets before it will need, and room for an expansion.  For a
+ * later ticket that is the largest expanded batch so far (expand_hold); for the head
+ * ticket and the needed one (needed_ticket) what comes before them is known, and never
+ * more: the expansions of the batches queued for emission (fneed) and the head's own,
+ * its float rows beyond the pages its buffer has (as hand_off_locked counts fneed in
+ * loader_collator.c), from its rows once its plan is final (a later ticket is needed),
+ * else from the most rows its image buffer (`cap_rows` when that is the buffer asked
+ * for: plane p of the head) can take; the scratch and the expansion never at once.  The largest expanded batch -- a pack bound's
+ * float rows -- held against them hung the loader (MML_STRESS_SEED=1000: the next pack's
+ * video rows waited for room that the head, a small pack, could only use after them). */
+static int64_t pool_bytes(int64_t need);
+static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
+  const int64_t hold = ld_mem_scratch_hold_locked(L, id), eh = expand_hold(L);
+  const int64_t need_id = needed_ticket(L);
+  if (!eh || (id != L->tk_head && id != need_id)) return hold + eh;
+  int64_t exact = 0;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) exact += pool_bytes((int64_t)q->fneed);
+  }
+  const tk_plane *q = &tk_at(L, L->tk_head)->pl[PL_IMG];
+  const int anew = id == L->tk_head && p == PL_IMG; /* its buffer is the one asked for */
+  int64_t rows = anew ? cap_rows : q->buf ? q->cap_rows : q->pending_rows;
+  if (need_id != L->tk_head || rows < q->rows) rows = q->rows; /* final, or no buffer yet */
+  const int64_t f = rows * (int64_t)L->expand_row_bytes;
+  int64_t add = f; /* a float buffer beside it, or in place: what its pages lack */
+  if (!anew && q->buf && (int64_t)mml_buf_capacity(q->buf) >= f)
+    add = (int64_t)q->buf->size < f ? f - (int64_t)q->buf->size : 0;
+  exact += pool_bytes(add);
+  if (exact > eh) exact = eh;
+  /* the scratch is given back (trimmed) when its decode ends, before the batch it is in can
+   * be handed off and expanded: one after the other, the larger of the two is kept free */
+  return hold > exact ? hold : exact;
+}
+
+/* max_memory room for `need` bytes of plane p (cap_rows rows) of ticket id's, beside what
+ * it leaves free for earlier work (ticket_hold). */
+static int ticket_room(mml_loader *L, int64_t id, int p, int64_t cap_rows, int64_t need) {
+  const int64_t hold = ticket_hold(L, id, p, cap_rows);
   if (ld_mem_room_hold_locked(L, need, hold)) return 1;
   if (!L->nspare) return 0;
   ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
@@ -397,7 +450,7 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
            (int64_t)L->row_bytes[r];
   if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (earlier || (!has_buf(k) && (prefetch_full(L, id) || decodes_ahead(L, id))) ||
-      !ticket_room(L, id, ticket_bytes(L, p, cap_rows))) {
+      !ticket_room(L, id, p, cap_rows, ticket_bytes(L, p, cap_rows))) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;
@@ -430,12 +483,20 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   return 1;
 }
 
+/* Whether plane q should be given a buffer of its rows so far: it has none, or waits for
+ * a larger one (a pack's bound, asked for when it outgrew the buffer a rewind left it:
+ * that request, kept where its plan became final, raised OutOfMemoryError in
+ * MML_STRESS_SEED=1000 where its rows fitted). */
+static int rows_now(const tk_plane *q) {
+  return q->buf ? q->pending_rows > q->rows && q->rows > q->cap_rows : q->rows > 0;
+}
+
 /* The ticket is complete by plan: a padded one gets its exact buffers now. */
 static void close_ticket(mml_loader *L, int64_t id, mml_collator *c) {
   ticket *k = tk_at(L, id);
   k->closed = 1;
   for (int p = 0; p < PLANES; p++)
-    if (!k->pl[p].buf && k->pl[p].rows > 0) rebuffer(L, id, p, k->pl[p].rows, c);
+    if (rows_now(&k->pl[p])) rebuffer(L, id, p, k->pl[p].rows, c);
 }
 
 /* Where placing stopped for good (final: the epoch ends, or has its batches) or until
@@ -447,7 +508,7 @@ static void stall(mml_loader *L, mml_collator *c, int final) {
   if (L->tk_tail < L->tk_head || (!final && L->tk_tail != needed_ticket(L))) return;
   ticket *k = tk_at(L, L->tk_tail);
   for (int p = 0; p < PLANES; p++)
-    if (!k->pl[p].buf && k->pl[p].rows > 0) rebuffer(L, L->tk_tail, p, k->pl[p].rows, c);
+    if (rows_now(&k->pl[p])) rebuffer(L, L->tk_tail, p, k->pl[p].rows, c);
 }
 
 /* Sample t's plane-p rows join ticket `id` (at t->at[p].row): a place in its buffer now,
@@ -500,11 +561,13 @@ static int64_t scratch_bytes(const mml_loader *L);
 /* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
 static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
 
-/* Bytes the head ticket's planes wait for. */
+/* Bytes the planes of the tickets up to the needed one (the one the consumer's next batch
+ * waits on: needed_ticket) wait for. */
 static int64_t head_pending_bytes(mml_loader *L) {
-  const ticket *k = tk_at(L, L->tk_head);
   int64_t n = 0;
-  for (int p = 0; p < PLANES; p++) n += k->pl[p].pending_rows * (int64_t)L->row_bytes[p];
+  for (int64_t id = L->tk_head, nt = needed_ticket(L); id <= nt; id++)
+    for (int p = 0; p < PLANES; p++)
+      n += tk_at(L, id)->pl[p].pending_rows * (int64_t)L->row_bytes[p];
   return n;
 }
 
@@ -516,11 +579,12 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     ticket *k = tk_at(L, id);
     for (int p = 0; p < PLANES && !failed; p++)
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
-    if (failed && id == L->tk_head) L->mem_head_fails++;
+    if (failed && id <= needed_ticket(L)) L->mem_head_fails++;
   }
   /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
    * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
-  const int64_t spares = L->spare_bytes, h = L->tk_head;
+  const int64_t spares = L->spare_bytes,
+                h = L->tk_tail >= L->tk_head ? needed_ticket(L) : L->tk_head;
   const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
                             (has_buf(tk_at(L, h)) || !(prefetch_full(L, h) || decodes_ahead(L, h)));
   if (short_of_room && spares) ld_bytes_free_spares(L);
@@ -529,11 +593,35 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     retry_pending(L, c);
     return;
   }
+}
+
+/* After placing: the needed ticket still waits for room (retry_pending counted its failed
+ * tries), the consumer waits for its batch and holds everything else, and no sample is
+ * being read or planned: it cannot fit.  Looked at only once placement went as far as it
+ * could (a sample placed after the retry may end the epoch, which sizes an open pack's
+ * buffers by its rows instead of its bound: MML_STRESS_SEED=1000). */
+static void mem_stuck(mml_loader *L, mml_collator *c) {
   if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
     L->mem_head_fails = 0;
   if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
       L->pend_head != L->pend_tail || L->emitting || L->in_flight)
     return;
+  /* An open pack waiting for buffers of its bound first asks for its rows so far (as a
+   * full window does: stall), re-buffered if it grows: those rows are needed whatever
+   * joins it, and nothing can join while the reads wait for room (MML_STRESS_SEED=1000) */
+  const int64_t nt = needed_ticket(L);
+  int shrunk = 0;
+  for (int p = 0; p < PLANES; p++) {
+    const tk_plane *q = &tk_at(L, nt)->pl[p];
+    if (q->pending_rows > q->rows && rows_now(q)) {
+      shrunk = 1;
+      rebuffer(L, nt, p, q->rows, c);
+    }
+  }
+  if (shrunk) {
+    L->mem_head_fails = 0;
+    return;
+  }
   /* the consumer waits for this batch and holds everything else, and no sample is being
    * read or planned (one may still free bytes of its own: a remote video's first block
    * at its probe): it cannot fit */
@@ -541,7 +629,8 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, L->tk_head), eh = expand_hold(L);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, needed_ticket(L));
+  const int64_t eh = ticket_hold(L, needed_ticket(L), -1, 0) - hold;
   mml_err_set(&e, MML_ENOMEM,
               "max_memory=%lld cannot hold the next batch: its %lld bytes of "
               "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
@@ -572,8 +661,15 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
 }
 
+static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c);
+
 void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (!L->placing || L->fatal) return;
+  place_locked(L, epoch, bie, c);
+  if (L->cfg.max_memory && !L->fatal) mem_stuck(L, c);
+}
+
+static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (L->mem_blocked) retry_pending(L, c);
   if (L->place_seq < L->head_seq) L->place_seq = L->head_seq;
   while (!L->fatal) {
@@ -744,7 +840,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * can use the room held below, and the batch it waits for may need this sample (holding
    * it back hung the loader when two large batches did not fit beside the rest); the
    * steps after the read still check the cap and name what cannot fit. */
-  if (only_consumer_waits(L)) return ld_mem_room_hold_locked(L, est, 0);
+  if (only_consumer_waits(L) && !head_final(L)) return ld_mem_room_hold_locked(L, est, 0);
   /* Once samples need scratch: beside the most one has needed (the one read may need as
    * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
    * built; a batch the consumer holds is live already): samples read ahead must not take
@@ -852,7 +948,16 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
     if (q->state == PEND_QUEUED) need = (int64_t)q->fneed; /* in place: F - U bytes more */
   }
   if (need <= 0) return 0;
-  if (ld_mem_room_hold_locked(L, need, 0)) {
+  int ok = ld_mem_room_hold_locked(L, need, 0);
+  if (!ok && (L->nspare || L->video_open_bytes || L->video_held)) {
+    /* caches make way for the oldest work before it waits, as for the head ticket
+     * (retry_pending): the spare byte buffers, and the bytes later samples hold ahead of
+     * their decode (their decodes read them again) */
+    ld_bytes_free_spares(L);
+    ld_release_videos_ahead_locked(L);
+    ok = ld_mem_room_hold_locked(L, need, 0);
+  }
+  if (ok) {
     L->emit_extra += need;
     L->emit_stuck = 0;
     return need;

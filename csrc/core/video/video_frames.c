@@ -134,14 +134,62 @@ static mml_status plan_finish(const mml_vision_cfg *cfg, mml_video_plan *p, mml_
   return MML_OK;
 }
 
+/* recipe="llama-factory", a frame list (its Qwen2VLPlugin._regularize_videos of nested
+ * images): every listed frame (no sampling, no video_maxlen), the last repeated to an even
+ * count, each read and pre-resized as its images are (mode rules included) within
+ * video_max/min_pixels, then the processor's resize as for its video files.  Its fps is
+ * video_fps (second_per_grid_ts 2 / video_fps; Qwen3-VL timestamps at indices 0..n-1 over
+ * video_fps).  The frames must share one size (its processor stacks them). */
+static mml_status lf_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
+                               const mml_bytes *frames, mml_video_plan *p, double *ts,
+                               mml_err *err) {
+  const int64_t n = v->nframes;
+  if (n < 1) return mml_err_set(err, MML_ERECORD, "bad record: a video of no frames");
+  for (int j = 0; j < v->nframes; j++) {
+    mml_image_info info;
+    mml_status st = mml_image_probe(frames[j].data, frames[j].len, &info, err);
+    if (st) return mml_err_prefix(err, "frame %d", j), st;
+    if (cfg->max_image_pixels > 0 && (int64_t)info.width * info.height > cfg->max_image_pixels)
+      return mml_err_set(err, MML_ETOOBIG, "frame %d: %dx%d is above max_image_pixels=%lld", j,
+                         info.width, info.height, (long long)cfg->max_image_pixels);
+    if (j == 0) {
+      p->src_w = p->list_w = info.width;
+      p->src_h = p->list_h = info.height;
+    } else if (info.width != p->src_w || info.height != p->src_h) {
+      return mml_err_set(err, MML_ERECORD,
+                         "bad record: frame %d is %dx%d, frame 0 %dx%d (LLaMA-Factory's processor "
+                         "stacks a video's frames: one size)",
+                         j, info.width, info.height, p->src_w, p->src_h);
+    }
+  }
+  mml_status st = mml_lf_pre_sizes(p->src_w, p->src_h, cfg->lf_video_max_pixels,
+                                   cfg->lf_video_min_pixels, &p->lf_pre_n, &p->lf_pre_cap,
+                                   p->lf_pre_w, p->lf_pre_h, &p->qvu_w, &p->qvu_h, err);
+  if (st) return st;
+  p->lf = 1;
+  p->listed = n;
+  p->nframes = n + (n & 1);
+  p->smp.n = n;
+  p->fps = p->sample_fps = cfg->lf_video_fps; /* its fps_per_video */
+  if ((st = plan_finish(cfg, p, err))) return st;
+  p->src_pixels = n * (int64_t)p->src_w * p->src_h;
+  if (ts && cfg->video_family == MML_VIDEO_QWEN3) { /* its frames_indices: range(n) */
+    int64_t *idx = malloc((size_t)n * sizeof *idx);
+    if (!idx)
+      return mml_err_set(err, MML_ENOMEM, "video: out of memory for %lld frame indices",
+                         (long long)n);
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    mml_video_timestamps(idx, n, cfg->lf_video_fps, cfg->merge_size, ts);
+    free(idx);
+  }
+  return MML_OK;
+}
+
 mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
                                const mml_bytes *frames, mml_video_plan *p, double *ts,
                                mml_err *err) {
   memset(p, 0, sizeof *p);
-  if (cfg->lf)
-    return mml_err_set(err, MML_EVIDEO,
-                       "recipe=\"llama-factory\": its path for videos given as frame lists is not "
-                       "reproduced yet (video files are)");
+  if (cfg->lf) return lf_plan_list(cfg, v, frames, p, ts, err);
   const int f = cfg->patch_size * cfg->merge_size;
   p->listed = v->nframes;
   for (int j = 0; j < v->nframes; j++) {
@@ -491,6 +539,40 @@ static mml_status frame_tail(const mml_vision_cfg *cfg, mml_video_scratch *s,
   return planes_tail(cfg, s, p, k, out, err);
 }
 
+typedef struct file_ctx {
+  const mml_vision_cfg *cfg;
+  mml_video_scratch *s;
+  const mml_video_plan *p;
+  void *out;
+} file_ctx;
+
+static mml_status lf_frame(const file_ctx *c, const mml_video_frame *f, mml_err *err);
+
+/* recipe="llama-factory", a frame list (lf_plan_list): each listed frame read as its
+ * images are (convert("RGB"): alpha dropped; no EXIF turn; the mode rules of its
+ * pre-resize), then lf_frame (which also fills the repeated last slot). */
+static mml_status lf_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
+                                  const mml_bytes *frames, const mml_video_plan *p, void *out,
+                                  mml_err *err) {
+  const mml_decode_opts opts = {.strict_jpeg = cfg->strict_jpeg, .alpha = MML_ALPHA_DROP};
+  mml_decoder_set_opts(s->dec, &opts);
+  file_ctx c = {cfg, s, p, out};
+  for (int64_t k = 0; k < p->listed; k++) {
+    const mml_bytes *fr = &frames[k];
+    if (mml_cancelled(cfg->cancel))
+      return mml_err_set(err, MML_ECANCELLED, "cancelled between a video's frames");
+    mml_rgb8 img;
+    mml_status st = mml_lf_check_mode(fr->data, fr->len, p->lf_pre_cap > 0, "video frame", err);
+    if (!st) st = mml_image_decode(s->dec, fr->data, fr->len, 1, &img, err);
+    if (!st && (img.width != p->src_w || img.height != p->src_h))
+      st = mml_err_set(err, MML_EDECODE, "decoded to %dx%d, not as planned", img.width, img.height);
+    const mml_video_frame f = {(int)k, k, 0, img.pixels, img.width, img.height, img.stride};
+    if (!st) st = lf_frame(&c, &f, err);
+    if (st) return mml_err_prefix(err, "frame %lld", (long long)k), st;
+  }
+  return MML_OK;
+}
+
 mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *s,
                                   mml_vision_scratch *vs, const mml_video_ref *v,
                                   const mml_bytes *frames, const mml_video_plan *p, void *out,
@@ -502,6 +584,7 @@ mml_status mml_video_process_list(const mml_vision_cfg *cfg, mml_video_scratch *
   mml_decoder_set_cancel(s->dec, cfg->cancel);
   mml_status st;
   if ((st = planes_fit(s, p, err))) return st;
+  if (p->lf) return lf_process_list(cfg, s, frames, p, out, err);
   const size_t lpx = (size_t)p->list_w * p->list_h;
   if (s->u_cap < 3 * lpx) {
     uint8_t *u = realloc(s->u, 3 * lpx);
@@ -665,13 +748,6 @@ mml_status mml_video_plan_file(const mml_vision_cfg *cfg, const mml_video_keys *
   }
   return MML_OK;
 }
-
-typedef struct file_ctx {
-  const mml_vision_cfg *cfg;
-  mml_video_scratch *s;
-  const mml_video_plan *p;
-  void *out;
-} file_ctx;
 
 /* recipe llama-factory, frame k: its Pillow resizes (bicubic, Pillow 11's pass order),
  * torch's uint8 resize to the processor's size (torchvision v2 on the uint8 video), then

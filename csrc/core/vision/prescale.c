@@ -123,21 +123,29 @@ static const char *pil_mode(const uint8_t *d, size_t len, mml_image_format f, in
   return mml_image_format_name(f);
 }
 
-mml_status mml_lf_process(const mml_vision_cfg *cfg, mml_vision_scratch *s, const uint8_t *data,
-                          size_t len, const mml_vision_plan *plan, const mml_pixel_dst *dst,
-                          mml_err *err) {
+mml_status mml_lf_check_mode(const uint8_t *data, size_t len, int resized, const char *what,
+                             mml_err *err) {
   int same;
   mml_image_info info;
   mml_status st = mml_image_probe(data, len, &info, err);
   if (st != MML_OK) return st;
   const char *mode = pil_mode(data, len, info.format, &same);
   /* step 1 resizes in Pillow's mode; later steps run on the RGB image */
-  if (plan->pre_cap > 0 && !same)
+  if (resized && !same)
     return mml_err_set(err, MML_EUNSUPPORTED,
-                       "recipe=\"llama-factory\": a %dx%d image Pillow opens in mode %s: "
-                       "LLaMA-Factory's image_max_pixels/image_min_pixels resize in that mode "
+                       "recipe=\"llama-factory\": a %dx%d %s Pillow opens in mode %s: "
+                       "LLaMA-Factory's %s_max_pixels/%s_min_pixels resize in that mode "
                        "is not reproduced",
-                       plan->src_w, plan->src_h, mode);
+                       info.width, info.height, what, mode, *what == 'i' ? "image" : "video",
+                       *what == 'i' ? "image" : "video");
+  return MML_OK;
+}
+
+mml_status mml_lf_process(const mml_vision_cfg *cfg, mml_vision_scratch *s, const uint8_t *data,
+                          size_t len, const mml_vision_plan *plan, const mml_pixel_dst *dst,
+                          mml_err *err) {
+  mml_status st = mml_lf_check_mode(data, len, plan->pre_cap > 0, "image", err);
+  if (st != MML_OK) return st;
   mml_rgb8 img;
   st = mml_image_decode(s->dec, data, len, 1, &img, err);
   if (st != MML_OK) return st;

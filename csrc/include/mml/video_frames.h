@@ -50,12 +50,13 @@ typedef struct mml_video_plan {
   mml_video_sampling smp;
   /* recipe="llama-factory" (cfg->lf): smp.n frames kept by its rule (mml_lf_video_indices),
    * the last one repeated when odd (nframes = smp.n rounded up to even), and each frame's
-   * Pillow pre-resizes (mml_lf_pre_sizes with video_max/min_pixels) to qvu_w x qvu_h */
+   * Pillow pre-resizes (mml_lf_pre_sizes with video_max/min_pixels) to qvu_w x qvu_h;
+   * for a frame list every listed frame (smp.n = listed) */
   int lf;
   /* recipe="qwen-vl-finetune" (cfg->qft): smp.n frames kept by mml_qft_video_indices, the
    * last one repeated when odd, no pre-resize (lf_pre_n 0, qvu = src): then as lf */
   int qft;
-  int lf_pre_n;
+  int lf_pre_n, lf_pre_cap; /* its resizes; how many are the video_max/min_pixels ones */
   int lf_pre_w[MML_LF_PRE_MAX], lf_pre_h[MML_LF_PRE_MAX];
   int64_t probe_nframes;
   double probe_fps;
@@ -83,7 +84,9 @@ void mml_video_scratch_free(mml_video_scratch *s);
  * MML_EUNSUPPORTED, MML_ETOOBIG), MML_ERECORD (frames of different sizes after
  * fetch_image — torch.stack refuses them — or a budget qwen-vl-utils rejects),
  * MML_EASPECT, MML_EVIDEO (pixel_format uint8 and a processor resize, see
- * mml_video_frame_write). */
+ * mml_video_frame_write).  recipe="llama-factory" (cfg->lf): its own frame-list path
+ * instead (every frame, the last repeated when odd, its Pillow pre-resizes: lf below;
+ * timestamps at frame k / its video_fps; frames of different sizes are MML_ERECORD). */
 mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v,
                                const mml_bytes *frames, mml_video_plan *p, double *ts,
                                mml_err *err);

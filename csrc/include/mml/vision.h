@@ -234,6 +234,12 @@ mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, in
 mml_status mml_lf_pre_sizes(int width, int height, int64_t max_pixels, int64_t min_pixels, int *n,
                             int *n_cap, int *ws, int *hs, int *out_w, int *out_h, mml_err *err);
 
+/* MML_OK when the encoded image is one Pillow opens as RGB or L, or when `resized` is 0
+ * (no image_max_pixels / image_min_pixels step runs on it); else MML_EUNSUPPORTED naming
+ * Pillow's mode (4. of prescale.c).  what: "image" or "video frame" in the message. */
+mml_status mml_lf_check_mode(const uint8_t *data, size_t len, int resized, const char *what,
+                             mml_err *err);
+
 /* Decodes an image whose plan has pre_n > 0, runs its Pillow resizes (bicubic, each pass
  * rounded to uint8, horizontal pass first as Pillow 11 does) and the processor's path on
  * the result.  The image must be one Pillow opens as RGB or L (its resize is then the
