@@ -133,6 +133,23 @@ def test_consumer_holding_every_batch_gets_a_clear_error(shard):
         _run(shard, keep=True, max_memory=120 * MB)
 
 
+def test_out_of_memory_names_the_sample_and_keeps_prefetched_batches_apart(shard):
+    # one explainer (loader_place.c mem_explain): the sample the consumer's batch waits on,
+    # the batches the consumer holds apart from those built ahead of it (prefetched: they
+    # were counted as the consumer's), and a max_memory that holds the batch
+    import re
+
+    with pytest.raises(mmloader.OutOfMemoryError) as e:
+        _run(shard, keep=True, max_memory=120 * MB)
+    msg = str(e.value)
+    # (a sample is named where one waits: not by an emission's rule, a whole batch's)
+    assert re.match(r"(.*d\.jsonl:\d+: )?max_memory=125829120 cannot hold the \d+ bytes of ", msg)
+    held = int(re.search(r"(\d+) bytes of batches the consumer holds", msg).group(1))
+    ahead = int(re.search(r"(\d+) bytes of batches being built or emitted ahead", msg).group(1))
+    fit = int(re.search(r"max_memory >= (\d+) would hold it", msg).group(1))
+    assert held > 0 and ahead >= 0 and fit > 120 * MB, msg
+
+
 def test_max_memory_below_scratch_is_a_config_error(shard):
     with pytest.raises(mmloader.ConfigError, match="max_memory"):
         mmloader.Loader(shard, tokenizer=TINY, num_threads=4, max_memory=32 * MB)

@@ -595,6 +595,46 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
   }
 }
 
+/* The one out-of-memory explainer of the stuck rules (mem_stuck, a decode's scratch, an
+ * emission): `need` bytes of `what` for sample t (NULL: not one sample's) cannot be held
+ * beside what is live, split into the batches the consumer holds (the pool's live bytes
+ * less those below), the batches being built or emitted ahead of it (tickets' buffers,
+ * prefetched: not the consumer's), the samples read ahead and the workers' scratch;
+ * `fit` is the max_memory that would hold it, `hint` how to need less. */
+static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need, int64_t fit,
+                        const char *hint, mml_err *e) {
+  char where[1100] = "";
+  if (t) {
+    const mml_sample *s = &t->sample;
+    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where - 2);
+    strcat(where, ": ");
+  }
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  int64_t ahead = 0; /* buffers of batches not handed to the consumer yet */
+  for (int64_t id = L->tk_head; id <= L->tk_tail; id++)
+    for (int p = 0; p < PLANES; p++)
+      if (tk_at(L, id)->pl[p].buf) ahead += pool_bytes((int64_t)tk_at(L, id)->pl[p].buf->size);
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    for (int p = 0; p < PLANES && q->state == PEND_QUEUED; p++) {
+      const mml_buf *b = mml_collator_attached_pixels(L->colls[q->coll], p);
+      if (b && (p == PL_IMG || b != mml_collator_attached_pixels(L->colls[q->coll], PL_IMG)))
+        ahead += pool_bytes((int64_t)b->size);
+    }
+  }
+  if (ahead > (int64_t)live) ahead = (int64_t)live;
+  mml_err_set(e, MML_ENOMEM,
+              "%smax_memory=%lld cannot hold the %lld bytes of %s beside %lld bytes of batches "
+              "the consumer holds, %lld bytes of batches being built or emitted ahead of it "
+              "(prefetched), %lld bytes of samples read ahead and %lld bytes of %d workers' "
+              "decode scratch: max_memory >= %lld would hold it; %s",
+              where, (long long)L->cfg.max_memory, (long long)need, what,
+              (long long)((int64_t)live - ahead), (long long)ahead, (long long)L->win_bytes,
+              (long long)(scratch_bytes(L) + L->scratch_extra + L->emit_extra), L->cfg.num_threads,
+              (long long)fit, hint);
+}
+
 /* After placing: the needed ticket still waits for room (retry_pending counted its failed
  * tries), the consumer waits for its batch and holds everything else, and no sample is
  * being read or planned: it cannot fit.  Looked at only once placement went as far as it
@@ -629,20 +669,19 @@ static void mem_stuck(mml_loader *L, mml_collator *c) {
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, needed_ticket(L));
-  const int64_t eh = ticket_hold(L, needed_ticket(L), -1, 0) - hold;
-  mml_err_set(&e, MML_ENOMEM,
-              "max_memory=%lld cannot hold the next batch: its %lld bytes of "
-              "pixel_values(_videos) (%lld in the pool's pages) beside %zu bytes of batches "
-              "the consumer holds, %lld bytes of samples in flight and %lld bytes of "
-              "%d workers' decode scratch need max_memory >= %lld (with one more sample's bytes in "
-              "flight); or hold fewer batches: a "
-              "`for batch in loader` loop keeps the previous batch alive while it asks for "
-              "the next (`del batch` at the end of the loop body releases it)",
-              (long long)L->cfg.max_memory, (long long)next, (long long)need, live,
-              (long long)L->win_bytes, (long long)scratch_bytes(L), L->cfg.num_threads,
-              (long long)((int64_t)live + L->win_bytes + L->max_sample_bytes + scratch_bytes(L) +
-                          L->scratch_extra + L->emit_extra + hold + eh + need));
+  const int64_t hold = ld_mem_scratch_hold_locked(L, nt);
+  const int64_t eh = ticket_hold(L, nt, -1, 0) - hold;
+  const int64_t s0 = tk_at(L, nt)->first_seq;
+  const task *t = slot_of(L, s0 > L->head_seq ? s0 : L->head_seq);
+  mem_explain(L, t->seq >= L->head_seq && t->gen == L->gen ? t : NULL,
+              "pixel_values(_videos) the batch the consumer waits for needs (in the pool's pages)",
+              need,
+              (int64_t)live + L->win_bytes + L->max_sample_bytes + scratch_bytes(L) +
+                  L->scratch_extra + L->emit_extra + hold + eh + need,
+              "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
+              "alive while it asks for the next (`del batch` at the end of the loop body "
+              "releases it)",
+              &e);
   if (eh > 0) {
     size_t n = strlen(e.msg);
     snprintf(e.msg + n, sizeof e.msg - n,
@@ -924,17 +963,11 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   if (++L->scratch_stuck < 20) return 0;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  char where[1100];
-  const mml_sample *s = &t->sample;
-  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
   mml_err e;
-  mml_err_set(&e, MML_ENOMEM,
-              "%s: max_memory=%lld cannot hold the %lld bytes of decoder scratch its image needs "
-              "beside %zu bytes of batch buffers still alive (batches the consumer holds, the "
-              "batch being built) and %lld bytes of samples in flight: release earlier batches, "
-              "or raise max_memory",
-              where, (long long)L->cfg.max_memory, (long long)t->scratch_need, live,
-              (long long)L->win_bytes);
+  mem_explain(L, t, "decoder scratch its image needs", t->scratch_need,
+              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
+                  t->scratch_need,
+              "release earlier batches", &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
 }
@@ -971,13 +1004,13 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
-  mml_err_set(&e, MML_ENOMEM,
-              "max_memory=%lld cannot hold the next batch's %lld bytes of expanded pixel_values "
-              "beside %zu bytes of batch buffers still alive (batches the consumer holds, "
-              "uint8 rows of batches being built) and %lld bytes of samples in flight: release "
-              "earlier batches, raise max_memory, or set pixel_format=\"%s\"",
-              (long long)L->cfg.max_memory, (long long)need, live, (long long)L->win_bytes,
-              decode_name(L));
+  char hint[96];
+  snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
+           decode_name(L));
+  mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
+              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
+                  pool_bytes(need),
+              hint, &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
 }
