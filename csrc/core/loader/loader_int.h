@@ -125,6 +125,7 @@ struct task {
   /* placement (loader_place.c; guarded by mu): the batch the planner put it in (a ticket,
    * -1: not placed) and, per plane (PL_IMG images, PL_VID videos), its place there */
   int64_t tk;
+  int64_t decode_cost; /* set when it becomes PLANNED: the order of its batch's decodes */
   int dec;
   place_at at[PLANES];
   task *next_dec;

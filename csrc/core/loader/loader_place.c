@@ -250,23 +250,10 @@ static void set_dest(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {
   }
 }
 
-/* What a sample's decode costs, roughly, for the order of a batch's decodes: the pixels its
- * images decode (at their decode scale) plus its video rows at a frame patch's worth of
- * source pixels each.  Only the order of the decode queue depends on it, never a bit. */
-static int64_t decode_cost(const task *t) {
-  int64_t c = 0;
-  for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++) {
-    const mml_vision_plan *q = &t->plans[i];
-    const int64_t d = q->decode_scale > 1 ? (int64_t)q->decode_scale * q->decode_scale : 1;
-    c += (int64_t)q->src_w * q->src_h / d;
-  }
-  return c + t->sample.vpixel_rows * 1024;
-}
-
 /* The ticket's uncommitted members (seq from head_seq to place_seq) get their places in
  * plane p's buffer.  Invariant P1: without max_memory, when a ticket's members get their
  * buffer together (a padded batch complete by plan: close_ticket), their decodes are queued
- * largest first (decode_cost; ties in stream order), so a batch does not wait on a large
+ * largest first (task.decode_cost; ties in stream order), so a batch does not wait on a large
  * image whose decode started last while the other workers had nothing of the batch left to
  * do.  Where each sample's rows go is unchanged, and so are the batches, bit for bit.
  * Under max_memory the queue stays in stream order: a decode waiting for scratch room holds
@@ -284,7 +271,7 @@ static void assign_members(mml_loader *L, int64_t id, int p) {
     task *t = slot_of(L, s);
     if (t->tk == id && plane_rows(&t->sample, p) > 0) {
       if (n == MML_LPT_MAX) break;
-      int64_t c = decode_cost(t);
+      const int64_t c = t->decode_cost;
       int j = n++;
       for (; j > 0 && cost[j - 1] < c; j--) { /* insertion: stable, largest first */
         order[j] = order[j - 1];

@@ -598,6 +598,19 @@ static task *take_task_locked(mml_loader *L) {
   return NULL;
 }
 
+/* What a planned sample's decode costs, roughly, for the order of a batch's decodes
+ * (loader_place.c, P1): the pixels its images decode (each at its decode scale) plus its
+ * video rows at 1024 source pixels each.  Read from the plans the worker holding t made. */
+static int64_t decode_cost(const task *t) {
+  int64_t c = 0;
+  for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++) {
+    const mml_vision_plan *q = &t->plans[i];
+    const int64_t d = q->decode_scale > 1 ? (int64_t)q->decode_scale * q->decode_scale : 1;
+    c += (int64_t)q->src_w * q->src_h / d;
+  }
+  return c + t->sample.vpixel_rows * 1024;
+}
+
 /* The planned (or failed) task's slot goes to the planner and collator (or back to the
  * window if its plan was abandoned meanwhile).  A good sample with pixels waits PLANNED
  * for its decode; the others are final. */
@@ -616,6 +629,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
     int later = t->sample.status == MML_OK && L->placing &&
                 (t->sample.pixel_rows > 0 || t->sample.vpixel_rows > 0);
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
+    if (later) t->decode_cost = decode_cost(t);
     t->state = later ? SLOT_PLANNED : SLOT_DONE;
     pthread_cond_signal(&L->coll_cv);
   } else {
