@@ -132,11 +132,25 @@ def check_route(where: str, recipe: str, image_route: str) -> None:
         )
 
 
+# qwen3_video_prompt's spellings before transformers 5.25, and what each wrote
+_OLD_VIDEO_PROMPTS = {
+    "transformers>=5.10": "blocks-in-pair (transformers 5.10 to 5.24)",
+    "transformers<5.10": "blocks (transformers 4.57 to 5.9, and 5.25 on)",
+}
+
+
 def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default: str) -> None:
     """LLaMA-Factory writes Qwen3-VL video prompts itself (its Qwen3VLPlugin: the blocks
     alone), and Qwen's code gets the blocks alone from its processor's apply_chat_template
     (transformers 4.57 and 5.25); another qwen3_video_prompt would not be followed:
-    refused, not ignored."""
+    refused, not ignored.  The spellings before transformers 5.25 (which went back to the
+    blocks alone) name versions that no longer tell the form: refused, naming the new one."""
+    if qwen3_video_prompt in _OLD_VIDEO_PROMPTS:
+        raise ConfigError(
+            f"{where}qwen3_video_prompt={qwen3_video_prompt!r} is no longer a choice: "
+            f"transformers 5.25 writes the blocks alone again; write "
+            f"{_OLD_VIDEO_PROMPTS[qwen3_video_prompt]!r}"
+        )
     if recipe in (LLAMA_FACTORY, QWEN_VL_FINETUNE) and qwen3_video_prompt != default:
         raise ConfigError(
             f"{where}recipe={recipe!r} writes {_NAMES[recipe]}'s own Qwen3-VL video "

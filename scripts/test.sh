@@ -26,10 +26,10 @@ step() {  # step NAME COMMAND...: runs it, records "ok" or "FAILED (exit N)"
 # cannot be made those tests skip, saying so, and the run goes on)
 step "LLaMA-Factory venv (scripts/setup-llamafactory.sh)" bash -c 'bash scripts/setup-llamafactory.sh ||
   echo "[mmloader] no LLaMA-Factory venv: tests/test_recipe_llamafactory.py skips"'
-# transformers 5.9's venv for tests/test_qwen3_video_prompt.py (qwen3_video_prompt=
-# "transformers<5.10"; made once, skipped with the reason when it cannot be made)
-step "transformers 5.9 venv (scripts/setup-transformers59.sh)" bash -c 'bash scripts/setup-transformers59.sh ||
-  echo "[mmloader] no transformers 5.9 venv: tests/test_qwen3_video_prompt.py skips its old form"'
+# transformers 5.24's venv for tests/test_qwen3_video_prompt.py (qwen3_video_prompt=
+# "blocks-in-pair"; made once, skipped with the reason when it cannot be made)
+step "transformers 5.24 venv (scripts/setup-transformers524.sh)" bash -c 'bash scripts/setup-transformers524.sh ||
+  echo "[mmloader] no transformers 5.24 venv: tests/test_qwen3_video_prompt.py skips blocks-in-pair"'
 step "formatting (scripts/format.sh --check)" bash scripts/format.sh --check
 step "types (mypy)" "$PY" -m mypy
 step "pytest (${PY})" "$PY" -m pytest -q -m "not slow and not gpu" "$@"

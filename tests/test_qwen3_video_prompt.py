@@ -4,11 +4,12 @@ own Qwen3VLProcessor.
 transformers' Qwen3VLProcessor writes a video as one "<t seconds><|vision_start|>pads
 <|vision_end|>" block per temporal patch.  From 4.57 (Qwen3-VL's first release) to 5.9 its
 __call__ replaced the chat template's whole "<|vision_start|><|video_pad|><|vision_end|>"
-with the blocks; from 5.10 on (replace_video_token, ProcessorMixin's expansion) only
+with the blocks; from 5.10 to 5.24 (replace_video_token, ProcessorMixin's expansion) only
 <|video_pad|> is replaced, so the template's outer pair stays: two tokens more per video,
-the pixels unchanged.  "transformers>=5.10" (the default) is checked against the suite's
-transformers (5.24), "transformers<5.10" against transformers 5.9 in its own venv
-(scripts/setup-transformers59.sh; skipped, saying so, without it).  Each reference is
+the pixels unchanged; 5.25 collapses the pair again (get_text_with_replacements).
+"blocks" (the default) is checked against the suite's transformers (5.25),
+"blocks-in-pair" against transformers 5.24 in its own venv
+(scripts/setup-transformers524.sh; skipped, saying so, without it).  Each reference is
 tests/video_reference.py (qwen-vl-utils 0.0.14 + the processor + get_rope_index), run
 with that interpreter; compared: input_ids, grids, pixel_values_videos, mm_token_type_ids,
 position_ids, rope_deltas, bitwise (test_video_frames.compare).
@@ -31,21 +32,21 @@ from test_video_frames import REAL, TINY, compare
 pytest.importorskip("av")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VENV59 = os.environ.get("MMLOADER_TRANSFORMERS59_VENV", "/work/venvs/transformers-5.9")
+VENV524 = os.environ.get("MMLOADER_TRANSFORMERS524_VENV", "/work/venvs/transformers-5.24")
 
 
 def _python(form):
     """The interpreter whose transformers writes `form`, or a skip saying why not."""
-    if form == "transformers>=5.10":
+    if form == "blocks":
         import transformers
 
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-        assert (major, minor) >= (5, 10), transformers.__version__
+        assert (major, minor) >= (5, 25) or (major, minor) < (5, 10), transformers.__version__
         return sys.executable
-    py = os.path.join(VENV59, "bin", "python")
-    if not os.path.isfile(os.path.join(VENV59, ".mmloader-requirements")):
+    py = os.path.join(VENV524, "bin", "python")
+    if not os.path.isfile(os.path.join(VENV524, ".mmloader-requirements")):
         pytest.skip(
-            f"no transformers 5.9 venv: run scripts/setup-transformers59.sh (makes {VENV59})"
+            f"no transformers 5.24 venv: run scripts/setup-transformers524.sh (makes {VENV524})"
         )
     return py
 
@@ -69,7 +70,7 @@ def _reference(python, items):
     return out
 
 
-FORMS = ["transformers>=5.10", "transformers<5.10"]
+FORMS = ["blocks", "blocks-in-pair"]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +97,7 @@ def test_form_matches_that_transformers(tmp_path, form, names):
         assert got["input_ids"].shape[1] == ref["input_ids"].shape[1]
         (alt,), _ = batches(shard, "qwen3-vl", tok, qwen3_video_prompt=other)
         assert alt["input_ids"].shape[1] - got["input_ids"].shape[1] == (
-            2 if form == FORMS[1] else -2
+            2 if form == FORMS[0] else -2
         )
 
 
@@ -109,6 +110,10 @@ def test_default_and_choices(tmp_path):
     p.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
     with pytest.raises(mmloader.ConfigError, match="qwen3_video_prompt"):
         mmloader.Loader(str(p), preset="qwen3-vl", tokenizer=TINY, qwen3_video_prompt="5.9")
+    # the spellings before transformers 5.25 name the new choice
+    for old, new in (("transformers>=5.10", "blocks-in-pair"), ("transformers<5.10", "blocks")):
+        with pytest.raises(mmloader.ConfigError, match=new):
+            mmloader.Loader(str(p), preset="qwen3-vl", tokenizer=TINY, qwen3_video_prompt=old)
 
 
 def test_llama_factory_writes_its_own_form(tmp_path):
@@ -126,7 +131,7 @@ def test_llama_factory_writes_its_own_form(tmp_path):
         )
         + "\n"
     )
-    kw = dict(preset="qwen3-vl", tokenizer=TINY, qwen3_video_prompt="transformers<5.10")
+    kw = dict(preset="qwen3-vl", tokenizer=TINY, qwen3_video_prompt="blocks-in-pair")
     with pytest.raises(mmloader.ConfigError, match="qwen3_video_prompt"):
         mmloader.Loader(str(p), recipe="llama-factory", **kw)
     src = [mmloader.Source(str(p), name="lf", recipe="llama-factory")]

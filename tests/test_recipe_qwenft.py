@@ -5,7 +5,7 @@ The reference is QwenLM/Qwen3-VL's qwen-vl-finetune data path at 96588727
 update_processor_pixels with its DataArguments defaults, and its collator's
 model_max_length cut).  That code is not on PyPI, so tests/qwenft_reference.py vendors those
 functions unchanged as a TEST FIXTURE (Apache-2.0, licence and commit noted there) and
-runs them in a subprocess of this interpreter (transformers 5.24, PIL image backend; the
+runs them in a subprocess of this interpreter (transformers 5.25, PIL image backend; the
 torchvision stand-in tests/tvshim only lets the processors import).  Inputs: its own demo
 records (tests/data/qwenft: demo/single_images.json and its two images) and records over
 real photos (scikit-image's and matplotlib's) re-encoded at test time: JPEG and PNG, gray,
@@ -350,7 +350,7 @@ def test_settings_are_checked():
     with pytest.raises(mmloader.ConfigError, match="video_max_frames cannot be smaller"):
         mmloader.Loader(f, recipe="qwen-vl-finetune", video_min_frames=9, **kw)
     with pytest.raises(mmloader.ConfigError, match="qwen3_video_prompt"):
-        mmloader.Loader(f, recipe="qwen-vl-finetune", qwen3_video_prompt="transformers<5.10", **kw)
+        mmloader.Loader(f, recipe="qwen-vl-finetune", qwen3_video_prompt="blocks-in-pair", **kw)
     with pytest.raises(mmloader.ConfigError, match="label_mode"):
         mmloader.Loader(f, recipe="qwen-vl-finetune", label_mode="last_assistant", **kw)
     with pytest.raises(mmloader.ConfigError, match="image_route"):

@@ -102,7 +102,10 @@ mml_status ld_index_source_key(mml_loader *L, ld_source *src, const mml_source_c
              (long long)sc->qft.video_max_frames);
   }
   const int lf = sc->recipe == MML_RECIPE_LLAMA_FACTORY;
-  if (c->template_style == MML_TEMPLATE_QWEN3_VL && (c->qwen3_video_prompt || lf)) {
+  /* BARE (the default since transformers 5.25) is named, OUTER (the default before) is
+   * not: an index built before keeps its key only where its counts still hold */
+  if (c->template_style == MML_TEMPLATE_QWEN3_VL &&
+      (c->qwen3_video_prompt == MML_QWEN3_VIDEO_BARE || lf)) {
     size_t used = strlen(text); /* Qwen3-VL video prompts: the form, LLaMA-Factory's own */
     snprintf(text + used, sizeof text - used, " qwen3_video_prompt=%d",
              lf ? -1 : c->qwen3_video_prompt);

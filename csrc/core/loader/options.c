@@ -34,7 +34,7 @@ static const char *const k_data_format[] = {"auto", "jsonl", "json", "webdataset
                                             NULL}; /* mml_layout */
 static const char *const k_image_space[] = {"in_place", "qwen-vl-finetune",
                                             NULL}; /* mml_image_space */
-static const char *const k_qwen3_video[] = {"transformers>=5.10", "transformers<5.10",
+static const char *const k_qwen3_video[] = {"blocks", "blocks-in-pair",
                                             NULL}; /* mml_qwen3_video_form */
 static const char *const k_on_error[] = {"skip", "raise", NULL};
 static const char *const k_keys[] = {"qwen", "megatron", NULL}; /* mml_key_style */
@@ -152,12 +152,13 @@ static const mml_option k_options[] = {
      "fine-tuning code (user text between tags stripped, empty pieces dropped, so "
      "``\"<image>\\nWhat is it?\"`` has no newline after the image)."},
     {"qwen3_video_prompt", MML_OPT_ENUM, CFG(qwen3_video_prompt), 0, 0, 0, k_qwen3_video, FP,
-     "Qwen3-VL: how a video's timestamped frames sit in the prompt, as that transformers "
-     "version's processor writes them. \"transformers>=5.10\" (default; the processor the "
-     "engine is exact against is 5.24's): the chat template's <|vision_start|> and "
-     "<|vision_end|> around the per-frame \"<t seconds><|vision_start|>pads<|vision_end|>\" "
-     "blocks; \"transformers<5.10\" (4.57 to 5.9): the blocks alone, replacing the whole "
-     "<|vision_start|><|video_pad|><|vision_end|> (two tokens fewer per video). "
+     "Qwen3-VL: how a video's timestamped frames sit in the prompt, as transformers' "
+     "processor writes them. \"blocks\" (default; transformers 4.57 to 5.9 and 5.25 on, "
+     "the engine's reference is 5.25): the per-frame \"<t seconds><|vision_start|>pads"
+     "<|vision_end|>\" blocks alone, replacing the whole "
+     "<|vision_start|><|video_pad|><|vision_end|>; \"blocks-in-pair\" (transformers 5.10 "
+     "to 5.24): the chat template's <|vision_start|> and <|vision_end|> kept around them "
+     "(two tokens more per video). "
      "recipe=\"llama-factory\" writes LLaMA-Factory's own form (the blocks alone): leave "
      "this at its default there (docs/recipes.md)."},
     /* recipes: whose data path the samples follow; the llama-factory settings keep

@@ -93,14 +93,14 @@ mml_status mml_template_set_image_space(mml_template *t, mml_image_space space, 
 
 /* How a Qwen3-VL video's timestamped blocks sit in the prompt (Loader qwen3_video_prompt),
  * as transformers' Qwen3VLProcessor writes them:
- *   OUTER  transformers 5.10 and later (5.24 is the reference): only the chat template's
- *          <|video_pad|> is replaced, so the blocks sit inside its <|vision_start|> ...
- *          <|vision_end|> pair (the default);
- *   BARE   transformers 4.57 to 5.9: the whole <|vision_start|><|video_pad|><|vision_end|>
- *          is replaced by the blocks (two tokens fewer per video).
+ *   BARE   transformers 4.57 to 5.9 and 5.25 on (the default; 5.25 is the reference): the
+ *          whole <|vision_start|><|video_pad|><|vision_end|> is replaced by the blocks;
+ *   OUTER  transformers 5.10 to 5.24: only the chat template's <|video_pad|> is replaced,
+ *          so the blocks sit inside its <|vision_start|> ... <|vision_end|> pair (two
+ *          tokens more per video).
  * Qwen2/2.5-VL videos have no blocks: the form does not apply.  Under LLaMA-Factory's data
  * path (mml_template_set_llama_factory) its own form, BARE's, is written whatever this says. */
-typedef enum { MML_QWEN3_VIDEO_OUTER = 0, MML_QWEN3_VIDEO_BARE } mml_qwen3_video_form;
+typedef enum { MML_QWEN3_VIDEO_BARE = 0, MML_QWEN3_VIDEO_OUTER } mml_qwen3_video_form;
 mml_status mml_template_set_qwen3_video(mml_template *t, mml_qwen3_video_form form, mml_err *err);
 /* The default system turn, rendered as "<|im_start|>system\n{text}<|im_end|>\n" before a
  * conversation whose first message is not a system message: NULL restores the style's
