@@ -154,9 +154,11 @@ def test_render_qwen2_and_qwen3_placeholders():
     assert "<|vision_start|>" + "<|video_pad|>" * 6 + "<|vision_end|>What happens?" in text
     text = _core.render_record(rec, "qwen3-vl", video_tokens=[(2, 2, [0.25, 1.25])])
     pads = "<|video_pad|>" * 2
+    # the default form (qwen3_video_prompt="blocks", transformers 5.25): the blocks alone,
+    # in place of the template's whole <|vision_start|><|video_pad|><|vision_end|>
     assert (
-        "<|vision_start|><0.2 seconds><|vision_start|>" + pads + "<|vision_end|>"
-        "<1.2 seconds><|vision_start|>" + pads + "<|vision_end|><|vision_end|>What"
+        "user\n<0.2 seconds><|vision_start|>" + pads + "<|vision_end|>"
+        "<1.2 seconds><|vision_start|>" + pads + "<|vision_end|>What"
     ) in text
 
 
