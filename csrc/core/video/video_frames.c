@@ -134,6 +134,17 @@ static mml_status plan_finish(const mml_vision_cfg *cfg, mml_video_plan *p, mml_
   return MML_OK;
 }
 
+/* Frame j of a frame list: its header, within max_image_pixels. */
+static mml_status probe_frame(const mml_vision_cfg *cfg, const mml_bytes *frames, int j,
+                              mml_image_info *info, mml_err *err) {
+  mml_status st = mml_image_probe(frames[j].data, frames[j].len, info, err);
+  if (st) return mml_err_prefix(err, "frame %d", j), st;
+  if (cfg->max_image_pixels > 0 && (int64_t)info->width * info->height > cfg->max_image_pixels)
+    return mml_err_set(err, MML_ETOOBIG, "frame %d: %dx%d is above max_image_pixels=%lld", j,
+                       info->width, info->height, (long long)cfg->max_image_pixels);
+  return MML_OK;
+}
+
 /* recipe="llama-factory", a frame list (its Qwen2VLPlugin._regularize_videos of nested
  * images): every listed frame (no sampling, no video_maxlen), the last repeated to an even
  * count, each read and pre-resized as its images are (mode rules included) within
@@ -147,11 +158,8 @@ static mml_status lf_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v
   if (n < 1) return mml_err_set(err, MML_ERECORD, "bad record: a video of no frames");
   for (int j = 0; j < v->nframes; j++) {
     mml_image_info info;
-    mml_status st = mml_image_probe(frames[j].data, frames[j].len, &info, err);
-    if (st) return mml_err_prefix(err, "frame %d", j), st;
-    if (cfg->max_image_pixels > 0 && (int64_t)info.width * info.height > cfg->max_image_pixels)
-      return mml_err_set(err, MML_ETOOBIG, "frame %d: %dx%d is above max_image_pixels=%lld", j,
-                         info.width, info.height, (long long)cfg->max_image_pixels);
+    mml_status st = probe_frame(cfg, frames, j, &info, err);
+    if (st) return st;
     if (j == 0) {
       p->src_w = p->list_w = info.width;
       p->src_h = p->list_h = info.height;
@@ -194,11 +202,8 @@ mml_status mml_video_plan_list(const mml_vision_cfg *cfg, const mml_video_ref *v
   p->listed = v->nframes;
   for (int j = 0; j < v->nframes; j++) {
     mml_image_info info;
-    mml_status st = mml_image_probe(frames[j].data, frames[j].len, &info, err);
-    if (st) return mml_err_prefix(err, "frame %d", j), st;
-    if (cfg->max_image_pixels > 0 && (int64_t)info.width * info.height > cfg->max_image_pixels)
-      return mml_err_set(err, MML_ETOOBIG, "frame %d: %dx%d is above max_image_pixels=%lld", j,
-                         info.width, info.height, (long long)cfg->max_image_pixels);
+    mml_status st = probe_frame(cfg, frames, j, &info, err);
+    if (st) return st;
     int lh, lw;
     if ((st = mml_video_list_frame_size(&v->keys, f, info.height, info.width, &lh, &lw, err)))
       return mml_err_prefix(err, "frame %d", j), st;
