@@ -594,6 +594,8 @@ class Loader:
         nodes = _alive_nodes()
         self._node_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes}
         targets: List[Optional[str]] = []  # the node each actor is meant for (None: Ray's choice)
+        # how the producers were placed (stats()["placement"])
+        self._placement: Dict[str, Any] = dict(placement=placement, mode=placement, note=None)
         strategies: List[Any]
         if placement == "node-local":
             here = [n for n in nodes if n["NodeID"] == self._node]
@@ -611,7 +613,17 @@ class Loader:
             rank = int(loader_kwargs.get("dp_rank") or 0)
             size = int(loader_kwargs.get("dp_size") or 1)
             fit = _feasible_nodes(bundle, n_actors, placement_timeout_s)
-            chosen = _spread(fit, self._node, bundle, n_actors, rank, size)
+            chosen, how = _spread(fit, self._node, bundle, n_actors, rank, size)
+            self._placement.update(how)
+            if how["mode"] == "interleaved" and size > 1:
+                warnings.warn(
+                    f"mmloader.ray.Loader(placement='spread'): {how['note']}, so every rank "
+                    "uses every data node (interleaved) and a data node's link may carry "
+                    "batches to several trainers at once; with at least dp_size data nodes "
+                    "that hold a rank's producers, each rank gets data nodes of its own",
+                    UserWarning,
+                    stacklevel=2,
+                )
             # soft: Ray restarts a producer elsewhere when its node dies
             strategies = [NodeAffinitySchedulingStrategy(t, soft=True) for t in chosen]
             targets = list(chosen)
@@ -1136,6 +1148,10 @@ class Loader:
             "skipped": self._skipped,
             "refs_in_flight": len(self._inflight),
             "consumer_node_id": self._node,
+            "placement": dict(
+                self._placement,
+                data_nodes=sorted({p["node_ip"] for p in prods if p["node_ip"] is not None}),
+            ),
             "producers": prods,
             "nodes": nodes,
             "fetch": _fetch_stats(list(self._history), list(self._waits), len(self._actors)),
@@ -1451,20 +1467,12 @@ def _feasible_nodes(
         time.sleep(0.5)
 
 
-def _spread(
-    nodes: List[Dict[str, Any]], me: str, bundle: Dict[str, float], n: int, rank: int, size: int
+def _round_robin(
+    nodes: List[Dict[str, Any]], bundle: Dict[str, float], n: int, offset: int
 ) -> List[str]:
-    """Rank-aware placement: actor i of rank r goes to data node (offset_r + i) mod D, with
-    the ranks' offsets spread evenly over the D nodes (every rank sorts the same node list),
-    so that when all ranks take their j-th batch they pull from different nodes, and each
-    rank's batches come from every node in turn.  This node is left out while others can
-    hold the producers (its link is the trainer's own).  A node gets no more of this rank's
-    actors than its total resources hold."""
-    others = [x for x in nodes if x["NodeID"] != me]
-    if sum(_slots(x["Resources"], bundle, n) for x in others) >= n:
-        nodes = others
+    """n actors over `nodes` in turn from node `offset`, a node taking no more of them than
+    its total resources hold (the caller checked that all of them together hold n)."""
     d = len(nodes)
-    offset = (rank * d) // max(1, size)
     room = [_slots(x["Resources"], bundle, n) for x in nodes]
     out: List[str] = []
     i = offset
@@ -1475,6 +1483,49 @@ def _spread(
             out.append(nodes[k]["NodeID"])
         i += 1
     return out
+
+
+def _holds(nodes: List[Dict[str, Any]], bundle: Dict[str, float], n: int) -> bool:
+    return sum(_slots(x["Resources"], bundle, n) for x in nodes) >= n
+
+
+def _spread(
+    nodes: List[Dict[str, Any]], me: str, bundle: Dict[str, float], n: int, rank: int, size: int
+) -> Tuple[List[str], Dict[str, Any]]:
+    """Rank-aware placement over the D data nodes (the alive nodes that hold a producer,
+    sorted by address: the same list in every rank's process, so ranks agree without
+    talking).  The node ids of this rank's n actors, and how they were chosen.
+
+    Disjoint (D >= dp_size): rank r owns data nodes [r*D//size, (r+1)*D//size), a part no
+    other rank uses, so no data node's link carries batches to two trainers (the ranks'
+    transfers never share a link but at their own trainer's end); its actors go over its
+    part in turn (batch j from producer j mod K: from each of its nodes in turn).  The
+    rank's own node is left out of its part while the rest of the part holds the actors.
+    Interleaved (fewer data nodes than ranks, or a rank's part cannot hold its actors):
+    every rank uses every node, actor i of rank r on node (offset_r + i) mod D with the
+    offsets spread evenly, so ranks taking their j-th batch at once pull from different
+    nodes when they can; said in a warning and in stats()["placement"]."""
+    d = len(nodes)
+    part = nodes[(rank * d) // size : ((rank + 1) * d) // size] if d >= size else []
+    if part:
+        rest = [x for x in part if x["NodeID"] != me]
+        if rest and _holds(rest, bundle, n):
+            part = rest
+        if _holds(part, bundle, n):
+            info = dict(mode="disjoint", note=None)
+            return _round_robin(part, bundle, n, 0), info
+        note = (
+            f"rank {rank}'s share of the {d} data nodes ({len(part)}) cannot hold its {n} "
+            f"actors with {bundle} each"
+        )
+    else:
+        note = f"{d} data node(s) for {size} ranks: fewer nodes than ranks"
+    others = [x for x in nodes if x["NodeID"] != me]
+    if _holds(others, bundle, n):
+        nodes = others
+    d = len(nodes)
+    chosen = _round_robin(nodes, bundle, n, (rank * d) // max(1, size))
+    return chosen, dict(mode="interleaved", note=note)
 
 
 def _start_error(e: BaseException, where: str) -> BaseException:
