@@ -297,29 +297,45 @@ def _stop_fetchers(timeout_s: float = 2.0) -> None:
 
 
 # Liveness: every producer is pinged every _PING_EVERY_S (the ping runs in a thread of its
-# own on the producer, so a busy producer answers at once).  A producer whose ping stays
-# unanswered past the deadline (a multiple of the p99 of recent round trips, within
-# _DEADLINE_S unless producer_timeout_s fixes it), or fails, is suspect.
+# own on the producer, so a busy producer answers at once), whether or not its earlier
+# pings were answered (up to _PINGS_MAX each).  A producer is suspect when its ping
+# fails, or when its oldest ping not followed by any answer has waited past the deadline
+# (a multiple of the p99 of recent round trips, within _DEADLINE_S unless
+# producer_timeout_s fixes it), as of the last time the watch thread looked.
 _PING_EVERY_S = 0.2
+_PINGS_MAX = 16  # unanswered pings per producer (3.2 s of them)
 _FETCH_POLL_S = 0.25  # a fetch thread's wait for its batch to be made, between checks
 _JOIN_S = 1.0  # close() waits this long, in all, for the watch and fetch threads
-_DEADLINE_S = (0.4, 1.5)  # floor, ceiling
+_DEADLINE_S = (0.5, 1.5)  # floor, ceiling
 _DEADLINE_RTT_P99 = 4.0
 
 
 class _Watch:
-    """A thread that pings the producers: round trips, the time of each one's unanswered
-    ping, the time of its last answer.  It only observes; the trainer's thread decides
-    (Loader._sweep), so the requests in flight are touched by one thread only."""
+    """A thread that pings the producers: round trips, the time of each one's oldest ping
+    not followed by an answer, the time of its last answer.  It only observes; the
+    trainer's thread decides (Loader._sweep), so the requests in flight are touched by one
+    thread only.
+
+    Why a healthy producer was suspected (12-23 times per run on the emulated cluster's
+    full links): one ping at a time, so a ping whose packet the full link dropped waited
+    for TCP's retransmission timeout (0.2 s, doubling) with nothing behind it to hasten
+    the retransmission; pings were taken only when all of them were answered or at the
+    next tick (up to 0.2 s late, and each round trip the slowest producer's); and the
+    deadline ran on while this thread was not scheduled at all (a loaded machine).  Now
+    a ping goes every tick regardless (a later one on the same connection recovers a lost
+    one, and any answer proves the producer alive), each answer is taken when it comes,
+    and lateness counts only up to the last time this thread looked."""
 
     def __init__(self, actors: List[Any], fixed_s: Optional[float], stop: threading.Event) -> None:
         self._actors = list(actors)
         n = len(self._actors)
         self._fixed = fixed_s
         self._rtts: Deque[float] = collections.deque(maxlen=64)
-        self.sent: List[Optional[float]] = [None] * n  # when the unanswered ping went
-        self.answered = [0.0] * n  # when the last ping was answered
+        self.rtt_log: Deque[float] = collections.deque(maxlen=4096)  # for stats()
+        self.sent: List[Optional[float]] = [None] * n  # the oldest ping not followed by an answer
+        self.answered = [0.0] * n  # when a ping was last answered
         self.failed = [False] * n  # the last ping raised (Ray: actor unavailable, died)
+        self.looked = time.monotonic()  # when this thread last took answers
         self._stop = stop  # set by close() or the loader's finalizer
         self.thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
         _FETCHERS.add(self.thread)
@@ -334,45 +350,70 @@ class _Watch:
         return min(_DEADLINE_S[1], max(_DEADLINE_S[0], _DEADLINE_RTT_P99 * _pct(rtts, 0.99)))
 
     def late(self, p: int, now: float) -> bool:
-        """Producer p's ping failed, or went unanswered past the deadline."""
+        """Producer p's ping failed, or its oldest ping not followed by an answer had waited
+        past the deadline when this thread last looked (a thread not scheduled for a while
+        on a loaded machine does not make every producer late)."""
         sent = self.sent[p]
-        return self.failed[p] or (sent is not None and now - sent > self.deadline())
+        return self.failed[p] or (
+            sent is not None and min(now, self.looked) - sent > self.deadline()
+        )
 
     def _run(self) -> None:
-        pending: Dict[int, Any] = {}
+        n = len(self._actors)
+        pending: Dict[Any, Tuple[int, float]] = {}  # ping -> (producer, when sent)
+        mine: List[Deque[Any]] = [collections.deque() for _ in range(n)]  # oldest first
         tick = 0.0
         try:
             while not self._stop.is_set() and not _EXITING.is_set() and _connected():
                 now = time.monotonic()
                 if now >= tick:
                     for p, a in enumerate(self._actors):
-                        if p not in pending:
-                            pending[p] = a.alive.remote()
-                            self.sent[p] = now
+                        if len(mine[p]) < _PINGS_MAX:
+                            ref = a.alive.remote()
+                            pending[ref] = (p, now)
+                            mine[p].append(ref)
+                            if self.sent[p] is None:
+                                self.sent[p] = now
                     tick = now + _PING_EVERY_S
-                refs = list(pending.values())
                 left = max(0.01, tick - time.monotonic())
-                if not refs:  # every ping answered: sleep to the next tick (ray.wait([])
-                    self._stop.wait(left)  # returns at once: it spun the CPU here)
+                if not pending:  # (ray.wait([]) returns at once: it would spin here)
+                    self._stop.wait(left)
                     continue
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+                refs = list(pending)
+                done, _ = ray.wait(refs, num_returns=1, timeout=left)
+                if done:  # and every other answer already here
+                    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 t = time.monotonic()
                 if self._stop.is_set() or not _connected():
                     break  # closed (or Ray shut down) while it waited: no more Ray calls
-                for p, ref in list(pending.items()):
-                    if ref not in done:
-                        continue
-                    del pending[p]
-                    try:
-                        ray.get(ref)
-                        self.failed[p] = False
-                        self.answered[p] = t
-                        self._rtts.append(t - (self.sent[p] or t))
-                    except Exception:  # noqa: BLE001 - down (restarting, or its node died)
-                        self.failed[p] = True
-                    self.sent[p] = None
+                for ref in done:
+                    self._answer(ref, pending, mine, t)
+                self.looked = t
         except Exception:  # noqa: BLE001 - Ray shut down under us: nothing left to watch
             pass
+
+    def _answer(
+        self, ref: Any, pending: Dict[Any, Tuple[int, float]], mine: List[Deque[Any]], t: float
+    ) -> None:
+        if ref not in pending:
+            return  # an older ping, forgotten when a later one was answered
+        p, sent = pending.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - down (restarting, or its node died)
+            self.failed[p] = True
+            mine[p].remove(ref)
+        else:
+            self.failed[p] = False
+            self.answered[p] = t
+            self._rtts.append(t - sent)
+            self.rtt_log.append(t - sent)
+            while mine[p]:  # pings older than this one: it is alive, forget them
+                old = mine[p].popleft()
+                if old is ref:
+                    break
+                pending.pop(old, None)
+        self.sent[p] = pending[mine[p][0]][1] if mine[p] else None
 
 
 class _Request:
@@ -1094,7 +1135,10 @@ class Loader:
         manager), replans (speculative requests re-issued after a skip moved the stream),
         lost (requests re-issued after a producer or its object was lost), rerouted
         (requests moved to another producer because theirs missed a ping while the trainer
-        waited), suspected (such missed pings), and
+        waited), suspected (such missed pings), ping_rtt_s (the watch's ping round trips:
+        pings, p50, p99, max, over_floor: slower than the adaptive deadline's floor), placement
+        (mode "disjoint": this rank's data nodes are its own; "interleaved": shared with
+        other ranks, note says why; data_nodes: their addresses), and
         ``producers`` / ``nodes``: node, batches, bytes and busy time of each producer and
         each node, with batches_per_s over the wall time.  A producer that Ray is
         restarting (or has lost) does not answer: it shows its last figures (none before
@@ -1144,6 +1188,7 @@ class Loader:
             "rerouted": self._n["rerouted"],
             "suspected": self._n["suspected"],
             "producer_timeout_s": self._watch.deadline(),
+            "ping_rtt_s": _rtt_stats(list(self._watch.rtt_log)),
             "samples": self._samples,
             "skipped": self._skipped,
             "refs_in_flight": len(self._inflight),
@@ -1264,6 +1309,18 @@ def _failed(r: "_Request") -> bool:
     """The request's call failed in the transport (its producer or object was lost)."""
     f = r.future
     return f.done() and not f.cancelled() and isinstance(f.exception(), _LOST)
+
+
+def _rtt_stats(rtts: List[float]) -> Dict[str, Any]:
+    """The watch's ping round trips (the last 4096): how many, p50, p99, max, and how many
+    took longer than the deadline's floor."""
+    return {
+        "pings": len(rtts),
+        "p50": _pct(rtts, 0.5),
+        "p99": _pct(rtts, 0.99),
+        "max": max(rtts, default=0.0),
+        "over_floor": sum(x > _DEADLINE_S[0] for x in rtts),
+    }
 
 
 def _pct(xs: List[float], q: float) -> float:
