@@ -272,6 +272,23 @@ def _register_atexit() -> None:
             _atexit_registered = True
 
 
+def _connected() -> bool:
+    """Ray is initialized in this process.  The watch and fetch threads ask before every
+    Ray call: Ray's API calls ray.init() when it is not (with RAY_ADDRESS set, a connection
+    to the cluster), so a thread still running after ray.shutdown() must not call it."""
+    return ray.is_initialized()
+
+
+def _join(threads: List[threading.Thread], timeout_s: float) -> List[threading.Thread]:
+    """Joins threads within one deadline (never the calling thread); those still alive."""
+    deadline = time.monotonic() + timeout_s
+    me = threading.current_thread()
+    for t in threads:
+        if t is not me:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t is not me and t.is_alive()]
+
+
 def _stop_fetchers(timeout_s: float = 2.0) -> None:
     _EXITING.set()
     deadline = time.monotonic() + timeout_s
@@ -284,6 +301,8 @@ def _stop_fetchers(timeout_s: float = 2.0) -> None:
 # unanswered past the deadline (a multiple of the p99 of recent round trips, within
 # _DEADLINE_S unless producer_timeout_s fixes it), or fails, is suspect.
 _PING_EVERY_S = 0.2
+_FETCH_POLL_S = 0.25  # a fetch thread's wait for its batch to be made, between checks
+_JOIN_S = 1.0  # close() waits this long, in all, for the watch and fetch threads
 _DEADLINE_S = (0.4, 1.5)  # floor, ceiling
 _DEADLINE_RTT_P99 = 4.0
 
@@ -302,9 +321,9 @@ class _Watch:
         self.answered = [0.0] * n  # when the last ping was answered
         self.failed = [False] * n  # the last ping raised (Ray: actor unavailable, died)
         self._stop = stop  # set by close() or the loader's finalizer
-        self._thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
-        _FETCHERS.add(self._thread)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
+        _FETCHERS.add(self.thread)
+        self.thread.start()
 
     def deadline(self) -> float:
         if self._fixed is not None:
@@ -323,7 +342,7 @@ class _Watch:
         pending: Dict[int, Any] = {}
         tick = 0.0
         try:
-            while not self._stop.is_set() and not _EXITING.is_set():
+            while not self._stop.is_set() and not _EXITING.is_set() and _connected():
                 now = time.monotonic()
                 if now >= tick:
                     for p, a in enumerate(self._actors):
@@ -332,10 +351,14 @@ class _Watch:
                             self.sent[p] = now
                     tick = now + _PING_EVERY_S
                 refs = list(pending.values())
-                done, _ = ray.wait(
-                    refs, num_returns=len(refs), timeout=max(0.01, tick - time.monotonic())
-                )
+                left = max(0.01, tick - time.monotonic())
+                if not refs:  # every ping answered: sleep to the next tick (ray.wait([])
+                    self._stop.wait(left)  # returns at once: it spun the CPU here)
+                    continue
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
                 t = time.monotonic()
+                if self._stop.is_set() or not _connected():
+                    break  # closed (or Ray shut down) while it waited: no more Ray calls
                 for p, ref in list(pending.items()):
                     if ref not in done:
                         continue
@@ -357,12 +380,20 @@ class _Request:
     node as soon as the producer has made it, so several batches cross the link at once."""
 
     __slots__ = (
-        "start", "producer", "ref", "attempts", "future", "dropped", "_made",
+        "start", "producer", "ref", "attempts", "future", "dropped", "_made", "_stop",
         "t_submit", "t_made", "t_got",
     )  # fmt: skip
 
-    def __init__(self, start: Cursor, producer: int, ref: Any) -> None:
+    def __init__(
+        self,
+        start: Cursor,
+        producer: int,
+        ref: Any,
+        stop: threading.Event,
+        threads: "weakref.WeakSet[threading.Thread]",
+    ) -> None:
         self.start, self.producer, self.ref, self.attempts = start, producer, ref, 0
+        self._stop = stop  # the loader's: set by close() or its finalizer
         self.dropped = False
         self._made = False
         # when it was asked, made (the producer answered), and here (fetched to this node)
@@ -372,18 +403,25 @@ class _Request:
         self.future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         t = threading.Thread(target=self._fetch, name="mmloader-ray-fetch", daemon=True)
         _FETCHERS.add(t)
+        threads.add(t)
         t.start()
+
+    def _gone(self) -> bool:
+        """Nothing more to fetch: dropped, the loader closed, the process exiting, or Ray
+        shut down (a Ray call would then start or connect to a cluster)."""
+        return self.dropped or self._stop.is_set() or _EXITING.is_set() or not _connected()
 
     def _fetch(self) -> None:
         try:
-            while not self.dropped and not _EXITING.is_set():
-                # made yet? (no transfer while it may still be dropped)
-                done, _ = ray.wait([self.ref], timeout=0.5, fetch_local=False)
+            while not self._gone():
+                # made yet? (no transfer while it may still be dropped); wakes every
+                # _FETCH_POLL_S so close() can join it within about a second
+                done, _ = ray.wait([self.ref], timeout=_FETCH_POLL_S, fetch_local=False)
                 if done:
                     self.t_made = time.monotonic()
                     self._made = True
                     break
-            if self.dropped or _EXITING.is_set():
+            if self._gone():
                 self.future.cancel()
                 return
             result = ray.get(self.ref)
@@ -454,6 +492,9 @@ class Loader:
         self._pg = None
         self._inflight: Deque[_Request] = collections.deque()
         self._ready: Deque[Tuple[str, Any]] = collections.deque()
+        # set by close() or the finalizer: the watch and fetch threads make no more Ray calls
+        self._watch_stop = threading.Event()
+        self._threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # fetchers
         if isinstance(producers, bool) or not isinstance(producers, int) or producers < 1:
             raise ConfigError(f"producers must be an integer >= 1, got {producers!r}")
         if placement not in PLACEMENTS:
@@ -601,7 +642,6 @@ class Loader:
             self._planner = cls.options(scheduling_strategy=strategies[producers], **opts).remote(
                 data, dict(kwargs, plan_only=True)
             )
-        self._watch_stop = threading.Event()
         self._finalizer = weakref.finalize(
             self, _shutdown, self._all_actors(), self._pg, self._watch_stop
         )
@@ -714,7 +754,7 @@ class Loader:
             ref = self._actors[producer].produce.remote(start, self._ahead(start))
         else:
             ref = self._actors[producer].produce_urgent.remote(start, self._ahead(start))
-        return _Request(start, producer, ref)
+        return _Request(start, producer, ref, self._watch_stop, self._threads)
 
     def _stand_in(self, p: int) -> int:
         """A producer to ask instead of suspect producer p: one that answers, on another
@@ -1137,8 +1177,13 @@ class Loader:
                 time.sleep(0.1)
 
     def close(self) -> None:
-        """Kills the producers and frees their placement; delivered batches stay valid
-        (each holds its object-store memory until dropped)."""
+        """Kills the producers, frees their placement and stops this loader's threads (the
+        watch and the fetch threads: joined, within about a second, so that nothing of the
+        loader calls Ray after close() returns and ray.shutdown() can follow at once; a
+        fetch thread still receiving a batch made before close() ends when that transfer
+        does, and calls Ray no more).  Delivered batches stay valid (each holds its
+        object-store memory until dropped)."""
+        self._watch_stop.set()
         for r in self._inflight:
             r.dropped = True
         self._inflight.clear()
@@ -1151,6 +1196,11 @@ class Loader:
         self._actors = []
         self._planner = None
         self._pg = None
+        threads = list(self._threads)
+        watch = getattr(self, "_watch", None)  # None: construction failed before it began
+        if watch is not None:
+            threads.append(watch.thread)
+        _join(threads, _JOIN_S)
 
     @property
     def closed(self) -> bool:
@@ -1174,6 +1224,10 @@ class Loader:
 def _shutdown(actors: List[Any], pg: Any, watch_stop: Optional[threading.Event] = None) -> None:
     if watch_stop is not None:
         watch_stop.set()
+    if not _connected():
+        # ray.shutdown() came first: Ray ended this driver's actors and placement groups;
+        # a call now would start or connect to a cluster (RAY_ADDRESS) only to fail
+        return
     for a in actors:
         try:
             ray.kill(a, no_restart=True)

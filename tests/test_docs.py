@@ -13,6 +13,12 @@ what they name exists:
   "auto")` finds, and moto's S3 server holding the scratch data as `s3://bucket/sft/`
   (credentials and endpoint in the environment, as a cluster's nodes have them); `rank`
   and `world` are 0 and 1.
+- `<!-- doctest: run trainer -->`: with `model` a tiny random-weight Qwen2.5-VL (the real
+  transformers model, sized to mmloader's bundled tiny tokenizer: a padded 4 x 4096 batch's
+  logits are 0.2 GB where Qwen's 151,936 ids make them 10 GB), `ckpt` a folder holding that
+  tokenizer, `train.jsonl` of 8 records, `args` TrainingArguments and `Trainer`
+  transformers' own; then the block's trainer trains, and the block run again, as in a later
+  process, resumes from a checkpoint; see test_trainer_blocks_run.
 - `<!-- doctest: run megatron -->`: with Megatron-LM (megatron.training: megatron-core >=
   0.18, the venv scripts/test-megatron-current.sh makes) and Megatron-Bridge; see
   test_megatron_blocks_run.
@@ -26,6 +32,7 @@ import glob
 import importlib.util
 import inspect
 import json
+import math
 import os
 import re
 import shlex
@@ -43,7 +50,7 @@ import mmloader
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 RUN_MARK = re.compile(r"^<!-- doctest: run(?: ([a-z]+))? -->$")
-RUN_ENVS = ("scratch", "llamafactory", "ray", "megatron")
+RUN_ENVS = ("scratch", "llamafactory", "ray", "megatron", "trainer")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -266,9 +273,10 @@ def scratch(tmp_path_factory):
     return root
 
 
-def _run(block: Block, model, scope: Dict[str, object]) -> Dict[str, object]:
+def _run(block: Block, model, scope: Dict[str, object], close: bool = True) -> Dict[str, object]:
     """Runs the block (in the folder the caller chdirs to), its /models/NAME paths made
-    model's, with scope's names defined; closes the loaders it made."""
+    model's, with scope's names defined; closes the loaders it made (close=False: the
+    caller does)."""
     code = re.sub(
         r'"/models/[^"/]+(/[^"]*)?"',
         lambda m: repr(str(model) + (m.group(1) or "")),
@@ -277,8 +285,11 @@ def _run(block: Block, model, scope: Dict[str, object]) -> Dict[str, object]:
     scope = {"__name__": "__doc_block__", "ckpt": str(model), **scope}
     try:
         exec(compile(code, block.where(), "exec"), scope)
+    except BaseException:
+        close = True
+        raise
     finally:
-        for v in scope.values():  # the blocks' loaders stop here, not at interpreter exit
+        for v in scope.values() if close else ():  # the loaders stop here, not at exit
             if hasattr(v, "close") and type(v).__module__.startswith("mmloader"):
                 v.close()
     return scope
@@ -394,6 +405,86 @@ def test_ray_blocks_run(block, ray_cluster, scratch, monkeypatch):
     finally:
         ray.shutdown()  # the next block connects again, as a new trainer process would
     assert "loader" in scope
+
+
+# ---- the Hugging Face Trainer ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", _runs("trainer"), ids=lambda b: b.where())
+def test_trainer_blocks_run(block, tmp_path, monkeypatch):
+    """The README's PyTorch / Trainer block as written (micro_batch_size=4, seq_length=4096)
+    with a real transformers model and Trainer: its loop takes the model's loss of every
+    batch of the epoch (2 batches), then its Trainer trains the 2 steps of epoch 0,
+    checkpointing each.  Run again (a new loader and Trainer, the model of other initial
+    weights), its Trainer resumes from checkpoint-1, in the middle of the epoch, and gets the
+    batch and the loss of step 2 bitwise, though the block's own loop has just read the
+    loader to the end of epoch 0.  The model takes the bundled tiny tokenizer's 3,265 ids
+    (Qwen's 151,936 make a 4 x 4096 batch's float32 logits 10 GB): 3.3 GB peak here."""
+    torch = pytest.importorskip("torch", reason="the block uses torch")
+    transformers = pytest.importorskip("transformers", reason="the block uses transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    pytest.importorskip("PIL", reason="the dataset generator writes images with Pillow")
+    import hashlib
+
+    from mmloader.datagen import make_dataset
+    from test_hf_training import tiny_model
+
+    ds = make_dataset(
+        str(tmp_path / "d"), n_samples=8, seed=2, n_shards=1, n_images=4, min_size=32, max_size=64
+    )
+    os.replace(ds["shards"][0], tmp_path / "train.jsonl")
+    for f in os.listdir(tmp_path / "d"):  # the images, named relative to the records
+        os.symlink(tmp_path / "d" / f, tmp_path / f)
+    tok = os.path.join(ROOT, "mmloader", "data", "tiny-tokenizer.json")
+    (tmp_path / "model").mkdir()
+    shutil.copy(tok, tmp_path / "model" / "tokenizer.json")
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+
+    class Trainer(transformers.Trainer):
+        """transformers' Trainer, noting a digest of each step's batch."""
+
+        steps: List[str] = []
+
+        def training_step(self, model, inputs, *a, **k):
+            h = hashlib.sha256()
+            for key in sorted(inputs):
+                t = inputs[key]
+                h.update(f"{key} {t.dtype} {tuple(t.shape)}".encode())
+                h.update(t.contiguous().numpy().tobytes())
+            self.steps.append(h.hexdigest())
+            return super().training_step(model, inputs, *a, **k)
+
+    def run(seed: int, resume: Optional[str]) -> Tuple[List[str], Dict[int, float], object]:
+        model = tiny_model("qwen2.5-vl", seed=seed, tokenizer=tok)
+        # transformers 5.24's resume would not restore this model's weights (docs/trainers.md)
+        model._weight_conversions = []
+        args = transformers.TrainingArguments(
+            output_dir=str(out), max_steps=2, save_steps=1, logging_steps=1, learning_rate=1e-3,
+            report_to=[], use_cpu=True, disable_tqdm=True,
+        )  # fmt: skip
+        Trainer.steps = []
+        scope: Dict[str, object] = {"model": model, "args": args, "Trainer": Trainer}
+        scope = _run(block, tmp_path / "model", scope, close=False)
+        trainer, loader = scope["trainer"], scope["loader"]
+        try:
+            assert loader.epoch == 1, "the block's loop reads one whole epoch"
+            assert len(loader) == 2
+            trainer.train(resume_from_checkpoint=resume)
+        finally:
+            loader.close()
+        assert trainer.state.global_step == 2
+        losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+        return Trainer.steps, losses, trainer.model
+
+    init = {k: v.clone() for k, v in tiny_model("qwen2.5-vl", tokenizer=tok).state_dict().items()}
+    steps, losses, model = run(0, None)
+    assert len(set(steps)) == 2, "two steps of two different batches"
+    assert sorted(losses) == [1, 2] and all(math.isfinite(v) for v in losses.values())
+    assert any(not torch.equal(v, init[k]) for k, v in model.state_dict().items()), "trained"
+    again, again_losses, _ = run(1, str(out / "checkpoint-1"))
+    assert again == steps[1:], "the resumed Trainer got other batches"
+    assert again_losses[2] == losses[2]
 
 
 # ---- Megatron-LM and Megatron-Bridge --------------------------------------------------------

@@ -37,9 +37,11 @@ IMAGE_PAD = 151655
 FAMILIES = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 
 
-def tiny_model(family, attn="sdpa", seed=0):
+def tiny_model(family, attn="sdpa", seed=0, tokenizer=None):
     """A tiny random-weight Qwen-VL ForConditionalGeneration, default config otherwise
-    (use_cache=True), the real vocabulary and special ids."""
+    (use_cache=True), the real vocabulary and special ids.  ``tokenizer``: a tokenizer.json
+    (mmloader's bundled tiny one) whose vocabulary and special ids the model takes instead,
+    so that its logits are ~50x smaller than with Qwen's 151,936 ids."""
     text = dict(
         hidden_size=32,
         intermediate_size=64,
@@ -49,6 +51,25 @@ def tiny_model(family, attn="sdpa", seed=0):
         vocab_size=151936,
         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
     )
+    ids = {}
+    if tokenizer is not None:
+        import json
+
+        with open(tokenizer, encoding="utf-8") as f:
+            tok = json.load(f)
+        special = {t["content"]: t["id"] for t in tok["added_tokens"]}
+        text["vocab_size"] = 1 + max([*tok["model"]["vocab"].values(), *special.values()])
+        ids = dict(
+            image_token_id=special["<|image_pad|>"],
+            video_token_id=special["<|video_pad|>"],
+            vision_start_token_id=special["<|vision_start|>"],
+            vision_end_token_id=special["<|vision_end|>"],
+        )
+        text.update(
+            bos_token_id=special["<|endoftext|>"],
+            eos_token_id=special["<|im_end|>"],
+            pad_token_id=special["<|endoftext|>"],
+        )
     if family == "qwen2-vl":
         from transformers import Qwen2VLConfig as Config
         from transformers import Qwen2VLForConditionalGeneration as Model
@@ -84,7 +105,7 @@ def tiny_model(family, attn="sdpa", seed=0):
         )
     torch.manual_seed(seed)
     try:
-        cfg = Config(text_config=text, vision_config=vision, attn_implementation=attn)
+        cfg = Config(text_config=text, vision_config=vision, attn_implementation=attn, **ids)
         return Model(cfg)
     except Exception as e:  # pragma: no cover - depends on the installed transformers
         pytest.skip(f"cannot build a tiny {family} model with transformers: {e}")

@@ -523,3 +523,79 @@ def test_placement_that_can_never_succeed_is_refused_at_once(cluster, dataset):
         mray.Loader(
             dataset, producers=2, placement="node-local", producer_resources={"CPU": 1}, **KW
         )
+
+
+def _ray_threads():
+    import threading
+
+    return {t for t in threading.enumerate() if t.name.startswith("mmloader-ray-") and t.is_alive()}
+
+
+@pytest.fixture
+def calls_while_shut_down(cluster, monkeypatch):
+    """Records every call of Ray's API made while Ray is not initialized (each would call
+    ray.init(): with RAY_ADDRESS set, connect to the cluster, which then cannot be shut
+    down), and refuses it instead of connecting.  Reconnects to the cluster afterwards."""
+    import threading
+    import traceback
+
+    from ray._private import auto_init_hook, client_mode_hook
+
+    calls = []
+
+    def refuse():
+        if not ray.is_initialized():
+            name = threading.current_thread().name
+            calls.append((name, "".join(traceback.format_stack(limit=8))))
+            raise RuntimeError("a Ray call after ray.shutdown()")
+
+    monkeypatch.setattr(auto_init_hook, "auto_init_ray", refuse)
+    monkeypatch.setattr(client_mode_hook, "auto_init_ray", refuse)
+    try:
+        yield calls
+    finally:
+        monkeypatch.undo()
+        if not ray.is_initialized():
+            ray.init(address=cluster[0].address, log_to_driver=False)
+
+
+def test_close_joins_its_threads_and_nothing_calls_ray_after_shutdown(
+    cluster, dataset, calls_while_shut_down
+):
+    """close() stops and joins the watch and fetch threads (about a second at most), so
+    ray.shutdown() right after it is the end of Ray in this process: no thread of the
+    loader calls Ray after it (each such call would connect to the cluster again, and
+    then the cluster cannot be shut down)."""
+    calls = calls_while_shut_down
+    before = _ray_threads()
+    L = mray.Loader(dataset, producers=2, producer_resources={"CPU": 0.5}, refs_in_flight=8, **KW)
+    pids = L.producer_pids()
+    _events(L, 2)
+    time.sleep(1.0)  # the 8 requests in flight are made and here
+    for pid in pids:  # stuck producers: what next() asks for now is never made
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        _events(L, 1)  # asks for one more batch, of a stuck producer
+        fetching = {t for t in _ray_threads() - before if t.name == "mmloader-ray-fetch"}
+        assert fetching  # a thread waits for that batch to be made
+        t0 = time.monotonic()
+        L.close()
+        took = time.monotonic() - t0
+        left = _ray_threads() - before
+        assert not left, left  # joined, not only told to stop
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    print(f"close() with a request of a stuck producer in flight: {took:.2f} s")
+    ray.shutdown()
+    time.sleep(1.0)
+    assert calls == [], calls[0][1]
+
+    L.close()  # again, after ray.shutdown(): nothing to do, no Ray call
+    del L
+    gc.collect()
+    assert calls == [], calls[0][1]
+    assert not ray.is_initialized()
