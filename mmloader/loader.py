@@ -193,6 +193,7 @@ def _resolve_source(
         recipe,
         {k: ov.get(k, base[k]) for k in recipes.RECIPE_SETTINGS},
         label_mode,
+        base["data_flatten"],
     )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
@@ -595,6 +596,7 @@ class Loader:
         model_max_length: Optional[int] = _D["model_max_length"],
         video_min_frames: Optional[int] = _D["video_min_frames"],
         video_max_frames: Optional[int] = _D["video_max_frames"],
+        data_flatten: bool = _D["data_flatten"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -680,9 +682,16 @@ class Loader:
             opts["index"] = os.fspath(index)
         recipes.check_route("", recipe, image_route)
         recipes.check_video_prompt("", recipe, qwen3_video_prompt, _D["qwen3_video_prompt"])
+        # data_flatten: every source's recipe is checked (a mixture's loader-wide recipe
+        # may be another, its sources' their own)
+        flat = bool(data_flatten) and (mix is None or recipe == recipes.QWEN_VL_FINETUNE)
         opts.update(
-            recipes.resolve("", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode)
+            recipes.resolve(
+                "", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode, flat
+            )
         )
+        if data_flatten:  # its positions are get_rope_index's, always
+            opts["mrope"] = True
         _core.check_loader_options(opts)  # ConfigError before any expensive work
         if pixel_format.endswith("-consumer"):
             dtype = pixel_format.split("-")[0]
@@ -733,6 +742,7 @@ class Loader:
                 max_length=max_length,
                 recipe=recipe,
                 qwen3_video_prompt=qwen3_video_prompt,
+                data_flatten=bool(data_flatten),
                 **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]

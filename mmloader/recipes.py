@@ -21,6 +21,12 @@
   ``video_min_frames`` / ``video_max_frames``; ``video_min_pixels`` / ``video_max_pixels``
   the video processor's limits).
 
+``data_flatten=True`` (loader-wide: it shapes batches, not samples) follows its
+``DataArguments.data_flatten``: its ``FlattenedDataCollatorForSupervisedDataset`` writes a
+batch's samples back to back into one row with their cumulative lengths as the
+attention_mask, and cuts nothing (``model_max_length`` is then refused, not ignored); the
+engine's collator lays the batch out so (csrc/core/batch/collate.c).
+
 ``video_fps``, ``video_min_pixels`` and ``video_max_pixels`` are named alike by both
 frameworks: one setting each, which either recipe reads with its own framework's default
 (``SHARED_SETTINGS``); the others belong to one recipe.
@@ -159,11 +165,29 @@ def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default
         )
 
 
-def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> Dict[str, Any]:
+def check_flatten(where: str, recipe: str, data_flatten: bool) -> None:
+    """data_flatten is Qwen's fine-tuning code's switch: its recipe only."""
+    if data_flatten and recipe != QWEN_VL_FINETUNE:
+        raise ConfigError(
+            f"{where}data_flatten is a qwen-vl-finetune setting (Qwen's flattened collator): it "
+            f"needs recipe={QWEN_VL_FINETUNE!r}, got recipe={recipe!r}"
+        )
+
+
+def resolve(
+    where: str,
+    recipe: str,
+    given: Dict[str, Any],
+    label_mode: str,
+    data_flatten: bool,
+) -> Dict[str, Any]:
     """The engine values of recipe, its settings and label_mode for one source.
 
     ``given``: the recipes' settings as the user gave them (None / False: not given).
+    ``data_flatten``: the loader's batches are Qwen's flattened ones, whose collator cuts
+    nothing (no model_max_length).
     """
+    check_flatten(where, recipe, data_flatten)
     out: Dict[str, Any] = {"recipe": recipe, "label_mode": label_mode}
     bad = [
         k for k in RECIPE_SETTINGS if recipe not in _OWNERS[k] and given.get(k) not in (None, False)
@@ -183,6 +207,14 @@ def resolve(where: str, recipe: str, given: Dict[str, Any], label_mode: str) -> 
         for k, d in QWEN_VL_FINETUNE_DEFAULTS.items():
             v = given.get(k)
             out[k] = d if v is None else v
+        if data_flatten:  # its FlattenedDataCollatorForSupervisedDataset cuts nothing
+            if given.get("model_max_length") is not None:
+                raise ConfigError(
+                    f"{where}model_max_length cuts rows in Qwen's padded collator; with "
+                    "data_flatten=True its flattened collator cuts nothing: leave "
+                    "model_max_length out (max_length skips long samples instead)"
+                )
+            out["model_max_length"] = None
         if out["video_max_pixels"] < out["video_min_pixels"]:
             raise ConfigError(f"{where}video_max_pixels cannot be smaller than video_min_pixels")
         if out["video_max_frames"] < out["video_min_frames"]:

@@ -406,6 +406,7 @@ class Loader:
         model_max_length: Optional[int] = DEFAULTS["model_max_length"],
         video_min_frames: Optional[int] = DEFAULTS["video_min_frames"],
         video_max_frames: Optional[int] = DEFAULTS["video_max_frames"],
+        data_flatten: bool = DEFAULTS["data_flatten"],
         mrope: Optional[bool] = None,
         attention_mask: Optional[bool] = None,
         text_only_vision: Optional[str] = None,

@@ -29,7 +29,7 @@ from PIL import Image
 
 import mmloader
 import photos
-from conftest import as_np
+from conftest import as_np, same
 from test_template import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -568,3 +568,180 @@ def test_video_settings_per_source(cache, clip_dir):
         num_threads=2,
     )
     assert _compare_videos(ref, [as_np(b) for b in loader]) == len(CLIPS) + 1
+
+
+# ---- data_flatten: its FlattenedDataCollatorForSupervisedDataset ---------------------------
+
+
+def _ours_flat(path, root, preset, mbs, **kw):
+    loader = mmloader.Loader(
+        path,
+        preset=preset,
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        data_flatten=True,
+        image_root=root,
+        shuffle=False,
+        micro_batch_size=mbs,
+        text_only_vision="omit",
+        on_error="raise",
+        num_threads=2,
+        **kw,
+    )
+    return [as_np(b) for b in loader]
+
+
+def _compare_flat(ref, mine):
+    """Each batch key by key against its flattened collator's: the same keys (those it sets
+    to None absent here; second_per_grid_ts, which its collator leaves out, the only one
+    added), dtypes, shapes and bytes: input_ids, labels [1, L], position_ids [3, 1, L],
+    attention_mask int32 cumulative lengths, pixel_values, image_grid_thw,
+    pixel_values_videos, video_grid_thw.  Returns the batches' keys."""
+    nb = int(ref["batches"])
+    assert nb > 0 and len(mine) == nb, (nb, len(mine))
+    keys = set()
+    for b, got in enumerate(mine):
+        want = {k.split("_", 1)[1]: v for k, v in ref.items() if k.startswith(f"b{b}_")}
+        assert set(want) <= set(got), (b, sorted(set(want) - set(got)))
+        assert set(got) - set(want) <= {"second_per_grid_ts"}, (b, sorted(set(got) - set(want)))
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (
+                b,
+                k,
+                got[k].shape,
+                v.shape,
+            )
+            assert np.array_equal(got[k], v), (b, k)
+        cu = got["attention_mask"]
+        assert cu[0] == 0 and cu[-1] == got["input_ids"].shape[1]
+        keys |= set(want)
+    return keys
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_flatten_demo_records(cache, preset):
+    """Its demo/single_images.json with data_flatten=True: its three records in one
+    flattened batch, as its collator makes it."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    ref = reference(cache, f, DEMO, preset, flatten=3)
+    keys = _compare_flat(ref, _ours_flat(f, DEMO, preset, 3))
+    assert {"input_ids", "labels", "position_ids", "attention_mask", "pixel_values"} <= keys
+    assert ref["b0_attention_mask"].tolist()[0] == 0 and len(ref["b0_attention_mask"]) == 4
+
+
+def _mixed_records(folder):
+    """Photos (one and two images per turn, gray, RGBA, EXIF-rotated), text-only and
+    "assistant"-in-a-user-turn records, the ffmpeg clips and a record with an image and a
+    video, interleaved so that every batch of 3 mixes them: 12 records."""
+    clips = [json.loads(x) for x in open(_clip_records(folder))]
+    photos_ = [json.loads(x) for x in open(_photo_records(folder))]
+    # photos_[-4:]: two images, multi-turn, text only, "assistant" in a user turn
+    recs = [
+        photos_[0],
+        clips[0],
+        photos_[-2],
+        clips[1],
+        photos_[-4],
+        photos_[5],
+        photos_[-1],
+        clips[4],
+        clips[2],
+        photos_[-3],
+        clips[3],
+        photos_[8],
+    ]
+    path = os.path.join(folder, "mixed.jsonl")
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed_dir(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("qftmixed"))
+    return d, _mixed_records(d)
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_flatten_mixed_records(cache, mixed_dir, preset):
+    """Images, videos and text in the same flattened batches (4 of 3 records): M-RoPE rows
+    of images and videos (Qwen2.5-VL's time scaled by its second_per_grid_ts, Qwen3-VL's
+    one block per temporal patch), text-only samples' plain positions, each sample's from
+    0; no model_max_length cut (its flattened collator cuts nothing)."""
+    folder, path = mixed_dir
+    ref = reference(cache, path, folder, preset, flatten=3)
+    mine = _ours_flat(path, folder, preset, 3)
+    keys = _compare_flat(ref, mine)
+    assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"} <= keys
+    pos = np.concatenate([b["position_ids"][:, 0] for b in mine], axis=1)
+    assert (pos[1] != pos[0]).any() and (pos[2] != pos[1]).any()  # real M-RoPE rows
+    assert max(int(b["input_ids"].shape[1]) for b in mine) > 512  # past its default cut
+
+
+def test_flatten_resumes_exactly(mixed_dir):
+    """A state saved after k batches resumes to the same next batches (shuffled order)."""
+    folder, path = mixed_dir
+    kw = dict(
+        preset="qwen2.5-vl",
+        tokenizer=TOKENIZER,
+        recipe="qwen-vl-finetune",
+        data_flatten=True,
+        image_root=folder,
+        micro_batch_size=2,
+        shuffle=True,
+        seed=7,
+        text_only_vision="omit",
+        on_error="raise",
+        num_threads=2,
+    )
+    first = mmloader.Loader(path, **kw)
+    whole = [as_np(b) for b in first]
+    assert len(whole) == 6
+    again = mmloader.Loader(path, **kw)
+    it = iter(again)
+    for _ in range(2):
+        next(it)
+    state = again.state_dict()
+    again.close()
+    resumed = mmloader.Loader(path, **kw)
+    resumed.load_state_dict(state)
+    same(whole[2:], [as_np(b) for b in resumed])
+
+
+def test_flatten_settings_are_checked(tmp_path):
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    kw = dict(preset="qwen2.5-vl", tokenizer=TOKENIZER, micro_batch_size=1)
+    qft = dict(kw, recipe="qwen-vl-finetune", data_flatten=True)
+    with pytest.raises(mmloader.ConfigError, match="data_flatten is a qwen-vl-finetune"):
+        mmloader.Loader(f, data_flatten=True, **kw)
+    with pytest.raises(mmloader.ConfigError, match="data_flatten is a qwen-vl-finetune"):
+        mmloader.Loader(f, recipe="llama-factory", data_flatten=True, **kw)
+    with pytest.raises(mmloader.ConfigError, match="flattened collator cuts nothing"):
+        mmloader.Loader(f, model_max_length=4096, **qft)
+    for bad, match in [
+        (dict(packing=True, pack_length=4096), "not with packing=True"),
+        (dict(seq_length=4096), "not with seq_length"),
+        (dict(shift_labels=True), "not with shift_labels=True"),
+        (dict(keys="megatron"), "not with keys=\"megatron\""),
+        (dict(attention_mask=False), "not with attention_mask=False"),
+    ]:
+        with pytest.raises(mmloader.ConfigError, match=match):
+            mmloader.Loader(f, **qft, **bad)
+    with pytest.raises(mmloader.ConfigError, match="not with max_tokens_per_batch"):
+        mmloader.Loader(
+            f, preset="qwen2.5-vl", tokenizer=TOKENIZER, recipe="qwen-vl-finetune",
+            data_flatten=True, max_tokens_per_batch=4096,
+        )  # fmt: skip
+    src = [
+        mmloader.Source(f, name="qft", recipe="qwen-vl-finetune", image_root=DEMO),
+        mmloader.Source(f, name="hf", image_root=DEMO),
+    ]
+    with pytest.raises(mmloader.ConfigError, match="source 'hf': data_flatten is a qwen-vl"):
+        mmloader.Loader(src, data_flatten=True, **kw)
+    src[1] = mmloader.Source(f, name="qft2", recipe="qwen-vl-finetune", model_max_length=64)
+    with pytest.raises(mmloader.ConfigError, match="source 'qft2': model_max_length cuts"):
+        mmloader.Loader(src, data_flatten=True, **kw)
+    L = mmloader.Loader(f, **qft)
+    opts = L._core().options()
+    assert opts["mrope"] is True and opts["data_flatten"] is True and not opts["model_max_length"]

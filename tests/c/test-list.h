@@ -19,6 +19,7 @@ TEST_DECLARE(padded_qwen_text_only)
 TEST_DECLARE(padded_megatron_shifted_with_images)
 TEST_DECLARE(packed_boundaries)
 TEST_DECLARE(packed_mrope_per_sample)
+TEST_DECLARE(flattened_batch)
 TEST_DECLARE(config_errors)
 TEST_DECLARE(packed_random_vs_reference_and_resume)
 TEST_DECLARE(emit_allocation_failures)
@@ -109,6 +110,7 @@ TEST_DECLARE(test_dp_shards_and_purity)
 TEST_DECLARE(test_many_sources_speed)
 /* test-mrope.c */
 TEST_DECLARE(mrope_worked_example)
+TEST_DECLARE(mrope_legacy_advance)
 TEST_DECLARE(mrope_errors)
 /* test-options.c */
 TEST_DECLARE(rows_and_defaults)
@@ -229,6 +231,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(padded_megatron_shifted_with_images)
     TEST_ENTRY(packed_boundaries)
     TEST_ENTRY(packed_mrope_per_sample)
+    TEST_ENTRY(flattened_batch)
     TEST_ENTRY(config_errors)
     TEST_ENTRY(packed_random_vs_reference_and_resume)
     TEST_ENTRY(emit_allocation_failures)
@@ -319,6 +322,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(test_many_sources_speed)
     /* test-mrope.c */
     TEST_ENTRY(mrope_worked_example)
+    TEST_ENTRY(mrope_legacy_advance)
     TEST_ENTRY(mrope_errors)
     /* test-options.c */
     TEST_ENTRY(rows_and_defaults)

@@ -14,6 +14,10 @@
  *   - A sample "slot" is the sample plus its padding up to pad_to_multiple (packed mode):
  *     qwen keys: cu_seqlens gives slot offsets, cu_seqlens_unpadded the real lengths;
  *     megatron keys: Megatron's names, cu_seqlens real and cu_seqlens_padded slots.
+ *   - Flattened batches (cfg.flatten: Qwen's data_flatten, mml/collate.h) are composed
+ *     exactly as padded ones (micro_batch_size samples, the mml_compose_* rule unchanged)
+ *     and only laid out differently at emit: one row of the samples back to back, so a
+ *     flattened stream holds the same samples in the same batches as the padded one.
  *
  * Threads: a collator is used by one thread at a time; mml_collator_check is const and may
  * run concurrently with anything else.  Ownership: samples added are owned by the collator
@@ -59,6 +63,7 @@ static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s)
       .second_per_grid = cfg->second_per_grid ? (const float *)s->vsecs.data : NULL,
       .tokens_per_second = MML_QWEN25_TOKENS_PER_SECOND,
       .split_frames = cfg->split_video_frames,
+      .legacy_advance = cfg->flatten, /* Qwen's own rope2d.py (mml/collate.h) */
       .image_pad_id = cfg->image_pad_id,
       .video_pad_id = s->nvideos ? cfg->video_pad_id : -1}; /* (0 in a zeroed cfg is a token) */
 }
@@ -90,6 +95,12 @@ static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
   if (c->mrope && c->spatial_merge < 1)
     return mml_err_set(err, MML_ECONFIG, "mrope needs spatial_merge >= 1 (got %d)",
                        c->spatial_merge);
+  if (c->flatten && (c->pack || c->seq_length > 0 || c->shift_labels || c->rows_dynamic ||
+                     c->keys != MML_KEYS_QWEN || !c->attention_mask))
+    return mml_err_set(err, MML_ECONFIG,
+                       "a flattened batch (data_flatten) is one row of whole samples with "
+                       "cu_seqlens as its attention_mask: not with packing, seq_length, "
+                       "shift_labels, a token budget, megatron keys or attention_mask=False");
   return MML_OK;
 }
 
@@ -325,6 +336,7 @@ typedef struct emit_ctx {
   mml_batch *out;
   mml_err *err;
   bool pack;
+  bool flat;             /* cfg.flatten: one row of whole samples, no padding */
   int n;                 /* samples */
   int64_t B, L, BL;      /* rows, row length, B * L */
   int64_t *start, *slot; /* per sample: first position and slot length (n each) */
@@ -399,7 +411,8 @@ static mml_status emit_mrope(emit_ctx *e) {
     if (st) mml_err_prefix(e->err, "sample %lld", (long long)s->index);
   }
   int64_t nd = e->pack ? e->n : e->B;
-  int64_t *d = st ? NULL : emit_tensor(e, "rope_deltas", MML_DT_INT64, 2, DIMS(nd, 1), &st);
+  int64_t *d = st || e->flat ? NULL /* Qwen's flattened batch has none */
+                             : emit_tensor(e, "rope_deltas", MML_DT_INT64, 2, DIMS(nd, 1), &st);
   for (int64_t r = 0; d && r < nd; r++) d[r] = r < e->n ? deltas[r] : 0;
   free(deltas);
   return st;
@@ -407,7 +420,7 @@ static mml_status emit_mrope(emit_ctx *e) {
 
 /* position_ids: M-RoPE, or 0.. per row (padded) / per slot (packed). */
 static mml_status emit_positions(emit_ctx *e) {
-  if (e->cfg->mrope) return emit_mrope(e);
+  if (e->cfg->mrope || e->flat) return emit_mrope(e); /* flattened: always Qwen's M-RoPE */
   mml_status st;
   int64_t *o = emit_tensor(e, e->k->position_ids, MML_DT_INT64, 2, DIMS(e->B, e->L), &st);
   if (!o) return st;
@@ -424,6 +437,13 @@ static mml_status emit_positions(emit_ctx *e) {
 static mml_status emit_attention(emit_ctx *e) {
   mml_status st;
   const int64_t B = e->B, L = e->L;
+  if (e->flat) { /* int32 [n+1]: cumulative lengths, as Qwen's flattened collator */
+    int32_t *cu = emit_tensor(e, e->k->attention_mask, MML_DT_INT32, 1, DIMS(e->n + 1), &st);
+    if (!cu) return st;
+    cu[0] = 0;
+    for (int i = 0; i < e->n; i++) cu[i + 1] = (int32_t)(e->start[i] + e->slot[i]);
+    return MML_OK;
+  }
   if (e->cfg->keys == MML_KEYS_QWEN) {
     int64_t *o = emit_tensor(e, e->k->attention_mask, MML_DT_INT64, 2, DIMS(B, L), &st);
     if (!o) return st;
@@ -605,9 +625,19 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
   e->cfg = cfg;
   e->k = &k_keys[cfg->keys];
   e->pack = cfg->pack != 0;
+  e->flat = cfg->flatten != 0;
   e->n = c->count;
-  e->B = e->pack ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
+  e->B = e->pack || e->flat ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
   e->L = e->pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
+  if (e->flat) { /* the samples back to back */
+    e->L = 0;
+    for (int i = 0; i < e->n; i++) e->L += (int64_t)c->slots[i].input_ids.len;
+    if (e->L > INT32_MAX)
+      return mml_err_set(e->err, MML_ETOOLONG,
+                         "a flattened batch of %lld tokens does not fit its attention_mask "
+                         "(int32 cumulative lengths)",
+                         (long long)e->L);
+  }
   e->BL = e->B * e->L;
   e->start = malloc((size_t)e->n * 2 * sizeof(int64_t));
   if (!e->start) return mml_err_set(e->err, MML_ENOMEM, "collator: out of memory");
@@ -615,13 +645,13 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
   int64_t tail = 0;
   for (int i = 0; i < e->n; i++) {
     int64_t len = (int64_t)c->slots[i].input_ids.len;
-    e->slot[i] = e->pack ? round_up(len, c->multiple) : e->L;
-    e->start[i] = e->pack ? tail : (int64_t)i * e->L;
-    tail = e->start[i] + (e->pack ? e->slot[i] : len);
+    e->slot[i] = e->pack ? round_up(len, c->multiple) : e->flat ? len : e->L;
+    e->start[i] = e->pack || e->flat ? tail : (int64_t)i * e->L;
+    tail = e->start[i] + (e->pack || e->flat ? e->slot[i] : len);
     e->real += len;
     if (e->slot[i] > e->maxslot) e->maxslot = e->slot[i];
   }
-  e->end = e->pack ? tail : e->BL;
+  e->end = e->pack || e->flat ? tail : e->BL;
   return MML_OK;
 }
 

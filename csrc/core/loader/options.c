@@ -210,6 +210,15 @@ static const mml_option k_options[] = {
      "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
      "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "
      "512, its TrainingArguments default; recipe=\"qwen-vl-finetune\" only)."},
+    {"data_flatten", MML_OPT_BOOL, CFG(collate.flatten), 0, 0, 1, NULL, FP,
+     "qwen-vl-finetune: its DataArguments.data_flatten. Each batch's micro_batch_size samples "
+     "concatenated into one row, as its FlattenedDataCollatorForSupervisedDataset does: "
+     "input_ids and labels [1, L] (L the sum of their lengths, no padding, no model_max_length "
+     "cut), position_ids [3, 1, L] (each sample's M-RoPE positions; mrope is implied), "
+     "attention_mask int32 [n+1] (the cumulative lengths: its cu_seqlens), the samples' "
+     "pixel_values and grids in order.  recipe=\"qwen-vl-finetune\" only (every source of a "
+     "mixture); not with packing, seq_length, max_tokens_per_batch, shift_labels, "
+     "keys=\"megatron\", attention_mask=False or model_max_length."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */
@@ -541,6 +550,20 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
     return mml_err_set(err, MML_ECONFIG, "packing=True needs pack_length (or seq_length)");
   if (!c->collate.pack && c->collate.pack_length > 0)
     return mml_err_set(err, MML_ECONFIG, "pack_length is only meaningful with packing=True");
+  if (c->collate.flatten) {
+    const char *bad = c->collate.pack                    ? "packing=True"
+                      : c->collate.seq_length > 0        ? "seq_length"
+                      : c->max_tokens_per_batch > 0      ? "max_tokens_per_batch"
+                      : c->collate.shift_labels          ? "shift_labels=True"
+                      : c->collate.keys != MML_KEYS_QWEN ? "keys=\"megatron\""
+                      : !c->collate.attention_mask       ? "attention_mask=False"
+                                                         : NULL;
+    if (bad)
+      return mml_err_set(err, MML_ECONFIG,
+                         "data_flatten=True makes Qwen's flattened batches (one row of whole "
+                         "samples, cu_seqlens as attention_mask, qwen keys): not with %s",
+                         bad);
+  }
   if (c->max_tokens_per_batch > 0) {
     if (c->collate.micro_batch_size > 0)
       return mml_err_set(err, MML_ECONFIG,

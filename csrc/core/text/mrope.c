@@ -1,7 +1,8 @@
 /*
  * mrope.c — Qwen-VL M-RoPE position ids for one token sequence (see mml/mrope.h for the
  * rules).  One pass over the ids: text tokens advance the running position by one, each
- * image or video block advances it by max(h, w) / merge after writing its lattice.
+ * image or video block advances it by max(h, w) / merge after writing its lattice (with
+ * legacy_advance: to the block's largest position + 1, Qwen's rope2d.py).
  *
  * Threads: no state; reentrant.  Ownership: writes only into the caller's arrays.
  */
@@ -92,7 +93,7 @@ mml_status mml_mrope_positions_media(const int32_t *ids, int64_t n, const mml_mr
     int64_t top;
     block(row_t, row_h, row_w, i, p, gt, lh, lw, interval, &top);
     if (top > maxpos) maxpos = top;
-    p += (gh > gw ? gh : gw) / m;
+    p = md->legacy_advance ? top + 1 : p + (gh > gw ? gh : gw) / m;
     i += count;
     if (is_img)
       img++;

@@ -82,6 +82,17 @@ typedef enum {
  * Positions: padded rows count 0..L-1 (padding included); packed slots restart at 0 and run
  * through their padding; the tail padding counts from 0 again.  With mrope, real tokens get
  * transformers' get_rope_index values (per sample when packed) and padding gets 0.
+ *
+ * Flattened (cfg.flatten, qwen keys only: Qwen's FlattenedDataCollatorForSupervisedDataset
+ * of qwen-vl-finetune 96588727): a batch is micro_batch_size samples, composed as padded
+ * batches are, written back to back into one row, B = 1, L = the sum of their lengths (no
+ * padding anywhere); labels as the samples have them (none forced to ignored); position_ids
+ * int64 [3, 1, L], each sample's M-RoPE positions from 0 (whatever cfg.mrope) as Qwen's
+ * rope2d.py computes them (legacy_advance, mml/mrope.h: Qwen2.5-VL videos differ from
+ * transformers 5's); attention_mask
+ * int32 [n+1] holds the cumulative sample lengths (its name for cu_seqlens; needs
+ * cfg.attention_mask); no rope_deltas, cu_seqlens or max_seqlen.  Not with pack,
+ * seq_length, shift_labels or megatron keys (check_cfg refuses them).
  */
 
 typedef struct mml_collate_cfg {
@@ -112,6 +123,8 @@ typedef struct mml_collate_cfg {
   int rows_dynamic;       /* padded: a batch has as many rows as samples and the engine
                             decides where it ends (token-budget batches, mml/plan.h);
                             micro_batch_size is then ignored */
+  int flatten;            /* 1: Qwen's flattened batch (qwen-vl-finetune's data_flatten, see
+                            below): micro_batch_size samples concatenated into [1, L] */
 } mml_collate_cfg;
 
 typedef struct mml_collator mml_collator;

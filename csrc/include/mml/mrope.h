@@ -21,6 +21,12 @@
  *   Qwen3-VL:   each temporal patch is its own run (the processor separates them with
  *               timestamp text) and its own grid (1, h, w).
  *
+ * After a block (legacy_advance): transformers 5 goes on at p + max(h, w) / m; transformers
+ * 4.x and Qwen's own qwen-vl-finetune rope2d.py go on at the block's largest position + 1
+ * (`llm_pos_ids_list[-1].max() + 1`).  The two agree for images and Qwen3-VL frames (one
+ * temporal patch: the largest is p + max(h, w) / m - 1) and differ for Qwen2/2.5-VL videos
+ * whose temporal positions pass max(h, w) / m - 1.
+ *
  * Threads: pure functions, reentrant.
  */
 #ifndef MML_MROPE_H
@@ -49,6 +55,7 @@ typedef struct mml_mrope_media {
   const float *second_per_grid; /* Qwen2.5-VL: per video (NULL: no time scaling) */
   int tokens_per_second;        /* Qwen2.5-VL: 2 */
   int split_frames;             /* Qwen3-VL: one run per temporal patch */
+  int legacy_advance;           /* 1: after a block, its largest position + 1 (rope2d.py) */
   int32_t image_pad_id, video_pad_id;
 } mml_mrope_media;
 

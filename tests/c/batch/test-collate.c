@@ -419,6 +419,78 @@ TEST(packed_mrope_per_sample) {
   mml_pool_close(pool);
 }
 
+/* Qwen's flattened batch (cfg.flatten, mml/collate.h): two samples back to back in one
+ * [1, 13] row, labels as given (the second sample's first not forced to ignored), M-RoPE
+ * [3, 1, 13] from 0 per sample, attention_mask int32 cumulative lengths; no rope_deltas,
+ * cu_seqlens, max_seqlen; composed by micro_batch_size like padded batches. */
+TEST(flattened_batch) {
+  mml_pool *pool = new_pool();
+  mml_collate_cfg cfg = base_cfg();
+  cfg.seq_length = 0;
+  cfg.flatten = 1;
+  cfg.attention_mask = 1;
+  mml_collator *c = NULL;
+  mml_err err = {0};
+  CHECK_OK(mml_collator_new(&cfg, pool, &c, &err), err);
+  mml_sample s = {0};
+  make_image(&s, 1, 1, 1, 4, 4, 1, 6); /* 8 tokens, 16 rows */
+  CHECK_OK(mml_collator_add(c, &s, &err), err);
+  CHECK(!mml_collator_full(c));
+  make_text(&s, 2, 5, 100);
+  s.labels.data[0] = 100; /* a labelled first token stays labelled */
+  CHECK(mml_collator_fits(c, &s));
+  CHECK_OK(mml_collator_add(c, &s, &err), err);
+  CHECK(mml_collator_full(c)); /* micro_batch_size = 2 samples */
+  mml_batch b = {0};
+  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK(shape_is(&b, "input_ids", 2, 1, 13, 0, 0));
+  CHECK(shape_is(&b, "labels", 2, 1, 13, 0, 0));
+  CHECK(shape_is(&b, "position_ids", 3, 3, 1, 13, 0));
+  CHECK(shape_is(&b, "attention_mask", 1, 3, 0, 0, 0));
+  CHECK(mml_batch_find(&b, "attention_mask")->dtype == MML_DT_INT32);
+  CHECK(mml_batch_find(&b, "rope_deltas") == NULL);
+  CHECK(mml_batch_find(&b, "cu_seqlens") == NULL && mml_batch_find(&b, "max_seqlen") == NULL);
+  CHECK(shape_is(&b, "pixel_values", 2, 16, 6, 0, 0));
+  const int32_t *cu = I32(&b, "attention_mask");
+  CHECK_EQ_INT(cu[0], 0);
+  CHECK_EQ_INT(cu[1], 8);
+  CHECK_EQ_INT(cu[2], 13);
+  const int64_t *ids = I64(&b, "input_ids"), *labels = I64(&b, "labels");
+  CHECK_EQ_INT(ids[7], 20);
+  CHECK_EQ_INT(ids[8], 100);
+  CHECK_EQ_INT(labels[8], 100);
+  CHECK_EQ_INT(labels[12], 104);
+  const int64_t *pos = I64(&b, "position_ids");
+  const int64_t et[] = {0, 1, 2, 2, 2, 2, 4, 5, 0, 1, 2, 3, 4};
+  const int64_t eh[] = {0, 1, 2, 2, 3, 3, 4, 5, 0, 1, 2, 3, 4};
+  for (int j = 0; j < 13; j++) {
+    CHECK_EQ_INT(pos[j], et[j]);
+    CHECK_EQ_INT(pos[13 + j], eh[j]);
+  }
+  mml_batch_clear(&b);
+  mml_sample_free(&s);
+  mml_collator_free(c);
+  /* what a flattened batch cannot be */
+  int *bad[] = {&cfg.pack, &cfg.shift_labels, &cfg.rows_dynamic};
+  for (int k = 0; k < 3; k++) {
+    *bad[k] = 1;
+    cfg.pack_length = 64;
+    CHECK_EQ_INT(mml_collator_new(&cfg, pool, &c, &err), MML_ECONFIG);
+    CHECK(strstr(err.msg, "data_flatten") != NULL);
+    *bad[k] = 0;
+  }
+  cfg.pack_length = 0;
+  cfg.seq_length = 16;
+  CHECK_EQ_INT(mml_collator_new(&cfg, pool, &c, &err), MML_ECONFIG);
+  cfg.seq_length = 0;
+  cfg.keys = MML_KEYS_MEGATRON;
+  CHECK_EQ_INT(mml_collator_new(&cfg, pool, &c, &err), MML_ECONFIG);
+  cfg.keys = MML_KEYS_QWEN;
+  cfg.attention_mask = 0;
+  CHECK_EQ_INT(mml_collator_new(&cfg, pool, &c, &err), MML_ECONFIG);
+  mml_pool_close(pool);
+}
+
 TEST(config_errors) {
   mml_pool *pool = new_pool();
   mml_collator *c = NULL;

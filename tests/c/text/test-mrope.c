@@ -28,6 +28,27 @@ TEST(mrope_worked_example) {
   CHECK_OK(mml_mrope_positions(ids, n, grid, 1, 2, IMG, NULL, 0, NULL, &err), err);
 }
 
+TEST(mrope_legacy_advance) {
+  /* a [video grid (4, 2, 2), merge 2: 4 tokens, one per temporal patch] b, Qwen2-VL time:
+   * the block's positions are t = 1..4, h = w = 1; transformers 5 goes on at 1 + 1 = 2,
+   * transformers 4.x / Qwen's rope2d.py at the largest + 1 = 5 */
+  enum { VID = 151656 };
+  int32_t ids[] = {1, VID, VID, VID, VID, 2};
+  int32_t vgrid[] = {4, 2, 2};
+  int64_t n = 6, pos[3 * 6], delta = 0;
+  mml_err err = {0};
+  mml_mrope_media md = {.vgrids = vgrid, .nvideos = 1, .image_pad_id = IMG, .video_pad_id = VID};
+  CHECK_OK(mml_mrope_positions_media(ids, n, &md, 2, pos, n, &delta, &err), err);
+  CHECK_EQ_INT(pos[4], 4);
+  CHECK_EQ_INT(pos[5], 2);
+  CHECK_EQ_INT(delta, 5 - 6);
+  md.legacy_advance = 1;
+  CHECK_OK(mml_mrope_positions_media(ids, n, &md, 2, pos, n, &delta, &err), err);
+  CHECK_EQ_INT(pos[5], 5);
+  CHECK_EQ_INT(pos[n + 5], 5);
+  CHECK_EQ_INT(delta, 6 - 6);
+}
+
 TEST(mrope_errors) {
   int32_t ids[] = {1, VSTART, IMG, IMG, IMG, VEND};
   int32_t grid[] = {1, 4, 4, 1, 2, 2};
