@@ -455,6 +455,48 @@ def test_rows_decoded_per_row_group_in_the_workers(tmp_path, fault_server):
     assert sum(int(b) - int(a) + 1 for a, b in spans) < size // 2, (spans, size)
 
 
+def test_a_row_waits_for_its_pages_not_its_row_group(tmp_path, fault_server):
+    """Issue 35: a row group's column chunks are read by windows of their pages as its
+    rows need them (parquet_chunk.c DESIGN 1, parquet_rows.c invariant 3,
+    loader_parquet.c P1): the first batch of a 20 MB row group reads a few of its 1.6 MB
+    pages, locally and by ranged GETs, not the group; a whole epoch reads each chunk
+    at most twice (DESIGN 5) and its batches are the JSONL export's."""
+    items = noise_rows(96, size=256)
+    p = str(tmp_path / "one-group.parquet")
+    pq.write_table(  # pages of 8 images, ~1.6 MB (pyarrow's default here: one page)
+        arrow_table(items),
+        p,
+        row_group_size=96,
+        compression="none",
+        use_dictionary=False,
+        write_batch_size=8,
+    )
+    md = pq.read_metadata(p)
+    assert md.num_row_groups == 1
+    chunk = read_columns_bytes(p)[0]
+    assert chunk > 16 << 20
+    args = dict(tokenizer=TINY, micro_batch_size=2, num_threads=2, prefetch=1, shuffle=False)
+    args.update(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16, window=4)
+    with mmloader.Loader(p, **args) as L:  # (4 samples in flight)
+        next(iter(L))
+        first = L.stats()["parquet"]["bytes_read"]
+    assert 0 < first < chunk // 4, (first, chunk)
+    want = epoch(write_jsonl(str(tmp_path), items), **args)
+    with mmloader.Loader(p, **args) as L:
+        got = [as_np(b) for b in L]
+        q = L.stats()["parquet"]
+    same(want, got)
+    assert q["row_groups_decoded"] == 1 and chunk <= q["bytes_read"] <= 2 * chunk, (q, chunk)
+    with open(p, "rb") as f:
+        data = f.read()
+    srv = fault_server(objects={"/d/one-group.parquet": data})
+    with mmloader.Loader(srv.url("/d/one-group.parquet"), **args) as L:
+        next(iter(L))
+        spans = [str(e[3])[6:].split("-") for e in srv.log if e[1] == "GET"]
+    sizes = [int(b) - int(a) + 1 for a, b in spans]
+    assert sizes and sum(sizes) < chunk // 4, (sizes, chunk)
+
+
 def test_columns_map_a_datasets_own_names_per_source(ref, tmp_path):
     """`columns` (one option-table row, also per source): a dataset's own column names
     read as the record keys they stand for; a column named like a mapped key is then not
