@@ -159,6 +159,8 @@ def rank_main(cfg_path: str) -> None:
         "load": os.getloadavg()[0],
         "suspected": sum(s["suspected"] for s in st),
         "rerouted": sum(s["rerouted"] for s in st),
+        "ping_rtt_s": [s["ping_rtt_s"] for s in st],  # the watch's pings, per rank
+        "placement": [s["placement"] for s in st],
     }
     for L in Ls:
         L.close()
@@ -333,6 +335,7 @@ def run_kill(data: str) -> dict:
 
 
 def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str) -> dict:
+    load_before = os.getloadavg()[0]
     dp = scale["trainers"]
     base = dict(
         address=c.address,
@@ -401,8 +404,12 @@ def _run_arm(c, data: str, scale: dict, placement: str, transport: str, tmp: str
         "fetch": [f for r in results for f in r["fetch"]],
         "producer_s_per_batch": [x for r in results for x in r["producer_s_per_batch"]],
         "load": max(r["load"] for r in results),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
         "suspected": sum(r["suspected"] for r in results),
         "rerouted": sum(r["rerouted"] for r in results),
+        "ping_rtt_s": [x for r in results for x in r.get("ping_rtt_s", [])],
+        "placement": [x for r in results for x in r.get("placement", [])],
         "batches_per_s": batches / secs,
         "bytes_per_s": nbytes / secs,
         "batch_bytes": nbytes / batches,
@@ -427,6 +434,14 @@ def _why(run: dict) -> str:
             f"{f['service_s_p50']:.2f} s, producer s/batch " + "/".join(f"{x:.2f}" for x in ps)
         )
     moved = f"suspected {run.get('suspected', 0)}, rerouted {run.get('rerouted', 0)}; "
+    for x in run.get("ping_rtt_s", []):
+        moved += (
+            f"pings {x['pings']}: rtt p50 {x['p50']:.3f} p99 {x['p99']:.3f} max {x['max']:.2f} s, "
+            f"{x['over_floor']} over the deadline's floor; "
+        )
+    modes = sorted({p["mode"] for p in run.get("placement", [])})
+    moved += f"placement {'/'.join(modes)}; load {run.get('load_before', 0):.1f} -> "
+    moved += f"{run.get('load_after', 0):.1f}; "
     return moved + "; ".join(out)
 
 
@@ -550,8 +565,12 @@ def _share(s: dict, a: dict) -> float:
 
 
 def _load(r: dict) -> str:
-    """The 1-minute load averages seen at the start and end of each part of the run."""
+    """The 1-minute load averages seen at the start and end of each part of the run, and
+    before and after each arm's run."""
     xs = [r["load_start"], r["load_end"], r.get("load_end_earlier", r["load_end"])]
+    for s in r["scales"].values():
+        for a in s["arms"].values():
+            xs += [x[k] for x in a["runs"] for k in ("load_before", "load_after") if k in x]
     return f"load {min(xs):.1f}-{max(xs):.1f}"
 
 
@@ -574,12 +593,13 @@ def report(r: dict) -> str:
         f"{r['runs']} runs of {r['batches']} batches per rank (each run in brackets), timed "
         "after the batches each rank had requested ahead; crossing: batches on their way "
         "to a trainer at once (mean per rank); producer s: a producer's own time per batch "
-        "(median over producers and runs).",
+        "(median over producers and runs); suspected: live producers the loaders suspected "
+        "(a ping late past the deadline), per run.",
         "",
         "| scale | placement, fetch | batches/s (runs) | of trainer links | MiB/s per "
         "trainer NIC (rx) | MiB/s per data NIC (tx) | data nodes per rank | crossing | "
-        "producer s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "producer s | suspected (runs) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in r["scales"].items():
         sc = s["scale"]
@@ -605,11 +625,12 @@ def report(r: dict) -> str:
                 f"| {label} | {_label(arm)} | {a['batches_per_s']:.2f} ({vals}) | "
                 f"{_share(s, a):.0%} | {' / '.join(tr)} | {' / '.join(dn)} | "
                 f"{'/'.join(map(str, used))} ({'/'.join(map(str, shared))} in all) | "
-                f"{_crossing(med)} | {_producer_s(runs)} |"
+                f"{_crossing(med)} | {_producer_s(runs)} | "
+                f"{', '.join(str(x['suspected']) if 'suspected' in x else '-' for x in runs)} |"
             )
         lines.append(
             f"| {label} | (link: {link / mib:.1f} MiB/s each through Ray; batch "
-            f"{batch / mib:.1f} MiB) | | | | | | | |"
+            f"{batch / mib:.1f} MiB) | | | | | | | | |"
         )
     k = r.get("kill")
     if k:

@@ -297,29 +297,45 @@ def _stop_fetchers(timeout_s: float = 2.0) -> None:
 
 
 # Liveness: every producer is pinged every _PING_EVERY_S (the ping runs in a thread of its
-# own on the producer, so a busy producer answers at once).  A producer whose ping stays
-# unanswered past the deadline (a multiple of the p99 of recent round trips, within
-# _DEADLINE_S unless producer_timeout_s fixes it), or fails, is suspect.
+# own on the producer, so a busy producer answers at once), whether or not its earlier
+# pings were answered (up to _PINGS_MAX each).  A producer is suspect when its ping
+# fails, or when its oldest ping not followed by any answer has waited past the deadline
+# (a multiple of the p99 of recent round trips, within _DEADLINE_S unless
+# producer_timeout_s fixes it), as of the last time the watch thread looked.
 _PING_EVERY_S = 0.2
+_PINGS_MAX = 16  # unanswered pings per producer (3.2 s of them)
 _FETCH_POLL_S = 0.25  # a fetch thread's wait for its batch to be made, between checks
 _JOIN_S = 1.0  # close() waits this long, in all, for the watch and fetch threads
-_DEADLINE_S = (0.4, 1.5)  # floor, ceiling
+_DEADLINE_S = (0.5, 1.5)  # floor, ceiling
 _DEADLINE_RTT_P99 = 4.0
 
 
 class _Watch:
-    """A thread that pings the producers: round trips, the time of each one's unanswered
-    ping, the time of its last answer.  It only observes; the trainer's thread decides
-    (Loader._sweep), so the requests in flight are touched by one thread only."""
+    """A thread that pings the producers: round trips, the time of each one's oldest ping
+    not followed by an answer, the time of its last answer.  It only observes; the
+    trainer's thread decides (Loader._sweep), so the requests in flight are touched by one
+    thread only.
+
+    Why a healthy producer was suspected (12-23 times per run on the emulated cluster's
+    full links): one ping at a time, so a ping whose packet the full link dropped waited
+    for TCP's retransmission timeout (0.2 s, doubling) with nothing behind it to hasten
+    the retransmission; pings were taken only when all of them were answered or at the
+    next tick (up to 0.2 s late, and each round trip the slowest producer's); and the
+    deadline ran on while this thread was not scheduled at all (a loaded machine).  Now
+    a ping goes every tick regardless (a later one on the same connection recovers a lost
+    one, and any answer proves the producer alive), each answer is taken when it comes,
+    and lateness counts only up to the last time this thread looked."""
 
     def __init__(self, actors: List[Any], fixed_s: Optional[float], stop: threading.Event) -> None:
         self._actors = list(actors)
         n = len(self._actors)
         self._fixed = fixed_s
         self._rtts: Deque[float] = collections.deque(maxlen=64)
-        self.sent: List[Optional[float]] = [None] * n  # when the unanswered ping went
-        self.answered = [0.0] * n  # when the last ping was answered
+        self.rtt_log: Deque[float] = collections.deque(maxlen=4096)  # for stats()
+        self.sent: List[Optional[float]] = [None] * n  # the oldest ping not followed by an answer
+        self.answered = [0.0] * n  # when a ping was last answered
         self.failed = [False] * n  # the last ping raised (Ray: actor unavailable, died)
+        self.looked = time.monotonic()  # when this thread last took answers
         self._stop = stop  # set by close() or the loader's finalizer
         self.thread = threading.Thread(target=self._run, name="mmloader-ray-watch", daemon=True)
         _FETCHERS.add(self.thread)
@@ -334,45 +350,70 @@ class _Watch:
         return min(_DEADLINE_S[1], max(_DEADLINE_S[0], _DEADLINE_RTT_P99 * _pct(rtts, 0.99)))
 
     def late(self, p: int, now: float) -> bool:
-        """Producer p's ping failed, or went unanswered past the deadline."""
+        """Producer p's ping failed, or its oldest ping not followed by an answer had waited
+        past the deadline when this thread last looked (a thread not scheduled for a while
+        on a loaded machine does not make every producer late)."""
         sent = self.sent[p]
-        return self.failed[p] or (sent is not None and now - sent > self.deadline())
+        return self.failed[p] or (
+            sent is not None and min(now, self.looked) - sent > self.deadline()
+        )
 
     def _run(self) -> None:
-        pending: Dict[int, Any] = {}
+        n = len(self._actors)
+        pending: Dict[Any, Tuple[int, float]] = {}  # ping -> (producer, when sent)
+        mine: List[Deque[Any]] = [collections.deque() for _ in range(n)]  # oldest first
         tick = 0.0
         try:
             while not self._stop.is_set() and not _EXITING.is_set() and _connected():
                 now = time.monotonic()
                 if now >= tick:
                     for p, a in enumerate(self._actors):
-                        if p not in pending:
-                            pending[p] = a.alive.remote()
-                            self.sent[p] = now
+                        if len(mine[p]) < _PINGS_MAX:
+                            ref = a.alive.remote()
+                            pending[ref] = (p, now)
+                            mine[p].append(ref)
+                            if self.sent[p] is None:
+                                self.sent[p] = now
                     tick = now + _PING_EVERY_S
-                refs = list(pending.values())
                 left = max(0.01, tick - time.monotonic())
-                if not refs:  # every ping answered: sleep to the next tick (ray.wait([])
-                    self._stop.wait(left)  # returns at once: it spun the CPU here)
+                if not pending:  # (ray.wait([]) returns at once: it would spin here)
+                    self._stop.wait(left)
                     continue
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=left)
+                refs = list(pending)
+                done, _ = ray.wait(refs, num_returns=1, timeout=left)
+                if done:  # and every other answer already here
+                    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 t = time.monotonic()
                 if self._stop.is_set() or not _connected():
                     break  # closed (or Ray shut down) while it waited: no more Ray calls
-                for p, ref in list(pending.items()):
-                    if ref not in done:
-                        continue
-                    del pending[p]
-                    try:
-                        ray.get(ref)
-                        self.failed[p] = False
-                        self.answered[p] = t
-                        self._rtts.append(t - (self.sent[p] or t))
-                    except Exception:  # noqa: BLE001 - down (restarting, or its node died)
-                        self.failed[p] = True
-                    self.sent[p] = None
+                for ref in done:
+                    self._answer(ref, pending, mine, t)
+                self.looked = t
         except Exception:  # noqa: BLE001 - Ray shut down under us: nothing left to watch
             pass
+
+    def _answer(
+        self, ref: Any, pending: Dict[Any, Tuple[int, float]], mine: List[Deque[Any]], t: float
+    ) -> None:
+        if ref not in pending:
+            return  # an older ping, forgotten when a later one was answered
+        p, sent = pending.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - down (restarting, or its node died)
+            self.failed[p] = True
+            mine[p].remove(ref)
+        else:
+            self.failed[p] = False
+            self.answered[p] = t
+            self._rtts.append(t - sent)
+            self.rtt_log.append(t - sent)
+            while mine[p]:  # pings older than this one: it is alive, forget them
+                old = mine[p].popleft()
+                if old is ref:
+                    break
+                pending.pop(old, None)
+        self.sent[p] = pending[mine[p][0]][1] if mine[p] else None
 
 
 class _Request:
@@ -594,6 +635,8 @@ class Loader:
         nodes = _alive_nodes()
         self._node_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes}
         targets: List[Optional[str]] = []  # the node each actor is meant for (None: Ray's choice)
+        # how the producers were placed (stats()["placement"])
+        self._placement: Dict[str, Any] = dict(placement=placement, mode=placement, note=None)
         strategies: List[Any]
         if placement == "node-local":
             here = [n for n in nodes if n["NodeID"] == self._node]
@@ -611,7 +654,17 @@ class Loader:
             rank = int(loader_kwargs.get("dp_rank") or 0)
             size = int(loader_kwargs.get("dp_size") or 1)
             fit = _feasible_nodes(bundle, n_actors, placement_timeout_s)
-            chosen = _spread(fit, self._node, bundle, n_actors, rank, size)
+            chosen, how = _spread(fit, self._node, bundle, n_actors, rank, size)
+            self._placement.update(how)
+            if how["mode"] == "interleaved" and size > 1:
+                warnings.warn(
+                    f"mmloader.ray.Loader(placement='spread'): {how['note']}, so every rank "
+                    "uses every data node (interleaved) and a data node's link may carry "
+                    "batches to several trainers at once; with at least dp_size data nodes "
+                    "that hold a rank's producers, each rank gets data nodes of its own",
+                    UserWarning,
+                    stacklevel=2,
+                )
             # soft: Ray restarts a producer elsewhere when its node dies
             strategies = [NodeAffinitySchedulingStrategy(t, soft=True) for t in chosen]
             targets = list(chosen)
@@ -797,14 +850,17 @@ class Loader:
             self._reroute()
 
     def _reroute(self) -> None:
-        """Moves every request of a suspect producer not yet made (or whose call failed)
-        to a stand-in.  A batch already made stays: it is on its way here (asking again
-        would send it over the link twice, and a ping late behind a full link would then
-        load that link more); if its node dies on the way, the fetch fails and moves it."""
+        """Moves every request of a suspect producer not yet here (or whose call failed)
+        to a stand-in, a batch already made too: its only copy is in the suspect's node's
+        object store, and when that node died the fetch waits for Ray to call the object
+        lost (4.6 and 10.6 s in the emulated kill, against 3 s asked).  A producer that
+        was only slow then sends that batch a second time (its fetch is dropped); with the
+        watch's many pings a live producer is not suspected on a full link (0 per run
+        measured, 12-23 before), so that cost is rare."""
         if not self._suspect:
             return
         for i, r in enumerate(self._inflight):
-            if r.producer in self._suspect and (not r.made() or _failed(r)):
+            if r.producer in self._suspect and (not r.future.done() or _failed(r)):
                 if _failed(r) and r.attempts >= self._max_attempts:
                     continue  # _take raises it when it is the head
                 r.dropped = True
@@ -1082,7 +1138,10 @@ class Loader:
         manager), replans (speculative requests re-issued after a skip moved the stream),
         lost (requests re-issued after a producer or its object was lost), rerouted
         (requests moved to another producer because theirs missed a ping while the trainer
-        waited), suspected (such missed pings), and
+        waited), suspected (such missed pings), ping_rtt_s (the watch's ping round trips:
+        pings, p50, p99, max, over_floor: slower than the adaptive deadline's floor), placement
+        (mode "disjoint": this rank's data nodes are its own; "interleaved": shared with
+        other ranks, note says why; data_nodes: their addresses), and
         ``producers`` / ``nodes``: node, batches, bytes and busy time of each producer and
         each node, with batches_per_s over the wall time.  A producer that Ray is
         restarting (or has lost) does not answer: it shows its last figures (none before
@@ -1132,10 +1191,15 @@ class Loader:
             "rerouted": self._n["rerouted"],
             "suspected": self._n["suspected"],
             "producer_timeout_s": self._watch.deadline(),
+            "ping_rtt_s": _rtt_stats(list(self._watch.rtt_log)),
             "samples": self._samples,
             "skipped": self._skipped,
             "refs_in_flight": len(self._inflight),
             "consumer_node_id": self._node,
+            "placement": dict(
+                self._placement,
+                data_nodes=sorted({p["node_ip"] for p in prods if p["node_ip"] is not None}),
+            ),
             "producers": prods,
             "nodes": nodes,
             "fetch": _fetch_stats(list(self._history), list(self._waits), len(self._actors)),
@@ -1248,6 +1312,18 @@ def _failed(r: "_Request") -> bool:
     """The request's call failed in the transport (its producer or object was lost)."""
     f = r.future
     return f.done() and not f.cancelled() and isinstance(f.exception(), _LOST)
+
+
+def _rtt_stats(rtts: List[float]) -> Dict[str, Any]:
+    """The watch's ping round trips (the last 4096): how many, p50, p99, max, and how many
+    took longer than the deadline's floor."""
+    return {
+        "pings": len(rtts),
+        "p50": _pct(rtts, 0.5),
+        "p99": _pct(rtts, 0.99),
+        "max": max(rtts, default=0.0),
+        "over_floor": sum(x > _DEADLINE_S[0] for x in rtts),
+    }
 
 
 def _pct(xs: List[float], q: float) -> float:
@@ -1451,20 +1527,12 @@ def _feasible_nodes(
         time.sleep(0.5)
 
 
-def _spread(
-    nodes: List[Dict[str, Any]], me: str, bundle: Dict[str, float], n: int, rank: int, size: int
+def _round_robin(
+    nodes: List[Dict[str, Any]], bundle: Dict[str, float], n: int, offset: int
 ) -> List[str]:
-    """Rank-aware placement: actor i of rank r goes to data node (offset_r + i) mod D, with
-    the ranks' offsets spread evenly over the D nodes (every rank sorts the same node list),
-    so that when all ranks take their j-th batch they pull from different nodes, and each
-    rank's batches come from every node in turn.  This node is left out while others can
-    hold the producers (its link is the trainer's own).  A node gets no more of this rank's
-    actors than its total resources hold."""
-    others = [x for x in nodes if x["NodeID"] != me]
-    if sum(_slots(x["Resources"], bundle, n) for x in others) >= n:
-        nodes = others
+    """n actors over `nodes` in turn from node `offset`, a node taking no more of them than
+    its total resources hold (the caller checked that all of them together hold n)."""
     d = len(nodes)
-    offset = (rank * d) // max(1, size)
     room = [_slots(x["Resources"], bundle, n) for x in nodes]
     out: List[str] = []
     i = offset
@@ -1475,6 +1543,49 @@ def _spread(
             out.append(nodes[k]["NodeID"])
         i += 1
     return out
+
+
+def _holds(nodes: List[Dict[str, Any]], bundle: Dict[str, float], n: int) -> bool:
+    return sum(_slots(x["Resources"], bundle, n) for x in nodes) >= n
+
+
+def _spread(
+    nodes: List[Dict[str, Any]], me: str, bundle: Dict[str, float], n: int, rank: int, size: int
+) -> Tuple[List[str], Dict[str, Any]]:
+    """Rank-aware placement over the D data nodes (the alive nodes that hold a producer,
+    sorted by address: the same list in every rank's process, so ranks agree without
+    talking).  The node ids of this rank's n actors, and how they were chosen.
+
+    Disjoint (D >= dp_size): rank r owns data nodes [r*D//size, (r+1)*D//size), a part no
+    other rank uses, so no data node's link carries batches to two trainers (the ranks'
+    transfers never share a link but at their own trainer's end); its actors go over its
+    part in turn (batch j from producer j mod K: from each of its nodes in turn).  The
+    rank's own node is left out of its part while the rest of the part holds the actors.
+    Interleaved (fewer data nodes than ranks, or a rank's part cannot hold its actors):
+    every rank uses every node, actor i of rank r on node (offset_r + i) mod D with the
+    offsets spread evenly, so ranks taking their j-th batch at once pull from different
+    nodes when they can; said in a warning and in stats()["placement"]."""
+    d = len(nodes)
+    part = nodes[(rank * d) // size : ((rank + 1) * d) // size] if d >= size else []
+    if part:
+        rest = [x for x in part if x["NodeID"] != me]
+        if rest and _holds(rest, bundle, n):
+            part = rest
+        if _holds(part, bundle, n):
+            info = dict(mode="disjoint", note=None)
+            return _round_robin(part, bundle, n, 0), info
+        note = (
+            f"rank {rank}'s share of the {d} data nodes ({len(part)}) cannot hold its {n} "
+            f"actors with {bundle} each"
+        )
+    else:
+        note = f"{d} data node(s) for {size} ranks: fewer nodes than ranks"
+    others = [x for x in nodes if x["NodeID"] != me]
+    if _holds(others, bundle, n):
+        nodes = others
+    d = len(nodes)
+    chosen = _round_robin(nodes, bundle, n, (rank * d) // max(1, size))
+    return chosen, dict(mode="interleaved", note=note)
 
 
 def _start_error(e: BaseException, where: str) -> BaseException:

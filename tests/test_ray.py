@@ -461,23 +461,54 @@ def test_refused_configurations(cluster, dataset):
         )
 
 
-def test_rank_aware_spread_ranks_pull_from_different_nodes(cluster, dataset):
-    """Batch j of every rank comes from producer j mod K; rank-aware placement puts the
-    ranks' producer j on different data nodes, so ranks taking their j-th batch at the same
-    time do not pull from one node (the finding's lockstep)."""
+def test_rank_aware_spread_gives_each_rank_data_nodes_of_its_own(cluster, dataset):
+    """With at least dp_size data nodes, each rank's producers are on data nodes no other
+    rank uses (decided by each rank alone, from the same sorted node list), so no data
+    node's link carries batches to two trainers at once; the streams stay exact."""
+    c, data_nodes = cluster
     res = {"CPU": 0.5, "data": 1}
-    r0 = mray.Loader(dataset, producers=2, producer_resources=res, dp_rank=0, dp_size=2, **KW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        r0 = mray.Loader(dataset, producers=2, producer_resources=res, dp_rank=0, dp_size=2, **KW)
+        try:
+            with mray.Loader(
+                dataset, producers=2, producer_resources=res, dp_rank=1, dp_size=2, **KW
+            ) as r1:
+                n0, n1 = _nodes(r0), _nodes(r1)
+                assert len(set(n0)) == len(set(n1)) == 1 and not set(n0) & set(n1), (n0, n1)
+                assert set(n0) | set(n1) == {nd.node_id for nd in data_nodes}
+                for r, L in enumerate((r0, r1)):
+                    p = L.stats()["placement"]
+                    assert p["mode"] == "disjoint" and p["note"] is None, p
+                    assert len(p["data_nodes"]) == 1
+                    assert _events(L, 4) == _local(dataset, 4, dp_rank=r, dp_size=2)
+        finally:
+            r0.close()
+
+
+def test_fewer_data_nodes_than_ranks_interleave_and_say_so(cluster, dataset):
+    """3 ranks, 2 data nodes: the ranks share data nodes, interleaved (producer j of the
+    ranks on different nodes where it can), with a warning and stats() saying why."""
+    c, data_nodes = cluster
+    res = {"CPU": 0.5, "data": 1}
+    loaders = []
     try:
-        with mray.Loader(
-            dataset, producers=2, producer_resources=res, dp_rank=1, dp_size=2, **KW
-        ) as r1:
-            n0, n1 = _nodes(r0), _nodes(r1)
-            assert len(set(n0)) == len(set(n1)) == 2  # each rank uses both data nodes
-            assert all(a != b for a, b in zip(n0, n1)), (n0, n1)
-            for r, L in enumerate((r0, r1)):
-                assert _events(L, 4) == _local(dataset, 4, dp_rank=r, dp_size=2)
+        for r in range(3):
+            with pytest.warns(UserWarning, match="fewer nodes than ranks.*interleaved"):
+                loaders.append(
+                    mray.Loader(
+                        dataset, producers=1, producer_resources=res, dp_rank=r, dp_size=3, **KW
+                    )
+                )
+        first = [_nodes(L)[0] for L in loaders]
+        assert set(first) == {nd.node_id for nd in data_nodes}  # both nodes in use
+        for r, L in enumerate(loaders):
+            p = L.stats()["placement"]
+            assert p["mode"] == "interleaved" and "2 data node(s) for 3 ranks" in p["note"], p
+            assert _events(L, 2) == _local(dataset, 2, dp_rank=r, dp_size=3)
     finally:
-        r0.close()
+        for L in loaders:
+            L.close()
 
 
 def test_relative_data_path_is_resolved_on_the_driver(cluster, dataset, monkeypatch):
