@@ -366,6 +366,30 @@ def test_resize_near_unity_matches_pillow():
         assert np.count_nonzero(got != want) == 0, (H, W, h, w)
 
 
+def test_resize_vnni_widths_match_pillow():
+    """resize_vnni.c's horizontal pass (taken where the CPU has AVX-512 VBMI + VNNI; the
+    parity tests run the other paths with MML_DISABLE_AVX512): outputs in groups of 16
+    from a 128-byte window, so widths of 16 and up, downscales up to ~2x (1-3 tap groups:
+    weights of three byte digits) and upscales, the last group overlapping, and rows whose
+    end falls inside the window (masked loads; invariants 1-3); both pass orders and, for
+    the first cases, Pillow <= 12's horizontal-first order too."""
+    rng = np.random.default_rng(34)
+    cases = [(W, w) for W in (16, 17, 31, 47, 48, 64, 100) for w in (16, 17, 23, 32, 47, W + 3)]
+    cases += [(int(W), int(W * f)) for W, f in zip(rng.integers(16, 700, 40), rng.uniform(0.44, 1.6, 40))]
+    for i, (W, w) in enumerate(cases):
+        if w < 16 or w > 2 * W + 64:
+            continue
+        for H, h in ((9, 9), (20, 13), (13, 29)):
+            a = pattern(H, W, W * 7919 + w * 31 + H)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+            if i < 12 and PIL_MAJOR >= 13:  # the other order: against its own two passes
+                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
+                got = mml_resize(a, h, w, h_first=True)
+                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""

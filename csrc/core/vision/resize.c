@@ -118,13 +118,17 @@ mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_
   a->in = in;
   a->out = out;
   a->ksize = ksize;
-  return MML_OK;
+  mml_status st = mml_resample_vnni_prepare(a, err);
+  if (st != MML_OK) a->in = a->out = 0;
+  return st;
 }
 
 void mml_resample_axis_free(mml_resample_axis *a) {
   free(a->k);
   free(a->pre);
   free(a->bounds);
+  free(a->vt);
+  free(a->vbase);
   memset(a, 0, sizeof *a);
 }
 
@@ -367,6 +371,7 @@ int mml_cpu_avx512_vbmi(void) { return 0; }
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                          uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf) {
   const int ksize = a->ksize;
+  if (mml_resample_rows_h_vnni(a, src, nrows, dst, plane)) return;
 #ifdef MML_HAVE_AVX2_PATH
   if (mml_cpu_avx2()) {
     transpose_in_avx2(src, nrows, a->in, tbuf);
