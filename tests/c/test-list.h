@@ -214,6 +214,9 @@ TEST_DECLARE(jpeg_coefficients_stay_mapped)
 TEST_DECLARE(image_aside_runs_abandons_and_bounds)
 /* test-loader-video.c */
 TEST_DECLARE(loader_video_files_same_output_any_threads)
+/* test-loader-stress.c */
+TEST_DECLARE(loader_max_memory_random_schedules_end)
+TEST_DECLARE(loader_max_memory_stuck_read_ends)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -426,6 +429,9 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(image_aside_runs_abandons_and_bounds)
     /* test-loader-video.c */
     TEST_ENTRY(loader_video_files_same_output_any_threads)
+    /* test-loader-stress.c */
+    TEST_ENTRY(loader_max_memory_random_schedules_end)
+    TEST_ENTRY(loader_max_memory_stuck_read_ends)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)

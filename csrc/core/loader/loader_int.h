@@ -279,6 +279,9 @@ struct mml_loader {
   /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
    * else able to free room */
   int decoding, scratch_stuck;
+  /* consecutive looks of the read gate with only the consumer waiting, the next sample
+   * unable to fit and nothing else able to free room (ld_mem_may_read_locked) */
+  int read_stuck;
   int consumer_waiting; /* the consumer is blocked in next() */
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm; /* `faults` when batch MML_FAULT_WARMUP was delivered */

@@ -872,6 +872,46 @@ int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
   return ld_mem_room_locked(L, bytes + pool_bytes(next));
 }
 
+/* The read the consumer's batch may need (only_consumer_waits, not head_final): room for
+ * one sample beside what is live, caches (spare byte buffers, videos kept open ahead)
+ * freed first.  When it cannot fit and nothing else can free room or use it -- no ticket
+ * waits for room (mem_stuck's rule: mem_blocked), no decode is queued, every sample read
+ * is placed -- 20 looks in a row (5 ms apart) mean it never will: an error naming what is
+ * held.  Without it a packed epoch hung here: the head pack's samples all taken, the
+ * sample that ends it planned into the next pack, which gets a buffer only once complete
+ * (its bound above a quarter of the cap), and no read fitting beside the head pack's
+ * buffer (tests/c/loader/test-loader-stress.c loader_max_memory_stuck_read_ends). */
+static int read_room_or_stuck(mml_loader *L, int64_t est) {
+  if (ld_mem_room_hold_locked(L, est, 0)) {
+    L->read_stuck = 0;
+    return 1;
+  }
+  if (L->nspare) ld_bytes_free_spares(L);
+  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0)) {
+    L->read_stuck = 0;
+    return ld_mem_room_hold_locked(L, est, 0);
+  }
+  if (L->mem_blocked || L->dec_head || L->place_seq < L->next_seq || L->fatal) {
+    L->read_stuck = 0;
+    return 0;
+  }
+  if (++L->read_stuck < 20) return 0;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  const task *t = slot_of(L, L->head_seq);
+  mml_err e;
+  mem_explain(
+      L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
+      "the next sample to read, which the batch the consumer waits for may need", est,
+      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + est,
+      "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
+      "alive while it asks for the next (`del batch` at the end of the loop body "
+      "releases it)",
+      &e);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return 0;
+}
+
 int ld_mem_may_read_locked(mml_loader *L) {
   if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
@@ -879,7 +919,8 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * can use the room held below, and the batch it waits for may need this sample (holding
    * it back hung the loader when two large batches did not fit beside the rest); the
    * steps after the read still check the cap and name what cannot fit. */
-  if (only_consumer_waits(L) && !head_final(L)) return ld_mem_room_hold_locked(L, est, 0);
+  if (only_consumer_waits(L) && !head_final(L)) return read_room_or_stuck(L, est);
+  L->read_stuck = 0;
   /* Once samples need scratch: beside the most one has needed (the one read may need as
    * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
    * built; a batch the consumer holds is live already): samples read ahead must not take

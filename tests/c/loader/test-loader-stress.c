@@ -1,0 +1,444 @@
+/*
+ * test-loader-stress.c — max_memory under random schedules of the threaded engine (issue
+ * 33), in C so that thousands of schedules run in CI time: random caps from the largest
+ * batch's pages up (beside the workers' scratch reserve), random thread counts, prefetch
+ * depths, windows and pixel formats (compact float32, float32-decode, uint8), padded and
+ * packed batches, a consumer that sleeps at random and sometimes keeps its previous batch
+ * while it asks for the next, JPEG images of several sizes, short videos (the committed
+ * seed videos of the fuzz corpus) and injected decode failures (JPEGs whose header is good
+ * and whose data is cut: they fail only at decode, which rewinds the planner).
+ *
+ * What each schedule must do (S1..S4, cited below; "the largest batch" is its pixel
+ * tensors in the pool's 2 MiB pages, for packs the pages of their bound in both planes):
+ *   S1. End: deliver the whole epoch, or fail with MML_ENOMEM (the explainer's "cannot
+ *       hold" message), never hang.  A watchdog fails the test (naming the seed) when one
+ *       schedule runs past its limit: next() has a timeout, and a thread ends the process
+ *       with the seed when a schedule (its close included) runs past twice that.
+ *   S2. A delivered epoch is bitwise the epoch of the same settings without a cap.
+ *   S3. The pool never held more than the cap (pool_peak <= max_memory).
+ *   S4. MML_ENOMEM only where the cap is tight: less room beside the workers' reserve than
+ *       2 x (prefetch + 2) of the largest batches and 8 MiB (what today's gates may hold
+ *       for the batch the consumer waits for; tests/test_memory_stress.py's bound).
+ *
+ * MML_STRESS_SCHEDULES (default 2000; 60 under a sanitizer) and MML_STRESS_SEED (the
+ * first seed, default 1) choose the schedules; a failure prints the seed and its settings,
+ * and MML_STRESS_SEED=<seed> MML_STRESS_SCHEDULES=1 runs that one alone.
+ *
+ * Needs the bundled tokenizer (mmloader/data/tiny-tokenizer.json, relative to tests/c, or
+ * MML_TEST_TOKENIZER) and fuzz/corpus/video.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mml/loader.h"
+#include "mml_fixture.h"
+#include "mml_test.h"
+
+#define SEEDS "../../fuzz/corpus/video/"
+#define MIB ((int64_t)1 << 20)
+enum { NLINES = 24, NSHAPES = 4, MAXB = NLINES + 2 };
+
+static char g_shard[128];
+static int make_dataset(const char *dir);
+static mml_fixture g_fx = {"lstress", make_dataset};
+
+static int copy_file(const char *from, const char *to, size_t keep) {
+  mml_bytes b = {0};
+  mml_err err;
+  if (mml_read_file(from, 0, -1, &b, &err)) return -1;
+  FILE *f = fopen(to, "wb");
+  if (!f) return mml_bytes_free(&b), -1;
+  size_t n = keep && keep < b.len ? keep : b.len;
+  int ok = fwrite(b.data, 1, n, f) == n;
+  fclose(f);
+  mml_bytes_free(&b);
+  return ok ? 0 : -1;
+}
+
+/* JPEGs of five sizes (the largest 480x360), two seed videos, and per late line a copy of
+ * its last image cut to 40%: a good header, a failure at decode. */
+static int write_media(const char *dir) {
+  static const int sizes[5][2] = {{64, 64}, {320, 240}, {120, 400}, {480, 360}, {90, 160}};
+  char p[200], q[200];
+  for (int i = 0; i < 5; i++) {
+    snprintf(p, sizeof p, "%s/i%d.jpg", dir, i);
+    if (mml_test_write_jpeg(p, sizes[i][0], sizes[i][1], i)) return -1;
+  }
+  static const char *vids[2] = {"h264.mp4", "vp9.webm"};
+  for (int v = 0; v < 2; v++) {
+    snprintf(p, sizeof p, SEEDS "%s", vids[v]);
+    snprintf(q, sizeof q, "%s/%s", dir, vids[v]);
+    if (copy_file(p, q, 0)) return -1;
+  }
+  for (int i = 0; i < 5; i++) {
+    mml_bytes b = {0};
+    mml_err err;
+    snprintf(p, sizeof p, "%s/i%d.jpg", dir, i);
+    if (mml_read_file(p, 0, -1, &b, &err)) return -1;
+    snprintf(q, sizeof q, "%s/late%d.jpg", dir, i);
+    int rc = copy_file(p, q, b.len * 2 / 5);
+    mml_bytes_free(&b);
+    if (rc) return -1;
+  }
+  return 0;
+}
+
+static int is_late(int i) { return i == 2 || i == 9 || i == 10 || i == 17 || i == 22; }
+
+/* Lines: a video every fourth (2-4 of its 6 frames), a text-only turn every seventh, else
+ * 1-3 images, the last one cut on the late lines. */
+static void write_line(FILE *f, int i) {
+  fprintf(f, "{\"messages\":[{\"role\":\"user\",\"content\":");
+  int n = i % 4 == 3 || i % 7 == 6 ? 0 : 1 + i % 3;
+  if (i % 4 == 3)
+    fprintf(f,
+            "[{\"type\":\"video\",\"video\":\"%s\",\"nframes\":%d},"
+            "{\"type\":\"text\",\"text\":\"What moves in %d?\"}]",
+            (i / 4) % 2 ? "vp9.webm" : "h264.mp4", 2 + i % 3, i);
+  else if (!n)
+    fprintf(f, "\"Text only %d?\"", i);
+  else
+    fprintf(f, "\"%.*ssample %d: %.*s\"", 7 * n, "<image><image><image>", i, 5 * (i % 6),
+            "word word word word word word ");
+  fprintf(f, "},{\"role\":\"assistant\",\"content\":\"answer %d\"}]", i);
+  if (n) {
+    fprintf(f, ",\"images\":[");
+    for (int j = 0; j < n; j++)
+      fprintf(f, "%s\"%s%d.jpg\"", j ? "," : "", j == n - 1 && is_late(i) ? "late" : "i",
+              (i + j) % 5);
+    fprintf(f, "]");
+  }
+  fprintf(f, "}\n");
+}
+
+static int make_dataset(const char *dir) {
+  if (write_media(dir)) return -1;
+  snprintf(g_shard, sizeof g_shard, "%s/d.jsonl", dir);
+  FILE *f = fopen(g_shard, "w");
+  if (!f) return -1;
+  for (int i = 0; i < NLINES; i++) write_line(f, i);
+  fclose(f);
+  return 0;
+}
+
+/* The shapes of batches: padded in order, shuffled padded, uint8 pixels, packed. */
+static void shape_cfg(mml_loader_cfg *c, const char **data, int shape) {
+  memset(c, 0, sizeof *c);
+  data[0] = g_shard;
+  c->data = data;
+  c->ndata = 1;
+  c->dp_size = 1;
+  c->num_threads = 2;
+  c->prefetch = 2;
+  c->max_error_rate = 1.0;
+  c->collate.pad_id = -1;
+  c->collate.attention_mask = 1;
+  c->pixels = MML_PIXELS_FLOAT32;
+  mml_err err;
+  mml_vision_preset("qwen2.5-vl", &c->vision, &err);
+  c->vision.min_pixels = 28 * 28 * 4;
+  c->vision.max_pixels = 28 * 28 * 96;
+  c->tokenizer = g_fx.tok;
+  static const int mbs[NSHAPES] = {1, 2, 3, 1};
+  c->collate.micro_batch_size = mbs[shape];
+  c->shuffle = shape > 0;
+  c->seed = (uint64_t)(1 + 2 * shape);
+  if (shape == 2) c->pixels = MML_PIXELS_UINT8;
+  if (shape == 3) {
+    c->collate.pack = 1;
+    c->collate.pack_length = 768;
+    c->collate.pad_to_multiple = 8;
+  }
+}
+
+/* One epoch's batch hashes (every tensor) and its largest batch's pixels in the pool's
+ * pages (2 MiB each, as the Python stress counts them). */
+typedef struct epoch_out {
+  uint64_t h[MAXB];
+  int n;
+  int64_t largest;
+  mml_status st;
+  char msg[1024];
+  mml_loader_stats stats;
+} epoch_out;
+
+static uint64_t batch_hash(const mml_batch *b, int64_t *pixel_bytes) {
+  uint64_t h = 0;
+  *pixel_bytes = 0;
+  for (int i = 0; i < b->ntensors; i++) {
+    const mml_tensor *t = &b->tensors[i];
+    const size_t nb = (size_t)mml_tensor_numel(t) * mml_dtype_size(t->dtype);
+    h = mml_hash_bytes(h, t->name, strlen(t->name));
+    h = mml_hash_bytes(h, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    h = mml_hash_bytes(h, (const char *)t->buf->data + t->offset, nb);
+    if (!strncmp(t->name, "pixel_values", 12)) *pixel_bytes += (int64_t)nb;
+  }
+  return h;
+}
+
+/* How the consumer behaves: it sleeps up to 4 ms after 30% of its batches, and keeps the
+ * previous batch alive while it asks for the next when keep_prev. */
+typedef struct consumer {
+  unsigned rng;
+  int keep_prev, delays;
+  double timeout_s;
+} consumer;
+
+static unsigned next_rand(unsigned *s) {
+  *s = *s * 1103515245u + 12345u;
+  return (*s >> 8) & 0xffffff;
+}
+
+static void run_epoch(const mml_loader_cfg *c, consumer *who, epoch_out *o) {
+  memset(o, 0, sizeof *o);
+  mml_loader *L;
+  mml_err err;
+  o->st = mml_loader_new(c, &L, &err);
+  if (o->st) {
+    snprintf(o->msg, sizeof o->msg, "%s", err.msg);
+    return;
+  }
+  mml_batch prev;
+  memset(&prev, 0, sizeof prev);
+  for (;;) {
+    mml_batch b;
+    memset(&b, 0, sizeof b);
+    mml_status st = mml_loader_next(L, &b, who->timeout_s, &err);
+    if (st == MML_EEND) break;
+    if (st || o->n == MAXB) {
+      o->st = st ? st : MML_EINTERNAL;
+      if (st == MML_ETIMEDOUT) mml_loader_describe_wait(L, &err); /* what it waits on */
+      snprintf(o->msg, sizeof o->msg, "%s", st ? err.msg : "more batches than lines");
+      mml_batch_clear(&b);
+      break;
+    }
+    int64_t px;
+    o->h[o->n++] = batch_hash(&b, &px);
+    px = (px + 2 * MIB - 1) / (2 * MIB) * (2 * MIB);
+    if (px > o->largest) o->largest = px;
+    if (who->delays && next_rand(&who->rng) % 10 < 3)
+      usleep((useconds_t)(next_rand(&who->rng) % 4000));
+    mml_batch_clear(&prev);
+    if (who->keep_prev)
+      prev = b;
+    else
+      mml_batch_clear(&b);
+  }
+  mml_batch_clear(&prev);
+  mml_loader_get_stats(L, &o->stats);
+  mml_loader_free(L);
+}
+
+/* ---- the watchdog (S1) ----------------------------------------------------------------- */
+
+/* the schedule running (seed -1: none), when it started and its settings */
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static long long g_sched_seed = -1, g_sched_start_ms;
+static char g_sched_desc[256];
+static atomic_int g_watch_stop;
+static double g_limit_s = 60.0; /* next()'s timeout; the watchdog's is twice it */
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void watch_set(long long seed, long long start_ms, const char *desc) {
+  pthread_mutex_lock(&g_watch_mu);
+  g_sched_seed = seed;
+  g_sched_start_ms = start_ms;
+  snprintf(g_sched_desc, sizeof g_sched_desc, "%s", desc ? desc : "");
+  pthread_mutex_unlock(&g_watch_mu);
+}
+
+static void *watchdog(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_watch_stop)) {
+    usleep(100 * 1000);
+    pthread_mutex_lock(&g_watch_mu);
+    if (g_sched_seed >= 0 && now_ms() - g_sched_start_ms > (long long)(2000 * g_limit_s)) {
+      fprintf(stderr,
+              "  FAIL %s: schedule MML_STRESS_SEED=%lld did not end in %.0f s (a hang: close "
+              "or next() past its timeout): %s\n",
+              mml_test_current, g_sched_seed, 2 * g_limit_s, g_sched_desc);
+      _exit(3);
+    }
+    pthread_mutex_unlock(&g_watch_mu);
+  }
+  return NULL;
+}
+
+/* ---- the schedules --------------------------------------------------------------------- */
+
+typedef struct schedule {
+  long long seed;
+  int shape, keep_prev;
+  int64_t cap, room;
+  char desc[200];
+} schedule;
+
+/* Random settings for `seed` over shape refs (largest[shape]): a cap of the workers'
+ * reserve and from 8 MiB or half the largest batch up to ten largest batches, plus up to
+ * 4 MiB. */
+static void pick(schedule *s, long long seed, const int64_t largest[NSHAPES], mml_loader_cfg *c,
+                 const char **data, consumer *who) {
+  unsigned r = (unsigned)seed * 2654435761u + 7u;
+  memset(s, 0, sizeof *s);
+  s->seed = seed;
+  s->shape = (int)(next_rand(&r) % NSHAPES);
+  shape_cfg(c, data, s->shape);
+  c->num_threads = 1 + (int)(next_rand(&r) % 3);
+  c->prefetch = 1 + (int)(next_rand(&r) % 4);
+  if (s->shape != 2)
+    c->pixels = next_rand(&r) % 10 < 7 ? MML_PIXELS_FLOAT32 : MML_PIXELS_FLOAT32_DECODE;
+  static const int windows[4] = {2, 4, 8, 32};
+  if (next_rand(&r) % 2) c->window = windows[next_rand(&r) % 4];
+  const double u = (double)next_rand(&r) / (double)0x1000000;
+  int64_t room = (int64_t)((double)largest[s->shape] * (0.5 + 9.5 * u * u));
+  if (room < 8 * MIB) room = 8 * MIB;
+  s->room = room;
+  s->cap = c->num_threads * MML_SCRATCH_RESERVE + room + (int64_t)(next_rand(&r) % (4 * MIB));
+  c->max_memory = s->cap;
+  s->keep_prev = next_rand(&r) % 10 < 3;
+  who->rng = r;
+  who->keep_prev = s->keep_prev;
+  who->delays = 1;
+  who->timeout_s = g_limit_s;
+  snprintf(s->desc, sizeof s->desc,
+           "shape %d, threads %d, prefetch %d, window %d, pixels %d, max_memory %lld, "
+           "keep_prev %d, largest batch %lld",
+           s->shape, c->num_threads, c->prefetch, c->window, c->pixels, (long long)s->cap,
+           s->keep_prev, (long long)largest[s->shape]);
+}
+
+/* Runs one schedule and checks S2..S4: 0 when it passed (*oom: it ended out of memory). */
+static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
+                        const int64_t largest[NSHAPES], int *oom) {
+  schedule s;
+  mml_loader_cfg c;
+  const char *data[1];
+  consumer who;
+  pick(&s, seed, largest, &c, data, &who);
+  watch_set(seed, now_ms(), s.desc);
+  static epoch_out o;
+  run_epoch(&c, &who, &o);
+  watch_set(-1, 0, NULL);
+  const epoch_out *ref = &refs[s.shape];
+  *oom = o.st == MML_ENOMEM;
+  const char *why = NULL;
+  if (*oom && !strstr(o.msg, "cannot hold"))
+    why = "out of memory without the explainer's message";
+  else if (*oom && s.room >= 2 * (c.prefetch + 2) * largest[s.shape] + 8 * MIB)
+    why = "out of memory where the cap is not tight (S4)";
+  else if (o.st && !*oom)
+    why = "failed";
+  else if (!o.st && (o.n != ref->n || memcmp(o.h, ref->h, sizeof o.h)))
+    why = "batches differ from the uncapped epoch (S2)";
+  else if ((int64_t)o.stats.pool_peak > s.cap)
+    why = "the pool held more than max_memory (S3)";
+  if (!why) return 0;
+  fprintf(stderr,
+          "  FAIL %s: MML_STRESS_SEED=%lld: %s: %s (%d batches of %d, pool peak %zu): %s %s\n",
+          mml_test_current, seed, why, s.desc, o.n, ref->n, o.stats.pool_peak,
+          mml_status_name(o.st), o.msg);
+  return 1;
+}
+
+static int under_sanitizer(void) {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  return 1;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+  return 1;
+#endif
+#endif
+  return 0;
+}
+
+static uint64_t skips(const mml_loader_stats *st, const char *reason) {
+  for (int i = 0; i < st->nreasons; i++)
+    if (!strcmp(st->reason[i], reason)) return st->reason_count[i];
+  return 0;
+}
+
+/* S1..S4 over MML_STRESS_SCHEDULES random schedules from MML_STRESS_SEED. */
+TEST(loader_max_memory_random_schedules_end) {
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer, dataset or seed videos)");
+  const char *ns = getenv("MML_STRESS_SCHEDULES"), *s0 = getenv("MML_STRESS_SEED");
+  const long long n = ns && atoll(ns) > 0 ? atoll(ns) : under_sanitizer() ? 60 : 2000;
+  const long long seed0 = s0 ? atoll(s0) : 1;
+  if (under_sanitizer()) g_limit_s = 180.0;
+  static epoch_out refs[NSHAPES];
+  int64_t largest[NSHAPES];
+  for (int k = 0; k < NSHAPES; k++) {
+    mml_loader_cfg c;
+    const char *data[1];
+    shape_cfg(&c, data, k);
+    consumer who = {1, 0, 0, -1};
+    run_epoch(&c, &who, &refs[k]);
+    CHECK_OK(refs[k].st, refs[k]);
+    CHECK(refs[k].n > 1);
+    /* the five late lines fail at decode; pixel_format uint8 cannot hold the resized
+     * videos (the six video lines: unsupported_video) */
+    CHECK_EQ_INT(refs[k].stats.skipped, k == 2 ? 11 : 5);
+    CHECK_EQ_INT(skips(&refs[k].stats, "corrupt_image"), 5);
+    largest[k] = refs[k].largest;
+    /* a pack's buffers may be its bound (pack_length x merge^2 rows, in both planes, float
+     * rows at most: loader_place.c ld_place_new), whatever its rows */
+    const int64_t bound = 2 * mml_round_2mib((int64_t)768 * 4 * 1176 * 4);
+    if (k == 3 && bound > largest[k]) largest[k] = bound;
+  }
+  pthread_t th;
+  CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
+  long long failed = 0, ooms = 0;
+  for (long long k = 0; k < n && failed < 5; k++) {
+    int oom = 0;
+    failed += run_schedule(seed0 + k, refs, largest, &oom);
+    ooms += oom;
+  }
+  atomic_store(&g_watch_stop, 1);
+  pthread_join(th, NULL);
+  fprintf(stderr, "  %lld schedules from seed %lld: %lld out of memory, %lld failed\n", n, seed0,
+          ooms, failed);
+  CHECK_EQ_INT(failed, 0);
+  if (n >= 20) CHECK(ooms < n); /* most caps hold an epoch */
+}
+
+/* A schedule the random ones found hanging (S1), kept as it was: a packed epoch, one
+ * worker, float32-decode, room for little more than the head pack's buffer beside the
+ * reserve.  The head pack's samples were all taken, the sample that ends it (the next
+ * pack's first) was planned but its pack could get no buffer before more samples were
+ * read, and no read fit: next() waited forever (in most of ten runs).  It must end: the
+ * whole epoch, bitwise, or MML_ENOMEM naming what is held. */
+TEST(loader_max_memory_stuck_read_ends) {
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer, dataset or seed videos)");
+  mml_loader_cfg c;
+  const char *data[1];
+  consumer who = {1, 0, 0, -1};
+  static epoch_out ref, o;
+  shape_cfg(&c, data, 3);
+  run_epoch(&c, &who, &ref);
+  CHECK_OK(ref.st, ref);
+  c.num_threads = 1;
+  c.prefetch = 4;
+  c.pixels = MML_PIXELS_FLOAT32_DECODE;
+  c.max_memory = 25730142;
+  int ooms = 0;
+  for (int k = 0; k < 10; k++) { /* it hung in most runs, depending on timing */
+    who = (consumer){7u + (unsigned)k, k % 2, 1, g_limit_s};
+    run_epoch(&c, &who, &o);
+    if (o.st == MML_ENOMEM) {
+      CHECK(strstr(o.msg, "cannot hold") != NULL);
+      if (!ooms++) fprintf(stderr, "  %s\n", o.msg);
+      continue;
+    }
+    CHECK_OK(o.st, o);
+    CHECK_EQ_INT(o.n, ref.n);
+    CHECK(!memcmp(o.h, ref.h, sizeof o.h));
+  }
+  fprintf(stderr, "  10 runs: %d out of memory, the rest whole\n", ooms);
+}
