@@ -390,6 +390,24 @@ def test_resize_vnni_widths_match_pillow():
                 assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
 
 
+def test_resize_vnni_heights_match_pillow():
+    """resize_vnni.c's vertical pass: 64 bytes a step (rows of at least 64 bytes: planar
+    rows of 64+ pixels, interleaved rows of 22+), 1-4 tap groups (up to 16 taps: heights
+    shrinking up to ~4x; more taps take resize.c's pass), outputs alone and in pairs, the
+    last step overlapping; both pass orders."""
+    rng = np.random.default_rng(35)
+    cases = [(H, h, w) for H in (40, 97) for h in (9, 20, 23, 38, H + 5, 2 * H) for w in (22, 64, 65, 131)]
+    cases += [(int(H), int(H * f), int(w)) for H, f, w in zip(rng.integers(10, 400, 30), rng.uniform(0.2, 2, 30), rng.integers(22, 300, 30))]
+    for H, h, w in cases:
+        if h < 1:
+            continue
+        for W in (w, w + 7, w - 3):
+            a = pattern(H, W, H * 7919 + W * 31 + h)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""

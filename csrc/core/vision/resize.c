@@ -41,6 +41,11 @@
  * slower end to end (the widened columns are 4x the bytes; the pass is not bound by the
  * multiplies).)
  *
+ * Where the CPU has AVX-512 VBMI + VNNI, both passes first try resize_vnni.c (byte dot
+ * products on weights split into three byte digits: no int32 multiplies, no transposes),
+ * which takes the sizes it can (widths >= 16 and downscales up to ~2x for the horizontal
+ * pass, rows of 64 bytes or more for the vertical) and leaves the others to the code here.
+ *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */
 #include "resize.h"
@@ -446,6 +451,12 @@ MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m
 
 void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
                           int n, uint8_t *restrict dst0, uint8_t *restrict dst1) {
+  if (n >= 64 && mml_cpu_avx512_vnni()) { /* two rows, each with VNNI (resize_vnni.c) */
+    const int d = a->bounds[2 * (y + 1)] - a->bounds[2 * y];
+    if (mml_resample_row_v_vnni(a, y, rows, off, n, dst0) &&
+        mml_resample_row_v_vnni(a, y + 1, rows + d, off, n, dst1))
+      return;
+  }
 #ifdef MML_HAVE_AVX2_PATH
   if (n >= 32 && mml_resample_pair_fits(a, y) && mml_cpu_avx512()) {
     rows_v2_avx512(&a->k[(size_t)y * a->ksize], &a->k[(size_t)(y + 1) * a->ksize], rows, off, n,
@@ -467,6 +478,7 @@ void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const 
                         int n, uint8_t *restrict dst) {
   const int cnt = a->bounds[y * 2 + 1];
   const int32_t *k = &a->k[(size_t)y * a->ksize];
+  if (mml_resample_row_v_vnni(a, y, rows, off, n, dst)) return;
 #ifdef MML_HAVE_AVX2_PATH
   if (n >= 64 && mml_cpu_avx512()) {
     row_v_avx512(k, cnt, rows, off, n, dst);

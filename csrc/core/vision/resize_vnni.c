@@ -1,36 +1,41 @@
 /*
- * resize_vnni.c — the horizontal bicubic pass (resize.c's arithmetic, Pillow's bit for bit)
- * on interleaved RGB rows with AVX-512 VBMI byte permutes and VNNI byte dot products, one
- * row at a time, with no transposes.
+ * resize_vnni.c — both bicubic passes (resize.c's arithmetic, Pillow's bit for bit) with
+ * AVX-512 VNNI byte dot products: the horizontal pass on interleaved RGB rows with VBMI
+ * byte permutes, one row at a time with no transposes, and the vertical pass 64 bytes a
+ * step.
  *
- * Why: resize.c's AVX2 pass multiplies int32 lanes (vpmulld: two uops on Intel cores) and
- * needs 8 rows transposed in and its results transposed back to planar; at the model's
- * limits (sizes that change by a few pixels) that pass and its transposes were a quarter
- * of the decode's own time.  Here, for 16 consecutive output pixels of one row and one
- * channel, a two-source byte permute (vpermi2b) gathers each output's taps from a 128-byte
- * window of the row into one dword lane (4 taps a lane; more taps take more tap groups),
- * and vpdpbusd multiplies them by the weights and sums the 4 products.  The weights have
- * 22 fractional bits (up to 2^22 and signed), so each is split into three signed byte
- * digits, w = d2 * 2^16 + d1 * 2^8 + d0, and the sums are combined by shifts:
+ * Why: resize.c's passes multiply int32 lanes (vpmulld: two uops on Intel cores), and its
+ * horizontal pass needs 8 rows transposed in and its results transposed back to planar; at
+ * the model's limits (sizes that change by a few pixels) the two passes and the transposes
+ * were ~40% of the decode's own time.  vpdpbusd multiplies 4 unsigned bytes by 4 signed
+ * bytes and adds the 4 products to a dword: one instruction for 4 taps of 16 outputs.  The
+ * weights have 22 fractional bits (up to 2^22, signed), so each is split into three signed
+ * byte digits, w = d2 * 2^16 + d1 * 2^8 + d0, and the digit sums are combined by shifts:
  *
  *   acc = 32 + sum(px * d2);  acc = (acc << 8) + sum(px * d1);  acc = (acc << 8) + sum(px * d0)
  *       = 2^21 + sum(px * w)
  *
  * which is Pillow's int32 sum (the same value: integer arithmetic is exact in any order);
- * then >> 22 and clip8 (max 0, unsigned saturating narrow), stored planar like resize.c's
- * pass.
+ * then >> 22 and clip8.  Horizontal: for 16 consecutive outputs of one row and channel, a
+ * two-source byte permute (vpermi2b) gathers each output's taps from a 128-byte window of
+ * the row into one dword lane (4 taps a lane; more taps take more tap groups; a per-axis
+ * table holds the permute indices and weight digits of every group of 16), clip8 is max 0
+ * and an unsigned saturating narrow, stored planar like resize.c's pass.  Vertical: the 4
+ * rows of a tap group interleaved byte by byte put one output's 4 taps in each dword.
  *
- * Invariants (tests/test_vision.py, test_resize_vnni_* and the parity tests run with
- * MML_DISABLE_AVX512 for the other paths):
- *   1. Bytes out equal resize.c's portable pass for every size this path takes.
- *   2. The path is taken only when mml_resample_vnni_prepare built the axis's table: the
- *      CPU has AVX-512 F/BW/VBMI/VNNI (and MML_DISABLE_AVX512 is not set), out >= 16,
- *      every group of 16 outputs reads within a 128-byte window (downscales up to about
- *      2x), every weight fits three signed byte digits and at most 4 tap groups.
- *   3. Nothing is read outside a row's in * 3 bytes (masked loads) and nothing is written
- *      outside dst[c * plane + x], x < out.
+ * Invariants (tests/test_vision.py test_resize_vnni_*, and the parity tests that run the
+ * other paths with MML_DISABLE_AVX512):
+ *   1. Bytes out equal resize.c's portable passes for every size these paths take.
+ *   2. Only with AVX-512 F/BW/VBMI/VNNI (and MML_DISABLE_AVX512 unset).  Horizontal: only
+ *      where mml_resample_vnni_prepare built the axis's table: out >= 16, every group of
+ *      16 outputs reads within a 128-byte window (downscales up to about 2x), at most 16
+ *      taps.  Vertical: rows of n >= 64 bytes, at most 16 taps.  Every weight fits three
+ *      signed byte digits (checked; else resize.c's pass).
+ *   3. Horizontal: nothing is read outside a row's in * 3 bytes (masked loads) and nothing
+ *      written outside dst[c * plane + x], x < out.  Vertical: bytes [off, off + n) of the
+ *      rows read, dst[0, n) written.
  *
- * Threads: the table is part of the axis (per-thread scratch); the row function is pure.
+ * Threads: the table is part of the axis (per-thread scratch); the row functions are pure.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +192,83 @@ VNNI_FN static void rows_h_vnni(const mml_resample_axis *a, const uint8_t *const
   }
 }
 #endif
+
+#ifdef MML_HAVE_VNNI_PATH
+/* Vertical pass: 64 outputs a step; the 4 rows of a tap group interleaved byte by byte
+ * (two unpack levels, within 128-bit lanes) give 4 vectors whose dword lanes hold one
+ * output's 4 taps, and the saturating packs after the shift undo the in-lane interleave,
+ * so the 64 bytes come out in order.  w[q][d]: digit d of tap group q's 4 weights. */
+VNNI_FN __attribute__((always_inline)) static inline void row_v_body(const uint32_t (*w)[3],
+                                                                     const uint8_t *const *r,
+                                                                     int n, uint8_t *restrict dst,
+                                                                     const int tapg) {
+  const __m512i half = _mm512_set1_epi32(32);
+  __m512i wd[MAX_TAPG][3];
+  for (int q = 0; q < tapg; q++)
+    for (int d = 0; d < 3; d++) wd[q][d] = _mm512_set1_epi32((int)w[q][d]);
+  for (int i = 0;; i += 64) {
+    if (i > n - 64) i = n - 64;
+    __m512i x[MAX_TAPG][4];
+    for (int q = 0; q < tapg; q++) {
+      const __m512i r0 = _mm512_loadu_si512((const void *)(r[4 * q] + i));
+      const __m512i r1 = _mm512_loadu_si512((const void *)(r[4 * q + 1] + i));
+      const __m512i r2 = _mm512_loadu_si512((const void *)(r[4 * q + 2] + i));
+      const __m512i r3 = _mm512_loadu_si512((const void *)(r[4 * q + 3] + i));
+      const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i c = _mm512_unpacklo_epi8(r2, r3), d = _mm512_unpackhi_epi8(r2, r3);
+      x[q][0] = _mm512_unpacklo_epi16(a, c);
+      x[q][1] = _mm512_unpackhi_epi16(a, c);
+      x[q][2] = _mm512_unpacklo_epi16(b, d);
+      x[q][3] = _mm512_unpackhi_epi16(b, d);
+    }
+    __m512i acc[4];
+    for (int v = 0; v < 4; v++) {
+      acc[v] = half;
+      for (int q = 0; q < tapg; q++) acc[v] = _mm512_dpbusd_epi32(acc[v], x[q][v], wd[q][2]);
+      acc[v] = _mm512_slli_epi32(acc[v], 8);
+      for (int q = 0; q < tapg; q++) acc[v] = _mm512_dpbusd_epi32(acc[v], x[q][v], wd[q][1]);
+      acc[v] = _mm512_slli_epi32(acc[v], 8);
+      for (int q = 0; q < tapg; q++) acc[v] = _mm512_dpbusd_epi32(acc[v], x[q][v], wd[q][0]);
+      acc[v] = _mm512_srai_epi32(acc[v], 22);
+    }
+    const __m512i lo = _mm512_packs_epi32(acc[0], acc[1]), hi = _mm512_packs_epi32(acc[2], acc[3]);
+    _mm512_storeu_si512((void *)(dst + i), _mm512_packus_epi16(lo, hi));
+    if (i == n - 64) break;
+  }
+}
+
+VNNI_FN static void row_v_vnni(const uint32_t (*w)[3], const uint8_t *const *r, int n,
+                               uint8_t *restrict dst, int tapg) {
+  switch (tapg) {
+  case 1: row_v_body(w, r, n, dst, 1); break;
+  case 2: row_v_body(w, r, n, dst, 2); break;
+  case 3: row_v_body(w, r, n, dst, 3); break;
+  default: row_v_body(w, r, n, dst, 4); break;
+  }
+}
+#endif
+
+int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *const *rows,
+                            size_t off, int n, uint8_t *restrict dst) {
+#ifdef MML_HAVE_VNNI_PATH
+  const int cnt = a->bounds[2 * y + 1], tapg = (cnt + 3) / 4;
+  if (n < 64 || tapg > MAX_TAPG || !mml_cpu_avx512_vnni()) return 0;
+  const int32_t *k = &a->k[(size_t)y * a->ksize];
+  uint32_t w[MAX_TAPG][3] = {{0}};
+  const uint8_t *r[4 * MAX_TAPG];
+  for (int j = 0; j < tapg * 4; j++) {
+    int8_t d[3] = {0, 0, 0};
+    if (j < cnt && !digits(k[j], d)) return 0;
+    for (int i = 0; i < 3; i++) w[j / 4][i] |= (uint32_t)(uint8_t)d[i] << (8 * (j % 4));
+    r[j] = rows[j < cnt ? j : 0] + off; /* a weight-0 tap reads the first row */
+  }
+  row_v_vnni((const uint32_t(*)[3])w, r, n, dst, tapg);
+  return 1;
+#else
+  (void)a, (void)y, (void)rows, (void)off, (void)n, (void)dst;
+  return 0;
+#endif
+}
 
 int mml_resample_rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                              uint8_t *const *dst, size_t plane) {
