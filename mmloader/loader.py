@@ -53,6 +53,9 @@ _REMOTE = ("http://", "https://", "s3://")
 _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 # The global plan's options: left out of the fingerprint when off.
 _PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
+# Options left out of the fingerprint when off, so that a state saved before they existed
+# still loads: the global plan's and data_flatten.
+_OFF_KEYS = _PLAN_KEYS + ("data_flatten",)
 # Fingerprint keys a global plan may resume across (elastic resume at the global count).
 _ELASTIC_KEYS = (
     "dp_rank",
@@ -784,7 +787,7 @@ class Loader:
             **{
                 k: int(v) if isinstance(v, bool) else v
                 for k, v in self._c.options().items()
-                if OPTIONS[k]["fingerprint"] and not (k in _PLAN_KEYS and v in (0, "none"))
+                if OPTIONS[k]["fingerprint"] and not (k in _OFF_KEYS and v in (0, "none"))
             },  # as states before them
             "vision": hashlib.sha256(json.dumps(vision, sort_keys=True).encode()).hexdigest()[:16],
             "tokenizer": tok_id,
@@ -907,7 +910,7 @@ class Loader:
         if not isinstance(fp, dict):
             raise StateError("state has no field 'fingerprint' (a dict)")
         diffs = [k for k, v in self._fingerprint.items() if fp.get(k) != v]
-        diffs += [k for k in _MIXTURE_KEYS + _PLAN_KEYS if k in fp and k not in self._fingerprint]
+        diffs += [k for k in _MIXTURE_KEYS + _OFF_KEYS if k in fp and k not in self._fingerprint]
         if self._plan != ("plan_pos" in state):
             raise StateError(
                 "the state was saved "

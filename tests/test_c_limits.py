@@ -4,7 +4,9 @@ folders include only lower levels (scripts/c_layers.py)."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,3 +95,28 @@ def test_c_tests_mirror_the_subsystem_folders():
         )
     }
     assert have == core
+
+
+def _callers(name: str) -> set:
+    """The C files (relative to csrc/) that call `name`, comments and its definition left
+    out."""
+    out = set()
+    for path in glob.glob(os.path.join(ROOT, "csrc", "**", "*.c"), recursive=True):
+        with open(path) as f:
+            src = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+        src = re.sub(r"^\w[^;{]*\b" + name + r"\([^;{]*\)\s*\{", "", src, flags=re.M)
+        if re.search(r"\b" + name + r"\(", src):
+            out.add(os.path.relpath(path, os.path.join(ROOT, "csrc")))
+    return out
+
+
+def test_one_measuring_path_and_no_second_loader():
+    """Issue 32: the worker, the planning pass and the index builder size a sample with one
+    function, and the planning pass runs no second Loader.  The worker calls
+    mml_sample_plan (= mml_sample_measure + the settings' checks); the planning pass and the
+    index builder call measure.c's ld_measure, which ends in mml_sample_measure; only the
+    binding makes a Loader."""
+    assert _callers("mml_sample_measure") == {"core/loader/pipeline.c", "core/loader/measure.c"}
+    assert _callers("mml_sample_plan") == {"core/loader/loader_worker.c"}
+    assert _callers("ld_measure") == {"core/loader/loader_plan.c", "core/loader/dsindex_build.c"}
+    assert _callers("mml_loader_new") == {"py/loader_py.c"}

@@ -252,7 +252,7 @@ def big_shard(tmp_path_factory):
 BIG_KW = dict(prefetch=4, max_pixels=256 * 28 * 28)  # ~4.8 MB of pixel_values a sample
 
 
-def test_progressive_scratch_is_planned_from_the_header(big_shard):
+def test_progressive_scratch_is_planned_from_the_header(big_shard, tmp_path):
     # what the plan charges covers what the decoder maps (stats: the process's mapped
     # scratch), and is the coefficient arrays' size, not a guess far above it
     proc = mmloader.ImageProcessor("qwen2.5-vl")
@@ -269,9 +269,18 @@ def test_progressive_scratch_is_planned_from_the_header(big_shard):
     import subprocess
     import sys
 
+    # started outside the repository (whose folder would otherwise be what imports mmloader:
+    # run from anywhere else, the child found no mmloader), the package named by PYTHONPATH
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
-        [sys.executable, "-c", code, big_shard, TINY], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, big_shard, TINY],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
+    assert out.returncode == 0, out.stderr
     peak = int(out.stdout.split()[-1])
     assert plan["scratch"] - 2 * MB <= peak <= plan["scratch"], (peak, plan["scratch"])
 

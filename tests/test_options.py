@@ -11,7 +11,7 @@ import pytest
 
 import mmloader
 from mmloader import _core
-from mmloader.loader import OPTIONS, _PLAN_KEYS
+from mmloader.loader import OPTIONS, _OFF_KEYS
 from mmloader.tokenizer import TINY_TOKENIZER_PATH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -324,7 +324,8 @@ def test_loader_reports_its_options_and_fingerprint(shard):
         assert opts["keys"] == "megatron" and opts["micro_batch_size"] == 2
         assert opts["seq_length"] == 0 and opts["num_threads"] == 1
         fp = L.state_dict()["fingerprint"]
-    # the global plan's options enter only when set (states from before them stay readable)
-    marked = {k for k, o in OPTIONS.items() if o["fingerprint"]} - set(_PLAN_KEYS)
+    # the global plan's options and data_flatten enter only when set (states from before
+    # them stay readable)
+    marked = {k for k, o in OPTIONS.items() if o["fingerprint"]} - set(_OFF_KEYS)
     assert set(fp) == marked | {"data", "num_samples", "vision", "tokenizer"}
     assert fp["keys"] == "megatron" and fp["shuffle"] == 1 and fp["seq_length"] == 0

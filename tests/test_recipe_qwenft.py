@@ -627,6 +627,14 @@ def test_flatten_demo_records(cache, preset):
     keys = _compare_flat(ref, _ours_flat(f, DEMO, preset, 3))
     assert {"input_ids", "labels", "position_ids", "attention_mask", "pixel_values"} <= keys
     assert ref["b0_attention_mask"].tolist()[0] == 0 and len(ref["b0_attention_mask"]) == 4
+    if importlib.util.find_spec("torch") is not None:  # the adapter a Trainer takes
+        import mmloader.torch
+
+        tl = mmloader.torch.Loader(
+            f, preset=preset, tokenizer=TOKENIZER, recipe="qwen-vl-finetune", data_flatten=True,
+            image_root=DEMO, shuffle=False, micro_batch_size=3, mm_token_type_ids=False,
+        )  # fmt: skip
+        _compare_flat(ref, [{k: v.numpy() for k, v in b.items()} for b in tl])
 
 
 def _mixed_records(folder):
@@ -707,6 +715,13 @@ def test_flatten_resumes_exactly(mixed_dir):
     resumed = mmloader.Loader(path, **kw)
     resumed.load_state_dict(state)
     same(whole[2:], [as_np(b) for b in resumed])
+    # the padded batches' state is another configuration's
+    padded = mmloader.Loader(path, **dict(kw, data_flatten=False, model_max_length=16384))
+    with pytest.raises(mmloader.StateError, match="data_flatten"):
+        padded.load_state_dict(state)
+    # and data_flatten off is left out of the fingerprint: states saved before it existed load
+    fp = padded.state_dict()["fingerprint"]
+    assert "data_flatten" not in fp and fp["recipe"] == "qwen-vl-finetune"
 
 
 def test_flatten_settings_are_checked(tmp_path):

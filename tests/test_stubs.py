@@ -110,3 +110,20 @@ def test_torch_loader_has_loaders_typed_signature():
             assert ours[name].default == core[name].default, name
             assert hints_ours[name] == hints_core[name], name
         assert ours[name].kind is core[name].kind, name
+
+
+def test_state_names_of_the_adapters_stay_in_the_adapters():
+    """Issue 32: the core Loader (and the binding's type under it) saves and restores with
+    state_dict / load_state_dict only; Megatron's and Energon's names (save_state,
+    restore_state, their _rank and _global forms) are mmloader.megatron's."""
+    import mmloader
+
+    assert {"state_dict", "load_state_dict"} <= set(dir(mmloader.Loader))
+    for cls in (mmloader.Loader, _core._Loader):
+        names = [n for n in dir(cls) if n.startswith(("save_state", "restore_state"))]
+        assert names == [], f"{cls.__name__}: {names}"
+    pytest.importorskip("torch", reason="mmloader.megatron's loader is mmloader.torch's")
+    from mmloader.megatron.state import Loader as MegatronLoader
+
+    for name in ("save_state", "restore_state", "save_state_rank", "save_state_global"):
+        assert callable(getattr(MegatronLoader, name)), name

@@ -366,6 +366,48 @@ def test_resize_near_unity_matches_pillow():
         assert np.count_nonzero(got != want) == 0, (H, W, h, w)
 
 
+def test_resize_vnni_widths_match_pillow():
+    """resize_vnni.c's horizontal pass (taken where the CPU has AVX-512 VBMI + VNNI; the
+    parity tests run the other paths with MML_DISABLE_AVX512): outputs in groups of 16
+    from a 128-byte window, so widths of 16 and up, downscales up to ~2x (1-3 tap groups:
+    weights of three byte digits) and upscales, the last group overlapping, and rows whose
+    end falls inside the window (masked loads; invariants 1-3); both pass orders and, for
+    the first cases, Pillow <= 12's horizontal-first order too."""
+    rng = np.random.default_rng(34)
+    cases = [(W, w) for W in (16, 17, 31, 47, 48, 64, 100) for w in (16, 17, 23, 32, 47, W + 3)]
+    cases += [(int(W), int(W * f)) for W, f in zip(rng.integers(16, 700, 40), rng.uniform(0.44, 1.6, 40))]
+    for i, (W, w) in enumerate(cases):
+        if w < 16 or w > 2 * W + 64:
+            continue
+        for H, h in ((9, 9), (20, 13), (13, 29)):
+            a = pattern(H, W, W * 7919 + w * 31 + H)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+            if i < 12 and PIL_MAJOR >= 13:  # the other order: against its own two passes
+                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
+                got = mml_resize(a, h, w, h_first=True)
+                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+
+
+def test_resize_vnni_heights_match_pillow():
+    """resize_vnni.c's vertical pass: 64 bytes a step (rows of at least 64 bytes: planar
+    rows of 64+ pixels, interleaved rows of 22+), 1-4 tap groups (up to 16 taps: heights
+    shrinking up to ~4x; more taps take resize.c's pass), outputs alone and in pairs, the
+    last step overlapping; both pass orders."""
+    rng = np.random.default_rng(35)
+    cases = [(H, h, w) for H in (40, 97) for h in (9, 20, 23, 38, H + 5, 2 * H) for w in (22, 64, 65, 131)]
+    cases += [(int(H), int(H * f), int(w)) for H, f, w in zip(rng.integers(10, 400, 30), rng.uniform(0.2, 2, 30), rng.integers(22, 300, 30))]
+    for H, h, w in cases:
+        if h < 1:
+            continue
+        for W in (w, w + 7, w - 3):
+            a = pattern(H, W, H * 7919 + W * 31 + h)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""

@@ -1,33 +1,45 @@
 /*
  * loader_parquet.c — rows of Parquet shards for the workers, the planning pass and the
- * index builder: a cache of decoded row groups, and a row copied out of it.
+ * index builder: a cache of row groups being read, and a row copied out of it.
  *
  * DESIGN
  *   A Parquet shard's sample is a row, addressed (shard, row group, row) (index_parquet.c).
- *   When a sample needs its record, its row group is decoded (its read columns' chunks
- *   read by range: a local pread or a ranged GET through the loader's fetcher) into a
- *   cache entry holding every row's JSON record and embedded blobs; the sample copies its
- *   row out (ld_pq_row) and lets the entry go.  Its images are then copied from that row
- *   as a WebDataset sample's members are read from its tar.
+ *   A row group in the cache is an entry: a reader handle that has begun the group
+ *   (mml_pq_group_begin) and the rows it has assembled so far, in order, each row's JSON
+ *   and its blobs (views of the reader's page buffers, no copy).  A sample that needs row
+ *   r copies it out (ld_pq_read_row) once the entry has it; when it does not yet, the
+ *   sample's thread advances the reader itself up to row r (mml_pq_group_rows: only the
+ *   pages up to r's are read, by range: a local pread or a ranged GET through the
+ *   loader's fetcher) unless another thread is advancing it, then it waits for that one.
+ *   So the first sample of a row group waits for its own pages, not the whole group's
+ *   image bytes, and the group's decoding is spread over the threads that need its rows.
+ *   Its images are then copied from that row as a WebDataset sample's members are read
+ *   from its tar.
  *
  * Invariants (tests/test_parquet.py cites them as P1..P5):
- *   P1. One decode per row group in flight: a sample that needs a row group being decoded
- *       waits for that decode (one condition variable) instead of reading it again.
- *   P2. Bounded: decoded entries no sample is copying from are evicted, least recently
+ *   P1. One reader per row group: a row is assembled once (rows in order, by whichever
+ *       thread needs the next one first); a sample whose row is not assembled yet waits
+ *       (one condition variable) while another thread advances the reader, else advances
+ *       it itself.  Rows never come out of order, so the cache's content does not depend
+ *       on thread count or timing.
+ *   P2. Bounded: entries nobody is copying from or advancing are evicted, least recently
  *       used first, once the cache holds more than its room (a quarter of max_memory,
- *       else 512 MiB); entries in use are never evicted, so at most one entry per
- *       thread copying plus the room are held.
- *   P3. Same bytes as the decoded copy it replaces: a row's JSON and blobs are exactly
- *       what mml_pq_read_row_group gives, named "<key>.<k>.<ext>" as members were.
- *   P4. A failed decode is every waiter's error (naming shard, row group, column); a
- *       cancelled or failed fetch is not kept (the next sample tries again), a malformed
- *       row group is (its other rows fail at once, with the same message).
- *   P5. Interruptible: decodes stop soon after the cancel flag they are given is set
- *       (per column chunk and every 64 rows; ranged GETs within ~50 ms).
+ *       else 512 MiB); an evicted group begun again reads its pages again.  Entries in
+ *       use are never evicted, so at most one entry per thread plus the room are held.
+ *   P3. Same bytes as the whole-group decode it replaces: a row's JSON and blobs are
+ *       exactly what mml_pq_read_row_group gives, named "<key>.<k>.<ext>" as members were.
+ *   P4. A failure stops the group at the row it surfaced at: that row and every later one
+ *       get its error (naming shard, row group, column); rows before it stay delivered.
+ *       A cancelled or failed fetch is not kept (the next sample begins the group
+ *       again), a malformed group is (its later rows fail at once, with the same message).
+ *   P5. Interruptible: readers stop soon after the cancel flag they are given is set
+ *       (every read checks it, every 64 rows; ranged GETs within ~50 ms).
  *
- * Threads: any thread; one mutex (mu) guards the entry list, the idle handles and the
- * counters; nothing is read or decoded with it held.  Lock order: L->mu is never taken
- * with mu held (the fetcher is obtained before).  Each decode uses its own reader handle
+ * Threads: any thread; one mutex (mu) guards the entry list, each entry's state, rows
+ * published and advancing flag, the idle handles and the counters; nothing is read or
+ * decoded with it held.  A row is written only by the advancing thread before it is
+ * published (rows_done), and never changed after.  Lock order: L->mu is never taken
+ * with mu held (the fetcher is obtained before).  Each entry uses its own reader handle
  * (mml_pq_clone of the shard's, kept idle per shard for reuse).
  */
 #include <errno.h>
@@ -42,32 +54,40 @@
 enum { E_LOADING = 0, E_READY, E_FAILED };
 
 typedef struct pq_blob_at {
-  size_t name, data, len; /* offsets into the entry's bytes */
+  size_t name;         /* offset into the row's text */
+  const uint8_t *data; /* in the entry's reader's page buffers */
+  size_t len;
 } pq_blob_at;
 
-typedef struct pq_entry {
-  int shard, g, state, refs, keep_failed;
-  uint64_t used; /* LRU tick */
-  int64_t row0, nrows;
-  mml_bytes data;    /* per row: its JSON (NUL), then its blobs' names (NUL) and bytes */
-  size_t *json;      /* nrows: offset of the row's JSON; its length in json_len */
-  size_t *json_len;  /* nrows */
-  int64_t *blob0;    /* nrows + 1: the row's first blob in blobs */
+typedef struct pq_row_at {
+  char *text; /* its JSON (NUL), then its blobs' names (NUL each) */
+  size_t json_len;
   pq_blob_at *blobs; /* nblobs */
-  int64_t nblobs, blobs_cap, rows_done;
+  int nblobs;
+} pq_row_at;
+
+typedef struct pq_reader pq_reader;
+
+typedef struct pq_entry {
+  int shard, g, state, refs, keep_failed, advancing;
+  uint64_t used; /* LRU tick */
+  int64_t row0, nrows, rows_done;
+  pq_row_at *rows; /* nrows; the first rows_done published */
+  pq_reader *r;    /* the reader that has begun the group (NULL until the first row) */
+  int64_t bytes;   /* counted in the cache's bytes */
   mml_status st;
   mml_err err;
   struct pq_entry *next;
 } pq_entry;
 
-typedef struct pq_reader {
+struct pq_reader {
   ld_pq_cache *c;
   int shard;
   mml_fetcher *f; /* remote shards */
   const mml_cancel *cancel;
   mml_pq_file *pf;
   struct pq_reader *next;
-} pq_reader;
+};
 
 struct ld_pq_cache {
   mml_loader *L;
@@ -170,20 +190,32 @@ static void give_reader(ld_pq_cache *c, pq_reader *r) {
 
 /* ---- entries ------------------------------------------------------------------------- */
 
-static void entry_free(pq_entry *e) {
-  mml_bytes_free(&e->data);
-  free(e->json);
-  free(e->json_len);
-  free(e->blob0);
-  free(e->blobs);
+/* Frees e, its reader's group buffers released and the reader kept idle (mu held, or e
+ * unreachable). */
+static void entry_free_locked(ld_pq_cache *c, pq_entry *e) {
+  for (int64_t i = 0; e->rows && i < e->rows_done; i++) {
+    free(e->rows[i].text);
+    free(e->rows[i].blobs);
+  }
+  free(e->rows);
+  if (e->r) {
+    mml_pq_group_end(e->r->pf);
+    e->r->next = c->idle[e->r->shard];
+    c->idle[e->r->shard] = e->r;
+  }
   free(e);
 }
 
+/* The bytes e holds now: its rows and its reader's group buffers (advancing thread). */
 static int64_t entry_bytes(const pq_entry *e) {
-  return (int64_t)e->data.cap + e->nrows * (int64_t)(2 * sizeof(size_t) + sizeof(int64_t)) +
-         e->blobs_cap * (int64_t)sizeof(pq_blob_at);
+  int64_t n = e->nrows * (int64_t)sizeof(pq_row_at);
+  for (int64_t i = 0; i < e->rows_done; i++)
+    n +=
+        (int64_t)(e->rows[i].json_len + 1) + e->rows[i].nblobs * (int64_t)(sizeof(pq_blob_at) + 32);
+  return n + (e->r ? mml_pq_group_held(e->r->pf) : 0);
 }
 
+/* Row i of e, stored as it is delivered (its blobs' bytes stay in the reader's pages). */
 static mml_status on_row(void *ctx, int64_t row, const char *key, const char *json, size_t len,
                          const mml_pq_blob *blobs, int nblobs, mml_err *err) {
   (void)key;
@@ -191,57 +223,69 @@ static mml_status on_row(void *ctx, int64_t row, const char *key, const char *js
   int64_t i = row - e->row0;
   if (i != e->rows_done || i >= e->nrows)
     return mml_err_set(err, MML_EINTERNAL, "Parquet row %lld out of order", (long long)row);
-  if (e->nblobs + nblobs > e->blobs_cap) {
-    int64_t nc = e->blobs_cap ? 2 * e->blobs_cap : 16;
-    while (nc < e->nblobs + nblobs) nc *= 2;
-    pq_blob_at *b = realloc(e->blobs, (size_t)nc * sizeof *b);
-    if (!b) return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
-    e->blobs = b, e->blobs_cap = nc;
+  size_t n = len + 1;
+  for (int k = 0; k < nblobs; k++) n += strlen(blobs[k].name) + 1;
+  pq_row_at *r = &e->rows[i];
+  if (!(r->text = malloc(n)) ||
+      (nblobs && !(r->blobs = malloc((size_t)nblobs * sizeof *r->blobs)))) {
+    free(r->text);
+    r->text = NULL;
+    return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row");
   }
-  e->json[i] = e->data.len;
-  e->json_len[i] = len;
-  e->blob0[i] = e->nblobs;
-  if (mml_bytes_append(&e->data, json, len + 1))
-    return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
+  memcpy(r->text, json, len + 1);
+  r->json_len = len;
+  size_t at = len + 1;
   for (int k = 0; k < nblobs; k++) {
-    pq_blob_at *b = &e->blobs[e->nblobs++];
-    b->name = e->data.len;
-    if (mml_bytes_append(&e->data, blobs[k].name, strlen(blobs[k].name) + 1))
-      return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
-    b->data = e->data.len, b->len = blobs[k].len;
-    if (mml_bytes_append(&e->data, blobs[k].data, blobs[k].len))
-      return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
+    size_t nl = strlen(blobs[k].name) + 1;
+    memcpy(r->text + at, blobs[k].name, nl);
+    r->blobs[k] = (pq_blob_at){at, blobs[k].data, blobs[k].len};
+    at += nl;
   }
-  e->blob0[i + 1] = e->nblobs;
-  e->rows_done++;
+  r->nblobs = nblobs;
   return MML_OK;
 }
 
-/* Decodes row group e->g of e->shard into e (mu not held). */
-static mml_status decode(ld_pq_cache *c, pq_entry *e, const mml_cancel *cancel, mml_err *err) {
-  const mml_pq_file *pf = mml_index_shard_parquet(&c->L->ix.shards[e->shard]);
-  e->row0 = mml_pq_row_group_first(pf, e->g);
-  e->nrows = mml_pq_row_group_first(pf, e->g + 1) - e->row0;
-  if (!(e->json = calloc((size_t)e->nrows + 1, sizeof *e->json)) ||
-      !(e->json_len = calloc((size_t)e->nrows + 1, sizeof *e->json_len)) ||
-      !(e->blob0 = calloc((size_t)e->nrows + 1, sizeof *e->blob0)))
-    return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
-  /* the rows' JSON and blobs take about the read chunks' decoded size: reserved once
-   * (a hint from the footer, capped by what a column chunk may decode to in all) */
-  int64_t hint = mml_pq_row_group_bytes(pf, e->g) + e->nrows * 64;
-  int64_t most = c->L->cfg.max_object_bytes;
-  if (hint > 0 && hint <= most && mml_bytes_reserve(&e->data, (size_t)hint))
-    return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row group");
-  pq_reader *r = NULL;
-  mml_status st = take_reader(c, e->shard, cancel, &r, err);
+typedef struct advance_ctx {
+  ld_pq_cache *c;
+  pq_entry *e;
+} advance_ctx;
+
+/* Publishes each row as it is assembled (waiters for it wake). */
+static mml_status publish_row(void *ctx, int64_t row, const char *key, const char *json, size_t len,
+                              const mml_pq_blob *blobs, int nblobs, mml_err *err) {
+  advance_ctx *a = ctx;
+  mml_status st = on_row(a->e, row, key, json, len, blobs, nblobs, err);
   if (st) return st;
-  st = mml_pq_read_row_group(r->pf, e->g, on_row, e, cancel, err);
-  if (!st && e->rows_done != e->nrows)
-    st = mml_err_set(err, MML_ERECORD, "data shard %s: row group %d: %lld rows of %lld",
-                     c->L->ix.shards[e->shard].path, e->g, (long long)e->rows_done,
-                     (long long)e->nrows);
-  give_reader(c, r);
-  return st;
+  pthread_mutex_lock(&a->c->mu);
+  a->e->rows_done++;
+  pthread_cond_broadcast(&a->c->cv);
+  pthread_mutex_unlock(&a->c->mu);
+  return MML_OK;
+}
+
+/* Advances e's reader up to row `upto` (exclusive; the file's row numbers), beginning
+ * the group first (mu not held; e->advancing is this thread's). */
+static mml_status advance(ld_pq_cache *c, pq_entry *e, int64_t upto, const mml_cancel *cancel,
+                          mml_err *err) {
+  mml_status st = MML_OK;
+  if (!e->r) {
+    pq_reader *r = NULL;
+    if ((st = take_reader(c, e->shard, cancel, &r, err))) return st;
+    if ((st = mml_pq_group_begin(r->pf, e->g, err))) {
+      give_reader(c, r);
+      return st;
+    }
+    pthread_mutex_lock(&c->mu);
+    e->r = r;
+    pthread_mutex_unlock(&c->mu);
+  } else {
+    mml_fetcher *f = NULL;
+    if (mml_path_is_remote(c->L->ix.shards[e->shard].path) && (st = ld_get_fetcher(c->L, &f, err)))
+      return st;
+    e->r->f = f, e->r->cancel = cancel;
+  }
+  advance_ctx a = {c, e};
+  return mml_pq_group_rows(e->r->pf, upto, publish_row, &a, cancel, err);
 }
 
 /* Drops entries nobody uses, least recently used first, while above the room (mu). */
@@ -249,13 +293,12 @@ static void evict_locked(ld_pq_cache *c) {
   while (c->bytes > c->room) {
     pq_entry **victim = NULL;
     for (pq_entry **p = &c->entries; *p; p = &(*p)->next)
-      if (!(*p)->refs && (*p)->state != E_LOADING && (!victim || (*p)->used < (*victim)->used))
-        victim = p;
+      if (!(*p)->refs && !(*p)->advancing && (!victim || (*p)->used < (*victim)->used)) victim = p;
     if (!victim) return;
     pq_entry *e = *victim;
     *victim = e->next;
-    c->bytes -= entry_bytes(e);
-    entry_free(e);
+    c->bytes -= e->bytes;
+    entry_free_locked(c, e);
   }
 }
 
@@ -263,8 +306,8 @@ static void unlink_locked(ld_pq_cache *c, pq_entry *e) {
   for (pq_entry **p = &c->entries; *p; p = &(*p)->next)
     if (*p == e) {
       *p = e->next;
-      c->bytes -= entry_bytes(e);
-      entry_free(e);
+      c->bytes -= e->bytes;
+      entry_free_locked(c, e);
       return;
     }
 }
@@ -276,55 +319,75 @@ static void release(ld_pq_cache *c, pq_entry *e) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Row group g of shard, decoded and held (released with release()). */
-static mml_status acquire(ld_pq_cache *c, int shard, int g, const mml_cancel *cancel,
+/* A new entry for row group g of shard, listed (mu held). */
+static pq_entry *entry_new_locked(ld_pq_cache *c, int shard, int g) {
+  const mml_pq_file *pf = mml_index_shard_parquet(&c->L->ix.shards[shard]);
+  pq_entry *e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  e->shard = shard, e->g = g, e->state = E_LOADING;
+  e->row0 = mml_pq_row_group_first(pf, g);
+  e->nrows = mml_pq_row_group_first(pf, g + 1) - e->row0;
+  if (!(e->rows = calloc((size_t)e->nrows + 1, sizeof *e->rows))) {
+    free(e);
+    return NULL;
+  }
+  e->bytes = entry_bytes(e);
+  c->bytes += e->bytes;
+  if (c->bytes > c->peak) c->peak = c->bytes;
+  e->next = c->entries;
+  c->entries = e;
+  c->decodes++;
+  return e;
+}
+
+/* Row `row` of shard's row group g assembled, its entry held (released with release()). */
+static mml_status acquire(ld_pq_cache *c, int shard, int g, int64_t row, const mml_cancel *cancel,
                           pq_entry **out, mml_err *err) {
   pthread_mutex_lock(&c->mu);
   pq_entry *e = c->entries;
   while (e && !(e->shard == shard && e->g == g && (e->state != E_FAILED || e->keep_failed)))
     e = e->next;
-  if (e) { /* P1: decoded, or being decoded by another thread */
-    e->refs++;
-    while (e->state == E_LOADING) pthread_cond_wait(&c->cv, &c->mu);
-    e->used = ++c->tick;
-    mml_status st = e->state == E_FAILED ? e->st : MML_OK;
-    if (st && err) *err = e->err;
-    pthread_mutex_unlock(&c->mu);
-    if (st) {
-      release(c, e);
-      return st;
-    }
-    *out = e;
-    return MML_OK;
-  }
-  if (!(e = calloc(1, sizeof *e))) {
+  if (!e && !(e = entry_new_locked(c, shard, g))) {
     pthread_mutex_unlock(&c->mu);
     return mml_err_set(err, MML_ENOMEM, "out of memory");
   }
-  e->shard = shard, e->g = g, e->refs = 1, e->state = E_LOADING;
-  e->next = c->entries;
-  c->entries = e;
-  c->decodes++;
-  pthread_mutex_unlock(&c->mu);
-  mml_err e_err;
-  mml_status st = decode(c, e, cancel, &e_err);
-  pthread_mutex_lock(&c->mu);
-  e->state = st ? E_FAILED : E_READY;
-  e->st = st, e->err = e_err;
-  /* P4: a malformed row group stays refused; a cancelled or failed read is tried again */
-  e->keep_failed = st == MML_ERECORD;
-  if (st) { /* its partial rows are not kept */
-    mml_bytes_free(&e->data);
-    e->nblobs = e->blobs_cap = 0;
-    free(e->blobs), e->blobs = NULL;
+  e->refs++;
+  mml_status st = MML_OK;
+  for (;;) { /* P1 */
+    if (row - e->row0 < e->rows_done) break;
+    if (e->state == E_FAILED) {
+      st = e->st;
+      if (err) *err = e->err;
+      break;
+    }
+    if (e->advancing) {
+      pthread_cond_wait(&c->cv, &c->mu);
+      continue;
+    }
+    e->advancing = 1;
+    int64_t before = e->bytes;
+    pthread_mutex_unlock(&c->mu);
+    mml_err a_err;
+    mml_status ast = advance(c, e, row + 1, cancel, &a_err);
+    int64_t now = entry_bytes(e);
+    pthread_mutex_lock(&c->mu);
+    e->advancing = 0;
+    e->bytes = now;
+    c->bytes += now - before;
+    if (c->bytes > c->peak) c->peak = c->bytes;
+    if (ast) {
+      e->state = E_FAILED;
+      e->st = ast, e->err = a_err;
+      /* P4: a malformed row group stays refused; a cancelled or failed read is tried again */
+      e->keep_failed = ast == MML_ERECORD;
+    } else if (e->rows_done == e->nrows) {
+      e->state = E_READY;
+    }
+    pthread_cond_broadcast(&c->cv);
   }
   e->used = ++c->tick;
-  c->bytes += entry_bytes(e);
-  if (c->bytes > c->peak) c->peak = c->bytes;
-  pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   if (st) {
-    if (err) *err = e_err;
     release(c, e);
     return st;
   }
@@ -361,7 +424,7 @@ void ld_pq_cache_free(mml_loader *L) {
   while (c->entries) {
     pq_entry *e = c->entries;
     c->entries = e->next;
-    entry_free(e);
+    entry_free_locked(c, e);
   }
   for (int k = 0; k < c->nshards; k++) {
     while (c->idle[k]) {
@@ -400,31 +463,32 @@ mml_status ld_pq_read_row(mml_loader *L, int shard, int64_t row, const mml_cance
   if (!c || !pf) return mml_err_set(err, MML_EINTERNAL, "shard %d is not a Parquet shard", shard);
   out->shard = -1;
   pq_entry *e;
-  mml_status st = acquire(c, shard, mml_pq_row_group_of(pf, row), cancel, &e, err);
+  mml_status st = acquire(c, shard, mml_pq_row_group_of(pf, row), row, cancel, &e, err);
   if (st) return st;
-  int64_t i = row - e->row0;
-  int64_t b0 = e->blob0[i], b1 = e->blob0[i + 1];
-  size_t n = e->json_len[i] + 1;
-  for (int64_t b = b0; b < b1; b++) n += e->blobs[b].len + (e->blobs[b].data - e->blobs[b].name);
+  const pq_row_at *ra = &e->rows[row - e->row0]; /* published: read without mu */
+  size_t n = ra->json_len + 1;
+  for (int k = 0; k < ra->nblobs; k++)
+    n += strlen(ra->text + ra->blobs[k].name) + 1 + ra->blobs[k].len;
   mml_bytes_clear(&out->buf);
   out->n = 0;
-  if (b1 - b0 > out->cap) {
-    void *p = realloc(out->blob, (size_t)(b1 - b0) * sizeof *out->blob);
-    if (p) out->blob = p, out->cap = (int)(b1 - b0);
+  if (ra->nblobs > out->cap) {
+    void *p = realloc(out->blob, (size_t)ra->nblobs * sizeof *out->blob);
+    if (p) out->blob = p, out->cap = ra->nblobs;
   }
-  if (mml_bytes_reserve(&out->buf, n) || b1 - b0 > out->cap) {
+  if (mml_bytes_reserve(&out->buf, n) || ra->nblobs > out->cap) {
     release(c, e);
     return mml_err_set(err, MML_ENOMEM, "out of memory for a Parquet row");
   }
-  mml_bytes_append(&out->buf, e->data.data + e->json[i], e->json_len[i] + 1);
-  out->json_len = e->json_len[i];
-  for (int64_t b = b0; b < b1; b++) { /* name NUL bytes, as stored */
-    const pq_blob_at *s = &e->blobs[b];
-    size_t at = out->buf.len;
-    mml_bytes_append(&out->buf, e->data.data + s->name, s->data - s->name + s->len);
+  mml_bytes_append(&out->buf, ra->text, ra->json_len + 1);
+  out->json_len = ra->json_len;
+  for (int k = 0; k < ra->nblobs; k++) { /* name NUL bytes, as stored */
+    const char *name = ra->text + ra->blobs[k].name;
+    size_t nl = strlen(name) + 1, at = out->buf.len;
+    mml_bytes_append(&out->buf, name, nl);
+    mml_bytes_append(&out->buf, ra->blobs[k].data, ra->blobs[k].len);
     out->blob[out->n].name = at;
-    out->blob[out->n].data = at + (s->data - s->name);
-    out->blob[out->n].len = s->len;
+    out->blob[out->n].data = at + nl;
+    out->blob[out->n].len = ra->blobs[k].len;
     out->n++;
   }
   release(c, e);

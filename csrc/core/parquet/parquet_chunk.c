@@ -1,11 +1,18 @@
 /*
  * parquet_chunk.c — one column chunk's pages into repetition/definition levels and
- * values (mml/parquet.h says what is supported).
+ * values, a page at a time as the rows being assembled need them (mml/parquet.h says
+ * what is supported).
  *
  * DESIGN
  *   1. Pages are walked from the chunk's first page (the dictionary page when there is
- *      one) to its end; each header's stored size must lie inside the chunk and its
- *      decoded size within max_bytes before anything is decompressed.
+ *      one) to its end, each decoded only when the assembly's cursor reaches past the
+ *      entries decoded so far (pq_column_more); each header's stored size must lie
+ *      inside the chunk and its decoded size within max_bytes before anything is
+ *      decompressed.  The bytes come in windows read by range (PQ_WINDOW_MIN, doubling
+ *      up to PQ_WINDOW_MAX, at least the page at the window's start, never past the
+ *      chunk's end): a row near a row group's start waits for the pages before it, not
+ *      for the whole chunk; a window whose last page is cut is not read again, the next
+ *      window starts at that page.
  *   2. Decompression goes through the well-kept libraries: libsnappy's C API, zlib
  *      (gzip or zlib framing), libzstd; each must produce exactly the size the header
  *      declares.
@@ -14,7 +21,11 @@
  *      a zero-length run is malformed (no endless loop on hostile bytes).
  *   4. Values are views (pointer, length) into page buffers or the dictionary: nothing
  *      is copied; the buffers live as long as the pq_column.
- *   5. Memory: decoded page bytes plus 20 bytes per entry stay within max_bytes.
+ *   5. Memory: decoded page bytes plus 20 bytes per entry stay within max_bytes; the
+ *      windows read are at most twice the chunk's stored size (each holds at most one
+ *      page read again: the one cut by the previous window's end).
+ *   6. The entry count ends at the footer's num_values exactly, when the chunk's pages
+ *      are all decoded (pq_column_more at the chunk's end).
  *
  * Threads: one thread per pq_column.
  */
@@ -29,8 +40,6 @@
 typedef struct dec {
   const pq_chunk_meta *cm;
   pq_column *c;
-  pq_val *dict;
-  int64_t ndict, cap, budget, used;
   mml_err *err;
   int64_t off; /* file offset of the page being decoded */
 } dec;
@@ -172,7 +181,7 @@ static mml_status plain(dec *d, const uint8_t *p, size_t n, int64_t count, pq_va
 
 /* Dictionary indices of count values into out. */
 static mml_status dict_values(dec *d, const uint8_t *p, size_t n, int64_t count, pq_val *out) {
-  if (!d->dict) return malformed(d, "dictionary-encoded values without a dictionary page");
+  if (!d->c->dict) return malformed(d, "dictionary-encoded values without a dictionary page");
   if (count == 0) return MML_OK;
   if (n < 1 || p[0] > 32) return malformed(d, "bad dictionary index bit width");
   uint32_t *ix = malloc((size_t)count * sizeof *ix);
@@ -180,10 +189,10 @@ static mml_status dict_values(dec *d, const uint8_t *p, size_t n, int64_t count,
   mml_status st = MML_OK;
   if (rle_decode(p + 1, n - 1, p[0], ix, count)) st = malformed(d, "bad dictionary indices");
   for (int64_t i = 0; !st && i < count; i++) {
-    if ((int64_t)ix[i] >= d->ndict)
+    if ((int64_t)ix[i] >= d->c->ndict)
       st = malformed(d, "a dictionary index out of range");
     else
-      out[i] = d->dict[ix[i]];
+      out[i] = d->c->dict[ix[i]];
   }
   free(ix);
   return st;
@@ -192,14 +201,14 @@ static mml_status dict_values(dec *d, const uint8_t *p, size_t n, int64_t count,
 /* Room for k more entries (and as many values), within the budget. */
 static mml_status grow(dec *d, int64_t k) {
   pq_column *c = d->c;
-  d->used += k * 20;
-  if (d->used > d->budget)
+  c->used += k * 20;
+  if (c->used > c->budget)
     return mml_err_set(d->err, MML_ERECORD,
                        "a Parquet column chunk decodes to more than max_object_bytes=%lld bytes "
                        "(page at byte %lld); write smaller row groups or raise the limit",
-                       (long long)d->budget, (long long)d->off);
-  if (c->n + k <= d->cap) return MML_OK;
-  int64_t nc = d->cap ? d->cap : 1024;
+                       (long long)c->budget, (long long)d->off);
+  if (c->n + k <= c->cap) return MML_OK;
+  int64_t nc = c->cap ? c->cap : 1024;
   while (nc < c->n + k) nc *= 2;
   int16_t *def = realloc(c->def, (size_t)nc * sizeof *def);
   if (def) c->def = def;
@@ -207,7 +216,7 @@ static mml_status grow(dec *d, int64_t k) {
   if (rep) c->rep = rep;
   pq_val *v = rep ? realloc(c->vals, (size_t)nc * sizeof *v) : NULL;
   if (!v) return oom(d);
-  c->vals = v, d->cap = nc;
+  c->vals = v, c->cap = nc;
   return MML_OK;
 }
 
@@ -291,62 +300,147 @@ static mml_status data_page(dec *d, const pq_page_header *h, const uint8_t *in) 
 }
 
 static mml_status dict_page(dec *d, const pq_page_header *h, const uint8_t *in) {
-  if (d->dict) return malformed(d, "a second dictionary page");
+  pq_column *c = d->c;
+  if (c->dict) return malformed(d, "a second dictionary page");
   if (h->encoding != PQ_PLAIN && h->encoding != PQ_PLAIN_DICT)
     return malformed(d, "a dictionary page not PLAIN-encoded");
-  d->used += (int64_t)h->num_values * 16;
-  if (d->used > d->budget) return grow(d, 0);
+  c->used += (int64_t)h->num_values * 16;
+  if (c->used > c->budget) return grow(d, 0);
   const uint8_t *p;
   mml_status st =
       decompress(d, in, (size_t)h->compressed, (size_t)h->uncompressed, d->cm->codec, &p);
   if (st) return st;
-  if (!(d->dict = malloc(((size_t)h->num_values + 1) * sizeof *d->dict))) return oom(d);
-  d->ndict = h->num_values;
-  return plain(d, p, (size_t)h->uncompressed, h->num_values, d->dict);
+  if (!(c->dict = malloc(((size_t)h->num_values + 1) * sizeof *c->dict))) return oom(d);
+  c->ndict = h->num_values;
+  return plain(d, p, (size_t)h->uncompressed, h->num_values, c->dict);
 }
 
-static mml_status one_page(dec *d, const uint8_t *chunk, size_t len, size_t *pos) {
-  pq_page_header h;
-  size_t used;
-  mml_status st = pq_parse_page_header(chunk + *pos, len - *pos, &h, &used, d->err);
-  if (st) return mml_err_prefix(d->err, "page at byte %lld", (long long)d->off), st;
-  if ((size_t)h.compressed > len - *pos - used)
-    return malformed(d, "its data runs past the column chunk");
-  d->used += h.uncompressed;
-  if (d->used > d->budget) return grow(d, 0);
-  const uint8_t *in = chunk + *pos + used;
-  *pos += used + (size_t)h.compressed;
-  if (h.type == PQ_DICT_PAGE) return dict_page(d, &h, in);
-  if (h.type == PQ_DATA_PAGE || h.type == PQ_DATA_PAGE_V2) return data_page(d, &h, in);
+/* The page at d->off decoded from [in, in + avail) (its header there, its data within). */
+static mml_status one_page(dec *d, const pq_page_header *h, const uint8_t *in) {
+  pq_column *c = d->c;
+  c->used += h->uncompressed;
+  if (c->used > c->budget) return grow(d, 0);
+  if (h->type == PQ_DICT_PAGE) return dict_page(d, h, in);
+  if (h->type == PQ_DATA_PAGE || h->type == PQ_DATA_PAGE_V2) return data_page(d, h, in);
   return MML_OK; /* index pages: not needed */
 }
 
-mml_status pq_column_decode(const pq_chunk_meta *cm, const uint8_t *chunk, size_t len, int64_t base,
-                            int64_t max_bytes, pq_column *c, mml_err *err) {
+void pq_column_begin(pq_column *c, const pq_chunk_meta *cm, int64_t max_bytes) {
+  c->cm = cm;
+  c->next = cm->dict_page_offset >= 0 && cm->dict_page_offset < cm->data_page_offset
+                ? cm->dict_page_offset
+                : cm->data_page_offset;
+  c->end = c->next + cm->total_compressed; /* (within the file: pq_check_chunk) */
+  c->win = -1;
+  c->win_size = PQ_WINDOW_MIN;
+  c->budget = max_bytes;
+}
+
+/* A window of `len` bytes at c->next read into a buffer of c's (the last window's reused
+ * when no page came from it): bufs[c->win]. */
+static mml_status read_window(dec *d, int64_t len, mml_pq_read_fn read, void *ctx) {
+  pq_column *c = d->c;
+  if (c->win < 0 || c->win_used) {
+    if (c->nbufs == c->bufs_cap) {
+      int nc = c->bufs_cap ? 2 * c->bufs_cap : 8;
+      mml_bytes *b = realloc(c->bufs, (size_t)nc * sizeof *b);
+      if (!b) return oom(d);
+      c->bufs = b, c->bufs_cap = nc;
+    }
+    c->bufs[c->nbufs] = (mml_bytes){0};
+    c->win = c->nbufs++;
+  }
+  c->win_used = 0;
+  c->win_off = c->next;
+  mml_status st = read(ctx, c->next, len, &c->bufs[c->win], d->err);
+  if (!st && (int64_t)c->bufs[c->win].len != len)
+    st = mml_err_set(d->err, MML_EIO, "a read of %lld bytes at byte %lld returned %lld",
+                     (long long)len, (long long)c->next, (long long)c->bufs[c->win].len);
+  if (st) c->bufs[c->win].len = 0;
+  return st;
+}
+
+/* The next page's header parsed, its stored bytes in the window: *in, *used. */
+static mml_status next_page(dec *d, pq_page_header *h, const uint8_t **in, size_t *used,
+                            mml_pq_read_fn read, void *ctx) {
+  pq_column *c = d->c;
+  int64_t rest = c->end - c->next, want = 0;
+  for (int tries = 0;; tries++) {
+    int64_t at = c->next - c->win_off;
+    size_t avail = c->win >= 0 && at >= 0 && at < (int64_t)c->bufs[c->win].len
+                       ? c->bufs[c->win].len - (size_t)at
+                       : 0;
+    const uint8_t *p = avail ? c->bufs[c->win].data + at : NULL;
+    mml_err perr = {0};
+    mml_status st = avail ? pq_parse_page_header(p, avail, h, used, &perr)
+                          : mml_err_set(&perr, MML_ERECORD, "no page header");
+    if (!st && h->compressed >= 0 && (size_t)h->compressed <= avail - *used) {
+      *in = p + *used;
+      return MML_OK;
+    }
+    if ((int64_t)avail >= rest || tries > 40) { /* all the chunk's rest was there: malformed */
+      if (st) {
+        *d->err = perr;
+        return mml_err_prefix(d->err, "page at byte %lld", (long long)d->off), st;
+      }
+      return malformed(d, "its data runs past the column chunk");
+    }
+    /* a window from this page: the next size, at least this page (header known), at
+     * least twice what did not hold the header */
+    want = c->win_size > want ? c->win_size : want;
+    if (!st) want = (int64_t)*used + h->compressed > want ? (int64_t)*used + h->compressed : want;
+    if (st && avail && (int64_t)avail * 2 > want) want = (int64_t)avail * 2;
+    if (want > rest) want = rest;
+    if (c->win_size < PQ_WINDOW_MAX) c->win_size *= 2;
+    if ((st = read_window(d, want, read, ctx))) return st;
+  }
+}
+
+mml_status pq_column_more(pq_column *c, mml_pq_read_fn read, void *ctx, int *got, mml_err *err) {
+  const pq_chunk_meta *cm = c->cm;
+  dec d = {.cm = cm, .c = c, .err = err};
+  *got = 0;
   if (cm->codec != PQ_UNCOMPRESSED && cm->codec != PQ_SNAPPY && cm->codec != PQ_GZIP &&
       cm->codec != PQ_ZSTD)
     return mml_err_set(err, MML_ERECORD,
                        "compression codec %d is not supported (uncompressed, snappy, gzip and "
                        "zstd are)",
                        cm->codec);
-  dec d = {.cm = cm, .c = c, .budget = max_bytes, .err = err};
-  size_t pos = 0;
-  mml_status st = MML_OK;
-  while (!st && pos < len && c->n < cm->num_values) {
-    d.off = base + (int64_t)pos;
-    st = one_page(&d, chunk, len, &pos);
+  while (c->next < c->end && c->n < cm->num_values) {
+    pq_page_header h;
+    const uint8_t *in = NULL;
+    size_t used;
+    d.off = c->next;
+    int64_t n0 = c->n;
+    mml_status st = next_page(&d, &h, &in, &used, read, ctx);
+    if (st) return st;
+    c->win_used = 1;
+    c->next += (int64_t)used + h.compressed;
+    if ((st = one_page(&d, &h, in))) return st;
+    if (c->n > n0) {
+      *got = 1;
+      return MML_OK;
+    }
   }
-  free(d.dict);
-  if (!st && c->n != cm->num_values)
-    st = mml_err_set(err, MML_ERECORD, "a column chunk holds %lld entries, its metadata says %lld",
-                     (long long)c->n, (long long)cm->num_values);
-  return st;
+  if (c->n != cm->num_values)
+    return mml_err_set(err, MML_ERECORD,
+                       "a column chunk holds %lld entries, its metadata says %lld", (long long)c->n,
+                       (long long)cm->num_values);
+  return MML_OK;
+}
+
+int64_t pq_column_held(const pq_column *c) {
+  int64_t n = c->cap * (int64_t)(2 * sizeof(int16_t) + sizeof(pq_val)) +
+              (c->dict ? (c->ndict + 1) * (int64_t)sizeof(pq_val) : 0);
+  for (int i = 0; i < c->nbufs; i++) n += (int64_t)c->bufs[i].len; /* (what was read or decoded) */
+  return n;
 }
 
 void pq_column_free(pq_column *c) {
   free(c->def);
   free(c->rep);
   free(c->vals);
+  free(c->dict);
   for (int i = 0; i < c->nbufs; i++) mml_bytes_free(&c->bufs[i]);
   free(c->bufs);
   memset(c, 0, sizeof *c);

@@ -4,8 +4,8 @@
  *
  * DESIGN
  *   1. The footer is read with two reads (the last 8 bytes, then the FileMetaData), both
- *      within the file and max_chunk_bytes; a row group's read columns are read one
- *      column chunk each: never the whole file.
+ *      within the file and max_chunk_bytes; a row group's read columns are read by
+ *      windows of their column chunks as its rows need them: never the whole file.
  *   2. The schema's flat depth-first list becomes a tree; each node knows its maximum
  *      definition and repetition levels, its first leaf column and its kind (leaf,
  *      struct, list, image = a {bytes, path} struct).  Depth <= MML_PQ_MAX_DEPTH, so the
@@ -250,8 +250,6 @@ static mml_status parse_footer(mml_pq_file *f) {
   if (!st) st = check_groups(f);
   if (!st && !(f->cols = calloc((size_t)f->nleaves + 1, sizeof *f->cols)))
     st = mml_err_set(f->err, MML_ENOMEM, "out of memory");
-  if (!st && !(f->chunks = calloc((size_t)f->nleaves + 1, sizeof *f->chunks)))
-    st = mml_err_set(f->err, MML_ENOMEM, "out of memory");
   return st;
 }
 
@@ -272,6 +270,7 @@ mml_status mml_pq_open_mapped(const char *name, int64_t size, mml_pq_read_fn rea
   }
   f->size = size, f->read = read, f->ctx = ctx, f->err = err, f->columns = columns;
   f->map = map;
+  f->group = -1;
   if (lim) f->lim = *lim;
   if (f->lim.max_chunk_bytes <= 0) f->lim.max_chunk_bytes = (int64_t)256 << 20;
   mml_status st = read_footer(f);
@@ -295,6 +294,7 @@ mml_status mml_pq_clone(const mml_pq_file *src, mml_pq_read_fn read, void *ctx, 
   }
   f->size = src->size, f->read = read, f->ctx = ctx, f->err = err, f->columns = src->columns;
   f->map = src->map;
+  f->group = -1;
   f->lim = src->lim;
   mml_status st = parse_footer(f);
   if (st) {
@@ -308,9 +308,7 @@ mml_status mml_pq_clone(const mml_pq_file *src, mml_pq_read_fn read, void *ctx, 
 void mml_pq_close(mml_pq_file *f) {
   if (!f) return;
   for (int i = 0; f->cols && i < f->nleaves; i++) pq_column_free(&f->cols[i]);
-  for (int i = 0; f->chunks && i < f->nleaves; i++) mml_bytes_free(&f->chunks[i]);
   free(f->cols);
-  free(f->chunks);
   free(f->leaves);
   free(f->leaf_sel);
   free(f->group_first);

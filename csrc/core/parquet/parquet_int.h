@@ -78,21 +78,42 @@ typedef struct pq_val {
   } n; /* numbers and booleans */
 } pq_val;
 
-/* One column chunk decoded: a level pair per entry and a value per non-null entry. */
+/* One column chunk, decoded page by page as the rows being assembled reach it: a level
+ * pair per decoded entry and a value per non-null one (parquet_chunk.c). */
 typedef struct pq_column {
   int max_def, max_rep, type;
   int16_t *def, *rep;
-  int64_t n; /* entries */
+  int64_t n; /* entries decoded so far */
   pq_val *vals;
   int64_t nvals;
-  mml_bytes *bufs; /* page buffers the values point into */
+  mml_bytes *bufs; /* windows read and pages decompressed: the values point into them */
   int nbufs, bufs_cap;
   int64_t pos, vpos; /* assembly cursors: next entry, next value */
+  /* the chunk's pages still to decode (pq_column_begin, pq_column_more) */
+  const pq_chunk_meta *cm;
+  int64_t next, end; /* file offsets: the next page's header, the chunk's end */
+  int win, win_used; /* bufs[win]: the window last read (-1: none); a page came from it */
+  int64_t win_off;   /* its file offset (its length: bufs[win].len) */
+  int64_t win_size;  /* the next window's size (doubling up to PQ_WINDOW_MAX) */
+  pq_val *dict;      /* the dictionary page's values, ndict of them */
+  int64_t ndict, cap, budget, used;
 } pq_column;
 
-/* Decodes a column chunk's stored bytes (`chunk`, starting at file offset `base`). */
-mml_status pq_column_decode(const pq_chunk_meta *cm, const uint8_t *chunk, size_t len, int64_t base,
-                            int64_t max_bytes, pq_column *c, mml_err *err);
+/* Windows: a column chunk is read from its start in windows of PQ_WINDOW_MIN bytes, each
+ * twice the last up to PQ_WINDOW_MAX, and at least the page at its start (a page cut by
+ * a window's end starts the next one): a row needs the pages up to its own, not the
+ * chunk. */
+#define PQ_WINDOW_MIN ((int64_t)1 << 20)
+#define PQ_WINDOW_MAX ((int64_t)16 << 20)
+
+/* Sets c to decode chunk `cm` (c zeroed or freed before; its levels and type set). */
+void pq_column_begin(pq_column *c, const pq_chunk_meta *cm, int64_t max_bytes);
+/* Decodes c's next data page that holds entries (reading the windows it needs through
+ * `read`): *got = 1; at the chunk's end *got = 0 (and its entries must be the footer's
+ * count, else MML_ERECORD).  Errors name the page's byte offset. */
+mml_status pq_column_more(pq_column *c, mml_pq_read_fn read, void *ctx, int *got, mml_err *err);
+/* The bytes c holds (its buffers, levels and values). */
+int64_t pq_column_held(const pq_column *c);
 void pq_column_free(pq_column *c);
 
 /* Checks a column chunk's metadata against the schema and the file (codec, type, byte
@@ -129,10 +150,12 @@ struct mml_pq_file {
   pq_meta meta;
   pq_node root;
   int nleaves;
-  pq_node **leaves;  /* nleaves: each leaf column's node */
-  uint8_t *leaf_sel; /* nleaves: 1 when under a read field */
-  pq_column *cols;   /* one per leaf, for the row group being read */
-  mml_bytes *chunks;
+  pq_node **leaves;   /* nleaves: each leaf column's node */
+  uint8_t *leaf_sel;  /* nleaves: 1 when under a read field */
+  pq_column *cols;    /* one per leaf, for the row group being read */
+  int group;          /* the row group begun (mml_pq_group_begin), -1: none */
+  int64_t group_next; /* the file's row its next row assembled is */
+  int col_failed;     /* a column's page failed to decode (its error names the column) */
   mml_bytes json, names;
   char key[64];
   int nblobs, blobs_cap;

@@ -1,17 +1,23 @@
 /*
- * parquet_rows.c — a row group's read columns loaded and decoded, then its rows
- * assembled into JSON records and blobs (mml/parquet.h; the assembly rules are the
- * DESIGN of parquet_file.c, points 3 and 4).
+ * parquet_rows.c — a row group's rows assembled into JSON records and blobs, its read
+ * columns decoded page by page as the rows reach them (mml/parquet.h; the assembly rules
+ * are the DESIGN of parquet_file.c, points 3 and 4).
  *
  * Invariants:
- *   1. Only the column chunks of read fields are read, one read each, each within the
- *      file (before its footer) and max_chunk_bytes, with a supported codec: checked for
- *      every row group when the file is opened (pq_check_chunk), so a file whose metadata
- *      is wrong is refused before any row is read.
+ *   1. Only the column chunks of read fields are read, by windows of their pages
+ *      (parquet_chunk.c), each within the file (before its footer) and max_chunk_bytes,
+ *      with a supported codec: checked for every row group when the file is opened
+ *      (pq_check_chunk), so a file whose metadata is wrong is refused before any row is
+ *      read.
  *   2. Each emit consumes at least one entry of every leaf column under the node it
- *      emits, and checks every cursor before reading: assembly ends.
- *   3. The row group is good only if every read column is consumed exactly.
- *   4. Memory: the group's chunks and decoded columns are released when it is done.
+ *      emits, and checks every cursor before reading (decoding the column's next page
+ *      when the cursor is past what is decoded: have()): assembly ends.
+ *   3. Rows are assembled in order, as far as asked (mml_pq_group_rows): row r is
+ *      delivered once the pages it needs decode, whatever lies after it; the group's
+ *      last row is delivered only if every read column is then consumed exactly.  A
+ *      malformed page fails the row that reaches it and every row after it.
+ *   4. Memory: the group's windows, pages and decoded columns are held until
+ *      mml_pq_group_end (the blobs delivered point into them), then released.
  *
  * Threads: one thread per mml_pq_file.
  */
@@ -44,19 +50,9 @@ void mml_pq_row_group_range(const mml_pq_file *f, int g, int64_t *off, int64_t *
   *len = hi > *off ? hi - *off : 0;
 }
 
-int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g) {
-  int64_t n = 0;
-  for (int k = 0; k < f->nleaves; k++)
-    if (f->leaf_sel[k] && f->meta.groups[g].cols[k].total_uncompressed > 0)
-      n += f->meta.groups[g].cols[k].total_uncompressed;
-  return n;
-}
-
 static void release(mml_pq_file *f) {
-  for (int k = 0; k < f->nleaves; k++) {
-    pq_column_free(&f->cols[k]);
-    mml_bytes_free(&f->chunks[k]);
-  }
+  for (int k = 0; k < f->nleaves; k++) pq_column_free(&f->cols[k]);
+  f->group = -1;
 }
 
 /* A column's dotted path ("images.list.element.bytes") into out. */
@@ -96,24 +92,32 @@ mml_status pq_check_chunk(const mml_pq_file *f, int g, int k, mml_err *err) {
   return MML_OK;
 }
 
-static mml_status load_column(mml_pq_file *f, int g, int k) {
-  const pq_chunk_meta *cm = &f->meta.groups[g].cols[k];
+/* Column k set to decode its chunk of the group begun, page by page. */
+static void begin_column(mml_pq_file *f, int k) {
   const pq_node *leaf = f->leaves[k];
-  int64_t off, len;
-  chunk_range(cm, &off, &len);
-  mml_status st = pq_check_chunk(f, g, k, f->err); /* (checked at open too: invariant 1) */
-  if (!st) st = f->read(f->ctx, off, len, &f->chunks[k], f->err);
-  if (st) return st;
   pq_column *c = &f->cols[k];
+  pq_column_free(c);
   c->max_def = leaf->def, c->max_rep = leaf->rep, c->type = leaf->el->type;
-  st = pq_column_decode(cm, f->chunks[k].data, f->chunks[k].len, off, f->lim.max_chunk_bytes, c,
-                        f->err);
-  if (st) {
-    char cname[256];
-    mml_err_prefix(f->err, "%s: row group %d, column %s", f->name, g,
-                   col_name(cm, leaf->el->name, cname, sizeof cname));
+  pq_column_begin(c, &f->meta.groups[f->group].cols[k], f->lim.max_chunk_bytes);
+}
+
+/* Whether column c has an entry at its cursor, its next page decoded when needed: 1;
+ * 0 at the chunk's end, or on a failure (*st set, the error naming the column). */
+static int have(mml_pq_file *f, pq_column *c, mml_status *st) {
+  *st = MML_OK;
+  while (c->pos >= c->n) {
+    int got;
+    if ((*st = pq_column_more(c, f->read, f->ctx, &got, f->err))) {
+      f->col_failed = 1; /* (its message names the column, not the row) */
+      char cname[256];
+      int k = (int)(c - f->cols);
+      mml_err_prefix(f->err, "%s: row group %d, column %s", f->name, f->group,
+                     col_name(c->cm, f->leaves[k]->el->name, cname, sizeof cname));
+      return 0;
+    }
+    if (!got) return 0;
   }
-  return st;
+  return 1;
 }
 
 /* ---- JSON --------------------------------------------------------------------------- */
@@ -154,9 +158,11 @@ static mml_status emit_content(mml_pq_file *f, const pq_node *n);
 
 /* Node n is null or empty: one entry of each of its leaves, none with a value. */
 static mml_status skip_one(mml_pq_file *f, const pq_node *n) {
+  mml_status st;
   for (int k = n->first; k < n->first + n->nleaves; k++) {
     pq_column *c = &f->cols[k];
-    if (c->pos >= c->n || c->def[c->pos] >= n->def) return broken(f, n);
+    if (!have(f, c, &st)) return st ? st : broken(f, n);
+    if (c->def[c->pos] >= n->def) return broken(f, n);
     c->pos++;
   }
   return MML_OK;
@@ -164,7 +170,9 @@ static mml_status skip_one(mml_pq_file *f, const pq_node *n) {
 
 static mml_status emit_leaf(mml_pq_file *f, const pq_node *n) {
   pq_column *c = &f->cols[n->leaf];
-  if (c->pos >= c->n || c->def[c->pos] != c->max_def || c->vpos >= c->nvals) return broken(f, n);
+  mml_status st;
+  if (!have(f, c, &st)) return st ? st : broken(f, n);
+  if (c->def[c->pos] != c->max_def || c->vpos >= c->nvals) return broken(f, n);
   const pq_val *v = &c->vals[c->vpos++];
   c->pos++;
   char num[40];
@@ -219,7 +227,8 @@ static mml_status add_blob(mml_pq_file *f, const pq_val *v) {
 static mml_status emit_image(mml_pq_file *f, const pq_node *n) {
   int bi = strcmp(n->child[0].el->name, "bytes") != 0;
   pq_column *cb = &f->cols[n->child[bi].leaf], *cp = &f->cols[n->child[!bi].leaf];
-  if (cb->pos >= cb->n || cp->pos >= cp->n) return broken(f, n);
+  mml_status st;
+  if (!have(f, cb, &st) || !have(f, cp, &st)) return st ? st : broken(f, n);
   int has_b = cb->def[cb->pos] == cb->max_def, has_p = cp->def[cp->pos] == cp->max_def;
   if ((has_b && cb->vpos >= cb->nvals) || (has_p && cp->vpos >= cp->nvals)) return broken(f, n);
   const pq_val *b = has_b ? &cb->vals[cb->vpos++] : NULL, *p = has_p ? &cp->vals[cp->vpos++] : NULL;
@@ -232,16 +241,17 @@ static mml_status emit_image(mml_pq_file *f, const pq_node *n) {
 /* Repeated node r as a JSON array: of r itself (elem_is_r) or of its one child. */
 static mml_status emit_repeated(mml_pq_file *f, const pq_node *r, int elem_is_r) {
   pq_column *c = &f->cols[r->first];
-  if (c->pos >= c->n) return broken(f, r);
+  mml_status st;
+  if (!have(f, c, &st)) return st ? st : broken(f, r);
   if (c->def[c->pos] < r->def) {
-    mml_status st = puts_(f, "[]");
+    st = puts_(f, "[]");
     return st ? st : skip_one(f, r);
   }
-  mml_status st = put(f, "[", 1);
+  st = put(f, "[", 1);
   for (int i = 0; !st; i++) {
     if (i && (st = put(f, ",", 1))) break;
     st = elem_is_r ? emit_content(f, r) : emit_value(f, &r->child[0]);
-    if (c->pos >= c->n || c->rep[c->pos] != r->rep) break;
+    if (st || !have(f, c, &st) || c->rep[c->pos] != r->rep) break;
   }
   return st ? st : put(f, "]", 1);
 }
@@ -277,9 +287,10 @@ static mml_status emit_content(mml_pq_file *f, const pq_node *n) {
 
 static mml_status emit_value(mml_pq_file *f, const pq_node *n) {
   pq_column *c = &f->cols[n->first];
-  if (c->pos >= c->n) return broken(f, n);
+  mml_status st;
+  if (!have(f, c, &st)) return st ? st : broken(f, n);
   if (n->el->repetition == PQ_OPTIONAL && c->def[c->pos] < n->def) {
-    mml_status st = puts_(f, "null");
+    st = puts_(f, "null");
     return st ? st : skip_one(f, n);
   }
   return emit_content(f, n);
@@ -296,8 +307,9 @@ static mml_status emit_row(mml_pq_file *f) {
   for (int i = 0; !st && i < f->root.nchild; i++) {
     const pq_node *n = &f->root.child[i];
     if (!n->selected) continue;
-    const pq_column *c = &f->cols[n->first];
-    if (c->pos >= c->n || c->rep[c->pos] != 0) return broken(f, n);
+    pq_column *c = &f->cols[n->first];
+    if (!have(f, c, &st)) return st ? st : broken(f, n);
+    if (c->rep[c->pos] != 0) return broken(f, n);
     if (!first && (st = put(f, ",", 1))) break;
     first = 0;
     st = emit_field(f, n);
@@ -308,48 +320,74 @@ static mml_status emit_row(mml_pq_file *f) {
   return st;
 }
 
-static mml_status rows_of(mml_pq_file *f, int g, int64_t row0, mml_pq_row_fn fn, void *ctx,
-                          const mml_cancel *cancel) {
+/* Every read column consumed exactly at the group's end (invariant 3). */
+static mml_status all_consumed(mml_pq_file *f, int64_t nrows) {
   mml_status st = MML_OK;
-  int64_t nrows = f->meta.groups[g].num_rows;
-  for (int64_t r = 0; !st && r < nrows; r++) {
-    if (!(r & 63) && mml_cancelled(cancel))
-      return mml_err_set(f->err, MML_ECANCELLED, "%s: reading cancelled", f->name);
-    mml_pq_row_key(g, row0 + r, f->key, sizeof f->key);
-    if ((st = emit_row(f))) {
-      mml_err_prefix(f->err, "%s: %s", f->name, f->key);
-      break;
-    }
-    st = fn(ctx, row0 + r, f->key, (const char *)f->json.data, f->json.len - 1, f->blobs, f->nblobs,
-            f->err);
-  }
   for (int k = 0; !st && k < f->nleaves; k++) {
-    const pq_column *c = &f->cols[k];
-    if (f->leaf_sel[k] && (c->pos != c->n || c->vpos != c->nvals))
+    pq_column *c = &f->cols[k];
+    if (!f->leaf_sel[k]) continue;
+    if (have(f, c, &st) || (!st && c->vpos != c->nvals))
       st = mml_err_set(f->err, MML_ERECORD,
                        "%s: row group %d, column %s: %lld entries left after its %lld rows "
                        "(malformed levels)",
-                       f->name, g, f->leaves[k]->el->name, (long long)(c->n - c->pos),
-                       (long long)nrows);
+                       f->name, f->group, f->leaves[k]->el->name,
+                       (long long)(c->cm->num_values - c->pos), (long long)nrows);
   }
   return st;
 }
 
-mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *ctx,
-                                 const mml_cancel *cancel, mml_err *err) {
+mml_status mml_pq_group_begin(mml_pq_file *f, int g, mml_err *err) {
   f->err = err;
+  release(f);
   if (g < 0 || g >= f->meta.ngroups)
     return mml_err_set(err, MML_EINTERNAL, "%s: no row group %d", f->name, g);
-  int64_t row0 = f->group_first[g];
+  f->group = g;
+  f->group_next = f->group_first[g];
+  f->col_failed = 0;
+  for (int k = 0; k < f->nleaves; k++)
+    if (f->leaf_sel[k]) begin_column(f, k);
+  return MML_OK;
+}
+
+mml_status mml_pq_group_rows(mml_pq_file *f, int64_t upto, mml_pq_row_fn fn, void *ctx,
+                             const mml_cancel *cancel, mml_err *err) {
+  f->err = err;
+  int g = f->group;
+  if (g < 0) return mml_err_set(err, MML_EINTERNAL, "%s: no row group begun", f->name);
+  int64_t end = f->group_first[g + 1];
+  if (upto > end) upto = end;
   mml_status st = MML_OK;
-  for (int k = 0; !st && k < f->nleaves; k++) {
-    if (!f->leaf_sel[k]) continue;
-    if (mml_cancelled(cancel))
-      st = mml_err_set(err, MML_ECANCELLED, "%s: reading cancelled", f->name);
-    else
-      st = load_column(f, g, k);
+  while (!st && f->group_next < upto) {
+    int64_t row = f->group_next;
+    if (!((row - f->group_first[g]) & 63) && mml_cancelled(cancel))
+      return mml_err_set(err, MML_ECANCELLED, "%s: reading cancelled", f->name);
+    mml_pq_row_key(g, row, f->key, sizeof f->key);
+    if ((st = emit_row(f))) {
+      if (!f->col_failed) mml_err_prefix(err, "%s: %s", f->name, f->key);
+      break;
+    }
+    if (row + 1 == end && (st = all_consumed(f, end - f->group_first[g]))) break;
+    if ((st = fn(ctx, row, f->key, (const char *)f->json.data, f->json.len - 1, f->blobs, f->nblobs,
+                 err)))
+      break;
+    f->group_next = row + 1;
   }
-  if (!st) st = rows_of(f, g, row0, fn, ctx, cancel);
+  return st;
+}
+
+int64_t mml_pq_group_held(const mml_pq_file *f) {
+  int64_t n = (int64_t)(f->json.cap + f->names.cap);
+  for (int k = 0; f->group >= 0 && k < f->nleaves; k++) n += pq_column_held(&f->cols[k]);
+  return n;
+}
+
+void mml_pq_group_end(mml_pq_file *f) { release(f); }
+
+mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *ctx,
+                                 const mml_cancel *cancel, mml_err *err) {
+  mml_status st = mml_pq_group_begin(f, g, err);
+  if (!st) st = mml_pq_group_rows(f, f->group_first[g + 1], fn, ctx, cancel, err);
+  if (!st && f->group_first[g + 1] == f->group_first[g]) st = all_consumed(f, 0);
   release(f);
   return st;
 }

@@ -41,6 +41,11 @@
  * slower end to end (the widened columns are 4x the bytes; the pass is not bound by the
  * multiplies).)
  *
+ * Where the CPU has AVX-512 VBMI + VNNI, both passes first try resize_vnni.c (byte dot
+ * products on weights split into three byte digits: no int32 multiplies, no transposes),
+ * which takes the sizes it can (widths >= 16 and downscales up to ~2x for the horizontal
+ * pass, rows of 64 bytes or more for the vertical) and leaves the others to the code here.
+ *
  * Threads: axes are per-thread scratch; the row functions are pure.
  */
 #include "resize.h"
@@ -118,13 +123,17 @@ mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_
   a->in = in;
   a->out = out;
   a->ksize = ksize;
-  return MML_OK;
+  mml_status st = mml_resample_vnni_prepare(a, err);
+  if (st != MML_OK) a->in = a->out = 0;
+  return st;
 }
 
 void mml_resample_axis_free(mml_resample_axis *a) {
   free(a->k);
   free(a->pre);
   free(a->bounds);
+  free(a->vt);
+  free(a->vbase);
   memset(a, 0, sizeof *a);
 }
 
@@ -367,6 +376,7 @@ int mml_cpu_avx512_vbmi(void) { return 0; }
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                          uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf) {
   const int ksize = a->ksize;
+  if (mml_resample_rows_h_vnni(a, src, nrows, dst, plane)) return;
 #ifdef MML_HAVE_AVX2_PATH
   if (mml_cpu_avx2()) {
     transpose_in_avx2(src, nrows, a->in, tbuf);
@@ -441,6 +451,12 @@ MML_TARGET_AVX512 static inline __m512i pack4_avx512(__m512i s0, __m512i s1, __m
 
 void mml_resample_rows_v2(const mml_resample_axis *a, int y, const uint8_t *const *rows, size_t off,
                           int n, uint8_t *restrict dst0, uint8_t *restrict dst1) {
+  if (n >= 64 && mml_cpu_avx512_vnni()) { /* two rows, each with VNNI (resize_vnni.c) */
+    const int d = a->bounds[2 * (y + 1)] - a->bounds[2 * y];
+    if (mml_resample_row_v_vnni(a, y, rows, off, n, dst0) &&
+        mml_resample_row_v_vnni(a, y + 1, rows + d, off, n, dst1))
+      return;
+  }
 #ifdef MML_HAVE_AVX2_PATH
   if (n >= 32 && mml_resample_pair_fits(a, y) && mml_cpu_avx512()) {
     rows_v2_avx512(&a->k[(size_t)y * a->ksize], &a->k[(size_t)(y + 1) * a->ksize], rows, off, n,
@@ -462,6 +478,7 @@ void mml_resample_row_v(const mml_resample_axis *a, int y, const uint8_t *const 
                         int n, uint8_t *restrict dst) {
   const int cnt = a->bounds[y * 2 + 1];
   const int32_t *k = &a->k[(size_t)y * a->ksize];
+  if (mml_resample_row_v_vnni(a, y, rows, off, n, dst)) return;
 #ifdef MML_HAVE_AVX2_PATH
   if (n >= 64 && mml_cpu_avx512()) {
     row_v_avx512(k, cnt, rows, off, n, dst);

@@ -18,6 +18,13 @@ typedef struct mml_resample_axis {
   int *bounds; /* out pairs: first input index, number of inputs */
   double *pre; /* out * ksize double weights before fixed-point conversion */
   size_t cap_k, cap_b;
+  /* the AVX-512 VNNI horizontal pass (resize_vnni.c): per group of 16 outputs a byte
+   * offset (vbase) and vtapg tap groups of 4 vectors (indices, weight digits d0, d1, d2);
+   * vgroups 0: that pass is not used for these sizes */
+  uint8_t *vt;
+  int *vbase;
+  size_t cap_vt, cap_vbase;
+  int vgroups, vtapg;
 } mml_resample_axis;
 
 /* Computes (or keeps) the coefficients for resampling `in` samples to `out`. */
@@ -32,6 +39,20 @@ int mml_cpu_fma(void);
 int mml_cpu_avx512(void);
 /* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI (pixels.c's table lookups). */
 int mml_cpu_avx512_vbmi(void);
+/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI and VNNI (resize_vnni.c). */
+int mml_cpu_avx512_vnni(void);
+
+/* resize_vnni.c: builds the VNNI pass's table for a prepared axis where that pass applies
+ * (else leaves vgroups 0); fails only for memory. */
+mml_status mml_resample_vnni_prepare(mml_resample_axis *a, mml_err *err);
+/* The horizontal pass of mml_resample_rows_h by VNNI when the axis has its table (returns
+ * 1, the same bytes), else 0 and nothing done. */
+int mml_resample_rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
+                             uint8_t *const *dst, size_t plane);
+/* mml_resample_row_v by VNNI where it applies (n >= 64, at most 16 taps; returns 1, the
+ * same bytes), else 0 and nothing done. */
+int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *const *rows,
+                            size_t off, int n, uint8_t *restrict dst);
 
 /* Horizontal pass over up to MML_HROWS rows at once (the same result as row by row):
  * the rows are transposed into `tbuf` (mml_resample_tbuf_size(a) bytes of scratch) so

@@ -33,7 +33,8 @@
  * Threads: a mml_pq_file is read by one thread at a time (mml_pq_clone gives each thread
  * its own); its metadata functions (row groups, rows) may be called from any thread once
  * it is open.  Reads go through the caller's read function (a local pread, a ranged GET),
- * one column chunk at a time.
+ * by windows of a column chunk's pages as the rows being assembled need them (1 MiB,
+ * doubling up to 16 MiB, at least the page a window starts with).
  */
 #ifndef MML_PARQUET_H
 #define MML_PARQUET_H
@@ -80,9 +81,6 @@ int mml_pq_row_groups(const mml_pq_file *f);
 int64_t mml_pq_rows(const mml_pq_file *f);
 /* The file's row number row group g starts at (g == row groups: the number of rows). */
 int64_t mml_pq_row_group_first(const mml_pq_file *f, int g);
-/* The decoded bytes of row group g's read column chunks, as the footer states them (a
- * hint for sizing buffers: not checked). */
-int64_t mml_pq_row_group_bytes(const mml_pq_file *f, int g);
 /* The row group holding the file's row `row` (0 <= row < mml_pq_rows). */
 int mml_pq_row_group_of(const mml_pq_file *f, int64_t row);
 /* The byte range [*off, *off + *len) row group g's read columns occupy in the file. */
@@ -105,6 +103,20 @@ typedef mml_status (*mml_pq_row_fn)(void *ctx, int64_t row, const char *key, con
  * Stops with MML_ECANCELLED soon after *cancel is set (NULL: never). */
 mml_status mml_pq_read_row_group(mml_pq_file *f, int g, mml_pq_row_fn fn, void *ctx,
                                  const mml_cancel *cancel, mml_err *err);
+
+/* The same a few rows at a time: mml_pq_group_begin(g) (nothing read yet), then
+ * mml_pq_group_rows(upto) calls fn for the group's next rows up to the file's row `upto`
+ * (exclusive), reading and decoding only the pages those rows reach; the group's last
+ * row is delivered only once every column is consumed exactly.  A failure fails the row
+ * it surfaced at; call no further rows then.  The blobs' bytes handed to fn stay valid
+ * until mml_pq_group_end (or the next begin, or the close), which releases the group's
+ * buffers; the JSON and the names only during the call. */
+mml_status mml_pq_group_begin(mml_pq_file *f, int g, mml_err *err);
+mml_status mml_pq_group_rows(mml_pq_file *f, int64_t upto, mml_pq_row_fn fn, void *ctx,
+                             const mml_cancel *cancel, mml_err *err);
+/* The bytes the group begun holds (windows read, pages decoded, levels, values). */
+int64_t mml_pq_group_held(const mml_pq_file *f);
+void mml_pq_group_end(mml_pq_file *f);
 
 /* The key of a row: "row group G, row R" into out (cap bytes). */
 void mml_pq_row_key(int g, int64_t row, char *out, size_t cap);
