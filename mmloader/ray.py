@@ -25,15 +25,23 @@ Why the stream is exact, whatever skips or packing do to batch composition:
   Batch j is first requested from producer j mod K; a retry may go to another.
 
 Liveness (invariants tests cite):
-  1. A thread (_Watch) pings every producer every 0.2 s, in a concurrency group of its
-     own on the producer, so a busy producer answers at once; it only observes.
+  1. A thread (_Watch) pings every producer every 0.2 s, whether or not its earlier pings
+     were answered, in a concurrency group of its own on the producer, so a busy
+     producer answers at once; it only observes.
   2. The trainer's thread (every next(), every 0.1 s while it waits, every stats())
-     suspects a producer whose ping failed or went unanswered past the deadline (4x the
-     p99 of recent round trips, 0.4-1.5 s), or a call to which failed, and moves every
-     request it holds not yet answered to a producer that answers, on another node,
-     through produce_urgent: made next there, before that producer's own queue.
+     suspects a producer whose ping failed, or whose oldest ping not followed by any
+     answer waited past the deadline (4x the p99 of recent round trips, 0.5-1.5 s) as
+     of the watch's last look, or a call to which failed, and moves every request it
+     holds not yet here to a producer that answers, on another node, through
+     produce_urgent: made next there, before that producer's own queue.
   3. Only the trainer's thread touches the requests in flight; a moved request is the
      same (start cursor) request, so moving never changes the stream.
+  4. close() stops and joins the watch and fetch threads (within _JOIN_S); they make no
+     Ray call once ray.is_initialized() is false (Ray's API would call ray.init()).
+
+Placement (spread): with at least dp_size data nodes, rank r's producers go only to its
+own share of the sorted node list (_spread), which every rank computes alike; fewer
+nodes than ranks interleave, with a warning.  Placement never changes the stream.
 
 Ray is an optional dependency: nothing else in mmloader imports it.
 """
