@@ -505,6 +505,40 @@ def test_a_row_waits_for_its_pages_not_its_row_group(tmp_path, fault_server):
     assert sizes and sum(sizes) < chunk // 4, (sizes, chunk)
 
 
+def test_a_compressed_row_group_holds_its_pages_not_its_windows(tmp_path):
+    """A snappy row group's windows are dropped once decoded (parquet_chunk.c DESIGN 5):
+    after an epoch the cache holds about the decoded pages (not also the stored bytes
+    read), each chunk is read at most twice, and the batches are the JSONL export's."""
+    items = noise_rows(64, size=256)
+    p = str(tmp_path / "snappy.parquet")
+    pq.write_table(
+        arrow_table(items),
+        p,
+        row_group_size=16,
+        compression="snappy",
+        use_dictionary=False,
+        write_batch_size=4,
+    )
+    md = pq.read_metadata(p)
+    cols = [
+        md.row_group(g).column(j)
+        for g in range(md.num_row_groups)
+        for j in range(md.num_columns)
+        if not md.row_group(g).column(j).path_in_schema.startswith("extra")
+    ]
+    stored = sum(c.total_compressed_size for c in cols)
+    decoded = sum(c.total_uncompressed_size for c in cols)
+    args = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, shuffle=False)
+    args.update(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    want = epoch(write_jsonl(str(tmp_path), items), **args)
+    with mmloader.Loader(p, **args) as L:
+        got = [as_np(b) for b in L]
+        q = L.stats()["parquet"]
+    same(want, got)
+    assert q["row_groups_decoded"] == 4 and stored <= q["bytes_read"] <= 2 * stored, q
+    assert decoded <= q["cache_bytes"] <= decoded * 1.1 + (1 << 20), (q, decoded)
+
+
 def test_columns_map_a_datasets_own_names_per_source(ref, tmp_path):
     """`columns` (one option-table row, also per source): a dataset's own column names
     read as the record keys they stand for; a column named like a mapped key is then not

@@ -23,7 +23,9 @@
  *      is copied; the buffers live as long as the pq_column.
  *   5. Memory: decoded page bytes plus 20 bytes per entry stay within max_bytes; the
  *      windows read are at most twice the chunk's stored size (each holds at most one
- *      page read again: the one cut by the previous window's end).
+ *      page read again: the one cut by the previous window's end).  A window is kept
+ *      only when values point into it (an uncompressed page's); a compressed chunk's
+ *      next window reuses its buffer, so it holds its decoded pages and one window.
  *   6. The entry count ends at the footer's num_values exactly, when the chunk's pages
  *      are all decoded (pq_column_more at the chunk's end).
  *
@@ -98,6 +100,7 @@ static mml_status decompress(dec *d, const uint8_t *in, size_t len, size_t want,
   if (codec == PQ_UNCOMPRESSED) {
     if (len != want) return malformed(d, "stored and decoded sizes differ (uncompressed)");
     *out = in;
+    d->c->win_pinned = 1; /* values will point into the window: it is kept */
     return MML_OK;
   }
   pq_column *c = d->c;
@@ -336,11 +339,12 @@ void pq_column_begin(pq_column *c, const pq_chunk_meta *cm, int64_t max_bytes) {
   c->budget = max_bytes;
 }
 
-/* A window of `len` bytes at c->next read into a buffer of c's (the last window's reused
- * when no page came from it): bufs[c->win]. */
+/* A window of `len` bytes at c->next read into a buffer of c's, bufs[c->win]: the last
+ * window's buffer again when no values point into it (its pages were all compressed:
+ * their values are in their own decoded buffers), else a new one. */
 static mml_status read_window(dec *d, int64_t len, mml_pq_read_fn read, void *ctx) {
   pq_column *c = d->c;
-  if (c->win < 0 || c->win_used) {
+  if (c->win < 0 || c->win_pinned) {
     if (c->nbufs == c->bufs_cap) {
       int nc = c->bufs_cap ? 2 * c->bufs_cap : 8;
       mml_bytes *b = realloc(c->bufs, (size_t)nc * sizeof *b);
@@ -350,7 +354,7 @@ static mml_status read_window(dec *d, int64_t len, mml_pq_read_fn read, void *ct
     c->bufs[c->nbufs] = (mml_bytes){0};
     c->win = c->nbufs++;
   }
-  c->win_used = 0;
+  c->win_pinned = 0;
   c->win_off = c->next;
   mml_status st = read(ctx, c->next, len, &c->bufs[c->win], d->err);
   if (!st && (int64_t)c->bufs[c->win].len != len)
@@ -414,7 +418,6 @@ mml_status pq_column_more(pq_column *c, mml_pq_read_fn read, void *ctx, int *got
     int64_t n0 = c->n;
     mml_status st = next_page(&d, &h, &in, &used, read, ctx);
     if (st) return st;
-    c->win_used = 1;
     c->next += (int64_t)used + h.compressed;
     if ((st = one_page(&d, &h, in))) return st;
     if (c->n > n0) {
@@ -422,6 +425,8 @@ mml_status pq_column_more(pq_column *c, mml_pq_read_fn read, void *ctx, int *got
       return MML_OK;
     }
   }
+  if (c->win >= 0 && !c->win_pinned) /* the chunk is decoded: its last window not needed */
+    mml_bytes_free(&c->bufs[c->win]);
   if (c->n != cm->num_values)
     return mml_err_set(err, MML_ERECORD,
                        "a column chunk holds %lld entries, its metadata says %lld", (long long)c->n,

@@ -91,11 +91,11 @@ typedef struct pq_column {
   int64_t pos, vpos; /* assembly cursors: next entry, next value */
   /* the chunk's pages still to decode (pq_column_begin, pq_column_more) */
   const pq_chunk_meta *cm;
-  int64_t next, end; /* file offsets: the next page's header, the chunk's end */
-  int win, win_used; /* bufs[win]: the window last read (-1: none); a page came from it */
-  int64_t win_off;   /* its file offset (its length: bufs[win].len) */
-  int64_t win_size;  /* the next window's size (doubling up to PQ_WINDOW_MAX) */
-  pq_val *dict;      /* the dictionary page's values, ndict of them */
+  int64_t next, end;   /* file offsets: the next page's header, the chunk's end */
+  int win, win_pinned; /* bufs[win]: the window last read (-1: none); values point into it */
+  int64_t win_off;     /* its file offset (its length: bufs[win].len) */
+  int64_t win_size;    /* the next window's size (doubling up to PQ_WINDOW_MAX) */
+  pq_val *dict;        /* the dictionary page's values, ndict of them */
   int64_t ndict, cap, budget, used;
 } pq_column;
 
