@@ -375,7 +375,9 @@ def test_resize_vnni_widths_match_pillow():
     the first cases, Pillow <= 12's horizontal-first order too."""
     rng = np.random.default_rng(34)
     cases = [(W, w) for W in (16, 17, 31, 47, 48, 64, 100) for w in (16, 17, 23, 32, 47, W + 3)]
-    cases += [(int(W), int(W * f)) for W, f in zip(rng.integers(16, 700, 40), rng.uniform(0.44, 1.6, 40))]
+    cases += [
+        (int(W), int(W * f)) for W, f in zip(rng.integers(16, 700, 40), rng.uniform(0.44, 1.6, 40))
+    ]
     for i, (W, w) in enumerate(cases):
         if w < 16 or w > 2 * W + 64:
             continue
@@ -396,8 +398,18 @@ def test_resize_vnni_heights_match_pillow():
     shrinking up to ~4x; more taps take resize.c's pass), outputs alone and in pairs, the
     last step overlapping; both pass orders."""
     rng = np.random.default_rng(35)
-    cases = [(H, h, w) for H in (40, 97) for h in (9, 20, 23, 38, H + 5, 2 * H) for w in (22, 64, 65, 131)]
-    cases += [(int(H), int(H * f), int(w)) for H, f, w in zip(rng.integers(10, 400, 30), rng.uniform(0.2, 2, 30), rng.integers(22, 300, 30))]
+    cases = [
+        (H, h, w)
+        for H in (40, 97)
+        for h in (9, 20, 23, 38, H + 5, 2 * H)
+        for w in (22, 64, 65, 131)
+    ]
+    cases += [
+        (int(H), int(H * f), int(w))
+        for H, f, w in zip(
+            rng.integers(10, 400, 30), rng.uniform(0.2, 2, 30), rng.integers(22, 300, 30)
+        )
+    ]
     for H, h, w in cases:
         if h < 1:
             continue

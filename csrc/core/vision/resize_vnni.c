@@ -192,10 +192,18 @@ VNNI_FN __attribute__((always_inline)) static inline void rows_h_body(
 VNNI_FN static void rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                                 uint8_t *const *dst, size_t plane) {
   switch (a->vtapg) {
-  case 1: rows_h_body(a, src, nrows, dst, plane, 1); break;
-  case 2: rows_h_body(a, src, nrows, dst, plane, 2); break;
-  case 3: rows_h_body(a, src, nrows, dst, plane, 3); break;
-  default: rows_h_body(a, src, nrows, dst, plane, 4); break;
+    case 1:
+      rows_h_body(a, src, nrows, dst, plane, 1);
+      break;
+    case 2:
+      rows_h_body(a, src, nrows, dst, plane, 2);
+      break;
+    case 3:
+      rows_h_body(a, src, nrows, dst, plane, 3);
+      break;
+    default:
+      rows_h_body(a, src, nrows, dst, plane, 4);
+      break;
   }
 }
 #endif
@@ -206,8 +214,8 @@ VNNI_FN static void rows_h_vnni(const mml_resample_axis *a, const uint8_t *const
  * output's 4 taps, and the saturating packs after the shift undo the in-lane interleave,
  * so the 64 bytes come out in order.  w[q][d]: digit d of tap group q's 4 weights. */
 VNNI_FN __attribute__((always_inline)) static inline void row_v_body(const uint32_t (*w)[3],
-                                                                     const uint8_t *const *r,
-                                                                     int n, uint8_t *restrict dst,
+                                                                     const uint8_t *const *r, int n,
+                                                                     uint8_t *restrict dst,
                                                                      const int tapg) {
   const __m512i half = _mm512_set1_epi32(32);
   __m512i wd[MAX_TAPG][3];
@@ -247,10 +255,18 @@ VNNI_FN __attribute__((always_inline)) static inline void row_v_body(const uint3
 VNNI_FN static void row_v_vnni(const uint32_t (*w)[3], const uint8_t *const *r, int n,
                                uint8_t *restrict dst, int tapg) {
   switch (tapg) {
-  case 1: row_v_body(w, r, n, dst, 1); break;
-  case 2: row_v_body(w, r, n, dst, 2); break;
-  case 3: row_v_body(w, r, n, dst, 3); break;
-  default: row_v_body(w, r, n, dst, 4); break;
+    case 1:
+      row_v_body(w, r, n, dst, 1);
+      break;
+    case 2:
+      row_v_body(w, r, n, dst, 2);
+      break;
+    case 3:
+      row_v_body(w, r, n, dst, 3);
+      break;
+    default:
+      row_v_body(w, r, n, dst, 4);
+      break;
   }
 }
 #endif
