@@ -76,9 +76,9 @@ static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s)
 /* Walks a sample's records in order (a pack's, mml/sample.h subs; else the sample as
  * one): record k's ids are [at, at + len), its media those M-RoPE reads. */
 typedef struct rec_cursor {
-  int k, n;       /* next record, records */
-  int64_t at;     /* its first token */
-  int img, vid;   /* its first image and video */
+  int k, n;     /* next record, records */
+  int64_t at;   /* its first token */
+  int img, vid; /* its first image and video */
 } rec_cursor;
 
 static rec_cursor records_of(const mml_sample *s) {
@@ -86,8 +86,8 @@ static rec_cursor records_of(const mml_sample *s) {
 }
 
 /* Record cur->k's ids (*at, *len) and media; advances the cursor. */
-static mml_mrope_media next_record(const mml_collate_cfg *cfg, const mml_sample *s,
-                                   rec_cursor *cur, int64_t *at, int64_t *len) {
+static mml_mrope_media next_record(const mml_collate_cfg *cfg, const mml_sample *s, rec_cursor *cur,
+                                   int64_t *at, int64_t *len) {
   mml_mrope_media md = media_of(cfg, s);
   *at = cur->at;
   if (!s->subs.len) {
