@@ -200,6 +200,10 @@ class NetCluster:
         # killer would kill this cluster's workers for memory others use
         env["RAY_memory_monitor_refresh_ms"] = "0"
         env.pop("RAY_ADDRESS", None)
+        # a token left in ~/.ray/auth_token by any earlier local ray.init() (Ray >= 2.5x)
+        # turns token authentication on for `ray start`, and the nodes then refuse each
+        # other (AuthenticationError): this cluster is private to its namespaces
+        env.setdefault("RAY_AUTH_MODE", "disabled")
         # a driver must say which node it is on: with several raylets on one host, Ray
         # connects a driver to the head's (ray.init(..., _node_ip_address=MMLNC_NODE_IP))
         env["MMLNC_NODE_IP"] = n.ip

@@ -283,6 +283,36 @@ def test_loader_formats_carry_the_same_values(ds, keys):
         assert placeholders > 0  # the dataset has text-only batches: the case is covered
 
 
+def test_torch_loader_expands_with_its_own_preset(ds):
+    """Issue 28: a uint8 batch is expanded with the loader's own vision settings, so a
+    Qwen3-VL user does not repeat preset= (mmloader.torch.expand_pixels' default preset is
+    Qwen2.5-VL's: other patch size, mean and std)."""
+    want = epoch(ds, cls=mt.Loader, preset="qwen3-vl")
+    with mt.Loader(
+        ds["shards"],
+        tokenizer=TINY,
+        micro_batch_size=3,
+        num_threads=2,
+        prefetch=2,
+        seq_length=384,
+        shuffle=True,
+        seed=3,
+        preset="qwen3-vl",
+        pixel_format="uint8",
+        **SMALL,
+    ) as L:
+        raw = [dict(b) for b in L]
+        got = [L.expand_pixels(b) for b in raw]
+        v = L.vision_config
+    same(got, want)
+    b = next(r for r in raw if int(r["image_grid_thw"][0, 0]) > 0)
+    with_cfg = mt.expand_pixels(b["pixel_values"], b["image_grid_thw"], vision_config=v)
+    assert torch.equal(bits(with_cfg), bits(L.expand_pixels(b)["pixel_values"]))
+    # without them, the trap the loader's own avoids is an error that says what to pass
+    with pytest.raises(ValueError, match="vision_config=loader.vision_config"):
+        mt.expand_pixels(b["pixel_values"], b["image_grid_thw"])
+
+
 def test_uint8_batches_are_an_eighth_of_float32(ds):
     with mmloader.Loader(
         ds["shards"],

@@ -461,6 +461,56 @@ def test_s3_range_reads(moto_s3, big_videos):
     assert r["bytes_read"] < len(data) * 0.5
 
 
+def _packet_spans(path, idx):
+    """(offset, size) of the packets a decode of frames idx reads: from the keyframe at or
+    before each wanted frame through that frame (no B-frames in these files)."""
+    with av.open(path) as c:
+        s = c.streams.video[0]
+        pk = sorted((p.pts, p.pos, p.size, p.is_keyframe) for p in c.demux(s) if p.size)
+    need = set()
+    for i in idx:
+        k = max(j for j in range(i + 1) if pk[j][3])
+        need.update(range(k, i + 1))
+    return [(pk[j][1], pk[j][2]) for j in sorted(need)]
+
+
+def test_unpreloaded_decode_fetches_its_packets_not_blocks(fault_server, vdir):
+    """video_io.c invariant 2: a remote decode that was not preloaded (the Loader's when
+    max_memory has no room for it, or more than a video may hold; _core.video_decode's
+    always) fetches the ranges its packets lie in, in pieces of their own, not the 1 MiB
+    blocks around them, and each range once.  An mp4 (moov last, GOP 30, 5 MB) of which 4
+    frames are decoded: past the open's first block and the block holding the moov, the
+    GETs carry the packets the 4 GOPs need and the gaps the demuxer reads through, within
+    1.1x their bytes plus 128 KiB per range.  Before, the same decode fetched the aligned
+    blocks around every range (1.3 MB of packets as 4 MiB of blocks, the first block
+    again)."""
+    path = make_video(vdir / "sparse.mp4", "libx264", n=150, w=320, h=240, gop=30, noise=True)
+    data = open(path, "rb").read()
+    block = 1 << 20
+    assert len(data) > 4 * block and data.rindex(b"moov") > len(data) - block  # moov last
+    srv = fault_server(objects={"/v.mp4": data})
+    idx = [0, 50, 99, 149]
+    ref, _ = pyav_frames(path)
+    with _core.Fetcher(**FAST) as f:
+        got, r = decode(srv.url("/v.mp4"), idx, fetcher=f)
+    assert all(np.array_equal(g, ref[i]) for g, i in zip(got, idx))
+    gets = [tuple(int(x) for x in e[3][6:].split("-")) for e in srv.log if e[1] == "GET"]
+    assert len(gets) == len(set(gets)), sorted(gets)  # no range asked for twice
+    moov = data.rindex(b"moov") - 4
+    head = [(a, b) for a, b in gets if a == 0 or a <= moov <= b]  # the open's reads
+    assert len(head) == 2 and all(b - a < block for a, b in head), sorted(gets)
+    # the packets' bytes outside what the open read (the first block holds frame 0's)
+    got_at = np.zeros(len(data), bool)
+    for a, b in head:
+        got_at[a : b + 1] = True
+    need = 0
+    for off, n in _packet_spans(path, idx):
+        need += int((~got_at[off : off + n]).sum())
+    decode_bytes = sum(b - a + 1 for a, b in gets if (a, b) not in head)
+    assert need <= decode_bytes <= 1.1 * need + 4 * (128 << 10), (decode_bytes, need)
+    assert r["bytes_read"] == sum(b - a + 1 for a, b in gets)  # what it charged: what came
+
+
 @pytest.mark.parametrize("which", ["moov-first", "moov-last", "mkv"])
 def test_remote_blocks_are_fetched_ahead(fault_server, big_videos, vdir, which):
     """The blocks a remote read will need (an mp4 decode's samples, from its index; the

@@ -550,8 +550,30 @@ int ld_place_ready(const mml_loader *L, const task *t);
 void ld_place_clear(task *t);
 /* 1 when every plane t has rows in has given it a destination (its decode may run). */
 int ld_place_has_dests(const task *t);
-/* max_memory: 1 when `need` more bytes fit (cached buffers are freed to make room) beside
- * the scratch held for the decodes placed (ld_mem_scratch_hold_locked). */
+/* Whether ticket k holds a buffer in any plane. */
+int ld_place_has_buf(const ticket *k);
+/* The ticket the collator's next sample is in (the head, or the one after an open head
+ * pack or batch). */
+int64_t ld_place_needed_ticket(mml_loader *L);
+/* 1 while ticket id's first buffer waits for its turn: `prefetch` batches ahead of the
+ * consumer, or decodes enough queued ahead of the workers. */
+int ld_place_turn_waits_locked(mml_loader *L, int64_t id);
+
+/* loader_admit.c (see its top comment): admission under max_memory, mu held.  Plane p of
+ * ticket id may take a buffer of cap_rows rows now (1): its turn (`turn`, the planner's
+ * rules) has come and it fits beside what it leaves earlier work (records the largest
+ * buffers asked for either way). */
+int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn);
+/* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
+ * buffers, videos later samples keep open); 1 when any was (the planner retries). */
+int ld_admit_make_way_locked(mml_loader *L);
+/* After placing: 1 when the batch the consumer waits for looks like it can never get
+ * room (the planner may still shrink an open pack's request); ld_admit_head_fail_locked
+ * then sets the loader's fatal MML_ENOMEM error, naming what is held. */
+int ld_admit_head_stuck_locked(mml_loader *L);
+void ld_admit_head_fail_locked(mml_loader *L);
+/* loader_admit.c: max_memory: 1 when `need` more bytes fit (cached buffers are freed to
+ * make room) beside the scratch held for the decodes placed (ld_mem_scratch_hold_locked). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
 /* ... beside `hold` bytes of it instead; and the most scratch one decode placed in tickets
  * up to `upto`, not running yet, will take. */

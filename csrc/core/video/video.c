@@ -831,21 +831,23 @@ static int decode_ranges(const mml_video *v, const int64_t *idx, int n, int64_t 
   return room;
 }
 
-/* The decode's ranges named to the byte source, which fetches their blocks ahead (unless
- * they were preloaded: mml_video_preload). */
-static void will_decode(mml_video *v, const int64_t *idx, int n) {
-  if (v->io.npre) return;
-  int64_t *r;
-  int nr;
-  decode_ranges(v, idx, n, 64 << 10, &r, &nr);
-  mml_vio_will_read(&v->io, r, nr);
-  free(r);
-}
-
 /* Ranges closer than this are fetched as one: libavformat reads through a forward seek
  * shorter than its buffer + its short-seek threshold (32 KiB) rather than seeking, and
  * those bytes must be in memory too. */
 #define PRELOAD_GAP (IO_BUF + (64 << 10))
+
+/* The decode's ranges named to the byte source, which fetches them ahead in pieces of
+ * their own (video_io.c invariant 2), unless they were preloaded (mml_video_preload).
+ * Merged as a preload merges them: a gap the demuxer reads through is fetched with its
+ * ranges, not as the aligned block around it. */
+static void will_decode(mml_video *v, const int64_t *idx, int n) {
+  if (v->io.npre) return;
+  int64_t *r;
+  int nr;
+  decode_ranges(v, idx, n, PRELOAD_GAP, &r, &nr);
+  mml_vio_will_read(&v->io, r, nr);
+  free(r);
+}
 
 /* Bytes of the ranges r (nr of them) inside the source, as mml_vio_preload fetches them. */
 static int64_t ranges_bytes(const mml_video *v, const int64_t *r, int nr) {

@@ -50,9 +50,9 @@ typedef struct mml_vio {
   int64_t size;         /* bytes of the source (-1: unknown) */
   int64_t pos;          /* next byte the demuxer reads */
   int64_t block;        /* remote block size */
-  struct {
-    int64_t off;   /* -1: empty */
-    uint64_t used; /* LRU tick */
+  struct {              /* an aligned block, or a hinted piece (its length: b.len) */
+    int64_t off;        /* -1: empty */
+    uint64_t used;      /* LRU tick */
     mml_bytes b;
   } blk[MML_VIO_BLOCKS];
   uint64_t tick;
@@ -60,9 +60,10 @@ typedef struct mml_vio {
   int64_t charged_from; /* bytes_read when the current use began (mml_vio_idle) */
   mml_status st;        /* first failure seen by a callback (MML_OK: none) */
   mml_err err;
-  /* fetching ahead (remote, size known): hint[hint_at..nhint) are the block offsets the
-   * reader said come next, in order; ahead[] the fetches of some of them (state and b
-   * written by the I/O thread under mu, the rest by the reader) */
+  /* fetching ahead (remote, size known): pieces hint_at..nhint (hint[2j] its offset,
+   * hint[2j+1] its length, at most a block) are the bytes the reader said come next, in
+   * order; ahead[] the fetches of some of them (state and b written by the I/O thread
+   * under mu, the rest by the reader) */
   int64_t *hint;
   int nhint, hint_at, no_ahead;
   mml_vio_ahead ahead[MML_VIO_AHEAD];
@@ -94,9 +95,10 @@ void mml_vio_close(mml_vio *io);
  * preload) are dropped and max_bytes counts afresh from here. */
 void mml_vio_idle(mml_vio *io);
 /* The byte ranges [r[2k], r[2k+1]) the reader will read next, in order (a remote source:
- * their blocks are fetched ahead; others: nothing).  Replaces the previous hint.  Only a
- * hint: what is read elsewhere is fetched on demand, the bytes and their accounting
- * (bytes_read, max_bytes) are those of reading without it. */
+ * they are fetched ahead in pieces of at most a block, each from where its range starts,
+ * and a read inside one fetches that piece, not the aligned block; others: nothing).
+ * Replaces the previous hint.  Only a hint: what is read outside them is fetched on
+ * demand by aligned blocks; bytes_read and max_bytes count what is fetched. */
 void mml_vio_will_read(mml_vio *io, const int64_t *r, int n);
 
 /* A remote source: the byte ranges [r[2k], r[2k+1]) (sorted by nothing) are fetched now,

@@ -1,0 +1,558 @@
+/*
+ * loader_admit.c -- the loader's admission under max_memory: every decision whether work
+ * may take memory now (a read, a ticket plane's buffer, a decode's scratch, an emission's
+ * float rows, bytes held ahead of their use), what makes way for the oldest work, the
+ * stuck rules that turn a wait that can never end into an error, and the explainer that
+ * composes those errors.  Its callers ask once each: the worker (ld_mem_may_read_locked,
+ * ld_mem_scratch_take_locked / _give, ld_mem_emit_take_locked: loader_worker.c), the
+ * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_head_stuck_locked /
+ * _fail: loader_place.c), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
+ * the task's byte count (ld_mem_count_task_locked).  Without max_memory every answer is
+ * yes.  This file is where the one ordered byte ledger (csrc/core/base/ledger.c, THE
+ * LOADER'S USE) replaces these gates: their callers already make one call each.
+ *
+ * THE BUDGET (max_memory).  The budget counts the pool's buffers (live: batches being
+ * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
+ * rows alike), the window's byte buffers (spares included; a remote video's first block
+ * and its preloaded packets, and the videos kept open from probe to decode, too:
+ * loader_video.c) and a fixed scratch reserve per worker.  What is held ahead of its use
+ * (those video bytes) is taken only with room left for the largest batch buffer asked for
+ * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
+ * buffer, later batches' samples close their kept videos and the spares are freed
+ * (retry_pending: only when it waits for room, not for its turn), so the next batch never
+ * waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits
+ * (cached buffers are freed first); otherwise the ticket waits (pending), and so do the
+ * tickets after it, and the planner retries as the consumer releases batches.  Workers
+ * start reading a sample only with room for the largest sample seen per read in flight.
+ * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
+ * get room while the consumer holds everything else and no sample is in flight (the
+ * message names the max_memory that would have held it): the batch of the needed ticket,
+ * the one holding the collator's next sample (the head, or the pack after an open head
+ * pack), looked at once placement went as far as it can (mem_stuck).  The head and the
+ * needed ticket hold room only for what comes before them, known exactly: the queued
+ * emissions and the head's own (ticket_hold); later tickets hold the largest expansion.
+ *
+ * DECODER SCRATCH under max_memory.  The per-worker reserve holds what stays mapped
+ * between images; an image whose decode maps more (a multi-scan JPEG's coefficients, a
+ * whole-image buffer: mml_vision_plan.scratch) makes its sample's scratch_need: it counts
+ * in "can it ever fit", its decode takes it before starting (scratch_extra while it runs)
+ * and it is held free meanwhile by tickets (the largest need placed up to them) and reads
+ * (the largest seen, and one batch buffer).  COMPACT under max_memory: tickets count
+ * uint8 rows, an emission takes what its float rows add (fneed; emit_extra), and other uses
+ * keep the largest expanded batch free less those expanded ahead (expand_hold).
+ *
+ * INVARIANTS (the tests that hold them)
+ *   A1. The pool never holds more than max_memory (tests/c/loader/test-loader-stress.c
+ *       S3; tests/test_memory.py's RSS tests).
+ *   A2. Admission never changes the batches: a capped epoch is bitwise the uncapped one
+ *       (test-loader-stress.c S2; tests/test_batch_digest.py).
+ *   A3. A wait that nothing can end is an MML_ENOMEM error naming the sample and the
+ *       max_memory that would hold it, never a hang (S1; tests/test_memory_stress.py).
+ *   A4. A sample that alone cannot fit is an error at its plan (ld_mem_check_sample;
+ *       tests/test_memory.py test_one_image_whose_scratch_cannot_fit_is_named).
+ *
+ * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loader_int.h"
+
+static ticket *tk_at(mml_loader *L, int64_t id) { return &L->tks[id % L->ntk]; }
+static task *slot_of(mml_loader *L, int64_t seq) { return &L->tasks[seq % L->window]; }
+
+/* Rows of plane p a sample has: its images' or its videos'. */
+static int64_t plane_rows(const mml_sample *s, int p) {
+  return p == PL_IMG ? s->pixel_rows : s->vpixel_rows;
+}
+
+/* The pixel_format that writes this loader's float rows directly ("float32-decode"). */
+static const char *decode_name(const mml_loader *L) {
+  return mml_pixels_name(L->cfg.pixels == MML_PIXELS_BFLOAT16 ? MML_PIXELS_BFLOAT16_DECODE
+                                                              : MML_PIXELS_FLOAT32_DECODE);
+}
+
+/* Nothing read, decoding, queued or emitting, and the consumer waiting in next(): no work
+ * in the engine can free room or use room held for it. */
+static int only_consumer_waits(const mml_loader *L) {
+  return !L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
+         L->pend_head == L->pend_tail;
+}
+
+/* The batch the consumer waits for needs no more reads: the head ticket's plan is final
+ * (the collator's next sample is in a later ticket) and that sample has its places, so
+ * only its decode is missing.  A read then is for a later batch, and taking the room the
+ * head's expansion needs (as a read for the waiting consumer may) raised OutOfMemoryError
+ * at its emission (MML_STRESS_SEED=1000).  Without its places (a pack sized once complete)
+ * the next reads may be what completes it (MML_STRESS_SEED=1035 hung when they waited). */
+static int head_final(mml_loader *L) {
+  if (!L->placing || L->tk_tail <= L->tk_head || ld_place_needed_ticket(L) <= L->tk_head) return 0;
+  const task *t = slot_of(L, L->head_seq);
+  return t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_PLANNED && t->tk >= 0 &&
+         ld_place_has_dests(t);
+}
+
+/* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
+ * rows at emission): the largest expanded batch (the next one: a batch the consumer holds
+ * is live already, in the pool's bytes; holding two here hung the loader when two did not
+ * fit beside the rest), less the expanded batches already live ahead of the consumer
+ * (ready, in the output queue or waiting for it; an emission running holds its grant,
+ * emit_extra). */
+static int64_t expand_hold(const mml_loader *L) {
+  if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
+  int64_t h = mml_round_2mib(L->fbytes_max);
+  for (int i = 0; i < L->out_count; i++) h -= (int64_t)ld_out_at(L, i)->fbytes;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_READY) h -= (int64_t)q->it.fbytes;
+  }
+  return h > 0 ? h : 0;
+}
+
+/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once). */
+static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
+  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
+  return f && f < (1 << 20) ? f : cap_rows * (int64_t)L->row_bytes[p];
+}
+
+/* The room ticket id's buffers leave free for earlier work: the scratch the decodes
+ * placed in it and the tickets before it will need, and room for an expansion.  For a
+ * later ticket that is the largest expanded batch so far (expand_hold); for the head
+ * ticket and the needed one (needed_ticket) what comes before them is known, and never
+ * more: the expansions of the batches queued for emission (fneed) and the head's own,
+ * its float rows beyond the pages its buffer has (as hand_off_locked counts fneed in
+ * loader_collator.c), from its rows once its plan is final (a later ticket is needed),
+ * else from the most rows its image buffer (`cap_rows` when that is the buffer asked
+ * for: plane p of the head) can take; the scratch and the expansion never at once.  The largest expanded batch -- a pack bound's
+ * float rows -- held against them hung the loader (MML_STRESS_SEED=1000: the next pack's
+ * video rows waited for room that the head, a small pack, could only use after them). */
+static int64_t pool_bytes(int64_t need);
+static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
+  const int64_t hold = ld_mem_scratch_hold_locked(L, id), eh = expand_hold(L);
+  const int64_t need_id = ld_place_needed_ticket(L);
+  if (!eh || (id != L->tk_head && id != need_id)) return hold + eh;
+  int64_t exact = 0;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) exact += pool_bytes((int64_t)q->fneed);
+  }
+  const tk_plane *q = &tk_at(L, L->tk_head)->pl[PL_IMG];
+  const int anew = id == L->tk_head && p == PL_IMG; /* its buffer is the one asked for */
+  int64_t rows = anew ? cap_rows : q->buf ? q->cap_rows : q->pending_rows;
+  if (need_id != L->tk_head || rows < q->rows) rows = q->rows; /* final, or no buffer yet */
+  const int64_t f = rows * (int64_t)L->expand_row_bytes;
+  int64_t add = f; /* a float buffer beside it, or in place: what its pages lack */
+  if (!anew && q->buf && (int64_t)mml_buf_capacity(q->buf) >= f)
+    add = (int64_t)q->buf->size < f ? f - (int64_t)q->buf->size : 0;
+  exact += pool_bytes(add);
+  if (exact > eh) exact = eh;
+  /* the scratch is given back (trimmed) when its decode ends, before the batch it is in can
+   * be handed off and expanded: one after the other, the larger of the two is kept free */
+  return hold > exact ? hold : exact;
+}
+
+/* max_memory room for `need` bytes of plane p (cap_rows rows) of ticket id's, beside what
+ * it leaves free for earlier work (ticket_hold). */
+static int ticket_room(mml_loader *L, int64_t id, int p, int64_t cap_rows, int64_t need) {
+  const int64_t hold = ticket_hold(L, id, p, cap_rows);
+  if (ld_mem_room_hold_locked(L, need, hold)) return 1;
+  if (!L->nspare) return 0;
+  ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
+  return ld_mem_room_hold_locked(L, need, hold);
+}
+
+int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn) {
+  ticket *k = tk_at(L, id);
+  if (p == PL_IMG && L->compact &&
+      (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
+    L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
+  int64_t all = 0; /* the ticket's buffers with this one (what bytes ahead leave room for) */
+  for (int r = 0; r < PLANES; r++)
+    all += (r == p                  ? cap_rows
+            : k->pl[r].buf          ? k->pl[r].cap_rows
+            : k->pl[r].pending_rows ? k->pl[r].pending_rows
+                                    : k->pl[r].rows) *
+           (int64_t)L->row_bytes[r];
+  if (all > L->batch_buf_peak) L->batch_buf_peak = all;
+  if (!turn || !ticket_room(L, id, p, cap_rows, ticket_bytes(L, p, cap_rows))) return 0;
+  if ((int64_t)((size_t)cap_rows * L->row_bytes[p]) > L->tk_bytes_max)
+    L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
+  return 1;
+}
+
+static int64_t scratch_bytes(const mml_loader *L);
+
+/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
+static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
+
+/* Bytes the planes of the tickets up to the needed one (the one the consumer's next batch
+ * waits on: needed_ticket) wait for. */
+static int64_t head_pending_bytes(mml_loader *L) {
+  int64_t n = 0;
+  for (int64_t id = L->tk_head, nt = ld_place_needed_ticket(L); id <= nt; id++)
+    for (int p = 0; p < PLANES; p++)
+      n += tk_at(L, id)->pl[p].pending_rows * (int64_t)L->row_bytes[p];
+  return n;
+}
+
+int ld_admit_make_way_locked(mml_loader *L) {
+  /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
+   * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
+  const int64_t spares = L->spare_bytes,
+                h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
+  const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
+                            (ld_place_has_buf(tk_at(L, h)) || !ld_place_turn_waits_locked(L, h));
+  if (short_of_room && spares) ld_bytes_free_spares(L);
+  return short_of_room && (ld_release_videos_ahead_locked(L) > 0 || spares);
+}
+
+/* The one out-of-memory explainer of the stuck rules (mem_stuck, a decode's scratch, an
+ * emission): `need` bytes of `what` for sample t (NULL: not one sample's) cannot be held
+ * beside what is live, split into the batches the consumer holds (the pool's live bytes
+ * less those below), the batches being built or emitted ahead of it (tickets' buffers,
+ * prefetched: not the consumer's), the samples read ahead and the workers' scratch;
+ * `fit` is the max_memory that would hold it, `hint` how to need less. */
+static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need, int64_t fit,
+                        const char *hint, mml_err *e) {
+  char where[1100] = "";
+  if (t) {
+    const mml_sample *s = &t->sample;
+    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where - 2);
+    strcat(where, ": ");
+  }
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  int64_t ahead = 0; /* buffers of batches not handed to the consumer yet */
+  for (int64_t id = L->tk_head; id <= L->tk_tail; id++)
+    for (int p = 0; p < PLANES; p++)
+      if (tk_at(L, id)->pl[p].buf) ahead += pool_bytes((int64_t)tk_at(L, id)->pl[p].buf->size);
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    for (int p = 0; p < PLANES && q->state == PEND_QUEUED; p++) {
+      const mml_buf *b = mml_collator_attached_pixels(L->colls[q->coll], p);
+      if (b && (p == PL_IMG || b != mml_collator_attached_pixels(L->colls[q->coll], PL_IMG)))
+        ahead += pool_bytes((int64_t)b->size);
+    }
+  }
+  if (ahead > (int64_t)live) ahead = (int64_t)live;
+  mml_err_set(e, MML_ENOMEM,
+              "%smax_memory=%lld cannot hold the %lld bytes of %s beside %lld bytes of batches "
+              "the consumer holds, %lld bytes of batches being built or emitted ahead of it "
+              "(prefetched), %lld bytes of samples read ahead and %lld bytes of %d workers' "
+              "decode scratch: max_memory >= %lld would hold it; %s",
+              where, (long long)L->cfg.max_memory, (long long)need, what,
+              (long long)((int64_t)live - ahead), (long long)ahead, (long long)L->win_bytes,
+              (long long)(scratch_bytes(L) + L->scratch_extra + L->emit_extra), L->cfg.num_threads,
+              (long long)fit, hint);
+}
+
+/* After placing (loader_place.c mem_stuck): the needed ticket still waits for room
+ * (retry_pending counted its failed tries), the consumer waits for its batch and holds
+ * everything else, and no sample is being read or planned.  Looked at only once placement
+ * went as far as it could (a sample placed after the retry may end the epoch, which sizes
+ * an open pack's buffers by its rows instead of its bound: MML_STRESS_SEED=1000). */
+int ld_admit_head_stuck_locked(mml_loader *L) {
+  if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
+    L->mem_head_fails = 0;
+  if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
+      L->pend_head != L->pend_tail || L->emitting || L->in_flight)
+    return 0;
+  return 1;
+}
+
+void ld_admit_head_fail_locked(mml_loader *L) {
+  /* the consumer waits for this batch and holds everything else, and no sample is being
+   * read or planned (one may still free bytes of its own: a remote video's first block
+   * at its probe): it cannot fit */
+  const int64_t nt = ld_place_needed_ticket(L);
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
+  const int64_t hold = ld_mem_scratch_hold_locked(L, nt);
+  const int64_t eh = ticket_hold(L, nt, -1, 0) - hold;
+  const int64_t s0 = tk_at(L, nt)->first_seq;
+  const task *t = slot_of(L, s0 > L->head_seq ? s0 : L->head_seq);
+  mem_explain(L, t->seq >= L->head_seq && t->gen == L->gen ? t : NULL,
+              "pixel_values(_videos) the batch the consumer waits for needs (in the pool's pages)",
+              need,
+              (int64_t)live + L->win_bytes + L->max_sample_bytes + scratch_bytes(L) +
+                  L->scratch_extra + L->emit_extra + hold + eh + need,
+              "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
+              "alive while it asks for the next (`del batch` at the end of the loop body "
+              "releases it)",
+              &e);
+  if (eh > 0) {
+    size_t n = strlen(e.msg);
+    snprintf(e.msg + n, sizeof e.msg - n,
+             " (%lld bytes are kept free for expanding compact uint8 rows into float rows: "
+             "pixel_format=\"%s\" writes float rows directly)",
+             (long long)eh, decode_name(L));
+  }
+  if (hold > 0) {
+    size_t n = strlen(e.msg);
+    snprintf(e.msg + n, sizeof e.msg - n,
+             " (the %lld bytes of decoder scratch its largest image needs are kept free beside "
+             "the %d workers' reserve of %lld)",
+             (long long)hold, L->cfg.num_threads,
+             (long long)L->cfg.num_threads * MML_SCRATCH_RESERVE);
+  }
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+}
+
+/* ---- reads, decoder scratch, emissions, the window's bytes ----------------------------- */
+
+static int64_t scratch_bytes(const mml_loader *L) {
+  return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
+}
+
+/* Encoded items a parsed task holds in imgs[]: images, frames, member videos. */
+static int media_items(const task *t) {
+  if (!t->rec_parsed) return 0;
+  return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
+}
+
+/* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
+ * those hold their grants) will take: kept free by every other use of the room, so that
+ * once the decodes running now end one of these can always start.  Samples placed later
+ * are held by their tickets' buffers' room (ticket_room), samples not placed yet by their
+ * reads' (ld_mem_may_read_locked counts what is placed). */
+int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto) {
+  if (!L->cfg.max_memory || !L->scratch_max) return 0;
+  int64_t hold = 0;
+  const int64_t end = upto == INT64_MAX ? L->next_seq : L->place_seq;
+  for (int64_t s = L->head_seq; s < end; s++) {
+    const task *t = slot_of(L, s);
+    if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
+        (upto == INT64_MAX || (t->tk >= 0 && t->tk <= upto)) && t->scratch_need > hold)
+      hold = t->scratch_need;
+  }
+  return hold;
+}
+
+int ld_mem_room_locked(mml_loader *L, int64_t need) {
+  return ld_mem_room_hold_locked(L, need,
+                                 ld_mem_scratch_hold_locked(L, INT64_MAX) + expand_hold(L));
+}
+
+int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
+  if (!L->cfg.max_memory) return 1;
+  need = pool_bytes(need);
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  int64_t fixed =
+      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + hold;
+  if (fixed + need > L->cfg.max_memory) return 0;
+  int64_t keep = L->cfg.max_memory - fixed - need;
+  if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
+  return (int64_t)cached <= keep;
+}
+
+int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
+  if (!L->cfg.max_memory) return 1;
+  int64_t next = L->batch_buf_peak > own_batch ? L->batch_buf_peak : own_batch;
+  return ld_mem_room_locked(L, bytes + pool_bytes(next));
+}
+
+/* The read the consumer's batch may need (only_consumer_waits, not head_final): room for
+ * one sample beside what is live, caches (spare byte buffers, videos kept open ahead)
+ * freed first.  When it cannot fit and nothing else can free room or use it -- no ticket
+ * waits for room (mem_stuck's rule: mem_blocked), no decode is queued, every sample read
+ * is placed -- 20 looks in a row (5 ms apart) mean it never will: an error naming what is
+ * held.  Without it a packed epoch hung here: the head pack's samples all taken, the
+ * sample that ends it planned into the next pack, which gets a buffer only once complete
+ * (its bound above a quarter of the cap), and no read fitting beside the head pack's
+ * buffer (tests/c/loader/test-loader-stress.c loader_max_memory_stuck_read_ends). */
+static int read_room_or_stuck(mml_loader *L, int64_t est) {
+  if (ld_mem_room_hold_locked(L, est, 0)) {
+    L->read_stuck = 0;
+    return 1;
+  }
+  if (L->nspare) ld_bytes_free_spares(L);
+  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0)) {
+    L->read_stuck = 0;
+    return ld_mem_room_hold_locked(L, est, 0);
+  }
+  if (L->mem_blocked || L->dec_head || L->place_seq < L->next_seq || L->fatal) {
+    L->read_stuck = 0;
+    return 0;
+  }
+  if (++L->read_stuck < 20) return 0;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  const task *t = slot_of(L, L->head_seq);
+  mml_err e;
+  mem_explain(
+      L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
+      "the next sample to read, which the batch the consumer waits for may need", est,
+      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + est,
+      "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
+      "alive while it asks for the next (`del batch` at the end of the loop body "
+      "releases it)",
+      &e);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return 0;
+}
+
+int ld_mem_may_read_locked(mml_loader *L) {
+  if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
+  int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
+  /* Nothing read, decoding, queued or emitting and the consumer waiting: no earlier work
+   * can use the room held below, and the batch it waits for may need this sample (holding
+   * it back hung the loader when two large batches did not fit beside the rest); the
+   * steps after the read still check the cap and name what cannot fit. */
+  if (only_consumer_waits(L) && !head_final(L)) return read_room_or_stuck(L, est);
+  L->read_stuck = 0;
+  /* Once samples need scratch: beside the most one has needed (the one read may need as
+   * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
+   * built; a batch the consumer holds is live already): samples read ahead must not take
+   * the room that the batches before them need, as they can only be decoded after those. */
+  int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
+  if (hold < L->scratch_max) hold = L->scratch_max;
+  const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
+  if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
+  const int64_t tk = mml_round_2mib(L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max);
+  int64_t eh = expand_hold(L); /* before any batch: a sample's expanded rows */
+  if (L->compact && !L->fbytes_max) eh = mml_round_2mib(L->pxf_max);
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + tk, hold + eh);
+}
+
+/* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
+ * or when they decode in a few rows): the most of their plans' (one decodes at a time). */
+static int64_t scratch_need(const mml_loader *L, const task *t, int *which) {
+  int64_t need = 0;
+  if (which) *which = -1;
+  if (!L->cfg.max_memory || !t->rec_parsed) return 0;
+  for (int i = 0; i < t->rec.nimages && i < t->imgs_cap; i++)
+    if (t->plans[i].scratch > need) {
+      need = t->plans[i].scratch;
+      if (which) *which = i;
+    }
+  return need;
+}
+
+mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
+  if (!L->cfg.max_memory) return MML_OK;
+  int64_t enc = (int64_t)t->rec_bytes.len, px = 0;
+  for (int p = 0; p < PLANES; p++) px += plane_rows(&t->sample, p) * (int64_t)L->row_bytes[p];
+  if (L->compact) /* its expansion: the uint8 rows and the float rows at once */
+    px += t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
+  for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
+  int img = -1;
+  t->scratch_need = scratch_need(L, t, &img); /* L->scratch_max: finish_task_locked */
+  int64_t room = L->cfg.max_memory - scratch_bytes(L);
+  if (px + enc + t->scratch_need <= room) return MML_OK;
+  if (t->scratch_need > 0) {
+    const mml_vision_plan *pl = &t->plans[img];
+    return mml_err_set(
+        err, MML_ENOMEM,
+        "the sample needs %lld bytes of pixel_values(_videos), %lld encoded bytes and %lld bytes "
+        "of decoder scratch (image %d, a %dx%d %s), more than the %lld bytes max_memory=%lld "
+        "leaves beside %d workers' scratch reserve",
+        (long long)px, (long long)enc, (long long)t->scratch_need, img, pl->src_w, pl->src_h,
+        mml_image_format_name(pl->format), (long long)room, (long long)L->cfg.max_memory,
+        L->cfg.num_threads);
+  }
+  return mml_err_set(err, MML_ENOMEM,
+                     "the sample needs %lld bytes of pixel_values(_videos) and %lld encoded "
+                     "bytes, more "
+                     "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
+                     (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
+                     L->cfg.num_threads);
+}
+
+int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
+  if (!L->cfg.max_memory || t->scratch_need <= 0) return 1;
+  if (L->fatal) return 0;
+  /* the room held for the decodes placed is theirs: this one's among them */
+  int ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+  if (!ok && L->nspare) { /* spare image buffers are only a speed-up */
+    ld_bytes_free_spares(L);
+    ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+  }
+  if (ok) {
+    t->scratch_granted = t->scratch_need;
+    L->scratch_extra += t->scratch_granted;
+    L->scratch_stuck = 0;
+    return 1;
+  }
+  /* Room comes back as decodes end and the consumer releases batches; with none running,
+   * nothing read or planned and the consumer waiting in next() for nothing ready, 20 looks
+   * in a row (5 ms apart) mean it cannot fit (not expected: the room is held for it). */
+  if (!only_consumer_waits(L)) {
+    L->scratch_stuck = 0;
+    return 0;
+  }
+  if (++L->scratch_stuck < 20) return 0;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  mem_explain(L, t, "decoder scratch its image needs", t->scratch_need,
+              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
+                  t->scratch_need,
+              "release earlier batches", &e);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return 0;
+}
+
+int64_t ld_mem_emit_take_locked(mml_loader *L) {
+  if (!L->compact || !L->cfg.max_memory) return 0;
+  if (L->fatal) return -1;
+  int64_t need = -1; /* the oldest queued batch's, which ld_emit_job_locked emits */
+  for (int64_t k = L->pend_head; k < L->pend_tail && need < 0; k++) {
+    const pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) need = (int64_t)q->fneed; /* in place: F - U bytes more */
+  }
+  if (need <= 0) return 0;
+  int ok = ld_mem_room_hold_locked(L, need, 0);
+  if (!ok && (L->nspare || L->video_open_bytes || L->video_held)) {
+    /* caches make way for the oldest work before it waits, as for the head ticket
+     * (retry_pending): the spare byte buffers, and the bytes later samples hold ahead of
+     * their decode (their decodes read them again) */
+    ld_bytes_free_spares(L);
+    ld_release_videos_ahead_locked(L);
+    ok = ld_mem_room_hold_locked(L, need, 0);
+  }
+  if (ok) {
+    L->emit_extra += need;
+    L->emit_stuck = 0;
+    return need;
+  }
+  /* As for a decode's scratch: nothing else can free room and the consumer waits. */
+  if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count || L->emitting) {
+    L->emit_stuck = 0;
+    return -1;
+  }
+  if (++L->emit_stuck < 20) return -1;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  char hint[96];
+  snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
+           decode_name(L));
+  mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
+              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
+                  pool_bytes(need),
+              hint, &e);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  return -1;
+}
+
+void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
+  L->scratch_extra -= t->scratch_granted;
+  t->scratch_granted = 0;
+}
+
+void ld_mem_count_task_locked(mml_loader *L, task *t) {
+  int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
+  for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
+  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap) + vheld;
+  int64_t used = (int64_t)t->rec_bytes.len + vheld;
+  for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
+  if (t->rec_parsed)
+    for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
+  L->win_bytes += held - t->held;
+  t->held = held;
+  if (used > L->max_sample_bytes) L->max_sample_bytes = used;
+}
