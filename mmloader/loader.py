@@ -601,6 +601,7 @@ class Loader:
         video_max_frames: Optional[int] = _D["video_max_frames"],
         data_flatten: bool = _D["data_flatten"],
         data_packing: bool = _D["data_packing"],
+        dataloader_drop_last: bool = _D["dataloader_drop_last"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -785,6 +786,14 @@ class Loader:
             self.samples_per_rank = plan["rank_samples"]
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
+        try:
+            qft = all(s["recipe"] == recipes.QWEN_VL_FINETUNE for s in sources or [opts])
+            recipes.check_last_batch(
+                qft, bool(dataloader_drop_last), self.samples_per_rank, self._mbs, bool(cycle)
+            )
+        except ConfigError:
+            self._c.close()
+            raise
         # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
             "data": info["data_hash"],

@@ -45,7 +45,7 @@ See docs/recipes.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ._core import ConfigError
 
@@ -179,6 +179,32 @@ def check_flatten(where: str, recipe: str, on: bool, name: str = "data_flatten")
         raise ConfigError(
             f"{where}{name} is a qwen-vl-finetune setting (Qwen's {what}): it "
             f"needs recipe={QWEN_VL_FINETUNE!r}, got recipe={recipe!r}"
+        )
+
+
+def check_last_batch(
+    qft: bool, drop_last: bool, samples_per_rank: int, mbs: Optional[int], cycle: bool
+) -> None:
+    """Qwen's Trainer keeps an epoch's last partial batch (Hugging Face's
+    dataloader_drop_last=False); mmloader's epochs end at the last full batch.  Under the
+    recipe an epoch with such a tail is refused unless dataloader_drop_last=True says to
+    train without it (docs/recipes.md: the epoch's last partial batch)."""
+    if drop_last and not qft:
+        raise ConfigError(
+            "dataloader_drop_last is a qwen-vl-finetune setting (its Hugging Face Trainer's "
+            f"last partial batch): it needs recipe={QWEN_VL_FINETUNE!r} (every source's)"
+        )
+    if not qft or drop_last or cycle or not mbs:
+        return
+    tail = samples_per_rank % mbs
+    if tail:
+        raise ConfigError(
+            f"recipe={QWEN_VL_FINETUNE!r}: each rank's epoch of {samples_per_rank} samples "
+            f"leaves {tail} after its last full batch of micro_batch_size={mbs}; Qwen's "
+            "Trainer (dataloader_drop_last=False, the Hugging Face default) trains them as a "
+            "last partial batch, which mmloader's epochs never hold.  Pass "
+            "dataloader_drop_last=True to train without them (as its --dataloader_drop_last "
+            "True does), or give a micro_batch_size that divides the epoch"
         )
 
 

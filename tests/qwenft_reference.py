@@ -958,6 +958,36 @@ def flattened(job, proc, args, recs, out):
     out["batches"] = np.array(nb)
 
 
+def padded(job, proc, args, recs, out):
+    """The padded batches its Trainer gets without data_flatten / data_packing: _get_item per
+    record, in file order, every job["padded"] of them through DataCollatorForSupervisedDataset
+    built as make_supervised_data_module builds it, on processor.tokenizer (whose
+    model_max_length is the tokenizer folder's, as its AutoProcessor.from_pretrained leaves
+    it: train_qwen.py gives training_args.model_max_length only to the Trainer's own
+    tokenizer): batch b's tensors as b{b}_{key}.  The last partial batch is kept when
+    job["keep_last"] (its Trainer's dataloader_drop_last=False)."""
+    import numpy as np
+
+    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
+    ds.processor = proc
+    ds.tokenizer = proc.tokenizer
+    ds.data_args = args
+    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
+    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    collator = DataCollatorForSupervisedDataset(proc.tokenizer)
+    mbs = job["padded"]
+    for rec in recs:
+        rec["data_path"] = job["data_path"]  # LazySupervisedDataset.__init__
+    nb = (len(recs) + (mbs - 1 if job.get("keep_last") else 0)) // mbs
+    for b in range(nb):
+        batch = collator([ds._get_item([rec]) for rec in recs[b * mbs : (b + 1) * mbs]])
+        for k, v in batch.items():
+            if v is not None:
+                out[f"b{b}_{k}"] = v.numpy()
+    out["batches"] = np.array(nb)
+    out["model_max_length"] = np.array(proc.tokenizer.model_max_length)
+
+
 def packed(job, proc, args, entries, out):
     """data_packing=True: each entry of its packed annotation file (a list of records, or
     one record) as LazySupervisedDataset reads it (__init__ sets each record's data_path,
@@ -1062,6 +1092,10 @@ def run(job):
     out = {}
     if job.get("flatten"):
         flattened(job, proc, args, recs, out)
+        np.savez(job["out"], **out)
+        return
+    if job.get("padded"):
+        padded(job, proc, args, recs, out)
         np.savez(job["out"], **out)
         return
     if job.get("packed"):

@@ -576,12 +576,12 @@ def test_video_settings_per_source(cache, clip_dir):
 
 
 def _ours_flat(path, root, preset, mbs, **kw):
+    kw.setdefault("data_flatten", True)
     loader = mmloader.Loader(
         path,
         preset=preset,
         tokenizer=TOKENIZER,
         recipe="qwen-vl-finetune",
-        data_flatten=True,
         image_root=root,
         shuffle=False,
         micro_batch_size=mbs,
@@ -833,7 +833,7 @@ def test_packing_photos_packed_by_its_tool(cache, tmp_path, preset):
     entries = json.load(open(packs))
     assert len(entries) >= 4 and max(len(e) for e in entries) > 2
     ref = reference(cache, packs, folder, preset, packed=2)
-    keys = _compare_flat(ref, _ours_packed(packs, folder, preset, 2))
+    keys = _compare_flat(ref, _ours_packed(packs, folder, preset, 2, dataloader_drop_last=True))
     assert {"pixel_values", "image_grid_thw"} <= keys
     assert max(_records_per_batch(ref)) > 3
 
@@ -854,13 +854,14 @@ def _mixed_packs(folder, path):
 @pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
 def test_packing_mixed_packs(cache, mixed_dir, preset):
     """Packs mixing images, videos and text-only records, and plain records among them:
-    batches of 2 entries (3 batches; the 7th entry is the epoch's partial tail): ids,
+    batches of 2 entries (3 batches; the 7th entry is the epoch's partial tail, left out
+    with dataloader_drop_last=True on both sides): ids,
     labels, every M-RoPE row restarting at each record, attention_mask with one entry per
     record, pixels and grids of images and videos."""
     folder, path = mixed_dir
     packs, _ = _mixed_packs(folder, path)
     ref = reference(cache, packs, folder, preset, packed=2)
-    mine = _ours_packed(packs, folder, preset, 2)
+    mine = _ours_packed(packs, folder, preset, 2, dataloader_drop_last=True)
     keys = _compare_flat(ref, mine)
     assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"} <= keys
     assert _records_per_batch(ref) == [3, 4, 3]
@@ -968,3 +969,86 @@ def test_packing_settings_are_checked(tmp_path):
         opts = dict(kw, recipe="qwen-vl-finetune", on_error="raise", data_packing=packing)
         with pytest.raises(mmloader.Error, match=match):
             list(mmloader.Loader(p, **opts))
+
+
+# ---- padded batches: its DataCollatorForSupervisedDataset (position_ids padded with 1) ---
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_padded_batches_with_its_positions(cache, mixed_dir, preset):
+    """Padded batches of 3 of the 12 mixed records (photos, text, the ffmpeg clips, an image
+    with a video) against its padded collator: ids (padded with <|endoftext|>), labels,
+    position_ids [3, B, L] by its rope2d.py with padding positions 1 (mrope=True),
+    pixels and grids bitwise; attention_mask its values (its collator's is bool, mmloader's
+    int64: the same mask to the model).  Its collator cuts at processor.tokenizer's
+    model_max_length, which its train_qwen.py never sets (the tokenizer folder's 131072):
+    model_max_length=131072 here."""
+    folder, path = mixed_dir
+    ref = reference(cache, path, folder, preset, padded=3)
+    assert int(ref["model_max_length"]) == 131072
+    mine = _ours_flat(
+        path, folder, preset, 3, data_flatten=False, mrope=True, model_max_length=131072
+    )
+    nb = int(ref["batches"])
+    assert nb == 4 and len(mine) == nb
+    padding_seen = False
+    for b, got in enumerate(mine):
+        want = {k.split("_", 1)[1]: v for k, v in ref.items() if k.startswith(f"b{b}_")}
+        assert set(want) <= set(got), (b, sorted(set(want) - set(got)))
+        assert set(got) - set(want) <= {"second_per_grid_ts", "rope_deltas"}, b
+        for k, v in want.items():
+            if k == "attention_mask":
+                assert v.dtype == np.bool_ and np.array_equal(got[k].astype(bool), v), b
+                continue
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (b, k, got[k].shape)
+            assert np.array_equal(got[k], v), (b, k)
+        pad = ~want["attention_mask"]
+        padding_seen |= bool(pad.any())
+        assert (got["position_ids"][:, pad] == 1).all()  # its pad_and_cat's 1, not 0
+    assert padding_seen
+
+
+def test_padded_positions_one_rule_per_loader():
+    """mrope=True in padded batches: a mixture of qwen-vl-finetune and other sources would
+    mix its rope2d.py positions with transformers': refused."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    src = [
+        mmloader.Source(f, name="qft", recipe="qwen-vl-finetune", image_root=DEMO),
+        mmloader.Source(f, name="hf", image_root=DEMO),
+    ]
+    kw = dict(preset="qwen2.5-vl", tokenizer=TOKENIZER, micro_batch_size=1)
+    with pytest.raises(mmloader.ConfigError, match="would mix the two rules"):
+        mmloader.Loader(src, mrope=True, **kw)
+    mmloader.Loader(src, mrope=False, **kw).close()
+
+
+def test_last_partial_batch_is_refused_or_dropped_as_asked(cache):
+    """Its Trainer keeps an epoch's last partial batch (dataloader_drop_last=False, the
+    Hugging Face default): its padded collator over its 3 demo records in batches of 2
+    gives a second batch of one row.  mmloader's epochs end at the last full batch, so
+    under the recipe such an epoch is a ConfigError naming the samples left; with
+    dataloader_drop_last=True its first batch is the only one, equal to Qwen's first."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    ref = reference(cache, f, DEMO, "qwen2.5-vl", padded=2, keep_last=True)
+    assert int(ref["batches"]) == 2 and ref["b1_input_ids"].shape[0] == 1  # its partial batch
+    kw = dict(
+        preset="qwen2.5-vl", tokenizer=TOKENIZER, recipe="qwen-vl-finetune", image_root=DEMO,
+        micro_batch_size=2, shuffle=False, mrope=True, model_max_length=131072,
+        text_only_vision="omit", num_threads=2,
+    )  # fmt: skip
+    with pytest.raises(mmloader.ConfigError, match=r"3 samples leaves 1 after its last full"):
+        mmloader.Loader(f, **kw)
+    with pytest.raises(mmloader.ConfigError, match=r"dataloader_drop_last=True"):
+        mmloader.Loader(f, **kw)
+    got = [as_np(b) for b in mmloader.Loader(f, dataloader_drop_last=True, **kw)]
+    assert len(got) == 1
+    for k in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw"):
+        assert np.array_equal(got[0][k], ref[f"b0_{k}"]), k
+    # the tail is per rank: 3 samples over 2 ranks are 1 each, in batches of 1: none left
+    mmloader.Loader(f, **dict(kw, micro_batch_size=1, dp_rank=0, dp_size=2)).close()
+    # a setting of the recipe only
+    with pytest.raises(mmloader.ConfigError, match="dataloader_drop_last is a qwen-vl-finetune"):
+        mmloader.Loader(
+            f, dataloader_drop_last=True, preset="qwen2.5-vl", tokenizer=TOKENIZER,
+            micro_batch_size=1,
+        )  # fmt: skip

@@ -18,6 +18,8 @@
  *     exactly as padded ones (micro_batch_size samples, the mml_compose_* rule unchanged)
  *     and only laid out differently at emit: one row of the samples back to back, so a
  *     flattened stream holds the same samples in the same batches as the padded one.
+ *   - cfg.rope2d (recipe="qwen-vl-finetune", padded rows): M-RoPE positions as Qwen's padded
+ *     collator has them, its rope2d.py rule and padding positions 1 (mml/collate.h).
  *   - A sample that is a pack of records (Qwen's data_packing, mml/sample.h subs) is one
  *     sample to composition; only a flattened emit looks inside it: each record gets its
  *     own attention_mask entry and M-RoPE positions from 0, exactly as if its records had
@@ -68,7 +70,7 @@ static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s)
       .second_per_grid = cfg->second_per_grid ? (const float *)s->vsecs.data : NULL,
       .tokens_per_second = MML_QWEN25_TOKENS_PER_SECOND,
       .split_frames = cfg->split_video_frames,
-      .legacy_advance = cfg->flatten, /* Qwen's own rope2d.py (mml/collate.h) */
+      .legacy_advance = cfg->flatten || cfg->rope2d, /* Qwen's own rope2d.py (mml/collate.h) */
       .image_pad_id = cfg->image_pad_id,
       .video_pad_id = s->nvideos ? cfg->video_pad_id : -1}; /* (0 in a zeroed cfg is a token) */
 }
@@ -460,7 +462,10 @@ static mml_status emit_mrope(emit_ctx *e) {
   mml_status st;
   int64_t *pos = emit_tensor(e, e->k->position_ids, MML_DT_INT64, 3, DIMS(rows, e->B, e->L), &st);
   if (!pos) return st;
-  memset(pos, 0, (size_t)(rows * e->BL) * sizeof(int64_t));
+  if (cfg->rope2d && !e->pack && !e->flat) /* Qwen's pad_and_cat pads positions with 1 */
+    for (int64_t j = 0; j < rows * e->BL; j++) pos[j] = 1;
+  else
+    memset(pos, 0, (size_t)(rows * e->BL) * sizeof(int64_t));
   if (rows == 4) {
     text_positions(pos, e->n, e->start, e->slot, e->end, e->L);
     pos += e->BL;

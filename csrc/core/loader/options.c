@@ -227,6 +227,12 @@ static const mml_option k_options[] = {
      "micro_batch_size packs, their records back to back, attention_mask the cumulative "
      "lengths of the records, position_ids restarting at each record.  A plain record is a "
      "pack of one.  max_length and max_images_per_sample bound the whole pack."},
+    {"dataloader_drop_last", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY,
+     "qwen-vl-finetune: the Hugging Face TrainingArguments name. Its Trainer's default "
+     "(False) trains an epoch's last partial batch, which mmloader's epochs never hold (they "
+     "end at the last full batch): under the recipe a Loader whose epoch leaves samples after "
+     "the last full batch is a ConfigError naming them, unless dataloader_drop_last=True "
+     "(what its --dataloader_drop_last True trains).  recipe=\"qwen-vl-finetune\" only."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */

@@ -555,6 +555,38 @@ TEST(flattened_packs) {
   mml_pool_close(pool);
 }
 
+/* cfg.rope2d (recipe="qwen-vl-finetune", padded rows): padding positions are 1 in every
+ * M-RoPE row, as its pad_and_cat pads them; 0 without it (collate.c design). */
+TEST(rope2d_padded_positions) {
+  mml_pool *pool = new_pool();
+  for (int rope2d = 0; rope2d < 2; rope2d++) {
+    mml_collate_cfg cfg = base_cfg();
+    cfg.seq_length = 0; /* the longest row: 8 */
+    cfg.mrope = 1;
+    cfg.rope2d = rope2d;
+    mml_collator *c = NULL;
+    mml_err err = {0};
+    CHECK_OK(mml_collator_new(&cfg, pool, &c, &err), err);
+    mml_sample s = {0};
+    make_image(&s, 1, 1, 1, 4, 4, 1, 6); /* 8 tokens */
+    CHECK_OK(mml_collator_add(c, &s, &err), err);
+    make_text(&s, 2, 5, 100);
+    CHECK_OK(mml_collator_add(c, &s, &err), err);
+    mml_batch b = {0};
+    CHECK_OK(mml_collator_emit(c, &b, &err), err);
+    CHECK(shape_is(&b, "position_ids", 3, 3, 2, 8, 0));
+    const int64_t *pos = I64(&b, "position_ids");
+    for (int r = 0; r < 3; r++) {
+      for (int j = 0; j < 5; j++) CHECK_EQ_INT(pos[r * 16 + 8 + j], j);      /* row 1's text */
+      for (int j = 5; j < 8; j++) CHECK_EQ_INT(pos[r * 16 + 8 + j], rope2d); /* its padding */
+    }
+    mml_batch_clear(&b);
+    mml_sample_free(&s);
+    mml_collator_free(c);
+  }
+  mml_pool_close(pool);
+}
+
 TEST(config_errors) {
   mml_pool *pool = new_pool();
   mml_collator *c = NULL;
