@@ -27,6 +27,13 @@ batch's samples back to back into one row with their cumulative lengths as the
 attention_mask, and cuts nothing (``model_max_length`` is then refused, not ignored); the
 engine's collator lays the batch out so (csrc/core/batch/collate.c).
 
+``data_packing=True`` (loader-wide) follows its ``DataArguments.data_packing``: an entry of
+its packed annotation files (``tools/pack_data.py``) is a list of records, which its
+``_get_packed_item`` makes record by record and concatenates; here such a list is one
+sample (sampled, sharded, skipped and resumed as a unit), each record made as on its own,
+and batches are the flattened collator's (``data_flatten`` is implied, as its
+``make_supervised_data_module`` picks that collator for either switch).
+
 ``video_fps``, ``video_min_pixels`` and ``video_max_pixels`` are named alike by both
 frameworks: one setting each, which either recipe reads with its own framework's default
 (``SHARED_SETTINGS``); the others belong to one recipe.
@@ -165,11 +172,12 @@ def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default
         )
 
 
-def check_flatten(where: str, recipe: str, data_flatten: bool) -> None:
-    """data_flatten is Qwen's fine-tuning code's switch: its recipe only."""
-    if data_flatten and recipe != QWEN_VL_FINETUNE:
+def check_flatten(where: str, recipe: str, on: bool, name: str = "data_flatten") -> None:
+    """data_flatten and data_packing are Qwen's fine-tuning code's switches: its recipe only."""
+    if on and recipe != QWEN_VL_FINETUNE:
+        what = "flattened collator" if name == "data_flatten" else "packed annotation files"
         raise ConfigError(
-            f"{where}data_flatten is a qwen-vl-finetune setting (Qwen's flattened collator): it "
+            f"{where}{name} is a qwen-vl-finetune setting (Qwen's {what}): it "
             f"needs recipe={QWEN_VL_FINETUNE!r}, got recipe={recipe!r}"
         )
 
