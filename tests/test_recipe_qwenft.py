@@ -816,7 +816,19 @@ def test_packing_demo_packed_by_its_tool(cache, preset):
         ref = reference(cache, packs, DEMO, preset, packed=mbs)
         keys = _compare_flat(ref, _ours_packed(packs, DEMO, preset, mbs))
         assert {"input_ids", "labels", "position_ids", "attention_mask", "pixel_values"} <= keys
-    assert sorted(_records_per_batch(reference(cache, packs, DEMO, preset, packed=1))) == [1, 2]
+    ref = reference(cache, packs, DEMO, preset, packed=1)
+    assert sorted(_records_per_batch(ref)) == [1, 2]
+    # the global plan (its planning pass measures packs) and the adapter a Trainer takes
+    _compare_flat(ref, _ours_packed(packs, DEMO, preset, 1, global_plan=True))
+    if importlib.util.find_spec("torch") is not None:
+        import mmloader.torch
+
+        tl = mmloader.torch.Loader(
+            packs, preset=preset, tokenizer=TOKENIZER, recipe="qwen-vl-finetune",
+            data_packing=True, image_root=DEMO, shuffle=False, micro_batch_size=1,
+            mm_token_type_ids=False,
+        )  # fmt: skip
+        _compare_flat(ref, [{k: v.numpy() for k, v in b.items()} for b in tl])
 
 
 @pytest.mark.parametrize("preset", ["qwen2.5-vl", pytest.param("qwen3-vl", marks=pytest.mark.slow)])
