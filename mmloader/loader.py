@@ -54,8 +54,8 @@ _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 # The global plan's options: left out of the fingerprint when off.
 _PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
 # Options left out of the fingerprint when off, so that a state saved before they existed
-# still loads: the global plan's and data_flatten.
-_OFF_KEYS = _PLAN_KEYS + ("data_flatten",)
+# still loads: the global plan's, data_flatten and data_packing.
+_OFF_KEYS = _PLAN_KEYS + ("data_flatten", "data_packing")
 # Fingerprint keys a global plan may resume across (elastic resume at the global count).
 _ELASTIC_KEYS = (
     "dp_rank",
@@ -600,6 +600,8 @@ class Loader:
         video_min_frames: Optional[int] = _D["video_min_frames"],
         video_max_frames: Optional[int] = _D["video_max_frames"],
         data_flatten: bool = _D["data_flatten"],
+        data_packing: bool = _D["data_packing"],
+        dataloader_drop_last: bool = _D["dataloader_drop_last"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -687,6 +689,10 @@ class Loader:
         recipes.check_video_prompt("", recipe, qwen3_video_prompt, _D["qwen3_video_prompt"])
         # data_flatten: every source's recipe is checked (a mixture's loader-wide recipe
         # may be another, its sources' their own)
+        if data_packing:  # its make_supervised_data_module: the flattened collator
+            if mix is None:  # (a mixture's sources: each one's recipe, as data_flatten)
+                recipes.check_flatten("", recipe, True, "data_packing")
+            data_flatten = opts["data_flatten"] = True
         flat = bool(data_flatten) and (mix is None or recipe == recipes.QWEN_VL_FINETUNE)
         opts.update(
             recipes.resolve(
@@ -780,6 +786,14 @@ class Loader:
             self.samples_per_rank = plan["rank_samples"]
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
+        try:
+            qft = all(s["recipe"] == recipes.QWEN_VL_FINETUNE for s in sources or [opts])
+            recipes.check_last_batch(
+                qft, bool(dataloader_drop_last), self.samples_per_rank, self._mbs, bool(cycle)
+            )
+        except ConfigError:
+            self._c.close()
+            raise
         # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
             "data": info["data_hash"],

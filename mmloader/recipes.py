@@ -27,6 +27,13 @@ batch's samples back to back into one row with their cumulative lengths as the
 attention_mask, and cuts nothing (``model_max_length`` is then refused, not ignored); the
 engine's collator lays the batch out so (csrc/core/batch/collate.c).
 
+``data_packing=True`` (loader-wide) follows its ``DataArguments.data_packing``: an entry of
+its packed annotation files (``tools/pack_data.py``) is a list of records, which its
+``_get_packed_item`` makes record by record and concatenates; here such a list is one
+sample (sampled, sharded, skipped and resumed as a unit), each record made as on its own,
+and batches are the flattened collator's (``data_flatten`` is implied, as its
+``make_supervised_data_module`` picks that collator for either switch).
+
 ``video_fps``, ``video_min_pixels`` and ``video_max_pixels`` are named alike by both
 frameworks: one setting each, which either recipe reads with its own framework's default
 (``SHARED_SETTINGS``); the others belong to one recipe.
@@ -38,7 +45,7 @@ See docs/recipes.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ._core import ConfigError
 
@@ -165,12 +172,39 @@ def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default
         )
 
 
-def check_flatten(where: str, recipe: str, data_flatten: bool) -> None:
-    """data_flatten is Qwen's fine-tuning code's switch: its recipe only."""
-    if data_flatten and recipe != QWEN_VL_FINETUNE:
+def check_flatten(where: str, recipe: str, on: bool, name: str = "data_flatten") -> None:
+    """data_flatten and data_packing are Qwen's fine-tuning code's switches: its recipe only."""
+    if on and recipe != QWEN_VL_FINETUNE:
+        what = "flattened collator" if name == "data_flatten" else "packed annotation files"
         raise ConfigError(
-            f"{where}data_flatten is a qwen-vl-finetune setting (Qwen's flattened collator): it "
+            f"{where}{name} is a qwen-vl-finetune setting (Qwen's {what}): it "
             f"needs recipe={QWEN_VL_FINETUNE!r}, got recipe={recipe!r}"
+        )
+
+
+def check_last_batch(
+    qft: bool, drop_last: bool, samples_per_rank: int, mbs: Optional[int], cycle: bool
+) -> None:
+    """Qwen's Trainer keeps an epoch's last partial batch (Hugging Face's
+    dataloader_drop_last=False); mmloader's epochs end at the last full batch.  Under the
+    recipe an epoch with such a tail is refused unless dataloader_drop_last=True says to
+    train without it (docs/recipes.md: the epoch's last partial batch)."""
+    if drop_last and not qft:
+        raise ConfigError(
+            "dataloader_drop_last is a qwen-vl-finetune setting (its Hugging Face Trainer's "
+            f"last partial batch): it needs recipe={QWEN_VL_FINETUNE!r} (every source's)"
+        )
+    if not qft or drop_last or cycle or not mbs:
+        return
+    tail = samples_per_rank % mbs
+    if tail:
+        raise ConfigError(
+            f"recipe={QWEN_VL_FINETUNE!r}: each rank's epoch of {samples_per_rank} samples "
+            f"leaves {tail} after its last full batch of micro_batch_size={mbs}; Qwen's "
+            "Trainer (dataloader_drop_last=False, the Hugging Face default) trains them as a "
+            "last partial batch, which mmloader's epochs never hold.  Pass "
+            "dataloader_drop_last=True to train without them (as its --dataloader_drop_last "
+            "True does), or give a micro_batch_size that divides the epoch"
         )
 
 
