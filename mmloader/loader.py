@@ -197,6 +197,7 @@ def _resolve_source(
         {k: ov.get(k, base[k]) for k in recipes.RECIPE_SETTINGS},
         label_mode,
         base["data_flatten"],
+        base["tokenizer_max"],
     )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
@@ -329,6 +330,22 @@ def _parse_device(device: Any) -> int:
             )
         return index
     raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _tokenizer_max(tokenizer: Any, model_dir: Optional[str]) -> Tuple[bool, Optional[int]]:
+    """(known, value) of the checkpoint tokenizer's model_max_length: model_dir's (where
+    Qwen's train_qwen.py loads its processor from), else the tokenizer file's folder."""
+    from .tokenizer import TOKENIZER_NAMES
+
+    if model_dir is not None:
+        folder: Optional[str] = os.fspath(model_dir)
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        path = TOKENIZER_NAMES.get(path, path)
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    else:
+        return False, None
+    return True, recipes.tokenizer_model_max_length(folder)
 
 
 def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
@@ -694,9 +711,10 @@ class Loader:
                 recipes.check_flatten("", recipe, True, "data_packing")
             data_flatten = opts["data_flatten"] = True
         flat = bool(data_flatten) and (mix is None or recipe == recipes.QWEN_VL_FINETUNE)
+        tok_max = _tokenizer_max(tokenizer, model_dir)
         opts.update(
             recipes.resolve(
-                "", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode, flat
+                "", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode, flat, tok_max
             )
         )
         if data_flatten:  # its positions are get_rope_index's, always
@@ -752,6 +770,7 @@ class Loader:
                 recipe=recipe,
                 qwen3_video_prompt=qwen3_video_prompt,
                 data_flatten=bool(data_flatten),
+                tokenizer_max=tok_max,
                 **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]

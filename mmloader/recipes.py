@@ -16,7 +16,8 @@
   template, images read by transformers' ``load_image`` (EXIF turn, ``convert("RGB")``),
   its ``DataArguments`` pixel limits as the defaults of ``min_pixels`` / ``max_pixels``
   (``QWEN_VL_FINETUNE_PIXELS``), ``preprocess_qwen_visual``'s labels and its collator's
-  ``model_max_length`` cut (``QWEN_VL_FINETUNE_DEFAULTS``), and video files as its
+  ``model_max_length`` cut (by default the checkpoint tokenizer's, as its collator is built
+  on ``processor.tokenizer``: :func:`tokenizer_model_max_length`), and video files as its
   processor reads them (every frame for Qwen2/2.5-VL; Qwen3-VL: ``video_fps`` within
   ``video_min_frames`` / ``video_max_frames``; ``video_min_pixels`` / ``video_max_pixels``
   the video processor's limits).
@@ -45,7 +46,9 @@ See docs/recipes.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
 
 from ._core import ConfigError
 
@@ -85,7 +88,10 @@ LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
 #: model_max_length, DataArguments' video settings, which update_processor_pixels gives
 #: the video processor).
 QWEN_VL_FINETUNE_DEFAULTS: Dict[str, Any] = {
-    "model_max_length": 512,
+    # its padded collator cuts at processor.tokenizer.model_max_length, the checkpoint's
+    # tokenizer_config.json value (train_qwen.py gives TrainingArguments.model_max_length,
+    # 512 by default, only to the Trainer's own tokenizer): resolve()'s tokenizer_max
+    "model_max_length": None,
     "video_fps": 2.0,
     "video_min_frames": 4,
     "video_max_frames": 8,
@@ -208,18 +214,44 @@ def check_last_batch(
         )
 
 
+def tokenizer_model_max_length(folder: Optional[str]) -> Optional[int]:
+    """``model_max_length`` of the Hugging Face tokenizer in ``folder`` as transformers
+    loads it (its tokenizer_config.json; absent there: no limit, None).  Qwen's padded
+    collator cuts rows at this value of its processor's tokenizer.  ``folder`` None: not
+    known (a Tokenizer object without model_dir): ConfigError when the recipe needs it."""
+    if folder is None:
+        return None
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            v = json.load(f).get("model_max_length")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path!r}: {e}") from None
+    # transformers' own sentinel for "no limit" is 1e30 (VERY_LARGE_INTEGER)
+    if v is None or not isinstance(v, (int, float)) or v >= 1e18:
+        return None
+    if v < 1:
+        raise ConfigError(f"{path}: model_max_length={v!r} is not a positive length")
+    return int(v)
+
+
 def resolve(
     where: str,
     recipe: str,
     given: Dict[str, Any],
     label_mode: str,
     data_flatten: bool,
+    tokenizer_max: Tuple[bool, Optional[int]] = (True, None),
 ) -> Dict[str, Any]:
     """The engine values of recipe, its settings and label_mode for one source.
 
     ``given``: the recipes' settings as the user gave them (None / False: not given).
     ``data_flatten``: the loader's batches are Qwen's flattened ones, whose collator cuts
-    nothing (no model_max_length).
+    nothing (no model_max_length).  ``tokenizer_max``: (known, value) of the checkpoint
+    tokenizer's model_max_length (:func:`tokenizer_model_max_length`), the default cut of
+    Qwen's padded collator.
     """
     check_flatten(where, recipe, data_flatten)
     out: Dict[str, Any] = {"recipe": recipe, "label_mode": label_mode}
@@ -241,6 +273,15 @@ def resolve(
         for k, d in QWEN_VL_FINETUNE_DEFAULTS.items():
             v = given.get(k)
             out[k] = d if v is None else v
+        if given.get("model_max_length") is None and not data_flatten:
+            known, out["model_max_length"] = tokenizer_max
+            if not known:
+                raise ConfigError(
+                    f"{where}recipe={QWEN_VL_FINETUNE!r} cuts each padded row at its "
+                    "processor tokenizer's model_max_length (the checkpoint's "
+                    "tokenizer_config.json), which a Tokenizer object without model_dir= "
+                    "does not tell: pass model_dir= or model_max_length="
+                )
         if data_flatten:  # its FlattenedDataCollatorForSupervisedDataset cuts nothing
             if given.get("model_max_length") is not None:
                 raise ConfigError(

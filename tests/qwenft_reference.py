@@ -9,7 +9,9 @@ PyPI and CI has no network but PyPI, so the functions the data path runs are cop
 unchanged (reformatted by the suite's formatter) except:
 - the rank0_print logging of update_processor_pixels is left out;
 - the padded collator's row cut (DataCollatorForSupervisedDataset.__call__:
-  input_ids[:, :model_max_length]) is also `cut`, for one record at a time;
+  input_ids[:, :model_max_length]) is also `cut`, for one record at a time, at the
+  model_max_length of the processor's tokenizer that collator is built on (the tokenizer
+  folder's, not argument.py's TrainingArguments.model_max_length: see run());
 - rope2d.py: get_rope_index_3 and get_rope_index_25 (Qwen3-VL, Qwen2.5-VL); its
   get_rope_index_2 (Qwen2-VL, which the recipe does not cover) is left out;
 - LazySupervisedDataset: only _get_item (what data_flatten batches are made of); its
@@ -83,9 +85,6 @@ class DataArguments:  # argument.py (the fields the data path reads)
     video_max_pixels: int = 1024 * 28 * 28
     video_min_pixels: int = 256 * 28 * 28
     video_fps: float = 2
-
-
-MODEL_MAX_LENGTH = 512  # argument.py TrainingArguments.model_max_length
 
 
 def _make_abs_paths(base: Path, files: str) -> str:
@@ -1086,7 +1085,10 @@ def run(job):
         proc.image_processor.size.longest_edge = args.max_pixels
         vsize.shortest_edge = args.video_min_pixels
         vsize.longest_edge = args.video_max_pixels
-    n_max = job.get("model_max_length", MODEL_MAX_LENGTH)
+    # its collator is built on processor.tokenizer (make_supervised_data_module), whose
+    # model_max_length is the tokenizer folder's: train_qwen.py gives
+    # TrainingArguments.model_max_length only to the Trainer's own tokenizer
+    n_max = job.get("model_max_length", proc.tokenizer.model_max_length)
     with open(job["file"]) as f:
         recs = json.load(f) if job["file"].endswith(".json") else [json.loads(x) for x in f]
     out = {}

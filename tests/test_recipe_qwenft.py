@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -264,6 +265,37 @@ def test_model_max_length_cuts_text(cache, tmp_path):
     compare(ref, ours(path, str(tmp_path), "qwen2.5-vl", model_max_length=40))
 
 
+def test_the_default_cut_is_the_checkpoint_tokenizers(cache, tmp_path):
+    """Its padded collator is built on processor.tokenizer, whose model_max_length is the
+    tokenizer folder's (131072 in this Qwen tokenizer's tokenizer_config.json), not its
+    TrainingArguments' 512 (train_qwen.py gives that only to the Trainer's own tokenizer):
+    a 600-token sample is not cut by default, as in its code; a folder that says 40 cuts at
+    40 by default; a Tokenizer object with no folder must say which."""
+    path = os.path.join(str(tmp_path), "long.jsonl")
+    with open(path, "w") as f:
+        conv = [
+            {"from": "human", "value": "Count."},
+            {"from": "gpt", "value": " ".join(str(i) for i in range(300))},
+        ]
+        f.write(json.dumps({"conversations": conv}) + "\n")
+    ref = reference(cache, path, str(tmp_path), "qwen2.5-vl")  # its own default
+    assert int(ref["full_0"]) > 512 and len(ref["ids_0"]) == int(ref["full_0"])  # uncut
+    compare(ref, ours(path, str(tmp_path), "qwen2.5-vl"))
+    folder = os.path.join(str(tmp_path), "tok40")
+    os.makedirs(folder)
+    shutil.copy(TOKENIZER, folder)
+    with open(os.path.join(TOKDIR, "tokenizer_config.json")) as f:
+        conf = json.load(f)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(dict(conf, model_max_length=40), f)
+    kw = dict(preset="qwen2.5-vl", recipe="qwen-vl-finetune", shuffle=False, micro_batch_size=1)
+    with mmloader.Loader(path, tokenizer=folder, **kw) as a:
+        with mmloader.Loader(path, tokenizer=TOKENIZER, model_max_length=40, **kw) as b:
+            assert np.array_equal(as_np(next(a))["input_ids"], as_np(next(b))["input_ids"])
+    with pytest.raises(mmloader.ConfigError, match="pass model_dir= or model_max_length="):
+        mmloader.Loader(path, tokenizer=mmloader.Tokenizer.from_file(TOKENIZER), **kw)
+
+
 def test_a_cut_through_an_image_is_refused():
     """model_max_length that would cut an image's tokens: skipped as too_long (Qwen's
     collator would hand the model fewer image tokens than features, which it refuses)."""
@@ -406,7 +438,6 @@ CLIPS = [
 def _clip_records(folder):
     """The CLIPS, one record each in Qwen's layout ("video": path, "<video>" in the turn),
     and one with an image and a video; the records' path."""
-    import shutil
 
     ffmpeg = shutil.which("ffmpeg")
     if not ffmpeg:

@@ -209,7 +209,9 @@ static const mml_option k_options[] = {
     {"model_max_length", MML_OPT_INT, CFG(qft.model_max_length), 0, 1, I64, NULL, FP | NONE,
      "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
      "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "
-     "512, its TrainingArguments default; recipe=\"qwen-vl-finetune\" only)."},
+     "the checkpoint tokenizer's model_max_length from its tokenizer_config.json, model_dir's "
+     "else the tokenizer file's folder, as its collator cuts at processor.tokenizer's; no "
+     "cut where it gives none; recipe=\"qwen-vl-finetune\" only)."},
     {"data_flatten", MML_OPT_BOOL, CFG(collate.flatten), 0, 0, 1, NULL, FP,
      "qwen-vl-finetune: its DataArguments.data_flatten. Each batch's micro_batch_size samples "
      "concatenated into one row, as its FlattenedDataCollatorForSupervisedDataset does: "
