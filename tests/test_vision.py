@@ -392,6 +392,30 @@ def test_resize_vnni_widths_match_pillow():
                 assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
 
 
+def test_resize_vnni_wide_widths_match_pillow():
+    """resize_vnni.c's wide horizontal pass (downscales past ~2x, up to 64 taps: windows of
+    128 bytes per tap group, blended by lane masks; invariants 1-3 and 4): downscale factors
+    2-8x and past it, odd and even widths, the last group overlapping, rows whose end falls
+    inside a window (masked loads), widths around 16; both pass orders."""
+    rng = np.random.default_rng(36)
+    cases = [(W, w) for W in (33, 47, 97, 129, 255, 401) for w in (16, 17, 31, 47) if W > 2 * w]
+    cases += [(int(w * f), int(w)) for w in (16, 19, 33, 97, 131) for f in (2.1, 2.5, 3, 4, 5.3, 7, 8)]
+    cases += [(1024, 64), (1000, 63), (997, 65), (40 * 16 + 7, 16)]
+    cases += [
+        (int(w * f), int(w)) for w, f in zip(rng.integers(16, 400, 40), rng.uniform(2.0, 9.0, 40))
+    ]
+    for i, (W, w) in enumerate(cases):
+        for H, h in ((9, 9), (20, 13), (13, 29)):
+            a = pattern(H, W, W * 7919 + w * 31 + H)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+            if i % 5 == 0 and PIL_MAJOR >= 13:  # the other order: against its own two passes
+                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
+                got = mml_resize(a, h, w, h_first=True)
+                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+
+
 def test_resize_vnni_heights_match_pillow():
     """resize_vnni.c's vertical pass: 64 bytes a step (rows of at least 64 bytes: planar
     rows of 64+ pixels, interleaved rows of 22+), 1-4 tap groups (up to 16 taps: heights

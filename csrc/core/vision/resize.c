@@ -43,7 +43,7 @@
  *
  * Where the CPU has AVX-512 VBMI + VNNI, both passes first try resize_vnni.c (byte dot
  * products on weights split into three byte digits: no int32 multiplies, no transposes),
- * which takes the sizes it can (widths >= 16 and downscales up to ~2x for the horizontal
+ * which takes the sizes it can (widths >= 16 and downscales up to ~15x for the horizontal
  * pass, rows of 64 bytes or more for the vertical) and leaves the others to the code here.
  *
  * Threads: axes are per-thread scratch; the row functions are pure.
@@ -134,6 +134,9 @@ void mml_resample_axis_free(mml_resample_axis *a) {
   free(a->bounds);
   free(a->vt);
   free(a->vbase);
+  free(a->wt);
+  free(a->wnw);
+  free(a->wwin);
   memset(a, 0, sizeof *a);
 }
 

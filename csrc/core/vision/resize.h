@@ -25,7 +25,22 @@ typedef struct mml_resample_axis {
   int *vbase;
   size_t cap_vt, cap_vbase;
   int vgroups, vtapg;
+  /* its wide variant (downscales past ~2x, vgroups 0): per group of 16 outputs and tap
+   * group, wnw[g * wtapg + q] windows of 128 bytes of the row; wt: per (group, tap group)
+   * 3 weight-digit vectors, then 3 index vectors (one per channel) per window; wwin: each
+   * window's byte offset in the row and byte-lane mask; wgroups 0: not used */
+  uint8_t *wt, *wnw;
+  struct mml_vwin *wwin;
+  size_t cap_wt, cap_wnw, cap_wwin;
+  int wgroups, wtapg;
 } mml_resample_axis;
+
+/* One window of resize_vnni.c's wide horizontal pass. */
+typedef struct mml_vwin {
+  uint64_t mask; /* the byte lanes (4 per output) whose taps this window holds */
+  int32_t base;  /* first byte of the window in the interleaved row */
+  int32_t pad;
+} mml_vwin;
 
 /* Computes (or keeps) the coefficients for resampling `in` samples to `out`. */
 mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err);

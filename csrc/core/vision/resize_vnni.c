@@ -23,6 +23,16 @@
  * and an unsigned saturating narrow, stored planar like resize.c's pass.  Vertical: the 4
  * rows of a tap group interleaved byte by byte put one output's 4 taps in each dword.
  *
+ * Wide downscales (past ~2x: 16 outputs' taps span more than 128 bytes, or more than 16
+ * taps) take the wide variant: a group is 5 outputs with all three channels in its dword
+ * lanes (lane 3j + c: channel c of output j; lane 15 unused), so one tap group of a group
+ * spans 12 * scale + 12 bytes, within one 128-byte window up to ~9x (beyond that, up to
+ * 64 taps, a tap group takes more windows, one permute each, blended by byte-lane masks).
+ * Its table holds, per group and tap group, the three weight-digit vectors and one index
+ * vector per window; each tap group's table is loaded once for the 8 rows of a call, whose
+ * 24 accumulators (3 digit sums per row, combined at the end) stay in registers.  No
+ * transposes: a byte shuffle makes the 15 results planar (5 bytes a channel).
+ *
  * Invariants (tests/test_vision.py test_resize_vnni_*, and the parity tests that run the
  * other paths with MML_DISABLE_AVX512):
  *   1. Bytes out equal resize.c's portable passes for every size these paths take.
@@ -34,6 +44,10 @@
  *   3. Horizontal: nothing is read outside a row's in * 3 bytes (masked loads) and nothing
  *      written outside dst[c * plane + x], x < out.  Vertical: bytes [off, off + n) of the
  *      rows read, dst[0, n) written.
+ *   4. Wide variant (test_resize_vnni_wide_widths_match_pillow): only where the narrow
+ *      table does not apply, out >= 16, at most 64 taps, every weight three signed byte
+ *      digits; lanes without taps in a tap group have digits 0 (whatever they gather is
+ *      multiplied by 0); the same bytes as invariant 1.
  *
  * Threads: the table is part of the axis (per-thread scratch); the row functions are pure.
  */
@@ -45,6 +59,8 @@
 #define VG 16     /* outputs per group */
 #define VBYTES 64 /* one vector of the table */
 #define MAX_TAPG 4
+#define WG 5         /* the wide variant: outputs per group (3 channels each: 15 dword lanes) */
+#define WMAX_TAPG 16 /* the wide variant: up to 64 taps (downscales up to ~15x) */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -72,6 +88,9 @@ int mml_cpu_avx512_vnni(void) { return 0; }
 static inline int group_x0(int g, int groups, int out) {
   return g == groups - 1 ? out - VG : g * VG;
 }
+static inline int wgroup_x0(int g, int groups, int out) {
+  return g == groups - 1 ? out - WG : g * WG;
+}
 
 /* w as three signed byte digits; 0 when it does not fit. */
 static int digits(int32_t w, int8_t d[3]) {
@@ -84,14 +103,127 @@ static int digits(int32_t w, int8_t d[3]) {
   return 1;
 }
 
+/* Tap group q of output xx: its bytes [*lo, *hi] in the row (channel 0 of its first tap to
+ * channel 2 of its last); 0 when that output has no tap there. */
+static int quad_span(const mml_resample_axis *a, int xx, int q, int *lo, int *hi) {
+  const int xmin = a->bounds[2 * xx], n = a->bounds[2 * xx + 1];
+  if (4 * q >= n) return 0;
+  const int last = 4 * q + 3 < n ? 4 * q + 3 : n - 1;
+  *lo = 3 * (xmin + 4 * q);
+  *hi = 3 * (xmin + last) + 2;
+  return 1;
+}
+
+/* The windows of tap group q of the wide group starting at output x0: the previous tap
+ * group's last window when every output's bytes fit in it (the kernel then reuses its
+ * loads), else outputs in order, a new window (at the output's first byte) whenever one
+ * leaves the current window.  win[j]: output j's window (-1: no taps there); base[w]:
+ * window w's first byte; *prev: the last window's base (-1: none yet). */
+static int plan_windows(const mml_resample_axis *a, int x0, int q, int win[WG], int base[WG],
+                        int *prev) {
+  int nw = 0, fits = *prev >= 0;
+  for (int j = 0; j < WG && fits; j++) {
+    int lo, hi;
+    if (quad_span(a, x0 + j, q, &lo, &hi) && (lo < *prev || hi - *prev > 2 * VBYTES - 1)) fits = 0;
+  }
+  for (int j = 0; j < WG; j++) {
+    int lo, hi;
+    win[j] = -1;
+    if (!quad_span(a, x0 + j, q, &lo, &hi)) continue;
+    if (!nw) base[nw++] = fits ? *prev : lo;
+    else if (lo < base[nw - 1] || hi - base[nw - 1] > 2 * VBYTES - 1) base[nw++] = lo;
+    win[j] = nw - 1;
+  }
+  if (nw) *prev = base[nw - 1];
+  return nw;
+}
+
+/* The wide variant's tables (invariants 2 and 4); leaves wgroups 0 where it does not apply.
+ * Lane 3j + c (dword) of a group is channel c of its output j; lane 15 is unused. */
+static mml_status wide_prepare(mml_resample_axis *a, int taps, mml_err *err) {
+  const int tapg = (taps + 3) / 4, groups = (a->out + WG - 1) / WG;
+  if (tapg > WMAX_TAPG || a->out < WG) return MML_OK;
+  size_t nwin = 0;
+  int win[WG], base[WG];
+  for (int g = 0; g < groups; g++) {
+    int prev = -1;
+    for (int q = 0; q < tapg; q++)
+      nwin += (size_t)plan_windows(a, wgroup_x0(g, groups, a->out), q, win, base, &prev);
+  }
+  const size_t nvec = (size_t)groups * tapg * 3 + nwin, need = nvec * VBYTES,
+               nq = (size_t)groups * tapg;
+  if (need > a->cap_wt) {
+    free(a->wt);
+    a->cap_wt = 0;
+    if (posix_memalign((void **)&a->wt, 64, need)) {
+      a->wt = NULL;
+      return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %zu bytes of weights", need);
+    }
+    a->cap_wt = need;
+  }
+  if (nwin > a->cap_wwin) {
+    mml_vwin *w = realloc(a->wwin, nwin * sizeof *w);
+    if (!w) return mml_err_set(err, MML_ENOMEM, "resize: out of memory");
+    a->wwin = w;
+    a->cap_wwin = nwin;
+  }
+  if (nq > a->cap_wnw) {
+    uint8_t *w = realloc(a->wnw, nq);
+    if (!w) return mml_err_set(err, MML_ENOMEM, "resize: out of memory");
+    a->wnw = w;
+    a->cap_wnw = nq;
+  }
+  uint8_t *t = a->wt;
+  mml_vwin *wp = a->wwin;
+  memset(t, 0, need);
+  for (int g = 0; g < groups; g++) {
+    const int x0 = wgroup_x0(g, groups, a->out);
+    int prev = -1;
+    for (int q = 0; q < tapg; q++) {
+      const int nw = plan_windows(a, x0, q, win, base, &prev);
+      a->wnw[(size_t)g * tapg + q] = (uint8_t)nw;
+      uint8_t *dig = t, *idx = t + 3 * VBYTES; /* digits d0, d1, d2; then one per window */
+      for (int w = 0; w < nw; w++) {
+        wp[w].base = base[w];
+        wp[w].mask = 0;
+        wp[w].pad = 0;
+      }
+      for (int j = 0; j < WG; j++) {
+        if (win[j] < 0) continue; /* digits 0: whatever window 0 gives the lanes is not used */
+        const int xx = x0 + j, xmin = a->bounds[2 * xx], n = a->bounds[2 * xx + 1];
+        const int32_t *k = &a->k[(size_t)xx * a->ksize];
+        wp[win[j]].mask |= (uint64_t)0xfff << (12 * j);
+        for (int i = 0; i < 4; i++) {
+          const int tap = 4 * q + i;
+          int8_t d[3] = {0, 0, 0};
+          if (tap < n && !digits(k[tap], d)) return MML_OK;
+          /* a weight-0 tap reads the tap group's first tap */
+          const int off = 3 * (xmin + (tap < n ? tap : 4 * q)) - base[win[j]];
+          for (int c = 0; c < 3; c++) {
+            const int at = 4 * (3 * j + c) + i;
+            for (int e = 0; e < 3; e++) dig[e * VBYTES + at] = (uint8_t)d[e];
+            idx[(size_t)win[j] * VBYTES + at] = (uint8_t)(off + c);
+          }
+        }
+      }
+      t += (size_t)(3 + nw) * VBYTES;
+      wp += nw;
+    }
+  }
+  a->wtapg = tapg;
+  a->wgroups = groups;
+  return MML_OK;
+}
+
 mml_status mml_resample_vnni_prepare(mml_resample_axis *a, mml_err *err) {
   a->vgroups = 0;
+  a->wgroups = 0;
   if (!mml_cpu_avx512_vnni() || a->out < VG) return MML_OK;
   int taps = 0; /* the most any output reads (ksize can be one more) */
   for (int x = 0; x < a->out; x++)
     if (a->bounds[2 * x + 1] > taps) taps = a->bounds[2 * x + 1];
   const int tapg = (taps + 3) / 4, groups = (a->out + VG - 1) / VG;
-  if (tapg > MAX_TAPG) return MML_OK;
+  if (tapg > MAX_TAPG) return wide_prepare(a, taps, err);
   const size_t per = (size_t)tapg * 4 * VBYTES, need = (size_t)groups * per;
   if (need > a->cap_vt) {
     free(a->vt);
@@ -114,7 +246,8 @@ mml_status mml_resample_vnni_prepare(mml_resample_axis *a, mml_err *err) {
     memset(t, 0, per);
     for (int j = 0; j < VG; j++) {
       const int xx = x0 + j, xmin = a->bounds[2 * xx], n = a->bounds[2 * xx + 1];
-      if (3 * (xmin + n - 1) + 2 - base > 127 || xmin * 3 < base) return MML_OK; /* too wide */
+      if (3 * (xmin + n - 1) + 2 - base > 127 || xmin * 3 < base) /* too wide */
+        return wide_prepare(a, taps, err);
       const int32_t *k = &a->k[(size_t)xx * a->ksize];
       for (int q = 0; q < tapg * 4; q++) {
         uint8_t *v = t + (size_t)(q / 4) * 4 * VBYTES; /* tap group: index, d0, d1, d2 */
@@ -209,6 +342,93 @@ VNNI_FN static void rows_h_vnni(const mml_resample_axis *a, const uint8_t *const
 #endif
 
 #ifdef MML_HAVE_VNNI_PATH
+/* The wide variant, one group (5 outputs) of nrows rows: tap group by tap group, its
+ * table loaded once for all the rows (in registers; nrows is a constant in the caller, so
+ * the row loops unroll and the 3 * nrows accumulators stay in registers).  Per row, each
+ * window's 128 bytes gathered by one two-source permute (all three channels: lane 3j + c),
+ * the windows after the first blended in by their byte-lane masks; the three digit sums
+ * are kept apart and combined at the end, ((32 + S2) << 8 + S1) << 8 + S0: the same int32
+ * value as the narrow pass's chain.  A byte shuffle makes the 15 results planar. */
+VNNI_FN __attribute__((always_inline)) static inline void wide_group(
+    const __m512i **tpp, const mml_vwin **wpp, const uint8_t *nw, int tapg,
+    const uint8_t *const *src, long len, const int nrows, uint8_t *const *dst, size_t plane,
+    int x0) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i *tp = *tpp;
+  const mml_vwin *wp = *wpp;
+  __m512i acc[MML_HROWS][3];
+#pragma GCC unroll 8
+  for (int r = 0; r < MML_HROWS; r++) acc[r][0] = acc[r][1] = acc[r][2] = zero;
+  for (int q = 0; q < tapg; q++) {
+    const int n = nw[q];
+    const __m512i d0 = _mm512_load_si512((const void *)tp),
+                  d1 = _mm512_load_si512((const void *)(tp + 1)),
+                  d2 = _mm512_load_si512((const void *)(tp + 2));
+    tp += 3;
+    if (!n) continue;
+    const __m512i idx = _mm512_load_si512((const void *)tp);
+    const long b = wp[0].base;
+#pragma GCC unroll 8
+    for (int r = 0; r < nrows; r++) {
+      const uint8_t *row = src[r];
+      __m512i px = _mm512_permutex2var_epi8(load_upto(row + b, len - b), idx,
+                                            load_upto(row + b + 64, len - b - 64));
+      for (int i = 1; i < n; i++) {
+        const long bi = wp[i].base;
+        const __m512i v = _mm512_permutex2var_epi8(load_upto(row + bi, len - bi),
+                                                   _mm512_load_si512((const void *)(tp + i)),
+                                                   load_upto(row + bi + 64, len - bi - 64));
+        px = _mm512_mask_blend_epi8((__mmask64)wp[i].mask, px, v);
+      }
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], px, d0);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], px, d1);
+      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], px, d2);
+    }
+    tp += n;
+    wp += n;
+  }
+  *tpp = tp;
+  *wpp = wp;
+  const __m512i half = _mm512_set1_epi32(32);
+  const __m128i planar =
+      _mm_setr_epi8(0, 3, 6, 9, 12, 1, 4, 7, 10, 13, 2, 5, 8, 11, 14, (char)0x80);
+#pragma GCC unroll 8
+  for (int r = 0; r < nrows; r++) {
+    __m512i v = _mm512_slli_epi32(_mm512_add_epi32(half, acc[r][2]), 8);
+    v = _mm512_slli_epi32(_mm512_add_epi32(v, acc[r][1]), 8);
+    v = _mm512_max_epi32(_mm512_srai_epi32(_mm512_add_epi32(v, acc[r][0]), 22), zero);
+    const __m128i o = _mm_shuffle_epi8(_mm512_cvtusepi32_epi8(v), planar);
+    for (int c = 0; c < 3; c++) { /* channel c: bytes 5c .. 5c + 4 */
+      const __m128i oc = c == 0 ? o : c == 1 ? _mm_srli_si128(o, 5) : _mm_srli_si128(o, 10);
+      uint8_t *d = dst[r] + c * plane + x0;
+      const int32_t v4 = _mm_cvtsi128_si32(oc);
+      memcpy(d, &v4, 4);
+      d[4] = (uint8_t)_mm_extract_epi8(oc, 4);
+    }
+  }
+}
+
+VNNI_FN static void rows_h_wide(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
+                                uint8_t *const *dst, size_t plane) {
+  const long len = (long)a->in * 3;
+  const int tapg = a->wtapg, groups = a->wgroups;
+  const __m512i *tp = (const __m512i *)a->wt;
+  const mml_vwin *wp = a->wwin;
+  for (int g = 0; g < groups; g++) {
+    const int x0 = wgroup_x0(g, groups, a->out);
+    /* a later group's bytes, prefetched (rows just written by the decoder) */
+    if (g + 4 < groups) {
+      const long pf = 3L * a->bounds[2 * wgroup_x0(g + 4, groups, a->out)];
+      for (int r = 0; r < nrows; r++) _mm_prefetch((const char *)(src[r] + pf), _MM_HINT_T0);
+    }
+    const uint8_t *nw = a->wnw + (size_t)g * tapg;
+    if (nrows == MML_HROWS)
+      wide_group(&tp, &wp, nw, tapg, src, len, MML_HROWS, dst, plane, x0);
+    else
+      wide_group(&tp, &wp, nw, tapg, src, len, nrows, dst, plane, x0);
+  }
+}
+
 /* Vertical pass: 64 outputs a step; the 4 rows of a tap group interleaved byte by byte
  * (two unpack levels, within 128-bit lanes) give 4 vectors whose dword lanes hold one
  * output's 4 taps, and the saturating packs after the shift undo the in-lane interleave,
@@ -296,9 +516,15 @@ int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *co
 int mml_resample_rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                              uint8_t *const *dst, size_t plane) {
 #ifdef MML_HAVE_VNNI_PATH
-  if (!a->vgroups) return 0;
-  rows_h_vnni(a, src, nrows, dst, plane);
-  return 1;
+  if (a->vgroups) {
+    rows_h_vnni(a, src, nrows, dst, plane);
+    return 1;
+  }
+  if (a->wgroups) {
+    rows_h_wide(a, src, nrows, dst, plane);
+    return 1;
+  }
+  return 0;
 #else
   (void)a, (void)src, (void)nrows, (void)dst, (void)plane;
   return 0;
