@@ -59,8 +59,10 @@
  *       max_memory that would hold it, never a hang (S1; tests/test_memory_stress.py).
  *   A4. A sample that alone cannot fit is an error at its plan (ld_mem_check_sample;
  *       tests/test_memory.py test_one_image_whose_scratch_cannot_fit_is_named).
- *   A5. Work never waits on bytes of later samples that can be read again: they make way
- *       (READ AGAIN; tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode).
+ *   A5. A decode's scratch and the head batch's buffer do not wait on the media bytes of
+ *       later samples that can be read again: those make way (READ AGAIN;
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode; the stress
+ *       test's summary counts them).
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
