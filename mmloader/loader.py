@@ -54,8 +54,8 @@ _MIXTURE_KEYS = ("data", "num_samples", "mixture", "samples_per_epoch")
 # The global plan's options: left out of the fingerprint when off.
 _PLAN_KEYS = ("global_plan", "max_tokens_per_batch", "balance", "group_by_length")
 # Options left out of the fingerprint when off, so that a state saved before they existed
-# still loads: the global plan's and data_flatten.
-_OFF_KEYS = _PLAN_KEYS + ("data_flatten",)
+# still loads: the global plan's, data_flatten and data_packing.
+_OFF_KEYS = _PLAN_KEYS + ("data_flatten", "data_packing")
 # Fingerprint keys a global plan may resume across (elastic resume at the global count).
 _ELASTIC_KEYS = (
     "dp_rank",
@@ -197,6 +197,7 @@ def _resolve_source(
         {k: ov.get(k, base[k]) for k in recipes.RECIPE_SETTINGS},
         label_mode,
         base["data_flatten"],
+        base["tokenizer_max"],
     )
     image_whitespace = ov.get("image_whitespace", base["image_whitespace"])
     max_length = ov.get("max_length", base["max_length"])
@@ -329,6 +330,22 @@ def _parse_device(device: Any) -> int:
             )
         return index
     raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _tokenizer_max(tokenizer: Any, model_dir: Optional[str]) -> Tuple[bool, Optional[int]]:
+    """(known, value) of the checkpoint tokenizer's model_max_length: model_dir's (where
+    Qwen's train_qwen.py loads its processor from), else the tokenizer file's folder."""
+    from .tokenizer import TOKENIZER_NAMES
+
+    if model_dir is not None:
+        folder: Optional[str] = os.fspath(model_dir)
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        path = os.fspath(tokenizer)
+        path = TOKENIZER_NAMES.get(path, path)
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    else:
+        return False, None
+    return True, recipes.tokenizer_model_max_length(folder)
 
 
 def _resolve_tokenizer(tokenizer: Any, model_dir: Optional[str]):
@@ -601,6 +618,8 @@ class Loader:
         video_min_frames: Optional[int] = _D["video_min_frames"],
         video_max_frames: Optional[int] = _D["video_max_frames"],
         data_flatten: bool = _D["data_flatten"],
+        data_packing: bool = _D["data_packing"],
+        dataloader_drop_last: bool = _D["dataloader_drop_last"],
         mrope: bool = _D["mrope"],
         attention_mask: bool = _D["attention_mask"],
         text_only_vision: str = _D["text_only_vision"],
@@ -688,10 +707,15 @@ class Loader:
         recipes.check_video_prompt("", recipe, qwen3_video_prompt, _D["qwen3_video_prompt"])
         # data_flatten: every source's recipe is checked (a mixture's loader-wide recipe
         # may be another, its sources' their own)
+        if data_packing:  # its make_supervised_data_module: the flattened collator
+            if mix is None:  # (a mixture's sources: each one's recipe, as data_flatten)
+                recipes.check_flatten("", recipe, True, "data_packing")
+            data_flatten = opts["data_flatten"] = True
         flat = bool(data_flatten) and (mix is None or recipe == recipes.QWEN_VL_FINETUNE)
+        tok_max = _tokenizer_max(tokenizer, model_dir)
         opts.update(
             recipes.resolve(
-                "", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode, flat
+                "", recipe, {k: opts[k] for k in recipes.RECIPE_SETTINGS}, label_mode, flat, tok_max
             )
         )
         if data_flatten:  # its positions are get_rope_index's, always
@@ -747,6 +771,7 @@ class Loader:
                 recipe=recipe,
                 qwen3_video_prompt=qwen3_video_prompt,
                 data_flatten=bool(data_flatten),
+                tokenizer_max=tok_max,
                 **{k: given[k] for k in recipes.RECIPE_SETTINGS},
             )
             sources = [_resolve_source(src, preset, model_dir, vision_kw, base) for src in mix[0]]
@@ -781,6 +806,14 @@ class Loader:
             self.samples_per_rank = plan["rank_samples"]
         self._dp_size = dp_size
         self._allow_mixture_change = bool(allow_mixture_change)
+        try:
+            qft = all(s["recipe"] == recipes.QWEN_VL_FINETUNE for s in sources or [opts])
+            recipes.check_last_batch(
+                qft, bool(dataloader_drop_last), self.samples_per_rank, self._mbs, bool(cycle)
+            )
+        except ConfigError:
+            self._c.close()
+            raise
         # The resume fingerprint: the options the table marks, as the engine runs them.
         self._fingerprint: Dict[str, Any] = {
             "data": info["data_hash"],

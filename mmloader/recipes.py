@@ -16,7 +16,8 @@
   template, images read by transformers' ``load_image`` (EXIF turn, ``convert("RGB")``),
   its ``DataArguments`` pixel limits as the defaults of ``min_pixels`` / ``max_pixels``
   (``QWEN_VL_FINETUNE_PIXELS``), ``preprocess_qwen_visual``'s labels and its collator's
-  ``model_max_length`` cut (``QWEN_VL_FINETUNE_DEFAULTS``), and video files as its
+  ``model_max_length`` cut (by default the checkpoint tokenizer's, as its collator is built
+  on ``processor.tokenizer``: :func:`tokenizer_model_max_length`), and video files as its
   processor reads them (every frame for Qwen2/2.5-VL; Qwen3-VL: ``video_fps`` within
   ``video_min_frames`` / ``video_max_frames``; ``video_min_pixels`` / ``video_max_pixels``
   the video processor's limits).
@@ -26,6 +27,13 @@
 batch's samples back to back into one row with their cumulative lengths as the
 attention_mask, and cuts nothing (``model_max_length`` is then refused, not ignored); the
 engine's collator lays the batch out so (csrc/core/batch/collate.c).
+
+``data_packing=True`` (loader-wide) follows its ``DataArguments.data_packing``: an entry of
+its packed annotation files (``tools/pack_data.py``) is a list of records, which its
+``_get_packed_item`` makes record by record and concatenates; here such a list is one
+sample (sampled, sharded, skipped and resumed as a unit), each record made as on its own,
+and batches are the flattened collator's (``data_flatten`` is implied, as its
+``make_supervised_data_module`` picks that collator for either switch).
 
 ``video_fps``, ``video_min_pixels`` and ``video_max_pixels`` are named alike by both
 frameworks: one setting each, which either recipe reads with its own framework's default
@@ -38,7 +46,9 @@ See docs/recipes.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
 
 from ._core import ConfigError
 
@@ -78,7 +88,10 @@ LLAMA_FACTORY_SETTINGS = tuple(LLAMA_FACTORY_DEFAULTS)
 #: model_max_length, DataArguments' video settings, which update_processor_pixels gives
 #: the video processor).
 QWEN_VL_FINETUNE_DEFAULTS: Dict[str, Any] = {
-    "model_max_length": 512,
+    # its padded collator cuts at processor.tokenizer.model_max_length, the checkpoint's
+    # tokenizer_config.json value (train_qwen.py gives TrainingArguments.model_max_length,
+    # 512 by default, only to the Trainer's own tokenizer): resolve()'s tokenizer_max
+    "model_max_length": None,
     "video_fps": 2.0,
     "video_min_frames": 4,
     "video_max_frames": 8,
@@ -165,13 +178,63 @@ def check_video_prompt(where: str, recipe: str, qwen3_video_prompt: str, default
         )
 
 
-def check_flatten(where: str, recipe: str, data_flatten: bool) -> None:
-    """data_flatten is Qwen's fine-tuning code's switch: its recipe only."""
-    if data_flatten and recipe != QWEN_VL_FINETUNE:
+def check_flatten(where: str, recipe: str, on: bool, name: str = "data_flatten") -> None:
+    """data_flatten and data_packing are Qwen's fine-tuning code's switches: its recipe only."""
+    if on and recipe != QWEN_VL_FINETUNE:
+        what = "flattened collator" if name == "data_flatten" else "packed annotation files"
         raise ConfigError(
-            f"{where}data_flatten is a qwen-vl-finetune setting (Qwen's flattened collator): it "
+            f"{where}{name} is a qwen-vl-finetune setting (Qwen's {what}): it "
             f"needs recipe={QWEN_VL_FINETUNE!r}, got recipe={recipe!r}"
         )
+
+
+def check_last_batch(
+    qft: bool, drop_last: bool, samples_per_rank: int, mbs: Optional[int], cycle: bool
+) -> None:
+    """Qwen's Trainer keeps an epoch's last partial batch (Hugging Face's
+    dataloader_drop_last=False); mmloader's epochs end at the last full batch.  Under the
+    recipe an epoch with such a tail is refused unless dataloader_drop_last=True says to
+    train without it (docs/recipes.md: the epoch's last partial batch)."""
+    if drop_last and not qft:
+        raise ConfigError(
+            "dataloader_drop_last is a qwen-vl-finetune setting (its Hugging Face Trainer's "
+            f"last partial batch): it needs recipe={QWEN_VL_FINETUNE!r} (every source's)"
+        )
+    if not qft or drop_last or cycle or not mbs:
+        return
+    tail = samples_per_rank % mbs
+    if tail:
+        raise ConfigError(
+            f"recipe={QWEN_VL_FINETUNE!r}: each rank's epoch of {samples_per_rank} samples "
+            f"leaves {tail} after its last full batch of micro_batch_size={mbs}; Qwen's "
+            "Trainer (dataloader_drop_last=False, the Hugging Face default) trains them as a "
+            "last partial batch, which mmloader's epochs never hold.  Pass "
+            "dataloader_drop_last=True to train without them (as its --dataloader_drop_last "
+            "True does), or give a micro_batch_size that divides the epoch"
+        )
+
+
+def tokenizer_model_max_length(folder: Optional[str]) -> Optional[int]:
+    """``model_max_length`` of the Hugging Face tokenizer in ``folder`` as transformers
+    loads it (its tokenizer_config.json; absent there: no limit, None).  Qwen's padded
+    collator cuts rows at this value of its processor's tokenizer.  ``folder`` None: not
+    known (a Tokenizer object without model_dir): ConfigError when the recipe needs it."""
+    if folder is None:
+        return None
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            v = json.load(f).get("model_max_length")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path!r}: {e}") from None
+    # transformers' own sentinel for "no limit" is 1e30 (VERY_LARGE_INTEGER)
+    if v is None or not isinstance(v, (int, float)) or v >= 1e18:
+        return None
+    if v < 1:
+        raise ConfigError(f"{path}: model_max_length={v!r} is not a positive length")
+    return int(v)
 
 
 def resolve(
@@ -180,12 +243,15 @@ def resolve(
     given: Dict[str, Any],
     label_mode: str,
     data_flatten: bool,
+    tokenizer_max: Tuple[bool, Optional[int]] = (True, None),
 ) -> Dict[str, Any]:
     """The engine values of recipe, its settings and label_mode for one source.
 
     ``given``: the recipes' settings as the user gave them (None / False: not given).
     ``data_flatten``: the loader's batches are Qwen's flattened ones, whose collator cuts
-    nothing (no model_max_length).
+    nothing (no model_max_length).  ``tokenizer_max``: (known, value) of the checkpoint
+    tokenizer's model_max_length (:func:`tokenizer_model_max_length`), the default cut of
+    Qwen's padded collator.
     """
     check_flatten(where, recipe, data_flatten)
     out: Dict[str, Any] = {"recipe": recipe, "label_mode": label_mode}
@@ -207,6 +273,15 @@ def resolve(
         for k, d in QWEN_VL_FINETUNE_DEFAULTS.items():
             v = given.get(k)
             out[k] = d if v is None else v
+        if given.get("model_max_length") is None and not data_flatten:
+            known, out["model_max_length"] = tokenizer_max
+            if not known:
+                raise ConfigError(
+                    f"{where}recipe={QWEN_VL_FINETUNE!r} cuts each padded row at its "
+                    "processor tokenizer's model_max_length (the checkpoint's "
+                    "tokenizer_config.json), which a Tokenizer object without model_dir= "
+                    "does not tell: pass model_dir= or model_max_length="
+                )
         if data_flatten:  # its FlattenedDataCollatorForSupervisedDataset cuts nothing
             if given.get("model_max_length") is not None:
                 raise ConfigError(

@@ -407,6 +407,8 @@ class Loader:
         video_min_frames: Optional[int] = DEFAULTS["video_min_frames"],
         video_max_frames: Optional[int] = DEFAULTS["video_max_frames"],
         data_flatten: bool = DEFAULTS["data_flatten"],
+        data_packing: bool = DEFAULTS["data_packing"],
+        dataloader_drop_last: bool = DEFAULTS["dataloader_drop_last"],
         mrope: Optional[bool] = None,
         attention_mask: Optional[bool] = None,
         text_only_vision: Optional[str] = None,

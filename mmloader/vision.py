@@ -105,8 +105,8 @@ class ImageProcessor:
         model_dir: a model directory whose preprocessor_config.json overrides the preset.
         **overrides: patch_size, merge_size, temporal_patch_size, min_pixels, max_pixels,
             image_mean, image_std, legacy_resize (older smart_resize), fast_decode (the Loader's
-            option: a JPEG or WebP decoded at reduced scale when the target is at most half
-            the source; not bit-exact, see docs/pixels.md),
+            option: a JPEG decoded at reduced scale when the target is at most half the
+            source; other formats decode at full size; not bit-exact, see docs/pixels.md),
             max_image_pixels (images with more pixels are rejected before decoding;
             0 disables), max_jpeg_scans (a JPEG of more scans is refused before
             decoding, each scan decoding the whole image again: the Loader's option and

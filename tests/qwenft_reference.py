@@ -2,14 +2,16 @@
 FIXTURE, not mmloader code.
 
 Vendored from QwenLM/Qwen3-VL, qwen-vl-finetune/qwenvl/data/data_processor.py,
-qwenvl/data/rope2d.py and qwenvl/train/argument.py at commit
+qwenvl/data/rope2d.py, qwenvl/train/argument.py and tools/pack_data.py at commit
 96588727e44c78b25ba03ea03b8e12f7e64fd0da (Apache License 2.0, Copyright the Qwen team,
 Alibaba Group; full text: https://www.apache.org/licenses/LICENSE-2.0).  That code is not on
 PyPI and CI has no network but PyPI, so the functions the data path runs are copied here
 unchanged (reformatted by the suite's formatter) except:
 - the rank0_print logging of update_processor_pixels is left out;
 - the padded collator's row cut (DataCollatorForSupervisedDataset.__call__:
-  input_ids[:, :model_max_length]) is also `cut`, for one record at a time;
+  input_ids[:, :model_max_length]) is also `cut`, for one record at a time, at the
+  model_max_length of the processor's tokenizer that collator is built on (the tokenizer
+  folder's, not argument.py's TrainingArguments.model_max_length: see run());
 - rope2d.py: get_rope_index_3 and get_rope_index_25 (Qwen3-VL, Qwen2.5-VL); its
   get_rope_index_2 (Qwen2-VL, which the recipe does not cover) is left out;
 - LazySupervisedDataset: only _get_item (what data_flatten batches are made of); its
@@ -18,6 +20,16 @@ unchanged (reformatted by the suite's formatter) except:
   retries are left out (a record that fails is reported, not replaced);
 - pad_and_cat, DataCollatorForSupervisedDataset and FlattenedDataCollatorForSupervisedDataset
   (make_supervised_data_module's collator with data_flatten=True) unchanged.
+- data_packing: LazySupervisedDataset._get_packed_item unchanged (a `# noqa` on the name its
+  dict branch leaves undefined); what its __init__ does with a packed file (each record of
+  a list entry gets data_path) and its __getitem__'s wrapping of a dict entry in a list are
+  in packed(), as run() sets the other attributes.
+- tools/pack_data.py: DataArguments (renamed PackDataArguments beside argument.py's),
+  MultimodalProcessor (its process_video left out: it needs torchcodec, which cannot load
+  here, so videos cannot be counted and the tool is run on image and text records only),
+  calculate_tokens and pack_data unchanged; its script (which reads a model folder and its
+  own dataset table at import) is pack_tool(), step for step, over one file; binpacking
+  is imported where it is there.
 tests/data/qwenft/demo/ holds its demo/single_images.json and the two images it names.
 
 Pixel limits: under transformers 5 its update_processor_pixels is a no-op (the image
@@ -43,7 +55,9 @@ load_image), and labels the ids.
 """
 
 import itertools
+import os
 import re
+from copy import deepcopy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +65,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import transformers
+from PIL import Image
 from torch.utils.data import Dataset
+
+try:  # tools/pack_data.py's (pack_tool only)
+    import binpacking
+except ImportError:
+    binpacking = None
 
 IGNORE_INDEX = -100
 
@@ -65,9 +85,6 @@ class DataArguments:  # argument.py (the fields the data path reads)
     video_max_pixels: int = 1024 * 28 * 28
     video_min_pixels: int = 256 * 28 * 28
     video_fps: float = 2
-
-
-MODEL_MAX_LENGTH = 512  # argument.py TrainingArguments.model_max_length
 
 
 def _make_abs_paths(base: Path, files: str) -> str:
@@ -579,6 +596,69 @@ class LazySupervisedDataset(Dataset):
 
         return data_dict
 
+    def _get_packed_item(self, sources) -> Dict[str, torch.Tensor]:
+
+        if isinstance(sources, dict):
+            if isinstance(source, dict):  # noqa: F821 (undefined there too: __getitem__ never passes a dict)
+                sources = [sources]
+            assert len(sources) == 1, "Don't know why it is wrapped to a list"  # FIXME
+            return self._get_item(sources)
+
+        if isinstance(sources, list):
+            data_list = []
+            new_data_dict = {}
+            for source in sources:
+                if isinstance(source, dict):
+                    source = [source]
+                assert len(source) == 1, (
+                    f"Don't know why it is wrapped to a list.\n {source}"
+                )  # FIXME
+                data_list.append(self._get_item(source))
+
+            input_ids = torch.cat([d["input_ids"] for d in data_list], dim=1)
+            labels = torch.cat([d["labels"] for d in data_list], dim=1)
+            position_ids = torch.cat([d["position_ids"] for d in data_list], dim=2)
+            attention_mask = [d["attention_mask"][0] for d in data_list if "attention_mask" in d]
+            new_data_dict = {
+                "input_ids": input_ids,
+                "labels": labels,
+                "position_ids": position_ids,
+                "attention_mask": attention_mask if attention_mask else None,
+            }
+
+            if any("pixel_values" in d for d in data_list):
+                new_data_dict.update(
+                    {
+                        "pixel_values": torch.cat(
+                            [d["pixel_values"] for d in data_list if "pixel_values" in d],
+                            dim=0,
+                        ),
+                        "image_grid_thw": torch.cat(
+                            [d["image_grid_thw"] for d in data_list if "image_grid_thw" in d],
+                            dim=0,
+                        ),
+                    }
+                )
+
+            if any("pixel_values_videos" in d for d in data_list):
+                new_data_dict.update(
+                    {
+                        "pixel_values_videos": torch.cat(
+                            [
+                                d["pixel_values_videos"]
+                                for d in data_list
+                                if "pixel_values_videos" in d
+                            ],
+                            dim=0,
+                        ),
+                        "video_grid_thw": torch.cat(
+                            [d["video_grid_thw"] for d in data_list if "video_grid_thw" in d],
+                            dim=0,
+                        ),
+                    }
+                )
+            return new_data_dict
+
 
 def pad_and_cat(tensor_list):
     max_length = max(tensor.shape[2] for tensor in tensor_list)
@@ -726,6 +806,96 @@ class FlattenedDataCollatorForSupervisedDataset(DataCollatorForSupervisedDataset
         return batch
 
 
+# ---- tools/pack_data.py: its token count and binpacking of records into packs -------------
+# (its DataArguments renamed PackDataArguments; MultimodalProcessor without process_video,
+# which needs torchcodec; the script part at its end is pack_tool() below)
+
+
+class PackDataArguments:  # its DataArguments (renamed: argument.py's is above)
+    def __init__(self):
+        self.max_pixels = 2048 * 28 * 28
+        self.min_pixels = 32 * 28 * 28
+        self.video_max_frame_pixels = 576 * 28 * 28
+        self.video_min_frame_pixels = 144 * 28 * 28
+        self.base_interval = 4
+        self.video_min_frames = 4
+        self.video_max_frames = 8
+        self.data_path = ''
+
+
+class MultimodalProcessor:
+    def __init__(self, data_args, base_processor, device='cpu'):
+        self.data_args = data_args
+        self.base_processor = base_processor
+        self.device = device
+
+    def _configure_processor(self, max_val, min_val):
+        processor = deepcopy(self.base_processor)
+        processor.max_pixels = max_val
+        processor.min_pixels = min_val
+        processor.size = {'longest_edge': max_val, 'shortest_edge': min_val}
+        return processor
+
+    def process_image(self, image_file):
+        image_path = os.path.join(self.data_args.data_path, image_file)
+        if not os.path.exists(image_path):
+            print(f'Image file does not exist: {image_path}')
+            return 0
+        processor = self._configure_processor(self.data_args.max_pixels, self.data_args.min_pixels)
+        image = Image.open(image_path).convert('RGB')
+        visual_processed = processor.preprocess(images=image, return_tensors='pt')
+        return visual_processed['image_grid_thw'].prod() // 4
+
+
+def calculate_tokens(conversation, processor, tokenizer):
+    total_tokens = 21
+    roles = {'human': 'user', 'gpt': 'assistant'}
+    for message in conversation['conversations']:
+        role = message['from']
+        text = message['value']
+        conv = [{'role': roles[role], 'content': text}]
+        encode_id = tokenizer.apply_chat_template(
+            conv, return_tensors='pt', add_generation_prompt=False
+        )[0]
+        total_tokens += len(encode_id)
+    if 'image' in conversation:
+        images = (
+            conversation['image']
+            if isinstance(conversation['image'], list)
+            else [conversation['image']]
+        )
+        for image_file in images:
+            total_tokens += processor.process_image(image_file)
+    elif 'video' in conversation:
+        videos = (
+            conversation['video']
+            if isinstance(conversation['video'], list)
+            else [conversation['video']]
+        )
+        for video_file in videos:
+            total_tokens += processor.process_video(video_file)
+    return total_tokens
+
+
+def pack_data(data_list, pack_length):
+    # Extract the length of each data item
+    lengths = [data["num_tokens"] for data in data_list]
+    grouped_indices = binpacking.to_constant_volume(
+        list(enumerate(lengths)),  # Explicitly convert to list
+        pack_length,
+        weight_pos=1,
+    )
+    packed_data = []
+    for group in grouped_indices:
+        group_data = []
+        for index, _ in group:
+            new_data = data_list[index].copy()
+            new_data.pop("num_tokens", None)
+            group_data.append(new_data)
+        packed_data.append(group_data)
+    return packed_data
+
+
 def cut(data_dict, model_max_length):
     """DataCollatorForSupervisedDataset's row cut (one instance: no padding)."""
     return (
@@ -787,6 +957,108 @@ def flattened(job, proc, args, recs, out):
     out["batches"] = np.array(nb)
 
 
+def padded(job, proc, args, recs, out):
+    """The padded batches its Trainer gets without data_flatten / data_packing: _get_item per
+    record, in file order, every job["padded"] of them through DataCollatorForSupervisedDataset
+    built as make_supervised_data_module builds it, on processor.tokenizer (whose
+    model_max_length is the tokenizer folder's, as its AutoProcessor.from_pretrained leaves
+    it: train_qwen.py gives training_args.model_max_length only to the Trainer's own
+    tokenizer): batch b's tensors as b{b}_{key}.  The last partial batch is kept when
+    job["keep_last"] (its Trainer's dataloader_drop_last=False)."""
+    import numpy as np
+
+    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
+    ds.processor = proc
+    ds.tokenizer = proc.tokenizer
+    ds.data_args = args
+    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
+    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    collator = DataCollatorForSupervisedDataset(proc.tokenizer)
+    mbs = job["padded"]
+    for rec in recs:
+        rec["data_path"] = job["data_path"]  # LazySupervisedDataset.__init__
+    nb = (len(recs) + (mbs - 1 if job.get("keep_last") else 0)) // mbs
+    for b in range(nb):
+        batch = collator([ds._get_item([rec]) for rec in recs[b * mbs : (b + 1) * mbs]])
+        for k, v in batch.items():
+            if v is not None:
+                out[f"b{b}_{k}"] = v.numpy()
+    out["batches"] = np.array(nb)
+    out["model_max_length"] = np.array(proc.tokenizer.model_max_length)
+
+
+def packed(job, proc, args, entries, out):
+    """data_packing=True: each entry of its packed annotation file (a list of records, or
+    one record) as LazySupervisedDataset reads it (__init__ sets each record's data_path,
+    __getitem__ wraps a dict in a list, item_fn is _get_packed_item), in file order, every
+    job["packed"] of them through FlattenedDataCollatorForSupervisedDataset (the collator
+    make_supervised_data_module picks for data_packing): batch b's tensors as b{b}_{key}.
+    A last partial batch is left out unless job["keep_last"] (its Trainer keeps it)."""
+    import numpy as np
+
+    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
+    ds.processor = proc
+    ds.tokenizer = proc.tokenizer
+    ds.data_args = args
+    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
+    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    ds.item_fn = ds._get_packed_item  # data_args.data_packing
+    collator = FlattenedDataCollatorForSupervisedDataset(proc.tokenizer)
+    mbs = job["packed"]
+    for ann in entries:  # LazySupervisedDataset.__init__
+        if isinstance(ann, list):
+            for sub_ann in ann:
+                sub_ann["data_path"] = job["data_path"]
+        else:
+            ann["data_path"] = job["data_path"]
+    nb = (len(entries) + (mbs - 1 if job.get("keep_last") else 0)) // mbs
+    for b in range(nb):
+        items = []
+        for sources in entries[b * mbs : (b + 1) * mbs]:
+            if isinstance(sources, dict):  # __getitem__
+                sources = [sources]
+            items.append(ds.item_fn(sources))
+        batch = collator(items)
+        for k, v in batch.items():
+            if v is not None:
+                out[f"b{b}_{k}"] = v.numpy()
+    out["batches"] = np.array(nb)
+
+
+def pack_tool(job):
+    """tools/pack_data.py's script over job["file"] (records with images or text only: its
+    video count needs torchcodec): each record's num_tokens by calculate_tokens (its
+    tokenizer with the chat template it sets, Qwen2VLImageProcessor with the tokenizer
+    folder's defaults: the folder holds no preprocessor config), then pack_data over
+    batches of 256 records with job["pack_length"]; the packs written to job["out"] as its
+    json.dump does."""
+    import json
+
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+
+    data_args = PackDataArguments()
+    data_args.data_path = job["data_path"]
+    tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    tokenizer.chat_template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"  # noqa: E501
+    base_image_processor = Qwen2VLImageProcessor()
+    processor = MultimodalProcessor(data_args, base_image_processor, device="cpu")
+    with open(job["file"]) as f:
+        data = json.load(f)
+    data_with_tokens = []
+    for item in data:
+        item["num_tokens"] = calculate_tokens(item, processor, tokenizer)
+        data_with_tokens.append(item)
+    pack_length = job["pack_length"]
+    batch_size = 256
+    all_packed_results = []
+    for i in range(0, len(data_with_tokens), batch_size):
+        batch_data = data_with_tokens[i : i + batch_size]
+        batch_packed_result = pack_data(batch_data, pack_length)
+        all_packed_results.extend(batch_packed_result)
+    with open(job["out"], "w", encoding="utf-8") as file:
+        json.dump(all_packed_results, file, indent=2)
+
+
 def run(job):
     """One file through Qwen's data path: per record ids_i, labels_i (cut), grid_i,
     pixels_i, vgrid_i, vpixels_i, spg_i (second_per_grid_ts), or err_i (the exception its
@@ -813,12 +1085,23 @@ def run(job):
         proc.image_processor.size.longest_edge = args.max_pixels
         vsize.shortest_edge = args.video_min_pixels
         vsize.longest_edge = args.video_max_pixels
-    n_max = job.get("model_max_length", MODEL_MAX_LENGTH)
+    # its collator is built on processor.tokenizer (make_supervised_data_module), whose
+    # model_max_length is the tokenizer folder's: train_qwen.py gives
+    # TrainingArguments.model_max_length only to the Trainer's own tokenizer
+    n_max = job.get("model_max_length", proc.tokenizer.model_max_length)
     with open(job["file"]) as f:
         recs = json.load(f) if job["file"].endswith(".json") else [json.loads(x) for x in f]
     out = {}
     if job.get("flatten"):
         flattened(job, proc, args, recs, out)
+        np.savez(job["out"], **out)
+        return
+    if job.get("padded"):
+        padded(job, proc, args, recs, out)
+        np.savez(job["out"], **out)
+        return
+    if job.get("packed"):
+        packed(job, proc, args, recs, out)
         np.savez(job["out"], **out)
         return
     for i, rec in enumerate(recs):
@@ -851,7 +1134,10 @@ def main():
 
     req = json.load(sys.stdin)
     for job in req["jobs"]:
-        run(job)
+        if job.get("pack_tool"):
+            pack_tool(job)
+        else:
+            run(job)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ records (tests/data/qwenft: demo/single_images.json and its two images) and reco
 real photos (scikit-image's and matplotlib's) re-encoded at test time: JPEG and PNG, gray,
 RGBA, an EXIF-rotated JPEG, several images per turn, multi-turn, a user turn holding the
 token "assistant".  Compared bitwise: input_ids, labels, image_grid_thw, pixel_values.
+data_flatten / data_packing: its flattened collator's batches, every key; packs made by
+its own tools/pack_data.py (binpacking) where it can count them (images and text).
 
 Skips when the Qwen tokenizer is absent.  Qwen2.5-VL runs by default, Qwen3-VL's photos
 and given pixel limits under @slow (its demo records by default).
@@ -20,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -262,6 +265,37 @@ def test_model_max_length_cuts_text(cache, tmp_path):
     compare(ref, ours(path, str(tmp_path), "qwen2.5-vl", model_max_length=40))
 
 
+def test_the_default_cut_is_the_checkpoint_tokenizers(cache, tmp_path):
+    """Its padded collator is built on processor.tokenizer, whose model_max_length is the
+    tokenizer folder's (131072 in this Qwen tokenizer's tokenizer_config.json), not its
+    TrainingArguments' 512 (train_qwen.py gives that only to the Trainer's own tokenizer):
+    a 600-token sample is not cut by default, as in its code; a folder that says 40 cuts at
+    40 by default; a Tokenizer object with no folder must say which."""
+    path = os.path.join(str(tmp_path), "long.jsonl")
+    with open(path, "w") as f:
+        conv = [
+            {"from": "human", "value": "Count."},
+            {"from": "gpt", "value": " ".join(str(i) for i in range(300))},
+        ]
+        f.write(json.dumps({"conversations": conv}) + "\n")
+    ref = reference(cache, path, str(tmp_path), "qwen2.5-vl")  # its own default
+    assert int(ref["full_0"]) > 512 and len(ref["ids_0"]) == int(ref["full_0"])  # uncut
+    compare(ref, ours(path, str(tmp_path), "qwen2.5-vl"))
+    folder = os.path.join(str(tmp_path), "tok40")
+    os.makedirs(folder)
+    shutil.copy(TOKENIZER, folder)
+    with open(os.path.join(TOKDIR, "tokenizer_config.json")) as f:
+        conf = json.load(f)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(dict(conf, model_max_length=40), f)
+    kw = dict(preset="qwen2.5-vl", recipe="qwen-vl-finetune", shuffle=False, micro_batch_size=1)
+    with mmloader.Loader(path, tokenizer=folder, **kw) as a:
+        with mmloader.Loader(path, tokenizer=TOKENIZER, model_max_length=40, **kw) as b:
+            assert np.array_equal(as_np(next(a))["input_ids"], as_np(next(b))["input_ids"])
+    with pytest.raises(mmloader.ConfigError, match="pass model_dir= or model_max_length="):
+        mmloader.Loader(path, tokenizer=mmloader.Tokenizer.from_file(TOKENIZER), **kw)
+
+
 def test_a_cut_through_an_image_is_refused():
     """model_max_length that would cut an image's tokens: skipped as too_long (Qwen's
     collator would hand the model fewer image tokens than features, which it refuses)."""
@@ -404,7 +438,6 @@ CLIPS = [
 def _clip_records(folder):
     """The CLIPS, one record each in Qwen's layout ("video": path, "<video>" in the turn),
     and one with an image and a video; the records' path."""
-    import shutil
 
     ffmpeg = shutil.which("ffmpeg")
     if not ffmpeg:
@@ -574,12 +607,12 @@ def test_video_settings_per_source(cache, clip_dir):
 
 
 def _ours_flat(path, root, preset, mbs, **kw):
+    kw.setdefault("data_flatten", True)
     loader = mmloader.Loader(
         path,
         preset=preset,
         tokenizer=TOKENIZER,
         recipe="qwen-vl-finetune",
-        data_flatten=True,
         image_root=root,
         shuffle=False,
         micro_batch_size=mbs,
@@ -760,3 +793,305 @@ def test_flatten_settings_are_checked(tmp_path):
     L = mmloader.Loader(f, **qft)
     opts = L._core().options()
     assert opts["mrope"] is True and opts["data_flatten"] is True and not opts["model_max_length"]
+
+
+# ---- data_packing: its packed annotation files (tools/pack_data.py), _get_packed_item ------
+
+
+def _pack_tool(cache, records, data_path, pack_length):
+    """tools/pack_data.py's token count and binpacking over a .json list of records (run by
+    the fixture, as its script does): the packed file's path."""
+    if importlib.util.find_spec("binpacking") is None:
+        pytest.skip("tools/pack_data.py needs binpacking (requirements-test.txt), not installed")
+    with open(records, "rb") as f:
+        key = hashlib.sha256(f.read() + f"{data_path}:{pack_length}".encode()).hexdigest()[:16]
+    out = os.path.join(str(cache), f"packed-{key}.json")
+    if not os.path.exists(out):
+        job = dict(
+            pack_tool=True, file=records, data_path=data_path, tokenizer=TOKDIR,
+            pack_length=pack_length, out=out,
+        )  # fmt: skip
+        env = dict(
+            os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"), MMLOADER_TVSHIM_VERSION="0.25.0"
+        )
+        r = subprocess.run(
+            [sys.executable, os.path.join(HERE, "qwenft_reference.py")],
+            input=json.dumps({"jobs": [job]}),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert r.returncode == 0, r.stderr[-4000:]
+    return out
+
+
+def _ours_packed(path, root, preset, mbs, **kw):
+    return _ours_flat(path, root, preset, mbs, data_packing=True, **kw)
+
+
+def _records_per_batch(ref):
+    return [len(ref[f"b{b}_attention_mask"]) - 1 for b in range(int(ref["batches"]))]
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_packing_demo_packed_by_its_tool(cache, preset):
+    """Its demo/single_images.json packed by its own tools/pack_data.py (pack_length 450:
+    two packs, one of one record and one of two), read with data_packing=True: each batch
+    of packs equals what its dataset (_get_packed_item) and flattened collator make, key
+    by key, one pack per batch and both packs in one batch."""
+    packs = _pack_tool(cache, os.path.join(DEMO, "demo", "single_images.json"), DEMO, 450)
+    entries = json.load(open(packs))
+    assert sorted(len(e) for e in entries) == [1, 2]  # the tool packed two records together
+    for mbs in (1, 2):
+        ref = reference(cache, packs, DEMO, preset, packed=mbs)
+        keys = _compare_flat(ref, _ours_packed(packs, DEMO, preset, mbs))
+        assert {"input_ids", "labels", "position_ids", "attention_mask", "pixel_values"} <= keys
+    ref = reference(cache, packs, DEMO, preset, packed=1)
+    assert sorted(_records_per_batch(ref)) == [1, 2]
+    # the global plan (its planning pass measures packs) and the adapter a Trainer takes
+    _compare_flat(ref, _ours_packed(packs, DEMO, preset, 1, global_plan=True))
+    if importlib.util.find_spec("torch") is not None:
+        import mmloader.torch
+
+        tl = mmloader.torch.Loader(
+            packs, preset=preset, tokenizer=TOKENIZER, recipe="qwen-vl-finetune",
+            data_packing=True, image_root=DEMO, shuffle=False, micro_batch_size=1,
+            mm_token_type_ids=False,
+        )  # fmt: skip
+        _compare_flat(ref, [{k: v.numpy() for k, v in b.items()} for b in tl])
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", pytest.param("qwen3-vl", marks=pytest.mark.slow)])
+def test_packing_photos_packed_by_its_tool(cache, tmp_path, preset):
+    """The photo records (JPEG, PNG, gray, RGBA, EXIF-rotated, two images per turn,
+    multi-turn, text only, the "assistant"-token quirk) packed by its tool (pack_length
+    2048: its 4096 makes two packs of these), two packs per batch."""
+    folder = str(tmp_path)
+    recs = [json.loads(x) for x in open(_photo_records(folder))]
+    listed = os.path.join(folder, "photos.json")  # its tool reads .json lists
+    with open(listed, "w") as f:
+        json.dump(recs, f)
+    packs = _pack_tool(cache, listed, folder, 2048)
+    entries = json.load(open(packs))
+    assert len(entries) >= 4 and max(len(e) for e in entries) > 2
+    ref = reference(cache, packs, folder, preset, packed=2)
+    keys = _compare_flat(ref, _ours_packed(packs, folder, preset, 2, dataloader_drop_last=True))
+    assert {"pixel_values", "image_grid_thw"} <= keys
+    assert max(_records_per_batch(ref)) > 3
+
+
+def _mixed_packs(folder, path):
+    """The 12 mixed records (photos, text, the ffmpeg clips, an image with a video) as 7
+    entries: packs of 2, 1, 3, 2, 1 and 2 records and a plain record (a record that is not
+    in a list is a pack of one, as its __getitem__ wraps it)."""
+    recs = [json.loads(x) for x in open(path)]
+    entries = [recs[0:2], recs[2:3], recs[3:6], recs[6], recs[7:9], recs[9:10], recs[10:12]]
+    assert sum(len(e) if isinstance(e, list) else 1 for e in entries) == 12
+    out = os.path.join(folder, "mixed_packs.json")
+    with open(out, "w") as f:
+        json.dump(entries, f)
+    return out, entries
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_packing_mixed_packs(cache, mixed_dir, preset):
+    """Packs mixing images, videos and text-only records, and plain records among them:
+    batches of 2 entries (3 batches; the 7th entry is the epoch's partial tail, left out
+    with dataloader_drop_last=True on both sides): ids,
+    labels, every M-RoPE row restarting at each record, attention_mask with one entry per
+    record, pixels and grids of images and videos."""
+    folder, path = mixed_dir
+    packs, _ = _mixed_packs(folder, path)
+    ref = reference(cache, packs, folder, preset, packed=2)
+    mine = _ours_packed(packs, folder, preset, 2, dataloader_drop_last=True)
+    keys = _compare_flat(ref, mine)
+    assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"} <= keys
+    assert _records_per_batch(ref) == [3, 4, 3]
+    # each record's positions restart at 0 (the text row's first position of each record)
+    for b in mine:
+        cu = b["attention_mask"].tolist()
+        assert all(b["position_ids"][0, 0, s] == 0 for s in cu[:-1])
+
+
+def test_packing_samples_and_resumes_packs_as_units(mixed_dir):
+    """A pack is one item: shuffled, sharded over ranks, counted (len), skipped and
+    resumed whole.  A state saved mid-epoch resumes to the same next batches."""
+    folder, path = mixed_dir
+    packs, entries = _mixed_packs(folder, path)
+    kw = dict(
+        preset="qwen2.5-vl", tokenizer=TOKENIZER, recipe="qwen-vl-finetune", data_packing=True,
+        image_root=folder, micro_batch_size=1, shuffle=True, seed=3, text_only_vision="omit",
+        on_error="raise", num_threads=2,
+    )  # fmt: skip
+    first = mmloader.Loader(packs, **kw)
+    assert len(first) == 7
+    whole = [as_np(b) for b in first]
+    sizes = sorted(len(b["attention_mask"]) - 1 for b in whole)
+    assert sizes == sorted(len(e) if isinstance(e, list) else 1 for e in entries)
+    again = mmloader.Loader(packs, **kw)
+    it = iter(again)
+    for _ in range(3):
+        next(it)
+    state = again.state_dict()
+    again.close()
+    resumed = mmloader.Loader(packs, **kw)
+    resumed.load_state_dict(state)
+    same(whole[3:], [as_np(b) for b in resumed])
+    # two ranks: disjoint packs, each whole, together the epoch (one pack left over)
+    ranks = [
+        [as_np(b) for b in mmloader.Loader(packs, **dict(kw, dp_rank=r, dp_size=2))]
+        for r in range(2)
+    ]
+    assert len(ranks[0]) == len(ranks[1]) == 3
+    ids = [b["input_ids"].tobytes() for r in ranks for b in r]
+    assert len(set(ids)) == 6 and set(ids) <= {b["input_ids"].tobytes() for b in whole}
+    # the flattened batches' state is another configuration's
+    flat = mmloader.Loader(packs, **dict(kw, data_packing=False, data_flatten=True))
+    with pytest.raises(mmloader.StateError, match="data_packing"):
+        flat.load_state_dict(state)
+    fp = mmloader.Loader(path, **dict(kw, data_packing=False)).state_dict()["fingerprint"]
+    assert "data_packing" not in fp  # off: states saved before it existed load
+
+
+def test_packing_skips_a_pack_whole(mixed_dir, tmp_path):
+    """A pack one of whose records fails (an image that does not exist) is skipped as one
+    sample, the message naming the pack (file and entry) and the image; the other packs
+    come through (and, as every epoch short of samples, the first again to fill it)."""
+    folder, path = mixed_dir
+    recs = [json.loads(x) for x in open(path)]
+    bad = dict(recs[0], image="img/missing.png")
+    entries = [[recs[2], recs[4]], [recs[5], bad], [recs[6]], recs[8]]
+    f = str(tmp_path / "packs.json")
+    with open(f, "w") as out:
+        json.dump(entries, out)
+    kw = dict(
+        preset="qwen2.5-vl", tokenizer=TOKENIZER, recipe="qwen-vl-finetune", data_packing=True,
+        image_root=folder, micro_batch_size=1, shuffle=False, num_threads=2,
+    )  # fmt: skip
+    loader = mmloader.Loader(f, on_error="skip", **kw)
+    with pytest.warns(Warning, match=r"missing_file\): \S*packs.json\[1\].*img/missing.png"):
+        got = [as_np(b) for b in loader]
+    assert [len(b["attention_mask"]) - 1 for b in got] == [2, 1, 1, 2]
+    same(got[3:], got[:1])
+    assert loader.stats()["skipped"] == 1
+    with pytest.raises(mmloader.Error, match=r"packs.json\[1\].*img/missing.png"):
+        list(mmloader.Loader(f, on_error="raise", **kw))
+
+
+def test_packing_settings_are_checked(tmp_path):
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    kw = dict(preset="qwen2.5-vl", tokenizer=TOKENIZER, micro_batch_size=1, image_root=DEMO)
+    qft = dict(kw, recipe="qwen-vl-finetune", data_packing=True)
+    with pytest.raises(mmloader.ConfigError, match="data_packing is a qwen-vl-finetune"):
+        mmloader.Loader(f, data_packing=True, **kw)
+    with pytest.raises(mmloader.ConfigError, match="data_packing is a qwen-vl-finetune"):
+        mmloader.Loader(f, recipe="llama-factory", data_packing=True, **kw)
+    with pytest.raises(mmloader.ConfigError, match="flattened collator cuts nothing"):
+        mmloader.Loader(f, model_max_length=4096, **qft)
+    for bad, match in [
+        (dict(packing=True, pack_length=4096), "not with packing=True"),
+        (dict(seq_length=4096), "not with seq_length"),
+        (dict(keys="megatron"), "not with keys=\"megatron\""),
+    ]:
+        with pytest.raises(mmloader.ConfigError, match=match):
+            mmloader.Loader(f, **qft, **bad)
+    L = mmloader.Loader(f, **qft)
+    opts = L._core().options()
+    assert opts["data_packing"] is True and opts["data_flatten"] is True and opts["mrope"] is True
+    # a list entry without data_packing, an empty pack, a pack holding a list
+    recs = json.load(open(f))
+    for entries, match, packing in [
+        ([recs[0:2]], "a list of records is a pack: data_packing=True", False),
+        ([[]], "an empty pack", True),
+        ([[recs[0], [recs[1]]]], "record 1 of the pack: bad record: the line is not", True),
+    ]:
+        p = str(tmp_path / "bad.json")
+        with open(p, "w") as out:
+            json.dump(entries + [recs[2]], out)
+        opts = dict(kw, recipe="qwen-vl-finetune", on_error="raise", data_packing=packing)
+        with pytest.raises(mmloader.Error, match=match):
+            list(mmloader.Loader(p, **opts))
+
+
+# ---- padded batches: its DataCollatorForSupervisedDataset (position_ids padded with 1) ---
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-vl", "qwen3-vl"])
+def test_padded_batches_with_its_positions(cache, mixed_dir, preset):
+    """Padded batches of 3 of the 12 mixed records (photos, text, the ffmpeg clips, an image
+    with a video) against its padded collator: ids (padded with <|endoftext|>), labels,
+    position_ids [3, B, L] by its rope2d.py with padding positions 1 (mrope=True),
+    pixels and grids bitwise; attention_mask its values (its collator's is bool, mmloader's
+    int64: the same mask to the model).  Its collator cuts at processor.tokenizer's
+    model_max_length, which its train_qwen.py never sets (the tokenizer folder's 131072):
+    model_max_length=131072 here."""
+    folder, path = mixed_dir
+    ref = reference(cache, path, folder, preset, padded=3)
+    assert int(ref["model_max_length"]) == 131072
+    mine = _ours_flat(
+        path, folder, preset, 3, data_flatten=False, mrope=True, model_max_length=131072
+    )
+    nb = int(ref["batches"])
+    assert nb == 4 and len(mine) == nb
+    padding_seen = False
+    for b, got in enumerate(mine):
+        want = {k.split("_", 1)[1]: v for k, v in ref.items() if k.startswith(f"b{b}_")}
+        assert set(want) <= set(got), (b, sorted(set(want) - set(got)))
+        assert set(got) - set(want) <= {"second_per_grid_ts", "rope_deltas"}, b
+        for k, v in want.items():
+            if k == "attention_mask":
+                assert v.dtype == np.bool_ and np.array_equal(got[k].astype(bool), v), b
+                continue
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, (b, k, got[k].shape)
+            assert np.array_equal(got[k], v), (b, k)
+        pad = ~want["attention_mask"]
+        padding_seen |= bool(pad.any())
+        assert (got["position_ids"][:, pad] == 1).all()  # its pad_and_cat's 1, not 0
+    assert padding_seen
+
+
+def test_padded_positions_one_rule_per_loader():
+    """mrope=True in padded batches: a mixture of qwen-vl-finetune and other sources would
+    mix its rope2d.py positions with transformers': refused."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    src = [
+        mmloader.Source(f, name="qft", recipe="qwen-vl-finetune", image_root=DEMO),
+        mmloader.Source(f, name="hf", image_root=DEMO),
+    ]
+    kw = dict(preset="qwen2.5-vl", tokenizer=TOKENIZER, micro_batch_size=1)
+    with pytest.raises(mmloader.ConfigError, match="would mix the two rules"):
+        mmloader.Loader(src, mrope=True, **kw)
+    mmloader.Loader(src, mrope=False, **kw).close()
+
+
+def test_last_partial_batch_is_refused_or_dropped_as_asked(cache):
+    """Its Trainer keeps an epoch's last partial batch (dataloader_drop_last=False, the
+    Hugging Face default): its padded collator over its 3 demo records in batches of 2
+    gives a second batch of one row.  mmloader's epochs end at the last full batch, so
+    under the recipe such an epoch is a ConfigError naming the samples left; with
+    dataloader_drop_last=True its first batch is the only one, equal to Qwen's first."""
+    f = os.path.join(DEMO, "demo", "single_images.json")
+    ref = reference(cache, f, DEMO, "qwen2.5-vl", padded=2, keep_last=True)
+    assert int(ref["batches"]) == 2 and ref["b1_input_ids"].shape[0] == 1  # its partial batch
+    kw = dict(
+        preset="qwen2.5-vl", tokenizer=TOKENIZER, recipe="qwen-vl-finetune", image_root=DEMO,
+        micro_batch_size=2, shuffle=False, mrope=True, model_max_length=131072,
+        text_only_vision="omit", num_threads=2,
+    )  # fmt: skip
+    with pytest.raises(mmloader.ConfigError, match=r"3 samples leaves 1 after its last full"):
+        mmloader.Loader(f, **kw)
+    with pytest.raises(mmloader.ConfigError, match=r"dataloader_drop_last=True"):
+        mmloader.Loader(f, **kw)
+    got = [as_np(b) for b in mmloader.Loader(f, dataloader_drop_last=True, **kw)]
+    assert len(got) == 1
+    for k in ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw"):
+        assert np.array_equal(got[0][k], ref[f"b0_{k}"]), k
+    # the tail is per rank: 3 samples over 2 ranks are 1 each, in batches of 1: none left
+    mmloader.Loader(f, **dict(kw, micro_batch_size=1, dp_rank=0, dp_size=2)).close()
+    # a setting of the recipe only
+    with pytest.raises(mmloader.ConfigError, match="dataloader_drop_last is a qwen-vl-finetune"):
+        mmloader.Loader(
+            f, dataloader_drop_last=True, preset="qwen2.5-vl", tokenizer=TOKENIZER,
+            micro_batch_size=1,
+        )  # fmt: skip

@@ -189,7 +189,9 @@ typedef struct {
 
 /* The pixel_values output of one call: malloc'd memory (written without the GIL) exposed through
  * the buffer protocol.  When the last view goes away the memory goes back to its processor
- * (one cached buffer) so steady-state calls neither allocate nor page-fault new memory. */
+ * (one cached buffer: the largest released, so a small first call (a warm-up) does not
+ * leave a cache that every larger call then passes by) so steady-state calls neither
+ * allocate nor page-fault new memory. */
 typedef struct {
   PyObject_HEAD
   PyObject *owner; /* the VisionProcessor */
@@ -216,7 +218,8 @@ static void VisionBuffer_dealloc(VisionBufferObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   VisionProcessorObject *o = (VisionProcessorObject *)self->owner;
-  if (o && !o->cache && self->data) {
+  if (o && self->data && (!o->cache || o->cache_size < self->size)) {
+    free(o->cache); /* smaller: this one serves every call it served, and more */
     o->cache = self->data;
     o->cache_size = self->size;
   } else {

@@ -18,6 +18,13 @@
  *     exactly as padded ones (micro_batch_size samples, the mml_compose_* rule unchanged)
  *     and only laid out differently at emit: one row of the samples back to back, so a
  *     flattened stream holds the same samples in the same batches as the padded one.
+ *   - cfg.rope2d (recipe="qwen-vl-finetune", padded rows): M-RoPE positions as Qwen's padded
+ *     collator has them, its rope2d.py rule and padding positions 1 (mml/collate.h).
+ *   - A sample that is a pack of records (Qwen's data_packing, mml/sample.h subs) is one
+ *     sample to composition; only a flattened emit looks inside it: each record gets its
+ *     own attention_mask entry and M-RoPE positions from 0, exactly as if its records had
+ *     been samples of their own (so a batch of packs is the flattened batch of their
+ *     records).  A pack offered to a collator that does not flatten is refused.
  *
  * Threads: a collator is used by one thread at a time; mml_collator_check is const and may
  * run concurrently with anything else.  Ownership: samples added are owned by the collator
@@ -63,9 +70,66 @@ static mml_mrope_media media_of(const mml_collate_cfg *cfg, const mml_sample *s)
       .second_per_grid = cfg->second_per_grid ? (const float *)s->vsecs.data : NULL,
       .tokens_per_second = MML_QWEN25_TOKENS_PER_SECOND,
       .split_frames = cfg->split_video_frames,
-      .legacy_advance = cfg->flatten, /* Qwen's own rope2d.py (mml/collate.h) */
+      .legacy_advance = cfg->flatten || cfg->rope2d, /* Qwen's own rope2d.py (mml/collate.h) */
       .image_pad_id = cfg->image_pad_id,
       .video_pad_id = s->nvideos ? cfg->video_pad_id : -1}; /* (0 in a zeroed cfg is a token) */
+}
+
+/* Walks a sample's records in order (a pack's, mml/sample.h subs; else the sample as
+ * one): record k's ids are [at, at + len), its media those M-RoPE reads. */
+typedef struct rec_cursor {
+  int k, n;     /* next record, records */
+  int64_t at;   /* its first token */
+  int img, vid; /* its first image and video */
+} rec_cursor;
+
+static rec_cursor records_of(const mml_sample *s) {
+  return (rec_cursor){.n = s->subs.len ? (int)(s->subs.len / 3) : 1};
+}
+
+/* Record cur->k's ids (*at, *len) and media; advances the cursor. */
+static mml_mrope_media next_record(const mml_collate_cfg *cfg, const mml_sample *s, rec_cursor *cur,
+                                   int64_t *at, int64_t *len) {
+  mml_mrope_media md = media_of(cfg, s);
+  *at = cur->at;
+  if (!s->subs.len) {
+    *len = (int64_t)s->input_ids.len;
+    cur->k++;
+    return md;
+  }
+  const int32_t *e = s->subs.data + 3 * cur->k;
+  if (cur->img) md.grids += 3 * cur->img;
+  if (cur->vid) {
+    md.vgrids += 3 * cur->vid;
+    if (md.second_per_grid) md.second_per_grid += cur->vid;
+  }
+  md.nimages = e[1];
+  md.nvideos = e[2];
+  if (!e[2]) md.video_pad_id = -1;
+  *len = e[0];
+  cur->at += e[0];
+  cur->img += e[1];
+  cur->vid += e[2];
+  cur->k++;
+  return md;
+}
+
+/* A pack's record table agrees with the sample: lengths and media counts add up. */
+static mml_status check_records(const mml_sample *s, mml_err *err) {
+  if (!s->subs.len) return MML_OK;
+  int64_t t = 0, im = 0, vi = 0;
+  bool ok = s->subs.len % 3 == 0;
+  for (size_t k = 0; ok && k < s->subs.len; k += 3) {
+    const int32_t *e = s->subs.data + k;
+    ok = e[0] >= 1 && e[1] >= 0 && e[2] >= 0;
+    t += e[0], im += e[1], vi += e[2];
+  }
+  if (!ok || t != (int64_t)s->input_ids.len || im != s->nimages || vi != s->nvideos)
+    return mml_err_set(err, MML_EINVAL,
+                       "sample %lld: its pack's records do not add up to its %zu tokens, %d "
+                       "images and %d videos",
+                       (long long)s->index, s->input_ids.len, s->nimages, s->nvideos);
+  return MML_OK;
 }
 
 static mml_status check_cfg(const mml_collate_cfg *c, mml_err *err) {
@@ -198,16 +262,19 @@ mml_status mml_collator_check(const mml_collator *c, const mml_sample *s, mml_er
   if (vrows != s->vpixel_rows)
     return mml_err_set(err, MML_EINVAL, "sample %lld: video grids hold %lld patches but %lld rows",
                        (long long)s->index, (long long)vrows, (long long)s->vpixel_rows);
-  if (c->cfg.mrope) {
-    mml_mrope_media md = media_of(&c->cfg, s);
-    mml_status st = mml_mrope_positions_media(s->input_ids.data, n, &md, c->cfg.spatial_merge, NULL,
-                                              0, NULL, err);
-    if (st) {
-      mml_err_prefix(err, "sample %lld", (long long)s->index);
-      return st;
-    }
+  if ((st = check_records(s, err))) return st;
+  if (s->subs.len && !c->cfg.flatten)
+    return mml_err_set(err, MML_EINVAL,
+                       "sample %lld is a pack of records: only flattened batches hold packs",
+                       (long long)s->index);
+  for (rec_cursor r = records_of(s); c->cfg.mrope && !st && r.k < r.n;) {
+    int64_t at, len;
+    mml_mrope_media md = next_record(&c->cfg, s, &r, &at, &len);
+    st = mml_mrope_positions_media(s->input_ids.data + at, len, &md, c->cfg.spatial_merge, NULL, 0,
+                                   NULL, err);
+    if (st) mml_err_prefix(err, "sample %lld", (long long)s->index);
   }
-  return MML_OK;
+  return st;
 }
 
 int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens) {
@@ -395,7 +462,10 @@ static mml_status emit_mrope(emit_ctx *e) {
   mml_status st;
   int64_t *pos = emit_tensor(e, e->k->position_ids, MML_DT_INT64, 3, DIMS(rows, e->B, e->L), &st);
   if (!pos) return st;
-  memset(pos, 0, (size_t)(rows * e->BL) * sizeof(int64_t));
+  if (cfg->rope2d && !e->pack && !e->flat) /* Qwen's pad_and_cat pads positions with 1 */
+    for (int64_t j = 0; j < rows * e->BL; j++) pos[j] = 1;
+  else
+    memset(pos, 0, (size_t)(rows * e->BL) * sizeof(int64_t));
   if (rows == 4) {
     text_positions(pos, e->n, e->start, e->slot, e->end, e->L);
     pos += e->BL;
@@ -404,10 +474,14 @@ static mml_status emit_mrope(emit_ctx *e) {
   if (!deltas) return mml_err_set(e->err, MML_ENOMEM, "collator: out of memory");
   for (int i = 0; i < e->n && !st; i++) {
     const mml_sample *s = &e->c->slots[i];
-    mml_mrope_media md = media_of(cfg, s);
-    st =
-        mml_mrope_positions_media(s->input_ids.data, (int64_t)s->input_ids.len, &md,
-                                  cfg->spatial_merge, pos + e->start[i], e->BL, &deltas[i], e->err);
+    /* a pack's records (flattened only): each its own positions from 0, as Qwen's
+     * _get_packed_item concatenates its records' */
+    for (rec_cursor r = records_of(s); !st && r.k < r.n;) {
+      int64_t at, len;
+      mml_mrope_media md = next_record(cfg, s, &r, &at, &len);
+      st = mml_mrope_positions_media(s->input_ids.data + at, len, &md, cfg->spatial_merge,
+                                     pos + e->start[i] + at, e->BL, &deltas[i], e->err);
+    }
     if (st) mml_err_prefix(e->err, "sample %lld", (long long)s->index);
   }
   int64_t nd = e->pack ? e->n : e->B;
@@ -437,11 +511,20 @@ static mml_status emit_positions(emit_ctx *e) {
 static mml_status emit_attention(emit_ctx *e) {
   mml_status st;
   const int64_t B = e->B, L = e->L;
-  if (e->flat) { /* int32 [n+1]: cumulative lengths, as Qwen's flattened collator */
-    int32_t *cu = emit_tensor(e, e->k->attention_mask, MML_DT_INT32, 1, DIMS(e->n + 1), &st);
+  if (e->flat) { /* int32 [records + 1]: cumulative lengths, as Qwen's flattened collator */
+    int64_t nrec = 0;
+    for (int i = 0; i < e->n; i++) nrec += records_of(&e->c->slots[i]).n;
+    int32_t *cu = emit_tensor(e, e->k->attention_mask, MML_DT_INT32, 1, DIMS(nrec + 1), &st);
     if (!cu) return st;
-    cu[0] = 0;
-    for (int i = 0; i < e->n; i++) cu[i + 1] = (int32_t)(e->start[i] + e->slot[i]);
+    *cu++ = 0;
+    for (int i = 0; i < e->n; i++) {
+      const mml_sample *s = &e->c->slots[i];
+      for (rec_cursor r = records_of(s); r.k < r.n;) {
+        int64_t at, len;
+        (void)next_record(e->cfg, s, &r, &at, &len);
+        *cu++ = (int32_t)(e->start[i] + at + len);
+      }
+    }
     return MML_OK;
   }
   if (e->cfg->keys == MML_KEYS_QWEN) {

@@ -29,6 +29,7 @@ void mml_sample_reset(mml_sample *s) {
   mml_bytes_clear(&s->vsecs);
   s->nvideos = 0;
   s->vision_tokens = 0;
+  mml_ids_clear(&s->subs);
 }
 
 void mml_sample_free(mml_sample *s) {
@@ -38,6 +39,7 @@ void mml_sample_free(mml_sample *s) {
   mml_ids_free(&s->grids);
   mml_ids_free(&s->vgrids);
   mml_bytes_free(&s->vsecs);
+  mml_ids_free(&s->subs);
   memset(s, 0, sizeof *s);
 }
 

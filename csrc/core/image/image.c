@@ -14,6 +14,7 @@
  * integer formula (AlphaComposite.c, exact for every (value, alpha) pair — the tests check
  * all 65536).  Per source type, matching what Pillow does (each checked by tests):
  *   JPEG gray/YCbCr/RGB  libjpeg defaults (islow IDCT, fancy upsampling) — what Pillow uses
+ *                        (gray: libjpeg-turbo writes R = G = B itself, Pillow's L -> RGB)
  *   JPEG CMYK/YCCK       Pillow reads them as inverted ("CMYK;I", Adobe convention) and
  *                        converts with r = 255-k' - (c'*(255-k'))/255 (MULDIV255 rounding)
  *   PNG gray 1/2/4 bit   scaled to 0..255 (x255, x85, x17)
@@ -440,6 +441,12 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   int nc = ci->num_components;
   if (nc == 1) {
     ci->out_color_space = JCS_GRAYSCALE;
+#if defined(LIBJPEG_TURBO_VERSION_NUMBER) && LIBJPEG_TURBO_VERSION_NUMBER >= 1005000
+    /* libjpeg-turbo replicates the gray sample into R, G and B itself (gray_rgb_convert):
+     * the bytes of the nc == 1 loop below, written straight into the sink's row */
+    ci->out_color_space = JCS_RGB;
+    nc = 3;
+#endif
   } else if (nc == 3) {
     ci->out_color_space = JCS_RGB;
   } else if (nc == 4) {

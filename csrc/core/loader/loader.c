@@ -402,6 +402,19 @@ static mml_status build_stream(mml_loader *L, const mml_loader_cfg *cfg, mml_err
 static mml_status build_pipeline(mml_loader *L, const mml_loader_cfg *cfg, mml_err *err) {
   L->ccfg = cfg->collate;
   if (cfg->plan_only) L->ccfg.mrope = 0; /* no grids to check the ids against */
+  /* padded rows of Qwen's fine-tuning code: its positions (mml/collate.h rope2d); one rule
+   * per loader, so a mixture mixing it with other recipes has no M-RoPE positions */
+  int qft = 0, n = cfg->sources && cfg->nsources > 0 ? cfg->nsources : 1;
+  for (int i = 0; i < n; i++)
+    qft += (cfg->sources && cfg->nsources > 0 ? cfg->sources[i].recipe : cfg->recipe) ==
+           MML_RECIPE_QWEN_VL_FINETUNE;
+  if (L->ccfg.mrope && !L->ccfg.pack && !L->ccfg.flatten && qft && qft < n)
+    return mml_err_set(err, MML_ECONFIG,
+                       "mrope=True: padded batches' positions follow Qwen's rope2d.py for "
+                       "recipe=\"qwen-vl-finetune\" and transformers' otherwise; a mixture "
+                       "of %d qwen-vl-finetune and %d other sources would mix the two rules",
+                       qft, n - qft);
+  L->ccfg.rope2d = qft == n && !L->ccfg.pack;
   const mml_tokenizer *tok = cfg->tokenizer;
   if (L->ccfg.pad_id < 0) {
     L->ccfg.pad_id = mml_tokenizer_token_to_id(tok, "<|endoftext|>", 13);

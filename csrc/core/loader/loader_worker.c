@@ -254,7 +254,8 @@ mml_status ld_parse_record(const mml_loader *L, int shard, int64_t gi, const mml
                         .implicit = imgs,
                         .nimplicit = ni < MAX_MEMBERS ? ni : MAX_MEMBERS,
                         .implicit_videos = vids,
-                        .nimplicit_videos = nv < MAX_MEMBERS ? nv : MAX_MEMBERS};
+                        .nimplicit_videos = nv < MAX_MEMBERS ? nv : MAX_MEMBERS,
+                        .packs = L->cfg.data_packing};
   return mml_record_parse_opts((const char *)bytes->data, n, &ro, rec, err);
 }
 

@@ -209,7 +209,9 @@ static const mml_option k_options[] = {
     {"model_max_length", MML_OPT_INT, CFG(qft.model_max_length), 0, 1, I64, NULL, FP | NONE,
      "qwen-vl-finetune: cut each sample to its first this many tokens. As its collator cuts "
      "each padded row; a cut through an image's tokens skips the sample as \"too_long\" (None: "
-     "512, its TrainingArguments default; recipe=\"qwen-vl-finetune\" only)."},
+     "the checkpoint tokenizer's model_max_length from its tokenizer_config.json, model_dir's "
+     "else the tokenizer file's folder, as its collator cuts at processor.tokenizer's; no "
+     "cut where it gives none; recipe=\"qwen-vl-finetune\" only)."},
     {"data_flatten", MML_OPT_BOOL, CFG(collate.flatten), 0, 0, 1, NULL, FP,
      "qwen-vl-finetune: its DataArguments.data_flatten. Each batch's micro_batch_size samples "
      "concatenated into one row, as its FlattenedDataCollatorForSupervisedDataset does: "
@@ -219,6 +221,20 @@ static const mml_option k_options[] = {
      "pixel_values and grids in order.  recipe=\"qwen-vl-finetune\" only (every source of a "
      "mixture); not with packing, seq_length, max_tokens_per_batch, shift_labels, "
      "keys=\"megatron\", attention_mask=False or model_max_length."},
+    {"data_packing", MML_OPT_BOOL, CFG(data_packing), 0, 0, 1, NULL, FP,
+     "qwen-vl-finetune: its DataArguments.data_packing. A record that is a JSON list of "
+     "records (an entry of the packed files its tools/pack_data.py writes) is one sample, a "
+     "pack: sampled, sharded, counted, skipped and resumed as a unit; each of its records is "
+     "made as on its own and batches are Qwen's flattened ones (data_flatten is implied): "
+     "micro_batch_size packs, their records back to back, attention_mask the cumulative "
+     "lengths of the records, position_ids restarting at each record.  A plain record is a "
+     "pack of one.  max_length and max_images_per_sample bound the whole pack."},
+    {"dataloader_drop_last", MML_OPT_BOOL, PYFIELD, 0, 0, 1, NULL, PY,
+     "qwen-vl-finetune: the Hugging Face TrainingArguments name. Its Trainer's default "
+     "(False) trains an epoch's last partial batch, which mmloader's epochs never hold (they "
+     "end at the last full batch): under the recipe a Loader whose epoch leaves samples after "
+     "the last full batch is a ConfigError naming them, unless dataloader_drop_last=True "
+     "(what its --dataloader_drop_last True trains).  recipe=\"qwen-vl-finetune\" only."},
     {"max_length", MML_OPT_INT, CFG(max_length), 0, 1, I64, NULL, FP | NONE,
      "Skip samples with more tokens (reason \"too_long\"; None: no limit)."},
     /* ---- batches */
@@ -564,6 +580,10 @@ mml_status mml_loader_cfg_check(const mml_loader_cfg *c, mml_err *err) {
                          "samples, cu_seqlens as attention_mask, qwen keys): not with %s",
                          bad);
   }
+  if (c->data_packing && !c->collate.flatten)
+    return mml_err_set(err, MML_ECONFIG,
+                       "data_packing=True makes Qwen's flattened batches of packs: it needs "
+                       "data_flatten (the Loader implies it)");
   if (c->max_tokens_per_batch > 0) {
     if (c->collate.micro_batch_size > 0)
       return mml_err_set(err, MML_ECONFIG,

@@ -160,6 +160,36 @@ static int any_label(const mml_ids *labels) {
   return 0;
 }
 
+/* The ids and labels of rec: a pack's records each rendered on its own (as Qwen's
+ * _get_packed_item makes each with _get_item) and appended, each one's (tokens, images,
+ * videos) noted in out->subs. */
+static mml_status encode_records(const mml_pipeline *pl, mml_sample_scratch *sc,
+                                 const mml_record *rec, mml_sample *out, mml_err *err) {
+  const mml_video_tokens *vt = rec->nvideos ? sc->vtokens : NULL;
+  if (!rec->nsubs)
+    return mml_template_encode_media(pl->tmpl, sc->tok, rec, sc->tokens, vt, &out->input_ids,
+                                     &out->labels, err);
+  for (int k = 0; k < rec->nsubs; k++) {
+    const mml_record one = mml_record_sub(rec, k);
+    const size_t at = out->input_ids.len;
+    mml_status st = mml_template_encode_media(pl->tmpl, sc->tok, &one, sc->tokens, vt,
+                                              &out->input_ids, &out->labels, err);
+    if (st) {
+      mml_err_prefix(err, "record %d of the pack", k);
+      return st;
+    }
+    int32_t e[3] = {(int32_t)(out->input_ids.len - at), 0, 0}; /* tokens, images, videos */
+    for (int m = 0; m < one.nmessages; m++)
+      for (int i = 0; i < one.messages[m].nparts; i++) {
+        mml_part_kind kind = one.messages[m].parts[i].kind;
+        if (kind != MML_PART_TEXT) e[kind == MML_PART_IMAGE ? 1 : 2]++;
+      }
+    if ((st = mml_ids_append(&out->subs, e, 3)))
+      return mml_err_set(err, st, "out of memory for a pack's records");
+  }
+  return MML_OK;
+}
+
 mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, const mml_record *rec,
                               const mml_bytes *media, mml_vision_plan *plans,
                               const mml_video_info *vinfo, mml_video_plan *vplans, mml_sample *out,
@@ -193,9 +223,7 @@ mml_status mml_sample_measure(const mml_pipeline *pl, mml_sample_scratch *sc, co
                        n, rec->nvideos, (long long)src_px, (long long)pl->max_sample_pixels);
   double t1 = mml_now();
   sc->vision_s += t1 - t0;
-  st = mml_template_encode_media(pl->tmpl, sc->tok, rec, sc->tokens,
-                                 rec->nvideos ? sc->vtokens : NULL, &out->input_ids, &out->labels,
-                                 err);
+  st = encode_records(pl, sc, rec, out, err);
   sc->text_s += mml_now() - t1;
   return st;
 }

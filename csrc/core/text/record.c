@@ -14,6 +14,11 @@
  * its own reference uses that.  Every top-level image must be used exactly once
  * (MML_EMISMATCH otherwise).  Unknown top-level and per-message fields are ignored.
  *
+ * Packs (mml_record_opts.packs: Qwen's data_packing): a line that is a list of record
+ * objects is one record whose rec->subs mark where each object's messages begin; each
+ * object is read exactly as a line of its own (its own image and video lists, matched in
+ * its own messages), and images / videos are numbered across the pack in order.
+ *
  * Memory: the record's arena keeps the cJSON tree (text parts point into its strings, so
  * text is never copied) and the message/part/image arrays, whose capacity is kept when a
  * record is parsed again, so a worker that reuses one mml_record allocates only cJSON's
@@ -54,6 +59,8 @@ typedef struct rec_arena {
   size_t first_cap;
   char **owned; /* strings made while parsing (joined alpaca text, printed JSON) */
   size_t nowned, owned_cap;
+  int *subs; /* a pack: each record's first message, then the total (nsubs + 1) */
+  size_t subs_cap;
 } rec_arena;
 
 /* State of one parse. */
@@ -72,6 +79,7 @@ typedef struct parse_ctx {
   int nimplicit;
   int list_len, list_next;
   int max_images;
+  int mbase; /* a pack: messages of the records before this one */
   mml_err *err;
 } parse_ctx;
 
@@ -509,19 +517,20 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
   const char *r = role->valuestring;
   if (!mml_utf8_valid(r, strlen(r)))
     return mml_err_set(c->err, MML_ERECORD, "bad record: message %d role is not valid UTF-8", i);
-  set_role(&a->msgs[i], r);
-  a->msg_first_part[i] = (int)a->nparts;
+  mml_message *msg = &a->msgs[c->mbase + i];
+  set_role(msg, r);
+  a->msg_first_part[c->mbase + i] = (int)a->nparts;
   /* LLaMA-Factory v1's per-message "loss_weight": only the weights the labels already give
    * (1 on assistant turns, 0 elsewhere) can be honoured; others would train on other data. */
   const cJSON *lw = cJSON_GetObjectItemCaseSensitive(m, "loss_weight");
   if (lw && !cJSON_IsNull(lw)) {
-    const mml_role role = a->msgs[i].role;
+    const mml_role role = msg->role;
     const double want = role == MML_ROLE_ASSISTANT || role == MML_ROLE_FUNCTION_CALL ? 1.0 : 0.0;
     if (!cJSON_IsNumber(lw) || lw->valuedouble != want)
       return mml_err_set(c->err, MML_ERECORD,
                          "bad record: message %d (role \"%s\") has loss_weight other than %g "
                          "(only the label_mode's weights are supported)",
-                         i, a->msgs[i].role_name, want);
+                         i, msg->role_name, want);
   }
 
   const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
@@ -529,13 +538,13 @@ static mml_status add_message(parse_ctx *c, int i, const cJSON *m) {
   if (!content || cJSON_IsNull(content)) return MML_OK; /* empty message */
   if (cJSON_IsString(content)) {
     mml_status st = add_text(c, i, content->valuestring);
-    if (!st && a->msgs[i].role == MML_ROLE_FUNCTION_CALL &&
-        (int)a->nparts > a->msg_first_part[i] + 1)
+    if (!st && msg->role == MML_ROLE_FUNCTION_CALL &&
+        (int)a->nparts > a->msg_first_part[c->mbase + i] + 1)
       st = mml_err_set(c->err, MML_ERECORD, "bad record: function_call message %d holds an image",
                        i);
     return st;
   }
-  if (a->msgs[i].role == MML_ROLE_FUNCTION_CALL)
+  if (msg->role == MML_ROLE_FUNCTION_CALL)
     return mml_err_set(c->err, MML_ERECORD,
                        "bad record: function_call message %d content is not a string", i);
   if (cJSON_IsArray(content)) {
@@ -585,8 +594,8 @@ static mml_status take_system_and_tools(parse_ctx *c, const cJSON *root) {
 }
 
 static mml_status add_text_message(parse_ctx *c, int i, const char *role, const char *text) {
-  set_role(&c->a->msgs[i], role);
-  c->a->msg_first_part[i] = (int)c->a->nparts;
+  set_role(&c->a->msgs[c->mbase + i], role);
+  c->a->msg_first_part[c->mbase + i] = (int)c->a->nparts;
   return add_text(c, i, text);
 }
 
@@ -605,8 +614,8 @@ static mml_status parse_alpaca(parse_ctx *c, const cJSON *root, int *n) {
     return mml_err_set(c->err, MML_ERECORD, "bad record: alpaca \"history\" is not a list");
   int nh = hist ? cJSON_GetArraySize(hist) : 0;
   *n = 2 * nh + 2;
-  if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)*n, sizeof *a->msgs) ||
-      grow((void **)&a->msg_first_part, &a->first_cap, (size_t)*n + 1, sizeof(int)))
+  if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)(c->mbase + *n), sizeof *a->msgs) ||
+      grow((void **)&a->msg_first_part, &a->first_cap, (size_t)(c->mbase + *n) + 1, sizeof(int)))
     return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
   int i = 0;
   for (const cJSON *h = hist ? hist->child : NULL; h; h = h->next) {
@@ -680,11 +689,8 @@ static mml_status take_images(parse_ctx *c, const cJSON *root) {
   return MML_OK;
 }
 
-/* After the n messages: every listed image and video referred to, then the arena's
- * parts, images and videos become the record's. */
-static mml_status finish_record(parse_ctx *c, int n) {
-  rec_arena *a = c->a;
-  a->msg_first_part[n] = (int)a->nparts;
+/* After a record's messages: every listed image and video referred to. */
+static mml_status check_media_used(parse_ctx *c) {
   if (c->vlist_next != c->vlist_len)
     return mml_err_set(c->err, MML_EMISMATCH,
                        "video count mismatch: the record lists %d video(s) but its messages "
@@ -695,6 +701,14 @@ static mml_status finish_record(parse_ctx *c, int n) {
                        "image count mismatch: the record lists %d image(s) but its messages "
                        "refer to %d",
                        c->list_len, c->list_next);
+  return MML_OK;
+}
+
+/* After all n messages (a pack's too): the arena's parts, images and videos become the
+ * record's. */
+static void finish_record(parse_ctx *c, int n) {
+  rec_arena *a = c->a;
+  a->msg_first_part[n] = (int)a->nparts;
   for (int i = 0; i < n; i++) {
     a->msgs[i].parts = a->parts ? a->parts + a->msg_first_part[i] : NULL; /* none at all */
     a->msgs[i].nparts = a->msg_first_part[i + 1] - a->msg_first_part[i];
@@ -706,7 +720,6 @@ static mml_status finish_record(parse_ctx *c, int n) {
   for (int v = 0; v < c->rec->nvideos; v++) /* frame offsets become pointers */
     if (!a->videos[v].ref) a->videos[v].frames = a->frames + (uintptr_t)a->videos[v].frames;
   c->rec->videos = a->videos;
-  return MML_OK;
 }
 
 /* Records that are not supervised fine-tuning data (LLaMA-Factory's refuses them too):
@@ -725,7 +738,8 @@ static mml_status refuse_non_sft(parse_ctx *c, const cJSON *root) {
   return MML_OK;
 }
 
-static mml_status parse_root(parse_ctx *c, const cJSON *root) {
+/* One record object, its messages written from c->mbase on; *n: how many. */
+static mml_status parse_object(parse_ctx *c, const cJSON *root, int *n_out) {
   rec_arena *a = c->a;
   if (!cJSON_IsObject(root))
     return mml_err_set(c->err, MML_ERECORD, "bad record: the line is not a JSON object");
@@ -752,14 +766,59 @@ static mml_status parse_root(parse_ctx *c, const cJSON *root) {
   if (alpaca) {
     if ((st = parse_alpaca(c, root, &n))) return st;
   } else {
-    if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)n, sizeof *a->msgs) ||
-        grow((void **)&a->msg_first_part, &a->first_cap, (size_t)n + 1, sizeof(int)))
+    if (grow((void **)&a->msgs, &a->msgs_cap, (size_t)(c->mbase + n), sizeof *a->msgs) ||
+        grow((void **)&a->msg_first_part, &a->first_cap, (size_t)(c->mbase + n) + 1, sizeof(int)))
       return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
     int i = 0;
     for (const cJSON *m = msgs->child; m; m = m->next, i++)
       if ((st = add_message(c, i, m))) return st;
   }
-  return finish_record(c, n);
+  *n_out = n;
+  return check_media_used(c);
+}
+
+/* A pack (mml_record_opts.packs): a list of record objects, parsed in order into one
+ * record whose rec->subs mark where each begins.  Each keeps its own image and video
+ * lists; images and videos are numbered across the pack in order. */
+static mml_status parse_pack(parse_ctx *c, const cJSON *root) {
+  rec_arena *a = c->a;
+  int nsubs = cJSON_GetArraySize(root), total = 0, k = 0;
+  if (nsubs == 0) return mml_err_set(c->err, MML_ERECORD, "bad record: an empty pack (list)");
+  if (grow((void **)&a->subs, &a->subs_cap, (size_t)nsubs + 1, sizeof(int)))
+    return mml_err_set(c->err, MML_ENOMEM, "record: out of memory");
+  for (const cJSON *r = root->child; r; r = r->next, k++) {
+    /* each record's own image / video lists and cursors (no member files: those name one
+     * record's media); the media count goes on across the pack */
+    parse_ctx one = {
+        .a = a, .rec = c->rec, .err = c->err, .max_images = c->max_images, .media = c->media};
+    one.mbase = a->subs[k] = total;
+    int n = 0;
+    mml_status st = parse_object(&one, r, &n);
+    if (st) {
+      mml_err_prefix(c->err, "record %d of the pack", k);
+      return st;
+    }
+    c->media = one.media;
+    total += n;
+  }
+  a->subs[nsubs] = total;
+  c->rec->subs = a->subs;
+  c->rec->nsubs = nsubs;
+  finish_record(c, total);
+  return MML_OK;
+}
+
+static mml_status parse_root(parse_ctx *c, const cJSON *root, int packs) {
+  if (cJSON_IsArray(root)) {
+    if (packs) return parse_pack(c, root);
+    return mml_err_set(c->err, MML_ERECORD,
+                       "bad record: the line is a list, not a JSON object (a list of records "
+                       "is a pack: data_packing=True reads it as one)");
+  }
+  int n = 0;
+  mml_status st = parse_object(c, root, &n);
+  if (!st) finish_record(c, n);
+  return st;
 }
 
 /* One linear pass over the raw JSON before cJSON sees it: the nesting depth (cJSON
@@ -852,7 +911,7 @@ mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_
                  .implicit_videos = opts ? opts->implicit_videos : NULL,
                  .nimplicit_videos = opts && opts->implicit_videos ? opts->nimplicit_videos : 0,
                  .max_images = max_images};
-  if ((st = parse_root(&c, a->root))) goto fail;
+  if ((st = parse_root(&c, a->root, opts && opts->packs))) goto fail;
   return MML_OK;
 
 fail:
@@ -875,11 +934,24 @@ void mml_record_free(mml_record *rec) {
     free(a->videos);
     free(a->frames);
     free(a->msg_first_part);
+    free(a->subs);
     free_owned(a);
     free(a->owned);
     free(a);
   }
   *rec = (mml_record){0};
+}
+
+mml_record mml_record_sub(const mml_record *rec, int k) {
+  mml_record v = *rec;
+  if (rec->nsubs) {
+    v.messages = rec->messages + rec->subs[k];
+    v.nmessages = rec->subs[k + 1] - rec->subs[k];
+  }
+  v.subs = NULL;
+  v.nsubs = 0;
+  v.arena = NULL;
+  return v;
 }
 
 int mml_record_frames(const mml_record *rec) {

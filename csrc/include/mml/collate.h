@@ -125,6 +125,10 @@ typedef struct mml_collate_cfg {
                             micro_batch_size is then ignored */
   int flatten;            /* 1: Qwen's flattened batch (qwen-vl-finetune's data_flatten, see
                             below): micro_batch_size samples concatenated into [1, L] */
+  int rope2d;             /* 1 (padded rows, with mrope): Qwen's own positions, as its
+                            qwen-vl-finetune DataCollatorForSupervisedDataset gives them: its
+                            rope2d.py rule after a vision block (legacy_advance, mml/mrope.h)
+                            and padding positions 1 (its pad_and_cat) instead of 0 */
 } mml_collate_cfg;
 
 typedef struct mml_collator mml_collator;

@@ -168,6 +168,9 @@ typedef struct mml_loader_cfg {
   int recipe;                     /* MML_RECIPE_*: whose data path the samples follow */
   mml_lf_opts lf;                 /* MML_RECIPE_LLAMA_FACTORY's settings (mml/template.h) */
   mml_qft_opts qft;               /* MML_RECIPE_QWEN_VL_FINETUNE's (mml/template.h) */
+  int data_packing;               /* 1: a record that is a JSON list is a pack of records, one
+                                    sample (mml_record_opts.packs; Qwen's data_packing); needs
+                                    collate.flatten */
   mml_fetch_cfg fetch;            /* used only when data or images are remote */
   const mml_allocator *allocator; /* NULL: host memory (or pinned, see pin_memory) */
   int pin_memory;                 /* 1: batches in page-locked host memory (falls back to plain

@@ -117,8 +117,19 @@ typedef struct mml_record {
   int nvideos;
   const char *system; /* top-level "system" (LLaMA-Factory), NULL when absent or empty */
   const char *tools;  /* top-level "tools" as JSON text, NULL when absent or empty */
-  void *arena;        /* owns every string and array above */
+  /* A pack (mml_record_opts.packs; Qwen's data_packing): nsubs records, record k's
+   * messages [subs[k], subs[k + 1]); its images and videos are those its parts name, in
+   * order (indices run across the pack).  nsubs 0 and subs NULL: one plain record. */
+  const int *subs;
+  int nsubs;
+  void *arena; /* owns every string and array above */
 } mml_record;
+
+/* A view of record k of a pack (k = 0 of a plain record: the record itself): its
+ * messages; images, videos and their indices those of the whole pack.  Owns nothing. */
+mml_record mml_record_sub(const mml_record *rec, int k);
+/* Records in rec: nsubs of a pack, else 1. */
+static inline int mml_record_count(const mml_record *rec) { return rec->nsubs ? rec->nsubs : 1; }
 
 /* Parses one line (len bytes, need not be NUL-terminated).  rec must be zero-initialised
  * or previously used; parsing again into the same rec reuses its capacity.  On failure rec
@@ -150,6 +161,13 @@ typedef struct mml_record_opts {
    * sample's video members: `<video>` tags and {"type": "video"} parts take them) */
   const char *const *implicit_videos;
   int nimplicit_videos;
+  /* 1: a line that is a JSON list is a pack of records (Qwen's data_packing: each entry
+   * of its packed annotation files is a list of records), parsed into one record with
+   * rec->subs; each object's layout, image and video lists as a record's (the member
+   * files above are not used); an empty list or an entry that is not an object is
+   * MML_ERECORD naming the entry; max_images bounds the whole pack.  0: a list is
+   * MML_ERECORD. */
+  int packs;
 } mml_record_opts;
 mml_status mml_record_parse_opts(const char *line, size_t len, const mml_record_opts *opts,
                                  mml_record *rec, mml_err *err);

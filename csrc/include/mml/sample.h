@@ -39,6 +39,10 @@ typedef struct mml_sample {
   mml_ids vgrids;      /* int32 [nvideos * 3]: (t, h, w) per video */
   mml_bytes vsecs;     /* float32 [nvideos]: second_per_grid_ts (Qwen2.5-VL) */
   int nvideos;
+  /* A pack of records (Qwen's data_packing, mml/record.h): int32 [nsubs * 3], per record
+   * in order (tokens, images, videos), the records' ids back to back in input_ids and
+   * their images / videos in order in grids / vgrids.  Empty: one plain record. */
+  mml_ids subs;
 } mml_sample;
 
 /* Clears contents, keeps capacity. */

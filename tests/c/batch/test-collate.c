@@ -491,6 +491,102 @@ TEST(flattened_batch) {
   mml_pool_close(pool);
 }
 
+/* A pack of records (Qwen's data_packing, mml/sample.h subs) in a flattened batch: one
+ * sample to composition, each record its own attention_mask entry and positions from 0
+ * (collate.c design); a pack is refused by a collator that does not flatten, and a record
+ * table that does not add up is refused. */
+TEST(flattened_packs) {
+  mml_pool *pool = new_pool();
+  mml_collate_cfg cfg = base_cfg();
+  cfg.seq_length = 0;
+  cfg.flatten = 1;
+  cfg.mrope = 1;
+  cfg.attention_mask = 1;
+  mml_collator *c = NULL;
+  mml_err err = {0};
+  CHECK_OK(mml_collator_new(&cfg, pool, &c, &err), err);
+  mml_sample s = {0};
+  make_image(&s, 1, 1, 1, 4, 4, 1, 6); /* record 0: 8 tokens, one image */
+  for (int j = 0; j < 5; j++) {        /* record 1: 5 text tokens */
+    mml_ids_push(&s.input_ids, 300 + j);
+    mml_ids_push(&s.labels, 300 + j);
+  }
+  const int32_t subs[] = {8, 1, 0, 5, 0, 0};
+  mml_ids_append(&s.subs, subs, 6);
+  CHECK_OK(mml_collator_check(c, &s, &err), err);
+  CHECK_OK(mml_collator_add(c, &s, &err), err);
+  make_text(&s, 2, 5, 100); /* a plain sample: one record */
+  CHECK_OK(mml_collator_add(c, &s, &err), err);
+  CHECK(mml_collator_full(c)); /* micro_batch_size = 2 samples (packs) */
+  mml_batch b = {0};
+  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK(shape_is(&b, "input_ids", 2, 1, 18, 0, 0));
+  CHECK(shape_is(&b, "position_ids", 3, 3, 1, 18, 0));
+  CHECK(shape_is(&b, "attention_mask", 1, 4, 0, 0, 0));
+  const int32_t *cu = I32(&b, "attention_mask");
+  const int32_t ecu[] = {0, 8, 13, 18};
+  for (int j = 0; j < 4; j++) CHECK_EQ_INT(cu[j], ecu[j]);
+  const int64_t *pos = I64(&b, "position_ids");
+  const int64_t et[] = {0, 1, 2, 2, 2, 2, 4, 5, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+  const int64_t eh[] = {0, 1, 2, 2, 3, 3, 4, 5, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+  for (int j = 0; j < 18; j++) {
+    CHECK_EQ_INT(pos[j], et[j]);
+    CHECK_EQ_INT(pos[18 + j], eh[j]);
+  }
+  CHECK_EQ_INT(I64(&b, "input_ids")[8], 300);
+  mml_batch_clear(&b);
+  /* a record table that does not add up */
+  make_text(&s, 3, 5, 100);
+  const int32_t wrong[] = {3, 0, 0, 3, 0, 0};
+  mml_ids_append(&s.subs, wrong, 6);
+  CHECK_EQ_INT(mml_collator_check(c, &s, &err), MML_EINVAL);
+  CHECK(strstr(err.msg, "do not add up") != NULL);
+  mml_collator_free(c);
+  /* a pack offered to a collator that does not flatten */
+  cfg = base_cfg();
+  CHECK_OK(mml_collator_new(&cfg, pool, &c, &err), err);
+  make_text(&s, 4, 5, 100);
+  const int32_t two[] = {2, 0, 0, 3, 0, 0};
+  mml_ids_append(&s.subs, two, 6);
+  CHECK_EQ_INT(mml_collator_check(c, &s, &err), MML_EINVAL);
+  CHECK(strstr(err.msg, "pack of records") != NULL);
+  mml_sample_free(&s);
+  mml_collator_free(c);
+  mml_pool_close(pool);
+}
+
+/* cfg.rope2d (recipe="qwen-vl-finetune", padded rows): padding positions are 1 in every
+ * M-RoPE row, as its pad_and_cat pads them; 0 without it (collate.c design). */
+TEST(rope2d_padded_positions) {
+  mml_pool *pool = new_pool();
+  for (int rope2d = 0; rope2d < 2; rope2d++) {
+    mml_collate_cfg cfg = base_cfg();
+    cfg.seq_length = 0; /* the longest row: 8 */
+    cfg.mrope = 1;
+    cfg.rope2d = rope2d;
+    mml_collator *c = NULL;
+    mml_err err = {0};
+    CHECK_OK(mml_collator_new(&cfg, pool, &c, &err), err);
+    mml_sample s = {0};
+    make_image(&s, 1, 1, 1, 4, 4, 1, 6); /* 8 tokens */
+    CHECK_OK(mml_collator_add(c, &s, &err), err);
+    make_text(&s, 2, 5, 100);
+    CHECK_OK(mml_collator_add(c, &s, &err), err);
+    mml_batch b = {0};
+    CHECK_OK(mml_collator_emit(c, &b, &err), err);
+    CHECK(shape_is(&b, "position_ids", 3, 3, 2, 8, 0));
+    const int64_t *pos = I64(&b, "position_ids");
+    for (int r = 0; r < 3; r++) {
+      for (int j = 0; j < 5; j++) CHECK_EQ_INT(pos[r * 16 + 8 + j], j);      /* row 1's text */
+      for (int j = 5; j < 8; j++) CHECK_EQ_INT(pos[r * 16 + 8 + j], rope2d); /* its padding */
+    }
+    mml_batch_clear(&b);
+    mml_sample_free(&s);
+    mml_collator_free(c);
+  }
+  mml_pool_close(pool);
+}
+
 TEST(config_errors) {
   mml_pool *pool = new_pool();
   mml_collator *c = NULL;

@@ -170,6 +170,61 @@ static void expect_fail(const char *line, mml_status want, const char *needle) {
   mml_record_free(&r);
 }
 
+/* Packs (mml_record_opts.packs): a list of records is one record with subs; each object
+ * keeps its own image list; images are numbered across the pack; views of each record. */
+TEST(record_packs) {
+  const char *line =
+      "[{\"image\": \"a.jpg\", \"conversations\": [{\"from\": \"human\", \"value\": "
+      "\"<image>hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]},"
+      " {\"images\": [\"b.jpg\", \"c.jpg\"], \"messages\": [{\"role\": \"user\", "
+      "\"content\": \"<image><image>two\"}, {\"role\": \"assistant\", \"content\": "
+      "\"ok\"}, {\"role\": \"user\", \"content\": \"more\"}, {\"role\": "
+      "\"assistant\", \"content\": \"done\"}]}]";
+  mml_record_opts o = {.packs = 1};
+  mml_record r = {0};
+  mml_err e = {0};
+  CHECK_OK(mml_record_parse_opts(line, strlen(line), &o, &r, &e), e);
+  CHECK_EQ_INT(r.nsubs, 2);
+  CHECK_EQ_INT(mml_record_count(&r), 2);
+  CHECK_EQ_INT(r.nmessages, 6);
+  CHECK_EQ_INT(r.subs[0], 0);
+  CHECK_EQ_INT(r.subs[1], 2);
+  CHECK_EQ_INT(r.subs[2], 6);
+  CHECK_EQ_INT(r.nimages, 3);
+  CHECK_EQ_STR(part_str(&r, 0, 0), "I:a.jpg");
+  CHECK_EQ_STR(part_str(&r, 2, 1), "I:c.jpg");
+  mml_record one = mml_record_sub(&r, 1);
+  CHECK_EQ_INT(one.nmessages, 4);
+  CHECK_EQ_INT(one.nsubs, 0);
+  CHECK_EQ_INT(one.messages[0].parts[0].image, 1); /* indices run across the pack */
+  CHECK_EQ_STR(part_str(&one, 3, 0), "T:done");
+  /* parsed again as a plain record: no subs left */
+  const char *plain = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
+  CHECK_OK(mml_record_parse_opts(plain, strlen(plain), &o, &r, &e), e);
+  CHECK_EQ_INT(r.nsubs, 0);
+  CHECK(r.subs == NULL);
+  CHECK_EQ_INT(mml_record_count(&r), 1);
+  CHECK_EQ_INT(mml_record_sub(&r, 0).nmessages, 1);
+  /* a record of the pack whose images do not match: named */
+  const char *bad =
+      "[{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}, "
+      "{\"image\": \"a.jpg\", \"messages\": [{\"role\": \"user\", "
+      "\"content\": \"x\"}]}]";
+  CHECK_EQ_INT(mml_record_parse_opts(bad, strlen(bad), &o, &r, &e), MML_EMISMATCH);
+  CHECK(strstr(e.msg, "record 1 of the pack") != NULL);
+  CHECK_EQ_INT(r.nmessages, 0);
+  CHECK_EQ_INT(mml_record_parse_opts("[]", 2, &o, &r, &e), MML_ERECORD);
+  CHECK(strstr(e.msg, "empty pack") != NULL);
+  CHECK_EQ_INT(mml_record_parse_opts("[[]]", 4, &o, &r, &e), MML_ERECORD);
+  CHECK(strstr(e.msg, "record 0 of the pack") != NULL);
+  /* max_images bounds the whole pack */
+  o.max_images = 2;
+  CHECK_EQ_INT(mml_record_parse_opts(line, strlen(line), &o, &r, &e), MML_ETOOMANYIMAGES);
+  mml_record_free(&r);
+  /* without packs a list is refused, naming data_packing */
+  expect_fail("[{\"messages\": []}]", MML_ERECORD, "data_packing=True");
+}
+
 TEST(bad_records) {
   expect_fail("", MML_ERECORD, "invalid JSON");
   expect_fail("{\"messages\": [", MML_ERECORD, "invalid JSON");
