@@ -461,6 +461,7 @@ class LoaderStats(_RemoteStats):
     video_preload_peak_bytes: int
     video_preloads_refused: int
     video_open_peak_bytes: int
+    samples_reread: int
     skipped_by_reason: Dict[str, int]
     sources: Dict[str, SourceStats]
 
@@ -1083,7 +1084,9 @@ class Loader:
         video_preloads_refused (decodes not preloaded for want of max_memory room: they
         read on demand), video_open_peak_bytes (the most bytes held at once by the videos
         kept open from their probe to their decode: demuxer state and frame tables,
-        counted in max_memory), and
+        counted in max_memory), samples_reread (samples whose image bytes were dropped to
+        make room under max_memory for an earlier sample's decode and read again by their
+        own: files, shard members and Parquet blobs, never fetched ones), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

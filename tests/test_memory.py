@@ -285,6 +285,21 @@ def test_progressive_scratch_is_planned_from_the_header(big_shard, tmp_path):
     assert plan["scratch"] - 2 * MB <= peak <= plan["scratch"], (peak, plan["scratch"])
 
 
+def test_reads_ahead_make_way_for_an_earlier_decode(big_shard):
+    # One worker, 60 MiB: the reserve leaves 44 MiB, and a sample alone needs 43.8 MB (36 MB
+    # of coefficients, its 4.8 MB batch in 2 MiB pages, its 1.1 MB file).  Samples read
+    # while its plan was not known held the room its decode or its batch needed, and the
+    # epoch ended in OutOfMemoryError (2 runs in 3 before; the flaky
+    # test_progressive_scratch_is_planned_from_the_header was the same wait): now they drop
+    # their image bytes for it and read them again at their own decode (samples_reread).
+    cap = 60 * MB
+    _, d_free, _, _ = _run(big_shard, num_threads=1, **BIG_KW)
+    capped, d_capped, st, _ = _run(big_shard, num_threads=1, max_memory=cap, **BIG_KW)
+    print(f"samples read again: {st['samples_reread']}, RSS growth {capped / MB:.0f} MB")
+    assert d_capped == d_free  # the same batches, bitwise
+    assert capped <= cap, f"RSS grew {capped / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
+
+
 def test_rss_stays_under_max_memory_with_progressive_photos(big_shard):
     # Three workers each map 36 MB of coefficients while decoding: together near the
     # 112 MiB cap before any batch.  Without the per-decode charge the cap was exceeded;

@@ -75,7 +75,8 @@
  * growth past the estimate) can be blocked by reads of later samples granted before
  * them, whose credit returns only after their own later parts: so reads are revocable
  * charges (L10), settled when their decode begins; a revoked read frees its bytes and
- * the slot is read again.  (b) Waking: a wake callback may run under mu (a pool
+ * the slot is read again (the loader's part exists without the ledger: loader_admit.c READ
+ * AGAIN drops a planned sample's media bytes and its decode reads them again).  (b) Waking: a wake callback may run under mu (a pool
  * release under mu), so it must not take mu; workers wait with mml_ledger_wait after
  * dropping mu (nothing else to do), and the collation thread blocks only on the head
  * ticket's charge (withdrawn by a seek or close), looking at later tickets' charges when

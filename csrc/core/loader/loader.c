@@ -1003,6 +1003,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_preload_peak = L->video_held_peak;
   o->video_preloads_refused = L->video_preloads_refused;
   o->video_open_peak = L->video_open_peak;
+  o->samples_reread = L->samples_reread;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

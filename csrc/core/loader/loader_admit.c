@@ -41,6 +41,15 @@
  * uint8 rows, an emission takes what its float rows add (fneed; emit_extra), and other uses
  * keep the largest expanded batch free less those expanded ahead (expand_hold).
  *
+ * READ AGAIN.  Samples are read before the needs of those before them are known (a plan
+ * comes from the bytes), so a decode's scratch or the head ticket's buffer can find the
+ * room taken by later samples' media bytes, which come back only after their own decodes,
+ * behind it.  Then those bytes make way (ld_admit_drop_bytes_ahead_locked: latest first,
+ * planned samples whose decode has not begun, read without the network and without
+ * videos): they are freed and the sample's decode reads them again first, taking room for
+ * them with its scratch (task.reread; stats samples_reread).  The ledger's revocable reads
+ * (csrc/core/base/ledger.c L10, the plan's (a)) are this, granted in order.
+ *
  * INVARIANTS (the tests that hold them)
  *   A1. The pool never holds more than max_memory (tests/c/loader/test-loader-stress.c
  *       S3; tests/test_memory.py's RSS tests).
@@ -50,6 +59,10 @@
  *       max_memory that would hold it, never a hang (S1; tests/test_memory_stress.py).
  *   A4. A sample that alone cannot fit is an error at its plan (ld_mem_check_sample;
  *       tests/test_memory.py test_one_image_whose_scratch_cannot_fit_is_named).
+ *   A5. A decode's scratch and the head batch's buffer do not wait on the media bytes of
+ *       later samples that can be read again: those make way (READ AGAIN;
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode; the stress
+ *       test's summary counts them).
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -198,13 +211,20 @@ static int64_t head_pending_bytes(mml_loader *L) {
 
 int ld_admit_make_way_locked(mml_loader *L) {
   /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
-   * batches' samples hold ahead of their use, and spare byte buffers (a cache), make way */
+   * batches' samples hold ahead of their use -- their kept videos, else their media bytes,
+   * read again by their decodes -- and spare byte buffers (a cache), make way */
   const int64_t spares = L->spare_bytes,
                 h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
   const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
                             (ld_place_has_buf(tk_at(L, h)) || !ld_place_turn_waits_locked(L, h));
-  if (short_of_room && spares) ld_bytes_free_spares(L);
-  return short_of_room && (ld_release_videos_ahead_locked(L) > 0 || spares);
+  if (!short_of_room) return 0;
+  if (spares) ld_bytes_free_spares(L);
+  int64_t freed = ld_release_videos_ahead_locked(L);
+  if (!freed) { /* the samples after the needed ticket's */
+    const int64_t last = (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1;
+    freed = ld_admit_drop_bytes_ahead_locked(L, last, head_pending_bytes(L));
+  }
+  return freed > 0 || spares;
 }
 
 /* The one out-of-memory explainer of the stuck rules (mem_stuck, a decode's scratch, an
@@ -462,18 +482,55 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
                      L->cfg.num_threads);
 }
 
+/* Whether t's media can be read again by its decode without waiting on the network:
+ * nothing of it was fetched (files, shard members, Parquet blobs, data: URIs) and it has
+ * no video (a video kept open may read its bytes). */
+static int rereadable(const mml_loader *L, const task *t) {
+  return t->rec_parsed && !t->fetched_bytes && !L->remote[t->sample.shard] && !t->rec.nvideos;
+}
+
+int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want) {
+  const int64_t before = L->win_bytes;
+  for (int64_t s = L->next_seq - 1; s > after && s >= L->head_seq; s--) {
+    if (before - L->win_bytes >= want) break;
+    task *t = slot_of(L, s);
+    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
+        t->reread || !rereadable(L, t))
+      continue;
+    int64_t n = 0;
+    for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) {
+      n += (int64_t)t->imgs[i].len;
+      mml_bytes_free(&t->imgs[i]);
+    }
+    if (!n) continue;
+    t->reread = 1;
+    t->reread_bytes = n;
+    L->samples_reread++;
+    ld_mem_count_task_locked(L, t);
+  }
+  return before - L->win_bytes;
+}
+
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
-  if (!L->cfg.max_memory || t->scratch_need <= 0) return 1;
+  const int64_t need = t->scratch_need + (t->reread ? t->reread_bytes : 0);
+  if (!L->cfg.max_memory || need <= 0) return 1;
   if (L->fatal) return 0;
   /* the room held for the decodes placed is theirs: this one's among them */
-  int ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+  int ok = ld_mem_room_hold_locked(L, need, 0);
   if (!ok && L->nspare) { /* spare image buffers are only a speed-up */
     ld_bytes_free_spares(L);
-    ok = ld_mem_room_hold_locked(L, t->scratch_need, 0);
+    ok = ld_mem_room_hold_locked(L, need, 0);
   }
+  /* later samples' media bytes, read before this one's needs were known, make way: they
+   * are read again by their own decodes, which come after this one (a progressive JPEG's
+   * coefficients waited behind them: tests/test_memory.py
+   * test_progressive_scratch_is_planned_from_the_header) */
+  if (!ok && ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0)
+    ok = ld_mem_room_hold_locked(L, need, 0);
   if (ok) {
     t->scratch_granted = t->scratch_need;
-    L->scratch_extra += t->scratch_granted;
+    t->reread_granted = need - t->scratch_need;
+    L->scratch_extra += need;
     L->scratch_stuck = 0;
     return 1;
   }
@@ -488,10 +545,14 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
-  mem_explain(L, t, "decoder scratch its image needs", t->scratch_need,
-              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
-                  t->scratch_need,
-              "release earlier batches", &e);
+  mem_explain(
+      L, t,
+      t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
+                  "decoder scratch its image needs"
+                : "decoder scratch its image needs",
+      need,
+      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + need,
+      "release earlier batches", &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
 }
@@ -540,8 +601,8 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
 }
 
 void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
-  L->scratch_extra -= t->scratch_granted;
-  t->scratch_granted = 0;
+  L->scratch_extra -= t->scratch_granted + t->reread_granted;
+  t->scratch_granted = t->reread_granted = 0;
 }
 
 void ld_mem_count_task_locked(mml_loader *L, task *t) {

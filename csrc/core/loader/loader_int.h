@@ -134,6 +134,12 @@ struct task {
    * (the most of its images' plans, mml_vision_plan.scratch), and what its running decode
    * was granted of it (counted in scratch_extra; mu) */
   int64_t scratch_need, scratch_granted;
+  /* max_memory: its media's bytes were dropped to make room for earlier work
+   * (ld_admit_drop_bytes_ahead_locked; reread_bytes of them) and are read again by its
+   * decode, which takes room for them first (reread_granted, in scratch_extra until they
+   * are read and counted in held; mu) */
+  int reread;
+  int64_t reread_bytes, reread_granted;
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
@@ -291,7 +297,9 @@ struct mml_loader {
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
-  int videos_kept; /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
+  uint64_t samples_reread; /* max_memory: samples whose media bytes were dropped and read
+                              again (ld_admit_drop_bytes_ahead_locked; mu) */
+  int videos_kept;         /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
   /* workers' waits on the network in remote video reads (atomic, relaxed): opening and
    * probing at plan time, and decoding (0 when every decode's bytes were preloaded) */
   uint64_t video_plan_waits, video_decode_waits;
@@ -593,6 +601,11 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t);
  * set). */
 int64_t ld_mem_emit_take_locked(mml_loader *L);
 void ld_mem_scratch_give_locked(mml_loader *L, task *t);
+/* max_memory: planned samples after seq `after` whose decode has not begun and whose media
+ * were read without the network (no video) drop their media bytes, latest first, until
+ * `want` bytes are freed; their decodes read them again (task.reread).  Returns the bytes
+ * freed. */
+int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */
 mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);

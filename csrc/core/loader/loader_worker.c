@@ -505,7 +505,8 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
     next = t->next_dec;
     const int drop = t->gen != L->gen || !ld_place_has_dests(t);
     /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
-    if (!drop && ((*wait && t->scratch_need > 0) || !ld_mem_scratch_take_locked(L, t))) {
+    if (!drop &&
+        ((*wait && (t->scratch_need > 0 || t->reread)) || !ld_mem_scratch_take_locked(L, t))) {
       *wait = 1;
       prev = t;
       continue;
@@ -547,6 +548,8 @@ static task *start_task_locked(mml_loader *L) {
   t->pending = 0;
   t->fetched_bytes = 0;
   t->scratch_need = t->scratch_granted = 0;
+  t->reread = 0;
+  t->reread_bytes = t->reread_granted = 0;
   t->started = mml_now();
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
@@ -644,6 +647,23 @@ static void finish_task_locked(mml_loader *L, task *t) {
   }
 }
 
+/* Its media's bytes, dropped for earlier work under max_memory (task.reread), read again
+ * as its plan stage read them (no network: ld_admit_drop_bytes_ahead_locked chose it); the
+ * sample's byte count stays what the first read made it. */
+static mml_status reread_media(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
+  const uint64_t bytes = t->sample.bytes;
+  mml_fetcher *f = NULL;
+  int nremote = 0;
+  mml_status st = MML_OK;
+  const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
+  for (int i = 0; i < nmedia && !st; i++)
+    st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, err);
+  t->sample.bytes = bytes;
+  if (!st && nremote)
+    st = mml_err_set(err, MML_EINTERNAL, "a sample read again at its decode fetched its media");
+  return st;
+}
+
 /* Decodes a placed sample into the destinations the planner gave it, one per plane
  * (captured under mu with references: the planner may move them meanwhile, then the rows
  * are copied). */
@@ -663,11 +683,20 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   const mml_pipeline *pl = &L->src[t->sample.source].pl;
   mml_status st = MML_OK;
   run_acc acc = {0, 0};
-  if (dst[PL_IMG] && L->compact) { /* uint8 rows (loader_place.c COMPACT): the same plans */
+  if (t->reread) { /* its bytes were dropped for earlier work: its grant covers them */
+    st = reread_media(L, t, &acc, &err);
+    pthread_mutex_lock(&L->mu);
+    t->reread = 0;
+    ld_mem_count_task_locked(L, t); /* counted in held now: the grant goes */
+    L->scratch_extra -= t->reread_granted;
+    t->reread_granted = 0;
+    pthread_mutex_unlock(&L->mu);
+  }
+  if (!st && dst[PL_IMG] && L->compact) { /* uint8 rows (loader_place.c COMPACT): the same plans */
     const mml_pipeline *pu = &L->src[t->sample.source].pl_u8;
     for (int i = 0; i < t->rec.nimages; i++) t->plans[i].cols = mml_vision_pixel_cols(pu->vision);
     st = mml_sample_decode(pu, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
-  } else if (dst[PL_IMG]) {
+  } else if (!st && dst[PL_IMG]) {
     st = mml_sample_decode(pl, sc, &t->rec, t->imgs, t->plans, t->rec.nimages, dst[PL_IMG], &err);
   }
   if (!st && dst[PL_VID]) {

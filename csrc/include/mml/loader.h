@@ -361,6 +361,8 @@ typedef struct mml_loader_stats {
                                     preloaded for decodes), counted in max_memory */
   uint64_t video_preloads_refused; /* decodes not preloaded for want of max_memory room
                                       (they read on demand: video_decode_waits) */
+  uint64_t samples_reread;         /* samples whose media bytes were dropped for earlier work
+                                      under max_memory and read again by their decode */
   int64_t video_open_peak;         /* the most bytes held at once by videos kept open from
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */

@@ -315,9 +315,10 @@ static void pick(schedule *s, long long seed, const int64_t largest[NSHAPES], mm
            s->keep_prev, (long long)largest[s->shape]);
 }
 
-/* Runs one schedule and checks S2..S4: 0 when it passed (*oom: it ended out of memory). */
+/* Runs one schedule and checks S2..S4: 0 when it passed (*oom: it ended out of memory;
+ * *reread: its samples read again, loader_admit.c READ AGAIN). */
 static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
-                        const int64_t largest[NSHAPES], int *oom) {
+                        const int64_t largest[NSHAPES], int *oom, uint64_t *reread) {
   schedule s;
   mml_loader_cfg c;
   const char *data[1];
@@ -329,6 +330,7 @@ static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
   watch_set(-1, 0, NULL);
   const epoch_out *ref = &refs[s.shape];
   *oom = o.st == MML_ENOMEM;
+  *reread = o.stats.samples_reread;
   const char *why = NULL;
   if (*oom && !strstr(o.msg, "cannot hold"))
     why = "out of memory without the explainer's message";
@@ -394,16 +396,21 @@ TEST(loader_max_memory_random_schedules_end) {
   }
   pthread_t th;
   CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
-  long long failed = 0, ooms = 0;
+  long long failed = 0, ooms = 0, rereads = 0, reread_in = 0;
   for (long long k = 0; k < n && failed < 5; k++) {
     int oom = 0;
-    failed += run_schedule(seed0 + k, refs, largest, &oom);
+    uint64_t reread = 0;
+    failed += run_schedule(seed0 + k, refs, largest, &oom, &reread);
     ooms += oom;
+    rereads += (long long)reread;
+    reread_in += reread > 0;
   }
   atomic_store(&g_watch_stop, 1);
   pthread_join(th, NULL);
-  fprintf(stderr, "  %lld schedules from seed %lld: %lld out of memory, %lld failed\n", n, seed0,
-          ooms, failed);
+  fprintf(stderr,
+          "  %lld schedules from seed %lld: %lld out of memory, %lld failed; %lld samples read "
+          "again in %lld schedules\n",
+          n, seed0, ooms, failed, rereads, reread_in);
   CHECK_EQ_INT(failed, 0);
   if (n >= 20) CHECK(ooms < n); /* most caps hold an epoch */
 }
