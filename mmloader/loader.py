@@ -332,7 +332,7 @@ def _parse_device(device: Any) -> int:
     raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
-def _tokenizer_max(tokenizer: Any, model_dir: Optional[str]) -> Tuple[bool, Optional[int]]:
+def _tokenizer_max(tokenizer: Any, model_dir: Optional[PathLike]) -> Tuple[bool, Optional[int]]:
     """(known, value) of the checkpoint tokenizer's model_max_length: model_dir's (where
     Qwen's train_qwen.py loads its processor from), else the tokenizer file's folder."""
     from .tokenizer import TOKENIZER_NAMES
