@@ -696,7 +696,7 @@ def test_elastic_resume_matches_the_jsonl_export(tmp_path, photos):
 
 
 MEMORY = r"""
-import json, resource, sys
+import json, resource, sys, time
 import mmloader
 
 def rss():
@@ -706,6 +706,8 @@ def rss():
 path, tok, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
 kw = dict(tokenizer=tok, micro_batch_size=4, num_threads=2, prefetch=2, shuffle=False,
           min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+kw.update(json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
+pause = kw.pop("pause_s", 0)  # a slow consumer: the prefetch fills what the cap allows
 if cap:
     kw["max_memory"] = cap
 before, peak = rss(), 0
@@ -714,6 +716,7 @@ with mmloader.Loader(path, **kw) as L:
     for b in L:
         n += 1
         peak = max(peak, rss())
+        time.sleep(pause)
     s = L.stats()
 print(json.dumps({"batches": n, "rss_growth": peak - before, "pool_peak": s["pool_peak_bytes"],
                   "parquet": s["parquet"]}))
@@ -723,7 +726,7 @@ print(json.dumps({"batches": n, "rss_growth": peak - before, "pool_peak": s["poo
 def test_max_memory_bounds_the_row_group_cache(tmp_path):
     """Under max_memory the decoded row groups stay within their room (a quarter of the
     cap) plus the groups the workers are copying from (loader_parquet.c P2), the pool
-    within the cap, and the process's RSS grows by less than the cap; without a cap the
+    within the rest of the cap, and the process's RSS grows by less than the cap; without a cap the
     same epoch keeps every row group (what the cap evicts)."""
     import subprocess
     import sys
@@ -733,9 +736,9 @@ def test_max_memory_bounds_the_row_group_cache(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(mmloader.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
 
-    def child(cap):
+    def child(cap, kw=None):
         out = subprocess.run(
-            [sys.executable, "-c", MEMORY, p, TINY, str(cap)],
+            [sys.executable, "-c", MEMORY, p, TINY, str(cap), json.dumps(kw or {})],
             cwd="/tmp",
             env=env,
             capture_output=True,
@@ -754,9 +757,17 @@ def test_max_memory_bounds_the_row_group_cache(tmp_path):
     assert got["batches"] == 32 and q["cache_room"] == cap // 4, got
     assert q["cache_peak_bytes"] <= q["cache_room"] + 2 * group, (got, group)
     assert q["cache_bytes"] <= q["cache_room"] < free["parquet"]["cache_bytes"], got
-    assert got["pool_peak"] <= cap, got
     if not os.environ.get("MML_ASAN_BUILD"):  # ASan's shadow and quarantine are not ours
         assert got["rss_growth"] < cap, got
+    # A slow consumer and a deep prefetch: batches fill what the cap leaves, and the
+    # cache's room is set aside out of the cap (P2), so the pool, the 2 workers' scratch
+    # reserve and the cache's room fit it together (before: the pool took the whole cap
+    # beside the scratch, 40 + 32 + 22 MiB of an 88 MiB cap).
+    cap = 88 << 20
+    got = child(cap, dict(prefetch=32, micro_batch_size=8, max_pixels=256 * 256, pause_s=0.3))
+    q = got["parquet"]
+    assert got["batches"] == 16 and q["cache_room"] == cap // 4, got
+    assert got["pool_peak"] + 2 * (16 << 20) + q["cache_room"] <= cap, got
 
 
 def test_a_malformed_row_group_fails_its_rows_only(ref, tmp_path):

@@ -399,7 +399,9 @@ def test_resize_vnni_wide_widths_match_pillow():
     inside a window (masked loads), widths around 16; both pass orders."""
     rng = np.random.default_rng(36)
     cases = [(W, w) for W in (33, 47, 97, 129, 255, 401) for w in (16, 17, 31, 47) if W > 2 * w]
-    cases += [(int(w * f), int(w)) for w in (16, 19, 33, 97, 131) for f in (2.1, 2.5, 3, 4, 5.3, 7, 8)]
+    cases += [
+        (int(w * f), int(w)) for w in (16, 19, 33, 97, 131) for f in (2.1, 2.5, 3, 4, 5.3, 7, 8)
+    ]
     cases += [(1024, 64), (1000, 63), (997, 65), (40 * 16 + 7, 16)]
     cases += [
         (int(w * f), int(w)) for w, f in zip(rng.integers(16, 400, 40), rng.uniform(2.0, 9.0, 40))

@@ -264,7 +264,14 @@ static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t 
               where, (long long)L->cfg.max_memory, (long long)need, what,
               (long long)((int64_t)live - ahead), (long long)ahead, (long long)L->win_bytes,
               (long long)(scratch_bytes(L) + L->scratch_extra + L->emit_extra), L->cfg.num_threads,
-              (long long)fit, hint);
+              (long long)(ld_pq_reserved(L) ? (fit * 4 + 2) / 3 : fit), hint);
+  if (ld_pq_reserved(L) > 0) {
+    size_t n = strlen(e->msg);
+    snprintf(e->msg + n, sizeof e->msg - n,
+             " (%lld bytes of max_memory, a quarter, are set aside for the Parquet row groups "
+             "being read)",
+             (long long)ld_pq_reserved(L));
+  }
 }
 
 /* After placing (loader_place.c mem_stuck): the needed ticket still waits for room
@@ -361,8 +368,8 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed =
-      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + hold;
+  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
+                  L->emit_extra + hold + ld_pq_reserved(L);
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
@@ -461,25 +468,26 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int img = -1;
   t->scratch_need = scratch_need(L, t, &img); /* L->scratch_max: finish_task_locked */
-  int64_t room = L->cfg.max_memory - scratch_bytes(L);
+  int64_t room = L->cfg.max_memory - scratch_bytes(L) - ld_pq_reserved(L);
   if (px + enc + t->scratch_need <= room) return MML_OK;
+  const char *pq = ld_pq_reserved(L) ? " and the Parquet row groups' room (a quarter)" : "";
   if (t->scratch_need > 0) {
     const mml_vision_plan *pl = &t->plans[img];
     return mml_err_set(
         err, MML_ENOMEM,
         "the sample needs %lld bytes of pixel_values(_videos), %lld encoded bytes and %lld bytes "
         "of decoder scratch (image %d, a %dx%d %s), more than the %lld bytes max_memory=%lld "
-        "leaves beside %d workers' scratch reserve",
+        "leaves beside %d workers' scratch reserve%s",
         (long long)px, (long long)enc, (long long)t->scratch_need, img, pl->src_w, pl->src_h,
         mml_image_format_name(pl->format), (long long)room, (long long)L->cfg.max_memory,
-        L->cfg.num_threads);
+        L->cfg.num_threads, pq);
   }
   return mml_err_set(err, MML_ENOMEM,
                      "the sample needs %lld bytes of pixel_values(_videos) and %lld encoded "
                      "bytes, more "
-                     "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch",
+                     "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch%s",
                      (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
-                     L->cfg.num_threads);
+                     L->cfg.num_threads, pq);
 }
 
 /* Whether t's media can be read again by its decode without waiting on the network:

@@ -511,6 +511,8 @@ typedef struct ld_pq_stats {
 mml_status ld_pq_cache_new(mml_loader *L, mml_err *err);
 void ld_pq_cache_free(mml_loader *L);
 void ld_pq_cache_stats(const mml_loader *L, ld_pq_stats *s);
+/* The bytes of max_memory set aside for the cache (its room; 0 without a cap or cache). */
+int64_t ld_pq_reserved(const mml_loader *L);
 /* The file's row `row` of Parquet shard `shard` into *out (its row group decoded, or
  * waited for, or taken from the cache).  Stops with MML_ECANCELLED once cancel is set. */
 mml_status ld_pq_read_row(mml_loader *L, int shard, int64_t row, const mml_cancel *cancel,

@@ -26,6 +26,9 @@
  *       used first, once the cache holds more than its room (a quarter of max_memory,
  *       else 512 MiB); an evicted group begun again reads its pages again.  Entries in
  *       use are never evicted, so at most one entry per thread plus the room are held.
+ *       Under max_memory the room is set aside out of the cap (ld_pq_reserved: admission
+ *       counts it as held), so the cache and everything admission admits fit the cap
+ *       together.
  *   P3. Same bytes as the whole-group decode it replaces: a row's JSON and blobs are
  *       exactly what mml_pq_read_row_group gives, named "<key>.<k>.<ext>" as members were.
  *   P4. A failure stops the group at the row it surfaced at: that row and every later one
@@ -441,6 +444,10 @@ void ld_pq_cache_free(mml_loader *L) {
   pthread_cond_destroy(&c->cv);
   free(c);
   L->pqc = NULL;
+}
+
+int64_t ld_pq_reserved(const mml_loader *L) {
+  return L->pqc && L->cfg.max_memory > 0 ? L->pqc->room : 0; /* P2; room is fixed at creation */
 }
 
 void ld_pq_cache_stats(const mml_loader *L, ld_pq_stats *s) {

@@ -130,8 +130,10 @@ static int plan_windows(const mml_resample_axis *a, int x0, int q, int win[WG], 
     int lo, hi;
     win[j] = -1;
     if (!quad_span(a, x0 + j, q, &lo, &hi)) continue;
-    if (!nw) base[nw++] = fits ? *prev : lo;
-    else if (lo < base[nw - 1] || hi - base[nw - 1] > 2 * VBYTES - 1) base[nw++] = lo;
+    if (!nw)
+      base[nw++] = fits ? *prev : lo;
+    else if (lo < base[nw - 1] || hi - base[nw - 1] > 2 * VBYTES - 1)
+      base[nw++] = lo;
     win[j] = nw - 1;
   }
   if (nw) *prev = base[nw - 1];
