@@ -652,7 +652,8 @@ def test_fast_decode_is_one_option_in_the_loader_and_the_processor(tmp_path):
 def test_portable_paths_match_too(switch):
     """The non-AVX2 code (taken on other CPUs) and the AVX2 code beside the AVX-512 passes
     (taken on CPUs without AVX-512) give the same bytes: run a parity check in a child
-    process with those paths switched off."""
+    process with those paths switched off (the wide downscales of resize_vnni.c's wide
+    variant included)."""
     import subprocess
     import sys
 
@@ -661,6 +662,7 @@ def test_portable_paths_match_too(switch):
         "d = [t.jpeg(300, 200, 1), t.jpeg(61, 83, 2), t.png_cases()['rgba'], t.jpeg(333, 500, 3)]\n"
         "t.test_resize_edge_sizes_match_pillow()\n"
         "t.test_resize_matches_pillow_random_sizes()\n"
+        "t.test_resize_vnni_wide_widths_match_pillow()\n"
         "o = mmloader.ImageProcessor()(d)\n"
         "t.assert_same(o, t.reference(d))\n"
         "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"
