@@ -370,21 +370,33 @@ VNNI_FN __attribute__((always_inline)) static inline void wide_group(
     if (!n) continue;
     const __m512i idx = _mm512_load_si512((const void *)tp);
     const long b = wp[0].base;
+    if (n == 1 && b + 2 * VBYTES <= len) { /* the common case: one window, inside the rows */
 #pragma GCC unroll 8
-    for (int r = 0; r < nrows; r++) {
-      const uint8_t *row = src[r];
-      __m512i px = _mm512_permutex2var_epi8(load_upto(row + b, len - b), idx,
-                                            load_upto(row + b + 64, len - b - 64));
-      for (int i = 1; i < n; i++) {
-        const long bi = wp[i].base;
-        const __m512i v = _mm512_permutex2var_epi8(load_upto(row + bi, len - bi),
-                                                   _mm512_load_si512((const void *)(tp + i)),
-                                                   load_upto(row + bi + 64, len - bi - 64));
-        px = _mm512_mask_blend_epi8((__mmask64)wp[i].mask, px, v);
+      for (int r = 0; r < nrows; r++) {
+        const uint8_t *row = src[r] + b;
+        const __m512i px = _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)row), idx,
+                                                    _mm512_loadu_si512((const void *)(row + 64)));
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], px, d0);
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], px, d1);
+        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], px, d2);
       }
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], px, d0);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], px, d1);
-      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], px, d2);
+    } else {
+#pragma GCC unroll 8
+      for (int r = 0; r < nrows; r++) {
+        const uint8_t *row = src[r];
+        __m512i px = _mm512_permutex2var_epi8(load_upto(row + b, len - b), idx,
+                                              load_upto(row + b + 64, len - b - 64));
+        for (int i = 1; i < n; i++) {
+          const long bi = wp[i].base;
+          const __m512i v = _mm512_permutex2var_epi8(load_upto(row + bi, len - bi),
+                                                     _mm512_load_si512((const void *)(tp + i)),
+                                                     load_upto(row + bi + 64, len - bi - 64));
+          px = _mm512_mask_blend_epi8((__mmask64)wp[i].mask, px, v);
+        }
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], px, d0);
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], px, d1);
+        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], px, d2);
+      }
     }
     tp += n;
     wp += n;
