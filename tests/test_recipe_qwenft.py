@@ -50,11 +50,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def reference(tmp, file, data_path, preset, **job):
-    """Qwen's data path over file (cached by content): the npz as a dict."""
+def _skip_without_qwens_packages():
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:  # scripts/test-py.sh's second Python has neither
         pytest.skip(f"Qwen's fine-tuning code needs {' and '.join(missing)}, not installed here")
+
+
+def reference(tmp, file, data_path, preset, **job):
+    """Qwen's data path over file (cached by content): the npz as a dict."""
+    _skip_without_qwens_packages()
     job = dict(job, file=file, data_path=data_path, preset=preset, tokenizer=TOKDIR)
     with open(file, "rb") as f:
         key = hashlib.sha256(f.read() + json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
@@ -801,6 +805,7 @@ def test_flatten_settings_are_checked(tmp_path):
 def _pack_tool(cache, records, data_path, pack_length):
     """tools/pack_data.py's token count and binpacking over a .json list of records (run by
     the fixture, as its script does): the packed file's path."""
+    _skip_without_qwens_packages()
     if importlib.util.find_spec("binpacking") is None:
         pytest.skip("tools/pack_data.py needs binpacking (requirements-test.txt), not installed")
     with open(records, "rb") as f:
