@@ -72,7 +72,6 @@ def photo():
 
 
 def images():
-    from PIL import Image
     im = photo().resize((24, 16))
 
     def enc(img, fmt, **kw):
