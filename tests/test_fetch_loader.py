@@ -13,10 +13,9 @@ import pytest
 import mmloader
 from conftest import as_np, same  # noqa: E402
 
-datagen = pytest.importorskip("mmloader.datagen")
+from mmloader import datagen
+
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-if not os.path.exists(TINY):
-    pytest.skip("the tiny test tokenizer is not in this checkout", allow_module_level=True)
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 FAST = dict(tokenizer=TINY, micro_batch_size=4, num_threads=2, prefetch=2, seed=7, **SMALL)
 

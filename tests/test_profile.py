@@ -187,21 +187,10 @@ def test_breakdown_shares_and_combined_vision_stage():
 # ----------------------------------------------------------------------------- on real data
 
 
-def _need_loader():
-    import mmloader
-
-    if not hasattr(mmloader, "Loader"):
-        pytest.skip("mmloader.Loader is not built in this checkout")
-    try:
-        from mmloader.datagen import make_dataset
-    except ImportError:
-        pytest.skip("mmloader.datagen is not in this checkout")
-    return make_dataset
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    make_dataset = _need_loader()
+    from mmloader.datagen import make_dataset
+
     root = str(tmp_path_factory.mktemp("profile-data"))
     return make_dataset(
         root, n_samples=24, seed=3, n_shards=1, n_images=8, min_size=40, max_size=200
