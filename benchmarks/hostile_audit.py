@@ -36,6 +36,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "servers")]
+from tar_bytes import tar_header, tar_member  # noqa: E402  (tests/, on the path above)
 
 REC = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
 LINE = json.dumps(REC) + "\n"
@@ -261,22 +262,6 @@ def write(path: str, data) -> str:
         with open(path, mode) as f:
             f.write(data)
     return path
-
-
-def tar_header(name: str, size: int, typ: bytes = b"0") -> bytes:
-    h = bytearray(512)
-    h[0 : len(name)] = name.encode()
-    h[100:108] = b"0000644\0"
-    h[124:136] = b"%011o\0" % size
-    h[156:157] = typ
-    h[257:263] = b"ustar\0"
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
-
-
-def tar_member(name: str, data: bytes) -> bytes:
-    return tar_header(name, len(data)) + data + b"\0" * (-len(data) % 512)
 
 
 def image_rec(ref, n=1, keys=None):

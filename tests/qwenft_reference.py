@@ -930,31 +930,43 @@ def processor(preset, tokenizer_dir, chat_template):
     return cls(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=chat_template)
 
 
+def _dataset(job, proc, args):
+    """A LazySupervisedDataset with the attributes its __init__ sets (not run: it reads its
+    data_list registry and the annotation files)."""
+    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)
+    ds.processor = proc
+    ds.tokenizer = proc.tokenizer
+    ds.data_args = args
+    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
+    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    return ds
+
+
+def _batches(collator, item, n, mbs, keep_last, out):
+    """item(i) for i < n, every mbs of them through collator, in order: batch b's tensors as
+    b{b}_{key} (keys whose value is None left out); a last partial batch only if keep_last."""
+    import numpy as np
+
+    nb = (n + (mbs - 1 if keep_last else 0)) // mbs
+    for b in range(nb):
+        batch = collator([item(i) for i in range(b * mbs, min((b + 1) * mbs, n))])
+        for k, v in batch.items():
+            if v is not None:
+                out[f"b{b}_{k}"] = v.numpy()
+    out["batches"] = np.array(nb)
+
+
 def flattened(job, proc, args, recs, out):
     """data_flatten=True: _get_item per record (the whole sample: its flattened collator cuts
     nothing), in file order (its Trainer's sequential sampler), every job["flatten"] of them
     through FlattenedDataCollatorForSupervisedDataset: batch b's tensors as b{b}_{key} (keys
     whose value is None left out).  A last partial batch is left out (mmloader's padded and
     flattened epochs end at the last full batch)."""
-    import numpy as np
-
-    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
-    ds.processor = proc
-    ds.tokenizer = proc.tokenizer
-    ds.data_args = args
-    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
-    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    ds = _dataset(job, proc, args)
     collator = FlattenedDataCollatorForSupervisedDataset(proc.tokenizer)
-    mbs = job["flatten"]
     for rec in recs:
         rec["data_path"] = job["data_path"]  # LazySupervisedDataset.__init__
-    nb = len(recs) // mbs
-    for b in range(nb):
-        batch = collator([ds._get_item([rec]) for rec in recs[b * mbs : (b + 1) * mbs]])
-        for k, v in batch.items():
-            if v is not None:
-                out[f"b{b}_{k}"] = v.numpy()
-    out["batches"] = np.array(nb)
+    _batches(collator, lambda i: ds._get_item([recs[i]]), len(recs), job["flatten"], False, out)
 
 
 def padded(job, proc, args, recs, out):
@@ -967,23 +979,12 @@ def padded(job, proc, args, recs, out):
     job["keep_last"] (its Trainer's dataloader_drop_last=False)."""
     import numpy as np
 
-    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
-    ds.processor = proc
-    ds.tokenizer = proc.tokenizer
-    ds.data_args = args
-    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
-    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    ds = _dataset(job, proc, args)
     collator = DataCollatorForSupervisedDataset(proc.tokenizer)
-    mbs = job["padded"]
     for rec in recs:
         rec["data_path"] = job["data_path"]  # LazySupervisedDataset.__init__
-    nb = (len(recs) + (mbs - 1 if job.get("keep_last") else 0)) // mbs
-    for b in range(nb):
-        batch = collator([ds._get_item([rec]) for rec in recs[b * mbs : (b + 1) * mbs]])
-        for k, v in batch.items():
-            if v is not None:
-                out[f"b{b}_{k}"] = v.numpy()
-    out["batches"] = np.array(nb)
+    item = lambda i: ds._get_item([recs[i]])  # noqa: E731
+    _batches(collator, item, len(recs), job["padded"], job.get("keep_last"), out)
     out["model_max_length"] = np.array(proc.tokenizer.model_max_length)
 
 
@@ -994,35 +995,23 @@ def packed(job, proc, args, entries, out):
     job["packed"] of them through FlattenedDataCollatorForSupervisedDataset (the collator
     make_supervised_data_module picks for data_packing): batch b's tensors as b{b}_{key}.
     A last partial batch is left out unless job["keep_last"] (its Trainer keeps it)."""
-    import numpy as np
-
-    ds = LazySupervisedDataset.__new__(LazySupervisedDataset)  # the attributes __init__ sets
-    ds.processor = proc
-    ds.tokenizer = proc.tokenizer
-    ds.data_args = args
-    ds.merge_size = getattr(proc.image_processor, "merge_size", 2)
-    ds.get_rope_index = get_rope_index_3 if job["preset"] == "qwen3-vl" else get_rope_index_25
+    ds = _dataset(job, proc, args)
     ds.item_fn = ds._get_packed_item  # data_args.data_packing
     collator = FlattenedDataCollatorForSupervisedDataset(proc.tokenizer)
-    mbs = job["packed"]
     for ann in entries:  # LazySupervisedDataset.__init__
         if isinstance(ann, list):
             for sub_ann in ann:
                 sub_ann["data_path"] = job["data_path"]
         else:
             ann["data_path"] = job["data_path"]
-    nb = (len(entries) + (mbs - 1 if job.get("keep_last") else 0)) // mbs
-    for b in range(nb):
-        items = []
-        for sources in entries[b * mbs : (b + 1) * mbs]:
-            if isinstance(sources, dict):  # __getitem__
-                sources = [sources]
-            items.append(ds.item_fn(sources))
-        batch = collator(items)
-        for k, v in batch.items():
-            if v is not None:
-                out[f"b{b}_{k}"] = v.numpy()
-    out["batches"] = np.array(nb)
+
+    def item(i):
+        sources = entries[i]
+        if isinstance(sources, dict):  # __getitem__
+            sources = [sources]
+        return ds.item_fn(sources)
+
+    _batches(collator, item, len(entries), job["packed"], job.get("keep_last"), out)
 
 
 def pack_tool(job):

@@ -15,6 +15,7 @@ import time
 import warnings
 
 import pytest
+from tar_bytes import tar_header, tar_member
 
 import mmloader
 
@@ -37,22 +38,6 @@ def zstd(data: bytes) -> bytes:
     import zstandard
 
     return zstandard.ZstdCompressor(level=3).compress(data)
-
-
-def tar_header(name: str, size: int, typ: bytes = b"0") -> bytes:
-    h = bytearray(512)
-    h[0 : len(name)] = name.encode()
-    h[100:108] = b"0000644\0"
-    h[124:136] = b"%011o\0" % size
-    h[156:157] = typ
-    h[257:263] = b"ustar\0"
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
-
-
-def tar_member(name: str, data: bytes) -> bytes:
-    return tar_header(name, len(data)) + data + b"\0" * (-len(data) % 512)
 
 
 # ---- compression and blank-line bombs ------------------------------------------------
