@@ -13,6 +13,7 @@ import time
 import warnings
 
 import pytest
+from child import child_env
 
 import mmloader
 from mmloader import dsindex
@@ -20,7 +21,6 @@ from mmloader.datagen import make_dataset
 from conftest import as_np, same
 
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VISION = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64)
 
 
@@ -136,7 +136,7 @@ def test_cli_build_summary_and_up_to_date(ds, tmp_path):
         "--num-threads",
         "2",
     ]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = child_env()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "2 shard(s), 42 samples (40 planned)" in r.stdout

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 import pytest
+from child import child_env
 
 import mmloader
 from mmloader import _core
@@ -39,7 +40,6 @@ from mmloader import _core
 from bombs import webp_animated, webp_huge
 from photos import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 REPLY = {"role": "assistant", "content": "A picture."}
@@ -169,7 +169,7 @@ def flat_child(tmp_path, flat_webp, mode):
     path = shard(d, [image_record("flat.webp")], name="flat.jsonl")
     script = tmp_path / "child.py"
     script.write_text(FLAT_CHILD)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     args = [sys.executable, str(script), mode, str(d / "flat.webp"), path, TINY]
     p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -266,7 +266,7 @@ def test_ctrl_c_during_an_index_build_stops_its_workers(fault_server, tmp_path):
         objects={"/a.jpg": b.getvalue()}, fault_rate=1.0, faults=["silent"], stall_s=300
     )
     path = shard(tmp_path, [image_record(srv.url(f"/a.jpg?{i}")) for i in range(600)])
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     p = subprocess.Popen(
         [
             sys.executable,
@@ -321,7 +321,7 @@ def test_ctrl_c_during_a_long_planning_pass(tmp_path):
     interrupt (100 ms polls, joins) on a machine 3x faster."""
     small = text_shard(tmp_path / "small.jsonl", 40_000)
     big = text_shard(tmp_path / "big.jsonl", 400_000)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     code = textwrap.dedent(f"""
         import json, signal, threading, time, mmloader
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -26,6 +26,7 @@ import warnings
 
 import numpy as np
 import pytest
+from child import child_env
 
 import mmloader
 from mmloader import _core
@@ -33,7 +34,6 @@ from mmloader import _core
 from bombs import jpeg_scan_bomb, jpeg_scans, png_tail_bomb
 from photos import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 SMALL = dict(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
 
@@ -254,7 +254,7 @@ def test_one_image_asking_for_1e8_pixels_is_skipped(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+        env=child_env(),
     )
     out = r.stdout.splitlines()
     assert len(out) == 3, r.stdout + r.stderr
@@ -285,7 +285,7 @@ def test_size_keys_within_the_limit_still_apply(tmp_path):
 
 
 def run_py(code, **kw):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         stdout=subprocess.PIPE,

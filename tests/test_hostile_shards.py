@@ -15,6 +15,7 @@ import time
 import warnings
 
 import pytest
+from child import child_env
 from tar_bytes import tar_header, tar_member
 
 import mmloader
@@ -212,7 +213,7 @@ def test_zstd_brace_bomb_in_a_capped_child(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, TMPDIR=str(tmp_path)),
+        env=child_env(TMPDIR=str(tmp_path)),
     )
     out = r.stdout.splitlines()
     assert out[0].startswith("SampleError") and "max_shard_records" in out[0], r.stdout + r.stderr
@@ -288,7 +289,11 @@ def test_maximum_prefetch_costs_what_is_queued(tmp_path):
     p = tmp_path / "s.jsonl"
     p.write_text(LINE * 16)
     r = subprocess.run(
-        [sys.executable, "-c", PREFETCH, str(p), TINY], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PREFETCH, str(p), TINY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
     )
     n, rss_kib = map(int, r.stdout.split())
     assert n == 16

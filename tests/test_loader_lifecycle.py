@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from child import child_env
 
 import mmloader
 from mmloader.datagen import make_dataset
@@ -75,7 +76,7 @@ def test_memory_flat_over_many_batches(ds):
 
 
 def run_py(code, **kw):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,

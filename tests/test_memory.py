@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
+from child import child_env
 
 import mmloader
 
@@ -269,10 +270,7 @@ def test_progressive_scratch_is_planned_from_the_header(big_shard, tmp_path):
     import subprocess
     import sys
 
-    # started outside the repository (whose folder would otherwise be what imports mmloader:
-    # run from anywhere else, the child found no mmloader), the package named by PYTHONPATH
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = child_env()
     out = subprocess.run(
         [sys.executable, "-c", code, big_shard, TINY],
         capture_output=True,

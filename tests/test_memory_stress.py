@@ -28,6 +28,7 @@ import sys
 
 import numpy as np
 import pytest
+from child import child_env
 
 import mmloader
 
@@ -202,6 +203,7 @@ def _stress(shard, n, seed0, limit_s=60.0):
         capture_output=True,
         text=True,
         timeout=limit_s * 4 + 30 * n,
+        env=child_env(),
     )
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     runs = [r for r in lines if "seed" in r]

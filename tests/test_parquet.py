@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from child import child_env
 
 import mmloader
 from conftest import as_np, same, take
@@ -428,9 +429,7 @@ def test_rows_decoded_per_row_group_in_the_workers(tmp_path, fault_server):
     assert len(chunks) == 128 and size > 6 << 20
     # a child with $TMPDIR pointing nowhere (a spill file could not be made) reads the
     # footer and the row groups of the first samples in flight, not the file
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mmloader.__file__)))
-    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TMPDIR=str(tmp_path / "no-such-dir"), PYTHONPATH=path)
+    env = child_env(TMPDIR=str(tmp_path / "no-such-dir"))
     out = subprocess.run(
         [sys.executable, "-c", FIRST_BATCH, p, TINY],
         cwd="/tmp",
@@ -733,8 +732,7 @@ def test_max_memory_bounds_the_row_group_cache(tmp_path):
 
     p = str(tmp_path / "big.parquet")
     pq.write_table(arrow_table(noise_rows(128, size=256)), p, row_group_size=16, compression="none")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(mmloader.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = child_env()
 
     def child(cap, kw=None):
         out = subprocess.run(

@@ -13,12 +13,12 @@ import sys
 
 import numpy as np
 import pytest
+from child import child_env
 
 import mmloader
 from mmloader import _core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 # (source h, w), max_pixels: each resize order runs — both passes horizontal-first (the
 # image grows), both vertical-first (the height shrinks by more than twice as many pixels
@@ -150,7 +150,7 @@ def test_pixel_paths_agree_without_the_vector_code(tmp_path):
         "    outs.append(p(t._image(h, w, 7))['pixel_values'])\n"
         "np.savez(sys.argv[1], *outs)\n" % HERE
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = child_env()
     env.pop("MML_DISABLE_AVX2", None)
     env.pop("MML_DISABLE_AVX512", None)
     got = {}
