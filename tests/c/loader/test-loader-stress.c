@@ -16,6 +16,9 @@
  *       with the seed when a schedule (its close included) runs past twice that.
  *   S2. A delivered epoch is bitwise the epoch of the same settings without a cap.
  *   S3. The pool never held more than the cap (pool_peak <= max_memory).
+ *   S5. The memory ledger balances: at the epoch's end it holds exactly the pool's, the
+ *       window's, the scratch's and the emissions' bytes (csrc/core/loader/loader_admit.c
+ *       A6; mml_loader_check_memory).
  *   S4. MML_ENOMEM only where the cap is tight: less room beside the workers' reserve than
  *       2 x (prefetch + 2) of the largest batches and 8 MiB (what today's gates may hold
  *       for the batch the consumer waits for; tests/test_memory_stress.py's bound).
@@ -192,6 +195,18 @@ static unsigned next_rand(unsigned *s) {
   return (*s >> 8) & 0xffffff;
 }
 
+/* S5: at the epoch's end, with every batch released, the loader's memory ledger holds
+ * exactly what its memory is (loader_admit.c A6): within a second (the pool's last
+ * changes reach it after the pool's lock), else the mismatch is the schedule's failure. */
+static void ledger_settles(mml_loader *L, epoch_out *o) {
+  mml_err err;
+  mml_status st = MML_OK;
+  for (int k = 0; k < 100 && (st = mml_loader_check_memory(L, &err)); k++) usleep(10 * 1000);
+  if (!st) return;
+  o->st = st;
+  snprintf(o->msg, sizeof o->msg, "S5: %s", err.msg);
+}
+
 static void run_epoch(const mml_loader_cfg *c, consumer *who, epoch_out *o) {
   memset(o, 0, sizeof *o);
   mml_loader *L;
@@ -228,6 +243,7 @@ static void run_epoch(const mml_loader_cfg *c, consumer *who, epoch_out *o) {
       mml_batch_clear(&b);
   }
   mml_batch_clear(&prev);
+  if (!o->st) ledger_settles(L, o);
   mml_loader_get_stats(L, &o->stats);
   mml_loader_free(L);
 }
