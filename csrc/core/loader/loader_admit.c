@@ -63,6 +63,15 @@
  *       later samples that can be read again: those make way (READ AGAIN;
  *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode; the stress
  *       test's summary counts them).
+ *   A6. The ledger balances: with max_memory the loader has one mml_ledger (THE LEDGER
+ *       below) charged at every point above -- the scratch reserve and the Parquet room
+ *       at start, a task's byte buffers at its seq (ld_mem_count_task_locked), spare byte
+ *       buffers as a cache, scratch and re-read grants, emission grants, and every change
+ *       of the pool (its hook: live bytes the consumer's, what a release keeps the pooled
+ *       pages' cache) -- and at a quiescent point it holds exactly the pool's live and
+ *       cached bytes, the window's, the reserve, the grants and the Parquet room
+ *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
+ *       free).  It only counts (no cap of its own, ledger.c L9): the gates above decide.
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
