@@ -54,8 +54,11 @@
  *       does not fit; their bytes stay ENGINE credit (L7 waits for them) until given
  *       back.  A settled grant is never asked back.
  *
- * THE LOADER'S USE (the plan; the loader does not use the ledger yet).  One ledger per
- * loader with max_memory; every admission point becomes one charge at its stream seq:
+ * THE LOADER'S USE (the plan).  One ledger per loader with max_memory.  Today it is
+ * charged in accounting form (no cap of its own, L9) beside the loader's old gates, which
+ * still decide: csrc/core/loader/loader_admit.c A6 and THE LEDGER say what is charged and
+ * how the stress test checks that it balances.  The plan: every admission point becomes
+ * one charge at its stream seq that decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
  *       order), for the bytes read; then t->held's growth at the same seq.
  *   M2. a ticket plane's buffer (rebuffer, ticket_room, retry_pending): seq = the

@@ -485,6 +485,7 @@ static mml_status build_output(mml_loader *L, const mml_loader_cfg *cfg, mml_err
                        (long long)cfg->num_threads * MML_SCRATCH_RESERVE + (8 << 20),
                        cfg->num_threads);
   if ((st = mml_pool_new(&L->alloc, keep, &L->pool, err))) return st;
+  if ((st = ld_ledger_open(L, err))) return st; /* max_memory's ledger (loader_admit.c) */
   /* Emission (building a batch's tensors, mostly copying pixels) runs on workers, one
    * batch per collator instance, so one collation thread does not cap throughput. */
   L->ncoll = 1 + cfg->num_threads / 4;
@@ -570,6 +571,7 @@ fail:
 static mml_status start_locked(mml_loader *L, mml_err *err) {
   if (L->started) return MML_OK;
   L->started = 1;
+  ld_ledger_start_locked(L);
   L->threads = calloc((size_t)L->cfg.num_threads, sizeof *L->threads);
   if (!L->threads)
     return mml_err_set(err, MML_ENOMEM, "loader: out of memory for the worker threads");
@@ -617,6 +619,7 @@ void mml_loader_close(mml_loader *L) {
 void mml_loader_free(mml_loader *L) {
   if (!L) return;
   mml_loader_close(L);
+  ld_ledger_assert_quiet(L);    /* the threads are joined: a debug build checks A6 */
   mml_fetcher_free(L->fetcher); /* a fetcher created while building the index */
   L->fetcher = NULL;
   if (L->outq) {
@@ -662,7 +665,9 @@ void mml_loader_free(mml_loader *L) {
   free(L->coll_busy);
   ld_place_free(L);
   mml_device_stage_free(L->stage); /* waits for queued copies */
+  ld_ledger_unhook(L);
   mml_pool_close(L->pool);
+  ld_ledger_free(L);
   ld_plan_free(L);
   ld_free_sources(L); /* before the index: roots are per shard */
   ld_index_free(L);
@@ -946,6 +951,13 @@ int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max) {
   return n;
 }
 
+mml_status mml_loader_check_memory(mml_loader *L, mml_err *err) {
+  pthread_mutex_lock(&L->mu);
+  const mml_status st = ld_ledger_check_locked(L, err);
+  pthread_mutex_unlock(&L->mu);
+  return st;
+}
+
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
   mml_loader_get_stats_all(L, o, NULL, 0);
 }
@@ -1020,6 +1032,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   }
   mml_pool_usage(L->pool, &o->pool_cached, &o->pool_live);
   mml_pool_peaks(L->pool, &o->pool_live_peak, &o->pool_peak);
+  o->memory_peak = ld_ledger_peak(L);
   mml_mapped_usage(&o->scratch_mapped, &o->scratch_mapped_peak);
   /* outside mu: the fetcher's I/O thread takes mu in completions (lock order) */
   if (f) mml_fetch_get_stats(f, &o->fetch);

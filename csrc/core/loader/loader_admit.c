@@ -63,9 +63,19 @@
  *       later samples that can be read again: those make way (READ AGAIN;
  *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode; the stress
  *       test's summary counts them).
+ *   A6. The ledger balances: with max_memory the loader has one mml_ledger (THE LEDGER
+ *       below) charged at every point above -- the scratch reserve and the Parquet room
+ *       at start, a task's byte buffers at its seq (ld_mem_count_task_locked), spare byte
+ *       buffers as a cache, scratch and re-read grants, emission grants, and every change
+ *       of the pool (its hook: live bytes the consumer's, what a release keeps the pooled
+ *       pages' cache) -- and at a quiescent point it holds exactly the pool's live and
+ *       cached bytes, the window's, the reserve, the grants and the Parquet room
+ *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
+ *       free).  It only counts (no cap of its own, ledger.c L9): the gates above decide.
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -539,6 +549,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     t->scratch_granted = t->scratch_need;
     t->reread_granted = need - t->scratch_need;
     L->scratch_extra += need;
+    ld_ledger_charge(L, t->seq, need);
     L->scratch_stuck = 0;
     return 1;
   }
@@ -585,6 +596,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   if (ok) {
     L->emit_extra += need;
+    ld_ledger_charge(L, L->head_seq, need);
     L->emit_stuck = 0;
     return need;
   }
@@ -610,6 +622,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
 
 void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
   L->scratch_extra -= t->scratch_granted + t->reread_granted;
+  ld_ledger_release(L, t->scratch_granted + t->reread_granted);
   t->scratch_granted = t->reread_granted = 0;
 }
 
@@ -622,6 +635,134 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
   if (t->rec_parsed)
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
   L->win_bytes += held - t->held;
+  if (held > t->held)
+    ld_ledger_charge(L, t->seq, held - t->held);
+  else
+    ld_ledger_release(L, t->held - held);
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
+}
+
+/* ---- THE LEDGER ------------------------------------------------------------------------ */
+
+/* The pool's changes (every allocation, growth, release and trim, on the thread that made
+ * it, possibly under mu): its live bytes are batches' buffers -- the consumer's class
+ * (a batch being built is the consumer's, L5) -- and what a release keeps mapped becomes
+ * the pooled pages' cache. */
+static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
+  mml_loader *L = arg;
+  if (d_live > 0) {
+    mml_charge c = {.seq = 0, .bytes = d_live};
+    (void)mml_ledger_request(L->ledger, &c, NULL);
+    mml_ledger_hand_over(L->ledger, d_live);
+  } else if (d_live < 0) {
+    const int64_t kept = d_cached > 0 ? (d_cached < -d_live ? d_cached : -d_live) : 0;
+    mml_ledger_cache_put(L->ledger, L->led_pool, kept, MML_HOLD_CONSUMER);
+    mml_ledger_release(L->ledger, -d_live - kept, MML_HOLD_CONSUMER);
+    d_cached -= kept;
+  }
+  if (d_cached < 0) mml_ledger_cache_drop(L->ledger, L->led_pool, -d_cached);
+  if (d_cached > 0) (void)mml_ledger_cache_grow(L->ledger, L->led_pool, d_cached);
+}
+
+static int64_t ledger_pool_evict(void *arg, int64_t want) {
+  return (int64_t)mml_pool_evict(((mml_loader *)arg)->pool, (size_t)want);
+}
+
+mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
+  if (!L->cfg.max_memory) return MML_OK;
+  /* Accounting: the old gates above decide; the ledger, without a cap of its own (L9),
+   * grants every charge at once and counts what the cap covers (A6). */
+  const mml_ledger_cfg lc = {0, NULL, NULL, "max_memory", NULL};
+  mml_status st = mml_ledger_new(&lc, &L->ledger, err);
+  if (st) return st;
+  L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
+  L->led_spare = mml_ledger_add_cache(L->ledger, "spare byte buffers", NULL, NULL);
+  ld_ledger_charge(L, 0, scratch_bytes(L)); /* the workers' scratch reserve */
+  mml_pool_set_hook(L->pool, ledger_pool_hook, L);
+  return MML_OK;
+}
+
+void ld_ledger_start_locked(mml_loader *L) {
+  ld_ledger_charge(L, 0, ld_pq_reserved(L)); /* the Parquet row groups' room */
+}
+
+void ld_ledger_unhook(mml_loader *L) {
+  if (L->ledger && L->pool) mml_pool_set_hook(L->pool, NULL, NULL);
+}
+
+void ld_ledger_free(mml_loader *L) {
+  mml_ledger_free(L->ledger);
+  L->ledger = NULL;
+}
+
+void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes) {
+  if (!L->ledger || bytes <= 0) return;
+  mml_charge c = {.seq = seq, .bytes = bytes};
+  (void)mml_ledger_request(L->ledger, &c, NULL); /* granted at once: no cap of its own */
+}
+
+void ld_ledger_release(mml_loader *L, int64_t bytes) {
+  if (L->ledger) mml_ledger_release(L->ledger, bytes, MML_HOLD_ENGINE);
+}
+
+void ld_ledger_spare_put(mml_loader *L, int64_t bytes) {
+  if (L->ledger) mml_ledger_cache_put(L->ledger, L->led_spare, bytes, MML_HOLD_ENGINE);
+}
+
+void ld_ledger_spare_drop(mml_loader *L, int64_t bytes) {
+  if (L->ledger) mml_ledger_cache_drop(L->ledger, L->led_spare, bytes);
+}
+
+mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
+  if (!L->ledger) return MML_OK;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  int64_t win = 0, spares = 0, scratch = 0;
+  for (int i = 0; i < L->window; i++) {
+    const task *t = &L->tasks[i];
+    win += t->held;
+    scratch += t->scratch_granted + t->reread_granted;
+  }
+  for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
+  const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
+                       L->emit_extra + ld_pq_reserved(L);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
+  if (have == want && win + spares == L->win_bytes && spares == L->spare_bytes &&
+      scratch == L->scratch_extra)
+    return MML_OK;
+  return mml_err_set(err, MML_EINTERNAL,
+                     "the memory ledger holds %lld bytes (engine %lld, consumer %lld, cached "
+                     "%lld) where the loader has %lld: pool live %zu + cached %zu, window "
+                     "%lld (+ spares %lld; counted %lld), scratch reserve %lld + granted %lld "
+                     "(counted %lld), emissions %lld, Parquet room %lld",
+                     (long long)have, (long long)s.held[MML_HOLD_ENGINE],
+                     (long long)s.held[MML_HOLD_CONSUMER], (long long)s.cached, (long long)want,
+                     live, cached, (long long)win, (long long)spares, (long long)L->win_bytes,
+                     (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
+                     (long long)L->emit_extra, (long long)ld_pq_reserved(L));
+}
+
+void ld_ledger_assert_quiet(mml_loader *L) {
+#ifndef NDEBUG
+  if (!L->ledger || !L->pool || !L->tasks) return;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  if (live) return; /* a batch the consumer holds may be released meanwhile */
+  mml_err e;
+  const mml_status st = ld_ledger_check_locked(L, &e);
+  if (st) fprintf(stderr, "mmloader: %s\n", e.msg);
+  assert(st == MML_OK);
+#else
+  (void)L;
+#endif
+}
+
+int64_t ld_ledger_peak(mml_loader *L) {
+  if (!L->ledger) return 0;
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  return s.peak;
 }

@@ -36,6 +36,8 @@ void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
       L->spare[best] = L->spare[--L->nspare];
     L->spare_bytes -= delta;
     t->held += delta; /* win_bytes, the sum of both, is unchanged */
+    ld_ledger_spare_drop(L, delta);
+    ld_ledger_charge(L, t->seq, delta);
     *b = s;
     b->len = 0;
   }
@@ -50,6 +52,7 @@ void ld_bytes_return_locked(mml_loader *L, task *t) {
       L->spare[L->nspare++] = *b;
       L->spare_bytes += (int64_t)b->cap;
       t->held -= (int64_t)b->cap;
+      ld_ledger_spare_put(L, (int64_t)b->cap);
     } else {
       mml_bytes_free(b);
     }
@@ -61,6 +64,7 @@ void ld_bytes_return_locked(mml_loader *L, task *t) {
 void ld_bytes_free_spares(mml_loader *L) {
   for (int k = 0; k < L->nspare; k++) mml_bytes_free(&L->spare[k]);
   L->win_bytes -= L->spare_bytes;
+  ld_ledger_spare_drop(L, L->spare_bytes);
   L->nspare = 0;
   L->spare_bytes = 0;
 }

@@ -15,6 +15,7 @@
 #include "mml/device.h"
 #include "mml/dsindex.h"
 #include "mml/index.h"
+#include "mml/ledger.h"
 #include "mml/loader.h"
 #include "mml/mixture.h"
 #include "mml/sampler.h"
@@ -313,6 +314,11 @@ struct mml_loader {
   /* the largest batch buffer (one plane) asked for so far (mu): what bytes fetched or
    * held ahead of their use leave room for, so the next batch never waits on them */
   int64_t batch_buf_peak;
+  /* the one ordered byte ledger (loader_admit.c THE LEDGER; NULL without max_memory):
+   * every byte the cap covers is charged to it; its caches' ids (pooled pages, spare
+   * byte buffers) */
+  mml_ledger *ledger;
+  int led_pool, led_spare;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
@@ -623,6 +629,29 @@ void ld_bytes_free_spares(mml_loader *L);
  * bytes (vhead_bytes, vpre_bytes) and open videos (vhead[].open_bytes) whenever they
  * change. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
+/* The ledger (loader_admit.c THE LEDGER): made after the pool (MML_OK without
+ * max_memory), its fixed charges when the threads start, the pool unhooked before the pool
+ * closes and the ledger freed after it; ld_ledger_charge / _release: `bytes` of the work at
+ * stream position `seq` (ENGINE credit); ld_ledger_spare_*: the spare byte buffers' cache.
+ * All are no-ops without a ledger. */
+mml_status ld_ledger_open(mml_loader *L, mml_err *err);
+void ld_ledger_start_locked(mml_loader *L);
+void ld_ledger_unhook(mml_loader *L);
+void ld_ledger_free(mml_loader *L);
+void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes);
+void ld_ledger_release(mml_loader *L, int64_t bytes);
+void ld_ledger_spare_put(mml_loader *L, int64_t bytes);
+void ld_ledger_spare_drop(mml_loader *L, int64_t bytes);
+/* A1's accounting (A6): the ledger holds exactly what the loader's memory is -- the pool's
+ * live and cached bytes, the window's byte buffers (tasks' and spares', summed afresh),
+ * the scratch reserve and grants, the emissions' grants, the Parquet room.  MML_EINTERNAL
+ * naming both sides when not; MML_OK without a ledger. */
+mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err);
+/* With the threads joined and no pool buffer live (nothing the consumer could release
+ * meanwhile): asserts ld_ledger_check_locked in a debug build (NDEBUG unset). */
+void ld_ledger_assert_quiet(mml_loader *L);
+/* The most bytes the ledger held at one time (0 without one). */
+int64_t ld_ledger_peak(mml_loader *L);
 /* max_memory: room for `bytes` held ahead of their use (a remote video's first block or
  * preloaded packets, a video kept open) that still leaves the next batch its buffer: the
  * largest batch buffer asked for so far, or own_batch (the sample's own pixel bytes) when

@@ -565,6 +565,7 @@ static task *take_task_locked(mml_loader *L) {
       if (grant >= 0) {
         ld_emit_job_locked(L);
         L->emit_extra -= grant; /* its float rows are live in the pool now */
+        ld_ledger_release(L, grant);
         continue;
       }
       emit_wait = 1;
@@ -689,6 +690,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     t->reread = 0;
     ld_mem_count_task_locked(L, t); /* counted in held now: the grant goes */
     L->scratch_extra -= t->reread_granted;
+    ld_ledger_release(L, t->reread_granted);
     t->reread_granted = 0;
     pthread_mutex_unlock(&L->mu);
   }

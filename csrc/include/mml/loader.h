@@ -338,6 +338,9 @@ typedef struct mml_loader_stats {
   size_t pool_cached, pool_live;   /* bytes in the host buffer pool */
   size_t pool_live_peak;           /* the most bytes of the pool's buffers in use at one time */
   size_t pool_peak;                /* the most bytes the pool held at one time (in use + cached) */
+  int64_t memory_peak;             /* max_memory: the most bytes it covers held at one time (the
+                                    pool's, the window's, the scratch reserve and grants, the
+                                    Parquet room: the loader's memory ledger); 0 without */
   size_t scratch_mapped;           /* decoder scratch mapped now, the whole process's */
   size_t scratch_mapped_peak;      /* ... and the most at one time (mml_mapped_usage) */
   int64_t window_bytes;            /* capacity of the window's byte buffers: records, encoded
@@ -375,6 +378,11 @@ typedef struct mml_loader_stats {
   int64_t pq_cache_room;  /* the cache's room (a quarter of max_memory, else 512 MiB) */
 } mml_loader_stats;
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *out);
+/* Under max_memory: whether the loader's memory ledger holds exactly the bytes its memory
+ * is (csrc/core/loader/loader_admit.c A6), at a quiescent point (no batch being built or
+ * released meanwhile: the pool's changes reach the ledger after the pool's lock).
+ * MML_EINTERNAL naming both sides when not; MML_OK without max_memory. */
+mml_status mml_loader_check_memory(mml_loader *L, mml_err *err);
 /* mml_loader_get_stats and mml_loader_source_stats of sources 0..nsrc-1 into src[] as one
  * snapshot (one hold of the loader's lock): while the collator runs, separate calls can
  * see different moments (sum of src[].samples != good_samples); this one cannot.
