@@ -65,8 +65,9 @@ static double bicubic(double x) {
   return 0.0;
 }
 
-mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err) {
-  if (a->in == in && a->out == out && a->k) return MML_OK;
+mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, int rows_h,
+                                     mml_err *err) {
+  if (a->in == in && a->out == out && a->k && (a->rows_h || !rows_h)) return MML_OK;
   if (in < 1 || out < 1) return mml_err_set(err, MML_EINVAL, "resize: bad sizes %d -> %d", in, out);
   double scale = (double)in / out;
   double filterscale = scale < 1.0 ? 1.0 : scale;
@@ -123,7 +124,9 @@ mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_
   a->in = in;
   a->out = out;
   a->ksize = ksize;
-  mml_status st = mml_resample_vnni_prepare(a, err);
+  a->rows_h = rows_h;
+  a->vgroups = a->wgroups = 0;
+  mml_status st = rows_h ? mml_resample_vnni_prepare(a, err) : MML_OK;
   if (st != MML_OK) a->in = a->out = 0;
   return st;
 }

@@ -14,6 +14,7 @@
 typedef struct mml_resample_axis {
   int in, out; /* sizes the coefficients below are for (0: none yet) */
   int ksize;   /* coefficients stored per output pixel */
+  int rows_h;  /* prepared for mml_resample_rows_h: the VNNI tables below were built */
   int32_t *k;  /* out * ksize fixed-point weights (22 fractional bits) */
   int *bounds; /* out pairs: first input index, number of inputs */
   double *pre; /* out * ksize double weights before fixed-point conversion */
@@ -42,8 +43,12 @@ typedef struct mml_vwin {
   int32_t pad;
 } mml_vwin;
 
-/* Computes (or keeps) the coefficients for resampling `in` samples to `out`. */
-mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, mml_err *err);
+/* Computes (or keeps) the coefficients for resampling `in` samples to `out`; rows_h: the
+ * axis is for mml_resample_rows_h, so the VNNI horizontal pass's table is built too (a
+ * vertical axis never reads it: building it there cost as much as for the horizontal one,
+ * per image). */
+mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, int rows_h,
+                                     mml_err *err);
 void mml_resample_axis_free(mml_resample_axis *a);
 
 /* 1 when the AVX2 code paths may run (CPU support, and MML_DISABLE_AVX2 unset or "0"). */

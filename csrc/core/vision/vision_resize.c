@@ -30,14 +30,14 @@ mml_status mml_resize_job_begin(void *ctx, int w, int h, mml_err *err) {
   size_t in_row = (size_t)w * 3, out_row = (size_t)j->dst_w * 3;
   j->pstride = in_row + MML_ROW_SLACK;
   if (j->need_h) {
-    if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, err)) != MML_OK) return st;
+    if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, 1, err)) != MML_OK) return st;
     if (mml_bytes_reserve(&s->pend, MML_HROWS * j->pstride) ||
         mml_bytes_reserve(&s->tbuf, mml_resample_tbuf_size(w)))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", w);
     memset(s->pend.data, 0, MML_HROWS * j->pstride); /* the slack is read, never used */
   }
   if (j->need_v) {
-    if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, err)) != MML_OK) return st;
+    if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, 0, err)) != MML_OK) return st;
     int first;
     mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
     j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
