@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the source tree last: an installed mmloader (scripts/gpu-check.sh's wheel mode) wins
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mmloader import _core  # noqa: E402
 

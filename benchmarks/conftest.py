@@ -1,9 +1,27 @@
 """Shared pytest settings for the benchmark suites (benchmarks/bench_*.py)."""
 
+import importlib.util
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Last: pyproject.toml's pythonpath puts the tree first anyway; an installed mmloader that
+# scripts/gpu-check.sh puts on PYTHONPATH (and keeps the tree off) must win over the tree.
+sys.path.append(ROOT)
+
+
+def pytest_configure(config):
+    import pytest
+
+    spec = importlib.util.spec_from_file_location(
+        "mml_child", os.path.join(ROOT, "tests", "child.py")
+    )
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+    try:
+        child.check_package()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_addoption(parser):

@@ -20,6 +20,15 @@ sys.path.insert(0, os.path.join(HERE, "servers"))
 from faultserver import FaultServer  # noqa: E402
 
 
+def pytest_configure(config):
+    from child import check_package
+
+    try:
+        check_package()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 @pytest.fixture
 def fault_server():
     """Factory: fault_server(objects=..., fault_rate=..., ...) -> a started FaultServer,

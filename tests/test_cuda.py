@@ -8,25 +8,28 @@ tests/c/test-cuda.c against a fake runtime; these tests cover the Python surface
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
 
 import mmloader
+from child import PACKAGE_ROOT, child_env
 from mmloader import _core
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_py(code, **env):
-    """Runs code in a fresh interpreter (the runtime choice is made once per process)."""
-    e = dict(os.environ)
+    """Runs code in a fresh interpreter (the runtime choice is made once per process), in
+    a folder outside the repository, importing the mmloader this test imported."""
+    e = child_env()
     e.pop("MML_CUDA_DISABLE", None)
     e.pop("MML_CUDART", None)
     e.update(env)
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO_ROOT,
+        cwd=tempfile.gettempdir(),
         env=e,
         capture_output=True,
         text=True,
@@ -111,7 +114,7 @@ def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cud
         print(_cudart.candidates())
         print(_core.cuda_available(), _core.cuda_load())
     """,
-        PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO_ROOT}",
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{PACKAGE_ROOT}",
     )
     want = str(lib / "libcudart.so.12")
     assert out.splitlines() == [repr([want]), f"True {want}"]
@@ -337,7 +340,7 @@ def test_fake_many_batches_no_leak(fake_cudart):
 
 # --- the Loader's pin_memory / device options ---------------------------------------------
 
-TINY = os.path.join(REPO_ROOT, "mmloader", "data", "tiny-tokenizer.json")
+TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
 LOADER_ARGS = dict(
     tokenizer=TINY,
     micro_batch_size=4,

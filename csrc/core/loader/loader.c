@@ -1032,6 +1032,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   }
   mml_pool_usage(L->pool, &o->pool_cached, &o->pool_live);
   mml_pool_peaks(L->pool, &o->pool_live_peak, &o->pool_peak);
+  o->memory_peak = ld_ledger_peak(L);
   mml_mapped_usage(&o->scratch_mapped, &o->scratch_mapped_peak);
   /* outside mu: the fetcher's I/O thread takes mu in completions (lock order) */
   if (f) mml_fetch_get_stats(f, &o->fetch);

@@ -759,3 +759,10 @@ void ld_ledger_assert_quiet(mml_loader *L) {
   (void)L;
 #endif
 }
+
+int64_t ld_ledger_peak(mml_loader *L) {
+  if (!L->ledger) return 0;
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  return s.peak;
+}

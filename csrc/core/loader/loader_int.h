@@ -650,6 +650,8 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err);
 /* With the threads joined and no pool buffer live (nothing the consumer could release
  * meanwhile): asserts ld_ledger_check_locked in a debug build (NDEBUG unset). */
 void ld_ledger_assert_quiet(mml_loader *L);
+/* The most bytes the ledger held at one time (0 without one). */
+int64_t ld_ledger_peak(mml_loader *L);
 /* max_memory: room for `bytes` held ahead of their use (a remote video's first block or
  * preloaded packets, a video kept open) that still leaves the next batch its buffer: the
  * largest batch buffer asked for so far, or own_batch (the sample's own pixel bytes) when

@@ -334,7 +334,8 @@ static void pick(schedule *s, long long seed, const int64_t largest[NSHAPES], mm
 /* Runs one schedule and checks S2..S4: 0 when it passed (*oom: it ended out of memory;
  * *reread: its samples read again, loader_admit.c READ AGAIN). */
 static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
-                        const int64_t largest[NSHAPES], int *oom, uint64_t *reread) {
+                        const int64_t largest[NSHAPES], int *oom, uint64_t *reread, int64_t *peak,
+                        int64_t *cap) {
   schedule s;
   mml_loader_cfg c;
   const char *data[1];
@@ -347,6 +348,8 @@ static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
   const epoch_out *ref = &refs[s.shape];
   *oom = o.st == MML_ENOMEM;
   *reread = o.stats.samples_reread;
+  *peak = o.stats.memory_peak;
+  *cap = s.cap;
   const char *why = NULL;
   if (*oom && !strstr(o.msg, "cannot hold"))
     why = "out of memory without the explainer's message";
@@ -412,11 +415,18 @@ TEST(loader_max_memory_random_schedules_end) {
   }
   pthread_t th;
   CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
-  long long failed = 0, ooms = 0, rereads = 0, reread_in = 0;
+  long long failed = 0, ooms = 0, rereads = 0, reread_in = 0, over = 0;
   for (long long k = 0; k < n && failed < 5; k++) {
     int oom = 0;
     uint64_t reread = 0;
-    failed += run_schedule(seed0 + k, refs, largest, &oom, &reread);
+    int64_t peak = 0, cap = 0;
+    failed += run_schedule(seed0 + k, refs, largest, &oom, &reread, &peak, &cap);
+    if (peak > cap) {
+      over++;
+      if (getenv("MML_STRESS_SHOW_OVER"))
+        fprintf(stderr, "  seed %lld: memory peak %lld > max_memory %lld (%+.1f%%)\n", seed0 + k,
+                (long long)peak, (long long)cap, 100.0 * (double)(peak - cap) / (double)cap);
+    }
     ooms += oom;
     rereads += (long long)reread;
     reread_in += reread > 0;
@@ -425,8 +435,8 @@ TEST(loader_max_memory_random_schedules_end) {
   pthread_join(th, NULL);
   fprintf(stderr,
           "  %lld schedules from seed %lld: %lld out of memory, %lld failed; %lld samples read "
-          "again in %lld schedules\n",
-          n, seed0, ooms, failed, rereads, reread_in);
+          "again in %lld schedules; %lld held more than max_memory in all (memory_peak)\n",
+          n, seed0, ooms, failed, rereads, reread_in, over);
   CHECK_EQ_INT(failed, 0);
   if (n >= 20) CHECK(ooms < n); /* most caps hold an epoch */
 }
