@@ -53,6 +53,11 @@
  *       only as many as the head needs beyond what is already being given back, when it
  *       does not fit; their bytes stay ENGINE credit (L7 waits for them) until given
  *       back.  A settled grant is never asked back.
+ *  L11. No lost wakeup between the ledger and its owner's events: the change count
+ *       (mml_ledger_changes) grows, under the mutex and with a broadcast, with every grant
+ *       or failure of a waiting charge, every grant asked back, every poke and the
+ *       shutdown, so a thread that read it before it looked for work and blocks in
+ *       mml_ledger_wait_change wakes for anything that happened after it looked.
  *
  * THE LOADER'S USE (the plan).  One ledger per loader with max_memory.  Today it is
  * charged in accounting form (no cap of its own, L9) beside the loader's old gates, which
@@ -115,6 +120,7 @@ struct mml_ledger {
   mml_err fail_err;
   int64_t peak;
   uint64_t grants, waits, evicted, revoked;
+  uint64_t changes; /* L11 */
 };
 
 static int64_t cached_locked(const mml_ledger *g) {
@@ -317,6 +323,7 @@ static void revoke_locked(mml_ledger *g, const mml_charge *head, wake_list *w) {
     r->revoking = 1;
     g->revoking += r->bytes;
     g->revoked++;
+    g->changes++; /* L11 (step_locked broadcasts when it asked any back) */
     short_by -= r->bytes;
     if (r->revoke) {
       w->fn[w->n] = r->revoke;
@@ -341,10 +348,13 @@ static int step_locked(mml_ledger *g, wake_list *w) {
       unlink_locked(g, c);
       fail_locked(g, c, MML_ENOMEM, &e);
     } else {
+      const uint64_t before = g->changes;
       revoke_locked(g, c, w);
+      changed |= g->changes != before;
       break;
     }
     woke_locked(c, w);
+    g->changes++; /* L11 */
     changed = 1;
   }
   if (changed) pthread_cond_broadcast(&g->cv);
@@ -555,6 +565,7 @@ void mml_ledger_cache_drop(mml_ledger *g, int id, int64_t bytes) {
 void mml_ledger_shutdown(mml_ledger *g) {
   pthread_mutex_lock(&g->mu);
   g->shut = 1;
+  g->changes++; /* L11 */
   for (;;) {
     wake_list w;
     w.n = 0;
@@ -572,6 +583,26 @@ void mml_ledger_shutdown(mml_ledger *g) {
     if (!more) return;
     pthread_mutex_lock(&g->mu);
   }
+}
+
+uint64_t mml_ledger_changes(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  const uint64_t n = g->changes;
+  pthread_mutex_unlock(&g->mu);
+  return n;
+}
+
+void mml_ledger_poke(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  g->changes++;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+void mml_ledger_wait_change(mml_ledger *g, uint64_t seen) {
+  pthread_mutex_lock(&g->mu);
+  while (g->changes == seen) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
 }
 
 mml_status mml_ledger_error(mml_ledger *g, mml_err *err) {

@@ -134,6 +134,19 @@ void mml_ledger_hand_over(mml_ledger *g, int64_t bytes);
  * release, cache_put from the engine) clears it (that work may be what it waits for). */
 void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
 
+/* Waiting for the ledger OR the owner's own events, without polling and without a lost
+ * wakeup (L11): a thread that must act on whichever comes first -- a charge of its granted
+ * or failed, a revocable grant asked back, or work its owner queues -- reads the change
+ * count under its owner's lock (mml_ledger_changes), looks for work (still under that
+ * lock), drops the lock and blocks in mml_ledger_wait_change until the count differs; the
+ * owner calls mml_ledger_poke under its lock whenever it queues work such a thread may
+ * take.  The count grows with every grant or failure of a waiting charge, every revocable
+ * grant asked back, every poke and the shutdown. */
+uint64_t mml_ledger_changes(mml_ledger *g);
+void mml_ledger_poke(mml_ledger *g);
+/* Blocks until the change count differs from `seen` (at once when it does already). */
+void mml_ledger_wait_change(mml_ledger *g, uint64_t seen);
+
 /* Every waiting charge fails with MML_ECANCELLED and so does every later request (close,
  * Ctrl-C); releases still count.  Idempotent. */
 void mml_ledger_shutdown(mml_ledger *g);

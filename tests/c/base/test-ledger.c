@@ -1,4 +1,4 @@
-/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L9):
+/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L11):
  * ordering, eviction, wakeups, the deadlock rule and its message, shutdown, and a
  * randomized stress test of a producer/consumer pipeline (libuv threadpool-test style:
  * real threads, no sleeps in the checks; run under TSan by the Makefile). */
@@ -231,6 +231,128 @@ TEST(ledger_release_wakes_blocked_acquire) {
   CHECK_EQ_INT(b.st, MML_OK);
   CHECK_EQ_INT(b.c.state, MML_CHARGE_GRANTED);
   mml_ledger_free(g);
+}
+
+typedef struct change_waiter {
+  mml_ledger *g;
+  uint64_t seen;
+  atomic_int done;
+} change_waiter;
+
+static void *change_wait_main(void *arg) {
+  change_waiter *w = arg;
+  mml_ledger_wait_change(w->g, w->seen);
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+/* L11: a thread blocked in mml_ledger_wait_change wakes when a waiting charge is granted
+ * (not for a release that leaves it short), when a revocable grant is asked back, and
+ * when its owner pokes; a count already past `seen` returns at once. */
+TEST(ledger_wait_change_wakes_on_grant_revoke_and_poke) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 90), b = charge(1, 50);
+  CHECK_OK(mml_ledger_request(g, &a, &err), err);
+  CHECK_OK(mml_ledger_request(g, &b, &err), err);
+  CHECK_EQ_INT(b.state, MML_CHARGE_WAITING);
+  change_waiter w = {g, mml_ledger_changes(g), 0};
+  pthread_t th;
+  CHECK_EQ_INT(pthread_create(&th, NULL, change_wait_main, &w), 0);
+  mml_ledger_release(g, 30, MML_HOLD_ENGINE); /* 60 + 50 > 100: no change */
+  CHECK_EQ_INT(mml_ledger_changes(g), (long long)w.seen);
+  CHECK_EQ_INT(atomic_load(&w.done), 0);
+  mml_ledger_release(g, 10, MML_HOLD_ENGINE); /* b fits: granted */
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(mml_ledger_state(g, &b), MML_CHARGE_GRANTED);
+  /* a revocable grant asked back for an earlier charge wakes its owner's waiter */
+  mml_charge r = charge(5, 40), h = charge(2, 50);
+  r.revocable = 1;
+  mml_ledger_release(g, 50, MML_HOLD_ENGINE); /* b's bytes: 50 held (a) */
+  CHECK_OK(mml_ledger_request(g, &r, &err), err);
+  CHECK_EQ_INT(r.state, MML_CHARGE_GRANTED);
+  w.seen = mml_ledger_changes(g);
+  atomic_store(&w.done, 0);
+  CHECK_EQ_INT(pthread_create(&th, NULL, change_wait_main, &w), 0);
+  CHECK_OK(mml_ledger_request(g, &h, &err), err); /* 50 + 40 + 50 > 100: r asked back */
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(r.revoking, 1);
+  mml_ledger_give_back(g, &r);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_GRANTED);
+  /* a poke wakes it; a count already changed does not block */
+  w.seen = mml_ledger_changes(g);
+  atomic_store(&w.done, 0);
+  CHECK_EQ_INT(pthread_create(&th, NULL, change_wait_main, &w), 0);
+  mml_ledger_poke(g);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(atomic_load(&w.done), 1);
+  mml_ledger_wait_change(g, w.seen);
+  mml_ledger_free(g);
+}
+
+/* L11 under load: an owner queues work under its own lock and pokes; a taker reads the
+ * count under that lock before it looks, and blocks in mml_ledger_wait_change when it
+ * found nothing.  Meanwhile a third thread's charges are granted and released.  Every
+ * item is taken: a lost wakeup would leave the taker blocked (the runner's timeout). */
+typedef struct owner_q {
+  pthread_mutex_t mu;
+  mml_ledger *g;
+  int queued, taken, total;
+} owner_q;
+
+static void *owner_take_main(void *arg) {
+  owner_q *q = arg;
+  for (;;) {
+    pthread_mutex_lock(&q->mu);
+    const uint64_t seen = mml_ledger_changes(q->g);
+    if (q->queued) {
+      q->queued--;
+      q->taken++;
+    }
+    const int all = q->taken == q->total, none = !q->queued;
+    pthread_mutex_unlock(&q->mu);
+    if (all) return NULL;
+    if (none) mml_ledger_wait_change(q->g, seen);
+  }
+}
+
+static void *owner_churn_main(void *arg) {
+  owner_q *q = arg;
+  mml_err err;
+  for (int i = 0; i < 2000; i++) {
+    mml_charge c = charge(i, 1 + i % 7);
+    if (mml_ledger_acquire(q->g, &c, &err)) return NULL;
+    mml_ledger_release(q->g, c.bytes, MML_HOLD_ENGINE);
+  }
+  return NULL;
+}
+
+TEST(ledger_wait_change_loses_no_owner_event) {
+  owner_q q = {PTHREAD_MUTEX_INITIALIZER, new_ledger(8), 0, 0, 20000};
+  pthread_t taker, churn;
+  CHECK_EQ_INT(pthread_create(&taker, NULL, owner_take_main, &q), 0);
+  CHECK_EQ_INT(pthread_create(&churn, NULL, owner_churn_main, &q), 0);
+  for (int i = 0; i < q.total; i++) {
+    pthread_mutex_lock(&q.mu);
+    q.queued++;
+    mml_ledger_poke(q.g); /* under the owner's lock: owner -> ledger */
+    pthread_mutex_unlock(&q.mu);
+    if (i % 64 == 0) sched_yield();
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30; /* it takes milliseconds: 30 s is a lost wakeup, not a slow machine */
+  const int joined = pthread_timedjoin_np(taker, NULL, &until) == 0;
+  if (!joined) {
+    pthread_mutex_lock(&q.mu);
+    fprintf(stderr, "  the taker is blocked with %d items taken of %d: a lost wakeup (L11)\n",
+            q.taken, q.total);
+    pthread_mutex_unlock(&q.mu);
+  }
+  CHECK(joined);
+  pthread_join(churn, NULL);
+  CHECK_EQ_INT(q.taken, q.total);
+  mml_ledger_free(q.g);
 }
 
 static void name_seq(void *arg, int64_t seq, char *out, size_t cap) {
