@@ -22,6 +22,7 @@ import pytest
 
 import mmloader
 from mmloader import _core
+from child import child_env
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -421,7 +422,7 @@ def test_resize_vnni_wide_widths_match_pillow():
 def test_resize_vnni_heights_match_pillow():
     """resize_vnni.c's vertical pass: 64 bytes a step (rows of at least 64 bytes: planar
     rows of 64+ pixels, interleaved rows of 22+), 1-4 tap groups (up to 16 taps: heights
-    shrinking up to ~4x; more taps take resize.c's pass), outputs alone and in pairs, the
+    shrinking up to ~4x; 5-8: test_resize_vnni_tall_heights_match_pillow), outputs alone and in pairs, the
     last step overlapping; both pass orders."""
     rng = np.random.default_rng(35)
     cases = [
@@ -444,6 +445,35 @@ def test_resize_vnni_heights_match_pillow():
             want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
             got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
             assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+
+
+def test_resize_vnni_tall_heights_match_pillow():
+    """resize_vnni.c's vertical pass past 16 taps (row_v_body_wide: 5-8 tap groups, the
+    digit sums kept apart; invariant 2): heights shrinking ~4-8x (17-32 taps, the exact
+    path at the recipe caps from 3-12 MP photos) and past 8x (resize.c's pass), rows of
+    64 bytes and more (the last step overlapping), outputs alone and in pairs, widths that
+    shrink too (horizontal pass first: planar rows) or not (vertical first: interleaved
+    rows); both pass orders."""
+    rng = np.random.default_rng(37)
+    cases = [(H, h, w) for H in (97, 160, 255) for h in (12, 20, 31, 40) for w in (22, 64, 131)]
+    cases += [
+        (int(h * f), int(h), int(w))
+        for h, f, w in zip(
+            rng.integers(4, 90, 30), rng.uniform(3.6, 9.0, 30), rng.integers(22, 300, 30)
+        )
+    ]
+    for i, (H, h, w) in enumerate(cases):
+        if 4 * h > H:  # under ~4x: test_resize_vnni_heights_match_pillow
+            continue
+        for W in (w, 3 * w + 1):
+            a = pattern(H, W, H * 7919 + W * 31 + h)
+            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+            if i % 3 == 0 and PIL_MAJOR >= 13:  # the other order: against its own two passes
+                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
+                got = mml_resize(a, h, w, h_first=True)
+                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
 
 
 def test_resize_pass_order_matters():
@@ -663,6 +693,7 @@ def test_portable_paths_match_too(switch):
         "t.test_resize_edge_sizes_match_pillow()\n"
         "t.test_resize_matches_pillow_random_sizes()\n"
         "t.test_resize_vnni_wide_widths_match_pillow()\n"
+        "t.test_resize_vnni_tall_heights_match_pillow()\n"
         "o = mmloader.ImageProcessor()(d)\n"
         "t.assert_same(o, t.reference(d))\n"
         "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"
@@ -670,13 +701,8 @@ def test_portable_paths_match_too(switch):
         " image_mean=[.5, .5, .5], image_std=[.5, .5, .5]))\n"
         "print('ok')\n"
     )
-    env = dict(
-        os.environ,
-        **{switch: "1"},
-        PYTHONPATH=os.pathsep.join(
-            [os.path.dirname(__file__), os.getcwd(), os.environ.get("PYTHONPATH", "")]
-        ),
-    )
+    env = child_env(**{switch: "1"})  # the mmloader this test imported, and test_vision
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env["PYTHONPATH"]])
     r = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )

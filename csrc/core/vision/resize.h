@@ -64,7 +64,7 @@ mml_status mml_resample_vnni_prepare(mml_resample_axis *a, mml_err *err);
  * 1, the same bytes), else 0 and nothing done. */
 int mml_resample_rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                              uint8_t *const *dst, size_t plane);
-/* mml_resample_row_v by VNNI where it applies (n >= 64, at most 16 taps; returns 1, the
+/* mml_resample_row_v by VNNI where it applies (n >= 64, at most 32 taps; returns 1, the
  * same bytes), else 0 and nothing done. */
 int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *const *rows,
                             size_t off, int n, uint8_t *restrict dst);

@@ -39,7 +39,8 @@
  *   2. Only with AVX-512 F/BW/VBMI/VNNI (and MML_DISABLE_AVX512 unset).  Horizontal: only
  *      where mml_resample_vnni_prepare built the axis's table: out >= 16, every group of
  *      16 outputs reads within a 128-byte window (downscales up to about 2x), at most 16
- *      taps.  Vertical: rows of n >= 64 bytes, at most 16 taps.  Every weight fits three
+ *      taps.  Vertical: rows of n >= 64 bytes, at most 32 taps (past 16:
+ *      row_v_body_wide, the digit sums kept apart).  Every weight fits three
  *      signed byte digits (checked; else resize.c's pass).
  *   3. Horizontal: nothing is read outside a row's in * 3 bytes (masked loads) and nothing
  *      written outside dst[c * plane + x], x < out.  Vertical: bytes [off, off + n) of the
@@ -59,6 +60,7 @@
 #define VG 16     /* outputs per group */
 #define VBYTES 64 /* one vector of the table */
 #define MAX_TAPG 4
+#define VMAX_TAPG 8  /* the vertical pass: up to 32 taps (downscales up to ~8x) */
 #define WG 5         /* the wide variant: outputs per group (3 channels each: 15 dword lanes) */
 #define WMAX_TAPG 16 /* the wide variant: up to 64 taps (downscales up to ~15x) */
 
@@ -486,6 +488,46 @@ VNNI_FN __attribute__((always_inline)) static inline void row_v_body(const uint3
   }
 }
 
+/* The vertical pass past 16 taps (downscales past ~4x: the exact path at the recipe caps),
+ * up to 4 * VMAX_TAPG: tap group by tap group, the three digit sums of each of the 4
+ * vectors kept apart (12 accumulators, as the wide horizontal pass does) and combined at
+ * the end, ((32 + S2) << 8 + S1) << 8 + S0: the same int32 value as row_v_body's chain
+ * (wrapping integer sums are exact in any order), so the bytes are row_v_body's.  Only
+ * one tap group's 4 interleaved vectors are live at a time (row_v_body keeps all of them:
+ * 4 per tap group, more than the 32 registers past 4 tap groups). */
+VNNI_FN __attribute__((always_inline)) static inline void row_v_body_wide(
+    const uint32_t (*w)[3], const uint8_t *const *r, int n, uint8_t *restrict dst, const int tapg) {
+  const __m512i half = _mm512_set1_epi32(32), zero = _mm512_setzero_si512();
+  for (int i = 0;; i += 64) {
+    if (i > n - 64) i = n - 64;
+    __m512i s[4][3];
+    for (int v = 0; v < 4; v++) s[v][0] = s[v][1] = s[v][2] = zero;
+    for (int q = 0; q < tapg; q++) {
+      const __m512i r0 = _mm512_loadu_si512((const void *)(r[4 * q] + i));
+      const __m512i r1 = _mm512_loadu_si512((const void *)(r[4 * q + 1] + i));
+      const __m512i r2 = _mm512_loadu_si512((const void *)(r[4 * q + 2] + i));
+      const __m512i r3 = _mm512_loadu_si512((const void *)(r[4 * q + 3] + i));
+      const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i c = _mm512_unpacklo_epi8(r2, r3), d = _mm512_unpackhi_epi8(r2, r3);
+      const __m512i x[4] = {_mm512_unpacklo_epi16(a, c), _mm512_unpackhi_epi16(a, c),
+                            _mm512_unpacklo_epi16(b, d), _mm512_unpackhi_epi16(b, d)};
+      for (int dg = 0; dg < 3; dg++) {
+        const __m512i wd = _mm512_set1_epi32((int)w[q][dg]);
+        for (int v = 0; v < 4; v++) s[v][dg] = _mm512_dpbusd_epi32(s[v][dg], x[v], wd);
+      }
+    }
+    __m512i acc[4];
+    for (int v = 0; v < 4; v++) {
+      __m512i t = _mm512_slli_epi32(_mm512_add_epi32(half, s[v][2]), 8);
+      t = _mm512_slli_epi32(_mm512_add_epi32(t, s[v][1]), 8);
+      acc[v] = _mm512_srai_epi32(_mm512_add_epi32(t, s[v][0]), 22);
+    }
+    const __m512i lo = _mm512_packs_epi32(acc[0], acc[1]), hi = _mm512_packs_epi32(acc[2], acc[3]);
+    _mm512_storeu_si512((void *)(dst + i), _mm512_packus_epi16(lo, hi));
+    if (i == n - 64) break;
+  }
+}
+
 VNNI_FN static void row_v_vnni(const uint32_t (*w)[3], const uint8_t *const *r, int n,
                                uint8_t *restrict dst, int tapg) {
   switch (tapg) {
@@ -498,8 +540,20 @@ VNNI_FN static void row_v_vnni(const uint32_t (*w)[3], const uint8_t *const *r, 
     case 3:
       row_v_body(w, r, n, dst, 3);
       break;
-    default:
+    case 4:
       row_v_body(w, r, n, dst, 4);
+      break;
+    case 5:
+      row_v_body_wide(w, r, n, dst, 5);
+      break;
+    case 6:
+      row_v_body_wide(w, r, n, dst, 6);
+      break;
+    case 7:
+      row_v_body_wide(w, r, n, dst, 7);
+      break;
+    default:
+      row_v_body_wide(w, r, n, dst, VMAX_TAPG);
       break;
   }
 }
@@ -509,10 +563,10 @@ int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *co
                             size_t off, int n, uint8_t *restrict dst) {
 #ifdef MML_HAVE_VNNI_PATH
   const int cnt = a->bounds[2 * y + 1], tapg = (cnt + 3) / 4;
-  if (n < 64 || tapg > MAX_TAPG || !mml_cpu_avx512_vnni()) return 0;
+  if (n < 64 || tapg > VMAX_TAPG || !mml_cpu_avx512_vnni()) return 0;
   const int32_t *k = &a->k[(size_t)y * a->ksize];
-  uint32_t w[MAX_TAPG][3] = {{0}};
-  const uint8_t *r[4 * MAX_TAPG];
+  uint32_t w[VMAX_TAPG][3] = {{0}};
+  const uint8_t *r[4 * VMAX_TAPG];
   for (int j = 0; j < tapg * 4; j++) {
     int8_t d[3] = {0, 0, 0};
     if (j < cnt && !digits(k[j], d)) return 0;
