@@ -5,12 +5,17 @@
 1. Host-to-device throughput of the loader's copy path (pinned pool -> device pool on the
    loader's stream, one event per batch) against a plain loop of
    `dst.copy_(pinned_src, non_blocking=True)` in PyTorch on a side stream, same sizes, in
-   the same run.  Ratio = loader GB/s / torch GB/s (1.0: the loader costs nothing extra).
+   the same run: medians of ROUNDS alternating runs.  Ratio = loader GB/s / torch GB/s
+   (1.0: the loader costs nothing extra).  The stage is warmed until a run allocates
+   nothing (warm_stage) and the timed runs are checked to allocate nothing: a run that
+   grows its pools times cudaHostAlloc / cudaMalloc, not the copy path.
 2. Wait-time ratio of a synthetic trainer (a fixed amount of GPU work per step) fed by
-   Loader(device="cuda:0") and by Loader(pin_memory=True) + .cuda(non_blocking=True).
+   Loader(device="cuda:0"), by Loader(pin_memory=True) + .cuda(non_blocking=True) and by
+   pageable batches + .cuda(non_blocking=True): medians of ROUNDS alternating runs.
 Lines starting with "[bench_cuda]" are the figures (scripts/gpu-check.sh collects them).
 """
 
+import statistics
 import time
 
 import pytest
@@ -20,6 +25,33 @@ from mmloader import _core
 BATCH_BYTES = 64 << 20  # a large multimodal micro-batch of pixels
 NTENSORS = 4
 ITERS = 20
+ROUNDS = 5
+
+
+def stage_for(device, nbytes, iters):
+    """A DeviceStage whose pools can keep every buffer of `iters` batches of `nbytes` in
+    flight (one bench run queues them all before it waits), so a warm stage frees nothing."""
+    cap = 2 * nbytes * (iters + 1)
+    return _core.DeviceStage(device, max_cached_bytes=cap), cap
+
+
+def warm_stage(stage, cap, nbytes, ntensors, iters, tries=40):
+    """Runs stage.bench(nbytes, ntensors, iters) until two runs in a row leave the pools'
+    bytes as they were; returns (stage.usage(), runs).  Below the pools' cap `cap` nothing
+    is freed, so equal bytes mean a run allocated nothing: the pools hold what `iters`
+    batches in flight need (they grow over several runs: the warmer the pools, the further
+    ahead of the copies the host gets).  AssertionError if they reach the cap or still grow
+    after `tries` runs."""
+    before, same = stage.usage(), 0
+    for run in range(1, tries + 1):
+        stage.bench(nbytes, ntensors, iters)
+        after = stage.usage()
+        assert max(after.values()) < cap, f"the stage's pools reached their cap {cap}: {after}"
+        same = same + 1 if after == before else 0
+        if same == 2:
+            return after, run
+        before = after
+    raise AssertionError(f"the stage's pools still grow after {tries} warm-up runs: {after}")
 
 
 def _torch_cuda():
@@ -36,7 +68,7 @@ def _torch_cuda():
 
 def test_h2d_throughput(benchmark):
     torch = _torch_cuda()
-    stage = _core.DeviceStage(0)
+    stage, cap = stage_for(0, BATCH_BYTES, ITERS)
     each = BATCH_BYTES // NTENSORS
     src = [torch.empty(each, dtype=torch.uint8, pin_memory=True) for _ in range(NTENSORS)]
     dst = [torch.empty(each, dtype=torch.uint8, device="cuda:0") for _ in range(NTENSORS)]
@@ -51,23 +83,31 @@ def test_h2d_throughput(benchmark):
         side.synchronize()
         return time.perf_counter() - t0
 
-    stage.bench(BATCH_BYTES, NTENSORS, 3)  # warm both pools
+    warmed, warm_runs = warm_stage(stage, cap, BATCH_BYTES, NTENSORS, ITERS)
     torch_loop()
-    times = []
-    benchmark.pedantic(
-        lambda: times.append(stage.bench(BATCH_BYTES, NTENSORS, ITERS)), rounds=3, iterations=1
-    )
-    loader_s = min(times)
-    torch_s = min(torch_loop() for _ in range(3))
+    times, torch_times = [], []
+
+    def both():  # alternating, so both see the same machine
+        times.append(stage.bench(BATCH_BYTES, NTENSORS, ITERS))
+        torch_times.append(torch_loop())
+
+    benchmark.pedantic(both, rounds=ROUNDS, iterations=1)
+    allocated = stage.usage() != warmed  # then the runs timed cudaHostAlloc / cudaMalloc too
+    loader_s = statistics.median(times)
+    torch_s = statistics.median(torch_times)
     gb = BATCH_BYTES * ITERS / 1e9
     ratio = (gb / loader_s) / (gb / torch_s)
     print(
         f"\n[bench_cuda] h2d {BATCH_BYTES >> 20} MiB x {ITERS} batches: loader "
         f"{gb / loader_s:.1f} GB/s, torch non_blocking copy_ {gb / torch_s:.1f} GB/s, "
-        f"ratio {ratio:.2f}"
+        f"ratio {ratio:.2f} (medians of {ROUNDS}; pools warm after {warm_runs} runs"
+        f"{', ALLOCATED while timed' if allocated else ''})"
     )
-    benchmark.extra_info.update(loader_gbps=gb / loader_s, torch_gbps=gb / torch_s, ratio=ratio)
+    benchmark.extra_info.update(
+        loader_gbps=gb / loader_s, torch_gbps=gb / torch_s, ratio=ratio, warm_runs=warm_runs
+    )
     stage.close()
+    assert not allocated, "the timed runs allocated: they timed the allocator, not the copies"
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +160,23 @@ def test_trainer_wait_time_ratio(benchmark, ds):
             return L.stats()["wait_time_ratio"], steps / (time.perf_counter() - t0)
 
     train(device="cuda:0")  # warm up (CUDA context, pools)
-    res = {}
-    benchmark.pedantic(
-        lambda: res.setdefault("device", train(device="cuda:0")), rounds=1, iterations=1
-    )
-    res["pinned"] = train(pin_memory=True)
-    res["pageable"] = train()
+    kinds = {"device": dict(device="cuda:0"), "pinned": dict(pin_memory=True), "pageable": {}}
+    runs = {k: [] for k in kinds}
+
+    def all_kinds():  # alternating, so each sees the same machine
+        for k, kw in kinds.items():
+            runs[k].append(train(**kw))
+
+    benchmark.pedantic(all_kinds, rounds=ROUNDS, iterations=1)
+    res = {
+        k: (statistics.median(w for w, _ in r), statistics.median(s for _, s in r))
+        for k, r in runs.items()
+    }
     for k, (w, sps) in res.items():
-        print(f"[bench_cuda] trainer {k}: wait_time_ratio {w:.3f}, {sps:.1f} steps/s")
+        print(
+            f"[bench_cuda] trainer {k}: wait_time_ratio {w:.3f}, {sps:.1f} steps/s "
+            f"(medians of {ROUNDS})"
+        )
     print(
         f"[bench_cuda] trainer steps/s ratio device/pinned "
         f"{res['device'][1] / res['pinned'][1]:.2f}, device/pageable "

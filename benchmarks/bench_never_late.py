@@ -18,7 +18,21 @@ Each repeat, in a fresh Loader each:
 - step = 1.2x that repeat's mean production time: the trainer sleeps the step after each
   batch; every next() wait (p50 / p90 / p99 / max), and the wait-time ratio of the whole
   run (warm-up included) as Loader.stats() reports it (time blocked in next() over the
-  wall time since the first call) and the same after the warm-up.
+  wall time since the first call) and the same after the warm-up; the first call's wait
+  (it starts the loader and waits for its first batch from nothing) as its share of that
+  ratio; and the output queue's depth as each next() is called (its peak since the last
+  call: only next() drains it), and how often it was full (`prefetch` finished batches:
+  the workers then start no new batch, and their slack is lost until the trainer takes one).
+
+MML_NEVER_LATE_PREFETCH=4,8,16 runs the step's part at each prefetch in turn (the order
+rotated per repeat, the same step: 1.2x the first prefetch's production), on the same data.
+
+test_one_image_bound (issue 34's "split one huge image's resize over idle workers": is it
+worth it?): each image of the same batches timed alone through mmloader.ImageProcessor (the
+same preset and pixels, one thread, median of 3), and per batch whether its largest image
+takes longer than the rest together: with 2 workers, such a batch cannot be produced in
+less than that image's time however its decodes are ordered, and splitting that image is
+the only lever on it.
 
 The figures are medians over REPEATS repeats with the load average beside them; nothing is
 asserted on them (they follow the machine's load).
@@ -27,6 +41,7 @@ asserted on them (they follow the machine's load).
 from __future__ import annotations
 
 import os
+import json
 import statistics
 import sys
 import time
@@ -44,6 +59,7 @@ from pipelines import dataset  # noqa: E402
 RECORDS = int(os.environ.get("MML_NEVER_LATE_RECORDS", "128"))
 BATCHES = int(os.environ.get("MML_NEVER_LATE_BATCHES", "96"))
 REPEATS = int(os.environ.get("MML_NEVER_LATE_REPEATS", "3"))
+PREFETCH = [int(x) for x in os.environ.get("MML_NEVER_LATE_PREFETCH", "4").split(",")]
 WARMUP = 5
 FACTOR = 1.2
 TINY = os.path.join(os.path.dirname(mmloader.__file__), "data", "tiny-tokenizer.json")
@@ -54,14 +70,14 @@ def _pct(v: List[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
-def _loader(shard: str) -> mmloader.Loader:
+def _loader(shard: str, prefetch: int = PREFETCH[0]) -> mmloader.Loader:
     return mmloader.Loader(
         shard,
         tokenizer=TINY,
         preset="qwen2.5-vl",
         micro_batch_size=8,
         num_threads=2,
-        prefetch=4,
+        prefetch=prefetch,
         max_inflight=64,
         shuffle=False,
         cycle=True,
@@ -84,22 +100,34 @@ def production(shard: str) -> List[float]:
     return out
 
 
-def waits(shard: str, step_ms: float) -> Dict[str, object]:
+def waits(shard: str, step_ms: float, prefetch: int = PREFETCH[0]) -> Dict[str, object]:
     """Each next() wait (ms) with the trainer sleeping step_ms after every batch."""
     w: List[float] = []
-    with _loader(shard) as L:
+    depth: List[int] = []  # finished batches in the output queue as each next() is called
+    with _loader(shard, prefetch) as L:
         it = iter(L)
         for k in range(WARMUP + BATCHES):
+            if k > 0:
+                depth.append(L.stats()["queue_depth"])
             t = time.perf_counter()
             next(it)
             w.append((time.perf_counter() - t) * 1e3)
             time.sleep(step_ms / 1e3)
-        ratio = L.stats()["wait_time_ratio"]
+        st = L.stats()
+        ratio, wall_s = st["wait_time_ratio"], st["wall_s"]
     # the first call waits for the first batch (start-up): the ratio's own definition
     # counts from the first call's return, so does "after the warm-up" here
     after = w[WARMUP:]
     wall_after = sum(after) + len(after) * step_ms
-    return {"waits": w[1:], "ratio": ratio, "ratio_after_warmup": sum(after) / wall_after}
+    return {
+        "waits": w[1:],
+        "ratio": ratio,
+        "ratio_after_warmup": sum(after) / wall_after,
+        # the first call's part of the whole-run ratio (its wait over the run's wall time)
+        "first": w[0] / 1e3 / wall_s if wall_s > 0 else 0.0,
+        "full": sum(d >= prefetch for d in depth) / len(depth),
+        "depth": statistics.median(depth),
+    }
 
 
 def _summary(v: List[float]) -> str:
@@ -123,36 +151,96 @@ def test_never_late(benchmark, shard):
         load0 = os.getloadavg()[0]
         prod = production(shard)
         mean = statistics.mean(prod)
-        wt = waits(shard, FACTOR * mean)
-        rows.append(
-            {
-                "prod": prod,
-                "mean": mean,
-                "over": sum(p > FACTOR * statistics.median(prod) for p in prod) / len(prod),
-                **wt,
-                "load": (load0, os.getloadavg()[0]),
-            }
-        )
+        over = sum(p > FACTOR * statistics.median(prod) for p in prod) / len(prod)
         print(
-            f"\nrepeat {r}: load {load0:.1f} -> {os.getloadavg()[0]:.1f}; production per batch "
-            f"{_summary(prod)} (mean {mean:.1f}; {100 * rows[-1]['over']:.0f}% over 1.2x "
-            f"the median); step {FACTOR * mean:.1f} ms: next() waits "
-            f"{_summary(wt['waits'])}, wait-time ratio {100 * wt['ratio']:.2f}% "
-            f"({100 * wt['ratio_after_warmup']:.2f}% after the warm-up)"
+            f"\nrepeat {r}: load {load0:.1f}; production per batch (prefetch {PREFETCH[0]}) "
+            f"{_summary(prod)} (mean {mean:.1f}; {100 * over:.0f}% over 1.2x the median)"
         )
+        order = PREFETCH[r % len(PREFETCH) :] + PREFETCH[: r % len(PREFETCH)]
+        for pf in order:
+            wt = waits(shard, FACTOR * mean, pf)
+            rows.append(
+                {
+                    "prod": prod,
+                    "mean": mean,
+                    "over": over,
+                    "pf": pf,
+                    **wt,
+                    "load": (load0, os.getloadavg()[0]),
+                }
+            )
+            print(
+                f"  prefetch {pf}, step {FACTOR * mean:.1f} ms: next() waits "
+                f"{_summary(wt['waits'])}, wait-time ratio {100 * wt['ratio']:.2f}% (the first "
+                f"call {100 * wt['first']:.2f}%; {100 * wt['ratio_after_warmup']:.2f}% after the "
+                f"warm-up); output queue at a call: median {wt['depth']:g} batches, full at {100 * wt['full']:.0f}%; load "
+                f"{os.getloadavg()[0]:.1f}"
+            )
 
-    def med(f) -> float:
-        return statistics.median(f(x) for x in rows)
+    def med(xs, f) -> float:
+        return statistics.median(f(x) for x in xs)
 
+    base = [x for x in rows if x["pf"] == PREFETCH[0]]
     print(
         f"\nmedians of {REPEATS} repeats ({RECORDS} records, {BATCHES} batches of 8 after "
         f"{WARMUP} of warm-up; load {min(x['load'][0] for x in rows):.1f}-"
         f"{max(x['load'][1] for x in rows):.1f}): production per batch p50 "
-        f"{med(lambda x: _pct(x['prod'], 50)):.1f} / p90 {med(lambda x: _pct(x['prod'], 90)):.1f}"
-        f" / p99 {med(lambda x: _pct(x['prod'], 99)):.1f} ms (mean {med(lambda x: x['mean']):.1f}"
-        f", {100 * med(lambda x: x['over']):.0f}% over 1.2x the median); at step = 1.2x the "
-        f"mean: next() waits p50 {med(lambda x: _pct(x['waits'], 50)):.2f} / p90 "
-        f"{med(lambda x: _pct(x['waits'], 90)):.2f} / p99 {med(lambda x: _pct(x['waits'], 99)):.1f}"
-        f" ms, wait-time ratio {100 * med(lambda x: x['ratio']):.2f}% (after the warm-up "
-        f"{100 * med(lambda x: x['ratio_after_warmup']):.2f}%)"
+        f"{med(base, lambda x: _pct(x['prod'], 50)):.1f} / p90 "
+        f"{med(base, lambda x: _pct(x['prod'], 90)):.1f} / p99 "
+        f"{med(base, lambda x: _pct(x['prod'], 99)):.1f} ms (mean {med(base, lambda x: x['mean']):.1f}"
+        f", {100 * med(base, lambda x: x['over']):.0f}% over 1.2x the median)"
+    )
+    for pf in PREFETCH:
+        xs = [x for x in rows if x["pf"] == pf]
+        print(
+            f"prefetch {pf}, step = 1.2x the mean: next() waits p50 "
+            f"{med(xs, lambda x: _pct(x['waits'], 50)):.2f} / p90 "
+            f"{med(xs, lambda x: _pct(x['waits'], 90)):.2f} / p99 "
+            f"{med(xs, lambda x: _pct(x['waits'], 99)):.1f} ms, wait-time ratio "
+            f"{100 * med(xs, lambda x: x['ratio']):.2f}% (the first call "
+            f"{100 * med(xs, lambda x: x['first']):.2f}%; after the warm-up "
+            f"{100 * med(xs, lambda x: x['ratio_after_warmup']):.2f}%); output queue at a call: "
+            f"median {med(xs, lambda x: x['depth']):g} batches, full at "
+            f"{100 * med(xs, lambda x: x['full']):.0f}%"
+        )
+
+
+def _images(rec: Dict[str, object]) -> List[str]:
+    x = rec.get("image") or rec.get("images") or []
+    return [x] if isinstance(x, str) else list(x)  # type: ignore[arg-type]
+
+
+def test_one_image_bound(benchmark, shard):
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    proc = mmloader.ImageProcessor("qwen2.5-vl")
+    root = os.path.dirname(shard)
+    with open(shard, encoding="utf-8") as f:
+        recs = [json.loads(ln) for _, ln in zip(range(8 * (WARMUP + BATCHES)), f)]
+    ms: Dict[str, float] = {}
+    bound = 0
+    excess = total = 0.0
+    for i in range(0, len(recs), 8):
+        t = []
+        for name in (p for r in recs[i : i + 8] for p in _images(r)):
+            if name not in ms:
+                with open(os.path.join(root, name), "rb") as f:
+                    data = f.read()
+                runs = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    proc([data])
+                    runs.append((time.perf_counter() - t0) * 1e3)
+                ms[name] = statistics.median(runs)
+            t.append(ms[name])
+        if t:
+            big, rest = max(t), sum(t) - max(t)
+            bound += big > rest
+            excess += max(0.0, big - sum(t) / 2)  # beyond an even split over 2 workers
+            total += sum(t) / 2
+    n = len(recs) // 8
+    print(
+        f"\n{n} batches of 8, {len(ms)} distinct images (load {os.getloadavg()[0]:.1f}): "
+        f"{bound} batches ({100 * bound / n:.0f}%) have one image longer than the rest "
+        f"together; their largest images' time beyond an even split over 2 workers is "
+        f"{100 * excess / total:.1f}% of the batches' decode time / 2"
     )

@@ -9,7 +9,9 @@ PyTorch); scripts/gpu-check.sh runs them and collects the "[bench_pixels]" lines
 2. uint8 host-to-device: the loader's copy path (mmloader's device stage: pinned pool ->
    device pool on its own stream, one event per batch) for a uint8 pixel batch, against a
    raw pinned copy of the same bytes (`dst.copy_(pinned, non_blocking=True)`, a
-   cudaMemcpyAsync) in the same run.  Target: ratio >= 0.8.
+   cudaMemcpyAsync) in the same run, medians of ROUNDS alternating runs.  Target: ratio
+   >= 0.8.  The stage is warmed until a run allocates nothing (bench_cuda.warm_stage) and
+   the bench fails if a timed run allocated: it would time cudaHostAlloc, not the copies.
 3. Per batch, on the device: uint8 copy + expand_pixels against the float32 copy it
    replaces (the time the 8x fewer bytes save).
 
@@ -18,6 +20,7 @@ CPU (`python3 benchmarks/bench_pixels_gpu.py` does that as a smoke check, timing
 """
 
 import os
+import statistics
 import sys
 import time
 
@@ -32,6 +35,7 @@ ROWS = 1 << 18  # patches per expanded batch: 154 MiB uint8 -> 1.2 GiB float32 o
 BATCH_ROWS = 16384  # a large micro-batch of images: 9.2 MiB uint8, 73.5 MiB float32
 P, T = 14, 2
 ITERS = 10
+ROUNDS = 5  # every figure is the median of ROUNDS timed runs
 
 
 def _torch_cuda():
@@ -47,13 +51,13 @@ def _torch_cuda():
 
 
 def _timer(torch, device):
-    """seconds(fn, iters): best of 3 rounds of `iters` calls, timed with CUDA events on a
-    GPU (the work queued on the current stream), with perf_counter on the CPU."""
+    """seconds(fn, iters): the median of ROUNDS rounds of `iters` calls, timed with CUDA
+    events on a GPU (the work queued on the current stream), with perf_counter on the CPU."""
     cuda = torch.device(device).type == "cuda"
 
     def seconds(fn, iters):
-        best = float("inf")
-        for _ in range(3):
+        runs = []
+        for _ in range(ROUNDS):
             if cuda:
                 start, end = (
                     torch.cuda.Event(enable_timing=True),
@@ -64,13 +68,13 @@ def _timer(torch, device):
                     fn()
                 end.record()
                 end.synchronize()
-                best = min(best, start.elapsed_time(end) / 1e3)
+                runs.append(start.elapsed_time(end) / 1e3)
             else:
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     fn()
-                best = min(best, time.perf_counter() - t0)
-        return best / iters
+                runs.append(time.perf_counter() - t0)
+        return statistics.median(runs) / iters
 
     return seconds
 
@@ -110,9 +114,14 @@ def expand_bandwidth(torch, device, rows=ROWS, iters=ITERS):
     return out
 
 
-def h2d_ratio(torch, device, nbytes, iters=ITERS):
-    """(loader GB/s, raw pinned copy GB/s) for one tensor of `nbytes` per batch."""
-    stage = _core.DeviceStage(torch.device(device).index or 0)
+def h2d_ratio(torch, device, nbytes, iters=ITERS, rounds=ROUNDS):
+    """(loader GB/s, raw pinned copy GB/s, allocated) for one tensor of `nbytes` per batch:
+    medians of `rounds` alternating runs, the stage warmed until a run allocates nothing
+    (bench_cuda.warm_stage); allocated: the timed runs allocated (and so timed the allocator
+    too)."""
+    from bench_cuda import stage_for, warm_stage
+
+    stage, cap = stage_for(torch.device(device).index or 0, nbytes, iters)
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
     side = torch.cuda.Stream()
@@ -126,14 +135,18 @@ def h2d_ratio(torch, device, nbytes, iters=ITERS):
         return time.perf_counter() - t0
 
     try:
-        stage.bench(nbytes, 1, 3)  # warm both pools
+        warmed, _ = warm_stage(stage, cap, nbytes, 1, iters)
         raw()
-        loader_s = min(stage.bench(nbytes, 1, iters) for _ in range(3))
-        raw_s = min(raw() for _ in range(3))
+        loader_runs, raw_runs = [], []
+        for _ in range(rounds):  # alternating, so both see the same machine
+            loader_runs.append(stage.bench(nbytes, 1, iters))
+            raw_runs.append(raw())
+        allocated = stage.usage() != warmed
+        loader_s, raw_s = statistics.median(loader_runs), statistics.median(raw_runs)
     finally:
         stage.close()
     gb = nbytes * iters / 1e9
-    return gb / loader_s, gb / raw_s
+    return gb / loader_s, gb / raw_s, allocated
 
 
 def batch_times(torch, device, rows=BATCH_ROWS, iters=ITERS):
@@ -182,12 +195,13 @@ def test_uint8_h2d_vs_raw_pinned_copy(benchmark):
     benchmark.pedantic(
         lambda: res.setdefault("u8", h2d_ratio(torch, "cuda:0", nbytes)), rounds=1, iterations=1
     )
-    loader, raw = res["u8"]
+    loader, raw, allocated = res["u8"]
     ratio = loader / raw
     print(
         f"[bench_pixels] uint8 h2d {nbytes / 2**20:.1f} MiB/batch: loader {loader:.1f} GB/s, "
         f"raw pinned copy {raw:.1f} GB/s, ratio {ratio:.2f} (target >= 0.80: "
-        f"{'met' if ratio >= 0.8 else 'NOT met'})"
+        f"{'met' if ratio >= 0.8 else 'NOT met'}; medians of {ROUNDS}"
+        f"{', ALLOCATED while timed' if allocated else ''})"
     )
     f32_s, u8_s = batch_times(torch, "cuda:0")
     print(
@@ -202,6 +216,7 @@ def test_uint8_h2d_vs_raw_pinned_copy(benchmark):
         f32_copy_ms=f32_s * 1e3,
         u8_copy_expand_ms=u8_s * 1e3,
     )
+    assert not allocated, "the timed runs allocated: they timed the allocator, not the copies"
 
 
 if __name__ == "__main__":  # the measuring logic on the CPU (timings mean nothing here)

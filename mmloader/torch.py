@@ -484,6 +484,11 @@ class Loader:
         self._expand: Optional[Dict[str, Any]] = None
         self._restored = False
         self._inner = _loader.Loader(data, **kwargs)
+        if pin_memory and torch.cuda.is_available() and self._inner.stats()["pinned"]:
+            # torch answers is_pinned() False for every pointer until it has initialised
+            # CUDA itself (ATen's Context::isPinnedPtr): the batches read before the
+            # trainer's first CUDA call would look pageable (and .pin_memory() copy them)
+            torch.cuda.init()
         if consumer:
             v = self._inner.vision_config
             ms = dict(image_mean=v["image_mean"], image_std=v["image_std"])

@@ -5,6 +5,7 @@ GPU and a CUDA build of PyTorch; scripts/gpu-check.sh runs them on a GPU machine
 The device stage itself (fences, streams, reuse rules) is tested without a GPU in
 tests/c/test-cuda.c against a fake runtime; these tests cover the Python surface."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -100,13 +101,19 @@ def test_disabled_by_environment():
 
 
 def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cudart):
-    # pip's PyTorch loads site-packages/nvidia/cuda_runtime/lib/libcudart.so.12; mmloader
-    # must find it even when it loads CUDA before torch is imported.
+    # pip's PyTorch loads site-packages/nvidia/cuda_runtime/lib/libcudart.so.12 (cu13:
+    # nvidia/cu13/lib/libcudart.so.13); mmloader must find it even when it loads CUDA
+    # before torch is imported.  Every `nvidia` folder on sys.path is one namespace package,
+    # searched in sys.path order: the first folder's runtime comes first and is the one
+    # loaded; a later one (here `later`, on a machine with a pip PyTorch also that of its
+    # site-packages) is a candidate after it.
     import shutil
 
-    lib = tmp_path / "nvidia" / "cuda_runtime" / "lib"
-    lib.mkdir(parents=True)
-    shutil.copy(fake_cudart, lib / "libcudart.so.12")
+    lib = tmp_path / "first" / "nvidia" / "cuda_runtime" / "lib"
+    later = tmp_path / "later" / "nvidia" / "cu13" / "lib"
+    for d, name in ((lib, "libcudart.so.12"), (later, "libcudart.so.13")):
+        d.mkdir(parents=True)
+        shutil.copy(fake_cudart, d / name)
     out = run_py(
         """
         import sys
@@ -114,10 +121,15 @@ def test_runtime_of_installed_wheel_found_before_torch_import(tmp_path, fake_cud
         print(_cudart.candidates())
         print(_core.cuda_available(), _core.cuda_load())
     """,
-        PYTHONPATH=f"{tmp_path}{os.pathsep}{PACKAGE_ROOT}",
+        PYTHONPATH=os.pathsep.join(
+            [str(tmp_path / "first"), str(tmp_path / "later"), PACKAGE_ROOT]
+        ),
     )
-    want = str(lib / "libcudart.so.12")
-    assert out.splitlines() == [repr([want]), f"True {want}"]
+    want, then = str(lib / "libcudart.so.12"), str(later / "libcudart.so.13")
+    found, loaded = out.splitlines()
+    found = ast.literal_eval(found)
+    assert found[:2] == [want, then], found
+    assert loaded == f"True {want}"
 
 
 def test_missing_library_named_in_error():
@@ -514,6 +526,9 @@ def test_gpu_pinned_memory_is_pinned_and_cpu():
     import numpy as np
 
     torch = torch_cuda()
+    # torch answers is_pinned() False for any memory until it has initialised CUDA itself
+    # (ATen's Context::isPinnedPtr), as a trainer has; the first GPU test of a run had not
+    torch.cuda.init()
     s = _core.DeviceStage(0)
     a = np.arange(1 << 16, dtype=np.float32)
     p = s.pinned({"x": a})["x"]
@@ -665,3 +680,21 @@ def test_gpu_loader_pin_memory(ds):
         for a, g in zip(ref, got):
             for k in a:
                 assert torch.equal(g[k].cpu(), torch.from_numpy(a[k])), (on_side, k)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_loader_batches_are_pinned_before_any_cuda_call(ds):
+    # In a fresh process nothing has initialised torch's CUDA, and torch answers is_pinned()
+    # False for every pointer until it has: mmloader.torch.Loader(pin_memory=True) does it
+    require_gpu()
+    code = loader_code(
+        ds,
+        """
+        import torch
+        import mmloader.torch as mt
+        with mt.Loader(SHARDS, pin_memory=True, **ARGS) as L:
+            b = next(L)
+            print(sorted(b) and all(v.device.type == "cpu" and v.is_pinned() for v in b.values()))
+    """,
+    )
+    assert run_py(code).split() == ["True"]

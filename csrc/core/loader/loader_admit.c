@@ -651,6 +651,8 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
  * the pooled pages' cache. */
 static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
   mml_loader *L = arg;
+  if (d_cached < 0) /* first: cached pages reused for an allocation are not counted twice */
+    mml_ledger_cache_drop(L->ledger, L->led_pool, -d_cached);
   if (d_live > 0) {
     mml_charge c = {.seq = 0, .bytes = d_live};
     (void)mml_ledger_request(L->ledger, &c, NULL);
@@ -661,7 +663,6 @@ static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
     mml_ledger_release(L->ledger, -d_live - kept, MML_HOLD_CONSUMER);
     d_cached -= kept;
   }
-  if (d_cached < 0) mml_ledger_cache_drop(L->ledger, L->led_pool, -d_cached);
   if (d_cached > 0) (void)mml_ledger_cache_grow(L->ledger, L->led_pool, d_cached);
 }
 

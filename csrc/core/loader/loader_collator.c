@@ -111,11 +111,15 @@ static mml_status emit_batch(mml_loader *L, mml_collator *C, mml_batch *out, mml
 /* Emits from instance ci; compact image rows are expanded after the instance is handed
  * back (the collator composes the next batch meanwhile).  mu not held. */
 static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expanded, int *inplace,
-                              int *freed, mml_err *err) {
+                              int *freed, int64_t *grant, mml_err *err) {
   mml_collator *C = L->colls[ci];
   mml_buf *u8 = NULL, *f = NULL;
   int64_t rows = 0;
   mml_status st = compact_swap(L, C, &u8, &f, &rows, err);
+  /* the float rows are live in the pool now (its hook charged them to the ledger): the
+   * ledger's charge for them goes, so they are not counted twice (loader_admit.c A6) */
+  ld_ledger_release(L, *grant);
+  *grant = 0;
   if (!st) st = emit_batch(L, C, b, err);
   if (u8) {
     pthread_mutex_lock(&L->mu);
@@ -289,7 +293,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   return !L->stop && L->gen == my_gen;
 }
 
-void ld_emit_job_locked(mml_loader *L) {
+void ld_emit_job_locked(mml_loader *L, int64_t *grant) {
   pend_item *p = NULL;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     pend_item *q = &L->pend[k % L->npend];
@@ -317,7 +321,7 @@ void ld_emit_job_locked(mml_loader *L) {
   if (L->cfg.plan_only) /* a planning pass: the composition (cursor) is the result */
     mml_collator_reset(L->colls[ci]);
   else
-    st = emit_expand(L, ci, &b, &expanded, &inplace, &freed, &err);
+    st = emit_expand(L, ci, &b, &expanded, &inplace, &freed, grant, &err);
   double dt = mml_now() - t0;
   pthread_mutex_lock(&L->mu);
   L->collate_s += dt;

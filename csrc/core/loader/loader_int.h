@@ -726,7 +726,9 @@ void ld_drop_output_locked(mml_loader *L);
  * has cached.  Its expansion waits until the
  * consumer is about to need it. */
 int ld_emit_gated_locked(const mml_loader *L);
-/* A worker emits the oldest queued batch (called with mu held, returns with it held). */
-void ld_emit_job_locked(mml_loader *L);
+/* A worker emits the oldest queued batch (called with mu held, returns with it held).
+ * *grant: the ledger's charge for its float rows (ld_mem_emit_take_locked), given back
+ * (and zeroed) once those rows are live in the pool; the caller gives back what is left. */
+void ld_emit_job_locked(mml_loader *L, int64_t *grant);
 
 #endif

@@ -563,9 +563,10 @@ static task *take_task_locked(mml_loader *L) {
     if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
       const int64_t grant = ld_mem_emit_take_locked(L);
       if (grant >= 0) {
-        ld_emit_job_locked(L);
+        int64_t charged = grant; /* the ledger's: given back once its rows are live */
+        ld_emit_job_locked(L, &charged);
         L->emit_extra -= grant; /* its float rows are live in the pool now */
-        ld_ledger_release(L, grant);
+        ld_ledger_release(L, charged);
         continue;
       }
       emit_wait = 1;

@@ -338,9 +338,11 @@ typedef struct mml_loader_stats {
   size_t pool_cached, pool_live;   /* bytes in the host buffer pool */
   size_t pool_live_peak;           /* the most bytes of the pool's buffers in use at one time */
   size_t pool_peak;                /* the most bytes the pool held at one time (in use + cached) */
-  int64_t memory_peak;             /* max_memory: the most bytes it covers held at one time (the
-                                    pool's, the window's, the scratch reserve and grants, the
-                                    Parquet room: the loader's memory ledger); 0 without */
+  int64_t memory_peak;             /* max_memory: the most bytes it covers that the loader's
+                                    memory ledger counted at one time (the pool's, the window's,
+                                    the scratch reserve and grants, the Parquet room); a count,
+                                    not RSS: a re-read's grant and the bytes it re-reads count
+                                    together until its decode counts them; 0 without */
   size_t scratch_mapped;           /* decoder scratch mapped now, the whole process's */
   size_t scratch_mapped_peak;      /* ... and the most at one time (mml_mapped_usage) */
   int64_t window_bytes;            /* capacity of the window's byte buffers: records, encoded
