@@ -88,7 +88,20 @@
  * release under mu), so it must not take mu; workers wait with mml_ledger_wait after
  * dropping mu (nothing else to do), and the collation thread blocks only on the head
  * ticket's charge (withdrawn by a seek or close), looking at later tickets' charges when
- * it wakes for its own reasons (a decode done), so no wakeup can be lost.
+ * it wakes for its own reasons (a decode done), so no wakeup can be lost.  A worker must
+ * not block on a read's charge while decode or emission jobs may come for it (with one
+ * worker the decode that frees the room would never run): it waits by L11 instead --
+ * mml_ledger_changes read under mu before it looks for work, mml_ledger_wait_change after
+ * dropping mu, and every place that queues work for the workers pokes.
+ * What charging it in accounting form showed the flip must also do: (c) the spare byte
+ * buffers are guarded by mu, and an evict callback runs under this ledger's lock, which
+ * the loader takes under mu: they need a lock of their own before they can be an
+ * evictable cache (today they are registered without one).  (d) The name callback (L8)
+ * runs on any thread under this lock: it must not read the loader's task slots (today
+ * the loader passes none).  (e) Nothing may be charged twice: a re-read's grant (today
+ * beside the bytes it re-reads until its decode counts them) becomes the read's own
+ * charge again, and a ticket's charge must be what the pool maps (its hook then skips the
+ * allocation it covers).
  */
 #include "mml/ledger.h"
 
