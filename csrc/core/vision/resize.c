@@ -126,7 +126,8 @@ mml_status mml_resample_axis_prepare(mml_resample_axis *a, int in, int out, int 
   a->ksize = ksize;
   a->rows_h = rows_h;
   a->vgroups = a->wgroups = 0;
-  mml_status st = rows_h ? mml_resample_vnni_prepare(a, err) : MML_OK;
+  a->vw_n = 0;
+  mml_status st = rows_h ? mml_resample_vnni_prepare(a, err) : mml_resample_vnni_prepare_v(a, err);
   if (st != MML_OK) a->in = a->out = 0;
   return st;
 }
@@ -140,6 +141,7 @@ void mml_resample_axis_free(mml_resample_axis *a) {
   free(a->wt);
   free(a->wnw);
   free(a->wwin);
+  free(a->vw);
   memset(a, 0, sizeof *a);
 }
 

@@ -34,7 +34,15 @@ typedef struct mml_resample_axis {
   struct mml_vwin *wwin;
   size_t cap_wt, cap_wnw, cap_wwin;
   int wgroups, wtapg;
+  /* the VNNI vertical pass (a vertical axis: rows_h 0): per output y, MML_VNNI_VWORDS words
+   * of packed weight digits (tap group q, digit d: word 3q + d, 4 taps a word), then a word
+   * 1 when that pass applies to y; vw_n: outputs it holds (0: none, digits made per call) */
+  uint32_t *vw;
+  size_t cap_vw;
+  int vw_n;
 } mml_resample_axis;
+
+#define MML_VNNI_VWORDS 24 /* 8 tap groups x 3 digits: up to 32 taps */
 
 /* One window of resize_vnni.c's wide horizontal pass. */
 typedef struct mml_vwin {
@@ -65,6 +73,9 @@ int mml_cpu_avx512_vnni(void);
 /* resize_vnni.c: builds the VNNI pass's table for a prepared axis where that pass applies
  * (else leaves vgroups 0); fails only for memory. */
 mml_status mml_resample_vnni_prepare(mml_resample_axis *a, mml_err *err);
+/* resize_vnni.c: the vertical pass's digits of every output of a prepared vertical axis
+ * (a->vw), where the CPU has the pass (else vw_n 0); fails only for memory. */
+mml_status mml_resample_vnni_prepare_v(mml_resample_axis *a, mml_err *err);
 /* The horizontal pass of mml_resample_rows_h by VNNI when the axis has its table (returns
  * 1, the same bytes), else 0 and nothing done. */
 int mml_resample_rows_h_vnni(const mml_resample_axis *a, const uint8_t *const *src, int nrows,

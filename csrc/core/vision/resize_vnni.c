@@ -60,7 +60,8 @@
 #define VG 16     /* outputs per group */
 #define VBYTES 64 /* one vector of the table */
 #define MAX_TAPG 4
-#define VMAX_TAPG 8  /* the vertical pass: up to 32 taps (downscales up to ~8x) */
+#define VMAX_TAPG 8 /* the vertical pass: up to 32 taps (downscales up to ~8x) */
+_Static_assert(VMAX_TAPG * 3 == MML_VNNI_VWORDS, "resize.h's per-output digit words");
 #define WG 5         /* the wide variant: outputs per group (3 channels each: 15 dword lanes) */
 #define WMAX_TAPG 16 /* the wide variant: up to 64 taps (downscales up to ~15x) */
 
@@ -559,21 +560,56 @@ VNNI_FN static void row_v_vnni(const uint32_t (*w)[3], const uint8_t *const *r, 
 }
 #endif
 
+/* Output y's packed digits, w[q][d]; 0 when a weight does not fit three byte digits. */
+static int v_digits(const mml_resample_axis *a, int y, uint32_t w[VMAX_TAPG][3]) {
+  const int cnt = a->bounds[2 * y + 1], tapg = (cnt + 3) / 4;
+  const int32_t *k = &a->k[(size_t)y * a->ksize];
+  memset(w, 0, sizeof(uint32_t) * VMAX_TAPG * 3);
+  for (int j = 0; j < tapg * 4 && j < cnt; j++) {
+    int8_t d[3] = {0, 0, 0};
+    if (!digits(k[j], d)) return 0;
+    for (int i = 0; i < 3; i++) w[j / 4][i] |= (uint32_t)(uint8_t)d[i] << (8 * (j % 4));
+  }
+  return 1;
+}
+
+mml_status mml_resample_vnni_prepare_v(mml_resample_axis *a, mml_err *err) {
+  a->vw_n = 0;
+  if (!mml_cpu_avx512_vnni()) return MML_OK;
+  const size_t per = MML_VNNI_VWORDS + 1, need = (size_t)a->out * per;
+  if (need > a->cap_vw) {
+    uint32_t *v = realloc(a->vw, need * sizeof *v);
+    if (!v) return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %zu weight words", need);
+    a->vw = v;
+    a->cap_vw = need;
+  }
+  for (int y = 0; y < a->out; y++) {
+    uint32_t *v = a->vw + (size_t)y * per;
+    const int tapg = (a->bounds[2 * y + 1] + 3) / 4;
+    v[MML_VNNI_VWORDS] = tapg <= VMAX_TAPG && v_digits(a, y, (uint32_t(*)[3])v);
+  }
+  a->vw_n = a->out;
+  return MML_OK;
+}
+
 int mml_resample_row_v_vnni(const mml_resample_axis *a, int y, const uint8_t *const *rows,
                             size_t off, int n, uint8_t *restrict dst) {
 #ifdef MML_HAVE_VNNI_PATH
   const int cnt = a->bounds[2 * y + 1], tapg = (cnt + 3) / 4;
   if (n < 64 || tapg > VMAX_TAPG || !mml_cpu_avx512_vnni()) return 0;
-  const int32_t *k = &a->k[(size_t)y * a->ksize];
-  uint32_t w[VMAX_TAPG][3] = {{0}};
-  const uint8_t *r[4 * VMAX_TAPG];
-  for (int j = 0; j < tapg * 4; j++) {
-    int8_t d[3] = {0, 0, 0};
-    if (j < cnt && !digits(k[j], d)) return 0;
-    for (int i = 0; i < 3; i++) w[j / 4][i] |= (uint32_t)(uint8_t)d[i] << (8 * (j % 4));
-    r[j] = rows[j < cnt ? j : 0] + off; /* a weight-0 tap reads the first row */
+  uint32_t own[VMAX_TAPG][3];
+  const uint32_t(*w)[3] = own;
+  if (a->vw_n == a->out) { /* made once per axis (mml_resample_vnni_prepare_v) */
+    const uint32_t *v = a->vw + (size_t)y * (MML_VNNI_VWORDS + 1);
+    if (!v[MML_VNNI_VWORDS]) return 0;
+    w = (const uint32_t(*)[3])v;
+  } else if (!v_digits(a, y, own)) {
+    return 0;
   }
-  row_v_vnni((const uint32_t(*)[3])w, r, n, dst, tapg);
+  const uint8_t *r[4 * VMAX_TAPG];
+  for (int j = 0; j < tapg * 4; j++)
+    r[j] = rows[j < cnt ? j : 0] + off; /* a weight-0 tap reads the first row */
+  row_v_vnni(w, r, n, dst, tapg);
   return 1;
 #else
   (void)a, (void)y, (void)rows, (void)off, (void)n, (void)dst;
