@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from child import child_env
 
 torch = pytest.importorskip("torch")
 
@@ -118,9 +119,7 @@ def test_bfloat16_avx2_writer_is_the_portable_table_bit_for_bit(photo_bytes, tmp
         "    o = mmloader.ImageProcessor(preset, pixel_format='bfloat16')(d)\n"
         "    np.save(f'{sys.argv[1]}/{sys.argv[2]}{i}.npy', o['pixel_values'])\n" % (PRESETS,)
     )
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
-    )
+    env = child_env()
     for tag, extra in (("simd", {}), ("table", {"MML_DISABLE_AVX2": "1"})):
         env.pop("MML_DISABLE_AVX2", None)
         r = subprocess.run(

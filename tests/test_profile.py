@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from child import child_env
 
 from mmloader import profile as P
 
@@ -198,7 +199,7 @@ def dataset(tmp_path_factory):
 
 
 def _cli(*args, timeout=240):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     return subprocess.run(
         [sys.executable, "-m", "mmloader", "profile", "--tokenizer", "tiny", *args],
         cwd=REPO,

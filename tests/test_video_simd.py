@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from child import child_env
 
 from photos import photos, rgb
 
@@ -62,10 +63,9 @@ def test_avx2_video_writer_is_the_portable_writer_bit_for_bit(preset, tmp_path):
     }
     shard = tmp_path / "v.jsonl"
     shard.write_text(json.dumps(rec) + "\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outs = {}
     for tag, extra in (("simd", {}), ("portable", {"MML_DISABLE_AVX2": "1"})):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        env = child_env()
         env.pop("MML_DISABLE_AVX2", None)
         env.update(extra)
         out = str(tmp_path / f"{tag}.npz")
