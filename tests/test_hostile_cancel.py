@@ -317,8 +317,8 @@ def test_ctrl_c_during_a_long_planning_pass(tmp_path):
     construction. The peer is the same pass over 40k of them (time T, in the same child);
     Ctrl-C arrives 2T into the 400k pass (about 8T of it left) and must stop it within T/2
     (before: the rest of the pass, 5.1 s with T = 0.72 s at 20k/200k). One thread, so the
-    ratio holds under load, and T (~2 s here) stays well above the fixed cost of the
-    interrupt (100 ms polls, joins) on a machine 3x faster."""
+    ratio holds under load; the interrupt's fixed cost (100 ms polls, joins) is allowed beside
+    T/2, as T can be under a quarter of a second."""
     small = text_shard(tmp_path / "small.jsonl", 40_000)
     big = text_shard(tmp_path / "big.jsonl", 400_000)
     env = child_env()
@@ -350,4 +350,7 @@ def test_ctrl_c_during_a_long_planning_pass(tmp_path):
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["n"] > 0 and r["out"] == "interrupted", r
-    assert r["took"] < r["peer"] / 2, r
+    # T/2, plus the interrupt's fixed cost (100 ms polls, the joins): on a fast machine T is
+    # ~0.15 s (Python 3.12's run: 0.101 s to stop against T/2 = 0.077 s), while the pass
+    # before the fix ran on for ~8T
+    assert r["took"] < r["peer"] / 2 + 0.25, r
