@@ -11,6 +11,8 @@ sys.path.append(ROOT)
 
 
 def pytest_configure(config):
+    if not os.environ.get("MML_TEST_PACKAGE"):
+        return
     import pytest
 
     spec = importlib.util.spec_from_file_location(
