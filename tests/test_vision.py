@@ -322,14 +322,25 @@ def test_alpha_composite_and_cmyk_formulas_exhaustive():
 # ----------------------------------------------------------------------------- resize parity
 
 
+def assert_resize_is_pillows(a, h, w, other_order=False):
+    """mml_resize(a) to (h, w) equals Pillow's bicubic resize, in the pass order this Pillow
+    takes; with other_order (Pillow >= 13), the horizontal-first order too, against Pillow's
+    own two passes in that order."""
+    H, W = a.shape[:2]
+    want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
+    got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
+    assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+    if other_order and PIL_MAJOR >= 13:
+        mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
+        got = mml_resize(a, h, w, h_first=True)
+        assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+
+
 def test_resize_matches_pillow_random_sizes():
     rng = np.random.default_rng(3)
     for _ in range(150):
         H, W, h, w = (int(v) for v in rng.integers(1, 160, 4))
-        a = pattern(H, W, int(rng.integers(1 << 30)))
-        want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-        got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-        assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+        assert_resize_is_pillows(pattern(H, W, int(rng.integers(1 << 30))), h, w)
 
 
 def test_resize_edge_sizes_match_pillow():
@@ -339,10 +350,7 @@ def test_resize_edge_sizes_match_pillow():
     for W in (1, 2, 3, 4, 5, 7, 8, 9, 33):
         for w in (1, 2, 3, 5, 7, 8, 9, 15, 17, 40):
             for H, h in ((1, 1), (3, 5), (9, 9), (13, 6), (7, 17)):
-                a = pattern(H, W, W * 1000 + w * 10 + H)
-                want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-                got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-                assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+                assert_resize_is_pillows(pattern(H, W, W * 1000 + w * 10 + H), h, w)
 
 
 def test_resize_near_unity_matches_pillow():
@@ -383,14 +391,7 @@ def test_resize_vnni_widths_match_pillow():
         if w < 16 or w > 2 * W + 64:
             continue
         for H, h in ((9, 9), (20, 13), (13, 29)):
-            a = pattern(H, W, W * 7919 + w * 31 + H)
-            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
-            if i < 12 and PIL_MAJOR >= 13:  # the other order: against its own two passes
-                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
-                got = mml_resize(a, h, w, h_first=True)
-                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+            assert_resize_is_pillows(pattern(H, W, W * 7919 + w * 31 + H), h, w, i < 12)
 
 
 def test_resize_vnni_wide_widths_match_pillow():
@@ -409,14 +410,7 @@ def test_resize_vnni_wide_widths_match_pillow():
     ]
     for i, (W, w) in enumerate(cases):
         for H, h in ((9, 9), (20, 13), (13, 29)):
-            a = pattern(H, W, W * 7919 + w * 31 + H)
-            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
-            if i % 5 == 0 and PIL_MAJOR >= 13:  # the other order: against its own two passes
-                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
-                got = mml_resize(a, h, w, h_first=True)
-                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+            assert_resize_is_pillows(pattern(H, W, W * 7919 + w * 31 + H), h, w, i % 5 == 0)
 
 
 def test_resize_vnni_heights_match_pillow():
@@ -441,10 +435,7 @@ def test_resize_vnni_heights_match_pillow():
         if h < 1:
             continue
         for W in (w, w + 7, w - 3):
-            a = pattern(H, W, H * 7919 + W * 31 + h)
-            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
+            assert_resize_is_pillows(pattern(H, W, H * 7919 + W * 31 + h), h, w)
 
 
 def test_resize_vnni_tall_heights_match_pillow():
@@ -466,14 +457,7 @@ def test_resize_vnni_tall_heights_match_pillow():
         if 4 * h > H:  # under ~4x: test_resize_vnni_heights_match_pillow
             continue
         for W in (w, 3 * w + 1):
-            a = pattern(H, W, H * 7919 + W * 31 + h)
-            want = np.asarray(Image.fromarray(a).resize((w, h), Image.BICUBIC))
-            got = mml_resize(a, h, w, h_first=PIL_MAJOR < 13)
-            assert np.count_nonzero(got != want) == 0, (H, W, h, w)
-            if i % 3 == 0 and PIL_MAJOR >= 13:  # the other order: against its own two passes
-                mid = Image.fromarray(a).resize((w, H), Image.BICUBIC).resize((w, h), Image.BICUBIC)
-                got = mml_resize(a, h, w, h_first=True)
-                assert np.count_nonzero(got != np.asarray(mid)) == 0, (H, W, h, w, "h-first")
+            assert_resize_is_pillows(pattern(H, W, H * 7919 + W * 31 + h), h, w, i % 3 == 0)
 
 
 def test_resize_pass_order_matters():
