@@ -1117,16 +1117,44 @@ def run(job):
     np.savez(job["out"], **out)
 
 
+def one(job):
+    if job.get("pack_tool"):
+        pack_tool(job)
+    else:
+        run(job)
+
+
+def serve():
+    """--serve (tests/refchild.py): one request a line, one reply a line on the stdout this
+    started with; the reference's own prints go to stderr."""
+    import json
+    import os
+    import sys
+    import traceback
+
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        try:
+            for job in json.loads(line)["jobs"]:
+                one(job)
+            answer = {"ok": True}
+        except Exception:
+            answer = {"ok": False, "error": traceback.format_exc()}
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
+
+
 def main():
     import json
     import sys
 
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
     req = json.load(sys.stdin)
     for job in req["jobs"]:
-        if job.get("pack_tool"):
-            pack_tool(job)
-        else:
-            run(job)
+        one(job)
 
 
 if __name__ == "__main__":

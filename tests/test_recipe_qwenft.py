@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import List
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from PIL import Image
 import mmloader
 import photos
 from conftest import as_np, same
+from refchild import RefChild
 from test_template import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,20 +66,34 @@ def reference(tmp, file, data_path, preset, **job):
         key = hashlib.sha256(f.read() + json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
     out = os.path.join(str(tmp), f"qft-{key}.npz")
     if not os.path.exists(out):
+        _child(tmp).run([dict(job, out=out, chat_template=TEMPLATE[preset])], timeout=900)
+    return dict(np.load(out))
+
+
+_CHILD: List[RefChild] = []
+
+
+def _child(tmp) -> RefChild:
+    """The module's one reference child (tests/refchild.py), started by the first reference
+    it must make (in the module's cache folder, outside the repository), stopped at the
+    module's end: one torch + transformers import for the module, not one per reference.
+    The one-shot mode ran several jobs in one start already; jobs share nothing but imports."""
+    if not _CHILD:
         # torchvision 0.25's read_video for videos (tests/qwenft_reference.py says why)
         env = dict(
             os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"), MMLOADER_TVSHIM_VERSION="0.25.0"
         )
-        r = subprocess.run(
-            [sys.executable, os.path.join(HERE, "qwenft_reference.py")],
-            input=json.dumps({"jobs": [dict(job, out=out, chat_template=TEMPLATE[preset])]}),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
+        _CHILD.append(
+            RefChild([sys.executable, os.path.join(HERE, "qwenft_reference.py")], env, str(tmp))
         )
-        assert r.returncode == 0, r.stderr[-4000:]
-    return dict(np.load(out))
+    return _CHILD[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_reference_child():
+    yield
+    while _CHILD:
+        _CHILD.pop().close()
 
 
 def ours(file, image_root, preset, **kw):
@@ -816,18 +832,7 @@ def _pack_tool(cache, records, data_path, pack_length):
             pack_tool=True, file=records, data_path=data_path, tokenizer=TOKDIR,
             pack_length=pack_length, out=out,
         )  # fmt: skip
-        env = dict(
-            os.environ, PYTHONPATH=os.path.join(HERE, "tvshim"), MMLOADER_TVSHIM_VERSION="0.25.0"
-        )
-        r = subprocess.run(
-            [sys.executable, os.path.join(HERE, "qwenft_reference.py")],
-            input=json.dumps({"jobs": [job]}),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
-        )
-        assert r.returncode == 0, r.stderr[-4000:]
+        _child(cache).run([job], timeout=900)
     return out
 
 
