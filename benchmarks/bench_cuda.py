@@ -48,7 +48,8 @@ def pool_counts(stats):
 def describe_change(before, after):
     """What a run changed in each pool, one line: buffers allocated and freed (of those at
     a release: the cache was full), cached bytes and buffers, and the most cached buffers
-    one request found still pending (its copy not done: how far the host ran ahead)."""
+    one request has found still pending since the pool was made (their copies not done: how
+    far the host ran ahead)."""
     parts = []
     for k in POOLS:
         b, a = before[k], after[k]
