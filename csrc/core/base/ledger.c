@@ -94,14 +94,15 @@
  * mml_ledger_changes read under mu before it looks for work, mml_ledger_wait_change after
  * dropping mu, and every place that queues work for the workers pokes.
  * What charging it in accounting form showed the flip must also do: (c) the spare byte
- * buffers are guarded by mu, and an evict callback runs under this ledger's lock, which
+ * buffers were guarded by mu, and an evict callback runs under this ledger's lock, which
  * the loader takes under mu: they need a lock of their own before they can be an
- * evictable cache (today they are registered without one).  (d) The name callback (L8)
+ * evictable cache (done: loader_bytes.c B1-B3, registered with ld_bytes_evict).  (d) The name callback (L8)
  * runs on any thread under this lock: it must not read the loader's task slots (today
- * the loader passes none).  (e) Nothing may be charged twice: a re-read's grant (today
- * beside the bytes it re-reads until its decode counts them) becomes the read's own
- * charge again, and a ticket's charge must be what the pool maps (its hook then skips the
- * allocation it covers).
+ * the loader passes none).  (e) Nothing may be charged twice: a re-read's grant becomes the
+ * read's own charge again (done: ld_mem_count_task_cover_locked), an emission's grant
+ * pays for the pool growth of its float rows (done: ld_ledger_cover_begin, the pool hook
+ * hands it over), and a ticket's charge must be what the pool maps (pool_bytes rounds as
+ * mml_pool_alloc does; the hook must then skip the allocation the charge covers).
  */
 #include "mml/ledger.h"
 

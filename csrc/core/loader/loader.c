@@ -548,6 +548,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->ix.limits = (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records,
                                     cfg->max_record_bytes, cfg->max_object_bytes};
   pthread_mutex_init(&L->mu, NULL);
+  pthread_mutex_init(&L->spare_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -717,6 +718,7 @@ void mml_loader_free(mml_loader *L) {
   pthread_cond_destroy(&L->work_cv);
   pthread_cond_destroy(&L->coll_cv);
   pthread_cond_destroy(&L->out_cv);
+  pthread_mutex_destroy(&L->spare_mu);
   pthread_mutex_destroy(&L->mu);
   free(L);
 }
@@ -1027,7 +1029,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
     o->reason_count[k] += L->skip_by_status[s];
   }
   o->page_faults = L->faults;
-  o->window_bytes = L->win_bytes;
+  o->window_bytes = L->win_bytes + ld_bytes_spares(L);
   uint64_t warm = MML_FAULT_WARMUP(L->cfg.prefetch);
   o->page_faults_per_batch =
       L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;
