@@ -367,6 +367,7 @@ class Loader:
         dp_size: Optional[int] = DEFAULTS["dp_size"],
         num_threads: Optional[int] = DEFAULTS["num_threads"],
         prefetch: int = DEFAULTS["prefetch"],
+        start: str = DEFAULTS["start"],
         window: Optional[int] = DEFAULTS["window"],
         max_memory: Optional[int] = DEFAULTS["max_memory"],
         on_error: str = DEFAULTS["on_error"],

@@ -138,10 +138,15 @@ static int64_t expand_hold(const mml_loader *L) {
   return h > 0 ? h : 0;
 }
 
-/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once). */
+/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once; a
+ * larger one is a mapping of its float capacity with whole 2 MiB pages for its uint8
+ * rows, however few: mml_pool_alloc_cap; counted as its uint8 bytes, a ticket of a few
+ * rows took the pool up to 2 MiB over max_memory). */
 static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
   const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
-  return f && f < (1 << 20) ? f : cap_rows * (int64_t)L->row_bytes[p];
+  if (f && f < (1 << 20)) return f;
+  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
+  return f ? mml_round_2mib(n) : n;
 }
 
 /* The room ticket id's buffers leave free for earlier work: the scratch the decodes
@@ -726,6 +731,21 @@ void ld_ledger_free(mml_loader *L) {
 
 void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes) {
   if (!L->ledger || bytes <= 0) return;
+  /* caches make way before a charge would take the total over max_memory (ledger.c L4,
+   * by hand while the ledger only counts): a read's bytes past its estimate beside the
+   * pool's cached pages were memory over the cap */
+  mml_ledger_stats g;
+  mml_ledger_get_stats(L->ledger, &g);
+  int64_t over =
+      g.held[MML_HOLD_ENGINE] + g.held[MML_HOLD_CONSUMER] + g.cached + bytes - L->cfg.max_memory;
+  if (over > 0) {
+    size_t cached, live;
+    mml_pool_usage(L->pool, &cached, &live);
+    if (cached)
+      over -= (int64_t)cached -
+              (int64_t)mml_pool_trim(L->pool, (int64_t)cached > over ? cached - (size_t)over : 0);
+    if (over > 0 && ld_bytes_spares(L)) ld_bytes_free_spares(L);
+  }
   mml_charge c = {.seq = seq, .bytes = bytes};
   (void)mml_ledger_request(L->ledger, &c, NULL); /* granted at once: no cap of its own */
 }
