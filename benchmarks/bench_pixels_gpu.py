@@ -10,8 +10,9 @@ PyTorch); scripts/gpu-check.sh runs them and collects the "[bench_pixels]" lines
    device pool on its own stream, one event per batch) for a uint8 pixel batch, against a
    raw pinned copy of the same bytes (`dst.copy_(pinned, non_blocking=True)`, a
    cudaMemcpyAsync) in the same run, medians of ROUNDS alternating runs.  Target: ratio
-   >= 0.8.  The stage is warmed until a run allocates nothing (bench_cuda.warm_stage) and
-   the bench fails if a timed run allocated: it would time cudaHostAlloc, not the copies.
+   >= 0.8.  The stage is warmed as bench_cuda.warm_stage does (every buffer a run can have
+   in flight, then until a run allocates nothing) and the bench fails if a timed run
+   allocated or freed: it would time cudaHostAlloc, not the copies.
 3. Per batch, on the device: uint8 copy + expand_pixels against the float32 copy it
    replaces (the time the 8x fewer bytes save).
 
@@ -119,7 +120,7 @@ def h2d_ratio(torch, device, nbytes, iters=ITERS, rounds=ROUNDS):
     medians of `rounds` alternating runs, the stage warmed until a run allocates nothing
     (bench_cuda.warm_stage); allocated: the timed runs allocated (and so timed the allocator
     too)."""
-    from bench_cuda import stage_for, warm_stage
+    from bench_cuda import pool_counts, stage_for, warm_stage
 
     stage, cap = stage_for(torch.device(device).index or 0, nbytes, iters)
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -141,7 +142,7 @@ def h2d_ratio(torch, device, nbytes, iters=ITERS, rounds=ROUNDS):
         for _ in range(rounds):  # alternating, so both see the same machine
             loader_runs.append(stage.bench(nbytes, 1, iters))
             raw_runs.append(raw())
-        allocated = stage.usage() != warmed
+        allocated = pool_counts(stage.stats()) != pool_counts(warmed)
         loader_s, raw_s = statistics.median(loader_runs), statistics.median(raw_runs)
     finally:
         stage.close()

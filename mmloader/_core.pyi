@@ -2,7 +2,20 @@
 # module exports, public API and test hooks alike; tests/test_packaging.py checks that the
 # names here and the module's are the same set.  Dicts whose keys are documented in the
 # docstrings (stats, info, plans, probes) are typed Dict[str, Any].
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    overload,
+)
 
 import numpy as np
 from typing_extensions import Buffer, TypeAlias
@@ -141,8 +154,22 @@ class DeviceStage:
     def pinned(
         self, arrays: Mapping[str, Any], stream: Optional[Any] = ...
     ) -> Dict[str, Tensor]: ...
-    def bench(self, nbytes: int, ntensors: int, iters: int, /) -> float: ...
+    @overload
+    def bench(
+        self,
+        nbytes: int,
+        ntensors: int,
+        iters: int,
+        *,
+        hold: bool = ...,
+        timings: Literal[False] = ...,
+    ) -> float: ...
+    @overload
+    def bench(
+        self, nbytes: int, ntensors: int, iters: int, *, hold: bool = ..., timings: Literal[True]
+    ) -> Tuple[float, float]: ...
     def usage(self) -> Dict[str, int]: ...
+    def stats(self) -> Dict[str, Dict[str, int]]: ...
     def close(self) -> None: ...
 
 class _Loader:

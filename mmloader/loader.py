@@ -578,6 +578,7 @@ class Loader:
         dp_size: Optional[int] = _D["dp_size"],
         num_threads: Optional[int] = _D["num_threads"],
         prefetch: int = _D["prefetch"],
+        start: str = _D["start"],
         window: Optional[int] = _D["window"],
         max_memory: Optional[int] = _D["max_memory"],
         on_error: str = _D["on_error"],

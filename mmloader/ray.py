@@ -609,6 +609,8 @@ class Loader:
         kwargs = dict(loader_kwargs)
         kwargs.setdefault("num_threads", max(1, int(cpus)))
         kwargs["prefetch"] = 1  # a producer makes one batch per request
+        # each request seeks (with its bound): work started at construction would be dropped
+        kwargs["start"] = "next"
         self._max_error_rate = float(kwargs.get("max_error_rate", 0.1))
         kwargs["max_error_rate"] = 1.0  # judged here, over the stream the trainer sees
         self._mbs = int(kwargs.get("micro_batch_size") or 8)

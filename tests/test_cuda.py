@@ -205,6 +205,8 @@ fake.fake_cudart_quiesce.argtypes = [ctypes.c_void_p]
 fake.fake_cudart_memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 fake.fake_cudart_sync.argtypes = [ctypes.c_void_p]
 fake.fake_cudart_last_stream.restype = ctypes.c_void_p
+fake.fake_cudart_queued.argtypes = [ctypes.c_void_p]
+fake.fake_cudart_queued.restype = ctypes.c_long
 assert _core.cuda_available(), _core.cuda_unavailable_reason()
 
 def host_view(t):
@@ -344,6 +346,54 @@ def test_fake_many_batches_no_leak(fake_cudart):
         s.close()
         assert (fake.fake_cudart_live_device(), fake.fake_cudart_live_pinned()) == base
         assert fake.fake_cudart_live_events() == 0, fake.fake_cudart_live_events()
+        print("ok")
+    """,
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_fake_stage_held_run_reserves_every_buffer_in_flight(fake_cudart):
+    """DeviceStage.bench(hold=True) leaves each pool caching iters x ntensors buffers, so a
+    later run allocates nothing even when no copy completes before the host has queued the
+    last batch (the stage's stream gated until then: the most a GPU can lag).  The pools'
+    counts say so: allocs, reuses, and the cached buffers requests found still pending."""
+    out = run_fake(
+        fake_cudart,
+        """
+        import threading, time
+        NB, NT, IT = 1 << 20, 4, 6
+        s = _core.DeviceStage(0, max_cached_bytes=64 << 20)
+        ss = fake.fake_cudart_last_stream()
+        s.bench(NB, NT, IT, hold=True)
+        st = s.stats()
+        for k in ("device", "pinned"):
+            p = st[k]
+            assert (p["allocs"], p["reuses"], p["frees"]) == (NT * IT, 0, 0), (k, p)
+            assert p["cached_bufs"] == NT * IT and p["live"] == 0, (k, p)
+            assert p["cached"] == IT * NB, (k, p)  # NB // NT bytes each, whole 4 KiB pages
+        fake.fake_cudart_gate(ss, 1)
+
+        def open_when_all_queued():  # IT batches: NT copies and one event record each
+            t0 = time.monotonic()
+            while fake.fake_cudart_queued(ss) < IT * (NT + 1) and time.monotonic() - t0 < 30:
+                time.sleep(0.001)
+            fake.fake_cudart_gate(ss, 0)
+
+        th = threading.Thread(target=open_when_all_queued)
+        th.start()
+        total, queued = s.bench(NB, NT, IT, timings=True)
+        th.join()
+        assert 0 <= queued <= total, (queued, total)
+        after = s.stats()
+        for k in ("device", "pinned"):
+            a, b = after[k], st[k]
+            assert a["allocs"] == b["allocs"] and a["frees"] == 0, (k, a)
+            assert a["reuses"] == NT * IT, (k, a)
+            # the last batch's requests passed over every buffer of the batches before it
+            # (device: the previous batch was still live, so not in the cache)
+            want = NT * (IT - 1) if k == "pinned" else NT * (IT - 2)
+            assert a["pending_max"] == want, (k, a["pending_max"], want)
+        s.close()
         print("ok")
     """,
     )

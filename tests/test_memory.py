@@ -1,7 +1,7 @@
 """max_memory: a cap on the engine's memory (batch buffers, those the consumer holds
 included, the window's encoded bytes, worker scratch) with backpressure.  Checked by
-sampling the process's resident memory while an epoch runs: its growth over the loader's
-start never exceeds the cap, while the same run without a cap goes well above it."""
+sampling the process's resident memory while an epoch runs: its growth from before the
+loader is built (its workers start then) never exceeds the cap, while the same run without a cap goes well above it."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def _run(shard, keep=False, **kw):
         shuffle=False,
     )
     args.update(kw)
+    base = _rss()  # before the Loader: its workers start when it is built (start=)
     L = mmloader.Loader(shard, **args)
-    base = _rss()
     peak = [base]
     stop = threading.Event()
 

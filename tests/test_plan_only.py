@@ -57,7 +57,8 @@ def test_seek_ahead_bounds_work_and_keeps_output(data):
         warnings.simplefilter("ignore")
         free = mmloader.Loader(data, **KW)
         want = [{k: np.from_dlpack(v).tobytes() for k, v in next(free).items()} for _ in range(4)]
-        L = mmloader.Loader(data, **KW)
+        # as mmloader.ray's producers: nothing made before the first seek (start="next")
+        L = mmloader.Loader(data, **KW, start="next")
         got, ends = [], []
         start = (0, 0, 0)
         for i in range(4):

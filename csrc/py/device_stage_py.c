@@ -159,18 +159,30 @@ static PyObject *DeviceStage_pinned(DeviceStageObject *self, PyObject *args, PyO
   return mml_py_batch_dict(mml_py_state_of_self(self), &h);
 }
 
-static PyObject *DeviceStage_bench(DeviceStageObject *self, PyObject *args) {
+/* bench: `iters` batches of `ntensors` uint8 tensors (nbytes in all) from the pinned pool
+ * through the stage, as the loader emits them: each host batch is released once its copy
+ * is queued, each device batch when the next one is out.  hold=True keeps every batch
+ * until the last copy is done instead, so both pools end up caching iters x ntensors
+ * buffers: every buffer a run can have in flight, however far the host gets ahead of the
+ * copies (benchmarks/bench_cuda.py warms its stages so). */
+static PyObject *DeviceStage_bench(DeviceStageObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"nbytes", "ntensors", "iters", "hold", "timings", NULL};
   unsigned long long nbytes;
-  int ntensors, iters;
-  if (!PyArg_ParseTuple(args, "Kii:bench", &nbytes, &ntensors, &iters)) return NULL;
+  int ntensors, iters, hold = 0, timings = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "Kii|$pp:bench", kwlist, &nbytes, &ntensors, &iters,
+                                   &hold, &timings))
+    return NULL;
   if (check_open(self) < 0) return NULL;
   if (ntensors < 1 || ntensors > MML_MAX_TENSORS || iters < 1) {
     PyErr_SetString(PyExc_ValueError, "need 1 <= ntensors <= 16 and iters >= 1");
     return NULL;
   }
+  mml_batch *held = NULL;
+  if (hold && !(held = calloc(2 * (size_t)iters, sizeof *held))) return PyErr_NoMemory();
+  int nheld = 0;
   mml_err err = {0};
   mml_status st = MML_OK;
-  double t0 = 0, t1 = 0;
+  double t0 = 0, t1 = 0, t2 = 0;
   Py_BEGIN_ALLOW_THREADS
   int64_t each = (int64_t)(nbytes / (unsigned)ntensors);
   mml_batch last = {0};
@@ -183,19 +195,26 @@ static PyObject *DeviceStage_bench(DeviceStageObject *self, PyObject *args) {
       st = mml_batch_add(&h, self->pinned, name, MML_DT_UINT8, 1, &each, NULL, &err);
     }
     if (st == MML_OK) st = mml_device_stage_copy(self->stage, &h, &d, &err);
-    mml_batch_clear(&h);
-    if (st == MML_OK) {
+    if (st == MML_OK && held) {
+      held[nheld++] = h;
+      held[nheld++] = last;
+    } else {
+      mml_batch_clear(&h);
       mml_batch_clear(&last);
-      last = d;
     }
+    if (st == MML_OK) last = d;
   }
+  t1 = mml_now(); /* every copy queued */
   for (int i = 0; i < last.ntensors && st == MML_OK; i++)
     st = mml_fence_wait(last.tensors[i].buf, &err);
-  t1 = mml_now();
+  t2 = mml_now();
   mml_batch_clear(&last);
+  for (int i = 0; i < nheld; i++) mml_batch_clear(&held[i]);
   Py_END_ALLOW_THREADS
+  free(held);
   if (st != MML_OK) return mml_py_raise(mml_py_state_of_self(self), st, &err);
-  return PyFloat_FromDouble(t1 - t0);
+  if (timings) return Py_BuildValue("(dd)", t2 - t0, t1 - t0);
+  return PyFloat_FromDouble(t2 - t0);
 }
 
 static PyObject *DeviceStage_usage(DeviceStageObject *self, PyObject *noargs) {
@@ -206,6 +225,28 @@ static PyObject *DeviceStage_usage(DeviceStageObject *self, PyObject *noargs) {
   return Py_BuildValue("{s:K,s:K,s:K,s:K}", "device_cached", (unsigned long long)dc, "device_live",
                        (unsigned long long)dl, "pinned_cached", (unsigned long long)pc,
                        "pinned_live", (unsigned long long)pl);
+}
+
+static PyObject *pool_stats_dict(mml_pool *p) {
+  mml_pool_stats s;
+  mml_pool_stats_get(p, &s);
+  return Py_BuildValue(
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "allocs", (unsigned long long)s.allocs, "reuses",
+      (unsigned long long)s.reuses, "frees", (unsigned long long)s.frees, "release_frees",
+      (unsigned long long)s.release_frees, "pending_skips", (unsigned long long)s.pending_skips,
+      "pending_max", (unsigned long long)s.pending_max, "cached_bufs",
+      (unsigned long long)s.cached_bufs, "cached", (unsigned long long)s.cached, "live",
+      (unsigned long long)s.live);
+}
+
+static PyObject *DeviceStage_stats(DeviceStageObject *self, PyObject *noargs) {
+  if (check_open(self) < 0) return NULL;
+  PyObject *d = pool_stats_dict(mml_device_stage_pool(self->stage));
+  PyObject *p = d ? pool_stats_dict(self->pinned) : NULL;
+  PyObject *r = p ? Py_BuildValue("{s:O,s:O}", "device", d, "pinned", p) : NULL;
+  Py_XDECREF(d);
+  Py_XDECREF(p);
+  return r;
 }
 
 static PyObject *DeviceStage_close(DeviceStageObject *self, PyObject *noargs) {
@@ -222,10 +263,16 @@ static PyMethodDef DeviceStage_methods[] = {
      "pinned(arrays, stream=None) -> dict[str, Tensor]\n\nPinned host copies of the arrays, "
      "guarded as the loader guards pin_memory batches (not reused before work queued on the "
      "default stream, and on `stream`, before their release has completed)."},
-    {"bench", (PyCFunction)DeviceStage_bench, METH_VARARGS,
-     "bench(nbytes, ntensors, iters) -> seconds\n\nCopies `iters` batches of `ntensors` "
-     "tensors totalling nbytes through the stage and waits for the last."},
+    {"bench", (PyCFunction)(void (*)(void))DeviceStage_bench, METH_VARARGS | METH_KEYWORDS,
+     "bench(nbytes, ntensors, iters, *, hold=False, timings=False) -> seconds\n\nCopies "
+     "`iters` batches of `ntensors` tensors totalling nbytes through the stage and waits for "
+     "the last.  hold: keep every batch until then (the pools end up caching every buffer a "
+     "run can have in flight).  timings: (seconds, seconds until every copy was queued)."},
     {"usage", (PyCFunction)DeviceStage_usage, METH_NOARGS, "Bytes cached/live in both pools."},
+    {"stats", (PyCFunction)DeviceStage_stats, METH_NOARGS,
+     "stats() -> {'device': {...}, 'pinned': {...}}: each pool's counts since it was made "
+     "(allocs, reuses, frees, release_frees, pending_skips, pending_max, cached_bufs) and its "
+     "cached / live bytes."},
     {"close", (PyCFunction)DeviceStage_close, METH_NOARGS,
      "Waits for queued copies and frees cached buffers (tensors stay valid)."},
     {NULL, NULL, 0, NULL}};

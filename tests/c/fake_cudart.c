@@ -34,7 +34,8 @@ EXPORT int cudaEventDestroy(void *e) { return fk_EventDestroy(e); }
 EXPORT int cudaStreamWaitEvent(void *s, void *e, unsigned f) { return fk_StreamWaitEvent(s, e, f); }
 EXPORT const char *cudaGetErrorString(int e) { return fk_GetErrorString(e); }
 
-/* Test hooks (ctypes): live allocations, consumer streams, gates, the last stream made. */
+/* Test hooks (ctypes): live allocations, consumer streams, gates, queued ops, the last stream
+ * made. */
 EXPORT long fake_cudart_live_device(void) { return atomic_load(&fk_device_live); }
 EXPORT long fake_cudart_live_pinned(void) { return atomic_load(&fk_pinned_live); }
 EXPORT long fake_cudart_live_events(void) { return atomic_load(&fk_events_live); }
@@ -42,6 +43,7 @@ EXPORT void *fake_cudart_stream_new(void) { return consumer_stream(); }
 EXPORT void fake_cudart_gate(void *s, int closed) { fk_gate(s, closed); }
 EXPORT void fake_cudart_quiesce(void *s) { fk_quiesce(s); }
 EXPORT void fake_cudart_sync(void *s) { fk_StreamSynchronize(s); }
+EXPORT long fake_cudart_queued(void *s) { return fk_queued(s); }
 EXPORT void *fake_cudart_last_stream(void) { return atomic_load(&g_last_stream); }
 EXPORT int fake_cudart_memcpy(void *d, const void *s, size_t n, void *st) {
   return fk_MemcpyAsync(d, s, n, 1, st);

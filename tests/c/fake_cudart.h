@@ -144,6 +144,16 @@ static void fk_gate(void *stream, int closed) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Ops queued on the stream and not yet started (a closed gate holds them all). */
+static inline long fk_queued(void *stream) {
+  fk_stream *s = stream;
+  long n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (fk_op *o = s->head; o; o = o->next) n++;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
 /* Waits until the stream has nothing it can run: empty, gated, or blocked on an event. */
 static void fk_quiesce(void *stream) {
   fk_stream *s = stream;

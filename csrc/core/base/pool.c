@@ -48,6 +48,12 @@
  *     follows it never counts less than is mapped and is told of every release (a release
  *     is what wakes its waiters).  mml_pool_evict frees cached bytes without calling it
  *     (the budget asked for them: tests/c/base/test-ledger.c, the pool as a cache).
+ *   - COUNTS (mml_pool_stats): buffers made by the allocator, requests served from the
+ *     cache, buffers freed (and of those, freed at a release because the cache was full or
+ *     closed), and cached buffers a request passed over because their fence was pending
+ *     (with the most seen at one request: how far the copies reading them lagged).  A pool
+ *     whose allocs and frees stay put over a run is in its steady state, whatever its byte
+ *     figures do (benchmarks/bench_cuda.py's warm-up reads them).
  *   - mml_mapped: the same kind of mapping as one thread's scratch (decoder state that
  *     scales with the image), kept across uses so reuse costs no fault either.
  */
@@ -93,6 +99,8 @@ struct mml_pool {
   atomic_int hook_on;
   int hook_calls;
   pthread_cond_t hook_cv;
+  /* COUNTS (mml_pool_stats): relaxed atomics, figures only; pending_max written under mu */
+  atomic_ullong n_allocs, n_reuses, n_frees, n_release_frees, n_pending_skips, n_pending_max;
 };
 
 /* What one public call changed (HOOK): live and cached bytes before each of its critical
@@ -320,7 +328,18 @@ static void note_peaks_locked(mml_pool *p) {
   if (p->live + p->cached > p->held_peak) p->held_peak = p->live + p->cached;
 }
 
+static void count(atomic_ullong *c) { atomic_fetch_add_explicit(c, 1, memory_order_relaxed); }
+
+/* A request passed over `pending` cached buffers whose fence was pending (mu held). */
+static void count_pending_locked(mml_pool *p, unsigned long long pending) {
+  if (!pending) return;
+  atomic_fetch_add_explicit(&p->n_pending_skips, pending, memory_order_relaxed);
+  if (pending > atomic_load_explicit(&p->n_pending_max, memory_order_relaxed))
+    atomic_store_explicit(&p->n_pending_max, pending, memory_order_relaxed);
+}
+
 static void buf_destroy(mml_pool *p, mml_buf *b) {
+  count(&p->n_frees);
   if (b->fence && b->fence_free) b->fence_free(b->fence);
   p->alloc.free(p->alloc.self, b->data);
   free(b);
@@ -384,15 +403,20 @@ static size_t held(const mml_pool *p, mml_buf *b) {
  * one, to grow (*grow = 1).  Unlinked from the cache; mu held. */
 static mml_buf *take_cached_locked(mml_pool *p, size_t want, int *grow) {
   mml_buf *best = NULL, **best_link = NULL, *big = NULL, **big_link = NULL;
+  unsigned long long pending = 0;
   for (mml_buf **link = &p->free_list; *link; link = &(*link)->next) {
     mml_buf *b = *link;
-    if (fence_pending(b)) continue;
+    if (fence_pending(b)) {
+      pending++;
+      continue;
+    }
     if (b->size >= want && (want >= MAP_MIN || b->size / 2 <= want)) {
       if (!best || b->size < best->size) best = b, best_link = link;
     } else if (b->size < want && b->size >= MAP_MIN && (!big || b->size > big->size)) {
       big = b, big_link = link;
     }
   }
+  count_pending_locked(p, pending);
   *grow = 0;
   if (!best && big && p->growable && want >= MAP_MIN) {
     best = big, best_link = big_link;
@@ -478,10 +502,12 @@ static size_t rv_pop(mml_pool *p, uint8_t *dst, size_t n) {
 static mml_buf *take_mapping_locked(mml_pool *p, size_t want, size_t cap, mml_buf **drop) {
   mml_buf *best = NULL, **best_link = NULL;
   size_t best_use = 0;
+  unsigned long long pending = 0;
   for (mml_buf **link = &p->free_list; *link;) {
     mml_buf *b = *link;
     host_hdr *h = hdr_of(b->data);
     if (!h->len || fence_pending(b)) {
+      pending += h->len != 0;
       link = &b->next;
     } else if (h->cap < want && !h->res) { /* useless: nothing to give, too small */
       *link = b->next;
@@ -495,6 +521,7 @@ static mml_buf *take_mapping_locked(mml_pool *p, size_t want, size_t cap, mml_bu
       link = &b->next;
     }
   }
+  count_pending_locked(p, pending);
   if (best) {
     *best_link = best->next;
     p->cached -= hdr_of(best->data)->res;
@@ -558,6 +585,7 @@ static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **
     buf_destroy(p, drop);
     drop = n;
   }
+  if (b) count(&p->n_reuses);
   if (!b) {
     if (!(b = calloc(1, sizeof *b))) {
       ev_report(p, &ev);
@@ -569,6 +597,7 @@ static mml_status alloc_mapping(mml_pool *p, size_t want, size_t cap, mml_buf **
       ev_report(p, &ev);
       return st;
     }
+    count(&p->n_allocs);
     b->kind = p->alloc.kind;
     b->device = p->alloc.device;
     b->pool = p;
@@ -611,6 +640,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
     }
   }
   if (best) {
+    count(&p->n_reuses);
     ev_lock(p, &ev);
     p->live += best->size;
     note_peaks_locked(p);
@@ -628,6 +658,7 @@ mml_status mml_pool_alloc(mml_pool *p, size_t n, mml_buf **out, mml_err *err) {
       ev_report(p, &ev);
       return st;
     }
+    count(&p->n_allocs);
     best->size = want;
     best->kind = p->alloc.kind;
     best->device = p->alloc.device;
@@ -706,7 +737,10 @@ void mml_buf_release(mml_buf *b) {
     keep = 1;
   }
   ev_unlock(p, &ev);
-  if (!keep) buf_destroy(p, b);
+  if (!keep) {
+    count(&p->n_release_frees);
+    buf_destroy(p, b);
+  }
   ev_report(p, &ev); /* before the pool may go with its last reference */
   pool_unref(p);
 }
@@ -753,6 +787,21 @@ void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak) {
   pthread_mutex_lock(&p->mu);
   if (live_peak) *live_peak = p->live_peak;
   if (held_peak) *held_peak = p->held_peak;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void mml_pool_stats_get(mml_pool *p, mml_pool_stats *out) {
+  memset(out, 0, sizeof *out);
+  out->allocs = atomic_load_explicit(&p->n_allocs, memory_order_relaxed);
+  out->reuses = atomic_load_explicit(&p->n_reuses, memory_order_relaxed);
+  out->frees = atomic_load_explicit(&p->n_frees, memory_order_relaxed);
+  out->release_frees = atomic_load_explicit(&p->n_release_frees, memory_order_relaxed);
+  out->pending_skips = atomic_load_explicit(&p->n_pending_skips, memory_order_relaxed);
+  out->pending_max = atomic_load_explicit(&p->n_pending_max, memory_order_relaxed);
+  pthread_mutex_lock(&p->mu);
+  for (mml_buf *b = p->free_list; b; b = b->next) out->cached_bufs++;
+  out->cached = p->cached;
+  out->live = p->live;
   pthread_mutex_unlock(&p->mu);
 }
 

@@ -60,6 +60,17 @@
  *
  *   Determinism: a task's result depends only on (epoch, pos) and the config; the
  *   collator sees results in seq order; so batches never depend on timing.
+ *
+ *   Start (cfg.start, mml_start).  The threads start once: at the end of mml_loader_new
+ *   (MML_START_CONSTRUCTION, the default: the first batches are those of cursor {0, 0, 0},
+ *   known once the loader is built) or at the first mml_loader_next (MML_START_NEXT).
+ *     S1. Work made before the first next() is the work a running loader would hold
+ *         (the window, `prefetch` batches, within max_memory: the same gates); a seek
+ *         before the first next() (load_state_dict, set_epoch) drops it as it drops a
+ *         running loader's prefetch (gen, ld_drop_output_locked), so the batches after it
+ *         are bitwise those of a loader started at the seek's cursor.
+ *     S2. stats' wall_s and wait_s still count from the first next(): the wait-time
+ *         ratio is the consumer's, whenever production began.
  */
 #include "loader_int.h"
 
@@ -74,6 +85,8 @@
 #include "mml/options.h"
 #include "mml/message.h"
 #include "mml/s3.h"
+
+static void start_or_fail_locked(mml_loader *L);
 
 /* ------------------------------------------------------------------------------------ */
 /* small helpers and the plan                                                           */
@@ -535,6 +548,7 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->ix.limits = (mml_index_limits){cfg->max_shard_bytes, cfg->max_shard_records,
                                     cfg->max_record_bytes, cfg->max_object_bytes};
   pthread_mutex_init(&L->mu, NULL);
+  pthread_mutex_init(&L->spare_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -558,6 +572,11 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
   L->closed = 0;
   L->gen = 1;
   if ((st = mml_loader_seek(L, &zero, err))) goto fail;
+  if (L->cfg.start == MML_START_CONSTRUCTION) { /* DESIGN "Start" */
+    pthread_mutex_lock(&L->mu);
+    start_or_fail_locked(L);
+    pthread_mutex_unlock(&L->mu);
+  }
   *out = L;
   return MML_OK;
 fail:
@@ -584,6 +603,16 @@ static mml_status start_locked(mml_loader *L, mml_err *err) {
     return mml_err_set(err, MML_ENOMEM, "cannot start the collation thread");
   L->coll_started = 1;
   return MML_OK;
+}
+
+/* Starts the threads once; a failure to start them is the stream's fatal error, which the
+ * consumer's next call reports (mu held). */
+static void start_or_fail_locked(mml_loader *L) {
+  if (L->closed || L->started) return;
+  mml_err e;
+  mml_err_clear(&e);
+  mml_status st = start_locked(L, &e);
+  if (st) ld_set_fatal_locked(L, st, &e);
 }
 
 static void stop_threads(mml_loader *L) {
@@ -689,6 +718,7 @@ void mml_loader_free(mml_loader *L) {
   pthread_cond_destroy(&L->work_cv);
   pthread_cond_destroy(&L->coll_cv);
   pthread_cond_destroy(&L->out_cv);
+  pthread_mutex_destroy(&L->spare_mu);
   pthread_mutex_destroy(&L->mu);
   free(L);
 }
@@ -887,11 +917,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
   mml_status st;
   pthread_mutex_lock(&L->mu);
   if (L->first_next == 0) L->first_next = t0;
-  if (!L->closed && !L->started) {
-    if ((st = start_locked(L, err))) {
-      ld_set_fatal_locked(L, st, err);
-    }
-  }
+  start_or_fail_locked(L);
   if (!L->epoch_done) ld_ask_epoch_locked(L, L->consumer_epoch, 0);
   for (;;) {
     if (L->closed) {
@@ -1003,7 +1029,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
     o->reason_count[k] += L->skip_by_status[s];
   }
   o->page_faults = L->faults;
-  o->window_bytes = L->win_bytes;
+  o->window_bytes = L->win_bytes + ld_bytes_spares(L);
   uint64_t warm = MML_FAULT_WARMUP(L->cfg.prefetch);
   o->page_faults_per_batch =
       L->batches > warm ? (double)(L->faults - L->faults_warm) / (double)(L->batches - warm) : -1;

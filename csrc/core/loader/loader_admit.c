@@ -66,7 +66,9 @@
  *   A6. The ledger balances: with max_memory the loader has one mml_ledger (THE LEDGER
  *       below) charged at every point above -- the scratch reserve and the Parquet room
  *       at start, a task's byte buffers at its seq (ld_mem_count_task_locked), spare byte
- *       buffers as a cache, scratch and re-read grants, emission grants, and every change
+ *       buffers as an evictable cache (their own lock: loader_bytes.c B1), scratch and
+ *       re-read grants (a re-read's grant becomes its bytes' charge), emission grants
+ *       (paying for their float rows' pool growth), and every change
  *       of the pool (its hook: live bytes the consumer's, what a release keeps the pooled
  *       pages' cache) -- and at a quiescent point it holds exactly the pool's live and
  *       cached bytes, the window's, the reserve, the grants and the Parquet room
@@ -84,6 +86,9 @@
 
 static ticket *tk_at(mml_loader *L, int64_t id) { return &L->tks[id % L->ntk]; }
 static task *slot_of(mml_loader *L, int64_t seq) { return &L->tasks[seq % L->window]; }
+
+/* The window's byte buffers: the tasks' and the spares' (loader_bytes.c B2). */
+static int64_t window_bytes(mml_loader *L) { return L->win_bytes + ld_bytes_spares(L); }
 
 /* Rows of plane p a sample has: its images' or its videos'. */
 static int64_t plane_rows(const mml_sample *s, int p) {
@@ -133,10 +138,15 @@ static int64_t expand_hold(const mml_loader *L) {
   return h > 0 ? h : 0;
 }
 
-/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once). */
+/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once; a
+ * larger one is a mapping of its float capacity with whole 2 MiB pages for its uint8
+ * rows, however few: mml_pool_alloc_cap; counted as its uint8 bytes, a ticket of a few
+ * rows took the pool up to 2 MiB over max_memory). */
 static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
   const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
-  return f && f < (1 << 20) ? f : cap_rows * (int64_t)L->row_bytes[p];
+  if (f && f < (1 << 20)) return f;
+  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
+  return f ? mml_round_2mib(n) : n;
 }
 
 /* The room ticket id's buffers leave free for earlier work: the scratch the decodes
@@ -180,7 +190,7 @@ static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
 static int ticket_room(mml_loader *L, int64_t id, int p, int64_t cap_rows, int64_t need) {
   const int64_t hold = ticket_hold(L, id, p, cap_rows);
   if (ld_mem_room_hold_locked(L, need, hold)) return 1;
-  if (!L->nspare) return 0;
+  if (!ld_bytes_spares(L)) return 0;
   ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
   return ld_mem_room_hold_locked(L, need, hold);
 }
@@ -206,8 +216,13 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
 
 static int64_t scratch_bytes(const mml_loader *L);
 
-/* Bytes the pool maps for a buffer of `need` bytes (2 MiB pages from 1 MiB on). */
-static int64_t pool_bytes(int64_t need) { return need >= (1 << 20) ? mml_round_2mib(need) : need; }
+/* Bytes the pool maps for a buffer of `need` bytes: 2 MiB pages from 1 MiB on, 4 KiB
+ * pages below (mml_pool_alloc's own rounding: counted as less, a small buffer took the
+ * pool a few KiB over max_memory). */
+static int64_t pool_bytes(int64_t need) {
+  if (need <= 0) return 0;
+  return need >= (1 << 20) ? mml_round_2mib(need) : (need + 4095) & ~(int64_t)4095;
+}
 
 /* Bytes the planes of the tickets up to the needed one (the one the consumer's next batch
  * waits on: needed_ticket) wait for. */
@@ -223,7 +238,7 @@ int ld_admit_make_way_locked(mml_loader *L) {
   /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
    * batches' samples hold ahead of their use -- their kept videos, else their media bytes,
    * read again by their decodes -- and spare byte buffers (a cache), make way */
-  const int64_t spares = L->spare_bytes,
+  const int64_t spares = ld_bytes_spares(L),
                 h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
   const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
                             (ld_place_has_buf(tk_at(L, h)) || !ld_place_turn_waits_locked(L, h));
@@ -272,7 +287,7 @@ static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t 
               "(prefetched), %lld bytes of samples read ahead and %lld bytes of %d workers' "
               "decode scratch: max_memory >= %lld would hold it; %s",
               where, (long long)L->cfg.max_memory, (long long)need, what,
-              (long long)((int64_t)live - ahead), (long long)ahead, (long long)L->win_bytes,
+              (long long)((int64_t)live - ahead), (long long)ahead, (long long)window_bytes(L),
               (long long)(scratch_bytes(L) + L->scratch_extra + L->emit_extra), L->cfg.num_threads,
               (long long)(ld_pq_reserved(L) ? (fit * 4 + 2) / 3 : fit), hint);
   if (ld_pq_reserved(L) > 0) {
@@ -314,7 +329,7 @@ void ld_admit_head_fail_locked(mml_loader *L) {
   mem_explain(L, t->seq >= L->head_seq && t->gen == L->gen ? t : NULL,
               "pixel_values(_videos) the batch the consumer waits for needs (in the pool's pages)",
               need,
-              (int64_t)live + L->win_bytes + L->max_sample_bytes + scratch_bytes(L) +
+              (int64_t)live + window_bytes(L) + L->max_sample_bytes + scratch_bytes(L) +
                   L->scratch_extra + L->emit_extra + hold + eh + need,
               "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
               "alive while it asks for the next (`del batch` at the end of the loop body "
@@ -378,7 +393,7 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed = (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra +
+  int64_t fixed = (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
                   L->emit_extra + hold + ld_pq_reserved(L);
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
@@ -406,7 +421,7 @@ static int read_room_or_stuck(mml_loader *L, int64_t est) {
     L->read_stuck = 0;
     return 1;
   }
-  if (L->nspare) ld_bytes_free_spares(L);
+  if (ld_bytes_spares(L)) ld_bytes_free_spares(L);
   if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0)) {
     L->read_stuck = 0;
     return ld_mem_room_hold_locked(L, est, 0);
@@ -423,7 +438,7 @@ static int read_room_or_stuck(mml_loader *L, int64_t est) {
   mem_explain(
       L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
       "the next sample to read, which the batch the consumer waits for may need", est,
-      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + est,
+      (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra + est,
       "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
       "alive while it asks for the next (`del batch` at the end of the loop body "
       "releases it)",
@@ -535,7 +550,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   if (L->fatal) return 0;
   /* the room held for the decodes placed is theirs: this one's among them */
   int ok = ld_mem_room_hold_locked(L, need, 0);
-  if (!ok && L->nspare) { /* spare image buffers are only a speed-up */
+  if (!ok && ld_bytes_spares(L)) { /* spare image buffers are only a speed-up */
     ld_bytes_free_spares(L);
     ok = ld_mem_room_hold_locked(L, need, 0);
   }
@@ -570,7 +585,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
                   "decoder scratch its image needs"
                 : "decoder scratch its image needs",
       need,
-      (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra + need,
+      (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra + need,
       "release earlier batches", &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
@@ -586,7 +601,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   if (need <= 0) return 0;
   int ok = ld_mem_room_hold_locked(L, need, 0);
-  if (!ok && (L->nspare || L->video_open_bytes || L->video_held)) {
+  if (!ok && (ld_bytes_spares(L) || L->video_open_bytes || L->video_held)) {
     /* caches make way for the oldest work before it waits, as for the head ticket
      * (retry_pending): the spare byte buffers, and the bytes later samples hold ahead of
      * their decode (their decodes read them again) */
@@ -613,8 +628,8 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
            decode_name(L));
   mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
-              (int64_t)live + L->win_bytes + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
-                  pool_bytes(need),
+              (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
+                  L->emit_extra + pool_bytes(need),
               hint, &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
@@ -626,7 +641,9 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
   t->scratch_granted = t->reread_granted = 0;
 }
 
-void ld_mem_count_task_locked(mml_loader *L, task *t) {
+void ld_mem_count_task_locked(mml_loader *L, task *t) { ld_mem_count_task_cover_locked(L, t, 0); }
+
+void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover) {
   int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
   for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
   int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap) + vheld;
@@ -635,10 +652,12 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
   if (t->rec_parsed)
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
   L->win_bytes += held - t->held;
-  if (held > t->held)
-    ld_ledger_charge(L, t->seq, held - t->held);
-  else
-    ld_ledger_release(L, t->held - held);
+  /* the growth is charged, beyond what `cover` (ENGINE credit granted for it: a re-read's
+   * grant) already holds; what the cover does not use goes back (nothing counted twice) */
+  const int64_t grow = held > t->held ? held - t->held : 0;
+  const int64_t covered = grow < cover ? grow : cover;
+  ld_ledger_charge(L, t->seq, grow - covered);
+  ld_ledger_release(L, (held < t->held ? t->held - held : 0) + cover - covered);
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
 }
@@ -649,13 +668,26 @@ void ld_mem_count_task_locked(mml_loader *L, task *t) {
  * it, possibly under mu): its live bytes are batches' buffers -- the consumer's class
  * (a batch being built is the consumer's, L5) -- and what a release keeps mapped becomes
  * the pooled pages' cache. */
+/* ENGINE credit already granted for the pool's next growths on this thread (an
+ * emission's grant for its float rows: ld_ledger_cover_begin): the hook hands it over
+ * instead of charging them again. */
+static _Thread_local struct {
+  mml_loader *L;
+  int64_t bytes;
+} pool_cover;
+
 static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
   mml_loader *L = arg;
   if (d_cached < 0) /* first: cached pages reused for an allocation are not counted twice */
     mml_ledger_cache_drop(L->ledger, L->led_pool, -d_cached);
   if (d_live > 0) {
-    mml_charge c = {.seq = 0, .bytes = d_live};
-    (void)mml_ledger_request(L->ledger, &c, NULL);
+    int64_t covered = 0;
+    if (pool_cover.L == L) {
+      covered = d_live < pool_cover.bytes ? d_live : pool_cover.bytes;
+      pool_cover.bytes -= covered;
+    }
+    mml_charge c = {.seq = 0, .bytes = d_live - covered};
+    if (c.bytes) (void)mml_ledger_request(L->ledger, &c, NULL);
     mml_ledger_hand_over(L->ledger, d_live);
   } else if (d_live < 0) {
     const int64_t kept = d_cached > 0 ? (d_cached < -d_live ? d_cached : -d_live) : 0;
@@ -678,7 +710,7 @@ mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
   mml_status st = mml_ledger_new(&lc, &L->ledger, err);
   if (st) return st;
   L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
-  L->led_spare = mml_ledger_add_cache(L->ledger, "spare byte buffers", NULL, NULL);
+  L->led_spare = mml_ledger_add_cache(L->ledger, "spare byte buffers", ld_bytes_evict, L);
   ld_ledger_charge(L, 0, scratch_bytes(L)); /* the workers' scratch reserve */
   mml_pool_set_hook(L->pool, ledger_pool_hook, L);
   return MML_OK;
@@ -699,8 +731,35 @@ void ld_ledger_free(mml_loader *L) {
 
 void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes) {
   if (!L->ledger || bytes <= 0) return;
+  /* caches make way before a charge would take the total over max_memory (ledger.c L4,
+   * by hand while the ledger only counts): a read's bytes past its estimate beside the
+   * pool's cached pages were memory over the cap */
+  mml_ledger_stats g;
+  mml_ledger_get_stats(L->ledger, &g);
+  int64_t over =
+      g.held[MML_HOLD_ENGINE] + g.held[MML_HOLD_CONSUMER] + g.cached + bytes - L->cfg.max_memory;
+  if (over > 0) {
+    size_t cached, live;
+    mml_pool_usage(L->pool, &cached, &live);
+    if (cached)
+      over -= (int64_t)cached -
+              (int64_t)mml_pool_trim(L->pool, (int64_t)cached > over ? cached - (size_t)over : 0);
+    if (over > 0 && ld_bytes_spares(L)) ld_bytes_free_spares(L);
+  }
   mml_charge c = {.seq = seq, .bytes = bytes};
   (void)mml_ledger_request(L->ledger, &c, NULL); /* granted at once: no cap of its own */
+}
+
+void ld_ledger_cover_begin(mml_loader *L, int64_t bytes) {
+  pool_cover.L = L->ledger ? L : NULL;
+  pool_cover.bytes = bytes;
+}
+
+void ld_ledger_cover_end(mml_loader *L) {
+  const int64_t left = pool_cover.L == L ? pool_cover.bytes : 0;
+  pool_cover.L = NULL;
+  pool_cover.bytes = 0;
+  ld_ledger_release(L, left);
 }
 
 void ld_ledger_release(mml_loader *L, int64_t bytes) {
@@ -725,23 +784,25 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
     win += t->held;
     scratch += t->scratch_granted + t->reread_granted;
   }
+  pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
+  const int64_t spare_bytes = L->spare_bytes;
+  pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
                        L->emit_extra + ld_pq_reserved(L);
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
-  if (have == want && win + spares == L->win_bytes && spares == L->spare_bytes &&
-      scratch == L->scratch_extra)
+  if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra)
     return MML_OK;
   return mml_err_set(err, MML_EINTERNAL,
                      "the memory ledger holds %lld bytes (engine %lld, consumer %lld, cached "
                      "%lld) where the loader has %lld: pool live %zu + cached %zu, window "
-                     "%lld (+ spares %lld; counted %lld), scratch reserve %lld + granted %lld "
+                     "%lld (counted %lld) + spares %lld, scratch reserve %lld + granted %lld "
                      "(counted %lld), emissions %lld, Parquet room %lld",
                      (long long)have, (long long)s.held[MML_HOLD_ENGINE],
                      (long long)s.held[MML_HOLD_CONSUMER], (long long)s.cached, (long long)want,
-                     live, cached, (long long)win, (long long)spares, (long long)L->win_bytes,
+                     live, cached, (long long)win, (long long)L->win_bytes, (long long)spares,
                      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
                      (long long)L->emit_extra, (long long)ld_pq_reserved(L));
 }

@@ -2,11 +2,24 @@
  * loader_bytes.c — the loader's spare image byte buffers (IMAGE BYTES in loader_place.c):
  * a finished sample's encoded-image buffers are kept (up to a limit) and the next read
  * takes the smallest that holds its file, so their pages stay mapped instead of being
- * freed and faulted in again.  Their capacity counts in win_bytes (max_memory).
+ * freed and faulted in again.  Under max_memory they are a cache of the memory ledger
+ * (csrc/core/base/ledger.c): counted in its budget, freed on its request.
  *
- * Locking: the spares are guarded by the loader's mu (ld_bytes_take takes it; the
- * others run with it held, or at destruction); a task's own buffers belong to the thread
- * holding its slot.
+ * INVARIANTS
+ *   B1. The spares (spare[], nspare, spare_bytes) are guarded by their own lock,
+ *       spare_mu, never by mu alone: the ledger's evict callback (ld_bytes_evict) runs
+ *       under the ledger's lock, which the loader takes under mu, so evicting spares
+ *       guarded by mu would deadlock.  Lock order: mu -> ledger -> spare_mu; nothing
+ *       calls into the ledger with spare_mu held.
+ *   B2. spare_bytes is the spares' capacity, not counted in win_bytes (the tasks' byte
+ *       buffers): the room max_memory leaves is computed from both (ld_bytes_spares).
+ *   B3. The ledger's cache count follows the spares: every move into the spares is a
+ *       cache_put after spare_mu is dropped, every move out (a read takes one, all are
+ *       freed) a cache_drop, and an eviction is subtracted by the ledger itself; between
+ *       a move and its ledger call the count may lag (ledger.c allows it to dip).
+ *
+ * Locking: spare_mu guards the spares; a task's own buffers belong to the thread holding
+ * its slot, and its count (t->held) is changed under mu.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -19,52 +32,81 @@ static int64_t spare_limit(const mml_loader *L) {
   return L->cfg.max_memory && L->cfg.max_memory / 8 < lim ? L->cfg.max_memory / 8 : lim;
 }
 
+int64_t ld_bytes_spares(mml_loader *L) {
+  pthread_mutex_lock(&L->spare_mu);
+  const int64_t n = L->spare_bytes;
+  pthread_mutex_unlock(&L->spare_mu);
+  return n;
+}
+
 void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
   if (b->cap >= need) return;
   pthread_mutex_lock(&L->mu);
+  pthread_mutex_lock(&L->spare_mu);
   int best = -1;
   for (int k = 0; k < L->nspare; k++) {
     size_t cap = L->spare[k].cap, bc = best < 0 ? 0 : L->spare[best].cap;
     if (best < 0 || (cap >= need ? bc < need || cap < bc : bc < need && cap > bc)) best = k;
   }
+  int64_t delta = 0; /* moves from the spares to t */
   if (best >= 0 && L->spare[best].cap > b->cap) {
     mml_bytes s = L->spare[best];
-    int64_t delta = (int64_t)s.cap - (int64_t)b->cap; /* moves from the spares to t */
+    delta = (int64_t)s.cap - (int64_t)b->cap;
     if (b->cap)
       L->spare[best] = *b;
     else
       L->spare[best] = L->spare[--L->nspare];
     L->spare_bytes -= delta;
-    t->held += delta; /* win_bytes, the sum of both, is unchanged */
-    ld_ledger_spare_drop(L, delta);
-    ld_ledger_charge(L, t->seq, delta);
     *b = s;
     b->len = 0;
+  }
+  pthread_mutex_unlock(&L->spare_mu); /* B1: before the ledger */
+  if (delta) {
+    t->held += delta;
+    L->win_bytes += delta;
+    ld_ledger_spare_drop(L, delta);
+    ld_ledger_charge(L, t->seq, delta);
   }
   pthread_mutex_unlock(&L->mu);
 }
 
 void ld_bytes_return_locked(mml_loader *L, task *t) {
+  int64_t kept = 0;
   for (int i = 0; i < t->imgs_cap; i++) {
     mml_bytes *b = &t->imgs[i];
     if (!b->cap) continue;
-    if (L->nspare < MML_SPARE_BUFS && L->spare_bytes + (int64_t)b->cap <= spare_limit(L)) {
+    pthread_mutex_lock(&L->spare_mu);
+    const int keep =
+        L->nspare < MML_SPARE_BUFS && L->spare_bytes + (int64_t)b->cap <= spare_limit(L);
+    if (keep) {
       L->spare[L->nspare++] = *b;
       L->spare_bytes += (int64_t)b->cap;
-      t->held -= (int64_t)b->cap;
-      ld_ledger_spare_put(L, (int64_t)b->cap);
-    } else {
-      mml_bytes_free(b);
+      kept += (int64_t)b->cap;
     }
+    pthread_mutex_unlock(&L->spare_mu);
+    if (!keep) mml_bytes_free(b);
     *b = (mml_bytes){0};
   }
+  t->held -= kept; /* B2: no longer the window's */
+  L->win_bytes -= kept;
+  ld_ledger_spare_put(L, kept);
   ld_mem_count_task_locked(L, t);
 }
 
-void ld_bytes_free_spares(mml_loader *L) {
-  for (int k = 0; k < L->nspare; k++) mml_bytes_free(&L->spare[k]);
-  L->win_bytes -= L->spare_bytes;
-  ld_ledger_spare_drop(L, L->spare_bytes);
-  L->nspare = 0;
-  L->spare_bytes = 0;
+/* Frees spares until `want` bytes are freed (all: INT64_MAX); returns the bytes freed. */
+static int64_t free_spares(mml_loader *L, int64_t want) {
+  int64_t freed = 0;
+  pthread_mutex_lock(&L->spare_mu);
+  while (L->nspare > 0 && freed < want) {
+    mml_bytes *b = &L->spare[--L->nspare];
+    freed += (int64_t)b->cap;
+    L->spare_bytes -= (int64_t)b->cap;
+    mml_bytes_free(b);
+  }
+  pthread_mutex_unlock(&L->spare_mu);
+  return freed;
 }
+
+void ld_bytes_free_spares(mml_loader *L) { ld_ledger_spare_drop(L, free_spares(L, INT64_MAX)); }
+
+int64_t ld_bytes_evict(void *arg, int64_t want) { return free_spares(arg, want); }

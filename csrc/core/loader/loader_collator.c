@@ -115,10 +115,12 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
   mml_collator *C = L->colls[ci];
   mml_buf *u8 = NULL, *f = NULL;
   int64_t rows = 0;
+  /* the float rows become live in the pool: the ledger's grant for them pays for that
+   * growth (the pool's hook hands it over), so they are never counted twice (loader_admit.c
+   * A6); what it did not use goes back */
+  ld_ledger_cover_begin(L, *grant);
   mml_status st = compact_swap(L, C, &u8, &f, &rows, err);
-  /* the float rows are live in the pool now (its hook charged them to the ledger): the
-   * ledger's charge for them goes, so they are not counted twice (loader_admit.c A6) */
-  ld_ledger_release(L, *grant);
+  ld_ledger_cover_end(L);
   *grant = 0;
   if (!st) st = emit_batch(L, C, b, err);
   if (u8) {

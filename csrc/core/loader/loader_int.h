@@ -293,8 +293,9 @@ struct mml_loader {
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm; /* `faults` when batch MML_FAULT_WARMUP was delivered */
 
-  /* image byte buffers of finished samples, for reuse (loader_place.c, under mu); their
-   * capacity spare_bytes is also counted in win_bytes */
+  /* image byte buffers of finished samples, for reuse (loader_bytes.c, under spare_mu:
+   * B1); their capacity spare_bytes is not in win_bytes (B2) */
+  pthread_mutex_t spare_mu;
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
@@ -625,10 +626,17 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
 void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need);
 void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
+/* The spares' bytes now (takes spare_mu); the ledger's evict callback of the spares'
+ * cache (under the ledger's lock: frees spares until `want` bytes are freed). */
+int64_t ld_bytes_spares(mml_loader *L);
+int64_t ld_bytes_evict(void *arg, int64_t want);
 /* max_memory: t's byte buffers (re)counted once its reading is done, and its remote video
  * bytes (vhead_bytes, vpre_bytes) and open videos (vhead[].open_bytes) whenever they
  * change. */
 void ld_mem_count_task_locked(mml_loader *L, task *t);
+/* The same, where `cover` bytes of ENGINE credit already granted for t (a re-read's
+ * grant, its bytes now in its buffers) pay for its growth first; the rest goes back. */
+void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover);
 /* The ledger (loader_admit.c THE LEDGER): made after the pool (MML_OK without
  * max_memory), its fixed charges when the threads start, the pool unhooked before the pool
  * closes and the ledger freed after it; ld_ledger_charge / _release: `bytes` of the work at
@@ -639,6 +647,11 @@ void ld_ledger_start_locked(mml_loader *L);
 void ld_ledger_unhook(mml_loader *L);
 void ld_ledger_free(mml_loader *L);
 void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes);
+/* ld_ledger_cover_begin: `bytes` of ENGINE credit granted to this thread's next pool
+ * growths (an emission's float rows): the pool's hook hands them over instead of charging
+ * them again; ld_ledger_cover_end gives back what they did not use. */
+void ld_ledger_cover_begin(mml_loader *L, int64_t bytes);
+void ld_ledger_cover_end(mml_loader *L);
 void ld_ledger_release(mml_loader *L, int64_t bytes);
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes);
 void ld_ledger_spare_drop(mml_loader *L, int64_t bytes);

@@ -689,9 +689,9 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
     st = reread_media(L, t, &acc, &err);
     pthread_mutex_lock(&L->mu);
     t->reread = 0;
-    ld_mem_count_task_locked(L, t); /* counted in held now: the grant goes */
+    /* counted in held now: the grant becomes their charge (never both at once) */
+    ld_mem_count_task_cover_locked(L, t, t->reread_granted);
     L->scratch_extra -= t->reread_granted;
-    ld_ledger_release(L, t->reread_granted);
     t->reread_granted = 0;
     pthread_mutex_unlock(&L->mu);
   }

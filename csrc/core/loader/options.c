@@ -53,6 +53,7 @@ static const char *const k_recipe[] = {"processor", "llama-factory", "qwen-vl-fi
 static const char *const k_template[] = {"qwen2-vl", "qwen3-vl", NULL}; /* mml_template_style */
 static const char *const k_preset[] = {"qwen2-vl", "qwen2.5-vl", "qwen3-vl",
                                        NULL}; /* mmloader/presets.py PRESETS */
+static const char *const k_start[] = {"construction", "next", NULL}; /* mml_start */
 static const char *const k_image_route[] = {"processor", "load_image", "qwen-vl-utils",
                                             NULL}; /* mml_image_route (mml/vision.h) */
 
@@ -348,6 +349,15 @@ static const mml_option k_options[] = {
      "DataLoader's prefetch_factor x num_workers.  Finished ones also stop at max_memory's "
      "bytes (2 GiB without it), and the queue's slots grow with use: a huge value costs only "
      "what is queued."},
+    {"start", MML_OPT_ENUM, CFG(start), 0, 0, 0, k_start, 0,
+     "When the workers start producing: construction or next. \"construction\" (default): as "
+     "soon as the Loader is built, the first batches of its start (epoch 0), so the trainer's "
+     "set-up between building the loader and its first next() (loading the model, compiling) "
+     "overlaps them; load_state_dict / set_epoch before the first next() drop that work and "
+     "the batches are bitwise the same.  It is the production a running loader holds "
+     "(``prefetch`` batches and the ``window``, within ``max_memory``), made earlier.  "
+     "\"next\": no sample is read before the first next() (a loader built only to be "
+     "inspected, or one always restored before it is read: mmloader.ray's producers)."},
     {"window", MML_OPT_INT, CFG(window), 0, 1, 1 << 24, NULL, NONE,
      "Samples in flight ahead of collation. None: 2 * micro_batch_size, at least 4 * "
      "num_threads and 16; with a remote shard or image root at least (prefetch + 2) * "

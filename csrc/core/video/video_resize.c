@@ -41,7 +41,9 @@
 
 #include "../vision/resize.h" /* mml_cpu_fma */
 
+#ifndef __clang__ /* GCC only: clang (the fuzz build) ignores it with a warning */
 #pragma GCC optimize("fp-contract=fast")
+#endif
 
 typedef struct axis {
   int *xmin, *xsize;
@@ -82,10 +84,11 @@ static inline float round_u8(float b) {
 
 #ifdef MML_VRESIZE_AVX2
 /* Below, every operation is spelled out: no contraction. */
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
+#else
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 #endif
 #define AVX2FN __attribute__((target("avx2,fma")))
 
@@ -215,7 +218,9 @@ AVX2FN static void vpass_avx2(const float *plane, int w, const axis *ay, int dh,
     }
   }
 }
+#ifndef __clang__
 #pragma GCC pop_options
+#endif
 #endif
 
 static mml_status resize(const float *src, int planes, int sw, int sh, float *dst, int dw, int dh,

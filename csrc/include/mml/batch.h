@@ -79,6 +79,19 @@ void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
 /* Bytes currently cached / live, for stats and tests. */
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
+/* What a pool did since it was made (pool.c COUNTS): a steady state allocates and frees
+ * nothing. */
+typedef struct mml_pool_stats {
+  uint64_t allocs;        /* buffers the allocator made (malloc/mmap, cudaHostAlloc, cudaMalloc) */
+  uint64_t reuses;        /* requests served from the cache */
+  uint64_t frees;         /* buffers given back to the allocator (trims, a full cache, close) */
+  uint64_t release_frees; /* of those, at a release: the cache was full (or closed) */
+  uint64_t pending_skips; /* cached buffers requests passed over: their fence was pending */
+  uint64_t pending_max;   /* the most such buffers at one request */
+  uint64_t cached_bufs;   /* buffers in the cache now */
+  size_t cached, live;    /* bytes now, as mml_pool_usage */
+} mml_pool_stats;
+void mml_pool_stats_get(mml_pool *p, mml_pool_stats *out);
 /* High-water marks since the pool was made: the most bytes live at one time, and the most
  * live + cached (the pool's resident peak). */
 void mml_pool_peaks(mml_pool *p, size_t *live_peak, size_t *held_peak);

@@ -66,6 +66,14 @@ int mml_pixels_compact(int pixels);
 /* The Loader spelling of `pixels` ("float32-decode", ...; "?" out of range). */
 const char *mml_pixels_name(int pixels);
 
+/* When a loader's workers start producing (Loader start=, the option table's choices, in
+ * this order).  Either way the batches are the same, bit for bit: the stream is a pure
+ * function of the cursor, and a seek drops the work of the cursor before it.
+ *   MML_START_CONSTRUCTION  at the end of mml_loader_new, for cursor {0, 0, 0}: a trainer's
+ *       set-up between building the loader and its first next() finds batches made
+ *   MML_START_NEXT          at the first mml_loader_next (nothing is read before it) */
+typedef enum { MML_START_CONSTRUCTION = 0, MML_START_NEXT = 1 } mml_start;
+
 /* One source of a mixture (mml/mixture.h): its shards, how many samples it gives per
  * epoch, and the settings its samples are processed with (the worker looks them up by
  * the sample's source). */
@@ -109,6 +117,9 @@ typedef struct mml_loader_cfg {
   int num_threads;           /* worker threads (>= 1) */
   int prefetch;              /* batches with pixels ahead of the consumer: finished or being
                                 decoded (>= 1) */
+  int start;                 /* mml_start: when the workers start producing (0: as soon as
+                                 the loader is built; mml_loader_seek before the first
+                                 mml_loader_next discards that work, by generation) */
   int window;                /* samples in flight ahead of collation;
                                  0: 2*mbs, at least 4*threads and 16; with a
                                  remote shard or image root at least

@@ -79,6 +79,51 @@ TEST(test_fence_blocks_reuse) {
   mml_pool_close(p);
 }
 
+/* pool.c COUNTS: allocations, reuses, frees (at a release into a full cache), and the cached
+ * buffers a request passed over because their fence was pending. */
+TEST(test_pool_stats_counts) {
+  mml_pool *p;
+  mml_err err = {0};
+  CHECK_OK(mml_pool_new(NULL, 8192, &p, &err), err);
+  mml_buf *a, *b, *c, *d, *e;
+  mml_pool_stats s;
+  CHECK_OK(mml_pool_alloc(p, 4096, &a, &err), err);
+  fence_state = 0;
+  a->fence = &fence_state;
+  a->fence_done = fence_done;
+  mml_buf_release(a);
+  CHECK_OK(mml_pool_alloc(p, 4096, &b, &err), err); /* a's copy pending: a new one */
+  mml_pool_stats_get(p, &s);
+  CHECK_EQ_INT(s.allocs, 2);
+  CHECK_EQ_INT(s.reuses, 0);
+  CHECK_EQ_INT(s.pending_skips, 1);
+  CHECK_EQ_INT(s.pending_max, 1);
+  CHECK_EQ_INT(s.cached_bufs, 1);
+  CHECK_EQ_INT(s.live, 4096);
+  fence_state = 1;
+  mml_buf_release(b);
+  CHECK_OK(mml_pool_alloc(p, 4096, &c, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 4096, &d, &err), err);
+  CHECK_OK(mml_pool_alloc(p, 4096, &e, &err), err);
+  mml_buf_release(c);
+  mml_buf_release(d);
+  mml_buf_release(e); /* the cache holds 8192 bytes: freed */
+  mml_pool_stats_get(p, &s);
+  CHECK_EQ_INT(s.allocs, 3);
+  CHECK_EQ_INT(s.reuses, 2);
+  CHECK_EQ_INT(s.frees, 1);
+  CHECK_EQ_INT(s.release_frees, 1);
+  CHECK_EQ_INT(s.pending_skips, 1);
+  CHECK_EQ_INT(s.cached_bufs, 2);
+  CHECK_EQ_INT(s.cached, 8192);
+  CHECK_EQ_INT(s.live, 0);
+  CHECK_EQ_INT(mml_pool_trim(p, 4096), 4096);
+  mml_pool_stats_get(p, &s);
+  CHECK_EQ_INT(s.frees, 2);
+  CHECK_EQ_INT(s.release_frees, 1);
+  mml_pool_close(p);
+}
+
 TEST(test_cache_limit) {
   mml_pool *p;
   mml_err err = {0};
