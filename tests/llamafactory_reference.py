@@ -1,7 +1,8 @@
 """LLaMA-Factory's own data path, run inside its venv (scripts/setup-llamafactory.sh) as a
 subprocess of tests/test_recipe_llamafactory.py: nothing here re-implements it.
 
-Reads one JSON request on stdin ({"jobs": [requests]} runs several in one start):
+Reads one JSON request on stdin ({"jobs": [requests]} runs several in one start; with
+--serve, one request a line, for tests/refchild.py):
   {"dataset_dir": LLaMA-Factory's data/ folder (its dataset_info.json),
    "datasets": [names in dataset_info.json], "template": "qwen2_vl" | "qwen3_vl_nothink" |
    "qwen3_vl", "tokenizer": folder, "preset": "qwen2.5-vl" | "qwen3-vl",
@@ -44,7 +45,28 @@ def processor(preset, tok):
     return Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp)
 
 
+def serve():
+    """--serve (tests/refchild.py): one request a line, one reply a line on the stdout this
+    started with; LLaMA-Factory's own prints go to stderr."""
+    import os
+    import traceback
+
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            answer = {"ok": True, "result": [run(job) for job in req.get("jobs", [req])]}
+        except Exception:
+            answer = {"ok": False, "error": traceback.format_exc()}
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
+
+
 def main():
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
     req = json.load(sys.stdin)
     print(json.dumps([run(job) for job in req.get("jobs", [req])]))
 

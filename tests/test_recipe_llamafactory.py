@@ -16,12 +16,14 @@ import hashlib
 import json
 import os
 import subprocess
+from typing import List
 
 import numpy as np
 import pytest
 
 import mmloader
 from conftest import as_np
+from refchild import RefChild
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -73,26 +75,38 @@ def reference(tmp, jobs):
                 )
             )
     if todo:
+        _child(tmp).run(todo, timeout=1800)
+    return [dict(np.load(o)) for o in outs]
+
+
+_CHILD: List[RefChild] = []
+
+
+def _child(tmp) -> RefChild:
+    """The module's one LLaMA-Factory child (tests/refchild.py), started by the first
+    reference it must make (in the module's cache folder, outside the repository), stopped
+    at the module's end: LLaMA-Factory, torch and transformers imported once for the module,
+    not once per reference.  Jobs share nothing but imports (the one-shot mode ran several
+    in one start already)."""
+    if not _CHILD:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [os.path.join(HERE, "lfshim"), os.path.join(HERE, "tvshim")]
         )
         env.pop("PYTHONHOME", None)
-        r = subprocess.run(
-            [os.path.join(VENV, "bin", "python"), os.path.join(HERE, "llamafactory_reference.py")],
-            input=json.dumps({"jobs": todo}),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
-        assert r.returncode == 0, r.stderr[-4000:]
-    return [dict(np.load(o)) for o in outs]
+        argv = [
+            os.path.join(VENV, "bin", "python"),
+            os.path.join(HERE, "llamafactory_reference.py"),
+        ]
+        _CHILD.append(RefChild(argv, env, str(tmp)))
+    return _CHILD[0]
 
 
 @pytest.fixture(scope="module")
 def lfcache(tmp_path_factory):
-    return tmp_path_factory.mktemp("llamafactory")
+    yield tmp_path_factory.mktemp("llamafactory")
+    while _CHILD:
+        _CHILD.pop().close()
 
 
 def _jobs():
