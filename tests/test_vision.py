@@ -460,6 +460,19 @@ def test_resize_vnni_tall_heights_match_pillow():
             assert_resize_is_pillows(pattern(H, W, H * 7919 + W * 31 + h), h, w, i % 3 == 0)
 
 
+def test_resize_ring_batches_match_pillow():
+    """vision_resize.c gathers 32 source rows (resize.h MML_HROWS_RING) for each horizontal
+    pass when the vertical pass follows it, and hands them to the passes 8 at a time:
+    images shorter than one batch, exactly one or two, one row past, a partial last batch,
+    and the rows the vertical pass stops reading before the end; every horizontal path
+    (widths shrinking 1.2-5x: narrow and wide VNNI, resize.c's), both pass orders."""
+    for H in (5, 31, 32, 33, 64, 65, 97):
+        for W, w in ((120, 100), (120, 37), (301, 60)):
+            for h in sorted({max(1, H // 3), H - 1, H + 9}):
+                if h != H:
+                    assert_resize_is_pillows(pattern(H, W, H * 7919 + W * 31 + h), h, w, True)
+
+
 def test_resize_pass_order_matters():
     """Pillow 13 runs the vertical pass first when the height shrinks much more than the
     width; the two orders round differently, and `pillow_h_first` selects the old one."""
@@ -678,6 +691,7 @@ def test_portable_paths_match_too(switch):
         "t.test_resize_matches_pillow_random_sizes()\n"
         "t.test_resize_vnni_wide_widths_match_pillow()\n"
         "t.test_resize_vnni_tall_heights_match_pillow()\n"
+        "t.test_resize_ring_batches_match_pillow()\n"
         "o = mmloader.ImageProcessor()(d)\n"
         "t.assert_same(o, t.reference(d))\n"
         "o = mmloader.ImageProcessor('qwen3-vl')(d)\n"

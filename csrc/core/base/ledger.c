@@ -96,13 +96,34 @@
  * What charging it in accounting form showed the flip must also do: (c) the spare byte
  * buffers were guarded by mu, and an evict callback runs under this ledger's lock, which
  * the loader takes under mu: they need a lock of their own before they can be an
- * evictable cache (done: loader_bytes.c B1-B3, registered with ld_bytes_evict).  (d) The name callback (L8)
- * runs on any thread under this lock: it must not read the loader's task slots (today
- * the loader passes none).  (e) Nothing may be charged twice: a re-read's grant becomes the
- * read's own charge again (done: ld_mem_count_task_cover_locked), an emission's grant
- * pays for the pool growth of its float rows (done: ld_ledger_cover_begin, the pool hook
- * hands it over), and a ticket's charge must be what the pool maps (pool_bytes rounds as
- * mml_pool_alloc does; the hook must then skip the allocation the charge covers).
+ * evictable cache (done: loader_bytes.c B1-B3, registered with ld_bytes_evict).  (d) The
+ * name callback (L8) runs on any thread under this lock: it must not read the loader's
+ * task slots (today the loader passes none).  (e) Nothing may be charged twice: a
+ * re-read's grant becomes the read's own charge again (done:
+ * ld_mem_count_task_cover_locked), an emission's grant pays for the pool growth of its
+ * float rows (done: ld_ledger_cover_begin, the pool hook hands it over), and a ticket's
+ * charge must be what the pool maps (the gates count it so: pool_bytes rounds as
+ * mml_pool_alloc does, ticket_bytes counts mml_pool_alloc_cap's 2 MiB pages; the charge
+ * itself waits for the flip, with the hook skipping the allocation it covers through
+ * ld_ledger_cover_begin: in accounting form a charge made before the allocation would
+ * count pooled pages the allocation reuses twice, as nothing evicts them).
+ *
+ * THE FLIP'S ORDER (each step green on test-loader-stress.c's schedules before the next):
+ *   1. spare byte buffers under their own lock (done, (c));
+ *   2. workers wait by L11, never on a read's charge; every work_cv broadcast pokes; the
+ *      5 ms timed waits go together with the stall detectors that count them (read_stuck,
+ *      scratch_stuck, emit_stuck, mem_head_fails), replaced by L7;
+ *   3. nothing charged twice ((e): done but the ticket's own charge);
+ *   4. the gates become deciding charges (M1-M6), holds deleted;
+ *   5. the name callback (d).
+ * What the cap is still crossed by, measured in accounting form (memory_peak above
+ * max_memory in about 1% of 1000 schedules, by at most 0.4%: what the flip must charge
+ * before it allocates): the batch's small tensors (input_ids, labels, grids: 4 KiB pool
+ * buffers each, allocated at emission by the collator and counted by no gate), and a
+ * read's bytes past the read gate's estimate (the largest sample so far) with no cache
+ * left to evict.  Both are charges that must be able to wait: an emission's charge
+ * (M4) for its small tensors too, and a read's growth at its seq (M1), revoking later
+ * reads (L10).
  */
 #include "mml/ledger.h"
 

@@ -384,6 +384,8 @@ int mml_cpu_avx512_vbmi(void) { return 0; }
 void mml_resample_rows_h(const mml_resample_axis *a, const uint8_t *const *src, int nrows,
                          uint8_t *const *dst, size_t plane, uint8_t *restrict tbuf) {
   const int ksize = a->ksize;
+  for (; nrows > MML_HROWS; nrows -= MML_HROWS, src += MML_HROWS, dst += MML_HROWS)
+    mml_resample_rows_h(a, src, MML_HROWS, dst, plane, tbuf);
   if (mml_resample_rows_h_vnni(a, src, nrows, dst, plane)) return;
 #ifdef MML_HAVE_AVX2_PATH
   if (mml_cpu_avx2()) {

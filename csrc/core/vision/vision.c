@@ -4,8 +4,9 @@
  *
  *   plan      header only: size -> smart_resize -> grid (t, h, w), rows, tokens; the
  *             decompression-bomb limit is enforced here, before any pixel is decoded
- *   process   decode rows -> horizontal bicubic pass on groups of 8 rows (uint8, planar
- *             output) -> vertical pass one output row at a time, written straight into a
+ *   process   decode rows -> horizontal bicubic pass on groups of 8 rows, 32 when the
+ *             vertical pass follows (uint8, planar output; resize.h MML_HROWS_RING) ->
+ *             vertical pass one output row at a time, written straight into a
  *             planar block of P*M rows -> normalise + patchify the block into pixel_values
  *             (uint8: each output row is scattered into its patch rows as it comes, no
  *             block: vision_patch.c u8_scatter)

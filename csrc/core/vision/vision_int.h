@@ -37,9 +37,10 @@ struct mml_vision_scratch {
 
 /* A streaming two-pass resize.  Decoded rows arrive in order; each output row is produced
  * as soon as the input rows it reads are there, written planar where the consumer says
- * (row_out) and announced in order.  The horizontal pass runs on groups of MML_HROWS rows
- * (resize.c vectorises across them) and writes planar rows, so rows wait in `pend` until a
- * group is full or no more rows will come.  Rows the vertical pass still needs live in a
+ * (row_out) and announced in order.  The horizontal pass runs on groups of rows (resize.c
+ * vectorises across MML_HROWS of them; MML_HROWS_RING rows are gathered when the results
+ * go to the ring, MML_HROWS when they go to a row_out) and writes planar rows, so rows wait
+ * in `pend` until a group is full or no more rows will come.  Rows the vertical pass still needs live in a
  * ring: horizontally resized rows (planar) when the horizontal pass runs first, source rows
  * (interleaved) when the vertical pass runs first (Pillow 13's choice, resize.h), source
  * rows split to planar when there is no horizontal pass. */
@@ -66,6 +67,8 @@ typedef struct resize_job {
   int row_end;         /* source rows from here on are not read */
   int next;            /* next vertical output row (or next row when there is no vertical pass) */
   int pend_n, pend_y0; /* rows waiting for the horizontal pass and the first one's index */
+  int hrows;           /* rows gathered for each horizontal pass: MML_HROWS_RING when its
+                        * results go to the ring, else MML_HROWS (what a row_out takes) */
 } resize_job;
 
 /* The resize job (vision_resize.c).  begin/row/row_buf have mml_row_sink's signatures

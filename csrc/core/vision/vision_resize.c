@@ -29,18 +29,20 @@ mml_status mml_resize_job_begin(void *ctx, int w, int h, mml_err *err) {
   mml_status st;
   size_t in_row = (size_t)w * 3, out_row = (size_t)j->dst_w * 3;
   j->pstride = in_row + MML_ROW_SLACK;
+  /* into the ring: MML_HROWS_RING rows a pass; a row_out takes MML_HROWS at a time */
+  j->hrows = j->need_h && j->need_v && !j->vfirst ? MML_HROWS_RING : MML_HROWS;
   if (j->need_h) {
     if ((st = mml_resample_axis_prepare(&s->ax, w, j->dst_w, 1, err)) != MML_OK) return st;
-    if (mml_bytes_reserve(&s->pend, MML_HROWS * j->pstride) ||
+    if (mml_bytes_reserve(&s->pend, (size_t)j->hrows * j->pstride) ||
         mml_bytes_reserve(&s->tbuf, mml_resample_tbuf_size(w)))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d-pixel rows", w);
-    memset(s->pend.data, 0, MML_HROWS * j->pstride); /* the slack is read, never used */
+    memset(s->pend.data, 0, (size_t)j->hrows * j->pstride); /* the slack is read, never used */
   }
   if (j->need_v) {
     if ((st = mml_resample_axis_prepare(&s->ay, h, j->dst_h, 0, err)) != MML_OK) return st;
     int first;
     mml_resample_axis_rows(&s->ay, j->dst_h - 1, &first, &j->row_end);
-    j->ring_n = mml_resample_axis_taps(&s->ay) + MML_HROWS;
+    j->ring_n = mml_resample_axis_taps(&s->ay) + j->hrows;
     j->slot = (j->vfirst || !j->need_h ? in_row : out_row) + MML_ROW_SLACK; /* see row_buf */
     if (mml_bytes_reserve(&s->ring, (size_t)j->ring_n * j->slot))
       return mml_err_set(err, MML_ENOMEM, "resize: out of memory for %d rows of %zu bytes",
@@ -66,8 +68,8 @@ static void drain(resize_job *j, int last);
 static void flush_h(resize_job *j) {
   mml_vision_scratch *s = j->s;
   if (!j->pend_n) return;
-  const uint8_t *src[MML_HROWS] = {0};
-  uint8_t *dst[MML_HROWS] = {0};
+  const uint8_t *src[MML_HROWS_RING] = {0};
+  uint8_t *dst[MML_HROWS_RING] = {0};
   const int ring = j->need_v && !j->vfirst, n = j->pend_n, y0 = j->pend_y0;
   for (int r = 0; r < n; r++) {
     src[r] = s->pend.data + (size_t)r * j->pstride;
@@ -96,7 +98,7 @@ static void drain_pair(resize_job *j, int y, int f) {
     uint8_t *d0 = pend_slot(j, y), *d1 = pend_slot(j, y + 1);
     mml_resample_rows_v2(&s->ay, y, s->rp, 0, j->src_w * 3, d0, d1);
     j->next = y + 2;
-    if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
+    if (j->pend_n == j->hrows || j->next == j->dst_h) flush_h(j);
     return;
   }
   uint8_t *d0 = j->out.dst(j->out.ctx, y);
@@ -111,7 +113,7 @@ static void drain_pair(resize_job *j, int y, int f) {
 
 /* Produces every vertical output whose input rows (up to `last`) are all in the ring; two
  * at a time where they share rows (drain_pair: the first then waits for the second's last
- * row, so the ring holds at most 5 + MML_HROWS - 1 rows at once, within ring_n), else one.  A pair's two output rows are
+ * row, so the ring holds at most 5 + hrows - 1 rows at once, within ring_n), else one.  A pair's two output rows are
  * asked for before either is done: the patch block holds both (see patch_dst: only a
  * row two blocks on releases a block, and y + 1 is at most one block on). */
 static void drain(resize_job *j, int last) {
@@ -120,7 +122,7 @@ static void drain(resize_job *j, int last) {
     int f, l;
     mml_resample_axis_rows(&s->ay, j->next, &f, &l);
     if (l - 1 > last) break;
-    if (mml_resample_pair_fits(&s->ay, j->next) && (!j->vfirst || j->pend_n + 2 <= MML_HROWS)) {
+    if (mml_resample_pair_fits(&s->ay, j->next) && (!j->vfirst || j->pend_n + 2 <= j->hrows)) {
       if (l > last) break; /* the pair's last row (l) comes next: it is below row_end */
       drain_pair(j, j->next, f);
       continue;
@@ -129,7 +131,7 @@ static void drain(resize_job *j, int last) {
     if (j->vfirst) {
       mml_resample_row_v(&s->ay, j->next, s->rp, 0, j->src_w * 3, pend_slot(j, j->next));
       j->next++;
-      if (j->pend_n == MML_HROWS || j->next == j->dst_h) flush_h(j);
+      if (j->pend_n == j->hrows || j->next == j->dst_h) flush_h(j);
     } else { /* planar ring rows of dst_w pixels */
       uint8_t *d = j->out.dst(j->out.ctx, j->next);
       for (int c = 0; c < 3; c++)
@@ -168,7 +170,7 @@ mml_status mml_resize_job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err
     } else {
       uint8_t *d = pend_slot(j, y);
       if (d != rgb) memcpy(d, rgb, in_row);
-      if (j->pend_n == MML_HROWS || y == j->src_h - 1) flush_h(j);
+      if (j->pend_n == j->hrows || y == j->src_h - 1) flush_h(j);
     }
     j->next = y + 1;
     return MML_OK;
@@ -180,7 +182,7 @@ mml_status mml_resize_job_row(void *ctx, int y, const uint8_t *rgb, mml_err *err
   if (j->need_h && !j->vfirst) {
     uint8_t *d = pend_slot(j, y);
     if (d != rgb) memcpy(d, rgb, in_row);
-    if (j->pend_n == MML_HROWS || y == j->row_end - 1) flush_h(j);
+    if (j->pend_n == j->hrows || y == j->row_end - 1) flush_h(j);
   } else {
     uint8_t *d = ring_row(j, y);
     if (j->vfirst) {
