@@ -67,7 +67,7 @@ int mml_cpu_fma(void);
 int mml_cpu_avx512(void);
 /* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI (pixels.c's table lookups). */
 int mml_cpu_avx512_vbmi(void);
-/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VBMI and VNNI (resize_vnni.c). */
+/* 1 when mml_cpu_avx512() and the CPU has AVX-512 VL, VBMI and VNNI (resize_vnni.c). */
 int mml_cpu_avx512_vnni(void);
 
 /* resize_vnni.c: builds the VNNI pass's table for a prepared axis where that pass applies

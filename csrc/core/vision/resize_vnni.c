@@ -36,7 +36,7 @@
  * Invariants (tests/test_vision.py test_resize_vnni_*, and the parity tests that run the
  * other paths with MML_DISABLE_AVX512):
  *   1. Bytes out equal resize.c's portable passes for every size these paths take.
- *   2. Only with AVX-512 F/BW/VBMI/VNNI (and MML_DISABLE_AVX512 unset).  Horizontal: only
+ *   2. Only with AVX-512 F/BW/VL/VBMI/VNNI (and MML_DISABLE_AVX512 unset).  Horizontal: only
  *      where mml_resample_vnni_prepare built the axis's table: out >= 16, every group of
  *      16 outputs reads within a 128-byte window (downscales up to about 2x), at most 16
  *      taps.  Vertical: rows of n >= 64 bytes, at most 32 taps (past 16:
@@ -69,14 +69,14 @@ _Static_assert(VMAX_TAPG * 3 == MML_VNNI_VWORDS, "resize.h's per-output digit wo
 #include <immintrin.h>
 #include <stdatomic.h>
 #define MML_HAVE_VNNI_PATH 1
-#define VNNI_FN __attribute__((target("avx2,avx512f,avx512bw,avx512vbmi,avx512vnni")))
+#define VNNI_FN __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
 
 int mml_cpu_avx512_vnni(void) {
   static _Atomic int has = -1;
   int v = atomic_load_explicit(&has, memory_order_relaxed);
   if (v < 0) {
-    v = mml_cpu_avx512() && __builtin_cpu_supports("avx512vbmi") &&
-                __builtin_cpu_supports("avx512vnni")
+    v = mml_cpu_avx512() && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni")
             ? 1
             : 0;
     atomic_store_explicit(&has, v, memory_order_relaxed);
@@ -415,13 +415,12 @@ VNNI_FN __attribute__((always_inline)) static inline void wide_group(
     v = _mm512_slli_epi32(_mm512_add_epi32(v, acc[r][1]), 8);
     v = _mm512_max_epi32(_mm512_srai_epi32(_mm512_add_epi32(v, acc[r][0]), 22), zero);
     const __m128i o = _mm_shuffle_epi8(_mm512_cvtusepi32_epi8(v), planar);
-    for (int c = 0; c < 3; c++) { /* channel c: bytes 5c .. 5c + 4 */
-      const __m128i oc = c == 0 ? o : c == 1 ? _mm_srli_si128(o, 5) : _mm_srli_si128(o, 10);
-      uint8_t *d = dst[r] + c * plane + x0;
-      const int32_t v4 = _mm_cvtsi128_si32(oc);
-      memcpy(d, &v4, 4);
-      d[4] = (uint8_t)_mm_extract_epi8(oc, 4);
-    }
+    /* channel c: bytes 5c .. 5c + 4 of o, to d + c * plane by one masked store each (the
+     * store's base 5c bytes before, within the row: plane >= out >= x0 + 5) */
+    uint8_t *d = dst[r] + x0;
+    _mm_mask_storeu_epi8(d, 0x1f, o);
+    _mm_mask_storeu_epi8(d + plane - 5, 0x1f << 5, o);
+    _mm_mask_storeu_epi8(d + 2 * plane - 10, 0x1f << 10, o);
   }
 }
 
