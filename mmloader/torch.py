@@ -134,9 +134,10 @@ def expand_pixels(
     ``pixel_values`` is uint8 ``[patches, 3*P*P]`` (one frame per row, images) or
     ``[patches, 3*T*P*P]`` (rows that keep their T frames: a video's); the result is
     ``[patches, 3*T*P*P]`` in ``dtype``: one gather through the per-channel 256-entry
-    :func:`pixel_table` (or ``table``), each image row's frame then repeated T times.  ``videos=True`` takes the video processor's table (``pixel_table(...,
-    videos=True)``: its fused rescale + normalise rounds differently from the image
-    processor's) and requires rows of 3*T*P*P bytes.
+    :func:`pixel_table` (or ``table``), each image row's frame then repeated T times.
+    ``videos=True`` takes the video processor's table (``pixel_table(..., videos=True)``:
+    its fused rescale + normalise rounds differently from the image processor's) and
+    requires rows of 3*T*P*P bytes.
 
     Exactness: with ``dtype=torch.float32`` the result is bit for bit the float32 the HF
     processor computes (and mmloader's ``pixel_format="float32"``); with ``torch.bfloat16``
