@@ -14,8 +14,9 @@ thread, the median over the repeats:
 - decode-only at the fast path's scale (`_core.decode_only(datas, scales)`, each image's
   libjpeg scale_denom from its plan): the floor of fast_decode=True;
 - `mmloader.ImageProcessor` exact and fast_decode=True, uint8 and float32;
-- `mmloader.Loader` (one worker thread, uint8, one image a sample, the records cycled),
-  exact and fast_decode=True: CPU of the whole process per sample;
+- `mmloader.Loader` (one worker thread, one image a sample, the records cycled): uint8
+  exact and fast_decode=True, and float32 exact (the float32 half of the exact path's
+  target): CPU of the whole process per sample;
 - Pillow: `Image.open` + `convert("RGB")`, full size and with `draft()` (libjpeg's scaled
   decode, what a PIL pipeline could use), and the transformers PIL processor
   (`Qwen2VLImageProcessorPil`) after a full-size Pillow decode: the DataLoader's per-image
@@ -88,8 +89,9 @@ def _cpu_ms(fn: Callable[[], object], n: int) -> float:
     return (time.process_time() - c) / n * 1e3
 
 
-def _loader_ms(path: str, cap: int, fast: bool, n: int) -> float:
-    """Process CPU per sample of a one-thread Loader over n samples (records cycled)."""
+def _loader_ms(path: str, cap: int, fast: bool, n: int, fmt: str = "uint8") -> float:
+    """Process CPU per sample of a one-thread Loader over n samples (records cycled), in
+    pixel format fmt."""
     c = time.process_time()
     got = 0
     with mmloader.Loader(
@@ -98,7 +100,7 @@ def _loader_ms(path: str, cap: int, fast: bool, n: int) -> float:
         micro_batch_size=2,
         max_pixels=cap,
         fast_decode=fast,
-        pixel_format="uint8",
+        pixel_format=fmt,
         num_threads=1,
         cycle=True,
     ) as L:
@@ -182,6 +184,7 @@ def measure(files: List[bytes], cap: int, tmp: str) -> Dict[str, object]:
         "fast_float32": lambda: _cpu_ms(lambda: proc[(True, "float32")](files), n),
         "loader_exact_uint8": lambda: _loader_ms(shard, cap, False, 3 * n),
         "loader_fast_uint8": lambda: _loader_ms(shard, cap, True, 3 * n),
+        "loader_exact_float32": lambda: _loader_ms(shard, cap, False, 3 * n, "float32"),
         "pillow_full": lambda: _cpu_ms(pil_full, n),
         "pillow_draft": lambda: _cpu_ms(pil_draft, n),
     }
@@ -216,7 +219,9 @@ def _report(name: str, files: List[bytes], r: Dict[str, object], dev: Dict[str, 
         f"  fast uint8 / scaled decode {ratio('fast_uint8', 'decode_scaled')}, "
         f"fast float32 / scaled decode {ratio('fast_float32', 'decode_scaled')}, "
         f"exact uint8 / full decode {ratio('exact_uint8', 'decode_full')}, "
-        f"exact float32 / full decode {ratio('exact_float32', 'decode_full')}"
+        f"exact float32 / full decode {ratio('exact_float32', 'decode_full')}, "
+        f"Loader exact uint8 / full decode {ratio('loader_exact_uint8', 'decode_full')}, "
+        f"Loader exact float32 / full decode {ratio('loader_exact_float32', 'decode_full')}"
     )
     print(
         f"  exact / fast: ImageProcessor uint8 {ratio('exact_uint8', 'fast_uint8')}, "

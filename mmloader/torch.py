@@ -221,36 +221,24 @@ def expand_pixels(
         )
         return out
     flat = _table_on(table.to(torch.float32).cpu(), pixel_values.device, dtype)
-    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1, True)
+    return _gather(flat, pixel_values, 3 * P * P * frames, T if frames == 1 else 1)
 
 
-def _gather(
-    flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int, one_pass: bool
-) -> torch.Tensor:
+def _gather(flat: torch.Tensor, u8: torch.Tensor, cols: int, repeat: int) -> torch.Tensor:
     """flat[c*256 + byte] for every byte of u8 [n, cols] (channel c = its third of the row),
     each row's values repeated `repeat` times per channel: [n, 3 * repeat * cols/3].
 
-    one_pass (what a GPU runs): index_select of each value once through an int32 index,
-    then one broadcast copy into the repeats.  On an H200 (262144 rows of 3x14x14, T=2) it
-    wrote float32 at 618 GB/s and bfloat16 at 352 where one advanced-indexing gather
-    through the index broadcast over the repeats (written once, but indexed per output
-    value) ran at 376 / 191, bit for bit the same output.  Otherwise index_select through
-    an int64 index, then the repeats as one copy each.  Both run in the CPU tests (the CPU
-    expand_pixels itself runs the core's loop, mml_pixels_expand)."""
+    What a GPU runs: index_select of each value once through an int32 index, then one
+    broadcast copy into the repeats.  On an H200 (262144 rows of 3x14x14, T=2) it wrote
+    float32 at 618 GB/s and bfloat16 at 352 where one advanced-indexing gather through the
+    index broadcast over the repeats (written once, but indexed per output value) ran at
+    376 / 191, bit for bit the same output.  The CPU tests run it against the core's loop
+    (mml_pixels_expand, what expand_pixels runs on the CPU)."""
     n, pp = u8.shape[0], cols // 3
     offset = torch.arange(0, 768, 256, dtype=torch.int32, device=u8.device).view(1, 3, 1)
-    if one_pass:
-        idx = (u8.reshape(n, 3, pp).to(torch.int32) + offset).reshape(-1)
-        vals = torch.index_select(flat, 0, idx).view(n, 3, 1, pp)
-        return vals.expand(n, 3, repeat, pp).reshape(n, 3 * repeat * pp)
-    idx = (u8.reshape(n, 3, pp).to(torch.int64) + offset).reshape(-1)
-    vals = torch.index_select(flat, 0, idx).view(n, 3, pp)
-    if repeat == 1:
-        return vals.view(n, 3 * pp)
-    out = torch.empty((n, 3, repeat, pp), dtype=flat.dtype, device=u8.device)
-    for t in range(repeat):
-        out[:, :, t] = vals
-    return out.view(n, 3 * repeat * pp)
+    idx = (u8.reshape(n, 3, pp).to(torch.int32) + offset).reshape(-1)
+    vals = torch.index_select(flat, 0, idx).view(n, 3, 1, pp)
+    return vals.expand(n, 3, repeat, pp).reshape(n, 3 * repeat * pp)
 
 
 #: mmloader.Loader's keywords: Loader below takes each of them (tests/test_stubs.py checks

@@ -46,6 +46,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 import pytest
 
 import mmloader
+from child import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -199,7 +200,8 @@ def _cli_flags(sub: str) -> Set[str]:
         [sys.executable, "-m", "mmloader", sub, "--help"],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=os.path.dirname(ROOT),  # outside the tree: the child imports what the tests do
+        env=child_env(),
         check=True,
     ).stdout
     return set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out))

@@ -116,14 +116,20 @@
  *   3. nothing charged twice ((e): done but the ticket's own charge);
  *   4. the gates become deciding charges (M1-M6), holds deleted;
  *   5. the name callback (d).
- * What the cap is still crossed by, measured in accounting form (memory_peak above
- * max_memory in about 1% of 1000 schedules, by at most 0.4%: what the flip must charge
- * before it allocates): the batch's small tensors (input_ids, labels, grids: 4 KiB pool
- * buffers each, allocated at emission by the collator and counted by no gate), and a
- * read's bytes past the read gate's estimate (the largest sample so far) with no cache
- * left to evict.  Both are charges that must be able to wait: an emission's charge
- * (M4) for its small tensors too, and a read's growth at its seq (M1), revoking later
- * reads (L10).
+ * Step 1 of the flip, part done (loader_admit.c A7): every growth of the pool is now
+ * charged before the allocation -- a ticket's buffer at its first sample's seq, an
+ * emission's float rows and its small tensors (mml_collator_emit_bytes) in its grant --
+ * and the pool hook charging anything itself is an error the stress test's S5 finds
+ * (none in 1000 schedules).  A read's image bytes are charged before the read, once its
+ * size is known, after making room (spares, later samples' bytes read again).  What
+ * still crosses the cap (memory_peak above max_memory in 8 of 1000 schedules, seed 1, by
+ * at most 0.4%; 11 before): a read's bytes past the read gate's estimate (the largest
+ * sample so far) when no room can be made -- charged at once, as a read cannot wait yet
+ * -- and a task's other buffers (its record, path) counted only after they grew.  What
+ * is left of step 1: those charges must be able to wait, which needs step 2 (reads
+ * revocable at dispatch, M1 with L10; workers waiting by L11), so the ledger's cap stays
+ * 0 (accounting form) until then: with a cap, a charge that does not fit would wait
+ * where its caller (under mu, in the pool's hook) cannot.
  */
 #include "mml/ledger.h"
 

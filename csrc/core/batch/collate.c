@@ -738,6 +738,54 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
   return MML_OK;
 }
 
+/* Mirrors mml_collator_emit's tensors, in its order (keep the two together). */
+int64_t mml_collator_emit_bytes(const mml_collator *c) {
+  if (c->count == 0) return 0;
+  const mml_collate_cfg *cfg = &c->cfg;
+  const key_names *k = &k_keys[cfg->keys];
+  const int pack = cfg->pack != 0, flat = cfg->flatten != 0, n = c->count;
+  const int64_t B = pack || flat ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
+  int64_t L = pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
+  int64_t rows = 0, nimg = 0, nv = 0, nrec = 0;
+  if (flat) L = 0;
+  for (int i = 0; i < n; i++) {
+    const mml_sample *s = &c->slots[i];
+    if (flat) L += (int64_t)s->input_ids.len;
+    rows += s->pixel_rows;
+    nimg += s->nimages;
+    nv += s->nvideos;
+    nrec += records_of(s).n;
+  }
+  const int64_t BL = B * L;
+  int64_t b = 2 * mml_pool_bytes(BL * 8); /* ids, labels */
+  if (k->loss_mask) b += mml_pool_bytes(BL * 4);
+  if (cfg->mrope || flat) {
+    b += mml_pool_bytes((pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3) * BL * 8);
+    if (!flat) b += mml_pool_bytes((pack ? n : B) * 8); /* rope_deltas */
+  } else {
+    b += mml_pool_bytes(BL * 8);
+  }
+  if (cfg->attention_mask)
+    b += mml_pool_bytes(flat ? (nrec + 1) * 4 : cfg->keys == MML_KEYS_QWEN ? BL * 8 : BL * L);
+  if (cfg->keys == MML_KEYS_QWEN && cfg->mm_token_type_ids) b += mml_pool_bytes(BL * 8);
+  if (nimg > 0 || cfg->text_only_vision != MML_VISION_OMIT) {
+    const int holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
+    const int64_t px = (int64_t)cfg->pixel_cols *
+                       (int64_t)mml_dtype_size(mml_pixel_format_dtype(cfg->pixel_format));
+    if (holder || !c->pixbuf[0]) b += mml_pool_bytes((holder ? 1 : rows) * px);
+    b += mml_pool_bytes((holder ? 1 : nimg) * 3 * 8); /* image_grid_thw */
+  }
+  if (nv > 0) {
+    b += mml_pool_bytes(nv * 3 * 8); /* video_grid_thw */
+    if (cfg->second_per_grid) b += mml_pool_bytes(nv * 4);
+  }
+  if (pack) { /* cu_seqlens, its unpadded (qwen, padded slots) or padded (Megatron) twin, max_seqlen */
+    const int twin = cfg->keys == MML_KEYS_MEGATRON || c->multiple > 1;
+    b += (1 + twin) * mml_pool_bytes((int64_t)(n + 1) * 4) + mml_pool_bytes(4);
+  }
+  return b;
+}
+
 mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
   if (c->count == 0) return mml_err_set(err, MML_EINVAL, "collator: emit of an empty batch");
   memset(out, 0, sizeof *out);

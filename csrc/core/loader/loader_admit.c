@@ -74,6 +74,18 @@
  *       cached bytes, the window's, the reserve, the grants and the Parquet room
  *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
  *       free).  It only counts (no cap of its own, ledger.c L9): the gates above decide.
+ *   A7. Every growth of the pool is paid for by a charge made before the allocation: a
+ *       ticket plane's buffer at its first sample's seq (ld_admit_ticket_charge_locked,
+ *       from rebuffer), an emission's float rows and its other tensors (input_ids,
+ *       labels, grids...: mml_collator_emit_bytes) in its grant (ld_mem_emit_take_locked,
+ *       compact or not); the pool's hook hands the charge over (ld_ledger_cover_begin)
+ *       and counts any growth it had to charge itself (led_uncovered), which
+ *       ld_ledger_check_locked reports as an error (test-loader-stress.c S5; a debug
+ *       build's check at free; tests/c/batch/test-collate.c emit_counted checks the
+ *       tensors' bytes are what emit allocates).  A read's image bytes are charged before
+ *       the read too, once its size is known, with room made from spares and later
+ *       samples' bytes first (ld_admit_read_locked, loader_bytes.c B4); when none can be
+ *       made it is charged anyway (a read cannot wait yet: ledger.c THE FLIP'S ORDER).
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -394,7 +406,7 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   int64_t fixed = (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
-                  L->emit_extra + hold + ld_pq_reserved(L);
+                  L->emit_extra + L->read_extra + hold + ld_pq_reserved(L);
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
@@ -544,6 +556,31 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
   return before - L->win_bytes;
 }
 
+int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
+  if (!L->ledger) return 0;
+  /* what mml_pool_alloc_cap / mml_pool_alloc map for it (rebuffer) */
+  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
+  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
+  const int64_t bytes = !f              ? mml_pool_bytes(n)
+                        : f < (1 << 20) ? mml_pool_bytes(f)
+                                        : mml_round_2mib(n);
+  ld_ledger_charge(L, tk_at(L, id)->first_seq, bytes);
+  return bytes;
+}
+
+void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
+  if (!L->ledger || grow <= 0 || t->reread) return; /* a re-read: its grant covers it */
+  /* its size is known now, not only the read gate's estimate: room first, from the spare
+   * byte buffers, then from later samples' bytes that can be read again (READ AGAIN) */
+  if (!ld_mem_room_hold_locked(L, grow, 0)) {
+    ld_bytes_free_spares(L);
+    if (!ld_mem_room_hold_locked(L, grow, 0)) ld_admit_drop_bytes_ahead_locked(L, t->seq, grow);
+  }
+  ld_ledger_charge(L, t->seq, grow);
+  t->read_cover += grow;
+  L->read_extra += grow;
+}
+
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   const int64_t need = t->scratch_need + (t->reread ? t->reread_bytes : 0);
   if (!L->cfg.max_memory || need <= 0) return 1;
@@ -592,22 +629,26 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
 }
 
 int64_t ld_mem_emit_take_locked(mml_loader *L) {
-  if (!L->compact || !L->cfg.max_memory) return 0;
+  if (!L->cfg.max_memory) return 0;
   if (L->fatal) return -1;
-  int64_t need = -1; /* the oldest queued batch's, which ld_emit_job_locked emits */
-  for (int64_t k = L->pend_head; k < L->pend_tail && need < 0; k++) {
+  /* the oldest queued batch's, which ld_emit_job_locked emits: its float rows' pages (in
+   * place: F - U bytes more) and its other tensors' buffers, all taken before the
+   * emission maps them (the pool's hook finds them covered) */
+  int64_t fpool = -1, small = 0;
+  for (int64_t k = L->pend_head; k < L->pend_tail && fpool < 0; k++) {
     const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) need = (int64_t)q->fneed; /* in place: F - U bytes more */
+    if (q->state == PEND_QUEUED) fpool = L->compact ? q->fpool : 0, small = q->sneed;
   }
-  if (need <= 0) return 0;
-  int ok = ld_mem_room_hold_locked(L, need, 0);
+  if (fpool < 0 || fpool + small <= 0) return 0;
+  const int64_t need = fpool + small;
+  int ok = ld_mem_room_hold_locked(L, fpool, small);
   if (!ok && (ld_bytes_spares(L) || L->video_open_bytes || L->video_held)) {
     /* caches make way for the oldest work before it waits, as for the head ticket
      * (retry_pending): the spare byte buffers, and the bytes later samples hold ahead of
      * their decode (their decodes read them again) */
     ld_bytes_free_spares(L);
     ld_release_videos_ahead_locked(L);
-    ok = ld_mem_room_hold_locked(L, need, 0);
+    ok = ld_mem_room_hold_locked(L, fpool, small);
   }
   if (ok) {
     L->emit_extra += need;
@@ -629,7 +670,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
            decode_name(L));
   mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
               (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
-                  L->emit_extra + pool_bytes(need),
+                  L->emit_extra + L->read_extra + need,
               hint, &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
@@ -644,6 +685,9 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
 void ld_mem_count_task_locked(mml_loader *L, task *t) { ld_mem_count_task_cover_locked(L, t, 0); }
 
 void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover) {
+  cover += t->read_cover; /* charged before its bytes were read (ld_admit_read_locked) */
+  L->read_extra -= t->read_cover;
+  t->read_cover = 0;
   int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
   for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
   int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap) + vheld;
@@ -681,13 +725,18 @@ static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
   if (d_cached < 0) /* first: cached pages reused for an allocation are not counted twice */
     mml_ledger_cache_drop(L->ledger, L->led_pool, -d_cached);
   if (d_live > 0) {
+    /* cached pages reused come back as live (their cache drop came first); the rest is
+     * growth, paid for by what was charged before it on this thread (cover), else
+     * charged now and counted as uncovered */
+    const int64_t reused = d_cached < 0 ? (-d_cached < d_live ? -d_cached : d_live) : 0;
     int64_t covered = 0;
     if (pool_cover.L == L) {
-      covered = d_live < pool_cover.bytes ? d_live : pool_cover.bytes;
+      covered = d_live - reused < pool_cover.bytes ? d_live - reused : pool_cover.bytes;
       pool_cover.bytes -= covered;
     }
     mml_charge c = {.seq = 0, .bytes = d_live - covered};
     if (c.bytes) (void)mml_ledger_request(L->ledger, &c, NULL);
+    if (c.bytes > reused) atomic_fetch_add(&L->led_uncovered, c.bytes - reused);
     mml_ledger_hand_over(L->ledger, d_live);
   } else if (d_live < 0) {
     const int64_t kept = d_cached > 0 ? (d_cached < -d_live ? d_cached : -d_live) : 0;
@@ -789,10 +838,16 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   const int64_t spare_bytes = L->spare_bytes;
   pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
-                       L->emit_extra + ld_pq_reserved(L);
+                       L->emit_extra + L->read_extra + ld_pq_reserved(L);
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
+  const int64_t uncovered = atomic_load(&L->led_uncovered);
+  if (uncovered)
+    return mml_err_set(err, MML_EINTERNAL,
+                       "the pool grew by %lld bytes that no charge made before the allocation "
+                       "paid for (A7)",
+                       (long long)uncovered);
   if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra)
     return MML_OK;
   return mml_err_set(err, MML_EINTERNAL,

@@ -127,14 +127,15 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
   mml_collator *C = L->colls[ci];
   mml_buf *u8 = NULL, *f = NULL;
   int64_t rows = 0;
-  /* the float rows become live in the pool: the ledger's grant for them pays for that
-   * growth (the pool's hook hands it over), so they are never counted twice (loader_admit.c
-   * A6); what it did not use goes back */
+  /* the float rows and the other tensors become live in the pool: the ledger's grant for
+   * them, made before (ld_mem_emit_take_locked), pays for that growth (the pool's hook
+   * hands it over), so they are never counted twice (loader_admit.c A6); what it did not
+   * use goes back */
   ld_ledger_cover_begin(L, *grant);
   mml_status st = compact_swap(L, C, &u8, &f, &rows, err);
+  if (!st) st = emit_batch(L, C, b, err);
   ld_ledger_cover_end(L);
   *grant = 0;
-  if (!st) st = emit_batch(L, C, b, err);
   if (u8) {
     pthread_mutex_lock(&L->mu);
     L->coll_busy[ci] = 0;
@@ -298,9 +299,14 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
     p->it.fbytes = (size_t)mml_collator_rows(L->colls[*ci]) * L->expand_row_bytes;
     /* in place (compact_swap), the uint8 rows' pages are part of it */
     p->fneed = p->it.fbytes;
-    if (mml_buf_capacity(px) >= p->it.fbytes)
+    if (mml_buf_capacity(px) >= p->it.fbytes) {
       p->fneed = px->size < p->it.fbytes ? p->it.fbytes - px->size : 0;
+      p->fpool = mml_round_2mib((int64_t)p->fneed); /* px's size is whole 2 MiB pages */
+    } else {
+      p->fpool = mml_pool_bytes((int64_t)p->fneed);
+    }
   }
+  if (L->cfg.max_memory) p->sneed = mml_collator_emit_bytes(L->colls[*ci]);
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   pthread_cond_signal(&L->work_cv);

@@ -10,6 +10,7 @@
 #define MML_LOADER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "mml/collate.h"
 #include "mml/device.h"
@@ -141,6 +142,10 @@ struct task {
    * are read and counted in held; mu) */
   int reread;
   int64_t reread_bytes, reread_granted;
+  /* max_memory: what was charged for its image bytes before they were read
+   * (ld_bytes_take: the growth of the buffer they are read into), counted in read_extra
+   * until they are counted in held (ld_mem_count_task_locked; mu) */
+  int64_t read_cover;
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
@@ -183,7 +188,11 @@ typedef struct pend_item {
   int coll;         /* PEND_QUEUED/EMITTING: the collator instance to emit from */
   mml_cursor after; /* batch items: the cursor once consumed */
   size_t fneed;     /* compact, queued: the pool bytes its emission adds (the gate's) */
-  out_item it;      /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
+  /* max_memory, queued: the pool bytes its emission maps, for its float rows (fneed in
+   * whole pages: 2 MiB in place, else a fresh buffer's) and its other tensors
+   * (mml_collator_emit_bytes) */
+  int64_t fpool, sneed;
+  out_item it; /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
 /* One source at run time (loader_sources.c): the settings its samples are processed with,
@@ -282,6 +291,11 @@ struct mml_loader {
    * rows planned (the expansion hold); bytes granted to emissions running (their float
    * rows); consecutive looks of a waiting emission with nothing else able to free room */
   int64_t fbytes_max, pxf_max, emit_extra;
+  /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
+  int64_t read_extra;
+  /* pool growth the ledger's hook charged without a charge made before it (atomic: the
+   * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
+  _Atomic int64_t led_uncovered;
   int emit_stuck;
   /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
    * else able to free room */
@@ -615,6 +629,14 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t);
  * `want` bytes are freed; their decodes read them again (task.reread).  Returns the bytes
  * freed. */
 int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want);
+/* max_memory: ticket id's plane-p buffer of cap_rows rows is charged (at the ticket's
+ * first sample's seq) before rebuffer allocates it, which the charge then covers
+ * (ld_ledger_cover_begin): returns the bytes charged (0 without a ledger). */
+int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows);
+/* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
+ * made for them (spares, later samples' bytes that can be read again) and they are charged
+ * at t's seq before the read (t->read_cover, in read_extra until counted in held). */
+void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */
 mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);

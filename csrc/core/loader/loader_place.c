@@ -333,11 +333,14 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   q->pending_rows = 0;
   mml_buf *nb = NULL;
   mml_err err;
+  /* charged before it is mapped: the charge pays for the pool's growth (its hook) */
+  ld_ledger_cover_begin(L, ld_admit_ticket_charge_locked(L, id, p, cap_rows));
   /* compact image rows: room to become their float rows in place (loader_collator.c) */
   mml_status st = p == PL_IMG && L->compact
                       ? mml_pool_alloc_cap(L->pool, (size_t)cap_rows * L->row_bytes[p],
                                            (size_t)cap_rows * L->expand_row_bytes, &nb, &err)
                       : mml_pool_alloc(L->pool, (size_t)cap_rows * L->row_bytes[p], &nb, &err);
+  ld_ledger_cover_end(L);
   if (st) {
     mml_err_prefix(&err, "%s of a batch (%lld rows)",
                    p == PL_IMG ? "pixel_values" : "pixel_values_videos", (long long)cap_rows);

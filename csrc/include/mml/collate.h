@@ -179,6 +179,12 @@ void mml_collator_attach_pixels(mml_collator *c, int videos, mml_buf *buf);
 mml_buf *mml_collator_attached_pixels(const mml_collator *c, int videos);
 /* pixel_values rows of the current batch so far. */
 int64_t mml_collator_rows(const mml_collator *c);
+/* The pool bytes mml_collator_emit will allocate for the current batch's tensors (each
+ * tensor its own buffer, rounded as mml_pool_alloc rounds: 4 KiB pages below 1 MiB, whole
+ * 2 MiB pages from there), pixel buffers attached with mml_collator_attach_pixels not
+ * counted (they are views): what a memory cap must hold before the emission allocates
+ * (csrc/core/loader/loader_admit.c).  Never less than what emit allocates. */
+int64_t mml_collator_emit_bytes(const mml_collator *c);
 
 /* 1 when `s` fits in the current batch; 0 when the current batch must be emitted first.
  * An empty batch always accepts (an over-long sample was filtered before collation). */

@@ -111,6 +111,12 @@ void mml_bytes_free(mml_bytes *b);
 static inline int64_t mml_round_2mib(int64_t n) {
   return n > 0 ? (n + ((int64_t)2 << 20) - 1) & ~(((int64_t)2 << 20) - 1) : 0;
 }
+/* The bytes the buffer pool maps for one buffer of n bytes (mml_pool_alloc's rounding):
+ * whole 2 MiB pages from 1 MiB on, 4 KiB pages below, one page for n <= 0. */
+static inline int64_t mml_pool_bytes(int64_t n) {
+  if (n >= ((int64_t)1 << 20)) return mml_round_2mib(n);
+  return n > 0 ? (n + 4095) & ~(int64_t)4095 : 4096;
+}
 
 /* Growable int32 vector (token ids, labels). Same rules as mml_bytes. */
 typedef struct mml_ids {

@@ -113,6 +113,26 @@ static bool shape_is(mml_batch *b, const char *name, int nd, int64_t d0, int64_t
   return true;
 }
 
+/* mml_collator_emit, checking that mml_collator_emit_bytes said beforehand exactly the pool
+ * bytes it allocates (each tensor's own buffer; these pools cache nothing, so a buffer's
+ * size is what mml_pool_alloc mapped for it): what a memory cap charges before an emission
+ * (csrc/core/loader/loader_admit.c A7). */
+static mml_status emit_counted(mml_collator *c, mml_batch *b, mml_err *err) {
+  const int64_t want = mml_collator_emit_bytes(c);
+  mml_status st = mml_collator_emit(c, b, err);
+  if (st) return st;
+  int64_t got = 0;
+  for (int i = 0; i < b->ntensors; i++) {
+    int seen = 0;
+    for (int j = 0; j < i; j++) seen |= b->tensors[j].buf == b->tensors[i].buf;
+    if (!seen) got += (int64_t)b->tensors[i].buf->size;
+  }
+  if (got != want)
+    return mml_err_set(err, MML_EINTERNAL, "emit allocated %lld pool bytes, emit_bytes said %lld",
+                       (long long)got, (long long)want);
+  return MML_OK;
+}
+
 /* ---- padded ----------------------------------------------------------------------------- */
 
 TEST(padded_qwen_text_only) {
@@ -135,7 +155,7 @@ TEST(padded_qwen_text_only) {
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   CHECK(!mml_collator_full(c));
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK_EQ_INT(mml_collator_count(c), 0);
   CHECK_EQ_INT(b.nsamples, 2);
   CHECK_EQ_INT(b.real_tokens, 13);
@@ -199,7 +219,7 @@ TEST(padded_megatron_shifted_with_images) {
   CHECK(!mml_collator_fits(c, &s));
   CHECK_EQ_INT(mml_collator_add(c, &s, &err), MML_EINVAL);
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   const int64_t L = 12;
   CHECK(shape_is(&b, "tokens", 2, 2, L, 0, 0));
   CHECK(shape_is(&b, "loss_mask", 2, 2, L, 0, 0));
@@ -283,7 +303,7 @@ TEST(packed_boundaries) {
   make_text(&s, 2, 5, 300); /* slot 8 > 4 left */
   CHECK(!mml_collator_fits(c, &s));
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK(!mml_batch_find(&b, "pixel_values"));
   CHECK(!mml_batch_find(&b, "image_grid_thw"));
   CHECK(shape_is(&b, "tokens", 2, 1, 16, 0, 0));
@@ -340,7 +360,7 @@ TEST(packed_boundaries) {
   CHECK(mml_collator_fits(c, &s));
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   CHECK(mml_collator_full(c));
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK(shape_is(&b, "pixel_values", 2, 0, 6, 0, 0));
   CHECK(shape_is(&b, "image_grid_thw", 2, 0, 3, 0, 0));
   CHECK(!mml_batch_find(&b, "cu_seqlens_unpadded"));
@@ -376,7 +396,7 @@ TEST(packed_mrope_per_sample) {
   make_image(&s, 2, 0, 1, 2, 2, 2, 6); /* 0 + 1 + 1 + 1 + 2 = 5 tokens, 4 rows */
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK(shape_is(&b, "position_ids", 3, 4, 1, 32, 0)); /* text row + 3 M-RoPE rows */
   CHECK(shape_is(&b, "rope_deltas", 2, 2, 1, 0, 0));
   CHECK(shape_is(&b, "pixel_values", 2, 20, 6, 0, 0));
@@ -442,7 +462,7 @@ TEST(flattened_batch) {
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   CHECK(mml_collator_full(c)); /* micro_batch_size = 2 samples */
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK(shape_is(&b, "input_ids", 2, 1, 13, 0, 0));
   CHECK(shape_is(&b, "labels", 2, 1, 13, 0, 0));
   CHECK(shape_is(&b, "position_ids", 3, 3, 1, 13, 0));
@@ -519,7 +539,7 @@ TEST(flattened_packs) {
   CHECK_OK(mml_collator_add(c, &s, &err), err);
   CHECK(mml_collator_full(c)); /* micro_batch_size = 2 samples (packs) */
   mml_batch b = {0};
-  CHECK_OK(mml_collator_emit(c, &b, &err), err);
+  CHECK_OK(emit_counted(c, &b, &err), err);
   CHECK(shape_is(&b, "input_ids", 2, 1, 18, 0, 0));
   CHECK(shape_is(&b, "position_ids", 3, 3, 1, 18, 0));
   CHECK(shape_is(&b, "attention_mask", 1, 4, 0, 0, 0));
@@ -573,7 +593,7 @@ TEST(rope2d_padded_positions) {
     make_text(&s, 2, 5, 100);
     CHECK_OK(mml_collator_add(c, &s, &err), err);
     mml_batch b = {0};
-    CHECK_OK(mml_collator_emit(c, &b, &err), err);
+    CHECK_OK(emit_counted(c, &b, &err), err);
     CHECK(shape_is(&b, "position_ids", 3, 3, 2, 8, 0));
     const int64_t *pos = I64(&b, "position_ids");
     for (int r = 0; r < 3; r++) {
