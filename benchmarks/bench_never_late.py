@@ -47,6 +47,9 @@ Each repeat, in a fresh Loader each:
   issue 34) has the set-up to make its first batches; one that starts at the first next()
   (start="next", and builds before it) does not.
 
+MML_NEVER_LATE_PIXELS=uint8 (or any pixel_format) runs the same with that pixel_format
+(uint8: no expansion of uint8 rows into float rows, the float32 run's work less that).
+
 MML_NEVER_LATE_PREFETCH=4,8,16 runs the trainer at each prefetch in turn (the order
 rotated per repeat, the same step: 1.2x the production at the first prefetch).
 
@@ -156,6 +159,7 @@ def _loader(shard: str, prefetch: int = PREFETCH[0]) -> mmloader.Loader:
         max_inflight=64,
         shuffle=False,
         cycle=True,
+        pixel_format=os.environ.get("MML_NEVER_LATE_PIXELS", "float32"),
     )
 
 

@@ -70,12 +70,16 @@ def test_compact_pixels_under_max_memory(shards, shard):  # noqa: F811
         assert st["pixel_rows_expanded"] > 0 and st_p["pixel_rows_expanded"] == 0
 
 
-def _gate(rows, popped_upto):
+def _gate(rows, popped_upto, prefetch=None):
     """The emission gate's batches emitted (expanded) once the engine is idle, after the
     consumer took batches 0..popped_upto-1 (ld_emit_gated_locked on expanded rows, which
-    are bytes / a constant): one batch ahead always; a second one only while the
-    consumer's batch + the one ahead + it stay within the most that the one-ahead rule
+    are bytes / a constant).  Without max_memory (G1): up to `prefetch` ahead of the batch
+    the consumer holds (the test's batches are far below the output queue's byte budget).
+    Under max_memory (G2, prefetch None): one batch ahead always; a second one only while
+    the consumer's batch + the one ahead + it stay within the most that the one-ahead rule
     had live (held + emitted), so a second batch ahead maps no memory beyond that."""
+    if prefetch is not None:
+        return [min(len(rows), k + prefetch) for k in range(popped_upto + 1)]
     held = hw = emitted = popped = 0
     out = []
     for step in range(popped_upto + 1):
@@ -122,23 +126,36 @@ def big_then_small(tmp_path_factory):
     return str(path)
 
 
-def test_compact_emission_gate_keeps_two_batches_ahead_within_the_high_water(big_then_small):
+@pytest.mark.parametrize("capped", [False, True], ids=["prefetch_ahead", "max_memory_two_ahead"])
+def test_compact_emission_gate_expands_what_its_rule_allows_ahead(big_then_small, capped):
     """With the consumer idle on batch i, the batches expanded ahead are exactly what the
-    gate allows (_gate): never more than two, the second one only within the expanded bytes
-    already live once before; so a trainer step has two batches of slack where that costs
-    no new memory (issue 15), and batch sizes that only grow keep one ahead."""
+    gate allows (_gate).  Without max_memory (G1): `prefetch` ahead, so a slow batch finds
+    the rest of prefetch expanded, not waiting as uint8 rows for a worker busy decoding
+    (issue 34).  Under max_memory (G2): never more than two, the second one only within
+    the expanded bytes already live once before, and batch sizes that only grow keep one
+    ahead (issue 15)."""
     import time
 
-    cfg = dict(tokenizer=TINY, num_threads=2, prefetch=4, micro_batch_size=3, max_error_rate=1.0)
+    prefetch = 4
+    cfg = dict(
+        tokenizer=TINY, num_threads=2, prefetch=prefetch, micro_batch_size=3, max_error_rate=1.0
+    )
+    extra = dict(max_memory=4 << 30) if capped else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with mmloader.Loader(big_then_small, pixel_format="float32-decode", **SMALL, **cfg) as L:
             rows = [int(b["pixel_values"].shape[0]) for b in L]
-        want = _gate(rows, len(rows) - 3)
-        assert any(w - i == 2 for i, w in enumerate(want)), repr((rows, want))  # exercised
-        with mmloader.Loader(big_then_small, **SMALL, **cfg) as L:
+        want = _gate(rows, len(rows) - 3, None if capped else prefetch)
+        if capped:
+            assert any(w - i == 2 for i, w in enumerate(want)), repr((rows, want))  # exercised
+            assert all(w - i <= 2 for i, w in enumerate(want)), repr((rows, want))
+        else:
+            assert want[1] - 1 == prefetch > 2, repr((rows, want))  # more than G2's two
+        with mmloader.Loader(big_then_small, **SMALL, **cfg, **extra) as L:
             it = iter(L)
-            for k in range(1, len(rows) - 2):  # k batches taken, the last one held
+            # k batches taken, the last one held; the batches ahead all of this epoch (the
+            # loader goes on into the next one, reshuffled)
+            for k in range(1, len(rows) - (2 if capped else prefetch - 1)):
                 next(it)
                 expect = sum(rows[: want[k]])
                 deadline = time.monotonic() + 60

@@ -26,22 +26,34 @@
  * item becomes READY after the expansion, so the consumer never sees it unwritten, and
  * a seek waits for it (it counts in `emitting`).  The emission gate
  * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
- * when none is ahead of the consumer (being emitted or in the output queue), never when
- * two are, and with one ahead only while the expanded bytes then live (the batch last
- * delivered, the one ahead, this one) stay within fbytes_hw, the most that the one-ahead
- * case ever had live (the batch last delivered + the one emitted), and the pool's cache
- * holds the pages the emission takes (its live bytes then stay within its live + cached
- * now: fbytes_hw is all-time, while the pool trims its cache to the recent working set,
- * pool.c, so a second batch ahead within fbytes_hw alone faulted trimmed pages back in,
- * zeroed by the kernel inside the step it was meant to save).  So for batches of
- * varying size (a large pair set the high-water) two are ready and a trainer step has
- * two steps of slack for an expansion, where with one ahead it had one: the expansion
- * (~11 ms per 188 MB alone, 40-240 ms on a loaded machine) and the wait for a worker to
- * finish its decode first were what made the trainer wait (issue 15); the rest of
- * `prefetch` waits as uint8 rows.  The worker that finds the gate shut decodes instead;
- * the consumer's pop (ld_move_ready_locked) wakes one.  Emission stays on the workers:
- * a thread of its own for it expanded while both workers decoded on the 2 cores, so
- * each expansion took longer inside its one step, and the trainer waited more.
+ * when none is ahead of the consumer (being emitted or in the output queue), and else
+ *   G1 (no max_memory): while fewer than `prefetch` are ahead and their expanded bytes
+ *      with this one's stay within the output queue's byte budget (out_budget).  A
+ *      decoded batch is expanded as soon as a worker is free, before any later decode:
+ *      the consumer takes batches in order, so finishing the oldest first never makes a
+ *      batch later, and the expansion (~11 ms per 188 MB alone, 40-240 ms on a loaded
+ *      machine) is done while the trainer still has up to `prefetch` steps of slack.
+ *      Issue 34: the rule before (G2's, without a cap) kept at most two expanded, the
+ *      rest of `prefetch` waiting as uint8 rows, so one slow batch (a large photo) drained
+ *      the two and the trainer waited for an expansion that a worker, busy decoding,
+ *      started late (benchmarks/bench_never_late.py: output queue median 2, never full,
+ *      wait-time ratio 2.7-4.6% on a quiet machine).  Memory: `prefetch` float batches
+ *      ahead is what guarantee 5 allows (pixel_format "float32-decode" holds as much);
+ *      the pool's working set grows to them once (pool.c TRIM), then maps nothing.
+ *   G2 (max_memory): never when two are ahead, and with one ahead only while the
+ *      expanded bytes then live (the batch last delivered, the one ahead, this one) stay
+ *      within fbytes_hw, the most that the one-ahead case ever had live (the batch last
+ *      delivered + the one emitted), and the pool's cache holds the pages the emission
+ *      takes (its live bytes then stay within its live + cached now: fbytes_hw is
+ *      all-time, while the pool trims its cache to the recent working set, pool.c, so a
+ *      second batch ahead within fbytes_hw alone faulted trimmed pages back in, zeroed by
+ *      the kernel inside the step it was meant to save).  The byte ledger's room
+ *      for expansions (loader_admit.c, expand_hold) reasons on G2, so G2 stays under
+ *      max_memory; the rest of `prefetch` waits as uint8 rows there (issue 15).
+ * The worker that finds the gate shut decodes instead; the consumer's pop
+ * (ld_move_ready_locked) wakes one.  Emission stays on the workers: a thread of its own
+ * for it expanded while both workers decoded on the 2 cores, so each expansion took
+ * longer inside its one step, and the trainer waited more.
  *
  * Locking: everything here runs with the loader's mu held, except mml_collator_add and
  * the emission itself (the instance being emitted is marked busy in coll_busy).
@@ -222,9 +234,12 @@ int ld_emit_gated_locked(const mml_loader *L) {
   if (!L->compact) return 0;
   int n = L->out_count + L->emitting;
   if (n == 0) return 0;
-  if (n >= 2) return 1;
   size_t ahead, next, need, cached;
   ahead_bytes_locked(L, &ahead, &next, &need);
+  if (!L->cfg.max_memory) /* G1: up to `prefetch` ahead, within the output queue's bytes */
+    return n >= L->cfg.prefetch || ahead + next > L->out_budget;
+  /* G2 (max_memory): two at most, the second within the one-ahead high-water */
+  if (n >= 2) return 1;
   if (L->held_fbytes + ahead + next > L->fbytes_hw) return 1;
   /* and only with pages the pool holds: live + what it needs <= live + cached now */
   mml_pool_usage(L->pool, &cached, NULL);

@@ -763,11 +763,11 @@ void ld_release_skips_locked(mml_loader *L, int64_t epoch, int64_t pos);
 void ld_release_oldest_skip_locked(mml_loader *L);
 /* Drops everything queued or pending (seek, close); waits for running emits first. */
 void ld_drop_output_locked(mml_loader *L);
-/* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet: two
- * are ahead of the consumer, or one is and a second would take the expanded bytes live
- * (the consumer's batch + those ahead) above fbytes_hw or need more pages than the pool
- * has cached.  Its expansion waits until the
- * consumer is about to need it. */
+/* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet
+ * (loader_collator.c, G1 / G2): `prefetch` are ahead of the consumer or their expanded
+ * bytes would pass the output queue's budget; under max_memory, two are ahead, or one is
+ * and a second would take the expanded bytes live (the consumer's batch + those ahead)
+ * above fbytes_hw or need more pages than the pool has cached. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held).
  * *grant: the ledger's charge for its float rows (ld_mem_emit_take_locked), given back
