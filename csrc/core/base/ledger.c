@@ -120,16 +120,19 @@
  * charged before the allocation -- a ticket's buffer at its first sample's seq, an
  * emission's float rows and its small tensors (mml_collator_emit_bytes) in its grant --
  * and the pool hook charging anything itself is an error the stress test's S5 finds
- * (none in 1000 schedules).  A read's image bytes are charged before the read, once its
- * size is known, after making room (spares, later samples' bytes read again).  What
- * still crosses the cap (memory_peak above max_memory in 8 of 1000 schedules, seed 1, by
- * at most 0.4%; 11 before): a read's bytes past the read gate's estimate (the largest
- * sample so far) when no room can be made -- charged at once, as a read cannot wait yet
- * -- and a task's other buffers (its record, path) counted only after they grew.  What
- * is left of step 1: those charges must be able to wait, which needs step 2 (reads
- * revocable at dispatch, M1 with L10; workers waiting by L11), so the ledger's cap stays
- * 0 (accounting form) until then: with a cap, a charge that does not fit would wait
- * where its caller (under mu, in the pool's hook) cannot.
+ * (none in 1000 schedules).  A read's image bytes are charged and allocated before the
+ * read, once its size is known (the capacity the buffer will have), after making room
+ * (spares, later samples' bytes read again) and, when there is none, waiting for it
+ * while the consumer or another worker's decode or emission can give some back
+ * (loader_admit.c read_may_wait; 5 ms looks, as the old gates).  What still crosses the
+ * cap (memory_peak above max_memory in 1 of 1000 schedules, seed 1, by 0.1%; 11 before
+ * the step): such a read when nothing else can make room (it goes ahead, as before:
+ * the schedule then ends out of memory), a task's record and path buffers and video
+ * bytes kept open, counted only after they grew.  What is left of step 1: those must
+ * be charges that can wait in order, which needs step 2 (reads revocable at dispatch,
+ * M1 with L10, so a read never waits while holding a slot; workers waiting by L11), so
+ * the ledger's cap stays 0 (accounting form) until then: with a cap, a charge that does
+ * not fit would wait where its caller (under mu, in the pool's hook) cannot.
  */
 #include "mml/ledger.h"
 

@@ -82,10 +82,11 @@
  *       and counts any growth it had to charge itself (led_uncovered), which
  *       ld_ledger_check_locked reports as an error (test-loader-stress.c S5; a debug
  *       build's check at free; tests/c/batch/test-collate.c emit_counted checks the
- *       tensors' bytes are what emit allocates).  A read's image bytes are charged before
- *       the read too, once its size is known, with room made from spares and later
- *       samples' bytes first (ld_admit_read_locked, loader_bytes.c B4); when none can be
- *       made it is charged anyway (a read cannot wait yet: ledger.c THE FLIP'S ORDER).
+ *       tensors' bytes are what emit allocates).  A read's image bytes are charged and
+ *       allocated before the read too, once its size is known, with room made from spares
+ *       and later samples' bytes, else waited for while the consumer or another worker
+ *       can give some back (ld_admit_read_locked, read_may_wait; loader_bytes.c B4);
+ *       when nothing can, it goes ahead (ledger.c THE FLIP'S ORDER says what is left).
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -93,6 +94,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loader_int.h"
 
@@ -544,7 +546,7 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
       continue;
     int64_t n = 0;
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) {
-      n += (int64_t)t->imgs[i].len;
+      if (t->imgs[i].len) n += ld_bytes_cap(t->imgs[i].len + 1); /* what the re-read maps */
       mml_bytes_free(&t->imgs[i]);
     }
     if (!n) continue;
@@ -568,13 +570,38 @@ int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t 
   return bytes;
 }
 
+/* Whether a read that found no room (ld_admit_read_locked) may wait for it: while work
+ * that does not need this worker can make room -- the consumer, which releases batches
+ * once it is not waiting for one or has one to take, and another worker's decode or
+ * emission (a worker not itself waiting here is left to finish them).  Queued decodes and
+ * emissions do not count: they may wait for room themselves, and with this worker waiting
+ * here nobody else may run them.  When nothing else can make room the read goes ahead
+ * beyond the cap (what is left of the flip's step 1: ledger.c THE FLIP'S ORDER). */
+static int read_may_wait(const mml_loader *L, const task *t) {
+  if (L->stop || L->fatal || t->gen != L->gen) return 0;
+  if (!L->consumer_waiting || L->out_count > 0) return 1;
+  return L->cfg.num_threads - 1 - L->reads_waiting >= 1 && (L->decoding > 0 || L->emitting > 0);
+}
+
 void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   if (!L->ledger || grow <= 0 || t->reread) return; /* a re-read: its grant covers it */
   /* its size is known now, not only the read gate's estimate: room first, from the spare
-   * byte buffers, then from later samples' bytes that can be read again (READ AGAIN) */
-  if (!ld_mem_room_hold_locked(L, grow, 0)) {
+   * byte buffers, then from later samples' bytes that can be read again (READ AGAIN), then
+   * as the consumer and other workers give it back (read_may_wait; looked at every 5 ms,
+   * as the read gate does: the pool's release wakes nobody yet) */
+  for (;;) {
+    if (ld_mem_room_hold_locked(L, grow, 0)) break;
     ld_bytes_free_spares(L);
-    if (!ld_mem_room_hold_locked(L, grow, 0)) ld_admit_drop_bytes_ahead_locked(L, t->seq, grow);
+    if (ld_mem_room_hold_locked(L, grow, 0)) break;
+    ld_admit_drop_bytes_ahead_locked(L, t->seq, grow);
+    if (ld_mem_room_hold_locked(L, grow, 0) || !read_may_wait(L, t)) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 5000000;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    L->reads_waiting++;
+    pthread_cond_timedwait(&L->work_cv, &L->mu, &ts);
+    L->reads_waiting--;
   }
   ld_ledger_charge(L, t->seq, grow);
   t->read_cover += grow;

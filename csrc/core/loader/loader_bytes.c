@@ -18,8 +18,9 @@
  *       freed) a cache_drop, and an eviction is subtracted by the ledger itself; between
  *       a move and its ledger call the count may lag (ledger.c allows it to dip).
  *   B4. Under max_memory the bytes a read is about to add to its buffer (its size known
- *       from the file, beyond the spare taken) are charged before the read
- *       (ld_admit_read_locked: loader_admit.c A7), not only counted after it.
+ *       from the file, beyond the spare taken: the capacity mml_bytes_reserve will give
+ *       it) are charged and allocated before the read (ld_admit_read_locked:
+ *       loader_admit.c A7), not only counted after it.
  *
  * Locking: spare_mu guards the spares; a task's own buffers belong to the thread holding
  * its slot, and its count (t->held) is changed under mu.
@@ -70,7 +71,11 @@ void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
     ld_ledger_spare_drop(L, delta);
     ld_ledger_charge(L, t->seq, delta);
   }
-  if (b->cap < need) ld_admit_read_locked(L, t, (int64_t)(need - b->cap)); /* B4 */
+  if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
+    ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap);
+    mml_bytes_free(b);                /* a new buffer, not a copy (as mml_read_file_max does) */
+    (void)mml_bytes_reserve(b, need); /* a failure is the read's to report */
+  }
   pthread_mutex_unlock(&L->mu);
 }
 

@@ -293,6 +293,7 @@ struct mml_loader {
   int64_t fbytes_max, pxf_max, emit_extra;
   /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
   int64_t read_extra;
+  int reads_waiting; /* workers waiting for room for a read's bytes (ld_admit_read_locked) */
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
@@ -632,6 +633,13 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
 /* max_memory: ticket id's plane-p buffer of cap_rows rows is charged (at the ticket's
  * first sample's seq) before rebuffer allocates it, which the charge then covers
  * (ld_ledger_cover_begin): returns the bytes charged (0 without a ledger). */
+/* The capacity mml_bytes_reserve gives a new buffer for `need` bytes (doublings from 16):
+ * what a read of them maps (loader_bytes.c B4). */
+static inline int64_t ld_bytes_cap(size_t need) {
+  int64_t cap = 16;
+  while ((size_t)cap < need) cap *= 2;
+  return cap;
+}
 int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows);
 /* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
  * made for them (spares, later samples' bytes that can be read again) and they are charged
