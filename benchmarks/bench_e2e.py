@@ -108,6 +108,9 @@ LATENCY_S = 0.03
 # A run's cap: long enough for the slowest peer (~5 samples/s with the 2 cores to itself
 # would take ~100 s for 512 samples) to meet the run rule; only a loaded machine hits it
 MAX_SECONDS = 120
+# Records a run's shard holds at least (the records repeated, each pass shuffled): with
+# fewer (MML_BENCH_RECORDS=64 gave 2,048), fast_decode at 115 samples/s ran out in 18 s
+LONG_RECORDS = 16384
 WAIT_FACTORS_FULL = (0.8, 1.0, 1.2, 1.5, 2.0)  # trainer step / mmloader batch production
 PARITY = ("mmloader_pipe", "energon_pipe", "dali_pipe")
 
@@ -185,8 +188,10 @@ class Suite:
         self.shard = dataset.cached(
             self.records, photos=True, max_mp=self.max_mp, photo_mp=self.photo_mp or None
         )
-        # long enough that the fastest pipeline does not run out within min_seconds
-        self.long_shard = dataset.repeated(self.shard, 4 if smoke else 32)
+        # long enough that the fastest pipeline does not run out within min_seconds: at
+        # least LONG_RECORDS records (32 passes of the default 512; more of a smaller set)
+        passes = 4 if smoke else max(32, -(-LONG_RECORDS // max(1, self.records)))
+        self.long_shard = dataset.repeated(self.shard, passes)
         self.root = os.path.dirname(self.shard)
         self.server: Optional[server.Server] = None
         self.url = ""
