@@ -34,6 +34,23 @@ only those; MML_BENCH_REPEATS, MML_BENCH_MIN_SECONDS, MML_BENCH_MIN_SAMPLES,
 MML_BENCH_MAX_SECONDS (a run's cap, default MAX_SECONDS), MML_BENCH_RECORDS override the sizes;
 MML_BENCH_BUDGET_S skips (saying so) what would end after that many seconds (as long as
 the same measurement took in an earlier repeat; what has not run yet: what would start after); MML_BENCH_DATA is where datasets are cached.
+
+Recipe caps (issue 34: end to end at a recipe's pixel cap, from 3-12 MP photos):
+MML_BENCH_MAX_PIXELS=N sets max_pixels = N for every pipeline (the HF processor's and
+mmloader's alike; e.g. 589824 = 768x768, or 200704), and adds the mmloader-fast pipeline
+(mmloader with fast_decode=True; not bit-exact by design, so test_same_work checks the
+exact path only); MML_BENCH_PHOTO_MP=3,4,6,8,10,12 makes every image a real photo
+re-encoded as a JPEG at one of those sizes (dataset.py's photo_mp; "recipe" is that set,
+bench_recipe_caps.py's).  With either set the run is local only, measures throughput (no
+wait-time, max_memory or profile runs), writes to benchmarks/results/caps-<N>/ unless
+--e2e-out says otherwise (never benchmarks/results.md or docs/benchmarks.md) and prints the
+ratios fast/exact, fast/DataLoader, exact/DataLoader.  The recipe-cap run of
+docs/benchmarks.md:
+
+    MML_BENCH_MAX_PIXELS=589824 MML_BENCH_PHOTO_MP=recipe \
+    MML_BENCH_PIPELINES=dataloader,mmloader,mmloader-fast MML_BENCH_RECORDS=64 \
+    MML_BENCH_MIN_SAMPLES=48 MML_BENCH_MIN_SECONDS=20 MML_BENCH_MAX_SECONDS=90 \
+    python3 -m pytest benchmarks/bench_e2e.py --benchmark-only -q -s
 """
 
 from __future__ import annotations
@@ -68,6 +85,13 @@ PIPELINES: Dict[str, Tuple[str, Dict[str, Any], str, Tuple[str, ...]]] = {
         "mmloader_pipe",
         {"mmloader_kwargs": {"pixel_format": "uint8"}},
         "default",
+        ("local",),
+    ),
+    # "cap": only with MML_BENCH_MAX_PIXELS (the recipe-cap runs)
+    "mmloader-fast": (
+        "mmloader_pipe",
+        {"mmloader_kwargs": {"fast_decode": True}},
+        "cap",
         ("local",),
     ),
     "spdl": ("spdl_pipe", {}, "default", ("local", "remote")),  # remote: --e2e-full
@@ -111,6 +135,28 @@ def _env_int(name: str, default: int) -> int:
     return int(v) if v else default
 
 
+def cap_pixels() -> int:
+    """MML_BENCH_MAX_PIXELS: the recipe cap every pipeline resizes to (0: unset, the
+    model's own limits as ever)."""
+    return _env_int("MML_BENCH_MAX_PIXELS", 0)
+
+
+def photo_mp() -> Tuple[float, ...]:
+    """MML_BENCH_PHOTO_MP: the sizes (MP) of the photos-only dataset; "recipe" is
+    dataset.RECIPE_MP; () unset."""
+    v = os.environ.get("MML_BENCH_PHOTO_MP", "").strip()
+    if not v:
+        return ()
+    if v == "recipe":
+        return dataset.RECIPE_MP
+    return tuple(float(x) for x in v.split(","))
+
+
+def recipe_run() -> bool:
+    """A recipe-cap run (either knob set): local only, throughput only, its own folder."""
+    return bool(cap_pixels() or photo_mp())
+
+
 class Suite:
     """Settings, the dataset, the server and the results of one run of the suite."""
 
@@ -132,7 +178,13 @@ class Suite:
         self.threads_sweep = [1, 2, 4, 8] if mode == "full" else []
         self.out = out
         self.tokenizer, self.tokenizer_kind = default_tokenizer_file()
-        self.shard = dataset.cached(self.records, photos=True, max_mp=self.max_mp)
+        self.max_pixels = cap_pixels()
+        self.photo_mp = photo_mp()
+        if self.photo_mp:
+            self.max_mp = max(self.photo_mp)
+        self.shard = dataset.cached(
+            self.records, photos=True, max_mp=self.max_mp, photo_mp=self.photo_mp or None
+        )
         # long enough that the fastest pipeline does not run out within min_seconds
         self.long_shard = dataset.repeated(self.shard, 4 if smoke else 32)
         self.root = os.path.dirname(self.shard)
@@ -154,7 +206,13 @@ class Suite:
             return f"MML_BENCH_PIPELINES leaves {name} out"
         if PIPELINES[name][2] == "full" and self.mode == "default":
             return f"{name} runs with --e2e-full only (time budget of the default run)"
+        if PIPELINES[name][2] == "cap" and not self.max_pixels:
+            return f"{name} runs with MML_BENCH_MAX_PIXELS only (the recipe-cap runs)"
         return None
+
+    def cap_kwargs(self) -> Dict[str, Any]:
+        """The recipe cap as every pipeline's max_pixels ({} without one: make_config's)."""
+        return {"max_pixels": self.max_pixels} if self.max_pixels else {}
 
     def shards(self, source: str, shard: str) -> List[str]:
         if source == "local":
@@ -182,6 +240,7 @@ class Suite:
             min_samples=self.min_samples,
             min_seconds=self.min_seconds,
             max_seconds=self.max_seconds,
+            **self.cap_kwargs(),
         )
         settings.update(extra)
         settings.update(kw)
@@ -315,6 +374,8 @@ class Suite:
             "other_cores_during": self.other,
             "steal_cores_during": self.steal,
             "dataset": dataset.describe(self.shard),
+            "max_pixels": self.max_pixels or None,  # the recipe cap (None: model limits)
+            "photo_mp": list(self.photo_mp) or None,
         }
 
     def finish(self) -> None:
@@ -325,6 +386,8 @@ class Suite:
         with open(path, "w") as f:
             json.dump({"meta": self.meta(), "runs": self.runs}, f, indent=1)
         md = report.generate(path, out_dir=self.out)  # results.md: report.md_path_for
+        if recipe_run():
+            print("\n" + "\n".join(report.recipe_lines(path)))
         if os.path.abspath(self.out) == os.path.join(HERE, "results"):
             report.fill_readme(path, os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md"))
         print("\n" + md)
@@ -351,10 +414,13 @@ def _mode_from_argv() -> str:
 
 @pytest.fixture(scope="module")
 def suite(request):
+    default = os.path.join(HERE, "results")
+    if recipe_run():  # never the default suite's results.md and docs block
+        default = os.path.join(default, f"caps-{cap_pixels() or 'model'}")
     out = (
         request.config.getoption("--e2e-out", default=None)
         or os.environ.get("MML_BENCH_OUT")
-        or os.path.join(HERE, "results")
+        or default
     )
     s = Suite(_mode(request.config), out)
     yield s
@@ -381,6 +447,7 @@ def test_same_work(benchmark, suite):
         tokenizer=suite.tokenizer,
         batches=2,
         parity=modules,
+        **suite.cap_kwargs(),
     )
     out = benchmark.pedantic(
         run_subprocess, args=(cfg,), kwargs={"timeout": 900}, rounds=1, iterations=1
@@ -461,6 +528,8 @@ def test_profile(benchmark, suite):
     why = suite.selected("mmloader")
     if why:
         pytest.skip(why)
+    if recipe_run():
+        pytest.skip("the recipe-cap runs measure throughput only (MML_BENCH_MAX_PIXELS)")
     if not shutil.which("perf"):
         pytest.skip("perf is not installed (Debian: apt-get install linux-perf)")
     benchmark.group = "e2e-profile"
@@ -490,13 +559,15 @@ def test_profile(benchmark, suite):
 def _throughput_cases():
     mode = _mode_from_argv()
     reps = _env_int("MML_BENCH_REPEATS", 1 if mode == "smoke" else 3)
-    sources = ("local",) if mode == "smoke" else SOURCES
+    sources = ("local",) if mode == "smoke" or recipe_run() else SOURCES
     return [
         (r, src, n)
         for r in range(reps)
         for src in sources
         for n in PIPELINES
-        if src in PIPELINES[n][3] and (mode == "full" or (n, src) not in FULL_ONLY)
+        if src in PIPELINES[n][3]
+        and (mode == "full" or (n, src) not in FULL_ONLY)
+        and (PIPELINES[n][2] != "cap" or cap_pixels())
     ]
 
 
@@ -541,6 +612,8 @@ def test_wait_ratio(benchmark, suite, repeat, name, factor):
     why = suite.selected(name)
     if why:
         pytest.skip(why)
+    if recipe_run():
+        pytest.skip("the recipe-cap runs measure throughput only (MML_BENCH_MAX_PIXELS)")
     if name == "dataloader" and suite.mode != "full":
         pytest.skip("the DataLoader's wait-time runs are --e2e-full only")
     prod_ms = _production_ms(suite)
@@ -614,6 +687,8 @@ def test_max_memory(benchmark, suite):
     why = suite.selected("mmloader")
     if why:
         pytest.skip(why)
+    if recipe_run():
+        pytest.skip("the recipe-cap runs measure throughput only (MML_BENCH_MAX_PIXELS)")
     benchmark.group = "e2e-cap"
     cfg = suite.config("mmloader", "local", mmloader_kwargs={"max_memory": MAX_MEMORY})
     suite.measure(benchmark, "cap", "mmloader", "local", cfg, max_memory=MAX_MEMORY)

@@ -29,6 +29,7 @@ ORDER = [
     "dali",
     "mmloader",
     "mmloader-uint8",
+    "mmloader-fast",
 ]
 LABEL = {
     "naive": "naive serial (PIL + transformers)",
@@ -40,6 +41,7 @@ LABEL = {
     "dali": "NVIDIA DALI CPU (decode + resize + normalise) + HF layout + tokenizer",
     "mmloader": "**mmloader**",
     "mmloader-uint8": "**mmloader**, pixel_format=uint8",
+    "mmloader-fast": "**mmloader**, fast_decode=True",
 }
 FAULTS_MAX = 100  # "about zero" page faults per batch (a fresh float32 batch: ~50k)
 Result = Dict[str, Any]
@@ -177,6 +179,21 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Any, str, Optional[bool], s
             "s",
         )
     ]
+    if meta.get("max_pixels"):  # a recipe-cap run: issue 34's end-to-end targets
+        ex, fa = _rate(data, "local", "mmloader"), _rate(data, "local", "mmloader-fast")
+        for what, v, want in (
+            ("exact path", _ratio(fa, ex), 3.0),
+            ("DataLoader", _ratio(fa, _rate(data, "local", "dataloader")), 8.0),
+        ):
+            out.append(
+                (
+                    f"fast_decode=True samples/s vs the {what}, max_pixels={meta['max_pixels']}",
+                    v,
+                    f">= {want:g}x",
+                    None if v is None else v >= want,
+                    "x",
+                )
+            )
     lat = f"{1000 * data['meta']['latency_s']:.0f} ms server"
     for peer, source, want, where in (
         ("dataloader", "local", 6.0, "local disk"),
@@ -290,6 +307,42 @@ def targets(data: Dict[str, Any]) -> List[Tuple[str, Any, str, Optional[bool], s
             "%",
         )
     )
+    return out
+
+
+def recipe_lines(json_path: str) -> List[str]:
+    """A recipe-cap run's summary (bench_e2e.py MML_BENCH_MAX_PIXELS): per pipeline the
+    median steady samples/s (min-max) and CPU per sample, the ratios fast/exact,
+    fast/DataLoader, exact/DataLoader against issue 34's end-to-end targets, the load."""
+    with open(json_path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    during = meta.get("loadavg_during") or [0.0]
+    out = [
+        f"recipe cap: max_pixels={meta.get('max_pixels') or 'model limits'}, photos "
+        f"{meta.get('photo_mp') or 'the default mix'} MP, {meta['cores']} cores, "
+        f"1-min load around the runs median {_med(during):.1f} "
+        f"({min(during):.1f}-{max(during):.1f})"
+    ]
+    for p in ("dataloader", "mmloader", "mmloader-fast"):
+        r = stat(data, "throughput", "local", p, RATE)
+        c = stat(data, "throughput", "local", p, "steady_cpu_s_per_sample")
+        if r is None:
+            out.append(f"  {p:14s} {_why_missing(data, 'local', p) or 'not measured'}")
+            continue
+        out.append(
+            f"  {p:14s} {r[0]:7.1f} samples/s ({r[1]:.1f}-{r[2]:.1f}, {r[3]} runs)  "
+            f"cpu {1000 * c[0] if c else float('nan'):.1f} ms/sample"
+        )
+    dl, ex, fa = (_rate(data, "local", p) for p in ("dataloader", "mmloader", "mmloader-fast"))
+    for what, v, want in (
+        ("fast_decode / exact", _ratio(fa, ex), 3.0),
+        ("fast_decode / DataLoader", _ratio(fa, dl), 8.0),
+        ("exact / DataLoader", _ratio(ex, dl), None),
+    ):
+        met = "" if want is None or v is None else (" met" if v >= want else " NOT met")
+        aim = f" (target >= {want:g}x{met})" if want else ""
+        out.append(f"  {what:26s} {'-' if v is None else f'{v:.2f}x'}{aim}")
     return out
 
 
@@ -451,14 +504,24 @@ def markdown(
         "",
         f"Dataset: {ds.get('records', '?')} records ({ds.get('turns_per_record', '?')} "
         f"turns each on average), {ds.get('images', '?')} images, {ds.get('image_mb', '?')} MB:"
-        f" {ds.get('photos', '?')} real photos (scikit-image / matplotlib sample photos "
-        f"re-encoded at 0.3-12 MP) and generated photos and screenshots; mean "
-        f"{ds.get('mean_mp', '?')} MP, largest {ds.get('max_mp', '?')} MP; by size "
+        + (
+            f" only real photos (scikit-image / matplotlib sample photos re-encoded as JPEG "
+            f"at {', '.join(f'{m:g}' for m in meta['photo_mp'])} MP); mean "
+            if meta.get("photo_mp")
+            else f" {ds.get('photos', '?')} real photos (scikit-image / matplotlib sample "
+            f"photos re-encoded at 0.3-12 MP) and generated photos and screenshots; mean "
+        )
+        + f"{ds.get('mean_mp', '?')} MP, largest {ds.get('max_mp', '?')} MP; by size "
         + ", ".join(f"{k} MP: {v}" for k, v in sorted(ds.get("megapixels", {}).items()))
         + "; by kind "
         + ", ".join(f"{k} {v}" for k, v in sorted(ds.get("image_kinds", {}).items()))
-        + f". Batches of {meta['batch_size']} samples, Qwen2.5-VL preset and default pixel "
-        f"limits, {meta.get('tokenizer')} tokenizer, float32 `pixel_values` unless said. "
+        + f". Batches of {meta['batch_size']} samples, Qwen2.5-VL preset and "
+        + (
+            f"max_pixels={meta['max_pixels']} for every pipeline (a recipe cap), "
+            if meta.get("max_pixels")
+            else "default pixel limits, "
+        )
+        + f"{meta.get('tokenizer')} tokenizer, float32 `pixel_values` unless said. "
         f"Each measurement: a fresh process, at least {meta['min_samples']} samples and "
         f"{meta['min_seconds']:g} s (the records repeat, each pass shuffled)"
         + (

@@ -13,6 +13,11 @@ photographs (tests/photos.py: the scikit-image and matplotlib sample photos, col
 grey) re-encoded at 0.3 to 12 megapixels (PHOTO_MP), mostly JPEG (some progressive), some
 PNG up to 2 MP.  photos=False keeps the original generator byte for byte
 (tests/test_batch_digest.py depends on it).
+
+With photo_mp=(3, 4, 6, 8, 10, 12) (RECIPE_MP, the recipe-cap set of issue 34 and
+bench_recipe_caps.py) every reference is instead one of those photos re-encoded as a JPEG
+at one of these sizes, drawn uniformly (quality 85-95, about one in seven progressive):
+the decode-bound recipe-cap dataset of bench_e2e.py's MML_BENCH_PHOTO_MP.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -45,6 +50,7 @@ PHOTO_MP = [
     (8.0, 0.05),
     (12.0, 0.02),
 ]
+RECIPE_MP = (3.0, 4.0, 6.0, 8.0, 10.0, 12.0)  # bench_recipe_caps.py's MPS
 PHOTO_EVERY = (0, 4, 7)  # reference k is a real photo when k % 10 is one of these
 
 
@@ -127,19 +133,29 @@ def _sources() -> Dict[str, object]:
     return _PHOTO_CACHE
 
 
-def _write_photo(rng: np.random.Generator, root: str, k: int, max_mp: float) -> str:
+def _write_photo(
+    rng: np.random.Generator,
+    root: str,
+    k: int,
+    max_mp: float,
+    photo_mp: Optional[Sequence[float]] = None,
+) -> str:
     """Reference k as a real photo re-encoded at a drawn size (0.3-12 MP, capped at
-    max_mp); returns its name relative to root."""
+    max_mp; with photo_mp, one of those sizes drawn uniformly, always JPEG); returns its
+    name relative to root."""
     from PIL import Image
 
     srcs = _sources()
     src = srcs[sorted(srcs)[int(rng.integers(len(srcs)))]]
-    mp = min(max_mp, PHOTO_MP[int(rng.choice(len(PHOTO_MP), p=[p for _, p in PHOTO_MP]))][0])
+    if photo_mp:
+        mp = float(photo_mp[int(rng.integers(len(photo_mp)))])
+    else:
+        mp = min(max_mp, PHOTO_MP[int(rng.choice(len(PHOTO_MP), p=[p for _, p in PHOTO_MP]))][0])
     w0, h0 = src.size  # type: ignore[attr-defined]
     f = (mp * 1e6 / (w0 * h0)) ** 0.5
     w, h = max(16, int(round(w0 * f))), max(16, int(round(h0 * f)))
     im = src.resize((w, h), Image.BICUBIC)  # type: ignore[attr-defined]
-    png = mp <= 2.0 and rng.random() < 0.15
+    png = not photo_mp and mp <= 2.0 and rng.random() < 0.15
     name = f"images/photo-{k:06d}" + (".png" if png else ".jpg")
     if png:
         im.save(os.path.join(root, name), "PNG")
@@ -154,12 +170,18 @@ def _write_photo(rng: np.random.Generator, root: str, k: int, max_mp: float) -> 
 
 
 def make(
-    root: str, n_samples: int, seed: int = 0, photos: bool = False, max_mp: float = 12.0
+    root: str,
+    n_samples: int,
+    seed: int = 0,
+    photos: bool = False,
+    max_mp: float = 12.0,
+    photo_mp: Optional[Sequence[float]] = None,
 ) -> str:
     """Writes the dataset under root (if not already complete); returns the shard path.
 
     datagen's records share its images; here every image reference, in record order, gets
-    its own new file, so the mix above holds for the references themselves."""
+    its own new file, so the mix above holds for the references themselves (with photo_mp:
+    every reference a real photo at one of those sizes)."""
     from mmloader.datagen import make_dataset
 
     marker = os.path.join(root, ".complete")
@@ -179,6 +201,8 @@ def make(
     def fresh(m: "re.Match[str]") -> str:
         k = count[0]
         count[0] += 1
+        if photo_mp:
+            return json.dumps(_write_photo(photo_rng, root, k, max_mp, photo_mp))
         if photos and k % 10 in PHOTO_EVERY:
             return json.dumps(_write_photo(photo_rng, root, k, max_mp))
         return json.dumps(_write_image(rng, root, k))
@@ -200,6 +224,7 @@ def cached(
     base: Optional[str] = None,
     photos: bool = False,
     max_mp: float = 12.0,
+    photo_mp: Optional[Sequence[float]] = None,
 ) -> str:
     """The shard of the cached dataset (generated on first use)."""
     base = (
@@ -210,7 +235,11 @@ def cached(
     name = (
         f"mix3-{n_samples}-{seed}" if not photos else f"mix4-photos-{n_samples}-{seed}-{max_mp:g}mp"
     )
-    return make(os.path.join(base, name), n_samples, seed, photos=photos, max_mp=max_mp)
+    if photo_mp:
+        name = f"photos-only-{n_samples}-{seed}-" + "-".join(f"{m:g}" for m in photo_mp) + "mp"
+    return make(
+        os.path.join(base, name), n_samples, seed, photos=photos, max_mp=max_mp, photo_mp=photo_mp
+    )
 
 
 def repeated(shard: str, times: int, seed: int = 0) -> str:
