@@ -125,9 +125,10 @@
  * (spares, later samples' bytes read again) and, when there is none, waiting for it
  * while the consumer or another worker's decode or emission can give some back
  * (loader_admit.c read_may_wait; 5 ms looks, as the old gates).  What still crosses the
- * cap (memory_peak above max_memory in 1 of 1000 schedules, seed 1, by 0.1%; 11 before
- * the step): such a read when nothing else can make room (it goes ahead, as before:
- * the schedule then ends out of memory), a task's record and path buffers and video
+ * cap (memory_peak above max_memory in 0-2 of 1000 schedules, seed 1, by at most 0.2%;
+ * 11 before the step): such a read when only decodes or emissions queued for its own
+ * worker could make room (it goes ahead, as before; when nothing at all can, it is an
+ * out-of-memory error naming the sample), a task's record and path buffers and video
  * bytes kept open, counted only after they grew.  What is left of step 1: those must
  * be charges that can wait in order, which needs step 2 (reads revocable at dispatch,
  * M1 with L10, so a read never waits while holding a slot; workers waiting by L11), so

@@ -86,7 +86,8 @@
  *       allocated before the read too, once its size is known, with room made from spares
  *       and later samples' bytes, else waited for while the consumer or another worker
  *       can give some back (ld_admit_read_locked, read_may_wait; loader_bytes.c B4);
- *       when nothing can, it goes ahead (ledger.c THE FLIP'S ORDER says what is left).
+ *       when only work queued for its own worker could, it goes ahead (ledger.c THE
+ *       FLIP'S ORDER says what is left), and when nothing at all can, it is A3's error.
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -575,26 +576,56 @@ int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t 
  * once it is not waiting for one or has one to take, and another worker's decode or
  * emission (a worker not itself waiting here is left to finish them).  Queued decodes and
  * emissions do not count: they may wait for room themselves, and with this worker waiting
- * here nobody else may run them.  When nothing else can make room the read goes ahead
- * beyond the cap (what is left of the flip's step 1: ledger.c THE FLIP'S ORDER). */
+ * here nobody else may run them: then the read goes ahead beyond the cap (what is left of
+ * the flip's step 1: ledger.c THE FLIP'S ORDER); when nothing at all can make room
+ * (reads_stuck), it is an out-of-memory error naming the sample (A3). */
 static int read_may_wait(const mml_loader *L, const task *t) {
   if (L->stop || L->fatal || t->gen != L->gen) return 0;
   if (!L->consumer_waiting || L->out_count > 0) return 1;
   return L->cfg.num_threads - 1 - L->reads_waiting >= 1 && (L->decoding > 0 || L->emitting > 0);
 }
 
-void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
-  if (!L->ledger || grow <= 0 || t->reread) return; /* a re-read: its grant covers it */
+/* Nothing but reads waiting for room (this one among them) is in the engine, nothing is
+ * queued for a worker, and the consumer waits for a batch with none to take: no work
+ * can give room back. */
+static int reads_stuck(const mml_loader *L) {
+  return L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting &&
+         L->pend_head == L->pend_tail && !L->dec_head && !L->ready_head &&
+         L->in_flight == 1 + L->reads_waiting;
+}
+
+int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
+  if (!L->ledger || grow <= 0 || t->reread) return 1; /* a re-read: its grant covers it */
+  int stuck = 0;
   /* its size is known now, not only the read gate's estimate: room first, from the spare
    * byte buffers, then from later samples' bytes that can be read again (READ AGAIN), then
    * as the consumer and other workers give it back (read_may_wait; looked at every 5 ms,
-   * as the read gate does: the pool's release wakes nobody yet) */
+   * as the read gate does: the pool's release wakes nobody yet); never, when for 20 looks
+   * nothing could (reads_stuck): 0, the loader's fatal error set */
   for (;;) {
     if (ld_mem_room_hold_locked(L, grow, 0)) break;
     ld_bytes_free_spares(L);
     if (ld_mem_room_hold_locked(L, grow, 0)) break;
     ld_admit_drop_bytes_ahead_locked(L, t->seq, grow);
-    if (ld_mem_room_hold_locked(L, grow, 0) || !read_may_wait(L, t)) break;
+    if (ld_mem_room_hold_locked(L, grow, 0) || L->stop || L->fatal || t->gen != L->gen) break;
+    /* 20 looks in a row (5 ms apart) with no work able to give room back: it never
+     * will (the rule of the other waits for room: only_consumer_waits) */
+    stuck = reads_stuck(L) ? stuck + 1 : 0;
+    if (stuck >= 20) {
+      size_t cached, live;
+      mml_pool_usage(L->pool, &cached, &live);
+      mml_err e;
+      mem_explain(L, t, "its images' bytes, being read", grow,
+                  (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
+                      L->emit_extra + L->read_extra + pool_bytes(grow),
+                  "or hold fewer batches: a `for batch in loader` loop keeps the previous "
+                  "batch alive while it asks for the next (`del batch` at the end of the loop "
+                  "body releases it)",
+                  &e);
+      ld_set_fatal_locked(L, MML_ENOMEM, &e);
+      return 0;
+    }
+    if (!stuck && !read_may_wait(L, t)) break; /* work queued for this worker: go ahead */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += 5000000;
@@ -606,6 +637,7 @@ void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   ld_ledger_charge(L, t->seq, grow);
   t->read_cover += grow;
   L->read_extra += grow;
+  return 1;
 }
 
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {

@@ -43,8 +43,8 @@ int64_t ld_bytes_spares(mml_loader *L) {
   return n;
 }
 
-void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
-  if (b->cap >= need) return;
+mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_err *err) {
+  if (b->cap >= need) return MML_OK;
   pthread_mutex_lock(&L->mu);
   pthread_mutex_lock(&L->spare_mu);
   int best = -1;
@@ -71,12 +71,18 @@ void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need) {
     ld_ledger_spare_drop(L, delta);
     ld_ledger_charge(L, t->seq, delta);
   }
+  mml_status st = MML_OK;
   if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
-    ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap);
-    mml_bytes_free(b);                /* a new buffer, not a copy (as mml_read_file_max does) */
-    (void)mml_bytes_reserve(b, need); /* a failure is the read's to report */
+    if (!ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap)) {
+      st = L->fatal; /* it can never have room: the loader's error says why */
+      *err = L->fatal_err;
+    } else {
+      mml_bytes_free(b);                /* a new buffer, not a copy (as mml_read_file_max does) */
+      (void)mml_bytes_reserve(b, need); /* a failure is the read's to report */
+    }
   }
   pthread_mutex_unlock(&L->mu);
+  return st;
 }
 
 void ld_bytes_return_locked(mml_loader *L, task *t) {

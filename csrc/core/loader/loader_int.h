@@ -645,9 +645,11 @@ static inline int64_t ld_bytes_cap(size_t need) {
 }
 int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows);
 /* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
- * made for them (spares, later samples' bytes that can be read again) and they are charged
- * at t's seq before the read (t->read_cover, in read_extra until counted in held). */
-void ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
+ * made for them (spares, later samples' bytes that can be read again, else waited for
+ * while others can give it back) and they are charged at t's seq before the read
+ * (t->read_cover, in read_extra until counted in held): 1; 0 when they can never have room
+ * (the loader's fatal error is set: MML_ENOMEM naming the sample). */
+int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */
 mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
@@ -655,8 +657,10 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
  * into *b (need bytes; t's, busy on this thread), the smallest spare buffer that holds
  * them (else the largest, which then grows) is swapped in; a finished task's buffers go
  * back to the spares (mu held).  Their pages stay mapped: reading the next image into
- * one costs no page fault, where a freed and reallocated buffer faulted on every page. */
-void ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need);
+ * one costs no page fault, where a freed and reallocated buffer faulted on every page.
+ * Under max_memory ld_bytes_take also charges and maps the buffer's growth before the
+ * read (loader_bytes.c B4): MML_ENOMEM (*err the loader's error) when it never can. */
+mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_err *err);
 void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* The spares' bytes now (takes spare_mu); the ledger's evict callback of the spares'

@@ -366,9 +366,11 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
     double t0 = mml_now();
     struct stat sb;
     int64_t size = member ? len : stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
-    if (size > 0) ld_bytes_take(L, t, &t->imgs[i], (size_t)size + 1); /* a spare that fits */
-    st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
-                : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
+    /* a spare that fits; under max_memory, room for it */
+    st = size > 0 ? ld_bytes_take(L, t, &t->imgs[i], (size_t)size + 1, err) : MML_OK;
+    if (!st)
+      st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
+                  : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
     acc->read_s += mml_now() - t0;
     if (st)
       ld_err_media(err, &t->rec, i);
