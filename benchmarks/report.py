@@ -318,11 +318,18 @@ def recipe_lines(json_path: str) -> List[str]:
         data = json.load(f)
     meta = data["meta"]
     during = meta.get("loadavg_during") or [0.0]
+    other = meta.get("other_cores_during") or []
     out = [
         f"recipe cap: max_pixels={meta.get('max_pixels') or 'model limits'}, photos "
         f"{meta.get('photo_mp') or 'the default mix'} MP, {meta['cores']} cores, "
         f"1-min load around the runs median {_med(during):.1f} "
         f"({min(during):.1f}-{max(during):.1f})"
+        + (
+            f", other work {_med(other):.2f} of the cores (median; "
+            f"{min(other):.2f}-{max(other):.2f})"
+            if other
+            else ""
+        )
     ]
     for p in ("dataloader", "mmloader", "mmloader-fast"):
         r = stat(data, "throughput", "local", p, RATE)
@@ -334,15 +341,28 @@ def recipe_lines(json_path: str) -> List[str]:
             f"  {p:14s} {r[0]:7.1f} samples/s ({r[1]:.1f}-{r[2]:.1f}, {r[3]} runs)  "
             f"cpu {1000 * c[0] if c else float('nan'):.1f} ms/sample"
         )
-    dl, ex, fa = (_rate(data, "local", p) for p in ("dataloader", "mmloader", "mmloader-fast"))
-    for what, v, want in (
-        ("fast_decode / exact", _ratio(fa, ex), 3.0),
-        ("fast_decode / DataLoader", _ratio(fa, dl), 8.0),
-        ("exact / DataLoader", _ratio(ex, dl), None),
+    names = ("dataloader", "mmloader", "mmloader-fast")
+    dl, ex, fa = (_rate(data, "local", p) for p in names)
+    cdl, cex, cfa = (_cpu(data, "local", p) for p in names)
+    # the same ratio within each repeat (the peers ran back to back: the load they shared)
+    by_rep: Dict[int, Dict[str, float]] = {}
+    for r in _runs(data, "throughput", "local"):
+        v = _value(r["result"], RATE)
+        if v is not None and "error" not in r["result"]:
+            by_rep.setdefault(r["repeat"], {})[r["pipeline"]] = v
+    for what, v, c, (a, b), want in (
+        ("fast_decode / exact", _ratio(fa, ex), _ratio(cex, cfa), names[2:0:-1], 3.0),
+        ("fast_decode / DataLoader", _ratio(fa, dl), _ratio(cdl, cfa), names[2::-2], 8.0),
+        ("exact / DataLoader", _ratio(ex, dl), _ratio(cdl, cex), names[1::-1], None),
     ):
         met = "" if want is None or v is None else (" met" if v >= want else " NOT met")
         aim = f" (target >= {want:g}x{met})" if want else ""
-        out.append(f"  {what:26s} {'-' if v is None else f'{v:.2f}x'}{aim}")
+        per = [x[a] / x[b] for x in by_rep.values() if x.get(a) and x.get(b)]
+        out.append(
+            f"  {what:26s} {'-' if v is None else f'{v:.2f}x'}{aim}; within a repeat "
+            + (f"{min(per):.2f}-{max(per):.2f}x" if per else "-")
+            + f"; CPU per sample, inverse {'-' if c is None else f'{c:.2f}x'}"
+        )
     return out
 
 
