@@ -41,8 +41,11 @@ Each repeat, in a fresh Loader each:
   equal-share clock, then takes WARMUP + BATCHES batches with a step of 1.2x that repeat's
   mean equal-share production time after each: every next() wait (p50 / p90 / p99 / max),
   the wait-time ratio of the whole run (warm-up included) and after the warm-up, the first
-  call's wait as its share of the whole-run ratio, and the output queue's depth as each
-  next() is called (its peak since the last call) and how often it was full.  A build
+  call's wait as its share of the whole-run ratio, the output queue's depth as each
+  next() is called (its peak since the last call) and how often it was full, and how much
+  of the wait came after the batch waited for was composed (stats()["wait_emit_s"]: its
+  emission, with float32 pixels the expansion of its uint8 rows; the rest is decoding,
+  so a build without that figure prints none).  A build
   whose Loader starts producing when it is built (start="construction", the default since
   issue 34) has the set-up to make its first batches; one that starts at the first next()
   (start="next", and builds before it) does not.
@@ -231,6 +234,9 @@ def trainer(shard: str, step_ms: float, prefetch: int = PREFETCH[0]) -> Dict[str
         "share": whole[2] / (whole[2] + whole[3]) if whole[2] + whole[3] else 1.0,
         "cores": whole[2] / whole[0],
         "full": sum(d >= prefetch for d in depth) / len(depth),
+        # of the loader's wait_s, the part after the batch was composed (its emission: the
+        # expansion of float32 pixels); -1 from a build without the figure
+        "emit": st["wait_emit_s"] / st["wait_s"] if "wait_emit_s" in st and st["wait_s"] else -1.0,
         "depth": statistics.median(depth),
     }
 
@@ -290,6 +296,11 @@ def _row_text(x: Dict[str, Any]) -> str:
         f"{100 * x['ratio_eq']:.2f}% ({100 * x['ratio_eq_after']:.2f}% after the warm-up); "
         f"share granted {x['share']:.2f}, {x['cores']:.2f} cores; output queue at a call: "
         f"median {x['depth']:g} batches, full at {100 * x['full']:.0f}%"
+        + (
+            f"; of the wait, after its batch was composed {100 * x['emit']:.0f}%"
+            if x.get("emit", -1) >= 0
+            else ""
+        )
     )
 
 

@@ -422,6 +422,7 @@ class LoaderStats(_RemoteStats):
 
     wait_time_ratio: float
     wait_s: float
+    wait_emit_s: float
     wall_s: float
     read_s: float
     vision_s: float
@@ -1051,7 +1052,10 @@ class Loader:
     # ---- observability and lifetime ----------------------------------------------------
     def stats(self) -> LoaderStats:
         """Engine statistics: wait_time_ratio (wait_s, the time blocked in next, / wall_s,
-        the wall time since the first next), per-stage busy seconds (read_s, vision_s,
+        the wall time since the first next), wait_emit_s (of wait_s, the time after the
+        batch waited for was composed, its pixels decoded: waiting for or in its emission,
+        which with pixel_format float32/bfloat16 expands its uint8 rows; the rest of wait_s
+        is the batch still being read and decoded), per-stage busy seconds (read_s, vision_s,
         tokenize_s, collate_s; decode_s is the decoder's part of vision_s),
         queue_depth (finished batches waiting), prefetch, window and num_threads (as in
         effect), in_flight (samples being processed now), samples and good_samples (taken

@@ -168,6 +168,36 @@ def test_compact_emission_gate_expands_what_its_rule_allows_ahead(big_then_small
                 assert st["pixel_rows_expanded_in_place"] == st["pixel_rows_expanded"] > 0
 
 
+def test_wait_emit_s_is_the_wait_after_the_batch_was_composed(big_then_small):
+    """stats()["wait_emit_s"]: of wait_s, the part after the batch waited for was composed
+    (its emission: with float32 pixels, its expansion).  A consumer that starts the loader
+    waits through the first batch's decodes and then its emission: both parts are
+    counted.  One that comes after the gate expanded what it may (G1): no wait, nothing
+    added."""
+    import time
+
+    prefetch = 4
+    cfg = dict(
+        tokenizer=TINY, num_threads=2, prefetch=prefetch, micro_batch_size=3, max_error_rate=1.0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mmloader.Loader(big_then_small, pixel_format="float32-decode", **SMALL, **cfg) as L:
+            rows = [int(b["pixel_values"].shape[0]) for b in L]
+        with mmloader.Loader(big_then_small, start="next", **SMALL, **cfg) as L:
+            it = iter(L)
+            next(it)
+            st = L.stats()
+            assert 0 < st["wait_emit_s"] < st["wait_s"], st
+            expect = sum(rows[: 1 + prefetch])  # the batch held and `prefetch` ahead
+            deadline = time.monotonic() + 60
+            while L.stats()["pixel_rows_expanded"] < expect and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert L.stats()["pixel_rows_expanded"] == expect
+            next(it)
+            assert L.stats()["wait_emit_s"] == st["wait_emit_s"]
+
+
 def _kernel_moves_pages():
     """Linux >= 5.7 (mremap MREMAP_DONTUNMAP): the pool moves pages, and its large
     buffers can grow in place (pool.c); before, only buffers under 1 MiB do."""

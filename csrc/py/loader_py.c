@@ -485,6 +485,7 @@ static PyObject *Loader_stats(LoaderObject *self, PyObject *unused) {
   double eff = s.token_slots > 0 ? (double)s.real_tokens / (double)s.token_slots : 0.0;
   if (set_num(d, "wait_time_ratio", PyFloat_FromDouble(ratio)) ||
       set_num(d, "wait_s", PyFloat_FromDouble(s.wait_s)) ||
+      set_num(d, "wait_emit_s", PyFloat_FromDouble(s.wait_emit_s)) ||
       set_num(d, "wall_s", PyFloat_FromDouble(s.wall_s)) ||
       set_num(d, "read_s", PyFloat_FromDouble(s.read_s)) ||
       set_num(d, "vision_s", PyFloat_FromDouble(s.vision_s)) ||

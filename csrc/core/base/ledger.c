@@ -101,39 +101,44 @@
  * task slots (today the loader passes none).  (e) Nothing may be charged twice: a
  * re-read's grant becomes the read's own charge again (done:
  * ld_mem_count_task_cover_locked), an emission's grant pays for the pool growth of its
- * float rows (done: ld_ledger_cover_begin, the pool hook hands it over), and a ticket's
- * charge must be what the pool maps (the gates count it so: pool_bytes rounds as
- * mml_pool_alloc does, ticket_bytes counts mml_pool_alloc_cap's 2 MiB pages; the charge
- * itself waits for the flip, with the hook skipping the allocation it covers through
- * ld_ledger_cover_begin: in accounting form a charge made before the allocation would
- * count pooled pages the allocation reuses twice, as nothing evicts them).
+ * float rows and small tensors (done: ld_ledger_cover_begin, the pool hook hands it
+ * over), and a ticket's charge is what the pool maps (done: ld_admit_ticket_charge_locked,
+ * made before the allocation and covering it; the hook counts cached pages an allocation
+ * reuses as no growth, so they are not charged twice, and ld_mem_room_hold_locked has
+ * trimmed the cache to what the charge leaves room for).
  *
- * THE FLIP'S ORDER (each step green on test-loader-stress.c's schedules before the next):
- *   1. spare byte buffers under their own lock (done, (c));
- *   2. workers wait by L11, never on a read's charge; every work_cv broadcast pokes; the
- *      5 ms timed waits go together with the stall detectors that count them (read_stuck,
- *      scratch_stuck, emit_stuck, mem_head_fails), replaced by L7;
- *   3. nothing charged twice ((e): done but the ticket's own charge);
- *   4. the gates become deciding charges (M1-M6), holds deleted;
- *   5. the name callback (d).
- * Step 1 of the flip, part done (loader_admit.c A7): every growth of the pool is now
- * charged before the allocation -- a ticket's buffer at its first sample's seq, an
- * emission's float rows and its small tensors (mml_collator_emit_bytes) in its grant --
- * and the pool hook charging anything itself is an error the stress test's S5 finds
- * (none in 1000 schedules).  A read's image bytes are charged and allocated before the
- * read, once its size is known (the capacity the buffer will have), after making room
- * (spares, later samples' bytes read again) and, when there is none, waiting for it
- * while the consumer or another worker's decode or emission can give some back
- * (loader_admit.c read_may_wait; 5 ms looks, as the old gates).  What still crosses the
- * cap (memory_peak above max_memory in 0-2 of 1000 schedules, seed 1, by at most 0.2%;
- * 11 before the step): such a read when only decodes or emissions queued for its own
- * worker could make room (it goes ahead, as before; when nothing at all can, it is an
- * out-of-memory error naming the sample), a task's record and path buffers and video
- * bytes kept open, counted only after they grew.  What is left of step 1: those must
- * be charges that can wait in order, which needs step 2 (reads revocable at dispatch,
- * M1 with L10, so a read never waits while holding a slot; workers waiting by L11), so
- * the ledger's cap stays 0 (accounting form) until then: with a cap, a charge that does
- * not fit would wait where its caller (under mu, in the pool's hook) cannot.
+ * THE FLIP'S ORDER (issue 33's; each step green on test-loader-stress.c's schedules, at
+ * >= 1000 plain and 40 under each sanitizer, before the next).  Done before it: the spare
+ * byte buffers under their own lock ((c)); nothing charged twice ((e)).
+ *   1. The ledger gets cap = max_memory and every growth of the pool is covered by a
+ *      charge made BEFORE the allocation.  Done (loader_admit.c A7): a ticket's buffer at
+ *      its first sample's seq, an emission's float rows and its small tensors
+ *      (mml_collator_emit_bytes) in its grant; the pool hook charging anything itself is
+ *      an error S5 finds (none in 2000 schedules).  Also a read's image bytes are charged
+ *      and mapped before the read, once its size is known (the capacity the buffer will
+ *      have: ld_bytes_cap), after making room (spares, later samples' bytes read again),
+ *      else waiting while the consumer or another worker's decode or emission can give
+ *      room back (read_may_wait, 5 ms looks as the old gates), and failing with the
+ *      explainer when nothing at all can (reads_stuck).  memory_peak above max_memory:
+ *      0-2 of 1000 schedules (seeds 1-2000, at most +0.2%; 11 of 1000 before).  LEFT:
+ *      (i) the cap itself: the ledger still has cap 0 (accounting form) and the old gates
+ *      decide, because a capped charge that does not fit WAITS and its callers (under mu,
+ *      in the pool's hook) cannot; a way in: a try-charge (request; if it waits, withdraw
+ *      and answer "no room") ANDed with each gate, then each gate's formula deleted where
+ *      the ledger's answer alone holds the stress test; (ii) a read that only work queued
+ *      for its own worker could make room for still goes ahead over the cap (the rest of
+ *      the over-cap schedules): that is step 2; (iii) a task's record and path buffers
+ *      and the video bytes kept open are counted after they grow, not charged before.
+ *   2. Reads become revocable charges at dispatch (M1 with L10); workers wait by L11
+ *      (mml_ledger_changes read under mu before looking for work, mml_ledger_wait_change
+ *      after dropping mu), never on a read's charge; every work_cv broadcast and pool
+ *      release pokes.  Not started.
+ *   3. The collation thread blocks only on the head ticket's charge.  Not started.
+ *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
+ *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the
+ *      holds and the gates the charges replaced; loader_place.c returns to placement only;
+ *      the one explainer (L8) composes every out-of-memory message; the name callback (d).
+ *      Not started.
  */
 #include "mml/ledger.h"
 

@@ -912,6 +912,8 @@ static mml_status take_item_locked(mml_loader *L, mml_batch *out, mml_err *err) 
 
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err) {
   double t0 = mml_now();
+  double handed = 0; /* the batch taken: when it was handed off for emission */
+  int waited = 0;
   struct timespec dl;
   if (timeout_s >= 0) deadline_after(&dl, timeout_s);
   mml_status st;
@@ -941,6 +943,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
         st = MML_EEND;
         break;
       }
+      handed = it->kind == ITEM_BATCH ? it->handed : 0;
       st = take_item_locked(L, out, err);
       break;
     }
@@ -952,6 +955,7 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
     }
     ask_when_waiting_locked(L);
     L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    waited = 1;
     int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
                            : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
     L->consumer_waiting = 0;
@@ -960,7 +964,10 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
   }
-  L->wait_s += mml_now() - t0;
+  const double t1 = mml_now();
+  L->wait_s += t1 - t0;
+  if (waited && handed > 0) /* the part after its batch was composed: its emission's */
+    L->wait_emit_s += t1 - (handed > t0 ? handed : t0);
   pthread_mutex_unlock(&L->mu);
   return st;
 }
@@ -996,6 +1003,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   pthread_mutex_lock(&L->mu);
   for (int i = 0; i < nsrc; i++) ld_source_counts_locked(L, i, &src[i]);
   o->wait_s = L->wait_s;
+  o->wait_emit_s = L->wait_emit_s;
   o->wall_s = L->first_next > 0 ? mml_now() - L->first_next : 0;
   o->read_s = L->read_s;
   o->vision_s = L->vision_s;

@@ -294,6 +294,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   p->after = after;
   p->it.kind = ITEM_BATCH;
   p->it.epoch = epoch;
+  p->it.handed = mml_now();
   const mml_buf *px = L->compact ? mml_collator_attached_pixels(L->colls[*ci], 0) : NULL;
   if (px) {
     p->it.fbytes = (size_t)mml_collator_rows(L->colls[*ci]) * L->expand_row_bytes;

@@ -180,6 +180,7 @@ typedef struct out_item {
   mml_err err;
   size_t fbytes; /* compact: bytes of its expanded pixel_values (0: none) */
   size_t bytes;  /* its tensors' bytes (the output queue's byte budget) */
+  double handed; /* batches: when the collator handed it off for emission (mml_now) */
 } out_item;
 
 enum { PEND_EMPTY = 0, PEND_QUEUED, PEND_EMITTING, PEND_READY };
@@ -407,7 +408,9 @@ struct mml_loader {
   } * skips;
   int skip_head, skip_count;
   uint64_t coll_skipped; /* skips composed (the max_error_rate check) */
-  double first_next, wait_s;
+  /* wait_emit_s: of wait_s, while the batch waited for was composed (handed off for its
+   * emission: queued for it or in it; compact pixels: its expansion) */
+  double first_next, wait_s, wait_emit_s;
   double read_s, vision_s, text_s, collate_s;
   double decode_s; /* the decoder's part of vision_s */
   uint64_t samples, good, skipped, batches, bytes_read, images;

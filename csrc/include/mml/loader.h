@@ -323,8 +323,9 @@ int mml_loader_take_warnings(mml_loader *L, mml_err *out, int max);
 
 #define MML_MAX_REASONS 32
 typedef struct mml_loader_stats {
-  double wait_s;                              /* consumer time blocked in mml_loader_next */
-  double wall_s;                              /* since the first mml_loader_next */
+  double wait_s;      /* consumer time blocked in mml_loader_next */
+  double wait_emit_s; /* of wait_s, while that batch was composed: waiting for or in its emission */
+  double wall_s;      /* since the first mml_loader_next */
   double read_s, vision_s, text_s, collate_s; /* busy seconds per stage, all threads */
   double decode_s;                            /* the image decoder's part of vision_s */
   int queue_depth;                            /* finished batches waiting */
