@@ -95,7 +95,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "loader_int.h"
 
@@ -374,6 +373,14 @@ static int64_t scratch_bytes(const mml_loader *L) {
   return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
 }
 
+/* The bytes the cap holds beside the pool's cached pages: the pool's live bytes (`live`,
+ * from mml_pool_usage), the window's, the scratch reserve and the grants of scratch,
+ * emissions and reads made before their bytes were counted. */
+static int64_t held_bytes_locked(mml_loader *L, size_t live) {
+  return (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
+         L->read_extra;
+}
+
 /* Encoded items a parsed task holds in imgs[]: images, frames, member videos. */
 static int media_items(const task *t) {
   if (!t->rec_parsed) return 0;
@@ -408,8 +415,7 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   need = pool_bytes(need);
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed = (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
-                  L->emit_extra + L->read_extra + hold + ld_pq_reserved(L);
+  int64_t fixed = held_bytes_locked(L, live) + hold + ld_pq_reserved(L);
   if (fixed + need > L->cfg.max_memory) return 0;
   int64_t keep = L->cfg.max_memory - fixed - need;
   if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
@@ -450,14 +456,13 @@ static int read_room_or_stuck(mml_loader *L, int64_t est) {
   mml_pool_usage(L->pool, &cached, &live);
   const task *t = slot_of(L, L->head_seq);
   mml_err e;
-  mem_explain(
-      L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
-      "the next sample to read, which the batch the consumer waits for may need", est,
-      (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra + est,
-      "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
-      "alive while it asks for the next (`del batch` at the end of the loop body "
-      "releases it)",
-      &e);
+  mem_explain(L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
+              "the next sample to read, which the batch the consumer waits for may need", est,
+              held_bytes_locked(L, live) + est,
+              "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
+              "alive while it asks for the next (`del batch` at the end of the loop body "
+              "releases it)",
+              &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
 }
@@ -616,8 +621,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
       mml_pool_usage(L->pool, &cached, &live);
       mml_err e;
       mem_explain(L, t, "its images' bytes, being read", grow,
-                  (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
-                      L->emit_extra + L->read_extra + pool_bytes(grow),
+                  held_bytes_locked(L, live) + pool_bytes(grow),
                   "or hold fewer batches: a `for batch in loader` loop keeps the previous "
                   "batch alive while it asks for the next (`del batch` at the end of the loop "
                   "body releases it)",
@@ -626,12 +630,8 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
       return 0;
     }
     if (!stuck && !read_may_wait(L, t)) break; /* work queued for this worker: go ahead */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += 5000000;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
     L->reads_waiting++;
-    pthread_cond_timedwait(&L->work_cv, &L->mu, &ts);
+    ld_wait_5ms(&L->work_cv, &L->mu);
     L->reads_waiting--;
   }
   ld_ledger_charge(L, t->seq, grow);
@@ -675,14 +675,11 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
-  mem_explain(
-      L, t,
-      t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
-                  "decoder scratch its image needs"
-                : "decoder scratch its image needs",
-      need,
-      (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra + need,
-      "release earlier batches", &e);
+  mem_explain(L, t,
+              t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
+                          "decoder scratch its image needs"
+                        : "decoder scratch its image needs",
+              need, held_bytes_locked(L, live) + need, "release earlier batches", &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return 0;
 }
@@ -728,9 +725,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
            decode_name(L));
   mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
-              (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra +
-                  L->emit_extra + L->read_extra + need,
-              hint, &e);
+              held_bytes_locked(L, live) + need, hint, &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
 }

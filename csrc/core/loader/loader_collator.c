@@ -595,11 +595,7 @@ void *ld_collator_main(void *arg) {
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
       if (L->mem_blocked) { /* max_memory: try again as the consumer releases batches */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 5000000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&L->coll_cv, &L->mu, &ts);
+        ld_wait_5ms(&L->coll_cv, &L->mu);
       } else {
         pthread_cond_wait(&L->coll_cv, &L->mu);
       }

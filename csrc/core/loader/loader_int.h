@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "mml/collate.h"
 #include "mml/device.h"
@@ -86,6 +87,16 @@ typedef struct task_vhead {
   int64_t tail_off;
   fetch_ref ref[3]; /* the HEAD's, the first block's and the tail's completions */
 } task_vhead;
+
+/* The waits for room that still poll (ledger.c THE FLIP'S ORDER, step 4 deletes them):
+ * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held. */
+static inline void ld_wait_5ms(pthread_cond_t *cv, pthread_mutex_t *mu) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_nsec += 5000000;
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  pthread_cond_timedwait(cv, mu, &ts);
+}
 
 struct task {
   mml_loader *L;
@@ -633,9 +644,6 @@ void ld_mem_scratch_give_locked(mml_loader *L, task *t);
  * `want` bytes are freed; their decodes read them again (task.reread).  Returns the bytes
  * freed. */
 int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want);
-/* max_memory: ticket id's plane-p buffer of cap_rows rows is charged (at the ticket's
- * first sample's seq) before rebuffer allocates it, which the charge then covers
- * (ld_ledger_cover_begin): returns the bytes charged (0 without a ledger). */
 /* The capacity mml_bytes_reserve gives a new buffer for `need` bytes (doublings from 16):
  * what a read of them maps (loader_bytes.c B4). */
 static inline int64_t ld_bytes_cap(size_t need) {
@@ -643,6 +651,9 @@ static inline int64_t ld_bytes_cap(size_t need) {
   while ((size_t)cap < need) cap *= 2;
   return cap;
 }
+/* max_memory: ticket id's plane-p buffer of cap_rows rows is charged (at the ticket's
+ * first sample's seq) before rebuffer allocates it, which the charge then covers
+ * (ld_ledger_cover_begin): returns the bytes charged (0 without a ledger). */
 int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows);
 /* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
  * made for them (spares, later samples' bytes that can be read again, else waited for

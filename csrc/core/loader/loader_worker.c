@@ -594,11 +594,7 @@ static task *take_task_locked(mml_loader *L) {
     }
     if (gated || dec_wait ||
         emit_wait) { /* room comes back as the consumer releases batches: look again soon */
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_nsec += 5000000;
-      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-      pthread_cond_timedwait(&L->work_cv, &L->mu, &ts);
+      ld_wait_5ms(&L->work_cv, &L->mu);
       continue;
     }
     pthread_cond_wait(&L->work_cv, &L->mu);
