@@ -86,7 +86,8 @@
  *   M3. a decode's scratch beyond the reserve (ld_mem_scratch_take_locked): seq = the
  *       sample's, released after its trim; scratch_stuck goes (L7).
  *   M4. an emission's float rows (ld_mem_emit_take_locked, fneed): seq = the batch's
- *       first sample; emit_stuck and ld_emit_gated_locked's fbytes_hw go.
+ *       first sample (done: a try, the ledger's answer alone; G1 holds under max_memory
+ *       and fbytes_hw is gone with G2's old rule); emit_stuck goes with step 4.
  *   M5. pooled pages: a cache through mml_pool_set_hook / mml_pool_evict (tested here);
  *       batches in the output queue or the consumer's are CONSUMER credit (hand-over when
  *       queued); next() declares the consumer's wait under mu after looking.
@@ -144,7 +145,11 @@
  *      a read's bytes once its size is known (ld_admit_read_locked): each was the formula
  *      "held + need <= cap, caches trimmed", which the ledger's fits_locked is (A6 makes
  *      its held the formula's), so the stress test stayed where it was (1000 schedules:
- *      60 out of memory against 59 on the tree before, 0 failed, 1 over the cap).  LEFT:
+ *      60 out of memory against 59 on the tree before, 0 failed, 1 over the cap).  With
+ *      the emission's bytes the ledger's, the emission gate's max_memory rule (G2: two
+ *      ahead, fbytes_hw) is gone: G1 (`prefetch` ahead) holds under a cap too
+ *      (loader_collator.c; seeds 1-2000: 58 + 60 out of memory, 0 failed, 3 + 0 over the
+ *      cap, at most +0.1%).  LEFT:
  *      the ticket buffers (M2: ticket_room's holds, scratch_hold + expand_hold), the read
  *      gate (M1: ld_mem_may_read_locked's estimate and holds) and bytes held ahead (M6:
  *      ld_mem_room_ahead_locked) keep their formulas: their holds keep room for EARLIER

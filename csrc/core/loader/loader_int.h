@@ -282,12 +282,8 @@ struct mml_loader {
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
   uint64_t inplace_rows;      /* compact: those of them expanded in place (stats) */
-  /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
-   * last delivered (the consumer's) and the most expanded bytes one batch ahead made
-   * live with it (the high-water a second batch ahead must stay within) */
-  size_t held_fbytes, fbytes_hw;
-  task *dec_head, *dec_tail; /* decode jobs, in placement order */
-  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
+  task *dec_head, *dec_tail;  /* decode jobs, in placement order */
+  uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -786,9 +782,8 @@ void ld_release_oldest_skip_locked(mml_loader *L);
 void ld_drop_output_locked(mml_loader *L);
 /* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet
  * (loader_collator.c, G1 / G2): `prefetch` are ahead of the consumer or their expanded
- * bytes would pass the output queue's budget; under max_memory, two are ahead, or one is
- * and a second would take the expanded bytes live (the consumer's batch + those ahead)
- * above fbytes_hw or need more pages than the pool has cached. */
+ * bytes would pass the output queue's budget; under max_memory the ledger's grant for its
+ * rows (ld_mem_emit_take_locked) decides the room besides. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held).
  * *grant: the ledger's charge for its float rows (ld_mem_emit_take_locked), given back
