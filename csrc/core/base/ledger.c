@@ -117,7 +117,7 @@
  * re-read's grant becomes the read's own charge again (done:
  * ld_mem_count_task_cover_locked), an emission's grant pays for the pool growth of its
  * float rows and small tensors (done: ld_ledger_cover_begin, the pool hook hands it
- * over), and a ticket's charge is what the pool maps (done: ld_admit_ticket_charge_locked,
+ * over), and a ticket's charge is what the pool maps (done: ld_admit_ticket_locked's grant,
  * made before the allocation and covering it; the hook counts cached pages an allocation
  * reuses as no growth, so they are not charged twice, and ld_mem_room_hold_locked has
  * trimmed the cache to what the charge leaves room for).
@@ -149,12 +149,14 @@
  *      the emission's bytes the ledger's, the emission gate's max_memory rule (G2: two
  *      ahead, fbytes_hw) is gone: G1 (`prefetch` ahead) holds under a cap too
  *      (loader_collator.c; seeds 1-2000: 58 + 60 out of memory, 0 failed, 3 + 0 over the
- *      cap, at most +0.1%).  LEFT:
- *      the ticket buffers (M2: ticket_room's holds, scratch_hold + expand_hold), the read
- *      gate (M1: ld_mem_may_read_locked's estimate and holds) and bytes held ahead (M6:
- *      ld_mem_room_ahead_locked) keep their formulas: their holds keep room for EARLIER
- *      work, which a try cannot do (nothing waits in the ledger, so L1 orders nothing);
- *      they go when charges can wait (steps 2-3).  The stall detectors (emit_stuck,
+ *      cap, at most +0.1%).  A ticket plane's buffer (M2) is
+ *      ticket_room's formula AND the ledger's try at the ticket's first sample's seq (the
+ *      grant covers the pool's growth as the charge did; 1000 schedules: 59 out of memory,
+ *      0 failed, 1 over).  LEFT: ticket_room's holds (scratch_hold + expand_hold), the
+ *      read gate (M1: ld_mem_may_read_locked's estimate and holds) and bytes held ahead
+ *      (M6: ld_mem_room_ahead_locked) keep their formulas: their holds keep room for
+ *      EARLIER work, which a try cannot do (nothing waits in the ledger, so L1 orders
+ *      nothing); they go when charges can wait (steps 2-3).  The stall detectors (emit_stuck,
  *      scratch_stuck, reads_stuck) stay: L7 cannot replace them while the scratch reserve,
  *      the window's bytes and the Parquet room are ENGINE credit that never goes back
  *      (held[ENGINE] is never 0), and a try is never the head; step 4 needs them

@@ -75,7 +75,7 @@
  *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
  *       free).  Its cap is max_memory; what it grants decides where A8 says so.
  *   A7. Every growth of the pool is paid for by a charge made before the allocation: a
- *       ticket plane's buffer at its first sample's seq (ld_admit_ticket_charge_locked,
+ *       ticket plane's buffer at its first sample's seq (ld_admit_ticket_locked's grant,
  *       from rebuffer), an emission's float rows and its other tensors (input_ids,
  *       labels, grids...: mml_collator_emit_bytes) in its grant (ld_mem_emit_take_locked,
  *       compact or not); the pool's hook hands the charge over (ld_ledger_cover_begin)
@@ -91,9 +91,10 @@
  *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4), a decode's
  *       scratch (M3) and a read's bytes once their size is known: each a try at its seq
  *       (ledger.c L12: granted now or "no room", under mu), the caches it knows (pooled
- *       pages, spare byte buffers) evicted inside it.  The ticket buffers, the read gate
- *       and bytes held ahead keep their formulas (their holds keep room for earlier work:
- *       ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
+ *       pages, spare byte buffers) evicted inside it.  A ticket plane's buffer is
+ *       ticket_room's formula AND the ledger's try (ld_admit_ticket_locked).  The read gate
+ *       and bytes held ahead keep their formulas alone (their holds keep room for earlier
+ *       work: ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
  *       pool's hook, ld_mem_count_task, a read that goes ahead) is a count (L13): never
  *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
  *       the stress test reports (MML_STRESS_SHOW_OVER).
@@ -218,7 +219,17 @@ static int ticket_room(mml_loader *L, int64_t id, int p, int64_t cap_rows, int64
   return ld_mem_room_hold_locked(L, need, hold);
 }
 
-int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn) {
+/* The ledger's charge for plane p's buffer of cap_rows rows: what mml_pool_alloc_cap /
+ * mml_pool_alloc map for it (rebuffer). */
+static int64_t ticket_charge_bytes(const mml_loader *L, int p, int64_t cap_rows) {
+  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
+  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
+  return !f ? mml_pool_bytes(n) : f < (1 << 20) ? mml_pool_bytes(f) : mml_round_2mib(n);
+}
+
+int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
+                           int64_t *grant) {
+  *grant = 0;
   ticket *k = tk_at(L, id);
   if (p == PL_IMG && L->compact &&
       (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
@@ -232,6 +243,14 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
            (int64_t)L->row_bytes[r];
   if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (!turn || !ticket_room(L, id, p, cap_rows, ticket_bytes(L, p, cap_rows))) return 0;
+  /* M2, the formula AND the ledger: ticket_room's holds keep room for earlier work (a try
+   * cannot: nothing waits in the ledger), and the ledger grants the bytes at the ticket's
+   * first sample's seq (L12) -- a grant made before rebuffer maps them, which it covers */
+  if (L->ledger) {
+    const int64_t bytes = ticket_charge_bytes(L, p, cap_rows);
+    if (!ld_ledger_try(L, tk_at(L, id)->first_seq, bytes)) return 0;
+    *grant = bytes;
+  }
   if ((int64_t)((size_t)cap_rows * L->row_bytes[p]) > L->tk_bytes_max)
     L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
   return 1;
@@ -571,18 +590,6 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
     ld_mem_count_task_locked(L, t);
   }
   return before - L->win_bytes;
-}
-
-int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
-  if (!L->ledger) return 0;
-  /* what mml_pool_alloc_cap / mml_pool_alloc map for it (rebuffer) */
-  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
-  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
-  const int64_t bytes = !f              ? mml_pool_bytes(n)
-                        : f < (1 << 20) ? mml_pool_bytes(f)
-                                        : mml_round_2mib(n);
-  ld_ledger_charge(L, tk_at(L, id)->first_seq, bytes);
-  return bytes;
 }
 
 /* Whether a read that found no room (ld_admit_read_locked) may wait for it: while work

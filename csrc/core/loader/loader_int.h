@@ -603,9 +603,12 @@ int ld_place_turn_waits_locked(mml_loader *L, int64_t id);
 
 /* loader_admit.c (see its top comment): admission under max_memory, mu held.  Plane p of
  * ticket id may take a buffer of cap_rows rows now (1): its turn (`turn`, the planner's
- * rules) has come and it fits beside what it leaves earlier work (records the largest
- * buffers asked for either way). */
-int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn);
+ * rules) has come, it fits beside what it leaves earlier work and the memory ledger grants
+ * its bytes at the ticket's first sample's seq (*grant: the bytes granted, 0 without a
+ * ledger; rebuffer maps the buffer at once, the grant covering the pool's growth:
+ * ld_ledger_cover_begin).  Records the largest buffers asked for either way. */
+int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
+                           int64_t *grant);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
 int ld_admit_make_way_locked(mml_loader *L);
@@ -647,10 +650,6 @@ static inline int64_t ld_bytes_cap(size_t need) {
   while ((size_t)cap < need) cap *= 2;
   return cap;
 }
-/* max_memory: ticket id's plane-p buffer of cap_rows rows is charged (at the ticket's
- * first sample's seq) before rebuffer allocates it, which the charge then covers
- * (ld_ledger_cover_begin): returns the bytes charged (0 without a ledger). */
-int64_t ld_admit_ticket_charge_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows);
 /* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
  * made for them (spares, later samples' bytes that can be read again, else waited for
  * while others can give it back) and they are charged at t's seq before the read

@@ -325,7 +325,8 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   for (int64_t j = L->tk_head; j < id; j++)
     for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
   const int turn = !earlier && (ld_place_has_buf(k) || !ld_place_turn_waits_locked(L, id));
-  if (!ld_admit_ticket_locked(L, id, p, cap_rows, turn)) {
+  int64_t grant = 0; /* the ledger's, for the buffer mapped below */
+  if (!ld_admit_ticket_locked(L, id, p, cap_rows, turn, &grant)) {
     q->pending_rows = cap_rows;
     L->mem_blocked = 1;
     return 0;
@@ -333,8 +334,8 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   q->pending_rows = 0;
   mml_buf *nb = NULL;
   mml_err err;
-  /* charged before it is mapped: the charge pays for the pool's growth (its hook) */
-  ld_ledger_cover_begin(L, ld_admit_ticket_charge_locked(L, id, p, cap_rows));
+  /* granted before it is mapped: the grant pays for the pool's growth (its hook) */
+  ld_ledger_cover_begin(L, grant);
   /* compact image rows: room to become their float rows in place (loader_collator.c) */
   mml_status st = p == PL_IMG && L->compact
                       ? mml_pool_alloc_cap(L->pool, (size_t)cap_rows * L->row_bytes[p],
