@@ -19,7 +19,7 @@
  * mutex is released, exactly once.  Lock order: ledger -> a cache's own lock (evict runs
  * under the ledger's lock); nobody calls into the ledger with a cache's lock held.
  *
- * INVARIANTS (tests/c/base/test-ledger.c cites them as L1..L9)
+ * INVARIANTS (tests/c/base/test-ledger.c cites them as L1..L13)
  *   L1. Grants are in stream order: a charge is granted only when no charge before it in
  *       (seq, arrival) order is waiting.
  *   L2. A charge waits only while one before it waits or it does not fit: every change
@@ -58,12 +58,26 @@
  *       or failure of a waiting charge, every grant asked back, every poke and the
  *       shutdown, so a thread that read it before it looked for work and blocks in
  *       mml_ledger_wait_change wakes for anything that happened after it looked.
+ *  L12. A try (mml_ledger_try) is a request that may not wait: granted exactly when a
+ *       request would be granted at once (nothing before it waits, and it fits with
+ *       caches evicted), else refused with nothing queued and nothing held -- the answer
+ *       "no room now" for callers that hold locks a waiter must not hold (the loader's mu).
+ *  L13. A count (mml_ledger_count) records bytes already taken (a pool growth seen by its
+ *       hook, a buffer that grew): caches make way for it first (L4), then it is counted
+ *       even past the cap, never refused and never queued.  L3 stays honest because a
+ *       count is the only way past the cap and it is never hidden: the peak includes it
+ *       and the stats count each count that left the total above the cap (counted_over,
+ *       over_most), which the loader's memory_peak and the stress test report.  A caller
+ *       that can ask before it takes uses a try, not a count.
  *
- * THE LOADER'S USE (the plan).  One ledger per loader with max_memory.  Today it is
- * charged in accounting form (no cap of its own, L9) beside the loader's old gates, which
- * still decide: csrc/core/loader/loader_admit.c A6 and THE LEDGER say what is charged and
- * how the stress test checks that it balances.  The plan: every admission point becomes
- * one charge at its stream seq that decides:
+ * THE LOADER'S USE (the plan).  One ledger per loader with max_memory, cap = max_memory.
+ * Today the ledger alone decides an emission's grant (M4), a decode's scratch (M3) and a
+ * read's bytes once their size is known, by tries (L12) under the loader's mu; the other
+ * admission points keep their old formulas, and what is recorded after it was taken (the
+ * pool's hook, a task's buffers) is counted (L13): csrc/core/loader/loader_admit.c A6-A8
+ * and THE LEDGER say what is charged, what decides and how the stress test checks that it
+ * balances.  The plan: every admission point becomes one charge at its stream seq that
+ * decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
  *       order), for the bytes read; then t->held's growth at the same seq.
  *   M2. a ticket plane's buffer (rebuffer, ticket_room, retry_pending): seq = the
@@ -72,7 +86,8 @@
  *   M3. a decode's scratch beyond the reserve (ld_mem_scratch_take_locked): seq = the
  *       sample's, released after its trim; scratch_stuck goes (L7).
  *   M4. an emission's float rows (ld_mem_emit_take_locked, fneed): seq = the batch's
- *       first sample; emit_stuck and ld_emit_gated_locked's fbytes_hw go.
+ *       first sample (done: a try, the ledger's answer alone; G1 holds under max_memory
+ *       and fbytes_hw is gone with G2's old rule); emit_stuck goes with step 4.
  *   M5. pooled pages: a cache through mml_pool_set_hook / mml_pool_evict (tested here);
  *       batches in the output queue or the consumer's are CONSUMER credit (hand-over when
  *       queued); next() declares the consumer's wait under mu after looking.
@@ -120,15 +135,34 @@
  *      else waiting while the consumer or another worker's decode or emission can give
  *      room back (read_may_wait, 5 ms looks as the old gates), and failing with the
  *      explainer when nothing at all can (reads_stuck).  memory_peak above max_memory:
- *      0-2 of 1000 schedules (seeds 1-2000, at most +0.2%; 11 of 1000 before).  LEFT:
- *      (i) the cap itself: the ledger still has cap 0 (accounting form) and the old gates
- *      decide, because a capped charge that does not fit WAITS and its callers (under mu,
- *      in the pool's hook) cannot; a way in: a try-charge (request; if it waits, withdraw
- *      and answer "no room") ANDed with each gate, then each gate's formula deleted where
- *      the ledger's answer alone holds the stress test; (ii) a read that only work queued
- *      for its own worker could make room for still goes ahead over the cap (the rest of
- *      the over-cap schedules): that is step 2; (iii) a task's record and path buffers
- *      and the video bytes kept open are counted after they grow, not charged before.
+ *      0-2 of 1000 schedules (seeds 1-2000, at most +0.2%; 11 of 1000 before).
+ *      (i) The cap itself: done for three gates.  The ledger has cap = max_memory; the
+ *      callers that cannot wait (under mu) ask by a try (L12), what only records a growth
+ *      that happened (the pool's hook, ld_mem_count_task, a read that goes ahead) is a
+ *      count (L13: past the cap if it must, never hidden: the peak is memory_peak).  The
+ *      ledger's answer alone decides the emission's grant (M4: ld_mem_emit_take_locked;
+ *      its room formula is gone), a decode's scratch (M3: ld_mem_scratch_take_locked) and
+ *      a read's bytes once its size is known (ld_admit_read_locked): each was the formula
+ *      "held + need <= cap, caches trimmed", which the ledger's fits_locked is (A6 makes
+ *      its held the formula's), so the stress test stayed where it was (1000 schedules:
+ *      60 out of memory against 59 on the tree before, 0 failed, 1 over the cap).  With
+ *      the emission's bytes the ledger's, the emission gate's max_memory rule (G2: two
+ *      ahead, fbytes_hw) is gone: G1 (`prefetch` ahead) holds under a cap too
+ *      (loader_collator.c; seeds 1-2000: 58 + 60 out of memory, 0 failed, 3 + 0 over the
+ *      cap, at most +0.1%).  LEFT:
+ *      the ticket buffers (M2: ticket_room's holds, scratch_hold + expand_hold), the read
+ *      gate (M1: ld_mem_may_read_locked's estimate and holds) and bytes held ahead (M6:
+ *      ld_mem_room_ahead_locked) keep their formulas: their holds keep room for EARLIER
+ *      work, which a try cannot do (nothing waits in the ledger, so L1 orders nothing);
+ *      they go when charges can wait (steps 2-3).  The stall detectors (emit_stuck,
+ *      scratch_stuck, reads_stuck) stay: L7 cannot replace them while the scratch reserve,
+ *      the window's bytes and the Parquet room are ENGINE credit that never goes back
+ *      (held[ENGINE] is never 0), and a try is never the head; step 4 needs them
+ *      reclassified (a fixed class, or CONSUMER).
+ *      (ii) a read that only work queued for its own worker could make room for still goes
+ *      ahead over the cap (a count: the rest of the over-cap schedules): that is step 2;
+ *      (iii) a task's record and path buffers and the video bytes kept open are counted
+ *      after they grow, not charged before.
  *   2. Reads become revocable charges at dispatch (M1 with L10); workers wait by L11
  *      (mml_ledger_changes read under mu before looking for work, mml_ledger_wait_change
  *      after dropping mu), never on a read's charge; every work_cv broadcast and pool
@@ -170,7 +204,9 @@ struct mml_ledger {
   mml_err fail_err;
   int64_t peak;
   uint64_t grants, waits, evicted, revoked;
-  uint64_t changes; /* L11 */
+  uint64_t tries_refused, counted_over; /* L12, L13 */
+  int64_t over_most;                    /* L13: the most a count took the total over */
+  uint64_t changes;                     /* L11 */
 };
 
 static int64_t cached_locked(const mml_ledger *g) {
@@ -274,12 +310,8 @@ static void link_locked(mml_ledger *g, mml_charge *c) {
   g->nwaiting++;
 }
 
-/* 1 when `need` fits, evicting caches (in order) only when that makes it fit (L4). */
-static int fits_locked(mml_ledger *g, int64_t need) {
-  if (!g->cfg.cap) return 1;
-  const int64_t held = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER];
-  if (held + need > g->cfg.cap) return 0;
-  int64_t over = held + need + cached_locked(g) - g->cfg.cap;
+/* Asks the caches (in registration order) for `over` bytes; returns what is still over. */
+static int64_t evict_locked(mml_ledger *g, int64_t over) {
   for (int i = 0; i < g->ncache && over > 0; i++) {
     ledger_cache *k = &g->cache[i];
     if (k->bytes <= 0 || !k->evict) continue;
@@ -292,7 +324,15 @@ static int fits_locked(mml_ledger *g, int64_t need) {
       g->evicted += (uint64_t)freed;
     }
   }
-  return over <= 0;
+  return over;
+}
+
+/* 1 when `need` fits, evicting caches (in order) only when that makes it fit (L4). */
+static int fits_locked(mml_ledger *g, int64_t need) {
+  if (!g->cfg.cap) return 1;
+  const int64_t held = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER];
+  if (held + need > g->cfg.cap) return 0;
+  return evict_locked(g, held + need + cached_locked(g) - g->cfg.cap) <= 0;
 }
 
 static void grant_locked(mml_ledger *g, mml_charge *c) {
@@ -515,6 +555,52 @@ mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err) {
   return st;
 }
 
+int mml_ledger_try(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  c->prev = c->next = NULL;
+  c->status = MML_OK;
+  if (c->bytes < 0) c->bytes = 0;
+  /* L12: what a request granted at once, nothing else: no turn taken, nothing queued */
+  const int evicting = !g->shut && (!g->head || g->head->seq > c->seq);
+  if (evicting && fits_locked(g, c->bytes)) {
+    c->revocable = 0; /* a try's grant is settled */
+    grant_locked(g, c);
+    pthread_mutex_unlock(&g->mu);
+    return 1;
+  }
+  c->state = MML_CHARGE_IDLE;
+  g->tries_refused++;
+  if (!evicting) {
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+  }
+  step_and_unlock(g); /* caches it evicted may let a later head fit (L2) */
+  return 0;
+}
+
+int64_t mml_ledger_count(mml_ledger *g, int id, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  pthread_mutex_lock(&g->mu);
+  if (id >= g->ncache) {
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+  }
+  /* L13: caches make way first (as much as they can: L4), then it is counted */
+  if (id < 0 && g->cfg.cap) (void)evict_locked(g, total_locked(g) + bytes - g->cfg.cap);
+  if (id < 0)
+    g->held[MML_HOLD_ENGINE] += bytes;
+  else
+    g->cache[id].bytes += bytes;
+  note_peak_locked(g);
+  const int64_t over = g->cfg.cap ? total_locked(g) - g->cfg.cap : 0;
+  if (over > 0) {
+    g->counted_over++;
+    if (over > g->over_most) g->over_most = over;
+  }
+  pthread_mutex_unlock(&g->mu);
+  return over > 0 ? over : 0;
+}
+
 void mml_ledger_withdraw(mml_ledger *g, mml_charge *c) {
   pthread_mutex_lock(&g->mu);
   if (c->state != MML_CHARGE_WAITING) {
@@ -674,6 +760,9 @@ void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *o) {
   o->waits = g->waits;
   o->evicted_bytes = g->evicted;
   o->revoked = g->revoked;
+  o->tries_refused = g->tries_refused;
+  o->counted_over = g->counted_over;
+  o->over_most = g->over_most;
   o->head_seq = g->head ? g->head->seq : -1;
   o->head_need = g->head ? g->head->bytes : 0;
   pthread_mutex_unlock(&g->mu);

@@ -878,9 +878,8 @@ static void ask_when_waiting_locked(mml_loader *L) {
 static mml_status take_item_locked(mml_loader *L, mml_batch *out, mml_err *err) {
   out_item item;
   ld_out_pop_locked(L, &item);
-  if (item.kind == ITEM_BATCH) L->held_fbytes = item.fbytes; /* the emission gate's */
-  ld_move_ready_locked(L);                                   /* room for the next finished item */
-  if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv);   /* and for a ticket's pixels */
+  ld_move_ready_locked(L);                                 /* room for the next finished item */
+  if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
   out_item *it = &item;
   if (it->kind == ITEM_ERROR) {
     ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */

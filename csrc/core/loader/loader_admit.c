@@ -73,7 +73,7 @@
  *       pages' cache) -- and at a quiescent point it holds exactly the pool's live and
  *       cached bytes, the window's, the reserve, the grants and the Parquet room
  *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
- *       free).  It only counts (no cap of its own, ledger.c L9): the gates above decide.
+ *       free).  Its cap is max_memory; what it grants decides where A8 says so.
  *   A7. Every growth of the pool is paid for by a charge made before the allocation: a
  *       ticket plane's buffer at its first sample's seq (ld_admit_ticket_charge_locked,
  *       from rebuffer), an emission's float rows and its other tensors (input_ids,
@@ -88,6 +88,15 @@
  *       can give some back (ld_admit_read_locked, read_may_wait; loader_bytes.c B4);
  *       when only work queued for its own worker could, it goes ahead (ledger.c THE
  *       FLIP'S ORDER says what is left), and when nothing at all can, it is A3's error.
+ *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4), a decode's
+ *       scratch (M3) and a read's bytes once their size is known: each a try at its seq
+ *       (ledger.c L12: granted now or "no room", under mu), the caches it knows (pooled
+ *       pages, spare byte buffers) evicted inside it.  The ticket buffers, the read gate
+ *       and bytes held ahead keep their formulas (their holds keep room for earlier work:
+ *       ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
+ *       pool's hook, ld_mem_count_task, a read that goes ahead) is a count (L13): never
+ *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
+ *       the stress test reports (MML_STRESS_SHOW_OVER).
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -607,12 +616,14 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
    * as the consumer and other workers give it back (read_may_wait; looked at every 5 ms,
    * as the read gate does: the pool's release wakes nobody yet); never, when for 20 looks
    * nothing could (reads_stuck): 0, the loader's fatal error set */
+  int granted = 0;
   for (;;) {
-    if (ld_mem_room_hold_locked(L, grow, 0)) break;
-    ld_bytes_free_spares(L);
-    if (ld_mem_room_hold_locked(L, grow, 0)) break;
-    ld_admit_drop_bytes_ahead_locked(L, t->seq, grow);
-    if (ld_mem_room_hold_locked(L, grow, 0) || L->stop || L->fatal || t->gen != L->gen) break;
+    /* the ledger decides (L12: a try under mu; its caches make way inside it) */
+    if ((granted = ld_ledger_try(L, t->seq, grow))) break;
+    if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
+        (granted = ld_ledger_try(L, t->seq, grow)))
+      break;
+    if (L->stop || L->fatal || t->gen != L->gen) break;
     /* 20 looks in a row (5 ms apart) with no work able to give room back: it never
      * will (the rule of the other waits for room: only_consumer_waits) */
     stuck = reads_stuck(L) ? stuck + 1 : 0;
@@ -634,7 +645,9 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
     ld_wait_5ms(&L->work_cv, &L->mu);
     L->reads_waiting--;
   }
-  ld_ledger_charge(L, t->seq, grow);
+  /* going ahead without a grant (ledger.c THE FLIP'S ORDER step 1 (ii)): counted, past
+   * the cap if it must be (L13: memory_peak shows it) */
+  if (!granted) ld_ledger_charge(L, t->seq, grow);
   t->read_cover += grow;
   L->read_extra += grow;
   return 1;
@@ -644,23 +657,20 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   const int64_t need = t->scratch_need + (t->reread ? t->reread_bytes : 0);
   if (!L->cfg.max_memory || need <= 0) return 1;
   if (L->fatal) return 0;
-  /* the room held for the decodes placed is theirs: this one's among them */
-  int ok = ld_mem_room_hold_locked(L, need, 0);
-  if (!ok && ld_bytes_spares(L)) { /* spare image buffers are only a speed-up */
-    ld_bytes_free_spares(L);
-    ok = ld_mem_room_hold_locked(L, need, 0);
-  }
-  /* later samples' media bytes, read before this one's needs were known, make way: they
+  /* M3: the ledger decides, at the sample's seq (L12: a try under mu); the room held for
+   * the decodes placed is theirs (this one's among them), and the caches it knows (pooled
+   * pages, spare byte buffers: only a speed-up) make way inside it.  When it refuses,
+   * later samples' media bytes, read before this one's needs were known, make way: they
    * are read again by their own decodes, which come after this one (a progressive JPEG's
    * coefficients waited behind them: tests/test_memory.py
    * test_progressive_scratch_is_planned_from_the_header) */
+  int ok = ld_ledger_try(L, t->seq, need);
   if (!ok && ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0)
-    ok = ld_mem_room_hold_locked(L, need, 0);
+    ok = ld_ledger_try(L, t->seq, need);
   if (ok) {
     t->scratch_granted = t->scratch_need;
     t->reread_granted = need - t->scratch_need;
     L->scratch_extra += need;
-    ld_ledger_charge(L, t->seq, need);
     L->scratch_stuck = 0;
     return 1;
   }
@@ -697,18 +707,16 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   if (fpool < 0 || fpool + small <= 0) return 0;
   const int64_t need = fpool + small;
-  int ok = ld_mem_room_hold_locked(L, fpool, small);
-  if (!ok && (ld_bytes_spares(L) || L->video_open_bytes || L->video_held)) {
-    /* caches make way for the oldest work before it waits, as for the head ticket
-     * (retry_pending): the spare byte buffers, and the bytes later samples hold ahead of
-     * their decode (their decodes read them again) */
-    ld_bytes_free_spares(L);
-    ld_release_videos_ahead_locked(L);
-    ok = ld_mem_room_hold_locked(L, fpool, small);
-  }
+  /* M4: the ledger decides, at the batch's first sample's seq (L12: a try, the worker
+   * holds mu and may not wait); the caches it knows (pooled pages, spare byte buffers)
+   * make way inside it.  When it refuses, the bytes later samples hold ahead of their
+   * decode (kept videos: their decodes read them again) make way, as for the head ticket
+   * (retry_pending), and it is asked once more. */
+  int ok = ld_ledger_try(L, L->head_seq, need);
+  if (!ok && (L->video_open_bytes || L->video_held) && ld_release_videos_ahead_locked(L) > 0)
+    ok = ld_ledger_try(L, L->head_seq, need);
   if (ok) {
     L->emit_extra += need;
-    ld_ledger_charge(L, L->head_seq, need);
     L->emit_stuck = 0;
     return need;
   }
@@ -788,9 +796,9 @@ static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
       covered = d_live - reused < pool_cover.bytes ? d_live - reused : pool_cover.bytes;
       pool_cover.bytes -= covered;
     }
-    mml_charge c = {.seq = 0, .bytes = d_live - covered};
-    if (c.bytes) (void)mml_ledger_request(L->ledger, &c, NULL);
-    if (c.bytes > reused) atomic_fetch_add(&L->led_uncovered, c.bytes - reused);
+    const int64_t counted = d_live - covered; /* it happened: counted (ledger.c L13) */
+    if (counted) (void)mml_ledger_count(L->ledger, -1, counted);
+    if (counted > reused) atomic_fetch_add(&L->led_uncovered, counted - reused);
     mml_ledger_hand_over(L->ledger, d_live);
   } else if (d_live < 0) {
     const int64_t kept = d_cached > 0 ? (d_cached < -d_live ? d_cached : -d_live) : 0;
@@ -798,7 +806,7 @@ static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
     mml_ledger_release(L->ledger, -d_live - kept, MML_HOLD_CONSUMER);
     d_cached -= kept;
   }
-  if (d_cached > 0) (void)mml_ledger_cache_grow(L->ledger, L->led_pool, d_cached);
+  if (d_cached > 0) (void)mml_ledger_count(L->ledger, L->led_pool, d_cached);
 }
 
 static int64_t ledger_pool_evict(void *arg, int64_t want) {
@@ -807,9 +815,10 @@ static int64_t ledger_pool_evict(void *arg, int64_t want) {
 
 mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
   if (!L->cfg.max_memory) return MML_OK;
-  /* Accounting: the old gates above decide; the ledger, without a cap of its own (L9),
-   * grants every charge at once and counts what the cap covers (A6). */
-  const mml_ledger_cfg lc = {0, NULL, NULL, "max_memory", NULL};
+  /* cap = max_memory: a try (ledger.c L12) is refused when it does not fit; what is
+   * counted after it was taken (L13: the pool's hook, a task's byte buffers) is recorded
+   * even past the cap, in the peak (memory_peak) and counted_over (A6, A8) */
+  const mml_ledger_cfg lc = {L->cfg.max_memory, NULL, NULL, "max_memory", NULL};
   mml_status st = mml_ledger_new(&lc, &L->ledger, err);
   if (st) return st;
   L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
@@ -833,24 +842,17 @@ void ld_ledger_free(mml_loader *L) {
 }
 
 void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes) {
-  if (!L->ledger || bytes <= 0) return;
-  /* caches make way before a charge would take the total over max_memory (ledger.c L4,
-   * by hand while the ledger only counts): a read's bytes past its estimate beside the
-   * pool's cached pages were memory over the cap */
-  mml_ledger_stats g;
-  mml_ledger_get_stats(L->ledger, &g);
-  int64_t over =
-      g.held[MML_HOLD_ENGINE] + g.held[MML_HOLD_CONSUMER] + g.cached + bytes - L->cfg.max_memory;
-  if (over > 0) {
-    size_t cached, live;
-    mml_pool_usage(L->pool, &cached, &live);
-    if (cached)
-      over -= (int64_t)cached -
-              (int64_t)mml_pool_trim(L->pool, (int64_t)cached > over ? cached - (size_t)over : 0);
-    if (over > 0 && ld_bytes_spares(L)) ld_bytes_free_spares(L);
-  }
+  /* counted past the cap if it must be (ledger.c L13): the ledger's caches (pooled pages,
+   * spare byte buffers) make way first, as for a grant (a read's bytes past its estimate
+   * beside the pool's cached pages were memory over the cap) */
+  (void)seq;
+  if (L->ledger && bytes > 0) (void)mml_ledger_count(L->ledger, -1, bytes);
+}
+
+int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes) {
+  if (!L->ledger || bytes <= 0) return 1;
   mml_charge c = {.seq = seq, .bytes = bytes};
-  (void)mml_ledger_request(L->ledger, &c, NULL); /* granted at once: no cap of its own */
+  return mml_ledger_try(L->ledger, &c);
 }
 
 void ld_ledger_cover_begin(mml_loader *L, int64_t bytes) {

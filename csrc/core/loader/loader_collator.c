@@ -29,29 +29,26 @@
  * same bytes, whoever writes them).  The emission gate
  * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
  * when none is ahead of the consumer (being emitted or in the output queue), and else
- *   G1 (no max_memory): while fewer than `prefetch` are ahead and their expanded bytes
- *      with this one's stay within the output queue's byte budget (out_budget).  A
- *      decoded batch is expanded as soon as a worker is free, before any later decode:
- *      the consumer takes batches in order, so finishing the oldest first never makes a
- *      batch later, and the expansion (~11 ms per 188 MB alone, 40-240 ms on a loaded
- *      machine) is done while the trainer still has up to `prefetch` steps of slack.
- *      Issue 34: the rule before (G2's, without a cap) kept at most two expanded, the
- *      rest of `prefetch` waiting as uint8 rows, so one slow batch (a large photo) drained
- *      the two and the trainer waited for an expansion that a worker, busy decoding,
- *      started late (benchmarks/bench_never_late.py: output queue median 2, never full,
- *      wait-time ratio 2.7-4.6% on a quiet machine).  Memory: `prefetch` float batches
- *      ahead is what guarantee 5 allows (pixel_format "float32-decode" holds as much);
- *      the pool's working set grows to them once (pool.c TRIM), then maps nothing.
- *   G2 (max_memory): never when two are ahead, and with one ahead only while the
- *      expanded bytes then live (the batch last delivered, the one ahead, this one) stay
- *      within fbytes_hw, the most that the one-ahead case ever had live (the batch last
- *      delivered + the one emitted), and the pool's cache holds the pages the emission
- *      takes (its live bytes then stay within its live + cached now: fbytes_hw is
- *      all-time, while the pool trims its cache to the recent working set, pool.c, so a
- *      second batch ahead within fbytes_hw alone faulted trimmed pages back in, zeroed by
- *      the kernel inside the step it was meant to save).  The byte ledger's room
- *      for expansions (loader_admit.c, expand_hold) reasons on G2, so G2 stays under
- *      max_memory; the rest of `prefetch` waits as uint8 rows there (issue 15).
+ *   G1: while fewer than `prefetch` are ahead and their expanded bytes with this one's stay
+ *      within the output queue's byte budget (out_budget).  A decoded batch is expanded
+ *      as soon as a worker is free, before any later decode: the consumer takes batches
+ *      in order, so finishing the oldest first never makes a batch later, and the
+ *      expansion (~11 ms per 188 MB alone, 40-240 ms on a loaded machine) is done while
+ *      the trainer still has up to `prefetch` steps of slack.  Issue 34: the rule before
+ *      (G2's, below) kept at most two expanded, the rest of `prefetch` waiting as uint8
+ *      rows, so one slow batch (a large photo) drained the two and the trainer waited for
+ *      an expansion that a worker, busy decoding, started late
+ *      (benchmarks/bench_never_late.py: output queue median 2, never full, wait-time
+ *      ratio 2.7-4.6% on a quiet machine).  Memory: `prefetch` float batches ahead is what
+ *      guarantee 5 allows (pixel_format "float32-decode" holds as much); the pool's
+ *      working set grows to them once (pool.c TRIM), then maps nothing.
+ *   G2 (max_memory): the bytes.  Each emission's float rows and tensors are charged at
+ *      its batch's seq before it runs (the memory ledger's grant: loader_admit.c
+ *      ld_mem_emit_take_locked, A8), so under max_memory G1 holds too and the ledger
+ *      decides whether the room is there; a refused emission waits as uint8 rows (the
+ *      worker decodes instead) until the consumer gives room back.  Before the ledger
+ *      decided it, G2 was a rule of its own: two ahead at most, the second within the
+ *      most the one-ahead case had live (fbytes_hw) and within the pool's cached pages.
  * The worker that finds the gate shut decodes instead; the consumer's pop
  * (ld_move_ready_locked) wakes one.  Emission stays on the workers: a thread of its own
  * for it expanded while both workers decoded on the 2 cores, so each expansion took
@@ -214,15 +211,15 @@ void ld_move_ready_locked(mml_loader *L) {
 }
 
 /* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)
- * and of the next one to emit, and the pool bytes its emission adds. */
-static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next, size_t *need) {
-  *ahead = *next = *need = 0;
+ * and of the next one to emit. */
+static void ahead_bytes_locked(const mml_loader *L, size_t *ahead, size_t *next) {
+  *ahead = *next = 0;
   for (int i = 0; i < L->out_count; i++) *ahead += ld_out_at(L, i)->fbytes;
   int found = 0;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     const pend_item *q = &L->pend[k % L->npend];
     if (q->state == PEND_EMITTING) *ahead += q->it.fbytes;
-    if (q->state == PEND_QUEUED && !found) *next = q->it.fbytes, *need = q->fneed, found = 1;
+    if (q->state == PEND_QUEUED && !found) *next = q->it.fbytes, found = 1;
   }
 }
 
@@ -230,16 +227,11 @@ int ld_emit_gated_locked(const mml_loader *L) {
   if (!L->compact) return 0;
   int n = L->out_count + L->emitting;
   if (n == 0) return 0;
-  size_t ahead, next, need, cached;
-  ahead_bytes_locked(L, &ahead, &next, &need);
-  if (!L->cfg.max_memory) /* G1: up to `prefetch` ahead, within the output queue's bytes */
-    return n >= L->cfg.prefetch || ahead + next > L->out_budget;
-  /* G2 (max_memory): two at most, the second within the one-ahead high-water */
-  if (n >= 2) return 1;
-  if (L->held_fbytes + ahead + next > L->fbytes_hw) return 1;
-  /* and only with pages the pool holds: live + what it needs <= live + cached now */
-  mml_pool_usage(L->pool, &cached, NULL);
-  return need > cached;
+  size_t ahead, next;
+  ahead_bytes_locked(L, &ahead, &next);
+  /* G1: up to `prefetch` ahead, within the output queue's bytes; under max_memory the
+   * ledger's grant decides the room too (G2) */
+  return n >= L->cfg.prefetch || ahead + next > L->out_budget;
 }
 
 void ld_drop_output_locked(mml_loader *L) {
@@ -323,8 +315,6 @@ void ld_emit_job_locked(mml_loader *L, int64_t *grant) {
     }
   }
   if (!p) return; /* cannot happen while jobs_queued > 0 */
-  if (L->compact && L->out_count + L->emitting == 0 && L->held_fbytes + p->it.fbytes > L->fbytes_hw)
-    L->fbytes_hw = L->held_fbytes + p->it.fbytes; /* the one-ahead rule's high-water */
   p->state = PEND_EMITTING;
   L->jobs_queued--;
   L->emitting++;

@@ -284,12 +284,8 @@ struct mml_loader {
   uint64_t inplace_rows;      /* compact: those of them expanded in place (stats) */
   uint64_t shared_rows;       /* compact: those of them expanded by a helping worker (stats) */
   struct ld_xshare *xs;       /* compact: the emission whose expansion is shared (mu) */
-  /* compact, the emission gate (loader_collator.c, mu): the expanded bytes of the batch
-   * last delivered (the consumer's) and the most expanded bytes one batch ahead made
-   * live with it (the high-water a second batch ahead must stay within) */
-  size_t held_fbytes, fbytes_hw;
-  task *dec_head, *dec_tail; /* decode jobs, in placement order */
-  uint64_t moved_rows;       /* rows copied after a late failure changed the plan */
+  task *dec_head, *dec_tail;  /* decode jobs, in placement order */
+  uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
@@ -711,13 +707,16 @@ void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover);
 /* The ledger (loader_admit.c THE LEDGER): made after the pool (MML_OK without
  * max_memory), its fixed charges when the threads start, the pool unhooked before the pool
  * closes and the ledger freed after it; ld_ledger_charge / _release: `bytes` of the work at
- * stream position `seq` (ENGINE credit); ld_ledger_spare_*: the spare byte buffers' cache.
- * All are no-ops without a ledger. */
+ * stream position `seq` (ENGINE credit), charge counting what was taken (ledger.c L13);
+ * ld_ledger_try: `bytes` for the work at `seq` asked before they are taken, 1 when the
+ * ledger grants them now (ENGINE credit; L12), 0 "no room now"; ld_ledger_spare_*: the
+ * spare byte buffers' cache.  All are no-ops (try: 1) without a ledger. */
 mml_status ld_ledger_open(mml_loader *L, mml_err *err);
 void ld_ledger_start_locked(mml_loader *L);
 void ld_ledger_unhook(mml_loader *L);
 void ld_ledger_free(mml_loader *L);
 void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes);
+int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes);
 /* ld_ledger_cover_begin: `bytes` of ENGINE credit granted to this thread's next pool
  * growths (an emission's float rows): the pool's hook hands them over instead of charging
  * them again; ld_ledger_cover_end gives back what they did not use. */
@@ -806,9 +805,8 @@ void ld_release_oldest_skip_locked(mml_loader *L);
 void ld_drop_output_locked(mml_loader *L);
 /* Compact pixels: 1 while the next queued batch must not be emitted (expanded) yet
  * (loader_collator.c, G1 / G2): `prefetch` are ahead of the consumer or their expanded
- * bytes would pass the output queue's budget; under max_memory, two are ahead, or one is
- * and a second would take the expanded bytes live (the consumer's batch + those ahead)
- * above fbytes_hw or need more pages than the pool has cached. */
+ * bytes would pass the output queue's budget; under max_memory the ledger's grant for its
+ * rows (ld_mem_emit_take_locked) decides the room besides. */
 int ld_emit_gated_locked(const mml_loader *L);
 /* A worker emits the oldest queued batch (called with mu held, returns with it held).
  * *grant: the ledger's charge for its float rows (ld_mem_emit_take_locked), given back

@@ -80,6 +80,9 @@ typedef struct mml_ledger_stats {
   uint64_t grants, waits;      /* charges granted; of them, those that waited */
   uint64_t evicted_bytes;      /* cache bytes reclaimed for a charge */
   uint64_t revoked;            /* revocable charges asked back (L10) */
+  uint64_t tries_refused;      /* tries answered "no room" (L12) */
+  uint64_t counted_over;       /* counts that left held + cached above the cap (L13) */
+  int64_t over_most;           /* the most above the cap a count left it (L13) */
   int64_t head_seq, head_need; /* the first waiting charge (-1, 0: none) */
 } mml_ledger_stats;
 
@@ -111,6 +114,15 @@ mml_status mml_ledger_acquire(mml_ledger *g, mml_charge *c, mml_err *err);
 /* Blocks (no polling) until a charge that mml_ledger_request queued is no longer WAITING:
  * MML_OK when granted, else as mml_ledger_acquire. */
 mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err);
+/* Non-blocking and never queued (L12): c (IDLE, seq and bytes set) is granted now (1,
+ * c GRANTED: ENGINE credit, released with mml_ledger_release or mml_ledger_give_back) when
+ * no charge before it waits and it fits, caches evicted if that makes it fit; else 0 ("no
+ * room now"; c IDLE, nothing held).  For callers that must not wait. */
+int mml_ledger_try(mml_ledger *g, mml_charge *c);
+/* Records `bytes` already taken (L13): id < 0, ENGINE credit (caches are evicted first to
+ * make room for it); id >= 0, cache id's bytes (nobody held them).  Counted even past the
+ * cap: returns how far above the cap the total is after it (0: within). */
+int64_t mml_ledger_count(mml_ledger *g, int id, int64_t bytes);
 /* Withdraws a WAITING charge (a seek, a rewind): IDLE again; charges behind it may be
  * granted.  A GRANTED or FAILED charge is left alone (release it). */
 void mml_ledger_withdraw(mml_ledger *g, mml_charge *c);

@@ -1,4 +1,4 @@
-/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L11):
+/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L13):
  * ordering, eviction, wakeups, the deadlock rule and its message, shutdown, and a
  * randomized stress test of a producer/consumer pipeline (libuv threadpool-test style:
  * real threads, no sleeps in the checks; run under TSan by the Makefile). */
@@ -165,6 +165,83 @@ TEST(ledger_evicts_caches_before_waiting) {
   mml_ledger_get_stats(g, &s);
   CHECK_EQ_INT(s.cached, 0);
   CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 60);
+  mml_ledger_free(g);
+}
+
+/* L12: a try is granted exactly when a request would be at once -- in order, with caches
+ * evicted to fit -- and otherwise refused with nothing queued or held. */
+TEST(ledger_try_grants_only_at_once) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  tcache k = {0};
+  k.evictable = 1;
+  const int id = mml_ledger_add_cache(g, "pages", tcache_evict, &k);
+  mml_charge a = charge(5, 60);
+  CHECK(mml_ledger_try(g, &a));
+  CHECK_EQ_INT(a.state, MML_CHARGE_GRANTED);
+  mml_charge b = charge(6, 50); /* 60 held: does not fit */
+  CHECK(!mml_ledger_try(g, &b));
+  CHECK_EQ_INT(b.state, MML_CHARGE_IDLE);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 60);
+  CHECK_EQ_INT(s.waiting, 0); /* nothing queued */
+  CHECK_EQ_INT(s.tries_refused, 1);
+  /* a waiting charge before it refuses a try that fits (L1); one after it does not */
+  mml_charge w = charge(3, 50);
+  CHECK_OK(mml_ledger_request(g, &w, &err), err);
+  CHECK_EQ_INT(w.state, MML_CHARGE_WAITING);
+  mml_charge c = charge(4, 10);
+  CHECK(!mml_ledger_try(g, &c));
+  mml_charge d = charge(2, 10);
+  CHECK(mml_ledger_try(g, &d));
+  mml_ledger_release(g, 70, MML_HOLD_ENGINE); /* a and d */
+  CHECK_EQ_INT(mml_ledger_state(g, &w), MML_CHARGE_GRANTED);
+  /* caches make way for a try (L4) */
+  mml_ledger_cache_put(g, id, 50, MML_HOLD_ENGINE); /* w's bytes, kept */
+  atomic_store(&k.bytes, 50);
+  mml_charge e = charge(7, 80);
+  CHECK(mml_ledger_try(g, &e));
+  CHECK_EQ_INT(atomic_load(&k.asked), 30);
+  mml_ledger_get_stats(g, &s);
+  CHECK(s.held[MML_HOLD_ENGINE] + s.cached <= s.cap); /* L3 */
+  CHECK_EQ_INT(s.cached, 20);
+  /* after shutdown: refused */
+  mml_ledger_shutdown(g);
+  mml_charge f = charge(8, 1);
+  CHECK(!mml_ledger_try(g, &f));
+  mml_ledger_free(g);
+}
+
+/* L13: a count is never refused or queued; caches make way for it first, and what it
+ * leaves above the cap is recorded (peak, counted_over, over_most). */
+TEST(ledger_count_past_cap_is_recorded) {
+  mml_ledger *g = new_ledger(100);
+  tcache k = {0};
+  k.evictable = 1;
+  const int id = mml_ledger_add_cache(g, "pages", tcache_evict, &k);
+  CHECK_EQ_INT(mml_ledger_count(g, -1, 40), 0);
+  CHECK_EQ_INT(mml_ledger_count(g, id, 30), 0); /* a cache's growth */
+  atomic_store(&k.bytes, 30);
+  CHECK_EQ_INT(mml_ledger_count(g, -1, 50), 0); /* 20 evicted for it */
+  CHECK_EQ_INT(atomic_load(&k.asked), 20);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 90);
+  CHECK_EQ_INT(s.cached, 10);
+  CHECK_EQ_INT(s.counted_over, 0);
+  CHECK_EQ_INT(mml_ledger_count(g, -1, 25), 15); /* the cache goes, then 15 over */
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.cached, 0);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 115);
+  CHECK_EQ_INT(s.peak, 115);
+  CHECK_EQ_INT(s.counted_over, 1);
+  CHECK_EQ_INT(s.over_most, 15);
+  CHECK_EQ_INT(s.waiting, 0);
+  mml_charge a = charge(0, 1); /* nothing fits while it is over */
+  CHECK(!mml_ledger_try(g, &a));
+  mml_ledger_release(g, 115, MML_HOLD_ENGINE);
+  CHECK(mml_ledger_try(g, &a));
   mml_ledger_free(g);
 }
 
