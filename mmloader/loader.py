@@ -457,6 +457,7 @@ class LoaderStats(_RemoteStats):
     pixel_rows_moved: int
     pixel_rows_expanded: int
     pixel_rows_expanded_in_place: int
+    pixel_rows_expanded_shared: int
     video_plan_waits: int
     video_decode_waits: int
     video_preload_peak_bytes: int
@@ -1073,7 +1074,8 @@ class Loader:
         pixel_rows_expanded (pixel_format float32/bfloat16: rows expanded from uint8 at
         emission),
         pixel_rows_expanded_in_place (those of them expanded in their own buffer, grown
-        to the float bytes: no second buffer),
+        to the float bytes: no second buffer), pixel_rows_expanded_shared (those of them
+        expanded by a second worker, which helps while the consumer has no batch ready),
         the engine's memory in parts (besides pool_live_bytes and pool_cached_bytes; the
         cache is trimmed to the most bytes in use at once over the last ~128 batches):
         pool_live_peak_bytes and pool_peak_bytes (the most in use at one time, and in use +

@@ -8,9 +8,11 @@ in padded and packed batches, on one and several threads, and under max_memory. 
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
+import numpy as np
 import pytest
 
 import mmloader
@@ -83,8 +85,6 @@ def _gate(rows, popped_upto, prefetch):
 def big_then_small(tmp_path_factory):
     """Two batches of large images, then batches of small ones: the large pair sets the
     high-water that two small batches ahead fit in."""
-    import json
-
     from test_plan_decode import _jpeg
 
     import numpy as np
@@ -182,3 +182,53 @@ def _kernel_moves_pages():
     buffers can grow in place (pool.c); before, only buffers under 1 MiB do."""
     rel = os.uname().release.split("-")[0].split(".")
     return os.uname().sysname == "Linux" and tuple(int(x) for x in rel[:2]) >= (5, 7)
+
+
+def test_shared_expansion_is_the_same_batches(tmp_path):
+    # loader_expand.c X1: batches large enough for their expansion to be shared (over 1024
+    # rows past the first in-place run) come out bitwise those written directly, and some
+    # of their rows were expanded by a worker other than the emitting one (the consumer
+    # takes every batch at once, so the output queue is empty while each is expanded; at
+    # the end of the epoch nothing is left to decode and the other worker always helps)
+    import json
+
+    from test_plan_decode import _jpeg
+
+    rng = np.random.default_rng(3)
+    sizes = [(700, 560), (448, 896), (980, 700), (640, 640)]
+    for k, (w, h) in enumerate(sizes):
+        (tmp_path / f"big{k}.jpg").write_bytes(_jpeg(rng, w, h))
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for i in range(16):
+            refs = [f"big{(i + j) % len(sizes)}.jpg" for j in range(1 + i % 2)]
+            text = "".join("<image>" for _ in refs) + f"\nsample {i}: " + "word " * (i % 5)
+            rec = {
+                "messages": [
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": "answer " * (1 + i % 3)},
+                ],
+                "images": refs,
+            }
+            f.write(json.dumps(rec) + "\n")
+    path = str(tmp_path / "big.jsonl")
+    for fmt in ("float32", "bfloat16"):
+        with mmloader.Loader(
+            path,
+            tokenizer=TINY,
+            num_threads=2,
+            prefetch=2,
+            micro_batch_size=4,
+            pixel_format=f"{fmt}-decode",
+        ) as L:
+            direct = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
+        with mmloader.Loader(
+            path, tokenizer=TINY, num_threads=2, prefetch=2, micro_batch_size=4, pixel_format=fmt
+        ) as L:
+            compact = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
+            st = L.stats()
+        same(compact, direct)
+        assert len(compact) == 4
+        assert st["pixel_rows_expanded"] >= sum(
+            int(b["image_grid_thw"].prod(1).sum()) for b in compact
+        )
+        assert 0 < st["pixel_rows_expanded_shared"] < st["pixel_rows_expanded"]

@@ -448,6 +448,8 @@ static int set_rows_video(PyObject *d, const mml_loader_stats *s) {
          set_num(d, "pixel_rows_expanded", PyLong_FromUnsignedLongLong(s->expanded_rows)) ||
          set_num(d, "pixel_rows_expanded_in_place",
                  PyLong_FromUnsignedLongLong(s->expanded_inplace_rows)) ||
+         set_num(d, "pixel_rows_expanded_shared",
+                 PyLong_FromUnsignedLongLong(s->expanded_shared_rows)) ||
          set_num(d, "video_plan_waits", PyLong_FromUnsignedLongLong(s->video_plan_waits)) ||
          set_num(d, "video_decode_waits", PyLong_FromUnsignedLongLong(s->video_decode_waits)) ||
          set_num(d, "video_preload_peak_bytes", PyLong_FromLongLong(s->video_preload_peak)) ||

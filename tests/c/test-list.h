@@ -217,6 +217,7 @@ TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
 TEST_DECLARE(pixels_expand_is_the_writers_bits)
 TEST_DECLARE(pixels_expand_in_place_is_expand)
+TEST_DECLARE(pixels_expand_in_place_split)
 /* test-image.c */
 TEST_DECLARE(jpeg_coefficients_stay_mapped)
 TEST_DECLARE(image_aside_runs_abandons_and_bounds)
@@ -440,6 +441,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(pixel_formats_and_frame_slots)
     TEST_ENTRY(pixels_expand_is_the_writers_bits)
     TEST_ENTRY(pixels_expand_in_place_is_expand)
+    TEST_ENTRY(pixels_expand_in_place_split)
     /* test-image.c */
     TEST_ENTRY(jpeg_coefficients_stay_mapped)
     TEST_ENTRY(image_aside_runs_abandons_and_bounds)

@@ -1043,6 +1043,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->moved_rows = L->moved_rows;
   o->expanded_rows = L->expanded_rows;
   o->expanded_inplace_rows = L->inplace_rows;
+  o->expanded_shared_rows = L->shared_rows;
   o->video_plan_waits = __atomic_load_n(&L->video_plan_waits, __ATOMIC_RELAXED);
   o->video_decode_waits = __atomic_load_n(&L->video_decode_waits, __ATOMIC_RELAXED);
   o->video_preload_peak = L->video_held_peak;

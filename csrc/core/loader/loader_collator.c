@@ -24,7 +24,9 @@
  * compact_swap), builds the tensors, hands the instance back (coll_busy 0, so
  * composition goes on) and only then expands the rows (in place: back to front); the
  * item becomes READY after the expansion, so the consumer never sees it unwritten, and
- * a seek waits for it (it counts in `emitting`).  The emission gate
+ * a seek waits for it (it counts in `emitting`).  While the output queue is empty the
+ * other workers take chunks of that expansion before any decode (loader_expand.c: the
+ * same bytes, whoever writes them).  The emission gate
  * (ld_emit_gated_locked) decides when a queued batch may be emitted (so expanded): always
  * when none is ahead of the consumer (being emitted or in the output queue), and else
  *   G1: while fewer than `prefetch` are ahead and their expanded bytes with this one's stay
@@ -139,13 +141,7 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
     pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
     pthread_mutex_unlock(&L->mu);
     *freed = 1; /* the collator may hand it out again before this emit ends */
-    const mml_vision_cfg *v = &L->src[0].vision;
-    if (!st && u8 == f)
-      st = mml_pixels_expand_inplace(f->data, rows, v->patch_size, v->temporal_patch_size,
-                                     (const float(*)[256])L->ptable, L->ccfg.pixel_format, err);
-    else if (!st)
-      st = mml_pixels_expand(u8->data, rows, v->patch_size, 1, v->temporal_patch_size,
-                             (const float(*)[256])L->ptable, L->ccfg.pixel_format, f->data, err);
+    if (!st) st = ld_expand_shared(L, u8, f, rows, err); /* with idle workers: loader_expand.c */
     if (!st) *expanded = rows, *inplace = u8 == f;
   }
   mml_buf_release(u8);

@@ -282,6 +282,8 @@ struct mml_loader {
   size_t expand_row_bytes;    /* compact: bytes of one emitted pixel_values row */
   uint64_t expanded_rows;     /* compact: rows expanded at emission (stats) */
   uint64_t inplace_rows;      /* compact: those of them expanded in place (stats) */
+  uint64_t shared_rows;       /* compact: those of them expanded by a helping worker (stats) */
+  struct ld_xshare *xs;       /* compact: the emission whose expansion is shared (mu) */
   task *dec_head, *dec_tail;  /* decode jobs, in placement order */
   uint64_t moved_rows;        /* rows copied after a late failure changed the plan */
   /* max_memory (loader_place.c, under mu) */
@@ -637,6 +639,27 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t);
  * 0: nothing to take; -1: no room now, the caller waits -- or the loader's fatal error is
  * set). */
 int64_t ld_mem_emit_take_locked(mml_loader *L);
+/* A compact batch's expansion shared with helping workers (loader_expand.c): the job,
+ * on the emitting worker's stack while published in L->xs. */
+typedef struct ld_xshare {
+  const uint8_t *src; /* uint8 row r at src + r * in_row, its float row at dst + r * out_row */
+  uint8_t *dst;
+  size_t in_row, out_row;
+  int patch, T, format;
+  const float (*table)[256];
+  int64_t next, end; /* rows [next, end) not taken yet (mu) */
+  int helpers;       /* helpers expanding a chunk now (mu) */
+  mml_status st;     /* the first failure (mu) */
+  mml_err err;
+  pthread_cond_t done_cv; /* the last helper out (with mu) */
+} ld_xshare;
+/* Expands the emission's rows (u8 == f: in place, mml_pixels_expand_inplace; else u8's
+ * rows into f, mml_pixels_expand), sharing them with helpers when it can: the same bytes
+ * (X1).  mu not held. */
+mml_status ld_expand_shared(mml_loader *L, mml_buf *u8, mml_buf *f, int64_t rows, mml_err *err);
+/* A worker looking for work (mu held): expands one chunk of the shared expansion when one
+ * is left and the output queue is empty (mu dropped meanwhile): 1; else 0. */
+int ld_expand_help_locked(mml_loader *L);
 void ld_mem_scratch_give_locked(mml_loader *L, task *t);
 /* max_memory: planned samples after seq `after` whose decode has not begun and whose media
  * were read without the network (no video) drop their media bytes, latest first, until

@@ -2,7 +2,8 @@
  * loader_worker.c — the loader's worker threads and the per-sample task.
  *
  * A worker (num_threads of them) first emits a finished batch if one is queued, else
- * decodes a placed sample (the decode queue, in order; under max_memory a decode whose
+ * expands a chunk of the batch being emitted while the output queue is empty
+ * (loader_expand.c), else decodes a placed sample (the decode queue, in order; under max_memory a decode whose
  * images need scratch beyond the worker's reserve first takes that room, and while it
  * waits the decodes needing scratch after it wait too, no overtaking: loader_place.c
  * DECODER SCRATCH), else takes a ready task (remote bytes arrived), else dispatches the
@@ -573,6 +574,7 @@ static task *take_task_locked(mml_loader *L) {
       }
       emit_wait = 1;
     }
+    if (ld_expand_help_locked(L)) continue; /* the expansion the consumer waits for */
     int dec_wait = 0; /* then pixels of batches already composed (take_decode_locked) */
     task *run = take_decode_locked(L, &dec_wait);
     if (run) return run;

@@ -21,6 +21,8 @@
  * In place (mml_pixels_expand_inplace): the uint8 rows at the start of a buffer that holds
  * their float rows, expanded back to front in runs of rows whose outputs lie past every
  * input still unread (the same loops on each run, so the same values); row 0 from a copy.
+ * The first run (mml_pixels_inplace_free_from: 7/8 of the rows for float32 with T = 2)
+ * may be cut into pieces done in any order or at once (loader_expand.c).
  *
  * Pure function of its arguments; reentrant.
  */
@@ -229,6 +231,15 @@ mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, i
 }
 #undef EXPAND
 
+int64_t mml_pixels_inplace_free_from(int64_t rows, int patch_size, int T, int format) {
+  if (rows <= 1 || patch_size < 1 || T < 1 ||
+      (format != MML_PIXEL_FLOAT32 && format != MML_PIXEL_BFLOAT16))
+    return rows;
+  const size_t esz = format == MML_PIXEL_BFLOAT16 ? 2 : 4;
+  const size_t U = 3 * (size_t)patch_size * patch_size, F = U * (size_t)T * esz; /* F >= 2U */
+  return (int64_t)(((size_t)rows * U + F - 1) / F);
+}
+
 mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, int T,
                                      const float table[3][256], int format, mml_err *err) {
   const size_t esz = format == MML_PIXEL_BFLOAT16 ? 2 : 4;
@@ -244,7 +255,7 @@ mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, in
   /* rows [r0, r1) at once, front to back: their outputs start at r0 * F >= r1 * U, past
    * every input byte still unread (rows < r1), whatever order the kernel writes in */
   while (r1 > 1 && !st) {
-    int64_t r0 = (int64_t)(((size_t)r1 * U + F - 1) / F);
+    int64_t r0 = mml_pixels_inplace_free_from(r1, patch_size, T, format);
     st = mml_pixels_expand(b + (size_t)r0 * U, r1 - r0, patch_size, 1, T, table, format,
                            b + (size_t)r0 * F, err);
     r1 = r0;

@@ -369,6 +369,8 @@ typedef struct mml_loader_stats {
                                     expanded from uint8 rows at emission (0: the images
                                     were decoded as they are delivered) */
   uint64_t expanded_inplace_rows;  /* ... of them, in their own buffer (grown in place) */
+  uint64_t expanded_shared_rows;   /* ... of them, by a worker other than the emitting one
+                                    while the consumer had nothing ready (loader_expand.c) */
   uint64_t video_plan_waits;       /* times a worker waited on the network opening/probing a
                                     remote video for its plan (a HEAD, header blocks) */
   uint64_t video_decode_waits;     /* ... while decoding one (0: every decode read preloaded

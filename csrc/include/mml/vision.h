@@ -221,6 +221,16 @@ mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, i
 mml_status mml_pixels_expand_inplace(void *buf, int64_t rows, int patch_size, int T,
                                      const float table[3][256], int format, mml_err *err);
 
+/* Splitting that in-place expansion (loader_expand.c shares a batch's among workers): the
+ * first row r0 of its first run.  Rows [r0, rows) may be expanded in any pieces, in any
+ * order, on any threads at once, each piece [a, b) as mml_pixels_expand(buf + a*U, b - a,
+ * patch_size, 1, T, table, format, buf + a*F) (U = 3*P*P bytes in, F = 3*T*P*P values
+ * out): their outputs lie past every uint8 row still unread.  Once all of them are done,
+ * mml_pixels_expand_inplace(buf, r0, ...) finishes the buffer; the result is the bytes
+ * of mml_pixels_expand_inplace(buf, rows, ...).  rows itself (no free rows) for rows <= 1
+ * or bad arguments. */
+int64_t mml_pixels_inplace_free_from(int64_t rows, int patch_size, int T, int format);
+
 /* recipe="llama-factory" (prescale.c): the sizes LLaMA-Factory 0.9.5's Qwen2VLPlugin.
  * _preprocess_image resizes a width x height image to, in order (at most MML_LF_PRE_MAX;
  * *n = 0: none), and the size the processor then gets (*out_w, *out_h):

@@ -602,3 +602,52 @@ TEST(pixels_expand_in_place_is_expand) {
       mml_pixels_expand_inplace(NULL, 0, 14, 2, (const float(*)[256])tab, MML_PIXEL_UINT8, &err),
       MML_EINVAL);
 }
+
+/* loader_expand.c X1: the in-place expansion split as the loader shares it -- the rows
+ * from mml_pixels_inplace_free_from on cut into pieces expanded in any order (here back
+ * to front, pieces of 1-7 rows), then mml_pixels_expand_inplace on the rows before them --
+ * is exactly the whole in-place expansion, for every row count, float32 and bfloat16,
+ * T 1 and 2, streamed and plain loops; and the free rows' outputs lie past every input. */
+TEST(pixels_expand_in_place_split) {
+  mml_err err = {0};
+  float tab[3][256];
+  for (int c = 0; c < 3; c++)
+    for (int v = 0; v < 256; v++) tab[c][v] = ((float)v * (1.0f / 255) - 0.45f + 0.03f * c) / 0.26f;
+  const int shapes[][2] = {{14, 2}, {16, 1}, {3, 2}};
+  unsigned seed = 5;
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    const int p = shapes[i][0], t = shapes[i][1];
+    const int64_t nmax = 90;
+    const size_t U = 3 * (size_t)p * p, F4 = U * t * 4;
+    uint8_t *src = malloc((size_t)nmax * U), *ref = NULL, *buf = NULL;
+    CHECK(posix_memalign((void **)&ref, 64, (size_t)nmax * F4) == 0);
+    CHECK(posix_memalign((void **)&buf, 64, (size_t)nmax * F4) == 0);
+    for (size_t k = 0; k < (size_t)nmax * U; k++)
+      src[k] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      const int fmt = bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32;
+      const size_t F = bf16 ? F4 / 2 : F4;
+      for (int64_t n = 0; n <= nmax; n++) {
+        const int64_t from = mml_pixels_inplace_free_from(n, p, t, fmt);
+        CHECK(from >= 0 && from <= n);
+        CHECK(n <= 1 ? from == n : (size_t)from * F >= (size_t)n * U); /* past every input */
+        CHECK_OK(mml_pixels_expand(src, n, p, 1, t, (const float(*)[256])tab, fmt, ref, &err), err);
+        memcpy(buf, src, (size_t)n * U);
+        for (int64_t b = n, step = 1; b > from; step = step % 7 + 1) {
+          const int64_t a = b - step > from ? b - step : from;
+          CHECK_OK(mml_pixels_expand(buf + (size_t)a * U, b - a, p, 1, t, (const float(*)[256])tab,
+                                     fmt, buf + (size_t)a * F, &err),
+                   err);
+          b = a;
+        }
+        CHECK_OK(mml_pixels_expand_inplace(buf, from, p, t, (const float(*)[256])tab, fmt, &err),
+                 err);
+        CHECK(memcmp(buf, ref, (size_t)n * F) == 0);
+      }
+    }
+    free(src);
+    free(ref);
+    free(buf);
+  }
+  CHECK(mml_pixels_inplace_free_from(100, 14, 2, MML_PIXEL_UINT8) == 100);
+}
