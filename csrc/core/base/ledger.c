@@ -62,6 +62,7 @@
  *       request would be granted at once (nothing before it waits, and it fits with
  *       caches evicted), else refused with nothing queued and nothing held -- the answer
  *       "no room now" for callers that hold locks a waiter must not hold (the loader's mu).
+ *       mml_ledger_room is the same answer without the grant (room for `bytes` now).
  *  L13. A count (mml_ledger_count) records bytes already taken (a pool growth seen by its
  *       hook, a buffer that grew): caches make way for it first (L4), then it is counted
  *       even past the cap, never refused and never queued.  L3 stays honest because a
@@ -72,11 +73,12 @@
  *
  * THE LOADER'S USE (the plan).  One ledger per loader with max_memory, cap = max_memory.
  * Today the ledger alone decides an emission's grant (M4), a decode's scratch (M3) and a
- * read's bytes once their size is known, by tries (L12) under the loader's mu; the other
- * admission points keep their old formulas, and what is recorded after it was taken (the
- * pool's hook, a task's buffers) is counted (L13): csrc/core/loader/loader_admit.c A6-A8
- * and THE LEDGER say what is charged, what decides and how the stress test checks that it
- * balances.  The plan: every admission point becomes one charge at its stream seq that
+ * read's bytes once their size is known, by tries (L12) under the loader's mu; a ticket's
+ * buffer is a try too, after its formula; the other admission points keep their holds
+ * (room kept for earlier work) added to the ledger's answer for room (mml_ledger_room);
+ * what is recorded after it was taken (the pool's hook, a task's buffers) is counted
+ * (L13): csrc/core/loader/loader_admit.c A6-A9 and THE LEDGER say what is charged, what
+ * decides and how the stress test checks that it balances.  The plan: every admission point becomes one charge at its stream seq that
  * decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
  *       order), for the bytes read; then t->held's growth at the same seq.
@@ -136,31 +138,35 @@
  *      room back (read_may_wait, 5 ms looks as the old gates), and failing with the
  *      explainer when nothing at all can (reads_stuck).  memory_peak above max_memory:
  *      0-2 of 1000 schedules (seeds 1-2000, at most +0.2%; 11 of 1000 before).
- *      (i) The cap itself: done for three gates.  The ledger has cap = max_memory; the
- *      callers that cannot wait (under mu) ask by a try (L12), what only records a growth
- *      that happened (the pool's hook, ld_mem_count_task, a read that goes ahead) is a
- *      count (L13: past the cap if it must, never hidden: the peak is memory_peak).  The
- *      ledger's answer alone decides the emission's grant (M4: ld_mem_emit_take_locked;
- *      its room formula is gone), a decode's scratch (M3: ld_mem_scratch_take_locked) and
- *      a read's bytes once its size is known (ld_admit_read_locked): each was the formula
+ *      (i) The cap itself: done.  The ledger has cap = max_memory; the callers that
+ *      cannot wait (under mu) ask by a try (L12) or ask for room (mml_ledger_room), and
+ *      what only records a growth that happened (the pool's hook, ld_mem_count_task, a
+ *      read that goes ahead) is a count (L13: past the cap if it must, never hidden: the
+ *      peak is memory_peak).  The ledger's answer ALONE decides the emission's grant (M4:
+ *      ld_mem_emit_take_locked), a decode's scratch (M3: ld_mem_scratch_take_locked) and a
+ *      read's bytes once its size is known (ld_admit_read_locked): each was the formula
  *      "held + need <= cap, caches trimmed", which the ledger's fits_locked is (A6 makes
- *      its held the formula's), so the stress test stayed where it was (1000 schedules:
- *      60 out of memory against 59 on the tree before, 0 failed, 1 over the cap).  With
- *      the emission's bytes the ledger's, the emission gate's max_memory rule (G2: two
- *      ahead, fbytes_hw) is gone: G1 (`prefetch` ahead) holds under a cap too
- *      (loader_collator.c; seeds 1-2000: 58 + 60 out of memory, 0 failed, 3 + 0 over the
- *      cap, at most +0.1%).  A ticket plane's buffer (M2) is
+ *      its held the formula's); 1000 schedules: 60 out of memory against 59 on the tree
+ *      before, 0 failed, 1 over the cap.  With the emission's bytes the ledger's, the
+ *      emission gate's max_memory rule (G2: two ahead, fbytes_hw) is gone: G1 (`prefetch`
+ *      ahead) holds under a cap too (loader_collator.c; seeds 1-2000: 58 + 60 out of
+ *      memory, 0 failed, 3 + 0 over, at most +0.1%).  A ticket plane's buffer (M2) is
  *      ticket_room's formula AND the ledger's try at the ticket's first sample's seq (the
- *      grant covers the pool's growth as the charge did; 1000 schedules: 59 out of memory,
- *      0 failed, 1 over).  LEFT: ticket_room's holds (scratch_hold + expand_hold), the
- *      read gate (M1: ld_mem_may_read_locked's estimate and holds) and bytes held ahead
- *      (M6: ld_mem_room_ahead_locked) keep their formulas: their holds keep room for
- *      EARLIER work, which a try cannot do (nothing waits in the ledger, so L1 orders
- *      nothing); they go when charges can wait (steps 2-3).  The stall detectors (emit_stuck,
- *      scratch_stuck, reads_stuck) stay: L7 cannot replace them while the scratch reserve,
- *      the window's bytes and the Parquet room are ENGINE credit that never goes back
- *      (held[ENGINE] is never 0), and a try is never the head; step 4 needs them
- *      reclassified (a fixed class, or CONSUMER).
+ *      grant covers the pool's growth; 59, 0, 1).  Every "is there room" the remaining
+ *      formulas ask (ld_mem_room_hold_locked: ticket_room, the read gate, bytes held
+ *      ahead) is the ledger's answer for the bytes plus the gate's hold: the loader's own
+ *      sum of its memory decides nothing now (loader_admit.c A9; 58, 0, 2).
+ *      LEFT of (i): the HOLDS -- ticket_room's (scratch_hold + expand_hold), the read
+ *      gate's (M1: ld_mem_may_read_locked: estimate x reads in flight, scratch, a batch
+ *      buffer, an expansion) and those of bytes held ahead (M6: ld_mem_room_ahead_locked).
+ *      They keep room for EARLIER work, which a try cannot do (nothing waits in the
+ *      ledger, so L1 orders nothing): they go when charges can wait (steps 2-3).  The
+ *      stall detectors (emit_stuck, scratch_stuck, reads_stuck, read_stuck,
+ *      mem_head_fails) stay: L7 cannot replace them while the scratch reserve, the
+ *      Parquet room and the window's bytes are ENGINE credit that does not come back
+ *      while the consumer waits (held[ENGINE] is never 0) and a try is never the waiting
+ *      head; step 4 needs those fixed charges in a class of their own and charges that
+ *      wait.
  *      (ii) a read that only work queued for its own worker could make room for still goes
  *      ahead over the cap (a count: the rest of the over-cap schedules): that is step 2;
  *      (iii) a task's record and path buffers and the video bytes kept open are counted
@@ -573,6 +579,23 @@ int mml_ledger_try(mml_ledger *g, mml_charge *c) {
   c->state = MML_CHARGE_IDLE;
   g->tries_refused++;
   if (!evicting) {
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+  }
+  step_and_unlock(g); /* caches it evicted may let a later head fit (L2) */
+  return 0;
+}
+
+int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes) {
+  if (bytes < 0) bytes = 0;
+  pthread_mutex_lock(&g->mu);
+  /* L12's answer without the grant: caches make way as they would for it */
+  const int turn = !g->shut && (!g->head || g->head->seq > seq);
+  if (turn && fits_locked(g, bytes)) {
+    pthread_mutex_unlock(&g->mu);
+    return 1;
+  }
+  if (!turn) {
     pthread_mutex_unlock(&g->mu);
     return 0;
   }

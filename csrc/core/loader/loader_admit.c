@@ -98,6 +98,11 @@
  *       pool's hook, ld_mem_count_task, a read that goes ahead) is a count (L13): never
  *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
  *       the stress test reports (MML_STRESS_SHOW_OVER).
+ *   A9. Every "is there room" of the gates that keep a formula (ticket_room, the read gate,
+ *       bytes held ahead: ld_mem_room_hold_locked) is the ledger's answer for the bytes
+ *       plus the gate's hold (mml_ledger_room: a try's answer without the grant): the
+ *       loader no longer sums its memory itself to decide; held_bytes_locked only feeds the
+ *       explainers' figures.
  *
  * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
  */
@@ -440,14 +445,12 @@ int ld_mem_room_locked(mml_loader *L, int64_t need) {
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   if (!L->cfg.max_memory) return 1;
-  need = pool_bytes(need);
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  int64_t fixed = held_bytes_locked(L, live) + hold + ld_pq_reserved(L);
-  if (fixed + need > L->cfg.max_memory) return 0;
-  int64_t keep = L->cfg.max_memory - fixed - need;
-  if ((int64_t)cached > keep) cached = mml_pool_trim(L->pool, (size_t)keep);
-  return (int64_t)cached <= keep;
+  /* A9: the ledger's answer (its held is the loader's memory, A6: the pool's live bytes,
+   * the window's, the scratch reserve and grants, emissions, reads, the Parquet room; its
+   * caches, pooled pages and spare byte buffers, make way inside it); `hold` is the room
+   * kept for earlier work, the only part the loader still adds */
+  if (!L->ledger) return 0;
+  return mml_ledger_room(L->ledger, INT64_MAX, pool_bytes(need) + hold);
 }
 
 int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {

@@ -619,8 +619,9 @@ int ld_admit_make_way_locked(mml_loader *L);
  * then sets the loader's fatal MML_ENOMEM error, naming what is held. */
 int ld_admit_head_stuck_locked(mml_loader *L);
 void ld_admit_head_fail_locked(mml_loader *L);
-/* loader_admit.c: max_memory: 1 when `need` more bytes fit (cached buffers are freed to
- * make room) beside the scratch held for the decodes placed (ld_mem_scratch_hold_locked). */
+/* loader_admit.c: max_memory: 1 when the memory ledger has room for `need` more bytes (its
+ * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the scratch
+ * held for the decodes placed (ld_mem_scratch_hold_locked). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
 /* ... beside `hold` bytes of it instead; and the most scratch one decode placed in tickets
  * up to `upto`, not running yet, will take. */

@@ -119,6 +119,9 @@ mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err);
  * no charge before it waits and it fits, caches evicted if that makes it fit; else 0 ("no
  * room now"; c IDLE, nothing held).  For callers that must not wait. */
 int mml_ledger_try(mml_ledger *g, mml_charge *c);
+/* The try's answer without the grant (L12): 1 when a try of `bytes` at `seq` would be
+ * granted now (caches are evicted as for it), else 0; nothing is held either way. */
+int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes);
 /* Records `bytes` already taken (L13): id < 0, ENGINE credit (caches are evicted first to
  * make room for it); id >= 0, cache id's bytes (nobody held them).  Counted even past the
  * cap: returns how far above the cap the total is after it (0: within). */

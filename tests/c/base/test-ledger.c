@@ -169,7 +169,8 @@ TEST(ledger_evicts_caches_before_waiting) {
 }
 
 /* L12: a try is granted exactly when a request would be at once -- in order, with caches
- * evicted to fit -- and otherwise refused with nothing queued or held. */
+ * evicted to fit -- and otherwise refused with nothing queued or held; mml_ledger_room
+ * answers the same without granting. */
 TEST(ledger_try_grants_only_at_once) {
   mml_ledger *g = new_ledger(100);
   mml_err err;
@@ -206,10 +207,26 @@ TEST(ledger_try_grants_only_at_once) {
   mml_ledger_get_stats(g, &s);
   CHECK(s.held[MML_HOLD_ENGINE] + s.cached <= s.cap); /* L3 */
   CHECK_EQ_INT(s.cached, 20);
+  /* mml_ledger_room: the same answer, nothing granted (20 cached, 80 held) */
+  mml_ledger_get_stats(g, &s);
+  const uint64_t grants = s.grants;
+  CHECK(mml_ledger_room(g, 9, 20)); /* the cache goes for it */
+  CHECK(!mml_ledger_room(g, 9, 21));
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.grants, grants);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 80);
+  CHECK_EQ_INT(s.cached, 0);
+  CHECK_EQ_INT(s.peak, 100);
+  mml_charge v = charge(1, 90); /* waits: room for a later seq is refused, an earlier one not */
+  CHECK_OK(mml_ledger_request(g, &v, &err), err);
+  CHECK(!mml_ledger_room(g, 2, 1));
+  CHECK(mml_ledger_room(g, 0, 1));
+  mml_ledger_withdraw(g, &v);
   /* after shutdown: refused */
   mml_ledger_shutdown(g);
   mml_charge f = charge(8, 1);
   CHECK(!mml_ledger_try(g, &f));
+  CHECK(!mml_ledger_room(g, 8, 1));
   mml_ledger_free(g);
 }
 
