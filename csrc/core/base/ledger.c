@@ -78,15 +78,17 @@
  * (room kept for earlier work) added to the ledger's answer for room (mml_ledger_room);
  * what is recorded after it was taken (the pool's hook, a task's buffers) is counted
  * (L13): csrc/core/loader/loader_admit.c A6-A9 and THE LEDGER say what is charged, what
- * decides and how the stress test checks that it balances.  The plan: every admission point becomes one charge at its stream seq that
- * decides:
+ * decides and how the stress test checks that it balances.  The plan: every admission
+ * point becomes one charge at its stream seq that decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
  *       order), for the bytes read; then t->held's growth at the same seq.
  *   M2. a ticket plane's buffer (rebuffer, ticket_room, retry_pending): seq = the
  *       ticket's first sample; `earlier`, scratch_hold, expand_hold and mem_head_fails go
  *       (L1, L7).  prefetch_full and decodes_ahead stay: they are turns, not bytes.
+ *       (Now: a try at that seq after ticket_room's formula, whose holds stay.)
  *   M3. a decode's scratch beyond the reserve (ld_mem_scratch_take_locked): seq = the
- *       sample's, released after its trim; scratch_stuck goes (L7).
+ *       sample's, released after its trim (done: a try, the ledger's answer alone);
+ *       scratch_stuck goes (L7) with step 4.
  *   M4. an emission's float rows (ld_mem_emit_take_locked, fneed): seq = the batch's
  *       first sample (done: a try, the ledger's answer alone; G1 holds under max_memory
  *       and fbytes_hw is gone with G2's old rule); emit_stuck goes with step 4.
