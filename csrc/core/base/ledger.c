@@ -173,10 +173,25 @@
  *      ahead over the cap (a count: the rest of the over-cap schedules): that is step 2;
  *      (iii) a task's record and path buffers and the video bytes kept open are counted
  *      after they grow, not charged before.
+ *      (iv) Waking: done (loader_admit.c W1-W3).  Every event that gives room back -- the
+ *      consumer's release of a batch's buffers and the pooled pages trimming themselves
+ *      (the pool's hook), every ENGINE credit released (a decode's scratch, a read's
+ *      bytes, a grant's rest), a buffer moved into the spares, the spares freed --
+ *      broadcasts work_cv and coll_cv while a thread waits for room there
+ *      (ld_room_wake: it never takes mu, (b)).  LEFT: the waits keep their 5 ms bound
+ *      (ld_wait_room_locked), for two reasons.  A release made without mu (the consumer's,
+ *      on its own thread) can fall between a waiter's look under mu and its wait, and no
+ *      broadcast made without mu can close that window (only a wait on a count the
+ *      event changes under the waited-on lock can: L11, step 2).  And the stall
+ *      detectors count looks (20, or 3 for mem_head_fails) with nothing running: with
+ *      untimed waits and nothing giving room back, no look would come and the error
+ *      (A3) would never be raised; they go with L7 (step 4).
  *   2. Reads become revocable charges at dispatch (M1 with L10); workers wait by L11
  *      (mml_ledger_changes read under mu before looking for work, mml_ledger_wait_change
  *      after dropping mu), never on a read's charge; every work_cv broadcast and pool
- *      release pokes.  Not started.
+ *      release pokes (the pool release's and the other room events' call site is
+ *      ld_room_wake, W1: it pokes the ledger there, and the waits lose their 5 ms bound).
+ *      Not started.
  *   3. The collation thread blocks only on the head ticket's charge.  Not started.
  *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
  *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the

@@ -104,7 +104,34 @@
  *       loader no longer sums its memory itself to decide; held_bytes_locked only feeds the
  *       explainers' figures.
  *
- * Locking: everything here runs with the loader's mu held; mu -> pool is the lock order.
+ * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
+ * collation thread that finds no room waits on its condition variable (ld_wait_room_locked:
+ * the worker's emission, decode or read gate, read_may_wait, the collator's blocked ticket),
+ * and every event that gives room back wakes it:
+ *   W1. Room coming back broadcasts work_cv and coll_cv while a thread waits for room
+ *       there (ld_room_wake; room_waiting_work / _coll count them): the consumer's release
+ *       of a batch's buffers and a cache trimming itself (the pool's hook: live bytes
+ *       released, cached pages dropped with none reused), a decode's scratch or a read's
+ *       bytes given back and every other ENGINE credit released (ld_ledger_release), a
+ *       buffer moved into the spares (ld_ledger_spare_put) and the spares freed
+ *       (ld_bytes_free_spares).  ld_room_wake never takes mu: the pool's hook runs with mu
+ *       held or not (ledger.c (b)).
+ *   W2. The wait keeps its 5 ms bound.  A wake made without mu (the consumer releasing a
+ *       batch on its own thread) can fall between a waiter's look and its wait, where no
+ *       broadcast reaches it; and the stall detectors (emit_stuck, scratch_stuck,
+ *       reads_stuck, mem_head_fails) decide "nothing can give room back" by 20 (3) looks
+ *       in a row with nothing running, which needs looks to keep coming when no wake does.
+ *       A detector counts only looks with no room event between them (room_events,
+ *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
+ *       restarts its count instead of hastening it, so it fires, as before, after 20 (3)
+ *       looks 5 ms apart in which nothing gave room back.  Both go with ledger.c THE
+ *       FLIP'S ORDER steps 2 and 4 (waits by the change count, L11; the deadlock rule,
+ *       L7), which W1's call sites are the pokes of.
+ *   W3. A wake changes when a waiter looks, never what it decides: batches are bitwise
+ *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
+ *
+ * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
+ * mu -> pool is the lock order.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -354,6 +381,7 @@ static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t 
 int ld_admit_head_stuck_locked(mml_loader *L) {
   if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
     L->mem_head_fails = 0;
+  if (!ld_room_quiet_locked(L, &L->head_seen)) L->mem_head_fails = 0; /* W2: room came back */
   if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
       L->pend_head != L->pend_tail || L->emitting || L->in_flight)
     return 0;
@@ -482,6 +510,7 @@ static int read_room_or_stuck(mml_loader *L, int64_t est) {
     L->read_stuck = 0;
     return 0;
   }
+  if (!ld_room_quiet_locked(L, &L->read_seen)) L->read_stuck = 0; /* W2: room came back */
   if (++L->read_stuck < 20) return 0;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
@@ -623,10 +652,11 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   int stuck = 0;
   /* its size is known now, not only the read gate's estimate: room first, from the spare
    * byte buffers, then from later samples' bytes that can be read again (READ AGAIN), then
-   * as the consumer and other workers give it back (read_may_wait; looked at every 5 ms,
-   * as the read gate does: the pool's release wakes nobody yet); never, when for 20 looks
-   * nothing could (reads_stuck): 0, the loader's fatal error set */
+   * as the consumer and other workers give it back (read_may_wait; woken as they do, W1,
+   * and looked at every 5 ms at most, W2); never, when for 20 looks nothing could
+   * (reads_stuck): 0, the loader's fatal error set */
   int granted = 0;
+  uint64_t seen = atomic_load(&L->room_events); /* W2: this wait's own */
   for (;;) {
     /* the ledger decides (L12: a try under mu; its caches make way inside it) */
     if ((granted = ld_ledger_try(L, t->seq, grow))) break;
@@ -636,6 +666,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
     if (L->stop || L->fatal || t->gen != L->gen) break;
     /* 20 looks in a row (5 ms apart) with no work able to give room back: it never
      * will (the rule of the other waits for room: only_consumer_waits) */
+    if (!ld_room_quiet_locked(L, &seen)) stuck = 0; /* W2: room came back */
     stuck = reads_stuck(L) ? stuck + 1 : 0;
     if (stuck >= 20) {
       size_t cached, live;
@@ -652,7 +683,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
     }
     if (!stuck && !read_may_wait(L, t)) break; /* work queued for this worker: go ahead */
     L->reads_waiting++;
-    ld_wait_5ms(&L->work_cv, &L->mu);
+    ld_wait_room_locked(L, &L->work_cv); /* W1, W2 */
     L->reads_waiting--;
   }
   /* going ahead without a grant (ledger.c THE FLIP'S ORDER step 1 (ii)): counted, past
@@ -691,6 +722,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     L->scratch_stuck = 0;
     return 0;
   }
+  if (!ld_room_quiet_locked(L, &L->scratch_seen)) L->scratch_stuck = 0; /* W2 */
   if (++L->scratch_stuck < 20) return 0;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
@@ -735,6 +767,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
     L->emit_stuck = 0;
     return -1;
   }
+  if (!ld_room_quiet_locked(L, &L->emit_seen)) L->emit_stuck = 0; /* W2 */
   if (++L->emit_stuck < 20) return -1;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
@@ -817,6 +850,9 @@ static void ledger_pool_hook(void *arg, int64_t d_live, int64_t d_cached) {
     d_cached -= kept;
   }
   if (d_cached > 0) (void)mml_ledger_count(L->ledger, L->led_pool, d_cached);
+  /* W1: a release (the consumer's batch: its buffers, the ledger's hand-back) or the cache
+   * trimming itself gives room back; with or without mu held here, never taking it */
+  if (d_live < 0 || (d_live == 0 && d_cached < 0)) ld_room_wake(L);
 }
 
 static int64_t ledger_pool_evict(void *arg, int64_t want) {
@@ -878,11 +914,37 @@ void ld_ledger_cover_end(mml_loader *L) {
 }
 
 void ld_ledger_release(mml_loader *L, int64_t bytes) {
-  if (L->ledger) mml_ledger_release(L->ledger, bytes, MML_HOLD_ENGINE);
+  if (!L->ledger) return;
+  mml_ledger_release(L->ledger, bytes, MML_HOLD_ENGINE);
+  if (bytes > 0) ld_room_wake(L); /* W1: a decode's scratch, a read's bytes, a grant's rest */
+}
+
+void ld_room_wake(mml_loader *L) {
+  /* W1: no mu (a pool release may hold it or not); a waiter counted after this load
+   * looked after the event, or looks again within 5 ms (W2) */
+  atomic_fetch_add(&L->room_events, 1);
+  if (atomic_load(&L->room_waiting_work) > 0) pthread_cond_broadcast(&L->work_cv);
+  if (atomic_load(&L->room_waiting_coll) > 0) pthread_cond_broadcast(&L->coll_cv);
+}
+
+void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv) {
+  _Atomic int *n = cv == &L->coll_cv ? &L->room_waiting_coll : &L->room_waiting_work;
+  atomic_fetch_add(n, 1);
+  ld_wait_5ms(cv, &L->mu); /* W2: the bound stays */
+  atomic_fetch_sub(n, 1);
+}
+
+int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {
+  const uint64_t now = atomic_load(&L->room_events);
+  const int quiet = now == *seen;
+  *seen = now;
+  return quiet;
 }
 
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes) {
-  if (L->ledger) mml_ledger_cache_put(L->ledger, L->led_spare, bytes, MML_HOLD_ENGINE);
+  if (!L->ledger) return;
+  mml_ledger_cache_put(L->ledger, L->led_spare, bytes, MML_HOLD_ENGINE);
+  if (bytes > 0) ld_room_wake(L); /* W1: held bytes became an evictable cache */
 }
 
 void ld_ledger_spare_drop(mml_loader *L, int64_t bytes) {

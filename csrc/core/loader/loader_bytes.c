@@ -122,6 +122,10 @@ static int64_t free_spares(mml_loader *L, int64_t want) {
   return freed;
 }
 
-void ld_bytes_free_spares(mml_loader *L) { ld_ledger_spare_drop(L, free_spares(L, INT64_MAX)); }
+void ld_bytes_free_spares(mml_loader *L) {
+  const int64_t freed = free_spares(L, INT64_MAX);
+  ld_ledger_spare_drop(L, freed);
+  if (freed > 0 && L->ledger) ld_room_wake(L); /* a cache shrinking (loader_admit.c W1) */
+}
 
 int64_t ld_bytes_evict(void *arg, int64_t want) { return free_spares(arg, want); }

@@ -580,8 +580,8 @@ void *ld_collator_main(void *arg) {
     ld_place_locked(L, c.epoch, c.bie, L->colls[c.ci]); /* plan ahead: queue decodes */
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
-      if (L->mem_blocked) { /* max_memory: try again as the consumer releases batches */
-        ld_wait_5ms(&L->coll_cv, &L->mu);
+      if (L->mem_blocked) { /* max_memory: woken as room comes back (loader_admit.c W1) */
+        ld_wait_room_locked(L, &L->coll_cv);
       } else {
         pthread_cond_wait(&L->coll_cv, &L->mu);
       }

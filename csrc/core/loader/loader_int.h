@@ -89,7 +89,9 @@ typedef struct task_vhead {
 } task_vhead;
 
 /* The waits for room that still poll (ledger.c THE FLIP'S ORDER, step 4 deletes them):
- * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held. */
+ * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held.  Callers use
+ * ld_wait_room_locked (loader_admit.c W1-W3), which lets the events that give room back
+ * wake them before the 5 ms are up. */
 static inline void ld_wait_5ms(pthread_cond_t *cv, pthread_mutex_t *mu) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -307,6 +309,14 @@ struct mml_loader {
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
+  /* threads in a wait for room now (ld_wait_room_locked), on work_cv and on coll_cv: the
+   * events that give room back broadcast those cvs only while someone waits (W1; atomic:
+   * the pool's hook runs on any thread, with or without mu) */
+  _Atomic int room_waiting_work, room_waiting_coll;
+  /* events that gave room back (ld_room_wake), and the count each stall detector saw at
+   * its last look (under mu): a detector counts only looks with none between them (W2) */
+  _Atomic uint64_t room_events;
+  uint64_t read_seen, scratch_seen, emit_seen, head_seen;
   int emit_stuck;
   /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
    * else able to free room */
@@ -723,6 +733,15 @@ int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes);
 void ld_ledger_cover_begin(mml_loader *L, int64_t bytes);
 void ld_ledger_cover_end(mml_loader *L);
 void ld_ledger_release(mml_loader *L, int64_t bytes);
+/* Room came back (loader_admit.c W1): broadcasts work_cv and coll_cv where a thread waits
+ * for room (ld_wait_room_locked); never takes mu, so any thread may call it, holding mu
+ * or not (the pool's hook). */
+void ld_room_wake(mml_loader *L);
+/* A wait for room on cv (work_cv or coll_cv), mu held: woken by ld_room_wake, or after at
+ * most 5 ms (W2: the look it follows may have missed a wake made without mu). */
+void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv);
+/* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */
+int ld_room_quiet_locked(mml_loader *L, uint64_t *seen);
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes);
 void ld_ledger_spare_drop(mml_loader *L, int64_t bytes);
 /* A1's accounting (A6): the ledger holds exactly what the loader's memory is -- the pool's

@@ -594,9 +594,8 @@ static task *take_task_locked(mml_loader *L) {
         !(gated = !ld_mem_may_read_locked(L))) {
       return start_task_locked(L);
     }
-    if (gated || dec_wait ||
-        emit_wait) { /* room comes back as the consumer releases batches: look again soon */
-      ld_wait_5ms(&L->work_cv, &L->mu);
+    if (gated || dec_wait || emit_wait) { /* woken as room comes back (loader_admit.c W1) */
+      ld_wait_room_locked(L, &L->work_cv);
       continue;
     }
     pthread_cond_wait(&L->work_cv, &L->mu);
