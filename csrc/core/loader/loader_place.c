@@ -49,8 +49,9 @@
  * place_compact says when else not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
  * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
  * images into them (the source's pl_u8), every move above copies them, and when the
- * batch is emitted (loader_collator.c emit_expand, on the emitting worker) they are
- * expanded through the normalisation's exact table (mml_pixels_expand) into float rows,
+ * batch is emitted (loader_collator.c emit_expand, on the emitting worker, helped by
+ * idle workers: loader_expand.c) they are expanded through the normalisation's exact
+ * table (mml_pixels_expand) into float rows,
  * which become pixel_values: in place, the plane's buffer having been taken with the
  * capacity of its float rows (mml_pool_alloc_cap: pages for the uint8 rows only) and
  * grown at emission (mml_pool_grow), so the expanding batch holds no second buffer;
