@@ -583,37 +583,21 @@ mml_status mml_ledger_wait(mml_ledger *g, mml_charge *c, mml_err *err) {
   return st;
 }
 
-int mml_ledger_try(mml_ledger *g, mml_charge *c) {
-  pthread_mutex_lock(&g->mu);
-  c->prev = c->next = NULL;
-  c->status = MML_OK;
-  if (c->bytes < 0) c->bytes = 0;
-  /* L12: what a request granted at once, nothing else: no turn taken, nothing queued */
-  const int evicting = !g->shut && (!g->head || g->head->seq > c->seq);
-  if (evicting && fits_locked(g, c->bytes)) {
-    c->revocable = 0; /* a try's grant is settled */
-    grant_locked(g, c);
-    pthread_mutex_unlock(&g->mu);
-    return 1;
-  }
-  c->state = MML_CHARGE_IDLE;
-  g->tries_refused++;
-  if (!evicting) {
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-  }
-  step_and_unlock(g); /* caches it evicted may let a later head fit (L2) */
-  return 0;
-}
-
-int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes) {
-  if (bytes < 0) bytes = 0;
-  pthread_mutex_lock(&g->mu);
-  /* L12's answer without the grant: caches make way as they would for it */
+/* L12 under the lock, which it releases: whether `bytes` at `seq` is granted at once
+ * (nothing earlier waits; it fits, caches evicted), and then grants c when c is given. */
+static int at_once_unlock(mml_ledger *g, int64_t seq, int64_t bytes, mml_charge *c) {
   const int turn = !g->shut && (!g->head || g->head->seq > seq);
   if (turn && fits_locked(g, bytes)) {
+    if (c) {
+      c->revocable = 0; /* a try's grant is settled */
+      grant_locked(g, c);
+    }
     pthread_mutex_unlock(&g->mu);
     return 1;
+  }
+  if (c) {
+    c->state = MML_CHARGE_IDLE;
+    g->tries_refused++;
   }
   if (!turn) {
     pthread_mutex_unlock(&g->mu);
@@ -621,6 +605,21 @@ int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes) {
   }
   step_and_unlock(g); /* caches it evicted may let a later head fit (L2) */
   return 0;
+}
+
+int mml_ledger_try(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  c->prev = c->next = NULL;
+  c->status = MML_OK;
+  if (c->bytes < 0) c->bytes = 0;
+  /* L12: what a request granted at once, nothing else: no turn taken, nothing queued */
+  return at_once_unlock(g, c->seq, c->bytes, c);
+}
+
+int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes) {
+  if (bytes < 0) bytes = 0;
+  pthread_mutex_lock(&g->mu);
+  return at_once_unlock(g, seq, bytes, NULL); /* L12's answer without the grant */
 }
 
 int64_t mml_ledger_count(mml_ledger *g, int id, int64_t bytes) {
