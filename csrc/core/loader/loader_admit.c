@@ -688,7 +688,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   }
   /* going ahead without a grant (ledger.c THE FLIP'S ORDER step 1 (ii)): counted, past
    * the cap if it must be (L13: memory_peak shows it) */
-  if (!granted) ld_ledger_charge(L, t->seq, grow);
+  if (!granted) ld_ledger_count(L, grow);
   t->read_cover += grow;
   L->read_extra += grow;
   return 1;
@@ -805,7 +805,7 @@ void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover) {
    * grant) already holds; what the cover does not use goes back (nothing counted twice) */
   const int64_t grow = held > t->held ? held - t->held : 0;
   const int64_t covered = grow < cover ? grow : cover;
-  ld_ledger_charge(L, t->seq, grow - covered);
+  ld_ledger_count(L, grow - covered);
   ld_ledger_release(L, (held < t->held ? t->held - held : 0) + cover - covered);
   t->held = held;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
@@ -869,13 +869,13 @@ mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
   if (st) return st;
   L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
   L->led_spare = mml_ledger_add_cache(L->ledger, "spare byte buffers", ld_bytes_evict, L);
-  ld_ledger_charge(L, 0, scratch_bytes(L)); /* the workers' scratch reserve */
+  ld_ledger_count(L, scratch_bytes(L)); /* the workers' scratch reserve */
   mml_pool_set_hook(L->pool, ledger_pool_hook, L);
   return MML_OK;
 }
 
 void ld_ledger_start_locked(mml_loader *L) {
-  ld_ledger_charge(L, 0, ld_pq_reserved(L)); /* the Parquet row groups' room */
+  ld_ledger_count(L, ld_pq_reserved(L)); /* the Parquet row groups' room */
 }
 
 void ld_ledger_unhook(mml_loader *L) {
@@ -887,11 +887,10 @@ void ld_ledger_free(mml_loader *L) {
   L->ledger = NULL;
 }
 
-void ld_ledger_charge(mml_loader *L, int64_t seq, int64_t bytes) {
+void ld_ledger_count(mml_loader *L, int64_t bytes) {
   /* counted past the cap if it must be (ledger.c L13): the ledger's caches (pooled pages,
    * spare byte buffers) make way first, as for a grant (a read's bytes past its estimate
    * beside the pool's cached pages were memory over the cap) */
-  (void)seq;
   if (L->ledger && bytes > 0) (void)mml_ledger_count(L->ledger, -1, bytes);
 }
 

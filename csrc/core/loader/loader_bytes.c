@@ -69,7 +69,7 @@ mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_
     t->held += delta;
     L->win_bytes += delta;
     ld_ledger_spare_drop(L, delta);
-    ld_ledger_charge(L, t->seq, delta);
+    ld_ledger_count(L, delta);
   }
   mml_status st = MML_OK;
   if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
