@@ -954,10 +954,16 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
     }
     ask_when_waiting_locked(L);
     L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    /* M5 (ledger.c L7): the consumer's wait, declared to the ledger after it looked and
+     * under mu, the lock its producers finish work under (a batch queued, a sample done);
+     * the ledger clears it at the next end of ENGINE work, and it is withdrawn here when
+     * the wait ends (a timeout, a batch, a close) */
+    if (L->ledger) mml_ledger_consumer_waiting(L->ledger, 1);
     waited = 1;
     int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
                            : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
     L->consumer_waiting = 0;
+    if (L->ledger) mml_ledger_consumer_waiting(L->ledger, 0);
     if (rc == ETIMEDOUT) {
       st = MML_ETIMEDOUT;
       break;
