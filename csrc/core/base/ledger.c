@@ -74,7 +74,8 @@
  * THE LOADER'S USE (the plan).  One ledger per loader with max_memory, cap = max_memory.
  * Today the ledger alone decides an emission's grant (M4), a decode's scratch (M3) and a
  * read's bytes once their size is known, by tries (L12) under the loader's mu; a ticket's
- * buffer is a try too, after its formula; the other admission points keep their holds
+ * buffer is a request that WAITS in the ledger (M2, with its hold); the other admission
+ * points keep their holds
  * (room kept for earlier work) added to the ledger's answer for room (mml_ledger_room);
  * what is recorded after it was taken (the pool's hook, a task's buffers) is counted
  * (L13): csrc/core/loader/loader_admit.c A6-A9 and THE LEDGER say what is charged, what
@@ -82,10 +83,10 @@
  * point becomes one charge at its stream seq that decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
  *       order), for the bytes read; then t->held's growth at the same seq.
- *   M2. a ticket plane's buffer (rebuffer, ticket_room, retry_pending): seq = the
- *       ticket's first sample; `earlier`, scratch_hold, expand_hold and mem_head_fails go
- *       (L1, L7).  prefetch_full and decodes_ahead stay: they are turns, not bytes.
- *       (Now: a try at that seq after ticket_room's formula, whose holds stay.)
+ *   M2. a ticket plane's buffer (rebuffer, retry_pending): seq = the ticket's first
+ *       sample; `earlier`, scratch_hold, expand_hold and mem_head_fails go (L1, L7).
+ *       prefetch_full and decodes_ahead stay: they are turns, not bytes.  (Now: a
+ *       waiting request of the buffer and its hold, step 3; `earlier` only for turns.)
  *   M3. a decode's scratch beyond the reserve (ld_mem_scratch_take_locked): seq = the
  *       sample's, released after its trim (done: a try, the ledger's answer alone);
  *       scratch_stuck goes (L7) with step 4.
@@ -158,7 +159,8 @@
  *      formulas ask (ld_mem_room_hold_locked: ticket_room, the read gate, bytes held
  *      ahead) is the ledger's answer for the bytes plus the gate's hold: the loader's own
  *      sum of its memory decides nothing now (loader_admit.c A9; 58, 0, 2).
- *      LEFT of (i): the HOLDS -- ticket_room's (scratch_hold + expand_hold), the read
+ *      LEFT of (i): the HOLDS -- ticket_hold's (scratch_hold + expand_hold: inside the
+ *      ticket's waiting charge since step 3), the read
  *      gate's (M1: ld_mem_may_read_locked: estimate x reads in flight, scratch, a batch
  *      buffer, an expansion) and those of bytes held ahead (M6: ld_mem_room_ahead_locked).
  *      They keep room for EARLIER work, which a try cannot do (nothing waits in the
@@ -195,7 +197,51 @@
  *      release pokes (the pool release's and the other room events' call site is
  *      ld_room_wake, W1: it pokes the ledger there, and the waits lose their 5 ms bound).
  *      Not started.
- *   3. The collation thread blocks only on the head ticket's charge.  Not started.
+ *   3. The collation thread blocks only on the head ticket's charge.  Done in part
+ *      (loader_admit.c T1-T3): a ticket plane's buffer is ONE request at the ticket's
+ *      first sample's seq for its bytes and ticket_hold's room, which WAITS in the ledger
+ *      when it does not fit (it was ticket_room's formula and a try), so that L1 refuses
+ *      every later try meanwhile (reads, decodes' scratch, later emissions, video bytes
+ *      ahead); its grant (or failure) wakes the collation thread (ticket_wake, never
+ *      taking mu: (b)), which maps the buffer at its next look; granted, the hold goes
+ *      back at once.  A seek, a rewind, a close (the ticket dropped) or a new size
+ *      withdraws it, or gives back a grant not mapped yet; the charges of planes after
+ *      it leave first (T3: a withdrawal grants what waits behind, and such a grant, not
+ *      mapped while the earlier plane waits, held the room that plane needed: seeds 1-100
+ *      gave 13-18 out of memory, 9 on main).  Earlier work that finds no room (an
+ *      emission's try, a decode's scratch) takes back later tickets' grants not mapped
+ *      yet (T4: the collation thread maps a grant at its next look, and it may be waiting
+ *      for that very emission).  An emission's try (M4) is at its
+ *      batch's own first sample (pend_item.seq), not the collator's next one, so no
+ *      waiting ticket holds an earlier batch back.  next() declares the consumer's wait
+ *      to the ledger (M5) under mu after it looked and withdraws it when the wait ends.
+ *      What went, and why:
+ *      - ticket_room (the formula beside the try): the request is the same question,
+ *        asked once, and it can wait; its freeing of the spares is the ledger's eviction
+ *        of that cache (L4).
+ *      - `earlier` for ROOM: a ticket behind one whose charge waits asks the ledger,
+ *        which queues it behind (L1).  It stays for TURNS: a ticket behind one that waits
+ *        for its turn (prefetch_full, decodes_ahead: no charge) still waits.
+ *      What stays, and why:
+ *      - scratch_hold and expand_hold (ticket_hold), now inside the ticket's charge: the
+ *        work they keep room for is EARLIER in the stream but asks LATER in time -- a
+ *        decode's scratch when it begins (M3), an emission's float rows when it is
+ *        emitted (M4), both after later tickets asked for their buffers -- so L5 does not
+ *        hold for them and in-order grants cannot put them first.  They go when those
+ *        are charged at their place before later tickets ask (a sample's scratch_need
+ *        when it is placed, a batch's expansion when it is handed off).
+ *      - the collator's 5 ms bound (ld_wait_room_locked, W2): the grant's wake runs
+ *        without mu (on the thread that released room, holding mu or not), so it can
+ *        fall between the collator's look and its wait; only a wait by L11 closes that
+ *        (the collator waiting in mml_ledger_wait_change, and every event it also waits
+ *        for -- a decode done, an item taken, a seek, a stop -- poking the ledger).
+ *      - mem_head_fails / ld_admit_head_stuck_locked: L7 cannot decide while the scratch
+ *        reserve and the Parquet room are ENGINE credit (held[ENGINE] never reaches 0,
+ *        step 1 (i)).  A ticket charge that FAILS (L7 once it can) already raises the
+ *        explainer's message as the loader's error (ld_admit_ticket_locked); and L7 needs
+ *        the consumer to declare again after each end of ENGINE work, which next() does
+ *        not yet do (it waits on out_cv, which no end of work signals).
+ *      Seeds 1-2000 beside main at the same hour: see the commit and the closing note.
  *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
  *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the
  *      holds and the gates the charges replaced; loader_place.c returns to placement only;

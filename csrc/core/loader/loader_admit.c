@@ -21,8 +21,9 @@
  * buffer, later batches' samples close their kept videos and the spares are freed
  * (retry_pending: only when it waits for room, not for its turn), so the next batch never
  * waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits
- * (cached buffers are freed first); otherwise the ticket waits (pending), and so do the
- * tickets after it, and the planner retries as the consumer releases batches.  Workers
+ * (cached buffers are freed first); otherwise its charge waits in the ledger (TICKETS
+ * below) and the ticket is pending, and so are the tickets after it (their charges queue
+ * behind), and the planner maps the buffer once the ledger grants it.  Workers
  * start reading a sample only with room for the largest sample seen per read in flight.
  * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
  * get room while the consumer holds everything else and no sample is in flight (the
@@ -90,19 +91,45 @@
  *       FLIP'S ORDER says what is left), and when nothing at all can, it is A3's error.
  *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4), a decode's
  *       scratch (M3) and a read's bytes once their size is known: each a try at its seq
- *       (ledger.c L12: granted now or "no room", under mu), the caches it knows (pooled
- *       pages, spare byte buffers) evicted inside it.  A ticket plane's buffer is
- *       ticket_room's formula AND the ledger's try (ld_admit_ticket_locked).  The read gate
+ *       (ledger.c L12: granted now or "no room", under mu; an emission's at its batch's
+ *       first sample, pend_item.seq), the caches it knows (pooled pages, spare byte
+ *       buffers) evicted inside it.  A ticket plane's buffer is a request that waits
+ *       (TICKETS, T1).  The read gate
  *       and bytes held ahead keep their formulas alone (their holds keep room for earlier
  *       work: ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
  *       pool's hook, ld_mem_count_task, a read that goes ahead) is a count (L13): never
  *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
  *       the stress test reports (MML_STRESS_SHOW_OVER).
- *   A9. Every "is there room" of the gates that keep a formula (ticket_room, the read gate,
- *       bytes held ahead: ld_mem_room_hold_locked) is the ledger's answer for the bytes
+ *   A9. Every "is there room" of the gates that keep a formula (the read gate, bytes held
+ *       ahead: ld_mem_room_hold_locked) is the ledger's answer for the bytes
  *       plus the gate's hold (mml_ledger_room: a try's answer without the grant): the
  *       loader no longer sums its memory itself to decide; held_bytes_locked only feeds the
  *       explainers' figures.
+ *
+ * TICKETS (ledger.c THE FLIP'S ORDER step 3; M2).  A ticket plane's buffer is one charge
+ * in the ledger (tk_plane.ch, ld_admit_ticket_locked), kept while the plane is pending:
+ *   T1. It asks, at the ticket's first sample's seq, for the buffer's bytes and the room
+ *       it leaves for earlier work (ticket_hold: a decode's scratch and an emission's
+ *       expansion ask later in time than the ticket, so in-order grants cannot put them
+ *       first: ledger.c step 3 says why that hold stays), granted at once when nothing
+ *       before it waits and it fits, else WAITING: every later try is refused meanwhile
+ *       (L1), a later ticket's charge queues behind it, and its grant or failure wakes the
+ *       collation thread (ticket_wake: never mu, ledger.c (b)), which maps the buffer at
+ *       its next look (retry_pending -> rebuffer), the hold given back at once.  A charge
+ *       that FAILS (L7, once the ledger can decide it) is the loader's error, the ledger's
+ *       explainer's message (L8); until then mem_stuck's detector decides (W2).
+ *   T2. A charge leaves the ledger with its request: a seek or reset, a rewind, a close
+ *       (ticket_drop), another size or no turn any more withdraws a waiting one and gives
+ *       a granted one not mapped yet back (ld_admit_ticket_cancel_locked); the ledger's
+ *       A6 balance counts a granted one not mapped yet (ld_ledger_check_locked).
+ *   T3. Before a plane asks again or anew, the charges of the planes after it leave (a
+ *       withdrawal grants what waits behind, and that grant, not mapped while the earlier
+ *       plane waits -- retry_pending stops at the first plane that waits -- held the room
+ *       it needed): so a ticket's buffer is never granted before an earlier one's.
+ *   T4. Earlier work that finds no room (an emission's try, a decode's scratch) first takes
+ *       back the grants of later tickets not mapped yet (tickets_give_back_locked): the
+ *       collation thread maps a grant only at its next look, and it may be waiting for
+ *       that very work (an instance being emitted).  Those planes ask again.
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits on its condition variable (ld_wait_room_locked:
@@ -194,17 +221,6 @@ static int64_t expand_hold(const mml_loader *L) {
   return h > 0 ? h : 0;
 }
 
-/* Pool bytes of plane p's buffer of cap_rows rows (compact: small ones float at once; a
- * larger one is a mapping of its float capacity with whole 2 MiB pages for its uint8
- * rows, however few: mml_pool_alloc_cap; counted as its uint8 bytes, a ticket of a few
- * rows took the pool up to 2 MiB over max_memory). */
-static int64_t ticket_bytes(const mml_loader *L, int p, int64_t cap_rows) {
-  const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
-  if (f && f < (1 << 20)) return f;
-  const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
-  return f ? mml_round_2mib(n) : n;
-}
-
 /* The room ticket id's buffers leave free for earlier work: the scratch the decodes
  * placed in it and the tickets before it will need, and room for an expansion.  For a
  * later ticket that is the largest expanded batch so far (expand_hold); for the head
@@ -241,28 +257,69 @@ static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
   return hold > exact ? hold : exact;
 }
 
-/* max_memory room for `need` bytes of plane p (cap_rows rows) of ticket id's, beside what
- * it leaves free for earlier work (ticket_hold). */
-static int ticket_room(mml_loader *L, int64_t id, int p, int64_t cap_rows, int64_t need) {
-  const int64_t hold = ticket_hold(L, id, p, cap_rows);
-  if (ld_mem_room_hold_locked(L, need, hold)) return 1;
-  if (!ld_bytes_spares(L)) return 0;
-  ld_bytes_free_spares(L); /* spare image buffers are only a speed-up */
-  return ld_mem_room_hold_locked(L, need, hold);
-}
-
 /* The ledger's charge for plane p's buffer of cap_rows rows: what mml_pool_alloc_cap /
- * mml_pool_alloc map for it (rebuffer). */
+ * mml_pool_alloc map for it (rebuffer; compact: small ones float at once, a larger one a
+ * mapping of its float capacity with whole 2 MiB pages for its uint8 rows, however few). */
 static int64_t ticket_charge_bytes(const mml_loader *L, int p, int64_t cap_rows) {
   const int64_t n = cap_rows * (int64_t)L->row_bytes[p];
   const int64_t f = p == PL_IMG && L->compact ? cap_rows * (int64_t)L->expand_row_bytes : 0;
   return !f ? mml_pool_bytes(n) : f < (1 << 20) ? mml_pool_bytes(f) : mml_round_2mib(n);
 }
 
+/* T1: a ticket charge granted (or failed) wakes the collation thread, which maps the
+ * buffer at its next look (retry_pending); run by the ledger after its lock is released,
+ * on any thread, with mu held or not: it never takes mu (ledger.c (b)). */
+static void ticket_wake(void *arg) {
+  mml_loader *L = arg;
+  atomic_fetch_add(&L->room_events, 1); /* W2: a detector's look after it is not quiet */
+  pthread_cond_broadcast(&L->coll_cv);
+}
+
+void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
+  if (!q->charged) return;
+  q->charged = 0;
+  mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
+  if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
+    ld_ledger_release(L, q->ch.bytes); /* granted, never mapped (T2) */
+  q->ch.state = MML_CHARGE_IDLE;
+}
+
+/* T3: the charges of the planes after plane p of ticket id leave the ledger before that
+ * plane asks again or anew: none of them may be granted while it is withdrawn for a new
+ * size (a withdrawal grants what waits behind), nor keep a grant it has not mapped while
+ * it waits (retry_pending stops at the first plane that waits: that grant would hold room
+ * the earlier plane needs, and nothing would map it). */
+static void cancel_after(mml_loader *L, int64_t id, int p) {
+  for (int64_t j = id; j <= L->tk_tail; j++)
+    for (int r = j == id ? p + 1 : 0; r < PLANES; r++)
+      ld_admit_ticket_cancel_locked(L, &tk_at(L, j)->pl[r]);
+}
+
+/* T4: the grants of tickets after `seq` that their planes have not mapped yet give their
+ * bytes back for earlier work that found no room (an emission, a decode's scratch): the
+ * collation thread maps a grant only at its next look, and while it waits for that very
+ * work (an instance being emitted: hand_off_locked) the grant would hold room the work
+ * needs (tests/test_memory.py test_same_batches_with_a_cap raised OutOfMemoryError at an
+ * emission).  Their planes stay pending and ask again at the collator's next look. */
+static int64_t tickets_give_back_locked(mml_loader *L, int64_t seq) {
+  int64_t n = 0;
+  for (int64_t id = L->tk_head; L->ledger && id <= L->tk_tail; id++)
+    for (int p = 0; p < PLANES; p++) {
+      tk_plane *q = &tk_at(L, id)->pl[p];
+      if (q->charged && q->ch.seq > seq &&
+          mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED) {
+        n += q->ch.bytes;
+        ld_admit_ticket_cancel_locked(L, q);
+      }
+    }
+  return n;
+}
+
 int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
                            int64_t *grant) {
   *grant = 0;
   ticket *k = tk_at(L, id);
+  tk_plane *q = &k->pl[p];
   if (p == PL_IMG && L->compact &&
       (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
     L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
@@ -274,14 +331,61 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
                                     : k->pl[r].rows) *
            (int64_t)L->row_bytes[r];
   if (all > L->batch_buf_peak) L->batch_buf_peak = all;
-  if (!turn || !ticket_room(L, id, p, cap_rows, ticket_bytes(L, p, cap_rows))) return 0;
-  /* M2, the formula AND the ledger: ticket_room's holds keep room for earlier work (a try
-   * cannot: nothing waits in the ledger), and the ledger grants the bytes at the ticket's
-   * first sample's seq (L12) -- a grant made before rebuffer maps them, which it covers */
-  if (L->ledger) {
+  if (!L->ledger) {
+    if (!turn) return 0;
+  } else {
+    /* M2 (T1-T3): the buffer's bytes and the room it leaves for earlier work (ticket_hold)
+     * are ONE charge at the ticket's first sample's seq: granted at once when nothing
+     * before it waits and it fits (what ticket_room's formula and a try were), else it
+     * WAITS in the ledger -- later work is refused meanwhile (L1) -- and its grant wakes
+     * the collation thread (ticket_wake).  Granted, the hold goes back at once: the grant
+     * covers the buffer rebuffer maps (ld_ledger_cover_begin) */
     const int64_t bytes = ticket_charge_bytes(L, p, cap_rows);
-    if (!ld_ledger_try(L, tk_at(L, id)->first_seq, bytes)) return 0;
-    *grant = bytes;
+    const int64_t want = bytes + ticket_hold(L, id, p, cap_rows);
+    if (q->charged) {
+      const int s = mml_ledger_state(L->ledger, &q->ch);
+      if (s == MML_CHARGE_WAITING && turn && q->ch.bytes == want && q->ch.seq == k->first_seq)
+        return 0; /* still waiting: its grant wakes the collator */
+      if (s == MML_CHARGE_GRANTED && turn && q->ch.bytes >= want) {
+        q->charged = 0;
+        q->ch.state = MML_CHARGE_IDLE;
+        ld_ledger_release(L, q->ch.bytes - bytes); /* the hold: room for earlier work */
+        *grant = bytes;
+      } else if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
+        q->charged = 0;
+        q->ch.state = MML_CHARGE_IDLE;
+        mml_err e;
+        if (q->ch.status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
+          ld_set_fatal_locked(L, MML_ENOMEM, &e);
+        return 0;
+      } else { /* not its turn now, or another size: it leaves, after those behind it */
+        cancel_after(L, id, p);
+        ld_admit_ticket_cancel_locked(L, q);
+      }
+    }
+    if (!*grant) {
+      if (!turn) return 0;
+      cancel_after(L, id, p); /* T3 */
+      memset(&q->ch, 0, sizeof q->ch);
+      q->ch.seq = k->first_seq;
+      q->ch.bytes = want;
+      q->ch.wake = ticket_wake;
+      q->ch.wake_arg = L;
+      mml_err e;
+      if (mml_ledger_request(L->ledger, &q->ch, &e)) {
+        /* too large alone with its hold (it can never fit beside it: what ticket_room's
+         * formula answered forever; mem_stuck decides), or shut down: no charge */
+        q->ch.state = MML_CHARGE_IDLE;
+        return 0;
+      }
+      if (q->ch.state != MML_CHARGE_GRANTED) {
+        q->charged = 1; /* waiting (T1) */
+        return 0;
+      }
+      q->ch.state = MML_CHARGE_IDLE;
+      ld_ledger_release(L, want - bytes); /* the hold */
+      *grant = bytes;
+    }
   }
   if ((int64_t)((size_t)cap_rows * L->row_bytes[p]) > L->tk_bytes_max)
     L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
@@ -451,7 +555,7 @@ static int media_items(const task *t) {
 /* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
  * those hold their grants) will take: kept free by every other use of the room, so that
  * once the decodes running now end one of these can always start.  Samples placed later
- * are held by their tickets' buffers' room (ticket_room), samples not placed yet by their
+ * are held by their tickets' charges (ticket_hold, T1), samples not placed yet by their
  * reads' (ld_mem_may_read_locked counts what is placed). */
 int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto) {
   if (!L->cfg.max_memory || !L->scratch_max) return 0;
@@ -706,6 +810,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
    * coefficients waited behind them: tests/test_memory.py
    * test_progressive_scratch_is_planned_from_the_header) */
   int ok = ld_ledger_try(L, t->seq, need);
+  if (!ok && tickets_give_back_locked(L, t->seq) > 0) ok = ld_ledger_try(L, t->seq, need); /* T4 */
   if (!ok && ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0)
     ok = ld_ledger_try(L, t->seq, need);
   if (ok) {
@@ -742,10 +847,10 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   /* the oldest queued batch's, which ld_emit_job_locked emits: its float rows' pages (in
    * place: F - U bytes more) and its other tensors' buffers, all taken before the
    * emission maps them (the pool's hook finds them covered) */
-  int64_t fpool = -1, small = 0;
+  int64_t fpool = -1, small = 0, seq = L->head_seq;
   for (int64_t k = L->pend_head; k < L->pend_tail && fpool < 0; k++) {
     const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) fpool = L->compact ? q->fpool : 0, small = q->sneed;
+    if (q->state == PEND_QUEUED) fpool = L->compact ? q->fpool : 0, small = q->sneed, seq = q->seq;
   }
   if (fpool < 0 || fpool + small <= 0) return 0;
   const int64_t need = fpool + small;
@@ -754,9 +859,10 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
    * make way inside it.  When it refuses, the bytes later samples hold ahead of their
    * decode (kept videos: their decodes read them again) make way, as for the head ticket
    * (retry_pending), and it is asked once more. */
-  int ok = ld_ledger_try(L, L->head_seq, need);
+  int ok = ld_ledger_try(L, seq, need);
+  if (!ok && tickets_give_back_locked(L, seq) > 0) ok = ld_ledger_try(L, seq, need); /* T4 */
   if (!ok && (L->video_open_bytes || L->video_held) && ld_release_videos_ahead_locked(L) > 0)
-    ok = ld_ledger_try(L, L->head_seq, need);
+    ok = ld_ledger_try(L, seq, need);
   if (ok) {
     L->emit_extra += need;
     L->emit_stuck = 0;
@@ -960,12 +1066,19 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
     win += t->held;
     scratch += t->scratch_granted + t->reread_granted;
   }
+  int64_t tickets = 0; /* charges granted, their buffers not mapped yet (T2) */
+  for (int64_t id = L->tk_head; L->tks && id <= L->tk_tail; id++)
+    for (int p = 0; p < PLANES; p++) {
+      tk_plane *q = &tk_at(L, id)->pl[p];
+      if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
+        tickets += q->ch.bytes;
+    }
   pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
   const int64_t spare_bytes = L->spare_bytes;
   pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
-                       L->emit_extra + L->read_extra + ld_pq_reserved(L);
+                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
@@ -981,12 +1094,12 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                      "the memory ledger holds %lld bytes (engine %lld, consumer %lld, cached "
                      "%lld) where the loader has %lld: pool live %zu + cached %zu, window "
                      "%lld (counted %lld) + spares %lld, scratch reserve %lld + granted %lld "
-                     "(counted %lld), emissions %lld, Parquet room %lld",
+                     "(counted %lld), emissions %lld, Parquet room %lld, tickets %lld",
                      (long long)have, (long long)s.held[MML_HOLD_ENGINE],
                      (long long)s.held[MML_HOLD_CONSUMER], (long long)s.cached, (long long)want,
                      live, cached, (long long)win, (long long)L->win_bytes, (long long)spares,
                      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
-                     (long long)L->emit_extra, (long long)ld_pq_reserved(L));
+                     (long long)L->emit_extra, (long long)ld_pq_reserved(L), (long long)tickets);
 }
 
 void ld_ledger_assert_quiet(mml_loader *L) {

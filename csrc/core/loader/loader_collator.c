@@ -296,6 +296,10 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
     }
   }
   if (L->cfg.max_memory) p->sneed = mml_collator_emit_bytes(L->colls[*ci]);
+  /* its emission's seq (M4): its own first sample, before every ticket still placed (a
+   * later ticket's charge waiting in the ledger must not hold an earlier batch back, L1) */
+  p->seq =
+      L->placing && L->tk_tail >= L->tk_head ? L->tks[L->tk_head % L->ntk].first_seq : L->head_seq;
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   pthread_cond_signal(&L->work_cv);

@@ -169,6 +169,11 @@ typedef struct tk_plane {
   mml_buf *buf;      /* cap_rows rows; NULL until materialized */
   int64_t cap_rows;
   int64_t pending_rows; /* > 0: a buffer of this many rows waits for max_memory room */
+  /* max_memory: the buffer's charge in the memory ledger (ld_admit_ticket_locked), in it
+   * (WAITING, or GRANTED and not yet mapped) while `charged`; `charged` is mu's, ch.state
+   * the ledger's (read it with mml_ledger_state) */
+  mml_charge ch;
+  int charged;
 } tk_plane;
 
 typedef struct ticket {
@@ -202,6 +207,7 @@ typedef struct pend_item {
   int coll;         /* PEND_QUEUED/EMITTING: the collator instance to emit from */
   mml_cursor after; /* batch items: the cursor once consumed */
   size_t fneed;     /* compact, queued: the pool bytes its emission adds (the gate's) */
+  int64_t seq;      /* its batch's first sample (its ticket's): its emission's seq (M4) */
   /* max_memory, queued: the pool bytes its emission maps, for its float rows (fneed in
    * whole pages: 2 MiB in place, else a fresh buffer's) and its other tensors
    * (mml_collator_emit_bytes) */
@@ -621,6 +627,9 @@ int ld_place_turn_waits_locked(mml_loader *L, int64_t id);
  * ld_ledger_cover_begin).  Records the largest buffers asked for either way. */
 int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
                            int64_t *grant);
+/* Plane q's charge leaves the ledger (its ticket is dropped, its request is gone): a
+ * waiting one is withdrawn, a granted one not mapped yet gives its bytes back (T2). */
+void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
 int ld_admit_make_way_locked(mml_loader *L);

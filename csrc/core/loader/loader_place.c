@@ -68,10 +68,13 @@
  *
  * MEMORY CAP (max_memory).  Admission -- whether a ticket plane's buffer may be taken
  * now, and what makes way for the head ticket -- is loader_admit.c's: rebuffer asks it
- * once (ld_admit_ticket_locked) after the turn rules here (tickets in order, `prefetch`,
- * decodes ahead), retry_pending asks it what may be dropped for the head
- * (ld_admit_make_way_locked), and placement that went as far as it can asks it whether
- * the batch the consumer waits for can never get room (ld_admit_head_stuck_locked).
+ * once (ld_admit_ticket_locked: the plane's charge in the memory ledger, which waits
+ * there when it does not fit and wakes the collation thread when granted, loader_admit.c
+ * T1-T3) after the turn rules here (tickets in their turn in order, `prefetch`, decodes
+ * ahead), retry_pending asks again (maps a granted one) and what may be dropped for the
+ * head (ld_admit_make_way_locked), and placement that went as far as it can asks it
+ * whether the batch the consumer waits for can never get room
+ * (ld_admit_head_stuck_locked).
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
@@ -147,14 +150,17 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   return MML_OK;
 }
 
-static void ticket_drop(ticket *k) {
-  for (int p = 0; p < PLANES; p++) mml_buf_release(k->pl[p].buf);
+static void ticket_drop(mml_loader *L, ticket *k) {
+  for (int p = 0; p < PLANES; p++) {
+    ld_admit_ticket_cancel_locked(L, &k->pl[p]); /* its charge leaves the ledger (T2) */
+    mml_buf_release(k->pl[p].buf);
+  }
   memset(k, 0, sizeof *k);
 }
 
 void ld_place_free(mml_loader *L) {
   if (!L->tks) return;
-  for (int i = 0; i < L->ntk; i++) ticket_drop(&L->tks[i]);
+  for (int i = 0; i < L->ntk; i++) ticket_drop(L, &L->tks[i]);
   free(L->tks);
   L->tks = NULL;
 }
@@ -322,9 +328,13 @@ int ld_place_turn_waits_locked(mml_loader *L, int64_t id) {
 static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_collator *c) {
   ticket *k = tk_at(L, id);
   tk_plane *q = &k->pl[p];
-  int earlier = 0; /* tickets get room in order: the head first */
+  /* tickets get their turn in order: none while an earlier one waits for its turn; one
+   * behind an earlier one waiting for room asks the ledger, which grants in order (L1:
+   * its charge waits behind the earlier one's, T1) */
+  int earlier = 0;
   for (int64_t j = L->tk_head; j < id; j++)
-    for (int r = 0; r < PLANES; r++) earlier |= tk_at(L, j)->pl[r].pending_rows > 0;
+    for (int r = 0; r < PLANES; r++)
+      earlier |= tk_at(L, j)->pl[r].pending_rows > 0 && !tk_at(L, j)->pl[r].charged;
   const int turn = !earlier && (ld_place_has_buf(k) || !ld_place_turn_waits_locked(L, id));
   int64_t grant = 0; /* the ledger's, for the buffer mapped below */
   if (!ld_admit_ticket_locked(L, id, p, cap_rows, turn, &grant)) {
@@ -414,7 +424,7 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
     if (L->per_epoch >= 0 && bie + open >= L->per_epoch) return 0;
     if (open + 1 > L->ntk) return 0; /* cannot happen: the window bounds tickets */
     k = tk_at(L, ++L->tk_tail);
-    ticket_drop(k);
+    ticket_drop(L, k);
     k->epoch = epoch;
     k->first_seq = L->place_seq;
   }
@@ -515,7 +525,7 @@ static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator
 }
 
 void ld_place_reset_locked(mml_loader *L) {
-  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) ticket_drop(tk_at(L, id));
+  for (int64_t id = L->tk_head; id <= L->tk_tail; id++) ticket_drop(L, tk_at(L, id));
   L->tk_head = L->tk_tail + 1;
   for (int i = 0; i < L->window; i++) unplace(&L->tasks[i]);
   L->place_seq = L->head_seq;
@@ -524,14 +534,14 @@ void ld_place_reset_locked(mml_loader *L) {
 void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
   if (!L->placing) return;
   for (int64_t s = seq; s < L->place_seq; s++) unplace(slot_of(L, s));
-  for (int64_t id = L->tk_head + 1; id <= L->tk_tail; id++) ticket_drop(tk_at(L, id));
+  for (int64_t id = L->tk_head + 1; id <= L->tk_tail; id++) ticket_drop(L, tk_at(L, id));
   if (L->tk_tail >= L->tk_head) L->tk_tail = L->tk_head;
   L->place_seq = seq;
   if (L->tk_tail < L->tk_head) return;
   ticket *k = tk_at(L, L->tk_head);
   mml_compose cs = mml_collator_compose_state(c);
   if (cs.count == 0) { /* nothing of it was taken: it is gone */
-    ticket_drop(k);
+    ticket_drop(L, k);
     L->tk_tail = L->tk_head - 1;
     return;
   }
@@ -541,6 +551,7 @@ void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
     tk_plane *q = &k->pl[p];
     q->rows = q->done_rows;
     q->pending_rows = 0;
+    ld_admit_ticket_cancel_locked(L, q);
     /* The buffer keeps the rows taken; decodes may still write at old offsets past them,
      * so it takes nothing more: the next rows of this plane re-buffer it. */
     q->cap_rows = q->done_rows;
@@ -587,7 +598,7 @@ mml_status ld_place_take_locked(mml_loader *L, mml_collator *c, int64_t tk,
 
 void ld_place_pop_locked(mml_loader *L) {
   if (!L->placing || L->tk_tail < L->tk_head) return;
-  ticket_drop(tk_at(L, L->tk_head));
+  ticket_drop(L, tk_at(L, L->tk_head));
   L->tk_head++;
 }
 

@@ -107,6 +107,53 @@ TEST(ledger_withdraw_head_grants_next) {
   mml_ledger_free(g);
 }
 
+/* L2 with a withdrawal, as the loader's tickets use it (loader_admit.c T1-T3): a waiting
+ * charge withdrawn to ask again for another size lets what waits behind it be granted at
+ * once, before it asks again -- so the owner withdraws the later ones first; asked again
+ * with nothing behind it, it is the head and its wake runs once when a release grants it. */
+TEST(ledger_withdraw_to_resize_grants_behind_first) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 60);
+  CHECK(mml_ledger_try(g, &a));
+  mml_charge h = charge(1, 50), l = charge(2, 30);
+  h.wake = l.wake = log_wake;
+  h.wake_arg = (void *)(intptr_t)1;
+  l.wake_arg = (void *)(intptr_t)2;
+  wake_n = 0;
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  CHECK_OK(mml_ledger_request(g, &l, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &l), MML_CHARGE_WAITING); /* fits, waits behind h (L1) */
+  mml_ledger_withdraw(g, &h);                                /* to ask again for 40 */
+  CHECK_EQ_INT(mml_ledger_state(g, &l), MML_CHARGE_GRANTED); /* granted on the way */
+  CHECK_EQ_INT(wake_n, 1);
+  h = charge(1, 40);
+  h.wake = log_wake;
+  h.wake_arg = (void *)(intptr_t)1;
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING); /* l's grant holds its room */
+  /* the owner's order: l leaves first (its grant given back), then h asks again */
+  mml_ledger_withdraw(g, &h);
+  mml_ledger_give_back(g, &l);
+  l = charge(2, 30);
+  l.wake = log_wake;
+  l.wake_arg = (void *)(intptr_t)2;
+  h = charge(1, 45);
+  h.wake = log_wake;
+  h.wake_arg = (void *)(intptr_t)1;
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  CHECK_OK(mml_ledger_request(g, &l, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  wake_n = 0;
+  mml_ledger_release(g, 20, MML_HOLD_ENGINE); /* 40 held: h fits, then l does not */
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_GRANTED);
+  CHECK_EQ_INT(mml_ledger_state(g, &l), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(wake_n, 1);
+  CHECK_EQ_INT(wake_log[0], 1);
+  mml_ledger_withdraw(g, &l);
+  mml_ledger_free(g);
+}
+
 /* a test cache: bytes it holds, what evict was asked for */
 typedef struct tcache {
   atomic_llong bytes;
