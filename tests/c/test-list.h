@@ -221,6 +221,7 @@ TEST_DECLARE(pixels_expand_in_place_is_expand)
 TEST_DECLARE(pixels_expand_in_place_split)
 /* test-image.c */
 TEST_DECLARE(jpeg_coefficients_stay_mapped)
+TEST_DECLARE(jpeg_keep_bound_per_decoder)
 TEST_DECLARE(image_aside_runs_abandons_and_bounds)
 /* test-loader-video.c */
 TEST_DECLARE(loader_video_files_same_output_any_threads)
@@ -446,6 +447,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(pixels_expand_in_place_split)
     /* test-image.c */
     TEST_ENTRY(jpeg_coefficients_stay_mapped)
+    TEST_ENTRY(jpeg_keep_bound_per_decoder)
     TEST_ENTRY(image_aside_runs_abandons_and_bounds)
     /* test-loader-video.c */
     TEST_ENTRY(loader_video_files_same_output_any_threads)

@@ -308,6 +308,7 @@ struct mml_decoder {
   int key;              /* the last image has a colour key (mml_decoder_color_key) */
   uint8_t kc[3];
   mml_jpeg_keep *keep; /* multi-scan coefficients in memory that stays mapped */
+  size_t jpeg_keep;    /* ... while at most this many bytes (mml_decoder_set_jpeg_keep) */
 };
 
 static void jerr_exit(j_common_ptr c) {
@@ -375,6 +376,7 @@ mml_status mml_decoder_new(mml_decoder **out) {
   }
   d->max_pixels = MML_DEFAULT_MAX_IMAGE_PIXELS;
   d->max_scans = MML_DEFAULT_MAX_JPEG_SCANS;
+  d->jpeg_keep = MML_JPEG_KEEP;
   *out = d;
   return MML_OK;
 }
@@ -388,6 +390,11 @@ void mml_decoder_set_max_scans(mml_decoder *d, int max_scans) {
 }
 
 void mml_decoder_set_cancel(mml_decoder *d, const mml_cancel *c) { d->cancel = c; }
+
+void mml_decoder_set_jpeg_keep(mml_decoder *d, size_t bytes) {
+  d->jpeg_keep = bytes;
+  mml_jpeg_keep_trim(d->keep, bytes);
+}
 
 void mml_decoder_set_opts(mml_decoder *d, const mml_decode_opts *o) {
   d->je.strict = o && o->strict_jpeg;
@@ -430,7 +437,7 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   d->jpeg_stop = MML_OK;
   if (setjmp(d->je.jb)) {
     jpeg_abort_decompress(ci);
-    mml_jpeg_keep_trim(d->keep);
+    mml_jpeg_keep_trim(d->keep, d->jpeg_keep);
     if (d->jpeg_stop == MML_ESCANS) return scans_error(0, d->max_scans, err);
     if (d->jpeg_stop == MML_ECANCELLED)
       return mml_err_set(err, MML_ECANCELLED, "JPEG: decode cancelled (the loader is closing)");
@@ -491,11 +498,11 @@ static mml_status decode_jpeg(mml_decoder *d, const uint8_t *data, size_t len, i
   /* read on to EOI: Pillow finishes the decompression and refuses what fails there (e.g.
    * a bad marker after corrupt data that libjpeg had papered over with gray) */
   jpeg_finish_decompress(ci);
-  mml_jpeg_keep_trim(d->keep);
+  mml_jpeg_keep_trim(d->keep, d->jpeg_keep);
   return MML_OK;
 done:
   jpeg_abort_decompress(ci);
-  mml_jpeg_keep_trim(d->keep);
+  mml_jpeg_keep_trim(d->keep, d->jpeg_keep);
   return st;
 }
 

@@ -15,7 +15,8 @@
  * MAX_ARRAYS arrays laid out, when libjpeg realizes them, in the decoder's mml_mapped
  * region, which is zeroed then as a whole (libjpeg zeroes rows at their first access;
  * every row holds the same values when read) and kept for the next image while it is at
- * most MML_JPEG_KEEP bytes.  Any other request, and everything else, goes to libjpeg's
+ * most the decoder's bound (MML_JPEG_KEEP unless set: mml_decoder_set_jpeg_keep; a region
+ * mapped afresh costs the kernel's zeroing of every page on top of the zeroing here).  Any other request, and everything else, goes to libjpeg's
  * own methods.  The arrays are forgotten when libjpeg frees its image pool (end of the
  * image, abort, error).  The coefficients and so the pixels are libjpeg's, bit for bit.
  *
@@ -128,8 +129,8 @@ mml_status mml_jpeg_keep_install(struct jpeg_decompress_struct *jd, mml_jpeg_kee
   return MML_OK;
 }
 
-void mml_jpeg_keep_trim(mml_jpeg_keep *k) {
-  if (k && k->region.cap > MML_JPEG_KEEP) mml_mapped_free(&k->region);
+void mml_jpeg_keep_trim(mml_jpeg_keep *k, size_t keep) {
+  if (k && k->region.cap > keep) mml_mapped_free(&k->region);
 }
 
 size_t mml_jpeg_keep_bytes(const mml_jpeg_keep *k) { return k ? k->region.cap : 0; }

@@ -746,6 +746,8 @@ void *ld_worker_main(void *arg) {
   mml_sample_scratch sc;
   mml_err err;
   int have_scratch = mml_sample_scratch_init(&sc, &err) == MML_OK;
+  if (have_scratch && !L->cfg.max_memory) /* under max_memory: the reserve's 8 MiB */
+    mml_vision_scratch_set_jpeg_keep(sc.vision, MML_WORKER_JPEG_KEEP);
   uint64_t faults = 0;
   pthread_mutex_lock(&L->mu);
   ld_count_faults_locked(L, &faults);

@@ -324,6 +324,10 @@ void mml_vision_scratch_trim(mml_vision_scratch *s, size_t keep) {
   if (s->pre.cap > keep) mml_bytes_free(&s->pre);
 }
 
+void mml_vision_scratch_set_jpeg_keep(mml_vision_scratch *s, size_t bytes) {
+  if (s) mml_decoder_set_jpeg_keep(s->dec, bytes);
+}
+
 void mml_vision_scratch_free(mml_vision_scratch *s) {
   if (!s) return;
   mml_decoder_free(s->dec);

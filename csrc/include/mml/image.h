@@ -79,6 +79,13 @@ void mml_decoder_set_max_scans(mml_decoder *d, int max_scans);
  * strip.  `c` must outlive its use by d. */
 void mml_decoder_set_cancel(mml_decoder *d, const mml_cancel *c);
 
+/* A multi-scan (progressive) JPEG is decoded through whole-image coefficient arrays (3
+ * bytes per pixel at 4:2:0) in a region the decoder keeps mapped for the next image while
+ * it is at most `bytes` (new decoders: 8 MiB, about 2.7 megapixels; image_jpeg_mem.c); a
+ * larger one is unmapped after its image, and the next one maps it afresh: a page fault
+ * and the kernel's zeroing per page.  Setting it trims the region now if it is larger. */
+void mml_decoder_set_jpeg_keep(mml_decoder *d, size_t bytes);
+
 /* How strict and which reference the decoder follows; kept until changed ({0}: defaults). */
 typedef struct mml_decode_opts {
   /* 0: as Pillow — a libjpeg error anywhere (also after the last scanline, up to EOI) or

@@ -414,6 +414,12 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *out, mml_source_s
  * header says: mml_vision_plan.scratch) takes that much more room before it starts. */
 #define MML_SCRATCH_RESERVE ((int64_t)16 << 20)
 #define MML_SCRATCH_KEEP ((size_t)4 << 20)
+/* Without max_memory a worker keeps its decoder's multi-scan JPEG region between images up
+ * to this size (a 4:2:0 progressive image of about 22 megapixels; with max_memory: 8 MiB,
+ * within MML_SCRATCH_RESERVE), as it keeps its other scratch untrimmed there: a region
+ * mapped afresh for every large progressive photo cost the kernel's zeroing of every page
+ * (docs/benchmarks.md "End to end at the caps"). */
+#define MML_WORKER_JPEG_KEEP ((size_t)64 << 20)
 /* Batches delivered before page faults are counted per batch (every buffer the pipeline
  * circulates has been mapped once by then). */
 #define MML_FAULT_WARMUP(prefetch) (2 * (prefetch) + 8)

@@ -178,6 +178,9 @@ double mml_vision_scratch_decode_s(const mml_vision_scratch *s);
  * `keep` bytes, so what stays between images is a few rows, the kept multi-scan JPEG
  * region (MML_JPEG_KEEP) and at most `keep` per buffer (max_memory's per-worker reserve). */
 void mml_vision_scratch_trim(mml_vision_scratch *s, size_t keep);
+/* How large a multi-scan JPEG region the decoder keeps between images
+ * (mml_decoder_set_jpeg_keep; MML_JPEG_KEEP, 8 MiB, unless set). */
+void mml_vision_scratch_set_jpeg_keep(mml_vision_scratch *s, size_t bytes);
 
 /* Decode + resize + normalise + patchify `data` into `out`, which holds plan->rows rows of
  * mml_vision_row_bytes(cfg) bytes in cfg->pixel_format (plan from mml_vision_plan_bytes on

@@ -83,7 +83,7 @@ TEST(jpeg_coefficients_stay_mapped) {
       CHECK_EQ_INT(tjDecompress2(tj, jpg, len, want, w, 0, h, TJPF_RGB, TJFLAG_ACCURATEDCT), 0);
       CHECK(memcmp(got, want, (size_t)w * h * 3) == 0);
     }
-    mml_jpeg_keep_trim(k);
+    mml_jpeg_keep_trim(k, MML_JPEG_KEEP);
     size_t coef = (size_t)w * h * 3;
     if (sizes[i][2] && coef <= MML_JPEG_KEEP / 2) {
       CHECK(mml_jpeg_keep_bytes(k) > 0); /* kept for the next image */
@@ -98,6 +98,40 @@ TEST(jpeg_coefficients_stay_mapped) {
   tjDestroy(tj);
   jpeg_destroy_decompress(&jd);
   mml_jpeg_keep_free(k);
+}
+
+/* A decoder's own bound on the kept region (mml_decoder_set_jpeg_keep): a progressive image
+ * above MML_JPEG_KEEP keeps its region mapped for the next image when the bound allows
+ * (the Loader without max_memory), the same pixels; setting the bound lower unmaps it. */
+TEST(jpeg_keep_bound_per_decoder) {
+  unsigned long len;
+  unsigned char *jpg = mml_test_jpeg(3000, 2000, 1, &len); /* ~18 MB of coefficients */
+  CHECK(jpg != NULL);
+  mml_decoder *d = NULL;
+  CHECK_EQ_INT(mml_decoder_new(&d), MML_OK);
+  mml_err err;
+  mml_rgb8 a, b;
+  size_t m0, m1, m2;
+  mml_mapped_usage(&m0, NULL);
+  CHECK_EQ_INT(mml_image_decode(d, jpg, len, 2, &a, &err), MML_OK);
+  mml_mapped_usage(&m1, NULL);
+  CHECK(m1 == m0); /* the default bound: unmapped after the image */
+  uint8_t *first = malloc((size_t)a.width * a.height * 3);
+  memcpy(first, a.pixels, (size_t)a.width * a.height * 3);
+  mml_decoder_set_jpeg_keep(d, (size_t)64 << 20);
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ_INT(mml_image_decode(d, jpg, len, 2, &b, &err), MML_OK);
+    mml_mapped_usage(&m2, NULL);
+    CHECK(m2 >= m0 + (size_t)3000 * 2000 * 3); /* kept */
+    CHECK(b.width == a.width && b.height == a.height);
+    CHECK(memcmp(first, b.pixels, (size_t)a.width * a.height * 3) == 0);
+  }
+  mml_decoder_set_jpeg_keep(d, MML_JPEG_KEEP);
+  mml_mapped_usage(&m2, NULL);
+  CHECK(m2 == m0);
+  free(first);
+  mml_decoder_free(d);
+  tjFree(jpg);
 }
 
 /* image_aside.c: a job that finishes hands its output and argument back (invariant 3);
