@@ -207,7 +207,7 @@ void ld_move_ready_locked(mml_loader *L) {
     pthread_cond_broadcast(&L->out_cv);
     pthread_cond_broadcast(&L->coll_cv); /* pend has room */
   }
-  if (L->jobs_queued && !ld_emit_gated_locked(L)) pthread_cond_signal(&L->work_cv);
+  if (L->jobs_queued && !ld_emit_gated_locked(L)) ld_work_wake(L, 0);
 }
 
 /* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)
@@ -302,7 +302,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
       L->placing && L->tk_tail >= L->tk_head ? L->tks[L->tk_head % L->ntk].first_seq : L->head_seq;
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
-  pthread_cond_signal(&L->work_cv);
+  ld_work_wake(L, 0);
   ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
   while (!L->stop && L->gen == my_gen && L->coll_busy[*ci]) pthread_cond_wait(&L->coll_cv, &L->mu);
@@ -493,7 +493,7 @@ static void coll_failed_locked(mml_loader *L, coll_state *c) {
   const mml_sample *s = &c->s;
   if (L->limit_seq >= 0) { /* seek_ahead: a skipped sample needs one more to replace it */
     L->limit_seq++;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
   }
   int again = s->pos >= L->n_rank;
   if (!again) {
@@ -601,7 +601,7 @@ void *ld_collator_main(void *arg) {
     ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) {

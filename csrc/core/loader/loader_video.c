@@ -416,5 +416,5 @@ void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force) {
     L->in_flight++;
     ld_ready_push_locked(L, t); /* (an abandoned plan's: dropped there) */
   }
-  pthread_cond_broadcast(&L->work_cv);
+  ld_work_wake(L, 1);
 }
