@@ -237,7 +237,10 @@
  *      gave 13-18 out of memory, 9 on main).  Earlier work that finds no room (an
  *      emission's try, a decode's scratch) takes back later tickets' grants not mapped
  *      yet (T4: the collation thread maps a grant at its next look, and it may be waiting
- *      for that very emission).  An emission's try (M4) is at its
+ *      for that very emission).  A read that finds no room while only reads run and the
+ *      consumer waits asks out of turn when a ticket charge waits (T5: that charge
+ *      cannot be granted first; 10 of 1000 schedules raised the read's error without).
+ *      An emission's try (M4) is at its
  *      batch's own first sample (pend_item.seq), not the collator's next one, so no
  *      waiting ticket holds an earlier batch back.  next() declares the consumer's wait
  *      to the ledger (M5) under mu after it looked and withdraws it when the wait ends.

@@ -130,6 +130,10 @@
  *       back the grants of later tickets not mapped yet (tickets_give_back_locked): the
  *       collation thread maps a grant only at its next look, and it may be waiting for
  *       that very work (an instance being emitted).  Those planes ask again.
+ *   T5. A read whose bytes find no room while nothing but reads runs and the consumer
+ *       waits (reads_stuck) asks out of turn when a ticket charge waits (mem_blocked): that
+ *       charge cannot be granted before the read ends, and the read may be what lets
+ *       placement shrink or close the ticket (mem_stuck, which waits for reads to end).
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
@@ -793,6 +797,12 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
      * will (the rule of the other waits for room: only_consumer_waits) */
     if (!ld_room_quiet_locked(L, &seen)) stuck = 0; /* W2: room came back */
     stuck = reads_stuck(L) ? stuck + 1 : 0;
+    /* T5: nothing but reads runs and the consumer waits, so a ticket charge waiting in the
+     * ledger cannot be granted before this read ends: L1 would only hold the read behind
+     * it (an out-of-memory error naming the read where it fits: 10 of 1000 schedules),
+     * and the read may be what lets placement shrink or close that ticket (mem_stuck):
+     * it asks out of turn, before every waiting charge */
+    if (stuck && L->mem_blocked && (granted = ld_ledger_try(L, -1, grow))) break;
     if (stuck >= 20) {
       size_t cached, live;
       mml_pool_usage(L->pool, &cached, &live);
