@@ -272,6 +272,9 @@
  *        not yet do (it waits on out_cv, which no end of work signals).
  *      With this, a ticket's charge is the one loader charge that can be the waiting
  *      head (step 2 (i)'s "no charge waits" is no longer so): L7 will apply to it first.
+ *      Beside main 4dc1b02 at the same hour (seeds 1-2000, 1000 plain each): 55 + 65-68
+ *      out of memory (main 54-56 + 60-62), 0 failed, 0 + 1 over the cap (+0.3%; main
+ *      1 + 0); every error "the batch the consumer waits for" but 2 of 2000.
  *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
  *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the
  *      holds and the gates the charges replaced; loader_place.c returns to placement only;
