@@ -464,6 +464,7 @@ class LoaderStats(_RemoteStats):
     video_preloads_refused: int
     video_open_peak_bytes: int
     samples_reread: int
+    room_waits: int
     skipped_by_reason: Dict[str, int]
     sources: Dict[str, SourceStats]
 
@@ -1093,7 +1094,9 @@ class Loader:
         kept open from their probe to their decode: demuxer state and frame tables,
         counted in max_memory), samples_reread (samples whose image bytes were dropped to
         make room under max_memory for an earlier sample's decode and read again by their
-        own: files, shard members and Parquet blobs, never fetched ones), and
+        own: files, shard members and Parquet blobs, never fetched ones), room_waits
+        (the workers' waits for max_memory room -- to read a sample, for a decode's
+        scratch, for an emission -- one per look that found none), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

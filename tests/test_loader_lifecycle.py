@@ -171,3 +171,85 @@ def test_close_from_another_thread_while_next_waits(ds):
     t.join(timeout=60)
     assert not t.is_alive()
     assert errors and "closed" in str(errors[0])
+
+
+# A capped loader whose workers wait for max_memory room: the consumer holds two batches of
+# images up to 1200 px under a 130 MiB cap with prefetch 4, so the batches ahead cannot all
+# be built and the workers wait for room (stats room_waits counts their waits).  close() and
+# Ctrl-C must stop them: the workers' waits end on the ledger's change count (loader_admit.c
+# W4), which close pokes.  The bounds below only catch a hang (the guarantee is about a
+# second; the figures are printed).
+CAPPED = dict(micro_batch_size=8, num_threads=2, prefetch=4, max_pixels=256 * 28 * 28, cycle=True)
+CAP = 130 << 20
+
+
+@pytest.fixture(scope="module")
+def big_ds(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("big"))
+    return make_dataset(root, n_samples=48, seed=1, n_images=16, min_size=160, max_size=1200)
+
+
+def wait_for_room_waits(L, held):
+    import time
+
+    for _ in range(1000):  # at most 10 s: the premise, not a timing
+        if L.stats()["room_waits"] > 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the workers never waited for room with {held} batches held")
+
+
+def test_capped_close_while_workers_wait_for_room(big_ds):
+    import threading
+    import time
+
+    L = mmloader.Loader(big_ds["shards"], tokenizer=TINY, max_memory=CAP, **CAPPED)
+    held = [next(L), next(L)]
+    wait_for_room_waits(L, len(held))
+    t0 = time.perf_counter()
+    done = threading.Event()
+    closer = threading.Thread(target=lambda: (L.close(), done.set()))
+    closer.start()
+    closer.join(timeout=10)
+    print(f"close() with the workers waiting for room: {time.perf_counter() - t0:.3f} s")
+    assert done.is_set(), "close() did not return: a worker's wait for room was not ended"
+    with pytest.raises(mmloader.Error, match="closed"):
+        next(L)
+    assert held[0]["input_ids"].numpy().size > 0  # batches handed out stay valid
+
+
+def test_capped_ctrl_c_while_workers_wait_for_room(big_ds, tmp_path):
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import signal, time, mmloader
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal
+            L = mmloader.Loader({big_ds['shards']!r}, tokenizer={TINY!r}, max_memory={CAP},
+                                **{CAPPED!r})
+            held = [next(L), next(L)]
+            for _ in range(1000):  # at most 10 s
+                if L.stats()["room_waits"]:
+                    break
+                time.sleep(0.01)
+            print("ready" if L.stats()["room_waits"] else "no wait for room", flush=True)
+            while True:  # never closed: KeyboardInterrupt ends the process, whose exit
+                time.sleep(1)  # must stop the workers waiting for room
+            """),
+        ],
+        env=child_env(),
+        cwd=str(tmp_path),  # outside the repository: the child imports the tests' mmloader
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() else ""
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGINT, (p.returncode, err[-2000:])
+    assert "KeyboardInterrupt" in err

@@ -39,7 +39,8 @@
  *       CONSUMER credit belongs to work before the head.
  *   L6. Wakeups, no polling: each grant or failure of a waiting charge broadcasts the
  *       condition variable and runs its wake callback once, after the mutex is released;
- *       nothing waits with a timeout.
+ *       no charge waits with a timeout (mml_ledger_wait_change_for bounds only an
+ *       owner's wait on the change count, L11, for its own stall rule).
  *   L7. The one deadlock rule: the head fails (MML_ENOMEM) when it does not fit, no
  *       ENGINE credit is held, and the consumer waits for the stream: only the consumer
  *       holds credit and it will not give any back.  The consumer's wait holds from its
@@ -57,7 +58,9 @@
  *       (mml_ledger_changes) grows, under the mutex and with a broadcast, with every grant
  *       or failure of a waiting charge, every grant asked back, every poke and the
  *       shutdown, so a thread that read it before it looked for work and blocks in
- *       mml_ledger_wait_change wakes for anything that happened after it looked.
+ *       mml_ledger_wait_change wakes for anything that happened after it looked;
+ *       mml_ledger_wait_change_for is the same wait for at most a given time (1 when the
+ *       count changed, 0 when the time ran out).
  *  L12. A try (mml_ledger_try) is a request that may not wait: granted exactly when a
  *       request would be granted at once (nothing before it waits, and it fits with
  *       caches evicted), else refused with nothing queued and nothing held -- the answer
@@ -194,7 +197,33 @@
  *      after dropping mu), never on a read's charge; every work_cv broadcast and pool
  *      release pokes (the pool release's and the other room events' call site is
  *      ld_room_wake, W1: it pokes the ledger there, and the waits lose their 5 ms bound).
- *      Not started.
+ *      (i) The workers' waits by L11: done (loader_admit.c W4).  With a ledger every
+ *      worker wait -- for work, for room to read, for a decode's scratch, for an
+ *      emission's grant, a read's wait for its bytes -- reads mml_ledger_changes under mu
+ *      before it looks (ld_work_look_locked) and waits on the change count after dropping
+ *      mu (ld_work_wait_locked); everything that queued work or broadcast work_cv pokes
+ *      instead (ld_work_wake), and so does every room event while a worker looks or waits
+ *      (ld_room_wake; room_waiting_work counts workers from before their look), so W2's
+ *      first reason -- a release made without mu falling between a look and the wait --
+ *      is gone for the workers: such a release now wakes them at once.  The wait for
+ *      work has no bound (it had none on work_cv either).  A wait for ROOM is unbounded
+ *      too while the consumer is not waiting in next() (loader_admit.c W5: then no stall
+ *      detector can fire, and every input of the room gates pokes when it changes).
+ *      LEFT: while the consumer waits, a wait for room keeps its 5 ms bound
+ *      (mml_ledger_wait_change_for), for two reasons.  (1) The stall
+ *      detectors (read_stuck, reads_stuck, scratch_stuck, emit_stuck) still decide
+ *      "nothing can give room back" by 20 looks with nothing running and no room event;
+ *      L7 cannot decide it for them while the scratch reserve, the Parquet room and the
+ *      window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and no charge
+ *      waits in the ledger (tries: none is ever the head), so an untimed wait with
+ *      nothing giving room back would never look again: a hang instead of A3's error.
+ *      (2) Some inputs of the detectors' own rules change without a poke (a ticket's
+ *      place, placement's progress: head_final, mem_blocked, place_seq), and a look is
+ *      what notices those while the consumer waits.  (1) needs reads that wait in the
+ *      ledger (step (ii)) before L7 can run for them at all, and step 4's class for the
+ *      fixed charges so that it can decide.
+ *      (ii) Reads as revocable charges at dispatch, the read gate's hold and the over-cap
+ *      "read goes ahead" count (step 1 (ii)) deleted: not started.
  *   3. The collation thread blocks only on the head ticket's charge.  Not started.
  *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
  *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the
@@ -204,10 +233,12 @@
  */
 #include "mml/ledger.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct ledger_cache {
   const char *name;
@@ -262,7 +293,11 @@ mml_status mml_ledger_new(const mml_ledger_cfg *cfg, mml_ledger **out, mml_err *
   g->cfg = *cfg;
   if (!g->cfg.what) g->cfg.what = "max_memory";
   pthread_mutex_init(&g->mu, NULL);
-  pthread_cond_init(&g->cv, NULL);
+  pthread_condattr_t ca; /* CLOCK_MONOTONIC: mml_ledger_wait_change_for's bound */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->cv, &ca);
+  pthread_condattr_destroy(&ca);
   *out = g;
   return MML_OK;
 }
@@ -783,6 +818,20 @@ void mml_ledger_wait_change(mml_ledger *g, uint64_t seen) {
   pthread_mutex_lock(&g->mu);
   while (g->changes == seen) pthread_cond_wait(&g->cv, &g->mu);
   pthread_mutex_unlock(&g->mu);
+}
+
+int mml_ledger_wait_change_for(mml_ledger *g, uint64_t seen, int64_t ns) {
+  struct timespec until; /* the condition variable's clock is CLOCK_MONOTONIC */
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += (time_t)(ns / 1000000000);
+  until.tv_nsec += (long)(ns % 1000000000);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&g->mu);
+  int rc = 0;
+  while (g->changes == seen && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g->cv, &g->mu, &until);
+  const int changed = g->changes != seen;
+  pthread_mutex_unlock(&g->mu);
+  return changed;
 }
 
 mml_status mml_ledger_error(mml_ledger *g, mml_err *err) {

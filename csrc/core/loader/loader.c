@@ -126,7 +126,7 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
     if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE))
       t->state = SLOT_EMPTY;
   }
-  pthread_cond_broadcast(&L->work_cv);
+  ld_work_wake(L, 1);
 }
 
 /* The engine-side start of a cursor: an epoch that is complete starts the next one. */
@@ -619,7 +619,7 @@ static void stop_threads(mml_loader *L) {
   mml_cancel_set(&L->cancel); /* first: what a worker is decoding stops too */
   pthread_mutex_lock(&L->mu);
   L->stop = 1;
-  pthread_cond_broadcast(&L->work_cv);
+  ld_work_wake(L, 1);
   pthread_cond_broadcast(&L->coll_cv);
   pthread_cond_broadcast(&L->out_cv);
   pthread_mutex_unlock(&L->mu);
@@ -953,7 +953,8 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
     ask_when_waiting_locked(L);
-    L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    L->consumer_waiting = 1;           /* max_memory: what the consumer holds cannot be released */
+    if (L->ledger) ld_work_wake(L, 1); /* W5: the workers' waits for room are bounded now */
     waited = 1;
     int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
                            : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
@@ -1050,6 +1051,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_preloads_refused = L->video_preloads_refused;
   o->video_open_peak = L->video_open_peak;
   o->samples_reread = L->samples_reread;
+  o->room_waits = L->room_waits;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

@@ -105,20 +105,23 @@
  *       explainers' figures.
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
- * collation thread that finds no room waits on its condition variable (ld_wait_room_locked:
- * the worker's emission, decode or read gate, read_may_wait, the collator's blocked ticket),
- * and every event that gives room back wakes it:
- *   W1. Room coming back broadcasts work_cv and coll_cv while a thread waits for room
- *       there (ld_room_wake; room_waiting_work / _coll count them): the consumer's release
+ * collation thread that finds no room waits -- the workers on the ledger's change count
+ * (W4: the emission, decode or read gate, read_may_wait), the collator on coll_cv
+ * (ld_wait_room_locked: its blocked ticket) -- and every event that gives room back wakes
+ * it:
+ *   W1. Room coming back pokes the ledger (the workers, W4) and broadcasts coll_cv while a
+ *       thread looks or waits for room there (ld_room_wake; room_waiting_work / _coll count
+ *       them): the consumer's release
  *       of a batch's buffers and a cache trimming itself (the pool's hook: live bytes
  *       released, cached pages dropped with none reused), a decode's scratch or a read's
  *       bytes given back and every other ENGINE credit released (ld_ledger_release), a
  *       buffer moved into the spares (ld_ledger_spare_put) and the spares freed
  *       (ld_bytes_free_spares).  ld_room_wake never takes mu: the pool's hook runs with mu
  *       held or not (ledger.c (b)).
- *   W2. The wait keeps its 5 ms bound.  A wake made without mu (the consumer releasing a
- *       batch on its own thread) can fall between a waiter's look and its wait, where no
- *       broadcast reaches it; and the stall detectors (emit_stuck, scratch_stuck,
+ *   W2. A wait for room keeps its 5 ms bound.  The collator's: a wake made without mu (the
+ *       consumer releasing a batch on its own thread) can fall between its look and its
+ *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
+ *       both, the stall detectors (emit_stuck, scratch_stuck,
  *       reads_stuck, mem_head_fails) decide "nothing can give room back" by 20 (3) looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
@@ -129,6 +132,34 @@
  *       L7), which W1's call sites are the pokes of.
  *   W3. A wake changes when a waiter looks, never what it decides: batches are bitwise
  *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
+ *   W4. With a ledger the workers wait on its change count (ledger.c L11), not on
+ *       work_cv: a worker reads it under mu before it looks for work or room
+ *       (ld_work_look_locked: take_task_locked's look, each look of a read's wait for its
+ *       bytes) and, finding nothing it may do, drops mu and waits until it changes
+ *       (ld_work_wait_locked).  Whatever queues work for the workers or may let one go on
+ *       pokes instead of signalling work_cv (ld_work_wake), and ld_room_wake pokes while
+ *       a worker looks or waits (room_waiting_work counts it from before its look), so no
+ *       wake is lost, with or without mu: W2's first reason is gone for the workers (a
+ *       release on the consumer's thread wakes them at once; tests/c/base/test-ledger.c
+ *       ledger_wait_change_loses_no_owner_event holds the protocol).  A wait for work has
+ *       no bound.  stats room_waits counts the waits for room
+ *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
+ *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
+ *       next() (consumer_waiting): only then may a stall detector (read_stuck,
+ *       reads_stuck, scratch_stuck, emit_stuck: each needs the consumer waiting) have to
+ *       count looks.  Otherwise it waits without a bound, which needs every change a
+ *       room gate reads to wake it: room events (W1), and pokes where the gates' other
+ *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
+ *       samples hold that can make way: finish_task_locked; a task parked until its
+ *       epoch is asked for: ld_video_park), a decode ending (decoding),
+ *       the output queue and pending emissions moving (out_count, a batch ready,
+ *       emitting: ld_move_ready_locked), the consumer starting to wait (next()), a fatal
+ *       error (ld_set_fatal_locked), and head_seq, a seek and close (ld_work_wake, W4).
+ *       What else a gate reads only grows (the largest sample, batch buffer, expansion,
+ *       scratch seen) or shrinks only with a decode starting, which takes its scratch
+ *       first (never more room).  So a consumer holding batches while the workers wait
+ *       for room costs no polling (a 130 MiB cap, two batches held: 4-63 waits in 0.5 s
+ *       against 150-200 with the bound).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -657,7 +688,9 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
    * (reads_stuck): 0, the loader's fatal error set */
   int granted = 0;
   uint64_t seen = atomic_load(&L->room_events); /* W2: this wait's own */
+  atomic_fetch_add(&L->room_waiting_work, 1);   /* W4: room events poke from here on */
   for (;;) {
+    const uint64_t changes = ld_work_look_locked(L); /* W4: before the look */
     /* the ledger decides (L12: a try under mu; its caches make way inside it) */
     if ((granted = ld_ledger_try(L, t->seq, grow))) break;
     if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
@@ -679,13 +712,15 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
                   "body releases it)",
                   &e);
       ld_set_fatal_locked(L, MML_ENOMEM, &e);
+      atomic_fetch_sub(&L->room_waiting_work, 1);
       return 0;
     }
     if (!stuck && !read_may_wait(L, t)) break; /* work queued for this worker: go ahead */
     L->reads_waiting++;
-    ld_wait_room_locked(L, &L->work_cv); /* W1, W2 */
+    ld_work_wait_locked(L, changes, 1); /* W1, W2, W4 */
     L->reads_waiting--;
   }
+  atomic_fetch_sub(&L->room_waiting_work, 1);
   /* going ahead without a grant (ledger.c THE FLIP'S ORDER step 1 (ii)): counted, past
    * the cap if it must be (L13: memory_peak shows it) */
   if (!granted) ld_ledger_count(L, grow);
@@ -919,10 +954,13 @@ void ld_ledger_release(mml_loader *L, int64_t bytes) {
 }
 
 void ld_room_wake(mml_loader *L) {
-  /* W1: no mu (a pool release may hold it or not); a waiter counted after this load
-   * looked after the event, or looks again within 5 ms (W2) */
+  /* W1: no mu (a pool release may hold it or not).  The workers (W4): a worker counted
+   * after this load read the change count after the event, so its look saw it; one
+   * counted before it gets the poke, which changes the count it waits on.  The collator:
+   * one counted after this load looked after the event, or looks again within 5 ms (W2) */
   atomic_fetch_add(&L->room_events, 1);
-  if (atomic_load(&L->room_waiting_work) > 0) pthread_cond_broadcast(&L->work_cv);
+  if (!L->ledger) return; /* no cap: nothing waits for room */
+  if (atomic_load(&L->room_waiting_work) > 0) mml_ledger_poke(L->ledger);
   if (atomic_load(&L->room_waiting_coll) > 0) pthread_cond_broadcast(&L->coll_cv);
 }
 
@@ -931,6 +969,41 @@ void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv) {
   atomic_fetch_add(n, 1);
   ld_wait_5ms(cv, &L->mu); /* W2: the bound stays */
   atomic_fetch_sub(n, 1);
+}
+
+void ld_work_wake(mml_loader *L, int all) {
+  if (L->ledger) { /* W4: the workers wait on the ledger's change count */
+    mml_ledger_poke(L->ledger);
+  } else if (all) {
+    pthread_cond_broadcast(&L->work_cv);
+  } else {
+    pthread_cond_signal(&L->work_cv);
+  }
+}
+
+uint64_t ld_work_look_locked(mml_loader *L) {
+  return L->ledger ? mml_ledger_changes(L->ledger) : 0; /* W4: before the look */
+}
+
+void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
+  if (room) L->room_waits++;
+  if (!L->ledger) { /* no cap: no wait for room either */
+    if (room)
+      ld_wait_5ms(&L->work_cv, &L->mu);
+    else
+      pthread_cond_wait(&L->work_cv, &L->mu);
+    return;
+  }
+  /* W5: a wait for room is bounded only while the consumer waits in next(): then a stall
+   * detector may have to count looks (W2); otherwise nothing needs deciding and every
+   * change a room gate reads pokes */
+  const int bounded = room && L->consumer_waiting;
+  pthread_mutex_unlock(&L->mu);
+  if (bounded)
+    (void)mml_ledger_wait_change_for(L->ledger, seen, 5000000);
+  else
+    mml_ledger_wait_change(L->ledger, seen);
+  pthread_mutex_lock(&L->mu);
 }
 
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {

@@ -69,6 +69,7 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   L->fatal_err = *e;
   L->fatal_err.status = st;
   pthread_cond_broadcast(&L->out_cv);
+  if (L->ledger) ld_work_wake(L, 1); /* W5: a worker waiting for room stops waiting */
 }
 
 /* Compact pixels (loader_place.c COMPACT): the batch's uint8 image rows become float32 /
@@ -207,7 +208,10 @@ void ld_move_ready_locked(mml_loader *L) {
     pthread_cond_broadcast(&L->out_cv);
     pthread_cond_broadcast(&L->coll_cv); /* pend has room */
   }
-  if (L->jobs_queued && !ld_emit_gated_locked(L)) pthread_cond_signal(&L->work_cv);
+  if (L->ledger) /* W5: out_count, pend states and emitting feed the workers' room gates */
+    ld_work_wake(L, 1);
+  else if (L->jobs_queued && !ld_emit_gated_locked(L))
+    ld_work_wake(L, 0);
 }
 
 /* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)
@@ -298,7 +302,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   if (L->cfg.max_memory) p->sneed = mml_collator_emit_bytes(L->colls[*ci]);
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
-  pthread_cond_signal(&L->work_cv);
+  ld_work_wake(L, 0);
   ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
   while (!L->stop && L->gen == my_gen && L->coll_busy[*ci]) pthread_cond_wait(&L->coll_cv, &L->mu);
@@ -489,7 +493,7 @@ static void coll_failed_locked(mml_loader *L, coll_state *c) {
   const mml_sample *s = &c->s;
   if (L->limit_seq >= 0) { /* seek_ahead: a skipped sample needs one more to replace it */
     L->limit_seq++;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
   }
   int again = s->pos >= L->n_rank;
   if (!again) {
@@ -597,7 +601,7 @@ void *ld_collator_main(void *arg) {
     ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) {

@@ -76,7 +76,7 @@ mml_status ld_expand_shared(mml_loader *L, mml_buf *u8, mml_buf *f, int64_t rows
       pthread_cond_init(&x.done_cv, NULL);
       L->xs = &x;
       shared = 1;
-      pthread_cond_broadcast(&L->work_cv); /* idle workers: a chunk for you */
+      ld_work_wake(L, 1); /* idle workers: a chunk for you */
     }
     pthread_mutex_unlock(&L->mu);
   }

@@ -309,8 +309,9 @@ struct mml_loader {
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
-  /* threads in a wait for room now (ld_wait_room_locked), on work_cv and on coll_cv: the
-   * events that give room back broadcast those cvs only while someone waits (W1; atomic:
+  /* workers looking for work or room or waiting (from before their look: W4) and the
+   * collator in a wait for room (ld_wait_room_locked on coll_cv): the events that give
+   * room back poke the ledger / broadcast coll_cv only while there is one (W1; atomic:
    * the pool's hook runs on any thread, with or without mu) */
   _Atomic int room_waiting_work, room_waiting_coll;
   /* events that gave room back (ld_room_wake), and the count each stall detector saw at
@@ -334,6 +335,7 @@ struct mml_loader {
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
+  uint64_t room_waits;     /* workers' waits for room (ld_work_wait_locked) */
   uint64_t samples_reread; /* max_memory: samples whose media bytes were dropped and read
                               again (ld_admit_drop_bytes_ahead_locked; mu) */
   int videos_kept;         /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
@@ -733,13 +735,21 @@ int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes);
 void ld_ledger_cover_begin(mml_loader *L, int64_t bytes);
 void ld_ledger_cover_end(mml_loader *L);
 void ld_ledger_release(mml_loader *L, int64_t bytes);
-/* Room came back (loader_admit.c W1): broadcasts work_cv and coll_cv where a thread waits
- * for room (ld_wait_room_locked); never takes mu, so any thread may call it, holding mu
- * or not (the pool's hook). */
+/* Room came back (loader_admit.c W1): pokes the ledger while a worker looks or waits (W4)
+ * and broadcasts coll_cv while the collator waits for room (ld_wait_room_locked); never
+ * takes mu, so any thread may call it, holding mu or not (the pool's hook). */
 void ld_room_wake(mml_loader *L);
-/* A wait for room on cv (work_cv or coll_cv), mu held: woken by ld_room_wake, or after at
+/* The collator's wait for room on coll_cv, mu held: woken by ld_room_wake, or after at
  * most 5 ms (W2: the look it follows may have missed a wake made without mu). */
 void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv);
+/* The workers' waits (loader_admit.c W4, ledger.c L11): ld_work_look_locked reads the
+ * ledger's change count under mu before a worker looks for work (or room), and
+ * ld_work_wait_locked drops mu and waits until it changes -- for room (room: 1) 5 ms at
+ * most (W2), for work without a bound.  ld_work_wake is the poke of everything that
+ * queues work for the workers or may let one go on (work_cv without a ledger). */
+uint64_t ld_work_look_locked(mml_loader *L);
+void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
+void ld_work_wake(mml_loader *L, int all);
 /* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen);
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes);

@@ -203,7 +203,7 @@ static void queue_decode(mml_loader *L, task *t) {
   else
     L->dec_head = t;
   L->dec_tail = t;
-  pthread_cond_signal(&L->work_cv);
+  ld_work_wake(L, 0);
 }
 
 /* t's plane-p rows go to byte `off` of buf: its decode queued (once every plane it has

@@ -398,6 +398,7 @@ int ld_video_park(mml_loader *L, task *t) {
     t->next_ready = L->parked_head;
     L->parked_head = t;
     L->in_flight--;
+    if (L->ledger) ld_work_wake(L, 1); /* loader_admit.c W5: the read gate counts in_flight */
   }
   pthread_mutex_unlock(&L->mu);
   return park;
@@ -416,5 +417,5 @@ void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force) {
     L->in_flight++;
     ld_ready_push_locked(L, t); /* (an abandoned plan's: dropped there) */
   }
-  pthread_cond_broadcast(&L->work_cv);
+  ld_work_wake(L, 1);
 }

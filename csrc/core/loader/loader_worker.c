@@ -69,7 +69,7 @@ void ld_ready_push_locked(mml_loader *L, task *t) {
   else
     L->ready_head = t;
   L->ready_tail = t;
-  pthread_cond_signal(&L->work_cv);
+  ld_work_wake(L, 0);
 }
 
 /* Prefixes err with media item i of rec: an image or frame (mml_record_media_ref), else
@@ -522,7 +522,7 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
     t->dec = DEC_NONE;
     if (t->gen != L->gen) { /* work of an abandoned plan */
       t->state = SLOT_EMPTY;
-      pthread_cond_broadcast(&L->work_cv);
+      ld_work_wake(L, 1);
       continue;
     }
     if (drop) continue; /* unplaced meanwhile: it is queued again when placed */
@@ -560,47 +560,54 @@ static task *start_task_locked(mml_loader *L) {
   return t;
 }
 
-static task *take_task_locked(mml_loader *L) {
-  while (!L->stop) {
-    int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
-    if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
-      const int64_t grant = ld_mem_emit_take_locked(L);
-      if (grant >= 0) {
-        int64_t charged = grant; /* the ledger's: given back once its rows are live */
-        ld_emit_job_locked(L, &charged);
-        L->emit_extra -= grant; /* its float rows are live in the pool now */
-        ld_ledger_release(L, charged);
-        continue;
-      }
-      emit_wait = 1;
+/* One look for work (mu held, L->stop clear): the task to run, or NULL after it emitted
+ * a batch, dropped an abandoned task or waited (for room: 5 ms at most, W2; for work:
+ * until a poke, W4). */
+static task *look_locked(mml_loader *L) {
+  const uint64_t seen = ld_work_look_locked(L); /* W4: read before looking */
+  int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
+  if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
+    const int64_t grant = ld_mem_emit_take_locked(L);
+    if (grant >= 0) {
+      int64_t charged = grant; /* the ledger's: given back once its rows are live */
+      ld_emit_job_locked(L, &charged);
+      L->emit_extra -= grant; /* its float rows are live in the pool now */
+      ld_ledger_release(L, charged);
+      return NULL;
     }
-    if (ld_expand_help_locked(L)) continue; /* the expansion the consumer waits for */
-    int dec_wait = 0; /* then pixels of batches already composed (take_decode_locked) */
-    task *run = take_decode_locked(L, &dec_wait);
-    if (run) return run;
-    if (L->ready_head) {
-      task *t = L->ready_head;
-      L->ready_head = t->next_ready;
-      if (!L->ready_head) L->ready_tail = NULL;
-      if (t->gen == L->gen) return t;
-      t->state = SLOT_EMPTY; /* work of an abandoned plan */
-      L->in_flight--;
-      pthread_cond_broadcast(&L->work_cv);
-      continue;
-    }
-    int gated = 0; /* max_memory: no room to read one more sample now */
-    if (L->next_seq < L->head_seq + L->window && (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
-        L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
-        !(gated = !ld_mem_may_read_locked(L))) {
-      return start_task_locked(L);
-    }
-    if (gated || dec_wait || emit_wait) { /* woken as room comes back (loader_admit.c W1) */
-      ld_wait_room_locked(L, &L->work_cv);
-      continue;
-    }
-    pthread_cond_wait(&L->work_cv, &L->mu);
+    emit_wait = 1;
   }
+  if (ld_expand_help_locked(L)) return NULL; /* the expansion the consumer waits for */
+  int dec_wait = 0; /* then pixels of batches already composed (take_decode_locked) */
+  task *run = take_decode_locked(L, &dec_wait);
+  if (run) return run;
+  if (L->ready_head) {
+    task *t = L->ready_head;
+    L->ready_head = t->next_ready;
+    if (!L->ready_head) L->ready_tail = NULL;
+    if (t->gen == L->gen) return t;
+    t->state = SLOT_EMPTY; /* work of an abandoned plan */
+    L->in_flight--;
+    ld_work_wake(L, 1);
+    return NULL;
+  }
+  int gated = 0; /* max_memory: no room to read one more sample now */
+  if (L->next_seq < L->head_seq + L->window && (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
+      L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
+      !(gated = !ld_mem_may_read_locked(L))) {
+    return start_task_locked(L);
+  }
+  /* woken as room comes back (loader_admit.c W1) or work is queued (W4) */
+  ld_work_wait_locked(L, seen, gated || dec_wait || emit_wait);
   return NULL;
+}
+
+static task *take_task_locked(mml_loader *L) {
+  atomic_fetch_add(&L->room_waiting_work, 1); /* W4: room events poke while it looks */
+  task *found = NULL;
+  while (!L->stop && !found) found = look_locked(L);
+  atomic_fetch_sub(&L->room_waiting_work, 1);
+  return found;
 }
 
 /* What a planned sample's decode costs, roughly, for the order of a batch's decodes
@@ -621,6 +628,7 @@ static int64_t decode_cost(const task *t) {
  * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
   L->in_flight--;
+  if (L->ledger) ld_work_wake(L, 1); /* W5: the read gate counts reads in flight */
   if (t->scratch_need > L->scratch_max) L->scratch_max = t->scratch_need; /* holds looked for */
   if (t->sample.status == MML_OK) {
     const int64_t px = t->sample.pixel_rows * (int64_t)L->row_bytes[PL_IMG] +
@@ -639,7 +647,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
     pthread_cond_signal(&L->coll_cv);
   } else {
     t->state = SLOT_EMPTY;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
   }
   if (t->state != SLOT_PLANNED) { /* its videos and bytes are no longer read */
     ld_task_close_videos(L, t);
@@ -711,6 +719,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_lock(&L->mu);       /* the planner reads the status under mu */
   ld_mem_scratch_give_locked(L, t); /* its scratch is back to the worker's reserve */
   L->decoding--;
+  if (L->ledger) ld_work_wake(L, 1);   /* W5: read_may_wait counts decodes running */
   ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
@@ -726,7 +735,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   }
   if (t->gen != L->gen) {
     t->state = SLOT_EMPTY;
-    pthread_cond_broadcast(&L->work_cv);
+    ld_work_wake(L, 1);
     return;
   }
   if (!st) L->images += (uint64_t)t->sample.nimages;
@@ -760,7 +769,7 @@ void *ld_worker_main(void *arg) {
         L->decoding--;
         t->dec = DEC_NONE;
         t->state = t->gen == L->gen ? SLOT_DONE : SLOT_EMPTY;
-        pthread_cond_broadcast(&L->work_cv);
+        ld_work_wake(L, 1);
         pthread_cond_signal(&L->coll_cv);
       }
       L->vision_s += sc.vision_s;

@@ -161,6 +161,10 @@ uint64_t mml_ledger_changes(mml_ledger *g);
 void mml_ledger_poke(mml_ledger *g);
 /* Blocks until the change count differs from `seen` (at once when it does already). */
 void mml_ledger_wait_change(mml_ledger *g, uint64_t seen);
+/* The same, for at most `ns` nanoseconds: 1 when the count changed, 0 when the time ran
+ * out.  For an owner whose stall rule still counts looks (the loader's, until its waits
+ * for room are decided by L7: ledger.c THE FLIP'S ORDER step 4); L11 holds as above. */
+int mml_ledger_wait_change_for(mml_ledger *g, uint64_t seen, int64_t ns);
 
 /* Every waiting charge fails with MML_ECANCELLED and so does every later request (close,
  * Ctrl-C); releases still count.  Idempotent. */

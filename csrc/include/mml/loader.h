@@ -382,6 +382,9 @@ typedef struct mml_loader_stats {
                                       (they read on demand: video_decode_waits) */
   uint64_t samples_reread;         /* samples whose media bytes were dropped for earlier work
                                       under max_memory and read again by their decode */
+  uint64_t room_waits;             /* waits of the workers for max_memory room (a read, a
+                                      decode's scratch, an emission): one per look that found
+                                      none */
   int64_t video_open_peak;         /* the most bytes held at once by videos kept open from
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */

@@ -384,6 +384,37 @@ TEST(ledger_wait_change_wakes_on_grant_revoke_and_poke) {
   mml_ledger_free(g);
 }
 
+typedef struct bounded_waiter {
+  mml_ledger *g;
+  uint64_t seen;
+  int changed;
+} bounded_waiter;
+
+static void *bounded_wait_main(void *arg) {
+  bounded_waiter *w = arg;
+  w->changed = mml_ledger_wait_change_for(w->g, w->seen, 60LL * 1000000000);
+  return NULL;
+}
+
+/* L11's bounded form: mml_ledger_wait_change_for returns 0 when its time runs out with the
+ * count unchanged, 1 at once when the count is already past `seen`, and 1 when a poke
+ * comes while it waits (long before its 60 s bound: the runner's timeout is shorter). */
+TEST(ledger_wait_change_for_bounded) {
+  mml_ledger *g = new_ledger(100);
+  const uint64_t seen = mml_ledger_changes(g);
+  CHECK_EQ_INT(mml_ledger_wait_change_for(g, seen, 1000000), 0); /* 1 ms, nothing changed */
+  CHECK_EQ_INT(mml_ledger_changes(g), (long long)seen);
+  mml_ledger_poke(g);
+  CHECK_EQ_INT(mml_ledger_wait_change_for(g, seen, 60LL * 1000000000), 1); /* already */
+  bounded_waiter w = {g, mml_ledger_changes(g), -1};
+  pthread_t th;
+  CHECK_EQ_INT(pthread_create(&th, NULL, bounded_wait_main, &w), 0);
+  mml_ledger_poke(g);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(w.changed, 1);
+  mml_ledger_free(g);
+}
+
 /* L11 under load: an owner queues work under its own lock and pokes; a taker reads the
  * count under that lock before it looks, and blocks in mml_ledger_wait_change when it
  * found nothing.  Meanwhile a third thread's charges are granted and released.  Every
