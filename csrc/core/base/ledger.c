@@ -208,19 +208,22 @@
  *      (ld_room_wake; room_waiting_work counts workers from before their look), so W2's
  *      first reason -- a release made without mu falling between a look and the wait --
  *      is gone for the workers: such a release now wakes them at once.  The wait for
- *      work has no bound (it had none on work_cv either).  LEFT: a wait for ROOM keeps
- *      its 5 ms bound (mml_ledger_wait_change_for), for two reasons.  (1) The stall
+ *      work has no bound (it had none on work_cv either).  A wait for ROOM is unbounded
+ *      too while the consumer is not waiting in next() (loader_admit.c W5: then no stall
+ *      detector can fire, and every input of the room gates pokes when it changes).
+ *      LEFT: while the consumer waits, a wait for room keeps its 5 ms bound
+ *      (mml_ledger_wait_change_for), for two reasons.  (1) The stall
  *      detectors (read_stuck, reads_stuck, scratch_stuck, emit_stuck) still decide
  *      "nothing can give room back" by 20 looks with nothing running and no room event;
  *      L7 cannot decide it for them while the scratch reserve, the Parquet room and the
  *      window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and no charge
  *      waits in the ledger (tries: none is ever the head), so an untimed wait with
  *      nothing giving room back would never look again: a hang instead of A3's error.
- *      (2) The room gates also read loader state that changes without a room event or a
- *      poke -- in_flight falling as a read ends (the read gate's estimate x in flight),
- *      the consumer starting to wait (read_may_wait, only_consumer_waits), out_count --
- *      and a look is what notices those today.  Step (ii) below removes (2) with the read
- *      gate's formula; (1) needs step 4's class for the fixed charges.
+ *      (2) Some inputs of the detectors' own rules change without a poke (a ticket's
+ *      place, placement's progress: head_final, mem_blocked, place_seq), and a look is
+ *      what notices those while the consumer waits.  (1) needs reads that wait in the
+ *      ledger (step (ii)) before L7 can run for them at all, and step 4's class for the
+ *      fixed charges so that it can decide.
  *      (ii) Reads as revocable charges at dispatch, the read gate's hold and the over-cap
  *      "read goes ahead" count (step 1 (ii)) deleted: not started.
  *   3. The collation thread blocks only on the head ticket's charge.  Done in part

@@ -173,10 +173,24 @@
  *       wake is lost, with or without mu: W2's first reason is gone for the workers (a
  *       release on the consumer's thread wakes them at once; tests/c/base/test-ledger.c
  *       ledger_wait_change_loses_no_owner_event holds the protocol).  A wait for work has
- *       no bound; a wait for room keeps W2's 5 ms for W2's second reason and because the
- *       room gates read state that changes with no poke (in_flight, consumer_waiting,
- *       out_count): ledger.c THE FLIP'S ORDER step 2 (i).  stats room_waits counts the
- *       waits for room (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
+ *       no bound.  stats room_waits counts the waits for room
+ *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
+ *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
+ *       next() (consumer_waiting): only then may a stall detector (read_stuck,
+ *       reads_stuck, scratch_stuck, emit_stuck: each needs the consumer waiting) have to
+ *       count looks.  Otherwise it waits without a bound, which needs every change a
+ *       room gate reads to wake it: room events (W1), and pokes where the gates' other
+ *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
+ *       samples hold that can make way: finish_task_locked; a task parked until its
+ *       epoch is asked for: ld_video_park), a decode ending (decoding),
+ *       the output queue and pending emissions moving (out_count, a batch ready,
+ *       emitting: ld_move_ready_locked), the consumer starting to wait (next()), a fatal
+ *       error (ld_set_fatal_locked), and head_seq, a seek and close (ld_work_wake, W4).
+ *       What else a gate reads only grows (the largest sample, batch buffer, expansion,
+ *       scratch seen) or shrinks only with a decode starting, which takes its scratch
+ *       first (never more room).  So a consumer holding batches while the workers wait
+ *       for room costs no polling (a 130 MiB cap, two batches held: 4-63 waits in 0.5 s
+ *       against 150-200 with the bound).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -1098,8 +1112,12 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
       pthread_cond_wait(&L->work_cv, &L->mu);
     return;
   }
+  /* W5: a wait for room is bounded only while the consumer waits in next(): then a stall
+   * detector may have to count looks (W2); otherwise nothing needs deciding and every
+   * change a room gate reads pokes */
+  const int bounded = room && L->consumer_waiting;
   pthread_mutex_unlock(&L->mu);
-  if (room) /* W2: the stall detectors count looks 5 ms apart */
+  if (bounded)
     (void)mml_ledger_wait_change_for(L->ledger, seen, 5000000);
   else
     mml_ledger_wait_change(L->ledger, seen);
