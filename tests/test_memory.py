@@ -290,13 +290,22 @@ def test_progressive_region_is_kept_only_without_max_memory(big_shard, tmp_path)
     # kernel's zeroing per page).  Under max_memory it is unmapped after each such image
     # (the per-worker reserve keeps 8 MiB; tests/c/image/test-image.c
     # jpeg_keep_bound_per_decoder checks the bound itself).  The same batches either way.
+    # What is mapped is read once the worker is idle: the loop ends while it still reads
+    # ahead into the next epoch (prefetch batches), and a progressive decode running then
+    # has its 36 MB mapped under the cap too -- taken from the budget before it starts
+    # (loader_admit.c DECODER SCRATCH), given back after the decoder unmapped it.
     code = (
-        "import mmloader, sys, zlib; cap = int(sys.argv[3]) or None\n"
+        "import mmloader, sys, time, zlib; cap = int(sys.argv[3]) or None\n"
         "L = mmloader.Loader(sys.argv[1], tokenizer=sys.argv[2], preset='qwen2.5-vl', "
         "micro_batch_size=1, num_threads=1, max_pixels=%d, max_memory=cap)\n"
         "d = 0\n"
         "for b in L: d = zlib.crc32(b['pixel_values'].numpy().tobytes(), d)\n"
-        "st = L.stats(); print(st['scratch_mapped_bytes'], st['page_faults'], d); L.close()"
+        "st = L.stats()\n"
+        "for _ in range(6000):  # read ahead done: prefetch batches queued, nothing in flight\n"
+        "    if st['queue_depth'] >= st['prefetch'] and not st['in_flight']: break\n"
+        "    time.sleep(0.01); st = L.stats()\n"
+        "else: sys.exit('the read-ahead never finished: %%r' %% (st,))\n"
+        "print(st['scratch_mapped_bytes'], st['page_faults'], d); L.close()"
     ) % BIG_KW["max_pixels"]
     import subprocess
     import sys
@@ -319,8 +328,45 @@ def test_progressive_region_is_kept_only_without_max_memory(big_shard, tmp_path)
     )
     assert d == d_cap
     assert 34 * MB <= kept <= 64 * MB  # the 36 MB region stayed mapped
+    assert kept_cap <= 8 * MB  # under the cap it went with its image
     # (the fault counts are printed, not compared: over 12 batches the pool's own warm-up,
     # larger without a cap, is as large as the 11 regions' 18 faults of 2 MiB pages each)
+
+
+def test_image_processor_keeps_the_progressive_region_between_calls(big_shard, tmp_path):
+    # The one-call ImageProcessor keeps its decoder's coefficient region mapped between calls
+    # as a Loader worker without max_memory does (MML_WORKER_JPEG_KEEP, 64 MiB): the second
+    # 4000x3000 progressive photo maps nothing afresh.  Before, its scratch kept 8 MiB and
+    # every such call mapped (and the kernel zeroed) 36 MB anew.  A fresh process: nothing
+    # else maps decoder scratch there.  The pixels are the decoder's either way.
+    code = (
+        "import mmloader, sys, zlib\n"
+        "from mmloader import _core\n"
+        "p = mmloader.ImageProcessor('qwen2.5-vl', max_pixels=%d)\n"
+        "got = []\n"
+        "for f in sys.argv[1:]:\n"
+        "    o = p([f]); got.append((_core.scratch_mapped()[0], "
+        "zlib.crc32(o['pixel_values'].tobytes())))\n"
+        "print(got, _core.scratch_mapped()[1])"
+    ) % BIG_KW["max_pixels"]
+    import subprocess
+    import sys
+
+    root = os.path.dirname(big_shard)
+    files = [os.path.join(root, f"b{k}.jpg") for k in (0, 1, 0)]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *files],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=child_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    got, peak = eval(out.stdout.strip().rsplit(" ", 1)[0]), int(out.stdout.split()[-1])
+    print(f"mapped after each call {[m / MB for m, _ in got]} MB, peak {peak / MB:.0f} MB")
+    assert all(34 * MB <= m <= 64 * MB for m, _ in got)  # the 36 MB region stayed mapped
+    assert peak == got[0][0]  # one region, reused: never a second one beside it
+    assert got[2][1] == got[0][1]  # the same photo, the same pixels after another image
 
 
 def test_reads_ahead_make_way_for_an_earlier_decode(big_shard):

@@ -209,12 +209,14 @@
  *      first reason -- a release made without mu falling between a look and the wait --
  *      is gone for the workers: such a release now wakes them at once.  The wait for
  *      work has no bound (it had none on work_cv either).  A wait for ROOM is unbounded
- *      too while the consumer is not waiting in next() (loader_admit.c W5: then no stall
- *      detector can fire, and every input of the room gates pokes when it changes).
- *      LEFT: while the consumer waits, a wait for room keeps its 5 ms bound
- *      (mml_ledger_wait_change_for), for two reasons.  (1) The stall
- *      detectors (read_stuck, reads_stuck, scratch_stuck, emit_stuck) still decide
- *      "nothing can give room back" by 20 looks with nothing running and no room event;
+ *      too unless the consumer waits in next() with no batch to take and no decode or
+ *      emission running (loader_admit.c W5: elsewhere no stall detector can fire, and
+ *      every input of the room gates pokes when it changes; a 130 MiB cap with two
+ *      batches held: 4-11 waits in 0.5 s against 111-216 with the bound).  LEFT: in that
+ *      state a wait for room keeps its 5 ms bound (mml_ledger_wait_change_for), for two
+ *      reasons.  (1) The stall detectors (read_stuck, reads_stuck, scratch_stuck,
+ *      emit_stuck) still decide "nothing can give room back" by 20 looks with nothing
+ *      running and no room event;
  *      L7 cannot decide it for them while the scratch reserve, the Parquet room and the
  *      window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and no charge
  *      waits in the ledger (tries: none is ever the head), so an untimed wait with

@@ -176,10 +176,12 @@
  *       no bound.  stats room_waits counts the waits for room
  *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
  *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
- *       next() (consumer_waiting): only then may a stall detector (read_stuck,
- *       reads_stuck, scratch_stuck, emit_stuck: each needs the consumer waiting) have to
- *       count looks.  Otherwise it waits without a bound, which needs every change a
- *       room gate reads to wake it: room events (W1), and pokes where the gates' other
+ *       next() with no batch to take and no decode or emission runs (consumer_waiting,
+ *       !out_count, !decoding, !emitting): only then may a stall detector (read_stuck,
+ *       reads_stuck, scratch_stuck, emit_stuck: each rule needs all four) have to count
+ *       looks; each way into that state pokes (next(), ld_move_ready_locked after a take
+ *       or an emission, a decode ending).  Otherwise it waits without a bound, which needs
+ *       every change a room gate reads to wake it: room events (W1), and pokes where the gates' other
  *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
  *       samples hold that can make way: finish_task_locked; a task parked until its
  *       epoch is asked for: ld_video_park), a decode ending (decoding),
@@ -1112,10 +1114,11 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
       pthread_cond_wait(&L->work_cv, &L->mu);
     return;
   }
-  /* W5: a wait for room is bounded only while the consumer waits in next(): then a stall
-   * detector may have to count looks (W2); otherwise nothing needs deciding and every
-   * change a room gate reads pokes */
-  const int bounded = room && L->consumer_waiting;
+  /* W5: a wait for room is bounded only where a stall detector may have to count looks
+   * (W2): the consumer waiting in next() with no batch to take and no decode or emission
+   * running (each detector's rule needs all four); otherwise nothing needs deciding, and
+   * every change a room gate reads pokes, entering this state included */
+  const int bounded = room && L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting;
   pthread_mutex_unlock(&L->mu);
   if (bounded)
     (void)mml_ledger_wait_change_for(L->ledger, seen, 5000000);
