@@ -333,6 +333,42 @@ def test_progressive_region_is_kept_only_without_max_memory(big_shard, tmp_path)
     # larger without a cap, is as large as the 11 regions' 18 faults of 2 MiB pages each)
 
 
+def test_image_processor_keeps_the_progressive_region_between_calls(big_shard, tmp_path):
+    # The one-call ImageProcessor keeps its decoder's coefficient region mapped between calls
+    # as a Loader worker without max_memory does (MML_WORKER_JPEG_KEEP, 64 MiB): the second
+    # 4000x3000 progressive photo maps nothing afresh.  Before, its scratch kept 8 MiB and
+    # every such call mapped (and the kernel zeroed) 36 MB anew.  A fresh process: nothing
+    # else maps decoder scratch there.  The pixels are the decoder's either way.
+    code = (
+        "import mmloader, sys, zlib\n"
+        "from mmloader import _core\n"
+        "p = mmloader.ImageProcessor('qwen2.5-vl', max_pixels=%d)\n"
+        "got = []\n"
+        "for f in sys.argv[1:]:\n"
+        "    o = p([f]); got.append((_core.scratch_mapped()[0], "
+        "zlib.crc32(o['pixel_values'].tobytes())))\n"
+        "print(got, _core.scratch_mapped()[1])"
+    ) % BIG_KW["max_pixels"]
+    import subprocess
+    import sys
+
+    root = os.path.dirname(big_shard)
+    files = [os.path.join(root, f"b{k}.jpg") for k in (0, 1, 0)]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *files],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=child_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    got, peak = eval(out.stdout.strip().rsplit(" ", 1)[0]), int(out.stdout.split()[-1])
+    print(f"mapped after each call {[m / MB for m, _ in got]} MB, peak {peak / MB:.0f} MB")
+    assert all(34 * MB <= m <= 64 * MB for m, _ in got)  # the 36 MB region stayed mapped
+    assert peak == got[0][0]  # one region, reused: never a second one beside it
+    assert got[2][1] == got[0][1]  # the same photo, the same pixels after another image
+
+
 def test_reads_ahead_make_way_for_an_earlier_decode(big_shard):
     # One worker, 60 MiB: the reserve leaves 44 MiB, and a sample alone needs 43.8 MB (36 MB
     # of coefficients, its 4.8 MB batch in 2 MiB pages, its 1.1 MB file).  Samples read

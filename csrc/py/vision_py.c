@@ -15,10 +15,16 @@
  *   _core.data_uri_decode(ref) -> bytes   (the payload of a base64 data: URI)
  *   _core.resize_bicubic(buf, height, width, dst_h, dst_w, h_first=False) -> bytes (tests)
  *   _core.expand_pixels(src, dst, table, P, frames, T, bf16)   uint8 patches -> float rows
+ *   _core.scratch_mapped() -> (now, peak)   decoder scratch mapped in the process (tests)
  *
  * Threads: planning and processing run with the GIL released.  A VisionProcessor's
  * scratch is guarded by a lock taken without blocking; a call that finds it busy (the
  * same object used from two threads) works with a temporary scratch instead.
+ *
+ * A processor's scratch keeps a progressive JPEG's coefficient region mapped between calls
+ * up to MML_WORKER_JPEG_KEEP, as a Loader worker without max_memory does: a region mapped
+ * afresh per call costs a page fault and the kernel's zeroing per page (the temporary
+ * scratch keeps the decoder's default, MML_JPEG_KEEP).
  */
 #include "binding.h"
 #include "mml/options.h"
@@ -27,7 +33,9 @@
 #include <string.h>
 
 #include "mml/datauri.h"
+#include "mml/batch.h"
 #include "mml/image.h"
+#include "mml/loader.h"
 #include "mml/vision.h"
 
 /* ---------------------------------------------------------------- config from dict */
@@ -264,9 +272,12 @@ static int VisionProcessor_init(VisionProcessorObject *self, PyObject *args, PyO
     return -1;
   }
   self->cfg.pixel_format = mml_pixels_emitted(k);
-  if (!self->scratch && mml_vision_scratch_new(&self->scratch) != MML_OK) {
-    PyErr_NoMemory();
-    return -1;
+  if (!self->scratch) {
+    if (mml_vision_scratch_new(&self->scratch) != MML_OK) {
+      PyErr_NoMemory();
+      return -1;
+    }
+    mml_vision_scratch_set_jpeg_keep(self->scratch, MML_WORKER_JPEG_KEEP);
   }
   if (!self->lock && !(self->lock = PyThread_allocate_lock())) {
     PyErr_NoMemory();
@@ -636,7 +647,16 @@ out:
   return r;
 }
 
+static PyObject *py_scratch_mapped(PyObject *mod, PyObject *noargs) {
+  size_t now, peak;
+  mml_mapped_usage(&now, &peak);
+  return Py_BuildValue("(nn)", (Py_ssize_t)now, (Py_ssize_t)peak);
+}
+
 static PyMethodDef vision_functions[] = {
+    {"scratch_mapped", py_scratch_mapped, METH_NOARGS,
+     "scratch_mapped() -> (now, peak): decoder scratch (multi-scan JPEG regions) mapped in "
+     "the process, bytes (mml_mapped_usage)"},
     {"expand_pixels", py_expand_pixels, METH_VARARGS,
      "expand_pixels(src_u8, dst, table_f32_768, patch_size, frames, temporal_patch_size, "
      "bfloat16) "
