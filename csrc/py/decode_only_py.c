@@ -17,12 +17,16 @@
  *   2. The pool keeps at most MML_PY_DECODERS_KEPT decoders (one per thread that decoded
  *      at once); any more are freed when given back.  They are freed with the module.
  *   3. Pooled decoders keep the decoder defaults (decode_only never changes their limits or
- *      options), so a call's result never depends on an earlier call.
+ *      options), so a call's result never depends on an earlier call; only what they keep
+ *      mapped between calls is a Loader worker's (MML_WORKER_JPEG_KEEP for a progressive
+ *      JPEG's coefficient region, as without max_memory and in ImageProcessor), so the
+ *      floor does not pay the fresh pages they no longer pay.
  *   4. The GIL is released while decoding; the pool's lock is only held for a push or pop.
  */
 #include "binding.h"
 
 #include "mml/image.h"
+#include "mml/loader.h"
 
 #define MML_PY_DECODERS_KEPT 16
 
@@ -52,7 +56,9 @@ static mml_decoder *pool_take(decoder_pool *p) {
   PyThread_acquire_lock(p->lock, WAIT_LOCK);
   if (p->n > 0) d = p->kept[--p->n];
   PyThread_release_lock(p->lock);
-  if (!d && mml_decoder_new(&d) != MML_OK) return NULL;
+  if (d) return d;
+  if (mml_decoder_new(&d) != MML_OK) return NULL;
+  mml_decoder_set_jpeg_keep(d, MML_WORKER_JPEG_KEEP); /* invariant 3 */
   return d;
 }
 

@@ -953,8 +953,8 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
     ask_when_waiting_locked(L);
-    L->consumer_waiting = 1;           /* max_memory: what the consumer holds cannot be released */
-    if (L->ledger) ld_work_wake(L, 1); /* W5: the workers' waits for room are bounded now */
+    L->consumer_waiting = 1;         /* max_memory: what the consumer holds cannot be released */
+    ld_room_gates_changed_locked(L); /* W5: the workers' waits for room are bounded now */
     /* M5 (ledger.c L7): the consumer's wait, declared to the ledger after it looked and
      * under mu, the lock its producers finish work under (a batch queued, a sample done);
      * the ledger clears it at the next end of ENGINE work, and it is withdrawn here when

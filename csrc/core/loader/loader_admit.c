@@ -192,7 +192,9 @@
  *       scratch seen) or shrinks only with a decode starting, which takes its scratch
  *       first (never more room).  So a consumer holding batches while the workers wait
  *       for room costs no polling (a 130 MiB cap, two batches held: 4-63 waits in 0.5 s
- *       against 150-200 with the bound).
+ *       against 150-200 with the bound).  These pokes (ld_room_gates_changed_locked) are
+ *       made only while a worker waits for room (room_waiters, under mu like the changes
+ *       themselves), so a loader whose workers do not wait for room is not woken more.
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -317,9 +319,9 @@ void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
   q->charged = 0;
   mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
   if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
-    ld_ledger_release(L, q->ch.bytes);             /* granted, never mapped (T2) */
-  else if (atomic_load(&L->room_waiting_work) > 0) /* withdrawn: later tries are no longer */
-    mml_ledger_poke(L->ledger);                    /* refused behind it (L1; W4) */
+    ld_ledger_release(L, q->ch.bytes); /* granted, never mapped (T2) */
+  else /* withdrawn: later tries are no longer refused behind it (L1; W5) */
+    ld_room_gates_changed_locked(L);
   q->ch.state = MML_CHARGE_IDLE;
 }
 
@@ -1119,12 +1121,20 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
    * running (each detector's rule needs all four); otherwise nothing needs deciding, and
    * every change a room gate reads pokes, entering this state included */
   const int bounded = room && L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting;
+  L->room_waiters += room; /* W5: the gates' inputs poke only while one waits */
   pthread_mutex_unlock(&L->mu);
   if (bounded)
     (void)mml_ledger_wait_change_for(L->ledger, seen, 5000000);
   else
     mml_ledger_wait_change(L->ledger, seen);
   pthread_mutex_lock(&L->mu);
+  L->room_waiters -= room;
+}
+
+void ld_room_gates_changed_locked(mml_loader *L) {
+  /* W5: under mu, as the waiter's count: a worker counted here may be past its look, and
+   * the poke changes the count it waits on; one not counted looks after this change */
+  if (L->ledger && L->room_waiters > 0) mml_ledger_poke(L->ledger);
 }
 
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {

@@ -69,7 +69,7 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   L->fatal_err = *e;
   L->fatal_err.status = st;
   pthread_cond_broadcast(&L->out_cv);
-  if (L->ledger) ld_work_wake(L, 1); /* W5: a worker waiting for room stops waiting */
+  ld_room_gates_changed_locked(L); /* W5: a worker waiting for room stops waiting */
 }
 
 /* Compact pixels (loader_place.c COMPACT): the batch's uint8 image rows become float32 /
@@ -208,10 +208,8 @@ void ld_move_ready_locked(mml_loader *L) {
     pthread_cond_broadcast(&L->out_cv);
     pthread_cond_broadcast(&L->coll_cv); /* pend has room */
   }
-  if (L->ledger) /* W5: out_count, pend states and emitting feed the workers' room gates */
-    ld_work_wake(L, 1);
-  else if (L->jobs_queued && !ld_emit_gated_locked(L))
-    ld_work_wake(L, 0);
+  if (L->jobs_queued && !ld_emit_gated_locked(L)) ld_work_wake(L, 0);
+  ld_room_gates_changed_locked(L); /* W5: out_count, pend states, emitting */
 }
 
 /* The expanded bytes of the batches ahead of the consumer (emitting or queued for it)

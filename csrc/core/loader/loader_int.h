@@ -342,6 +342,7 @@ struct mml_loader {
   int nspare;
   int64_t spare_bytes;
   uint64_t room_waits;     /* workers' waits for room (ld_work_wait_locked) */
+  int room_waiters;        /* workers in such a wait now (W5) */
   uint64_t samples_reread; /* max_memory: samples whose media bytes were dropped and read
                               again (ld_admit_drop_bytes_ahead_locked; mu) */
   int videos_kept;         /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
@@ -757,6 +758,8 @@ void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv);
  * most (W2), for work without a bound.  ld_work_wake is the poke of everything that
  * queues work for the workers or may let one go on (work_cv without a ledger). */
 uint64_t ld_work_look_locked(mml_loader *L);
+/* An input of the workers' room gates changed (W5): pokes while a worker waits for room. */
+void ld_room_gates_changed_locked(mml_loader *L);
 void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
 void ld_work_wake(mml_loader *L, int all);
 /* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */

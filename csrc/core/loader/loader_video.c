@@ -398,7 +398,7 @@ int ld_video_park(mml_loader *L, task *t) {
     t->next_ready = L->parked_head;
     L->parked_head = t;
     L->in_flight--;
-    if (L->ledger) ld_work_wake(L, 1); /* loader_admit.c W5: the read gate counts in_flight */
+    ld_room_gates_changed_locked(L); /* loader_admit.c W5: the read gate counts in_flight */
   }
   pthread_mutex_unlock(&L->mu);
   return park;

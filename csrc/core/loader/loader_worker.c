@@ -628,7 +628,7 @@ static int64_t decode_cost(const task *t) {
  * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
   L->in_flight--;
-  if (L->ledger) ld_work_wake(L, 1); /* W5: the read gate counts reads in flight */
+  ld_room_gates_changed_locked(L); /* W5: the read gate counts reads in flight */
   if (t->scratch_need > L->scratch_max) L->scratch_max = t->scratch_need; /* holds looked for */
   if (t->sample.status == MML_OK) {
     const int64_t px = t->sample.pixel_rows * (int64_t)L->row_bytes[PL_IMG] +
@@ -719,7 +719,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_lock(&L->mu);       /* the planner reads the status under mu */
   ld_mem_scratch_give_locked(L, t); /* its scratch is back to the worker's reserve */
   L->decoding--;
-  if (L->ledger) ld_work_wake(L, 1);   /* W5: read_may_wait counts decodes running */
+  ld_room_gates_changed_locked(L);     /* W5: read_may_wait counts decodes running */
   ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
