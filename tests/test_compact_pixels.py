@@ -189,7 +189,7 @@ def test_shared_expansion_is_the_same_batches(tmp_path):
     # rows past the first in-place run) come out bitwise those written directly, and some
     # of their rows were expanded by a worker other than the emitting one (the consumer
     # takes every batch at once, so the output queue is empty while each is expanded; at
-    # the end of the epoch nothing is left to decode and the other worker always helps)
+    # the end of the epoch nothing is left to decode and the other worker helps when it runs)
     import json
 
     from test_plan_decode import _jpeg
@@ -221,14 +221,26 @@ def test_shared_expansion_is_the_same_batches(tmp_path):
             pixel_format=f"{fmt}-decode",
         ) as L:
             direct = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
-        with mmloader.Loader(
-            path, tokenizer=TINY, num_threads=2, prefetch=2, micro_batch_size=4, pixel_format=fmt
-        ) as L:
-            compact = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
-            st = L.stats()
-        same(compact, direct)
-        assert len(compact) == 4
-        assert st["pixel_rows_expanded"] >= sum(
-            int(b["image_grid_thw"].prod(1).sum()) for b in compact
-        )
-        assert 0 < st["pixel_rows_expanded_shared"] < st["pixel_rows_expanded"]
+        # Whether the other worker gets a chunk depends on the scheduler (on a loaded
+        # machine it may not run before the emitter took them all): every epoch must be
+        # bitwise the direct one, and one of a few must have been shared.
+        for _ in range(8):
+            with mmloader.Loader(
+                path,
+                tokenizer=TINY,
+                num_threads=2,
+                prefetch=2,
+                micro_batch_size=4,
+                pixel_format=fmt,
+            ) as L:
+                compact = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
+                st = L.stats()
+            same(compact, direct)
+            assert len(compact) == 4
+            assert st["pixel_rows_expanded"] >= sum(
+                int(b["image_grid_thw"].prod(1).sum()) for b in compact
+            )
+            assert st["pixel_rows_expanded_shared"] < st["pixel_rows_expanded"]
+            if st["pixel_rows_expanded_shared"] > 0:
+                break
+        assert st["pixel_rows_expanded_shared"] > 0, "no expansion was shared in 8 epochs"
