@@ -22,10 +22,8 @@ medians.  Nothing is asserted: speed is shown by the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from typing import Any, Dict, List
 
@@ -33,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks import bench_e2e  # noqa: E402
-from benchmarks.pipelines import dataset  # noqa: E402
+from benchmarks.pipelines import dataset, runner  # noqa: E402
 from benchmarks.pipelines.common import default_tokenizer_file, make_config  # noqa: E402
 
 
@@ -59,19 +57,10 @@ def config(pipeline: str, cap: int, shard: str, min_seconds: float) -> Dict[str,
 
 
 def run(tree: str, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TOKENIZERS_PARALLELISM="false")
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pipelines.runner", json.dumps(cfg)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    for line in p.stdout.splitlines()[::-1]:
-        if line.startswith("MMLBENCH "):
-            return json.loads(line[len("MMLBENCH ") :])
-    raise SystemExit(f"{tree}: exit {p.returncode}: {(p.stderr or p.stdout)[-3000:]}")
+    out = runner.run_subprocess(cfg, timeout=900, root=os.path.abspath(tree))
+    if "error" in out:
+        raise SystemExit(f"{tree}: {out['error']}")
+    return out
 
 
 def main() -> None:

@@ -211,30 +211,25 @@ def test_shared_expansion_is_the_same_batches(tmp_path):
             }
             f.write(json.dumps(rec) + "\n")
     path = str(tmp_path / "big.jsonl")
-    for fmt in ("float32", "bfloat16"):
+
+    def epoch(pixel_format):
         with mmloader.Loader(
             path,
             tokenizer=TINY,
             num_threads=2,
             prefetch=2,
             micro_batch_size=4,
-            pixel_format=f"{fmt}-decode",
+            pixel_format=pixel_format,
         ) as L:
-            direct = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
+            return [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L], L.stats()
+
+    for fmt in ("float32", "bfloat16"):
+        direct, _ = epoch(f"{fmt}-decode")
         # Whether the other worker gets a chunk depends on the scheduler (on a loaded
         # machine it may not run before the emitter took them all): every epoch must be
         # bitwise the direct one, and one of a few must have been shared.
         for _ in range(8):
-            with mmloader.Loader(
-                path,
-                tokenizer=TINY,
-                num_threads=2,
-                prefetch=2,
-                micro_batch_size=4,
-                pixel_format=fmt,
-            ) as L:
-                compact = [{k: torch.from_dlpack(v).clone() for k, v in b.items()} for b in L]
-                st = L.stats()
+            compact, st = epoch(fmt)
             same(compact, direct)
             assert len(compact) == 4
             assert st["pixel_rows_expanded"] >= sum(

@@ -515,11 +515,14 @@ def parity(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def run_subprocess(cfg: Dict[str, Any], timeout: float = 600.0) -> Dict[str, Any]:
-    """Runs measure(cfg) in a fresh interpreter; returns its figures (or {"error": ...})."""
+def run_subprocess(
+    cfg: Dict[str, Any], timeout: float = 600.0, root: Optional[str] = None
+) -> Dict[str, Any]:
+    """Runs measure(cfg) in a fresh interpreter; returns its figures (or {"error": ...}).
+    root: the checkout whose runner and mmloader run (default: this one)."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
