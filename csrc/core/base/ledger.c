@@ -75,9 +75,10 @@
  *       that can ask before it takes uses a try, not a count.
  *
  * THE LOADER'S USE (the plan).  One ledger per loader with max_memory, cap = max_memory.
- * Today the ledger alone decides an emission's grant (M4), a decode's scratch (M3) and a
- * read's bytes once their size is known, by tries (L12) under the loader's mu; a ticket's
- * buffer is a request that WAITS in the ledger (M2, with its hold); the other admission
+ * Today the ledger alone decides an emission's grant (M4) and a decode's scratch (M3), by
+ * tries (L12) under the loader's mu; a ticket's buffer (M2, with its hold) and a read's
+ * bytes once their size is known (M1, the task parked meanwhile) are requests that WAIT
+ * in the ledger; the other admission
  * points keep their holds
  * (room kept for earlier work) added to the ledger's answer for room (mml_ledger_room);
  * what is recorded after it was taken (the pool's hook, a task's buffers) is counted
@@ -85,7 +86,9 @@
  * decides and how the stress test checks that it balances.  The plan: every admission
  * point becomes one charge at its stream seq that decides:
  *   M1. a read (ld_mem_may_read_locked): at dispatch (next_seq order, under mu: L5's
- *       order), for the bytes read; then t->held's growth at the same seq.
+ *       order), for the bytes read; then t->held's growth at the same seq.  (Now: a
+ *       waiting request at the read's seq once its size is known, the task parked while
+ *       it waits, loader_admit.c R1-R4; the gate keeps its hold: step 2 (ii).)
  *   M2. a ticket plane's buffer (rebuffer, retry_pending): seq = the ticket's first
  *       sample; `earlier`, scratch_hold, expand_hold and mem_head_fails go (L1, L7).
  *       prefetch_full and decodes_ahead stay: they are turns, not bytes.  (Now: a
@@ -174,8 +177,9 @@
  *      while the consumer waits (held[ENGINE] is never 0) and a try is never the waiting
  *      head; step 4 needs those fixed charges in a class of their own and charges that
  *      wait.
- *      (ii) a read that only work queued for its own worker could make room for still goes
- *      ahead over the cap (a count: the rest of the over-cap schedules): that is step 2;
+ *      (ii) a read that only work queued for its own worker could make room for still went
+ *      ahead over the cap (a count: the rest of the over-cap schedules): gone with step 2
+ *      (ii), reads parked while their charges wait;
  *      (iii) a task's record and path buffers and the video bytes kept open are counted
  *      after they grow, not charged before.
  *      (iv) Waking: done (loader_admit.c W1-W3).  Every event that gives room back -- the
@@ -226,8 +230,39 @@
  *      what notices those while the consumer waits.  (1) needs reads that wait in the
  *      ledger (step (ii)) before L7 can run for them at all, and step 4's class for the
  *      fixed charges so that it can decide.
- *      (ii) Reads as revocable charges at dispatch, the read gate's hold and the over-cap
- *      "read goes ahead" count (step 1 (ii)) deleted: not started.
+ *      (ii) Reads as charges that wait: done in part (loader_admit.c READS, R1-R4).  A
+ *      read's bytes, once their size is known, are ONE request at the read's seq (it
+ *      was a try in a loop of 5 ms looks): granted at once when nothing earlier waits and
+ *      it fits, else it WAITS in the ledger, so every later try is refused meanwhile (L1)
+ *      and later reads queue behind it.  The worker never blocks on it: the task is
+ *      parked at the media item it reads (holding its slot, in flight) and the worker
+ *      does other work; the grant moves the change count (L11), and a worker's look
+ *      finds it granted and runs the task on (no wake callback needed: (b)).  What went,
+ *      and why:
+ *      - read_may_wait and its 5 ms looks: it decided whether the worker could afford
+ *        to block (no work queued for it); a parked read blocks no worker.
+ *      - the over-cap "read goes ahead" count (step 1 (ii)): it went ahead only because
+ *        the worker waiting in the loop would have blocked the decode or emission queued
+ *        for it; parked, that work runs, so a read is never counted past the cap.
+ *      What stays, and why:
+ *      - the read gate's hold (ld_mem_may_read_locked): the grants it keeps room for --
+ *        a decode's scratch (M3), an emission's expansion (M4) -- are EARLIER in the
+ *        stream but ask LATER in time than a later sample's read, so L5 does not hold
+ *        for them and in-order grants cannot put them first (the reason ticket_hold
+ *        stays, step 3).  It goes when those are charged at their stream place (step 4).
+ *      - reads_stuck (R3, now over the parked reads) and read_stuck (the gate's):
+ *        L7 cannot decide for them while the scratch reserve, the Parquet room and the
+ *        window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and next() does
+ *        not declare its wait again after each end of ENGINE work (both another part of
+ *        this issue, not landed when this was); an untimed wait with nothing giving room
+ *        back would then be a hang instead of A3's error.  They keep their bounded looks
+ *        (20, 5 ms apart, W5's state only).
+ *      - T5 (the read asking out of turn when a ticket charge waits): the read's charge,
+ *        in order behind that ticket's, would wait for it (L1) while the ticket may wait
+ *        for this very read to be placed (mem_stuck).
+ *      - READ AGAIN as the way to make room: a read that waits drops later samples'
+ *        bytes that can be read again (as its try did), and so does each look while it
+ *        waits.  The reads' grants are not revocable yet (L10 asks back none of them).
  *   3. The collation thread blocks only on the head ticket's charge.  Done in part
  *      (loader_admit.c T1-T3): a ticket plane's buffer is ONE request at the ticket's
  *      first sample's seq for its bytes and ticket_hold's room, which WAITS in the ledger
@@ -281,7 +316,7 @@
  *      out of memory (main 54-56 + 60-62), 0 failed, 0 + 1 over the cap (+0.3%; main
  *      1 + 0); every error "the batch the consumer waits for" but 2 of 2000.
  *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
- *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's too), the
+ *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's went with step 2 (ii)), the
  *      holds and the gates the charges replaced; loader_place.c returns to placement only;
  *      the one explainer (L8) composes every out-of-memory message; the name callback (d).
  *      Not started.

@@ -84,20 +84,19 @@
  *       ld_ledger_check_locked reports as an error (test-loader-stress.c S5; a debug
  *       build's check at free; tests/c/batch/test-collate.c emit_counted checks the
  *       tensors' bytes are what emit allocates).  A read's image bytes are charged and
- *       allocated before the read too, once its size is known, with room made from spares
- *       and later samples' bytes, else waited for while the consumer or another worker
- *       can give some back (ld_admit_read_locked, read_may_wait; loader_bytes.c B4);
- *       when only work queued for its own worker could, it goes ahead (ledger.c THE
- *       FLIP'S ORDER says what is left), and when nothing at all can, it is A3's error.
- *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4), a decode's
- *       scratch (M3) and a read's bytes once their size is known: each a try at its seq
- *       (ledger.c L12: granted now or "no room", under mu; an emission's at its batch's
- *       first sample, pend_item.seq), the caches it knows (pooled pages, spare byte
- *       buffers) evicted inside it.  A ticket plane's buffer is a request that waits
- *       (TICKETS, T1).  The read gate
+ *       allocated before the read too, once its size is known: a charge that waits in the
+ *       ledger, the task parked meanwhile (READS, R1-R4; loader_bytes.c B4); no read goes
+ *       ahead without a grant, and when nothing at all can give room back it is A3's
+ *       error (R3).
+ *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4) and a
+ *       decode's scratch (M3): each a try at its seq (ledger.c L12: granted now or "no
+ *       room", under mu; an emission's at its batch's first sample, pend_item.seq), the
+ *       caches it knows (pooled pages, spare byte buffers) evicted inside it.  A ticket
+ *       plane's buffer (TICKETS, T1) and a read's bytes once their size is known (READS,
+ *       R1) are requests that wait.  The read gate
  *       and bytes held ahead keep their formulas alone (their holds keep room for earlier
  *       work: ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
- *       pool's hook, ld_mem_count_task, a read that goes ahead) is a count (L13): never
+ *       pool's hook, ld_mem_count_task) is a count (L13): never
  *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
  *       the stress test reports (MML_STRESS_SHOW_OVER).
  *   A9. Every "is there room" of the gates that keep a formula (the read gate, bytes held
@@ -130,14 +129,48 @@
  *       back the grants of later tickets not mapped yet (tickets_give_back_locked): the
  *       collation thread maps a grant only at its next look, and it may be waiting for
  *       that very work (an instance being emitted).  Those planes ask again.
- *   T5. A read whose bytes find no room while nothing but reads runs and the consumer
- *       waits (reads_stuck) asks out of turn when a ticket charge waits (mem_blocked): that
- *       charge cannot be granted before the read ends, and the read may be what lets
- *       placement shrink or close the ticket (mem_stuck, which waits for reads to end).
+ *   T5. A read whose charge waits while nothing but parked reads is in the engine and the
+ *       consumer waits (reads_stuck, R3) asks out of turn when a ticket charge waits
+ *       (mem_blocked): that charge cannot be granted before the read ends, and the read
+ *       may be what lets placement shrink or close the ticket (mem_stuck, which waits for
+ *       reads to end).  It stays with step 2 (ii) (ledger.c): the read's own charge, in
+ *       order, is behind that ticket's (L1) and would wait for it.
+ *
+ * READS (ledger.c THE FLIP'S ORDER step 2 (ii); M1).  A read's bytes are one charge in the
+ * ledger (task.rch, ld_admit_read_locked), asked once their size is known:
+ *   R1. At the read's seq, for the growth of the buffer it is read into (ld_bytes_take,
+ *       B4): granted at once when nothing before it waits and it fits (caches evicted
+ *       inside it), else it WAITS: later tries are refused meanwhile (L1) and later
+ *       reads' charges queue behind it.  Later samples' bytes that can be read again make
+ *       way first (READ AGAIN), as they did for the try.  Granted, it is the bytes' charge
+ *       (read_cover, read_extra) until they are counted in held.  It never goes ahead
+ *       without a grant: no read is counted past the cap (step 1 (ii)'s count is gone).
+ *   R2. The worker never blocks on it (with one worker the decode or emission that gives
+ *       the room back would never run): the task is parked (room_head, holding its slot,
+ *       in flight; the fetches its stage submitted keep their guard) at the media item
+ *       it reads (room_at), and the worker does other work.  The grant moves the ledger's
+ *       change count (L11), which wakes the workers (W4); a worker's look
+ *       (ld_admit_parked_locked) finds the charge granted -- or failed, or the plan
+ *       abandoned, or the loader stopping or failed -- and runs the task on from there;
+ *       its read takes the grant.  The worker that parked it looks again before it waits
+ *       (its task_run returns to take_task_locked), so a grant made between the request
+ *       and the park is not lost.  While it waits, each look makes room for the earliest
+ *       from later samples' bytes that can be read again.
+ *   R3. When nothing but parked reads is in the engine (every task in flight parked,
+ *       nothing queued for a worker, no decode or emission) and the consumer waits for a
+ *       batch with none to take, 20 looks in a row with no room event between them
+ *       (5 ms apart: W5) mean nothing can give room back: A3's error naming the earliest
+ *       parked read (T5 first).  A detector still, not the ledger's L7: ledger.c THE
+ *       FLIP'S ORDER step 2 (ii) says why.
+ *   R4. A charge leaves with its need: a parked read run again that no longer needs it
+ *       (a spare taken since holds its bytes, or a smaller growth: the rest goes back)
+ *       and a task finishing with one (finish_task_locked) give a grant back or withdraw
+ *       a waiting charge (ld_admit_read_drop_locked); A6's balance counts grants not
+ *       taken yet (ld_ledger_check_locked: "reads ... + granted").
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
- * (W4: the emission, decode or read gate, read_may_wait), the collator on coll_cv
+ * (W4: the emission, decode or read gate, a parked read: R2), the collator on coll_cv
  * (ld_wait_room_locked: its blocked ticket) -- and every event that gives room back wakes
  * it:
  *   W1. Room coming back pokes the ledger (the workers, W4) and broadcasts coll_cv while a
@@ -153,7 +186,7 @@
  *       consumer releasing a batch on its own thread) can fall between its look and its
  *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
  *       both, the stall detectors (emit_stuck, scratch_stuck,
- *       reads_stuck, mem_head_fails) decide "nothing can give room back" by 20 (3) looks
+ *       reads_stuck (R3), mem_head_fails) decide "nothing can give room back" by 20 (3) looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
  *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
@@ -165,8 +198,7 @@
  *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
  *   W4. With a ledger the workers wait on its change count (ledger.c L11), not on
  *       work_cv: a worker reads it under mu before it looks for work or room
- *       (ld_work_look_locked: take_task_locked's look, each look of a read's wait for its
- *       bytes) and, finding nothing it may do, drops mu and waits until it changes
+ *       (ld_work_look_locked: take_task_locked's look, parked reads' included: R2) and, finding nothing it may do, drops mu and waits until it changes
  *       (ld_work_wait_locked).  Whatever queues work for the workers or may let one go on
  *       pokes instead of signalling work_cv (ld_work_wake), and ld_room_wake pokes while
  *       a worker looks or waits (room_waiting_work counts it from before its look), so no
@@ -769,84 +801,146 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
   return before - L->win_bytes;
 }
 
-/* Whether a read that found no room (ld_admit_read_locked) may wait for it: while work
- * that does not need this worker can make room -- the consumer, which releases batches
- * once it is not waiting for one or has one to take, and another worker's decode or
- * emission (a worker not itself waiting here is left to finish them).  Queued decodes and
- * emissions do not count: they may wait for room themselves, and with this worker waiting
- * here nobody else may run them: then the read goes ahead beyond the cap (what is left of
- * the flip's step 1: ledger.c THE FLIP'S ORDER); when nothing at all can make room
- * (reads_stuck), it is an out-of-memory error naming the sample (A3). */
-static int read_may_wait(const mml_loader *L, const task *t) {
-  if (L->stop || L->fatal || t->gen != L->gen) return 0;
-  if (!L->consumer_waiting || L->out_count > 0) return 1;
-  return L->cfg.num_threads - 1 - L->reads_waiting >= 1 && (L->decoding > 0 || L->emitting > 0);
-}
-
-/* Nothing but reads waiting for room (this one among them) is in the engine, nothing is
- * queued for a worker, and the consumer waits for a batch with none to take: no work
- * can give room back. */
+/* R3: nothing but reads parked for room is in the engine (every task in flight is one),
+ * nothing is queued for a worker, and the consumer waits for a batch with none to take:
+ * no work can give room back. */
 static int reads_stuck(const mml_loader *L) {
   return L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting &&
          L->pend_head == L->pend_tail && !L->dec_head && !L->ready_head &&
-         L->in_flight == 1 + L->reads_waiting;
+         L->in_flight == L->reads_parked;
+}
+
+/* R1: a read's grant is its bytes' charge until they are counted in held (read_cover). */
+static int read_granted(mml_loader *L, task *t, int64_t grow) {
+  t->rch_on = 0;
+  t->rch.state = MML_CHARGE_IDLE;
+  t->read_cover += grow;
+  L->read_extra += grow;
+  return 1;
+}
+
+/* A read's charge leaves the ledger: withdrawn while it waits, given back once granted
+ * (R4: a read parked and run again that no longer needs it -- a spare taken since holds
+ * its bytes, or it failed -- and a task finishing with one). */
+void ld_admit_read_drop_locked(mml_loader *L, task *t) {
+  if (!t->rch_on) return;
+  t->rch_on = 0;
+  mml_ledger_withdraw(L->ledger, &t->rch); /* a waiting one; then its state is final */
+  if (mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
+    ld_ledger_release(L, t->rch.bytes);
+  else /* withdrawn: later tries are no longer refused behind it (L1; W5) */
+    ld_room_gates_changed_locked(L);
+  t->rch.state = MML_CHARGE_IDLE;
 }
 
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   if (!L->ledger || grow <= 0 || t->reread) return 1; /* a re-read: its grant covers it */
-  int stuck = 0;
-  /* its size is known now, not only the read gate's estimate: room first, from the spare
-   * byte buffers, then from later samples' bytes that can be read again (READ AGAIN), then
-   * as the consumer and other workers give it back (read_may_wait; woken as they do, W1,
-   * and looked at every 5 ms at most, W2); never, when for 20 looks nothing could
-   * (reads_stuck): 0, the loader's fatal error set */
-  int granted = 0;
-  uint64_t seen = atomic_load(&L->room_events); /* W2: this wait's own */
-  atomic_fetch_add(&L->room_waiting_work, 1);   /* W4: room events poke from here on */
-  for (;;) {
-    const uint64_t changes = ld_work_look_locked(L); /* W4: before the look */
-    /* the ledger decides (L12: a try under mu; its caches make way inside it) */
-    if ((granted = ld_ledger_try(L, t->seq, grow))) break;
-    if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
-        (granted = ld_ledger_try(L, t->seq, grow)))
-      break;
-    if (L->stop || L->fatal || t->gen != L->gen) break;
-    /* 20 looks in a row (5 ms apart) with no work able to give room back: it never
-     * will (the rule of the other waits for room: only_consumer_waits) */
-    if (!ld_room_quiet_locked(L, &seen)) stuck = 0; /* W2: room came back */
-    stuck = reads_stuck(L) ? stuck + 1 : 0;
-    /* T5: nothing but reads runs and the consumer waits, so a ticket charge waiting in the
-     * ledger cannot be granted before this read ends: L1 would only hold the read behind
-     * it (an out-of-memory error naming the read where it fits: 10 of 1000 schedules),
-     * and the read may be what lets placement shrink or close that ticket (mem_stuck):
-     * it asks out of turn, before every waiting charge */
-    if (stuck && L->mem_blocked && (granted = ld_ledger_try(L, -1, grow))) break;
-    if (stuck >= 20) {
-      size_t cached, live;
-      mml_pool_usage(L->pool, &cached, &live);
+  if (t->rch_on) { /* R2: parked, and run again: its charge's answer */
+    const int s = mml_ledger_state(L->ledger, &t->rch);
+    if (s == MML_CHARGE_GRANTED && t->rch.bytes >= grow) {
+      ld_ledger_release(L, t->rch.bytes - grow); /* a spare taken since holds the rest */
+      return read_granted(L, t, grow);
+    }
+    if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
+      t->rch_on = 0;
+      t->rch.state = MML_CHARGE_IDLE;
       mml_err e;
-      mem_explain(L, t, "its images' bytes, being read", grow,
-                  held_bytes_locked(L, live) + pool_bytes(grow),
-                  "or hold fewer batches: a `for batch in loader` loop keeps the previous "
-                  "batch alive while it asks for the next (`del batch` at the end of the loop "
-                  "body releases it)",
-                  &e);
-      ld_set_fatal_locked(L, MML_ENOMEM, &e);
-      atomic_fetch_sub(&L->room_waiting_work, 1);
+      if (t->rch.status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
+        ld_set_fatal_locked(L, MML_ENOMEM, &e);
       return 0;
     }
-    if (!stuck && !read_may_wait(L, t)) break; /* work queued for this worker: go ahead */
-    L->reads_waiting++;
-    ld_work_wait_locked(L, changes, 1); /* W1, W2, W4 */
-    L->reads_waiting--;
+    ld_admit_read_drop_locked(L, t); /* another size now, or its plan abandoned: asked anew */
   }
-  atomic_fetch_sub(&L->room_waiting_work, 1);
-  /* going ahead without a grant (ledger.c THE FLIP'S ORDER step 1 (ii)): counted, past
-   * the cap if it must be (L13: memory_peak shows it) */
-  if (!granted) ld_ledger_count(L, grow);
-  t->read_cover += grow;
-  L->read_extra += grow;
-  return 1;
+  if (L->stop || L->fatal || t->gen != L->gen) return 0;
+  /* R1: its size is known now: ONE charge at its seq, granted at once when nothing
+   * earlier waits and it fits (the ledger's caches -- pooled pages, spare byte buffers --
+   * make way inside it), else it WAITS in the ledger: later tries are refused meanwhile
+   * (L1), and the task is parked (R2) */
+  memset(&t->rch, 0, sizeof t->rch);
+  t->rch.seq = t->seq;
+  t->rch.bytes = grow;
+  mml_err e;
+  if (mml_ledger_request(L->ledger, &t->rch, &e)) {
+    t->rch.state = MML_CHARGE_IDLE; /* above max_memory alone (or shut down) */
+    return L->stop ? 0 : -2;
+  }
+  if (t->rch.state == MML_CHARGE_GRANTED) return read_granted(L, t, grow);
+  t->rch_on = 1;
+  /* room from later samples' bytes that can be read again (READ AGAIN: their decodes
+   * come after this read's), as the head ticket's; their release grants it when it fits */
+  if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
+      mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
+    return read_granted(L, t, grow);
+  return -1;
+}
+
+void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote) {
+  t->room_at = i;
+  t->room_nremote = nremote;
+  t->next_ready = L->room_head;
+  L->room_head = t;
+  L->reads_parked++;
+  ld_room_gates_changed_locked(L); /* W5: reads_stuck counts the reads parked */
+}
+
+task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
+  *waiting = 0;
+  task *first = NULL; /* the earliest still waiting */
+  for (task **p = &L->room_head; *p;) {
+    task *t = *p;
+    if (!L->stop && !L->fatal && t->gen == L->gen &&
+        mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_WAITING) {
+      if (!first || t->seq < first->seq) first = t;
+      p = &t->next_ready;
+      continue;
+    }
+    /* granted or failed (its read takes the answer: ld_admit_read_locked), or no longer
+     * wanted (its read fails at once and finish_task_locked drops it) */
+    *p = t->next_ready;
+    L->reads_parked--;
+    return t;
+  }
+  if (!first) {
+    L->park_stuck = 0;
+    return NULL;
+  }
+  *waiting = 1;
+  /* room from later samples' bytes that can be read again, as the read's request made */
+  if (ld_admit_drop_bytes_ahead_locked(L, first->seq, first->rch.bytes) > 0) return NULL;
+  /* R3: 20 looks in a row (5 ms apart: W5) with nothing but parked reads in the engine
+   * and the consumer waiting, and no room event between them: it never will fit (a
+   * detector, not the ledger's L7: ledger.c THE FLIP'S ORDER step 2 (ii) says why) */
+  if (!ld_room_quiet_locked(L, &L->park_seen)) L->park_stuck = 0; /* W2: room came back */
+  L->park_stuck = reads_stuck(L) ? L->park_stuck + 1 : 0;
+  if (!L->park_stuck) return NULL;
+  /* T5: nothing but reads runs and the consumer waits, so a ticket charge waiting in the
+   * ledger cannot be granted before this read ends: L1 would only hold the read behind
+   * it (an out-of-memory error naming the read where it fits: 10 of 1000 schedules), and
+   * the read may be what lets placement shrink or close that ticket (mem_stuck): it asks
+   * out of turn, before every waiting charge (a try at seq -1, settled) */
+  if (L->mem_blocked) {
+    mml_charge c = {.seq = -1, .bytes = first->rch.bytes};
+    if (mml_ledger_try(L->ledger, &c)) {
+      mml_ledger_withdraw(L->ledger, &first->rch);
+      if (mml_ledger_state(L->ledger, &first->rch) == MML_CHARGE_GRANTED)
+        ld_ledger_release(L, c.bytes);       /* granted in turn meanwhile */
+      first->rch.state = MML_CHARGE_GRANTED; /* the try's grant is its charge now */
+      L->park_stuck = 0;
+      return NULL;
+    }
+  }
+  if (L->park_stuck < 20) return NULL;
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  mml_err e;
+  mem_explain(L, first, "its images' bytes, being read", first->rch.bytes,
+              held_bytes_locked(L, live) + pool_bytes(first->rch.bytes),
+              "or hold fewer batches: a `for batch in loader` loop keeps the previous "
+              "batch alive while it asks for the next (`del batch` at the end of the loop "
+              "body releases it)",
+              &e);
+  ld_set_fatal_locked(L, MML_ENOMEM, &e); /* the parked reads fail at the next look */
+  return NULL;
 }
 
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
@@ -1171,12 +1265,18 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
       if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
         tickets += q->ch.bytes;
     }
+  int64_t reads = 0; /* reads' charges granted, not taken by their reads yet (R2) */
+  for (int i = 0; L->tasks && i < L->window; i++) {
+    task *t = &L->tasks[i];
+    if (t->rch_on && mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
+      reads += t->rch.bytes;
+  }
   pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
   const int64_t spare_bytes = L->spare_bytes;
   pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
-                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets;
+                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets + reads;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
@@ -1192,12 +1292,14 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                      "the memory ledger holds %lld bytes (engine %lld, consumer %lld, cached "
                      "%lld) where the loader has %lld: pool live %zu + cached %zu, window "
                      "%lld (counted %lld) + spares %lld, scratch reserve %lld + granted %lld "
-                     "(counted %lld), emissions %lld, Parquet room %lld, tickets %lld",
+                     "(counted %lld), emissions %lld, Parquet room %lld, tickets %lld, reads "
+                     "%lld + granted %lld",
                      (long long)have, (long long)s.held[MML_HOLD_ENGINE],
                      (long long)s.held[MML_HOLD_CONSUMER], (long long)s.cached, (long long)want,
                      live, cached, (long long)win, (long long)L->win_bytes, (long long)spares,
                      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
-                     (long long)L->emit_extra, (long long)ld_pq_reserved(L), (long long)tickets);
+                     (long long)L->emit_extra, (long long)ld_pq_reserved(L), (long long)tickets,
+                     (long long)L->read_extra, (long long)reads);
 }
 
 void ld_ledger_assert_quiet(mml_loader *L) {

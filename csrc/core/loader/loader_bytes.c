@@ -20,7 +20,8 @@
  *   B4. Under max_memory the bytes a read is about to add to its buffer (its size known
  *       from the file, beyond the spare taken: the capacity mml_bytes_reserve will give
  *       it) are charged and allocated before the read (ld_admit_read_locked:
- *       loader_admit.c A7), not only counted after it.
+ *       loader_admit.c A7, R1), not only counted after it; when the charge must wait,
+ *       nothing is allocated and the task is parked (*parked: R2) until it is granted.
  *
  * Locking: spare_mu guards the spares; a task's own buffers belong to the thread holding
  * its slot, and its count (t->held) is changed under mu.
@@ -43,7 +44,9 @@ int64_t ld_bytes_spares(mml_loader *L) {
   return n;
 }
 
-mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_err *err) {
+mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, int *parked,
+                         mml_err *err) {
+  *parked = 0;
   if (b->cap >= need) return MML_OK;
   pthread_mutex_lock(&L->mu);
   pthread_mutex_lock(&L->spare_mu);
@@ -72,10 +75,20 @@ mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_
     ld_ledger_count(L, delta);
   }
   mml_status st = MML_OK;
+  if (b->cap >= need) ld_admit_read_drop_locked(L, t); /* R4: a parked read's, unneeded now */
   if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
-    if (!ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap)) {
+    const int go = ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap);
+    if (go < 0) {
+      *parked = 1; /* its charge waits in the ledger: the task is parked (loader_admit.c R2) */
+    } else if (go == -2) { /* above max_memory alone: the sample fails (A4's kind) */
+      st = mml_err_set(err, MML_ENOMEM,
+                       "an image of %zu bytes: its buffer alone is above max_memory=%lld", need - 1,
+                       (long long)L->cfg.max_memory);
+    } else if (!go && L->fatal) {
       st = L->fatal; /* it can never have room: the loader's error says why */
       *err = L->fatal_err;
+    } else if (!go) {
+      st = mml_err_set(err, MML_ECANCELLED, "stopped while its bytes waited for max_memory room");
     } else {
       mml_bytes_free(b);                /* a new buffer, not a copy (as mml_read_file_max does) */
       (void)mml_bytes_reserve(b, need); /* a failure is the read's to report */

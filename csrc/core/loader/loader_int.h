@@ -159,6 +159,13 @@ struct task {
    * (ld_bytes_take: the growth of the buffer they are read into), counted in read_extra
    * until they are counted in held (ld_mem_count_task_locked; mu) */
   int64_t read_cover;
+  /* max_memory: its read's bytes as a charge in the ledger at its seq (ld_admit_read_locked,
+   * loader_admit.c R1-R4): in the ledger while rch_on (WAITING: the task is parked for room,
+   * on room_head, and goes on reading at media item room_at, -1 when not parked, with
+   * room_nremote fetches of that stage submitted; GRANTED: not taken by its read yet).
+   * rch_on, room_at and room_nremote are mu's; rch.state the ledger's (mml_ledger_state) */
+  mml_charge rch;
+  int rch_on, room_at, room_nremote;
 };
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
@@ -311,7 +318,12 @@ struct mml_loader {
   int64_t fbytes_max, pxf_max, emit_extra;
   /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
   int64_t read_extra;
-  int reads_waiting; /* workers waiting for room for a read's bytes (ld_admit_read_locked) */
+  /* tasks parked while their read's charge waits in the ledger (linked by next_ready;
+   * loader_admit.c R2), their count, and consecutive looks with nothing but them in the
+   * engine and the consumer waiting (R3) */
+  task *room_head;
+  int reads_parked, park_stuck;
+  uint64_t park_seen;
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
@@ -696,12 +708,23 @@ static inline int64_t ld_bytes_cap(size_t need) {
   while ((size_t)cap < need) cap *= 2;
   return cap;
 }
-/* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): room is
- * made for them (spares, later samples' bytes that can be read again, else waited for
- * while others can give it back) and they are charged at t's seq before the read
- * (t->read_cover, in read_extra until counted in held): 1; 0 when they can never have room
- * (the loader's fatal error is set: MML_ENOMEM naming the sample). */
+/* max_memory: `grow` more bytes of t's media are about to be read (ld_bytes_take): one
+ * charge at t's seq in the ledger (loader_admit.c R1), later samples' bytes that can be
+ * read again making way.  1: granted (t->read_cover, in read_extra until counted in held);
+ * -1: it waits, and the caller parks t (R2: ld_admit_park_locked); -2: it is above
+ * max_memory alone (the sample fails); 0: it never can have room (the loader's fatal error
+ * is set: MML_ENOMEM naming the sample) or the loader stops. */
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
+/* max_memory, a worker's look (mu held): a task parked for room whose charge was granted
+ * (or failed, or whose plan was abandoned) leaves room_head; returned to run on (room_at),
+ * or NULL.  *waiting is set when some still wait; the stall rule (R3) and the room made
+ * for the earliest (READ AGAIN) are applied here. */
+task *ld_admit_parked_locked(mml_loader *L, int *waiting);
+/* R2: t, whose read's charge waits (ld_admit_read_locked returned -1 for media item i,
+ * nremote fetches of its stage submitted), is parked on room_head; mu held. */
+void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote);
+/* R4: t's read's charge, if it has one, leaves the ledger (withdrawn, or given back). */
+void ld_admit_read_drop_locked(mml_loader *L, task *t);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */
 mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
@@ -711,8 +734,10 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);
  * back to the spares (mu held).  Their pages stay mapped: reading the next image into
  * one costs no page fault, where a freed and reallocated buffer faulted on every page.
  * Under max_memory ld_bytes_take also charges and maps the buffer's growth before the
- * read (loader_bytes.c B4): MML_ENOMEM (*err the loader's error) when it never can. */
-mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, mml_err *err);
+ * read (loader_bytes.c B4): MML_ENOMEM (*err the loader's error) when it never can;
+ * *parked when its charge waits (nothing allocated: the caller parks the task, R2). */
+mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, int *parked,
+                         mml_err *err);
 void ld_bytes_return_locked(mml_loader *L, task *t);
 void ld_bytes_free_spares(mml_loader *L);
 /* The spares' bytes now (takes spare_mu); the ledger's evict callback of the spares'

@@ -316,7 +316,7 @@ void ld_fetch_undo(mml_loader *L, task *t) {
  * WebDataset member videos): read now, or its fetch submitted (counted in *nremote; *f is
  * obtained on the first remote item). */
 static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml_fetcher **f,
-                             int *nremote, run_acc *acc, mml_err *err) {
+                             int *nremote, run_acc *acc, int *parked, mml_err *err) {
   if (mml_is_data_uri(ref)) { /* inline image: decoded here, no I/O */
     mml_status st = mml_data_uri_decode(ref, &t->imgs[i], err);
     if (st) mml_sample_err_image(err, ref);
@@ -368,7 +368,8 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
     struct stat sb;
     int64_t size = member ? len : stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
     /* a spare that fits; under max_memory, room for it */
-    st = size > 0 ? ld_bytes_take(L, t, &t->imgs[i], (size_t)size + 1, err) : MML_OK;
+    st = size > 0 ? ld_bytes_take(L, t, &t->imgs[i], (size_t)size + 1, parked, err) : MML_OK;
+    if (!st && *parked) return MML_OK; /* its charge waits: read when granted (R2) */
     if (!st)
       st = member ? mml_index_read(sh, off, len, &t->imgs[i], err)
                   : mml_read_file_max(p, 0, -1, L->cfg.max_object_bytes, &t->imgs[i], err);
@@ -390,6 +391,9 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
   return st;
 }
 
+static mml_status read_media(mml_loader *L, task *t, int from, int nremote, run_acc *acc, int *wait,
+                             mml_err *err);
+
 /* Stage 2: the record parsed, its images read or fetched (*wait: the task waits). */
 static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, mml_err *err) {
   if (t->fetch_st) {
@@ -404,12 +408,21 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
   }
   t->stage = STAGE_IMAGES;
   t->vtails = 0;
-  int nremote = 0;
+  return read_media(L, t, 0, 0, acc, wait, err);
+}
+
+/* Stage 2's reads from media item `from` on, `nremote` fetches of the stage submitted
+ * before it: from the start, or where a read parked for max_memory room goes on once its
+ * charge is granted (loader_admit.c R2: the task was parked, holding its slot). */
+static mml_status read_media(mml_loader *L, task *t, int from, int nremote, run_acc *acc, int *wait,
+                             mml_err *err) {
+  mml_status st = MML_OK;
   mml_fetcher *f = NULL;
+  int parked = 0;
   const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
-  for (int i = 0; i < nmedia + t->rec.nvideos; i++) {
+  for (int i = from; i < nmedia + t->rec.nvideos; i++) {
     if (i < nmedia) {
-      st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, err);
+      st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, &parked, err);
     } else { /* a video file: a WebDataset member is read like an image, others are opened
               * by path or URL when planned (ld_video_open) */
       const char *ref = t->rec.videos[i - nmedia].ref;
@@ -421,9 +434,16 @@ static mml_status stage_images(mml_loader *L, task *t, run_acc *acc, int *wait, 
       if (mml_index_member(&L->ix, t->sample.shard, t->sample.index, ref, &off, &len) ||
           (mml_index_shard_parquet(&L->ix.shards[t->sample.shard]) &&
            ld_pq_row_member(&t->pqrow, ref, &bp, &bn)))
-        st = load_image(L, t, i, ref, &f, &nremote, acc, err);
+        st = load_image(L, t, i, ref, &f, &nremote, acc, &parked, err);
       else if (!(st = ld_video_path(L, t, ref, 1, err)))
         ld_head_video(L, t, i - nmedia, &f, &nremote);
+    }
+    if (!st && parked) { /* R2: parked on room_head (the fetches' guard kept), not run */
+      pthread_mutex_lock(&L->mu);
+      ld_admit_park_locked(L, t, i, nremote);
+      pthread_mutex_unlock(&L->mu);
+      *wait = 1;
+      return MML_OK;
     }
     if (st) {
       if (!nremote) return st;
@@ -485,6 +505,11 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   mml_err_clear(&err);
   mml_status st = MML_OK;
   int wait = 0;
+  if (t->room_at >= 0) { /* its read's charge was granted (or failed): its reads go on */
+    const int from = t->room_at, nremote = t->room_nremote;
+    t->room_at = -1;
+    st = read_media(L, t, from, nremote, acc, &wait, &err);
+  }
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_RECORD) st = stage_images(L, t, acc, &wait, &err);
   if (!st && !wait && t->stage == STAGE_IMAGES) st = stage_plan(L, sc, t, acc, &wait, &err);
@@ -553,6 +578,8 @@ static task *start_task_locked(mml_loader *L) {
   t->scratch_need = t->scratch_granted = 0;
   t->reread = 0;
   t->reread_bytes = t->reread_granted = 0;
+  t->rch_on = 0;
+  t->room_at = -1;
   t->started = mml_now();
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
@@ -591,6 +618,11 @@ static task *look_locked(mml_loader *L) {
     ld_work_wake(L, 1);
     return NULL;
   }
+  int parked_wait = 0; /* max_memory: a read parked for room (loader_admit.c R2) */
+  if (L->room_head) {
+    task *t = ld_admit_parked_locked(L, &parked_wait);
+    if (t) return t;
+  }
   int gated = 0; /* max_memory: no room to read one more sample now */
   if (L->next_seq < L->head_seq + L->window && (L->limit_seq < 0 || L->next_seq < L->limit_seq) &&
       L->tasks[L->next_seq % L->window].state == SLOT_EMPTY &&
@@ -598,7 +630,7 @@ static task *look_locked(mml_loader *L) {
     return start_task_locked(L);
   }
   /* woken as room comes back (loader_admit.c W1) or work is queued (W4) */
-  ld_work_wait_locked(L, seen, gated || dec_wait || emit_wait);
+  ld_work_wait_locked(L, seen, gated || dec_wait || emit_wait || parked_wait);
   return NULL;
 }
 
@@ -627,6 +659,7 @@ static int64_t decode_cost(const task *t) {
  * window if its plan was abandoned meanwhile).  A good sample with pixels waits PLANNED
  * for its decode; the others are final. */
 static void finish_task_locked(mml_loader *L, task *t) {
+  ld_admit_read_drop_locked(L, t); /* R4: a parked read's charge its read did not take */
   L->in_flight--;
   ld_room_gates_changed_locked(L); /* W5: the read gate counts reads in flight */
   if (t->scratch_need > L->scratch_max) L->scratch_max = t->scratch_need; /* holds looked for */
@@ -665,8 +698,9 @@ static mml_status reread_media(mml_loader *L, task *t, run_acc *acc, mml_err *er
   int nremote = 0;
   mml_status st = MML_OK;
   const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
+  int parked = 0; /* never: its grant covers it (ld_admit_read_locked) */
   for (int i = 0; i < nmedia && !st; i++)
-    st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, err);
+    st = load_image(L, t, i, mml_record_media_ref(&t->rec, i), &f, &nremote, acc, &parked, err);
   t->sample.bytes = bytes;
   if (!st && nremote)
     st = mml_err_set(err, MML_EINTERNAL, "a sample read again at its decode fetched its media");
@@ -719,7 +753,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_lock(&L->mu);       /* the planner reads the status under mu */
   ld_mem_scratch_give_locked(L, t); /* its scratch is back to the worker's reserve */
   L->decoding--;
-  ld_room_gates_changed_locked(L);     /* W5: read_may_wait counts decodes running */
+  ld_room_gates_changed_locked(L);     /* W5: reads_stuck (R3) counts decodes running */
   ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;

@@ -277,6 +277,55 @@ TEST(ledger_try_grants_only_at_once) {
   mml_ledger_free(g);
 }
 
+/* The loader's parked read (loader_admit.c R1-R3, T5): a request with no wake callback
+ * that waits behind an earlier waiting charge even though it fits (L1), refusing later
+ * tries meanwhile; its owner, having read the change count before it looked, sees the
+ * grant a release makes by the count moving (L11) and the state; and T5's swap -- an
+ * out-of-turn try at seq -1 granted while the ticket waits, then the read's waiting
+ * charge withdrawn (and, when a release granted it in turn meanwhile, given back). */
+TEST(ledger_waiting_read_parks_and_asks_out_of_turn) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 70), tk = charge(2, 40), r = charge(5, 20);
+  CHECK_OK(mml_ledger_request(g, &a, &err), err);
+  CHECK_OK(mml_ledger_request(g, &tk, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &tk), MML_CHARGE_WAITING);
+  CHECK_OK(mml_ledger_request(g, &r, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &r), MML_CHARGE_WAITING); /* fits, but after tk (L1) */
+  mml_charge later = charge(6, 1);
+  CHECK(!mml_ledger_try(g, &later)); /* refused behind the parked read */
+  /* T5: out of turn, before every waiting charge; then the waiting charge leaves */
+  mml_charge t5 = charge(-1, r.bytes);
+  CHECK(mml_ledger_try(g, &t5));
+  mml_ledger_withdraw(g, &r);
+  CHECK_EQ_INT(mml_ledger_state(g, &r), MML_CHARGE_IDLE);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 90);
+  CHECK_EQ_INT(s.waiting, 1); /* tk only */
+  /* a read parked again; the owner reads the count, then a release grants tk and it */
+  mml_charge r2 = charge(7, 25);
+  CHECK_OK(mml_ledger_request(g, &r2, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &r2), MML_CHARGE_WAITING);
+  const uint64_t seen = mml_ledger_changes(g);
+  mml_ledger_release(g, 70 + 20, MML_HOLD_ENGINE); /* a's and the read's bytes */
+  CHECK(mml_ledger_changes(g) != seen);
+  CHECK(mml_ledger_wait_change_for(g, seen, 1000000)); /* at once: it moved */
+  CHECK_EQ_INT(mml_ledger_state(g, &tk), MML_CHARGE_GRANTED);
+  CHECK_EQ_INT(mml_ledger_state(g, &r2), MML_CHARGE_GRANTED);
+  /* T5's swap when the read was granted in turn meanwhile: withdraw leaves the grant, and
+   * the owner gives the try's bytes back */
+  mml_charge t5b = charge(-1, r2.bytes);
+  CHECK(mml_ledger_try(g, &t5b));
+  mml_ledger_withdraw(g, &r2);
+  CHECK_EQ_INT(mml_ledger_state(g, &r2), MML_CHARGE_GRANTED);
+  mml_ledger_release(g, t5b.bytes, MML_HOLD_ENGINE);
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 40 + 25);
+  CHECK_EQ_INT(s.waiting, 0);
+  mml_ledger_free(g);
+}
+
 /* L13: a count is never refused or queued; caches make way for it first, and what it
  * leaves above the cap is recorded (peak, counted_over, over_most). */
 TEST(ledger_count_past_cap_is_recorded) {
