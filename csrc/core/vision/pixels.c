@@ -7,16 +7,25 @@
  * batches (loader_collator.c: a batch's images are decoded as uint8 rows and expanded
  * here just before emission).
  *
- * Three loops, the same lookups: where the output rows are 16-byte multiples at a 16-byte
- * aligned address (pool buffers, P = 14 or 16), each row is assembled in an aligned
- * scratch row (one lookup per value of a frame, copied to the other slots) and written
- * with non-temporal stores: the output is far larger than the caches, so this saves
- * reading every output line before writing it (float32, 40000 rows of P 14: 11 ms against
- * 31 ms for the plain loop, and 20 ms for AVX2 gathers from the table, slower on Zen4 than
- * scalar lookups).  With AVX-512 VBMI the lookups of that loop are byte permutes, 64
- * values at a time (expand_stream_vbmi; ~10 -> ~6 ms float32, ~7.4 -> ~3.5 ms bfloat16 on
- * those 40000 rows, Zen 4: the float32 loop then runs at the speed of a plain fill of
- * the output).  Otherwise the plain loop.
+ * Three loops, the same lookups.  With AVX-512 VBMI (expand_stream_vbmi) the lookups are
+ * byte permutes, 64 values at a time, and every 64-byte line of the output is written
+ * straight from the lookup's registers with a non-temporal store (vbmi_lines): the output
+ * is far larger than the caches, so this saves reading every output line before writing
+ * it, and with no scratch row the lookups of later lines run while earlier lines drain to
+ * memory.  Without it, where the output rows are 16-byte multiples at a 16-byte aligned
+ * address (pool buffers, P = 14 or 16), each row is assembled in an aligned scratch row
+ * (one scalar lookup per value of a frame, copied to the other slots) and streamed out
+ * (expand_stream: float32, 40000 rows of P 14, 11 ms against 31 ms for the plain loop,
+ * and 20 ms for AVX2 gathers from the table, slower on Zen4 than scalar lookups).
+ * Otherwise the plain loop.
+ *
+ * Why no scratch row with VBMI (issue 34; the same bytes): the loop before this one
+ * looked up into an aligned scratch row and streamed the row out of it.  Its stores into
+ * the scratch queued behind the non-temporal ones, so the lookups and the streaming took
+ * their sum; perf of the Loader end to end at 768x768 (fast_decode, float32, 2 threads)
+ * had two thirds of the loop's samples on the scratch stores and 1.1-1.3 ms a sample in
+ * it; written from registers, 0.7-0.9 ms (benchmarks/e2e_cap_ab.py's figures:
+ * docs/benchmarks.md, "End to end at the caps").
  *
  * In place (mml_pixels_expand_inplace): the uint8 rows at the start of a buffer that holds
  * their float rows, expanded back to front in runs of rows whose outputs lie past every
@@ -95,82 +104,130 @@ static void expand_stream(const uint8_t *src, int64_t rows, size_t PP, int frame
  * 256 bytes each, four registers), vpermt2b looks 64 indices up in each half of a plane
  * (7 index bits) and bit 7 picks the half; byte unpacks then interleave the planes into
  * values.  Unpacks work within 128-bit lanes, so the indices are first permuted (`perm`)
- * so that the unpacked values come out in order.  A channel's PP (>= 64) values are
- * blocks of 64, the last one placed to end at PP (rewriting the previous block's values
- * with the same ones), stored into each slot of the aligned scratch row, which is
- * streamed out as in expand_stream but a cache line per store (stream_row).  The same
- * bytes as the scalar lookups. */
+ * so that the unpacked values come out in order.  The same bytes as the scalar lookups. */
 #define MML_TARGET_VBMI __attribute__((target("avx2,avx512f,avx512bw,avx512vbmi")))
-/* Streams a row of rb bytes (a multiple of 16) from the aligned scratch o to dst (16-byte
- * aligned): 16-byte stores up to dst's first 64-byte boundary, then whole cache lines (a
- * quarter of the store instructions of 16-byte pieces), then the tail.  The same bytes. */
-MML_TARGET_VBMI static inline __attribute__((always_inline)) void stream_row(uint8_t *dst,
-                                                                             const uint8_t *o,
-                                                                             size_t rb) {
-  size_t i = 0;
-  for (; i < rb && ((uintptr_t)(dst + i) & 63); i += 16)
-    _mm_stream_si128((__m128i *)(dst + i), _mm_load_si128((const __m128i *)(o + i)));
-  for (; i + 64 <= rb; i += 64)
-    _mm512_stream_si512((__m512i *)(dst + i), _mm512_loadu_si512((const void *)(o + i)));
-  for (; i < rb; i += 16)
-    _mm_stream_si128((__m128i *)(dst + i), _mm_load_si128((const __m128i *)(o + i)));
+/* One channel's table lookup of 64 indices (planes: that channel's np byte planes, 256
+ * bytes each): v[q] gets the values of indices (64 / np)q .. (64 / np)q + 64 / np - 1 in
+ * order (np = 4: 16 float32 a vector; np = 2: 32 bfloat16). */
+MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_lookup(
+    __m512i idx, const uint8_t *pc, __m512i perm, const int bf16, __m512i v[4]) {
+  const int np = bf16 ? 2 : 4;
+  idx = _mm512_permutexvar_epi8(perm, idx);
+  const __mmask64 hi = _mm512_movepi8_mask(idx);
+  __m512i b[4];
+  for (int p = 0; p < np; p++) {
+    const uint8_t *pl = pc + (size_t)p * 256;
+    b[p] = _mm512_mask_blend_epi8(
+        hi,
+        _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)pl), idx,
+                                 _mm512_loadu_si512((const void *)(pl + 64))),
+        _mm512_permutex2var_epi8(_mm512_loadu_si512((const void *)(pl + 128)), idx,
+                                 _mm512_loadu_si512((const void *)(pl + 192))));
+  }
+  if (bf16) {
+    v[0] = _mm512_unpacklo_epi8(b[0], b[1]);
+    v[1] = _mm512_unpackhi_epi8(b[0], b[1]);
+  } else {
+    const __m512i w0 = _mm512_unpacklo_epi8(b[0], b[1]), w1 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i w2 = _mm512_unpacklo_epi8(b[2], b[3]), w3 = _mm512_unpackhi_epi8(b[2], b[3]);
+    v[0] = _mm512_unpacklo_epi16(w0, w2);
+    v[1] = _mm512_unpackhi_epi16(w0, w2);
+    v[2] = _mm512_unpacklo_epi16(w1, w3);
+    v[3] = _mm512_unpackhi_epi16(w1, w3);
+  }
 }
 
-MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_rows(
+/* The value at position g of the output (rows of S = 3T slots of PP values each: slot u
+ * of a row holds channel u / T of frame u % T, or of the one frame) from the planes. */
+static uint32_t value_at(const uint8_t *src, uint64_t g, size_t PP, int frames, int T,
+                         const uint8_t *planes) {
+  const size_t rv = 3 * (size_t)T * PP, r = g / rv, w = g % rv, u = w / PP, k = w % PP;
+  const size_t c = u / (size_t)T, f = frames == 1 ? 0 : u % (size_t)T;
+  const uint8_t b = src[r * 3 * PP * (size_t)frames + (c * (size_t)frames + f) * PP + k];
+  const uint8_t *pc = planes + c * 1024;
+  return pc[b] | (uint32_t)pc[256 + b] << 8 | (uint32_t)pc[512 + b] << 16 |
+         (uint32_t)pc[768 + b] << 24;
+}
+
+/* The rows written a cache line at a time straight from the lookups' registers, with
+ * non-temporal stores: the output is taken as one run of values, cut into blocks of 64
+ * (4 cache lines of float32, 2 of bfloat16) from dst's first 64-byte boundary; a block's
+ * 64 indices are one load from the source (or, where the block crosses into the next
+ * slot, two masked loads: the rest of this slot's bytes and the start of the next), looked
+ * up in the slot's channel (and the next slot's, blended, where the channel changes).
+ * The values before the first boundary and after the last are written one by one.  No
+ * scratch row: the lookups of later lines run while earlier lines drain to memory. */
+MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_lines(
     const uint8_t *src, int64_t rows, size_t PP, int frames, int T, const uint8_t *planes,
     const int bf16, uint8_t *dst) {
-  _Alignas(64) uint8_t o[EXPAND_TMP];
-  const int np = bf16 ? 2 : 4;
-  const size_t esz = bf16 ? 2 : 4, in_cols = 3 * PP * (size_t)frames, rb = 3 * PP * (size_t)T * esz;
+  const size_t esz = bf16 ? 2 : 4, vpl = 64 / esz, np = bf16 ? 2 : 4;
+  const size_t in_cols = 3 * PP * (size_t)frames, rv = 3 * PP * (size_t)T;
+  const uint64_t n = (uint64_t)rows * rv;
+  uint64_t head = ((64 - ((uintptr_t)dst & 63)) & 63) / esz;
+  if (head > n) head = n;
+  const uint64_t lines = (n - head) / vpl, body_end = head + lines * vpl;
+  for (uint64_t g = 0; g < head; g++) {
+    const uint32_t v = value_at(src, g, PP, frames, T, planes);
+    memcpy(dst + g * esz, &v, esz);
+  }
+  for (uint64_t g = body_end; g < n; g++) {
+    const uint32_t v = value_at(src, g, PP, frames, T, planes);
+    memcpy(dst + g * esz, &v, esz);
+  }
+  if (!lines) return;
   /* unpacked vector q's 128-bit lane L holds positions 16L + (16/np)q + j (j < 16/np) of
    * the indices; it must hold values (64/np)q + (16/np)L + j */
   uint8_t pm[64];
   for (int L = 0; L < 4; L++)
-    for (int q = 0; q < np; q++)
-      for (int j = 0; j < 16 / np; j++)
+    for (int q = 0; q < (int)np; q++)
+      for (int j = 0; j < 16 / (int)np; j++)
         pm[16 * L + (16 / np) * q + j] = (uint8_t)((64 / np) * q + (16 / np) * L + j);
   const __m512i perm = _mm512_loadu_si512((const void *)pm);
-  for (int64_t r = 0; r < rows; r++, src += in_cols, dst += rb) {
-    for (int c = 0; c < 3; c++) {
-      __m512i pl[4][4];
-      for (int b = 0; b < np; b++)
-        for (int k = 0; k < 4; k++)
-          pl[b][k] =
-              _mm512_loadu_si512((const void *)(planes + ((size_t)c * 4 + b) * 256 + 64 * k));
-      for (int t = 0; t < (frames == 1 ? 1 : T); t++) {
-        const uint8_t *s = src + ((size_t)c * frames + t) * PP;
-        for (size_t i = 0;; i += 64) {
-          if (i > PP - 64) i = PP - 64;
-          const __m512i idx =
-              _mm512_permutexvar_epi8(perm, _mm512_loadu_si512((const void *)(s + i)));
-          const __mmask64 hi = _mm512_movepi8_mask(idx);
-          __m512i v[4], b[4];
-          for (int p = 0; p < np; p++)
-            b[p] = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(pl[p][0], idx, pl[p][1]),
-                                          _mm512_permutex2var_epi8(pl[p][2], idx, pl[p][3]));
-          if (bf16) {
-            v[0] = _mm512_unpacklo_epi8(b[0], b[1]);
-            v[1] = _mm512_unpackhi_epi8(b[0], b[1]);
-          } else {
-            const __m512i w0 = _mm512_unpacklo_epi8(b[0], b[1]),
-                          w1 = _mm512_unpackhi_epi8(b[0], b[1]);
-            const __m512i w2 = _mm512_unpacklo_epi8(b[2], b[3]),
-                          w3 = _mm512_unpackhi_epi8(b[2], b[3]);
-            v[0] = _mm512_unpacklo_epi16(w0, w2);
-            v[1] = _mm512_unpackhi_epi16(w0, w2);
-            v[2] = _mm512_unpacklo_epi16(w1, w3);
-            v[3] = _mm512_unpackhi_epi16(w1, w3);
-          }
-          for (int u = frames == 1 ? 0 : t; u < (frames == 1 ? T : t + 1); u++) {
-            uint8_t *d = o + (((size_t)c * T + u) * PP + i) * esz;
-            for (int q = 0; q < np; q++) /* np vectors of 64 / np values */
-              _mm512_storeu_si512((void *)(d + 64 * q), v[q]);
-          }
-          if (i == PP - 64) break;
-        }
+  /* the block's first value: row r, slot (c, t), index k in the slot */
+  size_t r = head / rv, k = head % rv, c, t;
+  {
+    const size_t u = k / PP;
+    k %= PP;
+    c = u / (size_t)T;
+    t = u % (size_t)T;
+  }
+  uint8_t *d = dst + head * esz;
+  for (uint64_t left = lines; left > 0;) {
+    const size_t nl = left < np ? (size_t)left : np; /* lines of this block */
+    const size_t valid = nl * vpl, in = PP - k;      /* values of the block; left in the slot */
+    const uint8_t *sp = src + r * in_cols + (c * (size_t)frames + (frames == 1 ? 0 : t)) * PP + k;
+    __m512i v[4];
+    if (in >= valid) { /* one slot */
+      const __m512i idx = valid == 64 && in >= 64
+                              ? _mm512_loadu_si512((const void *)sp)
+                              : _mm512_maskz_loadu_epi8(~0ull >> (64 - valid), sp);
+      vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
+    } else { /* the rest of this slot, then the start of the next */
+      size_t c2 = c, t2 = t + 1, r2 = r;
+      if (t2 == (size_t)T) t2 = 0, c2++;
+      if (c2 == 3) c2 = 0, r2++;
+      const uint8_t *sp2 = src + r2 * in_cols + (c2 * (size_t)frames + (frames == 1 ? 0 : t2)) * PP;
+      const __mmask64 m1 = ~0ull >> (64 - in), m2 = (~0ull >> (64 - valid)) & ~m1;
+      __m512i idx = _mm512_maskz_loadu_epi8(m1, sp);
+      idx = _mm512_mask_loadu_epi8(idx, m2, sp2 - in);
+      vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
+      if (c2 != c) {
+        __m512i w[4];
+        vbmi_lookup(idx, planes + c2 * 1024, perm, bf16, w);
+        for (size_t q = 0; q < np; q++)
+          v[q] = bf16 ? _mm512_mask_blend_epi16((__mmask32)(m2 >> (32 * q)), v[q], w[q])
+                      : _mm512_mask_blend_epi32((__mmask16)(m2 >> (16 * q)), v[q], w[q]);
       }
     }
-    stream_row(dst, o, rb);
+    for (size_t q = 0; q < nl; q++) _mm512_stream_si512((__m512i *)(d + 64 * q), v[q]);
+    d += 64 * nl;
+    left -= nl;
+    k += 64;
+    if (k >= PP) { /* PP >= 64: into the next slot once at most */
+      k -= PP;
+      if (++t == (size_t)T) t = 0, c++;
+      if (c == 3) c = 0, r++;
+    }
   }
   _mm_sfence();
 }
@@ -180,9 +237,9 @@ MML_TARGET_VBMI static void expand_stream_vbmi(const uint8_t *src, int64_t rows,
                                                int frames, int T, const uint8_t *planes, int bf16,
                                                uint8_t *dst) {
   if (bf16)
-    vbmi_rows(src, rows, PP, frames, T, planes, 1, dst);
+    vbmi_lines(src, rows, PP, frames, T, planes, 1, dst);
   else
-    vbmi_rows(src, rows, PP, frames, T, planes, 0, dst);
+    vbmi_lines(src, rows, PP, frames, T, planes, 0, dst);
 }
 #undef MML_TARGET_VBMI
 #endif
@@ -202,8 +259,7 @@ mml_status mml_pixels_expand(const uint8_t *src, int64_t rows, int patch_size, i
       for (int v = 0; v < 256; v++) t16[c][v] = to_bf16(table[c][v]);
 #ifdef MML_HAVE_STREAM_EXPAND
   const size_t rb = 3 * PP * (size_t)T * (bf16 ? 2 : 4);
-  if (rb <= EXPAND_TMP && rb % 16 == 0 && (uintptr_t)dst % 16 == 0 && PP >= 64 &&
-      mml_cpu_avx512_vbmi()) {
+  if (rb % 16 == 0 && (uintptr_t)dst % 16 == 0 && PP >= 64 && mml_cpu_avx512_vbmi()) {
     _Alignas(64) uint8_t planes[3][4][256]; /* byte b of each value, per channel */
     for (int c = 0; c < 3; c++)
       for (int v = 0; v < 256; v++) {
