@@ -149,6 +149,38 @@ static uint32_t value_at(const uint8_t *src, uint64_t g, size_t PP, int frames, 
          (uint32_t)pc[768 + b] << 24;
 }
 
+/* The values of the `valid` (<= 64) positions of the output from row r, slot (c, t),
+ * index k of the slot on: one load of indices (or, crossing into the next slot, two
+ * masked loads), looked up in the slot's channel (and the next slot's, blended, where the
+ * channel changes).  v as vbmi_lookup's. */
+MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_block(
+    const uint8_t *src, size_t r, size_t c, size_t t, size_t k, size_t valid, size_t PP, int frames,
+    int T, const uint8_t *planes, __m512i perm, const int bf16, __m512i v[4]) {
+  const size_t in_cols = 3 * PP * (size_t)frames, in = PP - k; /* left in the slot */
+  const uint8_t *sp = src + r * in_cols + (c * (size_t)frames + (frames == 1 ? 0 : t)) * PP + k;
+  if (in >= valid) { /* one slot */
+    const __m512i idx = valid == 64 ? _mm512_loadu_si512((const void *)sp)
+                                    : _mm512_maskz_loadu_epi8(~0ull >> (64 - valid), sp);
+    vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
+    return;
+  }
+  size_t c2 = c, t2 = t + 1, r2 = r; /* the next slot */
+  if (t2 == (size_t)T) t2 = 0, c2++;
+  if (c2 == 3) c2 = 0, r2++;
+  const uint8_t *sp2 = src + r2 * in_cols + (c2 * (size_t)frames + (frames == 1 ? 0 : t2)) * PP;
+  const __mmask64 m1 = ~0ull >> (64 - in), m2 = (~0ull >> (64 - valid)) & ~m1;
+  __m512i idx = _mm512_maskz_loadu_epi8(m1, sp);
+  idx = _mm512_mask_loadu_epi8(idx, m2, sp2 - in);
+  vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
+  if (c2 != c) {
+    __m512i w[4];
+    vbmi_lookup(idx, planes + c2 * 1024, perm, bf16, w);
+    for (size_t q = 0; q < (bf16 ? 2u : 4u); q++)
+      v[q] = bf16 ? _mm512_mask_blend_epi16((__mmask32)(m2 >> (32 * q)), v[q], w[q])
+                  : _mm512_mask_blend_epi32((__mmask16)(m2 >> (16 * q)), v[q], w[q]);
+  }
+}
+
 /* The rows written a cache line at a time straight from the lookups' registers, with
  * non-temporal stores: the output is taken as one run of values, cut into blocks of 64
  * (4 cache lines of float32, 2 of bfloat16) from dst's first 64-byte boundary; a block's
@@ -160,8 +192,7 @@ static uint32_t value_at(const uint8_t *src, uint64_t g, size_t PP, int frames, 
 MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_lines(
     const uint8_t *src, int64_t rows, size_t PP, int frames, int T, const uint8_t *planes,
     const int bf16, uint8_t *dst) {
-  const size_t esz = bf16 ? 2 : 4, vpl = 64 / esz, np = bf16 ? 2 : 4;
-  const size_t in_cols = 3 * PP * (size_t)frames, rv = 3 * PP * (size_t)T;
+  const size_t esz = bf16 ? 2 : 4, vpl = 64 / esz, np = bf16 ? 2 : 4, rv = 3 * PP * (size_t)T;
   const uint64_t n = (uint64_t)rows * rv;
   uint64_t head = ((64 - ((uintptr_t)dst & 63)) & 63) / esz;
   if (head > n) head = n;
@@ -192,42 +223,24 @@ MML_TARGET_VBMI static inline __attribute__((always_inline)) void vbmi_lines(
     t = u % (size_t)T;
   }
   uint8_t *d = dst + head * esz;
-  for (uint64_t left = lines; left > 0;) {
-    const size_t nl = left < np ? (size_t)left : np; /* lines of this block */
-    const size_t valid = nl * vpl, in = PP - k;      /* values of the block; left in the slot */
-    const uint8_t *sp = src + r * in_cols + (c * (size_t)frames + (frames == 1 ? 0 : t)) * PP + k;
+  /* whole blocks: np lines each, stored from registers (the loop over q unrolls) */
+  uint64_t left = lines;
+  for (; left >= np; left -= np, d += 64 * np) {
     __m512i v[4];
-    if (in >= valid) { /* one slot */
-      const __m512i idx = valid == 64 && in >= 64
-                              ? _mm512_loadu_si512((const void *)sp)
-                              : _mm512_maskz_loadu_epi8(~0ull >> (64 - valid), sp);
-      vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
-    } else { /* the rest of this slot, then the start of the next */
-      size_t c2 = c, t2 = t + 1, r2 = r;
-      if (t2 == (size_t)T) t2 = 0, c2++;
-      if (c2 == 3) c2 = 0, r2++;
-      const uint8_t *sp2 = src + r2 * in_cols + (c2 * (size_t)frames + (frames == 1 ? 0 : t2)) * PP;
-      const __mmask64 m1 = ~0ull >> (64 - in), m2 = (~0ull >> (64 - valid)) & ~m1;
-      __m512i idx = _mm512_maskz_loadu_epi8(m1, sp);
-      idx = _mm512_mask_loadu_epi8(idx, m2, sp2 - in);
-      vbmi_lookup(idx, planes + c * 1024, perm, bf16, v);
-      if (c2 != c) {
-        __m512i w[4];
-        vbmi_lookup(idx, planes + c2 * 1024, perm, bf16, w);
-        for (size_t q = 0; q < np; q++)
-          v[q] = bf16 ? _mm512_mask_blend_epi16((__mmask32)(m2 >> (32 * q)), v[q], w[q])
-                      : _mm512_mask_blend_epi32((__mmask16)(m2 >> (16 * q)), v[q], w[q]);
-      }
-    }
-    for (size_t q = 0; q < nl; q++) _mm512_stream_si512((__m512i *)(d + 64 * q), v[q]);
-    d += 64 * nl;
-    left -= nl;
+    vbmi_block(src, r, c, t, k, 64, PP, frames, T, planes, perm, bf16, v);
+    for (size_t q = 0; q < np; q++) _mm512_stream_si512((__m512i *)(d + 64 * q), v[q]);
     k += 64;
     if (k >= PP) { /* PP >= 64: into the next slot once at most */
       k -= PP;
       if (++t == (size_t)T) t = 0, c++;
       if (c == 3) c = 0, r++;
     }
+  }
+  if (left) { /* the last lines: fewer than a block */
+    __m512i v[4];
+    vbmi_block(src, r, c, t, k, (size_t)left * vpl, PP, frames, T, planes, perm, bf16, v);
+    for (size_t q = 0; q < np; q++)
+      if (q < left) _mm512_stream_si512((__m512i *)(d + 64 * q), v[q]);
   }
   _mm_sfence();
 }
