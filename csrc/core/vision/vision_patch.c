@@ -307,16 +307,18 @@ void mml_patch_finish(patch_ctx *g) {
  * ring of MML_HROWS planar rows in the scratch block (the most a resize asks for before
  * announcing the first: L1-sized for common widths) and each announced row is scattered
  * straight into its patch rows: the P bytes of (c, slot, py) of each patch.  No block of
- * P*M rows is written and read back from L2 (that second pass was write_u8).  Where P <= 16
- * and py < P - 1 each piece is one 16-byte copy: its last 16 - P bytes land on the first
+ * P*M rows is written and read back from L2 (that second pass was write_u8).  Where 8 <= P <=
+ * 16 and py < P - 1 each piece is one 16-byte copy: its last 16 - P bytes land on the first
  * bytes of (c, slot, py + 1) of the same patch, which the next output row rewrites
- * (rows come in increasing y); row py = P - 1 is copied exactly.  Bytes written: the same
+ * (rows come in increasing y); row py = P - 1 is copied exactly.  (Under P = 8 the copy
+ * at py = P - 2 would pass the channel's P*P bytes: into the next channel, already
+ * written, or past the last row.)  Bytes written: the same
  * as the block path's.  The output is not in the caches: each piece prefetches (for
  * writing) the place of the piece four rows on, ~a cache line ahead. */
 static inline __attribute__((always_inline)) void u8_scatter(const patch_ctx *g, int y,
                                                              const uint8_t *buf, const int P) {
   const int M = g->M, ns = g->nslots, PM = P * M, nb = g->gw / M;
-  const int bh = y / PM, mh = (y % PM) / P, py = y % P, wide = P <= 16 && py < P - 1;
+  const int bh = y / PM, mh = (y % PM) / P, py = y % P, wide = P >= 8 && P <= 16 && py < P - 1;
   const size_t W = (size_t)g->gw * P + 16, PP = (size_t)P * P, rb = g->row_bytes;
   const size_t cs = (size_t)g->S * PP;
   uint8_t *base = patch_row(g, bh, 0, mh, 0) + (size_t)g->slot0 * PP + (size_t)py * P;

@@ -558,6 +558,64 @@ TEST(pixels_expand_is_the_writers_bits) {
   mml_vision_scratch_free(s);
 }
 
+/* uint8 patch rows of a still image (u8_scatter) hold exactly the bytes behind the
+ * float32 writer's values, at any destination offset from a cache line, and nothing
+ * before or after the rows is written: P 14 and 16 (the presets), P 5 and 9 (the generic
+ * loop; under P = 8 the 16-byte copies once wrote past the channel, and past the last
+ * row), widths whose rows start at every phase of a line. */
+TEST(pixels_u8_rows_any_offset_are_the_float_bytes) {
+  const int sizes[][2] = {{203, 150}, {301, 219}, {640, 97}, {97, 400}};
+  const int patches[] = {14, 16, 5, 9};
+  const int offs[] = {0, 1, 7, 16, 33, 63};
+  mml_err err = {0};
+  mml_vision_scratch *s = NULL;
+  CHECK_OK(mml_vision_scratch_new(&s), err);
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    unsigned long len;
+    unsigned char *jpg = mml_test_jpeg(sizes[si][0], sizes[si][1], 0, &len);
+    CHECK(jpg != NULL);
+    for (size_t pi = 0; pi < sizeof patches / sizeof patches[0]; pi++) {
+      mml_vision_cfg cf, cu;
+      mml_vision_preset(patches[pi] == 16 ? "qwen3-vl" : "qwen2.5-vl", &cf, &err);
+      cf.patch_size = patches[pi];
+      cu = cf;
+      cu.pixel_format = MML_PIXEL_UINT8;
+      mml_vision_plan pf, pu;
+      CHECK_OK(mml_vision_plan_bytes(&cf, jpg, len, &pf, &err), err);
+      CHECK_OK(mml_vision_plan_bytes(&cu, jpg, len, &pu, &err), err);
+      const int P = cf.patch_size, T = cf.temporal_patch_size, PP = P * P;
+      const size_t rows = (size_t)pf.rows, ub = rows * 3 * PP;
+      float *f = malloc(rows * 3 * T * PP * 4);
+      CHECK_OK(mml_vision_process_bytes(&cf, s, jpg, len, &pf, f, &err), err);
+      uint8_t *buf = NULL;
+      CHECK(posix_memalign((void **)&buf, 64, ub + 256) == 0);
+      for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+        const int off = 64 + offs[oi];
+        memset(buf, 0xA5, ub + 256);
+        CHECK_OK(mml_vision_process_bytes(&cu, s, jpg, len, &pu, buf + off, &err), err);
+        size_t bad = 0, guard = 0;
+        for (int i = 0; i < off; i++) guard += buf[i] != 0xA5;
+        for (size_t i = off + ub; i < ub + 256; i++) guard += buf[i] != 0xA5;
+        for (size_t r = 0; r < rows; r++)
+          for (int c = 0; c < 3; c++)
+            for (int k = 0; k < PP; k++) {
+              const uint8_t u = buf[off + r * 3 * PP + (size_t)c * PP + k];
+              const float x = (float)((double)u * (1.0 / 255.0)),
+                          want = (x - cf.mean[c]) / cf.std[c];
+              for (int t = 0; t < T; t++)
+                bad += memcmp(&want, &f[r * 3 * T * PP + (size_t)(c * T + t) * PP + k], 4) != 0;
+            }
+        CHECK_EQ_INT(guard, 0);
+        CHECK_EQ_INT(bad, 0);
+      }
+      free(buf);
+      free(f);
+    }
+    tjFree(jpg);
+  }
+  mml_vision_scratch_free(s);
+}
+
 /* mml_pixels_expand_inplace: uint8 rows at the start of a buffer become exactly the rows
  * mml_pixels_expand writes elsewhere, for every row count from 0 (each run boundary and
  * row 0 from its copy), on the streamed (P 14, 16: aligned rows) and plain (P 3, 5) loops,
