@@ -8,8 +8,10 @@
  *             vertical pass follows (uint8, planar output; resize.h MML_HROWS_RING) ->
  *             vertical pass one output row at a time, written straight into a
  *             planar block of P*M rows -> normalise + patchify the block into pixel_values
- *             (uint8: each output row is scattered into its patch rows as it comes, no
- *             block: vision_patch.c u8_scatter)
+ *             (uint8 of a still image with AVX-512: through the block too, each output
+ *             line written once from a register, vision_patch.c u8_lines; otherwise each
+ *             output row is scattered into its patch rows as it comes, no block:
+ *             u8_scatter)
  *
  * Normalisation uses the reference's exact arithmetic: float32(double(v) * (1/255)), then
  * (x - float32(mean)) / float32(std) in float32 — as a 256-entry table per channel in the

@@ -12,9 +12,12 @@
  *             only when it matched the table bit for bit;
  *   bfloat16  that table rounded to nearest even (portable), or the AVX2 float32 values
  *             rounded the same way in AVX2 (so the same bits);
- *   uint8     the resized bytes themselves, scattered row by row into the patch rows
- *             as the resize announces them (u8_scatter: no block; the block writer
- *             write_u8 remains for P*M < 4, where the row ring would not fit in it).
+ *   uint8     the resized bytes themselves: with AVX-512 (F/BW) and one frame slot a row
+ *             (a still image), written through the block a whole 64-byte output line at
+ *             a time from registers (u8_lines); otherwise
+ *             scattered row by row into the patch rows as the resize announces them
+ *             (u8_scatter: no block; the block writer write_u8 remains for P*M < 4,
+ *             where the row ring would not fit in it).
  *
  * Layout (SPEC-QWEN.md): row = ((bh*(gw/M) + bw)*M + mh)*M + mw,
  *                        col = ((c*S + s)*P + py)*P + px  (S frame slots per row: T for
@@ -288,6 +291,67 @@ FLOAT_WRITER(write_f32_avx2, 0)
 FLOAT_WRITER(write_bf16_avx2, 1)
 #undef FLOAT_WRITER
 #define MML_HAVE_AVX2_PATCH 1
+
+/* uint8 of a still image (one frame slot a row), written a whole 64-byte output line at a
+ * time straight from a register.  The rows of patch columns [bw0, bw1) of a block row are
+ * one run of output bytes, and that run is the planar block's P-byte pieces (bw, mh, mw,
+ * c, py) one after another: each piece is one masked load into the line's register at its
+ * place in the line (and one more with what spills into the next line), a full line is
+ * one aligned store, and only the run's first and last partial lines take masked stores
+ * (they are shared with the runs before and after).  Each output line is written once,
+ * where u8_scatter's 16-byte copies touch it four to five times from as many output rows,
+ * and with no scratch row between (pixels.c's vbmi_lines).  Plain stores, not
+ * non-temporal ones: the rows are read again soon (a Loader expands its uint8 rows into
+ * float rows at emission; a processor's output is reused), and in the same A/B the
+ * non-temporal form was no faster (docs/benchmarks.md, "The uint8 patch layout from
+ * registers").  The pieces are read from the block, written one block row earlier.
+ * P < 64. */
+__attribute__((target("avx2,avx512f,avx512bw"), always_inline)) static inline void u8_lines(
+    const patch_ctx *g, int bh, int bw0, int bw1, const int P) {
+  const int M = g->M;
+  const size_t W = (size_t)g->gw * P + 16, plane = (size_t)P * M * W;
+  const uint8_t *blk = g->block + (size_t)(bh & 1) * g->half;
+  uint8_t *o = patch_row(g, bh, bw0, 0, 0);
+  size_t pos = (uintptr_t)o & 63;        /* the next byte's place in the line */
+  uint8_t *d = o - pos;                  /* the line being filled */
+  uint64_t keep = ~0ull << pos;          /* bytes of this line the run writes */
+  const uint64_t pm = ~0ull >> (64 - P); /* a piece's bytes */
+  __m512i v = _mm512_setzero_si512();
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const uint8_t *src = blk + (size_t)mh * P * W + (size_t)(bw * M + mw) * P;
+        for (int c = 0; c < 3; c++)
+          for (int py = 0; py < P; py++) {
+            const uint8_t *sp = src + c * plane + (size_t)py * W;
+            /* bytes sp[0, P) go to line places [pos, pos + P); the load's address is
+             * sp - pos, of which only the masked bytes are read */
+            v = _mm512_mask_loadu_epi8(v, pm << pos, (const void *)((uintptr_t)sp - pos));
+            pos += (size_t)P;
+            if (pos < 64) continue;
+            if (keep == ~0ull)
+              _mm512_store_si512((void *)d, v);
+            else
+              _mm512_mask_storeu_epi8(d, keep, v);
+            d += 64;
+            keep = ~0ull;
+            pos -= 64; /* the piece's last pos bytes start the next line */
+            v = _mm512_maskz_loadu_epi8(pm >> (P - pos), sp + P - pos);
+          }
+      }
+  if (pos) _mm512_mask_storeu_epi8(d, keep & (~0ull >> (64 - pos)), v);
+}
+
+__attribute__((target("avx2,avx512f,avx512bw"))) static void write_u8_lines(patch_ctx *g, int bh,
+                                                                            int bw0, int bw1) {
+  if (g->P == 14)
+    u8_lines(g, bh, bw0, bw1, 14);
+  else if (g->P == 16)
+    u8_lines(g, bh, bw0, bw1, 16);
+  else
+    u8_lines(g, bh, bw0, bw1, g->P);
+}
+#define MML_HAVE_U8_LINES 1
 #endif
 #undef FOR_PATCH_ROWS
 
@@ -448,6 +512,11 @@ static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
     }
     g->ptmp = s->ptmp; /* NULL (allocation failed): plain stores */
   }
+#endif
+#ifdef MML_HAVE_U8_LINES
+  /* a still image's uint8 rows: whole lines from registers (u8_lines) through the block */
+  if (format == MML_PIXEL_UINT8 && g->S == 1 && g->nslots == 1 && g->P < 64 && mml_cpu_avx512())
+    g->write = write_u8_lines;
 #endif
 }
 

@@ -558,11 +558,12 @@ TEST(pixels_expand_is_the_writers_bits) {
   mml_vision_scratch_free(s);
 }
 
-/* uint8 patch rows of a still image (u8_scatter) hold exactly the bytes behind the
- * float32 writer's values, at any destination offset from a cache line, and nothing
- * before or after the rows is written: P 14 and 16 (the presets), P 5 and 9 (the generic
- * loop; under P = 8 the 16-byte copies once wrote past the channel, and past the last
- * row), widths whose rows start at every phase of a line. */
+/* uint8 patch rows of a still image (u8_lines with AVX-512; u8_scatter without, or with
+ * MML_DISABLE_AVX512=1) hold exactly the bytes behind the float32 writer's values, at any
+ * destination offset from a cache line (a run's first and last lines are partial), and
+ * nothing before or after the rows is written: P 14 and 16 (the presets), P 5 and 9 (the
+ * generic loops; under P = 8 u8_scatter's 16-byte copies once wrote past the channel, and
+ * past the last row), widths whose rows start at every phase of a line. */
 TEST(pixels_u8_rows_any_offset_are_the_float_bytes) {
   const int sizes[][2] = {{203, 150}, {301, 219}, {640, 97}, {97, 400}};
   const int patches[] = {14, 16, 5, 9};
