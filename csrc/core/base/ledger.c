@@ -53,7 +53,9 @@
  *  L10. Revocable grants of a later seq than the head are asked back, latest first and
  *       only as many as the head needs beyond what is already being given back, when it
  *       does not fit; their bytes stay ENGINE credit (L7 waits for them) until given
- *       back.  A settled grant is never asked back.
+ *       back.  A settled grant is never asked back; one asked back that its owner
+ *       cannot give back is kept (mml_ledger_keep: settled, and the head asks others),
+ *       as is one whose bytes its owner released by itself (then keep moves no bytes).
  *  L11. No lost wakeup between the ledger and its owner's events: the change count
  *       (mml_ledger_changes) grows, under the mutex and with a broadcast, with every grant
  *       or failure of a waiting charge, every grant asked back, every poke and the
@@ -230,7 +232,7 @@
  *      what notices those while the consumer waits.  (1) needs reads that wait in the
  *      ledger (step (ii)) before L7 can run for them at all, and step 4's class for the
  *      fixed charges so that it can decide.
- *      (ii) Reads as charges that wait: done in part (loader_admit.c READS, R1-R4).  A
+ *      (ii) Reads as charges that wait: done (loader_admit.c READS, R1-R5).  A
  *      read's bytes, once their size is known, are ONE request at the read's seq (it
  *      was a try in a loop of 5 ms looks): granted at once when nothing earlier waits and
  *      it fits, else it WAITS in the ledger, so every later try is refused meanwhile (L1)
@@ -260,9 +262,25 @@
  *      - T5 (the read asking out of turn when a ticket charge waits): the read's charge,
  *        in order behind that ticket's, would wait for it (L1) while the ticket may wait
  *        for this very read to be placed (mem_stuck).
- *      - READ AGAIN as the way to make room: a read that waits drops later samples'
- *        bytes that can be read again (as its try did), and so does each look while it
- *        waits.  The reads' grants are not revocable yet (L10 asks back none of them).
+ *      - READ AGAIN as the loader's own way to make room (ld_admit_drop_bytes_ahead_locked:
+ *        a read that waits, a decode's scratch and an emission's try, the head ticket's
+ *        make_way): tries are never the head, so L10 asks back nothing for them.
+ *      Revocable (M1 with L10: loader_admit.c R5): a read whose bytes can be read again
+ *      without the network asks revocably; its grant stays in the ledger until its
+ *      decode begins (settled there).  A head that does not fit (a ticket's charge, an
+ *      earlier read's) has the latest such grants asked back, only as many as it needs;
+ *      the revoke callback flags the task (never mu: (b)) and a worker's look gives the
+ *      bytes back (a planned sample's READ AGAIN; a parked read's grant not taken yet).
+ *      One that cannot be given back -- fetched bytes since, no decode to read them
+ *      again, what a parked read has read -- is kept (mml_ledger_keep, L10: the head
+ *      asks the next).  Why the ledger asks, when READ AGAIN already made way for the
+ *      waiters that look (make_way, a read's wait, a scratch or emission try): those
+ *      looks reach only samples after the needed ticket and only when a look comes; the
+ *      ledger sees every head that does not fit, at every step, and asks for exactly
+ *      its shortfall -- the samples placed in the head ticket included, whose media
+ *      bytes come back only after that ticket's buffer (L5 broken: L7 waits for them
+ *      forever).  Revoked, they come back by themselves, which step 4 needs before L7
+ *      can replace mem_head_fails.
  *   3. The collation thread blocks only on the head ticket's charge.  Done in part
  *      (loader_admit.c T1-T3): a ticket plane's buffer is ONE request at the ticket's
  *      first sample's seq for its bytes and ticket_hold's room, which WAITS in the ledger
@@ -819,6 +837,23 @@ int mml_ledger_settle(mml_ledger *g, mml_charge *c) {
   if (ok) revocable_unlink(g, c);
   pthread_mutex_unlock(&g->mu);
   return ok;
+}
+
+void mml_ledger_keep(mml_ledger *g, mml_charge *c) {
+  pthread_mutex_lock(&g->mu);
+  if (c->state != MML_CHARGE_GRANTED) {
+    pthread_mutex_unlock(&g->mu);
+    return;
+  }
+  revocable_unlink(g, c);
+  const int was = c->revoking;
+  if (was) g->revoking -= c->bytes;
+  c->revoking = 0;
+  if (!was) {
+    pthread_mutex_unlock(&g->mu);
+    return;
+  }
+  step_and_unlock(g); /* L10: the head, short again, asks others back */
 }
 
 void mml_ledger_hand_over(mml_ledger *g, int64_t bytes) {

@@ -655,6 +655,15 @@ void mml_loader_free(mml_loader *L) {
     for (int i = 0; i < L->out_cap; i++) mml_batch_clear(&L->outq[i].batch);
     free(L->outq);
   }
+  if (L->tasks && L->ledger) { /* R5: the reads' charges leave the ledger before they are
+                                * freed (ticket_drop below still runs its grant step) */
+    pthread_mutex_lock(&L->mu);
+    for (int i = 0; i < L->window; i++) {
+      ld_admit_read_drop_locked(L, &L->tasks[i]);
+      ld_admit_reads_settle_locked(L, &L->tasks[i], 0);
+    }
+    pthread_mutex_unlock(&L->mu);
+  }
   if (L->tasks) {
     for (int i = 0; i < L->window; i++) {
       task *t = &L->tasks[i];
@@ -664,6 +673,7 @@ void mml_loader_free(mml_loader *L) {
       if (t->rec_parsed) mml_record_free(&t->rec);
       for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
       free(t->imgs);
+      free(t->rc); /* its reads' charges, out of the ledger (above) */
       free(t->refs);
       free(t->plans);
       ld_task_close_videos(L, t);

@@ -49,7 +49,9 @@
  * planned samples whose decode has not begun, read without the network and without
  * videos): they are freed and the sample's decode reads them again first, taking room for
  * them with its scratch (task.reread; stats samples_reread).  The ledger's revocable reads
- * (csrc/core/base/ledger.c L10, the plan's (a)) are this, granted in order.
+ * (csrc/core/base/ledger.c L10, the plan's (a); READS R5) ask for this themselves: a
+ * waiting head that does not fit has the latest reads' grants asked back, and they go
+ * this way.
  *
  * INVARIANTS (the tests that hold them)
  *   A1. The pool never holds more than max_memory (tests/c/loader/test-loader-stress.c
@@ -157,16 +159,40 @@
  *       and the park is not lost.  While it waits, each look makes room for the earliest
  *       from later samples' bytes that can be read again.
  *   R3. When nothing but parked reads is in the engine (every task in flight parked,
- *       nothing queued for a worker, no decode or emission) and the consumer waits for a
+ *       nothing queued for a worker that can run, no decode or emission: a queued decode
+ *       whose try waits for room does not count -- its bytes asked back (R5), its
+ *       re-read waits behind the head ticket's charge: MML_STRESS_SEED=539 hung while it
+ *       counted) and the consumer waits for a
  *       batch with none to take, 20 looks in a row with no room event between them
  *       (5 ms apart: W5) mean nothing can give room back: A3's error naming the earliest
  *       parked read (T5 first).  A detector still, not the ledger's L7: ledger.c THE
  *       FLIP'S ORDER step 2 (ii) says why.
  *   R4. A charge leaves with its need: a parked read run again that no longer needs it
- *       (a spare taken since holds its bytes, or a smaller growth: the rest goes back)
- *       and a task finishing with one (finish_task_locked) give a grant back or withdraw
- *       a waiting charge (ld_admit_read_drop_locked); A6's balance counts grants not
- *       taken yet (ld_ledger_check_locked: "reads ... + granted").
+ *       (a spare taken since holds its bytes, or another size: asked anew) and a task
+ *       finishing with one (finish_task_locked) give a grant back or withdraw a waiting
+ *       charge (ld_admit_read_drop_locked); A6's balance counts grants not taken yet
+ *       (ld_ledger_check_locked: "reads ... + granted").
+ *   R5. Revocable (ledger.c L10, M1 with L10): a read whose bytes can be read again
+ *       without the network (rereadable: no fetch of its stage, no video, a local shard)
+ *       asks revocably.  Its grant, taken, stays in the ledger (task.rc[0..nrc): the
+ *       charges stay in place while any is there) until its decode begins, which settles
+ *       it (take_decode_locked: ld_admit_reads_settle_locked).  When the ledger asks it
+ *       back for an earlier head that does not fit -- latest first, only as many as the
+ *       head needs -- its revoke callback (never mu: ledger.c (b)) flags the task and
+ *       pokes; a worker's look gives it back where the task allows it now
+ *       (ld_admit_revoked_locked): a planned sample drops its media bytes and its decode
+ *       reads them again (READ AGAIN); a parked one gives back the grant it has not
+ *       taken yet (it asks anew when it runs on) and keeps those its reads took (giving
+ *       back what it read and reading it again could repeat without end: a parked read
+ *       re-read for a decode's scratch was granted out of turn (T5) and parked again,
+ *       MML_STRESS_SEED=539); one a worker holds is looked at when it parks or
+ *       finishes; one asked back at its decode's start drops its bytes instead of
+ *       settling.  A grant that cannot be given back (its bytes fetched meanwhile, no
+ *       decode to read them again, or a parked read's taken ones) is kept
+ *       (mml_ledger_keep: final, and the head asks back the next).  Given back, its
+ *       bytes are freed and counted like any of the task's (the count releases them)
+ *       and the ledger forgets the charge (reads_forget_locked: mml_ledger_keep after
+ *       the release), so nothing is released twice (A6).
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
@@ -779,41 +805,148 @@ static int rereadable(const mml_loader *L, const task *t) {
   return t->rec_parsed && !t->fetched_bytes && !L->remote[t->sample.shard] && !t->rec.nvideos;
 }
 
-int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want) {
+/* R5: t's charges all settled or forgotten: rc[] is free for its next reads -- but not
+ * while the charge asked now (rc[nrc], rch_on) is in the ledger: the ledger holds its
+ * address and LD_RCH(t) must still name it (rewound under it, a parked read's look
+ * took a taken grant for its waiting charge and gave it back twice: A6 unbalanced in 1
+ * of ~10 runs of MML_STRESS_SEED=1266); the settled entries below it are skipped. */
+static void reads_rewind_locked(task *t) {
+  if (!t->rch_on) t->nrc = 0;
+  atomic_store(&t->revoked, 0);
+}
+
+/* R5: t's reads' grants still revocable (rc[0..nrc), c->revocable: not settled) leave
+ * the ledger's list of grants it may ask back.  Their bytes are t->held's already (its
+ * count covered their growth with them: ld_mem_count_task_cover_locked), so the caller
+ * frees the buffers and counts them, which releases what was freed, and the ledger only
+ * forgets the charges (mml_ledger_keep: no bytes move, and one asked back is no longer
+ * counted as coming back): a grant's bytes are never released twice (A6). */
+static void reads_forget_locked(mml_loader *L, task *t) {
+  for (int k = 0; k < t->nrc; k++) {
+    mml_charge *c = &t->rc[k];
+    if (!c->revocable) continue; /* settled: forgotten already */
+    mml_ledger_keep(L->ledger, c);
+    c->revocable = 0;
+  }
+  reads_rewind_locked(t);
+}
+
+/* READ AGAIN for one planned sample: its media bytes freed (its reads' grants with them,
+ * R5) and read again by its decode, which takes room for them first.  Returns the bytes
+ * freed (0: it holds none). */
+static int64_t drop_media_locked(mml_loader *L, task *t) {
   const int64_t before = L->win_bytes;
-  for (int64_t s = L->next_seq - 1; s > after && s >= L->head_seq; s--) {
-    if (before - L->win_bytes >= want) break;
-    task *t = slot_of(L, s);
-    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
-        t->reread || !rereadable(L, t))
-      continue;
-    int64_t n = 0;
-    for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) {
-      if (t->imgs[i].len) n += ld_bytes_cap(t->imgs[i].len + 1); /* what the re-read maps */
-      mml_bytes_free(&t->imgs[i]);
-    }
-    if (!n) continue;
+  int64_t n = 0;
+  for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) {
+    if (t->imgs[i].len) n += ld_bytes_cap(t->imgs[i].len + 1); /* what the re-read maps */
+    mml_bytes_free(&t->imgs[i]);
+  }
+  if (n) {
     t->reread = 1;
     t->reread_bytes = n;
     L->samples_reread++;
-    ld_mem_count_task_locked(L, t);
   }
+  ld_mem_count_task_locked(L, t); /* released: the head may be granted (L2) */
+  reads_forget_locked(L, t);      /* after the release: the head asks no more than it must */
   return before - L->win_bytes;
 }
 
-/* R3: nothing but reads parked for room is in the engine (every task in flight is one),
- * nothing is queued for a worker, and the consumer waits for a batch with none to take:
- * no work can give room back. */
-static int reads_stuck(const mml_loader *L) {
-  return L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting &&
-         L->pend_head == L->pend_tail && !L->dec_head && !L->ready_head &&
-         L->in_flight == L->reads_parked;
+int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t want) {
+  int64_t freed = 0;
+  for (int64_t s = L->next_seq - 1; s > after && s >= L->head_seq; s--) {
+    if (freed >= want) break;
+    task *t = slot_of(L, s);
+    if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
+        !t->reread && rereadable(L, t))
+      freed += drop_media_locked(L, t);
+  }
+  return freed;
 }
 
-/* R1: a read's grant is its bytes' charge until they are counted in held (read_cover). */
+static void read_revoke(void *arg) {
+  /* L10, run by the ledger on any thread, mu held or not: never takes mu (ledger.c (b));
+   * the ledger moved its change count, which wakes the workers (W4) */
+  task *t = arg;
+  atomic_store(&t->revoked, 1);
+  atomic_store(&t->L->reads_revoked, 1);
+  /* a worker that looked after the ledger's change and before these flags were set
+   * waits on the change count: it must move again (ld_room_wake pokes while one looks or
+   * waits; the ledger runs this after releasing its lock, so the poke may take it) */
+  ld_room_wake(t->L);
+}
+
+int ld_admit_reads_settle_locked(mml_loader *L, task *t, int decode) {
+  int asked = 0;
+  for (int k = 0; k < t->nrc; k++) {
+    mml_charge *c = &t->rc[k];
+    if (!c->revocable) continue;
+    if (mml_ledger_settle(L->ledger, c)) {
+      c->revocable = 0; /* final: plain bytes of t->held */
+    } else if (!decode || !rereadable(L, t)) {
+      mml_ledger_keep(L->ledger, c); /* its bytes cannot be read again: kept (L10) */
+      c->revocable = 0;
+    } else {
+      asked = 1;
+    }
+  }
+  if (asked) { /* asked back before its decode began: its decode reads them again */
+    drop_media_locked(L, t);
+    return 0;
+  }
+  reads_rewind_locked(t);
+  return 1;
+}
+
+void ld_admit_revoked_task_locked(mml_loader *L, task *t) {
+  if (!atomic_load(&t->revoked) || !L->ledger) return;
+  if (!t->nrc && !t->rch_on) { /* settled since its charge was asked back: nothing to give */
+    atomic_store(&t->revoked, 0);
+    return;
+  }
+  if (t->state == SLOT_PLANNED && t->dec != DEC_RUNNING) {
+    if (!t->reread && rereadable(L, t))
+      drop_media_locked(L, t); /* READ AGAIN: its decode reads them again */
+    else
+      ld_admit_reads_settle_locked(L, t, 0);
+  } else if (t->state == SLOT_BUSY && t->room_at >= 0) {
+    /* parked: a grant its read has not taken yet goes back at once (it may be the one
+     * asked back; the task asks anew when it runs on: ld_admit_parked_locked); the grants
+     * its reads took are kept (a parked read that gave back what it read and read it
+     * again could do so without end: R5) */
+    if (t->rch_on && mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_GRANTED)
+      ld_admit_read_drop_locked(L, t);
+    ld_admit_reads_settle_locked(L, t, 0);
+  } else if (t->state != SLOT_BUSY) { /* no decode will read them (a plan abandoned) */
+    ld_admit_reads_settle_locked(L, t, 0);
+  }
+  /* else a worker runs it: looked at when it parks or finishes */
+}
+
+void ld_admit_revoked_locked(mml_loader *L) {
+  if (!atomic_exchange(&L->reads_revoked, 0)) return;
+  for (int i = 0; i < L->window; i++) ld_admit_revoked_task_locked(L, &L->tasks[i]);
+}
+
+/* R3: nothing but reads parked for room is in the engine (every task in flight is one),
+ * nothing is queued for a worker that can run (ld_admit_parked_locked is looked at after
+ * take_decode_locked found no queued decode that can start: those left wait for room too,
+ * such as a decode whose media bytes were asked back (R5) and whose re-read's try waits
+ * behind the head ticket's charge, L1), and the consumer waits for a batch with none to
+ * take: no work can give room back. */
+static int reads_stuck(const mml_loader *L) {
+  return L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting &&
+         L->pend_head == L->pend_tail && !L->ready_head && L->in_flight == L->reads_parked;
+}
+
+/* R1: a read's grant is its bytes' charge until they are counted in held (read_cover);
+ * a revocable one stays in the ledger, one of rc[0..nrc), until its decode begins (R5). */
 static int read_granted(mml_loader *L, task *t, int64_t grow) {
+  mml_charge *c = LD_RCH(t);
   t->rch_on = 0;
-  t->rch.state = MML_CHARGE_IDLE;
+  if (c->revocable && c->state == MML_CHARGE_GRANTED)
+    t->nrc++;
+  else
+    c->state = MML_CHARGE_IDLE, c->revocable = 0;
   t->read_cover += grow;
   L->read_extra += grow;
   return 1;
@@ -824,52 +957,76 @@ static int read_granted(mml_loader *L, task *t, int64_t grow) {
  * its bytes, or it failed -- and a task finishing with one). */
 void ld_admit_read_drop_locked(mml_loader *L, task *t) {
   if (!t->rch_on) return;
+  mml_charge *c = LD_RCH(t);
   t->rch_on = 0;
-  mml_ledger_withdraw(L->ledger, &t->rch); /* a waiting one; then its state is final */
-  if (mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
-    ld_ledger_release(L, t->rch.bytes);
-  else /* withdrawn: later tries are no longer refused behind it (L1; W5) */
+  mml_ledger_withdraw(L->ledger, c); /* a waiting one; then its state is final */
+  if (mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED) {
+    mml_ledger_give_back(L->ledger, c); /* revocable or not */
+    ld_room_wake(L);                    /* W1 */
+  } else { /* withdrawn: later tries are no longer refused behind it (L1; W5) */
     ld_room_gates_changed_locked(L);
-  t->rch.state = MML_CHARGE_IDLE;
+  }
+  c->state = MML_CHARGE_IDLE;
+  c->revocable = 0;
 }
 
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   if (!L->ledger || grow <= 0 || t->reread) return 1; /* a re-read: its grant covers it */
   if (t->rch_on) { /* R2: parked, and run again: its charge's answer */
-    const int s = mml_ledger_state(L->ledger, &t->rch);
-    if (s == MML_CHARGE_GRANTED && t->rch.bytes >= grow) {
-      ld_ledger_release(L, t->rch.bytes - grow); /* a spare taken since holds the rest */
-      return read_granted(L, t, grow);
-    }
+    mml_charge *c = LD_RCH(t);
+    const int s = mml_ledger_state(L->ledger, c);
+    if (s == MML_CHARGE_GRANTED && c->bytes == grow) return read_granted(L, t, grow);
     if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
       t->rch_on = 0;
-      t->rch.state = MML_CHARGE_IDLE;
+      c->state = MML_CHARGE_IDLE;
       mml_err e;
-      if (t->rch.status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
+      if (c->status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
         ld_set_fatal_locked(L, MML_ENOMEM, &e);
       return 0;
     }
     ld_admit_read_drop_locked(L, t); /* another size now, or its plan abandoned: asked anew */
   }
   if (L->stop || L->fatal || t->gen != L->gen) return 0;
+  /* R5: the charges stay in place while any is in the ledger */
+  const int want = media_items(t) + 1;
+  if (t->nrc >= t->rc_cap || (!t->nrc && t->rc_cap < want)) {
+    if (t->nrc) ld_admit_reads_settle_locked(L, t, 0); /* all final: rc[] moves */
+    mml_charge *rc = realloc(t->rc, (size_t)want * sizeof *rc);
+    if (!rc) {
+      mml_err e;
+      mml_err_set(&e, MML_ENOMEM, "out of memory for a read's ledger charge");
+      ld_set_fatal_locked(L, MML_ENOMEM, &e);
+      return 0;
+    }
+    t->rc = rc;
+    t->rc_cap = want;
+  }
   /* R1: its size is known now: ONE charge at its seq, granted at once when nothing
    * earlier waits and it fits (the ledger's caches -- pooled pages, spare byte buffers --
    * make way inside it), else it WAITS in the ledger: later tries are refused meanwhile
-   * (L1), and the task is parked (R2) */
-  memset(&t->rch, 0, sizeof t->rch);
-  t->rch.seq = t->seq;
-  t->rch.bytes = grow;
+   * (L1), and the task is parked (R2).  R5: revocable while its bytes can be read again
+   * without the network (no fetch of its stage submitted, no video) */
+  mml_charge *c = LD_RCH(t);
+  memset(c, 0, sizeof *c);
+  c->seq = t->seq;
+  c->bytes = grow;
+  if (rereadable(L, t) && !t->pending) {
+    c->revocable = 1;
+    c->revoke = read_revoke;
+    c->wake_arg = t;
+  }
   mml_err e;
-  if (mml_ledger_request(L->ledger, &t->rch, &e)) {
-    t->rch.state = MML_CHARGE_IDLE; /* above max_memory alone (or shut down) */
+  if (mml_ledger_request(L->ledger, c, &e)) {
+    c->state = MML_CHARGE_IDLE; /* above max_memory alone (or shut down) */
+    c->revocable = 0;
     return L->stop ? 0 : -2;
   }
-  if (t->rch.state == MML_CHARGE_GRANTED) return read_granted(L, t, grow);
   t->rch_on = 1;
+  if (c->state == MML_CHARGE_GRANTED) return read_granted(L, t, grow);
   /* room from later samples' bytes that can be read again (READ AGAIN: their decodes
    * come after this read's), as the head ticket's; their release grants it when it fits */
   if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
-      mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
+      mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED)
     return read_granted(L, t, grow);
   return -1;
 }
@@ -880,7 +1037,8 @@ void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote) {
   t->next_ready = L->room_head;
   L->room_head = t;
   L->reads_parked++;
-  ld_room_gates_changed_locked(L); /* W5: reads_stuck counts the reads parked */
+  ld_room_gates_changed_locked(L);    /* W5: reads_stuck counts the reads parked */
+  ld_admit_revoked_task_locked(L, t); /* R5: asked back while it read */
 }
 
 task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
@@ -889,7 +1047,7 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   for (task **p = &L->room_head; *p;) {
     task *t = *p;
     if (!L->stop && !L->fatal && t->gen == L->gen &&
-        mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_WAITING) {
+        mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_WAITING) {
       if (!first || t->seq < first->seq) first = t;
       p = &t->next_ready;
       continue;
@@ -898,6 +1056,8 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
      * wanted (its read fails at once and finish_task_locked drops it) */
     *p = t->next_ready;
     L->reads_parked--;
+    t->resume_at = t->room_at; /* the worker's now: it reads on from there (task_run) */
+    t->room_at = -1;
     return t;
   }
   if (!first) {
@@ -906,7 +1066,7 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   }
   *waiting = 1;
   /* room from later samples' bytes that can be read again, as the read's request made */
-  if (ld_admit_drop_bytes_ahead_locked(L, first->seq, first->rch.bytes) > 0) return NULL;
+  if (ld_admit_drop_bytes_ahead_locked(L, first->seq, LD_RCH(first)->bytes) > 0) return NULL;
   /* R3: 20 looks in a row (5 ms apart: W5) with nothing but parked reads in the engine
    * and the consumer waiting, and no room event between them: it never will fit (a
    * detector, not the ledger's L7: ledger.c THE FLIP'S ORDER step 2 (ii) says why) */
@@ -919,12 +1079,16 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
    * the read may be what lets placement shrink or close that ticket (mem_stuck): it asks
    * out of turn, before every waiting charge (a try at seq -1, settled) */
   if (L->mem_blocked) {
-    mml_charge c = {.seq = -1, .bytes = first->rch.bytes};
+    mml_charge c = {.seq = -1, .bytes = LD_RCH(first)->bytes};
     if (mml_ledger_try(L->ledger, &c)) {
-      mml_ledger_withdraw(L->ledger, &first->rch);
-      if (mml_ledger_state(L->ledger, &first->rch) == MML_CHARGE_GRANTED)
-        ld_ledger_release(L, c.bytes);       /* granted in turn meanwhile */
-      first->rch.state = MML_CHARGE_GRANTED; /* the try's grant is its charge now */
+      mml_charge *rc = LD_RCH(first);
+      mml_ledger_withdraw(L->ledger, rc);
+      if (mml_ledger_state(L->ledger, rc) == MML_CHARGE_GRANTED) {
+        ld_ledger_release(L, c.bytes); /* granted in turn meanwhile: that grant is kept */
+      } else { /* withdrawn: the try's grant is its charge now (settled: a try's) */
+        rc->state = MML_CHARGE_GRANTED;
+        rc->revocable = 0;
+      }
       L->park_stuck = 0;
       return NULL;
     }
@@ -933,8 +1097,8 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
-  mem_explain(L, first, "its images' bytes, being read", first->rch.bytes,
-              held_bytes_locked(L, live) + pool_bytes(first->rch.bytes),
+  mem_explain(L, first, "its images' bytes, being read", LD_RCH(first)->bytes,
+              held_bytes_locked(L, live) + pool_bytes(LD_RCH(first)->bytes),
               "or hold fewer batches: a `for batch in loader` loop keeps the previous "
               "batch alive while it asks for the next (`del batch` at the end of the loop "
               "body releases it)",
@@ -1008,6 +1172,8 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   if (!ok && tickets_give_back_locked(L, seq) > 0) ok = ld_ledger_try(L, seq, need); /* T4 */
   if (!ok && (L->video_open_bytes || L->video_held) && ld_release_videos_ahead_locked(L) > 0)
     ok = ld_ledger_try(L, seq, need);
+  /* and later samples' media bytes that can be read again (READ AGAIN) */
+  if (!ok && ld_admit_drop_bytes_ahead_locked(L, seq, need) > 0) ok = ld_ledger_try(L, seq, need);
   if (ok) {
     L->emit_extra += need;
     L->emit_stuck = 0;
@@ -1268,8 +1434,8 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   int64_t reads = 0; /* reads' charges granted, not taken by their reads yet (R2) */
   for (int i = 0; L->tasks && i < L->window; i++) {
     task *t = &L->tasks[i];
-    if (t->rch_on && mml_ledger_state(L->ledger, &t->rch) == MML_CHARGE_GRANTED)
-      reads += t->rch.bytes;
+    if (t->rch_on && mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_GRANTED)
+      reads += LD_RCH(t)->bytes;
   }
   pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;

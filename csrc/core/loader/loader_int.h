@@ -159,14 +159,23 @@ struct task {
    * (ld_bytes_take: the growth of the buffer they are read into), counted in read_extra
    * until they are counted in held (ld_mem_count_task_locked; mu) */
   int64_t read_cover;
-  /* max_memory: its read's bytes as a charge in the ledger at its seq (ld_admit_read_locked,
-   * loader_admit.c R1-R4): in the ledger while rch_on (WAITING: the task is parked for room,
-   * on room_head, and goes on reading at media item room_at, -1 when not parked, with
-   * room_nremote fetches of that stage submitted; GRANTED: not taken by its read yet).
-   * rch_on, room_at and room_nremote are mu's; rch.state the ledger's (mml_ledger_state) */
-  mml_charge rch;
+  /* max_memory: its reads' bytes as charges in the ledger at its seq (ld_admit_read_locked,
+   * loader_admit.c R1-R5), rc_cap of them (kept in place while any is in the ledger):
+   * rc[0..nrc) granted and taken by their reads, revocable until its decode begins (R5;
+   * c->revocable 0: settled, as any below rc[nrc] while that one is in the ledger);
+   * rc[nrc] the one asked now, in the ledger while rch_on (WAITING: the task is parked for
+   * room, on room_head, and goes on reading at media item room_at, -1 when not parked,
+   * with room_nremote fetches of that stage submitted; GRANTED: not taken yet).  All mu's
+   * but the charges' state (the ledger's: mml_ledger_state) and `revoked`, set by the
+   * revoke callback (no mu) when the ledger asks one back (L10). */
+  mml_charge *rc;
+  int rc_cap, nrc;
   int rch_on, room_at, room_nremote;
+  int resume_at; /* room_at when a look took it off room_head (the slot holder's) */
+  _Atomic int revoked;
 };
+/* The read's charge asked now (rc[nrc]). */
+#define LD_RCH(t) (&(t)->rc[(t)->nrc])
 
 /* One batch as the planner composed it from planned counts, ahead of the collator; its
  * pixel_values buffer once known. */
@@ -324,6 +333,7 @@ struct mml_loader {
   task *room_head;
   int reads_parked, park_stuck;
   uint64_t park_seen;
+  _Atomic int reads_revoked; /* some task's read charge was asked back (R5) */
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
@@ -725,6 +735,15 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting);
 void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote);
 /* R4: t's read's charge, if it has one, leaves the ledger (withdrawn, or given back). */
 void ld_admit_read_drop_locked(mml_loader *L, task *t);
+/* R5: t's reads' revocable grants become final: its decode begins (1), or it finished
+ * without one (`decode` 0: kept even when asked back).  With `decode`, 0 when one was
+ * asked back: its media bytes were dropped instead, for its decode to read again. */
+int ld_admit_reads_settle_locked(mml_loader *L, task *t, int decode);
+/* R5: the reads' grants the ledger asked back (their revoke callbacks) are given back
+ * where the tasks allow it now: planned samples drop their media bytes (READ AGAIN),
+ * parked ones read theirs again from the first; the others when their worker is done. */
+void ld_admit_revoked_locked(mml_loader *L);
+void ld_admit_revoked_task_locked(mml_loader *L, task *t);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
  * t->scratch_need. */
 mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err);

@@ -505,9 +505,9 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
   mml_err_clear(&err);
   mml_status st = MML_OK;
   int wait = 0;
-  if (t->room_at >= 0) { /* its read's charge was granted (or failed): its reads go on */
-    const int from = t->room_at, nremote = t->room_nremote;
-    t->room_at = -1;
+  if (t->resume_at >= 0) { /* its read's charge was granted (or failed): its reads go on */
+    const int from = t->resume_at, nremote = t->room_nremote;
+    t->resume_at = -1;
     st = read_media(L, t, from, nremote, acc, &wait, &err);
   }
   if (t->stage == STAGE_NEW) st = stage_record(L, sc, t, acc, &wait, &err);
@@ -533,6 +533,8 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
     next = t->next_dec;
     const int drop = t->gen != L->gen || !ld_place_has_dests(t);
     /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
+    if (!drop && !(*wait && (t->scratch_need > 0 || t->reread)))
+      (void)ld_admit_reads_settle_locked(L, t, 1); /* R5: final now, or read again */
     if (!drop &&
         ((*wait && (t->scratch_need > 0 || t->reread)) || !ld_mem_scratch_take_locked(L, t))) {
       *wait = 1;
@@ -546,6 +548,7 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
     if (L->dec_tail == t) L->dec_tail = prev;
     t->dec = DEC_NONE;
     if (t->gen != L->gen) { /* work of an abandoned plan */
+      ld_admit_reads_settle_locked(L, t, 0);
       t->state = SLOT_EMPTY;
       ld_work_wake(L, 1);
       continue;
@@ -564,7 +567,8 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
 /* The slot of the next seq, started (mu held). */
 static task *start_task_locked(mml_loader *L) {
   task *t = &L->tasks[L->next_seq % L->window];
-  ld_task_close_videos(L, t); /* an abandoned plan's */
+  ld_admit_reads_settle_locked(L, t, 0); /* R5: an abandoned plan's grants, final */
+  ld_task_close_videos(L, t);            /* an abandoned plan's */
   ld_task_release_videos_locked(L, t);
   ld_place_clear(t);
   t->dec = DEC_NONE;
@@ -579,7 +583,7 @@ static task *start_task_locked(mml_loader *L) {
   t->reread = 0;
   t->reread_bytes = t->reread_granted = 0;
   t->rch_on = 0;
-  t->room_at = -1;
+  t->room_at = t->resume_at = -1;
   t->started = mml_now();
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
@@ -592,6 +596,7 @@ static task *start_task_locked(mml_loader *L) {
  * until a poke, W4). */
 static task *look_locked(mml_loader *L) {
   const uint64_t seen = ld_work_look_locked(L); /* W4: read before looking */
+  ld_admit_revoked_locked(L);                   /* R5: reads' grants asked back */
   int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
   if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
     const int64_t grant = ld_mem_emit_take_locked(L);
@@ -682,6 +687,10 @@ static void finish_task_locked(mml_loader *L, task *t) {
     t->state = SLOT_EMPTY;
     ld_work_wake(L, 1);
   }
+  if (t->state == SLOT_PLANNED) /* R5: asked back while it was read: READ AGAIN */
+    ld_admit_revoked_task_locked(L, t);
+  else /* R5: no decode will read them: final (kept even when asked back) */
+    ld_admit_reads_settle_locked(L, t, 0);
   if (t->state != SLOT_PLANNED) { /* its videos and bytes are no longer read */
     ld_task_close_videos(L, t);
     ld_task_release_videos_locked(L, t);

@@ -138,6 +138,11 @@ void mml_ledger_give_back(mml_ledger *g, mml_charge *c);
 /* A granted revocable charge becomes final (its work began): 1; 0 when it was already
  * asked back (then it must be given back).  Settle it before handing it over. */
 int mml_ledger_settle(mml_ledger *g, mml_charge *c);
+/* A granted revocable charge leaves the list of grants that may be asked back, its bytes
+ * still held: its owner cannot give it back (its work can no longer be dropped and done
+ * again), or gave its bytes back by a release of its own (mml_ledger_release).  One
+ * asked back is no longer counted as coming back, so the head asks back others (L10). */
+void mml_ledger_keep(mml_ledger *g, mml_charge *c);
 /* `holder` gives back `bytes` it held (a charge's, in whole or in part); wakes waiters. */
 void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder);
 /* `bytes` of engine credit become the consumer's (the work finished; it waits for the

@@ -728,6 +728,45 @@ TEST(ledger_revokes_later_reads_for_the_head) {
   mml_ledger_free(g);
 }
 
+/* L10 with mml_ledger_keep, as the loader's reads use it (loader_admit.c R5): a read
+ * asked back whose bytes cannot be read again (fetched meanwhile) is kept -- final, no
+ * longer counted as coming back -- so the head asks the next latest one back; keeping
+ * one that was not asked back only settles it (nothing more asked back). */
+TEST(ledger_keep_asks_back_the_next) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge r[3];
+  for (int i = 0; i < 3; i++) { /* reads of samples 4, 5, 6 */
+    r[i] = charge(4 + i, 30);
+    r[i].revocable = 1;
+    r[i].revoke = log_revoke;
+    r[i].wake_arg = (void *)(intptr_t)(4 + i);
+    CHECK_OK(mml_ledger_request(g, &r[i], &err), err);
+  }
+  revoke_n = 0;
+  mml_charge h = charge(2, 30); /* 90 + 30 > 100: 20 short, sample 6's read asked back */
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(revoke_n, 1);
+  CHECK_EQ_INT(revoke_log[0], 6);
+  const uint64_t seen = mml_ledger_changes(g);
+  mml_ledger_keep(g, &r[2]); /* it cannot give it back: sample 5's is asked instead */
+  CHECK_EQ_INT(revoke_n, 2);
+  CHECK_EQ_INT(revoke_log[1], 5);
+  CHECK(mml_ledger_changes(g) != seen); /* L11: the owner's workers look again */
+  CHECK_EQ_INT(mml_ledger_state(g, &r[2]), MML_CHARGE_GRANTED);
+  CHECK(mml_ledger_settle(g, &r[2])); /* kept: final, not asked back again */
+  mml_ledger_keep(g, &r[0]);          /* not asked back: only settled */
+  CHECK_EQ_INT(revoke_n, 2);
+  mml_ledger_give_back(g, &r[1]);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_GRANTED);
+  mml_ledger_stats st;
+  mml_ledger_get_stats(g, &st);
+  CHECK_EQ_INT(st.held[MML_HOLD_ENGINE], 30 + 30 + 30);
+  CHECK_EQ_INT(st.revoked, 2);
+  mml_ledger_free(g);
+}
+
 /* L7 with L10: bytes being given back count as the engine's, so the deadlock rule waits
  * for them instead of failing the head. */
 TEST(ledger_revoking_is_not_a_deadlock) {
