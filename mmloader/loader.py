@@ -465,6 +465,7 @@ class LoaderStats(_RemoteStats):
     video_open_peak_bytes: int
     samples_reread: int
     room_waits: int
+    consumer_waits: int
     skipped_by_reason: Dict[str, int]
     sources: Dict[str, SourceStats]
 
@@ -1096,7 +1097,10 @@ class Loader:
         make room under max_memory for an earlier sample's decode and read again by their
         own: files, shard members and Parquet blobs, never fetched ones), room_waits
         (the workers' waits for max_memory room -- to read a sample, for a decode's
-        scratch, for an emission -- one per look that found none), and
+        scratch, for an emission -- one per look that found none), consumer_waits
+        (next()'s waits under max_memory, one per look that found nothing for it: each
+        ends when work ends, a batch is queued, or next()'s own 0.1 s slice for Ctrl-C
+        runs out), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

@@ -8,10 +8,16 @@
  * and no guess is needed.
  *
  * MODEL.  Credit is held by the ENGINE (work running) or for the CONSUMER (finished work
- * waiting for the stream: batches the consumer holds or will take); caches (pooled pages, spare buffers, preloads, open videos) are a second class,
- * counted in the same budget but evictable: their owners free bytes on request.  A charge
- * is (seq, bytes): seq is its place in the stream.  Waiting charges form one list sorted
- * by (seq, arrival); the first is the head.
+ * waiting for the stream: batches the consumer holds or will take), or is FIXED: set
+ * aside for as long as its owner lives, which no work gives back while the consumer
+ * waits (mml_ledger_count_fixed; the loader's: the workers' scratch reserve, held for the
+ * loader's lifetime; the Parquet row groups' room, while the reader is open; each window
+ * slot's record, path and Parquet-row buffers, kept for the slot's next sample -- but not
+ * a slot's media bytes, which its decode gives back or moves into the spares, nor the
+ * spares, a cache).  Caches (pooled pages, spare buffers, preloads, open videos) are a
+ * second kind, counted in the same budget but evictable: their owners free bytes on
+ * request.  A charge is (seq, bytes): seq is its place in the stream.  Waiting charges
+ * form one list sorted by (seq, arrival); the first is the head.
  *
  * THREADS.  Any thread may call any function.  One mutex guards everything; blocking
  * acquires wait on one condition variable; asynchronous requests (a thread that must not
@@ -43,10 +49,22 @@
  *       owner's wait on the change count, L11, for its own stall rule).
  *   L7. The one deadlock rule: the head fails (MML_ENOMEM) when it does not fit, no
  *       ENGINE credit is held, and the consumer waits for the stream: only the consumer
- *       holds credit and it will not give any back.  The consumer's wait holds from its
+ *       holds credit and it will not give any back (FIXED credit never comes back while
+ *       it waits, so it is not waited for).  The consumer's wait holds from its
  *       declaration (made after it looked, under the lock its producers finish work
  *       under) to the next end of ENGINE work (hand-over, release, cache_put), which may
- *       be what it waits for: it looks again and declares again.
+ *       be what it waits for: it looks again and declares again.  mml_ledger_consumer_wait
+ *       is that loop without a lost wakeup: the consumer reads mml_ledger_consumer_changes
+ *       under its owner's lock before it looks, and declares only if the count has not
+ *       moved since; every end of ENGINE work, every failure by this rule, every
+ *       mml_ledger_consumer_poke (the owner's events: a batch queued, an error, a close,
+ *       work started that holds no credit) and the shutdown move it and wake the consumer
+ *       (its own condition variable: the workers' pokes do not wake it); an end of work
+ *       and a poke end the declaration too.  The owner declares only while none of its
+ *       work runs without credit (work holding nothing -- a read whose size is not known,
+ *       a sample done and not yet collated -- ends by itself, and this rule cannot see
+ *       it); a charge that waits is the ledger's own to decide (the loader's reads parked
+ *       for room: loader_admit.c C4).
  *   L8. One explainer composes every out-of-memory message: the work's name, its bytes,
  *       what the consumer holds, what is in flight and cached, and the cap that would fit.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
@@ -103,7 +121,7 @@
  *       and fbytes_hw is gone with G2's old rule); emit_stuck goes with step 4.
  *   M5. pooled pages: a cache through mml_pool_set_hook / mml_pool_evict (tested here);
  *       batches in the output queue or the consumer's are CONSUMER credit (hand-over when
- *       queued); next() declares the consumer's wait under mu after looking.
+ *       queued); next() waits by mml_ledger_consumer_wait (L7; step 4 (i)).
  *   M6. spare byte buffers (cap/8), remote video bytes ahead and videos kept open (cap/4,
  *       ld_mem_room_ahead_locked, batch_buf_peak): caches (cache_grow; evict =
  *       ld_bytes_free_spares, ld_release_videos_ahead_locked).
@@ -253,12 +271,15 @@
  *        for them and in-order grants cannot put them first (the reason ticket_hold
  *        stays, step 3).  It goes when those are charged at their stream place (step 4).
  *      - reads_stuck (R3, now over the parked reads) and read_stuck (the gate's):
- *        L7 cannot decide for them while the scratch reserve, the Parquet room and the
- *        window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and next() does
- *        not declare its wait again after each end of ENGINE work (both another part of
- *        this issue, not landed when this was); an untimed wait with nothing giving room
- *        back would then be a hang instead of A3's error.  They keep their bounded looks
- *        (20, 5 ms apart, W5's state only).
+ *        L7 could not decide for them while the scratch reserve, the Parquet room and
+ *        the window's bytes were ENGINE credit (held[ENGINE] never reached 0) and next()
+ *        did not declare its wait again after each end of ENGINE work; an untimed wait
+ *        with nothing giving room back would then be a hang instead of A3's error.  Since
+ *        step 4 (i) L7 decides where the earliest parked read is the head and no media
+ *        bytes are held (loader_admit.c C4); reads_stuck stays where a parked task or
+ *        another holds media bytes (ENGINE credit that comes back only after the read:
+ *        revocable reads, L10, end that), read_stuck for the gate (no charge).  They keep
+ *        their bounded looks (20, 5 ms apart, W5's state only).
  *      - T5 (the read asking out of turn when a ticket charge waits): the read's charge,
  *        in order behind that ticket's, would wait for it (L1) while the ticket may wait
  *        for this very read to be placed (mem_stuck).
@@ -326,8 +347,9 @@
  *        reserve and the Parquet room are ENGINE credit (held[ENGINE] never reaches 0,
  *        step 1 (i)).  A ticket charge that FAILS (L7 once it can) already raises the
  *        explainer's message as the loader's error (ld_admit_ticket_locked); and L7 needs
- *        the consumer to declare again after each end of ENGINE work, which next() does
- *        not yet do (it waits on out_cv, which no end of work signals).
+ *        the consumer to declare again after each end of ENGINE work, which next() did
+ *        not do then (it waited on out_cv, which no end of work signals; now it does:
+ *        step 4 (i)).
  *      With this, a ticket's charge is the one loader charge that can be the waiting
  *      head (step 2 (i)'s "no charge waits" is no longer so): L7 will apply to it first.
  *      Beside main 4dc1b02 at the same hour (seeds 1-2000, 1000 plain each): 55 + 65-68
@@ -337,7 +359,49 @@
  *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's went with step 2 (ii)), the
  *      holds and the gates the charges replaced; loader_place.c returns to placement only;
  *      the one explainer (L8) composes every out-of-memory message; the name callback (d).
- *      Not started.
+ *      (i) What L7 needs to decide: done (loader_admit.c C1-C4).  The FIXED class: the
+ *      workers' scratch reserve, the Parquet room and each slot's own record, path and
+ *      Parquet-row buffers are FIXED credit (they come back only when the loader or the
+ *      reader ends), so held[ENGINE] reaches 0 once no work holds bytes.  What does NOT
+ *      qualify, and why: a slot's media bytes (its decode gives them back or moves them
+ *      into the spares: work that ends by itself), the spares and pooled pages (caches,
+ *      evicted before anyone waits), videos kept open or bytes held ahead (their decode
+ *      or ld_release_videos_ahead_locked gives them back).  next() waits by
+ *      mml_ledger_consumer_wait: the consumer's count read under mu before it looks,
+ *      declared only when nothing ended since and no work of the engine runs without
+ *      credit (ld_admit_engine_idle_locked), woken by every end of ENGINE work and by
+ *      every event it waits for (a read started among them: it ends the declaration),
+ *      so it declares again after each (no polling: the stress test's S6 bounds next()'s
+ *      waits per batch, stats consumer_waits counts them; with next() waking itself it
+ *      looped ~10^6 times a batch).  L7 now decides where the head is the earliest
+ *      parked read's charge and nothing else runs (C4: reads parked since step 2 (ii)
+ *      count in in_flight but wait in the ledger).  NOT for a ticket's charge: declared
+ *      there too, L7 failed one where the batches fit (tests/test_video_files.py
+ *      test_max_memory_counts_videos_kept_open, every run: 4 MiB of the pool's live
+ *      bytes, which the pool's hook counts as CONSUMER credit, with nothing queued or
+ *      handed off, no ticket's buffer mapped and the consumer holding nothing; earlier,
+ *      11 of seeds 1001-2000 before the idle rule covered an open pack's bound).  The
+ *      pool's live bytes must be split into the consumer's and the engine's before L7
+ *      can decide for tickets.  A decode's scratch or an emission that finds no room
+ *      while only parked reads are in flight is counted by scratch_stuck / emit_stuck (it
+ *      hung before: seed 385, once in 1000 under load).  Seeds 1-2000 beside main at the
+ *      same hour: see the commit.
+ *      LEFT: mem_head_fails / ld_admit_head_stuck_locked stay.  Where they fire, the media
+ *      bytes of samples placed in the needed ticket (read, waiting for that ticket's
+ *      buffer, which is the head) are ENGINE credit that comes back only after the head
+ *      is granted; since step 2 (ii) R5 the ledger asks the revocable ones back (L10),
+ *      so what keeps L7 from those cases now is the declaration, not made for tickets
+ *      (the pool's live bytes above).  The workers' detectors (read_stuck, reads_stuck,
+ *      scratch_stuck, emit_stuck) and their 5 ms looks stay for that reason and because
+ *      their charges are tries (never the waiting head): a decode's
+ *      scratch and an emission must become charges that wait at their seq (the task or
+ *      the batch parked meanwhile, as reads are: R2) before L7 can decide for them, and
+ *      the media bytes a waiting decode's own sample holds are ENGINE credit L7 waits for
+ *      although only that decode gives them back (they must then count apart, as
+ *      credit held by the waiting charge itself).  NEXT: (ii) the pool's live bytes split
+ *      into the consumer's and the engine's, then the declaration for tickets too, and
+ *      mem_head_fails, reads_stuck and read_stuck go; (iii) scratch and emission charges
+ *      that wait, for scratch_stuck and emit_stuck; then the holds, the one explainer.
  */
 #include "mml/ledger.h"
 
@@ -357,7 +421,8 @@ typedef struct ledger_cache {
 
 struct mml_ledger {
   pthread_mutex_t mu;
-  pthread_cond_t cv; /* blocking acquires (L6) */
+  pthread_cond_t cv;  /* blocking acquires (L6) */
+  pthread_cond_t ccv; /* the consumer's wait (L7: mml_ledger_consumer_wait) */
   mml_ledger_cfg cfg;
   int64_t held[MML_HOLDERS];
   ledger_cache cache[MML_LEDGER_CACHES];
@@ -374,6 +439,8 @@ struct mml_ledger {
   uint64_t tries_refused, counted_over; /* L12, L13 */
   int64_t over_most;                    /* L13: the most a count took the total over */
   uint64_t changes;                     /* L11 */
+  uint64_t cons_changes; /* L7: ends of ENGINE work and the owner's pokes for its consumer */
+  int cons_blocked;      /* the consumer blocks in mml_ledger_consumer_wait */
 };
 
 static int64_t cached_locked(const mml_ledger *g) {
@@ -382,9 +449,12 @@ static int64_t cached_locked(const mml_ledger *g) {
   return n;
 }
 
-static int64_t total_locked(const mml_ledger *g) {
-  return g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER] + cached_locked(g);
+/* Credit held by every class (ENGINE, CONSUMER, FIXED): what the cap holds beside caches. */
+static int64_t held_locked(const mml_ledger *g) {
+  return g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER] + g->held[MML_HOLD_FIXED];
 }
+
+static int64_t total_locked(const mml_ledger *g) { return held_locked(g) + cached_locked(g); }
 
 static void note_peak_locked(mml_ledger *g) {
   const int64_t t = total_locked(g);
@@ -405,6 +475,7 @@ mml_status mml_ledger_new(const mml_ledger_cfg *cfg, mml_ledger **out, mml_err *
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&g->cv, &ca);
+  pthread_cond_init(&g->ccv, &ca);
   pthread_condattr_destroy(&ca);
   *out = g;
   return MML_OK;
@@ -413,6 +484,7 @@ mml_status mml_ledger_new(const mml_ledger_cfg *cfg, mml_ledger **out, mml_err *
 void mml_ledger_free(mml_ledger *g) {
   if (!g) return;
   pthread_cond_destroy(&g->cv);
+  pthread_cond_destroy(&g->ccv);
   pthread_mutex_destroy(&g->mu);
   free(g);
 }
@@ -438,14 +510,17 @@ static mml_status explain_locked(mml_ledger *g, int64_t seq, int64_t need, int a
   if (g->cfg.name) g->cfg.name(g->cfg.name_arg, seq, name, sizeof name);
   if (!name[0]) snprintf(name, sizeof name, "stream position %lld", (long long)seq);
   const int64_t cons = g->held[MML_HOLD_CONSUMER], eng = g->held[MML_HOLD_ENGINE];
-  const int64_t fit = alone ? need : cons + eng + need;
+  const int64_t fixed = g->held[MML_HOLD_FIXED];
+  const int64_t fit = alone ? need + fixed : cons + eng + fixed + need;
   mml_err_set(err, MML_ENOMEM,
               "%s=%lld cannot hold the %lld bytes %s needs beside %lld bytes of finished "
               "work waiting for the consumer (batches it holds or has yet to take), %lld "
-              "bytes of work running and %lld bytes cached: %s >= %lld would hold it%s%s",
+              "bytes of work running, %lld bytes set aside for the loader's lifetime and "
+              "%lld bytes cached: %s >= %lld would hold it%s%s",
               g->cfg.what, (long long)g->cfg.cap, (long long)need, name, (long long)cons,
-              (long long)eng, (long long)cached_locked(g), g->cfg.what, (long long)fit,
-              !alone && g->cfg.hint ? "; " : "", !alone && g->cfg.hint ? g->cfg.hint : "");
+              (long long)eng, (long long)fixed, (long long)cached_locked(g), g->cfg.what,
+              (long long)fit, !alone && g->cfg.hint ? "; " : "",
+              !alone && g->cfg.hint ? g->cfg.hint : "");
   return MML_ENOMEM;
 }
 
@@ -501,7 +576,7 @@ static int64_t evict_locked(mml_ledger *g, int64_t over) {
 /* 1 when `need` fits, evicting caches (in order) only when that makes it fit (L4). */
 static int fits_locked(mml_ledger *g, int64_t need) {
   if (!g->cfg.cap) return 1;
-  const int64_t held = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER];
+  const int64_t held = held_locked(g);
   if (held + need > g->cfg.cap) return 0;
   return evict_locked(g, held + need + cached_locked(g) - g->cfg.cap) <= 0;
 }
@@ -576,8 +651,7 @@ static void wake_run(const wake_list *w) {
 /* The head does not fit: revocable grants of later seqs are asked back, latest first,
  * until what is being given back makes room for it (L10). */
 static void revoke_locked(mml_ledger *g, const mml_charge *head, wake_list *w) {
-  int64_t short_by = g->held[MML_HOLD_ENGINE] + g->held[MML_HOLD_CONSUMER] - g->revoking +
-                     head->bytes - g->cfg.cap;
+  int64_t short_by = held_locked(g) - g->revoking + head->bytes - g->cfg.cap;
   for (mml_charge *r = g->rtail; r && short_by > 0 && r->seq > head->seq && w->n < WAKE_BATCH;
        r = r->rprev) {
     if (r->revoking) continue;
@@ -608,6 +682,8 @@ static int step_locked(mml_ledger *g, wake_list *w) {
       explain_locked(g, c->seq, c->bytes, 0, &e);
       unlink_locked(g, c);
       fail_locked(g, c, MML_ENOMEM, &e);
+      g->cons_changes++; /* the consumer's wait ends: the stream ends in this error */
+      if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
     } else {
       const uint64_t before = g->changes;
       revoke_locked(g, c, w);
@@ -808,12 +884,38 @@ int mml_ledger_state(mml_ledger *g, const mml_charge *c) {
 
 /* ---- releases, caches, the consumer ------------------------------------------------- */
 
+/* L7: an end of ENGINE work (a release, a grant given back, a hand-over, a cache_put of
+ * the engine's): it may be what the consumer waits for, so its declaration ends, and the
+ * consumer's count moves so that a consumer that looked before it looks again. */
+static void work_ended_locked(mml_ledger *g) {
+  g->consumer_waiting = 0;
+  g->cons_changes++;
+  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+}
+
 void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder) {
   if (bytes <= 0 || holder < 0 || holder >= MML_HOLDERS) return;
   pthread_mutex_lock(&g->mu);
   g->held[holder] -= bytes;
-  if (holder == MML_HOLD_ENGINE) g->consumer_waiting = 0; /* L7: work ended */
+  if (holder == MML_HOLD_ENGINE) work_ended_locked(g); /* L7: work ended */
   step_and_unlock(g);
+}
+
+int64_t mml_ledger_count_fixed(mml_ledger *g, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  pthread_mutex_lock(&g->mu);
+  /* L13's count, in the FIXED class (L7 does not wait for it: it never comes back while
+   * the consumer waits): caches make way first, then it is counted even past the cap */
+  if (g->cfg.cap) (void)evict_locked(g, total_locked(g) + bytes - g->cfg.cap);
+  g->held[MML_HOLD_FIXED] += bytes;
+  note_peak_locked(g);
+  const int64_t over = g->cfg.cap ? total_locked(g) - g->cfg.cap : 0;
+  if (over > 0) {
+    g->counted_over++;
+    if (over > g->over_most) g->over_most = over;
+  }
+  pthread_mutex_unlock(&g->mu);
+  return over > 0 ? over : 0;
 }
 
 void mml_ledger_give_back(mml_ledger *g, mml_charge *c) {
@@ -827,7 +929,7 @@ void mml_ledger_give_back(mml_ledger *g, mml_charge *c) {
   c->revoking = 0;
   c->state = MML_CHARGE_IDLE;
   g->held[MML_HOLD_ENGINE] -= c->bytes;
-  g->consumer_waiting = 0; /* L7: work ended */
+  work_ended_locked(g); /* L7: work ended */
   step_and_unlock(g);
 }
 
@@ -861,7 +963,7 @@ void mml_ledger_hand_over(mml_ledger *g, int64_t bytes) {
   pthread_mutex_lock(&g->mu);
   g->held[MML_HOLD_ENGINE] -= bytes;
   g->held[MML_HOLD_CONSUMER] += bytes;
-  g->consumer_waiting = 0; /* L7: it may be what the consumer waits for */
+  work_ended_locked(g); /* L7: it may be what the consumer waits for */
   step_and_unlock(g);
 }
 
@@ -871,13 +973,58 @@ void mml_ledger_consumer_waiting(mml_ledger *g, int waiting) {
   step_and_unlock(g);
 }
 
+uint64_t mml_ledger_consumer_changes(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  const uint64_t n = g->cons_changes;
+  pthread_mutex_unlock(&g->mu);
+  return n;
+}
+
+void mml_ledger_consumer_poke(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  g->consumer_waiting = 0; /* L7: declared from a look this event made stale */
+  g->cons_changes++;
+  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,
+                             const struct timespec *until) {
+  pthread_mutex_lock(&g->mu);
+  if (declare && g->cons_changes == seen && !g->shut) {
+    /* L7: declared only when nothing ended since the consumer's look (the count it read
+     * before it); the deadlock rule applies to the head at once */
+    g->consumer_waiting = 1;
+    for (;;) {
+      wake_list w;
+      w.n = 0;
+      const int more = step_locked(g, &w);
+      if (!w.n && !more) break;
+      pthread_mutex_unlock(&g->mu);
+      wake_run(&w);
+      pthread_mutex_lock(&g->mu);
+      if (!more) break;
+    }
+  }
+  int rc = 0;
+  g->cons_blocked++;
+  while (g->cons_changes == seen && !g->shut && rc != ETIMEDOUT)
+    rc =
+        until ? pthread_cond_timedwait(&g->ccv, &g->mu, until) : pthread_cond_wait(&g->ccv, &g->mu);
+  g->cons_blocked--;
+  const int changed = g->cons_changes != seen || g->shut;
+  g->consumer_waiting = 0; /* the wait ended: withdrawn (an end of work cleared it already) */
+  pthread_mutex_unlock(&g->mu);
+  return changed;
+}
+
 void mml_ledger_cache_put(mml_ledger *g, int id, int64_t bytes, int holder) {
   if (bytes <= 0 || id < 0 || holder < 0 || holder >= MML_HOLDERS) return;
   pthread_mutex_lock(&g->mu);
   if (id < g->ncache) {
     g->held[holder] -= bytes;
     g->cache[id].bytes += bytes;
-    if (holder == MML_HOLD_ENGINE) g->consumer_waiting = 0; /* L7: work ended */
+    if (holder == MML_HOLD_ENGINE) work_ended_locked(g); /* L7: work ended */
   }
   step_and_unlock(g); /* evictable now: the head may fit (L4) */
 }
@@ -906,6 +1053,8 @@ void mml_ledger_shutdown(mml_ledger *g) {
   pthread_mutex_lock(&g->mu);
   g->shut = 1;
   g->changes++; /* L11 */
+  g->cons_changes++;
+  pthread_cond_broadcast(&g->ccv);
   for (;;) {
     wake_list w;
     w.n = 0;
@@ -981,6 +1130,7 @@ void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *o) {
   o->tries_refused = g->tries_refused;
   o->counted_over = g->counted_over;
   o->over_most = g->over_most;
+  o->consumer_waiting = g->consumer_waiting;
   o->head_seq = g->head ? g->head->seq : -1;
   o->head_need = g->head ? g->head->bytes : 0;
   pthread_mutex_unlock(&g->mu);

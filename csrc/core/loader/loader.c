@@ -622,6 +622,7 @@ static void stop_threads(mml_loader *L) {
   ld_work_wake(L, 1);
   pthread_cond_broadcast(&L->coll_cv);
   pthread_cond_broadcast(&L->out_cv);
+  ld_consumer_wake_locked(L, 1); /* C2 */
   pthread_mutex_unlock(&L->mu);
   for (int i = 0; i < L->nthreads_started; i++) pthread_join(L->threads[i], NULL);
   L->nthreads_started = 0;
@@ -919,6 +920,25 @@ static mml_status take_item_locked(mml_loader *L, mml_batch *out, mml_err *err) 
   return MML_OK;
 }
 
+/* next()'s wait, mu held (released while it waits): 0 when woken, ETIMEDOUT.  With
+ * max_memory (M5: ledger.c L7, loader_admit.c C1-C3) it waits by the ledger's consumer
+ * count, read under mu before the look (`seen`); its wait is declared only while none of
+ * the engine's work runs without credit (C2), and only when nothing ended since the look;
+ * every end of ENGINE work ends the declaration and wakes it, and so does every event it
+ * waits for (a batch queued, an error, a close), so it looks and declares again, with no
+ * lost wakeup and no polling.  Without, on out_cv. */
+static int consumer_wait_locked(mml_loader *L, uint64_t seen, const struct timespec *dl) {
+  if (!L->ledger)
+    return dl ? pthread_cond_timedwait(&L->out_cv, &L->mu, dl)
+              : pthread_cond_wait(&L->out_cv, &L->mu);
+  const int declare = ld_admit_engine_idle_locked(L);
+  L->consumer_waits++;
+  pthread_mutex_unlock(&L->mu);
+  const int woken = mml_ledger_consumer_wait(L->ledger, seen, declare, dl);
+  pthread_mutex_lock(&L->mu);
+  return woken ? 0 : ETIMEDOUT;
+}
+
 mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_err *err) {
   double t0 = mml_now();
   double handed = 0; /* the batch taken: when it was handed off for emission */
@@ -931,6 +951,8 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
   start_or_fail_locked(L);
   if (!L->epoch_done) ld_ask_epoch_locked(L, L->consumer_epoch, 0);
   for (;;) {
+    /* C1: the consumer's count before the look (ledger.c L7 with L11) */
+    const uint64_t seen = L->ledger ? mml_ledger_consumer_changes(L->ledger) : 0;
     if (L->closed) {
       st = mml_err_set(err, MML_ECLOSED, "the loader is closed");
       break;
@@ -963,18 +985,12 @@ mml_status mml_loader_next(mml_loader *L, mml_batch *out, double timeout_s, mml_
       break;
     }
     ask_when_waiting_locked(L);
-    L->consumer_waiting = 1;         /* max_memory: what the consumer holds cannot be released */
-    ld_room_gates_changed_locked(L); /* W5: the workers' waits for room are bounded now */
-    /* M5 (ledger.c L7): the consumer's wait, declared to the ledger after it looked and
-     * under mu, the lock its producers finish work under (a batch queued, a sample done);
-     * the ledger clears it at the next end of ENGINE work, and it is withdrawn here when
-     * the wait ends (a timeout, a batch, a close) */
-    if (L->ledger) mml_ledger_consumer_waiting(L->ledger, 1);
+    L->consumer_waiting = 1; /* max_memory: what the consumer holds cannot be released */
+    /* W5: the workers' waits for room are bounded now (not the consumer's own poke: C2) */
+    ld_room_gates_wake_workers_locked(L);
     waited = 1;
-    int rc = timeout_s < 0 ? pthread_cond_wait(&L->out_cv, &L->mu)
-                           : pthread_cond_timedwait(&L->out_cv, &L->mu, &dl);
+    const int rc = consumer_wait_locked(L, seen, timeout_s < 0 ? NULL : &dl);
     L->consumer_waiting = 0;
-    if (L->ledger) mml_ledger_consumer_waiting(L->ledger, 0);
     if (rc == ETIMEDOUT) {
       st = MML_ETIMEDOUT;
       break;
@@ -1068,6 +1084,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_open_peak = L->video_open_peak;
   o->samples_reread = L->samples_reread;
   o->room_waits = L->room_waits;
+  o->consumer_waits = L->consumer_waits;
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

@@ -68,7 +68,8 @@
  *       test's summary counts them).
  *   A6. The ledger balances: with max_memory the loader has one mml_ledger (THE LEDGER
  *       below) charged at every point above -- the scratch reserve and the Parquet room
- *       at start, a task's byte buffers at its seq (ld_mem_count_task_locked), spare byte
+ *       at start (FIXED credit, C1), a task's byte buffers at its seq
+ *       (ld_mem_count_task_locked: the slot's own FIXED, its media ENGINE), spare byte
  *       buffers as an evictable cache (their own lock: loader_bytes.c B1), scratch and
  *       re-read grants (a re-read's grant becomes its bytes' charge), emission grants
  *       (paying for their float rows' pool growth), and every change
@@ -117,8 +118,9 @@
  *       (L1), a later ticket's charge queues behind it, and its grant or failure wakes the
  *       collation thread (ticket_wake: never mu, ledger.c (b)), which maps the buffer at
  *       its next look (retry_pending -> rebuffer), the hold given back at once.  A charge
- *       that FAILS (L7, once the ledger can decide it) is the loader's error, the ledger's
- *       explainer's message (L8); until then mem_stuck's detector decides (W2).
+ *       that FAILS (L7, or a shutdown) is the loader's error, the ledger's explainer's
+ *       message (L8); L7 does not decide for tickets yet (C3): mem_stuck's detector does
+ *       (W2).
  *   T2. A charge leaves the ledger with its request: a seek or reset, a rewind, a close
  *       (ticket_drop), another size or no turn any more withdraws a waiting one and gives
  *       a granted one not mapped yet back (ld_admit_ticket_cancel_locked); the ledger's
@@ -165,8 +167,9 @@
  *       counted) and the consumer waits for a
  *       batch with none to take, 20 looks in a row with no room event between them
  *       (5 ms apart: W5) mean nothing can give room back: A3's error naming the earliest
- *       parked read (T5 first).  A detector still, not the ledger's L7: ledger.c THE
- *       FLIP'S ORDER step 2 (ii) says why.
+ *       parked read (T5 first).  A detector still where media bytes are held (ENGINE
+ *       credit): the ledger's L7 decides first where none are (C4); ledger.c THE FLIP'S
+ *       ORDER step 2 (ii) says why the rest stays.
  *   R4. A charge leaves with its need: a parked read run again that no longer needs it
  *       (a spare taken since holds its bytes, or another size: asked anew) and a task
  *       finishing with one (finish_task_locked) give a grant back or withdraw a waiting
@@ -254,6 +257,65 @@
  *       made only while a worker waits for room (room_waiters, under mu like the changes
  *       themselves), so a loader whose workers do not wait for room is not woken more.
  *
+ * THE CONSUMER'S WAIT (ledger.c L7, M5).  With max_memory, next() waits by the ledger's
+ * consumer count, not on out_cv:
+ *   C1. The ledger's FIXED credit is what the cap holds for as long as its owner lives:
+ *       the workers' scratch reserve (ld_ledger_open), the Parquet row groups' room
+ *       (ld_ledger_start_locked) and each slot's record, path and Parquet-row buffers
+ *       (task.held_fixed: kept for the slot's next sample, ld_mem_count_task_cover_locked);
+ *       a slot's media bytes stay ENGINE credit (its decode gives them back or moves them
+ *       into the spares).  ld_ledger_check_locked checks the FIXED class holds exactly
+ *       those (A6).  So held[ENGINE] reaches 0 when no work holds bytes, and L7 can
+ *       decide (tests/c/base/test-ledger.c ledger_deadlock_rule_with_and_without_fixed_credit).
+ *   C2. next() reads mml_ledger_consumer_changes under mu before it looks; finding nothing,
+ *       it drops mu and waits in mml_ledger_consumer_wait, which declares its wait (L7)
+ *       only when nothing ended since that look and the engine runs nothing without
+ *       credit (ld_admit_engine_idle_locked: no read in flight but reads parked whose
+ *       charges wait, the earliest the ledger's head, C4; no batch up to the one it
+ *       waits for with a buffer mapped; no sample read and not placed, no decode queued
+ *       or running, no sample done for the collator, no batch handed off, emitting or
+ *       queued).  Every end of ENGINE work ends the declaration and wakes it (the
+ *       ledger), and so does every event it waits for, under mu while it waits
+ *       (ld_consumer_wake_locked, which ends the declaration too: a batch or item queued,
+ *       ld_move_ready_locked; a sample taken by the collator; an error,
+ *       ld_set_fatal_locked; a close; work without credit started -- a read,
+ *       start_task_locked, which may shrink or close the ticket waited for; a decode,
+ *       queue_decode; an emission, hand_off_locked; and every W5 poke,
+ *       ld_room_gates_changed_locked, where the engine may have become idle): it looks
+ *       again and declares again, with no lost wakeup and no polling
+ *       (ledger_consumer_declares_again_after_each_end_of_work counts its wakeups; the
+ *       stress test's S6 bounds them per batch).  next()'s own W5 poke wakes only the
+ *       workers (ld_room_gates_wake_workers_locked): with the consumer's poke in it
+ *       next() woke itself ~10^6 times a batch.  stats consumer_waits counts the waits
+ *       (tests/test_memory.py test_consumer_waits_in_stats).
+ *   C3. What stays, and why: mem_head_fails / ld_admit_head_stuck_locked and the workers'
+ *       detectors still decide, and the consumer declares its wait only where the head is
+ *       a parked read (C4), never a ticket's charge.  With tickets declared too, L7 failed
+ *       a ticket's charge where the batches fit (tests/test_video_files.py
+ *       test_max_memory_counts_videos_kept_open, every run: 4 MiB of the pool's live bytes
+ *       -- CONSUMER credit, as the pool's hook counts every live byte -- with no batch
+ *       queued, none handed off, no ticket's buffer mapped and the consumer holding none;
+ *       main's detector, 3 quiet looks, let them come back).  Which engine reference that
+ *       is must be found and counted as ENGINE credit before L7 may decide for tickets.
+ *       Besides, the media bytes of samples placed in the head ticket are ENGINE credit
+ *       that comes back only after that ticket's buffer: where mem_head_fails fires, L7
+ *       would wait for them; they go with reads as revocable charges (L10: the head asks
+ *       them back) -- ledger.c THE FLIP'S ORDER step 4.
+ *   C4. Reads parked for room (R2) count in in_flight but hold no credit for the bytes
+ *       they wait for: their charges wait in the ledger, the ledger's own to decide.  So
+ *       the engine is idle for L7 with every task in flight such a read, its charge
+ *       WAITING, when no ticket's charge waits (T5 decides there: the read asks out of
+ *       turn) and the earliest of them is the ledger's head (parked_reads_only_locked);
+ *       placement then stops at the first parked read.  L7 fails that read's charge when
+ *       nothing holds ENGINE credit -- no media bytes of any sample, no scratch, no
+ *       grant -- and its read raises the ledger's explainer's message (R2's look finds it
+ *       FAILED).  Where a parked task or another holds media bytes (ENGINE credit that
+ *       comes back only after the read), L7 waits for them and R3's detector decides.
+ *       (In seeds 1-2000 of the stress test L7 fired in none: every error there is still
+ *       a detector's.  C3's unexplained live bytes may reach this rule too: if a read's
+ *       error ever names bytes "waiting for the consumer" that the consumer does not
+ *       hold, that is where to look.)
+ *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
  */
@@ -286,6 +348,16 @@ static const char *decode_name(const mml_loader *L) {
 static int only_consumer_waits(const mml_loader *L) {
   return !L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
          L->pend_head == L->pend_tail;
+}
+
+/* The same, reads parked for room (R2) aside: they wait for room themselves, so for a
+ * decode's scratch or an emission that finds none (scratch_stuck, emit_stuck) they are no
+ * work that can give it back.  (Without them aside a decode waiting for its scratch while
+ * only parked reads were in flight hung: the stress test's seed 385, once in 1000 under
+ * load; the parked reads' media bytes make way only once reads are revocable, L10.) */
+static int only_consumer_and_parked_reads_wait(const mml_loader *L) {
+  return L->in_flight == L->reads_parked && !L->decoding && L->consumer_waiting && !L->out_count &&
+         !L->emitting && L->pend_head == L->pend_tail;
 }
 
 /* The batch the consumer waits for needs no more reads: the head ticket's plan is final
@@ -1130,9 +1202,9 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     return 1;
   }
   /* Room comes back as decodes end and the consumer releases batches; with none running,
-   * nothing read or planned and the consumer waiting in next() for nothing ready, 20 looks
-   * in a row (5 ms apart) mean it cannot fit (not expected: the room is held for it). */
-  if (!only_consumer_waits(L)) {
+   * nothing read (but reads parked for room) and the consumer waiting in next() for
+   * nothing ready, 20 looks in a row (5 ms apart) mean it cannot fit. */
+  if (!only_consumer_and_parked_reads_wait(L)) {
     L->scratch_stuck = 0;
     return 0;
   }
@@ -1180,7 +1252,8 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
     return need;
   }
   /* As for a decode's scratch: nothing else can free room and the consumer waits. */
-  if (L->decoding || L->in_flight || !L->consumer_waiting || L->out_count || L->emitting) {
+  if (L->decoding || L->in_flight != L->reads_parked || !L->consumer_waiting || L->out_count ||
+      L->emitting) { /* as only_consumer_and_parked_reads_wait, but for its own queue */
     L->emit_stuck = 0;
     return -1;
   }
@@ -1212,19 +1285,28 @@ void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover) {
   t->read_cover = 0;
   int64_t vheld = t->vhead_bytes + t->vpre_bytes; /* remote video bytes ahead of their use */
   for (int v = 0; v < t->vcap; v++) vheld += t->vhead[v].open_bytes; /* and videos kept open */
-  int64_t held = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap) + vheld;
+  /* the slot's own buffers, kept for its next sample: FIXED credit (ledger.c L7) */
+  const int64_t fixed = (int64_t)(t->rec_bytes.cap + t->path.cap + t->pqrow.buf.cap);
+  int64_t held = fixed + vheld;
   int64_t used = (int64_t)t->rec_bytes.len + vheld;
   for (int i = 0; i < t->imgs_cap; i++) held += (int64_t)t->imgs[i].cap;
   if (t->rec_parsed)
     for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) used += (int64_t)t->imgs[i].len;
   L->win_bytes += held - t->held;
-  /* the growth is charged, beyond what `cover` (ENGINE credit granted for it: a re-read's
-   * grant) already holds; what the cover does not use goes back (nothing counted twice) */
-  const int64_t grow = held > t->held ? held - t->held : 0;
+  if (L->ledger && fixed > t->held_fixed)
+    (void)mml_ledger_count_fixed(L->ledger, fixed - t->held_fixed);
+  else if (L->ledger && fixed < t->held_fixed)
+    mml_ledger_release(L->ledger, t->held_fixed - fixed, MML_HOLD_FIXED);
+  /* the media bytes' growth is charged, beyond what `cover` (ENGINE credit granted for it:
+   * a re-read's grant, a read's) already holds; what the cover does not use goes back
+   * (nothing counted twice) */
+  const int64_t media = held - fixed, was = t->held - t->held_fixed;
+  const int64_t grow = media > was ? media - was : 0;
   const int64_t covered = grow < cover ? grow : cover;
   ld_ledger_count(L, grow - covered);
-  ld_ledger_release(L, (held < t->held ? t->held - held : 0) + cover - covered);
+  ld_ledger_release(L, (media < was ? was - media : 0) + cover - covered);
   t->held = held;
+  t->held_fixed = fixed;
   if (used > L->max_sample_bytes) L->max_sample_bytes = used;
 }
 
@@ -1286,13 +1368,16 @@ mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
   if (st) return st;
   L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
   L->led_spare = mml_ledger_add_cache(L->ledger, "spare byte buffers", ld_bytes_evict, L);
-  ld_ledger_count(L, scratch_bytes(L)); /* the workers' scratch reserve */
+  /* the workers' scratch reserve: FIXED credit (ledger.c L7 does not wait for it) */
+  (void)mml_ledger_count_fixed(L->ledger, scratch_bytes(L));
   mml_pool_set_hook(L->pool, ledger_pool_hook, L);
   return MML_OK;
 }
 
 void ld_ledger_start_locked(mml_loader *L) {
-  ld_ledger_count(L, ld_pq_reserved(L)); /* the Parquet row groups' room */
+  /* the Parquet row groups' room, set aside while the reader is open: FIXED credit */
+  if (L->ledger && ld_pq_reserved(L) > 0)
+    (void)mml_ledger_count_fixed(L->ledger, ld_pq_reserved(L));
 }
 
 void ld_ledger_unhook(mml_loader *L) {
@@ -1391,10 +1476,84 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
   L->room_waiters -= room;
 }
 
-void ld_room_gates_changed_locked(mml_loader *L) {
+void ld_room_gates_wake_workers_locked(mml_loader *L) {
   /* W5: under mu, as the waiter's count: a worker counted here may be past its look, and
    * the poke changes the count it waits on; one not counted looks after this change */
   if (L->ledger && L->room_waiters > 0) mml_ledger_poke(L->ledger);
+}
+
+void ld_room_gates_changed_locked(mml_loader *L) {
+  ld_room_gates_wake_workers_locked(L);
+  ld_consumer_wake_locked(L, 0); /* C2: the engine may be idle now */
+}
+
+void ld_consumer_wake_locked(mml_loader *L, int all) {
+  /* C2: under mu, as consumer_waiting: a consumer waiting here read the count before its
+   * look, so the poke makes it look again; one not waiting looks after this change */
+  if (L->ledger && (all || L->consumer_waiting)) mml_ledger_consumer_poke(L->ledger);
+}
+
+/* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
+ * no ticket's charge waits (T5's case: the read asks out of turn there) and the earliest
+ * of those reads is the ledger's head: its seq (INT64_MAX: no task in flight), or -1 when
+ * some work in flight is not such a read. */
+static int64_t parked_reads_only_locked(mml_loader *L) {
+  if (!L->in_flight) return INT64_MAX;
+  if (L->in_flight != L->reads_parked || L->ready_head || L->mem_blocked) return -1;
+  int64_t first = INT64_MAX;
+  for (const task *t = L->room_head; t; t = t->next_ready) {
+    if (t->gen != L->gen || !t->rch_on ||
+        mml_ledger_state(L->ledger, LD_RCH(t)) != MML_CHARGE_WAITING)
+      return -1;
+    if (t->seq < first) first = t->seq;
+  }
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  return s.head_seq == first ? first : -1;
+}
+
+int ld_admit_engine_idle_locked(mml_loader *L) {
+  /* C1: no work of the engine runs, or is queued, without ledger credit: no read in flight
+   * (its bytes are charged once their size is known; the record's are the slot's FIXED
+   * credit) but reads parked whose charges wait, the head's among them (C4: a waiting
+   * charge is the ledger's to decide), no sample read that placement has yet to place (a
+   * text-only one holds nothing and may close or shrink a ticket; placement stops at the
+   * first parked read), no decode queued or running, no sample done that the collator has
+   * yet to take, no batch handed off and not yet queued for the consumer, none queued for
+   * it */
+  /* only the earliest parked read's charge, as the ledger's head, is L7's to decide (C4):
+   * a ticket's charge is not yet (C3: the pool's live bytes, CONSUMER credit, include bytes
+   * the consumer does not hold) */
+  const int64_t parked = parked_reads_only_locked(L);
+  if (parked < 0 || parked == INT64_MAX || L->decoding || L->dec_head || L->emitting ||
+      L->jobs_queued || L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
+      (L->placing && L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
+    return 0;
+  const task *t = slot_of(L, L->head_seq);
+  if (t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_DONE) return 0;
+  /* nor while a batch up to the one the consumer waits for has a buffer: it is being built
+   * or collated (its decodes and its emission ask for themselves; the collator finishes a
+   * batch whose last sample it took before its hand-off), and its bytes, CONSUMER credit
+   * from their mapping on, come back once the consumer took and released it: a later
+   * ticket's charge waits for that, not for the consumer */
+  if (L->placing && L->tk_tail >= L->tk_head) {
+    const int64_t nt = ld_place_needed_ticket(L);
+    for (int64_t id = L->tk_head; id <= L->tk_tail && id <= nt; id++)
+      if (ld_place_has_buf(tk_at(L, id))) return 0;
+  }
+  /* nor may placement still ask less for the batch the consumer waits for: an open pack
+   * waiting for buffers of its bound asks for its rows so far once stuck (mem_stuck); L7
+   * failing the bound's charge first raised an error where the rows fit (the stress
+   * test's seeds 79 and 314) */
+  for (int64_t id = L->tk_head; L->placing && id <= L->tk_tail && id <= ld_place_needed_ticket(L);
+       id++)
+    for (int p = 0; p < PLANES; p++) {
+      const tk_plane *q = &tk_at(L, id)->pl[p];
+      if (q->pending_rows > q->rows &&
+          (q->buf ? q->rows > q->cap_rows : q->rows > 0)) /* loader_place.c rows_now */
+        return 0;
+    }
+  return 1;
 }
 
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {
@@ -1418,10 +1577,11 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   if (!L->ledger) return MML_OK;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t win = 0, spares = 0, scratch = 0;
+  int64_t win = 0, spares = 0, scratch = 0, slots = 0;
   for (int i = 0; i < L->window; i++) {
     const task *t = &L->tasks[i];
     win += t->held;
+    slots += t->held_fixed;
     scratch += t->scratch_granted + t->reread_granted;
   }
   int64_t tickets = 0; /* charges granted, their buffers not mapped yet (T2) */
@@ -1445,24 +1605,28 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                        L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets + reads;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
-  const int64_t have = s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.cached;
+  const int64_t have =
+      s.held[MML_HOLD_ENGINE] + s.held[MML_HOLD_CONSUMER] + s.held[MML_HOLD_FIXED] + s.cached;
+  const int64_t fixed = scratch_bytes(L) + ld_pq_reserved(L) + slots; /* C1 */
   const int64_t uncovered = atomic_load(&L->led_uncovered);
   if (uncovered)
     return mml_err_set(err, MML_EINTERNAL,
                        "the pool grew by %lld bytes that no charge made before the allocation "
                        "paid for (A7)",
                        (long long)uncovered);
-  if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra)
+  if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra &&
+      s.held[MML_HOLD_FIXED] == fixed)
     return MML_OK;
   return mml_err_set(err, MML_EINTERNAL,
-                     "the memory ledger holds %lld bytes (engine %lld, consumer %lld, cached "
-                     "%lld) where the loader has %lld: pool live %zu + cached %zu, window "
-                     "%lld (counted %lld) + spares %lld, scratch reserve %lld + granted %lld "
-                     "(counted %lld), emissions %lld, Parquet room %lld, tickets %lld, reads "
-                     "%lld + granted %lld",
+                     "the memory ledger holds %lld bytes (engine %lld, consumer %lld, fixed "
+                     "%lld of %lld, cached %lld) where the loader has %lld: pool live %zu + "
+                     "cached %zu, window %lld (counted %lld) + spares %lld, scratch reserve "
+                     "%lld + granted %lld (counted %lld), emissions %lld, Parquet room %lld, "
+                     "tickets %lld, reads %lld + granted %lld",
                      (long long)have, (long long)s.held[MML_HOLD_ENGINE],
-                     (long long)s.held[MML_HOLD_CONSUMER], (long long)s.cached, (long long)want,
-                     live, cached, (long long)win, (long long)L->win_bytes, (long long)spares,
+                     (long long)s.held[MML_HOLD_CONSUMER], (long long)s.held[MML_HOLD_FIXED],
+                     (long long)fixed, (long long)s.cached, (long long)want, live, cached,
+                     (long long)win, (long long)L->win_bytes, (long long)spares,
                      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
                      (long long)L->emit_extra, (long long)ld_pq_reserved(L), (long long)tickets,
                      (long long)L->read_extra, (long long)reads);

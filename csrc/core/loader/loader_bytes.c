@@ -78,7 +78,7 @@ mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, int 
   if (b->cap >= need) ld_admit_read_drop_locked(L, t); /* R4: a parked read's, unneeded now */
   if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
     const int go = ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap);
-    if (go < 0) {
+    if (go == -1) {
       *parked = 1; /* its charge waits in the ledger: the task is parked (loader_admit.c R2) */
     } else if (go == -2) { /* above max_memory alone: the sample fails (A4's kind) */
       st = mml_err_set(err, MML_ENOMEM,

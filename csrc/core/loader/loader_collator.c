@@ -69,6 +69,7 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   L->fatal_err = *e;
   L->fatal_err.status = st;
   pthread_cond_broadcast(&L->out_cv);
+  ld_consumer_wake_locked(L, 1);   /* C2: next() raises it */
   ld_room_gates_changed_locked(L); /* W5: a worker waiting for room stops waiting */
 }
 
@@ -206,6 +207,7 @@ void ld_move_ready_locked(mml_loader *L) {
   }
   if (moved) {
     pthread_cond_broadcast(&L->out_cv);
+    ld_consumer_wake_locked(L, 0);       /* C2: a batch (or an item) for next() */
     pthread_cond_broadcast(&L->coll_cv); /* pend has room */
   }
   if (L->jobs_queued && !ld_emit_gated_locked(L)) ld_work_wake(L, 0);
@@ -305,6 +307,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   ld_work_wake(L, 0);
+  ld_consumer_wake_locked(L, 0); /* loader_admit.c C2: an emission queued: not idle */
   ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
   while (!L->stop && L->gen == my_gen && L->coll_busy[*ci]) pthread_cond_wait(&L->coll_cv, &L->mu);
@@ -604,6 +607,7 @@ void *ld_collator_main(void *arg) {
     t->state = SLOT_EMPTY;
     L->head_seq++;
     ld_work_wake(L, 1);
+    ld_consumer_wake_locked(L, 0); /* C2: a sample taken: the engine may be idle now */
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) {

@@ -145,6 +145,9 @@ struct task {
   place_at at[PLANES];
   task *next_dec;
   int64_t held; /* capacity of its byte buffers, counted in win_bytes (mu) */
+  /* of them, the slot's own (record, path, Parquet row: kept for the next sample in the
+   * slot): the ledger's FIXED credit, the rest (media bytes ahead of their decode) ENGINE */
+  int64_t held_fixed;
   /* max_memory: the decoder scratch its images' decodes map beyond a worker's reserve
    * (the most of its images' plans, mml_vision_plan.scratch), and what its running decode
    * was granted of it (counted in scratch_extra; mu) */
@@ -364,6 +367,7 @@ struct mml_loader {
   int nspare;
   int64_t spare_bytes;
   uint64_t room_waits;     /* workers' waits for room (ld_work_wait_locked) */
+  uint64_t consumer_waits; /* next()'s waits by the ledger (loader_admit.c C2) */
   int room_waiters;        /* workers in such a wait now (W5) */
   uint64_t samples_reread; /* max_memory: samples whose media bytes were dropped and read
                               again (ld_admit_drop_bytes_ahead_locked; mu) */
@@ -802,8 +806,18 @@ void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv);
  * most (W2), for work without a bound.  ld_work_wake is the poke of everything that
  * queues work for the workers or may let one go on (work_cv without a ledger). */
 uint64_t ld_work_look_locked(mml_loader *L);
-/* An input of the workers' room gates changed (W5): pokes while a worker waits for room. */
+/* An input of the workers' room gates changed (W5): pokes while a worker waits for room,
+ * and the consumer while it waits in next() (C2: the engine may be idle now). */
 void ld_room_gates_changed_locked(mml_loader *L);
+/* Its workers' part alone (next(): the consumer's own change, which must not wake it). */
+void ld_room_gates_wake_workers_locked(mml_loader *L);
+/* The consumer's wait in next() (loader_admit.c C1-C4, ledger.c L7): ld_consumer_wake_locked
+ * moves the ledger's consumer count while the consumer waits (all: whether or not), under
+ * mu, and ends its declared wait (it looks again); ld_admit_engine_idle_locked says
+ * whether none of the engine's work runs without ledger credit, so that the consumer may
+ * declare its wait (L7). */
+void ld_consumer_wake_locked(mml_loader *L, int all);
+int ld_admit_engine_idle_locked(mml_loader *L);
 void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
 void ld_work_wake(mml_loader *L, int all);
 /* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */

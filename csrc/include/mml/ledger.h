@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "mml/common.h"
 
@@ -18,8 +19,11 @@ typedef struct mml_ledger mml_ledger;
  * it over by itself (invariant L5); CONSUMER: finished work that waits for the stream --
  * batches the consumer holds, batches queued for it, finished samples of the batch being
  * built -- given back only as the consumer takes and releases batches (the deadlock rule,
- * L7).  A charge is granted to the ENGINE. */
-enum { MML_HOLD_ENGINE = 0, MML_HOLD_CONSUMER = 1, MML_HOLDERS = 2 };
+ * L7); FIXED: set aside for as long as its owner lives (a reserve, a reader's room, buffers
+ * kept for reuse), which no work gives back while the consumer waits, so the deadlock rule
+ * does not wait for it (mml_ledger_count_fixed; given back with mml_ledger_release, which
+ * is then no end of work).  A charge is granted to the ENGINE. */
+enum { MML_HOLD_ENGINE = 0, MML_HOLD_CONSUMER = 1, MML_HOLD_FIXED = 2, MML_HOLDERS = 3 };
 
 /* A charge's state.  IDLE: not in the ledger; WAITING: queued for its turn or for room;
  * GRANTED: its bytes are held (by the engine until handed over); FAILED: it never will be
@@ -84,6 +88,7 @@ typedef struct mml_ledger_stats {
   uint64_t counted_over;       /* counts that left held + cached above the cap (L13) */
   int64_t over_most;           /* the most above the cap a count left it (L13) */
   int64_t head_seq, head_need; /* the first waiting charge (-1, 0: none) */
+  int consumer_waiting;        /* the consumer's wait is declared now (L7) */
 } mml_ledger_stats;
 
 /* A new ledger (MML_ENOMEM; cap < 0: MML_EINVAL). */
@@ -126,6 +131,11 @@ int mml_ledger_room(mml_ledger *g, int64_t seq, int64_t bytes);
  * make room for it); id >= 0, cache id's bytes (nobody held them).  Counted even past the
  * cap: returns how far above the cap the total is after it (0: within). */
 int64_t mml_ledger_count(mml_ledger *g, int id, int64_t bytes);
+/* Records `bytes` already taken, or set aside before anything asks, as FIXED credit (L13's
+ * count in that class: caches make way first, counted even past the cap; returns how far
+ * above the cap the total is after it).  The deadlock rule (L7) does not count it as
+ * credit that will come back. */
+int64_t mml_ledger_count_fixed(mml_ledger *g, int64_t bytes);
 /* Withdraws a WAITING charge (a seek, a rewind): IDLE again; charges behind it may be
  * granted.  A GRANTED or FAILED charge is left alone (release it). */
 void mml_ledger_withdraw(mml_ledger *g, mml_charge *c);
@@ -153,6 +163,24 @@ void mml_ledger_hand_over(mml_ledger *g, int64_t bytes);
  * the lock the producers finish work under: the next end of ENGINE work (hand-over,
  * release, cache_put from the engine) clears it (that work may be what it waits for). */
 void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
+/* The consumer's wait by the ledger (L7 with L11's protocol): the consumer reads
+ * mml_ledger_consumer_changes under its owner's lock BEFORE it looks for what it waits
+ * for; finding nothing, it drops that lock and calls mml_ledger_consumer_wait with the
+ * count it read.  When `declare` is set and nothing changed since its look, the wait is
+ * declared (the deadlock rule may fail the head at once); it blocks until the count moves
+ * -- every end of ENGINE work and every mml_ledger_consumer_poke (the owner's own events: a
+ * batch queued, an error, a close, work started that holds no credit), both of which also
+ * end the declaration (the look it was made from is stale), and the shutdown -- or `until`
+ * (CLOCK_MONOTONIC, NULL: no bound) passes; the declaration ends with the wait.  Returns 1
+ * when the count moved (look again), 0 when the time ran out.  So the consumer declares
+ * again after every end of ENGINE work, with no lost wakeup: an end between its look and
+ * its wait moved the count it waits on.  The owner declares only while none of its work
+ * runs without credit (work that holds nothing yet still ends by itself: L7 cannot see
+ * it). */
+uint64_t mml_ledger_consumer_changes(mml_ledger *g);
+void mml_ledger_consumer_poke(mml_ledger *g);
+int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,
+                             const struct timespec *until);
 
 /* Waiting for the ledger OR the owner's own events, without polling and without a lost
  * wakeup (L11): a thread that must act on whichever comes first -- a charge of its granted

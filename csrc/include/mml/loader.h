@@ -385,6 +385,8 @@ typedef struct mml_loader_stats {
   uint64_t room_waits;             /* waits of the workers for max_memory room (a read, a
                                       decode's scratch, an emission): one per look that found
                                       none */
+  uint64_t consumer_waits;         /* next()'s waits under max_memory: one per look that found
+                                      nothing for it (woken by an end of work or a batch) */
   int64_t video_open_peak;         /* the most bytes held at once by videos kept open from
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */

@@ -624,6 +624,181 @@ TEST(ledger_deadlock_rule_and_explainer) {
   mml_ledger_free(g);
 }
 
+/* L7 with FIXED credit: bytes set aside for the owner's lifetime (a reserve) count
+ * against the cap but are not credit that will come back, so the head fails once only
+ * they and the consumer's are held; the same bytes held as ENGINE credit (work running)
+ * keep it waiting.  Releasing FIXED credit is no end of work: the declaration stays. */
+TEST(ledger_deadlock_rule_with_and_without_fixed_credit) {
+  for (int fixed = 0; fixed < 2; fixed++) {
+    mml_ledger *g = new_ledger(100);
+    mml_err err;
+    if (fixed)
+      CHECK_EQ_INT(mml_ledger_count_fixed(g, 30), 0);
+    else
+      CHECK_EQ_INT(mml_ledger_count(g, -1, 30), 0);
+    mml_charge a = charge(0, 40), h = charge(1, 40);
+    CHECK_OK(mml_ledger_request(g, &a, &err), err);
+    mml_ledger_hand_over(g, 40); /* a batch the consumer holds */
+    CHECK_OK(mml_ledger_request(g, &h, &err), err);
+    CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING); /* 30 + 40 + 40 > 100 */
+    mml_ledger_consumer_waiting(g, 1);
+    mml_ledger_stats s;
+    mml_ledger_get_stats(g, &s);
+    if (!fixed) { /* running work: it will give its 30 back */
+      CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+      CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 30);
+      CHECK_EQ_INT(s.consumer_waiting, 1);
+      mml_ledger_release(g, 30, MML_HOLD_ENGINE); /* it did: room, granted */
+      CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_GRANTED);
+      mml_ledger_free(g);
+      continue;
+    }
+    CHECK_EQ_INT(s.held[MML_HOLD_ENGINE], 0);
+    CHECK_EQ_INT(s.held[MML_HOLD_FIXED], 30);
+    CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_FAILED);
+    CHECK_EQ_INT(mml_ledger_error(g, &err), MML_ENOMEM);
+    CHECK(strstr(err.msg, "30 bytes set aside for the loader's lifetime"));
+    CHECK(strstr(err.msg, "max_memory >= 110 would hold it"));
+    /* a FIXED release is no end of work: the declaration holds (a head that does not
+     * fit fails at once), and the room it gave lets in what fits now */
+    mml_ledger_release(g, 30, MML_HOLD_FIXED);
+    mml_ledger_get_stats(g, &s);
+    CHECK_EQ_INT(s.held[MML_HOLD_FIXED], 0);
+    CHECK_EQ_INT(s.consumer_waiting, 1);
+    mml_charge m = charge(2, 70); /* 40 + 70 > 100 */
+    CHECK_EQ_INT(mml_ledger_request(g, &m, &err), MML_ENOMEM);
+    CHECK_EQ_INT(m.state, MML_CHARGE_FAILED);
+    mml_charge k = charge(3, 60); /* 40 + 60 fits */
+    CHECK_OK(mml_ledger_request(g, &k, &err), err);
+    CHECK_EQ_INT(mml_ledger_state(g, &k), MML_CHARGE_GRANTED);
+    mml_ledger_free(g);
+  }
+}
+
+/* L7 with L11: the consumer's wait declared through its change count.  An end of ENGINE
+ * work between its look and its wait moves the count: the wait returns at once and
+ * declares nothing (a stale look never declares); a fresh look declares, and the deadlock
+ * rule's failure ends the wait; an owner's poke ends a declaration. */
+TEST(ledger_consumer_wait_never_declares_a_stale_look) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 60), w = charge(1, 10), h = charge(2, 40);
+  CHECK_OK(mml_ledger_request(g, &a, &err), err);
+  mml_ledger_hand_over(g, 60);
+  CHECK_OK(mml_ledger_request(g, &w, &err), err); /* work running */
+  CHECK_OK(mml_ledger_request(g, &h, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  const uint64_t seen = mml_ledger_consumer_changes(g); /* the consumer looks: nothing */
+  mml_ledger_hand_over(g, 10); /* w finished meanwhile: perhaps what it waits for */
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += 30;                                            /* only a hang would reach it */
+  CHECK_EQ_INT(mml_ledger_consumer_wait(g, seen, 1, &until), 1); /* at once: look again */
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);     /* nothing was declared */
+  mml_ledger_stats s;
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.consumer_waiting, 0);
+  /* it looked again: nothing for it, nothing running: declared, the head fails, and the
+   * failure ends the wait (the stream ends in that error) */
+  CHECK_EQ_INT(mml_ledger_consumer_wait(g, mml_ledger_consumer_changes(g), 1, &until), 1);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_FAILED);
+  /* a bounded wait with nothing happening runs out (0) and withdraws its declaration */
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_nsec += 2000000;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  CHECK_EQ_INT(mml_ledger_consumer_wait(g, mml_ledger_consumer_changes(g), 1, &until), 0);
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.consumer_waiting, 0);
+  /* an owner's poke (work started that holds no credit: a read) makes the look stale and
+   * ends a declaration: a head that does not fit waits instead of failing */
+  mml_ledger_consumer_waiting(g, 1);
+  mml_ledger_consumer_poke(g);
+  mml_charge h2 = charge(3, 50); /* 70 held by the consumer + 50 > 100 */
+  CHECK_OK(mml_ledger_request(g, &h2, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(g, &h2), MML_CHARGE_WAITING);
+  mml_ledger_get_stats(g, &s);
+  CHECK_EQ_INT(s.consumer_waiting, 0);
+  mml_ledger_withdraw(g, &h2);
+  mml_ledger_free(g);
+}
+
+/* L7 with L11, threads: a consumer that waits by its change count declares again after
+ * EVERY end of ENGINE work, so the head fails right after the last one and not before;
+ * it wakes once per end and once for the failure, never more (no polling, no busy loop). */
+typedef struct cons_loop {
+  mml_ledger *g;
+  pthread_mutex_t mu; /* the owner's lock: the consumer looks under it */
+  int got;            /* the owner's queue: something for the consumer (under mu) */
+  mml_charge *head;
+  atomic_int wakes;
+} cons_loop;
+
+static void *cons_loop_main(void *arg) {
+  cons_loop *C = arg;
+  for (;;) {
+    pthread_mutex_lock(&C->mu);
+    const uint64_t seen = mml_ledger_consumer_changes(C->g); /* before the look */
+    const int done = C->got || mml_ledger_state(C->g, C->head) == MML_CHARGE_FAILED;
+    pthread_mutex_unlock(&C->mu);
+    if (done) return NULL;
+    (void)mml_ledger_consumer_wait(C->g, seen, 1, NULL);
+    atomic_fetch_add(&C->wakes, 1);
+  }
+}
+
+static int wait_declared(mml_ledger *g, int wakes, atomic_int *n) {
+  for (int i = 0; i < 20000; i++) {
+    mml_ledger_stats s;
+    mml_ledger_get_stats(g, &s);
+    if (s.consumer_waiting && atomic_load(n) == wakes) return 1;
+    usleep(100);
+  }
+  return 0;
+}
+
+TEST(ledger_consumer_declares_again_after_each_end_of_work) {
+  cons_loop C;
+  memset(&C, 0, sizeof C);
+  C.g = new_ledger(100);
+  pthread_mutex_init(&C.mu, NULL);
+  mml_err err;
+  CHECK_EQ_INT(mml_ledger_count_fixed(C.g, 10), 0); /* a reserve: not waited for */
+  mml_charge a = charge(0, 50), w = charge(1, 30), h = charge(2, 40);
+  CHECK_OK(mml_ledger_request(C.g, &a, &err), err);
+  mml_ledger_hand_over(C.g, 50);
+  CHECK_OK(mml_ledger_request(C.g, &w, &err), err); /* work running: 30 */
+  CHECK_OK(mml_ledger_request(C.g, &h, &err), err); /* 10 + 50 + 30 + 40 > 100 */
+  C.head = &h;
+  pthread_t th;
+  CHECK_EQ_INT(pthread_create(&th, NULL, cons_loop_main, &C), 0);
+  CHECK(wait_declared(C.g, 0, &C.wakes));
+  mml_ledger_release(C.g, 10, MML_HOLD_ENGINE); /* an end of work: 20 still running */
+  CHECK(wait_declared(C.g, 1, &C.wakes));       /* it looked and declared again */
+  CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_WAITING);
+  mml_ledger_hand_over(C.g, 10); /* another: 10 still running */
+  CHECK(wait_declared(C.g, 2, &C.wakes));
+  CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_WAITING);
+  mml_ledger_release(C.g, 10, MML_HOLD_ENGINE); /* the last: nothing runs now */
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_FAILED);
+  CHECK_EQ_INT(atomic_load(&C.wakes), 4); /* three ends and the failure: no more */
+  /* the owner's own event (a batch queued under its lock, then a poke) ends a wait too */
+  mml_charge h2 = charge(3, 0);
+  CHECK_OK(mml_ledger_request(C.g, &h2, &err), err);
+  C.head = &h2;
+  atomic_store(&C.wakes, 0);
+  CHECK_EQ_INT(pthread_create(&th, NULL, cons_loop_main, &C), 0);
+  CHECK(wait_declared(C.g, 0, &C.wakes));
+  pthread_mutex_lock(&C.mu);
+  C.got = 1;
+  mml_ledger_consumer_poke(C.g);
+  pthread_mutex_unlock(&C.mu);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(atomic_load(&C.wakes), 1);
+  pthread_mutex_destroy(&C.mu);
+  mml_ledger_free(C.g);
+}
+
 /* L8: a charge above the cap alone fails at once, naming the cap it needs. */
 TEST(ledger_too_large_alone) {
   mml_ledger *g = new_ledger(100);
