@@ -224,6 +224,7 @@ TEST_DECLARE(threads_share_config)
 TEST_DECLARE(pixel_formats_and_frame_slots)
 TEST_DECLARE(pixels_expand_is_the_writers_bits)
 TEST_DECLARE(pixels_u8_rows_any_offset_are_the_float_bytes)
+TEST_DECLARE(pixels_float_rows_any_offset_are_the_reference)
 TEST_DECLARE(pixels_expand_in_place_is_expand)
 TEST_DECLARE(pixels_expand_in_place_split)
 /* test-image.c */
@@ -457,6 +458,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(pixel_formats_and_frame_slots)
     TEST_ENTRY(pixels_expand_is_the_writers_bits)
     TEST_ENTRY(pixels_u8_rows_any_offset_are_the_float_bytes)
+    TEST_ENTRY(pixels_float_rows_any_offset_are_the_reference)
     TEST_ENTRY(pixels_expand_in_place_is_expand)
     TEST_ENTRY(pixels_expand_in_place_split)
     /* test-image.c */

@@ -19,9 +19,11 @@
  * division-free form that is used only after it matched the table bit for bit for all 256
  * values of every channel — so results are bit-identical and no float image is
  * materialised.  Each patch of a block is written once, in memory order (non-temporal
- * stores when the output is 32-byte aligned): pixel_values is written sequentially, and
- * a block's patches are written a share per row of the next block (two blocks alternate)
- * so the output stores overlap decoding instead of stalling on memory bandwidth.
+ * stores when the output is 32-byte aligned; a still image's float rows with AVX-512 a
+ * whole 64-byte line at a time from registers, vision_patch.c float_lines): pixel_values
+ * is written sequentially, and a block's patches are written a share per row of the next
+ * block (two blocks alternate) so the output stores overlap decoding instead of stalling
+ * on memory bandwidth.
  * Intermediates are a few rows (ring, pending group, two blocks); scratch (decoder,
  * coefficients, rows, normalisation table) is per thread and grows to the largest image
  * seen; steady state allocates nothing of ours.

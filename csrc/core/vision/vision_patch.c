@@ -9,9 +9,13 @@
  * frame of a video's temporal patch):
  *   float32   the reference's exact arithmetic: a 256-entry table per channel (portable),
  *             the same IEEE operations in AVX2, or a division-free AVX2+FMA form used
- *             only when it matched the table bit for bit;
- *   bfloat16  that table rounded to nearest even (portable), or the AVX2 float32 values
- *             rounded the same way in AVX2 (so the same bits);
+ *             only when it matched the table bit for bit; with AVX-512 (F/BW) and every
+ *             frame slot of a row (a still image), the same operations 16 lanes at a
+ *             time, each 64-byte output line written once from a register (float_lines),
+ *             otherwise each patch row assembled in a scratch row and streamed out
+ *             (float_rows: video frames, no AVX-512, MML_DISABLE_AVX512=1);
+ *   bfloat16  that table rounded to nearest even (portable), or the AVX2 / AVX-512
+ *             float32 values rounded the same way (so the same bits);
  *   uint8     the resized bytes themselves: with AVX-512 (F/BW) and one frame slot a row
  *             (a still image), written through the block a whole 64-byte output line at
  *             a time from registers (u8_lines); otherwise
@@ -352,6 +356,161 @@ __attribute__((target("avx2,avx512f,avx512bw"))) static void write_u8_lines(patc
     u8_lines(g, bh, bw0, bw1, g->P);
 }
 #define MML_HAVE_U8_LINES 1
+
+/* The float formats of a still image (every frame slot of a row: nslots == S), written a
+ * whole 64-byte output line at a time straight from registers, as u8_lines writes uint8:
+ * the rows of patch columns [bw0, bw1) are one run of values, and that run is the planar
+ * block's P-byte pieces (bw, mh, mw, c, slot, py) one after another (a piece per slot: a
+ * still image's slots are the same frame).  Each piece is one masked load of its bytes
+ * into the line's index register at its lanes (and one more with what spills into the
+ * next line); a full line's 16 (float32) or 32 (bfloat16) bytes become its values with
+ * float_rows' operations (norm8, or norm8_fast where it was verified; bf16x8's rounding)
+ * 16 lanes at a time, each lane with its channel's mean and std (a line may hold the end
+ * of one channel and the start of the next), and are stored once: a non-temporal store
+ * for a full line, masked plain stores for the run's first and last partial lines (shared
+ * with the runs before and after).  No scratch row between: float_rows assembles each
+ * patch row in one and streams it out, and its stores into the scratch queue behind the
+ * non-temporal ones (pixels.c's vbmi_lines, the same pattern removed from the expansion).
+ * Measured (docs/benchmarks.md, "The float patch layout from registers"): lower CPU per
+ * image at the model's limits; at 768x768 no change, where the writer's samples are
+ * mostly the non-temporal stores draining (plain stores were slower).  The destination is
+ * a multiple of the value size (pick_writer); 1 <= P <= 16. */
+#define MML_TARGET_LINES __attribute__((target("avx2,fma,avx512f,avx512bw")))
+
+/* norm8's values (norm8_fast's where FAST) of the 16 bytes in w's 32-bit lanes, with each
+ * lane's mean m, std sd and 1/std r. */
+MML_TARGET_LINES static inline __attribute__((always_inline)) __m512 norm16(__m512i w, __m512 m,
+                                                                            __m512 sd, __m512 r,
+                                                                            const int fast) {
+  if (fast) {
+    const __m512 c255 = _mm512_set1_ps(255.0f), r255 = _mm512_set1_ps(1.0f / 255.0f);
+    const __m512 v = _mm512_cvtepi32_ps(w), q = _mm512_mul_ps(v, r255);
+    const __m512 x = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, c255, v), r255, q);
+    const __m512 a = _mm512_sub_ps(x, m), y = _mm512_mul_ps(a, r);
+    return _mm512_fmadd_ps(_mm512_fnmadd_ps(y, sd, a), r, y);
+  }
+  const __m512d inv255 = _mm512_set1_pd(1.0 / 255.0);
+  const __m256 lo =
+      _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(w)), inv255));
+  const __m256 hi =
+      _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(w, 1)), inv255));
+  const __m512 f = _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+  return _mm512_div_ps(_mm512_sub_ps(f, m), sd);
+}
+
+/* 16 float32 values to bfloat16, bf16x8's rounding. */
+MML_TARGET_LINES static inline __attribute__((always_inline)) __m256i bf16x16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi16(
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16));
+}
+
+/* Lane means, stds and 1/stds of a line: [0] lanes 0-15, [1] lanes 16-31 (bfloat16). */
+typedef struct lane_norm {
+  __m512 m[2], sd[2], r[2];
+} lane_norm;
+
+/* One line's values from the indices in idx's first 16 (float32) or 32 bytes, stored to d:
+ * all of it non-temporally when keep has every lane, else the lanes in keep. */
+MML_TARGET_LINES static inline __attribute__((always_inline)) void line_out(
+    uint8_t *d, uint32_t keep, __m512i idx, const lane_norm *n, const int bf16, const int fast) {
+  if (!bf16) {
+    const __m512 f =
+        norm16(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(idx)), n->m[0], n->sd[0], n->r[0], fast);
+    if (keep == 0xFFFFu)
+      _mm512_stream_ps((float *)d, f);
+    else
+      _mm512_mask_storeu_ps(d, (__mmask16)keep, f);
+    return;
+  }
+  const __m256i h0 = bf16x16(
+      norm16(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(idx)), n->m[0], n->sd[0], n->r[0], fast));
+  const __m256i h1 = bf16x16(norm16(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(idx, 1)),
+                                    n->m[1], n->sd[1], n->r[1], fast));
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+  if (keep == 0xFFFFFFFFu)
+    _mm512_stream_si512((__m512i *)d, v);
+  else
+    _mm512_mask_storeu_epi16(d, (__mmask32)keep, v);
+}
+
+MML_TARGET_LINES static inline __attribute__((always_inline)) void float_lines(
+    const patch_ctx *g, int bh, int bw0, int bw1, const int P, const int bf16, const int fast) {
+  const int M = g->M, S = g->S;
+  const unsigned esz = bf16 ? 2 : 4, vpl = 64 / esz; /* values per line */
+  const uint32_t full = bf16 ? 0xFFFFFFFFu : 0xFFFFu;
+  const size_t W = (size_t)g->gw * P + 16, plane = (size_t)P * M * W;
+  const uint8_t *blk = g->block + (size_t)(bh & 1) * g->half;
+  __m512 mean[3], sd[3], rsd[3];
+  for (int c = 0; c < 3; c++) {
+    mean[c] = _mm512_set1_ps(g->mean[c]);
+    sd[c] = _mm512_set1_ps(g->std[c]);
+    rsd[c] = _mm512_set1_ps(1.0f / g->std[c]);
+  }
+  uint8_t *o = patch_row(g, bh, bw0, 0, 0);
+  unsigned pos = (unsigned)((uintptr_t)o & 63) / esz; /* the next value's lane in the line */
+  uint8_t *d = o - (size_t)pos * esz;                 /* the line being filled */
+  uint32_t keep = full & (~0u << pos);                /* lanes of this line the run writes */
+  const uint64_t pm = ~0ull >> (64 - P);              /* a piece's lanes */
+  lane_norm n = {{mean[0], mean[0]}, {sd[0], sd[0]}, {rsd[0], rsd[0]}};
+  __m512i idx = _mm512_setzero_si512();
+  for (int bw = bw0; bw < bw1; bw++)
+    for (int mh = 0; mh < M; mh++)
+      for (int mw = 0; mw < M; mw++) {
+        const uint8_t *src = blk + (size_t)mh * P * W + (size_t)(bw * M + mw) * P;
+        for (int c = 0; c < 3; c++) {
+          /* the line's lanes from pos on are channel c's (until the next channel's start) */
+          const uint32_t from = ~0u << pos;
+          n.m[0] = _mm512_mask_mov_ps(n.m[0], (__mmask16)from, mean[c]);
+          n.sd[0] = _mm512_mask_mov_ps(n.sd[0], (__mmask16)from, sd[c]);
+          n.r[0] = _mm512_mask_mov_ps(n.r[0], (__mmask16)from, rsd[c]);
+          if (bf16) {
+            n.m[1] = _mm512_mask_mov_ps(n.m[1], (__mmask16)(from >> 16), mean[c]);
+            n.sd[1] = _mm512_mask_mov_ps(n.sd[1], (__mmask16)(from >> 16), sd[c]);
+            n.r[1] = _mm512_mask_mov_ps(n.r[1], (__mmask16)(from >> 16), rsd[c]);
+          }
+          for (int t = 0; t < S; t++) {
+            const uint8_t *sp = src + c * plane;
+            for (int py = 0; py < P; py++, sp += W) {
+              /* bytes sp[0, P) go to lanes [pos, pos + P); the load's address is sp - pos,
+               * of which only the masked bytes are read */
+              idx = _mm512_mask_loadu_epi8(idx, pm << pos, (const void *)((uintptr_t)sp - pos));
+              pos += (unsigned)P;
+              if (pos < vpl) continue;
+              line_out(d, keep, idx, &n, bf16, fast);
+              d += 64;
+              keep = full;
+              pos -= vpl; /* the piece's last pos bytes start the next line */
+              idx = _mm512_maskz_loadu_epi8(pm >> (P - pos), sp + P - pos);
+              n.m[0] = n.m[1] = mean[c];
+              n.sd[0] = n.sd[1] = sd[c];
+              n.r[0] = n.r[1] = rsd[c];
+            }
+          }
+        }
+      }
+  if (pos) line_out(d, keep & ~(~0u << pos), idx, &n, bf16, fast);
+  _mm_sfence();
+}
+
+#define LINES_WRITER(NAME, BF16)                                              \
+  MML_TARGET_LINES static void NAME(patch_ctx *g, int bh, int bw0, int bw1) { \
+    if (!g->fast)                                                             \
+      float_lines(g, bh, bw0, bw1, g->P, BF16, 0);                            \
+    else if (g->P == 14)                                                      \
+      float_lines(g, bh, bw0, bw1, 14, BF16, 1);                              \
+    else if (g->P == 16)                                                      \
+      float_lines(g, bh, bw0, bw1, 16, BF16, 1);                              \
+    else                                                                      \
+      float_lines(g, bh, bw0, bw1, g->P, BF16, 1);                            \
+  }
+LINES_WRITER(write_f32_lines, 0)
+LINES_WRITER(write_bf16_lines, 1)
+#undef LINES_WRITER
+#undef MML_TARGET_LINES
+#define MML_HAVE_FLOAT_LINES 1
 #endif
 #undef FOR_PATCH_ROWS
 
@@ -497,6 +656,16 @@ static void pick_writer(patch_ctx *g, mml_vision_scratch *s, int format) {
                                             : write_f32;
   g->fast = 0;
   g->ptmp = NULL;
+#ifdef MML_HAVE_FLOAT_LINES
+  /* a still image's float rows: whole lines from registers (float_lines), no scratch row */
+  const size_t esz = format == MML_PIXEL_BFLOAT16 ? 2 : 4;
+  if (format != MML_PIXEL_UINT8 && g->nslots == g->S && g->P <= 16 &&
+      (uintptr_t)g->out % esz == 0 && mml_cpu_avx512()) {
+    g->write = format == MML_PIXEL_BFLOAT16 ? write_bf16_lines : write_f32_lines;
+    g->fast = s->norm_fast;
+    return;
+  }
+#endif
 #ifdef MML_HAVE_AVX2_PATCH
   if (format != MML_PIXEL_UINT8 && mml_cpu_avx2() && g->P >= 8 && g->P <= 16) {
     g->write = format == MML_PIXEL_BFLOAT16 ? write_bf16_avx2 : write_f32_avx2;

@@ -617,6 +617,89 @@ TEST(pixels_u8_rows_any_offset_are_the_float_bytes) {
   mml_vision_scratch_free(s);
 }
 
+/* float32 and bfloat16 rows of a still image (float_lines with AVX-512; float_rows or the
+ * tables without, or with MML_DISABLE_AVX512=1, or at a destination that is not a
+ * multiple of the value size) are exactly the reference's values of the image's uint8
+ * rows, (float32(double(v) * (1/255)) - mean) / std (rounded to nearest even for
+ * bfloat16), at any destination offset from a cache line that is a multiple of the value
+ * size (a run's first and last lines are partial), and nothing before or after the rows is written: P 14 and 16 (the
+ * presets), P 3, 5 and 9 (the generic loops; a line holding three channels at P 3), T 2
+ * and 1, with the presets' mean and std (the division-free form) and with a subnormal std,
+ * for which that form is not exact (so the writers divide). */
+static void check_float_rows(mml_vision_scratch *s, const unsigned char *jpg, unsigned long len,
+                             const mml_vision_cfg *base) {
+  const int offs[] = {0, 2, 4, 12, 30, 36, 60, 62};
+  mml_err err = {0};
+  mml_vision_cfg cu = *base;
+  cu.pixel_format = MML_PIXEL_UINT8;
+  mml_vision_plan pu;
+  CHECK_OK(mml_vision_plan_bytes(&cu, jpg, len, &pu, &err), err);
+  const int P = base->patch_size, T = base->temporal_patch_size, PP = P * P;
+  const size_t rows = (size_t)pu.rows, cols = (size_t)3 * T * PP;
+  uint8_t *u = malloc(rows * 3 * PP);
+  CHECK_OK(mml_vision_process_bytes(&cu, s, jpg, len, &pu, u, &err), err);
+  float *want = malloc(rows * cols * 4);
+  for (size_t r = 0; r < rows; r++)
+    for (int c = 0; c < 3; c++)
+      for (int k = 0; k < PP; k++) {
+        const float x = (float)((double)u[r * 3 * PP + (size_t)c * PP + k] * (1.0 / 255.0));
+        const float v = (x - base->mean[c]) / base->std[c];
+        for (int t = 0; t < T; t++) want[r * cols + (size_t)(c * T + t) * PP + k] = v;
+      }
+  uint8_t *buf = NULL;
+  CHECK(posix_memalign((void **)&buf, 64, rows * cols * 4 + 256) == 0);
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    mml_vision_cfg cf = *base;
+    cf.pixel_format = bf16 ? MML_PIXEL_BFLOAT16 : MML_PIXEL_FLOAT32;
+    mml_vision_plan pf;
+    CHECK_OK(mml_vision_plan_bytes(&cf, jpg, len, &pf, &err), err);
+    const size_t esz = bf16 ? 2 : 4, fb = rows * cols * esz;
+    for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+      const size_t off = 64 + (size_t)offs[oi];
+      if (off % esz) continue; /* the values are aligned (the portable writer's stores) */
+      memset(buf, 0xA5, fb + 256);
+      CHECK_OK(mml_vision_process_bytes(&cf, s, jpg, len, &pf, buf + off, &err), err);
+      size_t bad = 0, guard = 0;
+      for (size_t i = 0; i < off; i++) guard += buf[i] != 0xA5;
+      for (size_t i = off + fb; i < fb + 256; i++) guard += buf[i] != 0xA5;
+      for (size_t i = 0; i < rows * cols; i++) {
+        const uint16_t h = bf16_of(want[i]);
+        bad +=
+            memcmp(buf + off + i * esz, bf16 ? (const void *)&h : (const void *)&want[i], esz) != 0;
+      }
+      CHECK_EQ_INT(guard, 0);
+      CHECK_EQ_INT(bad, 0);
+    }
+  }
+  free(buf);
+  free(want);
+  free(u);
+}
+
+TEST(pixels_float_rows_any_offset_are_the_reference) {
+  const int sizes[][2] = {{203, 150}, {301, 219}, {97, 400}};
+  const int patches[] = {14, 16, 3, 5, 9};
+  mml_err err = {0};
+  mml_vision_scratch *s = NULL;
+  CHECK_OK(mml_vision_scratch_new(&s), err);
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    unsigned long len;
+    unsigned char *jpg = mml_test_jpeg(sizes[si][0], sizes[si][1], 0, &len);
+    CHECK(jpg != NULL);
+    for (size_t pi = 0; pi < sizeof patches / sizeof patches[0]; pi++)
+      for (int divide = 0; divide <= 1; divide++) {
+        mml_vision_cfg cf;
+        mml_vision_preset(patches[pi] == 16 ? "qwen3-vl" : "qwen2.5-vl", &cf, &err);
+        cf.patch_size = patches[pi];
+        if (divide) cf.std[1] = 1e-39f; /* subnormal: 1/std is infinite */
+        if (si == 0 && pi == 0) cf.temporal_patch_size = 1;
+        check_float_rows(s, jpg, len, &cf);
+      }
+    tjFree(jpg);
+  }
+  mml_vision_scratch_free(s);
+}
+
 /* mml_pixels_expand_inplace: uint8 rows at the start of a buffer become exactly the rows
  * mml_pixels_expand writes elsewhere, for every row count from 0 (each run boundary and
  * row 0 from its copy), on the streamed (P 14, 16: aligned rows) and plain (P 3, 5) loops,
