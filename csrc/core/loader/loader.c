@@ -646,6 +646,30 @@ void mml_loader_close(mml_loader *L) {
   pthread_mutex_unlock(&L->mu);
 }
 
+/* What one window slot owns (its reads' charges are out of the ledger: mml_loader_free). */
+static void task_free(mml_loader *L, task *t) {
+  mml_sample_free(&t->sample);
+  mml_bytes_free(&t->rec_bytes);
+  ld_pq_row_free(&t->pqrow);
+  if (t->rec_parsed) mml_record_free(&t->rec);
+  for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
+  free(t->imgs);
+  free(t->rc); /* its reads' charges, out of the ledger (mml_loader_free) */
+  free(t->refs);
+  free(t->plans);
+  ld_task_close_videos(L, t);
+  free(t->vinfo);
+  free(t->vplans);
+  free(t->vids);
+  for (int v = 0; t->vhead && v < t->vcap; v++) {
+    mml_bytes_free(&t->vhead[v].first);
+    mml_bytes_free(&t->vhead[v].tail);
+  }
+  free(t->vhead);
+  ld_place_clear(t);
+  mml_bytes_free(&t->path);
+}
+
 void mml_loader_free(mml_loader *L) {
   if (!L) return;
   mml_loader_close(L);
@@ -666,29 +690,7 @@ void mml_loader_free(mml_loader *L) {
     pthread_mutex_unlock(&L->mu);
   }
   if (L->tasks) {
-    for (int i = 0; i < L->window; i++) {
-      task *t = &L->tasks[i];
-      mml_sample_free(&t->sample);
-      mml_bytes_free(&t->rec_bytes);
-      ld_pq_row_free(&t->pqrow);
-      if (t->rec_parsed) mml_record_free(&t->rec);
-      for (int j = 0; j < t->imgs_cap; j++) mml_bytes_free(&t->imgs[j]);
-      free(t->imgs);
-      free(t->rc); /* its reads' charges, out of the ledger (above) */
-      free(t->refs);
-      free(t->plans);
-      ld_task_close_videos(L, t);
-      free(t->vinfo);
-      free(t->vplans);
-      free(t->vids);
-      for (int v = 0; t->vhead && v < t->vcap; v++) {
-        mml_bytes_free(&t->vhead[v].first);
-        mml_bytes_free(&t->vhead[v].tail);
-      }
-      free(t->vhead);
-      ld_place_clear(t);
-      mml_bytes_free(&t->path);
-    }
+    for (int i = 0; i < L->window; i++) task_free(L, &L->tasks[i]);
     ld_bytes_free_spares(L);
     free(L->tasks);
   }
