@@ -402,9 +402,14 @@ def test_zero_copy_views_keep_objects_alive_and_close_frees_everything(cluster, 
     L.close()
     with pytest.raises(mmloader.Error, match="closed"):
         next(L)
-    for a in actors:  # the producers are gone
+    # the producers are gone: ray.kill reaches an actor through the GCS, so a call sent at
+    # once may still run before its process exits; each must fail within the deadline
+    deadline = time.time() + 30
+    for a in actors:
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(a.pid.remote(), timeout=30)
+            while time.time() < deadline:
+                ray.get(a.pid.remote(), timeout=30)
+                time.sleep(0.2)
     gc.collect()
     assert [{k: v.tobytes() for k, v in b.items()} for b in kept] == digest  # still valid
     held = _plasma_mib()
