@@ -264,6 +264,10 @@ TEST(test_seek_ahead_and_plan_only) {
   CHECK_EQ_INT(take(L, ref, NITEMS, cur), 0);
   mml_loader_free(L);
 
+  /* as mmloader.ray's producers: a loader started at construction decodes epoch 0's first
+   * batches before the first seek_ahead drops them (good_samples counted them: 117 != 111
+   * once in ~600 runs under load, when the workers got that far first) */
+  c.start = MML_START_NEXT;
   CHECK_OK(mml_loader_new(&c, &L, &err), err);
   mml_cursor at = {0, 0, 0};
   for (int i = 0; i < NITEMS; i++) {
