@@ -382,7 +382,9 @@
  *      handed off, no ticket's buffer mapped and the consumer holding nothing; earlier,
  *      11 of seeds 1001-2000 before the idle rule covered an open pack's bound).  The
  *      pool's live bytes must be split into the consumer's and the engine's before L7
- *      can decide for tickets.  A decode's scratch or an emission that finds no room
+ *      can decide for tickets.  (Found with step (ii): the 4 MiB were a batch's buffer that
+ *      the consumer had released, held by the collator thread's reference to its last
+ *      sample's destination through the hand-off's wait: loader_admit.c A10.)  A decode's scratch or an emission that finds no room
  *      while only parked reads are in flight is counted by scratch_stuck / emit_stuck (it
  *      hung before: seed 385, once in 1000 under load).  Seeds 1-2000 beside main at the
  *      same hour: see the commit.
@@ -402,6 +404,16 @@
  *      into the consumer's and the engine's, then the declaration for tickets too, and
  *      mem_head_fails, reads_stuck and read_stuck go; (iii) scratch and emission charges
  *      that wait, for scratch_stuck and emit_stuck; then the holds, the one explainer.
+ *      (ii) The pool's live bytes are the consumer's: done (loader_admit.c A10).  The
+ *      hook's CONSUMER credit was every live byte; with nothing queued, handed off or
+ *      mapped and the consumer holding nothing, 4 MiB stayed live: the collator thread's
+ *      reference to the last sample's destination, kept through the hand-off, whose wait
+ *      (one collator instance: for that batch's emission) can outlast the consumer's
+ *      release of the batch.  It goes before the hand-off now, so no engine reference
+ *      outlives a batch's entry into the consumer's queue, and every live byte is a
+ *      mapped ticket's buffer, a batch handed off or queued, or the consumer's: CONSUMER
+ *      credit (L5) without a split.  ld_ledger_queued_locked checks it at each queueing
+ *      (S5 reports a batch queued with another reference: 13 in 20 schedules before).
  */
 #include "mml/ledger.h"
 

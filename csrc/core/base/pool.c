@@ -721,6 +721,10 @@ void mml_buf_retain(mml_buf *b) {
   if (b) atomic_fetch_add_explicit((atomic_int *)&b->refcnt, 1, memory_order_relaxed);
 }
 
+int mml_buf_refs(const mml_buf *b) {
+  return atomic_load_explicit((atomic_int *)&b->refcnt, memory_order_acquire);
+}
+
 void mml_buf_release(mml_buf *b) {
   if (!b) return;
   if (atomic_fetch_sub_explicit((atomic_int *)&b->refcnt, 1, memory_order_acq_rel) != 1) return;

@@ -107,6 +107,23 @@
  *       plus the gate's hold (mml_ledger_room: a try's answer without the grant): the
  *       loader no longer sums its memory itself to decide; held_bytes_locked only feeds the
  *       explainers' figures.
+ *  A10. The pool's live bytes, which its hook counts as CONSUMER credit, are the consumer's
+ *       (L5): a ticket's buffer mapped, a batch handed off or queued for the consumer, or
+ *       one it holds -- no reference of the engine to a batch's buffers outlives the
+ *       batch's entry into the consumer's queue.  The worker's decode reference becomes
+ *       the sample's (home), given up when the collator takes the sample; the collator's
+ *       own reference to the sample's destination is given up once the collator instance
+ *       holds the buffer (coll_add_locked), before the hand-off, which may wait for that
+ *       batch's emission (with one instance, until it is queued: the consumer may take and
+ *       release it before the collator thread runs again).  Kept through that wait it held
+ *       4 MiB the consumer had released (tests/test_video_files.py
+ *       test_max_memory_counts_videos_kept_open, L7 declared for tickets: every run).
+ *       ld_ledger_queued_locked counts a batch queued while a reference beyond its
+ *       tensors' holds one of its buffers (led_engine_refs), which ld_ledger_check_locked
+ *       reports (test-loader-stress.c S5: 13 in 20 schedules with that reference kept; a
+ *       debug build's assert at free).  The one engine reference left is a ticket's old
+ *       buffer that a running decode still writes after rebuffer replaced it: live while
+ *       that decode runs, when the consumer does not declare its wait (C2: decoding).
  *
  * TICKETS (ledger.c THE FLIP'S ORDER step 3; M2).  A ticket plane's buffer is one charge
  * in the ledger (tk_plane.ch, ld_admit_ticket_locked), kept while the plane is pending:
@@ -295,8 +312,10 @@
  *       test_max_memory_counts_videos_kept_open, every run: 4 MiB of the pool's live bytes
  *       -- CONSUMER credit, as the pool's hook counts every live byte -- with no batch
  *       queued, none handed off, no ticket's buffer mapped and the consumer holding none;
- *       main's detector, 3 quiet looks, let them come back).  Which engine reference that
- *       is must be found and counted as ENGINE credit before L7 may decide for tickets.
+ *       main's detector, 3 quiet looks, let them come back).  Found: the collator thread's
+ *       reference to the last sample's destination, held through the hand-off's wait after
+ *       the consumer released the batch; it goes before the hand-off now (A10), and that
+ *       test passes with L7 declared for tickets.
  *       Besides, the media bytes of samples placed in the head ticket are ENGINE credit
  *       that comes back only after that ticket's buffer: where mem_head_fails fires, L7
  *       would wait for them; they go with reads as revocable charges (L10: the head asks
@@ -1314,8 +1333,9 @@ void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover) {
 
 /* The pool's changes (every allocation, growth, release and trim, on the thread that made
  * it, possibly under mu): its live bytes are batches' buffers -- the consumer's class
- * (a batch being built is the consumer's, L5) -- and what a release keeps mapped becomes
- * the pooled pages' cache. */
+ * (a batch being built is the consumer's, L5; no engine reference outlives its entry into
+ * the consumer's queue, A10) -- and what a release keeps mapped becomes the pooled pages'
+ * cache. */
 /* ENGINE credit already granted for the pool's next growths on this thread (an
  * emission's grant for its float rows: ld_ledger_cover_begin): the hook hands it over
  * instead of charging them again. */
@@ -1573,6 +1593,21 @@ void ld_ledger_spare_drop(mml_loader *L, int64_t bytes) {
   if (L->ledger) mml_ledger_cache_drop(L->ledger, L->led_spare, bytes);
 }
 
+void ld_ledger_queued_locked(mml_loader *L, const mml_batch *b) {
+  /* A10: every reference to its buffers is one of its tensors' (the consumer's from here
+   * on); a device stage holds its own while it copies, and has no ledger of its own here */
+  if (!L->ledger || L->stage) return;
+  for (int i = 0; i < b->ntensors; i++) {
+    const mml_buf *x = b->tensors[i].buf;
+    int views = 0;
+    for (int j = 0; j < b->ntensors; j++) views += b->tensors[j].buf == x;
+    if (x && mml_buf_refs(x) > views) {
+      L->led_engine_refs++;
+      return;
+    }
+  }
+}
+
 mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   if (!L->ledger) return MML_OK;
   size_t cached, live;
@@ -1614,6 +1649,12 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                        "the pool grew by %lld bytes that no charge made before the allocation "
                        "paid for (A7)",
                        (long long)uncovered);
+  if (L->led_engine_refs)
+    return mml_err_set(err, MML_EINTERNAL,
+                       "%lld batches were queued for the consumer while the engine still held "
+                       "a reference to their buffers: CONSUMER credit the consumer did not "
+                       "hold (A10)",
+                       (long long)L->led_engine_refs);
   if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra &&
       s.held[MML_HOLD_FIXED] == fixed)
     return MML_OK;

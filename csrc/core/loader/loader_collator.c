@@ -197,6 +197,7 @@ void ld_move_ready_locked(mml_loader *L) {
     if (p->it.kind != ITEM_DROP) {
       if (!out_room_locked(L)) break;
       p->it.bytes = p->it.kind == ITEM_BATCH ? batch_bytes(&p->it.batch) : 0;
+      if (p->it.kind == ITEM_BATCH) ld_ledger_queued_locked(L, &p->it.batch); /* A10 */
       *ld_out_at(L, L->out_count) = p->it;
       L->out_count++;
       L->out_bytes += p->it.bytes;
@@ -549,6 +550,13 @@ static void coll_add_locked(mml_loader *L, coll_state *c) {
   if (pst) {
     ld_set_fatal_locked(L, pst, &c->err);
     return;
+  }
+  /* the collator instance holds the sample's buffers now (attached): its own references
+   * go before the hand-off below, which may wait for the emission and the consumer's
+   * release of this very batch (loader_admit.c A10) */
+  for (int p = 0; p < PLANES; p++) {
+    mml_buf_release(c->at[p].dest);
+    c->at[p].dest = NULL;
   }
   pthread_mutex_unlock(&L->mu);
   double t0 = mml_now();

@@ -340,6 +340,9 @@ struct mml_loader {
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
   _Atomic int64_t led_uncovered;
+  /* batches queued for the consumer while the engine still held a reference to one of
+   * their buffers (loader_admit.c A10: 0 is the rule; mu) */
+  int64_t led_engine_refs;
   /* workers looking for work or room or waiting (from before their look: W4) and the
    * collator in a wait for room (ld_wait_room_locked on coll_cv): the events that give
    * room back poke the ledger / broadcast coll_cv only while there is one (W1; atomic:
@@ -824,6 +827,10 @@ void ld_work_wake(mml_loader *L, int all);
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen);
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes);
 void ld_ledger_spare_drop(mml_loader *L, int64_t bytes);
+/* A batch enters the consumer's queue (ld_move_ready_locked): with a ledger, counts it in
+ * led_engine_refs when a reference other than its tensors' holds one of its buffers
+ * (loader_admit.c A10), which ld_ledger_check_locked reports. */
+void ld_ledger_queued_locked(mml_loader *L, const mml_batch *b);
 /* A1's accounting (A6): the ledger holds exactly what the loader's memory is -- the pool's
  * live and cached bytes, the window's byte buffers (tasks' and spares', summed afresh),
  * the scratch reserve and grants, the emissions' grants, the Parquet room.  MML_EINTERNAL

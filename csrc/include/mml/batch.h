@@ -77,6 +77,9 @@ size_t mml_buf_capacity(const mml_buf *b);
 mml_status mml_pool_grow(mml_buf *b, size_t n, mml_err *err);
 void mml_buf_retain(mml_buf *b);
 void mml_buf_release(mml_buf *b); /* NULL is fine */
+/* The references held on b now: a figure for checks (another holder may change it at any
+ * time unless the caller knows every holder is waiting). */
+int mml_buf_refs(const mml_buf *b);
 /* Bytes currently cached / live, for stats and tests. */
 void mml_pool_usage(mml_pool *p, size_t *cached, size_t *live);
 /* What a pool did since it was made (pool.c COUNTS): a steady state allocates and frees

@@ -18,7 +18,8 @@
  *   S3. The pool never held more than the cap (pool_peak <= max_memory).
  *   S5. The memory ledger balances: at the epoch's end it holds exactly the pool's, the
  *       window's, the scratch's and the emissions' bytes (csrc/core/loader/loader_admit.c
- *       A6; mml_loader_check_memory).
+ *       A6; mml_loader_check_memory), and no batch entered the consumer's queue while the
+ *       engine still held a reference to its buffers (A10).
  *   S4. MML_ENOMEM only where the cap is tight: less room beside the workers' reserve than
  *       2 x (prefetch + 2) of the largest batches and 8 MiB (what today's gates may hold
  *       for the batch the consumer waits for; tests/test_memory_stress.py's bound).
