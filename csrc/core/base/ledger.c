@@ -238,8 +238,8 @@
  *      every input of the room gates pokes when it changes; a 130 MiB cap with two
  *      batches held: 4-11 waits in 0.5 s against 111-216 with the bound).  LEFT: in that
  *      state a wait for room keeps its 5 ms bound (mml_ledger_wait_change_for), for two
- *      reasons.  (1) The stall detectors (read_stuck, reads_stuck, scratch_stuck,
- *      emit_stuck) still decide "nothing can give room back" by 20 looks with nothing
+ *      reasons.  (1) The stall detectors (read_stuck, reads_stuck -- gone with step 2 (iii)
+ *      --, scratch_stuck, emit_stuck) still decide "nothing can give room back" by 20 looks with nothing
  *      running and no room event;
  *      L7 cannot decide it for them while the scratch reserve, the Parquet room and the
  *      window's bytes are ENGINE credit (held[ENGINE] never reaches 0) and no charge
@@ -270,16 +270,11 @@
  *        stream but ask LATER in time than a later sample's read, so L5 does not hold
  *        for them and in-order grants cannot put them first (the reason ticket_hold
  *        stays, step 3).  It goes when those are charged at their stream place (step 4).
- *      - reads_stuck (R3, now over the parked reads) and read_stuck (the gate's):
- *        L7 could not decide for them while the scratch reserve, the Parquet room and
- *        the window's bytes were ENGINE credit (held[ENGINE] never reached 0) and next()
- *        did not declare its wait again after each end of ENGINE work; an untimed wait
- *        with nothing giving room back would then be a hang instead of A3's error.  Since
- *        step 4 (i) L7 decides where the earliest parked read is the head and no media
- *        bytes are held (loader_admit.c C4); reads_stuck stays where a parked task or
- *        another holds media bytes (ENGINE credit that comes back only after the read:
- *        revocable reads, L10, end that), read_stuck for the gate (no charge).  They keep
- *        their bounded looks (20, 5 ms apart, W5's state only).
+ *      - reads_stuck (R3, over the parked reads) and read_stuck (the gate's) stayed
+ *        until (iii) below: L7 could not decide for them while the scratch reserve, the
+ *        Parquet room and the window's bytes were ENGINE credit and next() did not
+ *        declare its wait again after each end of ENGINE work (step 4 (i) did both), nor
+ *        while a parked read kept what it had read.
  *      - T5 (the read asking out of turn when a ticket charge waits): the read's charge,
  *        in order behind that ticket's, would wait for it (L1) while the ticket may wait
  *        for this very read to be placed (mem_stuck).
@@ -302,6 +297,22 @@
  *      bytes come back only after that ticket's buffer (L5 broken: L7 waits for them
  *      forever).  Revoked, they come back by themselves, which step 4 needs before L7
  *      can replace mem_head_fails.
+ *      (iii) The reads' stall detectors replaced by L7: done (loader_admit.c R3, R6, C4,
+ *      C5).  read_stuck and reads_stuck decided "nothing can give room back" by 20 looks
+ *      (5 ms apart) with nothing running; they and their look counting are gone, and the
+ *      ledger's deadlock rule decides where the head is the earliest parked read.  What
+ *      it needed: (1) a parked read's bytes come back when asked: it gives back what its
+ *      reads took and reads again from its first item, once per sample (R6: without a
+ *      bound it livelocked, MML_STRESS_SEED=539; with it, seeds 1-2000 restarted 15
+ *      parked reads and asked none back twice); (2) a decode queued behind, waiting for
+ *      room, is no engine work (C5) while no room came back and no waiting charge left
+ *      since the look that refused it; (3) the collator's next sample being the parked
+ *      read (or such a decode) lets the consumer declare although the batch it waits
+ *      for has a buffer, the collator's add being work of its own (C4); (4) the read gate
+ *      with nothing in flight lets the read go ahead instead of counting looks, so its
+ *      charge can be the head.  T5 stays, asked on the first look (only_parked_reads_run).
+ *      Seeds 1-2000 beside main 1e60b06 at the same hour: 56 + 63 out of memory (main 59
+ *      + 65), 0 failed, 0 over the cap.
  *   3. The collation thread blocks only on the head ticket's charge.  Done in part
  *      (loader_admit.c T1-T3): a ticket plane's buffer is ONE request at the ticket's
  *      first sample's seq for its bytes and ticket_hold's room, which WAITS in the ledger
@@ -355,8 +366,8 @@
  *      Beside main 4dc1b02 at the same hour (seeds 1-2000, 1000 plain each): 55 + 65-68
  *      out of memory (main 54-56 + 60-62), 0 failed, 0 + 1 over the cap (+0.3%; main
  *      1 + 0); every error "the batch the consumer waits for" but 2 of 2000.
- *   4. Delete the stall detectors (read_stuck, scratch_stuck, emit_stuck, mem_head_fails,
- *      and reads_stuck, added with step 1) and the 5 ms polls (read_may_wait's went with step 2 (ii)), the
+ *   4. Delete the stall detectors (scratch_stuck, emit_stuck, mem_head_fails; read_stuck and
+ *      reads_stuck went with step 2 (iii)) and the 5 ms polls (read_may_wait's went with step 2 (ii)), the
  *      holds and the gates the charges replaced; loader_place.c returns to placement only;
  *      the one explainer (L8) composes every out-of-memory message; the name callback (d).
  *      (i) What L7 needs to decide: done (loader_admit.c C1-C4).  The FIXED class: the
@@ -393,8 +404,8 @@
  *      buffer, which is the head) are ENGINE credit that comes back only after the head
  *      is granted; since step 2 (ii) R5 the ledger asks the revocable ones back (L10),
  *      so what keeps L7 from those cases now is the declaration, not made for tickets
- *      (the pool's live bytes above).  The workers' detectors (read_stuck, reads_stuck,
- *      scratch_stuck, emit_stuck) and their 5 ms looks stay for that reason and because
+ *      (the pool's live bytes above).  The workers' detectors (scratch_stuck, emit_stuck;
+ *      the reads' went with step 2 (iii)) and their 5 ms looks stay for that reason and because
  *      their charges are tries (never the waiting head): a decode's
  *      scratch and an emission must become charges that wait at their seq (the task or
  *      the batch parked meanwhile, as reads are: R2) before L7 can decide for them, and
@@ -402,7 +413,7 @@
  *      although only that decode gives them back (they must then count apart, as
  *      credit held by the waiting charge itself).  NEXT: (ii) the pool's live bytes split
  *      into the consumer's and the engine's, then the declaration for tickets too, and
- *      mem_head_fails, reads_stuck and read_stuck go; (iii) scratch and emission charges
+ *      mem_head_fails goes; (iii) scratch and emission charges
  *      that wait, for scratch_stuck and emit_stuck; then the holds, the one explainer.
  *      (ii) The pool's live bytes are the consumer's: done (loader_admit.c A10).  The
  *      hook's CONSUMER credit was every live byte; with nothing queued, handed off or

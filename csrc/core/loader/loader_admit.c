@@ -90,7 +90,7 @@
  *       allocated before the read too, once its size is known: a charge that waits in the
  *       ledger, the task parked meanwhile (READS, R1-R4; loader_bytes.c B4); no read goes
  *       ahead without a grant, and when nothing at all can give room back it is A3's
- *       error (R3).
+ *       error, by the ledger's deadlock rule (R3, C4).
  *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4) and a
  *       decode's scratch (M3): each a try at its seq (ledger.c L12: granted now or "no
  *       room", under mu; an emission's at its batch's first sample, pend_item.seq), the
@@ -151,7 +151,7 @@
  *       collation thread maps a grant only at its next look, and it may be waiting for
  *       that very work (an instance being emitted).  Those planes ask again.
  *   T5. A read whose charge waits while nothing but parked reads is in the engine and the
- *       consumer waits (reads_stuck, R3) asks out of turn when a ticket charge waits
+ *       consumer waits (only_parked_reads_run) asks out of turn when a ticket charge waits
  *       (mem_blocked): that charge cannot be granted before the read ends, and the read
  *       may be what lets placement shrink or close the ticket (mem_stuck, which waits for
  *       reads to end).  It stays with step 2 (ii) (ledger.c): the read's own charge, in
@@ -177,17 +177,16 @@
  *       (its task_run returns to take_task_locked), so a grant made between the request
  *       and the park is not lost.  While it waits, each look makes room for the earliest
  *       from later samples' bytes that can be read again.
- *   R3. When nothing but parked reads is in the engine (every task in flight parked,
- *       nothing queued for a worker that can run, no decode or emission: a queued decode
- *       whose try waits for room does not count -- its bytes asked back (R5), its
- *       re-read waits behind the head ticket's charge: MML_STRESS_SEED=539 hung while it
- *       counted) and the consumer waits for a
- *       batch with none to take, 20 looks in a row with no room event between them
- *       (5 ms apart: W5) mean nothing can give room back: A3's error naming the earliest
- *       parked read (T5 first).  A detector still where media bytes are held (ENGINE
- *       credit): the ledger's L7 decides first where none are (C4); ledger.c THE FLIP'S
- *       ORDER step 2 (ii) says why the rest stays.
- *   R4. A charge leaves with its need: a parked read run again that no longer needs it
+ *   R3. When nothing but parked reads is in the engine and the consumer waits for a batch
+ *       with none to take, the ledger's deadlock rule decides (L7, C4): the earliest
+ *       parked read's charge, the head, fails when nothing holds ENGINE credit, and its
+ *       read raises the explainer's message (R2's look finds it FAILED).  What would hold
+ *       ENGINE credit there that only the read could let come back is given back: later
+ *       samples' media bytes that can be read again (R5, READ AGAIN) and a parked read's
+ *       own (R6); a decode queued behind, waiting for room, is no work (C5).  No look is
+ *       counted (the stall detector read_stuck / reads_stuck and its 20 looks went:
+ *       ledger.c THE FLIP'S ORDER step 2 (iii)).
+  R4. A charge leaves with its need: a parked read run again that no longer needs it
  *       (a spare taken since holds its bytes, or another size: asked anew) and a task
  *       finishing with one (finish_task_locked) give a grant back or withdraw a waiting
  *       charge (ld_admit_read_drop_locked); A6's balance counts grants not taken yet
@@ -201,18 +200,25 @@
  *       head needs -- its revoke callback (never mu: ledger.c (b)) flags the task and
  *       pokes; a worker's look gives it back where the task allows it now
  *       (ld_admit_revoked_locked): a planned sample drops its media bytes and its decode
- *       reads them again (READ AGAIN); a parked one gives back the grant it has not
- *       taken yet (it asks anew when it runs on) and keeps those its reads took (giving
- *       back what it read and reading it again could repeat without end: a parked read
- *       re-read for a decode's scratch was granted out of turn (T5) and parked again,
- *       MML_STRESS_SEED=539); one a worker holds is looked at when it parks or
- *       finishes; one asked back at its decode's start drops its bytes instead of
- *       settling.  A grant that cannot be given back (its bytes fetched meanwhile, no
- *       decode to read them again, or a parked read's taken ones) is kept
+ *       reads them again (READ AGAIN); a parked one reads again from its first item
+ *       (R6); one a worker holds is looked at when it parks or finishes; one asked back
+ *       at its decode's start drops its bytes instead of settling.  A grant that cannot
+ *       be given back (its bytes fetched meanwhile, no decode to read them again, or a
+ *       parked read's taken ones once it restarted: R6) is kept
  *       (mml_ledger_keep: final, and the head asks back the next).  Given back, its
  *       bytes are freed and counted like any of the task's (the count releases them)
  *       and the ledger forgets the charge (reads_forget_locked: mml_ledger_keep after
  *       the release), so nothing is released twice (A6).
+ *   R6. A parked read asked back gives back what its reads took, ONCE per sample
+ *       (task.restarted; restart_parked_locked): its charge asked now leaves the ledger,
+ *       its media bytes are freed (their grants released, then forgotten, as READ AGAIN)
+ *       and it reads again from its first media item, its next charge queued behind the
+ *       head that asked (L1), so it holds nothing while that head waits (L7 need not wait
+ *       for it).  Counted in samples_reread.  Parked again and asked again, it keeps what
+ *       it took (a grant not taken yet still goes back): a restart without a bound
+ *       livelocked (a parked read re-read for a decode's scratch was granted out of turn,
+ *       T5, and parked again: MML_STRESS_SEED=539).  Seeds 1-2000 of the stress test: 15
+ *       restarts, no read asked back a second time holding bytes.
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
@@ -232,7 +238,7 @@
  *       consumer releasing a batch on its own thread) can fall between its look and its
  *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
  *       both, the stall detectors (emit_stuck, scratch_stuck,
- *       reads_stuck (R3), mem_head_fails) decide "nothing can give room back" by 20 (3) looks
+ *       mem_head_fails) decide "nothing can give room back" by 20 (3) looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
  *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
@@ -255,8 +261,8 @@
  *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
  *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
  *       next() with no batch to take and no decode or emission runs (consumer_waiting,
- *       !out_count, !decoding, !emitting): only then may a stall detector (read_stuck,
- *       reads_stuck, scratch_stuck, emit_stuck: each rule needs all four) have to count
+ *       !out_count, !decoding, !emitting): only then may a stall detector (scratch_stuck,
+ *       emit_stuck: each rule needs all four) have to count
  *       looks; each way into that state pokes (next(), ld_move_ready_locked after a take
  *       or an emission, a decode ending).  Otherwise it waits without a bound, which needs
  *       every change a room gate reads to wake it: room events (W1), and pokes where the gates' other
@@ -306,7 +312,8 @@
  *       next() woke itself ~10^6 times a batch.  stats consumer_waits counts the waits
  *       (tests/test_memory.py test_consumer_waits_in_stats).
  *   C3. What stays, and why: mem_head_fails / ld_admit_head_stuck_locked and the workers'
- *       detectors still decide, and the consumer declares its wait only where the head is
+ *       detectors for a decode's scratch and an emission (scratch_stuck, emit_stuck) still
+ *       decide, and the consumer declares its wait only where the head is
  *       a parked read (C4), never a ticket's charge.  With tickets declared too, L7 failed
  *       a ticket's charge where the batches fit (tests/test_video_files.py
  *       test_max_memory_counts_videos_kept_open, every run: 4 MiB of the pool's live bytes
@@ -328,12 +335,30 @@
  *       placement then stops at the first parked read.  L7 fails that read's charge when
  *       nothing holds ENGINE credit -- no media bytes of any sample, no scratch, no
  *       grant -- and its read raises the ledger's explainer's message (R2's look finds it
- *       FAILED).  Where a parked task or another holds media bytes (ENGINE credit that
- *       comes back only after the read), L7 waits for them and R3's detector decides.
- *       (In seeds 1-2000 of the stress test L7 fired in none: every error there is still
- *       a detector's.  C3's unexplained live bytes may reach this rule too: if a read's
- *       error ever names bytes "waiting for the consumer" that the consumer does not
- *       hold, that is where to look.)
+ *       FAILED).  The media bytes that would hold ENGINE credit there, coming back only
+ *       after the read, are asked back (L10): later samples' (R5, READ AGAIN) and the
+ *       parked reads' own (R6).  A batch up to the one the consumer waits for may have a
+ *       buffer when the collator's next sample is that read itself or a decode waiting
+ *       for room (C5): every sample before it was taken and added (the collator's add,
+ *       `collating`, is work: a batch it completes is handed off after it).  Where the
+ *       read gate holds the next read back with nothing in flight and nothing else able
+ *       to free room, the read goes ahead (read_room_or_ahead) so that its charge can be
+ *       the head.  What L7 still waits for: bytes that cannot be asked back (fetched,
+ *       videos kept open, a parked read's taken bytes asked back a second time: R6) and
+ *       a decode's own media bytes while it waits for its scratch (scratch_stuck decides
+ *       there).  In seeds 1-2000 of the stress test no read's error came from L7 or from
+ *       the detector it replaced (none fired before either): every error there is
+ *       mem_head_fails', scratch_stuck's or emit_stuck's.
+ *   C5. A decode queued that waits for room -- its try refused (its scratch, or the bytes
+ *       of its re-read: READ AGAIN), or queued behind one that was -- is no engine work
+ *       (ld_admit_engine_idle_locked) while no room came back and no waiting charge left
+ *       the ledger since the look that refused it (task.dec_wait_seen against
+ *       ld_admit_decode_events_locked: room_events and withdrawals); it holds no credit
+ *       and can start only after one of those, and a look that marks it anew pokes the
+ *       consumer (ld_admit_decode_waits_locked).  Marked by the ledger's change count
+ *       instead, the consumer's own poke of the workers (next(): W5) re-marked it at each
+ *       look: the workers and the consumer woke each other, and scratch_stuck's 20 looks
+ *       came within microseconds (4 of seeds 1-1000 raised its error where main delivered).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -344,6 +369,7 @@
 #include <string.h>
 
 #include "loader_int.h"
+#include "mml/datauri.h"
 
 static ticket *tk_at(mml_loader *L, int64_t id) { return &L->tks[id % L->ntk]; }
 static task *slot_of(mml_loader *L, int64_t seq) { return &L->tasks[seq % L->window]; }
@@ -469,8 +495,8 @@ void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
   mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
   if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
     ld_ledger_release(L, q->ch.bytes); /* granted, never mapped (T2) */
-  else /* withdrawn: later tries are no longer refused behind it (L1; W5) */
-    ld_room_gates_changed_locked(L);
+  else /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
+    ld_room_withdrawn_locked(L);
   q->ch.state = MML_CHARGE_IDLE;
 }
 
@@ -784,41 +810,19 @@ int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
 /* The read the consumer's batch may need (only_consumer_waits, not head_final): room for
  * one sample beside what is live, caches (spare byte buffers, videos kept open ahead)
  * freed first.  When it cannot fit and nothing else can free room or use it -- no ticket
- * waits for room (mem_stuck's rule: mem_blocked), no decode is queued, every sample read
- * is placed -- 20 looks in a row (5 ms apart) mean it never will: an error naming what is
- * held.  Without it a packed epoch hung here: the head pack's samples all taken, the
- * sample that ends it planned into the next pack, which gets a buffer only once complete
- * (its bound above a quarter of the cap), and no read fitting beside the head pack's
- * buffer (tests/c/loader/test-loader-stress.c loader_max_memory_stuck_read_ends). */
-static int read_room_or_stuck(mml_loader *L, int64_t est) {
-  if (ld_mem_room_hold_locked(L, est, 0)) {
-    L->read_stuck = 0;
-    return 1;
-  }
+ * waits for room (mem_blocked), no decode is queued, every sample read is placed -- the
+ * read goes ahead: its bytes, once their size is known, are a charge that waits in the
+ * ledger (R1-R2), the head, and the ledger's deadlock rule decides whether it can ever
+ * fit (C4, L7).  Held back with nothing in flight, no rule could decide: a packed epoch
+ * hung here (the head pack's samples all taken, the sample that ends it planned into the
+ * next pack, which gets a buffer only once complete, and no read fitting beside the head
+ * pack's buffer: tests/c/loader/test-loader-stress.c loader_max_memory_stuck_read_ends). */
+static int read_room_or_ahead(mml_loader *L, int64_t est) {
+  if (ld_mem_room_hold_locked(L, est, 0)) return 1;
   if (ld_bytes_spares(L)) ld_bytes_free_spares(L);
-  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0)) {
-    L->read_stuck = 0;
+  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0))
     return ld_mem_room_hold_locked(L, est, 0);
-  }
-  if (L->mem_blocked || L->dec_head || L->place_seq < L->next_seq || L->fatal) {
-    L->read_stuck = 0;
-    return 0;
-  }
-  if (!ld_room_quiet_locked(L, &L->read_seen)) L->read_stuck = 0; /* W2: room came back */
-  if (++L->read_stuck < 20) return 0;
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  const task *t = slot_of(L, L->head_seq);
-  mml_err e;
-  mem_explain(L, t->seq == L->head_seq && t->gen == L->gen ? t : NULL,
-              "the next sample to read, which the batch the consumer waits for may need", est,
-              held_bytes_locked(L, live) + est,
-              "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
-              "alive while it asks for the next (`del batch` at the end of the loop body "
-              "releases it)",
-              &e);
-  ld_set_fatal_locked(L, MML_ENOMEM, &e);
-  return 0;
+  return !(L->mem_blocked || L->dec_head || L->place_seq < L->next_seq || L->fatal);
 }
 
 int ld_mem_may_read_locked(mml_loader *L) {
@@ -828,8 +832,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * can use the room held below, and the batch it waits for may need this sample (holding
    * it back hung the loader when two large batches did not fit beside the rest); the
    * steps after the read still check the cap and name what cannot fit. */
-  if (only_consumer_waits(L) && !head_final(L)) return read_room_or_stuck(L, est);
-  L->read_stuck = 0;
+  if (only_consumer_waits(L) && !head_final(L)) return read_room_or_ahead(L, est);
   /* Once samples need scratch: beside the most one has needed (the one read may need as
    * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
    * built; a batch the consumer holds is live already): samples read ahead must not take
@@ -954,6 +957,24 @@ int64_t ld_admit_drop_bytes_ahead_locked(mml_loader *L, int64_t after, int64_t w
   return freed;
 }
 
+/* R6: parked read t, asked back, gives back what its reads took and reads again from its
+ * first media item: its charge asked now leaves the ledger (withdrawn, or given back), its
+ * media bytes are freed and counted (which releases their grants), the ledger forgets the
+ * grants (as READ AGAIN: nothing released twice, A6), and the sample's byte count loses
+ * what it had read (its reads count them again). */
+static void restart_parked_locked(mml_loader *L, task *t) {
+  ld_admit_read_drop_locked(L, t);
+  const int nmedia = t->rec.nimages + mml_record_frames(&t->rec);
+  for (int i = 0; i < t->room_at && i < nmedia && i < t->imgs_cap; i++)
+    if (!mml_is_data_uri(mml_record_media_ref(&t->rec, i))) t->sample.bytes -= t->imgs[i].len;
+  for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) mml_bytes_free(&t->imgs[i]);
+  ld_mem_count_task_locked(L, t); /* released: the head may be granted (L2) */
+  reads_forget_locked(L, t);      /* after the release (as drop_media_locked) */
+  t->room_at = 0;                 /* its next look runs it from the first item */
+  t->restarted = 1;
+  L->samples_reread++;
+}
+
 static void read_revoke(void *arg) {
   /* L10, run by the ledger on any thread, mu held or not: never takes mu (ledger.c (b));
    * the ledger moved its change count, which wakes the workers (W4) */
@@ -999,11 +1020,14 @@ void ld_admit_revoked_task_locked(mml_loader *L, task *t) {
       drop_media_locked(L, t); /* READ AGAIN: its decode reads them again */
     else
       ld_admit_reads_settle_locked(L, t, 0);
+  } else if (t->state == SLOT_BUSY && t->room_at >= 0 && !t->restarted && rereadable(L, t) &&
+             !t->pending && !t->room_nremote) {
+    restart_parked_locked(L, t); /* R6: once; its next look reads it again from the first */
   } else if (t->state == SLOT_BUSY && t->room_at >= 0) {
-    /* parked: a grant its read has not taken yet goes back at once (it may be the one
-     * asked back; the task asks anew when it runs on: ld_admit_parked_locked); the grants
-     * its reads took are kept (a parked read that gave back what it read and read it
-     * again could do so without end: R5) */
+    /* parked, restarted once already (or not rereadable): a grant its read has not taken
+     * yet goes back at once (it may be the one asked back; the task asks anew when it runs
+     * on: ld_admit_parked_locked); the grants its reads took are kept (a parked read that
+     * gave back what it read and read it again without a bound livelocked: R6) */
     if (t->rch_on && mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_GRANTED)
       ld_admit_read_drop_locked(L, t);
     ld_admit_reads_settle_locked(L, t, 0);
@@ -1018,13 +1042,11 @@ void ld_admit_revoked_locked(mml_loader *L) {
   for (int i = 0; i < L->window; i++) ld_admit_revoked_task_locked(L, &L->tasks[i]);
 }
 
-/* R3: nothing but reads parked for room is in the engine (every task in flight is one),
+/* T5: nothing but reads parked for room is in the engine (every task in flight is one),
  * nothing is queued for a worker that can run (ld_admit_parked_locked is looked at after
- * take_decode_locked found no queued decode that can start: those left wait for room too,
- * such as a decode whose media bytes were asked back (R5) and whose re-read's try waits
- * behind the head ticket's charge, L1), and the consumer waits for a batch with none to
- * take: no work can give room back. */
-static int reads_stuck(const mml_loader *L) {
+ * take_decode_locked found no queued decode that can start) and the consumer waits for a
+ * batch with none to take: no work but those reads can let placement go on. */
+static int only_parked_reads_run(const mml_loader *L) {
   return L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting &&
          L->pend_head == L->pend_tail && !L->ready_head && L->in_flight == L->reads_parked;
 }
@@ -1054,8 +1076,8 @@ void ld_admit_read_drop_locked(mml_loader *L, task *t) {
   if (mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED) {
     mml_ledger_give_back(L->ledger, c); /* revocable or not */
     ld_room_wake(L);                    /* W1 */
-  } else { /* withdrawn: later tries are no longer refused behind it (L1; W5) */
-    ld_room_gates_changed_locked(L);
+  } else { /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
+    ld_room_withdrawn_locked(L);
   }
   c->state = MML_CHARGE_IDLE;
   c->revocable = 0;
@@ -1128,7 +1150,7 @@ void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote) {
   t->next_ready = L->room_head;
   L->room_head = t;
   L->reads_parked++;
-  ld_room_gates_changed_locked(L);    /* W5: reads_stuck counts the reads parked */
+  ld_room_gates_changed_locked(L);    /* W5, C2: T5 and C4 look at the reads parked */
   ld_admit_revoked_task_locked(L, t); /* R5: asked back while it read */
 }
 
@@ -1151,50 +1173,26 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
     t->room_at = -1;
     return t;
   }
-  if (!first) {
-    L->park_stuck = 0;
-    return NULL;
-  }
+  if (!first) return NULL;
   *waiting = 1;
   /* room from later samples' bytes that can be read again, as the read's request made */
   if (ld_admit_drop_bytes_ahead_locked(L, first->seq, LD_RCH(first)->bytes) > 0) return NULL;
-  /* R3: 20 looks in a row (5 ms apart: W5) with nothing but parked reads in the engine
-   * and the consumer waiting, and no room event between them: it never will fit (a
-   * detector, not the ledger's L7: ledger.c THE FLIP'S ORDER step 2 (ii) says why) */
-  if (!ld_room_quiet_locked(L, &L->park_seen)) L->park_stuck = 0; /* W2: room came back */
-  L->park_stuck = reads_stuck(L) ? L->park_stuck + 1 : 0;
-  if (!L->park_stuck) return NULL;
   /* T5: nothing but reads runs and the consumer waits, so a ticket charge waiting in the
    * ledger cannot be granted before this read ends: L1 would only hold the read behind
-   * it (an out-of-memory error naming the read where it fits: 10 of 1000 schedules), and
-   * the read may be what lets placement shrink or close that ticket (mem_stuck): it asks
-   * out of turn, before every waiting charge (a try at seq -1, settled) */
-  if (L->mem_blocked) {
-    mml_charge c = {.seq = -1, .bytes = LD_RCH(first)->bytes};
-    if (mml_ledger_try(L->ledger, &c)) {
-      mml_charge *rc = LD_RCH(first);
-      mml_ledger_withdraw(L->ledger, rc);
-      if (mml_ledger_state(L->ledger, rc) == MML_CHARGE_GRANTED) {
-        ld_ledger_release(L, c.bytes); /* granted in turn meanwhile: that grant is kept */
-      } else { /* withdrawn: the try's grant is its charge now (settled: a try's) */
-        rc->state = MML_CHARGE_GRANTED;
-        rc->revocable = 0;
-      }
-      L->park_stuck = 0;
-      return NULL;
-    }
+   * it, and the read may be what lets placement shrink or close that ticket (mem_stuck):
+   * it asks out of turn, before every waiting charge (a try at seq -1, settled).  Where no
+   * ticket charge waits, the ledger's deadlock rule decides for the earliest read (C4) */
+  if (!L->mem_blocked || !only_parked_reads_run(L)) return NULL;
+  mml_charge c = {.seq = -1, .bytes = LD_RCH(first)->bytes};
+  if (!mml_ledger_try(L->ledger, &c)) return NULL;
+  mml_charge *rc = LD_RCH(first);
+  mml_ledger_withdraw(L->ledger, rc);
+  if (mml_ledger_state(L->ledger, rc) == MML_CHARGE_GRANTED) {
+    ld_ledger_release(L, c.bytes); /* granted in turn meanwhile: that grant is kept */
+  } else { /* withdrawn: the try's grant is its charge now (settled: a try's) */
+    rc->state = MML_CHARGE_GRANTED;
+    rc->revocable = 0;
   }
-  if (L->park_stuck < 20) return NULL;
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  mml_err e;
-  mem_explain(L, first, "its images' bytes, being read", LD_RCH(first)->bytes,
-              held_bytes_locked(L, live) + pool_bytes(LD_RCH(first)->bytes),
-              "or hold fewer batches: a `for batch in loader` loop keeps the previous "
-              "batch alive while it asks for the next (`del batch` at the end of the loop "
-              "body releases it)",
-              &e);
-  ld_set_fatal_locked(L, MML_ENOMEM, &e); /* the parked reads fail at the next look */
   return NULL;
 }
 
@@ -1507,6 +1505,15 @@ void ld_room_gates_changed_locked(mml_loader *L) {
   ld_consumer_wake_locked(L, 0); /* C2: the engine may be idle now */
 }
 
+void ld_room_withdrawn_locked(mml_loader *L) {
+  L->withdrawals++; /* C5: a decode's try behind it may be granted now */
+  ld_room_gates_changed_locked(L);
+}
+
+uint64_t ld_admit_decode_events_locked(mml_loader *L) {
+  return atomic_load(&L->room_events) + L->withdrawals;
+}
+
 void ld_consumer_wake_locked(mml_loader *L, int all) {
   /* C2: under mu, as consumer_waiting: a consumer waiting here read the count before its
    * look, so the poke makes it look again; one not waiting looks after this change */
@@ -1532,31 +1539,62 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
   return s.head_seq == first ? first : -1;
 }
 
+void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen) {
+  if (!L->ledger || t->dec_wait_seen == seen + 1) return;
+  t->dec_wait_seen = seen + 1;
+  ld_consumer_wake_locked(L, 0); /* C5: the engine may be idle now */
+}
+
+/* C5: the decode of t, queued, waits for room since a worker's look after which no room
+ * came back and no waiting charge left the ledger (ld_admit_decode_events_locked), so it
+ * could not start now either. */
+static int decode_waits(mml_loader *L, const task *t) {
+  return t->dec == DEC_QUEUED && t->dec_wait_seen == ld_admit_decode_events_locked(L) + 1;
+}
+
+/* C5: a queued decode is work unless it waits for room (decode_waits). */
+static int decodes_may_run_locked(mml_loader *L) {
+  for (const task *t = L->dec_head; t; t = t->next_dec)
+    if (!decode_waits(L, t)) return 1;
+  return 0;
+}
+
+/* C4, C5: the sample the collator takes next (head_seq) cannot come without the room the
+ * head waits for: it is the earliest parked read (`parked`), or a planned sample whose
+ * decode waits for room (C5); every sample before it was taken. */
+static int collator_waits_for_room(mml_loader *L, int64_t parked) {
+  if (L->head_seq == parked) return 1;
+  const task *t = slot_of(L, L->head_seq);
+  return t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_PLANNED &&
+         decode_waits(L, t);
+}
+
 int ld_admit_engine_idle_locked(mml_loader *L) {
   /* C1: no work of the engine runs, or is queued, without ledger credit: no read in flight
    * (its bytes are charged once their size is known; the record's are the slot's FIXED
    * credit) but reads parked whose charges wait, the head's among them (C4: a waiting
    * charge is the ledger's to decide), no sample read that placement has yet to place (a
    * text-only one holds nothing and may close or shrink a ticket; placement stops at the
-   * first parked read), no decode queued or running, no sample done that the collator has
-   * yet to take, no batch handed off and not yet queued for the consumer, none queued for
-   * it */
+   * first parked read), no decode queued (but those waiting for room: C5) or running, no
+   * sample done that the collator has yet to take or is adding, no batch handed off and not
+   * yet queued for the consumer, none queued for it */
   /* only the earliest parked read's charge, as the ledger's head, is L7's to decide (C4):
    * a ticket's charge is not yet (C3: the pool's live bytes, CONSUMER credit, include bytes
    * the consumer does not hold) */
   const int64_t parked = parked_reads_only_locked(L);
-  if (parked < 0 || parked == INT64_MAX || L->decoding || L->dec_head || L->emitting ||
-      L->jobs_queued || L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
+  if (parked < 0 || parked == INT64_MAX || L->decoding || L->emitting || L->jobs_queued ||
+      L->collating || L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
+      decodes_may_run_locked(L) ||
       (L->placing && L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
     return 0;
   const task *t = slot_of(L, L->head_seq);
   if (t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_DONE) return 0;
-  /* nor while a batch up to the one the consumer waits for has a buffer: it is being built
-   * or collated (its decodes and its emission ask for themselves; the collator finishes a
-   * batch whose last sample it took before its hand-off), and its bytes, CONSUMER credit
-   * from their mapping on, come back once the consumer took and released it: a later
-   * ticket's charge waits for that, not for the consumer */
-  if (L->placing && L->tk_tail >= L->tk_head) {
+  /* nor while a batch up to the one the consumer waits for has a buffer, unless the
+   * collator's next sample waits for room itself: the batch is being built or collated (its
+   * decodes and its emission ask for themselves), and its bytes, CONSUMER credit from
+   * their mapping on, come back once the consumer took and released it: a later ticket's
+   * charge waits for that, not for the consumer */
+  if (L->placing && L->tk_tail >= L->tk_head && !collator_waits_for_room(L, parked)) {
     const int64_t nt = ld_place_needed_ticket(L);
     for (int64_t id = L->tk_head; id <= L->tk_tail && id <= nt; id++)
       if (ld_place_has_buf(tk_at(L, id))) return 0;

@@ -614,8 +614,8 @@ void *ld_collator_main(void *arg) {
     ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
+    L->collating = 1; /* loader_admit.c C2: a batch it completes is handed off below */
     ld_work_wake(L, 1);
-    ld_consumer_wake_locked(L, 0); /* C2: a sample taken: the engine may be idle now */
     L->samples++;
     ld_source_count_locked(L, &c.s);
     if (c.s.status != MML_OK) {
@@ -633,6 +633,8 @@ void *ld_collator_main(void *arg) {
       mml_buf_release(c.at[p].dest);
       c.at[p].dest = NULL;
     }
+    L->collating = 0;
+    ld_consumer_wake_locked(L, 0); /* C2: a sample taken and added: the engine may be idle */
   }
   pthread_mutex_unlock(&L->mu);
   mml_sample_free(&c.s);

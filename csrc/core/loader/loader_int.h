@@ -175,6 +175,13 @@ struct task {
   int rc_cap, nrc;
   int rch_on, room_at, room_nremote;
   int resume_at; /* room_at when a look took it off room_head (the slot holder's) */
+  /* max_memory: its read, parked, gave back what it had read when asked and read again
+   * from its first media item (loader_admit.c R6): once per sample (mu) */
+  int restarted;
+  /* max_memory: its decode, queued, waits for room (its scratch or its re-read's bytes: a
+   * try refused, or behind one) since the worker's look that read the ledger's change
+   * count n (n + 1; 0: not waiting; loader_admit.c C5; mu) */
+  uint64_t dec_wait_seen;
   _Atomic int revoked;
 };
 /* The read's charge asked now (rc[nrc]). */
@@ -331,11 +338,9 @@ struct mml_loader {
   /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
   int64_t read_extra;
   /* tasks parked while their read's charge waits in the ledger (linked by next_ready;
-   * loader_admit.c R2), their count, and consecutive looks with nothing but them in the
-   * engine and the consumer waiting (R3) */
+   * loader_admit.c R2) and their count */
   task *room_head;
-  int reads_parked, park_stuck;
-  uint64_t park_seen;
+  int reads_parked;
   _Atomic int reads_revoked; /* some task's read charge was asked back (R5) */
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
    * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
@@ -351,14 +356,17 @@ struct mml_loader {
   /* events that gave room back (ld_room_wake), and the count each stall detector saw at
    * its last look (under mu): a detector counts only looks with none between them (W2) */
   _Atomic uint64_t room_events;
-  uint64_t read_seen, scratch_seen, emit_seen, head_seen;
+  uint64_t scratch_seen, emit_seen, head_seen;
   int emit_stuck;
   /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
    * else able to free room */
   int decoding, scratch_stuck;
-  /* consecutive looks of the read gate with only the consumer waiting, the next sample
-   * unable to fit and nothing else able to free room (ld_mem_may_read_locked) */
-  int read_stuck;
+  /* the collation thread has taken a sample and not yet added it (mu dropped meanwhile:
+   * a batch it completes is handed off after): engine work (loader_admit.c C2) */
+  int collating;
+  /* waiting charges withdrawn (ld_room_withdrawn_locked): with room_events, what lets a
+   * decode's try be granted (loader_admit.c C5) */
+  uint64_t withdrawals;
   int consumer_waiting; /* the consumer is blocked in next() */
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm; /* `faults` when batch MML_FAULT_WARMUP was delivered */
@@ -733,9 +741,10 @@ static inline int64_t ld_bytes_cap(size_t need) {
  * is set: MML_ENOMEM naming the sample) or the loader stops. */
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
 /* max_memory, a worker's look (mu held): a task parked for room whose charge was granted
- * (or failed, or whose plan was abandoned) leaves room_head; returned to run on (room_at),
- * or NULL.  *waiting is set when some still wait; the stall rule (R3) and the room made
- * for the earliest (READ AGAIN) are applied here. */
+ * (or failed, or whose plan was abandoned, or that gave its bytes back: R6) leaves
+ * room_head; returned to run on (room_at), or NULL.  *waiting is set when some still wait;
+ * the room made for the earliest (READ AGAIN) and its out-of-turn ask (T5) are applied
+ * here. */
 task *ld_admit_parked_locked(mml_loader *L, int *waiting);
 /* R2: t, whose read's charge waits (ld_admit_read_locked returned -1 for media item i,
  * nremote fetches of its stage submitted), is parked on room_head; mu held. */
@@ -748,7 +757,8 @@ void ld_admit_read_drop_locked(mml_loader *L, task *t);
 int ld_admit_reads_settle_locked(mml_loader *L, task *t, int decode);
 /* R5: the reads' grants the ledger asked back (their revoke callbacks) are given back
  * where the tasks allow it now: planned samples drop their media bytes (READ AGAIN),
- * parked ones read theirs again from the first; the others when their worker is done. */
+ * parked ones read theirs again from the first, once (R6); the others when their worker
+ * is done. */
 void ld_admit_revoked_locked(mml_loader *L);
 void ld_admit_revoked_task_locked(mml_loader *L, task *t);
 /* max_memory: the planned sample alone cannot fit (MML_ENOMEM naming its sizes); sets
@@ -812,6 +822,9 @@ uint64_t ld_work_look_locked(mml_loader *L);
 /* An input of the workers' room gates changed (W5): pokes while a worker waits for room,
  * and the consumer while it waits in next() (C2: the engine may be idle now). */
 void ld_room_gates_changed_locked(mml_loader *L);
+/* A waiting charge left the ledger (withdrawn): tries behind it may be granted now, a room
+ * event for the decodes waiting (C5), and the room gates' inputs changed. */
+void ld_room_withdrawn_locked(mml_loader *L);
 /* Its workers' part alone (next(): the consumer's own change, which must not wake it). */
 void ld_room_gates_wake_workers_locked(mml_loader *L);
 /* The consumer's wait in next() (loader_admit.c C1-C4, ledger.c L7): ld_consumer_wake_locked
@@ -821,6 +834,12 @@ void ld_room_gates_wake_workers_locked(mml_loader *L);
  * declare its wait (L7). */
 void ld_consumer_wake_locked(mml_loader *L, int all);
 int ld_admit_engine_idle_locked(mml_loader *L);
+/* C5: queued decode t waits for room (a try refused, or behind one) since a look that
+ * began with ld_admit_decode_events_locked at `seen` (room events and withdrawals of
+ * waiting charges): no engine work while neither came since; the consumer looks again when
+ * that mark changes.  mu held. */
+void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen);
+uint64_t ld_admit_decode_events_locked(mml_loader *L);
 void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
 void ld_work_wake(mml_loader *L, int all);
 /* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */

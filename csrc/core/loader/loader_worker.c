@@ -526,8 +526,10 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
 /* worker threads                                                                       */
 
 /* The next decode job: pixels of batches already composed, in order, but past decodes
- * that wait for max_memory room for their scratch (*wait set); NULL when none can run. */
+ * that wait for max_memory room for their scratch (*wait set; each marked as waiting since
+ * this look: loader_admit.c C5); NULL when none can run. */
 static task *take_decode_locked(mml_loader *L, int *wait) {
+  const uint64_t seen = ld_admit_decode_events_locked(L); /* C5: before any try */
   task *prev = NULL;
   for (task *t = L->dec_head, *next; t; t = next) {
     next = t->next_dec;
@@ -538,9 +540,11 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
     if (!drop &&
         ((*wait && (t->scratch_need > 0 || t->reread)) || !ld_mem_scratch_take_locked(L, t))) {
       *wait = 1;
+      ld_admit_decode_waits_locked(L, t, seen); /* C5 */
       prev = t;
       continue;
     }
+    t->dec_wait_seen = 0;
     if (prev)
       prev->next_dec = next;
     else
@@ -584,6 +588,8 @@ static task *start_task_locked(mml_loader *L) {
   t->reread_bytes = t->reread_granted = 0;
   t->rch_on = 0;
   t->room_at = t->resume_at = -1;
+  t->restarted = 0;
+  t->dec_wait_seen = 0;
   t->started = mml_now();
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
@@ -764,7 +770,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   pthread_mutex_lock(&L->mu);       /* the planner reads the status under mu */
   ld_mem_scratch_give_locked(L, t); /* its scratch is back to the worker's reserve */
   L->decoding--;
-  ld_room_gates_changed_locked(L);     /* W5: reads_stuck (R3) counts decodes running */
+  ld_room_gates_changed_locked(L);     /* W5, C2: T5 and C4 count decodes running */
   ld_task_release_videos_locked(L, t); /* its preloads went with its videos */
   L->read_s += acc.read_s;
   L->bytes_read += acc.bytes;
