@@ -1099,8 +1099,8 @@ class Loader:
         (the workers' waits for max_memory room -- to read a sample, for a decode's
         scratch, for an emission -- one per look that found none), consumer_waits
         (next()'s waits under max_memory, one per look that found nothing for it: each
-        ends when work ends, a batch is queued, or next()'s own 0.1 s slice for Ctrl-C
-        runs out), and
+        ends when a batch is queued, when the memory ledger may have to decide that the
+        batch can never fit, or when next()'s own 0.1 s slice for Ctrl-C runs out), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

@@ -211,9 +211,10 @@ def test_memory_parts_in_stats(shard):
 def test_consumer_waits_in_stats(shard):
     # next()'s waits under max_memory are waits by the ledger (loader_admit.c C2), counted in
     # consumer_waits: the first next() waits for the engine's first batch, so one at least;
-    # each ends with an end of work, an event next() waits for or its own 0.1 s slice, never
-    # a busy loop (with next() waking itself it looped ~10^6 times a batch: the C stress
-    # test's S6).  Without max_memory next() waits on its queue and counts none.
+    # each ends with an event next() waits for, the deadlock rule's case (ledger.c L14: not
+    # every end of work) or its own 0.1 s slice, never a busy loop (with next() waking
+    # itself it looped ~10^6 times a batch: the C stress test's S6).  Without max_memory
+    # next() waits on its queue and counts none.
     _, _, st, _ = _run(shard, max_memory=160 * MB)
     assert st["batches"] == N
     assert 1 <= st["consumer_waits"] < 1000 * st["batches"], st["consumer_waits"]

@@ -25,7 +25,7 @@
  * mutex is released, exactly once.  Lock order: ledger -> a cache's own lock (evict runs
  * under the ledger's lock); nobody calls into the ledger with a cache's lock held.
  *
- * INVARIANTS (tests/c/base/test-ledger.c cites them as L1..L13)
+ * INVARIANTS (tests/c/base/test-ledger.c cites them as L1..L14)
  *   L1. Grants are in stream order: a charge is granted only when no charge before it in
  *       (seq, arrival) order is waiting.
  *   L2. A charge waits only while one before it waits or it does not fit: every change
@@ -53,18 +53,19 @@
  *       it waits, so it is not waited for).  The consumer's wait holds from its
  *       declaration (made after it looked, under the lock its producers finish work
  *       under) to the next end of ENGINE work (hand-over, release, cache_put), which may
- *       be what it waits for: it looks again and declares again.  mml_ledger_consumer_wait
- *       is that loop without a lost wakeup: the consumer reads mml_ledger_consumer_changes
- *       under its owner's lock before it looks, and declares only if the count has not
- *       moved since; every end of ENGINE work, every failure by this rule, every
- *       mml_ledger_consumer_poke (the owner's events: a batch queued, an error, a close,
- *       work started that holds no credit) and the shutdown move it and wake the consumer
- *       (its own condition variable: the workers' pokes do not wake it); an end of work
- *       and a poke end the declaration too.  The owner declares only while none of its
- *       work runs without credit (work holding nothing -- a read whose size is not known,
- *       a sample done and not yet collated -- ends by itself, and this rule cannot see
- *       it); a charge that waits is the ledger's own to decide (the loader's reads parked
- *       for room: loader_admit.c C4).
+ *       be what it waits for, or the owner's next event: its look is stale, and it looks
+ *       again and declares again when L14 wakes it.  mml_ledger_consumer_wait is that
+ *       loop without a lost wakeup: the consumer reads mml_ledger_consumer_changes under
+ *       its owner's lock before it looks, and declares only if the count has not moved
+ *       since; every end of ENGINE work, every mml_ledger_consumer_poke (the owner's
+ *       events for the consumer: a batch queued, an error, a close) and every
+ *       mml_ledger_consumer_stale (the owner's events that change only whether it may
+ *       declare: work started that holds no credit, work that may have left it idle) move
+ *       it and end the declaration; a failure by this rule and the shutdown move it too.
+ *       The owner declares only while none of its work runs without credit (work holding
+ *       nothing -- a read whose size is not known, a sample done and not yet collated --
+ *       ends by itself, and this rule cannot see it); a charge that waits is the ledger's
+ *       own to decide (the loader's reads parked for room: loader_admit.c C4).
  *   L8. One explainer composes every out-of-memory message: the work's name, its bytes,
  *       what the consumer holds, what is in flight and cached, and the cap that would fit.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
@@ -93,6 +94,17 @@
  *       and the stats count each count that left the total above the cap (counted_over,
  *       over_most), which the loader's memory_peak and the stress test report.  A caller
  *       that can ask before it takes uses a try, not a count.
+ *  L14. The consumer is woken only where its answer can change: by its owner's poke (a
+ *       batch queued, an error, a close), a failure by L7 and the shutdown, at once; by
+ *       an end of ENGINE work or its owner's stale event only while the head does not
+ *       fit and no ENGINE credit is held -- the one state in which its declaration
+ *       changes anything (L7) -- at that event or at the first grant step that finds that
+ *       state after it (consumer_chance_locked, in step_locked: every change of the head,
+ *       of ENGINE credit or of room runs it).  A consumer that looked after the last such
+ *       event stays blocked (its look is current: nothing to look at again), one that
+ *       looked before is woken once.  So next() wakes ~once a batch, not once per end of
+ *       work (~20 a batch at a 176 MiB cap, which cost throughput: issue 33), and no
+ *       wakeup is lost: an event between its look and its wait moved the count it passed.
  *
  * THE LOADER'S USE (the plan).  One ledger per loader with max_memory, cap = max_memory.
  * Today the ledger alone decides an emission's grant (M4) and a decode's scratch (M3), by
@@ -380,11 +392,14 @@
  *      or ld_release_videos_ahead_locked gives them back).  next() waits by
  *      mml_ledger_consumer_wait: the consumer's count read under mu before it looks,
  *      declared only when nothing ended since and no work of the engine runs without
- *      credit (ld_admit_engine_idle_locked), woken by every end of ENGINE work and by
- *      every event it waits for (a read started among them: it ends the declaration),
- *      so it declares again after each (no polling: the stress test's S6 bounds next()'s
- *      waits per batch, stats consumer_waits counts them; with next() waking itself it
- *      looped ~10^6 times a batch).  L7 now decides where the head is the earliest
+ *      credit (ld_admit_engine_idle_locked); every end of ENGINE work and every event
+ *      of the engine (a read started among them) ends the declaration, and it is woken
+ *      where its answer can change (L14: its own events at once, the others only where
+ *      L7 can decide for the head; at first every one of them woke it, ~20 a batch at a
+ *      176 MiB cap, and that cost throughput under the tightest cap: loader_admit.c C6),
+ *      so it declares again from a fresh look (no polling: the stress test's S6 bounds
+ *      next()'s waits per batch, stats consumer_waits counts them; with next() waking
+ *      itself it looped ~10^6 times a batch).  L7 now decides where the head is the earliest
  *      parked read's charge and nothing else runs (C4: reads parked since step 2 (ii)
  *      count in in_flight but wait in the ledger).  NOT for a ticket's charge: declared
  *      there too, L7 failed one where the batches fit (tests/test_video_files.py
@@ -462,7 +477,10 @@ struct mml_ledger {
   uint64_t tries_refused, counted_over; /* L12, L13 */
   int64_t over_most;                    /* L13: the most a count took the total over */
   uint64_t changes;                     /* L11 */
-  uint64_t cons_changes; /* L7: ends of ENGINE work and the owner's pokes for its consumer */
+  uint64_t cons_changes; /* L7: what made the consumer's look stale (ends of ENGINE work, the
+                            owner's events for it) */
+  uint64_t cons_woken;   /* L7: cons_changes when the consumer was last woken: it blocks
+                            while this is not past the count it looked at */
   int cons_blocked;      /* the consumer blocks in mml_ledger_consumer_wait */
 };
 
@@ -690,6 +708,37 @@ static void revoke_locked(mml_ledger *g, const mml_charge *head, wake_list *w) {
   }
 }
 
+/* ---- the consumer's wait (L7) ---------------------------------------------------------
+ * What the consumer's wait decides, beside its owner's events (a batch, an error, a
+ * close: mml_ledger_consumer_poke), is whether to declare, and a declaration changes
+ * anything only where L7 can fail the head: a head that does not fit with no ENGINE
+ * credit held.  So an event that only makes its look stale (an end of ENGINE work, the
+ * owner's mml_ledger_consumer_stale) ends the declaration and moves cons_changes, and the
+ * consumer is woken for it only once the grant step finds that head (consumer_chance_locked). */
+
+/* The consumer looks again now: its owner's event, the shutdown or L7's failure (which
+ * keeps the declaration: the consumer still waits, and the next head is L7's too). */
+static void consumer_wake_locked(mml_ledger *g) {
+  g->cons_changes++;
+  g->cons_woken = g->cons_changes;
+  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+}
+
+/* The consumer's look is stale: its declaration ends, and it is woken when L7 can decide. */
+static void consumer_stale_locked(mml_ledger *g) {
+  g->consumer_waiting = 0;
+  g->cons_changes++;
+}
+
+/* The head does not fit and no ENGINE credit is held: a consumer whose look is older
+ * than the latest stale-making event looks again (one that looked since stays blocked:
+ * its wait ends only once cons_woken is past the count it read). */
+static void consumer_chance_locked(mml_ledger *g) {
+  if (g->cons_woken == g->cons_changes) return;
+  g->cons_woken = g->cons_changes;
+  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+}
+
 /* Grants waiting charges in order while the head fits; applies the deadlock rule to a
  * head that does not.  Returns 1 when it stopped with `w` full (more may be grantable:
  * the caller runs `w` and steps again). */
@@ -705,9 +754,11 @@ static int step_locked(mml_ledger *g, wake_list *w) {
       explain_locked(g, c->seq, c->bytes, 0, &e);
       unlink_locked(g, c);
       fail_locked(g, c, MML_ENOMEM, &e);
-      g->cons_changes++; /* the consumer's wait ends: the stream ends in this error */
-      if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+      consumer_wake_locked(g); /* the consumer's wait ends: the stream ends in this error */
     } else {
+      /* L7 would decide for this head if the consumer declared: one whose look is stale
+       * looks again (and declares if nothing of its owner runs without credit) */
+      if (!g->held[MML_HOLD_ENGINE]) consumer_chance_locked(g);
       const uint64_t before = g->changes;
       revoke_locked(g, c, w);
       changed |= g->changes != before;
@@ -908,13 +959,9 @@ int mml_ledger_state(mml_ledger *g, const mml_charge *c) {
 /* ---- releases, caches, the consumer ------------------------------------------------- */
 
 /* L7: an end of ENGINE work (a release, a grant given back, a hand-over, a cache_put of
- * the engine's): it may be what the consumer waits for, so its declaration ends, and the
- * consumer's count moves so that a consumer that looked before it looks again. */
-static void work_ended_locked(mml_ledger *g) {
-  g->consumer_waiting = 0;
-  g->cons_changes++;
-  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
-}
+ * the engine's): it may be what the consumer waits for, so its declaration ends and its
+ * look is stale; the grant step that follows wakes it if L7 can decide for the head. */
+static void work_ended_locked(mml_ledger *g) { consumer_stale_locked(g); }
 
 void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder) {
   if (bytes <= 0 || holder < 0 || holder >= MML_HOLDERS) return;
@@ -1006,8 +1053,17 @@ uint64_t mml_ledger_consumer_changes(mml_ledger *g) {
 void mml_ledger_consumer_poke(mml_ledger *g) {
   pthread_mutex_lock(&g->mu);
   g->consumer_waiting = 0; /* L7: declared from a look this event made stale */
-  g->cons_changes++;
-  if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
+  consumer_wake_locked(g);
+  pthread_mutex_unlock(&g->mu);
+}
+
+void mml_ledger_consumer_stale(mml_ledger *g) {
+  pthread_mutex_lock(&g->mu);
+  consumer_stale_locked(g);
+  if (g->head && !g->held[MML_HOLD_ENGINE]) {
+    step_and_unlock(g); /* the head's L7 case now: the consumer looks again */
+    return;
+  }
   pthread_mutex_unlock(&g->mu);
 }
 
@@ -1031,11 +1087,11 @@ int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,
   }
   int rc = 0;
   g->cons_blocked++;
-  while (g->cons_changes == seen && !g->shut && rc != ETIMEDOUT)
+  while (g->cons_woken <= seen && !g->shut && rc != ETIMEDOUT)
     rc =
         until ? pthread_cond_timedwait(&g->ccv, &g->mu, until) : pthread_cond_wait(&g->ccv, &g->mu);
   g->cons_blocked--;
-  const int changed = g->cons_changes != seen || g->shut;
+  const int changed = g->cons_woken > seen || g->shut;
   g->consumer_waiting = 0; /* the wait ended: withdrawn (an end of work cleared it already) */
   pthread_mutex_unlock(&g->mu);
   return changed;
@@ -1076,8 +1132,7 @@ void mml_ledger_shutdown(mml_ledger *g) {
   pthread_mutex_lock(&g->mu);
   g->shut = 1;
   g->changes++; /* L11 */
-  g->cons_changes++;
-  pthread_cond_broadcast(&g->ccv);
+  consumer_wake_locked(g);
   for (;;) {
     wake_list w;
     w.n = 0;

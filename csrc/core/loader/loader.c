@@ -879,11 +879,15 @@ mml_cursor mml_loader_cursor(const mml_loader *L) {
 /* The consumer is about to wait with nothing of its epoch left anywhere (nothing queued,
  * pending or being emitted, and the collator past the epoch): it waits for the next
  * epoch's first item, so that epoch is asked for. */
-static void ask_when_waiting_locked(mml_loader *L) {
-  if (L->out_count || L->pend_head < L->pend_tail || L->emitting || L->jobs_queued) return;
+int ld_consumer_would_ask_locked(mml_loader *L) {
+  if (L->out_count || L->pend_head < L->pend_tail || L->emitting || L->jobs_queued) return 0;
   int64_t e, p;
   ld_plan_at_locked(L, L->head_seq, &e, &p);
-  if (e > L->consumer_epoch) ld_ask_epoch_locked(L, L->consumer_epoch + 1, 0);
+  return e > L->consumer_epoch && L->consumer_epoch + 1 > L->asked_epoch;
+}
+
+static void ask_when_waiting_locked(mml_loader *L) {
+  if (ld_consumer_would_ask_locked(L)) ld_ask_epoch_locked(L, L->consumer_epoch + 1, 0);
 }
 
 /* The consumer takes the next queued item (out_count > 0): a batch into *out (MML_OK), or

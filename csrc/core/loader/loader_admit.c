@@ -297,19 +297,21 @@
  *       charges wait, the earliest the ledger's head, C4; no batch up to the one it
  *       waits for with a buffer mapped; no sample read and not placed, no decode queued
  *       or running, no sample done for the collator, no batch handed off, emitting or
- *       queued).  Every end of ENGINE work ends the declaration and wakes it (the
- *       ledger), and so does every event it waits for, under mu while it waits
- *       (ld_consumer_wake_locked, which ends the declaration too: a batch or item queued,
- *       ld_move_ready_locked; a sample taken by the collator; an error,
- *       ld_set_fatal_locked; a close; work without credit started -- a read,
+ *       queued).  Every end of ENGINE work ends the declaration (the ledger), and so
+ *       does every event of the engine, under mu while it waits: those it waits for wake
+ *       it at once (ld_consumer_wake_locked: a batch or item queued, ld_move_ready_locked;
+ *       an error, ld_set_fatal_locked; a close), those that change only whether it may
+ *       declare wake it only where that matters (ld_consumer_stale_locked, C6: a sample
+ *       taken by the collator; work without credit started -- a read,
  *       start_task_locked, which may shrink or close the ticket waited for; a decode,
  *       queue_decode; an emission, hand_off_locked; and every W5 poke,
- *       ld_room_gates_changed_locked, where the engine may have become idle): it looks
+ *       ld_room_gates_changed_locked, where the engine may have become idle; a decode
+ *       found waiting for room, ld_admit_decode_waits_locked, C5): it looks
  *       again and declares again, with no lost wakeup and no polling
- *       (ledger_consumer_declares_again_after_each_end_of_work counts its wakeups; the
- *       stress test's S6 bounds them per batch).  next()'s own W5 poke wakes only the
- *       workers (ld_room_gates_wake_workers_locked): with the consumer's poke in it
- *       next() woke itself ~10^6 times a batch.  stats consumer_waits counts the waits
+ *       (ledger_consumer_woken_only_where_deadlock_rule_decides counts its wakeups; the stress
+ *       test's S6 bounds them per batch).  next()'s own W5 poke wakes only the workers
+ *       (ld_room_gates_wake_workers_locked): with the consumer's poke in it next() woke
+ *       itself ~10^6 times a batch.  stats consumer_waits counts the waits
  *       (tests/test_memory.py test_consumer_waits_in_stats).
  *   C3. What stays, and why: mem_head_fails / ld_admit_head_stuck_locked and the workers'
  *       detectors for a decode's scratch and an emission (scratch_stuck, emit_stuck) still
@@ -359,6 +361,17 @@
  *       instead, the consumer's own poke of the workers (next(): W5) re-marked it at each
  *       look: the workers and the consumer woke each other, and scratch_stuck's 20 looks
  *       came within microseconds (4 of seeds 1-1000 raised its error where main delivered).
+ *   C6. next() is woken only where its answer can change (ledger.c L14).  What it decides
+ *       on waking: a batch, an item, an error, a close or the epoch's end to return (the
+ *       events of ld_consumer_wake_locked, at once); the next epoch to ask for
+ *       (ask_when_waiting_locked: ld_consumer_would_ask_locked, checked at every event of
+ *       ld_consumer_stale_locked, which then wakes it at once); and whether to declare
+ *       its wait (C2), which changes anything only where L7 can fail the ledger's head:
+ *       the head does not fit and no ENGINE credit is held.  So an end of ENGINE work and
+ *       the events of ld_consumer_stale_locked end its declaration but wake it only in
+ *       that state (the ledger's consumer_chance_locked, at the event or at the first
+ *       grant step that finds it).  Before, every end of ENGINE work and every such event
+ *       woke it: ~20 waits a batch at a 176 MiB cap (bench_cap_pair's data), ~1.7 now.
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -1502,7 +1515,7 @@ void ld_room_gates_wake_workers_locked(mml_loader *L) {
 
 void ld_room_gates_changed_locked(mml_loader *L) {
   ld_room_gates_wake_workers_locked(L);
-  ld_consumer_wake_locked(L, 0); /* C2: the engine may be idle now */
+  ld_consumer_stale_locked(L); /* C2: the engine may be idle now */
 }
 
 void ld_room_withdrawn_locked(mml_loader *L) {
@@ -1518,6 +1531,14 @@ void ld_consumer_wake_locked(mml_loader *L, int all) {
   /* C2: under mu, as consumer_waiting: a consumer waiting here read the count before its
    * look, so the poke makes it look again; one not waiting looks after this change */
   if (L->ledger && (all || L->consumer_waiting)) mml_ledger_consumer_poke(L->ledger);
+}
+
+void ld_consumer_stale_locked(mml_loader *L) {
+  if (!L->ledger || !L->consumer_waiting) return; /* C2: under mu, as ld_consumer_wake_locked */
+  if (ld_consumer_would_ask_locked(L))            /* C6: next() has an epoch to ask for */
+    mml_ledger_consumer_poke(L->ledger);
+  else /* C6: only whether it may declare changed: woken where L7 can decide */
+    mml_ledger_consumer_stale(L->ledger);
 }
 
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
@@ -1542,7 +1563,7 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
 void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen) {
   if (!L->ledger || t->dec_wait_seen == seen + 1) return;
   t->dec_wait_seen = seen + 1;
-  ld_consumer_wake_locked(L, 0); /* C5: the engine may be idle now */
+  ld_consumer_stale_locked(L); /* C5, C6: the engine may be idle now */
 }
 
 /* C5: the decode of t, queued, waits for room since a worker's look after which no room

@@ -308,7 +308,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   L->coll_busy[*ci] = 1;
   L->jobs_queued++;
   ld_work_wake(L, 0);
-  ld_consumer_wake_locked(L, 0); /* loader_admit.c C2: an emission queued: not idle */
+  ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: an emission queued: not idle */
   ld_place_pop_locked(L);
   *ci = (*ci + 1) % L->ncoll;
   while (!L->stop && L->gen == my_gen && L->coll_busy[*ci]) pthread_cond_wait(&L->coll_cv, &L->mu);
@@ -634,7 +634,7 @@ void *ld_collator_main(void *arg) {
       c.at[p].dest = NULL;
     }
     L->collating = 0;
-    ld_consumer_wake_locked(L, 0); /* C2: a sample taken and added: the engine may be idle */
+    ld_consumer_stale_locked(L); /* C2, C6: a sample taken and added: the engine may be idle */
   }
   pthread_mutex_unlock(&L->mu);
   mml_sample_free(&c.s);

@@ -833,6 +833,13 @@ void ld_room_gates_wake_workers_locked(mml_loader *L);
  * whether none of the engine's work runs without ledger credit, so that the consumer may
  * declare its wait (L7). */
 void ld_consumer_wake_locked(mml_loader *L, int all);
+/* An event that changes only whether the consumer may declare its wait (C6: work started
+ * without credit, work that may have left the engine idle): ends the declaration, and
+ * wakes the consumer only where its answer can change -- an epoch for it to ask for
+ * (ld_consumer_would_ask_locked), or the ledger's head in L7's case. */
+void ld_consumer_stale_locked(mml_loader *L);
+/* next() would ask for the next epoch now (nothing of its epoch left on its way). */
+int ld_consumer_would_ask_locked(mml_loader *L);
 int ld_admit_engine_idle_locked(mml_loader *L);
 /* C5: queued decode t waits for room (a try refused, or behind one) since a look that
  * began with ld_admit_decode_events_locked at `seen` (room events and withdrawals of

@@ -210,7 +210,7 @@ static void queue_decode(mml_loader *L, task *t) {
     L->dec_head = t;
   L->dec_tail = t;
   ld_work_wake(L, 0);
-  ld_consumer_wake_locked(L, 0); /* loader_admit.c C2: work queued, the engine is not idle */
+  ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: work queued, the engine is not idle */
 }
 
 /* t's plane-p rows go to byte `off` of buf: its decode queued (once every plane it has

@@ -594,8 +594,8 @@ static task *start_task_locked(mml_loader *L) {
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
   L->in_flight++;
-  ld_consumer_wake_locked(L, 0); /* C2: work without credit runs: the consumer's wait is
-                                    no longer declared (ledger.c L7) */
+  ld_consumer_stale_locked(L); /* C2, C6: work without credit runs: the consumer's wait is
+                                  no longer declared (ledger.c L7) */
   return t;
 }
 

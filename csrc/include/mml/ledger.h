@@ -167,18 +167,24 @@ void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
  * mml_ledger_consumer_changes under its owner's lock BEFORE it looks for what it waits
  * for; finding nothing, it drops that lock and calls mml_ledger_consumer_wait with the
  * count it read.  When `declare` is set and nothing changed since its look, the wait is
- * declared (the deadlock rule may fail the head at once); it blocks until the count moves
- * -- every end of ENGINE work and every mml_ledger_consumer_poke (the owner's own events: a
- * batch queued, an error, a close, work started that holds no credit), both of which also
- * end the declaration (the look it was made from is stale), and the shutdown -- or `until`
- * (CLOCK_MONOTONIC, NULL: no bound) passes; the declaration ends with the wait.  Returns 1
- * when the count moved (look again), 0 when the time ran out.  So the consumer declares
- * again after every end of ENGINE work, with no lost wakeup: an end between its look and
- * its wait moved the count it waits on.  The owner declares only while none of its work
- * runs without credit (work that holds nothing yet still ends by itself: L7 cannot see
- * it). */
+ * declared (the deadlock rule may fail the head at once).  Two kinds of event move the
+ * count, and both end the declaration (the look it was made from is stale):
+ * - mml_ledger_consumer_poke: the owner's events that change what the consumer finds (a
+ *   batch queued, an error, a close); they wake it, as do L7's failure and the shutdown;
+ * - every end of ENGINE work and every mml_ledger_consumer_stale (the owner's events that
+ *   change only whether it may declare: work started that holds no credit, work that may
+ *   have left the owner idle); they wake it only while the head does not fit and no
+ *   ENGINE credit is held (the one state in which a declaration changes anything: L7),
+ *   at once or at the first grant step that finds it.
+ * It blocks until woken (1: look again; at once when woken since its look), the shutdown,
+ * or `until` (CLOCK_MONOTONIC, NULL: no bound) passes (0); the declaration ends with the
+ * wait.  So the consumer declares again from a fresh look whenever L7 could decide, with
+ * no lost wakeup: an event between its look and its wait moved the count it passed.  The
+ * owner declares only while none of its work runs without credit (work that holds nothing
+ * yet still ends by itself: L7 cannot see it). */
 uint64_t mml_ledger_consumer_changes(mml_ledger *g);
 void mml_ledger_consumer_poke(mml_ledger *g);
+void mml_ledger_consumer_stale(mml_ledger *g);
 int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,
                              const struct timespec *until);
 

@@ -722,13 +722,17 @@ TEST(ledger_consumer_wait_never_declares_a_stale_look) {
   mml_ledger_free(g);
 }
 
-/* L7 with L11, threads: a consumer that waits by its change count declares again after
- * EVERY end of ENGINE work, so the head fails right after the last one and not before;
- * it wakes once per end and once for the failure, never more (no polling, no busy loop). */
+/* L7 with L11, threads: a consumer that waits by its change count is woken only where its
+ * answer can change.  An end of ENGINE work, or its owner's stale event, ends its
+ * declaration (the look is stale) but wakes it only once the head does not fit with no
+ * ENGINE credit held, L7's case: then it looks, declares again and the head fails.  Its
+ * owner's poke (a batch queued) wakes it at once.  So it wakes once for L7's case and once
+ * for the failure, never per end of work (no polling, no busy loop). */
 typedef struct cons_loop {
   mml_ledger *g;
   pthread_mutex_t mu; /* the owner's lock: the consumer looks under it */
   int got;            /* the owner's queue: something for the consumer (under mu) */
+  int busy;           /* the owner runs work without credit: no declaration (under mu) */
   mml_charge *head;
   atomic_int wakes;
 } cons_loop;
@@ -739,24 +743,34 @@ static void *cons_loop_main(void *arg) {
     pthread_mutex_lock(&C->mu);
     const uint64_t seen = mml_ledger_consumer_changes(C->g); /* before the look */
     const int done = C->got || mml_ledger_state(C->g, C->head) == MML_CHARGE_FAILED;
+    const int declare = !C->busy;
     pthread_mutex_unlock(&C->mu);
     if (done) return NULL;
-    (void)mml_ledger_consumer_wait(C->g, seen, 1, NULL);
+    (void)mml_ledger_consumer_wait(C->g, seen, declare, NULL);
     atomic_fetch_add(&C->wakes, 1);
   }
 }
 
-static int wait_declared(mml_ledger *g, int wakes, atomic_int *n) {
+/* The consumer has `wakes` wakeups and is blocked with its wait declared (or not). */
+static int wait_blocked(mml_ledger *g, int declared, int wakes, atomic_int *n) {
   for (int i = 0; i < 20000; i++) {
     mml_ledger_stats s;
     mml_ledger_get_stats(g, &s);
-    if (s.consumer_waiting && atomic_load(n) == wakes) return 1;
+    if (s.consumer_waiting == declared && atomic_load(n) == wakes) return 1;
     usleep(100);
   }
   return 0;
 }
 
-TEST(ledger_consumer_declares_again_after_each_end_of_work) {
+/* No wakeup comes within 20 ms (one would make it look and declare again). */
+static int stays_asleep(mml_ledger *g, int wakes, atomic_int *n) {
+  usleep(20000);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(g, &s);
+  return atomic_load(n) == wakes && !s.consumer_waiting;
+}
+
+TEST(ledger_consumer_woken_only_where_deadlock_rule_decides) {
   cons_loop C;
   memset(&C, 0, sizeof C);
   C.g = new_ledger(100);
@@ -771,24 +785,44 @@ TEST(ledger_consumer_declares_again_after_each_end_of_work) {
   C.head = &h;
   pthread_t th;
   CHECK_EQ_INT(pthread_create(&th, NULL, cons_loop_main, &C), 0);
-  CHECK(wait_declared(C.g, 0, &C.wakes));
+  CHECK(wait_blocked(C.g, 1, 0, &C.wakes));
   mml_ledger_release(C.g, 10, MML_HOLD_ENGINE); /* an end of work: 20 still running */
-  CHECK(wait_declared(C.g, 1, &C.wakes));       /* it looked and declared again */
+  CHECK(stays_asleep(C.g, 0, &C.wakes));        /* declaration ended, L7 cannot decide */
+  mml_ledger_hand_over(C.g, 10);                /* another: 10 still running */
+  CHECK(stays_asleep(C.g, 0, &C.wakes));
+  mml_ledger_consumer_stale(C.g); /* the owner's: work started, or the engine idle now */
+  CHECK(stays_asleep(C.g, 0, &C.wakes));
   CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_WAITING);
-  mml_ledger_hand_over(C.g, 10); /* another: 10 still running */
-  CHECK(wait_declared(C.g, 2, &C.wakes));
-  CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_WAITING);
-  mml_ledger_release(C.g, 10, MML_HOLD_ENGINE); /* the last: nothing runs now */
+  mml_ledger_release(C.g, 10, MML_HOLD_ENGINE); /* the last: nothing runs now, L7's case */
   pthread_join(th, NULL);
   CHECK_EQ_INT(mml_ledger_state(C.g, &h), MML_CHARGE_FAILED);
-  CHECK_EQ_INT(atomic_load(&C.wakes), 4); /* three ends and the failure: no more */
-  /* the owner's own event (a batch queued under its lock, then a poke) ends a wait too */
+  CHECK_EQ_INT(atomic_load(&C.wakes), 2); /* L7's case and the failure: no more */
+  /* the owner busy at the look (no declaration) in L7's case: its stale event when it
+   * may be idle wakes the consumer, which declares and the head fails */
+  mml_charge h3 = charge(4, 50); /* 10 + 60 + 50 > 100, nothing running */
+  CHECK_OK(mml_ledger_request(C.g, &h3, &err), err);
+  CHECK_EQ_INT(mml_ledger_state(C.g, &h3), MML_CHARGE_WAITING); /* nobody declared */
+  C.head = &h3;
+  C.busy = 1;
+  atomic_store(&C.wakes, 0);
+  CHECK_EQ_INT(pthread_create(&th, NULL, cons_loop_main, &C), 0);
+  CHECK(wait_blocked(C.g, 0, 0, &C.wakes));
+  CHECK(stays_asleep(C.g, 0, &C.wakes)); /* its look is fresh: nothing to look at again */
+  pthread_mutex_lock(&C.mu);
+  C.busy = 0;
+  mml_ledger_consumer_stale(C.g);
+  pthread_mutex_unlock(&C.mu);
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(mml_ledger_state(C.g, &h3), MML_CHARGE_FAILED);
+  CHECK_EQ_INT(atomic_load(&C.wakes), 2); /* the stale event in L7's case, the failure */
+  /* the owner's own event (a batch queued under its lock, then a poke) ends a wait at
+   * once, L7's case or not */
   mml_charge h2 = charge(3, 0);
   CHECK_OK(mml_ledger_request(C.g, &h2, &err), err);
   C.head = &h2;
   atomic_store(&C.wakes, 0);
   CHECK_EQ_INT(pthread_create(&th, NULL, cons_loop_main, &C), 0);
-  CHECK(wait_declared(C.g, 0, &C.wakes));
+  CHECK(wait_blocked(C.g, 1, 0, &C.wakes));
   pthread_mutex_lock(&C.mu);
   C.got = 1;
   mml_ledger_consumer_poke(C.g);
