@@ -444,3 +444,54 @@ def test_batches_larger_than_a_third_of_the_cap_are_delivered(big_shard):
     rss, capped, _, _ = _run(big_shard, max_memory=cap, **kw)
     assert capped == free  # every batch, the same ones
     assert rss <= cap, f"RSS grew {rss / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
+
+
+@pytest.mark.timeout(120)
+def test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error(tmp_path):
+    """A sample whose image bytes cannot be read beside the batches the consumer keeps: its
+    read's charge waits in the ledger, the head, and the deadlock rule fails it
+    (csrc/core/loader/loader_admit.c R3, C4; ledger.c L7) -- not waiting for the bytes
+    that read already holds (a spare buffer taken for it: the charge's own), which hung
+    the loader in 1 of 4 runs when they were waited for."""
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    noise = rng.integers(0, 256, (2400, 2400, 3), dtype=np.uint8)
+    Image.fromarray(noise[:800, :800]).save(tmp_path / "small.jpg", "JPEG", quality=95)
+    Image.fromarray(noise).save(tmp_path / "big.jpg", "JPEG", quality=95)  # ~6.7 MB
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"<image>\nq{i}"},
+                    {"role": "assistant", "content": "a"},
+                ],
+                "images": ["big.jpg" if i == 4 else "small.jpg"],
+            }
+        )
+        for i in range(6)
+    ]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    L = mmloader.Loader(
+        str(tmp_path / "d.jsonl"),
+        tokenizer=TINY,
+        preset="qwen2.5-vl",
+        micro_batch_size=1,
+        num_threads=1,
+        prefetch=1,
+        shuffle=False,
+        max_pixels=36000,  # small batches: the image's bytes are what cannot fit
+        pixel_format="float32-decode",
+        max_memory=26 * MB,  # 16 MB of scratch reserve, the kept batches, no 8 MB read
+    )
+    kept = []
+    try:
+        with pytest.raises(mmloader.OutOfMemoryError) as e:
+            for b in L:
+                kept.append(b)
+    finally:
+        L.close()
+    msg = str(e.value)
+    assert "max_memory=27262976 cannot hold the" in msg, msg
+    assert "finished work waiting for the consumer" in msg, msg
+    assert 1 <= len(kept) <= 4, len(kept)  # the big sample's batch is the fifth

@@ -50,7 +50,9 @@
  *   L7. The one deadlock rule: the head fails (MML_ENOMEM) when it does not fit, no
  *       ENGINE credit is held, and the consumer waits for the stream: only the consumer
  *       holds credit and it will not give any back (FIXED credit never comes back while
- *       it waits, so it is not waited for).  The consumer's wait holds from its
+ *       it waits, so it is not waited for; nor is the head's own, c->own: ENGINE credit
+ *       its owner holds that comes back only after the head is granted, such as the bytes
+ *       a parked read already read).  The consumer's wait holds from its
  *       declaration (made after it looked, under the lock its producers finish work
  *       under) to the next end of ENGINE work (hand-over, release, cache_put), which may
  *       be what it waits for, or the owner's next event: its look is stale, and it looks
@@ -97,7 +99,7 @@
  *  L14. The consumer is woken only where its answer can change: by its owner's poke (a
  *       batch queued, an error, a close), a failure by L7 and the shutdown, at once; by
  *       an end of ENGINE work or its owner's stale event only while the head does not
- *       fit and no ENGINE credit is held -- the one state in which its declaration
+ *       fit and no ENGINE credit is held but its own (L7) -- the one state in which its declaration
  *       changes anything (L7) -- at that event or at the first grant step that finds that
  *       state after it (consumer_chance_locked, in step_locked: every change of the head,
  *       of ENGINE credit or of room runs it).  A consumer that looked after the last such
@@ -730,6 +732,11 @@ static void consumer_stale_locked(mml_ledger *g) {
   g->cons_changes++;
 }
 
+/* No ENGINE credit is held but head c's own (c->own): L7's case, where c does not fit. */
+static int no_engine_but_own_locked(const mml_ledger *g, const mml_charge *c) {
+  return g->held[MML_HOLD_ENGINE] <= c->own;
+}
+
 /* The head does not fit and no ENGINE credit is held: a consumer whose look is older
  * than the latest stale-making event looks again (one that looked since stays blocked:
  * its wait ends only once cons_woken is past the count it read). */
@@ -749,7 +756,7 @@ static int step_locked(mml_ledger *g, wake_list *w) {
     if (fits_locked(g, c->bytes)) {
       unlink_locked(g, c);
       grant_locked(g, c);
-    } else if (g->consumer_waiting && g->held[MML_HOLD_ENGINE] == 0) { /* L7 */
+    } else if (g->consumer_waiting && no_engine_but_own_locked(g, c)) { /* L7 */
       mml_err e;
       explain_locked(g, c->seq, c->bytes, 0, &e);
       unlink_locked(g, c);
@@ -758,7 +765,7 @@ static int step_locked(mml_ledger *g, wake_list *w) {
     } else {
       /* L7 would decide for this head if the consumer declared: one whose look is stale
        * looks again (and declares if nothing of its owner runs without credit) */
-      if (!g->held[MML_HOLD_ENGINE]) consumer_chance_locked(g);
+      if (no_engine_but_own_locked(g, c)) consumer_chance_locked(g);
       const uint64_t before = g->changes;
       revoke_locked(g, c, w);
       changed |= g->changes != before;
@@ -1060,7 +1067,7 @@ void mml_ledger_consumer_poke(mml_ledger *g) {
 void mml_ledger_consumer_stale(mml_ledger *g) {
   pthread_mutex_lock(&g->mu);
   consumer_stale_locked(g);
-  if (g->head && !g->held[MML_HOLD_ENGINE]) {
+  if (g->head && no_engine_but_own_locked(g, g->head)) {
     step_and_unlock(g); /* the head's L7 case now: the consumer looks again */
     return;
   }

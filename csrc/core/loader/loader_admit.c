@@ -1136,6 +1136,9 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   memset(c, 0, sizeof *c);
   c->seq = t->seq;
   c->bytes = grow;
+  /* R3: what it already holds (its media bytes so far, a spare taken for this item, its
+   * reads' grants not counted yet) comes back only after this charge: L7 does not wait */
+  c->own = t->held - t->held_fixed + t->read_cover;
   if (rereadable(L, t) && !t->pending) {
     c->revocable = 1;
     c->revoke = read_revoke;

@@ -50,6 +50,10 @@ typedef struct mml_charge {
    * dropped and read again.  mml_ledger_settle makes it final. */
   int revocable;
   mml_charge_wake_fn revoke;
+  /* ENGINE credit its owner already holds that comes back only after this charge is
+   * granted (a read's bytes so far, parked for the rest; set before the request): L7 does
+   * not wait for it (ledger.c L7).  0: none. */
+  int64_t own;
   int revoking;                     /* the ledger's: asked back */
   struct mml_charge *prev, *next;   /* the ledger's waiting list */
   struct mml_charge *rprev, *rnext; /* the ledger's granted revocable charges */

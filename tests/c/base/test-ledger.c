@@ -675,6 +675,32 @@ TEST(ledger_deadlock_rule_with_and_without_fixed_credit) {
   }
 }
 
+/* L7 with the head's own credit (c->own: a parked read's bytes so far, which come back
+ * only after it): not waited for; ENGINE credit beyond it is. */
+TEST(ledger_deadlock_rule_does_not_wait_for_the_heads_own_credit) {
+  for (int other = 0; other < 2; other++) {
+    mml_ledger *g = new_ledger(100);
+    mml_err err;
+    CHECK_EQ_INT(mml_ledger_count(g, -1, 30 + other), 0); /* the head's owner holds 30 */
+    mml_charge a = charge(0, 40), h = charge(1, 40);
+    CHECK_OK(mml_ledger_request(g, &a, &err), err);
+    mml_ledger_hand_over(g, 40); /* a batch the consumer holds */
+    h.own = 30;
+    CHECK_OK(mml_ledger_request(g, &h, &err), err);
+    CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+    mml_ledger_consumer_waiting(g, 1);
+    if (other) { /* 1 byte of other work running: it may give room back */
+      CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+      mml_ledger_release(g, 1, MML_HOLD_ENGINE); /* it ended: only the head's own is left */
+      mml_ledger_consumer_waiting(g, 1);         /* the consumer looks again, declares */
+    }
+    CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_FAILED);
+    CHECK_EQ_INT(mml_ledger_error(g, &err), MML_ENOMEM);
+    CHECK(strstr(err.msg, "30 bytes of work running"));
+    mml_ledger_free(g);
+  }
+}
+
 /* L7 with L11: the consumer's wait declared through its change count.  An end of ENGINE
  * work between its look and its wait moves the count: the wait returns at once and
  * declares nothing (a stale look never declares); a fresh look declares, and the deadlock
