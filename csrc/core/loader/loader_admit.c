@@ -345,10 +345,14 @@
  *       `collating`, is work: a batch it completes is handed off after it).  Where the
  *       read gate holds the next read back with nothing in flight and nothing else able
  *       to free room, the read goes ahead (read_room_or_ahead) so that its charge can be
- *       the head.  What L7 still waits for: bytes that cannot be asked back (fetched,
- *       videos kept open, a parked read's taken bytes asked back a second time: R6) and
- *       a decode's own media bytes while it waits for its scratch (scratch_stuck decides
- *       there).  In seeds 1-2000 of the stress test no read's error came from L7 or from
+ *       the head.  The head's own bytes (its media read so far, a spare taken for the item
+ *       it is parked on, its grants not counted yet: mml_charge.own, set at its request)
+ *       come back only after it and are not waited for (L7; tests/test_memory.py
+ *       test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error hung in 3 of 8
+ *       runs when they were).  What L7 still waits for: bytes that cannot be asked back
+ *       (fetched, videos kept open, a later parked read's taken bytes asked back a second
+ *       time: R6) and a decode's own media bytes while it waits for its scratch
+ *       (scratch_stuck decides there).  In seeds 1-2000 of the stress test no read's error came from L7 or from
  *       the detector it replaced (none fired before either): every error there is
  *       mem_head_fails', scratch_stuck's or emit_stuck's.
  *   C5. A decode queued that waits for room -- its try refused (its scratch, or the bytes
