@@ -726,7 +726,10 @@ static void consumer_wake_locked(mml_ledger *g) {
   if (g->cons_blocked) pthread_cond_broadcast(&g->ccv);
 }
 
-/* The consumer's look is stale: its declaration ends, and it is woken when L7 can decide. */
+/* The consumer's look is stale: its declaration ends, and it is woken when L7 can decide.
+ * L7: every end of ENGINE work (a release, a grant given back, a hand-over, a cache_put of
+ * the engine's) may be what the consumer waits for; the grant step that follows wakes it
+ * if L7 can decide for the head. */
 static void consumer_stale_locked(mml_ledger *g) {
   g->consumer_waiting = 0;
   g->cons_changes++;
@@ -965,16 +968,11 @@ int mml_ledger_state(mml_ledger *g, const mml_charge *c) {
 
 /* ---- releases, caches, the consumer ------------------------------------------------- */
 
-/* L7: an end of ENGINE work (a release, a grant given back, a hand-over, a cache_put of
- * the engine's): it may be what the consumer waits for, so its declaration ends and its
- * look is stale; the grant step that follows wakes it if L7 can decide for the head. */
-static void work_ended_locked(mml_ledger *g) { consumer_stale_locked(g); }
-
 void mml_ledger_release(mml_ledger *g, int64_t bytes, int holder) {
   if (bytes <= 0 || holder < 0 || holder >= MML_HOLDERS) return;
   pthread_mutex_lock(&g->mu);
   g->held[holder] -= bytes;
-  if (holder == MML_HOLD_ENGINE) work_ended_locked(g); /* L7: work ended */
+  if (holder == MML_HOLD_ENGINE) consumer_stale_locked(g); /* L7: work ended */
   step_and_unlock(g);
 }
 
@@ -1006,7 +1004,7 @@ void mml_ledger_give_back(mml_ledger *g, mml_charge *c) {
   c->revoking = 0;
   c->state = MML_CHARGE_IDLE;
   g->held[MML_HOLD_ENGINE] -= c->bytes;
-  work_ended_locked(g); /* L7: work ended */
+  consumer_stale_locked(g); /* L7: work ended */
   step_and_unlock(g);
 }
 
@@ -1040,7 +1038,7 @@ void mml_ledger_hand_over(mml_ledger *g, int64_t bytes) {
   pthread_mutex_lock(&g->mu);
   g->held[MML_HOLD_ENGINE] -= bytes;
   g->held[MML_HOLD_CONSUMER] += bytes;
-  work_ended_locked(g); /* L7: it may be what the consumer waits for */
+  consumer_stale_locked(g); /* L7: it may be what the consumer waits for */
   step_and_unlock(g);
 }
 
@@ -1110,7 +1108,7 @@ void mml_ledger_cache_put(mml_ledger *g, int id, int64_t bytes, int holder) {
   if (id < g->ncache) {
     g->held[holder] -= bytes;
     g->cache[id].bytes += bytes;
-    if (holder == MML_HOLD_ENGINE) work_ended_locked(g); /* L7: work ended */
+    if (holder == MML_HOLD_ENGINE) consumer_stale_locked(g); /* L7: work ended */
   }
   step_and_unlock(g); /* evictable now: the head may fit (L4) */
 }
