@@ -90,10 +90,25 @@ say "bullseye packages: $TOOLS $DEV"
 apt_install "$base" $TOOLS $DEV
 inroot "$base" sh -c 'cd /tmp && apt-get download -qq libcjson-dev/bullseye && dpkg-deb -x libcjson-dev_*.deb / &&
   rm libcjson-dev_*.deb' > "$dir/cjson.log" 2>&1 || { cat "$dir/cjson.log"; exit 1; }
+# Each source at the newest version whose files the mirror serves: a mirror (or a caching
+# proxy in front of one) can list an update in bookworm-security's index before its pool
+# serves the files (a 404; CI met tiff 4.5.0-6+deb12u5 so).  Then the next version the
+# indexes list is taken, and the log says so; apt checks every file against the signed index.
 say "sources from bookworm: curl tiff ffmpeg"
-ls -d "$base"/usr/src/mml/ffmpeg-*/ > /dev/null 2>&1 || inroot "$base" sh -c 'rm -rf /usr/src/mml && mkdir -p /usr/src/mml && cd /usr/src/mml &&
-  apt-get source -qq curl tiff ffmpeg' > "$dir/sources.log" 2>&1 ||
+ls -d "$base"/usr/src/mml/ffmpeg-*/ > /dev/null 2>&1 || inroot "$base" sh -c '
+  rm -rf /usr/src/mml && mkdir -p /usr/src/mml && cd /usr/src/mml || exit 1
+  for pkg in curl tiff ffmpeg; do
+    got=
+    for v in $(apt-cache showsrc "$pkg" | sed -n "s/^Version: //p" | sort -urV); do
+      if apt-get source -qq "$pkg=$v"; then got=$v; break; fi
+      echo "[wheel-root] $pkg $v: the mirror does not serve its files; the next version"
+      rm -rf "${pkg}_"* "$pkg-"*/
+    done
+    [ -n "$got" ] || { echo "[wheel-root] $pkg: no version of its source downloads"; exit 1; }
+    echo "[wheel-root] $pkg $got"
+  done' > "$dir/sources.log" 2>&1 ||
   { tail -20 "$dir/sources.log"; exit 1; }
+grep '^\[wheel-root\]' "$dir/sources.log" || true
 
 # The builds, inside the root (scripts/wheel/libs.sh: the three at once).
 say "building libcurl, libtiff, FFmpeg into /opt/mml ($jobs jobs each)"
