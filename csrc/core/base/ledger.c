@@ -13,8 +13,8 @@
  * waits (mml_ledger_count_fixed; the loader's: the workers' scratch reserve, held for the
  * loader's lifetime; the Parquet row groups' room, while the reader is open; each window
  * slot's record, path and Parquet-row buffers, kept for the slot's next sample -- but not
- * a slot's media bytes, which its decode gives back or moves into the spares, nor the
- * spares, a cache).  Caches (pooled pages, spare buffers, preloads, open videos) are a
+ * a slot's media bytes, which its decode gives back or moves into the spares -- or, its
+ * plan abandoned, the slot's emptying does: loader_admit.c A11 -- nor the spares, a cache).  Caches (pooled pages, spare buffers, preloads, open videos) are a
  * second kind, counted in the same budget but evictable: their owners free bytes on
  * request.  A charge is (seq, bytes): seq is its place in the stream.  Waiting charges
  * form one list sorted by (seq, arrival); the first is the head.

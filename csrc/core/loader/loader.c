@@ -123,8 +123,10 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
   L->next_seq = L->head_seq;
   for (int i = 0; i < L->window; i++) {
     task *t = &L->tasks[i]; /* a queued or running decode empties its slot itself */
-    if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE))
+    if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE)) {
+      ld_task_give_back_locked(L, t); /* its media bytes, now, not at its next read: A11 */
       t->state = SLOT_EMPTY;
+    }
   }
   ld_work_wake(L, 1);
 }

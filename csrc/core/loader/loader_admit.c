@@ -124,6 +124,17 @@
  *       debug build's assert at free).  The one engine reference left is a ticket's old
  *       buffer that a running decode still writes after rebuffer replaced it: live while
  *       that decode runs, when the consumer does not declare its wait (C2: decoding).
+ *  A11. A slot no work holds (EMPTY; DONE, waiting for the collator) holds no media bytes:
+ *       a slot is emptied without its decode only through ld_task_give_back_locked (a
+ *       plan abandoned by a seek, a rewind or an epoch's end: ld_rebase_locked's PLANNED
+ *       and DONE slots, take_decode_locked's queued decode and a ready task of an old
+ *       generation, a decode without scratch), which gives back the read's charge, settles
+ *       its reads' grants, closes its videos and moves its image byte buffers into the
+ *       spares (a cache, evicted before anyone waits) -- so no ENGINE credit waits in an
+ *       empty slot for the slot's next sample, while the consumer waits (L5; before, a
+ *       seek left 65536 bytes and more in an empty slot of an older generation).
+ *       ld_ledger_check_locked reports such bytes (test-loader-stress.c
+ *       loader_max_memory_seek_gives_bytes_back, S5 at every schedule's end).
  *
  * TICKETS (ledger.c THE FLIP'S ORDER step 3; M2).  A ticket plane's buffer is one charge
  * in the ledger (tk_plane.ch, ld_admit_ticket_locked), kept while the plane is pending:
@@ -287,7 +298,7 @@
  *       (ld_ledger_start_locked) and each slot's record, path and Parquet-row buffers
  *       (task.held_fixed: kept for the slot's next sample, ld_mem_count_task_cover_locked);
  *       a slot's media bytes stay ENGINE credit (its decode gives them back or moves them
- *       into the spares).  ld_ledger_check_locked checks the FIXED class holds exactly
+ *       into the spares; a plan abandoned moves them there where it empties the slot, A11).  ld_ledger_check_locked checks the FIXED class holds exactly
  *       those (A6).  So held[ENGINE] reaches 0 when no work holds bytes, and L7 can
  *       decide (tests/c/base/test-ledger.c ledger_deadlock_rule_with_and_without_fixed_credit).
  *   C2. next() reads mml_ledger_consumer_changes under mu before it looks; finding nothing,
@@ -1678,12 +1689,13 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   if (!L->ledger) return MML_OK;
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  int64_t win = 0, spares = 0, scratch = 0, slots = 0;
+  int64_t win = 0, spares = 0, scratch = 0, slots = 0, idle = 0;
   for (int i = 0; i < L->window; i++) {
     const task *t = &L->tasks[i];
     win += t->held;
     slots += t->held_fixed;
     scratch += t->scratch_granted + t->reread_granted;
+    if (t->state == SLOT_EMPTY || t->state == SLOT_DONE) idle += t->held - t->held_fixed; /* A11 */
   }
   int64_t tickets = 0; /* charges granted, their buffers not mapped yet (T2) */
   for (int64_t id = L->tk_head; L->tks && id <= L->tk_tail; id++)
@@ -1715,6 +1727,12 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                        "the pool grew by %lld bytes that no charge made before the allocation "
                        "paid for (A7)",
                        (long long)uncovered);
+  if (idle)
+    return mml_err_set(err, MML_EINTERNAL,
+                       "slots that no work holds (empty, or done and waiting for the collator) "
+                       "hold %lld bytes of media: ENGINE credit that comes back only when the "
+                       "slot is used again (A11)",
+                       (long long)idle);
   if (L->led_engine_refs)
     return mml_err_set(err, MML_EINTERNAL,
                        "%lld batches were queued for the consumer while the engine still held "

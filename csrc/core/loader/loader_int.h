@@ -890,6 +890,13 @@ typedef struct ld_video_ctx {
 void ld_ready_push_locked(mml_loader *L, task *t);
 void ld_fetch_one_more(mml_loader *L, task *t, int *nremote);
 void ld_fetch_undo(mml_loader *L, task *t);
+/* (mu held) What t's sample holds that no decode will read gives it back: a read's charge
+ * still in the ledger, its reads' grants (settled: final), its videos (closed, their bytes
+ * released) and its image byte buffers (into the spares: ld_bytes_return_locked).  Called
+ * wherever a slot is emptied without its decode (a plan abandoned: ld_rebase_locked,
+ * take_decode_locked, a ready task of an old generation) so that no ENGINE credit waits
+ * in an EMPTY slot for the slot's next sample (loader_admit.c A11). */
+void ld_task_give_back_locked(mml_loader *L, task *t);
 /* The consumer asks for epoch `epoch` (or, after a seek, `force`: exactly that one): the
  * samples parked for it go to the ready list (loader_video.c). */
 void ld_ask_epoch_locked(mml_loader *L, int64_t epoch, int force);

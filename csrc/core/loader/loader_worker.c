@@ -72,6 +72,14 @@ void ld_ready_push_locked(mml_loader *L, task *t) {
   ld_work_wake(L, 0);
 }
 
+void ld_task_give_back_locked(mml_loader *L, task *t) {
+  ld_admit_read_drop_locked(L, t);       /* R4 */
+  ld_admit_reads_settle_locked(L, t, 0); /* R5: no decode will read them: final */
+  ld_task_close_videos(L, t);
+  ld_task_release_videos_locked(L, t);
+  ld_bytes_return_locked(L, t); /* into the spares: a cache, evicted before anyone waits */
+}
+
 /* Prefixes err with media item i of rec: an image or frame (mml_record_media_ref), else
  * the member video nmedia + v. */
 static void ld_err_media(mml_err *err, const mml_record *rec, int i) {
@@ -551,8 +559,8 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
       L->dec_head = next;
     if (L->dec_tail == t) L->dec_tail = prev;
     t->dec = DEC_NONE;
-    if (t->gen != L->gen) { /* work of an abandoned plan */
-      ld_admit_reads_settle_locked(L, t, 0);
+    if (t->gen != L->gen) { /* work of an abandoned plan: what it holds goes back (A11) */
+      ld_task_give_back_locked(L, t);
       t->state = SLOT_EMPTY;
       ld_work_wake(L, 1);
       continue;
@@ -626,7 +634,8 @@ static task *look_locked(mml_loader *L) {
     L->ready_head = t->next_ready;
     if (!L->ready_head) L->ready_tail = NULL;
     if (t->gen == L->gen) return t;
-    t->state = SLOT_EMPTY; /* work of an abandoned plan */
+    ld_task_give_back_locked(L, t); /* work of an abandoned plan: A11 */
+    t->state = SLOT_EMPTY;
     L->in_flight--;
     ld_work_wake(L, 1);
     return NULL;
@@ -817,6 +826,7 @@ void *ld_worker_main(void *arg) {
       } else {
         task_fail(t, MML_ENOMEM, &err, L);
         ld_mem_scratch_give_locked(L, t);
+        ld_task_give_back_locked(L, t); /* not decoded: A11 */
         L->decoding--;
         t->dec = DEC_NONE;
         t->state = t->gen == L->gen ? SLOT_DONE : SLOT_EMPTY;
