@@ -909,6 +909,36 @@ def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_s
     same(want, got)
 
 
+def test_max_memory_kept_batch_error_with_a_later_epochs_samples_parked(tmp_path, fault_server):
+    """A later epoch's samples with remote videos wait, parked, until the consumer asks for
+    that epoch (loader_video.c): they hold a slot and their record, and are not in flight.
+    Placement stops at the epoch's end whatever their state, so they keep neither the engine
+    from looking idle nor the deadlock rule (ledger.c L7) from failing a batch that cannot
+    fit beside the one the consumer keeps: an error naming what is held, not a wait (before,
+    placement stopped at the first of them as "being read", the engine never looked idle,
+    and next() waited until next_timeout_s: 1 of ~10 runs of the test above, every run
+    here).  Two records an epoch, so the next epoch's samples are read while the first
+    batches are built."""
+    path = make_video(
+        str(tmp_path / "r.mp4"),
+        "libx264",
+        n=150,
+        w=640,
+        h=360,
+        fps=30,
+        gop=30,
+        container_options={"movflags": "faststart"},
+    )
+    srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/r.mp4"), 2, nframes=4))
+    for _ in range(3):
+        with pytest.raises(
+            mmloader.OutOfMemoryError, match=r"consumer holds.*max_memory >= (\d+)"
+        ) as e:
+            batches(shard, max_memory=48 << 20, next_timeout_s=60)
+        assert "h.jsonl:2" in str(e.value), str(e.value)  # the sample of the batch waited for
+
+
 # ---- resume and the global plan ----------------------------------------------------------
 
 

@@ -52,7 +52,12 @@
  *       holds credit and it will not give any back (FIXED credit never comes back while
  *       it waits, so it is not waited for; nor is the head's own, c->own: ENGINE credit
  *       its owner holds that comes back only after the head is granted, such as the bytes
- *       a parked read already read).  The consumer's wait holds from its
+ *       a parked read already read).  ENGINE credit the owner declared as work BEHIND the
+ *       head (mml_ledger_consumer_behind: work that can go on only after the head is
+ *       granted, such as the bytes of the head batch's own samples, read and waiting for
+ *       its buffer) is not waited for either, once nothing more can be asked back (L10:
+ *       the head asks back first) and nothing asked back is still coming.  The consumer's
+ *       wait holds from its
  *       declaration (made after it looked, under the lock its producers finish work
  *       under) to the next end of ENGINE work (hand-over, release, cache_put), which may
  *       be what it waits for, or the owner's next event: its look is stale, and it looks
@@ -67,7 +72,8 @@
  *       The owner declares only while none of its work runs without credit (work holding
  *       nothing -- a read whose size is not known, a sample done and not yet collated --
  *       ends by itself, and this rule cannot see it); a charge that waits is the ledger's
- *       own to decide (the loader's reads parked for room: loader_admit.c C4).
+ *       own to decide (the loader's reads parked for room and ticket buffers:
+ *       loader_admit.c C3, C4, C7).
  *   L8. One explainer composes every out-of-memory message: the work's name, its bytes,
  *       what the consumer holds, what is in flight and cached, and the cap that would fit.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
@@ -368,7 +374,8 @@
  *        fall between the collator's look and its wait; only a wait by L11 closes that
  *        (the collator waiting in mml_ledger_wait_change, and every event it also waits
  *        for -- a decode done, an item taken, a seek, a stop -- poking the ledger).
- *      - mem_head_fails / ld_admit_head_stuck_locked: L7 cannot decide while the scratch
+ *      - (gone with step 4 (ii)) mem_head_fails / ld_admit_head_stuck_locked: L7 cannot
+ *        decide while the scratch
  *        reserve and the Parquet room are ENGINE credit (held[ENGINE] never reaches 0,
  *        step 1 (i)).  A ticket charge that FAILS (L7 once it can) already raises the
  *        explainer's message as the loader's error (ld_admit_ticket_locked); and L7 needs
@@ -416,22 +423,18 @@
  *      while only parked reads are in flight is counted by scratch_stuck / emit_stuck (it
  *      hung before: seed 385, once in 1000 under load).  Seeds 1-2000 beside main at the
  *      same hour: see the commit.
- *      LEFT: mem_head_fails / ld_admit_head_stuck_locked stay.  Where they fire, the media
- *      bytes of samples placed in the needed ticket (read, waiting for that ticket's
- *      buffer, which is the head) are ENGINE credit that comes back only after the head
- *      is granted; since step 2 (ii) R5 the ledger asks the revocable ones back (L10),
- *      so what keeps L7 from those cases now is the declaration, not made for tickets
- *      (the pool's live bytes above).  The workers' detectors (scratch_stuck, emit_stuck;
- *      the reads' went with step 2 (iii)) and their 5 ms looks stay for that reason and because
- *      their charges are tries (never the waiting head): a decode's
- *      scratch and an emission must become charges that wait at their seq (the task or
- *      the batch parked meanwhile, as reads are: R2) before L7 can decide for them, and
- *      the media bytes a waiting decode's own sample holds are ENGINE credit L7 waits for
- *      although only that decode gives them back (they must then count apart, as
- *      credit held by the waiting charge itself).  NEXT: (ii) the pool's live bytes split
- *      into the consumer's and the engine's, then the declaration for tickets too, and
- *      mem_head_fails goes; (iii) scratch and emission charges
- *      that wait, for scratch_stuck and emit_stuck; then the holds, the one explainer.
+ *      LEFT then (done since: (ii) below): mem_head_fails / ld_admit_head_stuck_locked,
+ *      for the media bytes of samples placed in the needed ticket (ENGINE credit that
+ *      comes back only after the head) and the declaration not made for tickets (the
+ *      pool's live bytes above).  The workers' detectors (scratch_stuck, emit_stuck) and
+ *      their 5 ms looks stay because their charges are tries (never the waiting head): a
+ *      decode's scratch and an emission must become charges that wait at their seq (the
+ *      task or the batch parked meanwhile, as reads are: R2) before L7 can decide for
+ *      them, and the media bytes a waiting decode's own sample holds are ENGINE credit L7
+ *      waits for although only that decode gives them back (they must then count apart,
+ *      as credit held by the waiting charge itself, as mml_charge.own does for a parked
+ *      read).  NEXT: (iii) scratch and emission charges that wait, for scratch_stuck and
+ *      emit_stuck; then the holds, the one explainer.
  *      (ii) The pool's live bytes are the consumer's: done (loader_admit.c A10).  The
  *      hook's CONSUMER credit was every live byte; with nothing queued, handed off or
  *      mapped and the consumer holding nothing, 4 MiB stayed live: the collator thread's
@@ -442,6 +445,38 @@
  *      mapped ticket's buffer, a batch handed off or queued, or the consumer's: CONSUMER
  *      credit (L5) without a split.  ld_ledger_queued_locked checks it at each queueing
  *      (S5 reports a batch queued with another reference: 13 in 20 schedules before).
+ *      Then L7 for ticket charges: done (loader_admit.c C2, C3, C7).  The consumer
+ *      declares its wait with no task in flight too, where the head is a ticket's charge,
+ *      and mem_head_fails / ld_admit_head_stuck_locked and their 3 looks are gone: a
+ *      ticket's charge that cannot fit fails by L7 with this file's explainer's message,
+ *      after the sample's name and the split of the consumer's credit into the batches it
+ *      holds and those built ahead of it (ld_admit_ticket_locked: only the loader can
+ *      split it), and how to hold less (the hint).  L7 asks back first (L10) and fails
+ *      only when nothing was asked back and nothing asked back is still coming.  What
+ *      declaring for tickets showed L7 needed (each a hang of the stress test or of
+ *      tests/test_video_files.py without it): the head batch's own samples' bytes (read,
+ *      waiting for its buffer; the ledger asks back only later seqs) and a parked read's
+ *      taken ones are ENGINE credit that comes back only after the head (slots emptied by
+ *      a rebase kept theirs too, until loader_admit.c A11 gave them back):
+ *      the owner declares them as behind it (mml_ledger_consumer_behind; C7), beside the
+ *      head's own (mml_charge.own), and refreshes that count at each of its stale events
+ *      so that L14's wake judges L7's state with it; a sample done whose ticket waits for
+ *      its buffer is not work for the collator; samples read past where placement
+ *      stopped for the window or the epoch (place_held) wait for the collator, behind the
+ *      head, and placement stops at the epoch's end whatever the state of the next
+ *      epoch's first sample (one parked until the consumer asks for its epoch,
+ *      loader_video.c 2, held placement "being read" and the consumer never declared:
+ *      tests/test_video_files.py
+ *      test_max_memory_kept_batch_error_with_a_later_epochs_samples_parked); the
+ *      collator adding a sample without mu (`collating`) is work; a waiting charge whose
+ *      hold is stale is asked again before L7 decides on it; and an open pack waiting for
+ *      its bound asks for its rows so far in exactly L7's state
+ *      (ld_admit_bound_stuck_locked, no look counted).  LEFT: scratch_stuck and
+ *      emit_stuck (their 20 looks) and the collator's 5 ms bound (W2); and where L7
+ *      cannot get bytes back, so that a wait lasts until next_timeout_s instead of
+ *      ending in its error: fetched images and videos kept open of samples behind the
+ *      head that C7 does not count, and a waiting decode's own sample bytes (loader_admit.c
+ *      C4's list).
  */
 #include "mml/ledger.h"
 
@@ -483,6 +518,7 @@ struct mml_ledger {
                             owner's events for it) */
   uint64_t cons_woken;   /* L7: cons_changes when the consumer was last woken: it blocks
                             while this is not past the count it looked at */
+  int64_t cons_behind;   /* L7: ENGINE credit of work behind the head, as last declared */
   int cons_blocked;      /* the consumer blocks in mml_ledger_consumer_wait */
 };
 
@@ -735,9 +771,11 @@ static void consumer_stale_locked(mml_ledger *g) {
   g->cons_changes++;
 }
 
-/* No ENGINE credit is held but head c's own (c->own): L7's case, where c does not fit. */
+/* No ENGINE credit is held but head c's own (c->own) and that of the work the owner
+ * declared behind the head (cons_behind): L7's case, where c does not fit and nothing more
+ * can be asked back. */
 static int no_engine_but_own_locked(const mml_ledger *g, const mml_charge *c) {
-  return g->held[MML_HOLD_ENGINE] <= c->own;
+  return g->held[MML_HOLD_ENGINE] <= c->own + g->cons_behind;
 }
 
 /* The head does not fit and no ENGINE credit is held: a consumer whose look is older
@@ -759,20 +797,22 @@ static int step_locked(mml_ledger *g, wake_list *w) {
     if (fits_locked(g, c->bytes)) {
       unlink_locked(g, c);
       grant_locked(g, c);
-    } else if (g->consumer_waiting && no_engine_but_own_locked(g, c)) { /* L7 */
-      mml_err e;
+    } else {
+      const uint64_t before = g->changes;
+      revoke_locked(g, c, w); /* L10 first: what is asked back may let it fit */
+      const int asked = g->changes != before || g->revoking;
+      if (asked || !g->consumer_waiting || !no_engine_but_own_locked(g, c)) {
+        /* L7 would decide for this head if the consumer declared: one whose look is stale
+         * looks again (and declares if nothing of its owner runs without credit) */
+        if (!asked && no_engine_but_own_locked(g, c)) consumer_chance_locked(g);
+        changed |= g->changes != before;
+        break;
+      }
+      mml_err e; /* L7: only the consumer holds credit, and work behind the head */
       explain_locked(g, c->seq, c->bytes, 0, &e);
       unlink_locked(g, c);
       fail_locked(g, c, MML_ENOMEM, &e);
       consumer_wake_locked(g); /* the consumer's wait ends: the stream ends in this error */
-    } else {
-      /* L7 would decide for this head if the consumer declared: one whose look is stale
-       * looks again (and declares if nothing of its owner runs without credit) */
-      if (no_engine_but_own_locked(g, c)) consumer_chance_locked(g);
-      const uint64_t before = g->changes;
-      revoke_locked(g, c, w);
-      changed |= g->changes != before;
-      break;
     }
     woke_locked(c, w);
     g->changes++; /* L11 */
@@ -1072,6 +1112,12 @@ void mml_ledger_consumer_stale(mml_ledger *g) {
   pthread_mutex_unlock(&g->mu);
 }
 
+void mml_ledger_consumer_behind(mml_ledger *g, int64_t bytes) {
+  pthread_mutex_lock(&g->mu);
+  g->cons_behind = bytes > 0 ? bytes : 0;
+  pthread_mutex_unlock(&g->mu);
+}
+
 int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,
                              const struct timespec *until) {
   pthread_mutex_lock(&g->mu);
@@ -1214,6 +1260,7 @@ void mml_ledger_get_stats(mml_ledger *g, mml_ledger_stats *o) {
   o->counted_over = g->counted_over;
   o->over_most = g->over_most;
   o->consumer_waiting = g->consumer_waiting;
+  o->revoking = g->revoking;
   o->head_seq = g->head ? g->head->seq : -1;
   o->head_need = g->head ? g->head->bytes : 0;
   pthread_mutex_unlock(&g->mu);

@@ -121,6 +121,7 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
   L->base_wrap = wrap;
   L->base_seq = L->head_seq;
   L->next_seq = L->head_seq;
+  L->place_held = 0;
   for (int i = 0; i < L->window; i++) {
     task *t = &L->tasks[i]; /* a queued or running decode empties its slot itself */
     if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE)) {
@@ -940,6 +941,7 @@ static int consumer_wait_locked(mml_loader *L, uint64_t seen, const struct times
     return dl ? pthread_cond_timedwait(&L->out_cv, &L->mu, dl)
               : pthread_cond_wait(&L->out_cv, &L->mu);
   const int declare = ld_admit_engine_idle_locked(L);
+  mml_ledger_consumer_behind(L->ledger, declare ? ld_admit_behind_locked(L) : 0); /* C7 */
   L->consumer_waits++;
   pthread_mutex_unlock(&L->mu);
   const int woken = mml_ledger_consumer_wait(L->ledger, seen, declare, dl);

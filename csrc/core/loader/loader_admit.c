@@ -5,8 +5,8 @@
  * stuck rules that turn a wait that can never end into an error, and the explainer that
  * composes those errors.  Its callers ask once each: the worker (ld_mem_may_read_locked,
  * ld_mem_scratch_take_locked / _give, ld_mem_emit_take_locked: loader_worker.c), the
- * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_head_stuck_locked /
- * _fail: loader_place.c), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
+ * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked:
+ * loader_place.c), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
  * the task's byte count (ld_mem_count_task_locked).  Without max_memory every answer is
  * yes.  This file is where the one ordered byte ledger (csrc/core/base/ledger.c, THE
  * LOADER'S USE) replaces these gates: their callers already make one call each.
@@ -26,10 +26,9 @@
  * behind), and the planner maps the buffer once the ledger grants it.  Workers
  * start reading a sample only with room for the largest sample seen per read in flight.
  * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
- * get room while the consumer holds everything else and no sample is in flight (the
- * message names the max_memory that would have held it): the batch of the needed ticket,
- * the one holding the collator's next sample (the head, or the pack after an open head
- * pack), looked at once placement went as far as it can (mem_stuck).  The head and the
+ * get room while the consumer holds everything else and nothing else runs (the ledger's
+ * deadlock rule, L7, fails the ticket's charge; the message names the sample and the
+ * max_memory that would have held it: C3).  The head and the
  * needed ticket hold room only for what comes before them, known exactly: the queued
  * emissions and the head's own (ticket_hold); later tickets hold the largest expansion.
  *
@@ -147,8 +146,7 @@
  *       collation thread (ticket_wake: never mu, ledger.c (b)), which maps the buffer at
  *       its next look (retry_pending -> rebuffer), the hold given back at once.  A charge
  *       that FAILS (L7, or a shutdown) is the loader's error, the ledger's explainer's
- *       message (L8); L7 does not decide for tickets yet (C3): mem_stuck's detector does
- *       (W2).
+ *       message (L8) naming the sample (C3).
  *   T2. A charge leaves the ledger with its request: a seek or reset, a rewind, a close
  *       (ticket_drop), another size or no turn any more withdraws a waiting one and gives
  *       a granted one not mapped yet back (ld_admit_ticket_cancel_locked); the ledger's
@@ -248,12 +246,12 @@
  *   W2. A wait for room keeps its 5 ms bound.  The collator's: a wake made without mu (the
  *       consumer releasing a batch on its own thread) can fall between its look and its
  *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
- *       both, the stall detectors (emit_stuck, scratch_stuck,
- *       mem_head_fails) decide "nothing can give room back" by 20 (3) looks
+ *       both, the stall detectors (emit_stuck, scratch_stuck) decide "nothing can give
+ *       room back" by 20 looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
  *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
- *       restarts its count instead of hastening it, so it fires, as before, after 20 (3)
+ *       restarts its count instead of hastening it, so it fires, as before, after 20
  *       looks 5 ms apart in which nothing gave room back.  Both go with ledger.c THE
  *       FLIP'S ORDER steps 2 and 4 (waits by the change count, L11; the deadlock rule,
  *       L7), which W1's call sites are the pokes of.
@@ -305,15 +303,19 @@
  *       it drops mu and waits in mml_ledger_consumer_wait, which declares its wait (L7)
  *       only when nothing ended since that look and the engine runs nothing without
  *       credit (ld_admit_engine_idle_locked: no read in flight but reads parked whose
- *       charges wait, the earliest the ledger's head, C4; no batch up to the one it
- *       waits for with a buffer mapped; no sample read and not placed, no decode queued
- *       or running, no sample done for the collator, no batch handed off, emitting or
- *       queued).  Every end of ENGINE work ends the declaration (the ledger), and so
- *       does every event of the engine, under mu while it waits: those it waits for wake
- *       it at once (ld_consumer_wake_locked: a batch or item queued, ld_move_ready_locked;
- *       an error, ld_set_fatal_locked; a close), those that change only whether it may
- *       declare wake it only where that matters (ld_consumer_stale_locked, C6: a sample
- *       taken by the collator; work without credit started -- a read,
+ *       charges wait, the earliest the ledger's head, C4; no sample read and not placed
+ *       unless placement stopped for the window or the epoch (place_held: they wait for
+ *       the collator), no decode queued (but those waiting for room: C5) or running, no
+ *       sample done for the collator unless its ticket waits for a buffer, none being
+ *       taken and added (`collating`), no batch handed off, emitting or queued, and every
+ *       waiting ticket charge the size the collator would ask now; an open pack waiting
+ *       for its bound aside, C3).  Every end of ENGINE work ends the declaration (the
+ *       ledger), and so does every event of the engine, under mu while it waits: those it
+ *       waits for wake it at once (ld_consumer_wake_locked: a batch or item queued,
+ *       ld_move_ready_locked; an error, ld_set_fatal_locked; a close), those that change
+ *       only whether it may declare wake it only where that matters
+ *       (ld_consumer_stale_locked, C6: a sample taken by the collator; placement going on
+ *       or stopping, ld_place_locked; work without credit started -- a read,
  *       start_task_locked, which may shrink or close the ticket waited for; a decode,
  *       queue_decode; an emission, hand_off_locked; and every W5 poke,
  *       ld_room_gates_changed_locked, where the engine may have become idle; a decode
@@ -324,22 +326,20 @@
  *       (ld_room_gates_wake_workers_locked): with the consumer's poke in it next() woke
  *       itself ~10^6 times a batch.  stats consumer_waits counts the waits
  *       (tests/test_memory.py test_consumer_waits_in_stats).
- *   C3. What stays, and why: mem_head_fails / ld_admit_head_stuck_locked and the workers'
- *       detectors for a decode's scratch and an emission (scratch_stuck, emit_stuck) still
- *       decide, and the consumer declares its wait only where the head is
- *       a parked read (C4), never a ticket's charge.  With tickets declared too, L7 failed
- *       a ticket's charge where the batches fit (tests/test_video_files.py
- *       test_max_memory_counts_videos_kept_open, every run: 4 MiB of the pool's live bytes
- *       -- CONSUMER credit, as the pool's hook counts every live byte -- with no batch
- *       queued, none handed off, no ticket's buffer mapped and the consumer holding none;
- *       main's detector, 3 quiet looks, let them come back).  Found: the collator thread's
- *       reference to the last sample's destination, held through the hand-off's wait after
- *       the consumer released the batch; it goes before the hand-off now (A10), and that
- *       test passes with L7 declared for tickets.
- *       Besides, the media bytes of samples placed in the head ticket are ENGINE credit
- *       that comes back only after that ticket's buffer: where mem_head_fails fires, L7
- *       would wait for them; they go with reads as revocable charges (L10: the head asks
- *       them back) -- ledger.c THE FLIP'S ORDER step 4.
+ *   C3. L7 decides for ticket charges too (ledger.c THE FLIP'S ORDER step 4 (ii)): the
+ *       consumer declares with no task in flight, the head a ticket's charge, and a
+ *       charge that cannot fit fails with the ledger's explainer's message (L8), the
+ *       ticket's sample named by ld_admit_ticket_locked and the ledger's hint (hold fewer
+ *       batches) at its end; mem_head_fails and ld_admit_head_stuck_locked (3 quiet looks)
+ *       are gone.  It needed A10 first (4 MiB of live pool bytes the consumer did not hold
+ *       failed tests/test_video_files.py test_max_memory_counts_videos_kept_open on every
+ *       run), then C2's list and C7 (each a hang of the stress test without it).  An open
+ *       pack the consumer waits for whose planes wait for buffers of its bound keeps the
+ *       consumer from declaring (the rows so far may fit: seeds 79 and 314 failed where
+ *       they did); in exactly the state in which L7 would decide but for it
+ *       (ld_admit_bound_stuck_locked: the consumer waits, the engine is idle, no ENGINE
+ *       credit but C7's, nothing asked back coming) the planner asks for its rows so far
+ *       (loader_place.c mem_stuck) and pokes the consumer, which declares again.
  *   C4. Reads parked for room (R2) count in in_flight but hold no credit for the bytes
  *       they wait for: their charges wait in the ledger, the ledger's own to decide.  So
  *       the engine is idle for L7 with every task in flight such a read, its charge
@@ -350,9 +350,8 @@
  *       grant -- and its read raises the ledger's explainer's message (R2's look finds it
  *       FAILED).  The media bytes that would hold ENGINE credit there, coming back only
  *       after the read, are asked back (L10): later samples' (R5, READ AGAIN) and the
- *       parked reads' own (R6).  A batch up to the one the consumer waits for may have a
- *       buffer when the collator's next sample is that read itself or a decode waiting
- *       for room (C5): every sample before it was taken and added (the collator's add,
+ *       parked reads' own (R6); what cannot be is behind the head (C7).  Every sample
+ *       before the collator's next one was taken and added (the collator's add,
  *       `collating`, is work: a batch it completes is handed off after it).  Where the
  *       read gate holds the next read back with nothing in flight and nothing else able
  *       to free room, the read goes ahead (read_room_or_ahead) so that its charge can be
@@ -360,12 +359,11 @@
  *       it is parked on, its grants not counted yet: mml_charge.own, set at its request)
  *       come back only after it and are not waited for (L7; tests/test_memory.py
  *       test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error hung in 3 of 8
- *       runs when they were).  What L7 still waits for: bytes that cannot be asked back
- *       (fetched, videos kept open, a later parked read's taken bytes asked back a second
- *       time: R6) and a decode's own media bytes while it waits for its scratch
- *       (scratch_stuck decides there).  In seeds 1-2000 of the stress test no read's error came from L7 or from
- *       the detector it replaced (none fired before either): every error there is
- *       mem_head_fails', scratch_stuck's or emit_stuck's.
+ *       runs when they were); C7's count leaves that task out (no byte counted twice).
+ *       What L7 still waits for: bytes that cannot be asked back and that C7 does not
+ *       count (fetched images and videos kept open of samples being read or decoded) and
+ *       a decode's own media bytes while it waits for its scratch (scratch_stuck decides
+ *       there).
  *   C5. A decode queued that waits for room -- its try refused (its scratch, or the bytes
  *       of its re-read: READ AGAIN), or queued behind one that was -- is no engine work
  *       (ld_admit_engine_idle_locked) while no room came back and no waiting charge left
@@ -382,11 +380,26 @@
  *       (ask_when_waiting_locked: ld_consumer_would_ask_locked, checked at every event of
  *       ld_consumer_stale_locked, which then wakes it at once); and whether to declare
  *       its wait (C2), which changes anything only where L7 can fail the ledger's head:
- *       the head does not fit and no ENGINE credit is held.  So an end of ENGINE work and
- *       the events of ld_consumer_stale_locked end its declaration but wake it only in
- *       that state (the ledger's consumer_chance_locked, at the event or at the first
- *       grant step that finds it).  Before, every end of ENGINE work and every such event
- *       woke it: ~20 waits a batch at a 176 MiB cap (bench_cap_pair's data), ~1.7 now.
+ *       the head does not fit and no ENGINE credit is held but the head's own and C7's.
+ *       So an end of ENGINE work and the events of ld_consumer_stale_locked end its
+ *       declaration but wake it only in that state (the ledger's consumer_chance_locked,
+ *       at the event or at the first grant step that finds it; C7's count is refreshed at
+ *       each such event of the loader, so the state is judged with what is behind now).
+ *       Before, every end of ENGINE work and every such event woke it: ~20 waits a batch
+ *       at a 176 MiB cap (bench_cap_pair's data), ~1.7 now.
+ *   C7. With the engine idle (C2) nothing runs, so the ENGINE credit the window's slots
+ *       hold -- a planned sample's media bytes waiting for its ticket's buffer (the head
+ *       batch's own samples' among them, which the ledger does not ask back: L10 asks
+ *       later seqs only), a parked read's taken ones, a decode's waiting for room (C5;
+ *       a slot a rebase emptied holds none: A11) -- comes back only after the head (the
+ *       head parked read's own task aside: its charge's own, C4), but for what the planner's make-way
+ *       gives back at its next look (videos kept open outside the head ticket, media bytes
+ *       after the needed ticket that can be read again: READ AGAIN): next() declares the
+ *       rest with its wait (ld_admit_behind_locked, mml_ledger_consumer_behind), and L7
+ *       does not wait for it once nothing more can be asked back.  ENGINE credit beyond
+ *       it (a ticket's grant not mapped yet, a grant being given back) keeps the head
+ *       waiting.  Without it L7 never failed a ticket's charge where such bytes were held:
+ *       the stress test hung (seeds 47, 56, 77) where the old detector raised the error.
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -559,6 +572,26 @@ static int64_t tickets_give_back_locked(mml_loader *L, int64_t seq) {
   return n;
 }
 
+static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t cap);
+static int64_t batches_ahead_locked(mml_loader *L, int64_t live);
+
+/* A ticket's charge failed (L7, or too large alone): the loader's error, the ledger's
+ * explainer's message (L8) after the sample's name and the split of the consumer's credit
+ * the ledger cannot make (the batches the consumer holds, those built ahead of it), so
+ * that the user learns what `del batch` would give back (C3). */
+static void ticket_failed_locked(mml_loader *L, int64_t id, mml_err *e) {
+  char where[1100];
+  ticket_sample_name(L, id, where, sizeof where);
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  const int64_t ahead = batches_ahead_locked(L, (int64_t)live);
+  mml_err_prefix(e,
+                 "%s%sthe batch the consumer waits for (the consumer holds %lld bytes of "
+                 "batches, %lld bytes are batches built ahead of it)",
+                 where, where[0] ? ": " : "", (long long)((int64_t)live - ahead), (long long)ahead);
+  ld_set_fatal_locked(L, MML_ENOMEM, e);
+}
+
 int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
                            int64_t *grant) {
   *grant = 0;
@@ -600,7 +633,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
         q->ch.state = MML_CHARGE_IDLE;
         mml_err e;
         if (q->ch.status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
-          ld_set_fatal_locked(L, MML_ENOMEM, &e);
+          ticket_failed_locked(L, id, &e);
         return 0;
       } else { /* not its turn now, or another size: it leaves, after those behind it */
         cancel_after(L, id, p);
@@ -616,10 +649,13 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       q->ch.wake = ticket_wake;
       q->ch.wake_arg = L;
       mml_err e;
-      if (mml_ledger_request(L->ledger, &q->ch, &e)) {
-        /* too large alone with its hold (it can never fit beside it: what ticket_room's
-         * formula answered forever; mem_stuck decides), or shut down: no charge */
+      const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
+      if (st) {
+        /* too large alone with its hold (it can never fit beside it), failed at once by
+         * L7 (the consumer's wait declared), or shut down: no charge; the first two are
+         * the loader's error, the explainer's message naming the sample (C3) */
         q->ch.state = MML_CHARGE_IDLE;
+        if (st == MML_ENOMEM) ticket_failed_locked(L, id, &e);
         return 0;
       }
       if (q->ch.state != MML_CHARGE_GRANTED) {
@@ -674,23 +710,17 @@ int ld_admit_make_way_locked(mml_loader *L) {
   return freed > 0 || spares;
 }
 
-/* The one out-of-memory explainer of the stuck rules (mem_stuck, a decode's scratch, an
- * emission): `need` bytes of `what` for sample t (NULL: not one sample's) cannot be held
+/* The out-of-memory explainer of the workers' stuck rules (a read, a decode's scratch, an
+ * emission; a ticket's charge is the ledger's, L7 and L8): `need` bytes of `what` for sample t (NULL: not one sample's) cannot be held
  * beside what is live, split into the batches the consumer holds (the pool's live bytes
  * less those below), the batches being built or emitted ahead of it (tickets' buffers,
  * prefetched: not the consumer's), the samples read ahead and the workers' scratch;
  * `fit` is the max_memory that would hold it, `hint` how to need less. */
-static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need, int64_t fit,
-                        const char *hint, mml_err *e) {
-  char where[1100] = "";
-  if (t) {
-    const mml_sample *s = &t->sample;
-    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where - 2);
-    strcat(where, ": ");
-  }
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  int64_t ahead = 0; /* buffers of batches not handed to the consumer yet */
+/* Of the pool's `live` bytes, the buffers of batches not handed to the consumer yet:
+ * tickets' buffers and pending emissions' (the rest are batches the consumer holds or has
+ * yet to take). */
+static int64_t batches_ahead_locked(mml_loader *L, int64_t live) {
+  int64_t ahead = 0;
   for (int64_t id = L->tk_head; id <= L->tk_tail; id++)
     for (int p = 0; p < PLANES; p++)
       if (tk_at(L, id)->pl[p].buf) ahead += pool_bytes((int64_t)tk_at(L, id)->pl[p].buf->size);
@@ -702,7 +732,20 @@ static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t 
         ahead += pool_bytes((int64_t)b->size);
     }
   }
-  if (ahead > (int64_t)live) ahead = (int64_t)live;
+  return ahead < live ? ahead : live;
+}
+
+static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need, int64_t fit,
+                        const char *hint, mml_err *e) {
+  char where[1100] = "";
+  if (t) {
+    const mml_sample *s = &t->sample;
+    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where - 2);
+    strcat(where, ": ");
+  }
+  size_t cached, live;
+  mml_pool_usage(L->pool, &cached, &live);
+  const int64_t ahead = batches_ahead_locked(L, (int64_t)live);
   mml_err_set(e, MML_ENOMEM,
               "%smax_memory=%lld cannot hold the %lld bytes of %s beside %lld bytes of batches "
               "the consumer holds, %lld bytes of batches being built or emitted ahead of it "
@@ -721,59 +764,16 @@ static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t 
   }
 }
 
-/* After placing (loader_place.c mem_stuck): the needed ticket still waits for room
- * (retry_pending counted its failed tries), the consumer waits for its batch and holds
- * everything else, and no sample is being read or planned.  Looked at only once placement
- * went as far as it could (a sample placed after the retry may end the epoch, which sizes
- * an open pack's buffers by its rows instead of its bound: MML_STRESS_SEED=1000). */
-int ld_admit_head_stuck_locked(mml_loader *L) {
-  if (!L->mem_blocked || (L->tk_tail >= L->tk_head && !head_pending_bytes(L)))
-    L->mem_head_fails = 0;
-  if (!ld_room_quiet_locked(L, &L->head_seen)) L->mem_head_fails = 0; /* W2: room came back */
-  if (L->mem_head_fails < 3 || !L->consumer_waiting || L->out_count ||
-      L->pend_head != L->pend_tail || L->emitting || L->in_flight)
-    return 0;
-  return 1;
-}
-
-void ld_admit_head_fail_locked(mml_loader *L) {
-  /* the consumer waits for this batch and holds everything else, and no sample is being
-   * read or planned (one may still free bytes of its own: a remote video's first block
-   * at its probe): it cannot fit */
-  const int64_t nt = ld_place_needed_ticket(L);
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  mml_err e;
-  const int64_t next = head_pending_bytes(L), need = pool_bytes(next);
-  const int64_t hold = ld_mem_scratch_hold_locked(L, nt);
-  const int64_t eh = ticket_hold(L, nt, -1, 0) - hold;
-  const int64_t s0 = tk_at(L, nt)->first_seq;
+/* The name of the sample a ticket's charge is for (empty when its slot holds
+ * another sample now): the ticket's first sample, or the collator's next one when the
+ * collator took its first ones already (an open pack's). */
+static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t cap) {
+  const int64_t s0 = tk_at(L, id)->first_seq;
   const task *t = slot_of(L, s0 > L->head_seq ? s0 : L->head_seq);
-  mem_explain(L, t->seq >= L->head_seq && t->gen == L->gen ? t : NULL,
-              "pixel_values(_videos) the batch the consumer waits for needs (in the pool's pages)",
-              need,
-              (int64_t)live + window_bytes(L) + L->max_sample_bytes + scratch_bytes(L) +
-                  L->scratch_extra + L->emit_extra + hold + eh + need,
-              "or hold fewer batches: a `for batch in loader` loop keeps the previous batch "
-              "alive while it asks for the next (`del batch` at the end of the loop body "
-              "releases it)",
-              &e);
-  if (eh > 0) {
-    size_t n = strlen(e.msg);
-    snprintf(e.msg + n, sizeof e.msg - n,
-             " (%lld bytes are kept free for expanding compact uint8 rows into float rows: "
-             "pixel_format=\"%s\" writes float rows directly)",
-             (long long)eh, decode_name(L));
-  }
-  if (hold > 0) {
-    size_t n = strlen(e.msg);
-    snprintf(e.msg + n, sizeof e.msg - n,
-             " (the %lld bytes of decoder scratch its largest image needs are kept free beside "
-             "the %d workers' reserve of %lld)",
-             (long long)hold, L->cfg.num_threads,
-             (long long)L->cfg.num_threads * MML_SCRATCH_RESERVE);
-  }
-  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  where[0] = 0;
+  if (t->seq < L->head_seq || t->gen != L->gen) return;
+  const mml_sample *s = &t->sample;
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, cap);
 }
 
 /* ---- reads, decoder scratch, emissions, the window's bytes ----------------------------- */
@@ -1412,7 +1412,11 @@ mml_status ld_ledger_open(mml_loader *L, mml_err *err) {
   /* cap = max_memory: a try (ledger.c L12) is refused when it does not fit; what is
    * counted after it was taken (L13: the pool's hook, a task's byte buffers) is recorded
    * even past the cap, in the peak (memory_peak) and counted_over (A6, A8) */
-  const mml_ledger_cfg lc = {L->cfg.max_memory, NULL, NULL, "max_memory", NULL};
+  /* the deadlock rule's message (L7, L8) ends with how to hold less */
+  const mml_ledger_cfg lc = {L->cfg.max_memory, NULL, NULL, "max_memory",
+                             "or hold fewer batches: a `for batch in loader` loop keeps the "
+                             "previous batch alive while it asks for the next (`del batch` at "
+                             "the end of the loop body releases it)"};
   mml_status st = mml_ledger_new(&lc, &L->ledger, err);
   if (st) return st;
   L->led_pool = mml_ledger_add_cache(L->ledger, "pooled pages", ledger_pool_evict, L);
@@ -1555,8 +1559,12 @@ void ld_consumer_stale_locked(mml_loader *L) {
   if (!L->ledger || !L->consumer_waiting) return; /* C2: under mu, as ld_consumer_wake_locked */
   if (ld_consumer_would_ask_locked(L))            /* C6: next() has an epoch to ask for */
     mml_ledger_consumer_poke(L->ledger);
-  else /* C6: only whether it may declare changed: woken where L7 can decide */
+  else { /* C6: only whether it may declare changed: woken where L7 can decide, judged with
+          * what is behind the head now (C7) */
+    mml_ledger_consumer_behind(L->ledger,
+                               ld_admit_engine_idle_locked(L) ? ld_admit_behind_locked(L) : 0);
     mml_ledger_consumer_stale(L->ledger);
+  }
 }
 
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
@@ -1598,59 +1606,106 @@ static int decodes_may_run_locked(mml_loader *L) {
   return 0;
 }
 
-/* C4, C5: the sample the collator takes next (head_seq) cannot come without the room the
- * head waits for: it is the earliest parked read (`parked`), or a planned sample whose
- * decode waits for room (C5); every sample before it was taken. */
-static int collator_waits_for_room(mml_loader *L, int64_t parked) {
-  if (L->head_seq == parked) return 1;
+/* C2: no work of the engine runs, or is queued, without ledger credit (an open pack's
+ * bound aside: bound_waits_locked) -- no read in flight (its bytes are charged once their
+ * size is known; the record's are the slot's FIXED credit) but reads parked whose charges
+ * wait, the head's among them (C4: a waiting charge is the ledger's to decide), no sample
+ * read that placement has yet to place (a text-only one holds nothing and may close or
+ * shrink a ticket; placement stops at the first parked read) unless placement stopped for
+ * the window or the epoch (place_held), no decode queued (but those waiting for room: C5)
+ * or running, no sample done that the collator has yet to take or is adding (`collating`),
+ * no batch handed off and not yet queued for the consumer, none queued for it -- and every
+ * ticket charge that waits is the one the collator would ask now (C3). */
+static int engine_idle_but_bound_locked(mml_loader *L) {
+  const int64_t parked = parked_reads_only_locked(L);
+  if (parked < 0 || L->decoding || L->emitting || L->jobs_queued || L->collating ||
+      L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
+      decodes_may_run_locked(L) ||
+      (L->placing && !L->place_held &&
+       L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
+    return 0;
+  /* the collator's next sample done: it takes it, unless its ticket waits for a buffer */
   const task *t = slot_of(L, L->head_seq);
-  return t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_PLANNED &&
-         decode_waits(L, t);
+  if (t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_DONE &&
+      (!L->placing || ld_place_ready(L, t)))
+    return 0;
+  /* the first ticket charge that waits (the one L7 may fail: those behind it wait for it)
+   * whose hold the collator has yet to ask anew (an emission queued or a decode's scratch
+   * placed since: ticket_hold) is not the one to decide on; the collator's next look asks
+   * again, which pokes (ld_admit_ticket_cancel_locked) */
+  for (int64_t id = L->tk_head; L->placing && id <= L->tk_tail; id++)
+    for (int p = 0; p < PLANES; p++) {
+      const tk_plane *q = &tk_at(L, id)->pl[p];
+      if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_WAITING)
+        return q->ch.seq == tk_at(L, id)->first_seq &&
+               q->ch.bytes == ticket_charge_bytes(L, p, q->pending_rows) +
+                                  ticket_hold(L, id, p, q->pending_rows);
+    }
+  return 1;
 }
 
-int ld_admit_engine_idle_locked(mml_loader *L) {
-  /* C1: no work of the engine runs, or is queued, without ledger credit: no read in flight
-   * (its bytes are charged once their size is known; the record's are the slot's FIXED
-   * credit) but reads parked whose charges wait, the head's among them (C4: a waiting
-   * charge is the ledger's to decide), no sample read that placement has yet to place (a
-   * text-only one holds nothing and may close or shrink a ticket; placement stops at the
-   * first parked read), no decode queued (but those waiting for room: C5) or running, no
-   * sample done that the collator has yet to take or is adding, no batch handed off and not
-   * yet queued for the consumer, none queued for it */
-  /* only the earliest parked read's charge, as the ledger's head, is L7's to decide (C4):
-   * a ticket's charge is not yet (C3: the pool's live bytes, CONSUMER credit, include bytes
-   * the consumer does not hold) */
-  const int64_t parked = parked_reads_only_locked(L);
-  if (parked < 0 || parked == INT64_MAX || L->decoding || L->emitting || L->jobs_queued ||
-      L->collating || L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
-      decodes_may_run_locked(L) ||
-      (L->placing && L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
-    return 0;
-  const task *t = slot_of(L, L->head_seq);
-  if (t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_DONE) return 0;
-  /* nor while a batch up to the one the consumer waits for has a buffer, unless the
-   * collator's next sample waits for room itself: the batch is being built or collated (its
-   * decodes and its emission ask for themselves), and its bytes, CONSUMER credit from
-   * their mapping on, come back once the consumer took and released it: a later ticket's
-   * charge waits for that, not for the consumer */
-  if (L->placing && L->tk_tail >= L->tk_head && !collator_waits_for_room(L, parked)) {
-    const int64_t nt = ld_place_needed_ticket(L);
-    for (int64_t id = L->tk_head; id <= L->tk_tail && id <= nt; id++)
-      if (ld_place_has_buf(tk_at(L, id))) return 0;
-  }
-  /* nor may placement still ask less for the batch the consumer waits for: an open pack
-   * waiting for buffers of its bound asks for its rows so far once stuck (mem_stuck); L7
-   * failing the bound's charge first raised an error where the rows fit (the stress
-   * test's seeds 79 and 314) */
+/* An open pack the consumer waits for waits for buffers of its bound: placement may still
+ * ask less for it (its rows so far: loader_place.c mem_stuck); L7 failing the bound's
+ * charge first raised an error where the rows fit (the stress test's seeds 79 and 314). */
+static int bound_waits_locked(mml_loader *L) {
   for (int64_t id = L->tk_head; L->placing && id <= L->tk_tail && id <= ld_place_needed_ticket(L);
        id++)
     for (int p = 0; p < PLANES; p++) {
       const tk_plane *q = &tk_at(L, id)->pl[p];
       if (q->pending_rows > q->rows &&
           (q->buf ? q->rows > q->cap_rows : q->rows > 0)) /* loader_place.c rows_now */
-        return 0;
+        return 1;
     }
-  return 1;
+  return 0;
+}
+
+int ld_admit_engine_idle_locked(mml_loader *L) {
+  return engine_idle_but_bound_locked(L) && !bound_waits_locked(L);
+}
+
+/* A task's bytes held ahead of their use for its videos (loader_video.c): what
+ * ld_release_videos_ahead_locked gives back. */
+static int64_t task_video_bytes(const task *t) {
+  int64_t n = t->vhead_bytes + t->vpre_bytes;
+  for (int v = 0; v < t->vcap; v++) n += t->vhead[v].open_bytes;
+  return n;
+}
+
+int64_t ld_admit_behind_locked(mml_loader *L) {
+  /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
+   * its ticket's buffer; a parked read's taken ones; a waiting decode's: C5) wait
+   * behind the head -- less what the planner's make-way gives back at its next look
+   * (ld_admit_make_way_locked: videos kept open outside the head ticket, the media bytes
+   * of samples after the needed ticket that can be read again) */
+  const int64_t h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
+  const int64_t last =
+      L->tk_tail >= h ? (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1 : -1;
+  /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own) */
+  const int64_t parked = parked_reads_only_locked(L);
+  int64_t n = 0;
+  for (int i = 0; L->tasks && i < L->window; i++) {
+    const task *t = &L->tasks[i];
+    if (t->seq == parked && t->gen == L->gen) continue;
+    int64_t b = t->held - t->held_fixed + t->read_cover; /* a parked read's taken grants */
+    const int planned = t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING;
+    if (planned && !(t->tk >= 0 && t->tk == L->tk_head)) b -= task_video_bytes(t);
+    if (planned && t->seq > last && t->seq >= L->head_seq && !t->reread && rereadable(L, t))
+      b = 0; /* READ AGAIN */
+    n += b;
+  }
+  return n;
+}
+
+int ld_admit_bound_stuck_locked(mml_loader *L) {
+  /* the state in which L7 would decide but for the bound: the consumer waits, nothing else
+   * runs, and no ENGINE credit can come back but that of work behind the head (C7; a
+   * revoked read's comes back, L10) */
+  if (!L->ledger || !L->consumer_waiting || !bound_waits_locked(L) ||
+      !engine_idle_but_bound_locked(L))
+    return 0;
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  return s.held[MML_HOLD_ENGINE] <= ld_admit_behind_locked(L) && !s.revoking;
 }
 
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {

@@ -614,7 +614,8 @@ void *ld_collator_main(void *arg) {
     ld_place_clear(t);
     t->state = SLOT_EMPTY;
     L->head_seq++;
-    L->collating = 1; /* loader_admit.c C2: a batch it completes is handed off below */
+    L->collating = 1;  /* loader_admit.c C2: a batch it completes is handed off below */
+    L->place_held = 0; /* placement may go on (loader_admit.c C2) */
     ld_work_wake(L, 1);
     L->samples++;
     ld_source_count_locked(L, &c.s);

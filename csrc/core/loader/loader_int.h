@@ -324,7 +324,7 @@ struct mml_loader {
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
   int mem_blocked;          /* a ticket waits (for room, or its turn: rebuffer) */
-  int mem_head_fails;       /* consecutive failed tries of the head ticket */
+  int place_held;           /* placement stopped until the collator takes samples (C2) */
   /* decoder scratch beyond the per-worker reserve (ld_mem_scratch_take_locked): granted to
    * the decodes running; the most one sample has needed (0: holds are not looked for) */
   int64_t scratch_extra, scratch_max;
@@ -356,7 +356,7 @@ struct mml_loader {
   /* events that gave room back (ld_room_wake), and the count each stall detector saw at
    * its last look (under mu): a detector counts only looks with none between them (W2) */
   _Atomic uint64_t room_events;
-  uint64_t scratch_seen, emit_seen, head_seen;
+  uint64_t scratch_seen, emit_seen;
   int emit_stuck;
   /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
    * else able to free room */
@@ -673,11 +673,10 @@ void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
 int ld_admit_make_way_locked(mml_loader *L);
-/* After placing: 1 when the batch the consumer waits for looks like it can never get
- * room (the planner may still shrink an open pack's request); ld_admit_head_fail_locked
- * then sets the loader's fatal MML_ENOMEM error, naming what is held. */
-int ld_admit_head_stuck_locked(mml_loader *L);
-void ld_admit_head_fail_locked(mml_loader *L);
+/* After placing: 1 when an open pack the consumer waits for waits for buffers of its bound
+ * where nothing else can give room back (the state in which the deadlock rule, L7, would
+ * decide but for the bound): the planner asks for its rows so far instead. */
+int ld_admit_bound_stuck_locked(mml_loader *L);
 /* loader_admit.c: max_memory: 1 when the memory ledger has room for `need` more bytes (its
  * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the scratch
  * held for the decodes placed (ld_mem_scratch_hold_locked). */
@@ -847,6 +846,9 @@ int ld_admit_engine_idle_locked(mml_loader *L);
  * that mark changes.  mu held. */
 void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen);
 uint64_t ld_admit_decode_events_locked(mml_loader *L);
+/* With the engine idle (ld_admit_engine_idle_locked): the ENGINE credit its slots hold, all
+ * of it work that waits behind the ledger's head (C7), the head's own task left out. */
+int64_t ld_admit_behind_locked(mml_loader *L);
 void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
 void ld_work_wake(mml_loader *L, int all);
 /* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */

@@ -73,8 +73,9 @@
  * T1-T3) after the turn rules here (tickets in their turn in order, `prefetch`, decodes
  * ahead), retry_pending asks again (maps a granted one) and what may be dropped for the
  * head (ld_admit_make_way_locked), and placement that went as far as it can asks it
- * whether the batch the consumer waits for can never get room
- * (ld_admit_head_stuck_locked).
+ * whether an open pack the consumer waits for must ask for its rows so far instead of its
+ * bound (ld_admit_bound_stuck_locked).  Whether the batch the consumer waits for can never
+ * get room is the ledger's deadlock rule (L7), which fails its charge.
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
@@ -454,62 +455,63 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     ticket *k = tk_at(L, id);
     for (int p = 0; p < PLANES && !failed; p++)
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
-    if (failed && id <= ld_place_needed_ticket(L)) L->mem_head_fails++;
   }
-  if (ld_admit_make_way_locked(L)) {
-    L->mem_head_fails = 0;
-    retry_pending(L, c);
-  }
+  if (ld_admit_make_way_locked(L)) retry_pending(L, c);
 }
 
-/* After placing: when admission finds the batch the consumer waits for stuck
- * (ld_admit_head_stuck_locked), an open pack waiting for buffers of its bound first asks
- * for its rows so far (as a full window does: stall), re-buffered if it grows: those rows
- * are needed whatever joins it, and nothing can join while the reads wait for room
- * (MML_STRESS_SEED=1000); otherwise it cannot fit (ld_admit_head_fail_locked). */
+/* After placing: an open pack the consumer waits for whose planes wait for buffers of its
+ * bound, where nothing else can give room back (ld_admit_bound_stuck_locked: the state in
+ * which the ledger's deadlock rule, L7, would decide but for the bound), asks for its rows
+ * so far (as a full window does: stall), re-buffered if it grows: those rows are needed
+ * whatever joins it, and nothing can join while the reads wait for room
+ * (MML_STRESS_SEED=1000).  If those do not fit either, L7 fails their charge once the
+ * consumer declares its wait again (the poke): the explainer's error (loader_admit.c C3). */
 static void mem_stuck(mml_loader *L, mml_collator *c) {
-  if (!ld_admit_head_stuck_locked(L)) return;
+  if (!ld_admit_bound_stuck_locked(L)) return;
   const int64_t nt = ld_place_needed_ticket(L);
-  int shrunk = 0;
   for (int p = 0; p < PLANES; p++) {
     const tk_plane *q = &tk_at(L, nt)->pl[p];
-    if (q->pending_rows > q->rows && rows_now(q)) {
-      shrunk = 1;
-      rebuffer(L, nt, p, q->rows, c);
-    }
+    if (q->pending_rows > q->rows && rows_now(q)) rebuffer(L, nt, p, q->rows, c);
   }
-  if (shrunk)
-    L->mem_head_fails = 0;
-  else
-    ld_admit_head_fail_locked(L);
+  ld_consumer_stale_locked(L); /* C2, C6: its wait may be declared now */
 }
 
 static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c);
 
 void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (!L->placing || L->fatal) return;
+  const int64_t was = L->place_seq;
+  const int held = L->place_held;
   place_locked(L, epoch, bie, c);
+  if (L->place_seq != was || L->place_held != held)
+    ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: the engine may be idle now */
   if (L->cfg.max_memory && !L->fatal) mem_stuck(L, c);
 }
 
 static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (L->mem_blocked) retry_pending(L, c);
   if (L->place_seq < L->head_seq) L->place_seq = L->head_seq;
+  L->place_held = 0;
   while (!L->fatal) {
     int64_t p = L->place_seq;
     if (p >= L->head_seq + L->window || (L->limit_seq >= 0 && p >= L->limit_seq)) {
       stall(L, c, 0); /* only the collator taking samples lets more in */
+      L->place_held = 1;
       return;
     }
     if (p >= L->next_seq) return; /* a worker will start it */
-    task *t = slot_of(L, p);
-    if (t->gen != L->gen || t->seq != p || t->state == SLOT_BUSY) return; /* being planned */
+    /* the epoch's end first, whatever the next sample's state: a later epoch's sample may
+     * be parked until the consumer asks for its epoch (loader_video.c 2: busy, not in
+     * flight), and placement stops here for the epoch, not for it (loader_admit.c C2) */
     int64_t e, pos;
     ld_plan_at_locked(L, p, &e, &pos);
     if (e != epoch || (L->gp && pos >= ld_plan_rank_len_locked(L, e))) {
       stall(L, c, 1); /* the collator ends the epoch first */
+      L->place_held = 1;
       return;
     }
+    task *t = slot_of(L, p);
+    if (t->gen != L->gen || t->seq != p || t->state == SLOT_BUSY) return; /* being planned */
     if (t->sample.status != MML_OK) { /* failed before any pixel work: not in any batch */
       L->place_seq++;
       /* ... but a planned batch ending here ends (coll_plan_boundary_locked) */
@@ -520,6 +522,7 @@ static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator
     }
     if (!place_one(L, t, epoch, pos, bie, c)) {
       stall(L, c, 1);
+      L->place_held = 1;
       return;
     }
   }

@@ -88,6 +88,7 @@ typedef struct mml_ledger_stats {
   uint64_t grants, waits;      /* charges granted; of them, those that waited */
   uint64_t evicted_bytes;      /* cache bytes reclaimed for a charge */
   uint64_t revoked;            /* revocable charges asked back (L10) */
+  int64_t revoking;            /* bytes asked back and not given back or kept yet (L10) */
   uint64_t tries_refused;      /* tries answered "no room" (L12) */
   uint64_t counted_over;       /* counts that left held + cached above the cap (L13) */
   int64_t over_most;           /* the most above the cap a count left it (L13) */
@@ -187,6 +188,12 @@ void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
  * owner declares only while none of its work runs without credit (work that holds nothing
  * yet still ends by itself: L7 cannot see it). */
 uint64_t mml_ledger_consumer_changes(mml_ledger *g);
+/* The ENGINE credit held by work that can go on only after the head is granted (its own
+ * samples' bytes, read and waiting for its buffer; bytes kept by work that waits behind
+ * it), as the owner counted it at its look, for its next declaration: the deadlock rule
+ * (L7) fails the head when the ENGINE credit held is no more than this, nothing can be
+ * asked back and nothing is being given back (L10).  0 (the default): no ENGINE credit. */
+void mml_ledger_consumer_behind(mml_ledger *g, int64_t bytes);
 void mml_ledger_consumer_poke(mml_ledger *g);
 void mml_ledger_consumer_stale(mml_ledger *g);
 int mml_ledger_consumer_wait(mml_ledger *g, uint64_t seen, int declare,

@@ -921,6 +921,53 @@ TEST(ledger_shutdown_wakes_everyone) {
 static int revoke_log[16], revoke_n;
 static void log_revoke(void *arg) { revoke_log[revoke_n++] = (int)(intptr_t)arg; }
 
+/* L7 with credit behind the head (mml_ledger_consumer_behind): ENGINE credit the owner
+ * declares as work that can go on only after the head (the head batch's own samples' bytes,
+ * read and waiting for its buffer) does not keep the head waiting, ENGINE credit beyond it
+ * does, and a revocable grant after the head is asked back first (L10): the head fails
+ * only once nothing more can be asked back and nothing is being given back. */
+TEST(ledger_deadlock_rule_with_credit_behind_the_head) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_charge a = charge(0, 40), w = charge(5, 20), r = charge(6, 20), h = charge(4, 30);
+  CHECK_OK(mml_ledger_request(g, &a, &err), err);
+  mml_ledger_hand_over(g, 40);                    /* a batch the consumer holds */
+  CHECK_OK(mml_ledger_request(g, &w, &err), err); /* bytes of the head's own sample */
+  r.revocable = 1;                                /* a later sample's, read again later */
+  r.revoke = log_revoke;
+  r.wake_arg = (void *)(intptr_t)6;
+  CHECK_OK(mml_ledger_request(g, &r, &err), err);
+  revoke_n = 0;
+  CHECK_OK(mml_ledger_request(g, &h, &err), err); /* 40 + 20 + 20 + 30 > 100 */
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  CHECK_EQ_INT(revoke_n, 1);         /* L10: sample 6's asked back */
+  mml_ledger_keep(g, &r);            /* which cannot be given back */
+  mml_ledger_consumer_behind(g, 20); /* less than the 40 the engine holds */
+  mml_ledger_consumer_waiting(g, 1);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_WAITING);
+  mml_ledger_consumer_waiting(g, 0);
+  mml_ledger_consumer_behind(g, 40); /* all of it behind the head: nothing else comes back */
+  mml_ledger_consumer_waiting(g, 1);
+  CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_FAILED);
+  CHECK_EQ_INT(mml_ledger_error(g, &err), MML_ENOMEM);
+  CHECK(strstr(err.msg, "max_memory >= 110 would hold it"));
+  /* a revocable grant still to ask back keeps the head waiting, whatever is behind it */
+  mml_charge r2 = charge(7, 20), h2 = charge(4, 30);
+  r2.revocable = 1;
+  r2.revoke = log_revoke;
+  r2.wake_arg = (void *)(intptr_t)7;
+  mml_ledger_consumer_waiting(g, 0);
+  mml_ledger_release(g, 20, MML_HOLD_ENGINE); /* w's bytes: 40 + 20 held */
+  CHECK_OK(mml_ledger_request(g, &r2, &err), err);
+  CHECK_OK(mml_ledger_request(g, &h2, &err), err); /* 40 + 20 + 20 + 30 > 100 */
+  mml_ledger_consumer_behind(g, 40);
+  mml_ledger_consumer_waiting(g, 1);
+  CHECK_EQ_INT(mml_ledger_state(g, &h2), MML_CHARGE_WAITING); /* r2 is being asked back */
+  mml_ledger_give_back(g, &r2);
+  CHECK_EQ_INT(mml_ledger_state(g, &h2), MML_CHARGE_GRANTED);
+  mml_ledger_free(g);
+}
+
 TEST(ledger_revokes_later_reads_for_the_head) {
   mml_ledger *g = new_ledger(100);
   mml_err err;
