@@ -14,9 +14,9 @@
  * loader's lifetime; the Parquet row groups' room, while the reader is open; each window
  * slot's record, path and Parquet-row buffers, kept for the slot's next sample -- but not
  * a slot's media bytes, which its decode gives back or moves into the spares -- or, its
- * plan abandoned, the slot's emptying does: loader_admit.c A11 -- nor the spares, a cache).  Caches (pooled pages, spare buffers, preloads, open videos) are a
- * second kind, counted in the same budget but evictable: their owners free bytes on
- * request.  A charge is (seq, bytes): seq is its place in the stream.  Waiting charges
+ * plan abandoned, the slot's emptying does: loader_admit.c A11 -- nor the spares, a
+ * cache).  Caches (pooled pages, spare buffers, preloads, open videos) are a second kind,
+ * counted in the same budget but evictable: their owners free bytes on request.  A charge is (seq, bytes): seq is its place in the stream.  Waiting charges
  * form one list sorted by (seq, arrival); the first is the head.
  *
  * THREADS.  Any thread may call any function.  One mutex guards everything; blocking
@@ -322,9 +322,10 @@
  *      (5 ms apart) with nothing running; they and their look counting are gone, and the
  *      ledger's deadlock rule decides where the head is the earliest parked read.  What
  *      it needed: (1) a parked read's bytes come back when asked: it gives back what its
- *      reads took and reads again from its first item, once per sample (R6: without a
- *      bound it livelocked, MML_STRESS_SEED=539; with it, seeds 1-2000 restarted 15
- *      parked reads and asked none back twice); (2) a decode queued behind, waiting for
+ *      reads took and reads again from its first item, at its first ask and again only
+ *      for a later head than at its last restart (R6: without a bound it livelocked,
+ *      MML_STRESS_SEED=539; once per sample, a later head that needed the bytes of a read
+ *      asked back twice waited for next()'s timeout); (2) a decode queued behind, waiting for
  *      room, is no engine work (C5) while no room came back and no waiting charge left
  *      since the look that refused it; (3) the collator's next sample being the parked
  *      read (or such a decode) lets the consumer declare although the batch it waits

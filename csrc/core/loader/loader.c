@@ -1093,6 +1093,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_preloads_refused = L->video_preloads_refused;
   o->video_open_peak = L->video_open_peak;
   o->samples_reread = L->samples_reread;
+  o->reads_restarted_again = L->reads_restarted_again;
   o->room_waits = L->room_waits;
   o->consumer_waits = L->consumer_waits;
   o->pinned = L->pinned;

@@ -213,21 +213,29 @@
  *       (R6); one a worker holds is looked at when it parks or finishes; one asked back
  *       at its decode's start drops its bytes instead of settling.  A grant that cannot
  *       be given back (its bytes fetched meanwhile, no decode to read them again, or a
- *       parked read's taken ones once it restarted: R6) is kept
+ *       parked read's taken ones asked again by no later head than its last restart: R6)
+ *       is kept
  *       (mml_ledger_keep: final, and the head asks back the next).  Given back, its
  *       bytes are freed and counted like any of the task's (the count releases them)
  *       and the ledger forgets the charge (reads_forget_locked: mml_ledger_keep after
  *       the release), so nothing is released twice (A6).
- *   R6. A parked read asked back gives back what its reads took, ONCE per sample
- *       (task.restarted; restart_parked_locked): its charge asked now leaves the ledger,
- *       its media bytes are freed (their grants released, then forgotten, as READ AGAIN)
- *       and it reads again from its first media item, its next charge queued behind the
- *       head that asked (L1), so it holds nothing while that head waits (L7 need not wait
- *       for it).  Counted in samples_reread.  Parked again and asked again, it keeps what
- *       it took (a grant not taken yet still goes back): a restart without a bound
- *       livelocked (a parked read re-read for a decode's scratch was granted out of turn,
- *       T5, and parked again: MML_STRESS_SEED=539).  Seeds 1-2000 of the stress test: 15
- *       restarts, no read asked back a second time holding bytes.
+ *   R6. A parked read asked back gives back what its reads took (restart_parked_locked):
+ *       its charge asked now leaves the ledger, its media bytes are freed (their grants
+ *       released, then forgotten, as READ AGAIN) and it reads again from its first media
+ *       item, its next charge queued behind the head that asked (L1), so it holds nothing
+ *       while that head waits (L7 need not wait for it).  Counted in samples_reread.  It
+ *       does so at its first ask, and again only when the ledger's head (the charge that
+ *       asks) is before it and later in the stream than at its last restart
+ *       (may_restart_locked: task.restart_head; stats reads_restarted_again): else it keeps
+ *       what it took (a grant not taken yet still goes back).  Progress is what bounds it:
+ *       a restart with no bound livelocked (a parked read re-read for a decode's scratch
+ *       was granted out of turn, T5, parked again and asked again by the same head:
+ *       MML_STRESS_SEED=539 when it was found), and a later head means work before it was
+ *       granted since, so a sample restarts at most once per seq before it.  ONCE per
+ *       sample, as it was, a later head that needed the bytes of a read asked back a
+ *       second time could only wait for them (they come back after that head; L7 waits
+ *       for them as ENGINE credit): next()'s timeout.  Seeds 1-2000 of the stress test: 10
+ *       reads restarted again (the summary counts them), 0 failed; seed 539 ends.
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
@@ -999,8 +1007,23 @@ static void restart_parked_locked(mml_loader *L, task *t) {
   ld_mem_count_task_locked(L, t); /* released: the head may be granted (L2) */
   reads_forget_locked(L, t);      /* after the release (as drop_media_locked) */
   t->room_at = 0;                 /* its next look runs it from the first item */
-  t->restarted = 1;
+  if (t->restarted++) L->reads_restarted_again++;
   L->samples_reread++;
+}
+
+/* R6: whether parked read t, asked back, gives back what its reads took: at its first ask,
+ * and again only once the ledger's head -- the earliest charge waiting, the one that asks
+ * -- is before t and later in the stream than at t's last restart (t->restart_head, set
+ * here).  A head later than before means work before it was granted since: progress, so
+ * no livelock (with no bound MML_STRESS_SEED=539 livelocked: the same head asked the same
+ * read again and again), and a sample restarts at most once per seq before it. */
+static int may_restart_locked(mml_loader *L, task *t) {
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  if (t->restarted && (s.head_seq < 0 || s.head_seq >= t->seq || s.head_seq <= t->restart_head))
+    return 0;
+  t->restart_head = s.head_seq;
+  return 1;
 }
 
 static void read_revoke(void *arg) {
@@ -1048,14 +1071,14 @@ void ld_admit_revoked_task_locked(mml_loader *L, task *t) {
       drop_media_locked(L, t); /* READ AGAIN: its decode reads them again */
     else
       ld_admit_reads_settle_locked(L, t, 0);
-  } else if (t->state == SLOT_BUSY && t->room_at >= 0 && !t->restarted && rereadable(L, t) &&
-             !t->pending && !t->room_nremote) {
-    restart_parked_locked(L, t); /* R6: once; its next look reads it again from the first */
+  } else if (t->state == SLOT_BUSY && t->room_at >= 0 && rereadable(L, t) && !t->pending &&
+             !t->room_nremote && may_restart_locked(L, t)) {
+    restart_parked_locked(L, t); /* R6: its next look reads it again from the first item */
   } else if (t->state == SLOT_BUSY && t->room_at >= 0) {
-    /* parked, restarted once already (or not rereadable): a grant its read has not taken
-     * yet goes back at once (it may be the one asked back; the task asks anew when it runs
-     * on: ld_admit_parked_locked); the grants its reads took are kept (a parked read that
-     * gave back what it read and read it again without a bound livelocked: R6) */
+    /* parked, asked again by no later head than at its last restart (or not rereadable):
+     * a grant its read has not taken yet goes back at once (it may be the one asked back;
+     * the task asks anew when it runs on: ld_admit_parked_locked); the grants its reads
+     * took are kept (restarts asked by the same head livelocked: R6) */
     if (t->rch_on && mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_GRANTED)
       ld_admit_read_drop_locked(L, t);
     ld_admit_reads_settle_locked(L, t, 0);

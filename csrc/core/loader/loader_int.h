@@ -175,9 +175,11 @@ struct task {
   int rc_cap, nrc;
   int rch_on, room_at, room_nremote;
   int resume_at; /* room_at when a look took it off room_head (the slot holder's) */
-  /* max_memory: its read, parked, gave back what it had read when asked and read again
-   * from its first media item (loader_admit.c R6): once per sample (mu) */
+  /* max_memory: times its read, parked, gave back what it had read when asked and read
+   * again from its first media item, and the ledger's head seq (the charge that asked) at
+   * the last of them: again only for a later head (loader_admit.c R6; mu) */
   int restarted;
+  int64_t restart_head;
   /* max_memory: its decode, queued, waits for room (its scratch or its re-read's bytes: a
    * try refused, or behind one) since the worker's look that read the ledger's change
    * count n (n + 1; 0: not waiting; loader_admit.c C5; mu) */
@@ -377,12 +379,14 @@ struct mml_loader {
   mml_bytes spare[MML_SPARE_BUFS];
   int nspare;
   int64_t spare_bytes;
-  uint64_t room_waits;     /* workers' waits for room (ld_work_wait_locked) */
-  uint64_t consumer_waits; /* next()'s waits by the ledger (loader_admit.c C2) */
-  int room_waiters;        /* workers in such a wait now (W5) */
-  uint64_t samples_reread; /* max_memory: samples whose media bytes were dropped and read
+  uint64_t room_waits;            /* workers' waits for room (ld_work_wait_locked) */
+  uint64_t consumer_waits;        /* next()'s waits by the ledger (loader_admit.c C2) */
+  int room_waiters;               /* workers in such a wait now (W5) */
+  uint64_t samples_reread;        /* max_memory: samples whose media bytes were dropped and read
                               again (ld_admit_drop_bytes_ahead_locked; mu) */
-  int videos_kept;         /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
+  uint64_t reads_restarted_again; /* of them, parked reads restarted a second time or more,
+                                     asked by a later head (loader_admit.c R6; mu) */
+  int videos_kept;                /* tasks' open videos (atomic, relaxed: MML_VIDEOS_KEPT_OPEN) */
   /* workers' waits on the network in remote video reads (atomic, relaxed): opening and
    * probing at plan time, and decoding (0 when every decode's bytes were preloaded) */
   uint64_t video_plan_waits, video_decode_waits;

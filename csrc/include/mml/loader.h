@@ -382,6 +382,10 @@ typedef struct mml_loader_stats {
                                       (they read on demand: video_decode_waits) */
   uint64_t samples_reread;         /* samples whose media bytes were dropped for earlier work
                                       under max_memory and read again by their decode */
+  uint64_t reads_restarted_again;  /* of them, reads parked for room that gave back what they
+                                      had read a second time or more, asked by a later head
+                                      (csrc/core/loader/loader_admit.c R6; not in Python's
+                                      stats: the C stress test's) */
   uint64_t room_waits;             /* waits of the workers for max_memory room (a read, a
                                       decode's scratch, an emission): one per look that found
                                       none */

@@ -177,6 +177,7 @@ typedef struct epoch_out {
 /* the last schedule's batches and next()'s waits by the ledger (loader_admit.c C2) */
 static int g_last_n;
 static uint64_t g_last_waits;
+static uint64_t g_last_again; /* its parked reads restarted again (loader_admit.c R6) */
 
 static uint64_t batch_hash(const mml_batch *b, int64_t *pixel_bytes) {
   uint64_t h = 0;
@@ -356,6 +357,7 @@ static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
   run_epoch(&c, &who, &o);
   g_last_n = o.n;
   g_last_waits = o.stats.consumer_waits;
+  g_last_again = o.stats.reads_restarted_again;
   watch_set(-1, 0, NULL);
   const epoch_out *ref = &refs[s.shape];
   *oom = o.st == MML_ENOMEM;
@@ -429,7 +431,7 @@ TEST(loader_max_memory_random_schedules_end) {
   }
   pthread_t th;
   CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
-  long long failed = 0, ooms = 0, rereads = 0, reread_in = 0, over = 0, wseed = -1;
+  long long failed = 0, ooms = 0, rereads = 0, reread_in = 0, over = 0, wseed = -1, again = 0;
   double wmost = 0; /* the most consumer waits per batch in one schedule (C2) */
   for (long long k = 0; k < n && failed < 5; k++) {
     int oom = 0;
@@ -449,13 +451,15 @@ TEST(loader_max_memory_random_schedules_end) {
     ooms += oom;
     rereads += (long long)reread;
     reread_in += reread > 0;
+    again += (long long)g_last_again;
   }
   atomic_store(&g_watch_stop, 1);
   pthread_join(th, NULL);
   fprintf(stderr,
           "  %lld schedules from seed %lld: %lld out of memory, %lld failed; %lld samples read "
-          "again in %lld schedules; %lld held more than max_memory in all (memory_peak)\n",
-          n, seed0, ooms, failed, rereads, reread_in, over);
+          "again in %lld schedules (%lld parked reads restarted again, R6); %lld held more "
+          "than max_memory in all (memory_peak)\n",
+          n, seed0, ooms, failed, rereads, reread_in, again, over);
   fprintf(stderr, "  next() waited at most %.1f times per batch (seed %lld)\n", wmost, wseed);
   CHECK_EQ_INT(failed, 0);
   if (n >= 20) CHECK(ooms < n); /* most caps hold an epoch */
