@@ -472,12 +472,14 @@
  *      collator adding a sample without mu (`collating`) is work; a waiting charge whose
  *      hold is stale is asked again before L7 decides on it; and an open pack waiting for
  *      its bound asks for its rows so far in exactly L7's state
- *      (ld_admit_bound_stuck_locked, no look counted).  LEFT: scratch_stuck and
- *      emit_stuck (their 20 looks) and the collator's 5 ms bound (W2); and where L7
- *      cannot get bytes back, so that a wait lasts until next_timeout_s instead of
- *      ending in its error: fetched images and videos kept open of samples behind the
- *      head that C7 does not count, and a waiting decode's own sample bytes (loader_admit.c
- *      C4's list).
+ *      (ld_admit_bound_stuck_locked, no look counted).  Where nothing runs, what L7
+ *      could not get back and waited for until next_timeout_s is counted behind the head
+ *      (fetched media of planned samples, a waiting decode's own sample bytes, a later
+ *      parked read's taken bytes: C7).  LEFT: for a parked read's charge, videos kept
+ *      open ahead and media that can be read again after the needed ticket, which only
+ *      the planner's make-way gives back, for a ticket's charge (C7); scratch_stuck and
+ *      emit_stuck (their 20 looks: a decode's scratch and an emission are tries, never
+ *      the waiting head; step (iii)); the collator's 5 ms bound (W2).
  */
 #include "mml/ledger.h"
 

@@ -327,7 +327,9 @@
  *       start_task_locked, which may shrink or close the ticket waited for; a decode,
  *       queue_decode; an emission, hand_off_locked; and every W5 poke,
  *       ld_room_gates_changed_locked, where the engine may have become idle; a decode
- *       found waiting for room, ld_admit_decode_waits_locked, C5): it looks
+ *       found waiting for room, ld_admit_decode_waits_locked, C5; a queued decode that
+ *       leaves the queue unrun, take_decode_locked -- its sample unplaced by an open pack's
+ *       growth, or its plan abandoned): it looks
  *       again and declares again, with no lost wakeup and no polling
  *       (ledger_consumer_woken_only_where_deadlock_rule_decides counts its wakeups; the stress
  *       test's S6 bounds them per batch).  next()'s own W5 poke wakes only the workers
@@ -368,10 +370,12 @@
  *       come back only after it and are not waited for (L7; tests/test_memory.py
  *       test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error hung in 3 of 8
  *       runs when they were); C7's count leaves that task out (no byte counted twice).
- *       What L7 still waits for: bytes that cannot be asked back and that C7 does not
- *       count (fetched images and videos kept open of samples being read or decoded) and
- *       a decode's own media bytes while it waits for its scratch (scratch_stuck decides
- *       there).
+ *       What L7 no longer waits for where nothing runs (C7): fetched media of samples
+ *       planned behind the head, a later parked read's taken bytes, a waiting decode's own
+ *       (C5).  LEFT: for a parked read's charge, videos kept open ahead and media that
+ *       can be read again after the needed ticket (C7); a decode's scratch and an
+ *       emission are tries, never the waiting head, so where one of them is what cannot
+ *       fit, scratch_stuck / emit_stuck decide (20 looks), not L7.
  *   C5. A decode queued that waits for room -- its try refused (its scratch, or the bytes
  *       of its re-read: READ AGAIN), or queued behind one that was -- is no engine work
  *       (ld_admit_engine_idle_locked) while no room came back and no waiting charge left
@@ -400,14 +404,19 @@
  *       batch's own samples' among them, which the ledger does not ask back: L10 asks
  *       later seqs only), a parked read's taken ones, a decode's waiting for room (C5;
  *       a slot a rebase emptied holds none: A11) -- comes back only after the head (the
- *       head parked read's own task aside: its charge's own, C4), but for what the planner's make-way
- *       gives back at its next look (videos kept open outside the head ticket, media bytes
- *       after the needed ticket that can be read again: READ AGAIN): next() declares the
- *       rest with its wait (ld_admit_behind_locked, mml_ledger_consumer_behind), and L7
- *       does not wait for it once nothing more can be asked back.  ENGINE credit beyond
- *       it (a ticket's grant not mapped yet, a grant being given back) keeps the head
- *       waiting.  Without it L7 never failed a ticket's charge where such bytes were held:
- *       the stress test hung (seeds 47, 56, 77) where the old detector raised the error.
+ *       head parked read's own task aside: its charge's own, C4), but for what the
+ *       planner's make-way gives back at its next look (videos kept open outside the head
+ *       ticket, media bytes after the needed ticket that can be read again: READ AGAIN):
+ *       next() declares the rest with its wait (ld_admit_behind_locked,
+ *       mml_ledger_consumer_behind); L7 does not wait for it once nothing more can be
+ *       asked back.  LEFT: make-way runs only for a ticket's charge (retry_pending), so
+ *       for a parked read's charge what it would give back is waited for (until
+ *       next_timeout_s, where nothing else gives it back); giving it back before the
+ *       declaration (all of it, not the head's shortfall) read more samples again and
+ *       raised the stress test's out-of-memory count (seeds 1001-2000: 67 against 60).  ENGINE credit beyond it (a ticket's grant not
+ *       mapped yet, a grant being given back) keeps the head waiting.  Without it L7 never
+ *       failed a ticket's charge where such bytes were held: the stress test hung (seeds
+ *       47, 56, 77) where the old detector raised the error.
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -1694,15 +1703,20 @@ static int64_t task_video_bytes(const task *t) {
   return n;
 }
 
+/* The last seq of the needed ticket (the one holding the collator's next sample), -1
+ * when no ticket is open: what comes after it may make way for it (READ AGAIN). */
+static int64_t needed_last_seq(mml_loader *L) {
+  const int64_t h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
+  return L->tk_tail >= h ? (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1 : -1;
+}
+
 int64_t ld_admit_behind_locked(mml_loader *L) {
   /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
    * its ticket's buffer; a parked read's taken ones; a waiting decode's: C5) wait
    * behind the head -- less what the planner's make-way gives back at its next look
    * (ld_admit_make_way_locked: videos kept open outside the head ticket, the media bytes
    * of samples after the needed ticket that can be read again) */
-  const int64_t h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
-  const int64_t last =
-      L->tk_tail >= h ? (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1 : -1;
+  const int64_t last = needed_last_seq(L);
   /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own) */
   const int64_t parked = parked_reads_only_locked(L);
   int64_t n = 0;

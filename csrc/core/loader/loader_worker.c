@@ -563,9 +563,16 @@ static task *take_decode_locked(mml_loader *L, int *wait) {
       ld_task_give_back_locked(L, t);
       t->state = SLOT_EMPTY;
       ld_work_wake(L, 1);
+      ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: a decode left the queue */
       continue;
     }
-    if (drop) continue; /* unplaced meanwhile: it is queued again when placed */
+    if (drop) { /* unplaced meanwhile: it is queued again when placed */
+      /* a decode left the queue without running: the engine may be idle now (loader_admit.c
+       * C2, C6; an open pack's decodes, unplaced by its growth, left the consumer waiting
+       * from a look that saw them queued: MML_STRESS_SEED=111, 1 run in ~15-80) */
+      ld_consumer_stale_locked(L);
+      continue;
+    }
     t->dec = DEC_RUNNING;
     L->decoding++;
     return t;
