@@ -848,15 +848,9 @@ def test_max_memory_counts_videos_kept_open(vdir, tmp_path):
     assert grew <= cap, f"RSS grew {grew >> 20} MiB, above max_memory {cap >> 20} MiB"
 
 
-def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_server):
-    """Under max_memory the bytes fetched or held ahead of their use (remote videos' first
-    blocks, preloaded packets, videos kept open) leave room for the next batch, and give it
-    way when it cannot get its buffer: 2 workers on remote mp4s of 11.25 MB batches under
-    max_memory=48 MiB (16 MiB beside the workers' scratch) deliver every batch to a
-    consumer that releases each one (before: "cannot hold the next batch" at the first,
-    preloads of later samples holding its room).  A consumer whose `for` loop keeps the
-    previous batch alive during next() really needs two batches: the error says so and
-    names the max_memory that fits, which then delivers them all; batches equal local."""
+def remote_mp4(tmp_path, fault_server):
+    """A 5 s 640x360 H.264 mp4 (faststart) on disk and served by the fault server with
+    20 ms latency: (its path, its URL)."""
     path = make_video(
         str(tmp_path / "r.mp4"),
         "libx264",
@@ -867,10 +861,23 @@ def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_s
         gop=30,
         container_options={"movflags": "faststart"},
     )
+    srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
+    return path, srv.url("/r.mp4")
+
+
+def test_max_memory_next_batch_never_waits_on_bytes_held_ahead(tmp_path, fault_server):
+    """Under max_memory the bytes fetched or held ahead of their use (remote videos' first
+    blocks, preloaded packets, videos kept open) leave room for the next batch, and give it
+    way when it cannot get its buffer: 2 workers on remote mp4s of 11.25 MB batches under
+    max_memory=48 MiB (16 MiB beside the workers' scratch) deliver every batch to a
+    consumer that releases each one (before: "cannot hold the next batch" at the first,
+    preloads of later samples holding its room).  A consumer whose `for` loop keeps the
+    previous batch alive during next() really needs two batches: the error says so and
+    names the max_memory that fits, which then delivers them all; batches equal local."""
+    path, url = remote_mp4(tmp_path, fault_server)
     want, _ = batches(write_shard(str(tmp_path / "l.jsonl"), video_records(path, 8, nframes=4)))
     assert want[0]["pixel_values_videos"].nbytes > 10 << 20  # 11.25 MB: 12 MiB of pages
-    srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
-    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/r.mp4"), 8, nframes=4))
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(url, 8, nframes=4))
     args = dict(
         preset="qwen2.5-vl",
         tokenizer=TINY,
@@ -919,18 +926,8 @@ def test_max_memory_kept_batch_error_with_a_later_epochs_samples_parked(tmp_path
     and next() waited until next_timeout_s: 1 of ~10 runs of the test above, every run
     here).  Two records an epoch, so the next epoch's samples are read while the first
     batches are built."""
-    path = make_video(
-        str(tmp_path / "r.mp4"),
-        "libx264",
-        n=150,
-        w=640,
-        h=360,
-        fps=30,
-        gop=30,
-        container_options={"movflags": "faststart"},
-    )
-    srv = fault_server(objects={"/r.mp4": open(path, "rb").read()}, latency=0.02)
-    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(srv.url("/r.mp4"), 2, nframes=4))
+    _, url = remote_mp4(tmp_path, fault_server)
+    shard = write_shard(str(tmp_path / "h.jsonl"), video_records(url, 2, nframes=4))
     for _ in range(3):
         with pytest.raises(
             mmloader.OutOfMemoryError, match=r"consumer holds.*max_memory >= (\d+)"
