@@ -165,6 +165,17 @@
  *       may be what lets placement shrink or close the ticket (mem_stuck, which waits for
  *       reads to end).  It stays with step 2 (ii) (ledger.c): the read's own charge, in
  *       order, is behind that ticket's (L1) and would wait for it.
+ *   T6. Where T5's try is refused, the read cannot go on before the ticket's charge, in
+ *       turn or out of it (t5_refused_locked).  Once per head it gives back what its reads
+ *       took (R6's restart, whatever R6's bound says: the ticket may fit without them, and
+ *       a batch that can fit is delivered); after that its wait is marked (t5_refused,
+ *       until room comes back or a charge is withdrawn: ld_admit_decode_events_locked)
+ *       and the consumer is poked: the engine is idle for L7 (C4), the bytes the read
+ *       kept are behind the ticket (C7), and L7 fails the ticket's charge with the
+ *       explainer's message where nothing else can come back.  Before, a read asked back
+ *       a second time by the same ticket head kept its bytes, T5's try never fit, and
+ *       nobody decided: next() waited for its timeout (test-loader-stress.c
+ *       loader_max_memory_parked_reads_asked_again_end, MML_STRESS_SEED=32: 3 of 4 runs).
  *
  * READS (ledger.c THE FLIP'S ORDER step 2 (ii); M1).  A read's bytes are one charge in the
  * ledger (task.rch, ld_admit_read_locked), asked once their size is known:
@@ -235,7 +246,8 @@
  *       sample, as it was, a later head that needed the bytes of a read asked back a
  *       second time could only wait for them (they come back after that head; L7 waits
  *       for them as ENGINE credit): next()'s timeout.  Seeds 1-2000 of the stress test: 10
- *       reads restarted again (the summary counts them), 0 failed; seed 539 ends.
+ *       reads restarted again (the summary counts them), 0 failed; seed 539 ends.  A
+ *       parked read whose out-of-turn try is refused restarts once per ticket head (T6).
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
@@ -353,8 +365,10 @@
  *   C4. Reads parked for room (R2) count in in_flight but hold no credit for the bytes
  *       they wait for: their charges wait in the ledger, the ledger's own to decide.  So
  *       the engine is idle for L7 with every task in flight such a read, its charge
- *       WAITING, when no ticket's charge waits (T5 decides there: the read asks out of
- *       turn) and the earliest of them is the ledger's head (parked_reads_only_locked);
+ *       WAITING, when no ticket's charge waits and the earliest of them is the ledger's
+ *       head, or a ticket's charge waits (the head, or behind that read) and the earliest
+ *       read's out-of-turn try was refused since room last came back (T5, T6)
+ *       (parked_reads_only_locked);
  *       placement then stops at the first parked read.  L7 fails that read's charge when
  *       nothing holds ENGINE credit -- no media bytes of any sample, no scratch, no
  *       grant -- and its read raises the ledger's explainer's message (R2's look finds it
@@ -403,7 +417,8 @@
  *       hold -- a planned sample's media bytes waiting for its ticket's buffer (the head
  *       batch's own samples' among them, which the ledger does not ask back: L10 asks
  *       later seqs only), a parked read's taken ones, a decode's waiting for room (C5;
- *       a slot a rebase emptied holds none: A11) -- comes back only after the head (the
+ *       a slot a rebase emptied holds none: A11; a parked read's behind a ticket head
+ *       whose out-of-turn try was refused, T6) -- comes back only after the head (the
  *       head parked read's own task aside: its charge's own, C4), but for what the
  *       planner's make-way gives back at its next look (videos kept open outside the head
  *       ticket, media bytes after the needed ticket that can be read again: READ AGAIN):
@@ -1217,6 +1232,28 @@ void ld_admit_park_locked(mml_loader *L, task *t, int i, int nremote) {
   ld_admit_revoked_task_locked(L, t); /* R5: asked back while it read */
 }
 
+/* T6: the out-of-turn try (T5) of t, the earliest parked read, was refused: the read cannot
+ * go on before the ticket's charge at the ledger's head, in turn or out of it.  Once per
+ * head it gives back what its reads took (R6's restart: the head may fit without them);
+ * else its wait is marked (t5_refused, until room comes back or a charge is withdrawn) and
+ * the consumer, which may declare its wait now (C4), is poked. */
+static void t5_refused_locked(mml_loader *L, task *t) {
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
+  if (t->t5_head != s.head_seq && s.head_seq < t->seq &&
+      t->held - t->held_fixed + t->read_cover > 0 && rereadable(L, t) && !t->pending &&
+      !t->room_nremote) {
+    t->t5_head = s.head_seq;
+    restart_parked_locked(L, t); /* its next look reads it again, its charge anew */
+    return;
+  }
+  const uint64_t seen = ld_admit_decode_events_locked(L);
+  if (L->t5_refused == seen + 1 && L->t5_refused_seq == t->seq) return;
+  L->t5_refused = seen + 1;
+  L->t5_refused_seq = t->seq;
+  ld_consumer_stale_locked(L); /* C4, C6: the engine may be idle now */
+}
+
 task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   *waiting = 0;
   task *first = NULL; /* the earliest still waiting */
@@ -1247,7 +1284,10 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
    * ticket charge waits, the ledger's deadlock rule decides for the earliest read (C4) */
   if (!L->mem_blocked || !only_parked_reads_run(L)) return NULL;
   mml_charge c = {.seq = -1, .bytes = LD_RCH(first)->bytes};
-  if (!mml_ledger_try(L->ledger, &c)) return NULL;
+  if (!mml_ledger_try(L->ledger, &c)) {
+    t5_refused_locked(L, first); /* T6 */
+    return NULL;
+  }
   mml_charge *rc = LD_RCH(first);
   mml_ledger_withdraw(L->ledger, rc);
   if (mml_ledger_state(L->ledger, rc) == MML_CHARGE_GRANTED) {
@@ -1600,12 +1640,13 @@ void ld_consumer_stale_locked(mml_loader *L) {
 }
 
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
- * no ticket's charge waits (T5's case: the read asks out of turn there) and the earliest
- * of those reads is the ledger's head: its seq (INT64_MAX: no task in flight), or -1 when
- * some work in flight is not such a read. */
+ * and either no ticket's charge waits and the earliest of those reads is the ledger's head,
+ * or one waits (T5's case) and the earliest read's out-of-turn try was refused since room
+ * last came back (T6): its seq (INT64_MAX: no task in flight), or -1 when some work in
+ * flight is not such a read or it may still go on. */
 static int64_t parked_reads_only_locked(mml_loader *L) {
   if (!L->in_flight) return INT64_MAX;
-  if (L->in_flight != L->reads_parked || L->ready_head || L->mem_blocked) return -1;
+  if (L->in_flight != L->reads_parked || L->ready_head) return -1;
   int64_t first = INT64_MAX;
   for (const task *t = L->room_head; t; t = t->next_ready) {
     if (t->gen != L->gen || !t->rch_on ||
@@ -1615,7 +1656,13 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
   }
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
-  return s.head_seq == first ? first : -1;
+  if (!L->mem_blocked) return s.head_seq == first ? first : -1;
+  /* T6: a ticket's charge waits, and the earliest read's out-of-turn try was refused since
+   * the last room event or withdrawal: that read can go on only after the head */
+  return s.head_seq >= 0 && s.head_seq <= first && L->t5_refused_seq == first &&
+                 L->t5_refused == ld_admit_decode_events_locked(L) + 1
+             ? first
+             : -1;
 }
 
 void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen) {
@@ -1717,12 +1764,15 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
    * (ld_admit_make_way_locked: videos kept open outside the head ticket, the media bytes
    * of samples after the needed ticket that can be read again) */
   const int64_t last = needed_last_seq(L);
-  /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own) */
+  /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own);
+   * behind a ticket's charge a parked read's taken bytes are behind it (T6) */
   const int64_t parked = parked_reads_only_locked(L);
+  mml_ledger_stats s;
+  mml_ledger_get_stats(L->ledger, &s);
   int64_t n = 0;
   for (int i = 0; L->tasks && i < L->window; i++) {
     const task *t = &L->tasks[i];
-    if (t->seq == parked && t->gen == L->gen) continue;
+    if (t->seq == parked && t->gen == L->gen && parked == s.head_seq) continue;
     int64_t b = t->held - t->held_fixed + t->read_cover; /* a parked read's taken grants */
     const int planned = t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING;
     if (planned && !(t->tk >= 0 && t->tk == L->tk_head)) b -= task_video_bytes(t);

@@ -180,6 +180,9 @@ struct task {
    * the last of them: again only for a later head (loader_admit.c R6; mu) */
   int restarted;
   int64_t restart_head;
+  /* max_memory: the ledger's head seq (a ticket's charge) for which this parked read, its
+   * out-of-turn try refused, gave back what it had read (loader_admit.c T6; -1: none; mu) */
+  int64_t t5_head;
   /* max_memory: its decode, queued, waits for room (its scratch or its re-read's bytes: a
    * try refused, or behind one) since the worker's look that read the ledger's change
    * count n (n + 1; 0: not waiting; loader_admit.c C5; mu) */
@@ -369,6 +372,11 @@ struct mml_loader {
   /* waiting charges withdrawn (ld_room_withdrawn_locked): with room_events, what lets a
    * decode's try be granted (loader_admit.c C5) */
   uint64_t withdrawals;
+  /* max_memory: the out-of-turn try (loader_admit.c T5) of parked read t5_refused_seq was
+   * refused at the worker's look that read ld_admit_decode_events_locked n (n + 1; 0: none;
+   * T6, C4; mu) */
+  uint64_t t5_refused;
+  int64_t t5_refused_seq;
   int consumer_waiting; /* the consumer is blocked in next() */
   uint64_t faults;      /* minor faults of the engine's threads (ld_count_faults) */
   uint64_t faults_warm; /* `faults` when batch MML_FAULT_WARMUP was delivered */

@@ -604,7 +604,7 @@ static task *start_task_locked(mml_loader *L) {
   t->rch_on = 0;
   t->room_at = t->resume_at = -1;
   t->restarted = 0;
-  t->restart_head = -1;
+  t->restart_head = t->t5_head = -1;
   t->dec_wait_seen = 0;
   t->started = mml_now();
   mml_sample_reset(&t->sample);
