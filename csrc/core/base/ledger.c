@@ -475,11 +475,16 @@
  *      (ld_admit_bound_stuck_locked, no look counted).  Where nothing runs, what L7
  *      could not get back and waited for until next_timeout_s is counted behind the head
  *      (fetched media of planned samples, a waiting decode's own sample bytes, a later
- *      parked read's taken bytes: C7).  LEFT: for a parked read's charge, videos kept
- *      open ahead and media that can be read again after the needed ticket, which only
- *      the planner's make-way gives back, for a ticket's charge (C7); scratch_stuck and
- *      emit_stuck (their 20 looks: a decode's scratch and an emission are tries, never
- *      the waiting head; step (iii)); the collator's 5 ms bound (W2).
+ *      parked read's taken bytes: C7); and a ticket's charge at the head with a parked
+ *      read behind it that kept its bytes (asked back twice by that head) and whose
+ *      out-of-turn try cannot fit: the read gives them back once per head, then the
+ *      consumer declares and they count behind the ticket (loader_admit.c T6, C4, C7;
+ *      test-loader-stress.c loader_max_memory_parked_reads_asked_again_end, MML_STRESS_SEED
+ *      32).  LEFT: for a parked read's charge, videos kept open ahead and media that can
+ *      be read again after the needed ticket, which only the planner's make-way gives
+ *      back, for a ticket's charge (C7); scratch_stuck and emit_stuck (their 20 looks: a
+ *      decode's scratch and an emission are tries, never the waiting head; step (iii));
+ *      the collator's 5 ms bound (W2).
  */
 #include "mml/ledger.h"
 
