@@ -9,7 +9,7 @@ px, Qwen2.5-VL preset, the bundled tiny tokenizer, batches of 8), read by each b
 its own child process (PYTHONPATH = that checkout, built in place by scripts/build.sh).
 First both builds must give the same batches (a digest of every tensor of the epoch, with
 and without the cap: the cap never changes the data); then, ROUNDS times, each build runs
-one epoch per setting, builds interleaved (base, new, base, new, ...) so that load on the
+one epoch per setting, builds interleaved (base, new, new, base, ...) so that load on the
 machine falls on both alike.  A setting's figure is samples/s from the 4th batch to the
 end of the epoch; the report gives each build's median (min-max), the new build's ratio of
 medians, and the pool's peak against the cap.  Lines starting with "[bench_cap_pair]" are
@@ -107,9 +107,11 @@ def main() -> None:
         print(f"[bench_cap_pair] same batches: both builds, caps {caps} MiB ({ref[:12]})")
         rates: dict = {(n, c): [] for n in trees for c in caps}
         peaks: dict = {(n, c): 0 for n in trees for c in caps}
-        for _ in range(a.rounds):
+        for rnd in range(a.rounds):
             for cap in caps:
-                for name, tree in trees.items():
+                # which build runs first alternates: on a 2-core machine the second of a
+                # pair ran slower (the same build on both sides gave 0.87), whatever it was
+                for name, tree in list(trees.items())[:: 1 if rnd % 2 == 0 else -1]:
                     r = run(tree, shards, tok, cap, False)
                     rates[(name, cap)].append(r["rate"])
                     peaks[(name, cap)] = max(peaks[(name, cap)], r["pool_peak"])
