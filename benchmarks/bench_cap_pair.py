@@ -97,7 +97,7 @@ def main() -> None:
     tok = os.path.join(a.new, "mmloader", "data", "tiny-tokenizer.json")
     with tempfile.TemporaryDirectory(prefix="bench-cap-pair-") as root:
         shards = make_data(root)
-        ref = None
+        ref = ""
         for name, tree in trees.items():  # the same batches, capped or not, in both builds
             for cap in caps:
                 r = run(tree, shards, tok, cap, True)
