@@ -88,7 +88,7 @@ typedef struct task_vhead {
   fetch_ref ref[3]; /* the HEAD's, the first block's and the tail's completions */
 } task_vhead;
 
-/* The waits for room that still poll (ledger.c THE FLIP'S ORDER, step 4 deletes them):
+/* The waits for room that still poll (loader_admit.c W2: the stall detectors' looks):
  * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held.  Callers use
  * ld_wait_room_locked (loader_admit.c W1-W3), which lets the events that give room back
  * wake them before the 5 ms are up. */
@@ -348,7 +348,7 @@ struct mml_loader {
   int reads_parked;
   _Atomic int reads_revoked; /* some task's read charge was asked back (R5) */
   /* pool growth the ledger's hook charged without a charge made before it (atomic: the
-   * hook runs on any thread); 0 is the aim (ledger.c THE FLIP'S ORDER) */
+   * hook runs on any thread); 0 is the aim (loader_admit.c A7) */
   _Atomic int64_t led_uncovered;
   /* batches queued for the consumer while the engine still held a reference to one of
    * their buffers (loader_admit.c A10: 0 is the rule; mu) */

@@ -15,14 +15,10 @@
 
 typedef struct mml_ledger mml_ledger;
 
-/* Who holds granted credit.  ENGINE: work running, which gives the credit back or hands
- * it over by itself (invariant L5); CONSUMER: finished work that waits for the stream --
- * batches the consumer holds, batches queued for it, finished samples of the batch being
- * built -- given back only as the consumer takes and releases batches (the deadlock rule,
- * L7); FIXED: set aside for as long as its owner lives (a reserve, a reader's room, buffers
- * kept for reuse), which no work gives back while the consumer waits, so the deadlock rule
- * does not wait for it (mml_ledger_count_fixed; given back with mml_ledger_release, which
- * is then no end of work).  A charge is granted to the ENGINE. */
+/* Who holds granted credit (ledger.c MODEL).  ENGINE: work running (a charge is granted to
+ * it); CONSUMER: finished work that waits for the stream; FIXED: set aside for as long as
+ * its owner lives (mml_ledger_count_fixed; given back with mml_ledger_release, which is then
+ * no end of work).  The deadlock rule (L7) waits only for ENGINE credit. */
 enum { MML_HOLD_ENGINE = 0, MML_HOLD_CONSUMER = 1, MML_HOLD_FIXED = 2, MML_HOLDERS = 3 };
 
 /* A charge's state.  IDLE: not in the ledger; WAITING: queued for its turn or for room;
@@ -168,25 +164,21 @@ void mml_ledger_hand_over(mml_ledger *g, int64_t bytes);
  * the lock the producers finish work under: the next end of ENGINE work (hand-over,
  * release, cache_put from the engine) clears it (that work may be what it waits for). */
 void mml_ledger_consumer_waiting(mml_ledger *g, int waiting);
-/* The consumer's wait by the ledger (L7 with L11's protocol): the consumer reads
+/* The consumer's wait by the ledger (L7 with L11's protocol, L14): the consumer reads
  * mml_ledger_consumer_changes under its owner's lock BEFORE it looks for what it waits
  * for; finding nothing, it drops that lock and calls mml_ledger_consumer_wait with the
  * count it read.  When `declare` is set and nothing changed since its look, the wait is
- * declared (the deadlock rule may fail the head at once).  Two kinds of event move the
- * count, and both end the declaration (the look it was made from is stale):
+ * declared (the deadlock rule may fail the head at once).  The count moves, and the
+ * declaration ends, at:
  * - mml_ledger_consumer_poke: the owner's events that change what the consumer finds (a
  *   batch queued, an error, a close); they wake it, as do L7's failure and the shutdown;
  * - every end of ENGINE work and every mml_ledger_consumer_stale (the owner's events that
  *   change only whether it may declare: work started that holds no credit, work that may
- *   have left the owner idle); they wake it only while the head does not fit and no
- *   ENGINE credit is held (the one state in which a declaration changes anything: L7),
- *   at once or at the first grant step that finds it.
+ *   have left the owner idle); they wake it only where L7 could decide (L14).
  * It blocks until woken (1: look again; at once when woken since its look), the shutdown,
  * or `until` (CLOCK_MONOTONIC, NULL: no bound) passes (0); the declaration ends with the
- * wait.  So the consumer declares again from a fresh look whenever L7 could decide, with
- * no lost wakeup: an event between its look and its wait moved the count it passed.  The
- * owner declares only while none of its work runs without credit (work that holds nothing
- * yet still ends by itself: L7 cannot see it). */
+ * wait.  The owner declares only while none of its work runs without credit (work that
+ * holds nothing yet still ends by itself: L7 cannot see it). */
 uint64_t mml_ledger_consumer_changes(mml_ledger *g);
 /* The ENGINE credit held by work that can go on only after the head is granted (its own
  * samples' bytes, read and waiting for its buffer; bytes kept by work that waits behind
@@ -212,8 +204,8 @@ void mml_ledger_poke(mml_ledger *g);
 /* Blocks until the change count differs from `seen` (at once when it does already). */
 void mml_ledger_wait_change(mml_ledger *g, uint64_t seen);
 /* The same, for at most `ns` nanoseconds: 1 when the count changed, 0 when the time ran
- * out.  For an owner whose stall rule still counts looks (the loader's, until its waits
- * for room are decided by L7: ledger.c THE FLIP'S ORDER step 4); L11 holds as above. */
+ * out (for an owner that must look again after a while: a stall rule that counts looks);
+ * L11 holds as above. */
 int mml_ledger_wait_change_for(mml_ledger *g, uint64_t seen, int64_t ns);
 
 /* Every waiting charge fails with MML_ECANCELLED and so does every later request (close,

@@ -1,4 +1,4 @@
-/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L13):
+/* test-ledger.c — the byte ledger on its own (csrc/core/base/ledger.c, invariants L1..L14):
  * ordering, eviction, wakeups, the deadlock rule and its message, shutdown, and a
  * randomized stress test of a producer/consumer pipeline (libuv threadpool-test style:
  * real threads, no sleeps in the checks; run under TSan by the Makefile). */
