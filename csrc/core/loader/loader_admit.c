@@ -5,8 +5,8 @@
  * stuck rules that turn a wait that can never end into an error, and the explainer that
  * composes those errors.  Its callers ask once each: the worker (ld_mem_may_read_locked,
  * ld_mem_scratch_take_locked / _give, ld_mem_emit_take_locked: loader_worker.c), the
- * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked:
- * loader_place.c), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
+ * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked,
+ * ld_admit_pack_bound_ok, ld_admit_decodes_in_order: loader_place.c, which decides none), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
  * the task's byte count (ld_mem_count_task_locked).  Without max_memory every answer is
  * yes.  This file is where the one ordered byte ledger (csrc/core/base/ledger.c, THE
  * LOADER'S USE) replaces these gates: their callers already make one call each.
@@ -1781,6 +1781,16 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
     n += b;
   }
   return n;
+}
+
+int ld_admit_pack_bound_ok(const mml_loader *L, int64_t bytes) {
+  return !L->cfg.max_memory || bytes <= L->cfg.max_memory / 4;
+}
+
+int ld_admit_decodes_in_order(const mml_loader *L) { return L->cfg.max_memory != 0; }
+
+void ld_admit_bound_asked_locked(mml_loader *L) {
+  ld_consumer_stale_locked(L); /* C2, C6: its wait may be declared now */
 }
 
 int ld_admit_bound_stuck_locked(mml_loader *L) {

@@ -685,6 +685,15 @@ void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
 int ld_admit_make_way_locked(mml_loader *L);
+/* 1 when a pack's buffer may be its bound of `bytes` (no cap, or at most a quarter of
+ * max_memory: a larger one would starve the rest); else it is sized when complete. */
+int ld_admit_pack_bound_ok(const mml_loader *L, int64_t bytes);
+/* 1 when a ticket's decodes are queued in stream order, not largest first (max_memory:
+ * loader_place.c P1). */
+int ld_admit_decodes_in_order(const mml_loader *L);
+/* The planner asked for an open pack's rows so far (ld_admit_bound_stuck_locked): the
+ * consumer may declare its wait now (C2, C6). */
+void ld_admit_bound_asked_locked(mml_loader *L);
 /* After placing: 1 when an open pack the consumer waits for waits for buffers of its bound
  * where nothing else can give room back (the state in which the deadlock rule, L7, would
  * decide but for the bound): the planner asks for its rows so far instead. */

@@ -66,16 +66,19 @@
  * spare that holds its file, so those pages stay mapped instead of being freed and
  * faulted in again (ld_bytes_take / ld_bytes_return_locked: loader_bytes.c).
  *
- * MEMORY CAP (max_memory).  Admission -- whether a ticket plane's buffer may be taken
- * now, and what makes way for the head ticket -- is loader_admit.c's: rebuffer asks it
- * once (ld_admit_ticket_locked: the plane's charge in the memory ledger, which waits
- * there when it does not fit and wakes the collation thread when granted, loader_admit.c
- * T1-T3) after the turn rules here (tickets in their turn in order, `prefetch`, decodes
- * ahead), retry_pending asks again (maps a granted one) and what may be dropped for the
- * head (ld_admit_make_way_locked), and placement that went as far as it can asks it
- * whether an open pack the consumer waits for must ask for its rows so far instead of its
- * bound (ld_admit_bound_stuck_locked).  Whether the batch the consumer waits for can never
- * get room is the ledger's deadlock rule (L7), which fails its charge.
+ * MEMORY CAP (max_memory).  This file only places; every memory decision is
+ * loader_admit.c's, asked through these calls: whether a pack's buffer may be its bound
+ * (ld_admit_pack_bound_ok, at ld_place_new); whether decodes are queued in stream order
+ * (ld_admit_decodes_in_order, P1); whether a ticket plane's buffer may be taken now
+ * (ld_admit_ticket_locked from rebuffer, after the turn rules here -- tickets in their
+ * turn in order, `prefetch`, decodes ahead: the plane's charge in the memory ledger,
+ * which waits there when it does not fit and wakes the collation thread when granted,
+ * loader_admit.c T1-T3) and its charge's end (ld_admit_ticket_cancel_locked); what makes
+ * way for the head ticket (ld_admit_make_way_locked, after which retry_pending asks
+ * again); and whether an open pack the consumer waits for asks for its rows so far
+ * instead of its bound (ld_admit_bound_stuck_locked, then ld_admit_bound_asked_locked).
+ * Whether the batch the consumer waits for can never get room is the ledger's deadlock
+ * rule (L7), which fails its charge.
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
@@ -138,14 +141,14 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
   place_compact(L);
   /* A pack's buffer is its bound (decodes start at once, nothing ever moves): host pages
    * are only resident once written.  Pinned or caller-allocated memory is all resident,
-   * and a bound that is a large part of max_memory would starve the rest: then a pack's
-   * buffer is sized when the pack is complete, like a padded batch's. */
+   * and admission may refuse a bound (ld_admit_pack_bound_ok): then a pack's buffer is
+   * sized when the pack is complete, like a padded batch's. */
   for (int p = 0; p < PLANES; p++) {
     L->rows_bound[p] = mml_collator_rows_bound(L->collator, merge);
     const size_t rb = p == PL_IMG && L->compact ? L->expand_row_bytes : L->row_bytes[p];
     if (L->pinned || L->cfg.allocator ||
-        (L->cfg.max_memory > 0 && L->rows_bound[p] > 0 &&
-         (int64_t)((size_t)L->rows_bound[p] * rb) > L->cfg.max_memory / 4))
+        (L->rows_bound[p] > 0 &&
+         !ld_admit_pack_bound_ok(L, (int64_t)((size_t)L->rows_bound[p] * rb))))
       L->rows_bound[p] = -1;
   }
   return MML_OK;
@@ -261,7 +264,7 @@ static void assign_members(mml_loader *L, int64_t id, int p) {
       cost[j] = c;
     }
   }
-  if (n == MML_LPT_MAX || L->cfg.max_memory) { /* stream order: too many, or P1 */
+  if (n == MML_LPT_MAX || ld_admit_decodes_in_order(L)) { /* stream order: too many, or P1 */
     for (int64_t s = s0; s < L->place_seq; s++) {
       task *t = slot_of(L, s);
       if (t->tk == id && plane_rows(&t->sample, p) > 0)
@@ -446,9 +449,8 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
   return 1;
 }
 
-/* Tickets waiting for room try again, in order; when the head still waits for room,
- * what admission can drop for it goes (ld_admit_make_way_locked) and they try again. */
-static void retry_pending(mml_loader *L, mml_collator *c) {
+/* Tickets waiting for room try again, in order, until one still waits. */
+static void retry_pending_once(mml_loader *L, mml_collator *c) {
   L->mem_blocked = 0;
   int failed = 0;
   for (int64_t id = L->tk_head; id <= L->tk_tail && !failed; id++) {
@@ -456,7 +458,12 @@ static void retry_pending(mml_loader *L, mml_collator *c) {
     for (int p = 0; p < PLANES && !failed; p++)
       failed = k->pl[p].pending_rows && !rebuffer(L, id, p, k->pl[p].pending_rows, c);
   }
-  if (ld_admit_make_way_locked(L)) retry_pending(L, c);
+}
+
+/* ... and again each time admission made way for the head (ld_admit_make_way_locked). */
+static void retry_pending(mml_loader *L, mml_collator *c) {
+  do retry_pending_once(L, c);
+  while (ld_admit_make_way_locked(L));
 }
 
 /* After placing: an open pack the consumer waits for whose planes wait for buffers of its
@@ -473,7 +480,7 @@ static void mem_stuck(mml_loader *L, mml_collator *c) {
     const tk_plane *q = &tk_at(L, nt)->pl[p];
     if (q->pending_rows > q->rows && rows_now(q)) rebuffer(L, nt, p, q->rows, c);
   }
-  ld_consumer_stale_locked(L); /* C2, C6: its wait may be declared now */
+  ld_admit_bound_asked_locked(L);
 }
 
 static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c);
@@ -485,7 +492,7 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
   place_locked(L, epoch, bie, c);
   if (L->place_seq != was || L->place_held != held)
     ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: the engine may be idle now */
-  if (L->cfg.max_memory && !L->fatal) mem_stuck(L, c);
+  if (!L->fatal) mem_stuck(L, c);
 }
 
 static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
