@@ -48,206 +48,86 @@
  * planned samples whose decode has not begun, read without the network and without
  * videos): they are freed and the sample's decode reads them again first, taking room for
  * them with its scratch (task.reread; stats samples_reread).  The ledger's revocable reads
- * (csrc/core/base/ledger.c L10, the plan's (a); READS R5) ask for this themselves: a
+ * (csrc/core/base/ledger.c L10; READS R5) ask for this themselves: a
  * waiting head that does not fit has the latest reads' grants asked back, and they go
  * this way.
  *
- * INVARIANTS (the tests that hold them)
- *   A1. The pool never holds more than max_memory (tests/c/loader/test-loader-stress.c
- *       S3; tests/test_memory.py's RSS tests).
- *   A2. Admission never changes the batches: a capped epoch is bitwise the uncapped one
- *       (test-loader-stress.c S2; tests/test_batch_digest.py).
- *   A3. A wait that nothing can end is an MML_ENOMEM error naming the sample and the
- *       max_memory that would hold it, never a hang (S1; tests/test_memory_stress.py).
- *   A4. A sample that alone cannot fit is an error at its plan (ld_mem_check_sample;
- *       tests/test_memory.py test_one_image_whose_scratch_cannot_fit_is_named).
- *   A5. A decode's scratch and the head batch's buffer do not wait on the media bytes of
- *       later samples that can be read again: those make way (READ AGAIN;
- *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode; the stress
- *       test's summary counts them).
- *   A6. The ledger balances: with max_memory the loader has one mml_ledger (THE LEDGER
- *       below) charged at every point above -- the scratch reserve and the Parquet room
- *       at start (FIXED credit, C1), a task's byte buffers at its seq
- *       (ld_mem_count_task_locked: the slot's own FIXED, its media ENGINE), spare byte
- *       buffers as an evictable cache (their own lock: loader_bytes.c B1), scratch and
- *       re-read grants (a re-read's grant becomes its bytes' charge), emission grants
- *       (paying for their float rows' pool growth), and every change
- *       of the pool (its hook: live bytes the consumer's, what a release keeps the pooled
- *       pages' cache) -- and at a quiescent point it holds exactly the pool's live and
- *       cached bytes, the window's, the reserve, the grants and the Parquet room
- *       (ld_ledger_check_locked; test-loader-stress.c S5, and a debug build's assert at
- *       free).  Its cap is max_memory; what it grants decides where A8 says so.
- *   A7. Every growth of the pool is paid for by a charge made before the allocation: a
- *       ticket plane's buffer at its first sample's seq (ld_admit_ticket_locked's grant,
- *       from rebuffer), an emission's float rows and its other tensors (input_ids,
- *       labels, grids...: mml_collator_emit_bytes) in its grant (ld_mem_emit_take_locked,
- *       compact or not); the pool's hook hands the charge over (ld_ledger_cover_begin)
- *       and counts any growth it had to charge itself (led_uncovered), which
- *       ld_ledger_check_locked reports as an error (test-loader-stress.c S5; a debug
- *       build's check at free; tests/c/batch/test-collate.c emit_counted checks the
- *       tensors' bytes are what emit allocates).  A read's image bytes are charged and
- *       allocated before the read too, once its size is known: a charge that waits in the
- *       ledger, the task parked meanwhile (READS, R1-R4; loader_bytes.c B4); no read goes
- *       ahead without a grant, and when nothing at all can give room back it is A3's
- *       error, by the ledger's deadlock rule (R3, C4).
- *   A8. The ledger (cap = max_memory) alone decides an emission's grant (M4) and a
- *       decode's scratch (M3): each a try at its seq (ledger.c L12: granted now or "no
- *       room", under mu; an emission's at its batch's first sample, pend_item.seq), the
- *       caches it knows (pooled pages, spare byte buffers) evicted inside it.  A ticket
- *       plane's buffer (TICKETS, T1) and a read's bytes once their size is known (READS,
- *       R1) are requests that wait.  The read gate
- *       and bytes held ahead keep their formulas alone (their holds keep room for earlier
- *       work: ledger.c THE FLIP'S ORDER, step 1 (i)).  What records a growth that happened (the
- *       pool's hook, ld_mem_count_task) is a count (L13): never
- *       refused, past the cap if it must be, and in memory_peak (the ledger's peak), which
- *       the stress test reports (MML_STRESS_SHOW_OVER).
- *   A9. Every "is there room" of the gates that keep a formula (the read gate, bytes held
- *       ahead: ld_mem_room_hold_locked) is the ledger's answer for the bytes
- *       plus the gate's hold (mml_ledger_room: a try's answer without the grant): the
- *       loader no longer sums its memory itself to decide; held_bytes_locked only feeds the
- *       explainers' figures.
- *  A10. The pool's live bytes, which its hook counts as CONSUMER credit, are the consumer's
- *       (L5): a ticket's buffer mapped, a batch handed off or queued for the consumer, or
- *       one it holds -- no reference of the engine to a batch's buffers outlives the
- *       batch's entry into the consumer's queue.  The worker's decode reference becomes
- *       the sample's (home), given up when the collator takes the sample; the collator's
- *       own reference to the sample's destination is given up once the collator instance
- *       holds the buffer (coll_add_locked), before the hand-off, which may wait for that
- *       batch's emission (with one instance, until it is queued: the consumer may take and
- *       release it before the collator thread runs again).  Kept through that wait it held
- *       4 MiB the consumer had released (tests/test_video_files.py
- *       test_max_memory_counts_videos_kept_open, L7 declared for tickets: every run).
- *       ld_ledger_queued_locked counts a batch queued while a reference beyond its
- *       tensors' holds one of its buffers (led_engine_refs), which ld_ledger_check_locked
- *       reports (test-loader-stress.c S5: 13 in 20 schedules with that reference kept; a
- *       debug build's assert at free).  The one engine reference left is a ticket's old
- *       buffer that a running decode still writes after rebuffer replaced it: live while
- *       that decode runs, when the consumer does not declare its wait (C2: decoding).
- *  A11. A slot no work holds (EMPTY; DONE, waiting for the collator) holds no media bytes:
- *       a slot is emptied without its decode only through ld_task_give_back_locked (a
- *       plan abandoned by a seek, a rewind or an epoch's end: ld_rebase_locked's PLANNED
- *       and DONE slots, take_decode_locked's queued decode and a ready task of an old
- *       generation, a decode without scratch), which gives back the read's charge, settles
- *       its reads' grants, closes its videos and moves its image byte buffers into the
- *       spares (a cache, evicted before anyone waits) -- so no ENGINE credit waits in an
- *       empty slot for the slot's next sample, while the consumer waits (L5; before, a
- *       seek left 65536 bytes and more in an empty slot of an older generation).
- *       ld_ledger_check_locked reports such bytes (test-loader-stress.c
- *       loader_max_memory_seek_gives_bytes_back, S5 at every schedule's end).
+ * INVARIANTS (the tests that hold them on the line below each)
+ *   A1. The pool never holds more than max_memory.
+ *       test-loader-stress.c S3; tests/test_memory.py's RSS tests.
+ *   A2. Admission never changes the batches: a capped epoch is bitwise the uncapped one.
+ *       test-loader-stress.c S2; tests/test_batch_digest.py.
+ *   A3. A wait nothing can end is an MML_ENOMEM naming the sample and a cap that fits: no hang.
+ *       test-loader-stress.c S1; tests/test_memory_stress.py.
+ *   A4. A sample that alone cannot fit is an error at its plan (ld_mem_check_sample).
+ *       tests/test_memory.py test_one_image_whose_scratch_cannot_fit_is_named.
+ *   A5. Earlier work never waits on later samples' media bytes that can be read again (READ AGAIN).
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
+ *   A6. The ledger balances: at rest it holds exactly the pool's, the window's, the reserve's,
+ *       the grants' and the Parquet room's bytes (ld_ledger_check_locked).
+ *       test-loader-stress.c S5; a debug build's assert at free.
+ *   A7. Every growth of the pool is paid for by a charge made before it (a ticket's, an
+ *       emission's: ld_ledger_cover_begin); what the hook had to charge itself is an error.
+ *       test-loader-stress.c S5; tests/c/batch/test-collate.c emit_counted.
+ *   A8. The ledger alone decides: requests that wait for reads (R1) and tickets (T1), tries
+ *       for scratch (M3) and emissions (M4); growth already taken is a count (L13).
+ *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
+ *   A9. The holds left (the read gate, bytes ahead) ask mml_ledger_room for bytes + hold
+ *       (ld_mem_room_hold_locked); the loader's own sums only feed messages.
+ *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
+ *  A10. The pool's live bytes are the consumer's: no engine reference to a batch's buffers
+ *       outlives its entry into the consumer's queue (ld_ledger_queued_locked; but a ticket's
+ *       old buffer a running decode still writes, while the consumer cannot declare: C2).
+ *       Why: the hook counts live bytes as CONSUMER credit, which L7 does not wait for.
+ *       test-loader-stress.c S5; tests/test_video_files.py test_max_memory_counts_videos_kept_open.
+ *  A11. An empty or DONE slot holds no media bytes: a slot emptied without its decode goes
+ *       through ld_task_give_back_locked (charge back, videos closed, bytes to the spares).
+ *       test-loader-stress.c loader_max_memory_seek_gives_bytes_back, S5.
  *
- * TICKETS (ledger.c THE FLIP'S ORDER step 3; M2).  A ticket plane's buffer is one charge
- * in the ledger (tk_plane.ch, ld_admit_ticket_locked), kept while the plane is pending:
- *   T1. It asks, at the ticket's first sample's seq, for the buffer's bytes and the room
- *       it leaves for earlier work (ticket_hold: a decode's scratch and an emission's
- *       expansion ask later in time than the ticket, so in-order grants cannot put them
- *       first: ledger.c step 3 says why that hold stays), granted at once when nothing
- *       before it waits and it fits, else WAITING: every later try is refused meanwhile
- *       (L1), a later ticket's charge queues behind it, and its grant or failure wakes the
- *       collation thread (ticket_wake: never mu, ledger.c (b)), which maps the buffer at
- *       its next look (retry_pending -> rebuffer), the hold given back at once.  A charge
- *       that FAILS (L7, or a shutdown) is the loader's error, the ledger's explainer's
- *       message (L8) naming the sample (C3).
- *   T2. A charge leaves the ledger with its request: a seek or reset, a rewind, a close
- *       (ticket_drop), another size or no turn any more withdraws a waiting one and gives
- *       a granted one not mapped yet back (ld_admit_ticket_cancel_locked); the ledger's
- *       A6 balance counts a granted one not mapped yet (ld_ledger_check_locked).
- *   T3. Before a plane asks again or anew, the charges of the planes after it leave (a
- *       withdrawal grants what waits behind, and that grant, not mapped while the earlier
- *       plane waits -- retry_pending stops at the first plane that waits -- held the room
- *       it needed): so a ticket's buffer is never granted before an earlier one's.
- *   T4. Earlier work that finds no room (an emission's try, a decode's scratch) first takes
- *       back the grants of later tickets not mapped yet (tickets_give_back_locked): the
- *       collation thread maps a grant only at its next look, and it may be waiting for
- *       that very work (an instance being emitted).  Those planes ask again.
- *   T5. A read whose charge waits while nothing but parked reads is in the engine and the
- *       consumer waits (only_parked_reads_run) asks out of turn when a ticket charge waits
- *       (mem_blocked): that charge cannot be granted before the read ends, and the read
- *       may be what lets placement shrink or close the ticket (mem_stuck, which waits for
- *       reads to end).  It stays with step 2 (ii) (ledger.c): the read's own charge, in
- *       order, is behind that ticket's (L1) and would wait for it.
- *   T6. Where T5's try is refused, the read cannot go on before the ticket's charge, in
- *       turn or out of it (t5_refused_locked).  Once per head it gives back what its reads
- *       took (R6's restart, whatever R6's bound says: the ticket may fit without them, and
- *       a batch that can fit is delivered); after that its wait is marked (t5_refused,
- *       until room comes back or a charge is withdrawn: ld_admit_decode_events_locked)
- *       and the consumer is poked: the engine is idle for L7 (C4), the bytes the read
- *       kept are behind the ticket (C7), and L7 fails the ticket's charge with the
- *       explainer's message where nothing else can come back.  Before, a read asked back
- *       a second time by the same ticket head kept its bytes, T5's try never fit, and
- *       nobody decided: next() waited for its timeout (test-loader-stress.c
- *       loader_max_memory_parked_reads_asked_again_end, MML_STRESS_SEED=32: 3 of 4 runs).
+ * TICKETS (ledger.c M2).  A ticket plane's buffer is one charge in the ledger (tk_plane.ch,
+ * ld_admit_ticket_locked), kept while the plane is pending:
+ *   T1. It asks at the ticket's first sample's seq for the buffer and ticket_hold; it may wait.
+ *       Its grant or failure wakes the collation thread (ticket_wake), which maps the buffer
+ *       (retry_pending -> rebuffer) or raises the explainer's message (C3).  ticket_hold is
+ *       room for earlier work that asks later (a decode's scratch, an emission).
+ *       tests/c/base/test-ledger.c ledger_withdraw_to_resize_grants_behind_first; S1.
+ *   T2. A seek, a rewind, a close, another size or a lost turn withdraws a waiting charge or
+ *       gives back a grant not mapped yet (ld_admit_ticket_cancel_locked).
+ *       test-loader-stress.c S5 (a grant not mapped counts in A6's balance).
+ *   T3. Before a plane asks again or anew, the charges of the planes after it leave first.
+ *       Why: a grant behind it, not mapped while it waits, held the room it needed.
+ *       test-loader-stress.c S1 (more out-of-memory errors without).
+ *   T4. Earlier work refused room (an emission, a decode's scratch) takes back later tickets'
+ *       grants not mapped yet (tickets_give_back_locked).  test-loader-stress.c S1.
+ *   T5. With only parked reads running and the consumer waiting, a read asks out of turn when
+ *       a ticket charge waits (mem_blocked): that charge cannot be granted before it ends.
+ *       tests/c/base/test-ledger.c ledger_waiting_read_parks_and_asks_out_of_turn.
+ *   T6. T5's try refused, the read gives back what it took once per ticket head; the consumer
+ *       is poked and L7 decides for the ticket (t5_refused_locked; C4, C7).
+ *       test-loader-stress.c loader_max_memory_parked_reads_asked_again_end (seed 32).
  *
- * READS (ledger.c THE FLIP'S ORDER step 2 (ii); M1).  A read's bytes are one charge in the
- * ledger (task.rch, ld_admit_read_locked), asked once their size is known:
- *   R1. At the read's seq, for the growth of the buffer it is read into (ld_bytes_take,
- *       B4): granted at once when nothing before it waits and it fits (caches evicted
- *       inside it), else it WAITS: later tries are refused meanwhile (L1) and later
- *       reads' charges queue behind it.  Later samples' bytes that can be read again make
- *       way first (READ AGAIN), as they did for the try.  Granted, it is the bytes' charge
- *       (read_cover, read_extra) until they are counted in held.  It never goes ahead
- *       without a grant: no read is counted past the cap (step 1 (ii)'s count is gone).
- *   R2. The worker never blocks on it (with one worker the decode or emission that gives
- *       the room back would never run): the task is parked (room_head, holding its slot,
- *       in flight; the fetches its stage submitted keep their guard) at the media item
- *       it reads (room_at), and the worker does other work.  The grant moves the ledger's
- *       change count (L11), which wakes the workers (W4); a worker's look
- *       (ld_admit_parked_locked) finds the charge granted -- or failed, or the plan
- *       abandoned, or the loader stopping or failed -- and runs the task on from there;
- *       its read takes the grant.  The worker that parked it looks again before it waits
- *       (its task_run returns to take_task_locked), so a grant made between the request
- *       and the park is not lost.  While it waits, each look makes room for the earliest
- *       from later samples' bytes that can be read again.
- *   R3. When nothing but parked reads is in the engine and the consumer waits for a batch
- *       with none to take, the ledger's deadlock rule decides (L7, C4): the earliest
- *       parked read's charge, the head, fails when nothing holds ENGINE credit, and its
- *       read raises the explainer's message (R2's look finds it FAILED).  What would hold
- *       ENGINE credit there that only the read could let come back is given back: later
- *       samples' media bytes that can be read again (R5, READ AGAIN) and a parked read's
- *       own (R6); a decode queued behind, waiting for room, is no work (C5).  No look is
- *       counted (the stall detector read_stuck / reads_stuck and its 20 looks went:
- *       ledger.c THE FLIP'S ORDER step 2 (iii)).
-  R4. A charge leaves with its need: a parked read run again that no longer needs it
- *       (a spare taken since holds its bytes, or another size: asked anew) and a task
- *       finishing with one (finish_task_locked) give a grant back or withdraw a waiting
- *       charge (ld_admit_read_drop_locked); A6's balance counts grants not taken yet
- *       (ld_ledger_check_locked: "reads ... + granted").
- *   R5. Revocable (ledger.c L10, M1 with L10): a read whose bytes can be read again
- *       without the network (rereadable: no fetch of its stage, no video, a local shard)
- *       asks revocably.  Its grant, taken, stays in the ledger (task.rc[0..nrc): the
- *       charges stay in place while any is there) until its decode begins, which settles
- *       it (take_decode_locked: ld_admit_reads_settle_locked).  When the ledger asks it
- *       back for an earlier head that does not fit -- latest first, only as many as the
- *       head needs -- its revoke callback (never mu: ledger.c (b)) flags the task and
- *       pokes; a worker's look gives it back where the task allows it now
- *       (ld_admit_revoked_locked): a planned sample drops its media bytes and its decode
- *       reads them again (READ AGAIN); a parked one reads again from its first item
- *       (R6); one a worker holds is looked at when it parks or finishes; one asked back
- *       at its decode's start drops its bytes instead of settling.  A grant that cannot
- *       be given back (its bytes fetched meanwhile, no decode to read them again, or a
- *       parked read's taken ones asked again by no later head than its last restart: R6)
- *       is kept
- *       (mml_ledger_keep: final, and the head asks back the next).  Given back, its
- *       bytes are freed and counted like any of the task's (the count releases them)
- *       and the ledger forgets the charge (reads_forget_locked: mml_ledger_keep after
- *       the release), so nothing is released twice (A6).
- *   R6. A parked read asked back gives back what its reads took (restart_parked_locked):
- *       its charge asked now leaves the ledger, its media bytes are freed (their grants
- *       released, then forgotten, as READ AGAIN) and it reads again from its first media
- *       item, its next charge queued behind the head that asked (L1), so it holds nothing
- *       while that head waits (L7 need not wait for it).  Counted in samples_reread.  It
- *       does so at its first ask, and again only when the ledger's head (the charge that
- *       asks) is before it and later in the stream than at its last restart
- *       (may_restart_locked: task.restart_head; stats reads_restarted_again): else it keeps
- *       what it took (a grant not taken yet still goes back).  Progress is what bounds it:
- *       a restart with no bound livelocked (a parked read re-read for a decode's scratch
- *       was granted out of turn, T5, parked again and asked again by the same head:
- *       MML_STRESS_SEED=539 when it was found), and a later head means work before it was
- *       granted since, so a sample restarts at most once per seq before it.  ONCE per
- *       sample, as it was, a later head that needed the bytes of a read asked back a
- *       second time could only wait for them (they come back after that head; L7 waits
- *       for them as ENGINE credit): next()'s timeout.  Seeds 1-2000 of the stress test: 10
- *       reads restarted again (the summary counts them), 0 failed; seed 539 ends.  A
- *       parked read whose out-of-turn try is refused restarts once per ticket head (T6).
+ * READS (ledger.c M1).  A read's bytes are one charge in the ledger (task.rch,
+ * ld_admit_read_locked), asked once their size is known:
+ *   R1. At the read's seq, for its buffer's growth (ld_bytes_take, B4); granted or it waits.
+ *       Later samples' bytes that can be read again make way first; no read goes ahead
+ *       without a grant.  test-ledger.c ledger_waiting_read_parks_and_asks_out_of_turn.
+ *   R2. The worker never blocks on it: the task is parked (room_head, room_at) and a worker's
+ *       look (ld_admit_parked_locked) runs it on once the change count (L11) says it moved.
+ *       Why: with one worker, the decode or emission that gives the room back must still run.
+ *       test-loader-stress.c S1 (schedules draw 1-3 workers).
+ *   R3. With only parked reads in the engine and the consumer waiting, L7 decides for the
+ *       earliest (C4): its charge fails and its read raises the explainer's message.
+ *       tests/test_memory.py test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error.
+ *   R4. A charge leaves with its need (ld_admit_read_drop_locked): a read run again that no
+ *       longer needs it, a task finishing with one.  test-loader-stress.c S5.
+ *   R5. A read that can be read again without the network asks revocably (L10), settled when
+ *       its decode begins; asked back, a worker gives it back (ld_admit_revoked_locked) or
+ *       keeps it (mml_ledger_keep).  test-ledger.c ledger_revokes_later_reads_for_the_head,
+ *       ledger_keep_asks_back_the_next; test-loader-stress.c S5.
+ *   R6. A parked read asked back restarts from its first item (restart_parked_locked), at its
+ *       first ask and then only for a later head than at its last restart.
+ *       Why: unbounded restarts livelocked (MML_STRESS_SEED=539); once per sample hung.
+ *       test-loader-stress.c loader_max_memory_parked_reads_asked_again_end.
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
