@@ -32,10 +32,10 @@
  * fresh buffer), every later placement is dropped and redone.  Samples already decoded
  * at their old place are copied to their new one (memcpy, the only pixel copy, counted
  * in moved_rows, both planes); queued ones just get the new destination; running ones
- * copy when they finish.  Batches are therefore bitwise what they were, whatever fails and when.  The
- * same rewind serves a padded epoch's wrap (the plan of seq changes) and a padded ticket
- * that had to be given a buffer before it was complete (the window ran out or the epoch
- * ended): it is then re-buffered as it grows.
+ * copy when they finish.  Batches are therefore bitwise what they were, whatever fails
+ * and when.  The same rewind serves a padded epoch's wrap (the plan of seq changes) and a
+ * padded ticket that had to be given a buffer before it was complete (the window ran out
+ * or the epoch ended): it is then re-buffered as it grows.
  *
  * BUFFERS.  A buffer, once a ticket plane's, only receives writes at the offsets that
  * ticket gave; a plane that changes (rewind, growth) moves to a fresh buffer, so no move
@@ -46,20 +46,20 @@
  * ahead), so buffers hold pages about to be written, whatever the window's size.
  *
  * COMPACT (pixel_format "float32" / "bfloat16", the default; not their "-decode" forms;
- * place_compact says when else not).  The PL_IMG plane holds uint8 patch rows in flight (pixel_format uint8's layout:
- * one frame per row, 1 byte per value, an eighth of float32's bytes): workers decode
- * images into them (the source's pl_u8), every move above copies them, and when the
- * batch is emitted (loader_collator.c emit_expand, on the emitting worker, helped by
- * idle workers: loader_expand.c) they are expanded through the normalisation's exact
- * table (mml_pixels_expand) into float rows,
- * which become pixel_values: in place, the plane's buffer having been taken with the
- * capacity of its float rows (mml_pool_alloc_cap: pages for the uint8 rows only) and
- * grown at emission (mml_pool_grow), so the expanding batch holds no second buffer;
- * where the pool cannot grow it (a kernel that cannot move pages) into a float buffer
- * of the pool, the uint8 one going back.  So the batches still being decoded -- most of
- * `prefetch` when the consumer keeps up -- hold an eighth of their float bytes.  The
- * values are the writers' (the table is theirs, vision_patch.c), so batches are bitwise
- * the same.  Videos keep their float rows (a resized video's values are not bytes).
+ * place_compact says when else not).  The PL_IMG plane holds uint8 patch rows in flight
+ * (pixel_format uint8's layout: one frame per row, 1 byte per value, an eighth of
+ * float32's bytes): workers decode images into them (the source's pl_u8), every move above
+ * copies them, and when the batch is emitted (loader_collator.c emit_expand, on the
+ * emitting worker, helped by idle workers: loader_expand.c) they are expanded through the
+ * normalisation's exact table (mml_pixels_expand) into float rows, which become
+ * pixel_values: in place, the plane's buffer having been taken with the capacity of its
+ * float rows (mml_pool_alloc_cap: pages for the uint8 rows only) and grown at emission
+ * (mml_pool_grow), so the expanding batch holds no second buffer; where the pool cannot
+ * grow it (a kernel that cannot move pages) into a float buffer of the pool, the uint8 one
+ * going back.  So the batches still being decoded -- most of `prefetch` when the consumer
+ * keeps up -- hold an eighth of their float bytes.  The values are the writers' (the table
+ * is theirs, vision_patch.c), so batches are bitwise the same.  Videos keep their float
+ * rows (a resized video's values are not bytes).
  *
  * IMAGE BYTES.  A sample's encoded images are read into byte buffers that outlive it: once
  * decoded (or failed) its buffers become spares, and the next read takes the smallest
@@ -73,12 +73,13 @@
  * (ld_admit_ticket_locked from rebuffer, after the turn rules here -- tickets in their
  * turn in order, `prefetch`, decodes ahead: the plane's charge in the memory ledger,
  * which waits there when it does not fit and wakes the collation thread when granted,
- * loader_admit.c T1-T3) and its charge's end (ld_admit_ticket_cancel_locked); what makes
- * way for the head ticket (ld_admit_make_way_locked, after which retry_pending asks
+ * loader_admit.c T1-T3; the grant pays for the allocation, made between
+ * ld_ledger_cover_begin and _end: A7) and its charge's end (ld_admit_ticket_cancel_locked);
+ * what makes way for the head ticket (ld_admit_make_way_locked, after which retry_pending asks
  * again); and whether an open pack the consumer waits for asks for its rows so far
  * instead of its bound (ld_admit_bound_stuck_locked, then ld_admit_bound_asked_locked).
  * Whether the batch the consumer waits for can never get room is the ledger's deadlock
- * rule (L7), which fails its charge.
+ * rule (ledger.c L7), which fails its charge.
  *
  * Locking: everything here runs with the loader's mu held, on the collation thread
  * (ld_place_decoded_locked on a worker, also under mu); mu -> pool is the lock order.
