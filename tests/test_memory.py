@@ -432,6 +432,38 @@ def test_one_image_whose_scratch_cannot_fit_is_named(big_shard):
         _run(big_shard, max_memory=64 * MB, **BIG_KW)
 
 
+def test_a_decode_whose_scratch_cannot_fit_beside_the_kept_batches_fails_at_once(big_shard):
+    # Packs of 3 samples, one worker, every batch kept: after 3 batches a decode's 36 MB of
+    # coefficients cannot fit beside them.  The decode's scratch is a charge that waits in
+    # the ledger (loader_admit.c D1-D4) and the ledger's deadlock rule fails it once
+    # nothing else runs, naming the sample: the worker waits for room a few times.  Before,
+    # a stall detector counted 20 looks 5 ms apart first (room_waits >= 20 in every run;
+    # 2-6 now).
+    L = mmloader.Loader(
+        big_shard,
+        tokenizer=TINY,
+        preset="qwen2.5-vl",
+        micro_batch_size=1,
+        packing=True,
+        pack_length=1024,
+        num_threads=1,
+        shuffle=False,
+        max_memory=96 * MB,
+        prefetch=4,
+        max_pixels=256 * 28 * 28,  # BIG_KW
+    )
+    kept = []
+    try:
+        with pytest.raises(mmloader.OutOfMemoryError, match=r"d\.jsonl:1[12]: .*decoder scratch"):
+            for b in L:
+                kept.append(b)
+        st = L.stats()
+    finally:
+        L.close()
+    assert len(kept) == 3
+    assert st["room_waits"] < 20, st["room_waits"]
+
+
 def test_batches_larger_than_a_third_of_the_cap_are_delivered(big_shard):
     # A batch of ~38 MB of float32 pixel_values (1.6 MP), its 36 MB of JPEG coefficients,
     # 2 workers' reserve and the files read ahead (~22 MB) fit in 144 MiB.  The reads and

@@ -127,6 +127,8 @@ void ld_rebase_locked(mml_loader *L, int64_t epoch, int64_t pos, int wrap) {
     if (t->state == SLOT_DONE || (t->state == SLOT_PLANNED && t->dec == DEC_NONE)) {
       ld_task_give_back_locked(L, t); /* its media bytes, now, not at its next read: A11 */
       t->state = SLOT_EMPTY;
+    } else if (t->dec == DEC_QUEUED) {
+      ld_admit_scratch_drop_locked(L, t); /* its decode's charge, now (loader_admit.c D3) */
     }
   }
   ld_work_wake(L, 1);
@@ -688,6 +690,7 @@ void mml_loader_free(mml_loader *L) {
     pthread_mutex_lock(&L->mu);
     for (int i = 0; i < L->window; i++) {
       ld_admit_read_drop_locked(L, &L->tasks[i]);
+      ld_admit_scratch_drop_locked(L, &L->tasks[i]); /* loader_admit.c D3 */
       ld_admit_reads_settle_locked(L, &L->tasks[i], 0);
     }
     pthread_mutex_unlock(&L->mu);

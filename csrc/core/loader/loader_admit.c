@@ -37,9 +37,23 @@
  * whole-image buffer: mml_vision_plan.scratch) makes its sample's scratch_need: it counts
  * in "can it ever fit", its decode takes it before starting (scratch_extra while it runs)
  * and it is held free meanwhile by tickets (the largest need placed up to them) and reads
- * (the largest seen, and one batch buffer).  COMPACT under max_memory: tickets count
- * uint8 rows, an emission takes what its float rows add (fneed; emit_extra), and other uses
- * keep the largest expanded batch free less those expanded ahead (expand_hold).
+ * (the largest seen, and one batch buffer).  Its charge (ledger.c M3; task.sch):
+ *   D1. A queued decode asks ONE request at its sample's seq for scratch_need + re-read bytes;
+ *       not fitting, it WAITS (L1) and the decode stays queued (ld_mem_scratch_take_locked).
+ *       Why: each decode asks its own, so the ledger, not the queue, puts earlier samples first.
+ *       test-loader-stress.c S1, S5.
+ *   D2. While it waits, each look makes way first: T4's tickets, then READ AGAIN.
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
+ *   D3. It leaves with its decode: unrun, a rebase, a slot given back or close withdraws it
+ *       or gives its grant back (ld_admit_scratch_drop_locked); A6 counts grants not taken.
+ *       test-loader-stress.c S5.
+ *   D4. Its sample's media bytes are its own (mml_charge.own): at the head with the engine
+ *       idle (C5), L7 fails it with the explainer's message after the sample's name.
+ *       tests/test_memory.py
+ *       test_a_decode_whose_scratch_cannot_fit_beside_the_kept_batches_fails_at_once.
+ * COMPACT under max_memory: tickets count uint8 rows, an emission takes what its float rows
+ * add (fneed; emit_extra), and other uses keep the largest expanded batch free less those
+ * expanded ahead (expand_hold).
  *
  * READ AGAIN.  Samples are read before the needs of those before them are known (a plan
  * comes from the bytes), so a decode's scratch or the head ticket's buffer can find the
@@ -69,8 +83,8 @@
  *   A7. Every growth of the pool is paid for by a charge made before it (a ticket's, an
  *       emission's: ld_ledger_cover_begin); what the hook had to charge itself is an error.
  *       test-loader-stress.c S5; tests/c/batch/test-collate.c emit_counted.
- *   A8. The ledger alone decides: requests that wait for reads (R1) and tickets (T1), tries
- *       for scratch (M3) and emissions (M4); growth already taken is a count (L13).
+ *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1) and a
+ *       decode's scratch (D1), tries for emissions (M4); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
  *   A9. The holds left (the read gate, bytes ahead) ask mml_ledger_room for bytes + hold
  *       (ld_mem_room_hold_locked); the loader's own sums only feed messages.
@@ -146,7 +160,7 @@
  *   W2. A wait for room keeps its 5 ms bound.  The collator's: a wake made without mu (the
  *       consumer releasing a batch on its own thread) can fall between its look and its
  *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
- *       both, the stall detectors (emit_stuck, scratch_stuck) decide "nothing can give
+ *       both, the stall detector (emit_stuck; scratch_stuck went: D4) decides "nothing can give
  *       room back" by 20 looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
@@ -170,9 +184,9 @@
  *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
  *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
  *       next() with no batch to take and no decode or emission runs (consumer_waiting,
- *       !out_count, !decoding, !emitting): only then may a stall detector (scratch_stuck,
- *       emit_stuck: each rule needs all four) have to count
- *       looks; each way into that state pokes (next(), ld_move_ready_locked after a take
+ *       !out_count, !decoding, !emitting): only then may a stall detector (emit_stuck:
+ *       its rule needs all four) have to count looks; each way into that state pokes
+ *       (next(), ld_move_ready_locked after a take
  *       or an emission, a decode ending).  Otherwise it waits without a bound, which needs
  *       every change a room gate reads to wake it: room events (W1), and pokes where the gates' other
  *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
@@ -205,7 +219,7 @@
  *       credit (ld_admit_engine_idle_locked: no read in flight but reads parked whose
  *       charges wait, the earliest the ledger's head, C4; no sample read and not placed
  *       unless placement stopped for the window or the epoch (place_held: they wait for
- *       the collator), no decode queued (but those waiting for room: C5) or running, no
+ *       the collator), no decode queued (but those whose charge waits: C5) or running, no
  *       sample done for the collator unless its ticket waits for a buffer, none being
  *       taken and added (`collating`), no batch handed off, emitting or queued, and every
  *       waiting ticket charge the size the collator would ask now; an open pack waiting
@@ -219,7 +233,7 @@
  *       start_task_locked, which may shrink or close the ticket waited for; a decode,
  *       queue_decode; an emission, hand_off_locked; and every W5 poke,
  *       ld_room_gates_changed_locked, where the engine may have become idle; a decode
- *       found waiting for room, ld_admit_decode_waits_locked, C5; a queued decode that
+ *       whose scratch charge waits, ld_mem_scratch_take_locked, C5; a queued decode that
  *       leaves the queue unrun, take_decode_locked -- its sample unplaced by an open pack's
  *       growth, or its plan abandoned): it looks
  *       again and declares again, with no lost wakeup and no polling
@@ -267,19 +281,13 @@
  *       What L7 no longer waits for where nothing runs (C7): fetched media of samples
  *       planned behind the head, a later parked read's taken bytes, a waiting decode's own
  *       (C5).  LEFT: for a parked read's charge, videos kept open ahead and media that
- *       can be read again after the needed ticket (C7); a decode's scratch and an
- *       emission are tries, never the waiting head, so where one of them is what cannot
- *       fit, scratch_stuck / emit_stuck decide (20 looks), not L7.
- *   C5. A decode queued that waits for room -- its try refused (its scratch, or the bytes
- *       of its re-read: READ AGAIN), or queued behind one that was -- is no engine work
- *       (ld_admit_engine_idle_locked) while no room came back and no waiting charge left
- *       the ledger since the look that refused it (task.dec_wait_seen against
- *       ld_admit_decode_events_locked: room_events and withdrawals); it holds no credit
- *       and can start only after one of those, and a look that marks it anew pokes the
- *       consumer (ld_admit_decode_waits_locked).  Marked by the ledger's change count
- *       instead, the consumer's own poke of the workers (next(): W5) re-marked it at each
- *       look: the workers and the consumer woke each other, and scratch_stuck's 20 looks
- *       came within microseconds (4 of seeds 1-1000 raised its error where main delivered).
+ *       can be read again after the needed ticket (C7); an emission is a try, never the
+ *       waiting head, so where it is what cannot fit, emit_stuck decides (20 looks).
+ *       A decode's scratch waits in the ledger (D1): where its charge is the head, the
+ *       decode's parked reads being later, the engine is idle too (D4).
+ *   C5. A queued decode whose scratch charge WAITS in the ledger (D1) is no engine work
+ *       (ld_admit_engine_idle_locked): the ledger's own to decide, as a parked read's (C4);
+ *       a request that waits makes the consumer look again (ld_consumer_stale_locked).
  *   C6. next() is woken only where its answer can change (ledger.c L14).  What it decides
  *       on waking: a batch, an item, an error, a close or the epoch's end to return (the
  *       events of ld_consumer_wake_locked, at once); the next epoch to ask for
@@ -296,7 +304,7 @@
  *   C7. With the engine idle (C2) nothing runs, so the ENGINE credit the window's slots
  *       hold -- a planned sample's media bytes waiting for its ticket's buffer (the head
  *       batch's own samples' among them, which the ledger does not ask back: L10 asks
- *       later seqs only), a parked read's taken ones, a decode's waiting for room (C5;
+ *       later seqs only), a parked read's taken ones, a decode's waiting for its charge (C5;
  *       a slot a rebase emptied holds none: A11; a parked read's behind a ticket head
  *       whose out-of-turn try was refused, T6) -- comes back only after the head (the
  *       head parked read's own task aside: its charge's own, C4), but for what the
@@ -346,16 +354,6 @@ static const char *decode_name(const mml_loader *L) {
 static int only_consumer_waits(const mml_loader *L) {
   return !L->in_flight && !L->decoding && L->consumer_waiting && !L->out_count && !L->emitting &&
          L->pend_head == L->pend_tail;
-}
-
-/* The same, reads parked for room (R2) aside: they wait for room themselves, so for a
- * decode's scratch or an emission that finds none (scratch_stuck, emit_stuck) they are no
- * work that can give it back.  (Without them aside a decode waiting for its scratch while
- * only parked reads were in flight hung: the stress test's seed 385, once in 1000 under
- * load; the parked reads' media bytes make way only once reads are revocable, L10.) */
-static int only_consumer_and_parked_reads_wait(const mml_loader *L) {
-  return L->in_flight == L->reads_parked && !L->decoding && L->consumer_waiting && !L->out_count &&
-         !L->emitting && L->pend_head == L->pend_tail;
 }
 
 /* The batch the consumer waits for needs no more reads: the head ticket's plan is final
@@ -622,8 +620,9 @@ int ld_admit_make_way_locked(mml_loader *L) {
   return freed > 0 || spares;
 }
 
-/* The out-of-memory explainer of the workers' stuck rules (a read, a decode's scratch, an
- * emission; a ticket's charge is the ledger's, L7 and L8): `need` bytes of `what` for sample t (NULL: not one sample's) cannot be held
+/* The out-of-memory explainer of the workers' stuck rule (an emission; a ticket's, a read's
+ * and a decode's scratch charge are the ledger's, L7 and L8): `need` bytes of `what` for
+ * sample t (NULL: not one sample's) cannot be held
  * beside what is live, split into the batches the consumer holds (the pool's live bytes
  * less those below), the batches being built or emitted ahead of it (tickets' buffers,
  * prefetched: not the consumer's), the samples read ahead and the workers' scratch;
@@ -1179,47 +1178,96 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   return NULL;
 }
 
+/* D1: its charge granted: the decode takes it (scratch_extra until it is given back). */
+static int scratch_granted_locked(mml_loader *L, task *t, int64_t need) {
+  t->sch_on = 0;
+  t->sch.state = MML_CHARGE_IDLE;
+  t->scratch_granted = t->scratch_need;
+  t->reread_granted = need - t->scratch_need;
+  L->scratch_extra += need;
+  return 1;
+}
+
+/* D4: its charge failed (L7, or too large alone): the loader's error, the ledger's
+ * explainer's message (L8) after the sample's name and what the charge was for. */
+static void scratch_failed_locked(mml_loader *L, task *t, mml_err *e) {
+  char where[1100];
+  const mml_sample *s = &t->sample;
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
+  mml_err_prefix(e, "%s: %s", where,
+                 t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
+                             "decoder scratch its image needs"
+                           : "the decoder scratch its image needs");
+  ld_set_fatal_locked(L, MML_ENOMEM, e);
+}
+
+/* D2: what makes way for a decode's charge that waits, at each look: later tickets' grants
+ * not mapped yet (T4) and later samples' media bytes that can be read again (READ AGAIN);
+ * what they give back grants it when it fits (L2).  1 when it is granted now. */
+static int scratch_make_way_locked(mml_loader *L, task *t, int64_t need) {
+  if (tickets_give_back_locked(L, t->seq) > 0 &&
+      mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED)
+    return 1;
+  return ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0 &&
+         mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED;
+}
+
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   const int64_t need = t->scratch_need + (t->reread ? t->reread_bytes : 0);
-  if (!L->cfg.max_memory || need <= 0) return 1;
-  if (L->fatal) return 0;
-  /* M3: the ledger decides, at the sample's seq (L12: a try under mu); the room held for
-   * the decodes placed is theirs (this one's among them), and the caches it knows (pooled
-   * pages, spare byte buffers: only a speed-up) make way inside it.  When it refuses,
-   * later samples' media bytes, read before this one's needs were known, make way: they
-   * are read again by their own decodes, which come after this one (a progressive JPEG's
-   * coefficients waited behind them: tests/test_memory.py
-   * test_progressive_scratch_is_planned_from_the_header) */
-  int ok = ld_ledger_try(L, t->seq, need);
-  if (!ok && tickets_give_back_locked(L, t->seq) > 0) ok = ld_ledger_try(L, t->seq, need); /* T4 */
-  if (!ok && ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0)
-    ok = ld_ledger_try(L, t->seq, need);
-  if (ok) {
-    t->scratch_granted = t->scratch_need;
-    t->reread_granted = need - t->scratch_need;
-    L->scratch_extra += need;
-    L->scratch_stuck = 0;
-    return 1;
+  if (!L->ledger || need <= 0) return 1;
+  mml_charge *c = &t->sch;
+  if (t->sch_on) { /* D1: asked at an earlier look: the ledger's answer */
+    const int s = mml_ledger_state(L->ledger, c);
+    if (s == MML_CHARGE_GRANTED && c->bytes == need) return scratch_granted_locked(L, t, need);
+    if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
+      t->sch_on = 0;
+      c->state = MML_CHARGE_IDLE;
+      mml_err e;
+      if (c->status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
+        scratch_failed_locked(L, t, &e);
+      return 0;
+    }
+    if (s == MML_CHARGE_WAITING && c->bytes == need && !L->fatal)
+      return scratch_make_way_locked(L, t, need) ? scratch_granted_locked(L, t, need) : 0;
+    ld_admit_scratch_drop_locked(L, t); /* another size now (read again since): asked anew */
   }
-  /* Room comes back as decodes end and the consumer releases batches; with none running,
-   * nothing read (but reads parked for room) and the consumer waiting in next() for
-   * nothing ready, 20 looks in a row (5 ms apart) mean it cannot fit. */
-  if (!only_consumer_and_parked_reads_wait(L)) {
-    L->scratch_stuck = 0;
+  if (L->fatal || L->stop) return 0;
+  /* M3, D1: ONE charge at the sample's seq for its scratch and its re-read's bytes,
+   * granted at once when nothing before it waits and it fits (the caches it knows make way
+   * inside it), else it WAITS: later tries are refused meanwhile (L1), the decode stays
+   * queued and the worker goes on (its grant moves the change count, L11).  Its sample's
+   * media bytes come back only after it: its own (c->own), not waited for by L7 (D4) */
+  memset(c, 0, sizeof *c);
+  c->seq = t->seq;
+  c->bytes = need;
+  c->own = t->held - t->held_fixed + t->read_cover;
+  mml_err e;
+  const mml_status st = mml_ledger_request(L->ledger, c, &e);
+  if (st) { /* above max_memory alone, failed at once by L7, or shut down */
+    c->state = MML_CHARGE_IDLE;
+    if (st == MML_ENOMEM) scratch_failed_locked(L, t, &e);
     return 0;
   }
-  if (!ld_room_quiet_locked(L, &L->scratch_seen)) L->scratch_stuck = 0; /* W2 */
-  if (++L->scratch_stuck < 20) return 0;
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  mml_err e;
-  mem_explain(L, t,
-              t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
-                          "decoder scratch its image needs"
-                        : "decoder scratch its image needs",
-              need, held_bytes_locked(L, live) + need, "release earlier batches", &e);
-  ld_set_fatal_locked(L, MML_ENOMEM, &e);
+  t->sch_on = 1;
+  if (c->state == MML_CHARGE_GRANTED || scratch_make_way_locked(L, t, need))
+    return scratch_granted_locked(L, t, need);
+  ld_consumer_stale_locked(L); /* C2, C6: a decode waits in the ledger: the engine may be idle */
   return 0;
+}
+
+void ld_admit_scratch_drop_locked(mml_loader *L, task *t) {
+  if (!t->sch_on) return;
+  mml_charge *c = &t->sch;
+  t->sch_on = 0;
+  mml_ledger_withdraw(L->ledger, c); /* a waiting one; then its state is final */
+  const int s = mml_ledger_state(L->ledger, c);
+  if (s == MML_CHARGE_GRANTED) {
+    mml_ledger_give_back(L->ledger, c);
+    ld_room_wake(L);                 /* W1 */
+  } else if (s == MML_CHARGE_IDLE) { /* withdrawn: later tries are no longer refused (L1) */
+    ld_room_withdrawn_locked(L);
+  }
+  c->state = MML_CHARGE_IDLE;
 }
 
 int64_t ld_mem_emit_take_locked(mml_loader *L) {
@@ -1253,7 +1301,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   /* As for a decode's scratch: nothing else can free room and the consumer waits. */
   if (L->decoding || L->in_flight != L->reads_parked || !L->consumer_waiting || L->out_count ||
-      L->emitting) { /* as only_consumer_and_parked_reads_wait, but for its own queue */
+      L->emitting) { /* reads parked for room (R2) wait for room themselves: no work */
     L->emit_stuck = 0;
     return -1;
   }
@@ -1493,7 +1541,7 @@ void ld_room_gates_changed_locked(mml_loader *L) {
 }
 
 void ld_room_withdrawn_locked(mml_loader *L) {
-  L->withdrawals++; /* C5: a decode's try behind it may be granted now */
+  L->withdrawals++; /* T6: a read's out-of-turn try may be granted now */
   ld_room_gates_changed_locked(L);
 }
 
@@ -1519,6 +1567,18 @@ void ld_consumer_stale_locked(mml_loader *L) {
   }
 }
 
+/* D1: t's scratch charge waits in the ledger. */
+static int scratch_waits(mml_loader *L, const task *t) {
+  return t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_WAITING;
+}
+
+/* D4: a queued decode's scratch charge waits at `seq`: the ledger's head may be it. */
+static int scratch_waits_at(mml_loader *L, int64_t seq) {
+  for (const task *t = L->dec_head; t; t = t->next_dec)
+    if (t->seq == seq && t->gen == L->gen && scratch_waits(L, t)) return 1;
+  return 0;
+}
+
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
  * and either no ticket's charge waits and the earliest of those reads is the ledger's head,
  * or one waits (T5's case) and the earliest read's out-of-turn try was refused since room
@@ -1536,7 +1596,11 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
   }
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
-  if (!L->mem_blocked) return s.head_seq == first ? first : -1;
+  if (!L->mem_blocked) /* the head: the earliest of them, or a decode's charge before it (D4) */
+    return s.head_seq == first ||
+                   (s.head_seq >= 0 && s.head_seq < first && scratch_waits_at(L, s.head_seq))
+               ? first
+               : -1;
   /* T6: a ticket's charge waits, and the earliest read's out-of-turn try was refused since
    * the last room event or withdrawal: that read can go on only after the head */
   return s.head_seq >= 0 && s.head_seq <= first && L->t5_refused_seq == first &&
@@ -1545,23 +1609,12 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
              : -1;
 }
 
-void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen) {
-  if (!L->ledger || t->dec_wait_seen == seen + 1) return;
-  t->dec_wait_seen = seen + 1;
-  ld_consumer_stale_locked(L); /* C5, C6: the engine may be idle now */
-}
-
-/* C5: the decode of t, queued, waits for room since a worker's look after which no room
- * came back and no waiting charge left the ledger (ld_admit_decode_events_locked), so it
- * could not start now either. */
-static int decode_waits(mml_loader *L, const task *t) {
-  return t->dec == DEC_QUEUED && t->dec_wait_seen == ld_admit_decode_events_locked(L) + 1;
-}
-
-/* C5: a queued decode is work unless it waits for room (decode_waits). */
+/* C5: a queued decode is work unless its scratch charge waits in the ledger (D1: the
+ * ledger's own to decide); one that leaves the queue unrun (unplaced, or its plan
+ * abandoned) is work: a worker's look. */
 static int decodes_may_run_locked(mml_loader *L) {
   for (const task *t = L->dec_head; t; t = t->next_dec)
-    if (!decode_waits(L, t)) return 1;
+    if (t->gen != L->gen || !ld_place_has_dests(t) || !scratch_waits(L, t)) return 1;
   return 0;
 }
 
@@ -1637,9 +1690,16 @@ static int64_t needed_last_seq(mml_loader *L) {
   return L->tk_tail >= h ? (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1 : -1;
 }
 
+/* D4: t's decode's charge is the ledger's head (stats s). */
+static int is_scratch_head(mml_loader *L, const task *t, const mml_ledger_stats *s) {
+  return t->seq == s->head_seq && t->gen == L->gen && t->dec == DEC_QUEUED &&
+         t->sch.bytes == s->head_need && scratch_waits(L, t);
+}
+
 int64_t ld_admit_behind_locked(mml_loader *L) {
   /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
-   * its ticket's buffer; a parked read's taken ones; a waiting decode's: C5) wait
+   * its ticket's buffer; a parked read's taken ones; a waiting decode's, but the head's:
+   * C5, D4) wait
    * behind the head -- less what the planner's make-way gives back at its next look
    * (ld_admit_make_way_locked: videos kept open outside the head ticket, the media bytes
    * of samples after the needed ticket that can be read again) */
@@ -1653,6 +1713,7 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
   for (int i = 0; L->tasks && i < L->window; i++) {
     const task *t = &L->tasks[i];
     if (t->seq == parked && t->gen == L->gen && parked == s.head_seq) continue;
+    if (is_scratch_head(L, t, &s)) continue; /* its sample's bytes: its charge's own (D4) */
     int64_t b = t->held - t->held_fixed + t->read_cover; /* a parked read's taken grants */
     const int planned = t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING;
     if (planned && !(t->tk >= 0 && t->tk == L->tk_head)) b -= task_video_bytes(t);
@@ -1682,7 +1743,10 @@ int ld_admit_bound_stuck_locked(mml_loader *L) {
     return 0;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
-  return s.held[MML_HOLD_ENGINE] <= ld_admit_behind_locked(L) && !s.revoking;
+  int64_t own = 0; /* a decode's charge at the head: its sample's bytes (D4) */
+  for (const task *t = L->dec_head; t && !own; t = t->next_dec)
+    if (is_scratch_head(L, t, &s)) own = t->sch.own;
+  return s.held[MML_HOLD_ENGINE] <= ld_admit_behind_locked(L) + own && !s.revoking;
 }
 
 int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {
@@ -1736,18 +1800,21 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
       if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
         tickets += q->ch.bytes;
     }
-  int64_t reads = 0; /* reads' charges granted, not taken by their reads yet (R2) */
+  int64_t reads = 0, sgrants = 0; /* reads' charges granted, not taken by their reads yet (R2) */
   for (int i = 0; L->tasks && i < L->window; i++) {
     task *t = &L->tasks[i];
     if (t->rch_on && mml_ledger_state(L->ledger, LD_RCH(t)) == MML_CHARGE_GRANTED)
       reads += LD_RCH(t)->bytes;
+    if (t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED)
+      sgrants += t->sch.bytes; /* D3: decodes' charges granted, not taken yet */
   }
   pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
   const int64_t spare_bytes = L->spare_bytes;
   pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
-                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets + reads;
+                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets + reads +
+                       sgrants;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t have =
@@ -1778,15 +1845,15 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
                      "the memory ledger holds %lld bytes (engine %lld, consumer %lld, fixed "
                      "%lld of %lld, cached %lld) where the loader has %lld: pool live %zu + "
                      "cached %zu, window %lld (counted %lld) + spares %lld, scratch reserve "
-                     "%lld + granted %lld (counted %lld), emissions %lld, Parquet room %lld, "
-                     "tickets %lld, reads %lld + granted %lld",
+                     "%lld + granted %lld (counted %lld) + decodes' grants not taken %lld, "
+                     "emissions %lld, Parquet room %lld, tickets %lld, reads %lld + granted %lld",
                      (long long)have, (long long)s.held[MML_HOLD_ENGINE],
                      (long long)s.held[MML_HOLD_CONSUMER], (long long)s.held[MML_HOLD_FIXED],
                      (long long)fixed, (long long)s.cached, (long long)want, live, cached,
                      (long long)win, (long long)L->win_bytes, (long long)spares,
                      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
-                     (long long)L->emit_extra, (long long)ld_pq_reserved(L), (long long)tickets,
-                     (long long)L->read_extra, (long long)reads);
+                     (long long)sgrants, (long long)L->emit_extra, (long long)ld_pq_reserved(L),
+                     (long long)tickets, (long long)L->read_extra, (long long)reads);
 }
 
 void ld_ledger_assert_quiet(mml_loader *L) {

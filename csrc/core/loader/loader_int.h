@@ -183,10 +183,11 @@ struct task {
   /* max_memory: the ledger's head seq (a ticket's charge) for which this parked read, its
    * out-of-turn try refused, gave back what it had read (loader_admit.c T6; -1: none; mu) */
   int64_t t5_head;
-  /* max_memory: its decode, queued, waits for room (its scratch or its re-read's bytes: a
-   * try refused, or behind one) since the worker's look that read the ledger's change
-   * count n (n + 1; 0: not waiting; loader_admit.c C5; mu) */
-  uint64_t dec_wait_seen;
+  /* max_memory: its decode's scratch and its re-read's bytes as one charge in the ledger
+   * at its seq (ld_mem_scratch_take_locked, loader_admit.c D1-D4), in the ledger while
+   * sch_on (WAITING: the decode stays queued; GRANTED: not taken yet; mu but its state) */
+  mml_charge sch;
+  int sch_on;
   _Atomic int revoked;
 };
 /* The read's charge asked now (rc[nrc]). */
@@ -361,16 +362,14 @@ struct mml_loader {
   /* events that gave room back (ld_room_wake), and the count each stall detector saw at
    * its last look (under mu): a detector counts only looks with none between them (W2) */
   _Atomic uint64_t room_events;
-  uint64_t scratch_seen, emit_seen;
+  uint64_t emit_seen;
   int emit_stuck;
-  /* decodes running; consecutive looks of a decode waiting for scratch room with nothing
-   * else able to free room */
-  int decoding, scratch_stuck;
+  int decoding; /* decodes running */
   /* the collation thread has taken a sample and not yet added it (mu dropped meanwhile:
    * a batch it completes is handed off after): engine work (loader_admit.c C2) */
   int collating;
   /* waiting charges withdrawn (ld_room_withdrawn_locked): with room_events, what lets a
-   * decode's try be granted (loader_admit.c C5) */
+   * parked read's out-of-turn try be granted (loader_admit.c T6) */
   uint64_t withdrawals;
   /* max_memory: the out-of-turn try (loader_admit.c T5) of parked read t5_refused_seq was
    * refused at the worker's look that read ld_admit_decode_events_locked n (n + 1; 0: none;
@@ -708,12 +707,15 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold);
 int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto);
 /* max_memory: 1 when a worker may start reading one more sample. */
 int ld_mem_may_read_locked(mml_loader *L);
-/* max_memory: a decode whose images need scratch beyond the worker's reserve takes it
- * before it starts (1; 0: no room now, then it is kept free for this decode and the
- * caller waits) and gives it back when it has trimmed its scratch (ld_mem_scratch_give).
- * A decode that can never get room (the consumer waits for its batch and holds the rest)
- * sets the loader's fatal error. */
+/* max_memory: a decode whose images need scratch beyond the worker's reserve (or whose
+ * media bytes are read again) takes it before it starts: 1 when its charge is granted; 0
+ * while it waits in the ledger (the decode stays queued, the grant moves the change count)
+ * or when it failed (the ledger's deadlock rule: the loader's fatal error is set).  It
+ * gives it back when it has trimmed its scratch (ld_mem_scratch_give). */
 int ld_mem_scratch_take_locked(mml_loader *L, task *t);
+/* A decode's scratch charge leaves the ledger (withdrawn, or given back when granted and
+ * not taken): its decode left the queue without running, or a seek, rewind or close. */
+void ld_admit_scratch_drop_locked(mml_loader *L, task *t);
 /* max_memory, compact: the oldest queued batch's emission takes room for what its float
  * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra;
  * 0: nothing to take; -1: no room now, the caller waits -- or the loader's fatal error is
@@ -842,8 +844,8 @@ uint64_t ld_work_look_locked(mml_loader *L);
 /* An input of the workers' room gates changed (W5): pokes while a worker waits for room,
  * and the consumer while it waits in next() (C2: the engine may be idle now). */
 void ld_room_gates_changed_locked(mml_loader *L);
-/* A waiting charge left the ledger (withdrawn): tries behind it may be granted now, a room
- * event for the decodes waiting (C5), and the room gates' inputs changed. */
+/* A waiting charge left the ledger (withdrawn): tries behind it may be granted now (T6's
+ * mark moves), and the room gates' inputs changed. */
 void ld_room_withdrawn_locked(mml_loader *L);
 /* Its workers' part alone (next(): the consumer's own change, which must not wake it). */
 void ld_room_gates_wake_workers_locked(mml_loader *L);
@@ -861,11 +863,7 @@ void ld_consumer_stale_locked(mml_loader *L);
 /* next() would ask for the next epoch now (nothing of its epoch left on its way). */
 int ld_consumer_would_ask_locked(mml_loader *L);
 int ld_admit_engine_idle_locked(mml_loader *L);
-/* C5: queued decode t waits for room (a try refused, or behind one) since a look that
- * began with ld_admit_decode_events_locked at `seen` (room events and withdrawals of
- * waiting charges): no engine work while neither came since; the consumer looks again when
- * that mark changes.  mu held. */
-void ld_admit_decode_waits_locked(mml_loader *L, task *t, uint64_t seen);
+/* Room events and withdrawals of waiting charges so far (T6's mark).  mu held. */
 uint64_t ld_admit_decode_events_locked(mml_loader *L);
 /* With the engine idle (ld_admit_engine_idle_locked): the ENGINE credit its slots hold, all
  * of it work that waits behind the ledger's head (C7), the head's own task left out. */

@@ -74,6 +74,7 @@ void ld_ready_push_locked(mml_loader *L, task *t) {
 
 void ld_task_give_back_locked(mml_loader *L, task *t) {
   ld_admit_read_drop_locked(L, t);       /* R4 */
+  ld_admit_scratch_drop_locked(L, t);    /* D3 */
   ld_admit_reads_settle_locked(L, t, 0); /* R5: no decode will read them: final */
   ld_task_close_videos(L, t);
   ld_task_release_videos_locked(L, t);
@@ -534,31 +535,28 @@ static int task_run(mml_loader *L, mml_sample_scratch *sc, task *t, run_acc *acc
 /* worker threads                                                                       */
 
 /* The next decode job: pixels of batches already composed, in order, but past decodes
- * that wait for max_memory room for their scratch (*wait set; each marked as waiting since
- * this look: loader_admit.c C5); NULL when none can run. */
+ * whose max_memory scratch charge waits in the ledger (*wait set; loader_admit.c D1-D4);
+ * NULL when none can run. */
 static task *take_decode_locked(mml_loader *L, int *wait) {
-  const uint64_t seen = ld_admit_decode_events_locked(L); /* C5: before any try */
   task *prev = NULL;
   for (task *t = L->dec_head, *next; t; t = next) {
     next = t->next_dec;
     const int drop = t->gen != L->gen || !ld_place_has_dests(t);
-    /* once one waits, later ones that need scratch too wait behind it (no overtaking) */
-    if (!drop && !(*wait && (t->scratch_need > 0 || t->reread)))
-      (void)ld_admit_reads_settle_locked(L, t, 1); /* R5: final now, or read again */
-    if (!drop &&
-        ((*wait && (t->scratch_need > 0 || t->reread)) || !ld_mem_scratch_take_locked(L, t))) {
+    if (!drop) (void)ld_admit_reads_settle_locked(L, t, 1); /* R5: final now, or read again */
+    /* each asks for its scratch in the ledger, which grants in stream order (L1): a later
+     * sample's decode never takes the room an earlier one's waits for */
+    if (!drop && !ld_mem_scratch_take_locked(L, t)) {
       *wait = 1;
-      ld_admit_decode_waits_locked(L, t, seen); /* C5 */
       prev = t;
       continue;
     }
-    t->dec_wait_seen = 0;
     if (prev)
       prev->next_dec = next;
     else
       L->dec_head = next;
     if (L->dec_tail == t) L->dec_tail = prev;
     t->dec = DEC_NONE;
+    ld_admit_scratch_drop_locked(L, t); /* leaving unrun: its charge leaves too (D3) */
     if (t->gen != L->gen) { /* work of an abandoned plan: what it holds goes back (A11) */
       ld_task_give_back_locked(L, t);
       t->state = SLOT_EMPTY;
@@ -605,7 +603,7 @@ static task *start_task_locked(mml_loader *L) {
   t->room_at = t->resume_at = -1;
   t->restarted = 0;
   t->restart_head = t->t5_head = -1;
-  t->dec_wait_seen = 0;
+  ld_admit_scratch_drop_locked(L, t); /* none is left in the ledger by now (D3) */
   t->started = mml_now();
   mml_sample_reset(&t->sample);
   ld_plan_at_locked(L, t->seq, &t->sample.epoch, &t->sample.pos);
