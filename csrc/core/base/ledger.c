@@ -73,7 +73,9 @@
  *   M2. A ticket plane's buffer: ld_admit_ticket_locked (from loader_place.c rebuffer /
  *       retry_pending), at the ticket's first sample's seq; a request that waits (T1-T6),
  *       the collation thread woken by its wake callback; L7 decides (C3).
- *   M3. A decode's scratch beyond the reserve: ld_mem_scratch_take_locked, a try at its seq.
+ *   M3. A decode's scratch beyond the reserve (and its re-read's bytes):
+ *       ld_mem_scratch_take_locked, at the sample's seq; a request that waits (the decode
+ *       stays queued, D1-D4), its sample's media bytes its `own`; L7 decides (D4, C5).
  *   M4. An emission's float rows and tensors: ld_mem_emit_take_locked, a try at its batch's
  *       first sample's seq (pend_item.seq).
  *   M5. The pool: ledger_pool_hook counts live bytes as CONSUMER credit (covered by M2 / M4's
@@ -85,10 +87,10 @@
  *   FIXED: the workers' scratch reserve (ld_ledger_open), the Parquet room
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).
- *   Still tries: M3 and M4 (refused with nothing else running, scratch_stuck / emit_stuck
- *   decide after 20 quiet looks, not L7).  Still holds (room kept for earlier work, added
- *   to mml_ledger_room's question): ticket_hold inside M2's charge, the read gate's
- *   (ld_mem_may_read_locked) and bytes ahead's (M6).
+ *   Still a try: M4 (refused with nothing else running, emit_stuck decides after 20 quiet
+ *   looks, not L7).  Still holds (room kept for earlier work, added to mml_ledger_room's
+ *   question): ticket_hold inside M2's charge, the read gate's (ld_mem_may_read_locked)
+ *   and bytes ahead's (M6).
  */
 #include "mml/ledger.h"
 
