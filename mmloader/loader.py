@@ -466,6 +466,7 @@ class LoaderStats(_RemoteStats):
     samples_reread: int
     room_waits: int
     consumer_waits: int
+    collator_room_waits: int
     skipped_by_reason: Dict[str, int]
     sources: Dict[str, SourceStats]
 
@@ -1100,7 +1101,9 @@ class Loader:
         scratch, for an emission -- one per look that found none), consumer_waits
         (next()'s waits under max_memory, one per look that found nothing for it: each
         ends when a batch is queued, when the memory ledger may have to decide that the
-        batch can never fit, or when next()'s own 0.1 s slice for Ctrl-C runs out), and
+        batch can never fit, or when next()'s own 0.1 s slice for Ctrl-C runs out),
+        collator_room_waits (the collation thread's waits for a batch's buffer -- max_memory
+        room or its turn behind ``prefetch`` batches -- one per look that found none), and
         ``fetch`` (requests, retries, latency) when data is remote, and ``sources``:
         per source (one, "data", without a mixture), its good samples collated, skipped (and
         by reason), tokens, image tokens and bytes, with ``share`` (of the good samples

@@ -458,7 +458,8 @@ static int set_rows_video(PyObject *d, const mml_loader_stats *s) {
          set_num(d, "video_open_peak_bytes", PyLong_FromLongLong(s->video_open_peak)) ||
          set_num(d, "samples_reread", PyLong_FromUnsignedLongLong(s->samples_reread)) ||
          set_num(d, "room_waits", PyLong_FromUnsignedLongLong(s->room_waits)) ||
-         set_num(d, "consumer_waits", PyLong_FromUnsignedLongLong(s->consumer_waits));
+         set_num(d, "consumer_waits", PyLong_FromUnsignedLongLong(s->consumer_waits)) ||
+         set_num(d, "collator_room_waits", PyLong_FromUnsignedLongLong(s->collator_room_waits));
 }
 
 /* The engine's memory in parts (stats): the pool, the window's bytes, decoder scratch. */

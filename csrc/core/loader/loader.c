@@ -1036,6 +1036,15 @@ mml_status mml_loader_check_memory(mml_loader *L, mml_err *err) {
   return st;
 }
 
+/* max_memory's waits and re-reads (loader_admit.c W2, W4, C2, READ AGAIN), mu held. */
+static void waits_stats_locked(const mml_loader *L, mml_loader_stats *o) {
+  o->samples_reread = L->samples_reread;
+  o->reads_restarted_again = L->reads_restarted_again;
+  o->room_waits = L->room_waits;
+  o->consumer_waits = L->consumer_waits;
+  o->collator_room_waits = L->collator_room_waits;
+}
+
 void mml_loader_get_stats(mml_loader *L, mml_loader_stats *o) {
   mml_loader_get_stats_all(L, o, NULL, 0);
 }
@@ -1095,10 +1104,7 @@ void mml_loader_get_stats_all(mml_loader *L, mml_loader_stats *o, mml_source_sta
   o->video_preload_peak = L->video_held_peak;
   o->video_preloads_refused = L->video_preloads_refused;
   o->video_open_peak = L->video_open_peak;
-  o->samples_reread = L->samples_reread;
-  o->reads_restarted_again = L->reads_restarted_again;
-  o->room_waits = L->room_waits;
-  o->consumer_waits = L->consumer_waits;
+  waits_stats_locked(L, o);
   o->pinned = L->pinned;
   o->device = L->stage ? mml_device_stage_device(L->stage) : -1;
   mml_fetcher *f = L->fetcher; /* freed only by close, on this (the consumer's) thread */

@@ -1487,6 +1487,7 @@ void ld_room_wake(mml_loader *L) {
 void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv) {
   _Atomic int *n = cv == &L->coll_cv ? &L->room_waiting_coll : &L->room_waiting_work;
   atomic_fetch_add(n, 1);
+  L->collator_room_waits++;
   ld_wait_5ms(cv, &L->mu); /* W2: the bound stays */
   atomic_fetch_sub(n, 1);
 }

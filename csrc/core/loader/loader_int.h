@@ -388,6 +388,7 @@ struct mml_loader {
   int64_t spare_bytes;
   uint64_t room_waits;            /* workers' waits for room (ld_work_wait_locked) */
   uint64_t consumer_waits;        /* next()'s waits by the ledger (loader_admit.c C2) */
+  uint64_t collator_room_waits;   /* the collation thread's waits for room (W2) */
   int room_waiters;               /* workers in such a wait now (W5) */
   uint64_t samples_reread;        /* max_memory: samples whose media bytes were dropped and read
                               again (ld_admit_drop_bytes_ahead_locked; mu) */

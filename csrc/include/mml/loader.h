@@ -391,6 +391,8 @@ typedef struct mml_loader_stats {
                                       none */
   uint64_t consumer_waits;         /* next()'s waits under max_memory: one per look that found
                                       nothing for it (woken by an end of work or a batch) */
+  uint64_t collator_room_waits;    /* the collation thread's waits for a batch's buffer (room
+                                      or its turn): one per look that found none */
   int64_t video_open_peak;         /* the most bytes held at once by videos kept open from
                                     their probe to their decode, counted in max_memory */
   int remote;                      /* a fetcher is in use; `fetch` is valid */

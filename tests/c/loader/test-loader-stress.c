@@ -186,7 +186,8 @@ typedef struct epoch_out {
 /* the last schedule's batches and next()'s waits by the ledger (loader_admit.c C2) */
 static int g_last_n;
 static uint64_t g_last_waits;
-static uint64_t g_last_again; /* its parked reads restarted again (loader_admit.c R6) */
+static uint64_t g_last_cwaits; /* the collation thread's waits for a buffer (loader_admit.c W2) */
+static uint64_t g_last_again;  /* its parked reads restarted again (loader_admit.c R6) */
 
 static uint64_t batch_hash(const mml_batch *b, int64_t *pixel_bytes) {
   uint64_t h = 0;
@@ -369,6 +370,7 @@ static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
   run_epoch(&c, &who, &o);
   g_last_n = o.n;
   g_last_waits = o.stats.consumer_waits;
+  g_last_cwaits = o.stats.collator_room_waits;
   g_last_again = o.stats.reads_restarted_again;
   watch_set(-1, 0, NULL);
   const epoch_out *ref = &refs[s.shape];
@@ -445,6 +447,8 @@ TEST(loader_max_memory_random_schedules_end) {
   CHECK_EQ_INT(pthread_create(&th, NULL, watchdog, NULL), 0);
   long long failed = 0, ooms = 0, rereads = 0, reread_in = 0, over = 0, wseed = -1, again = 0;
   double wmost = 0; /* the most consumer waits per batch in one schedule (C2) */
+  double cmost = 0; /* the most collator waits for a buffer per batch in one schedule (W2) */
+  long long cseed = -1, cwaits = 0, batches = 0;
   for (long long k = 0; k < n && failed < 5; k++) {
     int oom = 0;
     uint64_t reread = 0;
@@ -454,6 +458,12 @@ TEST(loader_max_memory_random_schedules_end) {
       wmost = (double)g_last_waits / (double)g_last_n;
       wseed = seed0 + k;
     }
+    if (g_last_n > 0 && (double)g_last_cwaits / (double)g_last_n > cmost) {
+      cmost = (double)g_last_cwaits / (double)g_last_n;
+      cseed = seed0 + k;
+    }
+    cwaits += (long long)g_last_cwaits;
+    batches += g_last_n;
     if (peak > cap) {
       over++;
       if (getenv("MML_STRESS_SHOW_OVER"))
@@ -473,6 +483,10 @@ TEST(loader_max_memory_random_schedules_end) {
           "than max_memory in all (memory_peak)\n",
           n, seed0, ooms, failed, rereads, reread_in, again, over);
   fprintf(stderr, "  next() waited at most %.1f times per batch (seed %lld)\n", wmost, wseed);
+  fprintf(stderr,
+          "  the collation thread waited for a buffer %.2f times per batch in all, at most "
+          "%.1f (seed %lld)\n",
+          batches ? (double)cwaits / (double)batches : 0.0, cmost, cseed);
   CHECK_EQ_INT(failed, 0);
   if (n >= 20) CHECK(ooms < n); /* most caps hold an epoch */
   /* S6: next() waits by the ledger's consumer count without a busy loop (loader_admit.c
