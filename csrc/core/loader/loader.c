@@ -554,12 +554,14 @@ mml_status mml_loader_new(const mml_loader_cfg *cfg, mml_loader **out, mml_err *
                                     cfg->max_record_bytes, cfg->max_object_bytes};
   pthread_mutex_init(&L->mu, NULL);
   pthread_mutex_init(&L->spare_mu, NULL);
+  pthread_mutex_init(&L->coll_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&L->work_cv, &ca);
   pthread_cond_init(&L->coll_cv, &ca);
   pthread_cond_init(&L->out_cv, &ca);
+  pthread_cond_init(&L->coll_room_cv, &ca);
   pthread_condattr_destroy(&ca);
   L->closed = 1; /* until fully built: free() must not join anything */
   L->cancel.parent = cfg->cancel;
@@ -625,7 +627,7 @@ static void stop_threads(mml_loader *L) {
   pthread_mutex_lock(&L->mu);
   L->stop = 1;
   ld_work_wake(L, 1);
-  pthread_cond_broadcast(&L->coll_cv);
+  ld_coll_wake_locked(L, 1);
   pthread_cond_broadcast(&L->out_cv);
   ld_consumer_wake_locked(L, 1); /* C2 */
   pthread_mutex_unlock(&L->mu);
@@ -737,6 +739,8 @@ void mml_loader_free(mml_loader *L) {
   pthread_cond_destroy(&L->work_cv);
   pthread_cond_destroy(&L->coll_cv);
   pthread_cond_destroy(&L->out_cv);
+  pthread_cond_destroy(&L->coll_room_cv);
+  pthread_mutex_destroy(&L->coll_mu);
   pthread_mutex_destroy(&L->spare_mu);
   pthread_mutex_destroy(&L->mu);
   free(L);
@@ -831,7 +835,7 @@ mml_status mml_loader_seek_ahead(mml_loader *L, const mml_cursor *c, int64_t ahe
   L->delivered = *c;
   L->epoch_done = !L->cfg.cycle && epoch_end_locked(L, c);
   ld_ask_epoch_locked(L, c->epoch, 1);
-  pthread_cond_broadcast(&L->coll_cv);
+  ld_coll_wake_locked(L, 1);
   pthread_mutex_unlock(&L->mu);
   return MML_OK;
 }
@@ -901,8 +905,8 @@ static void ask_when_waiting_locked(mml_loader *L) {
 static mml_status take_item_locked(mml_loader *L, mml_batch *out, mml_err *err) {
   out_item item;
   ld_out_pop_locked(L, &item);
-  ld_move_ready_locked(L);                                 /* room for the next finished item */
-  if (L->mem_blocked) pthread_cond_broadcast(&L->coll_cv); /* and for a ticket's pixels */
+  ld_move_ready_locked(L);                       /* room for the next finished item */
+  if (L->mem_blocked) ld_coll_wake_locked(L, 1); /* and for a ticket's pixels */
   out_item *it = &item;
   if (it->kind == ITEM_ERROR) {
     ld_release_oldest_skip_locked(L); /* the oldest logged skip is this sample */
@@ -944,6 +948,9 @@ static int consumer_wait_locked(mml_loader *L, uint64_t seen, const struct times
     return dl ? pthread_cond_timedwait(&L->out_cv, &L->mu, dl)
               : pthread_cond_wait(&L->out_cv, &L->mu);
   const int declare = ld_admit_engine_idle_locked(L);
+  /* loader_admit.c W2: what keeps it from declaring may be the collator's to ask anew (a
+   * ticket charge's stale hold, an open pack's bound: C3), at its next look */
+  if (!declare && L->mem_blocked) ld_coll_wake_locked(L, 1);
   mml_ledger_consumer_behind(L->ledger, declare ? ld_admit_behind_locked(L) : 0); /* C7 */
   L->consumer_waits++;
   pthread_mutex_unlock(&L->mu);

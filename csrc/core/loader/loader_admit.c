@@ -145,23 +145,33 @@
  *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
- * (W4: the emission, decode or read gate, a parked read: R2), the collator on coll_cv
- * (ld_wait_room_locked: its blocked ticket) -- and every event that gives room back wakes
- * it:
- *   W1. Room coming back pokes the ledger (the workers, W4) and broadcasts coll_cv while a
- *       thread looks or waits for room there (ld_room_wake; room_waiting_work / _coll count
- *       them): the consumer's release
+ * (W4: the emission, decode or read gate, a parked read: R2), the collator on its own
+ * event count (W2: its blocked ticket) -- and every event that gives room back wakes it:
+ *   W1. Room coming back pokes the ledger (the workers, W4) and the collator's count (W2)
+ *       while a thread looks or waits for room (ld_room_wake; room_waiting_work / _coll
+ *       count them): the consumer's release
  *       of a batch's buffers and a cache trimming itself (the pool's hook: live bytes
  *       released, cached pages dropped with none reused), a decode's scratch or a read's
  *       bytes given back and every other ENGINE credit released (ld_ledger_release), a
  *       buffer moved into the spares (ld_ledger_spare_put) and the spares freed
  *       (ld_bytes_free_spares).  ld_room_wake never takes mu: the pool's hook runs with mu
  *       held or not (ledger.c (b)).
- *   W2. A wait for room keeps its 5 ms bound.  The collator's: a wake made without mu (the
- *       consumer releasing a batch on its own thread) can fall between its look and its
- *       wait, where no broadcast reaches it (the workers' no longer can: W4); and, for
- *       both, the stall detector (emit_stuck; scratch_stuck went: D4) decides "nothing can give
- *       room back" by 20 looks
+ *   W2. The collator's wait for a buffer has no bound and loses no wake: its event count
+ *       (coll_events, under the leaf lock coll_mu) read under mu BEFORE its look, it waits,
+ *       mu dropped, until the count moves (ld_coll_look_locked, ld_coll_wait_locked).
+ *       Events without mu poke from before its look (room_waiting_coll): a ticket charge
+ *       granted or failed (ticket_wake), room coming back (ld_room_wake); events under mu
+ *       once its wait began (coll_waits_room: its own look's never wake it): every wake of
+ *       it (ld_coll_wake_locked: a sample planned or decoded, an instance or a pend slot
+ *       freed, a batch taken, a seek, a stop, an error), next() kept from declaring while
+ *       a ticket waits, and every event that may leave the engine idle while next() waits
+ *       (ld_consumer_stale_locked): what keeps next() from declaring may be the collator's
+ *       to ask anew (a stale hold, an open pack's rows so far: C3), which its 5 ms looks
+ *       did.  A pack held under 48 MiB: 0 waits in 0.5 s, 86 with the 5 ms
+ *       bound it had (tests/test_loader_lifecycle.py
+ *       test_capped_collator_waits_for_room_without_polling).  A worker's wait for room
+ *       keeps its 5 ms bound where W5 says: the stall detector (emit_stuck; scratch_stuck
+ *       went: D4) decides "nothing can give room back" by 20 looks
  *       in a row with nothing running, which needs looks to keep coming when no wake does.
  *       A detector counts only looks with no room event between them (room_events,
  *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
@@ -437,7 +447,7 @@ static int64_t ticket_charge_bytes(const mml_loader *L, int p, int64_t cap_rows)
 static void ticket_wake(void *arg) {
   mml_loader *L = arg;
   atomic_fetch_add(&L->room_events, 1); /* W2: a detector's look after it is not quiet */
-  pthread_cond_broadcast(&L->coll_cv);
+  ld_coll_poke(L);
 }
 
 void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
@@ -1474,22 +1484,60 @@ void ld_ledger_release(mml_loader *L, int64_t bytes) {
 }
 
 void ld_room_wake(mml_loader *L) {
-  /* W1: no mu (a pool release may hold it or not).  The workers (W4): a worker counted
-   * after this load read the change count after the event, so its look saw it; one
-   * counted before it gets the poke, which changes the count it waits on.  The collator:
-   * one counted after this load looked after the event, or looks again within 5 ms (W2) */
+  /* W1: no mu (a pool release may hold it or not).  A worker (W4) or the collator (W2)
+   * counted after this load read its count after the event, so its look saw it; one
+   * counted before it gets the poke, which changes the count it waits on */
   atomic_fetch_add(&L->room_events, 1);
   if (!L->ledger) return; /* no cap: nothing waits for room */
   if (atomic_load(&L->room_waiting_work) > 0) mml_ledger_poke(L->ledger);
-  if (atomic_load(&L->room_waiting_coll) > 0) pthread_cond_broadcast(&L->coll_cv);
+  if (atomic_load(&L->room_waiting_coll) > 0) ld_coll_poke(L);
 }
 
-void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv) {
-  _Atomic int *n = cv == &L->coll_cv ? &L->room_waiting_coll : &L->room_waiting_work;
-  atomic_fetch_add(n, 1);
+void ld_coll_poke(mml_loader *L) {
+  pthread_mutex_lock(&L->coll_mu); /* W2: a leaf lock, taken from any thread */
+  L->coll_events++;
+  pthread_cond_broadcast(&L->coll_room_cv);
+  pthread_mutex_unlock(&L->coll_mu);
+}
+
+uint64_t ld_coll_look_locked(mml_loader *L) {
+  atomic_fetch_add(&L->room_waiting_coll, 1); /* W2: counted from before its look */
+  pthread_mutex_lock(&L->coll_mu);
+  const uint64_t seen = L->coll_events;
+  pthread_mutex_unlock(&L->coll_mu);
+  return seen;
+}
+
+void ld_coll_wait_locked(mml_loader *L, uint64_t seen, int room) {
+  if (!room) { /* for work: every event of it signals coll_cv under mu */
+    ld_coll_looked_locked(L);
+    pthread_cond_wait(&L->coll_cv, &L->mu);
+    return;
+  }
   L->collator_room_waits++;
-  ld_wait_5ms(cv, &L->mu); /* W2: the bound stays */
-  atomic_fetch_sub(n, 1);
+  L->coll_waits_room = 1;       /* W2: events under mu poke from here on */
+  pthread_mutex_unlock(&L->mu); /* W2: on its own count, no bound */
+  pthread_mutex_lock(&L->coll_mu);
+  while (L->coll_events == seen) pthread_cond_wait(&L->coll_room_cv, &L->coll_mu);
+  pthread_mutex_unlock(&L->coll_mu);
+  pthread_mutex_lock(&L->mu);
+  L->coll_waits_room = 0;
+  ld_coll_looked_locked(L);
+}
+
+void ld_coll_looked_locked(mml_loader *L) { atomic_fetch_sub(&L->room_waiting_coll, 1); }
+
+void ld_coll_wake_locked(mml_loader *L, int all) {
+  if (all)
+    pthread_cond_broadcast(&L->coll_cv);
+  else
+    pthread_cond_signal(&L->coll_cv);
+  ld_coll_room_wake_locked(L);
+}
+
+void ld_coll_room_wake_locked(mml_loader *L) {
+  /* W2: under mu, so before the collator's look (which sees it) or after its wait began */
+  if (L->coll_waits_room) ld_coll_poke(L);
 }
 
 void ld_work_wake(mml_loader *L, int all) {
@@ -1558,7 +1606,8 @@ void ld_consumer_wake_locked(mml_loader *L, int all) {
 
 void ld_consumer_stale_locked(mml_loader *L) {
   if (!L->ledger || !L->consumer_waiting) return; /* C2: under mu, as ld_consumer_wake_locked */
-  if (ld_consumer_would_ask_locked(L))            /* C6: next() has an epoch to ask for */
+  ld_coll_room_wake_locked(L); /* W2: what keeps next() from declaring may be the collator's */
+  if (ld_consumer_would_ask_locked(L)) /* C6: next() has an epoch to ask for */
     mml_ledger_consumer_poke(L->ledger);
   else { /* C6: only whether it may declare changed: woken where L7 can decide, judged with
           * what is behind the head now (C7) */

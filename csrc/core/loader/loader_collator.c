@@ -71,6 +71,7 @@ void ld_set_fatal_locked(mml_loader *L, mml_status st, const mml_err *e) {
   pthread_cond_broadcast(&L->out_cv);
   ld_consumer_wake_locked(L, 1);   /* C2: next() raises it */
   ld_room_gates_changed_locked(L); /* W5: a worker waiting for room stops waiting */
+  ld_coll_wake_locked(L, 1);       /* W2: so does the collator */
 }
 
 /* Compact pixels (loader_place.c COMPACT): the batch's uint8 image rows become float32 /
@@ -140,7 +141,7 @@ static mml_status emit_expand(mml_loader *L, int ci, mml_batch *b, int64_t *expa
   if (u8) {
     pthread_mutex_lock(&L->mu);
     L->coll_busy[ci] = 0;
-    pthread_cond_broadcast(&L->coll_cv); /* the instance is free */
+    ld_coll_wake_locked(L, 1); /* the instance is free */
     pthread_mutex_unlock(&L->mu);
     *freed = 1; /* the collator may hand it out again before this emit ends */
     if (!st) st = ld_expand_shared(L, u8, f, rows, err); /* with idle workers: loader_expand.c */
@@ -208,8 +209,8 @@ void ld_move_ready_locked(mml_loader *L) {
   }
   if (moved) {
     pthread_cond_broadcast(&L->out_cv);
-    ld_consumer_wake_locked(L, 0);       /* C2: a batch (or an item) for next() */
-    pthread_cond_broadcast(&L->coll_cv); /* pend has room */
+    ld_consumer_wake_locked(L, 0); /* C2: a batch (or an item) for next() */
+    ld_coll_wake_locked(L, 1);     /* pend has room */
   }
   if (L->jobs_queued && !ld_emit_gated_locked(L)) ld_work_wake(L, 0);
   ld_room_gates_changed_locked(L); /* W5: out_count, pend states, emitting */
@@ -260,7 +261,7 @@ void ld_drop_output_locked(mml_loader *L) {
   L->pend_head = L->pend_tail = 0;
   L->jobs_queued = 0;
   for (int i = 0; i < L->ncoll; i++) L->coll_busy[i] = 0;
-  pthread_cond_broadcast(&L->coll_cv);
+  ld_coll_wake_locked(L, 1);
 }
 
 /* Reserves the next pend slot in stream order; waits for room.  NULL when the item must
@@ -359,7 +360,7 @@ void ld_emit_job_locked(mml_loader *L, int64_t *grant) {
   }
   p->state = PEND_READY;
   ld_move_ready_locked(L);
-  pthread_cond_broadcast(&L->coll_cv);                  /* the instance is free */
+  ld_coll_wake_locked(L, 1);                            /* the instance is free */
   if (!L->emitting) pthread_cond_broadcast(&L->out_cv); /* a seek may wait for this */
 }
 
@@ -594,16 +595,15 @@ void *ld_collator_main(void *arg) {
       continue;
     }
     if (coll_epoch_locked(L, &c)) continue;
+    const uint64_t seen = ld_coll_look_locked(L);       /* W2: before the look */
     ld_place_locked(L, c.epoch, c.bie, L->colls[c.ci]); /* plan ahead: queue decodes */
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
-      if (L->mem_blocked) { /* max_memory: woken as room comes back (loader_admit.c W1) */
-        ld_wait_room_locked(L, &L->coll_cv);
-      } else {
-        pthread_cond_wait(&L->coll_cv, &L->mu);
-      }
+      /* a buffer it waits for: woken as room comes back (loader_admit.c W1, W2) */
+      ld_coll_wait_locked(L, seen, L->mem_blocked);
       continue;
     }
+    ld_coll_looked_locked(L);
     mml_sample_swap(&c.s, &t->sample);
     c.tk = t->tk;
     for (int p = 0; p < PLANES; p++) { /* its references move here */

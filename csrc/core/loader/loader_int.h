@@ -88,10 +88,9 @@ typedef struct task_vhead {
   fetch_ref ref[3]; /* the HEAD's, the first block's and the tail's completions */
 } task_vhead;
 
-/* The waits for room that still poll (loader_admit.c W2: the stall detectors' looks):
- * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held.  Callers use
- * ld_wait_room_locked (loader_admit.c W1-W3), which lets the events that give room back
- * wake them before the 5 ms are up. */
+/* The waits for room that still poll (loader_admit.c W2, W5: the stall detectors' looks):
+ * cv (a CLOCK_MONOTONIC condition variable) for at most 5 ms, mu held.  The caller is
+ * ld_work_wait_locked (loader_admit.c W4, W5). */
 static inline void ld_wait_5ms(pthread_cond_t *cv, pthread_mutex_t *mu) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -355,8 +354,8 @@ struct mml_loader {
    * their buffers (loader_admit.c A10: 0 is the rule; mu) */
   int64_t led_engine_refs;
   /* workers looking for work or room or waiting (from before their look: W4) and the
-   * collator in a wait for room (ld_wait_room_locked on coll_cv): the events that give
-   * room back poke the ledger / broadcast coll_cv only while there is one (W1; atomic:
+   * collator looking or waiting for a buffer (ld_coll_look_locked): the events that give
+   * room back poke the ledger / the collator's count only while there is one (W1; atomic:
    * the pool's hook runs on any thread, with or without mu) */
   _Atomic int room_waiting_work, room_waiting_coll;
   /* events that gave room back (ld_room_wake), and the count each stall detector saw at
@@ -416,6 +415,12 @@ struct mml_loader {
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv, coll_cv, out_cv;
+  /* the collation thread's wait for a buffer (loader_admit.c W2): its event count, moved
+   * by ld_coll_poke under coll_mu (a leaf lock: nothing is taken under it) */
+  pthread_mutex_t coll_mu;
+  pthread_cond_t coll_room_cv;
+  uint64_t coll_events;
+  int coll_waits_room; /* the collator is in that wait (mu): events under mu poke it */
   int started, stop, closed;
   /* set by close() before it joins the threads (read without mu): a decode, an index
    * scan or a fetch wait under way stops within milliseconds (ARCHITECTURE 4.8); its
@@ -829,13 +834,24 @@ int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes);
 void ld_ledger_cover_begin(mml_loader *L, int64_t bytes);
 void ld_ledger_cover_end(mml_loader *L);
 void ld_ledger_release(mml_loader *L, int64_t bytes);
-/* Room came back (loader_admit.c W1): pokes the ledger while a worker looks or waits (W4)
- * and broadcasts coll_cv while the collator waits for room (ld_wait_room_locked); never
- * takes mu, so any thread may call it, holding mu or not (the pool's hook). */
+/* Room came back (loader_admit.c W1): pokes the ledger while a worker or the collator
+ * looks or waits (W4, W2); never takes mu, so any thread may call it, holding mu or not
+ * (the pool's hook). */
 void ld_room_wake(mml_loader *L);
-/* The collator's wait for room on coll_cv, mu held: woken by ld_room_wake, or after at
- * most 5 ms (W2: the look it follows may have missed a wake made without mu). */
-void ld_wait_room_locked(mml_loader *L, pthread_cond_t *cv);
+/* The collation thread's waits (loader_admit.c W2), mu held: ld_coll_look_locked before
+ * its look (counts it as looking, reads its event count coll_events); then
+ * ld_coll_wait_locked -- for a buffer (room: 1) until that count moves, without a bound,
+ * else on coll_cv -- or, when it found work, ld_coll_looked_locked.  ld_coll_wake_locked
+ * is every event's wake of the collator under mu (coll_cv, and ld_coll_poke while it
+ * waits for a buffer); ld_coll_poke moves the count from any thread, mu held or not
+ * (coll_mu is a leaf lock; events without mu poke while it looks or waits). */
+uint64_t ld_coll_look_locked(mml_loader *L);
+void ld_coll_wait_locked(mml_loader *L, uint64_t seen, int room);
+void ld_coll_looked_locked(mml_loader *L);
+void ld_coll_wake_locked(mml_loader *L, int all);
+void ld_coll_poke(mml_loader *L);
+/* ld_coll_poke when the collator waits for a buffer (mu held; not during its own look). */
+void ld_coll_room_wake_locked(mml_loader *L);
 /* The workers' waits (loader_admit.c W4, ledger.c L11): ld_work_look_locked reads the
  * ledger's change count under mu before a worker looks for work (or room), and
  * ld_work_wait_locked drops mu and waits until it changes -- for room (room: 1) 5 ms at

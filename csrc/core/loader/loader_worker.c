@@ -705,7 +705,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
     if (t->sample.status == MML_OK && !later) L->images += (uint64_t)t->sample.nimages;
     if (later) t->decode_cost = decode_cost(t);
     t->state = later ? SLOT_PLANNED : SLOT_DONE;
-    pthread_cond_signal(&L->coll_cv);
+    ld_coll_wake_locked(L, 0);
   } else {
     t->state = SLOT_EMPTY;
     ld_work_wake(L, 1);
@@ -806,7 +806,7 @@ static void decode_task(mml_loader *L, mml_sample_scratch *sc, task *t) {
   }
   if (!st) L->images += (uint64_t)t->sample.nimages;
   t->state = SLOT_DONE;
-  pthread_cond_signal(&L->coll_cv);
+  ld_coll_wake_locked(L, 0);
 }
 
 void *ld_worker_main(void *arg) {
@@ -837,7 +837,7 @@ void *ld_worker_main(void *arg) {
         t->dec = DEC_NONE;
         t->state = t->gen == L->gen ? SLOT_DONE : SLOT_EMPTY;
         ld_work_wake(L, 1);
-        pthread_cond_signal(&L->coll_cv);
+        ld_coll_wake_locked(L, 0);
       }
       L->vision_s += sc.vision_s;
       if (have_scratch) L->decode_s += mml_vision_scratch_decode_s(sc.vision) - decode0;
