@@ -121,8 +121,9 @@ struct mml_ledger {
   int64_t revoking;          /* their bytes asked back, not yet given back */
   int64_t nwaiting;
   int consumer_waiting, shut;
-  mml_status fail_st; /* the first failure (mml_ledger_error) */
+  mml_status fail_st; /* the latest failure (mml_ledger_error) */
   mml_err fail_err;
+  mml_ledger_oom fail_oom; /* its parts (mml_ledger_oom_failed) */
   int64_t peak;
   uint64_t grants, waits, evicted, revoked;
   uint64_t tries_refused, counted_over; /* L12, L13 */
@@ -195,26 +196,65 @@ int mml_ledger_add_cache(mml_ledger *g, const char *name, mml_ledger_evict_fn ev
 
 /* ---- the explainer (L8) ------------------------------------------------------------- */
 
-/* The one out-of-memory message: `need` bytes of the work at `seq` cannot be held beside
- * what is held now; `rule` says why it never will be. */
-static mml_status explain_locked(mml_ledger *g, int64_t seq, int64_t need, int alone,
-                                 mml_err *err) {
-  char name[256] = "";
-  if (g->cfg.name) g->cfg.name(g->cfg.name_arg, seq, name, sizeof name);
-  if (!name[0]) snprintf(name, sizeof name, "stream position %lld", (long long)seq);
-  const int64_t cons = g->held[MML_HOLD_CONSUMER], eng = g->held[MML_HOLD_ENGINE];
-  const int64_t fixed = g->held[MML_HOLD_FIXED];
-  const int64_t fit = alone ? need + fixed : cons + eng + fixed + need;
+static void oom_now_locked(mml_ledger *g, int64_t seq, int64_t need, int alone, mml_ledger_oom *o) {
+  memset(o, 0, sizeof *o);
+  o->seq = seq;
+  o->need = need;
+  o->alone = alone;
+  o->cap = g->cfg.cap;
+  memcpy(o->held, g->held, sizeof o->held);
+  o->cached = cached_locked(g);
+}
+
+void mml_ledger_oom_now(mml_ledger *g, int64_t seq, int64_t need, int alone, mml_ledger_oom *o) {
+  pthread_mutex_lock(&g->mu);
+  oom_now_locked(g, seq, need, alone, o);
+  pthread_mutex_unlock(&g->mu);
+}
+
+int mml_ledger_oom_failed(mml_ledger *g, mml_ledger_oom *o) {
+  pthread_mutex_lock(&g->mu);
+  const int any = g->fail_st == MML_ENOMEM;
+  if (any) *o = g->fail_oom;
+  pthread_mutex_unlock(&g->mu);
+  return any;
+}
+
+/* The one out-of-memory message (L8), from its parts; the name callback (cfg.name) runs
+ * here, under the ledger's lock or not: the owner's must read nothing that its own lock
+ * guards (ledger.c (d)). */
+mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *err) {
+  char name[MML_CHARGE_NAME + 2] = "";
+  if (o->name[0])
+    snprintf(name, sizeof name, "%s", o->name);
+  else if (o->seq >= 0 && g->cfg.name)
+    g->cfg.name(g->cfg.name_arg, o->seq, name, MML_CHARGE_NAME);
+  if (!name[0] && o->seq >= 0)
+    snprintf(name, sizeof name, "stream position %lld", (long long)o->seq);
+  const int64_t cons = o->held[MML_HOLD_CONSUMER], eng = o->held[MML_HOLD_ENGINE];
+  const int64_t fixed = o->held[MML_HOLD_FIXED];
+  const int64_t fit = o->alone ? o->need + fixed : cons + eng + fixed + o->need;
+  const char *hint = o->alone ? NULL : o->hint ? o->hint : g->cfg.hint;
   mml_err_set(err, MML_ENOMEM,
-              "%s=%lld cannot hold the %lld bytes %s needs beside %lld bytes of finished "
-              "work waiting for the consumer (batches it holds or has yet to take), %lld "
-              "bytes of work running, %lld bytes set aside for the loader's lifetime and "
-              "%lld bytes cached: %s >= %lld would hold it%s%s",
-              g->cfg.what, (long long)g->cfg.cap, (long long)need, name, (long long)cons,
-              (long long)eng, (long long)fixed, (long long)cached_locked(g), g->cfg.what,
-              (long long)fit, !alone && g->cfg.hint ? "; " : "",
-              !alone && g->cfg.hint ? g->cfg.hint : "");
+              "%s%s%s=%lld cannot hold the %lld bytes of %s beside %lld bytes of finished work "
+              "waiting for the consumer (%s), %lld bytes of work running, %lld bytes set aside "
+              "for the loader's lifetime and %lld bytes cached: %s >= %lld would hold it%s%s",
+              name, name[0] ? ": " : "", g->cfg.what, (long long)o->cap, (long long)o->need,
+              o->what ? o->what : "work", (long long)cons,
+              o->split ? o->split : "batches it holds or has yet to take", (long long)eng,
+              (long long)fixed, (long long)o->cached, g->cfg.what, (long long)fit, hint ? "; " : "",
+              hint ? hint : "");
   return MML_ENOMEM;
+}
+
+/* The message of charge c, refused now (L7, or too large alone). */
+static mml_status explain_locked(mml_ledger *g, const mml_charge *c, int alone, mml_ledger_oom *o,
+                                 mml_err *err) {
+  oom_now_locked(g, c->seq, c->bytes, alone, o);
+  memcpy(o->name, c->name, sizeof o->name);
+  o->name[sizeof o->name - 1] = 0;
+  o->what = c->what;
+  return mml_ledger_explain(g, o, err);
 }
 
 /* ---- the waiting list and the grant step (L1, L2, L4, L6, L7) ------------------------ */
@@ -313,12 +353,14 @@ static void revocable_unlink(mml_ledger *g, mml_charge *c) {
   c->rprev = c->rnext = NULL;
 }
 
-static void fail_locked(mml_ledger *g, mml_charge *c, mml_status st, const mml_err *e) {
+static void fail_locked(mml_ledger *g, mml_charge *c, mml_status st, const mml_err *e,
+                        const mml_ledger_oom *o) {
   c->state = MML_CHARGE_FAILED;
   c->status = st;
   if (st == MML_ENOMEM) {
     g->fail_st = st;
     g->fail_err = *e;
+    g->fail_oom = *o;
   }
 }
 
@@ -423,9 +465,10 @@ static int step_locked(mml_ledger *g, wake_list *w) {
         break;
       }
       mml_err e; /* L7: only the consumer holds credit, and work behind the head */
-      explain_locked(g, c->seq, c->bytes, 0, &e);
+      mml_ledger_oom o;
+      explain_locked(g, c, 0, &o, &e);
       unlink_locked(g, c);
-      fail_locked(g, c, MML_ENOMEM, &e);
+      fail_locked(g, c, MML_ENOMEM, &e, &o);
       consumer_wake_locked(g); /* the consumer's wait ends: the stream ends in this error */
     }
     woke_locked(c, w);
@@ -462,8 +505,9 @@ static mml_status request_locked(mml_ledger *g, mml_charge *c, mml_err *err) {
   if (c->bytes < 0) c->bytes = 0;
   if (g->cfg.cap && c->bytes > g->cfg.cap) {
     mml_err e;
-    explain_locked(g, c->seq, c->bytes, 1, &e);
-    fail_locked(g, c, MML_ENOMEM, &e);
+    mml_ledger_oom o;
+    explain_locked(g, c, 1, &o, &e);
+    fail_locked(g, c, MML_ENOMEM, &e, &o);
     if (err) *err = e;
     return MML_ENOMEM;
   }

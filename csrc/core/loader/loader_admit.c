@@ -331,6 +331,16 @@
  *       failed a ticket's charge where such bytes were held: the stress test hung (seeds
  *       47, 56, 77) where the old detector raised the error.
  *
+ * THE EXPLAINER (ledger.c L8).
+ *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
+ *       read and scratch charges failed, emit_stuck, a sample too large alone): the work's
+ *       name, its bytes, the consumer's credit split into batches it holds and batches built
+ *       ahead of it, what runs, is set aside and cached, the max_memory that would hold it,
+ *       the hint (tests/test_memory.py, tests/test_video_files.py match its words).
+ *   X2. A charge carries its work's name and what, copied in before its request (ticket,
+ *       read and scratch charges), so the ledger names it on any thread without the loader's lock
+ *       (ledger.c (d); test-ledger.c ledger_explainer_names_the_charge).
+ *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
  */
@@ -344,9 +354,6 @@
 
 static ticket *tk_at(mml_loader *L, int64_t id) { return &L->tks[id % L->ntk]; }
 static task *slot_of(mml_loader *L, int64_t seq) { return &L->tasks[seq % L->window]; }
-
-/* The window's byte buffers: the tasks' and the spares' (loader_bytes.c B2). */
-static int64_t window_bytes(mml_loader *L) { return L->win_bytes + ld_bytes_spares(L); }
 
 /* Rows of plane p a sample has: its images' or its videos'. */
 static int64_t plane_rows(const mml_sample *s, int p) {
@@ -493,24 +500,48 @@ static int64_t tickets_give_back_locked(mml_loader *L, int64_t seq) {
 }
 
 static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t cap);
+static void sample_name(const mml_loader *L, const mml_sample *s, char *out, size_t cap);
 static int64_t batches_ahead_locked(mml_loader *L, int64_t live);
 
-/* A ticket's charge failed (L7, or too large alone): the loader's error, the ledger's
- * explainer's message (L8) after the sample's name and the split of the consumer's credit
- * the ledger cannot make (the batches the consumer holds, those built ahead of it), so
- * that the user learns what `del batch` would give back (C3). */
-static void ticket_failed_locked(mml_loader *L, int64_t id, mml_err *e) {
-  char where[1100];
-  ticket_sample_name(L, id, where, sizeof where);
+/* X1: the consumer's credit split into the batches it holds and those built ahead of it
+ * (only the loader tells them apart: what `del batch` would give back). */
+static void oom_split_locked(mml_loader *L, mml_ledger_oom *o, char *split, size_t cap) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
-  const int64_t ahead = batches_ahead_locked(L, (int64_t)live);
-  mml_err_prefix(e,
-                 "%s%sthe batch the consumer waits for (the consumer holds %lld bytes of "
-                 "batches, %lld bytes are batches built ahead of it)",
-                 where, where[0] ? ": " : "", (long long)((int64_t)live - ahead), (long long)ahead);
-  ld_set_fatal_locked(L, MML_ENOMEM, e);
+  const int64_t cons = o->held[MML_HOLD_CONSUMER];
+  int64_t ahead = batches_ahead_locked(L, (int64_t)live);
+  if (ahead > cons) ahead = cons;
+  snprintf(split, cap,
+           "%lld bytes of batches the consumer holds, %lld bytes of batches being built or "
+           "emitted ahead of it",
+           (long long)(cons - ahead), (long long)ahead);
+  o->split = split;
 }
+
+/* X1: the message of charge c refused: its failure's parts when the ledger's latest
+ * failure is c's, else the figures now; with the loader's words. */
+static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, mml_err *e) {
+  mml_ledger_oom o;
+  if (!mml_ledger_oom_failed(L->ledger, &o) || o.seq != c->seq || o.need != c->bytes) {
+    mml_ledger_oom_now(L->ledger, c->seq, c->bytes, c->bytes > L->cfg.max_memory, &o);
+    snprintf(o.name, sizeof o.name, "%s", c->name);
+    o.what = c->what;
+  }
+  char split[256];
+  oom_split_locked(L, &o, split, sizeof split);
+  return mml_ledger_explain(L->ledger, &o, e);
+}
+
+/* A ticket's charge failed (L7, or too large alone): the loader's error (X1, C3). */
+static void ticket_failed_locked(mml_loader *L, const mml_charge *c) {
+  mml_err e;
+  ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e);
+}
+
+/* X2: what a ticket plane's charge is for, in messages. */
+static const char *const ticket_what[PLANES] = {
+    "a batch's pixel_values and the room it keeps for earlier work",
+    "a batch's pixel_values_videos and the room it keeps for earlier work"};
 
 int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
                            int64_t *grant) {
@@ -551,9 +582,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       } else if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
         q->charged = 0;
         q->ch.state = MML_CHARGE_IDLE;
-        mml_err e;
-        if (q->ch.status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
-          ticket_failed_locked(L, id, &e);
+        if (q->ch.status == MML_ENOMEM) ticket_failed_locked(L, &q->ch);
         return 0;
       } else { /* not its turn now, or another size: it leaves, after those behind it */
         cancel_after(L, id, p);
@@ -568,6 +597,8 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       q->ch.bytes = want;
       q->ch.wake = ticket_wake;
       q->ch.wake_arg = L;
+      ticket_sample_name(L, id, q->ch.name, sizeof q->ch.name); /* X2 */
+      q->ch.what = ticket_what[p];
       mml_err e;
       const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
       if (st) {
@@ -575,7 +606,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
          * L7 (the consumer's wait declared), or shut down: no charge; the first two are
          * the loader's error, the explainer's message naming the sample (C3) */
         q->ch.state = MML_CHARGE_IDLE;
-        if (st == MML_ENOMEM) ticket_failed_locked(L, id, &e);
+        if (st == MML_ENOMEM) ticket_failed_locked(L, &q->ch);
         return 0;
       }
       if (q->ch.state != MML_CHARGE_GRANTED) {
@@ -630,13 +661,6 @@ int ld_admit_make_way_locked(mml_loader *L) {
   return freed > 0 || spares;
 }
 
-/* The out-of-memory explainer of the workers' stuck rule (an emission; a ticket's, a read's
- * and a decode's scratch charge are the ledger's, L7 and L8): `need` bytes of `what` for
- * sample t (NULL: not one sample's) cannot be held
- * beside what is live, split into the batches the consumer holds (the pool's live bytes
- * less those below), the batches being built or emitted ahead of it (tickets' buffers,
- * prefetched: not the consumer's), the samples read ahead and the workers' scratch;
- * `fit` is the max_memory that would hold it, `hint` how to need less. */
 /* Of the pool's `live` bytes, the buffers of batches not handed to the consumer yet:
  * tickets' buffers and pending emissions' (the rest are batches the consumer holds or has
  * yet to take). */
@@ -656,33 +680,19 @@ static int64_t batches_ahead_locked(mml_loader *L, int64_t live) {
   return ahead < live ? ahead : live;
 }
 
-static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need, int64_t fit,
+/* The message of the workers' stall detector (an emission's, emit_stuck): `need` bytes of
+ * `what` for sample t (NULL: not one sample's) cannot be held beside what the ledger
+ * holds now; `hint` says how to need less (X1). */
+static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need,
                         const char *hint, mml_err *e) {
-  char where[1100] = "";
-  if (t) {
-    const mml_sample *s = &t->sample;
-    mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where - 2);
-    strcat(where, ": ");
-  }
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
-  const int64_t ahead = batches_ahead_locked(L, (int64_t)live);
-  mml_err_set(e, MML_ENOMEM,
-              "%smax_memory=%lld cannot hold the %lld bytes of %s beside %lld bytes of batches "
-              "the consumer holds, %lld bytes of batches being built or emitted ahead of it "
-              "(prefetched), %lld bytes of samples read ahead and %lld bytes of %d workers' "
-              "decode scratch: max_memory >= %lld would hold it; %s",
-              where, (long long)L->cfg.max_memory, (long long)need, what,
-              (long long)((int64_t)live - ahead), (long long)ahead, (long long)window_bytes(L),
-              (long long)(scratch_bytes(L) + L->scratch_extra + L->emit_extra), L->cfg.num_threads,
-              (long long)(ld_pq_reserved(L) ? (fit * 4 + 2) / 3 : fit), hint);
-  if (ld_pq_reserved(L) > 0) {
-    size_t n = strlen(e->msg);
-    snprintf(e->msg + n, sizeof e->msg - n,
-             " (%lld bytes of max_memory, a quarter, are set aside for the Parquet row groups "
-             "being read)",
-             (long long)ld_pq_reserved(L));
-  }
+  mml_ledger_oom o; /* X1: the one explainer, the figures now */
+  mml_ledger_oom_now(L->ledger, t ? t->seq : -1, need, 0, &o);
+  if (t) sample_name(L, &t->sample, o.name, sizeof o.name);
+  o.what = what;
+  o.hint = hint;
+  char split[256];
+  oom_split_locked(L, &o, split, sizeof split);
+  mml_ledger_explain(L->ledger, &o, e);
 }
 
 /* The name of the sample a ticket's charge is for (empty when its slot holds
@@ -693,22 +703,24 @@ static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t ca
   const task *t = slot_of(L, s0 > L->head_seq ? s0 : L->head_seq);
   where[0] = 0;
   if (t->seq < L->head_seq || t->gen != L->gen) return;
-  const mml_sample *s = &t->sample;
-  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, cap);
+  sample_name(L, &t->sample, where, cap);
+}
+
+/* A sample's name for messages ("data.jsonl:12"): its end kept when it is too long. */
+static void sample_name(const mml_loader *L, const mml_sample *s, char *out, size_t cap) {
+  char full[1100];
+  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, full, sizeof full);
+  const size_t n = strlen(full);
+  if (n < cap)
+    memcpy(out, full, n + 1);
+  else
+    snprintf(out, cap, "...%s", full + n - (cap - 4));
 }
 
 /* ---- reads, decoder scratch, emissions, the window's bytes ----------------------------- */
 
 static int64_t scratch_bytes(const mml_loader *L) {
   return (int64_t)L->cfg.num_threads * MML_SCRATCH_RESERVE;
-}
-
-/* The bytes the cap holds beside the pool's cached pages: the pool's live bytes (`live`,
- * from mml_pool_usage), the window's, the scratch reserve and the grants of scratch,
- * emissions and reads made before their bytes were counted. */
-static int64_t held_bytes_locked(mml_loader *L, size_t live) {
-  return (int64_t)live + window_bytes(L) + scratch_bytes(L) + L->scratch_extra + L->emit_extra +
-         L->read_extra;
 }
 
 /* Encoded items a parsed task holds in imgs[]: images, frames, member videos. */
@@ -821,24 +833,21 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
   t->scratch_need = scratch_need(L, t, &img); /* L->scratch_max: finish_task_locked */
   int64_t room = L->cfg.max_memory - scratch_bytes(L) - ld_pq_reserved(L);
   if (px + enc + t->scratch_need <= room) return MML_OK;
-  const char *pq = ld_pq_reserved(L) ? " and the Parquet row groups' room (a quarter)" : "";
+  /* X1: the one explainer; unnamed (seq -1): the sample's error is prefixed with its name */
+  char what[400];
+  int n = snprintf(what, sizeof what, "the sample, which needs %lld bytes of pixel_values(_videos)",
+                   (long long)px);
   if (t->scratch_need > 0) {
     const mml_vision_plan *pl = &t->plans[img];
-    return mml_err_set(
-        err, MML_ENOMEM,
-        "the sample needs %lld bytes of pixel_values(_videos), %lld encoded bytes and %lld bytes "
-        "of decoder scratch (image %d, a %dx%d %s), more than the %lld bytes max_memory=%lld "
-        "leaves beside %d workers' scratch reserve%s",
-        (long long)px, (long long)enc, (long long)t->scratch_need, img, pl->src_w, pl->src_h,
-        mml_image_format_name(pl->format), (long long)room, (long long)L->cfg.max_memory,
-        L->cfg.num_threads, pq);
+    n += snprintf(
+        what + n, sizeof what - (size_t)n, ", %lld bytes of decoder scratch (image %d, a %dx%d %s)",
+        (long long)t->scratch_need, img, pl->src_w, pl->src_h, mml_image_format_name(pl->format));
   }
-  return mml_err_set(err, MML_ENOMEM,
-                     "the sample needs %lld bytes of pixel_values(_videos) and %lld encoded "
-                     "bytes, more "
-                     "than the %lld bytes max_memory=%lld leaves beside %d workers' scratch%s",
-                     (long long)px, (long long)enc, (long long)room, (long long)L->cfg.max_memory,
-                     L->cfg.num_threads, pq);
+  snprintf(what + n, sizeof what - (size_t)n, " and %lld encoded bytes,", (long long)enc);
+  mml_ledger_oom o;
+  mml_ledger_oom_now(L->ledger, -1, px + enc + t->scratch_need, 1, &o);
+  o.what = what;
+  return mml_ledger_explain(L->ledger, &o, err);
 }
 
 /* Whether t's media can be read again by its decode without waiting on the network:
@@ -1047,6 +1056,13 @@ void ld_admit_read_drop_locked(mml_loader *L, task *t) {
   c->revocable = 0;
 }
 
+mml_status ld_admit_read_alone_locked(mml_loader *L, int64_t grow, mml_err *err) {
+  mml_ledger_oom o; /* X1; unnamed (seq -1): the sample's error is prefixed with its name */
+  mml_ledger_oom_now(L->ledger, -1, grow, 1, &o);
+  o.what = "the buffer an image of the sample is read into";
+  return mml_ledger_explain(L->ledger, &o, err);
+}
+
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   if (!L->ledger || grow <= 0 || t->reread) return 1; /* a re-read: its grant covers it */
   if (t->rch_on) { /* R2: parked, and run again: its charge's answer */
@@ -1057,8 +1073,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
       t->rch_on = 0;
       c->state = MML_CHARGE_IDLE;
       mml_err e;
-      if (c->status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
-        ld_set_fatal_locked(L, MML_ENOMEM, &e);
+      if (c->status == MML_ENOMEM) ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e); /* X1 */
       return 0;
     }
     ld_admit_read_drop_locked(L, t); /* another size now, or its plan abandoned: asked anew */
@@ -1090,6 +1105,8 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   /* R3: what it already holds (its media bytes so far, a spare taken for this item, its
    * reads' grants not counted yet) comes back only after this charge: L7 does not wait */
   c->own = t->held - t->held_fixed + t->read_cover;
+  sample_name(L, &t->sample, c->name, sizeof c->name); /* X2 */
+  c->what = "its media being read";
   if (rereadable(L, t) && !t->pending) {
     c->revocable = 1;
     c->revoke = read_revoke;
@@ -1198,17 +1215,10 @@ static int scratch_granted_locked(mml_loader *L, task *t, int64_t need) {
   return 1;
 }
 
-/* D4: its charge failed (L7, or too large alone): the loader's error, the ledger's
- * explainer's message (L8) after the sample's name and what the charge was for. */
-static void scratch_failed_locked(mml_loader *L, task *t, mml_err *e) {
-  char where[1100];
-  const mml_sample *s = &t->sample;
-  mml_index_name_sample(&L->ix, s->shard, s->index, s->line, where, sizeof where);
-  mml_err_prefix(e, "%s: %s", where,
-                 t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
-                             "decoder scratch its image needs"
-                           : "the decoder scratch its image needs");
-  ld_set_fatal_locked(L, MML_ENOMEM, e);
+/* D4: its charge failed (L7, or too large alone): the loader's error (X1). */
+static void scratch_failed_locked(mml_loader *L, const mml_charge *c) {
+  mml_err e;
+  ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e);
 }
 
 /* D2: what makes way for a decode's charge that waits, at each look: later tickets' grants
@@ -1232,9 +1242,7 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
       t->sch_on = 0;
       c->state = MML_CHARGE_IDLE;
-      mml_err e;
-      if (c->status == MML_ENOMEM && mml_ledger_error(L->ledger, &e))
-        scratch_failed_locked(L, t, &e);
+      if (c->status == MML_ENOMEM) scratch_failed_locked(L, c);
       return 0;
     }
     if (s == MML_CHARGE_WAITING && c->bytes == need && !L->fatal)
@@ -1251,11 +1259,15 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
   c->seq = t->seq;
   c->bytes = need;
   c->own = t->held - t->held_fixed + t->read_cover;
+  sample_name(L, &t->sample, c->name, sizeof c->name); /* X2 */
+  c->what = t->reread ? "its images' bytes (dropped for earlier work, read again) and the "
+                        "decoder scratch its image needs"
+                      : "the decoder scratch its image needs";
   mml_err e;
   const mml_status st = mml_ledger_request(L->ledger, c, &e);
   if (st) { /* above max_memory alone, failed at once by L7, or shut down */
     c->state = MML_CHARGE_IDLE;
-    if (st == MML_ENOMEM) scratch_failed_locked(L, t, &e);
+    if (st == MML_ENOMEM) scratch_failed_locked(L, c);
     return 0;
   }
   t->sch_on = 1;
@@ -1317,14 +1329,11 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   if (!ld_room_quiet_locked(L, &L->emit_seen)) L->emit_stuck = 0; /* W2 */
   if (++L->emit_stuck < 20) return -1;
-  size_t cached, live;
-  mml_pool_usage(L->pool, &cached, &live);
   mml_err e;
   char hint[96];
   snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
            decode_name(L));
-  mem_explain(L, NULL, "expanded pixel_values the next batch adds", need,
-              held_bytes_locked(L, live) + need, hint, &e);
+  mem_explain(L, NULL, "expanded pixel_values the next batch adds", need, hint, &e);
   ld_set_fatal_locked(L, MML_ENOMEM, &e);
   return -1;
 }

@@ -77,13 +77,12 @@ mml_status ld_bytes_take(mml_loader *L, task *t, mml_bytes *b, size_t need, int 
   mml_status st = MML_OK;
   if (b->cap >= need) ld_admit_read_drop_locked(L, t); /* R4: a parked read's, unneeded now */
   if (b->cap < need && L->cfg.max_memory) { /* B4: charged, then allocated, before the read */
-    const int go = ld_admit_read_locked(L, t, ld_bytes_cap(need) - (int64_t)b->cap);
+    const int64_t grow = ld_bytes_cap(need) - (int64_t)b->cap;
+    const int go = ld_admit_read_locked(L, t, grow);
     if (go == -1) {
       *parked = 1; /* its charge waits in the ledger: the task is parked (loader_admit.c R2) */
     } else if (go == -2) { /* above max_memory alone: the sample fails (A4's kind) */
-      st = mml_err_set(err, MML_ENOMEM,
-                       "an image of %zu bytes: its buffer alone is above max_memory=%lld", need - 1,
-                       (long long)L->cfg.max_memory);
+      st = ld_admit_read_alone_locked(L, grow, err);
     } else if (!go && L->fatal) {
       st = L->fatal; /* it can never have room: the loader's error says why */
       *err = L->fatal_err;

@@ -768,6 +768,9 @@ static inline int64_t ld_bytes_cap(size_t need) {
  * max_memory alone (the sample fails); 0: it never can have room (the loader's fatal error
  * is set: MML_ENOMEM naming the sample) or the loader stops. */
 int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow);
+/* The sample's error for -2 above (loader_admit.c X1: the one explainer, unnamed: the
+ * sample's error is prefixed with its name): MML_ENOMEM. */
+mml_status ld_admit_read_alone_locked(mml_loader *L, int64_t grow, mml_err *err);
 /* max_memory, a worker's look (mu held): a task parked for room whose charge was granted
  * (or failed, or whose plan was abandoned, or that gave its bytes back: R6) leaves
  * room_head; returned to run on (room_at), or NULL.  *waiting is set when some still wait;

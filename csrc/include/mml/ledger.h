@@ -31,6 +31,9 @@ enum { MML_CHARGE_IDLE = 0, MML_CHARGE_WAITING, MML_CHARGE_GRANTED, MML_CHARGE_F
  * it must only signal, never call into the ledger or take a lock. */
 typedef void (*mml_charge_wake_fn)(void *arg);
 
+/* The most bytes of a work's name in a charge or a message ("data.jsonl:12"). */
+enum { MML_CHARGE_NAME = 160 };
+
 /* One request's place in the ledger; owned (and kept alive while WAITING or GRANTED) by
  * the caller.  Set seq and bytes (and wake for mml_ledger_request), zero the rest. */
 typedef struct mml_charge {
@@ -50,6 +53,11 @@ typedef struct mml_charge {
    * granted (a read's bytes so far, parked for the rest; set before the request): L7 does
    * not wait for it (ledger.c L7).  0: none. */
   int64_t own;
+  /* for messages (L8; set before the request, or left empty): the work's name, copied in
+   * by its requester ("data.jsonl:12"; empty: cfg.name's, or its stream position) and what
+   * its bytes are (a string that outlives the charge; NULL: "work") */
+  char name[MML_CHARGE_NAME];
+  const char *what;
   int revoking;                     /* the ledger's: asked back */
   struct mml_charge *prev, *next;   /* the ledger's waiting list */
   struct mml_charge *rprev, *rnext; /* the ledger's granted revocable charges */
@@ -207,6 +215,30 @@ void mml_ledger_wait_change(mml_ledger *g, uint64_t seen);
  * out (for an owner that must look again after a while: a stall rule that counts looks);
  * L11 holds as above. */
 int mml_ledger_wait_change_for(mml_ledger *g, uint64_t seen, int64_t ns);
+
+/* The one out-of-memory message (L8), in parts: the ledger's figures when the work was
+ * refused (mml_ledger_oom_now, or a failure's: mml_ledger_oom_failed) and the owner's
+ * words.  mml_ledger_explain composes it: "NAME: max_memory=CAP cannot hold the NEED bytes
+ * of WHAT beside C bytes of finished work waiting for the consumer (SPLIT), E bytes of work
+ * running, F bytes set aside for the loader's lifetime and K bytes cached: max_memory >=
+ * FIT would hold it; HINT" -- FIT counts only the FIXED credit when the work cannot fit
+ * even alone (`alone`; then no hint). */
+typedef struct mml_ledger_oom {
+  int64_t seq, need; /* the work's place in the stream and its bytes */
+  int alone;
+  int64_t cap, held[MML_HOLDERS], cached; /* the ledger's figures */
+  char name[MML_CHARGE_NAME]; /* "": named by cfg.name or its seq; seq < 0 too: not named */
+  const char *what;           /* NULL: "work" */
+  const char *split;          /* the consumer's credit in the owner's words, or NULL */
+  const char *hint;           /* NULL: cfg.hint */
+} mml_ledger_oom;
+/* *o: the ledger's figures now, for `need` bytes of work at `seq` (no words yet). */
+void mml_ledger_oom_now(mml_ledger *g, int64_t seq, int64_t need, int alone, mml_ledger_oom *o);
+/* *o: the latest out-of-memory failure's parts, as when it failed (its charge's name and
+ * what); 0 when there was none. */
+int mml_ledger_oom_failed(mml_ledger *g, mml_ledger_oom *o);
+/* Composes the message into *err: MML_ENOMEM. */
+mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *err);
 
 /* Every waiting charge fails with MML_ECANCELLED and so does every later request (close,
  * Ctrl-C); releases still count.  Idempotent. */

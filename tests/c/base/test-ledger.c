@@ -607,7 +607,9 @@ TEST(ledger_deadlock_rule_and_explainer) {
   CHECK_EQ_INT(mml_ledger_state(g, &h), MML_CHARGE_FAILED);
   CHECK_EQ_INT(wake_n, 1);
   CHECK_EQ_INT(mml_ledger_error(g, &err), MML_ENOMEM);
-  CHECK(strstr(err.msg, "max_memory=100 cannot hold the 45 bytes shard a.jsonl line 3 needs"));
+  CHECK(strstr(err.msg,
+               "shard a.jsonl line 3: max_memory=100 cannot hold the 45 bytes of work "
+               "beside"));
   CHECK(strstr(err.msg, "beside 70 bytes of finished work"));
   CHECK(strstr(err.msg, "max_memory >= 115 would hold it; or hold fewer batches"));
   /* a charge requested while it already holds: fails at once, its own status */
@@ -866,10 +868,50 @@ TEST(ledger_too_large_alone) {
   mml_charge a = charge(9, 150);
   CHECK_EQ_INT(mml_ledger_request(g, &a, &err), MML_ENOMEM);
   CHECK_EQ_INT(a.state, MML_CHARGE_FAILED);
-  CHECK(strstr(err.msg, "max_memory=100 cannot hold the 150 bytes stream position 9 needs"));
+  CHECK(strstr(err.msg,
+               "stream position 9: max_memory=100 cannot hold the 150 bytes of work "
+               "beside"));
   CHECK(strstr(err.msg, "max_memory >= 150 would hold it"));
   mml_charge b = charge(10, 100);
   CHECK_OK(mml_ledger_acquire(g, &b, &err), err); /* the next one is not held up */
+  mml_ledger_free(g);
+}
+
+/* L8: the name and the what a requester copies into its charge name the work in the
+ * message (no name callback runs: none is set), and the owner composes its own messages
+ * from a failure's parts or the figures now with the same explainer, its words (the
+ * consumer's credit split, a hint) in place of the ledger's. */
+TEST(ledger_explainer_names_the_charge) {
+  mml_ledger *g = new_ledger(100);
+  mml_err err;
+  mml_ledger_oom o;
+  CHECK_EQ_INT(mml_ledger_oom_failed(g, &o), 0);
+  (void)mml_ledger_count_fixed(g, 10);
+  mml_charge a = charge(4, 120);
+  snprintf(a.name, sizeof a.name, "%s", "data.jsonl:7");
+  a.what = "its images' bytes";
+  CHECK_EQ_INT(mml_ledger_request(g, &a, &err), MML_ENOMEM);
+  CHECK(strstr(err.msg,
+               "data.jsonl:7: max_memory=100 cannot hold the 120 bytes of its images' "
+               "bytes beside 0 bytes of finished work"));
+  CHECK(strstr(err.msg, "10 bytes set aside for the loader's lifetime"));
+  CHECK(strstr(err.msg, "max_memory >= 130 would hold it"));
+  CHECK_EQ_INT(mml_ledger_oom_failed(g, &o), 1);
+  CHECK_EQ_INT(o.need, 120);
+  CHECK_EQ_INT(o.held[MML_HOLD_FIXED], 10);
+  CHECK(!strcmp(o.name, "data.jsonl:7"));
+  mml_ledger_release(g, 10, MML_HOLD_FIXED); /* later changes leave the failure's figures */
+  o.split = "30 bytes of batches the consumer holds";
+  o.alone = 0;
+  o.hint = "release earlier batches";
+  CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
+  CHECK(strstr(err.msg, "waiting for the consumer (30 bytes of batches the consumer holds)"));
+  CHECK(strstr(err.msg, "max_memory >= 130 would hold it; release earlier batches"));
+  mml_ledger_oom_now(g, -1, 60, 1, &o); /* not named: its owner names it */
+  o.what = "a sample";
+  CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
+  CHECK(!strncmp(err.msg, "max_memory=100 cannot hold the 60 bytes of a sample beside", 58));
+  CHECK(strstr(err.msg, "max_memory >= 60 would hold it") && !strstr(err.msg, "; "));
   mml_ledger_free(g);
 }
 
