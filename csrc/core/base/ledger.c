@@ -33,9 +33,10 @@
  * acquires and waits on the change count (L11) sleep on cv, the consumer's wait on ccv.
  * Wake and revoke callbacks are collected under the mutex and run after it is released,
  * each once; they may run on a thread that holds its owner's lock, so they only signal
- * (never take the owner's lock, never call into the ledger).  Lock order: the owner's lock
- * -> the ledger -> a cache's own lock (evict runs under the ledger's); nobody calls into
- * the ledger with a cache's lock held.
+ * (never take the owner's lock, never call into the ledger); the name callback (cfg.name)
+ * may run under the ledger's lock, so it reads nothing its owner's lock guards.  Lock
+ * order: the owner's lock -> the ledger -> a cache's own lock (evict runs under the
+ * ledger's); nobody calls into the ledger with a cache's lock held.
  *
  * INVARIANTS (tests/c/base/test-ledger.c cites them)
  *   L1. A charge is granted only when no charge before it in (seq, arrival) order waits.
@@ -49,8 +50,8 @@
  *   L7. The head fails (MML_ENOMEM) when it does not fit, the consumer declared its wait,
  *       nothing is asked back (L10) and no ENGINE credit is held but its own and behind it.
  *       Why: then only the consumer and FIXED hold credit, and neither gives any back.
- *   L8. One explainer words every out-of-memory failure: the work, its bytes, what each holder
- *       holds, what is cached, and the cap that would hold it.
+ *   L8. One explainer (mml_ledger_explain) words every out-of-memory failure: the work's name
+ *       and what (its charge's), its bytes, each holder's credit, the cache, the cap that fits.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
  *  L10. A head that does not fit asks back later revocable grants, latest first, to its shortfall.
  *       Asked back, they stay ENGINE credit until given back; one its owner keeps is final.
@@ -72,7 +73,7 @@
  *       (R5-R6); L7 decides for the earliest parked read (C4).
  *   M2. A ticket plane's buffer: ld_admit_ticket_locked (from loader_place.c rebuffer /
  *       retry_pending), at the ticket's first sample's seq; a request that waits (T1-T6),
- *       the collation thread woken by its wake callback; L7 decides (C3).
+ *       its grant moving the collator's event count (W2); L7 decides (C3).
  *   M3. A decode's scratch beyond the reserve (and its re-read's bytes):
  *       ld_mem_scratch_take_locked, at the sample's seq; a request that waits (the decode
  *       stays queued, D1-D4), its sample's media bytes its `own`; L7 decides (D4, C5).
@@ -222,7 +223,7 @@ int mml_ledger_oom_failed(mml_ledger *g, mml_ledger_oom *o) {
 
 /* The one out-of-memory message (L8), from its parts; the name callback (cfg.name) runs
  * here, under the ledger's lock or not: the owner's must read nothing that its own lock
- * guards (ledger.c (d)). */
+ * guards (THREADS above). */
 mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *err) {
   char name[MML_CHARGE_NAME + 2] = "";
   if (o->name[0])
