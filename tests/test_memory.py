@@ -151,6 +151,22 @@ def test_out_of_memory_names_the_sample_and_keeps_prefetched_batches_apart(shard
     assert held > 0 and ahead >= 0 and fit > 120 * MB, msg
 
 
+def test_an_emission_that_cannot_fit_is_the_deadlock_rules_error(shard):
+    # The next batch's expansion (pixel_format="float32": uint8 rows expanded at emission)
+    # cannot fit beside the batches the consumer keeps.  Its bytes are one charge that waits
+    # in the ledger at the batch's seq, so the ledger's deadlock rule fails it once the
+    # consumer waits and nothing else runs (loader_admit.c E4; L7), with the explainer's
+    # message for that charge (nothing running) and the pixel_format that needs no
+    # expansion -- where a stall detector used to count 20 looks 5 ms apart.
+    with pytest.raises(mmloader.OutOfMemoryError) as e:
+        _run(shard, keep=True, max_memory=120 * MB)
+    msg = str(e.value)
+    assert msg.startswith("max_memory=125829120 cannot hold the "), msg
+    assert "other tensors of the batch the consumer waits for (its emission)" in msg, msg
+    assert 'pixel_format="float32-decode" (float rows written at decode' in msg, msg
+    assert " 0 bytes of work running" in msg, msg  # L7: only the consumer holds credit
+
+
 def test_max_memory_below_scratch_is_a_config_error(shard):
     with pytest.raises(mmloader.ConfigError, match="max_memory"):
         mmloader.Loader(shard, tokenizer=TINY, num_threads=4, max_memory=32 * MB)

@@ -83,8 +83,8 @@
  *   A7. Every growth of the pool is paid for by a charge made before it (a ticket's, an
  *       emission's: ld_ledger_cover_begin); what the hook had to charge itself is an error.
  *       test-loader-stress.c S5; tests/c/batch/test-collate.c emit_counted.
- *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1) and a
- *       decode's scratch (D1), tries for emissions (M4); growth already taken is a count (L13).
+ *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1), a
+ *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
  *   A9. The holds left (the read gate, bytes ahead) ask mml_ledger_room for bytes + hold
  *       (ld_mem_room_hold_locked); the loader's own sums only feed messages.
@@ -143,6 +143,25 @@
  *       Why: unbounded restarts livelocked (MML_STRESS_SEED=539); once per sample hung.
  *       test-loader-stress.c loader_max_memory_parked_reads_asked_again_end.
  *
+ * EMISSIONS (ledger.c M4).  An emission's bytes are one charge in the ledger (pend_item.ch,
+ * ld_mem_emit_take_locked), asked when a worker finds its batch the oldest queued, G1 open:
+ *   E1. At its batch's first sample's seq, for its float rows' pages and other tensors
+ *       (fpool + sneed); granted, or it waits and the batch stays queued (no worker blocks).
+ *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
+ *   E2. While it waits, each look makes way: later tickets' grants not mapped (T4), videos
+ *       ahead, later samples' bytes that can be read again (READ AGAIN; L10 asks too).
+ *       test-loader-stress.c S1.
+ *   E3. Its grant moves the change count (L11) and a worker's look takes it; a seek, a
+ *       rewind or a close withdraws it or gives back a grant not taken
+ *       (ld_admit_emit_cancel_locked).  test-loader-stress.c S5 (A6 counts a grant not taken).
+ *   E4. Waiting at the head, it is no engine work, nor is what the collator does behind it
+ *       (C2); L7 fails it with the explainer's message (X1), the consumer's split and the
+ *       pixel_format that needs no expansion (emit_failed_locked).  No look is counted.
+ *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
+ *   E5. Its own batch's buffers are CONSUMER credit (A10), so it has no own credit (own 0).
+ *       Why: they come back only after it, and L7 waits for no CONSUMER credit anyway.
+ *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
+ *
  * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
  * collation thread that finds no room waits -- the workers on the ledger's change count
  * (W4: the emission, decode or read gate, a parked read: R2), the collator on its own
@@ -170,15 +189,10 @@
  *       did.  A pack held under 48 MiB: 0 waits in 0.5 s, 86 with the 5 ms
  *       bound it had (tests/test_loader_lifecycle.py
  *       test_capped_collator_waits_for_room_without_polling).  A worker's wait for room
- *       keeps its 5 ms bound where W5 says: the stall detector (emit_stuck; scratch_stuck
- *       went: D4) decides "nothing can give room back" by 20 looks
- *       in a row with nothing running, which needs looks to keep coming when no wake does.
- *       A detector counts only looks with no room event between them (room_events,
- *       ld_room_quiet_locked): a burst of wakes (a batch's buffers released one by one)
- *       restarts its count instead of hastening it, so it fires, as before, after 20
- *       looks 5 ms apart in which nothing gave room back.  Both go with ledger.c THE
- *       FLIP'S ORDER steps 2 and 4 (waits by the change count, L11; the deadlock rule,
- *       L7), which W1's call sites are the pokes of.
+ *       keeps its 5 ms bound where W5 says: the stall detectors that counted 20
+ *       quiet looks went (scratch_stuck: D4; emit_stuck: E4), but a parked read waiting
+ *       for its out-of-turn try (T5) hung the stress test without it (MML_STRESS_SEED=424,
+ *       1003, 1448, 1802), so it stays until T5's wait is woken by an event of its own.
  *   W3. A wake changes when a waiter looks, never what it decides: batches are bitwise
  *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
  *   W4. With a ledger the workers wait on its change count (ledger.c L11), not on
@@ -194,9 +208,9 @@
  *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
  *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
  *       next() with no batch to take and no decode or emission runs (consumer_waiting,
- *       !out_count, !decoding, !emitting): only then may a stall detector (emit_stuck:
- *       its rule needs all four) have to count looks; each way into that state pokes
- *       (next(), ld_move_ready_locked after a take
+ *       !out_count, !decoding, !emitting): the stall detectors went (D4, E4), but a
+ *       parked read waiting for its out-of-turn try (T5) still needs its looks; each way
+ *       into that state pokes (next(), ld_move_ready_locked after a take
  *       or an emission, a decode ending).  Otherwise it waits without a bound, which needs
  *       every change a room gate reads to wake it: room events (W1), and pokes where the gates' other
  *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
@@ -291,10 +305,9 @@
  *       What L7 no longer waits for where nothing runs (C7): fetched media of samples
  *       planned behind the head, a later parked read's taken bytes, a waiting decode's own
  *       (C5).  LEFT: for a parked read's charge, videos kept open ahead and media that
- *       can be read again after the needed ticket (C7); an emission is a try, never the
- *       waiting head, so where it is what cannot fit, emit_stuck decides (20 looks).
- *       A decode's scratch waits in the ledger (D1): where its charge is the head, the
- *       decode's parked reads being later, the engine is idle too (D4).
+ *       can be read again after the needed ticket (C7).  A decode's scratch and an
+ *       emission wait in the ledger (D1, E1): where one of them is the head, the engine is
+ *       idle too (D4, E4).
  *   C5. A queued decode whose scratch charge WAITS in the ledger (D1) is no engine work
  *       (ld_admit_engine_idle_locked): the ledger's own to decide, as a parked read's (C4);
  *       a request that waits makes the consumer look again (ld_consumer_stale_locked).
@@ -333,7 +346,7 @@
  *
  * THE EXPLAINER (ledger.c L8).
  *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
- *       read and scratch charges failed, emit_stuck, a sample too large alone): the work's
+ *       read, scratch and emission charges failed, a sample too large alone): the work's
  *       name, its bytes, the consumer's credit split into batches it holds and batches built
  *       ahead of it, what runs, is set aside and cached, the max_memory that would hold it,
  *       the hint (tests/test_memory.py, tests/test_video_files.py match its words).
@@ -453,7 +466,7 @@ static int64_t ticket_charge_bytes(const mml_loader *L, int p, int64_t cap_rows)
  * on any thread, with mu held or not: it never takes mu (ledger.c (b)). */
 static void ticket_wake(void *arg) {
   mml_loader *L = arg;
-  atomic_fetch_add(&L->room_events, 1); /* W2: a detector's look after it is not quiet */
+  atomic_fetch_add(&L->room_events, 1); /* T6: a refused out-of-turn try is stale */
   ld_coll_poke(L);
 }
 
@@ -678,21 +691,6 @@ static int64_t batches_ahead_locked(mml_loader *L, int64_t live) {
     }
   }
   return ahead < live ? ahead : live;
-}
-
-/* The message of the workers' stall detector (an emission's, emit_stuck): `need` bytes of
- * `what` for sample t (NULL: not one sample's) cannot be held beside what the ledger
- * holds now; `hint` says how to need less (X1). */
-static void mem_explain(mml_loader *L, const task *t, const char *what, int64_t need,
-                        const char *hint, mml_err *e) {
-  mml_ledger_oom o; /* X1: the one explainer, the figures now */
-  mml_ledger_oom_now(L->ledger, t ? t->seq : -1, need, 0, &o);
-  if (t) sample_name(L, &t->sample, o.name, sizeof o.name);
-  o.what = what;
-  o.hint = hint;
-  char split[256];
-  oom_split_locked(L, &o, split, sizeof split);
-  mml_ledger_explain(L->ledger, &o, e);
 }
 
 /* The name of the sample a ticket's charge is for (empty when its slot holds
@@ -1292,50 +1290,106 @@ void ld_admit_scratch_drop_locked(mml_loader *L, task *t) {
   c->state = MML_CHARGE_IDLE;
 }
 
+/* The oldest queued batch, the one ld_emit_job_locked emits next (NULL: none). */
+static pend_item *emit_next_locked(mml_loader *L) {
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
+    pend_item *q = &L->pend[k % L->npend];
+    if (q->state == PEND_QUEUED) return q;
+  }
+  return NULL;
+}
+
+/* E4: q's charge failed (L7, or too large alone): the loader's error, the explainer's
+ * message (X1) -- its failure's parts when the ledger's latest failure is q's, else the
+ * figures now -- unnamed (a whole batch's: its slots are reused), with the consumer's split
+ * and, for compact rows, the pixel_format that needs no expansion. */
+static void emit_failed_locked(mml_loader *L, const pend_item *q) {
+  const mml_charge *c = &q->ch;
+  mml_ledger_oom o;
+  if (!mml_ledger_oom_failed(L->ledger, &o) || o.seq != c->seq || o.need != c->bytes) {
+    mml_ledger_oom_now(L->ledger, c->seq, c->bytes, c->bytes > L->cfg.max_memory, &o);
+    o.what = c->what;
+  }
+  o.seq = -1; /* not named by its seq (X1): "the batch the consumer waits for" says it */
+  o.name[0] = 0;
+  char split[256], hint[160];
+  oom_split_locked(L, &o, split, sizeof split);
+  if (L->compact) {
+    snprintf(hint, sizeof hint,
+             "release earlier batches, or set pixel_format=\"%s\" (float rows written at "
+             "decode: nothing to expand)",
+             decode_name(L));
+    o.hint = hint;
+  }
+  mml_err e;
+  ld_set_fatal_locked(L, mml_ledger_explain(L->ledger, &o, &e), &e);
+}
+
+/* E2: what makes way for a waiting emission of `need` bytes at `seq`, at each look while it
+ * waits: later tickets' grants not mapped yet (T4), videos kept open ahead and later
+ * samples' media bytes that can be read again (READ AGAIN) -- what C7 leaves out of the
+ * credit behind it, as the planner's make-way does for a ticket's charge. */
+static void emit_make_way_locked(mml_loader *L, int64_t seq, int64_t need) {
+  (void)tickets_give_back_locked(L, seq);
+  if (L->video_open_bytes || L->video_held) (void)ld_release_videos_ahead_locked(L);
+  (void)ld_admit_drop_bytes_ahead_locked(L, seq, need);
+}
+
 int64_t ld_mem_emit_take_locked(mml_loader *L) {
   if (!L->cfg.max_memory) return 0;
   if (L->fatal) return -1;
   /* the oldest queued batch's, which ld_emit_job_locked emits: its float rows' pages (in
-   * place: F - U bytes more) and its other tensors' buffers, all taken before the
+   * place: F - U bytes more) and its other tensors' buffers, all charged before the
    * emission maps them (the pool's hook finds them covered) */
-  int64_t fpool = -1, small = 0, seq = L->head_seq;
-  for (int64_t k = L->pend_head; k < L->pend_tail && fpool < 0; k++) {
-    const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) fpool = L->compact ? q->fpool : 0, small = q->sneed, seq = q->seq;
+  pend_item *q = emit_next_locked(L);
+  const int64_t need = q ? (L->compact ? q->fpool : 0) + q->sneed : 0;
+  if (need <= 0 || !L->ledger) return 0;
+  const int asked = !q->charged;
+  if (asked) { /* E1: ONE charge at its batch's first sample's seq, asked once */
+    memset(&q->ch, 0, sizeof q->ch);
+    q->ch.seq = q->seq;
+    q->ch.bytes = need;
+    q->ch.what =
+        "the expanded pixel_values and other tensors of the batch the consumer "
+        "waits for (its emission)"; /* X2 */
+    mml_err e;
+    const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
+    if (st) { /* above max_memory alone, failed at once by L7, or shut down */
+      q->ch.state = MML_CHARGE_IDLE;
+      if (st == MML_ENOMEM) emit_failed_locked(L, q);
+      return -1;
+    }
+    q->charged = 1;
   }
-  if (fpool < 0 || fpool + small <= 0) return 0;
-  const int64_t need = fpool + small;
-  /* M4: the ledger decides, at the batch's first sample's seq (L12: a try, the worker
-   * holds mu and may not wait); the caches it knows (pooled pages, spare byte buffers)
-   * make way inside it.  When it refuses, the bytes later samples hold ahead of their
-   * decode (kept videos: their decodes read them again) make way, as for the head ticket
-   * (retry_pending), and it is asked once more. */
-  int ok = ld_ledger_try(L, seq, need);
-  if (!ok && tickets_give_back_locked(L, seq) > 0) ok = ld_ledger_try(L, seq, need); /* T4 */
-  if (!ok && (L->video_open_bytes || L->video_held) && ld_release_videos_ahead_locked(L) > 0)
-    ok = ld_ledger_try(L, seq, need);
-  /* and later samples' media bytes that can be read again (READ AGAIN) */
-  if (!ok && ld_admit_drop_bytes_ahead_locked(L, seq, need) > 0) ok = ld_ledger_try(L, seq, need);
-  if (ok) {
-    L->emit_extra += need;
-    L->emit_stuck = 0;
-    return need;
+  int s = mml_ledger_state(L->ledger, &q->ch);
+  if (s == MML_CHARGE_WAITING) { /* E2: the room it makes grants it when it fits (L2) */
+    emit_make_way_locked(L, q->seq, need);
+    s = mml_ledger_state(L->ledger, &q->ch);
   }
-  /* As for a decode's scratch: nothing else can free room and the consumer waits. */
-  if (L->decoding || L->in_flight != L->reads_parked || !L->consumer_waiting || L->out_count ||
-      L->emitting) { /* reads parked for room (R2) wait for room themselves: no work */
-    L->emit_stuck = 0;
+  if (s == MML_CHARGE_WAITING) {
+    /* E4, C2: a queued emission whose charge waits is no work: the engine may be idle */
+    if (asked) ld_consumer_stale_locked(L);
     return -1;
   }
-  if (!ld_room_quiet_locked(L, &L->emit_seen)) L->emit_stuck = 0; /* W2 */
-  if (++L->emit_stuck < 20) return -1;
-  mml_err e;
-  char hint[96];
-  snprintf(hint, sizeof hint, "release earlier batches, or set pixel_format=\"%s\"",
-           decode_name(L));
-  mem_explain(L, NULL, "expanded pixel_values the next batch adds", need, hint, &e);
-  ld_set_fatal_locked(L, MML_ENOMEM, &e);
-  return -1;
+  q->charged = 0;
+  q->ch.state = MML_CHARGE_IDLE;
+  if (s == MML_CHARGE_FAILED) { /* L7 (the consumer waits, nothing else can give room back) */
+    if (q->ch.status == MML_ENOMEM) emit_failed_locked(L, q);
+    return -1;
+  }
+  L->emit_extra += need; /* E3: granted; the emission takes it */
+  return need;
+}
+
+void ld_admit_emit_cancel_locked(mml_loader *L, pend_item *q) {
+  if (!q->charged || !L->ledger) return;
+  q->charged = 0;
+  mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
+  if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
+    ld_ledger_release(L, q->ch.bytes); /* granted, never taken (E3) */
+  else /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
+    ld_room_withdrawn_locked(L);
+  q->ch.state = MML_CHARGE_IDLE;
 }
 
 void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
@@ -1572,9 +1626,9 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
       pthread_cond_wait(&L->work_cv, &L->mu);
     return;
   }
-  /* W5: a wait for room is bounded only where a stall detector may have to count looks
+  /* W5: a wait for room is bounded only where the stall detector (scratch_stuck) may have to count looks
    * (W2): the consumer waiting in next() with no batch to take and no decode or emission
-   * running (each detector's rule needs all four); otherwise nothing needs deciding, and
+   * running (its rule needs all four); otherwise nothing needs deciding, and
    * every change a room gate reads pokes, entering this state included */
   const int bounded = room && L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting;
   L->room_waiters += room; /* W5: the gates' inputs poke only while one waits */
@@ -1638,6 +1692,18 @@ static int scratch_waits_at(mml_loader *L, int64_t seq) {
   return 0;
 }
 
+/* E4: the output pending holds nothing but queued emissions, the first of which waits in
+ * the ledger for its charge: its seq (INT64_MAX: nothing pending), or -1 when some of it is
+ * work (an emission running or not asked yet, an item ready to move). */
+static int64_t emit_waits_locked(mml_loader *L) {
+  if (L->pend_head == L->pend_tail) return INT64_MAX;
+  if (L->emitting) return -1;
+  for (int64_t k = L->pend_head; k < L->pend_tail; k++)
+    if (L->pend[k % L->npend].state != PEND_QUEUED) return -1;
+  const pend_item *q = &L->pend[L->pend_head % L->npend];
+  return q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_WAITING ? q->seq : -1;
+}
+
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
  * and either no ticket's charge waits and the earliest of those reads is the ledger's head,
  * or one waits (T5's case) and the earliest read's out-of-turn try was refused since room
@@ -1655,6 +1721,8 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
   }
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
+  const int64_t e = emit_waits_locked(L); /* E4: a waiting emission heads them all */
+  if (e >= 0 && e < INT64_MAX && s.head_seq == e) return first;
   if (!L->mem_blocked) /* the head: the earliest of them, or a decode's charge before it (D4) */
     return s.head_seq == first ||
                    (s.head_seq >= 0 && s.head_seq < first && scratch_waits_at(L, s.head_seq))
@@ -1686,14 +1754,19 @@ static int decodes_may_run_locked(mml_loader *L) {
  * the window or the epoch (place_held), no decode queued (but those waiting for room: C5)
  * or running, no sample done that the collator has yet to take or is adding (`collating`),
  * no batch handed off and not yet queued for the consumer, none queued for it -- and every
- * ticket charge that waits is the one the collator would ask now (C3). */
+ * ticket charge that waits is the one the collator would ask now (C3).  1 then; 2 where the
+ * batches handed off wait behind an emission whose charge waits at the ledger's head (E4:
+ * the collator's state does not count); 0: work runs. */
 static int engine_idle_but_bound_locked(mml_loader *L) {
-  const int64_t parked = parked_reads_only_locked(L);
-  if (parked < 0 || L->decoding || L->emitting || L->jobs_queued || L->collating ||
-      L->pend_head != L->pend_tail || L->out_count || L->fatal || L->stop ||
-      decodes_may_run_locked(L) ||
-      (L->placing && !L->place_held &&
-       L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
+  const int64_t parked = parked_reads_only_locked(L), emits = emit_waits_locked(L);
+  if (parked < 0 || L->decoding || L->emitting || emits < 0 || L->out_count || L->fatal ||
+      L->stop || decodes_may_run_locked(L))
+    return 0;
+  /* E4: an emission's charge waits at the ledger's head: what the collator does (take,
+   * place, map, hand off) is behind it and gives nothing back before it */
+  if (emits < INT64_MAX) return 2;
+  if (L->collating || (L->placing && !L->place_held &&
+                       L->place_seq < (parked < L->next_seq ? parked : L->next_seq)))
     return 0;
   /* the collator's next sample done: it takes it, unless its ticket waits for a buffer */
   const task *t = slot_of(L, L->head_seq);
@@ -1731,7 +1804,8 @@ static int bound_waits_locked(mml_loader *L) {
 }
 
 int ld_admit_engine_idle_locked(mml_loader *L) {
-  return engine_idle_but_bound_locked(L) && !bound_waits_locked(L);
+  const int idle = engine_idle_but_bound_locked(L);
+  return idle == 2 || (idle && !bound_waits_locked(L)); /* 2: E4 (the consumer waits for it) */
 }
 
 /* A task's bytes held ahead of their use for its videos (loader_video.c): what
@@ -1798,7 +1872,7 @@ int ld_admit_bound_stuck_locked(mml_loader *L) {
    * runs, and no ENGINE credit can come back but that of work behind the head (C7; a
    * revoked read's comes back, L10) */
   if (!L->ledger || !L->consumer_waiting || !bound_waits_locked(L) ||
-      !engine_idle_but_bound_locked(L))
+      engine_idle_but_bound_locked(L) != 1)
     return 0;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
@@ -1806,13 +1880,6 @@ int ld_admit_bound_stuck_locked(mml_loader *L) {
   for (const task *t = L->dec_head; t && !own; t = t->next_dec)
     if (is_scratch_head(L, t, &s)) own = t->sch.own;
   return s.held[MML_HOLD_ENGINE] <= ld_admit_behind_locked(L) + own && !s.revoking;
-}
-
-int ld_room_quiet_locked(mml_loader *L, uint64_t *seen) {
-  const uint64_t now = atomic_load(&L->room_events);
-  const int quiet = now == *seen;
-  *seen = now;
-  return quiet;
 }
 
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes) {
@@ -1838,6 +1905,16 @@ void ld_ledger_queued_locked(mml_loader *L, const mml_batch *b) {
       return;
     }
   }
+}
+
+/* E3: the bytes of emissions' charges granted and not taken yet. */
+static int64_t emit_grants_locked(mml_loader *L) {
+  int64_t n = 0;
+  for (int64_t k = L->pend_head; L->pend && k < L->pend_tail; k++) {
+    pend_item *q = &L->pend[k % L->npend];
+    if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED) n += q->ch.bytes;
+  }
+  return n;
 }
 
 mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
@@ -1867,12 +1944,13 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
     if (t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED)
       sgrants += t->sch.bytes; /* D3: decodes' charges granted, not taken yet */
   }
+  const int64_t emits = emit_grants_locked(L); /* not taken yet (E3) */
   pthread_mutex_lock(&L->spare_mu);
   for (int k = 0; k < L->nspare; k++) spares += (int64_t)L->spare[k].cap;
   const int64_t spare_bytes = L->spare_bytes;
   pthread_mutex_unlock(&L->spare_mu);
   const int64_t want = (int64_t)(live + cached) + win + spares + scratch_bytes(L) + scratch +
-                       L->emit_extra + L->read_extra + ld_pq_reserved(L) + tickets + reads +
+                       L->emit_extra + emits + L->read_extra + ld_pq_reserved(L) + tickets + reads +
                        sgrants;
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
@@ -1900,19 +1978,20 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
   if (have == want && win == L->win_bytes && spares == spare_bytes && scratch == L->scratch_extra &&
       s.held[MML_HOLD_FIXED] == fixed)
     return MML_OK;
-  return mml_err_set(err, MML_EINTERNAL,
-                     "the memory ledger holds %lld bytes (engine %lld, consumer %lld, fixed "
-                     "%lld of %lld, cached %lld) where the loader has %lld: pool live %zu + "
-                     "cached %zu, window %lld (counted %lld) + spares %lld, scratch reserve "
-                     "%lld + granted %lld (counted %lld) + decodes' grants not taken %lld, "
-                     "emissions %lld, Parquet room %lld, tickets %lld, reads %lld + granted %lld",
-                     (long long)have, (long long)s.held[MML_HOLD_ENGINE],
-                     (long long)s.held[MML_HOLD_CONSUMER], (long long)s.held[MML_HOLD_FIXED],
-                     (long long)fixed, (long long)s.cached, (long long)want, live, cached,
-                     (long long)win, (long long)L->win_bytes, (long long)spares,
-                     (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
-                     (long long)sgrants, (long long)L->emit_extra, (long long)ld_pq_reserved(L),
-                     (long long)tickets, (long long)L->read_extra, (long long)reads);
+  return mml_err_set(
+      err, MML_EINTERNAL,
+      "the memory ledger holds %lld bytes (engine %lld, consumer %lld, fixed "
+      "%lld of %lld, cached %lld) where the loader has %lld: pool live %zu + "
+      "cached %zu, window %lld (counted %lld) + spares %lld, scratch reserve "
+      "%lld + granted %lld (counted %lld) + decodes' grants not taken %lld, "
+      "emissions %lld + granted %lld, Parquet room %lld, tickets %lld, reads %lld + "
+      "granted %lld",
+      (long long)have, (long long)s.held[MML_HOLD_ENGINE], (long long)s.held[MML_HOLD_CONSUMER],
+      (long long)s.held[MML_HOLD_FIXED], (long long)fixed, (long long)s.cached, (long long)want,
+      live, cached, (long long)win, (long long)L->win_bytes, (long long)spares,
+      (long long)scratch_bytes(L), (long long)scratch, (long long)L->scratch_extra,
+      (long long)sgrants, (long long)L->emit_extra, (long long)emits, (long long)ld_pq_reserved(L),
+      (long long)tickets, (long long)L->read_extra, (long long)reads);
 }
 
 void ld_ledger_assert_quiet(mml_loader *L) {

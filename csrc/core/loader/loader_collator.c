@@ -42,11 +42,11 @@
  *      ratio 2.7-4.6% on a quiet machine).  Memory: `prefetch` float batches ahead is what
  *      guarantee 5 allows (pixel_format "float32-decode" holds as much); the pool's
  *      working set grows to them once (pool.c TRIM), then maps nothing.
- *   G2 (max_memory): the bytes.  Each emission's float rows and tensors are charged at
- *      its batch's seq before it runs (the memory ledger's grant: loader_admit.c
- *      ld_mem_emit_take_locked, A8), so under max_memory G1 holds too and the ledger
- *      decides whether the room is there; a refused emission waits as uint8 rows (the
- *      worker decodes instead) until the consumer gives room back.  Before the ledger
+ *   G2 (max_memory): the bytes.  Each emission's float rows and tensors are one charge
+ *      at its batch's seq, asked before it runs (the memory ledger's grant: loader_admit.c
+ *      ld_mem_emit_take_locked, E1-E4), so under max_memory G1 holds too and the ledger
+ *      decides whether the room is there; a charge that waits keeps the batch queued as
+ *      uint8 rows (the worker decodes instead) until the ledger grants it.  Before the ledger
  *      decided it, G2 was a rule of its own: two ahead at most, the second within the
  *      most the one-ahead case had live (fbytes_hw) and within the pool's cached pages.
  * The worker that finds the gate shut decodes instead; the consumer's pop
@@ -255,6 +255,7 @@ void ld_drop_output_locked(mml_loader *L) {
   L->out_head = 0;
   for (; L->pend_head < L->pend_tail; L->pend_head++) {
     pend_item *p = &L->pend[L->pend_head % L->npend];
+    ld_admit_emit_cancel_locked(L, p); /* its emission's charge leaves the ledger (E3) */
     mml_batch_clear(&p->it.batch);
     memset(p, 0, sizeof *p);
   }

@@ -243,6 +243,10 @@ typedef struct pend_item {
    * whole pages: 2 MiB in place, else a fresh buffer's) and its other tensors
    * (mml_collator_emit_bytes) */
   int64_t fpool, sneed;
+  /* max_memory, queued: its emission's charge of fpool + sneed at `seq` (loader_admit.c E1),
+   * in the ledger while `charged` (WAITING, or GRANTED and not taken yet) */
+  mml_charge ch;
+  int charged;
   out_item it; /* PEND_READY: the item (kind ITEM_DROP: nothing, after a failure) */
 } pend_item;
 
@@ -338,7 +342,7 @@ struct mml_loader {
   int64_t tk_bytes_max, px_max;
   /* compact: the largest expanded batch a ticket will become, and one sample's expanded
    * rows planned (the expansion hold); bytes granted to emissions running (their float
-   * rows); consecutive looks of a waiting emission with nothing else able to free room */
+   * rows) */
   int64_t fbytes_max, pxf_max, emit_extra;
   /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
   int64_t read_extra;
@@ -358,11 +362,9 @@ struct mml_loader {
    * room back poke the ledger / the collator's count only while there is one (W1; atomic:
    * the pool's hook runs on any thread, with or without mu) */
   _Atomic int room_waiting_work, room_waiting_coll;
-  /* events that gave room back (ld_room_wake), and the count each stall detector saw at
-   * its last look (under mu): a detector counts only looks with none between them (W2) */
+  /* events that gave room back (ld_room_wake): with withdrawals, what makes a refused
+   * out-of-turn try stale (loader_admit.c T6: ld_admit_decode_events_locked) */
   _Atomic uint64_t room_events;
-  uint64_t emit_seen;
-  int emit_stuck;
   int decoding; /* decodes running */
   /* the collation thread has taken a sample and not yet added it (mu dropped meanwhile:
    * a batch it completes is handed off after): engine work (loader_admit.c C2) */
@@ -722,11 +724,15 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t);
 /* A decode's scratch charge leaves the ledger (withdrawn, or given back when granted and
  * not taken): its decode left the queue without running, or a seek, rewind or close. */
 void ld_admit_scratch_drop_locked(mml_loader *L, task *t);
-/* max_memory, compact: the oldest queued batch's emission takes room for what its float
- * rows add (fneed) before it runs (returns the bytes, to give back after it: emit_extra;
- * 0: nothing to take; -1: no room now, the caller waits -- or the loader's fatal error is
- * set). */
+/* max_memory: the oldest queued batch's emission takes its charge -- what its float rows
+ * add (fpool) and its other tensors (sneed) -- before it runs (returns the bytes, to give
+ * back after it: emit_extra; 0: nothing to take; -1: its charge waits in the ledger, the
+ * caller goes on and a grant moves the change count (loader_admit.c E1-E3) -- or the
+ * loader's fatal error is set: the charge failed, E4). */
 int64_t ld_mem_emit_take_locked(mml_loader *L);
+/* E3: pend item q's emission charge leaves the ledger (a seek, a rewind, a close drops the
+ * output): withdrawn while it waits, given back once granted and not taken.  mu held. */
+void ld_admit_emit_cancel_locked(mml_loader *L, pend_item *q);
 /* A compact batch's expansion shared with helping workers (loader_expand.c): the job,
  * on the emitting worker's stack while published in L->xs. */
 typedef struct ld_xshare {
@@ -890,8 +896,6 @@ uint64_t ld_admit_decode_events_locked(mml_loader *L);
 int64_t ld_admit_behind_locked(mml_loader *L);
 void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room);
 void ld_work_wake(mml_loader *L, int all);
-/* 1 when no room came back (ld_room_wake) since *seen was read, which it now holds (W2). */
-int ld_room_quiet_locked(mml_loader *L, uint64_t *seen);
 void ld_ledger_spare_put(mml_loader *L, int64_t bytes);
 void ld_ledger_spare_drop(mml_loader *L, int64_t bytes);
 /* A batch enters the consumer's queue (ld_move_ready_locked): with a ledger, counts it in

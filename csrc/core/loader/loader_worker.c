@@ -619,7 +619,7 @@ static task *start_task_locked(mml_loader *L) {
 static task *look_locked(mml_loader *L) {
   const uint64_t seen = ld_work_look_locked(L); /* W4: read before looking */
   ld_admit_revoked_locked(L);                   /* R5: reads' grants asked back */
-  int emit_wait = 0; /* max_memory, compact: no room for the next batch's float rows */
+  int emit_wait = 0; /* max_memory: the next batch's emission charge waits (E1) */
   if (L->jobs_queued && !ld_emit_gated_locked(L)) { /* emitting unblocks the output first */
     const int64_t grant = ld_mem_emit_take_locked(L);
     if (grant >= 0) {
