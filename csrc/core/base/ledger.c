@@ -77,8 +77,9 @@
  *   M3. A decode's scratch beyond the reserve (and its re-read's bytes):
  *       ld_mem_scratch_take_locked, at the sample's seq; a request that waits (the decode
  *       stays queued, D1-D4), its sample's media bytes its `own`; L7 decides (D4, C5).
- *   M4. An emission's float rows and tensors: ld_mem_emit_take_locked, a try at its batch's
- *       first sample's seq (pend_item.seq).
+ *   M4. An emission's float rows and tensors: ld_mem_emit_take_locked, at its batch's first
+ *       sample's seq (pend_item.seq); a request that waits (the batch stays queued, E1-E5);
+ *       L7 decides (E4).
  *   M5. The pool: ledger_pool_hook counts live bytes as CONSUMER credit (covered by M2 / M4's
  *       grants) and kept pages as the "pooled pages" cache (mml_pool_evict); next() waits
  *       by mml_ledger_consumer_wait (loader.c; loader_admit.c C1-C7).
@@ -88,10 +89,9 @@
  *   FIXED: the workers' scratch reserve (ld_ledger_open), the Parquet room
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).
- *   Still a try: M4 (refused with nothing else running, emit_stuck decides after 20 quiet
- *   looks, not L7).  Still holds (room kept for earlier work, added to mml_ledger_room's
- *   question): ticket_hold inside M2's charge, the read gate's (ld_mem_may_read_locked)
- *   and bytes ahead's (M6).
+ *   M1-M4 are requests that wait; the one try left is T5's out-of-turn read.  Still holds (room
+ *   kept for earlier work, added to mml_ledger_room's question): ticket_hold inside M2's charge,
+ *   the read gate's (ld_mem_may_read_locked) and bytes ahead's (M6).
  */
 #include "mml/ledger.h"
 

@@ -174,7 +174,7 @@
  *       bytes given back and every other ENGINE credit released (ld_ledger_release), a
  *       buffer moved into the spares (ld_ledger_spare_put) and the spares freed
  *       (ld_bytes_free_spares).  ld_room_wake never takes mu: the pool's hook runs with mu
- *       held or not (ledger.c (b)).
+ *       held or not (ledger.c THREADS).
  *   W2. The collator's wait for a buffer has no bound and loses no wake: its event count
  *       (coll_events, under the leaf lock coll_mu) read under mu BEFORE its look, it waits,
  *       mu dropped, until the count moves (ld_coll_look_locked, ld_coll_wait_locked).
@@ -266,7 +266,7 @@
  *       (ld_room_gates_wake_workers_locked): with the consumer's poke in it next() woke
  *       itself ~10^6 times a batch.  stats consumer_waits counts the waits
  *       (tests/test_memory.py test_consumer_waits_in_stats).
- *   C3. L7 decides for ticket charges too (ledger.c THE FLIP'S ORDER step 4 (ii)): the
+ *   C3. L7 decides for ticket charges too (ledger.c M2): the
  *       consumer declares with no task in flight, the head a ticket's charge, and a
  *       charge that cannot fit fails with the ledger's explainer's message (L8), the
  *       ticket's sample named by ld_admit_ticket_locked and the ledger's hint (hold fewer
@@ -352,7 +352,7 @@
  *       the hint (tests/test_memory.py, tests/test_video_files.py match its words).
  *   X2. A charge carries its work's name and what, copied in before its request (ticket,
  *       read and scratch charges), so the ledger names it on any thread without the loader's lock
- *       (ledger.c (d); test-ledger.c ledger_explainer_names_the_charge).
+ *       (ledger.c THREADS; test-ledger.c ledger_explainer_names_the_charge).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -463,7 +463,7 @@ static int64_t ticket_charge_bytes(const mml_loader *L, int p, int64_t cap_rows)
 
 /* T1: a ticket charge granted (or failed) wakes the collation thread, which maps the
  * buffer at its next look (retry_pending); run by the ledger after its lock is released,
- * on any thread, with mu held or not: it never takes mu (ledger.c (b)). */
+ * on any thread, with mu held or not: it never takes mu (ledger.c THREADS). */
 static void ticket_wake(void *arg) {
   mml_loader *L = arg;
   atomic_fetch_add(&L->room_events, 1); /* T6: a refused out-of-turn try is stale */
@@ -947,7 +947,7 @@ static int may_restart_locked(mml_loader *L, task *t) {
 }
 
 static void read_revoke(void *arg) {
-  /* L10, run by the ledger on any thread, mu held or not: never takes mu (ledger.c (b));
+  /* L10, run by the ledger on any thread, mu held or not: never takes mu (ledger.c THREADS);
    * the ledger moved its change count, which wakes the workers (W4) */
   task *t = arg;
   atomic_store(&t->revoked, 1);
