@@ -188,11 +188,7 @@
  *       to ask anew (a stale hold, an open pack's rows so far: C3), which its 5 ms looks
  *       did.  A pack held under 48 MiB: 0 waits in 0.5 s, 86 with the 5 ms
  *       bound it had (tests/test_loader_lifecycle.py
- *       test_capped_collator_waits_for_room_without_polling).  A worker's wait for room
- *       keeps its 5 ms bound where W5 says: the stall detectors that counted 20
- *       quiet looks went (scratch_stuck: D4; emit_stuck: E4), but a parked read waiting
- *       for its out-of-turn try (T5) hung the stress test without it (MML_STRESS_SEED=424,
- *       1003, 1448, 1802), so it stays until T5's wait is woken by an event of its own.
+ *       test_capped_collator_waits_for_room_without_polling).
  *   W3. A wake changes when a waiter looks, never what it decides: batches are bitwise
  *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
  *   W4. With a ledger the workers wait on its change count (ledger.c L11), not on
@@ -206,26 +202,18 @@
  *       ledger_wait_change_loses_no_owner_event holds the protocol).  A wait for work has
  *       no bound.  stats room_waits counts the waits for room
  *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
- *   W5. A worker's wait for room is bounded (5 ms, W2) only while the consumer waits in
- *       next() with no batch to take and no decode or emission runs (consumer_waiting,
- *       !out_count, !decoding, !emitting): the stall detectors went (D4, E4), but a
- *       parked read waiting for its out-of-turn try (T5) still needs its looks; each way
- *       into that state pokes (next(), ld_move_ready_locked after a take
- *       or an emission, a decode ending).  Otherwise it waits without a bound, which needs
- *       every change a room gate reads to wake it: room events (W1), and pokes where the gates' other
- *       inputs change -- a read ending (in_flight, max_sample_bytes, the bytes later
- *       samples hold that can make way: finish_task_locked; a task parked until its
- *       epoch is asked for: ld_video_park), a decode ending (decoding),
- *       the output queue and pending emissions moving (out_count, a batch ready,
- *       emitting: ld_move_ready_locked), the consumer starting to wait (next()), a fatal
- *       error (ld_set_fatal_locked), and head_seq, a seek and close (ld_work_wake, W4).
- *       What else a gate reads only grows (the largest sample, batch buffer, expansion,
- *       scratch seen) or shrinks only with a decode starting, which takes its scratch
- *       first (never more room).  So a consumer holding batches while the workers wait
- *       for room costs no polling (a 130 MiB cap, two batches held: 4-63 waits in 0.5 s
- *       against 150-200 with the bound).  These pokes (ld_room_gates_changed_locked) are
- *       made only while a worker waits for room (room_waiters, under mu like the changes
- *       themselves), so a loader whose workers do not wait for room is not woken more.
+ *   W5. A worker's wait for room has no bound: every change a room gate reads pokes while
+ *       a worker waits for room (ld_room_gates_changed_locked, only while room_waiters):
+ *       room events (W1); a read ending (in_flight, max_sample_bytes, bytes that can make
+ *       way: finish_task_locked; a task parked until its epoch is asked for: ld_video_park);
+ *       a decode ending; the output queue and pending emissions moving
+ *       (ld_move_ready_locked); next() starting to wait; a fatal error; head_seq, a seek and
+ *       close (ld_work_wake, W4); placement changing mem_blocked or place_seq, which T5 and
+ *       the read gate read (ld_place_locked).  What else a gate reads only grows, or
+ *       shrinks only when a decode starts.  A T5 try's grant moves no change count, so the
+ *       look that made it runs the read (ld_admit_parked_locked): waiting for the count
+ *       after it hung the stress test (MML_STRESS_SEED=1802, every run) once the 5 ms
+ *       bound that hid it went with the stall detectors (D4, E4).
  *
  * THE CONSUMER'S WAIT (ledger.c L7, M5).  With max_memory, next() waits by the ledger's
  * consumer count, not on out_cv:
@@ -470,15 +458,25 @@ static void ticket_wake(void *arg) {
   ld_coll_poke(L);
 }
 
+/* One of the loader's charges leaves the ledger: withdrawn where it waits (later tries are
+ * no longer refused behind it: L1; W5), given back where it was granted and not taken
+ * (W1: room comes back); IDLE again. */
+static void charge_leave_locked(mml_loader *L, mml_charge *c) {
+  mml_ledger_withdraw(L->ledger, c); /* a waiting one; then its state is final */
+  if (mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED) {
+    mml_ledger_give_back(L->ledger, c); /* revocable or not */
+    ld_room_wake(L);                    /* W1 */
+  } else {
+    ld_room_withdrawn_locked(L);
+  }
+  c->state = MML_CHARGE_IDLE;
+  c->revocable = 0;
+}
+
 void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
   if (!q->charged) return;
   q->charged = 0;
-  mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
-  if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
-    ld_ledger_release(L, q->ch.bytes); /* granted, never mapped (T2) */
-  else /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
-    ld_room_withdrawn_locked(L);
-  q->ch.state = MML_CHARGE_IDLE;
+  charge_leave_locked(L, &q->ch); /* T2 */
 }
 
 /* T3: the charges of the planes after plane p of ticket id leave the ledger before that
@@ -1041,17 +1039,8 @@ static int read_granted(mml_loader *L, task *t, int64_t grow) {
  * its bytes, or it failed -- and a task finishing with one). */
 void ld_admit_read_drop_locked(mml_loader *L, task *t) {
   if (!t->rch_on) return;
-  mml_charge *c = LD_RCH(t);
   t->rch_on = 0;
-  mml_ledger_withdraw(L->ledger, c); /* a waiting one; then its state is final */
-  if (mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED) {
-    mml_ledger_give_back(L->ledger, c); /* revocable or not */
-    ld_room_wake(L);                    /* W1 */
-  } else { /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
-    ld_room_withdrawn_locked(L);
-  }
-  c->state = MML_CHARGE_IDLE;
-  c->revocable = 0;
+  charge_leave_locked(L, LD_RCH(t)); /* R4 */
 }
 
 mml_status ld_admit_read_alone_locked(mml_loader *L, int64_t grow, mml_err *err) {
@@ -1200,7 +1189,8 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
     rc->state = MML_CHARGE_GRANTED;
     rc->revocable = 0;
   }
-  return NULL;
+  /* W5: granted by a try, which moves no change count: this look runs it (its next pass) */
+  return ld_admit_parked_locked(L, waiting);
 }
 
 /* D1: its charge granted: the decode takes it (scratch_extra until it is given back). */
@@ -1277,17 +1267,8 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
 
 void ld_admit_scratch_drop_locked(mml_loader *L, task *t) {
   if (!t->sch_on) return;
-  mml_charge *c = &t->sch;
   t->sch_on = 0;
-  mml_ledger_withdraw(L->ledger, c); /* a waiting one; then its state is final */
-  const int s = mml_ledger_state(L->ledger, c);
-  if (s == MML_CHARGE_GRANTED) {
-    mml_ledger_give_back(L->ledger, c);
-    ld_room_wake(L);                 /* W1 */
-  } else if (s == MML_CHARGE_IDLE) { /* withdrawn: later tries are no longer refused (L1) */
-    ld_room_withdrawn_locked(L);
-  }
-  c->state = MML_CHARGE_IDLE;
+  charge_leave_locked(L, &t->sch); /* D3 */
 }
 
 /* The oldest queued batch, the one ld_emit_job_locked emits next (NULL: none). */
@@ -1384,12 +1365,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
 void ld_admit_emit_cancel_locked(mml_loader *L, pend_item *q) {
   if (!q->charged || !L->ledger) return;
   q->charged = 0;
-  mml_ledger_withdraw(L->ledger, &q->ch); /* a waiting one; then its state is final */
-  if (mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
-    ld_ledger_release(L, q->ch.bytes); /* granted, never taken (E3) */
-  else /* withdrawn: later tries are no longer refused behind it (L1; W5, C5) */
-    ld_room_withdrawn_locked(L);
-  q->ch.state = MML_CHARGE_IDLE;
+  charge_leave_locked(L, &q->ch); /* E3 */
 }
 
 void ld_mem_scratch_give_locked(mml_loader *L, task *t) {
@@ -1626,17 +1602,10 @@ void ld_work_wait_locked(mml_loader *L, uint64_t seen, int room) {
       pthread_cond_wait(&L->work_cv, &L->mu);
     return;
   }
-  /* W5: a wait for room is bounded only where the stall detector (scratch_stuck) may have to count looks
-   * (W2): the consumer waiting in next() with no batch to take and no decode or emission
-   * running (its rule needs all four); otherwise nothing needs deciding, and
-   * every change a room gate reads pokes, entering this state included */
-  const int bounded = room && L->consumer_waiting && !L->out_count && !L->decoding && !L->emitting;
+  /* W5: no bound: every change a room gate reads pokes while a worker waits for room */
   L->room_waiters += room; /* W5: the gates' inputs poke only while one waits */
   pthread_mutex_unlock(&L->mu);
-  if (bounded)
-    (void)mml_ledger_wait_change_for(L->ledger, seen, 5000000);
-  else
-    mml_ledger_wait_change(L->ledger, seen);
+  mml_ledger_wait_change(L->ledger, seen);
   pthread_mutex_lock(&L->mu);
   L->room_waiters -= room;
 }

@@ -863,8 +863,8 @@ void ld_coll_poke(mml_loader *L);
 void ld_coll_room_wake_locked(mml_loader *L);
 /* The workers' waits (loader_admit.c W4, ledger.c L11): ld_work_look_locked reads the
  * ledger's change count under mu before a worker looks for work (or room), and
- * ld_work_wait_locked drops mu and waits until it changes -- for room (room: 1) 5 ms at
- * most (W2), for work without a bound.  ld_work_wake is the poke of everything that
+ * ld_work_wait_locked drops mu and waits until it changes, for room (room: 1, W5) or
+ * work, without a bound.  ld_work_wake is the poke of everything that
  * queues work for the workers or may let one go on (work_cv without a ledger). */
 uint64_t ld_work_look_locked(mml_loader *L);
 /* An input of the workers' room gates changed (W5): pokes while a worker waits for room,

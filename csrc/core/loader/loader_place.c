@@ -489,11 +489,13 @@ static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator
 void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {
   if (!L->placing || L->fatal) return;
   const int64_t was = L->place_seq;
-  const int held = L->place_held;
+  const int held = L->place_held, blocked = L->mem_blocked;
   place_locked(L, epoch, bie, c);
   if (L->place_seq != was || L->place_held != held)
     ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: the engine may be idle now */
   if (!L->fatal) mem_stuck(L, c);
+  /* loader_admit.c W5: T5 reads mem_blocked, the read gate it and place_seq */
+  if (L->place_seq != was || L->mem_blocked != blocked) ld_room_gates_wake_workers_locked(L);
 }
 
 static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c) {

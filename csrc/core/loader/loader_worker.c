@@ -3,13 +3,13 @@
  *
  * A worker (num_threads of them) first emits a finished batch if one is queued, else
  * expands a chunk of the batch being emitted while the output queue is empty
- * (loader_expand.c), else decodes a placed sample (the decode queue, in order; under max_memory a decode whose
- * images need scratch beyond the worker's reserve first takes that room, and while it
- * waits the decodes needing scratch after it wait too, no overtaking: loader_place.c
- * DECODER SCRATCH), else takes a ready task (remote bytes arrived), else dispatches the
+ * (loader_expand.c), else decodes a placed sample (the decode queue, in order; under
+ * max_memory a decode whose images need scratch beyond the worker's reserve first takes
+ * that room: its charge waits in the ledger meanwhile, loader_admit.c D1), else takes a ready task (remote bytes arrived), else dispatches the
  * next seq if it lies in the window and its slot is free; it runs the task as far as it
  * can without waiting and marks the slot DONE when the sample is finished (good or
- * failed).  A worker with nothing it may take for want of room looks again every 5 ms.
+ * failed).  A worker with nothing it may take for want of room waits until a room gate's
+ * input changes (loader_admit.c W5).
  *
  * The task is three stages, each a function: the record's bytes (read, copied from the
  * remote shard's text kept at indexing (loader.c scan_shard), or fetched),
@@ -614,8 +614,7 @@ static task *start_task_locked(mml_loader *L) {
 }
 
 /* One look for work (mu held, L->stop clear): the task to run, or NULL after it emitted
- * a batch, dropped an abandoned task or waited (for room: 5 ms at most, W2; for work:
- * until a poke, W4). */
+ * a batch, dropped an abandoned task or waited (for room or work: until a poke, W4, W5). */
 static task *look_locked(mml_loader *L) {
   const uint64_t seen = ld_work_look_locked(L); /* W4: read before looking */
   ld_admit_revoked_locked(L);                   /* R5: reads' grants asked back */
