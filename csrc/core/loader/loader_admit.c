@@ -1,70 +1,38 @@
 /*
- * loader_admit.c -- the loader's admission under max_memory: every decision whether work
- * may take memory now (a read, a ticket plane's buffer, a decode's scratch, an emission's
- * float rows, bytes held ahead of their use), what makes way for the oldest work, the
- * stuck rules that turn a wait that can never end into an error, and the explainer that
- * composes those errors.  Its callers ask once each: the worker (ld_mem_may_read_locked,
- * ld_mem_scratch_take_locked / _give, ld_mem_emit_take_locked: loader_worker.c), the
- * planner (ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked,
- * ld_admit_pack_bound_ok, ld_admit_decodes_in_order: loader_place.c, which decides none), the video reader (ld_mem_room_ahead_locked: loader_video.c) and
- * the task's byte count (ld_mem_count_task_locked).  Without max_memory every answer is
- * yes.  This file is where the one ordered byte ledger (csrc/core/base/ledger.c, THE
- * LOADER'S USE) replaces these gates: their callers already make one call each.
+ * loader_admit.c -- the loader's use of the memory ledger under max_memory (ledger.c THE
+ * LOADER'S USE): the charges it asks (a read's bytes, a ticket plane's buffer, a decode's
+ * scratch, an emission's rows and tensors), what makes way for the oldest work, when next()
+ * may declare its wait so that the ledger's deadlock rule (L7) can decide, and the
+ * explainer's inputs.  Its callers ask once each: the workers (loader_worker.c:
+ * ld_mem_may_read_locked, ld_admit_read_locked, ld_mem_scratch_take_locked,
+ * ld_mem_emit_take_locked), the planner (loader_place.c, which decides none:
+ * ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked,
+ * ld_admit_pack_bound_ok, ld_admit_decodes_in_order), the video reader
+ * (ld_mem_room_ahead_locked: loader_video.c) and the task's byte count
+ * (ld_mem_count_task_locked).  Without max_memory every answer is yes.
  *
- * THE BUDGET (max_memory).  The budget counts the pool's buffers (live: batches being
- * built, queued, or held by the consumer; cached: kept mapped for reuse; image and video
- * rows alike), the window's byte buffers (spares included; a remote video's first block
- * and its preloaded packets, and the videos kept open from probe to decode, too:
- * loader_video.c) and a fixed scratch reserve per worker.  What is held ahead of its use
- * (those video bytes) is taken only with room left for the largest batch buffer asked for
- * so far (ld_mem_room_ahead_locked), and when the head ticket still cannot get its
- * buffer, later batches' samples close their kept videos and the spares are freed
- * (retry_pending: only when it waits for room, not for its turn), so the next batch never
- * waits on bytes that are not its own.  A ticket plane's buffer is taken only when it fits
- * (cached buffers are freed first); otherwise its charge waits in the ledger (TICKETS
- * below) and the ticket is pending, and so are the tickets after it (their charges queue
- * behind), and the planner maps the buffer once the ledger grants it.  Workers
- * start reading a sample only with room for the largest sample seen per read in flight.
- * A sample that alone cannot fit is an error naming it; so is a next() whose batch cannot
- * get room while the consumer holds everything else and nothing else runs (the ledger's
- * deadlock rule, L7, fails the ticket's charge; the message names the sample and the
- * max_memory that would have held it: C3).  The head and the
- * needed ticket hold room only for what comes before them, known exactly: the queued
- * emissions and the head's own (ticket_hold); later tickets hold the largest expansion.
+ * THE BUDGET.  max_memory covers the pool's buffers (live: batches being built, queued or
+ * held by the consumer; cached: pages kept for reuse), the window's byte buffers (spares,
+ * remote video bytes ahead, videos kept open), the workers' scratch reserve and the Parquet
+ * room; A6-A11 say how each is charged and how the ledger balances.  Holds left (room kept
+ * for earlier work that asks later in time, which in-order grants cannot put first):
+ * ticket_hold inside a ticket's charge (the scratch of decodes placed up to it, the
+ * expansion of batches before it), the read gate's (ld_mem_may_read_locked: the largest
+ * sample per read in flight, beside the scratch and the largest batch buffer) and bytes
+ * ahead's (ld_mem_room_ahead_locked: beside the largest batch buffer).
  *
- * DECODER SCRATCH under max_memory.  The per-worker reserve holds what stays mapped
- * between images; an image whose decode maps more (a multi-scan JPEG's coefficients, a
- * whole-image buffer: mml_vision_plan.scratch) makes its sample's scratch_need: it counts
- * in "can it ever fit", its decode takes it before starting (scratch_extra while it runs)
- * and it is held free meanwhile by tickets (the largest need placed up to them) and reads
- * (the largest seen, and one batch buffer).  Its charge (ledger.c M3; task.sch):
- *   D1. A queued decode asks ONE request at its sample's seq for scratch_need + re-read bytes;
- *       not fitting, it WAITS (L1) and the decode stays queued (ld_mem_scratch_take_locked).
- *       Why: each decode asks its own, so the ledger, not the queue, puts earlier samples first.
- *       test-loader-stress.c S1, S5.
- *   D2. While it waits, each look makes way first: T4's tickets, then READ AGAIN.
- *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
- *   D3. It leaves with its decode: unrun, a rebase, a slot given back or close withdraws it
- *       or gives its grant back (ld_admit_scratch_drop_locked); A6 counts grants not taken.
- *       test-loader-stress.c S5.
- *   D4. Its sample's media bytes are its own (mml_charge.own): at the head with the engine
- *       idle (C5), L7 fails it with the explainer's message after the sample's name.
- *       tests/test_memory.py
- *       test_a_decode_whose_scratch_cannot_fit_beside_the_kept_batches_fails_at_once.
- * COMPACT under max_memory: tickets count uint8 rows, an emission takes what its float rows
- * add (fneed; emit_extra), and other uses keep the largest expanded batch free less those
- * expanded ahead (expand_hold).
+ * DECODER SCRATCH.  An image whose decode maps more than the worker's reserve (a multi-scan
+ * JPEG's coefficients, a whole-image buffer: mml_vision_plan.scratch) gives its sample a
+ * scratch_need, counted in "can it ever fit" (A4) and charged by its decode (D1-D4).
+ * COMPACT: tickets count uint8 rows; an emission charges what its float rows add (E1).
  *
- * READ AGAIN.  Samples are read before the needs of those before them are known (a plan
- * comes from the bytes), so a decode's scratch or the head ticket's buffer can find the
- * room taken by later samples' media bytes, which come back only after their own decodes,
- * behind it.  Then those bytes make way (ld_admit_drop_bytes_ahead_locked: latest first,
- * planned samples whose decode has not begun, read without the network and without
- * videos): they are freed and the sample's decode reads them again first, taking room for
- * them with its scratch (task.reread; stats samples_reread).  The ledger's revocable reads
- * (csrc/core/base/ledger.c L10; READS R5) ask for this themselves: a
- * waiting head that does not fit has the latest reads' grants asked back, and they go
- * this way.
+ * READ AGAIN.  Samples are read before the needs of earlier ones are known (a plan comes
+ * from the bytes), so earlier work can find its room taken by later samples' media bytes,
+ * which come back only after their own decodes.  Those that can be read again (planned,
+ * decode not begun, no network, no video) make way, latest first
+ * (ld_admit_drop_bytes_ahead_locked; stats samples_reread): freed, and their decode reads
+ * them again first, charging them with its scratch (task.reread).  Revocable reads (R5) are
+ * asked back by the ledger itself (L10).
  *
  * INVARIANTS (the tests that hold them on the line below each)
  *   A1. The pool never holds more than max_memory.
@@ -162,175 +130,73 @@
  *       Why: they come back only after it, and L7 waits for no CONSUMER credit anyway.
  *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
  *
- * WAKING (issue 33: "the pool's release wakes waiters").  A worker, a read or the
- * collation thread that finds no room waits -- the workers on the ledger's change count
- * (W4: the emission, decode or read gate, a parked read: R2), the collator on its own
- * event count (W2: its blocked ticket) -- and every event that gives room back wakes it:
- *   W1. Room coming back pokes the ledger (the workers, W4) and the collator's count (W2)
- *       while a thread looks or waits for room (ld_room_wake; room_waiting_work / _coll
- *       count them): the consumer's release
- *       of a batch's buffers and a cache trimming itself (the pool's hook: live bytes
- *       released, cached pages dropped with none reused), a decode's scratch or a read's
- *       bytes given back and every other ENGINE credit released (ld_ledger_release), a
- *       buffer moved into the spares (ld_ledger_spare_put) and the spares freed
- *       (ld_bytes_free_spares).  ld_room_wake never takes mu: the pool's hook runs with mu
- *       held or not (ledger.c THREADS).
- *   W2. The collator's wait for a buffer has no bound and loses no wake: its event count
- *       (coll_events, under the leaf lock coll_mu) read under mu BEFORE its look, it waits,
- *       mu dropped, until the count moves (ld_coll_look_locked, ld_coll_wait_locked).
- *       Events without mu poke from before its look (room_waiting_coll): a ticket charge
- *       granted or failed (ticket_wake), room coming back (ld_room_wake); events under mu
- *       once its wait began (coll_waits_room: its own look's never wake it): every wake of
- *       it (ld_coll_wake_locked: a sample planned or decoded, an instance or a pend slot
- *       freed, a batch taken, a seek, a stop, an error), next() kept from declaring while
- *       a ticket waits, and every event that may leave the engine idle while next() waits
- *       (ld_consumer_stale_locked): what keeps next() from declaring may be the collator's
- *       to ask anew (a stale hold, an open pack's rows so far: C3), which its 5 ms looks
- *       did.  A pack held under 48 MiB: 0 waits in 0.5 s, 86 with the 5 ms
- *       bound it had (tests/test_loader_lifecycle.py
- *       test_capped_collator_waits_for_room_without_polling).
- *   W3. A wake changes when a waiter looks, never what it decides: batches are bitwise
- *       the same (test-loader-stress.c S2; tests/test_batch_digest.py).
- *   W4. With a ledger the workers wait on its change count (ledger.c L11), not on
- *       work_cv: a worker reads it under mu before it looks for work or room
- *       (ld_work_look_locked: take_task_locked's look, parked reads' included: R2) and, finding nothing it may do, drops mu and waits until it changes
- *       (ld_work_wait_locked).  Whatever queues work for the workers or may let one go on
- *       pokes instead of signalling work_cv (ld_work_wake), and ld_room_wake pokes while
- *       a worker looks or waits (room_waiting_work counts it from before its look), so no
- *       wake is lost, with or without mu: W2's first reason is gone for the workers (a
- *       release on the consumer's thread wakes them at once; tests/c/base/test-ledger.c
- *       ledger_wait_change_loses_no_owner_event holds the protocol).  A wait for work has
- *       no bound.  stats room_waits counts the waits for room
- *       (tests/test_loader_lifecycle.py: close() and Ctrl-C end them).
- *   W5. A worker's wait for room has no bound: every change a room gate reads pokes while
- *       a worker waits for room (ld_room_gates_changed_locked, only while room_waiters):
- *       room events (W1); a read ending (in_flight, max_sample_bytes, bytes that can make
- *       way: finish_task_locked; a task parked until its epoch is asked for: ld_video_park);
- *       a decode ending; the output queue and pending emissions moving
- *       (ld_move_ready_locked); next() starting to wait; a fatal error; head_seq, a seek and
- *       close (ld_work_wake, W4); placement changing mem_blocked or place_seq, which T5 and
- *       the read gate read (ld_place_locked).  What else a gate reads only grows, or
- *       shrinks only when a decode starts.  A T5 try's grant moves no change count, so the
- *       look that made it runs the read (ld_admit_parked_locked): waiting for the count
- *       after it hung the stress test (MML_STRESS_SEED=1802, every run) once the 5 ms
- *       bound that hid it went with the stall detectors (D4, E4).
+ * WAKING (no polling: whatever gives room back or changes a gate's input wakes the waiter).
+ * The workers wait on the ledger's change count (W4), the collator on its own event count:
+ *   W1. Room coming back pokes both while a thread looks or waits for room (ld_room_wake,
+ *       never taking mu: the pool's hook runs with mu held or not; room_waiting_work / _coll):
+ *       a batch released, a cache trimmed, ENGINE credit released, a buffer into the spares.
+ *       test-ledger.c ledger_wait_change_loses_no_owner_event.
+ *   W2. The collator's wait for a buffer has no bound and loses no wake: coll_events (leaf lock
+ *       coll_mu) read under mu before its look; events without mu poke from before its look
+ *       (ticket_wake, ld_room_wake), events under mu once its wait began (ld_coll_wake_locked,
+ *       next() kept from declaring, ld_consumer_stale_locked).
+ *       tests/test_loader_lifecycle.py test_capped_collator_waits_for_room_without_polling.
+ *   W3. A wake changes when a waiter looks, never what it decides.
+ *       test-loader-stress.c S2; tests/test_batch_digest.py.
+ *   W4. A worker reads the ledger's change count under mu before it looks for work or room
+ *       (ld_work_look_locked) and, finding nothing it may do, waits until it moves
+ *       (ld_work_wait_locked); whatever queues work or may let one go on pokes (ld_work_wake).
+ *       tests/test_loader_lifecycle.py (close() and Ctrl-C end the waits; stats room_waits).
+ *   W5. A worker's wait for room has no bound: each input of a room gate pokes when it changes
+ *       while a worker waits for room (ld_room_gates_changed_locked: room_waiters) -- room (W1),
+ *       a read ending, a task parked for its epoch, a decode ending, the output queue and
+ *       pending emissions moving, next() starting to wait, a fatal error, head_seq, a seek,
+ *       close, placement changing mem_blocked or place_seq; the rest only grows, or shrinks
+ *       when a decode starts.  A T5 try's grant (it moves no change count) is run by the look
+ *       that made it (ld_admit_parked_locked).
+ *       test-loader-stress.c S1 (MML_STRESS_SEED=1802 hung without that last rule).
  *
- * THE CONSUMER'S WAIT (ledger.c L7, M5).  With max_memory, next() waits by the ledger's
- * consumer count, not on out_cv:
- *   C1. The ledger's FIXED credit is what the cap holds for as long as its owner lives:
- *       the workers' scratch reserve (ld_ledger_open), the Parquet row groups' room
- *       (ld_ledger_start_locked) and each slot's record, path and Parquet-row buffers
- *       (task.held_fixed: kept for the slot's next sample, ld_mem_count_task_cover_locked);
- *       a slot's media bytes stay ENGINE credit (its decode gives them back or moves them
- *       into the spares; a plan abandoned moves them there where it empties the slot, A11).  ld_ledger_check_locked checks the FIXED class holds exactly
- *       those (A6).  So held[ENGINE] reaches 0 when no work holds bytes, and L7 can
- *       decide (tests/c/base/test-ledger.c ledger_deadlock_rule_with_and_without_fixed_credit).
- *   C2. next() reads mml_ledger_consumer_changes under mu before it looks; finding nothing,
- *       it drops mu and waits in mml_ledger_consumer_wait, which declares its wait (L7)
- *       only when nothing ended since that look and the engine runs nothing without
- *       credit (ld_admit_engine_idle_locked: no read in flight but reads parked whose
- *       charges wait, the earliest the ledger's head, C4; no sample read and not placed
- *       unless placement stopped for the window or the epoch (place_held: they wait for
- *       the collator), no decode queued (but those whose charge waits: C5) or running, no
- *       sample done for the collator unless its ticket waits for a buffer, none being
- *       taken and added (`collating`), no batch handed off, emitting or queued, and every
- *       waiting ticket charge the size the collator would ask now; an open pack waiting
- *       for its bound aside, C3).  Every end of ENGINE work ends the declaration (the
- *       ledger), and so does every event of the engine, under mu while it waits: those it
- *       waits for wake it at once (ld_consumer_wake_locked: a batch or item queued,
- *       ld_move_ready_locked; an error, ld_set_fatal_locked; a close), those that change
- *       only whether it may declare wake it only where that matters
- *       (ld_consumer_stale_locked, C6: a sample taken by the collator; placement going on
- *       or stopping, ld_place_locked; work without credit started -- a read,
- *       start_task_locked, which may shrink or close the ticket waited for; a decode,
- *       queue_decode; an emission, hand_off_locked; and every W5 poke,
- *       ld_room_gates_changed_locked, where the engine may have become idle; a decode
- *       whose scratch charge waits, ld_mem_scratch_take_locked, C5; a queued decode that
- *       leaves the queue unrun, take_decode_locked -- its sample unplaced by an open pack's
- *       growth, or its plan abandoned): it looks
- *       again and declares again, with no lost wakeup and no polling
- *       (ledger_consumer_woken_only_where_deadlock_rule_decides counts its wakeups; the stress
- *       test's S6 bounds them per batch).  next()'s own W5 poke wakes only the workers
- *       (ld_room_gates_wake_workers_locked): with the consumer's poke in it next() woke
- *       itself ~10^6 times a batch.  stats consumer_waits counts the waits
- *       (tests/test_memory.py test_consumer_waits_in_stats).
- *   C3. L7 decides for ticket charges too (ledger.c M2): the
- *       consumer declares with no task in flight, the head a ticket's charge, and a
- *       charge that cannot fit fails with the ledger's explainer's message (L8), the
- *       ticket's sample named by ld_admit_ticket_locked and the ledger's hint (hold fewer
- *       batches) at its end; mem_head_fails and ld_admit_head_stuck_locked (3 quiet looks)
- *       are gone.  It needed A10 first (4 MiB of live pool bytes the consumer did not hold
- *       failed tests/test_video_files.py test_max_memory_counts_videos_kept_open on every
- *       run), then C2's list and C7 (each a hang of the stress test without it).  An open
- *       pack the consumer waits for whose planes wait for buffers of its bound keeps the
- *       consumer from declaring (the rows so far may fit: seeds 79 and 314 failed where
- *       they did); in exactly the state in which L7 would decide but for it
- *       (ld_admit_bound_stuck_locked: the consumer waits, the engine is idle, no ENGINE
- *       credit but C7's, nothing asked back coming) the planner asks for its rows so far
- *       (loader_place.c mem_stuck) and pokes the consumer, which declares again.
- *   C4. Reads parked for room (R2) count in in_flight but hold no credit for the bytes
- *       they wait for: their charges wait in the ledger, the ledger's own to decide.  So
- *       the engine is idle for L7 with every task in flight such a read, its charge
- *       WAITING, when no ticket's charge waits and the earliest of them is the ledger's
- *       head, or a ticket's charge waits (the head, or behind that read) and the earliest
- *       read's out-of-turn try was refused since room last came back (T5, T6)
- *       (parked_reads_only_locked);
- *       placement then stops at the first parked read.  L7 fails that read's charge when
- *       nothing holds ENGINE credit -- no media bytes of any sample, no scratch, no
- *       grant -- and its read raises the ledger's explainer's message (R2's look finds it
- *       FAILED).  The media bytes that would hold ENGINE credit there, coming back only
- *       after the read, are asked back (L10): later samples' (R5, READ AGAIN) and the
- *       parked reads' own (R6); what cannot be is behind the head (C7).  Every sample
- *       before the collator's next one was taken and added (the collator's add,
- *       `collating`, is work: a batch it completes is handed off after it).  Where the
- *       read gate holds the next read back with nothing in flight and nothing else able
- *       to free room, the read goes ahead (read_room_or_ahead) so that its charge can be
- *       the head.  The head's own bytes (its media read so far, a spare taken for the item
- *       it is parked on, its grants not counted yet: mml_charge.own, set at its request)
- *       come back only after it and are not waited for (L7; tests/test_memory.py
- *       test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error hung in 3 of 8
- *       runs when they were); C7's count leaves that task out (no byte counted twice).
- *       What L7 no longer waits for where nothing runs (C7): fetched media of samples
- *       planned behind the head, a later parked read's taken bytes, a waiting decode's own
- *       (C5).  LEFT: for a parked read's charge, videos kept open ahead and media that
- *       can be read again after the needed ticket (C7).  A decode's scratch and an
- *       emission wait in the ledger (D1, E1): where one of them is the head, the engine is
- *       idle too (D4, E4).
- *   C5. A queued decode whose scratch charge WAITS in the ledger (D1) is no engine work
- *       (ld_admit_engine_idle_locked): the ledger's own to decide, as a parked read's (C4);
- *       a request that waits makes the consumer look again (ld_consumer_stale_locked).
- *   C6. next() is woken only where its answer can change (ledger.c L14).  What it decides
- *       on waking: a batch, an item, an error, a close or the epoch's end to return (the
- *       events of ld_consumer_wake_locked, at once); the next epoch to ask for
- *       (ask_when_waiting_locked: ld_consumer_would_ask_locked, checked at every event of
- *       ld_consumer_stale_locked, which then wakes it at once); and whether to declare
- *       its wait (C2), which changes anything only where L7 can fail the ledger's head:
- *       the head does not fit and no ENGINE credit is held but the head's own and C7's.
- *       So an end of ENGINE work and the events of ld_consumer_stale_locked end its
- *       declaration but wake it only in that state (the ledger's consumer_chance_locked,
- *       at the event or at the first grant step that finds it; C7's count is refreshed at
- *       each such event of the loader, so the state is judged with what is behind now).
- *       Before, every end of ENGINE work and every such event woke it: ~20 waits a batch
- *       at a 176 MiB cap (bench_cap_pair's data), ~1.7 now.
- *   C7. With the engine idle (C2) nothing runs, so the ENGINE credit the window's slots
- *       hold -- a planned sample's media bytes waiting for its ticket's buffer (the head
- *       batch's own samples' among them, which the ledger does not ask back: L10 asks
- *       later seqs only), a parked read's taken ones, a decode's waiting for its charge (C5;
- *       a slot a rebase emptied holds none: A11; a parked read's behind a ticket head
- *       whose out-of-turn try was refused, T6) -- comes back only after the head (the
- *       head parked read's own task aside: its charge's own, C4), but for what the
- *       planner's make-way gives back at its next look (videos kept open outside the head
- *       ticket, media bytes after the needed ticket that can be read again: READ AGAIN):
- *       next() declares the rest with its wait (ld_admit_behind_locked,
- *       mml_ledger_consumer_behind); L7 does not wait for it once nothing more can be
- *       asked back.  LEFT: make-way runs only for a ticket's charge (retry_pending), so
- *       for a parked read's charge what it would give back is waited for (until
- *       next_timeout_s, where nothing else gives it back); giving it back before the
- *       declaration (all of it, not the head's shortfall) read more samples again and
- *       raised the stress test's out-of-memory count (seeds 1001-2000: 67 against 60).  ENGINE credit beyond it (a ticket's grant not
- *       mapped yet, a grant being given back) keeps the head waiting.  Without it L7 never
- *       failed a ticket's charge where such bytes were held: the stress test hung (seeds
- *       47, 56, 77) where the old detector raised the error.
+ * THE CONSUMER'S WAIT (ledger.c L7, M5).  With max_memory next() waits in
+ * mml_ledger_consumer_wait, not on out_cv:
+ *   C1. FIXED credit is the scratch reserve, the Parquet room and each slot's record, path and
+ *       Parquet-row buffers; a slot's media bytes are ENGINE.  So held[ENGINE] reaches 0 when
+ *       no work holds bytes.  test-ledger.c ledger_deadlock_rule_with_and_without_fixed_credit.
+ *   C2. next() declares only if nothing ended since its look and the engine runs nothing
+ *       without credit (ld_admit_engine_idle_locked): no read in flight but parked ones (C4);
+ *       no sample read and not placed, unless placement stopped for the window or the epoch
+ *       (place_held); no decode running or queued but those whose charge waits (C5); no
+ *       sample done for the collator unless its ticket waits; no add in progress
+ *       (`collating`); no batch handed off, emitting or queued but an emission whose charge
+ *       waits (E4); every waiting ticket charge the size the collator would ask now.  Events
+ *       it waits for wake it at once (ld_consumer_wake_locked); events that change only
+ *       whether it may declare end its declaration (ld_consumer_stale_locked, C6).
+ *       test-ledger.c ledger_consumer_woken_only_where_deadlock_rule_decides; stress S6;
+ *       tests/test_memory.py test_consumer_waits_in_stats.
+ *   C3. L7 decides for a ticket's charge (its failure is the loader's error, X1).  An open pack
+ *       waiting for buffers of its bound keeps next() from declaring; in L7's state but for
+ *       it (ld_admit_bound_stuck_locked) the planner asks for its rows so far and pokes.
+ *       test-loader-stress.c S1; tests/test_video_files.py test_max_memory_counts_videos_kept_open.
+ *   C4. A read parked for room (R2) is in flight but holds no credit for what it waits for:
+ *       the engine is idle with only such reads in flight when the earliest is the head, or
+ *       a ticket's charge waits and that read's out-of-turn try was refused (T5, T6)
+ *       (parked_reads_only_locked).  Its own bytes are its charge's own (mml_charge.own); a
+ *       read the gate holds back with nothing in flight goes ahead (read_room_or_ahead).
+ *       tests/test_memory.py test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error;
+ *       test-loader-stress.c loader_max_memory_stuck_read_ends.
+ *   C5. A queued decode whose scratch charge waits (D1) is no engine work; its request makes
+ *       next() look again (ld_consumer_stale_locked).  test-loader-stress.c S1.
+ *   C6. next() is woken where its answer can change (L14): its events at once; ends of ENGINE
+ *       work and stale events only where L7 could fail the head (C7's count refreshed at
+ *       each); next()'s own poke wakes only the workers.
+ *       Why: waking at each end of work cost ~20 waits a batch under a 176 MiB cap.
+ *       test-ledger.c ledger_consumer_woken_only_where_deadlock_rule_decides; stress S6.
+ *   C7. With the engine idle, the ENGINE credit its slots hold (planned samples' media bytes,
+ *       parked reads' taken bytes, waiting decodes' own) comes back only after the head, but
+ *       for what the planner's make-way gives back: next() declares the rest as behind the
+ *       head (ld_admit_behind_locked, mml_ledger_consumer_behind), which L7 does not wait for.
+ *       Open: make-way runs only for a ticket's charge, so for a read's charge at the head,
+ *       videos kept open ahead and re-readable bytes after the needed ticket are waited for.
+ *       test-ledger.c ledger_deadlock_rule_with_credit_behind_the_head; stress S1.
  *
  * THE EXPLAINER (ledger.c L8).
  *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
