@@ -181,15 +181,6 @@ def test_close_from_another_thread_while_next_waits(ds):
 # second; the figures are printed).
 CAPPED = dict(micro_batch_size=8, num_threads=2, prefetch=4, max_pixels=256 * 28 * 28, cycle=True)
 CAP = 130 << 20
-# ... and one whose collation thread waits for a batch's buffer: packed (pack_length 1024)
-# under a 48 MiB cap, the consumer holding one pack, the next pack's buffer cannot be
-# granted (stats collator_room_waits counts its waits).  Its wait is on its own event count
-# without a bound (loader_admit.c W2), which close pokes.
-PACKED = dict(num_threads=2, prefetch=4, max_pixels=256 * 28 * 28, cycle=True, packing=True)
-WAITERS = {
-    "workers": (dict(CAPPED, max_memory=CAP), 2, "room_waits"),
-    "collator": (dict(PACKED, pack_length=1024, max_memory=48 << 20), 1, "collator_room_waits"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -198,61 +189,36 @@ def big_ds(tmp_path_factory):
     return make_dataset(root, n_samples=48, seed=1, n_images=16, min_size=160, max_size=1200)
 
 
-def wait_for_room_waits(L, held, stat="room_waits"):
+def wait_for_room_waits(L, held):
     import time
 
     for _ in range(1000):  # at most 10 s: the premise, not a timing
-        if L.stats()[stat] > 0:
+        if L.stats()["room_waits"] > 0:
             return
         time.sleep(0.01)
-    raise AssertionError(f"no {stat} with {held} batches held")
+    raise AssertionError(f"the workers never waited for room with {held} batches held")
 
 
-@pytest.mark.parametrize("who", sorted(WAITERS))
-def test_capped_close_while_waiting_for_room(big_ds, who):
+def test_capped_close_while_workers_wait_for_room(big_ds):
     import threading
     import time
 
-    opts, n_held, stat = WAITERS[who]
-    L = mmloader.Loader(big_ds["shards"], tokenizer=TINY, **opts)
-    held = [next(L) for _ in range(n_held)]
-    wait_for_room_waits(L, len(held), stat)
+    L = mmloader.Loader(big_ds["shards"], tokenizer=TINY, max_memory=CAP, **CAPPED)
+    held = [next(L), next(L)]
+    wait_for_room_waits(L, len(held))
     t0 = time.perf_counter()
     done = threading.Event()
     closer = threading.Thread(target=lambda: (L.close(), done.set()))
     closer.start()
     closer.join(timeout=10)
-    print(f"close() with the {who} waiting for room: {time.perf_counter() - t0:.3f} s")
-    assert done.is_set(), f"close() did not return: the {who}' wait for room was not ended"
+    print(f"close() with the workers waiting for room: {time.perf_counter() - t0:.3f} s")
+    assert done.is_set(), "close() did not return: a worker's wait for room was not ended"
     with pytest.raises(mmloader.Error, match="closed"):
         next(L)
     assert held[0]["input_ids"].numpy().size > 0  # batches handed out stay valid
 
 
-def test_capped_collator_waits_for_room_without_polling(big_ds):
-    # Nothing gives room back while the consumer holds its pack, so nothing wakes the
-    # collation thread (with the 5 ms bound it looked ~96 times in 0.5 s); the pack's
-    # release does, and the epoch goes on.
-    import time
-
-    opts, n_held, stat = WAITERS["collator"]
-    L = mmloader.Loader(big_ds["shards"], tokenizer=TINY, **opts)
-    held = [next(L) for _ in range(n_held)]
-    wait_for_room_waits(L, len(held), stat)
-    time.sleep(0.3)  # the workers do what they can meanwhile
-    before = L.stats()[stat]
-    time.sleep(0.5)
-    waits = L.stats()[stat] - before
-    print(f"the collation thread's waits for a buffer in 0.5 s with a pack held: {waits}")
-    assert waits < 20, waits
-    del held
-    assert [next(L)["input_ids"].numpy().size > 0 for _ in range(3)] == [True] * 3
-    L.close()
-
-
-@pytest.mark.parametrize("who", sorted(WAITERS))
-def test_capped_ctrl_c_while_waiting_for_room(big_ds, tmp_path, who):
-    opts, n_held, stat = WAITERS[who]
+def test_capped_ctrl_c_while_workers_wait_for_room(big_ds, tmp_path):
     p = subprocess.Popen(
         [
             sys.executable,
@@ -260,15 +226,16 @@ def test_capped_ctrl_c_while_waiting_for_room(big_ds, tmp_path, who):
             textwrap.dedent(f"""
             import signal, time, mmloader
             signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal
-            L = mmloader.Loader({big_ds['shards']!r}, tokenizer={TINY!r}, **{opts!r})
-            held = [next(L) for _ in range({n_held})]
+            L = mmloader.Loader({big_ds['shards']!r}, tokenizer={TINY!r}, max_memory={CAP},
+                                **{CAPPED!r})
+            held = [next(L), next(L)]
             for _ in range(1000):  # at most 10 s
-                if L.stats()[{stat!r}]:
+                if L.stats()["room_waits"]:
                     break
                 time.sleep(0.01)
-            print("ready" if L.stats()[{stat!r}] else "no wait for room", flush=True)
+            print("ready" if L.stats()["room_waits"] else "no wait for room", flush=True)
             while True:  # never closed: KeyboardInterrupt ends the process, whose exit
-                time.sleep(1)  # must stop the threads waiting for room
+                time.sleep(1)  # must stop the workers waiting for room
             """),
         ],
         env=child_env(),
