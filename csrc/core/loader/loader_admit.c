@@ -1364,12 +1364,6 @@ void ld_ledger_count(mml_loader *L, int64_t bytes) {
   if (L->ledger && bytes > 0) (void)mml_ledger_count(L->ledger, -1, bytes);
 }
 
-int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes) {
-  if (!L->ledger || bytes <= 0) return 1;
-  mml_charge c = {.seq = seq, .bytes = bytes};
-  return mml_ledger_try(L->ledger, &c);
-}
-
 void ld_ledger_cover_begin(mml_loader *L, int64_t bytes) {
   pool_cover.L = L->ledger ? L : NULL;
   pool_cover.bytes = bytes;

@@ -827,16 +827,13 @@ void ld_mem_count_task_cover_locked(mml_loader *L, task *t, int64_t cover);
 /* The ledger (loader_admit.c THE LEDGER): made after the pool (MML_OK without
  * max_memory), its fixed charges when the threads start, the pool unhooked before the pool
  * closes and the ledger freed after it; ld_ledger_count / _release: `bytes` of
- * ENGINE credit taken (counted, ledger.c L13) or given back;
- * ld_ledger_try: `bytes` for the work at `seq` asked before they are taken, 1 when the
- * ledger grants them now (ENGINE credit; L12), 0 "no room now"; ld_ledger_spare_*: the
- * spare byte buffers' cache.  All are no-ops (try: 1) without a ledger. */
+ * ENGINE credit taken (counted, ledger.c L13) or given back; ld_ledger_spare_*: the
+ * spare byte buffers' cache.  All are no-ops without a ledger. */
 mml_status ld_ledger_open(mml_loader *L, mml_err *err);
 void ld_ledger_start_locked(mml_loader *L);
 void ld_ledger_unhook(mml_loader *L);
 void ld_ledger_free(mml_loader *L);
 void ld_ledger_count(mml_loader *L, int64_t bytes);
-int ld_ledger_try(mml_loader *L, int64_t seq, int64_t bytes);
 /* ld_ledger_cover_begin: `bytes` of ENGINE credit granted to this thread's next pool
  * growths (an emission's float rows): the pool's hook hands them over instead of charging
  * them again; ld_ledger_cover_end gives back what they did not use. */
