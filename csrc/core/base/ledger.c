@@ -236,6 +236,7 @@ mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *e
   const int64_t fixed = o->held[MML_HOLD_FIXED];
   const int64_t fit = o->alone ? o->need + fixed : cons + eng + fixed + o->need;
   const char *hint = o->alone ? NULL : o->hint ? o->hint : g->cfg.hint;
+  if (hint && !hint[0]) hint = NULL;
   mml_err_set(err, MML_ENOMEM,
               "%s%s%s=%lld cannot hold the %lld bytes of %s beside %lld bytes of finished work "
               "waiting for the consumer (%s), %lld bytes of work running, %lld bytes set aside "

@@ -393,6 +393,7 @@ static void oom_split_locked(mml_loader *L, mml_ledger_oom *o, char *split, size
            "emitted ahead of it",
            (long long)(cons - ahead), (long long)ahead);
   o->split = split;
+  if (cons == ahead) o->hint = ""; /* the consumer holds no batch: `del batch` frees nothing */
 }
 
 /* X1: the message of charge c refused: its failure's parts when the ledger's latest
@@ -1161,11 +1162,10 @@ static void emit_failed_locked(mml_loader *L, const pend_item *q) {
   o.name[0] = 0;
   char split[256], hint[160];
   oom_split_locked(L, &o, split, sizeof split);
-  if (L->compact) {
+  if (L->compact) { /* "release earlier batches" only where the consumer holds some */
     snprintf(hint, sizeof hint,
-             "release earlier batches, or set pixel_format=\"%s\" (float rows written at "
-             "decode: nothing to expand)",
-             decode_name(L));
+             "%sset pixel_format=\"%s\" (float rows written at decode: nothing to expand)",
+             o.hint ? "" : "release earlier batches, or ", decode_name(L));
     o.hint = hint;
   }
   mml_err e;

@@ -230,7 +230,7 @@ typedef struct mml_ledger_oom {
   char name[MML_CHARGE_NAME]; /* "": named by cfg.name or its seq; seq < 0 too: not named */
   const char *what;           /* NULL: "work" */
   const char *split;          /* the consumer's credit in the owner's words, or NULL */
-  const char *hint;           /* NULL: cfg.hint */
+  const char *hint;           /* NULL: cfg.hint; "": none */
 } mml_ledger_oom;
 /* *o: the ledger's figures now, for `need` bytes of work at `seq` (no words yet). */
 void mml_ledger_oom_now(mml_ledger *g, int64_t seq, int64_t need, int alone, mml_ledger_oom *o);

@@ -907,6 +907,9 @@ TEST(ledger_explainer_names_the_charge) {
   CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
   CHECK(strstr(err.msg, "waiting for the consumer (30 bytes of batches the consumer holds)"));
   CHECK(strstr(err.msg, "max_memory >= 130 would hold it; release earlier batches"));
+  o.hint = ""; /* none (the consumer holds no batch) */
+  CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
+  CHECK(strstr(err.msg, "max_memory >= 130 would hold it") && !strstr(err.msg, "; "));
   mml_ledger_oom_now(g, -1, 60, 1, &o); /* not named: its owner names it */
   o.what = "a sample";
   CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);

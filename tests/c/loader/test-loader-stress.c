@@ -357,6 +357,13 @@ static void pick(schedule *s, long long seed, const int64_t largest[NSHAPES], mm
 
 /* Runs one schedule and checks S2..S4: 0 when it passed (*oom: it ended out of memory;
  * *reread: its samples read again, loader_admit.c READ AGAIN). */
+/* X1: the hint to release batches (`del batch`, "release earlier batches") only where the
+ * consumer holds some: with none held it frees nothing. */
+static int oom_hint_fits(const char *msg) {
+  if (!strstr(msg, "(0 bytes of batches the consumer holds")) return 1;
+  return !strstr(msg, "del batch") && !strstr(msg, "release earlier batches");
+}
+
 static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
                         const int64_t largest[NSHAPES], int *oom, uint64_t *reread, int64_t *peak,
                         int64_t *cap) {
@@ -383,6 +390,8 @@ static int run_schedule(long long seed, const epoch_out refs[NSHAPES],
   const char *why = NULL;
   if (*oom && !strstr(o.msg, "cannot hold"))
     why = "out of memory without the explainer's message";
+  else if (*oom && !oom_hint_fits(o.msg))
+    why = "the message's hint says to release batches where the consumer holds none (X1)";
   else if (*oom && s.room >= 2 * (c.prefetch + 2) * largest[s.shape] + 8 * MIB)
     why = "out of memory where the cap is not tight (S4)";
   else if (o.st && !*oom)
@@ -523,6 +532,7 @@ TEST(loader_max_memory_stuck_read_ends) {
     run_epoch(&c, &who, &o);
     if (o.st == MML_ENOMEM) {
       CHECK(strstr(o.msg, "cannot hold") != NULL);
+      CHECK(oom_hint_fits(o.msg));
       if (!ooms++) fprintf(stderr, "  %s\n", o.msg);
       continue;
     }
