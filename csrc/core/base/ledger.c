@@ -52,6 +52,7 @@
  *       Why: then only the consumer and FIXED hold credit, and neither gives any back.
  *   L8. One explainer (mml_ledger_explain) words every out-of-memory failure: the work's name
  *       and what (its charge's), its bytes, each holder's credit, the cache, the cap that fits.
+ *       ENGINE credit L7 did not wait for (the head's own, behind it) is work waiting, not running.
  *   L9. Without a cap (0) every request is granted at once; counts are still kept.
  *  L10. A head that does not fit asks back later revocable grants, latest first, to its shortfall.
  *       Asked back, they stay ENGINE credit until given back; one its owner keeps is final.
@@ -237,14 +238,24 @@ mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *e
   const int64_t fit = o->alone ? o->need + fixed : cons + eng + fixed + o->need;
   const char *hint = o->alone ? NULL : o->hint ? o->hint : g->cfg.hint;
   if (hint && !hint[0]) hint = NULL;
+  /* ENGINE credit: work running, or work that waits for this one (L7's failure: no work
+   * runs then, so naming the latter as running would say what is not true) */
+  const int64_t waits = o->waiting < eng ? o->waiting : eng;
+  char work[96];
+  if (waits > 0 && waits < eng)
+    snprintf(work, sizeof work, "%lld bytes of work running, %lld bytes of work waiting for them",
+             (long long)(eng - waits), (long long)waits);
+  else
+    snprintf(work, sizeof work, "%lld bytes of work %s", (long long)eng,
+             waits > 0 ? "waiting for them" : "running");
   mml_err_set(err, MML_ENOMEM,
               "%s%s%s=%lld cannot hold the %lld bytes of %s beside %lld bytes of finished work "
-              "waiting for the consumer (%s), %lld bytes of work running, %lld bytes set aside "
-              "for the loader's lifetime and %lld bytes cached: %s >= %lld would hold it%s%s",
+              "waiting for the consumer (%s), %s, %lld bytes set aside for the loader's lifetime "
+              "and %lld bytes cached: %s >= %lld would hold it%s%s",
               name, name[0] ? ": " : "", g->cfg.what, (long long)o->cap, (long long)o->need,
               o->what ? o->what : "work", (long long)cons,
-              o->split ? o->split : "batches it holds or has yet to take", (long long)eng,
-              (long long)fixed, (long long)o->cached, g->cfg.what, (long long)fit, hint ? "; " : "",
+              o->split ? o->split : "batches it holds or has yet to take", work, (long long)fixed,
+              (long long)o->cached, g->cfg.what, (long long)fit, hint ? "; " : "",
               hint ? hint : "");
   return MML_ENOMEM;
 }
@@ -253,6 +264,7 @@ mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *e
 static mml_status explain_locked(mml_ledger *g, const mml_charge *c, int alone, mml_ledger_oom *o,
                                  mml_err *err) {
   oom_now_locked(g, c->seq, c->bytes, alone, o);
+  if (!alone) o->waiting = c->own + g->cons_behind; /* L7: what it did not wait for */
   memcpy(o->name, c->name, sizeof o->name);
   o->name[sizeof o->name - 1] = 0;
   o->what = c->what;

@@ -202,8 +202,9 @@
  *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
  *       read, scratch and emission charges failed, a sample too large alone): the work's
  *       name, its bytes, the consumer's credit split into batches it holds and batches built
- *       ahead of it, what runs, is set aside and cached, the max_memory that would hold it,
- *       the hint (tests/test_memory.py, tests/test_video_files.py match its words).
+ *       ahead of it, what runs or waits for it (L8), is set aside and cached, the max_memory
+ *       that would hold it, the hint (tests/test_memory.py, tests/test_video_files.py match
+ *       its words).
  *   X2. A charge carries its work's name and what, copied in before its request (ticket,
  *       read and scratch charges), so the ledger names it on any thread without the loader's lock
  *       (ledger.c THREADS; test-ledger.c ledger_explainer_names_the_charge).

@@ -227,6 +227,7 @@ typedef struct mml_ledger_oom {
   int64_t seq, need; /* the work's place in the stream and its bytes */
   int alone;
   int64_t cap, held[MML_HOLDERS], cached; /* the ledger's figures */
+  int64_t waiting; /* of held[ENGINE]: work that goes on only after it (L7: own, behind) */
   char name[MML_CHARGE_NAME]; /* "": named by cfg.name or its seq; seq < 0 too: not named */
   const char *what;           /* NULL: "work" */
   const char *split;          /* the consumer's credit in the owner's words, or NULL */
