@@ -140,7 +140,7 @@
  *       coll_mu) read under mu before its look; events without mu poke from before its look
  *       (ticket_wake, ld_room_wake), events under mu once its wait began (ld_coll_wake_locked,
  *       next() kept from declaring, ld_consumer_stale_locked).
- *       test-loader-stress.c S1 (the summary counts its waits per batch: stats collator_room_waits).
+ *       test-loader-collator-wait.c CW1-CW3 (no poll; a release, close end it); stress S1.
  *   W3. A wake changes when a waiter looks, never what it decides.
  *       test-loader-stress.c S2; tests/test_batch_digest.py.
  *   W4. A worker reads the ledger's change count under mu before it looks for work or room
