@@ -83,6 +83,8 @@
  *       grants not mapped yet (tickets_give_back_locked).  test-loader-stress.c S1.
  *   T5. With only parked reads running and the consumer waiting, a read asks out of turn when
  *       a ticket charge waits (mem_blocked): that charge cannot be granted before it ends.
+ *       Why a try, not a request: in turn it waits behind that charge (L1), a deadlock; out of
+ *       turn and waiting, it would hold that charge behind it, which T6's give-back must grant.
  *       tests/c/base/test-ledger.c ledger_waiting_read_parks_and_asks_out_of_turn.
  *   T6. T5's try refused, the read gives back what it took once per ticket head; the consumer
  *       is poked and L7 decides for the ticket (t5_refused_locked; C4, C7).
