@@ -242,6 +242,7 @@ TEST_DECLARE(loader_max_memory_stuck_read_ends)
 TEST_DECLARE(loader_max_memory_seek_gives_bytes_back)
 TEST_DECLARE(loader_max_memory_parked_reads_asked_again_end)
 TEST_DECLARE(loader_max_memory_collator_wait_ends)
+TEST_DECLARE(loader_max_memory_videos_ahead_make_way_end)
 /* test-video.c */
 TEST_DECLARE(test_file_and_memory_agree)
 TEST_DECLARE(test_threads)
@@ -482,6 +483,7 @@ static const mml_test_entry k_tests[] = {
     TEST_ENTRY(loader_max_memory_seek_gives_bytes_back)
     TEST_ENTRY(loader_max_memory_parked_reads_asked_again_end)
     TEST_ENTRY(loader_max_memory_collator_wait_ends)
+    TEST_ENTRY(loader_max_memory_videos_ahead_make_way_end)
     /* test-video.c */
     TEST_ENTRY(test_file_and_memory_agree)
     TEST_ENTRY(test_threads)

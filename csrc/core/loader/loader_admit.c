@@ -93,8 +93,8 @@
  * READS (ledger.c M1).  A read's bytes are one charge in the ledger (task.rch,
  * ld_admit_read_locked), asked once their size is known:
  *   R1. At the read's seq, for its buffer's growth (ld_bytes_take, B4); granted or it waits.
- *       Later samples' bytes that can be read again make way first; no read goes ahead
- *       without a grant.  test-ledger.c ledger_waiting_read_parks_and_asks_out_of_turn.
+ *       While it waits, make-way runs (C8); no read goes ahead without a grant.
+ *       test-ledger.c ledger_waiting_read_parks_and_asks_out_of_turn.
  *   R2. The worker never blocks on it: the task is parked (room_head, room_at) and a worker's
  *       look (ld_admit_parked_locked) runs it on once the change count (L11) says it moved.
  *       Why: with one worker, the decode or emission that gives the room back must still run.
@@ -118,8 +118,8 @@
  *   E1. At its batch's first sample's seq, for its float rows' pages and other tensors
  *       (fpool + sneed); granted, or it waits and the batch stays queued (no worker blocks).
  *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
- *   E2. While it waits, each look makes way: later tickets' grants not mapped (T4), videos
- *       ahead, later samples' bytes that can be read again (READ AGAIN; L10 asks too).
+ *   E2. While it waits, each look makes way (C8): later tickets' grants not mapped (T4) and,
+ *       at the head, videos ahead and later samples' bytes that can be read again.
  *       test-loader-stress.c S1.
  *   E3. Its grant moves the change count (L11) and a worker's look takes it; a seek, a
  *       rewind or a close withdraws it or gives back a grant not taken
@@ -194,11 +194,15 @@
  *       test-ledger.c ledger_consumer_woken_only_where_deadlock_rule_decides; stress S6.
  *   C7. With the engine idle, the ENGINE credit its slots hold (planned samples' media bytes,
  *       parked reads' taken bytes, waiting decodes' own) comes back only after the head, but
- *       for what the planner's make-way gives back: next() declares the rest as behind the
- *       head (ld_admit_behind_locked, mml_ledger_consumer_behind), which L7 does not wait for.
- *       Open: make-way runs only for a ticket's charge, so for a read's charge at the head,
- *       videos kept open ahead and re-readable bytes after the needed ticket are waited for.
+ *       for what make-way gives back: next() declares the rest as behind the head
+ *       (ld_admit_behind_locked, mml_ledger_consumer_behind), which L7 does not wait for.
  *       test-ledger.c ledger_deadlock_rule_with_credit_behind_the_head; stress S1.
+ *   C8. Make-way (make_way_locked) runs for whichever charge waits at the head -- a ticket's,
+ *       a read's, a decode's scratch, an emission's -- and gives back what C7 leaves out of
+ *       the credit behind it: videos kept open ahead (outside the head ticket) and the bytes
+ *       that can be read again of samples after the needed ticket and the charge.
+ *       Why: a decode's re-read at the head waited for videos kept open after it (a hang).
+ *       test-loader-stress.c loader_max_memory_videos_ahead_make_way_end.
  *
  * THE EXPLAINER (ledger.c L8).
  *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
@@ -524,22 +528,46 @@ static int64_t head_pending_bytes(mml_loader *L) {
   return n;
 }
 
+static int64_t needed_last_seq(mml_loader *L);
+
+/* C8: whether charge c (NULL: the head ticket's, asked again by the planner) is granted. */
+static int made_way(mml_loader *L, const mml_charge *c) {
+  return c && mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED;
+}
+
+/* C8: what makes way for a charge waiting at `seq` for `need` bytes -- a ticket's (c NULL:
+ * the planner's, for the head, `seq` the needed ticket's last), a read's, a decode's
+ * scratch, an emission's -- at each look while it waits, until it is granted: later
+ * tickets' grants not mapped yet (T4); at the ledger's head also spare byte buffers and
+ * the videos kept open ahead (outside the head ticket: what ld_admit_behind_locked leaves
+ * out of the credit behind the head); then the media bytes that can be read again of the
+ * samples after `seq` (READ AGAIN).  Never those of samples before it: their decodes come
+ * first and read them again at once (a read at the head dropping them, and their decodes'
+ * re-reads dropping its bytes, took turns until L7 failed the read's re-read: tests/
+ * test_memory.py test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error).  1 when
+ * it gave something back (what it gives back grants c when it fits: L2). */
+static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int64_t need) {
+  int64_t freed = tickets_give_back_locked(L, seq);
+  if (made_way(L, c)) return 1;
+  mml_ledger_stats s = {.head_seq = -1};
+  if (c) mml_ledger_get_stats(L->ledger, &s);
+  if (!c || (s.head_seq == seq && s.head_need == c->bytes)) {
+    if (ld_bytes_spares(L)) ld_bytes_free_spares(L), freed = 1;
+    if (L->video_open_bytes || L->video_held) freed += ld_release_videos_ahead_locked(L);
+    if (freed > 0 && (!c || made_way(L, c))) return 1;
+  }
+  return ld_admit_drop_bytes_ahead_locked(L, seq, need) > 0 || freed > 0;
+}
+
 int ld_admit_make_way_locked(mml_loader *L) {
   /* the head waits for room, not its turn (rebuffer: prefetch, decodes ahead): bytes later
-   * batches' samples hold ahead of their use -- their kept videos, else their media bytes,
-   * read again by their decodes -- and spare byte buffers (a cache), make way */
-  const int64_t spares = ld_bytes_spares(L),
-                h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
-  const int short_of_room = L->cfg.max_memory && L->tk_tail >= h && head_pending_bytes(L) &&
+   * batches' samples hold ahead of their use make way (make_way_locked, after the needed
+   * ticket) */
+  const int64_t h = L->tk_tail >= L->tk_head ? ld_place_needed_ticket(L) : L->tk_head;
+  const int short_of_room = L->cfg.max_memory && L->ledger && L->tk_tail >= h &&
+                            head_pending_bytes(L) &&
                             (ld_place_has_buf(tk_at(L, h)) || !ld_place_turn_waits_locked(L, h));
-  if (!short_of_room) return 0;
-  if (spares) ld_bytes_free_spares(L);
-  int64_t freed = ld_release_videos_ahead_locked(L);
-  if (!freed) { /* the samples after the needed ticket's */
-    const int64_t last = (h < L->tk_tail ? tk_at(L, h + 1)->first_seq : L->place_seq) - 1;
-    freed = ld_admit_drop_bytes_ahead_locked(L, last, head_pending_bytes(L));
-  }
-  return freed > 0 || spares;
+  return short_of_room && make_way_locked(L, NULL, needed_last_seq(L), head_pending_bytes(L));
 }
 
 /* Of the pool's `live` bytes, the buffers of batches not handed to the consumer yet:
@@ -979,9 +1007,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
   if (c->state == MML_CHARGE_GRANTED) return read_granted(L, t, grow);
   /* room from later samples' bytes that can be read again (READ AGAIN: their decodes
    * come after this read's), as the head ticket's; their release grants it when it fits */
-  if (ld_admit_drop_bytes_ahead_locked(L, t->seq, grow) > 0 &&
-      mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED)
-    return read_granted(L, t, grow);
+  if (make_way_locked(L, c, t->seq, grow) && made_way(L, c)) return read_granted(L, t, grow);
   return -1;
 }
 
@@ -1038,8 +1064,9 @@ task *ld_admit_parked_locked(mml_loader *L, int *waiting) {
   }
   if (!first) return NULL;
   *waiting = 1;
-  /* room from later samples' bytes that can be read again, as the read's request made */
-  if (ld_admit_drop_bytes_ahead_locked(L, first->seq, LD_RCH(first)->bytes) > 0) return NULL;
+  /* room made for it, as the read's request made (C7: at the head, videos kept open ahead
+   * and what can be read again after the needed ticket too) */
+  if (make_way_locked(L, LD_RCH(first), first->seq, LD_RCH(first)->bytes)) return NULL;
   /* T5: nothing but reads runs and the consumer waits, so a ticket charge waiting in the
    * ledger cannot be granted before this read ends: L1 would only hold the read behind
    * it, and the read may be what lets placement shrink or close that ticket (mem_stuck):
@@ -1079,15 +1106,10 @@ static void scratch_failed_locked(mml_loader *L, const mml_charge *c) {
   ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e);
 }
 
-/* D2: what makes way for a decode's charge that waits, at each look: later tickets' grants
- * not mapped yet (T4) and later samples' media bytes that can be read again (READ AGAIN);
- * what they give back grants it when it fits (L2).  1 when it is granted now. */
+/* D2: what makes way for a decode's charge that waits, at each look (make_way_locked).
+ * 1 when it is granted now. */
 static int scratch_make_way_locked(mml_loader *L, task *t, int64_t need) {
-  if (tickets_give_back_locked(L, t->seq) > 0 &&
-      mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED)
-    return 1;
-  return ld_admit_drop_bytes_ahead_locked(L, t->seq, need) > 0 &&
-         mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED;
+  return make_way_locked(L, &t->sch, t->seq, need) && made_way(L, &t->sch);
 }
 
 int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
@@ -1175,16 +1197,6 @@ static void emit_failed_locked(mml_loader *L, const pend_item *q) {
   ld_set_fatal_locked(L, mml_ledger_explain(L->ledger, &o, &e), &e);
 }
 
-/* E2: what makes way for a waiting emission of `need` bytes at `seq`, at each look while it
- * waits: later tickets' grants not mapped yet (T4), videos kept open ahead and later
- * samples' media bytes that can be read again (READ AGAIN) -- what C7 leaves out of the
- * credit behind it, as the planner's make-way does for a ticket's charge. */
-static void emit_make_way_locked(mml_loader *L, int64_t seq, int64_t need) {
-  (void)tickets_give_back_locked(L, seq);
-  if (L->video_open_bytes || L->video_held) (void)ld_release_videos_ahead_locked(L);
-  (void)ld_admit_drop_bytes_ahead_locked(L, seq, need);
-}
-
 int64_t ld_mem_emit_take_locked(mml_loader *L) {
   if (!L->cfg.max_memory) return 0;
   if (L->fatal) return -1;
@@ -1213,7 +1225,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   }
   int s = mml_ledger_state(L->ledger, &q->ch);
   if (s == MML_CHARGE_WAITING) { /* E2: the room it makes grants it when it fits (L2) */
-    emit_make_way_locked(L, q->seq, need);
+    (void)make_way_locked(L, &q->ch, q->seq, need);
     s = mml_ledger_state(L->ledger, &q->ch);
   }
   if (s == MML_CHARGE_WAITING) {
@@ -1665,9 +1677,9 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
   /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
    * its ticket's buffer; a parked read's taken ones; a waiting decode's, but the head's:
    * C5, D4) wait
-   * behind the head -- less what the planner's make-way gives back at its next look
-   * (ld_admit_make_way_locked: videos kept open outside the head ticket, the media bytes
-   * of samples after the needed ticket that can be read again) */
+   * behind the head -- less what make-way gives back at the head's next look (C8,
+   * make_way_locked: videos kept open outside the head ticket, the media bytes of samples
+   * after the needed ticket and the head's charge that can be read again) */
   const int64_t last = needed_last_seq(L);
   /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own);
    * behind a ticket's charge a parked read's taken bytes are behind it (T6) */
@@ -1682,8 +1694,9 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
     int64_t b = t->held - t->held_fixed + t->read_cover; /* a parked read's taken grants */
     const int planned = t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING;
     if (planned && !(t->tk >= 0 && t->tk == L->tk_head)) b -= task_video_bytes(t);
-    if (planned && t->seq > last && t->seq >= L->head_seq && !t->reread && rereadable(L, t))
-      b = 0; /* READ AGAIN */
+    if (planned && t->seq > last && t->seq > s.head_seq && t->seq >= L->head_seq && !t->reread &&
+        rereadable(L, t))
+      b = 0; /* READ AGAIN (C8: after the head's charge too) */
     n += b;
   }
   return n;

@@ -51,7 +51,7 @@
 #define MIB ((int64_t)1 << 20)
 enum { NLINES = 24, NSHAPES = 4, MAXB = NLINES + 2, NMANY = 12 };
 
-static char g_shard[128], g_many[128];
+static char g_shard[128], g_many[128], g_mixed[128];
 static const char *g_data = g_shard; /* the shard shape_cfg reads */
 /* the most encoded bytes of one many-image sample (make_many) and the most float32 pixel
  * bytes of one (shape 0's batches hold one sample each): with them the room a schedule's
@@ -59,6 +59,7 @@ static const char *g_data = g_shard; /* the shard shape_cfg reads */
 static int64_t g_sample_bytes, g_sample_px;
 static int g_any_room; /* pick draws the room as for the ordinary samples (no A4 floor) */
 static int make_many(const char *dir);
+static int make_mixed(const char *dir);
 static int make_dataset(const char *dir);
 static mml_fixture g_fx = {"lstress", make_dataset};
 
@@ -138,7 +139,7 @@ static int make_dataset(const char *dir) {
   if (!f) return -1;
   for (int i = 0; i < NLINES; i++) write_line(f, i);
   fclose(f);
-  return make_many(dir);
+  return make_many(dir) || make_mixed(dir) ? -1 : 0;
 }
 
 /* The shapes of batches: padded in order, shuffled padded, uint8 pixels, packed. */
@@ -699,4 +700,90 @@ TEST(loader_max_memory_parked_reads_asked_again_end) {
           "restarted again in %lld schedules\n",
           n, seed0, ooms, failed, again, again_in);
   CHECK_EQ_INT(failed, 0);
+}
+
+/* ---- videos kept open ahead of a read at the head (loader_admit.c C7) ------------------- */
+
+/* Every fourth line from line 1 a sample of six of make_many's large JPEGs, the others
+ * short videos: while a many-image sample's read waits for room, the video samples after
+ * it are read, planned and keep their videos open. */
+static int make_mixed(const char *dir) {
+  snprintf(g_mixed, sizeof g_mixed, "%s/x.jsonl", dir);
+  FILE *f = fopen(g_mixed, "w");
+  if (!f) return -1;
+  for (int i = 0; i < NMANY; i++) {
+    if (i % 4 != 1) {
+      fprintf(f,
+              "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"video\",\"video\":"
+              "\"%s\",\"nframes\":%d},{\"type\":\"text\",\"text\":\"What moves in %d?\"}]},"
+              "{\"role\":\"assistant\",\"content\":\"answer %d\"}]}\n",
+              i % 2 ? "vp9.webm" : "h264.mp4", 2 + i % 3, i, i);
+      continue;
+    }
+    fprintf(f,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"%.*smixed %d\"},"
+            "{\"role\":\"assistant\",\"content\":\"answer %d\"}],\"images\":[",
+            7 * 6, "<image><image><image><image><image><image>", i, i);
+    for (int j = 0; j < 6; j++) fprintf(f, "%s\"b%d.jpg\"", j ? "," : "", (i + j) % 3);
+    fprintf(f, "]}\n");
+  }
+  fclose(f);
+  return 0;
+}
+
+/* C7, C8 (loader_admit.c): a charge waiting at the ledger's head gets the videos kept open
+ * after it given back (make-way runs for every charge at the head).  make_mixed's lines in
+ * order, one sample a batch, images resized to the fewest pixels (their encoded bytes fill
+ * the cap), three workers, the consumer keeping its previous batch, max_object_bytes two
+ * large JPEGs (the read gate's estimate before a sample is counted) and 32 caps in 128 KiB
+ * steps from the least one: a many-image sample's reads or its decode's re-read wait while
+ * the video samples after it keep their videos open.  Each run ends (S1): the epoch bitwise
+ * (S2) or the explainer's error.  With make-way only for a ticket's charge, next() declared
+ * those videos as coming back (C7), nothing gave them back, and 18 of the 32 runs waited
+ * past next()'s 5 s timeout ("waiting on sample x.jsonl:2: being decoded"). */
+TEST(loader_max_memory_videos_ahead_make_way_end) {
+  if (mml_fixture_ready(&g_fx)) FAIL_AT("no fixture (tokenizer, dataset or seed videos)");
+  mml_loader_cfg c;
+  const char *data[1];
+  g_data = g_mixed;
+  shape_cfg(&c, data, 0);
+  c.vision.max_pixels = c.vision.min_pixels; /* encoded bytes, not pixels, fill the cap */
+  static epoch_out ref, o;
+  consumer who = {1, 0, 0, -1};
+  run_epoch(&c, &who, &ref);
+  CHECK_OK(ref.st, ref);
+  CHECK(ref.n == NMANY);
+  struct stat st;
+  char p[200];
+  snprintf(p, sizeof p, "%s/b0.jpg", g_fx.dir);
+  CHECK_EQ_INT(stat(p, &st), 0);
+  c.num_threads = 3;
+  c.prefetch = 1;
+  c.window = 8;
+  c.max_object_bytes = (int64_t)st.st_size * 2;
+  int ooms = 0, whole = 0, hung = 0;
+  const char *ns = getenv("MML_STRESS_SCHEDULES");
+  const int n = ns && atoi(ns) > 0 ? atoi(ns) : under_sanitizer() ? 8 : 32;
+  for (int k = 0; k < n; k++) {
+    c.max_memory = 3 * MML_SCRATCH_RESERVE + 8 * MIB + (int64_t)k * (MIB / 8);
+    who = (consumer){7u + (unsigned)k, 1, 0, under_sanitizer() ? 60.0 : 5.0};
+    run_epoch(&c, &who, &o);
+    if (o.st == MML_ENOMEM && strstr(o.msg, "cannot hold")) {
+      if (getenv("MML_STRESS_SHOW_OOM"))
+        fprintf(stderr, "  max_memory %lld: %s\n", (long long)c.max_memory, o.msg);
+      ooms++;
+      continue;
+    }
+    if (o.st == MML_ETIMEDOUT) {
+      hung++;
+      fprintf(stderr, "  max_memory %lld: %s\n", (long long)c.max_memory, o.msg);
+      continue;
+    }
+    CHECK_OK(o.st, o);
+    CHECK_EQ_INT(o.n, ref.n);
+    CHECK(!memcmp(o.h, ref.h, sizeof o.h));
+    whole++;
+  }
+  fprintf(stderr, "  %d caps: %d whole, %d out of memory, %d timed out\n", n, whole, ooms, hung);
+  CHECK_EQ_INT(hung, 0);
 }
