@@ -92,7 +92,7 @@
  *   (ld_mem_count_task_cover_locked).
  *   M1-M4 are requests that wait; the one try left is T5's out-of-turn read.  Still holds (room
  *   kept for earlier work, added to mml_ledger_room's question): ticket_hold inside M2's charge,
- *   the read gate's (ld_mem_may_read_locked) and bytes ahead's (M6).
+ *   the read gate's (ld_mem_may_read_locked); M6's bytes ahead keep none for the next batch.
  */
 #include "mml/ledger.h"
 

@@ -17,9 +17,10 @@
  * room; A6-A11 say how each is charged and how the ledger balances.  Holds left (room kept
  * for earlier work that asks later in time, which in-order grants cannot put first):
  * ticket_hold inside a ticket's charge (the scratch of decodes placed up to it, the
- * expansion of batches before it), the read gate's (ld_mem_may_read_locked: the largest
- * sample per read in flight, beside the scratch and the largest batch buffer) and bytes
- * ahead's (ld_mem_room_ahead_locked: beside the largest batch buffer).
+ * expansion of batches before it) and the read gate's (ld_mem_may_read_locked: the largest
+ * sample per read in flight, beside the scratch and the largest batch buffer).  Bytes held
+ * ahead (ld_mem_room_ahead_locked) keep no room for the next batch: make-way gives them back
+ * to whichever charge waits at the head (C8).
  *
  * DECODER SCRATCH.  An image whose decode maps more than the worker's reserve (a multi-scan
  * JPEG's coefficients, a whole-image buffer: mml_vision_plan.scratch) gives its sample a
@@ -54,7 +55,7 @@
  *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1), a
  *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
- *   A9. The holds left (the read gate, bytes ahead) ask mml_ledger_room for bytes + hold
+ *   A9. The holds left (the read gate, bytes ahead's scratch and expansion) ask mml_ledger_room for bytes + hold
  *       (ld_mem_room_hold_locked); the loader's own sums only feed messages.
  *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
  *  A10. The pool's live bytes are the consumer's: no engine reference to a batch's buffers
@@ -436,14 +437,6 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
   if (p == PL_IMG && L->compact &&
       (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
     L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
-  int64_t all = 0; /* the ticket's buffers with this one (what bytes ahead leave room for) */
-  for (int r = 0; r < PLANES; r++)
-    all += (r == p                  ? cap_rows
-            : k->pl[r].buf          ? k->pl[r].cap_rows
-            : k->pl[r].pending_rows ? k->pl[r].pending_rows
-                                    : k->pl[r].rows) *
-           (int64_t)L->row_bytes[r];
-  if (all > L->batch_buf_peak) L->batch_buf_peak = all;
   if (!L->ledger) {
     if (!turn) return 0;
   } else {
@@ -656,10 +649,10 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   return mml_ledger_room(L->ledger, INT64_MAX, pool_bytes(need) + hold);
 }
 
-int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch) {
-  if (!L->cfg.max_memory) return 1;
-  int64_t next = L->batch_buf_peak > own_batch ? L->batch_buf_peak : own_batch;
-  return ld_mem_room_locked(L, bytes + pool_bytes(next));
+int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes) {
+  /* no room kept for the next batch's buffer beside them: whichever charge waits at the
+   * head has them given back (C8) */
+  return ld_mem_room_locked(L, bytes);
 }
 
 /* The read the consumer's batch may need (only_consumer_waits, not head_final): room for

@@ -406,9 +406,6 @@ struct mml_loader {
   /* bytes of the videos kept open from their probe to their decode (mu; counted in
    * win_bytes through their tasks): now and the most at once */
   int64_t video_open_bytes, video_open_peak;
-  /* the largest batch buffer (one plane) asked for so far (mu): what bytes fetched or
-   * held ahead of their use leave room for, so the next batch never waits on them */
-  int64_t batch_buf_peak;
   /* the one ordered byte ledger (loader_admit.c THE LEDGER; NULL without max_memory):
    * every byte the cap covers is charged to it; its caches' ids (pooled pages, spare
    * byte buffers) */
@@ -910,10 +907,10 @@ void ld_ledger_assert_quiet(mml_loader *L);
 /* The most bytes the ledger held at one time (0 without one). */
 int64_t ld_ledger_peak(mml_loader *L);
 /* max_memory: room for `bytes` held ahead of their use (a remote video's first block or
- * preloaded packets, a video kept open) that still leaves the next batch its buffer: the
- * largest batch buffer asked for so far, or own_batch (the sample's own pixel bytes) when
- * more.  1: there is (always without max_memory). */
-int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes, int64_t own_batch);
+ * preloaded packets, a video kept open) beside the scratch and expansion holds; none for the
+ * next batch's buffer (whichever charge waits at the head has them given back: loader_admit.c
+ * C8).  1: there is (always without max_memory). */
+int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes);
 /* (mu held) max_memory, the head ticket cannot get its buffer: the planned samples of
  * later batches whose decode is not running close the videos they kept open (their
  * preloads go with them; their decodes open and read them again, as past
