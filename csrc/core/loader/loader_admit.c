@@ -197,6 +197,8 @@
  *       parked reads' taken bytes, waiting decodes' own) comes back only after the head, but
  *       for what make-way gives back: next() declares the rest as behind the head
  *       (ld_admit_behind_locked, mml_ledger_consumer_behind), which L7 does not wait for.
+ *       The planner's look ends with make-way done while a ticket waits (ld_place_locked).
+ *       Why: placed after its make-way, they waited for a look that never came (SEED=1008 hung).
  *       test-ledger.c ledger_deadlock_rule_with_credit_behind_the_head; stress S1.
  *   C8. Make-way (make_way_locked) runs for whichever charge waits at the head -- a ticket's,
  *       a read's, a decode's scratch, an emission's -- and gives back what C7 leaves out of
@@ -1669,10 +1671,10 @@ static int is_scratch_head(mml_loader *L, const task *t, const mml_ledger_stats 
 int64_t ld_admit_behind_locked(mml_loader *L) {
   /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
    * its ticket's buffer; a parked read's taken ones; a waiting decode's, but the head's:
-   * C5, D4) wait
-   * behind the head -- less what make-way gives back at the head's next look (C8,
-   * make_way_locked: videos kept open outside the head ticket, the media bytes of samples
-   * after the needed ticket and the head's charge that can be read again) */
+   * C5, D4) wait behind the head -- less what make-way gives back at the head's next look,
+   * or before the planner's look ends for a ticket's (C8, make_way_locked; ld_place_locked:
+   * videos kept open outside the head ticket, the media bytes of samples after the needed
+   * ticket and the head's charge that can be read again) */
   const int64_t last = needed_last_seq(L);
   /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own);
    * behind a ticket's charge a parked read's taken bytes are behind it (T6) */

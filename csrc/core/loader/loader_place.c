@@ -491,6 +491,9 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
   const int64_t was = L->place_seq;
   const int held = L->place_held, blocked = L->mem_blocked;
   place_locked(L, epoch, bie, c);
+  /* loader_admit.c C7: while a ticket waits for room, the look ends with make-way done for
+   * what it placed (next() counts those bytes as coming back: nothing else asks for them) */
+  if (L->mem_blocked && !L->fatal) retry_pending(L, c);
   if (L->place_seq != was || L->place_held != held)
     ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: the engine may be idle now */
   if (!L->fatal) mem_stuck(L, c);
