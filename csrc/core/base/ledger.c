@@ -86,7 +86,7 @@
  *       by mml_ledger_consumer_wait (loader.c; loader_admit.c C1-C7).
  *   M6. Spare byte buffers: the "spare byte buffers" cache (loader_bytes.c, ld_bytes_evict);
  *       remote video bytes ahead and videos kept open: ENGINE counts in their task's bytes
- *       (ld_mem_count_task_locked), taken only when ld_mem_room_ahead_locked has room.
+ *       (ld_mem_count_task_locked), taken only when ld_mem_room_locked has room.
  *   FIXED: the workers' scratch reserve (ld_ledger_open), the Parquet room
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).

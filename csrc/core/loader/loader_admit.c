@@ -8,7 +8,7 @@
  * ld_mem_emit_take_locked), the planner (loader_place.c, which decides none:
  * ld_admit_ticket_locked, ld_admit_make_way_locked, ld_admit_bound_stuck_locked,
  * ld_admit_pack_bound_ok, ld_admit_decodes_in_order), the video reader
- * (ld_mem_room_ahead_locked: loader_video.c) and the task's byte count
+ * (ld_mem_room_locked: loader_video.c) and the task's byte count
  * (ld_mem_count_task_locked).  Without max_memory every answer is yes.
  *
  * THE BUDGET.  max_memory covers the pool's buffers (live: batches being built, queued or
@@ -19,8 +19,8 @@
  * ticket_hold inside a ticket's charge (the scratch of decodes placed up to it, the
  * expansion of batches before it) and the read gate's (ld_mem_may_read_locked: the largest
  * sample per read in flight, beside the scratch and the largest batch buffer).  Bytes held
- * ahead (ld_mem_room_ahead_locked) keep no room for the next batch: make-way gives them back
- * to whichever charge waits at the head (C8).
+ * ahead (loader_video.c) keep no room for the next batch: make-way gives them back to
+ * whichever charge waits at the head (C8).
  *
  * DECODER SCRATCH.  An image whose decode maps more than the worker's reserve (a multi-scan
  * JPEG's coefficients, a whole-image buffer: mml_vision_plan.scratch) gives its sample a
@@ -55,8 +55,9 @@
  *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1), a
  *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
- *   A9. The holds left (the read gate, bytes ahead's scratch and expansion) ask mml_ledger_room for bytes + hold
- *       (ld_mem_room_hold_locked); the loader's own sums only feed messages.
+ *   A9. The holds left (the read gate's; the scratch and expansion holds beside bytes ahead)
+ *       ask mml_ledger_room for bytes + hold (ld_mem_room_hold_locked); the loader's own
+ *       sums only feed messages.
  *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
  *  A10. The pool's live bytes are the consumer's: no engine reference to a batch's buffers
  *       outlives its entry into the consumer's queue (ld_ledger_queued_locked; but a ticket's
@@ -649,12 +650,6 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
    * kept for earlier work, the only part the loader still adds */
   if (!L->ledger) return 0;
   return mml_ledger_room(L->ledger, INT64_MAX, pool_bytes(need) + hold);
-}
-
-int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes) {
-  /* no room kept for the next batch's buffer beside them: whichever charge waits at the
-   * head has them given back (C8) */
-  return ld_mem_room_locked(L, bytes);
 }
 
 /* The read the consumer's batch may need (only_consumer_waits, not head_final): room for

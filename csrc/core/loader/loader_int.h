@@ -704,7 +704,9 @@ void ld_admit_bound_asked_locked(mml_loader *L);
 int ld_admit_bound_stuck_locked(mml_loader *L);
 /* loader_admit.c: max_memory: 1 when the memory ledger has room for `need` more bytes (its
  * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the scratch
- * held for the decodes placed (ld_mem_scratch_hold_locked). */
+ * and expansion holds (ld_mem_scratch_hold_locked, expand_hold).  Also what bytes held
+ * ahead of their use ask (a remote video's first block or preloads, a video kept open):
+ * none kept for the next batch's buffer, as make-way gives them back (C8). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
 /* ... beside `hold` bytes of it instead; and the most scratch one decode placed in tickets
  * up to `upto`, not running yet, will take. */
@@ -906,11 +908,6 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err);
 void ld_ledger_assert_quiet(mml_loader *L);
 /* The most bytes the ledger held at one time (0 without one). */
 int64_t ld_ledger_peak(mml_loader *L);
-/* max_memory: room for `bytes` held ahead of their use (a remote video's first block or
- * preloaded packets, a video kept open) beside the scratch and expansion holds; none for the
- * next batch's buffer (whichever charge waits at the head has them given back: loader_admit.c
- * C8).  1: there is (always without max_memory). */
-int ld_mem_room_ahead_locked(mml_loader *L, int64_t bytes);
 /* (mu held) max_memory, the head ticket cannot get its buffer: the planned samples of
  * later batches whose decode is not running close the videos they kept open (their
  * preloads go with them; their decodes open and read them again, as past

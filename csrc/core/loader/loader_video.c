@@ -65,7 +65,7 @@ static void video_hold_locked(mml_loader *L, task *t, int64_t *field, int64_t de
  * the preloads) always find the rest. */
 static int video_reserve_locked(mml_loader *L, task *t, int64_t *field, int64_t bytes) {
   const int64_t cap = L->cfg.max_memory;
-  if (cap && (L->video_held + bytes > cap / 4 || !ld_mem_room_ahead_locked(L, bytes))) {
+  if (cap && (L->video_held + bytes > cap / 4 || !ld_mem_room_locked(L, bytes))) {
     L->video_preloads_refused++;
     return 0;
   }
@@ -117,7 +117,7 @@ int64_t ld_release_videos_ahead_locked(mml_loader *L) {
 
 /* Keeps video v of t open from its probe to its decode (1), when few enough are and,
  * under max_memory, what it holds idle (mml_video_held_bytes: demuxer state and tables)
- * has room (ld_mem_room_ahead_locked); counted in t's bytes until it is closed.  Else (0)
+ * has room (ld_mem_room_locked); counted in t's bytes until it is closed.  Else (0)
  * the caller closes it and the decode opens it again. */
 static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
   if (__atomic_add_fetch(&L->videos_kept, 1, __ATOMIC_RELAXED) > MML_VIDEOS_KEPT_OPEN) {
@@ -127,7 +127,7 @@ static int keep_video(mml_loader *L, task *t, int v, mml_video *vid) {
   mml_video_idle(vid);
   int64_t bytes = mml_video_held_bytes(vid);
   pthread_mutex_lock(&L->mu);
-  int room = ld_mem_room_ahead_locked(L, bytes);
+  int room = ld_mem_room_locked(L, bytes);
   if (room) {
     t->vhead[v].open_bytes = bytes;
     L->video_open_bytes += bytes;
