@@ -75,9 +75,10 @@
  *   M2. A ticket plane's buffer: ld_admit_ticket_locked (from loader_place.c rebuffer /
  *       retry_pending), at the ticket's first sample's seq; a request that waits (T1-T6),
  *       its grant moving the collator's event count (W2); L7 decides (C3).
- *   M3. A decode's scratch beyond the reserve (and its re-read's bytes):
- *       ld_mem_scratch_take_locked, at the sample's seq; a request that waits (the decode
- *       stays queued, D1-D4), its sample's media bytes its `own`; L7 decides (D4, C5).
+ *   M3. A decode's scratch beyond the reserve (and its re-read's bytes): asked when the
+ *       decode is queued (ld_admit_decode_queued_locked), at the sample's seq; a request that
+ *       waits (the decode stays queued, D1-D5), its sample's media bytes its `own`; L7
+ *       decides (D4, C5).
  *   M4. An emission's float rows and tensors: ld_mem_emit_take_locked, at its batch's first
  *       sample's seq (pend_item.seq); a request that waits (the batch stays queued, E1-E5);
  *       L7 decides (E4).
@@ -91,8 +92,9 @@
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).
  *   M1-M4 are requests that wait; the one try left is T5's out-of-turn read.  Still holds (room
- *   kept for earlier work, added to mml_ledger_room's question): ticket_hold inside M2's charge,
- *   the read gate's (ld_mem_may_read_locked); M6's bytes ahead keep none for the next batch.
+ *   kept for earlier work, added to mml_ledger_room's question): ticket_hold inside M2's
+ *   charge (an expansion's), the read gate's (ld_mem_may_read_locked); M6's bytes ahead keep
+ *   none for the next batch.
  */
 #include "mml/ledger.h"
 

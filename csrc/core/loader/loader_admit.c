@@ -16,15 +16,16 @@
  * remote video bytes ahead, videos kept open), the workers' scratch reserve and the Parquet
  * room; A6-A11 say how each is charged and how the ledger balances.  Holds left (room kept
  * for earlier work that asks later in time, which in-order grants cannot put first):
- * ticket_hold inside a ticket's charge (the scratch of decodes placed up to it, the
- * expansion of batches before it) and the read gate's (ld_mem_may_read_locked: the largest
- * sample per read in flight, beside the scratch and the largest batch buffer).  Bytes held
+ * ticket_hold inside a ticket's charge (the expansion of batches before it) and the read
+ * gate's (ld_mem_may_read_locked: the largest sample per read in flight, beside the
+ * scratch of decodes not granted yet and the largest batch buffer).  Bytes held
  * ahead (loader_video.c) keep no room for the next batch: make-way gives them back to
  * whichever charge waits at the head (C8).
  *
  * DECODER SCRATCH.  An image whose decode maps more than the worker's reserve (a multi-scan
  * JPEG's coefficients, a whole-image buffer: mml_vision_plan.scratch) gives its sample a
- * scratch_need, counted in "can it ever fit" (A4) and charged by its decode (D1-D4).
+ * scratch_need, counted in "can it ever fit" (A4) and charged once its decode is queued
+ * (D1-D5).
  * COMPACT: tickets count uint8 rows; an emission charges what its float rows add (E1).
  *
  * READ AGAIN.  Samples are read before the needs of earlier ones are known (a plan comes
@@ -73,7 +74,7 @@
  *   T1. It asks at the ticket's first sample's seq for the buffer and ticket_hold; it may wait.
  *       Its grant or failure wakes the collation thread (ticket_wake), which maps the buffer
  *       (retry_pending -> rebuffer) or raises the explainer's message (C3).  ticket_hold is
- *       room for earlier work that asks later (a decode's scratch, an emission).
+ *       room for earlier work that asks later (an emission's expansion; no scratch: D1).
  *       tests/c/base/test-ledger.c ledger_withdraw_to_resize_grants_behind_first; S1.
  *   T2. A seek, a rewind, a close, another size or a lost turn withdraws a waiting charge or
  *       gives back a grant not mapped yet (ld_admit_ticket_cancel_locked).
@@ -114,6 +115,33 @@
  *       first ask and then only for a later head than at its last restart.
  *       Why: unbounded restarts livelocked (MML_STRESS_SEED=539); once per sample hung.
  *       test-loader-stress.c loader_max_memory_parked_reads_asked_again_end.
+ *
+ * DECODES (ledger.c M3).  A decode's scratch and its re-read's bytes are one charge in the
+ * ledger (task.sch):
+ *   D1. Asked at its sample's seq once its decode is queued with every destination
+ *       (ld_admit_decode_queued_locked, from loader_place.c set_dest in the critical section
+ *       that mapped its ticket's buffer); a worker's look takes the answer
+ *       (ld_mem_scratch_take_locked): granted, it runs; waiting, it stays queued; failed, D4.
+ *       Why: its grant waits for no later work, and no later ticket asks before it.
+ *       test-loader-stress.c S1, S5;
+ *       tests/test_memory.py test_batches_complete_later_get_their_scratch_in_turn.
+ *   D2. While it waits, each worker's look makes way (C8); asked at its queueing, only the
+ *       later tickets' grants not mapped yet give way (T4: granted in the step that granted
+ *       its ticket).  Why: READ AGAIN at each queueing dropped bytes that a running decode's
+ *       end would have made room for.
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
+ *   D3. It leaves with its decode's places: unrun, unplaced (a rewind: asked again when
+ *       placed), a seek, a slot given back or close withdraws it or gives its grant back
+ *       (ld_admit_scratch_drop_locked); A6 counts grants not taken.  test-loader-stress.c S5.
+ *   D4. Its sample's media bytes are its own (mml_charge.own): at the head with the engine
+ *       idle (C5), L7 fails it with the explainer's message after the sample's name.
+ *       tests/test_memory.py
+ *       test_a_decode_whose_scratch_cannot_fit_beside_the_kept_batches_fails_at_once.
+ *   D5. Its sample's bytes dropped (READ AGAIN, a read asked back: R5) give its charge back
+ *       with them; a worker's look asks again for scratch and re-read (drop_media_locked).
+ *       Why: kept, it held room that the earlier work which took the bytes needs, for a
+ *       decode that can start only after that work.
+ *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
  *
  * EMISSIONS (ledger.c M4).  An emission's bytes are one charge in the ledger (pend_item.ch,
  * ld_mem_emit_take_locked), asked when a worker finds its batch the oldest queued, G1 open:
@@ -281,22 +309,22 @@ static int64_t expand_hold(const mml_loader *L) {
   return h > 0 ? h : 0;
 }
 
-/* The room ticket id's buffers leave free for earlier work: the scratch the decodes
- * placed in it and the tickets before it will need, and room for an expansion.  For a
- * later ticket that is the largest expanded batch so far (expand_hold); for the head
- * ticket and the needed one (needed_ticket) what comes before them is known, and never
- * more: the expansions of the batches queued for emission (fneed) and the head's own,
- * its float rows beyond the pages its buffer has (as hand_off_locked counts fneed in
+/* The room ticket id's buffers leave free for earlier work: room for an expansion (a
+ * decode's scratch is its own charge, asked in stream order when the decode is queued:
+ * D1).  For a later ticket that is the largest expanded batch so far (expand_hold); for
+ * the head ticket and the needed one (needed_ticket) what comes before them is known, and
+ * never more: the expansions of the batches queued for emission (fneed) and the head's
+ * own, its float rows beyond the pages its buffer has (as hand_off_locked counts fneed in
  * loader_collator.c), from its rows once its plan is final (a later ticket is needed),
- * else from the most rows its image buffer (`cap_rows` when that is the buffer asked
- * for: plane p of the head) can take; the scratch and the expansion never at once.  The largest expanded batch -- a pack bound's
- * float rows -- held against them hung the loader (MML_STRESS_SEED=1000: the next pack's
- * video rows waited for room that the head, a small pack, could only use after them). */
+ * else from the most rows its image buffer (`cap_rows` when that is the buffer asked for:
+ * plane p of the head) can take.  The largest expanded batch -- a pack bound's float
+ * rows -- held against them hung the loader (MML_STRESS_SEED=1000: the next pack's video
+ * rows waited for room that the head, a small pack, could only use after them). */
 static int64_t pool_bytes(int64_t need);
 static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
-  const int64_t hold = ld_mem_scratch_hold_locked(L, id), eh = expand_hold(L);
+  const int64_t eh = expand_hold(L);
   const int64_t need_id = ld_place_needed_ticket(L);
-  if (!eh || (id != L->tk_head && id != need_id)) return hold + eh;
+  if (!eh || (id != L->tk_head && id != need_id)) return eh;
   int64_t exact = 0;
   for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
     const pend_item *q = &L->pend[k % L->npend];
@@ -311,10 +339,7 @@ static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
   if (!anew && q->buf && (int64_t)mml_buf_capacity(q->buf) >= f)
     add = (int64_t)q->buf->size < f ? f - (int64_t)q->buf->size : 0;
   exact += pool_bytes(add);
-  if (exact > eh) exact = eh;
-  /* the scratch is given back (trimmed) when its decode ends, before the batch it is in can
-   * be handed off and expanded: one after the other, the larger of the two is kept free */
-  return hold > exact ? hold : exact;
+  return exact < eh ? exact : eh;
 }
 
 /* The ledger's charge for plane p's buffer of cap_rows rows: what mml_pool_alloc_cap /
@@ -619,27 +644,26 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-/* The most decoder scratch one decode placed in tickets up to `upto` (and not running:
- * those hold their grants) will take: kept free by every other use of the room, so that
- * once the decodes running now end one of these can always start.  Samples placed later
- * are held by their tickets' charges (ticket_hold, T1), samples not placed yet by their
- * reads' (ld_mem_may_read_locked counts what is placed). */
-int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto) {
+static int scratch_granted(mml_loader *L, const task *t);
+
+/* The most decoder scratch one planned decode not yet granted its charge (D1: a granted
+ * or running one holds it) will take: kept free by the read gate and bytes held ahead
+ * (ld_mem_may_read_locked, ld_mem_room_locked), so that once the decodes running now end
+ * one of these can always start. */
+int64_t ld_mem_scratch_hold_locked(mml_loader *L) {
   if (!L->cfg.max_memory || !L->scratch_max) return 0;
   int64_t hold = 0;
-  const int64_t end = upto == INT64_MAX ? L->next_seq : L->place_seq;
-  for (int64_t s = L->head_seq; s < end; s++) {
+  for (int64_t s = L->head_seq; s < L->next_seq; s++) {
     const task *t = slot_of(L, s);
     if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
-        (upto == INT64_MAX || (t->tk >= 0 && t->tk <= upto)) && t->scratch_need > hold)
+        !scratch_granted(L, t) && t->scratch_need > hold)
       hold = t->scratch_need;
   }
   return hold;
 }
 
 int ld_mem_room_locked(mml_loader *L, int64_t need) {
-  return ld_mem_room_hold_locked(L, need,
-                                 ld_mem_scratch_hold_locked(L, INT64_MAX) + expand_hold(L));
+  return ld_mem_room_hold_locked(L, need, ld_mem_scratch_hold_locked(L) + expand_hold(L));
 }
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
@@ -682,7 +706,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
    * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
    * built; a batch the consumer holds is live already): samples read ahead must not take
    * the room that the batches before them need, as they can only be decoded after those. */
-  int64_t hold = ld_mem_scratch_hold_locked(L, INT64_MAX);
+  int64_t hold = ld_mem_scratch_hold_locked(L);
   if (hold < L->scratch_max) hold = L->scratch_max;
   const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
   if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
@@ -781,6 +805,10 @@ static int64_t drop_media_locked(mml_loader *L, task *t) {
     t->reread = 1;
     t->reread_bytes = n;
     L->samples_reread++;
+    /* D5: its decode's charge (asked when it was queued) is now the wrong size, and a
+     * grant kept while the decode waits for its re-read's room would hold room the earlier
+     * work that took its bytes needs: it goes back with them, asked anew at a worker's look */
+    ld_admit_scratch_drop_locked(L, t);
   }
   ld_mem_count_task_locked(L, t); /* released: the head may be granted (L2) */
   reads_forget_locked(L, t);      /* after the release: the head asks no more than it must */
@@ -1102,28 +1130,17 @@ static int scratch_make_way_locked(mml_loader *L, task *t, int64_t need) {
   return make_way_locked(L, &t->sch, t->seq, need) && made_way(L, &t->sch);
 }
 
-int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
-  const int64_t need = t->scratch_need + (t->reread ? t->reread_bytes : 0);
-  if (!L->ledger || need <= 0) return 1;
-  mml_charge *c = &t->sch;
-  if (t->sch_on) { /* D1: asked at an earlier look: the ledger's answer */
-    const int s = mml_ledger_state(L->ledger, c);
-    if (s == MML_CHARGE_GRANTED && c->bytes == need) return scratch_granted_locked(L, t, need);
-    if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
-      t->sch_on = 0;
-      c->state = MML_CHARGE_IDLE;
-      if (c->status == MML_ENOMEM) scratch_failed_locked(L, c);
-      return 0;
-    }
-    if (s == MML_CHARGE_WAITING && c->bytes == need && !L->fatal)
-      return scratch_make_way_locked(L, t, need) ? scratch_granted_locked(L, t, need) : 0;
-    ld_admit_scratch_drop_locked(L, t); /* another size now (read again since): asked anew */
-  }
+/* D1: ONE charge at t's seq for its scratch and its re-read's bytes (`need`), asked once
+ * its decode is queued (ld_admit_decode_queued_locked) or, given back since (D5), at a
+ * worker's look: 1 when granted (now, or by the room `way` gave back), 0 when it waits or
+ * failed (the loader's error set: D4). */
+static int scratch_ask_locked(mml_loader *L, task *t, int64_t need,
+                              int (*way)(mml_loader *, task *, int64_t)) {
   if (L->fatal || L->stop) return 0;
-  /* M3, D1: ONE charge at the sample's seq for its scratch and its re-read's bytes,
-   * granted at once when nothing before it waits and it fits (the caches it knows make way
+  mml_charge *c = &t->sch;
+  /* granted at once when nothing before it waits and it fits (the caches it knows make way
    * inside it), else it WAITS: later tries are refused meanwhile (L1), the decode stays
-   * queued and the worker goes on (its grant moves the change count, L11).  Its sample's
+   * queued and the workers go on (its grant moves the change count, L11).  Its sample's
    * media bytes come back only after it: its own (c->own), not waited for by L7 (D4) */
   memset(c, 0, sizeof *c);
   c->seq = t->seq;
@@ -1141,10 +1158,53 @@ int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
     return 0;
   }
   t->sch_on = 1;
-  if (c->state == MML_CHARGE_GRANTED || scratch_make_way_locked(L, t, need))
-    return scratch_granted_locked(L, t, need);
+  if (c->state == MML_CHARGE_GRANTED || way(L, t, need)) return 1;
   ld_consumer_stale_locked(L); /* C2, C6: a decode waits in the ledger: the engine may be idle */
   return 0;
+}
+
+static int64_t scratch_charge_bytes(const task *t) {
+  return t->scratch_need + (t->reread ? t->reread_bytes : 0);
+}
+
+/* D1: what makes way for a decode's charge that waits when it is asked at its queueing:
+ * the grants of later tickets not mapped yet (T4: one granted in the ledger's step that
+ * granted t's ticket, before t's charge was asked), and no more: the decodes running give
+ * theirs back by themselves, and READ AGAIN at each queueing re-read samples a decode
+ * ending would have made room for (D2 makes way at the workers' looks). */
+static int scratch_queued_way_locked(mml_loader *L, task *t, int64_t need) {
+  (void)need;
+  return tickets_give_back_locked(L, t->seq) > 0 && made_way(L, &t->sch);
+}
+
+void ld_admit_decode_queued_locked(mml_loader *L, task *t) {
+  /* D1: in the planner's critical section that gave t its last destination (the ticket's
+   * mapping), so no later ticket's charge is asked before it */
+  const int64_t need = scratch_charge_bytes(t);
+  if (!L->ledger || need <= 0 || t->sch_on || t->dec != DEC_QUEUED) return;
+  (void)scratch_ask_locked(L, t, need, scratch_queued_way_locked);
+}
+
+int ld_mem_scratch_take_locked(mml_loader *L, task *t) {
+  const int64_t need = scratch_charge_bytes(t);
+  if (!L->ledger || need <= 0) return 1;
+  mml_charge *c = &t->sch;
+  if (t->sch_on) { /* D1: asked at its queueing or an earlier look: the ledger's answer */
+    const int s = mml_ledger_state(L->ledger, c);
+    if (s == MML_CHARGE_GRANTED && c->bytes == need) return scratch_granted_locked(L, t, need);
+    if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
+      t->sch_on = 0;
+      c->state = MML_CHARGE_IDLE;
+      if (c->status == MML_ENOMEM) scratch_failed_locked(L, c);
+      return 0;
+    }
+    if (s == MML_CHARGE_WAITING && c->bytes == need && !L->fatal)
+      return scratch_make_way_locked(L, t, need) ? scratch_granted_locked(L, t, need) : 0;
+    ld_admit_scratch_drop_locked(L, t); /* another size now (read again since): asked anew */
+  }
+  return scratch_ask_locked(L, t, need, scratch_make_way_locked)
+             ? scratch_granted_locked(L, t, need)
+             : 0;
 }
 
 void ld_admit_scratch_drop_locked(mml_loader *L, task *t) {
@@ -1514,6 +1574,11 @@ void ld_consumer_stale_locked(mml_loader *L) {
   }
 }
 
+/* D1: t's scratch charge is granted, not taken yet (its decode queued). */
+static int scratch_granted(mml_loader *L, const task *t) {
+  return t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED;
+}
+
 /* D1: t's scratch charge waits in the ledger. */
 static int scratch_waits(mml_loader *L, const task *t) {
   return t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_WAITING;
@@ -1608,9 +1673,9 @@ static int engine_idle_but_bound_locked(mml_loader *L) {
       (!L->placing || ld_place_ready(L, t)))
     return 0;
   /* the first ticket charge that waits (the one L7 may fail: those behind it wait for it)
-   * whose hold the collator has yet to ask anew (an emission queued or a decode's scratch
-   * placed since: ticket_hold) is not the one to decide on; the collator's next look asks
-   * again, which pokes (ld_admit_ticket_cancel_locked) */
+   * whose hold the collator has yet to ask anew (an emission queued since: ticket_hold) is
+   * not the one to decide on; the collator's next look asks again, which pokes
+   * (ld_admit_ticket_cancel_locked) */
   for (int64_t id = L->tk_head; L->placing && id <= L->tk_tail; id++)
     for (int p = 0; p < PLANES; p++) {
       const tk_plane *q = &tk_at(L, id)->pl[p];

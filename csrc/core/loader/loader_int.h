@@ -708,10 +708,10 @@ int ld_admit_bound_stuck_locked(mml_loader *L);
  * ahead of their use ask (a remote video's first block or preloads, a video kept open):
  * none kept for the next batch's buffer, as make-way gives them back (C8). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
-/* ... beside `hold` bytes of it instead; and the most scratch one decode placed in tickets
- * up to `upto`, not running yet, will take. */
+/* ... beside `hold` bytes of it instead; and the most scratch one planned decode, not
+ * running and its charge not granted (loader_admit.c D1), will take. */
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold);
-int64_t ld_mem_scratch_hold_locked(mml_loader *L, int64_t upto);
+int64_t ld_mem_scratch_hold_locked(mml_loader *L);
 /* max_memory: 1 when a worker may start reading one more sample. */
 int ld_mem_may_read_locked(mml_loader *L);
 /* max_memory: a decode whose images need scratch beyond the worker's reserve (or whose
@@ -720,6 +720,10 @@ int ld_mem_may_read_locked(mml_loader *L);
  * or when it failed (the ledger's deadlock rule: the loader's fatal error is set).  It
  * gives it back when it has trimmed its scratch (ld_mem_scratch_give). */
 int ld_mem_scratch_take_locked(mml_loader *L, task *t);
+/* max_memory: t's decode is queued with every destination (loader_place.c set_dest, in the
+ * critical section that mapped its ticket's buffer): its scratch charge is asked now, at
+ * its seq (loader_admit.c D1); the worker's look only takes the answer. */
+void ld_admit_decode_queued_locked(mml_loader *L, task *t);
 /* A decode's scratch charge leaves the ledger (withdrawn, or given back when granted and
  * not taken): its decode left the queue without running, or a seek, rewind or close. */
 void ld_admit_scratch_drop_locked(mml_loader *L, task *t);

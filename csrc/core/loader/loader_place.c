@@ -76,8 +76,11 @@
  * loader_admit.c T1-T3; the grant pays for the allocation, made between
  * ld_ledger_cover_begin and _end: A7) and its charge's end (ld_admit_ticket_cancel_locked);
  * what makes way for the head ticket (ld_admit_make_way_locked, after which retry_pending asks
- * again); and whether an open pack the consumer waits for asks for its rows so far
- * instead of its bound (ld_admit_bound_stuck_locked, then ld_admit_bound_asked_locked).
+ * again); a queued decode's scratch charge, asked when its last destination is set
+ * (ld_admit_decode_queued_locked: loader_admit.c D1) and left when it is unplaced
+ * (ld_admit_scratch_drop_locked, D3); and whether an open pack the consumer waits for asks
+ * for its rows so far instead of its bound (ld_admit_bound_stuck_locked, then
+ * ld_admit_bound_asked_locked).
  * Whether the batch the consumer waits for can never get room is the ledger's deadlock
  * rule (ledger.c L7), which fails its charge.
  *
@@ -229,6 +232,9 @@ static void set_dest(mml_loader *L, task *t, int p, mml_buf *buf, size_t off) {
   a->dest_off = off;
   if (t->state == SLOT_PLANNED) {
     if (t->dec == DEC_NONE && ld_place_has_dests(t)) queue_decode(L, t);
+    /* its scratch charge, in this critical section (loader_admit.c D1; a decode unplaced
+     * and placed again while queued asks anew: D3) */
+    if (t->dec == DEC_QUEUED && ld_place_has_dests(t)) ld_admit_decode_queued_locked(L, t);
   } else if (a->home && (a->home != buf || a->home_off != off)) {
     move_home(L, t, p);
   }
@@ -541,16 +547,24 @@ static void place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator
   }
 }
 
+/* A queued decode unplaced cannot start until it is placed again, which may wait for later
+ * work (a padded batch complete): its scratch charge leaves the ledger now, asked again
+ * when it has its places (loader_admit.c D3). */
+static void unplace_queued(mml_loader *L, task *t) {
+  if (t->dec == DEC_QUEUED) ld_admit_scratch_drop_locked(L, t);
+  unplace(t);
+}
+
 void ld_place_reset_locked(mml_loader *L) {
   for (int64_t id = L->tk_head; id <= L->tk_tail; id++) ticket_drop(L, tk_at(L, id));
   L->tk_head = L->tk_tail + 1;
-  for (int i = 0; i < L->window; i++) unplace(&L->tasks[i]);
+  for (int i = 0; i < L->window; i++) unplace_queued(L, &L->tasks[i]);
   L->place_seq = L->head_seq;
 }
 
 void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
   if (!L->placing) return;
-  for (int64_t s = seq; s < L->place_seq; s++) unplace(slot_of(L, s));
+  for (int64_t s = seq; s < L->place_seq; s++) unplace_queued(L, slot_of(L, s));
   for (int64_t id = L->tk_head + 1; id <= L->tk_tail; id++) ticket_drop(L, tk_at(L, id));
   if (L->tk_tail >= L->tk_head) L->tk_tail = L->tk_head;
   L->place_seq = seq;
