@@ -1096,7 +1096,8 @@ class Loader:
         kept open from their probe to their decode: demuxer state and frame tables,
         counted in max_memory), samples_reread (samples whose image bytes were dropped to
         make room under max_memory for an earlier sample's decode and read again by their
-        own: files, shard members and Parquet blobs, never fetched ones), room_waits
+        own: files, shard members and Parquet blobs, fetched ones fetched again and
+        checked to be the same bytes; never videos), room_waits
         (the workers' waits for max_memory room -- to read a sample, for a decode's
         scratch, for an emission -- one per look that found none), consumer_waits
         (next()'s waits under max_memory, one per look that found nothing for it: each

@@ -435,6 +435,47 @@ def test_batches_complete_later_get_their_scratch_in_turn(big_shard, kw):
     assert capped <= cap, f"RSS grew {capped / MB:.0f} MB, above max_memory {cap / MB:.0f} MB"
 
 
+def _big_remote(big_shard, fault_server, **kw):
+    """big_shard's photos served by the fault server: Loader keywords fetching them."""
+    root = os.path.dirname(big_shard)
+    objs = {}
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".jpg"):
+            with open(os.path.join(root, name), "rb") as f:
+                objs[f"/bkt/{name}"] = f.read()
+    srv = fault_server(objects=objs, **kw)
+    remote = dict(image_root="s3://bkt/", s3_endpoint=srv.url("/"), **BIG_KW)
+    return srv, dict(remote, aws_access_key_id="AK", aws_secret_access_key="SK")
+
+
+def test_fetched_reads_ahead_make_way_for_an_earlier_decode(big_shard, fault_server):
+    # The photos fetched over HTTP (image_root s3://), two workers, 120 MiB.  Fetched bytes
+    # of samples read ahead held the room that an earlier sample's batch buffer, decode
+    # scratch or emission asked for later, and could not give it back: the epoch ended in
+    # OutOfMemoryError (7 runs in 7; at 80 MiB with one worker 5 in 6).  Now they make way
+    # like files (READ AGAIN, loader_admit.c R7): dropped, fetched again by their decode.
+    _, remote = _big_remote(big_shard, fault_server)
+    _, d_free, _, _ = _run(big_shard, num_threads=2, **BIG_KW)
+    _, d_capped, st, _ = _run(big_shard, num_threads=2, max_memory=120 * MB, **remote)
+    assert st["fetch"]["requests"] >= NBIG, st["fetch"]
+    assert d_capped == d_free  # every batch, bitwise the local uncapped ones
+
+
+def test_a_photo_fetched_again_must_be_the_same(big_shard, fault_server):
+    # 60 MiB, one worker: samples fetched ahead make way for each earlier decode (R7) and
+    # are fetched again (in every run here).  Each photo changes on the server after its
+    # first GET: the second fetch is not what the sample was planned from, and says so.
+    srv = None
+
+    def change(method, path, rng, n):
+        if method == "GET" and n == 0 and path in srv.objects:
+            srv.objects[path] = srv.objects[path] + b"\0"  # after EOI: still a good JPEG
+
+    srv, remote = _big_remote(big_shard, fault_server, hook=change)
+    with pytest.raises(mmloader.Error, match=r"changed on the server between its plan and"):
+        _run(big_shard, num_threads=1, max_memory=60 * MB, on_error="raise", **remote)
+
+
 def test_rss_stays_under_max_memory_with_progressive_photos(big_shard):
     # Three workers each map 36 MB of coefficients while decoding: together near the
     # 112 MiB cap before any batch.  Without the per-decode charge the cap was exceeded;

@@ -92,9 +92,8 @@
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).
  *   M1-M4 are requests that wait; the one try left is T5's out-of-turn read.  Still holds (room
- *   kept for earlier work, added to mml_ledger_room's question): ticket_hold inside M2's
- *   charge (an expansion's), the read gate's (ld_mem_may_read_locked); M6's bytes ahead keep
- *   none for the next batch.
+ *   kept for earlier work, added to mml_ledger_room's question): an expansion's (expand_hold),
+ *   inside M2's charge (ticket_hold) and beside reads and M6's bytes ahead; nothing else.
  */
 #include "mml/ledger.h"
 

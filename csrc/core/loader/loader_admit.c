@@ -16,9 +16,10 @@
  * remote video bytes ahead, videos kept open), the workers' scratch reserve and the Parquet
  * room; A6-A11 say how each is charged and how the ledger balances.  Holds left (room kept
  * for earlier work that asks later in time, which in-order grants cannot put first):
- * ticket_hold inside a ticket's charge (the expansion of batches before it) and the read
- * gate's (ld_mem_may_read_locked: the largest sample per read in flight, beside the
- * scratch of decodes not granted yet and the largest batch buffer).  Bytes held
+ * ticket_hold inside a ticket's charge (the expansion of batches before it) and the
+ * expansion's beside reads and bytes ahead (expand_hold).  The read gate asks room for the
+ * reads in flight and the next, at the most one sample has held, none for earlier work
+ * (R7).  Bytes held
  * ahead (loader_video.c) keep no room for the next batch: make-way gives them back to
  * whichever charge waits at the head (C8).
  *
@@ -31,7 +32,7 @@
  * READ AGAIN.  Samples are read before the needs of earlier ones are known (a plan comes
  * from the bytes), so earlier work can find its room taken by later samples' media bytes,
  * which come back only after their own decodes.  Those that can be read again (planned,
- * decode not begun, no network, no video) make way, latest first
+ * decode not begun, no video; fetched ones are fetched again, R7) make way, latest first
  * (ld_admit_drop_bytes_ahead_locked; stats samples_reread): freed, and their decode reads
  * them again first, charging them with its scratch (task.reread).  Revocable reads (R5) are
  * asked back by the ledger itself (L10).
@@ -56,7 +57,7 @@
  *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1), a
  *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
- *   A9. The holds left (the read gate's; the scratch and expansion holds beside bytes ahead)
+ *   A9. The holds left (the expansion's beside reads and bytes ahead, ticket_hold's)
  *       ask mml_ledger_room for bytes + hold (ld_mem_room_hold_locked); the loader's own
  *       sums only feed messages.
  *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
@@ -107,7 +108,7 @@
  *       tests/test_memory.py test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error.
  *   R4. A charge leaves with its need (ld_admit_read_drop_locked): a read run again that no
  *       longer needs it, a task finishing with one.  test-loader-stress.c S5.
- *   R5. A read that can be read again without the network asks revocably (L10), settled when
+ *   R5. A read of a sample with no video and no fetch pending asks revocably (L10), settled when
  *       its decode begins; asked back, a worker gives it back (ld_admit_revoked_locked) or
  *       keeps it (mml_ledger_keep).  test-ledger.c ledger_revokes_later_reads_for_the_head,
  *       ledger_keep_asks_back_the_next; test-loader-stress.c S5.
@@ -115,6 +116,11 @@
  *       first ask and then only for a later head than at its last restart.
  *       Why: unbounded restarts livelocked (MML_STRESS_SEED=539); once per sample hung.
  *       test-loader-stress.c loader_max_memory_parked_reads_asked_again_end.
+ *   R7. The read gate keeps no room for earlier work: fetched bytes make way too, fetched
+ *       again by their decode, which fails the sample if they changed (ld_task_media_sum).
+ *       Why: room kept for the scratch and the largest batch did not stop fetches ahead
+ *       from taking what an earlier batch asked later (OutOfMemoryError where it fit).
+ *       tests/test_memory.py test_fetched_reads_ahead_make_way_for_an_earlier_decode.
  *
  * DECODES (ledger.c M3).  A decode's scratch and its re-read's bytes are one charge in the
  * ledger (task.sch):
@@ -524,8 +530,6 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       *grant = bytes;
     }
   }
-  if ((int64_t)((size_t)cap_rows * L->row_bytes[p]) > L->tk_bytes_max)
-    L->tk_bytes_max = (int64_t)((size_t)cap_rows * L->row_bytes[p]);
   return 1;
 }
 
@@ -644,26 +648,8 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-static int scratch_granted(mml_loader *L, const task *t);
-
-/* The most decoder scratch one planned decode not yet granted its charge (D1: a granted
- * or running one holds it) will take: kept free by the read gate and bytes held ahead
- * (ld_mem_may_read_locked, ld_mem_room_locked), so that once the decodes running now end
- * one of these can always start. */
-int64_t ld_mem_scratch_hold_locked(mml_loader *L) {
-  if (!L->cfg.max_memory || !L->scratch_max) return 0;
-  int64_t hold = 0;
-  for (int64_t s = L->head_seq; s < L->next_seq; s++) {
-    const task *t = slot_of(L, s);
-    if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
-        !scratch_granted(L, t) && t->scratch_need > hold)
-      hold = t->scratch_need;
-  }
-  return hold;
-}
-
 int ld_mem_room_locked(mml_loader *L, int64_t need) {
-  return ld_mem_room_hold_locked(L, need, ld_mem_scratch_hold_locked(L) + expand_hold(L));
+  return ld_mem_room_hold_locked(L, need, expand_hold(L));
 }
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
@@ -698,22 +684,16 @@ int ld_mem_may_read_locked(mml_loader *L) {
   if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
   /* Nothing read, decoding, queued or emitting and the consumer waiting: no earlier work
-   * can use the room held below, and the batch it waits for may need this sample (holding
+   * can use the expansion's room held below, and the batch it waits for may need this sample (holding
    * it back hung the loader when two large batches did not fit beside the rest); the
    * steps after the read still check the cap and name what cannot fit. */
   if (only_consumer_waits(L) && !head_final(L)) return read_room_or_ahead(L, est);
-  /* Once samples need scratch: beside the most one has needed (the one read may need as
-   * much) and the largest batch buffer taken or samples' pixel rows planned (the next one
-   * built; a batch the consumer holds is live already): samples read ahead must not take
-   * the room that the batches before them need, as they can only be decoded after those. */
-  int64_t hold = ld_mem_scratch_hold_locked(L);
-  if (hold < L->scratch_max) hold = L->scratch_max;
+  /* R7: no room kept for earlier work's scratch or batch buffers: what these reads take,
+   * files' or fetched, makes way for it when it asks (READ AGAIN) */
   const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
-  if (!hold && !expands) return ld_mem_room_locked(L, est * (L->in_flight + 1));
-  const int64_t tk = mml_round_2mib(L->tk_bytes_max > L->px_max ? L->tk_bytes_max : L->px_max);
-  int64_t eh = expand_hold(L); /* before any batch: a sample's expanded rows */
-  if (L->compact && !L->fbytes_max) eh = mml_round_2mib(L->pxf_max);
-  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1) + tk, hold + eh);
+  int64_t eh = expands ? expand_hold(L) : 0; /* before any batch: a sample's expanded rows */
+  if (expands && !L->fbytes_max) eh = mml_round_2mib(L->pxf_max);
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1), eh);
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
@@ -738,7 +718,7 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
     px += t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
   for (int i = 0; i < media_items(t); i++) enc += (int64_t)t->imgs[i].len;
   int img = -1;
-  t->scratch_need = scratch_need(L, t, &img); /* L->scratch_max: finish_task_locked */
+  t->scratch_need = scratch_need(L, t, &img);
   int64_t room = L->cfg.max_memory - scratch_bytes(L) - ld_pq_reserved(L);
   if (px + enc + t->scratch_need <= room) return MML_OK;
   /* X1: the one explainer; unnamed (seq -1): the sample's error is prefixed with its name */
@@ -758,11 +738,12 @@ mml_status ld_mem_check_sample(const mml_loader *L, task *t, mml_err *err) {
   return mml_ledger_explain(L->ledger, &o, err);
 }
 
-/* Whether t's media can be read again by its decode without waiting on the network:
- * nothing of it was fetched (files, shard members, Parquet blobs, data: URIs) and it has
- * no video (a video kept open may read its bytes). */
+/* Whether t's media can be read again by its decode: it has no video (a video kept open
+ * may read its bytes).  Files, shard members, Parquet blobs and data: URIs are read again;
+ * fetched bytes are fetched again, and must be the same (R7). */
 static int rereadable(const mml_loader *L, const task *t) {
-  return t->rec_parsed && !t->fetched_bytes && !L->remote[t->sample.shard] && !t->rec.nvideos;
+  (void)L;
+  return t->rec_parsed && !t->rec.nvideos;
 }
 
 /* R5: t's charges all settled or forgotten: rc[] is free for its next reads -- but not
@@ -797,8 +778,11 @@ static void reads_forget_locked(mml_loader *L, task *t) {
 static int64_t drop_media_locked(mml_loader *L, task *t) {
   const int64_t before = L->win_bytes;
   int64_t n = 0;
+  if (t->fetched_bytes) t->reread_sum = ld_task_media_sum(t); /* R7 */
   for (int i = 0; i < media_items(t) && i < t->imgs_cap; i++) {
-    if (t->imgs[i].len) n += ld_bytes_cap(t->imgs[i].len + 1); /* what the re-read maps */
+    const int64_t c = ld_bytes_cap(t->imgs[i].len + 1); /* what the re-read maps */
+    if (t->imgs[i].len)
+      n += t->fetched_bytes && (int64_t)t->imgs[i].cap > c ? (int64_t)t->imgs[i].cap : c;
     mml_bytes_free(&t->imgs[i]);
   }
   if (n) {
@@ -1000,7 +984,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
    * earlier waits and it fits (the ledger's caches -- pooled pages, spare byte buffers --
    * make way inside it), else it WAITS in the ledger: later tries are refused meanwhile
    * (L1), and the task is parked (R2).  R5: revocable while its bytes can be read again
-   * without the network (no fetch of its stage submitted, no video) */
+   * (no fetch of its stage pending, no video) */
   mml_charge *c = LD_RCH(t);
   memset(c, 0, sizeof *c);
   c->seq = t->seq;
@@ -1572,11 +1556,6 @@ void ld_consumer_stale_locked(mml_loader *L) {
                                ld_admit_engine_idle_locked(L) ? ld_admit_behind_locked(L) : 0);
     mml_ledger_consumer_stale(L->ledger);
   }
-}
-
-/* D1: t's scratch charge is granted, not taken yet (its decode queued). */
-static int scratch_granted(mml_loader *L, const task *t) {
-  return t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED;
 }
 
 /* D1: t's scratch charge waits in the ledger. */

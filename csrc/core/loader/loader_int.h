@@ -154,9 +154,11 @@ struct task {
   /* max_memory: its media's bytes were dropped to make room for earlier work
    * (ld_admit_drop_bytes_ahead_locked; reread_bytes of them) and are read again by its
    * decode, which takes room for them first (reread_granted, in scratch_extra until they
-   * are read and counted in held; mu) */
+   * are read and counted in held; mu); fetched bytes are fetched again, and must be the
+   * same: reread_sum, ld_task_media_sum's answer when they were dropped */
   int reread;
   int64_t reread_bytes, reread_granted;
+  uint64_t reread_sum;
   /* max_memory: what was charged for its image bytes before they were read
    * (ld_bytes_take: the growth of the buffer they are read into), counted in read_extra
    * until they are counted in held (ld_mem_count_task_locked; mu) */
@@ -335,11 +337,8 @@ struct mml_loader {
   int mem_blocked;          /* a ticket waits (for room, or its turn: rebuffer) */
   int place_held;           /* placement stopped until the collator takes samples (C2) */
   /* decoder scratch beyond the per-worker reserve (ld_mem_scratch_take_locked): granted to
-   * the decodes running; the most one sample has needed (0: holds are not looked for) */
-  int64_t scratch_extra, scratch_max;
-  /* the largest ticket plane buffer taken and one sample's pixel bytes planned (reads keep
-   * room for two: ld_mem_may_read_locked) */
-  int64_t tk_bytes_max, px_max;
+   * the decodes running */
+  int64_t scratch_extra;
   /* compact: the largest expanded batch a ticket will become, and one sample's expanded
    * rows planned (the expansion hold); bytes granted to emissions running (their float
    * rows) */
@@ -703,16 +702,15 @@ void ld_admit_bound_asked_locked(mml_loader *L);
  * decide but for the bound): the planner asks for its rows so far instead. */
 int ld_admit_bound_stuck_locked(mml_loader *L);
 /* loader_admit.c: max_memory: 1 when the memory ledger has room for `need` more bytes (its
- * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the scratch
- * and expansion holds (ld_mem_scratch_hold_locked, expand_hold).  Also what bytes held
+ * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the
+ * expansion hold (expand_hold).  Also what bytes held
  * ahead of their use ask (a remote video's first block or preloads, a video kept open):
  * none kept for the next batch's buffer, as make-way gives them back (C8). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
-/* ... beside `hold` bytes of it instead; and the most scratch one planned decode, not
- * running and its charge not granted (loader_admit.c D1), will take. */
+/* ... beside `hold` bytes of it instead. */
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold);
-int64_t ld_mem_scratch_hold_locked(mml_loader *L);
-/* max_memory: 1 when a worker may start reading one more sample. */
+/* max_memory: 1 when a worker may start reading one more sample: room for the reads in
+ * flight and it, at the most one sample has held (R7). */
 int ld_mem_may_read_locked(mml_loader *L);
 /* max_memory: a decode whose images need scratch beyond the worker's reserve (or whose
  * media bytes are read again) takes it before it starts: 1 when its charge is granted; 0
@@ -930,6 +928,8 @@ typedef struct ld_video_ctx {
 void ld_ready_push_locked(mml_loader *L, task *t);
 void ld_fetch_one_more(mml_loader *L, task *t, int *nremote);
 void ld_fetch_undo(mml_loader *L, task *t);
+/* A hash of t's media bytes (images and frames, lengths included): a refetch's check. */
+uint64_t ld_task_media_sum(const task *t);
 /* (mu held) What t's sample holds that no decode will read gives it back: a read's charge
  * still in the ledger, its reads' grants (settled: final), its videos (closed, their bytes
  * released) and its image byte buffers (into the spares: ld_bytes_return_locked).  Called

@@ -60,6 +60,7 @@
 
 #include "loader_int.h"
 #include "mml/datauri.h"
+#include "mml/fetch_sync.h"
 #include "mml/message.h"
 
 void ld_ready_push_locked(mml_loader *L, task *t) {
@@ -321,6 +322,29 @@ void ld_fetch_undo(mml_loader *L, task *t) {
   pthread_mutex_unlock(&L->mu);
 }
 
+/* Media item i of t at URL t->path (a range of it: off, len): its fetch submitted (counted
+ * in *nremote), or, read again at its decode (READ AGAIN, reread_media), fetched and
+ * waited for (close() ends the wait). */
+static mml_status fetch_item(mml_loader *L, task *t, int i, mml_fetcher *f, int64_t off,
+                             int64_t len, int *nremote, run_acc *acc, mml_err *err) {
+  const char *p = (const char *)t->path.data;
+  mml_status st;
+  if (t->reread) {
+    st = mml_fetch_get_cancellable(f, p, off, len, &L->cancel, &t->imgs[i], err);
+    if (st)
+      ld_err_media(err, &t->rec, i);
+    else
+      acc->bytes += t->imgs[i].len;
+    return st;
+  }
+  ld_fetch_one_more(L, t, nremote);
+  t->refs[i + 1].t = t;
+  t->refs[i + 1].which = i;
+  st = mml_fetch_submit(f, p, off, len, on_fetch, &t->refs[i + 1], err);
+  if (st) ld_fetch_undo(L, t);
+  return st;
+}
+
 /* Media item i named `ref` (an image, then video frames: mml_record_media_ref, then the
  * WebDataset member videos): read now, or its fetch submitted (counted in *nremote; *f is
  * obtained on the first remote item). */
@@ -392,12 +416,7 @@ static mml_status load_image(mml_loader *L, task *t, int i, const char *ref, mml
     return st;
   }
   if (!*f && (st = ld_get_fetcher(L, f, err))) return st;
-  ld_fetch_one_more(L, t, nremote);
-  t->refs[i + 1].t = t;
-  t->refs[i + 1].which = i;
-  st = mml_fetch_submit(*f, p, off, len, on_fetch, &t->refs[i + 1], err);
-  if (st) ld_fetch_undo(L, t);
-  return st;
+  return fetch_item(L, t, i, *f, off, len, nremote, acc, err);
 }
 
 static mml_status read_media(mml_loader *L, task *t, int from, int nremote, run_acc *acc, int *wait,
@@ -689,11 +708,7 @@ static void finish_task_locked(mml_loader *L, task *t) {
   ld_admit_read_drop_locked(L, t); /* R4: a parked read's charge its read did not take */
   L->in_flight--;
   ld_room_gates_changed_locked(L); /* W5: the read gate counts reads in flight */
-  if (t->scratch_need > L->scratch_max) L->scratch_max = t->scratch_need; /* holds looked for */
   if (t->sample.status == MML_OK) {
-    const int64_t px = t->sample.pixel_rows * (int64_t)L->row_bytes[PL_IMG] +
-                       t->sample.vpixel_rows * (int64_t)L->row_bytes[PL_VID];
-    if (px > L->px_max) L->px_max = px;
     const int64_t pxf = t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
     if (L->compact && pxf > L->pxf_max) L->pxf_max = pxf;
   }
@@ -720,9 +735,20 @@ static void finish_task_locked(mml_loader *L, task *t) {
   }
 }
 
+uint64_t ld_task_media_sum(const task *t) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a over each item's length and bytes */
+  for (int i = 0; i < t->rec.nimages + mml_record_frames(&t->rec) && i < t->imgs_cap; i++) {
+    const uint64_t n = t->imgs[i].len;
+    for (int k = 0; k < 64; k += 8) h = (h ^ ((n >> k) & 0xff)) * 1099511628211ull;
+    for (size_t k = 0; k < t->imgs[i].len; k++) h = (h ^ t->imgs[i].data[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
 /* Its media's bytes, dropped for earlier work under max_memory (task.reread), read again
- * as its plan stage read them (no network: ld_admit_drop_bytes_ahead_locked chose it); the
- * sample's byte count stays what the first read made it. */
+ * as its plan stage read them (fetched bytes fetched again and waited for, and checked to
+ * be the ones its plan was made from); the sample's byte count stays what the first read
+ * made it. */
 static mml_status reread_media(mml_loader *L, task *t, run_acc *acc, mml_err *err) {
   const uint64_t bytes = t->sample.bytes;
   mml_fetcher *f = NULL;
@@ -735,6 +761,10 @@ static mml_status reread_media(mml_loader *L, task *t, run_acc *acc, mml_err *er
   t->sample.bytes = bytes;
   if (!st && nremote)
     st = mml_err_set(err, MML_EINTERNAL, "a sample read again at its decode fetched its media");
+  if (!st && t->fetched_bytes && ld_task_media_sum(t) != t->reread_sum)
+    st = mml_err_set(err, MML_EFETCH,
+                     "its media changed on the server between its plan and its decode (fetched "
+                     "again there: max_memory needed the room)");
   return st;
 }
 
