@@ -168,6 +168,22 @@ def test_an_emission_that_cannot_fit_is_the_deadlock_rules_error(shard):
     assert " 0 bytes of work running" in msg, msg  # L7: only the consumer holds credit
 
 
+def test_a_batch_whose_expansion_fits_in_place_is_delivered(shard):
+    # One worker, one batch at a time, each a 1024x768 photo: ~20 MiB of float32 rows, which
+    # the compact buffer (its uint8 rows' pages) grows into in place.  Its expansion is a
+    # charge of its ticket for exactly the pages it adds, asked once its rows are final
+    # (loader_admit.c E1), so the reserve and 21 MiB hold every batch.  The ticket's charge
+    # used to keep room for the whole float rows beside its uint8 buffer (23068672 bytes
+    # for this ticket alone: OutOfMemoryError at the first sample).
+    kw = dict(num_threads=1, prefetch=1)
+    _, free, _, _ = _run(shard, **kw)
+    cap = 16 * MB + 21 * MB  # the worker's scratch reserve and one batch
+    _, capped, st, _ = _run(shard, max_memory=cap, **kw)
+    assert capped == free  # every batch, the same ones
+    assert st["pool_peak_bytes"] <= cap
+    assert st["pixel_rows_expanded"] > 0  # pixel_format="float32": expanded in the engine
+
+
 def test_max_memory_below_scratch_is_a_config_error(shard):
     with pytest.raises(mmloader.ConfigError, match="max_memory"):
         mmloader.Loader(shard, tokenizer=TINY, num_threads=4, max_memory=32 * MB)

@@ -79,9 +79,11 @@
  *       decode is queued (ld_admit_decode_queued_locked), at the sample's seq; a request that
  *       waits (the decode stays queued, D1-D5), its sample's media bytes its `own`; L7
  *       decides (D4, C5).
- *   M4. An emission's float rows and tensors: ld_mem_emit_take_locked, at its batch's first
- *       sample's seq (pend_item.seq); a request that waits (the batch stays queued, E1-E5);
- *       L7 decides (E4).
+ *   M4. A batch's expansion (compact rows' float pages): ld_admit_expand_locked, at its
+ *       ticket's first sample's seq once its rows are final, held to its emission; and the
+ *       emission's other tensors (and pages not charged so): ld_mem_emit_take_locked, at the
+ *       same seq (pend_item.seq); requests that wait (the batch stays queued, E1-E5); L7
+ *       decides (E4).
  *   M5. The pool: ledger_pool_hook counts live bytes as CONSUMER credit (covered by M2 / M4's
  *       grants) and kept pages as the "pooled pages" cache (mml_pool_evict); next() waits
  *       by mml_ledger_consumer_wait (loader.c; loader_admit.c C1-C7).
@@ -92,8 +94,8 @@
  *   (ld_ledger_start_locked), each slot's record, path and Parquet-row buffers
  *   (ld_mem_count_task_cover_locked).
  *   M1-M4 are requests that wait; the one try left is T5's out-of-turn read.  Still holds (room
- *   kept for earlier work, added to mml_ledger_room's question): an expansion's (expand_hold),
- *   inside M2's charge (ticket_hold) and beside reads and M6's bytes ahead; nothing else.
+ *   kept for earlier work, added to mml_ledger_room's question): none; M6's bytes ahead keep
+ *   none for the next batch.
  */
 #include "mml/ledger.h"
 

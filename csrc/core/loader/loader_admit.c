@@ -16,18 +16,16 @@
  * remote video bytes ahead, videos kept open), the workers' scratch reserve and the Parquet
  * room; A6-A11 say how each is charged and how the ledger balances.  Holds left (room kept
  * for earlier work that asks later in time, which in-order grants cannot put first):
- * ticket_hold inside a ticket's charge (the expansion of batches before it) and the
- * expansion's beside reads and bytes ahead (expand_hold).  The read gate asks room for the
- * reads in flight and the next, at the most one sample has held, none for earlier work
- * (R7).  Bytes held
- * ahead (loader_video.c) keep no room for the next batch: make-way gives them back to
- * whichever charge waits at the head (C8).
+ * none.  The read gate asks room for the reads in flight and the next, at the most one
+ * sample has held (R7).  Bytes held ahead (loader_video.c) keep no room for the next batch:
+ * make-way gives them back to whichever charge waits at the head (C8).
  *
  * DECODER SCRATCH.  An image whose decode maps more than the worker's reserve (a multi-scan
  * JPEG's coefficients, a whole-image buffer: mml_vision_plan.scratch) gives its sample a
  * scratch_need, counted in "can it ever fit" (A4) and charged once its decode is queued
  * (D1-D5).
- * COMPACT: tickets count uint8 rows; an emission charges what its float rows add (E1).
+ * COMPACT: tickets count uint8 rows; what their float rows add is charged once their rows
+ * are final, until their emission (E1).
  *
  * READ AGAIN.  Samples are read before the needs of earlier ones are known (a plan comes
  * from the bytes), so earlier work can find its room taken by later samples' media bytes,
@@ -57,8 +55,8 @@
  *   A8. The ledger alone decides: requests that wait for reads (R1), tickets (T1), a
  *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
- *   A9. The holds left (the expansion's beside reads and bytes ahead, ticket_hold's)
- *       ask mml_ledger_room for bytes + hold (ld_mem_room_hold_locked); the loader's own
+ *   A9. No hold is left: the room questions (the read gate's, bytes ahead's) ask
+ *       mml_ledger_room for their bytes alone (ld_mem_room_hold_locked); the loader's own
  *       sums only feed messages.
  *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
  *  A10. The pool's live bytes are the consumer's: no engine reference to a batch's buffers
@@ -72,19 +70,20 @@
  *
  * TICKETS (ledger.c M2).  A ticket plane's buffer is one charge in the ledger (tk_plane.ch,
  * ld_admit_ticket_locked), kept while the plane is pending:
- *   T1. It asks at the ticket's first sample's seq for the buffer and ticket_hold; it may wait.
+ *   T1. It asks at the ticket's first sample's seq for the buffer alone; it may wait.
  *       Its grant or failure wakes the collation thread (ticket_wake), which maps the buffer
- *       (retry_pending -> rebuffer) or raises the explainer's message (C3).  ticket_hold is
- *       room for earlier work that asks later (an emission's expansion; no scratch: D1).
+ *       (retry_pending -> rebuffer) or raises the explainer's message (C3).
  *       tests/c/base/test-ledger.c ledger_withdraw_to_resize_grants_behind_first; S1.
  *   T2. A seek, a rewind, a close, another size or a lost turn withdraws a waiting charge or
  *       gives back a grant not mapped yet (ld_admit_ticket_cancel_locked).
  *       test-loader-stress.c S5 (a grant not mapped counts in A6's balance).
- *   T3. Before a plane asks again or anew, the charges of the planes after it leave first.
+ *   T3. Before a plane asks again or anew, the charges of the planes after it leave first
+ *       (and the expansions of its ticket, for its image plane, and of later tickets: E1).
  *       Why: a grant behind it, not mapped while it waits, held the room it needed.
  *       test-loader-stress.c S1 (more out-of-memory errors without).
- *   T4. Earlier work refused room (an emission, a decode's scratch) takes back later tickets'
- *       grants not mapped yet (tickets_give_back_locked).  test-loader-stress.c S1.
+ *   T4. Earlier work refused room (an expansion, an emission, a decode's scratch) takes back
+ *       later tickets' grants not mapped yet and their expansions (tickets_give_back_locked).
+ *       test-loader-stress.c S1.
  *   T5. With only parked reads running and the consumer waiting, a read asks out of turn when
  *       a ticket charge waits (mem_blocked): that charge cannot be granted before it ends.
  *       Why a try, not a request: in turn it waits behind that charge (L1), a deadlock; out of
@@ -149,24 +148,34 @@
  *       decode that can start only after that work.
  *       tests/test_memory.py test_reads_ahead_make_way_for_an_earlier_decode.
  *
- * EMISSIONS (ledger.c M4).  An emission's bytes are one charge in the ledger (pend_item.ch,
- * ld_mem_emit_take_locked), asked when a worker finds its batch the oldest queued, G1 open:
- *   E1. At its batch's first sample's seq, for its float rows' pages and other tensors
- *       (fpool + sneed); granted, or it waits and the batch stays queued (no worker blocks).
- *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
- *   E2. While it waits, each look makes way (C8): later tickets' grants not mapped (T4) and,
- *       at the head, videos ahead and later samples' bytes that can be read again.
+ * EXPANSIONS AND EMISSIONS (ledger.c M4).  A batch's compact rows' expansion is one charge
+ * with its ticket (ticket.xch, ld_admit_expand_locked), held until its emission; the emission
+ * asks one more (pend_item.ch, ld_mem_emit_take_locked) when a worker finds its batch the
+ * oldest queued, G1 open:
+ *   E1. The expansion (its float rows' pages beyond its uint8 buffer) asks at the ticket's first
+ *       sample's seq once its rows are final and its image buffer mapped -- closed, before a
+ *       later ticket asks (close_ticket, rebuffer), or a later ticket placed -- and once its
+ *       decodes that still ask (scratch, a re-read) have their grants; granted, it is carried
+ *       to the emission at hand-off (xcarry).  So no work asked after it takes its room (L1);
+ *       while it waits for those decodes a later ticket may (T4 takes back a grant not mapped).
+ *       The emission asks at the same seq for its other tensors and any float rows' pages not
+ *       carried; granted, or it waits and the batch stays queued (no worker blocks).
+ *       tests/test_memory.py test_a_batch_whose_expansion_fits_in_place_is_delivered; S1.
+ *   E2. While either waits, each look makes way (C8): later tickets' grants not mapped and
+ *       their expansions (T4) and, at the head, videos ahead and later samples' bytes that
+ *       can be read again -- for an expansion, after the sample its batch waits for last.
  *       test-loader-stress.c S1.
- *   E3. Its grant moves the change count (L11) and a worker's look takes it; a seek, a
- *       rewind or a close withdraws it or gives back a grant not taken
- *       (ld_admit_emit_cancel_locked).  test-loader-stress.c S5 (A6 counts a grant not taken).
- *   E4. Waiting at the head, it is no engine work, nor is what the collator does behind it
- *       (C2); L7 fails it with the explainer's message (X1), the consumer's split and the
- *       pixel_format that needs no expansion (emit_failed_locked).  No look is counted.
- *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
- *   E5. Its own batch's buffers are CONSUMER credit (A10), so it has no own credit (own 0).
- *       Why: they come back only after it, and L7 waits for no CONSUMER credit anyway.
- *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error.
+ *   E3. Their grants move the change count (L11); a seek, a rewind, a close or another buffer
+ *       withdraws them or gives back a grant not taken (ld_admit_expand_cancel_locked,
+ *       ld_admit_emit_cancel_locked).  test-loader-stress.c S5 (A6 counts grants not taken).
+ *   E4. Waiting at the head, neither is engine work, nor is what the collator does behind an
+ *       emission (C2); L7 fails it with the explainer's message (X1), the consumer's split and
+ *       the pixel_format that needs no expansion (expand_failed_locked); while an expansion
+ *       waits the collator waits for room (expand_waits), so its failure reaches it.
+ *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error; S1.
+ *   E5. A batch's buffers are CONSUMER credit (A10); its expansion's grant is ENGINE credit
+ *       back only at its emission: behind the head (C7), the emission charge's own (xcarry).
+ *       tests/test_memory.py test_an_emission_that_cannot_fit_is_the_deadlock_rules_error; S1.
  *
  * WAKING (no polling: whatever gives room back or changes a gate's input wakes the waiter).
  * The workers wait on the ledger's change count (W4), the collator on its own event count:
@@ -236,9 +245,9 @@
  *       Why: placed after its make-way, they waited for a look that never came (SEED=1008 hung).
  *       test-ledger.c ledger_deadlock_rule_with_credit_behind_the_head; stress S1.
  *   C8. Make-way (make_way_locked) runs for whichever charge waits at the head -- a ticket's,
- *       a read's, a decode's scratch, an emission's -- and gives back what C7 leaves out of
- *       the credit behind it: videos kept open ahead (outside the head ticket) and the bytes
- *       that can be read again of samples after the needed ticket and the charge.
+ *       a read's, a decode's scratch, an expansion's, an emission's -- and gives back what C7
+ *       leaves out of the credit behind it: videos kept open ahead (outside the head ticket)
+ *       and the bytes that can be read again of samples after the needed ticket and the charge.
  *       Why: a decode's re-read at the head waited for videos kept open after it (a hang).
  *       test-loader-stress.c loader_max_memory_videos_ahead_make_way_end.
  *
@@ -298,56 +307,6 @@ static int head_final(mml_loader *L) {
          ld_place_has_dests(t);
 }
 
-/* Compact under max_memory: the room kept free for expansions (uint8 rows becoming float
- * rows at emission): the largest expanded batch (the next one: a batch the consumer holds
- * is live already, in the pool's bytes; holding two here hung the loader when two did not
- * fit beside the rest), less the expanded batches already live ahead of the consumer
- * (ready, in the output queue or waiting for it; an emission running holds its grant,
- * emit_extra). */
-static int64_t expand_hold(const mml_loader *L) {
-  if (!L->compact || !L->cfg.max_memory || !L->fbytes_max) return 0;
-  int64_t h = mml_round_2mib(L->fbytes_max);
-  for (int i = 0; i < L->out_count; i++) h -= (int64_t)ld_out_at(L, i)->fbytes;
-  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
-    const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_READY) h -= (int64_t)q->it.fbytes;
-  }
-  return h > 0 ? h : 0;
-}
-
-/* The room ticket id's buffers leave free for earlier work: room for an expansion (a
- * decode's scratch is its own charge, asked in stream order when the decode is queued:
- * D1).  For a later ticket that is the largest expanded batch so far (expand_hold); for
- * the head ticket and the needed one (needed_ticket) what comes before them is known, and
- * never more: the expansions of the batches queued for emission (fneed) and the head's
- * own, its float rows beyond the pages its buffer has (as hand_off_locked counts fneed in
- * loader_collator.c), from its rows once its plan is final (a later ticket is needed),
- * else from the most rows its image buffer (`cap_rows` when that is the buffer asked for:
- * plane p of the head) can take.  The largest expanded batch -- a pack bound's float
- * rows -- held against them hung the loader (MML_STRESS_SEED=1000: the next pack's video
- * rows waited for room that the head, a small pack, could only use after them). */
-static int64_t pool_bytes(int64_t need);
-static int64_t ticket_hold(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
-  const int64_t eh = expand_hold(L);
-  const int64_t need_id = ld_place_needed_ticket(L);
-  if (!eh || (id != L->tk_head && id != need_id)) return eh;
-  int64_t exact = 0;
-  for (int64_t k = L->pend_head; k < L->pend_tail; k++) {
-    const pend_item *q = &L->pend[k % L->npend];
-    if (q->state == PEND_QUEUED) exact += pool_bytes((int64_t)q->fneed);
-  }
-  const tk_plane *q = &tk_at(L, L->tk_head)->pl[PL_IMG];
-  const int anew = id == L->tk_head && p == PL_IMG; /* its buffer is the one asked for */
-  int64_t rows = anew ? cap_rows : q->buf ? q->cap_rows : q->pending_rows;
-  if (need_id != L->tk_head || rows < q->rows) rows = q->rows; /* final, or no buffer yet */
-  const int64_t f = rows * (int64_t)L->expand_row_bytes;
-  int64_t add = f; /* a float buffer beside it, or in place: what its pages lack */
-  if (!anew && q->buf && (int64_t)mml_buf_capacity(q->buf) >= f)
-    add = (int64_t)q->buf->size < f ? f - (int64_t)q->buf->size : 0;
-  exact += pool_bytes(add);
-  return exact < eh ? exact : eh;
-}
-
 /* The ledger's charge for plane p's buffer of cap_rows rows: what mml_pool_alloc_cap /
  * mml_pool_alloc map for it (rebuffer; compact: small ones float at once, a larger one a
  * mapping of its float capacity with whole 2 MiB pages for its uint8 rows, however few). */
@@ -393,9 +352,11 @@ void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q) {
  * it waits (retry_pending stops at the first plane that waits: that grant would hold room
  * the earlier plane needs, and nothing would map it). */
 static void cancel_after(mml_loader *L, int64_t id, int p) {
-  for (int64_t j = id; j <= L->tk_tail; j++)
+  for (int64_t j = id; j <= L->tk_tail; j++) {
     for (int r = j == id ? p + 1 : 0; r < PLANES; r++)
       ld_admit_ticket_cancel_locked(L, &tk_at(L, j)->pl[r]);
+    if (j > id || p == PL_IMG) ld_admit_expand_cancel_locked(L, tk_at(L, j)); /* E3 */
+  }
 }
 
 /* T4: the grants of tickets after `seq` that their planes have not mapped yet give their
@@ -415,20 +376,34 @@ static int64_t tickets_give_back_locked(mml_loader *L, int64_t seq) {
         ld_admit_ticket_cancel_locked(L, q);
       }
     }
+  for (int64_t id = L->tk_head; L->ledger && id <= L->tk_tail; id++) { /* expansions (E1) */
+    ticket *k = tk_at(L, id);
+    if (k->xon && k->xch.seq > seq && mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_GRANTED) {
+      n += k->xch.bytes;
+      ld_admit_expand_cancel_locked(L, k);
+    }
+  }
   return n;
 }
 
 static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t cap);
 static void sample_name(const mml_loader *L, const mml_sample *s, char *out, size_t cap);
 static int64_t batches_ahead_locked(mml_loader *L, int64_t live);
+static int64_t expand_behind_locked(mml_loader *L, const mml_ledger_stats *s);
 
 /* X1: the consumer's credit split into the batches it holds and those built ahead of it
  * (only the loader tells them apart: what `del batch` would give back). */
 static void oom_split_locked(mml_loader *L, mml_ledger_oom *o, char *split, size_t cap) {
   size_t cached, live;
   mml_pool_usage(L->pool, &cached, &live);
+  /* the expansions charged (E1) are ENGINE credit, but batches being built: told as such */
+  int64_t x = expand_behind_locked(L, NULL);
+  if (x > o->held[MML_HOLD_ENGINE]) x = o->held[MML_HOLD_ENGINE];
+  o->held[MML_HOLD_ENGINE] -= x;
+  o->held[MML_HOLD_CONSUMER] += x;
+  o->waiting = o->waiting > x ? o->waiting - x : 0; /* L8: it was behind the head (C7) */
   const int64_t cons = o->held[MML_HOLD_CONSUMER];
-  int64_t ahead = batches_ahead_locked(L, (int64_t)live);
+  int64_t ahead = batches_ahead_locked(L, (int64_t)live) + x;
   if (ahead > cons) ahead = cons;
   snprintf(split, cap,
            "%lld bytes of batches the consumer holds, %lld bytes of batches being built or "
@@ -459,37 +434,31 @@ static void ticket_failed_locked(mml_loader *L, const mml_charge *c) {
 }
 
 /* X2: what a ticket plane's charge is for, in messages. */
-static const char *const ticket_what[PLANES] = {
-    "a batch's pixel_values and the room it keeps for earlier work",
-    "a batch's pixel_values_videos and the room it keeps for earlier work"};
+static const char *const ticket_what[PLANES] = {"a batch's pixel_values",
+                                                "a batch's pixel_values_videos"};
 
 int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, int turn,
                            int64_t *grant) {
   *grant = 0;
   ticket *k = tk_at(L, id);
   tk_plane *q = &k->pl[p];
-  if (p == PL_IMG && L->compact &&
-      (int64_t)((size_t)cap_rows * L->expand_row_bytes) > L->fbytes_max)
-    L->fbytes_max = (int64_t)((size_t)cap_rows * L->expand_row_bytes); /* expand_hold */
   if (!L->ledger) {
     if (!turn) return 0;
   } else {
-    /* M2 (T1-T3): the buffer's bytes and the room it leaves for earlier work (ticket_hold)
-     * are ONE charge at the ticket's first sample's seq: granted at once when nothing
-     * before it waits and it fits (what ticket_room's formula and a try were), else it
-     * WAITS in the ledger -- later work is refused meanwhile (L1) -- and its grant wakes
-     * the collation thread (ticket_wake).  Granted, the hold goes back at once: the grant
-     * covers the buffer rebuffer maps (ld_ledger_cover_begin) */
+    /* M2 (T1-T3): the buffer's bytes are ONE charge at the ticket's first sample's seq:
+     * granted at once when nothing before it waits and it fits, else it WAITS in the
+     * ledger -- later work is refused meanwhile (L1) -- and its grant wakes the collation
+     * thread (ticket_wake).  The grant covers the buffer rebuffer maps
+     * (ld_ledger_cover_begin) */
     const int64_t bytes = ticket_charge_bytes(L, p, cap_rows);
-    const int64_t want = bytes + ticket_hold(L, id, p, cap_rows);
     if (q->charged) {
       const int s = mml_ledger_state(L->ledger, &q->ch);
-      if (s == MML_CHARGE_WAITING && turn && q->ch.bytes == want && q->ch.seq == k->first_seq)
+      if (s == MML_CHARGE_WAITING && turn && q->ch.bytes == bytes && q->ch.seq == k->first_seq)
         return 0; /* still waiting: its grant wakes the collator */
-      if (s == MML_CHARGE_GRANTED && turn && q->ch.bytes >= want) {
+      if (s == MML_CHARGE_GRANTED && turn && q->ch.bytes >= bytes) {
         q->charged = 0;
         q->ch.state = MML_CHARGE_IDLE;
-        ld_ledger_release(L, q->ch.bytes - bytes); /* the hold: room for earlier work */
+        ld_ledger_release(L, q->ch.bytes - bytes); /* more than it maps now */
         *grant = bytes;
       } else if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
         q->charged = 0;
@@ -506,7 +475,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       cancel_after(L, id, p); /* T3 */
       memset(&q->ch, 0, sizeof q->ch);
       q->ch.seq = k->first_seq;
-      q->ch.bytes = want;
+      q->ch.bytes = bytes;
       q->ch.wake = ticket_wake;
       q->ch.wake_arg = L;
       ticket_sample_name(L, id, q->ch.name, sizeof q->ch.name); /* X2 */
@@ -514,7 +483,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       mml_err e;
       const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
       if (st) {
-        /* too large alone with its hold (it can never fit beside it), failed at once by
+        /* too large alone (it can never fit), failed at once by
          * L7 (the consumer's wait declared), or shut down: no charge; the first two are
          * the loader's error, the explainer's message naming the sample (C3) */
         q->ch.state = MML_CHARGE_IDLE;
@@ -526,7 +495,6 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
         return 0;
       }
       q->ch.state = MML_CHARGE_IDLE;
-      ld_ledger_release(L, want - bytes); /* the hold */
       *grant = bytes;
     }
   }
@@ -541,6 +509,145 @@ static int64_t scratch_bytes(const mml_loader *L);
 static int64_t pool_bytes(int64_t need) {
   if (need <= 0) return 0;
   return need >= (1 << 20) ? mml_round_2mib(need) : (need + 4095) & ~(int64_t)4095;
+}
+
+/* ---- expansions (E1): charged with their tickets ---------------------------------------- */
+
+static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int64_t need);
+static void expand_failed_locked(mml_loader *L, const mml_charge *c, int named);
+
+/* E1: the pool bytes ticket k's expansion adds to its image buffer -- as hand_off_locked
+ * counts them (fpool): in place the float rows' pages beyond the uint8 ones, else a float
+ * buffer -- once its rows are final (closed, or a later ticket exists) and that buffer is
+ * the one they are in; else 0. */
+static int64_t expand_bytes(mml_loader *L, int64_t id) {
+  const ticket *k = tk_at(L, id);
+  const tk_plane *q = &k->pl[PL_IMG];
+  if (!(k->closed || id < L->tk_tail) || !q->buf || q->pending_rows || q->rows <= 0 ||
+      q->rows > q->cap_rows)
+    return 0;
+  const int64_t fb = q->rows * (int64_t)L->expand_row_bytes, size = (int64_t)q->buf->size;
+  if ((int64_t)mml_buf_capacity(q->buf) >= fb) return size < fb ? mml_round_2mib(fb - size) : 0;
+  return mml_pool_bytes(fb);
+}
+
+/* E1: a sample placed in ticket id -- or, for a pack, the next ticket's first sample, which
+ * the collator takes before it hands the pack off -- will still ask the ledger for its
+ * decode (its scratch, or its bytes read again) and has not been granted it: asked after
+ * the expansion, at its later seq, it would wait behind it while the expansion's batch
+ * waits for that very decode (a pack kept one batch fewer under its cap). */
+static int64_t expand_last_seq(mml_loader *L, int64_t id);
+static int decode_asks_to_come(mml_loader *L, int64_t id) {
+  for (int64_t s = tk_at(L, id)->first_seq, last = expand_last_seq(L, id); s <= last; s++) {
+    const task *t = slot_of(L, s);
+    if (t->seq == s && t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING &&
+        (t->scratch_need > 0 || t->reread) &&
+        !(t->sch_on && mml_ledger_state(L->ledger, &t->sch) == MML_CHARGE_GRANTED))
+      return 1;
+  }
+  return 0;
+}
+
+/* The last sample ticket id's emission waits for: its own last, or for a pack the next
+ * ticket's first -- for the tail pack, closed, the sample that closed it, placed next into
+ * a ticket of its own (close_ticket asks before that ticket exists) -- (what may make way
+ * for its expansion comes after it, E2). */
+static int64_t expand_last_seq(mml_loader *L, int64_t id) {
+  const int64_t end = id < L->tk_tail ? tk_at(L, id + 1)->first_seq : L->place_seq;
+  const int packed = L->rows_bound[PL_IMG] != 0;
+  return end - 1 + (packed && (id < L->tk_tail || tk_at(L, id)->closed));
+}
+
+void ld_admit_expand_cancel_locked(mml_loader *L, ticket *k) {
+  if (!k->xon) return;
+  k->xon = 0;
+  charge_leave_locked(L, &k->xch); /* E3 */
+}
+
+/* Returns 1 when ticket id's expansion is final and still to be asked (a decode of it will
+ * ask first), 0 otherwise. */
+static int expand_ask_locked(mml_loader *L, int64_t id) {
+  ticket *k = tk_at(L, id);
+  const int64_t want = expand_bytes(L, id);
+  if (k->xon) {
+    const int s = mml_ledger_state(L->ledger, &k->xch);
+    if (s == MML_CHARGE_FAILED) { /* L7 (the consumer waits, nothing can give room back) */
+      k->xon = 0;
+      k->xch.state = MML_CHARGE_IDLE;
+      if (k->xch.status == MML_ENOMEM) expand_failed_locked(L, &k->xch, 1);
+      return 0;
+    }
+    const int waits = s == MML_CHARGE_WAITING;
+    if (k->xch.bytes == want && k->xch.seq == k->first_seq &&
+        !(waits && decode_asks_to_come(L, id))) {
+      if (waits) (void)make_way_locked(L, &k->xch, expand_last_seq(L, id), want); /* E2 */
+      return 0;
+    }
+    ld_admit_expand_cancel_locked(L, k); /* another size, or a decode of it asks: anew */
+  }
+  if (!want || L->fatal || L->stop) return 0;
+  if (decode_asks_to_come(L, id)) return 1;
+  /* E1: ONE charge at the ticket's first sample's seq, beside its buffer's: granted at once
+   * when nothing before it waits and it fits, else it WAITS -- later work waits behind it
+   * (L1) -- and its grant or failure pokes the collator (ticket_wake).  Granted, it stays
+   * ENGINE credit until its emission maps the float rows with it (hand-off: xcarry) */
+  memset(&k->xch, 0, sizeof k->xch);
+  k->xch.seq = k->first_seq;
+  k->xch.bytes = want;
+  k->xch.wake = ticket_wake;
+  k->xch.wake_arg = L;
+  ticket_sample_name(L, id, k->xch.name, sizeof k->xch.name); /* X2 */
+  k->xch.what =
+      "the expanded pixel_values of a batch (its float rows beyond its uint8 rows, "
+      "charged from its plan to its emission)";
+  mml_err e;
+  const mml_status st = mml_ledger_request(L->ledger, &k->xch, &e);
+  if (st) { /* above max_memory alone, failed at once by L7, or shut down */
+    k->xch.state = MML_CHARGE_IDLE;
+    if (st == MML_ENOMEM) expand_failed_locked(L, &k->xch, 1);
+    return 0;
+  }
+  k->xon = 1;
+  if (k->xch.state != MML_CHARGE_GRANTED) {
+    (void)make_way_locked(L, &k->xch, expand_last_seq(L, id), want); /* E2 */
+    ld_consumer_stale_locked(L); /* C2, E4: a charge waits: the engine may be idle */
+  }
+  return 0;
+}
+
+void ld_admit_expand_locked(mml_loader *L, int64_t id) {
+  if (!L->ledger || !L->compact || id < L->tk_head || id > L->tk_tail) return;
+  (void)expand_ask_locked(L, id);
+}
+
+int ld_admit_expand_all_locked(mml_loader *L) {
+  int waits = 0;
+  if (!L->ledger || !L->compact) return 0;
+  for (int64_t id = L->tk_head; id <= L->tk_tail && !L->fatal; id++) {
+    const int later = expand_ask_locked(L, id); /* in stream order: none after one to come */
+    const ticket *k = tk_at(L, id);
+    waits |= k->xon && mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_WAITING;
+    if (later) break;
+  }
+  return waits;
+}
+
+void ld_admit_expand_hand_off_locked(mml_loader *L, pend_item *p) {
+  p->xcarry = 0;
+  if (!L->ledger || !L->placing || L->tk_tail < L->tk_head) return;
+  ticket *k = tk_at(L, L->tk_head);
+  if (!k->xon) return;
+  const int s = mml_ledger_state(L->ledger, &k->xch);
+  if (s != MML_CHARGE_GRANTED) { /* waiting: its emission asks at the same seq (E1) */
+    const int failed = s == MML_CHARGE_FAILED && k->xch.status == MML_ENOMEM;
+    ld_admit_expand_cancel_locked(L, k);
+    if (failed) expand_failed_locked(L, &k->xch, 1);
+    return;
+  }
+  k->xon = 0;
+  k->xch.state = MML_CHARGE_IDLE;
+  p->xcarry = k->xch.bytes < p->fpool ? k->xch.bytes : p->fpool;
+  ld_ledger_release(L, k->xch.bytes - p->xcarry); /* more than its rows took */
 }
 
 /* Bytes the planes of the tickets up to the needed one (the one the consumer's next batch
@@ -562,8 +669,9 @@ static int made_way(mml_loader *L, const mml_charge *c) {
 
 /* C8: what makes way for a charge waiting at `seq` for `need` bytes -- a ticket's (c NULL:
  * the planner's, for the head, `seq` the needed ticket's last), a read's, a decode's
- * scratch, an emission's -- at each look while it waits, until it is granted: later
- * tickets' grants not mapped yet (T4); at the ledger's head also spare byte buffers and
+ * scratch, an expansion's (`seq` the sample its batch waits for last: E2), an emission's --
+ * at each look while it waits, until it is granted: later tickets' grants not mapped yet
+ * (T4); when c is the ledger's head (its seq and bytes) also spare byte buffers and
  * the videos kept open ahead (outside the head ticket: what ld_admit_behind_locked leaves
  * out of the credit behind the head); then the media bytes that can be read again of the
  * samples after `seq` (READ AGAIN).  Never those of samples before it: their decodes come
@@ -576,7 +684,7 @@ static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int6
   if (made_way(L, c)) return 1;
   mml_ledger_stats s = {.head_seq = -1};
   if (c) mml_ledger_get_stats(L->ledger, &s);
-  if (!c || (s.head_seq == seq && s.head_need == c->bytes)) {
+  if (!c || (s.head_seq == c->seq && s.head_need == c->bytes)) { /* c is the head (its seq) */
     if (ld_bytes_spares(L)) ld_bytes_free_spares(L), freed = 1;
     if (L->video_open_bytes || L->video_held) freed += ld_release_videos_ahead_locked(L);
     if (freed > 0 && (!c || made_way(L, c))) return 1;
@@ -648,9 +756,7 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-int ld_mem_room_locked(mml_loader *L, int64_t need) {
-  return ld_mem_room_hold_locked(L, need, expand_hold(L));
-}
+int ld_mem_room_locked(mml_loader *L, int64_t need) { return ld_mem_room_hold_locked(L, need, 0); }
 
 int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
   if (!L->cfg.max_memory) return 1;
@@ -683,17 +789,14 @@ static int read_room_or_ahead(mml_loader *L, int64_t est) {
 int ld_mem_may_read_locked(mml_loader *L) {
   if (!L->cfg.max_memory || L->next_seq == L->head_seq) return 1; /* always one in flight */
   int64_t est = L->max_sample_bytes ? L->max_sample_bytes : L->cfg.max_object_bytes;
-  /* Nothing read, decoding, queued or emitting and the consumer waiting: no earlier work
-   * can use the expansion's room held below, and the batch it waits for may need this sample (holding
-   * it back hung the loader when two large batches did not fit beside the rest); the
-   * steps after the read still check the cap and name what cannot fit. */
+  /* Nothing read, decoding, queued or emitting and the consumer waiting: the batch it
+   * waits for may need this sample (holding it back hung the loader when two large batches
+   * did not fit beside the rest); the steps after the read still check the cap and name
+   * what cannot fit. */
   if (only_consumer_waits(L) && !head_final(L)) return read_room_or_ahead(L, est);
   /* R7: no room kept for earlier work's scratch or batch buffers: what these reads take,
    * files' or fetched, makes way for it when it asks (READ AGAIN) */
-  const int expands = L->compact && (L->fbytes_max || L->pxf_max); /* image rows seen */
-  int64_t eh = expands ? expand_hold(L) : 0; /* before any batch: a sample's expanded rows */
-  if (expands && !L->fbytes_max) eh = mml_round_2mib(L->pxf_max);
-  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1), eh);
+  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1), 0);
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,
@@ -1206,19 +1309,22 @@ static pend_item *emit_next_locked(mml_loader *L) {
   return NULL;
 }
 
-/* E4: q's charge failed (L7, or too large alone): the loader's error, the explainer's
- * message (X1) -- its failure's parts when the ledger's latest failure is q's, else the
- * figures now -- unnamed (a whole batch's: its slots are reused), with the consumer's split
- * and, for compact rows, the pixel_format that needs no expansion. */
-static void emit_failed_locked(mml_loader *L, const pend_item *q) {
-  const mml_charge *c = &q->ch;
+/* E4: charge c of an expansion or an emission failed (L7, or too large alone): the
+ * loader's error, the explainer's message (X1) -- its failure's parts when the ledger's
+ * latest failure is c's, else the figures now -- with the consumer's split and, for compact
+ * rows, the pixel_format that needs no expansion; an emission's unnamed (`named` 0: a whole
+ * batch's, its slots are reused), an expansion's named after its ticket (X2). */
+static void expand_failed_locked(mml_loader *L, const mml_charge *c, int named) {
   mml_ledger_oom o;
   if (!mml_ledger_oom_failed(L->ledger, &o) || o.seq != c->seq || o.need != c->bytes) {
     mml_ledger_oom_now(L->ledger, c->seq, c->bytes, c->bytes > L->cfg.max_memory, &o);
+    snprintf(o.name, sizeof o.name, "%s", c->name);
     o.what = c->what;
   }
-  o.seq = -1; /* not named by its seq (X1): "the batch the consumer waits for" says it */
-  o.name[0] = 0;
+  if (!named) { /* not named by its seq (X1): "the batch the consumer waits for" says it */
+    o.seq = -1;
+    o.name[0] = 0;
+  }
   char split[256], hint[160];
   oom_split_locked(L, &o, split, sizeof split);
   if (L->compact) { /* "release earlier batches" only where the consumer holds some */
@@ -1231,6 +1337,15 @@ static void emit_failed_locked(mml_loader *L, const pend_item *q) {
   ld_set_fatal_locked(L, mml_ledger_explain(L->ledger, &o, &e), &e);
 }
 
+/* E3: the emission takes its grant (`need`) and its ticket's expansion (xcarry): ENGINE
+ * credit until the pool's hook hands it over as its rows become live (emit_extra). */
+static int64_t emit_takes_locked(mml_loader *L, pend_item *q, int64_t need) {
+  const int64_t n = need + q->xcarry;
+  q->xcarry = 0;
+  L->emit_extra += n;
+  return n;
+}
+
 int64_t ld_mem_emit_take_locked(mml_loader *L) {
   if (!L->cfg.max_memory) return 0;
   if (L->fatal) return -1;
@@ -1238,13 +1353,16 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
    * place: F - U bytes more) and its other tensors' buffers, all charged before the
    * emission maps them (the pool's hook finds them covered) */
   pend_item *q = emit_next_locked(L);
-  const int64_t need = q ? (L->compact ? q->fpool : 0) + q->sneed : 0;
-  if (need <= 0 || !L->ledger) return 0;
+  if (!q || !L->ledger) return 0;
+  const int64_t f = L->compact ? q->fpool - q->xcarry : 0; /* its ticket's expansion: E1 */
+  const int64_t need = (f > 0 ? f : 0) + q->sneed;
+  if (need <= 0) return emit_takes_locked(L, q, 0);
   const int asked = !q->charged;
   if (asked) { /* E1: ONE charge at its batch's first sample's seq, asked once */
     memset(&q->ch, 0, sizeof q->ch);
     q->ch.seq = q->seq;
     q->ch.bytes = need;
+    q->ch.own = q->xcarry; /* E5 */
     q->ch.what =
         "the expanded pixel_values and other tensors of the batch the consumer "
         "waits for (its emission)"; /* X2 */
@@ -1252,7 +1370,7 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
     const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
     if (st) { /* above max_memory alone, failed at once by L7, or shut down */
       q->ch.state = MML_CHARGE_IDLE;
-      if (st == MML_ENOMEM) emit_failed_locked(L, q);
+      if (st == MML_ENOMEM) expand_failed_locked(L, &q->ch, 0);
       return -1;
     }
     q->charged = 1;
@@ -1270,14 +1388,15 @@ int64_t ld_mem_emit_take_locked(mml_loader *L) {
   q->charged = 0;
   q->ch.state = MML_CHARGE_IDLE;
   if (s == MML_CHARGE_FAILED) { /* L7 (the consumer waits, nothing else can give room back) */
-    if (q->ch.status == MML_ENOMEM) emit_failed_locked(L, q);
+    if (q->ch.status == MML_ENOMEM) expand_failed_locked(L, &q->ch, 0);
     return -1;
   }
-  L->emit_extra += need; /* E3: granted; the emission takes it */
-  return need;
+  return emit_takes_locked(L, q, need); /* E3: granted */
 }
 
 void ld_admit_emit_cancel_locked(mml_loader *L, pend_item *q) {
+  if (q->xcarry) ld_ledger_release(L, q->xcarry); /* E3: its ticket's expansion */
+  q->xcarry = 0;
   if (!q->charged || !L->ledger) return;
   q->charged = 0;
   charge_leave_locked(L, &q->ch); /* E3 */
@@ -1652,16 +1771,14 @@ static int engine_idle_but_bound_locked(mml_loader *L) {
       (!L->placing || ld_place_ready(L, t)))
     return 0;
   /* the first ticket charge that waits (the one L7 may fail: those behind it wait for it)
-   * whose hold the collator has yet to ask anew (an emission queued since: ticket_hold) is
-   * not the one to decide on; the collator's next look asks again, which pokes
-   * (ld_admit_ticket_cancel_locked) */
+   * whose size the collator would ask anew is not the one to decide on; the collator's
+   * next look asks again, which pokes (ld_admit_ticket_cancel_locked) */
   for (int64_t id = L->tk_head; L->placing && id <= L->tk_tail; id++)
     for (int p = 0; p < PLANES; p++) {
       const tk_plane *q = &tk_at(L, id)->pl[p];
       if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_WAITING)
         return q->ch.seq == tk_at(L, id)->first_seq &&
-               q->ch.bytes == ticket_charge_bytes(L, p, q->pending_rows) +
-                                  ticket_hold(L, id, p, q->pending_rows);
+               q->ch.bytes == ticket_charge_bytes(L, p, q->pending_rows);
     }
   return 1;
 }
@@ -1707,19 +1824,52 @@ static int is_scratch_head(mml_loader *L, const task *t, const mml_ledger_stats 
          t->sch.bytes == s->head_need && scratch_waits(L, t);
 }
 
+/* C7, E2: when the ledger's head (stats s) is a ticket's waiting expansion, the last sample
+ * its batch waits for (expand_last_seq: its make-way keeps that sample's bytes); else -1. */
+static int64_t head_expand_last_locked(mml_loader *L, const mml_ledger_stats *s) {
+  for (int64_t id = L->tk_head; L->placing && L->tks && id <= L->tk_tail; id++) {
+    ticket *k = tk_at(L, id);
+    if (k->xon && k->xch.seq == s->head_seq && k->xch.bytes == s->head_need &&
+        mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_WAITING)
+      return expand_last_seq(L, id);
+  }
+  return -1;
+}
+
+/* C7, E5: expansions' ENGINE credit comes back only as their batches' rows at emission:
+ * behind the head -- tickets' grants and queued batches' carries, but the carry of an
+ * emission whose charge is the head (its own; s NULL: all of it, X1). */
+static int64_t expand_behind_locked(mml_loader *L, const mml_ledger_stats *s) {
+  int64_t n = 0;
+  for (int64_t id = L->tk_head; L->placing && L->tks && id <= L->tk_tail; id++) {
+    ticket *k = tk_at(L, id);
+    if (k->xon && mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_GRANTED) n += k->xch.bytes;
+  }
+  for (int64_t j = L->pend_head; L->pend && j < L->pend_tail; j++) {
+    pend_item *q = &L->pend[j % L->npend];
+    if (!(s && q->charged && q->seq == s->head_seq && q->ch.bytes == s->head_need &&
+          mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_WAITING))
+      n += q->xcarry;
+  }
+  return n;
+}
+
 int64_t ld_admit_behind_locked(mml_loader *L) {
   /* C7: nothing runs, so every slot's media bytes (a planned sample's, read and waiting for
    * its ticket's buffer; a parked read's taken ones; a waiting decode's, but the head's:
    * C5, D4) wait behind the head -- less what make-way gives back at the head's next look,
    * or before the planner's look ends for a ticket's (C8, make_way_locked; ld_place_locked:
    * videos kept open outside the head ticket, the media bytes of samples after the needed
-   * ticket and the head's charge that can be read again) */
-  const int64_t last = needed_last_seq(L);
+   * ticket and the head's charge -- an expansion's: the sample its batch waits for last,
+   * E2 -- that can be read again) */
   /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own);
    * behind a ticket's charge a parked read's taken bytes are behind it (T6) */
   const int64_t parked = parked_reads_only_locked(L);
   mml_ledger_stats s;
   mml_ledger_get_stats(L->ledger, &s);
+  int64_t last = needed_last_seq(L);
+  const int64_t xl = head_expand_last_locked(L, &s); /* E2 makes way only after it */
+  if (xl > last) last = xl;
   int64_t n = 0;
   for (int i = 0; L->tasks && i < L->window; i++) {
     const task *t = &L->tasks[i];
@@ -1733,7 +1883,7 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
       b = 0; /* READ AGAIN (C8: after the head's charge too) */
     n += b;
   }
-  return n;
+  return n + expand_behind_locked(L, &s);
 }
 
 int ld_admit_pack_bound_ok(const mml_loader *L, int64_t bytes) {
@@ -1815,6 +1965,7 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err) {
       if (q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_GRANTED)
         tickets += q->ch.bytes;
     }
+  tickets += expand_behind_locked(L, NULL); /* expansions held (E1), carried ones too */
   int64_t reads = 0, sgrants = 0; /* reads' charges granted, not taken by their reads yet (R2) */
   for (int i = 0; L->tasks && i < L->window; i++) {
     task *t = &L->tasks[i];

@@ -303,6 +303,7 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
     }
   }
   if (L->cfg.max_memory) p->sneed = mml_collator_emit_bytes(L->colls[*ci]);
+  ld_admit_expand_hand_off_locked(L, p); /* its ticket's expansion charge (E1) */
   /* its emission's seq (M4): its own first sample, before every ticket still placed (a
    * later ticket's charge waiting in the ledger must not hold an earlier batch back, L1) */
   p->seq =
@@ -601,7 +602,7 @@ void *ld_collator_main(void *arg) {
     task *t = &L->tasks[L->head_seq % L->window];
     if (t->state != SLOT_DONE || t->gen != c.gen || !ld_place_ready(L, t)) {
       /* a buffer it waits for: woken as room comes back (loader_admit.c W1, W2) */
-      ld_coll_wait_locked(L, seen, L->mem_blocked);
+      ld_coll_wait_locked(L, seen, L->mem_blocked || L->expand_waits);
       continue;
     }
     ld_coll_looked_locked(L);

@@ -215,6 +215,11 @@ typedef struct ticket {
   int64_t first_seq;   /* its first sample */
   int closed;          /* complete by plan */
   tk_plane pl[PLANES]; /* pixel_values, pixel_values_videos */
+  /* compact, max_memory: its expansion's charge (loader_admit.c E1), the float rows' pages
+   * beyond its uint8 buffer, asked at first_seq once its rows are final; in the ledger
+   * (WAITING, or GRANTED and held until its emission) while `xon` */
+  mml_charge xch;
+  int xon;
 } ticket;
 
 /* What one task_run call did, added to the stats by the worker (the task itself may
@@ -245,6 +250,9 @@ typedef struct pend_item {
    * whole pages: 2 MiB in place, else a fresh buffer's) and its other tensors
    * (mml_collator_emit_bytes) */
   int64_t fpool, sneed;
+  /* max_memory, queued: ENGINE credit its ticket's expansion charge was granted (E1), which
+   * its emission takes as its float rows' pages (the rest of fpool is asked then) */
+  int64_t xcarry;
   /* max_memory, queued: its emission's charge of fpool + sneed at `seq` (loader_admit.c E1),
    * in the ledger while `charged` (WAITING, or GRANTED and not taken yet) */
   mml_charge ch;
@@ -335,14 +343,13 @@ struct mml_loader {
   int64_t win_bytes;        /* capacity of the window's byte buffers (records, images) */
   int64_t max_sample_bytes; /* the most encoded bytes one sample has had (0: none yet) */
   int mem_blocked;          /* a ticket waits (for room, or its turn: rebuffer) */
+  int expand_waits;         /* a ticket's expansion charge waits (loader_admit.c E1) */
   int place_held;           /* placement stopped until the collator takes samples (C2) */
   /* decoder scratch beyond the per-worker reserve (ld_mem_scratch_take_locked): granted to
    * the decodes running */
   int64_t scratch_extra;
-  /* compact: the largest expanded batch a ticket will become, and one sample's expanded
-   * rows planned (the expansion hold); bytes granted to emissions running (their float
-   * rows) */
-  int64_t fbytes_max, pxf_max, emit_extra;
+  /* compact: bytes granted to emissions running (their float rows) */
+  int64_t emit_extra;
   /* bytes charged for reads before they were made, not yet counted in held (read_cover) */
   int64_t read_extra;
   /* tasks parked while their read's charge waits in the ledger (linked by next_ready;
@@ -685,6 +692,18 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
 /* Plane q's charge leaves the ledger (its ticket is dropped, its request is gone): a
  * waiting one is withdrawn, a granted one not mapped yet gives its bytes back (T2). */
 void ld_admit_ticket_cancel_locked(mml_loader *L, tk_plane *q);
+/* E1 (compact under max_memory): ticket id's expansion is asked at its first_seq once its
+ * rows are final and its image buffer is mapped (after the decodes placed in it that need
+ * scratch have begun); asked again for another size; its failure (L7) is the loader's
+ * error.  ld_admit_expand_all_locked asks for every ticket, in order, and returns 1 while
+ * one waits (the collator then waits for room: its grant or failure pokes it). */
+void ld_admit_expand_locked(mml_loader *L, int64_t id);
+int ld_admit_expand_all_locked(mml_loader *L);
+/* E3: ticket k's expansion charge leaves the ledger (dropped, rewound, re-buffered). */
+void ld_admit_expand_cancel_locked(mml_loader *L, ticket *k);
+/* E1: at hand-off the head ticket's granted expansion becomes pend item p's xcarry (the
+ * credit stays ENGINE, its emission takes it); a waiting one leaves (the emission asks). */
+void ld_admit_expand_hand_off_locked(mml_loader *L, pend_item *p);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
 int ld_admit_make_way_locked(mml_loader *L);
@@ -702,8 +721,7 @@ void ld_admit_bound_asked_locked(mml_loader *L);
  * decide but for the bound): the planner asks for its rows so far instead. */
 int ld_admit_bound_stuck_locked(mml_loader *L);
 /* loader_admit.c: max_memory: 1 when the memory ledger has room for `need` more bytes (its
- * caches, pooled pages and spare byte buffers, evicted to make it: A9) beside the
- * expansion hold (expand_hold).  Also what bytes held
+ * caches, pooled pages and spare byte buffers, evicted to make it: A9).  Also what bytes held
  * ahead of their use ask (a remote video's first block or preloads, a video kept open):
  * none kept for the next batch's buffer, as make-way gives them back (C8). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);

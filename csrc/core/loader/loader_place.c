@@ -159,6 +159,7 @@ mml_status ld_place_new(mml_loader *L, mml_err *err) {
 }
 
 static void ticket_drop(mml_loader *L, ticket *k) {
+  ld_admit_expand_cancel_locked(L, k); /* its expansion's charge leaves too (E3) */
   for (int p = 0; p < PLANES; p++) {
     ld_admit_ticket_cancel_locked(L, &k->pl[p]); /* its charge leaves the ledger (T2) */
     mml_buf_release(k->pl[p].buf);
@@ -380,6 +381,7 @@ static int rebuffer(mml_loader *L, int64_t id, int p, int64_t cap_rows, mml_coll
   q->buf = nb;
   q->cap_rows = cap_rows;
   assign_members(L, id, p);
+  if (p == PL_IMG) ld_admit_expand_locked(L, id); /* its rows final: its expansion (E1) */
   return 1;
 }
 
@@ -397,6 +399,7 @@ static void close_ticket(mml_loader *L, int64_t id, mml_collator *c) {
   k->closed = 1;
   for (int p = 0; p < PLANES; p++)
     if (rows_now(&k->pl[p])) rebuffer(L, id, p, k->pl[p].rows, c);
+  ld_admit_expand_locked(L, id); /* before any later ticket asks (E1) */
 }
 
 /* Where placing stopped for good (final: the epoch ends, or has its batches) or until
@@ -503,6 +506,7 @@ void ld_place_locked(mml_loader *L, int64_t epoch, int64_t bie, mml_collator *c)
   if (L->place_seq != was || L->place_held != held)
     ld_consumer_stale_locked(L); /* loader_admit.c C2, C6: the engine may be idle now */
   if (!L->fatal) mem_stuck(L, c);
+  L->expand_waits = ld_admit_expand_all_locked(L); /* E1: those still to ask, in order */
   /* loader_admit.c W5: T5 reads mem_blocked, the read gate it and place_seq */
   if (L->place_seq != was || L->mem_blocked != blocked) ld_room_gates_wake_workers_locked(L);
 }
@@ -578,6 +582,7 @@ void ld_place_rewind_locked(mml_loader *L, mml_collator *c, int64_t seq) {
   }
   k->comp = cs;
   k->closed = 0;
+  ld_admit_expand_cancel_locked(L, k); /* its rows change (E3) */
   for (int p = 0; p < PLANES; p++) {
     tk_plane *q = &k->pl[p];
     q->rows = q->done_rows;

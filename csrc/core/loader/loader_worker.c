@@ -708,10 +708,6 @@ static void finish_task_locked(mml_loader *L, task *t) {
   ld_admit_read_drop_locked(L, t); /* R4: a parked read's charge its read did not take */
   L->in_flight--;
   ld_room_gates_changed_locked(L); /* W5: the read gate counts reads in flight */
-  if (t->sample.status == MML_OK) {
-    const int64_t pxf = t->sample.pixel_rows * (int64_t)L->expand_row_bytes;
-    if (L->compact && pxf > L->pxf_max) L->pxf_max = pxf;
-  }
   ld_mem_count_task_locked(L, t);
   if (t->gen == L->gen) {
     int later = t->sample.status == MML_OK && L->placing &&
