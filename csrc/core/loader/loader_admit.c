@@ -56,7 +56,7 @@
  *       decode's scratch (D1) and emissions (E1); growth already taken is a count (L13).
  *       test-loader-stress.c MML_STRESS_SHOW_OVER reports counts past the cap.
  *   A9. No hold is left: the room questions (the read gate's, bytes ahead's) ask
- *       mml_ledger_room for their bytes alone (ld_mem_room_hold_locked); the loader's own
+ *       mml_ledger_room for their bytes alone (ld_mem_room_locked); the loader's own
  *       sums only feed messages.
  *       No test of its own: the answers are the ledger's (test-ledger.c, L12).
  *  A10. The pool's live bytes are the consumer's: no engine reference to a batch's buffers
@@ -756,16 +756,13 @@ static int media_items(const task *t) {
   return t->rec.nimages + mml_record_frames(&t->rec) + t->rec.nvideos;
 }
 
-int ld_mem_room_locked(mml_loader *L, int64_t need) { return ld_mem_room_hold_locked(L, need, 0); }
-
-int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
+int ld_mem_room_locked(mml_loader *L, int64_t need) {
   if (!L->cfg.max_memory) return 1;
   /* A9: the ledger's answer (its held is the loader's memory, A6: the pool's live bytes,
    * the window's, the scratch reserve and grants, emissions, reads, the Parquet room; its
-   * caches, pooled pages and spare byte buffers, make way inside it); `hold` is the room
-   * kept for earlier work, the only part the loader still adds */
+   * caches, pooled pages and spare byte buffers, make way inside it) */
   if (!L->ledger) return 0;
-  return mml_ledger_room(L->ledger, INT64_MAX, pool_bytes(need) + hold);
+  return mml_ledger_room(L->ledger, INT64_MAX, pool_bytes(need));
 }
 
 /* The read the consumer's batch may need (only_consumer_waits, not head_final): room for
@@ -779,10 +776,10 @@ int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold) {
  * next pack, which gets a buffer only once complete, and no read fitting beside the head
  * pack's buffer: tests/c/loader/test-loader-stress.c loader_max_memory_stuck_read_ends). */
 static int read_room_or_ahead(mml_loader *L, int64_t est) {
-  if (ld_mem_room_hold_locked(L, est, 0)) return 1;
+  if (ld_mem_room_locked(L, est)) return 1;
   if (ld_bytes_spares(L)) ld_bytes_free_spares(L);
-  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_hold_locked(L, est, 0))
-    return ld_mem_room_hold_locked(L, est, 0);
+  if (ld_release_videos_ahead_locked(L) > 0 || ld_mem_room_locked(L, est))
+    return ld_mem_room_locked(L, est);
   return !(L->mem_blocked || L->dec_head || L->place_seq < L->next_seq || L->fatal);
 }
 
@@ -796,7 +793,7 @@ int ld_mem_may_read_locked(mml_loader *L) {
   if (only_consumer_waits(L) && !head_final(L)) return read_room_or_ahead(L, est);
   /* R7: no room kept for earlier work's scratch or batch buffers: what these reads take,
    * files' or fetched, makes way for it when it asks (READ AGAIN) */
-  return ld_mem_room_hold_locked(L, est * (L->in_flight + 1), 0);
+  return ld_mem_room_locked(L, est * (L->in_flight + 1));
 }
 
 /* The decoder scratch t's images need beyond a worker's reserve (0 without max_memory,

@@ -725,8 +725,6 @@ int ld_admit_bound_stuck_locked(mml_loader *L);
  * ahead of their use ask (a remote video's first block or preloads, a video kept open):
  * none kept for the next batch's buffer, as make-way gives them back (C8). */
 int ld_mem_room_locked(mml_loader *L, int64_t need);
-/* ... beside `hold` bytes of it instead. */
-int ld_mem_room_hold_locked(mml_loader *L, int64_t need, int64_t hold);
 /* max_memory: 1 when a worker may start reading one more sample: room for the reads in
  * flight and it, at the most one sample has held (R7). */
 int ld_mem_may_read_locked(mml_loader *L);
