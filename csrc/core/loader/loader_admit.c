@@ -387,6 +387,19 @@ static int64_t tickets_give_back_locked(mml_loader *L, int64_t seq) {
 }
 
 static void ticket_sample_name(mml_loader *L, int64_t id, char *where, size_t cap);
+
+/* A charge of ticket id (its buffer's, T1; its expansion's, E1) filled in before its
+ * request: at the ticket's first sample's seq, named after it (X2), waking the collator. */
+static void ticket_charge_init(mml_loader *L, mml_charge *c, int64_t id, int64_t seq, int64_t bytes,
+                               const char *what) {
+  memset(c, 0, sizeof *c);
+  c->seq = seq;
+  c->bytes = bytes;
+  c->wake = ticket_wake;
+  c->wake_arg = L;
+  ticket_sample_name(L, id, c->name, sizeof c->name); /* X2 */
+  c->what = what;
+}
 static void sample_name(const mml_loader *L, const mml_sample *s, char *out, size_t cap);
 static int64_t batches_ahead_locked(mml_loader *L, int64_t live);
 static int64_t expand_behind_locked(mml_loader *L, const mml_ledger_stats *s);
@@ -473,13 +486,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
     if (!*grant) {
       if (!turn) return 0;
       cancel_after(L, id, p); /* T3 */
-      memset(&q->ch, 0, sizeof q->ch);
-      q->ch.seq = k->first_seq;
-      q->ch.bytes = bytes;
-      q->ch.wake = ticket_wake;
-      q->ch.wake_arg = L;
-      ticket_sample_name(L, id, q->ch.name, sizeof q->ch.name); /* X2 */
-      q->ch.what = ticket_what[p];
+      ticket_charge_init(L, &q->ch, id, k->first_seq, bytes, ticket_what[p]);
       mml_err e;
       const mml_status st = mml_ledger_request(L->ledger, &q->ch, &e);
       if (st) {
@@ -591,15 +598,9 @@ static int expand_ask_locked(mml_loader *L, int64_t id) {
    * when nothing before it waits and it fits, else it WAITS -- later work waits behind it
    * (L1) -- and its grant or failure pokes the collator (ticket_wake).  Granted, it stays
    * ENGINE credit until its emission maps the float rows with it (hand-off: xcarry) */
-  memset(&k->xch, 0, sizeof k->xch);
-  k->xch.seq = k->first_seq;
-  k->xch.bytes = want;
-  k->xch.wake = ticket_wake;
-  k->xch.wake_arg = L;
-  ticket_sample_name(L, id, k->xch.name, sizeof k->xch.name); /* X2 */
-  k->xch.what =
-      "the expanded pixel_values of a batch (its float rows beyond its uint8 rows, "
-      "charged from its plan to its emission)";
+  ticket_charge_init(L, &k->xch, id, k->first_seq, want,
+                     "the expanded pixel_values of a batch (its float rows beyond its uint8 "
+                     "rows, charged from its plan to its emission)");
   mml_err e;
   const mml_status st = mml_ledger_request(L->ledger, &k->xch, &e);
   if (st) { /* above max_memory alone, failed at once by L7, or shut down */
