@@ -238,7 +238,7 @@ mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *e
     snprintf(name, sizeof name, "stream position %lld", (long long)o->seq);
   const int64_t cons = o->held[MML_HOLD_CONSUMER], eng = o->held[MML_HOLD_ENGINE];
   const int64_t fixed = o->held[MML_HOLD_FIXED];
-  const int64_t fit = o->alone ? o->need + fixed : cons + eng + fixed + o->need;
+  const int64_t fit = (o->alone ? fixed : cons + eng + fixed) + o->need + o->then;
   const char *hint = o->alone ? NULL : o->hint ? o->hint : g->cfg.hint;
   if (hint && !hint[0]) hint = NULL;
   /* ENGINE credit: work running, or work that waits for this one (L7's failure: no work
@@ -251,12 +251,15 @@ mml_status mml_ledger_explain(mml_ledger *g, const mml_ledger_oom *o, mml_err *e
   else
     snprintf(work, sizeof work, "%lld bytes of work %s", (long long)eng,
              waits > 0 ? "waiting for them" : "running");
+  char then[64] = "";
+  if (o->then > 0)
+    snprintf(then, sizeof then, " (and the %lld bytes it asks next)", (long long)o->then);
   mml_err_set(err, MML_ENOMEM,
-              "%s%s%s=%lld cannot hold the %lld bytes of %s beside %lld bytes of finished work "
-              "waiting for the consumer (%s), %s, %lld bytes set aside for the loader's lifetime "
-              "and %lld bytes cached: %s >= %lld would hold it%s%s",
+              "%s%s%s=%lld cannot hold the %lld bytes of %s%s beside %lld bytes of finished "
+              "work waiting for the consumer (%s), %s, %lld bytes set aside for the loader's "
+              "lifetime and %lld bytes cached: %s >= %lld would hold it%s%s",
               name, name[0] ? ": " : "", g->cfg.what, (long long)o->cap, (long long)o->need,
-              o->what ? o->what : "work", (long long)cons,
+              o->what ? o->what : "work", then, (long long)cons,
               o->split ? o->split : "batches it holds or has yet to take", work, (long long)fixed,
               (long long)o->cached, g->cfg.what, (long long)fit, hint ? "; " : "",
               hint ? hint : "");

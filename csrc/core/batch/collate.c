@@ -45,10 +45,9 @@ struct mml_collator {
   mml_pool *pool;
   int64_t budget;    /* tokens per row: seq_length (padded, 0 = longest) or pack_length */
   int multiple;      /* slot rounding (>= 1) */
-  mml_sample *slots; /* samples of the current batch, [0, count) */
-  int count, cap;
-  int64_t used;       /* packed: sum of slot lengths; padded: longest sample */
-  int64_t rows;       /* pixel rows of the current batch */
+  mml_sample *slots; /* samples of the current batch, [0, comp.count) */
+  int cap;
+  mml_compose comp;   /* the current batch's composition and sums */
   mml_buf *pixbuf[2]; /* attached pixel_values / pixel_values_videos buffers (pixels
                          written elsewhere), or NULL */
 };
@@ -283,12 +282,18 @@ int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens
   return k->used + tokens <= c->budget;
 }
 
-void mml_compose_add(const mml_collator *c, mml_compose *k, int64_t tokens) {
+void mml_compose_add(const mml_collator *c, mml_compose *k, const mml_sample *s) {
+  const int64_t tokens = mml_collator_sample_tokens(c, s);
   k->count++;
   if (c->cfg.pack)
     k->used += tokens;
   else if (tokens > k->used)
     k->used = tokens;
+  k->tokens += (int64_t)s->input_ids.len;
+  k->rows += s->pixel_rows;
+  k->images += s->nimages;
+  k->videos += s->nvideos;
+  k->records += records_of(s).n;
 }
 
 int mml_compose_full(const mml_collator *c, const mml_compose *k) {
@@ -297,7 +302,7 @@ int mml_compose_full(const mml_collator *c, const mml_compose *k) {
 }
 
 mml_compose mml_collator_compose_state(const mml_collator *c) {
-  return (mml_compose){c->count, c->used};
+  return c->comp;
 }
 
 int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge) {
@@ -314,14 +319,14 @@ void mml_collator_attach_pixels(mml_collator *c, int videos, mml_buf *buf) {
 mml_buf *mml_collator_attached_pixels(const mml_collator *c, int videos) {
   return c->pixbuf[videos != 0];
 }
-int64_t mml_collator_rows(const mml_collator *c) { return c->rows; }
+int64_t mml_collator_rows(const mml_collator *c) { return c->comp.rows; }
 
 int mml_collator_fits(const mml_collator *c, const mml_sample *s) {
   mml_compose k = mml_collator_compose_state(c);
   return mml_compose_fits(c, &k, mml_collator_sample_tokens(c, s));
 }
 
-int mml_collator_count(const mml_collator *c) { return c->count; }
+int mml_collator_count(const mml_collator *c) { return c->comp.count; }
 
 int mml_collator_full(const mml_collator *c) {
   mml_compose k = mml_collator_compose_state(c);
@@ -336,7 +341,7 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
   if (!mml_collator_fits(c, s))
     return mml_err_set(err, MML_EINVAL, "collator: sample %lld does not fit; emit first",
                        (long long)s->index);
-  if (c->count == c->cap) {
+  if (c->comp.count == c->cap) {
     int ncap = c->cap ? 2 * c->cap : 8;
     mml_sample *ns = realloc(c->slots, (size_t)ncap * sizeof *ns);
     if (!ns) return mml_err_set(err, MML_ENOMEM, "collator: out of memory");
@@ -344,23 +349,16 @@ mml_status mml_collator_add(mml_collator *c, mml_sample *s, mml_err *err) {
     c->slots = ns;
     c->cap = ncap;
   }
-  int64_t tokens = mml_collator_sample_tokens(c, s);
-  mml_sample *slot = &c->slots[c->count];
+  mml_sample *slot = &c->slots[c->comp.count];
   mml_sample_reset(slot);
   mml_sample_swap(slot, s);
-  mml_compose k = mml_collator_compose_state(c);
-  mml_compose_add(c, &k, tokens);
-  c->count = k.count;
-  c->used = k.used;
-  c->rows += slot->pixel_rows;
+  mml_compose_add(c, &c->comp, slot);
   return MML_OK;
 }
 
 void mml_collator_reset(mml_collator *c) {
-  for (int i = 0; i < c->count; i++) mml_sample_reset(&c->slots[i]);
-  c->count = 0;
-  c->used = 0;
-  c->rows = 0;
+  for (int i = 0; i < c->comp.count; i++) mml_sample_reset(&c->slots[i]);
+  memset(&c->comp, 0, sizeof c->comp);
   for (int p = 0; p < 2; p++) {
     mml_buf_release(c->pixbuf[p]);
     c->pixbuf[p] = NULL;
@@ -709,9 +707,9 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
   e->k = &k_keys[cfg->keys];
   e->pack = cfg->pack != 0;
   e->flat = cfg->flatten != 0;
-  e->n = c->count;
-  e->B = e->pack || e->flat ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
-  e->L = e->pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
+  e->n = c->comp.count;
+  e->B = e->pack || e->flat ? 1 : cfg->rows_dynamic ? c->comp.count : cfg->micro_batch_size;
+  e->L = e->pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->comp.used, c->multiple));
   if (e->flat) { /* the samples back to back */
     e->L = 0;
     for (int i = 0; i < e->n; i++) e->L += (int64_t)c->slots[i].input_ids.len;
@@ -739,26 +737,19 @@ static mml_status emit_layout(mml_collator *c, emit_ctx *e) {
 }
 
 /* Mirrors mml_collator_emit's tensors, in its order (keep the two together). */
-int64_t mml_collator_emit_bytes(const mml_collator *c) {
-  if (c->count == 0) return 0;
+int64_t mml_compose_emit_bytes(const mml_collator *c, const mml_compose *k, int pixels_attached) {
+  if (k->count == 0) return 0;
   const mml_collate_cfg *cfg = &c->cfg;
-  const key_names *k = &k_keys[cfg->keys];
-  const int pack = cfg->pack != 0, flat = cfg->flatten != 0, n = c->count;
-  const int64_t B = pack || flat ? 1 : cfg->rows_dynamic ? c->count : cfg->micro_batch_size;
-  int64_t L = pack ? c->budget : (c->budget > 0 ? c->budget : round_up(c->used, c->multiple));
-  int64_t rows = 0, nimg = 0, nv = 0, nrec = 0;
-  if (flat) L = 0;
-  for (int i = 0; i < n; i++) {
-    const mml_sample *s = &c->slots[i];
-    if (flat) L += (int64_t)s->input_ids.len;
-    rows += s->pixel_rows;
-    nimg += s->nimages;
-    nv += s->nvideos;
-    nrec += records_of(s).n;
-  }
+  const key_names *kn = &k_keys[cfg->keys];
+  const int pack = cfg->pack != 0, flat = cfg->flatten != 0, n = k->count;
+  const int64_t B = pack || flat ? 1 : cfg->rows_dynamic ? n : cfg->micro_batch_size;
+  const int64_t L = flat   ? k->tokens
+                    : pack ? c->budget
+                           : (c->budget > 0 ? c->budget : round_up(k->used, c->multiple));
+  const int64_t rows = k->rows, nimg = k->images, nv = k->videos, nrec = k->records;
   const int64_t BL = B * L;
   int64_t b = 2 * mml_pool_bytes(BL * 8); /* ids, labels */
-  if (k->loss_mask) b += mml_pool_bytes(BL * 4);
+  if (kn->loss_mask) b += mml_pool_bytes(BL * 4);
   if (cfg->mrope || flat) {
     b += mml_pool_bytes((pack && cfg->keys == MML_KEYS_QWEN ? 4 : 3) * BL * 8);
     if (!flat) b += mml_pool_bytes((pack ? n : B) * 8); /* rope_deltas */
@@ -772,7 +763,7 @@ int64_t mml_collator_emit_bytes(const mml_collator *c) {
     const int holder = nimg == 0 && cfg->text_only_vision == MML_VISION_PLACEHOLDER;
     const int64_t px = (int64_t)cfg->pixel_cols *
                        (int64_t)mml_dtype_size(mml_pixel_format_dtype(cfg->pixel_format));
-    if (holder || !c->pixbuf[0]) b += mml_pool_bytes((holder ? 1 : rows) * px);
+    if (holder || !pixels_attached) b += mml_pool_bytes((holder ? 1 : rows) * px);
     b += mml_pool_bytes((holder ? 1 : nimg) * 3 * 8); /* image_grid_thw */
   }
   if (nv > 0) {
@@ -786,8 +777,12 @@ int64_t mml_collator_emit_bytes(const mml_collator *c) {
   return b;
 }
 
+int64_t mml_collator_emit_bytes(const mml_collator *c) {
+  return mml_compose_emit_bytes(c, &c->comp, c->pixbuf[0] != NULL);
+}
+
 mml_status mml_collator_emit(mml_collator *c, mml_batch *out, mml_err *err) {
-  if (c->count == 0) return mml_err_set(err, MML_EINVAL, "collator: emit of an empty batch");
+  if (c->comp.count == 0) return mml_err_set(err, MML_EINVAL, "collator: emit of an empty batch");
   memset(out, 0, sizeof *out);
   emit_ctx e = {.c = c, .out = out, .err = err};
   mml_status st = emit_layout(c, &e);

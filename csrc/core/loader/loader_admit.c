@@ -246,10 +246,14 @@
  *       test-ledger.c ledger_deadlock_rule_with_credit_behind_the_head; stress S1.
  *   C8. Make-way (make_way_locked) runs for whichever charge waits at the head -- a ticket's,
  *       a read's, a decode's scratch, an expansion's, an emission's -- and gives back what C7
- *       leaves out of the credit behind it: videos kept open ahead (outside the head ticket)
- *       and the bytes that can be read again of samples after the needed ticket and the charge.
- *       Why: a decode's re-read at the head waited for videos kept open after it (a hang).
- *       test-loader-stress.c loader_max_memory_videos_ahead_make_way_end.
+ *       leaves out of the credit behind it: videos kept open ahead of decodes not queued in
+ *       the head batch nor running (ld_video_ahead: the head batch's own too) and the bytes
+ *       that can be read again of samples after the needed ticket and the charge.
+ *       Why: a decode's re-read at the head waited for videos kept open after it (a hang);
+ *       the head batch's own, kept while there was room, made a rerun at the explainer's
+ *       max_memory fail (X3).
+ *       test-loader-stress.c loader_max_memory_videos_ahead_make_way_end;
+ *       tests/test_video_files.py test_max_memory_next_batch_never_waits_on_bytes_held_ahead.
  *
  * THE EXPLAINER (ledger.c L8).
  *   X1. Every out-of-memory message of the loader is composed by mml_ledger_explain (ticket,
@@ -261,6 +265,11 @@
  *   X2. A charge carries its work's name and what, copied in before its request (ticket,
  *       read and scratch charges), so the ledger names it on any thread without the loader's lock
  *       (ledger.c THREADS; test-ledger.c ledger_explainer_names_the_charge).
+ *   X3. A batch buffer's failure names the max_memory that holds the whole batch: beside its
+ *       buffer, what the batch asks next (ticket_then_bytes: its other planes' buffers, its
+ *       expansion, its other tensors by mml_compose_emit_bytes), so a rerun at that figure
+ *       delivers it.  tests/test_video_files.py
+ *       test_max_memory_next_batch_never_waits_on_bytes_held_ahead (reruns at exactly it).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -428,22 +437,56 @@ static void oom_split_locked(mml_loader *L, mml_ledger_oom *o, char *split, size
 
 /* X1: the message of charge c refused: its failure's parts when the ledger's latest
  * failure is c's, else the figures now; with the loader's words. */
-static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, mml_err *e) {
+static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, int64_t then,
+                                    mml_err *e) {
   mml_ledger_oom o;
   if (!mml_ledger_oom_failed(L->ledger, &o) || o.seq != c->seq || o.need != c->bytes) {
     mml_ledger_oom_now(L->ledger, c->seq, c->bytes, c->bytes > L->cfg.max_memory, &o);
     snprintf(o.name, sizeof o.name, "%s", c->name);
     o.what = c->what;
   }
+  o.then = then;
   char split[256];
   oom_split_locked(L, &o, split, sizeof split);
   return mml_ledger_explain(L->ledger, &o, e);
 }
 
+/* The pool bytes a compact image buffer of `size` bytes (room for `capacity`) adds to hold
+ * `rows` float rows: in place the float rows' pages beyond the uint8 ones, else a float
+ * buffer (hand_off_locked's fpool). */
+static int64_t expansion_bytes(const mml_loader *L, int64_t rows, int64_t size, int64_t capacity) {
+  const int64_t fb = rows * (int64_t)L->expand_row_bytes;
+  if (capacity >= fb) return size < fb ? mml_round_2mib(fb - size) : 0;
+  return mml_pool_bytes(fb);
+}
+
+/* X1: what ticket id's batch asks after plane p's buffer of cap_rows rows: its other
+ * planes' buffers not mapped yet, its expansion (compact: E1) unless granted, and its
+ * other tensors (its emission's, E1) -- so that the max_memory the message names holds
+ * the whole batch, not its buffer alone. */
+static int64_t ticket_then_bytes(mml_loader *L, int64_t id, int p, int64_t cap_rows) {
+  const ticket *k = tk_at(L, id);
+  int64_t n = mml_compose_emit_bytes(L->collator, &k->comp, 1);
+  for (int o = 0; o < PLANES; o++) {
+    const tk_plane *q = &k->pl[o];
+    const int64_t cap = o == p ? cap_rows : !q->buf || q->rows > q->cap_rows ? q->rows : 0;
+    if (o != p && cap > 0) n += ticket_charge_bytes(L, o, cap);
+    if (o == PL_IMG && L->compact && q->rows > 0 &&
+        !(k->xon && mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_GRANTED)) {
+      const int64_t c = cap ? cap : q->cap_rows;
+      n += expansion_bytes(L, q->rows, c * (int64_t)L->row_bytes[o],
+                           c * (int64_t)L->expand_row_bytes);
+    }
+  }
+  return n;
+}
+
 /* A ticket's charge failed (L7, or too large alone): the loader's error (X1, C3). */
-static void ticket_failed_locked(mml_loader *L, const mml_charge *c) {
+static void ticket_failed_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows,
+                                 const mml_charge *c) {
   mml_err e;
-  ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e);
+  const int64_t then = ticket_then_bytes(L, id, p, cap_rows);
+  ld_set_fatal_locked(L, charge_oom_locked(L, c, then, &e), &e);
 }
 
 /* X2: what a ticket plane's charge is for, in messages. */
@@ -476,7 +519,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
       } else if (s == MML_CHARGE_FAILED) { /* the deadlock rule (L7), or a shutdown */
         q->charged = 0;
         q->ch.state = MML_CHARGE_IDLE;
-        if (q->ch.status == MML_ENOMEM) ticket_failed_locked(L, &q->ch);
+        if (q->ch.status == MML_ENOMEM) ticket_failed_locked(L, id, p, cap_rows, &q->ch);
         return 0;
       } else { /* not its turn now, or another size: it leaves, after those behind it */
         cancel_after(L, id, p);
@@ -494,7 +537,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
          * L7 (the consumer's wait declared), or shut down: no charge; the first two are
          * the loader's error, the explainer's message naming the sample (C3) */
         q->ch.state = MML_CHARGE_IDLE;
-        if (st == MML_ENOMEM) ticket_failed_locked(L, &q->ch);
+        if (st == MML_ENOMEM) ticket_failed_locked(L, id, p, cap_rows, &q->ch);
         return 0;
       }
       if (q->ch.state != MML_CHARGE_GRANTED) {
@@ -523,9 +566,8 @@ static int64_t pool_bytes(int64_t need) {
 static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int64_t need);
 static void expand_failed_locked(mml_loader *L, const mml_charge *c, int named);
 
-/* E1: the pool bytes ticket k's expansion adds to its image buffer -- as hand_off_locked
- * counts them (fpool): in place the float rows' pages beyond the uint8 ones, else a float
- * buffer -- once its rows are final (closed, or a later ticket exists) and that buffer is
+/* E1: the pool bytes ticket k's expansion adds to its image buffer (expansion_bytes) once
+ * its rows are final (closed, or a later ticket exists) and that buffer is
  * the one they are in; else 0. */
 static int64_t expand_bytes(mml_loader *L, int64_t id) {
   const ticket *k = tk_at(L, id);
@@ -533,9 +575,7 @@ static int64_t expand_bytes(mml_loader *L, int64_t id) {
   if (!(k->closed || id < L->tk_tail) || !q->buf || q->pending_rows || q->rows <= 0 ||
       q->rows > q->cap_rows)
     return 0;
-  const int64_t fb = q->rows * (int64_t)L->expand_row_bytes, size = (int64_t)q->buf->size;
-  if ((int64_t)mml_buf_capacity(q->buf) >= fb) return size < fb ? mml_round_2mib(fb - size) : 0;
-  return mml_pool_bytes(fb);
+  return expansion_bytes(L, q->rows, (int64_t)q->buf->size, (int64_t)mml_buf_capacity(q->buf));
 }
 
 /* E1: a sample placed in ticket id -- or, for a pack, the next ticket's first sample, which
@@ -673,8 +713,8 @@ static int made_way(mml_loader *L, const mml_charge *c) {
  * scratch, an expansion's (`seq` the sample its batch waits for last: E2), an emission's --
  * at each look while it waits, until it is granted: later tickets' grants not mapped yet
  * (T4); when c is the ledger's head (its seq and bytes) also spare byte buffers and
- * the videos kept open ahead (outside the head ticket: what ld_admit_behind_locked leaves
- * out of the credit behind the head); then the media bytes that can be read again of the
+ * the videos kept open ahead (ld_video_ahead: what ld_admit_behind_locked leaves out of
+ * the credit behind the head); then the media bytes that can be read again of the
  * samples after `seq` (READ AGAIN).  Never those of samples before it: their decodes come
  * first and read them again at once (a read at the head dropping them, and their decodes'
  * re-reads dropping its bytes, took turns until L7 failed the read's re-read: tests/
@@ -1061,7 +1101,7 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
       t->rch_on = 0;
       c->state = MML_CHARGE_IDLE;
       mml_err e;
-      if (c->status == MML_ENOMEM) ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e); /* X1 */
+      if (c->status == MML_ENOMEM) ld_set_fatal_locked(L, charge_oom_locked(L, c, 0, &e), &e); /* X1 */
       return 0;
     }
     ld_admit_read_drop_locked(L, t); /* another size now, or its plan abandoned: asked anew */
@@ -1206,7 +1246,7 @@ static int scratch_granted_locked(mml_loader *L, task *t, int64_t need) {
 /* D4: its charge failed (L7, or too large alone): the loader's error (X1). */
 static void scratch_failed_locked(mml_loader *L, const mml_charge *c) {
   mml_err e;
-  ld_set_fatal_locked(L, charge_oom_locked(L, c, &e), &e);
+  ld_set_fatal_locked(L, charge_oom_locked(L, c, 0, &e), &e);
 }
 
 /* D2: what makes way for a decode's charge that waits, at each look (make_way_locked).
@@ -1857,7 +1897,7 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
    * its ticket's buffer; a parked read's taken ones; a waiting decode's, but the head's:
    * C5, D4) wait behind the head -- less what make-way gives back at the head's next look,
    * or before the planner's look ends for a ticket's (C8, make_way_locked; ld_place_locked:
-   * videos kept open outside the head ticket, the media bytes of samples after the needed
+   * videos kept open ahead (ld_video_ahead), the media bytes of samples after the needed
    * ticket and the head's charge -- an expansion's: the sample its batch waits for last,
    * E2 -- that can be read again) */
   /* the head's own task, a parked read's, is its charge's own credit (C4: mml_charge.own);
@@ -1875,7 +1915,7 @@ int64_t ld_admit_behind_locked(mml_loader *L) {
     if (is_scratch_head(L, t, &s)) continue; /* its sample's bytes: its charge's own (D4) */
     int64_t b = t->held - t->held_fixed + t->read_cover; /* a parked read's taken grants */
     const int planned = t->gen == L->gen && t->state == SLOT_PLANNED && t->dec != DEC_RUNNING;
-    if (planned && !(t->tk >= 0 && t->tk == L->tk_head)) b -= task_video_bytes(t);
+    if (planned && ld_video_ahead(L, t)) b -= task_video_bytes(t); /* C8 closes them */
     if (planned && t->seq > last && t->seq > s.head_seq && t->seq >= L->head_seq && !t->reread &&
         rereadable(L, t))
       b = 0; /* READ AGAIN (C8: after the head's charge too) */

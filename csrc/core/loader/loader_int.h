@@ -926,10 +926,14 @@ mml_status ld_ledger_check_locked(mml_loader *L, mml_err *err);
 void ld_ledger_assert_quiet(mml_loader *L);
 /* The most bytes the ledger held at one time (0 without one). */
 int64_t ld_ledger_peak(mml_loader *L);
-/* (mu held) max_memory, the head ticket cannot get its buffer: the planned samples of
- * later batches whose decode is not running close the videos they kept open (their
- * preloads go with them; their decodes open and read them again, as past
- * MML_VIDEOS_KEPT_OPEN).  Returns the bytes given back (loader_video.c). */
+/* (mu held) Whether planned sample t's video bytes (kept open, preloaded) wait ahead of its
+ * decode for make-way to give back: its decode not running, nor queued in the head batch
+ * (loader_admit.c C7, C8). */
+int ld_video_ahead(const mml_loader *L, const task *t);
+/* (mu held) max_memory, a charge waits at the head: the planned samples whose video bytes
+ * wait ahead (ld_video_ahead) close the videos they kept open (their preloads go with them;
+ * their decodes open and read them again, as past MML_VIDEOS_KEPT_OPEN).  Returns the
+ * bytes given back (loader_video.c). */
 int64_t ld_release_videos_ahead_locked(mml_loader *L);
 typedef struct ld_video_ctx {
   mml_loader *L;

@@ -449,7 +449,7 @@ static int place_one(mml_loader *L, task *t, int64_t epoch, int64_t pos, int64_t
     t->at[p].row = k->pl[p].rows;
     k->pl[p].rows += plane_rows(&t->sample, p);
   }
-  mml_compose_add(L->collator, &k->comp, tokens);
+  mml_compose_add(L->collator, &k->comp, &t->sample);
   L->place_seq++;
   for (int p = 0; p < PLANES; p++)
     if (plane_rows(&t->sample, p) > 0) place_rows(L, t, id, p, c);

@@ -10,8 +10,9 @@
  * holds counted in max_memory); once planned, the exact byte ranges its decode reads are
  * preloaded (ld_preload_videos) and the decode opens it from there (ld_video_open).
  * Bytes held ahead of their use count in max_memory and are taken only with room left
- * for the next batch (video_reserve_locked); a blocked head batch makes later batches'
- * samples close their kept videos (ld_release_videos_ahead_locked).
+ * for the next batch (video_reserve_locked); a blocked head makes the samples whose decode
+ * is not queued yet close their kept videos (ld_release_videos_ahead_locked), the head
+ * batch's own too: their decodes open them again.
  *
  * A later epoch's remote videos wait for it (issue 29): a sample whose epoch is past the
  * latest one the consumer asked a batch of (L->asked_epoch: next() called in it, or a
@@ -100,12 +101,17 @@ void ld_task_close_videos(mml_loader *L, task *t) {
     }
 }
 
+int ld_video_ahead(const mml_loader *L, const task *t) {
+  /* the head batch's own too: counted behind the head (C7) and never closed, a video kept
+   * open while there was room made a rerun at the message's max_memory fail */
+  return t->dec == DEC_NONE || (t->dec == DEC_QUEUED && !(t->tk >= 0 && t->tk == L->tk_head));
+}
+
 int64_t ld_release_videos_ahead_locked(mml_loader *L) {
   int64_t freed = 0;
   for (int64_t s = L->head_seq; s < L->next_seq; s++) {
     task *t = &L->tasks[s % L->window];
-    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || t->dec == DEC_RUNNING ||
-        (t->tk >= 0 && t->tk == L->tk_head))
+    if (t->seq != s || t->gen != L->gen || t->state != SLOT_PLANNED || !ld_video_ahead(L, t))
       continue;
     int64_t before = t->held;
     ld_task_close_videos(L, t); /* (nothing in flight: a planned sample's preloads are in) */

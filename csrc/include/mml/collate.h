@@ -158,9 +158,12 @@ int64_t mml_collator_sample_tokens(const mml_collator *c, const mml_sample *s);
 typedef struct mml_compose {
   int count;    /* samples */
   int64_t used; /* packed: sum of slot lengths; padded: longest sample */
+  /* its samples' sums that its tensors' sizes depend on (mml_compose_emit_bytes): tokens,
+   * pixel_values rows, images, videos, records (a flattened pack's) */
+  int64_t tokens, rows, images, videos, records;
 } mml_compose;
 int mml_compose_fits(const mml_collator *c, const mml_compose *k, int64_t tokens);
-void mml_compose_add(const mml_collator *c, mml_compose *k, int64_t tokens);
+void mml_compose_add(const mml_collator *c, mml_compose *k, const mml_sample *s);
 int mml_compose_full(const mml_collator *c, const mml_compose *k);
 /* The current batch's composition state. */
 mml_compose mml_collator_compose_state(const mml_collator *c);
@@ -185,6 +188,9 @@ int64_t mml_collator_rows(const mml_collator *c);
  * counted (they are views): what a memory cap must hold before the emission allocates
  * (csrc/core/loader/loader_admit.c).  Never less than what emit allocates. */
 int64_t mml_collator_emit_bytes(const mml_collator *c);
+/* The same for a batch of composition k (a plan's, before its samples are added), its
+ * pixel_values counted unless its buffer will be attached (`pixels_attached`). */
+int64_t mml_compose_emit_bytes(const mml_collator *c, const mml_compose *k, int pixels_attached);
 
 /* 1 when `s` fits in the current batch; 0 when the current batch must be emitted first.
  * An empty batch always accepts (an over-long sample was filtered before collation). */

@@ -219,15 +219,17 @@ int mml_ledger_wait_change_for(mml_ledger *g, uint64_t seen, int64_t ns);
 /* The one out-of-memory message (L8), in parts: the ledger's figures when the work was
  * refused (mml_ledger_oom_now, or a failure's: mml_ledger_oom_failed) and the owner's
  * words.  mml_ledger_explain composes it: "NAME: max_memory=CAP cannot hold the NEED bytes
- * of WHAT beside C bytes of finished work waiting for the consumer (SPLIT), E bytes of work
- * running, F bytes set aside for the loader's lifetime and K bytes cached: max_memory >=
- * FIT would hold it; HINT" -- FIT counts only the FIXED credit when the work cannot fit
- * even alone (`alone`; then no hint). */
+ * of WHAT[ (and the THEN bytes it asks next)] beside C bytes of finished work waiting for
+ * the consumer (SPLIT), E bytes of work running, F bytes set aside for the loader's lifetime
+ * and K bytes cached: max_memory >= FIT would hold it; HINT" -- FIT is the credit held, NEED
+ * and THEN, counting only the FIXED credit when the work cannot fit even alone (`alone`;
+ * then no hint). */
 typedef struct mml_ledger_oom {
   int64_t seq, need; /* the work's place in the stream and its bytes */
   int alone;
   int64_t cap, held[MML_HOLDERS], cached; /* the ledger's figures */
   int64_t waiting; /* of held[ENGINE]: work that goes on only after it (L7: own, behind) */
+  int64_t then;    /* bytes the same work asks after it (a batch's other buffers): in FIT */
   char name[MML_CHARGE_NAME]; /* "": named by cfg.name or its seq; seq < 0 too: not named */
   const char *what;           /* NULL: "work" */
   const char *split;          /* the consumer's credit in the owner's words, or NULL */
