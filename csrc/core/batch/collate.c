@@ -301,9 +301,7 @@ int mml_compose_full(const mml_collator *c, const mml_compose *k) {
   return c->budget - k->used < c->multiple;
 }
 
-mml_compose mml_collator_compose_state(const mml_collator *c) {
-  return c->comp;
-}
+mml_compose mml_collator_compose_state(const mml_collator *c) { return c->comp; }
 
 int64_t mml_collator_rows_bound(const mml_collator *c, int max_merge) {
   if (!c->cfg.pack || c->budget <= 0) return -1;

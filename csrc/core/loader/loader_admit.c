@@ -268,8 +268,9 @@
  *   X3. A batch buffer's failure names the max_memory that holds the whole batch: beside its
  *       buffer, what the batch asks next (ticket_then_bytes: its other planes' buffers, its
  *       expansion, its other tensors by mml_compose_emit_bytes), so a rerun at that figure
- *       delivers it.  tests/test_video_files.py
- *       test_max_memory_next_batch_never_waits_on_bytes_held_ahead (reruns at exactly it).
+ *       delivers it; the plan's composition is the batch's (asserted at its hand-off).
+ *       tests/test_video_files.py test_max_memory_next_batch_never_waits_on_bytes_held_ahead
+ *       (reruns at exactly it); test-loader-stress.c S1 (the assert, in a debug build).
  *
  * Locking: everything here runs with the loader's mu held (ld_room_wake excepted: W1);
  * mu -> pool is the lock order.
@@ -314,6 +315,13 @@ static int head_final(mml_loader *L) {
   const task *t = slot_of(L, L->head_seq);
   return t->seq == L->head_seq && t->gen == L->gen && t->state == SLOT_PLANNED && t->tk >= 0 &&
          ld_place_has_dests(t);
+}
+
+/* Whether charge c (NULL: none; C8: the head ticket's, asked again by the planner) is
+ * granted: its state read under the ledger's lock, as another thread's step may grant a
+ * waiting charge at any time, right after its request too (ledger.c THREADS). */
+static int granted(mml_loader *L, const mml_charge *c) {
+  return c && mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED;
 }
 
 /* The ledger's charge for plane p's buffer of cap_rows rows: what mml_pool_alloc_cap /
@@ -437,8 +445,7 @@ static void oom_split_locked(mml_loader *L, mml_ledger_oom *o, char *split, size
 
 /* X1: the message of charge c refused: its failure's parts when the ledger's latest
  * failure is c's, else the figures now; with the loader's words. */
-static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, int64_t then,
-                                    mml_err *e) {
+static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, int64_t then, mml_err *e) {
   mml_ledger_oom o;
   if (!mml_ledger_oom_failed(L->ledger, &o) || o.seq != c->seq || o.need != c->bytes) {
     mml_ledger_oom_now(L->ledger, c->seq, c->bytes, c->bytes > L->cfg.max_memory, &o);
@@ -540,7 +547,7 @@ int ld_admit_ticket_locked(mml_loader *L, int64_t id, int p, int64_t cap_rows, i
         if (st == MML_ENOMEM) ticket_failed_locked(L, id, p, cap_rows, &q->ch);
         return 0;
       }
-      if (q->ch.state != MML_CHARGE_GRANTED) {
+      if (!granted(L, &q->ch)) {
         q->charged = 1; /* waiting (T1) */
         return 0;
       }
@@ -649,7 +656,7 @@ static int expand_ask_locked(mml_loader *L, int64_t id) {
     return 0;
   }
   k->xon = 1;
-  if (k->xch.state != MML_CHARGE_GRANTED) {
+  if (!granted(L, &k->xch)) {
     (void)make_way_locked(L, &k->xch, expand_last_seq(L, id), want); /* E2 */
     ld_consumer_stale_locked(L); /* C2, E4: a charge waits: the engine may be idle */
   }
@@ -677,6 +684,8 @@ void ld_admit_expand_hand_off_locked(mml_loader *L, pend_item *p) {
   p->xcarry = 0;
   if (!L->ledger || !L->placing || L->tk_tail < L->tk_head) return;
   ticket *k = tk_at(L, L->tk_head);
+  /* X3: the plan's composition is the batch's (a buffer's failure counted from it) */
+  assert(p->sneed == mml_compose_emit_bytes(L->collator, &k->comp, 1));
   if (!k->xon) return;
   const int s = mml_ledger_state(L->ledger, &k->xch);
   if (s != MML_CHARGE_GRANTED) { /* waiting: its emission asks at the same seq (E1) */
@@ -703,11 +712,6 @@ static int64_t head_pending_bytes(mml_loader *L) {
 
 static int64_t needed_last_seq(mml_loader *L);
 
-/* C8: whether charge c (NULL: the head ticket's, asked again by the planner) is granted. */
-static int made_way(mml_loader *L, const mml_charge *c) {
-  return c && mml_ledger_state(L->ledger, c) == MML_CHARGE_GRANTED;
-}
-
 /* C8: what makes way for a charge waiting at `seq` for `need` bytes -- a ticket's (c NULL:
  * the planner's, for the head, `seq` the needed ticket's last), a read's, a decode's
  * scratch, an expansion's (`seq` the sample its batch waits for last: E2), an emission's --
@@ -722,13 +726,13 @@ static int made_way(mml_loader *L, const mml_charge *c) {
  * it gave something back (what it gives back grants c when it fits: L2). */
 static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int64_t need) {
   int64_t freed = tickets_give_back_locked(L, seq);
-  if (made_way(L, c)) return 1;
+  if (granted(L, c)) return 1;
   mml_ledger_stats s = {.head_seq = -1};
   if (c) mml_ledger_get_stats(L->ledger, &s);
   if (!c || (s.head_seq == c->seq && s.head_need == c->bytes)) { /* c is the head (its seq) */
     if (ld_bytes_spares(L)) ld_bytes_free_spares(L), freed = 1;
     if (L->video_open_bytes || L->video_held) freed += ld_release_videos_ahead_locked(L);
-    if (freed > 0 && (!c || made_way(L, c))) return 1;
+    if (freed > 0 && (!c || granted(L, c))) return 1;
   }
   return ld_admit_drop_bytes_ahead_locked(L, seq, need) > 0 || freed > 0;
 }
@@ -1101,7 +1105,8 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
       t->rch_on = 0;
       c->state = MML_CHARGE_IDLE;
       mml_err e;
-      if (c->status == MML_ENOMEM) ld_set_fatal_locked(L, charge_oom_locked(L, c, 0, &e), &e); /* X1 */
+      if (c->status == MML_ENOMEM)
+        ld_set_fatal_locked(L, charge_oom_locked(L, c, 0, &e), &e); /* X1 */
       return 0;
     }
     ld_admit_read_drop_locked(L, t); /* another size now, or its plan abandoned: asked anew */
@@ -1147,10 +1152,10 @@ int ld_admit_read_locked(mml_loader *L, task *t, int64_t grow) {
     return L->stop ? 0 : -2;
   }
   t->rch_on = 1;
-  if (c->state == MML_CHARGE_GRANTED) return read_granted(L, t, grow);
+  if (granted(L, c)) return read_granted(L, t, grow);
   /* room from later samples' bytes that can be read again (READ AGAIN: their decodes
    * come after this read's), as the head ticket's; their release grants it when it fits */
-  if (make_way_locked(L, c, t->seq, grow) && made_way(L, c)) return read_granted(L, t, grow);
+  if (make_way_locked(L, c, t->seq, grow) && granted(L, c)) return read_granted(L, t, grow);
   return -1;
 }
 
@@ -1252,7 +1257,7 @@ static void scratch_failed_locked(mml_loader *L, const mml_charge *c) {
 /* D2: what makes way for a decode's charge that waits, at each look (make_way_locked).
  * 1 when it is granted now. */
 static int scratch_make_way_locked(mml_loader *L, task *t, int64_t need) {
-  return make_way_locked(L, &t->sch, t->seq, need) && made_way(L, &t->sch);
+  return make_way_locked(L, &t->sch, t->seq, need) && granted(L, &t->sch);
 }
 
 /* D1: ONE charge at t's seq for its scratch and its re-read's bytes (`need`), asked once
@@ -1283,7 +1288,7 @@ static int scratch_ask_locked(mml_loader *L, task *t, int64_t need,
     return 0;
   }
   t->sch_on = 1;
-  if (c->state == MML_CHARGE_GRANTED || way(L, t, need)) return 1;
+  if (granted(L, c) || way(L, t, need)) return 1;
   ld_consumer_stale_locked(L); /* C2, C6: a decode waits in the ledger: the engine may be idle */
   return 0;
 }
@@ -1299,7 +1304,7 @@ static int64_t scratch_charge_bytes(const task *t) {
  * ending would have made room for (D2 makes way at the workers' looks). */
 static int scratch_queued_way_locked(mml_loader *L, task *t, int64_t need) {
   (void)need;
-  return tickets_give_back_locked(L, t->seq) > 0 && made_way(L, &t->sch);
+  return tickets_give_back_locked(L, t->seq) > 0 && granted(L, &t->sch);
 }
 
 void ld_admit_decode_queued_locked(mml_loader *L, task *t) {

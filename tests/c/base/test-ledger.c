@@ -880,7 +880,7 @@ TEST(ledger_too_large_alone) {
 /* L8: the name and the what a requester copies into its charge name the work in the
  * message (no name callback runs: none is set), and the owner composes its own messages
  * from a failure's parts or the figures now with the same explainer, its words (the
- * consumer's credit split, a hint) in place of the ledger's. */
+ * consumer's credit split, a hint, what the work asks next) in place of the ledger's. */
 TEST(ledger_explainer_names_the_charge) {
   mml_ledger *g = new_ledger(100);
   mml_err err;
@@ -910,6 +910,10 @@ TEST(ledger_explainer_names_the_charge) {
   o.hint = ""; /* none (the consumer holds no batch) */
   CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
   CHECK(strstr(err.msg, "max_memory >= 130 would hold it") && !strstr(err.msg, "; "));
+  o.then = 25; /* what the same work asks next (a batch's other tensors): in the figure */
+  CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
+  CHECK(strstr(err.msg, "120 bytes of its images' bytes (and the 25 bytes it asks next) beside"));
+  CHECK(strstr(err.msg, "max_memory >= 155 would hold it"));
   mml_ledger_oom_now(g, -1, 60, 1, &o); /* not named: its owner names it */
   o.what = "a sample";
   CHECK_EQ_INT(mml_ledger_explain(g, &o, &err), MML_ENOMEM);
