@@ -467,7 +467,7 @@ static int64_t expansion_bytes(const mml_loader *L, int64_t rows, int64_t size, 
   return mml_pool_bytes(fb);
 }
 
-/* X1: what ticket id's batch asks after plane p's buffer of cap_rows rows: its other
+/* X3: what ticket id's batch asks after plane p's buffer of cap_rows rows: its other
  * planes' buffers not mapped yet, its expansion (compact: E1) unless granted, and its
  * other tensors (its emission's, E1) -- so that the max_memory the message names holds
  * the whole batch, not its buffer alone. */
@@ -478,8 +478,7 @@ static int64_t ticket_then_bytes(mml_loader *L, int64_t id, int p, int64_t cap_r
     const tk_plane *q = &k->pl[o];
     const int64_t cap = o == p ? cap_rows : !q->buf || q->rows > q->cap_rows ? q->rows : 0;
     if (o != p && cap > 0) n += ticket_charge_bytes(L, o, cap);
-    if (o == PL_IMG && L->compact && q->rows > 0 &&
-        !(k->xon && mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_GRANTED)) {
+    if (o == PL_IMG && L->compact && q->rows > 0 && !(k->xon && granted(L, &k->xch))) {
       const int64_t c = cap ? cap : q->cap_rows;
       n += expansion_bytes(L, q->rows, c * (int64_t)L->row_bytes[o],
                            c * (int64_t)L->expand_row_bytes);
