@@ -225,7 +225,8 @@
  *       test-loader-stress.c S1; tests/test_video_files.py test_max_memory_counts_videos_kept_open.
  *   C4. A read parked for room (R2) is in flight but holds no credit for what it waits for:
  *       the engine is idle with only such reads in flight when the earliest is the head, or
- *       a ticket's charge waits and that read's out-of-turn try was refused (T5, T6)
+ *       an emission's or expansion's charge waits at the head before them (E4), or a
+ *       ticket's charge waits and that read's out-of-turn try was refused (T5, T6)
  *       (parked_reads_only_locked).  Its own bytes are its charge's own (mml_charge.own); a
  *       read the gate holds back with nothing in flight goes ahead (read_room_or_ahead).
  *       tests/test_memory.py test_a_read_that_cannot_fit_beside_the_kept_batches_is_an_error;
@@ -1743,8 +1744,21 @@ static int64_t emit_waits_locked(mml_loader *L) {
   return q->charged && mml_ledger_state(L->ledger, &q->ch) == MML_CHARGE_WAITING ? q->seq : -1;
 }
 
+/* C4, C7, E2: when the ledger's head (stats s) is a ticket's waiting expansion, the last sample
+ * its batch waits for (expand_last_seq: its make-way keeps that sample's bytes); else -1. */
+static int64_t head_expand_last_locked(mml_loader *L, const mml_ledger_stats *s) {
+  for (int64_t id = L->tk_head; L->placing && L->tks && id <= L->tk_tail; id++) {
+    ticket *k = tk_at(L, id);
+    if (k->xon && k->xch.seq == s->head_seq && k->xch.bytes == s->head_need &&
+        mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_WAITING)
+      return expand_last_seq(L, id);
+  }
+  return -1;
+}
+
 /* C4: every task in flight is a read parked for room (R2) whose charge WAITS in the ledger,
- * and either no ticket's charge waits and the earliest of those reads is the ledger's head,
+ * and either an emission's or an expansion's charge waits at the ledger's head before them
+ * (E4), or no ticket's charge waits and the earliest of those reads is the ledger's head,
  * or one waits (T5's case) and the earliest read's out-of-turn try was refused since room
  * last came back (T6): its seq (INT64_MAX: no task in flight), or -1 when some work in
  * flight is not such a read or it may still go on. */
@@ -1762,6 +1776,9 @@ static int64_t parked_reads_only_locked(mml_loader *L) {
   mml_ledger_get_stats(L->ledger, &s);
   const int64_t e = emit_waits_locked(L); /* E4: a waiting emission heads them all */
   if (e >= 0 && e < INT64_MAX && s.head_seq == e) return first;
+  /* E4: so does a waiting expansion before them (its rows final: they wait for it, L1;
+   * without this, next() never declared and the stress test's seed 4102 hung) */
+  if (s.head_seq >= 0 && s.head_seq < first && head_expand_last_locked(L, &s) >= 0) return first;
   if (!L->mem_blocked) /* the head: the earliest of them, or a decode's charge before it (D4) */
     return s.head_seq == first ||
                    (s.head_seq >= 0 && s.head_seq < first && scratch_waits_at(L, s.head_seq))
@@ -1864,18 +1881,6 @@ static int64_t needed_last_seq(mml_loader *L) {
 static int is_scratch_head(mml_loader *L, const task *t, const mml_ledger_stats *s) {
   return t->seq == s->head_seq && t->gen == L->gen && t->dec == DEC_QUEUED &&
          t->sch.bytes == s->head_need && scratch_waits(L, t);
-}
-
-/* C7, E2: when the ledger's head (stats s) is a ticket's waiting expansion, the last sample
- * its batch waits for (expand_last_seq: its make-way keeps that sample's bytes); else -1. */
-static int64_t head_expand_last_locked(mml_loader *L, const mml_ledger_stats *s) {
-  for (int64_t id = L->tk_head; L->placing && L->tks && id <= L->tk_tail; id++) {
-    ticket *k = tk_at(L, id);
-    if (k->xon && k->xch.seq == s->head_seq && k->xch.bytes == s->head_need &&
-        mml_ledger_state(L->ledger, &k->xch) == MML_CHARGE_WAITING)
-      return expand_last_seq(L, id);
-  }
-  return -1;
 }
 
 /* C7, E5: expansions' ENGINE credit comes back only as their batches' rows at emission:

@@ -459,6 +459,14 @@ TEST(loader_max_memory_random_schedules_end) {
   double wmost = 0; /* the most consumer waits per batch in one schedule (C2) */
   double cmost = 0; /* the most collator waits for a buffer per batch in one schedule (W2) */
   long long cseed = -1, cwaits = 0, batches = 0;
+  /* pinned first: seed 4102 (beyond CI's 2000) hung 1 run in 2 when an expansion waited
+   * at the ledger's head with a read parked behind it (loader_admit.c C4, E4); 4 runs */
+  for (int k = 0; k < 4 && !s0 && !under_sanitizer(); k++) {
+    int oom = 0;
+    uint64_t reread = 0;
+    int64_t peak = 0, cap = 0;
+    failed += run_schedule(4102, refs, largest, &oom, &reread, &peak, &cap);
+  }
   for (long long k = 0; k < n && failed < 5; k++) {
     int oom = 0;
     uint64_t reread = 0;
