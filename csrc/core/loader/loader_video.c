@@ -10,9 +10,10 @@
  * holds counted in max_memory); once planned, the exact byte ranges its decode reads are
  * preloaded (ld_preload_videos) and the decode opens it from there (ld_video_open).
  * Bytes held ahead of their use count in max_memory and are taken only with room left
- * for the next batch (video_reserve_locked); a blocked head makes the samples whose decode
- * is not queued yet close their kept videos (ld_release_videos_ahead_locked), the head
- * batch's own too: their decodes open them again.
+ * for the next batch (video_reserve_locked); a blocked head makes the samples whose video
+ * bytes wait ahead of their decode (ld_video_ahead: not running, nor queued in the head
+ * batch) close their kept videos (ld_release_videos_ahead_locked), the head batch's own
+ * too: their decodes open them again.
  *
  * A later epoch's remote videos wait for it (issue 29): a sample whose epoch is past the
  * latest one the consumer asked a batch of (L->asked_epoch: next() called in it, or a
