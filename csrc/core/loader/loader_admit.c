@@ -459,10 +459,8 @@ static mml_status charge_oom_locked(mml_loader *L, const mml_charge *c, int64_t 
   return mml_ledger_explain(L->ledger, &o, e);
 }
 
-/* The pool bytes a compact image buffer of `size` bytes (room for `capacity`) adds to hold
- * `rows` float rows: in place the float rows' pages beyond the uint8 ones, else a float
- * buffer (hand_off_locked's fpool). */
-static int64_t expansion_bytes(const mml_loader *L, int64_t rows, int64_t size, int64_t capacity) {
+int64_t ld_admit_expansion_bytes(const mml_loader *L, int64_t rows, int64_t size,
+                                 int64_t capacity) {
   const int64_t fb = rows * (int64_t)L->expand_row_bytes;
   if (capacity >= fb) return size < fb ? mml_round_2mib(fb - size) : 0;
   return mml_pool_bytes(fb);
@@ -481,8 +479,8 @@ static int64_t ticket_then_bytes(mml_loader *L, int64_t id, int p, int64_t cap_r
     if (o != p && cap > 0) n += ticket_charge_bytes(L, o, cap);
     if (o == PL_IMG && L->compact && q->rows > 0 && !(k->xon && granted(L, &k->xch))) {
       const int64_t c = cap ? cap : q->cap_rows;
-      n += expansion_bytes(L, q->rows, c * (int64_t)L->row_bytes[o],
-                           c * (int64_t)L->expand_row_bytes);
+      n += ld_admit_expansion_bytes(L, q->rows, c * (int64_t)L->row_bytes[o],
+                                    c * (int64_t)L->expand_row_bytes);
     }
   }
   return n;
@@ -573,16 +571,17 @@ static int64_t pool_bytes(int64_t need) {
 static int make_way_locked(mml_loader *L, const mml_charge *c, int64_t seq, int64_t need);
 static void expand_failed_locked(mml_loader *L, const mml_charge *c, int named);
 
-/* E1: the pool bytes ticket k's expansion adds to its image buffer (expansion_bytes) once
- * its rows are final (closed, or a later ticket exists) and that buffer is
- * the one they are in; else 0. */
+/* E1: the pool bytes ticket k's expansion adds to its image buffer
+ * (ld_admit_expansion_bytes) once its rows are final (closed, or a later ticket exists)
+ * and that buffer is the one they are in; else 0. */
 static int64_t expand_bytes(mml_loader *L, int64_t id) {
   const ticket *k = tk_at(L, id);
   const tk_plane *q = &k->pl[PL_IMG];
   if (!(k->closed || id < L->tk_tail) || !q->buf || q->pending_rows || q->rows <= 0 ||
       q->rows > q->cap_rows)
     return 0;
-  return expansion_bytes(L, q->rows, (int64_t)q->buf->size, (int64_t)mml_buf_capacity(q->buf));
+  return ld_admit_expansion_bytes(L, q->rows, (int64_t)q->buf->size,
+                                  (int64_t)mml_buf_capacity(q->buf));
 }
 
 /* E1: a sample placed in ticket id -- or, for a pack, the next ticket's first sample, which

@@ -294,13 +294,11 @@ static int hand_off_locked(mml_loader *L, uint64_t my_gen, int *ci, int64_t epoc
   if (px) {
     p->it.fbytes = (size_t)mml_collator_rows(L->colls[*ci]) * L->expand_row_bytes;
     /* in place (compact_swap), the uint8 rows' pages are part of it */
-    p->fneed = p->it.fbytes;
-    if (mml_buf_capacity(px) >= p->it.fbytes) {
-      p->fneed = px->size < p->it.fbytes ? p->it.fbytes - px->size : 0;
-      p->fpool = mml_round_2mib((int64_t)p->fneed); /* px's size is whole 2 MiB pages */
-    } else {
-      p->fpool = mml_pool_bytes((int64_t)p->fneed);
-    }
+    p->fneed = mml_buf_capacity(px) < p->it.fbytes ? p->it.fbytes
+               : px->size < p->it.fbytes           ? p->it.fbytes - px->size
+                                                   : 0;
+    p->fpool = ld_admit_expansion_bytes(L, mml_collator_rows(L->colls[*ci]), (int64_t)px->size,
+                                        (int64_t)mml_buf_capacity(px));
   }
   if (L->cfg.max_memory) p->sneed = mml_collator_emit_bytes(L->colls[*ci]);
   ld_admit_expand_hand_off_locked(L, p); /* its ticket's expansion charge (E1) */

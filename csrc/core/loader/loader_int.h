@@ -703,6 +703,10 @@ int ld_admit_expand_all_locked(mml_loader *L);
 void ld_admit_expand_cancel_locked(mml_loader *L, ticket *k);
 /* E1: at hand-off the head ticket's granted expansion becomes pend item p's xcarry (the
  * credit stays ENGINE, its emission takes it); a waiting one leaves (the emission asks). */
+/* The pool bytes a compact image buffer of `size` bytes (room for `capacity`) adds to hold
+ * `rows` float rows: in place the float rows' pages beyond the uint8 ones, else a float
+ * buffer (a queued batch's fpool; a ticket's expansion charge, E1). */
+int64_t ld_admit_expansion_bytes(const mml_loader *L, int64_t rows, int64_t size, int64_t capacity);
 void ld_admit_expand_hand_off_locked(mml_loader *L, pend_item *p);
 /* The head ticket waits for room, not its turn: caches are dropped for it (spare byte
  * buffers, videos later samples keep open); 1 when any was (the planner retries). */
